@@ -1,0 +1,157 @@
+#include "cli/flags.h"
+
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+
+namespace kvtier::cli {
+
+FlagSet::FlagSet(std::string command, std::string summary)
+    : command_(std::move(command)), summary_(std::move(summary)) {}
+
+void FlagSet::String(std::string name, std::string* out, std::string metavar, std::string help,
+                     bool required) {
+  Flag f{std::move(name), std::move(metavar), std::move(help), required};
+  f.default_text = *out;
+  f.set = [out](std::string_view v) {
+    *out = std::string(v);
+    return true;
+  };
+  flags_.push_back(std::move(f));
+}
+
+void FlagSet::Uint(std::string name, uint64_t* out, std::string help, bool required) {
+  Flag f{std::move(name), "N", std::move(help), required};
+  f.default_text = std::to_string(*out);
+  f.set = [out](std::string_view v) {
+    uint64_t value = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
+    if (ec != std::errc() || p != v.data() + v.size()) return false;
+    *out = value;
+    return true;
+  };
+  flags_.push_back(std::move(f));
+}
+
+void FlagSet::Double(std::string name, double* out, std::string help, bool required) {
+  Flag f{std::move(name), "X", std::move(help), required};
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%g", *out);
+  f.default_text = buf;
+  f.set = [out](std::string_view v) {
+    std::string s(v);
+    char* end = nullptr;
+    double value = std::strtod(s.c_str(), &end);
+    if (s.empty() || end != s.c_str() + s.size()) return false;
+    *out = value;
+    return true;
+  };
+  flags_.push_back(std::move(f));
+}
+
+void FlagSet::Bool(std::string name, bool* out, std::string help) {
+  Flag f{std::move(name), "", std::move(help), false};
+  f.is_bool = true;
+  f.set = [out](std::string_view v) {
+    if (v.empty() || v == "true" || v == "1") *out = true;
+    else if (v == "false" || v == "0") *out = false;
+    else return false;
+    return true;
+  };
+  flags_.push_back(std::move(f));
+}
+
+void FlagSet::Positional(std::vector<std::string>* out, std::string metavar, std::string help) {
+  positional_ = out;
+  positional_metavar_ = std::move(metavar);
+  positional_help_ = std::move(help);
+}
+
+void FlagSet::PrintUsage(FILE* out) const {
+  std::fprintf(out, "usage: %s [flags]%s%s\n\n%s\n\nflags:\n", command_.c_str(),
+               positional_ ? " " : "", positional_ ? positional_metavar_.c_str() : "",
+               summary_.c_str());
+  for (const Flag& f : flags_) {
+    std::string left = "  --" + f.name + (f.is_bool ? "" : " " + f.metavar);
+    std::fprintf(out, "%-30s %s", left.c_str(), f.help.c_str());
+    if (f.required) std::fprintf(out, " (required)");
+    else if (!f.is_bool && !f.default_text.empty())
+      std::fprintf(out, " (default: %s)", f.default_text.c_str());
+    std::fprintf(out, "\n");
+  }
+  std::fprintf(out, "%-30s %s\n", "  --help", "print this help");
+  if (positional_) {
+    std::fprintf(out, "\n  %s: %s\n", positional_metavar_.c_str(), positional_help_.c_str());
+  }
+}
+
+int FlagSet::Parse(std::span<const std::string_view> args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string_view a = args[i];
+    if (a == "--help" || a == "-h") {
+      PrintUsage(stdout);
+      return 0;
+    }
+    if (a.size() < 3 || a.substr(0, 2) != "--") {
+      if (positional_) {
+        positional_->emplace_back(a);
+        continue;
+      }
+      std::fprintf(stderr, "%s: unexpected argument '%.*s' (see --help)\n", command_.c_str(),
+                   static_cast<int>(a.size()), a.data());
+      return 2;
+    }
+    std::string_view body = a.substr(2);
+    std::string_view name = body, value;
+    bool has_value = false;
+    if (size_t eq = body.find('='); eq != std::string_view::npos) {
+      name = body.substr(0, eq);
+      value = body.substr(eq + 1);
+      has_value = true;
+    }
+    Flag* flag = nullptr;
+    for (Flag& f : flags_) {
+      if (f.name == name) flag = &f;
+    }
+    if (flag == nullptr) {
+      std::fprintf(stderr, "%s: unknown flag '--%.*s' (see --help)\n", command_.c_str(),
+                   static_cast<int>(name.size()), name.data());
+      return 2;
+    }
+    if (!flag->is_bool && !has_value) {
+      if (i + 1 >= args.size()) {
+        std::fprintf(stderr, "%s: flag '--%s' needs a value\n", command_.c_str(),
+                     flag->name.c_str());
+        return 2;
+      }
+      value = args[++i];
+    }
+    if (!flag->set(value)) {
+      std::fprintf(stderr, "%s: bad value '%.*s' for '--%s'\n", command_.c_str(),
+                   static_cast<int>(value.size()), value.data(), flag->name.c_str());
+      return 2;
+    }
+    flag->seen = true;
+  }
+  for (const Flag& f : flags_) {
+    if (f.required && !f.seen) {
+      std::fprintf(stderr, "%s: missing required flag '--%s' (see --help)\n", command_.c_str(),
+                   f.name.c_str());
+      return 2;
+    }
+  }
+  return -1;
+}
+
+std::vector<std::string> SplitComma(std::string_view text) {
+  std::vector<std::string> out;
+  while (!text.empty()) {
+    size_t comma = text.find(',');
+    out.emplace_back(text.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+}  // namespace kvtier::cli

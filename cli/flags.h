@@ -1,0 +1,56 @@
+// A small, strict command-line flag parser shared by every `kvtier` subcommand.
+//
+//   FlagSet flags("kvtier layout", "Compute global-KV bytes per token from a model config.");
+//   std::string config;
+//   bool json = false;
+//   flags.String("model-config", &config, "FILE", "model config.json (HF text_config keys)", true);
+//   flags.Bool("json", &json, "print JSON instead of text");
+//   if (int rc = flags.Parse(args); rc >= 0) return rc;   // --help printed, or an error
+//
+// Accepts `--name value`, `--name=value` and, for booleans, `--name`. Unknown flags, missing
+// values, malformed numbers and missing required flags are errors with a message on stderr
+// and exit code 2. `--help` prints generated usage to stdout and exit code 0.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvtier::cli {
+
+class FlagSet {
+ public:
+  FlagSet(std::string command, std::string summary);
+
+  void String(std::string name, std::string* out, std::string metavar, std::string help,
+              bool required = false);
+  void Uint(std::string name, uint64_t* out, std::string help, bool required = false);
+  void Double(std::string name, double* out, std::string help, bool required = false);
+  void Bool(std::string name, bool* out, std::string help);
+  // Remaining non-flag arguments are collected here; without this they are an error.
+  void Positional(std::vector<std::string>* out, std::string metavar, std::string help);
+
+  // Returns -1 when the command should run, otherwise the exit code to return at once.
+  int Parse(std::span<const std::string_view> args);
+  void PrintUsage(FILE* out) const;
+
+ private:
+  struct Flag {
+    std::string name, metavar, help;
+    bool required = false, is_bool = false, seen = false;
+    std::function<bool(std::string_view)> set;  // false: malformed value
+    std::string default_text;
+  };
+  std::string command_, summary_;
+  std::vector<Flag> flags_;
+  std::vector<std::string>* positional_ = nullptr;
+  std::string positional_metavar_, positional_help_;
+};
+
+// Splits "a,b,c" into its parts (empty input gives none).
+std::vector<std::string> SplitComma(std::string_view text);
+
+}  // namespace kvtier::cli

@@ -1,0 +1,76 @@
+# The helper pair every module uses: kvtier_library() and kvtier_test().
+include(GoogleTest)
+
+# Flags shared by every kvtier target (not by third-party code).
+add_library(kvtier_build_flags INTERFACE)
+target_compile_options(kvtier_build_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wno-missing-field-initializers>
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${KVTIER_WERROR}>>:-Werror>
+  $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${KVTIER_WERROR}>>:-Werror=all-warnings>)
+target_compile_definitions(kvtier_build_flags INTERFACE
+  $<$<BOOL:${KVTIER_CUDA_ENABLED}>:KVTIER_WITH_CUDA=1>
+  $<$<BOOL:${KVTIER_RDMA_ENABLED}>:KVTIER_WITH_RDMA=1>)
+target_include_directories(kvtier_build_flags INTERFACE ${PROJECT_SOURCE_DIR})
+
+if(KVTIER_SANITIZE)
+  set(_san_flags -fsanitize=${KVTIER_SANITIZE} -fno-omit-frame-pointer)
+  if(KVTIER_SANITIZE STREQUAL "undefined")
+    list(APPEND _san_flags -fno-sanitize-recover=undefined)
+  endif()
+  target_compile_options(kvtier_build_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${_san_flags}>)
+  target_link_options(kvtier_build_flags INTERFACE ${_san_flags})
+endif()
+
+# kvtier_library(NAME SOURCES a.cc b.cc [CUDA_SOURCES k.cu] [DEPS t1 t2] [PRIVATE_DEPS t3])
+# Declares library NAME (static). CUDA_SOURCES are compiled only when CUDA is enabled.
+function(kvtier_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;CUDA_SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  set(_srcs ${ARG_SOURCES})
+  if(KVTIER_CUDA_ENABLED AND ARG_CUDA_SOURCES)
+    list(APPEND _srcs ${ARG_CUDA_SOURCES})
+  endif()
+  add_library(${name} STATIC ${_srcs})
+  target_link_libraries(${name} PUBLIC kvtier_build_flags ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+  if(KVTIER_CUDA_ENABLED AND ARG_CUDA_SOURCES)
+    set_target_properties(${name} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF)
+    target_link_libraries(${name} PUBLIC CUDA::cudart)
+  endif()
+endfunction()
+
+# kvtier_test(NAME SOURCES a_test.cc [DEPS ...] [LABELS unit vectors ...] [TIMEOUT s])
+# Declares a GoogleTest binary and registers each test case with ctest.
+# Labels: unit (default), vectors (reads ../shared/vectors), e2e (starts processes),
+# slow (stress / crash / long fuzz; excluded from `make test`, run by `make test-slow`).
+function(kvtier_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  if(NOT ARG_LABELS)
+    set(ARG_LABELS unit)
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE kvtier_build_flags ${ARG_DEPS} GTest::gtest GTest::gtest_main GTest::gmock)
+  target_compile_definitions(${name} PRIVATE
+    KVTIER_DEFAULT_SHARED_DIR="${KVTIER_DEFAULT_SHARED_DIR}"
+    KVTIER_BINARY_DIR="${PROJECT_BINARY_DIR}")
+  gtest_discover_tests(${name}
+    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+    DISCOVERY_TIMEOUT 60)
+endfunction()
+
+# kvtier_fuzzer(NAME SOURCES f.cc DEPS ...): a libFuzzer target, built only with
+# KVTIER_BUILD_FUZZ=ON and clang (preset `fuzz`).
+function(kvtier_fuzzer name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  if(NOT KVTIER_BUILD_FUZZ)
+    return()
+  endif()
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "KVTIER_BUILD_FUZZ needs clang (use the `fuzz` preset)")
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  target_compile_options(${name} PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_options(${name} PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_libraries(${name} PRIVATE kvtier_build_flags ${ARG_DEPS})
+endfunction()

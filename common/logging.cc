@@ -1,0 +1,71 @@
+#include "common/logging.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace kvtier {
+namespace {
+
+LogLevel InitialLevel() {
+  const char* env = std::getenv("KVTIER_LOG_LEVEL");
+  LogLevel level = LogLevel::kInfo;
+  if (env != nullptr) (void)ParseLogLevel(env, &level);
+  return level;
+}
+
+std::atomic<int>& LevelVar() {
+  static std::atomic<int> level{static_cast<int>(InitialLevel())};
+  return level;
+}
+
+const char* LevelName(LogLevel level) {
+  switch (level) {
+    case LogLevel::kDebug: return "D";
+    case LogLevel::kInfo: return "I";
+    case LogLevel::kWarn: return "W";
+    case LogLevel::kError: return "E";
+    case LogLevel::kOff: return "-";
+  }
+  return "?";
+}
+
+}  // namespace
+
+void SetLogLevel(LogLevel level) { LevelVar().store(static_cast<int>(level)); }
+LogLevel GetLogLevel() { return static_cast<LogLevel>(LevelVar().load(std::memory_order_relaxed)); }
+
+bool ParseLogLevel(std::string_view text, LogLevel* out) {
+  if (text == "debug") *out = LogLevel::kDebug;
+  else if (text == "info") *out = LogLevel::kInfo;
+  else if (text == "warn") *out = LogLevel::kWarn;
+  else if (text == "error") *out = LogLevel::kError;
+  else if (text == "off") *out = LogLevel::kOff;
+  else return false;
+  return true;
+}
+
+namespace internal {
+
+LogLine::LogLine(LogLevel level, const char* file, int line) : level_(level) {
+  const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  const char* base = std::strrchr(file, '/');
+  stream_ << now_ms << ' ' << LevelName(level_) << ' ' << (base ? base + 1 : file) << ':' << line
+          << "] ";
+}
+
+LogLine::~LogLine() {
+  stream_ << '\n';
+  const std::string text = stream_.str();
+  ssize_t rc = ::write(STDERR_FILENO, text.data(), text.size());
+  (void)rc;
+}
+
+}  // namespace internal
+}  // namespace kvtier

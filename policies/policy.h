@@ -1,0 +1,100 @@
+// Eviction and admission policy interfaces: the one contract shared by the storage tiers
+// (DRAM -> SSD demotion, SSD eviction) and the trace simulator (`kvtier sim`).
+//
+// Policies are pure and deterministic: no I/O, no wall clock, no global RNG. Time arrives as
+// an argument (`now_us`, from an injected Clock) and randomness from a seeded generator the
+// policy owns (seed in its options). The same call sequence always yields the same victims.
+//
+// Thread safety: none. A policy instance is owned by one tier (or shard) and called under
+// that owner's lock.
+//
+// Object lifecycle, as the owner drives it:
+//   OnInsert(info)          the object is now cached in this tier
+//   OnAccess(id)            a hit
+//   Evict() -> id           the policy chooses a victim, forgets it, and returns it; the owner
+//                           must then drop or demote that object
+//   OnRemove(id)            the object left for another reason (delete, expiry, checksum
+//                           failure, pinned: a pinned object is removed from its policy and
+//                           re-inserted on unpin, so that Evict never returns a pinned object)
+// Calling OnAccess/OnRemove with an id the policy does not track is a no-op.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvtier::policies {
+
+// A 64-bit digest of the storage key (first 8 bytes, little-endian). Policies never see keys.
+using ObjectId = uint64_t;
+inline constexpr ObjectId kNoParent = 0;
+
+// What kind of state an object holds; TTL and recompute cost defaults depend on it.
+enum class ObjectKind : uint8_t {
+  kGlobalKv = 0,  // a prefix unit of FP4 global KV (long tail, ~72 h)
+  kSwa = 1,       // SWA ring state (minutes)
+  kBlob = 2,      // an opaque value stored through RESP
+};
+
+struct ObjectInfo {
+  ObjectId id = 0;
+  uint64_t size_bytes = 0;
+  // The previous unit in the key chain (kNoParent for the first unit of a prefix). Lets a
+  // structure-aware policy evict leaves before their ancestors.
+  ObjectId parent_id = kNoParent;
+  // Tokens it would cost to recompute this object (0 when unknown).
+  uint32_t recompute_tokens = 0;
+  ObjectKind kind = ObjectKind::kGlobalKv;
+};
+
+class EvictionPolicy {
+ public:
+  virtual ~EvictionPolicy() = default;
+  virtual std::string_view Name() const = 0;
+
+  virtual void OnInsert(const ObjectInfo& info, uint64_t now_us) = 0;
+  virtual void OnAccess(ObjectId id, uint64_t now_us) = 0;
+  virtual void OnRemove(ObjectId id) = 0;
+  // Chooses a victim among tracked objects, stops tracking it and returns it; nullopt when
+  // nothing is tracked.
+  virtual std::optional<ObjectId> Evict(uint64_t now_us) = 0;
+
+  // Objects currently tracked.
+  virtual size_t Size() const = 0;
+  virtual bool Contains(ObjectId id) const = 0;
+};
+
+// Decides whether an object demoted or written to the SSD tier is admitted there.
+class AdmissionPolicy {
+ public:
+  virtual ~AdmissionPolicy() = default;
+  virtual std::string_view Name() const = 0;
+  // Called once per candidate write; true admits it. A policy with a byte budget charges
+  // size_bytes when it answers true.
+  virtual bool Admit(const ObjectInfo& info, uint64_t now_us) = 0;
+  // A hit or a miss on an object that the policy may want to count (second-hit admission).
+  virtual void OnLookup(ObjectId id, uint64_t now_us) { (void)id, (void)now_us; }
+};
+
+// Parameters for a policy as "key=value" strings, e.g. {"ttl_ms": "259200000"}. Unknown keys
+// are InvalidArgument, so a typo never silently changes nothing.
+struct PolicyParams {
+  std::vector<std::pair<std::string, std::string>> values;
+  uint64_t seed = 42;
+};
+
+// Factories over every built-in policy (policies/registry.cc). Names: see
+// docs/POLICIES.md. Unknown names or parameters are InvalidArgument.
+StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name,
+                                                            const PolicyParams& params = {});
+StatusOr<std::unique_ptr<AdmissionPolicy>> MakeAdmissionPolicy(std::string_view name,
+                                                              const PolicyParams& params = {});
+std::vector<std::string> EvictionPolicyNames();
+std::vector<std::string> AdmissionPolicyNames();
+
+}  // namespace kvtier::policies

@@ -1,0 +1,78 @@
+// Factories for every built-in policy. Add a policy: include its header, add a row.
+#include <functional>
+
+#include "policies/admit_all/admit_all.h"
+#include "policies/lru/lru.h"
+#include "policies/policy.h"
+
+namespace kvtier::policies {
+namespace {
+
+Status RejectParams(std::string_view policy, const PolicyParams& params) {
+  if (params.values.empty()) return Status::Ok();
+  return Status::InvalidArgument(std::string(policy) + " takes no parameter '" +
+                                 params.values.front().first + "'");
+}
+
+struct EvictionEntry {
+  const char* name;
+  std::function<StatusOr<std::unique_ptr<EvictionPolicy>>(const PolicyParams&)> make;
+};
+struct AdmissionEntry {
+  const char* name;
+  std::function<StatusOr<std::unique_ptr<AdmissionPolicy>>(const PolicyParams&)> make;
+};
+
+const std::vector<EvictionEntry>& EvictionTable() {
+  static const std::vector<EvictionEntry> table = {
+      {"lru",
+       [](const PolicyParams& p) -> StatusOr<std::unique_ptr<EvictionPolicy>> {
+         KVTIER_RETURN_IF_ERROR(RejectParams("lru", p));
+         return std::unique_ptr<EvictionPolicy>(new LruPolicy());
+       }},
+  };
+  return table;
+}
+
+const std::vector<AdmissionEntry>& AdmissionTable() {
+  static const std::vector<AdmissionEntry> table = {
+      {"admit-all",
+       [](const PolicyParams& p) -> StatusOr<std::unique_ptr<AdmissionPolicy>> {
+         KVTIER_RETURN_IF_ERROR(RejectParams("admit-all", p));
+         return std::unique_ptr<AdmissionPolicy>(new AdmitAllPolicy());
+       }},
+  };
+  return table;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name,
+                                                            const PolicyParams& params) {
+  for (const auto& e : EvictionTable()) {
+    if (name == e.name) return e.make(params);
+  }
+  return Status::InvalidArgument("unknown eviction policy '" + std::string(name) + "'");
+}
+
+StatusOr<std::unique_ptr<AdmissionPolicy>> MakeAdmissionPolicy(std::string_view name,
+                                                              const PolicyParams& params) {
+  for (const auto& e : AdmissionTable()) {
+    if (name == e.name) return e.make(params);
+  }
+  return Status::InvalidArgument("unknown admission policy '" + std::string(name) + "'");
+}
+
+std::vector<std::string> EvictionPolicyNames() {
+  std::vector<std::string> out;
+  for (const auto& e : EvictionTable()) out.emplace_back(e.name);
+  return out;
+}
+
+std::vector<std::string> AdmissionPolicyNames() {
+  std::vector<std::string> out;
+  for (const auto& e : AdmissionTable()) out.emplace_back(e.name);
+  return out;
+}
+
+}  // namespace kvtier::policies

@@ -1,0 +1,158 @@
+// TierManager: placement of all-or-nothing units across HBM -> DRAM -> SSD.
+//
+// This is the storage contract the daemon (cache_daemon/) programs against. Keys are
+// storage keys: already bound to a tenant by the daemon (DESIGN §3), so two tenants' units
+// can never collide. Values are opaque byte strings (an encoded unit, or a RESP value).
+//
+// Semantics:
+// - Put admits a unit to the highest allowed tier that has room, evicting (and demoting to
+//   the next tier through the admission policy) as needed. A put is all-or-nothing: after it
+//   returns, Get returns either the complete value or NotFound, never a part.
+//   Durability follows TierManagerOptions::durability (see docs/format/ssd.md):
+//   kSync: when Put returns OK the value and its index entry are on disk.
+// - Get returns the value from the fastest tier that holds it and promotes it per policy.
+//   A value read from SSD is verified against the checksum in the index first; a mismatch is
+//   reported as NotFound (the unit is quarantined and counted), never as data.
+// - Lookup answers the longest prefix of a key chain that is fully present, with the tier of
+//   each hit and a reason for the first miss.
+// - Pinned units are never evicted until Unpin or until their lease expires.
+//
+// Thread safety: every method may be called concurrently from any thread.
+// Limits: values larger than TierManagerOptions::max_value_bytes are InvalidArgument; batch
+// calls larger than kMaxBatch keys are InvalidArgument.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "policies/policy.h"
+
+namespace kvtier::storage {
+
+using Key = std::array<uint8_t, 32>;
+using TenantId = uint64_t;
+
+enum class Tier : uint8_t { kHbm = 0, kDram = 1, kSsd = 2, kNone = 255 };
+const char* TierName(Tier tier);  // "hbm", "dram", "ssd", "none"
+
+enum class MissReason : uint8_t {
+  kNone = 0,         // not a miss
+  kNeverStored,      // no record of this key (also: another tenant's key)
+  kEvicted,          // it was stored and has been evicted
+  kExpired,          // its TTL passed
+  kChecksumFailure,  // it was stored but failed verification and was quarantined
+};
+const char* MissReasonName(MissReason reason);
+
+enum class Durability : uint8_t {
+  kNone,     // pure cache: data reaches disk eventually; a crash may lose anything
+  kBatched,  // group commit every group_commit_ms; a crash loses at most that window
+  kSync,     // acknowledged only after data and index are durable
+};
+
+inline constexpr size_t kMaxBatch = 4096;
+
+struct TierManagerOptions {
+  // Capacities; 0 disables a tier. HBM is a CUDA device arena when a GPU is present,
+  // host-emulated otherwise.
+  uint64_t hbm_capacity_bytes = 0;
+  uint64_t dram_capacity_bytes = 1ull << 30;
+  uint64_t ssd_capacity_bytes = 0;
+  // SSD tier: data directory (segments + RocksDB index); required when ssd_capacity_bytes > 0.
+  std::string data_dir;
+  Durability durability = Durability::kBatched;
+  uint32_t group_commit_ms = 10;
+  uint64_t max_value_bytes = 64ull << 20;
+  // Policy names and parameters (policies::MakeEvictionPolicy / MakeAdmissionPolicy).
+  std::string eviction_policy = "lru";
+  std::string admission_policy = "admit-all";
+  policies::PolicyParams policy_params;
+  // Time source for TTLs and leases; nullptr means DefaultSteadyClock().
+  const Clock* clock = nullptr;
+};
+
+struct PutOptions {
+  TenantId tenant = 0;
+  policies::ObjectKind kind = policies::ObjectKind::kGlobalKv;
+  // The previous unit in the chain (all zeros for the first unit).
+  Key parent{};
+  uint32_t recompute_tokens = 0;
+  // 0: no expiry.
+  uint64_t ttl_ms = 0;
+  // The fastest tier this value may be placed in.
+  Tier highest_tier = Tier::kDram;
+  // Lower tiers only: a value whose kind must never reach SSD (SWA state) sets this false.
+  bool allow_ssd = true;
+};
+
+struct LookupResult {
+  // Number of leading keys of the chain that hit.
+  size_t hit_count = 0;
+  // tiers[i] for i < hit_count.
+  std::vector<Tier> tiers;
+  // Why key[hit_count] missed (kNone when everything hit).
+  MissReason first_miss = MissReason::kNone;
+};
+
+struct TierStats {
+  uint64_t capacity_bytes = 0, used_bytes = 0, objects = 0;
+  uint64_t hits = 0, evictions = 0, bytes_read = 0, bytes_written = 0;
+};
+
+struct Stats {
+  TierStats hbm, dram, ssd;
+  uint64_t misses_never_stored = 0, misses_evicted = 0, misses_expired = 0,
+           misses_checksum = 0;
+  uint64_t admissions = 0, admission_rejections = 0, checksum_failures = 0, io_errors = 0;
+  uint64_t compressed_bytes_saved = 0, segments_cleaned = 0, ssd_queue_depth = 0;
+  std::vector<std::pair<TenantId, uint64_t>> tenant_bytes;
+};
+
+class TierManager {
+ public:
+  virtual ~TierManager() = default;
+
+  // Opens (recovering the SSD tier when data_dir holds one). Hits are served right after.
+  static StatusOr<std::unique_ptr<TierManager>> Open(const TierManagerOptions& options);
+
+  // Rejected: no tier has room even after eviction, or the tenant is over quota.
+  // IOError: the SSD write failed (nothing indexed).
+  virtual Status Put(const Key& key, std::span<const uint8_t> value,
+                     const PutOptions& options) = 0;
+
+  // Appends the value to *out (cleared first) and sets *from to the tier it came from.
+  // NotFound on a miss (including checksum failure).
+  virtual Status Get(const Key& key, std::vector<uint8_t>* out, Tier* from = nullptr) = 0;
+
+  virtual LookupResult Lookup(std::span<const Key> chain) = 0;
+
+  // Promotes the keys to DRAM ahead of a read. Missing keys are skipped.
+  virtual Status Prefetch(std::span<const Key> keys) = 0;
+
+  virtual Status Pin(std::span<const Key> keys, uint64_t lease_ms) = 0;
+  virtual Status Unpin(std::span<const Key> keys) = 0;
+
+  // NotFound if absent.
+  virtual Status Delete(const Key& key) = 0;
+  // Removes every unit of the tenant from every tier and index.
+  virtual Status DeleteTenant(TenantId tenant) = 0;
+  // Sets the per-tenant byte quota (0: unlimited).
+  virtual void SetTenantQuota(TenantId tenant, uint64_t quota_bytes) = 0;
+
+  // Switches the eviction / admission policy at run time (objects are re-registered).
+  virtual Status SetPolicy(const std::string& eviction, const std::string& admission,
+                           const policies::PolicyParams& params) = 0;
+
+  virtual Stats GetStats() const = 0;
+
+  // Makes everything acknowledged so far durable (whatever the durability mode).
+  virtual Status Flush() = 0;
+};
+
+}  // namespace kvtier::storage

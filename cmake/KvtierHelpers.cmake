@@ -37,12 +37,14 @@ function(kvtier_library name)
   endif()
 endfunction()
 
-# kvtier_test(NAME SOURCES a_test.cc [DEPS ...] [LABELS unit vectors ...] [TIMEOUT s])
-# Declares a GoogleTest binary and registers each test case with ctest.
+# kvtier_test(NAME SOURCES a_test.cc [DEPS ...] [LABELS unit vectors ...] [TIMEOUT s]
+#             [TEST_PREFIX p])
+# Declares a GoogleTest binary and registers each test case with ctest (named p + Suite.Case
+# when TEST_PREFIX is given, so that `ctest -R <module>` selects a module's tests).
 # Labels: unit (default), vectors (reads ../shared/vectors), e2e (starts processes),
 # slow (stress / crash / long fuzz; excluded from `make test`, run by `make test-slow`).
 function(kvtier_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT;TEST_PREFIX" "SOURCES;DEPS;LABELS" ${ARGN})
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
@@ -54,7 +56,11 @@ function(kvtier_test name)
   target_compile_definitions(${name} PRIVATE
     KVTIER_DEFAULT_SHARED_DIR="${KVTIER_DEFAULT_SHARED_DIR}"
     KVTIER_BINARY_DIR="${PROJECT_BINARY_DIR}")
-  gtest_discover_tests(${name}
+  set(_prefix_args)
+  if(ARG_TEST_PREFIX)
+    set(_prefix_args TEST_PREFIX ${ARG_TEST_PREFIX})
+  endif()
+  gtest_discover_tests(${name} ${_prefix_args}
     PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
     DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -99,9 +99,9 @@ template <typename T>
 class [[nodiscard]] StatusOr {
  public:
   // Implicit from a non-OK Status (an OK status here is a bug and becomes kInternal).
-  StatusOr(Status status) : status_(std::move(status)) {  // NOLINT(runtime/explicit)
-    if (status_.ok()) status_ = Status::Internal("StatusOr constructed from OK status");
-  }
+  StatusOr(Status status)  // NOLINT(runtime/explicit)
+      : status_(status.ok() ? Status::Internal("StatusOr constructed from OK status")
+                            : std::move(status)) {}
   StatusOr(T value) : value_(std::move(value)) {}  // NOLINT(runtime/explicit)
 
   bool ok() const { return status_.ok(); }

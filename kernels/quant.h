@@ -39,7 +39,11 @@ enum class QuantFormat : uint8_t {
 
 enum class Backend : uint8_t { kAuto, kReference, kSimd, kCuda };
 
-// Elements per scale block: 16 or 32.
+// Limit on rows*n of one call (2^36 elements = 256 GiB of fp32): larger calls are
+// InvalidArgument, which also keeps every byte count below SIZE_MAX.
+inline constexpr size_t kQuantElemsMax = size_t{1} << 36;
+
+// Elements per scale block: 16 or 32 (0 for a value outside QuantFormat).
 size_t BlockElems(QuantFormat fmt);
 // Bytes of codes / scales for one row of n elements.
 size_t DataBytes(QuantFormat fmt, size_t n);
@@ -56,11 +60,19 @@ float E4M3ToFloat(uint8_t code);
 float Ue8m0ToFloat(uint8_t code);
 
 // Quantises `rows` rows of n floats (row-major). Returns InvalidArgument when n is not a
-// multiple of the block size or a pointer is null; Unavailable for kCuda without a GPU.
+// multiple of the block size, a pointer is null, the format is unknown or rows*n exceeds
+// kQuantElemsMax; Unavailable for kCuda without a GPU. Buffers are caller-owned and not
+// retained; on error the outputs are untouched except for a kCuda device failure (Internal).
+// A block's amax propagates NaN: a block that contains a NaN gets a NaN scale (E4M3 0x7f,
+// UE8M0 0xff) and dequantises to all NaN. An Inf saturates the scale (0x7e = 448 or
+// 0xfe = 2^127) and its element's code (+-6 or +-448).
 Status Quantize(QuantFormat fmt, const float* x, size_t rows, size_t n, uint8_t* data,
                 uint8_t* scales, Backend backend = Backend::kAuto);
 
-// Inverse of Quantize: out[i] = value(code_i) * scale(block of i), exact in binary32.
+// Inverse of Quantize: out[i] = value(code_i) * scale(block of i), exact in binary32 (the
+// product of a <=4-bit significand and a power of two or an E4M3 value never rounds; it can
+// overflow to Inf only with a UE8M0 scale >= 2^120, e.g. for inputs near FLT_MAX). NaN codes or
+// scales give the canonical quiet NaN 0x7fc00000 on every backend.
 Status Dequantize(QuantFormat fmt, const uint8_t* data, const uint8_t* scales, size_t rows,
                   size_t n, float* out, Backend backend = Backend::kAuto);
 
@@ -68,7 +80,9 @@ Status Dequantize(QuantFormat fmt, const uint8_t* data, const uint8_t* scales, s
 Status RoundTrip(QuantFormat fmt, float* x, size_t rows, size_t n,
                  Backend backend = Backend::kAuto);
 
-// Whether a backend can run in this process (kCuda: compiled in and a device present).
+// Whether a backend runs as its own path in this process: kAuto and kReference always; kSimd
+// when the CPU has AVX2 (otherwise kSimd still works, as the reference); kCuda when CUDA is
+// compiled in and a device is present (otherwise kCuda calls return Unavailable).
 bool BackendAvailable(Backend backend);
 
 }  // namespace kvtier::kernels

@@ -1,0 +1,126 @@
+// RowFetcher: the Engram row-fetch client. Turns global row numbers (the Engram hash ids of
+// upcoming tokens, already offset into the concatenated table) into batched one-sided reads
+// on the shards' Transports, with deduplication, a hot-row cache and bounded retry.
+//
+//   KVTIER_ASSIGN_OR_RETURN(auto fetcher, RowFetcher::Create(std::move(map), std::move(shards),
+//                                                            RowFetcherOptions{}));
+//   KVTIER_RETURN_IF_ERROR(fetcher->RegisterBuffer(rows_buf, rows_buf_bytes));
+//   KVTIER_ASSIGN_OR_RETURN(auto fetch, fetcher->Start(row_ids, rows_buf));  // prefetch
+//   ... earlier layers compute ...
+//   KVTIER_RETURN_IF_ERROR(fetcher->Wait(fetch));   // stalls only if rows are late
+//
+// Row i of the request lands at out + i * row_stride_bytes(). A row that cannot be read
+// after retries_max retries fails the whole fetch with that error (never zeros): IOError
+// for a lost server, PermissionDenied for a grant problem (not retried), InvalidArgument
+// for a row outside the table (checked by Start()).
+//
+// Thread safety: all methods are thread-safe; distinct fetches may run concurrently. The
+// caller owns `out` and must keep it registered and alive until Wait() returns.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "rdma/hot_row_cache.h"
+#include "rdma/shard_map.h"
+#include "rdma/transport.h"
+
+namespace kvtier::rdma {
+
+struct RowFetcherOptions {
+  // Hot-row LRU cache size; 0 disables it.
+  uint64_t hot_cache_bytes = 8ull << 20;
+  // Rows per transport batch (must not exceed the transports' batch_ops_max).
+  uint32_t batch_ops_max = 256;
+  // Extra attempts of a batch that failed with IOError or Retry (the transport reconnects).
+  uint32_t retries_max = 3;
+  // Sleep before each retry round.
+  uint32_t retry_backoff_ms = 20;
+  // Rows in one Start() call.
+  uint32_t rows_per_fetch_max = 1u << 16;
+  // Wait() gives up (IOError) after this long in total, however the retries go.
+  uint32_t fetch_timeout_ms = 30000;
+};
+
+// The fetcher's metrics (monotonic counters except reads_in_flight). For /metrics.
+struct RowFetchStats {
+  uint64_t rows_requested = 0;     // rows asked for, duplicates included
+  uint64_t rows_deduplicated = 0;  // rows served from another position of the same fetch
+  uint64_t hot_cache_hits = 0;     // rows served from the hot-row cache
+  uint64_t rows_read = 0;          // rows read from row servers
+  uint64_t bytes_read = 0;         // bytes read from row servers
+  uint64_t reads_in_flight = 0;    // rows submitted and not completed (current)
+  uint64_t late_rows = 0;          // rows not yet arrived when Wait() was called
+  uint64_t stalls = 0;             // Wait() calls that had to block
+  uint64_t stall_us = 0;           // total time blocked in Wait()
+  uint64_t retries = 0;            // batch attempts after a failure
+  uint64_t fetches_failed = 0;     // fetches that ended with an error
+};
+
+// One shard's connection: a transport to its server and the grant to open its region.
+struct ShardConnection {
+  std::unique_ptr<Transport> transport;
+  RegionCredentials credentials;
+};
+
+class RowFetcher {
+ public:
+  struct Fetch;  // the state of one Start(); opaque
+  using FetchHandle = std::shared_ptr<Fetch>;
+
+  // Opens every shard's region and checks it against the map: same row range, one row
+  // stride for all shards. `shards[i]` serves `map.shards()[i]`.
+  static StatusOr<std::unique_ptr<RowFetcher>> Create(ShardMap map,
+                                                      std::vector<ShardConnection> shards,
+                                                      RowFetcherOptions options);
+  ~RowFetcher();
+
+  uint32_t row_stride_bytes() const { return row_stride_bytes_; }
+  uint64_t row_count() const { return map_.row_count(); }
+
+  // Registers a destination buffer with every shard's transport.
+  Status RegisterBuffer(uint8_t* data, size_t size_bytes);
+
+  // Starts fetching `rows` into out[i * row_stride_bytes()]. Rows already in the hot cache
+  // or repeated in `rows` are not read. InvalidArgument for an empty or oversized request
+  // or a row outside the table. Does not block on the network (except to reconnect).
+  StatusOr<FetchHandle> Start(std::span<const uint64_t> rows, uint8_t* out);
+  // Waits for a started fetch; retries failed batches. Call once per handle.
+  Status Wait(const FetchHandle& fetch);
+  // Start + Wait.
+  Status FetchRows(std::span<const uint64_t> rows, uint8_t* out);
+
+  RowFetchStats stats() const;
+  // The shard transports (e.g. for their counters); index = shard.
+  Transport& transport(size_t shard) { return *shards_[shard].transport; }
+
+ private:
+  RowFetcher(ShardMap map, RowFetcherOptions options);
+  // Submits every unsubmitted batch of `f` (stops at the first Rejected).
+  void SubmitPending(const FetchHandle& f);
+  void Finish(const FetchHandle& f);
+
+  struct ShardState {
+    std::unique_ptr<Transport> transport;
+    RegionInfo region;
+  };
+
+  ShardMap map_;
+  RowFetcherOptions options_;
+  std::vector<ShardState> shards_;
+  uint32_t row_stride_bytes_ = 0;
+
+  std::mutex cache_mu_;
+  HotRowCache cache_;  // guarded by cache_mu_
+
+  std::atomic<uint64_t> rows_requested_{0}, rows_deduplicated_{0}, hot_cache_hits_{0},
+      rows_read_{0}, bytes_read_{0}, reads_in_flight_{0}, late_rows_{0}, stalls_{0}, stall_us_{0},
+      retries_{0}, fetches_failed_{0};
+};
+
+}  // namespace kvtier::rdma

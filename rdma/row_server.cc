@@ -1,0 +1,448 @@
+#include "rdma/row_server.h"
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <chrono>
+#include <future>
+#include <list>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/logging.h"
+#include "rdma/engram_table.h"
+
+namespace kvtier::rdma {
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+namespace {
+
+struct Grant {
+  std::string region_name;
+  std::string tenant;
+  uint64_t expiry_us = 0;
+};
+
+struct Table {
+  uint32_t id = 0;
+  std::string name;
+  std::shared_ptr<const MappedTable> mapped;
+};
+
+}  // namespace
+
+class RowServerSession;
+
+struct RowServer::State {
+  explicit State(RowServerOptions o) : options(std::move(o)) {
+    clock = options.clock != nullptr ? options.clock : &DefaultSteadyClock();
+  }
+  RowServerOptions options;
+  const Clock* clock;
+
+  std::mutex mu;  // protects tables, grants, sessions, io, acceptor lifetime
+  std::map<std::string, std::shared_ptr<const Table>> tables_by_name;
+  std::map<uint32_t, std::shared_ptr<const Table>> tables_by_id;
+  std::map<wire::GrantToken, Grant> grants;
+  std::list<std::weak_ptr<RowServerSession>> sessions;
+  asio::io_context* io = nullptr;
+  std::unique_ptr<asio::io_context> own_io;
+  std::unique_ptr<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  std::thread thread;
+  std::unique_ptr<tcp::acceptor> acceptor;
+  std::atomic<uint16_t> port{0};
+  bool started = false;
+
+  std::atomic<uint64_t> connections_accepted{0}, connections_active{0}, connections_refused{0},
+      malformed_frames{0}, batches_served{0}, ops_served{0}, bytes_served{0}, permission_denied{0};
+
+  // Whether `token` currently grants `tenant` access to `region_name`.
+  bool GrantValid(const wire::GrantToken& token, const std::string& region_name,
+                  const std::string& tenant) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = grants.find(token);
+    return it != grants.end() && it->second.region_name == region_name &&
+           it->second.tenant == tenant && clock->NowUs() < it->second.expiry_us;
+  }
+  std::shared_ptr<const Table> FindTable(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = tables_by_name.find(name);
+    return it == tables_by_name.end() ? nullptr : it->second;
+  }
+};
+
+// One client connection: reads a frame, answers it, repeats. All handlers run on the
+// server's io_context; one request is handled at a time (clients pipeline through the
+// socket buffer).
+class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
+ public:
+  RowServerSession(tcp::socket socket, std::shared_ptr<RowServer::State> state)
+      : socket_(std::move(socket)), timer_(socket_.get_executor()), state_(std::move(state)) {}
+  ~RowServerSession() { state_->connections_active.fetch_sub(1); }
+
+  void Start() { ReadHeader(); }
+  void Close() {
+    boost::system::error_code ec;
+    timer_.cancel();
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+  }
+
+ private:
+  struct Attached {
+    std::shared_ptr<const Table> table;
+    wire::GrantToken token;
+    std::string tenant;
+  };
+
+  void ReadHeader() {
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(header_),
+                     [self](const boost::system::error_code& ec, size_t) {
+                       if (ec) return self->Close();
+                       self->OnHeader();
+                     });
+  }
+
+  void OnHeader() {
+    if (Status st = wire::DecodeRequestHeader(header_.data(), &request_); !st.ok()) {
+      return Malformed(st);
+    }
+    body_.resize(request_.body_bytes);
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(body_),
+                     [self](const boost::system::error_code& ec, size_t) {
+                       if (ec) return self->Close();
+                       self->OnBody();
+                     });
+  }
+
+  void Malformed(const Status& why) {
+    state_->malformed_frames.fetch_add(1);
+    KVTIER_LOG(kWarn) << "row server: closing connection after a malformed frame: "
+                      << why.ToString();
+    Close();
+  }
+
+  void OnBody() {
+    if (request_.type == wire::FrameType::kOpen) return HandleOpen();
+    HandleRead();
+  }
+
+  void HandleOpen() {
+    wire::OpenRequest req;
+    if (Status st = wire::DecodeOpenRequest(body_, &req); !st.ok()) return Malformed(st);
+    std::shared_ptr<const Table> table = state_->FindTable(req.region_name);
+    if (table == nullptr) return Reply(Status::NotFound("no such region"), {});
+    if (!state_->GrantValid(req.token, req.region_name, req.tenant)) {
+      state_->permission_denied.fetch_add(1);
+      return Reply(Status::PermissionDenied("no valid grant for this region and tenant"), {});
+    }
+    if (attached_.count(table->id) == 0 &&
+        attached_.size() >= state_->options.regions_per_connection_max) {
+      return Reply(Status::Rejected("regions_per_connection_max reached"), {});
+    }
+    attached_[table->id] = Attached{table, req.token, req.tenant};
+    const EngramTableHeader& h = table->mapped->header();
+    wire::OpenReply reply{table->id,   h.row_stride_bytes, table->mapped->rows().size(),
+                          h.row_begin, h.row_count,        h.row_dim};
+    wire::EncodeOpenReply(reply, open_reply_.data());
+    Reply(Status::Ok(), {asio::const_buffer(open_reply_.data(), open_reply_.size())});
+  }
+
+  // Checks every op; on success fills `out` with buffers into the mapped tables.
+  Status CheckRead(const std::vector<wire::ReadOpWire>& ops, std::vector<asio::const_buffer>* out) {
+    const RowServerOptions& o = state_->options;
+    if (ops.size() > o.batch_ops_max) return Status::InvalidArgument("batch over batch_ops_max");
+    uint64_t total = 0;
+    uint32_t checked_region = UINT32_MAX;  // grants are re-checked once per run of a region
+    for (const wire::ReadOpWire& op : ops) {
+      auto it = attached_.find(op.region_id);
+      if (it == attached_.end()) {
+        return Status::PermissionDenied("region not opened on this connection");
+      }
+      const Attached& a = it->second;
+      if (op.region_id != checked_region) {
+        if (!state_->GrantValid(a.token, a.table->name, a.tenant)) {
+          return Status::PermissionDenied("grant expired or revoked");
+        }
+        checked_region = op.region_id;
+      }
+      const std::span<const uint8_t> rows = a.table->mapped->rows();
+      if (op.length_bytes == 0 || op.length_bytes > o.read_bytes_max) {
+        return Status::InvalidArgument("op length out of range");
+      }
+      if (op.offset_bytes > rows.size() || rows.size() - op.offset_bytes < op.length_bytes) {
+        return Status::InvalidArgument("read outside region");
+      }
+      total += op.length_bytes;
+      if (total > o.response_bytes_max) return Status::InvalidArgument("response_bytes_max");
+      out->emplace_back(rows.data() + op.offset_bytes, op.length_bytes);
+    }
+    return Status::Ok();
+  }
+
+  void HandleRead() {
+    std::vector<wire::ReadOpWire> ops;
+    if (Status st = wire::DecodeReadOps(body_, request_.op_count, &ops); !st.ok()) {
+      return Malformed(st);
+    }
+    std::vector<asio::const_buffer> data;
+    data.reserve(ops.size());
+    Status st = CheckRead(ops, &data);
+    if (!st.ok()) {
+      if (st.IsPermissionDenied()) state_->permission_denied.fetch_add(1);
+      return Reply(st, {});
+    }
+    state_->batches_served.fetch_add(1);
+    state_->ops_served.fetch_add(ops.size());
+    state_->bytes_served.fetch_add(asio::buffer_size(data));
+    const uint32_t delay_ms = state_->options.TEST_response_delay_ms;
+    if (delay_ms == 0) return Reply(Status::Ok(), std::move(data));
+    timer_.expires_after(std::chrono::milliseconds(delay_ms));
+    auto self = shared_from_this();
+    timer_.async_wait([self, data = std::move(data)](const boost::system::error_code& ec) mutable {
+      if (ec) return self->Close();
+      self->Reply(Status::Ok(), std::move(data));
+    });
+  }
+
+  void Reply(const Status& status, std::vector<asio::const_buffer> data) {
+    wire::ResponseHeader h;
+    h.type = request_.type;
+    h.request_id = request_.request_id;
+    h.code = status.code();
+    message_ = status.message().substr(0, wire::kMessageBytesMax);
+    h.message_bytes = static_cast<uint16_t>(message_.size());
+    h.data_bytes = status.ok() ? asio::buffer_size(data) : 0;
+    wire::EncodeResponseHeader(h, response_header_.data());
+    std::vector<asio::const_buffer> out;
+    out.reserve(data.size() + 2);
+    out.emplace_back(response_header_.data(), response_header_.size());
+    if (!message_.empty()) out.emplace_back(message_.data(), message_.size());
+    if (status.ok()) out.insert(out.end(), data.begin(), data.end());
+    auto self = shared_from_this();
+    asio::async_write(socket_, out, [self](const boost::system::error_code& ec, size_t) {
+      if (ec) return self->Close();
+      self->ReadHeader();
+    });
+  }
+
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  std::shared_ptr<RowServer::State> state_;
+  std::array<uint8_t, wire::kHeaderBytes> header_{};
+  std::array<uint8_t, wire::kHeaderBytes> response_header_{};
+  std::array<uint8_t, wire::kOpenReplyBytes> open_reply_{};
+  wire::RequestHeader request_;
+  std::vector<uint8_t> body_;
+  std::string message_;
+  std::map<uint32_t, Attached> attached_;
+};
+
+namespace {
+
+void Accept(std::shared_ptr<RowServer::State> state) {
+  tcp::acceptor* acceptor = state->acceptor.get();
+  acceptor->async_accept([state](const boost::system::error_code& ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted) return;
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (state->acceptor == nullptr || !state->acceptor->is_open()) return;
+    }
+    if (!ec) {
+      if (state->connections_active.load() >= state->options.connections_max) {
+        state->connections_refused.fetch_add(1);
+        boost::system::error_code ignored;
+        socket.close(ignored);
+      } else {
+        boost::system::error_code ignored;
+        socket.set_option(tcp::no_delay(true), ignored);
+        state->connections_accepted.fetch_add(1);
+        state->connections_active.fetch_add(1);
+        auto session = std::make_shared<RowServerSession>(std::move(socket), state);
+        {
+          std::lock_guard<std::mutex> lock(state->mu);
+          state->sessions.remove_if(
+              [](const std::weak_ptr<RowServerSession>& w) { return w.expired(); });
+          state->sessions.push_back(session);
+        }
+        session->Start();
+      }
+    }
+    Accept(state);
+  });
+}
+
+wire::GrantToken RandomToken() {
+  std::random_device rd;  // getrandom(2) on Linux
+  wire::GrantToken t;
+  for (size_t i = 0; i < t.size(); i += 4) {
+    const uint32_t v = rd();
+    for (size_t j = 0; j < 4; ++j) t[i + j] = static_cast<uint8_t>(v >> (8 * j));
+  }
+  return t;
+}
+
+}  // namespace
+
+RowServer::RowServer(RowServerOptions options)
+    : state_(std::make_shared<State>(std::move(options))) {}
+
+RowServer::~RowServer() { Stop(); }
+
+Status RowServer::RegisterTable(const std::string& name, const std::string& path) {
+  if (name.empty() || name.size() > wire::kNameBytesMax) {
+    return Status::InvalidArgument("region name must be 1..256 bytes");
+  }
+  KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const MappedTable> mapped, MappedTable::Open(path));
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (state_->tables_by_name.count(name) != 0) {
+    return Status::InvalidArgument("region already registered: " + name);
+  }
+  auto table = std::make_shared<Table>();
+  table->id = static_cast<uint32_t>(state_->tables_by_id.size() + 1);
+  table->name = name;
+  table->mapped = std::move(mapped);
+  state_->tables_by_name[name] = table;
+  state_->tables_by_id[table->id] = table;
+  return Status::Ok();
+}
+
+StatusOr<wire::GrantToken> RowServer::IssueGrant(const std::string& region_name,
+                                                 const std::string& tenant, uint64_t ttl_ms) {
+  wire::GrantToken token = RandomToken();
+  KVTIER_RETURN_IF_ERROR(AddGrant(token, region_name, tenant, ttl_ms));
+  return token;
+}
+
+Status RowServer::AddGrant(const wire::GrantToken& token, const std::string& region_name,
+                           const std::string& tenant, uint64_t ttl_ms) {
+  if (tenant.empty() || tenant.size() > wire::kNameBytesMax) {
+    return Status::InvalidArgument("tenant must be 1..256 bytes");
+  }
+  if (ttl_ms == 0 || ttl_ms > state_->options.grant_ttl_ms_max) {
+    return Status::InvalidArgument("ttl_ms out of range");
+  }
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (state_->tables_by_name.count(region_name) == 0) {
+    return Status::NotFound("no such region: " + region_name);
+  }
+  if (state_->grants.count(token) != 0) return Status::InvalidArgument("grant token in use");
+  const uint64_t now_us = state_->clock->NowUs();
+  if (state_->grants.size() >= state_->options.grants_max) {
+    std::erase_if(state_->grants, [now_us](const auto& g) { return g.second.expiry_us <= now_us; });
+    if (state_->grants.size() >= state_->options.grants_max) {
+      return Status::Rejected("grants_max reached");
+    }
+  }
+  state_->grants[token] = Grant{region_name, tenant, now_us + ttl_ms * 1000};
+  return Status::Ok();
+}
+
+Status RowServer::RevokeGrant(const wire::GrantToken& token) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (state_->grants.erase(token) == 0) return Status::NotFound("no such grant");
+  return Status::Ok();
+}
+
+Status RowServer::StartOn(asio::io_context& io) {
+  boost::system::error_code ec;
+  const asio::ip::address address = asio::ip::make_address(state_->options.bind_address, ec);
+  if (ec) return Status::InvalidArgument("bad bind_address: " + state_->options.bind_address);
+  auto acceptor = std::make_unique<tcp::acceptor>(io);
+  const tcp::endpoint endpoint(address, state_->options.port);
+  acceptor->open(endpoint.protocol(), ec);
+  if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor->bind(endpoint, ec);
+  if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Status::IOError("row server cannot listen on " + state_->options.bind_address + ":" +
+                           std::to_string(state_->options.port) + ": " + ec.message());
+  }
+  state_->port.store(acceptor->local_endpoint().port());
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->acceptor = std::move(acceptor);
+    state_->io = &io;
+  }
+  Accept(state_);
+  return Status::Ok();
+}
+
+Status RowServer::Start() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->started) return Status::InvalidArgument("row server already started");
+    state_->started = true;
+    state_->own_io = std::make_unique<asio::io_context>(1);
+    state_->work = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(
+        state_->own_io->get_executor());
+  }
+  KVTIER_RETURN_IF_ERROR(StartOn(*state_->own_io));
+  asio::io_context* io = state_->own_io.get();
+  state_->thread = std::thread([io] { io->run(); });
+  return Status::Ok();
+}
+
+Status RowServer::Start(asio::io_context& io) {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->started) return Status::InvalidArgument("row server already started");
+    state_->started = true;
+  }
+  return StartOn(io);
+}
+
+void RowServer::Stop() {
+  asio::io_context* io = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    io = state_->io;
+    state_->io = nullptr;
+  }
+  if (io == nullptr) return;
+  auto state = state_;
+  auto closed = std::make_shared<std::promise<void>>();
+  std::future<void> done = closed->get_future();
+  asio::post(*io, [state, closed] {
+    std::list<std::weak_ptr<RowServerSession>> sessions;
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      boost::system::error_code ec;
+      if (state->acceptor != nullptr) state->acceptor->close(ec);
+      sessions.swap(state->sessions);
+    }
+    for (auto& weak : sessions) {
+      if (auto s = weak.lock()) s->Close();
+    }
+    closed->set_value();
+  });
+  if (state_->own_io != nullptr) {
+    done.wait();
+    state_->work.reset();
+    state_->thread.join();
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->acceptor.reset();
+    state_->own_io.reset();
+  } else {
+    // Embedded: the caller's io_context runs the close; wait briefly for it.
+    (void)done.wait_for(std::chrono::seconds(2));
+  }
+  state_->port.store(0);
+}
+
+uint16_t RowServer::port() const { return state_->port.load(); }
+
+RowServerCounters RowServer::counters() const {
+  const State& s = *state_;
+  return RowServerCounters{s.connections_accepted.load(), s.connections_active.load(),
+                           s.connections_refused.load(),  s.malformed_frames.load(),
+                           s.batches_served.load(),       s.ops_served.load(),
+                           s.bytes_served.load(),         s.permission_denied.load()};
+}
+
+}  // namespace kvtier::rdma

@@ -1,0 +1,121 @@
+// RowServer: serves Engram tables read-only to many engines over the TCP row transport
+// (docs/format/wire.md, "Engram row transport (TCP)").
+//
+//   RowServer server(RowServerOptions{.bind_address = "127.0.0.1", .port = 0});
+//   KVTIER_RETURN_IF_ERROR(server.RegisterTable("engram.l1.s0", "/data/l1.s0.engram"));
+//   KVTIER_ASSIGN_OR_RETURN(auto token, server.IssueGrant("engram.l1.s0", "tenant-a", 60000));
+//   KVTIER_RETURN_IF_ERROR(server.Start());          // its own I/O thread
+//   ... clients OpenRegion({"engram.l1.s0", "tenant-a", token}) and read rows ...
+//   server.Stop();
+//
+// Regions are table files memory-mapped read-only (rdma/engram_table.h); responses are
+// written straight from the mapping (no copy). A *grant* is (region, tenant, expiry) named by
+// a random 128-bit token; a connection attaches a region by presenting name, tenant and
+// token (kOpen), and every read batch re-checks that the grant still exists and has not
+// expired (by options.clock). Reads without a valid grant fail with PermissionDenied; the
+// connection stays up. A malformed frame (bad magic, version, type, a length over the
+// limits) closes that connection; the server and other connections are unaffected.
+// Tokens are never logged.
+//
+// Embedding: Start(io_context&) runs the server on a caller's io_context (kvtierd);
+// Start() creates and runs its own thread. Stop() closes the listener and every
+// connection (clients see their reads in flight fail) and, in own-thread mode, joins.
+//
+// Thread safety: all methods are thread-safe. Tables and grants may change while serving.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "rdma/wire.h"
+
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
+
+namespace kvtier::rdma {
+
+struct RowServerOptions {
+  // Loopback by default: exposing tables is an explicit choice.
+  std::string bind_address = "127.0.0.1";
+  // 0 picks a free port; port() reports the bound one.
+  uint16_t port = 0;
+  // Connections beyond this are accepted and closed at once.
+  uint32_t connections_max = 256;
+  // Regions one connection may attach.
+  uint32_t regions_per_connection_max = 64;
+  // Ops in one read batch (at most wire::kBatchOpsMax); more is an InvalidArgument reply.
+  uint32_t batch_ops_max = 1024;
+  // Bytes of one op (at most wire::kReadBytesMax).
+  uint32_t read_bytes_max = 1 << 20;
+  // Bytes of one response (at most wire::kResponseDataBytesMax).
+  uint64_t response_bytes_max = 16ull << 20;
+  // Live grants; IssueGrant() first drops expired ones, then returns Rejected.
+  uint32_t grants_max = 65536;
+  // The longest grant IssueGrant() accepts.
+  uint64_t grant_ttl_ms_max = 24ull * 3600 * 1000;
+  // Time source for grant expiry; nullptr = DefaultSteadyClock(). Not owned; must outlive
+  // the server.
+  const Clock* clock = nullptr;
+  // Test hook: delay every read response by this many ms (makes reads "in flight").
+  uint32_t TEST_response_delay_ms = 0;
+};
+
+struct RowServerCounters {
+  uint64_t connections_accepted = 0;
+  uint64_t connections_active = 0;
+  uint64_t connections_refused = 0;  // over connections_max
+  uint64_t malformed_frames = 0;     // connections closed for a bad frame
+  uint64_t batches_served = 0;
+  uint64_t ops_served = 0;
+  uint64_t bytes_served = 0;
+  uint64_t permission_denied = 0;  // opens and batches refused for a missing/expired grant
+};
+
+class RowServer {
+ public:
+  explicit RowServer(RowServerOptions options);
+  ~RowServer();  // Stop()
+  RowServer(const RowServer&) = delete;
+  RowServer& operator=(const RowServer&) = delete;
+
+  // Maps the table file at `path` read-only and serves it as region `name` (1..256 bytes).
+  // InvalidArgument for a duplicate or bad name; the table's own errors otherwise.
+  Status RegisterTable(const std::string& name, const std::string& path);
+
+  // Issues a grant on region `region_name` to `tenant`, valid for ttl_ms (1..
+  // grant_ttl_ms_max). NotFound for an unknown region; Rejected at grants_max.
+  StatusOr<wire::GrantToken> IssueGrant(const std::string& region_name, const std::string& tenant,
+                                        uint64_t ttl_ms);
+  // Installs a grant with a token issued elsewhere: by a control plane that hands the same
+  // grant to several servers, or by this server before a restart (grants live in memory).
+  // InvalidArgument for a token already in use or a bad ttl; NotFound for an unknown region.
+  Status AddGrant(const wire::GrantToken& token, const std::string& region_name,
+                  const std::string& tenant, uint64_t ttl_ms);
+  // Revokes a grant at once (later batches on it are PermissionDenied). NotFound if absent.
+  Status RevokeGrant(const wire::GrantToken& token);
+
+  // Binds and serves on an own I/O thread. IOError when the address cannot be bound;
+  // InvalidArgument if already started.
+  Status Start();
+  // Binds and serves on `io` (not owned; must outlive Stop()); the caller runs it.
+  Status Start(boost::asio::io_context& io);
+  // Closes the listener and all connections. Idempotent.
+  void Stop();
+
+  // The bound port (0 before Start()).
+  uint16_t port() const;
+  RowServerCounters counters() const;
+
+  struct State;  // implementation detail (row_server.cc)
+
+ private:
+  Status StartOn(boost::asio::io_context& io);
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace kvtier::rdma

@@ -1,0 +1,546 @@
+#include "rdma/tcp_transport.h"
+
+#include <boost/asio.hpp>
+#include <chrono>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+
+namespace kvtier::rdma {
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+namespace {
+
+uint64_t NowUs() { return DefaultSteadyClock().NowUs(); }
+
+struct Pending {
+  uint64_t request_id = 0;
+  wire::FrameType type = wire::FrameType::kRead;
+  std::vector<asio::mutable_buffer> dests;  // kRead: where the data lands, in op order
+  uint64_t data_bytes = 0;                  // expected data_bytes of an OK reply
+  uint32_t ops = 0;
+  uint64_t deadline_us = 0;
+  ReadCallback done;                                                     // kRead
+  std::function<void(const Status&, const wire::OpenReply&)> open_done;  // kOpen
+  std::array<uint8_t, wire::kOpenReplyBytes> open_reply{};
+};
+
+struct RegionEntry {
+  RegionCredentials credentials;
+  RegionInfo info;
+  uint32_t server_id = 0;
+  Status attach_status;  // non-OK when re-attaching after a reconnect failed
+};
+
+struct Buffer {
+  size_t size_bytes = 0;
+  LocalBufferId id = 0;
+};
+
+}  // namespace
+
+struct TcpTransport::Impl {
+  Impl(TcpEndpoint e, TransportOptions o) : endpoint(std::move(e)), options(o) {}
+
+  TcpEndpoint endpoint;
+  TransportOptions options;
+  // Declared before every I/O object so that it is destroyed after them.
+  asio::io_context io{1};
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  tcp::socket socket{io};
+  asio::steady_timer tick{io};
+  asio::steady_timer connect_timer{io};
+  std::thread thread;
+  std::thread::id io_thread_id;
+
+  std::mutex connect_mu;  // serialises Connect / Reconnect / OpenRegion
+  mutable std::mutex mu;  // protects everything below (writes also on the I/O thread)
+  bool connected = false;
+  bool closed = false;
+  uint64_t generation = 0;  // bumped at every connect and disconnect
+  uint64_t next_request_id = 1;
+  std::deque<std::unique_ptr<Pending>> pending;  // send order == reply order
+  uint64_t in_flight_ops = 0;
+  std::vector<RegionEntry> regions;                // index = client RegionId
+  std::map<uintptr_t, Buffer> buffers_by_address;  // start address -> buffer
+  std::map<LocalBufferId, uintptr_t> buffers_by_id;
+  LocalBufferId next_buffer_id = 1;
+  TransportCounters c;
+
+  // I/O-thread only.
+  std::deque<std::vector<uint8_t>> write_queue;
+  bool writing = false;
+  bool connecting = false;
+  std::array<uint8_t, wire::kHeaderBytes> reply_header{};
+  wire::ResponseHeader reply;
+  std::string reply_message;
+
+  bool OnIoThread() const { return std::this_thread::get_id() == io_thread_id; }
+
+  // Runs `fn` on the I/O thread and waits for it (runs inline when already there).
+  void RunOnIo(const std::function<void()>& fn) {
+    if (OnIoThread()) return fn();
+    std::promise<void> done;
+    asio::post(io, [&] {
+      fn();
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
+
+  // ---- I/O thread ----------------------------------------------------------------
+  void FailAll(const Status& status) {
+    std::deque<std::unique_ptr<Pending>> failed;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (connected) ++c.disconnects;
+      connected = false;
+      ++generation;
+      failed.swap(pending);
+      in_flight_ops = 0;
+      c.batches_failed += failed.size();
+      c.reads_in_flight = 0;
+    }
+    boost::system::error_code ec;
+    socket.shutdown(tcp::socket::shutdown_both, ec);
+    socket.close(ec);
+    write_queue.clear();
+    writing = false;
+    for (auto& p : failed) Finish(*p, status);
+  }
+
+  static void Finish(Pending& p, const Status& status) {
+    if (p.type == wire::FrameType::kRead) {
+      if (p.done) p.done(status);
+    } else if (p.open_done) {
+      wire::OpenReply reply;
+      Status st = status;
+      if (st.ok()) st = wire::DecodeOpenReply(p.open_reply, &reply);
+      p.open_done(st, reply);
+    }
+  }
+
+  void Enqueue(uint64_t gen, std::vector<uint8_t> frame) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (gen != generation || !connected) return;  // its batch already failed
+    }
+    write_queue.push_back(std::move(frame));
+    WriteNext(gen);
+  }
+
+  void WriteNext(uint64_t gen) {
+    if (writing || write_queue.empty()) return;
+    writing = true;
+    asio::async_write(socket, asio::buffer(write_queue.front()),
+                      [this, gen](const boost::system::error_code& ec, size_t) {
+                        if (!Current(gen)) return;
+                        writing = false;
+                        if (ec)
+                          return FailAll(Status::IOError("row server write: " + ec.message()));
+                        write_queue.pop_front();
+                        WriteNext(gen);
+                      });
+  }
+
+  bool Current(uint64_t gen) {
+    std::lock_guard<std::mutex> lock(mu);
+    return gen == generation && connected;
+  }
+
+  void ReadReplyHeader(uint64_t gen) {
+    asio::async_read(
+        socket, asio::buffer(reply_header),
+        [this, gen](const boost::system::error_code& ec, size_t) {
+          if (!Current(gen)) return;
+          if (ec) {
+            return FailAll(Status::IOError("connection to row server lost: " + ec.message()));
+          }
+          OnReplyHeader(gen);
+        });
+  }
+
+  void OnReplyHeader(uint64_t gen) {
+    if (Status st = wire::DecodeResponseHeader(reply_header.data(), &reply); !st.ok()) {
+      return FailAll(Status::IOError("bad reply from row server: " + st.message()));
+    }
+    Pending* front = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!pending.empty()) front = pending.front().get();
+    }
+    if (front == nullptr || front->request_id != reply.request_id || front->type != reply.type) {
+      return FailAll(Status::IOError("row server reply does not match the oldest request"));
+    }
+    if (reply.code == StatusCode::kOk && reply.data_bytes != front->data_bytes) {
+      return FailAll(Status::IOError("row server reply has the wrong data length"));
+    }
+    reply_message.resize(reply.message_bytes);
+    asio::async_read(socket, asio::buffer(reply_message),
+                     [this, gen, front](const boost::system::error_code& ec, size_t) {
+                       if (!Current(gen)) return;
+                       if (ec) return FailAll(Status::IOError("row server reply: " + ec.message()));
+                       if (reply.code != StatusCode::kOk) {
+                         return Complete(gen, Status(reply.code, reply_message));
+                       }
+                       ReadReplyData(gen, front);
+                     });
+  }
+
+  void ReadReplyData(uint64_t gen, Pending* front) {
+    auto on_data = [this, gen](const boost::system::error_code& ec, size_t) {
+      if (!Current(gen)) return;
+      if (ec) return FailAll(Status::IOError("row server reply: " + ec.message()));
+      Complete(gen, Status::Ok());
+    };
+    if (front->type == wire::FrameType::kOpen) {
+      asio::async_read(socket, asio::buffer(front->open_reply), on_data);
+    } else {
+      std::vector<asio::mutable_buffer> dests = front->dests;
+      asio::async_read(socket, dests, on_data);
+    }
+  }
+
+  void Complete(uint64_t gen, const Status& status) {
+    std::unique_ptr<Pending> done;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = std::move(pending.front());
+      pending.pop_front();
+      in_flight_ops -= done->ops;
+      c.reads_in_flight = in_flight_ops;
+      if (status.ok()) {
+        if (done->type == wire::FrameType::kRead) c.bytes_read += done->data_bytes;
+      } else {
+        ++c.batches_failed;
+      }
+    }
+    Finish(*done, status);
+    ReadReplyHeader(gen);
+  }
+
+  void Tick() {
+    const uint32_t period_ms = std::max<uint32_t>(10, options.request_timeout_ms / 4);
+    tick.expires_after(std::chrono::milliseconds(period_ms));
+    tick.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      bool expired = false;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (closed) return;
+        expired = connected && !pending.empty() && pending.front()->deadline_us < NowUs();
+      }
+      if (expired) {
+        FailAll(Status::IOError("row server did not answer within request_timeout_ms"));
+      }
+      Tick();
+    });
+  }
+
+  // ---- caller threads --------------------------------------------------------------
+  // Connects the socket (not the regions). Caller holds connect_mu.
+  Status ConnectSocket() {
+    std::promise<boost::system::error_code> result;
+    asio::post(io, [&] {
+      boost::system::error_code ec;
+      socket.close(ec);
+      tcp::resolver resolver(io);
+      auto endpoints = resolver.resolve(endpoint.host, std::to_string(endpoint.port), ec);
+      if (ec) return result.set_value(ec);
+      connecting = true;
+      connect_timer.expires_after(std::chrono::milliseconds(options.connect_timeout_ms));
+      connect_timer.async_wait([this](const boost::system::error_code& tec) {
+        if (!tec && connecting) {
+          boost::system::error_code ignored;
+          socket.close(ignored);  // aborts the connect
+        }
+      });
+      asio::async_connect(
+          socket, endpoints,
+          [this, &result](const boost::system::error_code& cec, const tcp::endpoint&) {
+            connect_timer.cancel();
+            connecting = false;
+            if (!cec) {
+              boost::system::error_code ignored;
+              socket.set_option(tcp::no_delay(true), ignored);
+              uint64_t gen = 0;
+              {
+                std::lock_guard<std::mutex> lock(mu);
+                connected = true;
+                gen = ++generation;
+              }
+              ReadReplyHeader(gen);
+            }
+            result.set_value(cec);
+          });
+    });
+    const boost::system::error_code ec = result.get_future().get();
+    if (ec) {
+      return Status::IOError("cannot connect to row server " + endpoint.host + ":" +
+                             std::to_string(endpoint.port) + ": " + ec.message());
+    }
+    return Status::Ok();
+  }
+
+  // Sends an open request and waits for its reply. Caller holds connect_mu.
+  StatusOr<wire::OpenReply> OpenOnWire(const RegionCredentials& cred) {
+    auto p = std::make_unique<Pending>();
+    std::promise<StatusOr<wire::OpenReply>> result;
+    p->type = wire::FrameType::kOpen;
+    p->data_bytes = wire::kOpenReplyBytes;
+    p->open_done = [&result](const Status& st, const wire::OpenReply& r) {
+      if (st.ok()) {
+        result.set_value(r);
+      } else {
+        result.set_value(st);
+      }
+    };
+    uint64_t gen = 0;
+    std::vector<uint8_t> frame;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!connected) return Status::IOError("not connected to row server");
+      p->request_id = next_request_id++;
+      p->deadline_us = NowUs() + uint64_t{options.request_timeout_ms} * 1000;
+      frame = wire::BuildOpenRequest(p->request_id,
+                                     wire::OpenRequest{cred.token, cred.region_name, cred.tenant});
+      gen = generation;
+      pending.push_back(std::move(p));
+    }
+    asio::post(io, [this, gen, f = std::move(frame)]() mutable { Enqueue(gen, std::move(f)); });
+    return result.get_future().get();
+  }
+
+  // Connects and re-attaches every region. Caller holds connect_mu.
+  Status EnsureConnected() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (closed) return Status::Unavailable("transport closed");
+      if (connected) return Status::Ok();
+    }
+    KVTIER_RETURN_IF_ERROR(ConnectSocket());
+    std::vector<RegionCredentials> creds;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const RegionEntry& r : regions) creds.push_back(r.credentials);
+    }
+    for (size_t i = 0; i < creds.size(); ++i) {
+      StatusOr<wire::OpenReply> reply = OpenOnWire(creds[i]);
+      if (!reply.ok() && reply.status().IsIOError()) return reply.status();
+      std::lock_guard<std::mutex> lock(mu);
+      RegionEntry& r = regions[i];
+      if (!reply.ok()) {
+        r.attach_status = reply.status().WithContext("re-attaching region after reconnect");
+      } else if (reply->size_bytes != r.info.size_bytes ||
+                 reply->row_stride_bytes != r.info.row_stride_bytes ||
+                 reply->row_begin != r.info.row_begin) {
+        r.attach_status = Status::Corruption("region changed shape across a reconnect");
+      } else {
+        r.server_id = reply->region_id;
+        r.attach_status = Status::Ok();
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    ++c.connects;
+    return Status::Ok();
+  }
+
+  // Validates ops and builds the frame's op list. Caller holds mu.
+  Status Plan(std::span<const ReadOp> ops, std::vector<wire::ReadOpWire>* wire_ops,
+              Pending* p) const {
+    if (ops.empty()) return Status::InvalidArgument("empty batch");
+    if (ops.size() > options.batch_ops_max)
+      return Status::InvalidArgument("batch over batch_ops_max");
+    wire_ops->reserve(ops.size());
+    p->dests.reserve(ops.size());
+    for (const ReadOp& op : ops) {
+      if (op.region >= regions.size()) return Status::InvalidArgument("unknown region");
+      const RegionEntry& r = regions[op.region];
+      if (!r.attach_status.ok()) return r.attach_status;
+      if (op.length_bytes == 0 || op.length_bytes > options.read_bytes_max) {
+        return Status::InvalidArgument("op length_bytes out of range");
+      }
+      if (op.offset_bytes > r.info.size_bytes ||
+          r.info.size_bytes - op.offset_bytes < op.length_bytes) {
+        return Status::InvalidArgument("read outside region");
+      }
+      const auto dest = reinterpret_cast<uintptr_t>(op.dest);
+      auto it = buffers_by_address.upper_bound(dest);
+      if (op.dest == nullptr || it == buffers_by_address.begin() ||
+          dest + op.length_bytes > std::prev(it)->first + std::prev(it)->second.size_bytes) {
+        return Status::InvalidArgument("destination outside registered buffers");
+      }
+      wire_ops->push_back(wire::ReadOpWire{r.server_id, op.length_bytes, op.offset_bytes});
+      p->dests.emplace_back(op.dest, op.length_bytes);
+      p->data_bytes += op.length_bytes;
+    }
+    p->ops = static_cast<uint32_t>(ops.size());
+    return Status::Ok();
+  }
+};
+
+StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(TcpEndpoint endpoint,
+                                                             TransportOptions options) {
+  if (endpoint.port == 0 || endpoint.host.empty()) {
+    return Status::InvalidArgument("row server endpoint needs a host and a port");
+  }
+  if (options.batch_ops_max == 0 || options.batch_ops_max > wire::kBatchOpsMax ||
+      options.read_bytes_max == 0 || options.read_bytes_max > wire::kReadBytesMax ||
+      options.reads_in_flight_max == 0 || options.request_timeout_ms == 0 ||
+      uint64_t{options.batch_ops_max} * options.read_bytes_max > wire::kResponseDataBytesMax) {
+    return Status::InvalidArgument("transport limits out of range");
+  }
+  auto impl = std::make_unique<Impl>(std::move(endpoint), options);
+  Impl* raw = impl.get();
+  std::promise<void> started;
+  raw->thread = std::thread([raw, &started] {
+    raw->io_thread_id = std::this_thread::get_id();
+    started.set_value();
+    raw->io.run();
+  });
+  started.get_future().wait();
+  asio::post(raw->io, [raw] { raw->Tick(); });
+  return std::unique_ptr<TcpTransport>(new TcpTransport(std::move(impl)));
+}
+
+TcpTransport::TcpTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+TcpTransport::~TcpTransport() { Close(); }
+
+Status TcpTransport::Connect() {
+  if (impl_->OnIoThread()) return Status::IOError("cannot connect from a transport callback");
+  std::lock_guard<std::mutex> lock(impl_->connect_mu);
+  return impl_->EnsureConnected();
+}
+
+Status TcpTransport::Reconnect() {
+  if (impl_->OnIoThread()) return Status::IOError("cannot reconnect from a transport callback");
+  std::lock_guard<std::mutex> lock(impl_->connect_mu);
+  {
+    std::lock_guard<std::mutex> state_lock(impl_->mu);
+    if (impl_->closed) return Status::Unavailable("transport closed");
+  }
+  impl_->RunOnIo([this] { impl_->FailAll(Status::IOError("reconnecting")); });
+  return impl_->EnsureConnected();
+}
+
+StatusOr<RegionInfo> TcpTransport::OpenRegion(const RegionCredentials& credentials) {
+  if (impl_->OnIoThread()) return Status::IOError("cannot open a region from a callback");
+  if (credentials.region_name.empty() || credentials.region_name.size() > wire::kNameBytesMax ||
+      credentials.tenant.empty() || credentials.tenant.size() > wire::kNameBytesMax) {
+    return Status::InvalidArgument("region name and tenant must be 1..256 bytes");
+  }
+  std::lock_guard<std::mutex> lock(impl_->connect_mu);
+  KVTIER_RETURN_IF_ERROR(impl_->EnsureConnected());
+  KVTIER_ASSIGN_OR_RETURN(wire::OpenReply reply, impl_->OpenOnWire(credentials));
+  std::lock_guard<std::mutex> state_lock(impl_->mu);
+  RegionEntry entry;
+  entry.credentials = credentials;
+  entry.server_id = reply.region_id;
+  entry.info = RegionInfo{static_cast<RegionId>(impl_->regions.size()),
+                          reply.size_bytes,
+                          reply.row_stride_bytes,
+                          reply.row_dim,
+                          reply.row_begin,
+                          reply.row_count};
+  impl_->regions.push_back(entry);
+  return entry.info;
+}
+
+StatusOr<LocalBufferId> TcpTransport::RegisterLocalBuffer(uint8_t* data, size_t size_bytes) {
+  if (data == nullptr || size_bytes == 0) return Status::InvalidArgument("empty buffer");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  const auto start = reinterpret_cast<uintptr_t>(data);
+  auto next = impl_->buffers_by_address.lower_bound(start);
+  if ((next != impl_->buffers_by_address.end() && next->first < start + size_bytes) ||
+      (next != impl_->buffers_by_address.begin() &&
+       std::prev(next)->first + std::prev(next)->second.size_bytes > start)) {
+    return Status::InvalidArgument("buffer overlaps a registered buffer");
+  }
+  const LocalBufferId id = impl_->next_buffer_id++;
+  impl_->buffers_by_address[start] = Buffer{size_bytes, id};
+  impl_->buffers_by_id[id] = start;
+  return id;
+}
+
+Status TcpTransport::UnregisterLocalBuffer(LocalBufferId id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->buffers_by_id.find(id);
+  if (it == impl_->buffers_by_id.end()) return Status::NotFound("no such buffer");
+  impl_->buffers_by_address.erase(it->second);
+  impl_->buffers_by_id.erase(it);
+  return Status::Ok();
+}
+
+Status TcpTransport::Submit(std::span<const ReadOp> ops, ReadCallback done) {
+  Impl& d = *impl_;
+  bool need_connect = false;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.closed) return Status::Unavailable("transport closed");
+    need_connect = !d.connected;
+  }
+  if (need_connect) {
+    if (!d.options.reconnect_on_submit || d.OnIoThread()) {
+      return Status::IOError("not connected to row server");
+    }
+    std::lock_guard<std::mutex> lock(d.connect_mu);
+    KVTIER_RETURN_IF_ERROR(d.EnsureConnected());
+  }
+  auto p = std::make_unique<Pending>();
+  std::vector<wire::ReadOpWire> wire_ops;
+  uint64_t gen = 0;
+  std::vector<uint8_t> frame;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.closed) return Status::Unavailable("transport closed");
+    if (!d.connected) return Status::IOError("connection to row server lost");
+    KVTIER_RETURN_IF_ERROR(d.Plan(ops, &wire_ops, p.get()));
+    if (d.in_flight_ops + ops.size() > d.options.reads_in_flight_max) {
+      return Status::Rejected("reads_in_flight_max reached");
+    }
+    p->type = wire::FrameType::kRead;
+    p->request_id = d.next_request_id++;
+    p->deadline_us = NowUs() + uint64_t{d.options.request_timeout_ms} * 1000;
+    p->done = std::move(done);
+    frame = wire::BuildReadRequest(p->request_id, wire_ops);
+    d.in_flight_ops += p->ops;
+    d.c.reads_in_flight = d.in_flight_ops;
+    ++d.c.batches_submitted;
+    d.c.ops_submitted += p->ops;
+    gen = d.generation;
+    d.pending.push_back(std::move(p));
+  }
+  asio::post(d.io, [&d, gen, f = std::move(frame)]() mutable { d.Enqueue(gen, std::move(f)); });
+  return Status::Ok();
+}
+
+void TcpTransport::Close() {
+  Impl& d = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.closed) return;
+    d.closed = true;
+  }
+  d.RunOnIo([&d] {
+    d.FailAll(Status::Unavailable("transport closed"));
+    d.tick.cancel();
+    d.connect_timer.cancel();
+  });
+  d.work.reset();
+  d.io.stop();
+  if (d.thread.joinable()) d.thread.join();
+}
+
+TransportCounters TcpTransport::counters() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->c;
+}
+
+}  // namespace kvtier::rdma

@@ -1,0 +1,241 @@
+// RowFetcher over two row servers (a sharded table) on loopback TCP.
+#include "rdma/row_fetcher.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "tests/rdma/test_util.h"
+
+namespace kvtier::rdma {
+namespace {
+
+using testing::MakeTable;
+using testing::TempDir;
+
+constexpr uint64_t kSplit = 3000, kRows = 7000;
+constexpr uint32_t kRowDim = 32;  // the miniature model's row: 32 codes + 1 scale
+constexpr uint32_t kStride = EngramRowBytes(kRowDim);
+
+class RowFetcherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    paths_[0] = MakeTable(dir_, "s0.engram", 0, kSplit, kRowDim);
+    paths_[1] = MakeTable(dir_, "s1.engram", kSplit, kRows - kSplit, kRowDim);
+    for (int s = 0; s < 2; ++s) {
+      StartShard(s, 0);
+      auto token = servers_[s]->IssueGrant(Name(s), "tenant-a", 600000);
+      ASSERT_TRUE(token.ok());
+      tokens_[s] = *token;
+    }
+  }
+
+  static std::string Name(int s) { return "engram.l1.s" + std::to_string(s); }
+
+  void StartShard(int s, uint16_t port, bool grant = false) {
+    servers_[s] = std::make_unique<RowServer>(RowServerOptions{.port = port});
+    ASSERT_TRUE(servers_[s]->RegisterTable(Name(s), paths_[s]).ok());
+    ASSERT_TRUE(servers_[s]->Start().ok());
+    if (grant) {
+      ASSERT_TRUE(servers_[s]->AddGrant(tokens_[s], Name(s), "tenant-a", 600000).ok());
+    }
+  }
+
+  std::string ShardToml() const {
+    std::string t;
+    for (int s = 0; s < 2; ++s) {
+      t += "[[engram.l1.shard]]\nregion = \"" + Name(s) +
+           "\"\nendpoint = \"127.0.0.1:" + std::to_string(servers_[s]->port()) +
+           "\"\nrow_begin = " + std::to_string(s == 0 ? 0 : kSplit) +
+           "\nrow_end = " + std::to_string(s == 0 ? kSplit : kRows) + "\n";
+    }
+    return t;
+  }
+
+  std::unique_ptr<RowFetcher> MakeFetcher(RowFetcherOptions o,
+                                          TransportOptions to = testing::FastOptions()) {
+    auto map = ShardMap::FromToml(ShardToml(), "engram.l1");
+    EXPECT_TRUE(map.ok()) << map.status().ToString();
+    std::vector<ShardConnection> conns;
+    for (int s = 0; s < 2; ++s) {
+      const ShardSpec& spec = map->shards()[s];
+      conns.push_back(ShardConnection{testing::Connect(spec.port, to),
+                                      RegionCredentials{Name(s), "tenant-a", tokens_[s]}});
+    }
+    auto f = RowFetcher::Create(std::move(*map), std::move(conns), o);
+    EXPECT_TRUE(f.ok()) << f.status().ToString();
+    return std::move(f).value();
+  }
+
+  static void ExpectRows(const std::vector<uint64_t>& rows, const uint8_t* out) {
+    std::vector<uint8_t> expected(kStride);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      FillSyntheticEngramRow(testing::kSeed, rows[i], kRowDim, expected.data());
+      ASSERT_EQ(std::memcmp(out + i * kStride, expected.data(), kStride), 0)
+          << "position " << i << " row " << rows[i];
+    }
+  }
+
+  TempDir dir_;
+  std::string paths_[2];
+  std::unique_ptr<RowServer> servers_[2];
+  wire::GrantToken tokens_[2];
+};
+
+TEST_F(RowFetcherTest, ShardedFetchIsExactWithDedupAndHotCache) {
+  RowFetcherOptions o;
+  o.batch_ops_max = 64;  // forces several batches per shard
+  auto f = MakeFetcher(o);
+  ASSERT_EQ(f->row_stride_bytes(), kStride);
+  ASSERT_EQ(f->row_count(), kRows);
+  std::mt19937_64 rng(7);
+  std::vector<uint64_t> rows;
+  for (int i = 0; i < 1000; ++i) rows.push_back(rng() % kRows);
+  rows.push_back(kSplit - 1);
+  rows.push_back(kSplit);
+  rows.push_back(kRows - 1);
+  rows.push_back(rows[0]);  // a guaranteed duplicate
+  std::vector<uint8_t> out(rows.size() * kStride, 0xcd);
+  ASSERT_TRUE(f->RegisterBuffer(out.data(), out.size()).ok());
+  Status st = f->FetchRows(rows, out.data());
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ExpectRows(rows, out.data());
+  const size_t unique = std::set<uint64_t>(rows.begin(), rows.end()).size();
+  RowFetchStats s = f->stats();
+  EXPECT_EQ(s.rows_requested, rows.size());
+  EXPECT_EQ(s.rows_deduplicated, rows.size() - unique);
+  EXPECT_EQ(s.hot_cache_hits, 0u);
+  EXPECT_EQ(s.rows_read, unique);
+  EXPECT_EQ(s.bytes_read, unique * kStride);
+  EXPECT_EQ(s.reads_in_flight, 0u);
+
+  // The same rows again: all from the hot cache (8 MiB holds them), no reads.
+  std::fill(out.begin(), out.end(), 0);
+  ASSERT_TRUE(f->FetchRows(rows, out.data()).ok());
+  ExpectRows(rows, out.data());
+  s = f->stats();
+  EXPECT_EQ(s.hot_cache_hits, unique);
+  EXPECT_EQ(s.rows_read, unique);
+  EXPECT_EQ(f->transport(0).counters().ops_submitted + f->transport(1).counters().ops_submitted,
+            unique);
+}
+
+TEST_F(RowFetcherTest, PrefetchThenWaitCountsLateRowsOnlyWhenLate) {
+  RowFetcherOptions o;
+  o.hot_cache_bytes = 0;
+  auto f = MakeFetcher(o);
+  std::vector<uint64_t> rows = {5, 6, 7, 5000, 6000};
+  std::vector<uint8_t> out(rows.size() * kStride);
+  ASSERT_TRUE(f->RegisterBuffer(out.data(), out.size()).ok());
+  auto fetch = f->Start(rows, out.data());
+  ASSERT_TRUE(fetch.ok());
+  // Let the prefetch land before waiting (lookahead): nothing is late.
+  for (int i = 0; i < 500 && f->stats().rows_read < rows.size(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_TRUE(f->Wait(*fetch).ok());
+  EXPECT_EQ(f->stats().late_rows, 0u);
+  EXPECT_EQ(f->stats().stalls, 0u);
+  ExpectRows(rows, out.data());
+  EXPECT_TRUE(f->Wait(*fetch).IsInvalidArgument());  // once per handle
+  // Out of range and empty requests are refused up front.
+  std::vector<uint64_t> bad = {kRows};
+  EXPECT_TRUE(f->Start(bad, out.data()).status().IsInvalidArgument());
+  EXPECT_TRUE(f->Start({}, out.data()).status().IsInvalidArgument());
+}
+
+TEST_F(RowFetcherTest, ShardRestartMidRunIsRetriedAndExact) {
+  RowFetcherOptions o;
+  o.hot_cache_bytes = 0;
+  o.retries_max = 5;
+  o.retry_backoff_ms = 50;
+  auto f = MakeFetcher(o);
+  std::vector<uint64_t> rows;
+  for (uint64_t r = 0; r < kRows; r += 13) rows.push_back(r);
+  std::vector<uint8_t> out(rows.size() * kStride);
+  ASSERT_TRUE(f->RegisterBuffer(out.data(), out.size()).ok());
+  ASSERT_TRUE(f->FetchRows(rows, out.data()).ok());
+  // Shard 1 restarts (same port, grant re-installed): the next fetch's first attempt on it
+  // fails or reconnects; either way the result is exact.
+  const uint16_t port = servers_[1]->port();
+  servers_[1]->Stop();
+  std::thread restart([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    StartShard(1, port, /*grant=*/true);
+  });
+  std::fill(out.begin(), out.end(), 0);
+  Status st = f->FetchRows(rows, out.data());
+  restart.join();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ExpectRows(rows, out.data());
+  EXPECT_GE(f->stats().retries, 1u);
+  EXPECT_GE(f->transport(1).counters().connects, 2u);
+}
+
+TEST_F(RowFetcherTest, BoundedRetryThenClearError) {
+  RowFetcherOptions o;
+  o.hot_cache_bytes = 0;
+  o.retries_max = 2;
+  o.retry_backoff_ms = 10;
+  auto f = MakeFetcher(o);
+  servers_[0]->Stop();  // gone for good
+  std::vector<uint64_t> rows = {1, 2, 3, 4000};
+  std::vector<uint8_t> out(rows.size() * kStride);
+  ASSERT_TRUE(f->RegisterBuffer(out.data(), out.size()).ok());
+  Status st = f->FetchRows(rows, out.data());
+  EXPECT_TRUE(st.IsIOError()) << st.ToString();
+  EXPECT_NE(st.message().find("after 3 attempt"), std::string::npos) << st.ToString();
+  EXPECT_EQ(f->stats().fetches_failed, 1u);
+  EXPECT_EQ(f->stats().retries, 2u);
+}
+
+TEST_F(RowFetcherTest, RevokedGrantFailsWithoutRetry) {
+  RowFetcherOptions o;
+  o.hot_cache_bytes = 0;
+  auto f = MakeFetcher(o);
+  ASSERT_TRUE(servers_[1]->RevokeGrant(tokens_[1]).ok());
+  std::vector<uint64_t> rows = {1, 6500};
+  std::vector<uint8_t> out(rows.size() * kStride);
+  ASSERT_TRUE(f->RegisterBuffer(out.data(), out.size()).ok());
+  Status st = f->FetchRows(rows, out.data());
+  EXPECT_TRUE(st.IsPermissionDenied()) << st.ToString();
+  EXPECT_EQ(f->stats().retries, 0u);
+}
+
+TEST_F(RowFetcherTest, InFlightBoundIsFlowControlNotFailure) {
+  RowFetcherOptions o;
+  o.hot_cache_bytes = 0;
+  o.batch_ops_max = 16;
+  TransportOptions to = testing::FastOptions();
+  to.reads_in_flight_max = 32;  // two batches at a time per shard
+  auto f = MakeFetcher(o, to);
+  std::vector<uint64_t> rows;
+  for (uint64_t r = 0; r < kRows; r += 3) rows.push_back(r);
+  std::vector<uint8_t> out(rows.size() * kStride);
+  ASSERT_TRUE(f->RegisterBuffer(out.data(), out.size()).ok());
+  Status st = f->FetchRows(rows, out.data());
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ExpectRows(rows, out.data());
+  EXPECT_EQ(f->stats().retries, 0u);
+}
+
+TEST_F(RowFetcherTest, CreateChecksShardsAgainstTheMap) {
+  // A map that claims shard 0 holds more rows than its file.
+  auto map = ShardMap::Create({{0, kSplit + 10, "127.0.0.1", servers_[0]->port(), Name(0)},
+                               {kSplit + 10, kRows, "127.0.0.1", servers_[1]->port(), Name(1)}});
+  ASSERT_TRUE(map.ok());
+  std::vector<ShardConnection> conns;
+  for (int s = 0; s < 2; ++s) {
+    conns.push_back(ShardConnection{testing::Connect(servers_[s]->port()),
+                                    RegionCredentials{Name(s), "tenant-a", tokens_[s]}});
+  }
+  EXPECT_TRUE(RowFetcher::Create(std::move(*map), std::move(conns), RowFetcherOptions{})
+                  .status()
+                  .IsInvalidArgument());
+}
+
+}  // namespace
+}  // namespace kvtier::rdma

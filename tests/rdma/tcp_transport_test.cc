@@ -1,0 +1,380 @@
+// TcpTransport against a RowServer over loopback: exact bytes, limits, grants, restarts,
+// malformed frames.
+#include "rdma/tcp_transport.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "common/clock.h"
+#include "tests/rdma/test_util.h"
+
+namespace kvtier::rdma {
+namespace {
+
+using testing::Connect;
+using testing::MakeTable;
+using testing::TempDir;
+
+constexpr uint64_t kRows = 5000;
+constexpr uint32_t kRowDim = 256;  // the real model's row: 256 codes + 8 scales
+constexpr uint32_t kStride = EngramRowBytes(kRowDim);
+
+class TcpTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = MakeTable(dir_, "l1.engram", 0, kRows, kRowDim);
+    auto table = MappedTable::Open(path_);
+    ASSERT_TRUE(table.ok());
+    local_ = *table;
+    StartServer(RowServerOptions{});
+  }
+
+  // Starts a server on `port` (0: any). The first start issues the grant; later ones
+  // (restarts) install the same grant, as a control plane would.
+  void StartServer(RowServerOptions o, uint16_t port = 0, bool grant = true) {
+    o.port = port;
+    if (o.clock == nullptr) o.clock = &clock_;
+    server_ = std::make_unique<RowServer>(o);
+    ASSERT_TRUE(server_->RegisterTable("engram.l1", path_).ok());
+    ASSERT_TRUE(server_->Start().ok());
+    if (!grant) return;
+    if (creds_.region_name.empty()) {
+      auto token = server_->IssueGrant("engram.l1", "tenant-a", 60000);
+      ASSERT_TRUE(token.ok());
+      creds_ = RegionCredentials{"engram.l1", "tenant-a", *token};
+    } else {
+      ASSERT_TRUE(server_->AddGrant(creds_.token, "engram.l1", "tenant-a", 60000).ok());
+    }
+  }
+
+  // Reads rows[i] into buf + i*kStride through `t` and checks them against the local file.
+  void ExpectRowsExact(Transport& t, RegionId region, const std::vector<uint64_t>& rows) {
+    std::vector<uint8_t> buf(rows.size() * kStride, 0xee);
+    auto id = t.RegisterLocalBuffer(buf.data(), buf.size());
+    ASSERT_TRUE(id.ok());
+    std::vector<ReadOp> ops;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      ops.push_back(ReadOp{region, rows[i] * kStride, kStride, buf.data() + i * kStride});
+    }
+    Status st = ReadSync(t, ops);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      ASSERT_EQ(
+          std::memcmp(buf.data() + i * kStride, local_->rows().data() + rows[i] * kStride, kStride),
+          0)
+          << "row " << rows[i];
+    }
+    ASSERT_TRUE(t.UnregisterLocalBuffer(*id).ok());
+  }
+
+  TempDir dir_;
+  std::string path_;
+  std::shared_ptr<const MappedTable> local_;
+  ManualClock clock_{1'000'000};
+  std::unique_ptr<RowServer> server_;
+  RegionCredentials creds_;
+};
+
+TEST_F(TcpTransportTest, RowsReadRemotelyEqualLocalRowsBitForBit) {
+  auto t = Connect(server_->port());
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  EXPECT_EQ(region->row_stride_bytes, kStride);
+  EXPECT_EQ(region->row_dim, kRowDim);
+  EXPECT_EQ(region->row_count, kRows);
+  EXPECT_EQ(region->size_bytes, kRows * kStride);
+  std::vector<uint64_t> rows = {0, kRows - 1, 17, 17, 4095, 2500};
+  for (uint64_t r = 1; r < kRows; r += 97) rows.push_back(r);
+  ExpectRowsExact(*t, region->id, rows);
+  // Independently of the file: the generator's content.
+  std::vector<uint8_t> expected(kStride);
+  FillSyntheticEngramRow(testing::kSeed, 17, kRowDim, expected.data());
+  EXPECT_EQ(std::memcmp(local_->rows().data() + 17 * kStride, expected.data(), kStride), 0);
+  const TransportCounters c = t->counters();
+  EXPECT_EQ(c.ops_submitted, rows.size());
+  EXPECT_EQ(c.bytes_read, rows.size() * kStride);
+  EXPECT_EQ(c.reads_in_flight, 0u);
+  EXPECT_EQ(server_->counters().ops_served, rows.size());
+}
+
+TEST_F(TcpTransportTest, ManyPipelinedBatchesCompleteExactlyOnce) {
+  auto t = Connect(server_->port());
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok());
+  constexpr size_t kBatches = 64, kOps = 32;
+  std::vector<uint8_t> buf(kBatches * kOps * kStride);
+  ASSERT_TRUE(t->RegisterLocalBuffer(buf.data(), buf.size()).ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t done = 0, failed = 0;
+  for (size_t b = 0; b < kBatches; ++b) {
+    std::vector<ReadOp> ops;
+    for (size_t i = 0; i < kOps; ++i) {
+      const uint64_t row = (b * 131 + i * 7919) % kRows;
+      ops.push_back(
+          ReadOp{region->id, row * kStride, kStride, buf.data() + (b * kOps + i) * kStride});
+    }
+    ASSERT_TRUE(t->Submit(ops, [&](const Status& s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   ++done;
+                   if (!s.ok()) ++failed;
+                   cv.notify_all();
+                 }).ok());
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return done == kBatches; }));
+  EXPECT_EQ(failed, 0u);
+  for (size_t b = 0; b < kBatches; ++b) {
+    for (size_t i = 0; i < kOps; ++i) {
+      const uint64_t row = (b * 131 + i * 7919) % kRows;
+      ASSERT_EQ(std::memcmp(buf.data() + (b * kOps + i) * kStride,
+                            local_->rows().data() + row * kStride, kStride),
+                0);
+    }
+  }
+}
+
+TEST_F(TcpTransportTest, BatchAndBoundsAreChecked) {
+  TransportOptions o = testing::FastOptions();
+  o.batch_ops_max = 8;
+  o.reads_in_flight_max = 10;
+  auto t = Connect(server_->port(), o);
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok());
+  std::vector<uint8_t> buf(16 * kStride);
+  std::vector<uint8_t> unregistered(kStride);
+  ASSERT_TRUE(t->RegisterLocalBuffer(buf.data(), buf.size()).ok());
+  EXPECT_TRUE(t->RegisterLocalBuffer(buf.data() + 8, 16).status().IsInvalidArgument());  // overlap
+  auto op = [&](uint64_t offset, uint32_t len, uint8_t* dest) {
+    return ReadOp{region->id, offset, len, dest};
+  };
+  auto noop = [](const Status&) {};
+  std::vector<ReadOp> nine(9, op(0, kStride, buf.data()));
+  EXPECT_TRUE(t->Submit(nine, noop).IsInvalidArgument());
+  EXPECT_TRUE(t->Submit({}, noop).IsInvalidArgument());
+  ReadOp past_end = op(kRows * kStride - 8, 16, buf.data());
+  EXPECT_TRUE(t->Submit({&past_end, 1}, noop).IsInvalidArgument());
+  ReadOp bad_dest = op(0, kStride, unregistered.data());
+  EXPECT_TRUE(t->Submit({&bad_dest, 1}, noop).IsInvalidArgument());
+  ReadOp straddle = op(0, kStride, buf.data() + buf.size() - 10);
+  EXPECT_TRUE(t->Submit({&straddle, 1}, noop).IsInvalidArgument());
+  ReadOp bad_region = op(0, kStride, buf.data());
+  bad_region.region = 99;
+  EXPECT_TRUE(t->Submit({&bad_region, 1}, noop).IsInvalidArgument());
+  ReadOp zero = op(0, 0, buf.data());
+  EXPECT_TRUE(t->Submit({&zero, 1}, noop).IsInvalidArgument());
+  EXPECT_EQ(t->counters().batches_submitted, 0u);
+
+  // The in-flight bound: hold replies on a slow server, then overfill.
+  server_->Stop();
+  RowServerOptions slow;
+  slow.TEST_response_delay_ms = 300;
+  StartServer(slow, 0);
+  auto t2 = Connect(server_->port(), o);
+  auto r2 = t2->OpenRegion(creds_);
+  ASSERT_TRUE(r2.ok());
+  ASSERT_TRUE(t2->RegisterLocalBuffer(buf.data(), buf.size()).ok());
+  std::vector<ReadOp> six, five;
+  for (int i = 0; i < 6; ++i) six.push_back(ReadOp{r2->id, 0, kStride, buf.data() + i * kStride});
+  for (int i = 0; i < 5; ++i)
+    five.push_back(ReadOp{r2->id, 0, kStride, buf.data() + (8 + i) * kStride});
+  std::atomic<int> completions{0};
+  ASSERT_TRUE(t2->Submit(six, [&](const Status& s) { completions += s.ok() ? 1 : 100; }).ok());
+  EXPECT_EQ(t2->counters().reads_in_flight, 6u);
+  EXPECT_TRUE(t2->Submit(five, noop).IsRejected());  // 6 + 5 > 10
+  std::vector<ReadOp> four(five.begin(), five.begin() + 4);
+  ASSERT_TRUE(t2->Submit(four, [&](const Status& s) { completions += s.ok() ? 1 : 100; }).ok());
+  for (int i = 0; i < 200 && completions.load() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(completions.load(), 2);
+  EXPECT_EQ(t2->counters().reads_in_flight, 0u);
+}
+
+TEST_F(TcpTransportTest, MissingExpiredRevokedOrForeignGrantsArePermissionDenied) {
+  auto t = Connect(server_->port());
+  // No grant at all / a token for another tenant / for another region name.
+  RegionCredentials bogus = creds_;
+  bogus.token[0] ^= 0xff;
+  EXPECT_TRUE(t->OpenRegion(bogus).status().IsPermissionDenied());
+  RegionCredentials other_tenant = creds_;
+  other_tenant.tenant = "tenant-b";
+  EXPECT_TRUE(t->OpenRegion(other_tenant).status().IsPermissionDenied());
+  RegionCredentials no_region = creds_;
+  no_region.region_name = "engram.l6";
+  EXPECT_TRUE(t->OpenRegion(no_region).status().IsNotFound());
+  EXPECT_TRUE(server_->IssueGrant("engram.l6", "tenant-a", 1000).status().IsNotFound());
+
+  // A short grant: valid now, expired after the clock moves past it.
+  auto short_token = server_->IssueGrant("engram.l1", "tenant-a", 50);
+  ASSERT_TRUE(short_token.ok());
+  RegionCredentials short_creds{"engram.l1", "tenant-a", *short_token};
+  auto region = t->OpenRegion(short_creds);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  std::vector<uint8_t> buf(kStride);
+  ASSERT_TRUE(t->RegisterLocalBuffer(buf.data(), buf.size()).ok());
+  ReadOp op{region->id, 3 * kStride, kStride, buf.data()};
+  ASSERT_TRUE(ReadSync(*t, {&op, 1}).ok());
+  clock_.AdvanceMs(51);
+  Status expired = ReadSync(*t, {&op, 1});
+  EXPECT_TRUE(expired.IsPermissionDenied()) << expired.ToString();
+  EXPECT_TRUE(t->OpenRegion(short_creds).status().IsPermissionDenied());
+
+  // Revocation takes effect on the next batch; the connection itself stays usable.
+  auto main_region = t->OpenRegion(creds_);
+  ASSERT_TRUE(main_region.ok());
+  ReadOp op2{main_region->id, 0, kStride, buf.data()};
+  ASSERT_TRUE(ReadSync(*t, {&op2, 1}).ok());
+  ASSERT_TRUE(server_->RevokeGrant(creds_.token).ok());
+  EXPECT_TRUE(ReadSync(*t, {&op2, 1}).IsPermissionDenied());
+  EXPECT_TRUE(server_->RevokeGrant(creds_.token).IsNotFound());
+  EXPECT_GE(server_->counters().permission_denied, 4u);
+  EXPECT_EQ(t->counters().disconnects, 0u);
+}
+
+TEST_F(TcpTransportTest, ServerRestartFailsReadsInFlightThenReconnectsExactly) {
+  // Replies are held back so that reads are surely in flight when the server stops.
+  server_->Stop();
+  RowServerOptions slow;
+  slow.TEST_response_delay_ms = 2000;
+  StartServer(slow, 0);
+  const uint16_t port = server_->port();
+  auto t = Connect(port);
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  std::vector<uint8_t> buf(8 * kStride);
+  ASSERT_TRUE(t->RegisterLocalBuffer(buf.data(), buf.size()).ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Status> results;
+  for (int b = 0; b < 4; ++b) {
+    std::vector<ReadOp> ops = {
+        {region->id, uint64_t(b) * kStride, kStride, buf.data() + b * kStride}};
+    ASSERT_TRUE(t->Submit(ops, [&](const Status& s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   results.push_back(s);
+                   cv.notify_all();
+                 }).ok());
+  }
+  EXPECT_EQ(t->counters().reads_in_flight, 4u);
+  server_->Stop();  // reads in flight must fail, not hang
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(5), [&] { return results.size() == 4; }));
+    for (const Status& s : results) EXPECT_TRUE(s.IsIOError()) << s.ToString();
+  }
+  EXPECT_EQ(t->counters().reads_in_flight, 0u);
+  EXPECT_EQ(t->counters().disconnects, 1u);
+
+  // The server comes back on the same port (its grants re-installed): the same transport
+  // reconnects on the next read, re-attaches the region and returns exact bytes.
+  StartServer(RowServerOptions{}, port);
+  ExpectRowsExact(*t, region->id, {9, 10, kRows - 1, 0, 9});
+  EXPECT_EQ(t->counters().connects, 2u);
+
+  // Back again without the grant: re-attaching fails and reads say PermissionDenied.
+  server_->Stop();
+  StartServer(RowServerOptions{}, port, /*grant=*/false);
+  ReadOp op{region->id, 9 * kStride, kStride, buf.data()};
+  // The first read may still go out on the dead connection (the client has not seen the
+  // close yet) and fail with IOError; the next one reconnects.
+  Status denied = ReadSync(*t, {&op, 1});
+  if (denied.IsIOError()) denied = ReadSync(*t, {&op, 1});
+  EXPECT_TRUE(denied.IsPermissionDenied()) << denied.ToString();
+}
+
+TEST_F(TcpTransportTest, ReconnectReattachesRegionsWhenServerKeepsGrants) {
+  // A server that stays up but drops the connection (Reconnect()): the transport re-opens
+  // its regions on the new connection and RegionIds stay valid.
+  auto t = Connect(server_->port());
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok());
+  ExpectRowsExact(*t, region->id, {1, 2, 3});
+  ASSERT_TRUE(t->Reconnect().ok());
+  ExpectRowsExact(*t, region->id, {4, 4999});
+  EXPECT_EQ(t->counters().connects, 2u);
+  EXPECT_EQ(server_->counters().connections_accepted, 2u);
+}
+
+TEST_F(TcpTransportTest, SilentServerTimesOutInsteadOfHanging) {
+  RowServerOptions slow;
+  slow.TEST_response_delay_ms = 3000;
+  server_->Stop();
+  StartServer(slow, 0);
+  TransportOptions o = testing::FastOptions();
+  o.request_timeout_ms = 200;
+  auto t = Connect(server_->port(), o);
+  // The open reply is not delayed; reads are.
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok());
+  std::vector<uint8_t> buf(kStride);
+  ASSERT_TRUE(t->RegisterLocalBuffer(buf.data(), buf.size()).ok());
+  ReadOp op{region->id, 0, kStride, buf.data()};
+  const uint64_t t0 = DefaultSteadyClock().NowMs();
+  Status st = ReadSync(*t, {&op, 1});
+  EXPECT_TRUE(st.IsIOError()) << st.ToString();
+  EXPECT_LT(DefaultSteadyClock().NowMs() - t0, 2500u);  // failed by the timeout, not the reply
+}
+
+TEST_F(TcpTransportTest, UnreachableServerIsIOError) {
+  const uint16_t port = server_->port();
+  server_->Stop();
+  auto t = Connect(port);
+  EXPECT_TRUE(t->Connect().IsIOError());
+  EXPECT_TRUE(t->OpenRegion(creds_).status().IsIOError());
+  t->Close();
+  EXPECT_TRUE(t->Connect().IsUnavailable());
+}
+
+// Sends raw bytes to the server on a fresh socket; returns true if the server closed it.
+bool ServerClosesAfter(uint16_t port, const std::vector<uint8_t>& bytes) {
+  namespace asio = boost::asio;
+  asio::io_context io;
+  asio::ip::tcp::socket s(io);
+  boost::system::error_code ec;
+  s.connect({asio::ip::make_address("127.0.0.1"), port}, ec);
+  if (ec) return false;
+  asio::write(s, asio::buffer(bytes), ec);
+  if (ec) return true;
+  uint8_t byte;
+  // A clean close: EOF (or reset) instead of a reply.
+  asio::read(s, asio::buffer(&byte, 1), ec);
+  return ec == asio::error::eof || ec == asio::error::connection_reset;
+}
+
+TEST_F(TcpTransportTest, MalformedFramesCloseTheConnectionAndServerStaysHealthy) {
+  const uint16_t port = server_->port();
+  std::vector<uint8_t> garbage(64, 0xab);
+  EXPECT_TRUE(ServerClosesAfter(port, garbage));
+  // Right magic, absurd op count.
+  std::vector<wire::ReadOpWire> one = {{1, 8, 0}};
+  std::vector<uint8_t> frame = wire::BuildReadRequest(1, one);
+  frame[18] = 0xff;
+  EXPECT_TRUE(ServerClosesAfter(port, frame));
+  // A valid header announcing an open body that is garbage.
+  wire::OpenRequest open{creds_.token, "engram.l1", "tenant-a"};
+  std::vector<uint8_t> bad_open = wire::BuildOpenRequest(2, open);
+  bad_open[wire::kHeaderBytes] = 0xff;  // name length beyond the body
+  EXPECT_TRUE(ServerClosesAfter(port, bad_open));
+  // Reserved op bytes set.
+  std::vector<uint8_t> reserved = wire::BuildReadRequest(3, one);
+  reserved[wire::kHeaderBytes + 20] = 1;
+  EXPECT_TRUE(ServerClosesAfter(port, reserved));
+  EXPECT_EQ(server_->counters().malformed_frames, 4u);
+
+  // A read of a region this connection never opened is refused without a disconnect.
+  auto t = Connect(port);
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok());
+  ExpectRowsExact(*t, region->id, {0, 1, 2, 4999});
+  EXPECT_EQ(t->counters().disconnects, 0u);
+}
+
+}  // namespace
+}  // namespace kvtier::rdma

@@ -1,0 +1,104 @@
+#include "rdma/wire.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace kvtier::rdma::wire {
+namespace {
+
+TEST(WireTest, ReadRequestRoundTrip) {
+  std::vector<ReadOpWire> ops = {{7, 33, 0}, {9, 264, 1ull << 33}};
+  std::vector<uint8_t> frame = BuildReadRequest(42, ops);
+  ASSERT_EQ(frame.size(), kHeaderBytes + 2 * kReadOpBytes);
+  // Byte-level: magic "KVRT", version 1, type 2, little-endian request id.
+  EXPECT_EQ(std::memcmp(frame.data(), "KVRT", 4), 0);
+  EXPECT_EQ(frame[4], 1);
+  EXPECT_EQ(frame[6], 2);
+  EXPECT_EQ(frame[8], 42);
+  RequestHeader h;
+  ASSERT_TRUE(DecodeRequestHeader(frame.data(), &h).ok());
+  EXPECT_EQ(h.type, FrameType::kRead);
+  EXPECT_EQ(h.request_id, 42u);
+  EXPECT_EQ(h.op_count, 2u);
+  std::vector<ReadOpWire> decoded;
+  ASSERT_TRUE(DecodeReadOps(std::span(frame).subspan(kHeaderBytes), h.op_count, &decoded).ok());
+  ASSERT_EQ(decoded.size(), 2u);
+  EXPECT_EQ(decoded[1].region_id, 9u);
+  EXPECT_EQ(decoded[1].length_bytes, 264u);
+  EXPECT_EQ(decoded[1].offset_bytes, 1ull << 33);
+}
+
+TEST(WireTest, OpenRequestRoundTrip) {
+  OpenRequest req;
+  req.region_name = "engram.l1.s0";
+  req.tenant = "tenant-a";
+  for (size_t i = 0; i < req.token.size(); ++i) req.token[i] = static_cast<uint8_t>(i * 7);
+  std::vector<uint8_t> frame = BuildOpenRequest(5, req);
+  RequestHeader h;
+  ASSERT_TRUE(DecodeRequestHeader(frame.data(), &h).ok());
+  EXPECT_EQ(h.type, FrameType::kOpen);
+  OpenRequest back;
+  ASSERT_TRUE(DecodeOpenRequest(std::span(frame).subspan(kHeaderBytes), &back).ok());
+  EXPECT_EQ(back.region_name, req.region_name);
+  EXPECT_EQ(back.tenant, req.tenant);
+  EXPECT_EQ(back.token, req.token);
+}
+
+TEST(WireTest, MalformedRequestHeadersAreCorruption) {
+  std::vector<ReadOpWire> ops = {{1, 8, 0}};
+  const std::vector<uint8_t> good = BuildReadRequest(1, ops);
+  RequestHeader h;
+  auto mutate = [&](size_t at, uint8_t value) {
+    std::vector<uint8_t> f = good;
+    f[at] = value;
+    return DecodeRequestHeader(f.data(), &h);
+  };
+  EXPECT_TRUE(mutate(0, 'X').IsCorruption());  // magic
+  EXPECT_TRUE(mutate(4, 2).IsCorruption());    // version
+  EXPECT_TRUE(mutate(6, 9).IsCorruption());    // type
+  EXPECT_TRUE(mutate(16, 0).IsCorruption());   // op_count 0
+  EXPECT_TRUE(mutate(20, 25).IsCorruption());  // body != 24 * ops
+  EXPECT_TRUE(mutate(24, 1).IsCorruption());   // reserved
+  std::vector<uint8_t> huge = good;
+  huge[17] = 0x20;  // op_count 8193 > kBatchOpsMax
+  EXPECT_TRUE(DecodeRequestHeader(huge.data(), &h).IsCorruption());
+}
+
+TEST(WireTest, ResponseHeaderLimits) {
+  ResponseHeader r;
+  r.type = FrameType::kRead;
+  r.request_id = 3;
+  r.code = StatusCode::kPermissionDenied;
+  r.message_bytes = 10;
+  uint8_t buf[kHeaderBytes];
+  EncodeResponseHeader(r, buf);
+  ResponseHeader back;
+  ASSERT_TRUE(DecodeResponseHeader(buf, &back).ok());
+  EXPECT_EQ(back.code, StatusCode::kPermissionDenied);
+  r.data_bytes = 1;  // an error reply never carries data
+  EncodeResponseHeader(r, buf);
+  EXPECT_TRUE(DecodeResponseHeader(buf, &back).IsCorruption());
+  r.code = StatusCode::kOk;
+  r.data_bytes = kResponseDataBytesMax + 1;
+  EncodeResponseHeader(r, buf);
+  EXPECT_TRUE(DecodeResponseHeader(buf, &back).IsCorruption());
+  buf[16] = 200;  // unknown status code
+  EXPECT_TRUE(DecodeResponseHeader(buf, &back).IsCorruption());
+}
+
+TEST(WireTest, OpenBodyValidation) {
+  OpenRequest out;
+  std::vector<uint8_t> body(kOpenFixedBytes, 0);
+  EXPECT_TRUE(DecodeOpenRequest(body, &out).IsCorruption());  // empty names
+  body[0] = 3;
+  body[2] = 2;
+  EXPECT_TRUE(DecodeOpenRequest(body, &out).IsCorruption());  // names missing
+  body.insert(body.end(), {'a', 'b', 'c', 't', 'u'});
+  EXPECT_TRUE(DecodeOpenRequest(body, &out).ok());
+  EXPECT_EQ(out.region_name, "abc");
+  EXPECT_EQ(out.tenant, "tu");
+}
+
+}  // namespace
+}  // namespace kvtier::rdma::wire

@@ -60,6 +60,16 @@ class EvictionPolicy {
   virtual void OnInsert(const ObjectInfo& info, uint64_t now_us) = 0;
   virtual void OnAccess(ObjectId id, uint64_t now_us) = 0;
   virtual void OnRemove(ObjectId id) = 0;
+  // Optional hint: a lookup of `id` missed in this tier, and the owner is about to make room
+  // (Evict) and then OnInsert it. Ghost-aware policies (ARC, S3-FIFO, long-tail) adapt here so
+  // that the victims they choose for this insert already know it was a ghost hit. Owners that
+  // never call it still get correct (slightly less adaptive) behaviour. Default: no-op.
+  virtual void OnMiss(ObjectId id, uint64_t now_us) { (void)id, (void)now_us; }
+  // Optional hint: the owner's capacity in objects (for tiers of equal-size units), given
+  // before the first insert and whenever it changes. Policies that size internal queues from
+  // it (ARC, S3-FIFO) otherwise infer it from the number of objects tracked at the first
+  // eviction. Default: no-op.
+  virtual void OnCapacity(uint64_t capacity_objects) { (void)capacity_objects; }
   // Chooses a victim among tracked objects, stops tracking it and returns it; nullopt when
   // nothing is tracked.
   virtual std::optional<ObjectId> Evict(uint64_t now_us) = 0;
@@ -91,9 +101,9 @@ struct PolicyParams {
 // Factories over every built-in policy (policies/registry.cc). Names: see
 // docs/POLICIES.md. Unknown names or parameters are InvalidArgument.
 StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name,
-                                                            const PolicyParams& params = {});
+                                                             const PolicyParams& params = {});
 StatusOr<std::unique_ptr<AdmissionPolicy>> MakeAdmissionPolicy(std::string_view name,
-                                                              const PolicyParams& params = {});
+                                                               const PolicyParams& params = {});
 std::vector<std::string> EvictionPolicyNames();
 std::vector<std::string> AdmissionPolicyNames();
 

@@ -2,8 +2,18 @@
 #include <functional>
 
 #include "policies/admit_all/admit_all.h"
+#include "policies/arc/arc.h"
+#include "policies/fifo/fifo.h"
+#include "policies/gdsf/gdsf.h"
+#include "policies/lfu/lfu.h"
+#include "policies/long_tail/long_tail.h"
 #include "policies/lru/lru.h"
 #include "policies/policy.h"
+#include "policies/s3fifo/s3fifo.h"
+#include "policies/second_hit/second_hit.h"
+#include "policies/sieve/sieve.h"
+#include "policies/ttl/ttl.h"
+#include "policies/write_budget/write_budget.h"
 
 namespace kvtier::policies {
 namespace {
@@ -12,6 +22,12 @@ Status RejectParams(std::string_view policy, const PolicyParams& params) {
   if (params.values.empty()) return Status::Ok();
   return Status::InvalidArgument(std::string(policy) + " takes no parameter '" +
                                  params.values.front().first + "'");
+}
+
+template <typename P>
+StatusOr<std::unique_ptr<EvictionPolicy>> MakePlain(std::string_view name, const PolicyParams& p) {
+  KVTIER_RETURN_IF_ERROR(RejectParams(name, p));
+  return std::unique_ptr<EvictionPolicy>(new P());
 }
 
 struct EvictionEntry {
@@ -25,11 +41,15 @@ struct AdmissionEntry {
 
 const std::vector<EvictionEntry>& EvictionTable() {
   static const std::vector<EvictionEntry> table = {
-      {"lru",
-       [](const PolicyParams& p) -> StatusOr<std::unique_ptr<EvictionPolicy>> {
-         KVTIER_RETURN_IF_ERROR(RejectParams("lru", p));
-         return std::unique_ptr<EvictionPolicy>(new LruPolicy());
-       }},
+      {"lru", [](const PolicyParams& p) { return MakePlain<LruPolicy>("lru", p); }},
+      {"fifo", [](const PolicyParams& p) { return MakePlain<FifoPolicy>("fifo", p); }},
+      {"lfu", [](const PolicyParams& p) { return MakePlain<LfuPolicy>("lfu", p); }},
+      {"arc", [](const PolicyParams& p) { return MakePlain<ArcPolicy>("arc", p); }},
+      {"s3fifo", &S3FifoPolicy::Make},
+      {"sieve", [](const PolicyParams& p) { return MakePlain<SievePolicy>("sieve", p); }},
+      {"gdsf", &GdsfPolicy::Make},
+      {"ttl", &TtlPolicy::Make},
+      {"long-tail", &LongTailPolicy::Make},
   };
   return table;
 }
@@ -41,6 +61,8 @@ const std::vector<AdmissionEntry>& AdmissionTable() {
          KVTIER_RETURN_IF_ERROR(RejectParams("admit-all", p));
          return std::unique_ptr<AdmissionPolicy>(new AdmitAllPolicy());
        }},
+      {"second-hit", &SecondHitPolicy::Make},
+      {"write-budget", &WriteBudgetPolicy::Make},
   };
   return table;
 }
@@ -48,7 +70,7 @@ const std::vector<AdmissionEntry>& AdmissionTable() {
 }  // namespace
 
 StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name,
-                                                            const PolicyParams& params) {
+                                                             const PolicyParams& params) {
   for (const auto& e : EvictionTable()) {
     if (name == e.name) return e.make(params);
   }
@@ -56,7 +78,7 @@ StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view na
 }
 
 StatusOr<std::unique_ptr<AdmissionPolicy>> MakeAdmissionPolicy(std::string_view name,
-                                                              const PolicyParams& params) {
+                                                               const PolicyParams& params) {
   for (const auto& e : AdmissionTable()) {
     if (name == e.name) return e.make(params);
   }

@@ -1,0 +1,63 @@
+// S3-FIFO (Yang et al., SOSP'23): a small FIFO (10%) that filters one-hit wonders, a main
+// FIFO (90%) run as CLOCK with a 2-bit counter, and a ghost FIFO of ids evicted from the small
+// queue. A new id enters the small queue, or the main queue when it is in the ghost. Evicting
+// from small: an object hit at least `move_to_main_threshold` times moves to main, otherwise
+// it is evicted and its id remembered in the ghost. Evicting from main: an object with a
+// non-zero counter is reinserted with counter min(c,3)-1. Follows libCacheSim's S3FIFO.c
+// (2024 version: until the first eviction, inserts go to main once small is full).
+//
+// Parameters (PolicyParams): small_ratio (0.10), ghost_ratio (0.90),
+// move_to_main_threshold (1). Capacity from OnCapacity(), else inferred at the first Evict.
+// Thread safety: none (see policy.h).
+#pragma once
+
+#include "policies/internal/slab_list.h"
+#include "policies/policy.h"
+
+namespace kvtier::policies {
+
+struct S3FifoOptions {
+  double small_ratio = 0.10;            // fraction of capacity for the small queue
+  double ghost_ratio = 0.90;            // ghost entries, as a fraction of capacity
+  uint64_t move_to_main_threshold = 1;  // hits in small needed to move to main
+};
+
+class S3FifoPolicy final : public EvictionPolicy {
+ public:
+  explicit S3FifoPolicy(const S3FifoOptions& options = {}) : options_(options) {}
+  static StatusOr<std::unique_ptr<EvictionPolicy>> Make(const PolicyParams& params);
+
+  std::string_view Name() const override { return "s3fifo"; }
+  void OnInsert(const ObjectInfo& info, uint64_t now_us) override;
+  void OnAccess(ObjectId id, uint64_t now_us) override;
+  void OnRemove(ObjectId id) override;
+  void OnMiss(ObjectId id, uint64_t now_us) override;
+  void OnCapacity(uint64_t capacity_objects) override;
+  std::optional<ObjectId> Evict(uint64_t now_us) override;
+  size_t Size() const override { return small_.size + main_.size; }
+  bool Contains(ObjectId id) const override;
+
+  bool TEST_InGhost(ObjectId id) const;
+  bool TEST_InMain(ObjectId id) const;
+
+ private:
+  enum List : uint8_t { kSmall = 1, kMain = 2, kGhost = 3 };
+  struct Freq {
+    uint32_t freq = 0;
+  };
+  internal::ListHead& ListOf(uint8_t list);
+  void Drop(uint32_t slot);
+  void Push(uint32_t slot, uint8_t list);
+  ObjectId EvictSmall();
+  ObjectId EvictMain();
+  void AddGhost(ObjectId id);
+
+  S3FifoOptions options_;
+  internal::Slab<Freq> slab_;
+  internal::ListHead small_, main_, ghost_;
+  uint64_t capacity_ = 0, small_capacity_ = 0, main_capacity_ = 0, ghost_capacity_ = 0;
+  bool has_evicted_ = false;
+  bool hit_on_ghost_ = false;
+};
+
+}  // namespace kvtier::policies

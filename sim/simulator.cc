@@ -1,0 +1,335 @@
+#include "sim/simulator.h"
+
+#include <memory>
+#include <unordered_map>
+
+#include "policies/belady/belady.h"
+
+namespace kvtier::sim {
+namespace {
+
+using policies::AdmissionPolicy;
+using policies::BeladyPolicy;
+using policies::EvictionPolicy;
+using policies::ObjectId;
+using policies::ObjectInfo;
+
+struct UnitKey {
+  uint64_t id;
+  uint32_t part;
+  bool operator==(const UnitKey& o) const { return id == o.id && part == o.part; }
+};
+struct UnitKeyHash {
+  size_t operator()(const UnitKey& k) const {
+    uint64_t h = k.id * 0x9e3779b97f4a7c15ull ^ (static_cast<uint64_t>(k.part) << 1);
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+};
+
+class Builder {
+ public:
+  Builder(UnitTrace* out) : out_(out) {}
+  // Appends one reference; parent is the dense index + 1 of the previous unit (0 = root).
+  uint32_t Add(UnitKey key, uint32_t tokens, uint32_t whole_tokens, uint64_t size_bytes,
+               uint32_t parent) {
+    auto [it, inserted] = index_.emplace(key, static_cast<uint32_t>(out_->parent.size()));
+    if (inserted) {
+      out_->parent.push_back(parent);
+      out_->size_bytes.push_back(size_bytes);
+      out_->unit_tokens.push_back(whole_tokens);
+    }
+    out_->unit.push_back(it->second);
+    out_->tokens.push_back(tokens);
+    return it->second;
+  }
+
+ private:
+  UnitTrace* out_;
+  std::unordered_map<UnitKey, uint32_t, UnitKeyHash> index_;
+};
+
+Status ExpandMooncake(const Trace& trace, const UnitMapping& m, UnitTrace* out) {
+  Builder b(out);
+  for (const TraceRequest& r : trace.requests) {
+    const uint32_t block = r.unit_tokens;
+    const uint32_t unit = m.unit_tokens == 0 ? block : m.unit_tokens;
+    if (block == 0 || (block % unit != 0 && unit % block != 0)) {
+      return Status::InvalidArgument("unit_tokens " + std::to_string(unit) +
+                                     " must divide or be a multiple of the block size " +
+                                     std::to_string(block));
+    }
+    UnitTrace::Request ur{r.ts_ms, TraceOp::kGet, static_cast<uint32_t>(out->unit.size()), 0};
+    uint32_t parent = 0;
+    auto block_tokens = [&](uint32_t i) -> uint32_t {
+      uint64_t before = static_cast<uint64_t>(i) * block;
+      if (r.input_tokens <= before) return block;  // inconsistent length: count whole
+      return static_cast<uint32_t>(std::min<uint64_t>(block, r.input_tokens - before));
+    };
+    const uint64_t size = static_cast<uint64_t>(unit) * m.bytes_per_token;
+    if (unit <= block) {
+      const uint32_t parts = block / unit;
+      for (uint32_t i = 0; i < r.num_ids; ++i) {
+        uint32_t t = block_tokens(i);
+        for (uint32_t p = 0; p < parts && p * unit < t; ++p) {
+          uint32_t tokens = std::min(unit, t - p * unit);
+          UnitKey key{trace.ids[r.first_id + i], parts == 1 ? 0u : p + 1};
+          parent = b.Add(key, tokens, unit, size, parent) + 1;
+          ++ur.num_refs;
+        }
+      }
+    } else {
+      const uint32_t group = unit / block;  // blocks per unit; the last block names the unit
+      for (uint32_t i = 0; i < r.num_ids; i += group) {
+        uint32_t last = std::min(i + group, r.num_ids) - 1;
+        uint32_t tokens = 0;
+        for (uint32_t k = i; k <= last; ++k) tokens += block_tokens(k);
+        UnitKey key{trace.ids[r.first_id + last], group};
+        parent = b.Add(key, tokens, unit, size, parent) + 1;
+        ++ur.num_refs;
+      }
+    }
+    out->requests.push_back(ur);
+  }
+  return Status::Ok();
+}
+
+Status ExpandKvtier(const Trace& trace, const UnitMapping& m, UnitTrace* out) {
+  if (m.unit_tokens != 0) {
+    return Status::InvalidArgument(
+        "kvtier traces are recorded in storage units; --unit-tokens "
+        "applies to Mooncake traces only");
+  }
+  Builder b(out);
+  for (const TraceRequest& r : trace.requests) {
+    UnitTrace::Request ur{r.ts_ms, r.op, static_cast<uint32_t>(out->unit.size()), r.num_ids};
+    const uint64_t size = r.num_ids == 0 ? 0 : r.bytes / r.num_ids;
+    uint32_t parent = 0;
+    for (uint32_t i = 0; i < r.num_ids; ++i) {
+      // Chain ids are tenant-bound storage-key digests, so the tenant needs no extra key bits.
+      parent = b.Add({trace.ids[r.first_id + i], 0}, r.unit_tokens, r.unit_tokens, size,
+                     r.op == TraceOp::kDelete ? 0 : parent) +
+               1;
+    }
+    out->requests.push_back(ur);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<UnitTrace> BuildUnitTrace(const Trace& trace, const UnitMapping& mapping) {
+  UnitTrace out;
+  if (trace.format == TraceFormat::kKvtier) {
+    KVTIER_RETURN_IF_ERROR(ExpandKvtier(trace, mapping, &out));
+  } else {
+    KVTIER_RETURN_IF_ERROR(ExpandMooncake(trace, mapping, &out));
+  }
+  if (out.unit.size() >= UnitTrace::kNoNext) {
+    return Status::InvalidArgument("trace has too many unit references");
+  }
+  // Next read of the same unit, scanning backwards; and unique units among reads.
+  out.next_ref.assign(out.unit.size(), UnitTrace::kNoNext);
+  std::vector<uint32_t> next_seen(out.parent.size(), UnitTrace::kNoNext);
+  std::vector<bool> read(out.parent.size(), false);
+  for (size_t q = out.requests.size(); q-- > 0;) {
+    const auto& r = out.requests[q];
+    const bool is_read = r.op == TraceOp::kGet || r.op == TraceOp::kLookup;
+    for (uint32_t k = r.num_refs; k-- > 0;) {
+      uint32_t t = r.first_ref + k;
+      out.next_ref[t] = next_seen[out.unit[t]];
+      if (is_read) {
+        next_seen[out.unit[t]] = t;
+        read[out.unit[t]] = true;
+        ++out.read_refs;
+      }
+    }
+  }
+  uint64_t bytes = 0;
+  for (size_t u = 0; u < read.size(); ++u) {
+    if (read[u]) ++out.unique_units;
+    bytes += out.size_bytes[u];
+  }
+  out.unit_bytes = out.parent.empty() ? 0 : bytes / out.parent.size();
+  return out;
+}
+
+namespace {
+
+// One tier: an eviction policy, a capacity, and the Belady hook when the policy is Belady.
+struct Tier {
+  std::unique_ptr<EvictionPolicy> policy;
+  BeladyPolicy* belady = nullptr;
+  uint64_t capacity = 0;
+};
+
+StatusOr<Tier> MakeTier(const std::string& name, const policies::PolicyParams& params,
+                        uint64_t capacity) {
+  Tier t;
+  t.capacity = capacity;
+  if (name == "belady") {
+    if (!params.values.empty()) return Status::InvalidArgument("belady takes no parameters");
+    auto b = std::make_unique<BeladyPolicy>();
+    t.belady = b.get();
+    t.policy = std::move(b);
+  } else {
+    KVTIER_ASSIGN_OR_RETURN(t.policy, policies::MakeEvictionPolicy(name, params));
+  }
+  t.policy->OnCapacity(capacity);
+  return t;
+}
+
+class Replay {
+ public:
+  Replay(const UnitTrace& trace, const SimOptions& options, Tier dram, Tier ssd,
+         std::unique_ptr<AdmissionPolicy> admission)
+      : trace_(trace),
+        options_(options),
+        dram_(std::move(dram)),
+        ssd_(std::move(ssd)),
+        admission_(std::move(admission)),
+        last_next_(trace.parent.size(), UnitTrace::kNoNext) {}
+
+  SimResult Run();
+
+ private:
+  ObjectInfo Info(uint32_t u) const {
+    uint32_t p = trace_.parent[u];
+    return ObjectInfo{.id = u + 1ull,
+                      .size_bytes = trace_.size_bytes[u],
+                      .parent_id = p == 0 ? policies::kNoParent : static_cast<ObjectId>(p),
+                      .recompute_tokens = trace_.unit_tokens[u],
+                      .kind = policies::ObjectKind::kGlobalKv};
+  }
+  void Hint(Tier& tier, uint32_t u) {
+    if (tier.belady != nullptr) tier.belady->SetNextAccess(u + 1ull, last_next_[u]);
+  }
+  void InsertInto(Tier& tier, uint32_t u, bool demote_victims);
+  void Demote(ObjectId victim);
+
+  const UnitTrace& trace_;
+  const SimOptions& options_;
+  Tier dram_, ssd_;
+  std::unique_ptr<AdmissionPolicy> admission_;
+  std::vector<uint32_t> last_next_;  // per unit: next read after the latest reference
+  uint64_t now_us_ = 0;
+  SimResult res_;
+};
+
+void Replay::InsertInto(Tier& tier, uint32_t u, bool demote_victims) {
+  if (tier.capacity == 0) return;
+  tier.policy->OnMiss(u + 1ull, now_us_);
+  // Bounded: each Evict removes one tracked object.
+  while (tier.policy->Size() >= tier.capacity) {
+    std::optional<ObjectId> victim = tier.policy->Evict(now_us_);
+    if (!victim) break;
+    if (demote_victims) Demote(*victim);
+  }
+  Hint(tier, u);
+  tier.policy->OnInsert(Info(u), now_us_);
+}
+
+void Replay::Demote(ObjectId victim) {
+  if (ssd_.capacity == 0 || ssd_.policy->Contains(victim)) return;
+  uint32_t u = static_cast<uint32_t>(victim - 1);
+  if (!admission_->Admit(Info(u), now_us_)) {
+    ++res_.ssd_rejected;
+    return;
+  }
+  ++res_.ssd_admitted;
+  res_.ssd_bytes_written += trace_.size_bytes[u];
+  InsertInto(ssd_, u, /*demote_victims=*/false);
+}
+
+SimResult Replay::Run() {
+  const uint64_t total = trace_.unit.size();
+  const uint64_t progress_step = std::max<uint64_t>(total / 100, 1);
+  uint64_t done = 0;
+  for (const auto& r : trace_.requests) {
+    now_us_ = r.ts_ms * 1000;
+    ++res_.requests;
+    bool prefix_alive = true;
+    for (uint32_t k = 0; k < r.num_refs; ++k) {
+      const uint32_t t = r.first_ref + k;
+      const uint32_t u = trace_.unit[t];
+      const ObjectId id = u + 1ull;
+      if (options_.progress && ++done % progress_step == 0) {
+        options_.progress(static_cast<double>(done) / static_cast<double>(total));
+      }
+      if (r.op == TraceOp::kDelete) {
+        dram_.policy->OnRemove(id);
+        if (ssd_.capacity > 0) ssd_.policy->OnRemove(id);
+        continue;
+      }
+      last_next_[u] = trace_.next_ref[t];
+      if (r.op == TraceOp::kPut) {
+        if (!dram_.policy->Contains(id) && !(ssd_.capacity > 0 && ssd_.policy->Contains(id))) {
+          InsertInto(dram_, u, true);
+        }
+        continue;
+      }
+      ++res_.read_refs;
+      admission_->OnLookup(id, now_us_);
+      bool hit = true;
+      if (dram_.policy->Contains(id)) {
+        ++res_.dram_hits;
+        Hint(dram_, u);
+        dram_.policy->OnAccess(id, now_us_);
+      } else if (ssd_.capacity > 0 && ssd_.policy->Contains(id)) {
+        ++res_.ssd_hits;
+        Hint(ssd_, u);
+        ssd_.policy->OnAccess(id, now_us_);
+        InsertInto(dram_, u, true);
+      } else {
+        hit = false;
+        ++res_.misses;
+        InsertInto(dram_, u, true);
+      }
+      res_.input_tokens += trace_.tokens[t];
+      if (hit && prefix_alive) {
+        res_.prefix_hit_tokens += trace_.tokens[t];
+      } else {
+        prefix_alive = false;
+      }
+    }
+  }
+  if (options_.progress) options_.progress(1.0);
+  return res_;
+}
+
+}  // namespace
+
+StatusOr<SimResult> Simulate(const UnitTrace& trace, const SimOptions& options) {
+  KVTIER_ASSIGN_OR_RETURN(
+      Tier dram, MakeTier(options.policy, options.policy_params, options.dram_capacity_units));
+  KVTIER_ASSIGN_OR_RETURN(Tier ssd, MakeTier(options.ssd_policy, options.ssd_policy_params,
+                                             options.ssd_capacity_units));
+  KVTIER_ASSIGN_OR_RETURN(
+      auto admission, policies::MakeAdmissionPolicy(options.admission, options.admission_params));
+  if (options.price_uncached_per_mtok < 0) {
+    return Status::InvalidArgument("uncached price must be >= 0");
+  }
+  Replay replay(trace, options, std::move(dram), std::move(ssd), std::move(admission));
+  SimResult r = replay.Run();
+  r.policy = options.policy;
+  r.ssd_policy = options.ssd_capacity_units > 0 ? options.ssd_policy : "";
+  r.admission = options.ssd_capacity_units > 0 ? options.admission : "";
+  r.capacity_units = options.dram_capacity_units;
+  r.ssd_capacity_units = options.ssd_capacity_units;
+  r.unique_units = trace.unique_units;
+  r.block_miss_ratio =
+      r.read_refs == 0 ? 0.0 : static_cast<double>(r.misses) / static_cast<double>(r.read_refs);
+  r.prefix_token_hit_ratio = r.input_tokens == 0 ? 0.0
+                                                 : static_cast<double>(r.prefix_hit_tokens) /
+                                                       static_cast<double>(r.input_tokens);
+  const double uncached = options.price_uncached_per_mtok;
+  const double cached =
+      options.price_cached_per_mtok < 0 ? 0.02 * uncached : options.price_cached_per_mtok;
+  const double miss_tokens = static_cast<double>(r.input_tokens - r.prefix_hit_tokens);
+  r.cost_no_cache_usd = static_cast<double>(r.input_tokens) * uncached / 1e6;
+  r.cost_with_cache_usd =
+      (miss_tokens * uncached + static_cast<double>(r.prefix_hit_tokens) * cached) / 1e6;
+  r.money_saved_usd = r.cost_no_cache_usd - r.cost_with_cache_usd;
+  return r;
+}
+
+}  // namespace kvtier::sim

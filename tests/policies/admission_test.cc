@@ -1,0 +1,58 @@
+#include <gtest/gtest.h>
+
+#include "policies/second_hit/second_hit.h"
+#include "policies/write_budget/write_budget.h"
+
+namespace kvtier::policies {
+namespace {
+
+constexpr uint64_t kDayUs = 24ull * 3600 * 1000 * 1000;
+
+TEST(SecondHit, AdmitsOnlyAfterTheSecondLookup) {
+  SecondHitPolicy p;
+  p.OnLookup(1, 0);
+  EXPECT_FALSE(p.Admit({.id = 1, .size_bytes = 10}, 0));
+  EXPECT_FALSE(p.Admit({.id = 2, .size_bytes = 10}, 0));
+  p.OnLookup(1, 1);
+  EXPECT_TRUE(p.Admit({.id = 1, .size_bytes = 10}, 1));
+}
+
+TEST(SecondHit, TrackingTableIsBounded) {
+  SecondHitPolicy p({.hits_required = 2, .max_tracked = 3});
+  for (ObjectId id = 1; id <= 10; ++id) p.OnLookup(id, id);
+  EXPECT_EQ(p.TEST_Tracked(), 3u);
+  p.OnLookup(1, 11);  // 1 was forgotten: this is its first lookup again
+  EXPECT_FALSE(p.Admit({.id = 1}, 11));
+}
+
+TEST(WriteBudget, RefusesBeyondTheBudgetAndRefillsPerDay) {
+  WriteBudgetPolicy p({.bytes_per_day = 1000});
+  EXPECT_TRUE(p.Admit({.id = 1, .size_bytes = 600}, 0));
+  EXPECT_TRUE(p.Admit({.id = 2, .size_bytes = 400}, 10));
+  EXPECT_FALSE(p.Admit({.id = 3, .size_bytes = 1}, 20));
+  EXPECT_EQ(p.SpentBytes(), 1000u);
+  EXPECT_FALSE(p.Admit({.id = 3, .size_bytes = 1}, kDayUs - 1));
+  EXPECT_TRUE(p.Admit({.id = 3, .size_bytes = 900}, kDayUs));  // a new day: full budget
+  EXPECT_FALSE(p.Admit({.id = 4, .size_bytes = 101}, kDayUs + 5));
+  EXPECT_TRUE(p.Admit({.id = 4, .size_bytes = 100}, kDayUs + 5));
+}
+
+TEST(Registry, EveryAdvertisedPolicyConstructs) {
+  for (const auto& name : EvictionPolicyNames()) {
+    auto p = MakeEvictionPolicy(name);
+    ASSERT_TRUE(p.ok()) << name;
+    EXPECT_EQ((*p)->Name(), name);
+  }
+  for (const auto& name : AdmissionPolicyNames()) {
+    auto p = MakeAdmissionPolicy(name);
+    ASSERT_TRUE(p.ok()) << name;
+    EXPECT_EQ((*p)->Name(), name);
+  }
+  EXPECT_FALSE(MakeEvictionPolicy("belady").ok());  // simulator-only, never registered
+  PolicyParams bad;
+  bad.values = {{"bytes_per_dy", "5"}};
+  EXPECT_TRUE(MakeAdmissionPolicy("write-budget", bad).status().IsInvalidArgument());
+}
+
+}  // namespace
+}  // namespace kvtier::policies

@@ -1,0 +1,899 @@
+#include "engine/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/quant.h"
+
+namespace kvtier::engine {
+
+namespace {
+
+using kernels::Backend;
+using kernels::QuantFormat;
+
+// The engine quantises with the scalar reference (every backend must match it bit for bit;
+// these calls are a negligible share of the work).
+constexpr Backend kQuantBackend = Backend::kReference;
+
+// Top-k of scores over `candidates` (entry indices), ties broken by the lowest index; the
+// result is returned in index order.
+std::vector<int32_t> TopK(const std::vector<float>& score, const std::vector<int32_t>& candidates,
+                          int k) {
+  std::vector<int32_t> c = candidates;
+  auto better = [&](int32_t a, int32_t b) {
+    if (score[a] != score[b]) return score[a] > score[b];
+    return a < b;
+  };
+  if (static_cast<int>(c.size()) > k) {
+    std::partial_sort(c.begin(), c.begin() + k, c.end(), better);
+    c.resize(k);
+  }
+  std::sort(c.begin(), c.end());
+  return c;
+}
+
+}  // namespace
+
+struct Engine::LayerWeights {
+  const float* hc_fn[2] = {};
+  const float* hc_scale[2] = {};
+  const float* hc_base[2] = {};
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const float *wq_a = nullptr, *q_norm = nullptr, *wq_b = nullptr, *wkv = nullptr,
+              *kv_norm = nullptr, *wo_a = nullptr, *wo_b = nullptr, *sink = nullptr;
+  const float *c_wkv = nullptr, *c_wgate = nullptr, *c_norm = nullptr;
+  const float *i_wk = nullptr, *i_kn_w = nullptr, *i_kn_b = nullptr;
+  const float *i_wq_b = nullptr, *i_wproj = nullptr;
+  const float *gate = nullptr, *gate_bias = nullptr;
+  std::vector<const float*> w1, w2, w3;
+  const float *s_w1 = nullptr, *s_w2 = nullptr, *s_w3 = nullptr;
+  const float *e_wkv = nullptr, *e_qn = nullptr, *e_kn = nullptr;
+  const std::vector<double>* rope = nullptr;
+};
+
+// SharedAttentionRuntime (reference §2): one slot each, written by sources before the
+// consumers in later layers read them, within one pass over the layers.
+struct Engine::Runtime {
+  KvSourceCache* src = nullptr;
+  std::vector<std::vector<int32_t>> topk;        // per batch token: entry indices
+  std::vector<std::vector<uint8_t>> candidates;  // per batch token: block mask; empty: none
+};
+
+Engine::Engine(const EngineConfig& config, std::shared_ptr<const ModelWeights> weights,
+               const EngineOptions& options)
+    : config_(config), weights_(std::move(weights)), options_(options) {}
+
+Engine::~Engine() = default;
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
+                                                 std::shared_ptr<const ModelWeights> weights,
+                                                 const EngineOptions& options) {
+  if (weights == nullptr) return Status::InvalidArgument("engine: no weights");
+  EngineConfig c = config;
+  KVTIER_RETURN_IF_ERROR(c.Validate());
+  KVTIER_RETURN_IF_ERROR(CheckWeights(c, weights->file));
+  std::unique_ptr<Engine> e(new Engine(c, std::move(weights), options));
+  e->pool_ = std::make_unique<ThreadPool>(options.threads);
+  KVTIER_RETURN_IF_ERROR(e->Bind());
+  return e;
+}
+
+Status Engine::Bind() {
+  const EngineConfig& c = config_;
+  const ModelWeights& w = *weights_;
+  RopeParams rp;
+  rp.yarn = c.rope_scaling.type == "yarn" &&
+            (c.max_position_embeddings == 0 ||
+             c.max_position_embeddings > c.rope_scaling.original_max_position_embeddings);
+  rp.factor = c.rope_scaling.factor;
+  rp.original_max_position = static_cast<double>(c.rope_scaling.original_max_position_embeddings);
+  rp.beta_fast = c.rope_scaling.beta_fast;
+  rp.beta_slow = c.rope_scaling.beta_slow;
+  rp.theta = c.rope_theta;
+  rope_main_ = RopeFrequencies(c.qk_rope_head_dim, rp);
+  rp.theta = c.compress_rope_theta;
+  rope_compress_ = RopeFrequencies(c.qk_rope_head_dim, rp);
+
+  layers_.resize(c.num_hidden_layers);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    LayerWeights& lw = layers_[l];
+    const std::string p = "layers." + std::to_string(l) + ".";
+    auto f = [&](const std::string& n) { return w.F32(p + n); };
+    const char* subs[2] = {"attn", "ffn"};
+    for (int s = 0; s < 2; ++s) {
+      lw.hc_fn[s] = f(std::string("hc_") + subs[s] + "_fn");
+      lw.hc_scale[s] = f(std::string("hc_") + subs[s] + "_scale");
+      lw.hc_base[s] = f(std::string("hc_") + subs[s] + "_base");
+    }
+    lw.attn_norm = f("attn_norm.weight");
+    lw.ffn_norm = f("ffn_norm.weight");
+    lw.wq_a = f("attn.wq_a.weight");
+    lw.q_norm = f("attn.q_norm.weight");
+    lw.wq_b = f("attn.wq_b.weight");
+    lw.wkv = f("attn.wkv.weight");
+    lw.kv_norm = f("attn.kv_norm.weight");
+    lw.wo_a = f("attn.wo_a.weight");
+    lw.wo_b = f("attn.wo_b.weight");
+    lw.sink = f("attn.attn_sink");
+    if (c.IsKvSource(l)) {
+      lw.c_wkv = f("attn.compressor.wkv.weight");
+      if (c.ratio(l) > 1) lw.c_wgate = f("attn.compressor.wgate.weight");
+      lw.c_norm = f("attn.compressor.norm.weight");
+      lw.i_wk = f("attn.indexer.wk.weight");
+      lw.i_kn_w = f("attn.indexer.k_norm.weight");
+      lw.i_kn_b = f("attn.indexer.k_norm.bias");
+    }
+    if (c.IsIndexSource(l)) {
+      lw.i_wq_b = f("attn.indexer.wq_b.weight");
+      lw.i_wproj = f("attn.indexer.weights_proj.weight");
+    }
+    lw.gate = f("ffn.gate.weight");
+    lw.gate_bias = f("ffn.gate.bias");
+    for (int e = 0; e < c.n_routed_experts; ++e) {
+      const std::string ep = "ffn.experts." + std::to_string(e) + ".";
+      lw.w1.push_back(f(ep + "w1.weight"));
+      lw.w2.push_back(f(ep + "w2.weight"));
+      lw.w3.push_back(f(ep + "w3.weight"));
+    }
+    if (c.n_shared_experts > 0) {
+      lw.s_w1 = f("ffn.shared_experts.w1.weight");
+      lw.s_w2 = f("ffn.shared_experts.w2.weight");
+      lw.s_w3 = f("ffn.shared_experts.w3.weight");
+    }
+    if (c.IsEngramLayer(l)) {
+      lw.e_wkv = f("engram.wkv.weight");
+      lw.e_qn = f("engram.q_norm.weight");
+      lw.e_kn = f("engram.k_norm.weight");
+    }
+    lw.rope = c.ratio(l) > 0 ? &rope_compress_ : &rope_main_;
+  }
+
+  if (!c.engram_layer_ids.empty()) {
+    EngramHashParams p;
+    p.layer_ids = c.engram_layer_ids;
+    p.max_ngram_size = c.engram_max_ngram_size;
+    p.n_head_per_ngram = c.engram_n_heads;
+    p.engram_vocab_size = c.engram_vocab_size;
+    p.tokenizer_vocab_size = c.engram_compressed_vocab_size;
+    p.pad_id = c.engram_pad_token_id;
+    p.seed = static_cast<uint64_t>(c.engram_seed);
+    KVTIER_ASSIGN_OR_RETURN(EngramHashing h, EngramHashing::Create(p));
+    engram_hash_ = std::make_unique<EngramHashing>(std::move(h));
+    std::vector<LocalEngramRowSource::Table> tables;
+    for (int l : c.engram_layer_ids) {
+      const std::string p2 = "layers." + std::to_string(l) + ".engram.";
+      const Tensor* d = w.Find(p2 + "table");
+      const Tensor* s = w.Find(p2 + "table_scale");
+      if (d == nullptr || s == nullptr) return Status::InvalidArgument("engine: engram table");
+      tables.push_back({d->bytes.data(), s->bytes.data(), d->shape[0]});
+    }
+    local_rows_ = std::make_unique<LocalEngramRowSource>(c.engram_head_dim, std::move(tables));
+    rows_ = options_.engram_rows != nullptr ? options_.engram_rows : local_rows_.get();
+    if (rows_->row_dim() != c.engram_head_dim)
+      return Status::InvalidArgument("engine: engram row source has the wrong row_dim");
+  }
+  return Status::Ok();
+}
+
+SequenceState Engine::NewSequence() const {
+  const EngineConfig& c = config_;
+  SequenceState st;
+  st.swa.resize(c.num_hidden_layers);
+  for (SwaRing& r : st.swa) {
+    r.window = c.sliding_window;
+    r.dim = c.head_dim;
+    r.values.assign(static_cast<size_t>(r.window) * r.dim, 0.0f);
+    r.data.assign(static_cast<size_t>(r.window) * r.dim, 0);
+    r.scales.assign(static_cast<size_t>(r.window) * (r.dim / 32), 0);
+  }
+  for (int l : c.kv_source_layer_ids) {
+    KvSourceCache k;
+    k.layer = l;
+    k.ratio = c.ratio(l);
+    k.head_dim = c.head_dim;
+    k.index_dim = c.index_head_dim;
+    k.kv_state.assign(static_cast<size_t>(k.ratio) * c.head_dim, 0.0f);
+    k.score_state.assign(static_cast<size_t>(k.ratio) * c.head_dim, 0.0f);
+    st.kv.push_back(std::move(k));
+  }
+  return st;
+}
+
+Status Engine::CheckTokens(std::span<const int32_t> tokens) const {
+  if (tokens.empty()) return Status::InvalidArgument("engine: no tokens");
+  if (tokens.size() > kMaxTokensPerCall)
+    return Status::InvalidArgument("engine: more than kMaxTokensPerCall tokens in one call");
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= config_.vocab_size)
+      return Status::InvalidArgument("engine: token id outside the vocabulary");
+  }
+  return Status::Ok();
+}
+
+Status Engine::CheckExtendable(const SequenceState& st) const {
+  const int64_t n = static_cast<int64_t>(st.tokens.size());
+  if (static_cast<int>(st.swa.size()) != config_.num_hidden_layers ||
+      st.kv.size() != config_.kv_source_layer_ids.size())
+    return Status::InvalidArgument("engine: state was not made by this engine");
+  for (const SwaRing& r : st.swa) {
+    if (r.end != n && !(r.end == 0 && n == 0))
+      return Status::InvalidArgument("engine: SWA ring does not end at the sequence end");
+  }
+  for (const KvSourceCache& k : st.kv) {
+    if (k.consumed != n)
+      return Status::InvalidArgument("engine: global KV does not cover the sequence");
+  }
+  return Status::Ok();
+}
+
+void Engine::Embed(std::span<const int32_t> tokens, float* x, float* pre) const {
+  const int D = config_.hidden_size, hc = config_.hc_mult;
+  const float* emb = weights_->F32("embed.weight");
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    for (int i = 0; i < hc; ++i) {
+      std::memcpy(x + (t * hc + i) * D, emb + static_cast<int64_t>(tokens[t]) * D, D * 4);
+      pre[t * hc + i] = i == 0 ? 1.0f : 0.0f;  // one-hot pre_mix on copy 0
+    }
+  }
+}
+
+void Engine::PreMix(int n, const float* x, const float* pre, const float* norm_w, float* xn) const {
+  const int D = config_.hidden_size, hc = config_.hc_mult;
+  for (int t = 0; t < n; ++t) {
+    float* y = xn + static_cast<int64_t>(t) * D;
+    for (int d = 0; d < D; ++d) y[d] = 0.0f;
+    for (int i = 0; i < hc; ++i) {
+      const float p = pre[t * hc + i];
+      const float* xi = x + (static_cast<int64_t>(t) * hc + i) * D;
+      for (int d = 0; d < D; ++d) y[d] += p * xi[d];
+    }
+    RmsNorm(y, norm_w, D, config_.rms_norm_eps, y);
+  }
+}
+
+void Engine::MixSublayer(int n, float* x, const float* f_out, const float* post,
+                         const float* comb) const {
+  const int D = config_.hidden_size, hc = config_.hc_mult;
+  std::vector<float> old(static_cast<size_t>(hc) * D);
+  for (int t = 0; t < n; ++t) {
+    float* xt = x + static_cast<int64_t>(t) * hc * D;
+    std::memcpy(old.data(), xt, old.size() * 4);
+    const float* f = f_out + static_cast<int64_t>(t) * D;
+    const float* cb = comb + static_cast<int64_t>(t) * hc * hc;
+    for (int j = 0; j < hc; ++j) {
+      float* out = xt + static_cast<int64_t>(j) * D;
+      const float pj = post[t * hc + j];
+      for (int d = 0; d < D; ++d) {
+        float acc = pj * f[d];
+        for (int i = 0; i < hc; ++i) acc += cb[i * hc + j] * old[static_cast<size_t>(i) * D + d];
+        out[d] = acc;
+      }
+    }
+  }
+}
+
+Status Engine::RequestEngramRows(int layer, const SequenceState& st, int64_t p0, int n,
+                                 EngramRowBatch* batch) {
+  const EngineConfig& c = config_;
+  // Only the last max_ngram-1 tokens before the batch matter (the n-gram history).
+  const int64_t start = std::max<int64_t>(0, p0 - (c.engram_max_ngram_size - 1));
+  std::vector<int64_t> toks(st.tokens.begin() + start, st.tokens.begin() + p0 + n);
+  batch->slot = c.EngramSlot(layer);
+  KVTIER_RETURN_IF_ERROR(
+      engram_hash_->RowIds(batch->slot, toks, static_cast<size_t>(p0 - start), &batch->row_ids));
+  return rows_->Request(batch);
+}
+
+Status Engine::ApplyEngram(int layer, EngramRowBatch* batch_ptr, int n, float* x) {
+  const EngineConfig& c = config_;
+  const LayerWeights& lw = layers_[layer];
+  const int slot = c.EngramSlot(layer);
+  const int D = c.hidden_size, hc = c.hc_mult, ed = c.engram_head_dim;
+  const int C = engram_hash_->num_columns();
+  EngramRowBatch& batch = *batch_ptr;
+  // The rows were requested when the step started (a remote source fetches them while the
+  // earlier layers run); wait for them only now.
+  KVTIER_RETURN_IF_ERROR(rows_->Wait(&batch));
+  if (batch.row_ids.size() != static_cast<size_t>(n) * C ||
+      batch.data.size() != batch.row_ids.size() * ed ||
+      batch.scales.size() != batch.row_ids.size() * (ed / 32))
+    return Status::Internal("engine: engram row source returned a short batch");
+  std::vector<float> emb(static_cast<size_t>(n) * C * ed);
+  KVTIER_RETURN_IF_ERROR(kernels::Dequantize(QuantFormat::kFp8Ue8m0x32, batch.data.data(),
+                                             batch.scales.data(), static_cast<size_t>(n) * C, ed,
+                                             emb.data(), kQuantBackend));
+  const int kvw = (hc + 1) * D;
+  std::vector<float> kv(static_cast<size_t>(n) * kvw);
+  MatMul(pool_.get(), emb.data(), n, C * ed, lw.e_wkv, kvw, kv.data());
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
+  std::vector<float> gates(static_cast<size_t>(n) * hc);
+  pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
+    std::vector<float> tmp(D);
+    for (int64_t t = b; t < e; ++t) {
+      const float* kvt = kv.data() + t * kvw;
+      const float* value = kvt + static_cast<int64_t>(hc) * D;
+      for (int cp = 0; cp < hc; ++cp) {
+        float* h = x + (t * hc + cp) * D;
+        const float* key = kvt + static_cast<int64_t>(cp) * D;
+        const float* qw = lw.e_qn + static_cast<int64_t>(cp) * D;
+        const float* kw = lw.e_kn + static_cast<int64_t>(cp) * D;
+        double sh = 0, sk = 0;
+        for (int d = 0; d < D; ++d) {
+          sh += static_cast<double>(h[d]) * h[d];
+          sk += static_cast<double>(key[d]) * key[d];
+          tmp[d] = h[d] * qw[d] * kw[d];
+        }
+        const float rh = static_cast<float>(1.0 / std::sqrt(sh / D + c.rms_norm_eps));
+        const float rk = static_cast<float>(1.0 / std::sqrt(sk / D + c.rms_norm_eps));
+        const float g = Dot(tmp.data(), key, D) * rh * rk * inv_sqrt_d;
+        const float signed_sqrt = g >= 0 ? std::sqrt(g) : -std::sqrt(-g);
+        const float gate = Sigmoid(signed_sqrt);
+        gates[t * hc + cp] = gate;
+        for (int d = 0; d < D; ++d) h[d] += gate * value[d];
+      }
+    }
+  });
+  if (trace_ != nullptr) trace_->engram_gates[slot] = gates;
+  return Status::Ok();
+}
+
+Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const float* xa) {
+  const EngineConfig& c = config_;
+  const LayerWeights& lw = layers_[layer];
+  KvSourceCache* k = nullptr;
+  for (KvSourceCache& kc : st->kv) {
+    if (kc.layer == layer) k = &kc;
+  }
+  if (k == nullptr) return Status::Internal("engine: no cache for kv source");
+  const int64_t first = std::max(p0, k->consumed);
+  if (first >= p0 + n) return Status::Ok();  // already projected (CED replay, import)
+  if (k->consumed < p0) return Status::Internal("engine: compressor input has a gap");
+  const int D = c.hidden_size, hd = c.head_dim, id = c.index_head_dim, m = k->ratio;
+  const int rd = c.qk_rope_head_dim;
+  const int rows = static_cast<int>(p0 + n - first);
+  const float* xin = xa + (first - p0) * D;
+  std::vector<float> ckv(static_cast<size_t>(rows) * hd), cg;
+  MatMul(pool_.get(), xin, rows, D, lw.c_wkv, hd, ckv.data());
+  if (m > 1) {
+    cg.resize(ckv.size());
+    MatMul(pool_.get(), xin, rows, D, lw.c_wgate, hd, cg.data());
+  }
+  // Collect finished groups: latent (pre-RoPE, normalised) per entry.
+  std::vector<float> latents;
+  std::vector<int64_t> entry_ids;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t p = first + r;
+    const int slot = static_cast<int>(p % m);
+    std::vector<float> lat(hd);
+    if (m == 1) {
+      std::memcpy(lat.data(), ckv.data() + static_cast<int64_t>(r) * hd, hd * 4);
+    } else {
+      std::memcpy(k->kv_state.data() + static_cast<int64_t>(slot) * hd,
+                  ckv.data() + static_cast<int64_t>(r) * hd, hd * 4);
+      std::memcpy(k->score_state.data() + static_cast<int64_t>(slot) * hd,
+                  cg.data() + static_cast<int64_t>(r) * hd, hd * 4);
+      if (slot != m - 1) continue;
+      // Per-channel softmax over the m tokens of the group.
+      for (int ch = 0; ch < hd; ++ch) {
+        float mx = -INFINITY;
+        for (int j = 0; j < m; ++j) mx = std::max(mx, k->score_state[j * hd + ch]);
+        float den = 0, num = 0;
+        for (int j = 0; j < m; ++j) {
+          const float e = std::exp(k->score_state[j * hd + ch] - mx);
+          den += e;
+          num += e * k->kv_state[j * hd + ch];
+        }
+        lat[ch] = num / den;
+      }
+    }
+    RmsNorm(lat.data(), lw.c_norm, hd, c.rms_norm_eps, lat.data());
+    latents.insert(latents.end(), lat.begin(), lat.end());
+    entry_ids.push_back(p / m);
+  }
+  k->consumed = p0 + n;
+  const int ne = static_cast<int>(entry_ids.size());
+  if (ne == 0) return Status::Ok();
+  if (entry_ids[0] != k->entries())
+    return Status::Internal("engine: compressed entry out of order");
+  // Indexer keys from the pre-RoPE latent: k = k_norm(wk(latent)), RoPE, FP4 (ue8m0 / 32).
+  std::vector<float> ik(static_cast<size_t>(ne) * id);
+  MatMul(pool_.get(), latents.data(), ne, hd, lw.i_wk, id, ik.data());
+  for (int e = 0; e < ne; ++e) {
+    float* kk = ik.data() + static_cast<int64_t>(e) * id;
+    LayerNorm(kk, lw.i_kn_w, lw.i_kn_b, id, c.rms_norm_eps, kk);
+    ApplyRope(kk + id - rd, *lw.rope, entry_ids[e] * m, false);
+    ApplyRope(latents.data() + static_cast<int64_t>(e) * hd + hd - rd, *lw.rope, entry_ids[e] * m,
+              false);
+  }
+  auto append = [&](QuantFormat fmt, const std::vector<float>& v, int dim,
+                    std::vector<uint8_t>* data, std::vector<uint8_t>* scales,
+                    std::vector<float>* values) -> Status {
+    const size_t db = kernels::DataBytes(fmt, dim), sb = kernels::ScaleBytes(fmt, dim);
+    const size_t d0 = data->size(), s0 = scales->size(), v0 = values->size();
+    data->resize(d0 + ne * db);
+    scales->resize(s0 + ne * sb);
+    values->resize(v0 + static_cast<size_t>(ne) * dim);
+    KVTIER_RETURN_IF_ERROR(kernels::Quantize(fmt, v.data(), ne, dim, data->data() + d0,
+                                             scales->data() + s0, kQuantBackend));
+    return kernels::Dequantize(fmt, data->data() + d0, scales->data() + s0, ne, dim,
+                               values->data() + v0, kQuantBackend);
+  };
+  KVTIER_RETURN_IF_ERROR(append(QuantFormat::kFp4E4M3x16, latents, hd, &k->main_data,
+                                &k->main_scales, &k->main_values));
+  KVTIER_RETURN_IF_ERROR(append(QuantFormat::kFp4Ue8m0x32, ik, id, &k->index_data, &k->index_scales,
+                                &k->index_values));
+  return Status::Ok();
+}
+
+Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* qr, const float* xa,
+                          Runtime* rt) {
+  const EngineConfig& c = config_;
+  const LayerWeights& lw = layers_[layer];
+  const int IH = c.index_n_heads, id = c.index_head_dim, rd = c.qk_rope_head_dim;
+  const KvSourceCache* src = rt->src;
+  const int m = src->ratio;
+  std::vector<float> iq(static_cast<size_t>(n) * IH * id), wts(static_cast<size_t>(n) * IH);
+  MatMul(pool_.get(), qr, n, c.q_lora_rank, lw.i_wq_b, IH * id, iq.data());
+  for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < IH; ++h) {
+      ApplyRope(iq.data() + (static_cast<int64_t>(t) * IH + h) * id + id - rd, *lw.rope, p0 + t,
+                false);
+    }
+  }
+  // FP4 QAT of the index query (ue8m0 per 32), as the reference does.
+  KVTIER_RETURN_IF_ERROR(kernels::RoundTrip(QuantFormat::kFp4Ue8m0x32, iq.data(),
+                                            static_cast<size_t>(n) * IH, id, kQuantBackend));
+  MatMul(pool_.get(), xa, n, c.hidden_size, lw.i_wproj, IH, wts.data());
+  const float wscale = 1.0f / std::sqrt(static_cast<float>(id)) / std::sqrt(static_cast<float>(IH));
+  const bool is_candidate_source = layer == c.candidate_source_layer_id;
+  const bool restrict = c.layer_modes[layer] == LayerMode::kReindex &&
+                        options_.use_candidate_pool && !rt->candidates.empty();
+  rt->topk.assign(n, {});
+  if (is_candidate_source) rt->candidates.assign(n, {});
+  std::vector<int64_t> cand_visible(n, 0), cand_pool(n, 0);
+  pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
+    std::vector<float> score;
+    std::vector<int32_t> eligible;
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t p = p0 + t;
+      const int64_t nv = std::min<int64_t>((p + 1) / m, src->entries());
+      if (nv <= 0) continue;
+      score.assign(nv, 0.0f);
+      const float* q = iq.data() + t * IH * id;
+      const float* w = wts.data() + t * IH;
+      for (int64_t j = 0; j < nv; ++j) {
+        const float* kj = src->index_values.data() + j * id;
+        float s = 0;
+        for (int h = 0; h < IH; ++h) {
+          const float dot = Dot(q + static_cast<int64_t>(h) * id, kj, id);
+          s += std::max(dot, 0.0f) * (w[h] * wscale);  // ReLU before the head weight
+        }
+        score[j] = s;
+      }
+      eligible.clear();
+      if (is_candidate_source) {
+        const int bs = c.candidate_block_size;
+        const int64_t nb = (nv + bs - 1) / bs;
+        std::vector<float> bscore(nb, -INFINITY);
+        for (int64_t j = 0; j < nv; ++j) bscore[j / bs] = std::max(bscore[j / bs], score[j]);
+        bscore[nb - 1] = INFINITY;  // the block holding the newest position is pinned
+        std::vector<int32_t> blocks(nb);
+        for (int64_t i = 0; i < nb; ++i) blocks[i] = static_cast<int32_t>(i);
+        std::vector<int32_t> top = TopK(bscore, blocks, c.candidate_topk_blocks);
+        std::vector<uint8_t> mask(nb, 0);
+        int64_t pool_positions = 0;
+        for (int32_t bi : top) {
+          mask[bi] = 1;
+          pool_positions += std::min<int64_t>(bs, nv - static_cast<int64_t>(bi) * bs);
+        }
+        rt->candidates[t] = std::move(mask);
+        cand_visible[t] = nv;
+        cand_pool[t] = pool_positions;
+      }
+      for (int64_t j = 0; j < nv; ++j) {
+        if (restrict) {
+          const std::vector<uint8_t>& mask = rt->candidates[t];
+          const int64_t bi = j / c.candidate_block_size;
+          if (bi >= static_cast<int64_t>(mask.size()) || !mask[bi]) continue;
+        }
+        eligible.push_back(static_cast<int32_t>(j));
+      }
+      rt->topk[t] = TopK(score, eligible, c.index_topk);
+    }
+  });
+  if (trace_ != nullptr && is_candidate_source) {
+    trace_->candidate_visible = cand_visible;
+    trace_->candidate_pool = cand_pool;
+  }
+  return Status::Ok();
+}
+
+Status Engine::Attention(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
+                         Runtime* rt, float* out) {
+  const EngineConfig& c = config_;
+  const LayerWeights& lw = layers_[layer];
+  const int D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim;
+  const int rd = c.qk_rope_head_dim, W = c.sliding_window, ql = c.q_lora_rank;
+  const LayerMode mode = c.layer_modes[layer];
+  SwaRing& ring = st->swa[layer];
+  if (ring.end != p0) {
+    if (ring.valid_from < p0) return Status::Internal("engine: SWA ring has a gap");
+    ring.end = p0;
+  }
+
+  std::vector<float> qr(static_cast<size_t>(n) * ql), q(static_cast<size_t>(n) * H * hd);
+  MatMul(pool_.get(), xa, n, D, lw.wq_a, ql, qr.data());
+  for (int t = 0; t < n; ++t) {
+    RmsNorm(qr.data() + static_cast<int64_t>(t) * ql, lw.q_norm, ql, c.rms_norm_eps,
+            qr.data() + static_cast<int64_t>(t) * ql);
+  }
+  MatMul(pool_.get(), qr.data(), n, ql, lw.wq_b, H * hd, q.data());
+  for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < H; ++h) {
+      ApplyRope(q.data() + (static_cast<int64_t>(t) * H + h) * hd + hd - rd, *lw.rope, p0 + t,
+                false);
+    }
+  }
+  // SWA entries of this batch: kv_norm(wkv x), RoPE, FP8 e4m3 + ue8m0/32.
+  std::vector<float> kv(static_cast<size_t>(n) * hd);
+  MatMul(pool_.get(), xa, n, D, lw.wkv, hd, kv.data());
+  for (int t = 0; t < n; ++t) {
+    float* kt = kv.data() + static_cast<int64_t>(t) * hd;
+    RmsNorm(kt, lw.kv_norm, hd, c.rms_norm_eps, kt);
+    ApplyRope(kt + hd - rd, *lw.rope, p0 + t, false);
+  }
+  std::vector<uint8_t> kv_data(static_cast<size_t>(n) * hd),
+      kv_scales(static_cast<size_t>(n) * hd / 32);
+  KVTIER_RETURN_IF_ERROR(kernels::Quantize(QuantFormat::kFp8Ue8m0x32, kv.data(), n, hd,
+                                           kv_data.data(), kv_scales.data(), kQuantBackend));
+  KVTIER_RETURN_IF_ERROR(kernels::Dequantize(QuantFormat::kFp8Ue8m0x32, kv_data.data(),
+                                             kv_scales.data(), n, hd, kv.data(), kQuantBackend));
+
+  // Compressed entries: sources write, then this layer (and later ones) read.
+  if (mode != LayerMode::kSwaOnly) {
+    if (mode == LayerMode::kFull) {
+      KVTIER_RETURN_IF_ERROR(Compress(layer, st, p0, n, xa));
+      for (KvSourceCache& k : st->kv) {
+        if (k.layer == layer) rt->src = &k;
+      }
+      if (layer != c.candidate_source_layer_id) rt->candidates.clear();
+    }
+    if (rt->src == nullptr || rt->src->layer != c.kv_source_of_layer[layer])
+      return Status::Internal("engine: shared runtime has no kv source for this layer");
+    if (mode == LayerMode::kFull || mode == LayerMode::kReindex) {
+      KVTIER_RETURN_IF_ERROR(SelectTopk(layer, p0, n, qr.data(), xa, rt));
+    } else if (static_cast<int>(rt->topk.size()) != n) {
+      return Status::Internal("engine: reuse layer without top-k");
+    }
+    if (trace_ != nullptr) trace_->topk[layer] = rt->topk;
+  }
+
+  // Sparse attention over [selected compressed entries] + [SWA window], one latent as K and V.
+  std::vector<float> o(static_cast<size_t>(n) * H * hd);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const KvSourceCache* src = rt->src;
+  pool_->ParallelFor(static_cast<int64_t>(n) * H, [&](int64_t b, int64_t e) {
+    std::vector<const float*> keys;
+    std::vector<float> logit;
+    for (int64_t it = b; it < e; ++it) {
+      const int64_t t = it / H;
+      const int h = static_cast<int>(it % H);
+      const int64_t p = p0 + t;
+      keys.clear();
+      if (mode != LayerMode::kSwaOnly) {
+        for (int32_t j : rt->topk[t])
+          keys.push_back(src->main_values.data() + static_cast<int64_t>(j) * hd);
+      }
+      const int64_t lo = std::max(ring.valid_from, p - W + 1);
+      for (int64_t s = std::max<int64_t>(lo, 0); s <= p; ++s) {
+        if (s >= p0) {
+          keys.push_back(kv.data() + (s - p0) * hd);
+        } else if (ring.Has(s)) {
+          keys.push_back(ring.values.data() + (s % W) * hd);
+        }
+      }
+      const float* qh = q.data() + (t * H + h) * hd;
+      logit.resize(keys.size());
+      const float sink = lw.sink[h];
+      float mx = sink;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        logit[i] = Dot(qh, keys[i], hd) * scale;
+        mx = std::max(mx, logit[i]);
+      }
+      float den = std::exp(sink - mx);
+      for (size_t i = 0; i < keys.size(); ++i) {
+        logit[i] = std::exp(logit[i] - mx);
+        den += logit[i];
+      }
+      float* oh = o.data() + (t * H + h) * hd;
+      for (int d = 0; d < hd; ++d) oh[d] = 0.0f;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        const float pr = logit[i] / den;
+        for (int d = 0; d < hd; ++d) oh[d] += pr * keys[i][d];
+      }
+      ApplyRope(oh + hd - rd, *lw.rope, p, true);  // inverse RoPE on the output
+    }
+  });
+
+  // Grouped output projection: wo_a is block-diagonal over o_groups, then wo_b.
+  const int G = c.o_groups, ol = c.o_lora_rank, gin = (H / G) * hd;
+  std::vector<float> oa(static_cast<size_t>(n) * G * ol), tmp(static_cast<size_t>(n) * ol);
+  std::vector<float> og(static_cast<size_t>(n) * gin);
+  for (int g = 0; g < G; ++g) {
+    for (int t = 0; t < n; ++t) {
+      std::memcpy(og.data() + static_cast<int64_t>(t) * gin,
+                  o.data() + static_cast<int64_t>(t) * H * hd + static_cast<int64_t>(g) * gin,
+                  gin * 4);
+    }
+    MatMul(pool_.get(), og.data(), n, gin, lw.wo_a + static_cast<int64_t>(g) * ol * gin, ol,
+           tmp.data());
+    for (int t = 0; t < n; ++t) {
+      std::memcpy(oa.data() + (static_cast<int64_t>(t) * G + g) * ol,
+                  tmp.data() + static_cast<int64_t>(t) * ol, ol * 4);
+    }
+  }
+  MatMul(pool_.get(), oa.data(), n, G * ol, lw.wo_b, D, out);
+
+  // Push this batch's SWA entries into the ring.
+  const int sb = hd / 32;
+  for (int64_t p = std::max<int64_t>(p0, p0 + n - W); p < p0 + n; ++p) {
+    const int64_t slot = p % W, t = p - p0;
+    std::memcpy(ring.values.data() + slot * hd, kv.data() + t * hd, hd * 4);
+    std::memcpy(ring.data.data() + slot * hd, kv_data.data() + t * hd, hd);
+    std::memcpy(ring.scales.data() + slot * sb, kv_scales.data() + t * sb, sb);
+  }
+  ring.end = p0 + n;
+  return Status::Ok();
+}
+
+void Engine::Moe(int layer, int n, const float* xn, float* out) {
+  const EngineConfig& c = config_;
+  const LayerWeights& lw = layers_[layer];
+  const int D = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
+  const int I = c.moe_intermediate_size;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  std::vector<float> logits(static_cast<size_t>(n) * E);
+  MatMul(pool_.get(), xn, n, D, lw.gate, E, logits.data());
+  std::vector<int32_t> chosen(static_cast<size_t>(n) * K);
+  std::vector<float> weight(static_cast<size_t>(n) * K);
+  for (int t = 0; t < n; ++t) {
+    std::vector<float> s(E), biased(E);
+    for (int e = 0; e < E; ++e) {
+      s[e] = std::sqrt(Softplus(logits[static_cast<size_t>(t) * E + e]));
+      biased[e] = s[e] + lw.gate_bias[e];  // the selection bias only picks experts
+    }
+    std::vector<int32_t> all(E);
+    for (int e = 0; e < E; ++e) all[e] = e;
+    std::vector<int32_t> top = TopK(biased, all, K);  // index order
+    float sum = 0;
+    for (int k = 0; k < K; ++k) sum += s[top[k]];
+    for (int k = 0; k < K; ++k) {
+      chosen[static_cast<size_t>(t) * K + k] = top[k];
+      float w = c.norm_topk_prob ? s[top[k]] / sum : s[top[k]];
+      weight[static_cast<size_t>(t) * K + k] = w * static_cast<float>(c.routed_scaling_factor);
+    }
+  }
+  if (trace_ != nullptr) {
+    for (int32_t e : chosen) trace_->expert_tokens[layer][e] += 1;
+  }
+  auto swiglu = [&](const float* x, int rows, const float* w1, const float* w3, const float* w2,
+                    int inter, const float* row_weight, float* y, ThreadPool* pool) {
+    std::vector<float> g(static_cast<size_t>(rows) * inter), u(g.size());
+    MatMul(pool, x, rows, D, w1, inter, g.data());
+    MatMul(pool, x, rows, D, w3, inter, u.data());
+    for (int r = 0; r < rows; ++r) {
+      for (int i = 0; i < inter; ++i) {
+        const size_t k = static_cast<size_t>(r) * inter + i;
+        const float gi = std::min(g[k], limit);
+        const float ui = std::clamp(u[k], -limit, limit);
+        g[k] = Silu(gi) * ui;
+        if (row_weight) g[k] *= row_weight[r];  // router weight before w2
+      }
+    }
+    MatMul(pool, g.data(), rows, inter, w2, D, y);
+  };
+  // Routed experts, grouped by expert; each (token, slot) output lands in its own buffer.
+  std::vector<float> routed(static_cast<size_t>(n) * K * D);
+  pool_->ParallelFor(E, [&](int64_t b, int64_t e_end) {
+    for (int64_t e = b; e < e_end; ++e) {
+      std::vector<int64_t> slots;
+      for (int64_t i = 0; i < static_cast<int64_t>(n) * K; ++i) {
+        if (chosen[i] == e) slots.push_back(i);
+      }
+      if (slots.empty()) continue;
+      const int rows = static_cast<int>(slots.size());
+      std::vector<float> xg(static_cast<size_t>(rows) * D), wg(rows), yg(xg.size());
+      for (int r = 0; r < rows; ++r) {
+        std::memcpy(xg.data() + static_cast<int64_t>(r) * D, xn + (slots[r] / K) * D, D * 4);
+        wg[r] = weight[slots[r]];
+      }
+      swiglu(xg.data(), rows, lw.w1[e], lw.w3[e], lw.w2[e], I, wg.data(), yg.data(), nullptr);
+      for (int r = 0; r < rows; ++r) {
+        std::memcpy(routed.data() + slots[r] * D, yg.data() + static_cast<int64_t>(r) * D, D * 4);
+      }
+    }
+  });
+  std::vector<float> shared(static_cast<size_t>(n) * D, 0.0f);
+  if (lw.s_w1 != nullptr) {
+    swiglu(xn, n, lw.s_w1, lw.s_w3, lw.s_w2, I * c.n_shared_experts, nullptr, shared.data(),
+           pool_.get());
+  }
+  for (int t = 0; t < n; ++t) {
+    for (int d = 0; d < D; ++d) {
+      float acc = routed[(static_cast<size_t>(t) * K) * D + d];
+      for (int k = 1; k < K; ++k) acc += routed[(static_cast<size_t>(t) * K + k) * D + d];
+      out[static_cast<size_t>(t) * D + d] = acc + shared[static_cast<size_t>(t) * D + d];
+    }
+  }
+}
+
+Status Engine::RunLayers(SequenceState* st, int64_t p0, int n, int l_begin, int l_end, float* x,
+                         float* pre) {
+  const EngineConfig& c = config_;
+  const int D = c.hidden_size, hc = c.hc_mult;
+  Runtime rt;
+  std::vector<float> xn(static_cast<size_t>(n) * D), f(static_cast<size_t>(n) * D);
+  std::vector<float> post(static_cast<size_t>(n) * hc), comb(static_cast<size_t>(n) * hc * hc),
+      next_pre(static_cast<size_t>(n) * hc);
+  // Prefetch: every Engram row of this step is requested before the first layer runs.
+  std::vector<EngramRowBatch> engram(c.engram_layer_ids.size());
+  for (int l = l_begin; l < l_end; ++l) {
+    if (c.IsEngramLayer(l)) {
+      KVTIER_RETURN_IF_ERROR(RequestEngramRows(l, *st, p0, n, &engram[c.EngramSlot(l)]));
+    }
+  }
+  for (int l = l_begin; l < l_end; ++l) {
+    const LayerWeights& lw = layers_[l];
+    if (c.IsEngramLayer(l)) {
+      KVTIER_RETURN_IF_ERROR(ApplyEngram(l, &engram[c.EngramSlot(l)], n, x));
+    }
+    for (int s = 0; s < 2; ++s) {
+      PreMix(n, x, pre, s == 0 ? lw.attn_norm : lw.ffn_norm, xn.data());
+      pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          HcMixes(x + t * hc * D, hc, D, lw.hc_fn[s], lw.hc_scale[s], lw.hc_base[s],
+                  c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, next_pre.data() + t * hc,
+                  post.data() + t * hc, comb.data() + t * hc * hc);
+        }
+      });
+      if (trace_ != nullptr) {
+        auto& tc = trace_->comb[2 * l + s];
+        tc.clear();
+        for (int t = 0; t < n; ++t) {
+          tc.emplace_back(comb.begin() + static_cast<int64_t>(t) * hc * hc,
+                          comb.begin() + static_cast<int64_t>(t + 1) * hc * hc);
+        }
+      }
+      if (s == 0) {
+        KVTIER_RETURN_IF_ERROR(Attention(l, st, p0, n, xn.data(), &rt, f.data()));
+      } else {
+        Moe(l, n, xn.data(), f.data());
+      }
+      MixSublayer(n, x, f.data(), post.data(), comb.data());
+      std::memcpy(pre, next_pre.data(), next_pre.size() * 4);  // single-pass: pre for next
+    }
+  }
+  return Status::Ok();
+}
+
+void Engine::ResetTrace() {
+  if (trace_ == nullptr) return;
+  const int L = config_.num_hidden_layers;
+  trace_->topk.assign(L, {});
+  trace_->comb.assign(2 * L, {});
+  trace_->expert_tokens.assign(L, std::vector<int64_t>(config_.n_routed_experts, 0));
+  trace_->engram_gates.assign(config_.engram_layer_ids.size(), {});
+}
+
+void Engine::Head(int n, const float* x, const float* pre, float* logits) {
+  const int D = config_.hidden_size;
+  std::vector<float> y(static_cast<size_t>(n) * D);
+  PreMix(n, x, pre, weights_->F32("norm.weight"), y.data());
+  MatMul(pool_.get(), y.data(), n, D, weights_->F32("head.weight"), config_.vocab_size, logits);
+}
+
+Status Engine::Forward(SequenceState* st, std::span<const int32_t> tokens, bool all_logits,
+                       std::vector<float>* logits) {
+  KVTIER_RETURN_IF_ERROR(CheckTokens(tokens));
+  KVTIER_RETURN_IF_ERROR(CheckExtendable(*st));
+  const EngineConfig& c = config_;
+  const int n = static_cast<int>(tokens.size());
+  const int D = c.hidden_size, hc = c.hc_mult;
+  const int64_t p0 = static_cast<int64_t>(st->tokens.size());
+  ResetTrace();
+  st->tokens.insert(st->tokens.end(), tokens.begin(), tokens.end());
+  std::vector<float> x(static_cast<size_t>(n) * hc * D), pre(static_cast<size_t>(n) * hc);
+  Embed(tokens, x.data(), pre.data());
+  Status s = RunLayers(st, p0, n, 0, c.num_hidden_layers, x.data(), pre.data());
+  if (!s.ok()) return s;  // the state is now unusable; the caller must discard it
+  const int first = all_logits ? 0 : n - 1;
+  logits->assign(static_cast<size_t>(n - first) * c.vocab_size, 0.0f);
+  Head(n - first, x.data() + static_cast<int64_t>(first) * hc * D,
+       pre.data() + static_cast<int64_t>(first) * hc, logits->data());
+  return Status::Ok();
+}
+
+Status Engine::Decode(SequenceState* st, int32_t token, std::vector<float>* logits) {
+  return Forward(st, std::span<const int32_t>(&token, 1), false, logits);
+}
+
+Status Engine::PrefillCed(SequenceState* st, std::span<const int32_t> tokens,
+                          std::vector<float>* last_logits) {
+  KVTIER_RETURN_IF_ERROR(CheckTokens(tokens));
+  KVTIER_RETURN_IF_ERROR(CheckExtendable(*st));
+  if (!st->tokens.empty())
+    return Status::InvalidArgument("engine: CED prefill needs an empty state");
+  const EngineConfig& c = config_;
+  const int d = c.first_decoder_layer, L = c.num_hidden_layers;
+  if (c.layer_modes[d] != LayerMode::kFull)
+    return Status::InvalidArgument("engine: CED needs a kv source at the first decoder layer");
+  for (int l = d + 1; l < L; ++l) {
+    if (c.IsKvSource(l)) return Status::InvalidArgument("engine: CED needs one decoder kv source");
+  }
+  ResetTrace();
+  const int n = static_cast<int>(tokens.size());
+  const int D = c.hidden_size, hc = c.hc_mult;
+  st->tokens.assign(tokens.begin(), tokens.end());
+  std::vector<float> x(static_cast<size_t>(n) * hc * D), pre(static_cast<size_t>(n) * hc);
+  Embed(tokens, x.data(), pre.data());
+  // 1. The encoder over every token.
+  KVTIER_RETURN_IF_ERROR(RunLayers(st, 0, n, 0, d, x.data(), pre.data()));
+  // 2. The decoder source's global KV for every token: hc_pre -> attn_norm -> Compressor.
+  {
+    std::vector<float> xd = x;
+    if (c.IsEngramLayer(d)) {
+      EngramRowBatch batch;
+      KVTIER_RETURN_IF_ERROR(RequestEngramRows(d, *st, 0, n, &batch));
+      KVTIER_RETURN_IF_ERROR(ApplyEngram(d, &batch, n, xd.data()));
+    }
+    std::vector<float> xa(static_cast<size_t>(n) * D);
+    PreMix(n, xd.data(), pre.data(), layers_[d].attn_norm, xa.data());
+    KVTIER_RETURN_IF_ERROR(Compress(d, st, 0, n, xa.data()));
+  }
+  // 3. The full decoder over the last R = min(W, n) tokens (bounded replay).
+  const int R = std::min(n, c.sliding_window);
+  const int64_t start = n - R;
+  for (int l = d; l < L; ++l) {
+    st->swa[l].valid_from = start;
+    st->swa[l].end = start;
+  }
+  std::vector<float> xs(x.begin() + start * hc * D, x.end());
+  std::vector<float> ps(pre.begin() + start * hc, pre.end());
+  KVTIER_RETURN_IF_ERROR(RunLayers(st, start, R, d, L, xs.data(), ps.data()));
+  last_logits->assign(c.vocab_size, 0.0f);
+  Head(1, xs.data() + static_cast<int64_t>(R - 1) * hc * D,
+       ps.data() + static_cast<int64_t>(R - 1) * hc, last_logits->data());
+  return Status::Ok();
+}
+
+Status Engine::ReplayTail(SequenceState* st, std::vector<float>* last_logits) {
+  const EngineConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(st->tokens.size());
+  if (n == 0) return Status::InvalidArgument("engine: nothing to replay");
+  for (const KvSourceCache& k : st->kv) {
+    if (k.consumed != n)
+      return Status::InvalidArgument("engine: global KV does not cover the tokens");
+  }
+  const int R = static_cast<int>(std::min<int64_t>(n, c.sliding_window));
+  const int64_t start = n - R;
+  for (SwaRing& r : st->swa) {
+    r.valid_from = start;
+    r.end = start;
+  }
+  ResetTrace();
+  const int D = c.hidden_size, hc = c.hc_mult;
+  std::span<const int32_t> tail(st->tokens.data() + start, R);
+  std::vector<float> x(static_cast<size_t>(R) * hc * D), pre(static_cast<size_t>(R) * hc);
+  Embed(tail, x.data(), pre.data());
+  KVTIER_RETURN_IF_ERROR(RunLayers(st, start, R, 0, c.num_hidden_layers, x.data(), pre.data()));
+  last_logits->assign(c.vocab_size, 0.0f);
+  Head(1, x.data() + static_cast<int64_t>(R - 1) * hc * D,
+       pre.data() + static_cast<int64_t>(R - 1) * hc, last_logits->data());
+  return Status::Ok();
+}
+
+}  // namespace kvtier::engine

@@ -1,0 +1,148 @@
+#include "engine/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+namespace kvtier::engine {
+
+float Dot(const float* a, const float* b, int n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
+  }
+  float s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void MatMul(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out, float* y) {
+  // Work items are blocks of output rows; each element is one Dot, so the partition never
+  // changes a result.
+  constexpr int kRowsPerItem = 16;
+  const int64_t items = (out + kRowsPerItem - 1) / kRowsPerItem;
+  auto body = [&](int64_t begin, int64_t end) {
+    for (int64_t it = begin; it < end; ++it) {
+      const int o0 = static_cast<int>(it) * kRowsPerItem;
+      const int o1 = std::min(out, o0 + kRowsPerItem);
+      for (int t = 0; t < rows; ++t) {
+        const float* xt = x + static_cast<int64_t>(t) * in;
+        float* yt = y + static_cast<int64_t>(t) * out;
+        for (int o = o0; o < o1; ++o) yt[o] = Dot(w + static_cast<int64_t>(o) * in, xt, in);
+      }
+    }
+  };
+  if (pool == nullptr || static_cast<int64_t>(rows) * out * in < 32768) {
+    body(0, items);
+  } else {
+    pool->ParallelFor(items, body);
+  }
+}
+
+void RmsNorm(const float* x, const float* weight, int n, double eps, float* y) {
+  double ss = 0;
+  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float r = static_cast<float>(1.0 / std::sqrt(ss / n + eps));
+  for (int i = 0; i < n; ++i) y[i] = x[i] * r * (weight ? weight[i] : 1.0f);
+}
+
+void LayerNorm(const float* x, const float* weight, const float* bias, int n, double eps,
+               float* y) {
+  double mean = 0;
+  for (int i = 0; i < n; ++i) mean += x[i];
+  mean /= n;
+  double var = 0;
+  for (int i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+  var /= n;
+  const double r = 1.0 / std::sqrt(var + eps);
+  for (int i = 0; i < n; ++i) {
+    y[i] = static_cast<float>((x[i] - mean) * r) * weight[i] + bias[i];
+  }
+}
+
+std::vector<double> RopeFrequencies(int rope_dim, const RopeParams& p) {
+  const int half = rope_dim / 2;
+  std::vector<double> f(half);
+  for (int i = 0; i < half; ++i) f[i] = 1.0 / std::pow(p.theta, (2.0 * i) / rope_dim);
+  if (p.yarn && p.original_max_position > 0) {
+    auto corr_dim = [&](double rot) {
+      return rope_dim * std::log(p.original_max_position / (rot * 2 * std::numbers::pi)) /
+             (2 * std::log(p.theta));
+    };
+    double low = std::max(std::floor(corr_dim(p.beta_fast)), 0.0);
+    double high = std::min(std::ceil(corr_dim(p.beta_slow)), static_cast<double>(rope_dim - 1));
+    if (low == high) high += 0.001;
+    for (int i = 0; i < half; ++i) {
+      double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+      double smooth = 1 - ramp;
+      f[i] = f[i] / p.factor * (1 - smooth) + f[i] * smooth;
+    }
+  }
+  return f;
+}
+
+void ApplyRope(float* x, const std::vector<double>& freqs, int64_t pos, bool inverse) {
+  for (size_t i = 0; i < freqs.size(); ++i) {
+    const double angle = static_cast<double>(pos) * freqs[i];
+    const float c = static_cast<float>(std::cos(angle));
+    const float s = static_cast<float>(inverse ? -std::sin(angle) : std::sin(angle));
+    const float a = x[2 * i], b = x[2 * i + 1];
+    x[2 * i] = a * c - b * s;
+    x[2 * i + 1] = a * s + b * c;
+  }
+}
+
+float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float Silu(float x) { return x * Sigmoid(x); }
+float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+void HcMixes(const float* x, int hc, int dim, const float* fn, const float* scale,
+             const float* base, int iters, double hc_eps, double norm_eps, float* pre, float* post,
+             float* comb) {
+  const int n = hc * dim;
+  double ss = 0;
+  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float r = static_cast<float>(1.0 / std::sqrt(ss / n + norm_eps));
+  const int m = (2 + hc) * hc;
+  float mixes[(2 + 16) * 16];
+  for (int i = 0; i < m; ++i) mixes[i] = Dot(fn + static_cast<int64_t>(i) * n, x, n) * r;
+  const float e = static_cast<float>(hc_eps);
+  for (int i = 0; i < hc; ++i) pre[i] = Sigmoid(mixes[i] * scale[0] + base[i]) + e;
+  for (int i = 0; i < hc; ++i) post[i] = 2.0f * Sigmoid(mixes[hc + i] * scale[1] + base[hc + i]);
+  for (int i = 0; i < hc; ++i) {
+    float* row = comb + i * hc;
+    float mx = -INFINITY;
+    for (int j = 0; j < hc; ++j) {
+      row[j] = mixes[2 * hc + i * hc + j] * scale[2] + base[2 * hc + i * hc + j];
+      mx = std::max(mx, row[j]);
+    }
+    float sum = 0;
+    for (int j = 0; j < hc; ++j) {
+      row[j] = std::exp(row[j] - mx);
+      sum += row[j];
+    }
+    for (int j = 0; j < hc; ++j) row[j] = row[j] / sum + e;
+  }
+  auto col_norm = [&] {
+    for (int j = 0; j < hc; ++j) {
+      float s = 0;
+      for (int i = 0; i < hc; ++i) s += comb[i * hc + j];
+      for (int i = 0; i < hc; ++i) comb[i * hc + j] /= (s + e);
+    }
+  };
+  auto row_norm = [&] {
+    for (int i = 0; i < hc; ++i) {
+      float s = 0;
+      for (int j = 0; j < hc; ++j) s += comb[i * hc + j];
+      for (int j = 0; j < hc; ++j) comb[i * hc + j] /= (s + e);
+    }
+  };
+  col_norm();
+  for (int it = 1; it < iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+}
+
+}  // namespace kvtier::engine

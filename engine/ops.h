@@ -1,0 +1,57 @@
+// Numeric building blocks of the engine (CPU reference path).
+//
+// Every function computes each output element with a fixed operation order that does not
+// depend on batch size or thread count, so a token's results are bit-identical whether it
+// is processed alone (decode), in a batch (prefill) or on any number of threads.
+// Thread safety: pure functions; MatMul uses the pool passed in.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/thread_pool.h"
+
+namespace kvtier::engine {
+
+// Sum of a[i]*b[i] with 8 interleaved partial sums reduced in a fixed tree.
+float Dot(const float* a, const float* b, int n);
+
+// Y[t*out + o] = Dot(W + o*in, X + t*in) for t < rows, o < out (W is [out x in] row-major).
+void MatMul(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out, float* y);
+
+// y = x * rsqrt(mean(x^2) + eps) * weight (weight may be null: no weight). In place allowed.
+void RmsNorm(const float* x, const float* weight, int n, double eps, float* y);
+// y = (x - mean) * rsqrt(var + eps) * weight + bias.
+void LayerNorm(const float* x, const float* weight, const float* bias, int n, double eps, float* y);
+
+// RoPE frequencies for `rope_dim` rotary dims (DeepSeek precompute_freqs_cis, incl. YaRN).
+struct RopeParams {
+  double theta = 10000.0;
+  bool yarn = false;
+  double factor = 1.0;
+  double original_max_position = 0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+};
+std::vector<double> RopeFrequencies(int rope_dim, const RopeParams& params);
+// Rotates adjacent pairs (x[2i], x[2i+1]) of x[0..2*freqs.size()) by angle pos*freq[i];
+// inverse rotates by -angle.
+void ApplyRope(float* x, const std::vector<double>& freqs, int64_t pos, bool inverse);
+
+float Sigmoid(float x);
+float Silu(float x);
+float Softplus(float x);
+
+// mHC (reference §7): from 4-stream input x ([hc x dim]) and one sublayer's parameters
+// (fn [(2+hc)*hc x hc*dim], scale [3], base [(2+hc)*hc]) computes
+//   pre[hc]  = sigmoid(m[0:hc]*s0 + b) + eps
+//   post[hc] = 2*sigmoid(m[hc:2hc]*s1 + b)
+//   comb[hc x hc] = Sinkhorn(softmax_row(m[2hc:]*s2 + b) + eps), `iters` iterations: the
+//   first a column normalisation, then iters-1 (row, column) pairs, each dividing by
+//   (sum + eps).
+// with m = (flatten(x) @ fn^T) * rsqrt(mean(x^2) + norm_eps).
+void HcMixes(const float* x, int hc, int dim, const float* fn, const float* scale,
+             const float* base, int iters, double hc_eps, double norm_eps, float* pre, float* post,
+             float* comb);
+
+}  // namespace kvtier::engine

@@ -1,0 +1,52 @@
+// A small safetensors reader/writer (the format of HF weights):
+//   8 bytes  little-endian u64 N = header length
+//   N bytes  JSON header {"name": {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}, ...,
+//            optional "__metadata__": {string: string}}; padded with spaces to 8-byte alignment
+//   data     raw little-endian tensor bytes; offsets are relative to the start of this region.
+//
+// Supported dtypes: F32, I64, U8, F8_E4M3, F8_E8M0 (the engine's FP8 Engram rows and scales).
+// Reading checks: header length limit, JSON validity, known dtypes, shape x element size equal
+// to the byte range, ranges inside the file and not overlapping. Any violation is Corruption.
+//
+// Thread safety: TensorFile is a plain value; no shared state.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvtier::engine {
+
+// Upper bound on the JSON header (the format's own reference limit is 100 MB).
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
+
+struct Tensor {
+  std::string dtype;           // "F32", "U8", ...
+  std::vector<int64_t> shape;  // empty: a scalar
+  std::vector<uint8_t> bytes;  // raw little-endian data
+
+  int64_t NumElements() const;
+  // The data as floats; only for F32 (asserted by the caller through dtype).
+  const float* f32() const { return reinterpret_cast<const float*>(bytes.data()); }
+  float* f32() { return reinterpret_cast<float*>(bytes.data()); }
+};
+
+// Bytes per element of a supported dtype, or 0 when unknown.
+int DtypeSize(const std::string& dtype);
+
+struct TensorFile {
+  std::map<std::string, Tensor> tensors;  // sorted by name: the written order is deterministic
+  std::map<std::string, std::string> metadata;
+};
+
+// Serialises to the safetensors byte format (deterministic for equal input).
+StatusOr<std::vector<uint8_t>> EncodeSafetensors(const TensorFile& file);
+StatusOr<TensorFile> DecodeSafetensors(const uint8_t* data, size_t size);
+
+Status WriteSafetensors(const std::string& path, const TensorFile& file);
+StatusOr<TensorFile> ReadSafetensors(const std::string& path);
+
+}  // namespace kvtier::engine

@@ -1,0 +1,196 @@
+#include "engine/state_io.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/checksum.h"
+#include "kernels/quant.h"
+
+namespace kvtier::engine {
+
+namespace {
+
+using kernels::QuantFormat;
+
+void PutU64(std::vector<uint8_t>* out, uint64_t v, int bytes = 8) {
+  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+uint64_t GetU64(const uint8_t* p, int bytes = 8) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+const SourceRegions* FindRegions(const UnitPayloadLayout& layout, int layer) {
+  for (const SourceRegions& r : layout.sources) {
+    if (static_cast<int>(r.layer_id) == layer) return &r;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+StatusOr<KvLayout> EngineKvLayout(const EngineConfig& c, uint32_t unit_tokens) {
+  std::vector<uint32_t> ratios(c.compress_ratios.begin(), c.compress_ratios.end());
+  std::vector<uint32_t> sources(c.kv_source_layer_ids.begin(), c.kv_source_layer_ids.end());
+  return MakeKvLayout(c.head_dim, c.index_head_dim, ratios, sources, unit_tokens);
+}
+
+int64_t ExportablePages(const UnitPayloadLayout& layout, const SequenceState& st) {
+  int64_t pages = INT64_MAX;
+  for (const KvSourceCache& k : st.kv) {
+    pages = std::min<int64_t>(pages, k.entries() * k.ratio / layout.unit_tokens);
+  }
+  return st.kv.empty() ? 0 : pages;
+}
+
+StatusOr<std::vector<uint8_t>> ExportUnitPayload(const UnitPayloadLayout& layout,
+                                                 const SequenceState& st, int64_t page) {
+  if (page < 0 || page >= ExportablePages(layout, st))
+    return Status::NotFound("engine export: the state does not hold this whole page");
+  if (layout.sources.size() != st.kv.size())
+    return Status::InvalidArgument("engine export: layout does not match the state");
+  std::vector<uint8_t> out(layout.payload_bytes);
+  for (const KvSourceCache& k : st.kv) {
+    const SourceRegions* r = FindRegions(layout, k.layer);
+    if (r == nullptr || layout.head_dim != static_cast<uint32_t>(k.head_dim) ||
+        layout.index_head_dim != static_cast<uint32_t>(k.index_dim))
+      return Status::InvalidArgument("engine export: layout does not match the state");
+    const int64_t e0 = page * r->entries;
+    auto copy = [&](const std::vector<uint8_t>& src, const PayloadRegion& reg) {
+      const uint64_t row = reg.size_bytes / r->entries;
+      std::memcpy(out.data() + reg.offset_bytes, src.data() + e0 * row, reg.size_bytes);
+    };
+    copy(k.main_data, r->main_data);
+    copy(k.main_scales, r->main_scales);
+    copy(k.index_data, r->index_data);
+    copy(k.index_scales, r->index_scales);
+  }
+  return out;
+}
+
+Status ImportUnitPayload(const UnitPayloadLayout& layout, std::span<const uint8_t> payload,
+                         std::span<const int32_t> tokens, SequenceState* st) {
+  if (payload.size() != layout.payload_bytes)
+    return Status::Corruption("engine import: payload size does not match the layout");
+  if (tokens.size() != layout.unit_tokens)
+    return Status::InvalidArgument("engine import: a unit needs unit_tokens token ids");
+  if (layout.sources.size() != st->kv.size())
+    return Status::InvalidArgument("engine import: layout does not match the state");
+  const int64_t n = static_cast<int64_t>(st->tokens.size());
+  for (const KvSourceCache& k : st->kv) {
+    if (k.consumed != n || n % layout.unit_tokens != 0 || k.entries() * k.ratio != n)
+      return Status::InvalidArgument("engine import: state does not end at a page boundary");
+  }
+  for (const SwaRing& r : st->swa) {
+    if (r.end != 0) return Status::InvalidArgument("engine import: state already has SWA rings");
+  }
+  for (KvSourceCache& k : st->kv) {
+    const SourceRegions* r = FindRegions(layout, k.layer);
+    if (r == nullptr || layout.head_dim != static_cast<uint32_t>(k.head_dim) ||
+        layout.index_head_dim != static_cast<uint32_t>(k.index_dim))
+      return Status::InvalidArgument("engine import: layout does not match the state");
+    auto append = [&](std::vector<uint8_t>* dst, const PayloadRegion& reg) {
+      dst->insert(dst->end(), payload.begin() + reg.offset_bytes,
+                  payload.begin() + reg.offset_bytes + reg.size_bytes);
+    };
+    const size_t md0 = k.main_data.size(), ms0 = k.main_scales.size();
+    const size_t id0 = k.index_data.size(), is0 = k.index_scales.size();
+    append(&k.main_data, r->main_data);
+    append(&k.main_scales, r->main_scales);
+    append(&k.index_data, r->index_data);
+    append(&k.index_scales, r->index_scales);
+    const size_t mv0 = k.main_values.size(), iv0 = k.index_values.size();
+    k.main_values.resize(mv0 + static_cast<size_t>(r->entries) * k.head_dim);
+    k.index_values.resize(iv0 + static_cast<size_t>(r->entries) * k.index_dim);
+    KVTIER_RETURN_IF_ERROR(kernels::Dequantize(
+        QuantFormat::kFp4E4M3x16, k.main_data.data() + md0, k.main_scales.data() + ms0, r->entries,
+        k.head_dim, k.main_values.data() + mv0, kernels::Backend::kReference));
+    KVTIER_RETURN_IF_ERROR(kernels::Dequantize(
+        QuantFormat::kFp4Ue8m0x32, k.index_data.data() + id0, k.index_scales.data() + is0,
+        r->entries, k.index_dim, k.index_values.data() + iv0, kernels::Backend::kReference));
+    k.consumed = n + layout.unit_tokens;
+  }
+  st->tokens.insert(st->tokens.end(), tokens.begin(), tokens.end());
+  return Status::Ok();
+}
+
+StatusOr<std::vector<uint8_t>> ExportUnit(const UnitPayloadLayout& layout,
+                                          const UnitIdentity& identity, const SequenceState& st,
+                                          int64_t page) {
+  if (identity.first_token_position != static_cast<uint64_t>(page) * layout.unit_tokens)
+    return Status::InvalidArgument("engine export: identity position is not the page's");
+  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> payload, ExportUnitPayload(layout, st, page));
+  return EncodeUnit(layout, identity, payload);
+}
+
+Status ImportUnit(const UnitPayloadLayout& layout, std::span<const uint8_t> unit,
+                  const UnitDecodeOptions& options, std::span<const int32_t> tokens,
+                  SequenceState* st) {
+  KVTIER_ASSIGN_OR_RETURN(UnitView view, DecodeUnit(unit, layout, options));
+  if (view.identity.first_token_position != st->tokens.size())
+    return Status::Corruption("engine import: unit position is not the sequence end");
+  return ImportUnitPayload(layout, view.payload, tokens, st);
+}
+
+std::vector<uint8_t> ExportSwaRings(const SequenceState& st) {
+  std::vector<uint8_t> out = {'K', 'V', 'S', 'W'};
+  const int window = st.swa.empty() ? 0 : st.swa[0].window;
+  const int dim = st.swa.empty() ? 0 : st.swa[0].dim;
+  PutU64(&out, 1, 2);
+  PutU64(&out, st.swa.size(), 2);
+  PutU64(&out, static_cast<uint64_t>(window), 4);
+  PutU64(&out, static_cast<uint64_t>(dim), 4);
+  PutU64(&out, st.tokens.size());
+  for (const SwaRing& r : st.swa) {
+    PutU64(&out, static_cast<uint64_t>(r.valid_from));
+    PutU64(&out, static_cast<uint64_t>(r.end));
+    out.insert(out.end(), r.data.begin(), r.data.end());
+    out.insert(out.end(), r.scales.begin(), r.scales.end());
+  }
+  PutU64(&out, Xxh3_64(out.data(), out.size()));
+  return out;
+}
+
+Status ImportSwaRings(std::span<const uint8_t> blob, SequenceState* st) {
+  constexpr size_t kHead = 4 + 2 + 2 + 4 + 4 + 8;
+  if (blob.size() < kHead + 8 || blob.size() > kSwaBlobBytesLimit)
+    return Status::Corruption("swa blob: bad length");
+  if (std::memcmp(blob.data(), "KVSW", 4) != 0) return Status::Corruption("swa blob: bad magic");
+  if (GetU64(blob.data() + blob.size() - 8) != Xxh3_64(blob.data(), blob.size() - 8))
+    return Status::Corruption("swa blob: checksum mismatch");
+  const uint8_t* p = blob.data() + 4;
+  if (GetU64(p, 2) != 1) return Status::Corruption("swa blob: unknown version");
+  const uint64_t layers = GetU64(p + 2, 2), window = GetU64(p + 4, 4), dim = GetU64(p + 8, 4);
+  const uint64_t tokens = GetU64(p + 12);
+  if (layers != st->swa.size() ||
+      (layers > 0 && (window != static_cast<uint64_t>(st->swa[0].window) ||
+                      dim != static_cast<uint64_t>(st->swa[0].dim))))
+    return Status::InvalidArgument("swa blob: shape does not match the state");
+  if (tokens != st->tokens.size())
+    return Status::InvalidArgument("swa blob: token count does not match the state");
+  const uint64_t per_layer = 16 + window * dim + window * dim / 32;
+  if (blob.size() != kHead + layers * per_layer + 8)
+    return Status::Corruption("swa blob: bad length");
+  p = blob.data() + kHead;
+  std::vector<SwaRing> rings = st->swa;
+  for (SwaRing& r : rings) {
+    r.valid_from = static_cast<int64_t>(GetU64(p));
+    r.end = static_cast<int64_t>(GetU64(p + 8));
+    if (r.end != static_cast<int64_t>(tokens) || r.valid_from < 0 || r.valid_from > r.end)
+      return Status::Corruption("swa blob: ring positions do not match the token count");
+    p += 16;
+    std::memcpy(r.data.data(), p, r.data.size());
+    p += r.data.size();
+    std::memcpy(r.scales.data(), p, r.scales.size());
+    p += r.scales.size();
+    KVTIER_RETURN_IF_ERROR(kernels::Dequantize(QuantFormat::kFp8Ue8m0x32, r.data.data(),
+                                               r.scales.data(), r.window, r.dim, r.values.data(),
+                                               kernels::Backend::kReference));
+  }
+  st->swa = std::move(rings);
+  return Status::Ok();
+}
+
+}  // namespace kvtier::engine

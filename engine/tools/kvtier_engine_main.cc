@@ -1,0 +1,254 @@
+// kvtier-engine: run the miniature DeepSeek-V4.1-Flash engine from the command line.
+//
+//   kvtier-engine init     --config C --seed S --out M.safetensors
+//   kvtier-engine generate --model M --config C --prompt-file F --max-new N
+//                          [--temperature T --top-p P --seed S --threads N --full]
+//   kvtier-engine bench    --model M --config C [--json --prompt-tokens N --decode-tokens N]
+//
+// Exit codes: 0 success, 1 failure, 2 bad usage.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cli/flags.h"
+#include "engine/config.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "engine/weights.h"
+
+namespace kvtier::engine {
+namespace {
+
+using Args = std::span<const std::string_view>;
+
+// Limits on what the command line may ask for.
+constexpr uint64_t kMaxNewTokensLimit = 1 << 16;
+constexpr uint64_t kMaxPromptBytes = 1 << 20;
+constexpr uint64_t kMaxBenchTokens = 1 << 14;
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "kvtier-engine: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+StatusOr<std::unique_ptr<Engine>> Open(const std::string& config_path,
+                                       const std::string& model_path, int threads) {
+  KVTIER_ASSIGN_OR_RETURN(EngineConfig cfg, LoadEngineConfig(config_path));
+  KVTIER_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(cfg, model_path));
+  EngineOptions o;
+  o.threads = threads;
+  return Engine::Create(cfg, std::make_shared<const ModelWeights>(std::move(w)), o);
+}
+
+int RunInit(Args args) {
+  cli::FlagSet flags(
+      "kvtier-engine init",
+      "Make deterministic weights for a model config and write them as safetensors.");
+  std::string config, out;
+  uint64_t seed = 0;
+  flags.String("config", &config, "FILE", "model config.json (HF text_config keys)", true);
+  flags.Uint("seed", &seed, "weight seed");
+  flags.String("out", &out, "FILE", "output .safetensors path", true);
+  if (int rc = flags.Parse(args); rc >= 0) return rc;
+  auto cfg = LoadEngineConfig(config);
+  if (!cfg.ok()) return Fail(cfg.status());
+  auto w = InitWeights(*cfg, seed);
+  if (!w.ok()) return Fail(w.status());
+  Status s = WriteSafetensors(out, w->file);
+  if (!s.ok()) return Fail(s);
+  size_t params = 0;
+  for (const auto& [name, t] : w->file.tensors) params += static_cast<size_t>(t.NumElements());
+  std::printf("wrote %s: %zu tensors, %zu parameters (seed %llu)\n", out.c_str(),
+              w->file.tensors.size(), params, static_cast<unsigned long long>(seed));
+  return 0;
+}
+
+int RunGenerate(Args args) {
+  cli::FlagSet flags("kvtier-engine generate",
+                     "Generate text: CED prefill of the prompt, then one decode step per token.");
+  std::string model, config, prompt_file;
+  uint64_t max_new = 32, seed = 0, threads = 2;
+  double temperature = 0.0, top_p = 1.0;
+  bool full = false, ids = false;
+  flags.String("model", &model, "FILE", "weights (.safetensors)", true);
+  flags.String("config", &config, "FILE", "model config.json", true);
+  flags.String("prompt-file", &prompt_file, "FILE", "prompt text (bytes)", true);
+  flags.Uint("max-new", &max_new, "tokens to generate");
+  flags.Double("temperature", &temperature, "sampling temperature; 0 = greedy");
+  flags.Double("top-p", &top_p, "nucleus sampling mass in (0,1]");
+  flags.Uint("seed", &seed, "sampling seed");
+  flags.Uint("threads", &threads, "CPU threads (results do not depend on it)");
+  flags.Bool("full", &full, "prefill with the full forward instead of CED");
+  flags.Bool("ids", &ids, "also print the generated token ids");
+  if (int rc = flags.Parse(args); rc >= 0) return rc;
+  if (max_new > kMaxNewTokensLimit || threads == 0 || threads > kMaxThreads ||
+      !(top_p > 0 && top_p <= 1) || temperature < 0) {
+    std::fprintf(stderr,
+                 "kvtier-engine generate: --max-new <= %llu, --threads in [1,%d], "
+                 "--top-p in (0,1], --temperature >= 0\n",
+                 static_cast<unsigned long long>(kMaxNewTokensLimit), kMaxThreads);
+    return 2;
+  }
+  std::ifstream in(prompt_file, std::ios::binary);
+  if (!in) return Fail(Status::IOError("cannot open " + prompt_file));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  if (text.empty() || text.size() > kMaxPromptBytes) {
+    std::fprintf(stderr, "kvtier-engine generate: the prompt must have 1..%llu bytes\n",
+                 static_cast<unsigned long long>(kMaxPromptBytes));
+    return 2;
+  }
+  auto engine = Open(config, model, static_cast<int>(threads));
+  if (!engine.ok()) return Fail(engine.status());
+  Engine& e = **engine;
+  auto tok = ByteTokenizer::Create(e.config().vocab_size, e.config().engram_pad_token_id,
+                                   e.config().dspark_noise_token_id);
+  if (!tok.ok()) return Fail(tok.status());
+  std::vector<int32_t> prompt = tok->Encode(text);
+  SequenceState st = e.NewSequence();
+  std::vector<float> logits;
+  Status s = full ? e.Forward(&st, prompt, false, &logits) : e.PrefillCed(&st, prompt, &logits);
+  if (!s.ok()) return Fail(s);
+  Sampler sampler(temperature, top_p, seed);
+  std::vector<int32_t> out;
+  for (uint64_t i = 0; i < max_new; ++i) {
+    const int32_t next = sampler.Sample(logits);
+    out.push_back(next);
+    if (i + 1 < max_new) {
+      s = e.Decode(&st, next, &logits);
+      if (!s.ok()) return Fail(s);
+    }
+  }
+  std::printf("%s\n", tok->Decode(out).c_str());
+  if (ids) {
+    for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+int RunBench(Args args) {
+  cli::FlagSet flags("kvtier-engine bench",
+                     "Prefill and decode throughput, and the prefill-to-decode cost per token.");
+  std::string model, config;
+  uint64_t prompt_tokens = 256, decode_tokens = 32, threads = 2;
+  bool json = false;
+  flags.String("model", &model, "FILE", "weights (.safetensors)", true);
+  flags.String("config", &config, "FILE", "model config.json", true);
+  flags.Uint("prompt-tokens", &prompt_tokens, "prompt length");
+  flags.Uint("decode-tokens", &decode_tokens, "tokens to decode");
+  flags.Uint("threads", &threads, "CPU threads");
+  flags.Bool("json", &json, "print JSON");
+  if (int rc = flags.Parse(args); rc >= 0) return rc;
+  if (prompt_tokens == 0 || prompt_tokens > kMaxBenchTokens || decode_tokens == 0 ||
+      decode_tokens > kMaxBenchTokens || threads == 0 || threads > kMaxThreads) {
+    std::fprintf(stderr, "kvtier-engine bench: token counts in [1,%llu], threads in [1,%d]\n",
+                 static_cast<unsigned long long>(kMaxBenchTokens), kMaxThreads);
+    return 2;
+  }
+  auto engine = Open(config, model, static_cast<int>(threads));
+  if (!engine.ok()) return Fail(engine.status());
+  Engine& e = **engine;
+  std::vector<int32_t> prompt(prompt_tokens);
+  for (size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = 3 + 'a' + static_cast<int32_t>((i * 7) % 26);
+  using Clock = std::chrono::steady_clock;
+  std::vector<float> logits;
+  // CED prefill (the serving path).
+  SequenceState ced = e.NewSequence();
+  auto t0 = Clock::now();
+  Status s = e.PrefillCed(&ced, prompt, &logits);
+  auto t1 = Clock::now();
+  if (!s.ok()) return Fail(s);
+  // Peer: the full forward over the same prompt.
+  SequenceState full = e.NewSequence();
+  std::vector<float> full_logits;
+  auto t2 = Clock::now();
+  s = e.Forward(&full, prompt, false, &full_logits);
+  auto t3 = Clock::now();
+  if (!s.ok()) return Fail(s);
+  // Decode from the CED state.
+  auto t4 = Clock::now();
+  for (uint64_t i = 0; i < decode_tokens; ++i) {
+    const int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    s = e.Decode(&ced, next, &logits);
+    if (!s.ok()) return Fail(s);
+  }
+  auto t5 = Clock::now();
+  const double ced_s = Seconds(t0, t1), full_s = Seconds(t2, t3), dec_s = Seconds(t4, t5);
+  const double ced_tps = prompt_tokens / ced_s, full_tps = prompt_tokens / full_s;
+  const double dec_tps = decode_tokens / dec_s;
+  const double ced_ratio = (ced_s / prompt_tokens) / (dec_s / decode_tokens);
+  const double full_ratio = (full_s / prompt_tokens) / (dec_s / decode_tokens);
+  if (json) {
+    nlohmann::ordered_json j;
+    j["prompt_tokens"] = prompt_tokens;
+    j["decode_tokens"] = decode_tokens;
+    j["threads"] = e.threads();
+    j["ced_prefill_tokens_per_s"] = ced_tps;
+    j["full_prefill_tokens_per_s"] = full_tps;
+    j["decode_tokens_per_s"] = dec_tps;
+    j["ced_prefill_to_decode_cost_per_token"] = ced_ratio;
+    j["full_prefill_to_decode_cost_per_token"] = full_ratio;
+    j["ced_vs_full_prefill_speedup"] = full_s / ced_s;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("threads %d, prompt %llu tokens, decode %llu tokens\n", e.threads(),
+                static_cast<unsigned long long>(prompt_tokens),
+                static_cast<unsigned long long>(decode_tokens));
+    std::printf("CED prefill   %10.1f tokens/s\n", ced_tps);
+    std::printf("full prefill  %10.1f tokens/s   (peer: every layer over every token)\n", full_tps);
+    std::printf("decode        %10.1f tokens/s\n", dec_tps);
+    std::printf(
+        "prefill/decode cost per token: CED %.3f, full %.3f (CED is %.2fx the full "
+        "forward)\n",
+        ced_ratio, full_ratio, full_s / ced_s);
+  }
+  return 0;
+}
+
+void PrintHelp(FILE* out) {
+  std::fprintf(out,
+               "usage: kvtier-engine <command> [flags]   (kvtier-engine <command> --help)\n\n"
+               "  init       make deterministic weights for a config (safetensors)\n"
+               "  generate   generate text from a prompt file (greedy or top-p sampling)\n"
+               "  bench      prefill and decode tokens/s, prefill-to-decode cost ratio\n");
+}
+
+}  // namespace
+}  // namespace kvtier::engine
+
+int main(int argc, char** argv) {
+  using namespace kvtier::engine;
+  if (argc < 2) {
+    PrintHelp(stderr);
+    return 2;
+  }
+  std::string_view cmd = argv[1];
+  std::vector<std::string_view> args(argv + 2, argv + argc);
+  if (cmd == "help" || cmd == "--help" || cmd == "-h") {
+    PrintHelp(stdout);
+    return 0;
+  }
+  if (cmd == "init") return RunInit(args);
+  if (cmd == "generate") return RunGenerate(args);
+  if (cmd == "bench") return RunBench(args);
+  std::fprintf(stderr, "kvtier-engine: unknown command '%.*s'\n\n", static_cast<int>(cmd.size()),
+               cmd.data());
+  PrintHelp(stderr);
+  return 2;
+}

@@ -1,0 +1,252 @@
+// Engine building blocks: config loading, safetensors, tokenizer, numpy RNG port, mHC, pool.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <set>
+
+#include "engine/config.h"
+#include "engine/engram.h"
+#include "engine/numpy_random.h"
+#include "engine/ops.h"
+#include "engine/safetensors.h"
+#include "engine/sampler.h"
+#include "engine/thread_pool.h"
+#include "engine/tokenizer.h"
+
+namespace kvtier::engine {
+namespace {
+
+TEST(EngineConfig, LoadsTheMiniConfigAndDerivesTheSchedule) {
+  auto c = LoadEngineConfig(KVTIER_MINI_CONFIG);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->num_hidden_layers, 16);
+  EXPECT_EQ(c->compress_ratios.size(), 16u);  // DSpark entries dropped
+  EXPECT_EQ(c->first_decoder_layer, 8);
+  EXPECT_EQ(c->layer_modes[0], LayerMode::kSwaOnly);
+  EXPECT_EQ(c->layer_modes[2], LayerMode::kFull);
+  EXPECT_EQ(c->layer_modes[3], LayerMode::kReuse);
+  EXPECT_EQ(c->layer_modes[8], LayerMode::kFull);
+  EXPECT_EQ(c->layer_modes[10], LayerMode::kReindex);
+  EXPECT_EQ(c->layer_modes[15], LayerMode::kReuse);
+  EXPECT_EQ(c->kv_source_of_layer[7], 6);
+  EXPECT_EQ(c->kv_source_of_layer[15], 8);
+  EXPECT_EQ(c->engram_vocab_size, (std::vector<int64_t>{8192, 8192, 8192}));
+  EXPECT_EQ(c->engram_compressed_vocab_size, 512);
+  EXPECT_DOUBLE_EQ(c->GlobalKvBytesPerToken(), 222.5);
+  EXPECT_EQ(c->rope_scaling.type, "yarn");
+}
+
+TEST(EngineConfig, AcceptsNestedTextConfigAndRejectsBadOnes) {
+  std::FILE* f = std::fopen(KVTIER_MINI_CONFIG, "rb");
+  ASSERT_NE(f, nullptr);
+  std::string text;
+  char buf[4096];
+  size_t got;
+  while ((got = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, got);
+  std::fclose(f);
+  auto nested = ParseEngineConfig("{\"architectures\":[\"x\"],\"text_config\":" + text + "}");
+  ASSERT_TRUE(nested.ok()) << nested.status().ToString();
+  EXPECT_EQ(nested->hidden_size, 256);
+
+  EXPECT_TRUE(ParseEngineConfig("not json").status().IsInvalidArgument());
+  EXPECT_TRUE(ParseEngineConfig("{}").status().IsInvalidArgument());
+  auto j = text;
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string s = text;
+    size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return s.replace(at, from.size(), to);
+  };
+  // A kv source at a ratio-0 layer, a head_dim that is not a multiple of 32, a reuse layer
+  // before any index source, a bad scoring function: all InvalidArgument with a message.
+  for (const auto& bad :
+       {replace("\"kv_source_layer_ids\":[2,4,6,8]", "\"kv_source_layer_ids\":[1,4,6,8]"),
+        replace("\"head_dim\":128", "\"head_dim\":100"),
+        replace("\"index_source_layer_ids\":[2,4,6,8,10,12,14]",
+                "\"index_source_layer_ids\":[4,6,8,10,12,14]"),
+        replace("\"sqrtsoftplus\"", "\"softmax\""),
+        replace("\"num_key_value_heads\":1", "\"num_key_value_heads\":2")}) {
+    auto c = ParseEngineConfig(bad);
+    EXPECT_TRUE(c.status().IsInvalidArgument());
+    EXPECT_FALSE(c.status().message().empty());
+  }
+  EXPECT_TRUE(LoadEngineConfig("/nonexistent/config.json").status().IsIOError());
+}
+
+TEST(Safetensors, RoundTripsAndRejectsCorruption) {
+  TensorFile f;
+  Tensor a;
+  a.dtype = "F32";
+  a.shape = {2, 3};
+  a.bytes.resize(24);
+  for (int i = 0; i < 6; ++i) a.f32()[i] = static_cast<float>(i) * 0.5f - 1.0f;
+  f.tensors["a.weight"] = a;
+  Tensor b;
+  b.dtype = "F8_E4M3";
+  b.shape = {5};
+  b.bytes = {1, 2, 3, 4, 5};
+  f.tensors["b"] = b;
+  f.metadata["k"] = "v";
+  auto bytes = EncodeSafetensors(f);
+  ASSERT_TRUE(bytes.ok());
+  // Header length is little-endian and the header is padded to 8 bytes.
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>((*bytes)[i]) << (8 * i);
+  EXPECT_EQ(n % 8, 0u);
+  EXPECT_EQ(bytes->size(), 8 + n + 24 + 5);
+  auto back = DecodeSafetensors(bytes->data(), bytes->size());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->tensors["a.weight"].bytes, a.bytes);
+  EXPECT_EQ(back->tensors["a.weight"].shape, a.shape);
+  EXPECT_EQ(back->tensors["b"].bytes, b.bytes);
+  EXPECT_EQ(back->metadata["k"], "v");
+
+  std::vector<uint8_t> bad = *bytes;
+  bad.pop_back();  // truncated data
+  EXPECT_TRUE(DecodeSafetensors(bad.data(), bad.size()).status().IsCorruption());
+  bad = *bytes;
+  bad[0] = 0xff;  // header length beyond the file
+  EXPECT_TRUE(DecodeSafetensors(bad.data(), bad.size()).status().IsCorruption());
+  bad = *bytes;
+  bad[9] = '#';  // broken JSON
+  EXPECT_TRUE(DecodeSafetensors(bad.data(), bad.size()).status().IsCorruption());
+  EXPECT_TRUE(DecodeSafetensors(bad.data(), 3).status().IsCorruption());
+
+  Tensor wrong = a;
+  wrong.shape = {7};
+  f.tensors["a.weight"] = wrong;
+  EXPECT_TRUE(EncodeSafetensors(f).status().IsInvalidArgument());
+}
+
+TEST(ByteTokenizer, EncodesBytesAndKeepsReservedIds) {
+  auto t = ByteTokenizer::Create(512, 2, 511);
+  ASSERT_TRUE(t.ok());
+  auto ids = t->Encode("Hi\xff");
+  EXPECT_EQ(ids, (std::vector<int32_t>{3 + 'H', 3 + 'i', 3 + 255}));
+  EXPECT_EQ(t->Decode(ids), "Hi\xff");
+  EXPECT_EQ(t->Decode({2, 511, 300}), "<|pad|><|noise|><|id:300|>");
+  for (int c = 0; c < 256; ++c) {
+    auto one = t->Encode(std::string(1, static_cast<char>(c)));
+    EXPECT_NE(one[0], 2);
+    EXPECT_NE(one[0], 511);
+  }
+  EXPECT_FALSE(ByteTokenizer::Create(100, 2, 99).ok());
+  EXPECT_FALSE(ByteTokenizer::Create(512, 2, 100).ok());
+}
+
+TEST(NumpyRandom, DefaultRngIntegersMatchNumpy) {
+  // numpy 1.24: 2*default_rng(10007).integers(0, (2**63-1)//512//2, 4, dtype=int64)+1 =
+  // [14831304026200453, 936705081716061, 6959601268494069, 14319439928568407]
+  // (the Engram demo's layer-1 multipliers of the miniature, vectors/engram_hash.json).
+  numpy::Pcg64 rng(10007);
+  auto r = numpy::Integers(&rng, 0, INT64_MAX / 512 / 2, 4);
+  ASSERT_TRUE(r.ok());
+  std::vector<int64_t> m;
+  for (int64_t x : *r) m.push_back(2 * x + 1);
+  EXPECT_EQ(m, (std::vector<int64_t>{14831304026200453, 936705081716061, 6959601268494069,
+                                     14319439928568407}));
+  EXPECT_TRUE(numpy::Integers(&rng, 5, 5, 1).status().IsInvalidArgument());
+  // The 32-bit Lemire path stays in range and is deterministic.
+  numpy::Pcg64 a(7), b(7);
+  auto ra = numpy::Integers(&a, 10, 20, 100);
+  auto rb = numpy::Integers(&b, 10, 20, 100);
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  EXPECT_EQ(*ra, *rb);
+  for (int64_t x : *ra) {
+    EXPECT_GE(x, 10);
+    EXPECT_LT(x, 20);
+  }
+}
+
+TEST(EngramPrimes, IsPrimeAgreesWithTrialDivision) {
+  for (uint64_t n = 0; n < 20000; ++n) {
+    bool trial = n >= 2;
+    for (uint64_t d = 2; d * d <= n && trial; ++d) trial = n % d != 0;
+    ASSERT_EQ(IsPrime(n), trial) << n;
+  }
+  EXPECT_TRUE(IsPrime(16000057));
+  EXPECT_FALSE(IsPrime(16000059));
+}
+
+// Mixing logits of moderate spread (what a trained or initialised network gives); Sinkhorn's
+// 20 iterations reach 1e-5 there (strongly peaked matrices converge more slowly).
+TEST(Mhc, CombIsDoublyStochasticWithinTolerance) {
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int hc = 4, dim = 64, m = (2 + hc) * hc;
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<float> x(hc * dim), fn(m * hc * dim), base(m);
+    for (float& v : x) v = u(gen) * 3;
+    for (float& v : fn) v = u(gen) * 0.05f;
+    for (float& v : base) v = u(gen);
+    float scale[3] = {1.0f, 1.0f, 0.5f + trial * 0.02f};
+    float pre[4], post[4], comb[16];
+    HcMixes(x.data(), hc, dim, fn.data(), scale, base.data(), 20, 1e-6, 1e-20, pre, post, comb);
+    for (int i = 0; i < hc; ++i) {
+      float rs = 0, cs = 0;
+      for (int j = 0; j < hc; ++j) {
+        rs += comb[i * hc + j];
+        cs += comb[j * hc + i];
+        EXPECT_GT(comb[i * hc + j], 0.0f);
+      }
+      EXPECT_NEAR(rs, 1.0f, 1e-5);
+      EXPECT_NEAR(cs, 1.0f, 1e-5);
+      EXPECT_GT(pre[i], 0.0f);
+      EXPECT_LT(pre[i], 1.0f + 1e-5f);
+      EXPECT_GT(post[i], 0.0f);
+      EXPECT_LT(post[i], 2.0f);
+    }
+  }
+}
+
+TEST(Rope, InverseUndoesForwardAndYarnStretchesLowFrequencies) {
+  RopeParams p;
+  p.theta = 160000;
+  auto plain = RopeFrequencies(16, p);
+  p.yarn = true;
+  p.factor = 16;
+  p.original_max_position = 512;
+  auto yarn = RopeFrequencies(16, p);
+  EXPECT_DOUBLE_EQ(yarn[0], plain[0]);         // fast dims untouched
+  EXPECT_NEAR(yarn[7], plain[7] / 16, 1e-12);  // slow dims interpolated by the factor
+  float x[16], y[16];
+  for (int i = 0; i < 16; ++i) x[i] = y[i] = static_cast<float>(i) - 7.5f;
+  ApplyRope(y, yarn, 1234, false);
+  ApplyRope(y, yarn, 1234, true);
+  for (int i = 0; i < 16; ++i) EXPECT_NEAR(y[i], x[i], 1e-4);
+}
+
+TEST(Sampler, GreedyTopPAndSeededSamplingAreDeterministic) {
+  std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f, 2.0f};
+  EXPECT_EQ(Sampler(0.0, 1.0, 1).Sample(logits), 1);   // greedy, tie to the lowest id
+  EXPECT_EQ(Sampler(1.0, 1e-6, 9).Sample(logits), 1);  // top-p keeps only the best
+  std::vector<int32_t> a, b;
+  Sampler sa(0.9, 0.95, 42), sb(0.9, 0.95, 42);
+  std::set<int32_t> seen;
+  for (int i = 0; i < 200; ++i) {
+    a.push_back(sa.Sample(logits));
+    b.push_back(sb.Sample(logits));
+    seen.insert(a.back());
+  }
+  EXPECT_EQ(a, b);
+  EXPECT_GE(seen.size(), 3u);    // it does sample
+  EXPECT_EQ(seen.count(3), 0u);  // -1.0 lies outside the 0.95 nucleus
+}
+
+TEST(ThreadPool, CoversEveryIndexOnce) {
+  for (int threads : {1, 2, 5}) {
+    ThreadPool pool(threads);
+    std::vector<int> hits(1000, 0);
+    for (int round = 0; round < 20; ++round) {
+      pool.ParallelFor(1000, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) ++hits[i];
+      });
+    }
+    for (int h : hits) ASSERT_EQ(h, 20);
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::engine

@@ -1,0 +1,482 @@
+// The miniature model end to end: exactness of the caches, CED, the candidate pool, mHC,
+// determinism across thread counts, state export/import.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <set>
+
+#include "engine/state_io.h"
+#include "engine_test_util.h"
+
+namespace kvtier::engine {
+namespace {
+
+using testutil::Argmax;
+using testutil::BitEqual;
+using testutil::MakeEngine;
+using testutil::MiniConfig;
+using testutil::Prompt;
+
+constexpr int kV = 512;
+
+// Greedy-decodes `steps` tokens after `prefill_logits`; returns the generated tokens and each
+// step's logits (row i predicts generated token i).
+void Greedy(Engine* e, SequenceState* st, std::vector<float> prefill_logits, int steps,
+            std::vector<int32_t>* gen, std::vector<std::vector<float>>* rows) {
+  std::vector<float> logits = std::move(prefill_logits);
+  for (int i = 0; i < steps; ++i) {
+    rows->push_back(logits);
+    const int32_t tok = Argmax(logits.data(), kV);
+    gen->push_back(tok);
+    if (i + 1 < steps) {
+      ASSERT_TRUE(e->Decode(st, tok, &logits).ok());
+    }
+  }
+}
+
+// Full forward over prompt + gen[0..k-1]: row P-1+i must equal decode step i.
+void ExpectMatchesFullForward(Engine* e, const std::vector<int32_t>& prompt,
+                              const std::vector<int32_t>& gen,
+                              const std::vector<std::vector<float>>& rows) {
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), gen.begin(), gen.end() - 1);
+  SequenceState st = e->NewSequence();
+  std::vector<float> full;
+  ASSERT_TRUE(e->Forward(&st, all, true, &full).ok());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const float* row = full.data() + (prompt.size() - 1 + i) * kV;
+    EXPECT_TRUE(BitEqual(row, rows[i].data(), kV)) << "generated token " << i;
+  }
+}
+
+TEST(EngineModel, DecodeAfterFullPrefillEqualsFullForwardExactly) {
+  auto e = MakeEngine();
+  // 21 tokens: longer than W (16) and odd, so a compressor group is held back in kv_state.
+  const auto prompt = Prompt(21);
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->Forward(&st, prompt, false, &logits).ok());
+  std::vector<int32_t> gen;
+  std::vector<std::vector<float>> rows;
+  Greedy(e.get(), &st, logits, 6, &gen, &rows);
+  ExpectMatchesFullForward(e.get(), prompt, gen, rows);
+  for (float v : rows[0]) ASSERT_TRUE(std::isfinite(v));
+}
+
+TEST(EngineModel, ChunkedPrefillEqualsOneShot) {
+  auto e = MakeEngine();
+  const auto prompt = Prompt(23, 5);
+  SequenceState a = e->NewSequence(), b = e->NewSequence();
+  std::vector<float> la, lb;
+  ASSERT_TRUE(e->Forward(&a, prompt, false, &la).ok());
+  ASSERT_TRUE(e->Forward(&b, std::span(prompt).first(9), false, &lb).ok());
+  ASSERT_TRUE(e->Forward(&b, std::span(prompt).subspan(9), false, &lb).ok());
+  EXPECT_TRUE(BitEqual(la.data(), lb.data(), kV));
+}
+
+TEST(EngineModel, CedPrefillEqualsFullForwardUpToW) {
+  auto e = MakeEngine();
+  for (int n : {1, 7, 16}) {
+    SCOPED_TRACE(n);
+    const auto prompt = Prompt(n, 11);
+    SequenceState full = e->NewSequence(), ced = e->NewSequence();
+    std::vector<float> lf, lc;
+    ASSERT_TRUE(e->Forward(&full, prompt, false, &lf).ok());
+    ASSERT_TRUE(e->PrefillCed(&ced, prompt, &lc).ok());
+    EXPECT_TRUE(BitEqual(lf.data(), lc.data(), kV));
+    if (n == 7) {
+      std::vector<int32_t> gen;
+      std::vector<std::vector<float>> rows;
+      Greedy(e.get(), &ced, lc, 5, &gen, &rows);
+      ExpectMatchesFullForward(e.get(), prompt, gen, rows);
+    }
+  }
+}
+
+TEST(EngineModel, CedGlobalKvEqualsFullForwardForAnyLength) {
+  auto e = MakeEngine();
+  const auto prompt = Prompt(45, 3);  // > W and odd
+  SequenceState full = e->NewSequence(), ced = e->NewSequence();
+  std::vector<float> lf, lc;
+  ASSERT_TRUE(e->Forward(&full, prompt, false, &lf).ok());
+  ASSERT_TRUE(e->PrefillCed(&ced, prompt, &lc).ok());
+  ASSERT_EQ(full.kv.size(), 4u);
+  for (size_t s = 0; s < full.kv.size(); ++s) {
+    SCOPED_TRACE(full.kv[s].layer);
+    EXPECT_EQ(full.kv[s].consumed, 45);
+    EXPECT_EQ(full.kv[s].entries(), 45 / full.kv[s].ratio);
+    EXPECT_EQ(full.kv[s].main_data, ced.kv[s].main_data);
+    EXPECT_EQ(full.kv[s].main_scales, ced.kv[s].main_scales);
+    EXPECT_EQ(full.kv[s].index_data, ced.kv[s].index_data);
+    EXPECT_EQ(full.kv[s].index_scales, ced.kv[s].index_scales);
+    EXPECT_EQ(full.kv[s].kv_state, ced.kv[s].kv_state);  // the held-back partial group
+  }
+  // The decoder ran only over the last W tokens: its rings start at the replay start.
+  EXPECT_EQ(ced.swa[8].valid_from, 45 - 16);
+  EXPECT_EQ(ced.swa[7].valid_from, 0);
+  // Decoding continues from the CED state.
+  std::vector<float> next;
+  ASSERT_TRUE(e->Decode(&ced, Argmax(lc.data(), kV), &next).ok());
+  for (float v : next) ASSERT_TRUE(std::isfinite(v));
+}
+
+TEST(EngineModel, CandidatePoolCoversEveryPositionUpTo512SoReindexIsAFullTopK) {
+  auto with_pool = MakeEngine(2, true);
+  auto without = MakeEngine(2, false);
+  const auto prompt = Prompt(100, 9);
+  StepTrace trace;
+  with_pool->set_trace(&trace);
+  SequenceState a = with_pool->NewSequence(), b = without->NewSequence();
+  std::vector<float> la, lb;
+  ASSERT_TRUE(with_pool->Forward(&a, prompt, true, &la).ok());
+  ASSERT_TRUE(without->Forward(&b, prompt, true, &lb).ok());
+  ASSERT_EQ(trace.candidate_visible.size(), 100u);
+  for (size_t t = 0; t < 100; ++t) {
+    EXPECT_EQ(trace.candidate_visible[t], static_cast<int64_t>(t + 1));  // ratio 1 source
+    EXPECT_EQ(trace.candidate_pool[t], trace.candidate_visible[t]);
+  }
+  EXPECT_TRUE(BitEqual(la.data(), lb.data(), la.size()));
+  // Reindex layers select min(16, visible) entries in position order, ties to lowest index.
+  for (int layer : {10, 12, 14}) {
+    const auto& sel = trace.topk[layer];
+    ASSERT_EQ(sel.size(), 100u);
+    for (size_t t = 0; t < 100; ++t) {
+      ASSERT_EQ(sel[t].size(), std::min<size_t>(16, t + 1));
+      EXPECT_TRUE(std::is_sorted(sel[t].begin(), sel[t].end()));
+    }
+  }
+  // Reuse layers reuse the previous selection.
+  EXPECT_EQ(trace.topk[11], trace.topk[10]);
+  // The index picks different entries for different queries (not just the first 16).
+  std::set<std::vector<int32_t>> distinct(trace.topk[10].begin() + 40, trace.topk[10].end());
+  EXPECT_GT(distinct.size(), 10u);
+}
+
+TEST(EngineModel, MhcCombIsDoublyStochasticInEverySublayer) {
+  auto e = MakeEngine();
+  StepTrace trace;
+  e->set_trace(&trace);
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->Forward(&st, Prompt(12), false, &logits).ok());
+  ASSERT_EQ(trace.comb.size(), 32u);
+  for (const auto& sub : trace.comb) {
+    ASSERT_EQ(sub.size(), 12u);
+    for (const auto& comb : sub) {
+      for (int i = 0; i < 4; ++i) {
+        float rs = 0, cs = 0;
+        for (int j = 0; j < 4; ++j) {
+          rs += comb[i * 4 + j];
+          cs += comb[j * 4 + i];
+        }
+        EXPECT_NEAR(rs, 1.0f, 1e-5);
+        EXPECT_NEAR(cs, 1.0f, 1e-5);
+      }
+    }
+  }
+}
+
+TEST(EngineModel, IdenticalAcrossRunsAndThreadCounts) {
+  const auto prompt = Prompt(30, 4);
+  std::vector<std::vector<float>> results;
+  for (int threads : {1, 2, 3, 1}) {
+    auto e = MakeEngine(threads);
+    SequenceState st = e->NewSequence();
+    std::vector<float> logits, all;
+    ASSERT_TRUE(e->PrefillCed(&st, prompt, &logits).ok());
+    all = logits;
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(e->Decode(&st, Argmax(logits.data(), kV), &logits).ok());
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    results.push_back(all);
+  }
+  for (size_t i = 1; i < results.size(); ++i) {
+    EXPECT_TRUE(BitEqual(results[0].data(), results[i].data(), results[0].size())) << i;
+  }
+}
+
+TEST(EngineModel, SensibleInitialScales) {
+  auto e = MakeEngine();
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->Forward(&st, Prompt(24, 2), true, &logits).ok());
+  double sum = 0, sq = 0;
+  for (float v : logits) {
+    ASSERT_TRUE(std::isfinite(v));
+    sum += v;
+    sq += static_cast<double>(v) * v;
+  }
+  const double mean = sum / logits.size();
+  const double sd = std::sqrt(sq / logits.size() - mean * mean);
+  EXPECT_GT(sd, 0.05);
+  EXPECT_LT(sd, 50.0);
+  // Different positions predict different tokens (the network is not collapsed).
+  std::set<int32_t> argmaxes;
+  for (int t = 0; t < 24; ++t) argmaxes.insert(Argmax(logits.data() + t * kV, kV));
+  EXPECT_GT(argmaxes.size(), 3u);
+  // Router: several experts in use, none taking every token. Engram gates: not saturated.
+  StepTrace trace;
+  e->set_trace(&trace);
+  SequenceState st2 = e->NewSequence();
+  ASSERT_TRUE(e->Forward(&st2, Prompt(48, 6), false, &logits).ok());
+  for (int l = 0; l < 16; ++l) {
+    int used = 0;
+    int64_t most = 0;
+    for (int64_t c : trace.expert_tokens[l]) {
+      used += c > 0;
+      most = std::max(most, c);
+    }
+    EXPECT_GE(used, 6) << "layer " << l;
+    EXPECT_LT(most, 48) << "layer " << l;
+  }
+  ASSERT_EQ(trace.engram_gates.size(), 2u);
+  for (const auto& g : trace.engram_gates) {
+    ASSERT_EQ(g.size(), 48u * 4);
+    float lo = 1, hi = 0;
+    for (float v : g) {
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+    EXPECT_GT(lo, 0.01f);
+    EXPECT_LT(hi, 0.99f);
+    EXPECT_GT(hi - lo, 0.05f);  // gates respond to the input
+  }
+  // SWA entries are stored in FP8 and the global KV in FP4: nonzero scales, values in range.
+  for (const KvSourceCache& k : st.kv) {
+    for (float v : k.main_values) ASSERT_LT(std::fabs(v), 100.0f);
+  }
+}
+
+// A row source that records what the engine asks for and serves from the weights' tables:
+// the plug point of a remote prefetching source.
+class RecordingRowSource : public EngramRowSource {
+ public:
+  explicit RecordingRowSource(const ModelWeights& w) {
+    std::vector<LocalEngramRowSource::Table> tables;
+    for (int l : {1, 6}) {
+      const std::string p = "layers." + std::to_string(l) + ".engram.";
+      const Tensor* d = w.Find(p + "table");
+      const Tensor* s = w.Find(p + "table_scale");
+      tables.push_back({d->bytes.data(), s->bytes.data(), d->shape[0]});
+    }
+    local_ = std::make_unique<LocalEngramRowSource>(32, std::move(tables));
+  }
+  int row_dim() const override { return 32; }
+  Status Request(EngramRowBatch* b) override {
+    requested.push_back({b->slot, b->row_ids.size()});
+    events.push_back("R" + std::to_string(b->slot));
+    return local_->Request(b);
+  }
+  Status Wait(EngramRowBatch* b) override {
+    ++waits;
+    events.push_back("W" + std::to_string(b->slot));
+    return local_->Wait(b);
+  }
+  std::vector<std::pair<int, size_t>> requested;
+  int waits = 0;
+  std::vector<std::string> events;
+
+ private:
+  std::unique_ptr<LocalEngramRowSource> local_;
+};
+
+TEST(EngineModel, EngramRowsComeThroughThePluggableRowSource) {
+  RecordingRowSource rows(*testutil::MiniWeights());
+  EngineOptions o;
+  o.threads = 2;
+  o.engram_rows = &rows;
+  auto custom = Engine::Create(MiniConfig(), testutil::MiniWeights(), o);
+  ASSERT_TRUE(custom.ok());
+  auto plain = MakeEngine();
+  const auto prompt = Prompt(9, 31);
+  SequenceState a = (*custom)->NewSequence(), b = plain->NewSequence();
+  std::vector<float> la, lb;
+  ASSERT_TRUE((*custom)->Forward(&a, prompt, false, &la).ok());
+  ASSERT_TRUE((*custom)->Decode(&a, 40, &la).ok());
+  ASSERT_TRUE(plain->Forward(&b, prompt, false, &lb).ok());
+  ASSERT_TRUE(plain->Decode(&b, 40, &lb).ok());
+  EXPECT_TRUE(BitEqual(la.data(), lb.data(), kV));
+  // Per step, one batch per Engram layer, both requested before the first layer runs:
+  // 12 columns (3 orders x 4 heads) per token.
+  ASSERT_EQ(rows.requested.size(), 4u);
+  EXPECT_EQ(rows.requested[0], std::make_pair(0, size_t{9 * 12}));
+  EXPECT_EQ(rows.requested[1], std::make_pair(1, size_t{9 * 12}));
+  EXPECT_EQ(rows.requested[2], std::make_pair(0, size_t{12}));
+  EXPECT_EQ(rows.waits, 4);
+  EXPECT_EQ(rows.events,
+            (std::vector<std::string>{"R0", "R1", "W0", "W1", "R0", "R1", "W0", "W1"}));
+}
+
+TEST(EngineModel, RejectsBadInput) {
+  auto e = MakeEngine();
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  std::vector<int32_t> bad = {5, 512};
+  EXPECT_TRUE(e->Forward(&st, bad, false, &logits).IsInvalidArgument());
+  EXPECT_TRUE(e->Forward(&st, {}, false, &logits).IsInvalidArgument());
+  EXPECT_TRUE(st.tokens.empty());
+  ASSERT_TRUE(e->Forward(&st, Prompt(3), false, &logits).ok());
+  EXPECT_TRUE(e->PrefillCed(&st, Prompt(3), &logits).IsInvalidArgument());
+}
+
+TEST(EngineState, ExportedGlobalKvIs222_5BytesPerToken) {
+  auto layout = EngineKvLayout(MiniConfig());
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  EXPECT_DOUBLE_EQ(layout->bytes_per_token, 222.5);
+  EXPECT_EQ(layout->bytes_per_unit, 14240u);
+  const UnitPayloadLayout pl = UnitPayloadLayout::For(*layout);
+  EXPECT_EQ(pl.payload_bytes, 14240u);
+
+  auto e = MakeEngine();
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->Forward(&st, Prompt(67, 8), false, &logits).ok());
+  EXPECT_EQ(ExportablePages(pl, st), 1);
+  auto page = ExportUnitPayload(pl, st, 0);
+  ASSERT_TRUE(page.ok()) << page.status().ToString();
+  EXPECT_EQ(page->size(), 14240u);
+  EXPECT_DOUBLE_EQ(static_cast<double>(page->size()) / 64, 222.5);
+  EXPECT_TRUE(ExportUnitPayload(pl, st, 1).status().IsNotFound());
+  // The payload is the stored FP4 bytes: the layer-8 source's first main row is in its region.
+  const SourceRegions& s8 = pl.sources.back();
+  EXPECT_EQ(s8.layer_id, 8u);
+  EXPECT_EQ(0, std::memcmp(page->data() + s8.main_data.offset_bytes, st.kv[3].main_data.data(),
+                           s8.main_data.size_bytes));
+
+  // Import into a fresh state, export again: the same bytes; the values are the same FP4.
+  SequenceState fresh = e->NewSequence();
+  std::vector<int32_t> toks(st.tokens.begin(), st.tokens.begin() + 64);
+  ASSERT_TRUE(ImportUnitPayload(pl, *page, toks, &fresh).ok());
+  auto again = ExportUnitPayload(pl, fresh, 0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *page);
+  for (size_t s = 0; s < st.kv.size(); ++s) {
+    const size_t n = fresh.kv[s].main_values.size();
+    EXPECT_TRUE(BitEqual(fresh.kv[s].main_values.data(), st.kv[s].main_values.data(), n));
+  }
+  std::vector<uint8_t> truncated(page->begin(), page->end() - 1);
+  SequenceState other = e->NewSequence();
+  EXPECT_TRUE(ImportUnitPayload(pl, truncated, toks, &other).IsCorruption());
+}
+
+TEST(EngineState, EncodedUnitsRoundTripAndAreVerified) {
+  auto e = MakeEngine();
+  const auto prompt = Prompt(128, 14);
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->PrefillCed(&st, prompt, &logits).ok());
+  auto layout = EngineKvLayout(MiniConfig());
+  ASSERT_TRUE(layout.ok());
+  const UnitPayloadLayout pl = UnitPayloadLayout::For(*layout);
+  ASSERT_EQ(ExportablePages(pl, st), 2);
+  SequenceState back = e->NewSequence();
+  for (int64_t page = 0; page < 2; ++page) {
+    UnitIdentity id;
+    id.model_fingerprint[0] = 0x42;
+    id.key[0] = static_cast<uint8_t>(page + 1);
+    id.first_token_position = static_cast<uint64_t>(page) * 64;
+    auto unit = ExportUnit(pl, id, st, page);
+    ASSERT_TRUE(unit.ok()) << unit.status().ToString();
+    EXPECT_EQ(unit->size(), kUnitHeaderBytes + 14240);
+    std::span<const int32_t> toks(prompt.data() + page * 64, 64);
+    UnitDecodeOptions opts;
+    opts.expected_key = id.key;
+    std::vector<uint8_t> flipped = *unit;
+    flipped[kUnitHeaderBytes + 100] ^= 0x10;
+    EXPECT_TRUE(ImportUnit(pl, flipped, opts, toks, &back).IsCorruption());
+    ASSERT_TRUE(ImportUnit(pl, *unit, opts, toks, &back).ok());
+  }
+  for (size_t s = 0; s < st.kv.size(); ++s) {
+    EXPECT_EQ(back.kv[s].main_data, st.kv[s].main_data);
+    EXPECT_EQ(back.kv[s].index_scales, st.kv[s].index_scales);
+  }
+}
+
+TEST(EngineState, UnitsPlusSwaBlobResumeExactly) {
+  auto e = MakeEngine();
+  const auto prompt = Prompt(64, 12);
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->PrefillCed(&st, prompt, &logits).ok());
+  auto layout = EngineKvLayout(MiniConfig());
+  ASSERT_TRUE(layout.ok());
+  const UnitPayloadLayout pl = UnitPayloadLayout::For(*layout);
+  auto page = ExportUnitPayload(pl, st, 0);
+  ASSERT_TRUE(page.ok());
+  std::vector<uint8_t> blob = ExportSwaRings(st);
+
+  SequenceState resumed = e->NewSequence();
+  ASSERT_TRUE(ImportUnitPayload(pl, *page, prompt, &resumed).ok());
+  ASSERT_TRUE(ImportSwaRings(blob, &resumed).ok());
+  const int32_t next = Argmax(logits.data(), kV);
+  std::vector<float> a, b;
+  ASSERT_TRUE(e->Decode(&st, next, &a).ok());
+  ASSERT_TRUE(e->Decode(&resumed, next, &b).ok());
+  EXPECT_TRUE(BitEqual(a.data(), b.data(), kV));
+
+  std::vector<uint8_t> damaged = blob;
+  damaged[40] ^= 1;
+  SequenceState s2 = e->NewSequence();
+  ASSERT_TRUE(ImportUnitPayload(pl, *page, prompt, &s2).ok());
+  EXPECT_TRUE(ImportSwaRings(damaged, &s2).IsCorruption());
+}
+
+TEST(EngineState, BoundedReplayAfterImportReusesGlobalKv) {
+  auto e = MakeEngine();
+  const auto prompt = Prompt(64, 13);
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->PrefillCed(&st, prompt, &logits).ok());
+  auto layout = EngineKvLayout(MiniConfig());
+  ASSERT_TRUE(layout.ok());
+  const UnitPayloadLayout pl = UnitPayloadLayout::For(*layout);
+  auto page = ExportUnitPayload(pl, st, 0);
+  ASSERT_TRUE(page.ok());
+  SequenceState r = e->NewSequence();
+  ASSERT_TRUE(ImportUnitPayload(pl, *page, prompt, &r).ok());
+  // Without SWA the state cannot be extended until the replay rebuilt it.
+  std::vector<float> tmp;
+  EXPECT_TRUE(e->Decode(&r, 5, &tmp).IsInvalidArgument());
+  std::vector<float> replay_logits;
+  ASSERT_TRUE(e->ReplayTail(&r, &replay_logits).ok());
+  for (const SwaRing& ring : r.swa) {
+    EXPECT_EQ(ring.valid_from, 64 - 16);  // replay_start = hit - min(W, hit)
+    EXPECT_EQ(ring.end, 64);
+  }
+  for (size_t s = 0; s < st.kv.size(); ++s) EXPECT_EQ(r.kv[s].main_data, st.kv[s].main_data);
+  ASSERT_TRUE(e->Decode(&r, Argmax(replay_logits.data(), kV), &tmp).ok());
+  for (float v : tmp) ASSERT_TRUE(std::isfinite(v));
+}
+
+TEST(EngineWeights, SafetensorsRoundTripGivesTheSameModel) {
+  const std::string path = ::testing::TempDir() + "/kvtier_engine_weights.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, testutil::MiniWeights()->file).ok());
+  auto loaded = LoadWeights(MiniConfig(), path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  std::remove(path.c_str());
+  EngineOptions o;
+  o.threads = 2;
+  auto e2 =
+      Engine::Create(MiniConfig(), std::make_shared<const ModelWeights>(std::move(*loaded)), o);
+  ASSERT_TRUE(e2.ok());
+  auto e1 = MakeEngine();
+  const auto prompt = Prompt(10);
+  SequenceState a = e1->NewSequence(), b = (*e2)->NewSequence();
+  std::vector<float> la, lb;
+  ASSERT_TRUE(e1->Forward(&a, prompt, false, &la).ok());
+  ASSERT_TRUE((*e2)->Forward(&b, prompt, false, &lb).ok());
+  EXPECT_TRUE(BitEqual(la.data(), lb.data(), kV));
+  // Init is deterministic per seed and differs across seeds.
+  auto again = InitWeights(MiniConfig(), 7);
+  auto other = InitWeights(MiniConfig(), 8);
+  ASSERT_TRUE(again.ok() && other.ok());
+  EXPECT_EQ(again->file.tensors.at("layers.3.attn.wq_b.weight").bytes,
+            testutil::MiniWeights()->file.tensors.at("layers.3.attn.wq_b.weight").bytes);
+  EXPECT_NE(other->file.tensors.at("layers.3.attn.wq_b.weight").bytes,
+            testutil::MiniWeights()->file.tensors.at("layers.3.attn.wq_b.weight").bytes);
+}
+
+}  // namespace
+}  // namespace kvtier::engine

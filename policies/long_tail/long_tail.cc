@@ -7,228 +7,311 @@
 
 namespace kvtier::policies {
 
-LongTailPolicy::LongTailPolicy(const LongTailOptions& options)
-    : options_(options), rng_state_(options.seed ^ 0x9e3779b97f4a7c15ull) {
-  bucket_lower_ms_[0] = 0;
-  for (size_t i = 1; i < kBuckets; ++i) {
-    bucket_lower_ms_[i] = static_cast<uint64_t>(static_cast<double>(options_.base_ms) *
-                                                std::exp2(static_cast<double>(i - 1) / 2.0));
+using internal::kNil;
+
+namespace {
+// Log-spaced buckets cover 2^20 base_ms (~12 days at base 1 s), past the 72 h tail.
+constexpr uint64_t kOctaves = 20;
+// Prior value per class (relative), used until a class has min_entries: an LRU per class in
+// which reused units are worth more and request-final units less.
+constexpr std::array<double, LongTailPolicy::kClasses> kPrior = {1.0, 1.0, 2.0, 3.0, 4.0, 0.1};
+}  // namespace
+
+LongTailPolicy::LongTailPolicy(const LongTailOptions& options) : options_(options) {
+  options_.buckets_per_octave = std::max<uint64_t>(1, options_.buckets_per_octave);
+  options_.base_ms = std::max<uint64_t>(1, options_.base_ms);
+  buckets_ = std::min<size_t>(kMaxBuckets, options_.buckets_per_octave * kOctaves);
+  const double base_s = static_cast<double>(options_.base_ms) / 1000.0;
+  bucket_lo_s_.resize(buckets_ + 1);
+  for (size_t b = 0; b <= buckets_; ++b) {
+    bucket_lo_s_[b] =
+        base_s *
+        (std::exp2(static_cast<double>(b) / static_cast<double>(options_.buckets_per_octave)) -
+         1.0);
   }
+  for (size_t c = 0; c < kClasses; ++c) {
+    reuses_[c].assign(buckets_, 0.0);
+    value_[c].assign(buckets_, 0.0);
+  }
+  Relearn();
 }
 
 StatusOr<std::unique_ptr<EvictionPolicy>> LongTailPolicy::Make(const PolicyParams& params) {
   LongTailOptions o;
-  o.seed = params.seed;
   internal::ParamReader r("long-tail", params);
-  constexpr uint64_t kYearMs = 365ull * 24 * 3600 * 1000;
-  KVTIER_RETURN_IF_ERROR(r.Uint("horizon_ms", &o.horizon_ms, 0, kYearMs));
-  KVTIER_RETURN_IF_ERROR(r.Uint("sample_size", &o.sample_size, 1, 4096));
   KVTIER_RETURN_IF_ERROR(r.Uint("base_ms", &o.base_ms, 1, 3600 * 1000));
+  KVTIER_RETURN_IF_ERROR(r.Uint("buckets_per_octave", &o.buckets_per_octave, 1, 8));
   KVTIER_RETURN_IF_ERROR(r.Double("decay", &o.decay, 0.0, 1.0));
-  KVTIER_RETURN_IF_ERROR(r.Uint("relearn_every", &o.relearn_every, 1, 1ull << 30));
+  KVTIER_RETURN_IF_ERROR(r.Uint("relearn_every", &o.relearn_every, 0, 1ull << 30));
   KVTIER_RETURN_IF_ERROR(r.Double("ghost_factor", &o.ghost_factor, 0.0, 64.0));
-  KVTIER_RETURN_IF_ERROR(r.Double("child_weight", &o.child_weight, 0.0, 1e6));
-  KVTIER_RETURN_IF_ERROR(r.Bool("leaves_first", &o.leaves_first));
-  KVTIER_RETURN_IF_ERROR(r.Double("orphan_factor", &o.orphan_factor, 0.0, 1.0));
+  KVTIER_RETURN_IF_ERROR(r.Uint("min_entries", &o.min_entries, 0, 1ull << 30));
+  KVTIER_RETURN_IF_ERROR(r.Bool("split_extension", &o.split_extension));
+  KVTIER_RETURN_IF_ERROR(r.Bool("leaf_class", &o.leaf_class));
+  KVTIER_RETURN_IF_ERROR(r.Bool("young_end", &o.young_end));
   KVTIER_RETURN_IF_ERROR(r.Double("cost_exponent", &o.cost_exponent, 0.0, 8.0));
-  KVTIER_RETURN_IF_ERROR(r.Uint("min_samples", &o.min_samples, 0, 1ull << 30));
   KVTIER_RETURN_IF_ERROR(r.Finish());
   return std::unique_ptr<EvictionPolicy>(new LongTailPolicy(o));
 }
 
-uint64_t LongTailPolicy::NextRandom() {  // splitmix64: deterministic, seeded
-  uint64_t z = (rng_state_ += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 size_t LongTailPolicy::Bucket(uint64_t age_us) const {
-  uint64_t age_ms = age_us / 1000;
-  if (age_ms < options_.base_ms) return 0;
-  double ratio = static_cast<double>(age_ms) / static_cast<double>(options_.base_ms);
-  size_t b = static_cast<size_t>(2.0 * std::log2(ratio)) + 1;
-  return std::min(b, kBuckets - 1);
+  const double x = static_cast<double>(age_us) / (1000.0 * static_cast<double>(options_.base_ms));
+  const double b = static_cast<double>(options_.buckets_per_octave) * std::log2(1.0 + x);
+  return std::min(static_cast<size_t>(b), buckets_ - 1);
 }
 
-uint64_t LongTailPolicy::TEST_HorizonMs() const {
-  if (options_.horizon_ms != 0) return options_.horizon_ms;
-  return std::max<uint64_t>(1000, static_cast<uint64_t>(eviction_age_ms_ewma_));
+uint8_t LongTailPolicy::HitClass(uint8_t hits) const {
+  return hits >= 3 ? kHit3 : hits == 2 ? kHit2 : kHit1;
 }
 
-double LongTailPolicy::TEST_ReuseProbability(size_t cls, uint64_t age_ms) const {
-  return reuse_p_[std::min(cls, kClasses - 1)][Bucket(age_ms * 1000)];
+double LongTailPolicy::TEST_Value(size_t cls, uint64_t age_ms) const {
+  return value_[std::min(cls, kClasses - 1)][Bucket(age_ms * 1000)];
 }
 
-uint32_t LongTailPolicy::TEST_Children(ObjectId id) const {
-  auto it = objects_.find(id);
-  return it == objects_.end() ? 0 : it->second.children;
+size_t LongTailPolicy::TEST_ClassOf(ObjectId id) const {
+  uint32_t s = slab_.Find(id);
+  return s == kNil ? kClasses : slab_[s].data.cls;
 }
 
-void LongTailPolicy::CountEvent(bool reuse, size_t cls, uint64_t age_us) {
-  counts_[reuse ? 1 : 0][cls][Bucket(age_us)] += 1.0;
-  if (++events_since_learn_ >= options_.relearn_every) Relearn();
+void LongTailPolicy::OnCapacity(uint64_t capacity_objects) { capacity_ = capacity_objects; }
+
+// Inserts `slot` into class `cls` in entry-time order; among equal entry times, before the
+// others (so the most recently inserted, i.e. deepest, unit of a burst is nearest the old end).
+void LongTailPolicy::Link(uint32_t slot, uint8_t cls, uint64_t entry_us) {
+  ClassList& l = lists_[cls];
+  auto& n = slab_[slot];
+  n.data.cls = cls;
+  n.data.entry_us = entry_us;
+  n.list = cls;
+  ++l.size;
+  auto insert_before = [&](uint32_t at) {  // at == kNil: append
+    n.next = at;
+    n.prev = at == kNil ? l.last : slab_[at].prev;
+    if (n.prev != kNil) {
+      slab_[n.prev].next = slot;
+    } else {
+      l.first = slot;
+    }
+    if (at != kNil) {
+      slab_[at].prev = slot;
+    } else {
+      l.last = slot;
+    }
+  };
+  if (l.last == kNil || entry_us > slab_[l.last].data.entry_us) {
+    insert_before(kNil);
+    l.young_first = slot;
+  } else if (entry_us == slab_[l.last].data.entry_us) {
+    insert_before(l.young_first);
+    l.young_first = slot;
+  } else {
+    // Older than the youngest burst (a unit moved to the leaf class late): walk back to the
+    // first unit of its burst, or past every younger unit. Bounded by the class size.
+    uint32_t at = l.last;
+    while (slab_[at].prev != kNil && slab_[slab_[at].prev].data.entry_us >= entry_us) {
+      at = slab_[at].prev;
+    }
+    insert_before(at);
+  }
 }
 
+void LongTailPolicy::Unlink(uint32_t slot) {
+  auto& n = slab_[slot];
+  ClassList& l = lists_[n.data.cls];
+  if (slot == l.young_first) {
+    if (n.next != kNil) {
+      l.young_first = n.next;
+    } else {
+      // The youngest burst is now empty: the previous burst becomes the youngest.
+      uint32_t y = n.prev;
+      while (y != kNil && slab_[y].prev != kNil &&
+             slab_[slab_[y].prev].data.entry_us == slab_[y].data.entry_us) {
+        y = slab_[y].prev;
+      }
+      l.young_first = y;
+    }
+  }
+  if (n.prev != kNil) {
+    slab_[n.prev].next = n.next;
+  } else {
+    l.first = n.next;
+  }
+  if (n.next != kNil) {
+    slab_[n.next].prev = n.prev;
+  } else {
+    l.last = n.prev;
+  }
+  n.prev = n.next = kNil;
+  --l.size;
+}
+
+// A request's units arrive in prefix order, so a unit whose parent is not the unit touched
+// just before starts a new request; the previous request's last unit, if it was never hit,
+// moves to the leaf class (its own reuse is rare: it is usually the partial last block).
+void LongTailPolicy::NoteRequestBoundary(ObjectId parent_of_current, ObjectId current) {
+  if (options_.leaf_class && last_touched_ != kNoParent && parent_of_current != last_touched_) {
+    uint32_t s = slab_.Find(last_touched_);
+    if (s != kNil) {
+      Payload& p = slab_[s].data;
+      if (p.hits == 0 && (p.cls == kFresh || p.cls == kExtension)) {
+        entries_[p.cls] = std::max(0.0, entries_[p.cls] - 1.0);
+        const uint64_t entry = p.entry_us;
+        Unlink(s);
+        Link(s, kLeaf, entry);
+        entries_[kLeaf] += 1.0;
+      }
+    }
+  }
+  last_touched_ = current;
+}
+
+void LongTailPolicy::CountReuse(uint8_t cls, uint64_t age_us) {
+  reuses_[cls][Bucket(age_us)] += 1.0;
+}
+
+void LongTailPolicy::CountEvent() {
+  const uint64_t every = options_.relearn_every != 0 ? options_.relearn_every
+                                                     : std::max<uint64_t>(2048, capacity_ / 2);
+  if (++events_since_learn_ >= every) Relearn();
+}
+
+// value[a] = max over b >= a of P(reuse in buckets a..b | alive at a) / (time from a to the
+// end of b): the best hit density a unit of this age can still achieve.
 void LongTailPolicy::Relearn() {
   events_since_learn_ = 0;
-  const uint64_t horizon_ms = TEST_HorizonMs();
-  std::array<double, kBuckets> pooled_reuse{}, pooled_end{};
+  std::vector<double> cum(buckets_ + 1);
   for (size_t c = 0; c < kClasses; ++c) {
-    for (size_t b = 0; b < kBuckets; ++b) {
-      pooled_reuse[b] += counts_[1][c][b];
-      pooled_end[b] += counts_[0][c][b] + counts_[1][c][b];
-    }
-  }
-  for (size_t c = 0; c < kClasses; ++c) {
-    double total = 0;
-    for (size_t b = 0; b < kBuckets; ++b) total += counts_[0][c][b] + counts_[1][c][b];
-    bool pooled = total < static_cast<double>(options_.min_samples);
-    // Kaplan-Meier: hazard[b] = reuses in b / units still unreused and cached at b's start.
-    std::array<double, kBuckets> hazard{};
-    double at_risk = 0;
-    for (size_t b = kBuckets; b-- > 0;) {
-      double reuse = pooled ? pooled_reuse[b] : counts_[1][c][b];
-      at_risk += pooled ? pooled_end[b] : counts_[0][c][b] + counts_[1][c][b];
-      hazard[b] = at_risk > 0 ? reuse / at_risk : 0.0;
-    }
-    for (size_t a = 0; a < kBuckets; ++a) {
-      uint64_t end_ms = bucket_lower_ms_[a] + horizon_ms;
-      double survive = 1.0;
-      for (size_t b = a; b < kBuckets && bucket_lower_ms_[b] < end_ms; ++b) {
-        survive *= 1.0 - hazard[b];
+    std::vector<double>& v = value_[c];
+    if (entries_[c] < static_cast<double>(options_.min_entries)) {
+      for (size_t a = 0; a < buckets_; ++a) v[a] = kPrior[c] / (1.0 + bucket_lo_s_[a]);
+    } else {
+      cum[0] = 0;
+      for (size_t a = 0; a < buckets_; ++a) cum[a + 1] = cum[a] + reuses_[c][a];
+      for (size_t a = 0; a < buckets_; ++a) {
+        const double alive = entries_[c] - cum[a];
+        double best = 0;
+        if (alive > 1e-9) {
+          for (size_t b = a; b < buckets_; ++b) {
+            const double span_s = bucket_lo_s_[b + 1] - bucket_lo_s_[a];
+            best = std::max(best, (cum[b + 1] - cum[a]) / (alive * span_s));
+          }
+        }
+        v[a] = best;
       }
-      reuse_p_[c][a] = 1.0 - survive;
     }
+    for (double& x : reuses_[c]) x *= options_.decay;
+    entries_[c] *= options_.decay;
   }
-  for (auto& kind : counts_) {
-    for (auto& cls : kind) {
-      for (double& v : cls) v *= options_.decay;
-    }
+}
+
+void LongTailPolicy::Remember(ObjectId id, const Payload& p) {
+  const double cap = static_cast<double>(std::max<uint64_t>(capacity_, slab_.Live() + 1));
+  const size_t limit = static_cast<size_t>(options_.ghost_factor * cap);
+  if (limit == 0) return;
+  ghosts_[id] = Ghost{p.entry_us, p.hits, p.cls};
+  ghost_order_.push_back(id);
+  // Bounded by `limit`; a stale order entry (the ghost was re-referenced) erases nothing live
+  // because the ghost was already erased then, unless re-evicted, which only refreshes it late.
+  while (ghost_order_.size() > limit) {
+    ghosts_.erase(ghost_order_.front());
+    ghost_order_.pop_front();
   }
+}
+
+double LongTailPolicy::CostFactor(const Payload& p) const {
+  if (options_.cost_exponent == 0 || p.cost_per_byte <= 0 || cost_known_ == 0) return 1.0;
+  const double mean = cost_sum_ / static_cast<double>(cost_known_);
+  return mean > 0 ? std::pow(p.cost_per_byte / mean, options_.cost_exponent) : 1.0;
 }
 
 void LongTailPolicy::OnInsert(const ObjectInfo& info, uint64_t now_us) {
-  if (objects_.count(info.id) != 0) return OnAccess(info.id, now_us);
-  Object o;
-  o.last_access_us = now_us;
-  o.parent = info.parent_id;
-  if (auto g = ghosts_.find(info.id); g != ghosts_.end()) {
-    // A re-reference after eviction: an observed (not censored) reuse gap.
-    uint64_t gap = now_us > g->second.last_access_us ? now_us - g->second.last_access_us : 0;
-    CountEvent(true, g->second.cls, gap);
-    o.cls = static_cast<uint8_t>(std::min<size_t>(g->second.cls + 1, kClasses - 1));
-    ghosts_.erase(g);
+  if (Contains(info.id)) {
+    OnAccess(info.id, now_us);
+    return;
   }
+  NoteRequestBoundary(info.parent_id, info.id);
+  uint8_t hits = 0;
+  if (auto g = ghosts_.find(info.id); g != ghosts_.end()) {
+    CountReuse(g->second.cls, now_us - std::min(now_us, g->second.entry_us));
+    hits = static_cast<uint8_t>(std::min<int>(g->second.hits + 1, 255));
+    ghosts_.erase(g);
+    CountEvent();
+  }
+  uint8_t cls = kFresh;
+  if (hits > 0) {
+    cls = HitClass(hits);
+  } else if (options_.split_extension && info.parent_id != kNoParent) {
+    uint32_t ps = slab_.Find(info.parent_id);
+    if (ps != kNil) {
+      const Payload& pp = slab_[ps].data;
+      // The parent was hit (or appended) in this same request, below a non-root prefix.
+      if (pp.entry_us == now_us &&
+          (pp.cls == kExtension || (pp.hits > 0 && pp.parent != kNoParent))) {
+        cls = kExtension;
+      }
+    }
+  }
+  uint32_t s = slab_.Alloc(info.id);
+  Payload& p = slab_[s].data;
+  p.parent = info.parent_id;
+  p.hits = hits;
   if (info.recompute_tokens > 0 && info.size_bytes > 0) {
-    o.cost_per_byte =
+    p.cost_per_byte =
         static_cast<double>(info.recompute_tokens) / static_cast<double>(info.size_bytes);
-    cost_sum_ += o.cost_per_byte;
+    cost_sum_ += p.cost_per_byte;
     ++cost_known_;
   }
-  if (o.parent != kNoParent) {
-    if (auto p = objects_.find(o.parent); p != objects_.end()) ++p->second.children;
-  }
-  o.position = static_cast<uint32_t>(members_.size());
-  members_.push_back(info.id);
-  objects_.emplace(info.id, o);
+  Link(s, cls, now_us);
+  entries_[cls] += 1.0;
+  capacity_ = std::max<uint64_t>(capacity_, slab_.Live());
 }
 
 void LongTailPolicy::OnAccess(ObjectId id, uint64_t now_us) {
-  auto it = objects_.find(id);
-  if (it == objects_.end()) return;
-  Object& o = it->second;
-  uint64_t gap = now_us > o.last_access_us ? now_us - o.last_access_us : 0;
-  CountEvent(true, o.cls, gap);
-  o.cls = static_cast<uint8_t>(std::min<size_t>(o.cls + 1, kClasses - 1));
-  o.last_access_us = now_us;
-}
-
-void LongTailPolicy::Forget(ObjectId id, Object& o) {
-  ObjectId moved = members_.back();
-  members_[o.position] = moved;
-  objects_[moved].position = o.position;
-  members_.pop_back();
-  if (o.parent != kNoParent) {
-    if (auto p = objects_.find(o.parent); p != objects_.end() && p->second.children > 0) {
-      --p->second.children;
-    }
-  }
-  if (o.cost_per_byte > 0) {
-    cost_sum_ -= o.cost_per_byte;
-    --cost_known_;
-  }
-  (void)id;
+  uint32_t s = slab_.Find(id);
+  if (s == kNil) return;
+  NoteRequestBoundary(slab_[s].data.parent, id);
+  Payload& p = slab_[s].data;
+  CountReuse(p.cls, now_us - std::min(now_us, p.entry_us));
+  p.hits = static_cast<uint8_t>(std::min<int>(p.hits + 1, 255));
+  const uint8_t cls = HitClass(p.hits);
+  Unlink(s);
+  Link(s, cls, now_us);
+  entries_[cls] += 1.0;
+  CountEvent();
 }
 
 void LongTailPolicy::OnRemove(ObjectId id) {
-  auto it = objects_.find(id);
-  if (it == objects_.end()) return;
-  Forget(id, it->second);
-  objects_.erase(it);
-}
-
-double LongTailPolicy::Score(const Object& o, uint64_t now_us) const {
-  uint64_t age = now_us > o.last_access_us ? now_us - o.last_access_us : 0;
-  double score = reuse_p_[o.cls][Bucket(age)];
-  score *= 1.0 + options_.child_weight * static_cast<double>(o.children);
-  if (o.parent != kNoParent && objects_.count(o.parent) == 0) score *= options_.orphan_factor;
-  if (o.cost_per_byte > 0 && cost_known_ > 0 && options_.cost_exponent > 0) {
-    double mean = cost_sum_ / static_cast<double>(cost_known_);
-    score *= std::pow(o.cost_per_byte / mean, options_.cost_exponent);
-  }
-  return score;
+  uint32_t s = slab_.Find(id);
+  if (s == kNil) return;
+  Unlink(s);
+  slab_.Free(s);
 }
 
 std::optional<ObjectId> LongTailPolicy::Evict(uint64_t now_us) {
-  if (members_.empty()) return std::nullopt;
-  const size_t n = members_.size();
-  const size_t samples = std::min<size_t>(options_.sample_size, n);
-  ObjectId best = 0;
-  const Object* best_o = nullptr;
-  double best_score = 0;
-  bool best_leaf = false;
-  for (size_t i = 0; i < samples; ++i) {
-    size_t idx = samples == n ? i : static_cast<size_t>(NextRandom() % n);
-    ObjectId id = members_[idx];
-    const Object& o = objects_.find(id)->second;
-    bool leaf = !options_.leaves_first || o.children == 0;
-    double score = Score(o, now_us);
-    bool better;
-    if (best_o == nullptr) {
-      better = true;
-    } else if (leaf != best_leaf) {
-      better = leaf;
-    } else if (score != best_score) {
-      better = score < best_score;
-    } else {
-      better = o.last_access_us < best_o->last_access_us;
+  uint32_t best = kNil;
+  double best_value = 0;
+  auto consider = [&](uint32_t s) {
+    if (s == kNil) return;
+    const Payload& p = slab_[s].data;
+    const double v = value_[p.cls][Bucket(now_us - std::min(now_us, p.entry_us))] * CostFactor(p);
+    if (best == kNil || v < best_value ||
+        (v == best_value && p.entry_us < slab_[best].data.entry_us)) {
+      best = s;
+      best_value = v;
     }
-    if (better) {
-      best = id;
-      best_o = &o;
-      best_score = score;
-      best_leaf = leaf;
-    }
+  };
+  for (const ClassList& l : lists_) {
+    if (l.size == 0) continue;
+    consider(l.first);
+    if (options_.young_end) consider(l.young_first);
   }
-  auto it = objects_.find(best);
-  Object o = it->second;
-  uint64_t age = now_us > o.last_access_us ? now_us - o.last_access_us : 0;
-  eviction_age_ms_ewma_ += 0.01 * (static_cast<double>(age / 1000) - eviction_age_ms_ewma_);
-  CountEvent(false, o.cls, age);
-  Forget(best, it->second);
-  objects_.erase(it);
-  // Remember it as a ghost, bounded to ghost_factor x cached units.
-  size_t ghost_max = static_cast<size_t>(options_.ghost_factor * static_cast<double>(n));
-  if (ghost_max > 0) {
-    while (ghosts_.size() >= ghost_max && !ghost_order_.empty()) {
-      ghosts_.erase(ghost_order_.front());
-      ghost_order_.pop_front();
-    }
-    ghosts_[best] = Ghost{o.last_access_us, o.cls};
-    ghost_order_.push_back(best);
-  }
-  return best;
+  if (best == kNil) return std::nullopt;
+  const ObjectId id = slab_[best].id;
+  const Payload p = slab_[best].data;
+  Unlink(best);
+  slab_.Free(best);
+  Remember(id, p);
+  CountEvent();
+  return id;
 }
 
 }  // namespace kvtier::policies

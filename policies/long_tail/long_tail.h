@@ -1,60 +1,77 @@
 // long-tail: a reuse-aware, prefix-structure-aware eviction policy for KV units whose reuse
-// has a long tail (minutes to ~72 h). The model (docs/POLICIES.md has the full description):
+// has a long tail (minutes to ~72 h). docs/POLICIES.md has the model, the measurements that
+// motivated it and every parameter; in short:
 //
-//  * Reuse gaps are learned online, per class (the number of earlier hits of a unit: 0, 1, 2,
-//    3+), in log-spaced age buckets (base_ms * 2^(i/2), 48 buckets: out to ~194 days, well past
-//    72 h). A hit at age a counts a reuse in bucket(a); an eviction at age a counts a censored
-//    lifetime (the unit was not reused before a). A ghost table of recently evicted ids turns a
-//    later re-reference into an observed reuse gap, so the tail beyond what the cache holds is
-//    learned too. Counts decay by `decay` every `relearn_every` events.
-//  * From these, a Kaplan-Meier hazard per bucket gives P(reuse within horizon | age, class).
-//    The horizon is `horizon_ms`, or (0, the default) the cache's own characteristic time: an
-//    EWMA of the age of evicted units.
-//  * Structure: a unit with cached children (units whose parent_id is this unit) is worth
-//    (1 + child_weight * children) times more; with leaves_first, a sampled leaf is always
-//    evicted before any sampled interior unit. A unit whose parent is not cached is an orphan
-//    (a prefix cache cannot reach it) and its score is multiplied by orphan_factor.
-//  * Cost: score *= (recompute_tokens / size_bytes) / mean over cached units, raised to
-//    cost_exponent (units with unknown cost count as the mean).
-//  * Eviction samples `sample_size` cached units with the seeded RNG (PolicyParams::seed) and
-//    evicts the lowest score (ties: least recently used). Deterministic for a seed.
+//  * Every cached unit is in one class, fixed when it enters the cache or is hit:
+//      0 fresh      never hit, inserted as part of a new prefix
+//      1 extension  never hit, appended after a prefix that was hit in the same request (the
+//                   new turn of a resumed conversation)
+//      2/3/4        hit once / twice / three or more times (counts survive an eviction
+//                   through the ghost table)
+//      5 leaf       never hit and the last unit of its request (no request extended it by the
+//                   time the next request started: typically the partial last block)
+//  * Per class, the policy learns online the distribution of reuse ages (age = time since
+//    the unit entered the class): a hit, or a re-reference of an evicted unit still in the
+//    ghost table, at age a counts one reuse in bucket(a); every entry into the class counts
+//    one trial. Buckets are log-spaced, `buckets_per_octave` per doubling of base_ms, out to
+//    ~12 days at the defaults (past 72 h). Counts decay by `decay` at every relearn.
+//  * Value of a unit of class c at age a = its best achievable hit density: the maximum over
+//    horizons T of P(reuse in (a, a+T] | not reused by a) / T, i.e. expected hits per unit of
+//    cache time if it is kept a further T. Unlike a plain recency order this values a fresh
+//    unit low while it is young and its reuse is still improbable, high around the typical
+//    think time of a conversation, and low again when that has passed.
+//  * Each class is a list ordered by entry time (oldest first); within one request's burst
+//    (equal entry times) deeper units sit nearer the old end, so the deepest unit of a chain
+//    goes first and cached prefixes stay contiguous. Units of one class at one age are
+//    equivalent, and the value is (close to) unimodal in age, so the minimum of each class is
+//    at one of its two ends: Evict compares the oldest and the youngest unit of every class
+//    and evicts the lowest value (ties: the older entry). Exact, O(classes), no sampling.
+//  * Cost: value *= ((recompute_tokens / size_bytes) / mean over inserts)^cost_exponent for
+//    the compared candidates (units of unknown cost count as the mean).
 //
-// Parameters (PolicyParams, all optional): horizon_ms (0 = auto), sample_size (64),
-// base_ms (1000), decay (0.9), relearn_every (4096), ghost_factor (2.0: ghost entries as a
-// multiple of the cached count), child_weight (1.0), leaves_first (1), orphan_factor (0.5),
-// cost_exponent (1.0), min_samples (64: per class, below this the class borrows the pooled
-// estimate).
+// Parameters (PolicyParams, all optional; defaults in LongTailOptions).
+// Deterministic: no randomness at all (PolicyParams::seed is accepted and unused).
 // Thread safety: none (see policy.h).
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <deque>
 #include <unordered_map>
 #include <vector>
 
+#include "policies/internal/slab_list.h"
 #include "policies/policy.h"
 
 namespace kvtier::policies {
 
 struct LongTailOptions {
-  uint64_t horizon_ms = 0;
-  uint64_t sample_size = 64;
+  // First bucket edge: ages below base_ms share bucket 0.
   uint64_t base_ms = 1000;
+  // Log-spaced buckets per doubling of age (resolution of the learned distribution).
+  uint64_t buckets_per_octave = 4;
+  // Multiplier applied to all learned counts at every relearn (forgetting).
   double decay = 0.9;
-  uint64_t relearn_every = 4096;
-  double ghost_factor = 2.0;
-  double child_weight = 1.0;
-  bool leaves_first = true;
-  double orphan_factor = 0.5;
+  // Events (hits, ghost hits, evictions) between relearns; 0 = max(2048, capacity / 2).
+  uint64_t relearn_every = 0;
+  // Ghost entries (evicted ids kept to observe long reuse gaps) per unit of capacity.
+  double ghost_factor = 8.0;
+  // Entries a class needs before its own estimate replaces the prior (LRU by class).
+  uint64_t min_entries = 50;
+  // Keep fresh units that extend a hit prefix in their own class (1) rather than class 0.
+  bool split_extension = true;
+  // Move a request's last never-hit unit to the leaf class (5) when the next request starts.
+  bool leaf_class = true;
+  // Also consider the youngest unit of each class (needed when young units are worth less).
+  bool young_end = true;
   double cost_exponent = 1.0;
-  uint64_t min_samples = 64;
-  uint64_t seed = 42;
 };
 
 class LongTailPolicy final : public EvictionPolicy {
  public:
-  static constexpr size_t kClasses = 4;
-  static constexpr size_t kBuckets = 48;
+  static constexpr size_t kClasses = 6;
+  static constexpr size_t kMaxBuckets = 192;
+  enum Class : uint8_t { kFresh = 0, kExtension = 1, kHit1 = 2, kHit2 = 3, kHit3 = 4, kLeaf = 5 };
 
   explicit LongTailPolicy(const LongTailOptions& options = {});
   static StatusOr<std::unique_ptr<EvictionPolicy>> Make(const PolicyParams& params);
@@ -63,51 +80,65 @@ class LongTailPolicy final : public EvictionPolicy {
   void OnInsert(const ObjectInfo& info, uint64_t now_us) override;
   void OnAccess(ObjectId id, uint64_t now_us) override;
   void OnRemove(ObjectId id) override;
+  void OnCapacity(uint64_t capacity_objects) override;
   std::optional<ObjectId> Evict(uint64_t now_us) override;
-  size_t Size() const override { return objects_.size(); }
-  bool Contains(ObjectId id) const override { return objects_.count(id) != 0; }
+  size_t Size() const override { return slab_.Live(); }
+  bool Contains(ObjectId id) const override { return slab_.Find(id) != internal::kNil; }
 
-  // The learned P(reuse within horizon | age, class) (for tests and docs).
-  double TEST_ReuseProbability(size_t cls, uint64_t age_ms) const;
-  uint64_t TEST_HorizonMs() const;
-  uint32_t TEST_Children(ObjectId id) const;
+  // Learned value (hit density, per second) of a unit of class `cls` at `age_ms`, and the
+  // class a cached unit is in (kClasses when not cached). For tests and docs.
+  double TEST_Value(size_t cls, uint64_t age_ms) const;
+  size_t TEST_ClassOf(ObjectId id) const;
+  void TEST_Relearn() { Relearn(); }
 
  private:
-  struct Object {
-    uint64_t last_access_us = 0;
+  struct Payload {
+    uint64_t entry_us = 0;  // time it entered its current class
     ObjectId parent = kNoParent;
     double cost_per_byte = 0;  // 0: unknown
-    uint32_t children = 0;     // cached units whose parent is this one
-    uint32_t position = 0;     // index in members_
+    uint8_t hits = 0;          // saturating
     uint8_t cls = 0;
   };
+  using Slab = internal::Slab<Payload>;
+  // A class list: first = oldest entry, last = youngest; young_first = first unit of the
+  // youngest burst (the units with the youngest entry time, deepest first).
+  struct ClassList {
+    uint32_t first = internal::kNil, last = internal::kNil, young_first = internal::kNil;
+    uint64_t size = 0;
+  };
   struct Ghost {
-    uint64_t last_access_us = 0;
+    uint64_t entry_us = 0;
+    uint8_t hits = 0;
     uint8_t cls = 0;
   };
 
   size_t Bucket(uint64_t age_us) const;
-  double Score(const Object& o, uint64_t now_us) const;
-  void CountEvent(bool reuse, size_t cls, uint64_t age_us);
+  void Link(uint32_t slot, uint8_t cls, uint64_t entry_us);
+  void Unlink(uint32_t slot);
+  void NoteRequestBoundary(ObjectId parent_of_current, ObjectId current);
+  void CountReuse(uint8_t cls, uint64_t age_us);
+  void CountEvent();
   void Relearn();
-  void Forget(ObjectId id, Object& o);  // unlink from members_ and the parent's child count
-  uint64_t NextRandom();
+  void Remember(ObjectId id, const Payload& p);
+  double CostFactor(const Payload& p) const;
+  uint8_t HitClass(uint8_t hits) const;
 
   LongTailOptions options_;
-  std::unordered_map<ObjectId, Object> objects_;
-  std::vector<ObjectId> members_;  // for O(1) uniform sampling
+  Slab slab_;
+  std::array<ClassList, kClasses> lists_{};
   std::unordered_map<ObjectId, Ghost> ghosts_;
   std::deque<ObjectId> ghost_order_;
+  uint64_t capacity_ = 0;  // from OnCapacity, else the largest size seen
+  ObjectId last_touched_ = kNoParent;
 
-  // Learned state. counts_[reuse?1:0][class][bucket].
-  std::array<std::array<std::array<double, kBuckets>, kClasses>, 2> counts_{};
-  std::array<std::array<double, kBuckets>, kClasses> reuse_p_{};  // P(reuse in horizon|age)
-  std::array<uint64_t, kBuckets> bucket_lower_ms_{};
+  size_t buckets_ = 0;
+  std::vector<double> bucket_lo_s_;  // lower edge of each bucket, seconds
+  std::array<std::vector<double>, kClasses> reuses_;
+  std::array<double, kClasses> entries_{};
+  std::array<std::vector<double>, kClasses> value_;
   uint64_t events_since_learn_ = 0;
-  double eviction_age_ms_ewma_ = 0;
   double cost_sum_ = 0;
   uint64_t cost_known_ = 0;
-  uint64_t rng_state_;
 };
 
 }  // namespace kvtier::policies

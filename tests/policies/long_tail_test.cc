@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace kvtier::policies {
@@ -9,82 +10,156 @@ namespace {
 
 constexpr uint64_t kSecUs = 1000 * 1000;
 
-TEST(LongTail, EvictsLeavesBeforeParents) {
-  LongTailPolicy p;
-  // A chain root <- a <- b, plus a lone unit: only b and lone are leaves.
-  p.OnInsert({.id = 1}, 0);
-  p.OnInsert({.id = 2, .parent_id = 1}, 1);
-  p.OnInsert({.id = 3, .parent_id = 2}, 2);
-  p.OnInsert({.id = 4}, 3);
-  EXPECT_EQ(p.TEST_Children(1), 1u);
-  EXPECT_EQ(p.TEST_Children(2), 1u);
+// Inserts a request's chain of fresh units [first, first + n) under `root` at `now`.
+void InsertChain(LongTailPolicy& p, ObjectId root, ObjectId first, int n, uint64_t now) {
+  ObjectId parent = root;
+  for (int i = 0; i < n; ++i) {
+    p.OnInsert({.id = first + i, .parent_id = parent}, now);
+    parent = first + i;
+  }
+}
+
+TEST(LongTail, DeepestUnitOfAChainGoesFirst) {
+  LongTailPolicy p;                              // prior only: LRU per class
+  InsertChain(p, kNoParent, 1, 4, 0);            // request A: 1 <- 2 <- 3 <- 4
+  InsertChain(p, kNoParent, 10, 3, 5 * kSecUs);  // request B, later
+  EXPECT_EQ(p.TEST_ClassOf(4), LongTailPolicy::kLeaf);
+  EXPECT_EQ(p.TEST_ClassOf(3), LongTailPolicy::kFresh);
   std::vector<ObjectId> order;
-  while (auto v = p.Evict(10 * kSecUs)) order.push_back(*v);
-  ASSERT_EQ(order.size(), 4u);
-  // Every unit is evicted only after all its descendants.
+  while (auto v = p.Evict(6 * kSecUs)) order.push_back(*v);
+  ASSERT_EQ(order.size(), 7u);
   auto pos = [&](ObjectId id) { return std::find(order.begin(), order.end(), id) - order.begin(); };
+  // Within a chain, every unit leaves only after its descendants (a prefix stays contiguous).
   EXPECT_LT(pos(3), pos(2));
   EXPECT_LT(pos(2), pos(1));
+  EXPECT_LT(pos(12), pos(11));
+  EXPECT_LT(pos(11), pos(10));
+  // Request A's last unit became a leaf when B started: it is the first victim.
+  EXPECT_EQ(order.front(), 4u);
 }
 
-TEST(LongTail, SharedRootOutlivesPrivateLeaves) {
+TEST(LongTail, ClassesFollowHitsExtensionsAndRequestEnds) {
   LongTailPolicy p;
-  p.OnInsert({.id = 100}, 0);  // a system prompt shared by many sessions
-  for (ObjectId c = 1; c <= 20; ++c) p.OnInsert({.id = c, .parent_id = 100}, c);
-  EXPECT_EQ(p.TEST_Children(100), 20u);
-  for (int i = 0; i < 20; ++i) {
-    auto v = p.Evict(100 * kSecUs);
-    ASSERT_TRUE(v.has_value());
-    EXPECT_NE(*v, 100u);
+  p.OnInsert({.id = 1}, 0);    // shared root
+  InsertChain(p, 1, 2, 3, 0);  // 2 <- 3 <- 4, fresh
+  EXPECT_EQ(p.TEST_ClassOf(2), LongTailPolicy::kFresh);
+  // Next request resumes the conversation: hits 1..4 then appends 5, 6.
+  for (ObjectId id = 1; id <= 4; ++id) p.OnAccess(id, 60 * kSecUs);
+  EXPECT_EQ(p.TEST_ClassOf(2), LongTailPolicy::kHit1);
+  p.OnInsert({.id = 5, .parent_id = 4}, 60 * kSecUs);
+  p.OnInsert({.id = 6, .parent_id = 5}, 60 * kSecUs);
+  EXPECT_EQ(p.TEST_ClassOf(5), LongTailPolicy::kExtension);
+  EXPECT_EQ(p.TEST_ClassOf(6), LongTailPolicy::kExtension);
+  // A new request (root hit) ends the previous one: its never-hit last unit becomes a leaf.
+  p.OnAccess(1, 61 * kSecUs);
+  EXPECT_EQ(p.TEST_ClassOf(6), LongTailPolicy::kLeaf);
+  EXPECT_EQ(p.TEST_ClassOf(5), LongTailPolicy::kExtension);
+  EXPECT_EQ(p.TEST_ClassOf(1), LongTailPolicy::kHit2);
+  // A unit re-referenced after eviction keeps its hit count through the ghost table.
+  p.OnRemove(5);
+  EXPECT_FALSE(p.Contains(5));
+  ObjectId victim = 0;
+  while (p.Size() > 0) {
+    victim = *p.Evict(62 * kSecUs);
+    if (victim == 2) break;
   }
-  EXPECT_EQ(p.Evict(100 * kSecUs), std::optional<ObjectId>(100));
+  ASSERT_EQ(victim, 2u);
+  p.OnInsert({.id = 2, .parent_id = 1}, 63 * kSecUs);
+  EXPECT_EQ(p.TEST_ClassOf(2), LongTailPolicy::kHit2);
 }
 
-TEST(LongTail, LearnsThatReusedUnitsAreWorthMore) {
-  // Half of new units come back once, 30 s after insertion; nothing is reused twice. The
-  // learned model must say: a fresh unit (class 0) younger than 30 s is likely reused, the
-  // same unit past 30 s is not, and a unit already reused once (class 1) is not.
+// Fresh units come back (once) only 100-120 s after insertion, half of them; units hit once
+// never come back. The learned value must be low for a young fresh unit, peak near 100 s,
+// fall after the reuse window, and be ~0 for a once-hit unit.
+TEST(LongTail, LearnsTheShapeOfTheReuseDistribution) {
   LongTailOptions o;
-  o.relearn_every = 256;
-  o.leaves_first = false;
+  o.relearn_every = 512;
+  o.decay = 1.0;
+  o.leaf_class = false;
   LongTailPolicy p(o);
-  uint64_t now = 0;
   ObjectId next = 1;
-  for (int round = 0; round < 50; ++round) {
-    for (int k = 0; k < 10; ++k) {
-      ObjectId id = next++;
-      p.OnInsert({.id = id}, now);
-      if (k % 2 == 0) p.OnAccess(id, now + 30 * kSecUs);
+  std::vector<std::pair<uint64_t, ObjectId>> due;  // (time, id) re-references
+  for (uint64_t t = 0; t < 3000; ++t) {
+    const uint64_t now = t * kSecUs;
+    for (auto it = due.begin(); it != due.end();) {
+      if (it->first == t) {
+        if (p.Contains(it->second)) {
+          p.OnAccess(it->second, now);
+        } else {
+          p.OnMiss(it->second, now);
+          p.OnInsert({.id = it->second}, now);
+        }
+        it = due.erase(it);
+      } else {
+        ++it;
+      }
     }
-    now += 60 * kSecUs;
-    while (p.Size() > 20) p.Evict(now);
+    for (int k = 0; k < 4; ++k) {
+      const ObjectId id = next++;
+      p.OnInsert({.id = id}, now);
+      if (id % 2 == 0) due.push_back({t + 100 + id % 21, id});
+    }
+    while (p.Size() > 600) ASSERT_TRUE(p.Evict(now).has_value());
   }
-  const double young = p.TEST_ReuseProbability(0, 1000);
-  EXPECT_GT(young, 0.3);
-  EXPECT_LT(p.TEST_ReuseProbability(0, 45'000), young / 4);
-  EXPECT_LT(p.TEST_ReuseProbability(1, 1000), young / 4);
-  EXPECT_GE(p.TEST_HorizonMs(), 1000u);
+  p.TEST_Relearn();
+  const double young = p.TEST_Value(LongTailPolicy::kFresh, 2'000);
+  const double peak = p.TEST_Value(LongTailPolicy::kFresh, 100'000);
+  const double late = p.TEST_Value(LongTailPolicy::kFresh, 400'000);
+  EXPECT_GT(peak, young);
+  EXPECT_GT(peak, 4 * late);
+  EXPECT_LT(p.TEST_Value(LongTailPolicy::kHit1, 2'000), young / 4);
 }
 
-TEST(LongTail, DeterministicForASeedAndParamsChecked) {
-  auto run = [](uint64_t seed) {
-    PolicyParams params;
-    params.seed = seed;
-    params.values = {{"sample_size", "4"}};
-    auto p = LongTailPolicy::Make(params);
+TEST(LongTail, YoungEndIsEvictedWhenYoungUnitsAreWorthLess) {
+  // Same workload as above, then one old unit (age ~95 s, near the learned peak) and one
+  // just-inserted unit: the just-inserted one must go first although it is more recent.
+  LongTailOptions o;
+  o.relearn_every = 512;
+  o.decay = 1.0;
+  o.leaf_class = false;
+  LongTailPolicy p(o);
+  ObjectId next = 1;
+  std::vector<std::pair<uint64_t, ObjectId>> due;
+  uint64_t t = 0;
+  for (; t < 2000; ++t) {
+    for (auto it = due.begin(); it != due.end();) {
+      if (it->first == t) {
+        if (p.Contains(it->second)) p.OnAccess(it->second, t * kSecUs);
+        it = due.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (int k = 0; k < 4; ++k) {
+      const ObjectId id = next++;
+      p.OnInsert({.id = id}, t * kSecUs);
+      if (id % 2 == 0) due.push_back({t + 100 + id % 21, id});
+    }
+    while (p.Size() > 600) p.Evict(t * kSecUs);
+  }
+  p.TEST_Relearn();
+  while (p.Size() > 0) p.Evict(t * kSecUs);
+  const ObjectId old_unit = 1'000'000, new_unit = 1'000'001;
+  p.OnInsert({.id = old_unit}, t * kSecUs);
+  p.OnInsert({.id = new_unit}, (t + 95) * kSecUs);
+  EXPECT_EQ(p.Evict((t + 95) * kSecUs), std::optional<ObjectId>(new_unit));
+}
+
+TEST(LongTail, DeterministicAndParamsChecked) {
+  auto run = []() {
+    auto p = LongTailPolicy::Make({.values = {{"relearn_every", "64"}}});
     EXPECT_TRUE(p.ok());
     std::vector<ObjectId> victims;
-    for (ObjectId id = 1; id <= 200; ++id) {
+    for (ObjectId id = 1; id <= 400; ++id) {
       (*p)->OnInsert({.id = id, .parent_id = id % 7 == 0 ? kNoParent : id - 1}, id * kSecUs);
       if (id % 3 == 0) (*p)->OnAccess(id / 2, id * kSecUs);
       if ((*p)->Size() > 50) victims.push_back(*(*p)->Evict(id * kSecUs));
     }
     return victims;
   };
-  EXPECT_EQ(run(7), run(7));
-  PolicyParams bad;
-  bad.values = {{"horizon", "5"}};
-  EXPECT_TRUE(LongTailPolicy::Make(bad).status().IsInvalidArgument());
+  EXPECT_EQ(run(), run());
+  EXPECT_TRUE(LongTailPolicy::Make({.values = {{"horizon", "5"}}}).status().IsInvalidArgument());
+  EXPECT_TRUE(LongTailPolicy::Make({.values = {{"decay", "1.5"}}}).status().IsInvalidArgument());
 }
 
 }  // namespace

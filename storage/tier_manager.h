@@ -35,6 +35,8 @@
 
 namespace kvtier::storage {
 
+class DeviceEnv;  // storage/block_device.h
+
 using Key = std::array<uint8_t, 32>;
 using TenantId = uint64_t;
 
@@ -75,6 +77,21 @@ struct TierManagerOptions {
   policies::PolicyParams policy_params;
   // Time source for TTLs and leases; nullptr means DefaultSteadyClock().
   const Clock* clock = nullptr;
+
+  // ---- added by the storage implementation (defaults keep the original behaviour) ----
+  // SSD segment file size and write-buffer size (docs/format/ssd.md).
+  uint64_t ssd_segment_bytes = 256ull << 20;
+  uint64_t ssd_write_buffer_bytes = 2ull << 20;
+  // Segment devices for the SSD tier; not owned. nullptr: files under data_dir/segments
+  // (io_uring + O_DIRECT, POSIX fallback). Tests pass a memory or fault-injecting env.
+  DeviceEnv* ssd_env = nullptr;
+  // DRAM/HBM slab page size: the largest value a memory tier can hold (larger values go to SSD).
+  uint64_t slab_page_bytes = 4ull << 20;
+  bool dram_mlock = false;
+  // Keys remembered as evicted / expired / quarantined, so Lookup can name the miss reason.
+  size_t miss_memory_entries = 1 << 20;
+  // Pinned keys at most; Pin beyond this is Rejected.
+  size_t max_pinned = 1 << 20;
 };
 
 struct PutOptions {
@@ -107,8 +124,7 @@ struct TierStats {
 
 struct Stats {
   TierStats hbm, dram, ssd;
-  uint64_t misses_never_stored = 0, misses_evicted = 0, misses_expired = 0,
-           misses_checksum = 0;
+  uint64_t misses_never_stored = 0, misses_evicted = 0, misses_expired = 0, misses_checksum = 0;
   uint64_t admissions = 0, admission_rejections = 0, checksum_failures = 0, io_errors = 0;
   uint64_t compressed_bytes_saved = 0, segments_cleaned = 0, ssd_queue_depth = 0;
   std::vector<std::pair<TenantId, uint64_t>> tenant_bytes;
@@ -123,8 +139,7 @@ class TierManager {
 
   // Rejected: no tier has room even after eviction, or the tenant is over quota.
   // IOError: the SSD write failed (nothing indexed).
-  virtual Status Put(const Key& key, std::span<const uint8_t> value,
-                     const PutOptions& options) = 0;
+  virtual Status Put(const Key& key, std::span<const uint8_t> value, const PutOptions& options) = 0;
 
   // Appends the value to *out (cleared first) and sets *from to the tier it came from.
   // NotFound on a miss (including checksum failure).

@@ -1,0 +1,300 @@
+// `kvtier bench <what>`: benchmarks that run a peer or a physical limit in the same process run
+// and print the ratio. `bench storage` measures the storage tiers:
+//   - SSD tier unit write throughput vs fio sequential writes (io_uring, O_DIRECT, the same
+//     directory, the tier's write size (its write buffer) and queue depth 1, with a final fsync);
+//   - SSD tier random unit reads vs fio random reads (io_uring, O_DIRECT, block = the aligned
+//     record size, queue depth 1, the same directory);
+//   - DRAM tier Get bandwidth vs memcpy of the same sizes from the same kind of memory;
+//   - open-to-first-hit time with --units units indexed (default 1M).
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "common/clock.h"
+#include "storage/memory_tier.h"
+#include "storage/ssd_format.h"
+#include "storage/ssd_tier.h"
+#include "storage/tier_manager.h"
+
+namespace kvtier::cli {
+namespace {
+
+using storage::Key;
+
+Key BenchKey(uint64_t i) {
+  Key k{};
+  uint64_t x = i * 0x9e3779b97f4a7c15ull + 1;
+  for (int w = 0; w < 4; ++w) {
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 29;
+    std::memcpy(k.data() + w * 8, &x, 8);
+  }
+  return k;
+}
+
+double Seconds(uint64_t us) { return static_cast<double>(us) / 1e6; }
+
+// Runs fio with JSON output; returns bytes/s of the job's `rw` side, or a negative on failure.
+double RunFio(const std::string& args, const char* side, std::string* error) {
+  std::string cmd = "fio --output-format=json " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) {
+    *error = "cannot start fio";
+    return -1;
+  }
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int rc = ::pclose(p);
+  size_t start = out.find('{');
+  if (rc != 0 || start == std::string::npos) {
+    *error = "fio failed: " + out.substr(0, 300);
+    return -1;
+  }
+  try {
+    auto j = nlohmann::json::parse(out.substr(start));
+    return j.at("jobs").at(0).at(side).at("bw_bytes").get<double>();
+  } catch (const std::exception& e) {
+    *error = std::string("cannot parse fio output: ") + e.what();
+    return -1;
+  }
+}
+
+struct Results {
+  double ssd_write_bps = 0, fio_write_bps = 0, ssd_read_bps = 0, fio_read_bps = 0;
+  double ssd_read_iops = 0, fio_read_iops = 0;
+  double dram_get_bps = 0, memcpy_bps = 0;
+  double first_hit_ms = 0, open_ms = 0;
+  uint64_t units_indexed = 0;
+  std::string io_engine;
+  std::vector<std::string> notes;
+};
+
+int BenchStorage(Args args) {
+  FlagSet flags("kvtier bench storage",
+                "SSD tier vs fio, DRAM tier vs memcpy, and warm-restart time to first hit.");
+  std::string dir;
+  bool json = false;
+  uint64_t mb = 256, unit_bytes = 57344, units = 1'000'000, read_seconds = 3;
+  flags.String("dir", &dir, "DIR", "scratch directory on the file system to measure", true);
+  flags.Bool("json", &json, "print JSON");
+  flags.Uint("mb", &mb, "MiB written by the SSD write test (and by fio)");
+  flags.Uint("unit-bytes", &unit_bytes, "unit size in bytes (miniature V4.1 unit: 57344)");
+  flags.Uint("units", &units, "units indexed for the warm-restart test");
+  flags.Uint("read-seconds", &read_seconds, "seconds of random reads (ours, then fio)");
+  if (int rc = flags.Parse(args); rc >= 0) return rc;
+  if (unit_bytes == 0 || unit_bytes > (8u << 20) || mb == 0 || units == 0) {
+    std::fprintf(stderr, "kvtier bench storage: bad sizes\n");
+    return 2;
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir + "/kvtier-bench", ec);
+  std::filesystem::create_directories(dir + "/kvtier-bench/fio", ec);
+  const std::string root = dir + "/kvtier-bench";
+  const Clock& clock = DefaultSteadyClock();
+  Results r;
+  std::string err;
+
+  // ---- SSD tier writes ----
+  const uint64_t write_buffer = 2ull << 20;
+  const uint64_t n_units = std::max<uint64_t>(1, (mb << 20) / unit_bytes);
+  std::vector<uint8_t> value(unit_bytes);
+  std::mt19937_64 rng(1);
+  for (auto& b : value) b = static_cast<uint8_t>(rng());
+  {
+    storage::SsdOptions so;
+    so.dir = root + "/ssd";
+    so.capacity_bytes = std::max<uint64_t>(4 * (mb << 20), 3ull << 30);
+    so.durability = storage::Durability::kBatched;
+    so.write_buffer_bytes = write_buffer;
+    auto ssd = storage::SsdTier::Open(so);
+    if (!ssd.ok()) {
+      std::fprintf(stderr, "open ssd tier: %s\n", ssd.status().ToString().c_str());
+      return 1;
+    }
+    storage::SsdMeta meta;
+    uint64_t t0 = clock.NowUs();
+    for (uint64_t i = 0; i < n_units; ++i) {
+      std::memcpy(value.data(), &i, sizeof(i));
+      Status st = (*ssd)->Put(BenchKey(i), value, meta, nullptr);
+      if (!st.ok()) {
+        std::fprintf(stderr, "put: %s\n", st.ToString().c_str());
+        return 1;
+      }
+    }
+    Status st = (*ssd)->Flush();
+    uint64_t t1 = clock.NowUs();
+    if (!st.ok()) {
+      std::fprintf(stderr, "flush: %s\n", st.ToString().c_str());
+      return 1;
+    }
+    r.ssd_write_bps = static_cast<double>(n_units * unit_bytes) / Seconds(t1 - t0);
+
+    // ---- SSD tier random reads ----
+    std::vector<uint8_t> out;
+    uint64_t reads = 0, t2 = clock.NowUs(), deadline = t2 + read_seconds * 1'000'000;
+    while (clock.NowUs() < deadline) {
+      for (int b = 0; b < 64; ++b) {
+        if (!(*ssd)->Get(BenchKey(rng() % n_units), &out).ok()) {
+          std::fprintf(stderr, "read miss in the SSD bench\n");
+          return 1;
+        }
+        ++reads;
+      }
+    }
+    uint64_t t3 = clock.NowUs();
+    r.ssd_read_iops = static_cast<double>(reads) / Seconds(t3 - t2);
+    r.ssd_read_bps = r.ssd_read_iops * static_cast<double>(unit_bytes);
+  }
+  std::filesystem::remove_all(root + "/ssd", ec);
+
+  // ---- fio, same directory, same pattern ----
+  const uint64_t record_block = storage::ssd::AlignUp(unit_bytes + storage::ssd::kRecordHeaderBytes,
+                                                      storage::ssd::kBlockBytes);
+  std::string common = " --directory=" + root + "/fio --ioengine=io_uring --direct=1 --iodepth=1" +
+                       " --numjobs=1 --group_reporting";
+  r.fio_write_bps = RunFio("--name=w --rw=write --bs=" + std::to_string(write_buffer) +
+                               " --size=" + std::to_string(mb) + "M --end_fsync=1" + common,
+                           "write", &err);
+  r.fio_read_bps = RunFio("--name=w --rw=randread --bs=" + std::to_string(record_block) +
+                              " --size=" + std::to_string(mb) +
+                              "M --time_based --runtime=" + std::to_string(read_seconds) + common,
+                          "read", &err);
+  if (r.fio_write_bps < 0 || r.fio_read_bps < 0) r.notes.push_back(err);
+  // fio reads whole aligned blocks; compare IOPS (one unit per read on both sides).
+  r.fio_read_iops = r.fio_read_bps / static_cast<double>(record_block);
+  std::filesystem::remove_all(root + "/fio", ec);
+
+  // ---- DRAM tier Get vs memcpy ----
+  {
+    const uint64_t arena = 256ull << 20;
+    storage::MemoryTierOptions mo;
+    mo.capacity_bytes = arena;
+    mo.slab_page_bytes = 4ull << 20;
+    auto dram = storage::MemoryTier::Create(mo);
+    if (!dram.ok()) {
+      std::fprintf(stderr, "dram tier: %s\n", dram.status().ToString().c_str());
+      return 1;
+    }
+    uint64_t count = 0;
+    storage::MemMeta meta;
+    while ((*dram)->Insert(BenchKey(count), value, meta, true).ok()) ++count;
+    std::vector<uint8_t> out(unit_bytes);
+    const int kGets = 20000;
+    std::vector<uint64_t> order(kGets);
+    for (auto& o : order) o = rng() % count;
+    uint64_t t0 = clock.NowUs();
+    for (uint64_t i : order) {
+      if (!(*dram)->Read(BenchKey(i), &out).ok()) return 1;
+    }
+    uint64_t t1 = clock.NowUs();
+    r.dram_get_bps = static_cast<double>(kGets * unit_bytes) / Seconds(t1 - t0);
+    // memcpy of the same sizes from random slots of an equally large buffer.
+    std::vector<uint8_t> src(count * unit_bytes, 1);
+    uint64_t t2 = clock.NowUs();
+    for (uint64_t i : order) std::memcpy(out.data(), src.data() + i * unit_bytes, unit_bytes);
+    uint64_t t3 = clock.NowUs();
+    if (out[0] != 1) return 1;
+    r.memcpy_bps = static_cast<double>(kGets * unit_bytes) / Seconds(t3 - t2);
+  }
+
+  // ---- warm restart: open with `units` indexed, time to the first hit ----
+  {
+    storage::TierManagerOptions o;
+    o.dram_capacity_bytes = 0;
+    o.ssd_capacity_bytes = 8ull << 30;
+    o.data_dir = root + "/restart";
+    o.durability = storage::Durability::kNone;
+    std::vector<uint8_t> small(64, 7);
+    storage::PutOptions p;
+    p.highest_tier = storage::Tier::kSsd;
+    p.kind = policies::ObjectKind::kBlob;
+    {
+      auto tm = storage::TierManager::Open(o);
+      if (!tm.ok()) {
+        std::fprintf(stderr, "open: %s\n", tm.status().ToString().c_str());
+        return 1;
+      }
+      for (uint64_t i = 0; i < units; ++i) {
+        if (!(*tm)->Put(BenchKey(i), small, p).ok()) return 1;
+      }
+      if (!(*tm)->Flush().ok()) return 1;
+    }
+    uint64_t t0 = clock.NowUs();
+    auto tm = storage::TierManager::Open(o);
+    uint64_t t1 = clock.NowUs();
+    std::vector<uint8_t> out;
+    if (!tm.ok() || !(*tm)->Get(BenchKey(units / 2), &out).ok() || out != small) {
+      std::fprintf(stderr, "warm restart: first unit missing\n");
+      return 1;
+    }
+    uint64_t t2 = clock.NowUs();
+    r.open_ms = static_cast<double>(t1 - t0) / 1000.0;
+    r.first_hit_ms = static_cast<double>(t2 - t0) / 1000.0;
+    r.units_indexed = (*tm)->GetStats().ssd.objects;
+  }
+  std::filesystem::remove_all(root, ec);
+
+  double write_ratio = r.fio_write_bps > 0 ? r.ssd_write_bps / r.fio_write_bps : 0;
+  double read_ratio = r.fio_read_iops > 0 ? r.ssd_read_iops / r.fio_read_iops : 0;
+  double dram_ratio = r.memcpy_bps > 0 ? r.dram_get_bps / r.memcpy_bps : 0;
+  if (json) {
+    nlohmann::json j;
+    j["ssd_write_vs_fio"] = write_ratio;
+    j["ssd_read_vs_fio"] = read_ratio;
+    j["dram_get_vs_memcpy"] = dram_ratio;
+    j["warm_restart_first_hit_ms"] = r.first_hit_ms;
+    j["ssd_write_mib_s"] = r.ssd_write_bps / 1048576.0;
+    j["fio_write_mib_s"] = r.fio_write_bps / 1048576.0;
+    j["ssd_read_iops"] = r.ssd_read_iops;
+    j["fio_read_iops"] = r.fio_read_iops;
+    j["dram_get_gib_s"] = r.dram_get_bps / 1073741824.0;
+    j["memcpy_gib_s"] = r.memcpy_bps / 1073741824.0;
+    j["warm_restart_open_ms"] = r.open_ms;
+    j["units_indexed"] = r.units_indexed;
+    j["unit_bytes"] = unit_bytes;
+    j["write_mib"] = mb;
+    j["notes"] = r.notes;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("unit %llu B, %llu MiB written, dir %s\n",
+                static_cast<unsigned long long>(unit_bytes), static_cast<unsigned long long>(mb),
+                dir.c_str());
+    std::printf("ssd write   %9.1f MiB/s   fio %9.1f MiB/s   ratio %.2f (goal >= 0.9)\n",
+                r.ssd_write_bps / 1048576.0, r.fio_write_bps / 1048576.0, write_ratio);
+    std::printf("ssd read    %9.0f IOPS    fio %9.0f IOPS    ratio %.2f (goal >= 0.9)\n",
+                r.ssd_read_iops, r.fio_read_iops, read_ratio);
+    std::printf("dram get    %9.2f GiB/s   memcpy %6.2f GiB/s ratio %.2f (goal >= 0.8)\n",
+                r.dram_get_bps / 1073741824.0, r.memcpy_bps / 1073741824.0, dram_ratio);
+    std::printf("warm restart: %llu units indexed, open %.1f ms, first hit %.1f ms (goal < 1000)\n",
+                static_cast<unsigned long long>(r.units_indexed), r.open_ms, r.first_hit_ms);
+    for (const auto& n : r.notes) std::printf("note: %s\n", n.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int RunBench(Args args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::fprintf(args.empty() ? stderr : stdout,
+                 "usage: kvtier bench <what> [flags]\n\n  storage   SSD tier vs fio, DRAM tier vs "
+                 "memcpy, warm-restart first hit\n");
+    return args.empty() ? 2 : 0;
+  }
+  if (args[0] == "storage") return BenchStorage(args.subspan(1));
+  std::fprintf(stderr, "kvtier bench: unknown benchmark '%.*s'\n", static_cast<int>(args[0].size()),
+               args[0].data());
+  return 2;
+}
+
+}  // namespace kvtier::cli

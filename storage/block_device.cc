@@ -1,0 +1,454 @@
+#include "storage/block_device.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+
+#include "common/logging.h"
+
+namespace kvtier::storage {
+namespace {
+
+Status ErrnoStatus(const std::string& what, int err) {
+  std::string msg = what + ": " + std::strerror(err);
+  if (err == ENOSPC) return Status::IOError("no space left on device (ENOSPC): " + msg);
+  return Status::IOError(msg);
+}
+
+bool Aligned(uint64_t v, size_t a) { return a <= 1 || v % a == 0; }
+
+Status CheckAlignment(const IoRequest& r, size_t a) {
+  if (!Aligned(r.offset, a) || !Aligned(r.length, a) ||
+      !Aligned(reinterpret_cast<uintptr_t>(r.buffer), a)) {
+    return Status::InvalidArgument("misaligned I/O (alignment " + std::to_string(a) + ")");
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- memory ----
+
+struct MemFile {
+  std::shared_mutex mu;
+  std::vector<uint8_t> data;
+};
+
+class MemDevice final : public BlockDevice {
+ public:
+  explicit MemDevice(std::shared_ptr<MemFile> file) : file_(std::move(file)) {}
+
+  Status Submit(std::span<IoRequest> batch) override {
+    if (batch.size() > kMaxBatchIos) return Status::InvalidArgument("batch too large");
+    Status first;
+    for (IoRequest& r : batch) {
+      if (r.op == IoRequest::Op::kRead) {
+        std::shared_lock lock(file_->mu);
+        if (r.offset + r.length > file_->data.size()) {
+          r.result = Status::Corruption("short read");
+        } else {
+          std::memcpy(r.buffer, file_->data.data() + r.offset, r.length);
+          r.result = Status::Ok();
+        }
+      } else {
+        std::unique_lock lock(file_->mu);
+        if (file_->data.size() < r.offset + r.length) file_->data.resize(r.offset + r.length);
+        std::memcpy(file_->data.data() + r.offset, r.buffer, r.length);
+        r.result = Status::Ok();
+      }
+      if (first.ok() && !r.result.ok()) first = r.result;
+    }
+    return first;
+  }
+  Status Sync(bool) override { return Status::Ok(); }
+  Status Allocate(uint64_t offset, uint64_t length) override {
+    std::unique_lock lock(file_->mu);
+    if (file_->data.size() < offset + length) file_->data.resize(offset + length);
+    return Status::Ok();
+  }
+  uint64_t Size() const override {
+    std::shared_lock lock(file_->mu);
+    return file_->data.size();
+  }
+  size_t Alignment() const override { return 1; }
+  std::string Kind() const override { return "memory"; }
+
+ private:
+  std::shared_ptr<MemFile> file_;
+};
+
+class MemEnv final : public DeviceEnv {
+ public:
+  StatusOr<std::shared_ptr<BlockDevice>> Open(const std::string& name, bool create) override {
+    std::lock_guard lock(mu_);
+    auto it = files_.find(name);
+    if (it == files_.end()) {
+      if (!create) return Status::NotFound("no device " + name);
+      it = files_.emplace(name, std::make_shared<MemFile>()).first;
+    }
+    return std::shared_ptr<BlockDevice>(std::make_shared<MemDevice>(it->second));
+  }
+  StatusOr<std::vector<std::string>> List() override {
+    std::lock_guard lock(mu_);
+    std::vector<std::string> out;
+    for (const auto& [name, f] : files_) out.push_back(name);
+    return out;
+  }
+  Status Remove(const std::string& name) override {
+    std::lock_guard lock(mu_);
+    if (files_.erase(name) == 0) return Status::NotFound("no device " + name);
+    return Status::Ok();
+  }
+  std::string Kind() const override { return "memory"; }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<MemFile>> files_;
+};
+
+// ------------------------------------------------------------------ files ----
+
+class FileDevice : public BlockDevice {
+ public:
+  FileDevice(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~FileDevice() override { ::close(fd_); }
+
+  Status Sync(bool data_only) override {
+    int rc = data_only ? ::fdatasync(fd_) : ::fsync(fd_);
+    if (rc != 0) return ErrnoStatus("fsync " + path_, errno);
+    return Status::Ok();
+  }
+  Status Allocate(uint64_t offset, uint64_t length) override {
+    if (::fallocate(fd_, 0, static_cast<off_t>(offset), static_cast<off_t>(length)) == 0) {
+      return Status::Ok();
+    }
+    int err = errno;
+    if (err != EOPNOTSUPP) return ErrnoStatus("fallocate " + path_, err);
+    if (Size() < offset + length && ::ftruncate(fd_, static_cast<off_t>(offset + length)) != 0) {
+      return ErrnoStatus("ftruncate " + path_, errno);
+    }
+    return Status::Ok();
+  }
+  uint64_t Size() const override {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) return 0;
+    return static_cast<uint64_t>(st.st_size);
+  }
+  size_t Alignment() const override { return 4096; }
+
+ protected:
+  int fd_;
+  std::string path_;
+};
+
+class PosixDevice final : public FileDevice {
+ public:
+  using FileDevice::FileDevice;
+  Status Submit(std::span<IoRequest> batch) override {
+    if (batch.size() > kMaxBatchIos) return Status::InvalidArgument("batch too large");
+    Status first;
+    for (IoRequest& r : batch) {
+      r.result = CheckAlignment(r, Alignment());
+      size_t done = 0;
+      while (r.result.ok() && done < r.length) {
+        ssize_t n = r.op == IoRequest::Op::kRead ? ::pread(fd_, r.buffer + done, r.length - done,
+                                                           static_cast<off_t>(r.offset + done))
+                                                 : ::pwrite(fd_, r.buffer + done, r.length - done,
+                                                            static_cast<off_t>(r.offset + done));
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          r.result = ErrnoStatus(
+              r.op == IoRequest::Op::kRead ? "pread " + path_ : "pwrite " + path_, errno);
+        } else if (n == 0) {
+          r.result =
+              Status::Corruption("short read at " + std::to_string(r.offset) + " in " + path_);
+        } else {
+          done += static_cast<size_t>(n);
+        }
+      }
+      if (first.ok() && !r.result.ok()) first = r.result;
+    }
+    return first;
+  }
+  std::string Kind() const override { return "posix"; }
+};
+
+// A pool of io_uring rings shared by the devices of one env. A call holds one ring for its
+// whole batch, so completions are never reaped by the wrong thread.
+class RingPool {
+ public:
+  struct Ring {
+    io_uring ring{};
+    bool has_buffers = false;
+  };
+
+  static StatusOr<std::shared_ptr<RingPool>> Create(uint32_t rings, uint32_t depth) {
+    auto pool = std::make_shared<RingPool>();
+    pool->depth_ = std::clamp<uint32_t>(depth, 1, kMaxQueueDepth);
+    for (uint32_t i = 0; i < std::max<uint32_t>(rings, 1); ++i) {
+      auto r = std::make_unique<Ring>();
+      int rc = io_uring_queue_init(pool->depth_, &r->ring, 0);
+      if (rc < 0) return ErrnoStatus("io_uring_queue_init", -rc);
+      pool->free_.push_back(r.get());
+      pool->all_.push_back(std::move(r));
+    }
+    return pool;
+  }
+  ~RingPool() {
+    for (auto& r : all_) io_uring_queue_exit(&r->ring);
+  }
+
+  Ring* Acquire() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !free_.empty(); });
+    Ring* r = free_.back();
+    free_.pop_back();
+    return r;
+  }
+  void Release(Ring* r) {
+    {
+      std::lock_guard lock(mu_);
+      free_.push_back(r);
+    }
+    cv_.notify_one();
+  }
+
+  Status RegisterBuffers(std::span<const std::span<uint8_t>> buffers) {
+    std::vector<Ring*> held;
+    for (size_t i = 0; i < all_.size(); ++i) held.push_back(Acquire());
+    std::vector<iovec> iov;
+    for (auto b : buffers) iov.push_back(iovec{b.data(), b.size()});
+    Status st;
+    for (Ring* r : held) {
+      if (r->has_buffers) io_uring_unregister_buffers(&r->ring);
+      int rc = io_uring_register_buffers(&r->ring, iov.data(), static_cast<unsigned>(iov.size()));
+      r->has_buffers = rc == 0;
+      if (rc < 0 && st.ok()) st = ErrnoStatus("io_uring_register_buffers", -rc);
+    }
+    if (st.ok()) {
+      std::lock_guard lock(buf_mu_);
+      registered_.assign(buffers.begin(), buffers.end());
+    }
+    for (Ring* r : held) Release(r);
+    return st;
+  }
+  // Index of the registered buffer holding [p, p+len), or -1.
+  int FixedIndex(const uint8_t* p, size_t len) {
+    std::lock_guard lock(buf_mu_);
+    for (size_t i = 0; i < registered_.size(); ++i) {
+      const uint8_t* b = registered_[i].data();
+      if (p >= b && p + len <= b + registered_[i].size()) return static_cast<int>(i);
+    }
+    return -1;
+  }
+  uint32_t depth() const { return depth_; }
+
+ private:
+  uint32_t depth_ = 64;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Ring*> free_;
+  std::vector<std::unique_ptr<Ring>> all_;
+  std::mutex buf_mu_;
+  std::vector<std::span<uint8_t>> registered_;
+};
+
+class UringDevice final : public FileDevice {
+ public:
+  UringDevice(int fd, std::string path, std::shared_ptr<RingPool> pool)
+      : FileDevice(fd, std::move(path)), pool_(std::move(pool)) {}
+
+  Status Submit(std::span<IoRequest> batch) override {
+    if (batch.size() > kMaxBatchIos) return Status::InvalidArgument("batch too large");
+    struct Pending {
+      size_t index;
+      size_t done;
+    };
+    std::deque<Pending> queue;
+    std::vector<size_t> progress(batch.size(), 0);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      batch[i].result = CheckAlignment(batch[i], Alignment());
+      if (batch[i].result.ok() && batch[i].length > 0) queue.push_back({i, 0});
+    }
+    RingPool::Ring* ring = pool_->Acquire();
+    size_t inflight = 0;
+    while (!queue.empty() || inflight > 0) {
+      // Fill the submission queue up to the ring's depth.
+      while (!queue.empty() && inflight < pool_->depth()) {
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring->ring);
+        if (sqe == nullptr) break;
+        Pending p = queue.front();
+        queue.pop_front();
+        IoRequest& r = batch[p.index];
+        uint8_t* buf = r.buffer + p.done;
+        unsigned len = static_cast<unsigned>(r.length - p.done);
+        uint64_t off = r.offset + p.done;
+        int fixed = ring->has_buffers ? pool_->FixedIndex(buf, len) : -1;
+        if (r.op == IoRequest::Op::kRead) {
+          if (fixed >= 0) {
+            io_uring_prep_read_fixed(sqe, fd_, buf, len, off, fixed);
+          } else {
+            io_uring_prep_read(sqe, fd_, buf, len, off);
+          }
+        } else if (fixed >= 0) {
+          io_uring_prep_write_fixed(sqe, fd_, buf, len, off, fixed);
+        } else {
+          io_uring_prep_write(sqe, fd_, buf, len, off);
+        }
+        io_uring_sqe_set_data64(sqe, p.index);
+        ++inflight;
+      }
+      // Submit and block until at least one completion arrives (no spinning).
+      int rc = io_uring_submit_and_wait(&ring->ring, 1);
+      if (rc < 0 && rc != -EINTR) {
+        pool_->Release(ring);
+        return ErrnoStatus("io_uring_submit_and_wait", -rc);
+      }
+      io_uring_cqe* cqe = nullptr;
+      while (io_uring_peek_cqe(&ring->ring, &cqe) == 0) {
+        size_t i = io_uring_cqe_get_data64(cqe);
+        int res = cqe->res;
+        io_uring_cqe_seen(&ring->ring, cqe);
+        --inflight;
+        IoRequest& r = batch[i];
+        if (res < 0) {
+          if (res == -EAGAIN || res == -EINTR) {
+            queue.push_back({i, progress[i]});
+          } else {
+            r.result = ErrnoStatus(
+                std::string(r.op == IoRequest::Op::kRead ? "read " : "write ") + path_, -res);
+          }
+        } else if (res == 0) {
+          r.result =
+              Status::Corruption("short read at " + std::to_string(r.offset) + " in " + path_);
+        } else {
+          progress[i] += static_cast<size_t>(res);
+          if (progress[i] < r.length) queue.push_back({i, progress[i]});  // short transfer
+        }
+      }
+    }
+    pool_->Release(ring);
+    Status first;
+    for (const IoRequest& r : batch) {
+      if (!r.result.ok()) {
+        first = r.result;
+        break;
+      }
+    }
+    return first;
+  }
+  std::string Kind() const override { return "io_uring"; }
+
+ private:
+  std::shared_ptr<RingPool> pool_;
+};
+
+class DirEnv final : public DeviceEnv {
+ public:
+  DirEnv(std::string dir, DirEnvOptions options, std::shared_ptr<RingPool> pool)
+      : dir_(std::move(dir)), options_(options), pool_(std::move(pool)) {}
+
+  StatusOr<std::shared_ptr<BlockDevice>> Open(const std::string& name, bool create) override {
+    std::string path = dir_ + "/" + name;
+    int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0);
+    bool direct = pool_ != nullptr && options_.use_o_direct && !direct_refused_;
+    int fd = ::open(path.c_str(), flags | (direct ? O_DIRECT : 0), 0644);
+    if (fd < 0 && direct && errno == EINVAL) {
+      KVTIER_LOG(kWarn) << "O_DIRECT refused by the file system under " << dir_
+                        << "; using buffered I/O";
+      direct_refused_ = true;
+      fd = ::open(path.c_str(), flags, 0644);
+    }
+    if (fd < 0) {
+      if (errno == ENOENT) return Status::NotFound("no device " + path);
+      return ErrnoStatus("open " + path, errno);
+    }
+    if (pool_ != nullptr) {
+      return std::shared_ptr<BlockDevice>(std::make_shared<UringDevice>(fd, path, pool_));
+    }
+    return std::shared_ptr<BlockDevice>(std::make_shared<PosixDevice>(fd, path));
+  }
+  StatusOr<std::vector<std::string>> List() override {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+      if (e.is_regular_file()) out.push_back(e.path().filename().string());
+    }
+    if (ec) return Status::IOError("list " + dir_ + ": " + ec.message());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  Status Remove(const std::string& name) override {
+    std::string path = dir_ + "/" + name;
+    if (::unlink(path.c_str()) != 0) {
+      if (errno == ENOENT) return Status::NotFound("no device " + path);
+      return ErrnoStatus("unlink " + path, errno);
+    }
+    return Status::Ok();
+  }
+  Status RegisterBuffers(std::span<const std::span<uint8_t>> buffers) override {
+    if (pool_ == nullptr) return Status::Ok();
+    return pool_->RegisterBuffers(buffers);
+  }
+  std::string Kind() const override { return pool_ != nullptr ? "io_uring" : "posix"; }
+
+ private:
+  std::string dir_;
+  DirEnvOptions options_;
+  std::shared_ptr<RingPool> pool_;
+  std::atomic<bool> direct_refused_{false};
+};
+
+}  // namespace
+
+Status BlockDevice::Read(uint64_t offset, std::span<uint8_t> buffer) {
+  IoRequest r{IoRequest::Op::kRead, offset, buffer.data(), buffer.size(), {}};
+  return Submit(std::span<IoRequest>(&r, 1));
+}
+
+Status BlockDevice::Write(uint64_t offset, std::span<const uint8_t> data) {
+  IoRequest r{IoRequest::Op::kWrite, offset, const_cast<uint8_t*>(data.data()), data.size(), {}};
+  return Submit(std::span<IoRequest>(&r, 1));
+}
+
+void AlignedFree::operator()(uint8_t* p) const { std::free(p); }
+
+AlignedBuffer AllocateAligned(size_t length, size_t alignment) {
+  size_t rounded = (std::max<size_t>(length, 1) + alignment - 1) / alignment * alignment;
+  void* p = std::aligned_alloc(alignment, rounded);
+  return AlignedBuffer(static_cast<uint8_t*>(p));
+}
+
+StatusOr<std::unique_ptr<DeviceEnv>> NewDirEnv(const std::string& dir,
+                                               const DirEnvOptions& options) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IOError("create " + dir + ": " + ec.message());
+  std::shared_ptr<RingPool> pool;
+  if (options.engine != IoEngine::kPosix) {
+    auto p = RingPool::Create(options.rings, options.queue_depth);
+    if (p.ok()) {
+      pool = std::move(p).value();
+    } else if (options.engine == IoEngine::kIoUring) {
+      return p.status();
+    } else {
+      KVTIER_LOG(kWarn) << "io_uring unavailable (" << p.status().ToString()
+                        << "); using pread/pwrite";
+    }
+  }
+  return std::unique_ptr<DeviceEnv>(new DirEnv(dir, options, std::move(pool)));
+}
+
+std::unique_ptr<DeviceEnv> NewMemEnv() { return std::make_unique<MemEnv>(); }
+
+}  // namespace kvtier::storage

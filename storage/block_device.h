@@ -1,0 +1,115 @@
+// BlockDevice: aligned, offset-addressed I/O on one file (an SSD segment), and DeviceEnv, the
+// factory that names, opens, lists and deletes devices (a data directory, memory, or a
+// fault-injecting wrapper around either).
+//
+// Alignment: every offset, length and buffer address passed to Read/Write/Submit must be a
+// multiple of Alignment() (4096 for O_DIRECT devices, 1 for memory). Misaligned requests are
+// InvalidArgument. Callers own all buffers; a device never keeps a pointer after a call returns.
+//
+// Batches: Submit() hands a batch of reads/writes to the device at once (io_uring: one
+// submission of up to queue_depth SQEs, completions reaped by blocking in io_uring_wait_cqe,
+// never by spinning) and returns when every request has completed. Each request gets its own
+// result; Submit's own Status is the first failure (or OK). Batches larger than kMaxBatchIos
+// are InvalidArgument.
+//
+// Durability: a completed Write is visible to later Reads of any thread, but survives a crash
+// only after Sync() returns OK.
+//
+// Thread safety: every method of BlockDevice and DeviceEnv may be called concurrently.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvtier::storage {
+
+inline constexpr size_t kMaxBatchIos = 1024;
+// Hard upper bound on an io_uring queue depth (SQ entries per ring).
+inline constexpr uint32_t kMaxQueueDepth = 1024;
+
+struct IoRequest {
+  enum class Op : uint8_t { kRead, kWrite };
+  Op op = Op::kRead;
+  uint64_t offset = 0;
+  uint8_t* buffer = nullptr;  // read target or write source; not owned
+  size_t length = 0;
+  // Filled by Submit: OK, or the error of this request (a short read past the end of the
+  // device is Corruption("short read")).
+  Status result;
+};
+
+class BlockDevice {
+ public:
+  virtual ~BlockDevice() = default;
+
+  // Reads exactly buffer.size() bytes at offset. Reading past Size() is Corruption.
+  virtual Status Read(uint64_t offset, std::span<uint8_t> buffer);
+  // Writes all of data at offset, growing the device when needed.
+  virtual Status Write(uint64_t offset, std::span<const uint8_t> data);
+  // Runs a batch (see the file comment).
+  virtual Status Submit(std::span<IoRequest> batch) = 0;
+  // Makes every completed write durable (fdatasync when data_only).
+  virtual Status Sync(bool data_only = true) = 0;
+  // Reserves [offset, offset+length) (fallocate); Size() grows to at least offset+length.
+  virtual Status Allocate(uint64_t offset, uint64_t length) = 0;
+  // Current size in bytes.
+  virtual uint64_t Size() const = 0;
+  virtual size_t Alignment() const = 0;
+  // A short name for logs: "io_uring", "posix", "memory", "fault(...)".
+  virtual std::string Kind() const = 0;
+};
+
+// Which implementation a directory-backed env uses for its files.
+enum class IoEngine : uint8_t {
+  kAuto,     // io_uring + O_DIRECT; falls back to POSIX when either is refused (logged)
+  kIoUring,  // io_uring; O_DIRECT when the file system allows it
+  kPosix,    // pread/pwrite, buffered (no O_DIRECT)
+};
+
+struct DirEnvOptions {
+  IoEngine engine = IoEngine::kAuto;
+  // SQ entries per io_uring ring; clamped to [1, kMaxQueueDepth].
+  uint32_t queue_depth = 64;
+  // Rings shared by all devices of the env; each call holds one ring exclusively.
+  uint32_t rings = 4;
+  bool use_o_direct = true;
+};
+
+class DeviceEnv {
+ public:
+  virtual ~DeviceEnv() = default;
+  // Opens (creating when create is true) the named device. NotFound if absent and !create.
+  virtual StatusOr<std::shared_ptr<BlockDevice>> Open(const std::string& name, bool create) = 0;
+  // Names of existing devices, sorted.
+  virtual StatusOr<std::vector<std::string>> List() = 0;
+  // Removes the named device; open handles stay usable until released. NotFound if absent.
+  virtual Status Remove(const std::string& name) = 0;
+  // Registers long-lived I/O buffers (io_uring fixed buffers); writes from inside a registered
+  // buffer use IORING_OP_WRITE_FIXED. Optional: the default does nothing.
+  virtual Status RegisterBuffers(std::span<const std::span<uint8_t>> buffers) {
+    (void)buffers;
+    return Status::Ok();
+  }
+  virtual std::string Kind() const = 0;
+};
+
+// Files in `dir` (created if missing).
+StatusOr<std::unique_ptr<DeviceEnv>> NewDirEnv(const std::string& dir,
+                                               const DirEnvOptions& options = {});
+// Devices in process memory. Alignment 1. Contents live as long as the env.
+std::unique_ptr<DeviceEnv> NewMemEnv();
+
+// Allocates `length` bytes aligned to `alignment` (a power of two); freed with free().
+struct AlignedFree {
+  void operator()(uint8_t* p) const;
+};
+using AlignedBuffer = std::unique_ptr<uint8_t[], AlignedFree>;
+AlignedBuffer AllocateAligned(size_t length, size_t alignment = 4096);
+
+}  // namespace kvtier::storage

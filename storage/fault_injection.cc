@@ -1,0 +1,254 @@
+#include "storage/fault_injection.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace kvtier::storage {
+
+struct FaultInjectionEnv::DeviceState {
+  std::string name;
+  std::shared_ptr<BlockDevice> base;
+  std::mutex mu;
+  struct Write {
+    uint64_t offset;
+    std::vector<uint8_t> data;
+  };
+  std::vector<Write> pending;  // unsynced, in write order
+};
+
+namespace {
+
+class FaultDevice final : public BlockDevice {
+ public:
+  FaultDevice(FaultInjectionEnv* env, std::shared_ptr<FaultInjectionEnv::DeviceState> state)
+      : env_(env), state_(std::move(state)) {}
+
+  Status Submit(std::span<IoRequest> batch) override {
+    if (batch.size() > kMaxBatchIos) return Status::InvalidArgument("batch too large");
+    Status first;
+    for (IoRequest& r : batch) {
+      r.result = r.op == IoRequest::Op::kRead ? DoRead(r) : DoWrite(r);
+      if (first.ok() && !r.result.ok()) first = r.result;
+    }
+    return first;
+  }
+
+  Status Sync(bool data_only) override {
+    if (env_->crashed()) return Status::IOError("simulated crash");
+    std::lock_guard lock(state_->mu);
+    for (auto& w : state_->pending) {
+      KVTIER_RETURN_IF_ERROR(WriteThrough(w.offset, w.data));
+    }
+    state_->pending.clear();
+    return state_->base->Sync(data_only);
+  }
+  Status Allocate(uint64_t offset, uint64_t length) override {
+    if (env_->crashed()) return Status::IOError("simulated crash");
+    return state_->base->Allocate(offset, length);
+  }
+  uint64_t Size() const override {
+    std::lock_guard lock(state_->mu);
+    uint64_t size = state_->base->Size();
+    for (const auto& w : state_->pending) size = std::max<uint64_t>(size, w.offset + w.data.size());
+    return size;
+  }
+  size_t Alignment() const override { return state_->base->Alignment(); }
+  std::string Kind() const override { return "fault(" + state_->base->Kind() + ")"; }
+
+ private:
+  // Writes through an aligned bounce buffer (the base may be O_DIRECT).
+  Status WriteThrough(uint64_t offset, const std::vector<uint8_t>& data) {
+    size_t a = state_->base->Alignment();
+    if (a <= 1) return state_->base->Write(offset, data);
+    uint64_t start = offset / a * a;
+    uint64_t end = (offset + data.size() + a - 1) / a * a;
+    AlignedBuffer buf = AllocateAligned(end - start, a);
+    std::memset(buf.get(), 0, end - start);
+    uint64_t base_size = state_->base->Size();
+    if (start < base_size) {
+      uint64_t n = std::min(end, base_size / a * a) - start;
+      if (n > 0) KVTIER_RETURN_IF_ERROR(state_->base->Read(start, {buf.get(), n}));
+    }
+    std::memcpy(buf.get() + (offset - start), data.data(), data.size());
+    return state_->base->Write(start, {buf.get(), end - start});
+  }
+
+  Status DoRead(IoRequest& r) {
+    if (env_->crashed()) return Status::IOError("simulated crash");
+    if (env_->TakeArmed(env_->arm_eio_) || env_->Roll(env_->options_.read_eio_probability)) {
+      env_->Record("EIO read " + state_->name + " @" + std::to_string(r.offset));
+      return Status::IOError("injected EIO on read of " + state_->name);
+    }
+    if (env_->Roll(env_->options_.short_read_probability)) {
+      env_->Record("short read " + state_->name + " @" + std::to_string(r.offset));
+      return Status::Corruption("injected short read of " + state_->name);
+    }
+    {
+      std::lock_guard lock(state_->mu);
+      uint64_t base_size = state_->base->Size();
+      uint64_t in_base =
+          r.offset >= base_size ? 0 : std::min<uint64_t>(r.length, base_size - r.offset);
+      std::memset(r.buffer, 0, r.length);
+      if (in_base > 0) {
+        size_t a = state_->base->Alignment();
+        if (a > 1 && in_base % a != 0) in_base = in_base / a * a;
+        if (in_base > 0) KVTIER_RETURN_IF_ERROR(state_->base->Read(r.offset, {r.buffer, in_base}));
+      }
+      uint64_t covered = in_base;
+      for (const auto& w : state_->pending) {
+        uint64_t lo = std::max<uint64_t>(w.offset, r.offset);
+        uint64_t hi = std::min<uint64_t>(w.offset + w.data.size(), r.offset + r.length);
+        if (lo < hi) {
+          std::memcpy(r.buffer + (lo - r.offset), w.data.data() + (lo - w.offset), hi - lo);
+          covered = std::max(covered, hi - r.offset);
+        }
+      }
+      if (covered < r.length) return Status::Corruption("short read of " + state_->name);
+    }
+    if ((env_->TakeArmed(env_->arm_flip_) || env_->Roll(env_->options_.bit_flip_probability)) &&
+        r.length > 0) {
+      uint64_t bit = env_->NextRandom() % (r.length * 8);
+      r.buffer[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+      env_->Record("bit flip " + state_->name + " @" + std::to_string(r.offset + bit / 8));
+    }
+    return Status::Ok();
+  }
+
+  Status DoWrite(IoRequest& r) {
+    if (env_->crashed()) return Status::IOError("simulated crash");
+    if (env_->no_space_.load() || env_->TakeArmed(env_->arm_enospc_) ||
+        env_->Roll(env_->options_.write_enospc_probability)) {
+      env_->Record("ENOSPC write " + state_->name + " @" + std::to_string(r.offset));
+      return Status::IOError("no space left on device (ENOSPC): injected on " + state_->name);
+    }
+    std::lock_guard lock(state_->mu);
+    state_->pending.push_back({r.offset, std::vector<uint8_t>(r.buffer, r.buffer + r.length)});
+    env_->NoteWrite(state_.get());
+    return Status::Ok();
+  }
+
+  FaultInjectionEnv* env_;
+  std::shared_ptr<FaultInjectionEnv::DeviceState> state_;
+};
+
+}  // namespace
+
+FaultInjectionEnv::FaultInjectionEnv(DeviceEnv* base, FaultOptions options)
+    : options_(std::move(options)), base_(base), rng_(options_.seed) {
+  if (!options_.log_path.empty()) {
+    log_fd_ = ::open(options_.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  }
+  Record("fault env seed=" + std::to_string(options_.seed));
+}
+
+FaultInjectionEnv::~FaultInjectionEnv() {
+  if (log_fd_ >= 0) ::close(log_fd_);
+}
+
+StatusOr<std::shared_ptr<BlockDevice>> FaultInjectionEnv::Open(const std::string& name,
+                                                               bool create) {
+  if (crashed()) return Status::IOError("simulated crash");
+  KVTIER_ASSIGN_OR_RETURN(auto base, base_->Open(name, create));
+  auto state = std::make_shared<DeviceState>();
+  state->name = name;
+  state->base = std::move(base);
+  {
+    std::lock_guard lock(mu_);
+    devices_.push_back(state);
+  }
+  return std::shared_ptr<BlockDevice>(std::make_shared<FaultDevice>(this, state));
+}
+
+StatusOr<std::vector<std::string>> FaultInjectionEnv::List() {
+  if (crashed()) return Status::IOError("simulated crash");
+  return base_->List();
+}
+
+Status FaultInjectionEnv::Remove(const std::string& name) {
+  if (crashed()) return Status::IOError("simulated crash");
+  return base_->Remove(name);
+}
+
+bool FaultInjectionEnv::Roll(double p) {
+  if (p <= 0.0) return false;
+  std::lock_guard lock(mu_);
+  return std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < p;
+}
+
+uint64_t FaultInjectionEnv::NextRandom() {
+  std::lock_guard lock(mu_);
+  return rng_();
+}
+
+bool FaultInjectionEnv::TakeArmed(std::atomic<int>& counter) {
+  int n = counter.load();
+  while (n > 0) {
+    if (counter.compare_exchange_weak(n, n - 1)) return true;
+  }
+  return false;
+}
+
+void FaultInjectionEnv::Record(const std::string& line) {
+  injected_.fetch_add(1);
+  std::lock_guard lock(mu_);
+  log_.push_back(line);
+  if (log_fd_ >= 0) {
+    std::string l = line + "\n";
+    ssize_t n = ::write(log_fd_, l.data(), l.size());
+    (void)n;
+  }
+}
+
+void FaultInjectionEnv::NoteWrite(DeviceState* state) {
+  std::lock_guard lock(mu_);
+  last_writer_ = state;
+}
+
+void FaultInjectionEnv::SimulateCrash() {
+  std::vector<std::shared_ptr<DeviceState>> live;
+  DeviceState* last = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    crashed_.store(true);
+    for (auto& w : devices_) {
+      if (auto s = w.lock()) live.push_back(std::move(s));
+    }
+    last = last_writer_;
+  }
+  for (auto& s : live) {
+    std::lock_guard lock(s->mu);
+    if (s.get() == last && options_.torn_last_write && !s->pending.empty()) {
+      // A sector-granular prefix of the most recent write reaches the media.
+      auto& w = s->pending.back();
+      size_t sectors = (w.data.size() + 511) / 512;
+      size_t keep = static_cast<size_t>(NextRandom() % (sectors + 1)) * 512;
+      keep = std::min(keep, w.data.size());
+      if (keep > 0) {
+        size_t a = s->base->Alignment();
+        // Only whole aligned blocks can be written to an O_DIRECT base.
+        if (a > 1) keep = (w.offset % a == 0) ? keep / a * a : 0;
+        if (keep > 0) {
+          AlignedBuffer buf = AllocateAligned(keep, std::max<size_t>(a, 1));
+          std::memcpy(buf.get(), w.data.data(), keep);
+          Status st = s->base->Write(w.offset, {buf.get(), keep});
+          (void)st;
+        }
+      }
+      Record("crash: torn last write of " + s->name + " @" + std::to_string(w.offset) + " kept " +
+             std::to_string(keep) + "/" + std::to_string(w.data.size()) + " bytes");
+    }
+    Record("crash: dropped " + std::to_string(s->pending.size()) + " unsynced writes of " +
+           s->name);
+    s->pending.clear();
+  }
+}
+
+std::vector<std::string> FaultInjectionEnv::Log() const {
+  std::lock_guard lock(mu_);
+  return log_;
+}
+
+}  // namespace kvtier::storage

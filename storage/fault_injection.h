@@ -1,0 +1,90 @@
+// FaultInjectionEnv: a DeviceEnv wrapper that injects device faults, after RocksDB's
+// FaultInjectionTestFS and SQLite's test6.c. Test-only, but compiled into the library so the
+// stress and crash harnesses can use it.
+//
+// - Unsynced writes are kept in memory (reads see them) and reach the wrapped device only on
+//   Sync(). SimulateCrash() drops them, optionally tearing the most recent write (a random
+//   sector-granular prefix of it reaches the device), and then fails every later call with
+//   IOError("simulated crash") until the env is destroyed. A new env over the same base then
+//   sees the "after reboot" state.
+// - Injected faults, by probability per call (seeded, reproducible) or armed one-shot:
+//   EIO on read, ENOSPC on write, short read (Corruption), a bit flip in data returned by a read.
+// - Every injection is logged: Log() returns the lines, and when log_path is set each line is
+//   also appended to that file at once (so the log survives the simulated crash).
+//
+// Thread safety: all methods may be called concurrently.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "storage/block_device.h"
+
+namespace kvtier::storage {
+
+struct FaultOptions {
+  uint64_t seed = 1;
+  // Per-call probabilities in [0, 1].
+  double read_eio_probability = 0.0;
+  double write_enospc_probability = 0.0;
+  double short_read_probability = 0.0;
+  double bit_flip_probability = 0.0;
+  // On SimulateCrash, tear the most recent unsynced write instead of dropping it whole.
+  bool torn_last_write = true;
+  // Optional file that receives every log line as it happens.
+  std::string log_path;
+};
+
+class FaultInjectionEnv final : public DeviceEnv {
+ public:
+  // base is not owned and must outlive this env.
+  FaultInjectionEnv(DeviceEnv* base, FaultOptions options);
+  ~FaultInjectionEnv() override;
+
+  StatusOr<std::shared_ptr<BlockDevice>> Open(const std::string& name, bool create) override;
+  StatusOr<std::vector<std::string>> List() override;
+  Status Remove(const std::string& name) override;
+  std::string Kind() const override { return "fault(" + base_->Kind() + ")"; }
+
+  // One-shot faults: the next n matching calls fail.
+  void FailNextReads(int n) { arm_eio_.store(n); }
+  void FailNextWrites(int n) { arm_enospc_.store(n); }
+  void FlipBitInNextReads(int n) { arm_flip_.store(n); }
+  // While set, every write fails with ENOSPC.
+  void SetNoSpace(bool no_space) { no_space_.store(no_space); }
+
+  // Drops unsynced writes (tearing the last one when configured) and fails all later I/O.
+  void SimulateCrash();
+  bool crashed() const { return crashed_.load(); }
+
+  std::vector<std::string> Log() const;
+  uint64_t injected() const { return injected_.load(); }
+
+  // Internal: used by the wrapped devices.
+  struct DeviceState;
+  bool Roll(double p);
+  uint64_t NextRandom();
+  void Record(const std::string& line);
+  bool TakeArmed(std::atomic<int>& counter);
+  std::atomic<int> arm_eio_{0}, arm_enospc_{0}, arm_flip_{0};
+  std::atomic<bool> no_space_{false};
+  std::atomic<bool> crashed_{false};
+  FaultOptions options_;
+  void NoteWrite(DeviceState* state);
+
+ private:
+  DeviceEnv* base_;
+  mutable std::mutex mu_;
+  std::mt19937_64 rng_;
+  std::vector<std::string> log_;
+  std::vector<std::weak_ptr<DeviceState>> devices_;
+  DeviceState* last_writer_ = nullptr;
+  std::atomic<uint64_t> injected_{0};
+  int log_fd_ = -1;
+};
+
+}  // namespace kvtier::storage

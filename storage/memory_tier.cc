@@ -1,0 +1,459 @@
+#include "storage/memory_tier.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#ifdef KVTIER_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include "common/logging.h"
+#include "storage/key_util.h"
+
+namespace kvtier::storage {
+namespace {
+
+constexpr uint32_t kMaxShards = 256;
+constexpr uint64_t kMinChunkBytes = 64;
+
+// The backing memory of a tier. Copies go through CopyIn/CopyOut so a device arena can use
+// cudaMemcpy.
+class Arena {
+ public:
+  static StatusOr<std::unique_ptr<Arena>> Create(Tier tier, uint64_t bytes, bool use_cuda,
+                                                 bool lock) {
+    auto a = std::unique_ptr<Arena>(new Arena());
+    a->bytes_ = bytes;
+#ifdef KVTIER_WITH_CUDA
+    int devices = 0;
+    if (use_cuda && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
+      void* p = nullptr;
+      cudaError_t err = tier == Tier::kHbm ? cudaMalloc(&p, bytes)
+                                           : cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+      if (err == cudaSuccess) {
+        a->base_ = static_cast<uint8_t*>(p);
+        a->kind_ = tier == Tier::kHbm ? Kind::kCudaDevice : Kind::kCudaPinned;
+        return a;
+      }
+      KVTIER_LOG(kWarn) << "CUDA arena of " << bytes << " bytes failed (" << cudaGetErrorString(err)
+                        << "); using host memory";
+    }
+#else
+    (void)tier;
+    (void)use_cuda;
+#endif
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return Status::Rejected("cannot map a memory arena");
+    a->base_ = static_cast<uint8_t*>(p);
+    a->kind_ = Kind::kMmap;
+    if (lock) {
+      if (::mlock(p, bytes) == 0) {
+        a->locked_ = true;
+      } else {
+        KVTIER_LOG(kWarn) << "mlock of the DRAM arena failed; continuing unlocked";
+      }
+    }
+    return a;
+  }
+  ~Arena() {
+#ifdef KVTIER_WITH_CUDA
+    if (kind_ == Kind::kCudaDevice) {
+      cudaFree(base_);
+      return;
+    }
+    if (kind_ == Kind::kCudaPinned) {
+      cudaFreeHost(base_);
+      return;
+    }
+#endif
+    if (base_ != nullptr) ::munmap(base_, bytes_);
+  }
+  void CopyIn(uint64_t offset, const uint8_t* src, size_t n) {
+#ifdef KVTIER_WITH_CUDA
+    if (kind_ == Kind::kCudaDevice) {
+      cudaMemcpy(base_ + offset, src, n, cudaMemcpyHostToDevice);
+      return;
+    }
+#endif
+    std::memcpy(base_ + offset, src, n);
+  }
+  void CopyOut(uint64_t offset, uint8_t* dst, size_t n) const {
+#ifdef KVTIER_WITH_CUDA
+    if (kind_ == Kind::kCudaDevice) {
+      cudaMemcpy(dst, base_ + offset, n, cudaMemcpyDeviceToHost);
+      return;
+    }
+#endif
+    std::memcpy(dst, base_ + offset, n);
+  }
+  std::string kind() const {
+    switch (kind_) {
+      case Kind::kCudaDevice:
+        return "cuda-device";
+      case Kind::kCudaPinned:
+        return "cuda-pinned";
+      case Kind::kMmap:
+        break;
+    }
+    return locked_ ? "mmap+mlock" : "mmap";
+  }
+
+ private:
+  enum class Kind { kMmap, kCudaPinned, kCudaDevice };
+  Arena() = default;
+  uint8_t* base_ = nullptr;
+  uint64_t bytes_ = 0;
+  Kind kind_ = Kind::kMmap;
+  bool locked_ = false;
+};
+
+// Slab allocator over arena pages. Not thread-safe; guarded by MemoryTier's alloc mutex.
+class SlabAllocator {
+ public:
+  SlabAllocator(uint64_t capacity, uint64_t page) : page_(page) {
+    uint64_t size = kMinChunkBytes;
+    while (size < page) {
+      classes_.push_back({size, {}});
+      size = std::max(size + kMinChunkBytes,
+                      (size * 5 / 4 + kMinChunkBytes - 1) / kMinChunkBytes * kMinChunkBytes);
+    }
+    classes_.push_back({page, {}});
+    uint64_t pages = capacity / page;
+    pages_.resize(pages);
+    for (uint64_t i = pages; i > 0; --i) free_pages_.push_back(i - 1);
+  }
+  int ClassFor(uint64_t size) const {
+    for (size_t i = 0; i < classes_.size(); ++i) {
+      if (classes_[i].chunk >= size) return static_cast<int>(i);
+    }
+    return -1;
+  }
+  uint64_t chunk_size(int c) const { return classes_[c].chunk; }
+  // Offset of a free chunk of class c, or nullopt.
+  std::optional<uint64_t> Allocate(int c) {
+    auto& cls = classes_[c];
+    if (cls.free.empty()) {
+      if (free_pages_.empty()) return std::nullopt;
+      uint64_t p = free_pages_.back();
+      free_pages_.pop_back();
+      pages_[p] = {c, 0};
+      uint64_t n = page_ / cls.chunk;
+      for (uint64_t i = n; i > 0; --i) cls.free.push_back(p * page_ + (i - 1) * cls.chunk);
+    }
+    uint64_t off = cls.free.back();
+    cls.free.pop_back();
+    pages_[off / page_].live++;
+    used_ += cls.chunk;
+    return off;
+  }
+  void Free(int c, uint64_t off) {
+    auto& cls = classes_[c];
+    cls.free.push_back(off);
+    used_ -= cls.chunk;
+    uint64_t p = off / page_;
+    if (--pages_[p].live == 0) {
+      // The page is empty: give it back so any class can use it.
+      uint64_t lo = p * page_, hi = lo + page_;
+      std::erase_if(cls.free, [&](uint64_t o) { return o >= lo && o < hi; });
+      pages_[p].cls = -1;
+      free_pages_.push_back(p);
+    }
+  }
+  uint64_t used() const { return used_; }
+
+ private:
+  struct Class {
+    uint64_t chunk;
+    std::vector<uint64_t> free;
+  };
+  struct Page {
+    int cls = -1;
+    uint64_t live = 0;
+  };
+  uint64_t page_;
+  std::vector<Class> classes_;
+  std::vector<Page> pages_;
+  std::vector<uint64_t> free_pages_;
+  uint64_t used_ = 0;
+};
+
+struct Slot {
+  uint64_t offset = 0;
+  int cls = 0;
+  MemMeta meta;
+};
+
+}  // namespace
+
+class MemoryTier::Impl {
+ public:
+  explicit Impl(const MemoryTierOptions& o) : o_(o) {}
+
+  Status Init() {
+    clock_ = o_.clock != nullptr ? o_.clock : &DefaultSteadyClock();
+    if (o_.slab_page_bytes < 4096) return Status::InvalidArgument("slab_page_bytes < 4096");
+    if (o_.capacity_bytes < o_.slab_page_bytes) {
+      return Status::InvalidArgument("memory tier capacity smaller than one slab page");
+    }
+    o_.shards = std::clamp<uint32_t>(o_.shards, 1, kMaxShards);
+    KVTIER_ASSIGN_OR_RETURN(arena_, Arena::Create(o_.tier, o_.capacity_bytes, o_.use_cuda,
+                                                  o_.mlock && o_.tier == Tier::kDram));
+    alloc_ = std::make_unique<SlabAllocator>(o_.capacity_bytes, o_.slab_page_bytes);
+    shards_ = std::vector<Shard>(o_.shards);
+    KVTIER_ASSIGN_OR_RETURN(policy_,
+                            policies::MakeEvictionPolicy(o_.eviction_policy, o_.policy_params));
+    return Status::Ok();
+  }
+
+  struct Shard {
+    mutable std::mutex mu;
+    std::unordered_map<Key, Slot, KeyHash> map;
+  };
+  Shard& ShardOf(const Key& k) { return shards_[(ObjectIdOf(k) >> 56) % shards_.size()]; }
+  const Shard& ShardOf(const Key& k) const {
+    return shards_[(ObjectIdOf(k) >> 56) % shards_.size()];
+  }
+
+  Status Insert(const Key& key, std::span<const uint8_t> value, const MemMeta& meta, bool tracked) {
+    if (value.size() > o_.slab_page_bytes)
+      return Status::InvalidArgument("value larger than a slab");
+    int c = alloc_->ClassFor(std::max<uint64_t>(value.size(), 1));
+    uint64_t off;
+    {
+      std::lock_guard lock(alloc_mu_);
+      auto o = alloc_->Allocate(c);
+      if (!o) return Status::Rejected("memory tier full");
+      off = *o;
+    }
+    arena_->CopyIn(off, value.data(), value.size());
+    Slot slot{off, c, meta};
+    slot.meta.size_bytes = static_cast<uint32_t>(value.size());
+    std::optional<Slot> old;
+    {
+      Shard& s = ShardOf(key);
+      std::lock_guard lock(s.mu);
+      auto [it, inserted] = s.map.try_emplace(key, slot);
+      if (!inserted) {
+        old = it->second;
+        it->second = slot;
+      }
+    }
+    if (old) {
+      std::lock_guard lock(alloc_mu_);
+      alloc_->Free(old->cls, old->offset);
+      used_bytes_ -= old->meta.size_bytes;
+    }
+    {
+      std::lock_guard lock(alloc_mu_);
+      used_bytes_ += value.size();
+    }
+    {
+      std::lock_guard lock(policy_mu_);
+      if (old) Untrack(key);
+      if (tracked) {
+        Track(key, slot.meta);
+        untracked_.erase(key);
+      } else {
+        untracked_.insert(key);
+      }
+    }
+    bytes_written_.fetch_add(value.size(), std::memory_order_relaxed);
+    return Status::Ok();
+  }
+
+  Status Read(const Key& key, std::vector<uint8_t>* out, MemMeta* meta, bool count) {
+    {
+      const Shard& s = ShardOf(key);
+      std::lock_guard lock(s.mu);
+      auto it = s.map.find(key);
+      if (it == s.map.end()) return Status::NotFound("not in memory tier");
+      out->resize(it->second.meta.size_bytes);
+      arena_->CopyOut(it->second.offset, out->data(), out->size());
+      if (meta != nullptr) *meta = it->second.meta;
+    }
+    if (!count) return Status::Ok();
+    hits_.fetch_add(1, std::memory_order_relaxed);
+    bytes_read_.fetch_add(out->size(), std::memory_order_relaxed);
+    {
+      std::lock_guard lock(policy_mu_);
+      auto it = id_to_key_.find(ObjectIdOf(key));
+      if (it != id_to_key_.end() && it->second == key)
+        policy_->OnAccess(it->first, clock_->NowUs());
+    }
+    return Status::Ok();
+  }
+
+  bool Contains(const Key& key, MemMeta* meta) const {
+    const Shard& s = ShardOf(key);
+    std::lock_guard lock(s.mu);
+    auto it = s.map.find(key);
+    if (it == s.map.end()) return false;
+    if (meta != nullptr) *meta = it->second.meta;
+    return true;
+  }
+
+  Status Remove(const Key& key) {
+    Slot slot;
+    {
+      Shard& s = ShardOf(key);
+      std::lock_guard lock(s.mu);
+      auto it = s.map.find(key);
+      if (it == s.map.end()) return Status::NotFound("not in memory tier");
+      slot = it->second;
+      s.map.erase(it);
+    }
+    {
+      std::lock_guard lock(alloc_mu_);
+      alloc_->Free(slot.cls, slot.offset);
+      used_bytes_ -= slot.meta.size_bytes;
+    }
+    std::lock_guard lock(policy_mu_);
+    Untrack(key);
+    untracked_.erase(key);
+    return Status::Ok();
+  }
+
+  std::optional<Key> PickVictim() {
+    std::lock_guard lock(policy_mu_);
+    while (true) {
+      auto id = policy_->Evict(clock_->NowUs());
+      if (!id) return std::nullopt;
+      auto it = id_to_key_.find(*id);
+      if (it == id_to_key_.end()) continue;
+      Key k = it->second;
+      id_to_key_.erase(it);
+      evictions_.fetch_add(1, std::memory_order_relaxed);
+      return k;
+    }
+  }
+
+  void SetTracked(const Key& key, bool tracked) {
+    MemMeta meta;
+    bool present = Contains(key, &meta);
+    std::lock_guard lock(policy_mu_);
+    if (tracked) {
+      if (untracked_.erase(key) == 0 || !present) return;
+      Track(key, meta);
+    } else {
+      if (!present || !untracked_.insert(key).second) return;
+      Untrack(key);
+    }
+  }
+
+  Status SetPolicy(const std::string& eviction, const policies::PolicyParams& params) {
+    KVTIER_ASSIGN_OR_RETURN(auto policy, policies::MakeEvictionPolicy(eviction, params));
+    std::vector<std::pair<Key, MemMeta>> all;
+    ForEach([&](const Key& k, const MemMeta& m) { all.emplace_back(k, m); });
+    std::lock_guard lock(policy_mu_);
+    policy_ = std::move(policy);
+    id_to_key_.clear();
+    for (const auto& [k, m] : all) {
+      if (!untracked_.count(k)) Track(k, m);
+    }
+    return Status::Ok();
+  }
+
+  void ForEach(const std::function<void(const Key&, const MemMeta&)>& fn) const {
+    for (const Shard& s : shards_) {
+      std::vector<std::pair<Key, MemMeta>> snap;
+      {
+        std::lock_guard lock(s.mu);
+        for (const auto& [k, slot] : s.map) snap.emplace_back(k, slot.meta);
+      }
+      for (const auto& [k, m] : snap) fn(k, m);
+    }
+  }
+
+  MemoryTierStats GetStats() const {
+    MemoryTierStats st;
+    st.capacity_bytes = o_.capacity_bytes;
+    {
+      std::lock_guard lock(alloc_mu_);
+      st.used_bytes = used_bytes_;
+      st.chunk_bytes = alloc_->used();
+    }
+    for (const Shard& s : shards_) {
+      std::lock_guard lock(s.mu);
+      st.objects += s.map.size();
+    }
+    st.hits = hits_.load();
+    st.evictions = evictions_.load();
+    st.bytes_read = bytes_read_.load();
+    st.bytes_written = bytes_written_.load();
+    return st;
+  }
+
+  MemoryTierOptions o_;
+  const Clock* clock_ = nullptr;
+  std::unique_ptr<Arena> arena_;
+
+ private:
+  void Track(const Key& k, const MemMeta& m) {
+    auto [it, inserted] = id_to_key_.emplace(ObjectIdOf(k), k);
+    if (!inserted && it->second != k) return;  // id collision: leave untracked
+    policies::ObjectInfo info;
+    info.id = ObjectIdOf(k);
+    info.size_bytes = m.size_bytes;
+    info.parent_id = m.parent_id;
+    info.recompute_tokens = m.recompute_tokens;
+    info.kind = m.kind;
+    if (inserted) policy_->OnInsert(info, clock_->NowUs());
+  }
+  void Untrack(const Key& k) {
+    auto it = id_to_key_.find(ObjectIdOf(k));
+    if (it == id_to_key_.end() || it->second != k) return;
+    policy_->OnRemove(it->first);
+    id_to_key_.erase(it);
+  }
+
+  mutable std::mutex alloc_mu_;
+  std::unique_ptr<SlabAllocator> alloc_;
+  uint64_t used_bytes_ = 0;
+  std::vector<Shard> shards_;
+  std::mutex policy_mu_;
+  std::unique_ptr<policies::EvictionPolicy> policy_;
+  std::unordered_map<policies::ObjectId, Key> id_to_key_;
+  std::unordered_set<Key, KeyHash> untracked_;
+  std::atomic<uint64_t> hits_{0}, evictions_{0}, bytes_read_{0}, bytes_written_{0};
+};
+
+MemoryTier::MemoryTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+MemoryTier::~MemoryTier() = default;
+
+StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::Create(const MemoryTierOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  KVTIER_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<MemoryTier>(new MemoryTier(std::move(impl)));
+}
+
+uint64_t MemoryTier::max_value_bytes() const { return impl_->o_.slab_page_bytes; }
+Status MemoryTier::Insert(const Key& key, std::span<const uint8_t> value, const MemMeta& meta,
+                          bool tracked) {
+  return impl_->Insert(key, value, meta, tracked);
+}
+Status MemoryTier::Read(const Key& key, std::vector<uint8_t>* out, MemMeta* meta, bool count) {
+  return impl_->Read(key, out, meta, count);
+}
+bool MemoryTier::Contains(const Key& key, MemMeta* meta) const {
+  return impl_->Contains(key, meta);
+}
+Status MemoryTier::Remove(const Key& key) { return impl_->Remove(key); }
+std::optional<Key> MemoryTier::PickVictim() { return impl_->PickVictim(); }
+void MemoryTier::SetTracked(const Key& key, bool tracked) { impl_->SetTracked(key, tracked); }
+Status MemoryTier::SetPolicy(const std::string& eviction, const policies::PolicyParams& params) {
+  return impl_->SetPolicy(eviction, params);
+}
+void MemoryTier::ForEach(const std::function<void(const Key&, const MemMeta&)>& fn) const {
+  impl_->ForEach(fn);
+}
+MemoryTierStats MemoryTier::GetStats() const { return impl_->GetStats(); }
+std::string MemoryTier::arena_kind() const { return impl_->arena_->kind(); }
+
+}  // namespace kvtier::storage

@@ -1,0 +1,97 @@
+// MemoryTier: a bounded arena with slab classes and a sharded concurrent index. One class
+// serves both the DRAM tier (host arena: cudaHostAlloc-pinned when CUDA is compiled in and a
+// GPU is present, otherwise mmap, optionally mlock'd) and the HBM tier (cudaMalloc device
+// arena when a GPU is present, otherwise a host-emulated arena with the same interface).
+//
+// Allocation: the arena is cut into pages (slab_page_bytes); a page is given to one slab class
+// (chunk sizes grow by ~1.25x from 64 B to the page size) on demand, and returns to the free
+// page pool when its last chunk is freed. Values larger than a page do not fit this tier.
+// Insert never evicts: when no chunk is free it returns Rejected, and the caller (TierManager)
+// asks PickVictim for a victim, demotes it and removes it, then retries.
+//
+// Thread safety: all methods may be called concurrently. Reads copy out under their shard's
+// lock, so a concurrent Remove never frees memory that is being read.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "policies/policy.h"
+#include "storage/tier_manager.h"
+
+namespace kvtier::storage {
+
+struct MemoryTierOptions {
+  Tier tier = Tier::kDram;  // kDram or kHbm
+  uint64_t capacity_bytes = 1ull << 30;
+  uint64_t slab_page_bytes = 4ull << 20;
+  // DRAM: mlock the arena (failure is logged, not fatal). HBM: ignored.
+  bool mlock = false;
+  // Use CUDA memory (pinned host for DRAM, device for HBM) when compiled with CUDA and a GPU
+  // is present; otherwise, or when false, host memory from mmap.
+  bool use_cuda = true;
+  uint32_t shards = 16;  // clamped to [1, 256]
+  std::string eviction_policy = "lru";
+  policies::PolicyParams policy_params;
+  const Clock* clock = nullptr;  // nullptr: DefaultSteadyClock()
+};
+
+// What the tier keeps with each value.
+struct MemMeta {
+  TenantId tenant = 0;
+  uint64_t version = 0;
+  policies::ObjectKind kind = policies::ObjectKind::kGlobalKv;
+  uint64_t expires_ms = 0;  // in the options clock's ms; 0 = never
+  policies::ObjectId parent_id = 0;
+  uint32_t recompute_tokens = 0;
+  bool allow_ssd = true;
+  uint32_t size_bytes = 0;  // filled by the tier
+};
+
+struct MemoryTierStats {
+  uint64_t capacity_bytes = 0, used_bytes = 0, chunk_bytes = 0, objects = 0;
+  uint64_t hits = 0, evictions = 0, bytes_read = 0, bytes_written = 0;
+};
+
+class MemoryTier {
+ public:
+  static StatusOr<std::unique_ptr<MemoryTier>> Create(const MemoryTierOptions& options);
+  ~MemoryTier();
+
+  // Largest value this tier can hold.
+  uint64_t max_value_bytes() const;
+  // Stores (or replaces) the value. Rejected: no free chunk of its class (evict and retry).
+  // tracked=false keeps it out of the eviction policy (pinned).
+  Status Insert(const Key& key, std::span<const uint8_t> value, const MemMeta& meta, bool tracked);
+  // Copies the value into *out (cleared first). NotFound on a miss. With count, a hit is
+  // counted and reported to the policy; without (demotion, promotion checks) it is not.
+  Status Read(const Key& key, std::vector<uint8_t>* out, MemMeta* meta = nullptr,
+              bool count = true);
+  bool Contains(const Key& key, MemMeta* meta = nullptr) const;
+  // NotFound if absent.
+  Status Remove(const Key& key);
+  // The policy's victim, no longer tracked but still resident (the caller demotes, then
+  // Removes it). nullopt when nothing is evictable.
+  std::optional<Key> PickVictim();
+  void SetTracked(const Key& key, bool tracked);
+  Status SetPolicy(const std::string& eviction, const policies::PolicyParams& params);
+  // Calls fn for each object (a snapshot taken shard by shard).
+  void ForEach(const std::function<void(const Key&, const MemMeta&)>& fn) const;
+  MemoryTierStats GetStats() const;
+  // "cuda-device", "cuda-pinned", "mmap" or "mmap+mlock".
+  std::string arena_kind() const;
+
+ private:
+  class Impl;
+  explicit MemoryTier(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvtier::storage

@@ -1,0 +1,116 @@
+// SsdTier: the persistent tier. Values are appended as self-describing records to segment
+// files (BlockDevices from a DeviceEnv), packed into a write buffer and written as large
+// sequential writes; a RocksDB index (column families "index" and "meta") maps each key to
+// its record. Formats and durability modes: docs/format/ssd.md.
+//
+// - Put appends; the index entry reaches RocksDB only after the record is durable under the
+//   durability mode (kSync: before Put returns; kBatched: at the next group commit, every
+//   group_commit_ms, by a background thread; kNone: written at the group commit without fsync).
+//   Until then the entry lives in memory and Get serves it (from the write buffer if needed).
+// - Get verifies the record against the checksum kept in the index. A mismatch or a bad
+//   header is a quarantine: the entry is removed (memory and index), counted, and Get returns
+//   Corruption. An I/O error is counted and returned as IOError; the entry stays.
+// - Capacity: live bytes are kept under a limit by evicting through the eviction policy
+//   (evicted keys are reported to the caller); segments are cleaned (live records relocated)
+//   when a new segment is needed and the segment count is at its limit, or when a sealed
+//   segment's live ratio falls below clean_live_ratio.
+// - Open recovers: RocksDB recovery, the index loaded into memory, then a scan of the newest
+//   segment from its last durable offset: whole records are re-indexed, the scan stops at the
+//   first torn or invalid record, index entries pointing past it are dropped, and appends
+//   continue in a fresh segment.
+//
+// Thread safety: all methods may be called concurrently. Reads of sealed data run outside
+// the tier lock; appends, commits and cleaning are serialised by it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "policies/policy.h"
+#include "storage/block_device.h"
+#include "storage/tier_manager.h"
+
+namespace kvtier::storage {
+
+struct SsdOptions {
+  // Directory holding "index/" (RocksDB) and, when env is null, "segments/".
+  std::string dir;
+  // Segment devices; not owned. nullptr: a DirEnv over dir + "/segments".
+  DeviceEnv* env = nullptr;
+  DirEnvOptions dir_env;
+  // Bytes on disk the tier may use (segments); at least 3 segments' worth.
+  uint64_t capacity_bytes = 4ull << 30;
+  uint64_t segment_bytes = 256ull << 20;
+  uint64_t write_buffer_bytes = 2ull << 20;
+  Durability durability = Durability::kBatched;
+  uint32_t group_commit_ms = 10;
+  // A sealed segment whose live bytes fall below this fraction is cleaned at the next roll.
+  double clean_live_ratio = 0.25;
+  // Adaptive zstd: level, and the sample size used to decide.
+  bool compression = true;
+  int zstd_level = 1;
+  uint32_t compression_sample_bytes = 4096;
+  std::string eviction_policy = "lru";
+  policies::PolicyParams policy_params;
+  const Clock* clock = nullptr;  // policy time; nullptr: DefaultSteadyClock()
+};
+
+// What the caller (TierManager) keeps about a value besides its bytes.
+struct SsdMeta {
+  TenantId tenant = 0;
+  uint64_t version = 0;
+  policies::ObjectKind kind = policies::ObjectKind::kGlobalKv;
+  uint64_t expires_unix_ms = 0;
+  policies::ObjectId parent_id = 0;
+  uint32_t recompute_tokens = 0;
+  uint32_t raw_bytes = 0;  // filled on read / ForEach
+};
+
+struct SsdStats {
+  uint64_t capacity_bytes = 0, live_bytes = 0, disk_bytes = 0, objects = 0, segments = 0;
+  uint64_t hits = 0, evictions = 0, bytes_read = 0, bytes_written = 0;
+  uint64_t checksum_failures = 0, io_errors = 0, compressed_bytes_saved = 0;
+  uint64_t segments_cleaned = 0, commits = 0, recovered_records = 0, dropped_on_recovery = 0;
+};
+
+class SsdTier {
+ public:
+  static StatusOr<std::unique_ptr<SsdTier>> Open(const SsdOptions& options);
+  // Commits everything (Flush) and persists access statistics.
+  ~SsdTier();
+
+  // Appends the value. Keys evicted to make room are appended to *evicted (may be null).
+  // IOError: the write failed (nothing indexed). InvalidArgument: larger than a segment.
+  Status Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
+             std::vector<Key>* evicted);
+  // NotFound, Corruption (quarantined), IOError.
+  Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta = nullptr);
+  bool Contains(const Key& key, uint64_t* version = nullptr) const;
+  // NotFound if absent. The removal is durable at the next commit.
+  Status Remove(const Key& key);
+  // Evicts one object chosen by the policy (removed from the index); nullopt if none.
+  std::optional<Key> EvictOne();
+  // Pinned objects are untracked by the policy (never chosen by eviction).
+  void SetTracked(const Key& key, bool tracked);
+  Status SetPolicy(const std::string& eviction, const policies::PolicyParams& params);
+  // Calls fn for every live object (under the tier lock: fn must not call back).
+  void ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) const;
+  // Writes the buffer, syncs, commits the index.
+  Status Flush();
+  SsdStats GetStats() const;
+  uint64_t max_version() const;
+
+ private:
+  class Impl;
+  explicit SsdTier(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvtier::storage

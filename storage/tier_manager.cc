@@ -1,0 +1,693 @@
+// TierManager implementation: placement HBM -> DRAM -> SSD over MemoryTier and SsdTier.
+//
+// Concurrency design: one mutation lock (mu_) serialises everything that moves or changes
+// units (Put, Delete, demotion, promotion, pins, policy switch); reads (Get, Lookup) take only
+// the tiers' internal locks. Units move so that a concurrent reader never misses a unit that
+// is present: demotion writes the lower tier before removing the upper copy, a put writes its
+// new tier before removing stale copies, promotion copies (the SSD copy stays: inclusive).
+#include "storage/tier_manager.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include "common/logging.h"
+#include "storage/block_device.h"
+#include "storage/key_util.h"
+#include "storage/memory_tier.h"
+#include "storage/ssd_tier.h"
+
+namespace kvtier::storage {
+
+const char* TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kHbm:
+      return "hbm";
+    case Tier::kDram:
+      return "dram";
+    case Tier::kSsd:
+      return "ssd";
+    case Tier::kNone:
+      break;
+  }
+  return "none";
+}
+
+const char* MissReasonName(MissReason reason) {
+  switch (reason) {
+    case MissReason::kNone:
+      return "none";
+    case MissReason::kNeverStored:
+      return "never_stored";
+    case MissReason::kEvicted:
+      return "evicted";
+    case MissReason::kExpired:
+      return "expired";
+    case MissReason::kChecksumFailure:
+      return "checksum_failure";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// Remembers why recent keys left the cache, bounded (oldest forgotten first).
+class MissMemory {
+ public:
+  explicit MissMemory(size_t capacity) : capacity_(std::max<size_t>(capacity, 1)) {}
+  void Remember(const Key& k, MissReason r) {
+    std::lock_guard lock(mu_);
+    auto [it, inserted] = reasons_.insert_or_assign(k, r);
+    if (inserted) order_.push_back(k);
+    while (reasons_.size() > capacity_ && !order_.empty()) {
+      reasons_.erase(order_.front());
+      order_.pop_front();
+    }
+    // Keys forgotten via Forget leave stale entries in order_; keep it bounded too.
+    while (order_.size() > 2 * capacity_) order_.pop_front();
+  }
+  void Forget(const Key& k) {
+    std::lock_guard lock(mu_);
+    reasons_.erase(k);
+  }
+  MissReason Reason(const Key& k) const {
+    std::lock_guard lock(mu_);
+    auto it = reasons_.find(k);
+    return it == reasons_.end() ? MissReason::kNeverStored : it->second;
+  }
+
+ private:
+  size_t capacity_;
+  mutable std::mutex mu_;
+  std::unordered_map<Key, MissReason, KeyHash> reasons_;
+  std::deque<Key> order_;
+};
+
+struct DirEntry {
+  TenantId tenant = 0;
+  uint64_t bytes = 0;
+};
+
+class TierManagerImpl final : public TierManager {
+ public:
+  explicit TierManagerImpl(const TierManagerOptions& o)
+      : o_(o),
+        clock_(o.clock != nullptr ? o.clock : &DefaultSteadyClock()),
+        misses_(o.miss_memory_entries) {}
+
+  Status Init();
+
+  Status Put(const Key& key, std::span<const uint8_t> value, const PutOptions& options) override;
+  Status Get(const Key& key, std::vector<uint8_t>* out, Tier* from) override {
+    return GetImpl(key, out, from, /*blocking_promote=*/false);
+  }
+  LookupResult Lookup(std::span<const Key> chain) override;
+  Status Prefetch(std::span<const Key> keys) override;
+  Status Pin(std::span<const Key> keys, uint64_t lease_ms) override;
+  Status Unpin(std::span<const Key> keys) override;
+  Status Delete(const Key& key) override;
+  Status DeleteTenant(TenantId tenant) override;
+  void SetTenantQuota(TenantId tenant, uint64_t quota_bytes) override {
+    std::lock_guard lock(mu_);
+    if (quota_bytes == 0) {
+      quotas_.erase(tenant);
+    } else {
+      quotas_[tenant] = quota_bytes;
+    }
+  }
+  Status SetPolicy(const std::string& eviction, const std::string& admission,
+                   const policies::PolicyParams& params) override;
+  Stats GetStats() const override;
+  Status Flush() override {
+    if (ssd_ == nullptr) return Status::Ok();
+    return ssd_->Flush();
+  }
+
+ private:
+  // Memory tiers in placement order (HBM first), null when disabled.
+  MemoryTier* MemTier(Tier t) const {
+    return t == Tier::kHbm ? hbm_.get() : t == Tier::kDram ? dram_.get() : nullptr;
+  }
+  uint64_t NowMs() const { return clock_->NowMs(); }
+  // Expiry conversions between the options clock (memory tiers) and unix ms (SSD, persisted).
+  uint64_t ToUnix(uint64_t expires_ms) const {
+    if (expires_ms == 0) return 0;
+    uint64_t now = NowMs();
+    uint64_t left = expires_ms > now ? expires_ms - now : 0;
+    return DefaultSystemClock().NowMs() + left;
+  }
+  uint64_t FromUnix(uint64_t expires_unix_ms) const {
+    if (expires_unix_ms == 0) return 0;
+    uint64_t now_unix = DefaultSystemClock().NowMs();
+    uint64_t left = expires_unix_ms > now_unix ? expires_unix_ms - now_unix : 0;
+    return NowMs() + std::max<uint64_t>(left, 1);
+  }
+  bool Expired(uint64_t expires_ms) const { return expires_ms != 0 && NowMs() >= expires_ms; }
+  bool ExpiredUnix(uint64_t expires_unix_ms) const {
+    return expires_unix_ms != 0 && DefaultSystemClock().NowMs() >= expires_unix_ms;
+  }
+  static SsdMeta ToSsd(const MemMeta& m, uint64_t expires_unix_ms) {
+    SsdMeta s;
+    s.tenant = m.tenant;
+    s.version = m.version;
+    s.kind = m.kind;
+    s.expires_unix_ms = expires_unix_ms;
+    s.parent_id = m.parent_id;
+    s.recompute_tokens = m.recompute_tokens;
+    return s;
+  }
+  policies::ObjectInfo InfoOf(const Key& k, const MemMeta& m) const {
+    policies::ObjectInfo info;
+    info.id = ObjectIdOf(k);
+    info.size_bytes = m.size_bytes;
+    info.parent_id = m.parent_id;
+    info.recompute_tokens = m.recompute_tokens;
+    info.kind = m.kind;
+    return info;
+  }
+
+  Status GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from, bool blocking_promote);
+  void CountMiss(MissReason r) {
+    switch (r) {
+      case MissReason::kEvicted:
+        misses_evicted_.fetch_add(1);
+        break;
+      case MissReason::kExpired:
+        misses_expired_.fetch_add(1);
+        break;
+      case MissReason::kChecksumFailure:
+        misses_checksum_.fetch_add(1);
+        break;
+      default:
+        misses_never_stored_.fetch_add(1);
+    }
+  }
+  // Where the key is now (fastest tier), kNone if absent; *expired when present but past TTL.
+  Tier Locate(const Key& key, bool* expired) const;
+
+  // ---- under mu_ ----
+  Status PlaceLocked(Tier tier, const Key& key, std::span<const uint8_t> value,
+                     const MemMeta& meta);
+  void DemoteLocked(Tier tier, const Key& victim);
+  void RemoveEverywhereLocked(const Key& key);
+  // The unit left the cache (all tiers) for reason r: forget it in the directory.
+  void DroppedLocked(const Key& key, MissReason r);
+  bool PresentAnywhereLocked(const Key& key) const;
+  void ExpirePinsLocked();
+  bool PinnedLocked(const Key& key) const { return pins_.count(key) != 0; }
+  void SetTrackedEverywhereLocked(const Key& key, bool tracked) {
+    if (hbm_) hbm_->SetTracked(key, tracked);
+    if (dram_) dram_->SetTracked(key, tracked);
+    if (ssd_) ssd_->SetTracked(key, tracked);
+  }
+  void PromoteLocked(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta);
+
+  TierManagerOptions o_;
+  const Clock* clock_;
+  std::unique_ptr<MemoryTier> hbm_, dram_;
+  std::unique_ptr<SsdTier> ssd_;
+  MissMemory misses_;
+
+  mutable std::mutex mu_;
+  std::unique_ptr<policies::AdmissionPolicy> admission_;
+  std::unordered_map<Key, DirEntry, KeyHash> dir_;
+  std::unordered_map<TenantId, uint64_t> tenant_bytes_;
+  std::unordered_map<TenantId, uint64_t> quotas_;
+  std::unordered_map<Key, uint64_t, KeyHash> pins_;  // key -> lease expiry (clock ms)
+  std::set<std::pair<uint64_t, Key>> pin_expiry_;
+  uint64_t version_ = 0;
+  uint64_t admissions_ = 0, admission_rejections_ = 0;
+  std::atomic<uint64_t> misses_never_stored_{0}, misses_evicted_{0}, misses_expired_{0},
+      misses_checksum_{0}, io_errors_{0};
+};
+
+Status TierManagerImpl::Init() {
+  if (o_.max_value_bytes == 0) return Status::InvalidArgument("max_value_bytes is 0");
+  KVTIER_ASSIGN_OR_RETURN(admission_,
+                          policies::MakeAdmissionPolicy(o_.admission_policy, o_.policy_params));
+  auto make_mem = [&](Tier t, uint64_t cap) -> StatusOr<std::unique_ptr<MemoryTier>> {
+    MemoryTierOptions mo;
+    mo.tier = t;
+    mo.capacity_bytes = cap;
+    mo.slab_page_bytes = std::min(o_.slab_page_bytes, cap);
+    mo.mlock = o_.dram_mlock;
+    mo.eviction_policy = o_.eviction_policy;
+    mo.policy_params = o_.policy_params;
+    mo.clock = clock_;
+    return MemoryTier::Create(mo);
+  };
+  if (o_.hbm_capacity_bytes > 0) {
+    KVTIER_ASSIGN_OR_RETURN(hbm_, make_mem(Tier::kHbm, o_.hbm_capacity_bytes));
+  }
+  if (o_.dram_capacity_bytes > 0) {
+    KVTIER_ASSIGN_OR_RETURN(dram_, make_mem(Tier::kDram, o_.dram_capacity_bytes));
+  }
+  if (o_.ssd_capacity_bytes > 0) {
+    SsdOptions so;
+    so.dir = o_.data_dir;
+    so.env = o_.ssd_env;
+    so.capacity_bytes = o_.ssd_capacity_bytes;
+    so.segment_bytes = o_.ssd_segment_bytes;
+    so.write_buffer_bytes = o_.ssd_write_buffer_bytes;
+    so.durability = o_.durability;
+    so.group_commit_ms = o_.group_commit_ms;
+    so.eviction_policy = o_.eviction_policy;
+    so.policy_params = o_.policy_params;
+    so.clock = clock_;
+    KVTIER_ASSIGN_OR_RETURN(ssd_, SsdTier::Open(so));
+    version_ = ssd_->max_version();
+    ssd_->ForEach([&](const Key& k, const SsdMeta& m) {
+      dir_[k] = {m.tenant, m.raw_bytes};
+      tenant_bytes_[m.tenant] += m.raw_bytes;
+    });
+  }
+  if (!hbm_ && !dram_ && !ssd_) return Status::InvalidArgument("every tier has capacity 0");
+  return Status::Ok();
+}
+
+bool TierManagerImpl::PresentAnywhereLocked(const Key& key) const {
+  return (hbm_ && hbm_->Contains(key)) || (dram_ && dram_->Contains(key)) ||
+         (ssd_ && ssd_->Contains(key));
+}
+
+void TierManagerImpl::DroppedLocked(const Key& key, MissReason r) {
+  if (PresentAnywhereLocked(key)) return;
+  auto it = dir_.find(key);
+  if (it != dir_.end()) {
+    auto t = tenant_bytes_.find(it->second.tenant);
+    if (t != tenant_bytes_.end()) {
+      t->second -= std::min(t->second, it->second.bytes);
+      if (t->second == 0) tenant_bytes_.erase(t);
+    }
+    dir_.erase(it);
+  }
+  if (auto p = pins_.find(key); p != pins_.end()) {
+    pin_expiry_.erase({p->second, key});
+    pins_.erase(p);
+  }
+  if (r != MissReason::kNone && r != MissReason::kNeverStored) {
+    misses_.Remember(key, r);
+  } else {
+    misses_.Forget(key);
+  }
+}
+
+void TierManagerImpl::RemoveEverywhereLocked(const Key& key) {
+  if (hbm_) (void)hbm_->Remove(key);
+  if (dram_) (void)dram_->Remove(key);
+  if (ssd_ && ssd_->Contains(key)) {
+    Status st = ssd_->Remove(key);
+    if (!st.ok() && !st.IsNotFound()) {
+      KVTIER_LOG(kWarn) << "ssd remove: " << st.ToString();
+    }
+  }
+}
+
+void TierManagerImpl::ExpirePinsLocked() {
+  uint64_t now = NowMs();
+  while (!pin_expiry_.empty() && pin_expiry_.begin()->first <= now) {
+    Key k = pin_expiry_.begin()->second;
+    pin_expiry_.erase(pin_expiry_.begin());
+    pins_.erase(k);
+    SetTrackedEverywhereLocked(k, true);
+  }
+}
+
+Status TierManagerImpl::PlaceLocked(Tier tier, const Key& key, std::span<const uint8_t> value,
+                                    const MemMeta& meta) {
+  if (tier == Tier::kHbm && !hbm_) tier = Tier::kDram;
+  if (tier == Tier::kDram && !dram_) tier = Tier::kSsd;
+  if (MemoryTier* mem = MemTier(tier)) {
+    Tier next = tier == Tier::kHbm ? Tier::kDram : Tier::kSsd;
+    if (value.size() > mem->max_value_bytes()) return PlaceLocked(next, key, value, meta);
+    // Evict until the insert succeeds; each round removes one object from this tier.
+    while (true) {
+      Status st = mem->Insert(key, value, meta, !PinnedLocked(key));
+      if (st.ok()) return st;
+      if (!st.IsRejected()) return st;
+      auto victim = mem->PickVictim();
+      if (!victim) break;  // everything left is pinned: place lower
+      DemoteLocked(tier, *victim);
+    }
+    return PlaceLocked(next, key, value, meta);
+  }
+  // SSD.
+  if (!ssd_ || !meta.allow_ssd) return Status::Rejected("no tier has room for the unit");
+  std::vector<Key> evicted;
+  Status st = ssd_->Put(key, value, ToSsd(meta, ToUnix(meta.expires_ms)), &evicted);
+  for (const Key& k : evicted) {
+    if (k != key) DroppedLocked(k, MissReason::kEvicted);
+  }
+  if (!st.ok()) {
+    if (st.IsIOError()) io_errors_.fetch_add(1);
+    return st;
+  }
+  if (PinnedLocked(key)) ssd_->SetTracked(key, false);
+  return Status::Ok();
+}
+
+void TierManagerImpl::DemoteLocked(Tier tier, const Key& victim) {
+  MemoryTier* mem = MemTier(tier);
+  std::vector<uint8_t> bytes;
+  MemMeta meta;
+  if (!mem->Read(victim, &bytes, &meta, /*count=*/false).ok()) return;
+  bool placed = false;
+  if (tier == Tier::kHbm && (dram_ || ssd_)) {
+    placed = PlaceLocked(Tier::kDram, victim, bytes, meta).ok();
+  } else if (ssd_ && meta.allow_ssd && !Expired(meta.expires_ms)) {
+    uint64_t version = 0;
+    if (ssd_->Contains(victim, &version) && version == meta.version) {
+      placed = true;  // the SSD already holds this version (inclusive after a promotion)
+    } else if (admission_->Admit(InfoOf(victim, meta), clock_->NowUs())) {
+      ++admissions_;
+      placed = PlaceLocked(Tier::kSsd, victim, bytes, meta).ok();
+    } else {
+      ++admission_rejections_;
+    }
+  }
+  (void)mem->Remove(victim);
+  if (!placed) {
+    if (ssd_ && ssd_->Contains(victim)) (void)ssd_->Remove(victim);  // never leave a stale copy
+    DroppedLocked(victim, Expired(meta.expires_ms) ? MissReason::kExpired : MissReason::kEvicted);
+  }
+}
+
+Status TierManagerImpl::Put(const Key& key, std::span<const uint8_t> value,
+                            const PutOptions& options) {
+  if (value.size() > o_.max_value_bytes) {
+    return Status::InvalidArgument("value of " + std::to_string(value.size()) +
+                                   " bytes exceeds max_value_bytes");
+  }
+  if (options.highest_tier == Tier::kNone) return Status::InvalidArgument("highest_tier none");
+  std::lock_guard lock(mu_);
+  ExpirePinsLocked();
+  uint64_t old_bytes = 0;
+  if (auto it = dir_.find(key); it != dir_.end() && it->second.tenant == options.tenant) {
+    old_bytes = it->second.bytes;
+  }
+  if (auto q = quotas_.find(options.tenant); q != quotas_.end()) {
+    uint64_t used = tenant_bytes_.count(options.tenant) ? tenant_bytes_[options.tenant] : 0;
+    if (used - std::min(used, old_bytes) + value.size() > q->second) {
+      return Status::Rejected("tenant over its byte quota");
+    }
+  }
+  MemMeta meta;
+  meta.tenant = options.tenant;
+  meta.version = ++version_;
+  meta.kind = options.kind;
+  meta.expires_ms = options.ttl_ms == 0 ? 0 : NowMs() + options.ttl_ms;
+  meta.parent_id = ObjectIdOf(options.parent);
+  meta.recompute_tokens = options.recompute_tokens;
+  meta.allow_ssd = options.allow_ssd;
+  meta.size_bytes = static_cast<uint32_t>(value.size());
+  Tier start = options.highest_tier;
+  if (start == Tier::kSsd && !options.allow_ssd) {
+    return Status::InvalidArgument("highest_tier ssd with allow_ssd false");
+  }
+  Status st;
+  if (start == Tier::kSsd) {
+    if (!ssd_) return Status::Rejected("no ssd tier");
+    policies::ObjectInfo info = InfoOf(key, meta);
+    if (!admission_->Admit(info, clock_->NowUs())) {
+      ++admission_rejections_;
+      return Status::Rejected("admission policy refused the unit");
+    }
+    ++admissions_;
+    st = PlaceLocked(Tier::kSsd, key, value, meta);
+  } else {
+    st = PlaceLocked(start, key, value, meta);
+  }
+  if (!st.ok()) return st;
+  // Remove stale copies of earlier versions from the other tiers.
+  MemMeta m;
+  if (hbm_ && hbm_->Contains(key, &m) && m.version != meta.version) (void)hbm_->Remove(key);
+  if (dram_ && dram_->Contains(key, &m) && m.version != meta.version) (void)dram_->Remove(key);
+  uint64_t v = 0;
+  if (ssd_ && ssd_->Contains(key, &v) && v != meta.version) (void)ssd_->Remove(key);
+  // Account.
+  auto [it, inserted] = dir_.try_emplace(key, DirEntry{options.tenant, value.size()});
+  if (!inserted) {
+    auto& tb = tenant_bytes_[it->second.tenant];
+    tb -= std::min(tb, it->second.bytes);
+    it->second = DirEntry{options.tenant, value.size()};
+  }
+  tenant_bytes_[options.tenant] += value.size();
+  misses_.Forget(key);
+  return Status::Ok();
+}
+
+Tier TierManagerImpl::Locate(const Key& key, bool* expired) const {
+  *expired = false;
+  MemMeta m;
+  if (hbm_ && hbm_->Contains(key, &m)) {
+    *expired = Expired(m.expires_ms);
+    return Tier::kHbm;
+  }
+  if (dram_ && dram_->Contains(key, &m)) {
+    *expired = Expired(m.expires_ms);
+    return Tier::kDram;
+  }
+  if (ssd_ && ssd_->Contains(key)) return Tier::kSsd;  // expiry checked on read
+  return Tier::kNone;
+}
+
+Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from,
+                                bool blocking_promote) {
+  out->clear();
+  auto expire = [&]() -> Status {
+    {
+      std::lock_guard lock(mu_);
+      RemoveEverywhereLocked(key);
+      DroppedLocked(key, MissReason::kExpired);
+    }
+    out->clear();
+    CountMiss(MissReason::kExpired);
+    return Status::NotFound("expired");
+  };
+  for (Tier t : {Tier::kHbm, Tier::kDram}) {
+    MemoryTier* mem = MemTier(t);
+    MemMeta m;
+    if (mem && mem->Read(key, out, &m).ok()) {
+      if (Expired(m.expires_ms)) return expire();
+      if (from != nullptr) *from = t;
+      return Status::Ok();
+    }
+  }
+  if (ssd_) {
+    SsdMeta sm;
+    Status st = ssd_->Get(key, out, &sm);
+    if (st.ok()) {
+      if (ExpiredUnix(sm.expires_unix_ms)) return expire();
+      if (from != nullptr) *from = Tier::kSsd;
+      if (dram_ || hbm_) {
+        std::unique_lock lock(mu_, std::defer_lock);
+        if (blocking_promote) {
+          lock.lock();
+        } else {
+          (void)lock.try_lock();  // never make a reader wait for a writer to promote
+        }
+        if (lock.owns_lock()) PromoteLocked(key, *out, sm);
+      }
+      return Status::Ok();
+    }
+    out->clear();
+    if (st.IsCorruption()) {
+      {
+        std::lock_guard lock(mu_);
+        DroppedLocked(key, MissReason::kChecksumFailure);
+      }
+      CountMiss(MissReason::kChecksumFailure);
+      return Status::NotFound("checksum failure: unit quarantined");
+    }
+    if (st.IsIOError()) {
+      io_errors_.fetch_add(1);
+      CountMiss(MissReason::kNeverStored);
+      return Status::NotFound("ssd read failed: " + st.message());
+    }
+  }
+  MissReason r = misses_.Reason(key);
+  CountMiss(r);
+  return Status::NotFound(MissReasonName(r));
+}
+
+void TierManagerImpl::PromoteLocked(const Key& key, std::span<const uint8_t> value,
+                                    const SsdMeta& sm) {
+  uint64_t version = 0;
+  if (!ssd_->Contains(key, &version) || version != sm.version) return;  // changed meanwhile
+  if ((dram_ && dram_->Contains(key)) || (hbm_ && hbm_->Contains(key))) return;
+  MemMeta meta;
+  meta.tenant = sm.tenant;
+  meta.version = sm.version;
+  meta.kind = sm.kind;
+  meta.expires_ms = FromUnix(sm.expires_unix_ms);
+  meta.parent_id = sm.parent_id;
+  meta.recompute_tokens = sm.recompute_tokens;
+  meta.allow_ssd = true;
+  meta.size_bytes = static_cast<uint32_t>(value.size());
+  Tier target = dram_ ? Tier::kDram : Tier::kHbm;
+  MemoryTier* mem = MemTier(target);
+  if (value.size() > mem->max_value_bytes()) return;
+  while (true) {
+    Status st = mem->Insert(key, value, meta, !PinnedLocked(key));
+    if (st.ok() || !st.IsRejected()) return;
+    auto victim = mem->PickVictim();
+    if (!victim) return;
+    DemoteLocked(target, *victim);
+  }
+}
+
+LookupResult TierManagerImpl::Lookup(std::span<const Key> chain) {
+  LookupResult r;
+  size_t n = std::min(chain.size(), kMaxBatch);
+  for (size_t i = 0; i < n; ++i) {
+    bool expired = false;
+    // SSD expiry is enforced on Get, not here (reading the record's meta per key would cost
+    // an index read): a Lookup hit on an expired SSD unit can miss on the following Get.
+    Tier t = Locate(chain[i], &expired);
+    if (expired) {
+      std::lock_guard lock(mu_);
+      RemoveEverywhereLocked(chain[i]);
+      DroppedLocked(chain[i], MissReason::kExpired);
+      t = Tier::kNone;
+    }
+    if (t == Tier::kNone) {
+      r.first_miss = misses_.Reason(chain[i]);
+      CountMiss(r.first_miss);
+      return r;
+    }
+    r.tiers.push_back(t);
+    ++r.hit_count;
+  }
+  return r;
+}
+
+Status TierManagerImpl::Prefetch(std::span<const Key> keys) {
+  if (keys.size() > kMaxBatch) return Status::InvalidArgument("batch larger than kMaxBatch");
+  std::vector<uint8_t> buf;
+  for (const Key& k : keys) {
+    bool expired = false;
+    if (Locate(k, &expired) != Tier::kSsd) continue;
+    Status st = GetImpl(k, &buf, nullptr, /*blocking_promote=*/true);
+    (void)st;  // a miss is skipped
+  }
+  return Status::Ok();
+}
+
+Status TierManagerImpl::Pin(std::span<const Key> keys, uint64_t lease_ms) {
+  if (keys.size() > kMaxBatch) return Status::InvalidArgument("batch larger than kMaxBatch");
+  if (lease_ms == 0) return Status::InvalidArgument("lease_ms is 0");
+  std::lock_guard lock(mu_);
+  ExpirePinsLocked();
+  for (const Key& k : keys) {
+    if (!PresentAnywhereLocked(k)) return Status::NotFound("cannot pin an absent unit");
+  }
+  if (pins_.size() + keys.size() > o_.max_pinned) return Status::Rejected("too many pinned units");
+  uint64_t until = NowMs() + lease_ms;
+  for (const Key& k : keys) {
+    if (auto p = pins_.find(k); p != pins_.end()) {
+      pin_expiry_.erase({p->second, k});
+      p->second = std::max(p->second, until);
+      pin_expiry_.insert({p->second, k});
+      continue;
+    }
+    pins_[k] = until;
+    pin_expiry_.insert({until, k});
+    SetTrackedEverywhereLocked(k, false);
+  }
+  return Status::Ok();
+}
+
+Status TierManagerImpl::Unpin(std::span<const Key> keys) {
+  if (keys.size() > kMaxBatch) return Status::InvalidArgument("batch larger than kMaxBatch");
+  std::lock_guard lock(mu_);
+  for (const Key& k : keys) {
+    auto p = pins_.find(k);
+    if (p == pins_.end()) continue;
+    pin_expiry_.erase({p->second, k});
+    pins_.erase(p);
+    SetTrackedEverywhereLocked(k, true);
+  }
+  return Status::Ok();
+}
+
+Status TierManagerImpl::Delete(const Key& key) {
+  std::lock_guard lock(mu_);
+  if (!PresentAnywhereLocked(key)) return Status::NotFound("no such unit");
+  RemoveEverywhereLocked(key);
+  DroppedLocked(key, MissReason::kNeverStored);
+  return Status::Ok();
+}
+
+Status TierManagerImpl::DeleteTenant(TenantId tenant) {
+  std::lock_guard lock(mu_);
+  std::vector<Key> keys;
+  for (const auto& [k, d] : dir_) {
+    if (d.tenant == tenant) keys.push_back(k);
+  }
+  for (const Key& k : keys) {
+    RemoveEverywhereLocked(k);
+    DroppedLocked(k, MissReason::kNeverStored);
+  }
+  tenant_bytes_.erase(tenant);
+  if (ssd_ && o_.durability == Durability::kSync) return ssd_->Flush();
+  return Status::Ok();
+}
+
+Status TierManagerImpl::SetPolicy(const std::string& eviction, const std::string& admission,
+                                  const policies::PolicyParams& params) {
+  // Validate both names first, so a typo changes nothing.
+  KVTIER_ASSIGN_OR_RETURN(auto adm, policies::MakeAdmissionPolicy(admission, params));
+  KVTIER_RETURN_IF_ERROR(policies::MakeEvictionPolicy(eviction, params).status());
+  std::lock_guard lock(mu_);
+  admission_ = std::move(adm);
+  if (hbm_) KVTIER_RETURN_IF_ERROR(hbm_->SetPolicy(eviction, params));
+  if (dram_) KVTIER_RETURN_IF_ERROR(dram_->SetPolicy(eviction, params));
+  if (ssd_) KVTIER_RETURN_IF_ERROR(ssd_->SetPolicy(eviction, params));
+  o_.eviction_policy = eviction;
+  o_.admission_policy = admission;
+  return Status::Ok();
+}
+
+Stats TierManagerImpl::GetStats() const {
+  Stats s;
+  auto fill = [](const MemoryTier* t, TierStats* out) {
+    if (t == nullptr) return;
+    MemoryTierStats m = t->GetStats();
+    *out = {m.capacity_bytes, m.used_bytes, m.objects,      m.hits,
+            m.evictions,      m.bytes_read, m.bytes_written};
+  };
+  fill(hbm_.get(), &s.hbm);
+  fill(dram_.get(), &s.dram);
+  if (ssd_) {
+    SsdStats d = ssd_->GetStats();
+    s.ssd = {d.capacity_bytes, d.live_bytes, d.objects,      d.hits,
+             d.evictions,      d.bytes_read, d.bytes_written};
+    s.checksum_failures = d.checksum_failures;
+    s.compressed_bytes_saved = d.compressed_bytes_saved;
+    s.segments_cleaned = d.segments_cleaned;
+  }
+  s.misses_never_stored = misses_never_stored_.load();
+  s.misses_evicted = misses_evicted_.load();
+  s.misses_expired = misses_expired_.load();
+  s.misses_checksum = misses_checksum_.load();
+  s.io_errors = io_errors_.load();
+  std::lock_guard lock(mu_);
+  s.admissions = admissions_;
+  s.admission_rejections = admission_rejections_;
+  for (const auto& [t, b] : tenant_bytes_) s.tenant_bytes.emplace_back(t, b);
+  std::sort(s.tenant_bytes.begin(), s.tenant_bytes.end());
+  return s;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<TierManager>> TierManager::Open(const TierManagerOptions& options) {
+  auto tm = std::make_unique<TierManagerImpl>(options);
+  KVTIER_RETURN_IF_ERROR(tm->Init());
+  return std::unique_ptr<TierManager>(std::move(tm));
+}
+
+}  // namespace kvtier::storage

@@ -1,0 +1,206 @@
+// kvtier_bench_daemon: kvtierd against its peers, measured in the same run.
+//
+//  1. RESP: redis-benchmark against kvtierd's RESP port and against redis-server (both on free
+//     loopback ports, started here), values of 57,000 bytes (one miniature 256-token unit) and
+//     1,024 bytes, SET and GET; prints ops/s of each and the ratio kvtierd / redis-server.
+//  2. Native: the client library's PUT and GET throughput over the Unix socket with shared
+//     memory and inline (no shared memory), against an in-process memcpy of the same bytes.
+//
+// Usage: kvtier_bench_daemon [requests_per_resp_run=20000] [native_mib=512]
+// Needs redis-server and redis-benchmark on PATH. Reports only; asserts nothing.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "cache_daemon/client.h"
+#include "tests/cache_daemon/net_util.h"
+#include "tests/e2e/kvtierd_process.h"
+
+namespace kt = kvtier::testing;
+using namespace kvtier::daemon;
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Runs redis-benchmark --csv and returns ops/s per test name ("SET", "GET").
+std::map<std::string, double> RedisBenchmark(uint16_t port, size_t value_bytes, int requests) {
+  std::string out;
+  kt::RunShell("redis-benchmark -p " + std::to_string(port) + " -n " + std::to_string(requests) +
+                   " -c 16 -P 16 -d " + std::to_string(value_bytes) + " -t set,get --csv",
+               &out);
+  std::map<std::string, double> r;
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    // "SET","12345.67",...
+    if (line.size() < 5 || line[0] != '"') continue;
+    size_t q = line.find('"', 1);
+    std::string name = line.substr(1, q - 1);
+    size_t v0 = line.find('"', q + 1);
+    size_t v1 = line.find('"', v0 + 1);
+    if (v0 == std::string::npos || v1 == std::string::npos) continue;
+    try {
+      r[name] = std::stod(line.substr(v0 + 1, v1 - v0 - 1));
+    } catch (...) {
+    }
+  }
+  return r;
+}
+
+pid_t StartRedis(uint16_t port, const std::string& dir) {
+  std::vector<std::string> args = {"redis-server",
+                                   "--port",
+                                   std::to_string(port),
+                                   "--bind",
+                                   "127.0.0.1",
+                                   "--save",
+                                   "",
+                                   "--appendonly",
+                                   "no",
+                                   "--dir",
+                                   dir,
+                                   "--protected-mode",
+                                   "yes"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  if (posix_spawnp(&pid, "redis-server", &fa, nullptr, argv.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  for (int i = 0; i < 200 && pid > 0; ++i) {
+    int fd = kt::ConnectTcp(port);
+    if (fd >= 0) {
+      ::close(fd);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  return pid;
+}
+
+struct NativeResult {
+  double put_gbs = 0, get_gbs = 0;
+};
+
+NativeResult NativeRun(const std::string& socket, bool shm, size_t total_bytes) {
+  constexpr size_t kUnit = 57000, kBatch = 32;
+  ClientOptions o;
+  o.socket_path = socket;
+  o.shm_bytes = shm ? (64u << 20) : 0;
+  auto c = Client::Connect(o);
+  if (!c.ok()) {
+    std::fprintf(stderr, "connect: %s\n", c.status().ToString().c_str());
+    return {};
+  }
+  size_t units = total_bytes / kUnit;
+  std::vector<uint8_t> value(kUnit, shm ? 0x5a : 0xa5);
+  std::vector<wire::Key> keys(units);
+  for (size_t i = 0; i < units; ++i) {
+    keys[i][0] = shm ? 1 : 2;
+    std::memcpy(keys[i].data() + 1, &i, sizeof(i));
+  }
+  NativeResult r;
+  double t0 = Now();
+  for (size_t i = 0; i < units; i += kBatch) {
+    std::vector<PutUnit> batch;
+    for (size_t j = i; j < std::min(units, i + kBatch); ++j) batch.push_back({keys[j], {}, value});
+    auto p = (*c)->Put(batch, PutOptions{});
+    if (!p.ok()) std::fprintf(stderr, "put: %s\n", p.status().ToString().c_str());
+  }
+  double t1 = Now();
+  uint64_t sum = 0;
+  for (size_t i = 0; i < units; i += kBatch) {
+    size_t n = std::min(kBatch, units - i);
+    kvtier::Status st =
+        (*c)->Get(std::span<const wire::Key>(keys).subspan(i, n), [&](size_t, const GetItem& g) {
+          if (g.status.ok()) sum += g.value[g.value.size() / 2];
+        });
+    if (!st.ok()) std::fprintf(stderr, "get: %s\n", st.ToString().c_str());
+  }
+  double t2 = Now();
+  if (sum == 0) std::fprintf(stderr, "get returned nothing\n");
+  r.put_gbs = units * kUnit / (t1 - t0) / 1e9;
+  r.get_gbs = units * kUnit / (t2 - t1) / 1e9;
+  return r;
+}
+
+double MemcpyGbs(size_t total_bytes) {
+  constexpr size_t kUnit = 57000;
+  std::vector<uint8_t> src(64u << 20, 1), dst(64u << 20);
+  size_t n = 0;
+  double t0 = Now();
+  while (n < total_bytes) {
+    size_t off = n % (src.size() - kUnit);
+    std::memcpy(dst.data() + off, src.data() + off, kUnit);
+    n += kUnit;
+  }
+  double t1 = Now();
+  volatile uint8_t sink = dst[12345];
+  (void)sink;
+  return n / (t1 - t0) / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int requests = argc > 1 ? std::atoi(argv[1]) : 20000;
+  size_t native_bytes = (argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 512) << 20;
+  auto dir = std::filesystem::temp_directory_path() / ("kvtier_bench_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  kt::KvtierdProcess d(dir / "kvtierd");
+  d.WriteConfig(
+      "[storage]\ndram_capacity_bytes = 4294967296\nssd_capacity_bytes = 0\n"
+      "[server]\nio_threads = 2\nworker_threads = 2\n");
+  if (!d.Start()) {
+    std::fprintf(stderr, "kvtierd did not start:\n%s\n", d.Log().c_str());
+    return 1;
+  }
+  uint16_t redis_port = kt::FreePort();
+  pid_t redis = StartRedis(redis_port, dir.string());
+  std::printf(
+      "== RESP: redis-benchmark -n %d -c 16 -P 16 -t set,get (one key: every GET hits) ==\n",
+      requests);
+  std::printf("%-8s %-4s %14s %14s %8s\n", "value", "op", "kvtierd ops/s", "redis ops/s", "ratio");
+  for (size_t bytes : {size_t{57000}, size_t{1024}}) {
+    auto k = RedisBenchmark(d.resp_port(), bytes, requests);
+    auto r =
+        redis > 0 ? RedisBenchmark(redis_port, bytes, requests) : std::map<std::string, double>{};
+    for (const char* op : {"SET", "GET"}) {
+      double kv = k.count(op) ? k[op] : 0, rv = r.count(op) ? r[op] : 0;
+      std::printf("%-8zu %-4s %14.0f %14.0f %8.2f\n", bytes, op, kv, rv, rv > 0 ? kv / rv : 0.0);
+    }
+  }
+  if (redis > 0) {
+    ::kill(redis, SIGTERM);
+    ::waitpid(redis, nullptr, 0);
+  }
+  std::printf("\n== native client, Unix socket, 57000-byte units, batches of 32, %zu MiB ==\n",
+              native_bytes >> 20);
+  double mc = MemcpyGbs(native_bytes);
+  NativeResult shm = NativeRun(d.socket(), true, native_bytes);
+  NativeResult inl = NativeRun(d.socket(), false, native_bytes);
+  std::printf("%-22s %10s %10s %14s %14s\n", "path", "put GB/s", "get GB/s", "put/memcpy",
+              "get/memcpy");
+  std::printf("%-22s %10.2f %10.2f %14s %14s\n", "memcpy (in-process)", mc, mc, "1.00", "1.00");
+  std::printf("%-22s %10.2f %10.2f %14.3f %14.3f\n", "shared memory", shm.put_gbs, shm.get_gbs,
+              shm.put_gbs / mc, shm.get_gbs / mc);
+  std::printf("%-22s %10.2f %10.2f %14.3f %14.3f\n", "inline (no shm)", inl.put_gbs, inl.get_gbs,
+              inl.put_gbs / mc, inl.get_gbs / mc);
+  int rc = d.Stop();
+  std::filesystem::remove_all(dir);
+  return rc == 0 ? 0 : 1;
+}

@@ -1,0 +1,135 @@
+// The kvtier client library: how the engine and the `kvtier` CLI talk to kvtierd over the
+// native protocol (docs/format/wire.md). It does not depend on the daemon or the store.
+//
+//   auto c = Client::Connect({.socket_path = "/run/kvtier/kvtierd.sock", .token = tok});
+//   auto hit = (*c)->Lookup(chain);                      // longest hit prefix
+//   (*c)->Put(units);                                    // a batch of units
+//   (*c)->Get(chain, [](size_t i, const GetItem& g) {...});  // zero-copy over shared memory
+//
+// Transport: a Unix socket (default) or TCP. Over a Unix socket the client asks for a
+// shared-memory region once (SHM_ATTACH; the daemon passes a memfd with SCM_RIGHTS), and
+// bulk values of PUT and GET travel through it instead of the socket. Over TCP they are
+// inline in the frames.
+//
+// Calls are pipelined: every call sends a frame with a fresh request id and returns a
+// future; a reader thread completes futures as responses arrive (in any order). The sync
+// calls are the async ones followed by get(). Batches larger than the daemon's limit
+// (kMaxBatchKeys) are split by the client.
+//
+// Errors: each call returns the daemon's status (NotFound, Rejected for quota / limits,
+// PermissionDenied, ...) or IOError when the connection fails; after a connection failure
+// every pending and later call fails with IOError (reconnect with a new Client).
+//
+// Thread safety: a Client may be used from many threads at once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cache_daemon/wire.h"
+#include "common/status.h"
+
+namespace kvtier::daemon {
+
+// $XDG_STATE_HOME/kvtier, else $HOME/.local/state/kvtier, else ./kvtier-data: kvtierd's
+// default data directory.
+std::string DefaultDataDir();
+// <DefaultDataDir()>/kvtierd.sock: where kvtierd listens with no configuration.
+std::string DefaultSocketPath();
+
+struct ClientOptions {
+  // Unix socket path; used when tcp_port is 0.
+  std::string socket_path;
+  // TCP host and port of the native protocol (server.native_port).
+  std::string tcp_host = "127.0.0.1";
+  uint16_t tcp_port = 0;
+  // Authentication token; empty when the daemon runs without auth.
+  std::string token;
+  // Shared memory over the Unix socket (bytes requested; 0 disables).
+  uint64_t shm_bytes = 64ull << 20;
+  // Tokens per unit (recorded in daemon traces; 0 unknown).
+  uint32_t unit_tokens = 0;
+  // Per-call timeout.
+  uint64_t timeout_ms = 30000;
+  // Largest frame the client accepts from the daemon.
+  uint64_t max_frame_bytes = (64ull << 20) + (1ull << 20);
+};
+
+struct LookupResult {
+  size_t hit_count = 0;
+  std::vector<uint8_t> tiers;  // storage::Tier values: 0 hbm, 1 dram, 2 ssd
+  uint8_t first_miss = 0;      // storage::MissReason
+};
+
+struct PutOptions {
+  uint8_t kind = 0;          // policies::ObjectKind
+  uint8_t highest_tier = 1;  // fastest tier allowed (1 dram, 2 ssd)
+  bool allow_ssd = true;
+  uint32_t recompute_tokens = 0;
+  uint64_t ttl_ms = 0;
+};
+
+struct PutUnit {
+  wire::Key key{};
+  wire::Key parent{};              // zeros for the first unit of a chain
+  std::span<const uint8_t> value;  // not retained after the call returns
+};
+
+struct GetItem {
+  Status status;  // OK, NotFound, ...
+  uint8_t tier = 255;
+  std::span<const uint8_t> value;  // valid only inside the visitor
+};
+
+class Client {
+ public:
+  static StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  virtual ~Client() = default;
+
+  virtual const wire::HelloResponse& hello() const = 0;
+  virtual bool shm_attached() const = 0;
+
+  virtual std::future<StatusOr<LookupResult>> LookupAsync(std::span<const wire::Key> chain) = 0;
+  // One status per unit, in order.
+  virtual std::future<StatusOr<std::vector<Status>>> PutAsync(std::span<const PutUnit> units,
+                                                              const PutOptions& options) = 0;
+
+  StatusOr<LookupResult> Lookup(std::span<const wire::Key> chain) {
+    return LookupAsync(chain).get();
+  }
+  StatusOr<std::vector<Status>> Put(std::span<const PutUnit> units, const PutOptions& options) {
+    return PutAsync(units, options).get();
+  }
+  // Calls visit(i, item) for each key in order. Over shared memory item.value points into
+  // the region (zero copy); it is released when Get returns.
+  virtual Status Get(std::span<const wire::Key> keys,
+                     const std::function<void(size_t, const GetItem&)>& visit) = 0;
+  // Convenience: copies each hit into (*values)[i]; misses leave an empty vector and set
+  // (*found)[i] = false.
+  Status GetCopy(std::span<const wire::Key> keys, std::vector<std::vector<uint8_t>>* values,
+                 std::vector<bool>* found);
+
+  virtual Status Prefetch(std::span<const wire::Key> keys) = 0;
+  virtual Status Pin(std::span<const wire::Key> keys, uint64_t lease_ms) = 0;
+  virtual Status Unpin(std::span<const wire::Key> keys) = 0;
+  // Returns how many existed.
+  virtual StatusOr<uint32_t> Delete(std::span<const wire::Key> keys) = 0;
+  // Removes every unit of the caller's tenant.
+  virtual Status DeleteAll() = 0;
+  virtual StatusOr<std::string> StatsJson() = 0;
+  virtual StatusOr<std::string> PolicyGet() = 0;
+  // JSON: {"eviction": ..., "admission": ..., "params": {...}}. Returns the new policy JSON.
+  virtual StatusOr<std::string> PolicySet(const std::string& json) = 0;
+  // Flush and mark the daemon not ready; shutdown=true then stops it gracefully.
+  virtual Status Drain(bool shutdown) = 0;
+
+  // Sends raw bytes on the connection (tests of bad input only).
+  virtual Status TEST_SendRaw(std::span<const uint8_t> bytes) = 0;
+};
+
+}  // namespace kvtier::daemon

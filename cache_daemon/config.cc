@@ -1,0 +1,219 @@
+#include "cache_daemon/config.h"
+
+#include <arpa/inet.h>
+#include <toml++/toml.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <sstream>
+
+namespace kvtier::daemon {
+namespace {
+
+using Setter = std::function<Status(const toml::node&)>;
+
+Status Bad(const std::string& key, const std::string& why) {
+  return Status::InvalidArgument("config key " + key + ": " + why);
+}
+
+template <typename T>
+Setter UintKey(const std::string& key, T* out) {
+  return [key, out](const toml::node& n) -> Status {
+    std::optional<int64_t> v = n.value<int64_t>();
+    if (!v || *v < 0 || static_cast<uint64_t>(*v) > std::numeric_limits<T>::max()) {
+      return Bad(key, "expected a non-negative integer that fits");
+    }
+    *out = static_cast<T>(*v);
+    return Status::Ok();
+  };
+}
+
+Setter StringKey(const std::string& key, std::string* out) {
+  return [key, out](const toml::node& n) -> Status {
+    std::optional<std::string> v = n.value<std::string>();
+    if (!v) return Bad(key, "expected a string");
+    *out = *v;
+    return Status::Ok();
+  };
+}
+
+StatusOr<storage::Durability> ParseDurability(std::string_view s) {
+  if (s == "none") return storage::Durability::kNone;
+  if (s == "batched") return storage::Durability::kBatched;
+  if (s == "sync") return storage::Durability::kSync;
+  return Status::InvalidArgument("durability must be none, batched or sync");
+}
+
+StatusOr<toml::table> ParseToml(std::string_view text) {
+  try {
+    return toml::parse(text);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream msg;
+    msg << "config: " << e.description() << " at line " << e.source().begin.line;
+    return Status::InvalidArgument(msg.str());
+  }
+}
+
+Status ReadPolicyTable(const toml::table& policy, PolicySettings* out) {
+  for (const auto& [k, v] : policy) {
+    std::string key(k.str());
+    if (key == "eviction" || key == "admission") {
+      std::optional<std::string> s = v.value<std::string>();
+      if (!s) return Bad("policy." + key, "expected a string");
+      (key == "eviction" ? out->eviction : out->admission) = *s;
+    } else if (key == "seed") {
+      std::optional<int64_t> s = v.value<int64_t>();
+      if (!s || *s < 0) return Bad("policy.seed", "expected a non-negative integer");
+      out->params.seed = static_cast<uint64_t>(*s);
+    } else if (key == "params") {
+      const toml::table* p = v.as_table();
+      if (p == nullptr) return Bad("policy.params", "expected a table");
+      out->params.values.clear();
+      for (const auto& [pk, pv] : *p) {
+        std::string text;
+        if (auto s = pv.value<std::string>()) {
+          text = *s;
+        } else if (auto i = pv.value<int64_t>()) {
+          text = std::to_string(*i);
+        } else if (auto d = pv.value<double>()) {
+          std::ostringstream os;
+          os << *d;
+          text = os.str();
+        } else {
+          return Bad("policy.params." + std::string(pk.str()), "expected a string or number");
+        }
+        out->params.values.emplace_back(std::string(pk.str()), text);
+      }
+    } else {
+      return Bad("policy." + key, "unknown key");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
+  DaemonOptions o;
+  o.storage.ssd_capacity_bytes = 4ull << 30;
+  KVTIER_ASSIGN_OR_RETURN(toml::table root, ParseToml(text));
+  std::string durability = "batched";
+  std::map<std::string, Setter> keys = {
+      {"server.data_dir", StringKey("server.data_dir", &o.data_dir)},
+      {"server.socket", StringKey("server.socket", &o.socket_path)},
+      {"server.listen", StringKey("server.listen", &o.listen_address)},
+      {"server.native_port", UintKey("server.native_port", &o.native_port)},
+      {"server.resp_port", UintKey("server.resp_port", &o.resp_port)},
+      {"server.http_port", UintKey("server.http_port", &o.http_port)},
+      {"server.io_threads", UintKey("server.io_threads", &o.io_threads)},
+      {"server.worker_threads", UintKey("server.worker_threads", &o.worker_threads)},
+      {"limits.max_frame_bytes", UintKey("limits.max_frame_bytes", &o.max_frame_bytes)},
+      {"limits.max_inflight_per_connection",
+       UintKey("limits.max_inflight_per_connection", &o.max_inflight_per_connection)},
+      {"limits.max_connections", UintKey("limits.max_connections", &o.max_connections)},
+      {"limits.frame_timeout_ms", UintKey("limits.frame_timeout_ms", &o.frame_timeout_ms)},
+      {"limits.shm_max_bytes", UintKey("limits.shm_max_bytes", &o.shm_max_bytes)},
+      {"limits.drain_timeout_ms", UintKey("limits.drain_timeout_ms", &o.drain_timeout_ms)},
+      {"limits.resp_max_args", UintKey("limits.resp_max_args", &o.resp_max_args)},
+      {"limits.http_max_body_bytes", UintKey("limits.http_max_body_bytes", &o.http_max_body_bytes)},
+      {"auth.tokens_file", StringKey("auth.tokens_file", &o.tokens_file)},
+      {"auth.server_secret_file", StringKey("auth.server_secret_file", &o.server_secret_file)},
+      {"auth.default_inflight_max", UintKey("auth.default_inflight_max", &o.default_inflight_max)},
+      {"storage.hbm_capacity_bytes",
+       UintKey("storage.hbm_capacity_bytes", &o.storage.hbm_capacity_bytes)},
+      {"storage.dram_capacity_bytes",
+       UintKey("storage.dram_capacity_bytes", &o.storage.dram_capacity_bytes)},
+      {"storage.ssd_capacity_bytes",
+       UintKey("storage.ssd_capacity_bytes", &o.storage.ssd_capacity_bytes)},
+      {"storage.durability", StringKey("storage.durability", &durability)},
+      {"storage.group_commit_ms", UintKey("storage.group_commit_ms", &o.storage.group_commit_ms)},
+      {"storage.max_value_bytes", UintKey("storage.max_value_bytes", &o.storage.max_value_bytes)},
+      {"storage.ssd_segment_bytes",
+       UintKey("storage.ssd_segment_bytes", &o.storage.ssd_segment_bytes)},
+      {"trace.path", StringKey("trace.path", &o.trace_path)},
+      {"trace.queue_depth", UintKey("trace.queue_depth", &o.trace_queue_depth)},
+  };
+  for (const auto& [section, node] : root) {
+    std::string sec(section.str());
+    const toml::table* t = node.as_table();
+    if (t == nullptr) return Bad(sec, "expected a table ([" + sec + "])");
+    if (sec == "policy") {
+      PolicySettings p{o.storage.eviction_policy, o.storage.admission_policy,
+                       o.storage.policy_params};
+      KVTIER_RETURN_IF_ERROR(ReadPolicyTable(*t, &p));
+      o.storage.eviction_policy = p.eviction;
+      o.storage.admission_policy = p.admission;
+      o.storage.policy_params = p.params;
+      continue;
+    }
+    for (const auto& [k, v] : *t) {
+      std::string full = sec + "." + std::string(k.str());
+      auto it = keys.find(full);
+      if (it == keys.end()) return Bad(full, "unknown key");
+      KVTIER_RETURN_IF_ERROR(it->second(v));
+    }
+  }
+  KVTIER_ASSIGN_OR_RETURN(o.storage.durability, ParseDurability(durability));
+  return o;
+}
+
+StatusOr<DaemonOptions> LoadConfig(const std::string& path) {
+  if (path.empty()) return ParseConfig("");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::IOError("cannot open config file " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  StatusOr<DaemonOptions> o = ParseConfig(ss.str());
+  if (!o.ok()) return o.status().WithContext(path);
+  o->config_path = path;
+  return o;
+}
+
+StatusOr<PolicySettings> ParsePolicySettings(std::string_view text) {
+  KVTIER_ASSIGN_OR_RETURN(toml::table root, ParseToml(text));
+  PolicySettings p{"lru", "admit-all", {}};
+  if (const toml::table* t = root["policy"].as_table(); t != nullptr) {
+    KVTIER_RETURN_IF_ERROR(ReadPolicyTable(*t, &p));
+  }
+  return p;
+}
+
+bool IsLoopbackAddress(std::string_view address) {
+  if (address == "localhost" || address == "::1") return true;
+  in_addr a4{};
+  std::string s(address);
+  if (inet_pton(AF_INET, s.c_str(), &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+  return false;
+}
+
+Status Finalize(DaemonOptions* o) {
+  if (o->data_dir.empty()) o->data_dir = DefaultDataDir();
+  if (o->socket_path.empty()) o->socket_path = o->data_dir + "/kvtierd.sock";
+  if (o->socket_path == "off") o->socket_path.clear();
+  if (o->server_secret_file.empty()) o->server_secret_file = o->data_dir + "/server_secret";
+  o->storage.data_dir = o->data_dir + "/store";
+  if (o->io_threads == 0 || o->io_threads > 256) return Bad("server.io_threads", "1..256");
+  if (o->worker_threads == 0 || o->worker_threads > 1024) {
+    return Bad("server.worker_threads", "1..1024");
+  }
+  if (o->max_frame_bytes < 4096) return Bad("limits.max_frame_bytes", "at least 4096");
+  if (o->max_frame_bytes > (1ull << 32)) return Bad("limits.max_frame_bytes", "at most 4 GiB");
+  if (o->max_inflight_per_connection == 0) {
+    return Bad("limits.max_inflight_per_connection", "at least 1");
+  }
+  if (o->socket_path.size() >= 108) {
+    return Bad("server.socket", "path longer than 107 bytes (sun_path limit)");
+  }
+  if (o->tokens_file.empty() && !IsLoopbackAddress(o->listen_address)) {
+    return Status::PermissionDenied(
+        "refusing to listen on non-loopback address '" + o->listen_address +
+        "' without authentication: set [auth] tokens_file (see docs/CONFIG.md), or listen on "
+        "127.0.0.1 and use the Unix socket");
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvtier::daemon

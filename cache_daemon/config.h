@@ -1,0 +1,79 @@
+// kvtierd configuration: an options struct with embedded defaults, a TOML loader and the
+// command-line overrides. Every key, its default and its meaning is listed in docs/CONFIG.md
+// and deploy/kvtierd.toml; keep the three in step.
+//
+// Defaults work with no file at all: data under $XDG_STATE_HOME/kvtier (or ./kvtier-data),
+// the native protocol on <data_dir>/kvtierd.sock, RESP and HTTP on 127.0.0.1 only.
+//
+// Thread safety: plain values; LoadConfig/ApplyFlag are not thread-safe on one object.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cache_daemon/client.h"  // DefaultDataDir()
+#include "common/status.h"
+#include "storage/tier_manager.h"
+
+namespace kvtier::daemon {
+
+struct DaemonOptions {
+  // [server]
+  std::string data_dir;                      // "" -> DefaultDataDir()
+  std::string socket_path;                   // "" -> <data_dir>/kvtierd.sock; "off" disables
+  std::string listen_address = "127.0.0.1";  // address of every TCP port
+  uint16_t native_port = 0;                  // native protocol over TCP; 0 disables
+  uint16_t resp_port = 6380;                 // RESP front end; 0 disables
+  uint16_t http_port = 9180;                 // HTTP admin (/metrics); 0 disables
+  uint32_t io_threads = 2;                   // Asio I/O threads (RESP and HTTP run here)
+  uint32_t worker_threads = 4;               // native-protocol request executors
+
+  // [limits]
+  uint64_t max_frame_bytes = (64ull << 20) + (1ull << 20);  // one native frame, header included
+  uint32_t max_inflight_per_connection = 64;  // frames executing per connection (then backpressure)
+  uint32_t max_connections = 1024;            // all fronts together; more are closed at once
+  uint64_t frame_timeout_ms = 10000;          // a started frame / RESP command must complete
+  uint64_t shm_max_bytes = 256ull << 20;      // shared-memory region per Unix connection
+  uint64_t drain_timeout_ms = 30000;          // graceful shutdown waits this long for in-flight
+  uint32_t resp_max_args = 65536;             // arguments in one RESP command
+  uint64_t http_max_body_bytes = 1ull << 20;  // POST /v1/policy body
+
+  // [auth]
+  std::string tokens_file;               // "" -> auth off (loopback / Unix only)
+  std::string server_secret_file;        // "" -> <data_dir>/server_secret (created on first start)
+  uint32_t default_inflight_max = 1024;  // in-flight limit of tenant "default" (auth off)
+
+  // [storage]
+  storage::TierManagerOptions storage;  // data_dir is filled from data_dir above
+
+  // [trace]
+  std::string trace_path;              // "" -> off; written as zstd JSON Lines
+  uint32_t trace_queue_depth = 65536;  // records buffered before new ones are dropped
+
+  // The file this came from ("" when none); SIGHUP re-reads its [policy] table.
+  std::string config_path;
+};
+
+// Defaults, then the file (when path is not empty). InvalidArgument names the bad key.
+// Unknown keys are errors, so a typo never silently changes nothing.
+StatusOr<DaemonOptions> LoadConfig(const std::string& path);
+StatusOr<DaemonOptions> ParseConfig(std::string_view toml_text);
+
+// Reads only the [policy] table of a config text (used on SIGHUP).
+struct PolicySettings {
+  std::string eviction, admission;
+  policies::PolicyParams params;
+};
+StatusOr<PolicySettings> ParsePolicySettings(std::string_view toml_text);
+
+// Fills derived defaults (data dir, socket, secret path, storage.data_dir) and checks the
+// security rule: with auth off, listen_address must be a loopback address.
+Status Finalize(DaemonOptions* options);
+
+// True for 127.0.0.0/8, ::1 and "localhost".
+bool IsLoopbackAddress(std::string_view address);
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,299 @@
+#include "cache_daemon/daemon.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "cache_daemon/daemon_internal.h"
+#include "common/clock.h"
+#include "common/logging.h"
+
+namespace kvtier::daemon {
+namespace internal {
+
+std::string RenderMetrics(Shared* shared) {
+  DaemonMetrics::Extra extra;
+  extra.ready = shared->ready.load() && !shared->draining.load();
+  extra.uptime_s = (DefaultSteadyClock().NowUs() - shared->start_us) / 1000000;
+  PolicySettings p = shared->service->policy();
+  extra.eviction_policy = p.eviction;
+  extra.admission_policy = p.admission;
+  for (const auto& t : shared->tenants->tenants()) extra.tenants.emplace_back(t->name, t->id);
+  return shared->metrics->RenderPrometheus(shared->service->store()->GetStats(), extra);
+}
+
+}  // namespace internal
+
+namespace {
+
+namespace asio = boost::asio;
+using internal::Shared;
+using Tcp = asio::ip::tcp;
+using Local = asio::local::stream_protocol;
+
+// True when something answers on the Unix socket path (another daemon is running).
+bool SocketInUse(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  bool in_use = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return in_use;
+}
+
+class DaemonImpl final : public Daemon {
+ public:
+  DaemonImpl(const DaemonOptions& options, std::unique_ptr<storage::TierManager> store,
+             std::unique_ptr<TenantRegistry> tenants, std::unique_ptr<TraceWriter> trace)
+      : options_(options),
+        store_(std::move(store)),
+        tenants_(std::move(tenants)),
+        trace_(std::move(trace)),
+        workers_(options.worker_threads),
+        service_(store_.get(), tenants_.get(), &metrics_, trace_.get(),
+                 PolicySettings{options.storage.eviction_policy, options.storage.admission_policy,
+                                options.storage.policy_params}) {
+    shared_.options = &options_;
+    shared_.service = &service_;
+    shared_.metrics = &metrics_;
+    shared_.tenants = tenants_.get();
+    shared_.io = &io_;
+    shared_.workers = &workers_;
+    shared_.start_us = DefaultSteadyClock().NowUs();
+    shared_.request_shutdown = [this] { Shutdown(); };
+  }
+
+  ~DaemonImpl() override {
+    Shutdown();
+    (void)Wait();
+  }
+
+  Status Listen() {
+    for (const auto& t : tenants_->tenants()) store_->SetTenantQuota(t->id, t->quota_bytes);
+    boost::system::error_code ec;
+    if (!options_.socket_path.empty()) {
+      if (SocketInUse(options_.socket_path)) {
+        return Status::IOError("another daemon is listening on " + options_.socket_path);
+      }
+      ::unlink(options_.socket_path.c_str());
+      unix_.emplace(io_);
+      unix_->open(Local(), ec);
+      if (!ec) unix_->bind(Local::endpoint(options_.socket_path), ec);
+      if (!ec) unix_->listen(asio::socket_base::max_listen_connections, ec);
+      if (ec) return Status::IOError("bind " + options_.socket_path + ": " + ec.message());
+      ::chmod(options_.socket_path.c_str(), 0660);
+      AcceptUnix();
+    }
+    auto open_tcp = [&](uint16_t port, std::optional<Tcp::acceptor>* acc,
+                        const char* what) -> Status {
+      if (port == 0) return Status::Ok();
+      auto addr = asio::ip::make_address(
+          options_.listen_address == "localhost" ? "127.0.0.1" : options_.listen_address, ec);
+      if (ec) return Status::InvalidArgument("bad listen address " + options_.listen_address);
+      Tcp::endpoint ep(addr, port);
+      acc->emplace(io_);
+      (*acc)->open(ep.protocol(), ec);
+      if (!ec) (*acc)->set_option(asio::socket_base::reuse_address(true), ec);
+      if (!ec) (*acc)->bind(ep, ec);
+      if (!ec) (*acc)->listen(asio::socket_base::max_listen_connections, ec);
+      if (ec) {
+        return Status::IOError(std::string("bind ") + what + " " + options_.listen_address + ":" +
+                               std::to_string(port) + ": " + ec.message());
+      }
+      return Status::Ok();
+    };
+    KVTIER_RETURN_IF_ERROR(open_tcp(options_.native_port, &native_tcp_, "native"));
+    KVTIER_RETURN_IF_ERROR(open_tcp(options_.resp_port, &resp_, "resp"));
+    KVTIER_RETURN_IF_ERROR(open_tcp(options_.http_port, &http_, "http"));
+    if (native_tcp_) AcceptTcp(&*native_tcp_, 0);
+    if (resp_) AcceptTcp(&*resp_, 1);
+    if (http_) AcceptTcp(&*http_, 2);
+    for (uint32_t i = 0; i < options_.io_threads; ++i) {
+      io_threads_.emplace_back([this] { io_.run(); });
+    }
+    KVTIER_LOG(kInfo) << "kvtierd serving: socket=" << options_.socket_path
+                      << " native_port=" << options_.native_port
+                      << " resp_port=" << options_.resp_port << " http_port=" << options_.http_port
+                      << " on " << options_.listen_address
+                      << " auth=" << (tenants_->auth_enabled() ? "on" : "off");
+    return Status::Ok();
+  }
+
+  void Shutdown() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_started_) return;
+    shutdown_started_ = true;
+    shutdown_thread_ = std::thread([this] { RunShutdown(); });
+  }
+
+  bool shutdown_requested() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return shutdown_started_;
+  }
+
+  Status Wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return done_; });
+    if (shutdown_thread_.joinable()) shutdown_thread_.join();
+    return final_status_;
+  }
+
+  Status ReloadPolicy() override {
+    if (options_.config_path.empty()) return Status::Ok();
+    std::ifstream in(options_.config_path, std::ios::binary);
+    if (!in) return Status::IOError("cannot reopen " + options_.config_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    KVTIER_ASSIGN_OR_RETURN(PolicySettings p, ParsePolicySettings(ss.str()));
+    KVTIER_RETURN_IF_ERROR(service_.SetPolicy(p));
+    KVTIER_LOG(kInfo) << "SIGHUP: policy reloaded: " << service_.PolicyJson();
+    return Status::Ok();
+  }
+
+ private:
+  bool Admit() {
+    if (shared_.draining.load() || metrics_.connections_open.load() >= options_.max_connections) {
+      metrics_.connections_rejected.fetch_add(1);
+      return false;
+    }
+    return true;
+  }
+
+  void AcceptUnix() {
+    unix_->async_accept(asio::make_strand(io_), [this](boost::system::error_code ec,
+                                                       Local::socket s) {
+      if (ec == asio::error::operation_aborted || !unix_->is_open()) return;
+      if (!ec && Admit()) {
+        internal::StartNativeSession(&shared_, asio::generic::stream_protocol::socket(std::move(s)),
+                                     /*is_unix=*/true);
+      }
+      AcceptUnix();
+    });
+  }
+
+  void AcceptTcp(Tcp::acceptor* acc, int front) {
+    acc->async_accept(
+        asio::make_strand(io_), [this, acc, front](boost::system::error_code ec, Tcp::socket s) {
+          if (ec == asio::error::operation_aborted || !acc->is_open()) return;
+          if (!ec && Admit()) {
+            if (front == 0) {
+              boost::system::error_code ignored;
+              s.set_option(Tcp::no_delay(true), ignored);
+              internal::StartNativeSession(
+                  &shared_, asio::generic::stream_protocol::socket(std::move(s)), false);
+            } else if (front == 1) {
+              internal::StartRespSession(&shared_, std::move(s));
+            } else {
+              internal::StartHttpSession(&shared_, std::move(s));
+            }
+          }
+          AcceptTcp(acc, front);
+        });
+  }
+
+  std::vector<std::shared_ptr<internal::Session>> LiveSessions() {
+    std::vector<std::shared_ptr<internal::Session>> out;
+    std::lock_guard<std::mutex> lock(shared_.sessions_mu);
+    for (auto& [id, w] : shared_.sessions) {
+      if (auto s = w.lock()) out.push_back(std::move(s));
+    }
+    return out;
+  }
+
+  void RunShutdown() {
+    KVTIER_LOG(kInfo) << "shutting down: no new connections, finishing in-flight requests";
+    shared_.draining.store(true);
+    shared_.ready.store(false);
+    asio::post(io_, [this] {
+      boost::system::error_code ec;
+      if (unix_) unix_->close(ec);
+      if (native_tcp_) native_tcp_->close(ec);
+      if (resp_) resp_->close(ec);
+      if (http_) http_->close(ec);
+    });
+    // Wait for requests already received to finish and their replies to be written.
+    uint64_t deadline = DefaultSteadyClock().NowMs() + options_.drain_timeout_ms;
+    for (;;) {
+      bool busy = metrics_.inflight.load() > 0;
+      for (auto& s : LiveSessions()) busy = busy || s->Busy();
+      if (!busy) break;
+      if (DefaultSteadyClock().NowMs() >= deadline) {
+        KVTIER_LOG(kWarn) << "drain timeout: closing connections with requests in flight";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    for (auto& s : LiveSessions()) s->Close();
+    workers_.join();
+    // Let the close handlers run, then stop the I/O threads.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    io_.stop();
+    for (auto& t : io_threads_) t.join();
+    Status st = store_->Flush();
+    if (!st.ok()) {
+      KVTIER_LOG(kError) << "flush at shutdown failed: " << st.ToString();
+    }
+    if (trace_) {
+      Status ts = trace_->Close();
+      if (!ts.ok()) {
+        KVTIER_LOG(kError) << "trace close failed: " << ts.ToString();
+      }
+    }
+    if (!options_.socket_path.empty()) ::unlink(options_.socket_path.c_str());
+    KVTIER_LOG(kInfo) << "shutdown complete: " << st.ToString();
+    std::lock_guard<std::mutex> lock(mu_);
+    final_status_ = st;
+    done_ = true;
+    done_cv_.notify_all();
+  }
+
+  DaemonOptions options_;
+  std::unique_ptr<storage::TierManager> store_;
+  std::unique_ptr<TenantRegistry> tenants_;
+  std::unique_ptr<TraceWriter> trace_;
+  DaemonMetrics metrics_;
+  asio::thread_pool workers_;
+  Service service_;
+  Shared shared_;
+  // Declared after everything sessions touch: destroying io_ destroys pending handlers and
+  // with them the last session references, whose destructors use shared_ and metrics_.
+  asio::io_context io_;
+  std::optional<Local::acceptor> unix_;
+  std::optional<Tcp::acceptor> native_tcp_, resp_, http_;
+  std::vector<std::thread> io_threads_;
+
+  mutable std::mutex mu_;
+  std::condition_variable done_cv_;
+  bool shutdown_started_ = false;  // protected by mu_
+  bool done_ = false;              // protected by mu_
+  Status final_status_;            // protected by mu_
+  std::thread shutdown_thread_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options,
+                                                std::unique_ptr<storage::TierManager> store,
+                                                std::unique_ptr<TenantRegistry> tenants,
+                                                std::unique_ptr<TraceWriter> trace) {
+  auto d =
+      std::make_unique<DaemonImpl>(options, std::move(store), std::move(tenants), std::move(trace));
+  Status st = d->Listen();
+  if (!st.ok()) {
+    // Not started: make the destructor's Shutdown/Wait trivial.
+    d->Shutdown();
+    (void)d->Wait();
+    return st;
+  }
+  return std::unique_ptr<Daemon>(std::move(d));
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,144 @@
+// kvtierd: the kvtier daemon. `kvtierd --help` lists the flags; docs/CONFIG.md every key.
+//
+// Signals: SIGTERM/SIGINT stop gracefully (stop accepting, finish in-flight requests, flush,
+// exit 0); SIGHUP reloads the [policy] table of the config file.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cache_daemon/config.h"
+#include "cache_daemon/daemon.h"
+#include "cli/flags.h"
+#include "common/key_spec.h"
+#include "common/logging.h"
+
+namespace {
+
+using namespace kvtier;
+using namespace kvtier::daemon;
+
+int Fail(const Status& st) {
+  std::fprintf(stderr, "kvtierd: %s\n", st.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string_view> args(argv + 1, argv + argc);
+  std::string config, data_dir, socket, listen, tokens, trace, hash_token, log_level;
+  uint64_t resp_port = UINT64_MAX, http_port = UINT64_MAX, native_port = UINT64_MAX;
+  cli::FlagSet flags("kvtierd", "The kvtier daemon: tiered KV-cache storage (docs/CONFIG.md).");
+  flags.String("config", &config, "FILE", "TOML config file (default: embedded defaults)");
+  flags.String("data-dir", &data_dir, "DIR", "data directory (server.data_dir)");
+  flags.String("socket", &socket, "PATH", "native Unix socket, or 'off' (server.socket)");
+  flags.String("listen", &listen, "ADDR", "address of the TCP ports (server.listen)");
+  flags.Uint("resp-port", &resp_port, "RESP port, 0 disables (server.resp_port)");
+  flags.Uint("http-port", &http_port, "HTTP admin port, 0 disables (server.http_port)");
+  flags.Uint("native-port", &native_port, "native TCP port, 0 disables (server.native_port)");
+  flags.String("tokens-file", &tokens, "FILE", "tenants and hashed tokens (auth.tokens_file)");
+  flags.String("trace", &trace, "FILE.zst", "record the request stream (trace.path)");
+  flags.String("hash-token", &hash_token, "TOKEN",
+               "print the SHA-256 of TOKEN for a tokens file and exit");
+  flags.String("log-level", &log_level, "LEVEL", "debug, info, warn, error");
+  if (int rc = flags.Parse(args); rc >= 0) return rc;
+
+  if (!hash_token.empty()) {
+    std::printf("%s\n",
+                ToHex(Sha256(std::span<const uint8_t>(
+                          reinterpret_cast<const uint8_t*>(hash_token.data()), hash_token.size())))
+                    .c_str());
+    return 0;
+  }
+  if (!log_level.empty()) {
+    LogLevel lv;
+    if (!ParseLogLevel(log_level, &lv)) {
+      std::fprintf(stderr, "kvtierd: bad --log-level '%s'\n", log_level.c_str());
+      return 2;
+    }
+    SetLogLevel(lv);
+  }
+
+  StatusOr<DaemonOptions> loaded = LoadConfig(config);
+  if (!loaded.ok()) return Fail(loaded.status());
+  DaemonOptions o = std::move(loaded).value();
+  auto port = [](uint64_t v, uint16_t* out) {
+    if (v == UINT64_MAX) return true;
+    if (v > 65535) return false;
+    *out = static_cast<uint16_t>(v);
+    return true;
+  };
+  if (!data_dir.empty()) o.data_dir = data_dir;
+  if (!socket.empty()) o.socket_path = socket;
+  if (!listen.empty()) o.listen_address = listen;
+  if (!tokens.empty()) o.tokens_file = tokens;
+  if (!trace.empty()) o.trace_path = trace;
+  if (!port(resp_port, &o.resp_port) || !port(http_port, &o.http_port) ||
+      !port(native_port, &o.native_port)) {
+    std::fprintf(stderr, "kvtierd: ports must be 0..65535\n");
+    return 2;
+  }
+  if (Status st = Finalize(&o); !st.ok()) return Fail(st);
+
+  std::error_code fec;
+  std::filesystem::create_directories(o.data_dir, fec);
+  if (fec) return Fail(Status::IOError("cannot create data dir " + o.data_dir));
+  ::chmod(o.data_dir.c_str(), 0700);
+
+  StatusOr<std::vector<uint8_t>> secret = LoadOrCreateServerSecret(o.server_secret_file);
+  if (!secret.ok()) return Fail(secret.status());
+  std::unique_ptr<TenantRegistry> tenants;
+  if (o.tokens_file.empty()) {
+    tenants = TenantRegistry::Open(*secret, o.default_inflight_max);
+  } else {
+    StatusOr<std::unique_ptr<TenantRegistry>> t = TenantRegistry::LoadFile(o.tokens_file, *secret);
+    if (!t.ok()) return Fail(t.status());
+    tenants = std::move(t).value();
+  }
+  std::unique_ptr<TraceWriter> tracer;
+  if (!o.trace_path.empty()) {
+    StatusOr<std::unique_ptr<TraceWriter>> t = TraceWriter::Open(o.trace_path, o.trace_queue_depth);
+    if (!t.ok()) return Fail(t.status());
+    tracer = std::move(t).value();
+  }
+
+  // Block the signals in every thread; the main thread takes them with sigtimedwait.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  if (o.storage.ssd_capacity_bytes > 0) {
+    std::filesystem::create_directories(o.storage.data_dir, fec);
+  }
+  StatusOr<std::unique_ptr<storage::TierManager>> store = storage::TierManager::Open(o.storage);
+  if (!store.ok()) return Fail(store.status().WithContext("opening the store"));
+  StatusOr<std::unique_ptr<Daemon>> d =
+      Daemon::Start(o, std::move(store).value(), std::move(tenants), std::move(tracer));
+  if (!d.ok()) return Fail(d.status());
+  std::fprintf(stderr, "kvtierd: ready\n");
+
+  timespec tick{0, 100 * 1000 * 1000};
+  while (!(*d)->shutdown_requested()) {
+    int sig = sigtimedwait(&set, nullptr, &tick);
+    if (sig == SIGHUP) {
+      Status st = (*d)->ReloadPolicy();
+      if (!st.ok()) {
+        KVTIER_LOG(kError) << "SIGHUP reload failed: " << st.ToString();
+      }
+    } else if (sig == SIGTERM || sig == SIGINT) {
+      (*d)->Shutdown();
+    }
+  }
+  Status st = (*d)->Wait();
+  if (!st.ok()) return Fail(st.WithContext("final flush"));
+  return 0;
+}

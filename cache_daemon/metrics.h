@@ -1,0 +1,101 @@
+// Daemon-side metrics and their Prometheus text rendering (written by hand; format 0.0.4).
+//
+// Counters are lock-free atomics updated on the request path. Labels carry only bounded,
+// non-secret values: tier, op, code, reason, front, tenant name. Never a key or a hash.
+//
+// Thread safety: every method is thread-safe.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "storage/tier_manager.h"
+
+namespace kvtier::daemon {
+
+// Operations with their own request counters and latency histogram.
+enum class Op : uint8_t {
+  kHello,
+  kAuth,
+  kShmAttach,
+  kLookup,
+  kPut,
+  kGet,
+  kPrefetch,
+  kPin,
+  kUnpin,
+  kDelete,
+  kStats,
+  kPolicyGet,
+  kPolicySet,
+  kDrain,
+  kRespGet,
+  kRespSet,
+  kRespMget,
+  kRespMset,
+  kRespDel,
+  kRespExists,
+  kRespExpire,
+  kRespTtl,
+  kRespOther,
+  kCount
+};
+const char* OpName(Op op);
+
+// Fixed-bucket latency histogram in microseconds.
+class LatencyHistogram {
+ public:
+  static constexpr std::array<uint64_t, 16> kBoundsUs = {
+      10,   25,    50,    100,   250,    500,    1000,    2500,
+      5000, 10000, 25000, 50000, 100000, 250000, 1000000, 5000000};
+  void Observe(uint64_t us);
+  // Cumulative counts per bound, then +Inf; sum in microseconds.
+  void Snapshot(std::array<uint64_t, kBoundsUs.size() + 1>* cumulative, uint64_t* sum_us) const;
+
+ private:
+  std::array<std::atomic<uint64_t>, kBoundsUs.size() + 1> buckets_{};
+  std::atomic<uint64_t> sum_us_{0};
+};
+
+class DaemonMetrics {
+ public:
+  static constexpr size_t kCodes = 10;  // StatusCode values
+
+  void RecordRequest(Op op, StatusCode code, uint64_t latency_us);
+  void AddBytes(bool in, uint64_t n) { (in ? bytes_in_ : bytes_out_).fetch_add(n); }
+
+  std::atomic<uint64_t> connections_open{0};
+  std::atomic<uint64_t> connections_total{0};
+  std::atomic<uint64_t> connections_rejected{0};  // over max_connections or draining
+  std::atomic<uint64_t> protocol_errors{0};       // malformed / oversized frames, bad RESP
+  std::atomic<uint64_t> auth_failures{0};
+  std::atomic<uint64_t> slow_client_disconnects{0};
+  std::atomic<uint64_t> tenant_inflight_rejections{0};
+  std::atomic<uint64_t> trace_records_dropped{0};
+  std::atomic<uint64_t> inflight{0};
+
+  struct Extra {
+    bool ready = true;
+    uint64_t uptime_s = 0;
+    std::string eviction_policy, admission_policy;
+    // (tenant name, tenant id) for per-tenant byte gauges.
+    std::vector<std::pair<std::string, uint64_t>> tenants;
+  };
+  // The whole /metrics page: daemon counters plus the storage snapshot.
+  std::string RenderPrometheus(const storage::Stats& s, const Extra& extra) const;
+
+ private:
+  std::array<std::array<std::atomic<uint64_t>, kCodes>, static_cast<size_t>(Op::kCount)>
+      requests_{};
+  std::array<LatencyHistogram, static_cast<size_t>(Op::kCount)> latency_{};
+  std::atomic<uint64_t> bytes_in_{0}, bytes_out_{0};
+};
+
+// Escapes a label value (backslash, quote, newline) per the exposition format.
+std::string EscapeLabel(std::string_view v);
+
+}  // namespace kvtier::daemon

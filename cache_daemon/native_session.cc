@@ -1,0 +1,617 @@
+// The native-protocol connection: frame splitting, auth, dispatch to workers, ordered
+// writes, shared memory, backpressure and the slow-client timer. See docs/format/wire.md.
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <deque>
+
+#include "cache_daemon/daemon_internal.h"
+#include "cache_daemon/wire.h"
+#include "common/clock.h"
+#include "common/logging.h"
+
+namespace kvtier::daemon::internal {
+namespace {
+
+using wire::Opcode;
+using GenericSocket = asio::generic::stream_protocol::socket;
+
+// After this many failed AUTH attempts a connection is closed.
+constexpr int kMaxAuthFailures = 3;
+constexpr size_t kReadChunkBytes = 256 * 1024;
+
+Op ToOp(uint8_t opcode) {
+  switch (static_cast<Opcode>(opcode)) {
+    case Opcode::kHello:
+      return Op::kHello;
+    case Opcode::kAuth:
+      return Op::kAuth;
+    case Opcode::kShmAttach:
+      return Op::kShmAttach;
+    case Opcode::kLookup:
+      return Op::kLookup;
+    case Opcode::kPut:
+      return Op::kPut;
+    case Opcode::kGet:
+      return Op::kGet;
+    case Opcode::kPrefetch:
+      return Op::kPrefetch;
+    case Opcode::kPin:
+      return Op::kPin;
+    case Opcode::kUnpin:
+      return Op::kUnpin;
+    case Opcode::kDelete:
+      return Op::kDelete;
+    case Opcode::kStats:
+      return Op::kStats;
+    case Opcode::kPolicyGet:
+      return Op::kPolicyGet;
+    case Opcode::kPolicySet:
+      return Op::kPolicySet;
+    case Opcode::kDrain:
+      return Op::kDrain;
+  }
+  return Op::kHello;
+}
+
+// Builds a response frame: header, status, then fill(w) when the status is OK.
+std::vector<uint8_t> Response(const wire::FrameHeader& req, uint16_t flags, const Status& st,
+                              const std::function<void(wire::Writer*)>& fill = nullptr) {
+  wire::Writer w;
+  w.buffer().resize(wire::kHeaderBytes);
+  wire::EncodeStatus(st, &w);
+  if (st.ok() && fill) fill(&w);
+  std::vector<uint8_t> out = w.Take();
+  auto h = wire::EncodeHeader(req.opcode | wire::kResponseBit, flags, req.request_id,
+                              static_cast<uint32_t>(out.size() - wire::kHeaderBytes));
+  std::copy(h.begin(), h.end(), out.begin());
+  return out;
+}
+
+struct OutMsg {
+  std::vector<uint8_t> bytes;
+  int fd = -1;  // sent with SCM_RIGHTS alongside the bytes (Unix sockets only)
+};
+
+class NativeSession : public Session, public std::enable_shared_from_this<NativeSession> {
+ public:
+  NativeSession(Shared* shared, GenericSocket socket, bool is_unix)
+      : shared_(shared),
+        strand_(asio::make_strand(*shared->io)),
+        sock_(std::move(socket)),
+        is_unix_(is_unix),
+        parser_(shared->options->max_frame_bytes),
+        timer_(strand_),
+        rbuf_(kReadChunkBytes) {
+    tenant_ = shared_->tenants->default_tenant();
+  }
+
+  ~NativeSession() override {
+    if (shm_ != nullptr) ::munmap(shm_, shm_bytes_);
+    if (shm_fd_ >= 0) ::close(shm_fd_);
+    shared_->metrics->connections_open.fetch_sub(1);
+  }
+
+  void Begin() {
+    id_ = shared_->Register(shared_from_this());
+    MaybeRead();
+  }
+
+  void Close() override {
+    asio::post(strand_, [self = shared_from_this()] { self->DoClose(); });
+  }
+  bool Busy() const override { return busy_.load() > 0 || write_busy_.load(); }
+  asio::strand<asio::io_context::executor_type>& executor() { return strand_; }
+
+ private:
+  void DoClose() {
+    if (closed_) return;
+    closed_ = true;
+    boost::system::error_code ec;
+    timer_.cancel();
+    sock_.shutdown(asio::socket_base::shutdown_both, ec);
+    sock_.close(ec);
+    shared_->Unregister(id_);
+  }
+
+  void MaybeRead() {
+    if (closed_ || reading_ || close_after_write_) return;
+    if (shared_->draining.load()) {
+      if (inflight_ == 0 && wq_.empty()) DoClose();
+      return;
+    }
+    // Frames already buffered run first (they arrived before any new read). A reply that is
+    // written synchronously (SendWithFd) can call back into MaybeRead from inside
+    // ProcessFrames; processing_ keeps that nested call from starting a second read.
+    if (processing_) return;
+    processing_ = true;
+    bool open = ProcessFrames();
+    processing_ = false;
+    if (!open || reading_ || closed_) return;
+    if (inflight_ >= shared_->options->max_inflight_per_connection) return;  // backpressure
+    reading_ = true;
+    sock_.async_read_some(asio::buffer(rbuf_),
+                          asio::bind_executor(strand_, [self = shared_from_this()](
+                                                           boost::system::error_code ec, size_t n) {
+                            self->OnRead(ec, n);
+                          }));
+  }
+
+  void OnRead(boost::system::error_code ec, size_t n) {
+    reading_ = false;
+    if (ec || closed_) {
+      if (ec && ec != asio::error::eof && ec != asio::error::operation_aborted) {
+        KVTIER_LOG(kInfo) << "native connection read error: " << ec.message();
+      }
+      DoClose();
+      return;
+    }
+    shared_->metrics->AddBytes(true, n);
+    parser_.Append(std::span<const uint8_t>(rbuf_.data(), n));
+    MaybeRead();
+    ArmFrameTimer();
+  }
+
+  // Starts the slow-client timer when a frame is incomplete.
+  void ArmFrameTimer() {
+    if (closed_ || timer_armed_ || !parser_.mid_frame()) return;
+    timer_armed_ = true;
+    uint64_t stamp = frames_completed_;
+    timer_.expires_after(std::chrono::milliseconds(shared_->options->frame_timeout_ms));
+    timer_.async_wait(asio::bind_executor(
+        strand_, [self = shared_from_this(), stamp](boost::system::error_code ec) {
+          self->timer_armed_ = false;
+          if (ec || self->closed_) return;
+          if (self->reading_ && self->parser_.mid_frame() && self->frames_completed_ == stamp) {
+            self->shared_->metrics->slow_client_disconnects.fetch_add(1);
+            KVTIER_LOG(kInfo) << "closing native connection: frame incomplete after "
+                              << self->shared_->options->frame_timeout_ms << " ms";
+            self->DoClose();
+            return;
+          }
+          self->ArmFrameTimer();
+        }));
+  }
+
+  // Returns false when the connection is being closed.
+  bool ProcessFrames() {
+    while (!closed_ && !close_after_write_ &&
+           inflight_ < shared_->options->max_inflight_per_connection) {
+      wire::Frame frame;
+      StatusOr<bool> got = parser_.Next(&frame);
+      if (!got.ok()) {
+        OnMalformed(got.status());
+        return false;
+      }
+      if (!*got) break;
+      ++frames_completed_;
+      last_opcode_ = frame.header.opcode;
+      HandleFrame(std::move(frame));
+    }
+    return !closed_ && !close_after_write_;
+  }
+
+  // Framing is lost: answer once (request id taken from the bad header when possible) and
+  // close after the write.
+  void OnMalformed(const Status& st) {
+    shared_->metrics->protocol_errors.fetch_add(1);
+    KVTIER_LOG(kInfo) << "closing native connection after " << frames_completed_
+                      << " frames (last opcode " << int{last_opcode_} << "): " << st.ToString();
+    wire::FrameHeader h;  // opcode 0, request id 0: the reply cannot name the bad request
+    Enqueue({Response(h, 0, st), -1});
+    close_after_write_ = true;
+  }
+
+  void Enqueue(OutMsg msg) {
+    wq_.push_back(std::move(msg));
+    if (!writing_) WriteNext();
+  }
+
+  void WriteNext() {
+    if (closed_) return;
+    if (wq_.empty()) {
+      writing_ = false;
+      write_busy_.store(false);
+      if (close_after_write_) {
+        DoClose();
+        return;
+      }
+      MaybeRead();
+      return;
+    }
+    writing_ = true;
+    write_busy_.store(true);
+    if (wq_.front().fd >= 0) {
+      SendWithFd();
+      return;
+    }
+    asio::async_write(sock_, asio::buffer(wq_.front().bytes),
+                      asio::bind_executor(strand_, [self = shared_from_this()](
+                                                       boost::system::error_code ec, size_t n) {
+                        self->shared_->metrics->AddBytes(false, n);
+                        self->wq_.pop_front();
+                        if (ec) {
+                          KVTIER_LOG(kInfo) << "native connection write error: " << ec.message();
+                          self->DoClose();
+                          return;
+                        }
+                        self->WriteNext();
+                      }));
+  }
+
+  // sendmsg with SCM_RIGHTS on the native descriptor; retries when the socket is full.
+  void SendWithFd() {
+    OutMsg& m = wq_.front();
+    struct msghdr msg {};
+    struct iovec iov {
+      m.bytes.data(), m.bytes.size()
+    };
+    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &m.fd, sizeof(int));
+    ssize_t n = ::sendmsg(sock_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      sock_.async_wait(
+          asio::socket_base::wait_write,
+          asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+            if (ec) return self->DoClose();
+            self->SendWithFd();
+          }));
+      return;
+    }
+    if (n < 0) {
+      wq_.pop_front();
+      DoClose();
+      return;
+    }
+    shared_->metrics->AddBytes(false, static_cast<uint64_t>(n));
+    // The descriptor went with the first byte; the rest of the frame is ordinary data.
+    m.fd = -1;
+    m.bytes.erase(m.bytes.begin(), m.bytes.begin() + n);
+    if (m.bytes.empty()) wq_.pop_front();
+    WriteNext();
+  }
+
+  void Reply(Op op, uint64_t start_us, std::vector<uint8_t> bytes, StatusCode code) {
+    shared_->metrics->RecordRequest(op, code, DefaultSteadyClock().NowUs() - start_us);
+    Enqueue({std::move(bytes), -1});
+  }
+
+  void HandleFrame(wire::Frame frame) {
+    const wire::FrameHeader& h = frame.header;
+    uint64_t start_us = DefaultSteadyClock().NowUs();
+    if (!wire::IsKnownOpcode(h.opcode)) {
+      shared_->metrics->protocol_errors.fetch_add(1);
+      Enqueue(
+          {Response(h, 0, Status::InvalidArgument("unknown opcode " + std::to_string(h.opcode))),
+           -1});
+      return;
+    }
+    Op op = ToOp(h.opcode);
+    auto opcode = static_cast<Opcode>(h.opcode);
+    if (opcode == Opcode::kHello || opcode == Opcode::kAuth) {
+      Status st = HandleAuth(frame);
+      std::vector<uint8_t> out = Response(h, 0, st, [&](wire::Writer* w) {
+        if (opcode == Opcode::kAuth) return;
+        wire::HelloResponse r;
+        r.authenticated = tenant_ != nullptr && shared_->tenants->auth_enabled();
+        r.max_frame_bytes = shared_->options->max_frame_bytes;
+        r.max_inflight = shared_->options->max_inflight_per_connection;
+        r.max_batch_keys = wire::kMaxBatchKeys;
+        r.tenant_name = tenant_ != nullptr ? tenant_->name : "";
+        wire::EncodeHelloResponse(r, w);
+      });
+      Reply(op, start_us, std::move(out), st.code());
+      if (auth_failures_ >= kMaxAuthFailures) close_after_write_ = true;
+      return;
+    }
+    if (tenant_ == nullptr) {
+      Reply(op, start_us,
+            Response(h, 0, Status::PermissionDenied("authentication required (HELLO/AUTH)")),
+            StatusCode::kPermissionDenied);
+      return;
+    }
+    if (opcode == Opcode::kShmAttach) {
+      HandleShmAttach(frame, start_us);
+      return;
+    }
+    StatusOr<InflightSlot> slot = AcquireInflight(*tenant_);
+    if (!slot.ok()) {
+      shared_->metrics->tenant_inflight_rejections.fetch_add(1);
+      Reply(op, start_us, Response(h, 0, slot.status()), slot.status().code());
+      return;
+    }
+    ++inflight_;
+    busy_.fetch_add(1);
+    shared_->metrics->inflight.fetch_add(1);
+    auto shared_slot = std::make_shared<InflightSlot>(std::move(slot).value());
+    asio::post(*shared_->workers, [self = shared_from_this(), frame = std::move(frame), op,
+                                   start_us, shared_slot]() mutable {
+      StatusCode code = StatusCode::kOk;
+      std::vector<uint8_t> out = self->Execute(frame, &code);
+      shared_slot.reset();
+      asio::post(self->strand_, [self, out = std::move(out), op, start_us, code]() mutable {
+        --self->inflight_;
+        self->shared_->metrics->inflight.fetch_sub(1);
+        self->Reply(op, start_us, std::move(out), code);
+        self->busy_.fetch_sub(1);
+        self->MaybeRead();
+      });
+    });
+  }
+
+  Status HandleAuth(const wire::Frame& frame) {
+    std::string token;
+    if (static_cast<Opcode>(frame.header.opcode) == Opcode::kHello) {
+      StatusOr<wire::HelloRequest> req = wire::DecodeHello(frame.body);
+      if (!req.ok()) return req.status();
+      unit_tokens_ = req->unit_tokens;
+      if (req->token.empty()) return Status::Ok();
+      token = req->token;
+    } else {
+      StatusOr<std::string> tok = wire::DecodeAuth(frame.body);
+      if (!tok.ok()) return tok.status();
+      token = *tok;
+    }
+    StatusOr<const Tenant*> t = shared_->tenants->Authenticate(token);
+    if (!t.ok()) {
+      ++auth_failures_;
+      shared_->metrics->auth_failures.fetch_add(1);
+      tenant_ = shared_->tenants->default_tenant();
+      return t.status();
+    }
+    tenant_ = *t;
+    return Status::Ok();
+  }
+
+  void HandleShmAttach(const wire::Frame& frame, uint64_t start_us) {
+    const wire::FrameHeader& h = frame.header;
+    StatusOr<uint64_t> want = wire::DecodeShmAttach(frame.body);
+    Status st;
+    if (!want.ok())
+      st = want.status();
+    else if (!is_unix_)
+      st = Status::InvalidArgument("shared memory needs a Unix socket");
+    else if (shm_ != nullptr)
+      st = Status::InvalidArgument("shared memory already attached");
+    else if (*want == 0)
+      st = Status::InvalidArgument("shared memory size 0");
+    uint64_t bytes = 0;
+    if (st.ok()) {
+      bytes = std::min<uint64_t>(*want, shared_->options->shm_max_bytes);
+      bytes = (bytes + 4095) & ~uint64_t{4095};
+      int fd = ::memfd_create("kvtier-shm", MFD_CLOEXEC);
+      if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+        if (fd >= 0) ::close(fd);
+        st = Status::IOError("memfd_create/ftruncate failed");
+      } else {
+        void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) {
+          ::close(fd);
+          st = Status::IOError("mmap of shared memory failed");
+        } else {
+          shm_ = static_cast<uint8_t*>(p);
+          shm_bytes_ = bytes;
+          shm_fd_ = fd;
+        }
+      }
+    }
+    std::vector<uint8_t> out = Response(h, 0, st, [&](wire::Writer* w) { w->U64(bytes); });
+    shared_->metrics->RecordRequest(Op::kShmAttach, st.code(),
+                                    DefaultSteadyClock().NowUs() - start_us);
+    Enqueue({std::move(out), st.ok() ? shm_fd_ : -1});
+  }
+
+  // Bounds check of a client-supplied shared-memory range (overflow-safe).
+  bool InShm(uint64_t offset, uint64_t bytes) const {
+    return shm_ != nullptr && offset <= shm_bytes_ && bytes <= shm_bytes_ - offset;
+  }
+
+  // Runs on a worker thread. Touches only immutable session state (tenant_, shm mapping).
+  std::vector<uint8_t> Execute(const wire::Frame& frame, StatusCode* code) {
+    std::vector<uint8_t> out;
+    Status st = ExecuteInto(frame, code, &out);
+    if (!st.ok()) {
+      *code = st.code();
+      return Response(frame.header, 0, st);
+    }
+    return out;
+  }
+
+  Status ExecuteInto(const wire::Frame& f, StatusCode* code, std::vector<uint8_t>* out);
+
+  Shared* shared_;
+  // Every handler of this connection runs on strand_ (bound explicitly, not inherited from
+  // the socket), so the strand-only state below is never touched by two threads at once.
+  asio::strand<asio::io_context::executor_type> strand_;
+  GenericSocket sock_;
+  bool is_unix_;
+  wire::FrameParser parser_;
+  asio::steady_timer timer_;
+  std::vector<uint8_t> rbuf_;
+  uint64_t id_ = 0;
+  // Strand-only state.
+  const Tenant* tenant_ = nullptr;
+  uint32_t unit_tokens_ = 0;
+  uint32_t inflight_ = 0;
+  int auth_failures_ = 0;
+  bool reading_ = false, writing_ = false, closed_ = false, close_after_write_ = false;
+  bool timer_armed_ = false;
+  bool processing_ = false;  // inside ProcessFrames (re-entrancy guard)
+  uint64_t frames_completed_ = 0;
+  uint8_t last_opcode_ = 0;
+  std::deque<OutMsg> wq_;
+  std::atomic<int> busy_{0};
+  std::atomic<bool> write_busy_{false};  // mirrors writing_ for Busy() from other threads
+  // Shared memory: set once on the strand before any worker can use it.
+  uint8_t* shm_ = nullptr;
+  uint64_t shm_bytes_ = 0;
+  int shm_fd_ = -1;
+};
+
+Status NativeSession::ExecuteInto(const wire::Frame& f, StatusCode* code,
+                                  std::vector<uint8_t>* out) {
+  const wire::FrameHeader& h = f.header;
+  Service* svc = shared_->service;
+  const Tenant& t = *tenant_;
+  bool shm = (h.flags & wire::kFlagShm) != 0;
+  if (shm && shm_ == nullptr) return Status::InvalidArgument("shm flag without SHM_ATTACH");
+  uint32_t max_frame = static_cast<uint32_t>(
+      std::min<uint64_t>(shared_->options->max_frame_bytes, uint64_t{1} << 31));
+  switch (static_cast<Opcode>(h.opcode)) {
+    case Opcode::kLookup: {
+      KVTIER_ASSIGN_OR_RETURN(std::vector<wire::Key> keys, wire::DecodeKeys(f.body));
+      wire::LookupReply r = svc->Lookup(t, keys, unit_tokens_);
+      *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { wire::EncodeLookupReply(r, w); });
+      return Status::Ok();
+    }
+    case Opcode::kPut: {
+      KVTIER_ASSIGN_OR_RETURN(wire::PutRequest req, wire::DecodePut(f.body, shm));
+      std::vector<PutItem> items(req.units.size());
+      for (size_t i = 0; i < req.units.size(); ++i) {
+        const wire::PutUnit& u = req.units[i];
+        items[i].chain = u.key;
+        items[i].parent_chain = u.parent;
+        if (shm) {
+          if (!InShm(u.value_offset, u.value_bytes)) {
+            return Status::InvalidArgument("put value outside the shared-memory region");
+          }
+          items[i].value = std::span<const uint8_t>(shm_ + u.value_offset, u.value_bytes);
+        } else {
+          items[i].value = u.value;
+        }
+      }
+      std::vector<StatusCode> codes = svc->Put(t, req, items, unit_tokens_);
+      for (StatusCode c : codes) {
+        if (c != StatusCode::kOk) *code = c;
+      }
+      *out =
+          Response(h, h.flags, Status::Ok(), [&](wire::Writer* w) { wire::EncodeCodes(codes, w); });
+      return Status::Ok();
+    }
+    case Opcode::kGet: {
+      KVTIER_ASSIGN_OR_RETURN(wire::GetRequest req, wire::DecodeGet(f.body, shm));
+      if (shm && !InShm(req.dst_offset, req.dst_capacity)) {
+        return Status::InvalidArgument("get destination outside the shared-memory region");
+      }
+      wire::Writer w;
+      w.buffer().resize(wire::kHeaderBytes);
+      wire::EncodeStatus(Status::Ok(), &w);
+      w.U16(static_cast<uint16_t>(req.keys.size()));
+      uint64_t cursor = 0;
+      svc->Get(t, req.keys, unit_tokens_,
+               [&](size_t, const Status& st, storage::Tier tier, std::span<const uint8_t> v) {
+                 StatusCode c = st.code();
+                 if (st.ok() && shm && v.size() > req.dst_capacity - cursor) {
+                   c = StatusCode::kRetry;  // no room left in the destination area
+                 }
+                 if (st.ok() && !shm && w.buffer().size() + v.size() + 6 > max_frame) {
+                   c = StatusCode::kRetry;  // would exceed the frame limit
+                 }
+                 if (c != StatusCode::kOk && c != StatusCode::kNotFound) *code = c;
+                 w.U8(static_cast<uint8_t>(c));
+                 w.U8(static_cast<uint8_t>(tier));
+                 w.U32(c == StatusCode::kOk ? static_cast<uint32_t>(v.size()) : 0);
+                 if (c != StatusCode::kOk) return;
+                 if (shm) {
+                   std::memcpy(shm_ + req.dst_offset + cursor, v.data(), v.size());
+                   w.U64(req.dst_offset + cursor);
+                   cursor += v.size();
+                 } else {
+                   w.Bytes(v);
+                 }
+               });
+      *out = w.Take();
+      auto hdr = wire::EncodeHeader(h.opcode | wire::kResponseBit, h.flags, h.request_id,
+                                    static_cast<uint32_t>(out->size() - wire::kHeaderBytes));
+      std::copy(hdr.begin(), hdr.end(), out->begin());
+      return Status::Ok();
+    }
+    case Opcode::kPrefetch: {
+      KVTIER_ASSIGN_OR_RETURN(std::vector<wire::Key> keys, wire::DecodeKeys(f.body));
+      KVTIER_RETURN_IF_ERROR(svc->Prefetch(t, keys));
+      *out = Response(h, 0, Status::Ok());
+      return Status::Ok();
+    }
+    case Opcode::kPin: {
+      KVTIER_ASSIGN_OR_RETURN(wire::PinRequest req, wire::DecodePin(f.body));
+      KVTIER_RETURN_IF_ERROR(svc->Pin(t, req.keys, req.lease_ms));
+      *out = Response(h, 0, Status::Ok());
+      return Status::Ok();
+    }
+    case Opcode::kUnpin: {
+      KVTIER_ASSIGN_OR_RETURN(std::vector<wire::Key> keys, wire::DecodeKeys(f.body));
+      KVTIER_RETURN_IF_ERROR(svc->Unpin(t, keys));
+      *out = Response(h, 0, Status::Ok());
+      return Status::Ok();
+    }
+    case Opcode::kDelete: {
+      KVTIER_ASSIGN_OR_RETURN(wire::DeleteRequest req, wire::DecodeDelete(f.body));
+      uint32_t deleted = 0;
+      if (req.scope == 1) {
+        KVTIER_RETURN_IF_ERROR(svc->DeleteTenant(t));
+      } else {
+        deleted = svc->Delete(t, req.keys, unit_tokens_);
+      }
+      *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { w->U32(deleted); });
+      return Status::Ok();
+    }
+    case Opcode::kStats: {
+      std::string json = svc->StatsJson(&t);
+      *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { wire::EncodeText(json, w); });
+      return Status::Ok();
+    }
+    case Opcode::kPolicyGet: {
+      std::string json = svc->PolicyJson();
+      *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { wire::EncodeText(json, w); });
+      return Status::Ok();
+    }
+    case Opcode::kPolicySet: {
+      if (!t.admin) return Status::PermissionDenied("POLICY SET needs an admin tenant");
+      wire::Reader r(f.body);
+      KVTIER_ASSIGN_OR_RETURN(std::string body, wire::DecodeText(&r, 1 << 20));
+      KVTIER_RETURN_IF_ERROR(svc->SetPolicyJson(body));
+      std::string json = svc->PolicyJson();
+      KVTIER_LOG(kInfo) << "policy switched by tenant " << t.name << ": " << json;
+      *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { wire::EncodeText(json, w); });
+      return Status::Ok();
+    }
+    case Opcode::kDrain: {
+      if (!t.admin) return Status::PermissionDenied("DRAIN needs an admin tenant");
+      wire::Reader r(f.body);
+      uint8_t shutdown = 0;
+      if (!r.U8(&shutdown) || r.remaining() != 0) {
+        return Status::InvalidArgument("drain body is one byte");
+      }
+      shared_->ready.store(false);
+      KVTIER_RETURN_IF_ERROR(svc->store()->Flush());
+      if (shutdown != 0 && shared_->request_shutdown) shared_->request_shutdown();
+      *out = Response(h, 0, Status::Ok());
+      return Status::Ok();
+    }
+    default:
+      break;
+  }
+  return Status::InvalidArgument("opcode not valid here");
+}
+
+}  // namespace
+
+void StartNativeSession(Shared* shared, asio::generic::stream_protocol::socket socket,
+                        bool is_unix) {
+  shared->metrics->connections_open.fetch_add(1);
+  shared->metrics->connections_total.fetch_add(1);
+  auto s = std::make_shared<NativeSession>(shared, std::move(socket), is_unix);
+  asio::post(s->executor(), [s] { s->Begin(); });
+}
+
+}  // namespace kvtier::daemon::internal

@@ -1,0 +1,480 @@
+// The RESP (Redis protocol) connection. Commands run in arrival order on the connection's
+// strand; replies are written in the same order, so pipelining (redis-benchmark -P) works.
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+
+#include "cache_daemon/daemon_internal.h"
+#include "cache_daemon/resp.h"
+#include "common/clock.h"
+#include "common/logging.h"
+
+namespace kvtier::daemon::internal {
+namespace {
+
+using Tcp = asio::ip::tcp;
+constexpr size_t kReadChunkBytes = 256 * 1024;
+// Replies buffered before the connection stops parsing and writes them out.
+constexpr size_t kMaxPendingReplyBytes = 8u << 20;
+constexpr int kMaxAuthFailures = 3;
+
+std::string Upper(std::string_view s) {
+  std::string u(s);
+  for (char& c : u) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return u;
+}
+
+bool ParseI64(std::string_view s, int64_t* out) {
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+class RespSession : public Session, public std::enable_shared_from_this<RespSession> {
+ public:
+  RespSession(Shared* shared, Tcp::socket socket)
+      : shared_(shared),
+        strand_(asio::make_strand(*shared->io)),
+        sock_(std::move(socket)),
+        timer_(strand_),
+        parser_(resp::RespLimits{.max_args = shared->options->resp_max_args,
+                                 .max_bulk_bytes = shared->options->storage.max_value_bytes,
+                                 .max_inline_bytes = 64u << 10}),
+        rbuf_(kReadChunkBytes) {
+    tenant_ = shared_->tenants->default_tenant();
+  }
+  ~RespSession() override { shared_->metrics->connections_open.fetch_sub(1); }
+
+  asio::strand<asio::io_context::executor_type>& executor() { return strand_; }
+  void Begin() {
+    id_ = shared_->Register(shared_from_this());
+    boost::system::error_code ec;
+    sock_.set_option(Tcp::no_delay(true), ec);
+    Read();
+  }
+  void Close() override {
+    asio::post(strand_, [self = shared_from_this()] { self->DoClose(); });
+  }
+  bool Busy() const override { return busy_.load(); }
+
+ private:
+  void DoClose() {
+    if (closed_) return;
+    closed_ = true;
+    boost::system::error_code ec;
+    timer_.cancel();
+    sock_.shutdown(asio::socket_base::shutdown_both, ec);
+    sock_.close(ec);
+    shared_->Unregister(id_);
+  }
+
+  void Read() {
+    if (closed_) return;
+    if (shared_->draining.load() || quit_) {
+      DoClose();
+      return;
+    }
+    reading_ = true;
+    sock_.async_read_some(asio::buffer(rbuf_),
+                          asio::bind_executor(strand_, [self = shared_from_this()](
+                                                           boost::system::error_code ec, size_t n) {
+                            self->reading_ = false;
+                            if (ec || self->closed_) return self->DoClose();
+                            self->shared_->metrics->AddBytes(true, n);
+                            self->parser_.Append(std::span<const uint8_t>(self->rbuf_.data(), n));
+                            self->Process();
+                          }));
+  }
+
+  void Process() {
+    busy_.store(true);
+    std::vector<std::string> argv;
+    bool fatal = false;
+    while (out_.size() < kMaxPendingReplyBytes && !quit_) {
+      StatusOr<bool> got = parser_.Next(&argv);
+      if (!got.ok()) {
+        shared_->metrics->protocol_errors.fetch_add(1);
+        resp::AppendError("ERR " + got.status().message(), &out_);
+        fatal = true;
+        break;
+      }
+      if (!*got) break;
+      if (argv.empty()) continue;
+      ++commands_;
+      Execute(argv);
+    }
+    if (fatal) quit_ = true;
+    Flush();
+  }
+
+  void Flush() {
+    if (out_.empty()) {
+      busy_.store(false);
+      if (parser_.buffered_bytes() > 0) ArmTimer();
+      Read();
+      return;
+    }
+    wbuf_.swap(out_);
+    out_.clear();
+    asio::async_write(sock_, asio::buffer(wbuf_),
+                      asio::bind_executor(strand_, [self = shared_from_this()](
+                                                       boost::system::error_code ec, size_t n) {
+                        self->shared_->metrics->AddBytes(false, n);
+                        self->wbuf_.clear();
+                        if (ec) return self->DoClose();
+                        if (self->quit_) return self->DoClose();
+                        // Commands may still be buffered (we stopped at the reply limit).
+                        self->Process();
+                      }));
+  }
+
+  void ArmTimer() {
+    if (timer_armed_ || closed_) return;
+    timer_armed_ = true;
+    uint64_t stamp = commands_;
+    timer_.expires_after(std::chrono::milliseconds(shared_->options->frame_timeout_ms));
+    timer_.async_wait(asio::bind_executor(
+        strand_, [self = shared_from_this(), stamp](boost::system::error_code ec) {
+          self->timer_armed_ = false;
+          if (ec || self->closed_) return;
+          if (self->parser_.buffered_bytes() > 0 && self->commands_ == stamp) {
+            self->shared_->metrics->slow_client_disconnects.fetch_add(1);
+            return self->DoClose();
+          }
+          if (self->parser_.buffered_bytes() > 0) self->ArmTimer();
+        }));
+  }
+
+  void Execute(std::vector<std::string>& argv) {
+    std::string cmd = Upper(argv[0]);
+    uint64_t start_us = DefaultSteadyClock().NowUs();
+    Op op = Op::kRespOther;
+    StatusCode code = StatusCode::kOk;
+    if (cmd == "GET")
+      op = Op::kRespGet;
+    else if (cmd == "SET")
+      op = Op::kRespSet;
+    else if (cmd == "MGET")
+      op = Op::kRespMget;
+    else if (cmd == "MSET")
+      op = Op::kRespMset;
+    else if (cmd == "DEL")
+      op = Op::kRespDel;
+    else if (cmd == "EXISTS")
+      op = Op::kRespExists;
+    else if (cmd == "EXPIRE" || cmd == "PEXPIRE")
+      op = Op::kRespExpire;
+    else if (cmd == "TTL" || cmd == "PTTL")
+      op = Op::kRespTtl;
+    if (cmd == "PING" || cmd == "QUIT" || cmd == "AUTH" || cmd == "HELLO") {
+      code = Connection(cmd, argv);
+    } else if (tenant_ == nullptr) {
+      resp::AppendError("NOAUTH Authentication required.", &out_);
+      code = StatusCode::kPermissionDenied;
+    } else {
+      StatusOr<InflightSlot> slot = AcquireInflight(*tenant_);
+      if (!slot.ok()) {
+        shared_->metrics->tenant_inflight_rejections.fetch_add(1);
+        resp::AppendError("ERR tenant in-flight request limit reached", &out_);
+        code = StatusCode::kRejected;
+      } else {
+        code = Data(cmd, argv);
+      }
+    }
+    shared_->metrics->RecordRequest(op, code, DefaultSteadyClock().NowUs() - start_us);
+  }
+
+  StatusCode WrongArgs(const std::string& cmd) {
+    std::string lower = cmd;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    resp::AppendError("ERR wrong number of arguments for '" + lower + "' command", &out_);
+    return StatusCode::kInvalidArgument;
+  }
+
+  StatusCode StoreError(const Status& st) {
+    if (st.IsRejected()) {
+      resp::AppendError("OOM command not allowed: " + st.message(), &out_);
+    } else {
+      resp::AppendError("ERR " + st.ToString(), &out_);
+    }
+    return st.code();
+  }
+
+  StatusCode Authenticate(std::string_view token) {
+    StatusOr<const Tenant*> t = shared_->tenants->Authenticate(token);
+    if (!t.ok()) {
+      shared_->metrics->auth_failures.fetch_add(1);
+      if (++auth_failures_ >= kMaxAuthFailures) quit_ = true;
+      return StatusCode::kPermissionDenied;
+    }
+    tenant_ = *t;
+    return StatusCode::kOk;
+  }
+
+  StatusCode Connection(const std::string& cmd, const std::vector<std::string>& a) {
+    if (cmd == "PING") {
+      if (a.size() > 2) return WrongArgs(cmd);
+      if (a.size() == 2)
+        resp::AppendBulk(a[1], &out_);
+      else
+        resp::AppendSimple("PONG", &out_);
+      return StatusCode::kOk;
+    }
+    if (cmd == "QUIT") {
+      resp::AppendSimple("OK", &out_);
+      quit_ = true;
+      return StatusCode::kOk;
+    }
+    if (cmd == "AUTH") {
+      if (a.size() != 2 && a.size() != 3) return WrongArgs(cmd);
+      if (!shared_->tenants->auth_enabled()) {
+        resp::AppendError(
+            "ERR AUTH <password> called without any password configured for the default user. "
+            "Are you sure your configuration is correct?",
+            &out_);
+        return StatusCode::kInvalidArgument;
+      }
+      if (Authenticate(a.back()) != StatusCode::kOk) {
+        resp::AppendError("WRONGPASS invalid username-password pair or user is disabled.", &out_);
+        return StatusCode::kPermissionDenied;
+      }
+      resp::AppendSimple("OK", &out_);
+      return StatusCode::kOk;
+    }
+    // HELLO [protover [AUTH username password] [SETNAME clientname]]
+    size_t i = 1;
+    if (a.size() > 1) {
+      int64_t ver = 0;
+      if (!ParseI64(a[1], &ver)) {
+        resp::AppendError("ERR Protocol version is not an integer or out of range", &out_);
+        return StatusCode::kInvalidArgument;
+      }
+      if (ver != 2) {
+        resp::AppendError("NOPROTO unsupported protocol version", &out_);
+        return StatusCode::kInvalidArgument;
+      }
+      i = 2;
+    }
+    for (; i < a.size(); ++i) {
+      std::string opt = Upper(a[i]);
+      if (opt == "AUTH" && i + 2 < a.size()) {
+        if (shared_->tenants->auth_enabled() && Authenticate(a[i + 2]) != StatusCode::kOk) {
+          resp::AppendError("WRONGPASS invalid username-password pair or user is disabled.", &out_);
+          return StatusCode::kPermissionDenied;
+        }
+        i += 2;
+      } else if (opt == "SETNAME" && i + 1 < a.size()) {
+        i += 1;
+      } else {
+        resp::AppendError("ERR Syntax error in HELLO option '" + a[i] + "'", &out_);
+        return StatusCode::kInvalidArgument;
+      }
+    }
+    if (tenant_ == nullptr) {
+      resp::AppendError(
+          "NOAUTH HELLO must be called with the client already authenticated, "
+          "otherwise the HELLO <proto> AUTH <user> <pass> option can be used",
+          &out_);
+      return StatusCode::kPermissionDenied;
+    }
+    resp::AppendArrayHeader(14, &out_);
+    const std::pair<const char*, std::string> fields[] = {
+        {"server", "kvtier"},   {"version", "7.0.0"}, {"proto", ""},  {"id", ""},
+        {"mode", "standalone"}, {"role", "master"},   {"modules", ""}};
+    for (const auto& [k, v] : fields) {
+      resp::AppendBulk(k, &out_);
+      if (std::string_view(k) == "proto")
+        resp::AppendInteger(2, &out_);
+      else if (std::string_view(k) == "id")
+        resp::AppendInteger(static_cast<int64_t>(id_), &out_);
+      else if (std::string_view(k) == "modules")
+        resp::AppendArrayHeader(0, &out_);
+      else
+        resp::AppendBulk(v, &out_);
+    }
+    return StatusCode::kOk;
+  }
+
+  // Parses SET options: EX s | PX ms | NX | XX | KEEPTTL are recognised; NX/XX/KEEPTTL are
+  // refused (not supported), as is anything else.
+  StatusCode Set(const std::vector<std::string>& a) {
+    uint64_t ttl_ms = 0;
+    for (size_t i = 3; i < a.size(); ++i) {
+      std::string opt = Upper(a[i]);
+      if ((opt == "EX" || opt == "PX") && i + 1 < a.size()) {
+        int64_t v = 0;
+        if (!ParseI64(a[i + 1], &v)) {
+          resp::AppendError("ERR value is not an integer or out of range", &out_);
+          return StatusCode::kInvalidArgument;
+        }
+        if (v <= 0) {
+          resp::AppendError("ERR invalid expire time in 'set' command", &out_);
+          return StatusCode::kInvalidArgument;
+        }
+        ttl_ms = opt == "EX" ? static_cast<uint64_t>(v) * 1000 : static_cast<uint64_t>(v);
+        ++i;
+      } else {
+        resp::AppendError("ERR syntax error", &out_);
+        return StatusCode::kInvalidArgument;
+      }
+    }
+    Status st = shared_->service->RespSet(*tenant_, a[1], a[2], ttl_ms);
+    if (!st.ok()) return StoreError(st);
+    resp::AppendSimple("OK", &out_);
+    return StatusCode::kOk;
+  }
+
+  StatusCode Data(const std::string& cmd, std::vector<std::string>& a) {
+    Service* svc = shared_->service;
+    const Tenant& t = *tenant_;
+    if (cmd == "GET") {
+      if (a.size() != 2) return WrongArgs(cmd);
+      std::string v;
+      Status st = svc->RespGet(t, a[1], &v);
+      if (st.IsNotFound()) {
+        resp::AppendNull(&out_);
+        return StatusCode::kNotFound;
+      }
+      if (!st.ok()) return StoreError(st);
+      resp::AppendBulk(v, &out_);
+      return StatusCode::kOk;
+    }
+    if (cmd == "SET") {
+      if (a.size() < 3) return WrongArgs(cmd);
+      return Set(a);
+    }
+    if (cmd == "MGET") {
+      if (a.size() < 2) return WrongArgs(cmd);
+      resp::AppendArrayHeader(a.size() - 1, &out_);
+      std::string v;
+      for (size_t i = 1; i < a.size(); ++i) {
+        if (svc->RespGet(t, a[i], &v).ok())
+          resp::AppendBulk(v, &out_);
+        else
+          resp::AppendNull(&out_);
+      }
+      return StatusCode::kOk;
+    }
+    if (cmd == "MSET") {
+      if (a.size() < 3 || a.size() % 2 == 0) return WrongArgs(cmd);
+      for (size_t i = 1; i + 1 < a.size(); i += 2) {
+        Status st = svc->RespSet(t, a[i], a[i + 1], 0);
+        if (!st.ok()) return StoreError(st);
+      }
+      resp::AppendSimple("OK", &out_);
+      return StatusCode::kOk;
+    }
+    if (cmd == "EXISTS" || cmd == "DEL" || cmd == "UNLINK") {
+      if (a.size() < 2) return WrongArgs(cmd);
+      int64_t n = 0;
+      for (size_t i = 1; i < a.size(); ++i) {
+        if (cmd == "EXISTS")
+          n += svc->RespExists(t, a[i]) ? 1 : 0;
+        else
+          n += svc->RespDel(t, a[i]).ok() ? 1 : 0;
+      }
+      resp::AppendInteger(n, &out_);
+      return StatusCode::kOk;
+    }
+    if (cmd == "EXPIRE" || cmd == "PEXPIRE") {
+      if (a.size() != 3) return WrongArgs(cmd);
+      int64_t v = 0;
+      if (!ParseI64(a[2], &v)) {
+        resp::AppendError("ERR value is not an integer or out of range", &out_);
+        return StatusCode::kInvalidArgument;
+      }
+      if (v <= 0) {  // Redis: a non-positive expiry deletes the key
+        resp::AppendInteger(svc->RespDel(t, a[1]).ok() ? 1 : 0, &out_);
+        return StatusCode::kOk;
+      }
+      uint64_t ms = cmd == "EXPIRE" ? static_cast<uint64_t>(v) * 1000 : static_cast<uint64_t>(v);
+      Status st = svc->RespExpire(t, a[1], ms);
+      if (!st.ok() && !st.IsNotFound()) return StoreError(st);
+      resp::AppendInteger(st.ok() ? 1 : 0, &out_);
+      return StatusCode::kOk;
+    }
+    if (cmd == "TTL" || cmd == "PTTL") {
+      if (a.size() != 2) return WrongArgs(cmd);
+      int64_t ms = svc->RespTtlMs(t, a[1]);
+      if (ms < 0 || cmd == "PTTL")
+        resp::AppendInteger(ms, &out_);
+      else
+        resp::AppendInteger((ms + 999) / 1000, &out_);
+      return StatusCode::kOk;
+    }
+    if (cmd == "DBSIZE") {
+      if (a.size() != 1) return WrongArgs(cmd);
+      resp::AppendInteger(static_cast<int64_t>(svc->RespDbSize(t)), &out_);
+      return StatusCode::kOk;
+    }
+    if (cmd == "FLUSHDB" || cmd == "FLUSHALL") {
+      Status st = svc->RespFlush(t);
+      if (!st.ok()) return StoreError(st);
+      resp::AppendSimple("OK", &out_);
+      return StatusCode::kOk;
+    }
+    if (cmd == "INFO") {
+      std::string info =
+          "# Server\r\nredis_version:7.0.0\r\nkvtier_version:0.1.0\r\n"
+          "redis_mode:standalone\r\nuptime_in_seconds:" +
+          std::to_string((DefaultSteadyClock().NowUs() - shared_->start_us) / 1000000) +
+          "\r\n# Clients\r\nconnected_clients:" +
+          std::to_string(shared_->metrics->connections_open.load()) +
+          "\r\n# Persistence\r\nloading:0\r\n# Keyspace\r\ndb0:keys=" +
+          std::to_string(svc->RespDbSize(t)) + ",expires=0,avg_ttl=0\r\n";
+      resp::AppendBulk(info, &out_);
+      return StatusCode::kOk;
+    }
+    if (cmd == "SELECT") {
+      if (a.size() != 2) return WrongArgs(cmd);
+      if (a[1] != "0") {
+        resp::AppendError("ERR DB index is out of range", &out_);
+        return StatusCode::kInvalidArgument;
+      }
+      resp::AppendSimple("OK", &out_);
+      return StatusCode::kOk;
+    }
+    if (cmd == "CONFIG" && a.size() >= 2 && Upper(a[1]) == "GET") {
+      // redis-benchmark reads "save" and "appendonly"; kvtier has no such settings.
+      resp::AppendArrayHeader(2 * (a.size() - 2), &out_);
+      for (size_t i = 2; i < a.size(); ++i) {
+        resp::AppendBulk(a[i], &out_);
+        resp::AppendBulk("", &out_);
+      }
+      return StatusCode::kOk;
+    }
+    if (cmd == "CLIENT" && a.size() >= 2 && Upper(a[1]) == "SETNAME") {
+      resp::AppendSimple("OK", &out_);
+      return StatusCode::kOk;
+    }
+    std::string shown = a[0].substr(0, 128);
+    resp::AppendError("ERR unknown command '" + shown + "', with args beginning with: ", &out_);
+    return StatusCode::kInvalidArgument;
+  }
+
+  Shared* shared_;
+  // Every handler runs on strand_ (bound explicitly).
+  asio::strand<asio::io_context::executor_type> strand_;
+  Tcp::socket sock_;
+  asio::steady_timer timer_;
+  resp::RespParser parser_;
+  std::vector<uint8_t> rbuf_;
+  std::string out_, wbuf_;
+  const Tenant* tenant_ = nullptr;
+  uint64_t id_ = 0;
+  uint64_t commands_ = 0;
+  int auth_failures_ = 0;
+  bool reading_ = false, closed_ = false, quit_ = false, timer_armed_ = false;
+  std::atomic<bool> busy_{false};
+};
+
+}  // namespace
+
+void StartRespSession(Shared* shared, asio::ip::tcp::socket socket) {
+  shared->metrics->connections_open.fetch_add(1);
+  shared->metrics->connections_total.fetch_add(1);
+  auto s = std::make_shared<RespSession>(shared, std::move(socket));
+  asio::post(s->executor(), [s] { s->Begin(); });
+}
+
+}  // namespace kvtier::daemon::internal

@@ -1,0 +1,368 @@
+#include "cache_daemon/service.h"
+
+#include <nlohmann/json.hpp>
+
+#include "common/key_spec.h"
+
+namespace kvtier::daemon {
+namespace {
+
+constexpr std::string_view kRespDomainTag = "kvtier.resp";
+
+void AppendField(uint8_t type, std::string_view value, std::vector<uint8_t>* out) {
+  out->push_back(type);
+  uint32_t n = static_cast<uint32_t>(value.size());
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<uint8_t>(n >> (8 * i)));
+  out->insert(out->end(), value.begin(), value.end());
+}
+
+bool IsZero(const wire::Key& k) {
+  for (uint8_t b : k) {
+    if (b != 0) return false;
+  }
+  return true;
+}
+
+std::string EncodeEnvelope(std::string_view value, uint64_t expire_at_ms) {
+  std::string s;
+  s.reserve(kRespEnvelopeBytes + value.size());
+  s.push_back(static_cast<char>(kRespEnvelopeTag));
+  for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>(expire_at_ms >> (8 * i)));
+  s.append(value);
+  return s;
+}
+
+// Splits a stored RESP value; false when it is not a RESP envelope.
+bool DecodeEnvelope(const std::vector<uint8_t>& v, uint64_t* expire_at_ms) {
+  if (v.size() < kRespEnvelopeBytes || v[0] != kRespEnvelopeTag) return false;
+  uint64_t e = 0;
+  for (int i = 0; i < 8; ++i) e |= static_cast<uint64_t>(v[1 + i]) << (8 * i);
+  *expire_at_ms = e;
+  return true;
+}
+
+}  // namespace
+
+uint64_t UnixNowMs() { return DefaultSystemClock().NowMs(); }
+
+uint64_t KeyId(const storage::Key& k) {
+  uint64_t id = 0;
+  for (int i = 0; i < 8; ++i) id |= static_cast<uint64_t>(k[i]) << (8 * i);
+  return id;
+}
+
+Service::Service(storage::TierManager* store, const TenantRegistry* tenants, DaemonMetrics* metrics,
+                 TraceWriter* trace, PolicySettings policy)
+    : store_(store),
+      tenants_(tenants),
+      metrics_(metrics),
+      trace_(trace),
+      policy_(std::move(policy)) {}
+
+storage::Key Service::Bind(const Tenant& t, const wire::Key& chain) const {
+  return StorageKey(t.salt, chain);
+}
+
+storage::Key Service::BindResp(const Tenant& t, std::string_view key) const {
+  std::vector<uint8_t> pre;
+  pre.reserve(key.size() + 32);
+  AppendField(0x01, kRespDomainTag, &pre);
+  AppendField(0x05, key, &pre);
+  return StorageKey(t.salt, Sha256(pre));
+}
+
+void Service::Trace(const char* op, const Tenant& t, std::span<const storage::Key> keys,
+                    uint64_t bytes, uint32_t unit_tokens) {
+  if (trace_ == nullptr) return;
+  TraceRecord r;
+  r.op = op;
+  r.tenant = static_cast<uint32_t>(t.id);
+  r.ids.reserve(keys.size());
+  for (const storage::Key& k : keys) r.ids.push_back(KeyId(k));
+  r.bytes = bytes;
+  r.unit_tokens = unit_tokens;
+  uint64_t before = trace_->dropped();
+  trace_->Record(std::move(r));
+  if (trace_->dropped() != before) metrics_->trace_records_dropped.fetch_add(1);
+}
+
+wire::LookupReply Service::Lookup(const Tenant& t, std::span<const wire::Key> chain,
+                                  uint32_t unit_tokens) {
+  std::vector<storage::Key> keys(chain.size());
+  for (size_t i = 0; i < chain.size(); ++i) keys[i] = Bind(t, chain[i]);
+  storage::LookupResult r = store_->Lookup(keys);
+  Trace("lookup", t, keys, 0, unit_tokens);
+  wire::LookupReply reply;
+  reply.hit_count = static_cast<uint32_t>(std::min(r.hit_count, chain.size()));
+  for (uint32_t i = 0; i < reply.hit_count; ++i) {
+    reply.tiers.push_back(i < r.tiers.size() ? static_cast<uint8_t>(r.tiers[i]) : 255);
+  }
+  reply.first_miss = static_cast<uint8_t>(r.first_miss);
+  return reply;
+}
+
+std::vector<StatusCode> Service::Put(const Tenant& t, const wire::PutRequest& args,
+                                     std::span<const PutItem> items, uint32_t unit_tokens) {
+  std::vector<StatusCode> codes;
+  codes.reserve(items.size());
+  std::vector<storage::Key> keys;
+  uint64_t bytes = 0;
+  for (const PutItem& it : items) {
+    storage::PutOptions po;
+    po.tenant = t.id;
+    po.kind = static_cast<policies::ObjectKind>(args.kind);
+    if (!IsZero(it.parent_chain)) po.parent = Bind(t, it.parent_chain);
+    po.recompute_tokens = args.recompute_tokens;
+    po.ttl_ms = args.ttl_ms;
+    po.highest_tier = static_cast<storage::Tier>(args.highest_tier);
+    po.allow_ssd = args.allow_ssd != 0;
+    storage::Key k = Bind(t, it.chain);
+    Status st = store_->Put(k, it.value, po);
+    codes.push_back(st.code());
+    if (st.ok()) {
+      keys.push_back(k);
+      bytes += it.value.size();
+    }
+  }
+  if (!keys.empty())
+    Trace("put", t, keys, bytes, unit_tokens ? unit_tokens : args.recompute_tokens);
+  return codes;
+}
+
+void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens,
+                  const std::function<void(size_t, const Status&, storage::Tier,
+                                           std::span<const uint8_t>)>& visit) {
+  std::vector<storage::Key> keys(chain.size());
+  std::vector<uint8_t> value;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    keys[i] = Bind(t, chain[i]);
+    storage::Tier tier = storage::Tier::kNone;
+    Status st = store_->Get(keys[i], &value, &tier);
+    if (st.ok()) bytes += value.size();
+    visit(i, st, tier, st.ok() ? std::span<const uint8_t>(value) : std::span<const uint8_t>());
+  }
+  Trace("get", t, keys, bytes, unit_tokens);
+}
+
+Status Service::Prefetch(const Tenant& t, std::span<const wire::Key> chain) {
+  std::vector<storage::Key> keys(chain.size());
+  for (size_t i = 0; i < chain.size(); ++i) keys[i] = Bind(t, chain[i]);
+  return store_->Prefetch(keys);
+}
+
+Status Service::Pin(const Tenant& t, std::span<const wire::Key> chain, uint64_t lease_ms) {
+  std::vector<storage::Key> keys(chain.size());
+  for (size_t i = 0; i < chain.size(); ++i) keys[i] = Bind(t, chain[i]);
+  return store_->Pin(keys, lease_ms);
+}
+
+Status Service::Unpin(const Tenant& t, std::span<const wire::Key> chain) {
+  std::vector<storage::Key> keys(chain.size());
+  for (size_t i = 0; i < chain.size(); ++i) keys[i] = Bind(t, chain[i]);
+  return store_->Unpin(keys);
+}
+
+uint32_t Service::Delete(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens) {
+  std::vector<storage::Key> keys(chain.size());
+  uint32_t deleted = 0;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    keys[i] = Bind(t, chain[i]);
+    if (store_->Delete(keys[i]).ok()) ++deleted;
+  }
+  Trace("delete", t, keys, 0, unit_tokens);
+  return deleted;
+}
+
+Status Service::DeleteTenant(const Tenant& t) {
+  {
+    std::lock_guard<std::mutex> lock(resp_mu_);
+    resp_keys_.erase(t.id);
+  }
+  return store_->DeleteTenant(t.id);
+}
+
+std::string Service::StatsJson(const Tenant* t) const {
+  storage::Stats s = store_->GetStats();
+  nlohmann::json j;
+  auto tier = [](const storage::TierStats& ts) {
+    return nlohmann::json{{"capacity_bytes", ts.capacity_bytes},
+                          {"used_bytes", ts.used_bytes},
+                          {"objects", ts.objects},
+                          {"hits", ts.hits},
+                          {"evictions", ts.evictions},
+                          {"bytes_read", ts.bytes_read},
+                          {"bytes_written", ts.bytes_written}};
+  };
+  j["tiers"] = {{"hbm", tier(s.hbm)}, {"dram", tier(s.dram)}, {"ssd", tier(s.ssd)}};
+  j["misses"] = {{"never_stored", s.misses_never_stored},
+                 {"evicted", s.misses_evicted},
+                 {"expired", s.misses_expired},
+                 {"checksum_failure", s.misses_checksum}};
+  j["admissions"] = s.admissions;
+  j["admission_rejections"] = s.admission_rejections;
+  j["checksum_failures"] = s.checksum_failures;
+  j["io_errors"] = s.io_errors;
+  j["segments_cleaned"] = s.segments_cleaned;
+  j["ssd_queue_depth"] = s.ssd_queue_depth;
+  nlohmann::json tb = nlohmann::json::object();
+  for (const auto& [id, bytes] : s.tenant_bytes) {
+    const Tenant* owner = tenants_->FindById(id);
+    if (t != nullptr && !t->admin && id != t->id) continue;
+    tb[owner != nullptr ? owner->name : "id-" + std::to_string(id)] = bytes;
+  }
+  j["tenant_bytes"] = tb;
+  PolicySettings p = policy();
+  j["policy"] = {{"eviction", p.eviction}, {"admission", p.admission}};
+  if (t != nullptr) j["tenant"] = t->name;
+  return j.dump();
+}
+
+PolicySettings Service::policy() const {
+  std::lock_guard<std::mutex> lock(policy_mu_);
+  return policy_;
+}
+
+std::string Service::PolicyJson() const {
+  PolicySettings p = policy();
+  nlohmann::json params = nlohmann::json::object();
+  for (const auto& [k, v] : p.params.values) params[k] = v;
+  return nlohmann::json{{"eviction", p.eviction},
+                        {"admission", p.admission},
+                        {"params", params},
+                        {"seed", p.params.seed}}
+      .dump();
+}
+
+Status Service::SetPolicy(const PolicySettings& p) {
+  std::lock_guard<std::mutex> lock(policy_mu_);
+  KVTIER_RETURN_IF_ERROR(store_->SetPolicy(p.eviction, p.admission, p.params));
+  policy_ = p;
+  return Status::Ok();
+}
+
+Status Service::SetPolicyJson(std::string_view text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Status::InvalidArgument("policy body must be a JSON object");
+  }
+  PolicySettings p = policy();
+  for (const auto& [k, v] : j.items()) {
+    if (k == "eviction" || k == "admission") {
+      if (!v.is_string()) return Status::InvalidArgument(k + " must be a string");
+      (k == "eviction" ? p.eviction : p.admission) = v.get<std::string>();
+    } else if (k == "seed") {
+      if (!v.is_number_unsigned()) return Status::InvalidArgument("seed must be unsigned");
+      p.params.seed = v.get<uint64_t>();
+    } else if (k == "params") {
+      if (!v.is_object()) return Status::InvalidArgument("params must be an object");
+      p.params.values.clear();
+      for (const auto& [pk, pv] : v.items()) {
+        std::string text_value = pv.is_string() ? pv.get<std::string>() : pv.dump();
+        p.params.values.emplace_back(pk, text_value);
+      }
+    } else {
+      return Status::InvalidArgument("unknown policy field '" + k + "'");
+    }
+  }
+  return SetPolicy(p);
+}
+
+void Service::TrackResp(const Tenant& t, const storage::Key& k, bool present) {
+  std::lock_guard<std::mutex> lock(resp_mu_);
+  std::set<storage::Key>& keys = resp_keys_[t.id];
+  if (!present) {
+    keys.erase(k);
+  } else if (keys.size() < kRespTrackedKeysMax) {
+    keys.insert(k);
+  }
+}
+
+Status Service::RespSet(const Tenant& t, std::string_view key, std::string_view value,
+                        uint64_t ttl_ms) {
+  storage::Key k = BindResp(t, key);
+  uint64_t expire_at = ttl_ms ? UnixNowMs() + ttl_ms : 0;
+  std::string env = EncodeEnvelope(value, expire_at);
+  storage::PutOptions po;
+  po.tenant = t.id;
+  po.kind = policies::ObjectKind::kBlob;
+  po.ttl_ms = ttl_ms;
+  Status st = store_->Put(
+      k, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(env.data()), env.size()), po);
+  if (st.ok()) {
+    TrackResp(t, k, true);
+    Trace("put", t, std::span<const storage::Key>(&k, 1), value.size(), 0);
+  }
+  return st;
+}
+
+Status Service::RespGet(const Tenant& t, std::string_view key, std::string* value) {
+  storage::Key k = BindResp(t, key);
+  std::vector<uint8_t> raw;
+  KVTIER_RETURN_IF_ERROR(store_->Get(k, &raw));
+  uint64_t expire_at = 0;
+  if (!DecodeEnvelope(raw, &expire_at)) return Status::NotFound("not a RESP value");
+  if (expire_at != 0 && expire_at <= UnixNowMs()) return Status::NotFound("expired");
+  value->assign(reinterpret_cast<const char*>(raw.data()) + kRespEnvelopeBytes,
+                raw.size() - kRespEnvelopeBytes);
+  Trace("get", t, std::span<const storage::Key>(&k, 1), value->size(), 0);
+  return Status::Ok();
+}
+
+static bool RespExistsImpl(storage::TierManager* store, const storage::Key& k) {
+  storage::LookupResult r = store->Lookup(std::span<const storage::Key>(&k, 1));
+  return r.hit_count == 1;
+}
+
+bool Service::RespExists(const Tenant& t, std::string_view key) {
+  std::string v;
+  return RespGet(t, key, &v).ok();
+}
+
+Status Service::RespDel(const Tenant& t, std::string_view key) {
+  storage::Key k = BindResp(t, key);
+  TrackResp(t, k, false);
+  return store_->Delete(k);
+}
+
+Status Service::RespExpire(const Tenant& t, std::string_view key, uint64_t ttl_ms) {
+  std::string v;
+  KVTIER_RETURN_IF_ERROR(RespGet(t, key, &v));
+  return RespSet(t, key, v, ttl_ms);
+}
+
+int64_t Service::RespTtlMs(const Tenant& t, std::string_view key) {
+  storage::Key k = BindResp(t, key);
+  std::vector<uint8_t> raw;
+  uint64_t expire_at = 0;
+  if (!store_->Get(k, &raw).ok() || !DecodeEnvelope(raw, &expire_at)) return -2;
+  if (expire_at == 0) return -1;
+  uint64_t now = UnixNowMs();
+  if (expire_at <= now) return -2;
+  return static_cast<int64_t>(expire_at - now);
+}
+
+uint64_t Service::RespDbSize(const Tenant& t) {
+  std::vector<storage::Key> keys;
+  {
+    std::lock_guard<std::mutex> lock(resp_mu_);
+    auto it = resp_keys_.find(t.id);
+    if (it == resp_keys_.end()) return 0;
+    keys.assign(it->second.begin(), it->second.end());
+  }
+  uint64_t present = 0;
+  std::vector<storage::Key> gone;
+  for (const storage::Key& k : keys) {
+    if (RespExistsImpl(store_, k)) {
+      ++present;
+    } else {
+      gone.push_back(k);
+    }
+  }
+  for (const storage::Key& k : gone) TrackResp(t, k, false);
+  return present;
+}
+
+Status Service::RespFlush(const Tenant& t) { return DeleteTenant(t); }
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,113 @@
+// Service: the daemon's operations, independent of the front end (native, RESP, HTTP).
+//
+// Every key a client sends is bound to the authenticated tenant here, before the store sees
+// it: storage_key = StorageKey(tenant.salt, chain) (DESIGN §3). RESP keys (arbitrary byte
+// strings) first become a chain digest SHA256("kvtier.resp.v1" field-encoded || key). A client
+// therefore can only ever address its own tenant's units, whatever bytes it sends.
+//
+// Thread safety: every method may be called concurrently (the TierManager is thread-safe;
+// the policy and RESP key bookkeeping have their own mutexes).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cache_daemon/config.h"
+#include "cache_daemon/metrics.h"
+#include "cache_daemon/tenants.h"
+#include "cache_daemon/trace_writer.h"
+#include "cache_daemon/wire.h"
+#include "storage/tier_manager.h"
+
+namespace kvtier::daemon {
+
+// RESP values are stored with this 9-byte envelope: u8 kRespEnvelopeTag, u64 LE absolute
+// expiry in Unix ms (0: none), then the payload. It lets TTL answer without a side index.
+inline constexpr uint8_t kRespEnvelopeTag = 0xB1;
+inline constexpr size_t kRespEnvelopeBytes = 9;
+// Keys tracked per tenant for DBSIZE (beyond this DBSIZE is a lower bound).
+inline constexpr size_t kRespTrackedKeysMax = 1u << 20;
+
+struct PutItem {
+  wire::Key chain{};
+  wire::Key parent_chain{};
+  std::span<const uint8_t> value;
+};
+
+class Service {
+ public:
+  Service(storage::TierManager* store, const TenantRegistry* tenants, DaemonMetrics* metrics,
+          TraceWriter* trace, PolicySettings policy);
+
+  storage::Key Bind(const Tenant& t, const wire::Key& chain) const;
+  storage::Key BindResp(const Tenant& t, std::string_view key) const;
+
+  wire::LookupReply Lookup(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens);
+  // One status per unit; a unit whose parent is all zeros has no parent.
+  std::vector<StatusCode> Put(const Tenant& t, const wire::PutRequest& args,
+                              std::span<const PutItem> items, uint32_t unit_tokens);
+  // Calls visit(i, status, tier, value) for each key in order; value is valid only during
+  // the call.
+  void Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens,
+           const std::function<void(size_t, const Status&, storage::Tier,
+                                    std::span<const uint8_t>)>& visit);
+  Status Prefetch(const Tenant& t, std::span<const wire::Key> chain);
+  Status Pin(const Tenant& t, std::span<const wire::Key> chain, uint64_t lease_ms);
+  Status Unpin(const Tenant& t, std::span<const wire::Key> chain);
+  // Returns how many keys existed and were deleted.
+  uint32_t Delete(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens);
+  Status DeleteTenant(const Tenant& t);
+
+  // JSON: tiers, misses, tenant bytes (all tenants for admins, else only the caller's).
+  std::string StatsJson(const Tenant* t) const;
+  std::string PolicyJson() const;
+  // Body: {"eviction": "...", "admission": "...", "params": {"k": "v"}, "seed": N}; absent
+  // fields keep their current value. InvalidArgument for bad JSON or unknown policy.
+  Status SetPolicyJson(std::string_view json);
+  Status SetPolicy(const PolicySettings& p);
+  PolicySettings policy() const;
+
+  // ---- RESP ----
+  Status RespSet(const Tenant& t, std::string_view key, std::string_view value, uint64_t ttl_ms);
+  // NotFound on a miss or an expired value.
+  Status RespGet(const Tenant& t, std::string_view key, std::string* value);
+  bool RespExists(const Tenant& t, std::string_view key);
+  // NotFound when absent.
+  Status RespDel(const Tenant& t, std::string_view key);
+  // Rewrites the value with a new expiry (ttl_ms 0: persist). NotFound when absent.
+  Status RespExpire(const Tenant& t, std::string_view key, uint64_t ttl_ms);
+  // -2 absent, -1 no expiry, else remaining ms.
+  int64_t RespTtlMs(const Tenant& t, std::string_view key);
+  uint64_t RespDbSize(const Tenant& t);
+  Status RespFlush(const Tenant& t);
+
+  storage::TierManager* store() const { return store_; }
+  const TenantRegistry& tenants() const { return *tenants_; }
+
+ private:
+  void Trace(const char* op, const Tenant& t, std::span<const storage::Key> keys, uint64_t bytes,
+             uint32_t unit_tokens);
+  void TrackResp(const Tenant& t, const storage::Key& k, bool present);
+
+  storage::TierManager* store_;
+  const TenantRegistry* tenants_;
+  DaemonMetrics* metrics_;
+  TraceWriter* trace_;
+  mutable std::mutex policy_mu_;
+  PolicySettings policy_;  // protected by policy_mu_
+  std::mutex resp_mu_;
+  std::map<uint64_t, std::set<storage::Key>> resp_keys_;  // protected by resp_mu_
+};
+
+uint64_t UnixNowMs();
+uint64_t KeyId(const storage::Key& k);  // first 8 bytes, little-endian
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,71 @@
+// Records the request stream in the trace format that `kvtier sim` replays
+// (docs/format/trace.md): zstd-compressed JSON Lines, one request per line:
+//   {"ts_ms":<u64 ms since trace start>,"op":"lookup"|"get"|"put"|"delete","tenant":<u32>,
+//    "ids":[<u64>...],"bytes":<u64>,"unit_tokens":<u32>}
+// ids are storage-key ids in prefix order (first 8 bytes of the storage key, little-endian),
+// so traces carry no key material beyond that policy id.
+//
+// Record() never blocks the request path: it enqueues into a bounded queue and drops (and
+// counts) records when the queue is full. A writer thread compresses with libzstd streaming.
+//
+// Thread safety: Record() and dropped() from any thread; Close() once.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvtier::daemon {
+
+struct TraceRecord {
+  uint64_t ts_ms = 0;
+  const char* op = "get";  // a static string
+  uint32_t tenant = 0;
+  std::vector<uint64_t> ids;
+  uint64_t bytes = 0;
+  uint32_t unit_tokens = 0;
+};
+
+class TraceWriter {
+ public:
+  // Creates (truncates) path. IOError when it cannot be opened.
+  static StatusOr<std::unique_ptr<TraceWriter>> Open(const std::string& path, uint32_t queue_depth);
+  ~TraceWriter();
+
+  // ts_ms is filled here (ms since Open).
+  void Record(TraceRecord record);
+  // Drains the queue, ends the zstd frame, closes the file. Idempotent.
+  Status Close();
+  uint64_t dropped() const { return dropped_.load(); }
+  uint64_t written() const { return written_.load(); }
+
+  // The JSON line for a record (no newline); exposed for tests.
+  static std::string FormatLine(const TraceRecord& r);
+
+ private:
+  TraceWriter() = default;
+  void Run();
+
+  FILE* file_ = nullptr;
+  void* zstd_ = nullptr;  // ZSTD_CCtx*
+  uint32_t queue_depth_ = 0;
+  uint64_t start_us_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<TraceRecord> queue_;  // protected by mu_
+  bool closing_ = false;           // protected by mu_
+  std::thread thread_;
+  std::atomic<uint64_t> dropped_{0}, written_{0};
+  Status status_;
+  bool closed_ = false;
+};
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,299 @@
+// The kvtier native wire protocol: frames, opcodes and body codecs shared by kvtierd and
+// the client library. The byte-level specification is docs/format/wire.md; this header is
+// its executable form and must stay in step with it.
+//
+// Every frame is a 16-byte header followed by a body:
+//
+//   u32 length      bytes after this field (12 + body bytes), little-endian
+//   u8  version     kWireVersion
+//   u8  opcode      Opcode; a response sets kResponseBit on the request's opcode
+//   u16 flags       FrameFlags bits
+//   u64 request_id  chosen by the client, echoed in the response (pipelining)
+//
+// Every response body starts with a status: u8 StatusCode, u16 message length, message
+// bytes. Operation-specific fields follow only when the status is OK.
+//
+// All decoders treat their input as hostile: they never read out of bounds, never allocate
+// more than the input could describe, and return InvalidArgument/Corruption instead of
+// asserting. Nothing here does I/O.
+//
+// Thread safety: free functions are pure; a FrameParser is owned by one connection and is
+// not thread-safe.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvtier::daemon::wire {
+
+inline constexpr uint8_t kWireVersion = 1;
+inline constexpr size_t kHeaderBytes = 16;
+// The smallest legal value of the length field (a header with an empty body).
+inline constexpr uint32_t kMinLengthField = 12;
+inline constexpr uint8_t kResponseBit = 0x80;
+// Largest number of keys in one LOOKUP/GET/PUT/PREFETCH/PIN/UNPIN/DELETE (storage::kMaxBatch).
+inline constexpr uint32_t kMaxBatchKeys = 4096;
+// Longest auth token and longest status message accepted on the wire.
+inline constexpr size_t kMaxTokenBytes = 1024;
+inline constexpr size_t kMaxMessageBytes = 4096;
+
+using Key = std::array<uint8_t, 32>;
+
+enum class Opcode : uint8_t {
+  kHello = 0x01,      // version negotiation + optional token
+  kAuth = 0x02,       // token only
+  kShmAttach = 0x03,  // Unix socket only: the daemon answers with a memfd (SCM_RIGHTS)
+  kLookup = 0x10,
+  kPut = 0x11,
+  kGet = 0x12,
+  kPrefetch = 0x13,
+  kPin = 0x14,
+  kUnpin = 0x15,
+  kDelete = 0x16,
+  kStats = 0x20,
+  kPolicyGet = 0x21,
+  kPolicySet = 0x22,
+  kDrain = 0x23,
+};
+// True for the opcodes listed above.
+bool IsKnownOpcode(uint8_t opcode);
+const char* OpcodeName(uint8_t opcode);  // "hello", ..., "unknown"
+
+enum FrameFlags : uint16_t {
+  // Bulk values live in the connection's shared-memory region, not in the frame.
+  kFlagShm = 1u << 0,
+};
+
+struct FrameHeader {
+  uint32_t length = kMinLengthField;
+  uint8_t version = kWireVersion;
+  uint8_t opcode = 0;
+  uint16_t flags = 0;
+  uint64_t request_id = 0;
+  uint32_t body_bytes() const { return length - kMinLengthField; }
+};
+
+// Encodes a header for a body of body_bytes.
+std::array<uint8_t, kHeaderBytes> EncodeHeader(uint8_t opcode, uint16_t flags, uint64_t request_id,
+                                               uint32_t body_bytes);
+
+// Validates a header. InvalidArgument for a bad version, a length below kMinLengthField or a
+// frame larger than max_frame_bytes (header included). Unknown opcodes are NOT an error here:
+// the daemon answers them with an error response and keeps the connection.
+StatusOr<FrameHeader> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes,
+                                   uint64_t max_frame_bytes);
+
+// One decoded frame: the header and its body bytes (owned).
+struct Frame {
+  FrameHeader header;
+  std::vector<uint8_t> body;
+};
+
+// Incremental frame splitter over a byte stream. Append bytes as they arrive; Next() yields
+// complete frames. A malformed header poisons the parser (every later Next fails), because
+// framing is lost and the only safe reaction is to close the connection.
+class FrameParser {
+ public:
+  explicit FrameParser(uint64_t max_frame_bytes) : max_frame_bytes_(max_frame_bytes) {}
+
+  void Append(std::span<const uint8_t> bytes);
+  // True and fills *out when a whole frame is buffered; false when more bytes are needed.
+  // InvalidArgument when the stream is malformed.
+  StatusOr<bool> Next(Frame* out);
+  // Bytes buffered that do not yet form a complete frame.
+  size_t buffered_bytes() const { return buffer_.size() - consumed_; }
+  // True while a frame has started but is not complete.
+  bool mid_frame() const { return buffered_bytes() > 0; }
+
+ private:
+  uint64_t max_frame_bytes_;
+  std::vector<uint8_t> buffer_;
+  size_t consumed_ = 0;
+  Status poisoned_;
+};
+
+// ---- little-endian body encoding --------------------------------------------------------
+
+class Writer {
+ public:
+  void U8(uint8_t v) { out_.push_back(v); }
+  void U16(uint16_t v) { Put(v, 2); }
+  void U32(uint32_t v) { Put(v, 4); }
+  void U64(uint64_t v) { Put(v, 8); }
+  void Bytes(std::span<const uint8_t> b) { out_.insert(out_.end(), b.begin(), b.end()); }
+  void Bytes(std::string_view s) { out_.insert(out_.end(), s.begin(), s.end()); }
+  void KeyBytes(const Key& k) { out_.insert(out_.end(), k.begin(), k.end()); }
+  std::vector<uint8_t>& buffer() { return out_; }
+  std::vector<uint8_t> Take() { return std::move(out_); }
+
+ private:
+  void Put(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) out_.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  std::vector<uint8_t> out_;
+};
+
+// Bounds-checked reader: every getter returns false (and reads nothing) past the end.
+class Reader {
+ public:
+  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
+  bool U8(uint8_t* v) { return Get(v, 1); }
+  bool U16(uint16_t* v) { return Get(v, 2); }
+  bool U32(uint32_t* v) { return Get(v, 4); }
+  bool U64(uint64_t* v) { return Get(v, 8); }
+  bool Bytes(size_t n, std::span<const uint8_t>* out) {
+    if (remaining() < n) return false;
+    *out = in_.subspan(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool KeyBytes(Key* k) {
+    if (remaining() < k->size()) return false;
+    std::memcpy(k->data(), in_.data() + pos_, k->size());
+    pos_ += k->size();
+    return true;
+  }
+  size_t remaining() const { return in_.size() - pos_; }
+
+ private:
+  template <typename T>
+  bool Get(T* v, size_t n) {
+    if (remaining() < n) return false;
+    uint64_t x = 0;
+    for (size_t i = 0; i < n; ++i) x |= static_cast<uint64_t>(in_[pos_ + i]) << (8 * i);
+    *v = static_cast<T>(x);
+    pos_ += n;
+    return true;
+  }
+  std::span<const uint8_t> in_;
+  size_t pos_ = 0;
+};
+
+// ---- status prefix of every response ----------------------------------------------------
+
+void EncodeStatus(const Status& status, Writer* w);
+// Reads the status prefix into *decoded (possibly non-OK). Returns Corruption when the prefix
+// itself is truncated or names an unknown code.
+Status DecodeStatus(Reader* r, Status* decoded);
+
+// ---- request bodies ---------------------------------------------------------------------
+
+struct HelloRequest {
+  uint16_t version_max = kWireVersion;
+  // Tokens per unit the client uses (recorded in traces; 0 = unknown).
+  uint32_t unit_tokens = 0;
+  std::string token;  // empty: no authentication
+};
+struct HelloResponse {
+  uint16_t version = kWireVersion;
+  uint8_t authenticated = 0;
+  uint64_t max_frame_bytes = 0;
+  uint32_t max_inflight = 0;
+  uint32_t max_batch_keys = 0;
+  std::string tenant_name;
+};
+std::vector<uint8_t> EncodeHello(const HelloRequest& req);
+StatusOr<HelloRequest> DecodeHello(std::span<const uint8_t> body);
+void EncodeHelloResponse(const HelloResponse& resp, Writer* w);
+StatusOr<HelloResponse> DecodeHelloResponse(Reader* r);
+
+// AUTH: u16 token length + token.
+std::vector<uint8_t> EncodeAuth(std::string_view token);
+StatusOr<std::string> DecodeAuth(std::span<const uint8_t> body);
+
+// SHM_ATTACH: u64 requested bytes. Response: u64 granted bytes (+ the fd as ancillary data).
+std::vector<uint8_t> EncodeShmAttach(uint64_t bytes);
+StatusOr<uint64_t> DecodeShmAttach(std::span<const uint8_t> body);
+
+// Key lists (LOOKUP, PREFETCH, UNPIN): u16 count + count x 32-byte keys.
+std::vector<uint8_t> EncodeKeys(std::span<const Key> keys);
+StatusOr<std::vector<Key>> DecodeKeys(std::span<const uint8_t> body);
+bool DecodeKeyList(Reader* r, std::vector<Key>* keys);
+
+// PIN: u64 lease_ms + key list.
+std::vector<uint8_t> EncodePin(uint64_t lease_ms, std::span<const Key> keys);
+struct PinRequest {
+  uint64_t lease_ms = 0;
+  std::vector<Key> keys;
+};
+StatusOr<PinRequest> DecodePin(std::span<const uint8_t> body);
+
+// DELETE: u8 scope (0 keys, 1 the whole tenant) + key list (empty for scope 1).
+struct DeleteRequest {
+  uint8_t scope = 0;
+  std::vector<Key> keys;
+};
+std::vector<uint8_t> EncodeDelete(const DeleteRequest& req);
+StatusOr<DeleteRequest> DecodeDelete(std::span<const uint8_t> body);
+
+// PUT.
+struct PutUnit {
+  Key key{};
+  Key parent{};  // all zeros for the first unit of a chain
+  // Inline: value points into the frame body. Shm: value_offset/value_bytes in the region.
+  std::span<const uint8_t> value;
+  uint64_t value_offset = 0;
+  uint32_t value_bytes = 0;
+};
+struct PutRequest {
+  uint8_t kind = 0;          // policies::ObjectKind
+  uint8_t highest_tier = 1;  // storage::Tier (0 hbm, 1 dram, 2 ssd)
+  uint8_t allow_ssd = 1;
+  uint32_t recompute_tokens = 0;
+  uint64_t ttl_ms = 0;
+  std::vector<PutUnit> units;
+};
+// shm: write (offset, bytes) per unit instead of the bytes.
+std::vector<uint8_t> EncodePut(const PutRequest& req, bool shm);
+// body must outlive the returned request (inline values point into it).
+StatusOr<PutRequest> DecodePut(std::span<const uint8_t> body, bool shm);
+
+// GET: [shm: u64 dst_offset, u64 dst_capacity] + key list.
+struct GetRequest {
+  uint64_t dst_offset = 0;
+  uint64_t dst_capacity = 0;
+  std::vector<Key> keys;
+};
+std::vector<uint8_t> EncodeGet(const GetRequest& req, bool shm);
+StatusOr<GetRequest> DecodeGet(std::span<const uint8_t> body, bool shm);
+
+// One entry of a GET response: u8 code, u8 tier, u32 bytes, then u64 offset (shm) or the
+// bytes inline.
+struct GetEntry {
+  StatusCode code = StatusCode::kNotFound;
+  uint8_t tier = 255;
+  uint32_t value_bytes = 0;
+  uint64_t value_offset = 0;       // shm only
+  std::span<const uint8_t> value;  // inline only, points into the response body
+};
+StatusOr<std::vector<GetEntry>> DecodeGetResponse(Reader* r, bool shm);
+
+// LOOKUP response: u16 hit count, one u8 tier per hit, u8 reason for the first miss.
+struct LookupReply {
+  uint32_t hit_count = 0;
+  std::vector<uint8_t> tiers;
+  uint8_t first_miss = 0;  // storage::MissReason
+};
+void EncodeLookupReply(const LookupReply& reply, Writer* w);
+StatusOr<LookupReply> DecodeLookupReply(Reader* r);
+
+// Per-unit status list (PUT response): u16 count + count x u8 code.
+void EncodeCodes(std::span<const StatusCode> codes, Writer* w);
+StatusOr<std::vector<StatusCode>> DecodeCodes(Reader* r);
+
+// Text payloads (STATS, POLICY GET/SET JSON): u32 length + bytes.
+void EncodeText(std::string_view text, Writer* w);
+StatusOr<std::string> DecodeText(Reader* r, size_t max_bytes);
+
+// Builds a whole frame (header + body).
+std::vector<uint8_t> BuildFrame(uint8_t opcode, uint16_t flags, uint64_t request_id,
+                                std::span<const uint8_t> body);
+
+}  // namespace kvtier::daemon::wire

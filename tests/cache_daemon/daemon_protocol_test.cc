@@ -1,0 +1,437 @@
+// The daemon's fronts in-process, over real sockets, against a test-only fake store:
+// native protocol (Unix + shared memory, TCP inline), tenants and auth, quota, bad input,
+// slow clients, RESP, HTTP admin, graceful shutdown. The real store is covered by tests/e2e.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "cache_daemon/client.h"
+#include "cache_daemon/daemon.h"
+#include "common/key_spec.h"
+#include "tests/cache_daemon/fake_tier_manager.h"
+#include "tests/cache_daemon/net_util.h"
+
+namespace kvtier::daemon {
+namespace {
+
+using kvtier::testing::FakeTierManager;
+namespace kt = kvtier::testing;
+
+std::string HashHex(std::string_view token) {
+  return ToHex(Sha256(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
+}
+
+wire::Key ChainKey(int i) {
+  wire::Key k{};
+  k[0] = static_cast<uint8_t>(i);
+  k[1] = static_cast<uint8_t>(i >> 8);
+  k[31] = 0x5a;
+  return k;
+}
+
+std::vector<uint8_t> Value(int i, size_t n) {
+  std::vector<uint8_t> v(n);
+  for (size_t j = 0; j < n; ++j) v[j] = static_cast<uint8_t>(i * 31 + j);
+  return v;
+}
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  void StartDaemon(bool auth, uint64_t frame_timeout_ms = 10000) {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kvd" + std::to_string(getpid()) + "_" + std::to_string(counter_++));
+    std::filesystem::create_directories(dir_);
+    o_ = DaemonOptions{};
+    o_.data_dir = dir_.string();
+    o_.socket_path = (dir_ / "s.sock").string();
+    o_.native_port = kt::FreePort();
+    o_.resp_port = kt::FreePort();
+    o_.http_port = kt::FreePort();
+    o_.max_frame_bytes = 4u << 20;
+    o_.frame_timeout_ms = frame_timeout_ms;
+    o_.shm_max_bytes = 8u << 20;
+    std::vector<uint8_t> secret(32, 7);
+    std::unique_ptr<TenantRegistry> tenants;
+    if (auth) {
+      std::string text =
+          "[[tenant]]\nname = \"alice\"\nid = 1\nquota_bytes = 100000\ntoken_sha256 = [\"" +
+          HashHex("tok-alice") +
+          "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\n"
+          "admin = true\ntoken_sha256 = [\"" +
+          HashHex("tok-bob") + "\"]\n";
+      auto t = TenantRegistry::Parse(text, secret);
+      ASSERT_TRUE(t.ok());
+      tenants = std::move(t).value();
+      o_.tokens_file = "inline";
+    } else {
+      tenants = TenantRegistry::Open(secret, 64);
+    }
+    ASSERT_TRUE(Finalize(&o_).ok());
+    auto store = std::make_unique<FakeTierManager>();
+    store_ = store.get();
+    auto d = Daemon::Start(o_, std::move(store), std::move(tenants), nullptr);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    daemon_ = std::move(d).value();
+  }
+
+  void TearDown() override {
+    if (daemon_) {
+      daemon_->Shutdown();
+      EXPECT_TRUE(daemon_->Wait().ok());
+      daemon_.reset();
+    }
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::unique_ptr<Client> Connect(const std::string& token = "", bool tcp = false) {
+    ClientOptions co;
+    co.socket_path = o_.socket_path;
+    co.token = token;
+    co.shm_bytes = 4u << 20;
+    co.timeout_ms = 10000;
+    if (tcp) co.tcp_port = o_.native_port;
+    auto c = Client::Connect(co);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+
+  void PutGetRoundTrip(Client* c, int base, size_t value_bytes) {
+    std::vector<std::vector<uint8_t>> values;
+    std::vector<PutUnit> units;
+    std::vector<wire::Key> keys;
+    for (int i = 0; i < 8; ++i) values.push_back(Value(base + i, value_bytes));
+    for (int i = 0; i < 8; ++i) {
+      keys.push_back(ChainKey(base + i));
+      units.push_back({keys.back(), i ? keys[i - 1] : wire::Key{}, values[i]});
+    }
+    auto put = c->Put(units, PutOptions{});
+    ASSERT_TRUE(put.ok()) << put.status().ToString();
+    for (const Status& s : *put) EXPECT_TRUE(s.ok());
+    auto lk = c->Lookup(keys);
+    ASSERT_TRUE(lk.ok()) << lk.status().ToString();
+    EXPECT_EQ(lk->hit_count, 8u);
+    EXPECT_EQ(lk->tiers, std::vector<uint8_t>(8, 1));
+    std::vector<std::vector<uint8_t>> got;
+    std::vector<bool> found;
+    ASSERT_TRUE(c->GetCopy(keys, &got, &found).ok());
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_TRUE(found[i]);
+      EXPECT_EQ(got[i], values[i]) << i;
+    }
+  }
+
+  std::filesystem::path dir_;
+  DaemonOptions o_;
+  FakeTierManager* store_ = nullptr;
+  std::unique_ptr<Daemon> daemon_;
+  static inline int counter_ = 0;
+};
+
+TEST_F(DaemonTest, NativeUnixSharedMemoryAndTcpInline) {
+  StartDaemon(false);
+  auto unix_client = Connect();
+  ASSERT_NE(unix_client, nullptr);
+  EXPECT_TRUE(unix_client->shm_attached());
+  PutGetRoundTrip(unix_client.get(), 0, 57000);
+  auto tcp_client = Connect("", true);
+  ASSERT_NE(tcp_client, nullptr);
+  EXPECT_FALSE(tcp_client->shm_attached());
+  PutGetRoundTrip(tcp_client.get(), 100, 1024);
+  // Both transports address the same (default) tenant.
+  auto lk = tcp_client->Lookup(std::vector<wire::Key>{ChainKey(0), ChainKey(1), ChainKey(999)});
+  ASSERT_TRUE(lk.ok());
+  EXPECT_EQ(lk->hit_count, 2u);
+  EXPECT_EQ(lk->first_miss, static_cast<uint8_t>(storage::MissReason::kNeverStored));
+  // Pipelined async lookups complete independently.
+  std::vector<std::future<StatusOr<LookupResult>>> futs;
+  for (int i = 0; i < 50; ++i) {
+    futs.push_back(unix_client->LookupAsync(std::vector<wire::Key>{ChainKey(i % 10)}));
+  }
+  for (int i = 0; i < 50; ++i) {
+    auto r = futs[i].get();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->hit_count, (i % 10) < 8 ? 1u : 0u);
+  }
+  EXPECT_EQ(*unix_client->Delete(std::vector<wire::Key>{ChainKey(0), ChainKey(999)}), 1u);
+  EXPECT_EQ(unix_client->Lookup(std::vector<wire::Key>{ChainKey(0)})->hit_count, 0u);
+}
+
+TEST_F(DaemonTest, GetLargerThanSharedMemoryFallsBackInline) {
+  StartDaemon(false);
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  // 4 MiB region: two 1.5 MiB values cannot both fit in the 2 MiB destination area.
+  std::vector<std::vector<uint8_t>> values = {Value(1, 1500000), Value(2, 1500000)};
+  std::vector<PutUnit> units = {{ChainKey(1), {}, values[0]}, {ChainKey(2), {}, values[1]}};
+  auto put = c->Put(units, PutOptions{});
+  ASSERT_TRUE(put.ok()) << put.status().ToString();
+  std::vector<std::vector<uint8_t>> got;
+  std::vector<bool> found;
+  ASSERT_TRUE(c->GetCopy(std::vector<wire::Key>{ChainKey(1), ChainKey(2)}, &got, &found).ok());
+  EXPECT_EQ(got[0], values[0]);
+  EXPECT_EQ(got[1], values[1]);
+}
+
+TEST_F(DaemonTest, TenantsAreIsolatedAndAuthIsRequired) {
+  StartDaemon(true);
+  auto alice = Connect("tok-alice");
+  auto bob = Connect("tok-bob");
+  ASSERT_TRUE(alice && bob);
+  EXPECT_EQ(alice->hello().tenant_name, "alice");
+  PutGetRoundTrip(alice.get(), 0, 4000);
+  // Same chain keys, other tenant: a miss (paired with alice's hit above).
+  auto lk = bob->Lookup(std::vector<wire::Key>{ChainKey(0)});
+  ASSERT_TRUE(lk.ok());
+  EXPECT_EQ(lk->hit_count, 0u);
+  std::vector<std::vector<uint8_t>> got;
+  std::vector<bool> found;
+  ASSERT_TRUE(bob->GetCopy(std::vector<wire::Key>{ChainKey(0)}, &got, &found).ok());
+  EXPECT_FALSE(found[0]);
+  // Bob writes the same chain key; alice still reads her own bytes.
+  std::vector<uint8_t> bobs(10, 0xbb);
+  ASSERT_TRUE(bob->Put(std::vector<PutUnit>{{ChainKey(0), {}, bobs}}, PutOptions{}).ok());
+  ASSERT_TRUE(alice->GetCopy(std::vector<wire::Key>{ChainKey(0)}, &got, &found).ok());
+  EXPECT_EQ(got[0], Value(0, 4000));
+  // Deleting bob's tenant leaves alice's units.
+  Status del = bob->DeleteAll();
+  ASSERT_TRUE(del.ok()) << del.ToString();
+  EXPECT_EQ(alice->Lookup(std::vector<wire::Key>{ChainKey(0)})->hit_count, 1u);
+
+  // Bad token: the handshake fails. No token: data operations are refused.
+  ClientOptions co;
+  co.socket_path = o_.socket_path;
+  co.token = "wrong";
+  EXPECT_TRUE(Client::Connect(co).status().IsPermissionDenied());
+  auto anon = Connect("");
+  ASSERT_NE(anon, nullptr);
+  EXPECT_TRUE(anon->Lookup(std::vector<wire::Key>{ChainKey(0)}).status().IsPermissionDenied());
+  // Non-admins cannot switch policy; admins can.
+  EXPECT_TRUE(alice->PolicySet("{\"eviction\":\"fifo\"}").status().IsPermissionDenied());
+  auto ps = bob->PolicySet("{\"eviction\":\"fifo\"}");
+  ASSERT_TRUE(ps.ok()) << ps.status().ToString();
+  EXPECT_EQ(store_->policy, "fifo/admit-all");
+  EXPECT_TRUE(bob->PolicySet("{\"eviction\":\"nope\"}").status().IsInvalidArgument());
+}
+
+TEST_F(DaemonTest, QuotaIsEnforcedPerTenant) {
+  StartDaemon(true);
+  auto alice = Connect("tok-alice");
+  ASSERT_NE(alice, nullptr);
+  std::vector<uint8_t> v(60000, 1);
+  auto p1 = alice->Put(std::vector<PutUnit>{{ChainKey(1), {}, v}}, PutOptions{});
+  ASSERT_TRUE(p1.ok());
+  EXPECT_TRUE((*p1)[0].ok());
+  auto p2 = alice->Put(std::vector<PutUnit>{{ChainKey(2), {}, v}}, PutOptions{});
+  ASSERT_TRUE(p2.ok());
+  EXPECT_TRUE((*p2)[0].IsRejected());
+  // Bob has no quota.
+  auto bob = Connect("tok-bob");
+  auto p3 =
+      bob->Put(std::vector<PutUnit>{{ChainKey(2), {}, v}, {ChainKey(3), {}, v}}, PutOptions{});
+  ASSERT_TRUE(p3.ok());
+  EXPECT_TRUE((*p3)[0].ok() && (*p3)[1].ok());
+}
+
+// Sends one raw frame and returns the response status (or an error when none arrives).
+Status RawCall(int fd, uint8_t opcode, const std::vector<uint8_t>& body, uint64_t id,
+               bool* closed) {
+  auto f = wire::BuildFrame(opcode, 0, id, body);
+  kt::SendAllRaw(fd, f.data(), f.size());
+  std::string resp = kt::RecvFor(fd, wire::kHeaderBytes + 3, 3000, closed);
+  if (resp.size() < wire::kHeaderBytes + 3) return Status::IOError("no response");
+  std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(resp.data()), resp.size());
+  auto h = wire::DecodeHeader(bytes.first<wire::kHeaderBytes>(), 1 << 30);
+  if (!h.ok()) return Status::Corruption("bad response header");
+  size_t total = size_t{h->length} + 4;
+  if (resp.size() < total) resp += kt::RecvFor(fd, total - resp.size(), 3000, closed);
+  wire::Reader r(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(resp.data()) + 16,
+                                          resp.size() - 16));
+  Status st;
+  if (!wire::DecodeStatus(&r, &st).ok()) return Status::Corruption("bad status");
+  return st;
+}
+
+TEST_F(DaemonTest, BadInputGetsCleanErrorsAndDaemonStaysHealthy) {
+  StartDaemon(false, /*frame_timeout_ms=*/400);
+  int fd = kt::ConnectUnix(o_.socket_path);
+  ASSERT_GE(fd, 0);
+  bool closed = false;
+  // Unknown opcode: an error reply, the connection stays usable.
+  EXPECT_TRUE(RawCall(fd, 0x7f, {}, 1, &closed).IsInvalidArgument());
+  // Truncated body of a known opcode: InvalidArgument, still connected.
+  EXPECT_TRUE(RawCall(fd, static_cast<uint8_t>(wire::Opcode::kLookup), {5, 0, 1}, 2, &closed)
+                  .IsInvalidArgument());
+  // Shared-memory flag without a region; out-of-range key counts.
+  std::vector<uint8_t> huge_count = {0xff, 0xff};
+  EXPECT_TRUE(RawCall(fd, static_cast<uint8_t>(wire::Opcode::kGet), huge_count, 3, &closed)
+                  .IsInvalidArgument());
+  EXPECT_FALSE(closed);
+  EXPECT_TRUE(RawCall(fd, static_cast<uint8_t>(wire::Opcode::kStats), {}, 4, &closed).ok());
+  // A bad version byte loses framing: error reply, then the daemon closes the connection.
+  auto bad = wire::BuildFrame(1, 0, 5, {});
+  bad[4] = 99;
+  kt::SendAllRaw(fd, bad.data(), bad.size());
+  std::string r = kt::RecvFor(fd, 1 << 20, 3000, &closed);
+  EXPECT_TRUE(closed);
+  EXPECT_GE(r.size(), wire::kHeaderBytes + 3);
+  ::close(fd);
+
+  // Oversized frame: refused from the header alone.
+  fd = kt::ConnectUnix(o_.socket_path);
+  auto big = wire::EncodeHeader(static_cast<uint8_t>(wire::Opcode::kPut), 0, 6, 64u << 20);
+  kt::SendAllRaw(fd, big.data(), big.size());
+  r = kt::RecvFor(fd, 1 << 20, 3000, &closed);
+  EXPECT_TRUE(closed);
+  ::close(fd);
+
+  // Slow client: half a header, then silence -> disconnected after frame_timeout_ms.
+  int slow = kt::ConnectUnix(o_.socket_path);
+  kt::SendAllRaw(slow, big.data(), 5);
+  auto healthy = Connect();
+  ASSERT_NE(healthy, nullptr);
+  PutGetRoundTrip(healthy.get(), 0, 1000);  // others are served meanwhile
+  r = kt::RecvFor(slow, 1, 3000, &closed);
+  EXPECT_TRUE(closed) << "slow client was not disconnected";
+  ::close(slow);
+  // Garbage bytes over TCP too.
+  int tcp = kt::ConnectTcp(o_.native_port);
+  std::string junk(64, '\xee');
+  kt::SendAllRaw(tcp, junk.data(), junk.size());
+  kt::RecvFor(tcp, 1 << 20, 3000, &closed);
+  EXPECT_TRUE(closed);
+  ::close(tcp);
+  // Still healthy afterwards.
+  PutGetRoundTrip(healthy.get(), 50, 1000);
+  std::string metrics = kt::HttpRequest(o_.http_port, "GET", "/metrics");
+  EXPECT_NE(metrics.find("kvtier_slow_client_disconnects_total 1"), std::string::npos);
+  EXPECT_EQ(metrics.find("kvtier_protocol_errors_total 0\n"), std::string::npos);
+}
+
+std::string Resp(int fd, const std::string& cmd) {
+  kt::SendAllRaw(fd, cmd.data(), cmd.size());
+  return kt::RecvFor(fd, 1, 3000);
+}
+
+TEST_F(DaemonTest, RespCommands) {
+  StartDaemon(false);
+  int fd = kt::ConnectTcp(o_.resp_port);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(Resp(fd, "PING\r\n"), "+PONG\r\n");
+  EXPECT_EQ(Resp(fd, "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nhello\r\n"), "+OK\r\n");
+  EXPECT_EQ(Resp(fd, "*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"), "$5\r\nhello\r\n");
+  EXPECT_EQ(Resp(fd, "GET missing\r\n"), "$-1\r\n");
+  EXPECT_EQ(Resp(fd, "EXISTS k missing\r\n"), ":1\r\n");
+  EXPECT_EQ(Resp(fd, "TTL k\r\n"), ":-1\r\n");
+  EXPECT_EQ(Resp(fd, "SET t v EX 100\r\n"), "+OK\r\n");
+  std::string ttl = Resp(fd, "TTL t\r\n");
+  EXPECT_TRUE(ttl == ":100\r\n" || ttl == ":99\r\n") << ttl;
+  EXPECT_EQ(Resp(fd, "EXPIRE k 50\r\n"), ":1\r\n");
+  std::string pttl = Resp(fd, "PTTL k\r\n");
+  EXPECT_TRUE(pttl.substr(0, 3) == ":49" || pttl == ":50000\r\n") << pttl;
+  EXPECT_EQ(Resp(fd, "MSET a 1 b 2\r\n"), "+OK\r\n");
+  EXPECT_EQ(Resp(fd, "MGET a nope b\r\n"), "*3\r\n$1\r\n1\r\n$-1\r\n$1\r\n2\r\n");
+  EXPECT_EQ(Resp(fd, "DBSIZE\r\n"), ":4\r\n");
+  EXPECT_EQ(Resp(fd, "DEL a nope\r\n"), ":1\r\n");
+  EXPECT_EQ(Resp(fd, "SET x y PX 1\r\n"), "+OK\r\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(Resp(fd, "GET x\r\n"), "$-1\r\n");
+  EXPECT_EQ(Resp(fd, "BOGUS 1\r\n").substr(0, 21), "-ERR unknown command ");
+  EXPECT_EQ(Resp(fd, "GET\r\n"), "-ERR wrong number of arguments for 'get' command\r\n");
+  EXPECT_EQ(Resp(fd, "SET k v EX -1\r\n"), "-ERR invalid expire time in 'set' command\r\n");
+  EXPECT_EQ(Resp(fd, "AUTH x\r\n").substr(0, 5), "-ERR ");
+  EXPECT_EQ(Resp(fd, "HELLO 3\r\n").substr(0, 8), "-NOPROTO");
+  EXPECT_EQ(Resp(fd, "FLUSHDB\r\n"), "+OK\r\n");
+  EXPECT_EQ(Resp(fd, "DBSIZE\r\n"), ":0\r\n");
+  // Pipelined: replies in order.
+  EXPECT_EQ(Resp(fd, "SET p 1\r\nGET p\r\nPING\r\n"), "+OK\r\n$1\r\n1\r\n+PONG\r\n");
+  // Malformed multibulk: protocol error and close.
+  bool closed = false;
+  std::string bad = "*1\r\n$abc\r\n";
+  kt::SendAllRaw(fd, bad.data(), bad.size());
+  std::string r = kt::RecvFor(fd, 1 << 20, 3000, &closed);
+  EXPECT_EQ(r.substr(0, 20), "-ERR Protocol error:");
+  EXPECT_TRUE(closed);
+  ::close(fd);
+}
+
+TEST_F(DaemonTest, RespAuthWithTenants) {
+  StartDaemon(true);
+  int a = kt::ConnectTcp(o_.resp_port);
+  int b = kt::ConnectTcp(o_.resp_port);
+  EXPECT_EQ(Resp(a, "GET k\r\n").substr(0, 7), "-NOAUTH");
+  EXPECT_EQ(Resp(a, "AUTH wrong\r\n").substr(0, 10), "-WRONGPASS");
+  EXPECT_EQ(Resp(a, "AUTH tok-alice\r\n"), "+OK\r\n");
+  EXPECT_EQ(Resp(b, "AUTH default tok-bob\r\n"), "+OK\r\n");
+  EXPECT_EQ(Resp(a, "SET k alice\r\n"), "+OK\r\n");
+  EXPECT_EQ(Resp(b, "GET k\r\n"), "$-1\r\n");
+  EXPECT_EQ(Resp(a, "GET k\r\n"), "$5\r\nalice\r\n");
+  ::close(a);
+  ::close(b);
+}
+
+TEST_F(DaemonTest, HttpAdmin) {
+  StartDaemon(false);
+  auto c = Connect();
+  PutGetRoundTrip(c.get(), 0, 100);
+  std::string m = kt::HttpRequest(o_.http_port, "GET", "/metrics");
+  EXPECT_NE(m.find("200 OK"), std::string::npos);
+  EXPECT_NE(m.find("text/plain; version=0.0.4"), std::string::npos);
+  EXPECT_NE(m.find("kvtier_requests_total{op=\"put\",code=\"ok\"} 1"), std::string::npos);
+  EXPECT_NE(m.find("kvtier_request_duration_seconds_count{op=\"lookup\"}"), std::string::npos);
+  EXPECT_NE(kt::HttpRequest(o_.http_port, "GET", "/healthz").find("200 OK"), std::string::npos);
+  EXPECT_NE(kt::HttpRequest(o_.http_port, "GET", "/readyz").find("200 OK"), std::string::npos);
+  std::string stats = kt::HttpRequest(o_.http_port, "GET", "/v1/stats");
+  EXPECT_NE(stats.find("\"tiers\""), std::string::npos);
+  std::string p = kt::HttpRequest(o_.http_port, "POST", "/v1/policy", "{\"eviction\":\"fifo\"}");
+  EXPECT_NE(p.find("200 OK"), std::string::npos) << p;
+  EXPECT_EQ(store_->policy, "fifo/admit-all");
+  EXPECT_NE(kt::HttpRequest(o_.http_port, "POST", "/v1/policy", "{bad").find("400"),
+            std::string::npos);
+  EXPECT_NE(kt::HttpRequest(o_.http_port, "GET", "/nope").find("404"), std::string::npos);
+  // Drain: flush, not ready, still serving until shutdown.
+  ASSERT_TRUE(c->Drain(false).ok());
+  EXPECT_NE(kt::HttpRequest(o_.http_port, "GET", "/readyz").find("503"), std::string::npos);
+  EXPECT_GE(store_->flushes.load(), 1);
+}
+
+TEST_F(DaemonTest, GracefulShutdownLosesNothingAcknowledged) {
+  StartDaemon(false);
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  std::vector<std::vector<uint8_t>> values;
+  for (int i = 0; i < 200; ++i) values.push_back(Value(i, 2000));
+  std::vector<std::future<StatusOr<std::vector<Status>>>> futs;
+  for (int i = 0; i < 200; ++i) {
+    futs.push_back(c->PutAsync(std::vector<PutUnit>{{ChainKey(i), {}, values[i]}}, PutOptions{}));
+    if (i == 100) {
+      futs[50].wait();  // some puts are acknowledged before the shutdown starts
+      daemon_->Shutdown();
+    }
+  }
+  int acked = 0;
+  std::vector<int> acked_ids;
+  for (int i = 0; i < 200; ++i) {
+    auto r = futs[i].get();
+    if (r.ok() && (*r)[0].ok()) acked_ids.push_back(i), ++acked;
+    if (i == 0) {
+      EXPECT_TRUE(r.ok() && (*r)[0].ok())
+          << "first put: " << (r.ok() ? (*r)[0].ToString() : r.status().ToString());
+    }
+  }
+  EXPECT_TRUE(daemon_->Wait().ok());
+  EXPECT_GE(acked, 51);
+  EXPECT_GE(store_->flushes.load(), 1);
+  // Every acknowledged put is in the store, with its bytes.
+  std::vector<uint8_t> out;
+  for (int i : acked_ids) {
+    storage::Key k = StorageKey(TenantSalt(std::vector<uint8_t>(32, 7), "default"), ChainKey(i));
+    ASSERT_TRUE(store_->Get(k, &out, nullptr).ok()) << i;
+    EXPECT_EQ(out, values[i]);
+  }
+  daemon_.reset();
+}
+
+}  // namespace
+}  // namespace kvtier::daemon

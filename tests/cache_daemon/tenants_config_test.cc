@@ -1,0 +1,223 @@
+// Tenants (tokens file, hashed tokens, salts, in-flight limits), config loading, metrics
+// rendering and the trace writer.
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cache_daemon/config.h"
+#include "cache_daemon/metrics.h"
+#include "cache_daemon/tenants.h"
+#include "cache_daemon/trace_writer.h"
+#include "common/key_spec.h"
+
+namespace kvtier::daemon {
+namespace {
+
+std::string HashHex(std::string_view token) {
+  return ToHex(Sha256(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
+}
+
+std::vector<uint8_t> Secret(uint8_t b) { return std::vector<uint8_t>(32, b); }
+
+std::string TwoTenants() {
+  return "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" + HashHex("tok-a") + "\", \"" +
+         HashHex("tok-a2") +
+         "\"]\nquota_bytes = 1000\ninflight_max = 2\n\n"
+         "[[tenant]]\nname = \"bob\"\nid = 2\nadmin = true\ntoken_sha256 = [\"" +
+         HashHex("tok-b") + "\"]\n";
+}
+
+TEST(Tenants, AuthenticatesHashedTokens) {
+  auto reg = TenantRegistry::Parse(TwoTenants(), Secret(1));
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  EXPECT_TRUE((*reg)->auth_enabled());
+  EXPECT_EQ((*reg)->default_tenant(), nullptr);
+  auto a = (*reg)->Authenticate("tok-a");
+  auto a2 = (*reg)->Authenticate("tok-a2");
+  auto b = (*reg)->Authenticate("tok-b");
+  ASSERT_TRUE(a.ok() && a2.ok() && b.ok());
+  EXPECT_EQ((*a)->name, "alice");
+  EXPECT_EQ(*a, *a2);
+  EXPECT_EQ((*a)->quota_bytes, 1000u);
+  EXPECT_FALSE((*a)->admin);
+  EXPECT_TRUE((*b)->admin);
+  EXPECT_TRUE((*reg)->Authenticate("tok-c").status().IsPermissionDenied());
+  EXPECT_TRUE((*reg)->Authenticate("").status().IsPermissionDenied());
+  // The digest itself is not a token.
+  EXPECT_FALSE((*reg)->Authenticate(HashHex("tok-a")).ok());
+}
+
+TEST(Tenants, SaltIsDerivedFromSecretAndName) {
+  auto r1 = TenantRegistry::Parse(TwoTenants(), Secret(1));
+  auto r1b = TenantRegistry::Parse(TwoTenants(), Secret(1));
+  auto r2 = TenantRegistry::Parse(TwoTenants(), Secret(2));
+  ASSERT_TRUE(r1.ok() && r1b.ok() && r2.ok());
+  const auto& t1 = (*r1)->tenants();
+  EXPECT_NE(t1[0]->salt, t1[1]->salt);                     // two tenants differ
+  EXPECT_EQ(t1[0]->salt, (*r1b)->tenants()[0]->salt);      // stable across restarts
+  EXPECT_NE(t1[0]->salt, (*r2)->tenants()[0]->salt);       // bound to the server secret
+  EXPECT_EQ(t1[0]->salt, TenantSalt(Secret(1), "alice"));  // DESIGN §3
+}
+
+TEST(Tenants, RejectsBadFiles) {
+  const std::string bad[] = {
+      "",
+      "[[tenant]]\nname = \"a\"\nid = 1\n",
+      "[[tenant]]\nname = \"a\"\nid = 1\ntoken_sha256 = [\"zz\"]\n",
+      "[[tenant]]\nname = \"a\"\nid = 0\ntoken_sha256 = [\"" + HashHex("x") + "\"]\n",
+      TwoTenants() + "[[tenant]]\nname = \"alice\"\nid = 3\ntoken_sha256 = [\"" + HashHex("y") +
+          "\"]\n",
+      "[[tenant\n"};
+  for (const std::string& text : bad) {
+    EXPECT_TRUE(TenantRegistry::Parse(text, Secret(1)).status().IsInvalidArgument()) << text;
+  }
+}
+
+TEST(Tenants, InflightLimitIsEnforcedAndReleased) {
+  auto reg = TenantRegistry::Parse(TwoTenants(), Secret(1));
+  ASSERT_TRUE(reg.ok());
+  const Tenant& alice = *(*reg)->tenants()[0];
+  {
+    auto s1 = AcquireInflight(alice);
+    auto s2 = AcquireInflight(alice);
+    ASSERT_TRUE(s1.ok() && s2.ok());
+    EXPECT_TRUE(AcquireInflight(alice).status().IsRejected());
+    EXPECT_EQ(alice.inflight.load(), 2u);
+  }
+  EXPECT_EQ(alice.inflight.load(), 0u);
+  EXPECT_TRUE(AcquireInflight(alice).ok());
+}
+
+TEST(Tenants, ServerSecretIsCreatedOnceAndReused) {
+  auto dir = std::filesystem::temp_directory_path() / ("kvtier_secret_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::string path = (dir / "secret").string();
+  auto s1 = LoadOrCreateServerSecret(path);
+  auto s2 = LoadOrCreateServerSecret(path);
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  EXPECT_EQ(s1->size(), 32u);
+  EXPECT_EQ(*s1, *s2);
+  auto perms = std::filesystem::status(path).permissions();
+  EXPECT_EQ(perms & std::filesystem::perms::others_read, std::filesystem::perms::none);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Config, DefaultsWorkWithNoFile) {
+  auto o = ParseConfig("");
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->listen_address, "127.0.0.1");
+  EXPECT_EQ(o->storage.durability, storage::Durability::kBatched);
+  DaemonOptions d = *o;
+  ASSERT_TRUE(Finalize(&d).ok());
+  EXPECT_FALSE(d.data_dir.empty());
+  EXPECT_EQ(d.socket_path, d.data_dir + "/kvtierd.sock");
+}
+
+TEST(Config, ParsesEveryTableAndRejectsUnknownKeys) {
+  auto o = ParseConfig(
+      "[server]\nresp_port = 7000\nio_threads = 3\n[limits]\nmax_frame_bytes = 8192\n"
+      "[storage]\ndurability = \"sync\"\ndram_capacity_bytes = 1048576\n"
+      "[policy]\neviction = \"lru\"\nseed = 9\n[policy.params]\nttl_ms = 5\n");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->resp_port, 7000);
+  EXPECT_EQ(o->io_threads, 3u);
+  EXPECT_EQ(o->max_frame_bytes, 8192u);
+  EXPECT_EQ(o->storage.durability, storage::Durability::kSync);
+  EXPECT_EQ(o->storage.policy_params.seed, 9u);
+  ASSERT_EQ(o->storage.policy_params.values.size(), 1u);
+  EXPECT_EQ(o->storage.policy_params.values[0].second, "5");
+  EXPECT_TRUE(ParseConfig("[server]\nresp_prot = 1\n").status().IsInvalidArgument());
+  EXPECT_TRUE(ParseConfig("[server]\nresp_port = 70000\n").status().IsInvalidArgument());
+  EXPECT_TRUE(ParseConfig("[storage]\ndurability = \"fast\"\n").status().IsInvalidArgument());
+  EXPECT_TRUE(ParseConfig("[server\n").status().IsInvalidArgument());
+}
+
+TEST(Config, RefusesNonLoopbackWithoutAuth) {
+  DaemonOptions o;
+  o.data_dir = "/tmp/x";
+  o.listen_address = "0.0.0.0";
+  Status st = Finalize(&o);
+  EXPECT_TRUE(st.IsPermissionDenied());
+  EXPECT_NE(st.message().find("without authentication"), std::string::npos);
+  o.tokens_file = "/etc/kvtier/tokens.toml";
+  EXPECT_TRUE(Finalize(&o).ok());
+  EXPECT_TRUE(IsLoopbackAddress("127.0.0.1"));
+  EXPECT_TRUE(IsLoopbackAddress("127.3.0.1"));
+  EXPECT_TRUE(IsLoopbackAddress("::1"));
+  EXPECT_FALSE(IsLoopbackAddress("10.0.0.1"));
+  EXPECT_FALSE(IsLoopbackAddress("::"));
+}
+
+TEST(Metrics, RendersFamiliesWithoutKeys) {
+  DaemonMetrics m;
+  m.RecordRequest(Op::kGet, StatusCode::kOk, 120);
+  m.RecordRequest(Op::kGet, StatusCode::kNotFound, 3000000);
+  storage::Stats s;
+  s.dram.hits = 5;
+  s.misses_evicted = 2;
+  s.tenant_bytes = {{1, 4096}};
+  DaemonMetrics::Extra e;
+  e.tenants = {{"alice", 1}};
+  e.eviction_policy = "lru";
+  e.admission_policy = "admit-all";
+  std::string page = m.RenderPrometheus(s, e);
+  EXPECT_NE(page.find("kvtier_tier_hits_total{tier=\"dram\"} 5\n"), std::string::npos);
+  EXPECT_NE(page.find("kvtier_misses_total{reason=\"evicted\"} 2\n"), std::string::npos);
+  EXPECT_NE(page.find("kvtier_tenant_used_bytes{tenant=\"alice\"} 4096\n"), std::string::npos);
+  EXPECT_NE(page.find("kvtier_requests_total{op=\"get\",code=\"not_found\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(page.find("kvtier_request_duration_seconds_bucket{op=\"get\",le=\"0.00025\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(page.find("kvtier_request_duration_seconds_bucket{op=\"get\",le=\"+Inf\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(page.find("kvtier_request_duration_seconds_count{op=\"get\"} 2\n"), std::string::npos);
+  EXPECT_EQ(EscapeLabel("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+}
+
+TEST(Trace, WritesZstdJsonLines) {
+  auto path = std::filesystem::temp_directory_path() /
+              ("kvtier_trace_" + std::to_string(getpid()) + ".jsonl.zst");
+  auto w = TraceWriter::Open(path.string(), 16);
+  ASSERT_TRUE(w.ok());
+  for (uint32_t i = 0; i < 10; ++i) {
+    TraceRecord r;
+    r.op = i % 2 ? "get" : "put";
+    r.tenant = 3;
+    r.ids = {i, i + 1};
+    r.bytes = 100 * i;
+    r.unit_tokens = 64;
+    (*w)->Record(std::move(r));
+  }
+  ASSERT_TRUE((*w)->Close().ok());
+  std::ifstream in(path, std::ios::binary);
+  std::string comp((std::istreambuf_iterator<char>(in)), {});
+  unsigned long long n = ZSTD_getFrameContentSize(comp.data(), comp.size());
+  std::string text;
+  if (n == ZSTD_CONTENTSIZE_UNKNOWN || n == ZSTD_CONTENTSIZE_ERROR) n = 1 << 20;
+  text.resize(n);
+  size_t got = ZSTD_decompress(text.data(), text.size(), comp.data(), comp.size());
+  ASSERT_FALSE(ZSTD_isError(got)) << ZSTD_getErrorName(got);
+  text.resize(got);
+  std::istringstream lines(text);
+  std::string line;
+  int count = 0;
+  while (std::getline(lines, line)) {
+    EXPECT_NE(line.find("\"tenant\":3"), std::string::npos);
+    EXPECT_NE(line.find("\"unit_tokens\":64"), std::string::npos);
+    ++count;
+  }
+  EXPECT_EQ(count + static_cast<int>((*w)->dropped()), 10);
+  EXPECT_GT(count, 0);
+  EXPECT_EQ(TraceWriter::FormatLine(TraceRecord{5, "lookup", 1, {7, 8}, 0, 16}),
+            "{\"ts_ms\":5,\"op\":\"lookup\",\"tenant\":1,\"ids\":[7,8],\"bytes\":0,"
+            "\"unit_tokens\":16}");
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon

@@ -1,0 +1,138 @@
+// Starts the real kvtierd binary on temporary sockets/ports for end-to-end tests.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/cache_daemon/net_util.h"
+
+extern char** environ;
+
+namespace kvtier::testing {
+
+// Runs a command through /bin/sh; returns its exit status and captures stdout+stderr.
+inline int RunShell(const std::string& cmd, std::string* output = nullptr) {
+  std::string full = cmd + " 2>&1";
+  FILE* p = ::popen(full.c_str(), "r");
+  if (p == nullptr) return -1;
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int st = ::pclose(p);
+  if (output) *output = out;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+class KvtierdProcess {
+ public:
+  explicit KvtierdProcess(std::filesystem::path dir) : dir_(std::move(dir)) {
+    std::filesystem::create_directories(dir_);
+    socket_ = (dir_ / "d.sock").string();
+    resp_port_ = FreePort();
+    http_port_ = FreePort();
+  }
+  ~KvtierdProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  // Writes the config file used by Start().
+  void WriteConfig(const std::string& toml) { std::ofstream(dir_ / "kvtierd.toml") << toml; }
+
+  // Starts and waits until the Unix socket accepts connections (false on timeout/exit).
+  bool Start(const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {KVTIERD_PATH,
+                                     "--config",
+                                     (dir_ / "kvtierd.toml").string(),
+                                     "--data-dir",
+                                     (dir_ / "data").string(),
+                                     "--socket",
+                                     socket_,
+                                     "--resp-port",
+                                     std::to_string(resp_port_),
+                                     "--http-port",
+                                     std::to_string(http_port_)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    std::string log = (dir_ / "kvtierd.log").string();
+    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    int rc = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) return false;
+    for (int i = 0; i < 300; ++i) {
+      int fd = ConnectUnix(socket_);
+      if (fd >= 0) {
+        ::close(fd);
+        return true;
+      }
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+
+  // Sends sig and waits for exit; returns the exit code (-1 killed by a signal / timeout).
+  int Stop(int sig = SIGTERM, int timeout_ms = 30000) {
+    if (pid_ <= 0) return -1;
+    ::kill(pid_, sig);
+    return WaitExit(timeout_ms);
+  }
+  int WaitExit(int timeout_ms) {
+    for (int waited = 0; waited < timeout_ms; waited += 10) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+    return -1;
+  }
+  void Signal(int sig) { ::kill(pid_, sig); }
+
+  std::string Log() const {
+    std::ifstream in(dir_ / "kvtierd.log");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  const std::string& socket() const { return socket_; }
+  uint16_t resp_port() const { return resp_port_; }
+  uint16_t http_port() const { return http_port_; }
+  const std::filesystem::path& dir() const { return dir_; }
+
+ private:
+  std::filesystem::path dir_;
+  std::string socket_;
+  uint16_t resp_port_ = 0, http_port_ = 0;
+  pid_t pid_ = -1;
+};
+
+}  // namespace kvtier::testing

@@ -3,11 +3,17 @@
 //   kvtier-engine init     --config C --seed S --out M.safetensors
 //   kvtier-engine generate --model M --config C --prompt-file F --max-new N
 //                          [--temperature T --top-p P --seed S --threads N --full]
+//                          [--save-socket S --token T --save-interval N --no-hot-state
+//                           --tokens-out F]
+//   kvtier-engine resume   --model M --config C --socket S (--tokens-file F | --prompt-file F)
+//                          [--max-new N --token T --guard auto|fetch|recompute
+//                           --no-hot-state --json]
 //   kvtier-engine bench    --model M --config C [--json --prompt-tokens N --decode-tokens N]
 //
 // Exit codes: 0 success, 1 failure, 2 bad usage.
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -17,10 +23,12 @@
 #include <string_view>
 #include <vector>
 
+#include "cache_daemon/client.h"
 #include "cli/flags.h"
 #include "engine/config.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
+#include "engine/session.h"
 #include "engine/tokenizer.h"
 #include "engine/weights.h"
 
@@ -44,12 +52,58 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 }
 
 StatusOr<std::unique_ptr<Engine>> Open(const std::string& config_path,
-                                       const std::string& model_path, int threads) {
+                                       const std::string& model_path, int threads,
+                                       std::shared_ptr<const ModelWeights>* weights_out = nullptr) {
   KVTIER_ASSIGN_OR_RETURN(EngineConfig cfg, LoadEngineConfig(config_path));
   KVTIER_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(cfg, model_path));
   EngineOptions o;
   o.threads = threads;
-  return Engine::Create(cfg, std::make_shared<const ModelWeights>(std::move(w)), o);
+  auto shared = std::make_shared<const ModelWeights>(std::move(w));
+  if (weights_out != nullptr) *weights_out = shared;
+  return Engine::Create(cfg, shared, o);
+}
+
+// A session store over a kvtierd Unix socket (the engine talks to the daemon only through
+// the client library).
+struct Saver {
+  std::unique_ptr<daemon::Client> client;
+  std::unique_ptr<SessionStore> store;
+};
+
+StatusOr<Saver> ConnectStore(Engine* engine, const ModelWeights& weights, const std::string& socket,
+                             const std::string& token, const SessionOptions& options) {
+  Saver s;
+  daemon::ClientOptions co;
+  co.socket_path = socket;
+  co.token = token;
+  co.unit_tokens = options.unit_tokens;
+  KVTIER_ASSIGN_OR_RETURN(s.client, daemon::Client::Connect(co));
+  KVTIER_ASSIGN_OR_RETURN(Digest fp,
+                          EngineModelFingerprint(engine->config(), weights, options.unit_tokens));
+  KVTIER_ASSIGN_OR_RETURN(s.store, SessionStore::Create(engine, s.client.get(), fp, options));
+  return s;
+}
+
+Status WriteIds(const std::string& path, std::span<const int32_t> ids) {
+  std::ofstream out(path);
+  if (!out) return Status::IOError("cannot write " + path);
+  for (size_t i = 0; i < ids.size(); ++i) out << (i ? " " : "") << ids[i];
+  out << "\n";
+  return out ? Status::Ok() : Status::IOError("cannot write " + path);
+}
+
+StatusOr<std::vector<int32_t>> ReadIds(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::IOError("cannot open " + path);
+  std::vector<int32_t> ids;
+  long long v;
+  while (in >> v) {
+    if (v < 0 || v > INT32_MAX || ids.size() >= kMaxSessionTokens)
+      return Status::InvalidArgument("bad token id list in " + path);
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (!in.eof()) return Status::InvalidArgument("bad token id list in " + path);
+  return ids;
 }
 
 int RunInit(Args args) {
@@ -81,7 +135,9 @@ int RunGenerate(Args args) {
   std::string model, config, prompt_file;
   uint64_t max_new = 32, seed = 0, threads = 2;
   double temperature = 0.0, top_p = 1.0;
-  bool full = false, ids = false;
+  bool full = false, ids = false, no_hot = false;
+  std::string save_socket, token, tokens_out;
+  uint64_t save_interval = 1024;
   flags.String("model", &model, "FILE", "weights (.safetensors)", true);
   flags.String("config", &config, "FILE", "model config.json", true);
   flags.String("prompt-file", &prompt_file, "FILE", "prompt text (bytes)", true);
@@ -92,7 +148,17 @@ int RunGenerate(Args args) {
   flags.Uint("threads", &threads, "CPU threads (results do not depend on it)");
   flags.Bool("full", &full, "prefill with the full forward instead of CED");
   flags.Bool("ids", &ids, "also print the generated token ids");
+  flags.String("save-socket", &save_socket, "PATH",
+               "kvtierd Unix socket: save the session's units there (default: no save)");
+  flags.String("token", &token, "TOKEN", "kvtierd auth token");
+  flags.Uint("save-interval", &save_interval, "tokens of new whole units between saves");
+  flags.Bool("no-hot-state", &no_hot, "do not keep SWA rings in the daemon's DRAM pool");
+  flags.String("tokens-out", &tokens_out, "FILE", "write the session's token ids (for resume)");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
+  if (full && !save_socket.empty()) {
+    std::fprintf(stderr, "kvtier-engine generate: --full and --save-socket do not combine\n");
+    return 2;
+  }
   if (max_new > kMaxNewTokensLimit || threads == 0 || threads > kMaxThreads ||
       !(top_p > 0 && top_p <= 1) || temperature < 0) {
     std::fprintf(stderr,
@@ -111,17 +177,32 @@ int RunGenerate(Args args) {
                  static_cast<unsigned long long>(kMaxPromptBytes));
     return 2;
   }
-  auto engine = Open(config, model, static_cast<int>(threads));
+  std::shared_ptr<const ModelWeights> weights;
+  auto engine = Open(config, model, static_cast<int>(threads), &weights);
   if (!engine.ok()) return Fail(engine.status());
   Engine& e = **engine;
   auto tok = ByteTokenizer::Create(e.config().vocab_size, e.config().engram_pad_token_id,
                                    e.config().dspark_noise_token_id);
   if (!tok.ok()) return Fail(tok.status());
   std::vector<int32_t> prompt = tok->Encode(text);
+  SessionOptions so;
+  so.save_interval_tokens = save_interval;
+  so.keep_hot_state = !no_hot;
+  Saver saver;
+  if (!save_socket.empty()) {
+    auto sv = ConnectStore(&e, *weights, save_socket, token, so);
+    if (!sv.ok()) return Fail(sv.status());
+    saver = std::move(*sv);
+  }
+  SaveCursor cursor;
   SequenceState st = e.NewSequence();
   std::vector<float> logits;
   Status s = full ? e.Forward(&st, prompt, false, &logits) : e.PrefillCed(&st, prompt, &logits);
   if (!s.ok()) return Fail(s);
+  if (saver.store) {  // after the prefill: every whole unit of the prompt
+    s = saver.store->Save(st, logits, &cursor);
+    if (!s.ok()) return Fail(s);
+  }
   Sampler sampler(temperature, top_p, seed);
   std::vector<int32_t> out;
   for (uint64_t i = 0; i < max_new; ++i) {
@@ -130,12 +211,139 @@ int RunGenerate(Args args) {
     if (i + 1 < max_new) {
       s = e.Decode(&st, next, &logits);
       if (!s.ok()) return Fail(s);
+      if (saver.store) {
+        s = saver.store->MaybeSave(st, logits, &cursor);
+        if (!s.ok()) return Fail(s);
+      }
     }
+  }
+  if (saver.store) {  // the rest of the whole units at the end of the generation
+    s = saver.store->Save(st, logits, &cursor);
+    if (!s.ok()) return Fail(s);
+    std::fprintf(stderr, "saved %lld units of %zu tokens: %s\n",
+                 static_cast<long long>(cursor.units_saved), st.tokens.size(),
+                 saver.store->StatsJson().c_str());
+  }
+  if (!tokens_out.empty()) {
+    s = WriteIds(tokens_out, st.tokens);
+    if (!s.ok()) return Fail(s);
   }
   std::printf("%s\n", tok->Decode(out).c_str());
   if (ids) {
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
     std::printf("\n");
+  }
+  return 0;
+}
+
+int RunResume(Args args) {
+  cli::FlagSet flags("kvtier-engine resume",
+                     "Resume a saved session from kvtierd (LOOKUP, GET, import, bounded replay or "
+                     "hot state, prefill of the uncached suffix) and continue decoding greedily.");
+  std::string model, config, socket, token, tokens_file, prompt_file, guard = "auto";
+  uint64_t max_new = 32, threads = 2;
+  bool json = false, no_hot = false;
+  flags.String("model", &model, "FILE", "weights (.safetensors)", true);
+  flags.String("config", &config, "FILE", "model config.json", true);
+  flags.String("socket", &socket, "PATH", "kvtierd Unix socket", true);
+  flags.String("token", &token, "TOKEN", "kvtierd auth token");
+  flags.String("tokens-file", &tokens_file, "FILE",
+               "the session's token ids (generate --tokens-out)");
+  flags.String("prompt-file", &prompt_file, "FILE", "or: the session's text (bytes)");
+  flags.Uint("max-new", &max_new, "tokens to generate after the resume");
+  flags.Uint("threads", &threads, "CPU threads");
+  flags.String("guard", &guard, "MODE", "auto | fetch | recompute");
+  flags.Bool("no-hot-state", &no_hot, "ignore a hot state in the DRAM pool (always replay)");
+  flags.Bool("json", &json, "print the resume report and stats as JSON");
+  if (int rc = flags.Parse(args); rc >= 0) return rc;
+  SessionOptions so;
+  so.use_hot_state = !no_hot;
+  if (guard == "auto") {
+    so.guard = GuardMode::kAuto;
+  } else if (guard == "fetch") {
+    so.guard = GuardMode::kAlwaysFetch;
+  } else if (guard == "recompute") {
+    so.guard = GuardMode::kAlwaysRecompute;
+  } else {
+    std::fprintf(stderr, "kvtier-engine resume: --guard auto|fetch|recompute\n");
+    return 2;
+  }
+  if (max_new == 0 || max_new > kMaxNewTokensLimit || threads == 0 || threads > kMaxThreads ||
+      tokens_file.empty() == prompt_file.empty()) {
+    std::fprintf(stderr,
+                 "kvtier-engine resume: exactly one of --tokens-file/--prompt-file, --max-new "
+                 "in [1,%llu], --threads in [1,%d]\n",
+                 static_cast<unsigned long long>(kMaxNewTokensLimit), kMaxThreads);
+    return 2;
+  }
+  std::shared_ptr<const ModelWeights> weights;
+  auto engine = Open(config, model, static_cast<int>(threads), &weights);
+  if (!engine.ok()) return Fail(engine.status());
+  Engine& e = **engine;
+  auto tok = ByteTokenizer::Create(e.config().vocab_size, e.config().engram_pad_token_id,
+                                   e.config().dspark_noise_token_id);
+  if (!tok.ok()) return Fail(tok.status());
+  std::vector<int32_t> tokens;
+  if (!tokens_file.empty()) {
+    auto ids = ReadIds(tokens_file);
+    if (!ids.ok()) return Fail(ids.status());
+    tokens = std::move(*ids);
+  } else {
+    std::ifstream in(prompt_file, std::ios::binary);
+    if (!in) return Fail(Status::IOError("cannot open " + prompt_file));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (ss.str().size() > kMaxPromptBytes) return Fail(Status::InvalidArgument("prompt too long"));
+    tokens = tok->Encode(ss.str());
+  }
+  auto saver = ConnectStore(&e, *weights, socket, token, so);
+  if (!saver.ok()) return Fail(saver.status());
+  SequenceState st;
+  std::vector<float> logits;
+  auto rep = saver->store->Resume(tokens, &st, &logits);
+  if (!rep.ok()) return Fail(rep.status());
+  std::vector<int32_t> out;
+  for (uint64_t i = 0; i < max_new; ++i) {
+    const int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.push_back(next);
+    if (i + 1 < max_new) {
+      Status s = e.Decode(&st, next, &logits);
+      if (!s.ok()) return Fail(s);
+    }
+  }
+  if (json) {
+    nlohmann::ordered_json j;
+    j["tokens"] = rep->tokens;
+    j["hit_units"] = rep->hit_units;
+    j["units_used"] = rep->units_used;
+    j["units_hit_dram"] = rep->units_by_tier[1];
+    j["units_hit_ssd"] = rep->units_by_tier[2];
+    j["corrupt_units"] = rep->corrupt_units;
+    j["hot_state_restored"] = rep->hot_state_restored;
+    j["replay_tokens"] = rep->replay_tokens;
+    j["suffix_tokens"] = rep->suffix_tokens;
+    j["recomputed"] = rep->recomputed;
+    j["decision"] = rep->decision;
+    j["resume_s"] = rep->total_s;
+    j["generated_ids"] = out;
+    j["generated_text"] = tok->Decode(out);
+    j["stats"] = nlohmann::ordered_json::parse(saver->store->StatsJson());
+    // Generated bytes need not be UTF-8: replace invalid sequences instead of throwing.
+    std::printf("%s\n",
+                j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
+  } else {
+    std::printf("%s\n", tok->Decode(out).c_str());
+    std::fprintf(stderr,
+                 "resumed %lld tokens in %.3f s: %s; %lld/%lld units used (dram %lld, ssd %lld), "
+                 "replay %lld, suffix %lld%s\n",
+                 static_cast<long long>(rep->tokens), rep->total_s, rep->decision.c_str(),
+                 static_cast<long long>(rep->units_used), static_cast<long long>(rep->hit_units),
+                 static_cast<long long>(rep->units_by_tier[1]),
+                 static_cast<long long>(rep->units_by_tier[2]),
+                 static_cast<long long>(rep->replay_tokens),
+                 static_cast<long long>(rep->suffix_tokens),
+                 rep->hot_state_restored ? ", exact restore from the hot state" : "");
   }
   return 0;
 }
@@ -225,7 +433,9 @@ void PrintHelp(FILE* out) {
   std::fprintf(out,
                "usage: kvtier-engine <command> [flags]   (kvtier-engine <command> --help)\n\n"
                "  init       make deterministic weights for a config (safetensors)\n"
-               "  generate   generate text from a prompt file (greedy or top-p sampling)\n"
+               "  generate   generate text from a prompt file (greedy or top-p sampling);\n"
+               "             --save-socket saves the session's units to kvtierd\n"
+               "  resume     resume a saved session from kvtierd and continue decoding\n"
                "  bench      prefill and decode tokens/s, prefill-to-decode cost ratio\n");
 }
 
@@ -246,6 +456,7 @@ int main(int argc, char** argv) {
   }
   if (cmd == "init") return RunInit(args);
   if (cmd == "generate") return RunGenerate(args);
+  if (cmd == "resume") return RunResume(args);
   if (cmd == "bench") return RunBench(args);
   std::fprintf(stderr, "kvtier-engine: unknown command '%.*s'\n\n", static_cast<int>(cmd.size()),
                cmd.data());

@@ -1,0 +1,566 @@
+#include "engine/session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/checksum.h"
+#include "common/logging.h"
+#include "engine/state_io.h"
+
+namespace kvtier::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void AppendField(std::vector<uint8_t>* out, KeyField type, std::span<const uint8_t> value) {
+  out->push_back(static_cast<uint8_t>(type));
+  const uint32_t n = static_cast<uint32_t>(value.size());
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<uint8_t>(n >> (8 * i)));
+  out->insert(out->end(), value.begin(), value.end());
+}
+
+std::span<const uint8_t> Bytes(std::string_view s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+void PutU16(std::vector<uint8_t>* out, uint16_t v) {
+  out->push_back(static_cast<uint8_t>(v));
+  out->push_back(static_cast<uint8_t>(v >> 8));
+}
+void PutU32(std::vector<uint8_t>* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+void PutU64(std::vector<uint8_t>* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+uint64_t GetLe(const uint8_t* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+constexpr uint8_t kHotMagic[4] = {'K', 'V', 'H', 'S'};
+constexpr uint16_t kHotVersion = 1;
+constexpr size_t kHotHeaderBytes = 12;  // magic, version, reserved, logits_count
+// Largest vocabulary a hot state may carry (sanity bound for decoding).
+constexpr uint32_t kHotLogitsLimit = 1u << 24;
+
+const char* TierLabel(uint8_t tier) {
+  switch (tier) {
+    case 0:
+      return "hbm";
+    case 1:
+      return "dram";
+    case 2:
+      return "ssd";
+    default:
+      return "none";
+  }
+}
+
+double Ewma(double old_value, double sample) {
+  return old_value > 0 ? 0.5 * old_value + 0.5 * sample : sample;
+}
+
+}  // namespace
+
+Digest WeightsDigest(const ModelWeights& weights) {
+  std::vector<uint8_t> pre;
+  AppendField(&pre, KeyField::kDomainTag, Bytes("kvtier.weights"));
+  for (const auto& [name, t] : weights.file.tensors) {
+    AppendField(&pre, KeyField::kText, Bytes(name));
+    AppendField(&pre, KeyField::kText, Bytes(t.dtype));
+    std::vector<uint8_t> shape;
+    for (int64_t d : t.shape) PutU64(&shape, static_cast<uint64_t>(d));
+    AppendField(&pre, KeyField::kText, shape);
+    const Digest d = Sha256(t.bytes);
+    AppendField(&pre, KeyField::kDigest, d);
+  }
+  return Sha256(pre);
+}
+
+StatusOr<Digest> EngineModelFingerprint(const EngineConfig& config, const ModelWeights& weights,
+                                        uint32_t unit_tokens) {
+  KVTIER_ASSIGN_OR_RETURN(KvLayout layout, EngineKvLayout(config, unit_tokens));
+  return ModelFingerprint(layout.CanonicalDescription(), WeightsDigest(weights), kByteTokenizerId);
+}
+
+Digest SwaBlobKey(const Digest& last_chain_key) {
+  std::vector<uint8_t> pre;
+  AppendField(&pre, KeyField::kDomainTag, Bytes(kSwaKeyDomainTag));
+  AppendField(&pre, KeyField::kDigest, last_chain_key);
+  return Sha256(pre);
+}
+
+std::vector<Digest> SessionChainKeys(const Digest& fingerprint, std::span<const int32_t> tokens,
+                                     uint32_t unit_tokens) {
+  std::vector<uint32_t> ids(tokens.begin(), tokens.end());
+  return ChainKeys(fingerprint, ids, unit_tokens);
+}
+
+std::vector<uint8_t> EncodeHotState(const SequenceState& state, std::span<const float> logits) {
+  std::vector<uint8_t> out(kHotMagic, kHotMagic + 4);
+  PutU16(&out, kHotVersion);
+  PutU16(&out, 0);
+  PutU32(&out, static_cast<uint32_t>(logits.size()));
+  const size_t at = out.size();
+  out.resize(at + logits.size() * 4);
+  std::memcpy(out.data() + at, logits.data(), logits.size() * 4);  // little-endian host
+  const std::vector<uint8_t> swa = ExportSwaRings(state);
+  PutU64(&out, swa.size());
+  out.insert(out.end(), swa.begin(), swa.end());
+  PutU64(&out, Xxh3_64(out.data(), out.size()));
+  return out;
+}
+
+StatusOr<std::vector<float>> DecodeHotState(std::span<const uint8_t> b, SequenceState* state) {
+  if (b.size() < kHotHeaderBytes + 16 || std::memcmp(b.data(), kHotMagic, 4) != 0)
+    return Status::Corruption("hot state: bad magic or too short");
+  if (GetLe(b.data() + b.size() - 8, 8) != Xxh3_64(b.data(), b.size() - 8))
+    return Status::Corruption("hot state: checksum mismatch");
+  if (GetLe(b.data() + 4, 2) != kHotVersion) return Status::Corruption("hot state: version");
+  const uint64_t n = GetLe(b.data() + 8, 4);
+  if (n > kHotLogitsLimit) return Status::Corruption("hot state: logits count");
+  const uint64_t swa_at = kHotHeaderBytes + n * 4;
+  if (swa_at + 16 > b.size()) return Status::Corruption("hot state: truncated");
+  const uint64_t swa_len = GetLe(b.data() + swa_at, 8);
+  if (swa_len != b.size() - swa_at - 16) return Status::Corruption("hot state: length");
+  std::vector<float> logits(n);
+  std::memcpy(logits.data(), b.data() + kHotHeaderBytes, n * 4);
+  KVTIER_RETURN_IF_ERROR(ImportSwaRings(b.subspan(swa_at + 8, swa_len), state));
+  return logits;
+}
+
+const char* GuardModeName(GuardMode mode) {
+  switch (mode) {
+    case GuardMode::kAuto:
+      return "auto";
+    case GuardMode::kAlwaysFetch:
+      return "always-fetch";
+    case GuardMode::kAlwaysRecompute:
+      return "always-recompute";
+  }
+  return "?";
+}
+
+// ---- CostModel ------------------------------------------------------------------------------
+
+void CostModel::ObserveCed(int64_t tokens, double seconds) {
+  if (tokens > 0 && seconds > 0) ced_s_per_token_ = Ewma(ced_s_per_token_, seconds / tokens);
+}
+void CostModel::ObserveForward(int64_t tokens, double seconds) {
+  if (tokens > 0 && seconds > 0)
+    forward_s_per_token_ = Ewma(forward_s_per_token_, seconds / tokens);
+}
+void CostModel::ObserveFetch(uint8_t tier, int64_t units, double seconds) {
+  if (tier < fetch_s_per_unit_.size() && units > 0 && seconds > 0)
+    fetch_s_per_unit_[tier] = Ewma(fetch_s_per_unit_[tier], seconds / units);
+}
+double CostModel::forward_s_per_token() const {
+  return forward_s_per_token_ > 0 ? forward_s_per_token_ : ced_s_per_token_;
+}
+double CostModel::fetch_s_per_unit(uint8_t tier) const {
+  if (tier < fetch_s_per_unit_.size() && fetch_s_per_unit_[tier] > 0)
+    return fetch_s_per_unit_[tier];
+  return tier == 2 ? kPriorSsdFetchSPerUnit : kPriorDramFetchSPerUnit;
+}
+
+// ---- SessionStore ---------------------------------------------------------------------------
+
+SessionStore::SessionStore(Engine* engine, daemon::Client* client, const Digest& fingerprint,
+                           const SessionOptions& options, UnitPayloadLayout layout)
+    : engine_(engine),
+      client_(client),
+      fingerprint_(fingerprint),
+      options_(options),
+      payload_layout_(std::move(layout)) {}
+
+StatusOr<std::unique_ptr<SessionStore>> SessionStore::Create(Engine* engine, daemon::Client* client,
+                                                             const Digest& fingerprint,
+                                                             const SessionOptions& options) {
+  if (engine == nullptr || client == nullptr)
+    return Status::InvalidArgument("session: engine and client are required");
+  if (options.max_units_per_call == 0)
+    return Status::InvalidArgument("session: max_units_per_call must be > 0");
+  KVTIER_ASSIGN_OR_RETURN(KvLayout layout, EngineKvLayout(engine->config(), options.unit_tokens));
+  return std::unique_ptr<SessionStore>(
+      new SessionStore(engine, client, fingerprint, options, UnitPayloadLayout::For(layout)));
+}
+
+Status SessionStore::Prefill(SequenceState* state, std::span<const int32_t> tokens,
+                             std::vector<float>* last_logits) {
+  const auto t0 = Clock::now();
+  KVTIER_RETURN_IF_ERROR(engine_->PrefillCed(state, tokens, last_logits));
+  cost_.ObserveCed(static_cast<int64_t>(tokens.size()), Since(t0));
+  return Status::Ok();
+}
+
+Status SessionStore::Extend(SequenceState* state, std::span<const int32_t> tokens,
+                            std::vector<float>* last_logits) {
+  const auto t0 = Clock::now();
+  for (size_t at = 0; at < tokens.size(); at += kSuffixChunkTokens) {
+    const size_t n = std::min(kSuffixChunkTokens, tokens.size() - at);
+    KVTIER_RETURN_IF_ERROR(engine_->Forward(state, tokens.subspan(at, n), false, last_logits));
+  }
+  cost_.ObserveForward(static_cast<int64_t>(tokens.size()), Since(t0));
+  return Status::Ok();
+}
+
+Status SessionStore::Save(const SequenceState& state, std::span<const float> last_logits,
+                          SaveCursor* cursor) {
+  const uint32_t P = options_.unit_tokens;
+  const int64_t n = static_cast<int64_t>(state.tokens.size());
+  if (state.tokens.size() > kMaxSessionTokens)
+    return Status::InvalidArgument("session: more than kMaxSessionTokens tokens");
+  const int64_t pages = std::min<int64_t>(n / P, ExportablePages(payload_layout_, state));
+  // Extend the chain incrementally (a cursor's chain is a prefix of the state's).
+  if (static_cast<int64_t>(cursor->chain.size()) > pages || cursor->units_saved > pages)
+    return Status::InvalidArgument("session: cursor is ahead of the state");
+  while (static_cast<int64_t>(cursor->chain.size()) < pages) {
+    const size_t i = cursor->chain.size();
+    const Digest& parent = i == 0 ? kRootParent : cursor->chain[i - 1];
+    std::vector<uint32_t> ids(state.tokens.begin() + i * P, state.tokens.begin() + (i + 1) * P);
+    cursor->chain.push_back(ChainKey(fingerprint_, parent, ids));
+  }
+  daemon::PutOptions po;
+  po.kind = 0;  // policies::ObjectKind::kGlobalKv
+  po.allow_ssd = true;
+  po.highest_tier = options_.unit_highest_tier;
+  po.recompute_tokens = P;
+  while (cursor->units_saved < pages) {
+    const int64_t first = cursor->units_saved;
+    const int64_t count = std::min<int64_t>(pages - first, options_.max_units_per_call);
+    std::vector<std::vector<uint8_t>> encoded;
+    std::vector<daemon::PutUnit> units;
+    encoded.reserve(count);
+    for (int64_t i = first; i < first + count; ++i) {
+      UnitIdentity id;
+      id.model_fingerprint = fingerprint_;
+      id.key = cursor->chain[i];
+      id.first_token_position = static_cast<uint64_t>(i) * P;
+      KVTIER_ASSIGN_OR_RETURN(auto unit, ExportUnit(payload_layout_, id, state, i));
+      encoded.push_back(std::move(unit));
+    }
+    for (int64_t i = first; i < first + count; ++i) {
+      daemon::PutUnit u;
+      u.key = cursor->chain[i];
+      if (i > 0) u.parent = cursor->chain[i - 1];
+      u.value = encoded[i - first];
+      units.push_back(u);
+    }
+    KVTIER_ASSIGN_OR_RETURN(std::vector<Status> put, client_->Put(units, po));
+    for (size_t i = 0; i < put.size(); ++i) {
+      if (put[i].ok()) {
+        ++stats_.units_put;
+        stats_.unit_bytes_put += encoded[i].size();
+      } else {
+        ++stats_.units_rejected;
+        KVTIER_LOG(kWarn) << "session: unit " << (first + static_cast<int64_t>(i))
+                          << " not stored: " << put[i].ToString();
+      }
+    }
+    cursor->units_saved = first + count;
+  }
+  if (options_.keep_hot_state && pages > 0 && n == pages * P && !last_logits.empty()) {
+    const std::vector<uint8_t> hot = EncodeHotState(state, last_logits);
+    daemon::PutOptions ho;
+    ho.kind = 1;  // policies::ObjectKind::kSwa
+    ho.allow_ssd = false;
+    ho.highest_tier = 1;  // DRAM
+    ho.ttl_ms = options_.hot_state_ttl_ms;
+    daemon::PutUnit u;
+    u.key = SwaBlobKey(cursor->chain[pages - 1]);
+    u.value = hot;
+    KVTIER_ASSIGN_OR_RETURN(std::vector<Status> put,
+                            client_->Put(std::span<const daemon::PutUnit>(&u, 1), ho));
+    if (!put.empty() && put[0].ok()) {
+      ++stats_.hot_states_put;
+      stats_.hot_state_bytes_put += hot.size();
+    } else if (!put.empty()) {
+      KVTIER_LOG(kWarn) << "session: hot state not stored: " << put[0].ToString();
+    }
+  }
+  return Status::Ok();
+}
+
+Status SessionStore::MaybeSave(const SequenceState& state, std::span<const float> last_logits,
+                               SaveCursor* cursor) {
+  const uint64_t P = options_.unit_tokens;
+  const uint64_t n = state.tokens.size();
+  if (n / P < static_cast<uint64_t>(cursor->units_saved)) return Status::Ok();
+  const uint64_t unsaved = (n / P - static_cast<uint64_t>(cursor->units_saved)) * P;
+  if (unsaved == 0 || unsaved < options_.save_interval_tokens) return Status::Ok();
+  return Save(state, last_logits, cursor);
+}
+
+Status SessionStore::CalibrateCed(std::span<const int32_t> tokens) {
+  // A short CED prefill on a scratch state: the engine's own speed on this machine.
+  constexpr size_t kCalibrationTokens = 32;
+  SequenceState scratch = engine_->NewSequence();
+  std::vector<float> logits;
+  const size_t n = std::min(kCalibrationTokens, tokens.size());
+  const auto t0 = Clock::now();
+  KVTIER_RETURN_IF_ERROR(engine_->PrefillCed(&scratch, tokens.first(n), &logits));
+  cost_.ObserveCed(static_cast<int64_t>(n), Since(t0));
+  return Status::Ok();
+}
+
+Status SessionStore::Recompute(std::span<const int32_t> tokens, SequenceState* state,
+                               std::vector<float>* last_logits, ResumeReport* report) {
+  const auto t0 = Clock::now();
+  *state = engine_->NewSequence();
+  KVTIER_RETURN_IF_ERROR(Prefill(state, tokens, last_logits));
+  report->recompute_s = Since(t0);
+  report->recomputed = true;
+  report->units_used = 0;
+  report->units_by_tier = {};
+  report->replay_tokens = 0;
+  report->suffix_tokens = 0;
+  report->hot_state_restored = false;
+  stats_.recomputed_tokens += tokens.size();
+  return Status::Ok();
+}
+
+StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, SequenceState* state,
+                                            std::vector<float>* last_logits) {
+  const auto t_start = Clock::now();
+  if (tokens.empty() || tokens.size() > kMaxSessionTokens)
+    return Status::InvalidArgument("session: resume needs 1..kMaxSessionTokens tokens");
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= engine_->config().vocab_size)
+      return Status::InvalidArgument("session: token id outside the vocabulary");
+  }
+  ResumeReport r;
+  r.tokens = static_cast<int64_t>(tokens.size());
+  ++stats_.resumes;
+  const uint32_t P = options_.unit_tokens;
+  const int64_t W = engine_->config().sliding_window;
+  auto finish = [&](ResumeReport* rep) {
+    rep->total_s = Since(t_start);
+    KVTIER_LOG(kInfo) << "session resume: " << rep->tokens << " tokens, "
+                      << (rep->recomputed ? "recompute" : "fetch") << " (" << rep->decision
+                      << "), used " << rep->units_used << "/" << rep->hit_units << " units, "
+                      << "replay " << rep->replay_tokens << ", suffix " << rep->suffix_tokens
+                      << ", " << rep->total_s << " s";
+  };
+
+  if (options_.guard == GuardMode::kAlwaysRecompute) {
+    r.decision = "guard mode always-recompute";
+    ++stats_.guard_recompute;
+    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r));
+    finish(&r);
+    return r;
+  }
+
+  // 1. LOOKUP the chain of whole units.
+  const std::vector<Digest> chain = SessionChainKeys(fingerprint_, tokens, P);
+  auto t0 = Clock::now();
+  StatusOr<daemon::LookupResult> lk = chain.empty()
+                                          ? StatusOr<daemon::LookupResult>(daemon::LookupResult{})
+                                          : client_->Lookup(chain);
+  r.lookup_s = Since(t0);
+  if (!lk.ok()) {
+    r.decision = "lookup failed (" + lk.status().ToString() + "): recompute";
+    ++stats_.miss_recompute;
+    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r));
+    finish(&r);
+    return r;
+  }
+  r.hit_units = static_cast<int64_t>(std::min(lk->hit_count, chain.size()));
+  r.first_miss_reason = lk->first_miss;
+  if (r.hit_units == 0) {
+    r.decision = "no hit: recompute";
+    ++stats_.miss_recompute;
+    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r));
+    finish(&r);
+    return r;
+  }
+
+  // 2. The guard, before any fetch: estimated fetch + replay + suffix vs CED of everything.
+  if (options_.guard == GuardMode::kAuto && !cost_.has_ced()) {
+    KVTIER_RETURN_IF_ERROR(CalibrateCed(tokens));
+  }
+  auto estimate = [&](int64_t used_units, const std::vector<uint8_t>& tiers) {
+    double s = 0;
+    for (int64_t i = 0; i < used_units; ++i)
+      s += cost_.fetch_s_per_unit(i < static_cast<int64_t>(tiers.size()) ? tiers[i] : 2);
+    const int64_t hit_tokens = used_units * P;
+    s += static_cast<double>(std::min<int64_t>(W, hit_tokens) + (r.tokens - hit_tokens)) *
+         cost_.forward_s_per_token();
+    return s;
+  };
+  r.estimated_resume_s = estimate(r.hit_units, lk->tiers);
+  r.estimated_recompute_s = static_cast<double>(r.tokens) * cost_.ced_s_per_token();
+  if (options_.guard == GuardMode::kAuto && r.estimated_recompute_s < r.estimated_resume_s) {
+    std::ostringstream why;
+    why << "guard: recompute " << r.estimated_recompute_s << " s < fetch+replay+suffix "
+        << r.estimated_resume_s << " s";
+    r.decision = why.str();
+    ++stats_.guard_recompute;
+    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r));
+    finish(&r);
+    return r;
+  }
+
+  // 3. GET the hit units (and the hot state) and import them in order.
+  t0 = Clock::now();
+  *state = engine_->NewSequence();
+  std::vector<daemon::wire::Key> keys(chain.begin(), chain.begin() + r.hit_units);
+  const bool want_hot = options_.use_hot_state && options_.keep_hot_state;
+  std::vector<uint8_t> hot;
+  bool stopped = false;
+  std::array<int64_t, 3> tier_units{};
+  Status import_error;
+  UnitDecodeOptions dopts;
+  dopts.expected_model_fingerprint = fingerprint_;
+  for (int64_t first = 0; first < r.hit_units && !stopped; first += options_.max_units_per_call) {
+    const int64_t count = std::min<int64_t>(r.hit_units - first, options_.max_units_per_call);
+    std::vector<daemon::wire::Key> batch(keys.begin() + first, keys.begin() + first + count);
+    const bool last_batch = first + count == r.hit_units;
+    if (want_hot && last_batch) batch.push_back(SwaBlobKey(chain[r.hit_units - 1]));
+    Status gs = client_->Get(batch, [&](size_t j, const daemon::GetItem& item) {
+      if (static_cast<int64_t>(j) >= count) {  // the hot state
+        if (item.status.ok() && !stopped) hot.assign(item.value.begin(), item.value.end());
+        return;
+      }
+      if (stopped) return;
+      const int64_t i = first + static_cast<int64_t>(j);
+      if (!item.status.ok()) {
+        stopped = true;
+        KVTIER_LOG(kWarn) << "session: unit " << i << " hit on LOOKUP but GET says "
+                          << item.status.ToString();
+        return;
+      }
+      dopts.expected_key = chain[i];
+      Status s = ImportUnit(payload_layout_, item.value, dopts,
+                            tokens.subspan(static_cast<size_t>(i) * P, P), state);
+      if (!s.ok()) {
+        stopped = true;
+        import_error = s;
+        KVTIER_LOG(kWarn) << "session: unit " << i << " rejected: " << s.ToString();
+        return;
+      }
+      ++r.units_used;
+      if (item.tier < 3) ++tier_units[item.tier];
+    });
+    if (!gs.ok()) {
+      KVTIER_LOG(kWarn) << "session: GET failed: " << gs.ToString();
+      stopped = true;
+    }
+  }
+  r.fetch_s = Since(t0);
+  r.corrupt_units = r.hit_units - r.units_used;
+  stats_.corrupt_units += static_cast<uint64_t>(r.corrupt_units);
+  for (uint8_t t = 0; t < 3; ++t) {
+    r.units_by_tier[t] = tier_units[t];
+    // Attribute the fetch time to tiers in proportion to their units.
+    if (tier_units[t] > 0 && r.units_used > 0) {
+      cost_.ObserveFetch(t, tier_units[t],
+                         r.fetch_s * static_cast<double>(tier_units[t]) / r.units_used);
+    }
+  }
+  if (r.units_used == 0) {
+    r.decision =
+        "no usable unit (" + std::to_string(r.corrupt_units) + " missing or corrupt): recompute";
+    ++stats_.miss_recompute;
+    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r));
+    finish(&r);
+    return r;
+  }
+  if (r.units_used < r.hit_units && options_.guard == GuardMode::kAuto) {
+    // A shorter hit than looked up: re-check the guard with what is already paid.
+    const double rest = static_cast<double>(std::min<int64_t>(W, r.units_used * P) +
+                                            (r.tokens - r.units_used * P)) *
+                        cost_.forward_s_per_token();
+    if (r.estimated_recompute_s < rest) {
+      r.decision = "short hit after " + std::to_string(r.corrupt_units) +
+                   " bad units; guard: recompute is cheaper";
+      ++stats_.guard_recompute;
+      KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r));
+      finish(&r);
+      return r;
+    }
+  }
+  ++stats_.guard_fetch;
+  for (uint8_t t = 0; t < 3; ++t) stats_.units_hit_by_tier[t] += tier_units[t];
+
+  // 4. SWA: exact restore from the hot state, else bounded replay of the last min(W, hit).
+  const int64_t hit_tokens = r.units_used * P;
+  bool restored = false;
+  if (!hot.empty() && r.units_used == r.hit_units) {
+    auto logits = DecodeHotState(hot, state);
+    if (logits.ok() && static_cast<int64_t>(logits->size()) == engine_->config().vocab_size) {
+      *last_logits = std::move(*logits);
+      restored = true;
+      r.hot_state_restored = true;
+      ++stats_.hot_state_restores;
+    } else {
+      KVTIER_LOG(kWarn) << "session: hot state unusable ("
+                        << (logits.ok() ? "vocabulary size" : logits.status().ToString())
+                        << "): bounded replay";
+    }
+  }
+  if (!restored) {
+    t0 = Clock::now();
+    KVTIER_RETURN_IF_ERROR(engine_->ReplayTail(state, last_logits));
+    r.replay_s = Since(t0);
+    r.replay_tokens = std::min<int64_t>(W, hit_tokens);
+    cost_.ObserveForward(r.replay_tokens, r.replay_s);
+    ++stats_.replays;
+    stats_.replay_tokens += static_cast<uint64_t>(r.replay_tokens);
+  }
+  // 5. Prefill only the uncached suffix.
+  r.suffix_tokens = r.tokens - hit_tokens;
+  if (r.suffix_tokens > 0) {
+    t0 = Clock::now();
+    KVTIER_RETURN_IF_ERROR(Extend(state, tokens.subspan(hit_tokens), last_logits));
+    r.suffix_s = Since(t0);
+    stats_.suffix_tokens += static_cast<uint64_t>(r.suffix_tokens);
+  }
+  std::ostringstream why;
+  if (options_.guard == GuardMode::kAuto) {
+    why << "guard: fetch+replay+suffix " << r.estimated_resume_s << " s <= recompute "
+        << r.estimated_recompute_s << " s";
+  } else {
+    why << "guard mode " << GuardModeName(options_.guard);
+  }
+  if (r.corrupt_units > 0) why << "; " << r.corrupt_units << " hit units missing or corrupt";
+  r.decision = why.str();
+  finish(&r);
+  return r;
+}
+
+std::string SessionStore::StatsJson() const {
+  nlohmann::ordered_json j;
+  j["units_put"] = stats_.units_put;
+  j["unit_bytes_put"] = stats_.unit_bytes_put;
+  j["units_rejected"] = stats_.units_rejected;
+  j["hot_states_put"] = stats_.hot_states_put;
+  j["hot_state_bytes_put"] = stats_.hot_state_bytes_put;
+  j["resumes"] = stats_.resumes;
+  j["guard_fetch"] = stats_.guard_fetch;
+  j["guard_recompute"] = stats_.guard_recompute;
+  j["miss_recompute"] = stats_.miss_recompute;
+  for (uint8_t t = 0; t < 3; ++t)
+    j[std::string("units_hit_") + TierLabel(t)] = stats_.units_hit_by_tier[t];
+  j["corrupt_units"] = stats_.corrupt_units;
+  j["hot_state_restores"] = stats_.hot_state_restores;
+  j["replays"] = stats_.replays;
+  j["replay_tokens"] = stats_.replay_tokens;
+  j["suffix_tokens"] = stats_.suffix_tokens;
+  j["recomputed_tokens"] = stats_.recomputed_tokens;
+  j["ced_s_per_token"] = cost_.ced_s_per_token();
+  j["forward_s_per_token"] = cost_.forward_s_per_token();
+  j["fetch_s_per_unit_dram"] = cost_.fetch_s_per_unit(1);
+  j["fetch_s_per_unit_ssd"] = cost_.fetch_s_per_unit(2);
+  return j.dump();
+}
+
+}  // namespace kvtier::engine

@@ -1,0 +1,214 @@
+// Session save and resume through kvtierd (DESIGN §5, reference §4; docs/RESUME.md).
+//
+// Save: whole unit_tokens-token pages of a sequence's FP4 global KV are PUT through the client
+// library as encoded units (engine/state_io.h ExportUnit), each under its chain key
+// (common/key_spec.h ChainKeys over the session's tokens with the model fingerprint) and with
+// its parent key. Partial pages are never stored. When the sequence ends exactly at a page
+// boundary the SWA rings plus the last token's logits ("hot state") may also be PUT, DRAM only
+// (allow_ssd=false, kind SWA, ttl_ms minutes), under SwaBlobKey(last chain key): a resume
+// within the TTL then needs no replay and restores the session bit for bit.
+//
+// Resume: LOOKUP the chain of the tokens, GET the hit units (shared memory over the Unix
+// socket) and the hot state, ImportUnit each (verifying checksum, fingerprint and key); a unit
+// that is missing or fails verification ends the usable hit there. Then either the hot state
+// is imported (exact restore) or the SWA rings are rebuilt by bounded replay
+// (Engine::ReplayTail: replay_start = hit - min(W, hit)); the uncached suffix is prefilled with
+// the full forward in chunks. A guard compares the estimated cost of that path (measured fetch
+// seconds per unit per tier, measured forward seconds per token) with a CED prefill of every
+// token (measured CED seconds per token) and recomputes when that is cheaper; each decision is
+// logged with its reason and counted (SessionStats).
+//
+// Thread safety: a SessionStore is not thread-safe (it drives one Engine, which is not
+// re-entrant); use one per engine thread. The Client may be shared with other users.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cache_daemon/client.h"
+#include "common/key_spec.h"
+#include "common/status.h"
+#include "common/unit_format.h"
+#include "engine/model.h"
+#include "engine/weights.h"
+
+namespace kvtier::engine {
+
+// The tokenizer id hashed into the model fingerprint (engine/tokenizer.h's byte tokenizer).
+inline constexpr std::string_view kByteTokenizerId = "kvtier.byte-tokenizer.v1";
+// Domain tag of the hot-state (SWA) key derived from a chain key.
+inline constexpr std::string_view kSwaKeyDomainTag = "kvtier.swa";
+// Upper bound on the tokens of one session this module saves or resumes (sanity limit).
+inline constexpr size_t kMaxSessionTokens = size_t{1} << 22;
+// Tokens per forward call when prefilling an uncached suffix (bounds activation memory).
+inline constexpr size_t kSuffixChunkTokens = 2048;
+
+// SHA-256 over every tensor in name order: F(name), F(dtype), shape (i64 LE), bytes.
+Digest WeightsDigest(const ModelWeights& weights);
+// ModelFingerprint(EngineKvLayout(config, unit_tokens) description, WeightsDigest, tokenizer).
+StatusOr<Digest> EngineModelFingerprint(const EngineConfig& config, const ModelWeights& weights,
+                                        uint32_t unit_tokens);
+// SHA256(F(0x01,"kvtier.swa"), F(0x03,last_chain_key)): where the hot state of a sequence
+// that ends at the unit named `last_chain_key` is kept. Never collides with a chain key.
+Digest SwaBlobKey(const Digest& last_chain_key);
+
+// Hot state: the SWA rings blob (ExportSwaRings) plus the last token's logits, framed as
+//   "KVHS" u16 version(1) u16 0  u32 logits_count  logits f32 LE  u64 swa_bytes  swa blob
+//   u64 xxh3-64 of everything before it.
+std::vector<uint8_t> EncodeHotState(const SequenceState& state, std::span<const float> logits);
+// Imports the rings into `state` and returns the logits. Corruption for damaged bytes.
+StatusOr<std::vector<float>> DecodeHotState(std::span<const uint8_t> bytes, SequenceState* state);
+
+enum class GuardMode : uint8_t {
+  kAuto = 0,         // fetch or recompute, whichever the estimates say is cheaper
+  kAlwaysFetch,      // use every usable hit (tests, benchmarks)
+  kAlwaysRecompute,  // ignore the cache (the peer in benchmarks)
+};
+const char* GuardModeName(GuardMode mode);
+
+struct SessionOptions {
+  // Tokens per unit (even, divisible by every compress ratio). Default 64.
+  uint32_t unit_tokens = 64;
+  // MaybeSave() puts new units once at least this many tokens of whole units are unsaved
+  // (a multiple of unit_tokens is sensible). Default 1024.
+  uint64_t save_interval_tokens = 1024;
+  // Keep the hot state (SWA rings + logits) in the daemon's DRAM pool when a save ends at a
+  // page boundary. Default true.
+  bool keep_hot_state = true;
+  // TTL of the hot state in the daemon. Default 10 minutes.
+  uint64_t hot_state_ttl_ms = 10 * 60 * 1000;
+  // On resume, use a hot state when the daemon still has it. Default true.
+  bool use_hot_state = true;
+  GuardMode guard = GuardMode::kAuto;
+  // The fastest tier a unit is put to (storage::Tier: 1 DRAM, 2 SSD). Default 2: kvtierd's
+  // store moves a DRAM unit to SSD only when DRAM evicts it, so units put to DRAM would not
+  // survive a daemon restart; put to SSD they are durable (per the daemon's durability mode)
+  // and the first GET promotes them to DRAM.
+  uint8_t unit_highest_tier = 2;
+  // Units per PUT / GET call (the client also splits at the daemon's limit). Default 256.
+  uint32_t max_units_per_call = 256;
+};
+
+// Running estimates the guard decides with: exponentially weighted (alpha 0.5) means of
+// measured seconds. Before a measurement exists, fetch costs use documented priors
+// (kPrior*); prefill speed has no prior (the store calibrates it).
+class CostModel {
+ public:
+  static constexpr double kPriorDramFetchSPerUnit = 50e-6;
+  static constexpr double kPriorSsdFetchSPerUnit = 500e-6;
+
+  void ObserveCed(int64_t tokens, double seconds);
+  void ObserveForward(int64_t tokens, double seconds);
+  // tier: 0 hbm, 1 dram, 2 ssd (storage::Tier).
+  void ObserveFetch(uint8_t tier, int64_t units, double seconds);
+
+  bool has_ced() const { return ced_s_per_token_ > 0; }
+  bool has_forward() const { return forward_s_per_token_ > 0; }
+  double ced_s_per_token() const { return ced_s_per_token_; }
+  // The forward rate; the CED rate when no forward was measured yet.
+  double forward_s_per_token() const;
+  double fetch_s_per_unit(uint8_t tier) const;
+
+ private:
+  double ced_s_per_token_ = 0, forward_s_per_token_ = 0;
+  std::array<double, 3> fetch_s_per_unit_{};  // 0 = not measured
+};
+
+// Per-session save progress; the caller keeps one per live sequence.
+struct SaveCursor {
+  std::vector<Digest> chain;  // chain keys of the whole units of the tokens seen so far
+  int64_t units_saved = 0;    // units [0, units_saved) were put
+};
+
+struct ResumeReport {
+  int64_t tokens = 0;                      // tokens asked for
+  int64_t hit_units = 0;                   // the daemon's longest hit prefix
+  int64_t units_used = 0;                  // units fetched, verified and imported
+  std::array<int64_t, 3> units_by_tier{};  // of the used units: hbm, dram, ssd
+  int64_t corrupt_units = 0;               // hit but missing on GET or failing verification
+  bool hot_state_restored = false;         // exact restore (no replay)
+  int64_t replay_tokens = 0;      // bounded replay length (0 with a hot state or a recompute)
+  int64_t suffix_tokens = 0;      // uncached tokens prefilled after the import
+  bool recomputed = false;        // the guard (or a miss) chose a CED prefill of every token
+  std::string decision;           // the guard's reason, one line
+  uint8_t first_miss_reason = 0;  // storage::MissReason from LOOKUP
+  double estimated_resume_s = 0, estimated_recompute_s = 0;
+  double lookup_s = 0, fetch_s = 0, replay_s = 0, suffix_s = 0, recompute_s = 0, total_s = 0;
+};
+
+// Counters over the store's lifetime (exported as JSON by StatsJson()).
+struct SessionStats {
+  uint64_t units_put = 0, unit_bytes_put = 0, units_rejected = 0;
+  uint64_t hot_states_put = 0, hot_state_bytes_put = 0;
+  uint64_t resumes = 0, guard_fetch = 0, guard_recompute = 0, miss_recompute = 0;
+  std::array<uint64_t, 3> units_hit_by_tier{};
+  uint64_t corrupt_units = 0, hot_state_restores = 0, replays = 0, replay_tokens = 0;
+  uint64_t suffix_tokens = 0, recomputed_tokens = 0;
+};
+
+class SessionStore {
+ public:
+  // engine and client are not owned and must outlive the store. `fingerprint` must be
+  // EngineModelFingerprint(engine's config, weights, options.unit_tokens).
+  static StatusOr<std::unique_ptr<SessionStore>> Create(Engine* engine, daemon::Client* client,
+                                                        const Digest& fingerprint,
+                                                        const SessionOptions& options);
+
+  // CED prefill of an empty state, timed into the cost model.
+  Status Prefill(SequenceState* state, std::span<const int32_t> tokens,
+                 std::vector<float>* last_logits);
+  // Full forward of `tokens` appended to `state` (chunked prefill of a turn), timed.
+  Status Extend(SequenceState* state, std::span<const int32_t> tokens,
+                std::vector<float>* last_logits);
+
+  // Puts every whole unit of `state` after cursor->units_saved, then (keep_hot_state, and the
+  // state ends at a page boundary) its hot state with `last_logits` (the logits of the last
+  // token; empty skips the hot state). IOError when the daemon is unreachable; units the
+  // daemon rejects (quota) are counted and not retried.
+  Status Save(const SequenceState& state, std::span<const float> last_logits, SaveCursor* cursor);
+  // Save() when at least save_interval_tokens of whole units are unsaved (the hot state goes
+  // with it only if the state ends at a page boundary); otherwise nothing. Call after every
+  // decode step and every appended turn.
+  Status MaybeSave(const SequenceState& state, std::span<const float> last_logits,
+                   SaveCursor* cursor);
+
+  // Rebuilds `*state` (replaced) for `tokens` and sets `*last_logits` to the last token's
+  // logits, ready for Decode. Never fails because of the cache: a miss, a corrupt unit or an
+  // unreachable daemon degrades to a recompute (IOError from the daemon is reported in the
+  // decision and counted). Errors only for invalid tokens or engine failures.
+  StatusOr<ResumeReport> Resume(std::span<const int32_t> tokens, SequenceState* state,
+                                std::vector<float>* last_logits);
+
+  const SessionStats& stats() const { return stats_; }
+  std::string StatsJson() const;
+  CostModel* cost_model() { return &cost_; }
+  const SessionOptions& options() const { return options_; }
+  const UnitPayloadLayout& payload_layout() const { return payload_layout_; }
+  // Encoded unit size (header + payload).
+  uint64_t unit_bytes() const { return kUnitHeaderBytes + payload_layout_.payload_bytes; }
+
+ private:
+  SessionStore(Engine* engine, daemon::Client* client, const Digest& fingerprint,
+               const SessionOptions& options, UnitPayloadLayout layout);
+  Status Recompute(std::span<const int32_t> tokens, SequenceState* state,
+                   std::vector<float>* last_logits, ResumeReport* report);
+  Status CalibrateCed(std::span<const int32_t> tokens);
+
+  Engine* engine_;
+  daemon::Client* client_;
+  Digest fingerprint_;
+  SessionOptions options_;
+  UnitPayloadLayout payload_layout_;
+  CostModel cost_;
+  SessionStats stats_;
+};
+
+// Chain keys of every whole unit of `tokens` (int32 ids as u32).
+std::vector<Digest> SessionChainKeys(const Digest& fingerprint, std::span<const int32_t> tokens,
+                                     uint32_t unit_tokens);
+
+}  // namespace kvtier::engine

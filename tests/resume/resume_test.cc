@@ -1,0 +1,458 @@
+// Session save and resume through the real kvtierd (label e2e): exact restore from the hot
+// state, bounded replay against its in-process reference, a daemon restart, a corrupted unit
+// on SSD, another tenant, and the never-slower-than-recompute guard.
+//
+// References (docs/RESUME.md, "Fidelity"):
+//   (a) uninterrupted   the original state continues in memory;
+//   (b) exact restore   units + hot state; equals (a) bit for bit;
+//   (c) bounded replay  units + ReplayTail; equals the "CED prefill with bounded ring rebuild"
+//                       of the same tokens (PrefillCed of the hit, ReplayTail, full forward of
+//                       the suffix) bit for bit, and (a) when the history fits one window.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cache_daemon/client.h"
+#include "common/key_spec.h"
+#include "engine/session.h"
+#include "engine/state_io.h"
+#include "tests/e2e/kvtierd_process.h"
+#include "tests/engine/engine_test_util.h"
+
+namespace kvtier::engine {
+namespace {
+
+namespace kt = kvtier::testing;
+using testutil::Argmax;
+using testutil::MakeEngine;
+using testutil::MiniConfig;
+using testutil::MiniWeights;
+using testutil::Prompt;
+
+// Logits of `steps` greedy steps: row 0 is `logits`, row k the logits after k decodes.
+std::vector<std::vector<float>> Continue(Engine* e, SequenceState* st, std::vector<float> logits,
+                                         int steps) {
+  std::vector<std::vector<float>> rows;
+  for (int k = 0; k < steps; ++k) {
+    rows.push_back(logits);
+    if (k + 1 == steps) break;
+    const int32_t next = Argmax(logits.data(), static_cast<int>(logits.size()));
+    Status s = e->Decode(st, next, &logits);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    if (!s.ok()) break;
+  }
+  return rows;
+}
+
+// Bit-for-bit equality of two logit sequences.
+::testing::AssertionResult SameLogits(const std::vector<std::vector<float>>& a,
+                                      const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << "lengths differ";
+  for (size_t k = 0; k < a.size(); ++k) {
+    if (a[k].size() != b[k].size() ||
+        std::memcmp(a[k].data(), b[k].data(), a[k].size() * sizeof(float)) != 0)
+      return ::testing::AssertionFailure() << "logits differ at step " << k;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// (c)'s reference: CED prefill of the first hit_tokens, bounded ring rebuild (ReplayTail),
+// then the full forward over the rest.
+std::vector<float> CedWithBoundedRings(Engine* e, std::span<const int32_t> tokens,
+                                       size_t hit_tokens, SequenceState* st) {
+  std::vector<float> logits;
+  *st = e->NewSequence();
+  EXPECT_TRUE(e->PrefillCed(st, tokens.first(hit_tokens), &logits).ok());
+  EXPECT_TRUE(e->ReplayTail(st, &logits).ok());
+  if (hit_tokens < tokens.size()) {
+    EXPECT_TRUE(e->Forward(st, tokens.subspan(hit_tokens), false, &logits).ok());
+  }
+  return logits;
+}
+
+std::string HashHex(std::string_view token) {
+  return ToHex(Sha256(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
+}
+
+class ResumeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kvtier_resume_" + std::to_string(getpid()) + "_" + info->name());
+    std::filesystem::remove_all(dir_);
+    d_ = std::make_unique<kt::KvtierdProcess>(dir_);
+    engine_ = MakeEngine();
+  }
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "---- kvtierd log ----\n%s\n", d_->Log().c_str());
+    d_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  void StartDaemon(const std::string& extra = "") {
+    d_->WriteConfig(
+        "[storage]\ndram_capacity_bytes = 33554432\nssd_capacity_bytes = 268435456\n"
+        "ssd_segment_bytes = 16777216\n"
+        "durability = \"batched\"\ngroup_commit_ms = 5\n" +
+        extra);
+    ASSERT_TRUE(d_->Start()) << d_->Log();
+  }
+  std::unique_ptr<daemon::Client> Connect(const std::string& token = "") {
+    daemon::ClientOptions o;
+    o.socket_path = d_->socket();
+    o.token = token;
+    o.shm_bytes = 16u << 20;
+    auto c = daemon::Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+  std::unique_ptr<SessionStore> Store(daemon::Client* c, SessionOptions o = {}) {
+    auto fp = EngineModelFingerprint(MiniConfig(), *MiniWeights(), o.unit_tokens);
+    EXPECT_TRUE(fp.ok());
+    auto s = SessionStore::Create(engine_.get(), c, *fp, o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+  // CED prefill of `tokens` and a save of every whole unit (hot state when page-aligned).
+  SequenceState SaveSession(SessionStore* store, std::span<const int32_t> tokens,
+                            std::vector<float>* logits) {
+    SequenceState st = engine_->NewSequence();
+    EXPECT_TRUE(store->Prefill(&st, tokens, logits).ok());
+    SaveCursor cursor;
+    Status s = store->Save(st, *logits, &cursor);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return st;
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<kt::KvtierdProcess> d_;
+  std::unique_ptr<Engine> engine_;
+};
+
+// (b): units + hot state restore the session exactly, after a prefill and after a save at an
+// interval during generation.
+TEST_F(ResumeTest, ExactRestoreEqualsUninterrupted) {
+  StartDaemon();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  constexpr int kSteps = 64;
+  {
+    SessionOptions o;
+    auto store = Store(c.get(), o);
+    const auto tokens = Prompt(128, 21);
+    std::vector<float> logits;
+    SequenceState a = SaveSession(store.get(), tokens, &logits);
+    const auto ref = Continue(engine_.get(), &a, logits, kSteps);
+
+    auto fresh = Store(c.get(), o);  // a new engine process would have no in-memory state
+    SequenceState r;
+    std::vector<float> rl;
+    auto rep = fresh->Resume(tokens, &r, &rl);
+    ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+    EXPECT_TRUE(rep->hot_state_restored);
+    EXPECT_EQ(rep->units_used, 2);
+    EXPECT_EQ(rep->replay_tokens, 0);
+    EXPECT_FALSE(rep->recomputed);
+    EXPECT_TRUE(SameLogits(Continue(engine_.get(), &r, rl, kSteps), ref));
+  }
+  {
+    // Generation with a save every 64 tokens: prefill 100, decode past 128.
+    SessionOptions o;
+    o.save_interval_tokens = 64;
+    auto store = Store(c.get(), o);
+    const auto prompt = Prompt(100, 22);
+    SequenceState a = engine_->NewSequence();
+    std::vector<float> logits;
+    ASSERT_TRUE(store->Prefill(&a, prompt, &logits).ok());
+    SaveCursor cursor;
+    ASSERT_TRUE(store->Save(a, logits, &cursor).ok());
+    EXPECT_EQ(cursor.units_saved, 1);
+    while (a.tokens.size() < 128) {
+      ASSERT_TRUE(engine_->Decode(&a, Argmax(logits.data(), 512), &logits).ok());
+      ASSERT_TRUE(store->MaybeSave(a, logits, &cursor).ok());
+    }
+    EXPECT_EQ(cursor.units_saved, 2);
+    EXPECT_EQ(store->stats().hot_states_put, 1u);  // at 128, not at 100 (not page-aligned)
+    const std::vector<int32_t> tokens = a.tokens;
+    const auto ref = Continue(engine_.get(), &a, logits, kSteps);
+    auto fresh = Store(c.get(), o);
+    SequenceState r;
+    std::vector<float> rl;
+    auto rep = fresh->Resume(tokens, &r, &rl);
+    ASSERT_TRUE(rep.ok());
+    EXPECT_TRUE(rep->hot_state_restored);
+    EXPECT_TRUE(SameLogits(Continue(engine_.get(), &r, rl, kSteps), ref));
+  }
+}
+
+// (c): bounded replay equals the CED prefill with bounded ring rebuild, bit for bit, with and
+// without an uncached suffix.
+TEST_F(ResumeTest, BoundedReplayEqualsCedWithBoundedRingRebuild) {
+  StartDaemon();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  SessionOptions o;
+  o.keep_hot_state = false;
+  o.guard = GuardMode::kAlwaysFetch;
+  auto store = Store(c.get(), o);
+  for (auto [n, seed] : {std::pair{128, 31}, std::pair{200, 32}}) {
+    SCOPED_TRACE(n);
+    const auto tokens = Prompt(n, seed);
+    std::vector<float> logits;
+    SequenceState a = SaveSession(store.get(), tokens, &logits);
+    const size_t hit = (n / 64) * 64;
+    SequenceState ref_st;
+    const auto ref = Continue(engine_.get(), &ref_st,
+                              CedWithBoundedRings(engine_.get(), tokens, hit, &ref_st), 64);
+    SequenceState r;
+    std::vector<float> rl;
+    auto rep = store->Resume(tokens, &r, &rl);
+    ASSERT_TRUE(rep.ok());
+    EXPECT_FALSE(rep->hot_state_restored);
+    EXPECT_EQ(rep->replay_tokens, 16);
+    EXPECT_EQ(rep->suffix_tokens, n - static_cast<int64_t>(hit));
+    const auto got = Continue(engine_.get(), &r, rl, 64);
+    EXPECT_TRUE(SameLogits(got, ref));
+    // With history longer than W the rings differ from (a)'s, so the logits do too (the
+    // divergence is measured by bench/resume, not asserted).
+    const auto uninterrupted = Continue(engine_.get(), &a, logits, 1);
+    EXPECT_FALSE(SameLogits({got[0]}, uninterrupted));
+  }
+}
+
+// (c) = (a) when the whole history fits in one window (units of 8 and 16 tokens, W = 16).
+TEST_F(ResumeTest, BoundedReplayEqualsUninterruptedWithinOneWindow) {
+  StartDaemon();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  for (uint32_t unit : {8u, 16u}) {
+    SCOPED_TRACE(unit);
+    SessionOptions o;
+    o.unit_tokens = unit;
+    o.keep_hot_state = false;
+    o.guard = GuardMode::kAlwaysFetch;
+    auto store = Store(c.get(), o);
+    const auto tokens = Prompt(16, 40 + unit);
+    std::vector<float> logits;
+    SequenceState a = SaveSession(store.get(), tokens, &logits);
+    const auto ref = Continue(engine_.get(), &a, logits, 64);
+    SequenceState r;
+    std::vector<float> rl;
+    auto rep = store->Resume(tokens, &r, &rl);
+    ASSERT_TRUE(rep.ok());
+    EXPECT_EQ(rep->units_used, 16 / unit);
+    EXPECT_EQ(rep->replay_tokens, 16);
+    EXPECT_TRUE(SameLogits(Continue(engine_.get(), &r, rl, 64), ref));
+  }
+}
+
+// A resume after a graceful daemon restart (units from SSD) equals one without the restart.
+TEST_F(ResumeTest, ResumeAfterRestartEqualsResumeWithoutRestart) {
+  StartDaemon();
+  const auto tokens = Prompt(200, 51);
+  SessionOptions o;
+  o.use_hot_state = false;  // the hot state is DRAM only: compare replay with replay
+  o.guard = GuardMode::kAlwaysFetch;
+  std::vector<std::vector<float>> before;
+  {
+    auto c = Connect();
+    ASSERT_NE(c, nullptr);
+    auto store = Store(c.get(), o);
+    std::vector<float> logits;
+    SaveSession(store.get(), tokens, &logits);
+    SequenceState r;
+    std::vector<float> rl;
+    auto rep = store->Resume(tokens, &r, &rl);
+    ASSERT_TRUE(rep.ok());
+    EXPECT_EQ(rep->units_used, 3);
+    EXPECT_EQ(rep->units_by_tier[1] + rep->units_by_tier[2], 3);
+    before = Continue(engine_.get(), &r, rl, 16);
+  }
+  ASSERT_EQ(d_->Stop(), 0);
+  ASSERT_TRUE(d_->Start());
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  o.use_hot_state = true;  // even if asked, the DRAM-only hot state did not survive
+  auto store = Store(c.get(), o);
+  SequenceState r;
+  std::vector<float> rl;
+  auto rep = store->Resume(tokens, &r, &rl);
+  ASSERT_TRUE(rep.ok());
+  EXPECT_EQ(rep->units_used, 3);
+  EXPECT_EQ(rep->units_by_tier[2], 3);  // SSD
+  EXPECT_FALSE(rep->hot_state_restored);
+  EXPECT_EQ(rep->replay_tokens, 16);
+  EXPECT_TRUE(SameLogits(Continue(engine_.get(), &r, rl, 16), before));
+}
+
+// Flips one payload byte of the unit whose header carries `chain_key` in the daemon's SSD
+// segment files (docs/format/ssd.md: a 128-byte record header "KVSR" ... kind at byte 7, then
+// the payload = the encoded unit, whose header has the key at offset 48). False if not found.
+bool CorruptUnitOnSsd(const std::filesystem::path& data_dir, const Digest& chain_key) {
+  for (const auto& f : std::filesystem::recursive_directory_iterator(data_dir)) {
+    if (!f.is_regular_file() || f.path().extension() != ".kvs") continue;
+    std::fstream io(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    std::vector<uint8_t> b((std::istreambuf_iterator<char>(io)), std::istreambuf_iterator<char>());
+    for (size_t at = 0; at + 128 + kUnitHeaderBytes + 1000 <= b.size(); at += 8) {
+      if (std::memcmp(b.data() + at, "KVSR", 4) != 0 || b[at + 7] != 0) continue;
+      const uint8_t* unit = b.data() + at + 128;
+      if (std::memcmp(unit, "KVTU", 4) != 0 || std::memcmp(unit + 48, chain_key.data(), 32) != 0)
+        continue;
+      const size_t victim = at + 128 + kUnitHeaderBytes + 1000;
+      const char flipped = static_cast<char>(b[victim] ^ 0x5a);
+      io.clear();
+      io.seekp(static_cast<std::streamoff>(victim));
+      io.write(&flipped, 1);
+      io.flush();
+      return static_cast<bool>(io);
+    }
+  }
+  return false;
+}
+
+// A corrupted unit on SSD gives a shorter hit plus recompute, never a wrong output.
+TEST_F(ResumeTest, CorruptUnitOnSsdGivesShorterHitNeverWrongOutput) {
+  StartDaemon();
+  const auto tokens2 = Prompt(256, 61);  // unit 2 will be corrupted
+  const auto tokens0 = Prompt(256, 62);  // unit 0 will be corrupted
+  SessionOptions o;
+  o.guard = GuardMode::kAlwaysFetch;
+  std::vector<std::vector<float>> ref0;
+  {
+    auto c = Connect();
+    ASSERT_NE(c, nullptr);
+    auto store = Store(c.get(), o);
+    std::vector<float> logits;
+    SaveSession(store.get(), tokens2, &logits);
+    SequenceState a = SaveSession(store.get(), tokens0, &logits);
+    ref0 = Continue(engine_.get(), &a, logits, 16);  // (a): CED of all 256 tokens
+  }
+  ASSERT_EQ(d_->Stop(), 0);  // graceful: every unit is on SSD
+  auto fp = EngineModelFingerprint(MiniConfig(), *MiniWeights(), 64);
+  ASSERT_TRUE(fp.ok());
+  ASSERT_TRUE(CorruptUnitOnSsd(d_->dir() / "data", SessionChainKeys(*fp, tokens2, 64)[2]));
+  ASSERT_TRUE(CorruptUnitOnSsd(d_->dir() / "data", SessionChainKeys(*fp, tokens0, 64)[0]));
+  ASSERT_TRUE(d_->Start());
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  auto store = Store(c.get(), o);
+  {
+    SequenceState r;
+    std::vector<float> rl;
+    auto rep = store->Resume(tokens2, &r, &rl);
+    ASSERT_TRUE(rep.ok());
+    EXPECT_EQ(rep->units_used, 2);  // units 0, 1; unit 2 failed verification
+    EXPECT_FALSE(rep->recomputed);
+    EXPECT_EQ(rep->suffix_tokens, 128);
+    SequenceState ref_st;
+    const auto ref = Continue(engine_.get(), &ref_st,
+                              CedWithBoundedRings(engine_.get(), tokens2, 128, &ref_st), 16);
+    EXPECT_TRUE(SameLogits(Continue(engine_.get(), &r, rl, 16), ref));
+  }
+  {
+    SequenceState r;
+    std::vector<float> rl;
+    auto rep = store->Resume(tokens0, &r, &rl);
+    ASSERT_TRUE(rep.ok());
+    EXPECT_EQ(rep->units_used, 0);
+    EXPECT_TRUE(rep->recomputed);
+    EXPECT_TRUE(SameLogits(Continue(engine_.get(), &r, rl, 16), ref0));
+  }
+  EXPECT_GE(store->stats().miss_recompute, 1u);
+}
+
+// Another tenant's resume of the same tokens misses (and recomputes correctly); the owner hits.
+TEST_F(ResumeTest, OtherTenantMisses) {
+  std::ofstream(dir_ / "tokens.toml")
+      << "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" << HashHex("alice-token")
+      << "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\"" << HashHex("bob-token")
+      << "\"]\n";
+  StartDaemon("[auth]\ntokens_file = \"" + (dir_ / "tokens.toml").string() + "\"\n");
+  const auto tokens = Prompt(128, 71);
+  SessionOptions o;
+  o.guard = GuardMode::kAlwaysFetch;
+  auto alice = Connect("alice-token");
+  auto bob = Connect("bob-token");
+  ASSERT_NE(alice, nullptr);
+  ASSERT_NE(bob, nullptr);
+  auto sa = Store(alice.get(), o);
+  std::vector<float> logits;
+  SequenceState a = SaveSession(sa.get(), tokens, &logits);
+  const auto ref = Continue(engine_.get(), &a, logits, 8);
+
+  auto sb = Store(bob.get(), o);
+  SequenceState r;
+  std::vector<float> rl;
+  auto rep = sb->Resume(tokens, &r, &rl);
+  ASSERT_TRUE(rep.ok());
+  EXPECT_EQ(rep->hit_units, 0);
+  EXPECT_TRUE(rep->recomputed);
+  EXPECT_TRUE(SameLogits(Continue(engine_.get(), &r, rl, 8), ref));
+
+  auto rep2 = sa->Resume(tokens, &r, &rl);
+  ASSERT_TRUE(rep2.ok());
+  EXPECT_EQ(rep2->hit_units, 2);
+  EXPECT_TRUE(rep2->hot_state_restored);
+}
+
+// The guard recomputes when its estimates say the fetch path is slower, and says why.
+TEST_F(ResumeTest, GuardRecomputesWhenFetchIsSlower) {
+  StartDaemon();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  SessionOptions o;
+  o.keep_hot_state = false;
+  auto store = Store(c.get(), o);
+  const auto tokens = Prompt(192, 81);
+  std::vector<float> logits;
+  SequenceState a = SaveSession(store.get(), tokens, &logits);
+  const auto ref = Continue(engine_.get(), &a, logits, 4);
+  // Pretend the SSD and DRAM tiers take a second per unit: recomputing is cheaper.
+  store->cost_model()->ObserveFetch(1, 1, 1.0);
+  store->cost_model()->ObserveFetch(2, 1, 1.0);
+  SequenceState r;
+  std::vector<float> rl;
+  auto rep = store->Resume(tokens, &r, &rl);
+  ASSERT_TRUE(rep.ok());
+  EXPECT_EQ(rep->hit_units, 3);
+  EXPECT_TRUE(rep->recomputed);
+  EXPECT_NE(rep->decision.find("guard: recompute"), std::string::npos) << rep->decision;
+  EXPECT_EQ(store->stats().guard_recompute, 1u);
+  EXPECT_TRUE(SameLogits(Continue(engine_.get(), &r, rl, 4), ref));
+  // Measured fetch costs (fast) bring the fetch path back.
+  auto fresh = Store(c.get(), o);
+  auto rep2 = fresh->Resume(tokens, &r, &rl);
+  ASSERT_TRUE(rep2.ok());
+  EXPECT_FALSE(rep2->recomputed) << rep2->decision;
+  EXPECT_EQ(fresh->stats().guard_fetch, 1u);
+}
+
+TEST(HotState, RoundTripsAndRejectsDamage) {
+  auto e = MakeEngine();
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->PrefillCed(&st, Prompt(64, 90), &logits).ok());
+  const auto blob = EncodeHotState(st, logits);
+  SequenceState other = st;
+  auto back = DecodeHotState(blob, &other);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, logits);
+  for (size_t at : {size_t{0}, size_t{20}, blob.size() / 2, blob.size() - 1}) {
+    auto bad = blob;
+    bad[at] ^= 0x40;
+    EXPECT_TRUE(DecodeHotState(bad, &other).status().IsCorruption()) << at;
+  }
+  EXPECT_TRUE(DecodeHotState(std::span(blob).first(10), &other).status().IsCorruption());
+  // The SWA key never equals the chain key it derives from.
+  Digest k{};
+  k[0] = 1;
+  EXPECT_NE(SwaBlobKey(k), k);
+}
+
+}  // namespace
+}  // namespace kvtier::engine

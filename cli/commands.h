@@ -10,6 +10,16 @@ namespace kvtier::cli {
 using Args = std::span<const std::string_view>;
 
 int RunLayout(Args args);  // cmd_layout.cc
-int RunDemo(Args args);    // cmd_demo.cc
+int RunDemo(Args args);       // cmd_demo.cc: the agent-resume scenario (make demo)
+int RunCodecDemo(Args args);  // cmd_codec_demo.cc: layouts + one unit through the codec
+int RunBench(Args args);   // cmd_bench.cc: `bench storage`, dispatches on <what>
+int RunSim(Args args);     // cmd_sim.cc
+// cmd_client.cc: against a running kvtierd, through the client library.
+int RunStats(Args args);
+int RunLookup(Args args);
+int RunPutFile(Args args);
+int RunGetFile(Args args);
+int RunPolicy(Args args);
+int RunDrain(Args args);
 
 }  // namespace kvtier::cli

@@ -16,7 +16,19 @@ struct Command {
 // One row per subcommand, in the order `kvtier help` prints them.
 constexpr Command kCommands[] = {
     {"layout", "global-KV bytes per token and per unit for a model config", kvtier::cli::RunLayout},
-    {"demo", "the end-to-end scenario on the embedded default", kvtier::cli::RunDemo},
+    {"demo", "agent session: save to kvtierd, restart it, resume from SSD vs recompute",
+     kvtier::cli::RunDemo},
+    {"codec-demo", "layouts of the shipped models and one unit through the FP4 codec",
+     kvtier::cli::RunCodecDemo},
+    {"bench", "benchmarks vs a peer or physical limit: `bench storage`", kvtier::cli::RunBench},
+    {"stats", "tier occupancy, hits and misses of a running kvtierd", kvtier::cli::RunStats},
+    {"lookup", "longest cached prefix of a key chain in kvtierd", kvtier::cli::RunLookup},
+    {"put-file", "store a file in kvtierd as a chain of units (smoke test)", kvtier::cli::RunPutFile},
+    {"get-file", "read back and verify a file stored by put-file", kvtier::cli::RunGetFile},
+    {"policy", "get or switch kvtierd's live eviction/admission policy", kvtier::cli::RunPolicy},
+    {"drain", "flush kvtierd and mark it not ready (--shutdown stops it)", kvtier::cli::RunDrain},
+    {"sim", "replay a trace through eviction/admission policies; `sim gen` makes one",
+     kvtier::cli::RunSim},
 };
 
 void PrintHelp(FILE* out) {

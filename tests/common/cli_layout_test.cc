@@ -67,7 +67,7 @@ TEST(KvtierLayoutCli, ErrorsAndUsage) {
 }
 
 TEST(KvtierDemoCli, RoundTripsAUnitAndExitsZero) {
-  Result demo = RunKvtier("demo");
+  Result demo = RunKvtier("codec-demo");
   ASSERT_EQ(demo.exit_code, 0) << demo.out;
   EXPECT_NE(demo.out.find("890.0 B/token"), std::string::npos) << demo.out;
   EXPECT_NE(demo.out.find("222.5 B/token"), std::string::npos) << demo.out;

@@ -1,0 +1,255 @@
+// `kvtier sim`: replay a trace through eviction / admission policies and report miss ratios,
+// prefix-token hit ratio, SSD writes and money saved; `kvtier sim gen`: write a multi-day
+// agent workload in the Mooncake format. See docs/POLICIES.md.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "sim/generator.h"
+#include "sim/report.h"
+#include "sim/simulator.h"
+#include "sim/trace.h"
+
+namespace kvtier::cli {
+namespace {
+
+constexpr size_t kMaxSweepPoints = 256;  // capacities x policies per run
+
+bool ParseParams(const std::string& text, uint64_t seed, policies::PolicyParams* out) {
+  out->seed = seed;
+  for (const std::string& kv : SplitComma(text)) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::fprintf(stderr, "kvtier sim: parameter '%s' is not key=value\n", kv.c_str());
+      return false;
+    }
+    out->values.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return true;
+}
+
+bool ParseNumbers(const std::string& text, std::vector<double>* out) {
+  for (const std::string& part : SplitComma(text)) {
+    char* end = nullptr;
+    double v = std::strtod(part.c_str(), &end);
+    if (part.empty() || end != part.c_str() + part.size() || !std::isfinite(v) || v < 0) {
+      std::fprintf(stderr, "kvtier sim: '%s' is not a non-negative number\n", part.c_str());
+      return false;
+    }
+    out->push_back(v);
+  }
+  return true;
+}
+
+void Progress(double fraction) {
+  int width = 40, filled = static_cast<int>(fraction * width);
+  std::fprintf(stderr, "\r[%.*s%*s] %3d%%", filled, "########################################",
+               width - filled, "", static_cast<int>(fraction * 100));
+  if (fraction >= 1.0) std::fprintf(stderr, "\r%*s\r", width + 8, "");
+  std::fflush(stderr);
+}
+
+// One capacity point: units, and the fraction when given as one.
+struct Capacity {
+  uint64_t units = 0;
+  double fraction = -1;
+};
+
+bool Capacities(const std::string& fractions, const std::string& units, const std::string& bytes,
+                const sim::UnitTrace& trace, const char* what, std::vector<Capacity>* out) {
+  int given = !fractions.empty() + !units.empty() + !bytes.empty();
+  if (given > 1) {
+    std::fprintf(stderr, "kvtier sim: give %s capacity as one of fraction, units or bytes\n", what);
+    return false;
+  }
+  std::vector<double> v;
+  if (!ParseNumbers(!fractions.empty() ? fractions : !units.empty() ? units : bytes, &v)) {
+    return false;
+  }
+  for (double x : v) {
+    Capacity c;
+    if (!fractions.empty()) {
+      c.fraction = x;
+      c.units = static_cast<uint64_t>(std::floor(x * static_cast<double>(trace.unique_units)));
+    } else if (!units.empty()) {
+      c.units = static_cast<uint64_t>(x);
+    } else {
+      c.units = trace.unit_bytes == 0 ? 0 : static_cast<uint64_t>(x) / trace.unit_bytes;
+    }
+    out->push_back(c);
+  }
+  return true;
+}
+
+int RunGen(Args args) {
+  sim::GeneratorOptions o;
+  std::string out_path;
+  FlagSet flags("kvtier sim gen",
+                "Write a multi-day agent workload (Mooncake JSON Lines); model in "
+                "docs/POLICIES.md.");
+  flags.String("out", &out_path, "FILE", "output file", true);
+  flags.Uint("seed", &o.seed, "RNG seed (same seed, same bytes)");
+  flags.Double("days", &o.days, "span of session starts, days");
+  flags.Uint("sessions", &o.sessions, "agent sessions");
+  flags.Uint("system-prompts", &o.system_prompts, "shared system prompts");
+  flags.Double("system-prompt-blocks", &o.system_prompt_blocks, "mean system prompt blocks");
+  flags.Double("prompt-zipf", &o.prompt_zipf, "Zipf exponent of system prompt popularity");
+  flags.Double("mean-turns", &o.mean_turns, "mean turns per session (geometric)");
+  flags.Double("first-turn-blocks", &o.first_turn_blocks, "mean new blocks in turn 1");
+  flags.Double("turn-blocks", &o.turn_blocks, "mean new user blocks per later turn");
+  flags.Double("tool-prob", &o.tool_prob, "probability a turn carries a tool output");
+  flags.Double("tool-blocks", &o.tool_blocks, "mean tool output blocks");
+  flags.Double("p-minutes", &o.p_minutes, "share of resume gaps of minutes");
+  flags.Double("p-hours", &o.p_hours, "share of resume gaps of hours (rest: days)");
+  flags.Double("minutes-median-s", &o.minutes_median_s, "median of minute-scale gaps, s");
+  flags.Double("hours-median-s", &o.hours_median_s, "median of hour-scale gaps, s");
+  flags.Double("days-median-s", &o.days_median_s, "median of day-scale gaps, s");
+  flags.Double("max-gap-hours", &o.max_gap_hours, "truncation of resume gaps, hours");
+  flags.Double("output-tokens", &o.output_tokens, "mean output tokens");
+  uint64_t block_tokens = o.block_tokens;
+  flags.Uint("block-tokens", &block_tokens, "tokens per hash id");
+  if (int rc = flags.Parse(args); rc >= 0) return rc;
+  o.block_tokens = static_cast<uint32_t>(std::min<uint64_t>(block_tokens, UINT32_MAX));
+  auto gen = sim::GenerateAgentTrace(o);
+  if (!gen.ok()) {
+    std::fprintf(stderr, "kvtier sim gen: %s\n", gen.status().ToString().c_str());
+    return 2;
+  }
+  FILE* f = std::fopen(out_path.c_str(), "wb");
+  if (f == nullptr ||
+      std::fwrite(gen->jsonl.data(), 1, gen->jsonl.size(), f) != gen->jsonl.size() ||
+      std::fclose(f) != 0) {
+    std::fprintf(stderr, "kvtier sim gen: cannot write '%s'\n", out_path.c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "wrote %llu requests, %llu distinct blocks to %s\n",
+               static_cast<unsigned long long>(gen->requests),
+               static_cast<unsigned long long>(gen->blocks), out_path.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int RunSim(Args args) {
+  if (!args.empty() && args[0] == "gen") return RunGen(args.subspan(1));
+  std::string trace_path, format = "auto", policy_list = "lru", params_text, fractions, units,
+                          bytes, ssd_fraction, ssd_units, ssd_bytes, ssd_policy = "lru",
+                          ssd_params_text, admission = "admit-all", admission_params_text,
+                          curve_out;
+  uint64_t block_tokens = 512, unit_tokens = 0, bytes_per_token = 890, seed = 42;
+  double price_uncached = 0.28, price_cached = -1;
+  bool json = false, no_progress = false;
+  FlagSet flags("kvtier sim",
+                "Replay a Mooncake or kvtier trace through eviction/admission policies "
+                "(subcommand: kvtier sim gen).");
+  flags.String("trace", &trace_path, "FILE", "trace (.jsonl, or kvtier .jsonl/.zst)", true);
+  flags.String("format", &format, "auto|mooncake|kvtier", "trace format");
+  flags.Uint("block-tokens", &block_tokens, "tokens per Mooncake hash id");
+  flags.Uint("unit-tokens", &unit_tokens, "tokens per storage unit (0: one unit per block)");
+  flags.Uint("bytes-per-token", &bytes_per_token, "global KV bytes per token (unit sizes)");
+  flags.String("policy", &policy_list, "NAME[,NAME]",
+               "DRAM eviction policies (lru fifo lfu arc s3fifo sieve gdsf ttl long-tail belady)");
+  flags.String("param", &params_text, "K=V[,K=V]", "parameters for the DRAM policies");
+  flags.Uint("seed", &seed, "seed for randomised policies");
+  flags.String("capacity-fraction", &fractions, "F[,F]",
+               "DRAM capacity: fractions of unique units");
+  flags.String("capacity-units", &units, "N[,N]", "DRAM capacity in units");
+  flags.String("capacity-bytes", &bytes, "B[,B]", "DRAM capacity in bytes");
+  flags.String("ssd-capacity-fraction", &ssd_fraction, "F",
+               "SSD capacity: fraction of unique units");
+  flags.String("ssd-capacity-units", &ssd_units, "N", "SSD capacity in units");
+  flags.String("ssd-capacity-bytes", &ssd_bytes, "B", "SSD capacity in bytes");
+  flags.String("ssd-policy", &ssd_policy, "NAME", "SSD eviction policy");
+  flags.String("ssd-param", &ssd_params_text, "K=V[,K=V]", "parameters for the SSD policy");
+  flags.String("admission", &admission, "NAME",
+               "SSD admission (admit-all second-hit write-budget)");
+  flags.String("admission-param", &admission_params_text, "K=V[,K=V]", "admission parameters");
+  flags.Double("price-uncached-per-mtok", &price_uncached, "USD per million uncached input tokens");
+  flags.Double("price-cached-per-mtok", &price_cached,
+               "USD per million cached tokens (<0: 2% of uncached)");
+  flags.Bool("json", &json, "print JSON");
+  flags.String("curve-out", &curve_out, "PREFIX", "write PREFIX.csv and PREFIX.svg");
+  flags.Bool("no-progress", &no_progress, "never draw the progress bar");
+  if (int rc = flags.Parse(args); rc >= 0) return rc;
+
+  sim::TraceLoadOptions load;
+  load.block_tokens = static_cast<uint32_t>(std::min<uint64_t>(block_tokens, UINT32_MAX));
+  if (format == "mooncake") {
+    load.format = sim::TraceFormat::kMooncake;
+  } else if (format == "kvtier") {
+    load.format = sim::TraceFormat::kKvtier;
+  } else if (format != "auto") {
+    std::fprintf(stderr, "kvtier sim: unknown --format '%s'\n", format.c_str());
+    return 2;
+  }
+  auto trace = sim::LoadTrace(trace_path, load);
+  if (!trace.ok()) {
+    std::fprintf(stderr, "kvtier sim: %s\n", trace.status().ToString().c_str());
+    return 1;
+  }
+  sim::UnitMapping mapping{.unit_tokens = static_cast<uint32_t>(unit_tokens),
+                           .bytes_per_token = bytes_per_token};
+  auto units_trace = sim::BuildUnitTrace(*trace, mapping);
+  if (!units_trace.ok()) {
+    std::fprintf(stderr, "kvtier sim: %s\n", units_trace.status().ToString().c_str());
+    return 2;
+  }
+  std::vector<Capacity> dram, ssd;
+  if (fractions.empty() && units.empty() && bytes.empty()) fractions = "0.01,0.05,0.1,0.25";
+  if (!Capacities(fractions, units, bytes, *units_trace, "DRAM", &dram) ||
+      !Capacities(ssd_fraction, ssd_units, ssd_bytes, *units_trace, "SSD", &ssd)) {
+    return 2;
+  }
+  if (ssd.size() > 1) {
+    std::fprintf(stderr, "kvtier sim: give one SSD capacity\n");
+    return 2;
+  }
+  sim::SimOptions base;
+  base.ssd_policy = ssd_policy;
+  base.ssd_capacity_units = ssd.empty() ? 0 : ssd[0].units;
+  base.admission = admission;
+  base.price_uncached_per_mtok = price_uncached;
+  base.price_cached_per_mtok = price_cached;
+  if (!ParseParams(params_text, seed, &base.policy_params) ||
+      !ParseParams(ssd_params_text, seed, &base.ssd_policy_params) ||
+      !ParseParams(admission_params_text, seed, &base.admission_params)) {
+    return 2;
+  }
+  std::vector<std::string> names = SplitComma(policy_list);
+  if (names.empty() || names.size() * dram.size() > kMaxSweepPoints) {
+    std::fprintf(stderr, "kvtier sim: 1..%zu policy x capacity points\n", kMaxSweepPoints);
+    return 2;
+  }
+  const bool show_progress = !no_progress && isatty(STDERR_FILENO) != 0;
+  std::vector<sim::ReportRow> rows;
+  for (const std::string& name : names) {
+    for (const Capacity& c : dram) {
+      sim::SimOptions o = base;
+      o.policy = name;
+      o.dram_capacity_units = c.units;
+      if (show_progress) o.progress = Progress;
+      auto r = sim::Simulate(*units_trace, o);
+      if (!r.ok()) {
+        std::fprintf(stderr, "kvtier sim: %s\n", r.status().ToString().c_str());
+        return 2;
+      }
+      rows.push_back({*r, c.fraction});
+    }
+  }
+  if (!curve_out.empty()) {
+    if (auto st = sim::WriteCurves(rows, curve_out, "miss ratio: " + trace_path); !st.ok()) {
+      std::fprintf(stderr, "kvtier sim: %s\n", st.ToString().c_str());
+      return 1;
+    }
+  }
+  std::fputs(json ? sim::FormatJson(rows, trace_path).c_str() : sim::FormatText(rows).c_str(),
+             stdout);
+  return 0;
+}
+
+}  // namespace kvtier::cli

@@ -1,14 +1,17 @@
 #include "storage/ssd_tier.h"
 
 #include <rocksdb/db.h>
+#include <rocksdb/filter_policy.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
 #include <zstd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -29,6 +32,11 @@ namespace {
 
 constexpr const char* kFormatName = "kvtier-ssd-1";
 constexpr size_t kMaxDirtyAccess = 1 << 20;  // access stats persisted at close, bounded
+// Index entries loaded per lock hold by the background load (bounds the pause it causes).
+constexpr size_t kLoadBatchEntries = 4096;
+// The write buffer is submitted as this many writes at once (queue depth of a buffer write).
+constexpr size_t kWriteSplit = 4;
+constexpr size_t kMinWriteChunkBytes = 128 << 10;
 
 rocksdb::Slice KeySlice(const Key& k) {
   return {reinterpret_cast<const char*>(k.data()), k.size()};
@@ -59,18 +67,22 @@ class SsdTier::Impl {
   Status Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
              std::vector<Key>* evicted);
   Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta);
-  bool Contains(const Key& key, uint64_t* version) const {
-    std::lock_guard lock(mu_);
-    auto it = map_.find(key);
+  bool Contains(const Key& key, uint64_t* version) {
+    std::unique_lock lock(mu_);
+    auto it = FindLocked(key, lock);
     if (it == map_.end()) return false;
     if (version != nullptr) *version = it->second.version;
     return true;
   }
   Status Remove(const Key& key) {
-    std::lock_guard lock(mu_);
-    if (!map_.count(key)) return Status::NotFound("not in ssd tier");
-    RemoveLocked(key);
-    if (o_.durability == Durability::kSync) return CommitLocked();
+    uint64_t ticket = 0;
+    {
+      std::unique_lock lock(mu_);
+      if (FindLocked(key, lock) == map_.end()) return Status::NotFound("not in ssd tier");
+      RemoveLocked(key);
+      ticket = pending_ticket_;
+    }
+    if (o_.durability == Durability::kSync) return Commit(ticket);
     return Status::Ok();
   }
   std::optional<Key> EvictOne() {
@@ -79,14 +91,16 @@ class SsdTier::Impl {
   }
   void SetTracked(const Key& key, bool tracked);
   Status SetPolicy(const std::string& eviction, const policies::PolicyParams& params);
-  void ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) const {
-    std::lock_guard lock(mu_);
+  void ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) {
+    std::unique_lock lock(mu_);
+    load_cv_.wait(lock, [&] { return loaded_; });
     for (const auto& [k, e] : map_) fn(k, MetaOf(e));
   }
-  Status Flush() {
-    std::lock_guard lock(mu_);
-    return CommitLocked();
+  void WaitForIndexLoad() {
+    std::unique_lock lock(mu_);
+    load_cv_.wait(lock, [&] { return loaded_; });
   }
+  Status Flush() { return Commit(kForceCommit); }
   SsdStats GetStats() const {
     std::lock_guard lock(mu_);
     SsdStats s = stats_;
@@ -96,6 +110,7 @@ class SsdTier::Impl {
     s.live_bytes = 0;
     for (const auto& [id, seg] : segments_) s.live_bytes += seg->live_bytes;
     s.disk_bytes = segments_.size() * o_.segment_bytes;
+    s.index_loaded = loaded_;
     return s;
   }
   uint64_t max_version() const {
@@ -168,8 +183,23 @@ class SsdTier::Impl {
     Untrack(k);
     map_.erase(it);
     dirty_access_.erase(k);
-    if (log_delete) pending_.push_back({k, true, {}});
+    // While the background load runs, the loader must not bring the key back.
+    if (!loaded_) tombstones_.insert(k);
+    if (log_delete) PushPending({k, true, {}});
   }
+  void PushPending(PendingOp op) {
+    pending_.push_back(std::move(op));
+    ++pending_ticket_;
+  }
+  // True when the index entry points past the valid end of the log found by recovery (a
+  // torn tail, or an entry written ahead of its data in kNone): never served, deleted.
+  bool TornAtOpen(const IndexEntry& e) const {
+    return e.segment == recovered_segment_ && e.offset + e.record_bytes > recovered_valid_end_;
+  }
+  // map_ lookup; while the background load runs, a key not loaded yet is read from the
+  // RocksDB index (outside the lock) and inserted, so hits are served right after Open.
+  std::unordered_map<Key, IndexEntry, KeyHash>::iterator FindLocked(
+      const Key& key, std::unique_lock<std::mutex>& lock);
   std::optional<Key> EvictLocked() {
     while (true) {
       auto id = policy_->Evict(NowUs());
@@ -192,7 +222,35 @@ class SsdTier::Impl {
                       IndexEntry* e, bool allow_roll);
   Status WriteBufferLocked();
   void DropUnwrittenLocked();
+  void MarkUnsyncedLocked() {
+    if (unsynced_segs_.empty() || unsynced_segs_.back() != active_)
+      unsynced_segs_.push_back(active_);
+  }
+
+  // Group commit. A commit (1) under mu_ writes the buffer and takes the pending index ops
+  // (PrepareLocked), (2) outside mu_ fdatasyncs the segments written since the last commit and
+  // writes the ops to RocksDB (Execute), (3) under mu_ settles the outcome (Settle). Commits
+  // are applied to RocksDB in order: Commit() callers are serialised by commit_mu_, and
+  // CommitLocked() (rolls, cleaning, close: mu_ held throughout) first waits until no
+  // out-of-lock commit is in flight. Lock order: commit_mu_ -> mu_ -> cstate_mu_.
+  struct CommitBatch {
+    bool empty = true;
+    std::vector<PendingOp> ops;
+    uint64_t first_ticket = 0, last_ticket = 0;
+    std::vector<std::shared_ptr<Segment>> sync_segs;
+    uint32_t durable_segment = 0;
+    uint64_t durable_end = 0, next_seq = 0, max_version = 0;
+  };
+  static constexpr uint64_t kForceCommit = UINT64_MAX;
+  Status PrepareLocked(CommitBatch* b);
+  Status Execute(const CommitBatch& b);
+  void Settle(CommitBatch* b, const Status& st);
+  // Commits everything pending up to `ticket` (kForceCommit: a commit pass now). Not under mu_.
+  Status Commit(uint64_t ticket);
+  // Commits with mu_ held (rolls, cleaning, recovery, close).
   Status CommitLocked();
+  Status TicketResult(uint64_t ticket) const;
+  void LoadIndex();
   Status RollLocked();
   // threshold_clean: also clean one sparse sealed segment (at a roll, not at open).
   Status CleanLocked(bool threshold_clean);
@@ -222,8 +280,9 @@ class SsdTier::Impl {
   AlignedBuffer buf_;
   uint64_t buf_file_offset_ = 0;
   size_t buf_len_ = 0;
-  bool unsynced_ = false;
+  std::vector<std::shared_ptr<Segment>> unsynced_segs_;
   std::vector<PendingOp> pending_;
+  uint64_t pending_ticket_ = 0;  // ops ever pushed to pending_
   std::vector<Key>* evicted_sink_ = nullptr;
   uint64_t next_seq_ = 1;
   uint64_t max_version_ = 0;
@@ -233,6 +292,32 @@ class SsdTier::Impl {
   std::thread commit_thread_;
   std::condition_variable cv_;
   bool stop_ = false;
+
+  // ---- commit state ----
+  std::mutex commit_mu_;
+  mutable std::mutex cstate_mu_;
+  std::condition_variable cstate_cv_;
+  bool commit_inflight_ = false;   // under cstate_mu_
+  uint64_t committed_ticket_ = 0;  // under cstate_mu_
+  struct FailedRange {
+    uint64_t first, last;
+    Status status;
+  };
+  static constexpr size_t kMaxFailedRanges = 64;
+  std::deque<FailedRange> failed_;  // under cstate_mu_
+
+  // ---- background index load (warm restart) ----
+  std::unique_ptr<rocksdb::Iterator> load_iter_;  // implicit snapshot taken at Open
+  std::thread load_thread_;
+  std::atomic<bool> stop_load_{false};
+  std::condition_variable load_cv_;
+  bool loaded_ = false;                          // under mu_
+  std::unordered_set<Key, KeyHash> tombstones_;  // removed since Open, while loading
+  uint32_t recovered_segment_ = UINT32_MAX;      // newest segment at Open
+  uint64_t recovered_valid_end_ = UINT64_MAX;    // its valid end found by the tail scan
+  uint64_t open_bytes_bound_ = 0;                // bytes in segments at Open (live bound)
+  uint64_t open_us_ = 0;
+  std::vector<std::pair<Key, SsdMeta>> point_loaded_;  // for on_index_load, under mu_
 };
 
 SsdTier::Impl::~Impl() {
@@ -242,11 +327,15 @@ SsdTier::Impl::~Impl() {
   }
   cv_.notify_all();
   if (commit_thread_.joinable()) commit_thread_.join();
+  // Cancel the background load: what it did not reach stays in RocksDB, untouched.
+  stop_load_.store(true);
+  if (load_thread_.joinable()) load_thread_.join();
+  load_iter_.reset();
   if (db_ != nullptr) {
     std::lock_guard lock(mu_);
     for (const Key& k : dirty_access_) {
       auto it = map_.find(k);
-      if (it != map_.end() && !InBuffer(it->second)) pending_.push_back({k, false, it->second});
+      if (it != map_.end() && !InBuffer(it->second)) PushPending({k, false, it->second});
     }
     dirty_access_.clear();
     Status st = CommitLocked();
@@ -303,6 +392,8 @@ Status SsdTier::Impl::Open() {
   cf_options.write_buffer_size = 16ull << 20;
   rocksdb::BlockBasedTableOptions table;
   table.checksum = rocksdb::kXXH3;
+  // Point reads serve keys the background load has not reached yet (and misses).
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
   cf_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
       {rocksdb::kDefaultColumnFamilyName, cf_options}, {"index", cf_options}, {"meta", cf_options}};
@@ -341,30 +432,21 @@ Status SsdTier::Impl::Open() {
     segments_[id] = std::move(seg);
   }
 
-  // ---- index ----
-  std::vector<Key> bad;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}, index_cf_));
-  for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    Key k{};
-    IndexEntry e;
-    rocksdb::Slice ks = it->key(), vs = it->value();
-    if (ks.size() != k.size()) continue;
-    std::memcpy(k.data(), ks.data(), k.size());
-    if (!ssd::DecodeIndexEntry({reinterpret_cast<const uint8_t*>(vs.data()), vs.size()}, &e).ok() ||
-        !segments_.count(e.segment)) {
-      bad.push_back(k);
-      continue;
+  // ---- counters: persisted by every commit, so Open needs no index scan ----
+  bool have_counters = false;
+  {
+    std::string c;
+    if (db_->Get({}, meta_cf_, "counters", &c).ok() && c.size() == 16) {
+      std::memcpy(&next_seq_, c.data(), 8);
+      std::memcpy(&max_version_, c.data() + 8, 8);
+      have_counters = true;
     }
-    next_seq_ = std::max(next_seq_, e.seq + 1);
-    Insert(k, e);
   }
-  KVTIER_RETURN_IF_ERROR(FromRocks(it->status(), "scan index"));
-  it.reset();
-  for (const Key& k : bad) pending_.push_back({k, true, {}});
-  stats_.dropped_on_recovery += bad.size();
+  for (const auto& [id, seg] : segments_) open_bytes_bound_ += seg->dev->Size();
 
   // ---- tail of the newest segment ----
   uint32_t next_id = 1;
+  std::vector<std::pair<Key, IndexEntry>> found;
   if (!segments_.empty()) {
     auto newest = segments_.rbegin()->second;
     next_id = newest->id + 1;
@@ -376,28 +458,34 @@ Status SsdTier::Impl::Open() {
       if (seg_id == newest->id) std::memcpy(&start, de.data() + 4, 8);
     }
     uint64_t valid_end = start;
-    std::vector<std::pair<Key, IndexEntry>> found;
     KVTIER_RETURN_IF_ERROR(ScanTail(newest, start, &valid_end, &found));
-    // Entries pointing past the valid end of the log (index written ahead of data in kNone).
-    std::vector<Key> torn;
-    for (const auto& [k, e] : map_) {
-      if (e.segment == newest->id && e.offset + e.record_bytes > valid_end) torn.push_back(k);
+    // Index entries pointing past the valid end of the log (index written ahead of data in
+    // kNone, or a torn tail) are dropped as the load or a point read meets them.
+    recovered_segment_ = newest->id;
+    recovered_valid_end_ = valid_end;
+    if (!found.empty()) {
+      KVTIER_LOG(kInfo) << "ssd recovery: segment " << newest->id << " re-indexes " << found.size()
+                        << " records past the last commit; valid end at offset " << valid_end;
     }
-    for (const Key& k : torn) RemoveLocked(k);
-    stats_.dropped_on_recovery += torn.size();
-    for (const auto& [k, e] : found) {
-      auto cur = map_.find(k);
-      if (cur != map_.end() && cur->second.seq > e.seq) continue;
-      next_seq_ = std::max(next_seq_, e.seq + 1);
-      Insert(k, e);
-      pending_.push_back({k, false, e});
-      ++stats_.recovered_records;
+  }
+  // The index is loaded into memory in the background (LoadIndex); the iterator's implicit
+  // snapshot is the index as of now, before any write of this process.
+  load_iter_.reset(db_->NewIterator({}, index_cf_));
+  load_iter_->SeekToFirst();
+  for (const auto& [k, e] : found) {
+    // A record past the last commit replaces the indexed entry only when it is newer.
+    IndexEntry cur;
+    std::string v;
+    if (db_->Get({}, index_cf_, KeySlice(k), &v).ok() &&
+        ssd::DecodeIndexEntry({reinterpret_cast<const uint8_t*>(v.data()), v.size()}, &cur).ok() &&
+        cur.seq > e.seq && !TornAtOpen(cur)) {
+      continue;
     }
-    if (!torn.empty() || !found.empty()) {
-      KVTIER_LOG(kInfo) << "ssd recovery: segment " << newest->id << " re-indexed " << found.size()
-                        << " records past the last commit, dropped " << torn.size()
-                        << " entries past the torn tail at offset " << valid_end;
-    }
+    if (auto m = map_.find(k); m != map_.end() && m->second.seq > e.seq) continue;
+    next_seq_ = std::max(next_seq_, e.seq + 1);
+    Insert(k, e);
+    PushPending({k, false, e});
+    ++stats_.recovered_records;
   }
 
   // Appends always continue in a fresh segment, so a torn tail is never scanned again.
@@ -411,12 +499,116 @@ Status SsdTier::Impl::Open() {
   buf_len_ = 0;
   {
     std::lock_guard lock(mu_);
-    Status st = CommitLocked();
-    if (st.ok()) st = CleanLocked(/*threshold_clean=*/false);
-    KVTIER_RETURN_IF_ERROR(st);
+    KVTIER_RETURN_IF_ERROR(CommitLocked());
   }
+  open_us_ = NowUs();
+  load_thread_ = std::thread([this] { LoadIndex(); });
   commit_thread_ = std::thread([this] { CommitLoop(); });
+  if (!have_counters) {
+    // An index written before the counters existed: versions and sequence numbers are only
+    // known after the full load, so wait for it (once; the next commit persists them).
+    WaitForIndexLoad();
+  }
   return Status::Ok();
+}
+
+void SsdTier::Impl::LoadIndex() {
+  std::vector<std::pair<Key, IndexEntry>> batch;
+  std::vector<std::pair<Key, SsdMeta>> inserted;
+  std::vector<Key> bad;
+  Status iter_status;
+  bool done = false;
+  while (!done && !stop_load_.load()) {
+    batch.clear();
+    bad.clear();
+    for (; batch.size() + bad.size() < kLoadBatchEntries && load_iter_->Valid();
+         load_iter_->Next()) {
+      Key k{};
+      IndexEntry e;
+      rocksdb::Slice ks = load_iter_->key(), vs = load_iter_->value();
+      if (ks.size() != k.size()) continue;
+      std::memcpy(k.data(), ks.data(), k.size());
+      if (!ssd::DecodeIndexEntry({reinterpret_cast<const uint8_t*>(vs.data()), vs.size()}, &e)
+               .ok()) {
+        bad.push_back(k);
+        continue;
+      }
+      batch.emplace_back(k, e);
+    }
+    if (!load_iter_->Valid()) {
+      iter_status = FromRocks(load_iter_->status(), "scan index");
+      done = true;
+    }
+    inserted.clear();
+    {
+      std::lock_guard lock(mu_);
+      for (const Key& k : bad) {
+        if (map_.count(k) || tombstones_.count(k)) continue;
+        PushPending({k, true, {}});
+        ++stats_.dropped_on_recovery;
+      }
+      for (const auto& [k, e] : batch) {
+        if (map_.count(k) || tombstones_.count(k)) continue;  // newer state since Open
+        if (!segments_.count(e.segment) || TornAtOpen(e)) {
+          PushPending({k, true, {}});
+          ++stats_.dropped_on_recovery;
+          continue;
+        }
+        next_seq_ = std::max(next_seq_, e.seq + 1);
+        Insert(k, e);
+        if (o_.on_index_load) inserted.emplace_back(k, MetaOf(e));
+      }
+      inserted.insert(inserted.end(), point_loaded_.begin(), point_loaded_.end());
+      point_loaded_.clear();
+      if (done && iter_status.ok()) {
+        loaded_ = true;
+        tombstones_.clear();
+        stats_.index_load_ms = (NowUs() - open_us_) / 1000;
+      }
+    }
+    if (o_.on_index_load && !inserted.empty()) o_.on_index_load(inserted);
+  }
+  if (!iter_status.ok()) {
+    // Entries past the failure stay reachable by point reads (FindLocked keeps working
+    // only while loading), so a failed scan keeps the tier in loading mode: logged, loud.
+    KVTIER_LOG(kError) << "ssd index load stopped: " << iter_status.ToString()
+                       << "; unloaded entries are served by point reads";
+    return;
+  }
+  if (!done) return;  // cancelled by close
+  std::lock_guard lock(mu_);
+  // Cleaning was deferred while live bytes were only partly known.
+  Status st = CleanLocked(/*threshold_clean=*/false);
+  if (!st.ok()) {
+    KVTIER_LOG(kWarn) << "ssd clean after index load: " << st.ToString();
+  }
+  load_cv_.notify_all();
+}
+
+std::unordered_map<Key, IndexEntry, KeyHash>::iterator SsdTier::Impl::FindLocked(
+    const Key& key, std::unique_lock<std::mutex>& lock) {
+  auto it = map_.find(key);
+  if (it != map_.end() || loaded_ || tombstones_.count(key)) return it;
+  lock.unlock();
+  std::string v;
+  rocksdb::Status rs = db_->Get({}, index_cf_, KeySlice(key), &v);
+  lock.lock();
+  it = map_.find(key);  // state may have changed while unlocked
+  if (it != map_.end() || loaded_ || tombstones_.count(key) || !rs.ok()) return it;
+  IndexEntry e;
+  if (!ssd::DecodeIndexEntry({reinterpret_cast<const uint8_t*>(v.data()), v.size()}, &e).ok() ||
+      !segments_.count(e.segment) || TornAtOpen(e)) {
+    tombstones_.insert(key);  // the load must not insert it either
+    PushPending({key, true, {}});
+    ++stats_.dropped_on_recovery;
+    return map_.end();
+  }
+  next_seq_ = std::max(next_seq_, e.seq + 1);
+  Insert(key, e);
+  // Reported by the load thread with its next batch (never from here: the caller may hold
+  // locks of its own).
+  if (o_.on_index_load) point_loaded_.emplace_back(key, MetaOf(e));
+  return map_.find(key);
 }
 
 Status SsdTier::Impl::ScanTail(const std::shared_ptr<Segment>& seg, uint64_t start,
@@ -514,14 +706,28 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
   h.parent_id = meta.parent_id;
   h.recompute_tokens = meta.recompute_tokens;
 
-  std::lock_guard lock(mu_);
+  uint64_t need = AlignUp(ssd::kRecordHeaderBytes + payload.size(), ssd::kRecordAlignBytes);
+  std::unique_lock lock(mu_);
+  // The previous version (if any) must be in memory to be replaced (point read if not loaded).
+  (void)FindLocked(key, lock);
+  if (!loaded_) {
+    // While the index loads, live bytes are known only for loaded entries. A put that could
+    // need eviction or segment cleaning (bounded by the bytes that existed at Open) waits for
+    // the load; any other put proceeds at once.
+    auto needs_full_state = [&] {
+      uint64_t live = open_bytes_bound_;
+      for (const auto& [id, seg] : segments_) live += seg->live_bytes;
+      bool may_roll = buf_file_offset_ + buf_len_ + need + ssd::kBlockBytes > o_.segment_bytes;
+      return live + need > LiveLimit() || (may_roll && segments_.size() + 1 > MaxSegments());
+    };
+    if (needs_full_state()) load_cv_.wait(lock, [&] { return loaded_; });
+  }
   evicted_sink_ = evicted;
   struct SinkReset {
     std::vector<Key>** p;
     ~SinkReset() { *p = nullptr; }
   } reset{&evicted_sink_};
   // Make room: the previous version of the key no longer counts; then evict by policy.
-  uint64_t need = AlignUp(ssd::kRecordHeaderBytes + payload.size(), ssd::kRecordAlignBytes);
   uint64_t live = 0;
   for (const auto& [id, seg] : segments_) live += seg->live_bytes;
   if (auto it = map_.find(key); it != map_.end()) live -= LiveCost(it->second);
@@ -537,8 +743,16 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
   KVTIER_RETURN_IF_ERROR(AppendLocked(key, h, payload, &e, true));
   if (codec == Codec::kZstd) stats_.compressed_bytes_saved += value.size() - payload.size();
   if (o_.durability == Durability::kSync) {
-    Status st = CommitLocked();
+    uint64_t ticket = pending_ticket_;
+    lock.unlock();
+    Status st = Commit(ticket);
     if (!st.ok()) return st;  // the entry was dropped: nothing indexed
+    lock.lock();
+    auto it = map_.find(key);
+    if (it == map_.end() || it->second.seq != h.seq) {
+      // Its buffer write failed inside another thread's commit: dropped, never indexed.
+      return Status::IOError("ssd write failed; the unit was not stored");
+    }
   }
   return Status::Ok();
 }
@@ -569,7 +783,7 @@ Status SsdTier::Impl::AppendLocked(const Key& key, const RecordHeader& h,
     }
     buf_file_offset_ += n;
     stats_.bytes_written += n;
-    unsynced_ = true;
+    MarkUnsyncedLocked();
   } else {
     ssd::EncodeRecordHeader(h, buf_.get() + buf_len_);
     std::memcpy(buf_.get() + buf_len_ + ssd::kRecordHeaderBytes, payload.data(), payload.size());
@@ -592,7 +806,7 @@ Status SsdTier::Impl::AppendLocked(const Key& key, const RecordHeader& h,
   e->parent_id = h.parent_id;
   e->recompute_tokens = h.recompute_tokens;
   Insert(key, *e);
-  pending_.push_back({key, false, *e});
+  PushPending({key, false, *e});
   return Status::Ok();
 }
 
@@ -610,7 +824,19 @@ Status SsdTier::Impl::WriteBufferLocked() {
   if (buf_len_ == 0) return Status::Ok();
   uint64_t n = AlignUp(buf_len_, ssd::kBlockBytes);
   std::memset(buf_.get() + buf_len_, 0, n - buf_len_);
-  Status st = active_->dev->Write(buf_file_offset_, {buf_.get(), n});
+  // Submitted as up to kWriteSplit writes in one batch (queue depth > 1 on io_uring).
+  uint64_t chunk =
+      std::max<uint64_t>(AlignUp(n / kWriteSplit, ssd::kBlockBytes), kMinWriteChunkBytes);
+  IoRequest reqs[kWriteSplit + 1];
+  size_t count = 0;
+  for (uint64_t off = 0; off < n; off += chunk) {
+    reqs[count++] = {IoRequest::Op::kWrite,
+                     buf_file_offset_ + off,
+                     buf_.get() + off,
+                     static_cast<size_t>(std::min(chunk, n - off)),
+                     {}};
+  }
+  Status st = active_->dev->Submit({reqs, count});
   if (!st.ok()) {
     ++stats_.io_errors;
     DropUnwrittenLocked();
@@ -619,54 +845,155 @@ Status SsdTier::Impl::WriteBufferLocked() {
   stats_.bytes_written += n;
   buf_file_offset_ += n;
   buf_len_ = 0;
-  unsynced_ = true;
+  MarkUnsyncedLocked();
   return Status::Ok();
 }
 
-Status SsdTier::Impl::CommitLocked() {
-  if (buf_len_ == 0 && pending_.empty() && !unsynced_) return Status::Ok();
+Status SsdTier::Impl::PrepareLocked(CommitBatch* b) {
+  b->empty = true;
+  if (buf_len_ == 0 && pending_.empty() && unsynced_segs_.empty()) return Status::Ok();
   KVTIER_RETURN_IF_ERROR(WriteBufferLocked());
-  bool durable = o_.durability != Durability::kNone;
-  if (unsynced_ && durable) {
-    Status st = active_->dev->Sync(true);
-    if (!st.ok()) {
-      // The data may not be durable: forget every entry that is not yet indexed.
-      ++stats_.io_errors;
-      std::vector<Key> lost;
-      for (const auto& op : pending_) {
-        if (!op.is_delete) lost.push_back(op.key);
-      }
-      for (const Key& k : lost) {
-        auto it = map_.find(k);
-        if (it != map_.end() && it->second.segment == active_->id) RemoveLocked(k);
-      }
-      return st;
-    }
-  }
-  unsynced_ = false;
-  rocksdb::WriteBatch wb;
-  for (const auto& op : pending_) {
-    if (op.is_delete) {
-      KVTIER_RETURN_IF_ERROR(FromRocks(wb.Delete(index_cf_, KeySlice(op.key)), "batch"));
-    } else {
-      KVTIER_RETURN_IF_ERROR(
-          FromRocks(wb.Put(index_cf_, KeySlice(op.key), ssd::EncodeIndexEntry(op.entry)), "batch"));
-    }
-  }
-  char de[12];
-  std::memcpy(de, &active_->id, 4);
-  std::memcpy(de + 4, &buf_file_offset_, 8);
-  KVTIER_RETURN_IF_ERROR(FromRocks(wb.Put(meta_cf_, "durable_end", {de, 12}), "batch"));
-  rocksdb::WriteOptions wo;
-  wo.sync = durable;
-  Status st = FromRocks(db_->Write(wo, &wb), "index write");
-  if (!st.ok()) {
-    ++stats_.io_errors;
-    return st;
-  }
+  b->empty = false;
+  b->ops = std::move(pending_);
   pending_.clear();
-  ++stats_.commits;
+  b->last_ticket = pending_ticket_;
+  b->first_ticket = pending_ticket_ - b->ops.size() + 1;
+  b->sync_segs = std::move(unsynced_segs_);
+  unsynced_segs_.clear();
+  b->durable_segment = active_->id;
+  b->durable_end = buf_file_offset_;
+  b->next_seq = next_seq_;
+  b->max_version = max_version_;
+  std::lock_guard c(cstate_mu_);
+  commit_inflight_ = true;
   return Status::Ok();
+}
+
+Status SsdTier::Impl::Execute(const CommitBatch& b) {
+  bool durable = o_.durability != Durability::kNone;
+  Status st;
+  if (durable) {
+    for (const auto& seg : b.sync_segs) {
+      st = seg->dev->Sync(true);
+      if (!st.ok()) break;
+    }
+  }
+  if (st.ok()) {
+    rocksdb::WriteBatch wb;
+    for (const auto& op : b.ops) {
+      rocksdb::Status rs =
+          op.is_delete ? wb.Delete(index_cf_, KeySlice(op.key))
+                       : wb.Put(index_cf_, KeySlice(op.key), ssd::EncodeIndexEntry(op.entry));
+      st = FromRocks(rs, "batch");
+      if (!st.ok()) break;
+    }
+    if (st.ok()) {
+      char de[12];
+      std::memcpy(de, &b.durable_segment, 4);
+      std::memcpy(de + 4, &b.durable_end, 8);
+      char counters[16];
+      std::memcpy(counters, &b.next_seq, 8);
+      std::memcpy(counters + 8, &b.max_version, 8);
+      st = FromRocks(wb.Put(meta_cf_, "durable_end", {de, 12}), "batch");
+      if (st.ok()) st = FromRocks(wb.Put(meta_cf_, "counters", {counters, 16}), "batch");
+    }
+    if (st.ok()) {
+      rocksdb::WriteOptions wo;
+      wo.sync = durable;
+      st = FromRocks(db_->Write(wo, &wb), "index write");
+    }
+  }
+  {
+    std::lock_guard c(cstate_mu_);
+    if (b.last_ticket >= b.first_ticket && !st.ok()) {
+      failed_.push_back({b.first_ticket, b.last_ticket, st});
+      if (failed_.size() > kMaxFailedRanges) failed_.pop_front();
+    }
+    committed_ticket_ = std::max(committed_ticket_, b.last_ticket);
+    commit_inflight_ = false;
+  }
+  cstate_cv_.notify_all();
+  return st;
+}
+
+void SsdTier::Impl::Settle(CommitBatch* b, const Status& st) {
+  if (st.ok()) {
+    ++stats_.commits;
+    return;
+  }
+  ++stats_.io_errors;
+  // Ops are retried at the next commit only while they are still the key's newest state
+  // (another commit may have run since Execute: a stale op must not overwrite a newer one).
+  bool data_durable = st.message().find("index write") != std::string::npos ||
+                      st.message().find("batch") != std::string::npos;
+  std::vector<PendingOp> retry;
+  for (auto& op : b->ops) {
+    auto it = map_.find(op.key);
+    bool current = it != map_.end() && it->second.seq == op.entry.seq;
+    if (op.is_delete) {
+      if (it == map_.end()) retry.push_back(op);
+    } else if (current && data_durable) {
+      retry.push_back(op);
+    } else if (current) {
+      RemoveLocked(op.key);  // the data may not be durable: forget the entry
+    }
+  }
+  pending_.insert(pending_.begin(), retry.begin(), retry.end());
+  pending_ticket_ += retry.size();
+  for (const auto& seg : b->sync_segs) {
+    if (std::find(unsynced_segs_.begin(), unsynced_segs_.end(), seg) == unsynced_segs_.end()) {
+      unsynced_segs_.push_back(seg);
+    }
+  }
+}
+
+Status SsdTier::Impl::TicketResult(uint64_t ticket) const {
+  std::lock_guard c(cstate_mu_);
+  for (const auto& f : failed_) {
+    if (ticket >= f.first && ticket <= f.last) return f.status;
+  }
+  return Status::Ok();
+}
+
+Status SsdTier::Impl::Commit(uint64_t ticket) {
+  std::lock_guard serial(commit_mu_);
+  if (ticket != kForceCommit) {
+    std::lock_guard c(cstate_mu_);
+    if (committed_ticket_ >= ticket) {
+      for (const auto& f : failed_) {
+        if (ticket >= f.first && ticket <= f.last) return f.status;
+      }
+      return Status::Ok();  // covered by an earlier (group) commit
+    }
+  }
+  CommitBatch b;
+  std::unique_lock lock(mu_);
+  {
+    // A CommitLocked in flight has finished by now (it holds mu_ throughout).
+    KVTIER_RETURN_IF_ERROR(PrepareLocked(&b));
+  }
+  if (b.empty) return Status::Ok();
+  lock.unlock();
+  Status st = Execute(b);  // fdatasync + index write, outside the tier lock
+  lock.lock();
+  Settle(&b, st);
+  if (!st.ok()) return st;
+  lock.unlock();
+  return ticket == kForceCommit ? Status::Ok() : TicketResult(ticket);
+}
+
+Status SsdTier::Impl::CommitLocked() {
+  {
+    // Index writes stay in order: wait for an out-of-lock commit to finish its write.
+    std::unique_lock c(cstate_mu_);
+    cstate_cv_.wait(c, [&] { return !commit_inflight_; });
+  }
+  CommitBatch b;
+  KVTIER_RETURN_IF_ERROR(PrepareLocked(&b));
+  if (b.empty) return Status::Ok();
+  Status st = Execute(b);
+  Settle(&b, st);
+  return st;
 }
 
 Status SsdTier::Impl::RollLocked() {
@@ -693,6 +1020,10 @@ Status SsdTier::Impl::RollLocked() {
 Status SsdTier::Impl::CleanLocked(bool threshold_clean) {
   // At most one threshold-driven clean per roll, plus whatever the segment limit needs.
   bool threshold_done = !threshold_clean;
+  // While the index loads, segments' live bytes are partial: cleaning would relocate too
+  // little and delete live data. It is deferred to the end of the load (LoadIndex); Put
+  // waits for the load before a roll could exceed the segment limit.
+  if (!loaded_) return Status::Ok();
   while (true) {
     std::shared_ptr<Segment> victim;
     for (const auto& [id, seg] : segments_) {
@@ -769,8 +1100,8 @@ Status SsdTier::Impl::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* me
   std::shared_ptr<Segment> seg;
   std::vector<uint8_t> rec;
   {
-    std::lock_guard lock(mu_);
-    auto it = map_.find(key);
+    std::unique_lock lock(mu_);
+    auto it = FindLocked(key, lock);
     if (it == map_.end()) return Status::NotFound("not in ssd tier");
     it->second.hit_count++;
     it->second.last_access_unix_ms = DefaultSystemClock().NowMs();
@@ -860,10 +1191,12 @@ void SsdTier::Impl::CommitLoop() {
   while (!stop_) {
     cv_.wait_for(lock, std::chrono::milliseconds(std::max<uint32_t>(o_.group_commit_ms, 1)));
     if (stop_) break;
-    Status st = CommitLocked();
+    lock.unlock();
+    Status st = Commit(kForceCommit);  // the fdatasync runs outside the tier lock
     if (!st.ok()) {
       KVTIER_LOG(kWarn) << "ssd group commit failed: " << st.ToString();
     }
+    lock.lock();
   }
 }
 
@@ -897,6 +1230,7 @@ Status SsdTier::SetPolicy(const std::string& eviction, const policies::PolicyPar
 void SsdTier::ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) const {
   impl_->ForEach(fn);
 }
+void SsdTier::WaitForIndexLoad() const { impl_->WaitForIndexLoad(); }
 Status SsdTier::Flush() { return impl_->Flush(); }
 SsdStats SsdTier::GetStats() const { return impl_->GetStats(); }
 uint64_t SsdTier::max_version() const { return impl_->max_version(); }

@@ -14,13 +14,22 @@
 //   (evicted keys are reported to the caller); segments are cleaned (live records relocated)
 //   when a new segment is needed and the segment count is at its limit, or when a sealed
 //   segment's live ratio falls below clean_live_ratio.
-// - Open recovers: RocksDB recovery, the index loaded into memory, then a scan of the newest
-//   segment from its last durable offset: whole records are re-indexed, the scan stops at the
-//   first torn or invalid record, index entries pointing past it are dropped, and appends
-//   continue in a fresh segment.
+// - Open recovers: RocksDB recovery, then a scan of the newest segment from its last durable
+//   offset: whole records are re-indexed, the scan stops at the first torn or invalid record,
+//   index entries pointing past it are dropped (when met), and appends continue in a fresh
+//   segment. Open does NOT load the index: it returns at once (warm restart) and a background
+//   thread loads the RocksDB index into memory (and the eviction policy) in batches of 4096.
+//   Until it finishes, a key not loaded yet is read from RocksDB by a point read (Get,
+//   Contains, Remove, Put), with the same checks; keys removed meanwhile are never brought
+//   back. Capacity during the load: a Put that could need eviction or segment cleaning (live
+//   bytes bounded by the bytes on disk at Open) waits for the load; cleaning is deferred to
+//   its end; EvictOne evicts among loaded entries. Close cancels the load.
+// - Commits: the write buffer is submitted as up to 4 writes at once; fdatasync and the
+//   RocksDB index write run outside the tier lock (puts and gets continue meanwhile), and
+//   index writes are applied in commit order. Concurrent kSync puts share one commit.
 //
 // Thread safety: all methods may be called concurrently. Reads of sealed data run outside
-// the tier lock; appends, commits and cleaning are serialised by it.
+// the tier lock; appends and cleaning are serialised by it; commits by a commit lock.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +47,8 @@
 #include "storage/tier_manager.h"
 
 namespace kvtier::storage {
+
+struct SsdMeta;  // below
 
 struct SsdOptions {
   // Directory holding "index/" (RocksDB) and, when env is null, "segments/".
@@ -60,6 +71,11 @@ struct SsdOptions {
   std::string eviction_policy = "lru";
   policies::PolicyParams policy_params;
   const Clock* clock = nullptr;  // policy time; nullptr: DefaultSteadyClock()
+  // Called by the background index-load thread (no tier lock held) with entries it has just
+  // loaded into memory (also entries first met by a point read). Must not block on a lock
+  // that a caller of this tier may hold while calling it (use try_lock / a queue), and must
+  // not call back into the tier. Empty: not called.
+  std::function<void(std::span<const std::pair<Key, SsdMeta>>)> on_index_load;
 };
 
 // What the caller (TierManager) keeps about a value besides its bytes.
@@ -78,6 +94,9 @@ struct SsdStats {
   uint64_t hits = 0, evictions = 0, bytes_read = 0, bytes_written = 0;
   uint64_t checksum_failures = 0, io_errors = 0, compressed_bytes_saved = 0;
   uint64_t segments_cleaned = 0, commits = 0, recovered_records = 0, dropped_on_recovery = 0;
+  // Background index load: done, and how long after Open it finished.
+  bool index_loaded = false;
+  uint64_t index_load_ms = 0;
 };
 
 class SsdTier {
@@ -100,8 +119,11 @@ class SsdTier {
   // Pinned objects are untracked by the policy (never chosen by eviction).
   void SetTracked(const Key& key, bool tracked);
   Status SetPolicy(const std::string& eviction, const policies::PolicyParams& params);
-  // Calls fn for every live object (under the tier lock: fn must not call back).
+  // Calls fn for every live object (under the tier lock: fn must not call back). Waits for
+  // the background index load first.
   void ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) const;
+  // Blocks until the background index load has finished.
+  void WaitForIndexLoad() const;
   // Writes the buffer, syncs, commits the index.
   Status Flush();
   SsdStats GetStats() const;

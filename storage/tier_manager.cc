@@ -205,6 +205,32 @@ class TierManagerImpl final : public TierManager {
   }
   void PromoteLocked(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta);
 
+  // Adds units reported by the SSD index load to the directory (if still present there).
+  void DrainLoadedLocked() {
+    if (closing_ || ssd_ == nullptr) return;
+    std::vector<Loaded> batch;
+    {
+      std::lock_guard q(load_q_mu_);
+      batch.swap(load_q_);
+    }
+    for (const Loaded& l : batch) {
+      uint64_t v = 0;
+      if (dir_.count(l.key) || !ssd_->Contains(l.key, &v) || v != l.version) continue;
+      dir_[l.key] = {l.tenant, l.bytes};
+      tenant_bytes_[l.tenant] += l.bytes;
+    }
+  }
+
+ public:
+  ~TierManagerImpl() override {
+    {
+      std::lock_guard lock(mu_);
+      closing_ = true;
+    }
+    ssd_.reset();  // joins the SSD index load before the members it reports to go away
+  }
+
+ private:
   TierManagerOptions o_;
   const Clock* clock_;
   std::unique_ptr<MemoryTier> hbm_, dram_;
@@ -220,6 +246,15 @@ class TierManagerImpl final : public TierManager {
   std::set<std::pair<uint64_t, Key>> pin_expiry_;
   uint64_t version_ = 0;
   uint64_t admissions_ = 0, admission_rejections_ = 0;
+  bool closing_ = false;
+  struct Loaded {
+    Key key;
+    TenantId tenant;
+    uint64_t version;
+    uint64_t bytes;
+  };
+  std::mutex load_q_mu_;        // after mu_ in lock order; taken alone by the SSD load thread
+  std::vector<Loaded> load_q_;  // bounded by the number of indexed units
   std::atomic<uint64_t> misses_never_stored_{0}, misses_evicted_{0}, misses_expired_{0},
       misses_checksum_{0}, io_errors_{0};
 };
@@ -257,12 +292,21 @@ Status TierManagerImpl::Init() {
     so.eviction_policy = o_.eviction_policy;
     so.policy_params = o_.policy_params;
     so.clock = clock_;
-    KVTIER_ASSIGN_OR_RETURN(ssd_, SsdTier::Open(so));
+    // Warm restart: the SSD tier loads its index in the background and reports what it
+    // loaded; the directory (tenant accounting) is filled from those reports.
+    so.on_index_load = [this](std::span<const std::pair<Key, SsdMeta>> loaded) {
+      {
+        std::lock_guard q(load_q_mu_);
+        for (const auto& [k, m] : loaded) load_q_.push_back({k, m.tenant, m.version, m.raw_bytes});
+      }
+      std::unique_lock lock(mu_, std::try_to_lock);  // never wait: mu_ may wait for the load
+      if (lock.owns_lock()) DrainLoadedLocked();
+    };
+    KVTIER_ASSIGN_OR_RETURN(auto ssd, SsdTier::Open(so));
+    std::lock_guard lock(mu_);
+    ssd_ = std::move(ssd);
     version_ = ssd_->max_version();
-    ssd_->ForEach([&](const Key& k, const SsdMeta& m) {
-      dir_[k] = {m.tenant, m.raw_bytes};
-      tenant_bytes_[m.tenant] += m.raw_bytes;
-    });
+    DrainLoadedLocked();
   }
   if (!hbm_ && !dram_ && !ssd_) return Status::InvalidArgument("every tier has capacity 0");
   return Status::Ok();
@@ -383,6 +427,7 @@ Status TierManagerImpl::Put(const Key& key, std::span<const uint8_t> value,
   }
   if (options.highest_tier == Tier::kNone) return Status::InvalidArgument("highest_tier none");
   std::lock_guard lock(mu_);
+  DrainLoadedLocked();
   ExpirePinsLocked();
   uint64_t old_bytes = 0;
   if (auto it = dir_.find(key); it != dir_.end() && it->second.tenant == options.tenant) {
@@ -622,10 +667,19 @@ Status TierManagerImpl::Delete(const Key& key) {
 }
 
 Status TierManagerImpl::DeleteTenant(TenantId tenant) {
+  // Every SSD unit of the tenant must be found, also those the background index load has
+  // not reported yet: wait for the load (without mu_: the load never waits for mu_).
+  if (ssd_) ssd_->WaitForIndexLoad();
   std::lock_guard lock(mu_);
+  DrainLoadedLocked();
   std::vector<Key> keys;
   for (const auto& [k, d] : dir_) {
     if (d.tenant == tenant) keys.push_back(k);
+  }
+  if (ssd_) {
+    ssd_->ForEach([&](const Key& k, const SsdMeta& m) {
+      if (m.tenant == tenant && !dir_.count(k)) keys.push_back(k);
+    });
   }
   for (const Key& k : keys) {
     RemoveEverywhereLocked(k);
@@ -675,6 +729,7 @@ Stats TierManagerImpl::GetStats() const {
   s.misses_checksum = misses_checksum_.load();
   s.io_errors = io_errors_.load();
   std::lock_guard lock(mu_);
+  const_cast<TierManagerImpl*>(this)->DrainLoadedLocked();
   s.admissions = admissions_;
   s.admission_rejections = admission_rejections_;
   for (const auto& [t, b] : tenant_bytes_) s.tenant_bytes.emplace_back(t, b);

@@ -123,7 +123,13 @@ class TierManagerImpl final : public TierManager {
   Stats GetStats() const override;
   Status Flush() override {
     if (ssd_ == nullptr) return Status::Ok();
-    return ssd_->Flush();
+    Status written_back;
+    {
+      std::lock_guard lock(mu_);
+      written_back = WriteBackLocked();
+    }
+    Status flushed = ssd_->Flush();
+    return written_back.ok() ? flushed : written_back;
   }
 
  private:
@@ -192,6 +198,11 @@ class TierManagerImpl final : public TierManager {
   Status PlaceLocked(Tier tier, const Key& key, std::span<const uint8_t> value,
                      const MemMeta& meta);
   void DemoteLocked(Tier tier, const Key& victim);
+  // Copies every unexpired memory-tier unit that may reach SSD (allow_ssd) and whose current
+  // version the SSD does not hold yet to the SSD tier, keeping the memory copy (inclusive).
+  // Flush uses it so that a graceful shutdown loses nothing acknowledged. It bypasses the
+  // admission policy: Flush's contract is durability for everything acknowledged.
+  Status WriteBackLocked();
   void RemoveEverywhereLocked(const Key& key);
   // The unit left the cache (all tiers) for reason r: forget it in the directory.
   void DroppedLocked(const Key& key, MissReason r);
@@ -417,6 +428,33 @@ void TierManagerImpl::DemoteLocked(Tier tier, const Key& victim) {
     if (ssd_ && ssd_->Contains(victim)) (void)ssd_->Remove(victim);  // never leave a stale copy
     DroppedLocked(victim, Expired(meta.expires_ms) ? MissReason::kExpired : MissReason::kEvicted);
   }
+}
+
+Status TierManagerImpl::WriteBackLocked() {
+  Status first_error;
+  size_t failed = 0;
+  for (Tier tier : {Tier::kHbm, Tier::kDram}) {
+    MemoryTier* mem = MemTier(tier);
+    if (mem == nullptr) continue;
+    std::vector<Key> candidates;
+    mem->ForEach([&](const Key& key, const MemMeta& meta) {
+      if (meta.allow_ssd && !Expired(meta.expires_ms)) candidates.push_back(key);
+    });
+    std::vector<uint8_t> bytes;
+    for (const Key& key : candidates) {
+      MemMeta meta;
+      if (!mem->Read(key, &bytes, &meta, /*count=*/false).ok()) continue;  // gone meanwhile
+      uint64_t version = 0;
+      if (ssd_->Contains(key, &version) && version == meta.version) continue;
+      Status st = PlaceLocked(Tier::kSsd, key, bytes, meta);
+      if (!st.ok()) {
+        ++failed;
+        if (first_error.ok()) first_error = st;
+      }
+    }
+  }
+  if (failed == 0) return Status::Ok();
+  return first_error.WithContext(std::to_string(failed) + " memory-tier units not written back");
 }
 
 Status TierManagerImpl::Put(const Key& key, std::span<const uint8_t> value,

@@ -722,6 +722,45 @@ TEST_F(TierManagerTest, DramEvictionDemotesToSsdAndGetPromotes) {
   EXPECT_EQ(out, MakeValue(chain[0], 2, 20000));
 }
 
+// Flush writes DRAM-only units back to SSD (keeping the DRAM copy), so a clean close and
+// reopen loses nothing acknowledged; SWA units (allow_ssd=false) stay out of SSD.
+TEST_F(TierManagerTest, FlushWritesDramUnitsBackSoTheySurviveReopen) {
+  constexpr int kUnits = 20;  // 20 x 20 KB fits the 1 MB DRAM tier: nothing is demoted
+  PutOptions swa;
+  swa.kind = policies::ObjectKind::kSwa;
+  swa.allow_ssd = false;
+  {
+    auto tm = TierManager::Open(Options());
+    ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+    for (int i = 0; i < kUnits; ++i) {
+      Key k = MakeKey(i);
+      ASSERT_TRUE((*tm)->Put(k, MakeValue(k, 1, 20000), {}).ok());
+    }
+    Key swa_key = MakeKey(1000);
+    ASSERT_TRUE((*tm)->Put(swa_key, MakeValue(swa_key, 1, 2000), swa).ok());
+    EXPECT_EQ((*tm)->GetStats().ssd.objects, 0u) << "nothing was demoted before the flush";
+    ASSERT_TRUE((*tm)->Flush().ok());
+    EXPECT_EQ((*tm)->GetStats().ssd.objects, static_cast<uint64_t>(kUnits));
+    std::vector<uint8_t> out;
+    Tier from = Tier::kNone;
+    ASSERT_TRUE((*tm)->Get(MakeKey(0), &out, &from).ok());
+    EXPECT_EQ(from, Tier::kDram) << "the DRAM copy is kept";
+    ASSERT_TRUE((*tm)->Flush().ok());  // idempotent: the same versions are not written twice
+    EXPECT_EQ((*tm)->GetStats().ssd.objects, static_cast<uint64_t>(kUnits));
+  }
+  auto tm = TierManager::Open(Options());
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  std::vector<uint8_t> out;
+  for (int i = 0; i < kUnits; ++i) {
+    Key k = MakeKey(i);
+    Tier from = Tier::kNone;
+    ASSERT_TRUE((*tm)->Get(k, &out, &from).ok()) << i;
+    EXPECT_EQ(from, Tier::kSsd);
+    EXPECT_EQ(out, MakeValue(k, 1, 20000));
+  }
+  EXPECT_TRUE((*tm)->Get(MakeKey(1000), &out).IsNotFound()) << "SWA state never reaches SSD";
+}
+
 TEST_F(TierManagerTest, HbmDramSsdPlacement) {
   TierManagerOptions o = Options();
   o.hbm_capacity_bytes = 256 << 10;

@@ -26,14 +26,19 @@ using wire::Opcode;
 constexpr size_t kRecvChunkBytes = 256 * 1024;
 constexpr uint64_t kShmAlignBytes = 64;
 
-Status SendAll(int fd, std::span<const uint8_t> bytes) {
+// Sends every byte (retrying partial sends and EINTR); *sent_out: bytes sent before an error.
+Status SendAll(int fd, std::span<const uint8_t> bytes, size_t* sent_out = nullptr) {
   size_t off = 0;
   while (off < bytes.size()) {
     ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status::IOError(std::string("send: ") + std::strerror(errno));
+    if (n <= 0) {
+      if (sent_out != nullptr) *sent_out = off;
+      return Status::IOError(std::string("send: ") + std::strerror(errno));
+    }
     off += static_cast<size_t>(n);
   }
+  if (sent_out != nullptr) *sent_out = off;
   return Status::Ok();
 }
 
@@ -201,7 +206,7 @@ class ClientImpl final : public Client {
       size_t end = i;
       uint64_t bytes = 0;
       uint64_t frame_budget = hello_.max_frame_bytes > 4096 ? hello_.max_frame_bytes - 4096 : 0;
-      while (end < units.size() && end - i < wire::kMaxBatchKeys &&
+      while (end < units.size() && end - i < BatchLimit() &&
              (end == i || bytes + units[end].value.size() + 80 <= frame_budget)) {
         bytes += units[end].value.size() + 80;
         ++end;
@@ -249,26 +254,32 @@ class ClientImpl final : public Client {
 
   Status Get(std::span<const wire::Key> keys,
              const std::function<void(size_t, const GetItem&)>& visit) override {
-    for (size_t base = 0; base < keys.size(); base += wire::kMaxBatchKeys) {
-      size_t n = std::min<size_t>(wire::kMaxBatchKeys, keys.size() - base);
+    for (size_t base = 0; base < keys.size(); base += BatchLimit()) {
+      size_t n = std::min<size_t>(BatchLimit(), keys.size() - base);
       KVTIER_RETURN_IF_ERROR(GetChunk(keys.subspan(base, n), base, visit));
     }
     return Status::Ok();
   }
 
   Status Prefetch(std::span<const wire::Key> keys) override {
-    return Simple(Opcode::kPrefetch, wire::EncodeKeys(keys), nullptr);
+    return ForEachBatch(keys, [&](std::span<const wire::Key> b) {
+      return Simple(Opcode::kPrefetch, wire::EncodeKeys(b), nullptr);
+    });
   }
   Status Pin(std::span<const wire::Key> keys, uint64_t lease_ms) override {
-    return Simple(Opcode::kPin, wire::EncodePin(lease_ms, keys), nullptr);
+    return ForEachBatch(keys, [&](std::span<const wire::Key> b) {
+      return Simple(Opcode::kPin, wire::EncodePin(lease_ms, b), nullptr);
+    });
   }
   Status Unpin(std::span<const wire::Key> keys) override {
-    return Simple(Opcode::kUnpin, wire::EncodeKeys(keys), nullptr);
+    return ForEachBatch(keys, [&](std::span<const wire::Key> b) {
+      return Simple(Opcode::kUnpin, wire::EncodeKeys(b), nullptr);
+    });
   }
   StatusOr<uint32_t> Delete(std::span<const wire::Key> keys) override {
     uint32_t total = 0;
-    for (size_t base = 0; base < keys.size() || base == 0; base += wire::kMaxBatchKeys) {
-      size_t n = std::min<size_t>(wire::kMaxBatchKeys, keys.size() - base);
+    for (size_t base = 0; base < keys.size() || base == 0; base += BatchLimit()) {
+      size_t n = std::min<size_t>(BatchLimit(), keys.size() - base);
       wire::DeleteRequest req;
       req.keys.assign(keys.begin() + base, keys.begin() + base + n);
       uint32_t deleted = 0;
@@ -302,6 +313,22 @@ class ClientImpl final : public Client {
   }
 
  private:
+  // Keys per request: the daemon's advertised max_batch_keys (HELLO), never above the wire
+  // format's kMaxBatchKeys; every batch call is split at it.
+  size_t BatchLimit() const {
+    uint32_t m = hello_.max_batch_keys;
+    return m == 0 || m > wire::kMaxBatchKeys ? wire::kMaxBatchKeys : m;
+  }
+  // Runs call(b) for consecutive slices of at most BatchLimit() keys (once for no keys).
+  Status ForEachBatch(std::span<const wire::Key> keys,
+                      const std::function<Status(std::span<const wire::Key>)>& call) {
+    if (keys.empty()) return call(keys);
+    for (size_t base = 0; base < keys.size(); base += BatchLimit()) {
+      KVTIER_RETURN_IF_ERROR(call(keys.subspan(base, std::min(BatchLimit(), keys.size() - base))));
+    }
+    return Status::Ok();
+  }
+
   // Blocking request/response used before the reader thread exists. Collects a passed fd.
   StatusOr<Frame> SyncCall(Opcode op, const std::vector<uint8_t>& body, int* fd_out) {
     uint64_t id = next_id_++;
@@ -395,13 +422,29 @@ class ClientImpl final : public Client {
       }
       pending_.emplace(id, std::move(p));
     }
+    // A frame the daemon would refuse from its header (over max_frame_bytes) would make it
+    // close the connection: refuse it here and keep the connection.
+    const uint64_t frame_bytes = uint64_t{wire::kHeaderBytes} + body.size();
+    const uint64_t limit = std::min<uint64_t>(
+        hello_.max_frame_bytes != 0 ? hello_.max_frame_bytes : options_.max_frame_bytes,
+        uint64_t{UINT32_MAX});
+    if (frame_bytes > limit) {
+      Abandon(id,
+              Status::InvalidArgument("request frame of " + std::to_string(frame_bytes) +
+                                      " bytes exceeds max_frame_bytes " + std::to_string(limit)));
+      return fut;
+    }
     auto h =
         wire::EncodeHeader(static_cast<uint8_t>(op), flags, id, static_cast<uint32_t>(body.size()));
     Status st;
     {
       std::lock_guard<std::mutex> lock(write_mu_);
-      st = SendAll(fd_, h);
-      if (st.ok()) st = SendAll(fd_, body);
+      size_t sent = 0, body_sent = 0;
+      st = SendAll(fd_, h, &sent);
+      if (st.ok()) st = SendAll(fd_, body, &body_sent);
+      // A partly sent frame loses framing for every later request: fail the connection (the
+      // reader then fails everything pending) rather than send the next header mid-body.
+      if (!st.ok() && sent + body_sent > 0) ::shutdown(fd_, SHUT_RDWR);
     }
     if (!st.ok()) Abandon(id, st);
     return fut;
@@ -449,8 +492,8 @@ class ClientImpl final : public Client {
 
   StatusOr<LookupResult> DoLookup(const std::vector<wire::Key>& keys) {
     LookupResult out;
-    for (size_t base = 0; base < keys.size() || base == 0; base += wire::kMaxBatchKeys) {
-      size_t n = std::min<size_t>(wire::kMaxBatchKeys, keys.size() - base);
+    for (size_t base = 0; base < keys.size() || base == 0; base += BatchLimit()) {
+      size_t n = std::min<size_t>(BatchLimit(), keys.size() - base);
       wire::LookupReply reply;
       KVTIER_RETURN_IF_ERROR(Simple(
           Opcode::kLookup, wire::EncodeKeys(std::span<const wire::Key>(keys).subspan(base, n)),

@@ -113,6 +113,7 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
       {"limits.max_frame_bytes", UintKey("limits.max_frame_bytes", &o.max_frame_bytes)},
       {"limits.max_inflight_per_connection",
        UintKey("limits.max_inflight_per_connection", &o.max_inflight_per_connection)},
+      {"limits.max_batch_keys", UintKey("limits.max_batch_keys", &o.max_batch_keys)},
       {"limits.max_connections", UintKey("limits.max_connections", &o.max_connections)},
       {"limits.frame_timeout_ms", UintKey("limits.frame_timeout_ms", &o.frame_timeout_ms)},
       {"limits.shm_max_bytes", UintKey("limits.shm_max_bytes", &o.shm_max_bytes)},
@@ -203,6 +204,9 @@ Status Finalize(DaemonOptions* o) {
   if (o->max_frame_bytes > (1ull << 32)) return Bad("limits.max_frame_bytes", "at most 4 GiB");
   if (o->max_inflight_per_connection == 0) {
     return Bad("limits.max_inflight_per_connection", "at least 1");
+  }
+  if (o->max_batch_keys == 0 || o->max_batch_keys > 4096) {
+    return Bad("limits.max_batch_keys", "1..4096");
   }
   if (o->socket_path.size() >= 108) {
     return Bad("server.socket", "path longer than 107 bytes (sun_path limit)");

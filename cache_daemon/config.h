@@ -34,6 +34,10 @@ struct DaemonOptions {
   // [limits]
   uint64_t max_frame_bytes = (64ull << 20) + (1ull << 20);  // one native frame, header included
   uint32_t max_inflight_per_connection = 64;  // frames executing per connection (then backpressure)
+  // Keys (units) in one native LOOKUP/PUT/GET/PREFETCH/PIN/UNPIN/DELETE, 1..4096 (the wire
+  // format's kMaxBatchKeys). Advertised in the HELLO response; the client splits at it; a
+  // request over it is answered invalid_argument and the connection stays open.
+  uint32_t max_batch_keys = 4096;
   uint32_t max_connections = 1024;            // all fronts together; more are closed at once
   uint64_t frame_timeout_ms = 10000;          // a started frame / RESP command must complete
   uint64_t shm_max_bytes = 256ull << 20;      // shared-memory region per Unix connection

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 
@@ -306,7 +307,7 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
         r.authenticated = tenant_ != nullptr && shared_->tenants->auth_enabled();
         r.max_frame_bytes = shared_->options->max_frame_bytes;
         r.max_inflight = shared_->options->max_inflight_per_connection;
-        r.max_batch_keys = wire::kMaxBatchKeys;
+        r.max_batch_keys = BatchLimit();
         r.tenant_name = tenant_ != nullptr ? tenant_->name : "";
         wire::EncodeHelloResponse(r, w);
       });
@@ -411,6 +412,18 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
     Enqueue({std::move(out), st.ok() ? shm_fd_ : -1});
   }
 
+  // The advertised and enforced key limit of one batch (limits.max_batch_keys).
+  uint32_t BatchLimit() const {
+    return std::clamp<uint32_t>(shared_->options->max_batch_keys, 1, wire::kMaxBatchKeys);
+  }
+  // A batch over the limit is answered invalid_argument. The frame it came in was already
+  // consumed whole by the parser, so the connection stays framed and open.
+  Status CheckBatch(size_t keys) const {
+    if (keys <= BatchLimit()) return Status::Ok();
+    return Status::InvalidArgument("batch of " + std::to_string(keys) +
+                                   " keys exceeds max_batch_keys " + std::to_string(BatchLimit()));
+  }
+
   // Bounds check of a client-supplied shared-memory range (overflow-safe).
   bool InShm(uint64_t offset, uint64_t bytes) const {
     return shm_ != nullptr && offset <= shm_bytes_ && bytes <= shm_bytes_ - offset;
@@ -470,12 +483,14 @@ Status NativeSession::ExecuteInto(const wire::Frame& f, StatusCode* code,
   switch (static_cast<Opcode>(h.opcode)) {
     case Opcode::kLookup: {
       KVTIER_ASSIGN_OR_RETURN(std::vector<wire::Key> keys, wire::DecodeKeys(f.body));
+      KVTIER_RETURN_IF_ERROR(CheckBatch(keys.size()));
       wire::LookupReply r = svc->Lookup(t, keys, unit_tokens_);
       *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { wire::EncodeLookupReply(r, w); });
       return Status::Ok();
     }
     case Opcode::kPut: {
       KVTIER_ASSIGN_OR_RETURN(wire::PutRequest req, wire::DecodePut(f.body, shm));
+      KVTIER_RETURN_IF_ERROR(CheckBatch(req.units.size()));
       std::vector<PutItem> items(req.units.size());
       for (size_t i = 0; i < req.units.size(); ++i) {
         const wire::PutUnit& u = req.units[i];
@@ -500,6 +515,7 @@ Status NativeSession::ExecuteInto(const wire::Frame& f, StatusCode* code,
     }
     case Opcode::kGet: {
       KVTIER_ASSIGN_OR_RETURN(wire::GetRequest req, wire::DecodeGet(f.body, shm));
+      KVTIER_RETURN_IF_ERROR(CheckBatch(req.keys.size()));
       if (shm && !InShm(req.dst_offset, req.dst_capacity)) {
         return Status::InvalidArgument("get destination outside the shared-memory region");
       }
@@ -538,24 +554,28 @@ Status NativeSession::ExecuteInto(const wire::Frame& f, StatusCode* code,
     }
     case Opcode::kPrefetch: {
       KVTIER_ASSIGN_OR_RETURN(std::vector<wire::Key> keys, wire::DecodeKeys(f.body));
+      KVTIER_RETURN_IF_ERROR(CheckBatch(keys.size()));
       KVTIER_RETURN_IF_ERROR(svc->Prefetch(t, keys));
       *out = Response(h, 0, Status::Ok());
       return Status::Ok();
     }
     case Opcode::kPin: {
       KVTIER_ASSIGN_OR_RETURN(wire::PinRequest req, wire::DecodePin(f.body));
+      KVTIER_RETURN_IF_ERROR(CheckBatch(req.keys.size()));
       KVTIER_RETURN_IF_ERROR(svc->Pin(t, req.keys, req.lease_ms));
       *out = Response(h, 0, Status::Ok());
       return Status::Ok();
     }
     case Opcode::kUnpin: {
       KVTIER_ASSIGN_OR_RETURN(std::vector<wire::Key> keys, wire::DecodeKeys(f.body));
+      KVTIER_RETURN_IF_ERROR(CheckBatch(keys.size()));
       KVTIER_RETURN_IF_ERROR(svc->Unpin(t, keys));
       *out = Response(h, 0, Status::Ok());
       return Status::Ok();
     }
     case Opcode::kDelete: {
       KVTIER_ASSIGN_OR_RETURN(wire::DeleteRequest req, wire::DecodeDelete(f.body));
+      KVTIER_RETURN_IF_ERROR(CheckBatch(req.keys.size()));
       uint32_t deleted = 0;
       if (req.scope == 1) {
         KVTIER_RETURN_IF_ERROR(svc->DeleteTenant(t));

@@ -3,7 +3,9 @@
 // slow clients, RESP, HTTP admin, graceful shutdown. The real store is covered by tests/e2e.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "cache_daemon/client.h"
@@ -52,6 +54,7 @@ class DaemonTest : public ::testing::Test {
     o_.max_frame_bytes = 4u << 20;
     o_.frame_timeout_ms = frame_timeout_ms;
     o_.shm_max_bytes = 8u << 20;
+    o_.max_batch_keys = max_batch_keys_;
     std::vector<uint8_t> secret(32, 7);
     std::unique_ptr<TenantRegistry> tenants;
     if (auth) {
@@ -126,6 +129,7 @@ class DaemonTest : public ::testing::Test {
   DaemonOptions o_;
   FakeTierManager* store_ = nullptr;
   std::unique_ptr<Daemon> daemon_;
+  uint32_t max_batch_keys_ = wire::kMaxBatchKeys;  // set before StartDaemon
   static inline int counter_ = 0;
 };
 
@@ -307,6 +311,213 @@ TEST_F(DaemonTest, BadInputGetsCleanErrorsAndDaemonStaysHealthy) {
   std::string metrics = kt::HttpRequest(o_.http_port, "GET", "/metrics");
   EXPECT_NE(metrics.find("kvtier_slow_client_disconnects_total 1"), std::string::npos);
   EXPECT_EQ(metrics.find("kvtier_protocol_errors_total 0\n"), std::string::npos);
+}
+
+// Reads whole response frames until n arrived (or timeout / close); keyed by request id.
+std::map<uint64_t, wire::Frame> ReadFrames(int fd, size_t n, bool* closed) {
+  std::map<uint64_t, wire::Frame> out;
+  wire::FrameParser parser(64u << 20);
+  while (out.size() < n) {
+    wire::Frame f;
+    StatusOr<bool> got = parser.Next(&f);
+    if (!got.ok()) break;
+    if (*got) {
+      out[f.header.request_id] = std::move(f);
+      continue;
+    }
+    std::string more = kt::RecvFor(fd, 1, 3000, closed);
+    if (more.empty()) break;
+    parser.Append(
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(more.data()), more.size()));
+  }
+  return out;
+}
+
+StatusCode FrameCode(const wire::Frame& f) {
+  wire::Reader r(f.body);
+  Status st;
+  if (!wire::DecodeStatus(&r, &st).ok()) return StatusCode::kInternal;
+  return st.code();
+}
+
+// Regression for the resume bench at 16K tokens (256 units + the hot-state key = 257 keys in
+// one GET over shared memory). The client must split every batch call at the daemon's
+// advertised limit, and the daemon must answer an over-limit batch with a clean error and
+// keep the connection framed.
+TEST_F(DaemonTest, BatchesOverTheAdvertisedLimitAreSplitAndRefusedCleanly) {
+  max_batch_keys_ = 256;
+  StartDaemon(false);
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->shm_attached());
+  EXPECT_EQ(c->hello().max_batch_keys, 256u);
+  constexpr int kUnits = 257;
+  constexpr size_t kUnitBytes = 14400;  // ~ one 64-token unit of the resume bench model
+  std::vector<std::vector<uint8_t>> values;
+  std::vector<wire::Key> keys;
+  std::vector<PutUnit> units;
+  for (int i = 0; i < kUnits; ++i) {
+    values.push_back(Value(i, kUnitBytes + static_cast<size_t>(i % 5)));
+    keys.push_back(ChainKey(1000 + i));
+  }
+  for (int i = 0; i < kUnits; ++i)
+    units.push_back({keys[i], i ? keys[i - 1] : wire::Key{}, values[i]});
+  auto put = c->Put(units, PutOptions{});
+  ASSERT_TRUE(put.ok()) << put.status().ToString();
+  ASSERT_EQ(put->size(), static_cast<size_t>(kUnits));
+  for (const Status& s : *put) EXPECT_TRUE(s.ok()) << s.ToString();
+  auto lk = c->Lookup(keys);
+  ASSERT_TRUE(lk.ok()) << lk.status().ToString();
+  EXPECT_EQ(lk->hit_count, static_cast<size_t>(kUnits));
+  // The failing call: one GET of 257 ~14 KB values through shared memory.
+  std::vector<std::vector<uint8_t>> got;
+  std::vector<bool> found;
+  Status gs = c->GetCopy(keys, &got, &found);
+  ASSERT_TRUE(gs.ok()) << gs.ToString();
+  for (int i = 0; i < kUnits; ++i) {
+    ASSERT_TRUE(found[i]) << i;
+    EXPECT_EQ(got[i], values[i]) << i;
+  }
+  EXPECT_TRUE(c->Prefetch(keys).ok());
+  EXPECT_TRUE(c->Pin(keys, 1000).ok());
+  EXPECT_TRUE(c->Unpin(keys).ok());
+  // Same over TCP (inline values).
+  auto tcp = Connect("", /*tcp=*/true);
+  ASSERT_NE(tcp, nullptr);
+  ASSERT_TRUE(tcp->GetCopy(keys, &got, &found).ok());
+  for (int i = 0; i < kUnits; ++i) EXPECT_EQ(got[i], values[i]) << i;
+
+  // A raw client that ignores the limit: every over-limit request is answered
+  // invalid_argument with its own request id, and the next frame on the connection is still
+  // parsed as a frame.
+  int fd = kt::ConnectUnix(o_.socket_path);
+  ASSERT_GE(fd, 0);
+  std::vector<wire::Key> over(keys.begin(), keys.end());  // 257 keys
+  std::vector<uint8_t> stream;
+  auto add = [&](wire::Opcode op, uint64_t id, const std::vector<uint8_t>& body) {
+    auto f = wire::BuildFrame(static_cast<uint8_t>(op), 0, id, body);
+    stream.insert(stream.end(), f.begin(), f.end());
+  };
+  wire::GetRequest get_req;
+  get_req.keys = over;
+  wire::PutRequest put_req;
+  for (int i = 0; i < kUnits; ++i) {
+    wire::PutUnit u;
+    u.key = keys[i];
+    u.value = values[0];
+    u.value_bytes = static_cast<uint32_t>(values[0].size());
+    put_req.units.push_back(u);
+  }
+  wire::DeleteRequest del_req;
+  del_req.keys = over;
+  add(wire::Opcode::kGet, 11, wire::EncodeGet(get_req, false));
+  add(wire::Opcode::kLookup, 12, wire::EncodeKeys(over));
+  add(wire::Opcode::kPut, 13, wire::EncodePut(put_req, false));
+  add(wire::Opcode::kPrefetch, 14, wire::EncodeKeys(over));
+  add(wire::Opcode::kPin, 15, wire::EncodePin(10, over));
+  add(wire::Opcode::kUnpin, 16, wire::EncodeKeys(over));
+  add(wire::Opcode::kDelete, 17, wire::EncodeDelete(del_req));
+  add(wire::Opcode::kLookup, 18, wire::EncodeKeys(std::span<const wire::Key>(keys).first(256)));
+  ASSERT_TRUE(kt::SendAllRaw(fd, stream.data(), stream.size()));
+  bool closed = false;
+  auto frames = ReadFrames(fd, 8, &closed);
+  ASSERT_EQ(frames.size(), 8u);
+  for (uint64_t id = 11; id <= 17; ++id) {
+    EXPECT_EQ(FrameCode(frames[id]), StatusCode::kInvalidArgument) << id;
+  }
+  EXPECT_EQ(FrameCode(frames[18]), StatusCode::kOk);
+  wire::Reader r(frames[18].body);
+  Status st;
+  ASSERT_TRUE(wire::DecodeStatus(&r, &st).ok());
+  auto reply = wire::DecodeLookupReply(&r);
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(reply->hit_count, 256u);
+  EXPECT_FALSE(closed);
+  ::close(fd);
+  // Nothing was deleted by the refused DELETE.
+  lk = c->Lookup(keys);
+  ASSERT_TRUE(lk.ok());
+  EXPECT_EQ(lk->hit_count, static_cast<size_t>(kUnits));
+}
+
+// Frames that arrive one byte at a time, pipelined errors of every kind between good
+// requests, and a frame split across reads at every boundary: the daemon answers each by
+// its request id and never loses framing.
+TEST_F(DaemonTest, ByteAtATimePipelineWithErrorsKeepsFraming) {
+  StartDaemon(false);
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  PutGetRoundTrip(c.get(), 0, 3000);
+  std::vector<wire::Key> keys;
+  for (int i = 0; i < 8; ++i) keys.push_back(ChainKey(i));
+  std::vector<uint8_t> stream;
+  auto add = [&](uint8_t op, uint64_t id, const std::vector<uint8_t>& body, uint16_t flags = 0) {
+    auto f = wire::BuildFrame(op, flags, id, body);
+    stream.insert(stream.end(), f.begin(), f.end());
+  };
+  const auto op = [](wire::Opcode o) { return static_cast<uint8_t>(o); };
+  wire::GetRequest gr;
+  gr.keys = keys;
+  add(op(wire::Opcode::kGet), 1, wire::EncodeGet(gr, false));                 // ok
+  add(0x7f, 2, {1, 2, 3});                                                    // unknown
+  add(op(wire::Opcode::kGet), 3, wire::EncodeGet(gr, true), wire::kFlagShm);  // no shm
+  add(op(wire::Opcode::kLookup), 4, {8, 0, 1, 2});                            // truncated
+  std::vector<uint8_t> trailing = wire::EncodeKeys(keys);
+  trailing.push_back(0);
+  add(op(wire::Opcode::kLookup), 5, trailing);                     // trailing
+  add(op(wire::Opcode::kPolicySet), 6, {0xff, 0xff, 0xff, 0x7f});  // bad text
+  add(op(wire::Opcode::kLookup), 8, wire::EncodeKeys(keys));       // ok
+  int fd = kt::ConnectUnix(o_.socket_path);
+  ASSERT_GE(fd, 0);
+  for (uint8_t b : stream) ASSERT_TRUE(kt::SendAllRaw(fd, &b, 1));
+  bool closed = false;
+  auto frames = ReadFrames(fd, 7, &closed);
+  ASSERT_EQ(frames.size(), 7u) << "closed=" << closed;
+  EXPECT_EQ(FrameCode(frames[1]), StatusCode::kOk);
+  for (uint64_t id : {2, 3, 4, 5, 6}) {
+    EXPECT_EQ(FrameCode(frames[id]), StatusCode::kInvalidArgument) << id;
+    EXPECT_EQ(frames[id].header.request_id, id);
+  }
+  EXPECT_EQ(FrameCode(frames[8]), StatusCode::kOk);
+  // The GET's values came back intact, in order.
+  wire::Reader r(frames[1].body);
+  Status st;
+  ASSERT_TRUE(wire::DecodeStatus(&r, &st).ok());
+  auto entries = wire::DecodeGetResponse(&r, false);
+  ASSERT_TRUE(entries.ok());
+  ASSERT_EQ(entries->size(), keys.size());
+  for (int i = 0; i < 8; ++i) {
+    std::vector<uint8_t> v((*entries)[i].value.begin(), (*entries)[i].value.end());
+    EXPECT_EQ(v, Value(i, 3000)) << i;
+  }
+  // Many pipelined GETs in one write, split at an odd boundary: all answered.
+  stream.clear();
+  for (uint64_t id = 100; id < 164; ++id)
+    add(op(wire::Opcode::kGet), id, wire::EncodeGet(gr, false));
+  size_t cut = stream.size() / 3 + 7;
+  ASSERT_TRUE(kt::SendAllRaw(fd, stream.data(), cut));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(kt::SendAllRaw(fd, stream.data() + cut, stream.size() - cut));
+  frames = ReadFrames(fd, 64, &closed);
+  EXPECT_EQ(frames.size(), 64u);
+  for (auto& [id, f] : frames) EXPECT_EQ(FrameCode(f), StatusCode::kOk) << id;
+  EXPECT_FALSE(closed);
+  ::close(fd);
+}
+
+// The client refuses, without sending anything, a request frame larger than the daemon's
+// max_frame_bytes (which the daemon would answer by closing the connection), and the
+// connection stays usable.
+TEST_F(DaemonTest, ClientRefusesOversizedFrameAndKeepsConnection) {
+  StartDaemon(false);
+  auto c = Connect("", /*tcp=*/true);  // inline values
+  ASSERT_NE(c, nullptr);
+  std::vector<uint8_t> big(static_cast<size_t>(o_.max_frame_bytes), 7);
+  PutUnit u{ChainKey(1), wire::Key{}, big};
+  auto put = c->Put(std::span<const PutUnit>(&u, 1), PutOptions{});
+  ASSERT_FALSE(put.ok());
+  EXPECT_TRUE(put.status().IsInvalidArgument()) << put.status().ToString();
+  PutGetRoundTrip(c.get(), 10, 2000);
 }
 
 std::string Resp(int fd, const std::string& cmd) {

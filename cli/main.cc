@@ -21,6 +21,8 @@ constexpr Command kCommands[] = {
     {"codec-demo", "layouts of the shipped models and one unit through the FP4 codec",
      kvtier::cli::RunCodecDemo},
     {"bench", "benchmarks vs a peer or physical limit: `bench storage`", kvtier::cli::RunBench},
+    {"engram", "`engram build`: write a model's Engram tables as row-server files",
+     kvtier::cli::RunEngram},
     {"stats", "tier occupancy, hits and misses of a running kvtierd", kvtier::cli::RunStats},
     {"lookup", "longest cached prefix of a key chain in kvtierd", kvtier::cli::RunLookup},
     {"put-file", "store a file in kvtierd as a chain of units (smoke test)", kvtier::cli::RunPutFile},

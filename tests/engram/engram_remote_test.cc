@@ -1,0 +1,331 @@
+// RemoteEngramRowSource against RowServers on loopback TCP serving the files written by
+// ExportEngramTables: rows and engine logits equal the local table's bit for bit, a row
+// server restarted between steps is reconnected transparently, and a server that stays
+// down is a clear error (never zeros).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/engram.h"
+#include "engine/engram_export.h"
+#include "engine/model.h"
+#include "engine/remote_engram.h"
+#include "engine/weights.h"
+#include "rdma/engram_table.h"
+#include "rdma/row_server.h"
+
+namespace kvtier::engine {
+namespace {
+
+const EngineConfig& Config() {
+  static const EngineConfig* c = [] {
+    auto r = LoadEngineConfig(KVTIER_MINI_CONFIG);
+    if (!r.ok()) std::abort();
+    return new EngineConfig(*r);
+  }();
+  return *c;
+}
+
+std::shared_ptr<const ModelWeights> Weights() {
+  static std::shared_ptr<const ModelWeights> w = [] {
+    auto r = InitWeights(Config(), 7);
+    if (!r.ok()) std::abort();
+    return std::make_shared<const ModelWeights>(std::move(*r));
+  }();
+  return w;
+}
+
+std::vector<int32_t> Prompt(int n, uint32_t seed) {
+  std::vector<int32_t> t(n);
+  uint32_t s = seed * 2654435761u + 12345;
+  for (int i = 0; i < n; ++i) {
+    s = s * 1664525u + 1013904223u;
+    t[i] = 3 + static_cast<int32_t>('a' + (s >> 24) % 26);
+  }
+  return t;
+}
+
+constexpr uint32_t kShards = 3;
+const char* kTenant = "engine-a";
+
+class RemoteEngramTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "kvtier_engram_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    // Start first (port 0) so the shard map can name the bound port.
+    server_ = std::make_unique<rdma::RowServer>(rdma::RowServerOptions{});
+    ASSERT_TRUE(server_->Start().ok());
+    port_ = server_->port();
+    EngramExportOptions eo;
+    eo.out_dir = dir_;
+    eo.shards = kShards;
+    eo.endpoints = {"127.0.0.1:" + std::to_string(port_)};
+    auto r = ExportEngramTables(Config(), *Weights(), eo);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    export_ = *r;
+    ASSERT_EQ(export_.files.size(), Config().engram_layer_ids.size() * kShards);
+    for (const auto& f : export_.files) {
+      ASSERT_TRUE(server_->RegisterTable(f.region, f.path).ok());
+      auto tok = server_->IssueGrant(f.region, kTenant, 600000);
+      ASSERT_TRUE(tok.ok());
+      tokens_[f.region] = *tok;
+    }
+  }
+  void TearDown() override {
+    source_.reset();
+    if (server_) server_->Stop();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  // A new server on the same port with the same tables and grants (a restarted row server).
+  void RestartServer() {
+    server_->Stop();
+    server_.reset();
+    rdma::RowServerOptions o;
+    o.port = port_;
+    server_ = std::make_unique<rdma::RowServer>(o);
+    for (const auto& f : export_.files) {
+      ASSERT_TRUE(server_->RegisterTable(f.region, f.path).ok());
+      ASSERT_TRUE(server_->AddGrant(tokens_[f.region], f.region, kTenant, 600000).ok());
+    }
+    Status s = server_->Start();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_EQ(server_->port(), port_);
+  }
+
+  RemoteEngramRowSource* Connect(RemoteEngramOptions o = {}) {
+    RemoteEngramConfig rc;
+    rc.shard_map_toml = export_.shard_map_toml;
+    rc.layer_ids = Config().engram_layer_ids;
+    rc.tenant = kTenant;
+    rc.tokens = tokens_;
+    auto s = RemoteEngramRowSource::ConnectTcp(Config().engram_head_dim, rc, o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return nullptr;
+    source_ = std::move(*s);
+    return source_.get();
+  }
+
+  std::unique_ptr<Engine> MakeEngine(EngramRowSource* rows) {
+    EngineOptions o;
+    o.threads = 2;
+    o.engram_rows = rows;
+    auto e = Engine::Create(Config(), Weights(), o);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return e.ok() ? std::move(*e) : nullptr;
+  }
+
+  // Prefill of `prompt` then `decode_steps` greedy-free decode steps of fixed tokens;
+  // every step's logits concatenated. `between` runs after the prefill.
+  Status Run(Engine* e, const std::vector<int32_t>& prompt, int decode_steps,
+             std::vector<float>* all, const std::function<void()>& between = {}) {
+    SequenceState st = e->NewSequence();
+    std::vector<float> logits;
+    KVTIER_RETURN_IF_ERROR(e->Forward(&st, prompt, true, &logits));
+    all->insert(all->end(), logits.begin(), logits.end());
+    const std::vector<int32_t> next = Prompt(decode_steps, 99);
+    for (int i = 0; i < decode_steps; ++i) {
+      if (between && i == 1) between();
+      KVTIER_RETURN_IF_ERROR(e->Decode(&st, next[i], &logits));
+      all->insert(all->end(), logits.begin(), logits.end());
+    }
+    return Status::Ok();
+  }
+
+  std::string dir_;
+  uint16_t port_ = 0;
+  std::unique_ptr<rdma::RowServer> server_;
+  EngramExportResult export_;
+  std::map<std::string, rdma::wire::GrantToken> tokens_;
+  std::unique_ptr<RemoteEngramRowSource> source_;
+};
+
+TEST_F(RemoteEngramTest, ExportedFilesHoldTheWeightsRows) {
+  const int rd = Config().engram_head_dim;
+  for (const auto& f : export_.files) {
+    auto t = rdma::MappedTable::Open(f.path);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    const auto& h = (*t)->header();
+    EXPECT_EQ(h.row_dim, static_cast<uint32_t>(rd));
+    EXPECT_EQ(h.row_begin, f.row_begin);
+    EXPECT_EQ(h.row_count, f.row_end - f.row_begin);
+    EXPECT_EQ(h.layer_id, static_cast<uint32_t>(f.layer_id));
+    const std::string p = "layers." + std::to_string(f.layer_id) + ".engram.";
+    const Tensor* d = Weights()->Find(p + "table");
+    const Tensor* s = Weights()->Find(p + "table_scale");
+    ASSERT_NE(d, nullptr);
+    ASSERT_NE(s, nullptr);
+    for (uint64_t r = 0; r < h.row_count; ++r) {
+      const uint8_t* row = (*t)->rows().data() + r * h.row_stride_bytes;
+      const uint64_t g = h.row_begin + r;
+      ASSERT_EQ(std::memcmp(row, d->bytes.data() + g * rd, rd), 0) << f.region << " row " << g;
+      ASSERT_EQ(std::memcmp(row + rd, s->bytes.data() + g * (rd / 32), rd / 32), 0);
+    }
+  }
+}
+
+TEST_F(RemoteEngramTest, RemoteRowsEqualLocalRowsBitForBit) {
+  RemoteEngramRowSource* remote = Connect();
+  ASSERT_NE(remote, nullptr);
+  auto rows = EngramTableRows(Config());
+  ASSERT_TRUE(rows.ok());
+  std::vector<LocalEngramRowSource::Table> tables;
+  for (int l : Config().engram_layer_ids) {
+    const std::string p = "layers." + std::to_string(l) + ".engram.";
+    tables.push_back({Weights()->Find(p + "table")->bytes.data(),
+                      Weights()->Find(p + "table_scale")->bytes.data(),
+                      Weights()->Find(p + "table")->shape[0]});
+  }
+  LocalEngramRowSource local(Config().engram_head_dim, tables);
+  std::mt19937_64 rng(3);
+  for (int slot = 0; slot < static_cast<int>(tables.size()); ++slot) {
+    const int64_t n = (*rows)[slot];
+    EngramRowBatch a, b;
+    a.slot = b.slot = slot;
+    // Edges, shard boundaries, duplicates and random rows.
+    a.row_ids = {0, n - 1, n / 3, n / 3 - 1, 2 * n / 3, 0, n - 1};
+    for (int i = 0; i < 3000; ++i) a.row_ids.push_back(static_cast<int64_t>(rng() % n));
+    b.row_ids = a.row_ids;
+    ASSERT_TRUE(remote->Request(&a).ok());
+    ASSERT_TRUE(local.Request(&b).ok());
+    Status s = remote->Wait(&a);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_TRUE(local.Wait(&b).ok());
+    ASSERT_EQ(a.data.size(), b.data.size());
+    ASSERT_EQ(a.scales.size(), b.scales.size());
+    EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size()), 0);
+    EXPECT_EQ(std::memcmp(a.scales.data(), b.scales.data(), a.scales.size()), 0);
+    // A row outside the table is refused up front.
+    EngramRowBatch bad;
+    bad.slot = slot;
+    bad.row_ids = {n};
+    EXPECT_TRUE(remote->Request(&bad).IsInvalidArgument());
+  }
+  const RemoteEngramStats st = remote->stats();
+  EXPECT_EQ(st.requests, 2u);
+  EXPECT_GT(st.fetch.rows_deduplicated, 0u);
+  EXPECT_GT(st.fetch.rows_read, 0u);
+}
+
+TEST_F(RemoteEngramTest, LargeBatchesAreSplitIntoFetchesAndBoundedByStaging) {
+  RemoteEngramOptions o;
+  o.fetcher.rows_per_fetch_max = 500;  // a 2900-row batch becomes 6 fetches
+  o.staging_rows_max = 3000;
+  RemoteEngramRowSource* remote = Connect(o);
+  ASSERT_NE(remote, nullptr);
+  const std::string p = "layers." + std::to_string(Config().engram_layer_ids[1]) + ".engram.";
+  const Tensor* d = Weights()->Find(p + "table");
+  const Tensor* sc = Weights()->Find(p + "table_scale");
+  const int rd = Config().engram_head_dim;
+  EngramRowBatch b;
+  b.slot = 1;
+  for (int64_t i = 0; i < 2900; ++i) b.row_ids.push_back((i * 7919) % d->shape[0]);
+  ASSERT_TRUE(remote->Request(&b).ok());
+  // One request per slot at a time.
+  EngramRowBatch again = b;
+  EXPECT_TRUE(remote->Request(&again).IsInvalidArgument());
+  Status s = remote->Wait(&b);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (size_t i = 0; i < b.row_ids.size(); ++i) {
+    ASSERT_EQ(std::memcmp(b.data.data() + i * rd, d->bytes.data() + b.row_ids[i] * rd, rd), 0);
+    ASSERT_EQ(b.scales[i], sc->bytes[b.row_ids[i]]);  // one scale per 32-element row
+  }
+  EngramRowBatch big;
+  big.slot = 0;
+  big.row_ids.assign(3001, 5);
+  EXPECT_TRUE(remote->Request(&big).IsRejected());
+}
+
+TEST_F(RemoteEngramTest, EngineLogitsWithRemoteRowsEqualLocal) {
+  const auto prompt = Prompt(40, 5);
+  std::vector<float> local_logits, remote_logits;
+  auto local = MakeEngine(nullptr);
+  ASSERT_TRUE(Run(local.get(), prompt, 4, &local_logits).ok());
+  RemoteEngramRowSource* remote = Connect();
+  ASSERT_NE(remote, nullptr);
+  auto e = MakeEngine(remote);
+  Status s = Run(e.get(), prompt, 4, &remote_logits);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(local_logits.size(), remote_logits.size());
+  EXPECT_EQ(
+      std::memcmp(local_logits.data(), remote_logits.data(), local_logits.size() * sizeof(float)),
+      0);
+  const RemoteEngramStats st = remote->stats();
+  // Prefill + 4 decode steps, two Engram layers each.
+  EXPECT_EQ(st.requests, 10u);
+  EXPECT_EQ(st.waits, 10u);
+  EXPECT_EQ(st.failures, 0u);
+  EXPECT_GT(st.fetch.rows_read, 0u);
+}
+
+TEST_F(RemoteEngramTest, RowServerRestartedMidRunIsReconnected) {
+  const auto prompt = Prompt(32, 8);
+  std::vector<float> local_logits, remote_logits;
+  auto local = MakeEngine(nullptr);
+  ASSERT_TRUE(Run(local.get(), prompt, 4, &local_logits).ok());
+  RemoteEngramOptions o;
+  o.fetcher.hot_cache_bytes = 0;  // every step must really read from the server
+  RemoteEngramRowSource* remote = Connect(o);
+  ASSERT_NE(remote, nullptr);
+  auto e = MakeEngine(remote);
+  Status s = Run(e.get(), prompt, 4, &remote_logits, [&] { RestartServer(); });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(
+      std::memcmp(local_logits.data(), remote_logits.data(), local_logits.size() * sizeof(float)),
+      0);
+  // The new server served the later steps: the transports connected again.
+  EXPECT_GT(server_->counters().ops_served, 0u);
+  uint64_t connects = 0;
+  for (int slot = 0; slot < remote->num_slots(); ++slot)
+    for (size_t sh = 0; sh < kShards; ++sh)
+      connects += remote->fetcher(slot).transport(sh).counters().connects;
+  EXPECT_GT(connects, static_cast<uint64_t>(remote->num_slots()) * kShards);
+}
+
+TEST_F(RemoteEngramTest, ServerThatStaysDownIsAClearErrorNotZeros) {
+  RemoteEngramOptions o;
+  o.fetcher.hot_cache_bytes = 0;
+  o.fetcher.retries_max = 2;
+  o.fetcher.retry_backoff_ms = 5;
+  o.fetcher.fetch_timeout_ms = 3000;
+  o.transport.connect_timeout_ms = 300;
+  o.transport.request_timeout_ms = 1000;
+  RemoteEngramRowSource* remote = Connect(o);
+  ASSERT_NE(remote, nullptr);
+  auto e = MakeEngine(remote);
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->Forward(&st, Prompt(16, 2), false, &logits).ok());
+  server_->Stop();
+  Status s = e->Decode(&st, 40, &logits);
+  ASSERT_FALSE(s.ok());
+  std::printf("decode with the row server down: %s\n", s.ToString().c_str());
+  EXPECT_NE(s.message().find("engram slot"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("no zeros"), std::string::npos) << s.ToString();
+  // Directly: a failed batch comes back empty, never zero-filled.
+  EngramRowBatch b;
+  b.slot = 0;
+  b.row_ids = {1, 2, 3};
+  Status r = remote->Request(&b);
+  if (r.ok()) r = remote->Wait(&b);
+  EXPECT_FALSE(r.ok());
+  EXPECT_TRUE(b.data.empty());
+  EXPECT_TRUE(b.scales.empty());
+  EXPECT_GE(remote->stats().failures, 1u);
+}
+
+}  // namespace
+}  // namespace kvtier::engine

@@ -10,28 +10,18 @@
 #include <cstring>
 #include <vector>
 
+#include "common/endian.h"
+
 namespace kvtier::rdma {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'T', 'E', 'N', 'G', 'R', 'M'};
 constexpr uint32_t kVersion = 1;
 
-void Put32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-void Put64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint32_t Get32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
-  return v;
-}
-uint64_t Get64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
+using le::Get32;
+using le::Get64;
+using le::Put32;
+using le::Put64;
 
 // splitmix64: a fixed, portable generator for synthetic rows.
 uint64_t Mix(uint64_t x) {

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "common/endian.h"
+
 namespace kvtier::rdma::verbs {
 
 Status RemoteRegionTable::Add(RegionId id, const RemoteRegion& region) {
@@ -159,22 +161,10 @@ Status QpStateMachine::Apply(QpEvent e) {
 }
 
 namespace {
-void Put32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-void Put64(uint8_t* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint32_t Get32(const uint8_t* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
-  return v;
-}
-uint64_t Get64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
+using le::Get32;
+using le::Get64;
+using le::Put32;
+using le::Put64;
 }  // namespace
 
 void EncodeQpParams(const QpParams& p, uint8_t out[kQpParamsBytes]) {

@@ -6,27 +6,17 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/endian.h"
+
 namespace kvtier::storage::ssd {
 namespace {
 
-void Put16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
-void Put32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
-void Put64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
-uint16_t Get16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-uint32_t Get32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-uint64_t Get64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
+using le::Get16;
+using le::Get32;
+using le::Get64;
+using le::Put16;
+using le::Put32;
+using le::Put64;
 static_assert(std::endian::native == std::endian::little, "kvtier assumes a little-endian host");
 
 }  // namespace

@@ -458,4 +458,17 @@ std::vector<uint8_t> BuildFrame(uint8_t opcode, uint16_t flags, uint64_t request
   return out;
 }
 
+const char* TierName(uint8_t tier) {
+  switch (tier) {
+    case 0:
+      return "hbm";
+    case 1:
+      return "dram";
+    case 2:
+      return "ssd";
+    default:
+      return "none";
+  }
+}
+
 }  // namespace kvtier::daemon::wire

@@ -275,6 +275,9 @@ struct GetEntry {
 };
 StatusOr<std::vector<GetEntry>> DecodeGetResponse(Reader* r, bool shm);
 
+// "hbm", "dram", "ssd" for a wire tier byte (storage::Tier values); "none" otherwise.
+const char* TierName(uint8_t tier);
+
 // LOOKUP response: u16 hit count, one u8 tier per hit, u8 reason for the first miss.
 struct LookupReply {
   uint32_t hit_count = 0;

@@ -57,18 +57,6 @@ int Fail(const Status& st) {
   return 1;
 }
 
-const char* TierText(uint8_t t) {
-  switch (t) {
-    case 0:
-      return "hbm";
-    case 1:
-      return "dram";
-    case 2:
-      return "ssd";
-  }
-  return "none";
-}
-
 const char* ReasonText(uint8_t r) {
   static const char* kNames[] = {"none", "never_stored", "evicted", "expired", "checksum_failure"};
   return r < 5 ? kNames[r] : "unknown";
@@ -197,7 +185,7 @@ int RunLookup(Args args) {
   if (!r.ok()) return Fail(r.status());
   if (conn.json) {
     nlohmann::json tiers = nlohmann::json::array();
-    for (uint8_t t : r->tiers) tiers.push_back(TierText(t));
+    for (uint8_t t : r->tiers) tiers.push_back(daemon::wire::TierName(t));
     std::printf("%s\n",
                 nlohmann::json{{"keys", chain.size()},
                                {"hit_count", r->hit_count},

@@ -52,19 +52,6 @@ constexpr size_t kHotHeaderBytes = 12;  // magic, version, reserved, logits_coun
 // Largest vocabulary a hot state may carry (sanity bound for decoding).
 constexpr uint32_t kHotLogitsLimit = 1u << 24;
 
-const char* TierLabel(uint8_t tier) {
-  switch (tier) {
-    case 0:
-      return "hbm";
-    case 1:
-      return "dram";
-    case 2:
-      return "ssd";
-    default:
-      return "none";
-  }
-}
-
 double Ewma(double old_value, double sample) {
   return old_value > 0 ? 0.5 * old_value + 0.5 * sample : sample;
 }
@@ -549,7 +536,7 @@ std::string SessionStore::StatsJson() const {
   j["guard_recompute"] = stats_.guard_recompute;
   j["miss_recompute"] = stats_.miss_recompute;
   for (uint8_t t = 0; t < 3; ++t)
-    j[std::string("units_hit_") + TierLabel(t)] = stats_.units_hit_by_tier[t];
+    j[std::string("units_hit_") + daemon::wire::TierName(t)] = stats_.units_hit_by_tier[t];
   j["corrupt_units"] = stats_.corrupt_units;
   j["hot_state_restores"] = stats_.hot_state_restores;
   j["replays"] = stats_.replays;

@@ -1,8 +1,16 @@
 #include "engine/ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <numbers>
+
+#include "common/logging.h"
+#if KVTIER_WITH_CUDA
+#include "engine/cuda/backend.h"
+#endif
 
 namespace kvtier::engine {
 
@@ -17,7 +25,8 @@ float Dot(const float* a, const float* b, int n) {
   return s;
 }
 
-void MatMul(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out, float* y) {
+void MatMulCpu(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out,
+               float* y) {
   // Work items are blocks of output rows; each element is one Dot, so the partition never
   // changes a result.
   constexpr int kRowsPerItem = 16;
@@ -38,6 +47,42 @@ void MatMul(ThreadPool* pool, const float* x, int rows, int in, const float* w, 
   } else {
     pool->ParallelFor(items, body);
   }
+}
+
+namespace {
+std::atomic<int64_t> g_cuda_calls{0};
+#if KVTIER_WITH_CUDA
+std::atomic<bool> g_cuda_failed{false};  // set after the first CUDA error: CPU from then on
+
+// True when the CUDA path may be tried for this call.
+bool CudaEligible(int64_t work) {
+  if (work < kCudaMatMulMinWork || g_cuda_failed.load(std::memory_order_relaxed)) return false;
+  static const bool device_ok = cuda::CudaMatMulDeviceStatus().ok();
+  if (!device_ok) return false;
+  const char* env = std::getenv("KVTIER_ENGINE_CUDA");
+  return env == nullptr || std::strcmp(env, "0") != 0;
+}
+#endif
+}  // namespace
+
+int64_t MatMulCudaCalls() { return g_cuda_calls.load(std::memory_order_relaxed); }
+
+void MatMul(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out, float* y) {
+#if KVTIER_WITH_CUDA
+  if (CudaEligible(static_cast<int64_t>(rows) * out * in)) {
+    const Status st = cuda::CudaMatMul(x, rows, in, w, out, y);
+    if (st.ok()) {
+      g_cuda_calls.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    // Rejected: this call does not fit the device limits; the CPU takes it, CUDA stays on.
+    if (st.code() != StatusCode::kRejected && !g_cuda_failed.exchange(true)) {
+      KVTIER_LOG(kWarn) << "engine CUDA MatMul failed, using the CPU from now on: "
+                        << st.ToString();
+    }
+  }
+#endif
+  MatMulCpu(pool, x, rows, in, w, out, y);
 }
 
 void RmsNorm(const float* x, const float* weight, int n, double eps, float* y) {

@@ -1,4 +1,4 @@
-// Numeric building blocks of the engine (CPU reference path).
+// Numeric building blocks of the engine (CPU reference path; MatMul may run on CUDA).
 //
 // Every function computes each output element with a fixed operation order that does not
 // depend on batch size or thread count, so a token's results are bit-identical whether it
@@ -17,7 +17,20 @@ namespace kvtier::engine {
 float Dot(const float* a, const float* b, int n);
 
 // Y[t*out + o] = Dot(W + o*in, X + t*in) for t < rows, o < out (W is [out x in] row-major).
+// Runs the CUDA kernel (engine/cuda/matmul.cuh, bit-identical to MatMulCpu) when the build has
+// CUDA, a device is present (checked once), the environment variable KVTIER_ENGINE_CUDA is not
+// "0" (read on every call that qualifies) and rows*out*in >= kCudaMatMulMinWork; otherwise,
+// and after any CUDA error (logged once, then the CUDA path stays off), runs MatMulCpu.
+// `w` must be a weight matrix that stays unchanged while cached on the device
+// (engine/cuda/backend.h); activations may change freely.
 void MatMul(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out, float* y);
+// The CPU reference path of MatMul (always available).
+void MatMulCpu(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out,
+               float* y);
+// Smallest rows*out*in sent to the GPU: below it the copies cost more than the CPU work.
+inline constexpr int64_t kCudaMatMulMinWork = int64_t{1} << 16;
+// Number of MatMul calls served by the CUDA path since process start (0 without CUDA).
+int64_t MatMulCudaCalls();
 
 // y = x * rsqrt(mean(x^2) + eps) * weight (weight may be null: no weight). In place allowed.
 void RmsNorm(const float* x, const float* weight, int n, double eps, float* y);

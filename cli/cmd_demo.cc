@@ -35,6 +35,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "common/shipped_models.h"
+#include "common/temp_dir.h"
 #include "engine/config.h"
 #include "engine/model.h"
 #include "engine/session.h"
@@ -148,14 +149,6 @@ class Daemon {
 };
 
 // Removes the temporary directory however the scenario ends.
-struct TempDir {
-  fs::path path;
-  ~TempDir() {
-    std::error_code ec;
-    if (!path.empty()) fs::remove_all(path, ec);
-  }
-};
-
 // Deterministic agent-like text: a repository listing, tool output, user turns (bytes 3..258
 // of the byte tokenizer: id = byte + 3).
 std::vector<int32_t> TurnTokens(uint64_t turn, uint64_t n) {
@@ -233,15 +226,11 @@ Status RunScenario(const std::string& kvtierd, uint64_t context_tokens, uint64_t
     }
   };
   const auto t_all = Clock::now();
-  TempDir tmp;
-  {
-    std::string templ = (fs::temp_directory_path() / "kvtier-demo-XXXXXX").string();
-    if (::mkdtemp(templ.data()) == nullptr) return Status::IOError("mkdtemp failed");
-    tmp.path = templ;
-  }
-  Daemon daemon(kvtierd, tmp.path);
+  TempDir tmp("kvtier-demo-");
+  if (!tmp.ok()) return tmp.status();
+  Daemon daemon(kvtierd, tmp.path());
   KVTIER_RETURN_IF_ERROR(daemon.Start());
-  say("kvtierd started (%s), data dir %s\n", kvtierd.c_str(), (tmp.path / "data").c_str());
+  say("kvtierd started (%s), data dir %s\n", kvtierd.c_str(), tmp.File("data").c_str());
 
   const ShippedModel* mini = FindShippedModel("mini-v4.1");
   if (mini == nullptr) return Status::Internal("mini-v4.1 is not embedded");
@@ -395,7 +384,7 @@ Status RunScenario(const std::string& kvtierd, uint64_t context_tokens, uint64_t
         static_cast<unsigned long long>(fidelity_tokens), fid.top1, fid.kl_mean, fid.kl_max);
     std::printf("  (recompute by CED vs uninterrupted: top-1 %.3f, KL mean %.2e)\n", rfid.top1,
                 rfid.kl_mean);
-    std::printf("total %.1f s; kvtierd stopped, %s removed\n", Since(t_all), tmp.path.c_str());
+    std::printf("total %.1f s; kvtierd stopped, %s removed\n", Since(t_all), tmp.path().c_str());
   }
   return Status::Ok();
 }

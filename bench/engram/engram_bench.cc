@@ -18,10 +18,12 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cli/flags.h"
+#include "common/temp_dir.h"
 #include "engine/config.h"
 #include "engine/engram_export.h"
 #include "engine/model.h"
@@ -96,12 +98,11 @@ int Main(int argc, char** argv) {
   auto weights = std::make_shared<const ModelWeights>(std::move(*w));
   const double init_s = NowS() - t0;
 
-  bool own_dir = work_dir.empty();
-  if (own_dir) {
-    std::string tmpl =
-        (std::filesystem::temp_directory_path() / "kvtier_bench_engram_XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) return fail("work dir", Status::IOError("mkdtemp"));
-    work_dir = tmpl;
+  std::optional<TempDir> own_dir;  // removed at return when the user gave no --work-dir
+  if (work_dir.empty()) {
+    own_dir.emplace("kvtier_bench_engram_");
+    if (!own_dir->ok()) return fail("work dir", own_dir->status());
+    work_dir = own_dir->path();
   }
   rdma::RowServer server(rdma::RowServerOptions{});
   if (Status s = server.Start(); !s.ok()) return fail("row server", s);
@@ -196,10 +197,6 @@ int Main(int argc, char** argv) {
       std::printf("%-28s %s\n", it.key().c_str(), it.value().dump().c_str());
   }
   server.Stop();
-  if (own_dir) {
-    std::error_code ec;
-    std::filesystem::remove_all(work_dir, ec);
-  }
   return equal ? 0 : 1;
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.h"
 #include "engine/config.h"
 #include "engine/engram.h"
 #include "engine/engram_export.h"
@@ -61,9 +62,8 @@ const char* kTenant = "engine-a";
 class RemoteEngramTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "kvtier_engram_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    ASSERT_TRUE(tmp_.ok()) << tmp_.status().ToString();
+    dir_ = tmp_.path();
     // Start first (port 0) so the shard map can name the bound port.
     server_ = std::make_unique<rdma::RowServer>(rdma::RowServerOptions{});
     ASSERT_TRUE(server_->Start().ok());
@@ -86,8 +86,6 @@ class RemoteEngramTest : public ::testing::Test {
   void TearDown() override {
     source_.reset();
     if (server_) server_->Stop();
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
   }
 
   // A new server on the same port with the same tables and grants (a restarted row server).
@@ -145,6 +143,7 @@ class RemoteEngramTest : public ::testing::Test {
     return Status::Ok();
   }
 
+  TempDir tmp_{"kvtier_engram_"};  // removed after the server has stopped (declared first)
   std::string dir_;
   uint16_t port_ = 0;
   std::unique_ptr<rdma::RowServer> server_;

@@ -9,30 +9,14 @@
 #include <memory>
 #include <string>
 
+#include "common/temp_dir.h"
 #include "rdma/engram_table.h"
 #include "rdma/row_server.h"
 #include "rdma/tcp_transport.h"
 
 namespace kvtier::rdma::testing {
 
-// A fresh directory under $TMPDIR, removed with its files when destroyed.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "kvtier_rdma_XXXXXX").string();
-    char* made = ::mkdtemp(tmpl.data());
-    EXPECT_NE(made, nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using ::kvtier::TempDir;  // common/temp_dir.h
 
 inline constexpr uint64_t kSeed = 0x5eed;
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.h"
 #include "storage/tier_manager.h"
 
 namespace kvtier::storage::testing {
@@ -61,20 +62,6 @@ inline bool CheckValue(const Key& key, const std::vector<uint8_t>& v, uint64_t* 
   return true;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "kvtier-storage-XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data()) != nullptr ? tmpl : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ::kvtier::TempDir;  // common/temp_dir.h
 
 }  // namespace kvtier::storage::testing

@@ -98,6 +98,14 @@ uint8_t FloatToE4M3(float x) { return internal::ScalarFloatToE4M3(x); }
 float E4M3ToFloat(uint8_t code) { return internal::ScalarE4M3ToFloat(code); }
 float Ue8m0ToFloat(uint8_t code) { return internal::ScalarUe8m0ToFloat(code); }
 
+Status CudaDeviceStatus() {
+#ifdef KVTIER_WITH_CUDA
+  return internal::CudaDeviceStatus();
+#else
+  return CudaUnavailable();
+#endif
+}
+
 Status Quantize(QuantFormat fmt, const float* x, size_t rows, size_t n, uint8_t* data,
                 uint8_t* scales, Backend backend) {
   if (x == nullptr || data == nullptr || scales == nullptr) {

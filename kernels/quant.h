@@ -85,4 +85,8 @@ Status RoundTrip(QuantFormat fmt, float* x, size_t rows, size_t n,
 // compiled in and a device is present (otherwise kCuda calls return Unavailable).
 bool BackendAvailable(Backend backend);
 
+// OK when CUDA is compiled in and a device is present (checked once per process); otherwise
+// Unavailable with the reason. Other modules' CUDA paths (engine/cuda) gate on this too.
+Status CudaDeviceStatus();
+
 }  // namespace kvtier::kernels

@@ -9,6 +9,7 @@
 
 #include "engine/cuda/backend.h"
 #include "engine/cuda/matmul.cuh"
+#include "kernels/quant.h"
 
 namespace kvtier::engine::cuda {
 namespace {
@@ -131,18 +132,7 @@ Status EnsureStaging(float** buf, size_t* cap, size_t bytes) {
 
 }  // namespace
 
-Status CudaMatMulDeviceStatus() {
-  static const Status status = []() -> Status {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess) {
-      return Status::Unavailable(std::string("no usable CUDA device: ") + cudaGetErrorString(err));
-    }
-    if (count <= 0) return Status::Unavailable("no CUDA device present");
-    return Status::Ok();
-  }();
-  return status;
-}
+Status CudaMatMulDeviceStatus() { return kernels::CudaDeviceStatus(); }
 
 Status CudaMatMul(const float* x, int rows, int in, const float* w, int out, float* y) {
   KVTIER_RETURN_IF_ERROR(CudaMatMulDeviceStatus());

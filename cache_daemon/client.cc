@@ -307,6 +307,34 @@ class ClientImpl final : public Client {
     std::vector<uint8_t> body{static_cast<uint8_t>(shutdown ? 1 : 0)};
     return Simple(Opcode::kDrain, body, nullptr);
   }
+  StatusOr<wire::EngramGrantResponse> EngramGrant(std::span<const std::string> regions,
+                                                  uint64_t ttl_ms) override {
+    if (regions.size() > wire::kEngramRegionsMax) {
+      return Status::InvalidArgument("at most " + std::to_string(wire::kEngramRegionsMax) +
+                                     " regions in one engram grant");
+    }
+    wire::EngramGrantRequest req;
+    req.ttl_ms = ttl_ms;
+    for (const std::string& r : regions) {
+      if (r.empty() || r.size() > wire::kEngramNameBytesMax) {
+        return Status::InvalidArgument("engram region names are 1..256 bytes");
+      }
+      req.regions.push_back(r);
+    }
+    wire::EngramGrantResponse resp;
+    KVTIER_RETURN_IF_ERROR(
+        Simple(Opcode::kEngramGrant, wire::EncodeEngramGrant(req), [&](wire::Reader* r) -> Status {
+          KVTIER_ASSIGN_OR_RETURN(resp, wire::DecodeEngramGrantResponse(r));
+          return Status::Ok();
+        }));
+    return resp;
+  }
+  Status EngramReport(const wire::EngramReport& report) override {
+    if (wire::EngramTransportIndex(report.transport) < 0) {
+      return Status::InvalidArgument("engram report transport must be \"tcp\" or \"verbs\"");
+    }
+    return Simple(Opcode::kEngramReport, wire::EncodeEngramReport(report), nullptr);
+  }
   Status TEST_SendRaw(std::span<const uint8_t> bytes) override {
     std::lock_guard<std::mutex> lock(write_mu_);
     return SendAll(fd_, bytes);

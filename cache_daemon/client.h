@@ -128,6 +128,20 @@ class Client {
   // Flush and mark the daemon not ready; shutdown=true then stops it gracefully.
   virtual Status Drain(bool shutdown) = 0;
 
+  // ENGRAM_GRANT: grants for the caller's tenant on `regions` of the Engram tables the
+  // daemon serves (empty: all of them), each valid for ttl_ms (0: the daemon's default;
+  // at most its engram.grant_ttl_ms_max). The response carries the row server endpoint, the
+  // tenant to present, shards.toml and one secret token per region: keep the tokens out of
+  // logs. NotFound when the daemon does not serve Engram or a region is unknown; Rejected at
+  // the grant limits; InvalidArgument for more than kEngramRegionsMax names or a name
+  // outside 1..256 bytes (checked here before sending).
+  virtual StatusOr<wire::EngramGrantResponse> EngramGrant(std::span<const std::string> regions,
+                                                          uint64_t ttl_ms) = 0;
+  // ENGRAM_REPORT: adds an engine's fetch counter deltas (and its current reads_in_flight)
+  // for one transport ("tcp" or "verbs") to the daemon's /metrics under the caller's
+  // tenant. InvalidArgument for another transport name (checked here before sending).
+  virtual Status EngramReport(const wire::EngramReport& report) = 0;
+
   // Sends raw bytes on the connection (tests of bad input only).
   virtual Status TEST_SendRaw(std::span<const uint8_t> bytes) = 0;
 };

@@ -10,6 +10,9 @@
 #include <map>
 #include <sstream>
 
+#include "rdma/shard_map.h"
+#include "rdma/wire.h"
+
 namespace kvtier::daemon {
 namespace {
 
@@ -38,6 +41,23 @@ Setter StringKey(const std::string& key, std::string* out) {
     *out = *v;
     return Status::Ok();
   };
+}
+
+Setter BoolKey(const std::string& key, bool* out) {
+  return [key, out](const toml::node& n) -> Status {
+    std::optional<bool> v = n.value<bool>();
+    if (!v) return Bad(key, "expected true or false");
+    *out = *v;
+    return Status::Ok();
+  };
+}
+
+// Appends the TOML line of the offending key, so LoadConfig's error reads
+// "<file>: config key <k>: <why> (line N)".
+Status AtLine(const Status& st, const toml::node& n) {
+  if (st.ok() || !n.source().begin) return st;
+  return Status(st.code(), std::string(st.message()) + " (line " +
+                               std::to_string(n.source().begin.line) + ")");
 }
 
 StatusOr<storage::Durability> ParseDurability(std::string_view s) {
@@ -136,11 +156,27 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
        UintKey("storage.ssd_segment_bytes", &o.storage.ssd_segment_bytes)},
       {"trace.path", StringKey("trace.path", &o.trace_path)},
       {"trace.queue_depth", UintKey("trace.queue_depth", &o.trace_queue_depth)},
+      {"engram.enabled", BoolKey("engram.enabled", &o.engram.enabled)},
+      {"engram.listen", StringKey("engram.listen", &o.engram.listen)},
+      {"engram.advertise", StringKey("engram.advertise", &o.engram.advertise)},
+      {"engram.dir", StringKey("engram.dir", &o.engram.dir)},
+      {"engram.grant_ttl_ms", UintKey("engram.grant_ttl_ms", &o.engram.grant_ttl_ms)},
+      {"engram.grant_ttl_ms_max", UintKey("engram.grant_ttl_ms_max", &o.engram.grant_ttl_ms_max)},
+      {"engram.grants_max", UintKey("engram.grants_max", &o.engram.grants_max)},
+      {"engram.grants_per_tenant_max",
+       UintKey("engram.grants_per_tenant_max", &o.engram.grants_per_tenant_max)},
+      {"engram.connections_max", UintKey("engram.connections_max", &o.engram.connections_max)},
+      {"engram.regions_per_connection_max",
+       UintKey("engram.regions_per_connection_max", &o.engram.regions_per_connection_max)},
+      {"engram.batch_ops_max", UintKey("engram.batch_ops_max", &o.engram.batch_ops_max)},
+      {"engram.read_bytes_max", UintKey("engram.read_bytes_max", &o.engram.read_bytes_max)},
+      {"engram.response_bytes_max",
+       UintKey("engram.response_bytes_max", &o.engram.response_bytes_max)},
   };
   for (const auto& [section, node] : root) {
     std::string sec(section.str());
     const toml::table* t = node.as_table();
-    if (t == nullptr) return Bad(sec, "expected a table ([" + sec + "])");
+    if (t == nullptr) return AtLine(Bad(sec, "expected a table ([" + sec + "])"), node);
     if (sec == "policy") {
       PolicySettings p{o.storage.eviction_policy, o.storage.admission_policy,
                        o.storage.policy_params};
@@ -153,8 +189,8 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
     for (const auto& [k, v] : *t) {
       std::string full = sec + "." + std::string(k.str());
       auto it = keys.find(full);
-      if (it == keys.end()) return Bad(full, "unknown key");
-      KVTIER_RETURN_IF_ERROR(it->second(v));
+      if (it == keys.end()) return AtLine(Bad(full, "unknown key"), v);
+      KVTIER_RETURN_IF_ERROR(AtLine(it->second(v), v));
     }
   }
   KVTIER_ASSIGN_OR_RETURN(o.storage.durability, ParseDurability(durability));
@@ -216,6 +252,56 @@ Status Finalize(DaemonOptions* o) {
         "refusing to listen on non-loopback address '" + o->listen_address +
         "' without authentication: set [auth] tokens_file (see docs/CONFIG.md), or listen on "
         "127.0.0.1 and use the Unix socket");
+  }
+  return FinalizeEngram(o);
+}
+
+Status FinalizeEngram(DaemonOptions* o) {
+  EngramServeOptions& e = o->engram;
+  if (!e.enabled) return Status::Ok();
+  if (e.dir.empty()) {
+    return Bad("engram.dir", "required when engram.enabled (a `kvtier engram build` output dir)");
+  }
+  Status st = rdma::ShardMap::ParseEndpoint(e.listen, &e.listen_host, &e.listen_port);
+  if (!st.ok()) return Bad("engram.listen", "expected host:port: " + std::string(st.message()));
+  if (e.listen_port == 0) return Bad("engram.listen", "port must be 1..65535");
+  if (e.advertise.empty()) e.advertise = e.listen;
+  std::string adv_host;
+  uint16_t adv_port = 0;
+  st = rdma::ShardMap::ParseEndpoint(e.advertise, &adv_host, &adv_port);
+  if (!st.ok() || adv_port == 0 || e.advertise.size() > 256) {
+    return Bad("engram.advertise", "expected host:port (at most 256 bytes)");
+  }
+  if (e.grant_ttl_ms_max == 0 || e.grant_ttl_ms_max > 24ull * 3600 * 1000) {
+    return Bad("engram.grant_ttl_ms_max", "1..86400000 (24 h)");
+  }
+  if (e.grant_ttl_ms == 0 || e.grant_ttl_ms > e.grant_ttl_ms_max) {
+    return Bad("engram.grant_ttl_ms", "1..grant_ttl_ms_max");
+  }
+  if (e.grants_max == 0) return Bad("engram.grants_max", "at least 1");
+  if (e.grants_per_tenant_max == 0 || e.grants_per_tenant_max > e.grants_max) {
+    return Bad("engram.grants_per_tenant_max", "1..grants_max");
+  }
+  if (e.connections_max == 0) return Bad("engram.connections_max", "at least 1");
+  if (e.regions_per_connection_max == 0) {
+    return Bad("engram.regions_per_connection_max", "at least 1");
+  }
+  if (e.batch_ops_max == 0 || e.batch_ops_max > rdma::wire::kBatchOpsMax) {
+    return Bad("engram.batch_ops_max", "1..4096");
+  }
+  if (e.read_bytes_max == 0 || e.read_bytes_max > rdma::wire::kReadBytesMax) {
+    return Bad("engram.read_bytes_max", "1..1048576");
+  }
+  if (e.response_bytes_max < e.read_bytes_max ||
+      e.response_bytes_max > rdma::wire::kResponseDataBytesMax) {
+    return Bad("engram.response_bytes_max", "read_bytes_max..67108864");
+  }
+  std::string host = e.listen_host == "localhost" ? "127.0.0.1" : e.listen_host;
+  if (o->tokens_file.empty() && !IsLoopbackAddress(host)) {
+    return Status::PermissionDenied(
+        "refusing to serve Engram tables on non-loopback address '" + e.listen +
+        "' without authentication: set [auth] tokens_file (see docs/CONFIG.md), or keep "
+        "engram.listen on 127.0.0.1");
   }
   return Status::Ok();
 }

@@ -20,6 +20,31 @@
 
 namespace kvtier::daemon {
 
+// [engram]: kvtierd serves Engram tables read-only through an embedded rdma::RowServer
+// (cache_daemon/engram_serving.h). Off by default.
+struct EngramServeOptions {
+  bool enabled = false;
+  std::string listen = "127.0.0.1:7301";  // row server "host:port" (numeric host)
+  // The endpoint shards.toml names for this server; "" -> listen. Only the shards whose
+  // `endpoint` equals it (as written) are served.
+  std::string advertise;
+  std::string dir;  // a `kvtier engram build` output directory (shards.toml + table files)
+  uint64_t grant_ttl_ms = 600000;         // ENGRAM_GRANT with ttl 0 gets this (10 min)
+  uint64_t grant_ttl_ms_max = 3600000;    // the longest grant a client may ask for (1 h)
+  uint32_t grants_max = 65536;            // live grants over all tenants (RowServer)
+  uint32_t grants_per_tenant_max = 4096;  // live grants of one tenant
+  // RowServerOptions limits.
+  uint32_t connections_max = 256;
+  uint32_t regions_per_connection_max = 64;
+  uint32_t batch_ops_max = 1024;              // 1..4096 (rdma::wire::kBatchOpsMax)
+  uint32_t read_bytes_max = 1u << 20;         // one read op, 1..1 MiB
+  uint64_t response_bytes_max = 16ull << 20;  // one read response, read_bytes_max..64 MiB
+
+  // Filled by Finalize() from listen / advertise.
+  std::string listen_host;
+  uint16_t listen_port = 0;
+};
+
 struct DaemonOptions {
   // [server]
   std::string data_dir;                      // "" -> DefaultDataDir()
@@ -57,6 +82,9 @@ struct DaemonOptions {
   std::string trace_path;              // "" -> off; written as zstd JSON Lines
   uint32_t trace_queue_depth = 65536;  // records buffered before new ones are dropped
 
+  // [engram]
+  EngramServeOptions engram;
+
   // The file this came from ("" when none); SIGHUP re-reads its [policy] table.
   std::string config_path;
 };
@@ -73,9 +101,13 @@ struct PolicySettings {
 };
 StatusOr<PolicySettings> ParsePolicySettings(std::string_view toml_text);
 
-// Fills derived defaults (data dir, socket, secret path, storage.data_dir) and checks the
-// security rule: with auth off, listen_address must be a loopback address.
+// Fills derived defaults (data dir, socket, secret path, storage.data_dir, engram listen
+// host/port) and checks ranges and the security rule: with auth off, listen_address and
+// engram.listen must be loopback addresses (PermissionDenied otherwise).
 Status Finalize(DaemonOptions* options);
+// The [engram] part of Finalize (called by it): InvalidArgument naming the key, or
+// PermissionDenied for a non-loopback engram.listen with auth off.
+Status FinalizeEngram(DaemonOptions* options);
 
 // True for 127.0.0.0/8, ::1 and "localhost".
 bool IsLoopbackAddress(std::string_view address);

@@ -25,6 +25,11 @@ std::string RenderMetrics(Shared* shared) {
   extra.eviction_policy = p.eviction;
   extra.admission_policy = p.admission;
   for (const auto& t : shared->tenants->tenants()) extra.tenants.emplace_back(t->name, t->id);
+  if (shared->engram != nullptr) {
+    extra.engram_server = shared->engram->counters();
+    extra.engram_regions = shared->engram->regions().size();
+    extra.engram_grants_issued = shared->engram->grants_issued();
+  }
   return shared->metrics->RenderPrometheus(shared->service->store()->GetStats(), extra);
 }
 
@@ -69,6 +74,9 @@ class DaemonImpl final : public Daemon {
     shared_.workers = &workers_;
     shared_.start_us = DefaultSteadyClock().NowUs();
     shared_.request_shutdown = [this] { Shutdown(); };
+    std::vector<std::pair<std::string, uint64_t>> names;
+    for (const auto& t : tenants_->tenants()) names.emplace_back(t->name, t->id);
+    metrics_.engram_fetch.SetTenants(names);
   }
 
   ~DaemonImpl() override {
@@ -78,6 +86,10 @@ class DaemonImpl final : public Daemon {
 
   Status Listen() {
     for (const auto& t : tenants_->tenants()) store_->SetTenantQuota(t->id, t->quota_bytes);
+    // Engram tables are validated before any listener opens: a bad [engram] fails the start.
+    if (options_.engram.enabled) {
+      KVTIER_ASSIGN_OR_RETURN(engram_, EngramServing::Open(options_.engram));
+    }
     boost::system::error_code ec;
     if (!options_.socket_path.empty()) {
       if (SocketInUse(options_.socket_path)) {
@@ -113,6 +125,10 @@ class DaemonImpl final : public Daemon {
     KVTIER_RETURN_IF_ERROR(open_tcp(options_.native_port, &native_tcp_, "native"));
     KVTIER_RETURN_IF_ERROR(open_tcp(options_.resp_port, &resp_, "resp"));
     KVTIER_RETURN_IF_ERROR(open_tcp(options_.http_port, &http_, "http"));
+    if (engram_) {
+      KVTIER_RETURN_IF_ERROR(engram_->Start(io_));
+      shared_.engram = engram_.get();
+    }
     if (native_tcp_) AcceptTcp(&*native_tcp_, 0);
     if (resp_) AcceptTcp(&*resp_, 1);
     if (http_) AcceptTcp(&*http_, 2);
@@ -123,7 +139,8 @@ class DaemonImpl final : public Daemon {
                       << " native_port=" << options_.native_port
                       << " resp_port=" << options_.resp_port << " http_port=" << options_.http_port
                       << " on " << options_.listen_address
-                      << " auth=" << (tenants_->auth_enabled() ? "on" : "off");
+                      << " auth=" << (tenants_->auth_enabled() ? "on" : "off")
+                      << " engram=" << (engram_ ? options_.engram.listen : std::string("off"));
     return Status::Ok();
   }
 
@@ -219,6 +236,9 @@ class DaemonImpl final : public Daemon {
       if (resp_) resp_->close(ec);
       if (http_) http_->close(ec);
     });
+    // The Engram row server closes its listener and connections now (reads in flight fail
+    // on the clients, which retry elsewhere or report the error).
+    if (engram_) engram_->Stop();
     // Wait for requests already received to finish and their replies to be written.
     uint64_t deadline = DefaultSteadyClock().NowMs() + options_.drain_timeout_ms;
     for (;;) {
@@ -263,6 +283,7 @@ class DaemonImpl final : public Daemon {
   asio::thread_pool workers_;
   Service service_;
   Shared shared_;
+  std::unique_ptr<EngramServing> engram_;  // [engram]; null when off
   // Declared after everything sessions touch: destroying io_ destroys pending handlers and
   // with them the last session references, whose destructors use shared_ and metrics_.
   asio::io_context io_;

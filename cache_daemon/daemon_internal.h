@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "cache_daemon/config.h"
+#include "cache_daemon/engram_serving.h"
 #include "cache_daemon/metrics.h"
 #include "cache_daemon/service.h"
 #include "cache_daemon/tenants.h"
@@ -37,6 +38,7 @@ struct Shared {
   const TenantRegistry* tenants = nullptr;
   asio::io_context* io = nullptr;
   asio::thread_pool* workers = nullptr;
+  EngramServing* engram = nullptr;  // null when [engram] serving is off
   std::atomic<bool> draining{false};
   std::atomic<bool> ready{true};
   uint64_t start_us = 0;

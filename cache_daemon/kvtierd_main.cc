@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvtierd: ports must be 0..65535\n");
     return 2;
   }
-  if (Status st = Finalize(&o); !st.ok()) return Fail(st);
+  if (Status st = Finalize(&o); !st.ok()) return Fail(config.empty() ? st : st.WithContext(config));
 
   std::error_code fec;
   std::filesystem::create_directories(o.data_dir, fec);

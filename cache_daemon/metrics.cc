@@ -6,10 +6,11 @@ namespace kvtier::daemon {
 
 const char* OpName(Op op) {
   static constexpr const char* kNames[] = {
-      "hello",      "auth",        "shm_attach",  "lookup",   "put",       "get",
-      "prefetch",   "pin",         "unpin",       "delete",   "stats",     "policy_get",
-      "policy_set", "drain",       "resp_get",    "resp_set", "resp_mget", "resp_mset",
-      "resp_del",   "resp_exists", "resp_expire", "resp_ttl", "resp_other"};
+      "hello",       "auth",       "shm_attach", "lookup",       "put",
+      "get",         "prefetch",   "pin",        "unpin",        "delete",
+      "stats",       "policy_get", "policy_set", "drain",        "resp_get",
+      "resp_set",    "resp_mget",  "resp_mset",  "resp_del",     "resp_exists",
+      "resp_expire", "resp_ttl",   "resp_other", "engram_grant", "engram_report"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(Op::kCount));
   return kNames[static_cast<size_t>(op)];
 }
@@ -36,6 +37,49 @@ void DaemonMetrics::RecordRequest(Op op, StatusCode code, uint64_t latency_us) {
   if (c >= kCodes) c = static_cast<size_t>(StatusCode::kInternal);
   requests_[static_cast<size_t>(op)][c].fetch_add(1, std::memory_order_relaxed);
   latency_[static_cast<size_t>(op)].Observe(latency_us);
+}
+
+void EngramFetchMetrics::SetTenants(const std::vector<std::pair<std::string, uint64_t>>& tenants) {
+  names_.clear();
+  index_.clear();
+  for (const auto& [name, id] : tenants) {
+    if (index_.emplace(id, names_.size()).second) names_.push_back(name);
+  }
+  slots_ = std::make_unique<Slot[]>(names_.size() * wire::kEngramTransports.size());
+}
+
+Status EngramFetchMetrics::Add(uint64_t tenant_id, const wire::EngramReport& report) {
+  auto it = index_.find(tenant_id);
+  if (it == index_.end()) return Status::NotFound("tenant has no engram metrics slot");
+  int t = wire::EngramTransportIndex(report.transport);
+  if (t < 0) return Status::InvalidArgument("unknown engram transport");
+  Slot& s = slots_[it->second * wire::kEngramTransports.size() + static_cast<size_t>(t)];
+  const uint64_t values[wire::kEngramReportCounters] = {
+      report.rows_requested, report.rows_deduplicated, report.hot_cache_hits, report.rows_read,
+      report.bytes_read,     report.late_rows,         report.stalls,         report.stall_us,
+      report.retries,        report.fetches_failed,    report.reads_in_flight};
+  for (size_t i = 0; i + 1 < wire::kEngramReportCounters; ++i) {
+    s.v[i].fetch_add(values[i], std::memory_order_relaxed);
+  }
+  s.v[wire::kEngramReportCounters - 1].store(report.reads_in_flight, std::memory_order_relaxed);
+  s.reports.fetch_add(1, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+wire::EngramReport EngramFetchMetrics::Total(std::string_view transport) const {
+  wire::EngramReport r;
+  r.transport = std::string(transport);
+  int t = wire::EngramTransportIndex(transport);
+  if (t < 0) return r;
+  uint64_t* fields[wire::kEngramReportCounters] = {
+      &r.rows_requested, &r.rows_deduplicated, &r.hot_cache_hits, &r.rows_read,
+      &r.bytes_read,     &r.late_rows,         &r.stalls,         &r.stall_us,
+      &r.retries,        &r.fetches_failed,    &r.reads_in_flight};
+  for (size_t i = 0; i < names_.size(); ++i) {
+    const Slot& s = slot(i, static_cast<size_t>(t));
+    for (size_t k = 0; k < wire::kEngramReportCounters; ++k) *fields[k] += s.v[k].load();
+  }
+  return r;
 }
 
 std::string EscapeLabel(std::string_view v) {
@@ -87,6 +131,88 @@ class Page {
 };
 
 }  // namespace
+
+void DaemonMetrics::RenderEngram(const Extra& extra, void* page) const {
+  Page& p = *static_cast<Page*>(page);
+  if (extra.engram_server) {
+    const rdma::RowServerCounters& c = *extra.engram_server;
+    const std::string tl = "transport=\"tcp\"";
+    const struct {
+      const char* name;
+      const char* type;
+      const char* help;
+      uint64_t value;
+    } server[] = {
+        {"kvtier_engram_server_connections_accepted_total", "counter",
+         "Engram row-server connections accepted.", c.connections_accepted},
+        {"kvtier_engram_server_connections_open", "gauge", "Engram row-server connections open.",
+         c.connections_active},
+        {"kvtier_engram_server_connections_refused_total", "counter",
+         "Engram row-server connections refused (engram.connections_max).", c.connections_refused},
+        {"kvtier_engram_server_malformed_frames_total", "counter",
+         "Engram row-server connections closed for a malformed frame.", c.malformed_frames},
+        {"kvtier_engram_server_batches_total", "counter", "Engram read batches served.",
+         c.batches_served},
+        {"kvtier_engram_server_ops_total", "counter", "Engram read ops (rows) served.",
+         c.ops_served},
+        {"kvtier_engram_server_bytes_total", "counter", "Engram row bytes served.", c.bytes_served},
+        {"kvtier_engram_server_permission_denied_total", "counter",
+         "Engram opens and batches refused for a missing, wrong or expired grant.",
+         c.permission_denied},
+    };
+    for (const auto& f : server) {
+      p.Family(f.name, f.type, f.help);
+      p.Sample(f.name, tl, f.value);
+    }
+    p.Family("kvtier_engram_regions", "gauge", "Engram regions (table shards) served.");
+    p.Sample("kvtier_engram_regions", "", extra.engram_regions);
+    p.Family("kvtier_engram_grants_issued_total", "counter", "Engram grants issued.");
+    p.Sample("kvtier_engram_grants_issued_total", "", extra.engram_grants_issued);
+  }
+  // Reported by engines (ENGRAM_REPORT); a (tenant, transport) appears once it has reported.
+  const struct {
+    const char* name;
+    const char* type;
+    const char* help;
+    double scale;  // stall_us is rendered in seconds
+  } fetch[wire::kEngramReportCounters] = {
+      {"kvtier_engram_fetch_rows_requested_total", "counter",
+       "Engram rows engines asked for, duplicates included.", 1},
+      {"kvtier_engram_fetch_rows_deduplicated_total", "counter",
+       "Engram rows served from another position of the same fetch.", 1},
+      {"kvtier_engram_fetch_hot_cache_hits_total", "counter",
+       "Engram rows served from the engines' hot-row caches.", 1},
+      {"kvtier_engram_fetch_rows_read_total", "counter", "Engram rows read from row servers.", 1},
+      {"kvtier_engram_fetch_bytes_read_total", "counter", "Engram bytes read from row servers.", 1},
+      {"kvtier_engram_fetch_late_rows_total", "counter",
+       "Engram rows not yet arrived when the engine needed them.", 1},
+      {"kvtier_engram_fetch_stalls_total", "counter", "Engine waits that blocked on late rows.", 1},
+      {"kvtier_engram_fetch_stall_seconds_total", "counter",
+       "Time engines spent blocked on late Engram rows.", 1e-6},
+      {"kvtier_engram_fetch_retries_total", "counter", "Engram read batches retried.", 1},
+      {"kvtier_engram_fetch_failures_total", "counter", "Engram fetches that failed.", 1},
+      {"kvtier_engram_fetch_reads_in_flight", "gauge",
+       "Engram row reads in flight at the engine's last report.", 1},
+  };
+  const auto& names = engram_fetch.tenant_names();
+  for (size_t k = 0; k < wire::kEngramReportCounters; ++k) {
+    p.Family(fetch[k].name, fetch[k].type, fetch[k].help);
+    for (size_t t = 0; t < names.size(); ++t) {
+      for (size_t x = 0; x < wire::kEngramTransports.size(); ++x) {
+        const EngramFetchMetrics::Slot& s = engram_fetch.slot(t, x);
+        if (s.reports.load(std::memory_order_relaxed) == 0) continue;
+        std::string labels = "tenant=\"" + EscapeLabel(names[t]) + "\",transport=\"" +
+                             wire::kEngramTransports[x] + "\"";
+        uint64_t v = s.v[k].load(std::memory_order_relaxed);
+        if (fetch[k].scale != 1) {
+          p.Sample(fetch[k].name, labels, static_cast<double>(v) * fetch[k].scale);
+        } else {
+          p.Sample(fetch[k].name, labels, v);
+        }
+      }
+    }
+  }
+}
 
 std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra& extra) const {
   Page p;
@@ -199,6 +325,7 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
   p.Sample("kvtier_ready", "", uint64_t{extra.ready ? 1u : 0u});
   p.Family("kvtier_uptime_seconds", "gauge", "Seconds since start.");
   p.Sample("kvtier_uptime_seconds", "", extra.uptime_s);
+  RenderEngram(extra, &p);
   p.Family("kvtier_policy_info", "gauge", "Active eviction and admission policies.");
   p.Sample("kvtier_policy_info",
            "eviction=\"" + EscapeLabel(extra.eviction_policy) + "\",admission=\"" +

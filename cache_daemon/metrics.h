@@ -9,10 +9,15 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "cache_daemon/wire.h"
+#include "rdma/row_server.h"
 #include "storage/tier_manager.h"
 
 namespace kvtier::daemon {
@@ -42,6 +47,8 @@ enum class Op : uint8_t {
   kRespExpire,
   kRespTtl,
   kRespOther,
+  kEngramGrant,
+  kEngramReport,
   kCount
 };
 const char* OpName(Op op);
@@ -61,6 +68,35 @@ class LatencyHistogram {
   std::atomic<uint64_t> sum_us_{0};
 };
 
+// Engram fetch counters reported by engines (ENGRAM_REPORT), per (tenant, transport). Bounded:
+// tenants are the tenants file's (fixed at start), transports the two known names. Only
+// counts, never keys, row ids or tokens.
+class EngramFetchMetrics {
+ public:
+  // (tenant name, tenant id) of every tenant; call once before Add/Render.
+  void SetTenants(const std::vector<std::pair<std::string, uint64_t>>& tenants);
+  // Adds a report's deltas (and sets its reads_in_flight gauge). NotFound for a tenant not
+  // given to SetTenants; InvalidArgument for an unknown transport.
+  Status Add(uint64_t tenant_id, const wire::EngramReport& report);
+  // Sum of every tenant's counters for one transport (tests, `kvtier stats`).
+  wire::EngramReport Total(std::string_view transport) const;
+
+  struct Slot {
+    std::array<std::atomic<uint64_t>, wire::kEngramReportCounters> v{};  // wire order
+    std::atomic<uint64_t> reports{0};
+  };
+  // For rendering: tenant names and slots[tenant * kEngramTransports.size() + transport].
+  const std::vector<std::string>& tenant_names() const { return names_; }
+  const Slot& slot(size_t tenant, size_t transport) const {
+    return slots_[tenant * wire::kEngramTransports.size() + transport];
+  }
+
+ private:
+  std::vector<std::string> names_;
+  std::map<uint64_t, size_t> index_;  // tenant id -> position; immutable after SetTenants
+  std::unique_ptr<Slot[]> slots_;
+};
+
 class DaemonMetrics {
  public:
   static constexpr size_t kCodes = 10;  // StatusCode values
@@ -77,6 +113,7 @@ class DaemonMetrics {
   std::atomic<uint64_t> tenant_inflight_rejections{0};
   std::atomic<uint64_t> trace_records_dropped{0};
   std::atomic<uint64_t> inflight{0};
+  EngramFetchMetrics engram_fetch;
 
   struct Extra {
     bool ready = true;
@@ -84,11 +121,18 @@ class DaemonMetrics {
     std::string eviction_policy, admission_policy;
     // (tenant name, tenant id) for per-tenant byte gauges.
     std::vector<std::pair<std::string, uint64_t>> tenants;
+    // Set when [engram] serving is enabled: the row server's counters (transport "tcp").
+    std::optional<rdma::RowServerCounters> engram_server;
+    uint64_t engram_regions = 0;
+    uint64_t engram_grants_issued = 0;
   };
   // The whole /metrics page: daemon counters plus the storage snapshot.
   std::string RenderPrometheus(const storage::Stats& s, const Extra& extra) const;
 
  private:
+  // The Engram families (page: the renderer's private page type).
+  void RenderEngram(const Extra& extra, void* page) const;
+
   std::array<std::array<std::atomic<uint64_t>, kCodes>, static_cast<size_t>(Op::kCount)>
       requests_{};
   std::array<LatencyHistogram, static_cast<size_t>(Op::kCount)> latency_{};

@@ -53,6 +53,10 @@ Op ToOp(uint8_t opcode) {
       return Op::kPolicySet;
     case Opcode::kDrain:
       return Op::kDrain;
+    case Opcode::kEngramGrant:
+      return Op::kEngramGrant;
+    case Opcode::kEngramReport:
+      return Op::kEngramReport;
   }
   return Op::kHello;
 }
@@ -615,6 +619,36 @@ Status NativeSession::ExecuteInto(const wire::Frame& f, StatusCode* code,
       shared_->ready.store(false);
       KVTIER_RETURN_IF_ERROR(svc->store()->Flush());
       if (shutdown != 0 && shared_->request_shutdown) shared_->request_shutdown();
+      *out = Response(h, 0, Status::Ok());
+      return Status::Ok();
+    }
+    case Opcode::kEngramGrant: {
+      KVTIER_ASSIGN_OR_RETURN(wire::EngramGrantRequest req, wire::DecodeEngramGrant(f.body));
+      EngramServing* engram = shared_->engram;
+      if (engram == nullptr) {
+        return Status::NotFound("Engram serving is not enabled on this daemon ([engram])");
+      }
+      KVTIER_ASSIGN_OR_RETURN(wire::EngramGrantResponse resp,
+                              engram->Grant(t.name, req.regions, req.ttl_ms));
+      resp.shards_toml = engram->shards_toml();
+      *out = Response(h, 0, Status::Ok(),
+                      [&](wire::Writer* w) { wire::EncodeEngramGrantResponse(resp, w); });
+      if (out->size() > shared_->options->max_frame_bytes) {
+        // The client could not read it: take the grants back rather than leave them unused.
+        engram->Revoke(t.name, resp.regions);
+        out->clear();
+        return Status::Rejected(
+            "engram grant reply exceeds limits.max_frame_bytes; ask for "
+            "fewer regions");
+      }
+      // Names and counts only: the tokens are secrets and appear nowhere but the reply.
+      KVTIER_LOG(kInfo) << "engram: " << resp.regions.size() << " grants for tenant " << t.name
+                        << ", ttl " << resp.ttl_ms << " ms";
+      return Status::Ok();
+    }
+    case Opcode::kEngramReport: {
+      KVTIER_ASSIGN_OR_RETURN(wire::EngramReport report, wire::DecodeEngramReport(f.body));
+      KVTIER_RETURN_IF_ERROR(shared_->metrics->engram_fetch.Add(t.id, report));
       *out = Response(h, 0, Status::Ok());
       return Status::Ok();
     }

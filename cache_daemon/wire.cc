@@ -36,6 +36,8 @@ bool IsKnownOpcode(uint8_t opcode) {
     case Opcode::kPolicyGet:
     case Opcode::kPolicySet:
     case Opcode::kDrain:
+    case Opcode::kEngramGrant:
+    case Opcode::kEngramReport:
       return true;
   }
   return false;
@@ -71,6 +73,10 @@ const char* OpcodeName(uint8_t opcode) {
       return "policy_set";
     case Opcode::kDrain:
       return "drain";
+    case Opcode::kEngramGrant:
+      return "engram_grant";
+    case Opcode::kEngramReport:
+      return "engram_report";
   }
   return "unknown";
 }
@@ -446,6 +452,129 @@ StatusOr<std::string> DecodeText(Reader* r, size_t max_bytes) {
     return Status::InvalidArgument("truncated or oversized text payload");
   }
   return std::string(b.begin(), b.end());
+}
+
+namespace {
+
+void PutShortString(std::string_view s, Writer* w) {
+  w->U16(static_cast<uint16_t>(s.size()));
+  w->Bytes(s);
+}
+
+bool GetShortString(Reader* r, size_t max_bytes, std::string* out) {
+  uint16_t len = 0;
+  std::span<const uint8_t> b;
+  if (!r->U16(&len) || len > max_bytes || !r->Bytes(len, &b)) return false;
+  out->assign(b.begin(), b.end());
+  return true;
+}
+
+// The report's counters in wire order.
+std::array<uint64_t*, kEngramReportCounters> ReportFields(EngramReport* r) {
+  return {&r->rows_requested, &r->rows_deduplicated, &r->hot_cache_hits, &r->rows_read,
+          &r->bytes_read,     &r->late_rows,         &r->stalls,         &r->stall_us,
+          &r->retries,        &r->fetches_failed,    &r->reads_in_flight};
+}
+
+}  // namespace
+
+std::vector<uint8_t> EncodeEngramGrant(const EngramGrantRequest& req) {
+  Writer w;
+  w.U64(req.ttl_ms);
+  w.U16(static_cast<uint16_t>(req.regions.size()));
+  for (const std::string& name : req.regions) PutShortString(name, &w);
+  return w.Take();
+}
+
+StatusOr<EngramGrantRequest> DecodeEngramGrant(std::span<const uint8_t> body) {
+  Reader r(body);
+  EngramGrantRequest req;
+  uint16_t count = 0;
+  if (!r.U64(&req.ttl_ms) || !r.U16(&count)) return Truncated("engram_grant");
+  if (count > kEngramRegionsMax) return Status::InvalidArgument("too many regions in one grant");
+  // Each name takes at least 3 bytes (u16 length + 1 byte), so count is bounded by the body.
+  if (r.remaining() < size_t{count} * 3) return Truncated("engram_grant");
+  req.regions.resize(count);
+  for (std::string& name : req.regions) {
+    if (!GetShortString(&r, kEngramNameBytesMax, &name) || name.empty()) {
+      return Status::InvalidArgument("engram_grant: region names are 1..256 bytes");
+    }
+  }
+  KVTIER_RETURN_IF_ERROR(CheckEnd(r, "engram_grant"));
+  return req;
+}
+
+void EncodeEngramGrantResponse(const EngramGrantResponse& resp, Writer* w) {
+  PutShortString(resp.endpoint, w);
+  PutShortString(resp.tenant, w);
+  w->U64(resp.ttl_ms);
+  EncodeText(resp.shards_toml, w);
+  w->U16(static_cast<uint16_t>(resp.regions.size()));
+  for (const EngramGrantedRegion& g : resp.regions) {
+    PutShortString(g.name, w);
+    w->Bytes(std::span<const uint8_t>(g.token));
+    w->U64(g.expires_unix_ms);
+  }
+}
+
+StatusOr<EngramGrantResponse> DecodeEngramGrantResponse(Reader* r) {
+  EngramGrantResponse resp;
+  uint16_t count = 0;
+  if (!GetShortString(r, kEngramNameBytesMax, &resp.endpoint) ||
+      !GetShortString(r, kEngramNameBytesMax, &resp.tenant) || !r->U64(&resp.ttl_ms)) {
+    return Status::Corruption("truncated engram_grant response");
+  }
+  StatusOr<std::string> toml = DecodeText(r, kEngramShardsTomlBytesMax);
+  if (!toml.ok()) return Status::Corruption("bad shards.toml in engram_grant response");
+  resp.shards_toml = std::move(toml).value();
+  if (!r->U16(&count) || count > kEngramRegionsMax || r->remaining() < size_t{count} * 27) {
+    return Status::Corruption("bad engram_grant response region count");
+  }
+  resp.regions.resize(count);
+  for (EngramGrantedRegion& g : resp.regions) {
+    std::span<const uint8_t> tok;
+    if (!GetShortString(r, kEngramNameBytesMax, &g.name) || !r->Bytes(kEngramTokenBytes, &tok) ||
+        !r->U64(&g.expires_unix_ms)) {
+      return Status::Corruption("truncated engram_grant response region");
+    }
+    std::copy(tok.begin(), tok.end(), g.token.begin());
+  }
+  return resp;
+}
+
+int EngramTransportIndex(std::string_view name) {
+  for (size_t i = 0; i < kEngramTransports.size(); ++i) {
+    if (name == kEngramTransports[i]) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+std::vector<uint8_t> EncodeEngramReport(const EngramReport& report) {
+  Writer w;
+  w.U8(static_cast<uint8_t>(report.transport.size()));
+  w.Bytes(report.transport);
+  EngramReport copy = report;
+  for (uint64_t* v : ReportFields(&copy)) w.U64(*v);
+  return w.Take();
+}
+
+StatusOr<EngramReport> DecodeEngramReport(std::span<const uint8_t> body) {
+  Reader r(body);
+  EngramReport report;
+  uint8_t len = 0;
+  std::span<const uint8_t> name;
+  if (!r.U8(&len) || len > kEngramTransportBytesMax || !r.Bytes(len, &name)) {
+    return Truncated("engram_report");
+  }
+  report.transport.assign(name.begin(), name.end());
+  for (uint64_t* v : ReportFields(&report)) {
+    if (!r.U64(v)) return Truncated("engram_report");
+  }
+  KVTIER_RETURN_IF_ERROR(CheckEnd(r, "engram_report"));
+  if (EngramTransportIndex(report.transport) < 0) {
+    return Status::InvalidArgument("engram_report: transport must be \"tcp\" or \"verbs\"");
+  }
+  return report;
 }
 
 std::vector<uint8_t> BuildFrame(uint8_t opcode, uint16_t flags, uint64_t request_id,

@@ -61,6 +61,8 @@ enum class Opcode : uint8_t {
   kPolicyGet = 0x21,
   kPolicySet = 0x22,
   kDrain = 0x23,
+  kEngramGrant = 0x30,   // grants on the Engram regions this daemon serves
+  kEngramReport = 0x31,  // an engine's Engram fetch counters (deltas) for /metrics
 };
 // True for the opcodes listed above.
 bool IsKnownOpcode(uint8_t opcode);
@@ -294,6 +296,69 @@ StatusOr<std::vector<StatusCode>> DecodeCodes(Reader* r);
 // Text payloads (STATS, POLICY GET/SET JSON): u32 length + bytes.
 void EncodeText(std::string_view text, Writer* w);
 StatusOr<std::string> DecodeText(Reader* r, size_t max_bytes);
+
+// ---- Engram (docs/format/wire.md, "ENGRAM_GRANT" and "ENGRAM_REPORT") -------------------
+
+inline constexpr size_t kEngramTokenBytes = 16;  // = rdma::wire::kGrantTokenBytes
+using EngramToken = std::array<uint8_t, kEngramTokenBytes>;
+// Regions named in one ENGRAM_GRANT request or answered in one response.
+inline constexpr uint32_t kEngramRegionsMax = 4096;
+// A region name, a tenant name, an endpoint ("host:port").
+inline constexpr size_t kEngramNameBytesMax = 256;
+// The shards.toml text carried in an ENGRAM_GRANT response.
+inline constexpr size_t kEngramShardsTomlBytesMax = 1u << 20;
+// A transport name in ENGRAM_REPORT ("tcp", "verbs").
+inline constexpr size_t kEngramTransportBytesMax = 16;
+
+// ENGRAM_GRANT request: u64 ttl_ms (0: the daemon's engram.grant_ttl_ms), u16 n, n x (u16 len,
+// region name); n = 0 asks for every region the daemon serves.
+struct EngramGrantRequest {
+  uint64_t ttl_ms = 0;
+  std::vector<std::string> regions;
+};
+std::vector<uint8_t> EncodeEngramGrant(const EngramGrantRequest& req);
+StatusOr<EngramGrantRequest> DecodeEngramGrant(std::span<const uint8_t> body);
+
+struct EngramGrantedRegion {
+  std::string name;
+  EngramToken token{};           // secret: never log it
+  uint64_t expires_unix_ms = 0;  // wall-clock expiry (the server enforces it on its own clock)
+};
+// ENGRAM_GRANT response: u16 len + endpoint, u16 len + tenant, u64 ttl_ms, u32 len +
+// shards.toml, u16 n, n x (u16 len + name, 16-byte token, u64 expires_unix_ms).
+struct EngramGrantResponse {
+  std::string endpoint;     // the row server's "host:port" (engram.advertise)
+  std::string tenant;       // the grants' tenant (RegionCredentials::tenant)
+  uint64_t ttl_ms = 0;      // the ttl the grants were issued with
+  std::string shards_toml;  // the whole shards.toml the daemon serves from
+  std::vector<EngramGrantedRegion> regions;
+};
+void EncodeEngramGrantResponse(const EngramGrantResponse& resp, Writer* w);
+StatusOr<EngramGrantResponse> DecodeEngramGrantResponse(Reader* r);
+
+// ENGRAM_REPORT request: u8 len + transport name, then 11 x u64 in this order (the first ten
+// are deltas since the previous report, reads_in_flight is the current value). Response: none.
+struct EngramReport {
+  std::string transport;  // "tcp" or "verbs"
+  uint64_t rows_requested = 0;
+  uint64_t rows_deduplicated = 0;
+  uint64_t hot_cache_hits = 0;
+  uint64_t rows_read = 0;
+  uint64_t bytes_read = 0;
+  uint64_t late_rows = 0;
+  uint64_t stalls = 0;
+  uint64_t stall_us = 0;
+  uint64_t retries = 0;
+  uint64_t fetches_failed = 0;
+  uint64_t reads_in_flight = 0;  // gauge
+};
+inline constexpr size_t kEngramReportCounters = 11;
+std::vector<uint8_t> EncodeEngramReport(const EngramReport& report);
+// InvalidArgument for a malformed body or a transport other than "tcp"/"verbs".
+StatusOr<EngramReport> DecodeEngramReport(std::span<const uint8_t> body);
+// Index of a known transport name (0 "tcp", 1 "verbs"), or -1.
+int EngramTransportIndex(std::string_view name);
+inline constexpr std::array<const char*, 2> kEngramTransports = {"tcp", "verbs"};
 
 // Builds a whole frame (header + body).
 std::vector<uint8_t> BuildFrame(uint8_t opcode, uint16_t flags, uint64_t request_id,

@@ -8,11 +8,16 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
 #include "common/logging.h"
 #include "rdma/engram_table.h"
+#include "rdma/verbs_plan.h"
+#ifdef KVTIER_WITH_RDMA
+#include "rdma/verbs_device.h"
+#endif
 
 namespace kvtier::rdma {
 namespace asio = boost::asio;
@@ -57,7 +62,48 @@ struct RowServer::State {
   bool started = false;
 
   std::atomic<uint64_t> connections_accepted{0}, connections_active{0}, connections_refused{0},
-      malformed_frames{0}, batches_served{0}, ops_served{0}, bytes_served{0}, permission_denied{0};
+      malformed_frames{0}, batches_served{0}, ops_served{0}, bytes_served{0}, permission_denied{0},
+      verbs_unavailable{0}, verbs_qps_created{0}, verbs_qps_cut{0};
+
+#ifdef KVTIER_WITH_RDMA
+  // Declared after the tables: zones (and their MRs of table rows) go first.
+  std::mutex verbs_mu;                                             // protects the members below
+  int devices_present = -1;                                        // -1: not probed yet
+  std::map<std::string, std::shared_ptr<verbs::VerbsZone>> zones;  // by tenant (trust zone)
+  std::map<std::pair<std::string, uint32_t>, verbs::RemoteRegion> registered;  // tenant, table
+
+  bool VerbsServed() {
+    if (!options.verbs_enabled) return false;
+    std::lock_guard<std::mutex> lock(verbs_mu);
+    if (devices_present < 0) devices_present = verbs::ListDevices().empty() ? 0 : 1;
+    return devices_present == 1;
+  }
+  StatusOr<std::shared_ptr<verbs::VerbsZone>> ZoneFor(const std::string& tenant) {
+    std::lock_guard<std::mutex> lock(verbs_mu);
+    auto it = zones.find(tenant);
+    if (it != zones.end()) return it->second;
+    KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<verbs::VerbsZone> zone,
+                            verbs::VerbsZone::Open(options.verbs));
+    zones[tenant] = zone;
+    return zone;
+  }
+  // Registers `table`'s rows in `tenant`'s PD once (exactly the rows: never the header,
+  // never anything else of the mapping).
+  StatusOr<verbs::RemoteRegion> RegionFor(const std::string& tenant, verbs::VerbsZone& zone,
+                                          const Table& table) {
+    std::lock_guard<std::mutex> lock(verbs_mu);
+    auto key = std::make_pair(tenant, table.id);
+    auto it = registered.find(key);
+    if (it != registered.end()) return it->second;
+    const std::span<const uint8_t> rows = table.mapped->rows();
+    KVTIER_ASSIGN_OR_RETURN(verbs::RemoteRegion r,
+                            zone.RegisterRemoteReadable(rows.data(), rows.size()));
+    registered[key] = r;
+    return r;
+  }
+#else
+  bool VerbsServed() { return false; }
+#endif
 
   // Whether `token` currently grants `tenant` access to `region_name`.
   bool GrantValid(const wire::GrantToken& token, const std::string& region_name,
@@ -80,13 +126,21 @@ struct RowServer::State {
 class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
  public:
   RowServerSession(tcp::socket socket, std::shared_ptr<RowServer::State> state)
-      : socket_(std::move(socket)), timer_(socket_.get_executor()), state_(std::move(state)) {}
+      : socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        verbs_timer_(socket_.get_executor()),
+        state_(std::move(state)) {}
   ~RowServerSession() { state_->connections_active.fetch_sub(1); }
 
   void Start() { ReadHeader(); }
   void Close() {
     boost::system::error_code ec;
     timer_.cancel();
+    verbs_timer_.cancel();
+#ifdef KVTIER_WITH_RDMA
+    qp_.reset();  // the connection is the queue pair's lease
+#endif
+    verbs_regions_.clear();
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
   }
@@ -128,8 +182,107 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
   }
 
   void OnBody() {
-    if (request_.type == wire::FrameType::kOpen) return HandleOpen();
-    HandleRead();
+    switch (request_.type) {
+      case wire::FrameType::kOpen:
+        return HandleOpen();
+      case wire::FrameType::kRead:
+        return HandleRead();
+      case wire::FrameType::kVerbsConnect:
+        return HandleVerbsConnect();
+      case wire::FrameType::kVerbsRegion:
+        return HandleVerbsRegion();
+    }
+  }
+
+  Status NoDevice() {
+    state_->verbs_unavailable.fetch_add(1);
+    return Status::Unavailable("row server has no RDMA device");
+  }
+
+  void HandleVerbsConnect() {
+    verbs::QpParams peer;
+    if (Status st = verbs::DecodeQpParams(body_, &peer); !st.ok()) return Malformed(st);
+    if (!state_->VerbsServed()) return Reply(NoDevice(), {});
+#ifdef KVTIER_WITH_RDMA
+    if (qp_ != nullptr) {
+      return Reply(Status::InvalidArgument("a queue pair is already connected here"), {});
+    }
+    // The trust zone is the tenant of a live grant attached on this connection.
+    const Attached* grant = nullptr;
+    for (const auto& [id, a] : attached_) {
+      if (state_->GrantValid(a.token, a.table->name, a.tenant)) {
+        grant = &a;
+        break;
+      }
+    }
+    if (grant == nullptr) {
+      state_->permission_denied.fetch_add(1);
+      return Reply(Status::PermissionDenied("open a region (kOpen) before kVerbsConnect"), {});
+    }
+    const std::string tenant = grant->tenant;
+    StatusOr<std::shared_ptr<verbs::VerbsZone>> zone = state_->ZoneFor(tenant);
+    if (!zone.ok()) return Reply(zone.status(), {});
+    StatusOr<std::unique_ptr<verbs::VerbsQp>> qp =
+        (*zone)->CreateQp(16, verbs::QpRole::kResponder);  // posts nothing: a shallow SQ
+    if (!qp.ok()) return Reply(qp.status(), {});
+    if (Status st = (*qp)->ConnectTo(peer); !st.ok()) return Reply(st, {});
+    qp_ = std::move(qp).value();
+    zone_ = std::move(zone).value();
+    qp_tenant_ = tenant;
+    state_->verbs_qps_created.fetch_add(1);
+    verbs::EncodeQpParams(qp_->LocalParams(), verbs_reply_.data());
+    Reply(Status::Ok(), {asio::const_buffer(verbs_reply_.data(), verbs::kQpParamsBytes)});
+    CheckVerbsGrantsLater();
+#endif
+  }
+
+  void HandleVerbsRegion() {
+    uint32_t region_id = 0;
+    if (Status st = wire::DecodeVerbsRegionRequest(body_, &region_id); !st.ok()) {
+      return Malformed(st);
+    }
+    if (!state_->VerbsServed()) return Reply(NoDevice(), {});
+#ifdef KVTIER_WITH_RDMA
+    if (qp_ == nullptr) return Reply(Status::InvalidArgument("kVerbsConnect first"), {});
+    auto it = attached_.find(region_id);
+    if (it == attached_.end()) {
+      state_->permission_denied.fetch_add(1);
+      return Reply(Status::PermissionDenied("region not opened on this connection"), {});
+    }
+    const Attached& a = it->second;
+    if (a.tenant != qp_tenant_ || !state_->GrantValid(a.token, a.table->name, a.tenant)) {
+      state_->permission_denied.fetch_add(1);
+      return Reply(Status::PermissionDenied("no valid grant of the queue pair's tenant"), {});
+    }
+    StatusOr<verbs::RemoteRegion> region = state_->RegionFor(qp_tenant_, *zone_, *a.table);
+    if (!region.ok()) return Reply(region.status(), {});
+    verbs_regions_.insert(region_id);
+    verbs::EncodeRemoteRegion(*region, verbs_reply_.data());
+    Reply(Status::Ok(), {asio::const_buffer(verbs_reply_.data(), verbs::kRemoteRegionBytes)});
+#endif
+  }
+
+  // While a queue pair exists: every verbs_grant_check_ms, destroy it (and close the
+  // connection) when a grant of a region exposed over it has expired or been revoked.
+  void CheckVerbsGrantsLater() {
+    verbs_timer_.expires_after(
+        std::chrono::milliseconds(std::max<uint32_t>(1, state_->options.verbs_grant_check_ms)));
+    auto self = shared_from_this();
+    verbs_timer_.async_wait([self](const boost::system::error_code& ec) {
+      if (ec) return;
+      for (uint32_t id : self->verbs_regions_) {
+        auto it = self->attached_.find(id);
+        if (it == self->attached_.end() ||
+            !self->state_->GrantValid(it->second.token, it->second.table->name,
+                                      it->second.tenant)) {
+          self->state_->verbs_qps_cut.fetch_add(1);
+          KVTIER_LOG(kInfo) << "row server: a grant behind a queue pair lapsed; destroying "
+                               "the queue pair and closing its connection";
+          return self->Close();
+        }
+      }
+      self->CheckVerbsGrantsLater();
+    });
   }
 
   void HandleOpen() {
@@ -200,6 +353,13 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     state_->batches_served.fetch_add(1);
     state_->ops_served.fetch_add(ops.size());
     state_->bytes_served.fetch_add(asio::buffer_size(data));
+    // Gather the rows into one contiguous reply buffer: one buffer per row would cost a
+    // writev per 64 rows (Boost.Asio's limit); a copy of <= response_bytes_max is cheaper.
+    if (data.size() > 1) {
+      reply_data_.resize(asio::buffer_size(data));
+      asio::buffer_copy(asio::buffer(reply_data_), data);
+      data.assign(1, asio::const_buffer(reply_data_.data(), reply_data_.size()));
+    }
     const uint32_t delay_ms = state_->options.TEST_response_delay_ms;
     if (delay_ms == 0) return Reply(Status::Ok(), std::move(data));
     timer_.expires_after(std::chrono::milliseconds(delay_ms));
@@ -233,6 +393,7 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
 
   tcp::socket socket_;
   asio::steady_timer timer_;
+  asio::steady_timer verbs_timer_;
   std::shared_ptr<RowServer::State> state_;
   std::array<uint8_t, wire::kHeaderBytes> header_{};
   std::array<uint8_t, wire::kHeaderBytes> response_header_{};
@@ -240,7 +401,15 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
   wire::RequestHeader request_;
   std::vector<uint8_t> body_;
   std::string message_;
+  std::vector<uint8_t> reply_data_;  // a read batch's rows, contiguous (HandleRead)
   std::map<uint32_t, Attached> attached_;
+  std::set<uint32_t> verbs_regions_;  // table ids whose RemoteRegion this connection got
+  std::array<uint8_t, std::max(wire::kQpParamsBytes, wire::kRemoteRegionBytes)> verbs_reply_{};
+#ifdef KVTIER_WITH_RDMA
+  std::shared_ptr<verbs::VerbsZone> zone_;
+  std::unique_ptr<verbs::VerbsQp> qp_;
+  std::string qp_tenant_;
+#endif
 };
 
 namespace {
@@ -439,10 +608,11 @@ uint16_t RowServer::port() const { return state_->port.load(); }
 
 RowServerCounters RowServer::counters() const {
   const State& s = *state_;
-  return RowServerCounters{s.connections_accepted.load(), s.connections_active.load(),
-                           s.connections_refused.load(),  s.malformed_frames.load(),
-                           s.batches_served.load(),       s.ops_served.load(),
-                           s.bytes_served.load(),         s.permission_denied.load()};
+  return RowServerCounters{
+      s.connections_accepted.load(), s.connections_active.load(), s.connections_refused.load(),
+      s.malformed_frames.load(),     s.batches_served.load(),     s.ops_served.load(),
+      s.bytes_served.load(),         s.permission_denied.load(),  s.verbs_unavailable.load(),
+      s.verbs_qps_created.load(),    s.verbs_qps_cut.load()};
 }
 
 }  // namespace kvtier::rdma

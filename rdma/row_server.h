@@ -8,14 +8,24 @@
 //   ... clients OpenRegion({"engram.l1.s0", "tenant-a", token}) and read rows ...
 //   server.Stop();
 //
-// Regions are table files memory-mapped read-only (rdma/engram_table.h); responses are
-// written straight from the mapping (no copy). A *grant* is (region, tenant, expiry) named by
-// a random 128-bit token; a connection attaches a region by presenting name, tenant and
-// token (kOpen), and every read batch re-checks that the grant still exists and has not
-// expired (by options.clock). Reads without a valid grant fail with PermissionDenied; the
-// connection stays up. A malformed frame (bad magic, version, type, a length over the
-// limits) closes that connection; the server and other connections are unaffected.
-// Tokens are never logged.
+// Regions are table files memory-mapped read-only (rdma/engram_table.h); a read batch's
+// rows are copied from the mapping into one per-connection reply buffer (at most
+// response_bytes_max, kept for the connection's life) and written with one write. A *grant* is
+// (region, tenant, expiry) named by a random 128-bit token; a connection attaches a region by
+// presenting name, tenant and token (kOpen), and every read batch re-checks that the grant still
+// exists and has not expired (by options.clock). Reads without a valid grant fail with
+// PermissionDenied; the connection stays up. A malformed frame (bad magic, version, type, a length
+// over the limits) closes that connection; the server and other connections are unaffected. Tokens
+// are never logged.
+//
+// RDMA side channel (KVTIER_WITH_RDMA and a device only): after a kOpen, kVerbsConnect
+// creates an RC queue pair in the protection domain of the tenant's trust zone (one PD per
+// tenant), brings it to RTS towards the client's QpParams and replies with the server's;
+// kVerbsRegion registers that table's rows (never the header, never a pool) in the tenant's
+// PD once and replies address/rkey/length. The TCP connection is the queue pair's lease:
+// when it closes, or a grant of a region exposed over it expires or is revoked (checked
+// every verbs_grant_check_ms), the queue pair is destroyed. RDMA keys are never logged.
+// This path has only been compiled, never run on an RDMA device.
 //
 // Embedding: Start(io_context&) runs the server on a caller's io_context (kvtierd);
 // Start() creates and runs its own thread. Stop() closes the listener and every
@@ -31,6 +41,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "rdma/verbs_plan.h"
 #include "rdma/wire.h"
 
 namespace boost::asio {
@@ -61,6 +72,18 @@ struct RowServerOptions {
   // Time source for grant expiry; nullptr = DefaultSteadyClock(). Not owned; must outlive
   // the server.
   const Clock* clock = nullptr;
+  // The verbs side channel (kVerbsConnect / kVerbsRegion, docs/format/wire.md). Served only
+  // when built with KVTIER_WITH_RDMA, `verbs_enabled` is set and a device exists; otherwise
+  // both frames get an Unavailable reply ("row server has no RDMA device") and the
+  // connection stays up (clients fall back to TCP reads).
+  bool verbs_enabled = true;
+  // Device, port, GID index and queue depths of the server's zones (one PD per tenant).
+  verbs::VerbsOptions verbs;
+  // How often a connection with a queue pair re-checks the grants of the regions it
+  // exposed over RDMA; when one has expired or was revoked, the queue pair is destroyed
+  // and the connection closed (one-sided reads bypass the server, so this is what cuts
+  // access).
+  uint32_t verbs_grant_check_ms = 100;
   // Test hook: delay every read response by this many ms (makes reads "in flight").
   uint32_t TEST_response_delay_ms = 0;
 };
@@ -74,6 +97,9 @@ struct RowServerCounters {
   uint64_t ops_served = 0;
   uint64_t bytes_served = 0;
   uint64_t permission_denied = 0;  // opens and batches refused for a missing/expired grant
+  uint64_t verbs_unavailable = 0;  // side-channel frames answered Unavailable (no device)
+  uint64_t verbs_qps_created = 0;
+  uint64_t verbs_qps_cut = 0;  // queue pairs destroyed because a grant lapsed
 };
 
 class RowServer {

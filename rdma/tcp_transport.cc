@@ -80,6 +80,7 @@ struct TcpTransport::Impl {
   std::array<uint8_t, wire::kHeaderBytes> reply_header{};
   wire::ResponseHeader reply;
   std::string reply_message;
+  std::vector<uint8_t> staging;  // a multi-op reply, scattered into the destinations
 
   bool OnIoThread() const { return std::this_thread::get_id() == io_thread_id; }
 
@@ -201,9 +202,20 @@ struct TcpTransport::Impl {
     };
     if (front->type == wire::FrameType::kOpen) {
       asio::async_read(socket, asio::buffer(front->open_reply), on_data);
+    } else if (front->dests.size() == 1) {
+      asio::async_read(socket, asio::buffer(front->dests.front()), on_data);
     } else {
-      std::vector<asio::mutable_buffer> dests = front->dests;
-      asio::async_read(socket, dests, on_data);
+      // One read into a staging buffer, then scatter: one buffer per row would cost a
+      // readv per 64 rows (Boost.Asio's limit).
+      staging.resize(front->data_bytes);
+      asio::async_read(socket, asio::buffer(staging),
+                       [this, gen, front](const boost::system::error_code& ec, size_t) {
+                         if (!Current(gen)) return;
+                         if (ec)
+                           return FailAll(Status::IOError("row server reply: " + ec.message()));
+                         asio::buffer_copy(front->dests, asio::buffer(staging));
+                         Complete(gen, Status::Ok());
+                       });
     }
   }
 

@@ -2,7 +2,8 @@
 // framed protocol of docs/format/wire.md ("Engram row transport (TCP)") to a RowServer.
 //
 // One TCP connection per transport; batches are pipelined on it and answered in order.
-// Response bytes are read straight into the ops' destinations (no intermediate copy).
+// A one-op reply is read straight into its destination; a multi-op reply is read into one
+// per-transport staging buffer (at most batch_ops_max * read_bytes_max) and scattered.
 // Local buffer registration is bookkeeping only here (it bounds where replies may land).
 //
 // Thread safety: as Transport. The transport owns one I/O thread. Submit() from a callback

@@ -1,39 +1,66 @@
 // libibverbs device access for the verbs transport. Built only with KVTIER_WITH_RDMA.
 //
-// STATUS: this is the part of the VerbsTransport that is built and exercised so far: device
-// discovery, one protection domain per trust zone, memory registration of a table region
-// only (IBV_ACCESS_REMOTE_READ on exactly the mapped rows, never a pool), a completion
-// queue with a completion channel and an RC queue pair brought to INIT. The data path
-// (RTR/RTS with the peer's QpParams from the TCP side channel, posting the WR chains that
-// verbs_plan.h plans, polling then waiting on the channel, teardown on IBV_WC errors) is
-// NOT built yet: the row server does not answer the side-channel exchange, so no
-// VerbsTransport implements Transport today. All row reads use TcpTransport.
+// What: device discovery; a VerbsZone per trust zone (one protection domain, one completion
+// queue with a completion channel); memory registration of a table region only
+// (IBV_ACCESS_REMOTE_READ on exactly the mapped rows, never a pool) and of local
+// destination buffers (IBV_ACCESS_LOCAL_WRITE); RC queue pairs created in a zone's PD,
+// brought RESET -> INIT -> RTR -> RTS with the peer's QpParams (path MTU from the port,
+// a GRH with the peer's GID when the port has no LID, i.e. RoCE), posting of the
+// RDMA READ chains that verbs_plan.h plans, and the CQ / async-event primitives the
+// VerbsTransport completion thread and the row server use.
 //
-// Thread safety: a VerbsZone is not thread-safe.
+// STATUS: compiled and linked wherever libibverbs is found; NEVER RUN ON HARDWARE. The
+// machine this was written on has no RDMA device, so every path below ibv_open_device has
+// only been compiled; tests/rdma/verbs_transport_test.cc exercises it against a real device
+// and skips itself (GTEST_SKIP) where ibv_get_device_list is empty.
+//
+// Errors: Unavailable when there is no device; NotFound for an unknown device name;
+// IOError (naming the verbs call and errno) when a verbs call fails. RDMA keys never
+// appear in a Status message or a log line.
+//
+// Ownership: a VerbsQp keeps its zone's PD/CQ alive (shared). Memory registered through a
+// zone stays registered until Deregister() or the zone's last user goes away; the caller
+// keeps the memory alive that long.
+//
+// Thread safety: libibverbs calls are thread-safe; a VerbsZone's registration table is
+// guarded internally, so all VerbsZone methods may be called from any thread. A VerbsQp is
+// not thread-safe (its owner serialises posting and state changes).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
 #include "rdma/verbs_plan.h"
 
+struct ibv_context;
+struct ibv_cq;
+struct ibv_comp_channel;
+struct ibv_qp;
+
 namespace kvtier::rdma::verbs {
 
 // Names of the RDMA devices present (ibv_get_device_list); empty without hardware.
 std::vector<std::string> ListDevices();
 
-// One trust zone on one device: a protection domain, a CQ with a completion channel and
-// one RC queue pair. Memory registered here is reachable only through this zone's QPs.
+class VerbsQp;
+
+// Which end of the one-sided read a queue pair is.
+enum class QpRole : uint8_t {
+  kReader,    // client: posts RDMA READs, grants no remote access
+  kResponder  // server: remote read access to MRs of its PD, posts nothing
+};
+
+// One trust zone on one device: a protection domain and a CQ with a completion channel.
+// Memory registered here is reachable only through QPs of this zone.
 class VerbsZone {
  public:
-  // Opens `device` ("" = the first), allocates the PD, CQ (cq_depth entries) and an RC QP
-  // (send_queue_depth WRs) and moves the QP to INIT on `port`. Unavailable when there is
-  // no device; IOError when a verbs call fails.
-  static StatusOr<std::unique_ptr<VerbsZone>> Open(const std::string& device, uint8_t port,
-                                                   uint32_t cq_depth, uint32_t send_queue_depth);
+  // Opens `options.device` ("" = the first) and allocates the PD and CQ (cq_depth).
+  // Unavailable when there is no device; IOError when a verbs call fails.
+  static StatusOr<std::shared_ptr<VerbsZone>> Open(const VerbsOptions& options);
   ~VerbsZone();
   VerbsZone(const VerbsZone&) = delete;
   VerbsZone& operator=(const VerbsZone&) = delete;
@@ -43,14 +70,59 @@ class VerbsZone {
   StatusOr<RemoteRegion> RegisterRemoteReadable(const uint8_t* data, size_t size_bytes);
   // Registers a local destination buffer; returns its lkey.
   StatusOr<uint32_t> RegisterLocalWritable(uint8_t* data, size_t size_bytes);
-  // This end's QP parameters for the side channel (QPN, PSN, LID, GID).
-  QpParams LocalParams() const;
+  // Deregisters the MR that starts at `data`. NotFound if none.
+  Status Deregister(const void* data);
+
+  // Creates an RC QP (send_queue_depth WRs) in this zone's PD on its CQ and moves it to
+  // INIT. Its LocalParams() go to the peer over the side channel.
+  StatusOr<std::unique_ptr<VerbsQp>> CreateQp(uint32_t send_queue_depth, QpRole role);
+
+  // Completion primitives (for one consumer thread).
+  ibv_cq* cq() const;
+  ibv_comp_channel* channel() const;
+  ibv_context* context() const;
+  // The fd that becomes readable when the channel has an event; set non-blocking.
+  int completion_fd() const;
+  // The device's async event fd (QP fatal errors), set non-blocking.
+  int async_fd() const;
 
   struct Impl;
 
  private:
-  explicit VerbsZone(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit VerbsZone(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+  friend class VerbsQp;
 };
+
+// One RC queue pair of a zone.
+class VerbsQp {
+ public:
+  ~VerbsQp();  // ibv_destroy_qp
+  VerbsQp(const VerbsQp&) = delete;
+  VerbsQp& operator=(const VerbsQp&) = delete;
+
+  // This end's parameters for the side channel (QPN, PSN, LID, GID).
+  const QpParams& LocalParams() const { return local_; }
+  uint32_t qpn() const { return local_.qpn; }
+  // INIT -> RTR -> RTS towards `peer`. IOError naming the transition on failure.
+  Status ConnectTo(const QpParams& peer);
+  // Posts one chain (linked WRs, one SGE each) of RDMA READs. IOError when ibv_post_send
+  // fails (the QP is then unusable).
+  Status PostReadChain(std::span<const PlannedRead> chain);
+  // Moves the QP to IBV_QPS_ERR (flushes every posted WR with an error completion). Used by
+  // tests to force a queue-pair error.
+  Status ForceError();
+
+ private:
+  friend class VerbsZone;
+  VerbsQp() = default;
+  std::shared_ptr<VerbsZone::Impl> zone_;
+  ibv_qp* qp_ = nullptr;
+  QpRole role_ = QpRole::kReader;
+  QpParams local_;
+};
+
+// Human-readable name of an ibv_wc_status value (ibv_wc_status_str).
+const char* WcStatusName(int wc_status);
 
 }  // namespace kvtier::rdma::verbs

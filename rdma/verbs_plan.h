@@ -17,12 +17,29 @@
 #include <functional>
 #include <map>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
 #include "rdma/transport.h"
 
 namespace kvtier::rdma::verbs {
+
+// ---- options ----------------------------------------------------------------------------
+
+// Device-level knobs of VerbsTransport (and of the row server's verbs side). Plain data so
+// that the factory (transport_factory.h) can take it whether or not verbs are built.
+struct VerbsOptions {
+  std::string device;     // "" = the first device ibv_get_device_list reports
+  uint8_t port = 1;       // HCA port
+  uint8_t gid_index = 0;  // GID table index; used when the port has no LID (RoCE)
+  // WRs per QP (max_send_wr); bounds WRs in flight (a Submit() that would overflow it is
+  // Rejected). VerbsTransport needs it >= TransportOptions::batch_ops_max.
+  uint32_t send_queue_depth = 1024;
+  uint32_t cq_depth = 1024;     // completion queue entries (>= send_queue_depth)
+  uint32_t poll_spin_us = 50;   // busy-poll the CQ this long before sleeping on it
+  uint32_t rd_atomic_max = 16;  // RDMA READs outstanding per QP (clamped to the device)
+};
 
 // ---- address and key tables -------------------------------------------------------------
 
@@ -141,10 +158,10 @@ struct QpParams {
   uint8_t gid_index = 0;
   std::array<uint8_t, 16> gid{};
 };
-inline constexpr size_t kQpParamsBytes = 28;
+inline constexpr size_t kQpParamsBytes = wire::kQpParamsBytes;
 void EncodeQpParams(const QpParams& p, uint8_t out[kQpParamsBytes]);
 Status DecodeQpParams(std::span<const uint8_t> in, QpParams* out);  // Corruption on bad size
-inline constexpr size_t kRemoteRegionBytes = 24;
+inline constexpr size_t kRemoteRegionBytes = wire::kRemoteRegionBytes;
 void EncodeRemoteRegion(const RemoteRegion& r, uint8_t out[kRemoteRegionBytes]);
 Status DecodeRemoteRegion(std::span<const uint8_t> in, RemoteRegion* out);
 

@@ -15,8 +15,8 @@ using le::Put32;
 using le::Put64;
 
 bool ValidType(uint16_t t) {
-  return t == static_cast<uint16_t>(FrameType::kOpen) ||
-         t == static_cast<uint16_t>(FrameType::kRead);
+  return t >= static_cast<uint16_t>(FrameType::kOpen) &&
+         t <= static_cast<uint16_t>(FrameType::kVerbsRegion);
 }
 
 }  // namespace
@@ -49,11 +49,16 @@ Status DecodeRequestHeader(const uint8_t in[kHeaderBytes], RequestHeader* out) {
     if (static_cast<uint64_t>(h.body_bytes) != uint64_t{h.op_count} * kReadOpBytes) {
       return Status::Corruption("read body_bytes != op_count * 24");
     }
-  } else {
+  } else if (h.type == FrameType::kOpen) {
     if (h.op_count != 0) return Status::Corruption("open op_count not zero");
     if (h.body_bytes < kOpenFixedBytes || h.body_bytes > kOpenFixedBytes + 2 * kNameBytesMax) {
       return Status::Corruption("open body_bytes out of range");
     }
+  } else {
+    const size_t want =
+        h.type == FrameType::kVerbsConnect ? kQpParamsBytes : kVerbsRegionRequestBytes;
+    if (h.op_count != 0) return Status::Corruption("verbs op_count not zero");
+    if (h.body_bytes != want) return Status::Corruption("verbs body_bytes mismatch");
   }
   *out = h;
   return Status::Ok();
@@ -186,6 +191,45 @@ std::vector<uint8_t> BuildOpenRequest(uint64_t request_id, const OpenRequest& re
   EncodeRequestHeader(h, frame.data());
   frame.insert(frame.end(), body.begin(), body.end());
   return frame;
+}
+
+std::vector<uint8_t> BuildVerbsConnectRequest(uint64_t request_id,
+                                              std::span<const uint8_t, kQpParamsBytes> qp_params) {
+  std::vector<uint8_t> frame(kHeaderBytes);
+  RequestHeader h{FrameType::kVerbsConnect, request_id, 0, static_cast<uint32_t>(kQpParamsBytes)};
+  EncodeRequestHeader(h, frame.data());
+  frame.insert(frame.end(), qp_params.begin(), qp_params.end());
+  return frame;
+}
+
+std::vector<uint8_t> BuildVerbsRegionRequest(uint64_t request_id, uint32_t region_id) {
+  std::vector<uint8_t> frame(kHeaderBytes + kVerbsRegionRequestBytes, 0);
+  RequestHeader h{FrameType::kVerbsRegion, request_id, 0,
+                  static_cast<uint32_t>(kVerbsRegionRequestBytes)};
+  EncodeRequestHeader(h, frame.data());
+  Put32(frame.data() + kHeaderBytes, region_id);
+  return frame;
+}
+
+Status DecodeVerbsRegionRequest(std::span<const uint8_t> body, uint32_t* region_id) {
+  if (body.size() != kVerbsRegionRequestBytes) return Status::Corruption("verbs region body size");
+  if (Get32(body.data() + 4) != 0) return Status::Corruption("reserved verbs region bytes");
+  *region_id = Get32(body.data());
+  return Status::Ok();
+}
+
+uint64_t FixedReplyDataBytes(FrameType type) {
+  switch (type) {
+    case FrameType::kOpen:
+      return kOpenReplyBytes;
+    case FrameType::kVerbsConnect:
+      return kQpParamsBytes;
+    case FrameType::kVerbsRegion:
+      return kRemoteRegionBytes;
+    case FrameType::kRead:
+      break;
+  }
+  return 0;
 }
 
 }  // namespace kvtier::rdma::wire

@@ -30,6 +30,11 @@ inline constexpr size_t kReadOpBytes = 24;
 inline constexpr size_t kGrantTokenBytes = 16;
 inline constexpr size_t kOpenFixedBytes = 8 + kGrantTokenBytes;
 inline constexpr size_t kOpenReplyBytes = 40;
+// Verbs side-channel bodies (the layouts are verbs::QpParams / verbs::RemoteRegion, whose
+// codecs live in rdma/verbs_plan.h; only the sizes are fixed here).
+inline constexpr size_t kQpParamsBytes = 28;
+inline constexpr size_t kVerbsRegionRequestBytes = 8;  // u32 region_id, u32 reserved
+inline constexpr size_t kRemoteRegionBytes = 24;
 
 // Hard protocol limits (a peer exceeding them is disconnected). Servers and clients may
 // configure smaller limits; these are the ceilings a decoder accepts at all.
@@ -43,6 +48,10 @@ inline constexpr uint32_t kRequestBodyBytesMax = kBatchOpsMax * kReadOpBytes;
 enum class FrameType : uint16_t {
   kOpen = 1,  // attach a grant to this connection; reply: OpenReply
   kRead = 2,  // a batch of one-sided reads; reply: the bytes of every op, in order
+  // Verbs side channel (docs/format/wire.md). Servers without an RDMA device answer both
+  // with Unavailable and keep the connection.
+  kVerbsConnect = 3,  // body: the client's QpParams; reply data: the server's QpParams
+  kVerbsRegion = 4,   // body: a region_id opened on this connection; reply: RemoteRegion
 };
 
 using GrantToken = std::array<uint8_t, kGrantTokenBytes>;
@@ -103,5 +112,14 @@ Status DecodeOpenReply(std::span<const uint8_t> in, OpenReply* out);
 // A whole request frame (header + body), as a client sends it.
 std::vector<uint8_t> BuildReadRequest(uint64_t request_id, std::span<const ReadOpWire> ops);
 std::vector<uint8_t> BuildOpenRequest(uint64_t request_id, const OpenRequest& req);
+// kVerbsConnect: `qp_params` is verbs::EncodeQpParams' output (kQpParamsBytes).
+std::vector<uint8_t> BuildVerbsConnectRequest(uint64_t request_id,
+                                              std::span<const uint8_t, kQpParamsBytes> qp_params);
+// kVerbsRegion for the server's `region_id` (from an OpenReply on the same connection).
+std::vector<uint8_t> BuildVerbsRegionRequest(uint64_t request_id, uint32_t region_id);
+// Decodes a kVerbsRegion body (exactly kVerbsRegionRequestBytes, reserved bytes zero).
+Status DecodeVerbsRegionRequest(std::span<const uint8_t> body, uint32_t* region_id);
+// The data_bytes an OK reply of `type` must carry, or 0 for kRead (variable).
+uint64_t FixedReplyDataBytes(FrameType type);
 
 }  // namespace kvtier::rdma::wire

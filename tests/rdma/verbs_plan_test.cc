@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <map>
+
 namespace kvtier::rdma::verbs {
 namespace {
 
@@ -186,6 +189,105 @@ TEST(VerbsPlanTest, InflightTrackerBoundsWrsAndFailsEverythingOnError) {
   EXPECT_EQ(t.batches(), 0u);
   EXPECT_EQ(t.wrs_in_flight(), 0u);
   EXPECT_EQ(calls, (std::vector<std::string>{"a:ok", "c:io_error", "b:io_error"}));
+}
+
+TEST(VerbsPlanTest, SideChannelDecodersRejectHostileInput) {
+  QpParams p;
+  p.qpn = 0x10;
+  p.psn = 0x20;
+  uint8_t buf[kQpParamsBytes];
+  EncodeQpParams(p, buf);
+  QpParams back;
+  ASSERT_TRUE(DecodeQpParams(buf, &back).ok());
+  uint8_t zero_qpn[kQpParamsBytes];
+  std::memcpy(zero_qpn, buf, sizeof(buf));
+  std::memset(zero_qpn, 0, 4);
+  EXPECT_TRUE(DecodeQpParams(zero_qpn, &back).IsCorruption());  // qpn 0 is never valid
+  uint8_t big_psn[kQpParamsBytes];
+  std::memcpy(big_psn, buf, sizeof(buf));
+  big_psn[7] = 0x01;  // psn above 24 bits
+  EXPECT_TRUE(DecodeQpParams(big_psn, &back).IsCorruption());
+  std::vector<uint8_t> longer(buf, buf + kQpParamsBytes);
+  longer.push_back(0);
+  EXPECT_TRUE(DecodeQpParams(longer, &back).IsCorruption());
+  EXPECT_TRUE(DecodeQpParams({}, &back).IsCorruption());
+  // The encoder masks the psn to 24 bits.
+  p.psn = 0xff123456;
+  EncodeQpParams(p, buf);
+  ASSERT_TRUE(DecodeQpParams(buf, &back).ok());
+  EXPECT_EQ(back.psn, 0x123456u);
+
+  RemoteRegion r{0x1000, 7, 0}, r2;
+  uint8_t rb[kRemoteRegionBytes];
+  EncodeRemoteRegion(r, rb);
+  EXPECT_TRUE(DecodeRemoteRegion(rb, &r2).IsCorruption());  // an empty region
+  r.length_bytes = 64;
+  EncodeRemoteRegion(r, rb);
+  EXPECT_TRUE(DecodeRemoteRegion(std::span<const uint8_t>(rb, 23), &r2).IsCorruption());
+  ASSERT_TRUE(DecodeRemoteRegion(rb, &r2).ok());
+  EXPECT_EQ(r2.rkey, 7u);
+  // The sizes the wire format fixes are the codecs' sizes.
+  static_assert(kQpParamsBytes == wire::kQpParamsBytes);
+  static_assert(kRemoteRegionBytes == wire::kRemoteRegionBytes);
+}
+
+// What VerbsTransport does on a QP error: the first failed completion ends its batch, the
+// teardown takes every other batch, and nothing completes twice (late flushes, a second
+// teardown). The WR budget is whole again afterwards.
+TEST(VerbsPlanTest, TeardownFailsEveryBatchExactlyOnce) {
+  InflightTracker t(64);
+  std::map<uint64_t, int> calls;
+  std::map<uint64_t, StatusCode> codes;
+  auto cb = [&](uint64_t seq) {
+    return [&calls, &codes, seq](const Status& s) {
+      ++calls[seq];
+      codes[seq] = s.code();
+    };
+  };
+  for (uint64_t seq = 1; seq <= 5; ++seq) ASSERT_TRUE(t.Add(seq, 2, 4, 8, cb(seq)).ok());
+  EXPECT_EQ(t.ops_in_flight(), 40u);
+  // Batch 2 completes fully; batch 4 fails on its second chain.
+  ASSERT_EQ(t.OnCompletion(MakeWrId(2, 0), Status::Ok()), nullptr);
+  t.OnCompletion(MakeWrId(2, 1), Status::Ok())(Status::Ok());
+  ASSERT_EQ(t.OnCompletion(MakeWrId(4, 0), Status::Ok()), nullptr);
+  t.OnCompletion(MakeWrId(4, 1),
+                 Status::IOError("remote access error"))(Status::IOError("remote access error"));
+  auto rest = t.TakeAll();
+  EXPECT_EQ(rest.size(), 3u);  // batches 1, 3, 5
+  for (auto& c : rest) c(Status::IOError("queue pair torn down"));
+  // Late flush completions and a second teardown find nothing.
+  for (uint64_t seq = 1; seq <= 5; ++seq) {
+    EXPECT_EQ(t.OnCompletion(MakeWrId(seq, 0), Status::IOError("flush")), nullptr);
+    EXPECT_EQ(t.OnCompletion(MakeWrId(seq, 1), Status::Ok()), nullptr);
+  }
+  EXPECT_TRUE(t.TakeAll().empty());
+  for (uint64_t seq = 1; seq <= 5; ++seq) EXPECT_EQ(calls[seq], 1) << "batch " << seq;
+  EXPECT_EQ(codes[2], StatusCode::kOk);
+  EXPECT_EQ(codes[4], StatusCode::kIOError);
+  EXPECT_EQ(codes[1], StatusCode::kIOError);
+  EXPECT_EQ(t.wrs_in_flight(), 0u);
+  EXPECT_EQ(t.ops_in_flight(), 0u);
+  EXPECT_TRUE(t.Add(6, 16, 64, 64, cb(6)).ok());  // the full WR budget is usable again
+  EXPECT_TRUE(t.Add(7, 1, 1, 1, cb(7)).IsRejected());
+}
+
+TEST(VerbsPlanTest, QpStateMachineRejectsPostingOutsideReadyToSend) {
+  QpStateMachine m;
+  // A teardown is only legal from a failed or half-made connection, never from RTS directly.
+  ASSERT_TRUE(m.Apply(QpEvent::kConnect).ok());
+  ASSERT_TRUE(m.Apply(QpEvent::kFailure).ok());  // exchange failed
+  ASSERT_TRUE(m.Apply(QpEvent::kTornDown).ok());
+  ASSERT_TRUE(m.Apply(QpEvent::kConnect).ok());
+  ASSERT_TRUE(m.Apply(QpEvent::kPeerParams).ok());
+  EXPECT_FALSE(m.CanPost());  // RTR only
+  ASSERT_TRUE(m.Apply(QpEvent::kReady).ok());
+  EXPECT_TRUE(m.Apply(QpEvent::kTornDown).IsInvalidArgument());
+  EXPECT_TRUE(m.Apply(QpEvent::kPeerParams).IsInvalidArgument());
+  EXPECT_EQ(m.state(), QpState::kReadyToSend);
+  EXPECT_EQ(m.connects(), 1u);
+  EXPECT_TRUE(m.Apply(QpEvent::kFailure).ok());
+  EXPECT_STREQ(QpStateName(m.state()), "error");
+  EXPECT_TRUE(m.Apply(QpEvent::kFailure).ok());
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 
 namespace kvtier::rdma::wire {
@@ -98,6 +99,75 @@ TEST(WireTest, OpenBodyValidation) {
   EXPECT_TRUE(DecodeOpenRequest(body, &out).ok());
   EXPECT_EQ(out.region_name, "abc");
   EXPECT_EQ(out.tenant, "tu");
+}
+
+TEST(WireTest, VerbsConnectRequestRoundTripAndHostileHeaders) {
+  std::array<uint8_t, kQpParamsBytes> params{};
+  for (size_t i = 0; i < params.size(); ++i) params[i] = static_cast<uint8_t>(i + 1);
+  const std::vector<uint8_t> frame = BuildVerbsConnectRequest(77, params);
+  ASSERT_EQ(frame.size(), kHeaderBytes + kQpParamsBytes);
+  EXPECT_EQ(frame[6], 3);  // type 3 = VERBS_CONNECT
+  RequestHeader h;
+  ASSERT_TRUE(DecodeRequestHeader(frame.data(), &h).ok());
+  EXPECT_EQ(h.type, FrameType::kVerbsConnect);
+  EXPECT_EQ(h.request_id, 77u);
+  EXPECT_EQ(h.body_bytes, kQpParamsBytes);
+  EXPECT_EQ(std::memcmp(frame.data() + kHeaderBytes, params.data(), params.size()), 0);
+  auto mutate = [&](size_t at, uint8_t value) {
+    std::vector<uint8_t> f = frame;
+    f[at] = value;
+    return DecodeRequestHeader(f.data(), &h);
+  };
+  EXPECT_TRUE(mutate(20, 27).IsCorruption());  // body_bytes != 28
+  EXPECT_TRUE(mutate(20, 0).IsCorruption());
+  EXPECT_TRUE(mutate(23, 1).IsCorruption());  // body_bytes huge
+  EXPECT_TRUE(mutate(16, 1).IsCorruption());  // op_count must be 0
+  EXPECT_TRUE(mutate(6, 5).IsCorruption());   // type 5 is unknown
+  EXPECT_TRUE(mutate(6, 0).IsCorruption());   // type 0 is unknown
+}
+
+TEST(WireTest, VerbsRegionRequestRoundTripAndHostileBodies) {
+  const std::vector<uint8_t> frame = BuildVerbsRegionRequest(9, 0xabcdef01);
+  ASSERT_EQ(frame.size(), kHeaderBytes + kVerbsRegionRequestBytes);
+  EXPECT_EQ(frame[6], 4);  // type 4 = VERBS_REGION
+  RequestHeader h;
+  ASSERT_TRUE(DecodeRequestHeader(frame.data(), &h).ok());
+  EXPECT_EQ(h.type, FrameType::kVerbsRegion);
+  EXPECT_EQ(h.body_bytes, kVerbsRegionRequestBytes);
+  std::span<const uint8_t> body = std::span(frame).subspan(kHeaderBytes);
+  uint32_t region_id = 0;
+  ASSERT_TRUE(DecodeVerbsRegionRequest(body, &region_id).ok());
+  EXPECT_EQ(region_id, 0xabcdef01u);
+  std::vector<uint8_t> bad(body.begin(), body.end());
+  bad[5] = 1;  // reserved
+  EXPECT_TRUE(DecodeVerbsRegionRequest(bad, &region_id).IsCorruption());
+  EXPECT_TRUE(DecodeVerbsRegionRequest(body.subspan(0, 4), &region_id).IsCorruption());
+  std::vector<uint8_t> longer(body.begin(), body.end());
+  longer.push_back(0);
+  EXPECT_TRUE(DecodeVerbsRegionRequest(longer, &region_id).IsCorruption());
+  std::vector<uint8_t> f = frame;
+  f[20] = 16;  // body_bytes != 8
+  EXPECT_TRUE(DecodeRequestHeader(f.data(), &h).IsCorruption());
+}
+
+TEST(WireTest, VerbsRepliesHaveFixedDataLengths) {
+  EXPECT_EQ(FixedReplyDataBytes(FrameType::kOpen), kOpenReplyBytes);
+  EXPECT_EQ(FixedReplyDataBytes(FrameType::kVerbsConnect), kQpParamsBytes);
+  EXPECT_EQ(FixedReplyDataBytes(FrameType::kVerbsRegion), kRemoteRegionBytes);
+  EXPECT_EQ(FixedReplyDataBytes(FrameType::kRead), 0u);
+  ResponseHeader r;
+  r.type = FrameType::kVerbsConnect;
+  r.request_id = 4;
+  r.code = StatusCode::kUnavailable;
+  r.message_bytes = 29;
+  uint8_t buf[kHeaderBytes];
+  EncodeResponseHeader(r, buf);
+  ResponseHeader back;
+  ASSERT_TRUE(DecodeResponseHeader(buf, &back).ok());
+  EXPECT_EQ(back.type, FrameType::kVerbsConnect);
+  EXPECT_EQ(back.code, StatusCode::kUnavailable);
+  buf[6] = 6;  // unknown response type
+  EXPECT_TRUE(DecodeResponseHeader(buf, &back).IsCorruption());
 }
 
 }  // namespace

@@ -149,13 +149,20 @@ Status LocalEngramRowSource::Request(EngramRowBatch* batch) {
   batch->scales.resize(batch->row_ids.size() * sb);
   for (size_t i = 0; i < batch->row_ids.size(); ++i) {
     int64_t r = batch->row_ids[i];
-    if (r < 0 || r >= t.rows) return Status::InvalidArgument("engram rows: row id out of range");
+    if (r < 0 || r >= t.rows) {
+      batch->data.clear();
+      batch->scales.clear();
+      return Status::InvalidArgument("engram rows: row id out of range");
+    }
     std::memcpy(batch->data.data() + i * row_dim_, t.data + r * row_dim_, row_dim_);
     std::memcpy(batch->scales.data() + i * sb, t.scales + r * sb, sb);
   }
   return Status::Ok();
 }
 
-Status LocalEngramRowSource::Wait(EngramRowBatch*) { return Status::Ok(); }
+Status LocalEngramRowSource::Wait(EngramRowBatch* batch) {
+  batch->stalled = false;  // the rows were copied by Request
+  return Status::Ok();
+}
 
 }  // namespace kvtier::engine

@@ -13,12 +13,14 @@
 // The tokenizer-compression table is the identity on the miniature (ids already compressed).
 //
 // EngramRowSource is how the model reads table rows (FP8 e4m3 + ue8m0 per 32): the engine
-// computes every row id of a step before the layers run, Request()s them for both Engram
-// layers, and Wait()s just before each Engram layer — the shape a remote prefetching source
-// (a later issue) needs. LocalEngramRowSource serves from in-memory tables.
+// computes row ids as soon as the tokens are known and Request()s them ahead of the layer that
+// needs them (the current step's rows before layer 0, the next prefill chunks' rows before the
+// current chunk computes, hinted tokens' rows when the caller hints: Engine::PrefetchEngram), and
+// Wait()s just before each Engram layer. LocalEngramRowSource serves from in-memory tables;
+// RemoteEngramRowSource (remote_engram.h) fetches from row servers.
 //
 // Thread safety: EngramHashing is immutable after Create. A row source is used by one engine
-// step at a time; LocalEngramRowSource is safe for concurrent use on distinct batches.
+// at a time; LocalEngramRowSource is safe for concurrent use on distinct batches.
 #pragma once
 
 #include <cstdint>
@@ -77,21 +79,31 @@ struct EngramRowBatch {
   std::vector<int64_t> row_ids;  // in: table rows
   std::vector<uint8_t> data;     // out: row_ids.size() x row_dim e4m3 codes
   std::vector<uint8_t> scales;   // out: row_ids.size() x row_dim/32 ue8m0 codes
+  bool stalled = false;          // out (Wait): the rows were late and Wait blocked for them
 };
 
+// Several requests may be outstanding on one slot at once (prefetch ahead of the layer): each
+// Request is matched by exactly one Wait on the same batch. A caller waits for one slot's
+// requests in the order it made them (a source may rely on that; the engine does so). A source
+// may bound the requests outstanding per slot: over its bound Request returns Rejected at once
+// (never blocks); the caller then waits for earlier requests and may ask again.
 class EngramRowSource {
  public:
   virtual ~EngramRowSource() = default;
   virtual int row_dim() const = 0;
-  // Starts fetching batch->row_ids. Returns InvalidArgument for a bad slot or row id,
-  // Rejected when the batch exceeds kMaxEngramRowsPerBatch. The batch must stay alive and
-  // unmodified until Wait returns.
+  // Starts fetching batch->row_ids. Returns InvalidArgument for a bad slot or row id, or a
+  // batch already outstanding; Rejected when the batch exceeds kMaxEngramRowsPerBatch or the
+  // source's per-slot bounds. The batch must stay alive and unmodified until Wait returns.
   virtual Status Request(EngramRowBatch* batch) = 0;
-  // Blocks until data and scales are filled; returns the fetch's status.
+  // Blocks until data and scales are filled; returns the fetch's status and sets
+  // batch->stalled when it had to block. On an error data and scales are left empty (never
+  // zero-filled). Called once per successful Request.
   virtual Status Wait(EngramRowBatch* batch) = 0;
 };
 
 // Serves rows from tables held in memory (not owned: the tables must outlive the source).
+// Request copies the rows at once, so any number of requests may be outstanding and Wait
+// never blocks.
 class LocalEngramRowSource : public EngramRowSource {
  public:
   struct Table {

@@ -1,6 +1,7 @@
 #include "engine/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -67,12 +68,43 @@ Engine::Engine(const EngineConfig& config, std::shared_ptr<const ModelWeights> w
                const EngineOptions& options)
     : config_(config), weights_(std::move(weights)), options_(options) {}
 
-Engine::~Engine() = default;
+// One batch of Engram rows the engine requested (own step or prefetch) and still holds.
+struct Engine::EngramPending {
+  int slot = 0;
+  int64_t p0 = 0;  // positions [p0, p0 + n)
+  int n = 0;
+  EngramRowBatch batch;   // row_ids: n x columns, token-major
+  bool prefetch = false;  // requested ahead of its step
+  bool waited = false;    // Wait() returned (status, batch.data/scales valid)
+  Status status;
+  bool discarded = false;  // no step will use it; waited (in order) and dropped
+  bool used = false;       // served a step
+  int64_t claim_end = -1;  // end of the running step that claimed it; -1: none
+  int64_t end() const { return p0 + n; }
+};
+
+Engine::~Engine() {
+  // The row source may still write into batches it was asked for: wait for every one.
+  for (auto& q : engram_queue_) {
+    for (auto& e : q) {
+      if (!e->waited) (void)rows_->Wait(&e->batch);
+    }
+  }
+}
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                  std::shared_ptr<const ModelWeights> weights,
                                                  const EngineOptions& options) {
   if (weights == nullptr) return Status::InvalidArgument("engine: no weights");
+  if (options.prefill_chunk_tokens < 1 ||
+      static_cast<size_t>(options.prefill_chunk_tokens) > kMaxTokensPerCall)
+    return Status::InvalidArgument("engine: prefill_chunk_tokens out of range");
+  if (options.engram_lookahead_chunks < 0 ||
+      options.engram_lookahead_chunks > kMaxEngramLookaheadChunks)
+    return Status::InvalidArgument("engine: engram_lookahead_chunks out of range");
+  if (options.engram_prefetch_batches_max < 1 ||
+      options.engram_prefetch_batches_max > kMaxEngramPrefetchBatches)
+    return Status::InvalidArgument("engine: engram_prefetch_batches_max out of range");
   EngineConfig c = config;
   KVTIER_RETURN_IF_ERROR(c.Validate());
   KVTIER_RETURN_IF_ERROR(CheckWeights(c, weights->file));
@@ -175,6 +207,7 @@ Status Engine::Bind() {
     rows_ = options_.engram_rows != nullptr ? options_.engram_rows : local_rows_.get();
     if (rows_->row_dim() != c.engram_head_dim)
       return Status::InvalidArgument("engine: engram row source has the wrong row_dim");
+    engram_queue_.resize(c.engram_layer_ids.size());
   }
   return Status::Ok();
 }
@@ -276,32 +309,276 @@ void Engine::MixSublayer(int n, float* x, const float* f_out, const float* post,
   }
 }
 
-Status Engine::RequestEngramRows(int layer, const SequenceState& st, int64_t p0, int n,
-                                 EngramRowBatch* batch) {
-  const EngineConfig& c = config_;
+// ---- Engram prefetch -------------------------------------------------------------------
+//
+// engram_queue_[slot] holds every batch requested for that Engram layer and not yet consumed
+// or dropped, in request order; Waits are made in that order. A step *claims* the batch that
+// covers its positions with equal row ids (requesting one if none does), and every other
+// batch of the slot that cannot serve a later step (it ends within the step, or covers it
+// with other row ids) is discarded: waited in turn, then dropped, never used.
+
+Status Engine::EngramRowIds(int slot, std::span<const int32_t> toks, int64_t toks_p0, int64_t p0,
+                            int n, std::vector<int64_t>* rows) const {
   // Only the last max_ngram-1 tokens before the batch matter (the n-gram history).
-  const int64_t start = std::max<int64_t>(0, p0 - (c.engram_max_ngram_size - 1));
-  std::vector<int64_t> toks(st.tokens.begin() + start, st.tokens.begin() + p0 + n);
-  batch->slot = c.EngramSlot(layer);
-  KVTIER_RETURN_IF_ERROR(
-      engram_hash_->RowIds(batch->slot, toks, static_cast<size_t>(p0 - start), &batch->row_ids));
-  return rows_->Request(batch);
+  const int64_t start = std::max<int64_t>(0, p0 - (config_.engram_max_ngram_size - 1));
+  if (start < toks_p0 || p0 + n > toks_p0 + static_cast<int64_t>(toks.size()))
+    return Status::Internal("engine: engram rows without their n-gram history");
+  std::vector<int64_t> t(toks.begin() + (start - toks_p0), toks.begin() + (p0 + n - toks_p0));
+  return engram_hash_->RowIds(slot, t, static_cast<size_t>(p0 - start), rows);
 }
 
-Status Engine::ApplyEngram(int layer, EngramRowBatch* batch_ptr, int n, float* x) {
+void Engine::WaitEngram(EngramPending* e) {
+  const auto t0 = std::chrono::steady_clock::now();
+  e->status = rows_->Wait(&e->batch);
+  e->waited = true;
+  ++stats_.engram_waits;
+  if (e->batch.stalled) {
+    ++stats_.engram_stalls;
+    stats_.engram_stall_us += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+            .count());
+  }
+}
+
+void Engine::DiscardEngram(EngramPending* e) {
+  if (e->discarded) return;
+  e->discarded = true;
+  if (e->prefetch && !e->used) ++stats_.engram_prefetches_discarded;
+}
+
+void Engine::ReapEngram(int slot) {
+  auto& q = engram_queue_[slot];
+  q.erase(std::remove_if(
+              q.begin(), q.end(),
+              [](const std::unique_ptr<EngramPending>& e) { return e->discarded && e->waited; }),
+          q.end());
+}
+
+Status Engine::RequestEngram(std::unique_ptr<EngramPending> e, bool own, EngramPending** out) {
+  auto& q = engram_queue_[e->slot];
+  if (!own && static_cast<int>(q.size()) >= options_.engram_prefetch_batches_max) {
+    ++stats_.engram_prefetches_rejected;
+    return Status::Rejected("engine: engram_prefetch_batches_max batches already held");
+  }
+  Status s = rows_->Request(&e->batch);
+  if (s.IsRejected() && own) {
+    // The source's per-slot bound is taken by earlier batches: wait for them (in order; they
+    // stay held with their rows) and ask once more.
+    for (auto& o : q) {
+      if (!o->waited) WaitEngram(o.get());
+    }
+    ReapEngram(e->slot);
+    s = rows_->Request(&e->batch);
+  }
+  if (!s.ok()) {
+    if (!own && s.IsRejected()) ++stats_.engram_prefetches_rejected;
+    return s;
+  }
+  ++stats_.engram_requests;
+  if (!own) ++stats_.engram_prefetches_issued;
+  e->prefetch = !own;
+  *out = e.get();
+  q.push_back(std::move(e));
+  return Status::Ok();
+}
+
+Status Engine::EnsureEngram(const Step& s, std::span<const int32_t> toks, int64_t toks_p0, bool own,
+                            std::vector<EngramPending*>* claimed, const std::vector<Step>* plan,
+                            size_t step) {
+  const EngineConfig& c = config_;
+  const size_t C = static_cast<size_t>(engram_hash_->num_columns());
+  const int64_t s_end = s.p0 + s.n;
+  // Whether `e` covers a later step of the plan within the lookahead (positions may go back
+  // within a call: CED's decoder pass re-reads layer d's last positions).
+  auto planned = [&](const EngramPending& e) {
+    if (plan == nullptr) return false;
+    const int layer = c.engram_layer_ids[e.slot];
+    const size_t last =
+        std::min(plan->size(), step + 1 + static_cast<size_t>(options_.engram_lookahead_chunks));
+    for (size_t j = step + 1; j < last; ++j) {
+      const Step& t = (*plan)[j];
+      if (layer >= t.l_begin && layer < t.l_end && e.p0 <= t.p0 && t.p0 + t.n <= e.end())
+        return true;
+    }
+    return false;
+  };
+  for (int l = s.l_begin; l < s.l_end; ++l) {
+    if (!c.IsEngramLayer(l)) continue;
+    const int slot = c.EngramSlot(l);
+    std::vector<int64_t> ids;
+    KVTIER_RETURN_IF_ERROR(EngramRowIds(slot, toks, toks_p0, s.p0, s.n, &ids));
+    EngramPending* match = nullptr;
+    for (auto& e : engram_queue_[slot]) {
+      if (own) e->claim_end = -1;  // claims last one step
+      if (e->discarded) continue;
+      const bool covers = e->p0 <= s.p0 && s_end <= e->end();
+      // A batch the running step consumes to its end is gone before a later step runs.
+      const bool consumed_now = e->claim_end >= e->end();
+      if (covers && match == nullptr && !consumed_now &&
+          std::equal(ids.begin(), ids.end(),
+                     e->batch.row_ids.begin() + static_cast<size_t>(s.p0 - e->p0) * C)) {
+        match = e.get();
+        continue;
+      }
+      if (own && (covers || e->end() <= s_end) && !planned(*e)) DiscardEngram(e.get());
+    }
+    if (match == nullptr) {
+      auto e = std::make_unique<EngramPending>();
+      e->slot = slot;
+      e->p0 = s.p0;
+      e->n = s.n;
+      e->batch.slot = slot;
+      e->batch.row_ids = std::move(ids);
+      Status r = RequestEngram(std::move(e), own, &match);
+      if (!r.ok()) {
+        return own ? r.WithContext("engram layer " + std::to_string(l) + " (slot " +
+                                   std::to_string(slot) + ")")
+                   : r;
+      }
+    }
+    if (own) {
+      match->claim_end = s_end;
+      (*claimed)[slot] = match;
+    }
+  }
+  return Status::Ok();
+}
+
+Status Engine::BeginEngramStep(const SequenceState& st, const std::vector<Step>& plan, size_t step,
+                               std::vector<EngramPending*>* claimed) {
+  if (engram_hash_ == nullptr) return Status::Ok();
+  claimed->assign(engram_queue_.size(), nullptr);
+  KVTIER_RETURN_IF_ERROR(EnsureEngram(plan[step], st.tokens, 0, true, claimed, &plan, step));
+  // Lookahead: the next steps' rows, while this one computes. A refused prefetch is simply
+  // requested again when its step runs.
+  const size_t last =
+      std::min(plan.size(), step + 1 + static_cast<size_t>(options_.engram_lookahead_chunks));
+  for (size_t j = step + 1; j < last; ++j) {
+    if (!EnsureEngram(plan[j], st.tokens, 0, false, nullptr).ok()) break;
+  }
+  return Status::Ok();
+}
+
+Status Engine::TakeEngram(int layer, EngramPending* e, int64_t p0, int n, EngramRowBatch* out) {
+  const EngineConfig& c = config_;
+  const int slot = c.EngramSlot(layer);
+  const int ed = c.engram_head_dim;
+  const size_t C = static_cast<size_t>(engram_hash_->num_columns());
+  auto& q = engram_queue_[slot];
+  auto where = [&]() {
+    return "engram layer " + std::to_string(layer) + " (slot " + std::to_string(slot) +
+           "), positions [" + std::to_string(p0) + ", " + std::to_string(p0 + n) + ")";
+  };
+  if (e == nullptr) return Status::Internal("engine: " + where() + " has no requested rows");
+  // Waits come in request order: first every older batch of the slot.
+  for (auto& o : q) {
+    if (o.get() == e) break;
+    if (!o->waited) WaitEngram(o.get());
+  }
+  if (!e->waited) WaitEngram(e);
+  if (!e->status.ok() && e->prefetch) {
+    // A prefetched read failed (e.g. its row server went away while it was in flight and the
+    // fetcher's retries ran out): ask once more now, as this step's own read.
+    ++stats_.engram_prefetches_failed;
+    DiscardEngram(e);
+    auto again = std::make_unique<EngramPending>();
+    again->slot = slot;
+    again->p0 = p0;
+    again->n = n;
+    again->batch.slot = slot;
+    const size_t off = static_cast<size_t>(p0 - e->p0) * C;
+    again->batch.row_ids.assign(e->batch.row_ids.begin() + off,
+                                e->batch.row_ids.begin() + off + static_cast<size_t>(n) * C);
+    KVTIER_RETURN_IF_ERROR(RequestEngram(std::move(again), true, &e).WithContext(where()));
+    for (auto& o : q) {
+      if (!o->waited) WaitEngram(o.get());  // older ones first, then e (the newest)
+    }
+  }
+  if (!e->status.ok()) {
+    Status s = e->status.WithContext(where());
+    DiscardEngram(e);
+    ReapEngram(slot);
+    return s;
+  }
+  const size_t rows = static_cast<size_t>(n) * C;
+  if (e->batch.data.size() != static_cast<size_t>(e->n) * C * ed ||
+      e->batch.scales.size() != static_cast<size_t>(e->n) * C * (ed / 32))
+    return Status::Internal("engine: engram row source returned a short batch");
+  if (e->prefetch && !e->used) ++stats_.engram_prefetches_consumed;
+  e->used = true;
+  e->claim_end = -1;
+  const bool whole = e->p0 == p0 && e->n == n;
+  if (whole) {
+    out->data = std::move(e->batch.data);
+    out->scales = std::move(e->batch.scales);
+  } else {
+    const size_t off = static_cast<size_t>(p0 - e->p0) * C;
+    out->data.assign(e->batch.data.begin() + off * ed, e->batch.data.begin() + (off + rows) * ed);
+    out->scales.assign(e->batch.scales.begin() + off * (ed / 32),
+                       e->batch.scales.begin() + (off + rows) * (ed / 32));
+  }
+  out->slot = slot;
+  if (p0 + n == e->end()) {  // fully consumed (no later step starts inside it)
+    e->discarded = true;     // not counted: it was used
+  }
+  ReapEngram(slot);
+  return Status::Ok();
+}
+
+Status Engine::PrefetchPlan(const std::vector<Step>& plan, std::span<const int32_t> toks,
+                            int64_t toks_p0) {
+  if (engram_hash_ == nullptr) return Status::Ok();
+  int64_t covered = 0;
+  for (const Step& s : plan) {
+    Status r = EnsureEngram(s, toks, toks_p0, false, nullptr);
+    if (!r.ok()) {
+      return r.WithContext("engine: engram prefetch stopped after " + std::to_string(covered) +
+                           " tokens");
+    }
+    covered += s.n;
+  }
+  return Status::Ok();
+}
+
+Status Engine::PrefetchEngram(const SequenceState& st, std::span<const int32_t> upcoming) {
+  KVTIER_RETURN_IF_ERROR(CheckTokens(upcoming));
+  if (engram_hash_ == nullptr) return Status::Ok();
+  const int64_t p = static_cast<int64_t>(st.tokens.size());
+  const int64_t hist = std::min<int64_t>(p, config_.engram_max_ngram_size - 1);
+  std::vector<int32_t> toks(st.tokens.end() - hist, st.tokens.end());
+  toks.insert(toks.end(), upcoming.begin(), upcoming.end());
+  std::vector<Step> plan;
+  AppendChunks(p, static_cast<int64_t>(upcoming.size()), 0, config_.num_hidden_layers, &plan);
+  return PrefetchPlan(plan, toks, p - hist);
+}
+
+Status Engine::PrefetchEngramReplay(std::span<const int32_t> tokens) {
+  KVTIER_RETURN_IF_ERROR(CheckTokens(tokens));
+  if (engram_hash_ == nullptr) return Status::Ok();
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t r = std::min<int64_t>(n, config_.sliding_window);
+  std::vector<Step> plan;
+  AppendChunks(n - r, r, 0, config_.num_hidden_layers, &plan);
+  return PrefetchPlan(plan, tokens, 0);
+}
+
+void Engine::AppendChunks(int64_t p0, int64_t n, int l_begin, int l_end,
+                          std::vector<Step>* plan) const {
+  const int64_t chunk = options_.prefill_chunk_tokens;
+  for (int64_t a = 0; a < n; a += chunk) {
+    plan->push_back({p0 + a, static_cast<int>(std::min(chunk, n - a)), l_begin, l_end});
+  }
+}
+
+Status Engine::ApplyEngram(int layer, const EngramRowBatch& batch, int n, float* x) {
   const EngineConfig& c = config_;
   const LayerWeights& lw = layers_[layer];
   const int slot = c.EngramSlot(layer);
   const int D = c.hidden_size, hc = c.hc_mult, ed = c.engram_head_dim;
   const int C = engram_hash_->num_columns();
-  EngramRowBatch& batch = *batch_ptr;
-  // The rows were requested when the step started (a remote source fetches them while the
-  // earlier layers run); wait for them only now.
-  KVTIER_RETURN_IF_ERROR(rows_->Wait(&batch));
-  if (batch.row_ids.size() != static_cast<size_t>(n) * C ||
-      batch.data.size() != batch.row_ids.size() * ed ||
-      batch.scales.size() != batch.row_ids.size() * (ed / 32))
-    return Status::Internal("engine: engram row source returned a short batch");
+  if (batch.data.size() != static_cast<size_t>(n) * C * ed ||
+      batch.scales.size() != static_cast<size_t>(n) * C * (ed / 32))
+    return Status::Internal("engine: engram rows of the wrong size");
   std::vector<float> emb(static_cast<size_t>(n) * C * ed);
   KVTIER_RETURN_IF_ERROR(kernels::Dequantize(QuantFormat::kFp8Ue8m0x32, batch.data.data(),
                                              batch.scales.data(), static_cast<size_t>(n) * C, ed,
@@ -337,7 +614,10 @@ Status Engine::ApplyEngram(int layer, EngramRowBatch* batch_ptr, int n, float* x
       }
     }
   });
-  if (trace_ != nullptr) trace_->engram_gates[slot] = gates;
+  if (trace_ != nullptr) {
+    auto& g = trace_->engram_gates[slot];
+    g.insert(g.end(), gates.begin(), gates.end());
+  }
   return Status::Ok();
 }
 
@@ -505,9 +785,10 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* qr, const f
       rt->topk[t] = TopK(score, eligible, c.index_topk);
     }
   });
-  if (trace_ != nullptr && is_candidate_source) {
-    trace_->candidate_visible = cand_visible;
-    trace_->candidate_pool = cand_pool;
+  if (trace_ != nullptr && is_candidate_source) {  // appended chunk by chunk
+    trace_->candidate_visible.insert(trace_->candidate_visible.end(), cand_visible.begin(),
+                                     cand_visible.end());
+    trace_->candidate_pool.insert(trace_->candidate_pool.end(), cand_pool.begin(), cand_pool.end());
   }
   return Status::Ok();
 }
@@ -569,7 +850,9 @@ Status Engine::Attention(int layer, SequenceState* st, int64_t p0, int n, const 
     } else if (static_cast<int>(rt->topk.size()) != n) {
       return Status::Internal("engine: reuse layer without top-k");
     }
-    if (trace_ != nullptr) trace_->topk[layer] = rt->topk;
+    if (trace_ != nullptr) {
+      trace_->topk[layer].insert(trace_->topk[layer].end(), rt->topk.begin(), rt->topk.end());
+    }
   }
 
   // Sparse attention over [selected compressed entries] + [SWA window], one latent as K and V.
@@ -731,25 +1014,26 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
   }
 }
 
-Status Engine::RunLayers(SequenceState* st, int64_t p0, int n, int l_begin, int l_end, float* x,
+Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_t step, float* x,
                          float* pre) {
   const EngineConfig& c = config_;
   const int D = c.hidden_size, hc = c.hc_mult;
+  const int64_t p0 = plan[step].p0;
+  const int n = plan[step].n, l_begin = plan[step].l_begin, l_end = plan[step].l_end;
   Runtime rt;
   std::vector<float> xn(static_cast<size_t>(n) * D), f(static_cast<size_t>(n) * D);
   std::vector<float> post(static_cast<size_t>(n) * hc), comb(static_cast<size_t>(n) * hc * hc),
       next_pre(static_cast<size_t>(n) * hc);
-  // Prefetch: every Engram row of this step is requested before the first layer runs.
-  std::vector<EngramRowBatch> engram(c.engram_layer_ids.size());
-  for (int l = l_begin; l < l_end; ++l) {
-    if (c.IsEngramLayer(l)) {
-      KVTIER_RETURN_IF_ERROR(RequestEngramRows(l, *st, p0, n, &engram[c.EngramSlot(l)]));
-    }
-  }
+  // Prefetch: this step's Engram rows (unless already requested) and the lookahead's are
+  // requested before the first layer runs; each Engram layer waits just before it.
+  std::vector<EngramPending*> claimed;
+  KVTIER_RETURN_IF_ERROR(BeginEngramStep(*st, plan, step, &claimed));
   for (int l = l_begin; l < l_end; ++l) {
     const LayerWeights& lw = layers_[l];
     if (c.IsEngramLayer(l)) {
-      KVTIER_RETURN_IF_ERROR(ApplyEngram(l, &engram[c.EngramSlot(l)], n, x));
+      EngramRowBatch rows;
+      KVTIER_RETURN_IF_ERROR(TakeEngram(l, claimed[c.EngramSlot(l)], p0, n, &rows));
+      KVTIER_RETURN_IF_ERROR(ApplyEngram(l, rows, n, x));
     }
     for (int s = 0; s < 2; ++s) {
       PreMix(n, x, pre, s == 0 ? lw.attn_norm : lw.ffn_norm, xn.data());
@@ -761,8 +1045,7 @@ Status Engine::RunLayers(SequenceState* st, int64_t p0, int n, int l_begin, int 
         }
       });
       if (trace_ != nullptr) {
-        auto& tc = trace_->comb[2 * l + s];
-        tc.clear();
+        auto& tc = trace_->comb[2 * l + s];  // appended chunk by chunk
         for (int t = 0; t < n; ++t) {
           tc.emplace_back(comb.begin() + static_cast<int64_t>(t) * hc * hc,
                           comb.begin() + static_cast<int64_t>(t + 1) * hc * hc);
@@ -783,6 +1066,8 @@ Status Engine::RunLayers(SequenceState* st, int64_t p0, int n, int l_begin, int 
 void Engine::ResetTrace() {
   if (trace_ == nullptr) return;
   const int L = config_.num_hidden_layers;
+  trace_->candidate_visible.clear();
+  trace_->candidate_pool.clear();
   trace_->topk.assign(L, {});
   trace_->comb.assign(2 * L, {});
   trace_->expert_tokens.assign(L, std::vector<int64_t>(config_.n_routed_experts, 0));
@@ -802,18 +1087,29 @@ Status Engine::Forward(SequenceState* st, std::span<const int32_t> tokens, bool 
   KVTIER_RETURN_IF_ERROR(CheckExtendable(*st));
   const EngineConfig& c = config_;
   const int n = static_cast<int>(tokens.size());
-  const int D = c.hidden_size, hc = c.hc_mult;
+  const int D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
   const int64_t p0 = static_cast<int64_t>(st->tokens.size());
   ResetTrace();
   st->tokens.insert(st->tokens.end(), tokens.begin(), tokens.end());
-  std::vector<float> x(static_cast<size_t>(n) * hc * D), pre(static_cast<size_t>(n) * hc);
-  Embed(tokens, x.data(), pre.data());
-  Status s = RunLayers(st, p0, n, 0, c.num_hidden_layers, x.data(), pre.data());
-  if (!s.ok()) return s;  // the state is now unusable; the caller must discard it
+  std::vector<Step> plan;
+  AppendChunks(p0, n, 0, c.num_hidden_layers, &plan);
   const int first = all_logits ? 0 : n - 1;
-  logits->assign(static_cast<size_t>(n - first) * c.vocab_size, 0.0f);
-  Head(n - first, x.data() + static_cast<int64_t>(first) * hc * D,
-       pre.data() + static_cast<int64_t>(first) * hc, logits->data());
+  std::vector<float> out(static_cast<size_t>(n - first) * V);  // *logits only on success
+  const int cmax = std::min(n, options_.prefill_chunk_tokens);
+  std::vector<float> x(static_cast<size_t>(cmax) * hc * D), pre(static_cast<size_t>(cmax) * hc);
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const int a = static_cast<int>(plan[i].p0 - p0), cn = plan[i].n;
+    Embed(tokens.subspan(a, cn), x.data(), pre.data());
+    Status s = RunLayers(st, plan, i, x.data(), pre.data());
+    if (!s.ok()) return s;              // the state is now unusable; the caller must discard it
+    const int lo = std::max(a, first);  // this chunk's rows that want logits
+    if (lo < a + cn) {
+      Head(a + cn - lo, x.data() + static_cast<int64_t>(lo - a) * hc * D,
+           pre.data() + static_cast<int64_t>(lo - a) * hc,
+           out.data() + static_cast<int64_t>(lo - first) * V);
+    }
+  }
+  *logits = std::move(out);
   return Status::Ok();
 }
 
@@ -837,36 +1133,56 @@ Status Engine::PrefillCed(SequenceState* st, std::span<const int32_t> tokens,
   ResetTrace();
   const int n = static_cast<int>(tokens.size());
   const int D = c.hidden_size, hc = c.hc_mult;
+  const int R = std::min(n, c.sliding_window);
+  const int64_t start = n - R;
   st->tokens.assign(tokens.begin(), tokens.end());
+  // The plan: (1) the encoder [0, d) over every token, (2) layer d's hc_pre -> Engram ->
+  // attn_norm -> Compressor over every token, (3) the decoder [d, L) over the last R tokens;
+  // each phase chunk by chunk. The lookahead runs across phases (the tokens are all known), so
+  // Engram rows of the decoder's layers are prefetched while the encoder computes.
+  std::vector<Step> plan;
+  AppendChunks(0, n, 0, d, &plan);
+  const size_t compress_begin = plan.size();
+  AppendChunks(0, n, d, d + 1, &plan);
+  const size_t tail_begin = plan.size();
+  AppendChunks(start, R, d, L, &plan);
   std::vector<float> x(static_cast<size_t>(n) * hc * D), pre(static_cast<size_t>(n) * hc);
   Embed(tokens, x.data(), pre.data());
   // 1. The encoder over every token.
-  KVTIER_RETURN_IF_ERROR(RunLayers(st, 0, n, 0, d, x.data(), pre.data()));
-  // 2. The decoder source's global KV for every token: hc_pre -> attn_norm -> Compressor.
-  {
-    std::vector<float> xd = x;
-    if (c.IsEngramLayer(d)) {
-      EngramRowBatch batch;
-      KVTIER_RETURN_IF_ERROR(RequestEngramRows(d, *st, 0, n, &batch));
-      KVTIER_RETURN_IF_ERROR(ApplyEngram(d, &batch, n, xd.data()));
-    }
-    std::vector<float> xa(static_cast<size_t>(n) * D);
-    PreMix(n, xd.data(), pre.data(), layers_[d].attn_norm, xa.data());
-    KVTIER_RETURN_IF_ERROR(Compress(d, st, 0, n, xa.data()));
+  for (size_t i = 0; i < compress_begin; ++i) {
+    KVTIER_RETURN_IF_ERROR(
+        RunLayers(st, plan, i, x.data() + plan[i].p0 * hc * D, pre.data() + plan[i].p0 * hc));
   }
+  // 2. The decoder source's global KV for every token: hc_pre -> attn_norm -> Compressor.
+  for (size_t i = compress_begin; i < tail_begin; ++i) {
+    const int64_t p0 = plan[i].p0;
+    const int cn = plan[i].n;
+    std::vector<EngramPending*> claimed;
+    KVTIER_RETURN_IF_ERROR(BeginEngramStep(*st, plan, i, &claimed));
+    std::vector<float> xd(x.begin() + p0 * hc * D, x.begin() + (p0 + cn) * hc * D);
+    if (c.IsEngramLayer(d)) {
+      EngramRowBatch rows;
+      KVTIER_RETURN_IF_ERROR(TakeEngram(d, claimed[c.EngramSlot(d)], p0, cn, &rows));
+      KVTIER_RETURN_IF_ERROR(ApplyEngram(d, rows, cn, xd.data()));
+    }
+    std::vector<float> xa(static_cast<size_t>(cn) * D);
+    PreMix(cn, xd.data(), pre.data() + p0 * hc, layers_[d].attn_norm, xa.data());
+    KVTIER_RETURN_IF_ERROR(Compress(d, st, p0, cn, xa.data()));
+  }
+  // The trace keeps layer d's Engram gates of the decoder pass (3) only.
+  if (trace_ != nullptr && c.IsEngramLayer(d)) trace_->engram_gates[c.EngramSlot(d)].clear();
   // 3. The full decoder over the last R = min(W, n) tokens (bounded replay).
-  const int R = std::min(n, c.sliding_window);
-  const int64_t start = n - R;
   for (int l = d; l < L; ++l) {
     st->swa[l].valid_from = start;
     st->swa[l].end = start;
   }
-  std::vector<float> xs(x.begin() + start * hc * D, x.end());
-  std::vector<float> ps(pre.begin() + start * hc, pre.end());
-  KVTIER_RETURN_IF_ERROR(RunLayers(st, start, R, d, L, xs.data(), ps.data()));
+  for (size_t i = tail_begin; i < plan.size(); ++i) {
+    KVTIER_RETURN_IF_ERROR(
+        RunLayers(st, plan, i, x.data() + plan[i].p0 * hc * D, pre.data() + plan[i].p0 * hc));
+  }
   last_logits->assign(c.vocab_size, 0.0f);
-  Head(1, xs.data() + static_cast<int64_t>(R - 1) * hc * D,
-       ps.data() + static_cast<int64_t>(R - 1) * hc, last_logits->data());
+  Head(1, x.data() + static_cast<int64_t>(n - 1) * hc * D,
+       pre.data() + static_cast<int64_t>(n - 1) * hc, last_logits->data());
   return Status::Ok();
 }
 
@@ -889,7 +1205,12 @@ Status Engine::ReplayTail(SequenceState* st, std::vector<float>* last_logits) {
   std::span<const int32_t> tail(st->tokens.data() + start, R);
   std::vector<float> x(static_cast<size_t>(R) * hc * D), pre(static_cast<size_t>(R) * hc);
   Embed(tail, x.data(), pre.data());
-  KVTIER_RETURN_IF_ERROR(RunLayers(st, start, R, 0, c.num_hidden_layers, x.data(), pre.data()));
+  std::vector<Step> plan;
+  AppendChunks(start, R, 0, c.num_hidden_layers, &plan);
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const int64_t a = plan[i].p0 - start;
+    KVTIER_RETURN_IF_ERROR(RunLayers(st, plan, i, x.data() + a * hc * D, pre.data() + a * hc));
+  }
   last_logits->assign(c.vocab_size, 0.0f);
   Head(1, x.data() + static_cast<int64_t>(R - 1) * hc * D,
        pre.data() + static_cast<int64_t>(R - 1) * hc, last_logits->data());

@@ -14,13 +14,28 @@
 //
 // Exactness: a token's logits depend only on its inputs, never on batch shape or thread count
 // (ops.h). Hence Forward(prompt) + Decode(x) == Forward(prompt + x) bit for bit, and
-// PrefillCed == Forward for prompts of at most W tokens.
+// PrefillCed == Forward for prompts of at most W tokens. Forward, PrefillCed and ReplayTail run
+// their tokens in chunks of options.prefill_chunk_tokens (each phase of PrefillCed chunk by
+// chunk), which by the same argument changes no result.
+//
+// Engram prefetch: a call is a list of steps (a chunk through a range of layers). Before a
+// step computes, its Engram rows are requested (or found already requested) and so are the
+// rows of the next options.engram_lookahead_chunks steps of the same call (their tokens are
+// known); each Engram layer waits for its rows just before it runs, a *stall* when they are
+// late. PrefetchEngram / PrefetchEngramReplay request rows of tokens a caller knows before it
+// runs them; the following calls use those batches instead of requesting again. A prefetched
+// batch is used only for the positions it was requested for and only when its row ids equal
+// the ones the step computes from its own tokens (so it can never serve other tokens);
+// batches that no step can use any more are discarded. A row that cannot be read is an error
+// naming the Engram layer (a failed prefetch is requested once more as the step's own read
+// first); rows are never replaced by zeros.
 //
 // Thread safety: an Engine may be shared by threads only if they do not call it at the same
 // time (its pool is not re-entrant). A SequenceState belongs to one caller.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <vector>
@@ -36,6 +51,9 @@ namespace kvtier::engine {
 
 // Upper bound on tokens in one Forward / PrefillCed call.
 inline constexpr size_t kMaxTokensPerCall = 1 << 16;
+// Upper bounds on EngineOptions::engram_lookahead_chunks and engram_prefetch_batches_max.
+inline constexpr int kMaxEngramLookaheadChunks = 8;
+inline constexpr int kMaxEngramPrefetchBatches = 256;
 
 struct EngineOptions {
   // Worker threads (including the caller). Results do not depend on it. Default 1.
@@ -46,6 +64,32 @@ struct EngineOptions {
   // Engram row source; nullptr (default) serves rows from the weights' own tables.
   // Not owned; must outlive the Engine.
   EngramRowSource* engram_rows = nullptr;
+  // Tokens per chunk of Forward / PrefillCed / ReplayTail (results do not depend on it), in
+  // [1, kMaxTokensPerCall]. Default 256.
+  int prefill_chunk_tokens = 256;
+  // Steps (chunks) of a call whose Engram rows are requested before the current one computes,
+  // in [0, kMaxEngramLookaheadChunks]. 0: each chunk's rows are requested when it starts.
+  // Default 1.
+  int engram_lookahead_chunks = 1;
+  // Batches per Engram layer requested ahead of their step (lookahead and hints) that the
+  // engine holds at once, in [1, kMaxEngramPrefetchBatches]; a prefetch over it is refused
+  // (the step then requests its rows itself). Default 16.
+  int engram_prefetch_batches_max = 16;
+};
+
+// What the engine saw of Engram row reads (monotonic counters). A prefetch is a batch
+// requested ahead of its step (lookahead or hint); issued = consumed + discarded + the ones
+// still held.
+struct EngineStats {
+  uint64_t engram_requests = 0;              // Request() calls the engine made (all kinds)
+  uint64_t engram_prefetches_issued = 0;     // of those, prefetches
+  uint64_t engram_prefetches_consumed = 0;   // prefetched batches that served a step
+  uint64_t engram_prefetches_discarded = 0;  // prefetched batches dropped unused
+  uint64_t engram_prefetches_rejected = 0;   // prefetches refused (engine bound or the source)
+  uint64_t engram_prefetches_failed = 0;     // prefetched reads that failed (asked again)
+  uint64_t engram_waits = 0;                 // Wait() calls
+  uint64_t engram_stalls = 0;                // waits where the rows were late (batch.stalled)
+  uint64_t engram_stall_us = 0;              // wall time of those waits
 };
 
 // The sliding-window ring of one layer: the last W positions' kv_norm(wkv x) with RoPE,
@@ -122,6 +166,20 @@ class Engine {
   // Bounded replay after an import (see file comment); last_logits: the last token's.
   Status ReplayTail(SequenceState* state, std::vector<float>* last_logits);
 
+  // Hint: `upcoming` will follow state's tokens (a prompt streaming in, speculated or accepted
+  // tokens). Requests their Engram rows now, on the chunk grid a Forward from `state` uses;
+  // the next Forward / Decode / PrefillCed over those positions consumes them. InvalidArgument
+  // for bad tokens; Rejected when engram_prefetch_batches_max or the row source refused a
+  // batch (the batches before it stay requested; the rest is requested when it runs). Never
+  // changes results. Ok and nothing done without Engram layers.
+  Status PrefetchEngram(const SequenceState& state, std::span<const int32_t> upcoming);
+  // Hint: ReplayTail will run on a state holding `tokens` (e.g. while its units are being
+  // imported). Requests the rows of the replayed tail. Errors as PrefetchEngram.
+  Status PrefetchEngramReplay(std::span<const int32_t> tokens);
+
+  // Counters; read between calls (not synchronised with a call in progress).
+  const EngineStats& stats() const { return stats_; }
+
   const EngineConfig& config() const { return config_; }
   int threads() const { return pool_->threads(); }
   void set_trace(StepTrace* trace) { trace_ = trace; }
@@ -129,16 +187,40 @@ class Engine {
  private:
   struct LayerWeights;
   struct Runtime;
+  // One step of a call: Engram layers in [l_begin, l_end) over positions [p0, p0 + n).
+  struct Step {
+    int64_t p0 = 0;
+    int n = 0;
+    int l_begin = 0, l_end = 0;
+  };
+  struct EngramPending;  // one requested batch the engine holds (model.cc)
   Engine(const EngineConfig& config, std::shared_ptr<const ModelWeights> weights,
          const EngineOptions& options);
   Status Bind();
   Status CheckTokens(std::span<const int32_t> tokens) const;
   void Embed(std::span<const int32_t> tokens, float* x, float* pre) const;
-  Status RunLayers(SequenceState* st, int64_t p0, int n, int l_begin, int l_end, float* x,
+  void AppendChunks(int64_t p0, int64_t n, int l_begin, int l_end, std::vector<Step>* plan) const;
+  // Runs plan[step] (after requesting its Engram rows and the lookahead's).
+  Status RunLayers(SequenceState* st, const std::vector<Step>& plan, size_t step, float* x,
                    float* pre);
-  Status RequestEngramRows(int layer, const SequenceState& st, int64_t p0, int n,
-                           EngramRowBatch* batch);
-  Status ApplyEngram(int layer, EngramRowBatch* batch, int n, float* x);
+  // Engram rows (model.cc, "Engram prefetch"). toks[i] is the token at position toks_p0 + i.
+  Status EngramRowIds(int slot, std::span<const int32_t> toks, int64_t toks_p0, int64_t p0, int n,
+                      std::vector<int64_t>* rows) const;
+  // own: `s` is plan[step] and runs now (claims its batches, discards unusable ones; batches
+  // the lookahead requested for later steps of `plan` are kept); otherwise a prefetch.
+  Status EnsureEngram(const Step& s, std::span<const int32_t> toks, int64_t toks_p0, bool own,
+                      std::vector<EngramPending*>* claimed, const std::vector<Step>* plan = nullptr,
+                      size_t step = 0);
+  Status BeginEngramStep(const SequenceState& st, const std::vector<Step>& plan, size_t step,
+                         std::vector<EngramPending*>* claimed);
+  Status PrefetchPlan(const std::vector<Step>& plan, std::span<const int32_t> toks,
+                      int64_t toks_p0);
+  Status RequestEngram(std::unique_ptr<EngramPending> e, bool own, EngramPending** out);
+  void WaitEngram(EngramPending* e);
+  void DiscardEngram(EngramPending* e);
+  void ReapEngram(int slot);
+  Status TakeEngram(int layer, EngramPending* e, int64_t p0, int n, EngramRowBatch* out);
+  Status ApplyEngram(int layer, const EngramRowBatch& batch, int n, float* x);
   void MixSublayer(int n, float* x, const float* f_out, const float* post, const float* comb) const;
   void PreMix(int n, const float* x, const float* pre, const float* norm_w, float* xn) const;
   Status Attention(int layer, SequenceState* st, int64_t p0, int n, const float* xa, Runtime* rt,
@@ -159,6 +241,10 @@ class Engine {
   std::unique_ptr<EngramHashing> engram_hash_;
   std::unique_ptr<LocalEngramRowSource> local_rows_;
   EngramRowSource* rows_ = nullptr;
+  // Per Engram slot: the batches requested and not yet consumed or discarded, in request
+  // order (the order their Waits are made in).
+  std::vector<std::deque<std::unique_ptr<EngramPending>>> engram_queue_;
+  EngineStats stats_;
   StepTrace* trace_ = nullptr;
 };
 

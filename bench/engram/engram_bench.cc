@@ -4,7 +4,13 @@
 // stalls, dedup_ratio and hot_cache_hit_ratio, and checks that both runs' logits are equal.
 //
 //   kvtier_bench_engram [--engram-vocab 1400000] [--prompt-tokens 256] [--decode-tokens 32]
-//                       [--threads 2] [--json] [--work-dir DIR]
+//                       [--threads 2] [--prefill-chunk 256] [--lookahead 1] [--json]
+//                       [--work-dir DIR]
+//
+// --prefill-chunk and --lookahead set EngineOptions::prefill_chunk_tokens and
+// engram_lookahead_chunks for both engines (the local one only chunks; its logits are the
+// reference either way). engine_stalls / engine_stall_ms are what the remote engine saw
+// (EngineStats), stalls / stall_ms what the row source counted; prefetches_* are the engine's.
 //
 // The table: the mini config with engram_vocab_size scaled to --engram-vocab (the prime
 // search starts there, so each layer's table is the sum of 12 primes just above it, with the
@@ -76,12 +82,15 @@ int Main(int argc, char** argv) {
                      "Engine prefill/decode with remote Engram rows vs the local table.");
   std::string config_path = KVTIER_MINI_CONFIG, work_dir;
   uint64_t vocab = 1400000, prompt_tokens = 256, decode_tokens = 32, threads = 2;
+  uint64_t prefill_chunk = 256, lookahead = 1;
   bool json = false;
   flags.String("config", &config_path, "FILE", "model config (default: the miniature)");
   flags.Uint("engram-vocab", &vocab, "engram_vocab_size (table rows ~ 12x this per layer)");
   flags.Uint("prompt-tokens", &prompt_tokens, "prefill tokens");
   flags.Uint("decode-tokens", &decode_tokens, "decode steps");
   flags.Uint("threads", &threads, "engine threads");
+  flags.Uint("prefill-chunk", &prefill_chunk, "tokens per prefill chunk (prefill_chunk_tokens)");
+  flags.Uint("lookahead", &lookahead, "Engram lookahead in chunks (engram_lookahead_chunks)");
   flags.String("work-dir", &work_dir, "DIR", "where table files go (default: a temp dir)");
   flags.Bool("json", &json, "print JSON");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
@@ -125,11 +134,21 @@ int Main(int argc, char** argv) {
     if (!tok.ok()) return fail("grant", tok.status());
     rc.tokens[f.region] = *tok;
   }
-  auto remote = RemoteEngramRowSource::ConnectTcp(cfg->engram_head_dim, rc, {});
+  auto remote = RemoteEngramRowSource::Connect(cfg->engram_head_dim, rc, {});
   if (!remote.ok()) return fail("connect", remote.status());
 
+  if (prefill_chunk == 0 || prefill_chunk > kMaxTokensPerCall ||
+      lookahead > static_cast<uint64_t>(kMaxEngramLookaheadChunks)) {
+    std::fprintf(stderr,
+                 "kvtier_bench_engram: --prefill-chunk must be in [1, %zu], --lookahead "
+                 "in [0, %d]\n",
+                 kMaxTokensPerCall, kMaxEngramLookaheadChunks);
+    return 2;
+  }
   EngineOptions lo;
   lo.threads = static_cast<int>(threads);
+  lo.prefill_chunk_tokens = static_cast<int>(prefill_chunk);
+  lo.engram_lookahead_chunks = static_cast<int>(lookahead);
   auto local_engine = Engine::Create(*cfg, weights, lo);
   if (!local_engine.ok()) return fail("engine", local_engine.status());
   EngineOptions ro = lo;
@@ -145,6 +164,7 @@ int Main(int argc, char** argv) {
   if (Status s = RunEngine(remote_engine->get(), Tokens(16, 9), 2, &warm); !s.ok())
     return fail("remote warm-up", s);
   const RemoteEngramStats before = (*remote)->stats();
+  const EngineStats engine_before = (*remote_engine)->stats();
   if (Status s = RunEngine(local_engine->get(), prompt, static_cast<int>(decode_tokens), &local_r);
       !s.ok())
     return fail("local run", s);
@@ -153,6 +173,7 @@ int Main(int argc, char** argv) {
       !s.ok())
     return fail("remote run", s);
   const RemoteEngramStats st = (*remote)->stats();
+  const EngineStats es = (*remote_engine)->stats();
   const bool equal = local_r.logits.size() == remote_r.logits.size() &&
                      std::memcmp(local_r.logits.data(), remote_r.logits.data(),
                                  local_r.logits.size() * sizeof(float)) == 0;
@@ -173,6 +194,8 @@ int Main(int argc, char** argv) {
   j["prompt_tokens"] = prompt_tokens;
   j["decode_tokens"] = decode_tokens;
   j["threads"] = threads;
+  j["prefill_chunk_tokens"] = prefill_chunk;
+  j["lookahead_chunks"] = lookahead;
   j["init_weights_s"] = init_s;
   j["export_s"] = export_s;
   j["local_prefill_tokens_per_s"] = local_prefill_tps;
@@ -185,6 +208,14 @@ int Main(int argc, char** argv) {
   j["stalls"] = st.stalls - before.stalls;
   j["stall_ms"] = (st.stall_us - before.stall_us) / 1000.0;
   j["waits"] = st.waits - before.waits;
+  j["engine_stalls"] = es.engram_stalls - engine_before.engram_stalls;
+  j["engine_stall_ms"] = (es.engram_stall_us - engine_before.engram_stall_us) / 1000.0;
+  j["prefetches_issued"] = es.engram_prefetches_issued - engine_before.engram_prefetches_issued;
+  j["prefetches_consumed"] =
+      es.engram_prefetches_consumed - engine_before.engram_prefetches_consumed;
+  j["prefetches_discarded"] =
+      es.engram_prefetches_discarded - engine_before.engram_prefetches_discarded;
+  j["requests_in_flight_max"] = st.in_flight_max;
   j["rows_requested"] = rows;
   j["rows_read"] = st.fetch.rows_read - before.fetch.rows_read;
   j["dedup_ratio"] = rows ? static_cast<double>(dedup) / rows : 0.0;

@@ -89,11 +89,12 @@ class RemoteEngramTest : public ::testing::Test {
   }
 
   // A new server on the same port with the same tables and grants (a restarted row server).
-  void RestartServer() {
+  void RestartServer(uint32_t response_delay_ms = 0) {
     server_->Stop();
     server_.reset();
     rdma::RowServerOptions o;
     o.port = port_;
+    o.TEST_response_delay_ms = response_delay_ms;
     server_ = std::make_unique<rdma::RowServer>(o);
     for (const auto& f : export_.files) {
       ASSERT_TRUE(server_->RegisterTable(f.region, f.path).ok());
@@ -110,17 +111,19 @@ class RemoteEngramTest : public ::testing::Test {
     rc.layer_ids = Config().engram_layer_ids;
     rc.tenant = kTenant;
     rc.tokens = tokens_;
-    auto s = RemoteEngramRowSource::ConnectTcp(Config().engram_head_dim, rc, o);
+    auto s = RemoteEngramRowSource::Connect(Config().engram_head_dim, rc, o);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     if (!s.ok()) return nullptr;
     source_ = std::move(*s);
     return source_.get();
   }
 
-  std::unique_ptr<Engine> MakeEngine(EngramRowSource* rows) {
+  std::unique_ptr<Engine> MakeEngine(EngramRowSource* rows, int chunk = 256, int lookahead = 1) {
     EngineOptions o;
     o.threads = 2;
     o.engram_rows = rows;
+    o.prefill_chunk_tokens = chunk;
+    o.engram_lookahead_chunks = lookahead;
     auto e = Engine::Create(Config(), Weights(), o);
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     return e.ok() ? std::move(*e) : nullptr;
@@ -233,19 +236,31 @@ TEST_F(RemoteEngramTest, LargeBatchesAreSplitIntoFetchesAndBoundedByStaging) {
   b.slot = 1;
   for (int64_t i = 0; i < 2900; ++i) b.row_ids.push_back((i * 7919) % d->shape[0]);
   ASSERT_TRUE(remote->Request(&b).ok());
-  // One request per slot at a time.
-  EngramRowBatch again = b;
-  EXPECT_TRUE(remote->Request(&again).IsInvalidArgument());
+  // The same batch cannot be outstanding twice; a second one that does not fit in the
+  // rest of the slot's staging ring (2900 + 101 > 3000 rows) is Rejected at once.
+  EXPECT_TRUE(remote->Request(&b).IsInvalidArgument());
+  EngramRowBatch again;
+  again.slot = 1;
+  again.row_ids.assign(101, 7);
+  EXPECT_TRUE(remote->Request(&again).IsRejected());
+  again.row_ids.assign(100, 7);  // fits: two requests in flight on one slot
+  ASSERT_TRUE(remote->Request(&again).ok());
   Status s = remote->Wait(&b);
   ASSERT_TRUE(s.ok()) << s.ToString();
   for (size_t i = 0; i < b.row_ids.size(); ++i) {
     ASSERT_EQ(std::memcmp(b.data.data() + i * rd, d->bytes.data() + b.row_ids[i] * rd, rd), 0);
     ASSERT_EQ(b.scales[i], sc->bytes[b.row_ids[i]]);  // one scale per 32-element row
   }
+  ASSERT_TRUE(remote->Wait(&again).ok());
+  ASSERT_EQ(again.data.size(), 100u * rd);
+  EXPECT_EQ(std::memcmp(again.data.data(), d->bytes.data() + 7 * rd, rd), 0);
   EngramRowBatch big;
   big.slot = 0;
   big.row_ids.assign(3001, 5);
   EXPECT_TRUE(remote->Request(&big).IsRejected());
+  EXPECT_EQ(remote->stats().in_flight, 0u);
+  EXPECT_EQ(remote->stats().in_flight_max, 2u);
+  EXPECT_EQ(remote->stats().rejected, 2u);
 }
 
 TEST_F(RemoteEngramTest, EngineLogitsWithRemoteRowsEqualLocal) {
@@ -324,6 +339,135 @@ TEST_F(RemoteEngramTest, ServerThatStaysDownIsAClearErrorNotZeros) {
   EXPECT_TRUE(b.data.empty());
   EXPECT_TRUE(b.scales.empty());
   EXPECT_GE(remote->stats().failures, 1u);
+}
+
+// Forwards to the remote source and calls `after_request(n)` after the n-th successful Request
+// (n from 1): the hook to restart or stop the row server while prefetched reads are in flight.
+class HookedSource : public EngramRowSource {
+ public:
+  explicit HookedSource(EngramRowSource* inner) : inner_(inner) {}
+  int row_dim() const override { return inner_->row_dim(); }
+  Status Request(EngramRowBatch* b) override {
+    Status s = inner_->Request(b);
+    if (s.ok() && after_request) after_request(++requests_);
+    return s;
+  }
+  Status Wait(EngramRowBatch* b) override { return inner_->Wait(b); }
+  std::function<void(int)> after_request;
+
+ private:
+  EngramRowSource* inner_;
+  int requests_ = 0;
+};
+
+// Chunked prefill (8-token chunks) with the lookahead reaching 0, 1, 2 chunks ahead: remote
+// rows give the local table's logits bit for bit, and with a lookahead several requests per
+// slot are really in flight at once.
+TEST_F(RemoteEngramTest, ChunkedPrefillWithLookaheadEqualsLocal) {
+  const auto prompt = Prompt(44, 6);
+  std::vector<float> local_logits;
+  auto local = MakeEngine(nullptr);
+  ASSERT_TRUE(Run(local.get(), prompt, 3, &local_logits).ok());
+  RemoteEngramRowSource* remote = Connect();
+  ASSERT_NE(remote, nullptr);
+  for (int la : {0, 1, 2}) {
+    SCOPED_TRACE("lookahead " + std::to_string(la));
+    const RemoteEngramStats before = remote->stats();
+    auto e = MakeEngine(remote, 8, la);
+    std::vector<float> remote_logits;
+    Status s = Run(e.get(), prompt, 3, &remote_logits);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_EQ(local_logits.size(), remote_logits.size());
+    EXPECT_EQ(
+        std::memcmp(local_logits.data(), remote_logits.data(), local_logits.size() * sizeof(float)),
+        0);
+    const RemoteEngramStats st = remote->stats();
+    // 6 chunks + 3 decode steps, two Engram layers each; nothing requested twice.
+    EXPECT_EQ(st.requests - before.requests, 18u);
+    EXPECT_EQ(st.waits - before.waits, 18u);
+    EXPECT_EQ(st.failures, 0u);
+    EXPECT_EQ(st.in_flight, 0u);
+    EXPECT_EQ(e->stats().engram_prefetches_issued, la == 0 ? 0u : 10u);
+    EXPECT_EQ(e->stats().engram_prefetches_consumed, e->stats().engram_prefetches_issued);
+    if (la > 0) {
+      EXPECT_GE(st.in_flight_max, static_cast<uint64_t>(la + 1));
+    }
+  }
+}
+
+// The row server restarts while the lookahead's reads are in flight (each read response is
+// delayed 150 ms): those reads fail, the fetcher reconnects and retries, and the output is
+// still exact.
+TEST_F(RemoteEngramTest, RowServerRestartedWhilePrefetchedReadsAreInFlight) {
+  const auto prompt = Prompt(32, 14);  // 4 chunks of 8
+  std::vector<float> local_logits;
+  auto local = MakeEngine(nullptr);
+  ASSERT_TRUE(Run(local.get(), prompt, 2, &local_logits).ok());
+  RestartServer(/*response_delay_ms=*/150);  // slow reads from here on
+  RemoteEngramOptions o;
+  o.fetcher.hot_cache_bytes = 0;  // every step must really read from the server
+  o.fetcher.retry_backoff_ms = 5;
+  RemoteEngramRowSource* remote = Connect(o);
+  ASSERT_NE(remote, nullptr);
+  HookedSource hooked(remote);
+  // Lookahead 1: Requests 1-2 are chunk 0's, 3-4 chunk 1's (prefetch), 5-6 chunk 2's, issued
+  // when chunk 1 starts; restart right after them, while they wait for the delayed response.
+  hooked.after_request = [&](int n) {
+    if (n == 6) RestartServer(/*response_delay_ms=*/150);
+  };
+  auto e = MakeEngine(&hooked, 8, 1);
+  std::vector<float> remote_logits;
+  Status s = Run(e.get(), prompt, 2, &remote_logits);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(local_logits.size(), remote_logits.size());
+  EXPECT_EQ(
+      std::memcmp(local_logits.data(), remote_logits.data(), local_logits.size() * sizeof(float)),
+      0);
+  const RemoteEngramStats st = remote->stats();
+  EXPECT_GT(st.fetch.retries, 0u);                // reads in flight failed and were read again
+  EXPECT_EQ(st.failures, 0u);                     // ... within the fetcher's bounded retries
+  EXPECT_GT(st.stalls, 0u);                       // the delayed rows were late
+  EXPECT_GT(server_->counters().ops_served, 0u);  // the new server served them
+  uint64_t connects = 0;
+  for (int slot = 0; slot < remote->num_slots(); ++slot)
+    for (size_t sh = 0; sh < kShards; ++sh)
+      connects += remote->fetcher(slot).transport(sh).counters().connects;
+  EXPECT_GT(connects, static_cast<uint64_t>(remote->num_slots()) * kShards);
+  EXPECT_GT(e->stats().engram_stalls, 0u);
+  EXPECT_GT(e->stats().engram_stall_us, 0u);
+}
+
+// The row server goes away while the lookahead's reads are in flight and stays down: the
+// prefetched read fails, is asked once more, fails again, and the call stops with an error
+// naming the Engram layer and the positions; no logits come back (never zeros).
+TEST_F(RemoteEngramTest, ServerDownDuringPrefetchStopsTheCallNamingTheLayer) {
+  RestartServer(/*response_delay_ms=*/150);
+  RemoteEngramOptions o;
+  o.fetcher.hot_cache_bytes = 0;
+  o.fetcher.retries_max = 1;
+  o.fetcher.retry_backoff_ms = 5;
+  o.fetcher.fetch_timeout_ms = 2000;
+  o.transport.connect_timeout_ms = 200;
+  o.transport.request_timeout_ms = 500;
+  RemoteEngramRowSource* remote = Connect(o);
+  ASSERT_NE(remote, nullptr);
+  HookedSource hooked(remote);
+  hooked.after_request = [&](int n) {
+    if (n == 6) server_->Stop();
+  };
+  auto e = MakeEngine(&hooked, 8, 1);
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  Status s = e->Forward(&st, Prompt(32, 15), true, &logits);
+  ASSERT_FALSE(s.ok());
+  std::printf("prefill with the row server gone: %s\n", s.ToString().c_str());
+  // Chunk 1's or chunk 2's rows (both prefetched; chunk 0's were read before the stop).
+  EXPECT_NE(s.message().find("engram layer 1 (slot 0), positions ["), std::string::npos)
+      << s.ToString();
+  EXPECT_NE(s.message().find("no zeros"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(logits.empty());
+  EXPECT_GE(e->stats().engram_prefetches_failed, 1u);
+  EXPECT_GE(remote->stats().failures, 2u);
 }
 
 }  // namespace

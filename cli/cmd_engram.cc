@@ -6,7 +6,7 @@
 // One file per Engram layer and shard (DIR/engram.l<layer>.s<k>.engram, rdma/engram_table.h)
 // and DIR/shards.toml (the ShardMap, rdma/shard_map.h). Serve them with kvtierd's [engram]
 // table (engram.dir = DIR; docs/CONFIG.md) or RowServer::RegisterTable("engram.l<layer>.s<k>",
-// path); engines connect with engine::RemoteEngramRowSource::ConnectTcp.
+// path); engines connect with engine::RemoteEngramRowSource::Connect.
 //
 // kvtier engram grant: asks a kvtierd that serves Engram tables for grants (ENGRAM_GRANT).
 //

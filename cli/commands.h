@@ -14,7 +14,7 @@ int RunDemo(Args args);       // cmd_demo.cc: the agent-resume scenario (make de
 int RunCodecDemo(Args args);  // cmd_codec_demo.cc: layouts + one unit through the codec
 int RunBench(Args args);   // cmd_bench.cc: `bench storage`, dispatches on <what>
 int RunSim(Args args);     // cmd_sim.cc
-int RunEngram(Args args);  // cmd_engram.cc: `engram build` (Engram tables -> row-server files)
+int RunEngram(Args args);  // cmd_engram.cc: `engram build`, `engram grant`
 // cmd_client.cc: against a running kvtierd, through the client library.
 int RunStats(Args args);
 int RunLookup(Args args);

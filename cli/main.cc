@@ -21,7 +21,9 @@ constexpr Command kCommands[] = {
     {"codec-demo", "layouts of the shipped models and one unit through the FP4 codec",
      kvtier::cli::RunCodecDemo},
     {"bench", "benchmarks vs a peer or physical limit: `bench storage`", kvtier::cli::RunBench},
-    {"engram", "`engram build`: write a model's Engram tables as row-server files",
+    {"engram",
+     "`engram build`: write Engram tables as row-server files; `engram grant`: get grants "
+     "from kvtierd",
      kvtier::cli::RunEngram},
     {"stats", "tier occupancy, hits and misses of a running kvtierd", kvtier::cli::RunStats},
     {"lookup", "longest cached prefix of a key chain in kvtierd", kvtier::cli::RunLookup},

@@ -304,10 +304,12 @@ int RunBench(Args args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::fprintf(args.empty() ? stderr : stdout,
                  "usage: kvtier bench <what> [flags]\n\n  storage   SSD tier vs fio, DRAM tier vs "
-                 "memcpy, warm-restart first hit\n");
+                 "memcpy, warm-restart first hit\n  engram    engine with remote Engram rows vs "
+                 "the local table; row transport vs raw loopback TCP\n");
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "storage") return BenchStorage(args.subspan(1));
+  if (args[0] == "engram") return BenchEngram(args.subspan(1));
   std::fprintf(stderr, "kvtier bench: unknown benchmark '%.*s'\n", static_cast<int>(args[0].size()),
                args[0].data());
   return 2;

@@ -396,7 +396,13 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
     return r;
   }
 
-  // 3. GET the hit units (and the hot state) and import them in order.
+  // 3. GET the hit units (and the hot state) and import them in order. The Engram rows the
+  // bounded replay will need are known now (they depend only on tokens): request them first,
+  // so they arrive while the units do. A hint only: if the replay does not happen or covers
+  // other positions the batches are dropped unused; a refused hint is requested again later.
+  if (Status hint = engine_->PrefetchEngramReplay(tokens.first(r.hit_units * P)); !hint.ok()) {
+    KVTIER_LOG(kDebug) << "session: Engram replay prefetch not issued: " << hint.ToString();
+  }
   t0 = Clock::now();
   *state = engine_->NewSequence();
   std::vector<daemon::wire::Key> keys(chain.begin(), chain.begin() + r.hit_units);

@@ -215,13 +215,31 @@ class SsdTier::Impl {
     }
   }
 
-  bool InBuffer(const IndexEntry& e) const {
-    return active_ != nullptr && e.segment == active_->id && e.offset >= buf_file_offset_;
+  // The record's bytes when they sit in a write buffer (being filled, in flight, or written
+  // but not reaped yet); nullptr when they are only on the device. Under mu_.
+  const uint8_t* BufferedRecord(const IndexEntry& e) const {
+    if (fill_ != kNoBuffer && active_ != nullptr && e.segment == active_->id &&
+        e.offset >= buf_file_offset_ && e.offset < buf_file_offset_ + buf_len_) {
+      return bufs_[fill_].data + (e.offset - buf_file_offset_);
+    }
+    for (size_t i = 0; i < bufs_.size(); ++i) {
+      const WriteBuf& b = bufs_[i];
+      if (i == fill_ || !b.in_use || b.seg == nullptr || b.seg->id != e.segment) continue;
+      if (e.offset >= b.file_offset && e.offset < b.file_offset + b.len) {
+        return b.data + (e.offset - b.file_offset);
+      }
+    }
+    return nullptr;
   }
   Status AppendLocked(const Key& key, const RecordHeader& h, std::span<const uint8_t> payload,
                       IndexEntry* e, bool allow_roll);
-  Status WriteBufferLocked();
-  void DropUnwrittenLocked();
+  // Hands the buffer being filled (if not empty) to the writer thread; never blocks.
+  void WriteBufferLocked();
+  // Makes a buffer the one being filled, waiting (mu_ held) for the writer when all are busy.
+  void AcquireBufferLocked();
+  // Frees the buffers the writer has finished; drops the entries of failed ones.
+  void ReapLocked();
+  void WriterLoop();
   void MarkUnsyncedLocked() {
     if (unsynced_segs_.empty() || unsynced_segs_.back() != active_)
       unsynced_segs_.push_back(active_);
@@ -240,15 +258,21 @@ class SsdTier::Impl {
     std::vector<std::shared_ptr<Segment>> sync_segs;
     uint32_t durable_segment = 0;
     uint64_t durable_end = 0, next_seq = 0, max_version = 0;
+    // Buffers handed to the writer in (write_seq_lo, write_seq_hi] belong to this commit.
+    uint64_t write_seq_lo = 0, write_seq_hi = 0;
   };
   static constexpr uint64_t kForceCommit = UINT64_MAX;
   Status PrepareLocked(CommitBatch* b);
-  Status Execute(const CommitBatch& b);
+  // Returns the commit's status (sync + index write); *write_status: the first failed buffer
+  // write of the batch (its records are left out of the index write), or OK.
+  Status Execute(const CommitBatch& b, Status* write_status);
   void Settle(CommitBatch* b, const Status& st);
   // Commits everything pending up to `ticket` (kForceCommit: a commit pass now). Not under mu_.
+  // Returns the commit's error, else a failed buffer write of the commit, else OK.
   Status Commit(uint64_t ticket);
-  // Commits with mu_ held (rolls, cleaning, recovery, close).
-  Status CommitLocked();
+  // Commits with mu_ held (rolls, cleaning, recovery, close). A failed buffer write of the
+  // commit is stored in *write_status when not null (its records are dropped either way).
+  Status CommitLocked(Status* write_status = nullptr);
   Status TicketResult(uint64_t ticket) const;
   void LoadIndex();
   Status RollLocked();
@@ -277,9 +301,39 @@ class SsdTier::Impl {
   std::unordered_set<Key, KeyHash> dirty_access_;
   std::map<uint32_t, std::shared_ptr<Segment>> segments_;
   std::shared_ptr<Segment> active_;
-  AlignedBuffer buf_;
-  uint64_t buf_file_offset_ = 0;
+  // ---- write buffers (double buffering) ----
+  // A buffer is free, being filled (fill_), queued/in flight on the writer thread, or done
+  // (written or failed) and not yet reaped. data/seg/file_offset/len/write_seq are set under
+  // mu_ before the buffer is queued and read by the writer after it takes it from the queue.
+  struct WriteBuf {
+    uint8_t* data = nullptr;
+    bool in_use = false;  // under mu_: not free
+    std::shared_ptr<Segment> seg;
+    uint64_t file_offset = 0, len = 0, write_seq = 0;
+    bool done = false;  // under wb_mu_
+    Status status;      // under wb_mu_
+  };
+  static constexpr size_t kNoBuffer = SIZE_MAX;
+  AlignedBuffer buf_region_;  // write_buffers x write_buffer_bytes, registered with the env
+  std::vector<WriteBuf> bufs_;
+  size_t fill_ = kNoBuffer;       // the buffer being filled, under mu_
+  uint64_t buf_file_offset_ = 0;  // file offset of the buffer being filled (active_)
   size_t buf_len_ = 0;
+  uint64_t enqueued_seq_ = 0;  // under mu_: buffers ever handed to the writer
+  uint64_t prepared_seq_ = 0;  // under mu_: enqueued_seq_ at the last PrepareLocked
+  std::mutex wb_mu_;           // lock order: mu_ -> wb_mu_; the writer takes only wb_mu_
+  std::condition_variable wb_cv_;
+  std::deque<size_t> wb_queue_;  // under wb_mu_, FIFO (one writer: completes in order)
+  uint64_t completed_seq_ = 0;   // under wb_mu_
+  struct FailedWrite {
+    uint64_t seq;
+    uint32_t segment;
+    uint64_t offset, len;
+    Status status;
+  };
+  std::vector<FailedWrite> failed_writes_;  // under wb_mu_; consumed by Execute
+  bool wb_stop_ = false;                    // under wb_mu_
+  std::thread writer_thread_;
   std::vector<std::shared_ptr<Segment>> unsynced_segs_;
   std::vector<PendingOp> pending_;
   uint64_t pending_ticket_ = 0;  // ops ever pushed to pending_
@@ -335,10 +389,15 @@ SsdTier::Impl::~Impl() {
     std::lock_guard lock(mu_);
     for (const Key& k : dirty_access_) {
       auto it = map_.find(k);
-      if (it != map_.end() && !InBuffer(it->second)) PushPending({k, false, it->second});
+      if (it != map_.end() && BufferedRecord(it->second) == nullptr) {
+        PushPending({k, false, it->second});
+      }
     }
     dirty_access_.clear();
-    Status st = CommitLocked();
+    // Drains every write buffer (the commit waits for the writer), then commits the index.
+    Status write_st;
+    Status st = CommitLocked(&write_st);
+    if (st.ok()) st = write_st;
     if (!st.ok()) {
       KVTIER_LOG(kWarn) << "ssd tier close: " << st.ToString();
     }
@@ -351,6 +410,13 @@ SsdTier::Impl::~Impl() {
     }
     db_->Close().PermitUncheckedError();
   }
+  // The writer drains its queue before it exits (nothing is queued after the last commit).
+  {
+    std::lock_guard wb(wb_mu_);
+    wb_stop_ = true;
+  }
+  wb_cv_.notify_all();
+  if (writer_thread_.joinable()) writer_thread_.join();
 }
 
 Status SsdTier::Impl::Open() {
@@ -375,9 +441,15 @@ Status SsdTier::Impl::Open() {
   } else {
     env_ = o_.env;
   }
-  buf_ = AllocateAligned(o_.write_buffer_bytes, ssd::kBlockBytes);
-  std::span<uint8_t> region(buf_.get(), o_.write_buffer_bytes);
+  o_.write_buffers = std::clamp<uint32_t>(o_.write_buffers, 1, SsdOptions::kMaxWriteBuffers);
+  buf_region_ = AllocateAligned(o_.write_buffers * o_.write_buffer_bytes, ssd::kBlockBytes);
+  bufs_.resize(o_.write_buffers);
+  for (size_t i = 0; i < bufs_.size(); ++i) {
+    bufs_[i].data = buf_region_.get() + i * o_.write_buffer_bytes;
+  }
+  std::span<uint8_t> region(buf_region_.get(), o_.write_buffers * o_.write_buffer_bytes);
   KVTIER_RETURN_IF_ERROR(env_->RegisterBuffers({&region, 1}));
+  writer_thread_ = std::thread([this] { WriterLoop(); });
 
   // ---- RocksDB index ----
   rocksdb::Options options;
@@ -746,8 +818,11 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
     uint64_t ticket = pending_ticket_;
     lock.unlock();
     Status st = Commit(ticket);
-    if (!st.ok()) return st;  // the entry was dropped: nothing indexed
+    // An error: the commit failed (the entry was dropped) or one of its buffer writes did
+    // (this unit's included, or not: reported either way; nothing unwritten is indexed).
+    if (!st.ok()) return st;
     lock.lock();
+    ReapLocked();  // a buffer write that failed in another thread's commit drops the entry
     auto it = map_.find(key);
     if (it == map_.end() || it->second.seq != h.seq) {
       // Its buffer write failed inside another thread's commit: dropped, never indexed.
@@ -767,7 +842,7 @@ Status SsdTier::Impl::AppendLocked(const Key& key, const RecordHeader& h,
     if (!allow_roll) return Status::Rejected("no room in the active segment");
     KVTIER_RETURN_IF_ERROR(RollLocked());
   }
-  if (buf_len_ + padded > o_.write_buffer_bytes) KVTIER_RETURN_IF_ERROR(WriteBufferLocked());
+  if (buf_len_ + padded > o_.write_buffer_bytes) WriteBufferLocked();
   uint64_t offset = buf_file_offset_ + buf_len_;
   if (padded > o_.write_buffer_bytes) {
     // A record larger than the write buffer is written on its own.
@@ -785,9 +860,11 @@ Status SsdTier::Impl::AppendLocked(const Key& key, const RecordHeader& h,
     stats_.bytes_written += n;
     MarkUnsyncedLocked();
   } else {
-    ssd::EncodeRecordHeader(h, buf_.get() + buf_len_);
-    std::memcpy(buf_.get() + buf_len_ + ssd::kRecordHeaderBytes, payload.data(), payload.size());
-    std::memset(buf_.get() + buf_len_ + rec, 0, padded - rec);
+    AcquireBufferLocked();  // waits only when every buffer is in flight
+    uint8_t* p = bufs_[fill_].data + buf_len_;
+    ssd::EncodeRecordHeader(h, p);
+    std::memcpy(p + ssd::kRecordHeaderBytes, payload.data(), payload.size());
+    std::memset(p + rec, 0, padded - rec);
     buf_len_ += padded;
   }
   e->codec = h.codec;
@@ -810,50 +887,128 @@ Status SsdTier::Impl::AppendLocked(const Key& key, const RecordHeader& h,
   return Status::Ok();
 }
 
-// Drops every entry whose record has not reached the device (after a failed write).
-void SsdTier::Impl::DropUnwrittenLocked() {
-  std::vector<Key> lost;
-  for (const auto& [k, e] : map_) {
-    if (InBuffer(e)) lost.push_back(k);
-  }
-  for (const Key& k : lost) RemoveLocked(k);
-  buf_len_ = 0;
-}
-
-Status SsdTier::Impl::WriteBufferLocked() {
-  if (buf_len_ == 0) return Status::Ok();
+void SsdTier::Impl::WriteBufferLocked() {
+  if (buf_len_ == 0 || fill_ == kNoBuffer) return;
   uint64_t n = AlignUp(buf_len_, ssd::kBlockBytes);
-  std::memset(buf_.get() + buf_len_, 0, n - buf_len_);
-  // Submitted as up to kWriteSplit writes in one batch (queue depth > 1 on io_uring).
-  uint64_t chunk =
-      std::max<uint64_t>(AlignUp(n / kWriteSplit, ssd::kBlockBytes), kMinWriteChunkBytes);
-  IoRequest reqs[kWriteSplit + 1];
-  size_t count = 0;
-  for (uint64_t off = 0; off < n; off += chunk) {
-    reqs[count++] = {IoRequest::Op::kWrite,
-                     buf_file_offset_ + off,
-                     buf_.get() + off,
-                     static_cast<size_t>(std::min(chunk, n - off)),
-                     {}};
+  WriteBuf& b = bufs_[fill_];
+  std::memset(b.data + buf_len_, 0, n - buf_len_);
+  b.seg = active_;
+  b.file_offset = buf_file_offset_;
+  b.len = n;
+  b.write_seq = ++enqueued_seq_;
+  {
+    std::lock_guard wb(wb_mu_);
+    b.done = false;
+    b.status = Status::Ok();
+    wb_queue_.push_back(fill_);
   }
-  Status st = active_->dev->Submit({reqs, count});
-  if (!st.ok()) {
-    ++stats_.io_errors;
-    DropUnwrittenLocked();
-    return st;
-  }
-  stats_.bytes_written += n;
+  wb_cv_.notify_all();
+  fill_ = kNoBuffer;
   buf_file_offset_ += n;
   buf_len_ = 0;
   MarkUnsyncedLocked();
-  return Status::Ok();
+}
+
+void SsdTier::Impl::AcquireBufferLocked() {
+  while (fill_ == kNoBuffer) {
+    ReapLocked();
+    for (size_t i = 0; i < bufs_.size(); ++i) {
+      if (!bufs_[i].in_use) {
+        bufs_[i].in_use = true;
+        fill_ = i;
+        return;
+      }
+    }
+    // Every buffer is in flight: wait for the writer (it never takes mu_).
+    std::unique_lock wb(wb_mu_);
+    wb_cv_.wait(wb, [&] {
+      for (const WriteBuf& b : bufs_) {
+        if (b.in_use && b.done) return true;
+      }
+      return false;
+    });
+  }
+}
+
+void SsdTier::Impl::ReapLocked() {
+  struct Lost {
+    std::shared_ptr<Segment> seg;
+    uint64_t offset, len;
+    Status status;
+  };
+  std::vector<Lost> lost;
+  {
+    std::lock_guard wb(wb_mu_);
+    for (size_t i = 0; i < bufs_.size(); ++i) {
+      WriteBuf& b = bufs_[i];
+      if (i == fill_ || !b.in_use || !b.done) continue;
+      if (b.status.ok()) {
+        stats_.bytes_written += b.len;
+      } else {
+        lost.push_back({b.seg, b.file_offset, b.len, b.status});
+      }
+      b.in_use = false;
+      b.done = false;
+      b.seg.reset();
+    }
+  }
+  for (const Lost& l : lost) {
+    // The records never reached the device: forget them (their index entries are left out
+    // of the commit that covers this write, see Execute).
+    ++stats_.io_errors;
+    std::vector<Key> keys;
+    for (const auto& [k, e] : map_) {
+      if (e.segment == l.seg->id && e.offset >= l.offset && e.offset < l.offset + l.len) {
+        keys.push_back(k);
+      }
+    }
+    for (const Key& k : keys) RemoveLocked(k);
+    KVTIER_LOG(kWarn) << "ssd buffer write failed (segment " << l.seg->id << " @" << l.offset
+                      << ", " << keys.size() << " units dropped): " << l.status.ToString();
+  }
+}
+
+void SsdTier::Impl::WriterLoop() {
+  std::unique_lock wb(wb_mu_);
+  while (true) {
+    wb_cv_.wait(wb, [&] { return wb_stop_ || !wb_queue_.empty(); });
+    if (wb_queue_.empty()) return;  // stopping, and everything queued is written
+    size_t i = wb_queue_.front();
+    wb_queue_.pop_front();
+    uint8_t* data = bufs_[i].data;
+    std::shared_ptr<Segment> seg = bufs_[i].seg;
+    uint64_t offset = bufs_[i].file_offset, n = bufs_[i].len, seq = bufs_[i].write_seq;
+    wb.unlock();
+    // Submitted as up to kWriteSplit writes in one batch (queue depth > 1 on io_uring).
+    uint64_t chunk =
+        std::max<uint64_t>(AlignUp(n / kWriteSplit, ssd::kBlockBytes), kMinWriteChunkBytes);
+    IoRequest reqs[kWriteSplit + 1];
+    size_t count = 0;
+    for (uint64_t off = 0; off < n; off += chunk) {
+      reqs[count++] = {IoRequest::Op::kWrite,
+                       offset + off,
+                       data + off,
+                       static_cast<size_t>(std::min(chunk, n - off)),
+                       {}};
+    }
+    Status st = seg->dev->Submit({reqs, count});
+    wb.lock();
+    bufs_[i].done = true;
+    bufs_[i].status = st;
+    completed_seq_ = seq;
+    if (!st.ok()) failed_writes_.push_back({seq, seg->id, offset, n, st});
+    wb_cv_.notify_all();
+  }
 }
 
 Status SsdTier::Impl::PrepareLocked(CommitBatch* b) {
   b->empty = true;
   if (buf_len_ == 0 && pending_.empty() && unsynced_segs_.empty()) return Status::Ok();
-  KVTIER_RETURN_IF_ERROR(WriteBufferLocked());
+  WriteBufferLocked();
   b->empty = false;
+  b->write_seq_lo = prepared_seq_;
+  b->write_seq_hi = enqueued_seq_;
+  prepared_seq_ = enqueued_seq_;
   b->ops = std::move(pending_);
   pending_.clear();
   b->last_ticket = pending_ticket_;
@@ -869,8 +1024,28 @@ Status SsdTier::Impl::PrepareLocked(CommitBatch* b) {
   return Status::Ok();
 }
 
-Status SsdTier::Impl::Execute(const CommitBatch& b) {
+Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status) {
   bool durable = o_.durability != Durability::kNone;
+  // Every buffer of this commit must have reached the device before the sync; records of a
+  // failed buffer are never indexed.
+  std::vector<FailedWrite> failed;
+  {
+    std::unique_lock wb(wb_mu_);
+    wb_cv_.wait(wb, [&] { return completed_seq_ >= b.write_seq_hi; });
+    for (const FailedWrite& f : failed_writes_) {
+      if (f.seq > b.write_seq_lo && f.seq <= b.write_seq_hi) failed.push_back(f);
+    }
+    std::erase_if(failed_writes_, [&](const FailedWrite& f) { return f.seq <= b.write_seq_hi; });
+  }
+  *write_status = failed.empty() ? Status::Ok() : failed.front().status;
+  auto lost = [&](const IndexEntry& e) {
+    for (const FailedWrite& f : failed) {
+      if (e.segment == f.segment && e.offset >= f.offset && e.offset < f.offset + f.len) {
+        return true;
+      }
+    }
+    return false;
+  };
   Status st;
   if (durable) {
     for (const auto& seg : b.sync_segs) {
@@ -881,6 +1056,7 @@ Status SsdTier::Impl::Execute(const CommitBatch& b) {
   if (st.ok()) {
     rocksdb::WriteBatch wb;
     for (const auto& op : b.ops) {
+      if (!op.is_delete && lost(op.entry)) continue;
       rocksdb::Status rs =
           op.is_delete ? wb.Delete(index_cf_, KeySlice(op.key))
                        : wb.Put(index_cf_, KeySlice(op.key), ssd::EncodeIndexEntry(op.entry));
@@ -917,6 +1093,7 @@ Status SsdTier::Impl::Execute(const CommitBatch& b) {
 }
 
 void SsdTier::Impl::Settle(CommitBatch* b, const Status& st) {
+  ReapLocked();  // drops the entries of failed buffer writes before ops are retried
   if (st.ok()) {
     ++stats_.commits;
     return;
@@ -974,15 +1151,17 @@ Status SsdTier::Impl::Commit(uint64_t ticket) {
   }
   if (b.empty) return Status::Ok();
   lock.unlock();
-  Status st = Execute(b);  // fdatasync + index write, outside the tier lock
+  Status write_st;
+  Status st = Execute(b, &write_st);  // buffer writes, fdatasync, index write: outside the lock
   lock.lock();
   Settle(&b, st);
   if (!st.ok()) return st;
   lock.unlock();
+  if (!write_st.ok()) return write_st;
   return ticket == kForceCommit ? Status::Ok() : TicketResult(ticket);
 }
 
-Status SsdTier::Impl::CommitLocked() {
+Status SsdTier::Impl::CommitLocked(Status* write_status) {
   {
     // Index writes stay in order: wait for an out-of-lock commit to finish its write.
     std::unique_lock c(cstate_mu_);
@@ -991,8 +1170,10 @@ Status SsdTier::Impl::CommitLocked() {
   CommitBatch b;
   KVTIER_RETURN_IF_ERROR(PrepareLocked(&b));
   if (b.empty) return Status::Ok();
-  Status st = Execute(b);
+  Status write_st;
+  Status st = Execute(b, &write_st);
   Settle(&b, st);
+  if (write_status != nullptr) *write_status = write_st;
   return st;
 }
 
@@ -1108,9 +1289,8 @@ Status SsdTier::Impl::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* me
     if (dirty_access_.size() < kMaxDirtyAccess) dirty_access_.insert(key);
     e = it->second;
     if (id_to_key_.count(ObjectIdOf(key))) policy_->OnAccess(ObjectIdOf(key), NowUs());
-    if (InBuffer(e)) {
-      const uint8_t* p = buf_.get() + (e.offset - buf_file_offset_);
-      rec.assign(p, p + e.record_bytes);
+    if (const uint8_t* p = BufferedRecord(e); p != nullptr) {
+      rec.assign(p, p + e.record_bytes);  // being filled or in flight: served from memory
     } else {
       auto s = segments_.find(e.segment);
       if (s == segments_.end()) return Status::Internal("index points to a missing segment");

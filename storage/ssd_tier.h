@@ -24,9 +24,19 @@
 //   back. Capacity during the load: a Put that could need eviction or segment cleaning (live
 //   bytes bounded by the bytes on disk at Open) waits for the load; cleaning is deferred to
 //   its end; EvictOne evicts among loaded entries. Close cancels the load.
-// - Commits: the write buffer is submitted as up to 4 writes at once; fdatasync and the
-//   RocksDB index write run outside the tier lock (puts and gets continue meanwhile), and
-//   index writes are applied in commit order. Concurrent kSync puts share one commit.
+// - Double buffering: there are write_buffers write buffers. A full buffer (or the one a
+//   commit closes) is handed to a writer thread, which submits it as up to 4 writes at once;
+//   the putting thread goes on filling the next free buffer meanwhile, and waits (tier lock
+//   held) only when every buffer is still in flight. Get serves records from the buffer
+//   being filled and from buffers in flight, bit exact. Memory: write_buffers x
+//   write_buffer_bytes.
+// - Commits: a commit closes the buffer being filled, then outside the tier lock waits for
+//   every buffer handed over before it, fdatasyncs, and writes the index entries of the
+//   records whose write succeeded (puts and gets continue meanwhile); index writes are
+//   applied in commit order. Concurrent kSync puts share one commit.
+// - Async write errors (EIO, ENOSPC): the records of the failed buffer are dropped (never
+//   indexed; Get returns NotFound), counted in io_errors, and the commit covering the buffer
+//   returns the error (Flush, the kSync put that waits for it, the group commit's log line).
 //
 // Thread safety: all methods may be called concurrently. Reads of sealed data run outside
 // the tier lock; appends and cleaning are serialised by it; commits by a commit lock.
@@ -60,6 +70,10 @@ struct SsdOptions {
   uint64_t capacity_bytes = 4ull << 30;
   uint64_t segment_bytes = 256ull << 20;
   uint64_t write_buffer_bytes = 2ull << 20;
+  // Write buffers (double buffering: one filling while the others are in flight); clamped to
+  // [1, kMaxWriteBuffers]. 1 keeps one buffer, written by the writer thread while puts wait.
+  uint32_t write_buffers = 2;
+  static constexpr uint32_t kMaxWriteBuffers = 8;
   Durability durability = Durability::kBatched;
   uint32_t group_commit_ms = 10;
   // A sealed segment whose live bytes fall below this fraction is cleaned at the next roll.

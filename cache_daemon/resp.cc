@@ -1,6 +1,8 @@
 #include "cache_daemon/resp.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cstring>
 
 namespace kvtier::daemon::resp {
 namespace {
@@ -12,35 +14,79 @@ bool ParseInt(std::string_view s, int64_t* out) {
   return ec == std::errc() && p == s.data() + s.size();
 }
 
+void AppendDecimal(int64_t v, std::string* out) {
+  char digits[24];
+  auto [end, ec] = std::to_chars(digits, digits + sizeof(digits), v);
+  out->append(digits, static_cast<size_t>(end - digits));
+}
+
 Status ProtocolError(std::string_view what) {
   return Status::InvalidArgument("Protocol error: " + std::string(what));
 }
 
 }  // namespace
 
-void RespParser::Append(std::span<const uint8_t> bytes) {
-  if (consumed_ > 0 && (consumed_ == buffer_.size() || consumed_ > (1u << 20))) {
-    buffer_.erase(0, consumed_);
-    consumed_ = 0;
+std::span<uint8_t> RespParser::PrepareWrite(size_t min_bytes) {
+  if (consumed_ == end_) {  // drained: reuse from the start, or free an oversized buffer
+    consumed_ = end_ = 0;
+    if (capacity_ > kKeepBufferBytes && min_bytes <= kKeepBufferBytes) {
+      buf_.reset();
+      capacity_ = 0;
+    }
   }
-  buffer_.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  if (capacity_ - end_ < min_bytes) {
+    size_t live = end_ - consumed_;
+    if (capacity_ - live >= min_bytes && consumed_ > 0) {
+      std::memmove(buf_.get(), buf_.get() + consumed_, live);  // compact in place
+    } else {
+      size_t cap = std::max(live + min_bytes, capacity_ * 2);
+      std::unique_ptr<char[]> grown(new char[cap]);
+      if (live > 0) std::memcpy(grown.get(), buf_.get() + consumed_, live);
+      buf_ = std::move(grown);
+      capacity_ = cap;
+    }
+    consumed_ = 0;
+    end_ = live;
+  }
+  return std::span<uint8_t>(reinterpret_cast<uint8_t*>(buf_.get()) + end_, capacity_ - end_);
+}
+
+void RespParser::Append(std::span<const uint8_t> bytes) {
+  if (bytes.empty()) return;
+  std::span<uint8_t> dst = PrepareWrite(bytes.size());
+  std::memcpy(dst.data(), bytes.data(), bytes.size());
+  Commit(bytes.size());
 }
 
 size_t RespParser::FindLineEnd(size_t pos) const {
-  size_t limit = std::min(buffer_.size(), pos + limits_.max_inline_bytes + 2);
-  for (size_t i = pos; i + 1 < limit; ++i) {
-    if (buffer_[i] == '\r' && buffer_[i + 1] == '\n') return i;
+  size_t limit = std::min(end_, pos + limits_.max_inline_bytes + 2);
+  const char* base = buf_.get();
+  size_t i = pos;
+  while (i + 1 < limit) {
+    const void* cr = std::memchr(base + i, '\r', limit - 1 - i);
+    if (cr == nullptr) break;
+    i = static_cast<size_t>(static_cast<const char*>(cr) - base);
+    if (base[i + 1] == '\n') return i;
+    ++i;
   }
   return std::string::npos;
 }
 
 StatusOr<bool> RespParser::Next(std::vector<std::string>* argv) {
+  std::vector<std::string_view> views;
+  StatusOr<bool> got = Next(&views);
+  argv->assign(views.begin(), views.end());
+  return got;
+}
+
+StatusOr<bool> RespParser::Next(std::vector<std::string_view>* argv) {
   if (!failed_.ok()) return failed_;
   argv->clear();
-  if (consumed_ >= buffer_.size()) return false;
-  StatusOr<size_t> used = buffer_[consumed_] == '*' ? ParseMultibulk(argv) : ParseInline(argv);
+  if (consumed_ >= end_) return false;
+  StatusOr<size_t> used = buf_[consumed_] == '*' ? ParseMultibulk(argv) : ParseInline(argv);
   if (!used.ok()) {
     failed_ = used.status();
+    argv->clear();
     return failed_;
   }
   if (*used == 0) {
@@ -51,17 +97,18 @@ StatusOr<bool> RespParser::Next(std::vector<std::string>* argv) {
   return true;
 }
 
-StatusOr<size_t> RespParser::ParseMultibulk(std::vector<std::string>* argv) {
+StatusOr<size_t> RespParser::ParseMultibulk(std::vector<std::string_view>* argv) {
+  const std::string_view in = data();
   size_t pos = consumed_;
   size_t eol = FindLineEnd(pos);
   if (eol == std::string::npos) {
-    if (buffer_.size() - pos > limits_.max_inline_bytes) {
+    if (in.size() - pos > limits_.max_inline_bytes) {
       return ProtocolError("too big mbulk count string");
     }
     return size_t{0};
   }
   int64_t count = 0;
-  if (!ParseInt(std::string_view(buffer_).substr(pos + 1, eol - pos - 1), &count)) {
+  if (!ParseInt(in.substr(pos + 1, eol - pos - 1), &count)) {
     return ProtocolError("invalid multibulk length");
   }
   if (count > static_cast<int64_t>(limits_.max_args)) {
@@ -71,46 +118,47 @@ StatusOr<size_t> RespParser::ParseMultibulk(std::vector<std::string>* argv) {
   if (count <= 0) return pos - consumed_;  // "*0" / "*-1": an empty command, skipped
   argv->reserve(static_cast<size_t>(std::min<int64_t>(count, 1024)));
   for (int64_t i = 0; i < count; ++i) {
-    if (pos >= buffer_.size()) return size_t{0};
-    if (buffer_[pos] != '$') {
-      return ProtocolError(std::string("expected '$', got '") + buffer_[pos] + "'");
+    if (pos >= in.size()) return size_t{0};
+    if (in[pos] != '$') {
+      return ProtocolError(std::string("expected '$', got '") + in[pos] + "'");
     }
     eol = FindLineEnd(pos);
     if (eol == std::string::npos) {
-      if (buffer_.size() - pos > limits_.max_inline_bytes) {
+      if (in.size() - pos > limits_.max_inline_bytes) {
         return ProtocolError("too big bulk count string");
       }
       return size_t{0};
     }
     int64_t len = 0;
-    if (!ParseInt(std::string_view(buffer_).substr(pos + 1, eol - pos - 1), &len) || len < 0 ||
+    if (!ParseInt(in.substr(pos + 1, eol - pos - 1), &len) || len < 0 ||
         static_cast<uint64_t>(len) > limits_.max_bulk_bytes) {
       return ProtocolError("invalid bulk length");
     }
     pos = eol + 2;
     size_t n = static_cast<size_t>(len);
-    if (buffer_.size() - pos < n + 2) return size_t{0};
-    if (buffer_[pos + n] != '\r' || buffer_[pos + n + 1] != '\n') {
+    if (in.size() - pos < n + 2) return size_t{0};
+    if (in[pos + n] != '\r' || in[pos + n + 1] != '\n') {
       return ProtocolError("bulk string not terminated by CRLF");
     }
-    argv->emplace_back(buffer_, pos, n);
+    argv->push_back(in.substr(pos, n));
     pos += n + 2;
   }
   return pos - consumed_;
 }
 
-StatusOr<size_t> RespParser::ParseInline(std::vector<std::string>* argv) {
+StatusOr<size_t> RespParser::ParseInline(std::vector<std::string_view>* argv) {
+  const std::string_view in = data();
   size_t pos = consumed_;
-  size_t limit = std::min(buffer_.size(), pos + limits_.max_inline_bytes + 1);
-  size_t nl = buffer_.find('\n', pos);
+  size_t limit = std::min(in.size(), pos + limits_.max_inline_bytes + 1);
+  size_t nl = in.find('\n', pos);
   if (nl == std::string::npos || nl >= limit) {
-    if (buffer_.size() - pos > limits_.max_inline_bytes) {
+    if (in.size() - pos > limits_.max_inline_bytes) {
       return ProtocolError("too big inline request");
     }
     return size_t{0};
   }
-  size_t end = (nl > pos && buffer_[nl - 1] == '\r') ? nl - 1 : nl;
-  std::string_view line(buffer_.data() + pos, end - pos);
+  size_t end = (nl > pos && in[nl - 1] == '\r') ? nl - 1 : nl;
+  std::string_view line(in.data() + pos, end - pos);
   size_t i = 0;
   while (i < line.size()) {
     while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
@@ -137,14 +185,18 @@ void AppendError(std::string_view s, std::string* out) {
 
 void AppendInteger(int64_t v, std::string* out) {
   out->push_back(':');
-  out->append(std::to_string(v));
+  AppendDecimal(v, out);
+  out->append("\r\n");
+}
+
+void AppendBulkHeader(size_t n, std::string* out) {
+  out->push_back('$');
+  AppendDecimal(static_cast<int64_t>(n), out);
   out->append("\r\n");
 }
 
 void AppendBulk(std::string_view s, std::string* out) {
-  out->push_back('$');
-  out->append(std::to_string(s.size()));
-  out->append("\r\n");
+  AppendBulkHeader(s.size(), out);
   out->append(s);
   out->append("\r\n");
 }
@@ -153,7 +205,7 @@ void AppendNull(std::string* out) { out->append("$-1\r\n"); }
 
 void AppendArrayHeader(size_t n, std::string* out) {
   out->push_back('*');
-  out->append(std::to_string(n));
+  AppendDecimal(static_cast<int64_t>(n), out);
   out->append("\r\n");
 }
 

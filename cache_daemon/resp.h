@@ -6,12 +6,20 @@
 // input beyond a limit, or bytes that are not RESP, is a protocol error: the server answers
 // "-ERR Protocol error: ..." and closes the connection (as Redis does).
 //
+// The parser owns one growable buffer: a connection reads straight into it (PrepareWrite /
+// Commit, no intermediate copy) and Next() hands out string_views into it, so a SET value is
+// not copied between the socket and the store's envelope. Views stay valid until the next
+// Append / PrepareWrite call; the buffer never holds more than one incomplete command plus one
+// read (the session stops reading while replies are pending), and is released when it drains
+// if it grew beyond kKeepBufferBytes.
+//
 // Thread safety: a RespParser belongs to one connection and is not thread-safe. The encoders
 // are pure functions.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -32,27 +40,42 @@ struct RespLimits {
 
 class RespParser {
  public:
+  // A drained buffer larger than this is freed rather than kept for the next command.
+  static constexpr size_t kKeepBufferBytes = 4u << 20;
+
   explicit RespParser(RespLimits limits = {}) : limits_(limits) {}
 
+  // Copies bytes in (tests, and callers that do not read into PrepareWrite()).
   void Append(std::span<const uint8_t> bytes);
   void Append(std::string_view bytes) {
     Append(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
   }
+  // Returns at least min_bytes of writable space at the end of the buffer (compacting or
+  // growing it); the caller fills a prefix and calls Commit with its length. Invalidates views.
+  std::span<uint8_t> PrepareWrite(size_t min_bytes);
+  void Commit(size_t n) { end_ += n; }
+
   // true: *argv holds the next command (possibly empty for a blank inline line, which the
-  // caller skips). false: more bytes are needed. InvalidArgument: protocol error; the parser
-  // stays failed.
+  // caller skips); the views point into the parser's buffer and stay valid until the next
+  // Append / PrepareWrite. false: more bytes are needed. InvalidArgument: protocol error; the
+  // parser stays failed.
+  StatusOr<bool> Next(std::vector<std::string_view>* argv);
+  // As above, copying the arguments out (tests and cold paths).
   StatusOr<bool> Next(std::vector<std::string>* argv);
-  size_t buffered_bytes() const { return buffer_.size() - consumed_; }
+  size_t buffered_bytes() const { return end_ - consumed_; }
 
  private:
-  // Parses at buffer_[consumed_...]; returns bytes used (0: incomplete) or an error.
-  StatusOr<size_t> ParseMultibulk(std::vector<std::string>* argv);
-  StatusOr<size_t> ParseInline(std::vector<std::string>* argv);
+  std::string_view data() const { return std::string_view(buf_.get(), end_); }
+  // Parses at data()[consumed_...]; returns bytes used (0: incomplete) or an error.
+  StatusOr<size_t> ParseMultibulk(std::vector<std::string_view>* argv);
+  StatusOr<size_t> ParseInline(std::vector<std::string_view>* argv);
   // Finds "\r\n" from pos within max_inline_bytes; npos when absent.
   size_t FindLineEnd(size_t pos) const;
 
   RespLimits limits_;
-  std::string buffer_;
+  std::unique_ptr<char[]> buf_;  // [0, end_) holds data; [consumed_, end_) is unparsed
+  size_t capacity_ = 0;
+  size_t end_ = 0;
   size_t consumed_ = 0;
   Status failed_;
 };
@@ -62,6 +85,7 @@ void AppendSimple(std::string_view s, std::string* out);  // +OK
 void AppendError(std::string_view s, std::string* out);   // -ERR ... (CR/LF stripped)
 void AppendInteger(int64_t v, std::string* out);          // :1
 void AppendBulk(std::string_view s, std::string* out);    // $n ...
+void AppendBulkHeader(size_t n, std::string* out);        // $n\r\n (the caller adds body + CRLF)
 void AppendNull(std::string* out);                        // $-1
 void AppendArrayHeader(size_t n, std::string* out);       // *n
 

@@ -1,5 +1,12 @@
 // The RESP (Redis protocol) connection. Commands run in arrival order on the connection's
 // strand; replies are written in the same order, so pipelining (redis-benchmark -P) works.
+//
+// Hot path (docs/PERFORMANCE.md "## Daemon"): the socket is read straight into the parser's
+// buffer and commands are parsed as views into it; every reply of one read's worth of
+// pipelined commands is gathered and written with one writev, tried at once on the
+// non-blocking socket (asio's async_write only takes over when the socket buffer is full).
+// GET values of kScatterMinBytes or more are not copied into the reply text: the buffer the
+// store filled is kept as a segment of that writev and recycled afterwards.
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -14,9 +21,15 @@ namespace kvtier::daemon::internal {
 namespace {
 
 using Tcp = asio::ip::tcp;
+using namespace std::string_view_literals;
 constexpr size_t kReadChunkBytes = 256 * 1024;
-// Replies buffered before the connection stops parsing and writes them out.
+// Reply bytes (text and GET value segments together) buffered before the connection stops
+// parsing and writes them out.
 constexpr size_t kMaxPendingReplyBytes = 8u << 20;
+// GET values at least this large are written from the store's buffer instead of being copied.
+constexpr size_t kScatterMinBytes = 16u << 10;
+// Recycled GET buffers kept per connection (sum of capacities).
+constexpr size_t kSpareBufferBytesMax = 2u << 20;
 constexpr int kMaxAuthFailures = 3;
 
 std::string Upper(std::string_view s) {
@@ -30,6 +43,14 @@ bool ParseI64(std::string_view s, int64_t* out) {
   return ec == std::errc() && p == s.data() + s.size();
 }
 
+// A GET value written from the buffer the store filled: bytes[offset...] follow the reply
+// text up to text_end.
+struct Body {
+  size_t text_end = 0;
+  std::vector<uint8_t> bytes;
+  size_t offset = 0;
+};
+
 class RespSession : public Session, public std::enable_shared_from_this<RespSession> {
  public:
   RespSession(Shared* shared, Tcp::socket socket)
@@ -39,8 +60,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         timer_(strand_),
         parser_(resp::RespLimits{.max_args = shared->options->resp_max_args,
                                  .max_bulk_bytes = shared->options->storage.max_value_bytes,
-                                 .max_inline_bytes = 64u << 10}),
-        rbuf_(kReadChunkBytes) {
+                                 .max_inline_bytes = 64u << 10}) {
     tenant_ = shared_->tenants->default_tenant();
   }
   ~RespSession() override { shared_->metrics->connections_open.fetch_sub(1); }
@@ -50,6 +70,9 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     id_ = shared_->Register(shared_from_this());
     boost::system::error_code ec;
     sock_.set_option(Tcp::no_delay(true), ec);
+    // Replies are first written with a synchronous write_some (WriteNow), which must not block.
+    sock_.non_blocking(true, ec);
+    if (ec) return DoClose();
     Read();
   }
   void Close() override {
@@ -75,57 +98,155 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       return;
     }
     reading_ = true;
-    sock_.async_read_some(asio::buffer(rbuf_),
-                          asio::bind_executor(strand_, [self = shared_from_this()](
-                                                           boost::system::error_code ec, size_t n) {
-                            self->reading_ = false;
-                            if (ec || self->closed_) return self->DoClose();
-                            self->shared_->metrics->AddBytes(true, n);
-                            self->parser_.Append(std::span<const uint8_t>(self->rbuf_.data(), n));
-                            self->Process();
-                          }));
+    // Wait for readability, then read without blocking: after a reply the next request has
+    // usually not arrived yet, so asio's speculative recv in async_read_some would mostly
+    // fail with EAGAIN, one wasted syscall per round trip.
+    sock_.async_wait(
+        Tcp::socket::wait_read,
+        asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+          self->reading_ = false;
+          if (ec || self->closed_) return self->DoClose();
+          self->ReadReady();
+        }));
   }
 
+  void ReadReady() {
+    std::span<uint8_t> dst = parser_.PrepareWrite(kReadChunkBytes);
+    boost::system::error_code ec;
+    size_t n = sock_.read_some(asio::buffer(dst.data(), dst.size()), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) return Read();
+    if (ec) return DoClose();  // includes EOF
+    shared_->metrics->AddBytes(true, n);
+    parser_.Commit(n);
+    Process();
+  }
+
+  size_t pending_bytes() const { return out_.size() + body_bytes_; }
+
+  // Runs buffered commands until the pending replies reach kMaxPendingReplyBytes, writes
+  // them, and repeats; then reads again. Returns early while an async write is in flight
+  // (its completion calls Process again).
   void Process() {
-    busy_.store(true);
-    std::vector<std::string> argv;
-    bool fatal = false;
-    while (out_.size() < kMaxPendingReplyBytes && !quit_) {
-      StatusOr<bool> got = parser_.Next(&argv);
-      if (!got.ok()) {
-        shared_->metrics->protocol_errors.fetch_add(1);
-        resp::AppendError("ERR " + got.status().message(), &out_);
-        fatal = true;
-        break;
+    for (;;) {
+      if (closed_) return;
+      busy_.store(true);
+      bool fatal = false;
+      clock_us_ = DefaultSteadyClock().NowUs();
+      while (pending_bytes() < kMaxPendingReplyBytes && !quit_) {
+        StatusOr<bool> got = parser_.Next(&argv_);
+        if (!got.ok()) {
+          shared_->metrics->protocol_errors.fetch_add(1);
+          resp::AppendError("ERR " + got.status().message(), &out_);
+          fatal = true;
+          break;
+        }
+        if (!*got) break;
+        if (argv_.empty()) continue;
+        ++commands_;
+        Execute(argv_);
       }
-      if (!*got) break;
-      if (argv.empty()) continue;
-      ++commands_;
-      Execute(argv);
+      if (fatal) quit_ = true;
+      if (pending_bytes() == 0) {
+        busy_.store(false);
+        if (parser_.buffered_bytes() > 0) ArmTimer();
+        Read();
+        return;
+      }
+      if (!WriteNow()) return;
+      if (quit_) return DoClose();
     }
-    if (fatal) quit_ = true;
-    Flush();
   }
 
-  void Flush() {
-    if (out_.empty()) {
-      busy_.store(false);
-      if (parser_.buffered_bytes() > 0) ArmTimer();
-      Read();
-      return;
+  // Appends to *iov the pending reply (text and segments), skipping its first skip bytes.
+  static void Gather(const std::string& text, const std::vector<Body>& bodies, size_t skip,
+                     std::vector<asio::const_buffer>* iov) {
+    iov->clear();
+    auto add = [&](const char* p, size_t n) {
+      size_t drop = std::min(skip, n);
+      skip -= drop;
+      if (n > drop) iov->emplace_back(p + drop, n - drop);
+    };
+    size_t prev = 0;
+    for (const Body& b : bodies) {
+      add(text.data() + prev, b.text_end - prev);
+      add(reinterpret_cast<const char*>(b.bytes.data()) + b.offset, b.bytes.size() - b.offset);
+      prev = b.text_end;
+    }
+    add(text.data() + prev, text.size() - prev);
+  }
+
+  // Writes the pending replies: one non-blocking writev, then asio's async_write for whatever
+  // the socket did not take. True: all written; false: an async write is in flight or the
+  // connection closed.
+  bool WriteNow() {
+    size_t total = pending_bytes();
+    Gather(out_, bodies_, 0, &iov_);
+    boost::system::error_code ec;
+    size_t n = sock_.write_some(iov_, ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) {
+      ec.clear();
+      n = 0;
+    }
+    if (ec) {
+      DoClose();
+      return false;
+    }
+    shared_->metrics->AddBytes(false, n);
+    if (n == total) {
+      out_.clear();
+      Recycle(&bodies_);
+      return true;
     }
     wbuf_.swap(out_);
     out_.clear();
-    asio::async_write(sock_, asio::buffer(wbuf_),
+    wbodies_.swap(bodies_);
+    body_bytes_ = 0;
+    Gather(wbuf_, wbodies_, n, &iov_);
+    asio::async_write(sock_, iov_,
                       asio::bind_executor(strand_, [self = shared_from_this()](
                                                        boost::system::error_code ec, size_t n) {
                         self->shared_->metrics->AddBytes(false, n);
                         self->wbuf_.clear();
+                        self->Recycle(&self->wbodies_);
                         if (ec) return self->DoClose();
                         if (self->quit_) return self->DoClose();
                         // Commands may still be buffered (we stopped at the reply limit).
                         self->Process();
                       }));
+    return false;
+  }
+
+  // Empties *bodies, keeping their buffers for later GETs up to kSpareBufferBytesMax.
+  void Recycle(std::vector<Body>* bodies) {
+    for (Body& b : *bodies) {
+      if (spare_bytes_ + b.bytes.capacity() <= kSpareBufferBytesMax) {
+        spare_bytes_ += b.bytes.capacity();
+        spare_.push_back(std::move(b.bytes));
+      }
+    }
+    bodies->clear();
+    if (bodies == &bodies_) body_bytes_ = 0;
+  }
+
+  // Appends a bulk reply whose payload v lies inside raw_: small payloads are copied into
+  // the reply text, large ones become a segment (raw_ moves into it and is replaced by a
+  // spare buffer).
+  void AppendValue(std::span<const uint8_t> v) {
+    if (v.size() < kScatterMinBytes) {
+      resp::AppendBulk(std::string_view(reinterpret_cast<const char*>(v.data()), v.size()), &out_);
+      return;
+    }
+    resp::AppendBulkHeader(v.size(), &out_);
+    size_t offset = static_cast<size_t>(v.data() - raw_.data());
+    bodies_.push_back(Body{out_.size(), std::move(raw_), offset});
+    body_bytes_ += v.size();
+    raw_.clear();
+    if (!spare_.empty()) {
+      raw_ = std::move(spare_.back());
+      spare_.pop_back();
+      spare_bytes_ -= raw_.capacity();
+    }
+    out_.append("\r\n");
   }
 
   void ArmTimer() {
@@ -145,28 +266,30 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         }));
   }
 
-  void Execute(std::vector<std::string>& argv) {
+  void Execute(const std::vector<std::string_view>& argv) {
     std::string cmd = Upper(argv[0]);
-    uint64_t start_us = DefaultSteadyClock().NowUs();
+    // One clock read per command: a command's latency runs from the end of the previous one
+    // in the same batch (which adds only this command's parse time), or from the batch start.
+    uint64_t start_us = clock_us_;
     Op op = Op::kRespOther;
     StatusCode code = StatusCode::kOk;
-    if (cmd == "GET")
+    if (cmd == "GET"sv)
       op = Op::kRespGet;
-    else if (cmd == "SET")
+    else if (cmd == "SET"sv)
       op = Op::kRespSet;
-    else if (cmd == "MGET")
+    else if (cmd == "MGET"sv)
       op = Op::kRespMget;
-    else if (cmd == "MSET")
+    else if (cmd == "MSET"sv)
       op = Op::kRespMset;
-    else if (cmd == "DEL")
+    else if (cmd == "DEL"sv)
       op = Op::kRespDel;
-    else if (cmd == "EXISTS")
+    else if (cmd == "EXISTS"sv)
       op = Op::kRespExists;
-    else if (cmd == "EXPIRE" || cmd == "PEXPIRE")
+    else if (cmd == "EXPIRE"sv || cmd == "PEXPIRE"sv)
       op = Op::kRespExpire;
-    else if (cmd == "TTL" || cmd == "PTTL")
+    else if (cmd == "TTL"sv || cmd == "PTTL"sv)
       op = Op::kRespTtl;
-    if (cmd == "PING" || cmd == "QUIT" || cmd == "AUTH" || cmd == "HELLO") {
+    if (cmd == "PING"sv || cmd == "QUIT"sv || cmd == "AUTH"sv || cmd == "HELLO"sv) {
       code = Connection(cmd, argv);
     } else if (tenant_ == nullptr) {
       resp::AppendError("NOAUTH Authentication required.", &out_);
@@ -181,7 +304,8 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         code = Data(cmd, argv);
       }
     }
-    shared_->metrics->RecordRequest(op, code, DefaultSteadyClock().NowUs() - start_us);
+    clock_us_ = DefaultSteadyClock().NowUs();
+    shared_->metrics->RecordRequest(op, code, clock_us_ - start_us);
   }
 
   StatusCode WrongArgs(const std::string& cmd) {
@@ -211,8 +335,8 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     return StatusCode::kOk;
   }
 
-  StatusCode Connection(const std::string& cmd, const std::vector<std::string>& a) {
-    if (cmd == "PING") {
+  StatusCode Connection(const std::string& cmd, const std::vector<std::string_view>& a) {
+    if (cmd == "PING"sv) {
       if (a.size() > 2) return WrongArgs(cmd);
       if (a.size() == 2)
         resp::AppendBulk(a[1], &out_);
@@ -220,12 +344,12 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         resp::AppendSimple("PONG", &out_);
       return StatusCode::kOk;
     }
-    if (cmd == "QUIT") {
+    if (cmd == "QUIT"sv) {
       resp::AppendSimple("OK", &out_);
       quit_ = true;
       return StatusCode::kOk;
     }
-    if (cmd == "AUTH") {
+    if (cmd == "AUTH"sv) {
       if (a.size() != 2 && a.size() != 3) return WrongArgs(cmd);
       if (!shared_->tenants->auth_enabled()) {
         resp::AppendError(
@@ -257,16 +381,16 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     }
     for (; i < a.size(); ++i) {
       std::string opt = Upper(a[i]);
-      if (opt == "AUTH" && i + 2 < a.size()) {
+      if (opt == "AUTH"sv && i + 2 < a.size()) {
         if (shared_->tenants->auth_enabled() && Authenticate(a[i + 2]) != StatusCode::kOk) {
           resp::AppendError("WRONGPASS invalid username-password pair or user is disabled.", &out_);
           return StatusCode::kPermissionDenied;
         }
         i += 2;
-      } else if (opt == "SETNAME" && i + 1 < a.size()) {
+      } else if (opt == "SETNAME"sv && i + 1 < a.size()) {
         i += 1;
       } else {
-        resp::AppendError("ERR Syntax error in HELLO option '" + a[i] + "'", &out_);
+        resp::AppendError("ERR Syntax error in HELLO option '" + std::string(a[i]) + "'", &out_);
         return StatusCode::kInvalidArgument;
       }
     }
@@ -297,11 +421,11 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
 
   // Parses SET options: EX s | PX ms | NX | XX | KEEPTTL are recognised; NX/XX/KEEPTTL are
   // refused (not supported), as is anything else.
-  StatusCode Set(const std::vector<std::string>& a) {
+  StatusCode Set(const std::vector<std::string_view>& a) {
     uint64_t ttl_ms = 0;
     for (size_t i = 3; i < a.size(); ++i) {
       std::string opt = Upper(a[i]);
-      if ((opt == "EX" || opt == "PX") && i + 1 < a.size()) {
+      if ((opt == "EX"sv || opt == "PX"sv) && i + 1 < a.size()) {
         int64_t v = 0;
         if (!ParseI64(a[i + 1], &v)) {
           resp::AppendError("ERR value is not an integer or out of range", &out_);
@@ -311,64 +435,64 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
           resp::AppendError("ERR invalid expire time in 'set' command", &out_);
           return StatusCode::kInvalidArgument;
         }
-        ttl_ms = opt == "EX" ? static_cast<uint64_t>(v) * 1000 : static_cast<uint64_t>(v);
+        ttl_ms = opt == "EX"sv ? static_cast<uint64_t>(v) * 1000 : static_cast<uint64_t>(v);
         ++i;
       } else {
         resp::AppendError("ERR syntax error", &out_);
         return StatusCode::kInvalidArgument;
       }
     }
-    Status st = shared_->service->RespSet(*tenant_, a[1], a[2], ttl_ms);
+    Status st = shared_->service->RespSet(*tenant_, a[1], a[2], ttl_ms, &keys_);
     if (!st.ok()) return StoreError(st);
     resp::AppendSimple("OK", &out_);
     return StatusCode::kOk;
   }
 
-  StatusCode Data(const std::string& cmd, std::vector<std::string>& a) {
+  StatusCode Data(const std::string& cmd, const std::vector<std::string_view>& a) {
     Service* svc = shared_->service;
     const Tenant& t = *tenant_;
-    if (cmd == "GET") {
+    if (cmd == "GET"sv) {
       if (a.size() != 2) return WrongArgs(cmd);
-      std::string v;
-      Status st = svc->RespGet(t, a[1], &v);
+      std::span<const uint8_t> v;
+      Status st = svc->RespGetRaw(t, a[1], &raw_, &v, &keys_);
       if (st.IsNotFound()) {
         resp::AppendNull(&out_);
         return StatusCode::kNotFound;
       }
       if (!st.ok()) return StoreError(st);
-      resp::AppendBulk(v, &out_);
+      AppendValue(v);
       return StatusCode::kOk;
     }
-    if (cmd == "SET") {
+    if (cmd == "SET"sv) {
       if (a.size() < 3) return WrongArgs(cmd);
       return Set(a);
     }
-    if (cmd == "MGET") {
+    if (cmd == "MGET"sv) {
       if (a.size() < 2) return WrongArgs(cmd);
       resp::AppendArrayHeader(a.size() - 1, &out_);
-      std::string v;
+      std::span<const uint8_t> v;
       for (size_t i = 1; i < a.size(); ++i) {
-        if (svc->RespGet(t, a[i], &v).ok())
-          resp::AppendBulk(v, &out_);
+        if (svc->RespGetRaw(t, a[i], &raw_, &v, &keys_).ok())
+          AppendValue(v);
         else
           resp::AppendNull(&out_);
       }
       return StatusCode::kOk;
     }
-    if (cmd == "MSET") {
+    if (cmd == "MSET"sv) {
       if (a.size() < 3 || a.size() % 2 == 0) return WrongArgs(cmd);
       for (size_t i = 1; i + 1 < a.size(); i += 2) {
-        Status st = svc->RespSet(t, a[i], a[i + 1], 0);
+        Status st = svc->RespSet(t, a[i], a[i + 1], 0, &keys_);
         if (!st.ok()) return StoreError(st);
       }
       resp::AppendSimple("OK", &out_);
       return StatusCode::kOk;
     }
-    if (cmd == "EXISTS" || cmd == "DEL" || cmd == "UNLINK") {
+    if (cmd == "EXISTS"sv || cmd == "DEL"sv || cmd == "UNLINK"sv) {
       if (a.size() < 2) return WrongArgs(cmd);
       int64_t n = 0;
       for (size_t i = 1; i < a.size(); ++i) {
-        if (cmd == "EXISTS")
+        if (cmd == "EXISTS"sv)
           n += svc->RespExists(t, a[i]) ? 1 : 0;
         else
           n += svc->RespDel(t, a[i]).ok() ? 1 : 0;
@@ -376,7 +500,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       resp::AppendInteger(n, &out_);
       return StatusCode::kOk;
     }
-    if (cmd == "EXPIRE" || cmd == "PEXPIRE") {
+    if (cmd == "EXPIRE"sv || cmd == "PEXPIRE"sv) {
       if (a.size() != 3) return WrongArgs(cmd);
       int64_t v = 0;
       if (!ParseI64(a[2], &v)) {
@@ -387,33 +511,33 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         resp::AppendInteger(svc->RespDel(t, a[1]).ok() ? 1 : 0, &out_);
         return StatusCode::kOk;
       }
-      uint64_t ms = cmd == "EXPIRE" ? static_cast<uint64_t>(v) * 1000 : static_cast<uint64_t>(v);
+      uint64_t ms = cmd == "EXPIRE"sv ? static_cast<uint64_t>(v) * 1000 : static_cast<uint64_t>(v);
       Status st = svc->RespExpire(t, a[1], ms);
       if (!st.ok() && !st.IsNotFound()) return StoreError(st);
       resp::AppendInteger(st.ok() ? 1 : 0, &out_);
       return StatusCode::kOk;
     }
-    if (cmd == "TTL" || cmd == "PTTL") {
+    if (cmd == "TTL"sv || cmd == "PTTL"sv) {
       if (a.size() != 2) return WrongArgs(cmd);
       int64_t ms = svc->RespTtlMs(t, a[1]);
-      if (ms < 0 || cmd == "PTTL")
+      if (ms < 0 || cmd == "PTTL"sv)
         resp::AppendInteger(ms, &out_);
       else
         resp::AppendInteger((ms + 999) / 1000, &out_);
       return StatusCode::kOk;
     }
-    if (cmd == "DBSIZE") {
+    if (cmd == "DBSIZE"sv) {
       if (a.size() != 1) return WrongArgs(cmd);
       resp::AppendInteger(static_cast<int64_t>(svc->RespDbSize(t)), &out_);
       return StatusCode::kOk;
     }
-    if (cmd == "FLUSHDB" || cmd == "FLUSHALL") {
+    if (cmd == "FLUSHDB"sv || cmd == "FLUSHALL"sv) {
       Status st = svc->RespFlush(t);
       if (!st.ok()) return StoreError(st);
       resp::AppendSimple("OK", &out_);
       return StatusCode::kOk;
     }
-    if (cmd == "INFO") {
+    if (cmd == "INFO"sv) {
       std::string info =
           "# Server\r\nredis_version:7.0.0\r\nkvtier_version:0.1.0\r\n"
           "redis_mode:standalone\r\nuptime_in_seconds:" +
@@ -425,7 +549,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       resp::AppendBulk(info, &out_);
       return StatusCode::kOk;
     }
-    if (cmd == "SELECT") {
+    if (cmd == "SELECT"sv) {
       if (a.size() != 2) return WrongArgs(cmd);
       if (a[1] != "0") {
         resp::AppendError("ERR DB index is out of range", &out_);
@@ -434,7 +558,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       resp::AppendSimple("OK", &out_);
       return StatusCode::kOk;
     }
-    if (cmd == "CONFIG" && a.size() >= 2 && Upper(a[1]) == "GET") {
+    if (cmd == "CONFIG"sv && a.size() >= 2 && Upper(a[1]) == "GET"sv) {
       // redis-benchmark reads "save" and "appendonly"; kvtier has no such settings.
       resp::AppendArrayHeader(2 * (a.size() - 2), &out_);
       for (size_t i = 2; i < a.size(); ++i) {
@@ -443,11 +567,11 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       }
       return StatusCode::kOk;
     }
-    if (cmd == "CLIENT" && a.size() >= 2 && Upper(a[1]) == "SETNAME") {
+    if (cmd == "CLIENT"sv && a.size() >= 2 && Upper(a[1]) == "SETNAME"sv) {
       resp::AppendSimple("OK", &out_);
       return StatusCode::kOk;
     }
-    std::string shown = a[0].substr(0, 128);
+    std::string shown(a[0].substr(0, 128));
     resp::AppendError("ERR unknown command '" + shown + "', with args beginning with: ", &out_);
     return StatusCode::kInvalidArgument;
   }
@@ -458,11 +582,21 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   Tcp::socket sock_;
   asio::steady_timer timer_;
   resp::RespParser parser_;
-  std::vector<uint8_t> rbuf_;
+  std::vector<std::string_view> argv_;  // views into parser_'s buffer
+  // Pending replies: out_ is the text; each Body is a GET value written after
+  // out_[previous text_end, text_end). wbuf_ / wbodies_ are the ones an async write holds.
   std::string out_, wbuf_;
+  std::vector<Body> bodies_, wbodies_;
+  size_t body_bytes_ = 0;                    // payload bytes in bodies_
+  std::vector<std::vector<uint8_t>> spare_;  // recycled GET buffers
+  size_t spare_bytes_ = 0;                   // sum of spare_ capacities
+  std::vector<uint8_t> raw_;                 // the buffer the next GET is read into
+  std::vector<asio::const_buffer> iov_;
+  RespKeyCache keys_;
   const Tenant* tenant_ = nullptr;
   uint64_t id_ = 0;
   uint64_t commands_ = 0;
+  uint64_t clock_us_ = 0;  // steady clock at the end of the last command (or batch start)
   int auth_failures_ = 0;
   bool reading_ = false, closed_ = false, quit_ = false, timer_armed_ = false;
   std::atomic<bool> busy_{false};

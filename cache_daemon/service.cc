@@ -1,5 +1,7 @@
 #include "cache_daemon/service.h"
 
+#include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "common/key_spec.h"
@@ -23,13 +25,17 @@ bool IsZero(const wire::Key& k) {
   return true;
 }
 
-std::string EncodeEnvelope(std::string_view value, uint64_t expire_at_ms) {
-  std::string s;
-  s.reserve(kRespEnvelopeBytes + value.size());
-  s.push_back(static_cast<char>(kRespEnvelopeTag));
-  for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>(expire_at_ms >> (8 * i)));
-  s.append(value);
-  return s;
+// Per-I/O-thread scratch for SET envelopes, so a SET allocates nothing once warm; a scratch
+// grown past this is released after use.
+constexpr size_t kEnvelopeScratchKeepBytes = 1u << 20;
+
+// Builds the envelope in *s (replacing its contents).
+void EncodeEnvelope(std::string_view value, uint64_t expire_at_ms, std::string* s) {
+  s->resize(kRespEnvelopeBytes + value.size());
+  char* p = s->data();
+  p[0] = static_cast<char>(kRespEnvelopeTag);
+  for (int i = 0; i < 8; ++i) p[1 + i] = static_cast<char>(expire_at_ms >> (8 * i));
+  if (!value.empty()) std::memcpy(p + kRespEnvelopeBytes, value.data(), value.size());
 }
 
 // Splits a stored RESP value; false when it is not a RESP envelope.
@@ -63,12 +69,41 @@ storage::Key Service::Bind(const Tenant& t, const wire::Key& chain) const {
   return StorageKey(t.salt, chain);
 }
 
-storage::Key Service::BindResp(const Tenant& t, std::string_view key) const {
+size_t RespKeyCache::SlotOf(const Digest& salt, std::string_view key) {
+  uint64_t s = 0;
+  std::memcpy(&s, salt.data(), sizeof(s));
+  return (std::hash<std::string_view>{}(key) ^ s) % kSlots;
+}
+
+const storage::Key* RespKeyCache::Find(const Digest& salt, std::string_view key) const {
+  if (slots_ == nullptr || key.size() > kKeyBytesMax) return nullptr;
+  const Slot& e = slots_[SlotOf(salt, key)];
+  if (!e.used || e.salt != salt || e.key != key) return nullptr;
+  ++hits_;
+  return &e.value;
+}
+
+void RespKeyCache::Insert(const Digest& salt, std::string_view key, const storage::Key& value) {
+  if (key.size() > kKeyBytesMax) return;
+  if (slots_ == nullptr) slots_ = std::make_unique<Slot[]>(kSlots);
+  Slot& e = slots_[SlotOf(salt, key)];
+  e.used = true;
+  e.salt = salt;
+  e.key.assign(key);
+  e.value = value;
+}
+
+storage::Key Service::BindResp(const Tenant& t, std::string_view key, RespKeyCache* cache) const {
+  if (cache != nullptr) {
+    if (const storage::Key* hit = cache->Find(t.salt, key)) return *hit;
+  }
   std::vector<uint8_t> pre;
   pre.reserve(key.size() + 32);
   AppendField(0x01, kRespDomainTag, &pre);
   AppendField(0x05, key, &pre);
-  return StorageKey(t.salt, Sha256(pre));
+  storage::Key k = StorageKey(t.salt, Sha256(pre));
+  if (cache != nullptr) cache->Insert(t.salt, key, k);
+  return k;
 }
 
 void Service::Trace(const char* op, const Tenant& t, std::span<const storage::Key> keys,
@@ -279,16 +314,18 @@ void Service::TrackResp(const Tenant& t, const storage::Key& k, bool present) {
 }
 
 Status Service::RespSet(const Tenant& t, std::string_view key, std::string_view value,
-                        uint64_t ttl_ms) {
-  storage::Key k = BindResp(t, key);
+                        uint64_t ttl_ms, RespKeyCache* cache) {
+  storage::Key k = BindResp(t, key, cache);
   uint64_t expire_at = ttl_ms ? UnixNowMs() + ttl_ms : 0;
-  std::string env = EncodeEnvelope(value, expire_at);
+  thread_local std::string env;
+  EncodeEnvelope(value, expire_at, &env);
   storage::PutOptions po;
   po.tenant = t.id;
   po.kind = policies::ObjectKind::kBlob;
   po.ttl_ms = ttl_ms;
   Status st = store_->Put(
       k, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(env.data()), env.size()), po);
+  if (env.capacity() > kEnvelopeScratchKeepBytes) std::string().swap(env);
   if (st.ok()) {
     TrackResp(t, k, true);
     Trace("put", t, std::span<const storage::Key>(&k, 1), value.size(), 0);
@@ -296,16 +333,23 @@ Status Service::RespSet(const Tenant& t, std::string_view key, std::string_view 
   return st;
 }
 
-Status Service::RespGet(const Tenant& t, std::string_view key, std::string* value) {
-  storage::Key k = BindResp(t, key);
-  std::vector<uint8_t> raw;
-  KVTIER_RETURN_IF_ERROR(store_->Get(k, &raw));
+Status Service::RespGetRaw(const Tenant& t, std::string_view key, std::vector<uint8_t>* raw,
+                           std::span<const uint8_t>* value, RespKeyCache* cache) {
+  storage::Key k = BindResp(t, key, cache);
+  KVTIER_RETURN_IF_ERROR(store_->Get(k, raw));
   uint64_t expire_at = 0;
-  if (!DecodeEnvelope(raw, &expire_at)) return Status::NotFound("not a RESP value");
+  if (!DecodeEnvelope(*raw, &expire_at)) return Status::NotFound("not a RESP value");
   if (expire_at != 0 && expire_at <= UnixNowMs()) return Status::NotFound("expired");
-  value->assign(reinterpret_cast<const char*>(raw.data()) + kRespEnvelopeBytes,
-                raw.size() - kRespEnvelopeBytes);
+  *value = std::span<const uint8_t>(*raw).subspan(kRespEnvelopeBytes);
   Trace("get", t, std::span<const storage::Key>(&k, 1), value->size(), 0);
+  return Status::Ok();
+}
+
+Status Service::RespGet(const Tenant& t, std::string_view key, std::string* value) {
+  std::vector<uint8_t> raw;
+  std::span<const uint8_t> v;
+  KVTIER_RETURN_IF_ERROR(RespGetRaw(t, key, &raw, &v));
+  value->assign(reinterpret_cast<const char*>(v.data()), v.size());
   return Status::Ok();
 }
 
@@ -315,8 +359,9 @@ static bool RespExistsImpl(storage::TierManager* store, const storage::Key& k) {
 }
 
 bool Service::RespExists(const Tenant& t, std::string_view key) {
-  std::string v;
-  return RespGet(t, key, &v).ok();
+  std::vector<uint8_t> raw;
+  std::span<const uint8_t> v;
+  return RespGetRaw(t, key, &raw, &v).ok();
 }
 
 Status Service::RespDel(const Tenant& t, std::string_view key) {

@@ -5,14 +5,21 @@
 // strings) first become a chain digest SHA256("kvtier.resp.v1" field-encoded || key). A client
 // therefore can only ever address its own tenant's units, whatever bytes it sends.
 //
+// RESP hot path: a connection may pass a RespKeyCache (its own, bounded) so a repeated key
+// skips both SHA-256; RespGetRaw hands the stored bytes back in a caller-owned vector (reused
+// across calls) with the payload as a span into it, so a GET reply can be written straight
+// from it.
+//
 // Thread safety: every method may be called concurrently (the TierManager is thread-safe;
-// the policy and RESP key bookkeeping have their own mutexes).
+// the policy and RESP key bookkeeping have their own mutexes). A RespKeyCache is not
+// thread-safe: one per connection.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <span>
@@ -36,6 +43,35 @@ inline constexpr size_t kRespEnvelopeBytes = 9;
 // Keys tracked per tenant for DBSIZE (beyond this DBSIZE is a lower bound).
 inline constexpr size_t kRespTrackedKeysMax = 1u << 20;
 
+// A per-connection memo of Service::BindResp: (tenant salt, RESP key) -> storage key, direct
+// mapped, kSlots entries, keys up to kKeyBytesMax bytes (longer keys are not cached), so at
+// most about kSlots * (kKeyBytesMax + 100) bytes per connection, allocated on first use. An
+// entry matches only when both the full salt and the full key bytes are equal, so it returns
+// exactly what BindResp would compute: one tenant can never be served another tenant's key
+// (their salts differ), and re-authenticating as another tenant needs no invalidation.
+class RespKeyCache {
+ public:
+  static constexpr size_t kSlots = 256;
+  static constexpr size_t kKeyBytesMax = 128;
+
+  // The cached storage key, or nullptr.
+  const storage::Key* Find(const Digest& salt, std::string_view key) const;
+  void Insert(const Digest& salt, std::string_view key, const storage::Key& value);
+  uint64_t hits() const { return hits_; }
+
+ private:
+  struct Slot {
+    bool used = false;
+    Digest salt{};
+    storage::Key value{};
+    std::string key;
+  };
+  static size_t SlotOf(const Digest& salt, std::string_view key);
+
+  std::unique_ptr<Slot[]> slots_;
+  mutable uint64_t hits_ = 0;
+};
+
 struct PutItem {
   wire::Key chain{};
   wire::Key parent_chain{};
@@ -48,7 +84,8 @@ class Service {
           TraceWriter* trace, PolicySettings policy);
 
   storage::Key Bind(const Tenant& t, const wire::Key& chain) const;
-  storage::Key BindResp(const Tenant& t, std::string_view key) const;
+  // cache may be null (no memo).
+  storage::Key BindResp(const Tenant& t, std::string_view key, RespKeyCache* cache = nullptr) const;
 
   wire::LookupReply Lookup(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens);
   // One status per unit; a unit whose parent is all zeros has no parent.
@@ -76,9 +113,14 @@ class Service {
   PolicySettings policy() const;
 
   // ---- RESP ----
-  Status RespSet(const Tenant& t, std::string_view key, std::string_view value, uint64_t ttl_ms);
+  Status RespSet(const Tenant& t, std::string_view key, std::string_view value, uint64_t ttl_ms,
+                 RespKeyCache* cache = nullptr);
   // NotFound on a miss or an expired value.
   Status RespGet(const Tenant& t, std::string_view key, std::string* value);
+  // As RespGet, without copying the payload: *raw receives the stored envelope (its capacity
+  // is reused) and *value points at the payload inside it, valid until *raw changes.
+  Status RespGetRaw(const Tenant& t, std::string_view key, std::vector<uint8_t>* raw,
+                    std::span<const uint8_t>* value, RespKeyCache* cache = nullptr);
   bool RespExists(const Tenant& t, std::string_view key);
   // NotFound when absent.
   Status RespDel(const Tenant& t, std::string_view key);

@@ -3,15 +3,21 @@
 //  1. RESP: redis-benchmark against kvtierd's RESP port and against redis-server (both on free
 //     loopback ports, started here), values of 57,000 bytes (one miniature 256-token unit) and
 //     1,024 bytes, SET and GET; prints ops/s of each and the ratio kvtierd / redis-server.
+//     With rounds > 1 each value size is measured that many times, kvtierd and redis-server
+//     alternating, and the median of each column is printed. Alongside ops/s it prints the
+//     CPU time each server spent per request (set+get together, summed over all its threads
+//     from /proc/<pid>/task/*/schedstat): throughput on a shared, loaded machine is noisy,
+//     CPU per request much less so.
 //  2. Native: the client library's PUT and GET throughput over the Unix socket with shared
 //     memory and inline (no shared memory), against an in-process memcpy of the same bytes.
 //
-// Usage: kvtier_bench_daemon [requests_per_resp_run=20000] [native_mib=512]
+// Usage: kvtier_bench_daemon [requests_per_resp_run=20000] [native_mib=512] [rounds=1]
 // Needs redis-server and redis-benchmark on PATH. Reports only; asserts nothing.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -56,6 +62,41 @@ std::map<std::string, double> RedisBenchmark(uint16_t port, size_t value_bytes, 
     }
   }
   return r;
+}
+
+// Nanoseconds the process has run on a CPU, all threads (0 when unreadable).
+uint64_t CpuNs(pid_t pid) {
+  uint64_t total = 0;
+  std::error_code ec;
+  std::filesystem::path dir = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::ifstream f(e.path() / "schedstat");
+    uint64_t ns = 0;
+    if (f >> ns) total += ns;
+  }
+  return total;
+}
+
+// The process whose command line contains needle (our kvtierd: its unique socket path).
+pid_t PidWithArg(const std::string& needle) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    std::string name = e.path().filename().string();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::ifstream f(e.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find("kvtierd") != std::string::npos && cmdline.find(needle) != std::string::npos) {
+      return static_cast<pid_t>(std::stol(name));
+    }
+  }
+  return -1;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 pid_t StartRedis(uint16_t port, const std::string& dir) {
@@ -159,6 +200,7 @@ double MemcpyGbs(size_t total_bytes) {
 int main(int argc, char** argv) {
   int requests = argc > 1 ? std::atoi(argv[1]) : 20000;
   size_t native_bytes = (argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 512) << 20;
+  int rounds = std::max(1, argc > 3 ? std::atoi(argv[3]) : 1);
   auto dir = std::filesystem::temp_directory_path() / ("kvtier_bench_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   kt::KvtierdProcess d(dir / "kvtierd");
@@ -171,19 +213,47 @@ int main(int argc, char** argv) {
   }
   uint16_t redis_port = kt::FreePort();
   pid_t redis = StartRedis(redis_port, dir.string());
+  pid_t kvtierd = PidWithArg(d.socket());
   std::printf(
-      "== RESP: redis-benchmark -n %d -c 16 -P 16 -t set,get (one key: every GET hits) ==\n",
-      requests);
+      "== RESP: redis-benchmark -n %d -c 16 -P 16 -t set,get (one key: every GET hits), "
+      "%d round(s), medians ==\n",
+      requests, rounds);
   std::printf("%-8s %-4s %14s %14s %8s\n", "value", "op", "kvtierd ops/s", "redis ops/s", "ratio");
+  std::vector<std::string> cpu_lines;
   for (size_t bytes : {size_t{57000}, size_t{1024}}) {
-    auto k = RedisBenchmark(d.resp_port(), bytes, requests);
-    auto r =
-        redis > 0 ? RedisBenchmark(redis_port, bytes, requests) : std::map<std::string, double>{};
-    for (const char* op : {"SET", "GET"}) {
-      double kv = k.count(op) ? k[op] : 0, rv = r.count(op) ? r[op] : 0;
-      std::printf("%-8zu %-4s %14.0f %14.0f %8.2f\n", bytes, op, kv, rv, rv > 0 ? kv / rv : 0.0);
+    std::map<std::string, std::vector<double>> kv, rv, ratio;
+    std::vector<double> kv_cpu, rv_cpu;
+    for (int round = 0; round < rounds; ++round) {
+      uint64_t k0 = kvtierd > 0 ? CpuNs(kvtierd) : 0;
+      auto k = RedisBenchmark(d.resp_port(), bytes, requests);
+      uint64_t k1 = kvtierd > 0 ? CpuNs(kvtierd) : 0;
+      uint64_t r0 = redis > 0 ? CpuNs(redis) : 0;
+      auto r =
+          redis > 0 ? RedisBenchmark(redis_port, bytes, requests) : std::map<std::string, double>{};
+      uint64_t r1 = redis > 0 ? CpuNs(redis) : 0;
+      kv_cpu.push_back((k1 - k0) / 1e3 / (2.0 * requests));
+      rv_cpu.push_back((r1 - r0) / 1e3 / (2.0 * requests));
+      for (const char* op : {"SET", "GET"}) {
+        double a = k.count(op) ? k[op] : 0, b = r.count(op) ? r[op] : 0;
+        kv[op].push_back(a);
+        rv[op].push_back(b);
+        ratio[op].push_back(b > 0 ? a / b : 0.0);
+      }
     }
+    for (const char* op : {"SET", "GET"}) {
+      std::printf("%-8zu %-4s %14.0f %14.0f %8.2f\n", bytes, op, Median(kv[op]), Median(rv[op]),
+                  Median(ratio[op]));
+    }
+    char line[160];
+    double kc = Median(kv_cpu), rc = Median(rv_cpu);
+    std::snprintf(line, sizeof(line), "%-8zu %18.2f %18.2f %8.2f", bytes, kc, rc,
+                  kc > 0 ? rc / kc : 0.0);
+    cpu_lines.push_back(line);
   }
+  std::printf(
+      "\n== RESP server CPU per request (set+get, all threads; ratio = redis / kvtierd) ==\n");
+  std::printf("%-8s %18s %18s %8s\n", "value", "kvtierd cpu us/op", "redis cpu us/op", "ratio");
+  for (const std::string& l : cpu_lines) std::printf("%s\n", l.c_str());
   if (redis > 0) {
     ::kill(redis, SIGTERM);
     ::waitpid(redis, nullptr, 0);

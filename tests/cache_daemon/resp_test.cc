@@ -1,9 +1,26 @@
+// RESP parser and encoders; the RESP key cache; and the RESP front end in-process over a
+// real socket (fake store): pipelined replies byte-exact (small values copied, large ones
+// written from the store's buffer), limits inside a pipeline, tenants on one connection.
 #include "cache_daemon/resp.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "cache_daemon/daemon.h"
+#include "cache_daemon/service.h"
+#include "common/key_spec.h"
+#include "tests/cache_daemon/fake_tier_manager.h"
+#include "tests/cache_daemon/net_util.h"
+
 namespace kvtier::daemon::resp {
 namespace {
+
+namespace kt = kvtier::testing;
 
 using Argv = std::vector<std::string>;
 
@@ -77,6 +94,255 @@ TEST(RespEncode, Replies) {
   AppendNull(&out);
   AppendArrayHeader(2, &out);
   EXPECT_EQ(out, std::string("+OK\r\n-ERR bad  thing\r\n:-2\r\n$3\r\na\0b\r\n$-1\r\n*2\r\n", 45));
+}
+
+TEST(RespParser, ReadsIntoPrepareWriteAndHandsOutViews) {
+  std::string big(100000, 'v');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>('a' + i % 26);
+  std::string wire = "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$" + std::to_string(big.size()) + "\r\n" + big +
+                     "\r\n" + "GET k\r\n*2\r\n$3\r\nGET\r\n$2\r\nk2\r\n";
+  for (size_t chunk : {size_t{1}, size_t{7}, size_t{4096}, size_t{1} << 20}) {
+    RespParser p;
+    std::vector<std::vector<std::string>> cmds;
+    std::vector<std::string_view> a;
+    for (size_t off = 0; off < wire.size();) {
+      std::span<uint8_t> dst = p.PrepareWrite(chunk);
+      ASSERT_GE(dst.size(), chunk);
+      size_t n = std::min(chunk, wire.size() - off);
+      std::memcpy(dst.data(), wire.data() + off, n);
+      p.Commit(n);
+      off += n;
+      while (*p.Next(&a)) cmds.emplace_back(a.begin(), a.end());
+    }
+    ASSERT_EQ(cmds.size(), 3u) << chunk;
+    EXPECT_EQ(cmds[0], (Argv{"SET", "k", big})) << chunk;
+    EXPECT_EQ(cmds[1], (Argv{"GET", "k"}));
+    EXPECT_EQ(cmds[2], (Argv{"GET", "k2"}));
+    EXPECT_EQ(p.buffered_bytes(), 0u);
+  }
+}
+
+TEST(RespParser, BigBufferIsReleasedWhenDrained) {
+  RespParser p;
+  std::string big = "*2\r\n$4\r\nECHO\r\n$" + std::to_string(RespParser::kKeepBufferBytes * 2) +
+                    "\r\n" + std::string(RespParser::kKeepBufferBytes * 2, 'x') + "\r\n";
+  p.Append(big);
+  std::vector<std::string_view> a;
+  ASSERT_TRUE(*p.Next(&a));
+  EXPECT_EQ(a[1].size(), RespParser::kKeepBufferBytes * 2);
+  // Drained: the next read gets a small buffer again, not the old 8 MiB one.
+  std::span<uint8_t> dst = p.PrepareWrite(1024);
+  EXPECT_LT(dst.size(), RespParser::kKeepBufferBytes);
+  p.Append("PING\r\n");
+  ASSERT_TRUE(*p.Next(&a));
+  EXPECT_EQ(a, (std::vector<std::string_view>{"PING"}));
+}
+
+TEST(RespEncode, BulkHeaderAndLargeIntegers) {
+  std::string out;
+  AppendBulkHeader(57000, &out);
+  AppendInteger(INT64_MIN, &out);
+  AppendArrayHeader(0, &out);
+  EXPECT_EQ(out, "$57000\r\n:-9223372036854775808\r\n*0\r\n");
+}
+
+Digest SaltOf(uint8_t b) {
+  Digest d{};
+  d.fill(b);
+  return d;
+}
+
+TEST(RespKeyCache, BindsExactlyAsWithoutCacheAndNeverAcrossTenants) {
+  Service svc(nullptr, nullptr, nullptr, nullptr, PolicySettings{});
+  Tenant a, b;
+  a.id = 1;
+  a.salt = SaltOf(0xaa);
+  b.id = 2;
+  b.salt = SaltOf(0xbb);
+  RespKeyCache cache;
+  // More keys than slots (evictions), a long uncached key, and the same keys for both tenants,
+  // interleaved on one cache as a connection that re-authenticates would use it.
+  std::vector<std::string> keys;
+  for (size_t i = 0; i < 3 * RespKeyCache::kSlots; ++i) keys.push_back("key:" + std::to_string(i));
+  keys.push_back(std::string(RespKeyCache::kKeyBytesMax + 1, 'L'));
+  keys.push_back("");
+  for (int round = 0; round < 3; ++round) {
+    for (const std::string& k : keys) {
+      storage::Key ka = svc.BindResp(a, k), kb = svc.BindResp(b, k);
+      ASSERT_NE(ka, kb) << k;
+      EXPECT_EQ(svc.BindResp(a, k, &cache), ka) << k;
+      EXPECT_EQ(svc.BindResp(b, k, &cache), kb) << k;
+      EXPECT_EQ(svc.BindResp(a, k, &cache), ka) << k;
+    }
+  }
+  EXPECT_GT(cache.hits(), 0u);
+  // A tenant that shares the first 8 salt bytes (same slot) still misses the other's entry.
+  Tenant c;
+  c.id = 3;
+  c.salt = a.salt;
+  c.salt[31] ^= 1;
+  cache.Insert(a.salt, "x", svc.BindResp(a, "x"));
+  EXPECT_EQ(cache.Find(c.salt, "x"), nullptr);
+  EXPECT_EQ(svc.BindResp(c, "x", &cache), svc.BindResp(c, "x"));
+  EXPECT_NE(svc.BindResp(c, "x"), svc.BindResp(a, "x"));
+  // The derivation itself is the documented one (docs/format/wire.md, "Keys and tenants").
+  std::vector<uint8_t> pre = {0x01, 11, 0, 0, 0};
+  for (char ch : std::string_view("kvtier.resp")) pre.push_back(static_cast<uint8_t>(ch));
+  pre.insert(pre.end(), {0x05, 1, 0, 0, 0, 'k'});
+  EXPECT_EQ(svc.BindResp(a, "k", &cache), StorageKey(a.salt, Sha256(pre)));
+}
+
+// The RESP port of an in-process daemon over the fake store.
+class RespFrontTest : public ::testing::Test {
+ protected:
+  void Start(bool auth, uint32_t max_args = 64, uint64_t max_value_bytes = 1u << 20) {
+    static int counter = 0;
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kvresp" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::create_directories(dir_);
+    o_ = DaemonOptions{};
+    o_.data_dir = dir_.string();
+    o_.socket_path = (dir_ / "s.sock").string();
+    o_.native_port = kt::FreePort();
+    o_.resp_port = kt::FreePort();
+    o_.http_port = kt::FreePort();
+    o_.resp_max_args = max_args;
+    o_.storage.max_value_bytes = max_value_bytes;
+    std::vector<uint8_t> secret(32, 9);
+    std::unique_ptr<TenantRegistry> tenants;
+    if (auth) {
+      auto hex = [](std::string_view tok) {
+        return ToHex(Sha256(
+            std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(tok.data()), tok.size())));
+      };
+      auto t = TenantRegistry::Parse("[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" +
+                                         hex("tok-alice") +
+                                         "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\n"
+                                         "token_sha256 = [\"" +
+                                         hex("tok-bob") + "\"]\n",
+                                     secret);
+      ASSERT_TRUE(t.ok()) << t.status().ToString();
+      tenants = std::move(t).value();
+      o_.tokens_file = "inline";
+    } else {
+      tenants = TenantRegistry::Open(secret, 64);
+    }
+    ASSERT_TRUE(Finalize(&o_).ok());
+    auto d =
+        Daemon::Start(o_, std::make_unique<kt::FakeTierManager>(), std::move(tenants), nullptr);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    daemon_ = std::move(d).value();
+    fd_ = kt::ConnectTcp(o_.resp_port);
+    ASSERT_GE(fd_, 0);
+  }
+  void TearDown() override {
+    if (fd_ >= 0) ::close(fd_);
+    if (daemon_) {
+      daemon_->Shutdown();
+      EXPECT_TRUE(daemon_->Wait().ok());
+    }
+    std::filesystem::remove_all(dir_);
+  }
+  // Sends cmds in one write and reads exactly want.size() bytes (or until timeout/close).
+  std::string Roundtrip(const std::string& cmds, size_t want_bytes, bool* closed = nullptr) {
+    EXPECT_TRUE(kt::SendAllRaw(fd_, cmds.data(), cmds.size()));
+    return kt::RecvFor(fd_, want_bytes, 5000, closed);
+  }
+
+  std::filesystem::path dir_;
+  DaemonOptions o_;
+  std::unique_ptr<Daemon> daemon_;
+  int fd_ = -1;
+};
+
+std::string Cmd(std::initializer_list<std::string_view> args) {
+  std::string s = "*" + std::to_string(args.size()) + "\r\n";
+  for (std::string_view a : args) {
+    s += "$" + std::to_string(a.size()) + "\r\n";
+    s += a;
+    s += "\r\n";
+  }
+  return s;
+}
+
+std::string Bulk(std::string_view v) {
+  return "$" + std::to_string(v.size()) + "\r\n" + std::string(v) + "\r\n";
+}
+
+std::string Pattern(size_t n, int seed) {
+  std::string v(n, '\0');
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 131 + seed * 7) ^ (i >> 9));
+  return v;
+}
+
+TEST_F(RespFrontTest, PipelinedRepliesAreByteExact) {
+  Start(false);
+  // Values below and above the 16 KiB scatter threshold, with CR/LF/NUL bytes inside.
+  const std::string small = Pattern(100, 1), edge = Pattern(16 * 1024, 2),
+                    big = Pattern(200 * 1000, 3), empty;
+  std::string sets = Cmd({"SET", "s", small}) + Cmd({"SET", "e", edge}) + Cmd({"SET", "b", big}) +
+                     Cmd({"SET", "z", empty}) + "PING\r\n";
+  std::string want = "+OK\r\n+OK\r\n+OK\r\n+OK\r\n+PONG\r\n";
+  EXPECT_EQ(Roundtrip(sets, want.size()), want);
+  // 60 pipelined rounds of GETs: about 13 MB of replies, more than the 8 MiB a connection
+  // buffers before it writes, and far more than the socket takes at once.
+  std::string gets, expect;
+  for (int i = 0; i < 60; ++i) {
+    gets += Cmd({"GET", "b"}) + Cmd({"GET", "s"}) + Cmd({"GET", "missing"}) + Cmd({"GET", "e"}) +
+            Cmd({"MGET", "b", "nope", "s", "z"}) + Cmd({"GET", "z"});
+    expect += Bulk(big) + Bulk(small) + "$-1\r\n" + Bulk(edge) + "*4\r\n" + Bulk(big) + "$-1\r\n" +
+              Bulk(small) + Bulk(empty) + Bulk(empty);
+  }
+  std::string got = Roundtrip(gets, expect.size());
+  ASSERT_EQ(got.size(), expect.size());
+  EXPECT_TRUE(got == expect) << "first difference at byte "
+                             << std::mismatch(got.begin(), got.end(), expect.begin()).first -
+                                    got.begin();
+  // The connection still works afterwards (buffers recycled, nothing left over).
+  EXPECT_EQ(Roundtrip(Cmd({"GET", "b"}), big.size() + 10), Bulk(big));
+}
+
+TEST_F(RespFrontTest, LimitsStillApplyInsideAPipeline) {
+  Start(false, /*max_args=*/8, /*max_value_bytes=*/4096);
+  // Commands before the bad one are answered in order; the oversized bulk is a protocol
+  // error that closes the connection; nothing after it runs.
+  std::string cmds = Cmd({"SET", "a", "1"}) + Cmd({"GET", "a"}) +
+                     "*3\r\n$3\r\nSET\r\n$1\r\nc\r\n$" + std::to_string(4097) + "\r\n" +
+                     Cmd({"SET", "after", "x"});
+  bool closed = false;
+  std::string got = Roundtrip(cmds, 1 << 20, &closed);
+  EXPECT_EQ(got.substr(0, 12), "+OK\r\n$1\r\n1\r\n");
+  EXPECT_EQ(got.substr(12, 20), "-ERR Protocol error:");
+  EXPECT_TRUE(closed);
+  ::close(fd_);
+  // Too many arguments in one command, after a pipelined GET.
+  fd_ = kt::ConnectTcp(o_.resp_port);
+  ASSERT_GE(fd_, 0);
+  std::string many = Cmd({"GET", "a"}) + Cmd({"MGET", "1", "2", "3", "4", "5", "6", "7", "8"});
+  got = Roundtrip(many, 1 << 20, &closed);
+  EXPECT_EQ(got.substr(0, 7), "$1\r\n1\r\n");
+  EXPECT_EQ(got.substr(7, 20), "-ERR Protocol error:");
+  EXPECT_TRUE(closed);
+  ::close(fd_);
+  // Nothing after the protocol error ran; the daemon still serves new connections.
+  fd_ = kt::ConnectTcp(o_.resp_port);
+  ASSERT_GE(fd_, 0);
+  EXPECT_EQ(Roundtrip(Cmd({"GET", "after"}) + Cmd({"GET", "a"}), 12), "$-1\r\n$1\r\n1\r\n");
+}
+
+TEST_F(RespFrontTest, KeyCacheNeverCrossesTenantsOnOneConnection) {
+  Start(true);
+  // Same connection, same key, two tenants: the per-connection key cache must not hand
+  // alice's storage key to bob after re-authentication (or back).
+  auto expect = [&](const std::string& cmds, const std::string& want) {
+    EXPECT_EQ(Roundtrip(cmds, want.size()), want) << cmds;
+  };
+  expect("AUTH tok-alice\r\n" + Cmd({"SET", "k", "alice"}) + Cmd({"GET", "k"}),
+         "+OK\r\n+OK\r\n$5\r\nalice\r\n");
+  expect("AUTH tok-bob\r\n" + Cmd({"GET", "k"}) + Cmd({"SET", "k", "bob"}) + Cmd({"GET", "k"}),
+         "+OK\r\n$-1\r\n+OK\r\n$3\r\nbob\r\n");
+  expect("AUTH tok-alice\r\n" + Cmd({"GET", "k"}), "+OK\r\n$5\r\nalice\r\n");
+  expect("AUTH tok-bob\r\n" + Cmd({"GET", "k"}), "+OK\r\n$3\r\nbob\r\n");
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 //
 // engine part: the miniature engine's prefill and decode with Engram rows from a RowServer
 //   over loopback (RemoteEngramRowSource, transport chosen by MakeTransport kAuto: TCP here)
-//   against the same run with the engine's local in-memory table. The table is the mini
+//   against the same run with the engine's local in-memory table; decode is greedy (argmax). The table is the mini
 //   config with engram_vocab_size scaled to --engram-vocab (the prime search starts there, so
 //   each layer's table is the sum of 12 primes just above it, with the real hash addressing
 //   of engine/engram.h); deterministic weights (seed 7) hold the local table and
@@ -99,10 +99,13 @@ Status RunEngine(engine::Engine* e, const std::vector<int32_t>& prompt, int deco
   KVTIER_RETURN_IF_ERROR(e->Forward(&st, prompt, false, &logits));
   out->prefill_s = Since(t0);
   out->logits = logits;
-  const auto next = Tokens(decode_tokens, 77);
   t0 = BenchClock::now();
   for (int i = 0; i < decode_tokens; ++i) {
-    KVTIER_RETURN_IF_ERROR(e->Decode(&st, next[i], &logits));
+    // Greedy decoding, as a serving engine at temperature 0: the next token is the argmax
+    // (lowest id on ties), so both runs decode the same tokens when their logits agree.
+    const int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    KVTIER_RETURN_IF_ERROR(e->Decode(&st, next, &logits));
     out->logits.insert(out->logits.end(), logits.begin(), logits.end());
   }
   out->decode_s = Since(t0);

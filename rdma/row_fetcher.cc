@@ -156,33 +156,65 @@ void RowFetcher::SubmitPending(const FetchHandle& f) {
     // Submit outside f->mu: reconnecting waits for the I/O thread, whose callbacks take it.
     Status st = transport->Submit(ops, [this, f, i, n](const Status& result) {
       reads_in_flight_.fetch_sub(n);
-      std::lock_guard<std::mutex> lock(f->mu);
-      Fetch::Batch& b = f->batches[i];
-      if (result.ok()) {
-        b.state = BatchState::kDone;
-        --f->unfinished;
-        rows_read_.fetch_add(n);
-        bytes_read_.fetch_add(n * row_stride_bytes_);
-      } else {
-        b.state = BatchState::kFailed;
-        b.last = result;
+      {
+        std::lock_guard<std::mutex> lock(f->mu);
+        Fetch::Batch& b = f->batches[i];
+        if (result.ok()) {
+          b.state = BatchState::kDone;
+          --f->unfinished;
+          rows_read_.fetch_add(n);
+          bytes_read_.fetch_add(n * row_stride_bytes_);
+        } else {
+          b.state = BatchState::kFailed;
+          b.last = result;
+        }
+        f->cv.notify_all();
       }
-      f->cv.notify_all();
+      // Room was made on a transport: push batches that were refused for flow control.
+      if (result.ok()) PumpBacklog();
     });
     if (!st.ok()) {
       reads_in_flight_.fetch_sub(n);
       std::lock_guard<std::mutex> lock(f->mu);
       Fetch::Batch& b = f->batches[i];
       if (st.IsRejected()) {
-        // Flow control, not a failure: resubmit when reads complete.
+        // Flow control, not a failure: resubmitted when reads complete (PumpBacklog, or the
+        // fetch's own Wait()).
         b.state = BatchState::kUnsubmitted;
         --b.attempts;
+        std::lock_guard<std::mutex> backlog_lock(backlog_mu_);
+        backlog_.push_back(f);
         return;
       }
       b.state = BatchState::kFailed;
       b.last = st;
     }
   }
+}
+
+void RowFetcher::PumpBacklog() {
+  // One pumper at a time; a completion that finds another pumping leaves it the work (and
+  // every Wait() still submits its own fetch's batches, so nothing depends on this).
+  if (pumping_.exchange(true)) return;
+  while (true) {
+    FetchHandle f;
+    {
+      std::lock_guard<std::mutex> lock(backlog_mu_);
+      while (!backlog_.empty() && f == nullptr) {
+        f = backlog_.front().lock();
+        backlog_.pop_front();
+      }
+    }
+    if (f == nullptr) break;
+    const size_t before = [&] {
+      std::lock_guard<std::mutex> lock(backlog_mu_);
+      return backlog_.size();
+    }();
+    SubmitPending(f);  // re-queues f at the back when refused again
+    std::lock_guard<std::mutex> lock(backlog_mu_);
+    if (backlog_.size() > before) break;  // the transport is full again: wait for completions
+  }
+  pumping_.store(false);
 }
 
 Status RowFetcher::Wait(const FetchHandle& f) {

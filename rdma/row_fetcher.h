@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -101,8 +102,13 @@ class RowFetcher {
 
  private:
   RowFetcher(ShardMap map, RowFetcherOptions options);
-  // Submits every unsubmitted batch of `f` (stops at the first Rejected).
+  // Submits every unsubmitted batch of `f`; at the first Rejected (the transport's bound on
+  // reads in flight) it stops and puts `f` on the backlog.
   void SubmitPending(const FetchHandle& f);
+  // Called after a batch completes: submits backlogged batches (oldest fetch first) until a
+  // transport refuses again. Without it a fetch larger than the transports' bound would only
+  // progress inside its own Wait(), so rows requested ahead of time would arrive late.
+  void PumpBacklog();
   void Finish(const FetchHandle& f);
 
   struct ShardState {
@@ -112,6 +118,11 @@ class RowFetcher {
 
   ShardMap map_;
   RowFetcherOptions options_;
+  // Fetches with flow-controlled (Rejected) batches, oldest first. Declared before shards_ so
+  // that it outlives the transports' final callbacks.
+  std::mutex backlog_mu_;
+  std::deque<std::weak_ptr<Fetch>> backlog_;  // guarded by backlog_mu_
+  std::atomic<bool> pumping_{false};
   std::vector<ShardState> shards_;
   uint32_t row_stride_bytes_ = 0;
 

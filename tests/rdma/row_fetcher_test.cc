@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <set>
@@ -220,6 +221,34 @@ TEST_F(RowFetcherTest, InFlightBoundIsFlowControlNotFailure) {
   ASSERT_TRUE(st.ok()) << st.ToString();
   ExpectRows(rows, out.data());
   EXPECT_EQ(f->stats().retries, 0u);
+}
+
+// A prefetch larger than the transports' bound on reads in flight keeps going while nobody
+// waits on it: completions push the refused batches (before, they left only inside Wait(),
+// so rows requested ahead of their layer arrived late).
+TEST_F(RowFetcherTest, FlowControlledPrefetchCompletesWithoutWaiting) {
+  RowFetcherOptions o;
+  o.hot_cache_bytes = 0;
+  o.batch_ops_max = 16;
+  TransportOptions to = testing::FastOptions();
+  to.reads_in_flight_max = 32;  // two batches at a time per shard
+  auto f = MakeFetcher(o, to);
+  std::vector<uint64_t> rows;
+  for (uint64_t r = 0; r < kRows; r += 5) rows.push_back(r);  // 1400 rows: 88 batches
+  std::vector<uint8_t> out(rows.size() * kStride);
+  ASSERT_TRUE(f->RegisterBuffer(out.data(), out.size()).ok());
+  auto fetch = f->Start(rows, out.data());
+  ASSERT_TRUE(fetch.ok()) << fetch.status().ToString();
+  // No Wait() yet: every row must still be read.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (f->stats().rows_read < rows.size() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_EQ(f->stats().rows_read, rows.size());
+  ASSERT_TRUE(f->Wait(*fetch).ok());
+  ExpectRows(rows, out.data());
+  EXPECT_EQ(f->stats().late_rows, 0u);
+  EXPECT_EQ(f->stats().stalls, 0u);
 }
 
 TEST_F(RowFetcherTest, CreateChecksShardsAgainstTheMap) {

@@ -4,10 +4,10 @@
 //
 // engine part: the miniature engine's prefill and decode with Engram rows from a RowServer
 //   over loopback (RemoteEngramRowSource, transport chosen by MakeTransport kAuto: TCP here)
-//   against the same run with the engine's local in-memory table; decode is greedy (argmax). The table is the mini
-//   config with engram_vocab_size scaled to --engram-vocab (the prime search starts there, so
-//   each layer's table is the sum of 12 primes just above it, with the real hash addressing
-//   of engine/engram.h); deterministic weights (seed 7) hold the local table and
+//   against the same run with the engine's local in-memory table; decode is greedy (argmax). The
+//   table is the mini config with engram_vocab_size scaled to --engram-vocab (the prime search
+//   starts there, so each layer's table is the sum of 12 primes just above it, with the real hash
+//   addressing of engine/engram.h); deterministic weights (seed 7) hold the local table and
 //   ExportEngramTables writes the row-server files from the same weights. The default 1.4M
 //   gives 2 x 16.8M rows x 33 bytes = 1.1 GB of table files. Reports
 //   remote_vs_local_overhead, stalls (engine and row source), dedup_ratio,
@@ -73,7 +73,7 @@ int Fail(const char* what, const Status& s) {
 struct EngineFlags {
   std::string config_path;
   uint64_t vocab = 1400000, prompt_tokens = 1024, decode_tokens = 32, threads = 2;
-  uint64_t prefill_chunk = 256, lookahead = 1;
+  uint64_t prefill_chunk = 256, lookahead = 1, repeat = 3;
 };
 
 std::vector<int32_t> Tokens(int n, uint32_t seed) {
@@ -165,7 +165,6 @@ int EnginePart(const EngineFlags& f, const std::string& work_dir, nlohmann::orde
   auto remote_engine = Engine::Create(*cfg, weights, ro);
   if (!remote_engine.ok()) return Fail("engine", remote_engine.status());
 
-  const auto prompt = Tokens(static_cast<int>(f.prompt_tokens), 5);
   const int decode = static_cast<int>(f.decode_tokens);
   RunResult local_r, remote_r, warm;
   // One warm-up of each (thread pool, page cache of the table files, allocator).
@@ -175,16 +174,36 @@ int EnginePart(const EngineFlags& f, const std::string& work_dir, nlohmann::orde
     return Fail("remote warm-up", s);
   const RemoteEngramStats before = (*remote)->stats();
   const EngineStats engine_before = (*remote_engine)->stats();
-  if (Status s = RunEngine(local_engine->get(), prompt, decode, &local_r); !s.ok())
-    return Fail("local run", s);
-  if (Status s = RunEngine(remote_engine->get(), prompt, decode, &remote_r); !s.ok())
-    return Fail("remote run", s);
+  // f.repeat rounds of (local, remote) on the same prompt, alternated so that drift in the
+  // machine's load hits both alike; each phase's time is the median over the rounds.
+  std::vector<double> lp, ld, rp, rd;
+  bool equal = true;
+  for (uint64_t round = 0; round < f.repeat; ++round) {
+    // A new prompt each round: the remote hot-row cache must not be warm from the last one.
+    const auto prompt = Tokens(static_cast<int>(f.prompt_tokens), 5 + static_cast<uint32_t>(round));
+    if (Status s = RunEngine(local_engine->get(), prompt, decode, &local_r); !s.ok())
+      return Fail("local run", s);
+    if (Status s = RunEngine(remote_engine->get(), prompt, decode, &remote_r); !s.ok())
+      return Fail("remote run", s);
+    lp.push_back(local_r.prefill_s);
+    ld.push_back(local_r.decode_s);
+    rp.push_back(remote_r.prefill_s);
+    rd.push_back(remote_r.decode_s);
+    equal = equal && local_r.logits.size() == remote_r.logits.size() &&
+            std::memcmp(local_r.logits.data(), remote_r.logits.data(),
+                        local_r.logits.size() * sizeof(float)) == 0;
+  }
   const RemoteEngramStats st = (*remote)->stats();
   const EngineStats es = (*remote_engine)->stats();
-  const bool equal = local_r.logits.size() == remote_r.logits.size() &&
-                     std::memcmp(local_r.logits.data(), remote_r.logits.data(),
-                                 local_r.logits.size() * sizeof(float)) == 0;
   server.Stop();
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  local_r.prefill_s = median(lp);
+  local_r.decode_s = median(ld);
+  remote_r.prefill_s = median(rp);
+  remote_r.decode_s = median(rd);
 
   const double local_total = local_r.prefill_s + local_r.decode_s;
   const double remote_total = remote_r.prefill_s + remote_r.decode_s;
@@ -201,6 +220,7 @@ int EnginePart(const EngineFlags& f, const std::string& work_dir, nlohmann::orde
   e["threads"] = f.threads;
   e["prefill_chunk_tokens"] = f.prefill_chunk;
   e["lookahead_chunks"] = f.lookahead;
+  e["repeat"] = f.repeat;
   e["init_weights_s"] = init_s;
   e["export_s"] = export_s;
   e["local_prefill_tokens_per_s"] = f.prompt_tokens / local_r.prefill_s;
@@ -452,6 +472,8 @@ int BenchEngram(Args args) {
   flags.Uint("threads", &ef.threads, "engine threads (default 2)");
   flags.Uint("prefill-chunk", &ef.prefill_chunk, "tokens per prefill chunk (default 256)");
   flags.Uint("lookahead", &ef.lookahead, "Engram lookahead in chunks (default 1)");
+  flags.Uint("repeat", &ef.repeat,
+             "rounds of (local, remote) runs; times are medians, counters sums (default 3)");
   flags.Uint("table-mib", &tf.table_mib, "transport part: table size in MiB (default 1024)");
   flags.Double("seconds", &tf.seconds, "transport part: seconds per measurement (default 3)");
   flags.Uint("batch-rows", &tf.batch_rows, "transport part: rows per batch (default 256)");
@@ -467,10 +489,12 @@ int BenchEngram(Args args) {
   if (ef.prompt_tokens == 0 || ef.prompt_tokens > engine::kMaxTokensPerCall ||
       ef.decode_tokens > 4096 || ef.threads == 0 || ef.threads > 256 || ef.vocab == 0 ||
       ef.prefill_chunk == 0 || ef.prefill_chunk > engine::kMaxTokensPerCall ||
-      ef.lookahead > static_cast<uint64_t>(engine::kMaxEngramLookaheadChunks)) {
+      ef.lookahead > static_cast<uint64_t>(engine::kMaxEngramLookaheadChunks) || ef.repeat == 0 ||
+      ef.repeat > 100) {
     std::fprintf(stderr,
                  "kvtier bench engram: --prompt-tokens and --prefill-chunk in [1, %zu], "
-                 "--decode-tokens <= 4096, --threads in [1, 256], --lookahead in [0, %d]\n",
+                 "--decode-tokens <= 4096, --threads in [1, 256], --lookahead in [0, %d], "
+                 "--repeat in [1, 100]\n",
                  engine::kMaxTokensPerCall, engine::kMaxEngramLookaheadChunks);
     return 2;
   }

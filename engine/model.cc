@@ -96,9 +96,6 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                  std::shared_ptr<const ModelWeights> weights,
                                                  const EngineOptions& options) {
   if (weights == nullptr) return Status::InvalidArgument("engine: no weights");
-  if (options.engram_decode_candidates < 0 ||
-      options.engram_decode_candidates > kMaxEngramDecodeCandidates)
-    return Status::InvalidArgument("engine: engram_decode_candidates out of range");
   if (options.prefill_chunk_tokens < 1 ||
       static_cast<size_t>(options.prefill_chunk_tokens) > kMaxTokensPerCall)
     return Status::InvalidArgument("engine: prefill_chunk_tokens out of range");
@@ -563,28 +560,6 @@ Status Engine::PrefetchEngramReplay(std::span<const int32_t> tokens) {
   std::vector<Step> plan;
   AppendChunks(n - r, r, 0, config_.num_hidden_layers, &plan);
   return PrefetchPlan(plan, tokens, 0);
-}
-
-void Engine::PrefetchDecodeCandidates(const SequenceState& st, const float* last_logits) {
-  const int k = options_.engram_decode_candidates;
-  if (engram_hash_ == nullptr || k == 0 || last_logits == nullptr) return;
-  // The k highest logits (ties: the lower token id), NaNs never chosen.
-  std::vector<std::pair<float, int32_t>> best;
-  best.reserve(static_cast<size_t>(k) + 1);
-  for (int32_t t = 0; t < config_.vocab_size; ++t) {
-    const float v = last_logits[t];
-    if (std::isnan(v)) continue;
-    if (static_cast<int>(best.size()) == k && !(v > best.back().first)) continue;
-    auto at = std::find_if(best.begin(), best.end(), [v](const auto& b) { return v > b.first; });
-    best.insert(at, {v, t});
-    if (static_cast<int>(best.size()) > k) best.pop_back();
-  }
-  for (const auto& b : best) {
-    const int32_t tok = b.second;
-    // A refused hint (bounds reached) just leaves that candidate to its own step.
-    if (!PrefetchEngram(st, std::span<const int32_t>(&tok, 1)).ok()) break;
-    ++stats_.engram_candidate_prefetches;
-  }
 }
 
 void Engine::AppendChunks(int64_t p0, int64_t n, int l_begin, int l_end,
@@ -1135,7 +1110,6 @@ Status Engine::Forward(SequenceState* st, std::span<const int32_t> tokens, bool 
     }
   }
   *logits = std::move(out);
-  PrefetchDecodeCandidates(*st, logits->data() + logits->size() - static_cast<size_t>(V));
   return Status::Ok();
 }
 
@@ -1209,7 +1183,6 @@ Status Engine::PrefillCed(SequenceState* st, std::span<const int32_t> tokens,
   last_logits->assign(c.vocab_size, 0.0f);
   Head(1, x.data() + static_cast<int64_t>(n - 1) * hc * D,
        pre.data() + static_cast<int64_t>(n - 1) * hc, last_logits->data());
-  PrefetchDecodeCandidates(*st, last_logits->data());
   return Status::Ok();
 }
 
@@ -1241,7 +1214,6 @@ Status Engine::ReplayTail(SequenceState* st, std::vector<float>* last_logits) {
   last_logits->assign(c.vocab_size, 0.0f);
   Head(1, x.data() + static_cast<int64_t>(R - 1) * hc * D,
        pre.data() + static_cast<int64_t>(R - 1) * hc, last_logits->data());
-  PrefetchDecodeCandidates(*st, last_logits->data());
   return Status::Ok();
 }
 

@@ -54,8 +54,6 @@ inline constexpr size_t kMaxTokensPerCall = 1 << 16;
 // Upper bounds on EngineOptions::engram_lookahead_chunks and engram_prefetch_batches_max.
 inline constexpr int kMaxEngramLookaheadChunks = 8;
 inline constexpr int kMaxEngramPrefetchBatches = 256;
-// Upper bound on EngineOptions::engram_decode_candidates.
-inline constexpr int kMaxEngramDecodeCandidates = 16;
 
 struct EngineOptions {
   // Worker threads (including the caller). Results do not depend on it. Default 1.
@@ -77,14 +75,6 @@ struct EngineOptions {
   // engine holds at once, in [1, kMaxEngramPrefetchBatches]; a prefetch over it is refused
   // (the step then requests its rows itself). Default 16.
   int engram_prefetch_batches_max = 16;
-  // Decode speculation: after a call that returns the last token's logits (Forward, Decode,
-  // PrefillCed, ReplayTail), the Engram rows of the next position are requested for the
-  // engram_decode_candidates tokens with the highest logits, so that the next Decode finds the
-  // chosen token's rows in flight or landed instead of asking only once the token is known.
-  // The other candidates' batches are dropped unused (waited, never applied: results do not
-  // change). In [0, kMaxEngramDecodeCandidates]; 0 turns it off. Default 4. Costs
-  // candidates x columns rows per Engram layer per decode step.
-  int engram_decode_candidates = 4;
 };
 
 // What the engine saw of Engram row reads (monotonic counters). A prefetch is a batch
@@ -100,7 +90,6 @@ struct EngineStats {
   uint64_t engram_waits = 0;                 // Wait() calls
   uint64_t engram_stalls = 0;                // waits where the rows were late (batch.stalled)
   uint64_t engram_stall_us = 0;              // wall time of those waits
-  uint64_t engram_candidate_prefetches = 0;  // next-token candidates whose rows were requested
 };
 
 // The sliding-window ring of one layer: the last W positions' kv_norm(wkv x) with RoPE,
@@ -211,8 +200,6 @@ class Engine {
   Status CheckTokens(std::span<const int32_t> tokens) const;
   void Embed(std::span<const int32_t> tokens, float* x, float* pre) const;
   void AppendChunks(int64_t p0, int64_t n, int l_begin, int l_end, std::vector<Step>* plan) const;
-  // engram_decode_candidates: hints the next position's rows for the likeliest next tokens.
-  void PrefetchDecodeCandidates(const SequenceState& st, const float* last_logits);
   // Runs plan[step] (after requesting its Engram rows and the lookahead's).
   Status RunLayers(SequenceState* st, const std::vector<Step>& plan, size_t step, float* x,
                    float* pre);

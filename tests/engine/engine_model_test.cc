@@ -287,7 +287,6 @@ TEST(EngineModel, EngramRowsComeThroughThePluggableRowSource) {
   EngineOptions o;
   o.threads = 2;
   o.engram_rows = &rows;
-  o.engram_decode_candidates = 0;  // the test counts the step's own requests
   auto custom = Engine::Create(MiniConfig(), testutil::MiniWeights(), o);
   ASSERT_TRUE(custom.ok());
   auto plain = MakeEngine();

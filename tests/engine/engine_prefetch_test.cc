@@ -6,8 +6,6 @@
 // Engram layer.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,24 +26,21 @@ constexpr size_t kCols = 12;  // 3 orders x 4 heads on the miniature
 
 std::unique_ptr<Engine> Make(const EngineConfig& config, std::shared_ptr<const ModelWeights> w,
                              int chunk, int lookahead, EngramRowSource* rows = nullptr,
-                             int prefetch_max = 16, int candidates = 0) {
+                             int prefetch_max = 16) {
   EngineOptions o;
   o.threads = 2;
   o.engram_rows = rows;
   o.prefill_chunk_tokens = chunk;
   o.engram_lookahead_chunks = lookahead;
   o.engram_prefetch_batches_max = prefetch_max;
-  // Decode-candidate speculation is off unless a test asks for it: the other tests count
-  // exact requests and waits of the lookahead and hints.
-  o.engram_decode_candidates = candidates;
   auto e = Engine::Create(config, std::move(w), o);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   return e.ok() ? std::move(*e) : nullptr;
 }
 
 std::unique_ptr<Engine> Make(int chunk, int lookahead, EngramRowSource* rows = nullptr,
-                             int prefetch_max = 16, int candidates = 0) {
-  return Make(MiniConfig(), MiniWeights(), chunk, lookahead, rows, prefetch_max, candidates);
+                             int prefetch_max = 16) {
+  return Make(MiniConfig(), MiniWeights(), chunk, lookahead, rows, prefetch_max);
 }
 
 // Serves rows from the weights' tables and records every call: "R<slot>@<first position>" for
@@ -135,11 +130,6 @@ TEST(EnginePrefetch, OptionsAreBounded) {
   EXPECT_TRUE(Engine::Create(MiniConfig(), MiniWeights(), o).status().IsInvalidArgument());
   o = EngineOptions{};
   o.engram_prefetch_batches_max = 0;
-  EXPECT_TRUE(Engine::Create(MiniConfig(), MiniWeights(), o).status().IsInvalidArgument());
-  o = EngineOptions{};
-  o.engram_decode_candidates = kMaxEngramDecodeCandidates + 1;
-  EXPECT_TRUE(Engine::Create(MiniConfig(), MiniWeights(), o).status().IsInvalidArgument());
-  o.engram_decode_candidates = -1;
   EXPECT_TRUE(Engine::Create(MiniConfig(), MiniWeights(), o).status().IsInvalidArgument());
 }
 
@@ -465,50 +455,6 @@ TEST(EnginePrefetch, FailedReadNamesTheLayerAndFailedPrefetchIsAskedAgain) {
     EXPECT_EQ(e->stats().engram_prefetches_failed, 1u);
     EXPECT_TRUE(l.empty());
   }
-}
-
-// The highest-logit next tokens' rows are requested as soon as a call returns its logits: a
-// Decode of the top token finds its rows already requested (no new Request of its own), the
-// other candidates are dropped unused, and a token outside the candidates still gets exactly
-// its own rows. Results equal an engine without speculation bit for bit.
-TEST(EnginePrefetch, DecodeCandidatesServeTheChosenTokenAndNeverChangeResults) {
-  const auto prompt = Prompt(20, 5);
-  auto plain = Make(256, 1, nullptr, 16, 0);
-  RecordingSource rows(MiniConfig(), *MiniWeights());
-  auto spec = Make(256, 1, &rows, 16, 4);
-  SequenceState a = plain->NewSequence(), b = spec->NewSequence();
-  std::vector<float> la, lb;
-  ASSERT_TRUE(plain->Forward(&a, prompt, false, &la).ok());
-  ASSERT_TRUE(spec->Forward(&b, prompt, false, &lb).ok());
-  ASSERT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0);
-  EXPECT_EQ(spec->stats().engram_candidate_prefetches, 4u);
-  const size_t slots = MiniConfig().engram_layer_ids.size();
-  // Greedy: the top candidate.
-  const int32_t top = static_cast<int32_t>(std::max_element(lb.begin(), lb.end()) - lb.begin());
-  const int requests_before = rows.requests();
-  const EngineStats s0 = spec->stats();
-  ASSERT_TRUE(plain->Decode(&a, top, &la).ok());
-  ASSERT_TRUE(spec->Decode(&b, top, &lb).ok());
-  ASSERT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0);
-  const EngineStats s1 = spec->stats();
-  EXPECT_EQ(s1.engram_prefetches_consumed - s0.engram_prefetches_consumed, slots);
-  EXPECT_EQ(s1.engram_prefetches_discarded - s0.engram_prefetches_discarded, 3 * slots);
-  // The step asked for nothing of its own: every Request since is the next candidates'.
-  EXPECT_EQ(rows.requests() - requests_before, static_cast<int>(4 * slots));
-  // A token that is not among the candidates: its own rows, exact results.
-  std::vector<std::pair<float, int32_t>> order;
-  for (int32_t t = 0; t < static_cast<int32_t>(lb.size()); ++t) order.push_back({lb[t], t});
-  std::sort(order.begin(), order.end(), [](auto x, auto y) {
-    return x.first != y.first ? x.first > y.first : x.second < y.second;
-  });
-  const int32_t outsider = order[10].second;
-  const EngineStats s2 = spec->stats();
-  ASSERT_TRUE(plain->Decode(&a, outsider, &la).ok());
-  ASSERT_TRUE(spec->Decode(&b, outsider, &lb).ok());
-  ASSERT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0);
-  const EngineStats s3 = spec->stats();
-  EXPECT_EQ(s3.engram_prefetches_consumed, s2.engram_prefetches_consumed);
-  EXPECT_EQ(s3.engram_prefetches_discarded - s2.engram_prefetches_discarded, 4 * slots);
 }
 
 }  // namespace

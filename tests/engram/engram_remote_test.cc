@@ -118,15 +118,12 @@ class RemoteEngramTest : public ::testing::Test {
     return source_.get();
   }
 
-  std::unique_ptr<Engine> MakeEngine(EngramRowSource* rows, int chunk = 256, int lookahead = 1,
-                                     int candidates = 0) {
+  std::unique_ptr<Engine> MakeEngine(EngramRowSource* rows, int chunk = 256, int lookahead = 1) {
     EngineOptions o;
     o.threads = 2;
     o.engram_rows = rows;
     o.prefill_chunk_tokens = chunk;
     o.engram_lookahead_chunks = lookahead;
-    // Decode-candidate speculation only where a test asks: the others count exact requests.
-    o.engram_decode_candidates = candidates;
     auto e = Engine::Create(Config(), Weights(), o);
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     return e.ok() ? std::move(*e) : nullptr;

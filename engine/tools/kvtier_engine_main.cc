@@ -4,7 +4,7 @@
 //   kvtier-engine generate --model M --config C --prompt-file F --max-new N
 //                          [--temperature T --top-p P --seed S --threads N --full]
 //                          [--save-socket S --token T --save-interval N --no-hot-state
-//                           --tokens-out F]
+//                           --tokens-out F --engram-socket S]
 //   kvtier-engine resume   --model M --config C --socket S (--tokens-file F | --prompt-file F)
 //                          [--max-new N --token T --guard auto|fetch|recompute
 //                           --no-hot-state --json]
@@ -26,7 +26,9 @@
 #include "cache_daemon/client.h"
 #include "cli/flags.h"
 #include "engine/config.h"
+#include "engine/engram_daemon.h"
 #include "engine/model.h"
+#include "engine/remote_engram.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "engine/tokenizer.h"
@@ -53,11 +55,13 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 
 StatusOr<std::unique_ptr<Engine>> Open(const std::string& config_path,
                                        const std::string& model_path, int threads,
-                                       std::shared_ptr<const ModelWeights>* weights_out = nullptr) {
+                                       std::shared_ptr<const ModelWeights>* weights_out = nullptr,
+                                       EngramRowSource* engram_rows = nullptr) {
   KVTIER_ASSIGN_OR_RETURN(EngineConfig cfg, LoadEngineConfig(config_path));
   KVTIER_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(cfg, model_path));
   EngineOptions o;
   o.threads = threads;
+  o.engram_rows = engram_rows;
   auto shared = std::make_shared<const ModelWeights>(std::move(w));
   if (weights_out != nullptr) *weights_out = shared;
   return Engine::Create(cfg, shared, o);
@@ -154,6 +158,11 @@ int RunGenerate(Args args) {
   flags.Uint("save-interval", &save_interval, "tokens of new whole units between saves");
   flags.Bool("no-hot-state", &no_hot, "do not keep SWA rings in the daemon's DRAM pool");
   flags.String("tokens-out", &tokens_out, "FILE", "write the session's token ids (for resume)");
+  std::string engram_socket;
+  flags.String("engram-socket", &engram_socket, "PATH",
+               "kvtierd Unix socket serving [engram]: read Engram rows from its row server "
+               "(grants via ENGRAM_GRANT, --token), report fetch counters back at the end "
+               "(default: the weights' own tables)");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (full && !save_socket.empty()) {
     std::fprintf(stderr, "kvtier-engine generate: --full and --save-socket do not combine\n");
@@ -177,8 +186,26 @@ int RunGenerate(Args args) {
                  static_cast<unsigned long long>(kMaxPromptBytes));
     return 2;
   }
+  // Remote Engram rows (declared before the engine: they must outlive it).
+  std::unique_ptr<daemon::Client> engram_daemon;
+  std::unique_ptr<RemoteEngramRowSource> engram_rows;
+  if (!engram_socket.empty()) {
+    auto cfg = LoadEngineConfig(config);
+    if (!cfg.ok()) return Fail(cfg.status());
+    daemon::ClientOptions co;
+    co.socket_path = engram_socket;
+    co.token = token;
+    co.shm_bytes = 0;  // grants and reports only
+    auto c = daemon::Client::Connect(co);
+    if (!c.ok()) return Fail(c.status().WithContext("engram daemon " + engram_socket));
+    engram_daemon = std::move(*c);
+    daemon::Client* daemons[] = {engram_daemon.get()};
+    auto rows = ConnectEngramViaDaemons(daemons, *cfg, RemoteEngramOptions{});
+    if (!rows.ok()) return Fail(rows.status());
+    engram_rows = std::move(*rows);
+  }
   std::shared_ptr<const ModelWeights> weights;
-  auto engine = Open(config, model, static_cast<int>(threads), &weights);
+  auto engine = Open(config, model, static_cast<int>(threads), &weights, engram_rows.get());
   if (!engine.ok()) return Fail(engine.status());
   Engine& e = **engine;
   auto tok = ByteTokenizer::Create(e.config().vocab_size, e.config().engram_pad_token_id,
@@ -227,6 +254,24 @@ int RunGenerate(Args args) {
   if (!tokens_out.empty()) {
     s = WriteIds(tokens_out, st.tokens);
     if (!s.ok()) return Fail(s);
+  }
+  if (engram_rows != nullptr) {
+    const EngineStats es = e.stats();
+    const RemoteEngramStats rs = engram_rows->stats();
+    std::fprintf(stderr,
+                 "engram: transport %s, %llu rows requested, %llu read, %llu hot-cache hits, "
+                 "%llu deduplicated, %llu stalls (%.1f ms) in %llu waits\n",
+                 engram_rows->transport_name(),
+                 static_cast<unsigned long long>(rs.fetch.rows_requested),
+                 static_cast<unsigned long long>(rs.fetch.rows_read),
+                 static_cast<unsigned long long>(rs.fetch.hot_cache_hits),
+                 static_cast<unsigned long long>(rs.fetch.rows_deduplicated),
+                 static_cast<unsigned long long>(es.engram_stalls),
+                 static_cast<double>(es.engram_stall_us) / 1e3,
+                 static_cast<unsigned long long>(es.engram_waits));
+    EngramStatsReporter reporter;
+    s = reporter.Report(*engram_daemon, *engram_rows);
+    if (!s.ok()) return Fail(s.WithContext("engram report"));
   }
   std::printf("%s\n", tok->Decode(out).c_str());
   if (ids) {

@@ -24,49 +24,26 @@
 #include "engine/weights.h"
 #include "tests/cache_daemon/fake_tier_manager.h"
 #include "tests/cache_daemon/net_util.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace kvtier::engine {
 namespace {
 
 namespace kt = kvtier::testing;
 
-const EngineConfig& Config() {
-  static const EngineConfig* c = [] {
-    auto r = LoadEngineConfig(KVTIER_MINI_CONFIG);
-    if (!r.ok()) std::abort();
-    return new EngineConfig(*r);
-  }();
-  return *c;
-}
-
-std::shared_ptr<const ModelWeights> Weights() {
-  static std::shared_ptr<const ModelWeights> w = [] {
-    auto r = InitWeights(Config(), 11);
-    if (!r.ok()) std::abort();
-    return std::make_shared<const ModelWeights>(std::move(*r));
-  }();
-  return w;
-}
-
-std::vector<int32_t> Prompt(int n) {
-  std::vector<int32_t> t(n);
-  uint32_t s = 12345;
-  for (int i = 0; i < n; ++i) {
-    s = s * 1664525u + 1013904223u;
-    t[i] = 3 + static_cast<int32_t>('a' + (s >> 24) % 26);
-  }
-  return t;
-}
+using testutil::MiniConfig;
+using testutil::MiniWeights;
+using testutil::Prompt;
 
 // Prefill then three decode steps; every logit of every step.
 StatusOr<std::vector<float>> RunEngine(EngramRowSource* rows) {
   EngineOptions o;
   o.threads = 2;
   o.engram_rows = rows;
-  KVTIER_ASSIGN_OR_RETURN(auto e, Engine::Create(Config(), Weights(), o));
+  KVTIER_ASSIGN_OR_RETURN(auto e, Engine::Create(MiniConfig(), MiniWeights(), o));
   SequenceState st = e->NewSequence();
   std::vector<float> all, logits;
-  KVTIER_RETURN_IF_ERROR(e->Forward(&st, Prompt(40), true, &logits));
+  KVTIER_RETURN_IF_ERROR(e->Forward(&st, Prompt(40, 12), true, &logits));
   all.insert(all.end(), logits.begin(), logits.end());
   for (int32_t tok : {5, 77, 42}) {
     KVTIER_RETURN_IF_ERROR(e->Decode(&st, tok, &logits));
@@ -90,7 +67,7 @@ TEST(EngramDaemonE2eTest, EngineReadsRowsGrantedByKvtierdAndReportsOnMetrics) {
   eo.out_dir = dir.File("engram");
   eo.shards = 2;
   eo.endpoints = {endpoint};  // both shards on this daemon
-  auto exported = ExportEngramTables(Config(), *Weights(), eo);
+  auto exported = ExportEngramTables(MiniConfig(), *MiniWeights(), eo);
   ASSERT_TRUE(exported.ok()) << exported.status().ToString();
 
   daemon::DaemonOptions o;
@@ -124,7 +101,7 @@ TEST(EngramDaemonE2eTest, EngineReadsRowsGrantedByKvtierdAndReportsOnMetrics) {
   ASSERT_TRUE(local.ok()) << local.status().ToString();
   {
     daemon::Client* daemons[] = {client->get()};
-    auto rows = ConnectEngramViaDaemons(daemons, Config(), RemoteEngramOptions{});
+    auto rows = ConnectEngramViaDaemons(daemons, MiniConfig(), RemoteEngramOptions{});
     ASSERT_TRUE(rows.ok()) << rows.status().ToString();
     auto remote = RunEngine(rows->get());
     ASSERT_TRUE(remote.ok()) << remote.status().ToString();
@@ -160,9 +137,9 @@ TEST(EngramDaemonE2eTest, EngineReadsRowsGrantedByKvtierdAndReportsOnMetrics) {
 
 TEST(EngramDaemonE2eTest, NoDaemonsOrNoEngramIsInvalidArgument) {
   std::span<daemon::Client* const> none;
-  auto r = ConnectEngramViaDaemons(none, Config(), RemoteEngramOptions{});
+  auto r = ConnectEngramViaDaemons(none, MiniConfig(), RemoteEngramOptions{});
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EngineConfig no_engram = Config();
+  EngineConfig no_engram = MiniConfig();
   no_engram.engram_layer_ids.clear();
   daemon::Client* null_client[] = {nullptr};
   r = ConnectEngramViaDaemons(null_client, no_engram, RemoteEngramOptions{});

@@ -24,37 +24,14 @@
 #include "engine/weights.h"
 #include "rdma/engram_table.h"
 #include "rdma/row_server.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace kvtier::engine {
 namespace {
 
-const EngineConfig& Config() {
-  static const EngineConfig* c = [] {
-    auto r = LoadEngineConfig(KVTIER_MINI_CONFIG);
-    if (!r.ok()) std::abort();
-    return new EngineConfig(*r);
-  }();
-  return *c;
-}
-
-std::shared_ptr<const ModelWeights> Weights() {
-  static std::shared_ptr<const ModelWeights> w = [] {
-    auto r = InitWeights(Config(), 7);
-    if (!r.ok()) std::abort();
-    return std::make_shared<const ModelWeights>(std::move(*r));
-  }();
-  return w;
-}
-
-std::vector<int32_t> Prompt(int n, uint32_t seed) {
-  std::vector<int32_t> t(n);
-  uint32_t s = seed * 2654435761u + 12345;
-  for (int i = 0; i < n; ++i) {
-    s = s * 1664525u + 1013904223u;
-    t[i] = 3 + static_cast<int32_t>('a' + (s >> 24) % 26);
-  }
-  return t;
-}
+using testutil::Prompt;
+const EngineConfig& Config() { return testutil::MiniConfig(); }
+std::shared_ptr<const ModelWeights> Weights() { return testutil::MiniWeights(); }
 
 constexpr uint32_t kShards = 3;
 const char* kTenant = "engine-a";

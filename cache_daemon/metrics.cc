@@ -124,6 +124,13 @@ class Page {
     if (!labels.empty()) out_ += "{" + labels + "}";
     out_ += ' ' + std::to_string(value) + '\n';
   }
+  // A family with one sample (no labels unless given).
+  template <typename V>
+  void One(const char* name, const char* type, const char* help, V value,
+           const std::string& labels = "") {
+    Family(name, type, help);
+    Sample(name, labels, value);
+  }
   std::string Take() { return std::move(out_); }
 
  private:
@@ -160,14 +167,11 @@ void DaemonMetrics::RenderEngram(const Extra& extra, void* page) const {
          "Engram opens and batches refused for a missing, wrong or expired grant.",
          c.permission_denied},
     };
-    for (const auto& f : server) {
-      p.Family(f.name, f.type, f.help);
-      p.Sample(f.name, tl, f.value);
-    }
-    p.Family("kvtier_engram_regions", "gauge", "Engram regions (table shards) served.");
-    p.Sample("kvtier_engram_regions", "", extra.engram_regions);
-    p.Family("kvtier_engram_grants_issued_total", "counter", "Engram grants issued.");
-    p.Sample("kvtier_engram_grants_issued_total", "", extra.engram_grants_issued);
+    for (const auto& f : server) p.One(f.name, f.type, f.help, f.value, tl);
+    p.One("kvtier_engram_regions", "gauge", "Engram regions (table shards) served.",
+          extra.engram_regions);
+    p.One("kvtier_engram_grants_issued_total", "counter", "Engram grants issued.",
+          extra.engram_grants_issued);
   }
   // Reported by engines (ENGRAM_REPORT); a (tenant, transport) appears once it has reported.
   const struct {
@@ -247,20 +251,18 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
   p.Family("kvtier_tier_evictions_total", "counter", "Units evicted from a tier.");
   for (auto& [n, t] : tiers)
     p.Sample("kvtier_tier_evictions_total", std::string("tier=\"") + n + "\"", t->evictions);
-  p.Family("kvtier_admissions_total", "counter", "Units admitted by the admission policy.");
-  p.Sample("kvtier_admissions_total", "", s.admissions);
-  p.Family("kvtier_admission_rejections_total", "counter", "Units the admission policy refused.");
-  p.Sample("kvtier_admission_rejections_total", "", s.admission_rejections);
-  p.Family("kvtier_checksum_failures_total", "counter", "Reads that failed verification.");
-  p.Sample("kvtier_checksum_failures_total", "", s.checksum_failures);
-  p.Family("kvtier_io_errors_total", "counter", "Device I/O errors.");
-  p.Sample("kvtier_io_errors_total", "", s.io_errors);
-  p.Family("kvtier_compressed_bytes_saved_total", "counter", "Bytes saved by compression.");
-  p.Sample("kvtier_compressed_bytes_saved_total", "", s.compressed_bytes_saved);
-  p.Family("kvtier_ssd_segments_cleaned_total", "counter", "SSD segments cleaned (compacted).");
-  p.Sample("kvtier_ssd_segments_cleaned_total", "", s.segments_cleaned);
-  p.Family("kvtier_ssd_queue_depth", "gauge", "SSD I/O requests outstanding.");
-  p.Sample("kvtier_ssd_queue_depth", "", s.ssd_queue_depth);
+  p.One("kvtier_admissions_total", "counter", "Units admitted by the admission policy.",
+        s.admissions);
+  p.One("kvtier_admission_rejections_total", "counter", "Units the admission policy refused.",
+        s.admission_rejections);
+  p.One("kvtier_checksum_failures_total", "counter", "Reads that failed verification.",
+        s.checksum_failures);
+  p.One("kvtier_io_errors_total", "counter", "Device I/O errors.", s.io_errors);
+  p.One("kvtier_compressed_bytes_saved_total", "counter", "Bytes saved by compression.",
+        s.compressed_bytes_saved);
+  p.One("kvtier_ssd_segments_cleaned_total", "counter", "SSD segments cleaned (compacted).",
+        s.segments_cleaned);
+  p.One("kvtier_ssd_queue_depth", "gauge", "SSD I/O requests outstanding.", s.ssd_queue_depth);
   p.Family("kvtier_tenant_used_bytes", "gauge", "Bytes stored per tenant.");
   for (const auto& [id, bytes] : s.tenant_bytes) {
     std::string name = "id-" + std::to_string(id);
@@ -300,31 +302,26 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
   p.Family("kvtier_network_bytes_total", "counter", "Bytes received and sent on all fronts.");
   p.Sample("kvtier_network_bytes_total", "direction=\"in\"", bytes_in_.load());
   p.Sample("kvtier_network_bytes_total", "direction=\"out\"", bytes_out_.load());
-  p.Family("kvtier_connections_open", "gauge", "Client connections open now.");
-  p.Sample("kvtier_connections_open", "", connections_open.load());
-  p.Family("kvtier_connections_accepted_total", "counter", "Client connections accepted.");
-  p.Sample("kvtier_connections_accepted_total", "", connections_total.load());
-  p.Family("kvtier_connections_rejected_total", "counter",
-           "Connections closed at once (limit reached or draining).");
-  p.Sample("kvtier_connections_rejected_total", "", connections_rejected.load());
-  p.Family("kvtier_protocol_errors_total", "counter", "Malformed, truncated or oversized input.");
-  p.Sample("kvtier_protocol_errors_total", "", protocol_errors.load());
-  p.Family("kvtier_auth_failures_total", "counter", "Failed AUTH attempts.");
-  p.Sample("kvtier_auth_failures_total", "", auth_failures.load());
-  p.Family("kvtier_slow_client_disconnects_total", "counter",
-           "Connections closed because a frame did not complete within frame_timeout_ms.");
-  p.Sample("kvtier_slow_client_disconnects_total", "", slow_client_disconnects.load());
-  p.Family("kvtier_tenant_inflight_rejections_total", "counter",
-           "Requests refused by a tenant's in-flight limit.");
-  p.Sample("kvtier_tenant_inflight_rejections_total", "", tenant_inflight_rejections.load());
-  p.Family("kvtier_trace_records_dropped_total", "counter", "Trace records dropped (queue full).");
-  p.Sample("kvtier_trace_records_dropped_total", "", trace_records_dropped.load());
-  p.Family("kvtier_inflight_requests", "gauge", "Native requests executing now.");
-  p.Sample("kvtier_inflight_requests", "", inflight.load());
-  p.Family("kvtier_ready", "gauge", "1 when serving, 0 while draining.");
-  p.Sample("kvtier_ready", "", uint64_t{extra.ready ? 1u : 0u});
-  p.Family("kvtier_uptime_seconds", "gauge", "Seconds since start.");
-  p.Sample("kvtier_uptime_seconds", "", extra.uptime_s);
+  p.One("kvtier_connections_open", "gauge", "Client connections open now.",
+        connections_open.load());
+  p.One("kvtier_connections_accepted_total", "counter", "Client connections accepted.",
+        connections_total.load());
+  p.One("kvtier_connections_rejected_total", "counter",
+        "Connections closed at once (limit reached or draining).", connections_rejected.load());
+  p.One("kvtier_protocol_errors_total", "counter", "Malformed, truncated or oversized input.",
+        protocol_errors.load());
+  p.One("kvtier_auth_failures_total", "counter", "Failed AUTH attempts.", auth_failures.load());
+  p.One("kvtier_slow_client_disconnects_total", "counter",
+        "Connections closed because a frame did not complete within frame_timeout_ms.",
+        slow_client_disconnects.load());
+  p.One("kvtier_tenant_inflight_rejections_total", "counter",
+        "Requests refused by a tenant's in-flight limit.", tenant_inflight_rejections.load());
+  p.One("kvtier_trace_records_dropped_total", "counter", "Trace records dropped (queue full).",
+        trace_records_dropped.load());
+  p.One("kvtier_inflight_requests", "gauge", "Native requests executing now.", inflight.load());
+  p.One("kvtier_ready", "gauge", "1 when serving, 0 while draining.",
+        uint64_t{extra.ready ? 1u : 0u});
+  p.One("kvtier_uptime_seconds", "gauge", "Seconds since start.", extra.uptime_s);
   RenderEngram(extra, &p);
   p.Family("kvtier_policy_info", "gauge", "Active eviction and admission policies.");
   p.Sample("kvtier_policy_info",

@@ -137,14 +137,14 @@ StatusOr<RowFetcher::FetchHandle> RowFetcher::Start(std::span<const uint64_t> ro
   return f;
 }
 
-void RowFetcher::SubmitPending(const FetchHandle& f) {
+bool RowFetcher::SubmitPending(const FetchHandle& f) {
   for (size_t i = 0;; ++i) {
     Transport* transport = nullptr;
     std::span<const ReadOp> ops;
     {
       std::lock_guard<std::mutex> lock(f->mu);
       while (i < f->batches.size() && f->batches[i].state != BatchState::kUnsubmitted) ++i;
-      if (i == f->batches.size()) return;
+      if (i == f->batches.size()) return true;
       Fetch::Batch& b = f->batches[i];
       b.state = BatchState::kInFlight;  // before Submit: the callback may run at once
       ++b.attempts;
@@ -184,7 +184,7 @@ void RowFetcher::SubmitPending(const FetchHandle& f) {
         --b.attempts;
         std::lock_guard<std::mutex> backlog_lock(backlog_mu_);
         backlog_.push_back(f);
-        return;
+        return false;
       }
       b.state = BatchState::kFailed;
       b.last = st;
@@ -206,13 +206,8 @@ void RowFetcher::PumpBacklog() {
       }
     }
     if (f == nullptr) break;
-    const size_t before = [&] {
-      std::lock_guard<std::mutex> lock(backlog_mu_);
-      return backlog_.size();
-    }();
-    SubmitPending(f);  // re-queues f at the back when refused again
-    std::lock_guard<std::mutex> lock(backlog_mu_);
-    if (backlog_.size() > before) break;  // the transport is full again: wait for completions
+    // Refused again (f is back on the backlog): the transport is full, wait for completions.
+    if (!SubmitPending(f)) break;
   }
   pumping_.store(false);
 }

@@ -103,8 +103,8 @@ class RowFetcher {
  private:
   RowFetcher(ShardMap map, RowFetcherOptions options);
   // Submits every unsubmitted batch of `f`; at the first Rejected (the transport's bound on
-  // reads in flight) it stops and puts `f` on the backlog.
-  void SubmitPending(const FetchHandle& f);
+  // reads in flight) it stops, puts `f` on the backlog and returns false.
+  bool SubmitPending(const FetchHandle& f);
   // Called after a batch completes: submits backlogged batches (oldest fetch first) until a
   // transport refuses again. Without it a fetch larger than the transports' bound would only
   // progress inside its own Wait(), so rows requested ahead of time would arrive late.

@@ -34,12 +34,12 @@ void ArcPolicy::Drop(uint32_t slot) {
 
 void ArcPolicy::AdaptOnGhostHit(uint32_t slot) {
   if (slab_[slot].list == kB1) {
-    uint64_t delta = std::max<uint64_t>(b2_.size / b1_.size, 1);
-    p_ = std::min(p_ + delta, capacity_);
+    double delta = std::max(static_cast<double>(b2_.size) / static_cast<double>(b1_.size), 1.0);
+    p_ = std::min(p_ + delta, static_cast<double>(capacity_));
     in_b1_ = true;
   } else {
-    uint64_t delta = std::max<uint64_t>(b1_.size / b2_.size, 1);
-    p_ = p_ > delta ? p_ - delta : 0;
+    double delta = std::max(static_cast<double>(b1_.size) / static_cast<double>(b2_.size), 1.0);
+    p_ = std::max(p_ - delta, 0.0);
     in_b2_ = true;
   }
   Drop(slot);
@@ -90,7 +90,8 @@ void ArcPolicy::OnRemove(ObjectId id) {
 ObjectId ArcPolicy::Replace() {
   uint32_t slot;
   uint8_t ghost;
-  if (t1_.size > 0 && (t1_.size > p_ || (t1_.size == p_ && in_b2_) || t2_.empty())) {
+  const double t1 = static_cast<double>(t1_.size);
+  if (t1_.size > 0 && (t1 > p_ || (t1 == p_ && in_b2_) || t2_.empty())) {
     slot = t1_.tail;
     t1_.Unlink(slab_, slot);
     ghost = kB1;

@@ -1,7 +1,8 @@
 // ARC (Megiddo & Modha, FAST'03): two LRU lists, T1 (seen once recently) and T2 (seen at
 // least twice), with ghost lists B1/B2 of recently evicted ids. A ghost hit in B1 grows the
 // target size p of T1, a ghost hit in B2 shrinks it: the policy adapts between recency and
-// frequency. Follows libCacheSim's ARC.c (the REPLACE rule, integer deltas, case A/B).
+// frequency. Follows libCacheSim's ARC.c (the REPLACE rule, case A/B) with its real-valued target p
+// and deltas: p moves by max(|B2|/|B1|, 1) as a double, so small ghost lists adapt p by fractions.
 //
 // Capacity c: from OnCapacity(), else the number of objects tracked at the first Evict().
 // For exact ARC the owner calls OnMiss(id) before evicting for id (policy.h); without it, a
@@ -27,7 +28,7 @@ class ArcPolicy final : public EvictionPolicy {
   bool Contains(ObjectId id) const override;
 
   // For tests: the current target size of T1, in objects.
-  uint64_t TEST_Target() const { return p_; }
+  double TEST_Target() const { return p_; }
   bool TEST_InGhost(ObjectId id) const;
 
  private:
@@ -41,7 +42,7 @@ class ArcPolicy final : public EvictionPolicy {
   internal::Slab<Empty> slab_;
   internal::ListHead t1_, t2_, b1_, b2_;
   uint64_t capacity_ = 0;
-  uint64_t p_ = 0;
+  double p_ = 0;                        // target size of T1 in objects, in [0, capacity_]
   bool in_b1_ = false, in_b2_ = false;  // the pending miss was a ghost hit in B1 / B2
   bool pending_replace_ = false;        // OnMiss saw a ghost hit: the next Evict is REPLACE
 };

@@ -12,6 +12,9 @@ StatusOr<std::unique_ptr<EvictionPolicy>> S3FifoPolicy::Make(const PolicyParams&
   KVTIER_RETURN_IF_ERROR(r.Double("small_ratio", &o.small_ratio, 0.01, 0.9));
   KVTIER_RETURN_IF_ERROR(r.Double("ghost_ratio", &o.ghost_ratio, 0.0, 4.0));
   KVTIER_RETURN_IF_ERROR(r.Uint("move_to_main_threshold", &o.move_to_main_threshold, 1, 64));
+  uint64_t fill_main_first = o.fill_main_first ? 1 : 0;
+  KVTIER_RETURN_IF_ERROR(r.Uint("fill_main_first", &fill_main_first, 0, 1));
+  o.fill_main_first = fill_main_first != 0;
   KVTIER_RETURN_IF_ERROR(r.Finish());
   return std::unique_ptr<EvictionPolicy>(new S3FifoPolicy(o));
 }
@@ -68,7 +71,8 @@ void S3FifoPolicy::OnInsert(const ObjectInfo& info, uint64_t now_us) {
     hit_on_ghost_ = true;
   }
   uint8_t list = kSmall;
-  if (hit_on_ghost_ || (!has_evicted_ && capacity_ > 0 && small_.size >= small_capacity_)) {
+  if (hit_on_ghost_ || (options_.fill_main_first && !has_evicted_ && capacity_ > 0 &&
+                        small_.size >= small_capacity_)) {
     list = kMain;
   }
   hit_on_ghost_ = false;

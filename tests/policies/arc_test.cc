@@ -24,9 +24,9 @@ TEST(Arc, GhostHitInB1GrowsRecencyTarget) {
   Get(p, 4, 4, 5);  // 4 moves to T2, so T1 no longer fills the cache
   Get(p, 4, 5, 5);  // REPLACE: T1's LRU (1) goes to ghost B1
   EXPECT_TRUE(p.TEST_InGhost(1));
-  EXPECT_EQ(p.TEST_Target(), 0u);
+  EXPECT_EQ(p.TEST_Target(), 0.0);
   Get(p, 4, 1, 6);  // ghost hit in B1: p grows, 1 goes to T2
-  EXPECT_GT(p.TEST_Target(), 0u);
+  EXPECT_GT(p.TEST_Target(), 0.0);
   EXPECT_TRUE(p.Contains(1));
   EXPECT_FALSE(p.TEST_InGhost(1));
 }

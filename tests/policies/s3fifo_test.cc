@@ -33,17 +33,39 @@ TEST(S3Fifo, OneHitWondersGoToGhostAndComeBackToMain) {
   EXPECT_FALSE(p.TEST_InGhost(ghosted));
 }
 
-TEST(S3Fifo, HitInSmallPromotesToMain) {
-  S3FifoPolicy p;
+TEST(S3Fifo, TwoHitsInSmallPromoteToMainOneDoesNot) {
+  S3FifoPolicy p;  // libCacheSim's default threshold: 2
   p.OnCapacity(10);
   uint64_t now = 0;
+  for (ObjectId id = 1; id <= 10; ++id) Get(p, 10, id, ++now);  // every new id enters small
+  for (ObjectId id = 1; id <= 10; ++id) EXPECT_FALSE(p.TEST_InMain(id)) << id;
+  Get(p, 10, 1, ++now);  // 1: one hit
+  Get(p, 10, 2, ++now);  // 2: two hits
+  Get(p, 10, 2, ++now);
+  Get(p, 10, 11, ++now);  // evicts small's tail, 1: one hit is below the threshold
+  EXPECT_TRUE(p.TEST_InGhost(1));
+  Get(p, 10, 12, ++now);  // 2 moves to main, then 3 (never hit) is evicted
+  EXPECT_TRUE(p.TEST_InMain(2));
+  EXPECT_TRUE(p.TEST_InGhost(3));
+}
+
+TEST(S3Fifo, FillMainFirstVariantSendsOverflowToMainBeforeTheFirstEviction) {
+  PolicyParams params;
+  params.values = {{"fill_main_first", "1"}, {"move_to_main_threshold", "1"}};
+  auto made = S3FifoPolicy::Make(params);
+  ASSERT_TRUE(made.ok());
+  EvictionPolicy& p = **made;
+  auto& s3 = static_cast<S3FifoPolicy&>(p);
+  p.OnCapacity(10);  // small = 1
+  uint64_t now = 0;
   for (ObjectId id = 1; id <= 10; ++id) Get(p, 10, id, ++now);
-  Get(p, 10, 11, ++now);  // 11 enters small
-  EXPECT_FALSE(p.TEST_InMain(11));
-  Get(p, 10, 11, ++now);  // hit in small
-  Get(p, 10, 12, ++now);  // eviction from small: 11 moves to main instead of out
-  EXPECT_TRUE(p.Contains(11));
-  EXPECT_TRUE(p.TEST_InMain(11));
+  EXPECT_FALSE(s3.TEST_InMain(1));  // filled small
+  for (ObjectId id = 2; id <= 10; ++id) EXPECT_TRUE(s3.TEST_InMain(id)) << id;
+  Get(p, 10, 11, ++now);  // after the first eviction new ids enter small again
+  EXPECT_FALSE(s3.TEST_InMain(11));
+  Get(p, 10, 11, ++now);  // one hit is enough with threshold 1
+  Get(p, 10, 12, ++now);
+  EXPECT_TRUE(s3.TEST_InMain(11));
 }
 
 TEST(S3Fifo, RejectsUnknownParams) {
@@ -53,6 +75,8 @@ TEST(S3Fifo, RejectsUnknownParams) {
   params.values = {{"small", "0.2"}};
   EXPECT_TRUE(S3FifoPolicy::Make(params).status().IsInvalidArgument());
   params.values = {{"small_ratio", "two"}};
+  EXPECT_TRUE(S3FifoPolicy::Make(params).status().IsInvalidArgument());
+  params.values = {{"fill_main_first", "2"}};
   EXPECT_TRUE(S3FifoPolicy::Make(params).status().IsInvalidArgument());
 }
 

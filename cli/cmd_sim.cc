@@ -33,6 +33,43 @@ bool ParseParams(const std::string& text, uint64_t seed, policies::PolicyParams*
   return true;
 }
 
+// --param for a list of policies: `K=V` applies to every listed policy, `POLICY:K=V` only to
+// that one (which must be listed). Fills one PolicyParams per name, in the order of `names`.
+bool ParsePolicyParams(const std::string& text, uint64_t seed,
+                       const std::vector<std::string>& names,
+                       std::vector<policies::PolicyParams>* out) {
+  out->assign(names.size(), policies::PolicyParams{});
+  for (auto& p : *out) p.seed = seed;
+  for (const std::string& item : SplitComma(text)) {
+    size_t eq = item.find('=');
+    size_t colon = item.find(':');
+    std::string scope, kv = item;
+    if (colon != std::string::npos && (eq == std::string::npos || colon < eq)) {
+      scope = item.substr(0, colon);
+      kv = item.substr(colon + 1);
+      eq = kv.find('=');
+    }
+    if (eq == std::string::npos || eq == 0) {
+      std::fprintf(stderr, "kvtier sim: parameter '%s' is not [POLICY:]key=value\n", item.c_str());
+      return false;
+    }
+    bool used = false;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (!scope.empty() && scope != names[i]) continue;
+      (*out)[i].values.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+      used = true;
+    }
+    if (!used) {
+      std::fprintf(stderr,
+                   "kvtier sim: parameter '%s' names policy '%s', which --policy does "
+                   "not list\n",
+                   item.c_str(), scope.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
 bool ParseNumbers(const std::string& text, std::vector<double>* out) {
   for (const std::string& part : SplitComma(text)) {
     char* end = nullptr;
@@ -74,6 +111,10 @@ bool Capacities(const std::string& fractions, const std::string& units, const st
   for (double x : v) {
     Capacity c;
     if (!fractions.empty()) {
+      if (!(x > 0 && x <= 1)) {
+        std::fprintf(stderr, "kvtier sim: %s capacity fraction %g is outside (0, 1]\n", what, x);
+        return false;
+      }
       c.fraction = x;
       c.units = static_cast<uint64_t>(std::floor(x * static_cast<double>(trace.unique_units)));
     } else if (!units.empty()) {
@@ -94,25 +135,32 @@ int RunGen(Args args) {
                 "docs/POLICIES.md.");
   flags.String("out", &out_path, "FILE", "output file", true);
   flags.Uint("seed", &o.seed, "RNG seed (same seed, same bytes)");
-  flags.Double("days", &o.days, "span of session starts, days");
-  flags.Uint("sessions", &o.sessions, "agent sessions");
-  flags.Uint("system-prompts", &o.system_prompts, "shared system prompts");
-  flags.Double("system-prompt-blocks", &o.system_prompt_blocks, "mean system prompt blocks");
-  flags.Double("prompt-zipf", &o.prompt_zipf, "Zipf exponent of system prompt popularity");
-  flags.Double("mean-turns", &o.mean_turns, "mean turns per session (geometric)");
-  flags.Double("first-turn-blocks", &o.first_turn_blocks, "mean new blocks in turn 1");
-  flags.Double("turn-blocks", &o.turn_blocks, "mean new user blocks per later turn");
-  flags.Double("tool-prob", &o.tool_prob, "probability a turn carries a tool output");
-  flags.Double("tool-blocks", &o.tool_blocks, "mean tool output blocks");
-  flags.Double("p-minutes", &o.p_minutes, "share of resume gaps of minutes");
-  flags.Double("p-hours", &o.p_hours, "share of resume gaps of hours (rest: days)");
-  flags.Double("minutes-median-s", &o.minutes_median_s, "median of minute-scale gaps, s");
-  flags.Double("hours-median-s", &o.hours_median_s, "median of hour-scale gaps, s");
-  flags.Double("days-median-s", &o.days_median_s, "median of day-scale gaps, s");
-  flags.Double("max-gap-hours", &o.max_gap_hours, "truncation of resume gaps, hours");
-  flags.Double("output-tokens", &o.output_tokens, "mean output tokens");
+  flags.Double("days", &o.days, "span of session starts, days", false, 0.001, 365);
+  flags.Uint("sessions", &o.sessions, "agent sessions", false, 1, 10000000);
+  flags.Uint("system-prompts", &o.system_prompts, "shared system prompts", false, 1, 100000);
+  flags.Double("system-prompt-blocks", &o.system_prompt_blocks, "mean system prompt blocks", false,
+               1, 1e6);
+  flags.Double("prompt-zipf", &o.prompt_zipf, "Zipf exponent of system prompt popularity", false, 0,
+               10);
+  flags.Double("mean-turns", &o.mean_turns, "mean turns per session (geometric)", false, 1, 1e6);
+  flags.Double("first-turn-blocks", &o.first_turn_blocks, "mean new blocks in turn 1", false, 1,
+               1e6);
+  flags.Double("turn-blocks", &o.turn_blocks, "mean new user blocks per later turn", false, 1, 1e6);
+  flags.Double("tool-prob", &o.tool_prob, "probability a turn carries a tool output", false, 0, 1);
+  flags.Double("tool-blocks", &o.tool_blocks, "mean tool output blocks", false, 1, 1e6);
+  flags.Double("p-minutes", &o.p_minutes, "share of resume gaps of minutes", false, 0, 1);
+  flags.Double("p-hours", &o.p_hours, "share of resume gaps of hours (rest: days)", false, 0, 1);
+  flags.Double("minutes-median-s", &o.minutes_median_s, "median of minute-scale gaps, s", false,
+               0.001, 365.0 * 86400);
+  flags.Double("hours-median-s", &o.hours_median_s, "median of hour-scale gaps, s", false, 0.001,
+               365.0 * 86400);
+  flags.Double("days-median-s", &o.days_median_s, "median of day-scale gaps, s", false, 0.001,
+               365.0 * 86400);
+  flags.Double("max-gap-hours", &o.max_gap_hours, "truncation of resume gaps, hours", false, 0.001,
+               365.0 * 24);
+  flags.Double("output-tokens", &o.output_tokens, "mean output tokens", false, 0, 1e6);
   uint64_t block_tokens = o.block_tokens;
-  flags.Uint("block-tokens", &block_tokens, "tokens per hash id");
+  flags.Uint("block-tokens", &block_tokens, "tokens per hash id", false, 2, 1u << 20);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   o.block_tokens = static_cast<uint32_t>(std::min<uint64_t>(block_tokens, UINT32_MAX));
   auto gen = sim::GenerateAgentTrace(o);
@@ -149,12 +197,15 @@ int RunSim(Args args) {
                 "(subcommand: kvtier sim gen).");
   flags.String("trace", &trace_path, "FILE", "trace (.jsonl, or kvtier .jsonl/.zst)", true);
   flags.String("format", &format, "auto|mooncake|kvtier", "trace format");
-  flags.Uint("block-tokens", &block_tokens, "tokens per Mooncake hash id");
-  flags.Uint("unit-tokens", &unit_tokens, "tokens per storage unit (0: one unit per block)");
-  flags.Uint("bytes-per-token", &bytes_per_token, "global KV bytes per token (unit sizes)");
+  flags.Uint("block-tokens", &block_tokens, "tokens per Mooncake hash id", false, 1, 1u << 20);
+  flags.Uint("unit-tokens", &unit_tokens, "tokens per storage unit (0: one unit per block)", false,
+             0, 1u << 20);
+  flags.Uint("bytes-per-token", &bytes_per_token, "global KV bytes per token (unit sizes)", false,
+             1, 1u << 24);
   flags.String("policy", &policy_list, "NAME[,NAME]",
                "DRAM eviction policies (lru fifo lfu arc s3fifo sieve gdsf ttl long-tail belady)");
-  flags.String("param", &params_text, "K=V[,K=V]", "parameters for the DRAM policies");
+  flags.String("param", &params_text, "[P:]K=V[,...]",
+               "parameters for the DRAM policies; P: limits one to policy P");
   flags.Uint("seed", &seed, "seed for randomised policies");
   flags.String("capacity-fraction", &fractions, "F[,F]",
                "DRAM capacity: fractions of unique units");
@@ -169,9 +220,10 @@ int RunSim(Args args) {
   flags.String("admission", &admission, "NAME",
                "SSD admission (admit-all second-hit write-budget)");
   flags.String("admission-param", &admission_params_text, "K=V[,K=V]", "admission parameters");
-  flags.Double("price-uncached-per-mtok", &price_uncached, "USD per million uncached input tokens");
+  flags.Double("price-uncached-per-mtok", &price_uncached, "USD per million uncached input tokens",
+               false, 0, 1e6);
   flags.Double("price-cached-per-mtok", &price_cached,
-               "USD per million cached tokens (<0: 2% of uncached)");
+               "USD per million cached tokens (-1: 2% of uncached)", false, -1, 1e6);
   flags.Bool("json", &json, "print JSON");
   flags.String("curve-out", &curve_out, "PREFIX", "write PREFIX.csv and PREFIX.svg");
   flags.Bool("no-progress", &no_progress, "never draw the progress bar");
@@ -215,22 +267,25 @@ int RunSim(Args args) {
   base.admission = admission;
   base.price_uncached_per_mtok = price_uncached;
   base.price_cached_per_mtok = price_cached;
-  if (!ParseParams(params_text, seed, &base.policy_params) ||
-      !ParseParams(ssd_params_text, seed, &base.ssd_policy_params) ||
-      !ParseParams(admission_params_text, seed, &base.admission_params)) {
-    return 2;
-  }
   std::vector<std::string> names = SplitComma(policy_list);
   if (names.empty() || names.size() * dram.size() > kMaxSweepPoints) {
     std::fprintf(stderr, "kvtier sim: 1..%zu policy x capacity points\n", kMaxSweepPoints);
     return 2;
   }
+  std::vector<policies::PolicyParams> policy_params;
+  if (!ParsePolicyParams(params_text, seed, names, &policy_params) ||
+      !ParseParams(ssd_params_text, seed, &base.ssd_policy_params) ||
+      !ParseParams(admission_params_text, seed, &base.admission_params)) {
+    return 2;
+  }
   const bool show_progress = !no_progress && isatty(STDERR_FILENO) != 0;
   std::vector<sim::ReportRow> rows;
-  for (const std::string& name : names) {
+  for (size_t n = 0; n < names.size(); ++n) {
+    const std::string& name = names[n];
     for (const Capacity& c : dram) {
       sim::SimOptions o = base;
       o.policy = name;
+      o.policy_params = policy_params[n];
       o.dram_capacity_units = c.units;
       if (show_progress) o.progress = Progress;
       auto r = sim::Simulate(*units_trace, o);

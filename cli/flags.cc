@@ -1,6 +1,7 @@
 #include "cli/flags.h"
 
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -20,32 +21,50 @@ void FlagSet::String(std::string name, std::string* out, std::string metavar, st
   flags_.push_back(std::move(f));
 }
 
-void FlagSet::Uint(std::string name, uint64_t* out, std::string help, bool required) {
+namespace {
+std::string FormatDouble(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+}  // namespace
+
+bool ParseFiniteDouble(std::string_view text, double min, double max, double* out) {
+  std::string s(text);
+  char* end = nullptr;
+  double value = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(value)) return false;
+  if (value < min || value > max) return false;
+  *out = value;
+  return true;
+}
+
+void FlagSet::Uint(std::string name, uint64_t* out, std::string help, bool required, uint64_t min,
+                   uint64_t max) {
   Flag f{std::move(name), "N", std::move(help), required};
   f.default_text = std::to_string(*out);
-  f.set = [out](std::string_view v) {
+  if (min != 0 || max != UINT64_MAX) {
+    f.range_text = std::to_string(min) + ".." + std::to_string(max);
+  }
+  f.set = [out, min, max](std::string_view v) {
     uint64_t value = 0;
     auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
     if (ec != std::errc() || p != v.data() + v.size()) return false;
+    if (value < min || value > max) return false;
     *out = value;
     return true;
   };
   flags_.push_back(std::move(f));
 }
 
-void FlagSet::Double(std::string name, double* out, std::string help, bool required) {
+void FlagSet::Double(std::string name, double* out, std::string help, bool required, double min,
+                     double max) {
   Flag f{std::move(name), "X", std::move(help), required};
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%g", *out);
-  f.default_text = buf;
-  f.set = [out](std::string_view v) {
-    std::string s(v);
-    char* end = nullptr;
-    double value = std::strtod(s.c_str(), &end);
-    if (s.empty() || end != s.c_str() + s.size()) return false;
-    *out = value;
-    return true;
-  };
+  f.default_text = FormatDouble(*out);
+  if (min != -std::numeric_limits<double>::max() || max != std::numeric_limits<double>::max()) {
+    f.range_text = FormatDouble(min) + ".." + FormatDouble(max);
+  }
+  f.set = [out, min, max](std::string_view v) { return ParseFiniteDouble(v, min, max, out); };
   flags_.push_back(std::move(f));
 }
 
@@ -53,9 +72,12 @@ void FlagSet::Bool(std::string name, bool* out, std::string help) {
   Flag f{std::move(name), "", std::move(help), false};
   f.is_bool = true;
   f.set = [out](std::string_view v) {
-    if (v.empty() || v == "true" || v == "1") *out = true;
-    else if (v == "false" || v == "0") *out = false;
-    else return false;
+    if (v.empty() || v == "true" || v == "1")
+      *out = true;
+    else if (v == "false" || v == "0")
+      *out = false;
+    else
+      return false;
     return true;
   };
   flags_.push_back(std::move(f));
@@ -74,7 +96,9 @@ void FlagSet::PrintUsage(FILE* out) const {
   for (const Flag& f : flags_) {
     std::string left = "  --" + f.name + (f.is_bool ? "" : " " + f.metavar);
     std::fprintf(out, "%-30s %s", left.c_str(), f.help.c_str());
-    if (f.required) std::fprintf(out, " (required)");
+    if (!f.range_text.empty()) std::fprintf(out, " [%s]", f.range_text.c_str());
+    if (f.required)
+      std::fprintf(out, " (required)");
     else if (!f.is_bool && !f.default_text.empty())
       std::fprintf(out, " (default: %s)", f.default_text.c_str());
     std::fprintf(out, "\n");
@@ -125,10 +149,21 @@ int FlagSet::Parse(std::span<const std::string_view> args) {
         return 2;
       }
       value = args[++i];
+      if (value.size() >= 2 && value.substr(0, 2) == "--") {
+        std::fprintf(stderr,
+                     "%s: flag '--%s' needs a value, got the flag '%.*s' (write --%s=%.*s "
+                     "if that is the value)\n",
+                     command_.c_str(), flag->name.c_str(), static_cast<int>(value.size()),
+                     value.data(), flag->name.c_str(), static_cast<int>(value.size()),
+                     value.data());
+        return 2;
+      }
     }
     if (!flag->set(value)) {
-      std::fprintf(stderr, "%s: bad value '%.*s' for '--%s'\n", command_.c_str(),
-                   static_cast<int>(value.size()), value.data(), flag->name.c_str());
+      std::fprintf(stderr, "%s: bad value '%.*s' for '--%s'%s%s\n", command_.c_str(),
+                   static_cast<int>(value.size()), value.data(), flag->name.c_str(),
+                   flag->range_text.empty() ? "" : ": the allowed range is ",
+                   flag->range_text.c_str());
       return 2;
     }
     flag->seen = true;

@@ -8,12 +8,15 @@
 //   if (int rc = flags.Parse(args); rc >= 0) return rc;   // --help printed, or an error
 //
 // Accepts `--name value`, `--name=value` and, for booleans, `--name`. Unknown flags, missing
-// values, malformed numbers and missing required flags are errors with a message on stderr
-// and exit code 2. `--help` prints generated usage to stdout and exit code 0.
+// values, malformed numbers, numbers outside the flag's range (NaN and infinities are always
+// outside), a value that looks like a flag (`--trace --json`; write `--trace=--json` to mean
+// it) and missing required flags are errors with a message on stderr and exit code 2.
+// `--help` prints generated usage (with each range and default) to stdout and exit code 0.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -27,8 +30,13 @@ class FlagSet {
 
   void String(std::string name, std::string* out, std::string metavar, std::string help,
               bool required = false);
-  void Uint(std::string name, uint64_t* out, std::string help, bool required = false);
-  void Double(std::string name, double* out, std::string help, bool required = false);
+  // Values outside [min, max] are rejected.
+  void Uint(std::string name, uint64_t* out, std::string help, bool required = false,
+            uint64_t min = 0, uint64_t max = UINT64_MAX);
+  // Only finite values inside [min, max] are accepted.
+  void Double(std::string name, double* out, std::string help, bool required = false,
+              double min = -std::numeric_limits<double>::max(),
+              double max = std::numeric_limits<double>::max());
   void Bool(std::string name, bool* out, std::string help);
   // Remaining non-flag arguments are collected here; without this they are an error.
   void Positional(std::vector<std::string>* out, std::string metavar, std::string help);
@@ -43,12 +51,16 @@ class FlagSet {
     bool required = false, is_bool = false, seen = false;
     std::function<bool(std::string_view)> set;  // false: malformed value
     std::string default_text;
+    std::string range_text;  // "" when any value of the type is accepted
   };
   std::string command_, summary_;
   std::vector<Flag> flags_;
   std::vector<std::string>* positional_ = nullptr;
   std::string positional_metavar_, positional_help_;
 };
+
+// Parses a finite number in [min, max]; false otherwise (NaN, infinities, trailing bytes).
+bool ParseFiniteDouble(std::string_view text, double min, double max, double* out);
 
 // Splits "a,b,c" into its parts (empty input gives none).
 std::vector<std::string> SplitComma(std::string_view text);

@@ -45,20 +45,36 @@ struct Event {
   std::vector<uint64_t> ids;
 };
 
+// True for finite x in [lo, hi]; false for NaN (every comparison with NaN is false).
+bool InRange(double x, double lo, double hi) { return x >= lo && x <= hi; }
+
 Status Validate(const GeneratorOptions& o) {
   auto bad = [](const char* what) { return Status::InvalidArgument(std::string("gen: ") + what); };
   if (o.block_tokens < 2) return bad("block_tokens must be >= 2");
-  if (o.days <= 0 || o.days > 365) return bad("days must be in (0, 365]");
+  if (!(o.days > 0) || !InRange(o.days, 0, 365)) return bad("days must be in (0, 365]");
+  if (o.sessions == 0 || o.sessions > 10000000) return bad("sessions must be in [1, 10^7]");
   if (o.system_prompts == 0 || o.system_prompts > 100000) return bad("system_prompts range");
-  if (o.p_minutes < 0 || o.p_hours < 0 || o.p_minutes + o.p_hours > 1) {
+  if (!InRange(o.p_minutes, 0, 1) || !InRange(o.p_hours, 0, 1) || o.p_minutes + o.p_hours > 1) {
     return bad("p_minutes and p_hours must be >= 0 and sum to <= 1");
   }
-  if (o.tool_prob < 0 || o.tool_prob > 1) return bad("tool_prob must be in [0, 1]");
-  if (o.mean_turns < 1 || o.first_turn_blocks < 1 || o.turn_blocks < 1 || o.tool_blocks < 1 ||
-      o.system_prompt_blocks < 1) {
-    return bad("means must be >= 1");
+  if (!InRange(o.tool_prob, 0, 1)) return bad("tool_prob must be in [0, 1]");
+  if (!InRange(o.prompt_zipf, 0, 10)) return bad("prompt_zipf must be in [0, 10]");
+  constexpr double kMaxMean = 1e6;
+  if (!InRange(o.mean_turns, 1, kMaxMean) || !InRange(o.first_turn_blocks, 1, kMaxMean) ||
+      !InRange(o.turn_blocks, 1, kMaxMean) || !InRange(o.tool_blocks, 1, kMaxMean) ||
+      !InRange(o.system_prompt_blocks, 1, kMaxMean)) {
+    return bad("means must be in [1, 10^6]");
   }
-  if (o.max_gap_hours <= 0) return bad("max_gap_hours must be > 0");
+  if (!InRange(o.output_tokens, 0, kMaxMean)) return bad("output_tokens must be in [0, 10^6]");
+  constexpr double kYearS = 365.0 * 86400;
+  if (!(o.minutes_median_s > 0) || !InRange(o.minutes_median_s, 0, kYearS) ||
+      !(o.hours_median_s > 0) || !InRange(o.hours_median_s, 0, kYearS) || !(o.days_median_s > 0) ||
+      !InRange(o.days_median_s, 0, kYearS)) {
+    return bad("gap medians must be in (0, 1 year] seconds");
+  }
+  if (!(o.max_gap_hours > 0) || !InRange(o.max_gap_hours, 0, 365.0 * 24)) {
+    return bad("max_gap_hours must be in (0, 8760]");
+  }
   return Status::Ok();
 }
 

@@ -1,0 +1,90 @@
+// Runs the `kvtier` binary: `kvtier sim` and `kvtier sim gen` refuse nonsense on their command
+// lines (NaN, infinities, out-of-range numbers, a flag where a value belongs, --param for a
+// policy that is not listed) with exit code 2 and a message naming the flag, and accept
+// per-policy parameters.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+namespace {
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+};
+
+Result RunKvtier(const std::string& args) {
+  const std::string cmd = std::string(KVTIER_BINARY_DIR) + "/cli/kvtier " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class SimFlags : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ =
+        std::filesystem::temp_directory_path() / ("kvtier_sim_flags_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    trace_ = (dir_ / "trace.jsonl").string();
+    Result gen = RunKvtier("sim gen --sessions 20 --days 1 --out " + trace_);
+    ASSERT_EQ(gen.exit_code, 0) << gen.out;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+  std::string trace_;
+};
+
+TEST_F(SimFlags, GenRejectsNonFiniteAndOutOfRangeNumbers) {
+  const std::string out = " --out " + (dir_ / "bad.jsonl").string();
+  for (const char* bad : {"--output-tokens nan", "--output-tokens inf", "--output-tokens -1",
+                          "--days nan", "--days 0", "--days -inf", "--tool-prob 1.5",
+                          "--p-minutes nan", "--sessions 0", "--block-tokens 1"}) {
+    Result r = RunKvtier(std::string("sim gen ") + bad + out);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.out;
+    std::string flag = std::string(bad).substr(0, std::string(bad).find(' '));
+    EXPECT_NE(r.out.find("'" + flag + "'"), std::string::npos) << bad << ": " << r.out;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "bad.jsonl"));
+}
+
+TEST_F(SimFlags, SimRejectsCapacityFractionsOutsideZeroToOne) {
+  for (const char* bad : {"2", "0", "1.5", "nan", "0.1,inf"}) {
+    Result r = RunKvtier("sim --no-progress --trace " + trace_ + " --capacity-fraction " + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.out;
+  }
+  Result ok = RunKvtier("sim --no-progress --trace " + trace_ + " --capacity-fraction 1");
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+}
+
+TEST_F(SimFlags, AFlagIsNotTakenAsAValue) {
+  Result r = RunKvtier("sim --no-progress --trace --json");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("'--trace' needs a value"), std::string::npos) << r.out;
+}
+
+TEST_F(SimFlags, ParamsCanBeScopedToOnePolicy) {
+  const std::string base = "sim --no-progress --json --trace " + trace_ +
+                           " --capacity-fraction 0.1 --policy lru,long-tail";
+  Result unscoped = RunKvtier(base + " --param decay=0.8");
+  EXPECT_EQ(unscoped.exit_code, 2) << unscoped.out;  // lru takes no parameter
+  Result scoped = RunKvtier(base + " --param long-tail:decay=0.8");
+  EXPECT_EQ(scoped.exit_code, 0) << scoped.out;
+  Result unlisted = RunKvtier(base + " --param arc:decay=0.8");
+  EXPECT_EQ(unlisted.exit_code, 2) << unlisted.out;
+  EXPECT_NE(unlisted.out.find("not list"), std::string::npos) << unlisted.out;
+  Result out_of_range = RunKvtier(base + " --param long-tail:decay=nan");
+  EXPECT_EQ(out_of_range.exit_code, 2) << out_of_range.out;
+}
+
+}  // namespace

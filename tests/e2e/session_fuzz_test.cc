@@ -23,9 +23,9 @@ using wire::Key;
 using wire::Opcode;
 
 #ifdef KVTIER_SESSION_FUZZ_SLOW
-constexpr int kSequences = 1500;
+constexpr int kSequences = 5000;
 #else
-constexpr int kSequences = 40;
+constexpr int kSequences = 200;
 #endif
 constexpr int kStepsMax = 24;
 
@@ -40,11 +40,27 @@ class Fuzzer {
       : rng_(seed), socket_(socket), tcp_port_(tcp_port) {}
 
   // One connection's worth of random traffic.
+  // What the run exercised, for the log.
+  std::string Summary() const {
+    std::string out = "frames built " + std::to_string(frames_) + ", replies by code:";
+    for (size_t c = 0; c < replies_.size(); ++c) out += " " + std::to_string(replies_[c]);
+    return out;
+  }
+
   void Sequence() {
     conn_ = Pick(4) == 0 ? kt::RawNative::Tcp(tcp_port_) : kt::RawNative::Unix(socket_);
     if (!conn_.ok()) return;
     ::fcntl(conn_.fd(), F_SETFL, O_NONBLOCK);
     shm_bytes_ = 0;
+    // Most sequences start authenticated (often with shared memory), so the states after
+    // HELLO are reached as often as the refusals before it.
+    if (Pick(10) < 7) {
+      wire::HelloRequest h;
+      h.token = Pick(2) == 0 ? "alice-token" : "bob-token";
+      Send(Frame(Opcode::kHello, wire::EncodeHello(h)));
+      if (Pick(2) == 0) Send(Frame(Opcode::kShmAttach, wire::EncodeShmAttach(1u << 20)));
+      Drain(200);
+    }
     int steps = 1 + Pick(kStepsMax);
     for (int i = 0; i < steps && alive_; ++i) Step();
     if (shm_fd_ >= 0) ::close(shm_fd_);
@@ -82,6 +98,7 @@ class Fuzzer {
   }
 
   std::vector<uint8_t> Frame(Opcode op, std::span<const uint8_t> body, uint16_t flags = 0) {
+    ++frames_;
     return wire::BuildFrame(static_cast<uint8_t>(op), flags, ++id_, body);
   }
 
@@ -183,6 +200,7 @@ class Fuzzer {
     for (;;) {
       auto r = conn_.Read(wait_ms);
       if (!r) return;
+      ++replies_[std::min<size_t>(static_cast<size_t>(r->code), replies_.size() - 1)];
       if (r->fd >= 0) {
         if (shm_fd_ >= 0) ::close(shm_fd_);
         shm_fd_ = r->fd;
@@ -193,6 +211,8 @@ class Fuzzer {
   }
 
   std::mt19937_64 rng_;
+  uint64_t frames_ = 0;                 // well-formed frames built (before any corruption)
+  std::array<uint64_t, 11> replies_{};  // replies read, by status code
   std::string socket_;
   uint16_t tcp_port_;
   kt::RawNative conn_;
@@ -237,6 +257,8 @@ TEST(SessionFuzzTest, DaemonSurvivesRandomFrameSequences) {
     ASSERT_TRUE((*probe)->Lookup(std::vector<Key>{Key{}}).ok())
         << "sequence " << seq << " of seed " << seed;
   }
+  std::fprintf(stderr, "seed %llu, %d sequences: %s\n", static_cast<unsigned long long>(seed),
+               kSequences, fuzz.Summary().c_str());
   EXPECT_EQ(d.Stop(), 0);
   std::filesystem::remove_all(dir);
 }

@@ -49,9 +49,11 @@ std::string HashHex(std::string_view token) {
       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
 }
 
+// A distinct key per salt (the salt's bytes lead it).
 Key KeyOf(uint32_t salt) {
   Key k{};
-  for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<uint8_t>(salt * 31 + i * 7 + 1);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<uint8_t>(i * 7 + 1);
+  std::memcpy(k.data(), &salt, sizeof(salt));
   return k;
 }
 
@@ -456,7 +458,8 @@ TEST_F(HostileTest, ConnectionLimitsPerFrontAndPerTenant) {
 
 class HostileSmallBudgetTest : public HostileTest {
  protected:
-  HostileSmallBudgetTest() { memory_bytes_ = 8u << 20; }
+  // Two 1 MiB replies spend it: the third value of a connection that does not read is refused.
+  HostileSmallBudgetTest() { memory_bytes_ = 2u << 20; }
 };
 
 // Many connections each holding unread replies reach connection_memory_bytes_max: reads

@@ -129,7 +129,10 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
     id_ = shared_->Register(shared_from_this());
     auto self = shared_from_this();
     idle_.Arm(
-        IdleWatch::NowMs(), self, [this] { return inflight_ > 0; },
+        // Not idle: requests executing, or reads paused by the daemon-wide budget while the
+        // client has nothing left to read (the daemon, not the client, is holding it up).
+        IdleWatch::NowMs(), self,
+        [this] { return inflight_ > 0 || (memory_paused_ && wq_.empty()); },
         [this] {
           if (closed_) return;
           shared_->metrics->Refuse(Refusal::kIdle);

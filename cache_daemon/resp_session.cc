@@ -87,7 +87,10 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     sock_.non_blocking(true, ec);
     if (ec) return DoClose();
     idle_.Arm(
-        IdleWatch::NowMs(), shared_from_this(), [] { return false; },
+        // Not idle while reads are paused by the daemon-wide budget and nothing is left for the
+        // client to read (the daemon, not the client, is holding it up).
+        IdleWatch::NowMs(), shared_from_this(),
+        [this] { return memory_paused_ && pending_bytes() == 0 && wbuf_.empty(); },
         [this] {
           if (closed_) return;
           shared_->metrics->Refuse(Refusal::kIdle);

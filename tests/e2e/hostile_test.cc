@@ -126,7 +126,9 @@ class HostileTest : public ::testing::Test {
         if (st.ok() && found[0] && got[0] == v) {
           served_.fetch_add(1);
         } else {
-          failed_.fetch_add(1);
+          if (failed_.fetch_add(1) == 0) {
+            first_failure_ = st.ok() ? "value missing or wrong" : st.ToString();
+          }
         }
         ++i;
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -138,7 +140,8 @@ class HostileTest : public ::testing::Test {
     stop_.store(true);
     well_.join();
     EXPECT_GT(served_.load(), 0u) << "the well-behaved tenant was not served";
-    EXPECT_EQ(failed_.load(), 0u) << "the well-behaved tenant saw failures";
+    EXPECT_EQ(failed_.load(), 0u) << "the well-behaved tenant saw failures, first: "
+                                  << first_failure_;
   }
 
   // The daemon is up, answers a fresh client, and its RSS stayed within the budgets.
@@ -173,6 +176,7 @@ class HostileTest : public ::testing::Test {
   std::thread well_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> served_{0}, failed_{0};
+  std::string first_failure_;  // written by the well-behaved thread before failed_ turns 1
 };
 
 // [GET x16, AUTH bad] in one write: the GETs run as alice (they were sent under her HELLO)

@@ -103,6 +103,15 @@ struct ShmLease {
   }
 };
 
+// A request waiting for its reply, with the shared-memory ranges the daemon may still read or
+// write for it. A caller that stops waiting (timeout) drops its own references; the ranges
+// stay allocated here until the reply arrives or the connection fails, so they are never
+// handed to another request while the daemon could still use them.
+struct Pending {
+  std::promise<StatusOr<Frame>> reply;
+  std::vector<std::shared_ptr<ShmLease>> leases;
+};
+
 class ClientImpl final : public Client {
  public:
   explicit ClientImpl(const ClientOptions& o) : options_(o), parser_(o.max_frame_bytes) {}
@@ -163,7 +172,10 @@ class ClientImpl final : public Client {
     KVTIER_RETURN_IF_ERROR(wire::DecodeStatus(&hr, &hs));
     KVTIER_RETURN_IF_ERROR(hs);
     KVTIER_ASSIGN_OR_RETURN(hello_, wire::DecodeHelloResponse(&hr));
-    if (is_unix_ && options_.shm_bytes > 0) {
+    // The daemon names the tenant a connection runs as; none means auth is on and no token
+    // was given.
+    unauthenticated_ = hello_.tenant_name.empty();
+    if (is_unix_ && options_.shm_bytes > 0 && !unauthenticated_) {
       int memfd = -1;
       KVTIER_ASSIGN_OR_RETURN(
           Frame sf,
@@ -413,8 +425,8 @@ class ClientImpl final : public Client {
           std::lock_guard<std::mutex> lock(mu_);
           auto it = pending_.find(f.header.request_id);
           if (it != pending_.end()) {
-            p = std::move(it->second);
-            pending_.erase(it);
+            p = std::move(it->second.reply);
+            pending_.erase(it);  // releases its shared-memory ranges
             found = true;
           }
         }
@@ -429,26 +441,34 @@ class ClientImpl final : public Client {
       }
       parser_.Append(std::span<const uint8_t>(buf.data(), static_cast<size_t>(n)));
     }
-    std::map<uint64_t, std::promise<StatusOr<Frame>>> pending;
+    std::map<uint64_t, Pending> pending;
     {
       std::lock_guard<std::mutex> lock(mu_);
       broken_ = failure;
       pending.swap(pending_);
     }
-    for (auto& [id, p] : pending) p.set_value(failure);
+    for (auto& [id, p] : pending) p.reply.set_value(failure);
   }
 
-  std::future<StatusOr<Frame>> Call(Opcode op, uint16_t flags, std::span<const uint8_t> body) {
+  // leases: the shared-memory ranges the request names; kept until its reply (see Pending).
+  std::future<StatusOr<Frame>> Call(Opcode op, uint16_t flags, std::span<const uint8_t> body,
+                                    std::vector<std::shared_ptr<ShmLease>> leases = {}) {
     uint64_t id = next_id_++;
     std::promise<StatusOr<Frame>> p;
     std::future<StatusOr<Frame>> fut = p.get_future();
+    if (unauthenticated_) {
+      // The daemon answers anything but HELLO/AUTH on an unauthenticated connection once and
+      // closes it; refuse here and keep the connection (docs/format/wire.md).
+      p.set_value(Status::PermissionDenied("authentication required (HELLO/AUTH)"));
+      return fut;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!broken_.ok()) {
         p.set_value(broken_);
         return fut;
       }
-      pending_.emplace(id, std::move(p));
+      pending_.emplace(id, Pending{std::move(p), std::move(leases)});
     }
     // A frame the daemon would refuse from its header (over max_frame_bytes) would make it
     // close the connection: refuse it here and keep the connection.
@@ -484,8 +504,8 @@ class ClientImpl final : public Client {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = pending_.find(id);
       if (it == pending_.end()) return;
-      p = std::move(it->second);
-      pending_.erase(it);
+      p = std::move(it->second.reply);
+      pending_.erase(it);  // never sent: its ranges are free again
     }
     p.set_value(st);
   }
@@ -556,11 +576,15 @@ class ClientImpl final : public Client {
       if (!InShm(units[i].value)) total += units[i].value.size();
     }
     bool shm = false;
+    std::shared_ptr<ShmLease> lease;
     if (shm_ != nullptr) {
       std::optional<uint64_t> off = total > 0 ? alloc_.Alloc(total) : std::optional<uint64_t>(0);
       if (off) {
         shm = true;
-        if (total > 0) leases->push_back(std::make_shared<ShmLease>(&alloc_, *off, total));
+        if (total > 0) {
+          lease = std::make_shared<ShmLease>(&alloc_, *off, total);
+          leases->push_back(lease);
+        }
         uint64_t cursor = *off;
         for (size_t i = 0; i < units.size(); ++i) {
           std::span<const uint8_t> v = units[i].value;
@@ -575,7 +599,9 @@ class ClientImpl final : public Client {
       }
     }
     std::vector<uint8_t> body = wire::EncodePut(req, shm);
-    return Call(Opcode::kPut, shm ? wire::kFlagShm : 0, body);
+    std::vector<std::shared_ptr<ShmLease>> held;
+    if (lease) held.push_back(std::move(lease));
+    return Call(Opcode::kPut, shm ? wire::kFlagShm : 0, body, std::move(held));
   }
 
   bool InShm(std::span<const uint8_t> v) const {
@@ -584,20 +610,23 @@ class ClientImpl final : public Client {
 
   Status GetChunk(std::span<const wire::Key> keys, size_t base,
                   const std::function<void(size_t, const GetItem&)>& visit) {
-    std::optional<ShmLease> lease;
+    std::shared_ptr<ShmLease> lease;
     if (shm_ != nullptr) {
       for (uint64_t cap = shm_bytes_ / 2; cap >= (64u << 10) && !lease; cap /= 2) {
-        if (auto off = alloc_.Alloc(cap)) lease.emplace(&alloc_, *off, cap);
+        if (auto off = alloc_.Alloc(cap)) lease = std::make_shared<ShmLease>(&alloc_, *off, cap);
       }
     }
     wire::GetRequest req;
     req.keys.assign(keys.begin(), keys.end());
-    bool shm = lease.has_value();
+    bool shm = lease != nullptr;
     if (shm) {
       req.dst_offset = lease->offset;
       req.dst_capacity = lease->bytes;
     }
-    auto fut = Call(Opcode::kGet, shm ? wire::kFlagShm : 0, wire::EncodeGet(req, shm));
+    std::vector<std::shared_ptr<ShmLease>> held;
+    if (lease) held.push_back(lease);
+    auto fut =
+        Call(Opcode::kGet, shm ? wire::kFlagShm : 0, wire::EncodeGet(req, shm), std::move(held));
     KVTIER_ASSIGN_OR_RETURN(Frame f, Wait(fut));
     wire::Reader r(f.body);
     Status st;
@@ -660,8 +689,10 @@ class ClientImpl final : public Client {
   std::thread reader_;
   std::mutex write_mu_;
   std::mutex mu_;
-  std::map<uint64_t, std::promise<StatusOr<Frame>>> pending_;  // protected by mu_
-  Status broken_;                                              // protected by mu_
+  std::map<uint64_t, Pending> pending_;  // protected by mu_
+  // Auth is on and HELLO carried no token: only HELLO/AUTH would be accepted (set in Open).
+  bool unauthenticated_ = false;
+  Status broken_;  // protected by mu_
   std::atomic<uint64_t> next_id_{1};
   uint8_t* shm_ = nullptr;
   uint64_t shm_bytes_ = 0;

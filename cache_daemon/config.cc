@@ -140,6 +140,25 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
       {"limits.drain_timeout_ms", UintKey("limits.drain_timeout_ms", &o.drain_timeout_ms)},
       {"limits.resp_max_args", UintKey("limits.resp_max_args", &o.resp_max_args)},
       {"limits.http_max_body_bytes", UintKey("limits.http_max_body_bytes", &o.http_max_body_bytes)},
+      {"limits.idle_timeout_ms", UintKey("limits.idle_timeout_ms", &o.idle_timeout_ms)},
+      {"limits.reply_queue_bytes_max",
+       UintKey("limits.reply_queue_bytes_max", &o.reply_queue_bytes_max)},
+      {"limits.preauth_frame_bytes_max",
+       UintKey("limits.preauth_frame_bytes_max", &o.preauth_frame_bytes_max)},
+      {"limits.resp_command_bytes_max",
+       UintKey("limits.resp_command_bytes_max", &o.resp_command_bytes_max)},
+      {"limits.connection_memory_bytes_max",
+       UintKey("limits.connection_memory_bytes_max", &o.connection_memory_bytes_max)},
+      {"limits.unix_connections_max",
+       UintKey("limits.unix_connections_max", &o.unix_connections_max)},
+      {"limits.native_tcp_connections_max",
+       UintKey("limits.native_tcp_connections_max", &o.native_tcp_connections_max)},
+      {"limits.resp_connections_max",
+       UintKey("limits.resp_connections_max", &o.resp_connections_max)},
+      {"limits.http_connections_max",
+       UintKey("limits.http_connections_max", &o.http_connections_max)},
+      {"limits.tenant_connections_max",
+       UintKey("limits.tenant_connections_max", &o.tenant_connections_max)},
       {"auth.tokens_file", StringKey("auth.tokens_file", &o.tokens_file)},
       {"auth.server_secret_file", StringKey("auth.server_secret_file", &o.server_secret_file)},
       {"auth.default_inflight_max", UintKey("auth.default_inflight_max", &o.default_inflight_max)},
@@ -243,6 +262,24 @@ Status Finalize(DaemonOptions* o) {
   }
   if (o->max_batch_keys == 0 || o->max_batch_keys > 4096) {
     return Bad("limits.max_batch_keys", "1..4096");
+  }
+  if (o->idle_timeout_ms < 100) return Bad("limits.idle_timeout_ms", "at least 100");
+  if (o->reply_queue_bytes_max < 4096) return Bad("limits.reply_queue_bytes_max", "at least 4096");
+  if (o->preauth_frame_bytes_max < 4096) {
+    return Bad("limits.preauth_frame_bytes_max", "at least 4096");
+  }
+  if (o->resp_command_bytes_max < 4096)
+    return Bad("limits.resp_command_bytes_max", "at least 4096");
+  if (o->connection_memory_bytes_max < (1u << 20)) {
+    return Bad("limits.connection_memory_bytes_max", "at least 1 MiB");
+  }
+  for (auto [key, v] :
+       {std::pair{"limits.unix_connections_max", o->unix_connections_max},
+        std::pair{"limits.native_tcp_connections_max", o->native_tcp_connections_max},
+        std::pair{"limits.resp_connections_max", o->resp_connections_max},
+        std::pair{"limits.http_connections_max", o->http_connections_max},
+        std::pair{"limits.tenant_connections_max", o->tenant_connections_max}}) {
+    if (v == 0) return Bad(key, "at least 1");
   }
   if (o->socket_path.size() >= 108) {
     return Bad("server.socket", "path longer than 107 bytes (sun_path limit)");

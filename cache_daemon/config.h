@@ -69,6 +69,19 @@ struct DaemonOptions {
   uint64_t drain_timeout_ms = 30000;          // graceful shutdown waits this long for in-flight
   uint32_t resp_max_args = 65536;             // arguments in one RESP command
   uint64_t http_max_body_bytes = 1ull << 20;  // POST /v1/policy body
+  // Connection budgets (docs/CONFIG.md "Connection limits"; each refusal is counted in
+  // kvtier_connection_limit_refusals_total{reason}).
+  uint64_t idle_timeout_ms =
+      300000;  // no byte in or out and nothing executing: closed (all fronts)
+  uint64_t reply_queue_bytes_max = 128ull << 20;  // replies queued on one connection: stop reading
+  uint64_t preauth_frame_bytes_max = 16u << 10;  // one frame / RESP command before authentication
+  uint64_t resp_command_bytes_max = (64ull << 20) + (1ull << 20);  // one RESP command, all args
+  uint64_t connection_memory_bytes_max = 1ull << 30;  // all connection buffers together
+  uint32_t unix_connections_max = 512;                // per front; max_connections caps the sum
+  uint32_t native_tcp_connections_max = 256;
+  uint32_t resp_connections_max = 192;
+  uint32_t http_connections_max = 64;
+  uint32_t tenant_connections_max = 256;  // connections authenticated as one tenant (auth on)
 
   // [auth]
   std::string tokens_file;               // "" -> auth off (loopback / Unix only)

@@ -17,6 +17,33 @@
 namespace kvtier::daemon {
 namespace internal {
 
+const char* FrontName(Front f) {
+  static constexpr const char* kNames[] = {"unix", "native_tcp", "resp", "http"};
+  return kNames[static_cast<size_t>(f)];
+}
+
+uint64_t IdleWatch::NowMs() { return DefaultSteadyClock().NowMs(); }
+
+bool Shared::AcquireTenantConnection(const Tenant* t) {
+  if (t == nullptr || !tenants->auth_enabled()) return true;
+  std::lock_guard<std::mutex> lock(tenant_conns_mu);
+  uint32_t& n = tenant_conns[t->id];
+  if (n >= options->tenant_connections_max) {
+    metrics->Refuse(Refusal::kTenantConnections);
+    return false;
+  }
+  ++n;
+  return true;
+}
+
+void Shared::ReleaseTenantConnection(const Tenant* t) {
+  if (t == nullptr || !tenants->auth_enabled()) return;
+  std::lock_guard<std::mutex> lock(tenant_conns_mu);
+  auto it = tenant_conns.find(t->id);
+  if (it == tenant_conns.end()) return;
+  if (--it->second == 0) tenant_conns.erase(it);
+}
+
 std::string RenderMetrics(Shared* shared) {
   DaemonMetrics::Extra extra;
   extra.ready = shared->ready.load() && !shared->draining.load();
@@ -30,6 +57,11 @@ std::string RenderMetrics(Shared* shared) {
     extra.engram_regions = shared->engram->regions().size();
     extra.engram_grants_issued = shared->engram->grants_issued();
   }
+  extra.connection_buffer_bytes = shared->memory->used_bytes();
+  for (size_t f = 0; f < shared->front_open.size(); ++f) {
+    extra.front_connections.emplace_back(FrontName(static_cast<Front>(f)),
+                                         shared->front_open[f].load());
+  }
   return shared->metrics->RenderPrometheus(shared->service->store()->GetStats(), extra);
 }
 
@@ -38,6 +70,7 @@ std::string RenderMetrics(Shared* shared) {
 namespace {
 
 namespace asio = boost::asio;
+using internal::Front;
 using internal::Shared;
 using Tcp = asio::ip::tcp;
 using Local = asio::local::stream_protocol;
@@ -63,12 +96,14 @@ class DaemonImpl final : public Daemon {
         tenants_(std::move(tenants)),
         trace_(std::move(trace)),
         workers_(options.worker_threads),
+        memory_(options.connection_memory_bytes_max),
         service_(store_.get(), tenants_.get(), &metrics_, trace_.get(),
                  PolicySettings{options.storage.eviction_policy, options.storage.admission_policy,
                                 options.storage.policy_params}) {
     shared_.options = &options_;
     shared_.service = &service_;
     shared_.metrics = &metrics_;
+    shared_.memory = &memory_;
     shared_.tenants = tenants_.get();
     shared_.io = &io_;
     shared_.workers = &workers_;
@@ -129,9 +164,9 @@ class DaemonImpl final : public Daemon {
       KVTIER_RETURN_IF_ERROR(engram_->Start(io_));
       shared_.engram = engram_.get();
     }
-    if (native_tcp_) AcceptTcp(&*native_tcp_, 0);
-    if (resp_) AcceptTcp(&*resp_, 1);
-    if (http_) AcceptTcp(&*http_, 2);
+    if (native_tcp_) AcceptTcp(&*native_tcp_, Front::kNativeTcp);
+    if (resp_) AcceptTcp(&*resp_, Front::kResp);
+    if (http_) AcceptTcp(&*http_, Front::kHttp);
     for (uint32_t i = 0; i < options_.io_threads; ++i) {
       io_threads_.emplace_back([this] { io_.run(); });
     }
@@ -176,9 +211,19 @@ class DaemonImpl final : public Daemon {
   }
 
  private:
-  bool Admit() {
+  // Counts the connection in its front on success; the session uncounts it when it ends.
+  bool Admit(Front front) {
     if (shared_.draining.load() || metrics_.connections_open.load() >= options_.max_connections) {
       metrics_.connections_rejected.fetch_add(1);
+      return false;
+    }
+    const uint32_t limits[] = {options_.unix_connections_max, options_.native_tcp_connections_max,
+                               options_.resp_connections_max, options_.http_connections_max};
+    auto& open = shared_.front_open[static_cast<size_t>(front)];
+    if (open.fetch_add(1) >= limits[static_cast<size_t>(front)]) {
+      open.fetch_sub(1);
+      metrics_.connections_rejected.fetch_add(1);
+      metrics_.Refuse(Refusal::kFrontConnections);
       return false;
     }
     return true;
@@ -188,7 +233,7 @@ class DaemonImpl final : public Daemon {
     unix_->async_accept(asio::make_strand(io_), [this](boost::system::error_code ec,
                                                        Local::socket s) {
       if (ec == asio::error::operation_aborted || !unix_->is_open()) return;
-      if (!ec && Admit()) {
+      if (!ec && Admit(Front::kUnix)) {
         internal::StartNativeSession(&shared_, asio::generic::stream_protocol::socket(std::move(s)),
                                      /*is_unix=*/true);
       }
@@ -196,17 +241,17 @@ class DaemonImpl final : public Daemon {
     });
   }
 
-  void AcceptTcp(Tcp::acceptor* acc, int front) {
+  void AcceptTcp(Tcp::acceptor* acc, Front front) {
     acc->async_accept(
         asio::make_strand(io_), [this, acc, front](boost::system::error_code ec, Tcp::socket s) {
           if (ec == asio::error::operation_aborted || !acc->is_open()) return;
-          if (!ec && Admit()) {
-            if (front == 0) {
+          if (!ec && Admit(front)) {
+            if (front == Front::kNativeTcp) {
               boost::system::error_code ignored;
               s.set_option(Tcp::no_delay(true), ignored);
               internal::StartNativeSession(
                   &shared_, asio::generic::stream_protocol::socket(std::move(s)), false);
-            } else if (front == 1) {
+            } else if (front == Front::kResp) {
               internal::StartRespSession(&shared_, std::move(s));
             } else {
               internal::StartHttpSession(&shared_, std::move(s));
@@ -281,6 +326,7 @@ class DaemonImpl final : public Daemon {
   std::unique_ptr<TraceWriter> trace_;
   DaemonMetrics metrics_;
   asio::thread_pool workers_;
+  internal::ConnectionMemory memory_;
   Service service_;
   Shared shared_;
   std::unique_ptr<EngramServing> engram_;  // [engram]; null when off

@@ -4,8 +4,10 @@
 // Boost 1.74's asio/awaitable.hpp uses std::exchange without including <utility>.
 #include <utility>
 // (must precede boost/asio.hpp)
+#include <array>
 #include <atomic>
 #include <boost/asio.hpp>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -21,6 +23,38 @@
 namespace kvtier::daemon::internal {
 
 namespace asio = boost::asio;
+
+// The listener a connection came in on; each has its own connection limit ([limits]).
+enum class Front : uint8_t { kUnix, kNativeTcp, kResp, kHttp, kCount };
+const char* FrontName(Front f);
+
+// The memory every connection buffer together may hold (limits.connection_memory_bytes_max):
+// read buffers, request frames received and executing, replies queued. Sessions report what
+// they hold with Adjust(); a session does not start a read while Over(), so the total can
+// exceed the limit by at most one read chunk per connection plus replies already being built.
+// Thread-safe.
+class ConnectionMemory {
+ public:
+  explicit ConnectionMemory(uint64_t limit_bytes) : limit_bytes_(limit_bytes) {}
+  // Moves *charged to now_bytes, updating the total by the difference.
+  void Adjust(uint64_t* charged, uint64_t now_bytes) {
+    if (now_bytes >= *charged) {
+      used_.fetch_add(now_bytes - *charged);
+    } else {
+      used_.fetch_sub(*charged - now_bytes);
+    }
+    *charged = now_bytes;
+  }
+  // For bytes outside a session's own tally (replies being built on a worker).
+  void Charge(uint64_t n) { used_.fetch_add(n); }
+  void Release(uint64_t n) { used_.fetch_sub(n); }
+  bool Over() const { return used_.load() >= limit_bytes_; }
+  uint64_t used_bytes() const { return used_.load(); }
+
+ private:
+  const uint64_t limit_bytes_;
+  std::atomic<uint64_t> used_{0};
+};
 
 class Session {
  public:
@@ -39,6 +73,9 @@ struct Shared {
   asio::io_context* io = nullptr;
   asio::thread_pool* workers = nullptr;
   EngramServing* engram = nullptr;  // null when [engram] serving is off
+  ConnectionMemory* memory = nullptr;
+  // Connections open per front (incremented at admission, decremented by the session).
+  std::array<std::atomic<uint32_t>, static_cast<size_t>(Front::kCount)> front_open{};
   std::atomic<bool> draining{false};
   std::atomic<bool> ready{true};
   uint64_t start_us = 0;
@@ -58,13 +95,56 @@ struct Shared {
     std::lock_guard<std::mutex> lock(sessions_mu);
     sessions.erase(id);
   }
+
+  // Connections authenticated as one tenant (limits.tenant_connections_max). Counted only
+  // with auth on; the tenant "default" of an auth-off daemon is limited by the fronts alone.
+  // False (and counted as a refusal) when the tenant is at its limit.
+  bool AcquireTenantConnection(const Tenant* t);
+  void ReleaseTenantConnection(const Tenant* t);
+
+  std::mutex tenant_conns_mu;
+  std::map<uint64_t, uint32_t> tenant_conns;  // tenant id -> connections; by tenant_conns_mu
 };
 
 // Each takes a connected socket and runs the session until the peer or the daemon closes it.
+// The caller has counted it in shared->front_open[front]; the session uncounts it when it ends.
 void StartNativeSession(Shared* shared, asio::generic::stream_protocol::socket socket,
                         bool is_unix);
 void StartRespSession(Shared* shared, asio::ip::tcp::socket socket);
 void StartHttpSession(Shared* shared, asio::ip::tcp::socket socket);
+
+// Closes a session after limits.idle_timeout_ms without a byte read or written and with no
+// request executing. Owned by a session, used on its strand only: Touch() on every read or
+// write completion, Arm() once at the start; busy() tells whether requests are executing.
+class IdleWatch {
+ public:
+  template <typename Executor>
+  IdleWatch(const Executor& ex, uint64_t timeout_ms) : timer_(ex), timeout_ms_(timeout_ms) {}
+  void Touch(uint64_t now_ms) { last_ms_ = now_ms; }
+  // Calls on_idle (on the timer's executor) once the connection has been idle long enough;
+  // keep_alive is held by the pending wait (the session's shared_ptr).
+  template <typename KeepAlive, typename Busy, typename OnIdle>
+  void Arm(uint64_t now_ms, KeepAlive keep_alive, Busy busy, OnIdle on_idle) {
+    if (last_ms_ == 0) last_ms_ = now_ms;
+    uint64_t due = last_ms_ + timeout_ms_;
+    uint64_t wait_ms = due > now_ms ? due - now_ms : 0;
+    timer_.expires_after(std::chrono::milliseconds(wait_ms));
+    timer_.async_wait([this, keep_alive, busy, on_idle](boost::system::error_code ec) {
+      if (ec) return;
+      uint64_t now = NowMs();
+      if (!busy() && now >= last_ms_ + timeout_ms_) return on_idle();
+      if (busy()) last_ms_ = now;
+      Arm(now, keep_alive, busy, on_idle);
+    });
+  }
+  void Cancel() { timer_.cancel(); }
+  static uint64_t NowMs();
+
+ private:
+  asio::steady_timer timer_;
+  const uint64_t timeout_ms_;
+  uint64_t last_ms_ = 0;
+};
 
 // The /metrics page (also used by tests through the HTTP port).
 std::string RenderMetrics(Shared* shared);

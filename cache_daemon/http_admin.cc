@@ -15,11 +15,15 @@ namespace {
 namespace beast = boost::beast;
 namespace http = beast::http;
 using Tcp = asio::ip::tcp;
+constexpr size_t kFirstReadBytes = 4096;
 
 class HttpSession : public Session, public std::enable_shared_from_this<HttpSession> {
  public:
   HttpSession(Shared* shared, Tcp::socket socket) : shared_(shared), stream_(std::move(socket)) {}
-  ~HttpSession() override { shared_->metrics->connections_open.fetch_sub(1); }
+  ~HttpSession() override {
+    shared_->front_open[static_cast<size_t>(Front::kHttp)].fetch_sub(1);
+    shared_->metrics->connections_open.fetch_sub(1);
+  }
 
   beast::tcp_stream::executor_type executor() { return stream_.get_executor(); }
   void Begin() {
@@ -41,7 +45,24 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
     shared_->Unregister(id_);
   }
 
+  // Waits up to limits.idle_timeout_ms for the first byte of the next request (keep-alive),
+  // then gives the request frame_timeout_ms to arrive whole.
   void Read() {
+    if (closed_ || shared_->draining.load()) return DoClose();
+    if (buf_.size() > 0) return ReadRequest();
+    stream_.expires_after(std::chrono::milliseconds(shared_->options->idle_timeout_ms));
+    stream_.async_read_some(buf_.prepare(kFirstReadBytes),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              self->buf_.commit(n);
+                              self->shared_->metrics->AddBytes(true, n);
+                              if (ec == beast::error::timeout)
+                                self->shared_->metrics->Refuse(Refusal::kIdle);
+                              if (ec) return self->DoClose();
+                              self->ReadRequest();
+                            });
+  }
+
+  void ReadRequest() {
     if (closed_ || shared_->draining.load()) return DoClose();
     parser_.emplace();
     parser_->body_limit(shared_->options->http_max_body_bytes);

@@ -1,8 +1,17 @@
 #include "cache_daemon/metrics.h"
 
 #include <cstdio>
+#include <iterator>
 
 namespace kvtier::daemon {
+
+const char* RefusalName(Refusal r) {
+  static constexpr const char* kNames[] = {
+      "front_connections", "tenant_connections", "preauth_frame", "unauthenticated",
+      "resp_command",      "reply_queue",        "memory",        "idle"};
+  static_assert(std::size(kNames) == static_cast<size_t>(Refusal::kCount));
+  return kNames[static_cast<size_t>(r)];
+}
 
 const char* OpName(Op op) {
   static constexpr const char* kNames[] = {
@@ -314,6 +323,22 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
   p.One("kvtier_slow_client_disconnects_total", "counter",
         "Connections closed because a frame did not complete within frame_timeout_ms.",
         slow_client_disconnects.load());
+  p.Family("kvtier_connection_limit_refusals_total", "counter",
+           "Things refused or connections closed by a [limits] connection limit, by reason.");
+  for (size_t r = 0; r < refusals.size(); ++r) {
+    p.Sample("kvtier_connection_limit_refusals_total",
+             std::string("reason=\"") + RefusalName(static_cast<Refusal>(r)) + "\"",
+             refusals[r].load());
+  }
+  p.One("kvtier_connection_buffer_bytes", "gauge",
+        "Bytes held by connection buffers (limits.connection_memory_bytes_max).",
+        extra.connection_buffer_bytes);
+  if (!extra.front_connections.empty()) {
+    p.Family("kvtier_front_connections_open", "gauge", "Client connections open per front.");
+    for (const auto& [front, n] : extra.front_connections) {
+      p.Sample("kvtier_front_connections_open", "front=\"" + front + "\"", n);
+    }
+  }
   p.One("kvtier_tenant_inflight_rejections_total", "counter",
         "Requests refused by a tenant's in-flight limit.", tenant_inflight_rejections.load());
   p.One("kvtier_trace_records_dropped_total", "counter", "Trace records dropped (queue full).",

@@ -53,6 +53,21 @@ enum class Op : uint8_t {
 };
 const char* OpName(Op op);
 
+// Why a connection limit ([limits]) refused something: the `reason` label of
+// kvtier_connection_limit_refusals_total (docs/CONFIG.md names the key behind each).
+enum class Refusal : uint8_t {
+  kFrontConnections,   // accept over a front's *_connections_max
+  kTenantConnections,  // HELLO/AUTH over tenant_connections_max
+  kPreauthFrame,       // a frame over preauth_frame_bytes_max before authentication
+  kUnauthenticated,    // a request other than HELLO/AUTH before authentication (auth on)
+  kRespCommand,        // a RESP command over resp_command_bytes_max
+  kReplyQueue,  // reading paused, or a GET value answered retry: reply_queue_bytes_max reached
+  kMemory,      // as kReplyQueue, for connection_memory_bytes_max
+  kIdle,        // closed after idle_timeout_ms without traffic
+  kCount
+};
+const char* RefusalName(Refusal r);
+
 // Fixed-bucket latency histogram in microseconds.
 class LatencyHistogram {
  public:
@@ -113,6 +128,8 @@ class DaemonMetrics {
   std::atomic<uint64_t> tenant_inflight_rejections{0};
   std::atomic<uint64_t> trace_records_dropped{0};
   std::atomic<uint64_t> inflight{0};
+  std::array<std::atomic<uint64_t>, static_cast<size_t>(Refusal::kCount)> refusals{};
+  void Refuse(Refusal r) { refusals[static_cast<size_t>(r)].fetch_add(1); }
   EngramFetchMetrics engram_fetch;
 
   struct Extra {
@@ -125,6 +142,9 @@ class DaemonMetrics {
     std::optional<rdma::RowServerCounters> engram_server;
     uint64_t engram_regions = 0;
     uint64_t engram_grants_issued = 0;
+    uint64_t connection_buffer_bytes = 0;  // ConnectionMemory::used_bytes()
+    // Open connections per front: (front name, count).
+    std::vector<std::pair<std::string, uint64_t>> front_connections;
   };
   // The whole /metrics page: daemon counters plus the storage snapshot.
   std::string RenderPrometheus(const storage::Stats& s, const Extra& extra) const;

@@ -1,5 +1,6 @@
 // The native-protocol connection: frame splitting, auth, dispatch to workers, ordered
 // writes, shared memory, backpressure and the slow-client timer. See docs/format/wire.md.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <optional>
 
 #include "cache_daemon/daemon_internal.h"
 #include "cache_daemon/wire.h"
@@ -21,7 +23,12 @@ using GenericSocket = asio::generic::stream_protocol::socket;
 
 // After this many failed AUTH attempts a connection is closed.
 constexpr int kMaxAuthFailures = 3;
+// Reads start with a small buffer (an idle connection holds little) that doubles up to
+// kReadChunkBytes while reads fill it.
+constexpr size_t kFirstReadBytes = 16 * 1024;
 constexpr size_t kReadChunkBytes = 256 * 1024;
+// A session paused by limits.connection_memory_bytes_max looks again after this long.
+constexpr uint64_t kMemoryRetryMs = 5;
 
 Op ToOp(uint8_t opcode) {
   switch (static_cast<Opcode>(opcode)) {
@@ -80,6 +87,18 @@ struct OutMsg {
   int fd = -1;  // sent with SCM_RIGHTS alongside the bytes (Unix sockets only)
 };
 
+// Everything a request needs from its connection, fixed when the frame is accepted: a
+// HELLO/AUTH/SHM_ATTACH that follows it on the strand cannot change what it runs as.
+struct Job {
+  wire::Frame frame;
+  const Tenant* tenant = nullptr;  // never null
+  uint32_t unit_tokens = 0;
+  uint8_t* shm = nullptr;  // the mapping (lives as long as the session); null when none
+  uint64_t shm_bytes = 0;
+  // Set by the worker: value bytes of the reply it built, reserved with ReserveReply.
+  uint64_t reserved_bytes = 0;
+};
+
 class NativeSession : public Session, public std::enable_shared_from_this<NativeSession> {
  public:
   NativeSession(Shared* shared, GenericSocket socket, bool is_unix)
@@ -89,18 +108,37 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
         is_unix_(is_unix),
         parser_(shared->options->max_frame_bytes),
         timer_(strand_),
-        rbuf_(kReadChunkBytes) {
+        memory_timer_(strand_),
+        idle_(strand_, shared->options->idle_timeout_ms),
+        rbuf_(kFirstReadBytes) {
     tenant_ = shared_->tenants->default_tenant();
+    SetFrameLimit();
   }
 
   ~NativeSession() override {
     if (shm_ != nullptr) ::munmap(shm_, shm_bytes_);
     if (shm_fd_ >= 0) ::close(shm_fd_);
+    shared_->ReleaseTenantConnection(tenant_);
+    shared_->memory->Adjust(&charged_bytes_, 0);
+    shared_->front_open[static_cast<size_t>(is_unix_ ? Front::kUnix : Front::kNativeTcp)].fetch_sub(
+        1);
     shared_->metrics->connections_open.fetch_sub(1);
   }
 
   void Begin() {
     id_ = shared_->Register(shared_from_this());
+    auto self = shared_from_this();
+    idle_.Arm(
+        // Not idle: requests executing, or reads paused by the daemon-wide budget while the
+        // client has nothing left to read (the daemon, not the client, is holding it up).
+        IdleWatch::NowMs(), self,
+        [this] { return inflight_ > 0 || (memory_paused_ && wq_.empty()); },
+        [this] {
+          if (closed_) return;
+          shared_->metrics->Refuse(Refusal::kIdle);
+          KVTIER_LOG(kInfo) << "closing idle native connection (limits.idle_timeout_ms)";
+          DoClose();
+        });
     MaybeRead();
   }
 
@@ -116,6 +154,8 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
     closed_ = true;
     boost::system::error_code ec;
     timer_.cancel();
+    memory_timer_.cancel();
+    idle_.Cancel();
     sock_.shutdown(asio::socket_base::shutdown_both, ec);
     sock_.close(ec);
     shared_->Unregister(id_);
@@ -134,10 +174,33 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
     processing_ = true;
     bool open = ProcessFrames();
     processing_ = false;
+    Account();
     if (!open || reading_ || closed_) return;
     if (inflight_ >= shared_->options->max_inflight_per_connection) return;  // backpressure
+    if (held_) return;  // a HELLO/AUTH waits for the requests before it
+    if (ReplyQueueFull()) {
+      // The client is not reading its replies: stop reading its requests (WriteNext resumes).
+      if (!reply_paused_) shared_->metrics->Refuse(Refusal::kReplyQueue);
+      reply_paused_ = true;
+      return;
+    }
+    reply_paused_ = false;
+    if (shared_->memory->Over()) {
+      if (!memory_paused_) shared_->metrics->Refuse(Refusal::kMemory);
+      memory_paused_ = true;
+      memory_timer_.expires_after(std::chrono::milliseconds(kMemoryRetryMs));
+      memory_timer_.async_wait(
+          asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+            if (!ec) self->MaybeRead();
+          }));
+      return;
+    }
+    memory_paused_ = false;
+    // Before authentication a read takes no more than one frame may hold.
+    size_t want = rbuf_.size();
+    if (Unauthenticated()) want = std::min<size_t>(want, PreauthFrameBytes());
     reading_ = true;
-    sock_.async_read_some(asio::buffer(rbuf_),
+    sock_.async_read_some(asio::buffer(rbuf_.data(), want),
                           asio::bind_executor(strand_, [self = shared_from_this()](
                                                            boost::system::error_code ec, size_t n) {
                             self->OnRead(ec, n);
@@ -154,9 +217,55 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
       return;
     }
     shared_->metrics->AddBytes(true, n);
+    idle_.Touch(IdleWatch::NowMs());
     parser_.Append(std::span<const uint8_t>(rbuf_.data(), n));
+    if (n == rbuf_.size() && rbuf_.size() < kReadChunkBytes && !Unauthenticated()) {
+      rbuf_.resize(rbuf_.size() * 2);  // a busy connection reads in larger chunks
+    }
     MaybeRead();
     ArmFrameTimer();
+  }
+
+  // Auth is on and this connection has not authenticated (yet, or after a failed AUTH).
+  bool Unauthenticated() const { return tenant_ == nullptr; }
+  uint64_t PreauthFrameBytes() const {
+    return std::min(shared_->options->preauth_frame_bytes_max, shared_->options->max_frame_bytes);
+  }
+  // Before authentication only a small frame is accepted, judged from its header.
+  void SetFrameLimit() {
+    parser_.set_max_frame_bytes(Unauthenticated() ? PreauthFrameBytes()
+                                                  : shared_->options->max_frame_bytes);
+  }
+  bool ReplyQueueFull() const {
+    return wq_bytes_.load() >= shared_->options->reply_queue_bytes_max;
+  }
+
+  // Called on a worker before it copies n value bytes into an inline reply. A connection
+  // with no reply bytes queued or being built always gets its first value; beyond that the
+  // value must fit in reply_queue_bytes_max and the daemon-wide budget must not be spent.
+  // False: the value is answered `retry` (as when it would not fit in a frame), so a client
+  // that does not read its replies cannot make the workers build more of them.
+  bool ReserveReply(uint64_t n, Job* job) {
+    uint64_t outstanding = wq_bytes_.load() + building_bytes_.load();
+    if (outstanding > 0 && outstanding + n > shared_->options->reply_queue_bytes_max) {
+      shared_->metrics->Refuse(Refusal::kReplyQueue);
+      return false;
+    }
+    if (outstanding > 0 && shared_->memory->Over()) {
+      shared_->metrics->Refuse(Refusal::kMemory);
+      return false;
+    }
+    building_bytes_.fetch_add(n);
+    shared_->memory->Charge(n);
+    job->reserved_bytes += n;
+    return true;
+  }
+
+  // Reports what this connection holds to the daemon-wide budget.
+  void Account() {
+    uint64_t held = rbuf_.capacity() + parser_.buffered_bytes() + wq_bytes_.load() +
+                    inflight_bytes_ + (held_ ? held_->body.size() : 0);
+    shared_->memory->Adjust(&charged_bytes_, held);
   }
 
   // Starts the slow-client timer when a frame is incomplete.
@@ -180,20 +289,39 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
         }));
   }
 
-  // Returns false when the connection is being closed.
+  static bool IsAuthFrame(const wire::FrameHeader& h) {
+    return h.opcode == static_cast<uint8_t>(Opcode::kHello) ||
+           h.opcode == static_cast<uint8_t>(Opcode::kAuth);
+  }
+
+  // Returns false when the connection is being closed. A HELLO/AUTH that arrives while
+  // requests are executing is held (and nothing after it is taken) until they finish, so each
+  // request runs as the tenant it was sent under (docs/format/wire.md "Authentication").
   bool ProcessFrames() {
     while (!closed_ && !close_after_write_ &&
-           inflight_ < shared_->options->max_inflight_per_connection) {
+           inflight_ < shared_->options->max_inflight_per_connection && !ReplyQueueFull()) {
       wire::Frame frame;
-      StatusOr<bool> got = parser_.Next(&frame);
-      if (!got.ok()) {
-        OnMalformed(got.status());
-        return false;
+      if (held_) {
+        if (inflight_ > 0) break;
+        frame = std::move(*held_);
+        held_.reset();
+      } else {
+        StatusOr<bool> got = parser_.Next(&frame);
+        if (!got.ok()) {
+          if (Unauthenticated()) shared_->metrics->Refuse(Refusal::kPreauthFrame);
+          OnMalformed(got.status());
+          return false;
+        }
+        if (!*got) break;
+        ++frames_completed_;
+        last_opcode_ = frame.header.opcode;
+        if (IsAuthFrame(frame.header) && inflight_ > 0) {
+          held_ = std::move(frame);
+          break;
+        }
       }
-      if (!*got) break;
-      ++frames_completed_;
-      last_opcode_ = frame.header.opcode;
       HandleFrame(std::move(frame));
+      SetFrameLimit();
     }
     return !closed_ && !close_after_write_;
   }
@@ -210,6 +338,7 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
   }
 
   void Enqueue(OutMsg msg) {
+    wq_bytes_.fetch_add(msg.bytes.size());
     wq_.push_back(std::move(msg));
     if (!writing_) WriteNext();
   }
@@ -236,6 +365,8 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
                       asio::bind_executor(strand_, [self = shared_from_this()](
                                                        boost::system::error_code ec, size_t n) {
                         self->shared_->metrics->AddBytes(false, n);
+                        self->idle_.Touch(IdleWatch::NowMs());
+                        self->wq_bytes_.fetch_sub(self->wq_.front().bytes.size());
                         self->wq_.pop_front();
                         if (ec) {
                           KVTIER_LOG(kInfo) << "native connection write error: " << ec.message();
@@ -274,14 +405,17 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
       return;
     }
     if (n < 0) {
+      wq_bytes_.fetch_sub(m.bytes.size());
       wq_.pop_front();
       DoClose();
       return;
     }
     shared_->metrics->AddBytes(false, static_cast<uint64_t>(n));
+    idle_.Touch(IdleWatch::NowMs());
     // The descriptor went with the first byte; the rest of the frame is ordinary data.
     m.fd = -1;
     m.bytes.erase(m.bytes.begin(), m.bytes.begin() + n);
+    wq_bytes_.fetch_sub(static_cast<uint64_t>(n));
     if (m.bytes.empty()) wq_.pop_front();
     WriteNext();
   }
@@ -320,9 +454,13 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
       return;
     }
     if (tenant_ == nullptr) {
+      // Auth is on: a client that sends anything but HELLO/AUTH first is answered once and
+      // disconnected, so an unauthenticated peer cannot make the daemon hold its replies.
+      shared_->metrics->Refuse(Refusal::kUnauthenticated);
       Reply(op, start_us,
             Response(h, 0, Status::PermissionDenied("authentication required (HELLO/AUTH)")),
             StatusCode::kPermissionDenied);
+      close_after_write_ = true;
       return;
     }
     if (opcode == Opcode::kShmAttach) {
@@ -336,21 +474,32 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
       return;
     }
     ++inflight_;
+    const uint64_t frame_bytes = frame.body.size();
+    inflight_bytes_ += frame_bytes;
     busy_.fetch_add(1);
     shared_->metrics->inflight.fetch_add(1);
     auto shared_slot = std::make_shared<InflightSlot>(std::move(slot).value());
-    asio::post(*shared_->workers, [self = shared_from_this(), frame = std::move(frame), op,
-                                   start_us, shared_slot]() mutable {
+    auto job =
+        std::make_shared<Job>(Job{std::move(frame), tenant_, unit_tokens_, shm_, shm_bytes_});
+    asio::post(*shared_->workers, [self = shared_from_this(), job = std::move(job), op, start_us,
+                                   shared_slot, frame_bytes]() mutable {
       StatusCode code = StatusCode::kOk;
-      std::vector<uint8_t> out = self->Execute(frame, &code);
+      std::vector<uint8_t> out = self->Execute(*job, &code);
+      const uint64_t reserved = job->reserved_bytes;
       shared_slot.reset();
-      asio::post(self->strand_, [self, out = std::move(out), op, start_us, code]() mutable {
-        --self->inflight_;
-        self->shared_->metrics->inflight.fetch_sub(1);
-        self->Reply(op, start_us, std::move(out), code);
-        self->busy_.fetch_sub(1);
-        self->MaybeRead();
-      });
+      job.reset();
+      asio::post(self->strand_,
+                 [self, out = std::move(out), op, start_us, code, frame_bytes, reserved]() mutable {
+                   --self->inflight_;
+                   self->inflight_bytes_ -= frame_bytes;
+                   // The reply moves from "being built" to the write queue.
+                   self->building_bytes_.fetch_sub(reserved);
+                   self->shared_->memory->Release(reserved);
+                   self->shared_->metrics->inflight.fetch_sub(1);
+                   self->Reply(op, start_us, std::move(out), code);
+                   self->busy_.fetch_sub(1);
+                   self->MaybeRead();
+                 });
     });
   }
 
@@ -371,8 +520,16 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
     if (!t.ok()) {
       ++auth_failures_;
       shared_->metrics->auth_failures.fetch_add(1);
+      shared_->ReleaseTenantConnection(tenant_);
       tenant_ = shared_->tenants->default_tenant();
       return t.status();
+    }
+    if (*t != tenant_) {
+      if (!shared_->AcquireTenantConnection(*t)) {
+        return Status::Rejected("tenant " + (*t)->name +
+                                " is at limits.tenant_connections_max connections");
+      }
+      shared_->ReleaseTenantConnection(tenant_);
     }
     tenant_ = *t;
     return Status::Ok();
@@ -394,10 +551,13 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
     if (st.ok()) {
       bytes = std::min<uint64_t>(*want, shared_->options->shm_max_bytes);
       bytes = (bytes + 4095) & ~uint64_t{4095};
-      int fd = ::memfd_create("kvtier-shm", MFD_CLOEXEC);
-      if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      // Sealed at its size: the client holds the same descriptor, and a region it could
+      // shrink would turn the daemon's next access into SIGBUS.
+      int fd = ::memfd_create("kvtier-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+      if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+          ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
         if (fd >= 0) ::close(fd);
-        st = Status::IOError("memfd_create/ftruncate failed");
+        st = Status::IOError("memfd_create/ftruncate/F_ADD_SEALS failed");
       } else {
         void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) {
@@ -429,22 +589,23 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
   }
 
   // Bounds check of a client-supplied shared-memory range (overflow-safe).
-  bool InShm(uint64_t offset, uint64_t bytes) const {
-    return shm_ != nullptr && offset <= shm_bytes_ && bytes <= shm_bytes_ - offset;
+  static bool InShm(const Job& job, uint64_t offset, uint64_t bytes) {
+    return job.shm != nullptr && offset <= job.shm_bytes && bytes <= job.shm_bytes - offset;
   }
 
-  // Runs on a worker thread. Touches only immutable session state (tenant_, shm mapping).
-  std::vector<uint8_t> Execute(const wire::Frame& frame, StatusCode* code) {
+  // Runs on a worker thread. Reads only the job and immutable session state (options), never
+  // the strand's tenant_/unit_tokens_/shm_.
+  std::vector<uint8_t> Execute(Job& job, StatusCode* code) {
     std::vector<uint8_t> out;
-    Status st = ExecuteInto(frame, code, &out);
+    Status st = ExecuteInto(job, code, &out);
     if (!st.ok()) {
       *code = st.code();
-      return Response(frame.header, 0, st);
+      return Response(job.frame.header, 0, st);
     }
     return out;
   }
 
-  Status ExecuteInto(const wire::Frame& f, StatusCode* code, std::vector<uint8_t>* out);
+  Status ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_t>* out);
 
   Shared* shared_;
   // Every handler of this connection runs on strand_ (bound explicitly, not inherited from
@@ -454,6 +615,8 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
   bool is_unix_;
   wire::FrameParser parser_;
   asio::steady_timer timer_;
+  asio::steady_timer memory_timer_;  // retries a read paused by the daemon-wide budget
+  IdleWatch idle_;
   std::vector<uint8_t> rbuf_;
   uint64_t id_ = 0;
   // Strand-only state.
@@ -467,6 +630,14 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
   uint64_t frames_completed_ = 0;
   uint8_t last_opcode_ = 0;
   std::deque<OutMsg> wq_;
+  // Bytes of wq_ (limits.reply_queue_bytes_max); written on the strand, read by workers.
+  std::atomic<uint64_t> wq_bytes_{0};
+  // Value bytes reserved by workers for replies not yet queued (ReserveReply).
+  std::atomic<uint64_t> building_bytes_{0};
+  uint64_t inflight_bytes_ = 0;  // frame bodies executing on workers
+  uint64_t charged_bytes_ = 0;   // what this connection counts in shared_->memory
+  bool reply_paused_ = false, memory_paused_ = false;  // counted once per pause
+  std::optional<wire::Frame> held_;                    // a HELLO/AUTH waiting for inflight_ == 0
   std::atomic<int> busy_{0};
   std::atomic<bool> write_busy_{false};  // mirrors writing_ for Busy() from other threads
   // Shared memory: set once on the strand before any worker can use it.
@@ -475,20 +646,22 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
   int shm_fd_ = -1;
 };
 
-Status NativeSession::ExecuteInto(const wire::Frame& f, StatusCode* code,
-                                  std::vector<uint8_t>* out) {
+Status NativeSession::ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_t>* out) {
+  const wire::Frame& f = job.frame;
   const wire::FrameHeader& h = f.header;
   Service* svc = shared_->service;
-  const Tenant& t = *tenant_;
+  const Tenant& t = *job.tenant;
+  const uint32_t unit_tokens = job.unit_tokens;
+  uint8_t* const shm_base = job.shm;
   bool shm = (h.flags & wire::kFlagShm) != 0;
-  if (shm && shm_ == nullptr) return Status::InvalidArgument("shm flag without SHM_ATTACH");
+  if (shm && shm_base == nullptr) return Status::InvalidArgument("shm flag without SHM_ATTACH");
   uint32_t max_frame = static_cast<uint32_t>(
       std::min<uint64_t>(shared_->options->max_frame_bytes, uint64_t{1} << 31));
   switch (static_cast<Opcode>(h.opcode)) {
     case Opcode::kLookup: {
       KVTIER_ASSIGN_OR_RETURN(std::vector<wire::Key> keys, wire::DecodeKeys(f.body));
       KVTIER_RETURN_IF_ERROR(CheckBatch(keys.size()));
-      wire::LookupReply r = svc->Lookup(t, keys, unit_tokens_);
+      wire::LookupReply r = svc->Lookup(t, keys, unit_tokens);
       *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { wire::EncodeLookupReply(r, w); });
       return Status::Ok();
     }
@@ -501,15 +674,15 @@ Status NativeSession::ExecuteInto(const wire::Frame& f, StatusCode* code,
         items[i].chain = u.key;
         items[i].parent_chain = u.parent;
         if (shm) {
-          if (!InShm(u.value_offset, u.value_bytes)) {
+          if (!InShm(job, u.value_offset, u.value_bytes)) {
             return Status::InvalidArgument("put value outside the shared-memory region");
           }
-          items[i].value = std::span<const uint8_t>(shm_ + u.value_offset, u.value_bytes);
+          items[i].value = std::span<const uint8_t>(shm_base + u.value_offset, u.value_bytes);
         } else {
           items[i].value = u.value;
         }
       }
-      std::vector<StatusCode> codes = svc->Put(t, req, items, unit_tokens_);
+      std::vector<StatusCode> codes = svc->Put(t, req, items, unit_tokens);
       for (StatusCode c : codes) {
         if (c != StatusCode::kOk) *code = c;
       }
@@ -520,7 +693,7 @@ Status NativeSession::ExecuteInto(const wire::Frame& f, StatusCode* code,
     case Opcode::kGet: {
       KVTIER_ASSIGN_OR_RETURN(wire::GetRequest req, wire::DecodeGet(f.body, shm));
       KVTIER_RETURN_IF_ERROR(CheckBatch(req.keys.size()));
-      if (shm && !InShm(req.dst_offset, req.dst_capacity)) {
+      if (shm && !InShm(job, req.dst_offset, req.dst_capacity)) {
         return Status::InvalidArgument("get destination outside the shared-memory region");
       }
       wire::Writer w;
@@ -528,7 +701,7 @@ Status NativeSession::ExecuteInto(const wire::Frame& f, StatusCode* code,
       wire::EncodeStatus(Status::Ok(), &w);
       w.U16(static_cast<uint16_t>(req.keys.size()));
       uint64_t cursor = 0;
-      svc->Get(t, req.keys, unit_tokens_,
+      svc->Get(t, req.keys, unit_tokens,
                [&](size_t, const Status& st, storage::Tier tier, std::span<const uint8_t> v) {
                  StatusCode c = st.code();
                  if (st.ok() && shm && v.size() > req.dst_capacity - cursor) {
@@ -537,13 +710,16 @@ Status NativeSession::ExecuteInto(const wire::Frame& f, StatusCode* code,
                  if (st.ok() && !shm && w.buffer().size() + v.size() + 6 > max_frame) {
                    c = StatusCode::kRetry;  // would exceed the frame limit
                  }
+                 if (c == StatusCode::kOk && !shm && !ReserveReply(v.size(), &job)) {
+                   c = StatusCode::kRetry;  // the connection's replies are not being read
+                 }
                  if (c != StatusCode::kOk && c != StatusCode::kNotFound) *code = c;
                  w.U8(static_cast<uint8_t>(c));
                  w.U8(static_cast<uint8_t>(tier));
                  w.U32(c == StatusCode::kOk ? static_cast<uint32_t>(v.size()) : 0);
                  if (c != StatusCode::kOk) return;
                  if (shm) {
-                   std::memcpy(shm_ + req.dst_offset + cursor, v.data(), v.size());
+                   std::memcpy(shm_base + req.dst_offset + cursor, v.data(), v.size());
                    w.U64(req.dst_offset + cursor);
                    cursor += v.size();
                  } else {
@@ -584,7 +760,7 @@ Status NativeSession::ExecuteInto(const wire::Frame& f, StatusCode* code,
       if (req.scope == 1) {
         KVTIER_RETURN_IF_ERROR(svc->DeleteTenant(t));
       } else {
-        deleted = svc->Delete(t, req.keys, unit_tokens_);
+        deleted = svc->Delete(t, req.keys, unit_tokens);
       }
       *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { w->U32(deleted); });
       return Status::Ok();

@@ -24,6 +24,11 @@ Status ProtocolError(std::string_view what) {
   return Status::InvalidArgument("Protocol error: " + std::string(what));
 }
 
+Status CommandTooBig(size_t limit) {
+  return Status::Rejected("Protocol error: command longer than " + std::to_string(limit) +
+                          " bytes");
+}
+
 }  // namespace
 
 std::span<uint8_t> RespParser::PrepareWrite(size_t min_bytes) {
@@ -100,11 +105,13 @@ StatusOr<bool> RespParser::Next(std::vector<std::string_view>* argv) {
 StatusOr<size_t> RespParser::ParseMultibulk(std::vector<std::string_view>* argv) {
   const std::string_view in = data();
   size_t pos = consumed_;
+  const size_t max_command = limits_.max_command_bytes;
   size_t eol = FindLineEnd(pos);
   if (eol == std::string::npos) {
     if (in.size() - pos > limits_.max_inline_bytes) {
       return ProtocolError("too big mbulk count string");
     }
+    if (in.size() - pos > max_command) return CommandTooBig(max_command);
     return size_t{0};
   }
   int64_t count = 0;
@@ -127,6 +134,7 @@ StatusOr<size_t> RespParser::ParseMultibulk(std::vector<std::string_view>* argv)
       if (in.size() - pos > limits_.max_inline_bytes) {
         return ProtocolError("too big bulk count string");
       }
+      if (in.size() - consumed_ > max_command) return CommandTooBig(max_command);
       return size_t{0};
     }
     int64_t len = 0;
@@ -136,6 +144,10 @@ StatusOr<size_t> RespParser::ParseMultibulk(std::vector<std::string_view>* argv)
     }
     pos = eol + 2;
     size_t n = static_cast<size_t>(len);
+    // Judged from the header: the argument's bytes need not arrive to be refused.
+    if (pos - consumed_ > max_command || n + 2 > max_command - (pos - consumed_)) {
+      return CommandTooBig(max_command);
+    }
     if (in.size() - pos < n + 2) return size_t{0};
     if (in[pos + n] != '\r' || in[pos + n + 1] != '\n') {
       return ProtocolError("bulk string not terminated by CRLF");
@@ -155,8 +167,12 @@ StatusOr<size_t> RespParser::ParseInline(std::vector<std::string_view>* argv) {
     if (in.size() - pos > limits_.max_inline_bytes) {
       return ProtocolError("too big inline request");
     }
+    if (in.size() - pos > limits_.max_command_bytes) {
+      return CommandTooBig(limits_.max_command_bytes);
+    }
     return size_t{0};
   }
+  if (nl + 1 - pos > limits_.max_command_bytes) return CommandTooBig(limits_.max_command_bytes);
   size_t end = (nl > pos && in[nl - 1] == '\r') ? nl - 1 : nl;
   std::string_view line(in.data() + pos, end - pos);
   size_t i = 0;

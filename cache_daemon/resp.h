@@ -36,6 +36,10 @@ struct RespLimits {
   size_t max_bulk_bytes = 64ull << 20;
   // Longest inline command line and longest "*N"/"$N" header line.
   size_t max_inline_bytes = 64ull << 10;
+  // Most bytes of one whole command (headers and arguments), judged from each "$N" header
+  // before its bytes arrive: a command announcing more fails at once with Rejected (the
+  // session's limits.resp_command_bytes_max, or preauth_frame_bytes_max before AUTH).
+  size_t max_command_bytes = (64ull << 20) + (1ull << 20);
 };
 
 class RespParser {
@@ -44,6 +48,8 @@ class RespParser {
   static constexpr size_t kKeepBufferBytes = 4u << 20;
 
   explicit RespParser(RespLimits limits = {}) : limits_(limits) {}
+  // Changes the command limit for commands not yet complete.
+  void set_max_command_bytes(size_t n) { limits_.max_command_bytes = n; }
 
   // Copies bytes in (tests, and callers that do not read into PrepareWrite()).
   void Append(std::span<const uint8_t> bytes);
@@ -57,12 +63,14 @@ class RespParser {
 
   // true: *argv holds the next command (possibly empty for a blank inline line, which the
   // caller skips); the views point into the parser's buffer and stay valid until the next
-  // Append / PrepareWrite. false: more bytes are needed. InvalidArgument: protocol error; the
-  // parser stays failed.
+  // Append / PrepareWrite. false: more bytes are needed. InvalidArgument: protocol error;
+  // Rejected: a command over max_command_bytes. Either way the parser stays failed.
   StatusOr<bool> Next(std::vector<std::string_view>* argv);
   // As above, copying the arguments out (tests and cold paths).
   StatusOr<bool> Next(std::vector<std::string>* argv);
   size_t buffered_bytes() const { return end_ - consumed_; }
+  // Bytes allocated for the buffer (what the connection holds while idle).
+  size_t capacity_bytes() const { return capacity_; }
 
  private:
   std::string_view data() const { return std::string_view(buf_.get(), end_); }

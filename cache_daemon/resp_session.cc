@@ -31,6 +31,8 @@ constexpr size_t kScatterMinBytes = 16u << 10;
 // Recycled GET buffers kept per connection (sum of capacities).
 constexpr size_t kSpareBufferBytesMax = 2u << 20;
 constexpr int kMaxAuthFailures = 3;
+// A session paused by limits.connection_memory_bytes_max looks again after this long.
+constexpr uint64_t kMemoryRetryMs = 5;
 
 std::string Upper(std::string_view s) {
   std::string u(s);
@@ -58,12 +60,23 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         strand_(asio::make_strand(*shared->io)),
         sock_(std::move(socket)),
         timer_(strand_),
+        memory_timer_(strand_),
+        idle_(strand_, shared->options->idle_timeout_ms),
         parser_(resp::RespLimits{.max_args = shared->options->resp_max_args,
                                  .max_bulk_bytes = shared->options->storage.max_value_bytes,
-                                 .max_inline_bytes = 64u << 10}) {
+                                 .max_inline_bytes = 64u << 10,
+                                 .max_command_bytes = shared->options->resp_command_bytes_max}),
+        max_pending_bytes_(
+            std::min<uint64_t>(kMaxPendingReplyBytes, shared->options->reply_queue_bytes_max)) {
     tenant_ = shared_->tenants->default_tenant();
+    SetCommandLimit();
   }
-  ~RespSession() override { shared_->metrics->connections_open.fetch_sub(1); }
+  ~RespSession() override {
+    shared_->ReleaseTenantConnection(tenant_);
+    shared_->memory->Adjust(&charged_bytes_, 0);
+    shared_->front_open[static_cast<size_t>(Front::kResp)].fetch_sub(1);
+    shared_->metrics->connections_open.fetch_sub(1);
+  }
 
   asio::strand<asio::io_context::executor_type>& executor() { return strand_; }
   void Begin() {
@@ -73,6 +86,16 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     // Replies are first written with a synchronous write_some (WriteNow), which must not block.
     sock_.non_blocking(true, ec);
     if (ec) return DoClose();
+    idle_.Arm(
+        // Not idle while reads are paused by the daemon-wide budget and nothing is left for the
+        // client to read (the daemon, not the client, is holding it up).
+        IdleWatch::NowMs(), shared_from_this(),
+        [this] { return memory_paused_ && pending_bytes() == 0 && wbuf_.empty(); },
+        [this] {
+          if (closed_) return;
+          shared_->metrics->Refuse(Refusal::kIdle);
+          DoClose();
+        });
     Read();
   }
   void Close() override {
@@ -86,9 +109,24 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     closed_ = true;
     boost::system::error_code ec;
     timer_.cancel();
+    memory_timer_.cancel();
+    idle_.Cancel();
     sock_.shutdown(asio::socket_base::shutdown_both, ec);
     sock_.close(ec);
     shared_->Unregister(id_);
+  }
+
+  // Before authentication (auth on) a command may be no larger than a pre-auth frame.
+  void SetCommandLimit() {
+    parser_.set_max_command_bytes(tenant_ == nullptr ? shared_->options->preauth_frame_bytes_max
+                                                     : shared_->options->resp_command_bytes_max);
+  }
+
+  // Reports what this connection holds to the daemon-wide budget.
+  void Account() {
+    uint64_t held = parser_.capacity_bytes() + pending_bytes() + wbuf_.size() + spare_bytes_;
+    for (const Body& b : wbodies_) held += b.bytes.size();
+    shared_->memory->Adjust(&charged_bytes_, held);
   }
 
   void Read() {
@@ -97,6 +135,18 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       DoClose();
       return;
     }
+    Account();
+    if (shared_->memory->Over()) {
+      if (!memory_paused_) shared_->metrics->Refuse(Refusal::kMemory);
+      memory_paused_ = true;
+      memory_timer_.expires_after(std::chrono::milliseconds(kMemoryRetryMs));
+      memory_timer_.async_wait(
+          asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+            if (!ec) self->Read();
+          }));
+      return;
+    }
+    memory_paused_ = false;
     reading_ = true;
     // Wait for readability, then read without blocking: after a reply the next request has
     // usually not arrived yet, so asio's speculative recv in async_read_some would mostly
@@ -117,6 +167,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     if (ec == asio::error::would_block || ec == asio::error::try_again) return Read();
     if (ec) return DoClose();  // includes EOF
     shared_->metrics->AddBytes(true, n);
+    idle_.Touch(IdleWatch::NowMs());
     parser_.Commit(n);
     Process();
   }
@@ -132,10 +183,11 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       busy_.store(true);
       bool fatal = false;
       clock_us_ = DefaultSteadyClock().NowUs();
-      while (pending_bytes() < kMaxPendingReplyBytes && !quit_) {
+      while (pending_bytes() < max_pending_bytes_ && !quit_) {
         StatusOr<bool> got = parser_.Next(&argv_);
         if (!got.ok()) {
           shared_->metrics->protocol_errors.fetch_add(1);
+          if (got.status().IsRejected()) shared_->metrics->Refuse(Refusal::kRespCommand);
           resp::AppendError("ERR " + got.status().message(), &out_);
           fatal = true;
           break;
@@ -144,6 +196,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         if (argv_.empty()) continue;
         ++commands_;
         Execute(argv_);
+        SetCommandLimit();
       }
       if (fatal) quit_ = true;
       if (pending_bytes() == 0) {
@@ -192,6 +245,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       return false;
     }
     shared_->metrics->AddBytes(false, n);
+    if (n > 0) idle_.Touch(IdleWatch::NowMs());
     if (n == total) {
       out_.clear();
       Recycle(&bodies_);
@@ -201,11 +255,13 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     out_.clear();
     wbodies_.swap(bodies_);
     body_bytes_ = 0;
+    Account();
     Gather(wbuf_, wbodies_, n, &iov_);
     asio::async_write(sock_, iov_,
                       asio::bind_executor(strand_, [self = shared_from_this()](
                                                        boost::system::error_code ec, size_t n) {
                         self->shared_->metrics->AddBytes(false, n);
+                        self->idle_.Touch(IdleWatch::NowMs());
                         self->wbuf_.clear();
                         self->Recycle(&self->wbodies_);
                         if (ec) return self->DoClose();
@@ -331,8 +387,21 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       if (++auth_failures_ >= kMaxAuthFailures) quit_ = true;
       return StatusCode::kPermissionDenied;
     }
+    if (*t != tenant_) {
+      if (!shared_->AcquireTenantConnection(*t)) return StatusCode::kRejected;
+      shared_->ReleaseTenantConnection(tenant_);
+    }
     tenant_ = *t;
     return StatusCode::kOk;
+  }
+
+  StatusCode AuthError(StatusCode c) {
+    if (c == StatusCode::kRejected) {
+      resp::AppendError("ERR max number of clients reached (limits.tenant_connections_max)", &out_);
+    } else {
+      resp::AppendError("WRONGPASS invalid username-password pair or user is disabled.", &out_);
+    }
+    return c;
   }
 
   StatusCode Connection(const std::string& cmd, const std::vector<std::string_view>& a) {
@@ -358,10 +427,8 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
             &out_);
         return StatusCode::kInvalidArgument;
       }
-      if (Authenticate(a.back()) != StatusCode::kOk) {
-        resp::AppendError("WRONGPASS invalid username-password pair or user is disabled.", &out_);
-        return StatusCode::kPermissionDenied;
-      }
+      StatusCode c = Authenticate(a.back());
+      if (c != StatusCode::kOk) return AuthError(c);
       resp::AppendSimple("OK", &out_);
       return StatusCode::kOk;
     }
@@ -382,9 +449,9 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     for (; i < a.size(); ++i) {
       std::string opt = Upper(a[i]);
       if (opt == "AUTH"sv && i + 2 < a.size()) {
-        if (shared_->tenants->auth_enabled() && Authenticate(a[i + 2]) != StatusCode::kOk) {
-          resp::AppendError("WRONGPASS invalid username-password pair or user is disabled.", &out_);
-          return StatusCode::kPermissionDenied;
+        if (shared_->tenants->auth_enabled()) {
+          StatusCode c = Authenticate(a[i + 2]);
+          if (c != StatusCode::kOk) return AuthError(c);
         }
         i += 2;
       } else if (opt == "SETNAME"sv && i + 1 < a.size()) {
@@ -581,7 +648,12 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   asio::strand<asio::io_context::executor_type> strand_;
   Tcp::socket sock_;
   asio::steady_timer timer_;
+  asio::steady_timer memory_timer_;  // retries a read paused by the daemon-wide budget
+  IdleWatch idle_;
   resp::RespParser parser_;
+  const size_t max_pending_bytes_;  // replies buffered before parsing stops and they are written
+  uint64_t charged_bytes_ = 0;      // what this connection counts in shared_->memory
+  bool memory_paused_ = false;      // counted once per pause
   std::vector<std::string_view> argv_;  // views into parser_'s buffer
   // Pending replies: out_ is the text; each Body is a GET value written after
   // out_[previous text_end, text_end). wbuf_ / wbodies_ are the ones an async write holds.

@@ -104,6 +104,9 @@ struct Frame {
 class FrameParser {
  public:
   explicit FrameParser(uint64_t max_frame_bytes) : max_frame_bytes_(max_frame_bytes) {}
+  // Changes the limit for headers not yet decoded (a connection lowers it before
+  // authentication, so an unauthenticated peer cannot announce a large frame).
+  void set_max_frame_bytes(uint64_t max_frame_bytes) { max_frame_bytes_ = max_frame_bytes; }
 
   void Append(std::span<const uint8_t> bytes);
   // True and fills *out when a whole frame is buffered; false when more bytes are needed.

@@ -85,6 +85,33 @@ TEST(RespParser, EnforcesLimits) {
   EXPECT_FALSE(*ok);
 }
 
+// The command limit is judged from each "$N" header: a command announcing more is refused
+// (Rejected) before its bytes arrive; one that fits exactly parses; a lowered limit applies
+// to the next command.
+TEST(RespParser, CommandBytesLimitFromTheHeader) {
+  Argv a;
+  RespParser p(RespLimits{.max_command_bytes = 64});
+  p.Append("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1000\r\n");  // body never sent
+  StatusOr<bool> big = p.Next(&a);
+  ASSERT_FALSE(big.ok());
+  EXPECT_TRUE(big.status().IsRejected()) << big.status().ToString();
+  EXPECT_FALSE(p.Next(&a).ok()) << "the parser stays failed";
+  // "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$N\r\n" + N bytes + "\r\n" is exactly 64 bytes for N = 37.
+  std::string fits = "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$37\r\n" + std::string(37, 'v') + "\r\n";
+  ASSERT_EQ(fits.size(), 64u);
+  RespParser q(RespLimits{.max_command_bytes = 64});
+  q.Append(fits);
+  StatusOr<bool> ok = q.Next(&a);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_TRUE(*ok);
+  q.set_max_command_bytes(63);
+  q.Append(fits);
+  EXPECT_TRUE(q.Next(&a).status().IsRejected());
+  RespParser r(RespLimits{.max_command_bytes = 16});
+  r.Append("GET aaaaaaaaaaaaaaaaaaaaaaaa");  // an inline line past the limit, unfinished
+  EXPECT_TRUE(r.Next(&a).status().IsRejected());
+}
+
 TEST(RespEncode, Replies) {
   std::string out;
   AppendSimple("OK", &out);

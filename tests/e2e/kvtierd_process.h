@@ -123,6 +123,30 @@ class KvtierdProcess {
     return ss.str();
   }
 
+  pid_t pid() const { return pid_; }
+  // True while the process has not exited (reaps it when it has).
+  bool Alive() {
+    if (pid_ <= 0) return false;
+    int st = 0;
+    if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+      exit_status_ = st;
+      pid_ = -1;
+      return false;
+    }
+    return true;
+  }
+  // The raw wait status of a process Alive() found dead (WIFSIGNALED etc.).
+  int exit_status() const { return exit_status_; }
+  // Resident memory of the process (VmRSS of /proc/PID/status) in bytes; 0 when unknown.
+  uint64_t RssBytes() const {
+    std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    }
+    return 0;
+  }
+
   const std::string& socket() const { return socket_; }
   uint16_t resp_port() const { return resp_port_; }
   uint16_t http_port() const { return http_port_; }
@@ -133,6 +157,7 @@ class KvtierdProcess {
   std::string socket_;
   uint16_t resp_port_ = 0, http_port_ = 0;
   pid_t pid_ = -1;
+  int exit_status_ = 0;
 };
 
 }  // namespace kvtier::testing

@@ -1,0 +1,507 @@
+// Hostile clients against the real kvtierd binary: pipelined re-authentication, a shrunk
+// shared-memory region, clients that never read, unauthenticated floods, oversized frames and
+// RESP commands, idle and slowloris connections on every front, and connection limits per
+// front and per tenant. After each attack the daemon is up, its resident memory stays within
+// the budgets of the test configuration, and another tenant's requests were served meanwhile.
+//
+// Built twice: kvtier_hostile_test (label e2e, a few seconds) and, with KVTIER_HOSTILE_SLOW,
+// kvtier_hostile_slow_test (label slow: the attacks at full size).
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <atomic>
+#include <thread>
+
+#include "cache_daemon/client.h"
+#include "common/key_spec.h"
+#include "tests/e2e/kvtierd_process.h"
+#include "tests/e2e/raw_native.h"
+
+namespace kvtier::daemon {
+namespace {
+
+namespace kt = kvtier::testing;
+using wire::Key;
+using wire::Opcode;
+
+#ifdef KVTIER_HOSTILE_SLOW
+constexpr int kUnreadGets = 800;
+constexpr int kFloodFrames = 2000000;
+#else
+constexpr int kUnreadGets = 200;
+constexpr int kFloodFrames = 20000;
+#endif
+constexpr size_t kBigValueBytes = 1u << 20;
+// Budgets of the test configuration (see Config()).
+constexpr uint64_t kReplyQueueBytes = 4u << 20;
+constexpr uint32_t kInflight = 32;
+constexpr uint64_t kConnectionMemoryBytes = 64u << 20;
+constexpr int kIdleMs = 1500;
+constexpr int kFrameTimeoutMs = 1000;
+constexpr int kRespConnections = 8;
+constexpr int kTenantConnections = 6;
+// Daemon RSS may grow by at most this over its level before an attack: the connection budget
+// plus the store's 16 MiB DRAM tier and allocator slack.
+constexpr uint64_t kRssGrowthMaxBytes = kConnectionMemoryBytes + (48u << 20);
+
+std::string HashHex(std::string_view token) {
+  return ToHex(Sha256(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
+}
+
+// A distinct key per salt (the salt's bytes lead it).
+Key KeyOf(uint32_t salt) {
+  Key k{};
+  for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<uint8_t>(i * 7 + 1);
+  std::memcpy(k.data(), &salt, sizeof(salt));
+  return k;
+}
+
+class HostileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kvtier_hostile_" + std::to_string(getpid()) + "_" + info->name());
+    std::filesystem::remove_all(dir_);
+    d_ = std::make_unique<kt::KvtierdProcess>(dir_);
+    std::ofstream(dir_ / "tokens.toml")
+        << "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" << HashHex("alice-token")
+        << "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\"" << HashHex("bob-token")
+        << "\"]\n";
+    native_port_ = kt::FreePort();
+    d_->WriteConfig(
+        "[server]\nnative_port = " + std::to_string(native_port_) +
+        "\nworker_threads = 4\n"
+        "[auth]\ntokens_file = \"" +
+        (dir_ / "tokens.toml").string() +
+        "\"\n"
+        "[storage]\ndram_capacity_bytes = 16777216\nssd_capacity_bytes = 0\n"
+        "[limits]\nframe_timeout_ms = " +
+        std::to_string(kFrameTimeoutMs) + "\nidle_timeout_ms = " + std::to_string(kIdleMs) +
+        "\nreply_queue_bytes_max = " + std::to_string(kReplyQueueBytes) +
+        "\nmax_inflight_per_connection = " + std::to_string(kInflight) +
+        "\npreauth_frame_bytes_max = 4096\nresp_command_bytes_max = 2097152\n"
+        "connection_memory_bytes_max = " +
+        std::to_string(memory_bytes_) +
+        "\nunix_connections_max = 64\nnative_tcp_connections_max = 8\n"
+        "resp_connections_max = " +
+        std::to_string(kRespConnections) + "\nhttp_connections_max = 8\ntenant_connections_max = " +
+        std::to_string(kTenantConnections) + "\n");
+    ASSERT_TRUE(d_->Start());
+    bob_ = Connect("bob-token");
+    ASSERT_NE(bob_, nullptr);
+    rss_before_ = d_->RssBytes();
+  }
+  void TearDown() override {
+    StopWellBehaved();
+    if (HasFailure()) std::fprintf(stderr, "---- kvtierd log ----\n%s\n", d_->Log().c_str());
+    bob_.reset();
+    d_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::unique_ptr<Client> Connect(const std::string& token, uint64_t shm_bytes = 4u << 20) {
+    ClientOptions o;
+    o.socket_path = d_->socket();
+    o.token = token;
+    o.shm_bytes = shm_bytes;
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+
+  // Bob puts and reads back small units in a loop on his own connection until stopped;
+  // every request must be answered correctly.
+  void StartWellBehaved() {
+    well_ = std::thread([this] {
+      uint32_t i = 0;
+      while (!stop_.load()) {
+        Key k = KeyOf(100000 + (i % 64));
+        std::vector<uint8_t> v(512, static_cast<uint8_t>(i));
+        auto put = bob_->Put(std::vector<PutUnit>{{k, {}, v}}, PutOptions{});
+        std::vector<std::vector<uint8_t>> got;
+        std::vector<bool> found;
+        Status st = put.ok() ? bob_->GetCopy(std::vector<Key>{k}, &got, &found) : put.status();
+        if (st.ok() && found[0] && got[0] == v) {
+          served_.fetch_add(1);
+        } else {
+          if (failed_.fetch_add(1) == 0) {
+            first_failure_ = st.ok() ? "value missing or wrong" : st.ToString();
+          }
+        }
+        ++i;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    });
+  }
+  void StopWellBehaved() {
+    if (!well_.joinable()) return;
+    // A short attack may end before the first round trip: let one complete (bounded).
+    for (int i = 0; i < 2000 && served_.load() == 0 && failed_.load() == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    stop_.store(true);
+    well_.join();
+    EXPECT_GT(served_.load(), 0u) << "the well-behaved tenant was not served";
+    EXPECT_EQ(failed_.load(), 0u) << "the well-behaved tenant saw failures, first: "
+                                  << first_failure_;
+  }
+
+  // The daemon is up, answers a fresh client, and its RSS stayed within the budgets.
+  void ExpectHealthy(uint64_t rss_growth_max_bytes = kRssGrowthMaxBytes) {
+    ASSERT_TRUE(d_->Alive()) << "kvtierd died, wait status " << d_->exit_status();
+    auto probe = Connect("bob-token");
+    ASSERT_NE(probe, nullptr);
+    EXPECT_TRUE(probe->Lookup(std::vector<Key>{KeyOf(1)}).ok());
+    uint64_t rss = d_->RssBytes();
+    std::fprintf(stderr, "kvtierd RSS %llu MiB (at start %llu MiB)\n",
+                 static_cast<unsigned long long>(rss >> 20),
+                 static_cast<unsigned long long>(rss_before_ >> 20));
+    EXPECT_LE(rss, rss_before_ + rss_growth_max_bytes)
+        << "RSS " << (rss >> 20) << " MiB, before " << (rss_before_ >> 20) << " MiB";
+  }
+
+  std::string Metrics() { return kt::HttpRequest(d_->http_port(), "GET", "/metrics"); }
+  uint64_t Refusals(const std::string& reason) {
+    std::string m = Metrics();
+    std::string k = "kvtier_connection_limit_refusals_total{reason=\"" + reason + "\"} ";
+    size_t at = m.find(k);
+    if (at == std::string::npos) return 0;
+    return std::stoull(m.substr(at + k.size()));
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<kt::KvtierdProcess> d_;
+  uint16_t native_port_ = 0;
+  uint64_t memory_bytes_ = kConnectionMemoryBytes;  // limits.connection_memory_bytes_max
+  std::unique_ptr<Client> bob_;
+  uint64_t rss_before_ = 0;
+  std::thread well_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> served_{0}, failed_{0};
+  std::string first_failure_;  // written by the well-behaved thread before failed_ turns 1
+};
+
+// [GET x16, AUTH bad] in one write: the GETs run as alice (they were sent under her HELLO)
+// and the AUTH answers after them; the daemon survives. [PUT, HELLO(bob)]: the PUT is
+// alice's, not bob's.
+TEST_F(HostileTest, PipelinedReauthenticationRunsEachRequestAsItsSender) {
+  StartWellBehaved();
+  auto alice = Connect("alice-token");
+  ASSERT_NE(alice, nullptr);
+  std::vector<uint8_t> value(64u << 10, 0xa1);
+  ASSERT_TRUE(alice->Put(std::vector<PutUnit>{{KeyOf(1), {}, value}}, PutOptions{}).ok());
+  for (int round = 0; round < 5; ++round) {
+    auto raw = kt::RawNative::Unix(d_->socket());
+    ASSERT_TRUE(raw.Hello("alice-token"));
+    std::vector<uint8_t> batch;
+    for (uint64_t i = 0; i < 16; ++i) {
+      auto f =
+          wire::BuildFrame(static_cast<uint8_t>(Opcode::kGet), 0, 10 + i, kt::GetBody(KeyOf(1)));
+      batch.insert(batch.end(), f.begin(), f.end());
+    }
+    auto auth =
+        wire::BuildFrame(static_cast<uint8_t>(Opcode::kAuth), 0, 99, wire::EncodeAuth("bad"));
+    batch.insert(batch.end(), auth.begin(), auth.end());
+    ASSERT_TRUE(raw.Send(batch));
+    int gets_ok = 0;
+    for (int i = 0; i < 17; ++i) {
+      auto r = raw.Read();
+      ASSERT_TRUE(r.has_value()) << "reply " << i;
+      if (r->header.request_id == 99) {
+        EXPECT_EQ(i, 16) << "AUTH must answer after every GET sent before it";
+        EXPECT_EQ(r->code, StatusCode::kPermissionDenied);
+      } else if (r->code == StatusCode::kOk) {
+        ++gets_ok;
+      }
+    }
+    EXPECT_EQ(gets_ok, 16);
+    ASSERT_TRUE(d_->Alive());
+  }
+  // [PUT k2, HELLO(bob)] pipelined on an alice connection.
+  for (uint32_t round = 0; round < 5; ++round) {
+    auto raw = kt::RawNative::Unix(d_->socket());
+    ASSERT_TRUE(raw.Hello("alice-token"));
+    Key k = KeyOf(200 + round);
+    std::vector<uint8_t> v(4096, 0x5a);
+    auto put = wire::BuildFrame(static_cast<uint8_t>(Opcode::kPut), 0, 2, kt::PutBody(k, v));
+    wire::HelloRequest hb;
+    hb.token = "bob-token";
+    auto hello =
+        wire::BuildFrame(static_cast<uint8_t>(Opcode::kHello), 0, 3, wire::EncodeHello(hb));
+    put.insert(put.end(), hello.begin(), hello.end());
+    ASSERT_TRUE(raw.Send(put));
+    auto r1 = raw.Read();
+    auto r2 = raw.Read();
+    ASSERT_TRUE(r1 && r2);
+    EXPECT_EQ(r1->header.request_id, 2u);
+    EXPECT_EQ(r2->header.request_id, 3u);
+    EXPECT_EQ(alice->Lookup(std::vector<Key>{k})->hit_count, 1u) << "the PUT is alice's";
+    EXPECT_EQ(bob_->Lookup(std::vector<Key>{k})->hit_count, 0u) << "the PUT ran as bob";
+  }
+  StopWellBehaved();
+  ExpectHealthy();
+}
+
+// The memfd is sealed: the client cannot shrink it, so a shm PUT/GET cannot SIGBUS the daemon.
+TEST_F(HostileTest, SharedMemoryRegionCannotBeShrunk) {
+  StartWellBehaved();
+  auto raw = kt::RawNative::Unix(d_->socket());
+  ASSERT_TRUE(raw.Hello("alice-token"));
+  ASSERT_TRUE(raw.SendFrame(Opcode::kShmAttach, 2, wire::EncodeShmAttach(1u << 20)));
+  auto r = raw.Read();
+  ASSERT_TRUE(r && r->code == StatusCode::kOk);
+  ASSERT_GE(r->fd, 0);
+  int seals = ::fcntl(r->fd, F_GET_SEALS);
+  EXPECT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL),
+            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  EXPECT_NE(::ftruncate(r->fd, 0), 0) << "the region must not shrink";
+  std::vector<uint8_t> any(256u << 10);
+  ASSERT_TRUE(raw.SendFrame(Opcode::kPut, 3, kt::PutBody(KeyOf(7), any, true, 0), wire::kFlagShm));
+  ASSERT_TRUE(
+      raw.SendFrame(Opcode::kGet, 4, kt::GetBody(KeyOf(7), true, 0, 1u << 20), wire::kFlagShm));
+  EXPECT_TRUE(raw.Read().has_value());
+  EXPECT_TRUE(raw.Read().has_value());
+  ::close(r->fd);
+  StopWellBehaved();
+  ExpectHealthy();
+}
+
+// Pipelined GETs of a 1 MiB value whose replies are never read: the daemon stops reading at
+// reply_queue_bytes_max instead of building every reply.
+TEST_F(HostileTest, RepliesNeverReadStopTheReaderNotTheDaemon) {
+  auto alice = Connect("alice-token");
+  ASSERT_NE(alice, nullptr);
+  std::vector<uint8_t> big(kBigValueBytes, 0x42);
+  ASSERT_TRUE(alice->Put(std::vector<PutUnit>{{KeyOf(3), {}, big}}, PutOptions{}).ok());
+  StartWellBehaved();
+  auto raw = kt::RawNative::Unix(d_->socket());
+  ASSERT_TRUE(raw.Hello("alice-token"));
+  int shrink = 4096;  // small socket buffers: the daemon's own queue is what is measured
+  ::setsockopt(raw.fd(), SOL_SOCKET, SO_RCVBUF, &shrink, sizeof(shrink));
+  std::vector<uint8_t> gets;
+  for (int i = 0; i < kUnreadGets; ++i) {
+    auto f = wire::BuildFrame(static_cast<uint8_t>(Opcode::kGet), 0, 10 + i, kt::GetBody(KeyOf(3)));
+    gets.insert(gets.end(), f.begin(), f.end());
+  }
+  // Non-blocking: once the daemon stops reading, the rest stays unsent.
+  ::fcntl(raw.fd(), F_SETFL, O_NONBLOCK);
+  size_t sent = 0;
+  for (int spins = 0; spins < 200 && sent < gets.size(); ++spins) {
+    ssize_t k = ::send(raw.fd(), gets.data() + sent, gets.size() - sent, MSG_NOSIGNAL);
+    if (k > 0) sent += static_cast<size_t>(k);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  EXPECT_GE(Refusals("reply_queue"), 1u);
+  // The queue (4 MiB), one value beyond it and the store's copy, with allocator slack.
+  ExpectHealthy(kReplyQueueBytes + (32u << 20));
+  StopWellBehaved();
+  // The stalled connection is closed once idle (no byte moves, nothing executing).
+  EXPECT_TRUE(raw.ClosedWithin(kIdleMs * 3) || !d_->Alive());
+  ExpectHealthy();
+}
+
+// Before authentication: anything but HELLO/AUTH is answered once and the connection closed;
+// a header announcing more than preauth_frame_bytes_max is refused before its body arrives.
+TEST_F(HostileTest, UnauthenticatedFloodAndBigFramesAreCutOff) {
+  StartWellBehaved();
+  {
+    auto raw = kt::RawNative::Unix(d_->socket());
+    std::vector<uint8_t> flood;
+    const std::vector<uint8_t> no_keys = {0, 0};
+    auto f = wire::BuildFrame(static_cast<uint8_t>(Opcode::kLookup), 0, 1, no_keys);
+    ::fcntl(raw.fd(), F_SETFL, O_NONBLOCK);
+    for (int i = 0; i < kFloodFrames; i += 1000) {
+      flood.clear();
+      for (int j = 0; j < 1000; ++j) flood.insert(flood.end(), f.begin(), f.end());
+      if (::send(raw.fd(), flood.data(), flood.size(), MSG_NOSIGNAL) <= 0) break;
+    }
+    ::fcntl(raw.fd(), F_SETFL, 0);
+    auto r = raw.Read();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->code, StatusCode::kPermissionDenied);
+    EXPECT_TRUE(raw.ClosedWithin(3000));
+  }
+  for (bool tcp : {false, true}) {
+    auto raw = tcp ? kt::RawNative::Tcp(native_port_) : kt::RawNative::Unix(d_->socket());
+    auto h = wire::EncodeHeader(static_cast<uint8_t>(Opcode::kHello), 0, 1, 60u << 20);
+    ASSERT_TRUE(raw.Send(h));
+    auto r = raw.Read(3000);
+    ASSERT_TRUE(r.has_value()) << "a 60 MiB frame before auth must be refused from its header";
+    EXPECT_EQ(r->code, StatusCode::kInvalidArgument);
+    EXPECT_TRUE(raw.ClosedWithin(3000));
+  }
+  EXPECT_GE(Refusals("unauthenticated"), 1u);
+  EXPECT_GE(Refusals("preauth_frame"), 2u);
+  StopWellBehaved();
+  ExpectHealthy();
+}
+
+std::string RespRead(int fd, int timeout_ms = 3000) { return kt::RecvFor(fd, 1, timeout_ms); }
+
+// A RESP command announcing more than resp_command_bytes_max (or, before AUTH, more than
+// preauth_frame_bytes_max) is refused from its header.
+TEST_F(HostileTest, OversizedRespCommandsAreRefusedFromTheirHeader) {
+  StartWellBehaved();
+  int fd = kt::ConnectTcp(d_->resp_port());
+  std::string auth = "AUTH alice-token\r\n";
+  kt::SendAllRaw(fd, auth.data(), auth.size());
+  EXPECT_EQ(RespRead(fd).substr(0, 3), "+OK");
+  std::string big = "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$10000000\r\n";
+  kt::SendAllRaw(fd, big.data(), big.size());
+  EXPECT_EQ(RespRead(fd).substr(0, 19), "-ERR Protocol error");
+  bool eof = false;
+  kt::RecvFor(fd, 1, 3000, &eof);
+  EXPECT_TRUE(eof);
+  ::close(fd);
+  fd = kt::ConnectTcp(d_->resp_port());
+  std::string pre = "*2\r\n$4\r\nAUTH\r\n$100000\r\n";
+  kt::SendAllRaw(fd, pre.data(), pre.size());
+  EXPECT_EQ(RespRead(fd).substr(0, 19), "-ERR Protocol error");
+  ::close(fd);
+  EXPECT_GE(Refusals("resp_command"), 2u);
+  StopWellBehaved();
+  ExpectHealthy();
+}
+
+// Idle connections on every front are closed after idle_timeout_ms; a started-but-never-
+// finished frame or request (slowloris) after frame_timeout_ms.
+TEST_F(HostileTest, IdleAndSlowlorisConnectionsAreClosedOnEveryFront) {
+  StartWellBehaved();
+  std::vector<int> idle = {kt::ConnectUnix(d_->socket()), kt::ConnectTcp(native_port_),
+                           kt::ConnectTcp(d_->resp_port()), kt::ConnectTcp(d_->http_port())};
+  // HTTP keep-alive: one request, then silence.
+  std::string get = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+  kt::SendAllRaw(idle[3], get.data(), get.size());
+  // Slowloris: a byte now and then, never a whole frame / command / request.
+  std::vector<int> slow = {kt::ConnectUnix(d_->socket()), kt::ConnectTcp(native_port_),
+                           kt::ConnectTcp(d_->resp_port()), kt::ConnectTcp(d_->http_port())};
+  auto hello = wire::BuildFrame(static_cast<uint8_t>(Opcode::kHello), 0, 1,
+                                wire::EncodeHello(wire::HelloRequest{}));
+  const std::string partial[] = {std::string(hello.begin(), hello.end()),
+                                 std::string(hello.begin(), hello.end()),
+                                 "*2\r\n$3\r\nGET\r\n$100\r\nkkkkkkkkkkkkkkkkk",
+                                 "GET /metrics HTTP/1.1\r\nHost: xxxxxxxxxxxxxxxxxxxxxxxxxx"};
+  std::vector<bool> closed(8, false);
+  auto start = std::chrono::steady_clock::now();
+  for (size_t step = 0; step < 40; ++step) {
+    for (size_t i = 0; i < slow.size(); ++i) {
+      if (!closed[4 + i] && step < partial[i].size() - 1) {
+        ::send(slow[i], partial[i].data() + step, 1, MSG_NOSIGNAL);
+      }
+    }
+    for (size_t i = 0; i < 8; ++i) {
+      int fd = i < 4 ? idle[i] : slow[i - 4];
+      if (closed[i]) continue;
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 0) > 0) {
+        char buf[4096];
+        ssize_t k = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (k == 0 || (k < 0 && errno != EAGAIN)) closed[i] = true;
+      }
+    }
+    if (std::all_of(closed.begin(), closed.end(), [](bool c) { return c; })) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  }
+  auto waited_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::steady_clock::now() - start)
+                       .count();
+  const char* names[] = {"idle unix", "idle native tcp", "idle resp", "idle http",
+                         "slow unix", "slow native tcp", "slow resp", "slow http"};
+  for (size_t i = 0; i < 8; ++i) EXPECT_TRUE(closed[i]) << names[i] << " still open";
+  EXPECT_GT(waited_ms, kFrameTimeoutMs / 2);
+  for (int fd : idle) ::close(fd);
+  for (int fd : slow) ::close(fd);
+  EXPECT_GE(Refusals("idle"), 3u);
+  StopWellBehaved();
+  ExpectHealthy();
+}
+
+// A front at its connection limit refuses more connections there only; a tenant at its
+// limit cannot authenticate more connections, other tenants can.
+TEST_F(HostileTest, ConnectionLimitsPerFrontAndPerTenant) {
+  StartWellBehaved();
+  std::vector<int> resp;
+  for (int i = 0; i < kRespConnections; ++i) resp.push_back(kt::ConnectTcp(d_->resp_port()));
+  std::string ping = "PING\r\n";
+  for (int fd : resp) {
+    kt::SendAllRaw(fd, ping.data(), ping.size());
+    EXPECT_EQ(RespRead(fd).substr(0, 5), "+PONG");
+  }
+  int extra = kt::ConnectTcp(d_->resp_port());
+  bool eof = false;
+  kt::RecvFor(extra, 1, 3000, &eof);
+  EXPECT_TRUE(eof) << "a RESP connection over resp_connections_max must be closed";
+  ::close(extra);
+  // The other fronts still take connections.
+  auto other = Connect("bob-token");
+  ASSERT_NE(other, nullptr);
+  EXPECT_TRUE(other->Lookup(std::vector<Key>{KeyOf(1)}).ok());
+  EXPECT_NE(kt::HttpRequest(d_->http_port(), "GET", "/healthz").find("200 OK"), std::string::npos);
+  for (int fd : resp) ::close(fd);
+  other.reset();
+  // alice: kTenantConnections at most (bob_ is bob's and does not count).
+  std::vector<kt::RawNative> alices;
+  int refused = 0;
+  for (int i = 0; i < kTenantConnections + 2; ++i) {
+    auto raw = kt::RawNative::Unix(d_->socket());
+    wire::HelloRequest h;
+    h.token = "alice-token";
+    ASSERT_TRUE(raw.SendFrame(Opcode::kHello, 1, wire::EncodeHello(h)));
+    auto r = raw.Read();
+    ASSERT_TRUE(r.has_value());
+    if (r->code == StatusCode::kRejected) ++refused;
+    alices.push_back(std::move(raw));
+  }
+  EXPECT_EQ(refused, 2);
+  EXPECT_NE(Connect("bob-token"), nullptr);
+  EXPECT_GE(Refusals("front_connections"), 1u);
+  EXPECT_GE(Refusals("tenant_connections"), 2u);
+  alices.clear();
+  StopWellBehaved();
+  ExpectHealthy();
+}
+
+class HostileSmallBudgetTest : public HostileTest {
+ protected:
+  // Two 1 MiB replies spend it: the third value of a connection that does not read is refused.
+  HostileSmallBudgetTest() { memory_bytes_ = 2u << 20; }
+};
+
+// Many connections each holding unread replies reach connection_memory_bytes_max: reads
+// pause daemon-wide (counted), workers stop building replies for connections that do not
+// read, the stalled connections are closed when idle, and the daemon's memory stays bounded.
+TEST_F(HostileSmallBudgetTest, DaemonWideConnectionMemoryBudget) {
+  auto alice = Connect("alice-token");
+  ASSERT_NE(alice, nullptr);
+  std::vector<uint8_t> big(kBigValueBytes, 0x17);
+  ASSERT_TRUE(alice->Put(std::vector<PutUnit>{{KeyOf(4), {}, big}}, PutOptions{}).ok());
+  StartWellBehaved();
+  std::vector<kt::RawNative> hogs;
+  for (int c = 0; c + 1 < kTenantConnections; ++c) {  // alice's client holds one
+    auto raw = kt::RawNative::Unix(d_->socket());
+    ASSERT_TRUE(raw.Hello("alice-token"));
+    int shrink = 4096;
+    ::setsockopt(raw.fd(), SOL_SOCKET, SO_RCVBUF, &shrink, sizeof(shrink));
+    std::vector<uint8_t> gets;
+    for (uint32_t i = 0; i < kInflight * 2; ++i) {
+      auto f =
+          wire::BuildFrame(static_cast<uint8_t>(Opcode::kGet), 0, 10 + i, kt::GetBody(KeyOf(4)));
+      gets.insert(gets.end(), f.begin(), f.end());
+    }
+    ::fcntl(raw.fd(), F_SETFL, O_NONBLOCK);
+    ASSERT_GT(::send(raw.fd(), gets.data(), gets.size(), MSG_NOSIGNAL), 0);
+    hogs.push_back(std::move(raw));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_GE(Refusals("memory"), 1u);
+  ExpectHealthy();
+  for (auto& h : hogs) EXPECT_TRUE(h.ClosedWithin(kIdleMs * 3));
+  StopWellBehaved();
+  ExpectHealthy();
+}
+
+}  // namespace
+}  // namespace kvtier::daemon

@@ -16,8 +16,8 @@
 //            a stated scheduling margin); if none, the key has no durability obligation,
 //   none:    no obligation,
 // the key may hold the state left by m or by any later operation, and nothing else. In every
-// mode (and for keys written to a memory tier, which carry no durability obligation) a value
-// must be exactly some version written for that key: anything else is a wrong value.
+// mode a value must be exactly some version written for that key: anything else is a wrong value.
+// (Units that may never reach SSD carry no durability obligation: CheckContext::durable_key.)
 //
 // Thread safety: none; a KeyHistory is used by one thread at a time (the driver serialises).
 #pragma once
@@ -102,7 +102,8 @@ inline bool IsViolation(Verdict v) {
 
 struct CheckContext {
   Mode mode = Mode::kSync;
-  // False for keys written to a memory tier only (no durability obligation in any mode).
+  // False for units that may never reach SSD (allow_ssd = false): no durability obligation
+  // in any mode, only "never a wrong value".
   bool durable_key = true;
   int64_t kill_us = 0;    // when the kill was sent (or the read was made, for live reads)
   int64_t window_us = 0;  // batched: group_commit_ms + margin

@@ -5,7 +5,7 @@
 // by the durability rule of the configured [storage] durability (tests/crash/crash_model.h).
 // Values are self-describing (tests/crash/crash_value.h), so a torn, foreign or never-written
 // value is always caught. A run ends with a graceful restart (SIGTERM flushes everything: no
-// loss allowed, memory-tier units included).
+// loss allowed in any mode).
 //
 // The seed is printed; the environment changes the run (tests/crash/README.md):
 //   KVTIER_CRASH_SEED, KVTIER_CRASH_KILLS (kills per mode), KVTIER_CRASH_FRONTS
@@ -82,7 +82,10 @@ struct DriverOptions {
   // Percentage of load phases in which RESP thread 0 sends one FLUSHDB, at a random moment
   // (by time, not by operation count: the RESP rate differs 30-fold between modes).
   int flushdb_load_pct = 40;
-  int volatile_one_in = 4;  // native keys put at the DRAM tier (no durability obligation)
+  // One in this many native keys is put at highest_tier = dram (the others at ssd). The
+  // durability mode covers them too: under batched and sync a memory-tier put is written
+  // through to SSD (storage/tier_manager.h).
+  int dram_tier_one_in = 4;
   int printed_violations_max = 40;
 };
 
@@ -123,9 +126,9 @@ int64_t NowUs() {
 
 struct KeyInfo {
   Front front;
-  uint32_t id = 0;      // unique over the run; written into every value
-  int thread = 0;       // the writer thread (of its front) that owns the key
-  bool durable = true;  // false: a native unit put at the DRAM tier
+  uint32_t id = 0;         // unique over the run; written into every value
+  int thread = 0;          // the writer thread (of its front) that owns the key
+  bool dram_tier = false;  // a native unit put at highest_tier = dram
   wire::Key native_key{};
   std::string resp_key;
   KeyHistory h;
@@ -160,8 +163,8 @@ class CrashDriver {
           key->front = f;
           key->id = ++id;
           key->thread = t;
-          key->durable = f == Front::kResp || o_.volatile_one_in <= 0 ||
-                         rng() % static_cast<uint64_t>(o_.volatile_one_in) != 0;
+          key->dram_tier = f != Front::kResp && o_.dram_tier_one_in > 0 &&
+                           rng() % static_cast<uint64_t>(o_.dram_tier_one_in) == 0;
           uint64_t s = o_.seed ^ (uint64_t{id} << 20);
           for (size_t i = 0; i < 32; i += 8) {
             uint64_t r = SplitMix64(&s);
@@ -199,7 +202,7 @@ class CrashDriver {
       Summary before = s_;
       Verify("kill " + std::to_string(kill) + " (dram " + std::to_string(load_dram_bytes >> 10) +
                  " KiB)",
-             c, /*graceful=*/false);
+             c);
       PrintKill(kill, load_ms, load_dram_bytes, before);
     }
     // A graceful restart flushes everything acknowledged, memory-tier units included.
@@ -208,7 +211,7 @@ class CrashDriver {
     CheckContext c;
     c.mode = Mode::kSync;
     c.kill_us = stop_us;
-    Verify("graceful", c, /*graceful=*/true);
+    Verify("graceful", c);
     int rc = d_->Stop(SIGTERM);
     if (rc != 0) AddViolation("final SIGTERM: kvtierd exited with " + std::to_string(rc));
     std::printf(
@@ -339,7 +342,7 @@ class CrashDriver {
     }
     AddViolation("phase=" + phase + " front=" + FrontName(k.front) +
                  " key=" + (k.front == Front::kResp ? k.resp_key : "unit#" + std::to_string(k.id)) +
-                 " thread=" + std::to_string(k.thread) + (k.durable ? "" : " tier=dram") +
+                 " thread=" + std::to_string(k.thread) + (k.dram_tier ? " tier=dram" : "") +
                  " check=" + VerdictName(r.verdict) + ": " + r.detail);
     return false;
   }
@@ -500,7 +503,7 @@ class CrashDriver {
         std::vector<KeyInfo*> ks = Pick(owned, 1 + rng() % 3, &rng);
         if (ks.empty()) continue;
         // One batch has one highest_tier: DRAM-tier and SSD-tier units go separately.
-        std::erase_if(ks, [&](KeyInfo* k) { return k->durable != ks[0]->durable; });
+        std::erase_if(ks, [&](KeyInfo* k) { return k->dram_tier != ks[0]->dram_tier; });
         std::vector<std::vector<uint8_t>> values;
         std::vector<daemon::PutUnit> units;
         std::vector<size_t> ops;
@@ -513,8 +516,8 @@ class CrashDriver {
         }
         for (size_t i = 0; i < ks.size(); ++i) units.push_back({ks[i]->native_key, {}, values[i]});
         daemon::PutOptions po;
-        po.kind = rng() % 2 ? 0 : 2;               // global KV (never compressed) or blob
-        po.highest_tier = ks[0]->durable ? 2 : 1;  // SSD units carry the durability promise
+        po.kind = rng() % 2 ? 0 : 2;  // global KV (never compressed) or blob
+        po.highest_tier = ks[0]->dram_tier ? 1 : 2;
         auto res = c->Put(units, po);
         int64_t ack = NowUs();
         if (!res.ok()) {
@@ -700,7 +703,7 @@ class CrashDriver {
 
   // Reads every key back after a restart and judges it; the state read becomes the key's new
   // starting point.
-  void Verify(const std::string& phase, const CheckContext& base, bool graceful) {
+  void Verify(const std::string& phase, const CheckContext& base) {
     auto nc = ConnectNative(Front::kUnix);
     for (int i = 0; !nc.ok() && i < 100; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -725,9 +728,7 @@ class CrashDriver {
       (k->front == Front::kResp ? resp : native).push_back(k.get());
     }
     auto judge = [&](KeyInfo* k, const Observation& got, int64_t at) {
-      CheckContext c = base;
-      c.durable_key = k->durable || graceful;
-      Judge(*k, phase, got, c);
+      Judge(*k, phase, got, base);
       if (got.wrong) {
         k->poisoned = true;
       } else {

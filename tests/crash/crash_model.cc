@@ -6,26 +6,26 @@ namespace kvtier::crash {
 namespace {
 
 // "812.3 ms before the kill" / "2.1 ms after the kill".
-std::string Relative(int64_t t_us, int64_t kill_us) {
+std::string Relative(int64_t t_us, int64_t kill_us, const char* moment) {
   char buf[64];
   double ms = static_cast<double>(t_us - kill_us) / 1000.0;
-  std::snprintf(buf, sizeof(buf), "%.1f ms %s the kill", ms < 0 ? -ms : ms,
-                ms < 0 ? "before" : "after");
+  std::snprintf(buf, sizeof(buf), "%.1f ms %s %s", ms < 0 ? -ms : ms, ms < 0 ? "before" : "after",
+                moment);
   return buf;
 }
 
-std::string Describe(const Op& op, int64_t kill_us) {
+std::string Describe(const Op& op, int64_t kill_us, const char* moment) {
   std::string s = ToString(op.result) + " (" + op.what + " ";
   switch (op.status) {
     case OpStatus::kAcked:
       s += std::string(op.what) == "observed" ? "read " : "acked ";
-      s += Relative(op.ack_us, kill_us);
+      s += Relative(op.ack_us, kill_us, moment);
       break;
     case OpStatus::kPending:
-      s += "in flight, sent " + Relative(op.send_us, kill_us);
+      s += "in flight, sent " + Relative(op.send_us, kill_us, moment);
       break;
     case OpStatus::kFailed:
-      s += "answered with an error, sent " + Relative(op.send_us, kill_us);
+      s += "answered with an error, sent " + Relative(op.send_us, kill_us, moment);
       break;
   }
   return s + ")";
@@ -162,13 +162,13 @@ CheckResult Check(const KeyHistory& h, const Observation& got, const CheckContex
   } else {
     r.verdict = Verdict::kStale;
   }
-  r.detail = "expected " + Describe(m, c.kill_us);
+  r.detail = "expected " + Describe(m, c.kill_us, c.moment);
   for (size_t i = must + 1; i < ops.size(); ++i) {
     if (i - must > 4) {
       r.detail += " or one of " + std::to_string(ops.size() - i) + " later states";
       break;
     }
-    r.detail += " or " + Describe(ops[i], c.kill_us);
+    r.detail += " or " + Describe(ops[i], c.kill_us, c.moment);
   }
   r.detail += ", got " + ToString(got.state);
   return r;

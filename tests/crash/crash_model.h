@@ -105,8 +105,9 @@ struct CheckContext {
   // False for units that may never reach SSD (allow_ssd = false): no durability obligation
   // in any mode, only "never a wrong value".
   bool durable_key = true;
-  int64_t kill_us = 0;    // when the kill was sent (or the read was made, for live reads)
-  int64_t window_us = 0;  // batched: group_commit_ms + margin
+  int64_t kill_us = 0;              // when the kill was sent (or the read was made, for live reads)
+  const char* moment = "the kill";  // how details name kill_us ("the read" for live reads)
+  int64_t window_us = 0;            // batched: group_commit_ms + margin
 };
 
 struct CheckResult {

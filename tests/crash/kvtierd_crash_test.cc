@@ -192,6 +192,7 @@ class CrashDriver {
           o_.load_ms_min +
           static_cast<int>(rng() % static_cast<uint64_t>(o_.load_ms_max - o_.load_ms_min + 1));
       uint64_t load_dram_bytes = dram_bytes_;
+      Summary before = s_;  // the kill's line counts its load phase's live violations too
       int64_t kill_us = Load(load_ms, rng(), /*graceful=*/false);
       ++s_.kills;
       if (!Start("restart after kill " + std::to_string(kill))) return s_;
@@ -199,7 +200,6 @@ class CrashDriver {
       c.mode = o_.mode;
       c.kill_us = kill_us;
       c.window_us = static_cast<int64_t>((o_.group_commit_ms + o_.margin_ms) * 1000);
-      Summary before = s_;
       Verify("kill " + std::to_string(kill) + " (dram " + std::to_string(load_dram_bytes >> 10) +
                  " KiB)",
              c);
@@ -281,7 +281,7 @@ class CrashDriver {
         << "\"]\n[[tenant]]\nname = \"resp\"\nid = 2\ntoken_sha256 = [\"" << hash(kRespToken)
         << "\"]\n";
     // A small DRAM so that RESP values and DRAM-tier units are demoted to SSD under the load
-    // (or not, at 8 MiB); an SSD large enough that nothing live is ever evicted (a few MB).
+    // (or not, at 256 MiB); an SSD large enough that nothing live is ever evicted (a few MB).
     d_->WriteConfig("[auth]\ntokens_file = \"" + (dir_ / "tokens.toml").string() +
                     "\"\n[storage]\ndram_capacity_bytes = " + std::to_string(dram_bytes) +
                     "\n"
@@ -463,6 +463,7 @@ class CrashDriver {
     CheckContext c;
     c.mode = Mode::kSync;
     c.kill_us = NowUs();
+    c.moment = "the read";
     {
       std::lock_guard lock(mu_);
       ++s_.live_reads;

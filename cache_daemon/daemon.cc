@@ -17,8 +17,9 @@
 namespace kvtier::daemon {
 namespace internal {
 
-std::string RenderMetrics(Shared* shared) {
+std::string RenderMetrics(Shared* shared, bool tenant_series) {
   DaemonMetrics::Extra extra;
+  extra.tenant_series = tenant_series;
   extra.ready = shared->ready.load() && !shared->draining.load();
   extra.uptime_s = (DefaultSteadyClock().NowUs() - shared->start_us) / 1000000;
   PolicySettings p = shared->service->policy();
@@ -30,7 +31,9 @@ std::string RenderMetrics(Shared* shared) {
     extra.engram_regions = shared->engram->regions().size();
     extra.engram_grants_issued = shared->engram->grants_issued();
   }
-  return shared->metrics->RenderPrometheus(shared->service->store()->GetStats(), extra);
+  std::string page = shared->metrics->RenderPrometheus(shared->service->store()->GetStats(), extra);
+  if (shared->tls != nullptr) page += shared->tls->RenderPrometheus();
+  return page;
 }
 
 }  // namespace internal
@@ -90,6 +93,11 @@ class DaemonImpl final : public Daemon {
     if (options_.engram.enabled) {
       KVTIER_ASSIGN_OR_RETURN(engram_, EngramServing::Open(options_.engram));
     }
+    // Certificate and key are loaded before any listener opens: a bad [tls] fails the start.
+    if (options_.tls.any()) {
+      KVTIER_ASSIGN_OR_RETURN(tls_, TlsFront::Create(options_.tls));
+      shared_.tls = tls_.get();
+    }
     boost::system::error_code ec;
     if (!options_.socket_path.empty()) {
       if (SocketInUse(options_.socket_path)) {
@@ -104,12 +112,11 @@ class DaemonImpl final : public Daemon {
       ::chmod(options_.socket_path.c_str(), 0660);
       AcceptUnix();
     }
-    auto open_tcp = [&](uint16_t port, std::optional<Tcp::acceptor>* acc,
-                        const char* what) -> Status {
+    auto open_tcp = [&](uint16_t port, const std::string& address,
+                        std::optional<Tcp::acceptor>* acc, const char* what) -> Status {
       if (port == 0) return Status::Ok();
-      auto addr = asio::ip::make_address(
-          options_.listen_address == "localhost" ? "127.0.0.1" : options_.listen_address, ec);
-      if (ec) return Status::InvalidArgument("bad listen address " + options_.listen_address);
+      auto addr = asio::ip::make_address(address == "localhost" ? "127.0.0.1" : address, ec);
+      if (ec) return Status::InvalidArgument(std::string("bad ") + what + " address " + address);
       Tcp::endpoint ep(addr, port);
       acc->emplace(io_);
       (*acc)->open(ep.protocol(), ec);
@@ -117,14 +124,15 @@ class DaemonImpl final : public Daemon {
       if (!ec) (*acc)->bind(ep, ec);
       if (!ec) (*acc)->listen(asio::socket_base::max_listen_connections, ec);
       if (ec) {
-        return Status::IOError(std::string("bind ") + what + " " + options_.listen_address + ":" +
+        return Status::IOError(std::string("bind ") + what + " " + address + ":" +
                                std::to_string(port) + ": " + ec.message());
       }
       return Status::Ok();
     };
-    KVTIER_RETURN_IF_ERROR(open_tcp(options_.native_port, &native_tcp_, "native"));
-    KVTIER_RETURN_IF_ERROR(open_tcp(options_.resp_port, &resp_, "resp"));
-    KVTIER_RETURN_IF_ERROR(open_tcp(options_.http_port, &http_, "http"));
+    KVTIER_RETURN_IF_ERROR(
+        open_tcp(options_.native_port, options_.native_listen, &native_tcp_, "native"));
+    KVTIER_RETURN_IF_ERROR(open_tcp(options_.resp_port, options_.resp_listen, &resp_, "resp"));
+    KVTIER_RETURN_IF_ERROR(open_tcp(options_.http_port, options_.http_listen, &http_, "http"));
     if (engram_) {
       KVTIER_RETURN_IF_ERROR(engram_->Start(io_));
       shared_.engram = engram_.get();
@@ -135,10 +143,16 @@ class DaemonImpl final : public Daemon {
     for (uint32_t i = 0; i < options_.io_threads; ++i) {
       io_threads_.emplace_back([this] { io_.run(); });
     }
-    KVTIER_LOG(kInfo) << "kvtierd serving: socket=" << options_.socket_path
-                      << " native_port=" << options_.native_port
-                      << " resp_port=" << options_.resp_port << " http_port=" << options_.http_port
-                      << " on " << options_.listen_address
+    auto front = [](const std::string& address, uint16_t port, bool tls) {
+      if (port == 0) return std::string("off");
+      return address + ":" + std::to_string(port) + (tls ? "+tls" : "");
+    };
+    KVTIER_LOG(kInfo) << "kvtierd serving: socket=" << options_.socket_path << " native="
+                      << front(options_.native_listen, options_.native_port, options_.tls.native)
+                      << " resp="
+                      << front(options_.resp_listen, options_.resp_port, options_.tls.resp)
+                      << " http="
+                      << front(options_.http_listen, options_.http_port, options_.tls.http)
                       << " auth=" << (tenants_->auth_enabled() ? "on" : "off")
                       << " engram=" << (engram_ ? options_.engram.listen : std::string("off"));
     return Status::Ok();
@@ -201,19 +215,42 @@ class DaemonImpl final : public Daemon {
         asio::make_strand(io_), [this, acc, front](boost::system::error_code ec, Tcp::socket s) {
           if (ec == asio::error::operation_aborted || !acc->is_open()) return;
           if (!ec && Admit()) {
-            if (front == 0) {
+            if (UsesTls(front)) {
+              // The session starts on the plaintext end once the handshake is done.
+              tls_->Accept(
+                  std::move(s), [this] { return shared_.draining.load(); },
+                  [this, front](TlsFront::GenericSocket plain) {
+                    StartFront(front, std::move(plain));
+                  });
+            } else if (front == 0) {
               boost::system::error_code ignored;
               s.set_option(Tcp::no_delay(true), ignored);
               internal::StartNativeSession(
                   &shared_, asio::generic::stream_protocol::socket(std::move(s)), false);
             } else if (front == 1) {
-              internal::StartRespSession(&shared_, std::move(s));
+              internal::StartRespSession(&shared_,
+                                         asio::generic::stream_protocol::socket(std::move(s)));
             } else {
-              internal::StartHttpSession(&shared_, std::move(s));
+              internal::StartHttpSession(&shared_,
+                                         asio::generic::stream_protocol::socket(std::move(s)));
             }
           }
           AcceptTcp(acc, front);
         });
+  }
+
+  // front: 0 native TCP, 1 RESP, 2 HTTP (AcceptTcp's numbering).
+  bool UsesTls(int front) const {
+    return front == 0 ? options_.tls.native : front == 1 ? options_.tls.resp : options_.tls.http;
+  }
+  void StartFront(int front, asio::generic::stream_protocol::socket s) {
+    if (front == 0) {
+      internal::StartNativeSession(&shared_, std::move(s), /*is_unix=*/false);
+    } else if (front == 1) {
+      internal::StartRespSession(&shared_, std::move(s));
+    } else {
+      internal::StartHttpSession(&shared_, std::move(s));
+    }
   }
 
   std::vector<std::shared_ptr<internal::Session>> LiveSessions() {
@@ -284,6 +321,7 @@ class DaemonImpl final : public Daemon {
   Service service_;
   Shared shared_;
   std::unique_ptr<EngramServing> engram_;  // [engram]; null when off
+  std::unique_ptr<TlsFront> tls_;          // [tls]; null when no front uses it
   // Declared after everything sessions touch: destroying io_ destroys pending handlers and
   // with them the last session references, whose destructors use shared_ and metrics_.
   asio::io_context io_;

@@ -17,6 +17,7 @@
 #include "cache_daemon/metrics.h"
 #include "cache_daemon/service.h"
 #include "cache_daemon/tenants.h"
+#include "cache_daemon/tls_front.h"
 
 namespace kvtier::daemon::internal {
 
@@ -39,6 +40,7 @@ struct Shared {
   asio::io_context* io = nullptr;
   asio::thread_pool* workers = nullptr;
   EngramServing* engram = nullptr;  // null when [engram] serving is off
+  const TlsFront* tls = nullptr;    // null when no front uses TLS
   std::atomic<bool> draining{false};
   std::atomic<bool> ready{true};
   uint64_t start_us = 0;
@@ -61,12 +63,15 @@ struct Shared {
 };
 
 // Each takes a connected socket and runs the session until the peer or the daemon closes it.
+// The socket is a TCP connection, or for a TLS front the plaintext end of the TLS relay's
+// socketpair (tls_front.h); nothing in a session depends on which.
 void StartNativeSession(Shared* shared, asio::generic::stream_protocol::socket socket,
                         bool is_unix);
-void StartRespSession(Shared* shared, asio::ip::tcp::socket socket);
-void StartHttpSession(Shared* shared, asio::ip::tcp::socket socket);
+void StartRespSession(Shared* shared, asio::generic::stream_protocol::socket socket);
+void StartHttpSession(Shared* shared, asio::generic::stream_protocol::socket socket);
 
-// The /metrics page (also used by tests through the HTTP port).
-std::string RenderMetrics(Shared* shared);
+// The /metrics page (also used by tests through the HTTP port). tenant_series = false leaves
+// out every series with a tenant label (DaemonMetrics::Extra::tenant_series).
+std::string RenderMetrics(Shared* shared, bool tenant_series = true);
 
 }  // namespace kvtier::daemon::internal

@@ -105,6 +105,7 @@ class TlsTunnel::Impl {
       return Status::Internal("TLS: SSL_new: " + SslError());
     }
     SSL_set_mode(ssl_, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    SSL_set_read_ahead(ssl_, 1);  // fewer, larger recv calls
     const std::string& name = o.server_name;
     in6_addr ip{};
     bool is_ip =
@@ -199,12 +200,13 @@ class TlsTunnel::Impl {
           }
         }
       }
-      if (down_len == 0 && !tls_eof) {
+      // One SSL_read returns at most one record (16 KiB): fill the buffer with as many as
+      // are already here, so that the client's end gets one send per chunk.
+      while (down_len < kChunkBytes && down_off == 0 && !tls_eof) {
         ERR_clear_error();
-        int r = SSL_read(ssl_, down.get(), static_cast<int>(kChunkBytes));
+        int r = SSL_read(ssl_, down.get() + down_len, static_cast<int>(kChunkBytes - down_len));
         if (r > 0) {
-          down_len = static_cast<size_t>(r);
-          down_off = 0;
+          down_len += static_cast<size_t>(r);
           progress = true;
         } else {
           int err = SSL_get_error(ssl_, r);
@@ -215,6 +217,7 @@ class TlsTunnel::Impl {
           } else {
             tls_eof = true;  // close_notify, a bare TCP close, or a failure
           }
+          break;
         }
       }
       if (down_off < down_len) {

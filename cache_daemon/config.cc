@@ -271,6 +271,13 @@ Status Finalize(DaemonOptions* o) {
 }
 
 Status FinalizeFronts(DaemonOptions* o) {
+  // listen itself, even with every TCP port off (the rule predates per-front addresses).
+  if (o->tokens_file.empty() && !IsLoopbackAddress(o->listen_address)) {
+    return Status::PermissionDenied(
+        "refusing to listen on non-loopback address '" + o->listen_address +
+        "' without authentication: set [auth] tokens_file (see docs/CONFIG.md), or listen on "
+        "127.0.0.1 and use the Unix socket");
+  }
   if (o->native_listen.empty()) o->native_listen = o->listen_address;
   if (o->resp_listen.empty()) o->resp_listen = o->listen_address;
   TlsServeOptions& tls = o->tls;

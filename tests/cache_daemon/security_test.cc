@@ -110,6 +110,16 @@ TEST(SecurityConfig, NonLoopbackFrontNeedsTls) {
   EXPECT_TRUE(Finalize(&o).ok()) << "native_port is 0";
   o.native_port = 7300;
   EXPECT_TRUE(Finalize(&o).IsPermissionDenied());
+  // listen itself stays loopback-only without auth, even with every TCP port off.
+  o = Base();
+  o.listen_address = "0.0.0.0";
+  o.resp_port = 0;
+  o.http_port = 0;
+  st = Finalize(&o);
+  ASSERT_TRUE(st.IsPermissionDenied());
+  EXPECT_NE(st.message().find("refusing to listen on non-loopback address '0.0.0.0'"),
+            std::string::npos)
+      << st.ToString();
   // Without auth the older rule answers first, for every front.
   o = Base();
   o.http_listen = "0.0.0.0";

@@ -17,6 +17,9 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
+
+#include "cache_daemon/tls_client.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -148,6 +151,18 @@ class ClientImpl final : public Client {
       }
       int one = 1;
       ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      if (options_.tls) {
+        // From here on fd_ is the plaintext end of the tunnel; the tunnel owns the TCP socket.
+        TlsClientOptions to;
+        to.ca_file = options_.tls_ca_file;
+        to.server_name =
+            options_.tls_server_name.empty() ? options_.tcp_host : options_.tls_server_name;
+        to.verify_hostname = options_.tls_verify_hostname;
+        to.handshake_timeout_ms = options_.timeout_ms;
+        int tcp_fd = std::exchange(fd_, -1);
+        KVTIER_ASSIGN_OR_RETURN(tls_, TlsTunnel::Open(tcp_fd, to));
+        fd_ = tls_->TakeClientFd();
+      }
     } else {
       if (options_.socket_path.empty() || options_.socket_path.size() >= 108) {
         return Status::InvalidArgument("socket path empty or too long");
@@ -682,6 +697,9 @@ class ClientImpl final : public Client {
   }
 
   ClientOptions options_;
+  // TLS over TCP: owns the TCP socket and the relay thread; fd_ is its plaintext end.
+  // Destroyed after the destructor's body has closed fd_ (which ends the relay).
+  std::unique_ptr<TlsTunnel> tls_;
   int fd_ = -1;
   bool is_unix_ = false;
   wire::HelloResponse hello_;

@@ -9,7 +9,7 @@
 // Transport: a Unix socket (default) or TCP. Over a Unix socket the client asks for a
 // shared-memory region once (SHM_ATTACH; the daemon passes a memfd with SCM_RIGHTS), and
 // bulk values of PUT and GET travel through it instead of the socket. Over TCP they are
-// inline in the frames.
+// inline in the frames; with ClientOptions::tls the TCP connection is TLS (tls_client.h).
 //
 // Calls are pipelined: every call sends a frame with a fresh request id and returns a
 // future; a reader thread completes futures as responses arrive (in any order). The sync
@@ -48,6 +48,14 @@ struct ClientOptions {
   // TCP host and port of the native protocol (server.native_port).
   std::string tcp_host = "127.0.0.1";
   uint16_t tcp_port = 0;
+  // TLS over TCP (the daemon's [tls] native = true); ignored over the Unix socket. The
+  // daemon's certificate chain is always verified, against tls_ca_file ("" -> OpenSSL's
+  // default trust store); its name must match tls_server_name ("" -> tcp_host; a DNS name or
+  // an IP address) unless tls_verify_hostname is false. See cache_daemon/tls_client.h.
+  bool tls = false;
+  std::string tls_ca_file;
+  std::string tls_server_name;
+  bool tls_verify_hostname = true;
   // Authentication token; empty when the daemon runs without auth.
   std::string token;
   // Shared memory over the Unix socket (bytes requested; 0 disables).

@@ -125,6 +125,9 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
       {"server.data_dir", StringKey("server.data_dir", &o.data_dir)},
       {"server.socket", StringKey("server.socket", &o.socket_path)},
       {"server.listen", StringKey("server.listen", &o.listen_address)},
+      {"server.native_listen", StringKey("server.native_listen", &o.native_listen)},
+      {"server.resp_listen", StringKey("server.resp_listen", &o.resp_listen)},
+      {"server.http_listen", StringKey("server.http_listen", &o.http_listen)},
       {"server.native_port", UintKey("server.native_port", &o.native_port)},
       {"server.resp_port", UintKey("server.resp_port", &o.resp_port)},
       {"server.http_port", UintKey("server.http_port", &o.http_port)},
@@ -173,6 +176,14 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
       {"storage.max_value_bytes", UintKey("storage.max_value_bytes", &o.storage.max_value_bytes)},
       {"storage.ssd_segment_bytes",
        UintKey("storage.ssd_segment_bytes", &o.storage.ssd_segment_bytes)},
+      {"tls.cert_file", StringKey("tls.cert_file", &o.tls.cert_file)},
+      {"tls.key_file", StringKey("tls.key_file", &o.tls.key_file)},
+      {"tls.native", BoolKey("tls.native", &o.tls.native)},
+      {"tls.resp", BoolKey("tls.resp", &o.tls.resp)},
+      {"tls.http", BoolKey("tls.http", &o.tls.http)},
+      {"tls.handshake_timeout_ms",
+       UintKey("tls.handshake_timeout_ms", &o.tls.handshake_timeout_ms)},
+      {"tls.handshakes_max", UintKey("tls.handshakes_max", &o.tls.handshakes_max)},
       {"trace.path", StringKey("trace.path", &o.trace_path)},
       {"trace.queue_depth", UintKey("trace.queue_depth", &o.trace_queue_depth)},
       {"engram.enabled", BoolKey("engram.enabled", &o.engram.enabled)},
@@ -237,6 +248,14 @@ StatusOr<PolicySettings> ParsePolicySettings(std::string_view text) {
   return p;
 }
 
+bool IsIpAddressOrLocalhost(std::string_view address) {
+  if (address == "localhost") return true;
+  std::string s(address);
+  in_addr a4{};
+  in6_addr a6{};
+  return inet_pton(AF_INET, s.c_str(), &a4) == 1 || inet_pton(AF_INET6, s.c_str(), &a6) == 1;
+}
+
 bool IsLoopbackAddress(std::string_view address) {
   if (address == "localhost" || address == "::1") return true;
   in_addr a4{};
@@ -284,13 +303,63 @@ Status Finalize(DaemonOptions* o) {
   if (o->socket_path.size() >= 108) {
     return Bad("server.socket", "path longer than 107 bytes (sun_path limit)");
   }
+  KVTIER_RETURN_IF_ERROR(FinalizeFronts(o));
+  return FinalizeEngram(o);
+}
+
+Status FinalizeFronts(DaemonOptions* o) {
+  // listen itself, even with every TCP port off (the rule predates per-front addresses).
   if (o->tokens_file.empty() && !IsLoopbackAddress(o->listen_address)) {
     return Status::PermissionDenied(
         "refusing to listen on non-loopback address '" + o->listen_address +
         "' without authentication: set [auth] tokens_file (see docs/CONFIG.md), or listen on "
         "127.0.0.1 and use the Unix socket");
   }
-  return FinalizeEngram(o);
+  if (o->native_listen.empty()) o->native_listen = o->listen_address;
+  if (o->resp_listen.empty()) o->resp_listen = o->listen_address;
+  TlsServeOptions& tls = o->tls;
+  if (tls.any() && tls.cert_file.empty()) {
+    return Bad("tls.cert_file", "required when a front uses TLS (tls.native/resp/http)");
+  }
+  if (tls.any() && tls.key_file.empty()) {
+    return Bad("tls.key_file", "required when a front uses TLS (tls.native/resp/http)");
+  }
+  if (tls.handshake_timeout_ms == 0 || tls.handshake_timeout_ms > 600000) {
+    return Bad("tls.handshake_timeout_ms", "1..600000");
+  }
+  if (tls.handshakes_max == 0) return Bad("tls.handshakes_max", "at least 1");
+  const struct {
+    const char* front;
+    const char* key;
+    const std::string& address;
+    uint16_t port;
+    bool tls;
+  } fronts[] = {
+      {"native", "server.native_listen", o->native_listen, o->native_port, tls.native},
+      {"resp", "server.resp_listen", o->resp_listen, o->resp_port, tls.resp},
+      {"http", "server.http_listen", o->http_listen, o->http_port, tls.http},
+  };
+  for (const auto& f : fronts) {
+    if (!IsIpAddressOrLocalhost(f.address)) {
+      return Bad(f.key, "'" + f.address + "' is not a numeric IPv4/IPv6 address or localhost");
+    }
+    if (f.port == 0 || IsLoopbackAddress(f.address)) continue;
+    const std::string where =
+        std::string(f.front) + " front on non-loopback address '" + f.address + "' (" + f.key + ")";
+    if (o->tokens_file.empty()) {
+      return Status::PermissionDenied(
+          "refusing to serve the " + where +
+          " without authentication: set [auth] tokens_file (see docs/CONFIG.md), or listen on "
+          "127.0.0.1 and use the Unix socket");
+    }
+    if (!f.tls) {
+      return Status::PermissionDenied("refusing to serve the " + where +
+                                      " without TLS: set [tls] cert_file, key_file and " + f.front +
+                                      " = true (see docs/CONFIG.md), or listen on "
+                                      "127.0.0.1");
+    }
+  }
+  return Status::Ok();
 }
 
 Status FinalizeEngram(DaemonOptions* o) {

@@ -45,16 +45,34 @@ struct EngramServeOptions {
   uint16_t listen_port = 0;
 };
 
+// [tls]: TLS for the TCP fronts, terminated in-process (cache_daemon/tls_front.h). Each front
+// opts in; a front bound to a non-loopback address must (Finalize).
+struct TlsServeOptions {
+  std::string cert_file;  // PEM certificate chain (leaf first); required when a front uses TLS
+  std::string key_file;   // PEM private key of the leaf, unencrypted
+  bool native = false;    // native protocol TCP port
+  bool resp = false;      // RESP port
+  bool http = false;      // HTTP admin port
+  uint64_t handshake_timeout_ms = 10000;  // a TLS handshake must complete within this
+  uint32_t handshakes_max = 256;          // handshakes in progress at once, all fronts
+
+  bool any() const { return native || resp || http; }
+};
+
 struct DaemonOptions {
   // [server]
-  std::string data_dir;                      // "" -> DefaultDataDir()
-  std::string socket_path;                   // "" -> <data_dir>/kvtierd.sock; "off" disables
-  std::string listen_address = "127.0.0.1";  // address of every TCP port
-  uint16_t native_port = 0;                  // native protocol over TCP; 0 disables
-  uint16_t resp_port = 6380;                 // RESP front end; 0 disables
-  uint16_t http_port = 9180;                 // HTTP admin (/metrics); 0 disables
-  uint32_t io_threads = 2;                   // Asio I/O threads (RESP and HTTP run here)
-  uint32_t worker_threads = 4;               // native-protocol request executors
+  std::string data_dir;     // "" -> DefaultDataDir()
+  std::string socket_path;  // "" -> <data_dir>/kvtierd.sock; "off" disables
+  // Default address of the data fronts (native TCP, RESP). Not the HTTP admin front's.
+  std::string listen_address = "127.0.0.1";
+  std::string native_listen;              // native TCP address; "" -> listen_address
+  std::string resp_listen;                // RESP address; "" -> listen_address
+  std::string http_listen = "127.0.0.1";  // HTTP admin address (loopback unless set)
+  uint16_t native_port = 0;               // native protocol over TCP; 0 disables
+  uint16_t resp_port = 6380;              // RESP front end; 0 disables
+  uint16_t http_port = 9180;              // HTTP admin (/metrics); 0 disables
+  uint32_t io_threads = 2;                // Asio I/O threads (RESP and HTTP run here)
+  uint32_t worker_threads = 4;            // native-protocol request executors
 
   // [limits]
   uint64_t max_frame_bytes = (64ull << 20) + (1ull << 20);  // one native frame, header included
@@ -88,6 +106,9 @@ struct DaemonOptions {
   std::string server_secret_file;        // "" -> <data_dir>/server_secret (created on first start)
   uint32_t default_inflight_max = 1024;  // in-flight limit of tenant "default" (auth off)
 
+  // [tls]
+  TlsServeOptions tls;
+
   // [storage]
   storage::TierManagerOptions storage;  // data_dir is filled from data_dir above
 
@@ -114,15 +135,23 @@ struct PolicySettings {
 };
 StatusOr<PolicySettings> ParsePolicySettings(std::string_view toml_text);
 
-// Fills derived defaults (data dir, socket, secret path, storage.data_dir, engram listen
-// host/port) and checks ranges and the security rule: with auth off, listen_address and
-// engram.listen must be loopback addresses (PermissionDenied otherwise).
+// Fills derived defaults (data dir, socket, secret path, storage.data_dir, per-front listen
+// addresses, engram listen host/port) and checks ranges and the security rules
+// (PermissionDenied, naming the front, its address and the keys that fix it):
+//   - with auth off, every enabled TCP front and engram.listen must be on a loopback address;
+//   - every enabled TCP front on a non-loopback address must use TLS ([tls] <front> = true).
+// InvalidArgument for an address that is not a numeric IPv4/IPv6 address or "localhost", or
+// a TLS front without tls.cert_file / tls.key_file.
 Status Finalize(DaemonOptions* options);
+// The TCP-front part of Finalize (called by it): per-front addresses and [tls].
+Status FinalizeFronts(DaemonOptions* options);
 // The [engram] part of Finalize (called by it): InvalidArgument naming the key, or
 // PermissionDenied for a non-loopback engram.listen with auth off.
 Status FinalizeEngram(DaemonOptions* options);
 
 // True for 127.0.0.0/8, ::1 and "localhost".
 bool IsLoopbackAddress(std::string_view address);
+// True for a numeric IPv4 or IPv6 address, or "localhost" (what the TCP fronts can bind).
+bool IsIpAddressOrLocalhost(std::string_view address);
 
 }  // namespace kvtier::daemon

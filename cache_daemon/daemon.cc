@@ -44,8 +44,9 @@ void Shared::ReleaseTenantConnection(const Tenant* t) {
   if (--it->second == 0) tenant_conns.erase(it);
 }
 
-std::string RenderMetrics(Shared* shared) {
+std::string RenderMetrics(Shared* shared, bool tenant_series) {
   DaemonMetrics::Extra extra;
+  extra.tenant_series = tenant_series;
   extra.ready = shared->ready.load() && !shared->draining.load();
   extra.uptime_s = (DefaultSteadyClock().NowUs() - shared->start_us) / 1000000;
   PolicySettings p = shared->service->policy();
@@ -62,7 +63,9 @@ std::string RenderMetrics(Shared* shared) {
     extra.front_connections.emplace_back(FrontName(static_cast<Front>(f)),
                                          shared->front_open[f].load());
   }
-  return shared->metrics->RenderPrometheus(shared->service->store()->GetStats(), extra);
+  std::string page = shared->metrics->RenderPrometheus(shared->service->store()->GetStats(), extra);
+  if (shared->tls != nullptr) page += shared->tls->RenderPrometheus();
+  return page;
 }
 
 }  // namespace internal
@@ -125,6 +128,11 @@ class DaemonImpl final : public Daemon {
     if (options_.engram.enabled) {
       KVTIER_ASSIGN_OR_RETURN(engram_, EngramServing::Open(options_.engram));
     }
+    // Certificate and key are loaded before any listener opens: a bad [tls] fails the start.
+    if (options_.tls.any()) {
+      KVTIER_ASSIGN_OR_RETURN(tls_, TlsFront::Create(options_.tls));
+      shared_.tls = tls_.get();
+    }
     boost::system::error_code ec;
     if (!options_.socket_path.empty()) {
       if (SocketInUse(options_.socket_path)) {
@@ -139,12 +147,11 @@ class DaemonImpl final : public Daemon {
       ::chmod(options_.socket_path.c_str(), 0660);
       AcceptUnix();
     }
-    auto open_tcp = [&](uint16_t port, std::optional<Tcp::acceptor>* acc,
-                        const char* what) -> Status {
+    auto open_tcp = [&](uint16_t port, const std::string& address,
+                        std::optional<Tcp::acceptor>* acc, const char* what) -> Status {
       if (port == 0) return Status::Ok();
-      auto addr = asio::ip::make_address(
-          options_.listen_address == "localhost" ? "127.0.0.1" : options_.listen_address, ec);
-      if (ec) return Status::InvalidArgument("bad listen address " + options_.listen_address);
+      auto addr = asio::ip::make_address(address == "localhost" ? "127.0.0.1" : address, ec);
+      if (ec) return Status::InvalidArgument(std::string("bad ") + what + " address " + address);
       Tcp::endpoint ep(addr, port);
       acc->emplace(io_);
       (*acc)->open(ep.protocol(), ec);
@@ -152,14 +159,15 @@ class DaemonImpl final : public Daemon {
       if (!ec) (*acc)->bind(ep, ec);
       if (!ec) (*acc)->listen(asio::socket_base::max_listen_connections, ec);
       if (ec) {
-        return Status::IOError(std::string("bind ") + what + " " + options_.listen_address + ":" +
+        return Status::IOError(std::string("bind ") + what + " " + address + ":" +
                                std::to_string(port) + ": " + ec.message());
       }
       return Status::Ok();
     };
-    KVTIER_RETURN_IF_ERROR(open_tcp(options_.native_port, &native_tcp_, "native"));
-    KVTIER_RETURN_IF_ERROR(open_tcp(options_.resp_port, &resp_, "resp"));
-    KVTIER_RETURN_IF_ERROR(open_tcp(options_.http_port, &http_, "http"));
+    KVTIER_RETURN_IF_ERROR(
+        open_tcp(options_.native_port, options_.native_listen, &native_tcp_, "native"));
+    KVTIER_RETURN_IF_ERROR(open_tcp(options_.resp_port, options_.resp_listen, &resp_, "resp"));
+    KVTIER_RETURN_IF_ERROR(open_tcp(options_.http_port, options_.http_listen, &http_, "http"));
     if (engram_) {
       KVTIER_RETURN_IF_ERROR(engram_->Start(io_));
       shared_.engram = engram_.get();
@@ -170,10 +178,16 @@ class DaemonImpl final : public Daemon {
     for (uint32_t i = 0; i < options_.io_threads; ++i) {
       io_threads_.emplace_back([this] { io_.run(); });
     }
-    KVTIER_LOG(kInfo) << "kvtierd serving: socket=" << options_.socket_path
-                      << " native_port=" << options_.native_port
-                      << " resp_port=" << options_.resp_port << " http_port=" << options_.http_port
-                      << " on " << options_.listen_address
+    auto front = [](const std::string& address, uint16_t port, bool tls) {
+      if (port == 0) return std::string("off");
+      return address + ":" + std::to_string(port) + (tls ? "+tls" : "");
+    };
+    KVTIER_LOG(kInfo) << "kvtierd serving: socket=" << options_.socket_path << " native="
+                      << front(options_.native_listen, options_.native_port, options_.tls.native)
+                      << " resp="
+                      << front(options_.resp_listen, options_.resp_port, options_.tls.resp)
+                      << " http="
+                      << front(options_.http_listen, options_.http_port, options_.tls.http)
                       << " auth=" << (tenants_->auth_enabled() ? "on" : "off")
                       << " engram=" << (engram_ ? options_.engram.listen : std::string("off"));
     return Status::Ok();
@@ -211,6 +225,17 @@ class DaemonImpl final : public Daemon {
   }
 
  private:
+  // A front's admission (Admit) not yet handed to a session; given back unless taken.
+  struct AdmissionHold {
+    AdmissionHold(Shared* shared, Front front) : shared(shared), front(front) {}
+    ~AdmissionHold() {
+      if (!taken) shared->front_open[static_cast<size_t>(front)].fetch_sub(1);
+    }
+    Shared* shared;
+    Front front;
+    bool taken = false;
+  };
+
   // Counts the connection in its front on success; the session uncounts it when it ends.
   bool Admit(Front front) {
     if (shared_.draining.load() || metrics_.connections_open.load() >= options_.max_connections) {
@@ -246,19 +271,43 @@ class DaemonImpl final : public Daemon {
         asio::make_strand(io_), [this, acc, front](boost::system::error_code ec, Tcp::socket s) {
           if (ec == asio::error::operation_aborted || !acc->is_open()) return;
           if (!ec && Admit(front)) {
-            if (front == Front::kNativeTcp) {
+            if (UsesTls(front)) {
+              // The session starts on the plaintext end once the handshake is done. Until
+              // then the admission is held here: a handshake that fails or times out never
+              // starts a session, so the front's count is given back when `admission` dies.
+              auto admission = std::make_shared<AdmissionHold>(&shared_, front);
+              tls_->Accept(
+                  std::move(s), [this] { return shared_.draining.load(); },
+                  [this, front, admission](TlsFront::GenericSocket plain) {
+                    admission->taken = true;  // the session uncounts it from now on
+                    StartFront(front, std::move(plain));
+                  });
+            } else if (front == Front::kNativeTcp) {
               boost::system::error_code ignored;
               s.set_option(Tcp::no_delay(true), ignored);
               internal::StartNativeSession(
                   &shared_, asio::generic::stream_protocol::socket(std::move(s)), false);
-            } else if (front == Front::kResp) {
-              internal::StartRespSession(&shared_, std::move(s));
             } else {
-              internal::StartHttpSession(&shared_, std::move(s));
+              StartFront(front, asio::generic::stream_protocol::socket(std::move(s)));
             }
           }
           AcceptTcp(acc, front);
         });
+  }
+
+  bool UsesTls(Front front) const {
+    return front == Front::kNativeTcp ? options_.tls.native
+           : front == Front::kResp    ? options_.tls.resp
+                                      : options_.tls.http;
+  }
+  void StartFront(Front front, asio::generic::stream_protocol::socket s) {
+    if (front == Front::kNativeTcp) {
+      internal::StartNativeSession(&shared_, std::move(s), /*is_unix=*/false);
+    } else if (front == Front::kResp) {
+      internal::StartRespSession(&shared_, std::move(s));
+    } else {
+      internal::StartHttpSession(&shared_, std::move(s));
+    }
   }
 
   std::vector<std::shared_ptr<internal::Session>> LiveSessions() {
@@ -330,6 +379,7 @@ class DaemonImpl final : public Daemon {
   Service service_;
   Shared shared_;
   std::unique_ptr<EngramServing> engram_;  // [engram]; null when off
+  std::unique_ptr<TlsFront> tls_;          // [tls]; null when no front uses it
   // Declared after everything sessions touch: destroying io_ destroys pending handlers and
   // with them the last session references, whose destructors use shared_ and metrics_.
   asio::io_context io_;

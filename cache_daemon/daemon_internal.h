@@ -19,6 +19,7 @@
 #include "cache_daemon/metrics.h"
 #include "cache_daemon/service.h"
 #include "cache_daemon/tenants.h"
+#include "cache_daemon/tls_front.h"
 
 namespace kvtier::daemon::internal {
 
@@ -76,6 +77,7 @@ struct Shared {
   ConnectionMemory* memory = nullptr;
   // Connections open per front (incremented at admission, decremented by the session).
   std::array<std::atomic<uint32_t>, static_cast<size_t>(Front::kCount)> front_open{};
+  const TlsFront* tls = nullptr;    // null when no front uses TLS
   std::atomic<bool> draining{false};
   std::atomic<bool> ready{true};
   uint64_t start_us = 0;
@@ -108,10 +110,12 @@ struct Shared {
 
 // Each takes a connected socket and runs the session until the peer or the daemon closes it.
 // The caller has counted it in shared->front_open[front]; the session uncounts it when it ends.
+// The socket is a TCP connection, or for a TLS front the plaintext end of the TLS relay's
+// socketpair (tls_front.h); nothing in a session depends on which.
 void StartNativeSession(Shared* shared, asio::generic::stream_protocol::socket socket,
                         bool is_unix);
-void StartRespSession(Shared* shared, asio::ip::tcp::socket socket);
-void StartHttpSession(Shared* shared, asio::ip::tcp::socket socket);
+void StartRespSession(Shared* shared, asio::generic::stream_protocol::socket socket);
+void StartHttpSession(Shared* shared, asio::generic::stream_protocol::socket socket);
 
 // Closes a session after limits.idle_timeout_ms without a byte read or written and with no
 // request executing. Owned by a session, used on its strand only: Touch() on every read or
@@ -146,7 +150,8 @@ class IdleWatch {
   uint64_t last_ms_ = 0;
 };
 
-// The /metrics page (also used by tests through the HTTP port).
-std::string RenderMetrics(Shared* shared);
+// The /metrics page (also used by tests through the HTTP port). tenant_series = false leaves
+// out every series with a tenant label (DaemonMetrics::Extra::tenant_series).
+std::string RenderMetrics(Shared* shared, bool tenant_series = true);
 
 }  // namespace kvtier::daemon::internal

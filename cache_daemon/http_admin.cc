@@ -1,8 +1,19 @@
 // HTTP admin front end on Boost.Beast: GET /metrics, /healthz, /readyz, GET /v1/stats,
 // GET|POST /v1/policy. One request at a time per connection, keep-alive, bounded body and
-// read time. With auth on, POST /v1/policy needs "Authorization: Bearer <admin token>".
+// read time.
+//
+// Authorization with auth on ("Authorization: Bearer <token>"; docs/CONFIG.md [auth]):
+//   - POST /v1/policy needs an admin tenant's token (401 without a valid token, 403 for a
+//     tenant that is not admin);
+//   - GET /metrics and /v1/stats answer everyone, but per-tenant figures (series with a
+//     tenant label, the tenant_bytes object) only to an admin token; /v1/stats shows a
+//     non-admin tenant its own bytes; without a token both show aggregate figures only;
+//   - a malformed Authorization header or an unknown token is answered 401 and counted in
+//     kvtier_auth_failures_total, never silently downgraded.
+// With auth off (loopback only) every request is the admin tenant "default".
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cctype>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -14,18 +25,27 @@ namespace {
 
 namespace beast = boost::beast;
 namespace http = beast::http;
-using Tcp = asio::ip::tcp;
+using GenericSocket = asio::generic::stream_protocol::socket;
 constexpr size_t kFirstReadBytes = 4096;
+// TCP, or the plaintext end of a TLS relay (tls_front.h).
+using Stream = beast::basic_stream<asio::generic::stream_protocol>;
+
+// What an Authorization header is worth.
+struct Caller {
+  const Tenant* tenant = nullptr;  // nullptr: no token presented (auth on)
+  bool invalid = false;            // a malformed header or an unknown token
+  bool admin() const { return tenant != nullptr && tenant->admin; }
+};
 
 class HttpSession : public Session, public std::enable_shared_from_this<HttpSession> {
  public:
-  HttpSession(Shared* shared, Tcp::socket socket) : shared_(shared), stream_(std::move(socket)) {}
+  HttpSession(Shared* shared, GenericSocket socket) : shared_(shared), stream_(std::move(socket)) {}
   ~HttpSession() override {
     shared_->front_open[static_cast<size_t>(Front::kHttp)].fetch_sub(1);
     shared_->metrics->connections_open.fetch_sub(1);
   }
 
-  beast::tcp_stream::executor_type executor() { return stream_.get_executor(); }
+  Stream::executor_type executor() { return stream_.get_executor(); }
   void Begin() {
     id_ = shared_->Register(shared_from_this());
     Read();
@@ -40,7 +60,7 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
     if (closed_) return;
     closed_ = true;
     beast::error_code ec;
-    stream_.socket().shutdown(Tcp::socket::shutdown_both, ec);
+    stream_.socket().shutdown(GenericSocket::shutdown_both, ec);
     stream_.close();
     shared_->Unregister(id_);
   }
@@ -107,13 +127,52 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
     res->body() = std::move(body);
   }
 
+  Caller Authorize(const http::request<http::string_body>& req) const {
+    const TenantRegistry* reg = shared_->tenants;
+    if (!reg->auth_enabled()) return Caller{reg->default_tenant(), false};
+    auto it = req.find(http::field::authorization);
+    if (it == req.end()) return Caller{};
+    std::string_view auth(it->value().data(), it->value().size());
+    // The scheme name is case-insensitive (RFC 7235); one space, then the token.
+    constexpr std::string_view kBearer = "bearer ";
+    if (auth.size() <= kBearer.size()) return Caller{nullptr, true};
+    for (size_t i = 0; i < kBearer.size(); ++i) {
+      if (std::tolower(static_cast<unsigned char>(auth[i])) != kBearer[i]) {
+        return Caller{nullptr, true};
+      }
+    }
+    StatusOr<const Tenant*> t = reg->Authenticate(auth.substr(kBearer.size()));
+    if (!t.ok()) return Caller{nullptr, true};
+    return Caller{*t, false};
+  }
+
+  void Unauthorized(http::response<http::string_body>* res,
+                    const char* why = "malformed Authorization header or unknown bearer token") {
+    shared_->metrics->auth_failures.fetch_add(1);
+    res->set(http::field::www_authenticate, "Bearer");
+    Text(res, http::status::unauthorized, nlohmann::json{{"error", why}}.dump(),
+         "application/json");
+  }
+
+  // /v1/stats for this caller: everything for an admin, the caller's own bytes for another
+  // tenant, no tenant_bytes without a token.
+  std::string StatsFor(const Caller& caller) const {
+    Service* svc = shared_->service;
+    if (caller.tenant != nullptr) return svc->StatsJson(caller.tenant);
+    nlohmann::json j = nlohmann::json::parse(svc->StatsJson(nullptr));
+    j.erase("tenant_bytes");
+    return j.dump();
+  }
+
   void Route(const http::request<http::string_body>& req, http::response<http::string_body>* res) {
     std::string_view target(req.target().data(), req.target().size());
     if (size_t q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
     Service* svc = shared_->service;
     bool get = req.method() == http::verb::get;
     if (target == "/metrics" && get) {
-      return Text(res, http::status::ok, RenderMetrics(shared_),
+      Caller caller = Authorize(req);
+      if (caller.invalid) return Unauthorized(res);
+      return Text(res, http::status::ok, RenderMetrics(shared_, caller.admin()),
                   "text/plain; version=0.0.4; charset=utf-8");
     }
     if (target == "/healthz" && get) return Text(res, http::status::ok, "ok\n");
@@ -123,25 +182,21 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
                   ready ? "ready\n" : "draining\n");
     }
     if (target == "/v1/stats" && get) {
-      return Text(res, http::status::ok, svc->StatsJson(nullptr), "application/json");
+      Caller caller = Authorize(req);
+      if (caller.invalid) return Unauthorized(res);
+      return Text(res, http::status::ok, StatsFor(caller), "application/json");
     }
     if (target == "/v1/policy" && get) {
       return Text(res, http::status::ok, svc->PolicyJson(), "application/json");
     }
     if (target == "/v1/policy" && req.method() == http::verb::post) {
-      if (shared_->tenants->auth_enabled()) {
-        std::string_view auth(req[http::field::authorization].data(),
-                              req[http::field::authorization].size());
-        constexpr std::string_view kBearer = "Bearer ";
-        StatusOr<const Tenant*> t = Status::PermissionDenied("missing bearer token");
-        if (auth.substr(0, kBearer.size()) == kBearer) {
-          t = shared_->tenants->Authenticate(auth.substr(kBearer.size()));
-        }
-        if (!t.ok() || !(*t)->admin) {
-          shared_->metrics->auth_failures.fetch_add(1);
-          return Text(res, http::status::forbidden,
-                      "{\"error\":\"an admin bearer token is required\"}", "application/json");
-        }
+      Caller caller = Authorize(req);
+      if (caller.invalid) return Unauthorized(res);
+      if (caller.tenant == nullptr) return Unauthorized(res, "an admin bearer token is required");
+      if (!caller.admin()) {
+        shared_->metrics->auth_failures.fetch_add(1);
+        return Text(res, http::status::forbidden,
+                    "{\"error\":\"an admin bearer token is required\"}", "application/json");
       }
       Status st = svc->SetPolicyJson(req.body());
       if (!st.ok()) {
@@ -154,7 +209,7 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
   }
 
   Shared* shared_;
-  beast::tcp_stream stream_;
+  Stream stream_;
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
   uint64_t id_ = 0;
@@ -164,7 +219,7 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
 
 }  // namespace
 
-void StartHttpSession(Shared* shared, asio::ip::tcp::socket socket) {
+void StartHttpSession(Shared* shared, GenericSocket socket) {
   shared->metrics->connections_open.fetch_add(1);
   shared->metrics->connections_total.fetch_add(1);
   auto s = std::make_shared<HttpSession>(shared, std::move(socket));

@@ -13,6 +13,7 @@
 
 #include "cache_daemon/config.h"
 #include "cache_daemon/daemon.h"
+#include "cache_daemon/server_secret.h"
 #include "cli/flags.h"
 #include "common/key_spec.h"
 #include "common/logging.h"
@@ -32,12 +33,20 @@ int Fail(const Status& st) {
 int main(int argc, char** argv) {
   std::vector<std::string_view> args(argv + 1, argv + argc);
   std::string config, data_dir, socket, listen, tokens, trace, hash_token, log_level;
+  std::string native_listen, resp_listen, http_listen;
   uint64_t resp_port = UINT64_MAX, http_port = UINT64_MAX, native_port = UINT64_MAX;
   cli::FlagSet flags("kvtierd", "The kvtier daemon: tiered KV-cache storage (docs/CONFIG.md).");
   flags.String("config", &config, "FILE", "TOML config file (default: embedded defaults)");
   flags.String("data-dir", &data_dir, "DIR", "data directory (server.data_dir)");
   flags.String("socket", &socket, "PATH", "native Unix socket, or 'off' (server.socket)");
-  flags.String("listen", &listen, "ADDR", "address of the TCP ports (server.listen)");
+  flags.String("listen", &listen, "ADDR",
+               "default address of the native TCP and RESP ports (server.listen)");
+  flags.String("native-listen", &native_listen, "ADDR",
+               "address of the native TCP port (server.native_listen)");
+  flags.String("resp-listen", &resp_listen, "ADDR",
+               "address of the RESP port (server.resp_listen)");
+  flags.String("http-listen", &http_listen, "ADDR",
+               "address of the HTTP admin port (server.http_listen, default 127.0.0.1)");
   flags.Uint("resp-port", &resp_port, "RESP port, 0 disables (server.resp_port)");
   flags.Uint("http-port", &http_port, "HTTP admin port, 0 disables (server.http_port)");
   flags.Uint("native-port", &native_port, "native TCP port, 0 disables (server.native_port)");
@@ -76,6 +85,9 @@ int main(int argc, char** argv) {
   if (!data_dir.empty()) o.data_dir = data_dir;
   if (!socket.empty()) o.socket_path = socket;
   if (!listen.empty()) o.listen_address = listen;
+  if (!native_listen.empty()) o.native_listen = native_listen;
+  if (!resp_listen.empty()) o.resp_listen = resp_listen;
+  if (!http_listen.empty()) o.http_listen = http_listen;
   if (!tokens.empty()) o.tokens_file = tokens;
   if (!trace.empty()) o.trace_path = trace;
   if (!port(resp_port, &o.resp_port) || !port(http_port, &o.http_port) ||
@@ -90,7 +102,9 @@ int main(int argc, char** argv) {
   if (fec) return Fail(Status::IOError("cannot create data dir " + o.data_dir));
   ::chmod(o.data_dir.c_str(), 0700);
 
-  StatusOr<std::vector<uint8_t>> secret = LoadOrCreateServerSecret(o.server_secret_file);
+  StatusOr<std::vector<uint8_t>> secret = OpenServerSecret({.secret_file = o.server_secret_file,
+                                                            .data_dir = o.data_dir,
+                                                            .store_dir = o.storage.data_dir});
   if (!secret.ok()) return Fail(secret.status());
   std::unique_ptr<TenantRegistry> tenants;
   if (o.tokens_file.empty()) {

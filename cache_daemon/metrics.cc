@@ -210,6 +210,25 @@ void DaemonMetrics::RenderEngram(const Extra& extra, void* page) const {
   const auto& names = engram_fetch.tenant_names();
   for (size_t k = 0; k < wire::kEngramReportCounters; ++k) {
     p.Family(fetch[k].name, fetch[k].type, fetch[k].help);
+    if (!extra.tenant_series) {
+      // Without an admin token: one sum over the tenants per transport, no tenant label.
+      for (size_t x = 0; x < wire::kEngramTransports.size(); ++x) {
+        uint64_t v = 0, reports = 0;
+        for (size_t t = 0; t < names.size(); ++t) {
+          const EngramFetchMetrics::Slot& s = engram_fetch.slot(t, x);
+          reports += s.reports.load(std::memory_order_relaxed);
+          v += s.v[k].load(std::memory_order_relaxed);
+        }
+        if (reports == 0) continue;
+        std::string labels = std::string("transport=\"") + wire::kEngramTransports[x] + "\"";
+        if (fetch[k].scale != 1) {
+          p.Sample(fetch[k].name, labels, static_cast<double>(v) * fetch[k].scale);
+        } else {
+          p.Sample(fetch[k].name, labels, v);
+        }
+      }
+      continue;
+    }
     for (size_t t = 0; t < names.size(); ++t) {
       for (size_t x = 0; x < wire::kEngramTransports.size(); ++x) {
         const EngramFetchMetrics::Slot& s = engram_fetch.slot(t, x);
@@ -272,8 +291,10 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
   p.One("kvtier_ssd_segments_cleaned_total", "counter", "SSD segments cleaned (compacted).",
         s.segments_cleaned);
   p.One("kvtier_ssd_queue_depth", "gauge", "SSD I/O requests outstanding.", s.ssd_queue_depth);
-  p.Family("kvtier_tenant_used_bytes", "gauge", "Bytes stored per tenant.");
+  if (extra.tenant_series)
+    p.Family("kvtier_tenant_used_bytes", "gauge", "Bytes stored per tenant.");
   for (const auto& [id, bytes] : s.tenant_bytes) {
+    if (!extra.tenant_series) break;
     std::string name = "id-" + std::to_string(id);
     for (const auto& [tn, tid] : extra.tenants) {
       if (tid == id) name = tn;

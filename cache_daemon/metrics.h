@@ -138,6 +138,9 @@ class DaemonMetrics {
     std::string eviction_policy, admission_policy;
     // (tenant name, tenant id) for per-tenant byte gauges.
     std::vector<std::pair<std::string, uint64_t>> tenants;
+    // False: no series with a tenant label (kvtier_tenant_used_bytes is left out, the Engram
+    // fetch families are summed over tenants per transport). /metrics without an admin token.
+    bool tenant_series = true;
     // Set when [engram] serving is enabled: the row server's counters (transport "tcp").
     std::optional<rdma::RowServerCounters> engram_server;
     uint64_t engram_regions = 0;

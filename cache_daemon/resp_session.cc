@@ -21,6 +21,7 @@ namespace kvtier::daemon::internal {
 namespace {
 
 using Tcp = asio::ip::tcp;
+using GenericSocket = asio::generic::stream_protocol::socket;
 using namespace std::string_view_literals;
 constexpr size_t kReadChunkBytes = 256 * 1024;
 // Reply bytes (text and GET value segments together) buffered before the connection stops
@@ -55,7 +56,7 @@ struct Body {
 
 class RespSession : public Session, public std::enable_shared_from_this<RespSession> {
  public:
-  RespSession(Shared* shared, Tcp::socket socket)
+  RespSession(Shared* shared, GenericSocket socket)
       : shared_(shared),
         strand_(asio::make_strand(*shared->io)),
         sock_(std::move(socket)),
@@ -152,7 +153,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     // usually not arrived yet, so asio's speculative recv in async_read_some would mostly
     // fail with EAGAIN, one wasted syscall per round trip.
     sock_.async_wait(
-        Tcp::socket::wait_read,
+        GenericSocket::wait_read,
         asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
           self->reading_ = false;
           if (ec || self->closed_) return self->DoClose();
@@ -646,7 +647,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   Shared* shared_;
   // Every handler runs on strand_ (bound explicitly).
   asio::strand<asio::io_context::executor_type> strand_;
-  Tcp::socket sock_;
+  GenericSocket sock_;  // TCP, or the plaintext end of a TLS relay (no_delay fails there)
   asio::steady_timer timer_;
   asio::steady_timer memory_timer_;  // retries a read paused by the daemon-wide budget
   IdleWatch idle_;
@@ -676,7 +677,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
 
 }  // namespace
 
-void StartRespSession(Shared* shared, asio::ip::tcp::socket socket) {
+void StartRespSession(Shared* shared, GenericSocket socket) {
   shared->metrics->connections_open.fetch_add(1);
   shared->metrics->connections_total.fetch_add(1);
   auto s = std::make_shared<RespSession>(shared, std::move(socket));

@@ -7,7 +7,9 @@
 #include <toml++/toml.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -73,6 +75,8 @@ StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Parse(
   if (list->size() > kMaxTenants) return Status::InvalidArgument("tokens file: too many tenants");
   std::set<std::string> names;
   std::set<uint64_t> ids;
+  // Every digest seen so far -> the tenant that lists it: a token must identify one tenant.
+  std::map<Digest, std::string> owners;
   for (const toml::node& node : *list) {
     const toml::table* tt = node.as_table();
     if (tt == nullptr) return Status::InvalidArgument("tokens file: [[tenant]] must be a table");
@@ -108,6 +112,14 @@ StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Parse(
         return Status::InvalidArgument("tokens file: tenant " + t->name +
                                        ": token_sha256 is not 64 hex characters");
       }
+      auto [it, inserted] = owners.emplace(*d, t->name);
+      if (!inserted) {
+        return Status::InvalidArgument(
+            it->second == t->name
+                ? "tokens file: tenant " + t->name + " lists the same token_sha256 twice"
+                : "tokens file: tenants " + it->second + " and " + t->name +
+                      " share a token_sha256: a token must identify one tenant");
+      }
       t->token_sha256.push_back(*d);
     }
     t->salt = TenantSalt(server_secret, t->name);
@@ -129,15 +141,21 @@ StatusOr<const Tenant*> TenantRegistry::Authenticate(std::string_view token) con
   if (!auth_enabled_) return tenants_[0].get();
   Digest d = Sha256(
       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size()));
-  const Tenant* found = nullptr;
-  // Visit every digest so the time taken does not depend on which one matches.
+  // Visit every digest, and select the match with a mask instead of a branch, so the time
+  // taken depends neither on the token nor on which tenant (if any) it belongs to. Parse
+  // refuses duplicate digests, so at most one matches.
+  uintptr_t found = 0;
   for (const auto& t : tenants_) {
     for (const Digest& h : t->token_sha256) {
-      if (CRYPTO_memcmp(h.data(), d.data(), d.size()) == 0) found = t.get();
+      // CRYPTO_memcmp returns 0 on a match, else some non-zero int (kept whole: no bit of it
+      // may be dropped).
+      uint64_t diff = static_cast<uint32_t>(CRYPTO_memcmp(h.data(), d.data(), d.size()));
+      uint64_t match_mask = ((diff | (0 - diff)) >> 63) - 1;  // all ones iff diff == 0
+      found |= static_cast<uintptr_t>(match_mask) & reinterpret_cast<uintptr_t>(t.get());
     }
   }
-  if (found == nullptr) return Status::PermissionDenied("invalid token");
-  return found;
+  if (found == 0) return Status::PermissionDenied("invalid token");
+  return reinterpret_cast<const Tenant*>(found);
 }
 
 const Tenant* TenantRegistry::FindById(uint64_t id) const {
@@ -169,6 +187,13 @@ StatusOr<std::vector<uint8_t>> LoadOrCreateServerSecret(const std::string& path)
             ::fsync(fd) == 0;
   ::close(fd);
   if (!ok) return Status::IOError("cannot write server secret " + path);
+  // Make the new name durable too: a crash must not lose the secret of data written after.
+  size_t slash = path.find_last_of('/');
+  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  bool dir_ok = dfd >= 0 && ::fsync(dfd) == 0;
+  if (dfd >= 0) ::close(dfd);
+  if (!dir_ok) return Status::IOError("cannot fsync the directory of server secret " + path);
   return secret;
 }
 

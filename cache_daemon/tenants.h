@@ -69,7 +69,8 @@ class TenantRegistry {
   static std::unique_ptr<TenantRegistry> Open(std::span<const uint8_t> server_secret,
                                               uint32_t default_inflight_max);
   // Parses a tokens file's text. InvalidArgument (with the reason) for bad TOML, missing or
-  // duplicate names/ids, or malformed digests.
+  // duplicate names/ids, malformed digests, or a digest listed twice (naming both tenants: a
+  // token must identify exactly one tenant).
   static StatusOr<std::unique_ptr<TenantRegistry>> Parse(std::string_view toml_text,
                                                          std::span<const uint8_t> server_secret);
   static StatusOr<std::unique_ptr<TenantRegistry>> LoadFile(const std::string& path,
@@ -78,7 +79,9 @@ class TenantRegistry {
   bool auth_enabled() const { return auth_enabled_; }
   // The tenant every unauthenticated connection belongs to when auth is off; nullptr when on.
   const Tenant* default_tenant() const { return auth_enabled_ ? nullptr : tenants_[0].get(); }
-  // PermissionDenied for an unknown token. Compares digests in constant time.
+  // PermissionDenied for an unknown token. Compares the token's SHA-256 with every digest
+  // (CRYPTO_memcmp) and selects the match without a branch: the time does not depend on
+  // whether or where the token matches.
   StatusOr<const Tenant*> Authenticate(std::string_view token) const;
   const Tenant* FindById(uint64_t id) const;
   const std::vector<std::unique_ptr<Tenant>>& tenants() const { return tenants_; }
@@ -88,8 +91,10 @@ class TenantRegistry {
   std::vector<std::unique_ptr<Tenant>> tenants_;
 };
 
-// Reads the server secret from path, or creates it (32 random bytes, mode 0600) when absent.
-// InvalidArgument when an existing file is shorter than 32 bytes.
+// Reads the server secret from path, or creates it (32 random bytes, mode 0600, file and
+// directory fsynced) when absent. InvalidArgument when an existing file is shorter than 32
+// bytes. kvtierd calls it through OpenServerSecret (server_secret.h), which refuses to create
+// a secret for a data directory that already holds data.
 StatusOr<std::vector<uint8_t>> LoadOrCreateServerSecret(const std::string& path);
 
 }  // namespace kvtier::daemon

@@ -1,7 +1,8 @@
 // Client subcommands against a running kvtierd, through the client library only:
 //   kvtier stats | lookup | put-file | get-file | policy get|set | drain
 // Human output by default, --json for scripts. Connection flags are shared: --socket PATH
-// (default: kvtierd's default socket), --tcp-port N (native TCP), --host, --token.
+// (default: kvtierd's default socket), --tcp-port N (native TCP), --host, --token, and for
+// a TLS native port --tls [--tls-ca FILE] [--tls-server-name NAME].
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,11 +31,17 @@ struct Conn {
   std::string host = "127.0.0.1";
   uint64_t tcp_port = 0;
   std::string token;
+  bool tls = false;
+  std::string tls_ca, tls_server_name;
   bool json = false;
   void Register(FlagSet* f) {
     f->String("socket", &socket, "PATH", "kvtierd native Unix socket");
     f->String("host", &host, "HOST", "kvtierd host for --tcp-port");
     f->Uint("tcp-port", &tcp_port, "native protocol TCP port (0: use --socket)");
+    f->Bool("tls", &tls, "TLS on --tcp-port (kvtierd [tls] native = true)");
+    f->String("tls-ca", &tls_ca, "FILE", "PEM CA file for --tls (default: system trust store)");
+    f->String("tls-server-name", &tls_server_name, "NAME",
+              "name the daemon's certificate must carry (default: --host)");
     f->String("token", &token, "TOKEN", "auth token (default: $KVTIER_TOKEN)");
     f->Bool("json", &json, "print JSON instead of text");
   }
@@ -44,6 +51,10 @@ struct Conn {
     o.tcp_host = host;
     if (tcp_port > 65535) return Status::InvalidArgument("--tcp-port out of range");
     o.tcp_port = static_cast<uint16_t>(tcp_port);
+    if (tls && o.tcp_port == 0) return Status::InvalidArgument("--tls needs --tcp-port");
+    o.tls = tls;
+    o.tls_ca_file = tls_ca;
+    o.tls_server_name = tls_server_name;
     o.token = token;
     if (o.token.empty()) {
       if (const char* t = std::getenv("KVTIER_TOKEN")) o.token = t;

@@ -136,7 +136,7 @@ class EngramDaemonTest : public ::testing::Test {
   StatusOr<std::unique_ptr<Daemon>> StartWith(DaemonOptions o) {
     KVTIER_RETURN_IF_ERROR(Finalize(&o));
     std::vector<uint8_t> secret(32, 9);
-    std::string text = "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" +
+    std::string text = "[[tenant]]\nname = \"alice\"\nid = 1\nadmin = true\ntoken_sha256 = [\"" +
                        HashHex("tok-alice") + "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\n" +
                        "token_sha256 = [\"" + HashHex("tok-bob") + "\"]\n";
     KVTIER_ASSIGN_OR_RETURN(auto tenants, TenantRegistry::Parse(text, secret));
@@ -339,7 +339,8 @@ TEST_F(EngramDaemonTest, ReportsAreSummedPerTenantAndTransportAndPassPromtool) {
       "kvtier_requests_total{op=\"engram_report\",code=\"invalid_argument\"} 1\n";
   std::string m;
   for (int i = 0; i < 500; ++i) {
-    m = kt::HttpRequest(http_port_, "GET", "/metrics");
+    // Series with a tenant label need an admin token (alice).
+    m = kt::HttpRequest(http_port_, "GET", "/metrics", "", "Authorization: Bearer tok-alice\r\n");
     if (m.find(refused) != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -145,6 +145,9 @@ TEST(Config, RefusesNonLoopbackWithoutAuth) {
   EXPECT_TRUE(st.IsPermissionDenied());
   EXPECT_NE(st.message().find("without authentication"), std::string::npos);
   o.tokens_file = "/etc/kvtier/tokens.toml";
+  // With auth, a non-loopback front still needs TLS (security_test.cc has the details).
+  EXPECT_TRUE(Finalize(&o).IsPermissionDenied());
+  o.tls = {.cert_file = "/c.pem", .key_file = "/k.pem", .native = true, .resp = true};
   EXPECT_TRUE(Finalize(&o).ok());
   EXPECT_TRUE(IsLoopbackAddress("127.0.0.1"));
   EXPECT_TRUE(IsLoopbackAddress("127.3.0.1"));

@@ -82,7 +82,8 @@ TEST(EngramDaemonE2eTest, EngineReadsRowsGrantedByKvtierdAndReportsOnMetrics) {
   o.engram.dir = eo.out_dir;
   ASSERT_TRUE(daemon::Finalize(&o).ok());
   auto tenants = daemon::TenantRegistry::Parse(
-      "[[tenant]]\nname = \"agents\"\nid = 1\ntoken_sha256 = [\"" + HashHex("tok-agents") + "\"]\n",
+      "[[tenant]]\nname = \"agents\"\nid = 1\nadmin = true\ntoken_sha256 = [\"" +
+          HashHex("tok-agents") + "\"]\n",
       std::vector<uint8_t>(32, 3));
   ASSERT_TRUE(tenants.ok()) << tenants.status().ToString();
   auto d = daemon::Daemon::Start(o, std::make_unique<kt::FakeTierManager>(), std::move(*tenants),
@@ -117,7 +118,9 @@ TEST(EngramDaemonE2eTest, EngineReadsRowsGrantedByKvtierdAndReportsOnMetrics) {
     ASSERT_TRUE(reporter.Report(**client, **rows).ok());
     // A second report with nothing new adds nothing (deltas, not totals).
     ASSERT_TRUE(reporter.Report(**client, **rows).ok());
-    const std::string metrics = kt::HttpRequest(http_port, "GET", "/metrics");
+    // Series with a tenant label need an admin token.
+    const std::string metrics =
+        kt::HttpRequest(http_port, "GET", "/metrics", "", "Authorization: Bearer tok-agents\r\n");
     const std::string want = "kvtier_engram_fetch_rows_requested_total{tenant=\"agents\"," +
                              std::string("transport=\"") + transport + "\"} " +
                              std::to_string(stats.fetch.rows_requested) + "\n";

@@ -1,0 +1,284 @@
+#include "cache_daemon/tls_client.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+namespace kvtier::daemon {
+namespace {
+
+// OpenSSL's most recent error as text (and clears the queue).
+std::string SslError() {
+  unsigned long e = ERR_get_error();
+  ERR_clear_error();
+  if (e == 0) return std::strerror(errno);
+  char buf[256];
+  ERR_error_string_n(e, buf, sizeof(buf));
+  return buf;
+}
+
+bool SetNonBlocking(int fd, bool on) {
+  int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0) return false;
+  return ::fcntl(fd, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK)) == 0;
+}
+
+// Blocks SIGPIPE on this thread while alive; a SIGPIPE raised meanwhile (OpenSSL writes to
+// the socket with write(2)) is consumed instead of delivered. The scheme of libpq's
+// pq_block_sigpipe / pq_reset_sigpipe.
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, &old_);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+  }
+  ~SigpipeGuard() {
+    sigset_t pending;
+    sigpending(&pending);
+    if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
+      sigset_t pipe;
+      sigemptyset(&pipe);
+      sigaddset(&pipe, SIGPIPE);
+      timespec zero{0, 0};
+      while (sigtimedwait(&pipe, nullptr, &zero) < 0 && errno == EINTR) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t old_;
+  bool was_pending_ = false;
+};
+
+}  // namespace
+
+class TlsTunnel::Impl {
+ public:
+  ~Impl() {
+    if (thread_.joinable()) {
+      stop_.store(true);
+      char c = 1;
+      (void)!::write(wake_w_, &c, 1);
+      thread_.join();
+    }
+    if (ssl_ != nullptr) SSL_free(ssl_);
+    if (ctx_ != nullptr) SSL_CTX_free(ctx_);
+    for (int fd : {tcp_fd_, relay_fd_, client_fd_, wake_r_, wake_w_}) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+
+  Status Handshake(const TlsClientOptions& o) {
+    ctx_ = SSL_CTX_new(TLS_client_method());
+    if (ctx_ == nullptr) return Status::Internal("TLS: SSL_CTX_new: " + SslError());
+    SSL_CTX_set_min_proto_version(ctx_, TLS1_2_VERSION);
+    SSL_CTX_set_verify(ctx_, SSL_VERIFY_PEER, nullptr);
+    if (!o.ca_file.empty()) {
+      if (SSL_CTX_load_verify_locations(ctx_, o.ca_file.c_str(), nullptr) != 1) {
+        return Status::InvalidArgument("TLS: cannot load CA file " + o.ca_file + ": " + SslError());
+      }
+    } else if (SSL_CTX_set_default_verify_paths(ctx_) != 1) {
+      return Status::Internal("TLS: cannot load the default trust store: " + SslError());
+    }
+    ssl_ = SSL_new(ctx_);
+    if (ssl_ == nullptr || SSL_set_fd(ssl_, tcp_fd_) != 1) {
+      return Status::Internal("TLS: SSL_new: " + SslError());
+    }
+    SSL_set_mode(ssl_, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    SSL_set_read_ahead(ssl_, 1);  // fewer, larger recv calls
+    const std::string& name = o.server_name;
+    in6_addr ip{};
+    bool is_ip =
+        inet_pton(AF_INET, name.c_str(), &ip) == 1 || inet_pton(AF_INET6, name.c_str(), &ip) == 1;
+    if (!is_ip && !name.empty()) SSL_set_tlsext_host_name(ssl_, name.c_str());
+    if (o.verify_hostname) {
+      if (name.empty()) return Status::InvalidArgument("TLS: no server name to verify");
+      int ok = is_ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl_), name.c_str())
+                     : SSL_set1_host(ssl_, name.c_str());
+      if (ok != 1) return Status::InvalidArgument("TLS: bad server name '" + name + "'");
+    }
+    if (!SetNonBlocking(tcp_fd_, true)) return Status::IOError("TLS: fcntl O_NONBLOCK");
+    SigpipeGuard guard;
+    auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(o.handshake_timeout_ms);
+    for (;;) {
+      ERR_clear_error();
+      int r = SSL_connect(ssl_);
+      if (r == 1) break;
+      int err = SSL_get_error(ssl_, r);
+      short events = err == SSL_ERROR_WANT_READ    ? POLLIN
+                     : err == SSL_ERROR_WANT_WRITE ? POLLOUT
+                                                   : 0;
+      if (events == 0) {
+        long verify = SSL_get_verify_result(ssl_);
+        if (verify != X509_V_OK) {
+          return Status::PermissionDenied(std::string("TLS: the daemon's certificate did not "
+                                                      "verify: ") +
+                                          X509_verify_cert_error_string(verify));
+        }
+        return Status::IOError("TLS handshake failed (does the port speak TLS?): " + SslError());
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return Status::IOError("TLS handshake timed out");
+      pollfd p{tcp_fd_, events, 0};
+      int pr = ::poll(&p, 1, static_cast<int>(left.count()));
+      if (pr < 0 && errno != EINTR) return Status::IOError("TLS: poll: " + SslError());
+    }
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      return Status::IOError(std::string("TLS: socketpair: ") + std::strerror(errno));
+    }
+    client_fd_ = sv[0];
+    relay_fd_ = sv[1];
+    int wake[2];
+    if (::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+      return Status::IOError(std::string("TLS: pipe: ") + std::strerror(errno));
+    }
+    wake_r_ = wake[0];
+    wake_w_ = wake[1];
+    if (!SetNonBlocking(relay_fd_, true)) return Status::IOError("TLS: fcntl O_NONBLOCK");
+    thread_ = std::thread([this] { Run(); });
+    return Status::Ok();
+  }
+
+  // The relay loop: the only code touching ssl_ after the handshake.
+  void Run() {
+    SigpipeGuard guard;
+    std::unique_ptr<uint8_t[]> up(new uint8_t[kChunkBytes]);    // client -> daemon
+    std::unique_ptr<uint8_t[]> down(new uint8_t[kChunkBytes]);  // daemon -> client
+    size_t up_len = 0, up_off = 0, down_len = 0, down_off = 0;
+    bool plain_eof = false, tls_eof = false;
+    while (!stop_.load()) {
+      bool progress = false, tcp_in = false, tcp_out = false, plain_out = false;
+      if (up_len == 0 && !plain_eof) {
+        ssize_t n = ::recv(relay_fd_, up.get(), kChunkBytes, 0);
+        if (n > 0) {
+          up_len = static_cast<size_t>(n);
+          up_off = 0;
+          progress = true;
+        } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          plain_eof = true;  // the client closed (or shut down) its end
+        }
+      }
+      if (up_off < up_len) {
+        ERR_clear_error();
+        int r = SSL_write(ssl_, up.get() + up_off, static_cast<int>(up_len - up_off));
+        if (r > 0) {
+          up_off += static_cast<size_t>(r);
+          if (up_off == up_len) up_off = up_len = 0;
+          progress = true;
+        } else {
+          int err = SSL_get_error(ssl_, r);
+          if (err == SSL_ERROR_WANT_READ) {
+            tcp_in = true;
+          } else if (err == SSL_ERROR_WANT_WRITE) {
+            tcp_out = true;
+          } else {
+            tls_eof = true;  // the connection failed: nothing more can be sent
+            up_off = up_len = 0;
+          }
+        }
+      }
+      // One SSL_read returns at most one record (16 KiB): fill the buffer with as many as
+      // are already here, so that the client's end gets one send per chunk.
+      while (down_len < kChunkBytes && down_off == 0 && !tls_eof) {
+        ERR_clear_error();
+        int r = SSL_read(ssl_, down.get() + down_len, static_cast<int>(kChunkBytes - down_len));
+        if (r > 0) {
+          down_len += static_cast<size_t>(r);
+          progress = true;
+        } else {
+          int err = SSL_get_error(ssl_, r);
+          if (err == SSL_ERROR_WANT_READ) {
+            tcp_in = true;
+          } else if (err == SSL_ERROR_WANT_WRITE) {
+            tcp_out = true;
+          } else {
+            tls_eof = true;  // close_notify, a bare TCP close, or a failure
+          }
+          break;
+        }
+      }
+      if (down_off < down_len) {
+        ssize_t n = ::send(relay_fd_, down.get() + down_off, down_len - down_off, MSG_NOSIGNAL);
+        if (n > 0) {
+          down_off += static_cast<size_t>(n);
+          if (down_off == down_len) down_off = down_len = 0;
+          progress = true;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+          plain_out = true;
+        } else {
+          plain_eof = true;  // the client is gone
+          down_off = down_len = 0;
+        }
+      }
+      if (tls_eof && down_off == down_len) {
+        ::shutdown(relay_fd_, SHUT_RDWR);  // the client reads end-of-stream
+        break;
+      }
+      if (plain_eof && up_off == up_len) {
+        ERR_clear_error();
+        SSL_shutdown(ssl_);  // best effort close_notify; the TCP close follows
+        break;
+      }
+      if (progress) continue;
+      short tcp_events = static_cast<short>((tcp_in ? POLLIN : 0) | (tcp_out ? POLLOUT : 0));
+      short plain_events =
+          static_cast<short>((up_len == 0 && !plain_eof ? POLLIN : 0) | (plain_out ? POLLOUT : 0));
+      // A descriptor with nothing to wait for is left out (a negative fd), so that a hang-up
+      // on it cannot wake this loop again and again.
+      pollfd fds[3] = {
+          {tcp_events != 0 ? tcp_fd_ : -1, tcp_events, 0},
+          {plain_events != 0 ? relay_fd_ : -1, plain_events, 0},
+          {wake_r_, POLLIN, 0},
+      };
+      if (::poll(fds, 3, -1) < 0 && errno != EINTR) break;
+    }
+    ERR_clear_error();
+  }
+
+  SSL_CTX* ctx_ = nullptr;
+  SSL* ssl_ = nullptr;
+  int tcp_fd_ = -1, relay_fd_ = -1, client_fd_ = -1, wake_r_ = -1, wake_w_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TlsTunnel::TlsTunnel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TlsTunnel::~TlsTunnel() = default;
+
+int TlsTunnel::TakeClientFd() {
+  int fd = impl_->client_fd_;
+  impl_->client_fd_ = -1;
+  return fd;
+}
+
+StatusOr<std::unique_ptr<TlsTunnel>> TlsTunnel::Open(int tcp_fd, const TlsClientOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->tcp_fd_ = tcp_fd;  // closed by ~Impl on every path
+  KVTIER_RETURN_IF_ERROR(impl->Handshake(options));
+  return std::unique_ptr<TlsTunnel>(new TlsTunnel(std::move(impl)));
+}
+
+}  // namespace kvtier::daemon

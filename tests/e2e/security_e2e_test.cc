@@ -1,0 +1,372 @@
+// End-to-end security of kvtierd's fronts, against the real binary: TLS on the native TCP,
+// RESP and HTTP fronts (client library, redis-cli --tls / curl when installed, and the
+// OpenSSL API), plaintext refused on a TLS port, non-loopback without TLS refused at start,
+// per-tenant figures on /metrics and /v1/stats only for an admin token, duplicate token
+// digests refused, and the server secret checked against the data directory's fingerprint.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "cache_daemon/client.h"
+#include "common/key_spec.h"
+#include "tests/cache_daemon/tls_test_util.h"
+#include "tests/e2e/kvtierd_process.h"
+
+namespace kvtier::daemon {
+namespace {
+
+namespace kt = kvtier::testing;
+using wire::Key;
+
+constexpr size_t kValueBytes = 57000;
+
+std::string HashHex(std::string_view token) {
+  return ToHex(Sha256(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
+}
+
+Key TestKey(uint32_t i) {
+  std::string s = "security-e2e-" + std::to_string(i);
+  return Sha256(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size()));
+}
+
+// The value of the sample `series` ("name{labels}") on a /metrics page, or -1.
+double Sample(const std::string& page, const std::string& series) {
+  size_t at = page.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(page.substr(at + series.size() + 2));
+}
+
+bool HaveCommand(const std::string& probe) {
+  return kt::RunShell(probe + " > /dev/null 2>&1") == 0;
+}
+
+class SecurityE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kvtier_sec_" + std::to_string(getpid()) + "_" + info->name());
+    std::filesystem::remove_all(dir_);
+    d_ = std::make_unique<kt::KvtierdProcess>(dir_);
+    native_port_ = kt::FreePort();
+  }
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "---- kvtierd log ----\n%s\n", d_->Log().c_str());
+    d_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // alice is admin, bob is not.
+  std::string TokensFile(const std::string& bob_digest = HashHex("tok-bob")) {
+    std::string path = (dir_ / "tokens.toml").string();
+    std::ofstream(path) << "[[tenant]]\nname = \"alice\"\nid = 1\nadmin = true\n"
+                        << "token_sha256 = [\"" << HashHex("tok-alice") << "\"]\n"
+                        << "[[tenant]]\nname = \"bob\"\nid = 2\n"
+                        << "token_sha256 = [\"" << bob_digest << "\"]\n";
+    return path;
+  }
+
+  static std::string Storage() {
+    return "[storage]\ndram_capacity_bytes = 16777216\nssd_capacity_bytes = 268435456\n"
+           "ssd_segment_bytes = 16777216\ndurability = \"batched\"\ngroup_commit_ms = 5\n";
+  }
+
+  std::string TlsConfig() {
+    EXPECT_TRUE(kt::MakeTestPki(dir_ / "pki", &pki_));
+    return "[tls]\ncert_file = \"" + pki_.cert_file + "\"\nkey_file = \"" + pki_.key_file +
+           "\"\nnative = true\nresp = true\nhttp = true\nhandshake_timeout_ms = 2000\n";
+  }
+
+  // Starts with the native TCP port too, and waits until every TCP front accepts (Start
+  // waits only for the Unix socket, which is bound first).
+  bool StartWithNative(const std::string& config) {
+    d_->WriteConfig(config);
+    if (!d_->Start({"--native-port", std::to_string(native_port_)})) return false;
+    for (uint16_t port : {native_port_, d_->resp_port(), d_->http_port()}) {
+      int fd = -1;
+      for (int i = 0; i < 200 && fd < 0; ++i) {
+        fd = kt::ConnectTcp(port);
+        if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      if (fd < 0) return false;
+      ::close(fd);
+    }
+    return true;
+  }
+
+  StatusOr<std::unique_ptr<Client>> ConnectTls(const std::string& ca, const std::string& token,
+                                               const std::string& server_name = "") {
+    ClientOptions o;
+    o.tcp_host = "127.0.0.1";
+    o.tcp_port = native_port_;
+    o.tls = true;
+    o.tls_ca_file = ca;
+    o.tls_server_name = server_name;
+    o.token = token;
+    o.timeout_ms = 5000;
+    return Client::Connect(o);
+  }
+
+  std::unique_ptr<Client> ConnectUnix(const std::string& token) {
+    ClientOptions o;
+    o.socket_path = d_->socket();
+    o.token = token;
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+
+  static void PutOne(Client* c, const Key& k, const std::vector<uint8_t>& value, uint8_t tier = 1) {
+    PutOptions po;
+    po.highest_tier = tier;
+    std::vector<PutUnit> units = {{k, Key{}, value}};
+    auto r = c->Put(units, po);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE((*r)[0].ok()) << (*r)[0].ToString();
+  }
+
+  // A start that must fail: returns the daemon's log.
+  std::string StartMustFail(const std::string& config, const std::vector<std::string>& extra = {}) {
+    d_->WriteConfig(config);
+    if (d_->Start(extra)) {
+      ADD_FAILURE() << "kvtierd started";
+      d_->Stop(SIGKILL);  // the next start must not orphan this one
+    }
+    return d_->Log();
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<kt::KvtierdProcess> d_;
+  uint16_t native_port_ = 0;
+  kt::TestPki pki_;
+};
+
+TEST_F(SecurityE2eTest, TlsOnEveryFrontServesRealRequests) {
+  ASSERT_TRUE(StartWithNative(Storage() + "[auth]\ntokens_file = \"" + TokensFile() + "\"\n" +
+                              TlsConfig()));
+  // Native: the client library over TLS, a 57,000-byte unit round trip.
+  auto c = ConnectTls(pki_.ca_file, "tok-bob");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<uint8_t> value(kValueBytes);
+  for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<uint8_t>(i * 131 + 7);
+  PutOne(c->get(), TestKey(1), value);
+  std::vector<Key> keys = {TestKey(1)};
+  std::vector<std::vector<uint8_t>> got;
+  std::vector<bool> found;
+  ASSERT_TRUE((*c)->GetCopy(keys, &got, &found).ok());
+  ASSERT_TRUE(found[0]);
+  EXPECT_EQ(got[0], value);
+  // The certificate must chain to the given CA and carry the name asked for.
+  auto wrong_ca = ConnectTls(pki_.other_ca_file, "tok-bob");
+  ASSERT_FALSE(wrong_ca.ok());
+  EXPECT_TRUE(wrong_ca.status().IsPermissionDenied()) << wrong_ca.status().ToString();
+  auto wrong_name = ConnectTls(pki_.ca_file, "tok-bob", "kvtier.example.com");
+  ASSERT_FALSE(wrong_name.ok());
+  EXPECT_TRUE(wrong_name.status().IsPermissionDenied()) << wrong_name.status().ToString();
+  auto by_dns = ConnectTls(pki_.ca_file, "tok-bob", "localhost");
+  EXPECT_TRUE(by_dns.ok()) << by_dns.status().ToString();
+
+  // RESP through the OpenSSL API: AUTH, SET, GET.
+  std::string error;
+  auto r = kt::TlsTestConn::Connect(d_->resp_port(), pki_.ca_file, &error);
+  ASSERT_NE(r, nullptr) << error;
+  ASSERT_TRUE(r->Send("AUTH tok-bob\r\nSET k1 hello-tls\r\nGET k1\r\n"));
+  EXPECT_EQ(r->RecvUntil("hello-tls\r\n"), "+OK\r\n+OK\r\n$9\r\nhello-tls\r\n");
+  // redis-cli --tls (Debian 12's redis-tools 7.0 has it).
+  if (HaveCommand("redis-cli --help 2>&1 | grep -q -- --tls")) {
+    std::string cli = "redis-cli --tls --cacert " + pki_.ca_file + " -h 127.0.0.1 -p " +
+                      std::to_string(d_->resp_port()) + " --no-auth-warning -a tok-bob ";
+    std::string out;
+    EXPECT_EQ(kt::RunShell(cli + "SET k2 from-redis-cli", &out), 0) << out;
+    EXPECT_EQ(out, "OK\n");
+    EXPECT_EQ(kt::RunShell(cli + "GET k1", &out), 0) << out;
+    EXPECT_EQ(out, "hello-tls\n");
+  } else {
+    std::fprintf(stderr, "redis-cli without --tls: RESP checked through the OpenSSL API only\n");
+  }
+
+  // HTTP through the OpenSSL API and curl.
+  std::string h = kt::HttpsRequest(d_->http_port(), pki_.ca_file, "GET", "/healthz");
+  EXPECT_NE(h.find("200 OK"), std::string::npos) << h;
+  h = kt::HttpsRequest(d_->http_port(), pki_.ca_file, "GET", "/metrics",
+                       "Authorization: Bearer tok-alice\r\n");
+  EXPECT_NE(h.find("kvtier_tenant_used_bytes{tenant=\"bob\"}"), std::string::npos) << h;
+  if (HaveCommand("curl --version")) {
+    std::string out;
+    std::string url = "https://127.0.0.1:" + std::to_string(d_->http_port());
+    EXPECT_EQ(
+        kt::RunShell("curl -sS --fail --cacert " + pki_.ca_file + " " + url + "/readyz", &out), 0)
+        << out;
+    EXPECT_EQ(out, "ready\n");
+    EXPECT_EQ(kt::RunShell("curl -sS --fail --cacert " + pki_.ca_file +
+                               " -H 'Authorization: Bearer tok-alice' " + url + "/v1/stats",
+                           &out),
+              0)
+        << out;
+    EXPECT_NE(out.find("\"bob\""), std::string::npos) << out;
+  } else {
+    std::fprintf(stderr, "curl not installed: HTTPS checked through the OpenSSL API only\n");
+  }
+}
+
+TEST_F(SecurityE2eTest, PlaintextToTlsPortsIsRefusedAndTheDaemonStaysUp) {
+  ASSERT_TRUE(StartWithNative(Storage() + TlsConfig()));
+  const std::string kFailed = "kvtier_tls_handshakes_total{result=\"failed\"}";
+  const double failed_before =
+      Sample(kt::HttpsRequest(d_->http_port(), pki_.ca_file, "GET", "/metrics"), kFailed);
+  ASSERT_GE(failed_before, 0);
+  const std::pair<uint16_t, std::string> probes[] = {
+      {d_->resp_port(), "PING\r\n"},
+      {d_->http_port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"},
+      {native_port_, std::string(64, '\x01')},
+  };
+  for (const auto& [port, bytes] : probes) {
+    int fd = kt::ConnectTcp(port);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(kt::SendAllRaw(fd, bytes.data(), bytes.size()));
+    bool eof = false;
+    std::string reply = kt::RecvFor(fd, 1 << 20, 5000, &eof);
+    ::close(fd);
+    EXPECT_TRUE(eof) << "port " << port << ": the connection was not closed";
+    // Nothing in plaintext comes back: no RESP reply, no HTTP response, no native frame.
+    EXPECT_EQ(reply.find("PONG"), std::string::npos);
+    EXPECT_EQ(reply.find("HTTP/1.1"), std::string::npos);
+    EXPECT_EQ(reply.find("kvtier_"), std::string::npos);
+  }
+  // A connection that never finishes its handshake is closed after handshake_timeout_ms.
+  int idle = kt::ConnectTcp(d_->resp_port());
+  ASSERT_GE(idle, 0);
+  bool eof = false;
+  kt::RecvFor(idle, 1, 10000, &eof);
+  ::close(idle);
+  EXPECT_TRUE(eof);
+  // Still serving, and the failures are counted.
+  std::string m = kt::HttpsRequest(d_->http_port(), pki_.ca_file, "GET", "/metrics");
+  EXPECT_NE(m.find("200 OK"), std::string::npos) << m;
+  EXPECT_EQ(Sample(m, kFailed), failed_before + 4) << m;
+  auto c = ConnectTls(pki_.ca_file, "");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE((*c)->StatsJson().ok());
+  EXPECT_EQ(d_->Stop(), 0);
+}
+
+TEST_F(SecurityE2eTest, NonLoopbackFrontWithoutTlsIsRefusedAtStart) {
+  const std::string auth = "[auth]\ntokens_file = \"" + TokensFile() + "\"\n";
+  std::string log = StartMustFail(Storage() + auth, {"--resp-listen", "0.0.0.0"});
+  EXPECT_NE(log.find("refusing to serve the resp front on non-loopback address '0.0.0.0'"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("without TLS"), std::string::npos) << log;
+  log = StartMustFail(Storage() + auth, {"--http-listen", "::"});
+  EXPECT_NE(log.find("http front on non-loopback address '::'"), std::string::npos) << log;
+  // Without auth the older rule answers first.
+  log = StartMustFail(Storage(), {"--listen", "0.0.0.0"});
+  EXPECT_NE(log.find("without authentication"), std::string::npos) << log;
+}
+
+TEST_F(SecurityE2eTest, TenantFiguresOnHttpOnlyWithAnAdminToken) {
+  ASSERT_TRUE(StartWithNative(Storage() + "[auth]\ntokens_file = \"" + TokensFile() + "\"\n"));
+  auto bob = ConnectUnix("tok-bob");
+  ASSERT_NE(bob, nullptr);
+  PutOne(bob.get(), TestKey(7), std::vector<uint8_t>(4096, 7));
+  const uint16_t port = d_->http_port();
+  const std::string kAlice = "Authorization: Bearer tok-alice\r\n";
+  const std::string kBob = "Authorization: Bearer tok-bob\r\n";
+
+  std::string anon = kt::HttpRequest(port, "GET", "/metrics");
+  EXPECT_NE(anon.find("200 OK"), std::string::npos) << anon;
+  EXPECT_NE(anon.find("kvtier_tier_used_bytes{tier=\"dram\"}"), std::string::npos) << anon;
+  EXPECT_EQ(anon.find("tenant="), std::string::npos) << anon;
+  std::string as_bob = kt::HttpRequest(port, "GET", "/metrics", "", kBob);
+  EXPECT_NE(as_bob.find("200 OK"), std::string::npos);
+  EXPECT_EQ(as_bob.find("tenant="), std::string::npos) << as_bob;
+  std::string as_alice = kt::HttpRequest(port, "GET", "/metrics", "", kAlice);
+  EXPECT_NE(as_alice.find("kvtier_tenant_used_bytes{tenant=\"bob\"}"), std::string::npos)
+      << as_alice;
+  // The scheme name is case-insensitive (RFC 7235).
+  EXPECT_NE(kt::HttpRequest(port, "GET", "/metrics", "", "Authorization: bearer tok-alice\r\n")
+                .find("tenant=\"bob\""),
+            std::string::npos);
+  for (const std::string& bad : {std::string("Authorization: Bearer nope\r\n"),
+                                 std::string("Authorization: Basic dG9rLWFsaWNlOg==\r\n")}) {
+    std::string r = kt::HttpRequest(port, "GET", "/metrics", "", bad);
+    EXPECT_NE(r.find("401 Unauthorized"), std::string::npos) << r;
+    EXPECT_EQ(r.find("tenant="), std::string::npos);
+  }
+
+  std::string stats = kt::HttpRequest(port, "GET", "/v1/stats");
+  EXPECT_NE(stats.find("\"tiers\""), std::string::npos) << stats;
+  EXPECT_EQ(stats.find("tenant_bytes"), std::string::npos) << stats;
+  EXPECT_EQ(stats.find("bob"), std::string::npos) << stats;
+  stats = kt::HttpRequest(port, "GET", "/v1/stats", "", kBob);
+  EXPECT_NE(stats.find("\"tenant_bytes\":{\"bob\":"), std::string::npos) << stats;
+  stats = kt::HttpRequest(port, "GET", "/v1/stats", "", kAlice);
+  EXPECT_NE(stats.find("\"bob\":"), std::string::npos) << stats;
+  EXPECT_NE(
+      kt::HttpRequest(port, "GET", "/v1/stats", "", "Authorization: Bearer x\r\n").find("401"),
+      std::string::npos);
+
+  // POST /v1/policy: 401 without a token, 403 for a tenant that is not admin, 200 for admin.
+  const std::string body = "{\"eviction\":\"fifo\"}";
+  EXPECT_NE(kt::HttpRequest(port, "POST", "/v1/policy", body).find("401"), std::string::npos);
+  EXPECT_NE(kt::HttpRequest(port, "POST", "/v1/policy", body, kBob).find("403"), std::string::npos);
+  EXPECT_NE(kt::HttpRequest(port, "POST", "/v1/policy", body, kAlice).find("200 OK"),
+            std::string::npos);
+  std::string m = kt::HttpRequest(port, "GET", "/metrics");
+  EXPECT_NE(m.find("kvtier_auth_failures_total 5\n"), std::string::npos) << m;
+}
+
+TEST_F(SecurityE2eTest, DuplicateTokenDigestsAreRefused) {
+  std::string log = StartMustFail(Storage() + "[auth]\ntokens_file = \"" +
+                                  TokensFile(HashHex("tok-alice")) + "\"\n");
+  EXPECT_NE(log.find("tenants alice and bob share a token_sha256"), std::string::npos) << log;
+}
+
+TEST_F(SecurityE2eTest, ServerSecretIsCheckedAgainstTheDataDirectory) {
+  const std::string config = Storage();
+  d_->WriteConfig(config);
+  ASSERT_TRUE(d_->Start());
+  {
+    auto c = ConnectUnix("");
+    ASSERT_NE(c, nullptr);
+    PutOne(c.get(), TestKey(3), std::vector<uint8_t>(kValueBytes, 3), /*tier=*/2);
+  }
+  ASSERT_EQ(d_->Stop(), 0);
+  const std::filesystem::path secret = dir_ / "data" / "server_secret";
+  const std::filesystem::path fingerprint = dir_ / "data" / "server_secret.fingerprint";
+  ASSERT_TRUE(std::filesystem::exists(fingerprint));
+  std::filesystem::copy_file(secret, dir_ / "secret.bak");
+
+  // Another secret: refused.
+  std::filesystem::remove(secret);
+  std::ofstream(secret, std::ios::binary) << std::string(32, 'x');
+  std::string log = StartMustFail(config);
+  EXPECT_NE(log.find("is not the secret this data directory was written with"), std::string::npos)
+      << log;
+
+  // No secret, with data: refused, with or without the fingerprint (the store is not empty).
+  std::filesystem::remove(secret);
+  log = StartMustFail(config);
+  EXPECT_NE(log.find("is missing"), std::string::npos) << log;
+  std::filesystem::rename(fingerprint, dir_ / "fingerprint.bak");
+  log = StartMustFail(config);
+  EXPECT_NE(log.find("/store is not empty"), std::string::npos) << log;
+  EXPECT_FALSE(std::filesystem::exists(secret)) << "a new secret was created";
+
+  // The original secret (and fingerprint) back: the stored unit is found again.
+  std::filesystem::copy_file(dir_ / "secret.bak", secret);
+  std::filesystem::rename(dir_ / "fingerprint.bak", fingerprint);
+  ASSERT_TRUE(d_->Start());
+  auto c = ConnectUnix("");
+  ASSERT_NE(c, nullptr);
+  std::vector<Key> keys = {TestKey(3)};
+  std::vector<std::vector<uint8_t>> got;
+  std::vector<bool> found;
+  ASSERT_TRUE(c->GetCopy(keys, &got, &found).ok());
+  EXPECT_TRUE(found[0]);
+  EXPECT_EQ(d_->Stop(), 0);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon

@@ -303,7 +303,16 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     wire::OpenReply reply{table->id,   h.row_stride_bytes, table->mapped->rows().size(),
                           h.row_begin, h.row_count,        h.row_dim};
     wire::EncodeOpenReply(reply, open_reply_.data());
-    Reply(Status::Ok(), {asio::const_buffer(open_reply_.data(), open_reply_.size())});
+    std::vector<asio::const_buffer> data = {
+        asio::const_buffer(open_reply_.data(), open_reply_.size())};
+    const uint32_t delay_ms = state_->options.TEST_open_delay_ms;
+    if (delay_ms == 0) return Reply(Status::Ok(), std::move(data));
+    timer_.expires_after(std::chrono::milliseconds(delay_ms));
+    auto self = shared_from_this();
+    timer_.async_wait([self, data = std::move(data)](const boost::system::error_code& ec) mutable {
+      if (ec) return self->Close();
+      self->Reply(Status::Ok(), std::move(data));
+    });
   }
 
   // Checks every op; on success fills `out` with buffers into the mapped tables.
@@ -315,7 +324,9 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     for (const wire::ReadOpWire& op : ops) {
       auto it = attached_.find(op.region_id);
       if (it == attached_.end()) {
-        return Status::PermissionDenied("region not opened on this connection");
+        // Not a grant problem: the client's region ids belong to another connection (it
+        // raced a reconnect). Retry tells it to re-open its regions and resend.
+        return Status::Retry("region not opened on this connection");
       }
       const Attached& a = it->second;
       if (op.region_id != checked_region) {

@@ -84,8 +84,14 @@ struct RowServerOptions {
   // and the connection closed (one-sided reads bypass the server, so this is what cuts
   // access).
   uint32_t verbs_grant_check_ms = 100;
+  // Table-row registrations for remote reads, one per grant used over verbs (an expired or
+  // revoked grant's registration is dropped: that is what invalidates its rkey on every
+  // queue pair). Over it, VERBS_REGION answers Rejected.
+  uint32_t verbs_registrations_max = 1024;
   // Test hook: delay every read response by this many ms (makes reads "in flight").
   uint32_t TEST_response_delay_ms = 0;
+  // Test hook: delay every OPEN reply by this many ms (a slow re-attach after a reconnect).
+  uint32_t TEST_open_delay_ms = 0;
 };
 
 struct RowServerCounters {

@@ -63,14 +63,27 @@ struct RowServer::State {
 
   std::atomic<uint64_t> connections_accepted{0}, connections_active{0}, connections_refused{0},
       malformed_frames{0}, batches_served{0}, ops_served{0}, bytes_served{0}, permission_denied{0},
-      verbs_unavailable{0}, verbs_qps_created{0}, verbs_qps_cut{0};
+      verbs_unavailable{0}, verbs_qps_created{0}, verbs_qps_cut{0}, verbs_registrations_cut{0};
 
 #ifdef KVTIER_WITH_RDMA
   // Declared after the tables: zones (and their MRs of table rows) go first.
   std::mutex verbs_mu;                                             // protects the members below
   int devices_present = -1;                                        // -1: not probed yet
   std::map<std::string, std::shared_ptr<verbs::VerbsZone>> zones;  // by tenant (trust zone)
-  std::map<std::pair<std::string, uint32_t>, verbs::RemoteRegion> registered;  // tenant, table
+  // Table rows registered for remote reads: one MR per grant (verbs_plan.h says why).
+  verbs::GrantRegistrations registrations{
+      options.verbs_registrations_max,
+      [this](const std::string& tenant, const verbs::RemoteRegion& r) {
+        // verbs_mu is held (every GrantRegistrations call is made under it).
+        auto it = zones.find(tenant);
+        if (it == zones.end()) return;
+        if (Status st = it->second->DeregisterRemote(r.rkey); !st.ok()) {
+          KVTIER_LOG(kWarn) << "row server: deregistering a grant's table rows failed: "
+                            << st.ToString();
+        }
+        verbs_registrations_cut.fetch_add(1);
+      }};
+  std::unique_ptr<asio::steady_timer> registration_sweep;  // on the server's io_context
 
   bool VerbsServed() {
     if (!options.verbs_enabled) return false;
@@ -87,19 +100,49 @@ struct RowServer::State {
     zones[tenant] = zone;
     return zone;
   }
-  // Registers `table`'s rows in `tenant`'s PD once (exactly the rows: never the header,
-  // never anything else of the mapping).
-  StatusOr<verbs::RemoteRegion> RegionFor(const std::string& tenant, verbs::VerbsZone& zone,
+  // The registration of `table`'s rows for grant `token` (of `tenant`, expiring at
+  // expiry_us), made on first use: exactly the rows, never the header or anything else of
+  // the mapping.
+  StatusOr<verbs::RemoteRegion> RegionFor(const wire::GrantToken& token, const std::string& tenant,
+                                          uint64_t expiry_us, verbs::VerbsZone& zone,
                                           const Table& table) {
     std::lock_guard<std::mutex> lock(verbs_mu);
-    auto key = std::make_pair(tenant, table.id);
-    auto it = registered.find(key);
-    if (it != registered.end()) return it->second;
+    if (const verbs::GrantRegistrations::Entry* e = registrations.Find(token)) {
+      if (e->tenant != tenant || e->table_id != table.id) {
+        return Status::PermissionDenied("the grant does not cover this region");
+      }
+      return e->region;
+    }
     const std::span<const uint8_t> rows = table.mapped->rows();
     KVTIER_ASSIGN_OR_RETURN(verbs::RemoteRegion r,
                             zone.RegisterRemoteReadable(rows.data(), rows.size()));
-    registered[key] = r;
+    if (Status st = registrations.Add(token, {tenant, table.id, expiry_us, r}); !st.ok()) {
+      (void)zone.DeregisterRemote(r.rkey);
+      return st;
+    }
     return r;
+  }
+  // A grant ended (revoked, or found invalid after registering): cut its rkey everywhere.
+  void DropRegistration(const wire::GrantToken& token) {
+    std::lock_guard<std::mutex> lock(verbs_mu);
+    registrations.Revoke(token);
+  }
+  // Every verbs_grant_check_ms: deregister the MRs of expired grants, whether or not a
+  // connection still uses them.
+  void SweepRegistrationsLater(const std::shared_ptr<State>& self) {
+    if (registration_sweep == nullptr) return;
+    registration_sweep->expires_after(
+        std::chrono::milliseconds(std::max<uint32_t>(1, options.verbs_grant_check_ms)));
+    registration_sweep->async_wait(
+        [weak = std::weak_ptr<State>(self)](const boost::system::error_code& ec) {
+          auto state = weak.lock();
+          if (ec || state == nullptr) return;
+          {
+            std::lock_guard<std::mutex> lock(state->verbs_mu);
+            state->registrations.ExpireUntil(state->clock->NowUs());
+          }
+          state->SweepRegistrationsLater(state);
+        });
   }
 #else
   bool VerbsServed() { return false; }
@@ -108,10 +151,16 @@ struct RowServer::State {
   // Whether `token` currently grants `tenant` access to `region_name`.
   bool GrantValid(const wire::GrantToken& token, const std::string& region_name,
                   const std::string& tenant) {
+    return GrantExpiryUs(token, region_name, tenant) != 0;
+  }
+  // The expiry of the grant if it is valid now (as GrantValid), else 0.
+  uint64_t GrantExpiryUs(const wire::GrantToken& token, const std::string& region_name,
+                         const std::string& tenant) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = grants.find(token);
-    return it != grants.end() && it->second.region_name == region_name &&
-           it->second.tenant == tenant && clock->NowUs() < it->second.expiry_us;
+    const bool valid = it != grants.end() && it->second.region_name == region_name &&
+                       it->second.tenant == tenant && clock->NowUs() < it->second.expiry_us;
+    return valid ? it->second.expiry_us : 0;
   }
   std::shared_ptr<const Table> FindTable(const std::string& name) {
     std::lock_guard<std::mutex> lock(mu);
@@ -230,8 +279,10 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     zone_ = std::move(zone).value();
     qp_tenant_ = tenant;
     state_->verbs_qps_created.fetch_add(1);
-    verbs::EncodeQpParams(qp_->LocalParams(), verbs_reply_.data());
-    Reply(Status::Ok(), {asio::const_buffer(verbs_reply_.data(), verbs::kQpParamsBytes)});
+    verbs::QpParams mine = qp_->LocalParams();
+    mine.version = peer.version;  // answer in the client's version (docs/format/wire.md)
+    const size_t n = verbs::EncodeQpParams(mine, verbs_reply_.data());
+    Reply(Status::Ok(), {asio::const_buffer(verbs_reply_.data(), n)});
     CheckVerbsGrantsLater();
 #endif
   }
@@ -246,16 +297,24 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     if (qp_ == nullptr) return Reply(Status::InvalidArgument("kVerbsConnect first"), {});
     auto it = attached_.find(region_id);
     if (it == attached_.end()) {
-      state_->permission_denied.fetch_add(1);
-      return Reply(Status::PermissionDenied("region not opened on this connection"), {});
+      return Reply(Status::Retry("region not opened on this connection"), {});
     }
     const Attached& a = it->second;
-    if (a.tenant != qp_tenant_ || !state_->GrantValid(a.token, a.table->name, a.tenant)) {
+    const uint64_t expiry_us = state_->GrantExpiryUs(a.token, a.table->name, a.tenant);
+    if (a.tenant != qp_tenant_ || expiry_us == 0) {
       state_->permission_denied.fetch_add(1);
       return Reply(Status::PermissionDenied("no valid grant of the queue pair's tenant"), {});
     }
-    StatusOr<verbs::RemoteRegion> region = state_->RegionFor(qp_tenant_, *zone_, *a.table);
+    StatusOr<verbs::RemoteRegion> region =
+        state_->RegionFor(a.token, qp_tenant_, expiry_us, *zone_, *a.table);
     if (!region.ok()) return Reply(region.status(), {});
+    // RevokeGrant may have run between the check and the registration: check again, so a
+    // registration never outlives its grant (RevokeGrant drops it after erasing the grant).
+    if (!state_->GrantValid(a.token, a.table->name, a.tenant)) {
+      state_->DropRegistration(a.token);
+      state_->permission_denied.fetch_add(1);
+      return Reply(Status::PermissionDenied("grant expired or revoked"), {});
+    }
     verbs_regions_.insert(region_id);
     verbs::EncodeRemoteRegion(*region, verbs_reply_.data());
     Reply(Status::Ok(), {asio::const_buffer(verbs_reply_.data(), verbs::kRemoteRegionBytes)});
@@ -524,8 +583,16 @@ Status RowServer::AddGrant(const wire::GrantToken& token, const std::string& reg
 }
 
 Status RowServer::RevokeGrant(const wire::GrantToken& token) {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  if (state_->grants.erase(token) == 0) return Status::NotFound("no such grant");
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->grants.erase(token) == 0) return Status::NotFound("no such grant");
+  }
+#ifdef KVTIER_WITH_RDMA
+  // One-sided reads never reach the server: deregistering the grant's MR is what cuts them,
+  // on every queue pair at once (connections using the grant are also closed by their
+  // grant check).
+  state_->DropRegistration(token);
+#endif
   return Status::Ok();
 }
 
@@ -549,6 +616,10 @@ Status RowServer::StartOn(asio::io_context& io) {
     state_->acceptor = std::move(acceptor);
     state_->io = &io;
   }
+#ifdef KVTIER_WITH_RDMA
+  state_->registration_sweep = std::make_unique<asio::steady_timer>(io);
+  state_->SweepRegistrationsLater(state_);
+#endif
   Accept(state_);
   return Status::Ok();
 }
@@ -599,6 +670,9 @@ void RowServer::Stop() {
     for (auto& weak : sessions) {
       if (auto s = weak.lock()) s->Close();
     }
+#ifdef KVTIER_WITH_RDMA
+    if (state->registration_sweep != nullptr) state->registration_sweep->cancel();
+#endif
     closed->set_value();
   });
   if (state_->own_io != nullptr) {
@@ -623,7 +697,7 @@ RowServerCounters RowServer::counters() const {
       s.connections_accepted.load(), s.connections_active.load(), s.connections_refused.load(),
       s.malformed_frames.load(),     s.batches_served.load(),     s.ops_served.load(),
       s.bytes_served.load(),         s.permission_denied.load(),  s.verbs_unavailable.load(),
-      s.verbs_qps_created.load(),    s.verbs_qps_cut.load()};
+      s.verbs_qps_created.load(),    s.verbs_qps_cut.load(),      s.verbs_registrations_cut.load()};
 }
 
 }  // namespace kvtier::rdma

@@ -22,9 +22,12 @@
 // creates an RC queue pair in the protection domain of the tenant's trust zone (one PD per
 // tenant), brings it to RTS towards the client's QpParams and replies with the server's;
 // kVerbsRegion registers that table's rows (never the header, never a pool) in the tenant's
-// PD once and replies address/rkey/length. The TCP connection is the queue pair's lease:
-// when it closes, or a grant of a region exposed over it expires or is revoked (checked
-// every verbs_grant_check_ms), the queue pair is destroyed. RDMA keys are never logged.
+// PD once per grant and replies address/rkey/length. Revoking a grant deregisters its MR at
+// once and an expired grant's MR is deregistered within verbs_grant_check_ms: that
+// invalidates the rkey on every queue pair, also other connections of the same tenant. The
+// TCP connection is the queue pair's lease as well: when it closes, or a grant of a region
+// exposed over it expires or is revoked (checked every verbs_grant_check_ms), the queue
+// pair is destroyed. RDMA keys are never logged.
 // This path has only been compiled, never run on an RDMA device.
 //
 // Embedding: Start(io_context&) runs the server on a caller's io_context (kvtierd);
@@ -105,7 +108,8 @@ struct RowServerCounters {
   uint64_t permission_denied = 0;  // opens and batches refused for a missing/expired grant
   uint64_t verbs_unavailable = 0;  // side-channel frames answered Unavailable (no device)
   uint64_t verbs_qps_created = 0;
-  uint64_t verbs_qps_cut = 0;  // queue pairs destroyed because a grant lapsed
+  uint64_t verbs_qps_cut = 0;            // queue pairs destroyed because a grant lapsed
+  uint64_t verbs_registrations_cut = 0;  // grant MRs deregistered (revoked or expired)
 };
 
 class RowServer {

@@ -14,9 +14,10 @@
 // (region, tenant, expiry) named by a random 128-bit token; a connection attaches a region by
 // presenting name, tenant and token (kOpen), and every read batch re-checks that the grant still
 // exists and has not expired (by options.clock). Reads without a valid grant fail with
-// PermissionDenied; the connection stays up. A malformed frame (bad magic, version, type, a length
-// over the limits) closes that connection; the server and other connections are unaffected. Tokens
-// are never logged.
+// PermissionDenied; reads naming a region not opened on the connection get Retry (the
+// client's ids are another connection's); the connection stays up. A malformed frame (bad
+// magic, version, type, a length over the limits) closes that connection; the server and
+// other connections are unaffected. Tokens are never logged.
 //
 // RDMA side channel (KVTIER_WITH_RDMA and a device only): after a kOpen, kVerbsConnect
 // creates an RC queue pair in the protection domain of the tenant's trust zone (one PD per

@@ -128,7 +128,8 @@ struct RowServer::State {
     registrations.Revoke(token);
   }
   // Every verbs_grant_check_ms: deregister the MRs of expired grants, whether or not a
-  // connection still uses them.
+  // connection still uses them. Runs on the server's io_context, as does Stop()'s reset
+  // of the timer, which ends the loop.
   void SweepRegistrationsLater(const std::shared_ptr<State>& self) {
     if (registration_sweep == nullptr) return;
     registration_sweep->expires_after(
@@ -671,7 +672,9 @@ void RowServer::Stop() {
       if (auto s = weak.lock()) s->Close();
     }
 #ifdef KVTIER_WITH_RDMA
-    if (state->registration_sweep != nullptr) state->registration_sweep->cancel();
+    // Not just cancel(): a sweep that already expired would run and re-arm, keeping the
+    // io_context busy for ever. With the timer gone, SweepRegistrationsLater stops.
+    state->registration_sweep.reset();
 #endif
     closed->set_value();
   });

@@ -602,6 +602,10 @@ void TcpTransport::Close() {
     if (d.closed) return;
     d.closed = true;
   }
+  // Fail what is in flight (this also ends a connect or re-attach in progress), then wait
+  // for that caller to leave: it still needs the I/O thread (its own RunOnIo calls).
+  d.RunOnIo([&d] { d.FailAll(Status::Unavailable("transport closed")); });
+  std::lock_guard<std::mutex> connect_lock(d.connect_mu);
   d.RunOnIo([&d] {
     d.FailAll(Status::Unavailable("transport closed"));
     d.tick.cancel();

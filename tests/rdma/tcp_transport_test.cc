@@ -8,6 +8,7 @@
 #include <boost/asio.hpp>
 #include <condition_variable>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -422,6 +423,34 @@ TEST_F(TcpTransportTest, ReconnectServesNoReadBeforeRegionsAreReopened) {
   EXPECT_TRUE(reconnected.ok()) << reconnected.ToString();
   EXPECT_EQ(t->counters().batches_failed, 0u);
   EXPECT_EQ(server_->counters().connections_accepted, 1u);
+}
+
+// Close() while another thread is reconnecting (its re-open held back by the server): both
+// return, the Submit with an error, instead of the reconnect waiting forever on a stopped
+// I/O thread.
+TEST_F(TcpTransportTest, CloseDuringAReconnectReturns) {
+  auto t = Connect(server_->port());
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  std::vector<uint8_t> buf(kStride);
+  ASSERT_TRUE(t->RegisterLocalBuffer(buf.data(), buf.size()).ok());
+  const uint16_t port = server_->port();
+  server_->Stop();
+  RowServerOptions slow;
+  slow.TEST_open_delay_ms = 300;
+  StartServer(slow, port);
+  auto submitted = std::async(std::launch::async, [&] {
+    ReadOp op{region->id, 0, kStride, buf.data()};
+    return ReadSync(*t, {&op, 1});  // reconnects first (the old connection is gone)
+  });
+  for (int i = 0; i < 2000 && server_->counters().connections_accepted == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  t->Close();
+  ASSERT_EQ(submitted.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  const Status st = submitted.get();
+  EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(st.IsUnavailable() || st.IsIOError()) << st.ToString();
 }
 
 // A READ naming a region the connection never opened gets `retry` (the client's view of the

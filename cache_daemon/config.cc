@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "rdma/shard_map.h"
+#include "rdma/verbs_plan.h"
 #include "rdma/wire.h"
 
 namespace kvtier::daemon {
@@ -202,6 +203,13 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
       {"engram.read_bytes_max", UintKey("engram.read_bytes_max", &o.engram.read_bytes_max)},
       {"engram.response_bytes_max",
        UintKey("engram.response_bytes_max", &o.engram.response_bytes_max)},
+      {"engram.verbs_path_mtu_max_bytes",
+       UintKey("engram.verbs_path_mtu_max_bytes", &o.engram.verbs_path_mtu_max_bytes)},
+      {"engram.verbs_rd_atomic_max",
+       UintKey("engram.verbs_rd_atomic_max", &o.engram.verbs_rd_atomic_max)},
+      {"engram.verbs_gid_index", UintKey("engram.verbs_gid_index", &o.engram.verbs_gid_index)},
+      {"engram.verbs_registrations_max",
+       UintKey("engram.verbs_registrations_max", &o.engram.verbs_registrations_max)},
   };
   for (const auto& [section, node] : root) {
     std::string sec(section.str());
@@ -401,6 +409,16 @@ Status FinalizeEngram(DaemonOptions* o) {
   if (e.response_bytes_max < e.read_bytes_max ||
       e.response_bytes_max > rdma::wire::kResponseDataBytesMax) {
     return Bad("engram.response_bytes_max", "read_bytes_max..67108864");
+  }
+  if (rdma::verbs::MtuCode(e.verbs_path_mtu_max_bytes) == 0) {
+    return Bad("engram.verbs_path_mtu_max_bytes", "256, 512, 1024, 2048 or 4096");
+  }
+  if (e.verbs_rd_atomic_max == 0 || e.verbs_rd_atomic_max > 255) {
+    return Bad("engram.verbs_rd_atomic_max", "1..255");
+  }
+  if (e.verbs_gid_index > 255) return Bad("engram.verbs_gid_index", "0..255");
+  if (e.verbs_registrations_max == 0) {
+    return Bad("engram.verbs_registrations_max", "at least 1");
   }
   std::string host = e.listen_host == "localhost" ? "127.0.0.1" : e.listen_host;
   if (o->tokens_file.empty() && !IsLoopbackAddress(host)) {

@@ -39,6 +39,12 @@ struct EngramServeOptions {
   uint32_t batch_ops_max = 1024;              // 1..4096 (rdma::wire::kBatchOpsMax)
   uint32_t read_bytes_max = 1u << 20;         // one read op, 1..1 MiB
   uint64_t response_bytes_max = 16ull << 20;  // one read response, read_bytes_max..64 MiB
+  // The verbs side of the row server (used only where built with RDMA and a device exists;
+  // rdma::verbs::VerbsOptions, negotiated down with each client in VERBS_CONNECT).
+  uint32_t verbs_path_mtu_max_bytes = 4096;  // 256, 512, 1024, 2048 or 4096
+  uint32_t verbs_rd_atomic_max = 16;         // RDMA READs one queue pair accepts, 1..255
+  uint32_t verbs_gid_index = 0;              // GID table index of the port, 0..255
+  uint32_t verbs_registrations_max = 1024;   // table-row MRs, one per grant used over verbs
 
   // Filled by Finalize() from listen / advertise.
   std::string listen_host;

@@ -42,6 +42,10 @@ EngramServing::EngramServing(const EngramServeOptions& options, const Clock* clo
   ro.response_bytes_max = options_.response_bytes_max;
   ro.grants_max = options_.grants_max;
   ro.grant_ttl_ms_max = options_.grant_ttl_ms_max;
+  ro.verbs.path_mtu_max_bytes = options_.verbs_path_mtu_max_bytes;
+  ro.verbs.rd_atomic_max = options_.verbs_rd_atomic_max;
+  ro.verbs.gid_index = static_cast<uint8_t>(options_.verbs_gid_index);  // <= 255 (Finalize)
+  ro.verbs_registrations_max = options_.verbs_registrations_max;
   ro.clock = clock_;
   server_ = std::make_unique<rdma::RowServer>(ro);
 }

@@ -63,14 +63,27 @@ struct RowServer::State {
 
   std::atomic<uint64_t> connections_accepted{0}, connections_active{0}, connections_refused{0},
       malformed_frames{0}, batches_served{0}, ops_served{0}, bytes_served{0}, permission_denied{0},
-      verbs_unavailable{0}, verbs_qps_created{0}, verbs_qps_cut{0};
+      verbs_unavailable{0}, verbs_qps_created{0}, verbs_qps_cut{0}, verbs_registrations_cut{0};
 
 #ifdef KVTIER_WITH_RDMA
   // Declared after the tables: zones (and their MRs of table rows) go first.
   std::mutex verbs_mu;                                             // protects the members below
   int devices_present = -1;                                        // -1: not probed yet
   std::map<std::string, std::shared_ptr<verbs::VerbsZone>> zones;  // by tenant (trust zone)
-  std::map<std::pair<std::string, uint32_t>, verbs::RemoteRegion> registered;  // tenant, table
+  // Table rows registered for remote reads: one MR per grant (verbs_plan.h says why).
+  verbs::GrantRegistrations registrations{
+      options.verbs_registrations_max,
+      [this](const std::string& tenant, const verbs::RemoteRegion& r) {
+        // verbs_mu is held (every GrantRegistrations call is made under it).
+        auto it = zones.find(tenant);
+        if (it == zones.end()) return;
+        if (Status st = it->second->DeregisterRemote(r.rkey); !st.ok()) {
+          KVTIER_LOG(kWarn) << "row server: deregistering a grant's table rows failed: "
+                            << st.ToString();
+        }
+        verbs_registrations_cut.fetch_add(1);
+      }};
+  std::unique_ptr<asio::steady_timer> registration_sweep;  // on the server's io_context
 
   bool VerbsServed() {
     if (!options.verbs_enabled) return false;
@@ -87,19 +100,50 @@ struct RowServer::State {
     zones[tenant] = zone;
     return zone;
   }
-  // Registers `table`'s rows in `tenant`'s PD once (exactly the rows: never the header,
-  // never anything else of the mapping).
-  StatusOr<verbs::RemoteRegion> RegionFor(const std::string& tenant, verbs::VerbsZone& zone,
+  // The registration of `table`'s rows for grant `token` (of `tenant`, expiring at
+  // expiry_us), made on first use: exactly the rows, never the header or anything else of
+  // the mapping.
+  StatusOr<verbs::RemoteRegion> RegionFor(const wire::GrantToken& token, const std::string& tenant,
+                                          uint64_t expiry_us, verbs::VerbsZone& zone,
                                           const Table& table) {
     std::lock_guard<std::mutex> lock(verbs_mu);
-    auto key = std::make_pair(tenant, table.id);
-    auto it = registered.find(key);
-    if (it != registered.end()) return it->second;
+    if (const verbs::GrantRegistrations::Entry* e = registrations.Find(token)) {
+      if (e->tenant != tenant || e->table_id != table.id) {
+        return Status::PermissionDenied("the grant does not cover this region");
+      }
+      return e->region;
+    }
     const std::span<const uint8_t> rows = table.mapped->rows();
     KVTIER_ASSIGN_OR_RETURN(verbs::RemoteRegion r,
                             zone.RegisterRemoteReadable(rows.data(), rows.size()));
-    registered[key] = r;
+    if (Status st = registrations.Add(token, {tenant, table.id, expiry_us, r}); !st.ok()) {
+      (void)zone.DeregisterRemote(r.rkey);
+      return st;
+    }
     return r;
+  }
+  // A grant ended (revoked, or found invalid after registering): cut its rkey everywhere.
+  void DropRegistration(const wire::GrantToken& token) {
+    std::lock_guard<std::mutex> lock(verbs_mu);
+    registrations.Revoke(token);
+  }
+  // Every verbs_grant_check_ms: deregister the MRs of expired grants, whether or not a
+  // connection still uses them. Runs on the server's io_context, as does Stop()'s reset
+  // of the timer, which ends the loop.
+  void SweepRegistrationsLater(const std::shared_ptr<State>& self) {
+    if (registration_sweep == nullptr) return;
+    registration_sweep->expires_after(
+        std::chrono::milliseconds(std::max<uint32_t>(1, options.verbs_grant_check_ms)));
+    registration_sweep->async_wait(
+        [weak = std::weak_ptr<State>(self)](const boost::system::error_code& ec) {
+          auto state = weak.lock();
+          if (ec || state == nullptr) return;
+          {
+            std::lock_guard<std::mutex> lock(state->verbs_mu);
+            state->registrations.ExpireUntil(state->clock->NowUs());
+          }
+          state->SweepRegistrationsLater(state);
+        });
   }
 #else
   bool VerbsServed() { return false; }
@@ -108,10 +152,16 @@ struct RowServer::State {
   // Whether `token` currently grants `tenant` access to `region_name`.
   bool GrantValid(const wire::GrantToken& token, const std::string& region_name,
                   const std::string& tenant) {
+    return GrantExpiryUs(token, region_name, tenant) != 0;
+  }
+  // The expiry of the grant if it is valid now (as GrantValid), else 0.
+  uint64_t GrantExpiryUs(const wire::GrantToken& token, const std::string& region_name,
+                         const std::string& tenant) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = grants.find(token);
-    return it != grants.end() && it->second.region_name == region_name &&
-           it->second.tenant == tenant && clock->NowUs() < it->second.expiry_us;
+    const bool valid = it != grants.end() && it->second.region_name == region_name &&
+                       it->second.tenant == tenant && clock->NowUs() < it->second.expiry_us;
+    return valid ? it->second.expiry_us : 0;
   }
   std::shared_ptr<const Table> FindTable(const std::string& name) {
     std::lock_guard<std::mutex> lock(mu);
@@ -230,8 +280,10 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     zone_ = std::move(zone).value();
     qp_tenant_ = tenant;
     state_->verbs_qps_created.fetch_add(1);
-    verbs::EncodeQpParams(qp_->LocalParams(), verbs_reply_.data());
-    Reply(Status::Ok(), {asio::const_buffer(verbs_reply_.data(), verbs::kQpParamsBytes)});
+    verbs::QpParams mine = qp_->LocalParams();
+    mine.version = peer.version;  // answer in the client's version (docs/format/wire.md)
+    const size_t n = verbs::EncodeQpParams(mine, verbs_reply_.data());
+    Reply(Status::Ok(), {asio::const_buffer(verbs_reply_.data(), n)});
     CheckVerbsGrantsLater();
 #endif
   }
@@ -246,16 +298,24 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     if (qp_ == nullptr) return Reply(Status::InvalidArgument("kVerbsConnect first"), {});
     auto it = attached_.find(region_id);
     if (it == attached_.end()) {
-      state_->permission_denied.fetch_add(1);
-      return Reply(Status::PermissionDenied("region not opened on this connection"), {});
+      return Reply(Status::Retry("region not opened on this connection"), {});
     }
     const Attached& a = it->second;
-    if (a.tenant != qp_tenant_ || !state_->GrantValid(a.token, a.table->name, a.tenant)) {
+    const uint64_t expiry_us = state_->GrantExpiryUs(a.token, a.table->name, a.tenant);
+    if (a.tenant != qp_tenant_ || expiry_us == 0) {
       state_->permission_denied.fetch_add(1);
       return Reply(Status::PermissionDenied("no valid grant of the queue pair's tenant"), {});
     }
-    StatusOr<verbs::RemoteRegion> region = state_->RegionFor(qp_tenant_, *zone_, *a.table);
+    StatusOr<verbs::RemoteRegion> region =
+        state_->RegionFor(a.token, qp_tenant_, expiry_us, *zone_, *a.table);
     if (!region.ok()) return Reply(region.status(), {});
+    // RevokeGrant may have run between the check and the registration: check again, so a
+    // registration never outlives its grant (RevokeGrant drops it after erasing the grant).
+    if (!state_->GrantValid(a.token, a.table->name, a.tenant)) {
+      state_->DropRegistration(a.token);
+      state_->permission_denied.fetch_add(1);
+      return Reply(Status::PermissionDenied("grant expired or revoked"), {});
+    }
     verbs_regions_.insert(region_id);
     verbs::EncodeRemoteRegion(*region, verbs_reply_.data());
     Reply(Status::Ok(), {asio::const_buffer(verbs_reply_.data(), verbs::kRemoteRegionBytes)});
@@ -303,7 +363,16 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     wire::OpenReply reply{table->id,   h.row_stride_bytes, table->mapped->rows().size(),
                           h.row_begin, h.row_count,        h.row_dim};
     wire::EncodeOpenReply(reply, open_reply_.data());
-    Reply(Status::Ok(), {asio::const_buffer(open_reply_.data(), open_reply_.size())});
+    std::vector<asio::const_buffer> data = {
+        asio::const_buffer(open_reply_.data(), open_reply_.size())};
+    const uint32_t delay_ms = state_->options.TEST_open_delay_ms;
+    if (delay_ms == 0) return Reply(Status::Ok(), std::move(data));
+    timer_.expires_after(std::chrono::milliseconds(delay_ms));
+    auto self = shared_from_this();
+    timer_.async_wait([self, data = std::move(data)](const boost::system::error_code& ec) mutable {
+      if (ec) return self->Close();
+      self->Reply(Status::Ok(), std::move(data));
+    });
   }
 
   // Checks every op; on success fills `out` with buffers into the mapped tables.
@@ -315,7 +384,9 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     for (const wire::ReadOpWire& op : ops) {
       auto it = attached_.find(op.region_id);
       if (it == attached_.end()) {
-        return Status::PermissionDenied("region not opened on this connection");
+        // Not a grant problem: the client's region ids belong to another connection (it
+        // raced a reconnect). Retry tells it to re-open its regions and resend.
+        return Status::Retry("region not opened on this connection");
       }
       const Attached& a = it->second;
       if (op.region_id != checked_region) {
@@ -513,8 +584,16 @@ Status RowServer::AddGrant(const wire::GrantToken& token, const std::string& reg
 }
 
 Status RowServer::RevokeGrant(const wire::GrantToken& token) {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  if (state_->grants.erase(token) == 0) return Status::NotFound("no such grant");
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->grants.erase(token) == 0) return Status::NotFound("no such grant");
+  }
+#ifdef KVTIER_WITH_RDMA
+  // One-sided reads never reach the server: deregistering the grant's MR is what cuts them,
+  // on every queue pair at once (connections using the grant are also closed by their
+  // grant check).
+  state_->DropRegistration(token);
+#endif
   return Status::Ok();
 }
 
@@ -538,6 +617,10 @@ Status RowServer::StartOn(asio::io_context& io) {
     state_->acceptor = std::move(acceptor);
     state_->io = &io;
   }
+#ifdef KVTIER_WITH_RDMA
+  state_->registration_sweep = std::make_unique<asio::steady_timer>(io);
+  state_->SweepRegistrationsLater(state_);
+#endif
   Accept(state_);
   return Status::Ok();
 }
@@ -588,6 +671,11 @@ void RowServer::Stop() {
     for (auto& weak : sessions) {
       if (auto s = weak.lock()) s->Close();
     }
+#ifdef KVTIER_WITH_RDMA
+    // Not just cancel(): a sweep that already expired would run and re-arm, keeping the
+    // io_context busy for ever. With the timer gone, SweepRegistrationsLater stops.
+    state->registration_sweep.reset();
+#endif
     closed->set_value();
   });
   if (state_->own_io != nullptr) {
@@ -612,7 +700,7 @@ RowServerCounters RowServer::counters() const {
       s.connections_accepted.load(), s.connections_active.load(), s.connections_refused.load(),
       s.malformed_frames.load(),     s.batches_served.load(),     s.ops_served.load(),
       s.bytes_served.load(),         s.permission_denied.load(),  s.verbs_unavailable.load(),
-      s.verbs_qps_created.load(),    s.verbs_qps_cut.load()};
+      s.verbs_qps_created.load(),    s.verbs_qps_cut.load(),      s.verbs_registrations_cut.load()};
 }
 
 }  // namespace kvtier::rdma

@@ -14,17 +14,21 @@
 // (region, tenant, expiry) named by a random 128-bit token; a connection attaches a region by
 // presenting name, tenant and token (kOpen), and every read batch re-checks that the grant still
 // exists and has not expired (by options.clock). Reads without a valid grant fail with
-// PermissionDenied; the connection stays up. A malformed frame (bad magic, version, type, a length
-// over the limits) closes that connection; the server and other connections are unaffected. Tokens
-// are never logged.
+// PermissionDenied; reads naming a region not opened on the connection get Retry (the
+// client's ids are another connection's); the connection stays up. A malformed frame (bad
+// magic, version, type, a length over the limits) closes that connection; the server and
+// other connections are unaffected. Tokens are never logged.
 //
 // RDMA side channel (KVTIER_WITH_RDMA and a device only): after a kOpen, kVerbsConnect
 // creates an RC queue pair in the protection domain of the tenant's trust zone (one PD per
 // tenant), brings it to RTS towards the client's QpParams and replies with the server's;
 // kVerbsRegion registers that table's rows (never the header, never a pool) in the tenant's
-// PD once and replies address/rkey/length. The TCP connection is the queue pair's lease:
-// when it closes, or a grant of a region exposed over it expires or is revoked (checked
-// every verbs_grant_check_ms), the queue pair is destroyed. RDMA keys are never logged.
+// PD once per grant and replies address/rkey/length. Revoking a grant deregisters its MR at
+// once and an expired grant's MR is deregistered within verbs_grant_check_ms: that
+// invalidates the rkey on every queue pair, also other connections of the same tenant. The
+// TCP connection is the queue pair's lease as well: when it closes, or a grant of a region
+// exposed over it expires or is revoked (checked every verbs_grant_check_ms), the queue
+// pair is destroyed. RDMA keys are never logged.
 // This path has only been compiled, never run on an RDMA device.
 //
 // Embedding: Start(io_context&) runs the server on a caller's io_context (kvtierd);
@@ -84,8 +88,14 @@ struct RowServerOptions {
   // and the connection closed (one-sided reads bypass the server, so this is what cuts
   // access).
   uint32_t verbs_grant_check_ms = 100;
+  // Table-row registrations for remote reads, one per grant used over verbs (an expired or
+  // revoked grant's registration is dropped: that is what invalidates its rkey on every
+  // queue pair). Over it, VERBS_REGION answers Rejected.
+  uint32_t verbs_registrations_max = 1024;
   // Test hook: delay every read response by this many ms (makes reads "in flight").
   uint32_t TEST_response_delay_ms = 0;
+  // Test hook: delay every OPEN reply by this many ms (a slow re-attach after a reconnect).
+  uint32_t TEST_open_delay_ms = 0;
 };
 
 struct RowServerCounters {
@@ -99,7 +109,8 @@ struct RowServerCounters {
   uint64_t permission_denied = 0;  // opens and batches refused for a missing/expired grant
   uint64_t verbs_unavailable = 0;  // side-channel frames answered Unavailable (no device)
   uint64_t verbs_qps_created = 0;
-  uint64_t verbs_qps_cut = 0;  // queue pairs destroyed because a grant lapsed
+  uint64_t verbs_qps_cut = 0;            // queue pairs destroyed because a grant lapsed
+  uint64_t verbs_registrations_cut = 0;  // grant MRs deregistered (revoked or expired)
 };
 
 class RowServer {

@@ -61,11 +61,18 @@ struct TcpTransport::Impl {
 
   std::mutex connect_mu;  // serialises Connect / Reconnect / OpenRegion
   mutable std::mutex mu;  // protects everything below (writes also on the I/O thread)
+  // The socket is up (frames of `generation` may be written and replies read).
   bool connected = false;
+  // Connected and every open region re-attached on this connection: only then may reads be
+  // submitted (a read planned earlier would carry another connection's region ids).
+  bool ready = false;
   bool closed = false;
   uint64_t generation = 0;  // bumped at every connect and disconnect
   uint64_t next_request_id = 1;
+  // pending and outbox grow together, under one lock: the frame of pending[i] is written
+  // before that of pending[i + 1], so replies (answered in request order) match them.
   std::deque<std::unique_ptr<Pending>> pending;  // send order == reply order
+  std::vector<std::vector<uint8_t>> outbox;      // frames not yet handed to the I/O thread
   uint64_t in_flight_ops = 0;
   std::vector<RegionEntry> regions;                // index = client RegionId
   std::map<uintptr_t, Buffer> buffers_by_address;  // start address -> buffer
@@ -74,7 +81,9 @@ struct TcpTransport::Impl {
   TransportCounters c;
 
   // I/O-thread only.
-  std::deque<std::vector<uint8_t>> write_queue;
+  std::vector<std::vector<uint8_t>> write_queue;  // taken from outbox, not yet being written
+  std::vector<std::vector<uint8_t>> writing_now;  // frames of the async_write in progress
+  std::vector<asio::const_buffer> write_buffers;
   bool writing = false;
   bool connecting = false;
   std::array<uint8_t, wire::kHeaderBytes> reply_header{};
@@ -102,8 +111,10 @@ struct TcpTransport::Impl {
       std::lock_guard<std::mutex> lock(mu);
       if (connected) ++c.disconnects;
       connected = false;
+      ready = false;
       ++generation;
       failed.swap(pending);
+      outbox.clear();
       in_flight_ops = 0;
       c.batches_failed += failed.size();
       c.reads_in_flight = 0;
@@ -112,6 +123,7 @@ struct TcpTransport::Impl {
     socket.shutdown(tcp::socket::shutdown_both, ec);
     socket.close(ec);
     write_queue.clear();
+    writing_now.clear();
     writing = false;
     for (auto& p : failed) Finish(*p, status);
   }
@@ -127,25 +139,43 @@ struct TcpTransport::Impl {
     }
   }
 
-  void Enqueue(uint64_t gen, std::vector<uint8_t> frame) {
+  // Appends a request under `mu` (the caller holds it): its Pending and its frame go in
+  // together, so frames leave in the order of `pending` whichever thread submits. The
+  // caller then calls Kick(gen) after unlocking.
+  void AppendLocked(std::unique_ptr<Pending> p, std::vector<uint8_t> frame) {
+    pending.push_back(std::move(p));
+    outbox.push_back(std::move(frame));
+  }
+
+  // Asks the I/O thread to write what is in the outbox.
+  void Kick(uint64_t gen) {
+    asio::post(io, [this, gen] { Flush(gen); });
+  }
+
+  void Flush(uint64_t gen) {
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (gen != generation || !connected) return;  // its batch already failed
+      if (gen != generation || !connected) return;  // those frames' batches already failed
+      for (auto& f : outbox) write_queue.push_back(std::move(f));
+      outbox.clear();
     }
-    write_queue.push_back(std::move(frame));
     WriteNext(gen);
   }
 
+  // Writes every queued frame with one gathered write (in queue order), then the next lot.
   void WriteNext(uint64_t gen) {
     if (writing || write_queue.empty()) return;
     writing = true;
-    asio::async_write(socket, asio::buffer(write_queue.front()),
+    writing_now.swap(write_queue);
+    write_buffers.clear();
+    for (const auto& f : writing_now) write_buffers.emplace_back(asio::buffer(f));
+    asio::async_write(socket, write_buffers,
                       [this, gen](const boost::system::error_code& ec, size_t) {
                         if (!Current(gen)) return;
                         writing = false;
                         if (ec)
                           return FailAll(Status::IOError("row server write: " + ec.message()));
-                        write_queue.pop_front();
+                        writing_now.clear();
                         WriteNext(gen);
                       });
   }
@@ -234,6 +264,12 @@ struct TcpTransport::Impl {
       }
     }
     Finish(*done, status);
+    if (status.IsRetry() && done->type == wire::FrameType::kRead) {
+      // The server does not know a region id sent on this connection (docs/format/wire.md):
+      // its view of the connection and ours differ. Drop it; the next Submit() reconnects
+      // and re-opens every region, and the batch's owner retries (RowFetcher does).
+      return FailAll(Status::IOError("row server has not opened a region of this connection"));
+    }
     ReadReplyHeader(gen);
   }
 
@@ -314,39 +350,65 @@ struct TcpTransport::Impl {
       }
     };
     uint64_t gen = 0;
-    std::vector<uint8_t> frame;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!connected) return Status::IOError("not connected to row server");
       p->request_id = next_request_id++;
       p->deadline_us = NowUs() + uint64_t{options.request_timeout_ms} * 1000;
-      frame = wire::BuildOpenRequest(p->request_id,
-                                     wire::OpenRequest{cred.token, cred.region_name, cred.tenant});
+      std::vector<uint8_t> frame = wire::BuildOpenRequest(
+          p->request_id, wire::OpenRequest{cred.token, cred.region_name, cred.tenant});
       gen = generation;
-      pending.push_back(std::move(p));
+      AppendLocked(std::move(p), std::move(frame));
     }
-    asio::post(io, [this, gen, f = std::move(frame)]() mutable { Enqueue(gen, std::move(f)); });
+    Kick(gen);
     return result.get_future().get();
   }
 
-  // Connects and re-attaches every region. Caller holds connect_mu.
+  // Connects and re-attaches every region; the connection is `ready` (reads may be
+  // submitted) only after the last re-attach. Any failure on the way drops the connection,
+  // so that the next attempt starts over. Caller holds connect_mu.
   Status EnsureConnected() {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (closed) return Status::Unavailable("transport closed");
-      if (connected) return Status::Ok();
+      if (ready) return Status::Ok();
     }
+    if (Status st = ConnectAndReattach(); !st.ok()) {
+      RunOnIo([this] { FailAll(Status::IOError("connecting to row server failed")); });
+      return st;
+    }
+    return Status::Ok();
+  }
+
+  Status ConnectAndReattach() {
+    // A connection left half-made (socket up, regions not re-attached) is started afresh.
+    RunOnIo([this] { FailAll(Status::IOError("reconnecting")); });
     KVTIER_RETURN_IF_ERROR(ConnectSocket());
     std::vector<RegionCredentials> creds;
+    uint64_t gen = 0;
     {
       std::lock_guard<std::mutex> lock(mu);
       for (const RegionEntry& r : regions) creds.push_back(r.credentials);
+      gen = generation;
     }
-    for (size_t i = 0; i < creds.size(); ++i) {
-      StatusOr<wire::OpenReply> reply = OpenOnWire(creds[i]);
-      if (!reply.ok() && reply.status().IsIOError()) return reply.status();
-      std::lock_guard<std::mutex> lock(mu);
+    std::vector<StatusOr<wire::OpenReply>> replies;
+    for (const RegionCredentials& cred : creds) {
+      StatusOr<wire::OpenReply> reply = OpenOnWire(cred);
+      // A lost connection, or a server that no longer knows what it just answered: start
+      // over on the next attempt (Retry and IOError are what RowFetcher retries).
+      if (!reply.ok() && (reply.status().IsIOError() || reply.status().IsRetry())) {
+        return reply.status().WithContext("re-attaching region after reconnect");
+      }
+      replies.push_back(std::move(reply));
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (closed) return Status::Unavailable("transport closed");
+    if (!connected || generation != gen) {
+      return Status::IOError("connection to row server lost while re-attaching regions");
+    }
+    for (size_t i = 0; i < replies.size(); ++i) {
       RegionEntry& r = regions[i];
+      const StatusOr<wire::OpenReply>& reply = replies[i];
       if (!reply.ok()) {
         r.attach_status = reply.status().WithContext("re-attaching region after reconnect");
       } else if (reply->size_bytes != r.info.size_bytes ||
@@ -358,7 +420,7 @@ struct TcpTransport::Impl {
         r.attach_status = Status::Ok();
       }
     }
-    std::lock_guard<std::mutex> lock(mu);
+    ready = true;
     ++c.connects;
     return Status::Ok();
   }
@@ -496,7 +558,7 @@ Status TcpTransport::Submit(std::span<const ReadOp> ops, ReadCallback done) {
   {
     std::lock_guard<std::mutex> lock(d.mu);
     if (d.closed) return Status::Unavailable("transport closed");
-    need_connect = !d.connected;
+    need_connect = !d.ready;
   }
   if (need_connect) {
     if (!d.options.reconnect_on_submit || d.OnIoThread()) {
@@ -512,7 +574,7 @@ Status TcpTransport::Submit(std::span<const ReadOp> ops, ReadCallback done) {
   {
     std::lock_guard<std::mutex> lock(d.mu);
     if (d.closed) return Status::Unavailable("transport closed");
-    if (!d.connected) return Status::IOError("connection to row server lost");
+    if (!d.ready) return Status::IOError("connection to row server lost");
     KVTIER_RETURN_IF_ERROR(d.Plan(ops, &wire_ops, p.get()));
     if (d.in_flight_ops + ops.size() > d.options.reads_in_flight_max) {
       return Status::Rejected("reads_in_flight_max reached");
@@ -527,9 +589,9 @@ Status TcpTransport::Submit(std::span<const ReadOp> ops, ReadCallback done) {
     ++d.c.batches_submitted;
     d.c.ops_submitted += p->ops;
     gen = d.generation;
-    d.pending.push_back(std::move(p));
+    d.AppendLocked(std::move(p), std::move(frame));
   }
-  asio::post(d.io, [&d, gen, f = std::move(frame)]() mutable { d.Enqueue(gen, std::move(f)); });
+  d.Kick(gen);
   return Status::Ok();
 }
 
@@ -540,6 +602,10 @@ void TcpTransport::Close() {
     if (d.closed) return;
     d.closed = true;
   }
+  // Fail what is in flight (this also ends a connect or re-attach in progress), then wait
+  // for that caller to leave: it still needs the I/O thread (its own RunOnIo calls).
+  d.RunOnIo([&d] { d.FailAll(Status::Unavailable("transport closed")); });
+  std::lock_guard<std::mutex> connect_lock(d.connect_mu);
   d.RunOnIo([&d] {
     d.FailAll(Status::Unavailable("transport closed"));
     d.tick.cancel();

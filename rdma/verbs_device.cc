@@ -34,11 +34,13 @@ struct VerbsZone::Impl {
   VerbsOptions options;
   ibv_port_attr port_attr{};
   ibv_device_attr device_attr{};
-  std::mutex mu;                     // guards mrs
-  std::map<uintptr_t, ibv_mr*> mrs;  // by start address
+  std::mutex mu;                           // guards mrs, remote_mrs
+  std::map<uintptr_t, ibv_mr*> mrs;        // local buffers, by start address
+  std::map<uint32_t, ibv_mr*> remote_mrs;  // remote-readable regions, by rkey (one per grant)
 
   ~Impl() {
     for (auto& [start, mr] : mrs) ibv_dereg_mr(mr);
+    for (auto& [rkey, mr] : remote_mrs) ibv_dereg_mr(mr);
     if (cq != nullptr) ibv_destroy_cq(cq);
     if (channel != nullptr) ibv_destroy_comp_channel(channel);
     if (pd != nullptr) ibv_dealloc_pd(pd);
@@ -60,9 +62,7 @@ bool SetNonBlocking(int fd) {
 }  // namespace
 
 StatusOr<std::shared_ptr<VerbsZone>> VerbsZone::Open(const VerbsOptions& options) {
-  if (options.cq_depth == 0 || options.send_queue_depth == 0) {
-    return Status::InvalidArgument("cq_depth and send_queue_depth must be > 0");
-  }
+  KVTIER_RETURN_IF_ERROR(ValidateVerbsOptions(options));
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
   if (list == nullptr || n == 0) {
@@ -109,12 +109,24 @@ StatusOr<RemoteRegion> VerbsZone::RegisterRemoteReadable(const uint8_t* data, si
       ibv_reg_mr(impl_->pd, const_cast<uint8_t*>(data), size_bytes, IBV_ACCESS_REMOTE_READ);
   if (mr == nullptr) return VerbsError("ibv_reg_mr(remote read)");
   std::lock_guard<std::mutex> lock(impl_->mu);
-  auto [it, inserted] = impl_->mrs.emplace(reinterpret_cast<uintptr_t>(data), mr);
-  if (!inserted) {
+  if (!impl_->remote_mrs.emplace(mr->rkey, mr).second) {
     ibv_dereg_mr(mr);
-    return Status::InvalidArgument("memory at this address is already registered");
+    return Status::Internal("the device returned an rkey that is already live");
   }
   return RemoteRegion{reinterpret_cast<uintptr_t>(data), mr->rkey, size_bytes};
+}
+
+Status VerbsZone::DeregisterRemote(uint32_t rkey) {
+  ibv_mr* mr = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->remote_mrs.find(rkey);
+    if (it == impl_->remote_mrs.end()) return Status::NotFound("no remote region with this key");
+    mr = it->second;
+    impl_->remote_mrs.erase(it);
+  }
+  if (ibv_dereg_mr(mr) != 0) return VerbsError("ibv_dereg_mr(remote read)");
+  return Status::Ok();
 }
 
 StatusOr<uint32_t> VerbsZone::RegisterLocalWritable(uint8_t* data, size_t size_bytes) {
@@ -181,11 +193,17 @@ StatusOr<std::unique_ptr<VerbsQp>> VerbsZone::CreateQp(uint32_t send_queue_depth
                     IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
     return VerbsError("ibv_modify_qp(INIT)");
   }
+  DeviceCaps caps;
+  caps.active_mtu = static_cast<uint8_t>(impl_->port_attr.active_mtu);
+  caps.max_qp_rd_atom = static_cast<uint32_t>(std::max(0, impl_->device_attr.max_qp_rd_atom));
+  caps.max_qp_init_rd_atom =
+      static_cast<uint32_t>(std::max(0, impl_->device_attr.max_qp_init_rd_atom));
+  caps.link_layer = impl_->port_attr.link_layer;
+  caps.gid_table_len = static_cast<uint32_t>(std::max(0, impl_->port_attr.gid_tbl_len));
+  caps.lid = impl_->port_attr.lid;
+  KVTIER_RETURN_IF_ERROR(LocalPathCaps(o, caps, role == QpRole::kResponder, &q->local_));
   q->local_.qpn = q->qp_->qp_num;
   q->local_.psn = std::random_device()() & 0xffffff;
-  q->local_.lid = impl_->port_attr.lid;
-  q->local_.port = o.port;
-  q->local_.gid_index = o.gid_index;
   ibv_gid gid{};
   if (ibv_query_gid(impl_->ctx, o.port, o.gid_index, &gid) == 0) {
     std::memcpy(q->local_.gid.data(), gid.raw, 16);
@@ -201,25 +219,35 @@ VerbsQp::~VerbsQp() {
 
 Status VerbsQp::ConnectTo(const QpParams& peer) {
   const VerbsZone::Impl& z = *zone_;
-  const uint32_t rd_atomic = std::max<uint32_t>(
-      1, std::min<uint32_t>(z.options.rd_atomic_max, role_ == QpRole::kResponder
-                                                         ? z.device_attr.max_qp_init_rd_atom
-                                                         : z.device_attr.max_qp_rd_atom));
+  // Both ends negotiate the same MTU and read depth (verbs_plan.h, NegotiatePath).
+  KVTIER_ASSIGN_OR_RETURN(PathAttributes path, NegotiatePath(local_, peer));
+  // The depth that matters is the requester's max_rd_atomic and the responder's
+  // max_dest_rd_atomic (both path.rd_atomic); the other direction carries no reads, so it
+  // only has to stay within this device.
+  const auto within = [](uint32_t want, int device_max) {
+    return static_cast<uint8_t>(std::min<uint32_t>(want, std::max(0, device_max)));
+  };
+  const uint8_t dest_rd_atomic = role_ == QpRole::kResponder
+                                     ? path.rd_atomic
+                                     : within(path.rd_atomic, z.device_attr.max_qp_rd_atom);
+  const uint8_t init_rd_atomic = role_ == QpRole::kReader
+                                     ? path.rd_atomic
+                                     : within(path.rd_atomic, z.device_attr.max_qp_init_rd_atom);
   ibv_qp_attr rtr{};
   rtr.qp_state = IBV_QPS_RTR;
-  rtr.path_mtu = z.port_attr.active_mtu;
+  rtr.path_mtu = static_cast<ibv_mtu>(path.path_mtu);
   rtr.dest_qp_num = peer.qpn;
   rtr.rq_psn = peer.psn;
-  rtr.max_dest_rd_atomic = static_cast<uint8_t>(std::min<uint32_t>(rd_atomic, 255));
+  rtr.max_dest_rd_atomic = dest_rd_atomic;
   rtr.min_rnr_timer = 12;
   rtr.ah_attr.dlid = peer.lid;
   rtr.ah_attr.sl = 0;
   rtr.ah_attr.src_path_bits = 0;
   rtr.ah_attr.port_num = z.options.port;
-  if (z.port_attr.lid == 0 || peer.lid == 0) {  // RoCE (or IB across subnets): route by GID
+  if (path.use_grh) {  // RoCE (or IB across subnets): route by GID
     rtr.ah_attr.is_global = 1;
     std::memcpy(rtr.ah_attr.grh.dgid.raw, peer.gid.data(), 16);
-    rtr.ah_attr.grh.sgid_index = z.options.gid_index;
+    rtr.ah_attr.grh.sgid_index = local_.gid_index;
     rtr.ah_attr.grh.hop_limit = 64;
   }
   if (ibv_modify_qp(qp_, &rtr,
@@ -233,7 +261,7 @@ Status VerbsQp::ConnectTo(const QpParams& peer) {
   rts.retry_cnt = 7;
   rts.rnr_retry = 7;
   rts.sq_psn = local_.psn;
-  rts.max_rd_atomic = static_cast<uint8_t>(std::min<uint32_t>(rd_atomic, 255));
+  rts.max_rd_atomic = init_rd_atomic;
   if (ibv_modify_qp(qp_, &rts,
                     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                         IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) != 0) {

@@ -2,10 +2,12 @@
 //
 // What: device discovery; a VerbsZone per trust zone (one protection domain, one completion
 // queue with a completion channel); memory registration of a table region only
-// (IBV_ACCESS_REMOTE_READ on exactly the mapped rows, never a pool) and of local
+// (IBV_ACCESS_REMOTE_READ on exactly the mapped rows, never a pool; the row server makes
+// one such MR per grant, verbs::GrantRegistrations) and of local
 // destination buffers (IBV_ACCESS_LOCAL_WRITE); RC queue pairs created in a zone's PD,
-// brought RESET -> INIT -> RTR -> RTS with the peer's QpParams (path MTU from the port,
-// a GRH with the peer's GID when the port has no LID, i.e. RoCE), posting of the
+// brought RESET -> INIT -> RTR -> RTS with the peer's QpParams (path MTU and read depth
+// negotiated with the peer by verbs::NegotiatePath, a GRH with the peer's GID when routing
+// by GID, i.e. RoCE or a LID-less end), posting of the
 // RDMA READ chains that verbs_plan.h plans, and the CQ / async-event primitives the
 // VerbsTransport completion thread and the row server use.
 //
@@ -68,9 +70,13 @@ class VerbsZone {
   // Registers [data, data + size_bytes) for remote reads (a served table region). Returns
   // the RemoteRegion a peer needs (address, rkey, length). The rkey is a secret: never log.
   StatusOr<RemoteRegion> RegisterRemoteReadable(const uint8_t* data, size_t size_bytes);
+  // Deregisters the remote-readable MR with `rkey`: from then on no queue pair of this zone
+  // can read through that key (reads in flight on it fail with a remote access error).
+  // NotFound if there is none.
+  Status DeregisterRemote(uint32_t rkey);
   // Registers a local destination buffer; returns its lkey.
   StatusOr<uint32_t> RegisterLocalWritable(uint8_t* data, size_t size_bytes);
-  // Deregisters the MR that starts at `data`. NotFound if none.
+  // Deregisters the local-buffer MR that starts at `data`. NotFound if none.
   Status Deregister(const void* data);
 
   // Creates an RC QP (send_queue_depth WRs) in this zone's PD on its CQ and moves it to

@@ -1,5 +1,6 @@
 #include "rdma/verbs_plan.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/endian.h"
@@ -167,8 +168,9 @@ using le::Put32;
 using le::Put64;
 }  // namespace
 
-void EncodeQpParams(const QpParams& p, uint8_t out[kQpParamsBytes]) {
-  std::memset(out, 0, kQpParamsBytes);
+size_t EncodeQpParams(const QpParams& p, uint8_t out[kQpParamsBytes]) {
+  const size_t n = p.version == 1 ? kQpParamsV1Bytes : kQpParamsBytes;
+  std::memset(out, 0, n);
   Put32(out + 0, p.qpn);
   Put32(out + 4, p.psn & 0xffffff);
   out[8] = static_cast<uint8_t>(p.lid);
@@ -176,10 +178,19 @@ void EncodeQpParams(const QpParams& p, uint8_t out[kQpParamsBytes]) {
   out[10] = p.port;
   out[11] = p.gid_index;
   std::memcpy(out + 12, p.gid.data(), 16);
+  if (n == kQpParamsBytes) {
+    out[28] = 2;
+    out[29] = p.path_mtu;
+    out[30] = p.rd_atomic;
+    out[31] = p.link_layer;
+  }
+  return n;
 }
 
 Status DecodeQpParams(std::span<const uint8_t> in, QpParams* out) {
-  if (in.size() != kQpParamsBytes) return Status::Corruption("queue pair params size");
+  if (in.size() != kQpParamsBytes && in.size() != kQpParamsV1Bytes) {
+    return Status::Corruption("queue pair params size");
+  }
   QpParams p;
   p.qpn = Get32(in.data());
   p.psn = Get32(in.data() + 4);
@@ -190,8 +201,149 @@ Status DecodeQpParams(std::span<const uint8_t> in, QpParams* out) {
   p.port = in[10];
   p.gid_index = in[11];
   std::memcpy(p.gid.data(), in.data() + 12, 16);
+  if (in.size() == kQpParamsV1Bytes) {
+    p.version = 1;
+    p.path_mtu = 0;
+    p.rd_atomic = 0;
+    p.link_layer = kLinkLayerUnspecified;
+  } else {
+    if (in[28] != 2) return Status::Corruption("queue pair params version is not 2");
+    p.version = 2;
+    p.path_mtu = in[29];
+    p.rd_atomic = in[30];
+    p.link_layer = in[31];
+    if (MtuBytes(p.path_mtu) == 0) return Status::Corruption("path MTU code out of range");
+    if (p.rd_atomic == 0) return Status::Corruption("read depth 0");
+    if (p.link_layer > kLinkLayerEthernet) return Status::Corruption("unknown link layer");
+    for (size_t i = 32; i < kQpParamsBytes; ++i) {
+      if (in[i] != 0) return Status::Corruption("reserved queue pair params bytes not zero");
+    }
+  }
   *out = p;
   return Status::Ok();
+}
+
+uint8_t MtuCode(uint32_t bytes) {
+  for (uint8_t code = kMtuCodeMin; code <= kMtuCodeMax; ++code) {
+    if (MtuBytes(code) == bytes) return code;
+  }
+  return 0;
+}
+
+uint32_t MtuBytes(uint8_t code) {
+  if (code < kMtuCodeMin || code > kMtuCodeMax) return 0;
+  return 128u << code;
+}
+
+Status ValidateVerbsOptions(const VerbsOptions& o) {
+  if (o.port == 0) return Status::InvalidArgument("verbs port must be 1..255");
+  if (o.send_queue_depth == 0 || o.cq_depth < o.send_queue_depth) {
+    return Status::InvalidArgument("verbs send_queue_depth must be in [1, cq_depth]");
+  }
+  if (o.rd_atomic_max == 0 || o.rd_atomic_max > 255) {
+    return Status::InvalidArgument("verbs rd_atomic_max must be 1..255");
+  }
+  if (MtuCode(o.path_mtu_max_bytes) == 0) {
+    return Status::InvalidArgument("verbs path_mtu_max_bytes must be 256, 512, 1024, 2048 or 4096");
+  }
+  return Status::Ok();
+}
+
+Status LocalPathCaps(const VerbsOptions& options, const DeviceCaps& caps, bool responder,
+                     QpParams* local) {
+  KVTIER_RETURN_IF_ERROR(ValidateVerbsOptions(options));
+  if (options.gid_index >= caps.gid_table_len) {
+    return Status::InvalidArgument("verbs gid_index " + std::to_string(options.gid_index) +
+                                   " is outside the port's GID table (" +
+                                   std::to_string(caps.gid_table_len) + " entries)");
+  }
+  if (MtuBytes(caps.active_mtu) == 0) {
+    return Status::Unavailable("the RDMA port reports no usable active MTU");
+  }
+  const uint32_t device_depth = responder ? caps.max_qp_rd_atom : caps.max_qp_init_rd_atom;
+  if (device_depth == 0) return Status::Unavailable("the RDMA device allows no RDMA READ depth");
+  local->version = 2;
+  local->path_mtu = std::min(caps.active_mtu, MtuCode(options.path_mtu_max_bytes));
+  local->rd_atomic = static_cast<uint8_t>(std::min({options.rd_atomic_max, device_depth, 255u}));
+  local->link_layer =
+      caps.link_layer == kLinkLayerEthernet ? kLinkLayerEthernet : kLinkLayerInfiniBand;
+  local->lid = caps.lid;
+  local->port = options.port;
+  local->gid_index = options.gid_index;
+  return Status::Ok();
+}
+
+namespace {
+bool ZeroGid(const std::array<uint8_t, 16>& gid) {
+  return std::all_of(gid.begin(), gid.end(), [](uint8_t b) { return b == 0; });
+}
+}  // namespace
+
+StatusOr<PathAttributes> NegotiatePath(const QpParams& local, const QpParams& peer) {
+  if (local.version != 2 || MtuBytes(local.path_mtu) == 0 || local.rd_atomic == 0 ||
+      (local.link_layer != kLinkLayerInfiniBand && local.link_layer != kLinkLayerEthernet)) {
+    return Status::InvalidArgument("local queue pair capabilities not set (LocalPathCaps)");
+  }
+  PathAttributes a;
+  a.path_mtu = local.path_mtu;
+  a.rd_atomic = local.rd_atomic;
+  if (peer.version >= 2) {
+    const uint8_t peer_layer =
+        peer.link_layer == kLinkLayerEthernet ? kLinkLayerEthernet : kLinkLayerInfiniBand;
+    if (peer_layer != local.link_layer) {
+      return Status::InvalidArgument("the ends' link layers differ (InfiniBand and Ethernet)");
+    }
+    if (MtuBytes(peer.path_mtu) == 0 || peer.rd_atomic == 0) {
+      return Status::InvalidArgument("peer queue pair capabilities out of range");
+    }
+    a.path_mtu = std::min(local.path_mtu, peer.path_mtu);
+    a.rd_atomic = std::min(local.rd_atomic, peer.rd_atomic);
+  }
+  a.use_grh = local.link_layer == kLinkLayerEthernet || local.lid == 0 || peer.lid == 0;
+  if (a.use_grh && (ZeroGid(local.gid) || ZeroGid(peer.gid))) {
+    return Status::InvalidArgument(
+        "routing by GID but a GID is zero (check gid_index on both ends)");
+  }
+  return a;
+}
+
+const GrantRegistrations::Entry* GrantRegistrations::Find(const wire::GrantToken& token) const {
+  auto it = entries_.find(token);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+Status GrantRegistrations::Add(const wire::GrantToken& token, Entry entry) {
+  if (entries_.count(token) != 0) {
+    return Status::InvalidArgument("the grant already has a registration");
+  }
+  if (entries_.size() >= registrations_max_) {
+    return Status::Rejected("verbs registrations_max reached (one per grant)");
+  }
+  entries_.emplace(token, std::move(entry));
+  return Status::Ok();
+}
+
+bool GrantRegistrations::Revoke(const wire::GrantToken& token) {
+  auto it = entries_.find(token);
+  if (it == entries_.end()) return false;
+  Entry e = std::move(it->second);
+  entries_.erase(it);
+  deregister_(e.tenant, e.region);
+  return true;
+}
+
+size_t GrantRegistrations::ExpireUntil(uint64_t now_us) {
+  std::vector<Entry> expired;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.expiry_us <= now_us) {
+      expired.push_back(std::move(it->second));
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const Entry& e : expired) deregister_(e.tenant, e.region);
+  return expired.size();
 }
 
 void EncodeRemoteRegion(const RemoteRegion& r, uint8_t out[kRemoteRegionBytes]) {

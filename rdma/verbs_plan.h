@@ -30,16 +30,39 @@ namespace kvtier::rdma::verbs {
 // Device-level knobs of VerbsTransport (and of the row server's verbs side). Plain data so
 // that the factory (transport_factory.h) can take it whether or not verbs are built.
 struct VerbsOptions {
-  std::string device;     // "" = the first device ibv_get_device_list reports
-  uint8_t port = 1;       // HCA port
-  uint8_t gid_index = 0;  // GID table index; used when the port has no LID (RoCE)
+  std::string device;  // "" = the first device ibv_get_device_list reports
+  uint8_t port = 1;    // HCA port (1..255)
+  // GID table index of this end (< the port's GID table length, checked when a queue pair
+  // is created); the GID there must be set when routing by GID (RoCE, or a peer without a
+  // LID). Local only: each end names its own source GID, the peer's GID travels in
+  // VERBS_CONNECT.
+  uint8_t gid_index = 0;
   // WRs per QP (max_send_wr); bounds WRs in flight (a Submit() that would overflow it is
   // Rejected). VerbsTransport needs it >= TransportOptions::batch_ops_max.
   uint32_t send_queue_depth = 1024;
-  uint32_t cq_depth = 1024;     // completion queue entries (>= send_queue_depth)
-  uint32_t poll_spin_us = 50;   // busy-poll the CQ this long before sleeping on it
-  uint32_t rd_atomic_max = 16;  // RDMA READs outstanding per QP (clamped to the device)
+  uint32_t cq_depth = 1024;    // completion queue entries (>= send_queue_depth)
+  uint32_t poll_spin_us = 50;  // busy-poll the CQ this long before sleeping on it
+  // RDMA READs outstanding per QP, 1..255: the requester's max_rd_atomic / the responder's
+  // max_dest_rd_atomic. Clamped to the device, then to the peer's (NegotiatePath).
+  uint32_t rd_atomic_max = 16;
+  // Largest path MTU this end uses: 256, 512, 1024, 2048 or 4096. Clamped to the port's
+  // active MTU, then to the peer's (NegotiatePath).
+  uint32_t path_mtu_max_bytes = 4096;
 };
+
+// InvalidArgument naming the field when an option is outside its range (above).
+Status ValidateVerbsOptions(const VerbsOptions& options);
+
+// Path MTU codes as libibverbs numbers them (enum ibv_mtu): 1 = 256 B ... 5 = 4096 B.
+inline constexpr uint8_t kMtuCodeMin = 1, kMtuCodeMax = 5;
+// The code of `bytes` (a power of two in 256..4096), or 0 for anything else.
+uint8_t MtuCode(uint32_t bytes);
+// Bytes of a valid code (256..4096), 0 for anything else.
+uint32_t MtuBytes(uint8_t code);
+
+// Link layers as libibverbs numbers them (IBV_LINK_LAYER_*).
+inline constexpr uint8_t kLinkLayerUnspecified = 0, kLinkLayerInfiniBand = 1,
+                         kLinkLayerEthernet = 2;
 
 // ---- address and key tables -------------------------------------------------------------
 
@@ -149,7 +172,8 @@ class QpStateMachine {
 
 // ---- side-channel messages (carried inside the TCP row protocol) -------------------------
 
-// One end's queue-pair parameters. The GID is used for RoCE (and IB with a GRH).
+// One end's queue-pair parameters (the VERBS_CONNECT body, docs/format/wire.md). The GID
+// is used for RoCE (and IB with a GRH).
 struct QpParams {
   uint32_t qpn = 0;
   uint32_t psn = 0;  // initial packet sequence number, 24 bits
@@ -157,13 +181,111 @@ struct QpParams {
   uint8_t port = 1;
   uint8_t gid_index = 0;
   std::array<uint8_t, 16> gid{};
+  // Version 2: what this end can do (LocalPathCaps), for NegotiatePath. A decoded
+  // version-1 body leaves path_mtu and rd_atomic 0 ("not said") and link_layer unspecified.
+  uint8_t version = 2;
+  uint8_t path_mtu = kMtuCodeMin;  // MtuCode: min(port active MTU, path_mtu_max_bytes)
+  uint8_t rd_atomic = 1;           // 1..255: reads this end can keep outstanding / accept
+  uint8_t link_layer = kLinkLayerInfiniBand;
 };
-inline constexpr size_t kQpParamsBytes = wire::kQpParamsBytes;
-void EncodeQpParams(const QpParams& p, uint8_t out[kQpParamsBytes]);
-Status DecodeQpParams(std::span<const uint8_t> in, QpParams* out);  // Corruption on bad size
+inline constexpr size_t kQpParamsBytes = wire::kQpParamsBytes;      // version 2
+inline constexpr size_t kQpParamsV1Bytes = wire::kQpParamsV1Bytes;  // version 1
+// Writes `p` in its version's layout (40 bytes for version 2, 28 for version 1); returns the
+// bytes written.
+size_t EncodeQpParams(const QpParams& p, uint8_t out[kQpParamsBytes]);
+// Decodes a 40-byte (version 2) or 28-byte (version 1) body. Corruption on any other size,
+// qpn 0 or >= 2^24, psn >= 2^24, and in version 2 an unknown version byte, a path MTU code
+// outside 1..5, rd_atomic 0, an unknown link layer or non-zero reserved bytes.
+Status DecodeQpParams(std::span<const uint8_t> in, QpParams* out);
+
+// ---- path negotiation (the attributes of INIT -> RTR -> RTS) --------------------------
+
+// What the device reports for one port, as plain data (ibv_query_device/ibv_query_port).
+struct DeviceCaps {
+  uint8_t active_mtu = 0;            // MtuCode of the port's active MTU
+  uint32_t max_qp_rd_atom = 0;       // reads one QP accepts as the responder
+  uint32_t max_qp_init_rd_atom = 0;  // reads one QP keeps outstanding as the requester
+  uint8_t link_layer = kLinkLayerUnspecified;
+  uint32_t gid_table_len = 0;
+  uint16_t lid = 0;
+};
+
+// Fills `local`'s capabilities (version 2, path_mtu, rd_atomic, link_layer, lid, port,
+// gid_index) from the device and the options: path_mtu = min(active MTU, path_mtu_max),
+// rd_atomic = min(rd_atomic_max, the device's depth for the role). InvalidArgument for bad
+// options or a gid_index outside the port's GID table; Unavailable when the device has no
+// usable MTU or read depth.
+Status LocalPathCaps(const VerbsOptions& options, const DeviceCaps& caps, bool responder,
+                     QpParams* local);
+
+// The attributes one queue pair is brought to RTR/RTS with.
+struct PathAttributes {
+  uint8_t path_mtu = 0;   // MtuCode
+  uint8_t rd_atomic = 0;  // requester max_rd_atomic == responder max_dest_rd_atomic
+  bool use_grh = false;   // route by GID (RoCE, or a LID-less end): peer GID, local gid_index
+};
+
+// Both ends call this with (their own params, the peer's) and get the same answer: the
+// smaller path MTU and the smaller read depth of the two, so that no response is larger
+// than the requester's MTU and no requester keeps more reads outstanding than the responder
+// accepts. A version-1 peer said nothing: the local values stand (the version-1 behaviour).
+// InvalidArgument when the link layers differ, when routing by GID and either GID is zero,
+// or when `local` itself is not a valid version-2 description.
+StatusOr<PathAttributes> NegotiatePath(const QpParams& local, const QpParams& peer);
 inline constexpr size_t kRemoteRegionBytes = wire::kRemoteRegionBytes;
 void EncodeRemoteRegion(const RemoteRegion& r, uint8_t out[kRemoteRegionBytes]);
 Status DecodeRemoteRegion(std::span<const uint8_t> in, RemoteRegion* out);
+
+// ---- one memory registration per grant ---------------------------------------------------
+
+// The row server's registrations of table rows, one per grant (not one per tenant and
+// table). One-sided reads never reach the server, so the only way to end a grant's access
+// is to make its rkey invalid: deregistering the grant's MR (ibv_dereg_mr) invalidates that
+// rkey on every queue pair of the protection domain at once, including queue pairs of the
+// same tenant that never opened the region but learned its address and rkey. Another grant
+// of the same tenant and table has its own MR and rkey and is not affected.
+//
+// Cost: one ibv_reg_mr per live grant that was used over verbs (pinning is shared, but each
+// MR has its own translation entries on the HCA: about 8 bytes per 4 KiB page of the table,
+// so a 1 GiB table costs ~2 MiB of MTT per grant, and registering it takes milliseconds);
+// bounded by registrations_max. A type-2 memory window per grant would be cheaper to
+// create and invalidate but is bound to one queue pair and needs device support; MRs work
+// everywhere.
+//
+// This class is the bookkeeping only; `deregister` does the verbs call (a fake in tests).
+class GrantRegistrations {
+ public:
+  // Called with the tenant (its protection domain) and the registration to drop.
+  using Deregister = std::function<void(const std::string& tenant, const RemoteRegion&)>;
+  struct Entry {
+    std::string tenant;
+    uint32_t table_id = 0;
+    uint64_t expiry_us = 0;
+    RemoteRegion region;
+  };
+
+  GrantRegistrations(uint32_t registrations_max, Deregister deregister)
+      : registrations_max_(registrations_max), deregister_(std::move(deregister)) {}
+  // Does not deregister: the protection domains' owner drops their MRs with them.
+  ~GrantRegistrations() = default;
+
+  // The registration of grant `token`, or nullptr.
+  const Entry* Find(const wire::GrantToken& token) const;
+  // Records `entry`, registered for grant `token`. InvalidArgument when the token already
+  // has one; Rejected at registrations_max (the caller deregisters what it registered).
+  Status Add(const wire::GrantToken& token, Entry entry);
+  // The grant was revoked: deregisters its registration. False when it had none.
+  bool Revoke(const wire::GrantToken& token);
+  // Deregisters every registration whose grant expired at or before now_us (a grant is
+  // valid while now < expiry). Returns how many.
+  size_t ExpireUntil(uint64_t now_us);
+  size_t size() const { return entries_.size(); }
+
+ private:
+  uint32_t registrations_max_;
+  Deregister deregister_;
+  std::map<wire::GrantToken, Entry> entries_;
+};
 
 // ---- in-flight tracking -----------------------------------------------------------------
 

@@ -268,6 +268,9 @@ struct VerbsTransport::Impl {
   bool closed = false;
   bool stop = false;
   uint64_t side_gen = 0;  // the side channel generation the QP belongs to
+  // Connected and every open region re-attached (its RemoteRegion known): only then may
+  // reads be submitted. Cleared by every teardown.
+  bool ready = false;
   std::unique_ptr<verbs::VerbsQp> qp;
   verbs::QpStateMachine sm;
   verbs::RemoteRegionTable remote;
@@ -328,6 +331,7 @@ struct VerbsTransport::Impl {
       DrainCq();   // its flushed completions (posting is under mu: no new QP meanwhile)
       if (sm.state() == verbs::QpState::kError) (void)sm.Apply(verbs::QpEvent::kTornDown);
       remote.Clear();
+      ready = false;
       c.reads_in_flight = 0;
       if (had_qp) ++c.disconnects;
       ++teardowns;
@@ -505,10 +509,11 @@ struct VerbsTransport::Impl {
       mine = qp->LocalParams();
     }
     std::array<uint8_t, verbs::kQpParamsBytes> encoded{};
-    verbs::EncodeQpParams(mine, encoded.data());
+    const size_t n = verbs::EncodeQpParams(mine, encoded.data());
     const uint64_t id = NextRequestId();
     StatusOr<std::vector<uint8_t>> data =
-        Call(wire::BuildVerbsConnectRequest(id, encoded), id, wire::FrameType::kVerbsConnect);
+        Call(wire::BuildVerbsConnectRequest(id, std::span<const uint8_t>(encoded.data(), n)), id,
+             wire::FrameType::kVerbsConnect);
     if (probe_only) {
       // Before any kOpen a server with RDMA answers PermissionDenied (it needs a grant to
       // pick the tenant's protection domain); one without answers Unavailable.
@@ -547,6 +552,7 @@ struct VerbsTransport::Impl {
         (void)sm.Apply(verbs::QpEvent::kTornDown);
       }
       remote.Clear();
+      ready = false;
     }
     side->Close();
   }
@@ -573,8 +579,10 @@ struct VerbsTransport::Impl {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (closed) return Status::Unavailable("transport closed");
-      if (ConnectedLocked()) return Status::Ok();
+      if (ready && ConnectedLocked()) return Status::Ok();
     }
+    // A connection left half-made (a region not re-attached) is started afresh.
+    DropConnection();
     StatusOr<uint64_t> gen = side->Connect(endpoint, options.connect_timeout_ms);
     if (!gen.ok()) return gen.status();
     StatusOr<std::unique_ptr<verbs::VerbsQp>> new_qp =
@@ -599,7 +607,10 @@ struct VerbsTransport::Impl {
     }
     for (size_t i = 0; i < creds.size(); ++i) {
       auto attached = Attach(creds[i]);
-      if (!attached.ok() && (attached.status().IsIOError() || attached.status().IsUnavailable())) {
+      // Retry: the server does not know a region of this connection (docs/format/wire.md);
+      // like a lost connection, start over on the next attempt.
+      if (!attached.ok() && (attached.status().IsIOError() || attached.status().IsUnavailable() ||
+                             attached.status().IsRetry())) {
         DropConnection();
         return attached.status();
       }
@@ -622,6 +633,10 @@ struct VerbsTransport::Impl {
     // When every region failed to re-attach (e.g. all grants revoked) the QP stays in
     // kExchanging and Submit() reports each region's attach_status.
     std::lock_guard<std::mutex> lock(mu);
+    if (qp == nullptr || side_gen != *gen) {
+      return Status::IOError("connection to row server lost while re-attaching regions");
+    }
+    ready = true;
     ++c.connects;
     return Status::Ok();
   }
@@ -711,7 +726,7 @@ StatusOr<RegionInfo> VerbsTransport::OpenRegion(const RegionCredentials& credent
   KVTIER_RETURN_IF_ERROR(d.EnsureConnected());
   auto attached = d.Attach(credentials);
   if (!attached.ok()) {
-    if (attached.status().IsIOError()) d.DropConnection();
+    if (attached.status().IsIOError() || attached.status().IsRetry()) d.DropConnection();
     return attached.status();
   }
   std::lock_guard<std::mutex> state_lock(d.mu);
@@ -761,7 +776,7 @@ Status VerbsTransport::Submit(std::span<const ReadOp> ops, ReadCallback done) {
   {
     std::lock_guard<std::mutex> lock(d.mu);
     if (d.closed) return Status::Unavailable("transport closed");
-    need_connect = !d.ConnectedLocked();
+    need_connect = !(d.ready && d.ConnectedLocked());
   }
   if (need_connect) {
     if (!d.options.reconnect_on_submit || d.OnCompletionThread()) {
@@ -785,7 +800,7 @@ Status VerbsTransport::Submit(std::span<const ReadOp> ops, ReadCallback done) {
     }
     bytes += op.length_bytes;
   }
-  if (d.sm.state() != verbs::QpState::kReadyToSend) {
+  if (!d.ready || d.sm.state() != verbs::QpState::kReadyToSend) {
     return Status::IOError("queue pair not ready (connection to row server lost)");
   }
   if (d.tracker.ops_in_flight() + ops.size() > d.options.reads_in_flight_max) {

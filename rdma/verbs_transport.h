@@ -21,12 +21,17 @@
 //     with IOError naming the ibv_wc_status_str (never a key); the QP is destroyed and the
 //     transport is disconnected. The next Submit() reconnects (reconnect_on_submit) with a
 //     new QP and re-opens every region; RegionIds stay stable.
+//   - Path: VERBS_CONNECT version 2 carries each end's path MTU, read depth and link
+//     layer; both ends use the smaller MTU and depth (verbs::NegotiatePath).
+//   - Reconnect: Submit() waits (or, from a callback, fails with IOError) until every open
+//     region is re-attached; a Retry reply while re-attaching starts the connection over.
 //   - Grants: all regions of one VerbsTransport must belong to one tenant (its trust zone,
 //     one PD on the server); OpenRegion of another tenant is InvalidArgument. Because reads
-//     are one-sided, an expired or revoked grant shows up as the server cutting the queue
-//     pair: the batches in flight fail with IOError and the re-open on reconnect fails with
-//     PermissionDenied, which later Submit()s of that region return (TcpTransport reports
-//     PermissionDenied on the next batch itself).
+//     are one-sided, an expired or revoked grant shows up as the server deregistering the
+//     grant's MR (its rkey fails on every queue pair: a remote access error) and cutting the
+//     queue pair: the batches in flight fail with IOError and the re-open on reconnect fails
+//     with PermissionDenied, which later Submit()s of that region return (TcpTransport
+//     reports PermissionDenied on the next batch itself).
 //
 // Thread safety: as Transport. Callbacks run on the completion thread; Submit() from a
 // callback never reconnects (IOError when disconnected).

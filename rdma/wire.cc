@@ -54,11 +54,16 @@ Status DecodeRequestHeader(const uint8_t in[kHeaderBytes], RequestHeader* out) {
     if (h.body_bytes < kOpenFixedBytes || h.body_bytes > kOpenFixedBytes + 2 * kNameBytesMax) {
       return Status::Corruption("open body_bytes out of range");
     }
-  } else {
-    const size_t want =
-        h.type == FrameType::kVerbsConnect ? kQpParamsBytes : kVerbsRegionRequestBytes;
+  } else if (h.type == FrameType::kVerbsConnect) {
     if (h.op_count != 0) return Status::Corruption("verbs op_count not zero");
-    if (h.body_bytes != want) return Status::Corruption("verbs body_bytes mismatch");
+    if (h.body_bytes != kQpParamsBytes && h.body_bytes != kQpParamsV1Bytes) {
+      return Status::Corruption("verbs connect body_bytes is neither 40 (v2) nor 28 (v1)");
+    }
+  } else {
+    if (h.op_count != 0) return Status::Corruption("verbs op_count not zero");
+    if (h.body_bytes != kVerbsRegionRequestBytes) {
+      return Status::Corruption("verbs body_bytes mismatch");
+    }
   }
   *out = h;
   return Status::Ok();
@@ -194,9 +199,9 @@ std::vector<uint8_t> BuildOpenRequest(uint64_t request_id, const OpenRequest& re
 }
 
 std::vector<uint8_t> BuildVerbsConnectRequest(uint64_t request_id,
-                                              std::span<const uint8_t, kQpParamsBytes> qp_params) {
+                                              std::span<const uint8_t> qp_params) {
   std::vector<uint8_t> frame(kHeaderBytes);
-  RequestHeader h{FrameType::kVerbsConnect, request_id, 0, static_cast<uint32_t>(kQpParamsBytes)};
+  RequestHeader h{FrameType::kVerbsConnect, request_id, 0, static_cast<uint32_t>(qp_params.size())};
   EncodeRequestHeader(h, frame.data());
   frame.insert(frame.end(), qp_params.begin(), qp_params.end());
   return frame;

@@ -32,7 +32,10 @@ inline constexpr size_t kOpenFixedBytes = 8 + kGrantTokenBytes;
 inline constexpr size_t kOpenReplyBytes = 40;
 // Verbs side-channel bodies (the layouts are verbs::QpParams / verbs::RemoteRegion, whose
 // codecs live in rdma/verbs_plan.h; only the sizes are fixed here).
-inline constexpr size_t kQpParamsBytes = 28;
+// VERBS_CONNECT body: version 2 (40 bytes) adds what each end can do (path MTU, read
+// depth, link layer) to version 1 (28 bytes); servers accept both and answer in kind.
+inline constexpr size_t kQpParamsV1Bytes = 28;
+inline constexpr size_t kQpParamsBytes = 40;
 inline constexpr size_t kVerbsRegionRequestBytes = 8;  // u32 region_id, u32 reserved
 inline constexpr size_t kRemoteRegionBytes = 24;
 
@@ -112,14 +115,16 @@ Status DecodeOpenReply(std::span<const uint8_t> in, OpenReply* out);
 // A whole request frame (header + body), as a client sends it.
 std::vector<uint8_t> BuildReadRequest(uint64_t request_id, std::span<const ReadOpWire> ops);
 std::vector<uint8_t> BuildOpenRequest(uint64_t request_id, const OpenRequest& req);
-// kVerbsConnect: `qp_params` is verbs::EncodeQpParams' output (kQpParamsBytes).
+// kVerbsConnect: `qp_params` is verbs::EncodeQpParams' output (kQpParamsBytes, or
+// kQpParamsV1Bytes for a version-1 body).
 std::vector<uint8_t> BuildVerbsConnectRequest(uint64_t request_id,
-                                              std::span<const uint8_t, kQpParamsBytes> qp_params);
+                                              std::span<const uint8_t> qp_params);
 // kVerbsRegion for the server's `region_id` (from an OpenReply on the same connection).
 std::vector<uint8_t> BuildVerbsRegionRequest(uint64_t request_id, uint32_t region_id);
 // Decodes a kVerbsRegion body (exactly kVerbsRegionRequestBytes, reserved bytes zero).
 Status DecodeVerbsRegionRequest(std::span<const uint8_t> body, uint32_t* region_id);
-// The data_bytes an OK reply of `type` must carry, or 0 for kRead (variable).
+// The data_bytes an OK reply of `type` must carry, or 0 for kRead (variable). For
+// kVerbsConnect: a version-2 reply (this client sends version 2).
 uint64_t FixedReplyDataBytes(FrameType type);
 
 }  // namespace kvtier::rdma::wire

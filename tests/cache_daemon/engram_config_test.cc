@@ -33,7 +33,8 @@ TEST(EngramConfig, DefaultsAreOffAndEveryKeyParses) {
       "listen = \"127.0.0.1:7400\"\nadvertise = \"10.0.0.5:7400\"\ngrant_ttl_ms = 5000\n"
       "grant_ttl_ms_max = 60000\ngrants_max = 100\ngrants_per_tenant_max = 10\n"
       "connections_max = 7\nregions_per_connection_max = 3\nbatch_ops_max = 512\n"
-      "read_bytes_max = 4096\nresponse_bytes_max = 8192\n");
+      "read_bytes_max = 4096\nresponse_bytes_max = 8192\nverbs_path_mtu_max_bytes = 1024\n"
+      "verbs_rd_atomic_max = 4\nverbs_gid_index = 3\nverbs_registrations_max = 9\n");
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   const EngramServeOptions& e = o->engram;
   EXPECT_TRUE(e.enabled);
@@ -50,6 +51,10 @@ TEST(EngramConfig, DefaultsAreOffAndEveryKeyParses) {
   EXPECT_EQ(e.batch_ops_max, 512u);
   EXPECT_EQ(e.read_bytes_max, 4096u);
   EXPECT_EQ(e.response_bytes_max, 8192u);
+  EXPECT_EQ(e.verbs_path_mtu_max_bytes, 1024u);
+  EXPECT_EQ(e.verbs_rd_atomic_max, 4u);
+  EXPECT_EQ(e.verbs_gid_index, 3u);
+  EXPECT_EQ(e.verbs_registrations_max, 9u);
 
   auto dflt = Engram("");
   ASSERT_TRUE(dflt.ok()) << dflt.status().ToString();
@@ -80,6 +85,12 @@ TEST(EngramConfig, EachBadValueIsRefusedNamingTheKey) {
       {"read_bytes_max = 1048577\n", "engram.read_bytes_max"},
       {"read_bytes_max = 8192\nresponse_bytes_max = 4096\n", "engram.response_bytes_max"},
       {"response_bytes_max = 67108865\n", "engram.response_bytes_max"},
+      {"verbs_path_mtu_max_bytes = 1500\n", "engram.verbs_path_mtu_max_bytes"},
+      {"verbs_path_mtu_max_bytes = 8192\n", "engram.verbs_path_mtu_max_bytes"},
+      {"verbs_rd_atomic_max = 0\n", "engram.verbs_rd_atomic_max"},
+      {"verbs_rd_atomic_max = 256\n", "engram.verbs_rd_atomic_max"},
+      {"verbs_gid_index = 256\n", "engram.verbs_gid_index"},
+      {"verbs_registrations_max = 0\n", "engram.verbs_registrations_max"},
       {"enabled2 = true\n", "engram.enabled2"},
       {"connections_max = -1\n", "engram.connections_max"},
       {"listen = 7301\n", "engram.listen"},

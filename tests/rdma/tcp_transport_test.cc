@@ -8,6 +8,7 @@
 #include <boost/asio.hpp>
 #include <condition_variable>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -300,6 +301,179 @@ TEST_F(TcpTransportTest, ReconnectReattachesRegionsWhenServerKeepsGrants) {
   ExpectRowsExact(*t, region->id, {4, 4999});
   EXPECT_EQ(t->counters().connects, 2u);
   EXPECT_EQ(server_->counters().connections_accepted, 2u);
+}
+
+// Several threads submit to one transport at once. Frames must leave in the order of the
+// transport's pending queue (the server answers in request order): a frame overtaking
+// another used to make the reply mismatch, drop the connection and fail every batch.
+TEST_F(TcpTransportTest, ConcurrentSubmittersGetExactBytesInSubmissionOrder) {
+  auto t = Connect(server_->port());
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  constexpr size_t kThreads = 4, kBatches = 48, kOpsMax = 6, kWindow = 6;
+  struct Submitter {
+    std::vector<uint8_t> buf;
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t outstanding = 0;
+    std::vector<size_t> completed;  // batch numbers in completion order
+    std::vector<Status> failures;
+  };
+  std::vector<Submitter> subs(kThreads);
+  // Batch b of thread k reads ops(b) rows: 1 (read in place) or several (staged, scattered).
+  auto ops_of = [](size_t b) { return 1 + b % kOpsMax; };
+  auto row_of = [](size_t k, size_t b, size_t i) { return (k * 1009 + b * 131 + i * 7) % kRows; };
+  for (Submitter& s : subs) {
+    s.buf.assign(kBatches * kOpsMax * kStride, 0xee);
+    ASSERT_TRUE(t->RegisterLocalBuffer(s.buf.data(), s.buf.size()).ok());
+  }
+  std::atomic<size_t> arrived{0};
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < kThreads; ++k) {
+    threads.emplace_back([&, k] {
+      Submitter& s = subs[k];
+      arrived.fetch_add(1);
+      while (arrived.load() < kThreads) std::this_thread::yield();  // start together
+      for (size_t b = 0; b < kBatches; ++b) {
+        std::vector<ReadOp> ops;
+        for (size_t i = 0; i < ops_of(b); ++i) {
+          ops.push_back(ReadOp{region->id, row_of(k, b, i) * kStride, kStride,
+                               s.buf.data() + (b * kOpsMax + i) * kStride});
+        }
+        {
+          std::unique_lock<std::mutex> lock(s.mu);
+          s.cv.wait(lock, [&] { return s.outstanding < kWindow; });
+          ++s.outstanding;
+        }
+        Status st = t->Submit(ops, [&s, b](const Status& result) {
+          std::lock_guard<std::mutex> lock(s.mu);
+          s.completed.push_back(b);
+          if (!result.ok()) s.failures.push_back(result);
+          --s.outstanding;
+          s.cv.notify_all();
+        });
+        if (!st.ok()) {
+          std::lock_guard<std::mutex> lock(s.mu);
+          s.failures.push_back(st);
+          --s.outstanding;
+        }
+      }
+      std::unique_lock<std::mutex> lock(s.mu);
+      s.cv.wait_for(lock, std::chrono::seconds(20), [&] { return s.outstanding == 0; });
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (size_t k = 0; k < kThreads; ++k) {
+    Submitter& s = subs[k];
+    std::lock_guard<std::mutex> lock(s.mu);
+    ASSERT_TRUE(s.failures.empty()) << "thread " << k << ": " << s.failures.front().ToString();
+    // Each callback ran exactly once, and one thread's batches completed in its order.
+    ASSERT_EQ(s.completed.size(), kBatches);
+    for (size_t b = 0; b < kBatches; ++b) ASSERT_EQ(s.completed[b], b) << "thread " << k;
+    for (size_t b = 0; b < kBatches; ++b) {
+      for (size_t i = 0; i < ops_of(b); ++i) {
+        ASSERT_EQ(std::memcmp(s.buf.data() + (b * kOpsMax + i) * kStride,
+                              local_->rows().data() + row_of(k, b, i) * kStride, kStride),
+                  0)
+            << "thread " << k << " batch " << b << " op " << i;
+      }
+    }
+  }
+  const TransportCounters c = t->counters();
+  EXPECT_EQ(c.batches_submitted, kThreads * kBatches);
+  EXPECT_EQ(c.batches_failed, 0u);
+  EXPECT_EQ(c.reads_in_flight, 0u);
+  EXPECT_EQ(c.connects, 1u);
+  EXPECT_EQ(c.disconnects, 0u);
+  EXPECT_EQ(server_->counters().batches_served, kThreads * kBatches);
+}
+
+// A reconnect is ready only when every region is re-opened: a read submitted meanwhile
+// waits for it. The restarted server is slow to answer OPEN and numbers its tables
+// differently (a decoy table comes first), so a read sent with the old connection's region
+// id would be refused (or, worse, read another table).
+TEST_F(TcpTransportTest, ReconnectServesNoReadBeforeRegionsAreReopened) {
+  auto t = Connect(server_->port());
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  ExpectRowsExact(*t, region->id, {1, 2});
+  const uint16_t port = server_->port();
+  server_->Stop();
+  const std::string decoy = MakeTable(dir_, "decoy.engram", kRows, kRows, kRowDim);
+  RowServerOptions o;
+  o.port = port;
+  o.clock = &clock_;
+  o.TEST_open_delay_ms = 400;
+  server_ = std::make_unique<RowServer>(o);
+  ASSERT_TRUE(server_->RegisterTable("decoy", decoy).ok());
+  ASSERT_TRUE(server_->RegisterTable("engram.l1", path_).ok());
+  ASSERT_TRUE(server_->Start().ok());
+  ASSERT_TRUE(server_->AddGrant(creds_.token, "engram.l1", "tenant-a", 60000).ok());
+
+  Status reconnected;
+  std::thread reconnect([&] { reconnected = t->Reconnect(); });
+  // Wait until the new connection is up and its OPEN is being held back by the server.
+  for (int i = 0; i < 2000 && server_->counters().connections_accepted == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(server_->counters().connections_accepted, 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ExpectRowsExact(*t, region->id, {7, 8, kRows - 1});
+  reconnect.join();
+  EXPECT_TRUE(reconnected.ok()) << reconnected.ToString();
+  EXPECT_EQ(t->counters().batches_failed, 0u);
+  EXPECT_EQ(server_->counters().connections_accepted, 1u);
+}
+
+// Close() while another thread is reconnecting (its re-open held back by the server): both
+// return, the Submit with an error, instead of the reconnect waiting forever on a stopped
+// I/O thread.
+TEST_F(TcpTransportTest, CloseDuringAReconnectReturns) {
+  auto t = Connect(server_->port());
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  std::vector<uint8_t> buf(kStride);
+  ASSERT_TRUE(t->RegisterLocalBuffer(buf.data(), buf.size()).ok());
+  const uint16_t port = server_->port();
+  server_->Stop();
+  RowServerOptions slow;
+  slow.TEST_open_delay_ms = 300;
+  StartServer(slow, port);
+  auto submitted = std::async(std::launch::async, [&] {
+    ReadOp op{region->id, 0, kStride, buf.data()};
+    return ReadSync(*t, {&op, 1});  // reconnects first (the old connection is gone)
+  });
+  for (int i = 0; i < 2000 && server_->counters().connections_accepted == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  t->Close();
+  ASSERT_EQ(submitted.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  const Status st = submitted.get();
+  EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(st.IsUnavailable() || st.IsIOError()) << st.ToString();
+}
+
+// A READ naming a region the connection never opened gets `retry` (the client's view of the
+// connection is stale), not permission_denied, and the connection stays up.
+TEST_F(TcpTransportTest, ReadOfARegionNotOpenedHereIsRetry) {
+  namespace asio = boost::asio;
+  asio::io_context io;
+  asio::ip::tcp::socket s(io);
+  s.connect({asio::ip::make_address("127.0.0.1"), server_->port()});
+  std::vector<wire::ReadOpWire> one = {{1, kStride, 0}};
+  for (uint64_t id = 1; id <= 2; ++id) {  // twice: the connection survives the first
+    asio::write(s, asio::buffer(wire::BuildReadRequest(id, one)));
+    std::array<uint8_t, wire::kHeaderBytes> header{};
+    asio::read(s, asio::buffer(header));
+    wire::ResponseHeader h;
+    ASSERT_TRUE(wire::DecodeResponseHeader(header.data(), &h).ok());
+    EXPECT_EQ(h.request_id, id);
+    EXPECT_EQ(h.code, StatusCode::kRetry);
+    std::string message(h.message_bytes, '\0');
+    asio::read(s, asio::buffer(message));
+    EXPECT_NE(message.find("not opened"), std::string::npos) << message;
+  }
+  EXPECT_EQ(server_->counters().permission_denied, 0u);
 }
 
 TEST_F(TcpTransportTest, SilentServerTimesOutInsteadOfHanging) {

@@ -118,8 +118,11 @@ TEST(WireTest, VerbsConnectRequestRoundTripAndHostileHeaders) {
     f[at] = value;
     return DecodeRequestHeader(f.data(), &h);
   };
-  EXPECT_TRUE(mutate(20, 27).IsCorruption());  // body_bytes != 28
+  EXPECT_TRUE(mutate(20, 39).IsCorruption());  // body_bytes neither 40 (v2) nor 28 (v1)
+  EXPECT_TRUE(mutate(20, 41).IsCorruption());
+  EXPECT_TRUE(mutate(20, 27).IsCorruption());
   EXPECT_TRUE(mutate(20, 0).IsCorruption());
+  EXPECT_TRUE(mutate(20, 28).ok());           // a version-1 client's body is still accepted
   EXPECT_TRUE(mutate(23, 1).IsCorruption());  // body_bytes huge
   EXPECT_TRUE(mutate(16, 1).IsCorruption());  // op_count must be 0
   EXPECT_TRUE(mutate(6, 5).IsCorruption());   // type 5 is unknown

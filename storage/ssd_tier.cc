@@ -68,7 +68,7 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
       bool may_roll = buf_file_offset_ + buf_len_ + need + ssd::kBlockBytes > o_.segment_bytes;
       return live + need > LiveLimit() || (may_roll && segments_.size() + 1 > MaxSegments());
     };
-    if (needs_full_state()) load_cv_.wait(lock, [&] { return loaded_; });
+    if (needs_full_state()) load_cv_.wait(lock, [&] { return load_finished_; });
   }
   evicted_sink_ = evicted;
   struct SinkReset {

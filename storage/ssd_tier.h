@@ -136,7 +136,8 @@ class SsdTier {
   // Calls fn for every live object (under the tier lock: fn must not call back). Waits for
   // the background index load first.
   void ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) const;
-  // Blocks until the background index load has finished.
+  // Blocks until the background index load has finished: every entry is in memory and has
+  // been reported to on_index_load (the last batch too), and the deferred cleaning ran.
   void WaitForIndexLoad() const;
   // Writes the buffer, syncs, commits the index.
   Status Flush();

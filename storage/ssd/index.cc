@@ -1,5 +1,7 @@
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "common/logging.h"
 #include "storage/ssd/tier_impl.h"
@@ -83,6 +85,9 @@ void SsdTier::Impl::LoadIndex() {
   if (!st.ok()) {
     KVTIER_LOG(kWarn) << "ssd clean after index load: " << st.ToString();
   }
+  // Only now, after the last batch was reported: a waiter must not see the load finished
+  // while on_index_load still has entries to report.
+  load_finished_ = true;
   load_cv_.notify_all();
 }
 

@@ -96,12 +96,12 @@ class SsdTier::Impl {
   Status SetPolicy(const std::string& eviction, const policies::PolicyParams& params);
   void ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) {
     std::unique_lock lock(mu_);
-    load_cv_.wait(lock, [&] { return loaded_; });
+    load_cv_.wait(lock, [&] { return load_finished_; });
     for (const auto& [k, e] : map_) fn(k, MetaOf(e));
   }
   void WaitForIndexLoad() {
     std::unique_lock lock(mu_);
-    load_cv_.wait(lock, [&] { return loaded_; });
+    load_cv_.wait(lock, [&] { return load_finished_; });
   }
   Status Flush() { return Commit(kForceCommit); }
   SsdStats GetStats() const {
@@ -113,7 +113,7 @@ class SsdTier::Impl {
     s.live_bytes = 0;
     for (const auto& [id, seg] : segments_) s.live_bytes += seg->live_bytes;
     s.disk_bytes = segments_.size() * o_.segment_bytes;
-    s.index_loaded = loaded_;
+    s.index_loaded = load_finished_;
     return s;
   }
   uint64_t max_version() const {
@@ -368,7 +368,10 @@ class SsdTier::Impl {
   std::thread load_thread_;
   std::atomic<bool> stop_load_{false};
   std::condition_variable load_cv_;
-  bool loaded_ = false;                          // under mu_
+  // Under mu_. loaded_: every entry is in map_ (point reads stop). load_finished_: also
+  // reported to on_index_load and the deferred cleaning done; what waiters wait for.
+  bool loaded_ = false;
+  bool load_finished_ = false;
   std::unordered_set<Key, KeyHash> tombstones_;  // removed since Open, while loading
   uint32_t recovered_segment_ = UINT32_MAX;      // newest segment at Open
   uint64_t recovered_valid_end_ = UINT64_MAX;    // its valid end found by the tail scan

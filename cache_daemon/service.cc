@@ -1,5 +1,6 @@
 #include "cache_daemon/service.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -168,14 +169,22 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
                   const std::function<void(size_t, const Status&, storage::Tier,
                                            std::span<const uint8_t>)>& visit) {
   std::vector<storage::Key> keys(chain.size());
-  std::vector<uint8_t> value;
+  for (size_t i = 0; i < chain.size(); ++i) keys[i] = Bind(t, chain[i]);
+  // One batch read per kMaxBatch keys: the SSD reads of a batch are in flight together.
+  std::vector<std::vector<uint8_t>> values;
+  std::vector<storage::Tier> tiers;
+  std::vector<Status> results;
   uint64_t bytes = 0;
-  for (size_t i = 0; i < chain.size(); ++i) {
-    keys[i] = Bind(t, chain[i]);
-    storage::Tier tier = storage::Tier::kNone;
-    Status st = store_->Get(keys[i], &value, &tier);
-    if (st.ok()) bytes += value.size();
-    visit(i, st, tier, st.ok() ? std::span<const uint8_t>(value) : std::span<const uint8_t>());
+  for (size_t first = 0; first < keys.size(); first += storage::kMaxBatch) {
+    size_t n = std::min(storage::kMaxBatch, keys.size() - first);
+    store_->GetBatch(std::span<const storage::Key>(keys).subspan(first, n), &values, &tiers,
+                     &results);
+    for (size_t j = 0; j < n; ++j) {
+      const Status& st = results[j];
+      if (st.ok()) bytes += values[j].size();
+      visit(first + j, st, tiers[j],
+            st.ok() ? std::span<const uint8_t>(values[j]) : std::span<const uint8_t>());
+    }
   }
   Trace("get", t, keys, bytes, unit_tokens);
 }

@@ -74,8 +74,9 @@ enum class IoEngine : uint8_t {
 
 struct DirEnvOptions {
   IoEngine engine = IoEngine::kAuto;
-  // SQ entries per io_uring ring; clamped to [1, kMaxQueueDepth].
-  uint32_t queue_depth = 64;
+  // SQ entries per io_uring ring; clamped to [1, kMaxQueueDepth]. It bounds the queue depth
+  // of one Submit: 256 lets a 256-unit batch GET have every SSD read in flight at once.
+  uint32_t queue_depth = 256;
   // Rings shared by all devices of the env; each call holds one ring exclusively.
   uint32_t rings = 4;
   bool use_o_direct = true;

@@ -58,23 +58,34 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
   std::unique_lock lock(mu_);
   // The previous version (if any) must be in memory to be replaced (point read if not loaded).
   (void)FindLocked(key, lock);
-  if (!loaded_) {
-    // While the index loads, live bytes are known only for loaded entries. A put that could
-    // need eviction or segment cleaning (bounded by the bytes that existed at Open) waits for
-    // the load; any other put proceeds at once.
-    auto needs_full_state = [&] {
-      uint64_t live = open_bytes_bound_;
-      for (const auto& [id, seg] : segments_) live += seg->live_bytes;
-      bool may_roll = buf_file_offset_ + buf_len_ + need + ssd::kBlockBytes > o_.segment_bytes;
-      return live + need > LiveLimit() || (may_roll && segments_.size() + 1 > MaxSegments());
-    };
-    if (needs_full_state()) load_cv_.wait(lock, [&] { return load_finished_; });
+  // While the index loads, live bytes are known only for loaded entries. A put that could
+  // need eviction or segment cleaning (bounded by the bytes that existed at Open) waits for
+  // the load; any other put proceeds at once.
+  auto needs_full_state = [&] {
+    uint64_t live = open_bytes_bound_;
+    for (const auto& [id, seg] : segments_) live += seg->live_bytes;
+    bool may_roll = buf_file_offset_ + buf_len_ + need + ssd::kBlockBytes > o_.segment_bytes;
+    return live + need > LiveLimit() || (may_roll && segments_.size() + 1 > MaxSegments());
+  };
+  while (true) {
+    if (!loaded_ && needs_full_state()) {
+      load_cv_.wait(lock, [&] { return load_finished_; });
+      continue;
+    }
+    // The segment thread prepares the next segment ahead: a put waits here only when it
+    // has not (the tier is full and cleaning, or the device failed).
+    if (!FitsActiveLocked(need) && next_seg_ == nullptr) {
+      KVTIER_RETURN_IF_ERROR(WaitForRoomLocked(lock, need));
+      continue;
+    }
+    break;
   }
-  evicted_sink_ = evicted;
-  struct SinkReset {
-    std::vector<Key>** p;
-    ~SinkReset() { *p = nullptr; }
-  } reset{&evicted_sink_};
+  // Units the segment thread dropped since the last put are reported with this one.
+  // (A key put again since is live: not reported.)
+  for (const Key& k : cleaner_dropped_) {
+    if (evicted != nullptr && !map_.count(k)) evicted->push_back(k);
+  }
+  cleaner_dropped_.clear();
   // Make room: the previous version of the key no longer counts; then evict by policy.
   uint64_t live = 0;
   for (const auto& [id, seg] : segments_) live += seg->live_bytes;
@@ -88,7 +99,7 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
   }
   h.seq = next_seq_++;
   IndexEntry e;
-  KVTIER_RETURN_IF_ERROR(AppendLocked(key, h, payload, &e, true));
+  KVTIER_RETURN_IF_ERROR(AppendLocked(key, h, payload, &e));
   if (codec == Codec::kZstd) stats_.compressed_bytes_saved += value.size() - payload.size();
   if (o_.durability == Durability::kSync) {
     uint64_t ticket = pending_ticket_;
@@ -108,29 +119,29 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
   return Status::Ok();
 }
 
-Status SsdTier::Impl::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta) {
-  IndexEntry e;
-  std::shared_ptr<Segment> seg;
-  std::vector<uint8_t> rec;
-  {
-    std::unique_lock lock(mu_);
-    auto it = FindLocked(key, lock);
-    if (it == map_.end()) return Status::NotFound("not in ssd tier");
-    it->second.hit_count++;
-    it->second.last_access_unix_ms = DefaultSystemClock().NowMs();
-    if (dirty_access_.size() < kMaxDirtyAccess) dirty_access_.insert(key);
-    e = it->second;
-    if (id_to_key_.count(ObjectIdOf(key))) policy_->OnAccess(ObjectIdOf(key), NowUs());
-    if (const uint8_t* p = BufferedRecord(e); p != nullptr) {
-      rec.assign(p, p + e.record_bytes);  // being filled or in flight: served from memory
-    } else {
-      auto s = segments_.find(e.segment);
-      if (s == segments_.end()) return Status::Internal("index points to a missing segment");
-      seg = s->second;
-    }
+Status SsdTier::Impl::BeginReadLocked(const Key& key, std::unique_lock<std::mutex>& lock,
+                                      IndexEntry* e, std::shared_ptr<Segment>* seg,
+                                      std::vector<uint8_t>* buffered) {
+  auto it = FindLocked(key, lock);
+  if (it == map_.end()) return Status::NotFound("not in ssd tier");
+  it->second.hit_count++;
+  it->second.last_access_unix_ms = DefaultSystemClock().NowMs();
+  if (dirty_access_.size() < kMaxDirtyAccess) dirty_access_.insert(key);
+  *e = it->second;
+  if (id_to_key_.count(ObjectIdOf(key))) policy_->OnAccess(ObjectIdOf(key), NowUs());
+  if (const uint8_t* p = BufferedRecord(*e); p != nullptr) {
+    buffered->assign(p, p + e->record_bytes);  // being filled or in flight: served from memory
+    return Status::Ok();
   }
-  Status st;
-  if (seg != nullptr) st = ReadRecord(*seg, e.offset, e.record_bytes, &rec);
+  auto s = segments_.find(e->segment);
+  if (s == segments_.end()) return Status::Internal("index points to a missing segment");
+  *seg = s->second;
+  return Status::Ok();
+}
+
+Status SsdTier::Impl::FinishRead(const Key& key, const IndexEntry& e, Status st,
+                                 std::span<const uint8_t> rec, std::vector<uint8_t>* out) {
+  out->clear();
   if (!st.ok() && !st.IsCorruption()) {
     std::lock_guard lock(mu_);
     ++stats_.io_errors;
@@ -139,6 +150,7 @@ Status SsdTier::Impl::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* me
   RecordHeader h;
   if (st.ok()) st = ssd::DecodeRecordHeader(rec, &h);
   if (st.ok() && (h.key != key || h.seq != e.seq || ssd::RecordBytes(h) != e.record_bytes ||
+                  rec.size() != e.record_bytes ||
                   ssd::PayloadChecksum({rec.data() + ssd::kRecordHeaderBytes, h.stored_bytes}) !=
                       e.checksum)) {
     st = Status::Corruption("ssd record failed checksum verification");
@@ -153,7 +165,6 @@ Status SsdTier::Impl::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* me
     return Status::Corruption(st.message());
   }
   std::span<const uint8_t> payload(rec.data() + ssd::kRecordHeaderBytes, h.stored_bytes);
-  out->clear();
   if (h.codec == Codec::kZstd) {
     out->resize(h.raw_bytes);
     size_t n = ZSTD_decompress(out->data(), out->size(), payload.data(), payload.size());
@@ -161,17 +172,110 @@ Status SsdTier::Impl::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* me
       out->clear();
       std::lock_guard lock(mu_);
       ++stats_.checksum_failures;
-      RemoveLocked(key);
+      auto it = map_.find(key);
+      if (it != map_.end() && it->second.seq == e.seq) RemoveLocked(key);
       return Status::Corruption("zstd payload failed to decode");
     }
   } else {
     out->assign(payload.begin(), payload.end());
   }
+  return Status::Ok();
+}
+
+Status SsdTier::Impl::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta) {
+  IndexEntry e;
+  std::shared_ptr<Segment> seg;
+  std::vector<uint8_t> rec;
+  {
+    std::unique_lock lock(mu_);
+    KVTIER_RETURN_IF_ERROR(BeginReadLocked(key, lock, &e, &seg, &rec));
+  }
+  Status st;
+  if (seg != nullptr) st = ReadRecord(*seg, e.offset, e.record_bytes, &rec);
+  KVTIER_RETURN_IF_ERROR(FinishRead(key, e, st, rec, out));
   if (meta != nullptr) *meta = MetaOf(e);
   std::lock_guard lock(mu_);
   ++stats_.hits;
   stats_.bytes_read += e.record_bytes;
   return Status::Ok();
+}
+
+void SsdTier::Impl::GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
+                             std::vector<SsdMeta>* metas, std::vector<Status>* results) {
+  const size_t n = keys.size();
+  outs->resize(n);
+  results->assign(n, Status::Ok());
+  if (metas != nullptr) metas->resize(n);
+  std::vector<IndexEntry> entries(n);
+  std::vector<std::shared_ptr<Segment>> segs(n);
+  std::vector<std::vector<uint8_t>> buffered(n);
+  {
+    std::unique_lock lock(mu_);
+    for (size_t i = 0; i < n; ++i) {
+      (*results)[i] = BeginReadLocked(keys[i], lock, &entries[i], &segs[i], &buffered[i]);
+    }
+  }
+  // One aligned region for every device read; each read covers its record's aligned span.
+  struct Span {
+    uint64_t start = 0, len = 0, region_off = 0;
+  };
+  std::vector<Span> spans(n);
+  uint64_t region_bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!(*results)[i].ok() || segs[i] == nullptr) continue;
+    uint64_t a = std::max<uint64_t>(segs[i]->dev->Alignment(), 1);
+    spans[i].start = entries[i].offset / a * a;
+    spans[i].len = AlignUp(entries[i].offset + entries[i].record_bytes, a) - spans[i].start;
+    spans[i].region_off = region_bytes;
+    region_bytes += AlignUp(spans[i].len, ssd::kBlockBytes);
+  }
+  AlignedBuffer region = AllocateAligned(std::max<uint64_t>(region_bytes, 1), ssd::kBlockBytes);
+  std::vector<Status> read_st(n);
+  // Submitted per segment (a device), all of a segment's reads in one call (up to
+  // kMaxBatchIos each), so they are in flight together.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < n; ++i) {
+    if ((*results)[i].ok() && segs[i] != nullptr) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return segs[a]->id < segs[b]->id; });
+  std::vector<IoRequest> reqs;
+  for (size_t first = 0; first < order.size();) {
+    size_t last = first;
+    while (last < order.size() && last - first < kMaxBatchIos &&
+           segs[order[last]] == segs[order[first]]) {
+      ++last;
+    }
+    reqs.clear();
+    for (size_t k = first; k < last; ++k) {
+      size_t i = order[k];
+      reqs.push_back({IoRequest::Op::kRead,
+                      spans[i].start,
+                      region.get() + spans[i].region_off,
+                      static_cast<size_t>(spans[i].len),
+                      {}});
+    }
+    (void)segs[order[first]]->dev->Submit(reqs);  // each request carries its own result
+    for (size_t k = first; k < last; ++k) read_st[order[k]] = reqs[k - first].result;
+    first = last;
+  }
+  uint64_t hits = 0, bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!(*results)[i].ok()) continue;
+    std::span<const uint8_t> rec = buffered[i];
+    if (segs[i] != nullptr) {
+      rec = {region.get() + spans[i].region_off + (entries[i].offset - spans[i].start),
+             entries[i].record_bytes};
+    }
+    (*results)[i] = FinishRead(keys[i], entries[i], read_st[i], rec, &(*outs)[i]);
+    if (!(*results)[i].ok()) continue;
+    if (metas != nullptr) (*metas)[i] = MetaOf(entries[i]);
+    ++hits;
+    bytes += entries[i].record_bytes;
+  }
+  std::lock_guard lock(mu_);
+  stats_.hits += hits;
+  stats_.bytes_read += bytes;
 }
 
 // ---------------------------------------------------------------- SsdTier ----
@@ -191,6 +295,10 @@ Status SsdTier::Put(const Key& key, std::span<const uint8_t> value, const SsdMet
 }
 Status SsdTier::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta) {
   return impl_->Get(key, out, meta);
+}
+void SsdTier::GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
+                       std::vector<SsdMeta>* metas, std::vector<Status>* results) {
+  impl_->GetBatch(keys, outs, metas, results);
 }
 bool SsdTier::Contains(const Key& key, uint64_t* version) const {
   return impl_->Contains(key, version);

@@ -104,6 +104,8 @@ class TierManagerImpl final : public TierManager {
   Status Get(const Key& key, std::vector<uint8_t>* out, Tier* from) override {
     return GetImpl(key, out, from, /*blocking_promote=*/false);
   }
+  void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
+                std::vector<Tier>* froms, std::vector<Status>* results) override;
   LookupResult Lookup(std::span<const Key> chain) override;
   Status Prefetch(std::span<const Key> keys) override;
   Status Pin(std::span<const Key> keys, uint64_t lease_ms) override;
@@ -298,6 +300,7 @@ Status TierManagerImpl::Init() {
     so.capacity_bytes = o_.ssd_capacity_bytes;
     so.segment_bytes = o_.ssd_segment_bytes;
     so.write_buffer_bytes = o_.ssd_write_buffer_bytes;
+    so.background_io_bytes_per_s = o_.ssd_background_io_bytes_per_s;
     so.durability = o_.durability;
     so.group_commit_ms = o_.group_commit_ms;
     so.eviction_policy = o_.eviction_policy;
@@ -594,6 +597,71 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
   MissReason r = misses_.Reason(key);
   CountMiss(r);
   return Status::NotFound(MissReasonName(r));
+}
+
+void TierManagerImpl::GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
+                               std::vector<Tier>* froms, std::vector<Status>* results) {
+  const size_t n = keys.size();
+  outs->resize(n);
+  if (froms != nullptr) froms->assign(n, Tier::kNone);
+  if (n > kMaxBatch) {
+    results->assign(n, Status::InvalidArgument("batch larger than kMaxBatch"));
+    return;
+  }
+  results->assign(n, Status::Ok());
+  // Units in a memory tier (or in none) take Get's path; the SSD ones are read in one batch.
+  std::vector<size_t> on_ssd;
+  std::vector<Key> ssd_keys;
+  for (size_t i = 0; i < n; ++i) {
+    bool expired = false;
+    if (ssd_ && Locate(keys[i], &expired) == Tier::kSsd) {
+      on_ssd.push_back(i);
+      ssd_keys.push_back(keys[i]);
+      continue;
+    }
+    (*results)[i] = GetImpl(keys[i], &(*outs)[i], froms != nullptr ? &(*froms)[i] : nullptr,
+                            /*blocking_promote=*/false);
+  }
+  if (ssd_keys.empty()) return;
+  std::vector<std::vector<uint8_t>> values;
+  std::vector<SsdMeta> metas;
+  std::vector<Status> read;
+  ssd_->GetBatch(ssd_keys, &values, &metas, &read);
+  for (size_t j = 0; j < on_ssd.size(); ++j) {
+    const size_t i = on_ssd[j];
+    const Key& key = keys[i];
+    std::vector<uint8_t>* out = &(*outs)[i];
+    Tier* from = froms != nullptr ? &(*froms)[i] : nullptr;
+    const Status& st = read[j];
+    if (st.IsCorruption()) {  // quarantined by the SSD tier, as in Get
+      {
+        std::lock_guard lock(mu_);
+        DroppedLocked(key, MissReason::kChecksumFailure);
+      }
+      CountMiss(MissReason::kChecksumFailure);
+      out->clear();
+      (*results)[i] = Status::NotFound("checksum failure: unit quarantined");
+      continue;
+    }
+    if (st.IsIOError()) {
+      io_errors_.fetch_add(1);
+      CountMiss(MissReason::kNeverStored);
+      out->clear();
+      (*results)[i] = Status::NotFound("ssd read failed: " + st.message());
+      continue;
+    }
+    if (!st.ok() || ExpiredUnix(metas[j].expires_unix_ms)) {
+      // Gone since Locate, or expired: Get's path (it re-reads, and accounts the miss).
+      (*results)[i] = GetImpl(key, out, from, /*blocking_promote=*/false);
+      continue;
+    }
+    *out = std::move(values[j]);
+    if (from != nullptr) *from = Tier::kSsd;
+    if (dram_ || hbm_) {
+      std::unique_lock lock(mu_, std::try_to_lock);  // never make a reader wait to promote
+      if (lock.owns_lock()) PromoteLocked(key, *out, metas[j]);
+    }
+  }
 }
 
 void TierManagerImpl::PromoteLocked(const Key& key, std::span<const uint8_t> value,

@@ -82,6 +82,8 @@ struct TierManagerOptions {
   // SSD segment file size and write-buffer size (docs/format/ssd.md).
   uint64_t ssd_segment_bytes = 256ull << 20;
   uint64_t ssd_write_buffer_bytes = 2ull << 20;
+  // I/O budget of the SSD segment thread's cleaning (SsdOptions::background_io_bytes_per_s).
+  uint64_t ssd_background_io_bytes_per_s = 256ull << 20;
   // Segment devices for the SSD tier; not owned. nullptr: files under data_dir/segments
   // (io_uring + O_DIRECT, POSIX fallback). Tests pass a memory or fault-injecting env.
   DeviceEnv* ssd_env = nullptr;
@@ -144,6 +146,22 @@ class TierManager {
   // Appends the value to *out (cleared first) and sets *from to the tier it came from.
   // NotFound on a miss (including checksum failure).
   virtual Status Get(const Key& key, std::vector<uint8_t>* out, Tier* from = nullptr) = 0;
+
+  // Get for a batch of keys, each with Get's semantics (results[i], (*outs)[i], (*froms)[i]
+  // for keys[i]; froms may be null). The SSD reads of the batch are submitted together
+  // (SsdTier::GetBatch: one submission per segment, each record verified against its
+  // checksum). More than kMaxBatch keys: every result is InvalidArgument. The default runs
+  // Get per key (for test doubles).
+  virtual void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
+                        std::vector<Tier>* froms, std::vector<Status>* results) {
+    outs->resize(keys.size());
+    results->assign(keys.size(), Status::InvalidArgument("batch larger than kMaxBatch"));
+    if (froms != nullptr) froms->assign(keys.size(), Tier::kNone);
+    if (keys.size() > kMaxBatch) return;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      (*results)[i] = Get(keys[i], &(*outs)[i], froms != nullptr ? &(*froms)[i] : nullptr);
+    }
+  }
 
   virtual LookupResult Lookup(std::span<const Key> chain) = 0;
 

@@ -80,15 +80,12 @@ void SsdTier::Impl::LoadIndex() {
   }
   if (!done) return;  // cancelled by close
   std::lock_guard lock(mu_);
-  // Cleaning was deferred while live bytes were only partly known.
-  Status st = CleanLocked(/*threshold_clean=*/false);
-  if (!st.ok()) {
-    KVTIER_LOG(kWarn) << "ssd clean after index load: " << st.ToString();
-  }
   // Only now, after the last batch was reported: a waiter must not see the load finished
   // while on_index_load still has entries to report.
   load_finished_ = true;
   load_cv_.notify_all();
+  // Cleaning was deferred while live bytes were only partly known.
+  seg_cv_.notify_all();
 }
 
 std::unordered_map<Key, IndexEntry, KeyHash>::iterator SsdTier::Impl::FindLocked(

@@ -19,6 +19,13 @@ constexpr const char* kFormatName = "kvtier-ssd-1";
 
 SsdTier::Impl::~Impl() {
   {
+    // The segment thread stops between chunks; a clean it leaves half done keeps its victim.
+    std::lock_guard lock(mu_);
+    seg_stop_.store(true);
+    seg_cv_.notify_all();
+  }
+  if (segment_thread_.joinable()) segment_thread_.join();
+  {
     std::lock_guard lock(mu_);
     stop_ = true;
   }
@@ -43,6 +50,12 @@ SsdTier::Impl::~Impl() {
     if (st.ok()) st = write_st;
     if (!st.ok()) {
       KVTIER_LOG(kWarn) << "ssd tier close: " << st.ToString();
+    }
+    if (next_seg_ != nullptr) {
+      // Prepared, never written: not left behind (recovery would drop it as empty anyway).
+      Status rm = env_->Remove(ssd::SegmentName(next_seg_->id));
+      (void)rm;
+      next_seg_.reset();
     }
     // Persist the memtables so the next open replays no WAL (warm restart in well under 1 s).
     rocksdb::FlushOptions fo;
@@ -159,28 +172,44 @@ Status SsdTier::Impl::Open() {
   }
   for (const auto& [id, seg] : segments_) open_bytes_bound_ += seg->dev->Size();
 
-  // ---- tail of the newest segment ----
+  // ---- the log past the last commit ----
+  // durable_end names the segment that was active at the last commit and the end of what it
+  // covered. Records past it (in that segment, and in every later one: segments roll without
+  // a commit) were written but not committed: they are scanned and re-indexed. Empty later
+  // segments (prepared, never written) are removed.
   uint32_t next_id = 1;
   std::vector<std::pair<Key, IndexEntry>> found;
   if (!segments_.empty()) {
-    auto newest = segments_.rbegin()->second;
-    next_id = newest->id + 1;
-    uint64_t start = 0;
+    next_id = segments_.rbegin()->first + 1;
+    uint32_t durable_seg = 0;
+    uint64_t durable_off = 0;
     std::string de;
     if (db_->Get({}, meta_cf_, "durable_end", &de).ok() && de.size() == 12) {
-      uint32_t seg_id;
-      std::memcpy(&seg_id, de.data(), 4);
-      if (seg_id == newest->id) std::memcpy(&start, de.data() + 4, 8);
+      std::memcpy(&durable_seg, de.data(), 4);
+      std::memcpy(&durable_off, de.data() + 4, 8);
     }
-    uint64_t valid_end = start;
-    KVTIER_RETURN_IF_ERROR(ScanTail(newest, start, &valid_end, &found));
-    // Index entries pointing past the valid end of the log (index written ahead of data in
-    // kNone, or a torn tail) are dropped as the load or a point read meets them.
-    recovered_segment_ = newest->id;
-    recovered_valid_end_ = valid_end;
-    if (!found.empty()) {
-      KVTIER_LOG(kInfo) << "ssd recovery: segment " << newest->id << " re-indexes " << found.size()
-                        << " records past the last commit; valid end at offset " << valid_end;
+    std::vector<uint32_t> empty;
+    for (auto it = segments_.lower_bound(durable_seg); it != segments_.end(); ++it) {
+      uint64_t start = it->first == durable_seg ? durable_off : 0;
+      uint64_t valid_end = start;
+      size_t before = found.size();
+      KVTIER_RETURN_IF_ERROR(ScanTail(it->second, start, &valid_end, &found));
+      // Index entries pointing past the valid end of the log (index written ahead of data in
+      // kNone, or a torn tail) are dropped as the load or a point read meets them.
+      recovered_ends_[it->first] = valid_end;
+      if (found.size() > before) {
+        KVTIER_LOG(kInfo) << "ssd recovery: segment " << it->first << " re-indexes "
+                          << found.size() - before
+                          << " records past the last commit; valid end at offset " << valid_end;
+      }
+      if (it->first != durable_seg && valid_end == 0) empty.push_back(it->first);
+    }
+    for (uint32_t id : empty) {
+      segments_.erase(id);
+      Status rm = env_->Remove(ssd::SegmentName(id));
+      if (!rm.ok()) {
+        KVTIER_LOG(kWarn) << "remove empty segment " << id << ": " << rm.ToString();
+      }
     }
   }
   // The index is loaded into memory in the background (LoadIndex); the iterator's implicit
@@ -219,6 +248,7 @@ Status SsdTier::Impl::Open() {
   open_us_ = NowUs();
   load_thread_ = std::thread([this] { LoadIndex(); });
   commit_thread_ = std::thread([this] { CommitLoop(); });
+  segment_thread_ = std::thread([this] { SegmentLoop(); });
   if (!have_counters) {
     // An index written before the counters existed: versions and sequence numbers are only
     // known after the full load, so wait for it (once; the next commit persists them).

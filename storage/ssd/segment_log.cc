@@ -26,15 +26,10 @@ Status SsdTier::Impl::ReadRecord(const Segment& seg, uint64_t offset, uint32_t r
 }
 
 Status SsdTier::Impl::AppendLocked(const Key& key, const RecordHeader& h,
-                                   std::span<const uint8_t> payload, IndexEntry* e,
-                                   bool allow_roll) {
+                                   std::span<const uint8_t> payload, IndexEntry* e) {
   uint64_t rec = ssd::kRecordHeaderBytes + payload.size();
   uint64_t padded = AlignUp(rec, ssd::kRecordAlignBytes);
-  uint64_t pos = buf_file_offset_ + buf_len_;
-  if (AlignUp(pos + padded, ssd::kBlockBytes) > o_.segment_bytes) {
-    if (!allow_roll) return Status::Rejected("no room in the active segment");
-    KVTIER_RETURN_IF_ERROR(RollLocked());
-  }
+  if (!FitsActiveLocked(padded)) KVTIER_RETURN_IF_ERROR(RollLocked());
   if (buf_len_ + padded > o_.write_buffer_bytes) WriteBufferLocked();
   uint64_t offset = buf_file_offset_ + buf_len_;
   if (padded > o_.write_buffer_bytes) {
@@ -195,24 +190,29 @@ void SsdTier::Impl::WriterLoop() {
 }
 
 Status SsdTier::Impl::RollLocked() {
-  KVTIER_RETURN_IF_ERROR(CommitLocked());
-  uint32_t id = active_->id + 1;
-  KVTIER_ASSIGN_OR_RETURN(auto dev, env_->Open(ssd::SegmentName(id), true));
-  Status st = dev->Allocate(0, o_.segment_bytes);
-  if (!st.ok()) {
-    ++stats_.io_errors;
-    Status rm = env_->Remove(ssd::SegmentName(id));
-    (void)rm;
-    return st;
-  }
-  auto seg = std::make_shared<Segment>();
-  seg->id = id;
-  seg->dev = std::move(dev);
-  segments_[id] = seg;
-  active_ = seg;
+  if (next_seg_ == nullptr) return Status::Rejected("no room in the active segment");
+  // The buffer being filled belongs to the sealed segment; the next commit waits for it and
+  // syncs the sealed segment (it stays in unsynced_segs_), so no commit is needed here.
+  WriteBufferLocked();
+  active_ = std::move(next_seg_);
+  next_seg_.reset();
+  segments_[active_->id] = active_;
   buf_file_offset_ = 0;
   buf_len_ = 0;
-  return CleanLocked(/*threshold_clean=*/true);
+  ++threshold_cleans_;
+  seg_cv_.notify_all();  // prepare the next segment; clean if over the limit
+  return Status::Ok();
+}
+
+Status SsdTier::Impl::WaitForRoomLocked(std::unique_lock<std::mutex>& lock, uint64_t padded) {
+  while (!FitsActiveLocked(padded) && next_seg_ == nullptr) {
+    if (!prepare_status_.ok()) return prepare_status_;
+    ++room_waiters_;  // lifts the background I/O budget until a segment is prepared
+    seg_cv_.notify_all();
+    room_cv_.wait(lock);
+    --room_waiters_;
+  }
+  return Status::Ok();
 }
 
 }  // namespace kvtier::storage

@@ -70,6 +70,8 @@ class SsdTier::Impl {
   Status Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
              std::vector<Key>* evicted);
   Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta);
+  void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
+                std::vector<SsdMeta>* metas, std::vector<Status>* results);
   bool Contains(const Key& key, uint64_t* version) {
     std::unique_lock lock(mu_);
     auto it = FindLocked(key, lock);
@@ -197,7 +199,8 @@ class SsdTier::Impl {
   // True when the index entry points past the valid end of the log found by recovery (a
   // torn tail, or an entry written ahead of its data in kNone): never served, deleted.
   bool TornAtOpen(const IndexEntry& e) const {
-    return e.segment == recovered_segment_ && e.offset + e.record_bytes > recovered_valid_end_;
+    auto it = recovered_ends_.find(e.segment);
+    return it != recovered_ends_.end() && e.offset + e.record_bytes > it->second;
   }
   // map_ lookup; while the background load runs, a key not loaded yet is read from the
   // RocksDB index (outside the lock) and inserted, so hits are served right after Open.
@@ -234,8 +237,14 @@ class SsdTier::Impl {
     }
     return nullptr;
   }
+  // True when a record of `padded` bytes fits in the active segment after what is buffered.
+  bool FitsActiveLocked(uint64_t padded) const {
+    return AlignUp(buf_file_offset_ + buf_len_ + padded, ssd::kBlockBytes) <= o_.segment_bytes;
+  }
+  // Appends to the active segment, rolling into the prepared segment when it does not fit;
+  // Rejected when it does not fit and no segment is prepared (never waits for one).
   Status AppendLocked(const Key& key, const RecordHeader& h, std::span<const uint8_t> payload,
-                      IndexEntry* e, bool allow_roll);
+                      IndexEntry* e);
   // Hands the buffer being filled (if not empty) to the writer thread; never blocks.
   void WriteBufferLocked();
   // Makes a buffer the one being filled, waiting (mu_ held) for the writer when all are busy.
@@ -252,7 +261,7 @@ class SsdTier::Impl {
   // (PrepareLocked), (2) outside mu_ fdatasyncs the segments written since the last commit and
   // writes the ops to RocksDB (Execute), (3) under mu_ settles the outcome (Settle). Commits
   // are applied to RocksDB in order: Commit() callers are serialised by commit_mu_, and
-  // CommitLocked() (rolls, cleaning, close: mu_ held throughout) first waits until no
+  // CommitLocked() (recovery, close: mu_ held throughout) first waits until no
   // out-of-lock commit is in flight. Lock order: commit_mu_ -> mu_ -> cstate_mu_.
   struct CommitBatch {
     bool empty = true;
@@ -273,15 +282,42 @@ class SsdTier::Impl {
   // Commits everything pending up to `ticket` (kForceCommit: a commit pass now). Not under mu_.
   // Returns the commit's error, else a failed buffer write of the commit, else OK.
   Status Commit(uint64_t ticket);
-  // Commits with mu_ held (rolls, cleaning, recovery, close). A failed buffer write of the
+  // Commits with mu_ held (recovery, close). A failed buffer write of the
   // commit is stored in *write_status when not null (its records are dropped either way).
   Status CommitLocked(Status* write_status = nullptr);
   Status TicketResult(uint64_t ticket) const;
   void LoadIndex();
+  // Seals the active segment and makes the prepared one active (no I/O, no commit: the next
+  // commit covers the sealed segment's last buffer). Rejected when none is prepared.
   Status RollLocked();
-  // threshold_clean: also clean one sparse sealed segment (at a roll, not at open).
-  Status CleanLocked(bool threshold_clean);
-  Status CleanSegmentLocked(std::shared_ptr<Segment> seg);
+  // Waits (mu_ released) until a record of `padded` bytes fits in the active segment or a
+  // segment is prepared; the error of the last failed preparation otherwise.
+  Status WaitForRoomLocked(std::unique_lock<std::mutex>& lock, uint64_t padded);
+
+  // ---- the segment thread (storage/ssd/cleaner.cc) ----
+  // Keeps the next segment prepared (created and fallocated outside mu_) and cleans segments
+  // (over the segment limit, or one sparse segment per roll) with its own I/O budget
+  // (background_io_bytes_per_s). Request paths wait for it only when no segment is prepared.
+  void SegmentLoop();
+  // Creates and fallocates the next segment outside mu_ (lock held on entry and exit).
+  void PrepareSegment(std::unique_lock<std::mutex>& lock);
+  // The segment to clean now, or nullptr (under mu_).
+  std::shared_ptr<Segment> PickVictimLocked();
+  // Relocates the victim's live records (reads outside mu_, appends in chunks under it),
+  // commits, then deletes the segment. Lock held on entry and exit.
+  Status CleanSegment(const std::shared_ptr<Segment>& victim, std::unique_lock<std::mutex>& lock);
+  // Paces background I/O to background_io_bytes_per_s; returns at once while a request
+  // waits for a segment. Called outside mu_.
+  void PaceBackgroundIo(uint64_t bytes);
+  // A read in two halves (Get, GetBatch). BeginReadLocked finds the entry (point read while
+  // loading), records the access and either copies the record from a write buffer into
+  // *buffered or sets *seg to the segment to read it from. FinishRead verifies the record
+  // (header, key, seq, checksum; a mismatch is quarantined) and decodes it into *out; it
+  // takes mu_ only on failure. read_st: the device read's status.
+  Status BeginReadLocked(const Key& key, std::unique_lock<std::mutex>& lock, IndexEntry* e,
+                         std::shared_ptr<Segment>* seg, std::vector<uint8_t>* buffered);
+  Status FinishRead(const Key& key, const IndexEntry& e, Status read_st,
+                    std::span<const uint8_t> rec, std::vector<uint8_t>* out);
   Status ReadRecord(const Segment& seg, uint64_t offset, uint32_t record_bytes,
                     std::vector<uint8_t>* out);
   Status ScanTail(const std::shared_ptr<Segment>& seg, uint64_t start, uint64_t* valid_end,
@@ -340,11 +376,24 @@ class SsdTier::Impl {
   std::vector<std::shared_ptr<Segment>> unsynced_segs_;
   std::vector<PendingOp> pending_;
   uint64_t pending_ticket_ = 0;  // ops ever pushed to pending_
-  std::vector<Key>* evicted_sink_ = nullptr;
+  // Units the cleaner dropped (unreadable, or no room to relocate): handed to the caller of
+  // the next Put through its `evicted` list. Under mu_.
+  std::vector<Key> cleaner_dropped_;
   uint64_t next_seq_ = 1;
   uint64_t max_version_ = 0;
   std::unique_ptr<policies::EvictionPolicy> policy_;
   SsdStats stats_;
+
+  // ---- segment thread ----
+  std::shared_ptr<Segment> next_seg_;  // under mu_: prepared, not yet in segments_
+  Status prepare_status_;              // under mu_: the last preparation's outcome
+  uint64_t threshold_cleans_ = 0;      // under mu_: sparse cleans allowed (one per roll)
+  std::condition_variable seg_cv_;     // wakes the segment thread (with mu_)
+  std::condition_variable room_cv_;    // a segment was prepared (with mu_)
+  std::atomic<bool> seg_stop_{false};
+  std::atomic<uint32_t> room_waiters_{0};  // requests waiting for a prepared segment
+  uint64_t bg_io_next_us_ = 0;             // segment thread only: pacing deadline
+  std::thread segment_thread_;
 
   std::thread commit_thread_;
   std::condition_variable cv_;
@@ -373,9 +422,9 @@ class SsdTier::Impl {
   bool loaded_ = false;
   bool load_finished_ = false;
   std::unordered_set<Key, KeyHash> tombstones_;  // removed since Open, while loading
-  uint32_t recovered_segment_ = UINT32_MAX;      // newest segment at Open
-  uint64_t recovered_valid_end_ = UINT64_MAX;    // its valid end found by the tail scan
-  uint64_t open_bytes_bound_ = 0;                // bytes in segments at Open (live bound)
+  // Segments scanned at Open (past the last commit) and the valid end the scan found in each.
+  std::map<uint32_t, uint64_t> recovered_ends_;
+  uint64_t open_bytes_bound_ = 0;  // bytes in segments at Open (live bound)
   uint64_t open_us_ = 0;
   std::vector<std::pair<Key, SsdMeta>> point_loaded_;  // for on_index_load, under mu_
 };

@@ -13,7 +13,8 @@
 // are InvalidArgument.
 //
 // Durability: a completed Write is visible to later Reads of any thread, but survives a crash
-// only after Sync() returns OK.
+// only after Sync() returns OK. A device's existence (Open with create, Remove) survives a
+// crash only after DeviceEnv::SyncDir() returns OK.
 //
 // Thread safety: every method of BlockDevice and DeviceEnv may be called concurrently.
 #pragma once
@@ -91,6 +92,9 @@ class DeviceEnv {
   virtual StatusOr<std::vector<std::string>> List() = 0;
   // Removes the named device; open handles stay usable until released. NotFound if absent.
   virtual Status Remove(const std::string& name) = 0;
+  // Makes the creations and removals of devices so far durable (fsync of the directory).
+  // Pure virtual so that a wrapping env cannot silently drop it.
+  virtual Status SyncDir() = 0;
   // Registers long-lived I/O buffers (io_uring fixed buffers); writes from inside a registered
   // buffer use IORING_OP_WRITE_FIXED. Optional: the default does nothing.
   virtual Status RegisterBuffers(std::span<const std::span<uint8_t>> buffers) {

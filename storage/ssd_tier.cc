@@ -303,7 +303,8 @@ void SsdTier::GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_
 bool SsdTier::Contains(const Key& key, uint64_t* version) const {
   return impl_->Contains(key, version);
 }
-Status SsdTier::Remove(const Key& key) { return impl_->Remove(key); }
+Status SsdTier::Remove(const Key& key, uint64_t* ticket) { return impl_->Remove(key, ticket); }
+Status SsdTier::WaitDurable(uint64_t ticket) { return impl_->WaitDurable(ticket); }
 std::optional<Key> SsdTier::EvictOne() { return impl_->EvictOne(); }
 void SsdTier::SetTracked(const Key& key, bool tracked) { impl_->SetTracked(key, tracked); }
 Status SsdTier::SetPolicy(const std::string& eviction, const policies::PolicyParams& params) {

@@ -43,7 +43,17 @@
 // - Commits: a commit closes the buffer being filled, then outside the tier lock waits for
 //   every buffer handed over before it, fdatasyncs, and writes the index entries of the
 //   records whose write succeeded (puts and gets continue meanwhile); index writes are
-//   applied in commit order. Concurrent kSync puts share one commit.
+//   applied in commit order. Concurrent kSync puts share one commit. Every put and removal
+//   gets a commit ticket; WaitDurable(ticket) commits up to it (kSync) so that callers can
+//   release their own locks first and share the commit. A failed commit carries its
+//   CommitStage (stats, log): after kBufferWrite / kSync its data is forgotten, after
+//   kIndexWrite (data durable) its index operations are retried at the next commit.
+// - Deletes: Remove takes the entry out of memory at once and commits an index delete with
+//   the next commit. A commit records durable_end (the end of everything appended before
+//   it); the recovery tail scan starts there, so it never re-indexes a record whose delete,
+//   or whose newer version, was committed.
+// - Segment files: the segment directory is fsynced after a segment is created (before any
+//   commit names it) and after one is deleted (DeviceEnv::SyncDir).
 // - Async write errors (EIO, ENOSPC): the records of the failed buffer are dropped (never
 //   indexed; Get returns NotFound), counted in io_errors, and the commit covering the buffer
 //   returns the error (Flush, the kSync put that waits for it, the group commit's log line).
@@ -104,6 +114,10 @@ struct SsdOptions {
   // that a caller of this tier may hold while calling it (use try_lock / a queue), and must
   // not call back into the tier. Empty: not called.
   std::function<void(std::span<const std::pair<Key, SsdMeta>>)> on_index_load;
+  // Called with the keys whose records were lost to a failed buffer write (never indexed),
+  // with the tier lock held: must only take locks of its own and not call back. Empty: not
+  // called.
+  std::function<void(std::span<const Key>)> on_write_lost;
 };
 
 // What the caller (TierManager) keeps about a value besides its bytes.
@@ -122,6 +136,9 @@ struct SsdStats {
   uint64_t hits = 0, evictions = 0, bytes_read = 0, bytes_written = 0;
   uint64_t checksum_failures = 0, io_errors = 0, compressed_bytes_saved = 0;
   uint64_t segments_cleaned = 0, commits = 0, recovered_records = 0, dropped_on_recovery = 0;
+  // fdatasync calls made by commits; failed commits and the stage of the latest failure.
+  uint64_t syncs = 0, commit_failures = 0;
+  CommitStage last_failed_stage = CommitStage::kNone;
   // Background index load: done, and how long after Open it finished.
   bool index_loaded = false;
   uint64_t index_load_ms = 0;
@@ -148,8 +165,13 @@ class SsdTier {
   void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
                 std::vector<SsdMeta>* metas, std::vector<Status>* results);
   bool Contains(const Key& key, uint64_t* version = nullptr) const;
-  // NotFound if absent. The removal is durable at the next commit.
-  Status Remove(const Key& key);
+  // NotFound if absent. The removal is durable at the next commit (never commits itself);
+  // *ticket (may be null) receives the commit ticket for WaitDurable.
+  Status Remove(const Key& key, uint64_t* ticket = nullptr);
+  // kSync: commits everything up to the ticket (sharing a commit with concurrent callers)
+  // and returns the outcome of the commit that covered it. kBatched / kNone: returns OK at
+  // once (the group commit covers it). Must not be called with a lock a put may wait for.
+  Status WaitDurable(uint64_t ticket);
   // Evicts one object chosen by the policy (removed from the index); nullopt if none.
   std::optional<Key> EvictOne();
   // Pinned objects are untracked by the policy (never chosen by eviction).

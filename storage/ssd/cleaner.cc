@@ -58,6 +58,7 @@ void SsdTier::Impl::PrepareSegment(std::unique_lock<std::mutex>& lock) {
   if (opened.ok()) {
     dev = std::move(*opened);
     st = dev->Allocate(0, o_.segment_bytes);
+    if (st.ok()) st = env_->SyncDir();  // the new entry is durable before a commit names it
     if (!st.ok()) {
       dev.reset();
       Status rm = env_->Remove(ssd::SegmentName(id));
@@ -217,6 +218,7 @@ Status SsdTier::Impl::CleanSegment(const std::shared_ptr<Segment>& victim,
   lock.unlock();
   // Readers holding the segment keep their handle (DeviceEnv::Remove keeps it usable).
   st = env_->Remove(ssd::SegmentName(victim->id));
+  if (st.ok()) st = env_->SyncDir();  // a cleaned segment never comes back after a crash
   lock.lock();
   if (!st.ok() && !st.IsNotFound()) {
     KVTIER_LOG(kWarn) << "remove segment: " << st.ToString();

@@ -32,7 +32,8 @@ Status SsdTier::Impl::PrepareLocked(CommitBatch* b) {
   return Status::Ok();
 }
 
-Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status) {
+Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status, CommitStage* stage) {
+  *stage = CommitStage::kNone;
   bool durable = o_.durability != Durability::kNone;
   // Every buffer of this commit must have reached the device before the sync; records of a
   // failed buffer are never indexed.
@@ -57,8 +58,12 @@ Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status) {
   Status st;
   if (durable) {
     for (const auto& seg : b.sync_segs) {
+      syncs_.fetch_add(1);
       st = seg->dev->Sync(true);
-      if (!st.ok()) break;
+      if (!st.ok()) {
+        *stage = CommitStage::kSync;
+        break;
+      }
     }
   }
   if (st.ok()) {
@@ -86,7 +91,9 @@ Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status) {
       wo.sync = durable;
       st = FromRocks(db_->Write(wo, &wb), "index write");
     }
+    if (!st.ok()) *stage = CommitStage::kIndexWrite;
   }
+  if (st.ok() && !write_status->ok()) *stage = CommitStage::kBufferWrite;
   {
     std::lock_guard c(cstate_mu_);
     if (b.last_ticket >= b.first_ticket && !st.ok()) {
@@ -100,8 +107,14 @@ Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status) {
   return st;
 }
 
-void SsdTier::Impl::Settle(CommitBatch* b, const Status& st) {
+void SsdTier::Impl::Settle(CommitBatch* b, const Status& st, CommitStage stage) {
   ReapLocked();  // drops the entries of failed buffer writes before ops are retried
+  if (stage != CommitStage::kNone) {
+    ++stats_.commit_failures;
+    stats_.last_failed_stage = stage;
+    KVTIER_LOG(kWarn) << "ssd commit failed at " << CommitStageName(stage) << ": "
+                      << (st.ok() ? "a buffer write failed" : st.ToString());
+  }
   if (st.ok()) {
     ++stats_.commits;
     return;
@@ -109,8 +122,9 @@ void SsdTier::Impl::Settle(CommitBatch* b, const Status& st) {
   ++stats_.io_errors;
   // Ops are retried at the next commit only while they are still the key's newest state
   // (another commit may have run since Execute: a stale op must not overwrite a newer one).
-  bool data_durable = st.message().find("index write") != std::string::npos ||
-                      st.message().find("batch") != std::string::npos;
+  // After an index-write failure the data is durable (the sync succeeded) and ops are kept;
+  // after a sync failure the data may not be: its entries are forgotten.
+  bool data_durable = stage == CommitStage::kIndexWrite;
   std::vector<PendingOp> retry;
   for (auto& op : b->ops) {
     auto it = map_.find(op.key);
@@ -160,9 +174,10 @@ Status SsdTier::Impl::Commit(uint64_t ticket) {
   if (b.empty) return Status::Ok();
   lock.unlock();
   Status write_st;
-  Status st = Execute(b, &write_st);  // buffer writes, fdatasync, index write: outside the lock
+  CommitStage stage = CommitStage::kNone;
+  Status st = Execute(b, &write_st, &stage);  // buffer writes, fdatasync, index: outside the lock
   lock.lock();
-  Settle(&b, st);
+  Settle(&b, st, stage);
   if (!st.ok()) return st;
   lock.unlock();
   if (!write_st.ok()) return write_st;
@@ -179,8 +194,9 @@ Status SsdTier::Impl::CommitLocked(Status* write_status) {
   KVTIER_RETURN_IF_ERROR(PrepareLocked(&b));
   if (b.empty) return Status::Ok();
   Status write_st;
-  Status st = Execute(b, &write_st);
-  Settle(&b, st);
+  CommitStage stage = CommitStage::kNone;
+  Status st = Execute(b, &write_st, &stage);
+  Settle(&b, st, stage);
   if (write_status != nullptr) *write_status = write_st;
   return st;
 }

@@ -151,6 +151,7 @@ void SsdTier::Impl::ReapLocked() {
       }
     }
     for (const Key& k : keys) RemoveLocked(k);
+    if (o_.on_write_lost && !keys.empty()) o_.on_write_lost(keys);
     KVTIER_LOG(kWarn) << "ssd buffer write failed (segment " << l.seg->id << " @" << l.offset
                       << ", " << keys.size() << " units dropped): " << l.status.ToString();
   }

@@ -79,16 +79,16 @@ class SsdTier::Impl {
     if (version != nullptr) *version = it->second.version;
     return true;
   }
-  Status Remove(const Key& key) {
-    uint64_t ticket = 0;
-    {
-      std::unique_lock lock(mu_);
-      if (FindLocked(key, lock) == map_.end()) return Status::NotFound("not in ssd tier");
-      RemoveLocked(key);
-      ticket = pending_ticket_;
-    }
-    if (o_.durability == Durability::kSync) return Commit(ticket);
+  Status Remove(const Key& key, uint64_t* ticket) {
+    std::unique_lock lock(mu_);
+    if (FindLocked(key, lock) == map_.end()) return Status::NotFound("not in ssd tier");
+    RemoveLocked(key);
+    if (ticket != nullptr) *ticket = pending_ticket_;
     return Status::Ok();
+  }
+  Status WaitDurable(uint64_t ticket) {
+    if (o_.durability != Durability::kSync || ticket == 0) return Status::Ok();
+    return Commit(ticket);
   }
   std::optional<Key> EvictOne() {
     std::lock_guard lock(mu_);
@@ -115,6 +115,7 @@ class SsdTier::Impl {
     s.live_bytes = 0;
     for (const auto& [id, seg] : segments_) s.live_bytes += seg->live_bytes;
     s.disk_bytes = segments_.size() * o_.segment_bytes;
+    s.syncs = syncs_.load();
     s.index_loaded = load_finished_;
     return s;
   }
@@ -276,9 +277,12 @@ class SsdTier::Impl {
   static constexpr uint64_t kForceCommit = UINT64_MAX;
   Status PrepareLocked(CommitBatch* b);
   // Returns the commit's status (sync + index write); *write_status: the first failed buffer
-  // write of the batch (its records are left out of the index write), or OK.
-  Status Execute(const CommitBatch& b, Status* write_status);
-  void Settle(CommitBatch* b, const Status& st);
+  // write of the batch (its records are left out of the index write), or OK. *stage: where
+  // it failed (kBufferWrite when only a buffer write did), kNone when nothing did.
+  Status Execute(const CommitBatch& b, Status* write_status, CommitStage* stage);
+  // Under mu_: counts the outcome; after a failure at kBufferWrite / kSync forgets the data
+  // the commit covered, after kIndexWrite (data durable) queues its index ops again.
+  void Settle(CommitBatch* b, const Status& st, CommitStage stage);
   // Commits everything pending up to `ticket` (kForceCommit: a commit pass now). Not under mu_.
   // Returns the commit's error, else a failed buffer write of the commit, else OK.
   Status Commit(uint64_t ticket);
@@ -411,6 +415,7 @@ class SsdTier::Impl {
   };
   static constexpr size_t kMaxFailedRanges = 64;
   std::deque<FailedRange> failed_;  // under cstate_mu_
+  std::atomic<uint64_t> syncs_{0};  // fdatasync calls by commits
 
   // ---- background index load (warm restart) ----
   std::unique_ptr<rocksdb::Iterator> load_iter_;  // implicit snapshot taken at Open

@@ -155,6 +155,19 @@ Status SsdTier::Impl::TicketResult(uint64_t ticket) const {
 }
 
 Status SsdTier::Impl::Commit(uint64_t ticket) {
+  if (ticket != kForceCommit) {
+    // While a commit is in flight it may cover this ticket: wait for it without queueing on
+    // commit_mu_, so that a covered writer returns as soon as its commit ends instead of
+    // waiting behind the next commit, which a newer writer may already have started.
+    std::unique_lock c(cstate_mu_);
+    cstate_cv_.wait(c, [&] { return committed_ticket_ >= ticket || !commit_inflight_; });
+    if (committed_ticket_ >= ticket) {
+      for (const auto& f : failed_) {
+        if (ticket >= f.first && ticket <= f.last) return f.status;
+      }
+      return Status::Ok();
+    }
+  }
   std::lock_guard serial(commit_mu_);
   if (ticket != kForceCommit) {
     std::lock_guard c(cstate_mu_);

@@ -257,7 +257,8 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
   const std::pair<const char*, uint64_t> misses[] = {{"never_stored", s.misses_never_stored},
                                                      {"evicted", s.misses_evicted},
                                                      {"expired", s.misses_expired},
-                                                     {"checksum_failure", s.misses_checksum}};
+                                                     {"checksum_failure", s.misses_checksum},
+                                                     {"io_error", s.misses_io_error}};
   for (auto& [n, v] : misses)
     p.Sample("kvtier_misses_total", std::string("reason=\"") + n + "\"", v);
   p.Family("kvtier_tier_read_bytes_total", "counter", "Bytes read from a tier.");
@@ -286,6 +287,12 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
   p.One("kvtier_checksum_failures_total", "counter", "Reads that failed verification.",
         s.checksum_failures);
   p.One("kvtier_io_errors_total", "counter", "Device I/O errors.", s.io_errors);
+  p.One("kvtier_ssd_commits_total", "counter",
+        "SSD commits (fdatasync + index write) that succeeded; concurrent writers share one.",
+        s.ssd_commits);
+  p.One("kvtier_ssd_syncs_total", "counter", "fdatasync calls made by SSD commits.", s.ssd_syncs);
+  p.One("kvtier_ssd_commit_failures_total", "counter", "SSD commits that failed.",
+        s.ssd_commit_failures);
   p.One("kvtier_compressed_bytes_saved_total", "counter", "Bytes saved by compression.",
         s.compressed_bytes_saved);
   p.One("kvtier_ssd_segments_cleaned_total", "counter", "SSD segments cleaned (compacted).",

@@ -760,7 +760,9 @@ Status NativeSession::ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_
       if (req.scope == 1) {
         KVTIER_RETURN_IF_ERROR(svc->DeleteTenant(t));
       } else {
-        deleted = svc->Delete(t, req.keys, unit_tokens);
+        Status failed;
+        deleted = svc->Delete(t, req.keys, unit_tokens, &failed);
+        KVTIER_RETURN_IF_ERROR(failed);  // a delete that is not durable is not acknowledged
       }
       *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { w->U32(deleted); });
       return Status::Ok();

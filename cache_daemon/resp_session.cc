@@ -560,10 +560,14 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       if (a.size() < 2) return WrongArgs(cmd);
       int64_t n = 0;
       for (size_t i = 1; i < a.size(); ++i) {
-        if (cmd == "EXISTS"sv)
+        if (cmd == "EXISTS"sv) {
           n += svc->RespExists(t, a[i]) ? 1 : 0;
-        else
-          n += svc->RespDel(t, a[i]).ok() ? 1 : 0;
+          continue;
+        }
+        // A delete whose commit failed (sync) is an error, never a silent 0.
+        Status st = svc->RespDel(t, a[i]);
+        if (!st.ok() && !st.IsNotFound()) return StoreError(st);
+        n += st.ok() ? 1 : 0;
       }
       resp::AppendInteger(n, &out_);
       return StatusCode::kOk;
@@ -576,7 +580,9 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         return StatusCode::kInvalidArgument;
       }
       if (v <= 0) {  // Redis: a non-positive expiry deletes the key
-        resp::AppendInteger(svc->RespDel(t, a[1]).ok() ? 1 : 0, &out_);
+        Status st = svc->RespDel(t, a[1]);
+        if (!st.ok() && !st.IsNotFound()) return StoreError(st);
+        resp::AppendInteger(st.ok() ? 1 : 0, &out_);
         return StatusCode::kOk;
       }
       uint64_t ms = cmd == "EXPIRE"sv ? static_cast<uint64_t>(v) * 1000 : static_cast<uint64_t>(v);

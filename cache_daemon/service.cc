@@ -1,5 +1,6 @@
 #include "cache_daemon/service.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -168,14 +169,22 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
                   const std::function<void(size_t, const Status&, storage::Tier,
                                            std::span<const uint8_t>)>& visit) {
   std::vector<storage::Key> keys(chain.size());
-  std::vector<uint8_t> value;
+  for (size_t i = 0; i < chain.size(); ++i) keys[i] = Bind(t, chain[i]);
+  // One batch read per kMaxBatch keys: the SSD reads of a batch are in flight together.
+  std::vector<std::vector<uint8_t>> values;
+  std::vector<storage::Tier> tiers;
+  std::vector<Status> results;
   uint64_t bytes = 0;
-  for (size_t i = 0; i < chain.size(); ++i) {
-    keys[i] = Bind(t, chain[i]);
-    storage::Tier tier = storage::Tier::kNone;
-    Status st = store_->Get(keys[i], &value, &tier);
-    if (st.ok()) bytes += value.size();
-    visit(i, st, tier, st.ok() ? std::span<const uint8_t>(value) : std::span<const uint8_t>());
+  for (size_t first = 0; first < keys.size(); first += storage::kMaxBatch) {
+    size_t n = std::min(storage::kMaxBatch, keys.size() - first);
+    store_->GetBatch(std::span<const storage::Key>(keys).subspan(first, n), &values, &tiers,
+                     &results);
+    for (size_t j = 0; j < n; ++j) {
+      const Status& st = results[j];
+      if (st.ok()) bytes += values[j].size();
+      visit(first + j, st, tiers[j],
+            st.ok() ? std::span<const uint8_t>(values[j]) : std::span<const uint8_t>());
+    }
   }
   Trace("get", t, keys, bytes, unit_tokens);
 }
@@ -198,12 +207,18 @@ Status Service::Unpin(const Tenant& t, std::span<const wire::Key> chain) {
   return store_->Unpin(keys);
 }
 
-uint32_t Service::Delete(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens) {
+uint32_t Service::Delete(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens,
+                         Status* error) {
   std::vector<storage::Key> keys(chain.size());
   uint32_t deleted = 0;
   for (size_t i = 0; i < chain.size(); ++i) {
     keys[i] = Bind(t, chain[i]);
-    if (store_->Delete(keys[i]).ok()) ++deleted;
+    Status st = store_->Delete(keys[i]);
+    if (st.ok()) {
+      ++deleted;
+    } else if (!st.IsNotFound() && error != nullptr && error->ok()) {
+      *error = st;
+    }
   }
   Trace("delete", t, keys, 0, unit_tokens);
   return deleted;
@@ -230,7 +245,8 @@ std::string Service::StatsJson(const Tenant* t) const {
                           {"bytes_written", ts.bytes_written}};
   };
   j["tiers"] = {{"hbm", tier(s.hbm)}, {"dram", tier(s.dram)}, {"ssd", tier(s.ssd)}};
-  j["misses"] = {{"never_stored", s.misses_never_stored},
+  j["misses"] = {{"io_error", s.misses_io_error},
+                 {"never_stored", s.misses_never_stored},
                  {"evicted", s.misses_evicted},
                  {"expired", s.misses_expired},
                  {"checksum_failure", s.misses_checksum}};
@@ -240,6 +256,10 @@ std::string Service::StatsJson(const Tenant* t) const {
   j["io_errors"] = s.io_errors;
   j["segments_cleaned"] = s.segments_cleaned;
   j["ssd_queue_depth"] = s.ssd_queue_depth;
+  j["ssd_commits"] = s.ssd_commits;
+  j["ssd_syncs"] = s.ssd_syncs;
+  j["ssd_commit_failures"] = s.ssd_commit_failures;
+  j["ssd_last_failed_stage"] = storage::CommitStageName(s.ssd_last_failed_stage);
   nlohmann::json tb = nlohmann::json::object();
   for (const auto& [id, bytes] : s.tenant_bytes) {
     const Tenant* owner = tenants_->FindById(id);
@@ -313,6 +333,9 @@ void Service::TrackResp(const Tenant& t, const storage::Key& k, bool present) {
   }
 }
 
+// Placement of RESP writes: DRAM first (highest_tier kDram, allow_ssd); durability comes from
+// the store's contract (tier_manager.h): with an SSD tier and durability batched or sync the
+// put is written through to SSD (under sync before SET is acknowledged).
 Status Service::RespSet(const Tenant& t, std::string_view key, std::string_view value,
                         uint64_t ttl_ms, RespKeyCache* cache) {
   storage::Key k = BindResp(t, key, cache);

@@ -99,8 +99,10 @@ class Service {
   Status Prefetch(const Tenant& t, std::span<const wire::Key> chain);
   Status Pin(const Tenant& t, std::span<const wire::Key> chain, uint64_t lease_ms);
   Status Unpin(const Tenant& t, std::span<const wire::Key> chain);
-  // Returns how many keys existed and were deleted.
-  uint32_t Delete(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens);
+  // Returns how many keys existed and were deleted. *error (may be null) receives the first
+  // failure other than NotFound (e.g. a kSync delete whose commit failed).
+  uint32_t Delete(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens,
+                  Status* error = nullptr);
   Status DeleteTenant(const Tenant& t);
 
   // JSON: tiers, misses, tenant bytes (all tenants for admins, else only the caller's).

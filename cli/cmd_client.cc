@@ -69,8 +69,9 @@ int Fail(const Status& st) {
 }
 
 const char* ReasonText(uint8_t r) {
-  static const char* kNames[] = {"none", "never_stored", "evicted", "expired", "checksum_failure"};
-  return r < 5 ? kNames[r] : "unknown";
+  static const char* kNames[] = {"none",    "never_stored",     "evicted",
+                                 "expired", "checksum_failure", "io_error"};
+  return r < 6 ? kNames[r] : "unknown";
 }
 
 Key ManifestKey(const std::string& name) {

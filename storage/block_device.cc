@@ -109,6 +109,7 @@ class MemEnv final : public DeviceEnv {
     if (files_.erase(name) == 0) return Status::NotFound("no device " + name);
     return Status::Ok();
   }
+  Status SyncDir() override { return Status::Ok(); }  // nothing to lose in a memory env
   std::string Kind() const override { return "memory"; }
 
  private:
@@ -202,15 +203,18 @@ class RingPool {
       pool->free_.push_back(r.get());
       pool->all_.push_back(std::move(r));
     }
+    pool->usable_ = pool->all_.size();
     return pool;
   }
   ~RingPool() {
     for (auto& r : all_) io_uring_queue_exit(&r->ring);
   }
 
+  // nullptr when every ring has been retired (Submit then fails with IOError).
   Ring* Acquire() {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !free_.empty(); });
+    cv_.wait(lock, [&] { return !free_.empty() || usable_ == 0; });
+    if (free_.empty()) return nullptr;
     Ring* r = free_.back();
     free_.pop_back();
     return r;
@@ -222,10 +226,44 @@ class RingPool {
     }
     cv_.notify_one();
   }
+  // Takes a ring that may still hold requests out of service for good (it is torn down with
+  // the pool) and puts a fresh ring in its place, so the pool keeps its size. Logged.
+  void Retire(Ring* r) {
+    KVTIER_LOG(kError) << "io_uring ring retired: its requests could not be drained";
+    (void)r;  // stays in all_ (torn down with the pool), never in free_ again
+    auto fresh = std::make_unique<Ring>();
+    int rc = io_uring_queue_init(depth_, &fresh->ring, 0);
+    {
+      std::lock_guard lock(mu_);
+      if (rc == 0) {
+        if (!registered_iov_.empty()) {
+          fresh->has_buffers =
+              io_uring_register_buffers(&fresh->ring, registered_iov_.data(),
+                                        static_cast<unsigned>(registered_iov_.size())) == 0;
+        }
+        free_.push_back(fresh.get());
+        all_.push_back(std::move(fresh));
+      } else {
+        KVTIER_LOG(kError) << "io_uring ring could not be replaced: "
+                           << ErrnoStatus("io_uring_queue_init", -rc).ToString();
+        --usable_;
+      }
+    }
+    cv_.notify_all();
+  }
 
   Status RegisterBuffers(std::span<const std::span<uint8_t>> buffers) {
     std::vector<Ring*> held;
-    for (size_t i = 0; i < all_.size(); ++i) held.push_back(Acquire());
+    size_t usable = 0;
+    {
+      std::lock_guard lock(mu_);
+      usable = usable_;
+    }
+    for (size_t i = 0; i < usable; ++i) {
+      Ring* r = Acquire();
+      if (r == nullptr) break;
+      held.push_back(r);
+    }
     std::vector<iovec> iov;
     for (auto b : buffers) iov.push_back(iovec{b.data(), b.size()});
     Status st;
@@ -238,6 +276,10 @@ class RingPool {
     if (st.ok()) {
       std::lock_guard lock(buf_mu_);
       registered_.assign(buffers.begin(), buffers.end());
+    }
+    {
+      std::lock_guard lock(mu_);
+      registered_iov_ = iov;
     }
     for (Ring* r : held) Release(r);
     return st;
@@ -261,6 +303,8 @@ class RingPool {
   std::vector<std::unique_ptr<Ring>> all_;
   std::mutex buf_mu_;
   std::vector<std::span<uint8_t>> registered_;
+  std::vector<iovec> registered_iov_;  // under mu_: for replacement rings
+  size_t usable_ = 0;                  // under mu_: rings not retired
 };
 
 class UringDevice final : public FileDevice {
@@ -281,6 +325,7 @@ class UringDevice final : public FileDevice {
       if (batch[i].result.ok() && batch[i].length > 0) queue.push_back({i, 0});
     }
     RingPool::Ring* ring = pool_->Acquire();
+    if (ring == nullptr) return Status::IOError("no usable io_uring ring left for " + path_);
     size_t inflight = 0;
     while (!queue.empty() || inflight > 0) {
       // Fill the submission queue up to the ring's depth.
@@ -311,8 +356,16 @@ class UringDevice final : public FileDevice {
       // Submit and block until at least one completion arrives (no spinning).
       int rc = io_uring_submit_and_wait(&ring->ring, 1);
       if (rc < 0 && rc != -EINTR) {
-        pool_->Release(ring);
-        return ErrnoStatus("io_uring_submit_and_wait", -rc);
+        Status err = ErrnoStatus("io_uring_submit_and_wait", -rc);
+        // Never hand a ring with requests in flight (or prepared, unsubmitted SQEs) back to
+        // the pool, and never return while the kernel may still use the caller's buffers:
+        // drain what was submitted; a ring that cannot be drained is retired for good.
+        if (Drain(ring, &inflight)) {
+          pool_->Release(ring);
+        } else {
+          pool_->Retire(ring);
+        }
+        return err;
       }
       io_uring_cqe* cqe = nullptr;
       while (io_uring_peek_cqe(&ring->ring, &cqe) == 0) {
@@ -350,6 +403,27 @@ class UringDevice final : public FileDevice {
   std::string Kind() const override { return "io_uring"; }
 
  private:
+  // Submits any prepared SQEs and reaps completions until *inflight is 0. False when the
+  // ring keeps failing (kDrainAttemptsMax hard errors in a row).
+  static bool Drain(RingPool::Ring* ring, size_t* inflight) {
+    static constexpr int kDrainAttemptsMax = 64;
+    int failures = 0;
+    while (*inflight > 0) {
+      int rc = io_uring_submit_and_wait(&ring->ring, 1);
+      if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+        if (++failures >= kDrainAttemptsMax) return false;
+        continue;
+      }
+      failures = 0;
+      io_uring_cqe* cqe = nullptr;
+      while (*inflight > 0 && io_uring_peek_cqe(&ring->ring, &cqe) == 0) {
+        io_uring_cqe_seen(&ring->ring, cqe);
+        --*inflight;
+      }
+    }
+    return true;
+  }
+
   std::shared_ptr<RingPool> pool_;
 };
 
@@ -396,6 +470,15 @@ class DirEnv final : public DeviceEnv {
     }
     return Status::Ok();
   }
+  Status SyncDir() override {
+    int fd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus("open directory " + dir_, errno);
+    int rc = ::fsync(fd);
+    int err = errno;
+    ::close(fd);
+    if (rc != 0) return ErrnoStatus("fsync directory " + dir_, err);
+    return Status::Ok();
+  }
   Status RegisterBuffers(std::span<const std::span<uint8_t>> buffers) override {
     if (pool_ == nullptr) return Status::Ok();
     return pool_->RegisterBuffers(buffers);
@@ -432,8 +515,21 @@ AlignedBuffer AllocateAligned(size_t length, size_t alignment) {
 StatusOr<std::unique_ptr<DeviceEnv>> NewDirEnv(const std::string& dir,
                                                const DirEnvOptions& options) {
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  bool created = std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IOError("create " + dir + ": " + ec.message());
+  if (created) {
+    // The new directory's own entry must be durable before segments inside it are.
+    std::filesystem::path self = std::filesystem::path(dir).lexically_normal();
+    if (!self.has_filename()) self = self.parent_path();  // "a/b/" names "a/b"
+    std::string parent = self.parent_path().string();
+    int fd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || ::fsync(fd) != 0) {
+      int err = errno;
+      if (fd >= 0) ::close(fd);
+      return ErrnoStatus("fsync directory " + parent, err);
+    }
+    ::close(fd);
+  }
   std::shared_ptr<RingPool> pool;
   if (options.engine != IoEngine::kPosix) {
     auto p = RingPool::Create(options.rings, options.queue_depth);

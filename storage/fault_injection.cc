@@ -37,7 +37,13 @@ class FaultDevice final : public BlockDevice {
   }
 
   Status Sync(bool data_only) override {
+    env_->syncs_.fetch_add(1);
+    env_->WaitSyncsAllowed();
     if (env_->crashed()) return Status::IOError("simulated crash");
+    if (env_->TakeArmed(env_->arm_sync_eio_)) {
+      env_->Record("EIO sync " + state_->name);
+      return Status::IOError("injected EIO on fdatasync of " + state_->name);
+    }
     std::lock_guard lock(state_->mu);
     for (auto& w : state_->pending) {
       KVTIER_RETURN_IF_ERROR(WriteThrough(w.offset, w.data));
@@ -151,7 +157,27 @@ FaultInjectionEnv::~FaultInjectionEnv() {
 StatusOr<std::shared_ptr<BlockDevice>> FaultInjectionEnv::Open(const std::string& name,
                                                                bool create) {
   if (crashed()) return Status::IOError("simulated crash");
+  bool existed = false;
+  {
+    std::lock_guard lock(mu_);
+    auto hidden = std::find(removed_unsynced_.begin(), removed_unsynced_.end(), name);
+    if (hidden != removed_unsynced_.end()) {
+      if (!create) return Status::NotFound("no device " + name);
+      // Re-created after an unsynced remove: really remove the old one first.
+      removed_unsynced_.erase(hidden);
+      Status st = base_->Remove(name);
+      (void)st;
+    }
+  }
+  if (create) {
+    auto names = base_->List();
+    existed = names.ok() && std::binary_search(names->begin(), names->end(), name);
+  }
   KVTIER_ASSIGN_OR_RETURN(auto base, base_->Open(name, create));
+  if (create && !existed) {
+    std::lock_guard lock(mu_);
+    created_unsynced_.push_back(name);
+  }
   auto state = std::make_shared<DeviceState>();
   state->name = name;
   state->base = std::move(base);
@@ -164,12 +190,70 @@ StatusOr<std::shared_ptr<BlockDevice>> FaultInjectionEnv::Open(const std::string
 
 StatusOr<std::vector<std::string>> FaultInjectionEnv::List() {
   if (crashed()) return Status::IOError("simulated crash");
-  return base_->List();
+  KVTIER_ASSIGN_OR_RETURN(auto names, base_->List());
+  std::lock_guard lock(mu_);
+  std::erase_if(names, [&](const std::string& n) {
+    return std::find(removed_unsynced_.begin(), removed_unsynced_.end(), n) !=
+           removed_unsynced_.end();
+  });
+  return names;
 }
 
 Status FaultInjectionEnv::Remove(const std::string& name) {
   if (crashed()) return Status::IOError("simulated crash");
-  return base_->Remove(name);
+  std::lock_guard lock(mu_);
+  if (std::find(removed_unsynced_.begin(), removed_unsynced_.end(), name) !=
+      removed_unsynced_.end()) {
+    return Status::NotFound("no device " + name);
+  }
+  auto created = std::find(created_unsynced_.begin(), created_unsynced_.end(), name);
+  if (created != created_unsynced_.end()) {
+    // Never durable: gone either way.
+    created_unsynced_.erase(created);
+    return base_->Remove(name);
+  }
+  auto names = base_->List();
+  if (!names.ok()) return names.status();
+  if (!std::binary_search(names->begin(), names->end(), name)) {
+    return Status::NotFound("no device " + name);
+  }
+  removed_unsynced_.push_back(name);
+  return Status::Ok();
+}
+
+Status FaultInjectionEnv::SyncDir() {
+  if (crashed()) return Status::IOError("simulated crash");
+  std::vector<std::string> removed;
+  {
+    std::lock_guard lock(mu_);
+    created_unsynced_.clear();
+    removed.swap(removed_unsynced_);
+  }
+  for (const std::string& name : removed) {
+    Status st = base_->Remove(name);
+    if (!st.ok() && !st.IsNotFound()) return st;
+  }
+  return base_->SyncDir();
+}
+
+void FaultInjectionEnv::PauseSyncs(bool paused) {
+  {
+    std::lock_guard lock(mu_);
+    syncs_paused_ = paused;
+  }
+  sync_cv_.notify_all();
+}
+
+int FaultInjectionEnv::syncs_waiting() const {
+  std::lock_guard lock(mu_);
+  return syncs_waiting_;
+}
+
+void FaultInjectionEnv::WaitSyncsAllowed() {
+  std::unique_lock lock(mu_);
+  ++syncs_waiting_;
+  sync_cv_.wait(lock, [&] { return !syncs_paused_ || crashed_.load(); });
+  --syncs_waiting_;
 }
 
 bool FaultInjectionEnv::Roll(double p) {
@@ -210,6 +294,7 @@ void FaultInjectionEnv::NoteWrite(DeviceState* state) {
 void FaultInjectionEnv::SimulateCrash() {
   std::vector<std::shared_ptr<DeviceState>> live;
   DeviceState* last = nullptr;
+  std::vector<std::string> lost_entries;
   {
     std::lock_guard lock(mu_);
     crashed_.store(true);
@@ -217,7 +302,10 @@ void FaultInjectionEnv::SimulateCrash() {
       if (auto s = w.lock()) live.push_back(std::move(s));
     }
     last = last_writer_;
+    lost_entries.swap(created_unsynced_);
+    removed_unsynced_.clear();  // the removals never reached the disk: the devices stay
   }
+  sync_cv_.notify_all();
   for (auto& s : live) {
     std::lock_guard lock(s->mu);
     if (s.get() == last && options_.torn_last_write && !s->pending.empty()) {
@@ -243,6 +331,11 @@ void FaultInjectionEnv::SimulateCrash() {
     Record("crash: dropped " + std::to_string(s->pending.size()) + " unsynced writes of " +
            s->name);
     s->pending.clear();
+  }
+  for (const std::string& name : lost_entries) {
+    Status st = base_->Remove(name);
+    (void)st;
+    Record("crash: directory entry of " + name + " was never synced: device lost");
   }
 }
 

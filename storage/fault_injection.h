@@ -7,8 +7,14 @@
 //   sector-granular prefix of it reaches the device), and then fails every later call with
 //   IOError("simulated crash") until the env is destroyed. A new env over the same base then
 //   sees the "after reboot" state.
+// - Directory entries are modelled too: a device created since the last SyncDir() is removed
+//   from the wrapped env by SimulateCrash (its entry never reached the disk), and Remove()
+//   only hides a device until SyncDir() removes it from the wrapped env (a crash first brings
+//   it back).
 // - Injected faults, by probability per call (seeded, reproducible) or armed one-shot:
-//   EIO on read, ENOSPC on write, short read (Corruption), a bit flip in data returned by a read.
+//   EIO on read, ENOSPC on write, short read (Corruption), a bit flip in data returned by a
+//   read, EIO on Sync. PauseSyncs holds every Sync until released (for tests of commits
+//   that several writers share).
 // - Every injection is logged: Log() returns the lines, and when log_path is set each line is
 //   also appended to that file at once (so the log survives the simulated crash).
 //
@@ -16,6 +22,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -48,12 +55,19 @@ class FaultInjectionEnv final : public DeviceEnv {
   StatusOr<std::shared_ptr<BlockDevice>> Open(const std::string& name, bool create) override;
   StatusOr<std::vector<std::string>> List() override;
   Status Remove(const std::string& name) override;
+  Status SyncDir() override;
   std::string Kind() const override { return "fault(" + base_->Kind() + ")"; }
 
   // One-shot faults: the next n matching calls fail.
   void FailNextReads(int n) { arm_eio_.store(n); }
   void FailNextWrites(int n) { arm_enospc_.store(n); }
   void FlipBitInNextReads(int n) { arm_flip_.store(n); }
+  void FailNextSyncs(int n) { arm_sync_eio_.store(n); }
+  // While paused, Sync() blocks (before doing anything) until PauseSyncs(false).
+  void PauseSyncs(bool paused);
+  // Sync() calls so far (including failed ones), and calls blocked by PauseSyncs right now.
+  uint64_t syncs() const { return syncs_.load(); }
+  int syncs_waiting() const;
   // While set, every write fails with ENOSPC.
   void SetNoSpace(bool no_space) { no_space_.store(no_space); }
 
@@ -70,7 +84,10 @@ class FaultInjectionEnv final : public DeviceEnv {
   uint64_t NextRandom();
   void Record(const std::string& line);
   bool TakeArmed(std::atomic<int>& counter);
-  std::atomic<int> arm_eio_{0}, arm_enospc_{0}, arm_flip_{0};
+  std::atomic<int> arm_eio_{0}, arm_enospc_{0}, arm_flip_{0}, arm_sync_eio_{0};
+  std::atomic<uint64_t> syncs_{0};
+  // Blocks while syncs are paused; returns false after a crash.
+  void WaitSyncsAllowed();
   std::atomic<bool> no_space_{false};
   std::atomic<bool> crashed_{false};
   FaultOptions options_;
@@ -83,6 +100,11 @@ class FaultInjectionEnv final : public DeviceEnv {
   std::vector<std::string> log_;
   std::vector<std::weak_ptr<DeviceState>> devices_;
   DeviceState* last_writer_ = nullptr;
+  std::vector<std::string> created_unsynced_;  // under mu_: entries not yet durable
+  std::vector<std::string> removed_unsynced_;  // under mu_: hidden, still in base_
+  bool syncs_paused_ = false;                  // under mu_
+  int syncs_waiting_ = 0;                      // under mu_
+  std::condition_variable sync_cv_;
   std::atomic<uint64_t> injected_{0};
   int log_fd_ = -1;
 };

@@ -12,18 +12,28 @@
 //   Corruption. An I/O error is counted and returned as IOError; the entry stays.
 // - Capacity: live bytes are kept under a limit by evicting through the eviction policy
 //   (evicted keys are reported to the caller); segments are cleaned (live records relocated)
-//   when a new segment is needed and the segment count is at its limit, or when a sealed
-//   segment's live ratio falls below clean_live_ratio.
-// - Open recovers: RocksDB recovery, then a scan of the newest segment from its last durable
-//   offset: whole records are re-indexed, the scan stops at the first torn or invalid record,
-//   index entries pointing past it are dropped (when met), and appends continue in a fresh
-//   segment. Open does NOT load the index: it returns at once (warm restart) and a background
-//   thread loads the RocksDB index into memory (and the eviction policy) in batches of 4096.
-//   Until it finishes, a key not loaded yet is read from RocksDB by a point read (Get,
-//   Contains, Remove, Put), with the same checks; keys removed meanwhile are never brought
-//   back. Capacity during the load: a Put that could need eviction or segment cleaning (live
-//   bytes bounded by the bytes on disk at Open) waits for the load; cleaning is deferred to
-//   its end; EvictOne evicts among loaded entries. Close cancels the load.
+//   when the segment count is over its limit, or (one per roll) when a sealed segment's live
+//   ratio falls below clean_live_ratio.
+// - Segment thread: no segment I/O runs under the tier lock. A background thread keeps the
+//   next segment prepared (created and fallocated), so a roll only swaps it in (no commit,
+//   no fallocate), and cleans: it reads the victim's live records outside the lock, paced by
+//   background_io_bytes_per_s, relocates them in chunks of about 1 MiB per lock hold,
+//   commits through the group commit path, then deletes the segment. A put waits only when
+//   its record does not fit in the active segment and no segment is prepared (the tier is
+//   at its segment limit and cleaning, or preparation failed: then the put returns that
+//   error); the I/O budget is lifted while a put waits. Units the cleaner drops (unreadable,
+//   or no room to relocate) are reported in the `evicted` list of the next Put.
+// - Open recovers: RocksDB recovery, then a scan of the log past the last commit (the
+//   segment active at that commit from its durable offset, and every later segment from 0):
+//   whole records are re-indexed, each segment's scan stops at its first torn or invalid
+//   record, index entries pointing past it are dropped (when met), empty later segments are
+//   removed, and appends continue in a fresh segment. Open does NOT load the index: it returns at
+//   once (warm restart) and a background thread loads the RocksDB index into memory (and the
+//   eviction policy) in batches of 4096. Until it finishes, a key not loaded yet is read from
+//   RocksDB by a point read (Get, Contains, Remove, Put), with the same checks; keys removed
+//   meanwhile are never brought back. Capacity during the load: a Put that could need eviction or
+//   segment cleaning (live bytes bounded by the bytes on disk at Open) waits for the load; cleaning
+//   is deferred to its end; EvictOne evicts among loaded entries. Close cancels the load.
 // - Double buffering: there are write_buffers write buffers. A full buffer (or the one a
 //   commit closes) is handed to a writer thread, which submits it as up to 4 writes at once;
 //   the putting thread goes on filling the next free buffer meanwhile, and waits (tier lock
@@ -33,13 +43,24 @@
 // - Commits: a commit closes the buffer being filled, then outside the tier lock waits for
 //   every buffer handed over before it, fdatasyncs, and writes the index entries of the
 //   records whose write succeeded (puts and gets continue meanwhile); index writes are
-//   applied in commit order. Concurrent kSync puts share one commit.
+//   applied in commit order. Concurrent kSync puts share one commit. Every put and removal
+//   gets a commit ticket; WaitDurable(ticket) commits up to it (kSync) so that callers can
+//   release their own locks first and share the commit. A failed commit carries its
+//   CommitStage (stats, log): after kBufferWrite / kSync its data is forgotten, after
+//   kIndexWrite (data durable) its index operations are retried at the next commit.
+// - Deletes: Remove takes the entry out of memory at once and commits an index delete with
+//   the next commit. A commit records durable_end (the end of everything appended before
+//   it); the recovery tail scan starts there, so it never re-indexes a record whose delete,
+//   or whose newer version, was committed.
+// - Segment files: the segment directory is fsynced after a segment is created (before any
+//   commit names it) and after one is deleted (DeviceEnv::SyncDir).
 // - Async write errors (EIO, ENOSPC): the records of the failed buffer are dropped (never
 //   indexed; Get returns NotFound), counted in io_errors, and the commit covering the buffer
 //   returns the error (Flush, the kSync put that waits for it, the group commit's log line).
 //
 // Thread safety: all methods may be called concurrently. Reads of sealed data run outside
-// the tier lock; appends and cleaning are serialised by it; commits by a commit lock.
+// the tier lock; appends are serialised by it; commits by a commit lock; segment preparation
+// and cleaning run on the segment thread, taking the tier lock only between device I/Os.
 #pragma once
 
 #include <cstdint>
@@ -76,8 +97,11 @@ struct SsdOptions {
   static constexpr uint32_t kMaxWriteBuffers = 8;
   Durability durability = Durability::kBatched;
   uint32_t group_commit_ms = 10;
-  // A sealed segment whose live bytes fall below this fraction is cleaned at the next roll.
+  // A sealed segment whose live bytes fall below this fraction is cleaned after the next roll.
   double clean_live_ratio = 0.25;
+  // I/O budget of the segment thread's cleaning (bytes read + bytes relocated per second);
+  // lifted while a put waits for a segment. 0: unlimited.
+  uint64_t background_io_bytes_per_s = 256ull << 20;
   // Adaptive zstd: level, and the sample size used to decide.
   bool compression = true;
   int zstd_level = 1;
@@ -90,6 +114,10 @@ struct SsdOptions {
   // that a caller of this tier may hold while calling it (use try_lock / a queue), and must
   // not call back into the tier. Empty: not called.
   std::function<void(std::span<const std::pair<Key, SsdMeta>>)> on_index_load;
+  // Called with the keys whose records were lost to a failed buffer write (never indexed),
+  // with the tier lock held: must only take locks of its own and not call back. Empty: not
+  // called.
+  std::function<void(std::span<const Key>)> on_write_lost;
 };
 
 // What the caller (TierManager) keeps about a value besides its bytes.
@@ -108,6 +136,9 @@ struct SsdStats {
   uint64_t hits = 0, evictions = 0, bytes_read = 0, bytes_written = 0;
   uint64_t checksum_failures = 0, io_errors = 0, compressed_bytes_saved = 0;
   uint64_t segments_cleaned = 0, commits = 0, recovered_records = 0, dropped_on_recovery = 0;
+  // fdatasync calls made by commits; failed commits and the stage of the latest failure.
+  uint64_t syncs = 0, commit_failures = 0;
+  CommitStage last_failed_stage = CommitStage::kNone;
   // Background index load: done, and how long after Open it finished.
   bool index_loaded = false;
   uint64_t index_load_ms = 0;
@@ -119,15 +150,28 @@ class SsdTier {
   // Commits everything (Flush) and persists access statistics.
   ~SsdTier();
 
-  // Appends the value. Keys evicted to make room are appended to *evicted (may be null).
+  // Appends the value. Keys evicted to make room (and keys the segment thread dropped since
+  // the last Put) are appended to *evicted (may be null).
   // IOError: the write failed (nothing indexed). InvalidArgument: larger than a segment.
   Status Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
              std::vector<Key>* evicted);
   // NotFound, Corruption (quarantined), IOError.
   Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta = nullptr);
+  // Get for many keys at once: the device reads of the batch are submitted together (per
+  // segment, up to kMaxBatchIos per submission; the queue depth is min(reads, the env's
+  // queue_depth)), and each record is verified against its checksum as Get does. Resizes
+  // *outs, *metas (may be null) and *results to keys.size(); results[i] is Get's status
+  // for keys[i] (duplicates are read once each).
+  void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
+                std::vector<SsdMeta>* metas, std::vector<Status>* results);
   bool Contains(const Key& key, uint64_t* version = nullptr) const;
-  // NotFound if absent. The removal is durable at the next commit.
-  Status Remove(const Key& key);
+  // NotFound if absent. The removal is durable at the next commit (never commits itself);
+  // *ticket (may be null) receives the commit ticket for WaitDurable.
+  Status Remove(const Key& key, uint64_t* ticket = nullptr);
+  // kSync: commits everything up to the ticket (sharing a commit with concurrent callers)
+  // and returns the outcome of the commit that covered it. kBatched / kNone: returns OK at
+  // once (the group commit covers it). Must not be called with a lock a put may wait for.
+  Status WaitDurable(uint64_t ticket);
   // Evicts one object chosen by the policy (removed from the index); nullopt if none.
   std::optional<Key> EvictOne();
   // Pinned objects are untracked by the policy (never chosen by eviction).
@@ -136,7 +180,8 @@ class SsdTier {
   // Calls fn for every live object (under the tier lock: fn must not call back). Waits for
   // the background index load first.
   void ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) const;
-  // Blocks until the background index load has finished.
+  // Blocks until the background index load has finished: every entry is in memory and has
+  // been reported to on_index_load (the last batch too), and the deferred cleaning ran.
   void WaitForIndexLoad() const;
   // Writes the buffer, syncs, commits the index.
   Status Flush();

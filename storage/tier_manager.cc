@@ -5,9 +5,20 @@
 // the tiers' internal locks. Units move so that a concurrent reader never misses a unit that
 // is present: demotion writes the lower tier before removing the upper copy, a put writes its
 // new tier before removing stale copies, promotion copies (the SSD copy stays: inclusive).
+//
+// Durable writes (the contract in tier_manager.h): a put that goes to SSD (highest_tier ssd,
+// or written through under kBatched / kSync) runs in three steps: (1) under mu_: quota,
+// version, the key is marked as being written (writing_); (2) without mu_: the SSD put and,
+// under kSync, the wait for its commit, so concurrent writers share one commit; (3) under
+// mu_: memory placement, stale copies, accounting, unmark. While a key is marked, other
+// writers of that key (Put, Delete) wait for it, and demotion, write-back and promotion
+// leave it alone (they would move an older version past the newer one in flight). Deletes
+// remove under mu_ and wait for their commit without it. DeleteTenant first waits until no
+// put of the tenant is in step (2) and holds new ones back meanwhile.
 #include "storage/tier_manager.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -48,6 +59,22 @@ const char* MissReasonName(MissReason reason) {
       return "expired";
     case MissReason::kChecksumFailure:
       return "checksum_failure";
+    case MissReason::kIoError:
+      return "io_error";
+  }
+  return "unknown";
+}
+
+const char* CommitStageName(CommitStage stage) {
+  switch (stage) {
+    case CommitStage::kNone:
+      return "none";
+    case CommitStage::kBufferWrite:
+      return "buffer_write";
+    case CommitStage::kSync:
+      return "sync";
+    case CommitStage::kIndexWrite:
+      return "index_write";
   }
   return "unknown";
 }
@@ -104,6 +131,8 @@ class TierManagerImpl final : public TierManager {
   Status Get(const Key& key, std::vector<uint8_t>* out, Tier* from) override {
     return GetImpl(key, out, from, /*blocking_promote=*/false);
   }
+  void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
+                std::vector<Tier>* froms, std::vector<Status>* results) override;
   LookupResult Lookup(std::span<const Key> chain) override;
   Status Prefetch(std::span<const Key> keys) override;
   Status Pin(std::span<const Key> keys, uint64_t lease_ms) override;
@@ -187,6 +216,9 @@ class TierManagerImpl final : public TierManager {
       case MissReason::kChecksumFailure:
         misses_checksum_.fetch_add(1);
         break;
+      case MissReason::kIoError:
+        misses_io_error_.fetch_add(1);
+        break;
       default:
         misses_never_stored_.fetch_add(1);
     }
@@ -203,7 +235,37 @@ class TierManagerImpl final : public TierManager {
   // Flush uses it so that a graceful shutdown loses nothing acknowledged. It bypasses the
   // admission policy: Flush's contract is durability for everything acknowledged.
   Status WriteBackLocked();
-  void RemoveEverywhereLocked(const Key& key);
+  // Removes the key from every tier; *ticket (when not null) becomes the SSD commit ticket
+  // of the removal (0: nothing removed from SSD), to pass to ssd_->WaitDurable without mu_.
+  void RemoveEverywhereLocked(const Key& key, uint64_t* ticket = nullptr);
+  // Waits (releasing mu_ meanwhile) until no put of the key is in its SSD step, and, when
+  // tenant is given, until no tenant delete of it is waiting.
+  void WaitForKeyLocked(std::unique_lock<std::mutex>& lock, const Key& key,
+                        const TenantId* tenant) {
+    key_cv_.wait(lock, [&] {
+      return !writing_.count(key) && (tenant == nullptr || !tenant_deletes_.count(*tenant));
+    });
+  }
+  bool WritingLocked(const Key& key) const { return writing_.count(key) != 0; }
+  // The end of a put (step 3, or the whole put when it does not go to SSD): removes stale
+  // copies of other versions, accounts. *stale_ticket: an SSD removal to wait for.
+  void FinishPutLocked(const Key& key, const MemMeta& meta, uint64_t* stale_ticket);
+  // Waits for an SSD commit ticket (kSync: commits; otherwise returns at once). No mu_ held.
+  Status WaitDurable(uint64_t ticket) {
+    if (ssd_ == nullptr || ticket == 0) return Status::Ok();
+    return ssd_->WaitDurable(ticket);
+  }
+  // An expired unit leaves every tier; while a put of the key is in flight only the memory
+  // copies go (they are older; the SSD may already hold the new version).
+  void ExpireLocked(const Key& key) {
+    if (WritingLocked(key)) {
+      if (hbm_) (void)hbm_->Remove(key);
+      if (dram_) (void)dram_->Remove(key);
+      return;
+    }
+    RemoveEverywhereLocked(key);
+    DroppedLocked(key, MissReason::kExpired);
+  }
   // The unit left the cache (all tiers) for reason r: forget it in the directory.
   void DroppedLocked(const Key& key, MissReason r);
   bool PresentAnywhereLocked(const Key& key) const;
@@ -216,14 +278,18 @@ class TierManagerImpl final : public TierManager {
   }
   void PromoteLocked(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta);
 
-  // Adds units reported by the SSD index load to the directory (if still present there).
+  // Adds units reported by the SSD index load to the directory (if still present there),
+  // and forgets units the SSD tier lost to a failed write (miss reason io_error).
   void DrainLoadedLocked() {
     if (closing_ || ssd_ == nullptr) return;
     std::vector<Loaded> batch;
+    std::vector<Key> lost;
     {
       std::lock_guard q(load_q_mu_);
       batch.swap(load_q_);
+      lost.swap(lost_q_);
     }
+    for (const Key& k : lost) DroppedLocked(k, MissReason::kIoError);
     for (const Loaded& l : batch) {
       uint64_t v = 0;
       if (dir_.count(l.key) || !ssd_->Contains(l.key, &v) || v != l.version) continue;
@@ -266,8 +332,15 @@ class TierManagerImpl final : public TierManager {
   };
   std::mutex load_q_mu_;        // after mu_ in lock order; taken alone by the SSD load thread
   std::vector<Loaded> load_q_;  // bounded by the number of indexed units
+  std::vector<Key> lost_q_;     // under load_q_mu_; bounded by kLostQueueMax
+  static constexpr size_t kLostQueueMax = 1 << 16;
+  // Keys whose put is in its SSD step (-> tenant), and tenants with a DeleteTenant waiting
+  // for those to finish (-> number of waiting calls). Under mu_; key_cv_ signals changes.
+  std::unordered_map<Key, TenantId, KeyHash> writing_;
+  std::unordered_map<TenantId, int> tenant_deletes_;
+  std::condition_variable key_cv_;
   std::atomic<uint64_t> misses_never_stored_{0}, misses_evicted_{0}, misses_expired_{0},
-      misses_checksum_{0}, io_errors_{0};
+      misses_checksum_{0}, misses_io_error_{0}, io_errors_{0};
 };
 
 Status TierManagerImpl::Init() {
@@ -298,6 +371,7 @@ Status TierManagerImpl::Init() {
     so.capacity_bytes = o_.ssd_capacity_bytes;
     so.segment_bytes = o_.ssd_segment_bytes;
     so.write_buffer_bytes = o_.ssd_write_buffer_bytes;
+    so.background_io_bytes_per_s = o_.ssd_background_io_bytes_per_s;
     so.durability = o_.durability;
     so.group_commit_ms = o_.group_commit_ms;
     so.eviction_policy = o_.eviction_policy;
@@ -312,6 +386,15 @@ Status TierManagerImpl::Init() {
       }
       std::unique_lock lock(mu_, std::try_to_lock);  // never wait: mu_ may wait for the load
       if (lock.owns_lock()) DrainLoadedLocked();
+    };
+    // Units lost to a failed buffer write: remembered as io_error misses at once (MissMemory
+    // has its own lock), removed from the directory at the next drain under mu_.
+    so.on_write_lost = [this](std::span<const Key> keys) {
+      for (const Key& k : keys) misses_.Remember(k, MissReason::kIoError);
+      std::lock_guard q(load_q_mu_);
+      for (const Key& k : keys) {
+        if (lost_q_.size() < kLostQueueMax) lost_q_.push_back(k);
+      }
     };
     KVTIER_ASSIGN_OR_RETURN(auto ssd, SsdTier::Open(so));
     std::lock_guard lock(mu_);
@@ -350,11 +433,13 @@ void TierManagerImpl::DroppedLocked(const Key& key, MissReason r) {
   }
 }
 
-void TierManagerImpl::RemoveEverywhereLocked(const Key& key) {
+void TierManagerImpl::RemoveEverywhereLocked(const Key& key, uint64_t* ticket) {
   if (hbm_) (void)hbm_->Remove(key);
   if (dram_) (void)dram_->Remove(key);
   if (ssd_ && ssd_->Contains(key)) {
-    Status st = ssd_->Remove(key);
+    uint64_t t = 0;
+    Status st = ssd_->Remove(key, &t);
+    if (st.ok() && ticket != nullptr) *ticket = std::max(*ticket, t);
     if (!st.ok() && !st.IsNotFound()) {
       KVTIER_LOG(kWarn) << "ssd remove: " << st.ToString();
     }
@@ -391,6 +476,8 @@ Status TierManagerImpl::PlaceLocked(Tier tier, const Key& key, std::span<const u
   }
   // SSD.
   if (!ssd_ || !meta.allow_ssd) return Status::Rejected("no tier has room for the unit");
+  uint64_t held = 0;
+  if (ssd_->Contains(key, &held) && held == meta.version) return Status::Ok();  // written through
   std::vector<Key> evicted;
   Status st = ssd_->Put(key, value, ToSsd(meta, ToUnix(meta.expires_ms)), &evicted);
   for (const Key& k : evicted) {
@@ -406,6 +493,11 @@ Status TierManagerImpl::PlaceLocked(Tier tier, const Key& key, std::span<const u
 
 void TierManagerImpl::DemoteLocked(Tier tier, const Key& victim) {
   MemoryTier* mem = MemTier(tier);
+  if (WritingLocked(victim)) {
+    // A newer version is on its way to SSD: this older copy is dropped, never demoted over it.
+    (void)mem->Remove(victim);
+    return;
+  }
   std::vector<uint8_t> bytes;
   MemMeta meta;
   if (!mem->Read(victim, &bytes, &meta, /*count=*/false).ok()) return;
@@ -442,6 +534,7 @@ Status TierManagerImpl::WriteBackLocked() {
     });
     std::vector<uint8_t> bytes;
     for (const Key& key : candidates) {
+      if (WritingLocked(key)) continue;  // its newer version is being written to SSD
       MemMeta meta;
       if (!mem->Read(key, &bytes, &meta, /*count=*/false).ok()) continue;  // gone meanwhile
       uint64_t version = 0;
@@ -464,62 +557,113 @@ Status TierManagerImpl::Put(const Key& key, std::span<const uint8_t> value,
                                    " bytes exceeds max_value_bytes");
   }
   if (options.highest_tier == Tier::kNone) return Status::InvalidArgument("highest_tier none");
-  std::lock_guard lock(mu_);
-  DrainLoadedLocked();
-  ExpirePinsLocked();
-  uint64_t old_bytes = 0;
-  if (auto it = dir_.find(key); it != dir_.end() && it->second.tenant == options.tenant) {
-    old_bytes = it->second.bytes;
-  }
-  if (auto q = quotas_.find(options.tenant); q != quotas_.end()) {
-    uint64_t used = tenant_bytes_.count(options.tenant) ? tenant_bytes_[options.tenant] : 0;
-    if (used - std::min(used, old_bytes) + value.size() > q->second) {
-      return Status::Rejected("tenant over its byte quota");
-    }
-  }
-  MemMeta meta;
-  meta.tenant = options.tenant;
-  meta.version = ++version_;
-  meta.kind = options.kind;
-  meta.expires_ms = options.ttl_ms == 0 ? 0 : NowMs() + options.ttl_ms;
-  meta.parent_id = ObjectIdOf(options.parent);
-  meta.recompute_tokens = options.recompute_tokens;
-  meta.allow_ssd = options.allow_ssd;
-  meta.size_bytes = static_cast<uint32_t>(value.size());
   Tier start = options.highest_tier;
   if (start == Tier::kSsd && !options.allow_ssd) {
     return Status::InvalidArgument("highest_tier ssd with allow_ssd false");
   }
-  Status st;
-  if (start == Tier::kSsd) {
-    if (!ssd_) return Status::Rejected("no ssd tier");
-    policies::ObjectInfo info = InfoOf(key, meta);
-    if (!admission_->Admit(info, clock_->NowUs())) {
-      ++admission_rejections_;
-      return Status::Rejected("admission policy refused the unit");
+  // Written to SSD outside mu_: a put to the SSD tier, and (the durability contract) a put
+  // placed in memory that may reach SSD while the mode is batched or sync.
+  bool to_ssd = ssd_ != nullptr && options.allow_ssd &&
+                (start == Tier::kSsd || o_.durability != Durability::kNone);
+  MemMeta meta;
+  uint64_t stale_ticket = 0;
+  {
+    std::unique_lock lock(mu_);
+    WaitForKeyLocked(lock, key, &options.tenant);
+    DrainLoadedLocked();
+    ExpirePinsLocked();
+    uint64_t old_bytes = 0;
+    if (auto it = dir_.find(key); it != dir_.end() && it->second.tenant == options.tenant) {
+      old_bytes = it->second.bytes;
     }
-    ++admissions_;
-    st = PlaceLocked(Tier::kSsd, key, value, meta);
-  } else {
-    st = PlaceLocked(start, key, value, meta);
+    if (auto q = quotas_.find(options.tenant); q != quotas_.end()) {
+      uint64_t used = tenant_bytes_.count(options.tenant) ? tenant_bytes_[options.tenant] : 0;
+      if (used - std::min(used, old_bytes) + value.size() > q->second) {
+        return Status::Rejected("tenant over its byte quota");
+      }
+    }
+    meta.tenant = options.tenant;
+    meta.version = ++version_;
+    meta.kind = options.kind;
+    meta.expires_ms = options.ttl_ms == 0 ? 0 : NowMs() + options.ttl_ms;
+    meta.parent_id = ObjectIdOf(options.parent);
+    meta.recompute_tokens = options.recompute_tokens;
+    meta.allow_ssd = options.allow_ssd;
+    meta.size_bytes = static_cast<uint32_t>(value.size());
+    if (start == Tier::kSsd) {
+      if (!ssd_) return Status::Rejected("no ssd tier");
+      policies::ObjectInfo info = InfoOf(key, meta);
+      if (!admission_->Admit(info, clock_->NowUs())) {
+        ++admission_rejections_;
+        return Status::Rejected("admission policy refused the unit");
+      }
+      ++admissions_;
+    }
+    if (!to_ssd) {
+      KVTIER_RETURN_IF_ERROR(PlaceLocked(start, key, value, meta));
+      FinishPutLocked(key, meta, &stale_ticket);
+    } else {
+      writing_.emplace(key, options.tenant);
+    }
   }
-  if (!st.ok()) return st;
+  if (!to_ssd) return WaitDurable(stale_ticket);  // the removal of an SSD copy it replaced
+
+  // Step 2, without mu_: the SSD write; under kSync it returns after the commit, which
+  // concurrent writers share.
+  std::vector<Key> evicted;
+  Status st = ssd_->Put(key, value, ToSsd(meta, ToUnix(meta.expires_ms)), &evicted);
+  std::unique_lock lock(mu_);
+  writing_.erase(key);
+  key_cv_.notify_all();
+  for (const Key& k : evicted) {
+    if (k != key) DroppedLocked(k, MissReason::kEvicted);
+  }
+  if (!st.ok()) {
+    if (st.IsIOError()) {
+      io_errors_.fetch_add(1);
+      // The SSD tier has replaced and then dropped the entry (or never took it): remove any
+      // older copy as well, so the failed put leaves no stale value behind.
+      uint64_t ticket = 0;
+      RemoveEverywhereLocked(key, &ticket);
+      DroppedLocked(key, MissReason::kIoError);
+      lock.unlock();
+      Status removed = WaitDurable(ticket);
+      (void)removed;  // the put's own error is what the caller needs
+    }
+    return st;
+  }
+  if (PinnedLocked(key)) ssd_->SetTracked(key, false);
+  // Step 3: memory placement. The SSD copy is durable, so a memory tier without room is no
+  // failure (PlaceLocked's SSD step sees the version already there).
+  if (start != Tier::kSsd) {
+    Status placed = PlaceLocked(start, key, value, meta);
+    (void)placed;
+  }
+  FinishPutLocked(key, meta, &stale_ticket);
+  lock.unlock();
+  return WaitDurable(stale_ticket);
+}
+
+void TierManagerImpl::FinishPutLocked(const Key& key, const MemMeta& meta, uint64_t* stale_ticket) {
   // Remove stale copies of earlier versions from the other tiers.
   MemMeta m;
   if (hbm_ && hbm_->Contains(key, &m) && m.version != meta.version) (void)hbm_->Remove(key);
   if (dram_ && dram_->Contains(key, &m) && m.version != meta.version) (void)dram_->Remove(key);
   uint64_t v = 0;
-  if (ssd_ && ssd_->Contains(key, &v) && v != meta.version) (void)ssd_->Remove(key);
+  if (ssd_ && ssd_->Contains(key, &v) && v != meta.version) {
+    // Its removal is committed under the mode, so a crash never brings the old value back.
+    Status st = ssd_->Remove(key, stale_ticket);
+    (void)st;  // NotFound: removed meanwhile
+  }
   // Account.
-  auto [it, inserted] = dir_.try_emplace(key, DirEntry{options.tenant, value.size()});
+  auto [it, inserted] = dir_.try_emplace(key, DirEntry{meta.tenant, meta.size_bytes});
   if (!inserted) {
     auto& tb = tenant_bytes_[it->second.tenant];
     tb -= std::min(tb, it->second.bytes);
-    it->second = DirEntry{options.tenant, value.size()};
+    it->second = DirEntry{meta.tenant, meta.size_bytes};
   }
-  tenant_bytes_[options.tenant] += value.size();
+  tenant_bytes_[meta.tenant] += meta.size_bytes;
   misses_.Forget(key);
-  return Status::Ok();
 }
 
 Tier TierManagerImpl::Locate(const Key& key, bool* expired) const {
@@ -543,8 +687,7 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
   auto expire = [&]() -> Status {
     {
       std::lock_guard lock(mu_);
-      RemoveEverywhereLocked(key);
-      DroppedLocked(key, MissReason::kExpired);
+      ExpireLocked(key);
     }
     out->clear();
     CountMiss(MissReason::kExpired);
@@ -587,8 +730,8 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
     }
     if (st.IsIOError()) {
       io_errors_.fetch_add(1);
-      CountMiss(MissReason::kNeverStored);
-      return Status::NotFound("ssd read failed: " + st.message());
+      CountMiss(MissReason::kIoError);
+      return Status::NotFound("io_error: ssd read failed: " + st.message());
     }
   }
   MissReason r = misses_.Reason(key);
@@ -596,8 +739,74 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
   return Status::NotFound(MissReasonName(r));
 }
 
+void TierManagerImpl::GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
+                               std::vector<Tier>* froms, std::vector<Status>* results) {
+  const size_t n = keys.size();
+  outs->resize(n);
+  if (froms != nullptr) froms->assign(n, Tier::kNone);
+  if (n > kMaxBatch) {
+    results->assign(n, Status::InvalidArgument("batch larger than kMaxBatch"));
+    return;
+  }
+  results->assign(n, Status::Ok());
+  // Units in a memory tier (or in none) take Get's path; the SSD ones are read in one batch.
+  std::vector<size_t> on_ssd;
+  std::vector<Key> ssd_keys;
+  for (size_t i = 0; i < n; ++i) {
+    bool expired = false;
+    if (ssd_ && Locate(keys[i], &expired) == Tier::kSsd) {
+      on_ssd.push_back(i);
+      ssd_keys.push_back(keys[i]);
+      continue;
+    }
+    (*results)[i] = GetImpl(keys[i], &(*outs)[i], froms != nullptr ? &(*froms)[i] : nullptr,
+                            /*blocking_promote=*/false);
+  }
+  if (ssd_keys.empty()) return;
+  std::vector<std::vector<uint8_t>> values;
+  std::vector<SsdMeta> metas;
+  std::vector<Status> read;
+  ssd_->GetBatch(ssd_keys, &values, &metas, &read);
+  for (size_t j = 0; j < on_ssd.size(); ++j) {
+    const size_t i = on_ssd[j];
+    const Key& key = keys[i];
+    std::vector<uint8_t>* out = &(*outs)[i];
+    Tier* from = froms != nullptr ? &(*froms)[i] : nullptr;
+    const Status& st = read[j];
+    if (st.IsCorruption()) {  // quarantined by the SSD tier, as in Get
+      {
+        std::lock_guard lock(mu_);
+        DroppedLocked(key, MissReason::kChecksumFailure);
+      }
+      CountMiss(MissReason::kChecksumFailure);
+      out->clear();
+      (*results)[i] = Status::NotFound("checksum failure: unit quarantined");
+      continue;
+    }
+    if (st.IsIOError()) {
+      io_errors_.fetch_add(1);
+      CountMiss(MissReason::kNeverStored);
+      out->clear();
+      (*results)[i] = Status::NotFound("ssd read failed: " + st.message());
+      continue;
+    }
+    if (!st.ok() || ExpiredUnix(metas[j].expires_unix_ms)) {
+      // Gone since Locate, or expired: Get's path (it re-reads, and accounts the miss).
+      (*results)[i] = GetImpl(key, out, from, /*blocking_promote=*/false);
+      continue;
+    }
+    *out = std::move(values[j]);
+    if (from != nullptr) *from = Tier::kSsd;
+    if (dram_ || hbm_) {
+      std::unique_lock lock(mu_, std::try_to_lock);  // never make a reader wait to promote
+      if (lock.owns_lock()) PromoteLocked(key, *out, metas[j]);
+    }
+  }
+}
+
 void TierManagerImpl::PromoteLocked(const Key& key, std::span<const uint8_t> value,
                                     const SsdMeta& sm) {
+  if (WritingLocked(key)) return;  // a put of the key is in flight: it places the new version
   uint64_t version = 0;
   if (!ssd_->Contains(key, &version) || version != sm.version) return;  // changed meanwhile
   if ((dram_ && dram_->Contains(key)) || (hbm_ && hbm_->Contains(key))) return;
@@ -632,8 +841,7 @@ LookupResult TierManagerImpl::Lookup(std::span<const Key> chain) {
     Tier t = Locate(chain[i], &expired);
     if (expired) {
       std::lock_guard lock(mu_);
-      RemoveEverywhereLocked(chain[i]);
-      DroppedLocked(chain[i], MissReason::kExpired);
+      ExpireLocked(chain[i]);
       t = Tier::kNone;
     }
     if (t == Tier::kNone) {
@@ -697,35 +905,53 @@ Status TierManagerImpl::Unpin(std::span<const Key> keys) {
 }
 
 Status TierManagerImpl::Delete(const Key& key) {
-  std::lock_guard lock(mu_);
-  if (!PresentAnywhereLocked(key)) return Status::NotFound("no such unit");
-  RemoveEverywhereLocked(key);
-  DroppedLocked(key, MissReason::kNeverStored);
-  return Status::Ok();
+  uint64_t ticket = 0;
+  {
+    std::unique_lock lock(mu_);
+    WaitForKeyLocked(lock, key, nullptr);  // a put of the key in flight finishes first
+    DrainLoadedLocked();
+    if (!PresentAnywhereLocked(key)) return Status::NotFound("no such unit");
+    RemoveEverywhereLocked(key, &ticket);
+    DroppedLocked(key, MissReason::kNeverStored);
+  }
+  // kSync: the index delete is committed before the delete is acknowledged (shared with
+  // concurrent writers' commits).
+  return WaitDurable(ticket);
 }
 
 Status TierManagerImpl::DeleteTenant(TenantId tenant) {
   // Every SSD unit of the tenant must be found, also those the background index load has
   // not reported yet: wait for the load (without mu_: the load never waits for mu_).
   if (ssd_) ssd_->WaitForIndexLoad();
-  std::lock_guard lock(mu_);
-  DrainLoadedLocked();
-  std::vector<Key> keys;
-  for (const auto& [k, d] : dir_) {
-    if (d.tenant == tenant) keys.push_back(k);
-  }
-  if (ssd_) {
-    ssd_->ForEach([&](const Key& k, const SsdMeta& m) {
-      if (m.tenant == tenant && !dir_.count(k)) keys.push_back(k);
+  uint64_t ticket = 0;
+  {
+    std::unique_lock lock(mu_);
+    // Puts of the tenant in their SSD step finish first; new ones wait until this is done.
+    ++tenant_deletes_[tenant];
+    key_cv_.wait(lock, [&] {
+      return std::none_of(writing_.begin(), writing_.end(),
+                          [&](const auto& w) { return w.second == tenant; });
     });
+    DrainLoadedLocked();
+    std::vector<Key> keys;
+    for (const auto& [k, d] : dir_) {
+      if (d.tenant == tenant) keys.push_back(k);
+    }
+    if (ssd_) {
+      ssd_->ForEach([&](const Key& k, const SsdMeta& m) {
+        if (m.tenant == tenant && !dir_.count(k)) keys.push_back(k);
+      });
+    }
+    for (const Key& k : keys) {
+      RemoveEverywhereLocked(k, &ticket);
+      DroppedLocked(k, MissReason::kNeverStored);
+    }
+    tenant_bytes_.erase(tenant);
+    if (--tenant_deletes_[tenant] == 0) tenant_deletes_.erase(tenant);
+    key_cv_.notify_all();
   }
-  for (const Key& k : keys) {
-    RemoveEverywhereLocked(k);
-    DroppedLocked(k, MissReason::kNeverStored);
-  }
-  tenant_bytes_.erase(tenant);
-  if (ssd_ && o_.durability == Durability::kSync) return ssd_->Flush();
-  return Status::Ok();
+  // One commit for every removal (kSync), without mu_.
+  return WaitDurable(ticket);
 }
 
 Status TierManagerImpl::SetPolicy(const std::string& eviction, const std::string& admission,
@@ -760,11 +986,16 @@ Stats TierManagerImpl::GetStats() const {
     s.checksum_failures = d.checksum_failures;
     s.compressed_bytes_saved = d.compressed_bytes_saved;
     s.segments_cleaned = d.segments_cleaned;
+    s.ssd_commits = d.commits;
+    s.ssd_syncs = d.syncs;
+    s.ssd_commit_failures = d.commit_failures;
+    s.ssd_last_failed_stage = d.last_failed_stage;
   }
   s.misses_never_stored = misses_never_stored_.load();
   s.misses_evicted = misses_evicted_.load();
   s.misses_expired = misses_expired_.load();
   s.misses_checksum = misses_checksum_.load();
+  s.misses_io_error = misses_io_error_.load();
   s.io_errors = io_errors_.load();
   std::lock_guard lock(mu_);
   const_cast<TierManagerImpl*>(this)->DrainLoadedLocked();

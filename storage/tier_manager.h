@@ -8,14 +8,34 @@
 // - Put admits a unit to the highest allowed tier that has room, evicting (and demoting to
 //   the next tier through the admission policy) as needed. A put is all-or-nothing: after it
 //   returns, Get returns either the complete value or NotFound, never a part.
-//   Durability follows TierManagerOptions::durability (see docs/format/ssd.md):
-//   kSync: when Put returns OK the value and its index entry are on disk.
 // - Get returns the value from the fastest tier that holds it and promotes it per policy.
 //   A value read from SSD is verified against the checksum in the index first; a mismatch is
 //   reported as NotFound (the unit is quarantined and counted), never as data.
 // - Lookup answers the longest prefix of a key chain that is fully present, with the tier of
 //   each hit and a reason for the first miss.
 // - Pinned units are never evicted until Unpin or until their lease expires.
+//
+// Durability contract (TierManagerOptions::durability; on-disk detail in docs/format/ssd.md).
+// With an SSD tier present, every acknowledged write, whatever tier it was placed in, and
+// every acknowledged delete (Delete, DeleteTenant) is durable under the mode in force:
+//   kSync:    Put / Delete / DeleteTenant return OK only after the data (or the removal) and
+//             its index entry are on disk.
+//   kBatched: a crash loses at most the writes and deletes acknowledged in the last
+//             group_commit_ms; everything acknowledged before that survives.
+//   kNone:    a pure cache: a crash may lose anything (a graceful Flush still writes back).
+// To keep it, a put placed in a memory tier (HBM, DRAM) is written through to the SSD tier
+// as well (under kSync before Put returns; bypassing the admission policy, which only
+// governs demotions), and a delete commits an index delete under the same mode. Recovery
+// never brings back a unit whose delete was committed, nor an older version of a unit
+// whose newer put was committed. Exceptions: a put with PutOptions::allow_ssd = false is
+// memory-only by request (SWA hot state) and never durable; kNone writes memory-placed
+// puts to SSD only on demotion or Flush. Capacity eviction and TTL expiry end a unit's
+// life as always (a unit the SSD tier evicts while a memory tier holds it is served from
+// memory until evicted there, but no longer survives a restart). Without an SSD tier
+// nothing is durable.
+// Concurrent kSync writers share commits (one fdatasync + one index write for all the
+// puts and deletes that arrive while the previous commit runs): the SSD write and the wait
+// for its commit run outside TierManager's own lock. Writes of one key are serialised.
 //
 // Thread safety: every method may be called concurrently from any thread.
 // Limits: values larger than TierManagerOptions::max_value_bytes are InvalidArgument; batch
@@ -49,6 +69,7 @@ enum class MissReason : uint8_t {
   kEvicted,          // it was stored and has been evicted
   kExpired,          // its TTL passed
   kChecksumFailure,  // it was stored but failed verification and was quarantined
+  kIoError,          // the SSD tier failed to read it, or lost it in a failed write
 };
 const char* MissReasonName(MissReason reason);
 
@@ -57,6 +78,17 @@ enum class Durability : uint8_t {
   kBatched,  // group commit every group_commit_ms; a crash loses at most that window
   kSync,     // acknowledged only after data and index are durable
 };
+
+// Where a failed SSD commit failed: decides what the tier may keep. Data whose buffer write
+// or fdatasync failed is not durable and is forgotten; after an index-write failure the
+// data is durable and the index operations are retried at the next commit.
+enum class CommitStage : uint8_t {
+  kNone = 0,     // no failure
+  kBufferWrite,  // a write buffer covered by the commit failed to reach the device
+  kSync,         // fdatasync of a segment (or fsync of the segment directory) failed
+  kIndexWrite,   // building or writing the RocksDB batch failed
+};
+const char* CommitStageName(CommitStage stage);  // "none", "buffer_write", "sync", "index_write"
 
 inline constexpr size_t kMaxBatch = 4096;
 
@@ -82,6 +114,8 @@ struct TierManagerOptions {
   // SSD segment file size and write-buffer size (docs/format/ssd.md).
   uint64_t ssd_segment_bytes = 256ull << 20;
   uint64_t ssd_write_buffer_bytes = 2ull << 20;
+  // I/O budget of the SSD segment thread's cleaning (SsdOptions::background_io_bytes_per_s).
+  uint64_t ssd_background_io_bytes_per_s = 256ull << 20;
   // Segment devices for the SSD tier; not owned. nullptr: files under data_dir/segments
   // (io_uring + O_DIRECT, POSIX fallback). Tests pass a memory or fault-injecting env.
   DeviceEnv* ssd_env = nullptr;
@@ -125,6 +159,11 @@ struct TierStats {
 struct Stats {
   TierStats hbm, dram, ssd;
   uint64_t misses_never_stored = 0, misses_evicted = 0, misses_expired = 0, misses_checksum = 0;
+  uint64_t misses_io_error = 0;
+  // SSD commits that succeeded, fdatasync calls they made, commits that failed and the stage
+  // of the most recent failure.
+  uint64_t ssd_commits = 0, ssd_syncs = 0, ssd_commit_failures = 0;
+  CommitStage ssd_last_failed_stage = CommitStage::kNone;
   uint64_t admissions = 0, admission_rejections = 0, checksum_failures = 0, io_errors = 0;
   uint64_t compressed_bytes_saved = 0, segments_cleaned = 0, ssd_queue_depth = 0;
   std::vector<std::pair<TenantId, uint64_t>> tenant_bytes;
@@ -138,12 +177,29 @@ class TierManager {
   static StatusOr<std::unique_ptr<TierManager>> Open(const TierManagerOptions& options);
 
   // Rejected: no tier has room even after eviction, or the tenant is over quota.
-  // IOError: the SSD write failed (nothing indexed).
+  // IOError: the SSD write or its commit failed; the key then holds no value (an earlier
+  // version is removed too, so a failed overwrite never leaves a stale value behind).
   virtual Status Put(const Key& key, std::span<const uint8_t> value, const PutOptions& options) = 0;
 
   // Appends the value to *out (cleared first) and sets *from to the tier it came from.
   // NotFound on a miss (including checksum failure).
   virtual Status Get(const Key& key, std::vector<uint8_t>* out, Tier* from = nullptr) = 0;
+
+  // Get for a batch of keys, each with Get's semantics (results[i], (*outs)[i], (*froms)[i]
+  // for keys[i]; froms may be null). The SSD reads of the batch are submitted together
+  // (SsdTier::GetBatch: one submission per segment, each record verified against its
+  // checksum). More than kMaxBatch keys: every result is InvalidArgument. The default runs
+  // Get per key (for test doubles).
+  virtual void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
+                        std::vector<Tier>* froms, std::vector<Status>* results) {
+    outs->resize(keys.size());
+    results->assign(keys.size(), Status::InvalidArgument("batch larger than kMaxBatch"));
+    if (froms != nullptr) froms->assign(keys.size(), Tier::kNone);
+    if (keys.size() > kMaxBatch) return;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      (*results)[i] = Get(keys[i], &(*outs)[i], froms != nullptr ? &(*froms)[i] : nullptr);
+    }
+  }
 
   virtual LookupResult Lookup(std::span<const Key> chain) = 0;
 
@@ -153,9 +209,11 @@ class TierManager {
   virtual Status Pin(std::span<const Key> keys, uint64_t lease_ms) = 0;
   virtual Status Unpin(std::span<const Key> keys) = 0;
 
-  // NotFound if absent.
+  // NotFound if absent. IOError: the removal is done in memory but its commit failed (kSync;
+  // the index delete is retried at the next commit).
   virtual Status Delete(const Key& key) = 0;
-  // Removes every unit of the tenant from every tier and index.
+  // Removes every unit of the tenant from every tier and index (under kSync: one commit for
+  // all of them before it returns). IOError as for Delete.
   virtual Status DeleteTenant(TenantId tenant) = 0;
   // Sets the per-tenant byte quota (0: unlimited).
   virtual void SetTenantQuota(TenantId tenant, uint64_t quota_bytes) = 0;

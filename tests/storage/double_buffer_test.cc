@@ -59,6 +59,7 @@ class GateEnv final : public DeviceEnv {
   }
   StatusOr<std::vector<std::string>> List() override { return base_->List(); }
   Status Remove(const std::string& name) override { return base_->Remove(name); }
+  Status SyncDir() override { return base_->SyncDir(); }
   std::string Kind() const override { return "gate(" + base_->Kind() + ")"; }
 
  private:

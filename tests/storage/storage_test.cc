@@ -109,6 +109,7 @@ TEST(FaultInjectionTest, UnsyncedWritesAreLostOnCrash) {
     FaultInjectionEnv env(base.get(), fo);
     auto dev = env.Open("d", true);
     ASSERT_TRUE(dev.ok());
+    ASSERT_TRUE(env.SyncDir().ok());  // else the crash loses the device itself
     std::vector<uint8_t> a(4096, 'A'), b(4096, 'B');
     ASSERT_TRUE((*dev)->Write(0, a).ok());
     ASSERT_TRUE((*dev)->Sync().ok());
@@ -687,8 +688,12 @@ class TierManagerTest : public ::testing::Test {
   ManualClock clock_{1'000'000};
 };
 
+// Demotion through the admission policy: durability none (under batched / sync a DRAM put
+// is written through to SSD at once, see tests/storage/durability_test.cc).
 TEST_F(TierManagerTest, DramEvictionDemotesToSsdAndGetPromotes) {
-  auto tm = TierManager::Open(Options());
+  TierManagerOptions o = Options();
+  o.durability = Durability::kNone;
+  auto tm = TierManager::Open(o);
   ASSERT_TRUE(tm.ok()) << tm.status().ToString();
   constexpr int kUnits = 200;  // 200 x 20 KB = 4 MB into a 1 MB DRAM tier
   for (int i = 0; i < kUnits; ++i) {
@@ -723,14 +728,17 @@ TEST_F(TierManagerTest, DramEvictionDemotesToSsdAndGetPromotes) {
 }
 
 // Flush writes DRAM-only units back to SSD (keeping the DRAM copy), so a clean close and
-// reopen loses nothing acknowledged; SWA units (allow_ssd=false) stay out of SSD.
+// reopen loses nothing acknowledged; SWA units (allow_ssd=false) stay out of SSD. Durability
+// none: the only mode in which DRAM puts are not written through at once.
 TEST_F(TierManagerTest, FlushWritesDramUnitsBackSoTheySurviveReopen) {
   constexpr int kUnits = 20;  // 20 x 20 KB fits the 1 MB DRAM tier: nothing is demoted
   PutOptions swa;
   swa.kind = policies::ObjectKind::kSwa;
   swa.allow_ssd = false;
+  TierManagerOptions o = Options();
+  o.durability = Durability::kNone;
   {
-    auto tm = TierManager::Open(Options());
+    auto tm = TierManager::Open(o);
     ASSERT_TRUE(tm.ok()) << tm.status().ToString();
     for (int i = 0; i < kUnits; ++i) {
       Key k = MakeKey(i);
@@ -748,7 +756,7 @@ TEST_F(TierManagerTest, FlushWritesDramUnitsBackSoTheySurviveReopen) {
     ASSERT_TRUE((*tm)->Flush().ok());  // idempotent: the same versions are not written twice
     EXPECT_EQ((*tm)->GetStats().ssd.objects, static_cast<uint64_t>(kUnits));
   }
-  auto tm = TierManager::Open(Options());
+  auto tm = TierManager::Open(o);
   ASSERT_TRUE(tm.ok()) << tm.status().ToString();
   std::vector<uint8_t> out;
   for (int i = 0; i < kUnits; ++i) {

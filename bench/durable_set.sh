@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Durable SET throughput: kvtierd with durability = "sync" (every SET acknowledged only after
+# its data and index are on disk) against redis-server --appendonly yes --appendfsync always,
+# the same redis-benchmark run against each (16 clients, no pipelining, SET only), for 1 KB
+# and 57 KB values. Both servers run on free loopback ports with data directories under one
+# temporary directory on the same file system, and are stopped at the end.
+#
+# Usage: bench/durable_set.sh [KVTIERD] [REQUESTS=20000] [ROUNDS=3]
+#   KVTIERD defaults to build/release/cache_daemon/kvtierd. Each value size is measured
+#   ROUNDS times, kvtierd and redis-server alternating; the medians and their ratio
+#   (kvtierd / redis-server, goal >= 1.0) are printed, with the SSD commits kvtierd made.
+# Environment: KVTIER_BENCH_DIR (default: a new directory under ${TMPDIR:-/tmp}),
+#   KVTIER_IO_THREADS (kvtierd [server] io_threads, default 16: a RESP SET waits for its
+#   commit on an I/O thread, so concurrent SETs share a commit only up to this many).
+# Needs redis-server, redis-benchmark, curl and python3. Reports only; asserts nothing.
+set -euo pipefail
+
+KVTIERD=${1:-build/release/cache_daemon/kvtierd}
+REQUESTS=${2:-20000}
+ROUNDS=${3:-3}
+IO_THREADS=${KVTIER_IO_THREADS:-16}
+CLIENTS=16
+for tool in redis-server redis-benchmark curl python3; do
+  command -v "$tool" >/dev/null || { echo "durable_set.sh: $tool not found" >&2; exit 2; }
+done
+[[ -x $KVTIERD ]] || { echo "durable_set.sh: no kvtierd at $KVTIERD" >&2; exit 2; }
+
+DIR=${KVTIER_BENCH_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/kvtier_durable_set.XXXXXX")}
+mkdir -p "$DIR/kvtierd" "$DIR/redis"
+KV_PID=""
+REDIS_PID=""
+cleanup() {
+  [[ -n $KV_PID ]] && kill "$KV_PID" 2>/dev/null && wait "$KV_PID" 2>/dev/null
+  [[ -n $REDIS_PID ]] && kill "$REDIS_PID" 2>/dev/null && wait "$REDIS_PID" 2>/dev/null
+  [[ -z ${KVTIER_BENCH_DIR:-} ]] && rm -rf "$DIR"
+  return 0
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+wait_port() {
+  for _ in $(seq 1 400); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    sleep 0.025
+  done
+  echo "durable_set.sh: nothing listens on port $1" >&2
+  return 1
+}
+
+KV_PORT=$(free_port)
+KV_HTTP=$(free_port)
+REDIS_PORT=$(free_port)
+
+cat >"$DIR/kvtierd/kvtierd.toml" <<EOF
+[server]
+io_threads = $IO_THREADS
+worker_threads = 2
+http_port = $KV_HTTP
+[storage]
+dram_capacity_bytes = 1073741824
+ssd_capacity_bytes = 8589934592
+ssd_segment_bytes = 268435456
+durability = "sync"
+EOF
+"$KVTIERD" --config "$DIR/kvtierd/kvtierd.toml" --data-dir "$DIR/kvtierd" \
+  --socket "$DIR/kvtierd/kvtierd.sock" --listen 127.0.0.1 --resp-port "$KV_PORT" \
+  --http-port "$KV_HTTP" >"$DIR/kvtierd.log" 2>&1 &
+KV_PID=$!
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly yes \
+  --appendfsync always --dir "$DIR/redis" --protected-mode yes >"$DIR/redis.log" 2>&1 &
+REDIS_PID=$!
+wait_port "$KV_PORT" || { cat "$DIR/kvtierd.log" >&2; exit 1; }
+wait_port "$REDIS_PORT" || { cat "$DIR/redis.log" >&2; exit 1; }
+
+# ops/s of one redis-benchmark SET run (random keys out of 100k, so SETs are not one key).
+set_ops() {
+  redis-benchmark -p "$1" -n "$REQUESTS" -c "$CLIENTS" -P 1 -d "$2" -r 100000 -t set --csv |
+    awk -F'"' '$2 == "SET" { print $4 }'
+}
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+metric() {
+  curl -fsS "http://127.0.0.1:$KV_HTTP/metrics" | awk -v m="$1" '$1 == m { print $2 }'
+}
+
+echo "== durable SET: redis-benchmark -n $REQUESTS -c $CLIENTS -P 1 -r 100000 -t set," \
+  "$ROUNDS round(s), medians =="
+echo "kvtierd: durability=sync, io_threads=$IO_THREADS; redis-server: appendonly yes, appendfsync always"
+echo "data under $DIR ($(df -PT "$DIR" | awk 'NR == 2 { print $2 }'))"
+printf '%-8s %14s %14s %8s %14s\n' value "kvtierd ops/s" "redis ops/s" ratio "kv sets/commit"
+for bytes in 1024 57000; do
+  kv=()
+  rv=()
+  commits0=$(metric kvtier_ssd_commits_total || echo 0)
+  for _ in $(seq 1 "$ROUNDS"); do
+    kv+=("$(set_ops "$KV_PORT" "$bytes")")
+    rv+=("$(set_ops "$REDIS_PORT" "$bytes")")
+  done
+  commits1=$(metric kvtier_ssd_commits_total || echo 0)
+  k=$(printf '%s\n' "${kv[@]}" | median)
+  r=$(printf '%s\n' "${rv[@]}" | median)
+  awk -v b="$bytes" -v k="$k" -v r="$r" -v n="$((REQUESTS * ROUNDS))" \
+    -v c="$((commits1 - commits0))" 'BEGIN {
+      printf "%-8s %14.0f %14.0f %8.2f %14.1f\n", b, k, r, (r > 0 ? k / r : 0), (c > 0 ? n / c : 0)
+    }'
+done

@@ -1,0 +1,229 @@
+// The segment thread: prepares the next segment and cleans sealed ones, outside the tier lock
+// for every device I/O, paced by background_io_bytes_per_s.
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "common/logging.h"
+#include "storage/ssd/tier_impl.h"
+
+namespace kvtier::storage {
+
+namespace {
+
+// Records relocated per lock hold while cleaning (bounds the pause a chunk causes; at most a
+// quarter of the smallest segment, so a chunk always fits in the active + a fresh segment).
+constexpr size_t kCleanChunkBytes = 256 << 10;
+// After a failed preparation or cleaning pass, the segment thread retries after this long.
+constexpr uint32_t kRetryMs = 100;
+// Pacing sleeps in slices of at most this long, so a waiting request lifts it promptly.
+constexpr uint64_t kPaceSliceUs = 5'000;
+
+}  // namespace
+
+void SsdTier::Impl::SegmentLoop() {
+  std::unique_lock lock(mu_);
+  while (!seg_stop_.load()) {
+    // 1. A prepared segment first: requests wait for nothing else.
+    if (next_seg_ == nullptr && segments_.size() <= MaxSegments()) {
+      PrepareSegment(lock);
+      if (!prepare_status_.ok()) {
+        seg_cv_.wait_for(lock, std::chrono::milliseconds(kRetryMs));
+      }
+      continue;
+    }
+    // 2. Cleaning: over the segment limit, or one sparse segment per roll. Deferred while
+    // the index loads (live bytes are partial: cleaning would delete live data).
+    std::shared_ptr<Segment> victim = PickVictimLocked();
+    if (victim != nullptr) {
+      Status st = CleanSegment(victim, lock);
+      if (!st.ok()) {
+        KVTIER_LOG(kWarn) << "ssd cleaning of segment " << victim->id << ": " << st.ToString();
+        seg_cv_.wait_for(lock, std::chrono::milliseconds(kRetryMs));
+      }
+      continue;
+    }
+    seg_cv_.wait(lock);
+  }
+}
+
+void SsdTier::Impl::PrepareSegment(std::unique_lock<std::mutex>& lock) {
+  // Only this thread creates segments after Open, and a roll only consumes the prepared one:
+  // the next id is the active segment's + 1.
+  uint32_t id = active_->id + 1;
+  lock.unlock();
+  std::shared_ptr<BlockDevice> dev;
+  Status st;
+  auto opened = env_->Open(ssd::SegmentName(id), true);
+  if (opened.ok()) {
+    dev = std::move(*opened);
+    st = dev->Allocate(0, o_.segment_bytes);
+    if (st.ok()) st = env_->SyncDir();  // the new entry is durable before a commit names it
+    if (!st.ok()) {
+      dev.reset();
+      Status rm = env_->Remove(ssd::SegmentName(id));
+      (void)rm;
+    }
+  } else {
+    st = opened.status();
+  }
+  lock.lock();
+  if (!st.ok()) {
+    ++stats_.io_errors;
+    if (prepare_status_.ok()) {
+      KVTIER_LOG(kWarn) << "ssd segment " << id << " not prepared: " << st.ToString();
+    }
+    prepare_status_ = st;
+    room_cv_.notify_all();  // waiting puts return the error
+    return;
+  }
+  auto seg = std::make_shared<Segment>();
+  seg->id = id;
+  seg->dev = std::move(dev);
+  next_seg_ = std::move(seg);
+  prepare_status_ = Status::Ok();
+  room_cv_.notify_all();
+}
+
+std::shared_ptr<Segment> SsdTier::Impl::PickVictimLocked() {
+  if (!loaded_) return nullptr;
+  std::shared_ptr<Segment> victim;
+  for (const auto& [id, seg] : segments_) {
+    if (seg == active_) continue;
+    if (victim == nullptr || seg->live_bytes < victim->live_bytes) victim = seg;
+  }
+  if (victim == nullptr) return nullptr;
+  if (segments_.size() > MaxSegments()) return victim;
+  if (threshold_cleans_ == 0) return nullptr;
+  // At most one threshold-driven clean per roll.
+  threshold_cleans_ = 0;
+  bool sparse = static_cast<double>(victim->live_bytes) <
+                o_.clean_live_ratio * static_cast<double>(o_.segment_bytes);
+  return sparse ? victim : nullptr;
+}
+
+void SsdTier::Impl::PaceBackgroundIo(uint64_t bytes) {
+  if (o_.background_io_bytes_per_s == 0) return;  // unlimited
+  uint64_t now = NowUs();
+  bg_io_next_us_ = std::max(bg_io_next_us_, now) +
+                   bytes * 1'000'000 / std::max<uint64_t>(o_.background_io_bytes_per_s, 1);
+  while (!seg_stop_.load() && room_waiters_.load() == 0) {
+    now = NowUs();
+    if (now >= bg_io_next_us_) return;
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(std::min<uint64_t>(bg_io_next_us_ - now, kPaceSliceUs)));
+  }
+  bg_io_next_us_ = NowUs();  // a request waits: cleaning runs at full speed, no debt kept
+}
+
+Status SsdTier::Impl::CleanSegment(const std::shared_ptr<Segment>& victim,
+                                   std::unique_lock<std::mutex>& lock) {
+  std::vector<std::pair<Key, IndexEntry>> live;
+  for (const auto& [k, e] : map_) {
+    if (e.segment == victim->id) live.emplace_back(k, e);
+  }
+  std::sort(live.begin(), live.end(),
+            [](const auto& a, const auto& b) { return a.second.offset < b.second.offset; });
+  struct Read {
+    std::vector<uint8_t> rec;
+    RecordHeader h;
+    Status st;
+  };
+  std::vector<Read> reads;
+  for (size_t i = 0; i < live.size();) {
+    if (seg_stop_.load()) return Status::Ok();  // closing: the victim stays, intact
+    // A long clean must not starve puts of the next segment.
+    if (next_seg_ == nullptr && segments_.size() <= MaxSegments()) PrepareSegment(lock);
+    size_t end = i;
+    uint64_t chunk_bytes = 0;
+    while (end < live.size() && (end == i || chunk_bytes < kCleanChunkBytes)) {
+      chunk_bytes += live[end].second.record_bytes;
+      ++end;
+    }
+    // Read and verify outside the lock; the index may change meanwhile (checked below).
+    lock.unlock();
+    PaceBackgroundIo(2 * chunk_bytes);  // read here + written again by the relocation
+    reads.assign(end - i, Read{});
+    for (size_t j = i; j < end; ++j) {
+      const auto& [k, old] = live[j];
+      Read& r = reads[j - i];
+      r.st = ReadRecord(*victim, old.offset, old.record_bytes, &r.rec);
+      if (r.st.ok()) r.st = ssd::DecodeRecordHeader(r.rec, &r.h);
+      if (r.st.ok() && (r.h.key != k || r.h.seq != old.seq ||
+                        ssd::PayloadChecksum({r.rec.data() + ssd::kRecordHeaderBytes,
+                                              r.h.stored_bytes}) != old.checksum)) {
+        r.st = Status::Corruption("checksum");
+      }
+    }
+    lock.lock();
+    // Room for the chunk: puts may have filled the active segment and taken the prepared one
+    // meanwhile. The cleaner then prepares a segment itself (the on-disk count may exceed its
+    // limit by this one segment until the victim is deleted) rather than drop live units.
+    uint64_t chunk_padded = 0;
+    for (size_t j = i; j < end; ++j) {
+      chunk_padded += AlignUp(live[j].second.record_bytes, ssd::kRecordAlignBytes);
+    }
+    for (int attempt = 0; attempt < 2 && !FitsActiveLocked(chunk_padded) && next_seg_ == nullptr;
+         ++attempt) {
+      PrepareSegment(lock);
+    }
+    for (size_t j = i; j < end; ++j) {
+      const auto& [k, old] = live[j];
+      Read& r = reads[j - i];
+      auto it = map_.find(k);
+      // Replaced, removed or evicted while unlocked: nothing to relocate.
+      if (it == map_.end() || it->second.seq != old.seq || it->second.segment != victim->id) {
+        continue;
+      }
+      if (!r.st.ok()) {
+        if (r.st.IsCorruption())
+          ++stats_.checksum_failures;
+        else
+          ++stats_.io_errors;
+        RemoveLocked(k);
+        cleaner_dropped_.push_back(k);
+        continue;
+      }
+      IndexEntry e;
+      Status st =
+          AppendLocked(k, r.h, {r.rec.data() + ssd::kRecordHeaderBytes, r.h.stored_bytes}, &e);
+      if (!st.ok()) {
+        // No room to relocate: the unit is dropped, as an eviction.
+        RemoveLocked(k);
+        ++stats_.evictions;
+        cleaner_dropped_.push_back(k);
+        if (!st.IsRejected()) return st;
+        continue;
+      }
+      auto moved = map_.find(k);
+      if (moved != map_.end()) {
+        moved->second.hit_count = old.hit_count;
+        moved->second.last_access_unix_ms = old.last_access_unix_ms;
+        moved->second.created_unix_ms = old.created_unix_ms;
+      }
+    }
+    i = end;
+  }
+  // Relocated entries must be durable before the old segment disappears (outside the lock:
+  // the commit pipeline's own path, as the group commit).
+  lock.unlock();
+  Status st = Commit(kForceCommit);
+  lock.lock();
+  KVTIER_RETURN_IF_ERROR(st);
+  if (victim->live_bytes != 0) {
+    return Status::Internal("segment still holds live records after cleaning");
+  }
+  segments_.erase(victim->id);
+  ++stats_.segments_cleaned;
+  lock.unlock();
+  // Readers holding the segment keep their handle (DeviceEnv::Remove keeps it usable).
+  st = env_->Remove(ssd::SegmentName(victim->id));
+  if (st.ok()) st = env_->SyncDir();  // a cleaned segment never comes back after a crash
+  lock.lock();
+  if (!st.ok() && !st.IsNotFound()) {
+    KVTIER_LOG(kWarn) << "remove segment: " << st.ToString();
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvtier::storage

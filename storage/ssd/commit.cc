@@ -1,0 +1,231 @@
+#include <rocksdb/write_batch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "common/logging.h"
+#include "storage/ssd/tier_impl.h"
+
+namespace kvtier::storage {
+
+Status SsdTier::Impl::PrepareLocked(CommitBatch* b) {
+  b->empty = true;
+  if (buf_len_ == 0 && pending_.empty() && unsynced_segs_.empty()) return Status::Ok();
+  WriteBufferLocked();
+  b->empty = false;
+  b->write_seq_lo = prepared_seq_;
+  b->write_seq_hi = enqueued_seq_;
+  prepared_seq_ = enqueued_seq_;
+  b->ops = std::move(pending_);
+  pending_.clear();
+  b->last_ticket = pending_ticket_;
+  b->first_ticket = pending_ticket_ - b->ops.size() + 1;
+  b->sync_segs = std::move(unsynced_segs_);
+  unsynced_segs_.clear();
+  b->durable_segment = active_->id;
+  b->durable_end = buf_file_offset_;
+  b->next_seq = next_seq_;
+  b->max_version = max_version_;
+  std::lock_guard c(cstate_mu_);
+  commit_inflight_ = true;
+  return Status::Ok();
+}
+
+Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status, CommitStage* stage) {
+  *stage = CommitStage::kNone;
+  bool durable = o_.durability != Durability::kNone;
+  // Every buffer of this commit must have reached the device before the sync; records of a
+  // failed buffer are never indexed.
+  std::vector<FailedWrite> failed;
+  {
+    std::unique_lock wb(wb_mu_);
+    wb_cv_.wait(wb, [&] { return completed_seq_ >= b.write_seq_hi; });
+    for (const FailedWrite& f : failed_writes_) {
+      if (f.seq > b.write_seq_lo && f.seq <= b.write_seq_hi) failed.push_back(f);
+    }
+    std::erase_if(failed_writes_, [&](const FailedWrite& f) { return f.seq <= b.write_seq_hi; });
+  }
+  *write_status = failed.empty() ? Status::Ok() : failed.front().status;
+  auto lost = [&](const IndexEntry& e) {
+    for (const FailedWrite& f : failed) {
+      if (e.segment == f.segment && e.offset >= f.offset && e.offset < f.offset + f.len) {
+        return true;
+      }
+    }
+    return false;
+  };
+  Status st;
+  if (durable) {
+    for (const auto& seg : b.sync_segs) {
+      syncs_.fetch_add(1);
+      st = seg->dev->Sync(true);
+      if (!st.ok()) {
+        *stage = CommitStage::kSync;
+        break;
+      }
+    }
+  }
+  if (st.ok()) {
+    rocksdb::WriteBatch wb;
+    for (const auto& op : b.ops) {
+      if (!op.is_delete && lost(op.entry)) continue;
+      rocksdb::Status rs =
+          op.is_delete ? wb.Delete(index_cf_, KeySlice(op.key))
+                       : wb.Put(index_cf_, KeySlice(op.key), ssd::EncodeIndexEntry(op.entry));
+      st = FromRocks(rs, "batch");
+      if (!st.ok()) break;
+    }
+    if (st.ok()) {
+      char de[12];
+      std::memcpy(de, &b.durable_segment, 4);
+      std::memcpy(de + 4, &b.durable_end, 8);
+      char counters[16];
+      std::memcpy(counters, &b.next_seq, 8);
+      std::memcpy(counters + 8, &b.max_version, 8);
+      st = FromRocks(wb.Put(meta_cf_, "durable_end", {de, 12}), "batch");
+      if (st.ok()) st = FromRocks(wb.Put(meta_cf_, "counters", {counters, 16}), "batch");
+    }
+    if (st.ok()) {
+      rocksdb::WriteOptions wo;
+      wo.sync = durable;
+      st = FromRocks(db_->Write(wo, &wb), "index write");
+    }
+    if (!st.ok()) *stage = CommitStage::kIndexWrite;
+  }
+  if (st.ok() && !write_status->ok()) *stage = CommitStage::kBufferWrite;
+  {
+    std::lock_guard c(cstate_mu_);
+    if (b.last_ticket >= b.first_ticket && !st.ok()) {
+      failed_.push_back({b.first_ticket, b.last_ticket, st});
+      if (failed_.size() > kMaxFailedRanges) failed_.pop_front();
+    }
+    committed_ticket_ = std::max(committed_ticket_, b.last_ticket);
+    commit_inflight_ = false;
+  }
+  cstate_cv_.notify_all();
+  return st;
+}
+
+void SsdTier::Impl::Settle(CommitBatch* b, const Status& st, CommitStage stage) {
+  ReapLocked();  // drops the entries of failed buffer writes before ops are retried
+  if (stage != CommitStage::kNone) {
+    ++stats_.commit_failures;
+    stats_.last_failed_stage = stage;
+    KVTIER_LOG(kWarn) << "ssd commit failed at " << CommitStageName(stage) << ": "
+                      << (st.ok() ? "a buffer write failed" : st.ToString());
+  }
+  if (st.ok()) {
+    ++stats_.commits;
+    return;
+  }
+  ++stats_.io_errors;
+  // Ops are retried at the next commit only while they are still the key's newest state
+  // (another commit may have run since Execute: a stale op must not overwrite a newer one).
+  // After an index-write failure the data is durable (the sync succeeded) and ops are kept;
+  // after a sync failure the data may not be: its entries are forgotten.
+  bool data_durable = stage == CommitStage::kIndexWrite;
+  std::vector<PendingOp> retry;
+  for (auto& op : b->ops) {
+    auto it = map_.find(op.key);
+    bool current = it != map_.end() && it->second.seq == op.entry.seq;
+    if (op.is_delete) {
+      if (it == map_.end()) retry.push_back(op);
+    } else if (current && data_durable) {
+      retry.push_back(op);
+    } else if (current) {
+      RemoveLocked(op.key);  // the data may not be durable: forget the entry
+    }
+  }
+  pending_.insert(pending_.begin(), retry.begin(), retry.end());
+  pending_ticket_ += retry.size();
+  for (const auto& seg : b->sync_segs) {
+    if (std::find(unsynced_segs_.begin(), unsynced_segs_.end(), seg) == unsynced_segs_.end()) {
+      unsynced_segs_.push_back(seg);
+    }
+  }
+}
+
+Status SsdTier::Impl::TicketResult(uint64_t ticket) const {
+  std::lock_guard c(cstate_mu_);
+  for (const auto& f : failed_) {
+    if (ticket >= f.first && ticket <= f.last) return f.status;
+  }
+  return Status::Ok();
+}
+
+Status SsdTier::Impl::Commit(uint64_t ticket) {
+  if (ticket != kForceCommit) {
+    // While a commit is in flight it may cover this ticket: wait for it without queueing on
+    // commit_mu_, so that a covered writer returns as soon as its commit ends instead of
+    // waiting behind the next commit, which a newer writer may already have started.
+    std::unique_lock c(cstate_mu_);
+    cstate_cv_.wait(c, [&] { return committed_ticket_ >= ticket || !commit_inflight_; });
+    if (committed_ticket_ >= ticket) {
+      for (const auto& f : failed_) {
+        if (ticket >= f.first && ticket <= f.last) return f.status;
+      }
+      return Status::Ok();
+    }
+  }
+  std::lock_guard serial(commit_mu_);
+  if (ticket != kForceCommit) {
+    std::lock_guard c(cstate_mu_);
+    if (committed_ticket_ >= ticket) {
+      for (const auto& f : failed_) {
+        if (ticket >= f.first && ticket <= f.last) return f.status;
+      }
+      return Status::Ok();  // covered by an earlier (group) commit
+    }
+  }
+  CommitBatch b;
+  std::unique_lock lock(mu_);
+  {
+    // A CommitLocked in flight has finished by now (it holds mu_ throughout).
+    KVTIER_RETURN_IF_ERROR(PrepareLocked(&b));
+  }
+  if (b.empty) return Status::Ok();
+  lock.unlock();
+  Status write_st;
+  CommitStage stage = CommitStage::kNone;
+  Status st = Execute(b, &write_st, &stage);  // buffer writes, fdatasync, index: outside the lock
+  lock.lock();
+  Settle(&b, st, stage);
+  if (!st.ok()) return st;
+  lock.unlock();
+  if (!write_st.ok()) return write_st;
+  return ticket == kForceCommit ? Status::Ok() : TicketResult(ticket);
+}
+
+Status SsdTier::Impl::CommitLocked(Status* write_status) {
+  {
+    // Index writes stay in order: wait for an out-of-lock commit to finish its write.
+    std::unique_lock c(cstate_mu_);
+    cstate_cv_.wait(c, [&] { return !commit_inflight_; });
+  }
+  CommitBatch b;
+  KVTIER_RETURN_IF_ERROR(PrepareLocked(&b));
+  if (b.empty) return Status::Ok();
+  Status write_st;
+  CommitStage stage = CommitStage::kNone;
+  Status st = Execute(b, &write_st, &stage);
+  Settle(&b, st, stage);
+  if (write_status != nullptr) *write_status = write_st;
+  return st;
+}
+
+void SsdTier::Impl::CommitLoop() {
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(std::max<uint32_t>(o_.group_commit_ms, 1)));
+    if (stop_) break;
+    lock.unlock();
+    Status st = Commit(kForceCommit);  // the fdatasync runs outside the tier lock
+    if (!st.ok()) {
+      KVTIER_LOG(kWarn) << "ssd group commit failed: " << st.ToString();
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace kvtier::storage

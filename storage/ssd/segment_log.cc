@@ -1,0 +1,219 @@
+#include <algorithm>
+#include <cstring>
+
+#include "common/logging.h"
+#include "storage/ssd/tier_impl.h"
+
+namespace kvtier::storage {
+
+namespace {
+
+// The write buffer is submitted as this many writes at once (queue depth of a buffer write).
+constexpr size_t kWriteSplit = 4;
+constexpr size_t kMinWriteChunkBytes = 128 << 10;
+
+}  // namespace
+
+Status SsdTier::Impl::ReadRecord(const Segment& seg, uint64_t offset, uint32_t record_bytes,
+                                 std::vector<uint8_t>* out) {
+  size_t a = std::max<size_t>(seg.dev->Alignment(), 1);
+  uint64_t start = offset / a * a;
+  uint64_t end = AlignUp(offset + record_bytes, a);
+  AlignedBuffer buf = AllocateAligned(end - start, std::max<size_t>(a, 64));
+  KVTIER_RETURN_IF_ERROR(seg.dev->Read(start, {buf.get(), end - start}));
+  out->assign(buf.get() + (offset - start), buf.get() + (offset - start) + record_bytes);
+  return Status::Ok();
+}
+
+Status SsdTier::Impl::AppendLocked(const Key& key, const RecordHeader& h,
+                                   std::span<const uint8_t> payload, IndexEntry* e) {
+  uint64_t rec = ssd::kRecordHeaderBytes + payload.size();
+  uint64_t padded = AlignUp(rec, ssd::kRecordAlignBytes);
+  if (!FitsActiveLocked(padded)) KVTIER_RETURN_IF_ERROR(RollLocked());
+  if (buf_len_ + padded > o_.write_buffer_bytes) WriteBufferLocked();
+  uint64_t offset = buf_file_offset_ + buf_len_;
+  if (padded > o_.write_buffer_bytes) {
+    // A record larger than the write buffer is written on its own.
+    uint64_t n = AlignUp(rec, ssd::kBlockBytes);
+    AlignedBuffer big = AllocateAligned(n, ssd::kBlockBytes);
+    std::memset(big.get() + rec, 0, n - rec);
+    ssd::EncodeRecordHeader(h, big.get());
+    std::memcpy(big.get() + ssd::kRecordHeaderBytes, payload.data(), payload.size());
+    Status st = active_->dev->Write(buf_file_offset_, {big.get(), n});
+    if (!st.ok()) {
+      ++stats_.io_errors;
+      return st;
+    }
+    buf_file_offset_ += n;
+    stats_.bytes_written += n;
+    MarkUnsyncedLocked();
+  } else {
+    AcquireBufferLocked();  // waits only when every buffer is in flight
+    uint8_t* p = bufs_[fill_].data + buf_len_;
+    ssd::EncodeRecordHeader(h, p);
+    std::memcpy(p + ssd::kRecordHeaderBytes, payload.data(), payload.size());
+    std::memset(p + rec, 0, padded - rec);
+    buf_len_ += padded;
+  }
+  e->codec = h.codec;
+  e->kind = h.kind;
+  e->segment = active_->id;
+  e->offset = offset;
+  e->record_bytes = static_cast<uint32_t>(rec);
+  e->raw_bytes = h.raw_bytes;
+  e->checksum = h.payload_checksum;
+  e->tenant = h.tenant;
+  e->created_unix_ms = h.created_unix_ms;
+  e->last_access_unix_ms = h.created_unix_ms;
+  e->seq = h.seq;
+  e->version = h.version;
+  e->expires_unix_ms = h.expires_unix_ms;
+  e->parent_id = h.parent_id;
+  e->recompute_tokens = h.recompute_tokens;
+  Insert(key, *e);
+  PushPending({key, false, *e});
+  return Status::Ok();
+}
+
+void SsdTier::Impl::WriteBufferLocked() {
+  if (buf_len_ == 0 || fill_ == kNoBuffer) return;
+  uint64_t n = AlignUp(buf_len_, ssd::kBlockBytes);
+  WriteBuf& b = bufs_[fill_];
+  std::memset(b.data + buf_len_, 0, n - buf_len_);
+  b.seg = active_;
+  b.file_offset = buf_file_offset_;
+  b.len = n;
+  b.write_seq = ++enqueued_seq_;
+  {
+    std::lock_guard wb(wb_mu_);
+    b.done = false;
+    b.status = Status::Ok();
+    wb_queue_.push_back(fill_);
+  }
+  wb_cv_.notify_all();
+  fill_ = kNoBuffer;
+  buf_file_offset_ += n;
+  buf_len_ = 0;
+  MarkUnsyncedLocked();
+}
+
+void SsdTier::Impl::AcquireBufferLocked() {
+  while (fill_ == kNoBuffer) {
+    ReapLocked();
+    for (size_t i = 0; i < bufs_.size(); ++i) {
+      if (!bufs_[i].in_use) {
+        bufs_[i].in_use = true;
+        fill_ = i;
+        return;
+      }
+    }
+    // Every buffer is in flight: wait for the writer (it never takes mu_).
+    std::unique_lock wb(wb_mu_);
+    wb_cv_.wait(wb, [&] {
+      for (const WriteBuf& b : bufs_) {
+        if (b.in_use && b.done) return true;
+      }
+      return false;
+    });
+  }
+}
+
+void SsdTier::Impl::ReapLocked() {
+  struct Lost {
+    std::shared_ptr<Segment> seg;
+    uint64_t offset, len;
+    Status status;
+  };
+  std::vector<Lost> lost;
+  {
+    std::lock_guard wb(wb_mu_);
+    for (size_t i = 0; i < bufs_.size(); ++i) {
+      WriteBuf& b = bufs_[i];
+      if (i == fill_ || !b.in_use || !b.done) continue;
+      if (b.status.ok()) {
+        stats_.bytes_written += b.len;
+      } else {
+        lost.push_back({b.seg, b.file_offset, b.len, b.status});
+      }
+      b.in_use = false;
+      b.done = false;
+      b.seg.reset();
+    }
+  }
+  for (const Lost& l : lost) {
+    // The records never reached the device: forget them (their index entries are left out
+    // of the commit that covers this write, see Execute).
+    ++stats_.io_errors;
+    std::vector<Key> keys;
+    for (const auto& [k, e] : map_) {
+      if (e.segment == l.seg->id && e.offset >= l.offset && e.offset < l.offset + l.len) {
+        keys.push_back(k);
+      }
+    }
+    for (const Key& k : keys) RemoveLocked(k);
+    if (o_.on_write_lost && !keys.empty()) o_.on_write_lost(keys);
+    KVTIER_LOG(kWarn) << "ssd buffer write failed (segment " << l.seg->id << " @" << l.offset
+                      << ", " << keys.size() << " units dropped): " << l.status.ToString();
+  }
+}
+
+void SsdTier::Impl::WriterLoop() {
+  std::unique_lock wb(wb_mu_);
+  while (true) {
+    wb_cv_.wait(wb, [&] { return wb_stop_ || !wb_queue_.empty(); });
+    if (wb_queue_.empty()) return;  // stopping, and everything queued is written
+    size_t i = wb_queue_.front();
+    wb_queue_.pop_front();
+    uint8_t* data = bufs_[i].data;
+    std::shared_ptr<Segment> seg = bufs_[i].seg;
+    uint64_t offset = bufs_[i].file_offset, n = bufs_[i].len, seq = bufs_[i].write_seq;
+    wb.unlock();
+    // Submitted as up to kWriteSplit writes in one batch (queue depth > 1 on io_uring).
+    uint64_t chunk =
+        std::max<uint64_t>(AlignUp(n / kWriteSplit, ssd::kBlockBytes), kMinWriteChunkBytes);
+    IoRequest reqs[kWriteSplit + 1];
+    size_t count = 0;
+    for (uint64_t off = 0; off < n; off += chunk) {
+      reqs[count++] = {IoRequest::Op::kWrite,
+                       offset + off,
+                       data + off,
+                       static_cast<size_t>(std::min(chunk, n - off)),
+                       {}};
+    }
+    Status st = seg->dev->Submit({reqs, count});
+    wb.lock();
+    bufs_[i].done = true;
+    bufs_[i].status = st;
+    completed_seq_ = seq;
+    if (!st.ok()) failed_writes_.push_back({seq, seg->id, offset, n, st});
+    wb_cv_.notify_all();
+  }
+}
+
+Status SsdTier::Impl::RollLocked() {
+  if (next_seg_ == nullptr) return Status::Rejected("no room in the active segment");
+  // The buffer being filled belongs to the sealed segment; the next commit waits for it and
+  // syncs the sealed segment (it stays in unsynced_segs_), so no commit is needed here.
+  WriteBufferLocked();
+  active_ = std::move(next_seg_);
+  next_seg_.reset();
+  segments_[active_->id] = active_;
+  buf_file_offset_ = 0;
+  buf_len_ = 0;
+  ++threshold_cleans_;
+  seg_cv_.notify_all();  // prepare the next segment; clean if over the limit
+  return Status::Ok();
+}
+
+Status SsdTier::Impl::WaitForRoomLocked(std::unique_lock<std::mutex>& lock, uint64_t padded) {
+  while (!FitsActiveLocked(padded) && next_seg_ == nullptr) {
+    if (!prepare_status_.ok()) return prepare_status_;
+    ++room_waiters_;  // lifts the background I/O budget until a segment is prepared
+    seg_cv_.notify_all();
+    room_cv_.wait(lock);
+    --room_waiters_;
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvtier::storage

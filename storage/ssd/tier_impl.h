@@ -1,0 +1,437 @@
+// Private to the SSD tier: the declaration of SsdTier::Impl, shared by the files that implement
+// it, one concern each (docs/format/ssd.md describes the behaviour):
+//   storage/ssd_tier.cc         the public SsdTier, and the request paths Put and Get
+//   storage/ssd/segment_log.cc  segment appends, write buffers and their writer thread, rolls
+//   storage/ssd/commit.cc       the group commit pipeline (prepare / execute / settle)
+//   storage/ssd/recovery.cc     Open (RocksDB, segments, tail scan) and close
+//   storage/ssd/cleaner.cc      segment cleaning (relocating live records)
+//   storage/ssd/index.cc        the in-memory index: background load, point reads, policy
+// Nothing outside storage/ includes this header.
+#pragma once
+
+#include <rocksdb/db.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "storage/key_util.h"
+#include "storage/ssd_format.h"
+#include "storage/ssd_tier.h"
+
+namespace kvtier::storage {
+using ssd::AlignUp;
+using ssd::Codec;
+using ssd::IndexEntry;
+using ssd::RecordHeader;
+
+namespace ssd {
+
+inline rocksdb::Slice KeySlice(const Key& k) {
+  return {reinterpret_cast<const char*>(k.data()), k.size()};
+}
+
+struct Segment {
+  uint32_t id = 0;
+  std::shared_ptr<BlockDevice> dev;
+  uint64_t live_bytes = 0;
+};
+
+inline uint64_t LiveCost(const IndexEntry& e) { return AlignUp(e.record_bytes, kRecordAlignBytes); }
+
+inline Status FromRocks(const rocksdb::Status& s, const char* what) {
+  if (s.ok()) return Status::Ok();
+  if (s.IsCorruption()) return Status::Corruption(std::string(what) + ": " + s.ToString());
+  return Status::IOError(std::string(what) + ": " + s.ToString());
+}
+
+}  // namespace ssd
+
+using ssd::FromRocks;
+using ssd::KeySlice;
+using ssd::LiveCost;
+using ssd::Segment;
+
+class SsdTier::Impl {
+ public:
+  explicit Impl(const SsdOptions& o) : o_(o) {}
+  ~Impl();
+
+  Status Open();
+  Status Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
+             std::vector<Key>* evicted);
+  Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta);
+  void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
+                std::vector<SsdMeta>* metas, std::vector<Status>* results);
+  bool Contains(const Key& key, uint64_t* version) {
+    std::unique_lock lock(mu_);
+    auto it = FindLocked(key, lock);
+    if (it == map_.end()) return false;
+    if (version != nullptr) *version = it->second.version;
+    return true;
+  }
+  Status Remove(const Key& key, uint64_t* ticket) {
+    std::unique_lock lock(mu_);
+    if (FindLocked(key, lock) == map_.end()) return Status::NotFound("not in ssd tier");
+    RemoveLocked(key);
+    if (ticket != nullptr) *ticket = pending_ticket_;
+    return Status::Ok();
+  }
+  Status WaitDurable(uint64_t ticket) {
+    if (o_.durability != Durability::kSync || ticket == 0) return Status::Ok();
+    return Commit(ticket);
+  }
+  std::optional<Key> EvictOne() {
+    std::lock_guard lock(mu_);
+    return EvictLocked();
+  }
+  void SetTracked(const Key& key, bool tracked);
+  Status SetPolicy(const std::string& eviction, const policies::PolicyParams& params);
+  void ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) {
+    std::unique_lock lock(mu_);
+    load_cv_.wait(lock, [&] { return load_finished_; });
+    for (const auto& [k, e] : map_) fn(k, MetaOf(e));
+  }
+  void WaitForIndexLoad() {
+    std::unique_lock lock(mu_);
+    load_cv_.wait(lock, [&] { return load_finished_; });
+  }
+  Status Flush() { return Commit(kForceCommit); }
+  SsdStats GetStats() const {
+    std::lock_guard lock(mu_);
+    SsdStats s = stats_;
+    s.capacity_bytes = o_.capacity_bytes;
+    s.objects = map_.size();
+    s.segments = segments_.size();
+    s.live_bytes = 0;
+    for (const auto& [id, seg] : segments_) s.live_bytes += seg->live_bytes;
+    s.disk_bytes = segments_.size() * o_.segment_bytes;
+    s.syncs = syncs_.load();
+    s.index_loaded = load_finished_;
+    return s;
+  }
+  uint64_t max_version() const {
+    std::lock_guard lock(mu_);
+    return max_version_;
+  }
+
+ private:
+  struct PendingOp {
+    Key key;
+    bool is_delete;
+    IndexEntry entry;
+  };
+
+  static SsdMeta MetaOf(const IndexEntry& e) {
+    SsdMeta m;
+    m.tenant = e.tenant;
+    m.version = e.version;
+    m.kind = static_cast<policies::ObjectKind>(e.kind);
+    m.expires_unix_ms = e.expires_unix_ms;
+    m.parent_id = e.parent_id;
+    m.recompute_tokens = e.recompute_tokens;
+    m.raw_bytes = e.raw_bytes;
+    return m;
+  }
+  policies::ObjectInfo InfoOf(const Key& k, const IndexEntry& e) const {
+    policies::ObjectInfo info;
+    info.id = ObjectIdOf(k);
+    info.size_bytes = e.record_bytes;
+    info.parent_id = e.parent_id;
+    info.recompute_tokens = e.recompute_tokens;
+    info.kind = static_cast<policies::ObjectKind>(e.kind);
+    return info;
+  }
+  uint64_t NowUs() const { return clock_->NowUs(); }
+  size_t MaxSegments() const {
+    return std::max<size_t>(2, o_.capacity_bytes / o_.segment_bytes - 1);
+  }
+  uint64_t LiveLimit() const {
+    return static_cast<uint64_t>(static_cast<double>((MaxSegments() - 1) * o_.segment_bytes) *
+                                 (1.0 - o_.clean_live_ratio));
+  }
+
+  void Track(const Key& k, const IndexEntry& e) {
+    if (untracked_.count(k)) return;
+    auto [it, inserted] = id_to_key_.emplace(ObjectIdOf(k), k);
+    if (!inserted && it->second != k) return;  // 64-bit id collision: leave untracked
+    policy_->OnInsert(InfoOf(k, e), NowUs());
+  }
+  void Untrack(const Key& k) {
+    auto it = id_to_key_.find(ObjectIdOf(k));
+    if (it == id_to_key_.end() || it->second != k) return;
+    policy_->OnRemove(it->first);
+    id_to_key_.erase(it);
+  }
+  void Insert(const Key& k, const IndexEntry& e) {
+    auto it = map_.find(k);
+    if (it != map_.end()) RemoveLocked(k, /*log_delete=*/false);
+    map_.emplace(k, e);
+    auto seg = segments_.find(e.segment);
+    if (seg != segments_.end()) seg->second->live_bytes += LiveCost(e);
+    Track(k, e);
+    max_version_ = std::max(max_version_, e.version);
+  }
+  void RemoveLocked(const Key& k, bool log_delete = true) {
+    auto it = map_.find(k);
+    if (it == map_.end()) return;
+    auto seg = segments_.find(it->second.segment);
+    if (seg != segments_.end()) seg->second->live_bytes -= LiveCost(it->second);
+    Untrack(k);
+    map_.erase(it);
+    dirty_access_.erase(k);
+    // While the background load runs, the loader must not bring the key back.
+    if (!loaded_) tombstones_.insert(k);
+    if (log_delete) PushPending({k, true, {}});
+  }
+  void PushPending(PendingOp op) {
+    pending_.push_back(std::move(op));
+    ++pending_ticket_;
+  }
+  // True when the index entry points past the valid end of the log found by recovery (a
+  // torn tail, or an entry written ahead of its data in kNone): never served, deleted.
+  bool TornAtOpen(const IndexEntry& e) const {
+    auto it = recovered_ends_.find(e.segment);
+    return it != recovered_ends_.end() && e.offset + e.record_bytes > it->second;
+  }
+  // map_ lookup; while the background load runs, a key not loaded yet is read from the
+  // RocksDB index (outside the lock) and inserted, so hits are served right after Open.
+  std::unordered_map<Key, IndexEntry, KeyHash>::iterator FindLocked(
+      const Key& key, std::unique_lock<std::mutex>& lock);
+  std::optional<Key> EvictLocked() {
+    while (true) {
+      auto id = policy_->Evict(NowUs());
+      if (!id) return std::nullopt;
+      auto it = id_to_key_.find(*id);
+      if (it == id_to_key_.end()) continue;
+      Key k = it->second;
+      id_to_key_.erase(it);
+      if (!map_.count(k)) continue;
+      RemoveLocked(k);
+      ++stats_.evictions;
+      return k;
+    }
+  }
+
+  // The record's bytes when they sit in a write buffer (being filled, in flight, or written
+  // but not reaped yet); nullptr when they are only on the device. Under mu_.
+  const uint8_t* BufferedRecord(const IndexEntry& e) const {
+    if (fill_ != kNoBuffer && active_ != nullptr && e.segment == active_->id &&
+        e.offset >= buf_file_offset_ && e.offset < buf_file_offset_ + buf_len_) {
+      return bufs_[fill_].data + (e.offset - buf_file_offset_);
+    }
+    for (size_t i = 0; i < bufs_.size(); ++i) {
+      const WriteBuf& b = bufs_[i];
+      if (i == fill_ || !b.in_use || b.seg == nullptr || b.seg->id != e.segment) continue;
+      if (e.offset >= b.file_offset && e.offset < b.file_offset + b.len) {
+        return b.data + (e.offset - b.file_offset);
+      }
+    }
+    return nullptr;
+  }
+  // True when a record of `padded` bytes fits in the active segment after what is buffered.
+  bool FitsActiveLocked(uint64_t padded) const {
+    return AlignUp(buf_file_offset_ + buf_len_ + padded, ssd::kBlockBytes) <= o_.segment_bytes;
+  }
+  // Appends to the active segment, rolling into the prepared segment when it does not fit;
+  // Rejected when it does not fit and no segment is prepared (never waits for one).
+  Status AppendLocked(const Key& key, const RecordHeader& h, std::span<const uint8_t> payload,
+                      IndexEntry* e);
+  // Hands the buffer being filled (if not empty) to the writer thread; never blocks.
+  void WriteBufferLocked();
+  // Makes a buffer the one being filled, waiting (mu_ held) for the writer when all are busy.
+  void AcquireBufferLocked();
+  // Frees the buffers the writer has finished; drops the entries of failed ones.
+  void ReapLocked();
+  void WriterLoop();
+  void MarkUnsyncedLocked() {
+    if (unsynced_segs_.empty() || unsynced_segs_.back() != active_)
+      unsynced_segs_.push_back(active_);
+  }
+
+  // Group commit. A commit (1) under mu_ writes the buffer and takes the pending index ops
+  // (PrepareLocked), (2) outside mu_ fdatasyncs the segments written since the last commit and
+  // writes the ops to RocksDB (Execute), (3) under mu_ settles the outcome (Settle). Commits
+  // are applied to RocksDB in order: Commit() callers are serialised by commit_mu_, and
+  // CommitLocked() (recovery, close: mu_ held throughout) first waits until no
+  // out-of-lock commit is in flight. Lock order: commit_mu_ -> mu_ -> cstate_mu_.
+  struct CommitBatch {
+    bool empty = true;
+    std::vector<PendingOp> ops;
+    uint64_t first_ticket = 0, last_ticket = 0;
+    std::vector<std::shared_ptr<Segment>> sync_segs;
+    uint32_t durable_segment = 0;
+    uint64_t durable_end = 0, next_seq = 0, max_version = 0;
+    // Buffers handed to the writer in (write_seq_lo, write_seq_hi] belong to this commit.
+    uint64_t write_seq_lo = 0, write_seq_hi = 0;
+  };
+  static constexpr uint64_t kForceCommit = UINT64_MAX;
+  Status PrepareLocked(CommitBatch* b);
+  // Returns the commit's status (sync + index write); *write_status: the first failed buffer
+  // write of the batch (its records are left out of the index write), or OK. *stage: where
+  // it failed (kBufferWrite when only a buffer write did), kNone when nothing did.
+  Status Execute(const CommitBatch& b, Status* write_status, CommitStage* stage);
+  // Under mu_: counts the outcome; after a failure at kBufferWrite / kSync forgets the data
+  // the commit covered, after kIndexWrite (data durable) queues its index ops again.
+  void Settle(CommitBatch* b, const Status& st, CommitStage stage);
+  // Commits everything pending up to `ticket` (kForceCommit: a commit pass now). Not under mu_.
+  // Returns the commit's error, else a failed buffer write of the commit, else OK.
+  Status Commit(uint64_t ticket);
+  // Commits with mu_ held (recovery, close). A failed buffer write of the
+  // commit is stored in *write_status when not null (its records are dropped either way).
+  Status CommitLocked(Status* write_status = nullptr);
+  Status TicketResult(uint64_t ticket) const;
+  void LoadIndex();
+  // Seals the active segment and makes the prepared one active (no I/O, no commit: the next
+  // commit covers the sealed segment's last buffer). Rejected when none is prepared.
+  Status RollLocked();
+  // Waits (mu_ released) until a record of `padded` bytes fits in the active segment or a
+  // segment is prepared; the error of the last failed preparation otherwise.
+  Status WaitForRoomLocked(std::unique_lock<std::mutex>& lock, uint64_t padded);
+
+  // ---- the segment thread (storage/ssd/cleaner.cc) ----
+  // Keeps the next segment prepared (created and fallocated outside mu_) and cleans segments
+  // (over the segment limit, or one sparse segment per roll) with its own I/O budget
+  // (background_io_bytes_per_s). Request paths wait for it only when no segment is prepared.
+  void SegmentLoop();
+  // Creates and fallocates the next segment outside mu_ (lock held on entry and exit).
+  void PrepareSegment(std::unique_lock<std::mutex>& lock);
+  // The segment to clean now, or nullptr (under mu_).
+  std::shared_ptr<Segment> PickVictimLocked();
+  // Relocates the victim's live records (reads outside mu_, appends in chunks under it),
+  // commits, then deletes the segment. Lock held on entry and exit.
+  Status CleanSegment(const std::shared_ptr<Segment>& victim, std::unique_lock<std::mutex>& lock);
+  // Paces background I/O to background_io_bytes_per_s; returns at once while a request
+  // waits for a segment. Called outside mu_.
+  void PaceBackgroundIo(uint64_t bytes);
+  // A read in two halves (Get, GetBatch). BeginReadLocked finds the entry (point read while
+  // loading), records the access and either copies the record from a write buffer into
+  // *buffered or sets *seg to the segment to read it from. FinishRead verifies the record
+  // (header, key, seq, checksum; a mismatch is quarantined) and decodes it into *out; it
+  // takes mu_ only on failure. read_st: the device read's status.
+  Status BeginReadLocked(const Key& key, std::unique_lock<std::mutex>& lock, IndexEntry* e,
+                         std::shared_ptr<Segment>* seg, std::vector<uint8_t>* buffered);
+  Status FinishRead(const Key& key, const IndexEntry& e, Status read_st,
+                    std::span<const uint8_t> rec, std::vector<uint8_t>* out);
+  Status ReadRecord(const Segment& seg, uint64_t offset, uint32_t record_bytes,
+                    std::vector<uint8_t>* out);
+  Status ScanTail(const std::shared_ptr<Segment>& seg, uint64_t start, uint64_t* valid_end,
+                  std::vector<std::pair<Key, IndexEntry>>* found);
+  void CommitLoop();
+
+  SsdOptions o_;
+  const Clock* clock_ = nullptr;
+  std::unique_ptr<DeviceEnv> owned_env_;
+  DeviceEnv* env_ = nullptr;
+  std::unique_ptr<rocksdb::DB> db_;
+  rocksdb::ColumnFamilyHandle* index_cf_ = nullptr;
+  rocksdb::ColumnFamilyHandle* meta_cf_ = nullptr;
+  rocksdb::ColumnFamilyHandle* default_cf_ = nullptr;
+
+  mutable std::mutex mu_;
+  std::unordered_map<Key, IndexEntry, KeyHash> map_;
+  std::unordered_map<policies::ObjectId, Key> id_to_key_;
+  std::unordered_set<Key, KeyHash> untracked_;
+  std::unordered_set<Key, KeyHash> dirty_access_;
+  std::map<uint32_t, std::shared_ptr<Segment>> segments_;
+  std::shared_ptr<Segment> active_;
+  // ---- write buffers (double buffering) ----
+  // A buffer is free, being filled (fill_), queued/in flight on the writer thread, or done
+  // (written or failed) and not yet reaped. data/seg/file_offset/len/write_seq are set under
+  // mu_ before the buffer is queued and read by the writer after it takes it from the queue.
+  struct WriteBuf {
+    uint8_t* data = nullptr;
+    bool in_use = false;  // under mu_: not free
+    std::shared_ptr<Segment> seg;
+    uint64_t file_offset = 0, len = 0, write_seq = 0;
+    bool done = false;  // under wb_mu_
+    Status status;      // under wb_mu_
+  };
+  static constexpr size_t kNoBuffer = SIZE_MAX;
+  AlignedBuffer buf_region_;  // write_buffers x write_buffer_bytes, registered with the env
+  std::vector<WriteBuf> bufs_;
+  size_t fill_ = kNoBuffer;       // the buffer being filled, under mu_
+  uint64_t buf_file_offset_ = 0;  // file offset of the buffer being filled (active_)
+  size_t buf_len_ = 0;
+  uint64_t enqueued_seq_ = 0;  // under mu_: buffers ever handed to the writer
+  uint64_t prepared_seq_ = 0;  // under mu_: enqueued_seq_ at the last PrepareLocked
+  std::mutex wb_mu_;           // lock order: mu_ -> wb_mu_; the writer takes only wb_mu_
+  std::condition_variable wb_cv_;
+  std::deque<size_t> wb_queue_;  // under wb_mu_, FIFO (one writer: completes in order)
+  uint64_t completed_seq_ = 0;   // under wb_mu_
+  struct FailedWrite {
+    uint64_t seq;
+    uint32_t segment;
+    uint64_t offset, len;
+    Status status;
+  };
+  std::vector<FailedWrite> failed_writes_;  // under wb_mu_; consumed by Execute
+  bool wb_stop_ = false;                    // under wb_mu_
+  std::thread writer_thread_;
+  std::vector<std::shared_ptr<Segment>> unsynced_segs_;
+  std::vector<PendingOp> pending_;
+  uint64_t pending_ticket_ = 0;  // ops ever pushed to pending_
+  // Units the cleaner dropped (unreadable, or no room to relocate): handed to the caller of
+  // the next Put through its `evicted` list. Under mu_.
+  std::vector<Key> cleaner_dropped_;
+  uint64_t next_seq_ = 1;
+  uint64_t max_version_ = 0;
+  std::unique_ptr<policies::EvictionPolicy> policy_;
+  SsdStats stats_;
+
+  // ---- segment thread ----
+  std::shared_ptr<Segment> next_seg_;  // under mu_: prepared, not yet in segments_
+  Status prepare_status_;              // under mu_: the last preparation's outcome
+  uint64_t threshold_cleans_ = 0;      // under mu_: sparse cleans allowed (one per roll)
+  std::condition_variable seg_cv_;     // wakes the segment thread (with mu_)
+  std::condition_variable room_cv_;    // a segment was prepared (with mu_)
+  std::atomic<bool> seg_stop_{false};
+  std::atomic<uint32_t> room_waiters_{0};  // requests waiting for a prepared segment
+  uint64_t bg_io_next_us_ = 0;             // segment thread only: pacing deadline
+  std::thread segment_thread_;
+
+  std::thread commit_thread_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+
+  // ---- commit state ----
+  std::mutex commit_mu_;
+  mutable std::mutex cstate_mu_;
+  std::condition_variable cstate_cv_;
+  bool commit_inflight_ = false;   // under cstate_mu_
+  uint64_t committed_ticket_ = 0;  // under cstate_mu_
+  struct FailedRange {
+    uint64_t first, last;
+    Status status;
+  };
+  static constexpr size_t kMaxFailedRanges = 64;
+  std::deque<FailedRange> failed_;  // under cstate_mu_
+  std::atomic<uint64_t> syncs_{0};  // fdatasync calls by commits
+
+  // ---- background index load (warm restart) ----
+  std::unique_ptr<rocksdb::Iterator> load_iter_;  // implicit snapshot taken at Open
+  std::thread load_thread_;
+  std::atomic<bool> stop_load_{false};
+  std::condition_variable load_cv_;
+  // Under mu_. loaded_: every entry is in map_ (point reads stop). load_finished_: also
+  // reported to on_index_load and the deferred cleaning done; what waiters wait for.
+  bool loaded_ = false;
+  bool load_finished_ = false;
+  std::unordered_set<Key, KeyHash> tombstones_;  // removed since Open, while loading
+  // Segments scanned at Open (past the last commit) and the valid end the scan found in each.
+  std::map<uint32_t, uint64_t> recovered_ends_;
+  uint64_t open_bytes_bound_ = 0;  // bytes in segments at Open (live bound)
+  uint64_t open_us_ = 0;
+  std::vector<std::pair<Key, SsdMeta>> point_loaded_;  // for on_index_load, under mu_
+};
+
+}  // namespace kvtier::storage

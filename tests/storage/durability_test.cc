@@ -1,0 +1,486 @@
+// The durability contract of TierManager (storage/tier_manager.h): every acknowledged write,
+// whatever tier it was placed in, and every acknowledged delete survives a crash under the
+// mode in force (sync: all of them; batched: all but the last group-commit window). Crashes
+// are simulated with FaultInjectionEnv over a memory env: unsynced writes and unsynced
+// directory entries are dropped, and the tier is reopened over the surviving state.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "storage/block_device.h"
+#include "storage/fault_injection.h"
+#include "storage/ssd_format.h"
+#include "storage/ssd_tier.h"
+#include "storage/tier_manager.h"
+#include "tests/storage/test_util.h"
+
+namespace kvtier::storage {
+namespace {
+
+using testing::CheckValue;
+using testing::MakeKey;
+using testing::MakeValue;
+using testing::TempDir;
+
+constexpr size_t kValueBytes = 5000;
+
+class DurabilityTest : public ::testing::Test {
+ protected:
+  TierManagerOptions Options(Durability d, DeviceEnv* env) {
+    TierManagerOptions o;
+    o.dram_capacity_bytes = 4ull << 20;
+    o.slab_page_bytes = 64 << 10;
+    o.ssd_capacity_bytes = 64ull << 20;
+    o.ssd_segment_bytes = 1ull << 20;
+    o.ssd_write_buffer_bytes = 64 << 10;
+    o.data_dir = dir_.path();
+    o.durability = d;
+    o.group_commit_ms = 3'600'000;  // no timed group commit unless a test sets one
+    o.ssd_env = env;
+    return o;
+  }
+  std::unique_ptr<TierManager> Open(const TierManagerOptions& o) {
+    auto tm = TierManager::Open(o);
+    EXPECT_TRUE(tm.ok()) << tm.status().ToString();
+    return tm.ok() ? std::move(tm).value() : nullptr;
+  }
+  // The state after a crash: reopened over the base env (what reached the "disk").
+  // A simulated crash: drops the env's unsynced writes and directory entries, and takes the
+  // RocksDB index as it is on disk now (a copy), so that nothing the tier writes while it is
+  // torn down afterwards (its close commit) reaches the state the test reopens.
+  void Crash(FaultInjectionEnv& fault) {
+    fault.SimulateCrash();
+    std::error_code ec;
+    std::filesystem::copy(dir_.path() + "/index", image_.path() + "/index",
+                          std::filesystem::copy_options::recursive, ec);
+    ASSERT_FALSE(ec) << ec.message();
+    crashed_ = true;
+  }
+  // The state after a crash: the index image and what reached the base env.
+  std::unique_ptr<TierManager> Reopen(Durability d) {
+    TierManagerOptions o = Options(d, base_.get());
+    if (crashed_) o.data_dir = image_.path();
+    return Open(o);
+  }
+  static Status PutVersion(TierManager* tm, int i, uint64_t version, PutOptions p = {},
+                           size_t bytes = kValueBytes) {
+    Key k = MakeKey(i);
+    return tm->Put(k, MakeValue(k, version, bytes), p);
+  }
+  // The version Get returns, 0 on a miss; fails the test on wrong bytes.
+  static uint64_t VersionOf(TierManager* tm, int i) {
+    Key k = MakeKey(i);
+    std::vector<uint8_t> out;
+    if (!tm->Get(k, &out).ok()) return 0;
+    uint64_t v = 0;
+    EXPECT_TRUE(CheckValue(k, out, &v)) << "unit " << i << " returned wrong bytes";
+    return v;
+  }
+  // Polls until `done` holds, at most 10 s (the test then fails instead of hanging).
+  template <typename F>
+  static bool Eventually(F done) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
+  }
+
+  TempDir dir_, image_;
+  bool crashed_ = false;
+  std::unique_ptr<DeviceEnv> base_ = NewMemEnv();
+};
+
+// A default put (placed in DRAM) under sync is on disk when acknowledged: written through.
+TEST_F(DurabilityTest, SyncPutPlacedInDramSurvivesACrash) {
+  constexpr int kUnits = 60;
+  {
+    FaultInjectionEnv fault(base_.get(), {});
+    auto tm = Open(Options(Durability::kSync, &fault));
+    ASSERT_NE(tm, nullptr);
+    PutOptions hbm;
+    hbm.highest_tier = Tier::kHbm;  // no HBM tier: placed in DRAM
+    for (int i = 0; i < kUnits; ++i) {
+      ASSERT_TRUE(PutVersion(tm.get(), i, 1, i % 2 ? hbm : PutOptions{}).ok());
+    }
+    ASSERT_TRUE(PutVersion(tm.get(), 0, 2).ok());  // an overwrite, also in DRAM
+    std::vector<Key> chain{MakeKey(1)};
+    EXPECT_EQ(tm->Lookup(chain).tiers.at(0), Tier::kDram) << "placed in DRAM";
+    // SWA state asks to stay in memory: it is the one exception.
+    PutOptions swa;
+    swa.kind = policies::ObjectKind::kSwa;
+    swa.allow_ssd = false;
+    ASSERT_TRUE(PutVersion(tm.get(), 1000, 1, swa).ok());
+    Crash(fault);
+  }
+  auto tm = Reopen(Durability::kSync);
+  ASSERT_NE(tm, nullptr);
+  EXPECT_EQ(VersionOf(tm.get(), 0), 2u);
+  for (int i = 1; i < kUnits; ++i) EXPECT_EQ(VersionOf(tm.get(), i), 1u) << "lost unit " << i;
+  EXPECT_EQ(VersionOf(tm.get(), 1000), 0u) << "memory-only state never reaches SSD";
+}
+
+// Batched: everything acknowledged before a group commit survives; later puts may be lost
+// (each unit is then absent or exactly its acknowledged bytes).
+TEST_F(DurabilityTest, BatchedLosesAtMostItsWindow) {
+  constexpr int kCommitted = 40, kWindow = 40;
+  {
+    FaultInjectionEnv fault(base_.get(), {});
+    TierManagerOptions o = Options(Durability::kBatched, &fault);
+    o.group_commit_ms = 2;
+    auto tm = Open(o);
+    ASSERT_NE(tm, nullptr);
+    for (int i = 0; i < kCommitted; ++i) ASSERT_TRUE(PutVersion(tm.get(), i, 1).ok());
+    // Two more group commits: the second started after the last put was acknowledged (commits
+    // are serialised). Empty commits are not counted, so an SSD-placed marker unit keeps giving
+    // them something to write.
+    PutOptions ssd;
+    ssd.highest_tier = Tier::kSsd;
+    uint64_t c0 = tm->GetStats().ssd_commits;
+    uint64_t marker = 0;
+    ASSERT_TRUE(Eventually([&] {
+      EXPECT_TRUE(PutVersion(tm.get(), 999, ++marker, ssd).ok());
+      return tm->GetStats().ssd_commits >= c0 + 2;
+    }));
+    for (int i = kCommitted; i < kCommitted + kWindow; ++i) {
+      ASSERT_TRUE(PutVersion(tm.get(), i, 1).ok());
+    }
+    Crash(fault);
+  }
+  auto tm = Reopen(Durability::kBatched);
+  ASSERT_NE(tm, nullptr);
+  for (int i = 0; i < kCommitted; ++i) EXPECT_EQ(VersionOf(tm.get(), i), 1u) << "lost unit " << i;
+  for (int i = kCommitted; i < kCommitted + kWindow; ++i) {
+    uint64_t v = VersionOf(tm.get(), i);
+    EXPECT_TRUE(v == 0 || v == 1) << i;
+  }
+}
+
+class DeleteDurabilityTest : public DurabilityTest,
+                             public ::testing::WithParamInterface<Durability> {};
+
+// Deleted units stay deleted after a crash: single deletes, a tenant delete, a unit whose
+// record lies in the newest segment (the part recovery scans), and a unit deleted and then
+// put again (never its first version).
+TEST_P(DeleteDurabilityTest, DeletedKeysStayDeletedAfterCrashAndRecovery) {
+  Durability d = GetParam();
+  PutOptions tenant2;
+  tenant2.tenant = 2;
+  {
+    // A first life fills older segments and ends cleanly.
+    auto tm = Open(Options(d, base_.get()));
+    ASSERT_NE(tm, nullptr);
+    for (int i = 0; i < 100; ++i) ASSERT_TRUE(PutVersion(tm.get(), i, 1).ok());
+  }
+  {
+    FaultInjectionEnv fault(base_.get(), {});
+    auto tm = Open(Options(d, &fault));
+    ASSERT_NE(tm, nullptr);
+    // Records in the newest segment (this life appends to a fresh one), deleted at once.
+    for (int i = 200; i < 210; ++i) ASSERT_TRUE(PutVersion(tm.get(), i, 1).ok());
+    for (int i = 200; i < 205; ++i) ASSERT_TRUE(tm->Delete(MakeKey(i)).ok());
+    // Older units deleted; unit 10 deleted and put again.
+    for (int i = 0; i < 20; ++i) ASSERT_TRUE(tm->Delete(MakeKey(i)).ok());
+    ASSERT_TRUE(PutVersion(tm.get(), 10, 3).ok());
+    // A tenant's units, then the tenant delete (FLUSHDB).
+    for (int i = 300; i < 320; ++i) ASSERT_TRUE(PutVersion(tm.get(), i, 1, tenant2).ok());
+    ASSERT_TRUE(tm->DeleteTenant(2).ok());
+    if (d == Durability::kBatched) {
+      uint64_t c0 = tm->GetStats().ssd_commits;
+      ASSERT_TRUE(tm->Flush().ok());  // a group commit (Flush commits like the timer does)
+      EXPECT_GT(tm->GetStats().ssd_commits, c0);
+    }
+    // After the commit: more records in the tail (written to the device, never committed).
+    for (int i = 400; i < 440; ++i) ASSERT_TRUE(PutVersion(tm.get(), i, 1).ok());
+    Crash(fault);
+  }
+  auto tm = Reopen(d);
+  ASSERT_NE(tm, nullptr);
+  for (int i = 200; i < 205; ++i) EXPECT_EQ(VersionOf(tm.get(), i), 0u) << "resurrected " << i;
+  for (int i = 205; i < 210; ++i) EXPECT_EQ(VersionOf(tm.get(), i), 1u) << "lost " << i;
+  for (int i = 0; i < 20; ++i) {
+    if (i != 10) {
+      EXPECT_EQ(VersionOf(tm.get(), i), 0u) << "resurrected " << i;
+    }
+  }
+  EXPECT_EQ(VersionOf(tm.get(), 10), 3u) << "the re-put survives, never the deleted version";
+  for (int i = 20; i < 100; ++i) EXPECT_EQ(VersionOf(tm.get(), i), 1u) << "lost " << i;
+  for (int i = 300; i < 320; ++i) EXPECT_EQ(VersionOf(tm.get(), i), 0u) << "tenant unit " << i;
+  Stats s = tm->GetStats();
+  for (const auto& [tenant, bytes] : s.tenant_bytes) EXPECT_NE(tenant, 2u);
+  // A second crash-free restart changes nothing.
+  tm.reset();
+  tm = Reopen(d);
+  for (int i = 200; i < 205; ++i) EXPECT_EQ(VersionOf(tm.get(), i), 0u) << "resurrected " << i;
+  EXPECT_EQ(VersionOf(tm.get(), 10), 3u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, DeleteDurabilityTest,
+                         ::testing::Values(Durability::kSync, Durability::kBatched),
+                         [](const auto& info) {
+                           return info.param == Durability::kSync ? "Sync" : "Batched";
+                         });
+
+// Concurrent sync writers share commits: while one fdatasync is held, N puts (DRAM-placed)
+// all reach the SSD tier (TierManager's lock is not held across the SSD write and commit
+// wait), and all of them are then made durable by at most two commits. The same for deletes.
+TEST_F(DurabilityTest, ConcurrentSyncWritersShareCommits) {
+  constexpr int kThreads = 8;
+  FaultInjectionEnv fault(base_.get(), {});
+  auto tm = Open(Options(Durability::kSync, &fault));
+  ASSERT_NE(tm, nullptr);
+  std::vector<Key> keys;
+  for (int i = 0; i < kThreads; ++i) keys.push_back(MakeKey(i));
+  auto present = [&] {
+    int n = 0;
+    for (const Key& k : keys) n += tm->Lookup(std::span<const Key>(&k, 1)).hit_count == 1;
+    return n;
+  };
+  // Puts.
+  {
+    uint64_t commits0 = tm->GetStats().ssd_commits;
+    fault.PauseSyncs(true);
+    std::atomic<int> failed{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&, i] { failed += PutVersion(tm.get(), i, 1).ok() ? 0 : 1; });
+    }
+    // Every put is written (and visible) while the first commit's fdatasync is held.
+    bool all_written = Eventually([&] { return present() == kThreads; });
+    fault.PauseSyncs(false);
+    for (auto& t : threads) t.join();
+    ASSERT_TRUE(all_written) << "puts were serialised behind one commit";
+    EXPECT_EQ(failed.load(), 0);
+    uint64_t commits = tm->GetStats().ssd_commits - commits0;
+    EXPECT_LE(commits, 2u) << "concurrent sync puts did not share commits";
+    EXPECT_LT(commits, static_cast<uint64_t>(kThreads));
+  }
+  // Deletes: a put's commit is held at its fdatasync; the deletes behind it are all done in
+  // memory meanwhile and share the next commit.
+  {
+    uint64_t commits0 = tm->GetStats().ssd_commits;
+    fault.PauseSyncs(true);
+    PutOptions ssd;
+    ssd.highest_tier = Tier::kSsd;  // always writes, so its commit syncs
+    std::thread blocker([&] { EXPECT_TRUE(PutVersion(tm.get(), 100, 1, ssd).ok()); });
+    bool blocked = Eventually([&] { return fault.syncs_waiting() == 1; });
+    std::atomic<int> failed{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&, i] { failed += tm->Delete(MakeKey(i)).ok() ? 0 : 1; });
+    }
+    bool all_removed = Eventually([&] { return present() == 0; });
+    fault.PauseSyncs(false);
+    blocker.join();
+    for (auto& t : threads) t.join();
+    ASSERT_TRUE(blocked);
+    ASSERT_TRUE(all_removed) << "deletes were serialised behind one commit";
+    EXPECT_EQ(failed.load(), 0);
+    EXPECT_LE(tm->GetStats().ssd_commits - commits0, 2u) << "deletes did not share a commit";
+  }
+  Crash(fault);
+  tm.reset();
+  auto after = Reopen(Durability::kSync);
+  for (int i = 0; i < kThreads; ++i) EXPECT_EQ(VersionOf(after.get(), i), 0u) << i;
+}
+
+// Puts, deletes and gets of the same keys from several threads under sync: every Get sees a
+// whole acknowledged version, and after the threads stop, a crash changes nothing.
+TEST_F(DurabilityTest, ConcurrentPutsDeletesAndGetsOfOneKeySetAreExactAfterACrash) {
+  constexpr int kKeys = 16, kThreads = 4, kOps = 150;
+  std::map<int, uint64_t> before;
+  {
+    FaultInjectionEnv fault(base_.get(), {});
+    auto tm = Open(Options(Durability::kSync, &fault));
+    ASSERT_NE(tm, nullptr);
+    std::atomic<uint64_t> next_version{1};
+    std::atomic<int> bad{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        uint64_t x = static_cast<uint64_t>(t) * 7919 + 1;
+        for (int n = 0; n < kOps; ++n) {
+          x = testing::SplitMix(x);
+          int i = static_cast<int>(x % kKeys);
+          switch ((x >> 8) % 4) {
+            case 0:
+              (void)tm->Delete(MakeKey(i));
+              break;
+            case 1: {
+              Key k = MakeKey(i);
+              std::vector<uint8_t> out;
+              if (tm->Get(k, &out).ok() && !CheckValue(k, out, nullptr)) ++bad;
+              break;
+            }
+            default:
+              if (!PutVersion(tm.get(), i, next_version++).ok()) ++bad;
+          }
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(bad.load(), 0);
+    for (int i = 0; i < kKeys; ++i) before[i] = VersionOf(tm.get(), i);
+    Crash(fault);
+  }
+  auto tm = Reopen(Durability::kSync);
+  ASSERT_NE(tm, nullptr);
+  for (int i = 0; i < kKeys; ++i) EXPECT_EQ(VersionOf(tm.get(), i), before[i]) << "unit " << i;
+}
+
+// A failed commit names its stage (typed, in stats); the unit it covered is not kept, and
+// the tier goes on working.
+TEST_F(DurabilityTest, FailedCommitCarriesItsStage) {
+  FaultInjectionEnv fault(base_.get(), {});
+  auto tm = Open(Options(Durability::kSync, &fault));
+  ASSERT_NE(tm, nullptr);
+  EXPECT_EQ(tm->GetStats().ssd_last_failed_stage, CommitStage::kNone);
+  fault.FailNextSyncs(1);
+  Status st = PutVersion(tm.get(), 1, 1);
+  EXPECT_TRUE(st.IsIOError()) << st.ToString();
+  Stats s = tm->GetStats();
+  EXPECT_EQ(s.ssd_commit_failures, 1u);
+  EXPECT_EQ(s.ssd_last_failed_stage, CommitStage::kSync);
+  EXPECT_STREQ(CommitStageName(s.ssd_last_failed_stage), "sync");
+  EXPECT_EQ(VersionOf(tm.get(), 1), 0u) << "a put whose commit failed is not served";
+
+  fault.FailNextWrites(1);
+  st = PutVersion(tm.get(), 2, 1);
+  EXPECT_TRUE(st.IsIOError()) << st.ToString();
+  s = tm->GetStats();
+  EXPECT_EQ(s.ssd_commit_failures, 2u);
+  EXPECT_EQ(s.ssd_last_failed_stage, CommitStage::kBufferWrite);
+  EXPECT_EQ(VersionOf(tm.get(), 2), 0u);
+
+  ASSERT_TRUE(PutVersion(tm.get(), 3, 1).ok());
+  Crash(fault);
+  tm.reset();
+  auto after = Reopen(Durability::kSync);
+  EXPECT_EQ(VersionOf(after.get(), 3), 1u);
+  EXPECT_EQ(VersionOf(after.get(), 1), 0u);
+  EXPECT_EQ(VersionOf(after.get(), 2), 0u);
+}
+
+// The SSD tier itself: a put whose fdatasync failed is forgotten (its data may not be on
+// disk), a put whose buffer write failed too; the stage is typed.
+TEST_F(DurabilityTest, SsdTierForgetsWhatAFailedSyncOrWriteMayHaveLost) {
+  FaultInjectionEnv fault(base_.get(), {});
+  SsdOptions o;
+  o.dir = dir_.path();
+  o.env = &fault;
+  o.capacity_bytes = 16ull << 20;
+  o.segment_bytes = 1ull << 20;
+  o.write_buffer_bytes = 64 << 10;
+  o.durability = Durability::kSync;
+  o.group_commit_ms = 3'600'000;
+  auto ssd = SsdTier::Open(o);
+  ASSERT_TRUE(ssd.ok()) << ssd.status().ToString();
+  Key a = MakeKey(1), b = MakeKey(2), c = MakeKey(3);
+  SsdMeta meta;
+  meta.version = 1;
+  fault.FailNextSyncs(1);
+  EXPECT_TRUE((*ssd)->Put(a, MakeValue(a, 1, 3000), meta, nullptr).IsIOError());
+  EXPECT_FALSE((*ssd)->Contains(a)) << "kept an entry whose data may not be durable";
+  EXPECT_EQ((*ssd)->GetStats().last_failed_stage, CommitStage::kSync);
+  fault.FailNextWrites(1);
+  EXPECT_TRUE((*ssd)->Put(b, MakeValue(b, 1, 3000), meta, nullptr).IsIOError());
+  EXPECT_FALSE((*ssd)->Contains(b));
+  EXPECT_EQ((*ssd)->GetStats().last_failed_stage, CommitStage::kBufferWrite);
+  EXPECT_EQ((*ssd)->GetStats().commit_failures, 2u);
+  ASSERT_TRUE((*ssd)->Put(c, MakeValue(c, 1, 3000), meta, nullptr).ok());
+  EXPECT_TRUE((*ssd)->Contains(c));
+}
+
+// SSD I/O errors are io_error misses, not never_stored: a failed read (Get) and a unit lost
+// to a failed buffer write (Lookup's first_miss).
+TEST_F(DurabilityTest, IoErrorsAreTheirOwnMissReason) {
+  FaultInjectionEnv fault(base_.get(), {});
+  auto tm = Open(Options(Durability::kBatched, &fault));
+  ASSERT_NE(tm, nullptr);
+  PutOptions ssd;
+  ssd.highest_tier = Tier::kSsd;
+  ASSERT_TRUE(PutVersion(tm.get(), 1, 1, ssd).ok());
+  ASSERT_TRUE(tm->Flush().ok());  // on the device, not in a write buffer
+  fault.FailNextReads(1);
+  std::vector<uint8_t> out;
+  Status st = tm->Get(MakeKey(1), &out);
+  EXPECT_TRUE(st.IsNotFound()) << st.ToString();
+  Stats s = tm->GetStats();
+  EXPECT_EQ(s.misses_io_error, 1u);
+  EXPECT_EQ(s.misses_never_stored, 0u);
+  EXPECT_EQ(VersionOf(tm.get(), 1), 1u) << "the entry stays after a read error";
+
+  ASSERT_TRUE(PutVersion(tm.get(), 2, 1, ssd).ok());  // batched: acknowledged, then lost
+  fault.FailNextWrites(1);
+  EXPECT_FALSE(tm->Flush().ok());
+  std::vector<Key> chain{MakeKey(2)};
+  LookupResult r = tm->Lookup(chain);
+  EXPECT_EQ(r.hit_count, 0u);
+  EXPECT_EQ(r.first_miss, MissReason::kIoError);
+  EXPECT_STREQ(MissReasonName(r.first_miss), "io_error");
+  EXPECT_EQ(tm->GetStats().misses_io_error, 2u);
+}
+
+// A new segment's directory entry is synced before any commit names it: a crash right after
+// a roll loses nothing acknowledged (without the directory fsync the new segment file is
+// gone after the crash and recovery drops the index entries that name it).
+TEST_F(DurabilityTest, NewSegmentsSurviveACrashThroughTheDirectoryFsync) {
+  constexpr int kUnits = 60;  // 60 x 50 KB = 3 MB: several 1 MiB segments
+  {
+    FaultInjectionEnv fault(base_.get(), {});
+    auto tm = Open(Options(Durability::kSync, &fault));
+    ASSERT_NE(tm, nullptr);
+    PutOptions ssd;
+    ssd.highest_tier = Tier::kSsd;
+    for (int i = 0; i < kUnits; ++i) ASSERT_TRUE(PutVersion(tm.get(), i, 1, ssd, 50000).ok());
+    Crash(fault);
+  }
+  auto names = base_->List();
+  ASSERT_TRUE(names.ok());
+  EXPECT_GE(names->size(), 3u);
+  auto tm = Reopen(Durability::kSync);
+  ASSERT_NE(tm, nullptr);
+  for (int i = 0; i < kUnits; ++i) ASSERT_EQ(VersionOf(tm.get(), i), 1u) << "lost unit " << i;
+}
+
+// The fault env models directory entries: an unsynced create is lost in a crash, an
+// unsynced remove is undone.
+TEST(FaultInjectionDirTest, UnsyncedDirectoryEntriesFollowTheCrash) {
+  auto base = NewMemEnv();
+  {
+    auto kept = base->Open("kept", true);
+    ASSERT_TRUE(kept.ok());
+  }
+  {
+    FaultInjectionEnv fault(base.get(), {});
+    ASSERT_TRUE(fault.Open("synced", true).ok());
+    ASSERT_TRUE(fault.SyncDir().ok());
+    ASSERT_TRUE(fault.Open("unsynced", true).ok());
+    ASSERT_TRUE(fault.Remove("kept").ok());
+    auto listed = fault.List();
+    ASSERT_TRUE(listed.ok());
+    EXPECT_EQ(*listed, (std::vector<std::string>{"synced", "unsynced"}));
+    EXPECT_TRUE(fault.Open("kept", false).status().IsNotFound());
+    fault.SimulateCrash();
+  }
+  auto names = base->List();
+  ASSERT_TRUE(names.ok());
+  EXPECT_EQ(*names, (std::vector<std::string>{"kept", "synced"}));
+  {
+    FaultInjectionEnv fault(base.get(), {});
+    ASSERT_TRUE(fault.Remove("kept").ok());
+    ASSERT_TRUE(fault.SyncDir().ok());
+  }
+  names = base->List();
+  ASSERT_TRUE(names.ok());
+  EXPECT_EQ(*names, (std::vector<std::string>{"synced"}));
+}
+
+}  // namespace
+}  // namespace kvtier::storage

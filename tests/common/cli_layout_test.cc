@@ -1,31 +1,17 @@
 // Runs the `kvtier` binary: `kvtier layout --json` on the shipped configs (890 and 222.5
 // bytes per token) and `kvtier demo` (the issue-2 codec round trip, exit 0).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/common/run_kvtier.h"
+
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-};
-
-Result RunKvtier(const std::string& args) {
-  const std::string cmd = std::string(KVTIER_BINARY_DIR) + "/cli/kvtier " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = kvtier::testing::KvtierResult;
+using kvtier::testing::RunKvtier;
 
 std::string Model(const char* file) {
   return std::string(KVTIER_SOURCE_DIR) + "/deploy/models/" + file;

@@ -3,32 +3,18 @@
 // policy that is not listed) with exit code 2 and a message naming the flag, and accept
 // per-policy parameters.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <string>
 
+#include "tests/common/run_kvtier.h"
+
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-};
-
-Result RunKvtier(const std::string& args) {
-  const std::string cmd = std::string(KVTIER_BINARY_DIR) + "/cli/kvtier " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = kvtier::testing::KvtierResult;
+using kvtier::testing::RunKvtier;
 
 class SimFlags : public ::testing::Test {
  protected:

@@ -470,6 +470,13 @@ Status TierManagerImpl::PlaceLocked(Tier tier, const Key& key, std::span<const u
       if (!st.IsRejected()) return st;
       auto victim = mem->PickVictim();
       if (!victim) break;  // everything left is pinned: place lower
+      if (*victim == key) {
+        // The victim is this tier's older copy of the unit being placed: it only leaves the
+        // tier. Demoting it would move the older version past the new one (a written-through
+        // put's SSD copy), and the stale-copy removal that follows would then delete both.
+        (void)mem->Remove(key);
+        continue;
+      }
       DemoteLocked(tier, *victim);
     }
     return PlaceLocked(next, key, value, meta);
@@ -501,6 +508,12 @@ void TierManagerImpl::DemoteLocked(Tier tier, const Key& victim) {
   std::vector<uint8_t> bytes;
   MemMeta meta;
   if (!mem->Read(victim, &bytes, &meta, /*count=*/false).ok()) return;
+  if (uint64_t held = 0; ssd_ && ssd_->Contains(victim, &held) && held > meta.version) {
+    // The SSD already holds a newer version (versions only grow): this copy is stale and
+    // only leaves memory; demoting or dropping it must not touch the newer SSD copy.
+    (void)mem->Remove(victim);
+    return;
+  }
   bool placed = false;
   if (tier == Tier::kHbm && (dram_ || ssd_)) {
     placed = PlaceLocked(Tier::kDram, victim, bytes, meta).ok();

@@ -126,6 +126,39 @@ TEST_F(DurabilityTest, SyncPutPlacedInDramSurvivesACrash) {
   EXPECT_EQ(VersionOf(tm.get(), 1000), 0u) << "memory-only state never reaches SSD";
 }
 
+// Under sync, an overwrite whose older copy is the DRAM tier's eviction victim when the new
+// version is placed in memory (step 3 of a written-through put): the older copy must only
+// leave DRAM. Demoting it used to write the old version over the new one on SSD (or, when
+// admission refused it, remove the SSD copy), and the put's stale-copy removal then deleted
+// the key from SSD: acknowledged, yet absent after a crash.
+TEST_F(DurabilityTest, SyncOverwriteOfTheDramVictimSurvivesACrash) {
+  {
+    FaultInjectionEnv fault(base_.get(), {});
+    TierManagerOptions o = Options(Durability::kSync, &fault);
+    o.dram_capacity_bytes = o.slab_page_bytes;  // one slab page: a handful of units
+    auto tm = Open(o);
+    ASSERT_NE(tm, nullptr);
+    for (int i = 100; i < 200; ++i) ASSERT_TRUE(PutVersion(tm.get(), i, 1).ok());
+    const uint64_t slots = tm->GetStats().dram.objects;
+    ASSERT_GE(slots, 2u);
+    ASSERT_LT(slots, 100u) << "DRAM must be full";
+    // Unit 0 in DRAM, then exactly enough puts after it that it is the LRU victim of a full
+    // DRAM tier.
+    ASSERT_TRUE(PutVersion(tm.get(), 0, 1).ok());
+    for (uint64_t i = 0; i + 1 < slots; ++i) {
+      ASSERT_TRUE(PutVersion(tm.get(), 200 + static_cast<int>(i), 1).ok());
+    }
+    std::vector<Key> chain{MakeKey(0)};
+    ASSERT_EQ(tm->Lookup(chain).tiers.at(0), Tier::kDram);
+    ASSERT_TRUE(PutVersion(tm.get(), 0, 2).ok());
+    EXPECT_EQ(VersionOf(tm.get(), 0), 2u) << "read-your-writes before the crash";
+    Crash(fault);
+  }
+  auto tm = Reopen(Durability::kSync);
+  ASSERT_NE(tm, nullptr);
+  EXPECT_EQ(VersionOf(tm.get(), 0), 2u) << "acknowledged overwrite lost";
+}
+
 // Batched: everything acknowledged before a group commit survives; later puts may be lost
 // (each unit is then absent or exactly its acknowledged bytes).
 TEST_F(DurabilityTest, BatchedLosesAtMostItsWindow) {

@@ -77,7 +77,7 @@ struct Shared {
   ConnectionMemory* memory = nullptr;
   // Connections open per front (incremented at admission, decremented by the session).
   std::array<std::atomic<uint32_t>, static_cast<size_t>(Front::kCount)> front_open{};
-  const TlsFront* tls = nullptr;    // null when no front uses TLS
+  const TlsFront* tls = nullptr;  // null when no front uses TLS
   std::atomic<bool> draining{false};
   std::atomic<bool> ready{true};
   uint64_t start_us = 0;
@@ -148,6 +148,38 @@ class IdleWatch {
   asio::steady_timer timer_;
   const uint64_t timeout_ms_;
   uint64_t last_ms_ = 0;
+};
+
+// Holds a session's reads while limits.connection_memory_bytes_max is spent (the daemon-wide
+// ConnectionMemory is Over()): counts one refusal per pause and retries every kRetryMs. Owned
+// by a session, used on its strand only.
+class MemoryGate {
+ public:
+  static constexpr uint64_t kRetryMs = 5;
+  template <typename Executor>
+  explicit MemoryGate(const Executor& ex) : timer_(ex) {}
+  // True when the session may read now. Otherwise the session is paused: retry (which holds
+  // the session alive) runs after kRetryMs, and false is returned.
+  template <typename Retry>
+  bool AllowsRead(Shared* shared, Retry retry) {
+    if (!shared->memory->Over()) {
+      paused_ = false;
+      return true;
+    }
+    if (!paused_) shared->metrics->Refuse(Refusal::kMemory);
+    paused_ = true;
+    timer_.expires_after(std::chrono::milliseconds(kRetryMs));
+    timer_.async_wait([retry](boost::system::error_code ec) {
+      if (!ec) retry();
+    });
+    return false;
+  }
+  bool paused() const { return paused_; }
+  void Cancel() { timer_.cancel(); }
+
+ private:
+  asio::steady_timer timer_;
+  bool paused_ = false;
 };
 
 // The /metrics page (also used by tests through the HTTP port). tenant_series = false leaves

@@ -27,8 +27,6 @@ constexpr int kMaxAuthFailures = 3;
 // kReadChunkBytes while reads fill it.
 constexpr size_t kFirstReadBytes = 16 * 1024;
 constexpr size_t kReadChunkBytes = 256 * 1024;
-// A session paused by limits.connection_memory_bytes_max looks again after this long.
-constexpr uint64_t kMemoryRetryMs = 5;
 
 Op ToOp(uint8_t opcode) {
   switch (static_cast<Opcode>(opcode)) {
@@ -108,7 +106,7 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
         is_unix_(is_unix),
         parser_(shared->options->max_frame_bytes),
         timer_(strand_),
-        memory_timer_(strand_),
+        memory_(strand_),
         idle_(strand_, shared->options->idle_timeout_ms),
         rbuf_(kFirstReadBytes) {
     tenant_ = shared_->tenants->default_tenant();
@@ -132,7 +130,7 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
         // Not idle: requests executing, or reads paused by the daemon-wide budget while the
         // client has nothing left to read (the daemon, not the client, is holding it up).
         IdleWatch::NowMs(), self,
-        [this] { return inflight_ > 0 || (memory_paused_ && wq_.empty()); },
+        [this] { return inflight_ > 0 || (memory_.paused() && wq_.empty()); },
         [this] {
           if (closed_) return;
           shared_->metrics->Refuse(Refusal::kIdle);
@@ -154,7 +152,7 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
     closed_ = true;
     boost::system::error_code ec;
     timer_.cancel();
-    memory_timer_.cancel();
+    memory_.Cancel();
     idle_.Cancel();
     sock_.shutdown(asio::socket_base::shutdown_both, ec);
     sock_.close(ec);
@@ -185,17 +183,7 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
       return;
     }
     reply_paused_ = false;
-    if (shared_->memory->Over()) {
-      if (!memory_paused_) shared_->metrics->Refuse(Refusal::kMemory);
-      memory_paused_ = true;
-      memory_timer_.expires_after(std::chrono::milliseconds(kMemoryRetryMs));
-      memory_timer_.async_wait(
-          asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
-            if (!ec) self->MaybeRead();
-          }));
-      return;
-    }
-    memory_paused_ = false;
+    if (!memory_.AllowsRead(shared_, [self = shared_from_this()] { self->MaybeRead(); })) return;
     // Before authentication a read takes no more than one frame may hold.
     size_t want = rbuf_.size();
     if (Unauthenticated()) want = std::min<size_t>(want, PreauthFrameBytes());
@@ -615,7 +603,7 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
   bool is_unix_;
   wire::FrameParser parser_;
   asio::steady_timer timer_;
-  asio::steady_timer memory_timer_;  // retries a read paused by the daemon-wide budget
+  MemoryGate memory_;  // reads paused by the daemon-wide budget
   IdleWatch idle_;
   std::vector<uint8_t> rbuf_;
   uint64_t id_ = 0;
@@ -634,10 +622,10 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
   std::atomic<uint64_t> wq_bytes_{0};
   // Value bytes reserved by workers for replies not yet queued (ReserveReply).
   std::atomic<uint64_t> building_bytes_{0};
-  uint64_t inflight_bytes_ = 0;  // frame bodies executing on workers
-  uint64_t charged_bytes_ = 0;   // what this connection counts in shared_->memory
-  bool reply_paused_ = false, memory_paused_ = false;  // counted once per pause
-  std::optional<wire::Frame> held_;                    // a HELLO/AUTH waiting for inflight_ == 0
+  uint64_t inflight_bytes_ = 0;      // frame bodies executing on workers
+  uint64_t charged_bytes_ = 0;       // what this connection counts in shared_->memory
+  bool reply_paused_ = false;        // counted once per pause
+  std::optional<wire::Frame> held_;  // a HELLO/AUTH waiting for inflight_ == 0
   std::atomic<int> busy_{0};
   std::atomic<bool> write_busy_{false};  // mirrors writing_ for Busy() from other threads
   // Shared memory: set once on the strand before any worker can use it.

@@ -32,8 +32,6 @@ constexpr size_t kScatterMinBytes = 16u << 10;
 // Recycled GET buffers kept per connection (sum of capacities).
 constexpr size_t kSpareBufferBytesMax = 2u << 20;
 constexpr int kMaxAuthFailures = 3;
-// A session paused by limits.connection_memory_bytes_max looks again after this long.
-constexpr uint64_t kMemoryRetryMs = 5;
 
 std::string Upper(std::string_view s) {
   std::string u(s);
@@ -61,7 +59,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         strand_(asio::make_strand(*shared->io)),
         sock_(std::move(socket)),
         timer_(strand_),
-        memory_timer_(strand_),
+        memory_(strand_),
         idle_(strand_, shared->options->idle_timeout_ms),
         parser_(resp::RespLimits{.max_args = shared->options->resp_max_args,
                                  .max_bulk_bytes = shared->options->storage.max_value_bytes,
@@ -91,7 +89,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         // Not idle while reads are paused by the daemon-wide budget and nothing is left for the
         // client to read (the daemon, not the client, is holding it up).
         IdleWatch::NowMs(), shared_from_this(),
-        [this] { return memory_paused_ && pending_bytes() == 0 && wbuf_.empty(); },
+        [this] { return memory_.paused() && pending_bytes() == 0 && wbuf_.empty(); },
         [this] {
           if (closed_) return;
           shared_->metrics->Refuse(Refusal::kIdle);
@@ -110,7 +108,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     closed_ = true;
     boost::system::error_code ec;
     timer_.cancel();
-    memory_timer_.cancel();
+    memory_.Cancel();
     idle_.Cancel();
     sock_.shutdown(asio::socket_base::shutdown_both, ec);
     sock_.close(ec);
@@ -137,17 +135,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       return;
     }
     Account();
-    if (shared_->memory->Over()) {
-      if (!memory_paused_) shared_->metrics->Refuse(Refusal::kMemory);
-      memory_paused_ = true;
-      memory_timer_.expires_after(std::chrono::milliseconds(kMemoryRetryMs));
-      memory_timer_.async_wait(
-          asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
-            if (!ec) self->Read();
-          }));
-      return;
-    }
-    memory_paused_ = false;
+    if (!memory_.AllowsRead(shared_, [self = shared_from_this()] { self->Read(); })) return;
     reading_ = true;
     // Wait for readability, then read without blocking: after a reply the next request has
     // usually not arrived yet, so asio's speculative recv in async_read_some would mostly
@@ -655,12 +643,11 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   asio::strand<asio::io_context::executor_type> strand_;
   GenericSocket sock_;  // TCP, or the plaintext end of a TLS relay (no_delay fails there)
   asio::steady_timer timer_;
-  asio::steady_timer memory_timer_;  // retries a read paused by the daemon-wide budget
+  MemoryGate memory_;  // reads paused by the daemon-wide budget
   IdleWatch idle_;
   resp::RespParser parser_;
   const size_t max_pending_bytes_;  // replies buffered before parsing stops and they are written
   uint64_t charged_bytes_ = 0;      // what this connection counts in shared_->memory
-  bool memory_paused_ = false;      // counted once per pause
   std::vector<std::string_view> argv_;  // views into parser_'s buffer
   // Pending replies: out_ is the text; each Body is a GET value written after
   // out_[previous text_end, text_end). wbuf_ / wbodies_ are the ones an async write holds.

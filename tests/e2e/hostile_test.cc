@@ -375,7 +375,9 @@ TEST_F(HostileTest, IdleAndSlowlorisConnectionsAreClosedOnEveryFront) {
   // HTTP keep-alive: one request, then silence.
   std::string get = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
   kt::SendAllRaw(idle[3], get.data(), get.size());
-  // Slowloris: a byte now and then, never a whole frame / command / request.
+  // Slowloris: a byte now and then, never a whole frame / command / request. Each partial
+  // stops short of its end on purpose (the frame's last byte, the RESP value's 100 bytes, the
+  // HTTP header's terminating blank line).
   std::vector<int> slow = {kt::ConnectUnix(d_->socket()), kt::ConnectTcp(native_port_),
                            kt::ConnectTcp(d_->resp_port()), kt::ConnectTcp(d_->http_port())};
   auto hello = wire::BuildFrame(static_cast<uint8_t>(Opcode::kHello), 0, 1,

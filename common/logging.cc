@@ -4,8 +4,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 
 namespace kvtier {
@@ -25,11 +27,16 @@ std::atomic<int>& LevelVar() {
 
 const char* LevelName(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return "D";
-    case LogLevel::kInfo: return "I";
-    case LogLevel::kWarn: return "W";
-    case LogLevel::kError: return "E";
-    case LogLevel::kOff: return "-";
+    case LogLevel::kDebug:
+      return "D";
+    case LogLevel::kInfo:
+      return "I";
+    case LogLevel::kWarn:
+      return "W";
+    case LogLevel::kError:
+      return "E";
+    case LogLevel::kOff:
+      return "-";
   }
   return "?";
 }
@@ -40,13 +47,32 @@ void SetLogLevel(LogLevel level) { LevelVar().store(static_cast<int>(level)); }
 LogLevel GetLogLevel() { return static_cast<LogLevel>(LevelVar().load(std::memory_order_relaxed)); }
 
 bool ParseLogLevel(std::string_view text, LogLevel* out) {
-  if (text == "debug") *out = LogLevel::kDebug;
-  else if (text == "info") *out = LogLevel::kInfo;
-  else if (text == "warn") *out = LogLevel::kWarn;
-  else if (text == "error") *out = LogLevel::kError;
-  else if (text == "off") *out = LogLevel::kOff;
-  else return false;
+  if (text == "debug")
+    *out = LogLevel::kDebug;
+  else if (text == "info")
+    *out = LogLevel::kInfo;
+  else if (text == "warn")
+    *out = LogLevel::kWarn;
+  else if (text == "error")
+    *out = LogLevel::kError;
+  else if (text == "off")
+    *out = LogLevel::kOff;
+  else
+    return false;
   return true;
+}
+
+std::string FormatUtcMillis(int64_t unix_ms) {
+  constexpr int64_t kMaxMs = 253402300799999;  // 9999-12-31T23:59:59.999Z
+  if (unix_ms < 0 || unix_ms > kMaxMs) return std::to_string(unix_ms);
+  const time_t secs = static_cast<time_t>(unix_ms / 1000);
+  struct tm tm {};
+  if (::gmtime_r(&secs, &tm) == nullptr) return std::to_string(unix_ms);
+  char buf[96];  // room for any int fields, which the compiler cannot bound
+  std::snprintf(buf, sizeof(buf), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<int>(unix_ms % 1000));
+  return buf;
 }
 
 namespace internal {
@@ -56,8 +82,8 @@ LogLine::LogLine(LogLevel level, const char* file, int line) : level_(level) {
                           std::chrono::system_clock::now().time_since_epoch())
                           .count();
   const char* base = std::strrchr(file, '/');
-  stream_ << now_ms << ' ' << LevelName(level_) << ' ' << (base ? base + 1 : file) << ':' << line
-          << "] ";
+  stream_ << FormatUtcMillis(now_ms) << ' ' << LevelName(level_) << ' ' << (base ? base + 1 : file)
+          << ':' << line << "] ";
 }
 
 LogLine::~LogLine() {

@@ -2,13 +2,16 @@
 //
 //   KVTIER_LOG(kInfo) << "opened " << n << " segments";
 //
-// A line is formatted as "<unix time ms> <level> <file>:<line>] <message>\n" and written
+// A line is formatted as "<UTC time> <level> <file>:<line>] <message>\n", the time as RFC 3339
+// with milliseconds ("2026-12-01T16:10:00.123Z"), and written
 // with one write(2), so lines from concurrent threads never interleave. Messages below the
 // process-wide level (SetLogLevel, default kInfo; env KVTIER_LOG_LEVEL=debug|info|warn|error)
 // cost one comparison. Never log secrets: auth tokens, tenant salts, RDMA keys.
 #pragma once
 
+#include <cstdint>
 #include <sstream>
+#include <string>
 #include <string_view>
 
 namespace kvtier {
@@ -19,6 +22,9 @@ void SetLogLevel(LogLevel level);
 LogLevel GetLogLevel();
 // Parses "debug", "info", "warn", "error", "off"; returns false for anything else.
 bool ParseLogLevel(std::string_view text, LogLevel* out);
+// "YYYY-MM-DDTHH:MM:SS.mmmZ" for milliseconds since the Unix epoch (UTC, years 1970..9999;
+// outside that range the number itself, so a line is never lost).
+std::string FormatUtcMillis(int64_t unix_ms);
 
 namespace internal {
 class LogLine {
@@ -37,7 +43,7 @@ class LogLine {
 
 }  // namespace kvtier
 
-#define KVTIER_LOG(level)                                                 \
-  if (::kvtier::LogLevel::level < ::kvtier::GetLogLevel()) {              \
-  } else                                                                  \
+#define KVTIER_LOG(level)                                    \
+  if (::kvtier::LogLevel::level < ::kvtier::GetLogLevel()) { \
+  } else                                                     \
     ::kvtier::internal::LogLine(::kvtier::LogLevel::level, __FILE__, __LINE__).stream()

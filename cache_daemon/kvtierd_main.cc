@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,7 +35,11 @@ int main(int argc, char** argv) {
   std::vector<std::string_view> args(argv + 1, argv + argc);
   std::string config, data_dir, socket, listen, tokens, trace, hash_token, log_level;
   std::string native_listen, resp_listen, http_listen;
-  uint64_t resp_port = UINT64_MAX, http_port = UINT64_MAX, native_port = UINT64_MAX;
+  std::optional<uint64_t> resp_port, http_port, native_port;
+  const DaemonOptions embedded;  // what --help names as the defaults of the config keys
+  auto port_default = [](const char* key, uint16_t v) {
+    return std::string(key) + " of the config, " + std::to_string(v) + " when unset";
+  };
   cli::FlagSet flags("kvtierd", "The kvtier daemon: tiered KV-cache storage (docs/CONFIG.md).");
   flags.String("config", &config, "FILE", "TOML config file (default: embedded defaults)");
   flags.String("data-dir", &data_dir, "DIR", "data directory (server.data_dir)");
@@ -47,9 +52,12 @@ int main(int argc, char** argv) {
                "address of the RESP port (server.resp_listen)");
   flags.String("http-listen", &http_listen, "ADDR",
                "address of the HTTP admin port (server.http_listen, default 127.0.0.1)");
-  flags.Uint("resp-port", &resp_port, "RESP port, 0 disables (server.resp_port)");
-  flags.Uint("http-port", &http_port, "HTTP admin port, 0 disables (server.http_port)");
-  flags.Uint("native-port", &native_port, "native TCP port, 0 disables (server.native_port)");
+  flags.OptionalUint("resp-port", &resp_port, "RESP port, 0 disables",
+                     port_default("server.resp_port", embedded.resp_port), 0, 65535);
+  flags.OptionalUint("http-port", &http_port, "HTTP admin port, 0 disables",
+                     port_default("server.http_port", embedded.http_port), 0, 65535);
+  flags.OptionalUint("native-port", &native_port, "native TCP port, 0 disables",
+                     port_default("server.native_port", embedded.native_port), 0, 65535);
   flags.String("tokens-file", &tokens, "FILE", "tenants and hashed tokens (auth.tokens_file)");
   flags.String("trace", &trace, "FILE.zst", "record the request stream (trace.path)");
   flags.String("hash-token", &hash_token, "TOKEN",
@@ -76,12 +84,6 @@ int main(int argc, char** argv) {
   StatusOr<DaemonOptions> loaded = LoadConfig(config);
   if (!loaded.ok()) return Fail(loaded.status());
   DaemonOptions o = std::move(loaded).value();
-  auto port = [](uint64_t v, uint16_t* out) {
-    if (v == UINT64_MAX) return true;
-    if (v > 65535) return false;
-    *out = static_cast<uint16_t>(v);
-    return true;
-  };
   if (!data_dir.empty()) o.data_dir = data_dir;
   if (!socket.empty()) o.socket_path = socket;
   if (!listen.empty()) o.listen_address = listen;
@@ -90,11 +92,10 @@ int main(int argc, char** argv) {
   if (!http_listen.empty()) o.http_listen = http_listen;
   if (!tokens.empty()) o.tokens_file = tokens;
   if (!trace.empty()) o.trace_path = trace;
-  if (!port(resp_port, &o.resp_port) || !port(http_port, &o.http_port) ||
-      !port(native_port, &o.native_port)) {
-    std::fprintf(stderr, "kvtierd: ports must be 0..65535\n");
-    return 2;
-  }
+  // The flags' range is 0..65535, so each given value fits a port.
+  if (resp_port) o.resp_port = static_cast<uint16_t>(*resp_port);
+  if (http_port) o.http_port = static_cast<uint16_t>(*http_port);
+  if (native_port) o.native_port = static_cast<uint16_t>(*native_port);
   if (Status st = Finalize(&o); !st.ok()) return Fail(config.empty() ? st : st.WithContext(config));
 
   std::error_code fec;

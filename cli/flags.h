@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -37,6 +38,11 @@ class FlagSet {
   void Double(std::string name, double* out, std::string help, bool required = false,
               double min = -std::numeric_limits<double>::max(),
               double max = std::numeric_limits<double>::max());
+  // A flag whose absence means "take the value from elsewhere" (a config file): *out stays
+  // empty unless the flag is given. `default_text` is what --help shows as the default, so it
+  // must name where the value comes from and what that is (never a sentinel).
+  void OptionalUint(std::string name, std::optional<uint64_t>* out, std::string help,
+                    std::string default_text, uint64_t min = 0, uint64_t max = UINT64_MAX);
   void Bool(std::string name, bool* out, std::string help);
   // Remaining non-flag arguments are collected here; without this they are an error.
   void Positional(std::vector<std::string>* out, std::string metavar, std::string help);

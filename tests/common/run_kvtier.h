@@ -1,5 +1,5 @@
-// Runs the built `kvtier` binary with a command line and returns its exit code and its
-// combined stdout and stderr (for the tests that drive the CLI end to end).
+// Runs a built binary of the project (`kvtier` by default) with a command line and returns its
+// exit code and its combined stdout and stderr (for the tests that drive the CLI end to end).
 #pragma once
 
 #include <sys/wait.h>
@@ -14,8 +14,9 @@ struct KvtierResult {
   std::string out;
 };
 
-inline KvtierResult RunKvtier(const std::string& args) {
-  const std::string cmd = std::string(KVTIER_BINARY_DIR) + "/cli/kvtier " + args + " 2>&1";
+// `binary` is relative to the build directory, e.g. "cache_daemon/kvtierd".
+inline KvtierResult RunBuilt(const std::string& binary, const std::string& args) {
+  const std::string cmd = std::string(KVTIER_BINARY_DIR) + "/" + binary + " " + args + " 2>&1";
   KvtierResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -26,5 +27,7 @@ inline KvtierResult RunKvtier(const std::string& args) {
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+inline KvtierResult RunKvtier(const std::string& args) { return RunBuilt("cli/kvtier", args); }
 
 }  // namespace kvtier::testing

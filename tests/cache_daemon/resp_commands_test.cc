@@ -5,13 +5,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cache_daemon/resp_key_index.h"
 #include "cache_daemon/resp_transaction.h"
+#include "cache_daemon/service.h"
+#include "tests/cache_daemon/fake_tier_manager.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -311,6 +315,83 @@ TEST(RespKeyIndex, LimitsCountUnindexedAndRemoveFreesBytes) {
   idx.RemoveTenant(1);
   EXPECT_EQ(idx.bytes(), 0u);
   EXPECT_EQ(idx.size(1), 0u);
+}
+
+// Service's RESP commands over a fake store: the conditional SET and the SCAN step.
+class RespServiceTest : public ::testing::Test {
+ protected:
+  RespServiceTest()
+      : tenants_(TenantRegistry::Open(std::vector<uint8_t>(32, 7), 1024)),
+        svc_(&store_, tenants_.get(), &metrics_, nullptr, PolicySettings{}) {}
+  const Tenant& tenant() { return *tenants_->default_tenant(); }
+
+  kvtier::testing::FakeTierManager store_;
+  DaemonMetrics metrics_;
+  std::unique_ptr<TenantRegistry> tenants_;
+  Service svc_;
+};
+
+TEST_F(RespServiceTest, SetNxFromManyThreadsHasExactlyOneWriterPerKey) {
+  constexpr int kThreads = 8, kKeys = 2000;
+  std::vector<std::atomic<int>> writers(kKeys);
+  std::vector<std::thread> threads;
+  resp::SetOptions nx;
+  nx.cond = resp::SetOptions::Cond::kIfAbsent;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < kKeys; ++k) {
+        bool written = false;
+        ASSERT_TRUE(svc_.RespSetIf(tenant(), "k" + std::to_string(k), std::to_string(t), nx,
+                                   &written, nullptr)
+                        .ok());
+        if (written) writers[k].fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int k = 0; k < kKeys; ++k) ASSERT_EQ(writers[k].load(), 1) << "key " << k;
+}
+
+TEST_F(RespServiceTest, ConditionsGetAndKeepTtl) {
+  resp::SetOptions o;
+  bool written = false;
+  std::optional<std::string> old;
+  o.cond = resp::SetOptions::Cond::kIfPresent;
+  ASSERT_TRUE(svc_.RespSetIf(tenant(), "a", "1", o, &written, &old).ok());
+  EXPECT_FALSE(written);
+  EXPECT_FALSE(old.has_value());
+  ASSERT_TRUE(svc_.RespSet(tenant(), "a", "1", 60000).ok());
+  o.keep_ttl = o.get = true;
+  ASSERT_TRUE(svc_.RespSetIf(tenant(), "a", "2", o, &written, &old).ok());
+  EXPECT_TRUE(written);
+  EXPECT_EQ(old, std::optional<std::string>("1"));
+  int64_t ttl = svc_.RespTtlMs(tenant(), "a");
+  EXPECT_GT(ttl, 50000);
+  EXPECT_LE(ttl, 60000);
+  o = resp::SetOptions{};
+  o.get = true;  // without KEEPTTL the expiry goes
+  ASSERT_TRUE(svc_.RespSetIf(tenant(), "a", "3", o, &written, &old).ok());
+  EXPECT_EQ(old, std::optional<std::string>("2"));
+  EXPECT_EQ(svc_.RespTtlMs(tenant(), "a"), -1);
+}
+
+TEST_F(RespServiceTest, ScanFiltersAndDropsKeysTheStoreLost) {
+  for (int i = 0; i < 50; ++i)
+    ASSERT_TRUE(svc_.RespSet(tenant(), "k" + std::to_string(i), "v", 0).ok());
+  // The store loses one key behind the index's back (eviction).
+  ASSERT_TRUE(store_.Delete(svc_.BindResp(tenant(), "k7")).ok());
+  std::set<std::string> seen;
+  std::vector<std::string> names;
+  uint64_t cursor = 0;
+  do {
+    cursor = svc_.RespScan(
+        tenant(), cursor, 4, [](std::string_view n) { return n != "k3"; }, &names);
+    seen.insert(names.begin(), names.end());
+  } while (cursor != 0);
+  EXPECT_EQ(seen.size(), 48u);
+  EXPECT_FALSE(seen.count("k7") || seen.count("k3"));
+  EXPECT_EQ(svc_.resp_index().size(tenant().id), 49u);  // k7 pruned, k3 (unmatched) kept
+  EXPECT_EQ(svc_.RespDbSize(tenant()), 49u);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@ resp_clients_e2e_test.cc writes (resp_multi_commands_max = 1000, resp_multi_byte
 check passes; an AssertionError (with the failing check) otherwise. Deterministic: seeded.
 """
 import argparse
+import os
 import random
 import socket
 import threading
@@ -349,7 +350,10 @@ def main():
     ap.add_argument("--http-port", type=int, required=True)
     ap.add_argument("--token-a", required=True)
     ap.add_argument("--token-b", required=True)
+    ap.add_argument("--sections", default=os.environ.get("KVTIER_RESP_PY_SECTIONS", ""),
+                    help="comma-separated subset to run (default all; env KVTIER_RESP_PY_SECTIONS)")
     args = ap.parse_args()
+    only = set(filter(None, args.sections.split(",")))
     r = redis.Redis(host="127.0.0.1", port=args.port, password=args.token_a)
     for name, fn in [("connector", lambda: connector(r)),
                      ("set_options", lambda: set_options(r, args.port, args.token_a)),
@@ -357,6 +361,8 @@ def main():
                      ("hello3", lambda: hello3(args.port, args.token_a)),
                      ("hostile", lambda: hostile(r, args.port, args.http_port, args.token_a)),
                      ("tenants", lambda: tenants(args.port, args.token_a, args.token_b))]:
+        if only and name not in only:
+            continue
         t0 = time.monotonic()
         fn()
         print("PASS %s (%.2f s)" % (name, time.monotonic() - t0), flush=True)

@@ -347,6 +347,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     if (cmd == "MULTI"sv || cmd == "EXEC"sv || cmd == "DISCARD"sv) {
       code = Transaction(cmd, argv);
     } else if (txn_.queuing() && cmd != "QUIT"sv) {
+      op = Op::kRespOther;  // counted under its own op when EXEC runs it
       code = QueueCommand(cmd, argv);
     } else if (cmd == "PING"sv || cmd == "QUIT"sv || cmd == "AUTH"sv || cmd == "HELLO"sv) {
       code = Connection(cmd, argv);

@@ -151,6 +151,15 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
        UintKey("limits.preauth_frame_bytes_max", &o.preauth_frame_bytes_max)},
       {"limits.resp_command_bytes_max",
        UintKey("limits.resp_command_bytes_max", &o.resp_command_bytes_max)},
+      {"limits.resp_multi_commands_max",
+       UintKey("limits.resp_multi_commands_max", &o.resp_multi_commands_max)},
+      {"limits.resp_multi_bytes_max",
+       UintKey("limits.resp_multi_bytes_max", &o.resp_multi_bytes_max)},
+      {"limits.resp_scan_count_max", UintKey("limits.resp_scan_count_max", &o.resp_scan_count_max)},
+      {"limits.resp_keys_reply_bytes_max",
+       UintKey("limits.resp_keys_reply_bytes_max", &o.resp_keys_reply_bytes_max)},
+      {"limits.resp_key_index_bytes_max",
+       UintKey("limits.resp_key_index_bytes_max", &o.resp_key_index_bytes_max)},
       {"limits.connection_memory_bytes_max",
        UintKey("limits.connection_memory_bytes_max", &o.connection_memory_bytes_max)},
       {"limits.unix_connections_max",
@@ -300,6 +309,12 @@ Status Finalize(DaemonOptions* o) {
   }
   if (o->resp_command_bytes_max < 4096)
     return Bad("limits.resp_command_bytes_max", "at least 4096");
+  if (o->resp_multi_commands_max == 0) return Bad("limits.resp_multi_commands_max", "at least 1");
+  if (o->resp_multi_bytes_max < 4096) return Bad("limits.resp_multi_bytes_max", "at least 4096");
+  if (o->resp_scan_count_max == 0) return Bad("limits.resp_scan_count_max", "at least 1");
+  if (o->resp_keys_reply_bytes_max < 4096) {
+    return Bad("limits.resp_keys_reply_bytes_max", "at least 4096");
+  }
   if (o->connection_memory_bytes_max < (1u << 20)) {
     return Bad("limits.connection_memory_bytes_max", "at least 1 MiB");
   }

@@ -98,8 +98,14 @@ struct DaemonOptions {
   uint64_t idle_timeout_ms =
       300000;  // no byte in or out and nothing executing: closed (all fronts)
   uint64_t reply_queue_bytes_max = 128ull << 20;  // replies queued on one connection: stop reading
-  uint64_t preauth_frame_bytes_max = 16u << 10;  // one frame / RESP command before authentication
+  uint64_t preauth_frame_bytes_max = 16u << 10;   // one frame / RESP command before authentication
   uint64_t resp_command_bytes_max = (64ull << 20) + (1ull << 20);  // one RESP command, all args
+  // RESP commands beyond GET/SET (docs/RESP.md); refusals counted as resp_multi / resp_keys.
+  uint32_t resp_multi_commands_max = 65536;           // commands queued after MULTI
+  uint64_t resp_multi_bytes_max = 128ull << 20;       // bytes queued after MULTI
+  uint32_t resp_scan_count_max = 10000;               // SCAN COUNT is clamped to this
+  uint64_t resp_keys_reply_bytes_max = 16u << 20;     // KEYS reply; beyond it an error (use SCAN)
+  uint64_t resp_key_index_bytes_max = 256ull << 20;   // key names kept for SCAN/KEYS/DBSIZE
   uint64_t connection_memory_bytes_max = 1ull << 30;  // all connection buffers together
   uint32_t unix_connections_max = 512;                // per front; max_connections caps the sum
   uint32_t native_tcp_connections_max = 256;

@@ -59,6 +59,8 @@ std::string RenderMetrics(Shared* shared, bool tenant_series) {
     extra.engram_grants_issued = shared->engram->grants_issued();
   }
   extra.connection_buffer_bytes = shared->memory->used_bytes();
+  extra.resp_key_index_bytes = shared->service->resp_index().bytes();
+  extra.resp_keys_unindexed = shared->service->resp_index().unindexed();
   for (size_t f = 0; f < shared->front_open.size(); ++f) {
     extra.front_connections.emplace_back(FrontName(static_cast<Front>(f)),
                                          shared->front_open[f].load());
@@ -102,7 +104,8 @@ class DaemonImpl final : public Daemon {
         memory_(options.connection_memory_bytes_max),
         service_(store_.get(), tenants_.get(), &metrics_, trace_.get(),
                  PolicySettings{options.storage.eviction_policy, options.storage.admission_policy,
-                                options.storage.policy_params}) {
+                                options.storage.policy_params},
+                 options.resp_key_index_bytes_max) {
     shared_.options = &options_;
     shared_.service = &service_;
     shared_.metrics = &metrics_;

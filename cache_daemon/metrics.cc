@@ -8,7 +8,8 @@ namespace kvtier::daemon {
 const char* RefusalName(Refusal r) {
   static constexpr const char* kNames[] = {
       "front_connections", "tenant_connections", "preauth_frame", "unauthenticated",
-      "resp_command",      "reply_queue",        "memory",        "idle"};
+      "resp_command",      "reply_queue",        "memory",        "idle",
+      "resp_multi",        "resp_keys"};
   static_assert(std::size(kNames) == static_cast<size_t>(Refusal::kCount));
   return kNames[static_cast<size_t>(r)];
 }
@@ -361,6 +362,12 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
   p.One("kvtier_connection_buffer_bytes", "gauge",
         "Bytes held by connection buffers (limits.connection_memory_bytes_max).",
         extra.connection_buffer_bytes);
+  p.One("kvtier_resp_key_index_bytes", "gauge",
+        "Bytes of the RESP key-name index for SCAN/KEYS (limits.resp_key_index_bytes_max).",
+        extra.resp_key_index_bytes);
+  p.One("kvtier_resp_keys_unindexed_total", "counter",
+        "RESP keys stored but not indexed for SCAN/KEYS/DBSIZE (index limits reached).",
+        extra.resp_keys_unindexed);
   if (!extra.front_connections.empty()) {
     p.Family("kvtier_front_connections_open", "gauge", "Client connections open per front.");
     for (const auto& [front, n] : extra.front_connections) {

@@ -64,6 +64,8 @@ enum class Refusal : uint8_t {
   kReplyQueue,  // reading paused, or a GET value answered retry: reply_queue_bytes_max reached
   kMemory,      // as kReplyQueue, for connection_memory_bytes_max
   kIdle,        // closed after idle_timeout_ms without traffic
+  kRespMulti,   // a command queued after MULTI over resp_multi_commands_max / _bytes_max
+  kRespKeys,    // a KEYS reply over resp_keys_reply_bytes_max
   kCount
 };
 const char* RefusalName(Refusal r);
@@ -146,6 +148,8 @@ class DaemonMetrics {
     uint64_t engram_regions = 0;
     uint64_t engram_grants_issued = 0;
     uint64_t connection_buffer_bytes = 0;  // ConnectionMemory::used_bytes()
+    uint64_t resp_key_index_bytes = 0;     // RespKeyIndex::bytes()
+    uint64_t resp_keys_unindexed = 0;      // RespKeyIndex::unindexed()
     // Open connections per front: (front name, count).
     std::vector<std::pair<std::string, uint64_t>> front_connections;
   };

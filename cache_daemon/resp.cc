@@ -225,4 +225,12 @@ void AppendArrayHeader(size_t n, std::string* out) {
   out->append("\r\n");
 }
 
+void AppendMapHeader(size_t n, std::string* out) {
+  out->push_back('%');
+  AppendDecimal(static_cast<int64_t>(n), out);
+  out->append("\r\n");
+}
+
+void AppendNull3(std::string* out) { out->append("_\r\n"); }
+
 }  // namespace kvtier::daemon::resp

@@ -96,5 +96,8 @@ void AppendBulk(std::string_view s, std::string* out);    // $n ...
 void AppendBulkHeader(size_t n, std::string* out);        // $n\r\n (the caller adds body + CRLF)
 void AppendNull(std::string* out);                        // $-1
 void AppendArrayHeader(size_t n, std::string* out);       // *n
+// RESP3 (after HELLO 3).
+void AppendMapHeader(size_t n, std::string* out);  // %n: n key/value pairs follow
+void AppendNull3(std::string* out);                // _ (RESP3's one null)
 
 }  // namespace kvtier::daemon::resp

@@ -14,6 +14,9 @@
 
 #include "cache_daemon/daemon_internal.h"
 #include "cache_daemon/resp.h"
+#include "cache_daemon/resp_commands.h"
+#include "cache_daemon/resp_keyspace.h"
+#include "cache_daemon/resp_transaction.h"
 #include "common/clock.h"
 #include "common/logging.h"
 
@@ -66,7 +69,9 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
                                  .max_inline_bytes = 64u << 10,
                                  .max_command_bytes = shared->options->resp_command_bytes_max}),
         max_pending_bytes_(
-            std::min<uint64_t>(kMaxPendingReplyBytes, shared->options->reply_queue_bytes_max)) {
+            std::min<uint64_t>(kMaxPendingReplyBytes, shared->options->reply_queue_bytes_max)),
+        txn_(resp::RespTransaction::Limits{.commands_max = shared->options->resp_multi_commands_max,
+                                           .bytes_max = shared->options->resp_multi_bytes_max}) {
     tenant_ = shared_->tenants->default_tenant();
     SetCommandLimit();
   }
@@ -123,7 +128,8 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
 
   // Reports what this connection holds to the daemon-wide budget.
   void Account() {
-    uint64_t held = parser_.capacity_bytes() + pending_bytes() + wbuf_.size() + spare_bytes_;
+    uint64_t held = parser_.capacity_bytes() + pending_bytes() + wbuf_.size() + spare_bytes_ +
+                    txn_.held_bytes();
     for (const Body& b : wbodies_) held += b.bytes.size();
     shared_->memory->Adjust(&charged_bytes_, held);
   }
@@ -173,6 +179,10 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       bool fatal = false;
       clock_us_ = DefaultSteadyClock().NowUs();
       while (pending_bytes() < max_pending_bytes_ && !quit_) {
+        if (txn_.executing()) {  // EXEC runs before any later command of this connection
+          RunQueued();
+          continue;
+        }
         StatusOr<bool> got = parser_.Next(&argv_);
         if (!got.ok()) {
           shared_->metrics->protocol_errors.fetch_add(1);
@@ -334,7 +344,12 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       op = Op::kRespExpire;
     else if (cmd == "TTL"sv || cmd == "PTTL"sv)
       op = Op::kRespTtl;
-    if (cmd == "PING"sv || cmd == "QUIT"sv || cmd == "AUTH"sv || cmd == "HELLO"sv) {
+    if (cmd == "MULTI"sv || cmd == "EXEC"sv || cmd == "DISCARD"sv) {
+      code = Transaction(cmd, argv);
+    } else if (txn_.queuing() && cmd != "QUIT"sv) {
+      op = Op::kRespOther;  // counted under its own op when EXEC runs it
+      code = QueueCommand(cmd, argv);
+    } else if (cmd == "PING"sv || cmd == "QUIT"sv || cmd == "AUTH"sv || cmd == "HELLO"sv) {
       code = Connection(cmd, argv);
     } else if (tenant_ == nullptr) {
       resp::AppendError("NOAUTH Authentication required.", &out_);
@@ -351,6 +366,95 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     }
     clock_us_ = DefaultSteadyClock().NowUs();
     shared_->metrics->RecordRequest(op, code, clock_us_ - start_us);
+  }
+
+  // ---- MULTI / EXEC / DISCARD (resp_transaction.h) ----
+
+  StatusCode Transaction(const std::string& cmd, const std::vector<std::string_view>& a) {
+    if (tenant_ == nullptr) {
+      resp::AppendError("NOAUTH Authentication required.", &out_);
+      return StatusCode::kPermissionDenied;
+    }
+    if (a.size() != 1) return WrongArgs(cmd);
+    if (cmd == "MULTI"sv) {
+      if (txn_.queuing()) {
+        resp::AppendError("ERR MULTI calls can not be nested", &out_);
+        return StatusCode::kInvalidArgument;
+      }
+      txn_.Begin();
+      resp::AppendSimple("OK", &out_);
+      return StatusCode::kOk;
+    }
+    if (!txn_.queuing()) {
+      resp::AppendError("ERR " + cmd + " without MULTI", &out_);
+      return StatusCode::kInvalidArgument;
+    }
+    if (cmd == "DISCARD"sv) {
+      txn_.Finish();
+      resp::AppendSimple("OK", &out_);
+      return StatusCode::kOk;
+    }
+    bool aborted = false;
+    size_t n = txn_.StartExec(&aborted);
+    if (aborted) {
+      resp::AppendError("EXECABORT Transaction discarded because of previous errors.", &out_);
+      return StatusCode::kInvalidArgument;
+    }
+    resp::AppendArrayHeader(n, &out_);
+    exec_next_ = 0;
+    if (n == 0) txn_.Finish();
+    return StatusCode::kOk;
+  }
+
+  // A command after MULTI: checked like Redis does at queue time (known command, argument
+  // count) and queued; an error flags the transaction (EXEC answers EXECABORT).
+  StatusCode QueueCommand(const std::string& cmd, const std::vector<std::string_view>& a) {
+    int arity = resp::CommandArity(cmd);
+    if (arity == 0) {
+      txn_.Flag();
+      return UnknownCommand(a);
+    }
+    if (!resp::ArityAllows(arity, a.size())) {
+      txn_.Flag();
+      return WrongArgs(cmd);
+    }
+    if (cmd == "AUTH"sv || cmd == "HELLO"sv) {
+      txn_.Flag();
+      resp::AppendError("ERR Command not allowed inside a transaction", &out_);
+      return StatusCode::kInvalidArgument;
+    }
+    Status st = txn_.Queue(a);
+    if (!st.ok()) {
+      shared_->metrics->Refuse(Refusal::kRespMulti);
+      resp::AppendError("ERR " + st.message(), &out_);
+      return st.code();
+    }
+    resp::AppendSimple("QUEUED", &out_);
+    return StatusCode::kOk;
+  }
+
+  // Runs the next command of the EXEC in progress (its reply is one element of EXEC's array).
+  void RunQueued() {
+    txn_.Command(exec_next_++, &exec_argv_);
+    Execute(exec_argv_);
+    if (exec_next_ == txn_.size()) txn_.Finish();
+  }
+
+  StatusCode UnknownCommand(const std::vector<std::string_view>& a) {
+    std::string shown(a[0].substr(0, 128));
+    resp::AppendError("ERR unknown command '" + shown + "', with args beginning with: ", &out_);
+    return StatusCode::kInvalidArgument;
+  }
+
+  void Null() {
+    if (proto_ == 3)
+      resp::AppendNull3(&out_);
+    else
+      resp::AppendNull(&out_);
+  }
+
+  internal::RespKeyspaceContext Keyspace() {
+    return {shared_->service, tenant_, shared_->options, shared_->metrics, proto_, &out_};
   }
 
   StatusCode WrongArgs(const std::string& cmd) {
@@ -423,16 +527,18 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     }
     // HELLO [protover [AUTH username password] [SETNAME clientname]]
     size_t i = 1;
+    int proto = proto_;
     if (a.size() > 1) {
       int64_t ver = 0;
       if (!ParseI64(a[1], &ver)) {
         resp::AppendError("ERR Protocol version is not an integer or out of range", &out_);
         return StatusCode::kInvalidArgument;
       }
-      if (ver != 2) {
+      if (ver != 2 && ver != 3) {
         resp::AppendError("NOPROTO unsupported protocol version", &out_);
         return StatusCode::kInvalidArgument;
       }
+      proto = static_cast<int>(ver);
       i = 2;
     }
     for (; i < a.size(); ++i) {
@@ -457,14 +563,18 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
           &out_);
       return StatusCode::kPermissionDenied;
     }
-    resp::AppendArrayHeader(14, &out_);
+    proto_ = proto;  // only once the HELLO succeeded, as Redis
+    if (proto_ == 3)
+      resp::AppendMapHeader(7, &out_);
+    else
+      resp::AppendArrayHeader(14, &out_);
     const std::pair<const char*, std::string> fields[] = {
         {"server", "kvtier"},   {"version", "7.0.0"}, {"proto", ""},  {"id", ""},
         {"mode", "standalone"}, {"role", "master"},   {"modules", ""}};
     for (const auto& [k, v] : fields) {
       resp::AppendBulk(k, &out_);
       if (std::string_view(k) == "proto")
-        resp::AppendInteger(2, &out_);
+        resp::AppendInteger(proto_, &out_);
       else if (std::string_view(k) == "id")
         resp::AppendInteger(static_cast<int64_t>(id_), &out_);
       else if (std::string_view(k) == "modules")
@@ -475,28 +585,19 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     return StatusCode::kOk;
   }
 
-  // Parses SET options: EX s | PX ms | NX | XX | KEEPTTL are recognised; NX/XX/KEEPTTL are
-  // refused (not supported), as is anything else.
+  // SET key value [options]: a plain SET (or one with only EX/PX) is written at once; NX, XX,
+  // GET and KEEPTTL need the current value (resp_keyspace.h).
   StatusCode Set(const std::vector<std::string_view>& a) {
     uint64_t ttl_ms = 0;
-    for (size_t i = 3; i < a.size(); ++i) {
-      std::string opt = Upper(a[i]);
-      if ((opt == "EX"sv || opt == "PX"sv) && i + 1 < a.size()) {
-        int64_t v = 0;
-        if (!ParseI64(a[i + 1], &v)) {
-          resp::AppendError("ERR value is not an integer or out of range", &out_);
-          return StatusCode::kInvalidArgument;
-        }
-        if (v <= 0) {
-          resp::AppendError("ERR invalid expire time in 'set' command", &out_);
-          return StatusCode::kInvalidArgument;
-        }
-        ttl_ms = opt == "EX"sv ? static_cast<uint64_t>(v) * 1000 : static_cast<uint64_t>(v);
-        ++i;
-      } else {
-        resp::AppendError("ERR syntax error", &out_);
+    if (a.size() > 3) {
+      StatusOr<resp::SetOptions> o =
+          resp::ParseSetOptions(std::span<const std::string_view>(a).subspan(3));
+      if (!o.ok()) {
+        resp::AppendError(o.status().message(), &out_);
         return StatusCode::kInvalidArgument;
       }
+      if (!o->plain()) return internal::RunRespConditionalSet(Keyspace(), a, *o);
+      ttl_ms = o->ttl_ms;
     }
     Status st = shared_->service->RespSet(*tenant_, a[1], a[2], ttl_ms, &keys_);
     if (!st.ok()) return StoreError(st);
@@ -512,7 +613,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       std::span<const uint8_t> v;
       Status st = svc->RespGetRaw(t, a[1], &raw_, &v, &keys_);
       if (st.IsNotFound()) {
-        resp::AppendNull(&out_);
+        Null();
         return StatusCode::kNotFound;
       }
       if (!st.ok()) return StoreError(st);
@@ -531,7 +632,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         if (svc->RespGetRaw(t, a[i], &raw_, &v, &keys_).ok())
           AppendValue(v);
         else
-          resp::AppendNull(&out_);
+          Null();
       }
       return StatusCode::kOk;
     }
@@ -622,7 +723,10 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     }
     if (cmd == "CONFIG"sv && a.size() >= 2 && Upper(a[1]) == "GET"sv) {
       // redis-benchmark reads "save" and "appendonly"; kvtier has no such settings.
-      resp::AppendArrayHeader(2 * (a.size() - 2), &out_);
+      if (proto_ == 3)
+        resp::AppendMapHeader(a.size() - 2, &out_);
+      else
+        resp::AppendArrayHeader(2 * (a.size() - 2), &out_);
       for (size_t i = 2; i < a.size(); ++i) {
         resp::AppendBulk(a[i], &out_);
         resp::AppendBulk("", &out_);
@@ -633,9 +737,15 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       resp::AppendSimple("OK", &out_);
       return StatusCode::kOk;
     }
-    std::string shown(a[0].substr(0, 128));
-    resp::AppendError("ERR unknown command '" + shown + "', with args beginning with: ", &out_);
-    return StatusCode::kInvalidArgument;
+    if (cmd == "ECHO"sv) {
+      if (a.size() != 2) return WrongArgs(cmd);
+      resp::AppendBulk(a[1], &out_);
+      return StatusCode::kOk;
+    }
+    if (std::optional<StatusCode> c = internal::RunRespKeyspaceCommand(Keyspace(), cmd, a)) {
+      return *c;
+    }
+    return UnknownCommand(a);
   }
 
   Shared* shared_;
@@ -659,6 +769,10 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   std::vector<uint8_t> raw_;                 // the buffer the next GET is read into
   std::vector<asio::const_buffer> iov_;
   RespKeyCache keys_;
+  resp::RespTransaction txn_;                // MULTI ... EXEC
+  size_t exec_next_ = 0;                     // the next queued command EXEC runs
+  std::vector<std::string_view> exec_argv_;  // views into txn_
+  int proto_ = 2;                            // RESP version (HELLO 2 / HELLO 3)
   const Tenant* tenant_ = nullptr;
   uint64_t id_ = 0;
   uint64_t commands_ = 0;

@@ -59,12 +59,13 @@ uint64_t KeyId(const storage::Key& k) {
 }
 
 Service::Service(storage::TierManager* store, const TenantRegistry* tenants, DaemonMetrics* metrics,
-                 TraceWriter* trace, PolicySettings policy)
+                 TraceWriter* trace, PolicySettings policy, uint64_t resp_key_index_bytes_max)
     : store_(store),
       tenants_(tenants),
       metrics_(metrics),
       trace_(trace),
-      policy_(std::move(policy)) {}
+      policy_(std::move(policy)),
+      resp_index_(kRespTrackedKeysMax, resp_key_index_bytes_max) {}
 
 storage::Key Service::Bind(const Tenant& t, const wire::Key& chain) const {
   return StorageKey(t.salt, chain);
@@ -225,10 +226,7 @@ uint32_t Service::Delete(const Tenant& t, std::span<const wire::Key> chain, uint
 }
 
 Status Service::DeleteTenant(const Tenant& t) {
-  {
-    std::lock_guard<std::mutex> lock(resp_mu_);
-    resp_keys_.erase(t.id);
-  }
+  resp_index_.RemoveTenant(t.id);
   return store_->DeleteTenant(t.id);
 }
 
@@ -323,14 +321,8 @@ Status Service::SetPolicyJson(std::string_view text) {
   return SetPolicy(p);
 }
 
-void Service::TrackResp(const Tenant& t, const storage::Key& k, bool present) {
-  std::lock_guard<std::mutex> lock(resp_mu_);
-  std::set<storage::Key>& keys = resp_keys_[t.id];
-  if (!present) {
-    keys.erase(k);
-  } else if (keys.size() < kRespTrackedKeysMax) {
-    keys.insert(k);
-  }
+std::mutex& Service::KeyLock(const storage::Key& k) {
+  return resp_key_mu_[KeyId(k) % resp_key_mu_.size()];
 }
 
 // Placement of RESP writes: DRAM first (highest_tier kDram, allow_ssd); durability comes from
@@ -350,7 +342,7 @@ Status Service::RespSet(const Tenant& t, std::string_view key, std::string_view 
       k, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(env.data()), env.size()), po);
   if (env.capacity() > kEnvelopeScratchKeepBytes) std::string().swap(env);
   if (st.ok()) {
-    TrackResp(t, k, true);
+    resp_index_.Add(t.id, k, key);
     Trace("put", t, std::span<const storage::Key>(&k, 1), value.size(), 0);
   }
   return st;
@@ -389,11 +381,12 @@ bool Service::RespExists(const Tenant& t, std::string_view key) {
 
 Status Service::RespDel(const Tenant& t, std::string_view key) {
   storage::Key k = BindResp(t, key);
-  TrackResp(t, k, false);
+  resp_index_.Remove(t.id, k);
   return store_->Delete(k);
 }
 
 Status Service::RespExpire(const Tenant& t, std::string_view key, uint64_t ttl_ms) {
+  std::lock_guard<std::mutex> lock(KeyLock(BindResp(t, key)));
   std::string v;
   KVTIER_RETURN_IF_ERROR(RespGet(t, key, &v));
   return RespSet(t, key, v, ttl_ms);
@@ -411,24 +404,65 @@ int64_t Service::RespTtlMs(const Tenant& t, std::string_view key) {
 }
 
 uint64_t Service::RespDbSize(const Tenant& t) {
-  std::vector<storage::Key> keys;
-  {
-    std::lock_guard<std::mutex> lock(resp_mu_);
-    auto it = resp_keys_.find(t.id);
-    if (it == resp_keys_.end()) return 0;
-    keys.assign(it->second.begin(), it->second.end());
-  }
-  uint64_t present = 0;
-  std::vector<storage::Key> gone;
-  for (const storage::Key& k : keys) {
-    if (RespExistsImpl(store_, k)) {
-      ++present;
-    } else {
-      gone.push_back(k);
-    }
-  }
-  for (const storage::Key& k : gone) TrackResp(t, k, false);
+  uint64_t present = 0, cursor = 0;
+  std::vector<std::string> names;
+  do {
+    cursor = RespScan(t, cursor, 1024, nullptr, &names);
+    present += names.size();
+  } while (cursor != 0);
   return present;
+}
+
+Status Service::RespSetIf(const Tenant& t, std::string_view key, std::string_view value,
+                          const resp::SetOptions& o, bool* written,
+                          std::optional<std::string>* old) {
+  storage::Key k = BindResp(t, key);
+  std::lock_guard<std::mutex> lock(KeyLock(k));
+  std::vector<uint8_t> raw;
+  uint64_t expire_at = 0;
+  Status got = store_->Get(k, &raw);
+  if (!got.ok() && !got.IsNotFound()) return got;
+  bool present =
+      got.ok() && DecodeEnvelope(raw, &expire_at) && (expire_at == 0 || expire_at > UnixNowMs());
+  if (old != nullptr) {
+    old->reset();
+    if (present)
+      old->emplace(reinterpret_cast<const char*>(raw.data()) + kRespEnvelopeBytes,
+                   raw.size() - kRespEnvelopeBytes);
+  }
+  *written = false;
+  if ((o.cond == resp::SetOptions::Cond::kIfAbsent && present) ||
+      (o.cond == resp::SetOptions::Cond::kIfPresent && !present)) {
+    return Status::Ok();
+  }
+  uint64_t ttl_ms = o.ttl_ms;
+  if (o.keep_ttl && present && expire_at != 0) {
+    uint64_t now = UnixNowMs();
+    ttl_ms = expire_at > now ? expire_at - now : 1;
+  }
+  KVTIER_RETURN_IF_ERROR(RespSet(t, key, value, ttl_ms));
+  *written = true;
+  return Status::Ok();
+}
+
+uint64_t Service::RespScan(const Tenant& t, uint64_t cursor, size_t count,
+                           const std::function<bool(std::string_view)>& want,
+                           std::vector<std::string>* names) {
+  names->clear();
+  std::vector<RespKeyIndex::Entry> entries;
+  uint64_t next = resp_index_.Scan(t.id, cursor, count, &entries);
+  for (RespKeyIndex::Entry& e : entries) {
+    if (want && !want(e.name)) continue;
+    if (RespExistsImpl(store_, e.key)) {
+      names->push_back(std::move(e.name));
+      continue;
+    }
+    resp_index_.Remove(t.id, e.key);
+    // A SET racing with this removal may have found the entry still there: look again, so a
+    // key the store holds is never left out of the index by this pruning.
+    if (RespExistsImpl(store_, e.key)) resp_index_.Add(t.id, e.key, e.name);
+  }
+  return next;
 }
 
 Status Service::RespFlush(const Tenant& t) { return DeleteTenant(t); }

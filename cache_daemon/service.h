@@ -15,12 +15,14 @@
 // thread-safe: one per connection.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -29,6 +31,8 @@
 
 #include "cache_daemon/config.h"
 #include "cache_daemon/metrics.h"
+#include "cache_daemon/resp_commands.h"
+#include "cache_daemon/resp_key_index.h"
 #include "cache_daemon/tenants.h"
 #include "cache_daemon/trace_writer.h"
 #include "cache_daemon/wire.h"
@@ -40,8 +44,10 @@ namespace kvtier::daemon {
 // expiry in Unix ms (0: none), then the payload. It lets TTL answer without a side index.
 inline constexpr uint8_t kRespEnvelopeTag = 0xB1;
 inline constexpr size_t kRespEnvelopeBytes = 9;
-// Keys tracked per tenant for DBSIZE (beyond this DBSIZE is a lower bound).
+// Keys named in the RespKeyIndex per tenant (beyond this SCAN/KEYS/DBSIZE miss keys).
 inline constexpr size_t kRespTrackedKeysMax = 1u << 20;
+// Stripes of the lock that orders the read-modify-write RESP commands of one key.
+inline constexpr size_t kRespKeyLockStripes = 256;
 
 // A per-connection memo of Service::BindResp: (tenant salt, RESP key) -> storage key, direct
 // mapped, kSlots entries, keys up to kKeyBytesMax bytes (longer keys are not cached), so at
@@ -80,8 +86,10 @@ struct PutItem {
 
 class Service {
  public:
+  // resp_key_index_bytes_max bounds the RespKeyIndex (limits.resp_key_index_bytes_max).
   Service(storage::TierManager* store, const TenantRegistry* tenants, DaemonMetrics* metrics,
-          TraceWriter* trace, PolicySettings policy);
+          TraceWriter* trace, PolicySettings policy,
+          uint64_t resp_key_index_bytes_max = 256ull << 20);
 
   storage::Key Bind(const Tenant& t, const wire::Key& chain) const;
   // cache may be null (no memo).
@@ -126,20 +134,36 @@ class Service {
   bool RespExists(const Tenant& t, std::string_view key);
   // NotFound when absent.
   Status RespDel(const Tenant& t, std::string_view key);
+  // SET with options (resp::SetOptions): reads the current value and writes only when the
+  // NX/XX condition holds (*written tells), keeping its expiry under KEEPTTL; when o.get,
+  // *old receives the previous value (nullopt: none). The read and the write hold a striped
+  // per-key lock that RespExpire and every other RespSetIf also hold, so these commands of
+  // one key are serialized (two SET NX of one key: exactly one writes). A plain RespSet or
+  // RespDel does not take it (docs/RESP.md "Atomicity").
+  Status RespSetIf(const Tenant& t, std::string_view key, std::string_view value,
+                   const resp::SetOptions& o, bool* written, std::optional<std::string>* old);
   // Rewrites the value with a new expiry (ttl_ms 0: persist). NotFound when absent.
   Status RespExpire(const Tenant& t, std::string_view key, uint64_t ttl_ms);
+  // One SCAN step over the tenant's indexed keys (RespKeyIndex: order, cursor and guarantees):
+  // appends to *names (cleared) the keys at positions [cursor, next) for which want(name)
+  // holds and that the store still holds (entries of evicted or expired keys are dropped
+  // from the index on the way); examines about `count` entries; returns next (0: done).
+  uint64_t RespScan(const Tenant& t, uint64_t cursor, size_t count,
+                    const std::function<bool(std::string_view)>& want,
+                    std::vector<std::string>* names);
   // -2 absent, -1 no expiry, else remaining ms.
   int64_t RespTtlMs(const Tenant& t, std::string_view key);
   uint64_t RespDbSize(const Tenant& t);
   Status RespFlush(const Tenant& t);
 
+  const RespKeyIndex& resp_index() const { return resp_index_; }
   storage::TierManager* store() const { return store_; }
   const TenantRegistry& tenants() const { return *tenants_; }
 
  private:
   void Trace(const char* op, const Tenant& t, std::span<const storage::Key> keys, uint64_t bytes,
              uint32_t unit_tokens);
-  void TrackResp(const Tenant& t, const storage::Key& k, bool present);
+  std::mutex& KeyLock(const storage::Key& k);
 
   storage::TierManager* store_;
   const TenantRegistry* tenants_;
@@ -147,8 +171,8 @@ class Service {
   TraceWriter* trace_;
   mutable std::mutex policy_mu_;
   PolicySettings policy_;  // protected by policy_mu_
-  std::mutex resp_mu_;
-  std::map<uint64_t, std::set<storage::Key>> resp_keys_;  // protected by resp_mu_
+  RespKeyIndex resp_index_;
+  std::array<std::mutex, kRespKeyLockStripes> resp_key_mu_;
 };
 
 uint64_t UnixNowMs();

@@ -19,6 +19,8 @@ PACKAGES=(
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   fio redis-tools redis-server prometheus zstd curl
+  # the RESP e2e test drives kvtierd with redis-py (the client LMCache's Redis connector uses)
+  python3-redis
 )
 
 missing=()

@@ -525,6 +525,18 @@ std::string Resp(int fd, const std::string& cmd) {
   return kt::RecvFor(fd, 1, 3000);
 }
 
+// Sends cmd and reads until the replies end with `last` (or 3 s pass without a byte).
+std::string RespUntil(int fd, const std::string& cmd, std::string_view last) {
+  kt::SendAllRaw(fd, cmd.data(), cmd.size());
+  std::string out;
+  while (!out.ends_with(last)) {
+    std::string more = kt::RecvFor(fd, 1, 3000);
+    if (more.empty()) break;
+    out += more;
+  }
+  return out;
+}
+
 TEST_F(DaemonTest, RespCommands) {
   StartDaemon(false);
   int fd = kt::ConnectTcp(o_.resp_port);
@@ -552,7 +564,32 @@ TEST_F(DaemonTest, RespCommands) {
   EXPECT_EQ(Resp(fd, "GET\r\n"), "-ERR wrong number of arguments for 'get' command\r\n");
   EXPECT_EQ(Resp(fd, "SET k v EX -1\r\n"), "-ERR invalid expire time in 'set' command\r\n");
   EXPECT_EQ(Resp(fd, "AUTH x\r\n").substr(0, 5), "-ERR ");
-  EXPECT_EQ(Resp(fd, "HELLO 3\r\n").substr(0, 8), "-NOPROTO");
+  EXPECT_EQ(Resp(fd, "HELLO 4\r\n").substr(0, 8), "-NOPROTO");
+  // RESP3: a map for HELLO, "_" for null; HELLO 2 switches back.
+  std::string hello = RespUntil(fd, "HELLO 3\r\nGET missing\r\n", "_\r\n");
+  EXPECT_EQ(hello.substr(0, 26), "%7\r\n$6\r\nserver\r\n$6\r\nkvtier") << hello;
+  EXPECT_NE(hello.find("$5\r\nproto\r\n:3\r\n"), std::string::npos) << hello;
+  hello = RespUntil(fd, "HELLO 2\r\nGET missing\r\n", "$-1\r\n");
+  EXPECT_EQ(hello.substr(0, 5), "*14\r\n") << hello;
+  EXPECT_NE(hello.find("$5\r\nproto\r\n:2\r\n"), std::string::npos) << hello;
+  // MULTI / EXEC / DISCARD and the conditional SETs (resp_redis_py.py covers them in depth).
+  auto reply = [&](const std::string& cmd, const std::string& want) {
+    kt::SendAllRaw(fd, cmd.data(), cmd.size());
+    return kt::RecvFor(fd, want.size(), 3000);
+  };
+  std::string want = "+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n$1\r\n1\r\n";
+  EXPECT_EQ(reply("MULTI\r\nSET m 1\r\nGET m\r\nEXEC\r\n", want), want);
+  want =
+      "+OK\r\n-ERR wrong number of arguments for 'get' command\r\n+QUEUED\r\n"
+      "-EXECABORT Transaction discarded because of previous errors.\r\n$1\r\n1\r\n";
+  EXPECT_EQ(reply("MULTI\r\nGET\r\nSET m 9\r\nEXEC\r\nGET m\r\n", want), want);
+  want = "+OK\r\n+QUEUED\r\n+OK\r\n-ERR EXEC without MULTI\r\n$1\r\n1\r\n";
+  EXPECT_EQ(reply("MULTI\r\nSET m 8\r\nDISCARD\r\nEXEC\r\nGET m\r\n", want), want);
+  want = "$-1\r\n:0\r\n$1\r\n1\r\n$1\r\n4\r\n";
+  EXPECT_EQ(reply("SET m 2 NX\r\nSETNX m 3\r\nSET m 4 XX GET\r\nGET m\r\n", want), want);
+  want = "+string\r\n+none\r\n*1\r\n$1\r\nm\r\n";
+  EXPECT_EQ(reply("TYPE m\r\nTYPE nope\r\nKEYS m\r\n", want), want);
+  EXPECT_EQ(Resp(fd, "DEL m\r\n"), ":1\r\n");
   EXPECT_EQ(Resp(fd, "FLUSHDB\r\n"), "+OK\r\n");
   EXPECT_EQ(Resp(fd, "DBSIZE\r\n"), ":0\r\n");
   // Pipelined: replies in order.

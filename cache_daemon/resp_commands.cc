@@ -1,0 +1,188 @@
+#include "cache_daemon/resp_commands.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <limits>
+#include <utility>
+
+namespace kvtier::daemon::resp {
+namespace {
+
+using namespace std::string_view_literals;
+
+bool EqualsUpper(std::string_view s, std::string_view upper) {
+  if (s.size() != upper.size()) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (std::toupper(static_cast<unsigned char>(s[i])) != upper[i]) return false;
+  }
+  return true;
+}
+
+bool ParseI64(std::string_view s, int64_t* out) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+bool ParseU64(std::string_view s, uint64_t* out) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+Status Syntax() { return Status::InvalidArgument("ERR syntax error"); }
+
+// Whether the pattern element at p[*i] (not '*') matches c; advances *i past the element.
+bool MatchElement(std::string_view p, size_t* i, unsigned char c) {
+  size_t n = p.size();
+  if (p[*i] == '?') {
+    ++*i;
+    return true;
+  }
+  if (p[*i] == '[') {
+    size_t j = *i + 1;
+    bool negate = j < n && p[j] == '^';
+    if (negate) ++j;
+    bool match = false;
+    while (j < n) {
+      if (p[j] == '\\' && j + 1 < n) {
+        match |= static_cast<unsigned char>(p[j + 1]) == c;
+        j += 2;
+      } else if (p[j] == ']') {
+        ++j;
+        break;
+      } else if (j + 2 < n && p[j + 1] == '-') {
+        auto lo = static_cast<unsigned char>(p[j]);
+        auto hi = static_cast<unsigned char>(p[j + 2]);
+        if (lo > hi) std::swap(lo, hi);
+        match |= c >= lo && c <= hi;
+        j += 3;
+      } else {
+        match |= static_cast<unsigned char>(p[j]) == c;
+        ++j;
+      }
+    }
+    *i = j;
+    return negate ? !match : match;
+  }
+  if (p[*i] == '\\' && *i + 1 < n) ++*i;
+  return static_cast<unsigned char>(p[(*i)++]) == c;
+}
+
+}  // namespace
+
+int CommandArity(std::string_view name) {
+  static constexpr std::pair<std::string_view, int> kArity[] = {
+      {"GET", 2},     {"SET", -3},     {"SETNX", 3},     {"MGET", -2}, {"MSET", -3},
+      {"DEL", -2},    {"UNLINK", -2},  {"EXISTS", -2},   {"TYPE", 2},  {"EXPIRE", 3},
+      {"PEXPIRE", 3}, {"TTL", 2},      {"PTTL", 2},      {"SCAN", -2}, {"KEYS", 2},
+      {"DBSIZE", 1},  {"FLUSHDB", -1}, {"FLUSHALL", -1}, {"INFO", -1}, {"SELECT", 2},
+      {"CONFIG", -2}, {"CLIENT", -2},  {"PING", -1},     {"ECHO", 2},  {"QUIT", -1},
+      {"AUTH", -2},   {"HELLO", -1},   {"MULTI", 1},     {"EXEC", 1},  {"DISCARD", 1}};
+  for (const auto& [n, a] : kArity) {
+    if (n == name) return a;
+  }
+  return 0;
+}
+
+bool ArityAllows(int arity, size_t argc) {
+  if (arity > 0) return argc == static_cast<size_t>(arity);
+  return argc >= static_cast<size_t>(-arity);
+}
+
+bool GlobMatch(std::string_view p, std::string_view s) {
+  size_t pi = 0, si = 0;
+  // The last '*' seen: the pattern position after it and the string position it resumes at.
+  size_t star_p = std::string_view::npos, star_s = 0;
+  while (si < s.size()) {
+    if (pi < p.size() && p[pi] == '*') {
+      while (pi < p.size() && p[pi] == '*') ++pi;
+      star_p = pi;
+      star_s = si;
+      continue;
+    }
+    size_t next = pi;
+    if (pi < p.size() && MatchElement(p, &next, static_cast<unsigned char>(s[si]))) {
+      pi = next;
+      ++si;
+      continue;
+    }
+    // Every element other than '*' consumes exactly one byte, so letting the last '*'
+    // swallow one more byte and retrying is complete (no earlier '*' needs to move).
+    if (star_p == std::string_view::npos) return false;
+    pi = star_p;
+    si = ++star_s;
+  }
+  while (pi < p.size() && p[pi] == '*') ++pi;
+  return pi == p.size();
+}
+
+StatusOr<SetOptions> ParseSetOptions(std::span<const std::string_view> a) {
+  SetOptions o;
+  bool has_expiry = false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    std::string_view opt = a[i];
+    if (EqualsUpper(opt, "NX"sv) || EqualsUpper(opt, "XX"sv)) {
+      if (o.cond != SetOptions::Cond::kAlways) return Syntax();
+      o.cond =
+          EqualsUpper(opt, "NX"sv) ? SetOptions::Cond::kIfAbsent : SetOptions::Cond::kIfPresent;
+    } else if (EqualsUpper(opt, "GET"sv)) {
+      o.get = true;
+    } else if (EqualsUpper(opt, "KEEPTTL"sv)) {
+      if (has_expiry) return Syntax();
+      o.keep_ttl = has_expiry = true;
+    } else if (EqualsUpper(opt, "EX"sv) || EqualsUpper(opt, "PX"sv)) {
+      if (has_expiry || i + 1 >= a.size()) return Syntax();
+      int64_t v = 0;
+      if (!ParseI64(a[i + 1], &v)) {
+        return Status::InvalidArgument("ERR value is not an integer or out of range");
+      }
+      bool seconds = EqualsUpper(opt, "EX"sv);
+      if (v <= 0 || (seconds && v > std::numeric_limits<int64_t>::max() / 1000)) {
+        return Status::InvalidArgument("ERR invalid expire time in 'set' command");
+      }
+      o.ttl_ms = static_cast<uint64_t>(v) * (seconds ? 1000 : 1);
+      has_expiry = true;
+      ++i;
+    } else {
+      return Syntax();
+    }
+  }
+  return o;
+}
+
+StatusOr<ScanOptions> ParseScanOptions(std::span<const std::string_view> a, size_t count_max) {
+  ScanOptions o;
+  if (a.size() < 2 || !ParseU64(a[1], &o.cursor)) {
+    return Status::InvalidArgument("ERR invalid cursor");
+  }
+  for (size_t i = 2; i < a.size(); i += 2) {
+    if (i + 1 >= a.size()) return Syntax();
+    std::string_view opt = a[i], arg = a[i + 1];
+    if (EqualsUpper(opt, "MATCH"sv)) {
+      o.pattern = arg;
+      o.has_pattern = true;
+    } else if (EqualsUpper(opt, "COUNT"sv)) {
+      int64_t v = 0;
+      if (!ParseI64(arg, &v)) {
+        return Status::InvalidArgument("ERR value is not an integer or out of range");
+      }
+      if (v < 1) return Syntax();
+      o.count = static_cast<size_t>(std::min<uint64_t>(static_cast<uint64_t>(v), count_max));
+    } else if (EqualsUpper(opt, "TYPE"sv)) {
+      o.only_other_type = !EqualsUpper(arg, "STRING"sv);
+    } else {
+      return Syntax();
+    }
+  }
+  return o;
+}
+
+std::string LowerName(std::string_view name) {
+  std::string s(name.substr(0, 128));
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace kvtier::daemon::resp

@@ -1,0 +1,66 @@
+// The RESP front end's command vocabulary, apart from the connection: which commands exist
+// and how many arguments each takes (checked when MULTI queues a command), the option
+// grammars of SET and SCAN, and Redis's glob matching for SCAN MATCH / KEYS.
+//
+// Every function here is pure and judges client bytes: malformed input is an error whose
+// message is the text Redis answers (without the leading "-"), never a crash or a silent
+// default. docs/RESP.md lists the commands and their limits.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace kvtier::daemon::resp {
+
+// Redis-style arity of a command the RESP front end implements (name in upper case): n > 0
+// means exactly n arguments including the name, n < 0 at least -n; 0 means no such command.
+int CommandArity(std::string_view upper_name);
+// True when argc arguments (including the name) fit `arity` (non-zero).
+bool ArityAllows(int arity, size_t argc);
+
+// Redis's glob (stringmatchlen, case-sensitive): `*` any run, `?` one byte, `[abc]`, `[^a]`,
+// `[a-z]` (reversed ranges allowed), `\x` the byte x (also inside brackets); an unterminated
+// `[` ends at the end of the pattern. Runs in O(|pattern| * |s|) time and O(1) space (no
+// recursion, so no pattern can exhaust the stack).
+bool GlobMatch(std::string_view pattern, std::string_view s);
+
+// SET key value [NX | XX] [GET] [EX seconds | PX milliseconds | KEEPTTL].
+struct SetOptions {
+  enum class Cond : uint8_t { kAlways, kIfAbsent, kIfPresent };  // -, NX, XX
+  Cond cond = Cond::kAlways;
+  uint64_t ttl_ms = 0;  // EX/PX in milliseconds; 0: none
+  bool keep_ttl = false;
+  bool get = false;  // reply with the previous value
+  // True when the SET needs nothing but a write (no condition, no read of the old value).
+  bool plain() const { return cond == Cond::kAlways && !keep_ttl && !get; }
+};
+// Parses the options after "SET key value". InvalidArgument with Redis's message:
+// "ERR syntax error" (unknown or conflicting option, missing operand), "ERR value is not an
+// integer or out of range", "ERR invalid expire time in 'set' command" (<= 0, or a
+// millisecond count that overflows int64).
+StatusOr<SetOptions> ParseSetOptions(std::span<const std::string_view> options);
+
+// SCAN cursor [MATCH pattern] [COUNT count] [TYPE type].
+struct ScanOptions {
+  uint64_t cursor = 0;
+  std::string_view pattern;  // empty with has_pattern false: every key
+  bool has_pattern = false;
+  size_t count = 10;             // keys examined, clamped to count_max
+  bool only_other_type = false;  // TYPE given and not "string": kvtier holds only strings
+};
+// Parses "SCAN ..." (argv[0] is the command name); views point into argv. COUNT above
+// count_max is clamped (COUNT is a hint in Redis too); COUNT < 1 is "ERR syntax error"; a
+// cursor that is not an unsigned 64-bit integer is "ERR invalid cursor".
+StatusOr<ScanOptions> ParseScanOptions(std::span<const std::string_view> argv, size_t count_max);
+
+// The command name as Redis quotes it in errors (lower case), at most 128 bytes.
+std::string LowerName(std::string_view name);
+
+}  // namespace kvtier::daemon::resp

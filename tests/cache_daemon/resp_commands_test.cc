@@ -1,0 +1,398 @@
+// The RESP front end's command vocabulary (glob, SET/SCAN option grammars, arity), the MULTI
+// queue and its limits, and the key-name index behind SCAN/KEYS with its cursor guarantee.
+#include "cache_daemon/resp_commands.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache_daemon/resp_key_index.h"
+#include "cache_daemon/resp_transaction.h"
+#include "cache_daemon/service.h"
+#include "tests/cache_daemon/fake_tier_manager.h"
+
+namespace kvtier::daemon {
+namespace {
+
+using resp::GlobMatch;
+using SV = std::vector<std::string_view>;
+
+TEST(RespGlob, RedisSemantics) {
+  struct Case {
+    std::string_view pattern, s;
+    bool match;
+  };
+  const Case cases[] = {
+      {"*", "", true},
+      {"*", "abc", true},
+      {"", "", true},
+      {"", "a", false},
+      {"a*", "abc", true},
+      {"a*c", "abc", true},
+      {"a*c", "abd", false},
+      {"a**c", "ac", true},
+      {"h?llo", "hello", true},
+      {"h?llo", "hllo", false},
+      {"h[ae]llo", "hallo", true},
+      {"h[ae]llo", "hillo", false},
+      {"h[^e]llo", "hallo", true},
+      {"h[^e]llo", "hello", false},
+      {"h[a-b]llo", "hbllo", true},
+      {"h[a-b]llo", "hcllo", false},
+      {"h[b-a]llo", "hallo", true},  // reversed range
+      {"h\\*llo", "h*llo", true},
+      {"h\\*llo", "hello", false},
+      {"h\\?", "h?", true},
+      {"h\\?", "hx", false},
+      {"[\\]]", "]", true},
+      {"[\\-]", "-", true},
+      {"[abc", "b", true},  // unterminated bracket ends at the pattern's end
+      {"a[", "a", false},
+      {"\\", "\\", true},  // a lone trailing backslash is literal
+      {"*a*b*c*", "xxaxxbxxcxx", true},
+      {"*a*b*c*", "xxaxxcxxbxx", false},
+      {"a?c", std::string_view("a\0c", 3), true},
+      {"lmcache:*@meta", "lmcache:model@0@abc@meta", true},
+      {"lmcache:*@meta", "lmcache:model@0@abc@kv", false},
+      {"[]", "a", false},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(GlobMatch(c.pattern, c.s), c.match) << c.pattern << " vs " << c.s;
+  }
+}
+
+TEST(RespGlob, PathologicalPatternIsBoundedAndCorrect) {
+  // Redis once recursed per '*'; here many stars over a long non-matching key stay O(n*m).
+  std::string pattern;
+  for (int i = 0; i < 64; ++i) pattern += "*a";
+  pattern += "*b";
+  std::string s(20000, 'a');
+  EXPECT_FALSE(GlobMatch(pattern, s));
+  s.back() = 'b';
+  EXPECT_TRUE(GlobMatch(pattern, s));
+}
+
+TEST(RespSetOptions, GrammarAndRedisErrors) {
+  auto parse = [](SV v) { return resp::ParseSetOptions(v); };
+  auto o = parse({});
+  ASSERT_TRUE(o.ok());
+  EXPECT_TRUE(o->plain());
+  o = parse({"nx", "Px", "1500"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->cond, resp::SetOptions::Cond::kIfAbsent);
+  EXPECT_EQ(o->ttl_ms, 1500u);
+  EXPECT_FALSE(o->plain());
+  o = parse({"EX", "2"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->ttl_ms, 2000u);
+  EXPECT_TRUE(o->plain());  // an expiry alone needs no read
+  o = parse({"XX", "KEEPTTL", "GET"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->cond, resp::SetOptions::Cond::kIfPresent);
+  EXPECT_TRUE(o->keep_ttl && o->get);
+
+  auto err = [&](SV v) {
+    auto r = parse(v);
+    return r.ok() ? std::string("ok") : r.status().message();
+  };
+  EXPECT_EQ(err({"NX", "XX"}), "ERR syntax error");
+  EXPECT_EQ(err({"NX", "NX"}), "ERR syntax error");
+  EXPECT_EQ(err({"EX", "1", "PX", "1"}), "ERR syntax error");
+  EXPECT_EQ(err({"KEEPTTL", "EX", "1"}), "ERR syntax error");
+  EXPECT_EQ(err({"EX"}), "ERR syntax error");
+  EXPECT_EQ(err({"BOGUS"}), "ERR syntax error");
+  EXPECT_EQ(err({"EX", "ten"}), "ERR value is not an integer or out of range");
+  EXPECT_EQ(err({"EX", "99999999999999999999"}), "ERR value is not an integer or out of range");
+  EXPECT_EQ(err({"EX", "0"}), "ERR invalid expire time in 'set' command");
+  EXPECT_EQ(err({"PX", "-5"}), "ERR invalid expire time in 'set' command");
+  // Seconds that overflow as milliseconds are refused, never wrapped.
+  EXPECT_EQ(err({"EX", "9223372036854775807"}), "ERR invalid expire time in 'set' command");
+}
+
+TEST(RespScanOptions, GrammarClampAndErrors) {
+  auto o = resp::ParseScanOptions(SV{"SCAN", "0"}, 100);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->cursor, 0u);
+  EXPECT_FALSE(o->has_pattern);
+  o = resp::ParseScanOptions(
+      SV{"SCAN", "18446744073709551615", "match", "k*", "COUNT", "99999999999"}, 100);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->cursor, 18446744073709551615ull);
+  EXPECT_EQ(o->pattern, "k*");
+  EXPECT_EQ(o->count, 100u);  // clamped
+  o = resp::ParseScanOptions(SV{"SCAN", "0", "TYPE", "hash"}, 100);
+  ASSERT_TRUE(o.ok());
+  EXPECT_TRUE(o->only_other_type);
+  auto err = [](SV v) {
+    auto r = resp::ParseScanOptions(v, 100);
+    return r.ok() ? std::string("ok") : r.status().message();
+  };
+  EXPECT_EQ(err({"SCAN", "-1"}), "ERR invalid cursor");
+  EXPECT_EQ(err({"SCAN", "x"}), "ERR invalid cursor");
+  EXPECT_EQ(err({"SCAN", "0", "COUNT", "0"}), "ERR syntax error");
+  EXPECT_EQ(err({"SCAN", "0", "COUNT", "-3"}), "ERR syntax error");
+  EXPECT_EQ(err({"SCAN", "0", "COUNT", "many"}), "ERR value is not an integer or out of range");
+  EXPECT_EQ(err({"SCAN", "0", "MATCH"}), "ERR syntax error");
+  EXPECT_EQ(err({"SCAN", "0", "LIMIT", "3"}), "ERR syntax error");
+}
+
+TEST(RespArity, KnownCommandsAndCounts) {
+  EXPECT_TRUE(resp::ArityAllows(resp::CommandArity("GET"), 2));
+  EXPECT_FALSE(resp::ArityAllows(resp::CommandArity("GET"), 3));
+  EXPECT_TRUE(resp::ArityAllows(resp::CommandArity("SET"), 7));
+  EXPECT_FALSE(resp::ArityAllows(resp::CommandArity("SET"), 2));
+  EXPECT_TRUE(resp::ArityAllows(resp::CommandArity("MGET"), 2));
+  EXPECT_FALSE(resp::ArityAllows(resp::CommandArity("MGET"), 1));
+  EXPECT_EQ(resp::CommandArity("NOSUCH"), 0);
+  EXPECT_EQ(resp::CommandArity("get"), 0);  // the caller upper-cases
+}
+
+TEST(RespTransaction, QueuesCopiesAndReplaysInOrder) {
+  resp::RespTransaction t({.commands_max = 10, .bytes_max = 1 << 20});
+  EXPECT_FALSE(t.queuing());
+  t.Begin();
+  ASSERT_TRUE(t.queuing());
+  std::string buf = "SET k1 v1";
+  ASSERT_TRUE(t.Queue(SV{std::string_view(buf).substr(0, 3), std::string_view(buf).substr(4, 2),
+                         std::string_view(buf).substr(7, 2)})
+                  .ok());
+  buf.assign("XXXXXXXXX");  // the caller's bytes change after queuing: the queue kept a copy
+  ASSERT_TRUE(t.Queue(SV{"GET", "k1"}).ok());
+  ASSERT_TRUE(t.Queue(SV{"PING"}).ok());
+  bool aborted = true;
+  ASSERT_EQ(t.StartExec(&aborted), 3u);
+  EXPECT_FALSE(aborted);
+  EXPECT_TRUE(t.executing());
+  std::vector<std::string_view> argv;
+  t.Command(0, &argv);
+  EXPECT_EQ(argv, (SV{"SET", "k1", "v1"}));
+  t.Command(1, &argv);
+  EXPECT_EQ(argv, (SV{"GET", "k1"}));
+  t.Command(2, &argv);
+  EXPECT_EQ(argv, (SV{"PING"}));
+  t.Finish();
+  EXPECT_FALSE(t.queuing() || t.executing());
+  EXPECT_EQ(t.held_bytes(), 0u);
+}
+
+TEST(RespTransaction, FlagAbortsExec) {
+  resp::RespTransaction t({});
+  t.Begin();
+  ASSERT_TRUE(t.Queue(SV{"GET", "k"}).ok());
+  t.Flag();
+  bool aborted = false;
+  EXPECT_EQ(t.StartExec(&aborted), 0u);
+  EXPECT_TRUE(aborted);
+  EXPECT_FALSE(t.queuing() || t.executing() || t.flagged());
+}
+
+TEST(RespTransaction, CommandLimitFreesQueueAndStaysBounded) {
+  resp::RespTransaction t({.commands_max = 100, .bytes_max = 1 << 20});
+  t.Begin();
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(t.Queue(SV{"SET", "key", "value"}).ok());
+  Status st = t.Queue(SV{"SET", "key", "value"});
+  EXPECT_TRUE(st.IsRejected());
+  EXPECT_NE(st.message().find("limits.resp_multi_commands_max"), std::string::npos);
+  EXPECT_TRUE(t.flagged());
+  EXPECT_TRUE(t.queuing());
+  EXPECT_EQ(t.held_bytes(), 0u);  // freed at once
+  // A hostile client keeps sending: answered, never stored.
+  for (int i = 0; i < 100000; ++i) ASSERT_TRUE(t.Queue(SV{"SET", "key", "value"}).ok());
+  EXPECT_EQ(t.held_bytes(), 0u);
+  EXPECT_EQ(t.size(), 0u);
+  bool aborted = false;
+  t.StartExec(&aborted);
+  EXPECT_TRUE(aborted);
+}
+
+TEST(RespTransaction, ByteLimitCountsArgumentsAndOverhead) {
+  resp::RespTransaction t({.commands_max = 1 << 20, .bytes_max = 4096});
+  t.Begin();
+  // Empty arguments still cost kArgOverheadBytes each: a flood of them hits the byte limit.
+  std::vector<std::string_view> empties(100, std::string_view());
+  size_t queued = 0;
+  Status st;
+  while ((st = t.Queue(empties)).ok()) ++queued;
+  EXPECT_TRUE(st.IsRejected());
+  EXPECT_NE(st.message().find("limits.resp_multi_bytes_max"), std::string::npos);
+  EXPECT_EQ(queued, 4096 / (100 * resp::RespTransaction::kArgOverheadBytes +
+                            resp::RespTransaction::kCommandOverheadBytes));
+  EXPECT_EQ(t.held_bytes(), 0u);
+}
+
+storage::Key KeyWithPrefix(uint64_t prefix, uint8_t tail) {
+  storage::Key k{};
+  for (int i = 0; i < 8; ++i) k[i] = static_cast<uint8_t>(prefix >> (56 - 8 * i));
+  k[31] = tail;
+  return k;
+}
+
+TEST(RespKeyIndex, CursorIsNeverZeroForAKey) {
+  EXPECT_EQ(RespKeyIndex::CursorOf(KeyWithPrefix(0, 0)), 1u);
+  EXPECT_EQ(RespKeyIndex::CursorOf(KeyWithPrefix(~0ull, 0)), 1ull << 63);
+}
+
+TEST(RespKeyIndex, EntriesSharingAPositionAreNeverSplit) {
+  RespKeyIndex idx(1000, 1 << 20);
+  // 0x10 and 0x11 differ only in the bit CursorOf drops: one position, three entries.
+  idx.Add(1, KeyWithPrefix(0x10, 1), "a");
+  idx.Add(1, KeyWithPrefix(0x10, 2), "b");
+  idx.Add(1, KeyWithPrefix(0x11, 0), "c");
+  idx.Add(1, KeyWithPrefix(0x20, 0), "d");
+  std::vector<RespKeyIndex::Entry> out;
+  uint64_t next = idx.Scan(1, 0, 1, &out);
+  EXPECT_EQ(out.size(), 3u);
+  EXPECT_EQ(next, RespKeyIndex::CursorOf(KeyWithPrefix(0x20, 0)));
+  next = idx.Scan(1, next, 1, &out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].name, "d");
+  EXPECT_EQ(next, 0u);
+  EXPECT_EQ(idx.Scan(2, 0, 10, &out), 0u);  // another tenant sees nothing
+  EXPECT_TRUE(out.empty());
+}
+
+// The SCAN guarantee: every key present for a whole iteration is returned, whatever is
+// added and removed between the steps.
+TEST(RespKeyIndex, FullIterationUnderChurnReturnsEveryStableKey) {
+  std::mt19937_64 rng(7);
+  auto random_key = [&] {
+    storage::Key k;
+    for (auto& b : k) b = static_cast<uint8_t>(rng());
+    return k;
+  };
+  for (size_t count : {1u, 3u, 10u, 1000u}) {
+    RespKeyIndex idx(1 << 20, 1 << 30);
+    std::vector<storage::Key> stable, churn;
+    for (int i = 0; i < 500; ++i) {
+      stable.push_back(random_key());
+      idx.Add(9, stable.back(), "s" + std::to_string(i));
+    }
+    std::set<std::string> seen;
+    uint64_t cursor = 0;
+    int steps = 0;
+    do {
+      std::vector<RespKeyIndex::Entry> out;
+      cursor = idx.Scan(9, cursor, count, &out);
+      for (auto& e : out) seen.insert(e.name);
+      // Churn between steps: add new keys anywhere, remove some of the added ones.
+      for (int j = 0; j < 5; ++j) {
+        churn.push_back(random_key());
+        idx.Add(9, churn.back(), "c");
+      }
+      if (churn.size() > 3) {
+        idx.Remove(9, churn[rng() % churn.size()]);
+      }
+      ASSERT_LT(++steps, 100000);
+    } while (cursor != 0);
+    for (int i = 0; i < 500; ++i) {
+      EXPECT_TRUE(seen.count("s" + std::to_string(i))) << "count " << count << " key " << i;
+    }
+  }
+}
+
+TEST(RespKeyIndex, LimitsCountUnindexedAndRemoveFreesBytes) {
+  RespKeyIndex idx(3, 10 * RespKeyIndex::kEntryOverheadBytes);
+  for (uint8_t i = 0; i < 5; ++i) idx.Add(1, KeyWithPrefix(i << 8, i), "n");
+  EXPECT_EQ(idx.size(1), 3u);
+  EXPECT_EQ(idx.unindexed(), 2u);
+  idx.Add(1, KeyWithPrefix(0, 0), "n");  // already indexed: no-op, not counted
+  EXPECT_EQ(idx.unindexed(), 2u);
+  // The byte budget is over all tenants.
+  std::string big(8 * RespKeyIndex::kEntryOverheadBytes, 'x');
+  idx.Add(2, KeyWithPrefix(1, 1), big);
+  EXPECT_EQ(idx.size(2), 0u);
+  EXPECT_EQ(idx.unindexed(), 3u);
+  uint64_t before = idx.bytes();
+  EXPECT_EQ(before, 3 * (1 + RespKeyIndex::kEntryOverheadBytes));
+  idx.Remove(1, KeyWithPrefix(0, 0));
+  EXPECT_EQ(idx.bytes(), before - 1 - RespKeyIndex::kEntryOverheadBytes);
+  idx.RemoveTenant(1);
+  EXPECT_EQ(idx.bytes(), 0u);
+  EXPECT_EQ(idx.size(1), 0u);
+}
+
+// Service's RESP commands over a fake store: the conditional SET and the SCAN step.
+class RespServiceTest : public ::testing::Test {
+ protected:
+  RespServiceTest()
+      : tenants_(TenantRegistry::Open(std::vector<uint8_t>(32, 7), 1024)),
+        svc_(&store_, tenants_.get(), &metrics_, nullptr, PolicySettings{}) {}
+  const Tenant& tenant() { return *tenants_->default_tenant(); }
+
+  kvtier::testing::FakeTierManager store_;
+  DaemonMetrics metrics_;
+  std::unique_ptr<TenantRegistry> tenants_;
+  Service svc_;
+};
+
+TEST_F(RespServiceTest, SetNxFromManyThreadsHasExactlyOneWriterPerKey) {
+  constexpr int kThreads = 8, kKeys = 2000;
+  std::vector<std::atomic<int>> writers(kKeys);
+  std::vector<std::thread> threads;
+  resp::SetOptions nx;
+  nx.cond = resp::SetOptions::Cond::kIfAbsent;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < kKeys; ++k) {
+        bool written = false;
+        ASSERT_TRUE(svc_.RespSetIf(tenant(), "k" + std::to_string(k), std::to_string(t), nx,
+                                   &written, nullptr)
+                        .ok());
+        if (written) writers[k].fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int k = 0; k < kKeys; ++k) ASSERT_EQ(writers[k].load(), 1) << "key " << k;
+}
+
+TEST_F(RespServiceTest, ConditionsGetAndKeepTtl) {
+  resp::SetOptions o;
+  bool written = false;
+  std::optional<std::string> old;
+  o.cond = resp::SetOptions::Cond::kIfPresent;
+  ASSERT_TRUE(svc_.RespSetIf(tenant(), "a", "1", o, &written, &old).ok());
+  EXPECT_FALSE(written);
+  EXPECT_FALSE(old.has_value());
+  ASSERT_TRUE(svc_.RespSet(tenant(), "a", "1", 60000).ok());
+  o.keep_ttl = o.get = true;
+  ASSERT_TRUE(svc_.RespSetIf(tenant(), "a", "2", o, &written, &old).ok());
+  EXPECT_TRUE(written);
+  EXPECT_EQ(old, std::optional<std::string>("1"));
+  int64_t ttl = svc_.RespTtlMs(tenant(), "a");
+  EXPECT_GT(ttl, 50000);
+  EXPECT_LE(ttl, 60000);
+  o = resp::SetOptions{};
+  o.get = true;  // without KEEPTTL the expiry goes
+  ASSERT_TRUE(svc_.RespSetIf(tenant(), "a", "3", o, &written, &old).ok());
+  EXPECT_EQ(old, std::optional<std::string>("2"));
+  EXPECT_EQ(svc_.RespTtlMs(tenant(), "a"), -1);
+}
+
+TEST_F(RespServiceTest, ScanFiltersAndDropsKeysTheStoreLost) {
+  for (int i = 0; i < 50; ++i)
+    ASSERT_TRUE(svc_.RespSet(tenant(), "k" + std::to_string(i), "v", 0).ok());
+  // The store loses one key behind the index's back (eviction).
+  ASSERT_TRUE(store_.Delete(svc_.BindResp(tenant(), "k7")).ok());
+  std::set<std::string> seen;
+  std::vector<std::string> names;
+  uint64_t cursor = 0;
+  do {
+    cursor = svc_.RespScan(
+        tenant(), cursor, 4, [](std::string_view n) { return n != "k3"; }, &names);
+    seen.insert(names.begin(), names.end());
+  } while (cursor != 0);
+  EXPECT_EQ(seen.size(), 48u);
+  EXPECT_FALSE(seen.count("k7") || seen.count("k3"));
+  EXPECT_EQ(svc_.resp_index().size(tenant().id), 49u);  // k7 pruned, k3 (unmatched) kept
+  EXPECT_EQ(svc_.RespDbSize(tenant()), 49u);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon

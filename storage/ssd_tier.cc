@@ -104,17 +104,10 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
   if (o_.durability == Durability::kSync) {
     uint64_t ticket = pending_ticket_;
     lock.unlock();
-    Status st = Commit(ticket);
     // An error: the commit failed (the entry was dropped) or one of its buffer writes did
-    // (this unit's included, or not: reported either way; nothing unwritten is indexed).
-    if (!st.ok()) return st;
-    lock.lock();
-    ReapLocked();  // a buffer write that failed in another thread's commit drops the entry
-    auto it = map_.find(key);
-    if (it == map_.end() || it->second.seq != h.seq) {
-      // Its buffer write failed inside another thread's commit: dropped, never indexed.
-      return Status::IOError("ssd write failed; the unit was not stored");
-    }
+    // (this unit's included, or not: reported either way; nothing unwritten is indexed). The
+    // commit settled it (its thread reaped the failed buffers): no second lock hold here.
+    return Commit(ticket);
   }
   return Status::Ok();
 }

@@ -75,7 +75,7 @@ Status SsdTier::Impl::AppendLocked(const Key& key, const RecordHeader& h,
   return Status::Ok();
 }
 
-void SsdTier::Impl::WriteBufferLocked() {
+void SsdTier::Impl::WriteBufferLocked(bool wake_writer) {
   if (buf_len_ == 0 || fill_ == kNoBuffer) return;
   uint64_t n = AlignUp(buf_len_, ssd::kBlockBytes);
   WriteBuf& b = bufs_[fill_];
@@ -88,9 +88,10 @@ void SsdTier::Impl::WriteBufferLocked() {
     std::lock_guard wb(wb_mu_);
     b.done = false;
     b.status = Status::Ok();
+    b.commit_writes = !wake_writer;
     wb_queue_.push_back(fill_);
   }
-  wb_cv_.notify_all();
+  if (wake_writer) writer_cv_.notify_one();
   fill_ = kNoBuffer;
   buf_file_offset_ += n;
   buf_len_ = 0;
@@ -160,34 +161,46 @@ void SsdTier::Impl::ReapLocked() {
 void SsdTier::Impl::WriterLoop() {
   std::unique_lock wb(wb_mu_);
   while (true) {
-    wb_cv_.wait(wb, [&] { return wb_stop_ || !wb_queue_.empty(); });
+    // A buffer a commit queued for itself is left to it (it is on its way to write it).
+    writer_cv_.wait(wb, [&] {
+      if (writer_busy_) return false;
+      if (wb_queue_.empty()) return wb_stop_;
+      return !bufs_[wb_queue_.front()].commit_writes;
+    });
     if (wb_queue_.empty()) return;  // stopping, and everything queued is written
-    size_t i = wb_queue_.front();
-    wb_queue_.pop_front();
-    uint8_t* data = bufs_[i].data;
-    std::shared_ptr<Segment> seg = bufs_[i].seg;
-    uint64_t offset = bufs_[i].file_offset, n = bufs_[i].len, seq = bufs_[i].write_seq;
-    wb.unlock();
-    // Submitted as up to kWriteSplit writes in one batch (queue depth > 1 on io_uring).
-    uint64_t chunk =
-        std::max<uint64_t>(AlignUp(n / kWriteSplit, ssd::kBlockBytes), kMinWriteChunkBytes);
-    IoRequest reqs[kWriteSplit + 1];
-    size_t count = 0;
-    for (uint64_t off = 0; off < n; off += chunk) {
-      reqs[count++] = {IoRequest::Op::kWrite,
-                       offset + off,
-                       data + off,
-                       static_cast<size_t>(std::min(chunk, n - off)),
-                       {}};
-    }
-    Status st = seg->dev->Submit({reqs, count});
-    wb.lock();
-    bufs_[i].done = true;
-    bufs_[i].status = st;
-    completed_seq_ = seq;
-    if (!st.ok()) failed_writes_.push_back({seq, seg->id, offset, n, st});
-    wb_cv_.notify_all();
+    WriteFrontLocked(wb);
   }
+}
+
+void SsdTier::Impl::WriteFrontLocked(std::unique_lock<std::mutex>& wb) {
+  size_t i = wb_queue_.front();
+  wb_queue_.pop_front();
+  writer_busy_ = true;
+  uint8_t* data = bufs_[i].data;
+  std::shared_ptr<Segment> seg = bufs_[i].seg;
+  uint64_t offset = bufs_[i].file_offset, n = bufs_[i].len, seq = bufs_[i].write_seq;
+  wb.unlock();
+  // Submitted as up to kWriteSplit writes in one batch (queue depth > 1 on io_uring).
+  uint64_t chunk =
+      std::max<uint64_t>(AlignUp(n / kWriteSplit, ssd::kBlockBytes), kMinWriteChunkBytes);
+  IoRequest reqs[kWriteSplit + 1];
+  size_t count = 0;
+  for (uint64_t off = 0; off < n; off += chunk) {
+    reqs[count++] = {IoRequest::Op::kWrite,
+                     offset + off,
+                     data + off,
+                     static_cast<size_t>(std::min(chunk, n - off)),
+                     {}};
+  }
+  Status st = seg->dev->Submit({reqs, count});
+  wb.lock();
+  writer_busy_ = false;
+  bufs_[i].done = true;
+  bufs_[i].status = st;
+  completed_seq_ = seq;
+  if (!st.ok()) failed_writes_.push_back({seq, seg->id, offset, n, st});
+  wb_cv_.notify_all();
+  if (!wb_queue_.empty()) writer_cv_.notify_one();
 }
 
 Status SsdTier::Impl::RollLocked() {

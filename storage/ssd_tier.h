@@ -166,12 +166,12 @@ class SsdTier {
              std::vector<Key>* evicted);
   // NotFound, Corruption (quarantined), IOError.
   Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta = nullptr);
-  // Get for many keys at once: the device reads of the batch are submitted together (per
-  // segment, up to kMaxBatchIos per submission; the queue depth is min(reads, the env's
-  // queue_depth)), and each record is verified against its checksum as Get does. Resizes
-  // *outs, *metas (may be null) and *results to keys.size(); results[i] is Get's status
-  // for keys[i] (duplicates are read once each).
-    void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
+  // Get for many keys at once: the device reads of the batch, across all their segments, are
+  // submitted together (DeviceEnv::SubmitAcross, up to kMaxBatchIos per submission; the queue
+  // depth is min(reads, the env's queue_depth)), and each record is verified against its checksum
+  // as Get does. Resizes *outs, *metas (may be null) and *results to keys.size(); results[i] is
+  // Get's status for keys[i] (duplicates are read once each).
+  void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
                 std::vector<SsdMeta>* metas, std::vector<Status>* results);
   bool Contains(const Key& key, uint64_t* version = nullptr) const;
   // NotFound if absent. The removal is durable at the next commit (never commits itself);

@@ -292,6 +292,9 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
         "SSD commits (fdatasync + index write) that succeeded; concurrent writers share one.",
         s.ssd_commits);
   p.One("kvtier_ssd_syncs_total", "counter", "fdatasync calls made by SSD commits.", s.ssd_syncs);
+  p.One("kvtier_ssd_index_syncs_total", "counter",
+        "SSD commits that also synced the index WAL (deletes, flush, cleaning).",
+        s.ssd_index_syncs);
   p.One("kvtier_ssd_commit_failures_total", "counter", "SSD commits that failed.",
         s.ssd_commit_failures);
   p.One("kvtier_compressed_bytes_saved_total", "counter", "Bytes saved by compression.",

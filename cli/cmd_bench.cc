@@ -5,11 +5,15 @@
 //     512 KiB at once, i.e. bs=512K and queue depth 4, with a final fsync);
 //   - SSD tier random unit reads vs fio random reads (io_uring, O_DIRECT, block = the aligned
 //     record size, queue depth 1, the same directory);
+//   - SSD tier batch GETs of --batch random units (GetBatch: every read of a batch submitted
+//     at once, queue depth min(batch, 256)) vs fio random reads at that queue depth (same
+//     block, same directory);
 //   - DRAM tier Get bandwidth vs memcpy of the same sizes from the same kind of memory;
 //   - open-to-first-hit time with --units units indexed (default 1M), and the time until the
 //     background index load has finished.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +26,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "common/clock.h"
+#include "storage/block_device.h"
 #include "storage/memory_tier.h"
 #include "storage/ssd_format.h"
 #include "storage/ssd_tier.h"
@@ -76,6 +81,8 @@ double RunFio(const std::string& args, const char* side, std::string* error) {
 struct Results {
   double ssd_write_bps = 0, fio_write_bps = 0, ssd_read_bps = 0, fio_read_bps = 0;
   double ssd_read_iops = 0, fio_read_iops = 0;
+  double ssd_batch_iops = 0, fio_qd_iops = 0;
+  uint64_t batch_qd = 0;
   double dram_get_bps = 0, memcpy_bps = 0;
   double first_hit_ms = 0, open_ms = 0, index_loaded_ms = 0;
   uint64_t units_indexed = 0;
@@ -88,15 +95,17 @@ int BenchStorage(Args args) {
                 "SSD tier vs fio, DRAM tier vs memcpy, and warm-restart time to first hit.");
   std::string dir;
   bool json = false;
-  uint64_t mb = 256, unit_bytes = 57344, units = 1'000'000, read_seconds = 3;
+  uint64_t mb = 256, unit_bytes = 57344, units = 1'000'000, read_seconds = 3, batch = 256;
   flags.String("dir", &dir, "DIR", "scratch directory on the file system to measure", true);
   flags.Bool("json", &json, "print JSON");
   flags.Uint("mb", &mb, "MiB written by the SSD write test (and by fio)");
   flags.Uint("unit-bytes", &unit_bytes, "unit size in bytes (miniature V4.1 unit: 57344)");
   flags.Uint("units", &units, "units indexed for the warm-restart test");
   flags.Uint("read-seconds", &read_seconds, "seconds of random reads (ours, then fio)");
+  flags.Uint("batch", &batch, "units per batch GET (1..1024); fio reads at the same depth");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
-  if (unit_bytes == 0 || unit_bytes > (8u << 20) || mb == 0 || units == 0) {
+  if (unit_bytes == 0 || unit_bytes > (8u << 20) || mb == 0 || units == 0 || batch == 0 ||
+      batch > storage::kMaxBatchIos) {
     std::fprintf(stderr, "kvtier bench storage: bad sizes\n");
     return 2;
   }
@@ -159,6 +168,25 @@ int BenchStorage(Args args) {
     uint64_t t3 = clock.NowUs();
     r.ssd_read_iops = static_cast<double>(reads) / Seconds(t3 - t2);
     r.ssd_read_bps = r.ssd_read_iops * static_cast<double>(unit_bytes);
+
+    // ---- SSD tier batch GETs ----
+    std::vector<Key> keys(batch);
+    std::vector<std::vector<uint8_t>> outs;
+    std::vector<Status> results;
+    uint64_t got = 0, t4 = clock.NowUs();
+    deadline = t4 + read_seconds * 1'000'000;
+    while (clock.NowUs() < deadline) {
+      for (auto& k : keys) k = BenchKey(rng() % n_units);
+      (*ssd)->GetBatch(keys, &outs, nullptr, &results);
+      for (const Status& st : results) {
+        if (!st.ok()) {
+          std::fprintf(stderr, "batch read miss in the SSD bench: %s\n", st.ToString().c_str());
+          return 1;
+        }
+      }
+      got += batch;
+    }
+    r.ssd_batch_iops = static_cast<double>(got) / Seconds(clock.NowUs() - t4);
   }
   std::filesystem::remove_all(root + "/ssd", ec);
 
@@ -175,9 +203,17 @@ int BenchStorage(Args args) {
                               " --size=" + std::to_string(mb) + "M --time_based --runtime=" +
                               std::to_string(read_seconds) + " --iodepth=1" + common,
                           "read", &err);
-  if (r.fio_write_bps < 0 || r.fio_read_bps < 0) r.notes.push_back(err);
+  // The SSD tier's ring depth (DirEnvOptions::queue_depth, 256) bounds a batch's reads in flight.
+  r.batch_qd = std::min<uint64_t>(batch, storage::DirEnvOptions{}.queue_depth);
+  double fio_qd_bps = RunFio("--name=w --rw=randread --bs=" + std::to_string(record_block) +
+                                 " --size=" + std::to_string(mb) +
+                                 "M --time_based --runtime=" + std::to_string(read_seconds) +
+                                 " --iodepth=" + std::to_string(r.batch_qd) + common,
+                             "read", &err);
+  if (r.fio_write_bps < 0 || r.fio_read_bps < 0 || fio_qd_bps < 0) r.notes.push_back(err);
   // fio reads whole aligned blocks; compare IOPS (one unit per read on both sides).
   r.fio_read_iops = r.fio_read_bps / static_cast<double>(record_block);
+  r.fio_qd_iops = fio_qd_bps / static_cast<double>(record_block);
   std::filesystem::remove_all(root + "/fio", ec);
 
   // ---- DRAM tier Get vs memcpy ----
@@ -258,11 +294,17 @@ int BenchStorage(Args args) {
 
   double write_ratio = r.fio_write_bps > 0 ? r.ssd_write_bps / r.fio_write_bps : 0;
   double read_ratio = r.fio_read_iops > 0 ? r.ssd_read_iops / r.fio_read_iops : 0;
+  double batch_ratio = r.fio_qd_iops > 0 ? r.ssd_batch_iops / r.fio_qd_iops : 0;
   double dram_ratio = r.memcpy_bps > 0 ? r.dram_get_bps / r.memcpy_bps : 0;
   if (json) {
     nlohmann::json j;
     j["ssd_write_vs_fio"] = write_ratio;
     j["ssd_read_vs_fio"] = read_ratio;
+    j["ssd_batch_get_vs_fio"] = batch_ratio;
+    j["ssd_batch_get_iops"] = r.ssd_batch_iops;
+    j["fio_read_qd_iops"] = r.fio_qd_iops;
+    j["batch_units"] = batch;
+    j["batch_queue_depth"] = r.batch_qd;
     j["dram_get_vs_memcpy"] = dram_ratio;
     j["warm_restart_first_hit_ms"] = r.first_hit_ms;
     j["ssd_write_mib_s"] = r.ssd_write_bps / 1048576.0;
@@ -286,6 +328,11 @@ int BenchStorage(Args args) {
                 r.ssd_write_bps / 1048576.0, r.fio_write_bps / 1048576.0, write_ratio);
     std::printf("ssd read    %9.0f IOPS    fio %9.0f IOPS    ratio %.2f (goal >= 0.9)\n",
                 r.ssd_read_iops, r.fio_read_iops, read_ratio);
+    std::printf(
+        "ssd batch   %9.0f IOPS    fio %9.0f IOPS    ratio %.2f (goal >= 0.8; %llu-unit "
+        "GetBatch vs fio iodepth=%llu)\n",
+        r.ssd_batch_iops, r.fio_qd_iops, batch_ratio, static_cast<unsigned long long>(batch),
+        static_cast<unsigned long long>(r.batch_qd));
     std::printf("dram get    %9.2f GiB/s   memcpy %6.2f GiB/s ratio %.2f (goal >= 0.8)\n",
                 r.dram_get_bps / 1073741824.0, r.memcpy_bps / 1073741824.0, dram_ratio);
     std::printf(

@@ -123,6 +123,8 @@ class FileDevice : public BlockDevice {
  public:
   FileDevice(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
   ~FileDevice() override { ::close(fd_); }
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
 
   Status Sync(bool data_only) override {
     int rc = data_only ? ::fdatasync(fd_) : ::fsync(fd_);
@@ -313,7 +315,15 @@ class UringDevice final : public FileDevice {
       : FileDevice(fd, std::move(path)), pool_(std::move(pool)) {}
 
   Status Submit(std::span<IoRequest> batch) override {
+    const FileDevice* self = this;
+    return RunOnRing(pool_.get(), batch, {&self, 1});
+  }
+  // Runs `batch` on one ring of the pool: request i on files[i], or on files[0] when files
+  // holds one device (Submit). Every file is an O_DIRECT-or-not file of the pool's env.
+  static Status RunOnRing(RingPool* pool, std::span<IoRequest> batch,
+                          std::span<const FileDevice* const> files) {
     if (batch.size() > kMaxBatchIos) return Status::InvalidArgument("batch too large");
+    auto file = [&](size_t i) { return files.size() == 1 ? files[0] : files[i]; };
     struct Pending {
       size_t index;
       size_t done;
@@ -321,34 +331,36 @@ class UringDevice final : public FileDevice {
     std::deque<Pending> queue;
     std::vector<size_t> progress(batch.size(), 0);
     for (size_t i = 0; i < batch.size(); ++i) {
-      batch[i].result = CheckAlignment(batch[i], Alignment());
+      batch[i].result = CheckAlignment(batch[i], file(i)->Alignment());
       if (batch[i].result.ok() && batch[i].length > 0) queue.push_back({i, 0});
     }
-    RingPool::Ring* ring = pool_->Acquire();
-    if (ring == nullptr) return Status::IOError("no usable io_uring ring left for " + path_);
+    RingPool::Ring* ring = pool->Acquire();
+    if (ring == nullptr)
+      return Status::IOError("no usable io_uring ring left for " + file(0)->path());
     size_t inflight = 0;
     while (!queue.empty() || inflight > 0) {
       // Fill the submission queue up to the ring's depth.
-      while (!queue.empty() && inflight < pool_->depth()) {
+      while (!queue.empty() && inflight < pool->depth()) {
         io_uring_sqe* sqe = io_uring_get_sqe(&ring->ring);
         if (sqe == nullptr) break;
         Pending p = queue.front();
         queue.pop_front();
         IoRequest& r = batch[p.index];
+        int fd = file(p.index)->fd();
         uint8_t* buf = r.buffer + p.done;
         unsigned len = static_cast<unsigned>(r.length - p.done);
         uint64_t off = r.offset + p.done;
-        int fixed = ring->has_buffers ? pool_->FixedIndex(buf, len) : -1;
+        int fixed = ring->has_buffers ? pool->FixedIndex(buf, len) : -1;
         if (r.op == IoRequest::Op::kRead) {
           if (fixed >= 0) {
-            io_uring_prep_read_fixed(sqe, fd_, buf, len, off, fixed);
+            io_uring_prep_read_fixed(sqe, fd, buf, len, off, fixed);
           } else {
-            io_uring_prep_read(sqe, fd_, buf, len, off);
+            io_uring_prep_read(sqe, fd, buf, len, off);
           }
         } else if (fixed >= 0) {
-          io_uring_prep_write_fixed(sqe, fd_, buf, len, off, fixed);
+          io_uring_prep_write_fixed(sqe, fd, buf, len, off, fixed);
         } else {
-          io_uring_prep_write(sqe, fd_, buf, len, off);
+          io_uring_prep_write(sqe, fd, buf, len, off);
         }
         io_uring_sqe_set_data64(sqe, p.index);
         ++inflight;
@@ -361,9 +373,9 @@ class UringDevice final : public FileDevice {
         // the pool, and never return while the kernel may still use the caller's buffers:
         // drain what was submitted; a ring that cannot be drained is retired for good.
         if (Drain(ring, &inflight)) {
-          pool_->Release(ring);
+          pool->Release(ring);
         } else {
-          pool_->Retire(ring);
+          pool->Retire(ring);
         }
         return err;
       }
@@ -379,18 +391,19 @@ class UringDevice final : public FileDevice {
             queue.push_back({i, progress[i]});
           } else {
             r.result = ErrnoStatus(
-                std::string(r.op == IoRequest::Op::kRead ? "read " : "write ") + path_, -res);
+                std::string(r.op == IoRequest::Op::kRead ? "read " : "write ") + file(i)->path(),
+                -res);
           }
         } else if (res == 0) {
-          r.result =
-              Status::Corruption("short read at " + std::to_string(r.offset) + " in " + path_);
+          r.result = Status::Corruption("short read at " + std::to_string(r.offset) + " in " +
+                                        file(i)->path());
         } else {
           progress[i] += static_cast<size_t>(res);
           if (progress[i] < r.length) queue.push_back({i, progress[i]});  // short transfer
         }
       }
     }
-    pool_->Release(ring);
+    pool->Release(ring);
     Status first;
     for (const IoRequest& r : batch) {
       if (!r.result.ok()) {
@@ -400,6 +413,7 @@ class UringDevice final : public FileDevice {
     }
     return first;
   }
+  RingPool* pool() const { return pool_.get(); }
   std::string Kind() const override { return "io_uring"; }
 
  private:
@@ -484,6 +498,24 @@ class DirEnv final : public DeviceEnv {
     return pool_->RegisterBuffers(buffers);
   }
   std::string Kind() const override { return pool_ != nullptr ? "io_uring" : "posix"; }
+  // io_uring: the whole batch on one ring (one submission up to the ring's depth), when every
+  // device is one of this env's io_uring files; otherwise per device.
+  Status SubmitAcross(std::span<DeviceIo> batch) override {
+    if (pool_ == nullptr) return DeviceEnv::SubmitAcross(batch);
+    if (batch.size() > kMaxBatchIos) return Status::InvalidArgument("batch too large");
+    std::vector<const FileDevice*> files(batch.size());
+    std::vector<IoRequest> reqs(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      auto* dev = dynamic_cast<UringDevice*>(batch[i].device);
+      if (dev == nullptr || dev->pool() != pool_.get()) return DeviceEnv::SubmitAcross(batch);
+      files[i] = dev;
+      reqs[i] = batch[i].io;
+    }
+    if (batch.empty()) return Status::Ok();
+    Status st = UringDevice::RunOnRing(pool_.get(), reqs, files);
+    for (size_t i = 0; i < batch.size(); ++i) batch[i].io.result = reqs[i].result;
+    return st;
+  }
 
  private:
   std::string dir_;
@@ -502,6 +534,35 @@ Status BlockDevice::Read(uint64_t offset, std::span<uint8_t> buffer) {
 Status BlockDevice::Write(uint64_t offset, std::span<const uint8_t> data) {
   IoRequest r{IoRequest::Op::kWrite, offset, const_cast<uint8_t*>(data.data()), data.size(), {}};
   return Submit(std::span<IoRequest>(&r, 1));
+}
+
+Status DeviceEnv::SubmitAcross(std::span<DeviceIo> batch) {
+  if (batch.size() > kMaxBatchIos) return Status::InvalidArgument("batch too large");
+  for (const DeviceIo& d : batch) {
+    if (d.device == nullptr) return Status::InvalidArgument("request without a device");
+  }
+  // One Submit per device, in the order the devices first appear.
+  std::vector<bool> done(batch.size(), false);
+  std::vector<IoRequest> reqs;
+  std::vector<size_t> index;
+  Status first;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (done[i]) continue;
+    reqs.clear();
+    index.clear();
+    for (size_t j = i; j < batch.size(); ++j) {
+      if (done[j] || batch[j].device != batch[i].device) continue;
+      done[j] = true;
+      reqs.push_back(batch[j].io);
+      index.push_back(j);
+    }
+    (void)batch[i].device->Submit(reqs);  // each request carries its own result
+    for (size_t k = 0; k < index.size(); ++k) {
+      batch[index[k]].io.result = reqs[k].result;
+      if (first.ok() && !reqs[k].result.ok()) first = reqs[k].result;
+    }
+  }
+  return first;
 }
 
 void AlignedFree::operator()(uint8_t* p) const { std::free(p); }

@@ -12,6 +12,11 @@
 // result; Submit's own Status is the first failure (or OK). Batches larger than kMaxBatchIos
 // are InvalidArgument.
 //
+// Batches across devices: DeviceEnv::SubmitAcross runs one batch whose requests name their
+// own devices of that env (the SSD tier's batch GET, whose records lie in several segments).
+// io_uring: one ring, one submission of up to queue_depth SQEs for all of them; other envs
+// (memory, POSIX, wrappers): one Submit per device, in the order the devices first appear.
+//
 // Durability: a completed Write is visible to later Reads of any thread, but survives a crash
 // only after Sync() returns OK. A device's existence (Open with create, Remove) survives a
 // crash only after DeviceEnv::SyncDir() returns OK.
@@ -43,6 +48,15 @@ struct IoRequest {
   // Filled by Submit: OK, or the error of this request (a short read past the end of the
   // device is Corruption("short read")).
   Status result;
+};
+
+class BlockDevice;
+
+// A request of DeviceEnv::SubmitAcross: the device (of that env, not owned, alive for the
+// call) and the request, whose result Submit fills in.
+struct DeviceIo {
+  BlockDevice* device = nullptr;
+  IoRequest io;
 };
 
 class BlockDevice {
@@ -101,6 +115,12 @@ class DeviceEnv {
     (void)buffers;
     return Status::Ok();
   }
+  // Runs a batch whose requests name devices opened from this env (see "Batches across
+  // devices" above) and returns when every request has completed; each gets its own result,
+  // and the return is the first failure (or OK). More than kMaxBatchIos requests, or a null
+  // device: InvalidArgument. The default submits per device (a wrapping env inherits it, so
+  // its devices' own Submit runs).
+  virtual Status SubmitAcross(std::span<DeviceIo> batch);
   virtual std::string Kind() const = 0;
 };
 

@@ -3,6 +3,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/logging.h"
 #include "storage/ssd/tier_impl.h"
@@ -12,6 +13,30 @@ namespace kvtier::storage {
 namespace {
 
 constexpr size_t kMaxDirtyAccess = 1 << 20;  // access stats persisted at close, bounded
+// A batch GET's read region is kept for the thread's next batch up to this size: no mmap,
+// page faults and munmap per batch, and O_DIRECT reads land in pages already faulted in, so
+// io_uring issues them at once instead of punting them to its worker threads. Larger
+// regions are allocated per call. Memory: up to this much per thread that ran a batch GET.
+constexpr uint64_t kReadRegionCachedBytesMax = 32ull << 20;
+
+// `bytes` of aligned, faulted-in memory for one batch: the thread's cached region, or *owned.
+uint8_t* BatchReadRegion(uint64_t bytes, AlignedBuffer* owned) {
+  thread_local AlignedBuffer cached;
+  thread_local uint64_t cached_bytes = 0;
+  bytes = std::max<uint64_t>(bytes, ssd::kBlockBytes);
+  if (bytes > kReadRegionCachedBytesMax) {
+    *owned = AllocateAligned(bytes, ssd::kBlockBytes);
+    std::memset(owned->get(), 0, bytes);
+    return owned->get();
+  }
+  if (bytes > cached_bytes) {
+    uint64_t n = std::min(std::max(bytes, 2 * cached_bytes), kReadRegionCachedBytesMax);
+    cached = AllocateAligned(n, ssd::kBlockBytes);
+    std::memset(cached.get(), 0, n);  // fault the pages in once
+    cached_bytes = n;
+  }
+  return cached.get();
+}
 
 }  // namespace
 
@@ -104,17 +129,10 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
   if (o_.durability == Durability::kSync) {
     uint64_t ticket = pending_ticket_;
     lock.unlock();
-    Status st = Commit(ticket);
     // An error: the commit failed (the entry was dropped) or one of its buffer writes did
-    // (this unit's included, or not: reported either way; nothing unwritten is indexed).
-    if (!st.ok()) return st;
-    lock.lock();
-    ReapLocked();  // a buffer write that failed in another thread's commit drops the entry
-    auto it = map_.find(key);
-    if (it == map_.end() || it->second.seq != h.seq) {
-      // Its buffer write failed inside another thread's commit: dropped, never indexed.
-      return Status::IOError("ssd write failed; the unit was not stored");
-    }
+    // (this unit's included, or not: reported either way; nothing unwritten is indexed). The
+    // commit settled it (its thread reaped the failed buffers): no second lock hold here.
+    return Commit(ticket);
   }
   return Status::Ok();
 }
@@ -229,42 +247,42 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, std::vector<std::vector<
     spans[i].region_off = region_bytes;
     region_bytes += AlignUp(spans[i].len, ssd::kBlockBytes);
   }
-  AlignedBuffer region = AllocateAligned(std::max<uint64_t>(region_bytes, 1), ssd::kBlockBytes);
+  AlignedBuffer owned_region;
+  uint8_t* region = BatchReadRegion(region_bytes, &owned_region);
   std::vector<Status> read_st(n);
-  // Submitted per segment (a device), all of a segment's reads in one call (up to
-  // kMaxBatchIos each), so they are in flight together.
+  // Every device read of the batch, whatever its segment, in one submission (io_uring: one
+  // ring, up to its queue depth in flight; SubmitAcross), in chunks of kMaxBatchIos; sorted by
+  // segment and offset for locality.
   std::vector<size_t> order;
   for (size_t i = 0; i < n; ++i) {
     if ((*results)[i].ok() && segs[i] != nullptr) order.push_back(i);
   }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return segs[a]->id < segs[b]->id; });
-  std::vector<IoRequest> reqs;
-  for (size_t first = 0; first < order.size();) {
-    size_t last = first;
-    while (last < order.size() && last - first < kMaxBatchIos &&
-           segs[order[last]] == segs[order[first]]) {
-      ++last;
-    }
-    reqs.clear();
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return segs[a]->id != segs[b]->id ? segs[a]->id < segs[b]->id
+                                      : entries[a].offset < entries[b].offset;
+  });
+  std::vector<DeviceIo> ios;
+  for (size_t first = 0; first < order.size(); first += kMaxBatchIos) {
+    size_t last = std::min(order.size(), first + kMaxBatchIos);
+    ios.clear();
     for (size_t k = first; k < last; ++k) {
       size_t i = order[k];
-      reqs.push_back({IoRequest::Op::kRead,
+      ios.push_back({segs[i]->dev.get(),
+                     {IoRequest::Op::kRead,
                       spans[i].start,
-                      region.get() + spans[i].region_off,
+                      region + spans[i].region_off,
                       static_cast<size_t>(spans[i].len),
-                      {}});
+                      {}}});
     }
-    (void)segs[order[first]]->dev->Submit(reqs);  // each request carries its own result
-    for (size_t k = first; k < last; ++k) read_st[order[k]] = reqs[k - first].result;
-    first = last;
+    (void)env_->SubmitAcross(ios);  // each request carries its own result
+    for (size_t k = first; k < last; ++k) read_st[order[k]] = ios[k - first].io.result;
   }
   uint64_t hits = 0, bytes = 0;
   for (size_t i = 0; i < n; ++i) {
     if (!(*results)[i].ok()) continue;
     std::span<const uint8_t> rec = buffered[i];
     if (segs[i] != nullptr) {
-      rec = {region.get() + spans[i].region_off + (entries[i].offset - spans[i].start),
+      rec = {region + spans[i].region_off + (entries[i].offset - spans[i].start),
              entries[i].record_bytes};
     }
     (*results)[i] = FinishRead(keys[i], entries[i], read_st[i], rec, &(*outs)[i]);

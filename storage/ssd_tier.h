@@ -43,7 +43,11 @@
 // - Commits: a commit closes the buffer being filled, then outside the tier lock waits for
 //   every buffer handed over before it, fdatasyncs, and writes the index entries of the
 //   records whose write succeeded (puts and gets continue meanwhile); index writes are
-//   applied in commit order. Concurrent kSync puts share one commit. Every put and removal
+//   applied in commit order. The data fdatasync is a commit's only sync unless the batch holds
+//   a delete other than an eviction (or Flush, open, close, cleaning ask): the index of a put
+//   is rebuilt by the tail scan when a power failure loses its unsynced RocksDB write
+//   (docs/format/ssd.md, "One synced write per commit"). The committing thread writes the
+//   buffer it closes itself. Concurrent kSync puts share one commit. Every put and removal
 //   gets a commit ticket; WaitDurable(ticket) commits up to it (kSync) so that callers can
 //   release their own locks first and share the commit. A failed commit carries its
 //   CommitStage (stats, log): after kBufferWrite / kSync its data is forgotten, after
@@ -138,6 +142,9 @@ struct SsdStats {
   uint64_t segments_cleaned = 0, commits = 0, recovered_records = 0, dropped_on_recovery = 0;
   // fdatasync calls made by commits; failed commits and the stage of the latest failure.
   uint64_t syncs = 0, commit_failures = 0;
+  // Commits (and Flushes) that synced the RocksDB index WAL: those holding a delete other
+  // than an eviction, Flush, recovery, close, and the cleaner's before a segment deletion.
+  uint64_t index_syncs = 0;
   CommitStage last_failed_stage = CommitStage::kNone;
   // Background index load: done, and how long after Open it finished.
   bool index_loaded = false;
@@ -152,16 +159,18 @@ class SsdTier {
 
   // Appends the value. Keys evicted to make room (and keys the segment thread dropped since
   // the last Put) are appended to *evicted (may be null).
-  // IOError: the write failed (nothing indexed). InvalidArgument: larger than a segment.
+  // IOError: the write failed (nothing indexed), or (kSync) another buffer write of the same
+  // commit did: the unit may then be stored (a caller that must not keep it removes it).
+  // InvalidArgument: larger than a segment.
   Status Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
              std::vector<Key>* evicted);
   // NotFound, Corruption (quarantined), IOError.
   Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta = nullptr);
-  // Get for many keys at once: the device reads of the batch are submitted together (per
-  // segment, up to kMaxBatchIos per submission; the queue depth is min(reads, the env's
-  // queue_depth)), and each record is verified against its checksum as Get does. Resizes
-  // *outs, *metas (may be null) and *results to keys.size(); results[i] is Get's status
-  // for keys[i] (duplicates are read once each).
+  // Get for many keys at once: the device reads of the batch, across all their segments, are
+  // submitted together (DeviceEnv::SubmitAcross, up to kMaxBatchIos per submission; the queue
+  // depth is min(reads, the env's queue_depth)), and each record is verified against its checksum
+  // as Get does. Resizes *outs, *metas (may be null) and *results to keys.size(); results[i] is
+  // Get's status for keys[i] (duplicates are read once each).
   void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
                 std::vector<SsdMeta>* metas, std::vector<Status>* results);
   bool Contains(const Key& key, uint64_t* version = nullptr) const;

@@ -1001,6 +1001,7 @@ Stats TierManagerImpl::GetStats() const {
     s.segments_cleaned = d.segments_cleaned;
     s.ssd_commits = d.commits;
     s.ssd_syncs = d.syncs;
+    s.ssd_index_syncs = d.index_syncs;
     s.ssd_commit_failures = d.commit_failures;
     s.ssd_last_failed_stage = d.last_failed_stage;
   }

@@ -163,6 +163,8 @@ struct Stats {
   // SSD commits that succeeded, fdatasync calls they made, commits that failed and the stage
   // of the most recent failure.
   uint64_t ssd_commits = 0, ssd_syncs = 0, ssd_commit_failures = 0;
+  // SSD commits that also synced the index WAL (SsdStats::index_syncs).
+  uint64_t ssd_index_syncs = 0;
   CommitStage ssd_last_failed_stage = CommitStage::kNone;
   uint64_t admissions = 0, admission_rejections = 0, checksum_failures = 0, io_errors = 0;
   uint64_t compressed_bytes_saved = 0, segments_cleaned = 0, ssd_queue_depth = 0;

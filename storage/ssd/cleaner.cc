@@ -204,10 +204,10 @@ Status SsdTier::Impl::CleanSegment(const std::shared_ptr<Segment>& victim,
     }
     i = end;
   }
-  // Relocated entries must be durable before the old segment disappears (outside the lock:
-  // the commit pipeline's own path, as the group commit).
+  // Relocated entries must be durable, in the index too, before the old segment disappears
+  // (outside the lock: the commit pipeline's own path, as the group commit).
   lock.unlock();
-  Status st = Commit(kForceCommit);
+  Status st = Commit(kForceCommit, /*sync_index=*/true);
   lock.lock();
   KVTIER_RETURN_IF_ERROR(st);
   if (victim->live_bytes != 0) {

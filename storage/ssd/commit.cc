@@ -12,13 +12,16 @@ namespace kvtier::storage {
 Status SsdTier::Impl::PrepareLocked(CommitBatch* b) {
   b->empty = true;
   if (buf_len_ == 0 && pending_.empty() && unsynced_segs_.empty()) return Status::Ok();
-  WriteBufferLocked();
+  WriteBufferLocked(/*wake_writer=*/false);  // Execute writes it
   b->empty = false;
   b->write_seq_lo = prepared_seq_;
   b->write_seq_hi = enqueued_seq_;
   prepared_seq_ = enqueued_seq_;
   b->ops = std::move(pending_);
   pending_.clear();
+  for (const PendingOp& op : b->ops) {
+    if (op.is_delete && !op.eviction) b->sync_index = true;
+  }
   b->last_ticket = pending_ticket_;
   b->first_ticket = pending_ticket_ - b->ops.size() + 1;
   b->sync_segs = std::move(unsynced_segs_);
@@ -40,7 +43,15 @@ Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status, Commit
   std::vector<FailedWrite> failed;
   {
     std::unique_lock wb(wb_mu_);
-    wb_cv_.wait(wb, [&] { return completed_seq_ >= b.write_seq_hi; });
+    while (completed_seq_ < b.write_seq_hi) {
+      // The commit writes its own buffers rather than wake the writer thread and wait for
+      // it; it waits only while a write is running (the writer's, or another commit's).
+      if (!writer_busy_ && !wb_queue_.empty()) {
+        WriteFrontLocked(wb);
+      } else {
+        wb_cv_.wait(wb);
+      }
+    }
     for (const FailedWrite& f : failed_writes_) {
       if (f.seq > b.write_seq_lo && f.seq <= b.write_seq_hi) failed.push_back(f);
     }
@@ -87,17 +98,23 @@ Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status, Commit
       if (st.ok()) st = FromRocks(wb.Put(meta_cf_, "counters", {counters, 16}), "batch");
     }
     if (st.ok()) {
+      // The data sync above is the commit's only sync unless the batch must not be lost
+      // from the index (CommitBatch): Open's tail scan recovers the rest from the segments.
       rocksdb::WriteOptions wo;
-      wo.sync = durable;
+      wo.sync = durable && b.sync_index;
       st = FromRocks(db_->Write(wo, &wb), "index write");
+      if (st.ok() && wo.sync) index_syncs_.fetch_add(1);
     }
     if (!st.ok()) *stage = CommitStage::kIndexWrite;
   }
   if (st.ok() && !write_status->ok()) *stage = CommitStage::kBufferWrite;
   {
     std::lock_guard c(cstate_mu_);
-    if (b.last_ticket >= b.first_ticket && !st.ok()) {
-      failed_.push_back({b.first_ticket, b.last_ticket, st});
+    // A failed buffer write fails every ticket of the commit (the waiters learn it here,
+    // without taking mu_ again): a put reported failed may have been stored, never the reverse.
+    Status ticket_st = st.ok() ? *write_status : st;
+    if (b.last_ticket >= b.first_ticket && !ticket_st.ok()) {
+      failed_.push_back({b.first_ticket, b.last_ticket, ticket_st});
       if (failed_.size() > kMaxFailedRanges) failed_.pop_front();
     }
     committed_ticket_ = std::max(committed_ticket_, b.last_ticket);
@@ -154,7 +171,7 @@ Status SsdTier::Impl::TicketResult(uint64_t ticket) const {
   return Status::Ok();
 }
 
-Status SsdTier::Impl::Commit(uint64_t ticket) {
+Status SsdTier::Impl::Commit(uint64_t ticket, bool sync_index) {
   if (ticket != kForceCommit) {
     // While a commit is in flight it may cover this ticket: wait for it without queueing on
     // commit_mu_, so that a covered writer returns as soon as its commit ends instead of
@@ -184,7 +201,14 @@ Status SsdTier::Impl::Commit(uint64_t ticket) {
     // A CommitLocked in flight has finished by now (it holds mu_ throughout).
     KVTIER_RETURN_IF_ERROR(PrepareLocked(&b));
   }
-  if (b.empty) return Status::Ok();
+  if (b.empty) {
+    lock.unlock();
+    if (!sync_index || o_.durability == Durability::kNone) return Status::Ok();
+    // Nothing pending, but earlier commits may have left the index unsynced.
+    index_syncs_.fetch_add(1);
+    return FromRocks(db_->SyncWAL(), "index sync");
+  }
+  b.sync_index = b.sync_index || sync_index;
   lock.unlock();
   Status write_st;
   CommitStage stage = CommitStage::kNone;
@@ -206,6 +230,7 @@ Status SsdTier::Impl::CommitLocked(Status* write_status) {
   CommitBatch b;
   KVTIER_RETURN_IF_ERROR(PrepareLocked(&b));
   if (b.empty) return Status::Ok();
+  b.sync_index = true;  // recovery and close: the index as of now survives a power failure
   Status write_st;
   CommitStage stage = CommitStage::kNone;
   Status st = Execute(b, &write_st, &stage);

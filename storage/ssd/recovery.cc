@@ -71,7 +71,7 @@ SsdTier::Impl::~Impl() {
     std::lock_guard wb(wb_mu_);
     wb_stop_ = true;
   }
-  wb_cv_.notify_all();
+  writer_cv_.notify_all();
   if (writer_thread_.joinable()) writer_thread_.join();
 }
 

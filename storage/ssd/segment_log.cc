@@ -11,6 +11,10 @@ namespace {
 // The write buffer is submitted as this many writes at once (queue depth of a buffer write).
 constexpr size_t kWriteSplit = 4;
 constexpr size_t kMinWriteChunkBytes = 128 << 10;
+// ReadRecord reads into a per-thread buffer of up to this size, kept between reads (faulted
+// in once, so io_uring issues an O_DIRECT read at once instead of punting it to a worker);
+// larger reads allocate per call. Memory: up to this much per reading thread.
+constexpr size_t kReadScratchBytesMax = 4 << 20;
 
 }  // namespace
 
@@ -19,9 +23,25 @@ Status SsdTier::Impl::ReadRecord(const Segment& seg, uint64_t offset, uint32_t r
   size_t a = std::max<size_t>(seg.dev->Alignment(), 1);
   uint64_t start = offset / a * a;
   uint64_t end = AlignUp(offset + record_bytes, a);
-  AlignedBuffer buf = AllocateAligned(end - start, std::max<size_t>(a, 64));
-  KVTIER_RETURN_IF_ERROR(seg.dev->Read(start, {buf.get(), end - start}));
-  out->assign(buf.get() + (offset - start), buf.get() + (offset - start) + record_bytes);
+  thread_local AlignedBuffer scratch;
+  thread_local size_t scratch_bytes = 0;
+  AlignedBuffer owned;
+  uint8_t* buf = nullptr;
+  if (end - start > kReadScratchBytesMax) {
+    owned = AllocateAligned(end - start, std::max<size_t>(a, 64));
+    buf = owned.get();
+  } else {
+    if (end - start > scratch_bytes) {
+      size_t n = std::min(std::max<size_t>(end - start, 2 * scratch_bytes), kReadScratchBytesMax);
+      n = AlignUp(n, ssd::kBlockBytes);
+      scratch = AllocateAligned(n, ssd::kBlockBytes);
+      std::memset(scratch.get(), 0, n);  // fault the pages in once
+      scratch_bytes = n;
+    }
+    buf = scratch.get();
+  }
+  KVTIER_RETURN_IF_ERROR(seg.dev->Read(start, {buf, end - start}));
+  out->assign(buf + (offset - start), buf + (offset - start) + record_bytes);
   return Status::Ok();
 }
 
@@ -75,7 +95,7 @@ Status SsdTier::Impl::AppendLocked(const Key& key, const RecordHeader& h,
   return Status::Ok();
 }
 
-void SsdTier::Impl::WriteBufferLocked() {
+void SsdTier::Impl::WriteBufferLocked(bool wake_writer) {
   if (buf_len_ == 0 || fill_ == kNoBuffer) return;
   uint64_t n = AlignUp(buf_len_, ssd::kBlockBytes);
   WriteBuf& b = bufs_[fill_];
@@ -88,9 +108,10 @@ void SsdTier::Impl::WriteBufferLocked() {
     std::lock_guard wb(wb_mu_);
     b.done = false;
     b.status = Status::Ok();
+    b.commit_writes = !wake_writer;
     wb_queue_.push_back(fill_);
   }
-  wb_cv_.notify_all();
+  if (wake_writer) writer_cv_.notify_one();
   fill_ = kNoBuffer;
   buf_file_offset_ += n;
   buf_len_ = 0;
@@ -160,34 +181,46 @@ void SsdTier::Impl::ReapLocked() {
 void SsdTier::Impl::WriterLoop() {
   std::unique_lock wb(wb_mu_);
   while (true) {
-    wb_cv_.wait(wb, [&] { return wb_stop_ || !wb_queue_.empty(); });
+    // A buffer a commit queued for itself is left to it (it is on its way to write it).
+    writer_cv_.wait(wb, [&] {
+      if (writer_busy_) return false;
+      if (wb_queue_.empty()) return wb_stop_;
+      return !bufs_[wb_queue_.front()].commit_writes;
+    });
     if (wb_queue_.empty()) return;  // stopping, and everything queued is written
-    size_t i = wb_queue_.front();
-    wb_queue_.pop_front();
-    uint8_t* data = bufs_[i].data;
-    std::shared_ptr<Segment> seg = bufs_[i].seg;
-    uint64_t offset = bufs_[i].file_offset, n = bufs_[i].len, seq = bufs_[i].write_seq;
-    wb.unlock();
-    // Submitted as up to kWriteSplit writes in one batch (queue depth > 1 on io_uring).
-    uint64_t chunk =
-        std::max<uint64_t>(AlignUp(n / kWriteSplit, ssd::kBlockBytes), kMinWriteChunkBytes);
-    IoRequest reqs[kWriteSplit + 1];
-    size_t count = 0;
-    for (uint64_t off = 0; off < n; off += chunk) {
-      reqs[count++] = {IoRequest::Op::kWrite,
-                       offset + off,
-                       data + off,
-                       static_cast<size_t>(std::min(chunk, n - off)),
-                       {}};
-    }
-    Status st = seg->dev->Submit({reqs, count});
-    wb.lock();
-    bufs_[i].done = true;
-    bufs_[i].status = st;
-    completed_seq_ = seq;
-    if (!st.ok()) failed_writes_.push_back({seq, seg->id, offset, n, st});
-    wb_cv_.notify_all();
+    WriteFrontLocked(wb);
   }
+}
+
+void SsdTier::Impl::WriteFrontLocked(std::unique_lock<std::mutex>& wb) {
+  size_t i = wb_queue_.front();
+  wb_queue_.pop_front();
+  writer_busy_ = true;
+  uint8_t* data = bufs_[i].data;
+  std::shared_ptr<Segment> seg = bufs_[i].seg;
+  uint64_t offset = bufs_[i].file_offset, n = bufs_[i].len, seq = bufs_[i].write_seq;
+  wb.unlock();
+  // Submitted as up to kWriteSplit writes in one batch (queue depth > 1 on io_uring).
+  uint64_t chunk =
+      std::max<uint64_t>(AlignUp(n / kWriteSplit, ssd::kBlockBytes), kMinWriteChunkBytes);
+  IoRequest reqs[kWriteSplit + 1];
+  size_t count = 0;
+  for (uint64_t off = 0; off < n; off += chunk) {
+    reqs[count++] = {IoRequest::Op::kWrite,
+                     offset + off,
+                     data + off,
+                     static_cast<size_t>(std::min(chunk, n - off)),
+                     {}};
+  }
+  Status st = seg->dev->Submit({reqs, count});
+  wb.lock();
+  writer_busy_ = false;
+  bufs_[i].done = true;
+  bufs_[i].status = st;
+  completed_seq_ = seq;
+  if (!st.ok()) failed_writes_.push_back({seq, seg->id, offset, n, st});
+  wb_cv_.notify_all();
+  if (!wb_queue_.empty()) writer_cv_.notify_one();
 }
 
 Status SsdTier::Impl::RollLocked() {

@@ -105,7 +105,7 @@ class SsdTier::Impl {
     std::unique_lock lock(mu_);
     load_cv_.wait(lock, [&] { return load_finished_; });
   }
-  Status Flush() { return Commit(kForceCommit); }
+  Status Flush() { return Commit(kForceCommit, /*sync_index=*/true); }
   SsdStats GetStats() const {
     std::lock_guard lock(mu_);
     SsdStats s = stats_;
@@ -116,6 +116,7 @@ class SsdTier::Impl {
     for (const auto& [id, seg] : segments_) s.live_bytes += seg->live_bytes;
     s.disk_bytes = segments_.size() * o_.segment_bytes;
     s.syncs = syncs_.load();
+    s.index_syncs = index_syncs_.load();
     s.index_loaded = load_finished_;
     return s;
   }
@@ -129,6 +130,9 @@ class SsdTier::Impl {
     Key key;
     bool is_delete;
     IndexEntry entry;
+    // An eviction's index delete may be lost in a power failure (the unit comes back, intact:
+    // a cache may keep it); every other delete syncs the index with its commit.
+    bool eviction = false;
   };
 
   static SsdMeta MetaOf(const IndexEntry& e) {
@@ -181,7 +185,7 @@ class SsdTier::Impl {
     Track(k, e);
     max_version_ = std::max(max_version_, e.version);
   }
-  void RemoveLocked(const Key& k, bool log_delete = true) {
+  void RemoveLocked(const Key& k, bool log_delete = true, bool eviction = false) {
     auto it = map_.find(k);
     if (it == map_.end()) return;
     auto seg = segments_.find(it->second.segment);
@@ -191,7 +195,7 @@ class SsdTier::Impl {
     dirty_access_.erase(k);
     // While the background load runs, the loader must not bring the key back.
     if (!loaded_) tombstones_.insert(k);
-    if (log_delete) PushPending({k, true, {}});
+    if (log_delete) PushPending({k, true, {}, eviction});
   }
   void PushPending(PendingOp op) {
     pending_.push_back(std::move(op));
@@ -216,7 +220,7 @@ class SsdTier::Impl {
       Key k = it->second;
       id_to_key_.erase(it);
       if (!map_.count(k)) continue;
-      RemoveLocked(k);
+      RemoveLocked(k, /*log_delete=*/true, /*eviction=*/true);
       ++stats_.evictions;
       return k;
     }
@@ -246,26 +250,43 @@ class SsdTier::Impl {
   // Rejected when it does not fit and no segment is prepared (never waits for one).
   Status AppendLocked(const Key& key, const RecordHeader& h, std::span<const uint8_t> payload,
                       IndexEntry* e);
-  // Hands the buffer being filled (if not empty) to the writer thread; never blocks.
-  void WriteBufferLocked();
+  // Queues the buffer being filled (if not empty) for writing; never blocks. wake_writer:
+  // false when the caller (a commit) writes it itself (WriteFrontLocked), saving two thread
+  // switches on the commit's critical path.
+  void WriteBufferLocked(bool wake_writer = true);
   // Makes a buffer the one being filled, waiting (mu_ held) for the writer when all are busy.
   void AcquireBufferLocked();
   // Frees the buffers the writer has finished; drops the entries of failed ones.
   void ReapLocked();
   void WriterLoop();
+  // Takes the first queued buffer and writes it (wb_mu_ released meanwhile, held on entry
+  // and exit). Called by the writer thread, and by a commit waiting for its own buffers, only
+  // while no other write runs (writer_busy_): buffers complete one at a time, in queue order.
+  void WriteFrontLocked(std::unique_lock<std::mutex>& wb);
   void MarkUnsyncedLocked() {
     if (unsynced_segs_.empty() || unsynced_segs_.back() != active_)
       unsynced_segs_.push_back(active_);
   }
 
-  // Group commit. A commit (1) under mu_ writes the buffer and takes the pending index ops
-  // (PrepareLocked), (2) outside mu_ fdatasyncs the segments written since the last commit and
-  // writes the ops to RocksDB (Execute), (3) under mu_ settles the outcome (Settle). Commits
-  // are applied to RocksDB in order: Commit() callers are serialised by commit_mu_, and
-  // CommitLocked() (recovery, close: mu_ held throughout) first waits until no
-  // out-of-lock commit is in flight. Lock order: commit_mu_ -> mu_ -> cstate_mu_.
+  // Group commit. A commit (1) under mu_ queues the buffer and takes the pending index ops
+  // (PrepareLocked), (2) outside mu_ writes its buffers (itself, unless the writer thread is
+  // on them), fdatasyncs the segments written since the last commit and writes the ops to
+  // RocksDB (Execute), (3) under mu_ settles the outcome (Settle). Commits are applied to
+  // RocksDB in order: Commit() callers are serialised by commit_mu_, and CommitLocked()
+  // (recovery, close: mu_ held throughout) first waits until no out-of-lock commit is in
+  // flight. While a commit runs, the next group forms: puts append and wait, and the first of
+  // them to take commit_mu_ after it commits them all. Lock order: commit_mu_ -> mu_ ->
+  // cstate_mu_.
+  //
+  // One synced write per commit: the RocksDB write is synced only when the batch holds a
+  // delete other than an eviction, or the caller asks (sync_index: Flush, recovery, close,
+  // the cleaner before it deletes a segment). Otherwise the fdatasync of the data is the
+  // commit's only sync: RocksDB recovers a prefix of its writes after a power failure, so the
+  // durable_end it keeps is the one of an earlier commit, and Open's tail scan from there
+  // re-indexes every record written since (same seq: relocated copies replace the old entry).
   struct CommitBatch {
     bool empty = true;
+    bool sync_index = false;  // sync the RocksDB WAL with this commit's index write
     std::vector<PendingOp> ops;
     uint64_t first_ticket = 0, last_ticket = 0;
     std::vector<std::shared_ptr<Segment>> sync_segs;
@@ -284,8 +305,10 @@ class SsdTier::Impl {
   // the commit covered, after kIndexWrite (data durable) queues its index ops again.
   void Settle(CommitBatch* b, const Status& st, CommitStage stage);
   // Commits everything pending up to `ticket` (kForceCommit: a commit pass now). Not under mu_.
-  // Returns the commit's error, else a failed buffer write of the commit, else OK.
-  Status Commit(uint64_t ticket);
+  // sync_index: the RocksDB WAL is synced too (even when nothing is pending), so that the
+  // index as of this call survives a power failure. Returns the commit's error, else a failed
+  // buffer write of the commit, else OK.
+  Status Commit(uint64_t ticket, bool sync_index = false);
   // Commits with mu_ held (recovery, close). A failed buffer write of the
   // commit is stored in *write_status when not null (its records are dropped either way).
   Status CommitLocked(Status* write_status = nullptr);
@@ -353,8 +376,9 @@ class SsdTier::Impl {
     bool in_use = false;  // under mu_: not free
     std::shared_ptr<Segment> seg;
     uint64_t file_offset = 0, len = 0, write_seq = 0;
-    bool done = false;  // under wb_mu_
-    Status status;      // under wb_mu_
+    bool done = false;           // under wb_mu_
+    bool commit_writes = false;  // under wb_mu_: queued by a commit, which writes it itself
+    Status status;               // under wb_mu_
   };
   static constexpr size_t kNoBuffer = SIZE_MAX;
   AlignedBuffer buf_region_;  // write_buffers x write_buffer_bytes, registered with the env
@@ -362,12 +386,13 @@ class SsdTier::Impl {
   size_t fill_ = kNoBuffer;       // the buffer being filled, under mu_
   uint64_t buf_file_offset_ = 0;  // file offset of the buffer being filled (active_)
   size_t buf_len_ = 0;
-  uint64_t enqueued_seq_ = 0;  // under mu_: buffers ever handed to the writer
-  uint64_t prepared_seq_ = 0;  // under mu_: enqueued_seq_ at the last PrepareLocked
-  std::mutex wb_mu_;           // lock order: mu_ -> wb_mu_; the writer takes only wb_mu_
-  std::condition_variable wb_cv_;
-  std::deque<size_t> wb_queue_;  // under wb_mu_, FIFO (one writer: completes in order)
-  uint64_t completed_seq_ = 0;   // under wb_mu_
+  uint64_t enqueued_seq_ = 0;          // under mu_: buffers ever handed to the writer
+  uint64_t prepared_seq_ = 0;          // under mu_: enqueued_seq_ at the last PrepareLocked
+  std::mutex wb_mu_;                   // lock order: mu_ -> wb_mu_; the writer takes only wb_mu_
+  std::condition_variable wb_cv_;      // a buffer write completed (commits, AcquireBufferLocked)
+  std::condition_variable writer_cv_;  // wakes the writer thread: a buffer for it, or stop
+  std::deque<size_t> wb_queue_;        // under wb_mu_, FIFO (one writer: completes in order)
+  uint64_t completed_seq_ = 0;         // under wb_mu_
   struct FailedWrite {
     uint64_t seq;
     uint32_t segment;
@@ -376,6 +401,7 @@ class SsdTier::Impl {
   };
   std::vector<FailedWrite> failed_writes_;  // under wb_mu_; consumed by Execute
   bool wb_stop_ = false;                    // under wb_mu_
+  bool writer_busy_ = false;                // under wb_mu_: a buffer write runs (one at a time)
   std::thread writer_thread_;
   std::vector<std::shared_ptr<Segment>> unsynced_segs_;
   std::vector<PendingOp> pending_;
@@ -414,8 +440,9 @@ class SsdTier::Impl {
     Status status;
   };
   static constexpr size_t kMaxFailedRanges = 64;
-  std::deque<FailedRange> failed_;  // under cstate_mu_
-  std::atomic<uint64_t> syncs_{0};  // fdatasync calls by commits
+  std::deque<FailedRange> failed_;        // under cstate_mu_
+  std::atomic<uint64_t> syncs_{0};        // fdatasync calls by commits
+  std::atomic<uint64_t> index_syncs_{0};  // commits that synced the RocksDB WAL
 
   // ---- background index load (warm restart) ----
   std::unique_ptr<rocksdb::Iterator> load_iter_;  // implicit snapshot taken at Open

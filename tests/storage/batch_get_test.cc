@@ -3,6 +3,10 @@
 // memory env and on io_uring files.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstring>
+#include <set>
+
 #include "storage/block_device.h"
 #include "storage/ssd_tier.h"
 #include "storage/tier_manager.h"
@@ -70,6 +74,131 @@ TEST(SsdGetBatchTest, MatchesGetOnIoUringFiles) {
   auto env = NewDirEnv(dir.path() + "/segments", d);
   ASSERT_TRUE(env.ok()) << env.status().ToString();
   CheckBatchMatchesGet(env->get(), dir.path());
+}
+
+// Counts how a batch reaches the devices: SubmitAcross calls (and the distinct devices the
+// largest one named) and per-device Submit calls that read.
+class CountingEnv final : public DeviceEnv {
+ public:
+  explicit CountingEnv(DeviceEnv* base) : base_(base) {}
+  StatusOr<std::shared_ptr<BlockDevice>> Open(const std::string& name, bool create) override {
+    KVTIER_ASSIGN_OR_RETURN(auto dev, base_->Open(name, create));
+    return std::shared_ptr<BlockDevice>(std::make_shared<Dev>(this, std::move(dev)));
+  }
+  StatusOr<std::vector<std::string>> List() override { return base_->List(); }
+  Status Remove(const std::string& name) override { return base_->Remove(name); }
+  Status SyncDir() override { return base_->SyncDir(); }
+  std::string Kind() const override { return "counting"; }
+  Status SubmitAcross(std::span<DeviceIo> batch) override {
+    std::set<BlockDevice*> devices;
+    for (const DeviceIo& d : batch) devices.insert(d.device);
+    across_calls.fetch_add(1);
+    size_t prev = max_devices.load();
+    while (devices.size() > prev && !max_devices.compare_exchange_weak(prev, devices.size())) {
+    }
+    return DeviceEnv::SubmitAcross(batch);  // per device: reaches Dev::Submit below
+  }
+  std::atomic<int> across_calls{0}, read_submits{0};
+  std::atomic<size_t> max_devices{0};
+
+ private:
+  class Dev final : public BlockDevice {
+   public:
+    Dev(CountingEnv* env, std::shared_ptr<BlockDevice> base) : env_(env), base_(std::move(base)) {}
+    Status Submit(std::span<IoRequest> batch) override {
+      for (const IoRequest& r : batch) {
+        if (r.op == IoRequest::Op::kRead) {
+          env_->read_submits.fetch_add(1);
+          break;
+        }
+      }
+      return base_->Submit(batch);
+    }
+    Status Sync(bool data_only) override { return base_->Sync(data_only); }
+    Status Allocate(uint64_t offset, uint64_t length) override {
+      return base_->Allocate(offset, length);
+    }
+    uint64_t Size() const override { return base_->Size(); }
+    size_t Alignment() const override { return base_->Alignment(); }
+    std::string Kind() const override { return "counting"; }
+
+   private:
+    CountingEnv* env_;
+    std::shared_ptr<BlockDevice> base_;
+  };
+  DeviceEnv* base_;
+};
+
+// A batch whose records lie in several segments is one submission (SubmitAcross) covering
+// all of them, not one submission per segment.
+TEST(SsdGetBatchTest, OneSubmissionCoversEverySegmentOfTheBatch) {
+  TempDir dir;
+  auto mem = NewMemEnv();
+  CountingEnv env(mem.get());
+  SsdOptions o;
+  o.dir = dir.path();
+  o.env = &env;
+  o.capacity_bytes = 64ull << 20;
+  o.segment_bytes = 1ull << 20;
+  o.write_buffer_bytes = 64 << 10;
+  o.group_commit_ms = 3'600'000;
+  o.compression = false;
+  auto opened = SsdTier::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  SsdTier& ssd = **opened;
+  constexpr int kUnits = 200;  // 200 x 20 KB: four 1 MiB segments
+  std::vector<Key> keys;
+  for (int i = 0; i < kUnits; ++i) {
+    keys.push_back(MakeKey(i));
+    ASSERT_TRUE(ssd.Put(keys.back(), MakeValue(keys.back(), 1, 20'000), {}, nullptr).ok());
+  }
+  ASSERT_TRUE(ssd.Flush().ok());
+  int across0 = env.across_calls.load();
+  std::vector<std::vector<uint8_t>> outs;
+  std::vector<Status> results;
+  ssd.GetBatch(keys, &outs, nullptr, &results);
+  for (int i = 0; i < kUnits; ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << " " << results[i].ToString();
+    EXPECT_EQ(outs[i], MakeValue(keys[i], 1, 20'000)) << i;
+  }
+  EXPECT_EQ(env.across_calls.load() - across0, 1);
+  EXPECT_GE(env.max_devices.load(), 4u) << "the batch's submission did not span its segments";
+}
+
+// DirEnv::SubmitAcross on io_uring files: requests on several files in one call, each with
+// its own result (a misaligned one fails alone).
+TEST(DeviceEnvTest, SubmitAcrossReadsSeveralFilesAtOnce) {
+  TempDir dir;
+  auto env = NewDirEnv(dir.path());
+  ASSERT_TRUE(env.ok()) << env.status().ToString();
+  constexpr int kFiles = 3;
+  std::vector<std::shared_ptr<BlockDevice>> devs;
+  AlignedBuffer data = AllocateAligned(8192, 4096);
+  for (int f = 0; f < kFiles; ++f) {
+    auto dev = (*env)->Open("f" + std::to_string(f), true);
+    ASSERT_TRUE(dev.ok());
+    ASSERT_TRUE((*dev)->Allocate(0, 8192).ok());
+    std::memset(data.get(), 'a' + f, 8192);
+    ASSERT_TRUE((*dev)->Write(0, {data.get(), 8192}).ok());
+    devs.push_back(std::move(dev).value());
+  }
+  AlignedBuffer out = AllocateAligned(kFiles * 8192, 4096);
+  std::vector<DeviceIo> ios;
+  for (int f = 0; f < kFiles; ++f) {
+    for (int b = 0; b < 2; ++b) {
+      ios.push_back(
+          {devs[f].get(),
+           {IoRequest::Op::kRead, uint64_t(b) * 4096, out.get() + f * 8192 + b * 4096, 4096, {}}});
+    }
+  }
+  ios.push_back({devs[0].get(), {IoRequest::Op::kRead, 100, out.get(), 4096, {}}});  // misaligned
+  Status st = (*env)->SubmitAcross(ios);
+  EXPECT_TRUE(st.IsInvalidArgument()) << st.ToString();
+  for (size_t i = 0; i + 1 < ios.size(); ++i) EXPECT_TRUE(ios[i].io.result.ok()) << i;
+  EXPECT_TRUE(ios.back().io.result.IsInvalidArgument());
+  for (int f = 0; f < kFiles; ++f) {
+    for (int j = 0; j < 8192; ++j) ASSERT_EQ(out.get()[f * 8192 + j], 'a' + f) << f << " " << j;
+  }
 }
 
 TEST(SsdGetBatchTest, ACorruptedRecordIsQuarantinedAndTheOthersAreServed) {

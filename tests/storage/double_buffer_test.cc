@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "storage/block_device.h"
 #include "storage/fault_injection.h"
@@ -52,6 +53,13 @@ class GateEnv final : public DeviceEnv {
     std::lock_guard l(mu_);
     return passed_;
   }
+  // Write batches submitted from the thread `id` so far.
+  int WritesFrom(std::thread::id id) {
+    std::lock_guard l(mu_);
+    int n = 0;
+    for (std::thread::id w : writers_) n += w == id;
+    return n;
+  }
 
   StatusOr<std::shared_ptr<BlockDevice>> Open(const std::string& name, bool create) override {
     KVTIER_ASSIGN_OR_RETURN(auto dev, base_->Open(name, create));
@@ -88,6 +96,7 @@ class GateEnv final : public DeviceEnv {
   };
   void Enter() {
     std::unique_lock l(mu_);
+    writers_.push_back(std::this_thread::get_id());
     ++blocked_;
     cv_.notify_all();
     cv_.wait(l, [&] { return open_; });
@@ -104,6 +113,7 @@ class GateEnv final : public DeviceEnv {
   std::condition_variable cv_;
   bool open_ = true;
   int blocked_ = 0, passed_ = 0;
+  std::vector<std::thread::id> writers_;  // the thread of every write batch, in order
 };
 
 constexpr size_t kUnitBytes = 5000;  // 64 KiB buffers hold 12 records (5,128 B each)
@@ -277,6 +287,36 @@ TEST(SsdDoubleBufferTest, SyncPutFailsWhenItsAsyncWriteFails) {
   for (int i : {0, 1, 2, 3, 4, 51}) {
     bool present = false;
     ASSERT_TRUE(ExactOrAbsent(r.get(), i, &present)) << i;
+    EXPECT_TRUE(present) << i;
+  }
+}
+
+// A sync put's commit writes the buffer it closes itself, on the putting thread: no hand-off
+// to the writer thread and back on the commit's critical path. The writer thread still writes
+// the buffers that fill up between commits.
+TEST(SsdDoubleBufferTest, ACommitWritesItsOwnBufferOnTheCommittingThread) {
+  TempDir dir;
+  auto mem = NewMemEnv();
+  GateEnv gate(mem.get());
+  auto t = OpenTier(Options(dir.path(), &gate, Durability::kSync));
+  ASSERT_NE(t, nullptr);
+  int before = gate.passed();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(PutUnit(t.get(), i).ok()) << i;
+  EXPECT_EQ(gate.passed() - before, 5);  // one buffer write per commit
+  EXPECT_EQ(gate.WritesFrom(std::this_thread::get_id()), 5);
+  // Batched: buffers that fill up go to the writer thread; Flush writes the last one itself.
+  t.reset();
+  GateEnv gate2(mem.get());
+  t = OpenTier(Options(dir.path(), &gate2, Durability::kBatched));
+  ASSERT_NE(t, nullptr);
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(PutUnit(t.get(), 100 + i).ok()) << i;
+  ASSERT_TRUE(gate2.WaitPassed(1));
+  EXPECT_EQ(gate2.WritesFrom(std::this_thread::get_id()), 0);  // the full buffer: the writer's
+  ASSERT_TRUE(t->Flush().ok());
+  EXPECT_EQ(gate2.WritesFrom(std::this_thread::get_id()), 1);
+  bool present = false;
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(ExactOrAbsent(t.get(), 100 + i, &present)) << i;
     EXPECT_TRUE(present) << i;
   }
 }

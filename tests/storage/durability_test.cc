@@ -482,6 +482,45 @@ TEST_F(DurabilityTest, NewSegmentsSurviveACrashThroughTheDirectoryFsync) {
   for (int i = 0; i < kUnits; ++i) ASSERT_EQ(VersionOf(tm.get(), i), 1u) << "lost unit " << i;
 }
 
+// Under sync, a put's commit syncs its data only: the index write's WAL is not synced (one
+// synced write per commit, as Redis's appendfsync always). A power failure that loses those
+// index writes loses no acknowledged put: RocksDB comes back as of an earlier commit, and the
+// tail scan from that commit's durable_end re-indexes every record written since, across
+// segment rolls, newest version last. A delete does sync the index with its commit.
+TEST_F(DurabilityTest, SyncPutsSurviveAnIndexThatLostTheirUnsyncedCommits) {
+  constexpr int kUnits = 80;  // 80 x 50 KB: the unsynced commits span several 1 MiB segments
+  {
+    FaultInjectionEnv fault(base_.get(), {});
+    auto tm = Open(Options(Durability::kSync, &fault));
+    ASSERT_NE(tm, nullptr);
+    PutOptions ssd;
+    ssd.highest_tier = Tier::kSsd;
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(PutVersion(tm.get(), i, 1, ssd, 50000).ok());
+    // Flush syncs the index: the state a power failure goes back to (taken as the image).
+    ASSERT_TRUE(tm->Flush().ok());
+    std::error_code ec;
+    std::filesystem::copy(dir_.path() + "/index", image_.path() + "/index",
+                          std::filesystem::copy_options::recursive, ec);
+    ASSERT_FALSE(ec) << ec.message();
+    uint64_t index_syncs = tm->GetStats().ssd_index_syncs;
+    for (int i = 0; i < kUnits; ++i) {
+      ASSERT_TRUE(PutVersion(tm.get(), i, i < 5 ? 2 : 1, ssd, 50000).ok());
+    }
+    EXPECT_EQ(tm->GetStats().ssd_index_syncs, index_syncs) << "a put synced the index";
+    fault.SimulateCrash();  // the index stays as the image: its later commits are lost
+    crashed_ = true;
+  }
+  auto tm = Reopen(Durability::kSync);
+  ASSERT_NE(tm, nullptr);
+  for (int i = 0; i < kUnits; ++i) {
+    ASSERT_EQ(VersionOf(tm.get(), i), i < 5 ? 2u : 1u) << "lost unit " << i;
+  }
+  uint64_t index_syncs = tm->GetStats().ssd_index_syncs;
+  ASSERT_TRUE(tm->Delete(MakeKey(7)).ok());
+  EXPECT_EQ(tm->GetStats().ssd_index_syncs, index_syncs + 1) << "a delete left the index unsynced";
+  EXPECT_EQ(VersionOf(tm.get(), 7), 0u);
+}
+
 // The fault env models directory entries: an unsynced create is lost in a crash, an
 // unsynced remove is undone.
 TEST(FaultInjectionDirTest, UnsyncedDirectoryEntriesFollowTheCrash) {

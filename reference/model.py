@@ -216,6 +216,10 @@ class MiniV41(torch.nn.Module):
         self.engram_rows = self.hash.rows if self.hash else []
         self.specs = engine_specs(cfg, self.engram_rows)
         self.use_candidate_pool = True  # False: Reindex top-k over every visible entry
+        # When a dict: the next pass stores the caches it makes there (golden.py uses it):
+        # ("swa", l) -> SWA keys before FP8 [B, T, hd]; ("main", l) / ("index", l) -> global KV
+        # entries before FP4 [B, E, hd|id]; ("xa", l) -> a Full layer's compressor input.
+        self.capture = None
         E = cfg.n_routed_experts
         self.params = torch.nn.ParameterDict()
         for name, dtype, shape, init, gain in self.specs:
@@ -425,8 +429,14 @@ class MiniV41(torch.nn.Module):
             ik = F.layer_norm(lat.detach() @ self.p(l, "attn.indexer.wk.weight").t(),
                               (c.index_head_dim,), self.p(l, "attn.indexer.k_norm.weight"),
                               self.p(l, "attn.indexer.k_norm.bias"), c.rms_norm_eps)
-            ik = quant.round_trip(rope(ik, cos, sin, rd), quant.FP4_UE8M0X32)
-        main = quant.fake_quant(rope(lat, cos, sin, rd), quant.FP4_E4M3X16)
+            ik = rope(ik, cos, sin, rd)
+        main = rope(lat, cos, sin, rd)
+        if self.capture is not None:
+            self.capture[("main", l)] = main.detach()
+            self.capture[("index", l)] = ik
+            self.capture[("xa", l)] = xa.detach()
+        ik = quant.round_trip(ik, quant.FP4_UE8M0X32)
+        main = quant.fake_quant(main, quant.FP4_E4M3X16)
         return {"main": main, "ik": ik, "m": m, "E": E}
 
     def _select(self, l, qr, xa, rt):
@@ -488,7 +498,10 @@ class MiniV41(torch.nn.Module):
         q = (qr @ self.p(l, "attn.wq_b.weight").t()).view(B, T, H, hd)
         q = rope(q, cos[:, None], sin[:, None], rd)
         kv = rms_norm(xa @ self.p(l, "attn.wkv.weight").t(), self.p(l, "attn.kv_norm.weight"), eps)
-        kv = quant.fake_quant(rope(kv, cos, sin, rd), quant.FP8_UE8M0X32)
+        kv = rope(kv, cos, sin, rd)
+        if self.capture is not None:
+            self.capture[("swa", l)] = kv.detach()
+        kv = quant.fake_quant(kv, quant.FP8_UE8M0X32)
         scale = 1.0 / math.sqrt(hd)
         kwin = F.pad(kv, (0, 0, W - 1, 0)).unfold(1, W, 1)  # [B, T, hd, W]: keys i-W+1 .. i
         s_win = torch.einsum("bthd,btdw->bthw", q, kwin) * scale

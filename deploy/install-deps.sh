@@ -4,7 +4,22 @@
 # Idempotent: when every package is already installed it only checks and exits
 # (well under a second). Runs as root, or through sudo when not root.
 # Set KVTIER_SKIP_DEPS=1 to skip entirely (e.g. in an image that has them).
+#
+# Usage: install-deps.sh [--with-torch]
+#   --with-torch  also the optional Python packages of reference/ (the PyTorch reference model,
+#                 its golden vectors and training): python3-torch for /usr/bin/python3 and the
+#                 OpenBLAS it should call (torch uses whichever libblas.so.3 is installed; the
+#                 reference BLAS is ~8x slower). `make test` never needs them; `make
+#                 test-reference` installs them this way.
 set -euo pipefail
+
+WITH_TORCH=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-torch) WITH_TORCH=1 ;;
+    *) echo "install-deps: unknown argument $arg (usage: install-deps.sh [--with-torch])" >&2; exit 2 ;;
+  esac
+done
 
 if [[ "${KVTIER_SKIP_DEPS:-0}" == "1" ]]; then
   exit 0
@@ -22,6 +37,10 @@ PACKAGES=(
   # the RESP e2e test drives kvtierd with redis-py (the client LMCache's Redis connector uses)
   python3-redis
 )
+TORCH_PACKAGES=(python3-torch python3-numpy libopenblas0-pthread)
+if [[ $WITH_TORCH -eq 1 ]]; then
+  PACKAGES+=("${TORCH_PACKAGES[@]}")
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,0 +1,1 @@
+"""Independent PyTorch reference of the miniature DeepSeek-V4.1-Flash (see README.md)."""

@@ -16,7 +16,8 @@ bias_rate * sign(mean load - load) per expert, the report's rule.
 
 Outputs in --out: ckpt.pt (resumable: weights, optimizer, bias, step; written every
 --ckpt-every steps and at the end), pretrained.safetensors (the engine's format, at the end of
-pre-training, for before/after fidelity), final.safetensors (+ .sha256), train.log (one line per
+pre-training, for before/after fidelity), final.safetensors (+ .sha256; after the last step, or
+after --stop-after), train.log (one line per
 step: loss, tokens/s; validation bpb every --val-every steps on a fixed validation sample).
 
 Determinism: the torch seed fixes the initial weights; batch k takes its windows from
@@ -178,6 +179,8 @@ def main():
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--dtype", default="F32", choices=["F32", "F16", "BF16"])
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--stop-after", type=int, default=0,
+                    help="end after this step (the schedule still spans every step)")
     args = ap.parse_args()
 
     tune_malloc()
@@ -230,7 +233,8 @@ def main():
         say("val step %d tokens %d bpb %.4f restored_bpb %.4f" % (step, seen, bpb, rbpb))
 
     t_start = time.time()
-    while step < total:
+    end = min(total, args.stop_after) if args.stop_after > 0 else total
+    while step < end:
         if step == args.pre_steps:
             validate()
             digest = write_engine(model, os.path.join(args.out, "pretrained.safetensors"),
@@ -256,11 +260,11 @@ def main():
         say("step %d %s loss %.4f bpb %.4f lr %.2e gnorm %.2f %.1fs %.0f tok/s" % (
             step, "post" if post else "pre", loss.item(), loss.item() / math.log(2), lr,
             gnorm.item(), dt, B * T / dt))
-        if step % args.val_every == 0 or step == total:
+        if step % args.val_every == 0 or step == end:
             validate()
-        if step % args.ckpt_every == 0 or step == total:
+        if step % args.ckpt_every == 0 or step == end:
             checkpoint()
-    if args.post_steps == 0:
+    if args.post_steps == 0 or end <= args.pre_steps:
         write_engine(model, os.path.join(args.out, "pretrained.safetensors"), args.dtype,
                      dict(meta, phase="pre", step=step))
     digest = write_engine(model, os.path.join(args.out, "final.safetensors"), args.dtype,

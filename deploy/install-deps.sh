@@ -5,19 +5,24 @@
 # (well under a second). Runs as root, or through sudo when not root.
 # Set KVTIER_SKIP_DEPS=1 to skip entirely (e.g. in an image that has them).
 #
-# Usage: install-deps.sh [--with-torch]
+# Usage: install-deps.sh [--with-torch] [--with-train]
 #   --with-torch  also the optional Python packages of reference/ (the PyTorch reference model,
 #                 its golden vectors and training): python3-torch for /usr/bin/python3 and the
 #                 OpenBLAS it should call (torch uses whichever libblas.so.3 is installed; the
 #                 reference BLAS is ~8x slower). `make test` never needs them; `make
 #                 test-reference` installs them this way.
+#   --with-train  --with-torch plus what `make train` reads: the Debian packages whose text is
+#                 the training corpus (train/corpus-packages.txt), man-db and groff-base to
+#                 render its man pages, xz-utils and zstd for the bits-per-byte comparison.
 set -euo pipefail
 
 WITH_TORCH=0
+WITH_TRAIN=0
 for arg in "$@"; do
   case "$arg" in
     --with-torch) WITH_TORCH=1 ;;
-    *) echo "install-deps: unknown argument $arg (usage: install-deps.sh [--with-torch])" >&2; exit 2 ;;
+    --with-train) WITH_TORCH=1; WITH_TRAIN=1 ;;
+    *) echo "install-deps: unknown argument $arg (usage: install-deps.sh [--with-torch] [--with-train])" >&2; exit 2 ;;
   esac
 done
 
@@ -40,6 +45,12 @@ PACKAGES=(
 TORCH_PACKAGES=(python3-torch python3-numpy libopenblas0-pthread)
 if [[ $WITH_TORCH -eq 1 ]]; then
   PACKAGES+=("${TORCH_PACKAGES[@]}")
+fi
+if [[ $WITH_TRAIN -eq 1 ]]; then
+  PACKAGES+=(man-db groff-base xz-utils zstd)
+  while read -r p; do
+    [[ -z "$p" || "$p" == \#* ]] || PACKAGES+=("$p")
+  done <"$(dirname "$0")/../train/corpus-packages.txt"
 fi
 
 missing=()

@@ -1,0 +1,63 @@
+#!/usr/bin/python3
+"""Unit tests of the corpus and batch rules (no torch needed for the corpus part):
+  /usr/bin/python3 train/test_train_utils.py
+"""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import build_corpus as bc  # noqa: E402
+
+
+class CorpusRules(unittest.TestCase):
+    def test_categories(self):
+        self.assertEqual(bc.category_of("/usr/lib/python3.11/json/decoder.py"), "code")
+        self.assertIsNone(bc.category_of("/usr/lib/python3.11/test/test_json.py"))
+        self.assertEqual(bc.category_of("/usr/include/c++/12/vector"), "code")
+        self.assertEqual(bc.category_of("/usr/share/doc/gdb/check.log.gz"), "logs")
+        self.assertEqual(bc.category_of("/usr/share/doc/git/changelog.gz"), "logs")
+        self.assertEqual(bc.category_of("/usr/share/man/man2/open.2.gz"), "manuals")
+        self.assertIsNone(bc.category_of("/usr/share/man/de/man1/ls.1.gz"))
+        self.assertEqual(bc.category_of("/usr/share/common-licenses/GPL-3"), "prose")
+        self.assertIsNone(bc.category_of("/usr/share/doc/git/copyright"))
+
+    def test_cap_cuts_at_a_newline_and_ends_with_one(self):
+        self.assertEqual(bc.cap(b"ab\ncd\nef", 7), b"ab\ncd\n")
+        self.assertEqual(bc.cap(b"abc", 10), b"abc\n")
+        self.assertEqual(bc.cap(b"abcdef", 3), b"abc\n")  # no newline before the cap
+
+    def test_packages_list_is_read(self):
+        self.assertIn("manpages-dev", bc.PACKAGES)
+        self.assertEqual(len(bc.PACKAGES), len(set(bc.PACKAGES)))
+
+
+class BatchRules(unittest.TestCase):
+    def setUp(self):
+        try:
+            import train  # noqa: F401  (needs torch)
+        except ImportError:
+            self.skipTest("torch not installed")
+
+    def test_restore_points_even_and_half_restored(self):
+        import train
+        s = train.restore_points(0, 7, 8, 256, 16).tolist()
+        self.assertEqual(s[0::2], [0, 0, 0, 0])
+        for v in s[1::2]:
+            self.assertTrue(2 <= v <= 256 - 32 and v % 2 == 0, v)
+
+    def test_batches_depend_only_on_seed_and_step(self):
+        import train
+        a = train.batch_offsets(0, 5, 10_000, 4, 256).tolist()
+        self.assertEqual(a, train.batch_offsets(0, 5, 10_000, 4, 256).tolist())
+        self.assertNotEqual(a, train.batch_offsets(0, 6, 10_000, 4, 256).tolist())
+
+    def test_windows_start_with_bos_then_bytes_plus_3(self):
+        import numpy as np
+        import train
+        ids = train.windows(np.frombuffer(b"hello world", dtype=np.uint8), [6], 5)
+        self.assertEqual(ids.tolist(), [[0] + [c + 3 for c in b"world"]])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -11,14 +11,15 @@
 #             mode) and the SSD tier crash loop, SsdCrashTest.SwarmCrashLoop, with
 #             KVTIER_CRASH_ROUNDS=${SANITIZE_CRASH_ROUNDS:-10} (60 in `make test-slow`: each round
 #             is about 10x slower under a sanitizer)
-# Environment: JOBS (build and unit-suite parallelism, default nproc), SANITIZE_CRASH_ROUNDS.
+# Environment: JOBS (build and unit-suite parallelism, default nproc), SANITIZE_CRASH_ROUNDS,
+# SANITIZE_BUILD=0 (run the suites on what build/<preset> already holds, without building).
 #
 # Every finding stops its process (tests/sanitizers/sanitizer_defaults.cc.in). Reports also go to
 # build/<preset>/sanitizer-reports/ (log_path), which catches a finding in a kvtierd child whose
 # test does not look at how it exited; the run fails when that folder is not empty.
 # Exit status: 0 when every suite passed and no report was written.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 
 preset=${1:?usage: tests/sanitizers/run.sh asan|ubsan|tsan [unit] [stress] [crash]}
 shift
@@ -33,9 +34,11 @@ build=build/$preset
 reports=$PWD/$build/sanitizer-reports
 
 cmake --preset "$preset" >/dev/null || exit 1
-start=$SECONDS
-cmake --build --preset "$preset" -j "$jobs" || exit 1
-echo "run.sh: $preset build took $((SECONDS - start)) s"
+if [[ ${SANITIZE_BUILD:-1} != 0 ]]; then
+  start=$SECONDS
+  cmake --build --preset "$preset" -j "$jobs" || exit 1
+  echo "run.sh: $preset build took $((SECONDS - start)) s"
+fi
 
 rm -rf "$reports" && mkdir -p "$reports"
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}log_path=$reports/asan"

@@ -2,14 +2,22 @@
 #   make demo   install deps, configure, build, run the main scenario on the embedded default
 #   make test   install deps, configure, build, run the default (fast) test suite
 # Other targets: build, test-slow (stress/crash/long fuzz, label `slow`), bench, format, clean,
-#   test-reference (the engine against the live PyTorch reference; installs python3-torch).
-# PRESET selects a CMakePresets.json preset (release, debug, nohw, asan, ubsan, tsan).
+#   test-reference (the engine against the live PyTorch reference; installs python3-torch),
+#   test-sanitize (below; not part of `make test`).
+# PRESET selects a CMakePresets.json preset (release, debug, nohw, asan, ubsan, tsan); preset
+# asan is AddressSanitizer and UndefinedBehaviorSanitizer in one build, ubsan is UBSan alone.
 
 PRESET ?= release
 JOBS ?= $(shell nproc)
 BUILD_DIR := build/$(PRESET)
 
-.PHONY: all deps configure build test test-slow test-reference demo bench format clean
+# Sanitizer runs (README "Sanitizers"; not part of `make test`): `make test-sanitize` builds the
+# presets asan (ASan+UBSan) and tsan and runs the unit, stress and crash suites on each
+# (tests/sanitizers/run.sh says what each suite holds); `make test-sanitize-<preset>` runs one.
+SANITIZERS ?= asan tsan
+
+.PHONY: all deps configure build test test-slow test-reference test-sanitize demo bench format clean
+.PHONY: test-sanitize-asan test-sanitize-ubsan test-sanitize-tsan
 
 all: build
 
@@ -33,6 +41,10 @@ test-slow: build
 test-reference: build
 	@./deploy/install-deps.sh --with-torch
 	@sh tests/engine/reference_live.sh /usr/bin/python3 $(BUILD_DIR)/tests/engine/kvtier_engine_golden_test
+test-sanitize: $(addprefix test-sanitize-,$(SANITIZERS))
+
+test-sanitize-asan test-sanitize-ubsan test-sanitize-tsan: test-sanitize-%: deps
+	@JOBS=$(JOBS) tests/sanitizers/run.sh $*
 
 demo: build
 	@$(BUILD_DIR)/cli/kvtier demo

@@ -12,13 +12,13 @@ target_compile_definitions(kvtier_build_flags INTERFACE
   $<$<BOOL:${KVTIER_RDMA_ENABLED}>:KVTIER_WITH_RDMA=1>)
 target_include_directories(kvtier_build_flags INTERFACE ${PROJECT_SOURCE_DIR})
 
+# KVTIER_SANITIZE is what -fsanitize= takes: address, undefined, thread, or a comma list such as
+# address,undefined (preset asan). Every finding is fatal (-fno-sanitize-recover=all), so a test
+# that triggers one fails instead of logging and passing.
 if(KVTIER_SANITIZE)
-  set(_san_flags -fsanitize=${KVTIER_SANITIZE} -fno-omit-frame-pointer)
-  if(KVTIER_SANITIZE STREQUAL "undefined")
-    list(APPEND _san_flags -fno-sanitize-recover=undefined)
-  endif()
+  set(_san_flags -fsanitize=${KVTIER_SANITIZE} -fno-sanitize-recover=all -fno-omit-frame-pointer)
   set(_san_compile_flags ${_san_flags})
-  if(KVTIER_SANITIZE STREQUAL "thread" AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  if(KVTIER_SANITIZE MATCHES "thread" AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     # GCC 12 warns (-Wtsan) that std::atomic_thread_fence is not instrumented; Boost.Asio uses
     # it, so every Asio-based module (rdma, cache_daemon) failed to build under -Werror.
     list(APPEND _san_compile_flags -Wno-tsan)
@@ -26,6 +26,13 @@ if(KVTIER_SANITIZE)
   target_compile_options(kvtier_build_flags INTERFACE
                          $<$<COMPILE_LANGUAGE:CXX>:${_san_compile_flags}>)
   target_link_options(kvtier_build_flags INTERFACE ${_san_flags})
+  # Runtime defaults (stop at the first finding, TSan suppressions), compiled into executables
+  # only: the generator expression is evaluated on the target that links kvtier_build_flags.
+  set(KVTIER_TSAN_SUPPRESSIONS ${PROJECT_SOURCE_DIR}/tests/sanitizers/tsan.supp)
+  configure_file(${PROJECT_SOURCE_DIR}/tests/sanitizers/sanitizer_defaults.cc.in
+                 ${PROJECT_BINARY_DIR}/sanitizer_defaults.cc @ONLY)
+  target_sources(kvtier_build_flags INTERFACE
+    $<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,EXECUTABLE>:${PROJECT_BINARY_DIR}/sanitizer_defaults.cc>)
 endif()
 
 # kvtier_library(NAME SOURCES a.cc b.cc [CUDA_SOURCES k.cu] [DEPS t1 t2] [PRIVATE_DEPS t3])

@@ -18,7 +18,7 @@ PACKAGES=(
   libboost-dev libzstd-dev libxxhash-dev libtomlplusplus-dev nlohmann-json3-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
-  fio redis-tools redis-server prometheus zstd curl
+  fio redis-tools redis-server prometheus zstd curl systemd python3-yaml
 )
 
 missing=()

@@ -3,7 +3,7 @@
 #   make test   install deps, configure, build, run the default (fast) test suite
 # Other targets: build, test-slow (stress/crash/long fuzz, label `slow`), bench, format, clean,
 #   test-reference (the engine against the live PyTorch reference; installs python3-torch),
-#   test-sanitize (below; not part of `make test`).
+#   test-sanitize (below; not part of `make test`), test-container (podman image of kvtierd).
 # PRESET selects a CMakePresets.json preset (release, debug, nohw, asan, ubsan, tsan); preset
 # asan is AddressSanitizer and UndefinedBehaviorSanitizer in one build, ubsan is UBSan alone.
 
@@ -16,8 +16,8 @@ BUILD_DIR := build/$(PRESET)
 # (tests/sanitizers/run.sh says what each suite holds); `make test-sanitize-<preset>` runs one.
 SANITIZERS ?= asan tsan
 
-.PHONY: all deps configure build test test-slow test-reference test-sanitize demo bench format clean
-.PHONY: test-sanitize-asan test-sanitize-ubsan test-sanitize-tsan
+.PHONY: all deps configure build test test-slow test-reference test-sanitize test-container
+.PHONY: demo bench format clean test-sanitize-asan test-sanitize-ubsan test-sanitize-tsan
 
 all: build
 
@@ -41,10 +41,17 @@ test-slow: build
 test-reference: build
 	@./deploy/install-deps.sh --with-torch
 	@sh tests/engine/reference_live.sh /usr/bin/python3 $(BUILD_DIR)/tests/engine/kvtier_engine_golden_test
+
 test-sanitize: $(addprefix test-sanitize-,$(SANITIZERS))
 
 test-sanitize-asan test-sanitize-ubsan test-sanitize-tsan: test-sanitize-%: deps
 	@JOBS=$(JOBS) tests/sanitizers/run.sh $*
+
+# The container image built with podman and started (needs root, podman, runc, debootstrap;
+# about 9 minutes the first time, most of it debootstrap). Not part of `make test`.
+test-container: deps
+	@$(MAKE) --no-print-directory build PRESET=nohw
+	@tests/deploy/container_test.sh
 
 demo: build
 	@$(BUILD_DIR)/cli/kvtier demo

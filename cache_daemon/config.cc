@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -10,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "policies/policy.h"
 #include "rdma/shard_map.h"
 #include "rdma/verbs_plan.h"
 #include "rdma/wire.h"
@@ -106,7 +108,16 @@ Status ReadPolicyTable(const toml::table& policy, PolicySettings* out) {
         } else {
           return Bad("policy.params." + std::string(pk.str()), "expected a string or number");
         }
-        out->params.values.emplace_back(std::string(pk.str()), text);
+        const std::string name(pk.str());
+        if (size_t colon = name.find(':'); colon != std::string::npos) {
+          const std::string scope = name.substr(0, colon);
+          std::vector<std::string> known = policies::EvictionPolicyNames();
+          for (std::string& a : policies::AdmissionPolicyNames()) known.push_back(std::move(a));
+          if (std::find(known.begin(), known.end(), scope) == known.end()) {
+            return Bad("policy.params." + name, "'" + scope + "' is not a policy");
+          }
+        }
+        out->params.values.emplace_back(name, text);
       }
     } else {
       return Bad("policy." + key, "unknown key");
@@ -187,8 +198,7 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
       {"storage.ssd_segment_bytes",
        UintKey("storage.ssd_segment_bytes", &o.storage.ssd_segment_bytes)},
       {"storage.ssd_background_io_bytes_per_s",
-       UintKey("storage.ssd_background_io_bytes_per_s",
-               &o.storage.ssd_background_io_bytes_per_s)},
+       UintKey("storage.ssd_background_io_bytes_per_s", &o.storage.ssd_background_io_bytes_per_s)},
       {"tls.cert_file", StringKey("tls.cert_file", &o.tls.cert_file)},
       {"tls.key_file", StringKey("tls.key_file", &o.tls.key_file)},
       {"tls.native", BoolKey("tls.native", &o.tls.native)},

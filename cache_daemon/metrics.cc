@@ -285,6 +285,15 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
         s.admissions);
   p.One("kvtier_admission_rejections_total", "counter", "Units the admission policy refused.",
         s.admission_rejections);
+  p.One("kvtier_admission_budget_bytes", "gauge",
+        "Bytes the admission policy admits per window; 0 when it has no byte budget.",
+        s.admission_budget_bytes);
+  p.One("kvtier_admission_budget_spent_bytes", "gauge",
+        "Bytes admitted in the admission policy's current budget window.",
+        s.admission_budget_spent_bytes);
+  p.One("kvtier_admission_budget_window_seconds", "gauge",
+        "Length of the admission policy's budget window; 0 when it has no byte budget.",
+        static_cast<double>(s.admission_budget_window_ms) / 1000.0);
   p.One("kvtier_checksum_failures_total", "counter", "Reads that failed verification.",
         s.checksum_failures);
   p.One("kvtier_io_errors_total", "counter", "Device I/O errors.", s.io_errors);

@@ -41,6 +41,8 @@ PACKAGES=(
   fio redis-tools redis-server prometheus zstd curl
   # the RESP e2e test drives kvtierd with redis-py (the client LMCache's Redis connector uses)
   python3-redis
+  # deploy files: systemd-analyze verify, the k8s manifests parsed with python3-yaml
+  systemd python3-yaml
 )
 TORCH_PACKAGES=(python3-torch python3-numpy libopenblas0-pthread)
 if [[ $WITH_TORCH -eq 1 ]]; then

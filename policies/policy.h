@@ -89,10 +89,25 @@ class AdmissionPolicy {
   virtual bool Admit(const ObjectInfo& info, uint64_t now_us) = 0;
   // A hit or a miss on an object that the policy may want to count (second-hit admission).
   virtual void OnLookup(ObjectId id, uint64_t now_us) { (void)id, (void)now_us; }
+
+  // The byte budget of a policy that limits bytes admitted per window (write-budget), as of
+  // now_us: bytes allowed per window, the window, and bytes spent in the window containing
+  // now_us (0 once a new window has begun, even before the next Admit). A policy without a
+  // budget returns nullopt.
+  struct ByteBudget {
+    uint64_t bytes_per_window = 0, window_ms = 0, spent_bytes = 0;
+  };
+  virtual std::optional<ByteBudget> Budget(uint64_t now_us) const {
+    (void)now_us;
+    return std::nullopt;
+  }
 };
 
 // Parameters for a policy as "key=value" strings, e.g. {"ttl_ms": "259200000"}. Unknown keys
-// are InvalidArgument, so a typo never silently changes nothing.
+// are InvalidArgument, so a typo never silently changes nothing. A key scoped as
+// "policy:key" (e.g. "write-budget:bytes_per_day") reaches only the named policy, so one set
+// of parameters can configure an eviction and an admission policy together; plain keys reach
+// every policy they are given to.
 struct PolicyParams {
   std::vector<std::pair<std::string, std::string>> values;
   uint64_t seed = 42;

@@ -67,12 +67,27 @@ const std::vector<AdmissionEntry>& AdmissionTable() {
   return table;
 }
 
+// Keys scoped as "policy:key" reach only that policy (as "key"); plain keys reach every policy.
+PolicyParams ParamsFor(std::string_view name, const PolicyParams& params) {
+  PolicyParams out;
+  out.seed = params.seed;
+  for (const auto& [key, value] : params.values) {
+    const size_t colon = key.find(':');
+    if (colon == std::string::npos) {
+      out.values.emplace_back(key, value);
+    } else if (std::string_view(key).substr(0, colon) == name) {
+      out.values.emplace_back(key.substr(colon + 1), value);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name,
                                                              const PolicyParams& params) {
   for (const auto& e : EvictionTable()) {
-    if (name == e.name) return e.make(params);
+    if (name == e.name) return e.make(ParamsFor(name, params));
   }
   return Status::InvalidArgument("unknown eviction policy '" + std::string(name) + "'");
 }
@@ -80,7 +95,7 @@ StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view na
 StatusOr<std::unique_ptr<AdmissionPolicy>> MakeAdmissionPolicy(std::string_view name,
                                                                const PolicyParams& params) {
   for (const auto& e : AdmissionTable()) {
-    if (name == e.name) return e.make(params);
+    if (name == e.name) return e.make(ParamsFor(name, params));
   }
   return Status::InvalidArgument("unknown admission policy '" + std::string(name) + "'");
 }

@@ -1015,6 +1015,12 @@ Stats TierManagerImpl::GetStats() const {
   const_cast<TierManagerImpl*>(this)->DrainLoadedLocked();
   s.admissions = admissions_;
   s.admission_rejections = admission_rejections_;
+  if (std::optional<policies::AdmissionPolicy::ByteBudget> b =
+          admission_->Budget(clock_->NowUs())) {
+    s.admission_budget_bytes = b->bytes_per_window;
+    s.admission_budget_window_ms = b->window_ms;
+    s.admission_budget_spent_bytes = b->spent_bytes;
+  }
   for (const auto& [t, b] : tenant_bytes_) s.tenant_bytes.emplace_back(t, b);
   std::sort(s.tenant_bytes.begin(), s.tenant_bytes.end());
   return s;

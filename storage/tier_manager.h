@@ -167,6 +167,9 @@ struct Stats {
   uint64_t ssd_index_syncs = 0;
   CommitStage ssd_last_failed_stage = CommitStage::kNone;
   uint64_t admissions = 0, admission_rejections = 0, checksum_failures = 0, io_errors = 0;
+  // The admission policy's byte budget (AdmissionPolicy::Budget); all 0 when it has none.
+  uint64_t admission_budget_bytes = 0, admission_budget_window_ms = 0;
+  uint64_t admission_budget_spent_bytes = 0;
   uint64_t compressed_bytes_saved = 0, segments_cleaned = 0, ssd_queue_depth = 0;
   std::vector<std::pair<TenantId, uint64_t>> tenant_bytes;
 };

@@ -24,4 +24,11 @@ bool WriteBudgetPolicy::Admit(const ObjectInfo& info, uint64_t now_us) {
   return true;
 }
 
+std::optional<AdmissionPolicy::ByteBudget> WriteBudgetPolicy::Budget(uint64_t now_us) const {
+  const bool same_window = now_us / (options_.window_ms * 1000) == window_;
+  return ByteBudget{.bytes_per_window = options_.bytes_per_day,
+                    .window_ms = options_.window_ms,
+                    .spent_bytes = same_window ? spent_bytes_ : 0};
+}
+
 }  // namespace kvtier::policies

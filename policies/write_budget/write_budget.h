@@ -24,6 +24,7 @@ class WriteBudgetPolicy final : public AdmissionPolicy {
 
   std::string_view Name() const override { return "write-budget"; }
   bool Admit(const ObjectInfo& info, uint64_t now_us) override;
+  std::optional<ByteBudget> Budget(uint64_t now_us) const override;
 
   // Bytes admitted so far in the current window.
   uint64_t SpentBytes() const { return spent_bytes_; }

@@ -137,6 +137,15 @@ TEST(Config, ParsesEveryTableAndRejectsUnknownKeys) {
   EXPECT_TRUE(ParseConfig("[server\n").status().IsInvalidArgument());
 }
 
+TEST(Config, PolicyParamsScopeToAKnownPolicyOnly) {
+  auto o = ParseConfig("[policy.params]\n\"write-budget:bytes_per_day\" = 1000\n");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->storage.policy_params.values[0].first, "write-budget:bytes_per_day");
+  // A misspelt scope would otherwise be dropped by every policy, silently.
+  auto bad = ParseConfig("[policy.params]\n\"write-budgte:bytes_per_day\" = 1000\n");
+  EXPECT_TRUE(bad.status().IsInvalidArgument()) << bad.status().ToString();
+}
+
 TEST(Config, RefusesNonLoopbackWithoutAuth) {
   DaemonOptions o;
   o.data_dir = "/tmp/x";

@@ -37,6 +37,42 @@ TEST(WriteBudget, RefusesBeyondTheBudgetAndRefillsPerDay) {
   EXPECT_TRUE(p.Admit({.id = 4, .size_bytes = 100}, kDayUs + 5));
 }
 
+TEST(WriteBudget, ReportsItsBudgetAndWhatTheCurrentWindowSpent) {
+  WriteBudgetPolicy p({.bytes_per_day = 1000, .window_ms = 1000});
+  std::optional<AdmissionPolicy::ByteBudget> b = p.Budget(0);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->bytes_per_window, 1000u);
+  EXPECT_EQ(b->window_ms, 1000u);
+  EXPECT_EQ(b->spent_bytes, 0u);
+  EXPECT_TRUE(p.Admit({.id = 1, .size_bytes = 600}, 10));
+  EXPECT_FALSE(p.Admit({.id = 2, .size_bytes = 500}, 20));  // refused: not charged
+  EXPECT_EQ(p.Budget(999'999)->spent_bytes, 600u);
+  EXPECT_EQ(p.Budget(1'000'000)->spent_bytes, 0u);  // the next window, before any Admit
+}
+
+TEST(WriteBudget, PoliciesWithoutABudgetReportNone) {
+  for (const auto& name : AdmissionPolicyNames()) {
+    auto p = MakeAdmissionPolicy(name);
+    ASSERT_TRUE(p.ok()) << name;
+    EXPECT_EQ((*p)->Budget(0).has_value(), name == "write-budget") << name;
+  }
+}
+
+TEST(Registry, ScopedParametersReachOnlyTheirPolicy) {
+  PolicyParams both;
+  both.values = {{"write-budget:bytes_per_day", "4096"}, {"write-budget:window_ms", "1000"}};
+  // lru takes no parameter: the write-budget keys must not reach it.
+  EXPECT_TRUE(MakeEvictionPolicy("lru", both).ok());
+  auto wb = MakeAdmissionPolicy("write-budget", both);
+  ASSERT_TRUE(wb.ok()) << wb.status().ToString();
+  EXPECT_EQ((*wb)->Budget(0)->bytes_per_window, 4096u);
+  EXPECT_EQ((*wb)->Budget(0)->window_ms, 1000u);
+  // A plain key still reaches every policy, so a typo is still caught.
+  PolicyParams plain;
+  plain.values = {{"bytes_per_day", "4096"}};
+  EXPECT_FALSE(MakeEvictionPolicy("lru", plain).ok());
+}
+
 TEST(Registry, EveryAdvertisedPolicyConstructs) {
   for (const auto& name : EvictionPolicyNames()) {
     auto p = MakeEvictionPolicy(name);

@@ -1,0 +1,216 @@
+// The operator files in deploy/ against the tools that read them and against the real kvtierd:
+// promtool checks and unit-tests the rules, systemd-analyze verifies the unit, and every metric
+// that the rules and the Grafana dashboard query is one that the built kvtierd exports.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cache_daemon/config.h"
+#include "tests/e2e/kvtierd_process.h"
+
+namespace kvtier {
+namespace {
+
+namespace kt = kvtier::testing;
+namespace fs = std::filesystem;
+
+const fs::path kDeploy = fs::path(KVTIER_SOURCE_DIR) / "deploy";
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::set<std::string> Matches(const std::string& text, const std::regex& re, int group = 0) {
+  std::set<std::string> out;
+  for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end; ++it)
+    out.insert((*it)[group].str());
+  return out;
+}
+
+// Names a scrape of kvtierd can answer: every family of a `# TYPE` line, and for a histogram
+// its _bucket, _sum and _count series.
+std::set<std::string> ExportedNames(const std::string& page) {
+  std::set<std::string> names;
+  static const std::regex kType(R"(# TYPE (\S+) (\S+))");
+  for (std::sregex_iterator it(page.begin(), page.end(), kType), end; it != end; ++it) {
+    const std::string name = (*it)[1].str();
+    names.insert(name);
+    if ((*it)[2].str() == "histogram") {
+      for (const char* s : {"_bucket", "_sum", "_count"}) names.insert(name + s);
+    }
+  }
+  return names;
+}
+
+class DeployFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("kvtier_deploy_" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // The families a freshly started kvtierd exports, with a write-budget admission policy so
+  // that the budget gauges carry values.
+  std::string Scrape() {
+    kt::KvtierdProcess d(dir_ / "d");
+    d.WriteConfig(
+        "[policy]\nadmission = \"write-budget\"\n"
+        "[policy.params]\n\"write-budget:bytes_per_day\" = 123456789\n"
+        "\"write-budget:window_ms\" = 3600000\n");
+    EXPECT_TRUE(d.Start()) << d.Log();
+    std::string page = kt::HttpRequest(d.http_port(), "GET", "/metrics");
+    size_t body = page.find("\r\n\r\n");
+    EXPECT_NE(body, std::string::npos) << page;
+    return body == std::string::npos ? "" : page.substr(body + 4);
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(DeployFilesTest, PromtoolChecksAndUnitTestsTheRules) {
+  std::string out;
+  EXPECT_EQ(kt::RunShell(
+                "promtool check rules " + (kDeploy / "prometheus/kvtier.rules.yml").string(), &out),
+            0)
+      << out;
+  // promtool resolves rule_files relative to the test file.
+  EXPECT_EQ(
+      kt::RunShell("promtool test rules " + (kDeploy / "prometheus/kvtier.rules.test.yml").string(),
+                   &out),
+      0)
+      << out;
+}
+
+TEST_F(DeployFilesTest, EveryMetricTheRulesAndDashboardQueryIsExported) {
+  const std::string page = Scrape();
+  const std::set<std::string> exported = ExportedNames(page);
+  ASSERT_GT(exported.size(), 30u) << page;
+  // The budget gauges carry the configured policy's budget.
+  EXPECT_NE(page.find("kvtier_admission_budget_bytes 123456789\n"), std::string::npos) << page;
+  EXPECT_NE(page.find("kvtier_admission_budget_window_seconds 3600\n"), std::string::npos) << page;
+
+  const std::string rules = ReadFile(kDeploy / "prometheus/kvtier.rules.yml");
+  ASSERT_FALSE(rules.empty());
+  const nlohmann::json dash = nlohmann::json::parse(ReadFile(kDeploy / "grafana/kvtier.json"));
+  std::string dash_exprs;
+  size_t targets = 0;
+  for (const auto& panel : dash.at("panels")) {
+    for (const auto& t : panel.at("targets")) {
+      dash_exprs += t.at("expr").get<std::string>() + "\n";
+      ++targets;
+    }
+  }
+  ASSERT_GT(targets, 10u);
+
+  static const std::regex kMetric(R"(\bkvtier_[a-z0-9_]+)");
+  static const std::regex kRecorded(R"(\bkvtier:[a-z0-9_:]+)");
+  static const std::regex kRecord(R"(record:\s*(kvtier:[a-z0-9_:]+))");
+  const std::set<std::string> defined = Matches(rules, kRecord, 1);
+  EXPECT_GE(defined.size(), 4u);
+  for (const auto& [what, text] :
+       {std::pair<const char*, const std::string&>{"rules", rules}, {"dashboard", dash_exprs}}) {
+    for (const std::string& m : Matches(text, kMetric)) {
+      EXPECT_TRUE(exported.count(m))
+          << what << " queries " << m << ", which kvtierd does not export";
+    }
+    for (const std::string& r : Matches(text, kRecorded)) {
+      EXPECT_TRUE(defined.count(r)) << what << " uses " << r << ", which no rule records";
+    }
+  }
+}
+
+TEST_F(DeployFilesTest, SystemdVerifiesTheUnit) {
+  // verify needs ExecStart's binary to exist: point it at the built kvtierd.
+  std::string unit = ReadFile(kDeploy / "systemd/kvtierd.service");
+  const std::string installed = "/usr/local/bin/kvtierd";
+  const size_t at = unit.find("ExecStart=" + installed);
+  ASSERT_NE(at, std::string::npos);
+  unit.replace(at + 10, installed.size(), KVTIERD_PATH);
+  std::ofstream(dir_ / "kvtierd.service") << unit;
+  std::string out;
+  EXPECT_EQ(kt::RunShell("systemd-analyze verify " + (dir_ / "kvtierd.service").string(), &out), 0)
+      << out;
+  // verify exits 0 on an unknown key or a bad value ("ignoring"): it must print nothing.
+  EXPECT_EQ(out, "");
+}
+
+// The manifests as JSON documents (Debian's python3-yaml parses them; kubectl's client dry run
+// needs an API server for discovery, which a test machine does not have).
+nlohmann::json LoadManifests(const fs::path& file) {
+  std::string out;
+  const int rc = kt::RunShell(
+      "/usr/bin/python3 -c 'import json,sys,yaml; "
+      "json.dump([d for d in yaml.safe_load_all(open(sys.argv[1])) if d], sys.stdout)' " +
+          file.string(),
+      &out);
+  EXPECT_EQ(rc, 0) << out;
+  return rc == 0 ? nlohmann::json::parse(out) : nlohmann::json::array();
+}
+
+TEST_F(DeployFilesTest, KubernetesManifestsAgreeWithKvtierd) {
+  const nlohmann::json docs = LoadManifests(kDeploy / "k8s/kvtierd.yaml");
+  const nlohmann::json* config_map = nullptr;
+  const nlohmann::json* stateful = nullptr;
+  std::vector<const nlohmann::json*> services;
+  for (const auto& d : docs) {
+    const std::string kind = d.at("kind");
+    if (kind == "ConfigMap") config_map = &d;
+    if (kind == "StatefulSet") stateful = &d;
+    if (kind == "Service") services.push_back(&d);
+  }
+  ASSERT_NE(config_map, nullptr);
+  ASSERT_NE(stateful, nullptr);
+  ASSERT_FALSE(services.empty());
+
+  // The config kvtierd reads parses as a kvtierd config, with the ports the manifests name.
+  StatusOr<daemon::DaemonOptions> o =
+      daemon::ParseConfig(config_map->at("data").at("kvtierd.toml").get<std::string>());
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+
+  const nlohmann::json& pod = stateful->at("spec").at("template").at("spec");
+  const nlohmann::json& c = pod.at("containers").at(0);
+  std::map<std::string, int> ports;
+  for (const auto& p : c.at("ports")) ports[p.at("name")] = p.at("containerPort");
+  EXPECT_EQ(ports.at("resp"), o->resp_port);
+  EXPECT_EQ(ports.at("http"), o->http_port);
+  for (const auto* svc : services) {
+    for (const auto& p : svc->at("spec").at("ports")) {
+      EXPECT_TRUE(ports.count(p.at("targetPort").get<std::string>()))
+          << svc->at("metadata").at("name") << " targets a port the container does not have";
+    }
+  }
+  // Probes hit endpoints kvtierd serves, on its HTTP port.
+  for (const char* probe : {"readinessProbe", "livenessProbe"}) {
+    const nlohmann::json& get = c.at(probe).at("httpGet");
+    EXPECT_EQ(get.at("port"), "http") << probe;
+    const std::string path = get.at("path");
+    EXPECT_TRUE(path == "/readyz" || path == "/healthz") << probe << " " << path;
+  }
+  // The data volume is the config's data_dir, the config file is where --config points.
+  std::set<std::string> mounts;
+  for (const auto& m : c.at("volumeMounts")) mounts.insert(m.at("mountPath"));
+  EXPECT_TRUE(mounts.count(o->data_dir)) << o->data_dir;
+  const nlohmann::json& args = c.at("args");
+  ASSERT_GE(args.size(), 2u);
+  EXPECT_EQ(args.at(0), "--config");
+  EXPECT_TRUE(mounts.count(args.at(1).get<std::string>())) << args.at(1);
+  // SIGTERM drains and flushes: the grace period is the systemd unit's stop timeout.
+  EXPECT_GE(pod.at("terminationGracePeriodSeconds").get<int>(), 120);
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -10,7 +10,7 @@
 //                           --no-hot-state --replay-tokens N --json]
 //   kvtier-engine bench    --model M --config C [--json --prompt-tokens N --decode-tokens N]
 //   kvtier-engine fidelity --model M --config C --prompt-file F [--json --histories LIST
-//                          --replay-tokens LIST --eval-tokens N --samples K --threads N]
+//                          --replay-tokens LIST --eval-tokens N --samples K --bos --threads N]
 //
 // Exit codes: 0 success, 1 failure, 2 bad usage.
 #include <algorithm>
@@ -528,7 +528,7 @@ int RunFidelity(Args args) {
   std::string model, config, prompt_file, histories_text = "128,512,2048,8192";
   std::string replay_text = "W,2W,4W";
   uint64_t eval_tokens = 64, threads = 2, samples = 1;
-  bool json = false;
+  bool json = false, bos = false;
   flags.String("model", &model, "FILE", "weights (.safetensors; F32, F16 or BF16)", true);
   flags.String("config", &config, "FILE", "model config.json", true);
   flags.String("prompt-file", &prompt_file, "FILE", "the text (bytes)", true);
@@ -543,6 +543,9 @@ int RunFidelity(Args args) {
              1, static_cast<uint64_t>(kMaxFidelitySamples));
   flags.Uint("threads", &threads, "CPU threads (results do not depend on it)", false, 1,
              static_cast<uint64_t>(kMaxThreads));
+  flags.Bool("bos", &bos,
+             "start every sample with the bos token (as the trainer's windows do); histories "
+             "count it");
   flags.Bool("json", &json, "print JSON (keys in docs/RESUME.md) instead of a table");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   auto cfg = LoadEngineConfig(config);
@@ -568,8 +571,10 @@ int RunFidelity(Args args) {
                  kMaxFidelityReplayLengths);
     return 2;
   }
-  // Read only what the measurement uses: K x (max(h) + N) bytes (one byte is one token).
-  const int64_t need = FidelitySampleTokens(fo) * fo.samples;
+  // Read only what the measurement uses: K x (max(h) + N) tokens, one byte each (one less per
+  // sample with --bos).
+  const int64_t sample_bytes = FidelitySampleTokens(fo) - (bos ? 1 : 0);
+  const int64_t need = sample_bytes * fo.samples;
   std::ifstream in(prompt_file, std::ios::binary);
   if (!in) return Fail(Status::IOError("cannot open " + prompt_file));
   std::string text(static_cast<size_t>(need), '\0');
@@ -579,7 +584,13 @@ int RunFidelity(Args args) {
   auto tok =
       ByteTokenizer::Create(cfg->vocab_size, cfg->engram_pad_token_id, cfg->dspark_noise_token_id);
   if (!tok.ok()) return Fail(tok.status());
-  const std::vector<int32_t> tokens = tok->Encode(text);
+  std::vector<int32_t> tokens;
+  for (int64_t at = 0; at < static_cast<int64_t>(text.size()); at += sample_bytes) {
+    if (bos) tokens.push_back(ByteTokenizer::kBos);
+    const std::vector<int32_t> ids = tok->Encode(
+        std::string_view(text).substr(static_cast<size_t>(at), static_cast<size_t>(sample_bytes)));
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
+  }
   // The options against the text and the config, before the weights load (usage errors).
   if (Status s = CheckFidelityOptions(*cfg, tokens.size(), fo); !s.ok()) {
     std::fprintf(stderr, "kvtier-engine %s (%s)\n", s.message().c_str(), prompt_file.c_str());
@@ -610,6 +621,7 @@ int RunFidelity(Args args) {
     j["unit_tokens"] = rep->unit_tokens;
     j["eval_tokens"] = rep->eval_tokens;
     j["samples"] = rep->samples;
+    j["bos"] = bos;
     j["histories"] = nlohmann::ordered_json::array();
     for (const FidelityHistory& h : rep->histories) {
       nlohmann::ordered_json e;

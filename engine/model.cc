@@ -553,10 +553,16 @@ Status Engine::PrefetchEngram(const SequenceState& st, std::span<const int32_t> 
 }
 
 Status Engine::PrefetchEngramReplay(std::span<const int32_t> tokens) {
+  return PrefetchEngramReplay(tokens, config_.sliding_window);
+}
+
+Status Engine::PrefetchEngramReplay(std::span<const int32_t> tokens, int64_t replay_tokens) {
   KVTIER_RETURN_IF_ERROR(CheckTokens(tokens));
+  if (replay_tokens < config_.sliding_window)
+    return Status::InvalidArgument("engine: replay_tokens must be at least the sliding window");
   if (engram_hash_ == nullptr) return Status::Ok();
   const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t r = std::min<int64_t>(n, config_.sliding_window);
+  const int64_t r = std::min<int64_t>(n, replay_tokens);
   std::vector<Step> plan;
   AppendChunks(n - r, r, 0, config_.num_hidden_layers, &plan);
   return PrefetchPlan(plan, tokens, 0);
@@ -1187,14 +1193,23 @@ Status Engine::PrefillCed(SequenceState* st, std::span<const int32_t> tokens,
 }
 
 Status Engine::ReplayTail(SequenceState* st, std::vector<float>* last_logits) {
+  return ReplayTail(st, config_.sliding_window, last_logits);
+}
+
+Status Engine::ReplayTail(SequenceState* st, int64_t replay_tokens,
+                          std::vector<float>* last_logits) {
   const EngineConfig& c = config_;
   const int64_t n = static_cast<int64_t>(st->tokens.size());
   if (n == 0) return Status::InvalidArgument("engine: nothing to replay");
+  if (replay_tokens < c.sliding_window)
+    return Status::InvalidArgument("engine: replay_tokens must be at least the sliding window");
   for (const KvSourceCache& k : st->kv) {
     if (k.consumed != n)
       return Status::InvalidArgument("engine: global KV does not cover the tokens");
   }
-  const int R = static_cast<int>(std::min<int64_t>(n, c.sliding_window));
+  if (std::min<int64_t>(n, replay_tokens) > static_cast<int64_t>(kMaxTokensPerCall))
+    return Status::InvalidArgument("engine: more than kMaxTokensPerCall tokens to replay");
+  const int R = static_cast<int>(std::min<int64_t>(n, replay_tokens));
   const int64_t start = n - R;
   for (SwaRing& r : st->swa) {
     r.valid_from = start;

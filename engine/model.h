@@ -9,8 +9,10 @@
 //               full decoder only over the last min(W, n) tokens (bounded replay);
 //   Decode      one token through all layers (Forward with one token).
 // ReplayTail rebuilds the SWA rings after global KV was imported as units (state_io.h): the
-// last min(W, n) tokens go through every layer with replay_start = n - min(W, n), and a query
-// at i sees SWA keys in [max(replay_start, i-W+1), i]; the imported global KV is reused.
+// last R' = min(R, n) tokens (R = replay_tokens >= W, default W) go through every layer with
+// replay_start = n - R', and a query at i sees SWA keys in [max(replay_start, i-W+1), i]; the
+// imported global KV is reused. The rings end holding the last min(W, R') positions. R >= n
+// replays from position 0 and equals the full forward bit for bit.
 //
 // Exactness: a token's logits depend only on its inputs, never on batch shape or thread count
 // (ops.h). Hence Forward(prompt) + Decode(x) == Forward(prompt + x) bit for bit, and
@@ -164,6 +166,10 @@ class Engine {
   Status PrefillCed(SequenceState* state, std::span<const int32_t> tokens,
                     std::vector<float>* last_logits);
   // Bounded replay after an import (see file comment); last_logits: the last token's.
+  // InvalidArgument (state unchanged) for an empty state, global KV that does not cover every
+  // token, replay_tokens < sliding_window, or min(replay_tokens, n) > kMaxTokensPerCall.
+  // The two-argument form replays W tokens.
+  Status ReplayTail(SequenceState* state, int64_t replay_tokens, std::vector<float>* last_logits);
   Status ReplayTail(SequenceState* state, std::vector<float>* last_logits);
 
   // Hint: `upcoming` will follow state's tokens (a prompt streaming in, speculated or accepted
@@ -173,8 +179,10 @@ class Engine {
   // batch (the batches before it stay requested; the rest is requested when it runs). Never
   // changes results. Ok and nothing done without Engram layers.
   Status PrefetchEngram(const SequenceState& state, std::span<const int32_t> upcoming);
-  // Hint: ReplayTail will run on a state holding `tokens` (e.g. while its units are being
-  // imported). Requests the rows of the replayed tail. Errors as PrefetchEngram.
+  // Hint: ReplayTail(replay_tokens) will run on a state holding `tokens` (e.g. while its units
+  // are being imported). Requests the rows of the replayed tail. Errors as PrefetchEngram, and
+  // InvalidArgument for replay_tokens < sliding_window. The one-argument form: W tokens.
+  Status PrefetchEngramReplay(std::span<const int32_t> tokens, int64_t replay_tokens);
   Status PrefetchEngramReplay(std::span<const int32_t> tokens);
 
   // Counters; read between calls (not synchronised with a call in progress).

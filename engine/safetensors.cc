@@ -1,6 +1,7 @@
 #include "engine/safetensors.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -14,6 +15,61 @@ int DtypeSize(const std::string& dtype) {
   if (dtype == "U8" || dtype == "I8" || dtype == "F8_E4M3" || dtype == "F8_E8M0") return 1;
   if (dtype == "F16" || dtype == "BF16") return 2;
   return 0;
+}
+
+float HalfBitsToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {  // infinity or NaN (payload kept)
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {  // normal: rebias 15 -> 127
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  } else if (mant == 0) {  // signed zero
+    bits = sign;
+  } else {  // subnormal: mant * 2^-24, normal in binary32; shift the leading one out
+    int e = -1;
+    do {
+      mant <<= 1;
+      ++e;
+    } while ((mant & 0x400u) == 0);
+    bits = sign | ((112u - static_cast<uint32_t>(e)) << 23) | ((mant & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+float Bf16BitsToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;  // bfloat16 is binary32's top half
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+Status ConvertToF32(const std::string& name, Tensor* t) {
+  if (t->dtype == "F32") return Status::Ok();
+  const bool half = t->dtype == "F16";
+  if (!half && t->dtype != "BF16")
+    return Status::InvalidArgument("tensor " + name + ": cannot convert dtype " + t->dtype +
+                                   " to F32");
+  const int64_t n = t->NumElements();
+  if (n < 0 || static_cast<uint64_t>(n) * 2 != t->bytes.size())
+    return Status::InvalidArgument("tensor " + name + ": byte count does not match its shape");
+  std::vector<uint8_t> out(static_cast<size_t>(n) * 4);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t bits = static_cast<uint16_t>(t->bytes[2 * i] | (t->bytes[2 * i + 1] << 8));
+    const float f = half ? HalfBitsToFloat(bits) : Bf16BitsToFloat(bits);
+    if (!std::isfinite(f))
+      return Status::InvalidArgument("tensor " + name + " (" + t->dtype + "): element " +
+                                     std::to_string(i) + " is " +
+                                     (std::isnan(f) ? "NaN" : "infinite"));
+    std::memcpy(out.data() + 4 * i, &f, 4);  // little-endian host, as the format
+  }
+  t->dtype = "F32";
+  t->bytes = std::move(out);
+  return Status::Ok();
 }
 
 int64_t Tensor::NumElements() const {

@@ -4,9 +4,11 @@
 //            optional "__metadata__": {string: string}}; padded with spaces to 8-byte alignment
 //   data     raw little-endian tensor bytes; offsets are relative to the start of this region.
 //
-// Supported dtypes: F32, I64, U8, F8_E4M3, F8_E8M0 (the engine's FP8 Engram rows and scales).
-// Reading checks: header length limit, JSON validity, known dtypes, shape x element size equal
-// to the byte range, ranges inside the file and not overlapping. Any violation is Corruption.
+// Supported dtypes: F32, F16, BF16, I32, U32, I64, U64, F64, U8, I8, F8_E4M3, F8_E8M0 (the
+// engine's FP8 Engram rows and scales). Reading checks: header length limit, JSON validity,
+// known dtypes, shape x element size equal to the byte range, ranges inside the file and not
+// overlapping. Any violation is Corruption. F16/BF16 tensors are kept as read; ConvertToF32
+// widens them (the weight loader does, engine/weights.h).
 //
 // Thread safety: TensorFile is a plain value; no shared state.
 #pragma once
@@ -36,6 +38,16 @@ struct Tensor {
 
 // Bytes per element of a supported dtype, or 0 when unknown.
 int DtypeSize(const std::string& dtype);
+
+// Exact widening of an IEEE binary16 / bfloat16 bit pattern to binary32 (every value of both
+// formats, subnormals included, is a binary32 value; infinities and NaNs map to themselves).
+float HalfBitsToFloat(uint16_t bits);
+float Bf16BitsToFloat(uint16_t bits);
+
+// Replaces an F16 or BF16 tensor by the exactly widened F32 tensor (same shape); F32 is left
+// as is. InvalidArgument naming `name` when the dtype is another one, the byte count does not
+// match the shape, or an element is an infinity or a NaN (the first one's index is named).
+Status ConvertToF32(const std::string& name, Tensor* tensor);
 
 struct TensorFile {
   std::map<std::string, Tensor> tensors;  // sorted by name: the written order is deterministic

@@ -169,6 +169,20 @@ SessionStore::SessionStore(Engine* engine, daemon::Client* client, const Digest&
       options_(options),
       payload_layout_(std::move(layout)) {}
 
+StatusOr<int64_t> ResolveReplayTokens(const EngineConfig& config, uint64_t replay_tokens) {
+  const int64_t W = config.sliding_window;
+  if (replay_tokens == 0) return kDefaultReplayWindows * W;
+  if (replay_tokens < static_cast<uint64_t>(W))
+    return Status::InvalidArgument("replay_tokens " + std::to_string(replay_tokens) +
+                                   " is below the sliding window " + std::to_string(W) +
+                                   ": the SWA rings could not be rebuilt");
+  if (replay_tokens > kMaxTokensPerCall)
+    return Status::InvalidArgument("replay_tokens " + std::to_string(replay_tokens) +
+                                   " is above kMaxTokensPerCall (" +
+                                   std::to_string(kMaxTokensPerCall) + ")");
+  return static_cast<int64_t>(replay_tokens);
+}
+
 StatusOr<std::unique_ptr<SessionStore>> SessionStore::Create(Engine* engine, daemon::Client* client,
                                                              const Digest& fingerprint,
                                                              const SessionOptions& options) {
@@ -177,8 +191,12 @@ StatusOr<std::unique_ptr<SessionStore>> SessionStore::Create(Engine* engine, dae
   if (options.max_units_per_call == 0)
     return Status::InvalidArgument("session: max_units_per_call must be > 0");
   KVTIER_ASSIGN_OR_RETURN(KvLayout layout, EngineKvLayout(engine->config(), options.unit_tokens));
+  SessionOptions resolved = options;
+  KVTIER_ASSIGN_OR_RETURN(int64_t replay,
+                          ResolveReplayTokens(engine->config(), options.replay_tokens));
+  resolved.replay_tokens = static_cast<uint64_t>(replay);
   return std::unique_ptr<SessionStore>(
-      new SessionStore(engine, client, fingerprint, options, UnitPayloadLayout::For(layout)));
+      new SessionStore(engine, client, fingerprint, resolved, UnitPayloadLayout::For(layout)));
 }
 
 Status SessionStore::Prefill(SequenceState* state, std::span<const int32_t> tokens,
@@ -328,7 +346,7 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
   r.tokens = static_cast<int64_t>(tokens.size());
   ++stats_.resumes;
   const uint32_t P = options_.unit_tokens;
-  const int64_t W = engine_->config().sliding_window;
+  const int64_t R = static_cast<int64_t>(options_.replay_tokens);  // resolved by Create
   auto finish = [&](ResumeReport* rep) {
     rep->total_s = Since(t_start);
     KVTIER_LOG(kInfo) << "session resume: " << rep->tokens << " tokens, "
@@ -379,7 +397,7 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
     for (int64_t i = 0; i < used_units; ++i)
       s += cost_.fetch_s_per_unit(i < static_cast<int64_t>(tiers.size()) ? tiers[i] : 2);
     const int64_t hit_tokens = used_units * P;
-    s += static_cast<double>(std::min<int64_t>(W, hit_tokens) + (r.tokens - hit_tokens)) *
+    s += static_cast<double>(std::min<int64_t>(R, hit_tokens) + (r.tokens - hit_tokens)) *
          cost_.forward_s_per_token();
     return s;
   };
@@ -400,7 +418,7 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
   // bounded replay will need are known now (they depend only on tokens): request them first,
   // so they arrive while the units do. A hint only: if the replay does not happen or covers
   // other positions the batches are dropped unused; a refused hint is requested again later.
-  if (Status hint = engine_->PrefetchEngramReplay(tokens.first(r.hit_units * P)); !hint.ok()) {
+  if (Status hint = engine_->PrefetchEngramReplay(tokens.first(r.hit_units * P), R); !hint.ok()) {
     KVTIER_LOG(kDebug) << "session: Engram replay prefetch not issued: " << hint.ToString();
   }
   t0 = Clock::now();
@@ -469,7 +487,7 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
   }
   if (r.units_used < r.hit_units && options_.guard == GuardMode::kAuto) {
     // A shorter hit than looked up: re-check the guard with what is already paid.
-    const double rest = static_cast<double>(std::min<int64_t>(W, r.units_used * P) +
+    const double rest = static_cast<double>(std::min<int64_t>(R, r.units_used * P) +
                                             (r.tokens - r.units_used * P)) *
                         cost_.forward_s_per_token();
     if (r.estimated_recompute_s < rest) {
@@ -484,7 +502,7 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
   ++stats_.guard_fetch;
   for (uint8_t t = 0; t < 3; ++t) stats_.units_hit_by_tier[t] += tier_units[t];
 
-  // 4. SWA: exact restore from the hot state, else bounded replay of the last min(W, hit).
+  // 4. SWA: exact restore from the hot state, else bounded replay of the last min(R, hit).
   const int64_t hit_tokens = r.units_used * P;
   bool restored = false;
   if (!hot.empty() && r.units_used == r.hit_units) {
@@ -502,9 +520,9 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
   }
   if (!restored) {
     t0 = Clock::now();
-    KVTIER_RETURN_IF_ERROR(engine_->ReplayTail(state, last_logits));
+    KVTIER_RETURN_IF_ERROR(engine_->ReplayTail(state, R, last_logits));
     r.replay_s = Since(t0);
-    r.replay_tokens = std::min<int64_t>(W, hit_tokens);
+    r.replay_tokens = std::min<int64_t>(R, hit_tokens);
     cost_.ObserveForward(r.replay_tokens, r.replay_s);
     ++stats_.replays;
     stats_.replay_tokens += static_cast<uint64_t>(r.replay_tokens);

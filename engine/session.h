@@ -12,11 +12,11 @@
 // socket) and the hot state, ImportUnit each (verifying checksum, fingerprint and key); a unit
 // that is missing or fails verification ends the usable hit there. Then either the hot state
 // is imported (exact restore) or the SWA rings are rebuilt by bounded replay
-// (Engine::ReplayTail: replay_start = hit - min(W, hit)); the uncached suffix is prefilled with
-// the full forward in chunks. A guard compares the estimated cost of that path (measured fetch
-// seconds per unit per tier, measured forward seconds per token) with a CED prefill of every
-// token (measured CED seconds per token) and recomputes when that is cheaper; each decision is
-// logged with its reason and counted (SessionStats).
+// (Engine::ReplayTail: replay_start = hit - min(R, hit), R = replay_tokens >= W); the uncached
+// suffix is prefilled with the full forward in chunks. A guard compares the estimated cost of
+// that path (measured fetch seconds per unit per tier, measured forward seconds per token)
+// with a CED prefill of every token (measured CED seconds per token) and recomputes when that
+// is cheaper; each decision is logged with its reason and counted (SessionStats).
 //
 // Thread safety: a SessionStore is not thread-safe (it drives one Engine, which is not
 // re-entrant); use one per engine thread. The Client may be shared with other users.
@@ -63,6 +63,15 @@ std::vector<uint8_t> EncodeHotState(const SequenceState& state, std::span<const 
 // Imports the rings into `state` and returns the logits. Corruption for damaged bytes.
 StatusOr<std::vector<float>> DecodeHotState(std::span<const uint8_t> bytes, SequenceState* state);
 
+// The default bounded-replay length, in sliding windows (SessionOptions::replay_tokens = 0
+// means kDefaultReplayWindows * W). Chosen from the fidelity measurements in docs/RESUME.md.
+inline constexpr int64_t kDefaultReplayWindows = 1;
+
+// The replay length a resume uses: `replay_tokens`, or kDefaultReplayWindows * W when 0.
+// InvalidArgument when it is below the sliding window W (the rings could not be rebuilt) or
+// above kMaxTokensPerCall.
+StatusOr<int64_t> ResolveReplayTokens(const EngineConfig& config, uint64_t replay_tokens);
+
 enum class GuardMode : uint8_t {
   kAuto = 0,         // fetch or recompute, whichever the estimates say is cheaper
   kAlwaysFetch,      // use every usable hit (tests, benchmarks)
@@ -84,6 +93,11 @@ struct SessionOptions {
   // On resume, use a hot state when the daemon still has it. Default true.
   bool use_hot_state = true;
   GuardMode guard = GuardMode::kAuto;
+  // Tokens a resume without hot state replays to rebuild the SWA rings (Engine::ReplayTail):
+  // the last min(replay_tokens, hit) tokens of the hit. At least the sliding window W, at most
+  // kMaxTokensPerCall; 0 (default) = kDefaultReplayWindows * W. More than W lets every layer's
+  // ring be rebuilt from queries that saw more context (docs/RESUME.md, "Fidelity").
+  uint64_t replay_tokens = 0;
   // The fastest tier a unit is put to (storage::Tier: 1 DRAM, 2 SSD). Default 2: kvtierd's
   // store moves a DRAM unit to SSD only when DRAM evicts it, so units put to DRAM would not
   // survive a daemon restart; put to SSD they are durable (per the daemon's durability mode)
@@ -186,6 +200,7 @@ class SessionStore {
   const SessionStats& stats() const { return stats_; }
   std::string StatsJson() const;
   CostModel* cost_model() { return &cost_; }
+  // options.replay_tokens as given to Create, with 0 resolved to the default.
   const SessionOptions& options() const { return options_; }
   const UnitPayloadLayout& payload_layout() const { return payload_layout_; }
   // Encoded unit size (header + payload).

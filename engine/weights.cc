@@ -201,18 +201,54 @@ StatusOr<ModelWeights> InitWeights(const EngineConfig& c, uint64_t seed) {
   return w;
 }
 
-Status CheckWeights(const EngineConfig& c, const TensorFile& file) {
+namespace {
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Every spec'd tensor present with its shape; `widen`: F16/BF16 also accepted for F32 specs.
+Status CheckSpecs(const EngineConfig& c, const TensorFile& file, bool widen) {
   for (const WeightSpec& s : WeightSpecs(c)) {
     auto it = file.tensors.find(s.name);
     if (it == file.tensors.end()) return Status::InvalidArgument("weights: missing " + s.name);
-    if (it->second.dtype != s.dtype || it->second.shape != s.shape)
-      return Status::InvalidArgument("weights: dtype or shape mismatch for " + s.name);
+    const Tensor& t = it->second;
+    const bool dtype_ok = t.dtype == s.dtype ||
+                          (widen && s.dtype == "F32" && (t.dtype == "F16" || t.dtype == "BF16"));
+    if (!dtype_ok)
+      return Status::InvalidArgument("weights: " + s.name + " has dtype " + t.dtype +
+                                     ", expected " + s.dtype +
+                                     (widen && s.dtype == "F32" ? " (or F16, BF16)" : ""));
+    if (t.shape != s.shape)
+      return Status::InvalidArgument("weights: " + s.name + " has shape " + ShapeText(t.shape) +
+                                     ", expected " + ShapeText(s.shape));
   }
   return Status::Ok();
 }
 
+}  // namespace
+
+Status CheckWeights(const EngineConfig& c, const TensorFile& file) {
+  return CheckSpecs(c, file, /*widen=*/false);
+}
+
 StatusOr<ModelWeights> LoadWeights(const EngineConfig& c, const std::string& path) {
   KVTIER_ASSIGN_OR_RETURN(TensorFile f, ReadSafetensors(path));
+  KVTIER_RETURN_IF_ERROR(CheckSpecs(c, f, /*widen=*/true).WithContext(path));
+  for (const WeightSpec& s : WeightSpecs(c)) {
+    Tensor& t = f.tensors.at(s.name);
+    if (s.dtype != "F32") continue;
+    KVTIER_RETURN_IF_ERROR(ConvertToF32(s.name, &t).WithContext(path));
+    const float* v = t.f32();
+    for (int64_t i = 0, n = t.NumElements(); i < n; ++i) {
+      if (!std::isfinite(v[i]))
+        return Status::InvalidArgument("weights: " + s.name + " element " + std::to_string(i) +
+                                       " is " + (std::isnan(v[i]) ? "NaN" : "infinite"))
+            .WithContext(path);
+    }
+  }
   KVTIER_RETURN_IF_ERROR(CheckWeights(c, f).WithContext(path));
   ModelWeights w;
   w.file = std::move(f);

@@ -4,7 +4,10 @@
 // "layers.<l>.attn.wq_a.weight", ...). InitWeights makes deterministic weights from a seed;
 // each tensor has its own stream (seed, name), so the result does not depend on the order in
 // which tensors are made. LoadWeights checks a safetensors file against the specs (every
-// tensor present, same dtype and shape; extra tensors are ignored).
+// tensor present, same dtype and shape; extra tensors are ignored). An F32 parameter may be
+// stored as F16 or BF16: it is widened to F32 exactly at load (so the weights, and
+// WeightsDigest, equal those of the F32 file with the same values); a non-finite element in
+// any float parameter is an error naming the tensor.
 //
 // Initial scales (no trained weights can be downloaded here) keep activations in range and
 // make gates behave like a trained network's: linear layers U(+-sqrt(3/fan_in)) (unit output
@@ -58,8 +61,10 @@ struct ModelWeights {
 };
 
 StatusOr<ModelWeights> InitWeights(const EngineConfig& config, uint64_t seed);
+// IOError when unreadable; Corruption for a malformed file; InvalidArgument (naming the
+// tensor) for a missing tensor, a wrong dtype or shape, or an infinity/NaN.
 StatusOr<ModelWeights> LoadWeights(const EngineConfig& config, const std::string& path);
-// Checks file against the specs (used by LoadWeights).
+// Checks file against the specs exactly (dtype included: F32 specs need F32 tensors).
 Status CheckWeights(const EngineConfig& config, const TensorFile& file);
 
 }  // namespace kvtier::engine

@@ -21,5 +21,26 @@ fi
 if "$bin" init --config /nonexistent --out "$dir/x" 2>/dev/null; then
   echo "bad config accepted"; exit 1
 fi
+# fidelity: exact restore agrees 1.0 with KL 0 and a replay of the whole history too (JSON);
+# bad arguments exit 2 with a message before the weights load.
+head -c 200 "$config" > "$dir/text.txt"
+"$bin" fidelity --model "$model" --config "$config" --prompt-file "$dir/text.txt" \
+  --histories 64,128 --replay-tokens W,128 --eval-tokens 8 --json > "$dir/fid.json"
+grep -q '"samples": 1' "$dir/fid.json" || { echo "fidelity JSON: no samples key"; exit 1; }
+[ "$(grep -c '"top1_agreement": 1.0' "$dir/fid.json")" -ge 3 ] || {
+  echo "fidelity: exact restore or full replay below 1.0"; cat "$dir/fid.json"; exit 1; }
+"$bin" fidelity --model "$model" --config "$config" --prompt-file "$dir/text.txt" \
+  --histories 64 --replay-tokens 2W --eval-tokens 4 | grep -q '(b) exact'
+for bad in "--replay-tokens 8" "--replay-tokens 0W" "--replay-tokens x" "--histories 100" \
+           "--histories 256" "--eval-tokens 0" "--samples 3"; do
+  set +e
+  # shellcheck disable=SC2086
+  msg=$("$bin" fidelity --model /nonexistent --config "$config" --prompt-file "$dir/text.txt" \
+        --histories 64 --eval-tokens 8 $bad 2>&1 >/dev/null)
+  rc=$?
+  set -e
+  [ "$rc" -eq 2 ] || { echo "fidelity $bad: exit $rc, want 2"; exit 1; }
+  [ -n "$msg" ] || { echo "fidelity $bad: no message"; exit 1; }
+done
 rm -rf "$dir"
 echo "1 passed, 0 failed"

@@ -26,6 +26,31 @@ inline const EngineConfig& MiniConfig() {
   return *c;
 }
 
+// The mini's layer schedule (every mechanism and ratio, W = 16) at a quarter of its widths, for
+// tests that need many forward passes or write weight files.
+inline const EngineConfig& TinyConfig() {
+  static const EngineConfig* c = [] {
+    EngineConfig t = MiniConfig();
+    t.hidden_size = 64;
+    t.num_attention_heads = 4;
+    t.head_dim = 64;
+    t.q_lora_rank = 32;
+    t.o_lora_rank = 32;
+    t.index_n_heads = 2;
+    t.n_routed_experts = 4;
+    t.moe_intermediate_size = 32;
+    t.engram_n_heads = 2;
+    t.engram_vocab_size = {509, 509, 509};
+    Status s = t.Validate();
+    if (!s.ok()) {
+      ADD_FAILURE() << s.ToString();
+      std::abort();
+    }
+    return new EngineConfig(t);
+  }();
+  return *c;
+}
+
 inline std::shared_ptr<const ModelWeights> MiniWeights() {
   static std::shared_ptr<const ModelWeights> w = [] {
     auto r = InitWeights(MiniConfig(), 7);

@@ -63,11 +63,12 @@ std::vector<std::vector<float>> Continue(Engine* e, SequenceState* st, std::vect
 // (c)'s reference: CED prefill of the first hit_tokens, bounded ring rebuild (ReplayTail),
 // then the full forward over the rest.
 std::vector<float> CedWithBoundedRings(Engine* e, std::span<const int32_t> tokens,
-                                       size_t hit_tokens, SequenceState* st) {
+                                       size_t hit_tokens, SequenceState* st,
+                                       int64_t replay_tokens = 16) {
   std::vector<float> logits;
   *st = e->NewSequence();
   EXPECT_TRUE(e->PrefillCed(st, tokens.first(hit_tokens), &logits).ok());
-  EXPECT_TRUE(e->ReplayTail(st, &logits).ok());
+  EXPECT_TRUE(e->ReplayTail(st, replay_tokens, &logits).ok());
   if (hit_tokens < tokens.size()) {
     EXPECT_TRUE(e->Forward(st, tokens.subspan(hit_tokens), false, &logits).ok());
   }
@@ -223,6 +224,43 @@ TEST_F(ResumeTest, BoundedReplayEqualsCedWithBoundedRingRebuild) {
     const auto uninterrupted = Continue(engine_.get(), &a, logits, 1);
     EXPECT_FALSE(SameLogits({got[0]}, uninterrupted));
   }
+}
+
+// SessionOptions::replay_tokens sets the replay length of a resume: R = 4W replays 64 tokens
+// and equals the in-process reference with ReplayTail(64); R < W is refused at Create.
+TEST_F(ResumeTest, BoundedReplayUsesReplayTokens) {
+  StartDaemon();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  SessionOptions o;
+  o.keep_hot_state = false;
+  o.guard = GuardMode::kAlwaysFetch;
+  o.replay_tokens = 64;
+  auto store = Store(c.get(), o);
+  ASSERT_NE(store, nullptr);
+  const auto tokens = Prompt(200, 33);
+  std::vector<float> logits;
+  SaveSession(store.get(), tokens, &logits);
+  SequenceState ref_st;
+  const auto ref = Continue(engine_.get(), &ref_st,
+                            CedWithBoundedRings(engine_.get(), tokens, 192, &ref_st, 64), 16);
+  SequenceState r;
+  std::vector<float> rl;
+  auto rep = store->Resume(tokens, &r, &rl);
+  ASSERT_TRUE(rep.ok());
+  EXPECT_EQ(rep->replay_tokens, 64);
+  EXPECT_EQ(rep->suffix_tokens, 8);
+  EXPECT_TRUE(SameLogits(Continue(engine_.get(), &r, rl, 16), ref));
+
+  auto fp = EngineModelFingerprint(MiniConfig(), *MiniWeights(), o.unit_tokens);
+  ASSERT_TRUE(fp.ok());
+  o.replay_tokens = 15;
+  auto low = SessionStore::Create(engine_.get(), c.get(), *fp, o);
+  EXPECT_TRUE(low.status().IsInvalidArgument());
+  o.replay_tokens = 0;  // the default: kDefaultReplayWindows x W
+  auto def = SessionStore::Create(engine_.get(), c.get(), *fp, o);
+  ASSERT_TRUE(def.ok());
+  EXPECT_EQ((*def)->options().replay_tokens, static_cast<uint64_t>(kDefaultReplayWindows * 16));
 }
 
 // (c) = (a) when the whole history fits in one window (units of 8 and 16 tokens, W = 16).

@@ -19,6 +19,8 @@ PACKAGES=(
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   fio redis-tools redis-server prometheus zstd curl
+  # the dashboard page's plotting library (embedded into kvtierd) and its browser test
+  libjs-dygraphs chromium chromium-driver python3-selenium
 )
 
 missing=()

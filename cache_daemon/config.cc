@@ -209,6 +209,12 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
       {"tls.handshakes_max", UintKey("tls.handshakes_max", &o.tls.handshakes_max)},
       {"trace.path", StringKey("trace.path", &o.trace_path)},
       {"trace.queue_depth", UintKey("trace.queue_depth", &o.trace_queue_depth)},
+      {"trace.whatif_window_records_max",
+       UintKey("trace.whatif_window_records_max", &o.trace_whatif_window_records_max)},
+      {"trace.whatif_window_bytes_max",
+       UintKey("trace.whatif_window_bytes_max", &o.trace_whatif_window_bytes_max)},
+      {"trace.whatif_interval_ms",
+       UintKey("trace.whatif_interval_ms", &o.trace_whatif_interval_ms)},
       {"engram.enabled", BoolKey("engram.enabled", &o.engram.enabled)},
       {"engram.listen", StringKey("engram.listen", &o.engram.listen)},
       {"engram.advertise", StringKey("engram.advertise", &o.engram.advertise)},
@@ -313,6 +319,15 @@ Status Finalize(DaemonOptions* o) {
     return Bad("limits.max_batch_keys", "1..4096");
   }
   if (o->idle_timeout_ms < 100) return Bad("limits.idle_timeout_ms", "at least 100");
+  if (o->trace_whatif_window_records_max > 10000000) {
+    return Bad("trace.whatif_window_records_max", "0..10000000");
+  }
+  if (o->trace_whatif_window_bytes_max < 4096 || o->trace_whatif_window_bytes_max > (1ull << 30)) {
+    return Bad("trace.whatif_window_bytes_max", "4096..1073741824 (1 GiB)");
+  }
+  if (o->trace_whatif_interval_ms < 100 || o->trace_whatif_interval_ms > 86400000) {
+    return Bad("trace.whatif_interval_ms", "100..86400000 (one day)");
+  }
   if (o->reply_queue_bytes_max < 4096) return Bad("limits.reply_queue_bytes_max", "at least 4096");
   if (o->preauth_frame_bytes_max < 4096) {
     return Bad("limits.preauth_frame_bytes_max", "at least 4096");

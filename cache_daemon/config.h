@@ -127,6 +127,10 @@ struct DaemonOptions {
   // [trace]
   std::string trace_path;              // "" -> off; written as zstd JSON Lines
   uint32_t trace_queue_depth = 65536;  // records buffered before new ones are dropped
+  // What-if curves over the newest recorded lines (cache_daemon/whatif.h, GET /v1/whatif).
+  uint32_t trace_whatif_window_records_max = 100000;  // 0 -> no what-if curves
+  uint64_t trace_whatif_window_bytes_max = 16u << 20;
+  uint64_t trace_whatif_interval_ms = 30000;  // recompute at most this often
 
   // [engram]
   EngramServeOptions engram;

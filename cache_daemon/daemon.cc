@@ -118,6 +118,14 @@ class DaemonImpl final : public Daemon {
     std::vector<std::pair<std::string, uint64_t>> names;
     for (const auto& t : tenants_->tenants()) names.emplace_back(t->name, t->id);
     metrics_.engram_fetch.SetTenants(names);
+    if (trace_ != nullptr && trace_->window() != nullptr) {
+      whatif_ = std::make_unique<WhatIf>(
+          trace_->window(), WhatIfOptions{.interval_ms = options_.trace_whatif_interval_ms},
+          [this] {
+            return WhatIfLive{service_.policy().eviction, options_.storage.dram_capacity_bytes};
+          });
+      shared_.whatif = whatif_.get();
+    }
   }
 
   ~DaemonImpl() override {
@@ -383,6 +391,7 @@ class DaemonImpl final : public Daemon {
   Shared shared_;
   std::unique_ptr<EngramServing> engram_;  // [engram]; null when off
   std::unique_ptr<TlsFront> tls_;          // [tls]; null when no front uses it
+  std::unique_ptr<WhatIf> whatif_;         // what-if curves; null without a trace window
   // Declared after everything sessions touch: destroying io_ destroys pending handlers and
   // with them the last session references, whose destructors use shared_ and metrics_.
   asio::io_context io_;

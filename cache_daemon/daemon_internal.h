@@ -20,6 +20,7 @@
 #include "cache_daemon/service.h"
 #include "cache_daemon/tenants.h"
 #include "cache_daemon/tls_front.h"
+#include "cache_daemon/whatif.h"
 
 namespace kvtier::daemon::internal {
 
@@ -77,7 +78,8 @@ struct Shared {
   ConnectionMemory* memory = nullptr;
   // Connections open per front (incremented at admission, decremented by the session).
   std::array<std::atomic<uint32_t>, static_cast<size_t>(Front::kCount)> front_open{};
-  const TlsFront* tls = nullptr;  // null when no front uses TLS
+  const TlsFront* tls = nullptr;   // null when no front uses TLS
+  const WhatIf* whatif = nullptr;  // null when no trace window is recorded
   std::atomic<bool> draining{false};
   std::atomic<bool> ready{true};
   uint64_t start_us = 0;

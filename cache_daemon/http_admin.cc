@@ -1,6 +1,7 @@
 // HTTP admin front end on Boost.Beast: GET /metrics, /healthz, /readyz, GET /v1/stats,
-// GET|POST /v1/policy. One request at a time per connection, keep-alive, bounded body and
-// read time.
+// GET|POST /v1/policy, GET /v1/whatif, and the dashboard page (GET / and /dashboard/*, files
+// embedded at build time; docs/DASHBOARD.md). One request at a time per connection,
+// keep-alive, bounded body and read time.
 //
 // Authorization with auth on ("Authorization: Bearer <token>"; docs/CONFIG.md [auth]):
 //   - POST /v1/policy needs an admin tenant's token (401 without a valid token, 403 for a
@@ -8,6 +9,7 @@
 //   - GET /metrics and /v1/stats answer everyone, but per-tenant figures (series with a
 //     tenant label, the tenant_bytes object) only to an admin token; /v1/stats shows a
 //     non-admin tenant its own bytes; without a token both show aggregate figures only;
+//   - GET /v1/whatif (aggregate curves) and the page's files answer everyone;
 //   - a malformed Authorization header or an unknown token is answered 401 and counted in
 //     kvtier_auth_failures_total, never silently downgraded.
 // With auth off (loopback only) every request is the admin tenant "default".
@@ -18,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cache_daemon/daemon_internal.h"
+#include "cache_daemon/dashboard_assets.h"
 #include "common/clock.h"
 
 namespace kvtier::daemon::internal {
@@ -164,11 +167,49 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
     return j.dump();
   }
 
+  // The page's files: same-origin only, never cached stale, never sniffed.
+  static void Asset(http::response<http::string_body>* res, const DashboardAsset& a) {
+    Text(res, http::status::ok, std::string(a.body),
+         (std::string(a.content_type) + "; charset=utf-8").c_str());
+    res->set(http::field::cache_control, "no-cache");
+    res->set("X-Content-Type-Options", "nosniff");
+    res->set("Content-Security-Policy",
+             "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+             "frame-ancestors 'none'");
+  }
+
+  void WhatIfJson(std::string_view query, http::response<http::string_body>* res) {
+    // No parameters: the curves' window, capacities and interval are daemon config.
+    if (!query.empty()) {
+      return Text(res, http::status::bad_request,
+                  "{\"error\":\"/v1/whatif takes no query parameters\"}", "application/json");
+    }
+    if (shared_->whatif == nullptr) {
+      nlohmann::json off = {{"state", "off"},
+                            {"reason",
+                             "the daemon records no trace window: set [trace] path (and "
+                             "whatif_window_records_max > 0)"}};
+      return Text(res, http::status::ok, off.dump(), "application/json");
+    }
+    return Text(res, http::status::ok, shared_->whatif->Json(), "application/json");
+  }
+
   void Route(const http::request<http::string_body>& req, http::response<http::string_body>* res) {
-    std::string_view target(req.target().data(), req.target().size());
-    if (size_t q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+    std::string_view target(req.target().data(), req.target().size()), query;
+    if (size_t q = target.find('?'); q != std::string_view::npos) {
+      query = target.substr(q + 1);
+      target = target.substr(0, q);
+    }
     Service* svc = shared_->service;
     bool get = req.method() == http::verb::get;
+    if (get) {
+      if (const DashboardAsset* a = FindDashboardAsset(target)) return Asset(res, *a);
+    }
+    if (target == "/v1/whatif" && get) {
+      Caller caller = Authorize(req);
+      if (caller.invalid) return Unauthorized(res);
+      return WhatIfJson(query, res);
+    }
     if (target == "/metrics" && get) {
       Caller caller = Authorize(req);
       if (caller.invalid) return Unauthorized(res);

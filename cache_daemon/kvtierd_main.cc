@@ -117,7 +117,9 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<TraceWriter> tracer;
   if (!o.trace_path.empty()) {
-    StatusOr<std::unique_ptr<TraceWriter>> t = TraceWriter::Open(o.trace_path, o.trace_queue_depth);
+    StatusOr<std::unique_ptr<TraceWriter>> t = TraceWriter::Open(
+        o.trace_path, o.trace_queue_depth,
+        TraceWindowLimits{o.trace_whatif_window_records_max, o.trace_whatif_window_bytes_max});
     if (!t.ok()) return Fail(t.status());
     tracer = std::move(t).value();
   }

@@ -7,7 +7,8 @@
 namespace kvtier::daemon {
 
 StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path,
-                                                         uint32_t queue_depth) {
+                                                         uint32_t queue_depth,
+                                                         TraceWindowLimits window) {
   std::unique_ptr<TraceWriter> w(new TraceWriter());
   w->file_ = std::fopen(path.c_str(), "wb");
   if (w->file_ == nullptr) return Status::IOError("cannot open trace file " + path);
@@ -16,6 +17,7 @@ StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path
   ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, 3);
   w->zstd_ = cctx;
   w->queue_depth_ = queue_depth == 0 ? 1 : queue_depth;
+  if (window.records_max > 0) w->window_ = std::make_unique<TraceWindow>(window);
   w->start_us_ = DefaultSteadyClock().NowUs();
   w->thread_ = std::thread([p = w.get()] { p->Run(); });
   return w;
@@ -82,8 +84,10 @@ void TraceWriter::Run() {
     }
     std::string text;
     for (const TraceRecord& r : batch) {
-      text += FormatLine(r);
+      std::string line = FormatLine(r);
+      text += line;
       text += '\n';
+      if (window_ != nullptr && status_.ok()) window_->Append(std::move(line));
     }
     written_.fetch_add(batch.size(), std::memory_order_relaxed);
     batch.clear();

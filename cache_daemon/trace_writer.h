@@ -7,6 +7,8 @@
 //
 // Record() never blocks the request path: it enqueues into a bounded queue and drops (and
 // counts) records when the queue is full. A writer thread compresses with libzstd streaming.
+// With a window (trace_window.h), the writer thread also appends each line it writes there,
+// for the what-if curves (whatif.h).
 //
 // Thread safety: Record() and dropped() from any thread; Close() once.
 #pragma once
@@ -21,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "cache_daemon/trace_window.h"
 #include "common/status.h"
 
 namespace kvtier::daemon {
@@ -36,8 +39,10 @@ struct TraceRecord {
 
 class TraceWriter {
  public:
-  // Creates (truncates) path. IOError when it cannot be opened.
-  static StatusOr<std::unique_ptr<TraceWriter>> Open(const std::string& path, uint32_t queue_depth);
+  // Creates (truncates) path. IOError when it cannot be opened. window.records_max == 0:
+  // no window.
+  static StatusOr<std::unique_ptr<TraceWriter>> Open(const std::string& path, uint32_t queue_depth,
+                                                     TraceWindowLimits window = {0, 0});
   ~TraceWriter();
 
   // ts_ms is filled here (ms since Open).
@@ -46,6 +51,8 @@ class TraceWriter {
   Status Close();
   uint64_t dropped() const { return dropped_.load(); }
   uint64_t written() const { return written_.load(); }
+  // The newest lines written; nullptr without a window. Lives as long as this writer.
+  const TraceWindow* window() const { return window_.get(); }
 
   // The JSON line for a record (no newline); exposed for tests.
   static std::string FormatLine(const TraceRecord& r);
@@ -60,8 +67,9 @@ class TraceWriter {
   uint64_t start_us_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<TraceRecord> queue_;  // protected by mu_
-  bool closing_ = false;           // protected by mu_
+  std::deque<TraceRecord> queue_;        // protected by mu_
+  bool closing_ = false;                 // protected by mu_
+  std::unique_ptr<TraceWindow> window_;  // null: no window
   std::thread thread_;
   std::atomic<uint64_t> dropped_{0}, written_{0};
   Status status_;

@@ -43,6 +43,8 @@ PACKAGES=(
   python3-redis
   # deploy files: systemd-analyze verify, the k8s manifests parsed with python3-yaml
   systemd python3-yaml
+  # the dashboard page's plotting library (embedded into kvtierd) and its browser test
+  libjs-dygraphs chromium chromium-driver python3-selenium
 )
 TORCH_PACKAGES=(python3-torch python3-numpy libopenblas0-pthread)
 if [[ $WITH_TORCH -eq 1 ]]; then

@@ -72,7 +72,8 @@ Status ParseLine(std::string_view line, size_t line_no, const TraceLoadOptions& 
       return Malformed(line_no, "bad tenant");
     }
     if (!GetU64(j, "bytes", &r.bytes)) return Malformed(line_no, "bad bytes");
-    if (!GetU64(j, "unit_tokens", &unit_tokens) || unit_tokens == 0 || unit_tokens > UINT32_MAX) {
+    // 0: a RESP value (kvtierd records RESP SET/GET so): a unit without prompt tokens.
+    if (!GetU64(j, "unit_tokens", &unit_tokens) || unit_tokens > UINT32_MAX) {
       return Malformed(line_no, "bad unit_tokens");
     }
     auto op = j.find("op");

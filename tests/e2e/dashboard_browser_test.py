@@ -1,0 +1,220 @@
+#!/usr/bin/python3
+"""The dashboard page in headless Chromium against a running kvtierd under a small load.
+
+Usage: dashboard_browser_test.py KVTIERD_BINARY OUTPUT_DIR
+
+Starts kvtierd with auth on (an admin and a non-admin tenant), a trace and a short what-if
+interval; drives RESP SET/GET traffic from a thread; opens http://127.0.0.1:PORT/ in Chromium
+(Debian's chromium + chromium-driver, python3-selenium) and checks that:
+  * every time chart receives rows (the data-points attribute the page keeps per chart),
+  * the what-if chart receives curves from GET /v1/whatif,
+  * the per-tenant chart stays empty without a token and fills with the admin token,
+  * the policy switch is refused without a token (401) and with a non-admin token (403),
+    shown on the page, GET /v1/policy unchanged; and works with the admin token,
+  * a screenshot is written to OUTPUT_DIR/dashboard.png.
+Exits 0 on success; prints what failed otherwise. Every wait is bounded.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
+
+ADMIN_TOKEN = "dashboard-admin-token"
+USER_TOKEN = "dashboard-user-token"
+WAIT_S = 30  # the longest any one condition is waited for
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sha256(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def resp_command(sock, *args):
+    """Sends one RESP command and reads one reply line (enough for OK/errors/bulk headers)."""
+    out = b"*%d\r\n" % len(args)
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out += b"$%d\r\n%s\r\n" % (len(a), a)
+    sock.sendall(out)
+    reply = b""
+    while not reply.endswith(b"\r\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("kvtierd closed the RESP connection")
+        reply += chunk
+    if reply.startswith(b"$") and not reply.startswith(b"$-1"):
+        size = int(reply[1:reply.index(b"\r\n")])
+        need = reply.index(b"\r\n") + 2 + size + 2
+        while len(reply) < need:
+            reply += sock.recv(65536)
+    return reply
+
+
+def load(resp_port, stop):
+    """Small deterministic RESP load: SETs of 64 keys, GETs of 96 (a third never stored)."""
+    with socket.create_connection(("127.0.0.1", resp_port), timeout=10) as s:
+        assert resp_command(s, "AUTH", USER_TOKEN).startswith(b"+OK"), "RESP AUTH failed"
+        i = 0
+        while not stop.is_set():
+            resp_command(s, "SET", "k%d" % (i % 64), b"v" * 4096)
+            resp_command(s, "GET", "k%d" % ((i * 7) % 96))
+            i += 1
+            time.sleep(0.005)
+
+
+def http_json(port, path, token=None):
+    req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path))
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def wait_for(what, cond):
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("timed out after %d s waiting for: %s" % (WAIT_S, what))
+
+
+def main():
+    kvtierd, out_dir = sys.argv[1], sys.argv[2]
+    os.makedirs(out_dir, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="kvtier_dashboard_")
+    http_port, resp_port = free_port(), free_port()
+    with open(os.path.join(work, "tokens.toml"), "w") as f:
+        f.write('[[tenant]]\nname = "ops"\nid = 1\ntoken_sha256 = ["%s"]\nadmin = true\n\n'
+                '[[tenant]]\nname = "agents"\nid = 2\ntoken_sha256 = ["%s"]\n'
+                % (sha256(ADMIN_TOKEN), sha256(USER_TOKEN)))
+    with open(os.path.join(work, "kvtierd.toml"), "w") as f:
+        f.write('[storage]\ndram_capacity_bytes = 262144\n\n'
+                '[trace]\nwhatif_interval_ms = 500\n')
+    log = open(os.path.join(out_dir, "kvtierd.log"), "w")
+    daemon = subprocess.Popen(
+        [kvtierd, "--config", os.path.join(work, "kvtierd.toml"), "--data-dir",
+         os.path.join(work, "data"), "--socket", "off", "--http-port", str(http_port),
+         "--resp-port", str(resp_port), "--tokens-file", os.path.join(work, "tokens.toml"),
+         "--trace", os.path.join(work, "trace.jsonl.zst")],
+        stdout=log, stderr=subprocess.STDOUT)
+    stop = threading.Event()
+    loader = None
+    driver = None
+    try:
+        wait_for("kvtierd /healthz", lambda: _healthy(http_port))
+        loader = threading.Thread(target=load, args=(resp_port, stop), daemon=True)
+        loader.start()
+
+        opts = webdriver.ChromeOptions()
+        opts.binary_location = "/usr/bin/chromium"
+        for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                  "--window-size=1400,1400", "--user-data-dir=" + os.path.join(work, "chrome")):
+            opts.add_argument(a)
+        driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+        driver.get("http://127.0.0.1:%d/" % http_port)
+        js = driver.execute_script
+        points = lambda chart: js("return window.kvtierDashboard.points(arguments[0])", chart)
+
+        assert js("return typeof Dygraph") == "function", "the plotting library did not load"
+        for chart, n in (("chart-occupancy", 3), ("chart-hits", 2), ("chart-misses", 2),
+                         ("chart-ssd", 2)):
+            wait_for("%s >= %d points" % (chart, n), lambda: points(chart) >= n)
+        wait_for("what-if curves", lambda: points("chart-whatif") > 0)
+        curves = int(driver.find_element(By.ID, "chart-whatif").get_attribute("data-curves"))
+        assert curves >= 2, "what-if chart has %d curves" % curves
+        assert points("chart-tenants") == 0, "tenant series shown without a token"
+        assert "admin token" in driver.find_element(By.ID, "tenants-note").text
+
+        msg = driver.find_element(By.ID, "policy-msg")
+
+        def switch(eviction):
+            js("document.getElementById('policy-msg').textContent = ''")
+            Select(driver.find_element(By.ID, "policy-eviction")).select_by_visible_text(eviction)
+            driver.find_element(By.ID, "policy-submit").click()
+            return wait_for("policy message", lambda: msg.text)
+
+        def use_token(token):
+            field = driver.find_element(By.ID, "token")
+            field.clear()
+            field.send_keys(token)
+            driver.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
+
+        before = http_json(http_port, "/v1/policy")["eviction"]
+        assert before == "lru", before
+        text = switch("fifo")
+        assert "refused (401)" in text, text
+        assert http_json(http_port, "/v1/policy")["eviction"] == "lru"
+
+        use_token(USER_TOKEN)
+        text = switch("fifo")
+        assert "refused (403)" in text, text
+        assert http_json(http_port, "/v1/policy")["eviction"] == "lru"
+
+        use_token(ADMIN_TOKEN)
+        text = switch("sieve")
+        assert text.startswith("switched"), text
+        assert http_json(http_port, "/v1/policy")["eviction"] == "sieve"
+        wait_for("policy shown", lambda: driver.find_element(By.ID, "policy-now-eviction").text
+                 == "sieve")
+        wait_for("per-tenant usage with the admin token", lambda: points("chart-tenants") >= 2)
+        wait_for("what-if marks the live policy",
+                 lambda: "sieve" in driver.find_element(By.ID, "whatif-note").text)
+
+        js("window.scrollTo(0, 0)")
+        shot = os.path.join(out_dir, "dashboard.png")
+        driver.save_screenshot(shot)
+        assert os.path.getsize(shot) > 10000, "screenshot too small"
+        print("dashboard_browser_test: ok; screenshot %s" % shot)
+        return 0
+    except AssertionError as e:
+        if driver is not None:
+            driver.save_screenshot(os.path.join(out_dir, "dashboard-failure.png"))
+        print("dashboard_browser_test: FAILED: %s" % e)
+        return 1
+    finally:
+        stop.set()
+        if loader is not None:
+            loader.join(timeout=10)
+        if driver is not None:
+            driver.quit()
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        log.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _healthy(port):
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/healthz" % port, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

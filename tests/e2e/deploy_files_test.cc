@@ -72,7 +72,12 @@ class DeployFilesTest : public ::testing::Test {
         "[policy.params]\n\"write-budget:bytes_per_day\" = 123456789\n"
         "\"write-budget:window_ms\" = 3600000\n");
     EXPECT_TRUE(d.Start()) << d.Log();
-    std::string page = kt::HttpRequest(d.http_port(), "GET", "/metrics");
+    // Start() returns once the Unix socket accepts; the HTTP front may bind a moment later.
+    std::string page;
+    for (int i = 0; i < 100 && page.find("\r\n\r\n") == std::string::npos; ++i) {
+      if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      page = kt::HttpRequest(d.http_port(), "GET", "/metrics");
+    }
     size_t body = page.find("\r\n\r\n");
     EXPECT_NE(body, std::string::npos) << page;
     return body == std::string::npos ? "" : page.substr(body + 4);

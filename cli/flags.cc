@@ -39,40 +39,33 @@ bool ParseFiniteDouble(std::string_view text, double min, double max, double* ou
   return true;
 }
 
-void FlagSet::Uint(std::string name, uint64_t* out, std::string help, bool required, uint64_t min,
-                   uint64_t max) {
-  Flag f{std::move(name), "N", std::move(help), required};
-  f.default_text = std::to_string(*out);
+void FlagSet::AddUint(Flag f, uint64_t min, uint64_t max, std::function<void(uint64_t)> store) {
   if (min != 0 || max != UINT64_MAX) {
     f.range_text = std::to_string(min) + ".." + std::to_string(max);
   }
-  f.set = [out, min, max](std::string_view v) {
+  f.set = [store, min, max](std::string_view v) {
     uint64_t value = 0;
     auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
     if (ec != std::errc() || p != v.data() + v.size()) return false;
     if (value < min || value > max) return false;
-    *out = value;
+    store(value);
     return true;
   };
   flags_.push_back(std::move(f));
+}
+
+void FlagSet::Uint(std::string name, uint64_t* out, std::string help, bool required, uint64_t min,
+                   uint64_t max) {
+  Flag f{std::move(name), "N", std::move(help), required};
+  f.default_text = std::to_string(*out);
+  AddUint(std::move(f), min, max, [out](uint64_t v) { *out = v; });
 }
 
 void FlagSet::OptionalUint(std::string name, std::optional<uint64_t>* out, std::string help,
                            std::string default_text, uint64_t min, uint64_t max) {
   Flag f{std::move(name), "N", std::move(help), false};
   f.default_text = std::move(default_text);
-  if (min != 0 || max != UINT64_MAX) {
-    f.range_text = std::to_string(min) + ".." + std::to_string(max);
-  }
-  f.set = [out, min, max](std::string_view v) {
-    uint64_t value = 0;
-    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
-    if (ec != std::errc() || p != v.data() + v.size()) return false;
-    if (value < min || value > max) return false;
-    *out = value;
-    return true;
-  };
-  flags_.push_back(std::move(f));
+  AddUint(std::move(f), min, max, [out](uint64_t v) { *out = v; });
 }
 
 void FlagSet::Double(std::string name, double* out, std::string help, bool required, double min,

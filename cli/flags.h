@@ -59,6 +59,9 @@ class FlagSet {
     std::string default_text;
     std::string range_text;  // "" when any value of the type is accepted
   };
+  // Adds a flag taking an integer in [min, max]; `store` receives each accepted value.
+  void AddUint(Flag f, uint64_t min, uint64_t max, std::function<void(uint64_t)> store);
+
   std::string command_, summary_;
   std::vector<Flag> flags_;
   std::vector<std::string>* positional_ = nullptr;

@@ -64,7 +64,7 @@ std::vector<std::vector<float>> Continue(Engine* e, SequenceState* st, std::vect
 // then the full forward over the rest.
 std::vector<float> CedWithBoundedRings(Engine* e, std::span<const int32_t> tokens,
                                        size_t hit_tokens, SequenceState* st,
-                                       int64_t replay_tokens = 16) {
+                                       int64_t replay_tokens = kDefaultReplayWindows * 16) {
   std::vector<float> logits;
   *st = e->NewSequence();
   EXPECT_TRUE(e->PrefillCed(st, tokens.first(hit_tokens), &logits).ok());
@@ -215,7 +215,7 @@ TEST_F(ResumeTest, BoundedReplayEqualsCedWithBoundedRingRebuild) {
     auto rep = store->Resume(tokens, &r, &rl);
     ASSERT_TRUE(rep.ok());
     EXPECT_FALSE(rep->hot_state_restored);
-    EXPECT_EQ(rep->replay_tokens, 16);
+    EXPECT_EQ(rep->replay_tokens, kDefaultReplayWindows * 16);  // the default, hit >= 2W
     EXPECT_EQ(rep->suffix_tokens, n - static_cast<int64_t>(hit));
     const auto got = Continue(engine_.get(), &r, rl, 64);
     EXPECT_TRUE(SameLogits(got, ref));
@@ -324,7 +324,7 @@ TEST_F(ResumeTest, ResumeAfterRestartEqualsResumeWithoutRestart) {
   EXPECT_EQ(rep->units_used, 3);
   EXPECT_EQ(rep->units_by_tier[2], 3);  // SSD
   EXPECT_FALSE(rep->hot_state_restored);
-  EXPECT_EQ(rep->replay_tokens, 16);
+  EXPECT_EQ(rep->replay_tokens, kDefaultReplayWindows * 16);  // hit 192 >= the default 2W
   EXPECT_TRUE(SameLogits(Continue(engine_.get(), &r, rl, 16), before));
 }
 

@@ -297,7 +297,10 @@ TEST(EngineGolden, TheVectorsDependOnTheCandidatePool) {
     const Diff off = Compare(c, RunCase(c, false));
     std::printf("golden %s without the pool: max |logit diff| %.3g, argmax diffs %d\n",
                 c["name"].get<std::string>().c_str(), off.max_abs, off.argmax_diff);
-    EXPECT_GT(off.max_abs, 100 * Tolerance(c)) << c["name"];
+    // Ten times the tolerance: a disabled pool would fail the comparison above with room to
+    // spare. (The random init moves by 0.57-1.05 without it, the trained checkpoint, whose
+    // logits are smoother, by 0.05-0.2; both agree with the reference to ~1e-5 with it.)
+    EXPECT_GT(off.max_abs, 10 * Tolerance(c)) << c["name"];
   }
   EXPECT_GT(cases, 0);
 }

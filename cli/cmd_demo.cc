@@ -391,6 +391,9 @@ Status RunScenario(const std::string& kvtierd, uint64_t context_tokens, uint64_t
 
 }  // namespace
 
+// cmd_demo_trained.cc: the trained miniature's text and fidelity line.
+Status RunTrainedModelDemo(const std::string& prefix, int threads);
+
 int RunDemo(Args args) {
   FlagSet flags("kvtier demo",
                 "Agent session resume end to end: kvtierd, a 16K-token multi-turn session on "
@@ -406,6 +409,10 @@ int RunDemo(Args args) {
   flags.Uint("fidelity-tokens", &fidelity, "continuation steps compared for fidelity");
   flags.Uint("threads", &threads, "engine CPU threads");
   flags.String("kvtierd", &kvtierd, "PATH", "kvtierd binary (default: next to kvtier)");
+  std::string trained = "deploy/models/kvmini-trained";
+  flags.String("trained-model", &trained, "PREFIX",
+               "trained checkpoint (PREFIX.json, PREFIX.safetensors) for the text and fidelity "
+               "part; 'off' skips it");
   flags.Bool("json", &json, "print the summary as JSON");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (context < 64 || context > kMaxContextTokens || first_turn == 0 || turn_tokens == 0 ||
@@ -432,6 +439,13 @@ int RunDemo(Args args) {
   if (!s.ok()) {
     std::fprintf(stderr, "kvtier demo: %s\n", s.ToString().c_str());
     return 1;
+  }
+  if (!json && trained != "off") {
+    s = RunTrainedModelDemo(trained, static_cast<int>(threads));
+    if (!s.ok()) {
+      std::fprintf(stderr, "kvtier demo: trained model: %s\n", s.ToString().c_str());
+      return 1;
+    }
   }
   return 0;
 }

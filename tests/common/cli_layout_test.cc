@@ -61,4 +61,21 @@ TEST(KvtierDemoCli, RoundTripsAUnitAndExitsZero) {
   EXPECT_NE(demo.out.find("demo OK"), std::string::npos) << demo.out;
 }
 
+// `kvtier demo` end to end on a short session, then its trained-model part: the checkpoint
+// loads, writes text, and exact restore agrees bit for bit with the uninterrupted session.
+TEST(KvtierDemoCli, AgentDemoEndsWithTheTrainedModelsTextAndFidelityLine) {
+  Result demo = RunKvtier(std::string("demo --context-tokens 256 --first-turn-tokens 128 ") +
+                          "--trained-model " + KVTIER_SOURCE_DIR + "/deploy/models/kvmini-trained");
+  ASSERT_EQ(demo.exit_code, 0) << demo.out;
+  EXPECT_NE(demo.out.find("resume vs recompute"), std::string::npos) << demo.out;
+  EXPECT_NE(demo.out.find("== the trained miniature"), std::string::npos) << demo.out;
+  EXPECT_NE(demo.out.find("continuation: "), std::string::npos) << demo.out;
+  EXPECT_NE(demo.out.find("exact restore top-1 1.000 KL 0;"), std::string::npos) << demo.out;
+  Result missing = RunKvtier(
+      "demo --context-tokens 256 --first-turn-tokens 128 "
+      "--trained-model /nonexistent/model");
+  EXPECT_EQ(missing.exit_code, 1) << missing.out;
+  EXPECT_NE(missing.out.find("trained model"), std::string::npos) << missing.out;
+}
+
 }  // namespace

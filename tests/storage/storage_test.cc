@@ -254,7 +254,13 @@ TEST_P(SsdTierTest, SyncRestartServesEveryUnitIdentically) {
     EXPECT_EQ(out, MakeValue(k, 1, 1000 + i * 97 % 30000));
   }
   EXPECT_EQ(tm->GetStats().ssd.objects, static_cast<uint64_t>(kUnits));
+  // Tenant accounting follows the background index load: its last batch is reported just
+  // after the SSD tier holds it, so wait (bounded) for the report rather than race it.
   auto stats = tm->GetStats();
+  for (int i = 0; i < 500 && stats.tenant_bytes.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    stats = tm->GetStats();
+  }
   ASSERT_EQ(stats.tenant_bytes.size(), 1u);
   EXPECT_GT(stats.tenant_bytes[0].second, 0u);
 }

@@ -19,6 +19,21 @@
 namespace kvtier::daemon {
 namespace {
 
+// After an SSL_read/SSL_write that returned r <= 0: sets *tcp_in or *tcp_out for the wait
+// OpenSSL asks for; returns false when the connection is over (close_notify, TCP close, or
+// a failure).
+bool WaitFor(SSL* ssl, int r, bool* tcp_in, bool* tcp_out) {
+  const int err = SSL_get_error(ssl, r);
+  if (err == SSL_ERROR_WANT_READ) {
+    *tcp_in = true;
+  } else if (err == SSL_ERROR_WANT_WRITE) {
+    *tcp_out = true;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // OpenSSL's most recent error as text (and clears the queue).
 std::string SslError() {
   unsigned long e = ERR_get_error();
@@ -188,16 +203,9 @@ class TlsTunnel::Impl {
           up_off += static_cast<size_t>(r);
           if (up_off == up_len) up_off = up_len = 0;
           progress = true;
-        } else {
-          int err = SSL_get_error(ssl_, r);
-          if (err == SSL_ERROR_WANT_READ) {
-            tcp_in = true;
-          } else if (err == SSL_ERROR_WANT_WRITE) {
-            tcp_out = true;
-          } else {
-            tls_eof = true;  // the connection failed: nothing more can be sent
-            up_off = up_len = 0;
-          }
+        } else if (!WaitFor(ssl_, r, &tcp_in, &tcp_out)) {
+          tls_eof = true;  // the connection failed: nothing more can be sent
+          up_off = up_len = 0;
         }
       }
       // One SSL_read returns at most one record (16 KiB): fill the buffer with as many as
@@ -209,14 +217,7 @@ class TlsTunnel::Impl {
           down_len += static_cast<size_t>(r);
           progress = true;
         } else {
-          int err = SSL_get_error(ssl_, r);
-          if (err == SSL_ERROR_WANT_READ) {
-            tcp_in = true;
-          } else if (err == SSL_ERROR_WANT_WRITE) {
-            tcp_out = true;
-          } else {
-            tls_eof = true;  // close_notify, a bare TCP close, or a failure
-          }
+          if (!WaitFor(ssl_, r, &tcp_in, &tcp_out)) tls_eof = true;  // close_notify, TCP close
           break;
         }
       }

@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -30,19 +29,26 @@ constexpr char kFidelityText[] =
     "tokens. The question is whether the next words it predicts are the ones it would have "
     "predicted had the session never left memory. This demo measures it on this very text.";
 
-StatusOr<std::string> ReadText(const std::string& path) {
+// A model config is a few KB; anything past this is not one.
+constexpr size_t kMaxConfigBytes = 1 << 20;
+
+StatusOr<std::string> ReadConfig(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::NotFound("cannot open " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxConfigBytes) {
+    return Status::InvalidArgument(path + " is larger than 1 MiB: not a model config");
+  }
+  return text;
 }
 
 }  // namespace
 
 // Runs the trained-model part of the demo from `<prefix>.json` and `<prefix>.safetensors`.
 Status RunTrainedModelDemo(const std::string& prefix, int threads) {
-  KVTIER_ASSIGN_OR_RETURN(std::string config_json, ReadText(prefix + ".json"));
+  KVTIER_ASSIGN_OR_RETURN(std::string config_json, ReadConfig(prefix + ".json"));
   KVTIER_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::ParseEngineConfig(config_json));
   KVTIER_ASSIGN_OR_RETURN(engine::ModelWeights w,
                           engine::LoadWeights(cfg, prefix + ".safetensors"));

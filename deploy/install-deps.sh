@@ -45,7 +45,16 @@ PACKAGES=(
   systemd python3-yaml
   # the dashboard page's plotting library (embedded into kvtierd) and its browser test
   libjs-dygraphs chromium chromium-driver python3-selenium
+  # the cluster's coordinator: tests start their own etcd on loopback ports
+  etcd-server etcd-client
+  # the engine's matmul benchmark runs OpenBLAS sgemm beside it
+  libopenblas-dev
 )
+# The serving tests drive the server with the official OpenAI SDK (Node.js). Debian 12's nodejs
+# and npm do; a node that brings its own npm (e.g. a NodeSource build) is kept as it is.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  PACKAGES+=(nodejs npm)
+fi
 TORCH_PACKAGES=(python3-torch python3-numpy libopenblas0-pthread)
 if [[ $WITH_TORCH -eq 1 ]]; then
   PACKAGES+=("${TORCH_PACKAGES[@]}")
@@ -86,6 +95,6 @@ $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 # The Debian redis-server and prometheus packages start system services on
 # install; kvtier's benchmarks start their own instances on free ports.
 if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
-  $SUDO systemctl disable --now redis-server prometheus >/dev/null 2>&1 || true
+  $SUDO systemctl disable --now redis-server prometheus etcd >/dev/null 2>&1 || true
 fi
 echo "install-deps: done" >&2

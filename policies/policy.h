@@ -111,6 +111,9 @@ class AdmissionPolicy {
 struct PolicyParams {
   std::vector<std::pair<std::string, std::string>> values;
   uint64_t seed = 42;
+  // Introspection only: when set, a factory appends every key it reads (see
+  // EvictionPolicyParamKeys). Never owned.
+  std::vector<std::string>* keys_read = nullptr;
 };
 
 // Factories over every built-in policy (policies/registry.cc). Names: see
@@ -120,6 +123,9 @@ StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view na
 StatusOr<std::unique_ptr<AdmissionPolicy>> MakeAdmissionPolicy(std::string_view name,
                                                                const PolicyParams& params = {});
 std::vector<std::string> EvictionPolicyNames();
+// The parameter keys eviction policy `name` takes (empty for a policy without parameters or an
+// unknown name).
+std::vector<std::string> EvictionPolicyParamKeys(std::string_view name);
 std::vector<std::string> AdmissionPolicyNames();
 
 }  // namespace kvtier::policies

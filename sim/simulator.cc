@@ -332,6 +332,8 @@ SimResult Replay::Run() {
   for (const auto& r : trace_.requests) {
     now_us_ = r.ts_ms * 1000;
     ++res_.requests;
+    dram_.policy->OnRequest(now_us_);
+    if (ssd_.capacity > 0) ssd_.policy->OnRequest(now_us_);
     if (options_.structure == Structure::kPrefix && r.op != TraceOp::kDelete &&
         r.op != TraceOp::kPut) {
       if (options_.progress) {

@@ -8,6 +8,7 @@
 //    DRAM and keeps its SSD copy) or a miss (the unit is inserted into DRAM, the engine having
 //    recomputed it). kvtier "put" inserts units not cached (no hit/miss counted); "delete"
 //    removes them from both tiers.
+//  * Every request begins with OnRequest(its time) on each tier's policy.
 //  * Inserting into a full tier first calls OnMiss, then Evict until there is room (victims
 //    are chosen among cached units, never the incoming one), then OnInsert.
 //  * A unit evicted from DRAM and not already on SSD is offered to the admission policy; if

@@ -173,11 +173,21 @@ std::string FormatSvg(const std::vector<ReportRow>& rows, const std::string& tit
                 (kL + kW - kR) / 2, kH - 12, (kT + kH - kB) / 2, (kT + kH - kB) / 2,
                 miss ? "block miss ratio" : "prefix-token hit ratio");
   s += buf;
+  // One colour per policy; its run under the prefix structure is the same colour, dashed.
+  std::map<std::string, size_t> color_of;
+  for (const auto& [name, pts] : lines) {
+    (void)pts;
+    const std::string base = name.substr(0, name.find('+'));
+    color_of.emplace(base, color_of.size());
+  }
   size_t i = 0;
   for (auto& [name, pts] : lines) {
     std::sort(pts.begin(), pts.end());
-    const char* color = kColors[i % 10];
-    s += "<polyline fill=\"none\" stroke-width=\"2\" stroke=\"";
+    const size_t plus = name.find('+');
+    const char* color = kColors[color_of[name.substr(0, plus)] % 10];
+    s += "<polyline fill=\"none\" stroke-width=\"2\" ";
+    if (plus != std::string::npos) s += "stroke-dasharray=\"6,3\" ";
+    s += "stroke=\"";
     s += color;
     s += "\" points=\"";
     for (const auto& [x, y] : pts) {

@@ -3,6 +3,7 @@
 // agent workload in the Mooncake format. See docs/POLICIES.md.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -33,13 +34,17 @@ bool ParseParams(const std::string& text, uint64_t seed, policies::PolicyParams*
   return true;
 }
 
-// --param for a list of policies: `K=V` applies to every listed policy, `POLICY:K=V` only to
-// that one (which must be listed). Fills one PolicyParams per name, in the order of `names`.
+// --param for a list of policies: `POLICY:K=V` reaches only that policy (which must be listed);
+// an unscoped `K=V` reaches every listed policy that takes key K and is skipped for the others
+// (so `--policy lru,long-tail --param decay=0.8` tunes long-tail and leaves lru alone); it is an
+// error only when no listed policy takes K. Fills one PolicyParams per name, in `names` order.
 bool ParsePolicyParams(const std::string& text, uint64_t seed,
                        const std::vector<std::string>& names,
                        std::vector<policies::PolicyParams>* out) {
   out->assign(names.size(), policies::PolicyParams{});
   for (auto& p : *out) p.seed = seed;
+  std::vector<std::vector<std::string>> keys;
+  for (const std::string& name : names) keys.push_back(policies::EvictionPolicyParamKeys(name));
   for (const std::string& item : SplitComma(text)) {
     size_t eq = item.find('=');
     size_t colon = item.find(':');
@@ -53,17 +58,27 @@ bool ParsePolicyParams(const std::string& text, uint64_t seed,
       std::fprintf(stderr, "kvtier sim: parameter '%s' is not [POLICY:]key=value\n", item.c_str());
       return false;
     }
-    bool used = false;
+    const std::string key = kv.substr(0, eq);
+    bool listed = false, used = false;
     for (size_t i = 0; i < names.size(); ++i) {
       if (!scope.empty() && scope != names[i]) continue;
-      (*out)[i].values.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+      listed = true;
+      // A scoped key always reaches its policy, whose factory then names an unknown key.
+      if (scope.empty() && std::find(keys[i].begin(), keys[i].end(), key) == keys[i].end()) {
+        continue;
+      }
+      (*out)[i].values.emplace_back(key, kv.substr(eq + 1));
       used = true;
     }
-    if (!used) {
+    if (!listed) {
       std::fprintf(stderr,
                    "kvtier sim: parameter '%s' names policy '%s', which --policy does "
                    "not list\n",
                    item.c_str(), scope.c_str());
+      return false;
+    }
+    if (!used) {
+      std::fprintf(stderr, "kvtier sim: no policy in --policy takes parameter '%s'\n", key.c_str());
       return false;
     }
   }
@@ -188,7 +203,7 @@ int RunSim(Args args) {
   std::string trace_path, format = "auto", policy_list = "lru", params_text, fractions, units,
                           bytes, ssd_fraction, ssd_units, ssd_bytes, ssd_policy = "lru",
                           ssd_params_text, admission = "admit-all", admission_params_text,
-                          curve_out;
+                          curve_out, structure_list = "plain";
   uint64_t block_tokens = 512, unit_tokens = 0, bytes_per_token = 890, seed = 42;
   double price_uncached = 0.28, price_cached = -1;
   bool json = false, no_progress = false;
@@ -205,7 +220,10 @@ int RunSim(Args args) {
   flags.String("policy", &policy_list, "NAME[,NAME]",
                "DRAM eviction policies (lru fifo lfu arc s3fifo sieve gdsf ttl long-tail belady)");
   flags.String("param", &params_text, "[P:]K=V[,...]",
-               "parameters for the DRAM policies; P: limits one to policy P");
+               "DRAM policy parameters: K=V reaches each listed policy taking K, P:K=V only P");
+  flags.String("structure", &structure_list, "plain|prefix[,..]",
+               "plain: libCacheSim's replay; prefix: partial blocks uncached, leaf-first "
+               "eviction (docs/POLICIES.md); both: one row per structure");
   flags.Uint("seed", &seed, "seed for randomised policies");
   flags.String("capacity-fraction", &fractions, "F[,F]",
                "DRAM capacity: fractions of unique units");
@@ -272,6 +290,23 @@ int RunSim(Args args) {
     std::fprintf(stderr, "kvtier sim: 1..%zu policy x capacity points\n", kMaxSweepPoints);
     return 2;
   }
+  std::vector<sim::Structure> structures;
+  for (const std::string& st : SplitComma(structure_list)) {
+    if (st == "plain") {
+      structures.push_back(sim::Structure::kPlain);
+    } else if (st == "prefix") {
+      structures.push_back(sim::Structure::kPrefix);
+    } else {
+      std::fprintf(stderr, "kvtier sim: '--structure' wants plain or prefix, got '%s'\n",
+                   st.c_str());
+      return 2;
+    }
+  }
+  if (structures.empty() || structures.size() * names.size() * dram.size() > kMaxSweepPoints) {
+    std::fprintf(stderr, "kvtier sim: 1..%zu structure x policy x capacity points\n",
+                 kMaxSweepPoints);
+    return 2;
+  }
   std::vector<policies::PolicyParams> policy_params;
   if (!ParsePolicyParams(params_text, seed, names, &policy_params) ||
       !ParseParams(ssd_params_text, seed, &base.ssd_policy_params) ||
@@ -280,24 +315,27 @@ int RunSim(Args args) {
   }
   const bool show_progress = !no_progress && isatty(STDERR_FILENO) != 0;
   std::vector<sim::ReportRow> rows;
-  for (size_t n = 0; n < names.size(); ++n) {
-    const std::string& name = names[n];
-    for (const Capacity& c : dram) {
-      sim::SimOptions o = base;
-      o.policy = name;
-      o.policy_params = policy_params[n];
-      o.dram_capacity_units = c.units;
-      if (show_progress) o.progress = Progress;
-      auto r = sim::Simulate(*units_trace, o);
-      if (!r.ok()) {
-        std::fprintf(stderr, "kvtier sim: %s\n", r.status().ToString().c_str());
-        return 2;
+  for (sim::Structure structure : structures) {
+    for (size_t n = 0; n < names.size(); ++n) {
+      const std::string& name = names[n];
+      for (const Capacity& c : dram) {
+        sim::SimOptions o = base;
+        o.structure = structure;
+        o.policy = name;
+        o.policy_params = policy_params[n];
+        o.dram_capacity_units = c.units;
+        if (show_progress) o.progress = Progress;
+        auto r = sim::Simulate(*units_trace, o);
+        if (!r.ok()) {
+          std::fprintf(stderr, "kvtier sim: %s\n", r.status().ToString().c_str());
+          return 2;
+        }
+        rows.push_back({*r, c.fraction});
       }
-      rows.push_back({*r, c.fraction});
     }
   }
   if (!curve_out.empty()) {
-    if (auto st = sim::WriteCurves(rows, curve_out, "miss ratio: " + trace_path); !st.ok()) {
+    if (auto st = sim::WriteCurves(rows, curve_out, trace_path); !st.ok()) {
       std::fprintf(stderr, "kvtier sim: %s\n", st.ToString().c_str());
       return 1;
     }

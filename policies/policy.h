@@ -13,6 +13,7 @@
 //   OnAccess(id)            a hit
 //   Evict() -> id           the policy chooses a victim, forgets it, and returns it; the owner
 //                           must then drop or demote that object
+//   OnRequest(now)          (optional) the calls that follow belong to one new request
 //   OnRemove(id)            the object left for another reason (delete, expiry, checksum
 //                           failure, pinned: a pinned object is removed from its policy and
 //                           re-inserted on unpin, so that Evict never returns a pinned object)
@@ -70,6 +71,12 @@ class EvictionPolicy {
   // it (ARC, S3-FIFO) otherwise infer it from the number of objects tracked at the first
   // eviction. Default: no-op.
   virtual void OnCapacity(uint64_t capacity_objects) { (void)capacity_objects; }
+  // Optional hint: a request (one engine prefill; one batch get or put) begins at now_us, and
+  // every call until the next OnRequest belongs to it. Owners that call it pass this now_us
+  // to the request's calls. Lets structure-aware policies (long-tail) see request boundaries
+  // instead of guessing them from parent links, which concurrent sessions interleave. Owners
+  // that never call it get the guess. Default: no-op.
+  virtual void OnRequest(uint64_t now_us) { (void)now_us; }
   // Chooses a victim among tracked objects, stops tracking it and returns it; nullopt when
   // nothing is tracked.
   virtual std::optional<ObjectId> Evict(uint64_t now_us) = 0;
@@ -111,6 +118,9 @@ class AdmissionPolicy {
 struct PolicyParams {
   std::vector<std::pair<std::string, std::string>> values;
   uint64_t seed = 42;
+  // Introspection only: when set, a factory appends every key it reads (see
+  // EvictionPolicyParamKeys). Never owned.
+  std::vector<std::string>* keys_read = nullptr;
 };
 
 // Factories over every built-in policy (policies/registry.cc). Names: see
@@ -120,6 +130,9 @@ StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view na
 StatusOr<std::unique_ptr<AdmissionPolicy>> MakeAdmissionPolicy(std::string_view name,
                                                                const PolicyParams& params = {});
 std::vector<std::string> EvictionPolicyNames();
+// The parameter keys eviction policy `name` takes (empty for a policy without parameters or an
+// unknown name).
+std::vector<std::string> EvictionPolicyParamKeys(std::string_view name);
 std::vector<std::string> AdmissionPolicyNames();
 
 }  // namespace kvtier::policies

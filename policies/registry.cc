@@ -71,6 +71,7 @@ const std::vector<AdmissionEntry>& AdmissionTable() {
 PolicyParams ParamsFor(std::string_view name, const PolicyParams& params) {
   PolicyParams out;
   out.seed = params.seed;
+  out.keys_read = params.keys_read;
   for (const auto& [key, value] : params.values) {
     const size_t colon = key.find(':');
     if (colon == std::string::npos) {
@@ -104,6 +105,14 @@ std::vector<std::string> EvictionPolicyNames() {
   std::vector<std::string> out;
   for (const auto& e : EvictionTable()) out.emplace_back(e.name);
   return out;
+}
+
+std::vector<std::string> EvictionPolicyParamKeys(std::string_view name) {
+  std::vector<std::string> keys;
+  PolicyParams probe;
+  probe.keys_read = &keys;
+  (void)MakeEvictionPolicy(name, probe);  // defaults only: cannot fail for a known name
+  return keys;
 }
 
 std::vector<std::string> AdmissionPolicyNames() {

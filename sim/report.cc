@@ -31,6 +31,10 @@ Status WriteFile(const std::string& path, const std::string& text) {
 
 }  // namespace
 
+std::string Label(const SimResult& r) {
+  return r.structure == Structure::kPrefix ? r.policy + "+prefix" : r.policy;
+}
+
 std::string FormatJson(const std::vector<ReportRow>& rows, const std::string& trace_path) {
   nlohmann::ordered_json out;
   out["trace"] = trace_path;
@@ -39,10 +43,16 @@ std::string FormatJson(const std::vector<ReportRow>& rows, const std::string& tr
     const SimResult& r = row.result;
     nlohmann::ordered_json j;
     j["policy"] = r.policy;
+    j["structure"] = r.structure == Structure::kPrefix ? "prefix" : "plain";
     j["capacity_blocks"] = r.capacity_units;
     if (row.capacity_fraction >= 0) j["capacity_fraction"] = row.capacity_fraction;
-    j["block_miss_ratio"] = r.block_miss_ratio;
     j["prefix_token_hit_ratio"] = r.prefix_token_hit_ratio;
+    j["money_saved_usd"] = r.money_saved_usd;
+    j["block_miss_ratio"] = r.block_miss_ratio;
+    j["partial_refs"] = r.partial_refs;
+    j["leaf_swaps"] = r.leaf_swaps;
+    j["orphans_dropped"] = r.orphans_dropped;
+    j["unusable_hits"] = r.unusable_hits;
     j["unique_blocks"] = r.unique_units;
     j["requests"] = r.requests;
     j["block_refs"] = r.read_refs;
@@ -61,7 +71,6 @@ std::string FormatJson(const std::vector<ReportRow>& rows, const std::string& tr
     j["prefill_tokens_saved"] = r.prefix_hit_tokens;
     j["cost_no_cache_usd"] = r.cost_no_cache_usd;
     j["cost_with_cache_usd"] = r.cost_with_cache_usd;
-    j["money_saved_usd"] = r.money_saved_usd;
     results.push_back(std::move(j));
   }
   return out.dump(2) + "\n";
@@ -70,20 +79,19 @@ std::string FormatJson(const std::vector<ReportRow>& rows, const std::string& tr
 std::string FormatText(const std::vector<ReportRow>& rows) {
   std::string s;
   char buf[512];
-  std::snprintf(buf, sizeof(buf), "%-10s %9s %10s %8s %8s %10s %10s %12s %10s\n", "policy",
-                "fraction", "capacity", "miss", "prefix", "dram_hits", "ssd_hits", "ssd_written",
-                "saved_usd");
+  std::snprintf(buf, sizeof(buf), "%-17s %9s %10s %8s %10s %8s %10s %10s %12s\n", "policy",
+                "fraction", "capacity", "prefix", "saved_usd", "miss", "dram_hits", "ssd_hits",
+                "ssd_written");
   s += buf;
   for (const auto& row : rows) {
     const SimResult& r = row.result;
     std::string frac = row.capacity_fraction >= 0 ? Fmt("%.4f", row.capacity_fraction) : "-";
-    std::snprintf(buf, sizeof(buf), "%-10s %9s %10llu %8.4f %8.4f %10llu %10llu %12s %10.4f\n",
-                  r.policy.c_str(), frac.c_str(), static_cast<unsigned long long>(r.capacity_units),
-                  r.block_miss_ratio, r.prefix_token_hit_ratio,
+    std::snprintf(buf, sizeof(buf), "%-17s %9s %10llu %8.4f %10.4f %8.4f %10llu %10llu %12s\n",
+                  Label(r).c_str(), frac.c_str(), static_cast<unsigned long long>(r.capacity_units),
+                  r.prefix_token_hit_ratio, r.money_saved_usd, r.block_miss_ratio,
                   static_cast<unsigned long long>(r.dram_hits),
                   static_cast<unsigned long long>(r.ssd_hits),
-                  (Fmt("%.3f", static_cast<double>(r.ssd_bytes_written) / 1e9) + " GB").c_str(),
-                  r.money_saved_usd);
+                  (Fmt("%.3f", static_cast<double>(r.ssd_bytes_written) / 1e9) + " GB").c_str());
     s += buf;
   }
   return s;
@@ -96,7 +104,7 @@ std::string FormatCsv(const std::vector<ReportRow>& rows) {
   char buf[256];
   for (const auto& row : rows) {
     const SimResult& r = row.result;
-    std::snprintf(buf, sizeof(buf), "%s,%.6f,%llu,%.6f,%.6f,%llu,%.6f\n", r.policy.c_str(),
+    std::snprintf(buf, sizeof(buf), "%s,%.6f,%llu,%.6f,%.6f,%llu,%.6f\n", Label(r).c_str(),
                   row.capacity_fraction, static_cast<unsigned long long>(r.capacity_units),
                   r.block_miss_ratio, r.prefix_token_hit_ratio,
                   static_cast<unsigned long long>(r.ssd_bytes_written), r.money_saved_usd);
@@ -105,13 +113,15 @@ std::string FormatCsv(const std::vector<ReportRow>& rows) {
   return s;
 }
 
-std::string FormatSvg(const std::vector<ReportRow>& rows, const std::string& title) {
+std::string FormatSvg(const std::vector<ReportRow>& rows, const std::string& title,
+                      CurveMetric metric) {
+  const bool miss = metric == CurveMetric::kBlockMissRatio;
   constexpr double kW = 640, kH = 400, kL = 60, kR = 150, kT = 40, kB = 50;
   std::map<std::string, std::vector<std::pair<double, double>>> lines;
   double xmax = 0, ymin = 1, ymax = 0;
   for (const auto& row : rows) {
-    double x = XOf(row), y = row.result.block_miss_ratio;
-    lines[row.result.policy].emplace_back(x, y);
+    double x = XOf(row), y = miss ? row.result.block_miss_ratio : row.result.prefix_token_hit_ratio;
+    lines[Label(row.result)].emplace_back(x, y);
     xmax = std::max(xmax, x);
     ymin = std::min(ymin, y);
     ymax = std::max(ymax, y);
@@ -159,14 +169,25 @@ std::string FormatSvg(const std::vector<ReportRow>& rows, const std::string& tit
   std::snprintf(buf, sizeof(buf),
                 "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">cache size (fraction of unique "
                 "blocks)</text>\n<text x=\"14\" y=\"%g\" transform=\"rotate(-90 14 %g)\" "
-                "text-anchor=\"middle\">block miss ratio</text>\n",
-                (kL + kW - kR) / 2, kH - 12, (kT + kH - kB) / 2, (kT + kH - kB) / 2);
+                "text-anchor=\"middle\">%s</text>\n",
+                (kL + kW - kR) / 2, kH - 12, (kT + kH - kB) / 2, (kT + kH - kB) / 2,
+                miss ? "block miss ratio" : "prefix-token hit ratio");
   s += buf;
+  // One colour per policy; its run under the prefix structure is the same colour, dashed.
+  std::map<std::string, size_t> color_of;
+  for (const auto& [name, pts] : lines) {
+    (void)pts;
+    const std::string base = name.substr(0, name.find('+'));
+    color_of.emplace(base, color_of.size());
+  }
   size_t i = 0;
   for (auto& [name, pts] : lines) {
     std::sort(pts.begin(), pts.end());
-    const char* color = kColors[i % 10];
-    s += "<polyline fill=\"none\" stroke-width=\"2\" stroke=\"";
+    const size_t plus = name.find('+');
+    const char* color = kColors[color_of[name.substr(0, plus)] % 10];
+    s += "<polyline fill=\"none\" stroke-width=\"2\" ";
+    if (plus != std::string::npos) s += "stroke-dasharray=\"6,3\" ";
+    s += "stroke=\"";
     s += color;
     s += "\" points=\"";
     for (const auto& [x, y] : pts) {
@@ -186,7 +207,9 @@ std::string FormatSvg(const std::vector<ReportRow>& rows, const std::string& tit
 Status WriteCurves(const std::vector<ReportRow>& rows, const std::string& prefix,
                    const std::string& title) {
   KVTIER_RETURN_IF_ERROR(WriteFile(prefix + ".csv", FormatCsv(rows)));
-  return WriteFile(prefix + ".svg", FormatSvg(rows, title));
+  KVTIER_RETURN_IF_ERROR(WriteFile(prefix + ".svg", FormatSvg(rows, "miss ratio: " + title)));
+  return WriteFile(prefix + "_prefix.svg", FormatSvg(rows, "prefix-token hit ratio: " + title,
+                                                     CurveMetric::kPrefixTokenHitRatio));
 }
 
 }  // namespace kvtier::sim

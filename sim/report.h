@@ -21,11 +21,17 @@ struct ReportRow {
 std::string FormatJson(const std::vector<ReportRow>& rows, const std::string& trace_path);
 std::string FormatText(const std::vector<ReportRow>& rows);
 std::string FormatCsv(const std::vector<ReportRow>& rows);
-// Block miss ratio against capacity (fraction of unique units when known), one line per
-// policy, as a self-contained SVG document.
-std::string FormatSvg(const std::vector<ReportRow>& rows, const std::string& title);
+// "lru", or "lru+prefix" for a run under the prefix structure (SimOptions::structure).
+std::string Label(const SimResult& r);
 
-// Writes PREFIX.csv and PREFIX.svg. IOError if either cannot be written.
+enum class CurveMetric : uint8_t { kBlockMissRatio, kPrefixTokenHitRatio };
+// A metric against capacity (fraction of unique units when known), one line per policy and
+// structure, as a self-contained SVG document.
+std::string FormatSvg(const std::vector<ReportRow>& rows, const std::string& title,
+                      CurveMetric metric = CurveMetric::kBlockMissRatio);
+
+// Writes PREFIX.csv, PREFIX.svg (block miss ratio) and PREFIX_prefix.svg (prefix-token hit
+// ratio); `title` names the trace. IOError if any cannot be written.
 Status WriteCurves(const std::vector<ReportRow>& rows, const std::string& prefix,
                    const std::string& title);
 

@@ -1,5 +1,6 @@
 #include "sim/simulator.h"
 
+#include <algorithm>
 #include <memory>
 #include <unordered_map>
 
@@ -144,6 +145,18 @@ StatusOr<UnitTrace> BuildUnitTrace(const Trace& trace, const UnitMapping& mappin
       }
     }
   }
+  // Recompute cost: units are numbered in first-reference order, so a parent precedes its
+  // children and one forward pass gives every unit its prefix length.
+  std::vector<uint64_t> prefix_tokens(out.parent.size(), 0);
+  out.recompute_tokens.resize(out.parent.size());
+  for (size_t u = 0; u < out.parent.size(); ++u) {
+    const uint32_t p = out.parent[u];
+    if (p != 0 && p - 1 < u) prefix_tokens[u] = prefix_tokens[p - 1] + out.unit_tokens[p - 1];
+    const double cost =
+        static_cast<double>(out.unit_tokens[u]) *
+        (1.0 + static_cast<double>(prefix_tokens[u]) / static_cast<double>(kAttentionTokens));
+    out.recompute_tokens[u] = static_cast<uint32_t>(std::min<double>(cost, UINT32_MAX));
+  }
   uint64_t bytes = 0;
   for (size_t u = 0; u < read.size(); ++u) {
     if (read[u]) ++out.unique_units;
@@ -160,6 +173,7 @@ struct Tier {
   std::unique_ptr<EvictionPolicy> policy;
   BeladyPolicy* belady = nullptr;
   uint64_t capacity = 0;
+  std::vector<uint32_t> cached_children;  // kPrefix: per unit, its children cached here
 };
 
 StatusOr<Tier> MakeTier(const std::string& name, const policies::PolicyParams& params,
@@ -187,7 +201,24 @@ class Replay {
         dram_(std::move(dram)),
         ssd_(std::move(ssd)),
         admission_(std::move(admission)),
-        last_next_(trace.parent.size(), UnitTrace::kNoNext) {}
+        last_next_(trace.parent.size(), UnitTrace::kNoNext) {
+    if (options_.structure == Structure::kPrefix) {
+      dram_.cached_children.assign(trace.parent.size(), 0);
+      in_request_.assign(trace.parent.size(), 0);
+      ssd_.cached_children.assign(trace.parent.size(), 0);
+      // Children lists (CSR) for the deepest-descendant walk.
+      child_begin_.assign(trace.parent.size() + 1, 0);
+      for (uint32_t p : trace.parent) {
+        if (p != 0) ++child_begin_[p];
+      }
+      for (size_t u = 1; u < child_begin_.size(); ++u) child_begin_[u] += child_begin_[u - 1];
+      children_.resize(child_begin_.back());
+      std::vector<uint32_t> fill(child_begin_.begin(), child_begin_.end() - 1);
+      for (uint32_t u = 0; u < trace.parent.size(); ++u) {
+        if (trace.parent[u] != 0) children_[fill[trace.parent[u] - 1]++] = u;
+      }
+    }
+  }
 
   SimResult Run();
 
@@ -197,7 +228,7 @@ class Replay {
     return ObjectInfo{.id = u + 1ull,
                       .size_bytes = trace_.size_bytes[u],
                       .parent_id = p == 0 ? policies::kNoParent : static_cast<ObjectId>(p),
-                      .recompute_tokens = trace_.unit_tokens[u],
+                      .recompute_tokens = trace_.recompute_tokens[u],
                       .kind = policies::ObjectKind::kGlobalKv};
   }
   void Hint(Tier& tier, uint32_t u) {
@@ -205,12 +236,25 @@ class Replay {
   }
   void InsertInto(Tier& tier, uint32_t u, bool demote_victims);
   void Demote(ObjectId victim);
+  // kPrefix: the cached-children counts follow every insert and removal.
+  void Track(Tier& tier, uint32_t u, int delta) {
+    if (tier.cached_children.empty() || trace_.parent[u] == 0) return;
+    uint32_t& n = tier.cached_children[trace_.parent[u] - 1];
+    n = delta > 0 ? n + 1 : n - 1;
+  }
+  // kPrefix: the policy chose `victim` (already forgotten by it); returns the unit to evict.
+  ObjectId LeafFirst(Tier& tier, ObjectId victim);
+  void RunPrefixRequest(const UnitTrace::Request& r);
 
   const UnitTrace& trace_;
   const SimOptions& options_;
   Tier dram_, ssd_;
   std::unique_ptr<AdmissionPolicy> admission_;
-  std::vector<uint32_t> last_next_;  // per unit: next read after the latest reference
+  std::vector<uint32_t> last_next_;               // per unit: next read after the latest reference
+  std::vector<uint32_t> child_begin_, children_;  // kPrefix: children of unit u
+  std::vector<uint8_t> outcome_;                  // kPrefix: per ref of a request
+  std::vector<uint32_t> in_request_;  // kPrefix: per unit, stamp of the last request using it
+  uint32_t request_stamp_ = 0, request_units_ = 0;
   uint64_t now_us_ = 0;
   SimResult res_;
 };
@@ -219,13 +263,54 @@ void Replay::InsertInto(Tier& tier, uint32_t u, bool demote_victims) {
   if (tier.capacity == 0) return;
   tier.policy->OnMiss(u + 1ull, now_us_);
   // Bounded: each Evict removes one tracked object.
+  uint64_t given_back = 0;
   while (tier.policy->Size() >= tier.capacity) {
     std::optional<ObjectId> victim = tier.policy->Evict(now_us_);
     if (!victim) break;
+    if (!tier.cached_children.empty()) {
+      // kPrefix: the running request holds its units (as an engine does while it runs); a
+      // victim among them is given back, at most once per unit of the request.
+      const uint32_t v = static_cast<uint32_t>(*victim - 1);
+      if (in_request_[v] == request_stamp_ && given_back < request_units_) {
+        ++given_back;
+        tier.policy->OnRemove(*victim);  // forget any ghost entry
+        Hint(tier, v);
+        tier.policy->OnInsert(Info(v), now_us_);
+        continue;
+      }
+      victim = LeafFirst(tier, *victim);
+    }
+    Track(tier, static_cast<uint32_t>(*victim - 1), -1);
     if (demote_victims) Demote(*victim);
   }
   Hint(tier, u);
   tier.policy->OnInsert(Info(u), now_us_);
+  Track(tier, u, +1);
+}
+
+ObjectId Replay::LeafFirst(Tier& tier, ObjectId victim) {
+  uint32_t v = static_cast<uint32_t>(victim - 1);
+  if (tier.cached_children[v] == 0) return victim;
+  // Bounded by the chain's depth; each step scans one unit's children.
+  uint32_t leaf = v;
+  while (tier.cached_children[leaf] > 0) {
+    uint32_t next = leaf;
+    for (uint32_t k = child_begin_[leaf]; k < child_begin_[leaf + 1]; ++k) {
+      if (tier.policy->Contains(children_[k] + 1ull)) {
+        next = children_[k];
+        break;
+      }
+    }
+    if (next == leaf) break;  // counts and policy disagree: cannot happen, stop safely
+    leaf = next;
+  }
+  if (leaf == v) return victim;
+  ++res_.leaf_swaps;
+  tier.policy->OnRemove(leaf + 1ull);
+  tier.policy->OnRemove(victim);  // forget any ghost entry: the victim stays cached
+  Hint(tier, v);
+  tier.policy->OnInsert(Info(v), now_us_);
+  return leaf + 1ull;
 }
 
 void Replay::Demote(ObjectId victim) {
@@ -247,6 +332,20 @@ SimResult Replay::Run() {
   for (const auto& r : trace_.requests) {
     now_us_ = r.ts_ms * 1000;
     ++res_.requests;
+    dram_.policy->OnRequest(now_us_);
+    if (ssd_.capacity > 0) ssd_.policy->OnRequest(now_us_);
+    if (options_.structure == Structure::kPrefix && r.op != TraceOp::kDelete &&
+        r.op != TraceOp::kPut) {
+      if (options_.progress) {
+        for (uint32_t k = 0; k < r.num_refs; ++k) {
+          if (++done % progress_step == 0) {
+            options_.progress(static_cast<double>(done) / static_cast<double>(total));
+          }
+        }
+      }
+      RunPrefixRequest(r);
+      continue;
+    }
     bool prefix_alive = true;
     for (uint32_t k = 0; k < r.num_refs; ++k) {
       const uint32_t t = r.first_ref + k;
@@ -256,6 +355,8 @@ SimResult Replay::Run() {
         options_.progress(static_cast<double>(done) / static_cast<double>(total));
       }
       if (r.op == TraceOp::kDelete) {
+        if (dram_.policy->Contains(id)) Track(dram_, u, -1);
+        if (ssd_.capacity > 0 && ssd_.policy->Contains(id)) Track(ssd_, u, -1);
         dram_.policy->OnRemove(id);
         if (ssd_.capacity > 0) ssd_.policy->OnRemove(id);
         continue;
@@ -288,12 +389,80 @@ SimResult Replay::Run() {
       if (hit && prefix_alive) {
         res_.prefix_hit_tokens += trace_.tokens[t];
       } else {
+        if (hit) ++res_.unusable_hits;
         prefix_alive = false;
       }
     }
   }
   if (options_.progress) options_.progress(1.0);
   return res_;
+}
+
+void Replay::RunPrefixRequest(const UnitTrace::Request& r) {
+  enum : uint8_t { kPartial, kDramHit, kSsdHit, kMiss };
+  outcome_.assign(r.num_refs, kMiss);
+  ++request_stamp_;  // wraps after 2^32 requests: a stale stamp only gives back one victim
+  request_units_ = r.num_refs;
+  bool prefix_alive = true;
+  // Lookups in prefix order: what the engine finds cached when the request arrives.
+  for (uint32_t k = 0; k < r.num_refs; ++k) {
+    const uint32_t t = r.first_ref + k;
+    const uint32_t u = trace_.unit[t];
+    const ObjectId id = u + 1ull;
+    last_next_[u] = trace_.next_ref[t];
+    in_request_[u] = request_stamp_;
+    ++res_.read_refs;
+    admission_->OnLookup(id, now_us_);
+    uint8_t o = kMiss;
+    if (trace_.tokens[t] < trace_.unit_tokens[u]) {
+      o = kPartial;
+      ++res_.partial_refs;
+    } else if (dram_.policy->Contains(id)) {
+      o = kDramHit;
+      ++res_.dram_hits;
+    } else if (ssd_.capacity > 0 && ssd_.policy->Contains(id)) {
+      o = kSsdHit;
+      ++res_.ssd_hits;
+    }
+    if (o == kMiss || o == kPartial) ++res_.misses;
+    outcome_[k] = o;
+    res_.input_tokens += trace_.tokens[t];
+    const bool hit = o == kDramHit || o == kSsdHit;
+    if (hit && prefix_alive) {
+      res_.prefix_hit_tokens += trace_.tokens[t];
+    } else {
+      if (hit) ++res_.unusable_hits;
+      prefix_alive = false;
+    }
+  }
+  // Hits first, deepest first, so the request's root is its most recently touched hit; then
+  // the misses are inserted, deepest first. Inserts never evict this request's units (above).
+  for (uint32_t k = r.num_refs; k-- > 0;) {
+    const uint32_t u = trace_.unit[r.first_ref + k];
+    if (outcome_[k] == kDramHit) {
+      Hint(dram_, u);
+      dram_.policy->OnAccess(u + 1ull, now_us_);
+    } else if (outcome_[k] == kSsdHit) {
+      Hint(ssd_, u);
+      ssd_.policy->OnAccess(u + 1ull, now_us_);
+    }
+  }
+  for (uint32_t k = r.num_refs; k-- > 0;) {
+    const uint32_t u = trace_.unit[r.first_ref + k];
+    if (outcome_[k] == kPartial || outcome_[k] == kDramHit) continue;
+    if (!dram_.policy->Contains(u + 1ull)) InsertInto(dram_, u, true);
+  }
+  // A unit of this request may have been evicted after all (the request outgrew what could be
+  // given back): its cached descendants in the request are then of no use and are dropped.
+  for (uint32_t k = 1; k < r.num_refs; ++k) {
+    const uint32_t u = trace_.unit[r.first_ref + k];
+    const uint32_t above = trace_.unit[r.first_ref + k - 1];
+    if (dram_.policy->Contains(u + 1ull) && !dram_.policy->Contains(above + 1ull)) {
+      dram_.policy->OnRemove(u + 1ull);
+      Track(dram_, u, -1);
+      ++res_.orphans_dropped;
+    }
+  }
 }
 
 }  // namespace
@@ -311,6 +480,7 @@ StatusOr<SimResult> Simulate(const UnitTrace& trace, const SimOptions& options) 
   Replay replay(trace, options, std::move(dram), std::move(ssd), std::move(admission));
   SimResult r = replay.Run();
   r.policy = options.policy;
+  r.structure = options.structure;
   r.ssd_policy = options.ssd_capacity_units > 0 ? options.ssd_policy : "";
   r.admission = options.ssd_capacity_units > 0 ? options.admission : "";
   r.capacity_units = options.dram_capacity_units;

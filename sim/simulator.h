@@ -8,6 +8,7 @@
 //    DRAM and keeps its SSD copy) or a miss (the unit is inserted into DRAM, the engine having
 //    recomputed it). kvtier "put" inserts units not cached (no hit/miss counted); "delete"
 //    removes them from both tiers.
+//  * Every request begins with OnRequest(its time) on each tier's policy.
 //  * Inserting into a full tier first calls OnMiss, then Evict until there is room (victims
 //    are chosen among cached units, never the incoming one), then OnInsert.
 //  * A unit evicted from DRAM and not already on SSD is offered to the admission policy; if
@@ -15,6 +16,21 @@
 //  * Prefix-token hit ratio: per request only the leading run of hit units counts (a prefix
 //    cache can use nothing after the first miss).
 //  * Belady (policy name "belady") gets each reference's next-access index from the trace.
+//  * Structure (SimOptions::structure). kPlain is the replay above (libCacheSim's, exact).
+//    kPrefix is the prefix layer every policy runs under for a fair comparison:
+//      - a partial unit (fewer tokens than a whole unit: a request's last block) is never
+//        cached; it is a miss every time, as in engines that cache whole blocks only;
+//      - a request's units are looked up in prefix order (hits, misses and the prefix-token
+//        count as above), then the policy is told deepest first: OnAccess for the hits, then
+//        inserts for the misses, so the root is the request's most recently touched hit;
+//        while the request runs its units are held: a victim among them is given back to
+//        the policy (OnRemove + OnInsert, at most once per unit of the request); if one is
+//        evicted all the same, its cached descendants in the request are dropped (OnRemove);
+//      - leaf-first: when a policy's victim has cached children, the layer evicts the victim's
+//        deepest cached descendant instead and gives the victim back to the policy
+//        (OnRemove + OnInsert), so what stays cached in a tier is closed under prefixes.
+//  * Recompute cost: ObjectInfo::recompute_tokens is the unit's tokens weighted by attention
+//    over its prefix, tokens x (1 + prefix_tokens / kAttentionTokens), so deeper units cost more.
 //
 // Thread safety: Simulate is reentrant; a UnitTrace is immutable and may be shared by threads.
 #pragma once
@@ -44,8 +60,9 @@ struct UnitTrace {
   std::vector<uint32_t> next_ref;     // per reference: index of the unit's next read, or kNoNext
   std::vector<uint32_t> parent;       // per unit: dense parent index + 1 (0: a root)
   std::vector<uint64_t> size_bytes;   // per unit
-  std::vector<uint32_t> unit_tokens;  // per unit: tokens of a whole unit (recompute cost)
-  uint64_t unique_units = 0;          // distinct units referenced by reads
+  std::vector<uint32_t> unit_tokens;  // per unit: tokens of a whole unit
+  std::vector<uint32_t> recompute_tokens;  // per unit: cost model above (token-equivalents)
+  uint64_t unique_units = 0;               // distinct units referenced by reads
   uint64_t read_refs = 0;
   uint64_t unit_bytes = 0;  // typical (mean) unit size in bytes
   static constexpr uint32_t kNoNext = UINT32_MAX;
@@ -62,7 +79,13 @@ struct UnitMapping {
 
 StatusOr<UnitTrace> BuildUnitTrace(const Trace& trace, const UnitMapping& mapping = {});
 
+// Prefix length at which attention doubles a token's recompute cost (cost model above).
+inline constexpr uint64_t kAttentionTokens = 32768;
+
+enum class Structure : uint8_t { kPlain, kPrefix };
+
 struct SimOptions {
+  Structure structure = Structure::kPlain;
   std::string policy = "lru";  // any registry eviction policy, or "belady"
   policies::PolicyParams policy_params;
   uint64_t dram_capacity_units = 0;
@@ -85,7 +108,12 @@ struct SimOptions {
 struct SimResult {
   std::string policy, ssd_policy, admission;
   uint64_t capacity_units = 0, ssd_capacity_units = 0;
+  Structure structure = Structure::kPlain;
   uint64_t requests = 0, read_refs = 0, misses = 0, dram_hits = 0, ssd_hits = 0;
+  uint64_t partial_refs = 0;     // kPrefix: partial units, never cached (counted as misses)
+  uint64_t leaf_swaps = 0;       // kPrefix: victims replaced by their deepest cached descendant
+  uint64_t orphans_dropped = 0;  // kPrefix: request units dropped because their prefix was evicted
+  uint64_t unusable_hits = 0;    // hits after their request's first miss (no use to a prefix cache)
   uint64_t unique_units = 0;
   double block_miss_ratio = 0;
   uint64_t input_tokens = 0, prefix_hit_tokens = 0;

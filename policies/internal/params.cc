@@ -8,6 +8,7 @@ namespace kvtier::policies::internal {
 
 const std::string* ParamReader::Lookup(std::string_view key) {
   known_.emplace(key);
+  if (params_.keys_read != nullptr) params_.keys_read->emplace_back(key);
   const std::string* found = nullptr;
   for (const auto& [k, v] : params_.values) {
     if (k == key) found = &v;  // the last occurrence wins

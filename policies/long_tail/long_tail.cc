@@ -147,7 +147,45 @@ void LongTailPolicy::Unlink(uint32_t slot) {
 // A request's units arrive in prefix order, so a unit whose parent is not the unit touched
 // just before starts a new request; the previous request's last unit, if it was never hit,
 // moves to the leaf class (its own reuse is rare: it is usually the partial last block).
+void LongTailPolicy::OnRequest(uint64_t now_us) {
+  if (options_.leaf_class) {
+    // The request's leaves: touched units that are no touched unit's parent. Bounded by the
+    // request's size (quadratic only in the number of leaves, one for a prefix chain).
+    std::sort(request_units_.begin(), request_units_.end(),
+              [](const auto& a, const auto& b) { return a.second < b.second; });
+    for (const auto& [id, parent] : request_units_) {
+      (void)parent;
+      auto it = std::lower_bound(
+          request_units_.begin(), request_units_.end(), id,
+          [](const std::pair<ObjectId, ObjectId>& u, ObjectId key) { return u.second < key; });
+      if (it != request_units_.end() && it->second == id) continue;  // a parent: not a leaf
+      MoveToLeafClass(id);
+    }
+  }
+  request_units_.clear();
+  explicit_requests_ = true;
+  request_nonroot_hit_ = false;
+  request_us_ = now_us;
+}
+
+void LongTailPolicy::MoveToLeafClass(ObjectId id) {
+  uint32_t s = slab_.Find(id);
+  if (s == kNil) return;
+  Payload& p = slab_[s].data;
+  if (p.hits == 0 && (p.cls == kFresh || p.cls == kExtension)) {
+    entries_[p.cls] = std::max(0.0, entries_[p.cls] - 1.0);
+    const uint64_t entry = p.entry_us;
+    Unlink(s);
+    Link(s, kLeaf, entry);
+    entries_[kLeaf] += 1.0;
+  }
+}
+
 void LongTailPolicy::NoteRequestBoundary(ObjectId parent_of_current, ObjectId current) {
+  if (explicit_requests_) {
+    request_units_.emplace_back(current, parent_of_current);
+    return;
+  }
   if (options_.leaf_class && last_touched_ != kNoParent && parent_of_current != last_touched_) {
     uint32_t s = slab_.Find(last_touched_);
     if (s != kNil) {
@@ -228,6 +266,7 @@ void LongTailPolicy::OnInsert(const ObjectInfo& info, uint64_t now_us) {
     OnAccess(info.id, now_us);
     return;
   }
+  if (explicit_requests_) now_us = request_us_;
   NoteRequestBoundary(info.parent_id, info.id);
   uint8_t hits = 0;
   if (auto g = ghosts_.find(info.id); g != ghosts_.end()) {
@@ -239,6 +278,8 @@ void LongTailPolicy::OnInsert(const ObjectInfo& info, uint64_t now_us) {
   uint8_t cls = kFresh;
   if (hits > 0) {
     cls = HitClass(hits);
+  } else if (options_.split_extension && explicit_requests_) {
+    if (request_nonroot_hit_) cls = kExtension;
   } else if (options_.split_extension && info.parent_id != kNoParent) {
     uint32_t ps = slab_.Find(info.parent_id);
     if (ps != kNil) {
@@ -268,8 +309,10 @@ void LongTailPolicy::OnInsert(const ObjectInfo& info, uint64_t now_us) {
 void LongTailPolicy::OnAccess(ObjectId id, uint64_t now_us) {
   uint32_t s = slab_.Find(id);
   if (s == kNil) return;
+  if (explicit_requests_) now_us = request_us_;
   NoteRequestBoundary(slab_[s].data.parent, id);
   Payload& p = slab_[s].data;
+  if (p.parent != kNoParent) request_nonroot_hit_ = true;
   CountReuse(p.cls, now_us - std::min(now_us, p.entry_us));
   p.hits = static_cast<uint8_t>(std::min<int>(p.hits + 1, 255));
   const uint8_t cls = HitClass(p.hits);

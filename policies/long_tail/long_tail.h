@@ -9,7 +9,9 @@
 //      2/3/4        hit once / twice / three or more times (counts survive an eviction
 //                   through the ghost table)
 //      5 leaf       never hit and the last unit of its request (no request extended it by the
-//                   time the next request started: typically the partial last block)
+//                   time the next request started: typically the partial last block);
+//                   requests come from OnRequest when the owner calls it, else are guessed
+//                   (a unit whose parent is not the previously touched unit starts one)
 //  * Per class, the policy learns online the distribution of reuse ages (age = time since
 //    the unit entered the class): a hit, or a re-reference of an evicted unit still in the
 //    ghost table, at age a counts one reuse in bucket(a); every entry into the class counts
@@ -64,7 +66,10 @@ struct LongTailOptions {
   bool leaf_class = true;
   // Also consider the youngest unit of each class (needed when young units are worth less).
   bool young_end = true;
-  double cost_exponent = 1.0;
+  // Weight of recompute cost per byte (0: off). Off by default: with depth-weighted costs
+  // (sim: attention over the prefix) it favoured deep units and lost prefix tokens on the
+  // conversation trace (docs/POLICIES.md), and prefill is priced per token, not per FLOP.
+  double cost_exponent = 0.0;
 };
 
 class LongTailPolicy final : public EvictionPolicy {
@@ -81,6 +86,10 @@ class LongTailPolicy final : public EvictionPolicy {
   void OnAccess(ObjectId id, uint64_t now_us) override;
   void OnRemove(ObjectId id) override;
   void OnCapacity(uint64_t capacity_objects) override;
+  // From the first call on, request boundaries and times come from here: the previous
+  // request's never-hit leaves move to the leaf class, and the extension class is "a fresh
+  // unit of a request that hit a non-root unit" (the guess from parent links is off).
+  void OnRequest(uint64_t now_us) override;
   std::optional<ObjectId> Evict(uint64_t now_us) override;
   size_t Size() const override { return slab_.Live(); }
   bool Contains(ObjectId id) const override { return slab_.Find(id) != internal::kNil; }
@@ -116,6 +125,7 @@ class LongTailPolicy final : public EvictionPolicy {
   void Link(uint32_t slot, uint8_t cls, uint64_t entry_us);
   void Unlink(uint32_t slot);
   void NoteRequestBoundary(ObjectId parent_of_current, ObjectId current);
+  void MoveToLeafClass(ObjectId id);
   void CountReuse(uint8_t cls, uint64_t age_us);
   void CountEvent();
   void Relearn();
@@ -130,6 +140,12 @@ class LongTailPolicy final : public EvictionPolicy {
   std::deque<ObjectId> ghost_order_;
   uint64_t capacity_ = 0;  // from OnCapacity, else the largest size seen
   ObjectId last_touched_ = kNoParent;
+  // Explicit requests (OnRequest): the units the current request touched, and whether it hit
+  // a non-root unit.
+  bool explicit_requests_ = false;
+  bool request_nonroot_hit_ = false;
+  uint64_t request_us_ = 0;
+  std::vector<std::pair<ObjectId, ObjectId>> request_units_;  // (id, parent)
 
   size_t buckets_ = 0;
   std::vector<double> bucket_lo_s_;  // lower edge of each bucket, seconds

@@ -62,8 +62,18 @@ TEST_F(SimFlags, AFlagIsNotTakenAsAValue) {
 TEST_F(SimFlags, ParamsCanBeScopedToOnePolicy) {
   const std::string base = "sim --no-progress --json --trace " + trace_ +
                            " --capacity-fraction 0.1 --policy lru,long-tail";
+  // Unscoped: reaches long-tail, which takes decay, and skips lru, which takes none.
   Result unscoped = RunKvtier(base + " --param decay=0.8");
-  EXPECT_EQ(unscoped.exit_code, 2) << unscoped.out;  // lru takes no parameter
+  EXPECT_EQ(unscoped.exit_code, 0) << unscoped.out;
+  Result unscoped_bad = RunKvtier(base + " --param decay=nan");
+  EXPECT_EQ(unscoped_bad.exit_code, 2) << unscoped_bad.out;
+  Result nobody = RunKvtier(base + " --param no_such_key=1");
+  EXPECT_EQ(nobody.exit_code, 2) << nobody.out;
+  EXPECT_NE(nobody.out.find("no policy in --policy takes parameter 'no_such_key'"),
+            std::string::npos)
+      << nobody.out;
+  Result scoped_unknown = RunKvtier(base + " --param lru:decay=0.8");
+  EXPECT_EQ(scoped_unknown.exit_code, 2) << scoped_unknown.out;
   Result scoped = RunKvtier(base + " --param long-tail:decay=0.8");
   EXPECT_EQ(scoped.exit_code, 0) << scoped.out;
   Result unlisted = RunKvtier(base + " --param arc:decay=0.8");
@@ -71,6 +81,17 @@ TEST_F(SimFlags, ParamsCanBeScopedToOnePolicy) {
   EXPECT_NE(unlisted.out.find("not list"), std::string::npos) << unlisted.out;
   Result out_of_range = RunKvtier(base + " --param long-tail:decay=nan");
   EXPECT_EQ(out_of_range.exit_code, 2) << out_of_range.out;
+}
+
+TEST_F(SimFlags, StructureIsPlainOrPrefix) {
+  const std::string base =
+      "sim --no-progress --trace " + trace_ + " --capacity-fraction 0.1 --policy lru";
+  Result both = RunKvtier(base + " --structure plain,prefix");
+  EXPECT_EQ(both.exit_code, 0) << both.out;
+  EXPECT_NE(both.out.find("lru+prefix"), std::string::npos) << both.out;
+  Result bad = RunKvtier(base + " --structure radix");
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("'--structure' wants plain or prefix"), std::string::npos) << bad.out;
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "policies/second_hit/second_hit.h"
 #include "policies/write_budget/write_budget.h"
 
@@ -88,6 +90,24 @@ TEST(Registry, EveryAdvertisedPolicyConstructs) {
   PolicyParams bad;
   bad.values = {{"bytes_per_dy", "5"}};
   EXPECT_TRUE(MakeAdmissionPolicy("write-budget", bad).status().IsInvalidArgument());
+}
+
+}  // namespace
+}  // namespace kvtier::policies
+
+namespace kvtier::policies {
+namespace {
+
+// `kvtier sim --param K=V` routes an unscoped key by these lists: they must name exactly the
+// keys each factory accepts.
+TEST(EvictionPolicyParamKeys, ListTheKeysEachFactoryAccepts) {
+  EXPECT_TRUE(EvictionPolicyParamKeys("lru").empty());
+  EXPECT_TRUE(EvictionPolicyParamKeys("no-such-policy").empty());
+  EXPECT_TRUE(EvictionPolicyParamKeys("arc").empty());
+  auto keys = EvictionPolicyParamKeys("long-tail");
+  EXPECT_NE(std::find(keys.begin(), keys.end(), "decay"), keys.end());
+  keys = EvictionPolicyParamKeys("s3fifo");
+  EXPECT_NE(std::find(keys.begin(), keys.end(), "small_ratio"), keys.end());
 }
 
 }  // namespace

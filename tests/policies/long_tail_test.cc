@@ -38,6 +38,30 @@ TEST(LongTail, DeepestUnitOfAChainGoesFirst) {
   EXPECT_EQ(order.front(), 4u);
 }
 
+// With OnRequest the policy takes request boundaries from the owner: two sessions interleaved
+// unit by unit (as concurrent sessions reach a live tier) still give each request one leaf,
+// its deepest unit, and a fresh unit after a non-root hit is an extension.
+TEST(LongTail, ExplicitRequestsSurviveInterleavedSessions) {
+  LongTailPolicy p;
+  p.OnRequest(0);  // one batch holding two sessions' chains, interleaved: 1<-2<-3, 10<-11
+  p.OnInsert({.id = 1}, 0);
+  p.OnInsert({.id = 10}, 0);
+  p.OnInsert({.id = 2, .parent_id = 1}, 0);
+  p.OnInsert({.id = 11, .parent_id = 10}, 0);
+  p.OnInsert({.id = 3, .parent_id = 2}, 0);
+  p.OnRequest(kSecUs);
+  EXPECT_EQ(p.TEST_ClassOf(3), LongTailPolicy::kLeaf);
+  EXPECT_EQ(p.TEST_ClassOf(11), LongTailPolicy::kLeaf);
+  EXPECT_EQ(p.TEST_ClassOf(1), LongTailPolicy::kFresh);
+  EXPECT_EQ(p.TEST_ClassOf(2), LongTailPolicy::kFresh);
+  EXPECT_EQ(p.TEST_ClassOf(10), LongTailPolicy::kFresh);
+  // Resume session 1: hits deepest first (as the prefix structure replays), then appends 4.
+  p.OnAccess(2, kSecUs);
+  p.OnAccess(1, kSecUs);
+  p.OnInsert({.id = 4, .parent_id = 3}, kSecUs);
+  EXPECT_EQ(p.TEST_ClassOf(4), LongTailPolicy::kExtension);
+}
+
 TEST(LongTail, ClassesFollowHitsExtensionsAndRequestEnds) {
   LongTailPolicy p;
   p.OnInsert({.id = 1}, 0);    // shared root

@@ -164,7 +164,105 @@ TEST(Sim, JsonAndCurves) {
   EXPECT_DOUBLE_EQ(j["results"][0]["block_miss_ratio"].get<double>(), r->block_miss_ratio);
   EXPECT_TRUE(j["results"][0].contains("prefix_token_hit_ratio"));
   EXPECT_NE(FormatSvg(rows, "t").find("<polyline"), std::string::npos);
+  EXPECT_NE(FormatSvg(rows, "t", CurveMetric::kPrefixTokenHitRatio).find("prefix-token hit ratio"),
+            std::string::npos);
   EXPECT_NE(FormatCsv(rows).find("lru,0.200000,1,"), std::string::npos);
+}
+
+// The prefix structure: a partial unit is never cached, so a later request that extends it to a
+// whole block misses it; plain replay caches it and hits.
+TEST(SimPrefix, PartialUnitsAreNeverCached) {
+  const std::string text = std::string(kTiny) +
+                           "{\"timestamp\":30,\"input_length\":1536,\"output_length\":5,"
+                           "\"hash_ids\":[1,2,3]}\n";
+  UnitTrace u = Units(text);
+  SimOptions o;
+  o.dram_capacity_units = 10;
+  auto plain = Simulate(u, o);
+  o.structure = Structure::kPrefix;
+  auto prefix = Simulate(u, o);
+  ASSERT_TRUE(plain.ok() && prefix.ok());
+  // Plain: 1,2,3 miss; 1,2 hit, 4 miss; 9 miss, 2 hit; 1,2,3 hit.
+  EXPECT_EQ(plain->misses, 5u);
+  // Prefix: 3 (476 tokens) and 4 (76 tokens) are partial; request 4's whole block 3 misses.
+  EXPECT_EQ(prefix->partial_refs, 2u);
+  EXPECT_EQ(prefix->misses, 6u);
+  EXPECT_EQ(prefix->prefix_hit_tokens, plain->prefix_hit_tokens - 512);
+}
+
+// Leaf-first: FIFO would evict root 1 while its child 2 stays cached; the layer evicts 2
+// instead, so the next [1,2] request still hits its first block.
+TEST(SimPrefix, VictimWithCachedChildrenIsSwappedForItsDeepestLeaf) {
+  const std::string text =
+      "{\"timestamp\":0,\"input_length\":512,\"output_length\":1,\"hash_ids\":[1]}\n"
+      "{\"timestamp\":1,\"input_length\":1024,\"output_length\":1,\"hash_ids\":[1,2]}\n"
+      "{\"timestamp\":2,\"input_length\":512,\"output_length\":1,\"hash_ids\":[8]}\n"
+      "{\"timestamp\":3,\"input_length\":1024,\"output_length\":1,\"hash_ids\":[1,2]}\n";
+  UnitTrace u = Units(text);
+  SimOptions o;
+  o.policy = "fifo";
+  o.dram_capacity_units = 2;
+  auto plain = Simulate(u, o);
+  o.structure = Structure::kPrefix;
+  auto prefix = Simulate(u, o);
+  ASSERT_TRUE(plain.ok() && prefix.ok());
+  EXPECT_EQ(plain->prefix_hit_tokens, 512u);  // request 2's 1; request 4 misses 1 (and 2)
+  EXPECT_EQ(prefix->leaf_swaps, 1u);
+  EXPECT_EQ(prefix->unusable_hits, 0u);
+  EXPECT_EQ(prefix->prefix_hit_tokens, 512u + 512u);  // request 2's 1, request 4's 1
+}
+
+// A running request holds its units: FIFO's victim would be block 1, which the request [1,2]
+// just hit; it is given back and the next-oldest unit (5) goes instead.
+TEST(SimPrefix, TheRunningRequestsUnitsAreGivenBack) {
+  const std::string text =
+      "{\"timestamp\":0,\"input_length\":512,\"output_length\":1,\"hash_ids\":[1]}\n"
+      "{\"timestamp\":1,\"input_length\":512,\"output_length\":1,\"hash_ids\":[5]}\n"
+      "{\"timestamp\":2,\"input_length\":1024,\"output_length\":1,\"hash_ids\":[1,2]}\n"
+      "{\"timestamp\":3,\"input_length\":1024,\"output_length\":1,\"hash_ids\":[1,2]}\n";
+  UnitTrace u = Units(text);
+  SimOptions o;
+  o.policy = "fifo";
+  o.dram_capacity_units = 2;
+  o.structure = Structure::kPrefix;
+  auto r = Simulate(u, o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->prefix_hit_tokens, 512u + 1024u);
+  EXPECT_EQ(r->orphans_dropped, 0u);
+}
+
+// Under the prefix structure what stays cached is closed under prefixes, whatever the policy:
+// no hit ever follows a miss in the same request (the generator's chains are consistent).
+TEST(SimPrefix, NoPolicyKeepsAUnitWithoutItsPrefix) {
+  GeneratorOptions g;
+  g.sessions = 150;
+  g.days = 1;
+  auto gen = GenerateAgentTrace(g);
+  ASSERT_TRUE(gen.ok());
+  UnitTrace u = Units(gen->jsonl);
+  bool plain_unusable = false;
+  for (const char* policy : {"lru", "fifo", "arc", "s3fifo", "sieve", "gdsf", "long-tail"}) {
+    SimOptions o;
+    o.policy = policy;
+    o.dram_capacity_units = u.unique_units / 20;
+    auto plain = Simulate(u, o);
+    o.structure = Structure::kPrefix;
+    auto prefix = Simulate(u, o);
+    ASSERT_TRUE(plain.ok() && prefix.ok()) << policy;
+    plain_unusable |= plain->unusable_hits > 0;
+    EXPECT_EQ(prefix->unusable_hits, 0u) << policy;
+    EXPECT_GT(prefix->prefix_hit_tokens, 0u) << policy;
+  }
+  EXPECT_TRUE(plain_unusable);  // the structure is what makes the difference
+}
+
+// Recompute cost grows with depth: attention over a longer prefix.
+TEST(SimTrace, RecomputeCostGrowsWithDepth) {
+  UnitTrace u = Units(kTiny);
+  ASSERT_GE(u.recompute_tokens.size(), 3u);
+  EXPECT_EQ(u.recompute_tokens[0], 512u);                       // root: no prefix
+  EXPECT_EQ(u.recompute_tokens[1], 512u + 512u * 512 / 32768);  // after 512 tokens
+  EXPECT_GT(u.recompute_tokens[2], u.recompute_tokens[1]);
 }
 
 TEST(SimGen, DeterministicMultiDayAndReplayable) {

@@ -119,9 +119,11 @@ Status EtcdClient::Put(std::string_view key, std::string_view value, int64_t lea
   return Call("/v3/kv/put", req.dump()).status();
 }
 
-StatusOr<EtcdRangeResult> EtcdClient::RangePrefix(std::string_view prefix, int64_t limit) {
+StatusOr<EtcdRangeResult> EtcdClient::RangePrefix(std::string_view prefix, int64_t limit,
+                                                  int64_t min_mod_revision) {
   json req = {{"key", Base64Encode(prefix)}, {"range_end", Base64Encode(PrefixRangeEnd(prefix))}};
   if (limit > 0) req["limit"] = std::to_string(limit);
+  if (min_mod_revision > 0) req["min_mod_revision"] = std::to_string(min_mod_revision);
   KVTIER_ASSIGN_OR_RETURN(std::string text, Call("/v3/kv/range", req.dump()));
   KVTIER_ASSIGN_OR_RETURN(json j, ParseJson(text));
   EtcdRangeResult out;
@@ -135,6 +137,19 @@ StatusOr<EtcdRangeResult> EtcdClient::RangePrefix(std::string_view prefix, int64
     }
   }
   return out;
+}
+
+Status EtcdClient::PutMany(const std::vector<std::pair<std::string, std::string>>& kvs,
+                           int64_t lease_id) {
+  if (kvs.empty()) return Status::Ok();
+  if (kvs.size() > kTxnOpsMax) return Status::InvalidArgument("etcd txn over kTxnOpsMax puts");
+  json ops = json::array();
+  for (const auto& [k, v] : kvs) {
+    json put = {{"key", Base64Encode(k)}, {"value", Base64Encode(v)}};
+    if (lease_id != 0) put["lease"] = std::to_string(lease_id);
+    ops.push_back({{"request_put", put}});
+  }
+  return Call("/v3/kv/txn", json{{"success", ops}}.dump()).status();
 }
 
 StatusOr<EtcdKeyValue> EtcdClient::Get(std::string_view key) {

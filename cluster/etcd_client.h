@@ -65,8 +65,14 @@ class EtcdClient {
 
   // Writes key = value, attached to lease_id when it is not 0 (NotFound: lease expired).
   Status Put(std::string_view key, std::string_view value, int64_t lease_id = 0);
-  // Every key starting with prefix, in key order, limited to limit keys (0: no limit).
-  StatusOr<EtcdRangeResult> RangePrefix(std::string_view prefix, int64_t limit = 0);
+  // Every key starting with prefix, in key order, limited to limit keys (0: no limit), and
+  // to keys last modified at min_mod_revision or later (0: any).
+  StatusOr<EtcdRangeResult> RangePrefix(std::string_view prefix, int64_t limit = 0,
+                                        int64_t min_mod_revision = 0);
+  // Writes every (key, value) in one transaction (at most kTxnOpsMax), attached to lease_id
+  // when it is not 0.
+  static constexpr size_t kTxnOpsMax = 128;  // etcd's default --max-txn-ops
+  Status PutMany(const std::vector<std::pair<std::string, std::string>>& kvs, int64_t lease_id = 0);
   // One key; NotFound when absent.
   StatusOr<EtcdKeyValue> Get(std::string_view key);
   // Deletes one key (range_end empty) or [key, range_end); returns how many were deleted.

@@ -128,6 +128,7 @@ void Membership::SessionLoop() {
         if (!SleepFor(options_.retry_ms)) return;
         continue;
       }
+      if (options_.before_register) options_.before_register();
       lease = granted->id;
       lease_id_.store(lease);
       self_dirty_.store(true);

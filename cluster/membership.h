@@ -42,6 +42,9 @@ struct MembershipOptions {
   uint32_t lease_ttl_s = 10;    // 2..3600; a silent node is gone after this long
   uint64_t retry_ms = 500;      // etcd unreachable: try again after this long
   uint32_t members_max = 1024;  // records beyond it are ignored (and counted)
+  // Called on the session thread before every (re)registration, e.g. to apply the deletes
+  // this node missed while it was gone (cluster/tombstones.h). May be empty.
+  std::function<void()> before_register;
 };
 Status ValidateMembershipOptions(const MembershipOptions& options);
 

@@ -261,11 +261,15 @@ void PeerServer::Execute(const Frame& frame, Writer* w) {
       w->U32(static_cast<uint32_t>(keys.size()));
       const uint64_t budget = options_.frame_bytes_max - daemon::wire::kHeaderBytes - 4096;
       std::vector<uint8_t> value;
+      bool any_value = false;
       for (const PeerKey& k : keys) {
         Status s = handler_->Get(k, &value);
         if (s.ok() && w->buffer().size() + 5 + value.size() > budget) {
-          s = Status::Retry("response full");
+          // Retry: ask again in a later response; Rejected: it would never fit in one.
+          s = any_value ? Status::Retry("response full")
+                        : Status::Rejected("value larger than the peer response limit");
         }
+        any_value = any_value || s.ok();
         w->U8(static_cast<uint8_t>(s.code()));
         w->U32(s.ok() ? static_cast<uint32_t>(value.size()) : 0);
         if (s.ok()) w->Bytes(std::span<const uint8_t>(value));

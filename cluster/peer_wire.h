@@ -17,7 +17,8 @@
 // Bodies (after the header; keys are 32 bytes):
 //   LOOKUP         u32 n, n keys               -> status, u32 n, n x u8 tier (255: absent)
 //   GET            u32 n, n keys               -> status, u32 n, n x {u8 code, u32 len, bytes}
-//                  (a value that does not fit in the response limit is code kRetry, no bytes)
+//                  (a value that does not fit after others is kRetry, no bytes: ask again;
+//                  one that would not fit alone is kRejected)
 //   PUT            u8 kind, u8 highest_tier, u8 allow_ssd, u32 recompute_tokens, u64 ttl_ms,
 //                  text tenant, key, parent key, u32 len, bytes   -> status
 //   DELETE         u32 n, n keys               -> status, u32 n, n x u8 (1: it existed)

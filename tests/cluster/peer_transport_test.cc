@@ -145,5 +145,43 @@ TEST_F(PeerTransportTest, NothingBeforeAuth) {
   EXPECT_EQ(server_->stats().auth_failures, 2u);
 }
 
+// A GET response never exceeds the frame limit: a value that does not fit after others is
+// Retry (ask again), one that could never fit is Rejected, never a frame over the limit.
+TEST(PeerTransportLimitTest, GetResponsesStayWithinTheFrameLimit) {
+  MapHandler handler;
+  PeerServerOptions o;
+  o.credential = Credential(7);
+  o.frame_bytes_max = 96 << 10;
+  auto server = PeerServer::Start(o, &handler);
+  ASSERT_TRUE(server.ok());
+  std::string ep = "127.0.0.1:" + std::to_string((*server)->port());
+  PeerClient c(
+      PeerClientOptions{.node_id = "n1", .credential = Credential(7), .frame_bytes_max = 96 << 10});
+  std::vector<uint8_t> small(48 << 10, 1), huge(200 << 10, 2);
+  PeerPut put;
+  put.tenant = "alice";
+  for (uint8_t k : {1, 2}) {
+    put.key = K(k);
+    put.value = small;
+    ASSERT_TRUE(c.Put(ep, put).ok());
+  }
+  put.key = K(3);
+  put.value = huge;
+  // The PUT itself is over the server's frame limit: refused, connection closed.
+  EXPECT_FALSE(c.Put(ep, put).ok());
+  ASSERT_TRUE(handler.Put(PeerPut{.tenant = "alice", .key = K(3), .value = huge}).ok());
+  auto got = c.Get(ep, std::vector<PeerKey>{K(1), K(2)});
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  EXPECT_TRUE(got->statuses[0].ok());
+  EXPECT_TRUE(got->statuses[1].IsRetry());
+  auto alone = c.Get(ep, std::vector<PeerKey>{K(3)});
+  ASSERT_TRUE(alone.ok()) << alone.status().message();
+  EXPECT_TRUE(alone->statuses[0].IsRejected());
+  auto again = c.Get(ep, std::vector<PeerKey>{K(2)});
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->statuses[0].ok());
+  EXPECT_EQ(again->values[0], small);
+}
+
 }  // namespace
 }  // namespace kvtier::cluster

@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "cache_daemon/cluster_config_toml.h"
 #include "policies/policy.h"
 #include "rdma/shard_map.h"
 #include "rdma/verbs_plan.h"
@@ -252,6 +253,10 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
       o.storage.policy_params = p.params;
       continue;
     }
+    if (sec == "cluster") {
+      KVTIER_RETURN_IF_ERROR(AtLine(ReadClusterTable(*t, &o.cluster), node));
+      continue;
+    }
     for (const auto& [k, v] : *t) {
       std::string full = sec + "." + std::string(k.str());
       auto it = keys.find(full);
@@ -355,6 +360,7 @@ Status Finalize(DaemonOptions* o) {
     return Bad("server.socket", "path longer than 107 bytes (sun_path limit)");
   }
   KVTIER_RETURN_IF_ERROR(FinalizeFronts(o));
+  KVTIER_RETURN_IF_ERROR(FinalizeCluster(&o->cluster, !o->tokens_file.empty()));
   return FinalizeEngram(o);
 }
 

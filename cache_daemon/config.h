@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cache_daemon/client.h"  // DefaultDataDir()
+#include "cache_daemon/cluster_config.h"
 #include "common/status.h"
 #include "storage/tier_manager.h"
 
@@ -134,6 +135,9 @@ struct DaemonOptions {
 
   // [engram]
   EngramServeOptions engram;
+
+  // [cluster] (cache_daemon/cluster_config.h, docs/CLUSTER.md)
+  ClusterServeOptions cluster;
 
   // The file this came from ("" when none); SIGHUP re-reads its [policy] table.
   std::string config_path;

@@ -67,6 +67,7 @@ std::string RenderMetrics(Shared* shared, bool tenant_series) {
   }
   std::string page = shared->metrics->RenderPrometheus(shared->service->store()->GetStats(), extra);
   if (shared->tls != nullptr) page += shared->tls->RenderPrometheus();
+  if (shared->cluster != nullptr) page += shared->cluster->RenderPrometheus();
   return page;
 }
 
@@ -182,6 +183,11 @@ class DaemonImpl final : public Daemon {
     if (engram_) {
       KVTIER_RETURN_IF_ERROR(engram_->Start(io_));
       shared_.engram = engram_.get();
+    }
+    // [cluster]: peer front, membership in etcd, router in the Service's native path.
+    if (options_.cluster.enabled) {
+      KVTIER_ASSIGN_OR_RETURN(cluster_, ClusterNode::Start(options_, &service_, tenants_.get()));
+      shared_.cluster = cluster_.get();
     }
     if (native_tcp_) AcceptTcp(&*native_tcp_, Front::kNativeTcp);
     if (resp_) AcceptTcp(&*resp_, Front::kResp);
@@ -358,6 +364,8 @@ class DaemonImpl final : public Daemon {
     }
     for (auto& s : LiveSessions()) s->Close();
     workers_.join();
+    // Leave the cluster (lease revoked: peers stop routing here at once).
+    if (cluster_) cluster_->Stop();
     // Let the close handlers run, then stop the I/O threads.
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     io_.stop();
@@ -390,6 +398,7 @@ class DaemonImpl final : public Daemon {
   Service service_;
   Shared shared_;
   std::unique_ptr<EngramServing> engram_;  // [engram]; null when off
+  std::unique_ptr<ClusterNode> cluster_;   // [cluster]; null when off
   std::unique_ptr<TlsFront> tls_;          // [tls]; null when no front uses it
   std::unique_ptr<WhatIf> whatif_;         // what-if curves; null without a trace window
   // Declared after everything sessions touch: destroying io_ destroys pending handlers and

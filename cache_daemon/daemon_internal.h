@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 
+#include "cache_daemon/cluster_node.h"
 #include "cache_daemon/config.h"
 #include "cache_daemon/engram_serving.h"
 #include "cache_daemon/metrics.h"
@@ -75,6 +76,7 @@ struct Shared {
   asio::io_context* io = nullptr;
   asio::thread_pool* workers = nullptr;
   EngramServing* engram = nullptr;  // null when [engram] serving is off
+  ClusterNode* cluster = nullptr;   // null when [cluster] is off
   ConnectionMemory* memory = nullptr;
   // Connections open per front (incremented at admission, decremented by the session).
   std::array<std::atomic<uint32_t>, static_cast<size_t>(Front::kCount)> front_open{};

@@ -219,8 +219,11 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
     if (target == "/healthz" && get) return Text(res, http::status::ok, "ok\n");
     if (target == "/readyz" && get) {
       bool ready = shared_->ready.load() && !shared_->draining.load();
+      // Cluster mode: etcd unreachable leaves the node ready (it serves what it holds) and
+      // says so on a second line.
+      std::string cluster = shared_->cluster != nullptr ? shared_->cluster->ReadyText() : "";
       return Text(res, ready ? http::status::ok : http::status::service_unavailable,
-                  ready ? "ready\n" : "draining\n");
+                  (ready ? "ready\n" : "draining\n") + cluster);
     }
     if (target == "/v1/stats" && get) {
       Caller caller = Authorize(req);

@@ -5,6 +5,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "cluster/router.h"
 #include "common/key_spec.h"
 
 namespace kvtier::daemon {
@@ -128,6 +129,27 @@ wire::LookupReply Service::Lookup(const Tenant& t, std::span<const wire::Key> ch
   std::vector<storage::Key> keys(chain.size());
   for (size_t i = 0; i < chain.size(); ++i) keys[i] = Bind(t, chain[i]);
   storage::LookupResult r = store_->Lookup(keys);
+  if (router_ != nullptr && r.hit_count < keys.size()) {
+    // The longest prefix held anywhere: keys past the local prefix are asked of their owners.
+    std::vector<uint8_t> tiers(keys.size(), cluster::kPeerTierAbsent);
+    for (size_t i = 0; i < r.hit_count && i < r.tiers.size(); ++i) {
+      tiers[i] = static_cast<uint8_t>(r.tiers[i]);
+    }
+    for (size_t i = r.hit_count; i < keys.size(); ++i) {
+      storage::LookupResult one = store_->Lookup(std::span<const storage::Key>(&keys[i], 1));
+      if (one.hit_count == 1) tiers[i] = static_cast<uint8_t>(one.tiers[0]);
+    }
+    router_->LookupRemote(keys, &tiers);
+    size_t hits = 0;
+    while (hits < keys.size() && tiers[hits] != cluster::kPeerTierAbsent) ++hits;
+    if (hits > r.hit_count) {
+      r.tiers.resize(hits);
+      for (size_t i = r.hit_count; i < hits; ++i) r.tiers[i] = static_cast<storage::Tier>(tiers[i]);
+      r.hit_count = hits;
+      r.first_miss =
+          hits < keys.size() ? storage::MissReason::kNeverStored : storage::MissReason::kNone;
+    }
+  }
   Trace("lookup", t, keys, 0, unit_tokens);
   wire::LookupReply reply;
   reply.hit_count = static_cast<uint32_t>(std::min(r.hit_count, chain.size()));
@@ -154,7 +176,25 @@ std::vector<StatusCode> Service::Put(const Tenant& t, const wire::PutRequest& ar
     po.highest_tier = static_cast<storage::Tier>(args.highest_tier);
     po.allow_ssd = args.allow_ssd != 0;
     storage::Key k = Bind(t, it.chain);
-    Status st = store_->Put(k, it.value, po);
+    Status st;
+    if (router_ == nullptr) {
+      st = store_->Put(k, it.value, po);
+    } else {
+      // Written to the unit's owners; this node stores it only when it is one of them.
+      std::optional<Status> local;
+      if (router_->OwnsLocally(k)) local = store_->Put(k, it.value, po);
+      cluster::PeerPut put;
+      put.kind = args.kind;
+      put.highest_tier = args.highest_tier;
+      put.allow_ssd = args.allow_ssd;
+      put.recompute_tokens = args.recompute_tokens;
+      put.ttl_ms = args.ttl_ms;
+      put.tenant = t.name;
+      put.key = k;
+      put.parent = po.parent;
+      put.value = it.value;
+      st = router_->Put(put, local);
+    }
     codes.push_back(st.code());
     if (st.ok()) {
       keys.push_back(k);
@@ -180,6 +220,22 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
     size_t n = std::min(storage::kMaxBatch, keys.size() - first);
     store_->GetBatch(std::span<const storage::Key>(keys).subspan(first, n), &values, &tiers,
                      &results);
+    if (router_ != nullptr) {
+      // Units this node does not hold are fetched from the peers that do.
+      std::vector<bool> want(n, false);
+      bool any = false;
+      for (size_t j = 0; j < n; ++j) {
+        want[j] = results[j].IsNotFound();
+        any = any || want[j];
+      }
+      if (any) {
+        router_->GetRemote(std::span<const storage::Key>(keys).subspan(first, n), want, &results,
+                           &values);
+        for (size_t j = 0; j < n; ++j) {
+          if (want[j] && results[j].ok()) tiers[j] = storage::Tier::kSsd;  // beyond this node
+        }
+      }
+    }
     for (size_t j = 0; j < n; ++j) {
       const Status& st = results[j];
       if (st.ok()) bytes += values[j].size();
@@ -211,21 +267,31 @@ Status Service::Unpin(const Tenant& t, std::span<const wire::Key> chain) {
 uint32_t Service::Delete(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens,
                          Status* error) {
   std::vector<storage::Key> keys(chain.size());
-  uint32_t deleted = 0;
+  std::vector<bool> existed(chain.size(), false);
   for (size_t i = 0; i < chain.size(); ++i) {
     keys[i] = Bind(t, chain[i]);
     Status st = store_->Delete(keys[i]);
     if (st.ok()) {
-      ++deleted;
+      existed[i] = true;
     } else if (!st.IsNotFound() && error != nullptr && error->ok()) {
       *error = st;
     }
   }
+  // Cluster: every live member too (a unit may also sit on a previous owner).
+  if (router_ != nullptr) router_->DeleteRemote(keys, &existed);
+  uint32_t deleted = static_cast<uint32_t>(std::count(existed.begin(), existed.end(), true));
   Trace("delete", t, keys, 0, unit_tokens);
   return deleted;
 }
 
 Status Service::DeleteTenant(const Tenant& t) {
+  Status local = DeleteTenantLocal(t);
+  if (router_ == nullptr) return local;
+  Status remote = router_->DeleteTenantRemote(t.name);
+  return local.ok() ? remote : local;
+}
+
+Status Service::DeleteTenantLocal(const Tenant& t) {
   resp_index_.RemoveTenant(t.id);
   return store_->DeleteTenant(t.id);
 }

@@ -38,6 +38,10 @@
 #include "cache_daemon/wire.h"
 #include "storage/tier_manager.h"
 
+namespace kvtier::cluster {
+class Router;
+}
+
 namespace kvtier::daemon {
 
 // RESP values are stored with this 9-byte envelope: u8 kRespEnvelopeTag, u64 LE absolute
@@ -90,6 +94,13 @@ class Service {
   Service(storage::TierManager* store, const TenantRegistry* tenants, DaemonMetrics* metrics,
           TraceWriter* trace, PolicySettings policy,
           uint64_t resp_key_index_bytes_max = 256ull << 20);
+
+  // Cluster mode (docs/CLUSTER.md): the native LOOKUP, GET, PUT, DELETE and tenant deletes
+  // go through router (cluster/router.h) beyond the local store; RESP stays per node. Call
+  // once before serving; router must outlive the Service. Null (the default): one node.
+  void SetRouter(cluster::Router* router) { router_ = router; }
+  // The local part of DeleteTenant, for a peer's request (no forwarding).
+  Status DeleteTenantLocal(const Tenant& t);
 
   storage::Key Bind(const Tenant& t, const wire::Key& chain) const;
   // cache may be null (no memo).
@@ -166,6 +177,7 @@ class Service {
   std::mutex& KeyLock(const storage::Key& k);
 
   storage::TierManager* store_;
+  cluster::Router* router_ = nullptr;
   const TenantRegistry* tenants_;
   DaemonMetrics* metrics_;
   TraceWriter* trace_;

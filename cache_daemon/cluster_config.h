@@ -1,0 +1,43 @@
+// [cluster]: kvtierd as one node of a cluster coordinated through etcd (docs/CLUSTER.md).
+// Absent or enabled = false: the daemon is a single node, exactly as without this section.
+//
+// Thread safety: plain values; the functions are not thread-safe on one object.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvtier::daemon {
+
+struct ClusterServeOptions {
+  bool enabled = false;
+  std::vector<std::string> etcd_endpoints;     // "host:port" / "http://host:port", 1..16
+  std::string key_prefix = "/kvtier/";         // one cluster's keys in etcd; ends in '/'
+  std::string node_id;                         // unique in the cluster, [A-Za-z0-9._-]{1,64}
+  std::string peer_listen = "127.0.0.1:7400";  // the peer front, numeric "host:port"
+  std::string peer_advertise;                  // what peers dial; "" -> peer_listen
+  std::string failure_domain;                  // rack / zone label; "" = a domain of its own
+  uint32_t replicas = 2;                       // owners per unit (R), 1..16
+  uint32_t write_acks = 0;             // owners that must acknowledge a PUT; 0: all live owners
+  std::string credential_file;         // shared secret of the cluster (>= 32 bytes), mode 0600
+  uint32_t lease_ttl_s = 10;           // a silent node is gone after this long, 2..3600
+  uint64_t etcd_timeout_ms = 2000;     // one etcd request
+  uint64_t peer_timeout_ms = 2000;     // one peer request, connect included
+  uint32_t peer_connections_max = 64;  // inbound peer connections at once
+  uint32_t tombstone_ttl_s = 86400;    // deletes are kept for nodes that missed them, 60..2^31
+
+  // Filled by FinalizeCluster.
+  std::string peer_host;
+  uint16_t peer_port = 0;
+};
+
+// Checks ranges and requirements when enabled (etcd_endpoints, node_id, credential_file are
+// required; peer_listen numeric; replicas 1..16; write_acks <= replicas; ...) and fills the
+// derived fields. auth_enabled: with auth off the peer front must be on loopback
+// (PermissionDenied otherwise), like every other front.
+Status FinalizeCluster(ClusterServeOptions* o, bool auth_enabled);
+
+}  // namespace kvtier::daemon

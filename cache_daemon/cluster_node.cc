@@ -1,0 +1,230 @@
+#include "cache_daemon/cluster_node.h"
+
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include "common/logging.h"
+
+namespace kvtier::daemon {
+
+// Serves peers from the local store only: a peer's request is never forwarded again.
+class ClusterNode::StoreHandler : public cluster::PeerHandler {
+ public:
+  StoreHandler(Service* service, const TenantRegistry* tenants)
+      : service_(service), store_(service->store()), tenants_(tenants) {}
+
+  std::vector<uint8_t> Lookup(std::span<const cluster::PeerKey> keys) override {
+    std::vector<uint8_t> tiers;
+    tiers.reserve(keys.size());
+    for (const auto& k : keys) {
+      storage::LookupResult r = store_->Lookup(std::span<const storage::Key>(&k, 1));
+      tiers.push_back(r.hit_count == 1 && !r.tiers.empty() ? static_cast<uint8_t>(r.tiers[0])
+                                                           : cluster::kPeerTierAbsent);
+    }
+    return tiers;
+  }
+  Status Get(const cluster::PeerKey& key, std::vector<uint8_t>* value) override {
+    return store_->Get(key, value);
+  }
+  Status Put(const cluster::PeerPut& put) override {
+    const Tenant* t = FindTenant(put.tenant);
+    if (t == nullptr) return Status::Rejected("peer PUT: unknown tenant " + put.tenant);
+    storage::PutOptions po;
+    po.tenant = t->id;
+    po.kind = static_cast<policies::ObjectKind>(put.kind);
+    po.parent = put.parent;
+    po.recompute_tokens = put.recompute_tokens;
+    po.ttl_ms = put.ttl_ms;
+    po.highest_tier = static_cast<storage::Tier>(put.highest_tier);
+    po.allow_ssd = put.allow_ssd != 0;
+    return store_->Put(put.key, put.value, po);
+  }
+  StatusOr<std::vector<uint8_t>> Delete(std::span<const cluster::PeerKey> keys) override {
+    std::vector<uint8_t> existed(keys.size(), 0);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      Status s = store_->Delete(keys[i]);
+      if (s.ok()) {
+        existed[i] = 1;
+      } else if (!s.IsNotFound()) {
+        return s;
+      }
+    }
+    return existed;
+  }
+  Status DeleteTenant(std::string_view tenant) override {
+    const Tenant* t = FindTenant(tenant);
+    if (t == nullptr) return Status::NotFound("peer DELETE_TENANT: unknown tenant");
+    return service_->DeleteTenantLocal(*t);
+  }
+
+ private:
+  // Tenants agree across nodes by name (same tokens file); ids are local.
+  const Tenant* FindTenant(std::string_view name) const {
+    for (const auto& t : tenants_->tenants()) {
+      if (t->name == name) return t.get();
+    }
+    return nullptr;
+  }
+  Service* service_;
+  storage::TierManager* store_;
+  const TenantRegistry* tenants_;
+};
+
+StatusOr<std::vector<uint8_t>> ReadCredentialFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::IOError("cannot read cluster.credential_file " + path);
+  std::string bytes;
+  char buf[4096];
+  while (in.read(buf, sizeof(buf)) || in.gcount() > 0) {
+    bytes.append(buf, static_cast<size_t>(in.gcount()));
+    if (bytes.size() > cluster::kCredentialBytesMax) {
+      return Status::InvalidArgument("cluster.credential_file " + path + " is over 4096 bytes");
+    }
+  }
+  while (!bytes.empty() && (bytes.back() == '\n' || bytes.back() == '\r')) bytes.pop_back();
+  if (bytes.size() < cluster::kCredentialBytesMin) {
+    return Status::InvalidArgument("cluster.credential_file " + path +
+                                   " holds fewer than 32 bytes");
+  }
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
+}
+
+StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& options,
+                                                          Service* service,
+                                                          const TenantRegistry* tenants) {
+  const ClusterServeOptions& c = options.cluster;
+  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> credential, ReadCredentialFile(c.credential_file));
+  std::unique_ptr<ClusterNode> node(new ClusterNode());
+  node->node_id_ = c.node_id;
+  node->service_ = service;
+  node->handler_ = std::make_unique<StoreHandler>(service, tenants);
+
+  cluster::PeerServerOptions so;
+  so.listen_host = c.peer_host;
+  so.listen_port = c.peer_port;
+  so.credential = credential;
+  so.connections_max = c.peer_connections_max;
+  so.idle_timeout_ms = options.idle_timeout_ms;
+  so.frame_timeout_ms = options.frame_timeout_ms;
+  so.frame_bytes_max = options.max_frame_bytes;
+  KVTIER_ASSIGN_OR_RETURN(node->server_, cluster::PeerServer::Start(so, node->handler_.get()));
+
+  node->client_ = std::make_unique<cluster::PeerClient>(
+      cluster::PeerClientOptions{.node_id = c.node_id,
+                                 .credential = credential,
+                                 .timeout_ms = c.peer_timeout_ms,
+                                 .frame_bytes_max = options.max_frame_bytes});
+
+  cluster::EtcdOptions eo;
+  eo.endpoints = c.etcd_endpoints;
+  eo.request_timeout_ms = c.etcd_timeout_ms;
+  node->etcd_ = std::make_unique<cluster::EtcdClient>(eo);
+  // Deletes this node missed while it was gone, applied to its own store only.
+  StoreHandler* handler = node->handler_.get();
+  node->tombstones_ = std::make_unique<cluster::TombstoneLog>(
+      node->etcd_.get(),
+      cluster::TombstoneOptions{.key_prefix = c.key_prefix,
+                                .node_id = c.node_id,
+                                .ttl_s = c.tombstone_ttl_s,
+                                .state_file = options.data_dir + "/cluster_tombstone_revision"},
+      [handler](std::span<const cluster::PeerKey> keys) { (void)handler->Delete(keys); },
+      [handler](std::string_view tenant) { (void)handler->DeleteTenant(tenant); });
+
+  cluster::MembershipOptions mo;
+  mo.etcd = eo;
+  mo.before_register = [t = node->tombstones_.get()] {
+    Status s = t->CatchUp();
+    if (!s.ok()) {
+      KVTIER_LOG(kWarn) << "cluster: tombstone catch-up: " << s.message();
+    }
+  };
+  mo.key_prefix = c.key_prefix;
+  mo.lease_ttl_s = c.lease_ttl_s;
+  mo.self.node_id = c.node_id;
+  mo.self.peer_endpoint = c.peer_advertise;
+  mo.self.failure_domain = c.failure_domain;
+  mo.self.dram_bytes = options.storage.dram_capacity_bytes;
+  mo.self.ssd_bytes = options.storage.ssd_capacity_bytes;
+  KVTIER_ASSIGN_OR_RETURN(node->membership_, cluster::Membership::Start(mo));
+  node->router_ = std::make_unique<cluster::Router>(
+      node->membership_.get(), node->client_.get(),
+      cluster::RouterOptions{.replicas = c.replicas, .write_acks = c.write_acks},
+      node->tombstones_.get());
+  node->tombstones_->StartPolling();
+  service->SetRouter(node->router_.get());
+  KVTIER_LOG(kInfo) << "cluster: node " << c.node_id << " peer front " << c.peer_host << ":"
+                    << node->server_->port() << " etcd " << c.etcd_endpoints.front() << " replicas "
+                    << c.replicas;
+  return node;
+}
+
+ClusterNode::~ClusterNode() { Stop(); }
+
+void ClusterNode::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  if (tombstones_) tombstones_->Stop();
+  if (membership_) membership_->Stop(/*revoke=*/true);
+  if (server_) server_->Stop();
+}
+
+std::string ClusterNode::ReadyText() const {
+  auto view = membership_->View();
+  std::ostringstream os;
+  os << "cluster: node " << node_id_ << ", " << view->members.size() << " members, etcd "
+     << (etcd_reachable() ? "reachable" : "UNREACHABLE (serving what this node holds)") << "\n";
+  return os.str();
+}
+
+std::string ClusterNode::RenderPrometheus() const {
+  auto view = membership_->View();
+  cluster::MembershipStats ms = membership_->Stats();
+  cluster::RouterStats rs = router_->stats();
+  cluster::PeerServerStats ps = server_->stats();
+  std::ostringstream os;
+  auto gauge = [&](const char* name, const char* help, uint64_t v) {
+    os << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n"
+       << name << " " << v << "\n";
+  };
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    os << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n"
+       << name << " " << v << "\n";
+  };
+  gauge("kvtier_cluster_etcd_reachable", "1 when the last etcd request succeeded.",
+        ms.etcd_reachable ? 1 : 0);
+  gauge("kvtier_cluster_registered", "1 while this node's record is in etcd under a live lease.",
+        ms.registered ? 1 : 0);
+  gauge("kvtier_cluster_members", "Live members in this node's view.", view->members.size());
+  counter("kvtier_cluster_registrations_total", "Registrations in etcd (1 + re-registrations).",
+          ms.registrations);
+  counter("kvtier_cluster_etcd_errors_total", "Failed etcd requests and broken watches.",
+          ms.etcd_errors);
+  counter("kvtier_cluster_bad_member_records_total", "Member records that failed validation.",
+          ms.bad_records);
+  counter("kvtier_cluster_remote_lookup_hits_total", "Keys found at a peer by LOOKUP.",
+          rs.remote_lookup_hits);
+  counter("kvtier_cluster_remote_get_hits_total", "Units fetched from a peer by GET.",
+          rs.remote_get_hits);
+  counter("kvtier_cluster_remote_get_bytes_total", "Bytes of units fetched from peers.",
+          rs.remote_get_bytes);
+  counter("kvtier_cluster_forwarded_puts_total", "PUTs sent to a peer owner.", rs.forwarded_puts);
+  counter("kvtier_cluster_forwarded_put_failures_total", "PUTs a peer owner did not acknowledge.",
+          rs.forwarded_put_failures);
+  counter("kvtier_cluster_puts_short_of_acks_total",
+          "PUTs answered with an error for lack of owner acknowledgements.", rs.puts_short_of_acks);
+  counter("kvtier_cluster_peer_errors_total", "Failed calls to peers.", rs.peer_errors);
+  cluster::TombstoneStats ts = tombstones_->stats();
+  counter("kvtier_cluster_tombstones_recorded_total", "Deleted keys recorded as tombstones.",
+          ts.recorded);
+  counter("kvtier_cluster_tombstones_applied_total",
+          "Deletes this node missed and applied from tombstones.", ts.applied);
+  counter("kvtier_cluster_tenant_deletes_applied_total",
+          "Tenant deletes this node missed and applied from the log.", ts.tenant_deletes_applied);
+  counter("kvtier_cluster_peer_requests_total", "Requests served to peers.", ps.requests);
+  counter("kvtier_cluster_peer_auth_failures_total",
+          "Peer connections refused for a bad or missing cluster credential.", ps.auth_failures);
+  return os.str();
+}
+
+}  // namespace kvtier::daemon

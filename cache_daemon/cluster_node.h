@@ -1,0 +1,65 @@
+// ClusterNode: what [cluster] adds to a kvtierd (docs/CLUSTER.md): the peer front serving
+// this node's store to its peers, the membership session in etcd, the peer client pool and
+// the router the Service sends its native operations through.
+//
+// Start order: peer front (so peers can reach us once we are listed), then membership, then
+// the router is handed to the Service. Stop: leave etcd (lease revoked), then close the peer
+// front. etcd unreachable at start is not an error: the node serves what it holds and keeps
+// trying (etcd_reachable() false, shown on /readyz and /metrics).
+//
+// Thread safety: Start/Stop from one thread; the rest from any.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache_daemon/config.h"
+#include "cache_daemon/service.h"
+#include "cache_daemon/tenants.h"
+#include "cluster/membership.h"
+#include "cluster/peer_client.h"
+#include "cluster/peer_server.h"
+#include "cluster/router.h"
+#include "cluster/tombstones.h"
+
+namespace kvtier::daemon {
+
+class ClusterNode {
+ public:
+  // options must be Finalize()d with options.cluster.enabled. Reads the credential file
+  // (InvalidArgument when shorter than 32 bytes, IOError when unreadable), binds the peer
+  // front (IOError), starts membership and installs the router in service.
+  static StatusOr<std::unique_ptr<ClusterNode>> Start(const DaemonOptions& options,
+                                                      Service* service,
+                                                      const TenantRegistry* tenants);
+  ~ClusterNode();
+  void Stop();
+
+  bool etcd_reachable() const { return membership_->etcd_reachable(); }
+  // One line for /readyz.
+  std::string ReadyText() const;
+  // Prometheus text: kvtier_cluster_* gauges and counters.
+  std::string RenderPrometheus() const;
+  uint16_t peer_port() const { return server_->port(); }
+
+ private:
+  ClusterNode() = default;
+  class StoreHandler;
+  std::string node_id_;
+  std::unique_ptr<StoreHandler> handler_;
+  std::unique_ptr<cluster::PeerServer> server_;
+  std::unique_ptr<cluster::PeerClient> client_;
+  std::unique_ptr<cluster::EtcdClient> etcd_;  // for the tombstone log
+  std::unique_ptr<cluster::TombstoneLog> tombstones_;
+  std::unique_ptr<cluster::Membership> membership_;
+  std::unique_ptr<cluster::Router> router_;
+  Service* service_ = nullptr;
+  bool stopped_ = false;
+};
+
+// Reads a cluster credential file: its bytes, trailing newline(s) stripped; at least
+// cluster::kCredentialBytesMin, at most kCredentialBytesMax.
+StatusOr<std::vector<uint8_t>> ReadCredentialFile(const std::string& path);
+
+}  // namespace kvtier::daemon

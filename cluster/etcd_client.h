@@ -1,0 +1,104 @@
+// EtcdClient: the few etcd v3 calls kvtier's cluster mode needs, spoken through etcd's JSON
+// gateway (POST /v3/kv/range, /v3/kv/put, /v3/kv/deleterange, /v3/lease/grant,
+// /v3/lease/keepalive, /v3/lease/revoke, /v3/watch) over plain HTTP. Keys and values are raw
+// bytes here; the client base64-encodes them on the wire. Tested against etcd 3.4
+// (tests/cluster/etcd_membership_test.cc starts a real one).
+//
+// Each call opens one connection to the first endpoint that answers (endpoints are tried in
+// order), with a bounded deadline (EtcdOptions::request_timeout_ms). Errors: Unavailable when
+// no endpoint could be reached, NotFound for an expired / unknown lease, Corruption for a reply
+// that is not what etcd sends, Rejected for a reply over a limit, IOError for any other etcd
+// error (its message included).
+//
+// Thread safety: every method may be called concurrently (no shared mutable state).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cluster/http_client.h"
+#include "common/status.h"
+
+namespace kvtier::cluster {
+
+struct EtcdOptions {
+  std::vector<std::string> endpoints;         // "host:port" or "http://host:port", at least one
+  uint64_t request_timeout_ms = 2000;         // one unary call to one endpoint
+  uint64_t response_bytes_max = 16ull << 20;  // one unary reply / one watch message
+};
+// InvalidArgument naming the bad endpoint or value.
+Status ValidateEtcdOptions(const EtcdOptions& options);
+
+struct EtcdKeyValue {
+  std::string key, value;
+  int64_t mod_revision = 0;
+  int64_t lease = 0;
+};
+
+struct EtcdRangeResult {
+  std::vector<EtcdKeyValue> kvs;
+  int64_t revision = 0;  // the store revision the range was read at
+};
+
+struct EtcdLease {
+  int64_t id = 0;
+  int64_t ttl_s = 0;
+};
+
+struct EtcdEvent {
+  enum class Type { kPut, kDelete };
+  Type type = Type::kPut;
+  EtcdKeyValue kv;  // for kDelete, key and mod_revision only
+};
+
+// The smallest key greater than every key starting with prefix ("\0" when none: all keys).
+std::string PrefixRangeEnd(std::string_view prefix);
+
+class EtcdClient {
+ public:
+  // options must pass ValidateEtcdOptions (endpoints that do not parse are skipped).
+  explicit EtcdClient(EtcdOptions options);
+
+  // Writes key = value, attached to lease_id when it is not 0 (NotFound: lease expired).
+  Status Put(std::string_view key, std::string_view value, int64_t lease_id = 0);
+  // Every key starting with prefix, in key order, limited to limit keys (0: no limit), and
+  // to keys last modified at min_mod_revision or later (0: any).
+  StatusOr<EtcdRangeResult> RangePrefix(std::string_view prefix, int64_t limit = 0,
+                                        int64_t min_mod_revision = 0);
+  // Writes every (key, value) in one transaction (at most kTxnOpsMax), attached to lease_id
+  // when it is not 0.
+  static constexpr size_t kTxnOpsMax = 128;  // etcd's default --max-txn-ops
+  Status PutMany(const std::vector<std::pair<std::string, std::string>>& kvs, int64_t lease_id = 0);
+  // One key; NotFound when absent.
+  StatusOr<EtcdKeyValue> Get(std::string_view key);
+  // Deletes one key (range_end empty) or [key, range_end); returns how many were deleted.
+  StatusOr<int64_t> Delete(std::string_view key, std::string_view range_end = {});
+
+  StatusOr<EtcdLease> LeaseGrant(int64_t ttl_s);
+  // Refreshes the lease once; returns its new TTL. NotFound when it has expired.
+  StatusOr<int64_t> LeaseKeepAlive(int64_t lease_id);
+  Status LeaseRevoke(int64_t lease_id);
+
+  // Watches every key starting with prefix from start_revision (0: from now), calling
+  // on_events with each batch of events and the revision it brings the watcher to. Blocks until
+  // *stop is true (checked at least every poll_ms; returns OK), the stream fails (IOError /
+  // Unavailable) or the revision was compacted (Rejected: re-read with RangePrefix and watch
+  // again). Messages are limited to response_bytes_max.
+  using EventSink = std::function<void(const std::vector<EtcdEvent>& events, int64_t revision)>;
+  Status Watch(std::string_view prefix, int64_t start_revision, const EventSink& on_events,
+               const std::atomic<bool>* stop, uint64_t poll_ms = 200);
+
+  const EtcdOptions& options() const { return options_; }
+
+ private:
+  // POSTs a JSON body to path on the first endpoint that answers; returns the JSON reply text.
+  StatusOr<std::string> Call(std::string_view path, const std::string& body);
+  EtcdOptions options_;
+  std::vector<HttpEndpoint> endpoints_;
+};
+
+}  // namespace kvtier::cluster

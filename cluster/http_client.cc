@@ -1,0 +1,306 @@
+#include "cluster/http_client.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstring>
+
+namespace kvtier::cluster {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t MsLeft(Clock::time_point deadline) {
+  auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left < 0 ? 0 : left;
+}
+
+// Connects a non-blocking socket to endpoint before deadline.
+StatusOr<int> Connect(const HttpEndpoint& ep, Clock::time_point deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  std::string port = std::to_string(ep.port);
+  int rc = ::getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &res);
+  if (rc != 0) return Status::IOError("resolve " + ep.host + ": " + ::gai_strerror(rc));
+  Status last = Status::IOError("no address for " + ep.host);
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+      last = Status::IOError("connect " + ep.ToString() + ": " + std::strerror(errno));
+      ::close(fd);
+      continue;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    int n = ::poll(&p, 1, static_cast<int>(MsLeft(deadline)));
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (n == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
+      ::freeaddrinfo(res);
+      return fd;
+    }
+    last = n == 0 ? Status::Retry("connect " + ep.ToString() + ": timed out")
+                  : Status::IOError("connect " + ep.ToString() + ": " + std::strerror(err));
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return last;
+}
+
+Status SendAll(int fd, std::string_view data, Clock::time_point deadline) {
+  while (!data.empty()) {
+    ssize_t k = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (k > 0) {
+      data.remove_prefix(static_cast<size_t>(k));
+      continue;
+    }
+    if (k < 0 && errno != EAGAIN && errno != EINTR) {
+      return Status::IOError(std::string("send: ") + std::strerror(errno));
+    }
+    pollfd p{fd, POLLOUT, 0};
+    if (::poll(&p, 1, static_cast<int>(MsLeft(deadline))) == 0) {
+      return Status::Retry("send: timed out");
+    }
+  }
+  return Status::Ok();
+}
+
+bool IEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) !=
+        std::tolower(static_cast<unsigned char>(b[i]))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string HttpEndpoint::ToString() const { return host + ":" + std::to_string(port); }
+
+StatusOr<HttpEndpoint> ParseHttpEndpoint(std::string_view text) {
+  std::string_view s = text;
+  if (s.starts_with("http://")) s.remove_prefix(7);
+  if (s.ends_with("/")) s.remove_suffix(1);
+  size_t colon = s.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || s.find('/') != std::string_view::npos) {
+    return Status::InvalidArgument("endpoint '" + std::string(text) +
+                                   "': want host:port or http://host:port");
+  }
+  std::string_view host = s.substr(0, colon), port = s.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') {
+      return Status::InvalidArgument("endpoint '" + std::string(text) + "': bad [IPv6] host");
+    }
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != std::string_view::npos) {
+    return Status::InvalidArgument("endpoint '" + std::string(text) +
+                                   "': write an IPv6 host as [addr]");
+  }
+  unsigned value = 0;
+  auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  if (ec != std::errc() || p != port.data() + port.size() || value == 0 || value > 65535) {
+    return Status::InvalidArgument("endpoint '" + std::string(text) + "': bad port");
+  }
+  return HttpEndpoint{std::string(host), static_cast<uint16_t>(value)};
+}
+
+HttpStream::~HttpStream() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status HttpStream::Fill(uint64_t wait_ms) {
+  pollfd p{fd_, POLLIN, 0};
+  int n = ::poll(&p, 1, static_cast<int>(wait_ms));
+  if (n == 0) return Status::Retry("no data within " + std::to_string(wait_ms) + " ms");
+  if (n < 0 && errno != EINTR) return Status::IOError(std::string("poll: ") + strerror(errno));
+  char tmp[65536];
+  ssize_t k = ::recv(fd_, tmp, sizeof(tmp), 0);
+  if (k == 0) return Status::NotFound("connection closed");
+  if (k < 0) {
+    if (errno == EAGAIN || errno == EINTR) return Status::Retry("no data yet");
+    return Status::IOError(std::string("recv: ") + std::strerror(errno));
+  }
+  buf_.append(tmp, static_cast<size_t>(k));
+  return Status::Ok();
+}
+
+Status HttpStream::Open(const HttpEndpoint& endpoint, std::string_view path, std::string_view body,
+                        const HttpLimits& limits) {
+  limits_ = limits;
+  auto deadline = Clock::now() + std::chrono::milliseconds(limits.timeout_ms);
+  KVTIER_ASSIGN_OR_RETURN(fd_, Connect(endpoint, deadline));
+  std::string req = "POST " + std::string(path) + " HTTP/1.1\r\nHost: " + endpoint.ToString() +
+                    "\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                    "Content-Length: " +
+                    std::to_string(body.size()) + "\r\n\r\n";
+  req.append(body);
+  KVTIER_RETURN_IF_ERROR(SendAll(fd_, req, deadline));
+
+  size_t head_end;
+  while ((head_end = buf_.find("\r\n\r\n")) == std::string::npos) {
+    if (buf_.size() > limits_.head_bytes_max) {
+      return Status::Rejected("response head over " + std::to_string(limits_.head_bytes_max) +
+                              " bytes");
+    }
+    if (MsLeft(deadline) == 0) return Status::Retry("response head: timed out");
+    Status s = Fill(static_cast<uint64_t>(MsLeft(deadline)));
+    if (s.IsNotFound()) return Status::IOError("connection closed before the response head");
+    if (!s.ok() && !s.IsRetry()) return s;
+  }
+  if (head_end > limits_.head_bytes_max) {
+    return Status::Rejected("response head over " + std::to_string(limits_.head_bytes_max) +
+                            " bytes");
+  }
+  std::string_view head(buf_.data(), head_end);
+  size_t eol = head.find("\r\n");
+  std::string_view status_line = head.substr(0, eol);
+  if (!status_line.starts_with("HTTP/1.") || status_line.size() < 12 || status_line[8] != ' ') {
+    return Status::Corruption("bad status line");
+  }
+  auto [sp, sec] = std::from_chars(status_line.data() + 9, status_line.data() + 12, status_);
+  if (sec != std::errc() || sp != status_line.data() + 12 || status_ < 200 || status_ > 599) {
+    return Status::Corruption("bad status code");
+  }
+  bool have_length = false;
+  while (eol != std::string_view::npos) {
+    head.remove_prefix(eol + 2);
+    eol = head.find("\r\n");
+    std::string_view line = head.substr(0, eol);
+    size_t colon = line.find(':');
+    if (colon == std::string_view::npos) return Status::Corruption("bad header line");
+    std::string_view name = line.substr(0, colon), value = Trim(line.substr(colon + 1));
+    if (IEquals(name, "Transfer-Encoding")) {
+      if (!IEquals(value, "chunked")) return Status::Corruption("unsupported transfer coding");
+      chunked_ = true;
+    } else if (IEquals(name, "Content-Length")) {
+      auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), remaining_);
+      if (ec != std::errc() || p != value.data() + value.size()) {
+        return Status::Corruption("bad Content-Length");
+      }
+      have_length = true;
+    }
+  }
+  if (chunked_ && have_length) return Status::Corruption("both chunked and Content-Length");
+  until_eof_ = !chunked_ && !have_length;
+  buf_.erase(0, head_end + 4);
+  return Status::Ok();
+}
+
+Status HttpStream::Read(uint64_t wait_ms, std::string* out) {
+  if (done_) return Status::NotFound("body ended");
+  auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
+  size_t appended = 0;
+  for (;;) {
+    // Consume what is buffered.
+    if (until_eof_) {
+      appended += buf_.size();
+      out->append(buf_);
+      buf_.clear();
+    } else if (!chunked_) {
+      size_t take = static_cast<size_t>(std::min<uint64_t>(remaining_, buf_.size()));
+      out->append(buf_, 0, take);
+      buf_.erase(0, take);
+      remaining_ -= take;
+      appended += take;
+      if (remaining_ == 0) {
+        done_ = true;
+        return Status::Ok();
+      }
+    } else {
+      bool progressed = true;
+      while (progressed) {
+        progressed = false;
+        if (in_chunk_) {
+          size_t take = static_cast<size_t>(std::min<uint64_t>(remaining_, buf_.size()));
+          out->append(buf_, 0, take);
+          buf_.erase(0, take);
+          remaining_ -= take;
+          appended += take;
+          if (remaining_ == 0 && buf_.size() >= 2) {
+            if (buf_.compare(0, 2, "\r\n") != 0) return Status::Corruption("bad chunk end");
+            buf_.erase(0, 2);
+            in_chunk_ = false;
+            progressed = true;
+          }
+        } else {
+          size_t eol = buf_.find("\r\n");
+          if (eol == std::string::npos) {
+            if (buf_.size() > 1024) return Status::Corruption("chunk size line too long");
+            break;
+          }
+          std::string_view line(buf_.data(), eol);
+          line = line.substr(0, line.find(';'));  // chunk extensions are ignored
+          uint64_t size = 0;
+          auto [p, ec] = std::from_chars(line.data(), line.data() + line.size(), size, 16);
+          if (ec != std::errc() || p != line.data() + line.size() || line.empty()) {
+            return Status::Corruption("bad chunk size");
+          }
+          if (size > limits_.chunk_bytes_max) {
+            return Status::Rejected("chunk over " + std::to_string(limits_.chunk_bytes_max) +
+                                    " bytes");
+          }
+          buf_.erase(0, eol + 2);
+          if (size == 0) {  // last chunk; trailers are not expected from etcd
+            done_ = true;
+            return appended > 0 ? Status::Ok() : Status::NotFound("body ended");
+          }
+          remaining_ = size;
+          in_chunk_ = true;
+          progressed = true;
+        }
+      }
+    }
+    if (appended > 0) return Status::Ok();
+    Status s = Fill(static_cast<uint64_t>(MsLeft(deadline)));
+    if (s.IsNotFound()) {
+      done_ = true;
+      if (until_eof_) return Status::NotFound("body ended");
+      return Status::IOError("connection closed in the middle of the body");
+    }
+    if (!s.ok()) return s;
+  }
+}
+
+StatusOr<HttpResponse> HttpPost(const HttpEndpoint& endpoint, std::string_view path,
+                                std::string_view body, const HttpLimits& limits) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(limits.timeout_ms);
+  HttpStream stream;
+  KVTIER_RETURN_IF_ERROR(stream.Open(endpoint, path, body, limits));
+  HttpResponse response;
+  response.status = stream.status();
+  for (;;) {
+    uint64_t left = static_cast<uint64_t>(MsLeft(deadline));
+    if (left == 0) return Status::Retry("response body: timed out");
+    Status s = stream.Read(left, &response.body);
+    if (s.IsNotFound()) break;
+    if (!s.ok()) return s;
+    if (response.body.size() > limits.body_bytes_max) {
+      return Status::Rejected("response body over " + std::to_string(limits.body_bytes_max) +
+                              " bytes");
+    }
+  }
+  return response;
+}
+
+}  // namespace kvtier::cluster

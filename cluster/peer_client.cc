@@ -1,0 +1,255 @@
+#include "cluster/peer_client.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "cluster/http_client.h"
+
+namespace kvtier::cluster {
+namespace {
+
+using daemon::wire::Reader;
+using daemon::wire::Writer;
+using Clock = std::chrono::steady_clock;
+
+uint64_t NowMs() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+          .count());
+}
+int LeftMs(uint64_t deadline_ms) {
+  uint64_t now = NowMs();
+  return now >= deadline_ms ? 0 : static_cast<int>(deadline_ms - now);
+}
+
+}  // namespace
+
+struct PeerClient::Conn {
+  int fd = -1;
+  uint64_t next_id = 1;
+  ~Conn() {
+    if (fd >= 0) ::close(fd);
+  }
+
+  Status Send(std::span<const uint8_t> data, uint64_t deadline_ms) {
+    while (!data.empty()) {
+      ssize_t k = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k > 0) {
+        data = data.subspan(static_cast<size_t>(k));
+        continue;
+      }
+      if (k < 0 && errno != EAGAIN && errno != EINTR) {
+        return Status::Unavailable(std::string("peer send: ") + std::strerror(errno));
+      }
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, LeftMs(deadline_ms)) == 0) return Status::Unavailable("peer send timeout");
+    }
+    return Status::Ok();
+  }
+
+  Status Recv(uint8_t* out, size_t n, uint64_t deadline_ms) {
+    while (n > 0) {
+      ssize_t k = ::recv(fd, out, n, MSG_DONTWAIT);
+      if (k > 0) {
+        out += k;
+        n -= static_cast<size_t>(k);
+        continue;
+      }
+      if (k == 0) return Status::Unavailable("peer closed the connection");
+      if (errno != EAGAIN && errno != EINTR) {
+        return Status::Unavailable(std::string("peer recv: ") + std::strerror(errno));
+      }
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, LeftMs(deadline_ms)) == 0) return Status::Unavailable("peer timeout");
+    }
+    return Status::Ok();
+  }
+
+  // One request/response; returns the body after the status prefix, or the status.
+  StatusOr<std::vector<uint8_t>> RoundTrip(PeerOp op, std::span<const uint8_t> body,
+                                           uint64_t deadline_ms, uint64_t frame_bytes_max) {
+    uint64_t id = next_id++;
+    auto header = daemon::wire::EncodeHeader(static_cast<uint8_t>(op), 0, id,
+                                             static_cast<uint32_t>(body.size()));
+    KVTIER_RETURN_IF_ERROR(Send(header, deadline_ms));
+    KVTIER_RETURN_IF_ERROR(Send(body, deadline_ms));
+    std::array<uint8_t, daemon::wire::kHeaderBytes> rh{};
+    KVTIER_RETURN_IF_ERROR(Recv(rh.data(), rh.size(), deadline_ms));
+    auto decoded = daemon::wire::DecodeHeader(rh, frame_bytes_max);
+    if (!decoded.ok()) return Status::Corruption("peer response: " + decoded.status().message());
+    if (decoded->opcode != (static_cast<uint8_t>(op) | daemon::wire::kResponseBit) ||
+        decoded->request_id != id) {
+      return Status::Corruption("peer response does not match the request");
+    }
+    std::vector<uint8_t> rbody(decoded->body_bytes());
+    KVTIER_RETURN_IF_ERROR(Recv(rbody.data(), rbody.size(), deadline_ms));
+    Reader r(rbody);
+    Status st;
+    KVTIER_RETURN_IF_ERROR(daemon::wire::DecodeStatus(&r, &st));
+    if (!st.ok()) return st;
+    size_t consumed = rbody.size() - r.remaining();
+    rbody.erase(rbody.begin(), rbody.begin() + static_cast<ptrdiff_t>(consumed));
+    return rbody;
+  }
+};
+
+PeerClient::PeerClient(PeerClientOptions options) : options_(std::move(options)) {}
+PeerClient::~PeerClient() = default;
+
+StatusOr<std::unique_ptr<PeerClient::Conn>> PeerClient::Connect(const std::string& endpoint,
+                                                                uint64_t deadline_ms) {
+  auto ep = ParseHttpEndpoint(endpoint);
+  if (!ep.ok()) return Status::InvalidArgument("peer endpoint: " + ep.status().message());
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(ep->host.c_str(), std::to_string(ep->port).c_str(), &hints, &res) != 0 ||
+      res == nullptr) {
+    return Status::Unavailable("peer " + endpoint + ": cannot resolve");
+  }
+  auto conn = std::make_unique<Conn>();
+  conn->fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int rc = conn->fd < 0 ? -1 : ::connect(conn->fd, res->ai_addr, res->ai_addrlen);
+  ::freeaddrinfo(res);
+  if (rc != 0 && errno != EINPROGRESS) {
+    return Status::Unavailable("peer " + endpoint + ": " + std::strerror(errno));
+  }
+  pollfd p{conn->fd, POLLOUT, 0};
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (::poll(&p, 1, LeftMs(deadline_ms)) != 1 ||
+      ::getsockopt(conn->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+    return Status::Unavailable("peer " + endpoint + ": connect failed");
+  }
+  int one = 1;
+  ::setsockopt(conn->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+
+  PeerNonce client_nonce{};
+  RAND_bytes(client_nonce.data(), static_cast<int>(client_nonce.size()));
+  Writer text;
+  PutText(options_.node_id, &text);
+  std::vector<uint8_t> hello(client_nonce.size() + text.buffer().size());
+  std::memcpy(hello.data(), client_nonce.data(), client_nonce.size());
+  std::memcpy(hello.data() + client_nonce.size(), text.buffer().data(), text.buffer().size());
+  KVTIER_ASSIGN_OR_RETURN(
+      std::vector<uint8_t> reply,
+      conn->RoundTrip(PeerOp::kHello, hello, deadline_ms, kPeerPreauthFrameBytesMax));
+  Reader r(reply);
+  std::span<const uint8_t> sn, sp;
+  if (!r.Bytes(32, &sn) || !r.Bytes(32, &sp)) return Status::Corruption("peer HELLO reply");
+  PeerNonce server_nonce{};
+  PeerProof server_proof{};
+  std::copy(sn.begin(), sn.end(), server_nonce.begin());
+  std::copy(sp.begin(), sp.end(), server_proof.begin());
+  if (!ProofsEqual(server_proof, PeerAuthProof(options_.credential, kServerProofLabel, client_nonce,
+                                               server_nonce))) {
+    return Status::PermissionDenied("peer " + endpoint + " does not hold the cluster credential");
+  }
+  PeerProof proof =
+      PeerAuthProof(options_.credential, kClientProofLabel, server_nonce, client_nonce);
+  KVTIER_RETURN_IF_ERROR(
+      conn->RoundTrip(PeerOp::kAuth, proof, deadline_ms, kPeerPreauthFrameBytesMax).status());
+  return conn;
+}
+
+StatusOr<std::vector<uint8_t>> PeerClient::Call(const std::string& endpoint, PeerOp op,
+                                                std::span<const uint8_t> body) {
+  uint64_t deadline = NowMs() + options_.timeout_ms;
+  std::unique_ptr<Conn> conn;
+  {
+    std::lock_guard lock(mu_);
+    auto& idle = idle_[endpoint];
+    if (!idle.empty()) {
+      conn = std::move(idle.back());
+      idle.pop_back();
+    }
+  }
+  if (conn == nullptr) {
+    KVTIER_ASSIGN_OR_RETURN(conn, Connect(endpoint, deadline));
+  }
+  auto reply = conn->RoundTrip(op, body, deadline, options_.frame_bytes_max);
+  // A peer's own error status leaves the connection in step; transport failures do not.
+  bool reusable = reply.ok() || (!reply.status().IsUnavailable() && !reply.status().IsCorruption());
+  if (reusable) {
+    std::lock_guard lock(mu_);
+    auto& idle = idle_[endpoint];
+    if (idle.size() < options_.idle_connections_per_peer_max) idle.push_back(std::move(conn));
+  }
+  return reply;
+}
+
+StatusOr<std::vector<uint8_t>> PeerClient::Lookup(const std::string& endpoint,
+                                                  std::span<const PeerKey> keys) {
+  Writer w;
+  PutKeys(keys, &w);
+  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> body, Call(endpoint, PeerOp::kLookup, w.buffer()));
+  Reader r(body);
+  uint32_t n = 0;
+  std::span<const uint8_t> tiers;
+  if (!r.U32(&n) || n != keys.size() || !r.Bytes(n, &tiers)) {
+    return Status::Corruption("peer LOOKUP reply");
+  }
+  return std::vector<uint8_t>(tiers.begin(), tiers.end());
+}
+
+StatusOr<PeerClient::GetResult> PeerClient::Get(const std::string& endpoint,
+                                                std::span<const PeerKey> keys) {
+  Writer w;
+  PutKeys(keys, &w);
+  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> body, Call(endpoint, PeerOp::kGet, w.buffer()));
+  Reader r(body);
+  uint32_t n = 0;
+  if (!r.U32(&n) || n != keys.size()) return Status::Corruption("peer GET reply");
+  GetResult out;
+  out.statuses.resize(n);
+  out.values.resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    uint8_t code = 0;
+    uint32_t len = 0;
+    std::span<const uint8_t> bytes;
+    if (!r.U8(&code) || code > static_cast<uint8_t>(StatusCode::kInternal) || !r.U32(&len) ||
+        !r.Bytes(len, &bytes)) {
+      return Status::Corruption("peer GET reply entry");
+    }
+    out.statuses[i] = code == 0 ? Status::Ok() : Status(static_cast<StatusCode>(code), "peer");
+    out.values[i].assign(bytes.begin(), bytes.end());
+  }
+  return out;
+}
+
+Status PeerClient::Put(const std::string& endpoint, const PeerPut& put) {
+  return Call(endpoint, PeerOp::kPut, EncodePeerPut(put)).status();
+}
+
+StatusOr<std::vector<uint8_t>> PeerClient::Delete(const std::string& endpoint,
+                                                  std::span<const PeerKey> keys) {
+  Writer w;
+  PutKeys(keys, &w);
+  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> body, Call(endpoint, PeerOp::kDelete, w.buffer()));
+  Reader r(body);
+  uint32_t n = 0;
+  std::span<const uint8_t> flags;
+  if (!r.U32(&n) || n != keys.size() || !r.Bytes(n, &flags)) {
+    return Status::Corruption("peer DELETE reply");
+  }
+  return std::vector<uint8_t>(flags.begin(), flags.end());
+}
+
+Status PeerClient::DeleteTenant(const std::string& endpoint, std::string_view tenant) {
+  Writer w;
+  PutText(tenant, &w);
+  return Call(endpoint, PeerOp::kDeleteTenant, w.buffer()).status();
+}
+
+}  // namespace kvtier::cluster

@@ -1,0 +1,65 @@
+// PeerClient: the calling side of the peer protocol (cluster/peer_wire.h), with a small pool
+// of authenticated connections per peer endpoint.
+//
+// Every call has a deadline (timeout_ms, connect + handshake + request + response). A
+// connection that fails in any way is dropped, never reused; a call is not retried here
+// (the router decides). Errors: Unavailable (cannot connect / connection lost / timeout),
+// PermissionDenied (the peer refused our credential, or failed to prove it holds it),
+// Corruption (malformed response), or the peer's own status.
+//
+// Thread safety: every method may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cluster/peer_wire.h"
+#include "common/status.h"
+
+namespace kvtier::cluster {
+
+struct PeerClientOptions {
+  std::string node_id;  // ours, sent in HELLO (for the peer's logs)
+  std::vector<uint8_t> credential;
+  uint64_t timeout_ms = 2000;
+  uint32_t idle_connections_per_peer_max = 8;
+  uint64_t frame_bytes_max = (64ull << 20) + (1ull << 20);  // one response
+};
+
+class PeerClient {
+ public:
+  explicit PeerClient(PeerClientOptions options);
+  ~PeerClient();
+
+  // Tier per key (kPeerTierAbsent when the peer does not hold it).
+  StatusOr<std::vector<uint8_t>> Lookup(const std::string& endpoint, std::span<const PeerKey> keys);
+  // One status and value per key (a value the peer could not fit is Retry: ask again).
+  struct GetResult {
+    std::vector<Status> statuses;
+    std::vector<std::vector<uint8_t>> values;
+  };
+  StatusOr<GetResult> Get(const std::string& endpoint, std::span<const PeerKey> keys);
+  Status Put(const std::string& endpoint, const PeerPut& put);
+  // One flag per key: 1 when it existed at the peer.
+  StatusOr<std::vector<uint8_t>> Delete(const std::string& endpoint, std::span<const PeerKey> keys);
+  Status DeleteTenant(const std::string& endpoint, std::string_view tenant);
+
+ private:
+  struct Conn;
+  // Sends one request and returns the response body after an OK status (the status
+  // otherwise).
+  StatusOr<std::vector<uint8_t>> Call(const std::string& endpoint, PeerOp op,
+                                      std::span<const uint8_t> body);
+  StatusOr<std::unique_ptr<Conn>> Connect(const std::string& endpoint, uint64_t deadline_ms);
+
+  PeerClientOptions options_;
+  std::mutex mu_;
+  std::map<std::string, std::vector<std::unique_ptr<Conn>>> idle_;  // guarded by mu_
+};
+
+}  // namespace kvtier::cluster

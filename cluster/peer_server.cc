@@ -1,0 +1,308 @@
+#include "cluster/peer_server.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "common/logging.h"
+
+namespace kvtier::cluster {
+namespace {
+
+using daemon::wire::Frame;
+using daemon::wire::Reader;
+using daemon::wire::Writer;
+using Clock = std::chrono::steady_clock;
+
+bool SendAll(int fd, std::span<const uint8_t> data, uint64_t timeout_ms) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!data.empty()) {
+    ssize_t k = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k > 0) {
+      data = data.subspan(static_cast<size_t>(k));
+      continue;
+    }
+    if (k < 0 && errno != EAGAIN && errno != EINTR) return false;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, POLLOUT, 0};
+    ::poll(&p, 1, static_cast<int>(left.count()));
+  }
+  return true;
+}
+
+void Respond(int fd, uint8_t opcode, uint64_t request_id, Writer* w, uint64_t timeout_ms,
+             bool* ok) {
+  std::vector<uint8_t>& body = w->buffer();
+  auto header = daemon::wire::EncodeHeader(opcode | daemon::wire::kResponseBit, 0, request_id,
+                                           static_cast<uint32_t>(body.size()));
+  *ok = SendAll(fd, header, timeout_ms) && SendAll(fd, body, timeout_ms);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(PeerServerOptions options,
+                                                        PeerHandler* handler) {
+  if (options.credential.size() < kCredentialBytesMin) {
+    return Status::InvalidArgument("cluster credential shorter than 32 bytes");
+  }
+  std::unique_ptr<PeerServer> s(new PeerServer(std::move(options), handler));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;
+  addrinfo* res = nullptr;
+  std::string where = s->options_.listen_host + ":" + std::to_string(s->options_.listen_port);
+  const char* host =
+      s->options_.listen_host == "localhost" ? "127.0.0.1" : s->options_.listen_host.c_str();
+  if (::getaddrinfo(host, std::to_string(s->options_.listen_port).c_str(), &hints, &res) != 0 ||
+      res == nullptr) {
+    return Status::InvalidArgument("peer listen address " + where + " is not numeric");
+  }
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (fd < 0 || ::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, 64) != 0) {
+    std::string err = std::strerror(errno);
+    ::freeaddrinfo(res);
+    if (fd >= 0) ::close(fd);
+    return Status::IOError("peer front: cannot listen on " + where + ": " + err);
+  }
+  ::freeaddrinfo(res);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  s->port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                               : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  s->listen_fd_ = fd;
+  s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
+  return s;
+}
+
+PeerServer::PeerServer(PeerServerOptions options, PeerHandler* handler)
+    : options_(std::move(options)), handler_(handler) {}
+
+PeerServer::~PeerServer() { Stop(); }
+
+void PeerServer::Stop() {
+  if (stop_.exchange(true)) return;
+  if (acceptor_.joinable()) acceptor_.join();
+  std::map<uint64_t, std::thread> workers;
+  {
+    std::lock_guard lock(mu_);
+    workers.swap(workers_);
+  }
+  for (auto& [id, t] : workers) t.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  listen_fd_ = -1;
+}
+
+PeerServerStats PeerServer::stats() const {
+  return {connections_.load(), refused_.load(), auth_failures_.load(), requests_.load(),
+          bad_frames_.load()};
+}
+
+void PeerServer::ReapFinished() {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard lock(mu_);
+    for (uint64_t id : finished_) {
+      auto it = workers_.find(id);
+      if (it != workers_.end()) {
+        done.push_back(std::move(it->second));
+        workers_.erase(it);
+      }
+    }
+    finished_.clear();
+  }
+  for (auto& t : done) t.join();
+}
+
+void PeerServer::AcceptLoop() {
+  while (!stop_.load()) {
+    ReapFinished();
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) continue;
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    if (active_.load() >= options_.connections_max) {
+      refused_.fetch_add(1);
+      ::close(fd);
+      continue;
+    }
+    active_.fetch_add(1);
+    connections_.fetch_add(1);
+    std::lock_guard lock(mu_);
+    uint64_t id = next_worker_++;
+    workers_[id] = std::thread([this, fd, id] {
+      Serve(fd);
+      ::close(fd);
+      active_.fetch_sub(1);
+      std::lock_guard l(mu_);
+      finished_.push_back(id);
+    });
+  }
+}
+
+void PeerServer::Serve(int fd) {
+  daemon::wire::FrameParser parser(kPeerPreauthFrameBytesMax);
+  bool authenticated = false;
+  PeerNonce client_nonce{}, server_nonce{};
+  bool hello_done = false;
+  auto last_activity = Clock::now();
+  std::vector<uint8_t> buf(64 << 10);
+  while (!stop_.load()) {
+    Frame frame;
+    auto next = parser.Next(&frame);
+    if (!next.ok()) {
+      bad_frames_.fetch_add(1);
+      return;
+    }
+    if (!*next) {
+      pollfd p{fd, POLLIN, 0};
+      int n = ::poll(&p, 1, 200);
+      auto idle_ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_activity)
+              .count();
+      uint64_t limit = parser.mid_frame() ? options_.frame_timeout_ms : options_.idle_timeout_ms;
+      if (n <= 0) {
+        if (static_cast<uint64_t>(idle_ms) > limit) return;
+        continue;
+      }
+      ssize_t k = ::recv(fd, buf.data(), buf.size(), 0);
+      if (k <= 0) return;
+      parser.Append(std::span<const uint8_t>(buf.data(), static_cast<size_t>(k)));
+      if (!parser.mid_frame()) last_activity = Clock::now();
+      continue;
+    }
+    last_activity = Clock::now();
+    const uint8_t op = frame.header.opcode;
+    Writer w;
+    bool sent = false;
+    if (!authenticated) {
+      Reader r(frame.body);
+      if (op == static_cast<uint8_t>(PeerOp::kHello) && !hello_done) {
+        std::span<const uint8_t> nonce;
+        std::string node_id;
+        if (!r.Bytes(client_nonce.size(), &nonce) || !GetText(&r, &node_id)) {
+          bad_frames_.fetch_add(1);
+          return;
+        }
+        std::copy(nonce.begin(), nonce.end(), client_nonce.begin());
+        RAND_bytes(server_nonce.data(), static_cast<int>(server_nonce.size()));
+        PeerProof proof =
+            PeerAuthProof(options_.credential, kServerProofLabel, client_nonce, server_nonce);
+        daemon::wire::EncodeStatus(Status::Ok(), &w);
+        w.Bytes(std::span<const uint8_t>(server_nonce));
+        w.Bytes(std::span<const uint8_t>(proof));
+        hello_done = true;
+        Respond(fd, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
+        if (!sent) return;
+        continue;
+      }
+      if (op == static_cast<uint8_t>(PeerOp::kAuth) && hello_done) {
+        std::span<const uint8_t> got;
+        PeerProof proof{};
+        bool ok = r.Bytes(proof.size(), &got);
+        if (ok) std::copy(got.begin(), got.end(), proof.begin());
+        ok = ok && ProofsEqual(proof, PeerAuthProof(options_.credential, kClientProofLabel,
+                                                    server_nonce, client_nonce));
+        if (!ok) {
+          auth_failures_.fetch_add(1);
+          daemon::wire::EncodeStatus(Status::PermissionDenied("bad cluster credential"), &w);
+          Respond(fd, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
+          return;
+        }
+        authenticated = true;
+        parser.set_max_frame_bytes(options_.frame_bytes_max);
+        daemon::wire::EncodeStatus(Status::Ok(), &w);
+        Respond(fd, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
+        if (!sent) return;
+        continue;
+      }
+      auth_failures_.fetch_add(1);
+      daemon::wire::EncodeStatus(Status::PermissionDenied("peer: authenticate first"), &w);
+      Respond(fd, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
+      return;
+    }
+    requests_.fetch_add(1);
+    Execute(frame, &w);
+    Respond(fd, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
+    if (!sent) return;
+  }
+}
+
+void PeerServer::Execute(const Frame& frame, Writer* w) {
+  Reader r(frame.body);
+  std::vector<PeerKey> keys;
+  auto bad = [&](std::string_view what) {
+    bad_frames_.fetch_add(1);
+    daemon::wire::EncodeStatus(Status::InvalidArgument(what), w);
+  };
+  switch (static_cast<PeerOp>(frame.header.opcode)) {
+    case PeerOp::kLookup: {
+      if (!GetKeys(&r, &keys) || r.remaining() != 0) return bad("malformed peer LOOKUP");
+      std::vector<uint8_t> tiers = handler_->Lookup(keys);
+      daemon::wire::EncodeStatus(Status::Ok(), w);
+      w->U32(static_cast<uint32_t>(tiers.size()));
+      w->Bytes(std::span<const uint8_t>(tiers));
+      return;
+    }
+    case PeerOp::kGet: {
+      if (!GetKeys(&r, &keys) || r.remaining() != 0) return bad("malformed peer GET");
+      daemon::wire::EncodeStatus(Status::Ok(), w);
+      w->U32(static_cast<uint32_t>(keys.size()));
+      const uint64_t budget = options_.frame_bytes_max - daemon::wire::kHeaderBytes - 4096;
+      std::vector<uint8_t> value;
+      bool any_value = false;
+      for (const PeerKey& k : keys) {
+        Status s = handler_->Get(k, &value);
+        if (s.ok() && w->buffer().size() + 5 + value.size() > budget) {
+          // Retry: ask again in a later response; Rejected: it would never fit in one.
+          s = any_value ? Status::Retry("response full")
+                        : Status::Rejected("value larger than the peer response limit");
+        }
+        any_value = any_value || s.ok();
+        w->U8(static_cast<uint8_t>(s.code()));
+        w->U32(s.ok() ? static_cast<uint32_t>(value.size()) : 0);
+        if (s.ok()) w->Bytes(std::span<const uint8_t>(value));
+      }
+      return;
+    }
+    case PeerOp::kPut: {
+      auto put = DecodePeerPut(frame.body);
+      if (!put.ok()) return bad(put.status().message());
+      daemon::wire::EncodeStatus(handler_->Put(*put), w);
+      return;
+    }
+    case PeerOp::kDelete: {
+      if (!GetKeys(&r, &keys) || r.remaining() != 0) return bad("malformed peer DELETE");
+      auto deleted = handler_->Delete(keys);
+      daemon::wire::EncodeStatus(deleted.status(), w);
+      if (deleted.ok()) {
+        w->U32(static_cast<uint32_t>(deleted->size()));
+        w->Bytes(std::span<const uint8_t>(*deleted));
+      }
+      return;
+    }
+    case PeerOp::kDeleteTenant: {
+      std::string tenant;
+      if (!GetText(&r, &tenant) || r.remaining() != 0) {
+        return bad("malformed peer DELETE_TENANT");
+      }
+      daemon::wire::EncodeStatus(handler_->DeleteTenant(tenant), w);
+      return;
+    }
+    default:
+      return bad("unknown peer opcode");
+  }
+}
+
+}  // namespace kvtier::cluster

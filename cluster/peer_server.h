@@ -1,0 +1,91 @@
+// PeerServer: the peer front of a cluster node ([cluster] peer_listen). Accepts TCP
+// connections from other nodes, authenticates them with the cluster credential
+// (cluster/peer_wire.h) and hands their storage-key operations to a PeerHandler.
+//
+// One thread per connection (peer connections are few: a pool per peer node), at most
+// connections_max at once (more are closed at once, counted); a connection idle for
+// idle_timeout_ms, or whose started frame does not complete within frame_timeout_ms, is
+// closed. Frames are limited to kPeerPreauthFrameBytesMax before AUTH and frame_bytes_max
+// after.
+//
+// Thread safety: Start/Stop from one thread; stats() from any. Handler methods are called
+// concurrently from connection threads.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cluster/peer_wire.h"
+#include "common/status.h"
+
+namespace kvtier::cluster {
+
+class PeerHandler {
+ public:
+  virtual ~PeerHandler() = default;
+  // Tier of each key held here (kPeerTierAbsent when not).
+  virtual std::vector<uint8_t> Lookup(std::span<const PeerKey> keys) = 0;
+  virtual Status Get(const PeerKey& key, std::vector<uint8_t>* value) = 0;
+  virtual Status Put(const PeerPut& put) = 0;
+  // One flag per key: 1 when it existed here.
+  virtual StatusOr<std::vector<uint8_t>> Delete(std::span<const PeerKey> keys) = 0;
+  virtual Status DeleteTenant(std::string_view tenant) = 0;
+};
+
+struct PeerServerOptions {
+  std::string listen_host = "127.0.0.1";
+  uint16_t listen_port = 0;  // 0: any free port (port() tells)
+  std::vector<uint8_t> credential;
+  uint32_t connections_max = 64;
+  uint64_t idle_timeout_ms = 300000;
+  uint64_t frame_timeout_ms = 10000;
+  uint64_t frame_bytes_max = (64ull << 20) + (1ull << 20);
+};
+
+struct PeerServerStats {
+  uint64_t connections = 0, refused_over_max = 0, auth_failures = 0, requests = 0, bad_frames = 0;
+};
+
+class PeerServer {
+ public:
+  // Binds and starts accepting. IOError naming the address when it cannot bind;
+  // InvalidArgument for a credential shorter than kCredentialBytesMin.
+  static StatusOr<std::unique_ptr<PeerServer>> Start(PeerServerOptions options,
+                                                     PeerHandler* handler);
+  ~PeerServer();
+  // Closes the listener and every connection; waits for their threads.
+  void Stop();
+  uint16_t port() const { return port_; }
+  PeerServerStats stats() const;
+
+ private:
+  PeerServer(PeerServerOptions options, PeerHandler* handler);
+  void AcceptLoop();
+  void Serve(int fd);
+  // Executes one authenticated request; fills the response body (status first).
+  void Execute(const daemon::wire::Frame& frame, daemon::wire::Writer* w);
+
+  PeerServerOptions options_;
+  PeerHandler* handler_;
+  int listen_fd_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint32_t> active_{0};
+  std::atomic<uint64_t> connections_{0}, refused_{0}, auth_failures_{0}, requests_{0},
+      bad_frames_{0};
+  std::thread acceptor_;
+  std::mutex mu_;
+  uint64_t next_worker_ = 0;
+  std::map<uint64_t, std::thread> workers_;  // guarded by mu_
+  std::vector<uint64_t> finished_;           // workers that returned; joined by AcceptLoop
+  void ReapFinished();
+};
+
+}  // namespace kvtier::cluster

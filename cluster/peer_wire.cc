@@ -1,0 +1,88 @@
+#include "cluster/peer_wire.h"
+
+#include <openssl/crypto.h>
+#include <openssl/hmac.h>
+
+namespace kvtier::cluster {
+
+using daemon::wire::Reader;
+using daemon::wire::Writer;
+
+bool IsPeerOp(uint8_t opcode) { return opcode >= 0x60 && opcode <= 0x66; }
+
+PeerProof PeerAuthProof(std::span<const uint8_t> credential, std::string_view label,
+                        const PeerNonce& a, const PeerNonce& b) {
+  std::vector<uint8_t> msg(label.begin(), label.end());
+  msg.insert(msg.end(), a.begin(), a.end());
+  msg.insert(msg.end(), b.begin(), b.end());
+  PeerProof out{};
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), credential.data(), static_cast<int>(credential.size()), msg.data(), msg.size(),
+       out.data(), &len);
+  return out;
+}
+
+bool ProofsEqual(const PeerProof& a, const PeerProof& b) {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+void PutText(std::string_view text, Writer* w) {
+  w->U16(static_cast<uint16_t>(text.size()));
+  w->Bytes(text);
+}
+
+bool GetText(Reader* r, std::string* text) {
+  uint16_t n = 0;
+  std::span<const uint8_t> bytes;
+  if (!r->U16(&n) || n > kPeerTextBytesMax || !r->Bytes(n, &bytes)) return false;
+  text->assign(bytes.begin(), bytes.end());
+  return true;
+}
+
+void PutKeys(std::span<const PeerKey> keys, Writer* w) {
+  w->U32(static_cast<uint32_t>(keys.size()));
+  for (const PeerKey& k : keys) w->KeyBytes(k);
+}
+
+bool GetKeys(Reader* r, std::vector<PeerKey>* keys) {
+  uint32_t n = 0;
+  if (!r->U32(&n) || n > daemon::wire::kMaxBatchKeys || r->remaining() < n * sizeof(PeerKey)) {
+    return false;
+  }
+  keys->resize(n);
+  for (auto& k : *keys) r->KeyBytes(&k);
+  return true;
+}
+
+std::vector<uint8_t> EncodePeerPut(const PeerPut& p) {
+  Writer w;
+  w.U8(p.kind);
+  w.U8(p.highest_tier);
+  w.U8(p.allow_ssd);
+  w.U32(p.recompute_tokens);
+  w.U64(p.ttl_ms);
+  PutText(p.tenant, &w);
+  w.KeyBytes(p.key);
+  w.KeyBytes(p.parent);
+  w.U32(static_cast<uint32_t>(p.value.size()));
+  w.Bytes(p.value);
+  return w.Take();
+}
+
+StatusOr<PeerPut> DecodePeerPut(std::span<const uint8_t> body) {
+  Reader r(body);
+  PeerPut p;
+  uint32_t n = 0;
+  if (!r.U8(&p.kind) || !r.U8(&p.highest_tier) || !r.U8(&p.allow_ssd) ||
+      !r.U32(&p.recompute_tokens) || !r.U64(&p.ttl_ms) || !GetText(&r, &p.tenant) ||
+      !r.KeyBytes(&p.key) || !r.KeyBytes(&p.parent) || !r.U32(&n) || !r.Bytes(n, &p.value) ||
+      r.remaining() != 0) {
+    return Status::InvalidArgument("malformed peer PUT");
+  }
+  if (p.kind > 2 || p.highest_tier > 2 || p.allow_ssd > 1) {
+    return Status::InvalidArgument("peer PUT: bad kind, tier or allow_ssd");
+  }
+  return p;
+}
+
+}  // namespace kvtier::cluster

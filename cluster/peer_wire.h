@@ -1,0 +1,94 @@
+// The peer protocol between kvtierd nodes of one cluster: the native protocol's framing
+// (cache_daemon/wire.h: 16-byte header, little-endian bodies, a status prefix on every
+// response) with opcodes of its own, spoken only on the peer front ([cluster] peer_listen).
+//
+// Peers address units by storage key (already bound to a tenant by the node that took the
+// client's request), never by chain key: the peer front has no tenant login, so a peer
+// cannot act as a tenant, derive a salt, or reach the client fronts' operations.
+//
+// Authentication (mutual, challenge-response over the cluster credential, a shared secret
+// of at least 32 bytes from [cluster] credential_file):
+//   client -> HELLO  {client_nonce[32], node_id}
+//   server -> status, {server_nonce[32], HMAC(cred, "kvtier.peer.server" | cn | sn)}
+//   client -> AUTH   {HMAC(cred, "kvtier.peer.client" | sn | cn)}
+//   server -> status
+// Nothing else is accepted before AUTH succeeds (PermissionDenied, connection closed).
+//
+// Bodies (after the header; keys are 32 bytes):
+//   LOOKUP         u32 n, n keys               -> status, u32 n, n x u8 tier (255: absent)
+//   GET            u32 n, n keys               -> status, u32 n, n x {u8 code, u32 len, bytes}
+//                  (a value that does not fit after others is kRetry, no bytes: ask again;
+//                  one that would not fit alone is kRejected)
+//   PUT            u8 kind, u8 highest_tier, u8 allow_ssd, u32 recompute_tokens, u64 ttl_ms,
+//                  text tenant, key, parent key, u32 len, bytes   -> status
+//   DELETE         u32 n, n keys               -> status, u32 n, n x u8 (1: it existed)
+//   DELETE_TENANT  text tenant                 -> status
+// (text = u16 length + bytes, at most kPeerTextBytesMax.)
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cache_daemon/wire.h"
+#include "common/status.h"
+
+namespace kvtier::cluster {
+
+using PeerKey = std::array<uint8_t, 32>;
+using PeerNonce = std::array<uint8_t, 32>;
+using PeerProof = std::array<uint8_t, 32>;
+
+enum class PeerOp : uint8_t {
+  kHello = 0x60,
+  kAuth = 0x61,
+  kLookup = 0x62,
+  kGet = 0x63,
+  kPut = 0x64,
+  kDelete = 0x65,
+  kDeleteTenant = 0x66,
+};
+bool IsPeerOp(uint8_t opcode);
+
+inline constexpr size_t kPeerTextBytesMax = 1024;
+inline constexpr uint64_t kPeerPreauthFrameBytesMax = 4096;
+inline constexpr size_t kCredentialBytesMin = 32;
+inline constexpr size_t kCredentialBytesMax = 4096;
+inline constexpr uint8_t kPeerTierAbsent = 255;
+
+// HMAC-SHA256(credential, label | a | b).
+PeerProof PeerAuthProof(std::span<const uint8_t> credential, std::string_view label,
+                        const PeerNonce& a, const PeerNonce& b);
+inline constexpr std::string_view kServerProofLabel = "kvtier.peer.server";
+inline constexpr std::string_view kClientProofLabel = "kvtier.peer.client";
+// Constant-time comparison of two proofs.
+bool ProofsEqual(const PeerProof& a, const PeerProof& b);
+
+void PutText(std::string_view text, daemon::wire::Writer* w);
+bool GetText(daemon::wire::Reader* r, std::string* text);  // false: truncated or too long
+
+void PutKeys(std::span<const PeerKey> keys, daemon::wire::Writer* w);
+// At most daemon::wire::kMaxBatchKeys keys.
+bool GetKeys(daemon::wire::Reader* r, std::vector<PeerKey>* keys);
+
+struct PeerPut {
+  uint8_t kind = 0;
+  uint8_t highest_tier = 1;
+  uint8_t allow_ssd = 1;
+  uint32_t recompute_tokens = 0;
+  uint64_t ttl_ms = 0;
+  std::string tenant;
+  PeerKey key{};
+  PeerKey parent{};
+  std::span<const uint8_t> value;  // points into the decoded body / caller's bytes
+};
+std::vector<uint8_t> EncodePeerPut(const PeerPut& put);
+// InvalidArgument for a truncated or over-long body.
+StatusOr<PeerPut> DecodePeerPut(std::span<const uint8_t> body);
+
+}  // namespace kvtier::cluster

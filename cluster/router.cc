@@ -1,0 +1,262 @@
+#include "cluster/router.h"
+
+#include <algorithm>
+#include <future>
+#include <map>
+
+#include "cluster/placement.h"
+
+namespace kvtier::cluster {
+namespace {
+
+std::string_view KeyView(const PeerKey& k) {
+  return std::string_view(reinterpret_cast<const char*>(k.data()), k.size());
+}
+
+}  // namespace
+
+Router::Router(Membership* membership, PeerClient* peers, RouterOptions options,
+               TombstoneLog* tombstones)
+    : membership_(membership), peers_(peers), options_(options), tombstones_(tombstones) {
+  latest_ = membership_->View();
+  membership_->AddListener([this](const MemberView& v) { OnViewChange(v); });
+}
+
+void Router::OnViewChange(const MemberView& view) {
+  std::lock_guard lock(mu_);
+  previous_ = latest_;
+  latest_ = std::make_shared<MemberView>(view);
+}
+
+std::vector<size_t> Router::Owners(const PeerKey& key, const MemberView& view) const {
+  return PlaceOwners(KeyView(key), view.members, options_.replicas);
+}
+
+bool Router::OwnsLocally(const PeerKey& key) const {
+  auto view = View();
+  if (view->members.empty()) return true;
+  for (size_t i : Owners(key, *view)) {
+    if (view->members[i].node_id == self_id()) return true;
+  }
+  return false;
+}
+
+void Router::AddPeersFor(const PeerKey& key, const MemberView& view,
+                         std::vector<std::string>* out) const {
+  std::shared_ptr<const MemberView> previous;
+  {
+    std::lock_guard lock(mu_);
+    previous = previous_;
+  }
+  auto add = [&](const MemberView& v) {
+    for (size_t i : Owners(key, v)) {
+      const MemberInfo& m = v.members[i];
+      if (m.node_id == self_id()) continue;
+      // Only members that are live now can answer.
+      int live = view.Find(m.node_id);
+      if (live < 0) continue;
+      const std::string& ep = view.members[static_cast<size_t>(live)].peer_endpoint;
+      if (std::find(out->begin(), out->end(), ep) == out->end()) out->push_back(ep);
+    }
+  };
+  add(view);
+  if (previous != nullptr) add(*previous);
+}
+
+std::vector<std::pair<std::string, std::string>> Router::OtherMembers() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  auto view = View();
+  for (const auto& m : view->members) {
+    if (m.node_id != self_id()) out.emplace_back(m.node_id, m.peer_endpoint);
+  }
+  return out;
+}
+
+void Router::LookupRemote(std::span<const PeerKey> keys, std::vector<uint8_t>* tiers) {
+  auto view = View();
+  std::map<std::string, std::vector<size_t>> by_peer;  // endpoint -> key indices
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if ((*tiers)[i] != kPeerTierAbsent) continue;
+    std::vector<std::string> peers;
+    AddPeersFor(keys[i], *view, &peers);
+    for (const auto& ep : peers) by_peer[ep].push_back(i);
+  }
+  if (by_peer.empty()) return;
+  remote_lookups_.fetch_add(1);
+  std::vector<std::pair<const std::vector<size_t>*, std::future<StatusOr<std::vector<uint8_t>>>>>
+      calls;
+  for (auto& [ep, idx] : by_peer) {
+    std::vector<PeerKey> ks;
+    for (size_t i : idx) ks.push_back(keys[i]);
+    calls.emplace_back(&idx, std::async(std::launch::async, [this, ep = ep, ks = std::move(ks)] {
+      return peers_->Lookup(ep, ks);
+    }));
+  }
+  for (auto& [idx, fut] : calls) {
+    auto r = fut.get();
+    if (!r.ok()) {
+      peer_errors_.fetch_add(1);
+      continue;
+    }
+    for (size_t j = 0; j < idx->size(); ++j) {
+      size_t i = (*idx)[j];
+      if ((*r)[j] != kPeerTierAbsent && (*tiers)[i] == kPeerTierAbsent) {
+        (*tiers)[i] = (*r)[j];
+        remote_lookup_hits_.fetch_add(1);
+      }
+    }
+  }
+}
+
+void Router::GetRemote(std::span<const PeerKey> keys, const std::vector<bool>& want,
+                       std::vector<Status>* statuses, std::vector<std::vector<uint8_t>>* values) {
+  auto view = View();
+  // Each wanted key goes to its peers in order of preference; a round asks every key's next
+  // peer, all peers in parallel, until every key is found or its peers are exhausted.
+  std::vector<std::vector<std::string>> candidates(keys.size());
+  std::vector<size_t> next(keys.size(), 0);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (want[i]) AddPeersFor(keys[i], *view, &candidates[i]);
+  }
+  remote_gets_.fetch_add(1);
+  for (;;) {
+    std::map<std::string, std::vector<size_t>> by_peer;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!want[i] || (*statuses)[i].ok()) continue;
+      if (next[i] < candidates[i].size()) by_peer[candidates[i][next[i]++]].push_back(i);
+    }
+    if (by_peer.empty()) return;
+    std::vector<std::pair<const std::vector<size_t>*, std::future<StatusOr<PeerClient::GetResult>>>>
+        calls;
+    for (auto& [ep, idx] : by_peer) {
+      std::vector<PeerKey> ks;
+      for (size_t i : idx) ks.push_back(keys[i]);
+      calls.emplace_back(&idx, std::async(std::launch::async, [this, ep = ep, ks = std::move(ks)] {
+        return peers_->Get(ep, ks);
+      }));
+    }
+    for (auto& [idx, fut] : calls) {
+      auto r = fut.get();
+      if (!r.ok()) {
+        peer_errors_.fetch_add(1);
+        continue;
+      }
+      for (size_t j = 0; j < idx->size(); ++j) {
+        size_t i = (*idx)[j];
+        if (r->statuses[j].ok()) {
+          (*statuses)[i] = Status::Ok();
+          (*values)[i] = std::move(r->values[j]);
+          remote_get_hits_.fetch_add(1);
+          remote_get_bytes_.fetch_add((*values)[i].size());
+        } else if (r->statuses[j].IsRetry()) {
+          --next[i];  // the peer holds it but its response was full: ask it again
+        }
+      }
+    }
+  }
+}
+
+Status Router::Put(const PeerPut& put, const std::optional<Status>& local) {
+  auto view = View();
+  std::vector<size_t> owners = Owners(put.key, *view);
+  std::vector<std::future<Status>> calls;
+  for (size_t i : owners) {
+    const MemberInfo& m = view->members[i];
+    if (m.node_id == self_id()) continue;
+    forwarded_puts_.fetch_add(1);
+    calls.push_back(std::async(
+        std::launch::async, [this, ep = m.peer_endpoint, &put] { return peers_->Put(ep, put); }));
+  }
+  uint32_t acks = 0;
+  Status first_error;
+  if (local.has_value()) {
+    if (local->ok()) {
+      ++acks;
+    } else {
+      first_error = *local;
+    }
+  }
+  for (auto& f : calls) {
+    Status s = f.get();
+    if (s.ok()) {
+      ++acks;
+    } else {
+      forwarded_put_failures_.fetch_add(1);
+      if (first_error.ok()) first_error = s;
+    }
+  }
+  uint32_t live_owners = static_cast<uint32_t>(calls.size()) + (local.has_value() ? 1 : 0);
+  uint32_t need =
+      options_.write_acks == 0 ? live_owners : std::min(options_.write_acks, live_owners);
+  need = std::max<uint32_t>(need, 1);
+  if (acks >= need) return Status::Ok();
+  puts_short_.fetch_add(1);
+  return first_error.ok() ? Status::Unavailable("no owner acknowledged the put") : first_error;
+}
+
+void Router::DeleteRemote(std::span<const PeerKey> keys, std::vector<bool>* existed) {
+  auto members = OtherMembers();
+  std::vector<std::future<StatusOr<std::vector<uint8_t>>>> calls;
+  std::vector<PeerKey> ks(keys.begin(), keys.end());
+  for (const auto& m : members) {
+    calls.push_back(std::async(std::launch::async,
+                               [this, ep = m.second, &ks] { return peers_->Delete(ep, ks); }));
+  }
+  std::vector<std::string> applied_by = {self_id()};
+  for (size_t c = 0; c < calls.size(); ++c) {
+    auto r = calls[c].get();
+    if (!r.ok()) {
+      peer_errors_.fetch_add(1);
+      continue;
+    }
+    applied_by.push_back(members[c].first);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if ((*r)[i] != 0) (*existed)[i] = true;
+    }
+  }
+  if (tombstones_ != nullptr) {
+    Status s = tombstones_->RecordKeys(keys, applied_by);
+    if (!s.ok()) peer_errors_.fetch_add(1);
+  }
+}
+
+Status Router::DeleteTenantRemote(std::string_view tenant) {
+  auto members = OtherMembers();
+  std::vector<std::future<Status>> calls;
+  std::string name(tenant);
+  for (const auto& m : members) {
+    calls.push_back(std::async(std::launch::async, [this, ep = m.second, &name] {
+      return peers_->DeleteTenant(ep, name);
+    }));
+  }
+  Status first;
+  std::vector<std::string> applied_by = {self_id()};
+  for (size_t c = 0; c < calls.size(); ++c) {
+    Status s = calls[c].get();
+    if (s.ok()) {
+      applied_by.push_back(members[c].first);
+    } else {
+      peer_errors_.fetch_add(1);
+      if (first.ok()) first = s;
+    }
+  }
+  if (tombstones_ == nullptr) return first;
+  // A member that missed the delete applies the tombstone when it returns.
+  return tombstones_->RecordTenant(tenant, applied_by);
+}
+
+RouterStats Router::stats() const {
+  RouterStats s;
+  s.remote_lookups = remote_lookups_.load();
+  s.remote_lookup_hits = remote_lookup_hits_.load();
+  s.remote_gets = remote_gets_.load();
+  s.remote_get_hits = remote_get_hits_.load();
+  s.remote_get_bytes = remote_get_bytes_.load();
+  s.forwarded_puts = forwarded_puts_.load();
+  s.forwarded_put_failures = forwarded_put_failures_.load();
+  s.puts_short_of_acks = puts_short_.load();
+  s.peer_errors = peer_errors_.load();
+  return s;
+}
+
+}  // namespace kvtier::cluster

@@ -1,0 +1,95 @@
+// Router: the cluster side of a node's data path. The daemon's Service keeps its local path
+// (its own store first) and asks the Router for everything beyond it:
+//
+//   LOOKUP  keys the local store misses are asked of their owners (and, during a membership
+//           change, of their previous owners), one call per peer per batch, all peers in
+//           parallel; a key counts as present when any peer holds it.
+//   GET     values the local store misses are fetched from the peers that hold them (again
+//           one call per peer per batch, in parallel).
+//   PUT     written to every owner (the local store when this node is one); acknowledged
+//           when write_acks of them acknowledged (0: all live owners), at least one.
+//   DELETE  sent to every live member (a unit may sit on a previous owner); a tenant delete
+//           likewise.
+// Owners come from placement (cluster/placement.h) over the current membership view; with
+// no view yet (etcd never reached) a node acts alone.
+//
+// Thread safety: every method may be called concurrently.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cluster/membership.h"
+#include "cluster/peer_client.h"
+#include "cluster/peer_wire.h"
+#include "cluster/tombstones.h"
+
+namespace kvtier::cluster {
+
+struct RouterOptions {
+  uint32_t replicas = 2;    // owners per unit (R), 1..16
+  uint32_t write_acks = 0;  // acknowledgements a PUT waits for; 0: all live owners
+};
+
+struct RouterStats {
+  uint64_t remote_lookups = 0, remote_lookup_hits = 0;
+  uint64_t remote_gets = 0, remote_get_hits = 0, remote_get_bytes = 0;
+  uint64_t forwarded_puts = 0, forwarded_put_failures = 0, puts_short_of_acks = 0;
+  uint64_t peer_errors = 0;
+};
+
+class Router {
+ public:
+  // tombstones may be null (deletes are then not recorded for nodes that miss them).
+  Router(Membership* membership, PeerClient* peers, RouterOptions options,
+         TombstoneLog* tombstones = nullptr);
+
+  // Owners of key under view (indices into view.members).
+  std::vector<size_t> Owners(const PeerKey& key, const MemberView& view) const;
+  std::shared_ptr<const MemberView> View() const { return membership_->View(); }
+  const std::string& self_id() const { return membership_->options().self.node_id; }
+  // True when this node should store key itself: it is an owner, or there is no view.
+  bool OwnsLocally(const PeerKey& key) const;
+
+  // tiers[i] == kPeerTierAbsent marks a key to ask about; filled in place from peers.
+  void LookupRemote(std::span<const PeerKey> keys, std::vector<uint8_t>* tiers);
+  // want[i] marks a key to fetch; statuses[i] / values[i] are filled for those.
+  void GetRemote(std::span<const PeerKey> keys, const std::vector<bool>& want,
+                 std::vector<Status>* statuses, std::vector<std::vector<uint8_t>>* values);
+  // Forwards put to the key's remote owners; local is the local store's result (nullopt
+  // when this node is not an owner). Returns OK when enough owners acknowledged.
+  Status Put(const PeerPut& put, const std::optional<Status>& local);
+  // Deletes keys on every other live member; sets (*existed)[i] when one of them held key i.
+  // Then records tombstones naming the members that applied the delete (this node
+  // included), for the members that missed it (cluster/tombstones.h).
+  void DeleteRemote(std::span<const PeerKey> keys, std::vector<bool>* existed);
+  // The same for a whole tenant; with tombstones, OK once the tombstone is recorded.
+  Status DeleteTenantRemote(std::string_view tenant);
+
+  RouterStats stats() const;
+
+ private:
+  // Peers (not self) to ask about key: its owners under the current and previous views.
+  void AddPeersFor(const PeerKey& key, const MemberView& view, std::vector<std::string>* out) const;
+  // (node id, peer endpoint) of every other live member.
+  std::vector<std::pair<std::string, std::string>> OtherMembers() const;
+  void OnViewChange(const MemberView& view);
+
+  Membership* membership_;
+  PeerClient* peers_;
+  RouterOptions options_;
+  TombstoneLog* tombstones_;
+  mutable std::mutex mu_;
+  std::shared_ptr<const MemberView> previous_;  // the view before the latest change
+  std::shared_ptr<const MemberView> latest_;
+  std::atomic<uint64_t> remote_lookups_{0}, remote_lookup_hits_{0}, remote_gets_{0},
+      remote_get_hits_{0}, remote_get_bytes_{0}, forwarded_puts_{0}, forwarded_put_failures_{0},
+      puts_short_{0}, peer_errors_{0};
+};
+
+}  // namespace kvtier::cluster

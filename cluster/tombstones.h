@@ -1,0 +1,87 @@
+// TombstoneLog: deletes that survive a node that was down while they happened.
+//
+// Tombstones, not epochs. A node that deletes units (or a whole tenant) sends the delete to
+// every live member, then records it in etcd:
+//   <prefix>tombstones/<hex storage key>   = {"applied_by": [node ids that acknowledged]}
+//   <prefix>tenant_deletes/<tenant>        = {"applied_by": [...]}
+// attached to a shared lease of ttl_s (a new lease every ttl_s / 10, so a tombstone lives
+// 0.9..1 x ttl_s). Every node follows the log: it reads the records modified after the last
+// revision it applied (min_mod_revision), applies those whose applied_by does not name it
+// (deletes the keys / the tenant from its own store) and persists the revision in state_file,
+// so a node restarted after a kill -9 applies what it missed. CatchUp runs before every
+// (re)registration in etcd (Membership's before_register hook), so a node that was stopped
+// past its lease deletes what it missed before peers route to it again; a poll thread catches
+// up every poll_ms while it runs.
+//
+// Not guaranteed: a node down longer than ttl_s misses the tombstones that expired meanwhile.
+//
+// Thread safety: every method may be called concurrently.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cluster/etcd_client.h"
+#include "cluster/peer_wire.h"
+
+namespace kvtier::cluster {
+
+struct TombstoneOptions {
+  std::string key_prefix = "/kvtier/";
+  std::string node_id;
+  uint32_t ttl_s = 86400;  // how long a tombstone is kept
+  std::string state_file;  // the last applied revision; "" keeps it in memory only
+  uint64_t poll_ms = 1000;
+};
+
+struct TombstoneStats {
+  uint64_t recorded = 0, applied = 0, tenant_deletes_applied = 0, errors = 0;
+  int64_t applied_revision = 0;
+};
+
+class TombstoneLog {
+ public:
+  using ApplyKeys = std::function<void(std::span<const PeerKey>)>;
+  using ApplyTenant = std::function<void(std::string_view)>;
+  TombstoneLog(EtcdClient* etcd, TombstoneOptions options, ApplyKeys apply_keys,
+               ApplyTenant apply_tenant);
+  ~TombstoneLog();
+
+  // Records deletes of keys acknowledged by the nodes in applied_by.
+  Status RecordKeys(std::span<const PeerKey> keys, const std::vector<std::string>& applied_by);
+  Status RecordTenant(std::string_view tenant, const std::vector<std::string>& applied_by);
+
+  // Applies every record newer than the last applied revision that does not name this node.
+  Status CatchUp();
+
+  void StartPolling();
+  void Stop();
+  TombstoneStats stats() const;
+
+ private:
+  StatusOr<int64_t> Lease();
+  void PersistRevision(int64_t revision);
+
+  EtcdClient* etcd_;
+  TombstoneOptions options_;
+  ApplyKeys apply_keys_;
+  ApplyTenant apply_tenant_;
+  std::mutex mu_;  // serialises CatchUp and the lease
+  int64_t lease_id_ = 0;
+  std::chrono::steady_clock::time_point lease_granted_;
+  std::atomic<int64_t> applied_revision_{0};
+  std::atomic<uint64_t> recorded_{0}, applied_{0}, tenants_applied_{0}, errors_{0};
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stop_ = false;
+  std::thread poller_;
+};
+
+}  // namespace kvtier::cluster

@@ -1,0 +1,88 @@
+// etcd + three kvtierd in cluster mode (tests/cluster/cluster_fixture.h): a unit put through
+// one node is found and read bit-exactly through every other; tenants stay apart across nodes;
+// deletes reach every copy; with etcd gone the nodes keep serving what they hold and say so.
+#include "tests/cluster/cluster_fixture.h"
+
+namespace kvtier::cluster {
+namespace {
+
+TEST_F(ClusterE2eTest, APutThroughOneNodeIsReadBitExactlyThroughEveryOther) {
+  auto writer = Connect(0, "tok-alice");
+  ASSERT_NE(writer, nullptr);
+  auto values = PutSession(writer.get(), "s1");
+  for (int i = 0; i < kNodes; ++i) {
+    auto alice = Connect(i, "tok-alice");
+    ASSERT_NE(alice, nullptr);
+    ExpectWholeSession(alice.get(), "s1", values, i);
+  }
+  // Units are spread over owners, not copied everywhere: some units live off node 0.
+  EXPECT_GT(Metric(Metrics(0), "kvtier_cluster_forwarded_puts_total"), 0);
+  EXPECT_GT(Metric(Metrics(1), "kvtier_cluster_peer_requests_total") +
+                Metric(Metrics(2), "kvtier_cluster_peer_requests_total"),
+            0);
+}
+
+TEST_F(ClusterE2eTest, TenantsStayApartAcrossNodesAndDeletesReachEveryCopy) {
+  auto alice0 = Connect(0, "tok-alice");
+  ASSERT_NE(alice0, nullptr);
+  auto values = PutSession(alice0.get(), "s2");
+  auto chain = Chain("s2");
+  for (int i = 0; i < kNodes; ++i) {
+    auto bob = Connect(i, "tok-bob");
+    ASSERT_NE(bob, nullptr);
+    auto hit = bob->Lookup(chain);
+    ASSERT_TRUE(hit.ok());
+    EXPECT_EQ(hit->hit_count, 0u) << "bob sees alice's units on node " << i;
+    std::vector<std::vector<uint8_t>> got;
+    std::vector<bool> found;
+    ASSERT_TRUE(bob->GetCopy(chain, &got, &found).ok());
+    for (int u = 0; u < kUnits; ++u) EXPECT_FALSE(found[u]);
+  }
+  // Delete through node 1: gone through every node.
+  auto alice1 = Connect(1, "tok-alice");
+  ASSERT_NE(alice1, nullptr);
+  auto deleted = alice1->Delete(std::span<const Key>(chain).subspan(kUnits / 2));
+  ASSERT_TRUE(deleted.ok()) << deleted.status().message();
+  EXPECT_EQ(*deleted, static_cast<uint32_t>(kUnits - kUnits / 2));
+  for (int i = 0; i < kNodes; ++i) {
+    auto alice = Connect(i, "tok-alice");
+    auto hit = alice->Lookup(chain);
+    ASSERT_TRUE(hit.ok());
+    EXPECT_EQ(hit->hit_count, static_cast<size_t>(kUnits / 2)) << "node " << i;
+  }
+  // A tenant delete through node 2 empties alice everywhere.
+  auto alice2 = Connect(2, "tok-alice");
+  ASSERT_TRUE(alice2->DeleteAll().ok());
+  for (int i = 0; i < kNodes; ++i) {
+    auto alice = Connect(i, "tok-alice");
+    auto hit = alice->Lookup(chain);
+    ASSERT_TRUE(hit.ok());
+    EXPECT_EQ(hit->hit_count, 0u) << "node " << i;
+  }
+}
+
+TEST_F(ClusterE2eTest, EtcdDownNodesKeepServingAndSaySo) {
+  auto writer = Connect(1, "tok-alice");
+  ASSERT_NE(writer, nullptr);
+  auto values = PutSession(writer.get(), "s3");
+  etcd_->Kill();
+  ASSERT_TRUE(kt::WaitFor(
+      [&] {
+        for (int i = 0; i < kNodes; ++i) {
+          if (Metric(Metrics(i), "kvtier_cluster_etcd_reachable") != 0) return false;
+        }
+        return true;
+      },
+      10000));
+  for (int i = 0; i < kNodes; ++i) {
+    std::string ready = kt::HttpRequest(nodes_[i]->http_port(), "GET", "/readyz");
+    EXPECT_NE(ready.find("200 OK"), std::string::npos) << ready;
+    EXPECT_NE(ready.find("etcd UNREACHABLE"), std::string::npos) << ready;
+    auto alice = Connect(i, "tok-alice");
+    ASSERT_NE(alice, nullptr);
+    ExpectWholeSession(alice.get(), "s3", values, i);
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::cluster

@@ -1,0 +1,116 @@
+// Failover against real processes (label slow: each case waits out etcd leases): kill -9 of
+// a node under a writing load loses no acknowledged unit; a node stopped past its lease
+// rejoins without serving units deleted meanwhile.
+#include <algorithm>
+
+#include "tests/cluster/cluster_fixture.h"
+
+namespace kvtier::cluster {
+namespace {
+
+// kill -9 of one node under a writing load, durability sync, R = 2, every owner must
+// acknowledge: every acknowledged unit is still read bit-exactly through both survivors.
+TEST_F(ClusterE2eTest, KillNineUnderWritesLosesNoAcknowledgedUnit) {
+  auto writer = Connect(0, "tok-alice");
+  ASSERT_NE(writer, nullptr);
+  std::mt19937 rng(7);
+  std::vector<std::pair<Key, std::vector<uint8_t>>> acked;
+  int failed = 0;
+  auto write_one = [&](int i) {
+    std::vector<uint8_t> value(2000 + (i % 7) * 5000);
+    for (auto& b : value) b = static_cast<uint8_t>(rng());
+    PutUnit u;
+    u.key = ChainKey("kill", i);
+    u.value = value;
+    auto st = writer->Put(std::span<const PutUnit>(&u, 1), {});
+    if (st.ok() && (*st)[0].ok()) {
+      acked.emplace_back(u.key, std::move(value));
+    } else {
+      ++failed;
+    }
+  };
+  int i = 0;
+  for (; i < 60; ++i) write_one(i);
+  ASSERT_EQ(acked.size(), 60u) << "puts failed before the kill";
+  nodes_[2]->Signal(SIGKILL);
+  // Keep writing through the window in which n2 is still listed (its lease runs out).
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(4);
+  while (std::chrono::steady_clock::now() < until) write_one(i++);
+  ASSERT_TRUE(kt::WaitFor(
+      [&] {
+        return Metric(Metrics(0), "kvtier_cluster_members") == 2 &&
+               Metric(Metrics(1), "kvtier_cluster_members") == 2;
+      },
+      10000));
+  for (int n = 0; n < 20; ++n) write_one(i++);  // after the view changed: all succeed
+  EXPECT_GT(acked.size(), 80u);
+  for (int node : {0, 1}) {
+    auto c = Connect(node, "tok-alice");
+    ASSERT_NE(c, nullptr);
+    std::vector<Key> keys;
+    for (const auto& a : acked) keys.push_back(a.first);
+    std::vector<std::vector<uint8_t>> got;
+    std::vector<bool> found;
+    ASSERT_TRUE(c->GetCopy(keys, &got, &found).ok());
+    size_t lost = 0;
+    for (size_t k = 0; k < acked.size(); ++k) {
+      if (!found[k] || got[k] != acked[k].second) ++lost;
+    }
+    EXPECT_EQ(lost, 0u) << "node " << node << ": " << lost << " of " << acked.size()
+                        << " acknowledged units lost (" << failed << " puts refused)";
+  }
+}
+
+// A node stopped (SIGSTOP) past its lease is treated as gone; deletes (of units and of a
+// whole tenant) made meanwhile reach it through the tombstone log when it is continued: it
+// rejoins without serving a deleted unit, and still serves the units that were not deleted.
+TEST_F(ClusterE2eTest, StoppedNodeRejoinsWithoutServingDeletedUnits) {
+  auto alice0 = Connect(0, "tok-alice");
+  auto bob0 = Connect(0, "tok-bob");
+  ASSERT_NE(alice0, nullptr);
+  ASSERT_NE(bob0, nullptr);
+  auto kept = PutSession(alice0.get(), "keep");
+  PutSession(alice0.get(), "gone");
+  PutSession(bob0.get(), "bob");
+  // n2 holds about two thirds of each session (R = 2 of 3 nodes).
+  ASSERT_GT(Metric(Metrics(2), "kvtier_cluster_peer_requests_total"), 0);
+
+  nodes_[2]->Signal(SIGSTOP);
+  ASSERT_TRUE(
+      kt::WaitFor([&] { return Metric(Metrics(0), "kvtier_cluster_members") == 2; }, 10000));
+  auto gone = Chain("gone");
+  auto deleted = alice0->Delete(gone);
+  ASSERT_TRUE(deleted.ok());
+  EXPECT_EQ(*deleted, static_cast<uint32_t>(kUnits));
+  auto bob1 = Connect(1, "tok-bob");
+  ASSERT_TRUE(bob1->DeleteAll().ok());
+
+  nodes_[2]->Signal(SIGCONT);
+  ASSERT_TRUE(kt::WaitFor(
+      [&] {
+        return Metric(Metrics(0), "kvtier_cluster_members") == 3 &&
+               Metric(Metrics(2), "kvtier_cluster_registrations_total") >= 2;
+      },
+      15000));
+  EXPECT_GT(Metric(Metrics(2), "kvtier_cluster_tombstones_applied_total"), 0);
+  EXPECT_GE(Metric(Metrics(2), "kvtier_cluster_tenant_deletes_applied_total"), 1);
+  for (int i = 0; i < kNodes; ++i) {
+    auto alice = Connect(i, "tok-alice");
+    auto bob = Connect(i, "tok-bob");
+    ASSERT_NE(alice, nullptr);
+    auto hit = alice->Lookup(gone);
+    ASSERT_TRUE(hit.ok());
+    EXPECT_EQ(hit->hit_count, 0u) << "node " << i << " serves deleted units";
+    std::vector<std::vector<uint8_t>> got;
+    std::vector<bool> found;
+    ASSERT_TRUE(alice->GetCopy(gone, &got, &found).ok());
+    EXPECT_EQ(std::count(found.begin(), found.end(), true), 0) << "node " << i;
+    auto bob_hit = bob->Lookup(Chain("bob"));
+    ASSERT_TRUE(bob_hit.ok());
+    EXPECT_EQ(bob_hit->hit_count, 0u) << "node " << i << " serves a deleted tenant's units";
+    ExpectWholeSession(alice.get(), "keep", kept, i);
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::cluster

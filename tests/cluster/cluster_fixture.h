@@ -1,0 +1,169 @@
+// Test fixture: a real etcd and three real kvtierd in cluster mode on loopback ports, all
+// started and stopped by the fixture, with shared secrets and two tenants (alice, bob).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+
+#include "cache_daemon/client.h"
+#include "common/key_spec.h"
+#include "tests/cluster/etcd_process.h"
+#include "tests/e2e/kvtierd_process.h"
+
+namespace kvtier::cluster {
+
+namespace kt = kvtier::testing;
+using daemon::Client;
+using daemon::ClientOptions;
+using daemon::PutUnit;
+using daemon::wire::Key;
+
+constexpr int kNodes = 3;
+constexpr int kUnits = 24;
+
+inline std::string HashHex(std::string_view token) {
+  return ToHex(Sha256(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
+}
+
+inline Key ChainKey(const std::string& session, int i) {
+  std::string s = "cluster-e2e-" + session + "-" + std::to_string(i);
+  return Sha256(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size()));
+}
+
+// A metric's value from a /metrics page (-1 when absent).
+inline double Metric(const std::string& page, const std::string& name) {
+  size_t at = page.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(page.substr(at + name.size() + 2));
+}
+
+class ClusterE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!kt::EtcdProcess::Installed()) GTEST_SKIP() << "no /usr/bin/etcd (deploy/install-deps.sh)";
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kvtier_cluster_" + std::to_string(getpid()) + "_" + info->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    etcd_ = std::make_unique<kt::EtcdProcess>(dir_ / "etcd");
+    ASSERT_TRUE(etcd_->Start()) << "etcd did not start";
+    // Shared by every node: the server secret (tenant salts must agree) and the cluster
+    // credential (peer authentication). Both distinct, both 32+ bytes.
+    std::ofstream(dir_ / "server_secret", std::ios::binary) << std::string(32, 's');
+    std::ofstream(dir_ / "credential", std::ios::binary) << std::string(40, 'c');
+    std::ofstream(dir_ / "tokens.toml") << "[[tenant]]\nname = \"alice\"\nid = 1\n"
+                                        << "token_sha256 = [\"" << HashHex("tok-alice") << "\"]\n"
+                                        << "[[tenant]]\nname = \"bob\"\nid = 2\n"
+                                        << "token_sha256 = [\"" << HashHex("tok-bob") << "\"]\n";
+    for (int i = 0; i < kNodes; ++i) {
+      nodes_.push_back(std::make_unique<kt::KvtierdProcess>(dir_ / ("n" + std::to_string(i))));
+      peer_ports_.push_back(kt::FreePort());
+      ASSERT_TRUE(StartNode(i)) << nodes_[i]->Log();
+    }
+    ASSERT_TRUE(kt::WaitFor(
+        [&] {
+          for (int i = 0; i < kNodes; ++i) {
+            if (Metric(Metrics(i), "kvtier_cluster_members") != kNodes) return false;
+          }
+          return true;
+        },
+        10000))
+        << "members never agreed";
+  }
+  void TearDown() override {
+    if (HasFailure()) {
+      for (auto& n : nodes_)
+        std::fprintf(stderr, "---- %s ----\n%s\n", n->dir().c_str(), n->Log().c_str());
+    }
+    nodes_.clear();
+    etcd_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  bool StartNode(int i) {
+    std::string cfg =
+        "[storage]\ndram_capacity_bytes = 16777216\nssd_capacity_bytes = 268435456\n"
+        "ssd_segment_bytes = 16777216\ndurability = \"sync\"\n"
+        "[auth]\ntokens_file = \"" +
+        (dir_ / "tokens.toml").string() + "\"\nserver_secret_file = \"" +
+        (dir_ / "server_secret").string() +
+        "\"\n"
+        "[cluster]\nenabled = true\netcd_endpoints = [\"" +
+        etcd_->endpoint() +
+        "\"]\n"
+        "node_id = \"n" +
+        std::to_string(i) +
+        "\"\n"
+        "peer_listen = \"127.0.0.1:" +
+        std::to_string(peer_ports_[i]) +
+        "\"\n"
+        "failure_domain = \"rack" +
+        std::to_string(i) +
+        "\"\n"
+        "replicas = 2\nlease_ttl_s = 2\netcd_timeout_ms = 500\npeer_timeout_ms = 2000\n"
+        "credential_file = \"" +
+        (dir_ / "credential").string() + "\"\n";
+    nodes_[i]->WriteConfig(cfg);
+    return nodes_[i]->Start();
+  }
+
+  std::string Metrics(int i) { return kt::HttpRequest(nodes_[i]->http_port(), "GET", "/metrics"); }
+
+  std::unique_ptr<Client> Connect(int i, const std::string& token) {
+    auto c = Client::Connect(ClientOptions{.socket_path = nodes_[i]->socket(), .token = token});
+    EXPECT_TRUE(c.ok()) << c.status().message();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  // kUnits units of distinct sizes and contents; returns their values.
+  std::vector<std::vector<uint8_t>> PutSession(Client* c, const std::string& session) {
+    std::mt19937 rng(42);
+    std::vector<std::vector<uint8_t>> values(kUnits);
+    std::vector<PutUnit> units(kUnits);
+    for (int i = 0; i < kUnits; ++i) {
+      values[i].resize(1000 + 3000 * i);
+      for (auto& b : values[i]) b = static_cast<uint8_t>(rng());
+      units[i].key = ChainKey(session, i);
+      if (i > 0) units[i].parent = ChainKey(session, i - 1);
+      units[i].value = values[i];
+    }
+    auto st = c->Put(units, {});
+    EXPECT_TRUE(st.ok()) << st.status().message();
+    if (st.ok()) {
+      for (const auto& s : *st) EXPECT_TRUE(s.ok()) << s.message();
+    }
+    return values;
+  }
+
+  std::vector<Key> Chain(const std::string& session) {
+    std::vector<Key> chain;
+    for (int i = 0; i < kUnits; ++i) chain.push_back(ChainKey(session, i));
+    return chain;
+  }
+
+  void ExpectWholeSession(Client* c, const std::string& session,
+                          const std::vector<std::vector<uint8_t>>& want, int node) {
+    auto chain = Chain(session);
+    auto hit = c->Lookup(chain);
+    ASSERT_TRUE(hit.ok()) << hit.status().message();
+    EXPECT_EQ(hit->hit_count, static_cast<size_t>(kUnits)) << "node " << node;
+    std::vector<std::vector<uint8_t>> got;
+    std::vector<bool> found;
+    ASSERT_TRUE(c->GetCopy(chain, &got, &found).ok());
+    for (int i = 0; i < kUnits; ++i) {
+      EXPECT_TRUE(found[i]) << "node " << node << " unit " << i;
+      EXPECT_TRUE(got[i] == want[i]) << "node " << node << " unit " << i << " differs";
+    }
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<kt::EtcdProcess> etcd_;
+  std::vector<std::unique_ptr<kt::KvtierdProcess>> nodes_;
+  std::vector<uint16_t> peer_ports_;
+};
+
+}  // namespace kvtier::cluster

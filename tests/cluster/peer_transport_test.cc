@@ -1,0 +1,187 @@
+// The peer protocol end to end on loopback: mutual authentication over the cluster
+// credential, nothing before AUTH, and each operation against an in-memory handler.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+
+#include "cluster/peer_client.h"
+#include "cluster/peer_server.h"
+#include "tests/cache_daemon/net_util.h"
+
+namespace kvtier::cluster {
+namespace {
+
+class MapHandler : public PeerHandler {
+ public:
+  std::vector<uint8_t> Lookup(std::span<const PeerKey> keys) override {
+    std::lock_guard lock(mu_);
+    std::vector<uint8_t> out;
+    for (const auto& k : keys) out.push_back(map_.contains(k) ? 1 : kPeerTierAbsent);
+    return out;
+  }
+  Status Get(const PeerKey& key, std::vector<uint8_t>* value) override {
+    std::lock_guard lock(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end()) return Status::NotFound("absent");
+    *value = it->second;
+    return Status::Ok();
+  }
+  Status Put(const PeerPut& put) override {
+    if (put.tenant != "alice") return Status::Rejected("unknown tenant");
+    std::lock_guard lock(mu_);
+    map_[put.key].assign(put.value.begin(), put.value.end());
+    return Status::Ok();
+  }
+  StatusOr<std::vector<uint8_t>> Delete(std::span<const PeerKey> keys) override {
+    std::lock_guard lock(mu_);
+    std::vector<uint8_t> existed;
+    for (const auto& k : keys) existed.push_back(static_cast<uint8_t>(map_.erase(k)));
+    return existed;
+  }
+  Status DeleteTenant(std::string_view tenant) override {
+    std::lock_guard lock(mu_);
+    if (tenant == "alice") map_.clear();
+    return Status::Ok();
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<PeerKey, std::vector<uint8_t>> map_;
+};
+
+std::vector<uint8_t> Credential(uint8_t fill) { return std::vector<uint8_t>(32, fill); }
+
+PeerKey K(uint8_t b) {
+  PeerKey k{};
+  k.fill(b);
+  return k;
+}
+
+class PeerTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    PeerServerOptions o;
+    o.credential = Credential(7);
+    o.idle_timeout_ms = 2000;
+    auto s = PeerServer::Start(o, &handler_);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    server_ = std::move(*s);
+    endpoint_ = "127.0.0.1:" + std::to_string(server_->port());
+  }
+  PeerClient Client(uint8_t fill) {
+    return PeerClient(
+        PeerClientOptions{.node_id = "n1", .credential = Credential(fill), .timeout_ms = 2000});
+  }
+  MapHandler handler_;
+  std::unique_ptr<PeerServer> server_;
+  std::string endpoint_;
+};
+
+TEST_F(PeerTransportTest, OperationsRoundTrip) {
+  PeerClient c = Client(7);
+  std::vector<uint8_t> value(100000);
+  for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<uint8_t>(i * 31);
+  PeerPut put;
+  put.tenant = "alice";
+  put.key = K(1);
+  put.value = value;
+  ASSERT_TRUE(c.Put(endpoint_, put).ok());
+  put.tenant = "mallory";
+  EXPECT_TRUE(c.Put(endpoint_, put).IsRejected());
+
+  std::vector<PeerKey> keys = {K(1), K(2)};
+  auto tiers = c.Lookup(endpoint_, keys);
+  ASSERT_TRUE(tiers.ok()) << tiers.status().message();
+  EXPECT_EQ((*tiers)[0], 1);
+  EXPECT_EQ((*tiers)[1], kPeerTierAbsent);
+  auto got = c.Get(endpoint_, keys);
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(got->statuses[0].ok());
+  EXPECT_EQ(got->values[0], value);
+  EXPECT_TRUE(got->statuses[1].IsNotFound());
+  auto deleted = c.Delete(endpoint_, keys);
+  ASSERT_TRUE(deleted.ok());
+  EXPECT_EQ(*deleted, (std::vector<uint8_t>{1, 0}));
+  EXPECT_TRUE(c.DeleteTenant(endpoint_, "alice").ok());
+  EXPECT_EQ(server_->stats().auth_failures, 0u);
+}
+
+TEST_F(PeerTransportTest, AWrongCredentialIsRefusedBothWays) {
+  PeerClient c = Client(8);
+  // The server's proof does not verify under our credential: we refuse it.
+  EXPECT_TRUE(c.Lookup(endpoint_, std::vector<PeerKey>{K(1)}).status().IsPermissionDenied());
+}
+
+TEST_F(PeerTransportTest, NothingBeforeAuth) {
+  int fd = testing::ConnectTcp(server_->port());
+  ASSERT_GE(fd, 0);
+  daemon::wire::Writer w;
+  PutKeys(std::vector<PeerKey>{K(1)}, &w);
+  auto frame = daemon::wire::BuildFrame(static_cast<uint8_t>(PeerOp::kLookup), 0, 1, w.buffer());
+  ASSERT_TRUE(testing::SendAllRaw(fd, frame.data(), frame.size()));
+  bool eof = false;
+  std::string reply = testing::RecvFor(fd, 1 << 16, 3000, &eof);
+  ::close(fd);
+  EXPECT_TRUE(eof);
+  ASSERT_GE(reply.size(), daemon::wire::kHeaderBytes + 1);
+  EXPECT_EQ(static_cast<uint8_t>(reply[daemon::wire::kHeaderBytes]),
+            static_cast<uint8_t>(StatusCode::kPermissionDenied));
+  EXPECT_EQ(server_->stats().auth_failures, 1u);
+  // A forged AUTH after a real HELLO is refused too.
+  fd = testing::ConnectTcp(server_->port());
+  std::vector<uint8_t> hello(32, 1);
+  hello.push_back(0);
+  hello.push_back(0);
+  frame = daemon::wire::BuildFrame(static_cast<uint8_t>(PeerOp::kHello), 0, 1, hello);
+  ASSERT_TRUE(testing::SendAllRaw(fd, frame.data(), frame.size()));
+  testing::RecvFor(fd, daemon::wire::kHeaderBytes + 3 + 64, 3000);
+  frame = daemon::wire::BuildFrame(static_cast<uint8_t>(PeerOp::kAuth), 0, 2,
+                                   std::vector<uint8_t>(32, 0));
+  ASSERT_TRUE(testing::SendAllRaw(fd, frame.data(), frame.size()));
+  reply = testing::RecvFor(fd, 1 << 16, 3000, &eof);
+  ::close(fd);
+  EXPECT_TRUE(eof);
+  EXPECT_EQ(server_->stats().auth_failures, 2u);
+}
+
+// A GET response never exceeds the frame limit: a value that does not fit after others is
+// Retry (ask again), one that could never fit is Rejected, never a frame over the limit.
+TEST(PeerTransportLimitTest, GetResponsesStayWithinTheFrameLimit) {
+  MapHandler handler;
+  PeerServerOptions o;
+  o.credential = Credential(7);
+  o.frame_bytes_max = 96 << 10;
+  auto server = PeerServer::Start(o, &handler);
+  ASSERT_TRUE(server.ok());
+  std::string ep = "127.0.0.1:" + std::to_string((*server)->port());
+  PeerClient c(
+      PeerClientOptions{.node_id = "n1", .credential = Credential(7), .frame_bytes_max = 96 << 10});
+  std::vector<uint8_t> small(48 << 10, 1), huge(200 << 10, 2);
+  PeerPut put;
+  put.tenant = "alice";
+  for (uint8_t k : {1, 2}) {
+    put.key = K(k);
+    put.value = small;
+    ASSERT_TRUE(c.Put(ep, put).ok());
+  }
+  put.key = K(3);
+  put.value = huge;
+  // The PUT itself is over the server's frame limit: refused, connection closed.
+  EXPECT_FALSE(c.Put(ep, put).ok());
+  ASSERT_TRUE(handler.Put(PeerPut{.tenant = "alice", .key = K(3), .value = huge}).ok());
+  auto got = c.Get(ep, std::vector<PeerKey>{K(1), K(2)});
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  EXPECT_TRUE(got->statuses[0].ok());
+  EXPECT_TRUE(got->statuses[1].IsRetry());
+  auto alone = c.Get(ep, std::vector<PeerKey>{K(3)});
+  ASSERT_TRUE(alone.ok()) << alone.status().message();
+  EXPECT_TRUE(alone->statuses[0].IsRejected());
+  auto again = c.Get(ep, std::vector<PeerKey>{K(2)});
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->statuses[0].ok());
+  EXPECT_EQ(again->values[0], small);
+}
+
+}  // namespace
+}  // namespace kvtier::cluster

@@ -195,20 +195,25 @@ std::vector<int> DraftScheduler::Choose(const std::vector<std::vector<float>>& c
 }
 
 bool DraftScheduler::ShouldDraft() {
-  if (mean_survival_.empty() || Sps(1) <= 0 || skipped_ >= kProbeRounds) {
-    skipped_ = 0;
-    return true;  // no estimate yet, or time to probe
-  }
+  if (mean_survival_.empty() || Sps(1) <= 0) return true;  // no estimate yet
   double tau = 1, best = 0;
   for (size_t k = 0; k <= mean_survival_.size() && static_cast<int>(k) + 1 <= max_tokens(); ++k) {
     if (k > 0) tau += std::max(0.0, mean_survival_[k - 1]);
     best = std::max(best, tau * Rate(static_cast<int>(k) + 1, true));
   }
-  if (best > Sps(1)) {
+  const bool pays = best > Sps(1);
+  if (probing_ && !pays) probe_interval_ = std::min(2 * probe_interval_, kProbeRoundsMax);
+  probing_ = false;
+  if (pays) {
+    probe_interval_ = kProbeRounds;
     skipped_ = 0;
     return true;
   }
-  ++skipped_;
+  if (++skipped_ > probe_interval_) {
+    skipped_ = 0;
+    probing_ = true;
+    return true;
+  }
   return false;
 }
 
@@ -303,10 +308,13 @@ Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
   }
   std::vector<int32_t> verify = {pending_};
   verify.insert(verify.end(), d.tokens.begin(), d.tokens.begin() + B);
-  // Engram rows of the drafted tokens are requested now (a refused hint changes nothing).
-  (void)engine_->PrefetchEngram(*st, verify);
-  SaveCheckpoint(*st, &cp_);
-  const int64_t n = cp_.tokens;
+  // Engram rows of the drafted tokens are requested now (a refused hint changes nothing); a
+  // round without draft tokens is a plain decode step (nothing to roll back).
+  if (B > 0) {
+    (void)engine_->PrefetchEngram(*st, verify);
+    SaveCheckpoint(*st, &cp_);
+  }
+  const int64_t n = static_cast<int64_t>(st->tokens.size());
   std::vector<float> logits;
   engine_->set_attn_capture(&capture_);
   const auto t0 = Clock::now();
@@ -349,7 +357,8 @@ Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
   }
   const int64_t keep = n + 1 + a;
   const auto tr = Clock::now();
-  KVTIER_RETURN_IF_ERROR(RollbackTo(engine_->config(), *weights_, cp_, capture_, keep, st));
+  if (B > 0)
+    KVTIER_RETURN_IF_ERROR(RollbackTo(engine_->config(), *weights_, cp_, capture_, keep, st));
   KVTIER_RETURN_IF_ERROR(draft_->Observe(capture_, n, keep - n, &ctx_));
   stats_.rollback_us += us(tr, Clock::now());
   out->insert(out->end(), d.tokens.begin(), d.tokens.begin() + a);

@@ -68,10 +68,13 @@ std::vector<int> CaptureLayers(const EngineConfig& config, const DSparkConfig& d
 //   ShouldDraft: whether drafting at all pays: the best objective with the running mean of past
 //   survivals beats SPS(1) (a plain decode step). Under saturation (verify cost growing with
 //   tokens, or a draft pass as costly as the tokens it saves) it stops drafting, down to none,
-//   and probes once every kProbeRounds rounds to keep its estimates current.
+//   and probes to keep its estimates current: after kProbeRounds rounds without drafting, then
+//   after twice as many each time a probe confirms that drafting does not pay, up to
+//   kProbeRoundsMax (back to kProbeRounds once it pays).
 class DraftScheduler {
  public:
   static constexpr int kProbeRounds = 32;
+  static constexpr int kProbeRoundsMax = 1024;
   // max_tokens: the largest verify pass in the table (>= 1).
   explicit DraftScheduler(int max_tokens);
   // Records one verify pass of `tokens` tokens that took `seconds`.
@@ -92,6 +95,8 @@ class DraftScheduler {
   double draft_s_ = 0;
   std::vector<double> mean_survival_;  // per draft position; empty until a draft was recorded
   int skipped_ = 0;
+  int probe_interval_ = kProbeRounds;
+  bool probing_ = false;  // the last ShouldDraft was a probe
 };
 
 // Fills the scheduler's table at start: `reps` verify passes of each size 1 .. max_tokens on

@@ -1086,7 +1086,14 @@ void AttnInputCapture::Clear() {
 void AttnInputCapture::Record(int layer, int64_t p0, int n, int hc, int dim, const float* x,
                               const float* xa) {
   const int i = Slot(layer);
-  if (i < 0) return;
+  if (i < 0 || p0 + n <= from_pos) return;
+  if (p0 < from_pos) {  // the call's tail only
+    const int skip = static_cast<int>(from_pos - p0);
+    x += static_cast<int64_t>(skip) * hc * dim;
+    xa += static_cast<int64_t>(skip) * dim;
+    p0 = from_pos;
+    n -= skip;
+  }
   if (first_pos[i] < 0) first_pos[i] = p0;
   std::vector<float>& m = stream_mean[i];
   const size_t m0 = m.size();

@@ -149,11 +149,13 @@ struct StepTrace {
 // Additive hook for DSpark (engine/dspark.h) and speculative rollback (engine/speculative.h):
 // what entered the attention sublayer of the listed layers. Every Forward / PrefillCed /
 // ReplayTail clears the rows and records, per listed layer, the tokens that layer ran in that
-// call in position order, from first_pos[i] on (-1 when it ran none); the Engram rows are
+// call in position order, from first_pos[i] on (-1 when it ran none; positions below from_pos
+// are skipped, which bounds a long prefill's capture); the Engram rows are
 // already added. A layer runs the tokens of one contiguous range per call (PrefillCed's
 // decoder layers only its last min(W, n) tokens).
 struct AttnInputCapture {
   std::vector<int> layers;         // set by the caller
+  int64_t from_pos = 0;            // set by the caller: positions below are not recorded
   std::vector<int64_t> first_pos;  // per listed layer
   // Per listed layer: the mean of the hc copies of the sublayer's input stream (D per token),
   // and the attention's normalised input xa (D per token).

@@ -269,6 +269,9 @@ Status SpeculativeDecoder::Prefill(SequenceState* st, std::span<const int32_t> p
                                    std::vector<float>* logits_out) {
   if (!st->tokens.empty()) return Status::InvalidArgument("speculative: needs an empty state");
   std::vector<float>& logits = *logits_out;
+  // Only the last W positions feed the draft: the capture of a long prompt stays W rows.
+  capture_.from_pos =
+      std::max<int64_t>(0, static_cast<int64_t>(prompt.size()) - engine_->config().sliding_window);
   engine_->set_attn_capture(&capture_);
   Status s = engine_->Forward(st, prompt, false, &logits);
   engine_->set_attn_capture(nullptr);
@@ -276,7 +279,9 @@ Status SpeculativeDecoder::Prefill(SequenceState* st, std::span<const int32_t> p
   ctx_.Clear();
   const int64_t n = static_cast<int64_t>(prompt.size());
   const int64_t from = std::max<int64_t>(0, n - engine_->config().sliding_window);
-  return draft_->Observe(capture_, from, n - from, &ctx_);
+  KVTIER_RETURN_IF_ERROR(draft_->Observe(capture_, from, n - from, &ctx_));
+  capture_.from_pos = 0;
+  return Status::Ok();
 }
 
 Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {

@@ -7,6 +7,7 @@
 //   - the scheduler's choice of B, and hostile DSpark configs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -187,6 +188,39 @@ TEST(DSparkGolden, DraftMatchesReference) {
             sworst, std::fabs(mine.stream_mean[i][t * D + d] - streams[(t * NT + i) * D + d]));
   }
   EXPECT_LT(sworst, 0.05f);
+}
+
+// from_pos bounds a long prefill's capture to its tail, with the same rows as a full capture.
+TEST(AttnInputCapture, FromPosKeepsOnlyTheTail) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  std::vector<int32_t> prompt;
+  for (const std::string& t : Texts()) {
+    const std::vector<int32_t> b = Bytes(t);
+    prompt.insert(prompt.end(), b.begin(), b.end());
+  }
+  ASSERT_GT(prompt.size(), 300u);
+  const int D = m.config.hidden_size, n = static_cast<int>(prompt.size());
+  AttnInputCapture full, tail;
+  full.layers = tail.layers = CaptureLayers(m.config, m.dconfig);
+  tail.from_pos = n - 16;
+  std::vector<float> logits;
+  for (AttnInputCapture* c : {&full, &tail}) {
+    SequenceState st = e->NewSequence();
+    e->set_attn_capture(c);
+    ASSERT_TRUE(e->Forward(&st, prompt, false, &logits).ok());
+    e->set_attn_capture(nullptr);
+  }
+  for (size_t i = 0; i < tail.layers.size(); ++i) {
+    EXPECT_EQ(full.first_pos[i], 0);
+    EXPECT_EQ(tail.first_pos[i], n - 16);
+    ASSERT_EQ(tail.stream_mean[i].size(), 16u * D);
+    ASSERT_EQ(tail.normed[i].size(), 16u * D);
+    EXPECT_TRUE(std::equal(tail.stream_mean[i].begin(), tail.stream_mean[i].end(),
+                           full.stream_mean[i].end() - 16 * D));
+    EXPECT_TRUE(
+        std::equal(tail.normed[i].begin(), tail.normed[i].end(), full.normed[i].end() - 16 * D));
+  }
 }
 
 // ---- rollback ----------------------------------------------------------------------------------

@@ -78,3 +78,18 @@ train:
 	  --val-windows 16
 	@/usr/bin/python3 train/bpb.py --config deploy/models/kvmini-trained.json \
 	  --model build/train/final.safetensors --text build/corpus/val.txt --windows 1024
+
+# The DSpark draft of the trained miniature (docs/ENGINE.md, "DSpark"): distilled from the
+# shipped backbone's own distributions; about 20 minutes on one core. Output in build/dspark
+# (copy kvmini-trained-dspark.safetensors + .sha256 to deploy/models to ship it); the log ends
+# with the validation acceptance.
+.PHONY: train-dspark
+train-dspark:
+	@./deploy/install-deps.sh --with-train
+	@/usr/bin/python3 train/build_corpus.py --out build/corpus --compare train/corpus-manifest.json
+	@mkdir -p build/dspark
+	@nice -n 5 /usr/bin/python3 train/train_dspark.py --config deploy/models/kvmini-trained.json \
+	  --backbone deploy/models/kvmini-trained.safetensors --corpus build/corpus \
+	  --out build/dspark/kvmini-trained-dspark.safetensors --steps 300 --batch 8 --seq 256 \
+	  --anchors 64 --lr 3e-3 --lr-min 3e-4 --warmup 20 --seed 0 --threads 1 --val-every 100 \
+	  --val-windows 16

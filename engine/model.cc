@@ -1043,6 +1043,7 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
     }
     for (int s = 0; s < 2; ++s) {
       PreMix(n, x, pre, s == 0 ? lw.attn_norm : lw.ffn_norm, xn.data());
+      if (s == 0 && capture_ != nullptr) capture_->Record(l, p0, n, hc, D, x, xn.data());
       pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t) {
           HcMixes(x + t * hc * D, hc, D, lw.hc_fn[s], lw.hc_scale[s], lw.hc_base[s],
@@ -1069,7 +1070,47 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
   return Status::Ok();
 }
 
+int AttnInputCapture::Slot(int layer) const {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (layers[i] == layer) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void AttnInputCapture::Clear() {
+  first_pos.assign(layers.size(), -1);
+  stream_mean.assign(layers.size(), {});
+  normed.assign(layers.size(), {});
+}
+
+void AttnInputCapture::Record(int layer, int64_t p0, int n, int hc, int dim, const float* x,
+                              const float* xa) {
+  const int i = Slot(layer);
+  if (i < 0 || p0 + n <= from_pos) return;
+  if (p0 < from_pos) {  // the call's tail only
+    const int skip = static_cast<int>(from_pos - p0);
+    x += static_cast<int64_t>(skip) * hc * dim;
+    xa += static_cast<int64_t>(skip) * dim;
+    p0 = from_pos;
+    n -= skip;
+  }
+  if (first_pos[i] < 0) first_pos[i] = p0;
+  std::vector<float>& m = stream_mean[i];
+  const size_t m0 = m.size();
+  m.resize(m0 + static_cast<size_t>(n) * dim);
+  for (int t = 0; t < n; ++t) {
+    float* y = m.data() + m0 + static_cast<size_t>(t) * dim;
+    for (int d = 0; d < dim; ++d) {
+      float acc = 0.0f;
+      for (int c = 0; c < hc; ++c) acc += x[(static_cast<int64_t>(t) * hc + c) * dim + d];
+      y[d] = acc / static_cast<float>(hc);
+    }
+  }
+  normed[i].insert(normed[i].end(), xa, xa + static_cast<size_t>(n) * dim);
+}
+
 void Engine::ResetTrace() {
+  if (capture_ != nullptr) capture_->Clear();
   if (trace_ == nullptr) return;
   const int L = config_.num_hidden_layers;
   trace_->candidate_visible.clear();

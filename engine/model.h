@@ -146,6 +146,27 @@ struct StepTrace {
   std::vector<std::vector<float>> engram_gates;
 };
 
+// Additive hook for DSpark (engine/dspark.h) and speculative rollback (engine/speculative.h):
+// what entered the attention sublayer of the listed layers. Every Forward / PrefillCed /
+// ReplayTail clears the rows and records, per listed layer, the tokens that layer ran in that
+// call in position order, from first_pos[i] on (-1 when it ran none; positions below from_pos
+// are skipped, which bounds a long prefill's capture); the Engram rows are
+// already added. A layer runs the tokens of one contiguous range per call (PrefillCed's
+// decoder layers only its last min(W, n) tokens).
+struct AttnInputCapture {
+  std::vector<int> layers;         // set by the caller
+  int64_t from_pos = 0;            // set by the caller: positions below are not recorded
+  std::vector<int64_t> first_pos;  // per listed layer
+  // Per listed layer: the mean of the hc copies of the sublayer's input stream (D per token),
+  // and the attention's normalised input xa (D per token).
+  std::vector<std::vector<float>> stream_mean;
+  std::vector<std::vector<float>> normed;
+  // Index of `layer` in layers, or -1.
+  int Slot(int layer) const;
+  void Clear();
+  void Record(int layer, int64_t p0, int n, int hc, int dim, const float* x, const float* xa);
+};
+
 class Engine {
  public:
   static StatusOr<std::unique_ptr<Engine>> Create(const EngineConfig& config,
@@ -191,6 +212,8 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   int threads() const { return pool_->threads(); }
   void set_trace(StepTrace* trace) { trace_ = trace; }
+  // Attaches (nullptr: detaches) an attention-input capture; not owned.
+  void set_attn_capture(AttnInputCapture* capture) { capture_ = capture; }
 
  private:
   struct LayerWeights;
@@ -254,6 +277,7 @@ class Engine {
   std::vector<std::deque<std::unique_ptr<EngramPending>>> engram_queue_;
   EngineStats stats_;
   StepTrace* trace_ = nullptr;
+  AttnInputCapture* capture_ = nullptr;
 };
 
 }  // namespace kvtier::engine

@@ -48,4 +48,54 @@ int32_t Sampler::Sample(const std::vector<float>& logits) {
   return order[keep - 1];
 }
 
+std::vector<double> Sampler::Probabilities(const std::vector<float>& logits) const {
+  const int n = static_cast<int>(logits.size());
+  std::vector<double> out(n, 0.0);
+  if (n == 0) return out;
+  if (temperature_ <= 0) {
+    out[std::max_element(logits.begin(), logits.end()) - logits.begin()] = 1.0;
+    return out;
+  }
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p(n);
+  double sum = 0;
+  for (int i = 0; i < n; ++i) {
+    p[i] = std::exp((logits[i] - mx) / temperature_);
+    sum += p[i];
+  }
+  std::vector<int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+  const double top_p = std::clamp(top_p_, 1e-9, 1.0);
+  double cum = 0, kept = 0;
+  int keep = 0;
+  while (keep < n) {
+    cum += p[order[keep]] / sum;
+    kept += p[order[keep]];
+    ++keep;
+    if (cum >= top_p) break;
+  }
+  for (int i = 0; i < keep; ++i) out[order[i]] = p[order[i]] / kept;
+  return out;
+}
+
+int32_t Sampler::SampleFrom(const std::vector<double>& p) {
+  double sum = 0;
+  int32_t last = -1;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] > 0) {
+      sum += p[i];
+      last = static_cast<int32_t>(i);
+    }
+  }
+  if (last < 0) return -1;
+  double r = NextUniform() * sum;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] <= 0) continue;
+    r -= p[i];
+    if (r < 0) return static_cast<int32_t>(i);
+  }
+  return last;
+}
+
 }  // namespace kvtier::engine

@@ -15,9 +15,18 @@ class Sampler {
   Sampler(double temperature, double top_p, uint64_t seed)
       : temperature_(temperature), top_p_(top_p), state_(seed) {}
   int32_t Sample(const std::vector<float>& logits);
+  // The distribution Sample draws from (speculative verification, engine/speculative.h):
+  // greedy: one-hot at the argmax; otherwise softmax(logits / temperature) restricted to the
+  // top-p nucleus (same order and cut as Sample) and renormalised.
+  std::vector<double> Probabilities(const std::vector<float>& logits) const;
+  // A draw from `p` (non-negative, any positive sum); the last positive id when rounding runs
+  // past the end. -1 when p has no positive entry.
+  int32_t SampleFrom(const std::vector<double>& p);
+  bool greedy() const { return temperature_ <= 0; }
+  double temperature() const { return temperature_; }
+  double NextUniform();  // [0, 1), advances the seeded stream
 
  private:
-  double NextUniform();  // [0, 1)
   double temperature_;
   double top_p_;
   uint64_t state_;

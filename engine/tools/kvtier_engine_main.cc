@@ -5,6 +5,7 @@
 //                          [--temperature T --top-p P --seed S --threads N --full]
 //                          [--save-socket S --token T --save-interval N --no-hot-state
 //                           --tokens-out F --engram-socket S]
+//                          [--speculative --draft D.safetensors --draft-len N]
 //   kvtier-engine resume   --model M --config C --socket S (--tokens-file F | --prompt-file F)
 //                          [--max-new N --token T --guard auto|fetch|recompute
 //                           --no-hot-state --replay-tokens N --json]
@@ -29,12 +30,14 @@
 #include "cache_daemon/client.h"
 #include "cli/flags.h"
 #include "engine/config.h"
+#include "engine/dspark.h"
 #include "engine/engram_daemon.h"
 #include "engine/fidelity.h"
 #include "engine/model.h"
 #include "engine/remote_engram.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
+#include "engine/speculative.h"
 #include "engine/tokenizer.h"
 #include "engine/weights.h"
 
@@ -167,7 +170,24 @@ int RunGenerate(Args args) {
                "kvtierd Unix socket serving [engram]: read Engram rows from its row server "
                "(grants via ENGRAM_GRANT, --token), report fetch counters back at the end "
                "(default: the weights' own tables)");
+  bool speculative = false;
+  std::string draft_path;
+  constexpr uint64_t kSchedulerChooses = UINT64_MAX;
+  uint64_t draft_len = kSchedulerChooses;
+  flags.Bool("speculative", &speculative,
+             "DSpark speculative decoding (docs/ENGINE.md, DSpark): full-forward prefill, "
+             "draft + one verify pass per round; greedy output equals plain greedy's");
+  flags.String("draft", &draft_path, "FILE",
+               "DSpark weights (default: the model path with -dspark.safetensors)");
+  flags.Uint("draft-len", &draft_len,
+             "draft tokens verified per round, 0..dspark_block_size (default: the load-aware "
+             "scheduler chooses each round)");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
+  if (speculative && !save_socket.empty()) {
+    std::fprintf(stderr,
+                 "kvtier-engine generate: --speculative and --save-socket do not combine\n");
+    return 2;
+  }
   if (full && !save_socket.empty()) {
     std::fprintf(stderr, "kvtier-engine generate: --full and --save-socket do not combine\n");
     return 2;
@@ -224,6 +244,74 @@ int RunGenerate(Args args) {
     auto sv = ConnectStore(&e, *weights, save_socket, token, so);
     if (!sv.ok()) return Fail(sv.status());
     saver = std::move(*sv);
+  }
+  if (speculative) {
+    if (draft_path.empty()) {
+      draft_path = model;
+      const std::string ext = ".safetensors";
+      if (draft_path.size() > ext.size() &&
+          draft_path.compare(draft_path.size() - ext.size(), ext.size(), ext) == 0)
+        draft_path.resize(draft_path.size() - ext.size());
+      draft_path += "-dspark.safetensors";
+    }
+    auto dc = LoadDSparkConfig(config, e.config());
+    if (!dc.ok()) return Fail(dc.status());
+    if (draft_len != kSchedulerChooses && draft_len > static_cast<uint64_t>(dc->block_size)) {
+      std::fprintf(stderr, "kvtier-engine generate: --draft-len in [0, %d]\n", dc->block_size);
+      return 2;
+    }
+    auto draft = DSpark::Load(e.config(), *dc, weights, draft_path);
+    if (!draft.ok()) return Fail(draft.status());
+    Sampler sampler(temperature, top_p, seed);
+    SpeculativeOptions so2;
+    so2.scheduler = draft_len == kSchedulerChooses;
+    so2.draft_len = so2.scheduler ? 0 : static_cast<int>(draft_len);
+    DraftScheduler scheduler(dc->block_size + 1);
+    SpeculativeDecoder dec(&e, draft->get(), weights.get(), &scheduler, so2, &sampler);
+    SequenceState st = e.NewSequence();
+    std::vector<int32_t> out;
+    int32_t first = -1;
+    Status s = dec.Start(&st, prompt, &first);
+    if (!s.ok()) return Fail(s);
+    out.push_back(first);
+    if (so2.scheduler) {
+      s = MeasureSps(&e, st, 3, &scheduler);
+      if (!s.ok()) return Fail(s);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    while (out.size() < max_new) {
+      s = dec.Round(&st, &out);
+      if (!s.ok()) return Fail(s);
+    }
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out.resize(max_new);
+    const SpeculativeStats& ss2 = dec.stats();
+    std::string chosen;
+    for (size_t b = 0; b < ss2.chosen_b.size(); ++b)
+      chosen += (b ? "," : "") + std::to_string(ss2.chosen_b[b]);
+    std::fprintf(stderr,
+                 "speculative: %llu rounds, %llu drafted, %llu accepted (%.2f per verification, "
+                 "%.2f tokens per verification), %llu rejections, %llu rolled back, B chosen "
+                 "[%s], decode %.1f tokens/s\n",
+                 static_cast<unsigned long long>(ss2.rounds),
+                 static_cast<unsigned long long>(ss2.drafted),
+                 static_cast<unsigned long long>(ss2.accepted),
+                 ss2.rounds ? static_cast<double>(ss2.accepted) / ss2.rounds : 0.0,
+                 ss2.rounds ? static_cast<double>(ss2.emitted) / ss2.rounds : 0.0,
+                 static_cast<unsigned long long>(ss2.rejections),
+                 static_cast<unsigned long long>(ss2.rolled_back), chosen.c_str(),
+                 secs > 0 ? static_cast<double>(ss2.emitted) / secs : 0.0);
+    if (!tokens_out.empty()) {
+      s = WriteIds(tokens_out, st.tokens);
+      if (!s.ok()) return Fail(s);
+    }
+    std::printf("%s\n", tok->Decode(out).c_str());
+    if (ids) {
+      for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
+      std::printf("\n");
+    }
+    return 0;
   }
   SaveCursor cursor;
   SequenceState st = e.NewSequence();

@@ -1,0 +1,356 @@
+#include "engine/dspark.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "engine/ops.h"
+
+namespace kvtier::engine {
+
+namespace {
+
+using nlohmann::json;
+
+template <typename T>
+Status GetKey(const json& j, const char* key, T* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null())
+    return Status::InvalidArgument(std::string("dspark config: missing key ") + key);
+  try {
+    *out = it->get<T>();
+  } catch (const json::exception& e) {
+    return Status::InvalidArgument(std::string("dspark config: bad value for ") + key);
+  }
+  return Status::Ok();
+}
+
+// Limits of the draft's sizes (a malformed config must not allocate absurd amounts).
+constexpr int kMaxDraftBlocks = 16;
+constexpr int kMaxMarkovRank = 4096;
+constexpr int kMaxDraftExperts = 1024;
+
+}  // namespace
+
+StatusOr<DSparkConfig> ParseDSparkConfig(const std::string& json_text, const EngineConfig& c) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    return Status::InvalidArgument(std::string("dspark config: ") + e.what());
+  }
+  if (!j.is_object()) return Status::InvalidArgument("dspark config: not an object");
+  if (j.contains("text_config") && j["text_config"].is_object()) j = j["text_config"];
+  DSparkConfig d;
+  KVTIER_RETURN_IF_ERROR(GetKey(j, "dspark_block_size", &d.block_size));
+  KVTIER_RETURN_IF_ERROR(GetKey(j, "dspark_noise_token_id", &d.noise_token_id));
+  KVTIER_RETURN_IF_ERROR(GetKey(j, "dspark_target_layer_ids", &d.target_layer_ids));
+  KVTIER_RETURN_IF_ERROR(GetKey(j, "dspark_markov_rank", &d.markov_rank));
+  KVTIER_RETURN_IF_ERROR(GetKey(j, "dspark_n_routed_experts", &d.n_routed_experts));
+  KVTIER_RETURN_IF_ERROR(GetKey(j, "num_nextn_predict_layers", &d.n_blocks));
+  int top = 1;
+  if (j.contains("dspark_num_experts_per_tok"))
+    KVTIER_RETURN_IF_ERROR(GetKey(j, "dspark_num_experts_per_tok", &top));
+  auto bad = [](const char* k) {
+    return Status::InvalidArgument(std::string("dspark config: ") + k + " out of range");
+  };
+  if (d.block_size < 1 || d.block_size > kMaxDraftBlock || d.block_size + 1 > c.sliding_window)
+    return bad("dspark_block_size");
+  if (d.noise_token_id < 0 || d.noise_token_id >= c.vocab_size) return bad("dspark_noise_token_id");
+  if (d.target_layer_ids.empty() || d.target_layer_ids.size() > 16)
+    return bad("dspark_target_layer_ids");
+  for (int l : d.target_layer_ids) {
+    if (l < 0 || l >= c.num_hidden_layers) return bad("dspark_target_layer_ids");
+  }
+  if (d.markov_rank < 1 || d.markov_rank > kMaxMarkovRank) return bad("dspark_markov_rank");
+  if (d.n_routed_experts < 1 || d.n_routed_experts > kMaxDraftExperts)
+    return bad("dspark_n_routed_experts");
+  if (top != 1) return bad("dspark_num_experts_per_tok (only 1 is supported)");
+  if (d.n_blocks < 1 || d.n_blocks > kMaxDraftBlocks) return bad("num_nextn_predict_layers");
+  return d;
+}
+
+StatusOr<DSparkConfig> LoadDSparkConfig(const std::string& path, const EngineConfig& c) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::IOError("cannot open config " + path);
+  std::string text(kDSparkConfigBytesMax + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) return Status::IOError("cannot read config " + path);
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kDSparkConfigBytesMax)
+    return Status::InvalidArgument("dspark config: over kDSparkConfigBytesMax: " + path);
+  auto r = ParseDSparkConfig(text, c);
+  if (!r.ok()) return r.status().WithContext(path);
+  return r;
+}
+
+const float* DraftContext::Row(int64_t pos) const {
+  const int64_t first = end_ - static_cast<int64_t>(rows_.size());
+  if (pos < first || pos >= end_) return nullptr;
+  return rows_[static_cast<size_t>(pos - first)].data();
+}
+
+void DraftContext::Clear() {
+  rows_.clear();
+  end_ = 0;
+}
+
+StatusOr<std::unique_ptr<DSpark>> DSpark::Load(const EngineConfig& c, const DSparkConfig& dc,
+                                               std::shared_ptr<const ModelWeights> backbone,
+                                               const std::string& path) {
+  if (backbone == nullptr) return Status::InvalidArgument("dspark: no backbone weights");
+  std::unique_ptr<DSpark> d(new DSpark());
+  d->config_ = c;
+  d->dc_ = dc;
+  d->backbone_ = std::move(backbone);
+  d->embed_ = d->backbone_->F32("embed.weight");
+  d->head_ = d->backbone_->F32("head.weight");
+  if (d->embed_ == nullptr || d->head_ == nullptr)
+    return Status::InvalidArgument("dspark: backbone has no F32 embed/head");
+  KVTIER_ASSIGN_OR_RETURN(d->file_, ReadSafetensors(path));
+  const int64_t D = c.hidden_size, V = c.vocab_size, H = c.num_attention_heads, hd = c.head_dim;
+  const int64_t K = dc.block_size, r = dc.markov_rank, I = c.moe_intermediate_size;
+  const int64_t NT = static_cast<int64_t>(dc.target_layer_ids.size());
+  auto get = [&](const std::string& name, std::vector<int64_t> shape, const float** out) -> Status {
+    auto it = d->file_.tensors.find(name);
+    if (it == d->file_.tensors.end())
+      return Status::InvalidArgument("dspark weights: missing " + name).WithContext(path);
+    Tensor& t = it->second;
+    if (t.shape != shape)
+      return Status::InvalidArgument("dspark weights: " + name + " has the wrong shape")
+          .WithContext(path);
+    KVTIER_RETURN_IF_ERROR(ConvertToF32(name, &t).WithContext(path));
+    if (t.dtype != "F32")
+      return Status::InvalidArgument("dspark weights: " + name + " is not a float tensor")
+          .WithContext(path);
+    for (int64_t i = 0, n = t.NumElements(); i < n; ++i) {
+      if (!std::isfinite(t.f32()[i]))
+        return Status::InvalidArgument("dspark weights: " + name + " has a non-finite element")
+            .WithContext(path);
+    }
+    *out = t.f32();
+    return Status::Ok();
+  };
+  KVTIER_RETURN_IF_ERROR(get("dspark.proj.weight", {D, NT * D}, &d->proj_));
+  KVTIER_RETURN_IF_ERROR(get("dspark.proj_norm.weight", {D}, &d->proj_norm_));
+  KVTIER_RETURN_IF_ERROR(get("dspark.block_pos", {K, D}, &d->block_pos_));
+  for (int b = 0; b < dc.n_blocks; ++b) {
+    const std::string p = "dspark.blocks." + std::to_string(b) + ".";
+    Block bl{};
+    KVTIER_RETURN_IF_ERROR(get(p + "attn_norm.weight", {D}, &bl.attn_norm));
+    KVTIER_RETURN_IF_ERROR(get(p + "wq.weight", {H * hd, D}, &bl.wq));
+    KVTIER_RETURN_IF_ERROR(get(p + "wkv.weight", {hd, D}, &bl.wkv));
+    KVTIER_RETURN_IF_ERROR(get(p + "kv_norm.weight", {hd}, &bl.kv_norm));
+    KVTIER_RETURN_IF_ERROR(get(p + "wo.weight", {D, H * hd}, &bl.wo));
+    KVTIER_RETURN_IF_ERROR(get(p + "ffn_norm.weight", {D}, &bl.ffn_norm));
+    KVTIER_RETURN_IF_ERROR(get(p + "gate.weight", {dc.n_routed_experts, D}, &bl.gate));
+    bl.w1.resize(dc.n_routed_experts);
+    bl.w3.resize(dc.n_routed_experts);
+    bl.w2.resize(dc.n_routed_experts);
+    for (int e = 0; e < dc.n_routed_experts; ++e) {
+      const std::string ep = p + "experts." + std::to_string(e) + ".";
+      KVTIER_RETURN_IF_ERROR(get(ep + "w1.weight", {I, D}, &bl.w1[e]));
+      KVTIER_RETURN_IF_ERROR(get(ep + "w3.weight", {I, D}, &bl.w3[e]));
+      KVTIER_RETURN_IF_ERROR(get(ep + "w2.weight", {D, I}, &bl.w2[e]));
+    }
+    KVTIER_RETURN_IF_ERROR(get(p + "shared.w1.weight", {I, D}, &bl.s_w1));
+    KVTIER_RETURN_IF_ERROR(get(p + "shared.w3.weight", {I, D}, &bl.s_w3));
+    KVTIER_RETURN_IF_ERROR(get(p + "shared.w2.weight", {D, I}, &bl.s_w2));
+    d->blocks_.push_back(std::move(bl));
+  }
+  KVTIER_RETURN_IF_ERROR(get("dspark.norm.weight", {D}, &d->norm_));
+  KVTIER_RETURN_IF_ERROR(get("dspark.markov_embed", {V, r}, &d->markov_embed_));
+  KVTIER_RETURN_IF_ERROR(get("dspark.markov_head", {V, r}, &d->markov_head_));
+  KVTIER_RETURN_IF_ERROR(get("dspark.conf.weight", {1, D + r}, &d->conf_w_));
+  KVTIER_RETURN_IF_ERROR(get("dspark.conf.bias", {1}, &d->conf_b_));
+  RopeParams rp;
+  rp.yarn = c.rope_scaling.type == "yarn" &&
+            (c.max_position_embeddings == 0 ||
+             c.max_position_embeddings > c.rope_scaling.original_max_position_embeddings);
+  rp.factor = c.rope_scaling.factor;
+  rp.original_max_position = static_cast<double>(c.rope_scaling.original_max_position_embeddings);
+  rp.beta_fast = c.rope_scaling.beta_fast;
+  rp.beta_slow = c.rope_scaling.beta_slow;
+  rp.theta = c.rope_theta;
+  d->rope_ = RopeFrequencies(c.qk_rope_head_dim, rp);
+  d->pool_ = std::make_unique<ThreadPool>(1);
+  return d;
+}
+
+Status DSpark::Observe(const AttnInputCapture& cap, int64_t from, int64_t count,
+                       DraftContext* ctx) const {
+  const int D = config_.hidden_size;
+  const int NT = static_cast<int>(dc_.target_layer_ids.size());
+  if (count < 0) return Status::InvalidArgument("dspark: negative count");
+  std::vector<const float*> src(NT);
+  for (int i = 0; i < NT; ++i) {
+    const int s = cap.Slot(dc_.target_layer_ids[i]);
+    if (s < 0 || static_cast<size_t>(s) >= cap.first_pos.size())
+      return Status::InvalidArgument("dspark: the capture lacks a target layer");
+    const int64_t f = cap.first_pos[s];
+    const int64_t have = static_cast<int64_t>(cap.stream_mean[s].size()) / D;
+    if (f < 0 || from < f || from + count > f + have)
+      return Status::InvalidArgument("dspark: the capture lacks the observed positions");
+    src[i] = cap.stream_mean[s].data() + (from - f) * D;
+  }
+  if (from != ctx->end_) {
+    if (!ctx->rows_.empty() && from < ctx->end_)
+      return Status::InvalidArgument("dspark: observed positions overlap the context");
+    ctx->rows_.clear();
+  }
+  const size_t keep = static_cast<size_t>(config_.sliding_window) + 1;
+  std::vector<float> cat(static_cast<size_t>(NT) * D);
+  for (int64_t t = 0; t < count; ++t) {
+    for (int i = 0; i < NT; ++i) std::memcpy(cat.data() + i * D, src[i] + t * D, D * 4);
+    std::vector<float> row(D);
+    MatMul(pool_.get(), cat.data(), 1, NT * D, proj_, D, row.data());
+    RmsNorm(row.data(), proj_norm_, D, config_.rms_norm_eps, row.data());
+    ctx->rows_.push_back(std::move(row));
+    if (ctx->rows_.size() > keep) ctx->rows_.pop_front();
+  }
+  ctx->end_ = from + count;
+  return Status::Ok();
+}
+
+void DSpark::Moe(const Block& b, const float* x, float* out) const {
+  const int D = config_.hidden_size, I = config_.moe_intermediate_size, E = dc_.n_routed_experts;
+  const float lim = static_cast<float>(config_.swiglu_limit);
+  std::vector<float> s(E);
+  MatMul(pool_.get(), x, 1, D, b.gate, E, s.data());
+  int top = 0;
+  for (int e = 0; e < E; ++e) {
+    s[e] = std::sqrt(Softplus(s[e]));
+    if (s[e] > s[top]) top = e;
+  }
+  auto swiglu = [&](const float* w1, const float* w3, const float* w2, float weight, bool weighted,
+                    float* y) {
+    std::vector<float> g(I), u(I);
+    MatMul(pool_.get(), x, 1, D, w1, I, g.data());
+    MatMul(pool_.get(), x, 1, D, w3, I, u.data());
+    for (int i = 0; i < I; ++i) {
+      g[i] = Silu(std::min(g[i], lim)) * std::clamp(u[i], -lim, lim);
+      if (weighted) g[i] = g[i] * weight;
+    }
+    MatMul(pool_.get(), g.data(), 1, I, w2, D, y);
+  };
+  std::vector<float> routed(D);
+  swiglu(b.s_w1, b.s_w3, b.s_w2, 1.0f, false, out);
+  swiglu(b.w1[top], b.w3[top], b.w2[top], s[top], true, routed.data());
+  for (int d = 0; d < D; ++d) out[d] += routed[d];
+}
+
+Status DSpark::Draft(const DraftContext& ctx, int32_t last, double temperature,
+                     const std::vector<double>& uniforms, DraftResult* out) const {
+  const EngineConfig& c = config_;
+  const int D = c.hidden_size, V = c.vocab_size, H = c.num_attention_heads, hd = c.head_dim;
+  const int rd = c.qk_rope_head_dim, W = c.sliding_window, K = dc_.block_size;
+  const int r = dc_.markov_rank;
+  const double eps = c.rms_norm_eps;
+  if (last < 0 || last >= V) return Status::InvalidArgument("dspark: token outside the vocabulary");
+  if (temperature > 0 && static_cast<int>(uniforms.size()) < K)
+    return Status::InvalidArgument("dspark: sampling needs one uniform per draft position");
+  const int64_t n = ctx.end();
+  // Context slots: positions n-W .. n-1 that the context holds.
+  std::vector<int64_t> kpos;
+  std::vector<const float*> crow;
+  for (int64_t p = n - W; p < n; ++p) {
+    const float* row = p >= 0 ? ctx.Row(p) : nullptr;
+    if (row == nullptr) continue;
+    kpos.push_back(p);
+    crow.push_back(row);
+  }
+  const int C = static_cast<int>(kpos.size());
+  for (int k = 0; k < K; ++k) kpos.push_back(n + k);
+  const int NK = C + K;
+  std::vector<float> h(static_cast<size_t>(K) * D);
+  for (int k = 0; k < K; ++k) {
+    const int32_t tok = k == 0 ? last : dc_.noise_token_id;
+    for (int d = 0; d < D; ++d)
+      h[k * D + d] = embed_[static_cast<int64_t>(tok) * D + d] + block_pos_[k * D + d];
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> xin(static_cast<size_t>(NK) * D), lat(static_cast<size_t>(NK) * hd),
+      keys(static_cast<size_t>(NK) * hd), q(static_cast<size_t>(K) * H * hd),
+      o(static_cast<size_t>(K) * H * hd), f(static_cast<size_t>(K) * D), xn(D), logit(NK);
+  for (const Block& b : blocks_) {
+    // Normalised inputs: the context's main_x rows, then the block's states.
+    for (int i = 0; i < C; ++i) RmsNorm(crow[i], b.attn_norm, D, eps, xin.data() + i * D);
+    for (int k = 0; k < K; ++k)
+      RmsNorm(h.data() + k * D, b.attn_norm, D, eps, xin.data() + (C + k) * D);
+    MatMul(pool_.get(), xin.data() + static_cast<int64_t>(C) * D, K, D, b.wq, H * hd, q.data());
+    MatMul(pool_.get(), xin.data(), NK, D, b.wkv, hd, lat.data());
+    for (int i = 0; i < NK; ++i) {
+      float* li = lat.data() + static_cast<int64_t>(i) * hd;
+      RmsNorm(li, b.kv_norm, hd, eps, li);
+      std::memcpy(keys.data() + static_cast<int64_t>(i) * hd, li, hd * 4);
+      ApplyRope(keys.data() + static_cast<int64_t>(i) * hd + hd - rd, rope_, kpos[i], false);
+    }
+    for (int k = 0; k < K; ++k) {
+      for (int hh = 0; hh < H; ++hh) {
+        float* qk = q.data() + (static_cast<int64_t>(k) * H + hh) * hd;
+        ApplyRope(qk + hd - rd, rope_, n + k, false);
+        float mx = -INFINITY;
+        for (int i = 0; i < NK; ++i) {
+          logit[i] = Dot(qk, keys.data() + static_cast<int64_t>(i) * hd, hd) * scale;
+          mx = std::max(mx, logit[i]);
+        }
+        float den = 0.0f;
+        for (int i = 0; i < NK; ++i) {
+          logit[i] = std::exp(logit[i] - mx);
+          den += logit[i];
+        }
+        float* ok = o.data() + (static_cast<int64_t>(k) * H + hh) * hd;
+        for (int d = 0; d < hd; ++d) ok[d] = 0.0f;
+        for (int i = 0; i < NK; ++i) {
+          const float p = logit[i] / den;
+          const float* li = lat.data() + static_cast<int64_t>(i) * hd;
+          for (int d = 0; d < hd; ++d) ok[d] += p * li[d];
+        }
+      }
+    }
+    MatMul(pool_.get(), o.data(), K, H * hd, b.wo, D, f.data());
+    for (size_t i = 0; i < h.size(); ++i) h[i] += f[i];
+    for (int k = 0; k < K; ++k) {
+      RmsNorm(h.data() + k * D, b.ffn_norm, D, eps, xn.data());
+      Moe(b, xn.data(), f.data());
+      for (int d = 0; d < D; ++d) h[k * D + d] += f[d];
+    }
+  }
+  for (int k = 0; k < K; ++k) RmsNorm(h.data() + k * D, norm_, D, eps, h.data() + k * D);
+  std::vector<float> base(static_cast<size_t>(K) * V), bias(V), feat(D + r);
+  MatMul(pool_.get(), h.data(), K, D, head_, V, base.data());
+  out->tokens.assign(K, 0);
+  out->confidence.assign(K, 0.0f);
+  out->logits.assign(K, std::vector<float>(V));
+  int32_t prev = last;
+  for (int k = 0; k < K; ++k) {
+    const float* me = markov_embed_ + static_cast<int64_t>(prev) * r;
+    MatMul(pool_.get(), me, 1, r, markov_head_, V, bias.data());
+    std::vector<float>& lg = out->logits[k];
+    for (int v = 0; v < V; ++v) lg[v] = base[static_cast<int64_t>(k) * V + v] + bias[v];
+    std::memcpy(feat.data(), h.data() + k * D, D * 4);
+    std::memcpy(feat.data() + D, me, r * 4);
+    out->confidence[k] = Sigmoid(Dot(feat.data(), conf_w_, D + r) + conf_b_[0]);
+    int32_t tok = static_cast<int32_t>(std::max_element(lg.begin(), lg.end()) - lg.begin());
+    if (temperature > 0) {
+      const double mx = lg[tok];
+      std::vector<double> p(V);
+      double sum = 0;
+      for (int v = 0; v < V; ++v) sum += p[v] = std::exp((lg[v] - mx) / temperature);
+      double u = uniforms[k] * sum;
+      for (int v = 0; v < V; ++v) {
+        u -= p[v];
+        tok = v;
+        if (u < 0) break;
+      }
+    }
+    out->tokens[k] = tok;
+    prev = tok;
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvtier::engine

@@ -1,0 +1,382 @@
+#include "engine/speculative.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "engine/ops.h"
+#include "kernels/quant.h"
+
+namespace kvtier::engine {
+
+namespace {
+
+using kernels::QuantFormat;
+
+// Latest position < keep with position % m == j, or -1.
+int64_t LastWithResidue(int64_t keep, int m, int j) {
+  const int64_t top = keep - 1;
+  if (top < j) return -1;
+  return top - ((top - j) % m);
+}
+
+// softmax(logits / temperature) in double.
+std::vector<double> DraftProbabilities(const std::vector<float>& logits, double temperature) {
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p(logits.size());
+  double sum = 0;
+  for (size_t v = 0; v < p.size(); ++v) sum += p[v] = std::exp((logits[v] - mx) / temperature);
+  for (double& x : p) x /= sum;
+  return p;
+}
+
+}  // namespace
+
+void SaveCheckpoint(const SequenceState& st, VerifyCheckpoint* cp) {
+  cp->tokens = static_cast<int64_t>(st.tokens.size());
+  cp->swa = st.swa;
+  cp->kv.resize(st.kv.size());
+  for (size_t i = 0; i < st.kv.size(); ++i) {
+    cp->kv[i].kv_state = st.kv[i].kv_state;
+    cp->kv[i].score_state = st.kv[i].score_state;
+  }
+}
+
+std::vector<int> CaptureLayers(const EngineConfig& c, const DSparkConfig& dc) {
+  std::vector<int> layers = dc.target_layer_ids;
+  for (int l : c.kv_source_layer_ids) {
+    if (c.ratio(l) > 1 && std::find(layers.begin(), layers.end(), l) == layers.end())
+      layers.push_back(l);
+  }
+  return layers;
+}
+
+Status RollbackTo(const EngineConfig& c, const ModelWeights& w, const VerifyCheckpoint& cp,
+                  const AttnInputCapture& cap, int64_t keep, SequenceState* st) {
+  const int64_t n0 = cp.tokens, end = static_cast<int64_t>(st->tokens.size());
+  const int D = c.hidden_size, hd = c.head_dim, id = c.index_head_dim, W = c.sliding_window;
+  if (keep < n0 || keep > end) return Status::InvalidArgument("rollback: keep out of range");
+  if (end - n0 > W) return Status::InvalidArgument("rollback: verify longer than the window");
+  if (cp.swa.size() != st->swa.size() || cp.kv.size() != st->kv.size())
+    return Status::InvalidArgument("rollback: checkpoint of another state");
+  if (keep == end) return Status::Ok();
+  // Check every captured row needed before changing anything.
+  std::vector<const float*> rows;  // per (source, slot) recomputed from the capture, else null
+  for (const KvSourceCache& k : st->kv) {
+    for (int j = 0; j < k.ratio; ++j) {
+      const int64_t p = LastWithResidue(keep, k.ratio, j);
+      const float* row = nullptr;
+      if (k.ratio > 1 && p >= n0) {
+        const int s = cap.Slot(k.layer);
+        if (s < 0 || static_cast<size_t>(s) >= cap.first_pos.size() || cap.first_pos[s] < 0)
+          return Status::InvalidArgument("rollback: the capture lacks a kv source");
+        const int64_t f = cap.first_pos[s];
+        if (p < f || p >= f + static_cast<int64_t>(cap.normed[s].size()) / D)
+          return Status::InvalidArgument("rollback: the capture lacks a kept position");
+        row = cap.normed[s].data() + (p - f) * D;
+      }
+      rows.push_back(row);
+    }
+  }
+  // SWA rings: the slots of positions [keep, end) held positions W earlier before the verify.
+  for (size_t l = 0; l < st->swa.size(); ++l) {
+    SwaRing& r = st->swa[l];
+    const SwaRing& o = cp.swa[l];
+    const size_t sb = static_cast<size_t>(r.dim) / 32;
+    for (int64_t p = keep; p < end; ++p) {
+      const size_t slot = static_cast<size_t>(p % r.window);
+      std::memcpy(r.values.data() + slot * r.dim, o.values.data() + slot * r.dim, r.dim * 4);
+      std::memcpy(r.data.data() + slot * r.dim, o.data.data() + slot * r.dim, r.dim);
+      std::memcpy(r.scales.data() + slot * sb, o.scales.data() + slot * sb, sb);
+    }
+    r.end = std::min(r.end, keep);
+  }
+  // Global KV: entries of complete groups of the kept tokens; the partial group rebuilt.
+  ThreadPool pool(1);
+  size_t ri = 0;
+  for (size_t i = 0; i < st->kv.size(); ++i) {
+    KvSourceCache& k = st->kv[i];
+    const int m = k.ratio;
+    const size_t e = static_cast<size_t>(keep / m);
+    k.main_values.resize(e * hd);
+    k.main_data.resize(e * kernels::DataBytes(QuantFormat::kFp4E4M3x16, hd));
+    k.main_scales.resize(e * kernels::ScaleBytes(QuantFormat::kFp4E4M3x16, hd));
+    k.index_values.resize(e * id);
+    k.index_data.resize(e * kernels::DataBytes(QuantFormat::kFp4Ue8m0x32, id));
+    k.index_scales.resize(e * kernels::ScaleBytes(QuantFormat::kFp4Ue8m0x32, id));
+    k.consumed = keep;
+    const std::string p = "layers." + std::to_string(k.layer) + ".attn.compressor.";
+    for (int j = 0; j < m; ++j, ++ri) {
+      float* kv = k.kv_state.data() + static_cast<size_t>(j) * hd;
+      float* sc = k.score_state.data() + static_cast<size_t>(j) * hd;
+      if (rows[ri] == nullptr) {
+        std::memcpy(kv, cp.kv[i].kv_state.data() + static_cast<size_t>(j) * hd, hd * 4);
+        std::memcpy(sc, cp.kv[i].score_state.data() + static_cast<size_t>(j) * hd, hd * 4);
+        continue;
+      }
+      const float* wkv = w.F32(p + "wkv.weight");
+      const float* wgate = w.F32(p + "wgate.weight");
+      if (wkv == nullptr || wgate == nullptr)
+        return Status::Internal("rollback: compressor weights missing");
+      MatMulCpu(&pool, rows[ri], 1, D, wkv, hd, kv);
+      MatMulCpu(&pool, rows[ri], 1, D, wgate, hd, sc);
+    }
+  }
+  st->tokens.resize(static_cast<size_t>(keep));
+  return Status::Ok();
+}
+
+DraftScheduler::DraftScheduler(int max_tokens) : sps_(std::max(1, max_tokens) + 1, 0.0) {}
+
+namespace {
+void Ema(double* s, double x) { *s = *s == 0 ? x : *s + (x - *s) / 8.0; }
+}  // namespace
+
+void DraftScheduler::Record(int tokens, double seconds) {
+  if (tokens < 1 || tokens >= static_cast<int>(sps_.size()) || !(seconds > 0)) return;
+  Ema(&sps_[tokens], 1.0 / seconds);
+}
+
+void DraftScheduler::RecordDraft(double seconds, const std::vector<float>& conf) {
+  if (seconds > 0) Ema(&draft_s_, seconds);
+  if (mean_survival_.size() < conf.size()) mean_survival_.resize(conf.size(), -1.0);
+  double a = 1;
+  for (size_t k = 0; k < conf.size(); ++k) {
+    a *= std::clamp(static_cast<double>(conf[k]), 0.0, 1.0);
+    double& m = mean_survival_[k];
+    m = m < 0 ? a : m + (a - m) / 8.0;
+  }
+}
+
+double DraftScheduler::Sps(int tokens) const {
+  if (tokens < 1 || tokens >= static_cast<int>(sps_.size())) return 0;
+  return sps_[tokens];
+}
+
+double DraftScheduler::Rate(int tokens, bool drafted) const {
+  const double sps = Sps(tokens);
+  if (sps <= 0) return 0;
+  return 1.0 / (1.0 / sps + (drafted ? draft_s_ : 0.0));
+}
+
+std::vector<int> DraftScheduler::Choose(const std::vector<std::vector<float>>& conf) const {
+  const int R = static_cast<int>(conf.size());
+  struct Cand {
+    double a;
+    int req;
+  };
+  std::vector<Cand> cands;
+  for (int i = 0; i < R; ++i) {
+    double a = 1;
+    for (float ck : conf[i]) {
+      a *= std::clamp(static_cast<double>(ck), 0.0, 1.0);
+      cands.push_back({a, i});
+    }
+  }
+  // Descending survival; within a request a is non-increasing, so prefixes stay prefixes.
+  std::stable_sort(cands.begin(), cands.end(),
+                   [](const Cand& x, const Cand& y) { return x.a > y.a; });
+  std::vector<int> take(R, 0);
+  if (R == 0) return take;
+  double tau = R, best = tau * Rate(R, true);
+  size_t best_b = 0;
+  for (size_t b = 0; b < cands.size() && R + static_cast<int>(b) + 1 <= max_tokens(); ++b) {
+    tau += cands[b].a;
+    const double obj = tau * Rate(R + static_cast<int>(b) + 1, true);
+    if (obj > best) {
+      best = obj;
+      best_b = b + 1;
+    }
+  }
+  for (size_t b = 0; b < best_b; ++b) ++take[cands[b].req];
+  return take;
+}
+
+bool DraftScheduler::ShouldDraft() {
+  if (mean_survival_.empty() || Sps(1) <= 0) return true;  // no estimate yet
+  double tau = 1, best = 0;
+  for (size_t k = 0; k <= mean_survival_.size() && static_cast<int>(k) + 1 <= max_tokens(); ++k) {
+    if (k > 0) tau += std::max(0.0, mean_survival_[k - 1]);
+    best = std::max(best, tau * Rate(static_cast<int>(k) + 1, true));
+  }
+  const bool pays = best > Sps(1);
+  if (probing_ && !pays) probe_interval_ = std::min(2 * probe_interval_, kProbeRoundsMax);
+  probing_ = false;
+  if (pays) {
+    probe_interval_ = kProbeRounds;
+    skipped_ = 0;
+    return true;
+  }
+  if (++skipped_ > probe_interval_) {
+    skipped_ = 0;
+    probing_ = true;
+    return true;
+  }
+  return false;
+}
+
+Status MeasureSps(Engine* e, const SequenceState& base, int reps, DraftScheduler* s) {
+  if (base.tokens.empty()) return Status::InvalidArgument("speculative: MeasureSps needs a prefix");
+  std::vector<float> logits;
+  for (int r = 0; r < reps; ++r) {
+    for (int t = 1; t <= s->max_tokens(); ++t) {
+      SequenceState st = base;
+      const std::vector<int32_t> toks(static_cast<size_t>(t), base.tokens.back());
+      const auto t0 = std::chrono::steady_clock::now();
+      KVTIER_RETURN_IF_ERROR(e->Forward(&st, toks, true, &logits));
+      s->Record(t, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  return Status::Ok();
+}
+
+SpeculativeDecoder::SpeculativeDecoder(Engine* engine, const DSpark* draft,
+                                       const ModelWeights* weights, DraftScheduler* scheduler,
+                                       const SpeculativeOptions& options, Sampler* sampler)
+    : engine_(engine),
+      draft_(draft),
+      weights_(weights),
+      scheduler_(scheduler),
+      options_(options),
+      sampler_(sampler) {
+  capture_.layers = CaptureLayers(engine->config(), draft->dconfig());
+  stats_.chosen_b.assign(draft->dconfig().block_size + 1, 0);
+}
+
+Status SpeculativeDecoder::Start(SequenceState* st, std::span<const int32_t> prompt,
+                                 int32_t* first) {
+  std::vector<float> logits;
+  KVTIER_RETURN_IF_ERROR(Prefill(st, prompt, &logits));
+  pending_ = sampler_->greedy() ? sampler_->Sample(logits)
+                                : sampler_->SampleFrom(sampler_->Probabilities(logits));
+  *first = pending_;
+  return Status::Ok();
+}
+
+Status SpeculativeDecoder::StartWith(SequenceState* st, std::span<const int32_t> prompt,
+                                     int32_t next) {
+  if (next < 0 || next >= engine_->config().vocab_size)
+    return Status::InvalidArgument("speculative: token outside the vocabulary");
+  std::vector<float> logits;
+  KVTIER_RETURN_IF_ERROR(Prefill(st, prompt, &logits));
+  pending_ = next;
+  return Status::Ok();
+}
+
+Status SpeculativeDecoder::Prefill(SequenceState* st, std::span<const int32_t> prompt,
+                                   std::vector<float>* logits_out) {
+  if (!st->tokens.empty()) return Status::InvalidArgument("speculative: needs an empty state");
+  std::vector<float>& logits = *logits_out;
+  // Only the last W positions feed the draft: the capture of a long prompt stays W rows.
+  capture_.from_pos =
+      std::max<int64_t>(0, static_cast<int64_t>(prompt.size()) - engine_->config().sliding_window);
+  engine_->set_attn_capture(&capture_);
+  Status s = engine_->Forward(st, prompt, false, &logits);
+  engine_->set_attn_capture(nullptr);
+  KVTIER_RETURN_IF_ERROR(s);
+  ctx_.Clear();
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  const int64_t from = std::max<int64_t>(0, n - engine_->config().sliding_window);
+  KVTIER_RETURN_IF_ERROR(draft_->Observe(capture_, from, n - from, &ctx_));
+  capture_.from_pos = 0;
+  return Status::Ok();
+}
+
+Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
+  if (pending_ < 0) return Status::InvalidArgument("speculative: Start first");
+  const int K = draft_->dconfig().block_size;
+  const bool greedy = sampler_->greedy();
+  DraftResult d;
+  std::vector<double> u;
+  if (!greedy) {
+    for (int k = 0; k < K; ++k) u.push_back(sampler_->NextUniform());
+  }
+  using Clock = std::chrono::steady_clock;
+  auto us = [](Clock::time_point a, Clock::time_point b) {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(b - a).count());
+  };
+  const bool draft = !options_.scheduler || scheduler_ == nullptr || scheduler_->ShouldDraft();
+  int B = 0;
+  if (draft) {
+    const auto td = Clock::now();
+    KVTIER_RETURN_IF_ERROR(draft_->Draft(ctx_, pending_, sampler_->temperature(), u, &d));
+    const auto te = Clock::now();
+    stats_.draft_us += us(td, te);
+    ++stats_.drafts;
+    if (scheduler_ != nullptr)
+      scheduler_->RecordDraft(std::chrono::duration<double>(te - td).count(), d.confidence);
+    B = std::clamp(options_.draft_len, 0, K);
+    if (options_.scheduler && scheduler_ != nullptr) B = scheduler_->Choose({d.confidence})[0];
+  }
+  std::vector<int32_t> verify = {pending_};
+  verify.insert(verify.end(), d.tokens.begin(), d.tokens.begin() + B);
+  // Engram rows of the drafted tokens are requested now (a refused hint changes nothing); a
+  // round without draft tokens is a plain decode step (nothing to roll back).
+  if (B > 0) {
+    (void)engine_->PrefetchEngram(*st, verify);
+    SaveCheckpoint(*st, &cp_);
+  }
+  const int64_t n = static_cast<int64_t>(st->tokens.size());
+  std::vector<float> logits;
+  engine_->set_attn_capture(&capture_);
+  const auto t0 = Clock::now();
+  Status s = engine_->Forward(st, verify, true, &logits);
+  const auto t1 = Clock::now();
+  const double secs = std::chrono::duration<double>(t1 - t0).count();
+  stats_.verify_us += us(t0, t1);
+  engine_->set_attn_capture(nullptr);
+  KVTIER_RETURN_IF_ERROR(s);
+  if (scheduler_ != nullptr) scheduler_->Record(B + 1, secs);
+  const int V = engine_->config().vocab_size;
+  auto row = [&](int k) {
+    return std::vector<float>(logits.begin() + static_cast<int64_t>(k) * V,
+                              logits.begin() + static_cast<int64_t>(k + 1) * V);
+  };
+  int a = 0;
+  int32_t bonus = -1;
+  for (; a < B; ++a) {
+    const std::vector<float> r = row(a);
+    const int32_t dk = d.tokens[a];
+    if (greedy) {
+      const int32_t t = sampler_->Sample(r);
+      if (t != dk) {
+        bonus = t;
+        break;
+      }
+      continue;
+    }
+    std::vector<double> p = sampler_->Probabilities(r);
+    const std::vector<double> q = DraftProbabilities(d.logits[a], sampler_->temperature());
+    if (sampler_->NextUniform() < std::min(1.0, p[dk] / q[dk])) continue;
+    for (int v = 0; v < V; ++v) p[v] = std::max(0.0, p[v] - q[v]);
+    bonus = sampler_->SampleFrom(p);
+    if (bonus < 0) bonus = sampler_->SampleFrom(sampler_->Probabilities(r));  // p == q exactly
+    break;
+  }
+  if (bonus < 0) {
+    const std::vector<float> r = row(B);
+    bonus = greedy ? sampler_->Sample(r) : sampler_->SampleFrom(sampler_->Probabilities(r));
+  }
+  const int64_t keep = n + 1 + a;
+  const auto tr = Clock::now();
+  if (B > 0)
+    KVTIER_RETURN_IF_ERROR(RollbackTo(engine_->config(), *weights_, cp_, capture_, keep, st));
+  KVTIER_RETURN_IF_ERROR(draft_->Observe(capture_, n, keep - n, &ctx_));
+  stats_.rollback_us += us(tr, Clock::now());
+  out->insert(out->end(), d.tokens.begin(), d.tokens.begin() + a);
+  out->push_back(bonus);
+  pending_ = bonus;
+  ++stats_.rounds;
+  stats_.drafted += B;
+  stats_.accepted += a;
+  stats_.rejections += a < B ? 1 : 0;
+  stats_.emitted += a + 1;
+  stats_.rolled_back += B - a;
+  ++stats_.chosen_b[B];
+  return Status::Ok();
+}
+
+}  // namespace kvtier::engine

@@ -1,0 +1,160 @@
+// Speculative decoding with the DSpark draft (reference §9): draft, verify in one batched
+// Forward, accept losslessly, roll rejected positions back out of the caches.
+//
+// One round on a sequence of n tokens whose next token x_n is known (emitted, not yet run):
+//   1. the draft proposes K tokens d_1..d_K after x_n with confidences c_k;
+//   2. B in [0, K] of them are chosen (fixed, or by the DraftScheduler), and their Engram rows
+//      are requested at once (Engine::PrefetchEngram), before the verify pass;
+//   3. Forward(state, [x_n, d_1..d_B], all_logits): row k is the target's distribution after d_k;
+//   4. greedy: accept the longest prefix with d_k == argmax(row k-1), then the target's own
+//      argmax of the next row; sampling: accept d_k with probability min(1, p(d_k)/q(d_k))
+//      (p: the Sampler's distribution of row k-1; q: the draft's softmax(logits / T)), on
+//      rejection draw from normalise(max(0, p - q)) and stop; if all B are accepted draw the
+//      bonus from row B. The emitted tokens are distributed exactly as plain sampling's.
+//   5. Rollback: the state keeps n + 1 + a tokens (a accepted); rejected positions leave no
+//      trace: SWA ring slots they overwrote are restored from a checkpoint taken before the
+//      verify, appended global KV entries past the kept tokens are truncated, and the
+//      compressor's partial group is rebuilt from the checkpoint and, for kept verify
+//      positions, recomputed from the captured attention input (the compressor's projection of
+//      one row is row-independent, ops.h), so the state equals plain decoding's bit for bit.
+//
+// Thread safety: a SpeculativeDecoder drives one sequence on one thread; the Engine and DSpark
+// may be shared only as their own headers allow.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/dspark.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+
+namespace kvtier::engine {
+
+// The part of a SequenceState a verify pass may overwrite, saved before it.
+struct VerifyCheckpoint {
+  int64_t tokens = 0;
+  std::vector<SwaRing> swa;  // full copies (W slots per layer: small)
+  struct Source {
+    std::vector<float> kv_state, score_state;
+  };
+  std::vector<Source> kv;
+};
+
+void SaveCheckpoint(const SequenceState& state, VerifyCheckpoint* cp);
+
+// Truncates `state` (extended by one Forward from cp.tokens, whose attention inputs of every
+// KV source with ratio > 1 are in `capture`) to `keep` tokens, keep in [cp.tokens,
+// state->tokens.size()]. InvalidArgument when keep is out of range, the verify ran more than
+// sliding_window tokens, or the capture lacks a needed row (the state is then unchanged).
+Status RollbackTo(const EngineConfig& config, const ModelWeights& weights,
+                  const VerifyCheckpoint& cp, const AttnInputCapture& capture, int64_t keep,
+                  SequenceState* state);
+
+// The layers a capture needs for rollback and drafting: the draft's targets and every KV
+// source with ratio > 1.
+std::vector<int> CaptureLayers(const EngineConfig& config, const DSparkConfig& dconfig);
+
+// Chooses how many draft tokens to verify from the draft's confidences and measured costs:
+// SPS(t), verify passes of t tokens per second, and the draft pass's time (both exponential
+// moving averages, weight 1/8; the first sample sets them). A round drafting B tokens for one
+// sequence runs at rate(B) = 1 / (draft time + 1 / SPS(1 + B)).
+//   Choose: candidates (request, position k) are taken by descending survival
+//   a_k = c_1 * ... * c_k; with R requests and B candidates taken, the objective is
+//   (R + sum of their a) * rate(R + B - 1 + 1); the B with the largest objective wins.
+//   ShouldDraft: whether drafting at all pays: the best objective with the running mean of past
+//   survivals beats SPS(1) (a plain decode step). Under saturation (verify cost growing with
+//   tokens, or a draft pass as costly as the tokens it saves) it stops drafting, down to none,
+//   and probes to keep its estimates current: after kProbeRounds rounds without drafting, then
+//   after twice as many each time a probe confirms that drafting does not pay, up to
+//   kProbeRoundsMax (back to kProbeRounds once it pays).
+class DraftScheduler {
+ public:
+  static constexpr int kProbeRounds = 32;
+  static constexpr int kProbeRoundsMax = 1024;
+  // max_tokens: the largest verify pass in the table (>= 1).
+  explicit DraftScheduler(int max_tokens);
+  // Records one verify pass of `tokens` tokens that took `seconds`.
+  void Record(int tokens, double seconds);
+  // Records one draft pass: its time and its confidences (for the mean survivals).
+  void RecordDraft(double seconds, const std::vector<float>& confidences);
+  // SPS of a pass of `tokens` tokens (0 when never measured).
+  double Sps(int tokens) const;
+  // Per request, how many of its drafted tokens to verify. confidences[i]: request i's c_k.
+  std::vector<int> Choose(const std::vector<std::vector<float>>& confidences) const;
+  // Whether the next round should draft; counts the rounds it says no.
+  bool ShouldDraft();
+  int max_tokens() const { return static_cast<int>(sps_.size()) - 1; }
+
+ private:
+  double Rate(int tokens, bool drafted) const;
+  std::vector<double> sps_;  // index: tokens per pass
+  double draft_s_ = 0;
+  std::vector<double> mean_survival_;  // per draft position; empty until a draft was recorded
+  int skipped_ = 0;
+  int probe_interval_ = kProbeRounds;
+  bool probing_ = false;  // the last ShouldDraft was a probe
+};
+
+// Fills the scheduler's table at start: `reps` verify passes of each size 1 .. max_tokens on
+// copies of `base` (a prefilled state; it is not changed), timed on this engine.
+Status MeasureSps(Engine* engine, const SequenceState& base, int reps, DraftScheduler* scheduler);
+
+struct SpeculativeOptions {
+  // Draft tokens verified per round when fixed (scheduler == false), in [0, block_size].
+  int draft_len = 5;
+  // true: the DraftScheduler picks B each round from the confidences and measured rates.
+  bool scheduler = false;
+};
+
+// Monotonic counters of a SpeculativeDecoder.
+struct SpeculativeStats {
+  uint64_t rounds = 0;             // verify passes
+  uint64_t drafts = 0;             // draft passes (the scheduler may skip them)
+  uint64_t drafted = 0;            // draft tokens verified (sum of B)
+  uint64_t accepted = 0;           // of those, accepted
+  uint64_t rejections = 0;         // rounds that rejected a draft token
+  uint64_t emitted = 0;            // tokens emitted by rounds (accepted + one per round)
+  uint64_t rolled_back = 0;        // verify positions removed from the caches
+  std::vector<uint64_t> chosen_b;  // rounds per chosen B (index B)
+  uint64_t draft_us = 0, verify_us = 0, rollback_us = 0;  // wall time of the three phases
+};
+
+class SpeculativeDecoder {
+ public:
+  // engine, draft and scheduler are not owned and must outlive the decoder; scheduler may be
+  // null when options.scheduler is false. The sampler decides greedy or sampling.
+  SpeculativeDecoder(Engine* engine, const DSpark* draft, const ModelWeights* weights,
+                     DraftScheduler* scheduler, const SpeculativeOptions& options,
+                     Sampler* sampler);
+
+  // Prefills `prompt` into an empty state with Forward and draws the first token (emitted).
+  Status Start(SequenceState* state, std::span<const int32_t> prompt, int32_t* first);
+  // As Start, with the first token given (e.g. the previous turn's last): next is pending.
+  Status StartWith(SequenceState* state, std::span<const int32_t> prompt, int32_t next);
+  // One round (draft, verify, accept, roll back); appends the emitted tokens (>= 1) to out.
+  Status Round(SequenceState* state, std::vector<int32_t>* out);
+
+  const SpeculativeStats& stats() const { return stats_; }
+  // The next token (emitted, not yet run by the target).
+  int32_t pending() const { return pending_; }
+
+ private:
+  Status Prefill(SequenceState* state, std::span<const int32_t> prompt, std::vector<float>* logits);
+  Engine* engine_;
+  const DSpark* draft_;
+  const ModelWeights* weights_;
+  DraftScheduler* scheduler_;
+  SpeculativeOptions options_;
+  Sampler* sampler_;
+  AttnInputCapture capture_;
+  DraftContext ctx_;
+  VerifyCheckpoint cp_;
+  int32_t pending_ = -1;
+  SpeculativeStats stats_;
+};
+
+}  // namespace kvtier::engine

@@ -1,0 +1,476 @@
+// DSpark and speculative decoding on the trained miniature (deploy/models/kvmini-trained*):
+//   - the draft pass against the PyTorch reference's golden vectors (reference/dspark_golden.py);
+//   - RollbackTo leaves exactly the state plain decoding makes (every field, bit for bit);
+//   - greedy speculative decoding emits plain greedy's tokens, and its state after every round
+//     (rejections included) equals plain decoding's;
+//   - with sampling, the first emitted token is distributed as the target's (chi-square);
+//   - the scheduler's choice of B, and hostile DSpark configs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "engine/dspark.h"
+#include "engine/sampler.h"
+#include "engine/speculative.h"
+
+namespace kvtier::engine {
+namespace {
+
+using json = nlohmann::json;
+
+std::string Src(const std::string& rel) { return std::string(KVTIER_SOURCE_DIR) + "/" + rel; }
+
+struct Trained {
+  EngineConfig config;
+  DSparkConfig dconfig;
+  std::shared_ptr<const ModelWeights> weights;
+  std::unique_ptr<DSpark> draft;
+};
+
+const Trained& Model() {
+  static const Trained* t = [] {
+    auto* m = new Trained();
+    auto c = LoadEngineConfig(Src("deploy/models/kvmini-trained.json"));
+    if (!c.ok()) {
+      ADD_FAILURE() << c.status().ToString();
+      std::abort();
+    }
+    m->config = *c;
+    auto dc = LoadDSparkConfig(Src("deploy/models/kvmini-trained.json"), m->config);
+    auto w = LoadWeights(m->config, Src("deploy/models/kvmini-trained.safetensors"));
+    if (!dc.ok() || !w.ok()) {
+      ADD_FAILURE() << dc.status().ToString() << " " << w.status().ToString();
+      std::abort();
+    }
+    m->dconfig = *dc;
+    m->weights = std::make_shared<const ModelWeights>(std::move(*w));
+    auto d = DSpark::Load(m->config, m->dconfig, m->weights,
+                          Src("deploy/models/kvmini-trained-dspark.safetensors"));
+    if (!d.ok()) {
+      ADD_FAILURE() << d.status().ToString();
+      std::abort();
+    }
+    m->draft = std::move(*d);
+    return m;
+  }();
+  return *t;
+}
+
+std::unique_ptr<Engine> MakeEngine() {
+  auto e = Engine::Create(Model().config, Model().weights, EngineOptions{});
+  if (!e.ok()) {
+    ADD_FAILURE() << e.status().ToString();
+    std::abort();
+  }
+  return std::move(*e);
+}
+
+std::vector<int32_t> Bytes(const std::string& s) {
+  std::vector<int32_t> t = {0};  // bos
+  for (unsigned char ch : s) t.push_back(3 + ch);
+  return t;
+}
+
+const std::vector<std::string>& Texts() {
+  static const std::vector<std::string> t = {
+      "#include <stdio.h>\n\nint main(int argc, char **argv) {\n  ",
+      "    def __init__(self, name, value=None):\n        self.",
+      "This program is free software; you can redistribute it and/or modify\nit ",
+      "2023-04-01  John Smith  <jsmith@example.org>\n\n\t* configure.ac: ",
+      "NAME\n       ls - list directory contents\n\nSYNOPSIS\n       ls [",
+      "  if (ret < 0) {\n    fprintf(stderr, \"error: %s\\n\", strerror(errno));\n",
+      "import os\nimport sys\n\n\ndef main():\n    parser = argparse.",
+      "PASS: test-suite/basic.exp: print the value\nPASS: ",
+      "The GNU General Public License is a free, copyleft license for\n",
+      "for (i = 0; i < n; i++) {\n\t\tif (a[i] == ",
+      "set(CMAKE_CXX_STANDARD 20)\nadd_library(",
+      "       -a, --all\n              do not ignore entries starting with .\n\n",
+  };
+  return t;
+}
+
+// Every field of two states, bit for bit; names the first difference.
+::testing::AssertionResult SameState(const SequenceState& a, const SequenceState& b) {
+  if (a.tokens != b.tokens) return ::testing::AssertionFailure() << "tokens differ";
+  if (a.swa.size() != b.swa.size() || a.kv.size() != b.kv.size())
+    return ::testing::AssertionFailure() << "layout differs";
+  auto fbits = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+  };
+  for (size_t l = 0; l < a.swa.size(); ++l) {
+    const SwaRing &x = a.swa[l], &y = b.swa[l];
+    if (x.window != y.window || x.dim != y.dim || x.valid_from != y.valid_from || x.end != y.end ||
+        !fbits(x.values, y.values) || x.data != y.data || x.scales != y.scales)
+      return ::testing::AssertionFailure() << "SWA ring of layer " << l << " differs";
+  }
+  for (size_t i = 0; i < a.kv.size(); ++i) {
+    const KvSourceCache &x = a.kv[i], &y = b.kv[i];
+    if (x.layer != y.layer || x.ratio != y.ratio || x.head_dim != y.head_dim ||
+        x.index_dim != y.index_dim || x.consumed != y.consumed)
+      return ::testing::AssertionFailure() << "kv source " << x.layer << " header differs";
+    if (!fbits(x.main_values, y.main_values) || !fbits(x.index_values, y.index_values) ||
+        x.main_data != y.main_data || x.main_scales != y.main_scales ||
+        x.index_data != y.index_data || x.index_scales != y.index_scales)
+      return ::testing::AssertionFailure() << "kv source " << x.layer << " entries differ";
+    if (!fbits(x.kv_state, y.kv_state) || !fbits(x.score_state, y.score_state))
+      return ::testing::AssertionFailure() << "kv source " << x.layer << " partial group differs";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// ---- the draft pass against the reference ---------------------------------------------------
+
+TEST(DSparkGolden, DraftMatchesReference) {
+  const Trained& m = Model();
+  std::ifstream mf(Src("tests/engine/golden/dspark.json"));
+  ASSERT_TRUE(mf.good());
+  json man = json::parse(mf);
+  std::ifstream bf(Src("tests/engine/golden/" + man["bin"].get<std::string>()), std::ios::binary);
+  std::vector<char> raw((std::istreambuf_iterator<char>(bf)), std::istreambuf_iterator<char>());
+  const std::vector<int32_t> tokens = man["tokens"].get<std::vector<int32_t>>();
+  const int n = static_cast<int>(tokens.size()), NT = man["n_targets"], D = man["dim"];
+  const int K = man["block_size"], V = man["vocab"];
+  ASSERT_EQ(raw.size(), static_cast<size_t>(n * NT * D + K * V + K) * 4);
+  const float* streams = reinterpret_cast<const float*>(raw.data());
+  const float* logits = streams + n * NT * D;
+  const float* conf = logits + K * V;
+
+  // 1. The draft alone, fed the reference's streams: float32 rounding only.
+  AttnInputCapture cap;
+  cap.layers = m.dconfig.target_layer_ids;
+  cap.Clear();
+  for (int i = 0; i < NT; ++i) {
+    cap.first_pos[i] = 0;
+    for (int t = 0; t < n; ++t)
+      cap.stream_mean[i].insert(cap.stream_mean[i].end(), streams + (t * NT + i) * D,
+                                streams + (t * NT + i + 1) * D);
+  }
+  DraftContext ctx;
+  ASSERT_TRUE(m.draft->Observe(cap, 0, n, &ctx).ok());
+  DraftResult r;
+  ASSERT_TRUE(m.draft->Draft(ctx, man["last"].get<int32_t>(), 0, {}, &r).ok());
+  float worst = 0;
+  for (int k = 0; k < K; ++k) {
+    for (int v = 0; v < V; ++v)
+      worst = std::max(worst, std::fabs(r.logits[k][v] - logits[k * V + v]));
+    EXPECT_NEAR(r.confidence[k], conf[k], 1e-4) << "position " << k;
+    if (man["margins"][k].get<float>() > 2e-3f) {
+      EXPECT_EQ(r.tokens[k], man["draft_tokens"][k].get<int32_t>()) << "position " << k;
+    }
+  }
+  EXPECT_LT(worst, 1e-3f);
+
+  // 2. The engine's captured streams over the same prompt (its own caches: quantiser flips
+  // allowed, see engine_golden_test.cc).
+  auto e = MakeEngine();
+  SequenceState st = e->NewSequence();
+  AttnInputCapture mine;
+  mine.layers = m.dconfig.target_layer_ids;
+  e->set_attn_capture(&mine);
+  std::vector<float> out;
+  ASSERT_TRUE(e->Forward(&st, tokens, false, &out).ok());
+  e->set_attn_capture(nullptr);
+  float sworst = 0;
+  for (int i = 0; i < NT; ++i) {
+    ASSERT_EQ(mine.first_pos[i], 0);
+    ASSERT_EQ(mine.stream_mean[i].size(), static_cast<size_t>(n) * D);
+    for (int t = 0; t < n; ++t)
+      for (int d = 0; d < D; ++d)
+        sworst = std::max(
+            sworst, std::fabs(mine.stream_mean[i][t * D + d] - streams[(t * NT + i) * D + d]));
+  }
+  EXPECT_LT(sworst, 0.05f);
+}
+
+// from_pos bounds a long prefill's capture to its tail, with the same rows as a full capture.
+TEST(AttnInputCapture, FromPosKeepsOnlyTheTail) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  std::vector<int32_t> prompt;
+  for (const std::string& t : Texts()) {
+    const std::vector<int32_t> b = Bytes(t);
+    prompt.insert(prompt.end(), b.begin(), b.end());
+  }
+  ASSERT_GT(prompt.size(), 300u);
+  const int D = m.config.hidden_size, n = static_cast<int>(prompt.size());
+  AttnInputCapture full, tail;
+  full.layers = tail.layers = CaptureLayers(m.config, m.dconfig);
+  tail.from_pos = n - 16;
+  std::vector<float> logits;
+  for (AttnInputCapture* c : {&full, &tail}) {
+    SequenceState st = e->NewSequence();
+    e->set_attn_capture(c);
+    ASSERT_TRUE(e->Forward(&st, prompt, false, &logits).ok());
+    e->set_attn_capture(nullptr);
+  }
+  for (size_t i = 0; i < tail.layers.size(); ++i) {
+    EXPECT_EQ(full.first_pos[i], 0);
+    EXPECT_EQ(tail.first_pos[i], n - 16);
+    ASSERT_EQ(tail.stream_mean[i].size(), 16u * D);
+    ASSERT_EQ(tail.normed[i].size(), 16u * D);
+    EXPECT_TRUE(std::equal(tail.stream_mean[i].begin(), tail.stream_mean[i].end(),
+                           full.stream_mean[i].end() - 16 * D));
+    EXPECT_TRUE(
+        std::equal(tail.normed[i].begin(), tail.normed[i].end(), full.normed[i].end() - 16 * D));
+  }
+}
+
+// ---- rollback ----------------------------------------------------------------------------------
+
+// For every prompt parity (the ratio-2 compressor's partial group) and every kept length, a
+// verify pass of 6 tokens rolled back equals plain decoding of the kept tokens.
+TEST(Rollback, EqualsPlainDecoding) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  AttnInputCapture cap;
+  cap.layers = CaptureLayers(m.config, m.dconfig);
+  for (int len : {17, 18, 30, 31}) {
+    const std::vector<int32_t> text = Bytes(Texts()[0]);
+    ASSERT_GT(text.size(), 31u);
+    const std::vector<int32_t> prompt(text.begin(), text.begin() + len);
+    SequenceState base = e->NewSequence();
+    std::vector<float> logits;
+    ASSERT_TRUE(e->Forward(&base, prompt, false, &logits).ok());
+    const std::vector<int32_t> verify = {3 + 'a', 3 + 'b', 3 + 'c', 3 + ' ', 3 + 'x', 3 + '\n'};
+    for (int keep = 0; keep <= static_cast<int>(verify.size()); ++keep) {
+      SequenceState spec = base;
+      VerifyCheckpoint cp;
+      SaveCheckpoint(spec, &cp);
+      e->set_attn_capture(&cap);
+      ASSERT_TRUE(e->Forward(&spec, verify, true, &logits).ok());
+      e->set_attn_capture(nullptr);
+      ASSERT_TRUE(RollbackTo(m.config, *m.weights, cp, cap, cp.tokens + keep, &spec).ok());
+      SequenceState plain = base;
+      for (int k = 0; k < keep; ++k) ASSERT_TRUE(e->Decode(&plain, verify[k], &logits).ok());
+      EXPECT_TRUE(SameState(spec, plain)) << "prompt " << len << " keep " << keep;
+      // And decoding on from the rolled-back state gives plain's logits bit for bit.
+      std::vector<float> a, b;
+      ASSERT_TRUE(e->Decode(&spec, 3 + 'q', &a).ok());
+      ASSERT_TRUE(e->Decode(&plain, 3 + 'q', &b).ok());
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+    }
+  }
+}
+
+TEST(Rollback, RejectsBadArguments) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->Forward(&st, Bytes("abc"), false, &logits).ok());
+  VerifyCheckpoint cp;
+  SaveCheckpoint(st, &cp);
+  AttnInputCapture empty;
+  ASSERT_TRUE(e->Forward(&st, Bytes("defgh"), true, &logits).ok());
+  const SequenceState before = st;
+  EXPECT_FALSE(RollbackTo(m.config, *m.weights, cp, empty, cp.tokens - 1, &st).ok());
+  EXPECT_FALSE(RollbackTo(m.config, *m.weights, cp, empty, cp.tokens + 100, &st).ok());
+  // Rolling back into the ratio-2 partial group needs the captured rows.
+  EXPECT_FALSE(RollbackTo(m.config, *m.weights, cp, empty, cp.tokens + 2, &st).ok());
+  EXPECT_TRUE(SameState(st, before));
+}
+
+// ---- speculative decoding ----------------------------------------------------------------------
+
+TEST(Speculative, GreedyEqualsPlainGreedyAndStateAfterEveryRound) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  constexpr int kNew = 40;
+  uint64_t rejections = 0, accepted = 0, rounds = 0;
+  for (int draft_len : {5, 2}) {
+    for (const std::string& text : Texts()) {
+      const std::vector<int32_t> prompt = Bytes(text);
+      // Plain greedy.
+      Sampler greedy(0, 1, 0);
+      SequenceState plain = e->NewSequence();
+      std::vector<float> logits;
+      ASSERT_TRUE(e->Forward(&plain, prompt, false, &logits).ok());
+      std::vector<int32_t> want;
+      std::vector<SequenceState> states;  // plain state after prompt + want[0..i)
+      for (int i = 0; i < kNew + 6; ++i) {
+        want.push_back(greedy.Sample(logits));
+        ASSERT_TRUE(e->Decode(&plain, want.back(), &logits).ok());
+        states.push_back(plain);
+      }
+      // Speculative greedy.
+      Sampler sg(0, 1, 0);
+      SpeculativeOptions o;
+      o.draft_len = draft_len;
+      SpeculativeDecoder dec(e.get(), m.draft.get(), m.weights.get(), nullptr, o, &sg);
+      SequenceState st = e->NewSequence();
+      int32_t first = -1;
+      ASSERT_TRUE(dec.Start(&st, prompt, &first).ok());
+      std::vector<int32_t> got = {first};
+      while (static_cast<int>(got.size()) < kNew) {
+        ASSERT_TRUE(dec.Round(&st, &got).ok());
+        // The state holds prompt + got[0 .. size-1): plain's after size-1 decoded tokens.
+        const size_t done = got.size() - 1;
+        ASSERT_LT(done - 1, states.size());
+        ASSERT_TRUE(SameState(st, states[done - 1])) << text << " after " << done;
+      }
+      got.resize(kNew);
+      EXPECT_EQ(got, std::vector<int32_t>(want.begin(), want.begin() + kNew)) << text;
+      rejections += dec.stats().rejections;
+      accepted += dec.stats().accepted;
+      rounds += dec.stats().rounds;
+    }
+  }
+  // The test must have exercised both outcomes.
+  EXPECT_GT(rejections, 10u);
+  EXPECT_GT(accepted, rounds);
+}
+
+// The first token a round emits after a fixed pending token is distributed as the target's
+// (temperature 1.5, top-p 0.95 after "ls [-": a few dozen candidate ids). 2000 rounds from copies
+// of one decoder; Pearson chi-square over the ids with expected count >= 5 (the rest pooled),
+// against a bound far in the tail (df + 6 sqrt(2 df)); a sampler that skips the residual (draws the
+// rejection's token from p) fails it.
+TEST(Speculative, SamplingMatchesTargetDistribution) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  const std::vector<int32_t> prompt = Bytes(Texts()[4]);
+  const int32_t next = 3 + '-';
+  Sampler sampler(1.5, 0.95, 42);
+  SpeculativeOptions o;
+  o.draft_len = 5;
+  SpeculativeDecoder dec(e.get(), m.draft.get(), m.weights.get(), nullptr, o, &sampler);
+  SequenceState st0 = e->NewSequence();
+  ASSERT_TRUE(dec.StartWith(&st0, prompt, next).ok());
+  // The target's distribution of the token after `next`.
+  std::vector<double> p;
+  {
+    SequenceState s = st0;
+    std::vector<float> logits;
+    ASSERT_TRUE(e->Decode(&s, next, &logits).ok());
+    p = sampler.Probabilities(logits);
+  }
+  constexpr int kTrials = 2000;
+  std::map<int32_t, int> count;
+  uint64_t rejected = 0;
+  for (int i = 0; i < kTrials; ++i) {
+    SpeculativeDecoder d = dec;
+    SequenceState s = st0;
+    std::vector<int32_t> out;
+    ASSERT_TRUE(d.Round(&s, &out).ok());
+    ++count[out[0]];
+    rejected += d.stats().rejections;
+  }
+  double chi2 = 0, pooled_e = 0, pooled_o = 0;
+  int df = -1;
+  for (size_t v = 0; v < p.size(); ++v) {
+    const double ex = p[v] * kTrials;
+    const double ob = count.count(static_cast<int32_t>(v)) ? count[static_cast<int32_t>(v)] : 0;
+    if (ex >= 5) {
+      chi2 += (ob - ex) * (ob - ex) / ex;
+      ++df;
+    } else {
+      pooled_e += ex;
+      pooled_o += ob;
+    }
+  }
+  if (pooled_e > 0) {
+    chi2 += (pooled_o - pooled_e) * (pooled_o - pooled_e) / std::max(pooled_e, 1.0);
+    ++df;
+  }
+  ASSERT_GE(df, 3);
+  EXPECT_LT(chi2, df + 6 * std::sqrt(2.0 * df)) << "df " << df;
+  std::printf("chi-square %.1f, df %d, %llu rejections\n", chi2, df,
+              static_cast<unsigned long long>(rejected));
+  EXPECT_GT(rejected, 100u);  // the residual path ran
+}
+
+// ---- scheduler and config -----------------------------------------------------------------------
+
+TEST(DraftScheduler, MaximisesExpectedTokensTimesRate) {
+  DraftScheduler s(6);
+  for (int t = 1; t <= 6; ++t) s.Record(t, 0.001);  // flat: every pass costs the same
+  EXPECT_EQ(s.Choose({{0.9f, 0.9f, 0.9f, 0.9f, 0.9f}})[0], 5);
+  // Steeply rising cost: one draft token at most pays.
+  DraftScheduler t(6);
+  for (int k = 1; k <= 6; ++k) t.Record(k, 0.001 * k * k);
+  EXPECT_EQ(t.Choose({{0.9f, 0.9f, 0.9f, 0.9f, 0.9f}})[0], 0);
+  // Low confidence: nothing is drafted when passes cost more with tokens.
+  DraftScheduler u(6);
+  for (int k = 1; k <= 6; ++k) u.Record(k, 0.001 * (1 + 0.2 * k));
+  EXPECT_EQ(u.Choose({{0.05f, 0.05f, 0.05f, 0.05f, 0.05f}})[0], 0);
+  EXPECT_EQ(u.Choose({{0.99f, 0.99f, 0.1f, 0.1f, 0.1f}})[0], 2);
+  // Two requests: candidates by descending survival across both.
+  std::vector<int> two = s.Choose({{0.9f, 0.9f, 0.1f}, {0.95f, 0.2f, 0.1f}});
+  EXPECT_EQ(two[0] + two[1], 4);  // the table ends at 6 tokens: 2 pending + 4
+  EXPECT_GE(two[0], 2);
+}
+
+TEST(DraftScheduler, StopsDraftingWhenItDoesNotPayAndProbes) {
+  DraftScheduler s(6);
+  EXPECT_TRUE(s.ShouldDraft());                         // no estimates yet
+  for (int t = 1; t <= 6; ++t) s.Record(t, 0.001 * t);  // verify cost linear in tokens
+  // A draft as costly as a decode step, with 50% survival: never pays.
+  s.RecordDraft(0.001, {0.5f, 0.5f, 0.5f, 0.5f, 0.5f});
+  // Probes after 32, then 64, 128, ... rounds (each probe's draft is recorded as above).
+  int drafted = 0;
+  for (int i = 0; i < 32 + 64 + 128 + 3; ++i) {
+    if (s.ShouldDraft()) {
+      ++drafted;
+      s.RecordDraft(0.001, {0.5f, 0.5f, 0.5f, 0.5f, 0.5f});
+    }
+  }
+  EXPECT_EQ(drafted, 3);
+  // A flat verify cost and a cheap draft with high survival: drafts every round.
+  DraftScheduler f(6);
+  for (int t = 1; t <= 6; ++t) f.Record(t, 0.001);
+  f.RecordDraft(0.0001, {0.9f, 0.9f, 0.9f, 0.9f, 0.9f});
+  for (int i = 0; i < 50; ++i) EXPECT_TRUE(f.ShouldDraft());
+  EXPECT_EQ(f.Choose({{0.9f, 0.9f, 0.9f, 0.9f, 0.9f}})[0], 5);
+}
+
+TEST(DSparkConfigTest, RejectsHostileValues) {
+  const EngineConfig& c = Model().config;
+  const std::string ok =
+      R"({"dspark_block_size":5,"dspark_noise_token_id":511,"dspark_target_layer_ids":[5,6,7],)"
+      R"("dspark_markov_rank":32,"dspark_n_routed_experts":8,"num_nextn_predict_layers":3})";
+  EXPECT_TRUE(ParseDSparkConfig(ok, c).ok());
+  auto with = [&](const std::string& key, const std::string& value) {
+    json j = json::parse(ok);
+    j[key] = json::parse(value);
+    return ParseDSparkConfig(j.dump(), c);
+  };
+  EXPECT_FALSE(with("dspark_block_size", "0").ok());
+  EXPECT_FALSE(with("dspark_block_size", "16").ok());  // over the window
+  EXPECT_FALSE(with("dspark_noise_token_id", "512").ok());
+  EXPECT_FALSE(with("dspark_target_layer_ids", "[8]").ok());
+  EXPECT_FALSE(with("dspark_target_layer_ids", "[]").ok());
+  EXPECT_FALSE(with("dspark_markov_rank", "100000").ok());
+  EXPECT_FALSE(with("dspark_block_size", "\"five\"").ok());
+  EXPECT_FALSE(ParseDSparkConfig("{", c).ok());
+  EXPECT_FALSE(ParseDSparkConfig("[]", c).ok());
+}
+
+TEST(DSparkLoad, RejectsMissingOrMisshapenTensors) {
+  const Trained& m = Model();
+  auto f = ReadSafetensors(Src("deploy/models/kvmini-trained-dspark.safetensors"));
+  ASSERT_TRUE(f.ok());
+  const std::string dir = ::testing::TempDir();
+  TensorFile missing = *f;
+  missing.tensors.erase("dspark.markov_head");
+  ASSERT_TRUE(WriteSafetensors(dir + "/missing.safetensors", missing).ok());
+  EXPECT_FALSE(DSpark::Load(m.config, m.dconfig, m.weights, dir + "/missing.safetensors").ok());
+  TensorFile shape = *f;
+  shape.tensors["dspark.conf.bias"].shape = {1, 1};
+  ASSERT_TRUE(WriteSafetensors(dir + "/shape.safetensors", shape).ok());
+  EXPECT_FALSE(DSpark::Load(m.config, m.dconfig, m.weights, dir + "/shape.safetensors").ok());
+  TensorFile nan = *f;
+  nan.tensors["dspark.conf.bias"].f32()[0] = std::nanf("");
+  ASSERT_TRUE(WriteSafetensors(dir + "/nan.safetensors", nan).ok());
+  EXPECT_FALSE(DSpark::Load(m.config, m.dconfig, m.weights, dir + "/nan.safetensors").ok());
+}
+
+}  // namespace
+}  // namespace kvtier::engine

@@ -209,7 +209,44 @@ Status Engine::Bind() {
       return Status::InvalidArgument("engine: engram row source has the wrong row_dim");
     engram_queue_.resize(c.engram_layer_ids.size());
   }
+  PackMatMulWeights();
   return Status::Ok();
+}
+
+void Engine::PackMatMulWeights() {
+  if (ActiveMatMulKernel() == MatMulKernel::kScalar) return;  // reads W as it is
+  const EngineConfig& c = config_;
+  const int D = c.hidden_size, hd = c.head_dim, ql = c.q_lora_rank, H = c.num_attention_heads;
+  const int G = c.o_groups, ol = c.o_lora_rank, gin = (H / G) * hd, I = c.moe_intermediate_size;
+  auto pack = [&](const float* w, int in, int out) {
+    if (w != nullptr) packed_.push_back(RegisterPackedWeight(w, in, out));
+  };
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& lw = layers_[l];
+    pack(lw.wq_a, D, ql);
+    pack(lw.wq_b, ql, H * hd);
+    pack(lw.wkv, D, hd);
+    for (int g = 0; g < G; ++g) pack(lw.wo_a + static_cast<int64_t>(g) * ol * gin, gin, ol);
+    pack(lw.wo_b, G * ol, D);
+    pack(lw.c_wkv, D, hd);
+    pack(lw.c_wgate, D, hd);
+    pack(lw.i_wk, hd, c.index_head_dim);
+    pack(lw.i_wq_b, ql, c.index_n_heads * c.index_head_dim);
+    pack(lw.i_wproj, D, c.index_n_heads);
+    pack(lw.gate, D, c.n_routed_experts);
+    for (size_t e = 0; e < lw.w1.size(); ++e) {
+      pack(lw.w1[e], D, I);
+      pack(lw.w3[e], D, I);
+      pack(lw.w2[e], I, D);
+    }
+    pack(lw.s_w1, D, I * c.n_shared_experts);
+    pack(lw.s_w3, D, I * c.n_shared_experts);
+    pack(lw.s_w2, I * c.n_shared_experts, D);
+    if (lw.e_wkv != nullptr) {
+      pack(lw.e_wkv, engram_hash_->num_columns() * c.engram_head_dim, (c.hc_mult + 1) * D);
+    }
+  }
+  pack(weights_->F32("head.weight"), D, c.vocab_size);
 }
 
 SequenceState Engine::NewSequence() const {

@@ -16,9 +16,9 @@ namespace {
 constexpr size_t kPanelAlignBytes = 64;
 // Rows per AVX2 micro-kernel pass (matmul_avx2.cc); row blocks handed to threads are multiples.
 constexpr int kRowsPerBlock = 6;
-// Below this many multiply-adds a call runs on the caller alone: handing work to another
-// thread costs about a microsecond, this much work about two on one core.
-constexpr int64_t kParallelMinWork = int64_t{1} << 16;
+// Below this many multiply-adds (64 KiB of weights) a call runs on the caller alone: handing
+// work to a spinning worker costs about a microsecond, a decode GEMV of this size about six.
+constexpr int64_t kParallelMinWork = int64_t{1} << 14;
 
 }  // namespace
 

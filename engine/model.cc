@@ -1023,8 +1023,20 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
     MatMul(pool, g.data(), rows, inter, w2, D, y);
   };
   // Routed experts, grouped by expert; each (token, slot) output lands in its own buffer.
+  // Few tokens (decode): few experts are active, so the experts run one after another with the
+  // threads inside each matmul; otherwise the threads take whole experts. MatMul's results do
+  // not depend on the pool, so neither do the outputs.
   std::vector<float> routed(static_cast<size_t>(n) * K * D);
-  pool_->ParallelFor(E, [&](int64_t b, int64_t e_end) {
+  const bool split_matmuls = static_cast<int64_t>(n) * K < 2 * pool_->threads();
+  ThreadPool* expert_pool = split_matmuls ? pool_.get() : nullptr;
+  auto over_experts = [&](const std::function<void(int64_t, int64_t)>& fn) {
+    if (split_matmuls) {
+      fn(0, E);
+    } else {
+      pool_->ParallelFor(E, fn);
+    }
+  };
+  over_experts([&](int64_t b, int64_t e_end) {
     for (int64_t e = b; e < e_end; ++e) {
       std::vector<int64_t> slots;
       for (int64_t i = 0; i < static_cast<int64_t>(n) * K; ++i) {
@@ -1037,7 +1049,7 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
         std::memcpy(xg.data() + static_cast<int64_t>(r) * D, xn + (slots[r] / K) * D, D * 4);
         wg[r] = weight[slots[r]];
       }
-      swiglu(xg.data(), rows, lw.w1[e], lw.w3[e], lw.w2[e], I, wg.data(), yg.data(), nullptr);
+      swiglu(xg.data(), rows, lw.w1[e], lw.w3[e], lw.w2[e], I, wg.data(), yg.data(), expert_pool);
       for (int r = 0; r < rows; ++r) {
         std::memcpy(routed.data() + slots[r] * D, yg.data() + static_cast<int64_t>(r) * D, D * 4);
       }

@@ -30,7 +30,7 @@ class ThreadPool {
   // Chunks per thread a call is cut into (fewer when n is smaller).
   static constexpr int kChunksPerThread = 4;
   // How long an idle worker polls for the next call before it sleeps.
-  static constexpr int kSpinMicros = 200;
+  static constexpr int kSpinMicros = 50;
 
   // threads <= 1: everything runs on the caller. Clamped to kMaxThreads.
   explicit ThreadPool(int threads);

@@ -209,7 +209,44 @@ Status Engine::Bind() {
       return Status::InvalidArgument("engine: engram row source has the wrong row_dim");
     engram_queue_.resize(c.engram_layer_ids.size());
   }
+  PackMatMulWeights();
   return Status::Ok();
+}
+
+void Engine::PackMatMulWeights() {
+  if (ActiveMatMulKernel() == MatMulKernel::kScalar) return;  // reads W as it is
+  const EngineConfig& c = config_;
+  const int D = c.hidden_size, hd = c.head_dim, ql = c.q_lora_rank, H = c.num_attention_heads;
+  const int G = c.o_groups, ol = c.o_lora_rank, gin = (H / G) * hd, I = c.moe_intermediate_size;
+  auto pack = [&](const float* w, int in, int out) {
+    if (w != nullptr) packed_.push_back(RegisterPackedWeight(w, in, out));
+  };
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& lw = layers_[l];
+    pack(lw.wq_a, D, ql);
+    pack(lw.wq_b, ql, H * hd);
+    pack(lw.wkv, D, hd);
+    for (int g = 0; g < G; ++g) pack(lw.wo_a + static_cast<int64_t>(g) * ol * gin, gin, ol);
+    pack(lw.wo_b, G * ol, D);
+    pack(lw.c_wkv, D, hd);
+    pack(lw.c_wgate, D, hd);
+    pack(lw.i_wk, hd, c.index_head_dim);
+    pack(lw.i_wq_b, ql, c.index_n_heads * c.index_head_dim);
+    pack(lw.i_wproj, D, c.index_n_heads);
+    pack(lw.gate, D, c.n_routed_experts);
+    for (size_t e = 0; e < lw.w1.size(); ++e) {
+      pack(lw.w1[e], D, I);
+      pack(lw.w3[e], D, I);
+      pack(lw.w2[e], I, D);
+    }
+    pack(lw.s_w1, D, I * c.n_shared_experts);
+    pack(lw.s_w3, D, I * c.n_shared_experts);
+    pack(lw.s_w2, I * c.n_shared_experts, D);
+    if (lw.e_wkv != nullptr) {
+      pack(lw.e_wkv, engram_hash_->num_columns() * c.engram_head_dim, (c.hc_mult + 1) * D);
+    }
+  }
+  pack(weights_->F32("head.weight"), D, c.vocab_size);
 }
 
 SequenceState Engine::NewSequence() const {
@@ -986,8 +1023,20 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
     MatMul(pool, g.data(), rows, inter, w2, D, y);
   };
   // Routed experts, grouped by expert; each (token, slot) output lands in its own buffer.
+  // Few tokens (decode): few experts are active, so the experts run one after another with the
+  // threads inside each matmul; otherwise the threads take whole experts. MatMul's results do
+  // not depend on the pool, so neither do the outputs.
   std::vector<float> routed(static_cast<size_t>(n) * K * D);
-  pool_->ParallelFor(E, [&](int64_t b, int64_t e_end) {
+  const bool split_matmuls = static_cast<int64_t>(n) * K < 2 * pool_->threads();
+  ThreadPool* expert_pool = split_matmuls ? pool_.get() : nullptr;
+  auto over_experts = [&](const std::function<void(int64_t, int64_t)>& fn) {
+    if (split_matmuls) {
+      fn(0, E);
+    } else {
+      pool_->ParallelFor(E, fn);
+    }
+  };
+  over_experts([&](int64_t b, int64_t e_end) {
     for (int64_t e = b; e < e_end; ++e) {
       std::vector<int64_t> slots;
       for (int64_t i = 0; i < static_cast<int64_t>(n) * K; ++i) {
@@ -1000,7 +1049,7 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
         std::memcpy(xg.data() + static_cast<int64_t>(r) * D, xn + (slots[r] / K) * D, D * 4);
         wg[r] = weight[slots[r]];
       }
-      swiglu(xg.data(), rows, lw.w1[e], lw.w3[e], lw.w2[e], I, wg.data(), yg.data(), nullptr);
+      swiglu(xg.data(), rows, lw.w1[e], lw.w3[e], lw.w2[e], I, wg.data(), yg.data(), expert_pool);
       for (int r = 0; r < rows; ++r) {
         std::memcpy(routed.data() + slots[r] * D, yg.data() + static_cast<int64_t>(r) * D, D * 4);
       }

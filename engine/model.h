@@ -45,6 +45,7 @@
 #include "common/status.h"
 #include "engine/config.h"
 #include "engine/engram.h"
+#include "engine/matmul.h"
 #include "engine/ops.h"
 #include "engine/thread_pool.h"
 #include "engine/weights.h"
@@ -228,6 +229,8 @@ class Engine {
   Engine(const EngineConfig& config, std::shared_ptr<const ModelWeights> weights,
          const EngineOptions& options);
   Status Bind();
+  // Registers a packed copy of every weight matrix MatMul reads (engine/matmul.h).
+  void PackMatMulWeights();
   Status CheckTokens(std::span<const int32_t> tokens) const;
   void Embed(std::span<const int32_t> tokens, float* x, float* pre) const;
   void AppendChunks(int64_t p0, int64_t n, int l_begin, int l_end, std::vector<Step>* plan) const;
@@ -267,6 +270,7 @@ class Engine {
   std::shared_ptr<const ModelWeights> weights_;
   EngineOptions options_;
   std::unique_ptr<ThreadPool> pool_;
+  std::vector<std::shared_ptr<const PackedMatrix>> packed_;  // held for the engine's lifetime
   std::vector<LayerWeights> layers_;
   std::vector<double> rope_main_, rope_compress_;
   std::unique_ptr<EngramHashing> engram_hash_;

@@ -8,6 +8,7 @@
 #include <numbers>
 
 #include "common/logging.h"
+#include "engine/matmul.h"
 #if KVTIER_WITH_CUDA
 #include "engine/cuda/backend.h"
 #endif
@@ -27,26 +28,17 @@ float Dot(const float* a, const float* b, int n) {
 
 void MatMulCpu(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out,
                float* y) {
-  // Work items are blocks of output rows; each element is one Dot, so the partition never
-  // changes a result.
-  constexpr int kRowsPerItem = 16;
-  const int64_t items = (out + kRowsPerItem - 1) / kRowsPerItem;
-  auto body = [&](int64_t begin, int64_t end) {
-    for (int64_t it = begin; it < end; ++it) {
-      const int o0 = static_cast<int>(it) * kRowsPerItem;
-      const int o1 = std::min(out, o0 + kRowsPerItem);
-      for (int t = 0; t < rows; ++t) {
-        const float* xt = x + static_cast<int64_t>(t) * in;
-        float* yt = y + static_cast<int64_t>(t) * out;
-        for (int o = o0; o < o1; ++o) yt[o] = Dot(w + static_cast<int64_t>(o) * in, xt, in);
-      }
-    }
-  };
-  if (pool == nullptr || static_cast<int64_t>(rows) * out * in < 32768) {
-    body(0, items);
-  } else {
-    pool->ParallelFor(items, body);
+  const MatMulKernel k = ActiveMatMulKernel();
+  if (k == MatMulKernel::kScalar) {
+    MatMulWith(k, pool, x, rows, in, w, nullptr, out, y);
+    return;
   }
+  if (auto packed = FindPackedWeight(w, in, out)) {
+    MatMulWith(k, pool, x, rows, in, w, packed.get(), out, y);
+    return;
+  }
+  const PackedMatrix packed(w, in, out);  // not registered: packed for this call only
+  MatMulWith(k, pool, x, rows, in, w, &packed, out, y);
 }
 
 namespace {

@@ -16,7 +16,9 @@ namespace kvtier::engine {
 // Sum of a[i]*b[i] with 8 interleaved partial sums reduced in a fixed tree.
 float Dot(const float* a, const float* b, int n);
 
-// Y[t*out + o] = Dot(W + o*in, X + t*in) for t < rows, o < out (W is [out x in] row-major).
+// Y[t*out + o] = sum over k of X[t*in + k] * W[o*in + k] for t < rows, o < out (W is
+// [out x in] row-major), summed as one fused multiply-add chain in k order (engine/matmul.h),
+// so a result never depends on the call's row count, the tiling or the thread count.
 // Runs the CUDA kernel (engine/cuda/matmul.cuh, bit-identical to MatMulCpu) when the build has
 // CUDA, a device is present (checked once), the environment variable KVTIER_ENGINE_CUDA is not
 // "0" (read on every call that qualifies) and rows*out*in >= kCudaMatMulMinWork; otherwise,
@@ -24,7 +26,9 @@ float Dot(const float* a, const float* b, int n);
 // `w` must be a weight matrix that stays unchanged while cached on the device
 // (engine/cuda/backend.h); activations may change freely.
 void MatMul(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out, float* y);
-// The CPU reference path of MatMul (always available).
+// The CPU path of MatMul (always available): the AVX2/FMA kernel on W's packed copy
+// (RegisterPackedWeight; packed per call when W is not registered) or the scalar fallback,
+// bit-identical (engine/matmul.h).
 void MatMulCpu(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out,
                float* y);
 // Smallest rows*out*in sent to the GPU: below it the copies cost more than the CPU work.

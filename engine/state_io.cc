@@ -8,6 +8,11 @@
 
 namespace kvtier::engine {
 
+// Imports dequantise with the AVX2 codec when the CPU has it (kAuto): every backend matches
+// the scalar reference bit for bit (kernels/quant.h), so the imported values equal the ones
+// the engine computed itself (tests/engine engine_model_test UnitsPlusSwaBlobResumeExactly).
+constexpr kernels::Backend kImportBackend = kernels::Backend::kAuto;
+
 namespace {
 
 using kernels::QuantFormat;
@@ -104,12 +109,12 @@ Status ImportUnitPayload(const UnitPayloadLayout& layout, std::span<const uint8_
     const size_t mv0 = k.main_values.size(), iv0 = k.index_values.size();
     k.main_values.resize(mv0 + static_cast<size_t>(r->entries) * k.head_dim);
     k.index_values.resize(iv0 + static_cast<size_t>(r->entries) * k.index_dim);
-    KVTIER_RETURN_IF_ERROR(kernels::Dequantize(
-        QuantFormat::kFp4E4M3x16, k.main_data.data() + md0, k.main_scales.data() + ms0, r->entries,
-        k.head_dim, k.main_values.data() + mv0, kernels::Backend::kReference));
-    KVTIER_RETURN_IF_ERROR(kernels::Dequantize(
-        QuantFormat::kFp4Ue8m0x32, k.index_data.data() + id0, k.index_scales.data() + is0,
-        r->entries, k.index_dim, k.index_values.data() + iv0, kernels::Backend::kReference));
+    KVTIER_RETURN_IF_ERROR(kernels::Dequantize(QuantFormat::kFp4E4M3x16, k.main_data.data() + md0,
+                                               k.main_scales.data() + ms0, r->entries, k.head_dim,
+                                               k.main_values.data() + mv0, kImportBackend));
+    KVTIER_RETURN_IF_ERROR(kernels::Dequantize(QuantFormat::kFp4Ue8m0x32, k.index_data.data() + id0,
+                                               k.index_scales.data() + is0, r->entries, k.index_dim,
+                                               k.index_values.data() + iv0, kImportBackend));
     k.consumed = n + layout.unit_tokens;
   }
   st->tokens.insert(st->tokens.end(), tokens.begin(), tokens.end());
@@ -187,7 +192,7 @@ Status ImportSwaRings(std::span<const uint8_t> blob, SequenceState* st) {
     p += r.scales.size();
     KVTIER_RETURN_IF_ERROR(kernels::Dequantize(QuantFormat::kFp8Ue8m0x32, r.data.data(),
                                                r.scales.data(), r.window, r.dim, r.values.data(),
-                                               kernels::Backend::kReference));
+                                               kImportBackend));
   }
   st->swa = std::move(rings);
   return Status::Ok();

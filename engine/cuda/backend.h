@@ -30,7 +30,7 @@ inline constexpr int kCudaWeightFingerprintSamples = 64;
 // Ok when a CUDA device is usable; Unavailable otherwise. Checked once, then cached.
 Status CudaMatMulDeviceStatus();
 
-// Y[t*out + o] = Dot(W + o*in, X + t*in), bit-identical to engine::MatMul. Host pointers.
+// Y = X W^T in the order of engine/matmul.h, bit-identical to engine::MatMulCpu. Host pointers.
 // Returns Rejected (nothing written) when one weight matrix, or one row's activations, exceed
 // the limits above; Unavailable without a device; Internal on a CUDA error. On any error y is
 // unspecified and the caller must compute it on the CPU.

@@ -1,8 +1,9 @@
-// CUDA MatMul of the engine: Y[t*out + o] = Dot(W + o*in, X + t*in), one thread per output
-// element, with exactly the arithmetic of the CPU Dot (engine/ops.cc): 8 interleaved partial
-// sums over i in steps of 8, the reduction tree ((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7)), then the
-// tail added in order. Built with --fmad=false, so every product and sum is rounded exactly as
-// on the CPU (-ffp-contract=off) and the results are bit-identical.
+// CUDA MatMul of the engine: Y[t*out + o] with the summation order of engine/matmul.h, the
+// one every CPU kernel keeps: acc = fma(X[t*in + k], W[o*in + k], acc) for k = 0..in-1 in
+// order from +0.0f, each step one __fmaf_rn (single rounding). Tiled 16 x 16 outputs per block
+// through shared memory; the tiling changes which thread computes an output, never its chain,
+// so the results are bit-identical to MatMulCpu. The file is built with --fmad=false so that
+// no other arithmetic is contracted behind the explicit fmas.
 // Device pointers in; launched on `stream`, asynchronous; returns the launch error.
 // Compiled only when KVTIER_WITH_CUDA is on; private to engine/.
 #pragma once

@@ -1,10 +1,14 @@
 // Engine building blocks: config loading, safetensors, tokenizer, numpy RNG port, mHC, pool.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "engine/config.h"
 #include "engine/engram.h"
@@ -245,6 +249,57 @@ TEST(ThreadPool, CoversEveryIndexOnce) {
       });
     }
     for (int h : hits) ASSERT_EQ(h, 20);
+  }
+}
+
+// Back-to-back short calls: a late worker must never run a chunk of an older call or run a
+// chunk twice (the claim word names its call), and every call returns only when all its chunks
+// are done.
+TEST(ThreadPool, ManyShortCallsBackToBackRunEachIndexOnce) {
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    std::vector<std::atomic<int>> hits(16);
+    for (int round = 0; round < 5000; ++round) {
+      const int64_t n = 1 + round % 11;
+      for (auto& h : hits) h.store(0, std::memory_order_relaxed);
+      pool.ParallelFor(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1, std::memory_order_relaxed);
+      });
+      for (int64_t i = 0; i < 16; ++i) {
+        ASSERT_EQ(hits[i].load(), i < n ? 1 : 0) << "threads " << threads << " round " << round;
+      }
+    }
+  }
+}
+
+// Workers that went to sleep (idle past kSpinMicros) wake for the next call and take part:
+// each chunk waits (at most 10 s) until all three threads are inside the call, which happens
+// only if both sleeping workers were woken.
+TEST(ThreadPool, SleepingWorkersWakeForTheNextCall) {
+  ThreadPool pool(3);
+  for (int round = 0; round < 5; ++round) {
+    std::this_thread::sleep_for(std::chrono::microseconds(3 * ThreadPool::kSpinMicros));
+    std::vector<int> hits(100, 0);
+    std::mutex mu;
+    std::set<std::thread::id> ids;
+    pool.ParallelFor(100, [&](int64_t b, int64_t e) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ids.insert(std::this_thread::get_id());
+      }
+      for (;;) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (ids.size() == 3) break;
+        }
+        if (std::chrono::steady_clock::now() > deadline) break;
+        std::this_thread::yield();
+      }
+      for (int64_t i = b; i < e; ++i) ++hits[i];
+    });
+    for (int h : hits) ASSERT_EQ(h, 1);
+    EXPECT_EQ(ids.size(), 3u) << "round " << round;
   }
 }
 

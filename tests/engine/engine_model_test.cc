@@ -410,6 +410,23 @@ TEST(EngineState, UnitsPlusSwaBlobResumeExactly) {
   SequenceState resumed = e->NewSequence();
   ASSERT_TRUE(ImportUnitPayload(pl, *page, prompt, &resumed).ok());
   ASSERT_TRUE(ImportSwaRings(blob, &resumed).ok());
+  // The import dequantises with the AVX2 codec where the CPU has it; the engine computed its
+  // own values with the scalar reference: the same bits.
+  ASSERT_EQ(resumed.kv.size(), st.kv.size());
+  for (size_t i = 0; i < st.kv.size(); ++i) {
+    ASSERT_EQ(resumed.kv[i].main_values.size(), st.kv[i].main_values.size());
+    ASSERT_EQ(resumed.kv[i].index_values.size(), st.kv[i].index_values.size());
+    EXPECT_TRUE(BitEqual(resumed.kv[i].main_values.data(), st.kv[i].main_values.data(),
+                         st.kv[i].main_values.size()));
+    EXPECT_TRUE(BitEqual(resumed.kv[i].index_values.data(), st.kv[i].index_values.data(),
+                         st.kv[i].index_values.size()));
+  }
+  ASSERT_EQ(resumed.swa.size(), st.swa.size());
+  for (size_t l = 0; l < st.swa.size(); ++l) {
+    ASSERT_EQ(resumed.swa[l].values.size(), st.swa[l].values.size());
+    EXPECT_TRUE(
+        BitEqual(resumed.swa[l].values.data(), st.swa[l].values.data(), st.swa[l].values.size()));
+  }
   const int32_t next = Argmax(logits.data(), kV);
   std::vector<float> a, b;
   ASSERT_TRUE(e->Decode(&st, next, &a).ok());

@@ -1,0 +1,178 @@
+#include "engine/matmul.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string_view>
+#include <unordered_map>
+
+namespace kvtier::engine {
+
+namespace {
+
+constexpr size_t kPanelAlignBytes = 64;
+// Rows per AVX2 micro-kernel pass (matmul_avx2.cc); row blocks handed to threads are multiples.
+constexpr int kRowsPerBlock = 6;
+// Below this many multiply-adds (64 KiB of weights) a call runs on the caller alone: handing
+// work to a spinning worker costs about a microsecond, a decode GEMV of this size about six.
+constexpr int64_t kParallelMinWork = int64_t{1} << 14;
+
+}  // namespace
+
+void PackedMatrix::Free::operator()(float* p) const {
+  ::operator delete(p, std::align_val_t(kPanelAlignBytes));
+}
+
+PackedMatrix::PackedMatrix(const float* w, int in, int out) : in_(in), out_(out) {
+  const size_t n = static_cast<size_t>(panels()) * in * kMatMulPanelOutputs;
+  data_.reset(static_cast<float*>(
+      ::operator new(std::max<size_t>(n, 1) * sizeof(float), std::align_val_t(kPanelAlignBytes))));
+  for (int p = 0; p < panels(); ++p) {
+    float* dst = data_.get() + static_cast<int64_t>(p) * in * kMatMulPanelOutputs;
+    for (int j = 0; j < kMatMulPanelOutputs; ++j) {
+      const int o = p * kMatMulPanelOutputs + j;
+      const float* src = w + static_cast<int64_t>(o) * in;
+      for (int k = 0; k < in; ++k)
+        dst[static_cast<int64_t>(k) * kMatMulPanelOutputs + j] = o < out ? src[k] : 0.0f;
+    }
+  }
+}
+
+const char* MatMulKernelName(MatMulKernel k) {
+  return k == MatMulKernel::kAvx2Fma ? "avx2_fma" : "scalar";
+}
+
+// Defined here, not in matmul_avx2.cc, so that no AVX2 instruction runs before the check.
+bool MatMulKernelAvailable(MatMulKernel k) {
+  if (k == MatMulKernel::kScalar) return true;
+  static const bool avx2_fma = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
+  }();
+  return avx2_fma;
+}
+
+MatMulKernel ActiveMatMulKernel() {
+  static const MatMulKernel k = [] {
+    const char* env = std::getenv("KVTIER_ENGINE_MATMUL");
+    if (env != nullptr && std::string_view(env) == "scalar") return MatMulKernel::kScalar;
+    return MatMulKernelAvailable(MatMulKernel::kAvx2Fma) ? MatMulKernel::kAvx2Fma
+                                                         : MatMulKernel::kScalar;
+  }();
+  return k;
+}
+
+namespace {
+
+struct Key {
+  const float* w;
+  int in, out;
+  bool operator==(const Key& o) const { return w == o.w && in == o.in && out == o.out; }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    return std::hash<const void*>()(k.w) ^ (static_cast<size_t>(k.in) * 1000003u) ^
+           static_cast<size_t>(k.out);
+  }
+};
+
+struct Registry {
+  std::mutex mu;
+  std::unordered_map<Key, std::weak_ptr<const PackedMatrix>, KeyHash> map;
+};
+
+Registry& GetRegistry() {
+  static Registry* r = new Registry();  // never destroyed: handles may outlive statics
+  return *r;
+}
+
+// One row range x output range with the scalar kernel (the contract's loop, literally).
+void ScalarBlock(const float* x, int r0, int r1, int in, const float* w, int o0, int o1, int out,
+                 float* y) {
+  for (int t = r0; t < r1; ++t) {
+    const float* xt = x + static_cast<int64_t>(t) * in;
+    for (int o = o0; o < o1; ++o) {
+      const float* wo = w + static_cast<int64_t>(o) * in;
+      float acc = 0.0f;
+      for (int k = 0; k < in; ++k) acc = std::fma(xt[k], wo[k], acc);
+      y[static_cast<int64_t>(t) * out + o] = acc;
+    }
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<const PackedMatrix> RegisterPackedWeight(const float* w, int in, int out) {
+  Registry& r = GetRegistry();
+  const Key key{w, in, out};
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.map.find(key);
+    if (it != r.map.end()) {
+      if (auto p = it->second.lock()) return p;
+    }
+  }
+  // Pack outside the lock (it is the expensive part); a racing registration of the same key
+  // keeps whichever copy reached the map first.
+  auto* raw = new PackedMatrix(w, in, out);
+  std::shared_ptr<const PackedMatrix> p(raw, [key](const PackedMatrix* m) {
+    Registry& reg = GetRegistry();
+    {
+      std::lock_guard<std::mutex> lock(reg.mu);
+      auto it = reg.map.find(key);
+      if (it != reg.map.end() && it->second.expired()) reg.map.erase(it);
+    }
+    delete m;
+  });
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto& slot = r.map[key];
+  if (auto existing = slot.lock()) return existing;  // p is dropped after the lock is released
+  slot = p;
+  return p;
+}
+
+std::shared_ptr<const PackedMatrix> FindPackedWeight(const float* w, int in, int out) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.map.find(Key{w, in, out});
+  return it == r.map.end() ? nullptr : it->second.lock();
+}
+
+void MatMulWith(MatMulKernel k, ThreadPool* pool, const float* x, int rows, int in, const float* w,
+                const PackedMatrix* packed, int out, float* y) {
+  if (rows <= 0 || out <= 0) return;
+  const int panels = (out + kMatMulPanelOutputs - 1) / kMatMulPanelOutputs;
+  // One block: rows [r0, r1) x panels [p0, p1).
+  auto block = [&](int r0, int r1, int p0, int p1) {
+    if (k == MatMulKernel::kAvx2Fma) {
+      internal::MatMulAvx2Block(x, r0, r1, *packed, p0, p1, y);
+    } else {
+      ScalarBlock(x, r0, r1, in, w, p0 * kMatMulPanelOutputs,
+                  std::min(out, p1 * kMatMulPanelOutputs), out, y);
+    }
+  };
+  const int threads = pool == nullptr ? 1 : pool->threads();
+  const int64_t work = static_cast<int64_t>(rows) * out * in;
+  if (threads <= 1 || work < kParallelMinWork) {
+    block(0, rows, 0, panels);
+    return;
+  }
+  // Many rows: threads take row blocks (each streams every panel); few rows (decode): threads
+  // take panels. Either way each output is computed whole by one call.
+  const int row_blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  if (row_blocks >= 2 * threads) {
+    pool->ParallelFor(row_blocks, [&](int64_t b, int64_t e) {
+      block(static_cast<int>(b) * kRowsPerBlock,
+            std::min(rows, static_cast<int>(e) * kRowsPerBlock), 0, panels);
+    });
+  } else {
+    pool->ParallelFor(panels, [&](int64_t b, int64_t e) {
+      block(0, rows, static_cast<int>(b), static_cast<int>(e));
+    });
+  }
+}
+
+}  // namespace kvtier::engine

@@ -1,0 +1,82 @@
+// The engine's CPU matrix multiply: packed weights and the kernels behind MatMulCpu (ops.h).
+//
+// Summation order (the contract every path keeps, CPU kernels and the CUDA kernel alike):
+//   Y[t*out + o] = acc_in, with acc_0 = +0.0f and acc_{k+1} = fma(X[t*in + k], W[o*in + k], acc_k)
+// for k = 0, 1, ..., in-1 in order, each fma rounded once (IEEE fused multiply-add). Nothing
+// else enters an output, so a result depends only on its own row of X and row of W: never on
+// how many rows a call has, how outputs are tiled, the vector width or the thread count.
+//
+// Kernels: kScalar (std::fma over the row-major W; the fallback, any CPU) and kAvx2Fma
+// (engine/matmul_avx2.cc: a register-tiled micro-kernel over a PackedMatrix, up to 6 rows x 16
+// outputs or 1 row x 96 outputs per pass). Both produce the same bits (tests/engine
+// engine_matmul_test.cc). The kernel is chosen once per process: kAvx2Fma when cpuid reports
+// AVX2 and FMA and the environment variable KVTIER_ENGINE_MATMUL is not "scalar".
+//
+// Packed weights: MatMulCpu looks W up in a process-wide registry of packed copies
+// (RegisterPackedWeight, done by the Engine at bind time); an unregistered W is packed into a
+// per-call buffer (correct, slower). A registered W must not change while registered.
+// Thread safety: every function may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "engine/thread_pool.h"
+
+namespace kvtier::engine {
+
+// Outputs per panel of a PackedMatrix (two 8-float AVX2 vectors).
+inline constexpr int kMatMulPanelOutputs = 16;
+
+// W ([out x in], row-major) in panels of kMatMulPanelOutputs outputs: panel p holds, for
+// k = 0..in-1, the 16 weights W[p*16 + j][k] (j = 0..15) contiguously; outputs past `out` in
+// the last panel are zero. Each panel starts 64-byte aligned.
+class PackedMatrix {
+ public:
+  // Copies w. in >= 0, out >= 0.
+  PackedMatrix(const float* w, int in, int out);
+  int in() const { return in_; }
+  int out() const { return out_; }
+  int panels() const { return (out_ + kMatMulPanelOutputs - 1) / kMatMulPanelOutputs; }
+  const float* panel(int p) const {
+    return data_.get() + static_cast<int64_t>(p) * in_ * kMatMulPanelOutputs;
+  }
+  size_t bytes() const {
+    return static_cast<size_t>(panels()) * in_ * kMatMulPanelOutputs * sizeof(float);
+  }
+
+ private:
+  struct Free {
+    void operator()(float* p) const;
+  };
+  int in_, out_;
+  std::unique_ptr<float, Free> data_;
+};
+
+enum class MatMulKernel { kScalar, kAvx2Fma };
+const char* MatMulKernelName(MatMulKernel k);
+// True when this CPU can run `k` (kScalar always).
+bool MatMulKernelAvailable(MatMulKernel k);
+// The kernel MatMulCpu uses (see file comment; decided on the first call).
+MatMulKernel ActiveMatMulKernel();
+
+// Packs w ([out x in]) and registers the copy under (w, in, out) until the last returned
+// handle is dropped; registering a key again returns the existing copy. MatMulCpu with the
+// same (w, in, out) then uses it.
+std::shared_ptr<const PackedMatrix> RegisterPackedWeight(const float* w, int in, int out);
+// The registered copy of (w, in, out), or null.
+std::shared_ptr<const PackedMatrix> FindPackedWeight(const float* w, int in, int out);
+
+// Y = X W^T with kernel `k` (must be available). `packed` may be null for kScalar; otherwise
+// it is the packing of w. Splits the work over `pool` (may be null) when it is large enough.
+void MatMulWith(MatMulKernel k, ThreadPool* pool, const float* x, int rows, int in, const float* w,
+                const PackedMatrix* packed, int out, float* y);
+
+namespace internal {
+// engine/matmul_avx2.cc (only called when the CPU has AVX2 and FMA): rows [r0, r1) of X times
+// panels [p0, p1) of `w`, written to Y (ldy = w.out()).
+void MatMulAvx2Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
+                     float* y);
+}  // namespace internal
+
+}  // namespace kvtier::engine

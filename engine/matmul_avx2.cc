@@ -1,0 +1,135 @@
+// The AVX2/FMA micro-kernels of MatMulCpu (engine/matmul.h). This is the only engine file
+// compiled with -mavx2 -mfma; matmul.cc calls it only after cpuid reported both.
+//
+// A pass computes MR rows x NP panels (16 outputs each) over the whole inner dimension: per k
+// it loads the NP panels' 16 weights, broadcasts X[r][k] for each row and issues one fused
+// multiply-add per accumulator vector, k in order, so every output is the contract's fma chain.
+// MR * NP <= 6 keeps the 2*MR*NP accumulators plus operands in the 16 ymm registers.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "engine/matmul.h"
+
+namespace kvtier::engine::internal {
+namespace {
+
+constexpr int kP = kMatMulPanelOutputs;
+// Weight bytes a row block passes over before the next one starts (half of a 1 MiB L2).
+constexpr int64_t kPanelGroupBytes = 256 << 10;
+static_assert(kP == 16, "a panel is two 8-float vectors");
+
+// Lanes [0, valid) set (valid in [0, 8]).
+__m256i LaneMask(int valid) {
+  alignas(32) static const int32_t kTable[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
+                                                 0,  0,  0,  0,  0,  0,  0,  0};
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kTable + 8 - valid));
+}
+
+// Stores the first min(valid, 16) of the 16 outputs lo:hi.
+inline void Store(float* dst, __m256 lo, __m256 hi, int valid) {
+  if (valid >= kP) {
+    _mm256_storeu_ps(dst, lo);
+    _mm256_storeu_ps(dst + 8, hi);
+  } else if (valid >= 8) {
+    _mm256_storeu_ps(dst, lo);
+    _mm256_maskstore_ps(dst + 8, LaneMask(valid - 8), hi);
+  } else {
+    _mm256_maskstore_ps(dst, LaneMask(valid), lo);
+  }
+}
+
+// x: MR rows of `in` floats, ldx apart; w: NP panels, wstride floats apart; y: MR rows, ldy
+// apart; valid: outputs of y's row that exist from this pass's first output on.
+template <int MR, int NP>
+void Kernel(const float* x, int64_t ldx, int in, const float* w, int64_t wstride, float* y,
+            int64_t ldy, int valid) {
+  __m256 acc[MR][NP][2];
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 6
+    for (int p = 0; p < NP; ++p) acc[r][p][0] = acc[r][p][1] = _mm256_setzero_ps();
+  }
+  for (int k = 0; k < in; ++k) {
+    const float* wk = w + static_cast<int64_t>(k) * kP;
+    __m256 wv[NP][2];
+#pragma GCC unroll 6
+    for (int p = 0; p < NP; ++p) {
+      wv[p][0] = _mm256_load_ps(wk + p * wstride);
+      wv[p][1] = _mm256_load_ps(wk + p * wstride + 8);
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+      const __m256 b = _mm256_broadcast_ss(x + r * ldx + k);
+#pragma GCC unroll 6
+      for (int p = 0; p < NP; ++p) {
+        acc[r][p][0] = _mm256_fmadd_ps(b, wv[p][0], acc[r][p][0]);
+        acc[r][p][1] = _mm256_fmadd_ps(b, wv[p][1], acc[r][p][1]);
+      }
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 6
+    for (int p = 0; p < NP; ++p) {
+      Store(y + r * ldy + p * kP, acc[r][p][0], acc[r][p][1], valid - p * kP);
+    }
+  }
+}
+
+using KernelFn = void (*)(const float*, int64_t, int, const float*, int64_t, float*, int64_t, int);
+
+// Most panels per pass for `mr` rows (accumulators within the register file).
+constexpr int MaxPanels(int mr) { return mr == 1 ? 6 : mr == 2 ? 3 : mr == 3 ? 2 : 1; }
+
+KernelFn Pick(int mr, int np) {
+  switch (mr) {
+    case 1: {
+      static constexpr KernelFn k[6] = {Kernel<1, 1>, Kernel<1, 2>, Kernel<1, 3>,
+                                        Kernel<1, 4>, Kernel<1, 5>, Kernel<1, 6>};
+      return k[np - 1];
+    }
+    case 2: {
+      static constexpr KernelFn k[3] = {Kernel<2, 1>, Kernel<2, 2>, Kernel<2, 3>};
+      return k[np - 1];
+    }
+    case 3:
+      return np == 1 ? Kernel<3, 1> : Kernel<3, 2>;
+    case 4:
+      return Kernel<4, 1>;
+    case 5:
+      return Kernel<5, 1>;
+    default:
+      return Kernel<6, 1>;
+  }
+}
+
+}  // namespace
+
+void MatMulAvx2Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
+                     float* y) {
+  const int in = w.in(), out = w.out();
+  const int64_t wstride = static_cast<int64_t>(in) * kP;
+  // Panels in groups of about kPanelGroupBytes (a multiple of 6 panels), each group stays in
+  // L2 while every row block passes over it.
+  const int64_t panel_bytes = std::max<int64_t>(1, wstride * static_cast<int64_t>(sizeof(float)));
+  const int group = std::max<int>(6, static_cast<int>(kPanelGroupBytes / panel_bytes) / 6 * 6);
+  for (int g0 = p0; g0 < p1; g0 += group) {
+    const int g1 = std::min(p1, g0 + group);
+    for (int r = r0; r < r1;) {
+      const int mr = std::min(6, r1 - r);
+      const int np_max = MaxPanels(mr);
+      for (int p = g0; p < g1;) {
+        const int np = std::min(np_max, g1 - p);
+        Pick(mr, np)(x + static_cast<int64_t>(r) * in, in, in, w.panel(p), wstride,
+                     y + static_cast<int64_t>(r) * out + static_cast<int64_t>(p) * kP, out,
+                     out - p * kP);
+        p += np;
+      }
+      r += mr;
+    }
+  }
+}
+
+}  // namespace kvtier::engine::internal

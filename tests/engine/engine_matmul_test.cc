@@ -1,0 +1,177 @@
+// The engine's CPU MatMul (engine/matmul.h): every kernel against the contract's fma chain,
+// bit for bit, over shapes with every kind of tail; a row's result independent of the rows
+// around it and of the thread count; the packed-weight registry. ctest also runs this binary
+// with KVTIER_ENGINE_MATMUL=scalar (kvtier_engine_matmul_scalar), where MatMulCpu must take
+// the fallback.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string_view>
+#include <vector>
+
+#include "engine/matmul.h"
+#include "engine/ops.h"
+
+namespace kvtier::engine {
+namespace {
+
+std::vector<float> RandomFloats(size_t n, std::mt19937* rng) {
+  // A wide dynamic range and both signs, so rounding order matters and differences show.
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exp(-8, 8);
+  std::vector<float> v(n);
+  for (auto& f : v) f = std::ldexp(mant(*rng), exp(*rng));
+  return v;
+}
+
+// The contract (engine/matmul.h), written out independently of the library.
+std::vector<float> Contract(const std::vector<float>& x, int rows, int in,
+                            const std::vector<float>& w, int out) {
+  std::vector<float> y(static_cast<size_t>(rows) * out);
+  for (int t = 0; t < rows; ++t) {
+    for (int o = 0; o < out; ++o) {
+      float acc = 0.0f;
+      for (int k = 0; k < in; ++k) {
+        acc = std::fma(x[static_cast<size_t>(t) * in + k], w[static_cast<size_t>(o) * in + k], acc);
+      }
+      y[static_cast<size_t>(t) * out + o] = acc;
+    }
+  }
+  return y;
+}
+
+void ExpectSameBits(const std::vector<float>& want, const std::vector<float>& got,
+                    const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &want[i], 4);
+    std::memcpy(&b, &got[i], 4);
+    ASSERT_EQ(a, b) << what << " element " << i << ": want " << want[i] << " got " << got[i];
+  }
+}
+
+struct Shape {
+  int rows, in, out;
+};
+
+std::vector<Shape> Shapes(std::mt19937* rng) {
+  // Row counts around the 6-row pass, outputs around the 16-wide panel and the 6-panel pass,
+  // in = 1, and the engine's own shapes.
+  std::vector<Shape> s = {
+      {1, 1, 1},     {1, 7, 3},     {2, 9, 17},    {3, 8, 31},     {4, 15, 33},    {5, 16, 47},
+      {6, 17, 96},   {7, 33, 97},   {12, 64, 15},  {13, 5, 113},   {1, 256, 1024}, {1, 64, 100},
+      {2, 256, 200}, {3, 128, 257}, {19, 256, 64}, {64, 1024, 24}, {33, 512, 64},  {256, 256, 128}};
+  for (int i = 0; i < 24; ++i) {
+    s.push_back({1 + static_cast<int>((*rng)() % 40), 1 + static_cast<int>((*rng)() % 300),
+                 1 + static_cast<int>((*rng)() % 200)});
+  }
+  return s;
+}
+
+std::string Name(const Shape& s) {
+  return std::to_string(s.rows) + "x" + std::to_string(s.in) + "->" + std::to_string(s.out);
+}
+
+TEST(MatMul, EveryKernelComputesTheContractBitForBit) {
+  std::mt19937 rng(2024);
+  for (const Shape& s : Shapes(&rng)) {
+    const auto x = RandomFloats(static_cast<size_t>(s.rows) * s.in, &rng);
+    const auto w = RandomFloats(static_cast<size_t>(s.out) * s.in, &rng);
+    const auto want = Contract(x, s.rows, s.in, w, s.out);
+    const PackedMatrix packed(w.data(), s.in, s.out);
+    for (MatMulKernel k : {MatMulKernel::kScalar, MatMulKernel::kAvx2Fma}) {
+      if (!MatMulKernelAvailable(k)) continue;
+      std::vector<float> y(want.size(), -1.0f);
+      MatMulWith(k, nullptr, x.data(), s.rows, s.in, w.data(), &packed, s.out, y.data());
+      ExpectSameBits(want, y, std::string(MatMulKernelName(k)) + " " + Name(s));
+    }
+    std::vector<float> y(want.size(), -1.0f);  // the public entry, whatever kernel it takes
+    MatMulCpu(nullptr, x.data(), s.rows, s.in, w.data(), s.out, y.data());
+    ExpectSameBits(want, y, "MatMulCpu " + Name(s));
+  }
+}
+
+TEST(MatMul, ARowsResultDoesNotDependOnTheOtherRowsOrTheThreads) {
+  std::mt19937 rng(7);
+  const int rows = 37, in = 256, out = 300;  // above the parallel threshold, both splits
+  const auto x = RandomFloats(static_cast<size_t>(rows) * in, &rng);
+  const auto w = RandomFloats(static_cast<size_t>(out) * in, &rng);
+  const PackedMatrix packed(w.data(), in, out);
+  for (MatMulKernel k : {MatMulKernel::kScalar, MatMulKernel::kAvx2Fma}) {
+    if (!MatMulKernelAvailable(k)) continue;
+    std::vector<float> alone(static_cast<size_t>(rows) * out);
+    for (int t = 0; t < rows; ++t) {
+      MatMulWith(k, nullptr, x.data() + static_cast<size_t>(t) * in, 1, in, w.data(), &packed, out,
+                 alone.data() + static_cast<size_t>(t) * out);
+    }
+    for (int threads : {1, 2, 3, 8}) {
+      ThreadPool pool(threads);
+      for (int n : {1, 2, 5, 6, 7, 12, 13, 36, 37}) {  // a prefix of the rows as one call
+        std::vector<float> y(static_cast<size_t>(n) * out, -1.0f);
+        MatMulWith(k, &pool, x.data(), n, in, w.data(), &packed, out, y.data());
+        ExpectSameBits(std::vector<float>(alone.begin(), alone.begin() + y.size()), y,
+                       std::string(MatMulKernelName(k)) + " threads " + std::to_string(threads) +
+                           " rows " + std::to_string(n));
+      }
+    }
+  }
+}
+
+TEST(MatMul, RegisteredWeightsAreSharedAndDroppedWithTheirLastHandle) {
+  std::mt19937 rng(11);
+  const int rows = 5, in = 40, out = 50;
+  const auto x = RandomFloats(rows * in, &rng);
+  const auto w = RandomFloats(out * in, &rng);
+  EXPECT_EQ(FindPackedWeight(w.data(), in, out), nullptr);
+  auto a = RegisterPackedWeight(w.data(), in, out);
+  auto b = RegisterPackedWeight(w.data(), in, out);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a.get(), b.get());
+  EXPECT_EQ(FindPackedWeight(w.data(), in, out).get(), a.get());
+  EXPECT_EQ(FindPackedWeight(w.data(), in, out - 1), nullptr);  // the shape is part of the key
+  EXPECT_EQ(a->panels(), 4);
+  EXPECT_EQ(a->bytes(), 4u * in * kMatMulPanelOutputs * sizeof(float));
+  std::vector<float> registered(rows * out), unregistered(rows * out);
+  MatMulCpu(nullptr, x.data(), rows, in, w.data(), out, registered.data());
+  a.reset();
+  EXPECT_NE(FindPackedWeight(w.data(), in, out), nullptr);
+  b.reset();
+  EXPECT_EQ(FindPackedWeight(w.data(), in, out), nullptr);
+  MatMulCpu(nullptr, x.data(), rows, in, w.data(), out, unregistered.data());
+  ExpectSameBits(registered, unregistered, "registered vs per-call packing");
+  ExpectSameBits(Contract(x, rows, in, w, out), registered, "contract");
+}
+
+TEST(MatMul, PackingLaysOutPanelsWithZeroPadding) {
+  const int in = 3, out = 17;
+  std::vector<float> w(out * in);
+  for (int i = 0; i < out * in; ++i) w[i] = static_cast<float>(i + 1);
+  const PackedMatrix p(w.data(), in, out);
+  ASSERT_EQ(p.panels(), 2);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p.panel(0)) % 64, 0u);
+  for (int k = 0; k < in; ++k) {
+    for (int j = 0; j < kMatMulPanelOutputs; ++j) {
+      EXPECT_EQ(p.panel(0)[k * kMatMulPanelOutputs + j], w[j * in + k]);
+      EXPECT_EQ(p.panel(1)[k * kMatMulPanelOutputs + j], j == 0 ? w[16 * in + k] : 0.0f);
+    }
+  }
+}
+
+TEST(MatMul, TheEnvironmentChoosesTheKernel) {
+  const char* env = std::getenv("KVTIER_ENGINE_MATMUL");
+  if (env != nullptr && std::string_view(env) == "scalar") {
+    EXPECT_EQ(ActiveMatMulKernel(), MatMulKernel::kScalar);
+  } else {
+    EXPECT_EQ(ActiveMatMulKernel(), MatMulKernelAvailable(MatMulKernel::kAvx2Fma)
+                                        ? MatMulKernel::kAvx2Fma
+                                        : MatMulKernel::kScalar);
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::engine

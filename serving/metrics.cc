@@ -1,15 +1,17 @@
 #include "serving/metrics.h"
 
+#include <charconv>
 #include <cstdio>
 #include <sstream>
 
 namespace kvtier::serving {
 namespace {
 
+// Shortest text that reads back as the same double.
 std::string Num(double v) {
   char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  return buf;
+  auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
 }
 
 // Label values: escape backslash, quote and newline (the text format's rule).

@@ -305,9 +305,9 @@ void Scheduler::StepActive() {
   std::vector<Seq*> batch;
   for (size_t k = 0; k < budget; ++k) batch.push_back(active_[(rotate_ + k) % n].get());
   rotate_ = (rotate_ + budget) % n;
-  std::vector<Seq*> done_stop, done_length, failed, cancelled;
+  std::vector<Seq*> done_stop, done_length, failed, cancelled, decoding;
+  std::vector<int32_t> next;
   std::vector<Status> errors;
-  int64_t tokens = 0;
   for (Seq* s : batch) {
     if (s->gen->cancelled()) {
       cancelled.push_back(s);
@@ -353,11 +353,28 @@ void Scheduler::StepActive() {
                     {}});
       s->emitted = safe;
     }
-    Status ds = engine_->Decode(&s->state, tok, &s->logits);
-    ++tokens;
-    if (!ds.ok()) {
-      failed.push_back(s);
-      errors.push_back(ds);
+    decoding.push_back(s);
+    next.push_back(tok);
+  }
+  // One pass over the weights for every continuing sequence's token (Engine::ForwardBatch).
+  int64_t tokens = 0;
+  if (!decoding.empty()) {
+    std::vector<engine::SequenceState*> states;
+    std::vector<std::span<const int32_t>> spans;
+    for (size_t i = 0; i < decoding.size(); ++i) {
+      states.push_back(&decoding[i]->state);
+      spans.emplace_back(&next[i], 1);
+    }
+    std::vector<std::vector<float>> logits;
+    Status ds = engine_->ForwardBatch(states, spans, &logits);
+    tokens = static_cast<int64_t>(decoding.size());
+    for (size_t i = 0; i < decoding.size(); ++i) {
+      if (ds.ok()) {
+        decoding[i]->logits = std::move(logits[i]);
+      } else {
+        failed.push_back(decoding[i]);
+        errors.push_back(ds);
+      }
     }
   }
   metrics_->Step(static_cast<int64_t>(batch.size()), tokens);

@@ -14,11 +14,14 @@
 // Usage::cached_tokens is exactly the prompt tokens served by 1 (the resident sequence's
 // tokens) or 2 (units_used * unit_tokens; 0 when the guard recomputed).
 //
-// Steps: every step serves each generating sequence one token (sample from its logits, then
-// one decode), starting at a rotating position so no sequence is always last, under a budget
-// of step_tokens_max tokens. A finished request (eos, stop string, max_tokens, context limit)
-// saves its new whole units (and, at a page boundary, its hot state) to kvtierd and stays
-// resident as an idle sequence (at most idle_sequences_max; 0 drops it at once). A cancelled
+// Steps: every step serves each generating sequence one token: it samples from the
+// sequence's logits, then the tokens of all continuing sequences go through the model in one
+// Engine::ForwardBatch pass (one MatMul per weight over all rows; bit-identical to decoding
+// each alone). At most step_tokens_max sequences per step, starting at a rotating position so
+// none is always left out. Prompts are prefilled at admission, one request at a time (not yet
+// in chunks packed beside the decode tokens). A finished request (eos, stop string, max_tokens,
+// context limit) saves its new whole units (and, at a page boundary, its hot state) to kvtierd and
+// stays resident as an idle sequence (at most idle_sequences_max; 0 drops it at once). A cancelled
 // request (client gone) is saved and dropped at the next step.
 //
 // Thread safety: Submit and the Generation methods may be called from any thread; everything

@@ -1322,7 +1322,8 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
   }
   Head(static_cast<int>(k), xl.data(), pl.data(), out.data());
   last_logits->resize(k);
-  for (size_t i = 0; i < k; ++i) (*last_logits)[i].assign(out.begin() + i * V, out.begin() + (i + 1) * V);
+  for (size_t i = 0; i < k; ++i)
+    (*last_logits)[i].assign(out.begin() + i * V, out.begin() + (i + 1) * V);
   return Status::Ok();
 }
 

@@ -350,5 +350,24 @@ TEST_F(ServeTest, SixteenConcurrentStreamsMatchTheirSoloRuns) {
             Metric(m, "kvtier_serve_batch_sequences_count"));
 }
 
+// The official OpenAI SDK (npm `openai`, pinned by tests/serving/node/package-lock.json and
+// installed by deploy/install-deps.sh): two turns with cached_tokens, streaming with usage,
+// typed errors. Skipped when node or the installed package is missing.
+TEST_F(ServeTest, OfficialOpenAiSdk) {
+  const std::string dir = std::string(KVTIER_SOURCE_DIR) + "/tests/serving/node";
+  if (!std::filesystem::exists(dir + "/node_modules/openai/package.json") ||
+      RunShell("command -v node") != 0)
+    GTEST_SKIP() << "node or " << dir << "/node_modules missing (deploy/install-deps.sh)";
+  StartServer({"--idle-sequences-max", "0"});
+  std::string out;
+  const int rc =
+      RunShell("cd " + dir + " && KVTIER_SERVE_URL=http://127.0.0.1:" + std::to_string(s_->port()) +
+                   "/v1 KVTIER_KEY_A=" + kAlice + " KVTIER_KEY_B=" + kBob +
+                   " timeout 120 node openai_sdk_test.mjs",
+               &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace kvtier::testing

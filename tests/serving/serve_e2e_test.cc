@@ -350,6 +350,40 @@ TEST_F(ServeTest, SixteenConcurrentStreamsMatchTheirSoloRuns) {
             Metric(m, "kvtier_serve_batch_sequences_count"));
 }
 
+// A full KV pool swaps the least recently used idle sequence out (its units are in kvtierd);
+// its next turn is resumed from the daemon and reports the whole pages restored.
+TEST_F(ServeTest, FullPoolSwapsIdleSequencesOutAndResumesThem) {
+  StartServer({"--kv-pool-tokens-max", "600", "--context-tokens-max", "512"});
+  const std::string x = Text(300, 9), y = Text(300, 10);
+  json jx = Post("/v1/completions", Completion(x, 8)).Json();
+  const std::string out = jx["choices"][0]["text"];
+  ASSERT_EQ(static_cast<int64_t>(out.size()), jx["usage"]["completion_tokens"].get<int64_t>());
+  EXPECT_EQ(Metric(Metrics(), "kvtier_serve_resident_sequences"), 1);
+  ASSERT_EQ(Post("/v1/completions", Completion(y, 8)).status, 200);  // 307 + 308 > 600
+  std::string m = Metrics();
+  EXPECT_EQ(Metric(m, "kvtier_serve_swap_outs_total"), 1);
+  EXPECT_EQ(Metric(m, "kvtier_serve_resident_sequences"), 1);
+  json u = Post("/v1/completions", Completion(x + out + " more", 2)).Json()["usage"];
+  EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], (300 + 8 - 1) / kPage * kPage);
+  m = Metrics();
+  EXPECT_EQ(Metric(m, "kvtier_serve_resident_hits_total"), 0);
+  EXPECT_EQ(Metric(m, "kvtier_serve_resume_hits_total"), 1);
+  EXPECT_LE(Metric(m, "kvtier_serve_resident_tokens"), 600);
+}
+
+// The live /metrics page passes `promtool check metrics` after real traffic.
+TEST_F(ServeTest, LiveMetricsArePromtoolClean) {
+  if (RunShell("command -v promtool") != 0) GTEST_SKIP() << "no promtool";
+  StartServer();
+  ASSERT_EQ(Post("/v1/completions", Completion(Text(100, 11), 4)).status, 200);
+  ASSERT_EQ(Post("/v1/completions", Completion("x", 1), "sk-nope").status, 401);
+  const std::string path = (dir_ / "metrics.txt").string();
+  std::ofstream(path) << Metrics();
+  std::string out;
+  EXPECT_EQ(RunShell("promtool check metrics < " + path, &out), 0) << out;
+  EXPECT_EQ(out, "") << out;
+}
+
 // The official OpenAI SDK (npm `openai`, pinned by tests/serving/node/package-lock.json and
 // installed by deploy/install-deps.sh): two turns with cached_tokens, streaming with usage,
 // typed errors. Skipped when node or the installed package is missing.

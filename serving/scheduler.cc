@@ -201,7 +201,12 @@ void Scheduler::Run() {
 }
 
 void Scheduler::Admit() {
+  // Prefill budget: while sequences are generating, admissions of one step prefill at most
+  // step_tokens_max prompt tokens (at least one request), so queued prompts delay the running
+  // sequences' next token by about one step's worth of work, not by the whole queue.
+  uint64_t admitted_tokens = 0;
   while (active_.size() < options_.active_sequences_max) {
+    if (!active_.empty() && admitted_tokens >= options_.step_tokens_max) return;
     Pending p;
     {
       std::lock_guard l(mu_);
@@ -223,6 +228,7 @@ void Scheduler::Admit() {
       metrics_->Disconnect();
       continue;
     }
+    admitted_tokens += p.params.prompt.size();
     auto seq = std::make_unique<Seq>();
     Status s = Start(seq.get(), p);
     if (!s.ok()) {

@@ -1,7 +1,9 @@
 // Scheduler: the one thread that drives the Engine for every request in flight
 // (docs/SERVING.md, "Scheduling"; DESIGN §5 for save/resume).
 //
-// Admission (round robin across tenants, one request per tenant per turn): a request is
+// Admission (round robin across tenants, one request per tenant per turn; while sequences
+// are generating, one step admits prompts of at most step_tokens_max tokens in all, at least
+// one request): a request is
 // admitted when fewer than active_sequences_max sequences are generating and the KV pool has
 // room for its prompt plus max_tokens (kv_pool_tokens_max; idle sequences are swapped out,
 // least recently used first, to make room: their units are already saved, they are dropped).

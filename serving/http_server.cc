@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/beast/core/string.hpp>
 #include <boost/beast/http.hpp>
 #include <cerrno>
 #include <chrono>
@@ -186,6 +187,7 @@ void HttpServer::Serve(int fd) {
     parser.eager(true);
     const char* refused = nullptr;  // limit name when the request is refused
     int refused_status = 0;
+    bool continue_sent = false;
     auto deadline = Clock::now() + std::chrono::milliseconds(options_.idle_timeout_ms);
     while (!parser.is_done()) {
       if (!buf.empty()) {
@@ -205,6 +207,16 @@ void HttpServer::Serve(int fd) {
           break;
         } else {
           continue;
+        }
+      }
+      // A client that sent "Expect: 100-continue" (curl does for bodies over 1 KiB) waits for
+      // this before sending the body; the body limit was already checked against its length.
+      if (!continue_sent && parser.is_header_done() &&
+          boost::beast::iequals(parser.get()[http::field::expect], "100-continue")) {
+        continue_sent = true;
+        if (!WriteAll(fd, "HTTP/1.1 100 Continue\r\n\r\n", options_.idle_timeout_ms)) {
+          open = false;
+          break;
         }
       }
       const auto left =

@@ -81,8 +81,10 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(engine::Engine* engine,
     return Status::InvalidArgument("serve: queue, active, context and step limits must be > 0");
   if (options.context_tokens_max > options.kv_pool_tokens_max)
     return Status::InvalidArgument("serve: context_tokens_max exceeds kv_pool_tokens_max");
-  if (options.context_tokens_max > engine::kMaxSessionTokens)
-    return Status::InvalidArgument("serve: context_tokens_max exceeds kMaxSessionTokens");
+  if (options.context_tokens_max > engine::kMaxTokensPerCall)
+    return Status::InvalidArgument(
+        "serve: context_tokens_max exceeds the engine's kMaxTokensPerCall (65536): a prompt is "
+        "prefilled in one engine call when it is computed");
   std::unique_ptr<Scheduler> s(new Scheduler(engine, options, metrics));
   if (!options.daemon_socket.empty()) {
     KVTIER_ASSIGN_OR_RETURN(

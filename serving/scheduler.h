@@ -113,7 +113,8 @@ struct SchedulerOptions {
 class Scheduler {
  public:
   // engine: not owned, used only by the scheduler's thread from now on. metrics: not owned.
-  // InvalidArgument when context_tokens_max > kv_pool_tokens_max or a limit is 0.
+  // InvalidArgument when context_tokens_max > kv_pool_tokens_max or kMaxTokensPerCall, or a
+  // limit is 0.
   static StatusOr<std::unique_ptr<Scheduler>> Create(engine::Engine* engine,
                                                      const engine::ModelWeights& weights,
                                                      const SchedulerOptions& options,

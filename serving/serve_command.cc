@@ -89,7 +89,7 @@ int RunServe(std::span<const std::string_view> args) {
              "finished sequences kept resident for their next turn; 0 = drop at once", false, 0,
              1 << 20);
   flags.Uint("context-tokens-max", &so.context_tokens_max,
-             "prompt + completion tokens of one sequence", false, 2, engine::kMaxSessionTokens);
+             "prompt + completion tokens of one sequence", false, 2, engine::kMaxTokensPerCall);
   flags.Uint("step-tokens-max", &so.step_tokens_max, "tokens one engine step runs", false, 1,
              1 << 20);
   flags.Uint("max-tokens-max", &al.max_tokens_max, "largest max_tokens a request may ask for",

@@ -187,7 +187,10 @@ def throughput(build, workdir, args):
 def ttft(build, workdir, sock, tokens, args):
     """Continue a saved conversation of `tokens` tokens: cache on (resumed from kvtierd)
     against cache off (computed)."""
-    ctx = str(tokens + 1024)
+    # The server's context is at most 65536 tokens (one engine call): a "64K" history is
+    # 65472 tokens (1023 whole pages) so that the continuation fits.
+    tokens = min(tokens, 65536 - 64)
+    ctx = str(min(tokens + 1024, 65536))
     common = ["--context-tokens-max", ctx, "--kv-pool-tokens-max", ctx, "--idle-sequences-max",
               "0", "--max-tokens-max", "8", "--threads", str(args.threads),
               "--body-bytes-max", str(4 * tokens + 65536)]

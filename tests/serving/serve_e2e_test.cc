@@ -268,6 +268,24 @@ TEST_F(ServeTest, MalformedRequestsGetCleanErrors) {
          431, "header_bytes_max");
   expect(ParseReply(HttpRequest(port, "GET BAD", "/", "")), 400, "malformed");
   ASSERT_TRUE(s_->Alive());
+  // curl, and "Expect: 100-continue" (curl sends it for large bodies): 100 Continue comes first.
+  std::string out;
+  EXPECT_EQ(RunShell("curl -s --max-time 20 -H 'Authorization: Bearer " + std::string(kAlice) +
+                         "' -H 'Content-Type: application/json' -d '" +
+                         Completion(Text(450, 12), 2).dump() +
+                         "' http://127.0.0.1:" + std::to_string(port) + "/v1/completions",
+                     &out),
+            0);
+  EXPECT_EQ(json::parse(out, nullptr, false)["usage"]["prompt_tokens"], 450) << out;
+  {  // the 100 Continue itself, before any body byte is sent
+    int fd = ConnectTcp(port);
+    const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                             std::string(kAlice) +
+                             "\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n";
+    ASSERT_TRUE(SendAllRaw(fd, head.data(), head.size()));
+    EXPECT_EQ(RecvFor(fd, 25, 10000).substr(0, 25), "HTTP/1.1 100 Continue\r\n\r\n");
+    ::close(fd);
+  }
   HttpReply ok = Post("/v1/completions", Completion("hi", 2));
   EXPECT_EQ(ok.status, 200) << ok.body;
   EXPECT_EQ(Http(port, "GET", "/v1/models", "", kAlice).Json()["data"][0]["id"], "kvmini-trained");

@@ -5,9 +5,11 @@
 // streams whose greedy outputs equal the same requests run alone.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -400,6 +402,31 @@ TEST_F(ServeTest, LiveMetricsArePromtoolClean) {
   std::string out;
   EXPECT_EQ(RunShell("promtool check metrics < " + path, &out), 0) << out;
   EXPECT_EQ(out, "") << out;
+}
+
+// Admission is round robin across tenants: with one sequence at a time and five of alice's
+// requests queued, bob's request is admitted right after alice's next one, not after all five.
+TEST_F(ServeTest, AdmissionIsRoundRobinAcrossTenants) {
+  StartServer({"--active-sequences-max", "1", "--idle-sequences-max", "0"});
+  std::mutex mu;
+  std::vector<std::string> order;
+  auto run = [&](const std::string& who, const std::string& key, int i) {
+    HttpReply r = Post("/v1/completions", Completion(Text(20, 200 + i), 200), key);
+    EXPECT_EQ(r.status, 200) << r.body;
+    std::lock_guard l(mu);
+    order.push_back(who);
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 6; ++i) threads.emplace_back(run, "alice", kAlice, i);
+  // Wait until one of alice's runs and five wait.
+  for (int i = 0; i < 400 && Metric(Metrics(), "kvtier_serve_queue_depth") < 5; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(Metric(Metrics(), "kvtier_serve_queue_depth"), 5);
+  threads.emplace_back(run, "bob", kBob, 9);
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(order.size(), 7u);
+  const auto bob = std::find(order.begin(), order.end(), "bob") - order.begin();
+  EXPECT_LE(bob, 2) << "bob finished after " << bob << " of alice's requests";
 }
 
 // The official OpenAI SDK (npm `openai`, pinned by tests/serving/node/package-lock.json and

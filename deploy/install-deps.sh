@@ -55,6 +55,16 @@ PACKAGES=(
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   PACKAGES+=(nodejs npm)
 fi
+# The OpenAI SDK test's pinned packages (tests/serving/node/package-lock.json): `npm ci` when
+# node_modules is missing; run last, since node and npm may be installed below.
+serving_npm_ci() {
+  local dir
+  dir="$(dirname "$0")/../tests/serving/node"
+  if [[ -f "$dir/package-lock.json" && ! -d "$dir/node_modules" ]] && command -v npm >/dev/null 2>&1; then
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) ||
+      echo "install-deps: npm ci in tests/serving/node failed (the OpenAI SDK test will skip)" >&2
+  fi
+}
 TORCH_PACKAGES=(python3-torch python3-numpy libopenblas0-pthread)
 if [[ $WITH_TORCH -eq 1 ]]; then
   PACKAGES+=("${TORCH_PACKAGES[@]}")
@@ -74,6 +84,7 @@ for p in "${PACKAGES[@]}"; do
 done
 
 if [[ ${#missing[@]} -eq 0 ]]; then
+  serving_npm_ci
   exit 0
 fi
 
@@ -97,4 +108,5 @@ $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
   $SUDO systemctl disable --now redis-server prometheus etcd >/dev/null 2>&1 || true
 fi
+serving_npm_ci
 echo "install-deps: done" >&2

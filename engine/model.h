@@ -184,6 +184,19 @@ class Engine {
   Status Forward(SequenceState* state, std::span<const int32_t> tokens, bool all_logits,
                  std::vector<float>* logits);
   Status Decode(SequenceState* state, int32_t token, std::vector<float>* logits);
+  // Continuous batching: appends tokens[i] to *states[i] for every i in one pass over the
+  // layers. The rows of all sequences are packed so that every per-token computation (embed,
+  // mHC mixes, norms, MoE and its MatMuls, the head) runs once over all rows, while attention
+  // (SWA ring, compressor, top-k) runs per sequence on its own rows. Bit-identical to
+  // Forward(states[i], tokens[i], false, ...) for each i alone (ops.h: a row's results do not
+  // depend on the rows beside it). last_logits[i]: the last token of tokens[i].
+  // InvalidArgument (every state unchanged) for no sequences, a size mismatch, the same state
+  // twice, an empty or out-of-vocabulary tokens[i], tokens[i] longer than
+  // options.prefill_chunk_tokens, more than kMaxTokensPerCall tokens in all, or a state this
+  // engine cannot extend. Any other error leaves every state unusable.
+  Status ForwardBatch(std::span<SequenceState* const> states,
+                      std::span<const std::span<const int32_t>> tokens,
+                      std::vector<std::vector<float>>* last_logits);
   // CED prefill of an empty state; last_logits: the last token's logits.
   Status PrefillCed(SequenceState* state, std::span<const int32_t> tokens,
                     std::vector<float>* last_logits);

@@ -40,6 +40,7 @@
 #include "engine/speculative.h"
 #include "engine/tokenizer.h"
 #include "engine/weights.h"
+#include "serving/serve_command.h"
 
 namespace kvtier::engine {
 namespace {
@@ -760,7 +761,8 @@ void PrintHelp(FILE* out) {
                "  resume     resume a saved session from kvtierd and continue decoding\n"
                "  bench      prefill and decode tokens/s, prefill-to-decode cost ratio\n"
                "  fidelity   top-1 agreement and KL of exact restore and bounded replay vs\n"
-               "             the uninterrupted session, on a text\n");
+               "             the uninterrupted session, on a text\n"
+               "  serve      OpenAI-compatible HTTP server (docs/SERVING.md)\n");
 }
 
 }  // namespace
@@ -783,6 +785,7 @@ int main(int argc, char** argv) {
   if (cmd == "resume") return RunResume(args);
   if (cmd == "bench") return RunBench(args);
   if (cmd == "fidelity") return RunFidelity(args);
+  if (cmd == "serve") return kvtier::serving::RunServe(args);
   std::fprintf(stderr, "kvtier-engine: unknown command '%.*s'\n\n", static_cast<int>(cmd.size()),
                cmd.data());
   PrintHelp(stderr);

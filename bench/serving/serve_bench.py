@@ -1,0 +1,247 @@
+#!/usr/bin/python3
+"""Benchmark of `kvtier-engine serve` (docs/PERFORMANCE.md, "Serving").
+
+Starts its own kvtierd and servers on 127.0.0.1 free ports and a temporary directory, and
+measures, each against its peer in the same run:
+
+  throughput  output tokens/s of R greedy completion requests run at concurrency C (C client
+              threads, continuous batching in the server) against the same R requests one
+              after another on the same server; the ratio is the batching gain.
+  ttft        time to first token of a request that continues a long saved conversation
+              (T tokens), resumed from kvtierd, against the same request on a server with the
+              cache off (the whole prompt computed).
+
+Usage (from the repository root, after building kvtierd and kvtier-engine):
+  /usr/bin/python3 bench/serving/serve_bench.py --build build/release \
+      [--concurrency 1,4,16,32] [--requests 32] [--max-tokens 64] [--ttft-tokens 16384]
+
+Prints one JSON object per measurement and a summary table. Deterministic requests (fixed
+prompts, temperature 0). Bounded: every request has a timeout; the servers are stopped at exit.
+"""
+import argparse
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def text(n, seed):
+    """Deterministic printable text of n bytes."""
+    words = ["the ", "cache ", "tier ", "page ", "unit ", "hit ", "of ", "a ", "token ", "kv "]
+    out, x = [], seed * 2654435761 + 1
+    size = 0
+    while size < n:
+        x = (x * 1664525 + 1013904223) % (1 << 32)
+        w = words[(x >> 16) % 10]
+        out.append(w)
+        size += len(w)
+    return "".join(out)[:n]
+
+
+class Server:
+    """A running `kvtier-engine serve` (stopped by stop())."""
+
+    def __init__(self, build, workdir, name, extra):
+        self.port_file = os.path.join(workdir, name + ".port")
+        if os.path.exists(self.port_file):
+            os.remove(self.port_file)
+        self.log = open(os.path.join(workdir, name + ".log"), "w")
+        cmd = [os.path.join(build, "engine/kvtier-engine"), "serve", "--port", "0",
+               "--port-file", self.port_file] + extra
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
+        for _ in range(600):
+            if os.path.exists(self.port_file):
+                self.port = int(open(self.port_file).read())
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError("serve exited; see " + self.log.name)
+            time.sleep(0.05)
+        raise RuntimeError("serve did not start")
+
+    def post(self, body, stream=False, timeout=1800):
+        """POST /v1/completions. Returns (usage, seconds to first data event, total seconds)."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        t0 = time.monotonic()
+        body = dict(body, stream=stream)
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        c.request("POST", "/v1/completions", json.dumps(body),
+                  {"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            raise RuntimeError("HTTP %d: %s" % (r.status, r.read()[:300]))
+        if not stream:
+            j = json.loads(r.read())
+            return j["usage"], None, time.monotonic() - t0
+        first, usage = None, None
+        for line in r:
+            if not line.startswith(b"data: "):
+                continue
+            if first is None:
+                first = time.monotonic() - t0
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                break
+            j = json.loads(data)
+            if j.get("usage"):
+                usage = j["usage"]
+        return usage, first, time.monotonic() - t0
+
+    def metrics(self):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        c.request("GET", "/metrics")
+        return c.getresponse().read().decode()
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_daemon(build, workdir):
+    sock = os.path.join(workdir, "d.sock")
+    cfg = os.path.join(workdir, "kvtierd.toml")
+    with open(cfg, "w") as f:
+        f.write("[storage]\ndram_capacity_bytes = 268435456\nssd_capacity_bytes = 1073741824\n"
+                "ssd_segment_bytes = 67108864\n")
+    log = open(os.path.join(workdir, "kvtierd.log"), "w")
+    proc = subprocess.Popen([os.path.join(build, "cache_daemon/kvtierd"), "--config", cfg,
+                             "--data-dir", os.path.join(workdir, "data"), "--socket", sock,
+                             "--resp-port", str(free_port()), "--http-port", str(free_port())],
+                            stdout=log, stderr=log)
+    for _ in range(600):
+        if os.path.exists(sock):
+            return proc, sock
+        time.sleep(0.05)
+    raise RuntimeError("kvtierd did not start")
+
+
+def throughput(build, workdir, args):
+    # Cache off: every pass does the same work (no unit is saved by one pass and found by the
+    # next).
+    server = Server(build, workdir, "tput", ["--idle-sequences-max", "0",
+                                             "--active-sequences-max", "64",
+                                             "--threads", str(args.threads)])
+    # Short prompts: the measurement is about decode steps (prompts are prefilled one at a
+    # time at admission, the same work in both runs).
+    bodies = [{"model": "kvmini-trained", "prompt": text(16 + 3 * i, 1000 + i),
+               "max_tokens": args.max_tokens, "temperature": 0} for i in range(args.requests)]
+    rows = []
+    try:
+        for b in bodies[:4]:  # warm-up
+            server.post(b, stream=True)
+        for c in args.concurrency:
+            # The peer, measured right before: the same streamed requests one after another.
+            t0 = time.monotonic()
+            seq_tokens = sum(server.post(b, stream=True)[0]["completion_tokens"] for b in bodies)
+            seq_s = time.monotonic() - t0
+            tokens, lock, idx = [0], threading.Lock(), [0]
+
+            def worker():
+                while True:
+                    with lock:
+                        if idx[0] >= len(bodies):
+                            return
+                        b = bodies[idx[0]]
+                        idx[0] += 1
+                    u = server.post(b, stream=True)[0]
+                    with lock:
+                        tokens[0] += u["completion_tokens"]
+
+            t0 = time.monotonic()
+            threads = [threading.Thread(target=worker) for _ in range(c)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            s = time.monotonic() - t0
+            row = {"bench": "throughput", "concurrency": c, "requests": len(bodies),
+                   "output_tokens": tokens[0], "seconds": round(s, 3),
+                   "tokens_per_s": round(tokens[0] / s, 1),
+                   "sequential_tokens_per_s": round(seq_tokens / seq_s, 1),
+                   "ratio": round((tokens[0] / s) / (seq_tokens / seq_s), 2),
+                   "load": os.getloadavg()[0]}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    finally:
+        server.stop()
+    return rows
+
+
+def ttft(build, workdir, sock, tokens, args):
+    """Continue a saved conversation of `tokens` tokens: cache on (resumed from kvtierd)
+    against cache off (computed)."""
+    # The server's context is at most 65536 tokens (one engine call): a "64K" history is
+    # 65472 tokens (1023 whole pages) so that the continuation fits.
+    tokens = min(tokens, 65536 - 64)
+    ctx = str(min(tokens + 1024, 65536))
+    common = ["--context-tokens-max", ctx, "--kv-pool-tokens-max", ctx, "--idle-sequences-max",
+              "0", "--max-tokens-max", "8", "--threads", str(args.threads),
+              "--body-bytes-max", str(4 * tokens + 65536)]
+    history = text(tokens, 7)
+    turn = {"model": "kvmini-trained", "prompt": history + " and then", "max_tokens": 1,
+            "temperature": 0}
+    on = Server(build, workdir, "ttft_on", ["--socket", sock, "--guard", "fetch"] + common)
+    try:
+        on.post({"model": "kvmini-trained", "prompt": history, "max_tokens": 1,
+                 "temperature": 0})  # the saved conversation
+        usage_on, first_on, _ = on.post(turn, stream=True)
+    finally:
+        on.stop()
+    off = Server(build, workdir, "ttft_off", common)
+    try:
+        usage_off, first_off, _ = off.post(turn, stream=True)
+    finally:
+        off.stop()
+    row = {"bench": "ttft", "history_tokens": tokens, "prompt_tokens": usage_on["prompt_tokens"],
+           "cached_tokens": usage_on["prompt_tokens_details"]["cached_tokens"],
+           "ttft_cache_s": round(first_on, 3), "ttft_no_cache_s": round(first_off, 3),
+           "ratio": round(first_off / first_on, 1), "load": os.getloadavg()[0]}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build/release")
+    ap.add_argument("--concurrency", default="1,4,16,32")
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--ttft-tokens", default="16384", help="comma list; empty skips")
+    ap.add_argument("--threads", type=int, default=1, help="engine threads")
+    ap.add_argument("--skip-throughput", action="store_true")
+    args = ap.parse_args()
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    if args.requests < 1 or args.requests > 256 or args.max_tokens < 1 or args.max_tokens > 1024:
+        sys.exit("serve_bench: --requests in [1, 256], --max-tokens in [1, 1024]")
+    workdir = tempfile.mkdtemp(prefix="kvtier_serve_bench_")
+    daemon, sock = start_daemon(args.build, workdir)
+    try:
+        if not args.skip_throughput:
+            throughput(args.build, workdir, args)
+        for t in [int(x) for x in args.ttft_tokens.split(",") if x]:
+            ttft(args.build, workdir, sock, t, args)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=60)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+#include "serving/metrics.h"
+
+#include <charconv>
+#include <cstdio>
+#include <sstream>
+
+namespace kvtier::serving {
+namespace {
+
+// Shortest text that reads back as the same double.
+std::string Num(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
+}
+
+// Label values: escape backslash, quote and newline (the text format's rule).
+std::string Escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+void Head(std::ostringstream& o, const char* name, const char* type, const char* help) {
+  o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+}
+
+void Hist(std::ostringstream& o, const char* name, const char* help, const Histogram& h) {
+  Head(o, name, "histogram", help);
+  uint64_t cum = 0;
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    cum += h.counts[i];
+    o << name << "_bucket{le=\"" << Num(h.bounds[i]) << "\"} " << cum << "\n";
+  }
+  o << name << "_bucket{le=\"+Inf\"} " << h.count << "\n";
+  o << name << "_sum " << Num(h.sum) << "\n" << name << "_count " << h.count << "\n";
+}
+
+}  // namespace
+
+void Histogram::Observe(double v) {
+  size_t i = 0;
+  while (i < bounds.size() && v > bounds[i]) ++i;
+  ++counts[i];
+  sum += v;
+  ++count;
+}
+
+ServingMetrics::ServingMetrics()
+    : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}),
+      tpot_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}),
+      batch_sequences_({1, 2, 4, 8, 16, 32, 64}),
+      step_tokens_({1, 4, 16, 64, 256, 1024, 4096}) {}
+
+void ServingMetrics::HttpRequest(int status) {
+  std::lock_guard l(mu_);
+  ++http_requests_[status];
+}
+void ServingMetrics::HttpRejected(const std::string& why) {
+  std::lock_guard l(mu_);
+  ++http_rejected_[why];
+}
+void ServingMetrics::ConnectionsOpen(int64_t n) {
+  std::lock_guard l(mu_);
+  connections_open_ = n;
+}
+void ServingMetrics::RequestDone(const std::string& tenant, const Usage& u, double cost,
+                                 const std::string& finish_reason) {
+  std::lock_guard l(mu_);
+  TenantCounters& t = tenants_[tenant];
+  ++t.requests;
+  t.prompt += static_cast<uint64_t>(u.prompt_tokens);
+  t.cached += static_cast<uint64_t>(u.cached_tokens);
+  t.miss += static_cast<uint64_t>(u.miss_tokens());
+  t.completion += static_cast<uint64_t>(u.completion_tokens);
+  t.cost += cost;
+  ++finish_[finish_reason];
+}
+void ServingMetrics::Ttft(double s) {
+  std::lock_guard l(mu_);
+  ttft_.Observe(s);
+}
+void ServingMetrics::Tpot(double s) {
+  std::lock_guard l(mu_);
+  tpot_.Observe(s);
+}
+void ServingMetrics::Step(int64_t sequences, int64_t tokens) {
+  std::lock_guard l(mu_);
+  batch_sequences_.Observe(static_cast<double>(sequences));
+  step_tokens_.Observe(static_cast<double>(tokens));
+}
+void ServingMetrics::Resume(bool hit, bool hot) {
+  std::lock_guard l(mu_);
+  ++resumes_;
+  if (hit) ++resume_hits_;
+  if (hot) ++hot_state_restores_;
+}
+void ServingMetrics::ResidentHit() {
+  std::lock_guard l(mu_);
+  ++resident_hits_;
+}
+void ServingMetrics::SwapOut() {
+  std::lock_guard l(mu_);
+  ++swap_outs_;
+}
+void ServingMetrics::SaveFailed() {
+  std::lock_guard l(mu_);
+  ++save_failures_;
+}
+void ServingMetrics::Disconnect() {
+  std::lock_guard l(mu_);
+  ++disconnects_;
+}
+void ServingMetrics::Gauges(int64_t q, int64_t a, int64_t r, int64_t rt) {
+  std::lock_guard l(mu_);
+  queue_depth_ = q;
+  active_ = a;
+  resident_ = r;
+  resident_tokens_ = rt;
+}
+
+std::string ServingMetrics::Render() const {
+  std::lock_guard l(mu_);
+  std::ostringstream o;
+  Head(o, "kvtier_serve_http_requests_total", "counter", "HTTP requests answered, by status.");
+  for (const auto& [code, n] : http_requests_)
+    o << "kvtier_serve_http_requests_total{status=\"" << code << "\"} " << n << "\n";
+  Head(o, "kvtier_serve_http_rejected_total", "counter",
+       "Connections or requests refused by an HTTP limit, by limit.");
+  for (const auto& [why, n] : http_rejected_)
+    o << "kvtier_serve_http_rejected_total{limit=\"" << Escape(why) << "\"} " << n << "\n";
+  Head(o, "kvtier_serve_connections_open", "gauge", "Open HTTP connections.");
+  o << "kvtier_serve_connections_open " << connections_open_ << "\n";
+  Head(o, "kvtier_serve_requests_finished_total", "counter",
+       "Generations finished, by finish reason (stop, length, cancelled, error).");
+  for (const auto& [why, n] : finish_)
+    o << "kvtier_serve_requests_finished_total{reason=\"" << Escape(why) << "\"} " << n << "\n";
+  struct Field {
+    const char* name;
+    const char* help;
+    uint64_t TenantCounters::*member;
+  };
+  const Field fields[] = {
+      {"kvtier_serve_prompt_tokens_total", "Prompt tokens, by tenant.", &TenantCounters::prompt},
+      {"kvtier_serve_prompt_cache_hit_tokens_total",
+       "Prompt tokens whose state came from the cache (restored or resident), by tenant.",
+       &TenantCounters::cached},
+      {"kvtier_serve_prompt_cache_miss_tokens_total", "Prompt tokens computed, by tenant.",
+       &TenantCounters::miss},
+      {"kvtier_serve_completion_tokens_total", "Completion tokens, by tenant.",
+       &TenantCounters::completion},
+  };
+  for (const Field& f : fields) {
+    Head(o, f.name, "counter", f.help);
+    for (const auto& [tenant, t] : tenants_)
+      o << f.name << "{tenant=\"" << Escape(tenant) << "\"} " << t.*f.member << "\n";
+  }
+  Head(o, "kvtier_serve_cost_total", "counter",
+       "Billed cost of finished requests at the tenant's prices, by tenant.");
+  for (const auto& [tenant, t] : tenants_)
+    o << "kvtier_serve_cost_total{tenant=\"" << Escape(tenant) << "\"} " << Num(t.cost) << "\n";
+  Hist(o, "kvtier_serve_ttft_seconds", "Time from admission to the first token.", ttft_);
+  Hist(o, "kvtier_serve_tpot_seconds", "Time between consecutive output tokens.", tpot_);
+  Hist(o, "kvtier_serve_batch_sequences", "Sequences served by one engine step.", batch_sequences_);
+  Hist(o, "kvtier_serve_step_tokens", "Tokens one engine step ran through the model.",
+       step_tokens_);
+  const std::pair<const char*, uint64_t> counters[] = {
+      {"kvtier_serve_resumes_total", resumes_},
+      {"kvtier_serve_resume_hits_total", resume_hits_},
+      {"kvtier_serve_hot_state_restores_total", hot_state_restores_},
+      {"kvtier_serve_resident_hits_total", resident_hits_},
+      {"kvtier_serve_swap_outs_total", swap_outs_},
+      {"kvtier_serve_save_failures_total", save_failures_},
+      {"kvtier_serve_disconnects_total", disconnects_},
+  };
+  const char* helps[] = {
+      "Admissions that looked the prompt up in kvtierd.",
+      "Of those, admissions that restored at least one unit.",
+      "Of those, exact restores from a hot state (no replay).",
+      "Admissions that continued a sequence still resident in the engine.",
+      "Idle sequences saved to kvtierd and dropped to make room in the KV pool.",
+      "Saves to kvtierd that failed (the request still succeeds).",
+      "Requests whose client went away before they finished.",
+  };
+  for (size_t i = 0; i < std::size(counters); ++i) {
+    Head(o, counters[i].first, "counter", helps[i]);
+    o << counters[i].first << " " << counters[i].second << "\n";
+  }
+  const std::pair<const char*, int64_t> gauges[] = {
+      {"kvtier_serve_queue_depth", queue_depth_},
+      {"kvtier_serve_active_sequences", active_},
+      {"kvtier_serve_resident_sequences", resident_},
+      {"kvtier_serve_resident_tokens", resident_tokens_},
+  };
+  const char* ghelps[] = {
+      "Requests waiting for admission.",
+      "Sequences generating.",
+      "Sequences in the KV pool (active and idle).",
+      "Tokens held by the KV pool.",
+  };
+  for (size_t i = 0; i < std::size(gauges); ++i) {
+    Head(o, gauges[i].first, "gauge", ghelps[i]);
+    o << gauges[i].first << " " << gauges[i].second << "\n";
+  }
+  return o.str();
+}
+
+}  // namespace kvtier::serving

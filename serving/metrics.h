@@ -1,0 +1,72 @@
+// Serving metrics, rendered in the Prometheus text format on GET /metrics (docs/SERVING.md,
+// "Metrics"; every name starts with kvtier_serve_).
+//
+// Thread safety: every method may be called from any thread (one mutex; updates are a few
+// additions per request or engine step).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "serving/usage.h"
+
+namespace kvtier::serving {
+
+// A fixed-bucket histogram (upper bounds ascending; +Inf implied).
+struct Histogram {
+  explicit Histogram(std::vector<double> bounds)
+      : bounds(std::move(bounds)), counts(this->bounds.size() + 1) {}
+  void Observe(double v);
+  std::vector<double> bounds;
+  std::vector<uint64_t> counts;  // per bucket (not cumulative); last = above every bound
+  double sum = 0;
+  uint64_t count = 0;
+};
+
+class ServingMetrics {
+ public:
+  ServingMetrics();
+
+  // HTTP front.
+  void HttpRequest(int status);               // every answered request, by status
+  void HttpRejected(const std::string& why);  // connections_max, header_bytes_max, ...
+  void ConnectionsOpen(int64_t n);
+
+  // A finished generation (stream or not): tokens, hits, cost, latencies.
+  void RequestDone(const std::string& tenant, const Usage& usage, double cost,
+                   const std::string& finish_reason);
+  void Ttft(double seconds);
+  void Tpot(double seconds);
+  // One engine step: sequences decoded in it and tokens it ran through the model.
+  void Step(int64_t sequences, int64_t tokens);
+  void Resume(bool from_daemon_hit, bool hot_state);  // an admission that asked kvtierd
+  void ResidentHit();                                 // an admission served from the pool
+  void SwapOut();                                     // an idle sequence saved and dropped
+  void SaveFailed();
+  void Disconnect();  // a request whose client went away before it finished
+  void Gauges(int64_t queue_depth, int64_t active_sequences, int64_t resident_sequences,
+              int64_t resident_tokens);
+
+  std::string Render() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int, uint64_t> http_requests_;
+  std::map<std::string, uint64_t> http_rejected_;
+  int64_t connections_open_ = 0;
+  std::map<std::string, uint64_t> finish_;
+  struct TenantCounters {
+    uint64_t requests = 0, prompt = 0, cached = 0, miss = 0, completion = 0;
+    double cost = 0;
+  };
+  std::map<std::string, TenantCounters> tenants_;
+  Histogram ttft_, tpot_, batch_sequences_, step_tokens_;
+  uint64_t resumes_ = 0, resume_hits_ = 0, hot_state_restores_ = 0, resident_hits_ = 0;
+  uint64_t swap_outs_ = 0, save_failures_ = 0, disconnects_ = 0;
+  int64_t queue_depth_ = 0, active_ = 0, resident_ = 0, resident_tokens_ = 0;
+};
+
+}  // namespace kvtier::serving

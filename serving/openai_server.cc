@@ -1,0 +1,216 @@
+#include "serving/openai_server.h"
+
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "serving/chat_template.h"
+
+namespace kvtier::serving {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// Poll interval of a connection thread waiting for its generation (client-gone checks).
+constexpr int kWaitSliceMs = 50;
+
+std::string Dump(const ojson& j) {
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+void ReplyError(HttpResponder* out, const ApiError& e) {
+  out->Reply(e.status, "application/json", e.ToJson());
+}
+
+ApiError Error(int status, std::string type, std::string message, std::string code = "") {
+  ApiError e;
+  e.status = status;
+  e.type = std::move(type);
+  e.message = std::move(message);
+  e.code = std::move(code);
+  return e;
+}
+
+}  // namespace
+
+OpenAiFrontend::OpenAiFrontend(std::string model_id, engine::ByteTokenizer tokenizer,
+                               Scheduler* scheduler, const ApiKeys* keys, ServingMetrics* metrics,
+                               ApiLimits limits)
+    : model_id_(std::move(model_id)),
+      tokenizer_(tokenizer),
+      scheduler_(scheduler),
+      keys_(keys),
+      metrics_(metrics),
+      limits_(limits) {
+  seed_counter_ = std::random_device{}();
+}
+
+std::string OpenAiFrontend::NewId(bool chat) {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%s-%016llx", chat ? "chatcmpl" : "cmpl",
+                static_cast<unsigned long long>(next_id_.fetch_add(1)));
+  return buf;
+}
+
+void OpenAiFrontend::Handle(const HttpRequest& req, HttpResponder* out) {
+  if (req.target == "/metrics" || req.target == "/health") {
+    if (req.method != "GET")
+      return ReplyError(out, Error(405, "invalid_request_error", "use GET", "method_not_allowed"));
+    if (req.target == "/health") {
+      out->Reply(200, "text/plain", "ok\n");
+      return;
+    }
+    out->Reply(200, "text/plain; version=0.0.4", metrics_->Render());
+    return;
+  }
+  const bool chat = req.target == "/v1/chat/completions";
+  const bool completions = req.target == "/v1/completions";
+  const bool models = req.target == "/v1/models";
+  if (!chat && !completions && !models)
+    return ReplyError(out, Error(404, "invalid_request_error",
+                                 "unknown route " + req.target.substr(0, 128), "unknown_url"));
+  if (req.method != (models ? "GET" : "POST"))
+    return ReplyError(
+        out, Error(405, "invalid_request_error", std::string("use ") + (models ? "GET" : "POST"),
+                   "method_not_allowed"));
+  const Tenant* tenant = keys_->Find(req.authorization);
+  if (tenant == nullptr)
+    return ReplyError(out, Error(401, "authentication_error",
+                                 req.authorization.empty() ? "missing API key (Authorization: "
+                                                             "Bearer <key>)"
+                                                           : "invalid API key",
+                                 "invalid_api_key"));
+  if (models) {
+    ojson m = {{"id", model_id_}, {"object", "model"}, {"created", 0}, {"owned_by", "kvtier"}};
+    ojson j = {{"object", "list"}, {"data", ojson::array({m})}};
+    out->Reply(200, "application/json", Dump(j));
+    return;
+  }
+  Generate(req, chat, tenant, out);
+}
+
+void OpenAiFrontend::Generate(const HttpRequest& req, bool chat, const Tenant* tenant,
+                              HttpResponder* out) {
+  CompletionRequest cr;
+  if (ApiError e = ParseCompletionRequest(req.body, chat, limits_, &cr); !e.ok())
+    return ReplyError(out, e);
+  if (cr.model != model_id_) {
+    ApiError e =
+        Error(404, "invalid_request_error",
+              "model '" + cr.model + "' does not exist; this server serves '" + model_id_ + "'",
+              "model_not_found");
+    e.param = "model";
+    return ReplyError(out, e);
+  }
+  GenerationParams p;
+  p.prompt = tokenizer_.Encode(chat ? RenderChat(cr.messages) : cr.prompt);
+  p.max_tokens = cr.max_tokens.value_or(0);
+  p.temperature = cr.temperature;
+  p.top_p = cr.top_p;
+  p.seed = cr.seed.value_or(seed_counter_.fetch_add(0x9e3779b97f4a7c15ULL));
+  p.stop = cr.stop;
+  auto submitted = scheduler_->Submit(tenant, std::move(p));
+  if (!submitted.ok()) {
+    const Status& s = submitted.status();
+    if (s.code() == StatusCode::kInvalidArgument) {
+      ApiError e =
+          InvalidRequest(s.message(), chat ? "messages" : "prompt", "context_length_exceeded");
+      return ReplyError(out, e);
+    }
+    if (s.code() == StatusCode::kRejected)
+      return ReplyError(out, Error(429, "rate_limit_error", s.message(), "queue_full"));
+    return ReplyError(out, Error(503, "server_error", s.message(), "unavailable"));
+  }
+  std::shared_ptr<Generation> gen = std::move(submitted).value();
+  const std::string id = NewId(chat);
+  const int64_t created = static_cast<int64_t>(std::time(nullptr));
+  const char* object = chat ? "chat.completion" : "text_completion";
+  const char* chunk_object = chat ? "chat.completion.chunk" : "text_completion";
+
+  auto chunk = [&](const std::string& text, const char* finish, bool role) {
+    ojson choice = {{"index", 0}};
+    if (chat) {
+      ojson delta = ojson::object();
+      if (role) delta["role"] = "assistant";
+      if (!text.empty() || role) delta["content"] = text;
+      choice["delta"] = delta;
+    } else {
+      choice["text"] = text;
+    }
+    choice["finish_reason"] = finish ? ojson(finish) : ojson(nullptr);
+    ojson j = {{"id", id},
+               {"object", chunk_object},
+               {"created", created},
+               {"model", model_id_},
+               {"choices", ojson::array({choice})}};
+    return "data: " + Dump(j) + "\n\n";
+  };
+
+  if (cr.stream) {
+    if (!out->BeginStream(200, "text/event-stream") ||
+        (chat && !out->Chunk(chunk("", nullptr, true)))) {
+      gen->Cancel();
+      return;
+    }
+  }
+  std::string text;
+  GenerationEvent ev;
+  while (true) {
+    if (!gen->Next(&ev, kWaitSliceMs)) {
+      if (out->PeerGone()) {
+        gen->Cancel();
+        return;
+      }
+      continue;
+    }
+    if (ev.kind == GenerationEvent::Kind::kText) {
+      if (cr.stream) {
+        if (!out->Chunk(chunk(ev.text, nullptr, false))) {
+          gen->Cancel();
+          return;
+        }
+      } else {
+        text += ev.text;
+      }
+      continue;
+    }
+    if (ev.kind == GenerationEvent::Kind::kError) {
+      if (cr.stream) {  // headers are gone: an error event, then the end of the stream
+        out->Chunk("data: " + ev.error.ToJson() + "\n\n");
+        out->EndStream();
+      } else {
+        ReplyError(out, ev.error);
+      }
+      return;
+    }
+    break;  // kDone
+  }
+  if (cr.stream) {
+    out->Chunk(chunk("", ev.finish_reason.c_str(), false));
+    if (cr.include_usage) {
+      ojson u = {{"id", id},           {"object", chunk_object},    {"created", created},
+                 {"model", model_id_}, {"choices", ojson::array()}, {"usage", UsageJson(ev.usage)}};
+      out->Chunk("data: " + Dump(u) + "\n\n");
+    }
+    out->Chunk("data: [DONE]\n\n");
+    out->EndStream();
+    return;
+  }
+  ojson choice = {{"index", 0}};
+  if (chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+    choice["logprobs"] = nullptr;
+  }
+  choice["finish_reason"] = ev.finish_reason;
+  ojson j = {{"id", id},
+             {"object", object},
+             {"created", created},
+             {"model", model_id_},
+             {"choices", ojson::array({choice})},
+             {"usage", UsageJson(ev.usage)}};
+  out->Reply(200, "application/json", Dump(j));
+}
+
+}  // namespace kvtier::serving

@@ -1,0 +1,449 @@
+#include "serving/scheduler.h"
+
+#include <algorithm>
+
+#include "common/logging.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+
+namespace kvtier::serving {
+
+using Clock = std::chrono::steady_clock;
+using engine::ByteTokenizer;
+
+namespace {
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Length of the longest prefix of `s` that does not end inside a UTF-8 sequence (at most the
+// last 3 bytes are held back).
+size_t CompleteUtf8Prefix(const std::string& s) {
+  const size_t n = s.size();
+  for (size_t back = 1; back <= 3 && back <= n; ++back) {
+    const auto c = static_cast<unsigned char>(s[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
+    size_t len = 1;
+    if ((c & 0xE0) == 0xC0)
+      len = 2;
+    else if ((c & 0xF0) == 0xE0)
+      len = 3;
+    else if ((c & 0xF8) == 0xF0)
+      len = 4;
+    return len > back ? n - back : n;
+  }
+  return n;
+}
+
+}  // namespace
+
+bool Generation::Next(GenerationEvent* event, int timeout_ms) {
+  std::unique_lock l(mu_);
+  if (!cv_.wait_for(l, std::chrono::milliseconds(timeout_ms), [&] { return !events_.empty(); }))
+    return false;
+  *event = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+void Generation::Push(GenerationEvent event) {
+  {
+    std::lock_guard l(mu_);
+    events_.push_back(std::move(event));
+  }
+  cv_.notify_all();
+}
+
+struct Scheduler::Seq {
+  const Tenant* tenant = nullptr;
+  engine::SequenceState state;
+  std::vector<float> logits;  // of the last token in state
+  engine::SaveCursor cursor;
+  Clock::time_point last_used;
+  // The request being generated (null while idle).
+  std::shared_ptr<Generation> gen;
+  GenerationParams params;
+  std::optional<engine::Sampler> sampler;
+  Clock::time_point arrival, last_token;
+  std::string text;    // output so far (stop strings removed at the end)
+  size_t emitted = 0;  // bytes of text sent
+  Usage usage;
+  uint64_t reserved = 0;  // pool tokens reserved while active (prompt + max_tokens)
+};
+
+StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(engine::Engine* engine,
+                                                       const engine::ModelWeights& weights,
+                                                       const SchedulerOptions& options,
+                                                       ServingMetrics* metrics) {
+  if (options.queue_depth_max == 0 || options.active_sequences_max == 0 ||
+      options.context_tokens_max < 2 || options.step_tokens_max == 0)
+    return Status::InvalidArgument("serve: queue, active, context and step limits must be > 0");
+  if (options.context_tokens_max > options.kv_pool_tokens_max)
+    return Status::InvalidArgument("serve: context_tokens_max exceeds kv_pool_tokens_max");
+  if (options.context_tokens_max > engine::kMaxTokensPerCall)
+    return Status::InvalidArgument(
+        "serve: context_tokens_max exceeds the engine's kMaxTokensPerCall (65536): a prompt is "
+        "prefilled in one engine call when it is computed");
+  std::unique_ptr<Scheduler> s(new Scheduler(engine, options, metrics));
+  if (!options.daemon_socket.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(
+        s->fingerprint_,
+        engine::EngineModelFingerprint(engine->config(), weights, options.session.unit_tokens));
+  }
+  s->thread_ = std::thread([p = s.get()] { p->Run(); });
+  return s;
+}
+
+Scheduler::Scheduler(engine::Engine* engine, const SchedulerOptions& options,
+                     ServingMetrics* metrics)
+    : engine_(engine), options_(options), metrics_(metrics) {}
+
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::Stop() {
+  {
+    std::lock_guard l(mu_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+StatusOr<std::shared_ptr<Generation>> Scheduler::Submit(const Tenant* tenant,
+                                                        GenerationParams params) {
+  if (params.prompt.empty() || params.prompt.size() >= options_.context_tokens_max)
+    return Status::InvalidArgument("prompt of " + std::to_string(params.prompt.size()) +
+                                   " tokens; this server's context is " +
+                                   std::to_string(options_.context_tokens_max) +
+                                   " tokens (prompt + at least one completion token)");
+  const uint64_t room = options_.context_tokens_max - params.prompt.size();
+  if (params.max_tokens == 0 || params.max_tokens > room) params.max_tokens = room;
+  auto gen = std::make_shared<Generation>();
+  {
+    std::lock_guard l(mu_);
+    if (stop_) return Status::Unavailable("serve: shutting down");
+    if (queued_ >= options_.queue_depth_max)
+      return Status::Rejected("serve: " + std::to_string(queued_) +
+                              " requests queued (queue_depth_max)");
+    auto& q = queues_[tenant];
+    if (q.empty()) turn_.push_back(tenant);
+    q.push_back(Pending{tenant, std::move(params), gen, Clock::now()});
+    ++queued_;
+  }
+  cv_.notify_all();
+  return gen;
+}
+
+engine::SessionStore* Scheduler::StoreFor(const Tenant* tenant) {
+  if (options_.daemon_socket.empty()) return nullptr;
+  TenantStore& ts = stores_[tenant];
+  if (ts.store != nullptr) return ts.store.get();
+  // (Re)connect: a failed connection is dropped by SaveSeq and retried at the next request.
+  daemon::ClientOptions co;
+  co.socket_path = options_.daemon_socket;
+  co.token = tenant->daemon_token;
+  co.unit_tokens = options_.session.unit_tokens;
+  auto client = daemon::Client::Connect(co);
+  if (!client.ok()) {
+    KVTIER_LOG(kWarn) << "serve: tenant " << tenant->name
+                      << ": kvtierd unreachable, serving without cache: "
+                      << client.status().ToString();
+    return nullptr;
+  }
+  auto store = engine::SessionStore::Create(engine_, client->get(), fingerprint_, options_.session);
+  if (!store.ok()) {
+    KVTIER_LOG(kWarn) << "serve: session store: " << store.status().ToString();
+    return nullptr;
+  }
+  ts.client = std::move(client).value();
+  ts.store = std::move(store).value();
+  return ts.store.get();
+}
+
+uint64_t Scheduler::PoolTokens() const {
+  uint64_t n = 0;
+  for (const auto& s : active_) n += s->reserved;
+  for (const auto& s : idle_) n += s->state.tokens.size();
+  return n;
+}
+
+void Scheduler::PublishGauges() {
+  uint64_t q;
+  {
+    std::lock_guard l(mu_);
+    q = queued_;
+  }
+  metrics_->Gauges(static_cast<int64_t>(q), static_cast<int64_t>(active_.size()),
+                   static_cast<int64_t>(active_.size() + idle_.size()),
+                   static_cast<int64_t>(PoolTokens()));
+}
+
+void Scheduler::Run() {
+  while (true) {
+    {
+      std::unique_lock l(mu_);
+      cv_.wait(l, [&] { return stop_ || queued_ > 0 || !active_.empty(); });
+      if (stop_) break;
+    }
+    Admit();
+    StepActive();
+    PublishGauges();
+  }
+  // Shutdown: every request still queued or active gets a 503.
+  ApiError e;
+  e.status = 503;
+  e.type = "server_error";
+  e.message = "the server is shutting down";
+  std::lock_guard l(mu_);
+  for (auto& [t, q] : queues_)
+    for (Pending& p : q) p.gen->Push({GenerationEvent::Kind::kError, "", "", {}, 0, e});
+  for (auto& s : active_) s->gen->Push({GenerationEvent::Kind::kError, "", "", {}, 0, e});
+}
+
+void Scheduler::Admit() {
+  // Prefill budget: while sequences are generating, admissions of one step prefill at most
+  // step_tokens_max prompt tokens (at least one request), so queued prompts delay the running
+  // sequences' next token by about one step's worth of work, not by the whole queue.
+  uint64_t admitted_tokens = 0;
+  while (active_.size() < options_.active_sequences_max) {
+    if (!active_.empty() && admitted_tokens >= options_.step_tokens_max) return;
+    Pending p;
+    {
+      std::lock_guard l(mu_);
+      if (turn_.empty()) return;
+      const Tenant* t = turn_.front();
+      auto& q = queues_[t];
+      const uint64_t need = q.front().params.prompt.size() + q.front().params.max_tokens;
+      // Room in the pool: idle sequences may be swapped out; active reservations may not.
+      uint64_t active_reserved = 0;
+      for (const auto& s : active_) active_reserved += s->reserved;
+      if (active_reserved + need > options_.kv_pool_tokens_max) return;  // wait for a finish
+      p = std::move(q.front());
+      q.pop_front();
+      --queued_;
+      turn_.pop_front();
+      if (!q.empty()) turn_.push_back(t);
+    }
+    if (p.gen->cancelled()) {
+      metrics_->Disconnect();
+      continue;
+    }
+    admitted_tokens += p.params.prompt.size();
+    auto seq = std::make_unique<Seq>();
+    Status s = Start(seq.get(), p);
+    if (!s.ok()) {
+      Fail(std::move(seq), s);
+      continue;
+    }
+    active_.push_back(std::move(seq));
+  }
+}
+
+Status Scheduler::Start(Seq* seq, Pending& p) {
+  seq->tenant = p.tenant;
+  seq->gen = p.gen;
+  seq->arrival = p.arrival;
+  seq->params = std::move(p.params);
+  const std::vector<int32_t>& prompt = seq->params.prompt;
+  seq->sampler.emplace(seq->params.temperature, seq->params.top_p, seq->params.seed);
+  seq->usage.prompt_tokens = static_cast<int64_t>(prompt.size());
+  seq->reserved = prompt.size() + seq->params.max_tokens;
+
+  // 1. A resident idle sequence of the same tenant whose tokens prefix the prompt.
+  auto best = idle_.end();
+  for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+    const auto& toks = (*it)->state.tokens;
+    if ((*it)->tenant != seq->tenant || toks.empty() || toks.size() > prompt.size()) continue;
+    if (!std::equal(toks.begin(), toks.end(), prompt.begin())) continue;
+    if (best == idle_.end() || toks.size() > (*best)->state.tokens.size()) best = it;
+  }
+  std::unique_ptr<Seq> resident;
+  if (best != idle_.end()) {
+    resident = std::move(*best);
+    idle_.erase(best);
+  }
+  // Make room: swap out idle sequences, least recently used first.
+  uint64_t pool = seq->reserved;
+  for (const auto& s : active_) pool += s->reserved;
+  for (const auto& s : idle_) pool += s->state.tokens.size();
+  while (pool > options_.kv_pool_tokens_max && !idle_.empty()) {
+    pool -= idle_.front()->state.tokens.size();
+    idle_.pop_front();  // its units were saved when its request finished
+    metrics_->SwapOut();
+  }
+
+  engine::SessionStore* store = StoreFor(seq->tenant);
+  if (resident != nullptr) {
+    seq->state = std::move(resident->state);
+    seq->logits = std::move(resident->logits);
+    seq->cursor = std::move(resident->cursor);
+    const size_t hit = seq->state.tokens.size();
+    seq->usage.cached_tokens = static_cast<int64_t>(hit);
+    metrics_->ResidentHit();
+    if (hit < prompt.size()) {
+      auto rest = std::span<const int32_t>(prompt).subspan(hit);
+      KVTIER_RETURN_IF_ERROR(store != nullptr
+                                 ? store->Extend(&seq->state, rest, &seq->logits)
+                                 : engine_->Forward(&seq->state, rest, false, &seq->logits));
+    }
+    return Status::Ok();
+  }
+  if (store != nullptr) {
+    KVTIER_ASSIGN_OR_RETURN(engine::ResumeReport r,
+                            store->Resume(prompt, &seq->state, &seq->logits));
+    if (!r.recomputed) {
+      seq->usage.cached_tokens = r.units_used * store->options().unit_tokens;
+      seq->cursor.units_saved = r.units_used;
+    }
+    metrics_->Resume(!r.recomputed && r.units_used > 0, r.hot_state_restored);
+    KVTIER_LOG(kDebug) << "serve: tenant " << seq->tenant->name << " resume: " << r.decision;
+    return Status::Ok();
+  }
+  seq->state = engine_->NewSequence();
+  return engine_->PrefillCed(&seq->state, prompt, &seq->logits);
+}
+
+void Scheduler::StepActive() {
+  if (active_.empty()) return;
+  const size_t n = active_.size();
+  const size_t budget = std::min<size_t>(n, options_.step_tokens_max);
+  rotate_ = rotate_ % n;
+  std::vector<Seq*> batch;
+  for (size_t k = 0; k < budget; ++k) batch.push_back(active_[(rotate_ + k) % n].get());
+  rotate_ = (rotate_ + budget) % n;
+  std::vector<Seq*> done_stop, done_length, failed, cancelled, decoding;
+  std::vector<int32_t> next;
+  std::vector<Status> errors;
+  for (Seq* s : batch) {
+    if (s->gen->cancelled()) {
+      cancelled.push_back(s);
+      continue;
+    }
+    const int32_t tok = s->sampler->Sample(s->logits);
+    const auto now = Clock::now();
+    if (s->usage.completion_tokens == 0) {
+      metrics_->Ttft(Seconds(s->arrival, now));
+    } else {
+      metrics_->Tpot(Seconds(s->last_token, now));
+    }
+    s->last_token = now;
+    ++s->usage.completion_tokens;
+    bool stop = tok == ByteTokenizer::kEos;
+    if (!stop && tok >= ByteTokenizer::kByteBase && tok < ByteTokenizer::kByteBase + 256)
+      s->text.push_back(static_cast<char>(tok - ByteTokenizer::kByteBase));
+    size_t hold = 0;  // bytes that could still become a stop string
+    for (const std::string& st : s->params.stop) {
+      const size_t from = s->text.size() >= st.size() + 1 ? s->text.size() - st.size() - 1 : 0;
+      if (size_t at = s->text.find(st, std::min(from, s->text.size())); at != std::string::npos) {
+        s->text.resize(at);
+        stop = true;
+        break;
+      }
+      hold = std::max(hold, st.size() - 1);
+    }
+    const bool length =
+        !stop && (s->usage.completion_tokens >= static_cast<int64_t>(s->params.max_tokens) ||
+                  s->state.tokens.size() + 1 >= options_.context_tokens_max);
+    if (stop || length) {
+      (stop ? done_stop : done_length).push_back(s);
+      continue;
+    }
+    size_t safe = s->text.size() > hold ? s->text.size() - hold : 0;
+    safe = std::min(safe, CompleteUtf8Prefix(s->text.substr(0, safe)));
+    if (safe > s->emitted) {
+      s->gen->Push({GenerationEvent::Kind::kText,
+                    s->text.substr(s->emitted, safe - s->emitted),
+                    "",
+                    {},
+                    0,
+                    {}});
+      s->emitted = safe;
+    }
+    decoding.push_back(s);
+    next.push_back(tok);
+  }
+  // One pass over the weights for every continuing sequence's token (Engine::ForwardBatch).
+  int64_t tokens = 0;
+  if (!decoding.empty()) {
+    std::vector<engine::SequenceState*> states;
+    std::vector<std::span<const int32_t>> spans;
+    for (size_t i = 0; i < decoding.size(); ++i) {
+      states.push_back(&decoding[i]->state);
+      spans.emplace_back(&next[i], 1);
+    }
+    std::vector<std::vector<float>> logits;
+    Status ds = engine_->ForwardBatch(states, spans, &logits);
+    tokens = static_cast<int64_t>(decoding.size());
+    for (size_t i = 0; i < decoding.size(); ++i) {
+      if (ds.ok()) {
+        decoding[i]->logits = std::move(logits[i]);
+      } else {
+        failed.push_back(decoding[i]);
+        errors.push_back(ds);
+      }
+    }
+  }
+  metrics_->Step(static_cast<int64_t>(batch.size()), tokens);
+  auto take = [&](Seq* s) {
+    auto it = std::find_if(active_.begin(), active_.end(), [&](auto& p) { return p.get() == s; });
+    std::unique_ptr<Seq> owned = std::move(*it);
+    active_.erase(it);
+    return owned;
+  };
+  for (Seq* s : cancelled) Finish(take(s), "cancelled");
+  for (Seq* s : done_stop) Finish(take(s), "stop");
+  for (Seq* s : done_length) Finish(take(s), "length");
+  for (size_t i = 0; i < failed.size(); ++i) Fail(take(failed[i]), errors[i]);
+}
+
+void Scheduler::SaveSeq(Seq* seq) {
+  engine::SessionStore* store = StoreFor(seq->tenant);
+  if (store == nullptr) return;
+  Status s = store->Save(seq->state, seq->logits, &seq->cursor);
+  if (!s.ok()) {
+    metrics_->SaveFailed();
+    KVTIER_LOG(kWarn) << "serve: tenant " << seq->tenant->name << ": save failed: " << s.ToString();
+    if (s.code() == StatusCode::kIOError) stores_.erase(seq->tenant);  // reconnect next time
+  }
+}
+
+void Scheduler::Finish(std::unique_ptr<Seq> seq, const std::string& reason) {
+  const double cost = Cost(seq->usage, seq->tenant->prices);
+  metrics_->RequestDone(seq->tenant->name, seq->usage, cost, reason);
+  if (reason == "cancelled") {
+    metrics_->Disconnect();
+  } else {
+    if (seq->text.size() > seq->emitted)
+      seq->gen->Push({GenerationEvent::Kind::kText, seq->text.substr(seq->emitted), "", {}, 0, {}});
+    seq->gen->Push({GenerationEvent::Kind::kDone, "", reason, seq->usage, cost, {}});
+  }
+  KVTIER_LOG(kInfo) << "serve: tenant " << seq->tenant->name << " " << reason
+                    << " prompt_tokens=" << seq->usage.prompt_tokens
+                    << " cached_tokens=" << seq->usage.cached_tokens
+                    << " completion_tokens=" << seq->usage.completion_tokens << " cost=" << cost;
+  SaveSeq(seq.get());
+  seq->gen.reset();
+  seq->sampler.reset();
+  seq->text.clear();
+  if (reason == "cancelled" || options_.idle_sequences_max == 0) return;  // dropped
+  seq->last_used = Clock::now();
+  idle_.push_back(std::move(seq));
+  while (idle_.size() > options_.idle_sequences_max) {
+    idle_.pop_front();
+    metrics_->SwapOut();
+  }
+}
+
+void Scheduler::Fail(std::unique_ptr<Seq> seq, const Status& status) {
+  KVTIER_LOG(kWarn) << "serve: generation failed: " << status.ToString();
+  ApiError e;
+  e.status = status.code() == StatusCode::kInvalidArgument ? 400 : 500;
+  e.type = e.status == 400 ? "invalid_request_error" : "server_error";
+  e.message = status.ToString();
+  metrics_->RequestDone(seq->tenant->name, Usage{}, 0, "error");
+  seq->gen->Push({GenerationEvent::Kind::kError, "", "", {}, 0, e});
+}
+
+}  // namespace kvtier::serving

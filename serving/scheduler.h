@@ -1,0 +1,179 @@
+// Scheduler: the one thread that drives the Engine for every request in flight
+// (docs/SERVING.md, "Scheduling"; DESIGN §5 for save/resume).
+//
+// Admission (round robin across tenants, one request per tenant per turn; while sequences
+// are generating, one step admits prompts of at most step_tokens_max tokens in all, at least
+// one request): a request is
+// admitted when fewer than active_sequences_max sequences are generating and the KV pool has
+// room for its prompt plus max_tokens (kv_pool_tokens_max; idle sequences are swapped out,
+// least recently used first, to make room: their units are already saved, they are dropped).
+// Its prompt is served, in this order:
+//   1. from the engine: an idle sequence of the same tenant whose tokens are a prefix of the
+//      prompt is continued (only the new tokens are prefilled; exact, no replay);
+//   2. from kvtierd (SessionStore::Resume with the tenant's token): the hit units are restored
+//      (hot state or bounded replay) and only the suffix is prefilled;
+//   3. computed (CED prefill) when there is no cache or no hit.
+// Usage::cached_tokens is exactly the prompt tokens served by 1 (the resident sequence's
+// tokens) or 2 (units_used * unit_tokens; 0 when the guard recomputed).
+//
+// Steps: every step serves each generating sequence one token: it samples from the
+// sequence's logits, then the tokens of all continuing sequences go through the model in one
+// Engine::ForwardBatch pass (one MatMul per weight over all rows; bit-identical to decoding
+// each alone). At most step_tokens_max sequences per step, starting at a rotating position so
+// none is always left out. Prompts are prefilled at admission, one request at a time (not yet
+// in chunks packed beside the decode tokens). A finished request (eos, stop string, max_tokens,
+// context limit) saves its new whole units (and, at a page boundary, its hot state) to kvtierd and
+// stays resident as an idle sequence (at most idle_sequences_max; 0 drops it at once). A cancelled
+// request (client gone) is saved and dropped at the next step.
+//
+// Thread safety: Submit and the Generation methods may be called from any thread; everything
+// else runs on the scheduler's own thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache_daemon/client.h"
+#include "common/status.h"
+#include "engine/model.h"
+#include "engine/session.h"
+#include "serving/metrics.h"
+#include "serving/openai_api.h"
+#include "serving/usage.h"
+
+namespace kvtier::serving {
+
+// A customer: an API key maps to one (docs/SERVING.md, "API keys").
+struct Tenant {
+  std::string name;          // appears in logs and metric labels
+  std::string daemon_token;  // kvtierd token: the daemon keeps each tenant's units apart
+  Prices prices;
+};
+
+struct GenerationEvent {
+  enum class Kind { kText, kDone, kError };
+  Kind kind = Kind::kText;
+  std::string text;           // kText: the next piece of output
+  std::string finish_reason;  // kDone: stop | length
+  Usage usage;                // kDone
+  double cost = 0;            // kDone: at the tenant's prices
+  ApiError error;             // kError
+};
+
+// One request in flight, shared by its HTTP connection and the scheduler.
+class Generation {
+ public:
+  // Waits up to timeout_ms for the next event; false on timeout. After kDone or kError no
+  // further event comes.
+  bool Next(GenerationEvent* event, int timeout_ms);
+  // The client went away: the scheduler drops the request at its next step.
+  void Cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+ private:
+  friend class Scheduler;
+  void Push(GenerationEvent event);
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<GenerationEvent> events_;
+  std::atomic<bool> cancelled_{false};
+};
+
+struct GenerationParams {
+  std::vector<int32_t> prompt;  // 1..context_tokens_max-1 tokens
+  uint64_t max_tokens = 0;      // 0 = up to the context limit
+  double temperature = 1.0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  std::vector<std::string> stop;
+};
+
+struct SchedulerOptions {
+  // kvtierd Unix socket; "" = no cache (every prompt computed, nothing saved).
+  std::string daemon_socket;
+  engine::SessionOptions session;
+  uint64_t queue_depth_max = 256;         // requests waiting for admission (more: 429)
+  uint64_t active_sequences_max = 32;     // sequences generating at once
+  uint64_t kv_pool_tokens_max = 1 << 20;  // tokens resident (active reservations + idle)
+  uint64_t idle_sequences_max = 64;       // finished sequences kept resident; 0 = none
+  uint64_t context_tokens_max = 8192;     // prompt + completion of one sequence
+  uint64_t step_tokens_max = 256;         // tokens one step runs (decode tokens of the batch)
+};
+
+class Scheduler {
+ public:
+  // engine: not owned, used only by the scheduler's thread from now on. metrics: not owned.
+  // InvalidArgument when context_tokens_max > kv_pool_tokens_max or kMaxTokensPerCall, or a
+  // limit is 0.
+  static StatusOr<std::unique_ptr<Scheduler>> Create(engine::Engine* engine,
+                                                     const engine::ModelWeights& weights,
+                                                     const SchedulerOptions& options,
+                                                     ServingMetrics* metrics);
+  ~Scheduler();  // Stop()
+
+  // Queues a generation for `tenant` (not owned; must outlive the scheduler). Rejected when
+  // the queue is full, InvalidArgument for a prompt over the context, Unavailable after Stop.
+  StatusOr<std::shared_ptr<Generation>> Submit(const Tenant* tenant, GenerationParams params);
+  // Ends the thread; queued and active requests get a 503 error event.
+  void Stop();
+
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  struct Pending {
+    const Tenant* tenant;
+    GenerationParams params;
+    std::shared_ptr<Generation> gen;
+    std::chrono::steady_clock::time_point arrival;
+  };
+  struct Seq;
+  struct TenantStore {
+    std::unique_ptr<daemon::Client> client;
+    std::unique_ptr<engine::SessionStore> store;
+  };
+
+  Scheduler(engine::Engine* engine, const SchedulerOptions& options, ServingMetrics* metrics);
+  void Run();
+  // Admits queued requests while there is room; returns after the first that must wait.
+  void Admit();
+  Status Start(Seq* seq, Pending& p);
+  void StepActive();
+  // Ends seq's request with `reason`; keeps or drops the sequence.
+  void Finish(std::unique_ptr<Seq> seq, const std::string& reason);
+  void Fail(std::unique_ptr<Seq> seq, const Status& status);
+  void SaveSeq(Seq* seq);
+  engine::SessionStore* StoreFor(const Tenant* tenant);
+  uint64_t PoolTokens() const;
+  void PublishGauges();
+
+  engine::Engine* engine_;
+  SchedulerOptions options_;
+  ServingMetrics* metrics_;
+  Digest fingerprint_{};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::map<const Tenant*, std::deque<Pending>> queues_;
+  std::deque<const Tenant*> turn_;  // tenants with queued requests, in round-robin order
+  uint64_t queued_ = 0;
+
+  // Scheduler thread only.
+  std::map<const Tenant*, TenantStore> stores_;
+  std::vector<std::unique_ptr<Seq>> active_;
+  std::deque<std::unique_ptr<Seq>> idle_;  // least recently used first
+  size_t rotate_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace kvtier::serving

@@ -1,0 +1,178 @@
+#include "serving/serve_command.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "cli/flags.h"
+#include "common/logging.h"
+#include "engine/config.h"
+#include "engine/model.h"
+#include "engine/session.h"
+#include "engine/thread_pool.h"
+#include "engine/tokenizer.h"
+#include "engine/weights.h"
+#include "serving/api_keys.h"
+#include "serving/http_server.h"
+#include "serving/metrics.h"
+#include "serving/openai_server.h"
+#include "serving/scheduler.h"
+
+#ifndef KVTIER_SERVE_DEFAULT_MODEL_DIR
+#define KVTIER_SERVE_DEFAULT_MODEL_DIR "deploy/models"
+#endif
+
+namespace kvtier::serving {
+namespace {
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "kvtier-engine serve: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+int RunServe(std::span<const std::string_view> args) {
+  cli::FlagSet flags(
+      "kvtier-engine serve",
+      "Serve the model over an OpenAI-compatible HTTP API (POST /v1/chat/completions, POST "
+      "/v1/completions, GET /v1/models, GET /metrics), many requests at once, resuming prompts "
+      "from kvtierd and reporting exact cache-hit usage. See docs/SERVING.md.");
+  const std::string dir = KVTIER_SERVE_DEFAULT_MODEL_DIR;
+  std::string model = dir + "/kvmini-trained.safetensors";
+  std::string config = dir + "/kvmini-trained.json";
+  std::string model_id = "kvmini-trained", listen = "127.0.0.1", port_file, socket, token;
+  std::string keys_file, guard = "auto";
+  uint64_t port = 8000, threads = 1, replay_tokens = 0;
+  bool no_hot = false;
+  SchedulerOptions so;
+  HttpOptions ho;
+  ApiLimits al;
+  flags.String("model", &model, "FILE", "weights (.safetensors); default: the trained miniature");
+  flags.String("config", &config, "FILE", "model config.json");
+  flags.String("model-id", &model_id, "NAME", "the model name clients send and /v1/models lists");
+  flags.String("listen", &listen, "ADDR",
+               "numeric address to listen on; a non-loopback address needs --api-keys");
+  flags.Uint("port", &port, "TCP port; 0 = any free port (see --port-file)", false, 0, 65535);
+  flags.String("port-file", &port_file, "FILE", "write the bound port here once listening");
+  flags.String("socket", &socket, "PATH",
+               "kvtierd Unix socket: resume prompts from it and save sessions to it "
+               "(default: no cache; every prompt is computed and cached_tokens only counts "
+               "sequences still resident in the engine)");
+  flags.String("token", &token, "TOKEN",
+               "kvtierd token of the single tenant \"default\" when --api-keys is not given");
+  flags.String("api-keys", &keys_file, "FILE",
+               "JSON API keys file: key -> tenant, kvtierd token, prices (docs/SERVING.md); "
+               "without it no key is checked");
+  flags.Uint("threads", &threads, "engine CPU threads (results do not depend on it)", false, 1,
+             engine::kMaxThreads);
+  flags.String("guard", &guard, "MODE",
+               "resume guard: auto (fetch or recompute, whichever is estimated cheaper), fetch, "
+               "recompute");
+  flags.Uint("replay-tokens", &replay_tokens,
+             "bounded replay length of a resume without hot state; 0 = 2 sliding windows");
+  flags.Bool("no-hot-state", &no_hot, "do not keep SWA hot states in kvtierd at page boundaries");
+  flags.Uint("queue-depth-max", &so.queue_depth_max, "requests waiting for admission (more: 429)",
+             false, 1, 1 << 20);
+  flags.Uint("active-sequences-max", &so.active_sequences_max, "sequences generating at once",
+             false, 1, 4096);
+  flags.Uint("kv-pool-tokens-max", &so.kv_pool_tokens_max,
+             "tokens the KV pool holds (active reservations + idle sequences)", false, 2,
+             uint64_t{1} << 26);
+  flags.Uint("idle-sequences-max", &so.idle_sequences_max,
+             "finished sequences kept resident for their next turn; 0 = drop at once", false, 0,
+             1 << 20);
+  flags.Uint("context-tokens-max", &so.context_tokens_max,
+             "prompt + completion tokens of one sequence", false, 2, engine::kMaxTokensPerCall);
+  flags.Uint("step-tokens-max", &so.step_tokens_max, "tokens one engine step runs", false, 1,
+             1 << 20);
+  flags.Uint("max-tokens-max", &al.max_tokens_max, "largest max_tokens a request may ask for",
+             false, 1, 1 << 20);
+  flags.Uint("connections-max", &ho.connections_max, "open HTTP connections", false, 1, 65536);
+  flags.Uint("header-bytes-max", &ho.header_bytes_max, "HTTP request header bytes (431 over)",
+             false, 1024, 1 << 20);
+  flags.Uint("body-bytes-max", &ho.body_bytes_max, "HTTP request body bytes (413 over)", false,
+             1024, 64 << 20);
+  flags.Uint("idle-timeout-ms", &ho.idle_timeout_ms,
+             "close a connection idle (or writing without progress) this long", false, 10, 3600000);
+  if (int rc = flags.Parse(args); rc >= 0) return rc;
+  if (guard == "auto") {
+    so.session.guard = engine::GuardMode::kAuto;
+  } else if (guard == "fetch") {
+    so.session.guard = engine::GuardMode::kAlwaysFetch;
+  } else if (guard == "recompute") {
+    so.session.guard = engine::GuardMode::kAlwaysRecompute;
+  } else {
+    std::fprintf(stderr, "kvtier-engine serve: --guard must be auto, fetch or recompute\n");
+    return 2;
+  }
+  if (keys_file.empty() && !IsLoopback(listen)) {
+    std::fprintf(stderr,
+                 "kvtier-engine serve: --listen %s is not a loopback address: give --api-keys\n",
+                 listen.c_str());
+    return 2;
+  }
+  so.daemon_socket = socket;
+  so.session.keep_hot_state = !no_hot;
+  so.session.use_hot_state = !no_hot;
+  so.session.replay_tokens = replay_tokens;
+  ho.listen_host = listen;
+  ho.port = static_cast<uint16_t>(port);
+
+  ApiKeys keys = ApiKeys::Open(token);
+  if (!keys_file.empty()) {
+    auto k = ApiKeys::Load(keys_file);
+    if (!k.ok()) return Fail(k.status());
+    keys = std::move(k).value();
+  }
+  auto cfg = engine::LoadEngineConfig(config);
+  if (!cfg.ok()) return Fail(cfg.status());
+  auto w = engine::LoadWeights(*cfg, model);
+  if (!w.ok()) return Fail(w.status());
+  auto weights = std::make_shared<const engine::ModelWeights>(std::move(w).value());
+  engine::EngineOptions eo;
+  eo.threads = static_cast<int>(threads);
+  auto eng = engine::Engine::Create(*cfg, weights, eo);
+  if (!eng.ok()) return Fail(eng.status());
+  auto tok = engine::ByteTokenizer::Create(cfg->vocab_size, cfg->engram_pad_token_id,
+                                           cfg->dspark_noise_token_id);
+  if (!tok.ok()) return Fail(tok.status());
+
+  // SIGINT / SIGTERM are taken by sigwait below; block them before any thread starts.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  ServingMetrics metrics;
+  auto sched = Scheduler::Create(eng->get(), *weights, so, &metrics);
+  if (!sched.ok()) return Fail(sched.status());
+  OpenAiFrontend front(model_id, *tok, sched->get(), &keys, &metrics, al);
+  auto server = HttpServer::Start(
+      ho, [&](const HttpRequest& r, HttpResponder* out) { front.Handle(r, out); }, &metrics);
+  if (!server.ok()) return Fail(server.status());
+  std::fprintf(stderr,
+               "kvtier-engine serve: listening on http://%s:%u model %s (%s), cache %s, "
+               "auth %s\n",
+               listen.c_str(), (*server)->port(), model_id.c_str(), model.c_str(),
+               socket.empty() ? "off" : socket.c_str(), keys.auth_enabled() ? "on" : "off");
+  if (!port_file.empty()) {
+    std::ofstream(port_file + ".tmp") << (*server)->port() << "\n";
+    std::rename((port_file + ".tmp").c_str(), port_file.c_str());
+  }
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  std::fprintf(stderr, "kvtier-engine serve: signal %d, stopping\n", sig);
+  (*sched)->Stop();
+  (*server)->Stop();
+  return 0;
+}
+
+}  // namespace kvtier::serving

@@ -1,0 +1,452 @@
+// `kvtier-engine serve` end to end (label e2e): the real kvtierd (auth on, two tenants) and
+// the real server with an API keys file, spoken to over HTTP. Exact cache-hit usage across
+// turns, page-granular hits for A+B then A+C, tenant isolation, streaming with usage, clean
+// errors for hostile requests, a client that disconnects mid-stream, and 16 concurrent
+// streams whose greedy outputs equal the same requests run alone.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/key_spec.h"
+#include "tests/e2e/kvtierd_process.h"
+#include "tests/serving/serve_process.h"
+
+namespace kvtier::testing {
+namespace {
+
+using nlohmann::json;
+constexpr int64_t kPage = 64;
+constexpr char kAlice[] = "sk-alice-0123456789";
+constexpr char kBob[] = "sk-bob-0123456789";
+
+std::string HashHex(std::string_view token) {
+  return ToHex(Sha256(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
+}
+
+// Deterministic printable text of `n` bytes.
+std::string Text(size_t n, uint32_t seed) {
+  static const char kWords[][8] = {"the ", "cache ", "tier ", "page ",  "unit ",
+                                   "hit ", "of ",    "a ",    "token ", "kv "};
+  std::string s;
+  uint32_t x = seed * 2654435761u + 1;
+  while (s.size() < n) {
+    x = x * 1664525u + 1013904223u;
+    s += kWords[(x >> 16) % 10];
+  }
+  s.resize(n);
+  return s;
+}
+
+json Chat(const json& messages, int max_tokens, bool stream = false) {
+  json j = {{"model", "kvmini-trained"},
+            {"messages", messages},
+            {"max_tokens", max_tokens},
+            {"temperature", 0}};
+  if (stream) {
+    j["stream"] = true;
+    j["stream_options"] = {{"include_usage", true}};
+  }
+  return j;
+}
+
+json Completion(const std::string& prompt, int max_tokens) {
+  return {{"model", "kvmini-trained"},
+          {"prompt", prompt},
+          {"max_tokens", max_tokens},
+          {"temperature", 0}};
+}
+
+// A metric's value from /metrics text (first line starting with `name` + space or `{`).
+double Metric(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  }
+  return -1;
+}
+
+class ServeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kvtier_serve_" + std::to_string(getpid()) + "_" + info->name());
+    std::filesystem::remove_all(dir_);
+    d_ = std::make_unique<KvtierdProcess>(dir_ / "d");
+    std::ofstream(dir_ / "tokens.toml")
+        << "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" << HashHex("alice-token")
+        << "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\"" << HashHex("bob-token")
+        << "\"]\n";
+    d_->WriteConfig(
+        "[storage]\ndram_capacity_bytes = 33554432\nssd_capacity_bytes = 268435456\n"
+        "ssd_segment_bytes = 16777216\n[auth]\ntokens_file = \"" +
+        (dir_ / "tokens.toml").string() + "\"\n");
+    ASSERT_TRUE(d_->Start()) << d_->Log();
+    std::ofstream(dir_ / "keys.json") << json{
+        {"keys",
+         {{{"key", kAlice},
+           {"tenant", "alice"},
+           {"daemon_token", "alice-token"},
+           {"prices",
+            {{"input_per_mtok", 1.0}, {"cached_input_per_mtok", 0.02}, {"output_per_mtok", 2.0}}}},
+          {{"key", kBob}, {"tenant", "bob"}, {"daemon_token", "bob-token"}}}}};
+    s_ = std::make_unique<ServeProcess>(dir_ / "s");
+  }
+  void TearDown() override {
+    if (HasFailure()) {
+      std::fprintf(stderr, "---- serve log ----\n%s\n---- kvtierd log ----\n%s\n",
+                   s_->Log().c_str(), d_->Log().c_str());
+    }
+    s_.reset();
+    d_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  // idle_sequences_max 0: every turn goes through kvtierd (no resident reuse).
+  void StartServer(std::vector<std::string> extra = {}, const std::string& guard = "fetch") {
+    std::vector<std::string> args = {
+        "--socket", d_->socket(), "--api-keys", (dir_ / "keys.json").string(), "--guard", guard};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ASSERT_TRUE(s_->Start(args)) << s_->Log();
+  }
+  HttpReply Post(const std::string& path, const json& body, const std::string& key = kAlice) {
+    return Http(s_->port(), "POST", path, body.dump(), key);
+  }
+  std::string Metrics() { return Http(s_->port(), "GET", "/metrics").body; }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<KvtierdProcess> d_;
+  std::unique_ptr<ServeProcess> s_;
+};
+
+// Turn 2 of a chat reports cached_tokens == the whole 64-token pages of turn 1's tokens
+// (prompt + reply), restored from kvtierd.
+TEST_F(ServeTest, SecondTurnHitsFirstTurnsWholeUnits) {
+  StartServer({"--idle-sequences-max", "0"});
+  json msgs = json::array({{{"role", "user"}, {"content", Text(150, 1)}}});
+  HttpReply r1 = Post("/v1/chat/completions", Chat(msgs, 24));
+  ASSERT_EQ(r1.status, 200) << r1.body;
+  json j1 = r1.Json();
+  const int64_t p1 = j1["usage"]["prompt_tokens"];
+  const int64_t c1 = j1["usage"]["completion_tokens"];
+  const std::string reply = j1["choices"][0]["message"]["content"];
+  EXPECT_EQ(j1["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(j1["usage"]["prompt_cache_miss_tokens"], p1);
+  // Every sampled token but the last was forwarded; all were bytes (the reply's length).
+  ASSERT_EQ(static_cast<int64_t>(reply.size()), c1) << "the model produced non-byte tokens";
+  msgs.push_back({{"role", "assistant"}, {"content", reply}});
+  msgs.push_back({{"role", "user"}, {"content", "and then?"}});
+  HttpReply r2 = Post("/v1/chat/completions", Chat(msgs, 4));
+  ASSERT_EQ(r2.status, 200) << r2.body;
+  json u = r2.Json()["usage"];
+  const int64_t whole = (p1 + c1 - 1) / kPage * kPage;
+  ASSERT_GT(whole, 0);
+  EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], whole);
+  EXPECT_EQ(u["prompt_cache_hit_tokens"], whole);
+  EXPECT_EQ(
+      u["prompt_cache_hit_tokens"].get<int64_t>() + u["prompt_cache_miss_tokens"].get<int64_t>(),
+      u["prompt_tokens"].get<int64_t>());
+  const std::string m = Metrics();
+  EXPECT_EQ(Metric(m, "kvtier_serve_prompt_cache_hit_tokens_total{tenant=\"alice\"}"), whole);
+  EXPECT_EQ(Metric(m, "kvtier_serve_resume_hits_total"), 1);
+  // alice's prices: 1 per M uncached, 0.02 per M cached, 2 per M output.
+  const int64_t p2 = u["prompt_tokens"], c2 = u["completion_tokens"];
+  const double cost = (p1 * 1.0 + c1 * 2.0 + (p2 - whole) * 1.0 + whole * 0.02 + c2 * 2.0) / 1e6;
+  EXPECT_NEAR(Metric(m, "kvtier_serve_cost_total{tenant=\"alice\"}"), cost, 1e-12);
+}
+
+// With the finished sequence kept resident, the next turn continues it: every token of
+// turn 1 that is in the engine counts, page-aligned or not.
+TEST_F(ServeTest, ResidentContinuationHitsEveryForwardedToken) {
+  StartServer();
+  json msgs = json::array({{{"role", "user"}, {"content", Text(100, 2)}}});
+  json j1 = Post("/v1/chat/completions", Chat(msgs, 10)).Json();
+  const int64_t p1 = j1["usage"]["prompt_tokens"], c1 = j1["usage"]["completion_tokens"];
+  const std::string reply = j1["choices"][0]["message"]["content"];
+  ASSERT_EQ(static_cast<int64_t>(reply.size()), c1);
+  msgs.push_back({{"role", "assistant"}, {"content", reply}});
+  msgs.push_back({{"role", "user"}, {"content", "more"}});
+  // Another tenant's identical continuation never takes alice's resident sequence.
+  json jb = Post("/v1/chat/completions", Chat(msgs, 4), kBob).Json();
+  EXPECT_EQ(jb["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  json j2 = Post("/v1/chat/completions", Chat(msgs, 4)).Json();
+  EXPECT_EQ(j2["usage"]["prompt_tokens_details"]["cached_tokens"], p1 + c1 - 1);
+  EXPECT_EQ(Metric(Metrics(), "kvtier_serve_resident_hits_total"), 1);
+}
+
+// A + B then A + C hits the whole pages of A; bob's identical prompt hits nothing.
+TEST_F(ServeTest, SharedPrefixHitsWholePagesAndTenantsAreIsolated) {
+  StartServer({"--idle-sequences-max", "0"});
+  const std::string a = Text(150, 3), b = Text(60, 4), c = Text(60, 5);
+  ASSERT_EQ(Post("/v1/completions", Completion(a + b, 1)).status, 200);
+  json u = Post("/v1/completions", Completion(a + c, 1)).Json()["usage"];
+  EXPECT_EQ(u["prompt_tokens"], 210);
+  EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], 150 / kPage * kPage);
+  json ub = Post("/v1/completions", Completion(a + c, 1), kBob).Json()["usage"];
+  EXPECT_EQ(ub["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(ub["prompt_cache_miss_tokens"], 210);
+  // alice's A + C itself is now saved: three whole pages.
+  u = Post("/v1/completions", Completion(a + c, 1)).Json()["usage"];
+  EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], 192);
+}
+
+// A stream carries the same text as the non-streamed request, then a usage chunk with empty
+// choices, then [DONE]. (bob streams: his prompt is computed exactly as alice's was, while a
+// resume of alice's saved page would rebuild the rings by bounded replay.)
+TEST_F(ServeTest, StreamingMatchesNonStreamingAndEndsWithUsage) {
+  StartServer();
+  json msgs = json::array({{{"role", "user"}, {"content", Text(80, 6)}}});
+  json whole = Post("/v1/chat/completions", Chat(msgs, 16)).Json();
+  HttpReply r = Post("/v1/chat/completions", Chat(msgs, 16, true), kBob);
+  ASSERT_EQ(r.status, 200);
+  EXPECT_NE(r.headers.find("text/event-stream"), std::string::npos);
+  auto events = r.Events();
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  json usage = events[events.size() - 2];
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 16);
+  EXPECT_EQ(usage["usage"]["prompt_tokens"], whole["usage"]["prompt_tokens"]);
+  std::string text;
+  std::string finish;
+  for (size_t i = 0; i + 2 < events.size(); ++i) {
+    EXPECT_EQ(events[i]["object"], "chat.completion.chunk");
+    const json& ch = events[i]["choices"][0];
+    if (ch["delta"].contains("content")) text += ch["delta"]["content"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+  }
+  EXPECT_EQ(text, whole["choices"][0]["message"]["content"]);
+  EXPECT_EQ(finish, "length");
+}
+
+// Hostile and malformed requests get OpenAI-shaped 4xx errors; the server keeps serving.
+TEST_F(ServeTest, MalformedRequestsGetCleanErrors) {
+  StartServer({"--body-bytes-max", "4096", "--context-tokens-max", "512"});
+  const uint16_t port = s_->port();
+  auto expect = [&](const HttpReply& r, int status, const std::string& code) {
+    EXPECT_EQ(r.status, status) << r.body;
+    json j = r.Json();
+    ASSERT_TRUE(j.is_object()) << r.body;
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    EXPECT_TRUE(j["error"]["type"].is_string());
+    EXPECT_TRUE(j["error"].contains("param"));
+    if (!code.empty()) {
+      EXPECT_EQ(j["error"]["code"], code) << r.body;
+    }
+  };
+  expect(Http(port, "POST", "/v1/completions", "{not json", kAlice), 400, "invalid_json");
+  expect(Http(port, "POST", "/v1/completions", "[1,2]", kAlice), 400, "invalid_json");
+  json bad = Completion("hi", 4);
+  bad["temperature"] = "hot";
+  expect(Post("/v1/completions", bad), 400, "invalid_type");
+  bad = Completion("hi", 4);
+  bad["max_tokens"] = -3;
+  expect(Post("/v1/completions", bad), 400, "invalid_value");
+  bad = Completion("hi", 4);
+  bad["stop"] = json::array({1, 2});
+  expect(Post("/v1/completions", bad), 400, "invalid_type");
+  expect(Post("/v1/chat/completions", json{{"model", "kvmini-trained"}, {"messages", "x"}}), 400,
+         "invalid_type");
+  expect(Post("/v1/completions", json{{"prompt", "x"}}), 400, "missing_field");
+  bad = Completion("hi", 4);
+  bad["model"] = "gpt-9";
+  expect(Post("/v1/completions", bad), 404, "model_not_found");
+  expect(Post("/v1/completions", Completion(Text(600, 7), 4)), 400, "context_length_exceeded");
+  expect(Post("/v1/completions", Completion("hi", 4), "sk-wrong"), 401, "invalid_api_key");
+  expect(Post("/v1/completions", Completion("hi", 4), ""), 401, "invalid_api_key");
+  expect(Http(port, "GET", "/v1/completions", "", kAlice), 405, "method_not_allowed");
+  expect(Http(port, "GET", "/v2/nothing", "", kAlice), 404, "unknown_url");
+  expect(Post("/v1/completions", Completion(std::string(5000, 'x'), 4)), 413, "body_bytes_max");
+  expect(ParseReply(HttpRequest(port, "GET", "/v1/models", "",
+                                "X-Big: " + std::string(20000, 'a') + "\r\n")),
+         431, "header_bytes_max");
+  expect(ParseReply(HttpRequest(port, "GET BAD", "/", "")), 400, "malformed");
+  ASSERT_TRUE(s_->Alive());
+  // curl, and "Expect: 100-continue" (curl sends it for large bodies): 100 Continue comes first.
+  std::string out;
+  EXPECT_EQ(RunShell("curl -s --max-time 20 -H 'Authorization: Bearer " + std::string(kAlice) +
+                         "' -H 'Content-Type: application/json' -d '" +
+                         Completion(Text(450, 12), 2).dump() +
+                         "' http://127.0.0.1:" + std::to_string(port) + "/v1/completions",
+                     &out),
+            0);
+  EXPECT_EQ(json::parse(out, nullptr, false)["usage"]["prompt_tokens"], 450) << out;
+  {  // the 100 Continue itself, before any body byte is sent
+    int fd = ConnectTcp(port);
+    const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                             std::string(kAlice) +
+                             "\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n";
+    ASSERT_TRUE(SendAllRaw(fd, head.data(), head.size()));
+    EXPECT_EQ(RecvFor(fd, 25, 10000).substr(0, 25), "HTTP/1.1 100 Continue\r\n\r\n");
+    ::close(fd);
+  }
+  HttpReply ok = Post("/v1/completions", Completion("hi", 2));
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(Http(port, "GET", "/v1/models", "", kAlice).Json()["data"][0]["id"], "kvmini-trained");
+  EXPECT_EQ(s_->Stop(), 0);
+}
+
+// A client that goes away mid-stream cancels its request: the sequence is freed.
+TEST_F(ServeTest, DisconnectMidStreamFreesTheSequence) {
+  StartServer({"--idle-sequences-max", "0"});
+  int fd = ConnectTcp(s_->port());
+  ASSERT_GE(fd, 0);
+  json body = Completion(Text(70, 8), 3000);
+  body["stream"] = true;
+  const std::string b = body.dump();
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                          std::string(kAlice) + "\r\nContent-Length: " + std::to_string(b.size()) +
+                          "\r\n\r\n" + b;
+  ASSERT_TRUE(SendAllRaw(fd, req.data(), req.size()));
+  std::string got = RecvFor(fd, 600, 10000);
+  EXPECT_NE(got.find("data: "), std::string::npos);
+  ::close(fd);
+  std::string m;
+  for (int i = 0; i < 200; ++i) {
+    m = Metrics();
+    if (Metric(m, "kvtier_serve_disconnects_total") == 1 &&
+        Metric(m, "kvtier_serve_active_sequences") == 0)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(Metric(m, "kvtier_serve_disconnects_total"), 1) << m;
+  EXPECT_EQ(Metric(m, "kvtier_serve_active_sequences"), 0) << m;
+  EXPECT_EQ(Metric(m, "kvtier_serve_resident_tokens"), 0) << m;
+  EXPECT_LT(Metric(m, "kvtier_serve_completion_tokens_total{tenant=\"alice\"}"), 3000);
+  EXPECT_EQ(Post("/v1/completions", Completion("still up", 2)).status, 200);
+}
+
+// 16 concurrent streams (two tenants) complete with correct usage, and each one's greedy
+// text equals the same request run alone. The guard recomputes every prompt (units are still
+// looked up and saved) so both runs compute the same way; a restore by bounded replay would
+// be a different (approximate) computation.
+TEST_F(ServeTest, SixteenConcurrentStreamsMatchTheirSoloRuns) {
+  StartServer({"--idle-sequences-max", "0"}, "recompute");
+  constexpr int kN = 16;
+  std::vector<json> bodies;
+  std::vector<std::string> solo(kN);
+  for (int i = 0; i < kN; ++i) {
+    json b = Completion(Text(40 + 9 * i, 100 + i), 12 + i % 5);
+    b["stream"] = true;
+    b["stream_options"] = {{"include_usage", true}};
+    bodies.push_back(b);
+  }
+  auto run = [&](int i, std::string* text, json* usage) {
+    HttpReply r = Post("/v1/completions", bodies[i], i % 2 ? kBob : kAlice);
+    if (r.status != 200) return;
+    for (const json& e : r.Events()) {
+      if (e == "[DONE]") continue;
+      if (e.contains("usage") && !e["usage"].is_null()) *usage = e["usage"];
+      if (!e["choices"].empty()) *text += e["choices"][0]["text"].get<std::string>();
+    }
+  };
+  for (int i = 0; i < kN; ++i) {
+    json u;
+    run(i, &solo[i], &u);
+  }
+  std::vector<std::string> texts(kN);
+  std::vector<json> usages(kN);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kN; ++i) threads.emplace_back(run, i, &texts[i], &usages[i]);
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_TRUE(usages[i].is_object()) << "request " << i;
+    EXPECT_EQ(usages[i]["prompt_tokens"], 40 + 9 * i);
+    EXPECT_EQ(usages[i]["completion_tokens"], 12 + i % 5);
+    EXPECT_EQ(usages[i]["prompt_tokens_details"]["cached_tokens"], 0);
+    EXPECT_EQ(texts[i], solo[i]) << "request " << i;
+  }
+  const std::string m = Metrics();
+  // Batches of more than one sequence happened (the histogram's le="1" bucket is not all).
+  EXPECT_LT(Metric(m, "kvtier_serve_batch_sequences_bucket{le=\"1\"}"),
+            Metric(m, "kvtier_serve_batch_sequences_count"));
+}
+
+// A full KV pool swaps the least recently used idle sequence out (its units are in kvtierd);
+// its next turn is resumed from the daemon and reports the whole pages restored.
+TEST_F(ServeTest, FullPoolSwapsIdleSequencesOutAndResumesThem) {
+  StartServer({"--kv-pool-tokens-max", "600", "--context-tokens-max", "512"});
+  const std::string x = Text(300, 9), y = Text(300, 10);
+  json jx = Post("/v1/completions", Completion(x, 8)).Json();
+  const std::string out = jx["choices"][0]["text"];
+  ASSERT_EQ(static_cast<int64_t>(out.size()), jx["usage"]["completion_tokens"].get<int64_t>());
+  EXPECT_EQ(Metric(Metrics(), "kvtier_serve_resident_sequences"), 1);
+  ASSERT_EQ(Post("/v1/completions", Completion(y, 8)).status, 200);  // 307 + 308 > 600
+  std::string m = Metrics();
+  EXPECT_EQ(Metric(m, "kvtier_serve_swap_outs_total"), 1);
+  EXPECT_EQ(Metric(m, "kvtier_serve_resident_sequences"), 1);
+  json u = Post("/v1/completions", Completion(x + out + " more", 2)).Json()["usage"];
+  EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], (300 + 8 - 1) / kPage * kPage);
+  m = Metrics();
+  EXPECT_EQ(Metric(m, "kvtier_serve_resident_hits_total"), 0);
+  EXPECT_EQ(Metric(m, "kvtier_serve_resume_hits_total"), 1);
+  EXPECT_LE(Metric(m, "kvtier_serve_resident_tokens"), 600);
+}
+
+// The live /metrics page passes `promtool check metrics` after real traffic.
+TEST_F(ServeTest, LiveMetricsArePromtoolClean) {
+  if (RunShell("command -v promtool") != 0) GTEST_SKIP() << "no promtool";
+  StartServer();
+  ASSERT_EQ(Post("/v1/completions", Completion(Text(100, 11), 4)).status, 200);
+  ASSERT_EQ(Post("/v1/completions", Completion("x", 1), "sk-nope").status, 401);
+  const std::string path = (dir_ / "metrics.txt").string();
+  std::ofstream(path) << Metrics();
+  std::string out;
+  EXPECT_EQ(RunShell("promtool check metrics < " + path, &out), 0) << out;
+  EXPECT_EQ(out, "") << out;
+}
+
+// Admission is round robin across tenants: with one sequence at a time and five of alice's
+// requests queued, bob's request is admitted right after alice's next one, not after all five.
+TEST_F(ServeTest, AdmissionIsRoundRobinAcrossTenants) {
+  StartServer({"--active-sequences-max", "1", "--idle-sequences-max", "0"});
+  std::mutex mu;
+  std::vector<std::string> order;
+  auto run = [&](const std::string& who, const std::string& key, int i) {
+    HttpReply r = Post("/v1/completions", Completion(Text(20, 200 + i), 200), key);
+    EXPECT_EQ(r.status, 200) << r.body;
+    std::lock_guard l(mu);
+    order.push_back(who);
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 6; ++i) threads.emplace_back(run, "alice", kAlice, i);
+  // Wait until one of alice's runs and five wait.
+  for (int i = 0; i < 400 && Metric(Metrics(), "kvtier_serve_queue_depth") < 5; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(Metric(Metrics(), "kvtier_serve_queue_depth"), 5);
+  threads.emplace_back(run, "bob", kBob, 9);
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(order.size(), 7u);
+  const auto bob = std::find(order.begin(), order.end(), "bob") - order.begin();
+  EXPECT_LE(bob, 2) << "bob finished after " << bob << " of alice's requests";
+}
+
+// The official OpenAI SDK (npm `openai`, pinned by tests/serving/node/package-lock.json and
+// installed by deploy/install-deps.sh): two turns with cached_tokens, streaming with usage,
+// typed errors. Skipped when node or the installed package is missing.
+TEST_F(ServeTest, OfficialOpenAiSdk) {
+  const std::string dir = std::string(KVTIER_SOURCE_DIR) + "/tests/serving/node";
+  if (!std::filesystem::exists(dir + "/node_modules/openai/package.json") ||
+      RunShell("command -v node") != 0)
+    GTEST_SKIP() << "node or " << dir << "/node_modules missing (deploy/install-deps.sh)";
+  StartServer({"--idle-sequences-max", "0"});
+  std::string out;
+  const int rc =
+      RunShell("cd " + dir + " && KVTIER_SERVE_URL=http://127.0.0.1:" + std::to_string(s_->port()) +
+                   "/v1 KVTIER_KEY_A=" + kAlice + " KVTIER_KEY_B=" + kBob +
+                   " timeout 120 node openai_sdk_test.mjs",
+               &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("all checks passed"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace kvtier::testing

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -173,16 +174,15 @@ int RunGenerate(Args args) {
                "(default: the weights' own tables)");
   bool speculative = false;
   std::string draft_path;
-  constexpr uint64_t kSchedulerChooses = UINT64_MAX;
-  uint64_t draft_len = kSchedulerChooses;
+  std::optional<uint64_t> draft_len;  // unset: the load-aware scheduler chooses each round
   flags.Bool("speculative", &speculative,
              "DSpark speculative decoding (docs/ENGINE.md, DSpark): full-forward prefill, "
              "draft + one verify pass per round; greedy output equals plain greedy's");
   flags.String("draft", &draft_path, "FILE",
                "DSpark weights (default: the model path with -dspark.safetensors)");
-  flags.Uint("draft-len", &draft_len,
-             "draft tokens verified per round, 0..dspark_block_size (default: the load-aware "
-             "scheduler chooses each round)");
+  flags.OptionalUint("draft-len", &draft_len,
+                     "draft tokens verified per round, 0..dspark_block_size",
+                     "the load-aware scheduler chooses each round");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (speculative && !save_socket.empty()) {
     std::fprintf(stderr,
@@ -257,7 +257,7 @@ int RunGenerate(Args args) {
     }
     auto dc = LoadDSparkConfig(config, e.config());
     if (!dc.ok()) return Fail(dc.status());
-    if (draft_len != kSchedulerChooses && draft_len > static_cast<uint64_t>(dc->block_size)) {
+    if (draft_len && *draft_len > static_cast<uint64_t>(dc->block_size)) {
       std::fprintf(stderr, "kvtier-engine generate: --draft-len in [0, %d]\n", dc->block_size);
       return 2;
     }
@@ -265,8 +265,8 @@ int RunGenerate(Args args) {
     if (!draft.ok()) return Fail(draft.status());
     Sampler sampler(temperature, top_p, seed);
     SpeculativeOptions so2;
-    so2.scheduler = draft_len == kSchedulerChooses;
-    so2.draft_len = so2.scheduler ? 0 : static_cast<int>(draft_len);
+    so2.scheduler = !draft_len.has_value();
+    so2.draft_len = so2.scheduler ? 0 : static_cast<int>(*draft_len);
     DraftScheduler scheduler(dc->block_size + 1);
     SpeculativeDecoder dec(&e, draft->get(), weights.get(), &scheduler, so2, &sampler);
     SequenceState st = e.NewSequence();

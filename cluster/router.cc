@@ -13,6 +13,28 @@ std::string_view KeyView(const PeerKey& k) {
   return std::string_view(reinterpret_cast<const char*>(k.data()), k.size());
 }
 
+// Calls call(endpoint, that endpoint's keys) for every entry of by_peer at once (one thread
+// per peer; by_peer holds at most one entry per live member) and returns, per entry, its key
+// indices with the call's result, in by_peer's order. The indices point into by_peer.
+template <typename Call>
+auto FanOut(const std::map<std::string, std::vector<size_t>>& by_peer,
+            std::span<const PeerKey> keys, Call call) {
+  using Result = decltype(call(std::string(), std::vector<PeerKey>()));
+  std::vector<std::pair<const std::vector<size_t>*, std::future<Result>>> calls;
+  for (const auto& [ep, idx] : by_peer) {
+    std::vector<PeerKey> ks;
+    ks.reserve(idx.size());
+    for (size_t i : idx) ks.push_back(keys[i]);
+    calls.emplace_back(&idx, std::async(std::launch::async, [&call, ep = ep, ks = std::move(ks)] {
+      return call(ep, ks);
+    }));
+  }
+  std::vector<std::pair<const std::vector<size_t>*, Result>> results;
+  results.reserve(calls.size());
+  for (auto& [idx, fut] : calls) results.emplace_back(idx, fut.get());
+  return results;
+}
+
 }  // namespace
 
 Router::Router(Membership* membership, PeerClient* peers, RouterOptions options,
@@ -83,17 +105,11 @@ void Router::LookupRemote(std::span<const PeerKey> keys, std::vector<uint8_t>* t
   }
   if (by_peer.empty()) return;
   remote_lookups_.fetch_add(1);
-  std::vector<std::pair<const std::vector<size_t>*, std::future<StatusOr<std::vector<uint8_t>>>>>
-      calls;
-  for (auto& [ep, idx] : by_peer) {
-    std::vector<PeerKey> ks;
-    for (size_t i : idx) ks.push_back(keys[i]);
-    calls.emplace_back(&idx, std::async(std::launch::async, [this, ep = ep, ks = std::move(ks)] {
-      return peers_->Lookup(ep, ks);
-    }));
-  }
-  for (auto& [idx, fut] : calls) {
-    auto r = fut.get();
+  auto results =
+      FanOut(by_peer, keys, [this](const std::string& ep, const std::vector<PeerKey>& ks) {
+        return peers_->Lookup(ep, ks);
+      });
+  for (auto& [idx, r] : results) {
     if (!r.ok()) {
       peer_errors_.fetch_add(1);
       continue;
@@ -126,17 +142,11 @@ void Router::GetRemote(std::span<const PeerKey> keys, const std::vector<bool>& w
       if (next[i] < candidates[i].size()) by_peer[candidates[i][next[i]++]].push_back(i);
     }
     if (by_peer.empty()) return;
-    std::vector<std::pair<const std::vector<size_t>*, std::future<StatusOr<PeerClient::GetResult>>>>
-        calls;
-    for (auto& [ep, idx] : by_peer) {
-      std::vector<PeerKey> ks;
-      for (size_t i : idx) ks.push_back(keys[i]);
-      calls.emplace_back(&idx, std::async(std::launch::async, [this, ep = ep, ks = std::move(ks)] {
-        return peers_->Get(ep, ks);
-      }));
-    }
-    for (auto& [idx, fut] : calls) {
-      auto r = fut.get();
+    auto results =
+        FanOut(by_peer, keys, [this](const std::string& ep, const std::vector<PeerKey>& ks) {
+          return peers_->Get(ep, ks);
+        });
+    for (auto& [idx, r] : results) {
       if (!r.ok()) {
         peer_errors_.fetch_add(1);
         continue;

@@ -166,16 +166,7 @@ StatusOr<std::unique_ptr<DSpark>> DSpark::Load(const EngineConfig& c, const DSpa
   KVTIER_RETURN_IF_ERROR(get("dspark.markov_head", {V, r}, &d->markov_head_));
   KVTIER_RETURN_IF_ERROR(get("dspark.conf.weight", {1, D + r}, &d->conf_w_));
   KVTIER_RETURN_IF_ERROR(get("dspark.conf.bias", {1}, &d->conf_b_));
-  RopeParams rp;
-  rp.yarn = c.rope_scaling.type == "yarn" &&
-            (c.max_position_embeddings == 0 ||
-             c.max_position_embeddings > c.rope_scaling.original_max_position_embeddings);
-  rp.factor = c.rope_scaling.factor;
-  rp.original_max_position = static_cast<double>(c.rope_scaling.original_max_position_embeddings);
-  rp.beta_fast = c.rope_scaling.beta_fast;
-  rp.beta_slow = c.rope_scaling.beta_slow;
-  rp.theta = c.rope_theta;
-  d->rope_ = RopeFrequencies(c.qk_rope_head_dim, rp);
+  d->rope_ = RopeFrequencies(c.qk_rope_head_dim, RopeParamsFor(c, c.rope_theta));
   d->pool_ = std::make_unique<ThreadPool>(1);
   return d;
 }

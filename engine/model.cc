@@ -114,9 +114,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   return e;
 }
 
-Status Engine::Bind() {
-  const EngineConfig& c = config_;
-  const ModelWeights& w = *weights_;
+RopeParams RopeParamsFor(const EngineConfig& c, double theta) {
   RopeParams rp;
   rp.yarn = c.rope_scaling.type == "yarn" &&
             (c.max_position_embeddings == 0 ||
@@ -125,10 +123,15 @@ Status Engine::Bind() {
   rp.original_max_position = static_cast<double>(c.rope_scaling.original_max_position_embeddings);
   rp.beta_fast = c.rope_scaling.beta_fast;
   rp.beta_slow = c.rope_scaling.beta_slow;
-  rp.theta = c.rope_theta;
-  rope_main_ = RopeFrequencies(c.qk_rope_head_dim, rp);
-  rp.theta = c.compress_rope_theta;
-  rope_compress_ = RopeFrequencies(c.qk_rope_head_dim, rp);
+  rp.theta = theta;
+  return rp;
+}
+
+Status Engine::Bind() {
+  const EngineConfig& c = config_;
+  const ModelWeights& w = *weights_;
+  rope_main_ = RopeFrequencies(c.qk_rope_head_dim, RopeParamsFor(c, c.rope_theta));
+  rope_compress_ = RopeFrequencies(c.qk_rope_head_dim, RopeParamsFor(c, c.compress_rope_theta));
 
   layers_.resize(c.num_hidden_layers);
   for (int l = 0; l < c.num_hidden_layers; ++l) {

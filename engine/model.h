@@ -168,6 +168,11 @@ struct AttnInputCapture {
   void Record(int layer, int64_t p0, int n, int hc, int dim, const float* x, const float* xa);
 };
 
+// The RoPE parameters of `config` (YaRN when its rope_scaling says so and the context exceeds
+// the original one) with base `theta`: rope_theta for attention, compress_rope_theta for the
+// compressor.
+RopeParams RopeParamsFor(const EngineConfig& config, double theta);
+
 class Engine {
  public:
   static StatusOr<std::unique_ptr<Engine>> Create(const EngineConfig& config,

@@ -14,30 +14,40 @@ double Sampler::NextUniform() {
   return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);
 }
 
+int Sampler::Nucleus(const std::vector<float>& logits, std::vector<double>* p,
+                     std::vector<int32_t>* order) const {
+  const int n = static_cast<int>(logits.size());
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  p->assign(n, 0.0);
+  double sum = 0;
+  for (int i = 0; i < n; ++i) {
+    (*p)[i] = std::exp((logits[i] - mx) / temperature_);
+    sum += (*p)[i];
+  }
+  order->resize(n);
+  std::iota(order->begin(), order->end(), 0);
+  std::stable_sort(order->begin(), order->end(),
+                   [&](int32_t a, int32_t b) { return (*p)[a] > (*p)[b]; });
+  const double top_p = std::clamp(top_p_, 1e-9, 1.0);
+  double cum = 0;
+  int keep = 0;
+  while (keep < n) {
+    cum += (*p)[(*order)[keep]] / sum;
+    ++keep;
+    if (cum >= top_p) break;
+  }
+  return keep;
+}
+
 int32_t Sampler::Sample(const std::vector<float>& logits) {
   const int n = static_cast<int>(logits.size());
   if (n == 0) return -1;
   if (temperature_ <= 0) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
-  const double mx = *std::max_element(logits.begin(), logits.end());
-  std::vector<double> p(n);
-  double sum = 0;
-  for (int i = 0; i < n; ++i) {
-    p[i] = std::exp((logits[i] - mx) / temperature_);
-    sum += p[i];
-  }
-  std::vector<int32_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
-  const double top_p = std::clamp(top_p_, 1e-9, 1.0);
-  double cum = 0;
-  int keep = 0;
-  while (keep < n) {
-    cum += p[order[keep]] / sum;
-    ++keep;
-    if (cum >= top_p) break;
-  }
+  std::vector<double> p;
+  std::vector<int32_t> order;
+  const int keep = Nucleus(logits, &p, &order);
   double kept = 0;
   for (int i = 0; i < keep; ++i) kept += p[order[i]];
   double r = NextUniform() * kept;
@@ -56,25 +66,11 @@ std::vector<double> Sampler::Probabilities(const std::vector<float>& logits) con
     out[std::max_element(logits.begin(), logits.end()) - logits.begin()] = 1.0;
     return out;
   }
-  const double mx = *std::max_element(logits.begin(), logits.end());
-  std::vector<double> p(n);
-  double sum = 0;
-  for (int i = 0; i < n; ++i) {
-    p[i] = std::exp((logits[i] - mx) / temperature_);
-    sum += p[i];
-  }
-  std::vector<int32_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
-  const double top_p = std::clamp(top_p_, 1e-9, 1.0);
-  double cum = 0, kept = 0;
-  int keep = 0;
-  while (keep < n) {
-    cum += p[order[keep]] / sum;
-    kept += p[order[keep]];
-    ++keep;
-    if (cum >= top_p) break;
-  }
+  std::vector<double> p;
+  std::vector<int32_t> order;
+  const int keep = Nucleus(logits, &p, &order);
+  double kept = 0;
+  for (int i = 0; i < keep; ++i) kept += p[order[i]];
   for (int i = 0; i < keep; ++i) out[order[i]] = p[order[i]] / kept;
   return out;
 }

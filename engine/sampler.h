@@ -27,6 +27,11 @@ class Sampler {
   double NextUniform();  // [0, 1), advances the seeded stream
 
  private:
+  // Non-greedy: p[i] = exp((logits[i] - max) / temperature) and the ids by descending p
+  // (stable); returns how many of them the top-p nucleus keeps (at least 1). n > 0.
+  int Nucleus(const std::vector<float>& logits, std::vector<double>* p,
+              std::vector<int32_t>* order) const;
+
   double temperature_;
   double top_p_;
   uint64_t state_;

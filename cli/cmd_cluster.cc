@@ -151,6 +151,7 @@ int RunStatus(Args args) {
       m["weight"] = r.info.Weight();
       m["lease_ttl_left_s"] =
           r.ttl_left_s >= 0 ? nlohmann::ordered_json(r.ttl_left_s) : nlohmann::ordered_json();
+      m["owner_slots"] = r.owner_slots;
       m["ownership_share"] = share(r);
       j["members"].push_back(std::move(m));
     }

@@ -51,6 +51,7 @@ TEST_F(ClusterStatusTest, JsonSharesSumToOneAndFollowCapacity) {
     ASSERT_EQ(j["members"].size(), static_cast<size_t>(kNodes)) << out;
     EXPECT_TRUE(j["bad_records"].empty()) << out;
     double sum = 0, weight_sum = 0;
+    uint64_t slots = 0;
     for (const auto& m : j["members"]) weight_sum += m["weight"].get<double>();
     for (int i = 0; i < kNodes; ++i) {
       const auto& m = j["members"][i];  // sorted by node id
@@ -65,6 +66,7 @@ TEST_F(ClusterStatusTest, JsonSharesSumToOneAndFollowCapacity) {
       EXPECT_GE(m["lease_ttl_left_s"].get<int64_t>(), 0);
       const double share = m["ownership_share"].get<double>();
       sum += share;
+      slots += m["owner_slots"].get<uint64_t>();
       if (replicas == 1) {
         // One owner per key: the share is the weight's fraction, within sampling noise of
         // 4096 keys (about 0.007 standard deviation).
@@ -75,6 +77,8 @@ TEST_F(ClusterStatusTest, JsonSharesSumToOneAndFollowCapacity) {
       }
     }
     EXPECT_NEAR(sum, 1.0, 1e-9) << out;
+    // Every sample key has `replicas` distinct owners (three members, weight > 0 each).
+    EXPECT_EQ(slots, j["sample_keys"].get<uint64_t>() * replicas) << out;
   }
 }
 

@@ -27,6 +27,8 @@ namespace kvtier::cli {
 namespace {
 
 constexpr uint64_t kOwnershipSampleKeys = 4096;
+// Records read (and lease lookups made) at most; the daemons' [cluster] members_max default.
+constexpr int64_t kMembersListedMax = 1024;
 
 struct MemberRow {
   std::string key;  // etcd key
@@ -94,12 +96,14 @@ int RunStatus(Args args) {
   }
   cluster::EtcdClient client(options);
   const std::string members_prefix = prefix + "members/";
-  auto range = client.RangePrefix(members_prefix);
+  auto range = client.RangePrefix(members_prefix, kMembersListedMax + 1);
   if (!range.ok()) {
     std::fprintf(stderr, "kvtier cluster status: cannot read %s from etcd (%s): %s\n",
                  members_prefix.c_str(), etcd.c_str(), range.status().ToString().c_str());
     return 1;
   }
+  const bool truncated = range->kvs.size() > static_cast<size_t>(kMembersListedMax);
+  if (truncated) range->kvs.resize(kMembersListedMax);
   std::vector<MemberRow> rows;
   for (const cluster::EtcdKeyValue& kv : range->kvs) {
     MemberRow row{.key = kv.key, .lease = kv.lease};
@@ -132,6 +136,7 @@ int RunStatus(Args args) {
     j["revision"] = range->revision;
     j["replicas"] = replicas;
     j["sample_keys"] = kOwnershipSampleKeys;
+    j["truncated"] = truncated;  // more than kMembersListedMax records: the first ones shown
     j["members"] = nlohmann::ordered_json::array();
     j["bad_records"] = nlohmann::ordered_json::array();
     for (const MemberRow& r : rows) {
@@ -174,6 +179,11 @@ int RunStatus(Args args) {
                 static_cast<unsigned long long>(r.info.dram_bytes),
                 static_cast<unsigned long long>(r.info.ssd_bytes), r.info.draining ? "yes" : "no",
                 ttl.c_str(), share(r));
+  }
+  if (truncated) {
+    std::printf("more than %lld records: the first %lld (in key order) shown\n",
+                static_cast<long long>(kMembersListedMax),
+                static_cast<long long>(kMembersListedMax));
   }
   std::printf("%zu member(s); shares over %llu synthetic keys\n", good,
               static_cast<unsigned long long>(kOwnershipSampleKeys));

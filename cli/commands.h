@@ -16,6 +16,7 @@ int RunBench(Args args);      // cmd_bench.cc: `bench storage`, dispatches on <w
 int BenchEngram(Args args);   // cmd_bench_engram.cc: `bench engram`
 int RunSim(Args args);        // cmd_sim.cc
 int RunEngram(Args args);     // cmd_engram.cc: `engram build`, `engram grant`
+int RunCluster(Args args);    // cmd_cluster.cc: `cluster status` (reads etcd)
 // cmd_client.cc: against a running kvtierd, through the client library.
 int RunStats(Args args);
 int RunLookup(Args args);

@@ -201,6 +201,16 @@ Status EtcdClient::LeaseRevoke(int64_t lease_id) {
   return Call("/v3/lease/revoke", req.dump()).status();
 }
 
+StatusOr<int64_t> EtcdClient::LeaseTimeToLive(int64_t lease_id) {
+  // {"ID": .., "TTL": .., "grantedTTL": ..}; an expired or unknown lease has TTL -1.
+  json req = {{"ID", std::to_string(lease_id)}};
+  KVTIER_ASSIGN_OR_RETURN(std::string text, Call("/v3/lease/timetolive", req.dump()));
+  KVTIER_ASSIGN_OR_RETURN(json j, ParseJson(text));
+  KVTIER_ASSIGN_OR_RETURN(int64_t ttl, Int64Field(j, "TTL"));
+  if (ttl < 0) return Status::NotFound("etcd lease " + std::to_string(lease_id) + " expired");
+  return ttl;
+}
+
 Status EtcdClient::Watch(std::string_view prefix, int64_t start_revision,
                          const EventSink& on_events, const std::atomic<bool>* stop,
                          uint64_t poll_ms) {

@@ -1,6 +1,7 @@
 // EtcdClient: the few etcd v3 calls kvtier's cluster mode needs, spoken through etcd's JSON
 // gateway (POST /v3/kv/range, /v3/kv/put, /v3/kv/deleterange, /v3/lease/grant,
-// /v3/lease/keepalive, /v3/lease/revoke, /v3/watch) over plain HTTP. Keys and values are raw
+// /v3/lease/keepalive, /v3/lease/revoke,
+// /v3/lease/timetolive, /v3/watch) over plain HTTP. Keys and values are raw
 // bytes here; the client base64-encodes them on the wire. Tested against etcd 3.4
 // (tests/cluster/etcd_membership_test.cc starts a real one).
 //
@@ -82,6 +83,9 @@ class EtcdClient {
   // Refreshes the lease once; returns its new TTL. NotFound when it has expired.
   StatusOr<int64_t> LeaseKeepAlive(int64_t lease_id);
   Status LeaseRevoke(int64_t lease_id);
+  // Seconds the lease has left without a refresh (read-only: does not refresh it). NotFound
+  // when it has expired or never existed.
+  StatusOr<int64_t> LeaseTimeToLive(int64_t lease_id);
 
   // Watches every key starting with prefix from start_revision (0: from now), calling
   // on_events with each batch of events and the revision it brings the watcher to. Blocks until

@@ -84,9 +84,14 @@ class ClusterE2eTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
+  // Node i's SSD capacity (its placement weight with the 16 MiB of DRAM); tests may vary it.
+  virtual uint64_t SsdCapacityBytes(int /*i*/) const { return 268435456; }
+
   bool StartNode(int i) {
     std::string cfg =
-        "[storage]\ndram_capacity_bytes = 16777216\nssd_capacity_bytes = 268435456\n"
+        "[storage]\ndram_capacity_bytes = 16777216\nssd_capacity_bytes = " +
+        std::to_string(SsdCapacityBytes(i)) +
+        "\n"
         "ssd_segment_bytes = 16777216\ndurability = \"sync\"\n"
         "[auth]\ntokens_file = \"" +
         (dir_ / "tokens.toml").string() + "\"\nserver_secret_file = \"" +

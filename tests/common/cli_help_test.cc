@@ -50,11 +50,12 @@ TEST(CliHelpTest, NoCommandShowsASentinelAsItsDefault) {
   EXPECT_GE(kvtier.size(), 10u);
   EXPECT_GE(engine.size(), 4u);
   for (const std::string& c : kvtier) {
-    if (c == "bench" || c == "engram" || c == "sim") continue;  // their subcommands below
+    if (c == "bench" || c == "engram" || c == "sim" || c == "cluster")
+      continue;  // their subcommands below
     ExpectNoSentinel("cli/kvtier", c);
   }
-  for (const char* c :
-       {"bench storage", "bench engram", "engram build", "engram grant", "sim", "sim gen"}) {
+  for (const char* c : {"bench storage", "bench engram", "engram build", "engram grant", "sim",
+                        "sim gen", "cluster status"}) {
     ExpectNoSentinel("cli/kvtier", c);
   }
   for (const std::string& c : engine) ExpectNoSentinel("engine/kvtier-engine", c);

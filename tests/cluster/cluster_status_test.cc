@@ -1,0 +1,113 @@
+// `kvtier cluster status` against the real binaries: etcd + three kvtierd of different SSD
+// capacities (tests/cluster/cluster_fixture.h). The members, their capacities and leases are
+// listed in text and JSON; ownership shares sum to 1 and follow the capacity weights; etcd down
+// or bad flags give a clear error and a non-zero exit. Also: a cluster node's live /metrics
+// passes `promtool check metrics`.
+#include <nlohmann/json.hpp>
+
+#include "tests/cluster/cluster_fixture.h"
+
+namespace kvtier::cluster {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+class ClusterStatusTest : public ClusterE2eTest {
+ protected:
+  // Weights 272, 528 and 784 MiB (16 MiB DRAM + 256/512/768 MiB SSD).
+  uint64_t SsdCapacityBytes(int i) const override { return 256 * kMiB * (i + 1); }
+
+  int Kvtier(const std::string& args, std::string* out) {
+    return kt::RunShell(std::string(KVTIER_PATH) + " " + args, out);
+  }
+  std::string EtcdFlag() const { return "--etcd http://" + etcd_->endpoint(); }
+};
+
+TEST_F(ClusterStatusTest, TextListsEveryMember) {
+  std::string out;
+  ASSERT_EQ(Kvtier("cluster status " + EtcdFlag(), &out), 0) << out;
+  for (int i = 0; i < kNodes; ++i) {
+    const std::string peer = "127.0.0.1:" + std::to_string(peer_ports_[i]);
+    size_t at = out.find("\nn" + std::to_string(i) + " ");
+    ASSERT_NE(at, std::string::npos) << out;
+    std::string line = out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+    EXPECT_NE(line.find(peer), std::string::npos) << line;
+    EXPECT_NE(line.find("rack" + std::to_string(i)), std::string::npos) << line;
+    EXPECT_NE(line.find(std::to_string(SsdCapacityBytes(i))), std::string::npos) << line;
+  }
+  EXPECT_NE(out.find("3 member(s)"), std::string::npos) << out;
+}
+
+TEST_F(ClusterStatusTest, JsonSharesSumToOneAndFollowCapacity) {
+  for (int replicas : {1, 2}) {
+    std::string out;
+    ASSERT_EQ(Kvtier("cluster status --json --replicas " + std::to_string(replicas) + " " +
+                         EtcdFlag() + " --prefix /kvtier/",
+                     &out),
+              0)
+        << out;
+    nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << out;
+    ASSERT_EQ(j["members"].size(), static_cast<size_t>(kNodes)) << out;
+    EXPECT_TRUE(j["bad_records"].empty()) << out;
+    double sum = 0, weight_sum = 0;
+    uint64_t slots = 0;
+    for (const auto& m : j["members"]) weight_sum += m["weight"].get<double>();
+    for (int i = 0; i < kNodes; ++i) {
+      const auto& m = j["members"][i];  // sorted by node id
+      EXPECT_EQ(m["node_id"], "n" + std::to_string(i));
+      EXPECT_EQ(m["peer_endpoint"], "127.0.0.1:" + std::to_string(peer_ports_[i]));
+      EXPECT_EQ(m["failure_domain"], "rack" + std::to_string(i));
+      EXPECT_EQ(m["dram_bytes"], 16 * kMiB);
+      EXPECT_EQ(m["ssd_bytes"], SsdCapacityBytes(i));
+      EXPECT_EQ(m["draining"], false);
+      ASSERT_TRUE(m["lease_ttl_left_s"].is_number()) << m;  // lease_ttl_s = 2 in the fixture
+      EXPECT_LE(m["lease_ttl_left_s"].get<int64_t>(), 2);
+      EXPECT_GE(m["lease_ttl_left_s"].get<int64_t>(), 0);
+      const double share = m["ownership_share"].get<double>();
+      sum += share;
+      slots += m["owner_slots"].get<uint64_t>();
+      if (replicas == 1) {
+        // One owner per key: the share is the weight's fraction, within sampling noise of
+        // 4096 keys (about 0.007 standard deviation).
+        EXPECT_NEAR(share, m["weight"].get<double>() / weight_sum, 0.03) << m;
+      }
+      if (i > 0) {
+        EXPECT_GT(share, j["members"][i - 1]["ownership_share"].get<double>()) << out;
+      }
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-9) << out;
+    // Every sample key has `replicas` distinct owners (three members, weight > 0 each).
+    EXPECT_EQ(slots, j["sample_keys"].get<uint64_t>() * replicas) << out;
+  }
+}
+
+TEST_F(ClusterStatusTest, EtcdDownAndBadFlagsFailClearly) {
+  std::string out;
+  EXPECT_EQ(Kvtier("cluster status " + EtcdFlag() + " --prefix /kvtier", &out), 2) << out;
+  EXPECT_NE(out.find("ending in '/'"), std::string::npos) << out;
+  EXPECT_EQ(Kvtier("cluster status " + EtcdFlag() + " --replicas 0", &out), 2) << out;
+  EXPECT_EQ(Kvtier("cluster status --etcd https://127.0.0.1:1", &out), 2) << out;
+  EXPECT_EQ(Kvtier("cluster status", &out), 2) << out;
+  EXPECT_EQ(Kvtier("cluster frobnicate", &out), 2) << out;
+  // An empty prefix holds no members: listed as none, not an error.
+  ASSERT_EQ(Kvtier("cluster status " + EtcdFlag() + " --prefix /other/", &out), 0) << out;
+  EXPECT_NE(out.find("0 member(s)"), std::string::npos) << out;
+
+  etcd_->Kill();
+  EXPECT_EQ(Kvtier("cluster status --timeout-ms 500 " + EtcdFlag(), &out), 1) << out;
+  EXPECT_NE(out.find("cannot read /kvtier/members/ from etcd"), std::string::npos) << out;
+}
+
+TEST_F(ClusterStatusTest, ClusterNodeMetricsPassPromtool) {
+  if (kt::RunShell("command -v promtool") != 0) GTEST_SKIP() << "no promtool";
+  std::string page = Metrics(0);
+  ASSERT_NE(page.find("\nkvtier_cluster_members 3"), std::string::npos) << page;
+  std::string path = (dir_ / "metrics.txt").string();
+  std::ofstream(path) << page.substr(page.find("\r\n\r\n") + 4);
+  std::string out;
+  EXPECT_EQ(kt::RunShell("promtool check metrics < " + path, &out), 0) << out;
+}
+
+}  // namespace
+}  // namespace kvtier::cluster

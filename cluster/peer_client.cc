@@ -189,18 +189,22 @@ StatusOr<std::vector<uint8_t>> PeerClient::Call(const std::string& endpoint, Pee
   return reply;
 }
 
-StatusOr<std::vector<uint8_t>> PeerClient::Lookup(const std::string& endpoint,
-                                                  std::span<const PeerKey> keys) {
+StatusOr<std::vector<uint8_t>> PeerClient::ByteReplyPerKey(const std::string& endpoint, PeerOp op,
+                                                           std::span<const PeerKey> keys,
+                                                           const char* what) {
   Writer w;
   PutKeys(keys, &w);
-  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> body, Call(endpoint, PeerOp::kLookup, w.buffer()));
+  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> body, Call(endpoint, op, w.buffer()));
   Reader r(body);
   uint32_t n = 0;
-  std::span<const uint8_t> tiers;
-  if (!r.U32(&n) || n != keys.size() || !r.Bytes(n, &tiers)) {
-    return Status::Corruption("peer LOOKUP reply");
-  }
-  return std::vector<uint8_t>(tiers.begin(), tiers.end());
+  std::span<const uint8_t> bytes;
+  if (!r.U32(&n) || n != keys.size() || !r.Bytes(n, &bytes)) return Status::Corruption(what);
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
+}
+
+StatusOr<std::vector<uint8_t>> PeerClient::Lookup(const std::string& endpoint,
+                                                  std::span<const PeerKey> keys) {
+  return ByteReplyPerKey(endpoint, PeerOp::kLookup, keys, "peer LOOKUP reply");
 }
 
 StatusOr<PeerClient::GetResult> PeerClient::Get(const std::string& endpoint,
@@ -234,16 +238,7 @@ Status PeerClient::Put(const std::string& endpoint, const PeerPut& put) {
 
 StatusOr<std::vector<uint8_t>> PeerClient::Delete(const std::string& endpoint,
                                                   std::span<const PeerKey> keys) {
-  Writer w;
-  PutKeys(keys, &w);
-  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> body, Call(endpoint, PeerOp::kDelete, w.buffer()));
-  Reader r(body);
-  uint32_t n = 0;
-  std::span<const uint8_t> flags;
-  if (!r.U32(&n) || n != keys.size() || !r.Bytes(n, &flags)) {
-    return Status::Corruption("peer DELETE reply");
-  }
-  return std::vector<uint8_t>(flags.begin(), flags.end());
+  return ByteReplyPerKey(endpoint, PeerOp::kDelete, keys, "peer DELETE reply");
 }
 
 Status PeerClient::DeleteTenant(const std::string& endpoint, std::string_view tenant) {

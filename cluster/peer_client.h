@@ -53,6 +53,10 @@ class PeerClient {
   struct Conn;
   // Sends one request and returns the response body after an OK status (the status
   // otherwise).
+  // Sends `keys` with `op` and reads a reply of one byte per key (LOOKUP tiers, DELETE flags);
+  // Corruption(what) when the reply is short or names another count.
+  StatusOr<std::vector<uint8_t>> ByteReplyPerKey(const std::string& endpoint, PeerOp op,
+                                                 std::span<const PeerKey> keys, const char* what);
   StatusOr<std::vector<uint8_t>> Call(const std::string& endpoint, PeerOp op,
                                       std::span<const uint8_t> body);
   StatusOr<std::unique_ptr<Conn>> Connect(const std::string& endpoint, uint64_t deadline_ms);

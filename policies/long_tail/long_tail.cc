@@ -187,17 +187,7 @@ void LongTailPolicy::NoteRequestBoundary(ObjectId parent_of_current, ObjectId cu
     return;
   }
   if (options_.leaf_class && last_touched_ != kNoParent && parent_of_current != last_touched_) {
-    uint32_t s = slab_.Find(last_touched_);
-    if (s != kNil) {
-      Payload& p = slab_[s].data;
-      if (p.hits == 0 && (p.cls == kFresh || p.cls == kExtension)) {
-        entries_[p.cls] = std::max(0.0, entries_[p.cls] - 1.0);
-        const uint64_t entry = p.entry_us;
-        Unlink(s);
-        Link(s, kLeaf, entry);
-        entries_[kLeaf] += 1.0;
-      }
-    }
+    MoveToLeafClass(last_touched_);
   }
   last_touched_ = current;
 }

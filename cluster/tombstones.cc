@@ -77,26 +77,28 @@ StatusOr<int64_t> TombstoneLog::Lease() {
   return lease_id_;
 }
 
-Status TombstoneLog::RecordKeys(std::span<const PeerKey> keys,
-                                const std::vector<std::string>& applied_by) {
-  std::lock_guard lock(mu_);
+Status TombstoneLog::PutUnderLease(const std::vector<std::pair<std::string, std::string>>& kvs) {
   auto lease = Lease();
   if (!lease.ok()) {
     errors_.fetch_add(1);
     return lease.status();
   }
+  Status s = etcd_->PutMany(kvs, *lease);
+  if (s.IsNotFound()) lease_id_ = 0;  // the lease expired under us: a new one next time
+  if (!s.ok()) errors_.fetch_add(1);
+  return s;
+}
+
+Status TombstoneLog::RecordKeys(std::span<const PeerKey> keys,
+                                const std::vector<std::string>& applied_by) {
+  std::lock_guard lock(mu_);
   const std::string value = Record(applied_by);
   for (size_t first = 0; first < keys.size(); first += EtcdClient::kTxnOpsMax) {
     std::vector<std::pair<std::string, std::string>> kvs;
     for (size_t i = first; i < std::min(keys.size(), first + EtcdClient::kTxnOpsMax); ++i) {
       kvs.emplace_back(options_.key_prefix + "tombstones/" + Hex(keys[i]), value);
     }
-    Status s = etcd_->PutMany(kvs, *lease);
-    if (s.IsNotFound()) lease_id_ = 0;  // the lease expired under us: a new one next time
-    if (!s.ok()) {
-      errors_.fetch_add(1);
-      return s;
-    }
+    KVTIER_RETURN_IF_ERROR(PutUnderLease(kvs));
     recorded_.fetch_add(kvs.size());
   }
   return Status::Ok();
@@ -105,16 +107,8 @@ Status TombstoneLog::RecordKeys(std::span<const PeerKey> keys,
 Status TombstoneLog::RecordTenant(std::string_view tenant,
                                   const std::vector<std::string>& applied_by) {
   std::lock_guard lock(mu_);
-  auto lease = Lease();
-  if (!lease.ok()) {
-    errors_.fetch_add(1);
-    return lease.status();
-  }
-  Status s = etcd_->Put(options_.key_prefix + "tenant_deletes/" + std::string(tenant),
-                        Record(applied_by), *lease);
-  if (s.IsNotFound()) lease_id_ = 0;
-  if (!s.ok()) errors_.fetch_add(1);
-  return s;
+  return PutUnderLease(
+      {{options_.key_prefix + "tenant_deletes/" + std::string(tenant), Record(applied_by)}});
 }
 
 void TombstoneLog::PersistRevision(int64_t revision) {

@@ -67,6 +67,9 @@ class TombstoneLog {
 
  private:
   StatusOr<int64_t> Lease();
+  // Puts kvs (at most EtcdClient::kTxnOpsMax, one transaction) under the log's lease; counts
+  // an error and forgets an expired lease on failure. mu_ held.
+  Status PutUnderLease(const std::vector<std::pair<std::string, std::string>>& kvs);
   void PersistRevision(int64_t revision);
 
   EtcdClient* etcd_;

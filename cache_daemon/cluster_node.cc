@@ -1,9 +1,9 @@
 #include "cache_daemon/cluster_node.h"
 
-#include <fstream>
 #include <iterator>
 #include <sstream>
 
+#include "common/config.h"
 #include "common/logging.h"
 
 namespace kvtier::daemon {
@@ -72,16 +72,9 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
 };
 
 StatusOr<std::vector<uint8_t>> ReadCredentialFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::IOError("cannot read cluster.credential_file " + path);
-  std::string bytes;
-  char buf[4096];
-  while (in.read(buf, sizeof(buf)) || in.gcount() > 0) {
-    bytes.append(buf, static_cast<size_t>(in.gcount()));
-    if (bytes.size() > cluster::kCredentialBytesMax) {
-      return Status::InvalidArgument("cluster.credential_file " + path + " is over 4096 bytes");
-    }
-  }
+  auto read = ReadFileBounded(path, cluster::kCredentialBytesMax);
+  if (!read.ok()) return read.status().WithContext("cluster.credential_file");
+  std::string& bytes = *read;
   while (!bytes.empty() && (bytes.back() == '\n' || bytes.back() == '\r')) bytes.pop_back();
   if (bytes.size() < cluster::kCredentialBytesMin) {
     return Status::InvalidArgument("cluster.credential_file " + path +

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "cache_daemon/cluster_config_toml.h"
+#include "common/config.h"
 #include "policies/policy.h"
 #include "rdma/shard_map.h"
 #include "rdma/verbs_plan.h"
@@ -270,11 +271,9 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
 
 StatusOr<DaemonOptions> LoadConfig(const std::string& path) {
   if (path.empty()) return ParseConfig("");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::IOError("cannot open config file " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  StatusOr<DaemonOptions> o = ParseConfig(ss.str());
+  auto text = ReadFileBounded(path, kConfigFileBytesLimit);
+  if (!text.ok()) return text.status().WithContext("config file");
+  StatusOr<DaemonOptions> o = ParseConfig(*text);
   if (!o.ok()) return o.status().WithContext(path);
   o->config_path = path;
   return o;

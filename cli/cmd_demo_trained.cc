@@ -2,11 +2,11 @@
 // few lines of text from a prompt, and bounded replay is measured against the uninterrupted
 // session on a fixed text (engine/fidelity.h), at the default replay length.
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/config.h"
 #include "engine/config.h"
 #include "engine/fidelity.h"
 #include "engine/model.h"
@@ -32,23 +32,12 @@ constexpr char kFidelityText[] =
 // A model config is a few KB; anything past this is not one.
 constexpr size_t kMaxConfigBytes = 1 << 20;
 
-StatusOr<std::string> ReadConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound("cannot open " + path);
-  std::string text(kMaxConfigBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > kMaxConfigBytes) {
-    return Status::InvalidArgument(path + " is larger than 1 MiB: not a model config");
-  }
-  return text;
-}
-
 }  // namespace
 
 // Runs the trained-model part of the demo from `<prefix>.json` and `<prefix>.safetensors`.
 Status RunTrainedModelDemo(const std::string& prefix, int threads) {
-  KVTIER_ASSIGN_OR_RETURN(std::string config_json, ReadConfig(prefix + ".json"));
+  KVTIER_ASSIGN_OR_RETURN(std::string config_json,
+                          ReadFileBounded(prefix + ".json", kMaxConfigBytes));
   KVTIER_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::ParseEngineConfig(config_json));
   KVTIER_ASSIGN_OR_RETURN(engine::ModelWeights w,
                           engine::LoadWeights(cfg, prefix + ".safetensors"));

@@ -74,19 +74,24 @@ StatusOr<ConfigSection> ConfigSection::Parse(std::string_view text, std::string_
   return ConfigSection(std::move(rep));
 }
 
-StatusOr<ConfigSection> ConfigSection::LoadFile(const std::string& path) {
+StatusOr<std::string> ReadFileBounded(const std::string& path, size_t bytes_max) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::IOError("cannot open config file '" + path + "'");
+  if (!in) return Status::IOError("cannot open '" + path + "'");
   std::string text;
   char buf[65536];
   while (in.read(buf, sizeof(buf)) || in.gcount() > 0) {
     text.append(buf, static_cast<size_t>(in.gcount()));
-    if (text.size() > kConfigFileBytesLimit) {
-      return Status::InvalidArgument(path + ": larger than " +
-                                     std::to_string(kConfigFileBytesLimit) + " bytes");
+    if (text.size() > bytes_max) {
+      return Status::InvalidArgument(path + ": larger than " + std::to_string(bytes_max) +
+                                     " bytes");
     }
   }
-  if (in.bad()) return Status::IOError("cannot read config file '" + path + "'");
+  if (in.bad()) return Status::IOError("cannot read '" + path + "'");
+  return text;
+}
+
+StatusOr<ConfigSection> ConfigSection::LoadFile(const std::string& path) {
+  KVTIER_ASSIGN_OR_RETURN(std::string text, ReadFileBounded(path, kConfigFileBytesLimit));
   return Parse(text, path);
 }
 

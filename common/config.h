@@ -32,6 +32,11 @@ namespace kvtier {
 // Largest configuration file accepted (bytes).
 inline constexpr size_t kConfigFileBytesLimit = size_t{4} << 20;
 
+// The whole of the file at `path`, read without ever holding more than bytes_max + 64 KiB.
+// IOError("cannot open/read '<path>'") when it cannot be read, InvalidArgument("<path>: larger
+// than <bytes_max> bytes") when it is longer than bytes_max.
+StatusOr<std::string> ReadFileBounded(const std::string& path, size_t bytes_max);
+
 class ConfigSection {
  public:
   // Reads and parses a TOML file. IOError when unreadable, InvalidArgument for a file over

@@ -1,8 +1,9 @@
 #include "serving/api_keys.h"
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "common/config.h"
 
 namespace kvtier::serving {
 namespace {
@@ -26,14 +27,9 @@ ApiKeys ApiKeys::Open(const std::string& daemon_token) {
 }
 
 StatusOr<ApiKeys> ApiKeys::Load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::IOError("cannot open API keys file " + path);
-  std::string text(kApiKeysFileBytesMax + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > kApiKeysFileBytesMax)
-    return Status::InvalidArgument("API keys file " + path + " is over 1 MiB");
-  auto k = Parse(text);
+  auto text = ReadFileBounded(path, kApiKeysFileBytesMax);
+  if (!text.ok()) return text.status().WithContext("API keys file");
+  auto k = Parse(*text);
   if (!k.ok()) return Status::InvalidArgument(path + ": " + k.status().message());
   return k;
 }

@@ -115,6 +115,24 @@ TEST(Config, LoadFileReadsAndReportsMissingFiles) {
   EXPECT_TRUE(ConfigSection::LoadFile(path).status().IsIOError());
 }
 
+TEST(Config, ReadFileBoundedReadsUpToItsLimitAndRefusesMore) {
+  const std::string path = ::testing::TempDir() + "/kvtier_read_bounded_test.bin";
+  // Longer than one 64 KiB read, so the limit is checked across reads.
+  const std::string bytes(70000, 'k');
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << bytes;
+  }
+  auto exact = ReadFileBounded(path, bytes.size());
+  ASSERT_TRUE(exact.ok()) << exact.status().ToString();
+  EXPECT_EQ(*exact, bytes);
+  auto over = ReadFileBounded(path, bytes.size() - 1);
+  EXPECT_EQ(over.status().code(), StatusCode::kInvalidArgument) << over.status().ToString();
+  EXPECT_NE(over.status().message().find("larger than 69999 bytes"), std::string::npos);
+  std::remove(path.c_str());
+  EXPECT_EQ(ReadFileBounded(path, 10).status().code(), StatusCode::kIOError);
+}
+
 TEST(Config, SectionsOutliveTheRootObject) {
   StatusOr<ConfigSection> dram = [] { return Root().Section("dram"); }();
   ASSERT_TRUE(dram.ok());

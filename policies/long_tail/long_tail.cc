@@ -268,9 +268,11 @@ void LongTailPolicy::OnInsert(const ObjectInfo& info, uint64_t now_us) {
   uint8_t cls = kFresh;
   if (hits > 0) {
     cls = HitClass(hits);
-  } else if (options_.split_extension && explicit_requests_) {
-    if (request_nonroot_hit_) cls = kExtension;
+  } else if (options_.split_extension && explicit_requests_ && request_nonroot_hit_) {
+    cls = kExtension;
   } else if (options_.split_extension && info.parent_id != kNoParent) {
+    // Also with explicit requests: a request resumed after another one's calls (interleaved
+    // sessions) has lost request_nonroot_hit_, but its parent still says it was hit now.
     uint32_t ps = slab_.Find(info.parent_id);
     if (ps != kNil) {
       const Payload& pp = slab_[ps].data;

@@ -166,9 +166,12 @@ std::vector<StatusCode> Service::Put(const Tenant& t, const wire::PutRequest& ar
   codes.reserve(items.size());
   std::vector<storage::Key> keys;
   uint64_t bytes = 0;
+  // A native batch PUT is one request for the eviction policies (storage::RequestTag).
+  const storage::RequestTag request = store_->BeginRequest();
   for (const PutItem& it : items) {
     storage::PutOptions po;
     po.tenant = t.id;
+    po.request = request;
     po.kind = static_cast<policies::ObjectKind>(args.kind);
     if (!IsZero(it.parent_chain)) po.parent = Bind(t, it.parent_chain);
     po.recompute_tokens = args.recompute_tokens;

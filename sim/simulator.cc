@@ -101,16 +101,31 @@ Status ExpandKvtier(const Trace& trace, const UnitMapping& m, UnitTrace* out) {
         "applies to Mooncake traces only");
   }
   Builder b(out);
+  // Per request id: its first record's ts, and the last unit (index + 1) its records named, the
+  // parent of the next record's first unit (a turn's PUT continues the chain its GET read).
+  struct Turn {
+    uint64_t ts_ms;
+    uint32_t last_unit;
+  };
+  std::unordered_map<uint64_t, Turn> turns;
   for (const TraceRequest& r : trace.requests) {
-    UnitTrace::Request ur{r.ts_ms, r.op, static_cast<uint32_t>(out->unit.size()), r.num_ids};
+    UnitTrace::Request ur{r.ts_ms, r.op, static_cast<uint32_t>(out->unit.size()), r.num_ids,
+                          r.request};
     const uint64_t size = r.num_ids == 0 ? 0 : r.bytes / r.num_ids;
     uint32_t parent = 0;
+    Turn* turn = nullptr;
+    if (r.request != 0) {
+      turn = &turns.try_emplace(r.request, Turn{r.ts_ms, 0}).first->second;
+      ur.ts_ms = turn->ts_ms;
+      if (r.op != TraceOp::kDelete) parent = turn->last_unit;
+    }
     for (uint32_t i = 0; i < r.num_ids; ++i) {
       // Chain ids are tenant-bound storage-key digests, so the tenant needs no extra key bits.
       parent = b.Add({trace.ids[r.first_id + i], 0}, r.unit_tokens, r.unit_tokens, size,
                      r.op == TraceOp::kDelete ? 0 : parent) +
                1;
     }
+    if (turn != nullptr && r.op != TraceOp::kDelete && r.num_ids > 0) turn->last_unit = parent;
     out->requests.push_back(ur);
   }
   return Status::Ok();
@@ -177,10 +192,13 @@ struct Tier {
 };
 
 StatusOr<Tier> MakeTier(const std::string& name, const policies::PolicyParams& params,
-                        uint64_t capacity) {
+                        uint64_t capacity,
+                        const std::function<std::unique_ptr<EvictionPolicy>()>& factory = {}) {
   Tier t;
   t.capacity = capacity;
-  if (name == "belady") {
+  if (factory) {
+    t.policy = factory();
+  } else if (name == "belady") {
     if (!params.values.empty()) return Status::InvalidArgument("belady takes no parameters");
     auto b = std::make_unique<BeladyPolicy>();
     t.belady = b.get();
@@ -329,11 +347,15 @@ SimResult Replay::Run() {
   const uint64_t total = trace_.unit.size();
   const uint64_t progress_step = std::max<uint64_t>(total / 100, 1);
   uint64_t done = 0;
+  uint64_t last_request = 0;
   for (const auto& r : trace_.requests) {
     now_us_ = r.ts_ms * 1000;
-    ++res_.requests;
-    dram_.policy->OnRequest(now_us_);
-    if (ssd_.capacity > 0) ssd_.policy->OnRequest(now_us_);
+    if (r.request == 0 || r.request != last_request) {
+      ++res_.requests;
+      dram_.policy->OnRequest(now_us_);
+      if (ssd_.capacity > 0) ssd_.policy->OnRequest(now_us_);
+    }
+    last_request = r.request;
     if (options_.structure == Structure::kPrefix && r.op != TraceOp::kDelete &&
         r.op != TraceOp::kPut) {
       if (options_.progress) {
@@ -363,7 +385,11 @@ SimResult Replay::Run() {
       }
       last_next_[u] = trace_.next_ref[t];
       if (r.op == TraceOp::kPut) {
-        if (!dram_.policy->Contains(id) && !(ssd_.capacity > 0 && ssd_.policy->Contains(id))) {
+        if (dram_.policy->Contains(id)) {
+          dram_.policy->OnRemove(id);  // the put replaces it
+          Track(dram_, u, -1);
+          InsertInto(dram_, u, true);
+        } else if (!(ssd_.capacity > 0 && ssd_.policy->Contains(id))) {
           InsertInto(dram_, u, true);
         }
         continue;
@@ -469,7 +495,8 @@ void Replay::RunPrefixRequest(const UnitTrace::Request& r) {
 
 StatusOr<SimResult> Simulate(const UnitTrace& trace, const SimOptions& options) {
   KVTIER_ASSIGN_OR_RETURN(
-      Tier dram, MakeTier(options.policy, options.policy_params, options.dram_capacity_units));
+      Tier dram, MakeTier(options.policy, options.policy_params, options.dram_capacity_units,
+                          options.dram_policy_factory));
   KVTIER_ASSIGN_OR_RETURN(Tier ssd, MakeTier(options.ssd_policy, options.ssd_policy_params,
                                              options.ssd_capacity_units));
   KVTIER_ASSIGN_OR_RETURN(

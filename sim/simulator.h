@@ -8,7 +8,13 @@
 //    DRAM and keeps its SSD copy) or a miss (the unit is inserted into DRAM, the engine having
 //    recomputed it). kvtier "put" inserts units not cached (no hit/miss counted); "delete"
 //    removes them from both tiers.
-//  * Every request begins with OnRequest(its time) on each tier's policy.
+//  * Every request begins with OnRequest(its time) on each tier's policy. Records of a kvtier
+//    trace that share a request id (TraceRequest::request: an engine turn's LOOKUP/GET/PUT)
+//    are one request timed by its first record: OnRequest is called again only when the
+//    request id changes from one record to the next (interleaved requests are told again when
+//    they resume), as the live memory tiers do (storage::RequestTag).
+//  * kvtier "put" of a unit cached in DRAM replaces it: OnRemove, then an insert as below
+//    (the live tiers' overwrite); of a unit not in DRAM: an insert unless it is on SSD.
 //  * Inserting into a full tier first calls OnMiss, then Evict until there is room (victims
 //    are chosen among cached units, never the incoming one), then OnInsert.
 //  * A unit evicted from DRAM and not already on SSD is offered to the admission policy; if
@@ -53,6 +59,7 @@ struct UnitTrace {
     TraceOp op = TraceOp::kGet;
     uint32_t first_ref = 0;
     uint32_t num_refs = 0;
+    uint64_t request = 0;  // TraceRequest::request; ts_ms is then the request's first record's
   };
   std::vector<Request> requests;
   std::vector<uint32_t> unit;         // per reference: dense unit index
@@ -103,6 +110,9 @@ struct SimOptions {
 
   // Called with the fraction replayed (0..1) about every 1% of references; may be empty.
   std::function<void(double)> progress;
+  // Tests: when set, makes the DRAM tier's policy instead of `policy` (e.g. one that records
+  // the calls it gets, to compare with the live tiers).
+  std::function<std::unique_ptr<policies::EvictionPolicy>()> dram_policy_factory;
 };
 
 struct SimResult {

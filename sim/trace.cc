@@ -93,6 +93,9 @@ Status ParseLine(std::string_view line, size_t line_no, const TraceLoadOptions& 
     auto it = j.find("ids");
     if (it == j.end()) return Malformed(line_no, "no ids");
     KVTIER_RETURN_IF_ERROR(ParseIds(*it, line_no, trace, &r));
+    if (j.contains("request") && !GetU64(j, "request", &r.request)) {
+      return Malformed(line_no, "bad request");
+    }
     r.tenant = static_cast<uint32_t>(tenant);
     r.unit_tokens = static_cast<uint32_t>(unit_tokens);
     r.input_tokens = static_cast<uint64_t>(r.num_ids) * r.unit_tokens;

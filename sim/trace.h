@@ -37,6 +37,9 @@ struct TraceRequest {
   uint32_t unit_tokens = 0;    // tokens per id: Mooncake = the block size given at load
   uint32_t first_id = 0;       // index into Trace::ids
   uint32_t num_ids = 0;
+  // kvtier only, optional "request": records with the same non-zero id are one request (an
+  // engine turn's LOOKUP, GET and PUT), timed by its first record; 0: a request of its own.
+  uint64_t request = 0;
 };
 
 struct Trace {

@@ -207,8 +207,12 @@ class MemoryTier::Impl {
                                                   o_.mlock && o_.tier == Tier::kDram));
     alloc_ = std::make_unique<SlabAllocator>(o_.capacity_bytes, o_.slab_page_bytes);
     shards_ = std::vector<Shard>(o_.shards);
-    KVTIER_ASSIGN_OR_RETURN(policy_,
-                            policies::MakeEvictionPolicy(o_.eviction_policy, o_.policy_params));
+    if (o_.eviction_policy_factory) {
+      policy_ = o_.eviction_policy_factory();
+    } else {
+      KVTIER_ASSIGN_OR_RETURN(policy_,
+                              policies::MakeEvictionPolicy(o_.eviction_policy, o_.policy_params));
+    }
     return Status::Ok();
   }
 
@@ -221,7 +225,8 @@ class MemoryTier::Impl {
     return shards_[(ObjectIdOf(k) >> 56) % shards_.size()];
   }
 
-  Status Insert(const Key& key, std::span<const uint8_t> value, const MemMeta& meta, bool tracked) {
+  Status Insert(const Key& key, std::span<const uint8_t> value, const MemMeta& meta, bool tracked,
+                const RequestTag* request) {
     if (value.size() > o_.slab_page_bytes)
       return Status::InvalidArgument("value larger than a slab");
     int c = alloc_->ClassFor(std::max<uint64_t>(value.size(), 1));
@@ -256,9 +261,10 @@ class MemoryTier::Impl {
     }
     {
       std::lock_guard lock(policy_mu_);
+      const uint64_t now_us = Enter(request);
       if (old) Untrack(key);
       if (tracked) {
-        Track(key, slot.meta);
+        Track(key, slot.meta, now_us);
         untracked_.erase(key);
       } else {
         untracked_.insert(key);
@@ -268,7 +274,8 @@ class MemoryTier::Impl {
     return Status::Ok();
   }
 
-  Status Read(const Key& key, std::vector<uint8_t>* out, MemMeta* meta, bool count) {
+  Status Read(const Key& key, std::vector<uint8_t>* out, MemMeta* meta, bool count,
+              const RequestTag* request) {
     {
       const Shard& s = ShardOf(key);
       std::lock_guard lock(s.mu);
@@ -284,8 +291,7 @@ class MemoryTier::Impl {
     {
       std::lock_guard lock(policy_mu_);
       auto it = id_to_key_.find(ObjectIdOf(key));
-      if (it != id_to_key_.end() && it->second == key)
-        policy_->OnAccess(it->first, clock_->NowUs());
+      if (it != id_to_key_.end() && it->second == key) policy_->OnAccess(it->first, Enter(request));
     }
     return Status::Ok();
   }
@@ -299,7 +305,7 @@ class MemoryTier::Impl {
     return true;
   }
 
-  Status Remove(const Key& key) {
+  Status Remove(const Key& key, const RequestTag* request) {
     Slot slot;
     {
       Shard& s = ShardOf(key);
@@ -315,15 +321,29 @@ class MemoryTier::Impl {
       used_bytes_ -= slot.meta.size_bytes;
     }
     std::lock_guard lock(policy_mu_);
+    if (request != nullptr) (void)Enter(request);
     Untrack(key);
     untracked_.erase(key);
     return Status::Ok();
   }
 
-  std::optional<Key> PickVictim() {
+  void NoteMiss(const Key& key, uint64_t value_bytes, const RequestTag* request) {
+    const int c = alloc_->ClassFor(std::max<uint64_t>(value_bytes, 1));
     std::lock_guard lock(policy_mu_);
+    if (!capacity_told_ && c >= 0) {
+      const uint64_t chunk = alloc_->chunk_size(c);
+      policy_->OnCapacity((o_.capacity_bytes / o_.slab_page_bytes) * (o_.slab_page_bytes / chunk));
+      capacity_told_ = true;
+    }
+    const uint64_t now_us = Enter(request);
+    policy_->OnMiss(ObjectIdOf(key), now_us);
+  }
+
+  std::optional<Key> PickVictim(const RequestTag* request) {
+    std::lock_guard lock(policy_mu_);
+    const uint64_t now_us = Enter(request);
     while (true) {
-      auto id = policy_->Evict(clock_->NowUs());
+      auto id = policy_->Evict(now_us);
       if (!id) return std::nullopt;
       auto it = id_to_key_.find(*id);
       if (it == id_to_key_.end()) continue;
@@ -340,7 +360,7 @@ class MemoryTier::Impl {
     std::lock_guard lock(policy_mu_);
     if (tracked) {
       if (untracked_.erase(key) == 0 || !present) return;
-      Track(key, meta);
+      Track(key, meta, clock_->NowUs());
     } else {
       if (!present || !untracked_.insert(key).second) return;
       Untrack(key);
@@ -353,9 +373,11 @@ class MemoryTier::Impl {
     ForEach([&](const Key& k, const MemMeta& m) { all.emplace_back(k, m); });
     std::lock_guard lock(policy_mu_);
     policy_ = std::move(policy);
+    capacity_told_ = false;
+    current_request_ = 0;
     id_to_key_.clear();
     for (const auto& [k, m] : all) {
-      if (!untracked_.count(k)) Track(k, m);
+      if (!untracked_.count(k)) Track(k, m, clock_->NowUs());
     }
     return Status::Ok();
   }
@@ -395,7 +417,17 @@ class MemoryTier::Impl {
   std::unique_ptr<Arena> arena_;
 
  private:
-  void Track(const Key& k, const MemMeta& m) {
+  // Under policy_mu_: the time of this call's hooks; tells the policy when a request begins
+  // or resumes (RequestTag).
+  uint64_t Enter(const RequestTag* request) {
+    if (request == nullptr || request->id == 0) return clock_->NowUs();
+    if (request->id != current_request_) {
+      policy_->OnRequest(request->now_us);
+      current_request_ = request->id;
+    }
+    return request->now_us;
+  }
+  void Track(const Key& k, const MemMeta& m, uint64_t now_us) {
     auto [it, inserted] = id_to_key_.emplace(ObjectIdOf(k), k);
     if (!inserted && it->second != k) return;  // id collision: leave untracked
     policies::ObjectInfo info;
@@ -404,7 +436,7 @@ class MemoryTier::Impl {
     info.parent_id = m.parent_id;
     info.recompute_tokens = m.recompute_tokens;
     info.kind = m.kind;
-    if (inserted) policy_->OnInsert(info, clock_->NowUs());
+    if (inserted) policy_->OnInsert(info, now_us);
   }
   void Untrack(const Key& k) {
     auto it = id_to_key_.find(ObjectIdOf(k));
@@ -421,6 +453,8 @@ class MemoryTier::Impl {
   std::unique_ptr<policies::EvictionPolicy> policy_;
   std::unordered_map<policies::ObjectId, Key> id_to_key_;
   std::unordered_set<Key, KeyHash> untracked_;
+  bool capacity_told_ = false;    // OnCapacity given to this policy instance
+  uint64_t current_request_ = 0;  // id of the request the policy was last told of
   std::atomic<uint64_t> hits_{0}, evictions_{0}, bytes_read_{0}, bytes_written_{0};
 };
 
@@ -435,17 +469,25 @@ StatusOr<std::unique_ptr<MemoryTier>> MemoryTier::Create(const MemoryTierOptions
 
 uint64_t MemoryTier::max_value_bytes() const { return impl_->o_.slab_page_bytes; }
 Status MemoryTier::Insert(const Key& key, std::span<const uint8_t> value, const MemMeta& meta,
-                          bool tracked) {
-  return impl_->Insert(key, value, meta, tracked);
+                          bool tracked, const RequestTag* request) {
+  return impl_->Insert(key, value, meta, tracked, request);
 }
-Status MemoryTier::Read(const Key& key, std::vector<uint8_t>* out, MemMeta* meta, bool count) {
-  return impl_->Read(key, out, meta, count);
+Status MemoryTier::Read(const Key& key, std::vector<uint8_t>* out, MemMeta* meta, bool count,
+                        const RequestTag* request) {
+  return impl_->Read(key, out, meta, count, request);
+}
+void MemoryTier::NoteMiss(const Key& key, uint64_t value_bytes, const RequestTag* request) {
+  impl_->NoteMiss(key, value_bytes, request);
 }
 bool MemoryTier::Contains(const Key& key, MemMeta* meta) const {
   return impl_->Contains(key, meta);
 }
-Status MemoryTier::Remove(const Key& key) { return impl_->Remove(key); }
-std::optional<Key> MemoryTier::PickVictim() { return impl_->PickVictim(); }
+Status MemoryTier::Remove(const Key& key, const RequestTag* request) {
+  return impl_->Remove(key, request);
+}
+std::optional<Key> MemoryTier::PickVictim(const RequestTag* request) {
+  return impl_->PickVictim(request);
+}
 void MemoryTier::SetTracked(const Key& key, bool tracked) { impl_->SetTracked(key, tracked); }
 Status MemoryTier::SetPolicy(const std::string& eviction, const policies::PolicyParams& params) {
   return impl_->SetPolicy(eviction, params);

@@ -40,6 +40,9 @@ struct MemoryTierOptions {
   uint32_t shards = 16;  // clamped to [1, 256]
   std::string eviction_policy = "lru";
   policies::PolicyParams policy_params;
+  // Tests: when set, makes this tier's policy instead of eviction_policy (SetPolicy still
+  // switches to a named one).
+  std::function<std::unique_ptr<policies::EvictionPolicy>()> eviction_policy_factory;
   const Clock* clock = nullptr;  // nullptr: DefaultSteadyClock()
 };
 
@@ -69,17 +72,25 @@ class MemoryTier {
   uint64_t max_value_bytes() const;
   // Stores (or replaces) the value. Rejected: no free chunk of its class (evict and retry).
   // tracked=false keeps it out of the eviction policy (pinned).
-  Status Insert(const Key& key, std::span<const uint8_t> value, const MemMeta& meta, bool tracked);
+  // Every call that reaches the policy takes a RequestTag (tier_manager.h): OnRequest is called
+  // when its id differs from the previous call's, and its now_us is the time of every hook;
+  // a null tag or id 0 uses the clock and tells no request.
+  Status Insert(const Key& key, std::span<const uint8_t> value, const MemMeta& meta, bool tracked,
+                const RequestTag* request = nullptr);
   // Copies the value into *out (cleared first). NotFound on a miss. With count, a hit is
   // counted and reported to the policy; without (demotion, promotion checks) it is not.
-  Status Read(const Key& key, std::vector<uint8_t>* out, MemMeta* meta = nullptr,
-              bool count = true);
+  Status Read(const Key& key, std::vector<uint8_t>* out, MemMeta* meta = nullptr, bool count = true,
+              const RequestTag* request = nullptr);
+  // Before making room for a new unit of value_bytes: tells the policy its capacity in units
+  // of that size the first time (OnCapacity: pages x chunks per page of the value's slab
+  // class), then OnMiss(id). The caller then inserts, evicting with PickVictim while Rejected.
+  void NoteMiss(const Key& key, uint64_t value_bytes, const RequestTag* request);
   bool Contains(const Key& key, MemMeta* meta = nullptr) const;
   // NotFound if absent.
-  Status Remove(const Key& key);
+  Status Remove(const Key& key, const RequestTag* request = nullptr);
   // The policy's victim, no longer tracked but still resident (the caller demotes, then
   // Removes it). nullopt when nothing is evictable.
-  std::optional<Key> PickVictim();
+  std::optional<Key> PickVictim(const RequestTag* request = nullptr);
   void SetTracked(const Key& key, bool tracked);
   Status SetPolicy(const std::string& eviction, const policies::PolicyParams& params);
   // Calls fn for each object (a snapshot taken shard by shard).

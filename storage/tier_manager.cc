@@ -129,10 +129,15 @@ class TierManagerImpl final : public TierManager {
 
   Status Put(const Key& key, std::span<const uint8_t> value, const PutOptions& options) override;
   Status Get(const Key& key, std::vector<uint8_t>* out, Tier* from) override {
-    return GetImpl(key, out, from, /*blocking_promote=*/false);
+    const RequestTag request = BeginRequest();
+    return GetImpl(key, out, from, /*blocking_promote=*/false, request);
   }
   void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
-                std::vector<Tier>* froms, std::vector<Status>* results) override;
+                std::vector<Tier>* froms, std::vector<Status>* results,
+                const RequestTag& request) override;
+  RequestTag BeginRequest() override {
+    return RequestTag{next_request_.fetch_add(1, std::memory_order_relaxed) + 1, clock_->NowUs()};
+  }
   LookupResult Lookup(std::span<const Key> chain) override;
   Status Prefetch(std::span<const Key> keys) override;
   Status Pin(std::span<const Key> keys, uint64_t lease_ms) override;
@@ -204,7 +209,8 @@ class TierManagerImpl final : public TierManager {
     return info;
   }
 
-  Status GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from, bool blocking_promote);
+  Status GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from, bool blocking_promote,
+                 const RequestTag& request);
   void CountMiss(MissReason r) {
     switch (r) {
       case MissReason::kEvicted:
@@ -227,9 +233,10 @@ class TierManagerImpl final : public TierManager {
   Tier Locate(const Key& key, bool* expired) const;
 
   // ---- under mu_ ----
-  Status PlaceLocked(Tier tier, const Key& key, std::span<const uint8_t> value,
-                     const MemMeta& meta);
-  void DemoteLocked(Tier tier, const Key& victim);
+  // `request`: the policy calls' request (RequestTag); null for none (Flush's write-back).
+  Status PlaceLocked(const RequestTag* request, Tier tier, const Key& key,
+                     std::span<const uint8_t> value, const MemMeta& meta);
+  void DemoteLocked(const RequestTag* request, Tier tier, const Key& victim);
   // Copies every unexpired memory-tier unit that may reach SSD (allow_ssd) and whose current
   // version the SSD does not hold yet to the SSD tier, keeping the memory copy (inclusive).
   // Flush uses it so that a graceful shutdown loses nothing acknowledged. It bypasses the
@@ -276,7 +283,8 @@ class TierManagerImpl final : public TierManager {
     if (dram_) dram_->SetTracked(key, tracked);
     if (ssd_) ssd_->SetTracked(key, tracked);
   }
-  void PromoteLocked(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta);
+  void PromoteLocked(const RequestTag& request, const Key& key, std::span<const uint8_t> value,
+                     const SsdMeta& meta);
 
   // Adds units reported by the SSD index load to the directory (if still present there),
   // and forgets units the SSD tier lost to a failed write (miss reason io_error).
@@ -339,6 +347,7 @@ class TierManagerImpl final : public TierManager {
   std::unordered_map<Key, TenantId, KeyHash> writing_;
   std::unordered_map<TenantId, int> tenant_deletes_;
   std::condition_variable key_cv_;
+  std::atomic<uint64_t> next_request_{0};  // BeginRequest's ids
   std::atomic<uint64_t> misses_never_stored_{0}, misses_evicted_{0}, misses_expired_{0},
       misses_checksum_{0}, misses_io_error_{0}, io_errors_{0};
 };
@@ -355,6 +364,7 @@ Status TierManagerImpl::Init() {
     mo.mlock = o_.dram_mlock;
     mo.eviction_policy = o_.eviction_policy;
     mo.policy_params = o_.policy_params;
+    mo.eviction_policy_factory = o_.eviction_policy_factory;
     mo.clock = clock_;
     return MemoryTier::Create(mo);
   };
@@ -456,19 +466,23 @@ void TierManagerImpl::ExpirePinsLocked() {
   }
 }
 
-Status TierManagerImpl::PlaceLocked(Tier tier, const Key& key, std::span<const uint8_t> value,
-                                    const MemMeta& meta) {
+Status TierManagerImpl::PlaceLocked(const RequestTag* request, Tier tier, const Key& key,
+                                    std::span<const uint8_t> value, const MemMeta& meta) {
   if (tier == Tier::kHbm && !hbm_) tier = Tier::kDram;
   if (tier == Tier::kDram && !dram_) tier = Tier::kSsd;
   if (MemoryTier* mem = MemTier(tier)) {
     Tier next = tier == Tier::kHbm ? Tier::kDram : Tier::kSsd;
-    if (value.size() > mem->max_value_bytes()) return PlaceLocked(next, key, value, meta);
+    if (value.size() > mem->max_value_bytes()) return PlaceLocked(request, next, key, value, meta);
+    // A copy already here leaves first (the policy sees OnRemove), so that every placement is
+    // one insert as the simulator makes it: OnMiss, Evict while full, OnInsert.
+    if (mem->Contains(key)) (void)mem->Remove(key, request);
+    mem->NoteMiss(key, value.size(), request);
     // Evict until the insert succeeds; each round removes one object from this tier.
     while (true) {
-      Status st = mem->Insert(key, value, meta, !PinnedLocked(key));
+      Status st = mem->Insert(key, value, meta, !PinnedLocked(key), request);
       if (st.ok()) return st;
       if (!st.IsRejected()) return st;
-      auto victim = mem->PickVictim();
+      auto victim = mem->PickVictim(request);
       if (!victim) break;  // everything left is pinned: place lower
       if (*victim == key) {
         // The victim is this tier's older copy of the unit being placed: it only leaves the
@@ -477,9 +491,9 @@ Status TierManagerImpl::PlaceLocked(Tier tier, const Key& key, std::span<const u
         (void)mem->Remove(key);
         continue;
       }
-      DemoteLocked(tier, *victim);
+      DemoteLocked(request, tier, *victim);
     }
-    return PlaceLocked(next, key, value, meta);
+    return PlaceLocked(request, next, key, value, meta);
   }
   // SSD.
   if (!ssd_ || !meta.allow_ssd) return Status::Rejected("no tier has room for the unit");
@@ -498,7 +512,7 @@ Status TierManagerImpl::PlaceLocked(Tier tier, const Key& key, std::span<const u
   return Status::Ok();
 }
 
-void TierManagerImpl::DemoteLocked(Tier tier, const Key& victim) {
+void TierManagerImpl::DemoteLocked(const RequestTag* request, Tier tier, const Key& victim) {
   MemoryTier* mem = MemTier(tier);
   if (WritingLocked(victim)) {
     // A newer version is on its way to SSD: this older copy is dropped, never demoted over it.
@@ -516,14 +530,14 @@ void TierManagerImpl::DemoteLocked(Tier tier, const Key& victim) {
   }
   bool placed = false;
   if (tier == Tier::kHbm && (dram_ || ssd_)) {
-    placed = PlaceLocked(Tier::kDram, victim, bytes, meta).ok();
+    placed = PlaceLocked(request, Tier::kDram, victim, bytes, meta).ok();
   } else if (ssd_ && meta.allow_ssd && !Expired(meta.expires_ms)) {
     uint64_t version = 0;
     if (ssd_->Contains(victim, &version) && version == meta.version) {
       placed = true;  // the SSD already holds this version (inclusive after a promotion)
     } else if (admission_->Admit(InfoOf(victim, meta), clock_->NowUs())) {
       ++admissions_;
-      placed = PlaceLocked(Tier::kSsd, victim, bytes, meta).ok();
+      placed = PlaceLocked(request, Tier::kSsd, victim, bytes, meta).ok();
     } else {
       ++admission_rejections_;
     }
@@ -552,7 +566,7 @@ Status TierManagerImpl::WriteBackLocked() {
       if (!mem->Read(key, &bytes, &meta, /*count=*/false).ok()) continue;  // gone meanwhile
       uint64_t version = 0;
       if (ssd_->Contains(key, &version) && version == meta.version) continue;
-      Status st = PlaceLocked(Tier::kSsd, key, bytes, meta);
+      Status st = PlaceLocked(nullptr, Tier::kSsd, key, bytes, meta);
       if (!st.ok()) {
         ++failed;
         if (first_error.ok()) first_error = st;
@@ -578,6 +592,7 @@ Status TierManagerImpl::Put(const Key& key, std::span<const uint8_t> value,
   // placed in memory that may reach SSD while the mode is batched or sync.
   bool to_ssd = ssd_ != nullptr && options.allow_ssd &&
                 (start == Tier::kSsd || o_.durability != Durability::kNone);
+  const RequestTag request = options.request.id != 0 ? options.request : BeginRequest();
   MemMeta meta;
   uint64_t stale_ticket = 0;
   {
@@ -613,7 +628,7 @@ Status TierManagerImpl::Put(const Key& key, std::span<const uint8_t> value,
       ++admissions_;
     }
     if (!to_ssd) {
-      KVTIER_RETURN_IF_ERROR(PlaceLocked(start, key, value, meta));
+      KVTIER_RETURN_IF_ERROR(PlaceLocked(&request, start, key, value, meta));
       FinishPutLocked(key, meta, &stale_ticket);
     } else {
       writing_.emplace(key, options.tenant);
@@ -649,7 +664,7 @@ Status TierManagerImpl::Put(const Key& key, std::span<const uint8_t> value,
   // Step 3: memory placement. The SSD copy is durable, so a memory tier without room is no
   // failure (PlaceLocked's SSD step sees the version already there).
   if (start != Tier::kSsd) {
-    Status placed = PlaceLocked(start, key, value, meta);
+    Status placed = PlaceLocked(&request, start, key, value, meta);
     (void)placed;
   }
   FinishPutLocked(key, meta, &stale_ticket);
@@ -695,7 +710,7 @@ Tier TierManagerImpl::Locate(const Key& key, bool* expired) const {
 }
 
 Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from,
-                                bool blocking_promote) {
+                                bool blocking_promote, const RequestTag& request) {
   out->clear();
   auto expire = [&]() -> Status {
     {
@@ -709,7 +724,7 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
   for (Tier t : {Tier::kHbm, Tier::kDram}) {
     MemoryTier* mem = MemTier(t);
     MemMeta m;
-    if (mem && mem->Read(key, out, &m).ok()) {
+    if (mem && mem->Read(key, out, &m, /*count=*/true, &request).ok()) {
       if (Expired(m.expires_ms)) return expire();
       if (from != nullptr) *from = t;
       return Status::Ok();
@@ -728,7 +743,7 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
         } else {
           (void)lock.try_lock();  // never make a reader wait for a writer to promote
         }
-        if (lock.owns_lock()) PromoteLocked(key, *out, sm);
+        if (lock.owns_lock()) PromoteLocked(request, key, *out, sm);
       }
       return Status::Ok();
     }
@@ -753,7 +768,9 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
 }
 
 void TierManagerImpl::GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
-                               std::vector<Tier>* froms, std::vector<Status>* results) {
+                               std::vector<Tier>* froms, std::vector<Status>* results,
+                               const RequestTag& given) {
+  const RequestTag request = given.id != 0 ? given : BeginRequest();
   const size_t n = keys.size();
   outs->resize(n);
   if (froms != nullptr) froms->assign(n, Tier::kNone);
@@ -773,7 +790,7 @@ void TierManagerImpl::GetBatch(std::span<const Key> keys, std::vector<std::vecto
       continue;
     }
     (*results)[i] = GetImpl(keys[i], &(*outs)[i], froms != nullptr ? &(*froms)[i] : nullptr,
-                            /*blocking_promote=*/false);
+                            /*blocking_promote=*/false, request);
   }
   if (ssd_keys.empty()) return;
   std::vector<std::vector<uint8_t>> values;
@@ -805,20 +822,20 @@ void TierManagerImpl::GetBatch(std::span<const Key> keys, std::vector<std::vecto
     }
     if (!st.ok() || ExpiredUnix(metas[j].expires_unix_ms)) {
       // Gone since Locate, or expired: Get's path (it re-reads, and accounts the miss).
-      (*results)[i] = GetImpl(key, out, from, /*blocking_promote=*/false);
+      (*results)[i] = GetImpl(key, out, from, /*blocking_promote=*/false, request);
       continue;
     }
     *out = std::move(values[j]);
     if (from != nullptr) *from = Tier::kSsd;
     if (dram_ || hbm_) {
       std::unique_lock lock(mu_, std::try_to_lock);  // never make a reader wait to promote
-      if (lock.owns_lock()) PromoteLocked(key, *out, metas[j]);
+      if (lock.owns_lock()) PromoteLocked(request, key, *out, metas[j]);
     }
   }
 }
 
-void TierManagerImpl::PromoteLocked(const Key& key, std::span<const uint8_t> value,
-                                    const SsdMeta& sm) {
+void TierManagerImpl::PromoteLocked(const RequestTag& request, const Key& key,
+                                    std::span<const uint8_t> value, const SsdMeta& sm) {
   if (WritingLocked(key)) return;  // a put of the key is in flight: it places the new version
   uint64_t version = 0;
   if (!ssd_->Contains(key, &version) || version != sm.version) return;  // changed meanwhile
@@ -835,12 +852,13 @@ void TierManagerImpl::PromoteLocked(const Key& key, std::span<const uint8_t> val
   Tier target = dram_ ? Tier::kDram : Tier::kHbm;
   MemoryTier* mem = MemTier(target);
   if (value.size() > mem->max_value_bytes()) return;
+  mem->NoteMiss(key, value.size(), &request);
   while (true) {
-    Status st = mem->Insert(key, value, meta, !PinnedLocked(key));
+    Status st = mem->Insert(key, value, meta, !PinnedLocked(key), &request);
     if (st.ok() || !st.IsRejected()) return;
-    auto victim = mem->PickVictim();
+    auto victim = mem->PickVictim(&request);
     if (!victim) return;
-    DemoteLocked(target, *victim);
+    DemoteLocked(&request, target, *victim);
   }
 }
 
@@ -870,11 +888,12 @@ LookupResult TierManagerImpl::Lookup(std::span<const Key> chain) {
 
 Status TierManagerImpl::Prefetch(std::span<const Key> keys) {
   if (keys.size() > kMaxBatch) return Status::InvalidArgument("batch larger than kMaxBatch");
+  const RequestTag request = BeginRequest();
   std::vector<uint8_t> buf;
   for (const Key& k : keys) {
     bool expired = false;
     if (Locate(k, &expired) != Tier::kSsd) continue;
-    Status st = GetImpl(k, &buf, nullptr, /*blocking_promote=*/true);
+    Status st = GetImpl(k, &buf, nullptr, /*blocking_promote=*/true, request);
     (void)st;  // a miss is skipped
   }
   return Status::Ok();

@@ -44,6 +44,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -92,6 +93,19 @@ const char* CommitStageName(CommitStage stage);  // "none", "buffer_write", "syn
 
 inline constexpr size_t kMaxBatch = 4096;
 
+// One request as the eviction policies see it (policies::EvictionPolicy::OnRequest): every
+// policy call made for calls that carry the same id belongs to one request with one time,
+// now_us (taken once, when the request began). id 0 means "no request given": the call is a
+// request of its own, timed by the clock when it runs. Get one from TierManager::BeginRequest.
+// A memory tier calls OnRequest(now_us) on its policy whenever the id of the call touching
+// the policy differs from the previous one (so requests that interleave are told again when
+// they resume), then passes now_us to every hook of the call (OnMiss, Evict, OnInsert,
+// OnAccess). The simulator (sim/simulator.h, trace field "request") does the same.
+struct RequestTag {
+  uint64_t id = 0;
+  uint64_t now_us = 0;
+};
+
 struct TierManagerOptions {
   // Capacities; 0 disables a tier. HBM is a CUDA device arena when a GPU is present,
   // host-emulated otherwise.
@@ -107,6 +121,8 @@ struct TierManagerOptions {
   std::string eviction_policy = "lru";
   std::string admission_policy = "admit-all";
   policies::PolicyParams policy_params;
+  // Tests: when set, makes the memory tiers' eviction policies instead of eviction_policy.
+  std::function<std::unique_ptr<policies::EvictionPolicy>()> eviction_policy_factory;
   // Time source for TTLs and leases; nullptr means DefaultSteadyClock().
   const Clock* clock = nullptr;
 
@@ -140,6 +156,8 @@ struct PutOptions {
   Tier highest_tier = Tier::kDram;
   // Lower tiers only: a value whose kind must never reach SSD (SWA state) sets this false.
   bool allow_ssd = true;
+  // The request this put belongs to (a native batch PUT, or an engine turn); id 0: its own.
+  RequestTag request;
 };
 
 struct LookupResult {
@@ -193,10 +211,13 @@ class TierManager {
   // Get for a batch of keys, each with Get's semantics (results[i], (*outs)[i], (*froms)[i]
   // for keys[i]; froms may be null). The SSD reads of the batch are submitted together
   // (SsdTier::GetBatch: one submission per segment, each record verified against its
-  // checksum). More than kMaxBatch keys: every result is InvalidArgument. The default runs
+  // checksum). More than kMaxBatch keys: every result is InvalidArgument. The batch is one
+  // request for the policies: `request`, or a new one when its id is 0. The default runs
   // Get per key (for test doubles).
   virtual void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
-                        std::vector<Tier>* froms, std::vector<Status>* results) {
+                        std::vector<Tier>* froms, std::vector<Status>* results,
+                        const RequestTag& request = {}) {
+    (void)request;
     outs->resize(keys.size());
     results->assign(keys.size(), Status::InvalidArgument("batch larger than kMaxBatch"));
     if (froms != nullptr) froms->assign(keys.size(), Tier::kNone);
@@ -207,6 +228,11 @@ class TierManager {
   }
 
   virtual LookupResult Lookup(std::span<const Key> chain) = 0;
+
+  // A new request: a fresh id and the clock's time now. Pass it to the Put and GetBatch calls
+  // of one native batch, or of one engine turn (LOOKUP, GET, PUT). Never returns id 0 from a
+  // real tier manager; the default (test doubles) returns {0, 0}.
+  virtual RequestTag BeginRequest() { return {}; }
 
   // Promotes the keys to DRAM ahead of a read. Missing keys are skipped.
   virtual Status Prefetch(std::span<const Key> keys) = 0;

@@ -15,6 +15,15 @@ constexpr uint64_t kOctaves = 20;
 // Prior value per class (relative), used until a class has min_entries: an LRU per class in
 // which reused units are worth more and request-final units less.
 constexpr std::array<double, LongTailPolicy::kClasses> kPrior = {1.0, 1.0, 2.0, 3.0, 4.0, 0.1};
+// Sampled-ghost hash (splitmix64 finaliser): spatial sampling independent of id order.
+uint64_t Hash(ObjectId id) {
+  uint64_t z = id + 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+constexpr double kTwo64 = 18446744073709551616.0;
+constexpr double kAdmitWeightMin = 1.0 / 64, kAdmitWeightMax = 64.0;
 }  // namespace
 
 LongTailPolicy::LongTailPolicy(const LongTailOptions& options) : options_(options) {
@@ -32,8 +41,13 @@ LongTailPolicy::LongTailPolicy(const LongTailOptions& options) : options_(option
   for (size_t c = 0; c < kClasses; ++c) {
     reuses_[c].assign(buckets_, 0.0);
     value_[c].assign(buckets_, 0.0);
+    censored_[c].assign(buckets_, 0.0);
+    resumed_[c].assign(buckets_, 0.0);
   }
+  const double rate = std::clamp(options_.ghost_sample_rate, 1.0 / 65536, 1.0);
+  sample_threshold_ = rate >= 1.0 ? UINT64_MAX : static_cast<uint64_t>(rate * kTwo64);
   Relearn();
+  epoch_ = 0;
 }
 
 StatusOr<std::unique_ptr<EvictionPolicy>> LongTailPolicy::Make(const PolicyParams& params) {
@@ -49,6 +63,10 @@ StatusOr<std::unique_ptr<EvictionPolicy>> LongTailPolicy::Make(const PolicyParam
   KVTIER_RETURN_IF_ERROR(r.Bool("leaf_class", &o.leaf_class));
   KVTIER_RETURN_IF_ERROR(r.Bool("young_end", &o.young_end));
   KVTIER_RETURN_IF_ERROR(r.Double("cost_exponent", &o.cost_exponent, 0.0, 8.0));
+  KVTIER_RETURN_IF_ERROR(r.Double("ghost_sample_rate", &o.ghost_sample_rate, 1.0 / 65536, 1.0));
+  KVTIER_RETURN_IF_ERROR(r.Uint("sampled_ghosts_max", &o.sampled_ghosts_max, 0, 1ull << 22));
+  KVTIER_RETURN_IF_ERROR(r.Bool("censoring", &o.censoring));
+  KVTIER_RETURN_IF_ERROR(r.Double("admit_step", &o.admit_step, 0.0, 1.0));
   KVTIER_RETURN_IF_ERROR(r.Finish());
   return std::unique_ptr<EvictionPolicy>(new LongTailPolicy(o));
 }
@@ -67,6 +85,10 @@ double LongTailPolicy::TEST_Value(size_t cls, uint64_t age_ms) const {
   return value_[std::min(cls, kClasses - 1)][Bucket(age_ms * 1000)];
 }
 
+double LongTailPolicy::TEST_SampleRate() const {
+  return sample_threshold_ == UINT64_MAX ? 1.0 : static_cast<double>(sample_threshold_) / kTwo64;
+}
+
 size_t LongTailPolicy::TEST_ClassOf(ObjectId id) const {
   uint32_t s = slab_.Find(id);
   return s == kNil ? kClasses : slab_[s].data.cls;
@@ -81,6 +103,7 @@ void LongTailPolicy::Link(uint32_t slot, uint8_t cls, uint64_t entry_us) {
   auto& n = slab_[slot];
   n.data.cls = cls;
   n.data.entry_us = entry_us;
+  n.data.epoch = epoch_;
   n.list = cls;
   ++l.size;
   auto insert_before = [&](uint32_t at) {  // at == kNil: append
@@ -192,8 +215,38 @@ void LongTailPolicy::NoteRequestBoundary(ObjectId parent_of_current, ObjectId cu
   last_touched_ = current;
 }
 
-void LongTailPolicy::CountReuse(uint8_t cls, uint64_t age_us) {
-  reuses_[cls][Bucket(age_us)] += 1.0;
+void LongTailPolicy::CountReuse(uint8_t cls, uint64_t age_us, double weight) {
+  reuses_[cls][Bucket(age_us)] += weight;
+}
+
+double LongTailPolicy::Decayed(uint32_t since_epoch) const {
+  if (!options_.censoring || options_.decay >= 1.0) return 1.0;
+  return std::pow(options_.decay, static_cast<double>(epoch_ - std::min(epoch_, since_epoch)));
+}
+
+void LongTailPolicy::Censor(uint8_t cls, uint64_t age_us, double weight) {
+  if (options_.censoring) censored_[cls][Bucket(age_us)] += weight;
+}
+
+bool LongTailPolicy::Sampled(ObjectId id) const {
+  return options_.sampled_ghosts_max > 0 && Hash(id) < sample_threshold_;
+}
+
+// Fixed-size SHARDS: the entry with the largest hash leaves and the threshold drops to its
+// hash, so no id at or above it is sampled again. Its observation is censored now.
+void LongTailPolicy::DropLargestSample(uint64_t now_us) {
+  while (!sampled_heap_.empty()) {
+    std::pop_heap(sampled_heap_.begin(), sampled_heap_.end());
+    const auto [hash, id] = sampled_heap_.back();
+    sampled_heap_.pop_back();
+    sample_threshold_ = std::min(sample_threshold_, hash);
+    auto it = sampled_.find(id);
+    if (it == sampled_.end() || Hash(id) != hash) continue;  // stale: re-referenced since
+    Censor(it->second.cls, now_us - std::min(now_us, it->second.entry_us),
+           it->second.weight * Decayed(it->second.epoch));
+    sampled_.erase(it);
+    return;
+  }
 }
 
 void LongTailPolicy::CountEvent() {
@@ -207,10 +260,49 @@ void LongTailPolicy::CountEvent() {
 void LongTailPolicy::Relearn() {
   events_since_learn_ = 0;
   std::vector<double> cum(buckets_ + 1);
+  // Kaplan-Meier: what is still under observation now (cached units, sampled ghosts) is
+  // censored at its current age, with the weight its entry count has decayed to.
+  std::array<std::vector<double>, kClasses> open;
+  if (options_.censoring) {
+    for (size_t c = 0; c < kClasses; ++c) open[c].assign(buckets_, 0.0);
+    const uint64_t now = last_now_us_;
+    for (const ClassList& l : lists_) {
+      for (uint32_t s = l.first; s != kNil; s = slab_[s].next) {
+        const Payload& p = slab_[s].data;
+        open[p.cls][Bucket(now - std::min(now, p.entry_us))] += Decayed(p.epoch);
+      }
+    }
+    for (const auto& [id, g] : sampled_) {
+      (void)id;
+      open[g.cls][Bucket(now - std::min(now, g.entry_us))] += g.weight * Decayed(g.epoch);
+    }
+  }
+  std::vector<double> surv(buckets_ + 1);
   for (size_t c = 0; c < kClasses; ++c) {
     std::vector<double>& v = value_[c];
     if (entries_[c] < static_cast<double>(options_.min_entries)) {
       for (size_t a = 0; a < buckets_; ++a) v[a] = kPrior[c] / (1.0 + bucket_lo_s_[a]);
+    } else if (options_.censoring) {
+      // S(b) = product over earlier buckets of (1 - reuses / at risk); at risk = entries plus
+      // resumed observations, less those that ended (reused or censored) in earlier buckets.
+      double at_risk = entries_[c];
+      surv[0] = 1.0;
+      for (size_t b = 0; b < buckets_; ++b) {
+        at_risk += resumed_[c][b];
+        const double h = at_risk > 1e-9 ? std::min(1.0, reuses_[c][b] / at_risk) : 0.0;
+        surv[b + 1] = surv[b] * (1.0 - h);
+        at_risk = std::max(0.0, at_risk - reuses_[c][b] - censored_[c][b] - open[c][b]);
+      }
+      for (size_t a = 0; a < buckets_; ++a) {
+        double best = 0;
+        if (surv[a] > 1e-12) {
+          for (size_t b = a; b < buckets_; ++b) {
+            const double span_s = bucket_lo_s_[b + 1] - bucket_lo_s_[a];
+            best = std::max(best, (1.0 - surv[b + 1] / surv[a]) / span_s);
+          }
+        }
+        v[a] = best;
+      }
     } else {
       cum[0] = 0;
       for (size_t a = 0; a < buckets_; ++a) cum[a + 1] = cum[a] + reuses_[c][a];
@@ -227,11 +319,36 @@ void LongTailPolicy::Relearn() {
       }
     }
     for (double& x : reuses_[c]) x *= options_.decay;
+    for (double& x : censored_[c]) x *= options_.decay;
+    for (double& x : resumed_[c]) x *= options_.decay;
     entries_[c] *= options_.decay;
   }
+  ++epoch_;
 }
 
-void LongTailPolicy::Remember(ObjectId id, const Payload& p) {
+void LongTailPolicy::Remember(ObjectId id, const Payload& p, uint64_t now_us) {
+  const uint64_t age = now_us - std::min(now_us, p.entry_us);
+  Censor(p.cls, age, Decayed(p.epoch));  // its observation as a cached unit ends unreused
+  if (Sampled(id)) {
+    // It goes on being observed as a sampled ghost, standing for 1/rate evicted units.
+    const double w = sample_threshold_ == UINT64_MAX
+                         ? 1.0
+                         : kTwo64 / static_cast<double>(std::max<uint64_t>(sample_threshold_, 1));
+    sampled_[id] = SampledGhost{p.entry_us, w, p.hits, p.cls, epoch_};
+    resumed_[p.cls][Bucket(age)] += w;
+    sampled_heap_.emplace_back(Hash(id), id);
+    std::push_heap(sampled_heap_.begin(), sampled_heap_.end());
+    while (sampled_.size() > options_.sampled_ghosts_max) DropLargestSample(now_us);
+    if (sampled_heap_.size() > 2 * options_.sampled_ghosts_max + 16) {
+      // Stale heap entries (ids re-referenced since): rebuild from the table. Bounded.
+      sampled_heap_.clear();
+      for (const auto& [gid, g] : sampled_) {
+        (void)g;
+        sampled_heap_.emplace_back(Hash(gid), gid);
+      }
+      std::make_heap(sampled_heap_.begin(), sampled_heap_.end());
+    }
+  }
   const double cap = static_cast<double>(std::max<uint64_t>(capacity_, slab_.Live() + 1));
   const size_t limit = static_cast<size_t>(options_.ghost_factor * cap);
   if (limit == 0) return;
@@ -258,19 +375,46 @@ void LongTailPolicy::OnInsert(const ObjectInfo& info, uint64_t now_us) {
   }
   if (explicit_requests_) now_us = request_us_;
   NoteRequestBoundary(info.parent_id, info.id);
+  last_now_us_ = std::max(last_now_us_, now_us);
   uint8_t hits = 0;
-  if (auto g = ghosts_.find(info.id); g != ghosts_.end()) {
-    CountReuse(g->second.cls, now_us - std::min(now_us, g->second.entry_us));
+  bool ghost_hit = false, evicted_never_hit = false;
+  if (auto g = sampled_.find(info.id); g != sampled_.end()) {
+    CountReuse(g->second.cls, now_us - std::min(now_us, g->second.entry_us),
+               g->second.weight * Decayed(g->second.epoch));
     hits = static_cast<uint8_t>(std::min<int>(g->second.hits + 1, 255));
+    ghost_hit = true;
+    evicted_never_hit = g->second.hits == 0;
+    sampled_.erase(g);
+  }
+  if (auto g = ghosts_.find(info.id); g != ghosts_.end()) {
+    // The exact ghosts carry hit counts; they feed the model only without sampled ghosts
+    // (else an id in both would count twice, and unsampled ones would bias it).
+    if (options_.sampled_ghosts_max == 0) {
+      CountReuse(g->second.cls, now_us - std::min(now_us, g->second.entry_us), 1.0);
+    }
+    if (!ghost_hit) {
+      hits = static_cast<uint8_t>(std::min<int>(g->second.hits + 1, 255));
+      evicted_never_hit = g->second.hits == 0;
+    }
+    ghost_hit = true;
     ghosts_.erase(g);
+  }
+  if (ghost_hit) {
+    if (options_.admit_step > 0) {
+      const double f = 1.0 + options_.admit_step;
+      admit_weight_ = std::clamp(evicted_never_hit ? admit_weight_ * f : admit_weight_ / f,
+                                 kAdmitWeightMin, kAdmitWeightMax);
+    }
     CountEvent();
   }
   uint8_t cls = kFresh;
   if (hits > 0) {
     cls = HitClass(hits);
-  } else if (options_.split_extension && explicit_requests_) {
-    if (request_nonroot_hit_) cls = kExtension;
+  } else if (options_.split_extension && explicit_requests_ && request_nonroot_hit_) {
+    cls = kExtension;
   } else if (options_.split_extension && info.parent_id != kNoParent) {
+    // Also with explicit requests: a request resumed after another one's calls (interleaved
+    // sessions) has lost request_nonroot_hit_, but its parent still says it was hit now.
     uint32_t ps = slab_.Find(info.parent_id);
     if (ps != kNil) {
       const Payload& pp = slab_[ps].data;
@@ -302,8 +446,9 @@ void LongTailPolicy::OnAccess(ObjectId id, uint64_t now_us) {
   if (explicit_requests_) now_us = request_us_;
   NoteRequestBoundary(slab_[s].data.parent, id);
   Payload& p = slab_[s].data;
+  last_now_us_ = std::max(last_now_us_, now_us);
   if (p.parent != kNoParent) request_nonroot_hit_ = true;
-  CountReuse(p.cls, now_us - std::min(now_us, p.entry_us));
+  CountReuse(p.cls, now_us - std::min(now_us, p.entry_us), Decayed(p.epoch));
   p.hits = static_cast<uint8_t>(std::min<int>(p.hits + 1, 255));
   const uint8_t cls = HitClass(p.hits);
   Unlink(s);
@@ -315,6 +460,8 @@ void LongTailPolicy::OnAccess(ObjectId id, uint64_t now_us) {
 void LongTailPolicy::OnRemove(ObjectId id) {
   uint32_t s = slab_.Find(id);
   if (s == kNil) return;
+  const Payload& p = slab_[s].data;
+  Censor(p.cls, last_now_us_ - std::min(last_now_us_, p.entry_us), Decayed(p.epoch));
   Unlink(s);
   slab_.Free(s);
 }
@@ -325,7 +472,8 @@ std::optional<ObjectId> LongTailPolicy::Evict(uint64_t now_us) {
   auto consider = [&](uint32_t s) {
     if (s == kNil) return;
     const Payload& p = slab_[s].data;
-    const double v = value_[p.cls][Bucket(now_us - std::min(now_us, p.entry_us))] * CostFactor(p);
+    double v = value_[p.cls][Bucket(now_us - std::min(now_us, p.entry_us))] * CostFactor(p);
+    if (p.cls == kFresh || p.cls == kExtension) v *= admit_weight_;
     if (best == kNil || v < best_value ||
         (v == best_value && p.entry_us < slab_[best].data.entry_us)) {
       best = s;
@@ -340,9 +488,10 @@ std::optional<ObjectId> LongTailPolicy::Evict(uint64_t now_us) {
   if (best == kNil) return std::nullopt;
   const ObjectId id = slab_[best].id;
   const Payload p = slab_[best].data;
+  last_now_us_ = std::max(last_now_us_, now_us);
   Unlink(best);
   slab_.Free(best);
-  Remember(id, p);
+  Remember(id, p, now_us);
   CountEvent();
   return id;
 }

@@ -70,6 +70,27 @@ struct LongTailOptions {
   // (sim: attention over the prefix) it favoured deep units and lost prefix tokens on the
   // conversation trace (docs/POLICIES.md), and prefill is priced per token, not per FLOP.
   double cost_exponent = 0.0;
+  // Sampled ghosts (SHARDS-style spatial sampling): an evicted unit whose id hash falls below
+  // the sampling threshold is remembered until it is re-referenced, however long that takes
+  // (hours to days), and stands for 1/rate evicted units in the reuse-age model. The table
+  // holds at most sampled_ghosts_max entries (about 40 bytes each): when full, the threshold
+  // drops to the largest hash held and that entry leaves (fixed-size SHARDS), so the rate
+  // only falls. 0 entries: off (the model then sees reuses of cached units and of the exact
+  // ghosts only, a horizon of ghost_factor x capacity evictions).
+  double ghost_sample_rate = 0.05;  // initial rate, [1/65536, 1]
+  uint64_t sampled_ghosts_max = 65536;
+  // Kaplan-Meier: a unit whose observation ends without a reuse (evicted and not sampled,
+  // removed, a sampled ghost dropped, or still cached / sampled at relearn time) is censored
+  // at its age then, instead of being counted as never reused.
+  // Off by default: frozen by the tuning protocol in docs/POLICIES.md (it lost 0.014 of
+  // summed prefix-token hit ratio on the tuning part); on, it is what the test checks.
+  bool censoring = false;
+  // Admission that adapts to capacity from ghost-hit feedback: the value of never-hit units
+  // (fresh, extension) is multiplied by a weight w in [1/64, 64]; a ghost hit on a unit evicted
+  // never hit raises w by admit_step (they were evicted too early), a ghost hit on a unit
+  // evicted after hits lowers it. A small cache drives w down (fresh units are evicted first,
+  // i.e. admitted for good on their second reference); a large one up. 0: off (w = 1).
+  double admit_step = 0.0;
 };
 
 class LongTailPolicy final : public EvictionPolicy {
@@ -97,6 +118,9 @@ class LongTailPolicy final : public EvictionPolicy {
   // Learned value (hit density, per second) of a unit of class `cls` at `age_ms`, and the
   // class a cached unit is in (kClasses when not cached). For tests and docs.
   double TEST_Value(size_t cls, uint64_t age_ms) const;
+  size_t TEST_SampledGhosts() const { return sampled_.size(); }
+  double TEST_SampleRate() const;
+  double TEST_AdmitWeight() const { return admit_weight_; }
   size_t TEST_ClassOf(ObjectId id) const;
   void TEST_Relearn() { Relearn(); }
 
@@ -107,6 +131,7 @@ class LongTailPolicy final : public EvictionPolicy {
     double cost_per_byte = 0;  // 0: unknown
     uint8_t hits = 0;          // saturating
     uint8_t cls = 0;
+    uint32_t epoch = 0;  // relearns done when it entered its class (its weight has decayed since)
   };
   using Slab = internal::Slab<Payload>;
   // A class list: first = oldest entry, last = youngest; young_first = first unit of the
@@ -126,10 +151,14 @@ class LongTailPolicy final : public EvictionPolicy {
   void Unlink(uint32_t slot);
   void NoteRequestBoundary(ObjectId parent_of_current, ObjectId current);
   void MoveToLeafClass(ObjectId id);
-  void CountReuse(uint8_t cls, uint64_t age_us);
+  void CountReuse(uint8_t cls, uint64_t age_us, double weight);
+  double Decayed(uint32_t since_epoch) const;
   void CountEvent();
   void Relearn();
-  void Remember(ObjectId id, const Payload& p);
+  void Remember(ObjectId id, const Payload& p, uint64_t now_us);
+  bool Sampled(ObjectId id) const;
+  void Censor(uint8_t cls, uint64_t age_us, double weight);
+  void DropLargestSample(uint64_t now_us);
   double CostFactor(const Payload& p) const;
   uint8_t HitClass(uint8_t hits) const;
 
@@ -138,6 +167,21 @@ class LongTailPolicy final : public EvictionPolicy {
   std::array<ClassList, kClasses> lists_{};
   std::unordered_map<ObjectId, Ghost> ghosts_;
   std::deque<ObjectId> ghost_order_;
+  // Sampled ghosts: id -> entry; by hash for the fixed-size threshold drop.
+  struct SampledGhost {
+    uint64_t entry_us = 0;
+    double weight = 1.0;  // 1 / sampling rate when it was sampled
+    uint8_t hits = 0;
+    uint8_t cls = 0;
+    uint32_t epoch = 0;  // relearns done when it was sampled
+  };
+  std::unordered_map<ObjectId, SampledGhost> sampled_;
+  std::vector<std::pair<uint64_t, ObjectId>> sampled_heap_;  // max-heap by hash
+  uint64_t sample_threshold_ = 0;  // ids with Hash(id) < threshold are sampled
+  double admit_weight_ = 1.0;
+  // Kaplan-Meier counts per class and age bucket: observations ended without reuse
+  // (censored), and observations that resumed at that age (sampled ghosts, weight 1/rate).
+  std::array<std::vector<double>, kClasses> censored_, resumed_;
   uint64_t capacity_ = 0;  // from OnCapacity, else the largest size seen
   ObjectId last_touched_ = kNoParent;
   // Explicit requests (OnRequest): the units the current request touched, and whether it hit
@@ -153,6 +197,8 @@ class LongTailPolicy final : public EvictionPolicy {
   std::array<double, kClasses> entries_{};
   std::array<std::vector<double>, kClasses> value_;
   uint64_t events_since_learn_ = 0;
+  uint32_t epoch_ = 0;        // relearns so far
+  uint64_t last_now_us_ = 0;  // latest time seen (OnRemove has none)
   double cost_sum_ = 0;
   uint64_t cost_known_ = 0;
 };

@@ -186,5 +186,121 @@ TEST(LongTail, DeterministicAndParamsChecked) {
   EXPECT_TRUE(LongTailPolicy::Make({.values = {{"decay", "1.5"}}}).status().IsInvalidArgument());
 }
 
+// Sampled ghosts stay within sampled_ghosts_max however many units are evicted, and the
+// sampling rate only falls (fixed-size SHARDS).
+TEST(LongTail, SampledGhostsAreBounded) {
+  LongTailOptions o;
+  o.ghost_sample_rate = 0.5;
+  o.sampled_ghosts_max = 64;
+  LongTailPolicy p(o);
+  for (ObjectId id = 1; id <= 20000; ++id) {
+    p.OnInsert({.id = id}, id * kSecUs);
+    while (p.Size() > 100) ASSERT_TRUE(p.Evict(id * kSecUs).has_value());
+    ASSERT_LE(p.TEST_SampledGhosts(), 64u);
+  }
+  EXPECT_EQ(p.TEST_SampledGhosts(), 64u);
+  EXPECT_LT(p.TEST_SampleRate(), 0.01);  // ~64 of ~19900 evicted ids
+  EXPECT_GT(p.TEST_SampleRate(), 0.0005);
+}
+
+// Fresh units come back after 3 hours, long after the exact ghosts (ghost_factor x capacity
+// evictions, ~20 s of churn here) have forgotten them. Sampled ghosts still see those
+// reuses, so the learned value at ~3 h is positive; without them it is zero.
+TEST(LongTail, SampledGhostsSeeReuseGapsOfHours) {
+  auto run = [](uint64_t sampled_max) {
+    LongTailOptions o;
+    o.ghost_factor = 1.0;
+    o.sampled_ghosts_max = sampled_max;
+    o.ghost_sample_rate = 0.25;
+    o.decay = 1.0;
+    o.relearn_every = 1ull << 30;
+    o.leaf_class = false;
+    LongTailPolicy p(o);
+    std::vector<std::pair<uint64_t, ObjectId>> due;  // (second, id), in time order
+    size_t next_due = 0;
+    ObjectId next = 1;
+    const uint64_t gap_s = 3 * 3600;
+    for (uint64_t t = 0; t < gap_s + 2000; t += 2) {
+      const uint64_t now = t * kSecUs;
+      while (next_due < due.size() && due[next_due].first <= t) {
+        const ObjectId id = due[next_due++].second;
+        if (p.Contains(id)) {
+          p.OnAccess(id, now);
+        } else {
+          p.OnInsert({.id = id}, now);
+        }
+      }
+      for (int k = 0; k < 10; ++k) {
+        const ObjectId id = next++;
+        p.OnInsert({.id = id}, now);
+        if (id % 4 == 0 && t < 2000) due.push_back({t + gap_s, id});
+      }
+      while (p.Size() > 100) p.Evict(now);
+    }
+    p.TEST_Relearn();
+    return p.TEST_Value(LongTailPolicy::kFresh, gap_s * 1000);
+  };
+  EXPECT_GT(run(4096), 0.0);
+  EXPECT_EQ(run(0), 0.0);
+}
+
+// Every unit is reused exactly 100 s after insertion; at relearn time the units younger than
+// 100 s are still waiting. Counted as never reused (no censoring) they lower the estimated
+// reuse probability to ~0.9; censored at their age (Kaplan-Meier) they do not.
+TEST(LongTail, CensoringCorrectsForUnitsStillWaiting) {
+  auto run = [](bool censoring) {
+    LongTailOptions o;
+    o.censoring = censoring;
+    o.decay = 1.0;
+    o.relearn_every = 1ull << 30;
+    o.min_entries = 10;
+    o.leaf_class = false;
+    o.young_end = false;
+    LongTailPolicy p(o);
+    for (uint64_t t = 0; t < 1000; ++t) {
+      p.OnInsert({.id = t + 1}, t * kSecUs);
+      if (t >= 100) p.OnAccess(t - 99, t * kSecUs);
+    }
+    p.TEST_Relearn();
+    return p.TEST_Value(LongTailPolicy::kFresh, 0);
+  };
+  const double with = run(true), without = run(false);
+  EXPECT_GT(without, 0.0);
+  EXPECT_GT(with, without * 1.08);  // 1 / 0.9
+}
+
+// Admission adapts from ghost hits: ghost hits of units evicted never hit raise the weight of
+// never-hit units; ghost hits of units evicted after hits lower it.
+TEST(LongTail, AdmissionWeightFollowsGhostHits) {
+  LongTailOptions o;
+  o.admit_step = 0.05;
+  LongTailPolicy p(o);
+  uint64_t t = 1;
+  for (ObjectId id = 1; id <= 200; ++id) p.OnInsert({.id = id}, t * kSecUs);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(p.Evict(++t * kSecUs).has_value());
+  for (ObjectId id = 1; id <= 200; ++id) {
+    if (!p.Contains(id)) p.OnInsert({.id = id}, ++t * kSecUs);  // ghost hits, never hit
+    while (p.Size() > 150) p.Evict(t * kSecUs);
+  }
+  const double raised = p.TEST_AdmitWeight();
+  EXPECT_GT(raised, 1.5);
+  // Now units that had hits are evicted and come back.
+  for (ObjectId id = 1000; id < 1300; ++id) {
+    p.OnInsert({.id = id}, ++t * kSecUs);
+    p.OnAccess(id, ++t * kSecUs);
+  }
+  for (int i = 0; i < 300; ++i) p.Evict(++t * kSecUs);
+  for (ObjectId id = 1000; id < 1300; ++id) {
+    if (!p.Contains(id)) p.OnInsert({.id = id}, ++t * kSecUs);
+    while (p.Size() > 150) p.Evict(t * kSecUs);
+  }
+  EXPECT_LT(p.TEST_AdmitWeight(), raised / 2);
+  EXPECT_TRUE(LongTailPolicy::Make({.values = {{"sampled_ghosts_max", "99999999"}}})
+                  .status()
+                  .IsInvalidArgument());
+  EXPECT_TRUE(
+      LongTailPolicy::Make({.values = {{"ghost_sample_rate", "0"}}}).status().IsInvalidArgument());
+}
+
 }  // namespace
 }  // namespace kvtier::policies

@@ -85,6 +85,30 @@ TEST(SimTrace, KvtierFormatPlainAndZstd) {
   std::filesystem::remove_all(dir);
 }
 
+// Records sharing a "request" id are one request: timed by the first, and the first id of a
+// later record is chained to the last id of the request's earlier record.
+TEST(SimTrace, KvtierRequestIdsJoinRecords) {
+  const std::string text =
+      "{\"ts_ms\":10,\"op\":\"get\",\"tenant\":1,\"ids\":[11,12],\"bytes\":200,"
+      "\"unit_tokens\":64,\"request\":5}\n"
+      "{\"ts_ms\":11,\"op\":\"put\",\"tenant\":1,\"ids\":[21],\"bytes\":100,"
+      "\"unit_tokens\":64}\n"
+      "{\"ts_ms\":30,\"op\":\"put\",\"tenant\":1,\"ids\":[13],\"bytes\":100,"
+      "\"unit_tokens\":64,\"request\":5}\n";
+  UnitTrace u = Units(text);
+  ASSERT_EQ(u.requests.size(), 3u);
+  EXPECT_EQ(u.requests[2].ts_ms, 10u);  // the request's first record's time
+  EXPECT_EQ(u.parent[3], 2u);           // id 13 (unit 3) under id 12 (unit 1, + 1)
+  EXPECT_EQ(u.parent[2], 0u);           // id 21: its own request, a root
+  auto r = Simulate(u, SimOptions{.dram_capacity_units = 8});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->requests, 3u);  // get(5), put, put(5) resumes: told again
+  EXPECT_TRUE(ParseTrace("{\"ts_ms\":0,\"op\":\"get\",\"tenant\":1,\"ids\":[1],\"bytes\":1,"
+                         "\"unit_tokens\":64,\"request\":-1}\n")
+                  .status()
+                  .IsInvalidArgument());
+}
+
 TEST(Sim, PrefixTokensCountOnlyTheLeadingRun) {
   UnitTrace u = Units(kTiny);
   EXPECT_EQ(u.unique_units, 5u);

@@ -1,0 +1,325 @@
+// The live tiers see requests as the simulator does: several sessions' engine turns
+// (LOOKUP, GET of the hit prefix, PUT of the rest, one RequestTag per turn), interleaved, are
+// replayed through the real TierManager and, as a kvtier trace whose records carry the turn's
+// request id, through the simulator; a recording policy in each must see the same hook calls
+// (OnCapacity, OnRequest, OnMiss, Evict, OnInsert, OnAccess, OnRemove) with the same times.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.h"
+#include "policies/long_tail/long_tail.h"
+#include "policies/policy.h"
+#include "sim/simulator.h"
+#include "sim/trace.h"
+#include "storage/key_util.h"
+#include "storage/tier_manager.h"
+
+namespace kvtier::sim {
+namespace {
+
+using policies::EvictionPolicy;
+using policies::ObjectId;
+using policies::ObjectInfo;
+
+// Forwards every call to `inner` and appends one line per hook to *log, ids translated by
+// `map` (live storage ids -> the simulator's dense ids; null: unchanged).
+class RecordingPolicy final : public EvictionPolicy {
+ public:
+  RecordingPolicy(std::unique_ptr<EvictionPolicy> inner, std::vector<std::string>* log,
+                  const std::unordered_map<ObjectId, ObjectId>* map)
+      : inner_(std::move(inner)), log_(log), map_(map) {}
+  std::string_view Name() const override { return "recording"; }
+  void OnInsert(const ObjectInfo& info, uint64_t now_us) override {
+    Log("insert " + Id(info.id) + " parent " + Id(info.parent_id) + " t " + T(now_us));
+    ObjectInfo i = info;
+    i.id = Map(info.id);
+    i.parent_id = Map(info.parent_id);
+    i.recompute_tokens = 0;  // the simulator's cost model is not the engine's
+    i.size_bytes = 4096;
+    inner_->OnInsert(i, now_us);
+  }
+  void OnAccess(ObjectId id, uint64_t now_us) override {
+    Log("access " + Id(id) + " t " + T(now_us));
+    inner_->OnAccess(Map(id), now_us);
+  }
+  void OnRemove(ObjectId id) override {
+    Log("remove " + Id(id));
+    inner_->OnRemove(Map(id));
+  }
+  void OnMiss(ObjectId id, uint64_t now_us) override {
+    Log("miss " + Id(id) + " t " + T(now_us));
+    inner_->OnMiss(Map(id), now_us);
+  }
+  void OnCapacity(uint64_t capacity_objects) override {
+    Log("capacity " + std::to_string(capacity_objects));
+    inner_->OnCapacity(capacity_objects);
+  }
+  void OnRequest(uint64_t now_us) override {
+    Log("request t " + T(now_us));
+    inner_->OnRequest(now_us);
+  }
+  std::optional<ObjectId> Evict(uint64_t now_us) override {
+    std::optional<ObjectId> v = inner_->Evict(now_us);
+    Log("evict t " + T(now_us) + " -> " + (v ? std::to_string(*v) : "none"));
+    if (v && map_ != nullptr) {
+      for (const auto& [live, dense] : *map_) {
+        if (dense == *v) return live;
+      }
+    }
+    return v;
+  }
+  size_t Size() const override { return inner_->Size(); }
+  bool Contains(ObjectId id) const override { return inner_->Contains(Map(id)); }
+
+ private:
+  ObjectId Map(ObjectId id) const {
+    if (map_ == nullptr || id == policies::kNoParent) return id;
+    auto it = map_->find(id);
+    return it == map_->end() ? id : it->second;
+  }
+  std::string Id(ObjectId id) const { return std::to_string(Map(id)); }
+  static std::string T(uint64_t us) { return std::to_string(us); }
+  void Log(std::string line) { log_->push_back(std::move(line)); }
+
+  std::unique_ptr<EvictionPolicy> inner_;
+  std::vector<std::string>* log_;
+  const std::unordered_map<ObjectId, ObjectId>* map_;
+};
+
+storage::Key KeyOf(uint64_t id) {
+  storage::Key k{};
+  for (int i = 0; i < 8; ++i) k[i] = static_cast<uint8_t>(id >> (8 * i));
+  k[31] = 0x5a;  // not all zero beyond the id
+  return k;
+}
+
+// One engine turn as sent: a GET of the hit prefix (skipped when nothing hit) and a PUT of
+// the rest, sharing one request.
+struct Turn {
+  uint64_t request = 0;
+  uint64_t ts_ms = 0;
+  std::vector<uint64_t> get_ids, put_ids;
+};
+
+struct Replayed {
+  std::vector<std::string> log;
+  Trace trace;                                   // what the simulator replays
+  std::unordered_map<ObjectId, ObjectId> dense;  // live id -> simulator id (first use order)
+  policies::EvictionPolicy* inner = nullptr;     // the live tier's wrapped policy
+  std::unique_ptr<ManualClock> clock;
+  std::unique_ptr<storage::TierManager> tm;  // owns `inner`
+};
+
+using MakeInner = std::function<std::unique_ptr<EvictionPolicy>()>;
+
+constexpr uint64_t kValueBytes = 4096;  // one slab page per unit: capacity in units is exact
+
+// Replays `sessions` conversations of `turns` turns each, through a TierManager with a DRAM
+// tier of `capacity_units`. `interleave`: a seeded schedule runs other sessions' phases
+// between a turn's GET and its PUT; otherwise each turn runs whole, session after session
+// in the same turn order. The turn times do not depend on the schedule.
+void LiveRun(const MakeInner& make, uint64_t capacity_units, int sessions, int turns,
+             bool interleave, uint32_t seed, Replayed* run) {
+  run->clock = std::make_unique<ManualClock>(0);
+  ManualClock& clock = *run->clock;
+  storage::TierManagerOptions o;
+  o.hbm_capacity_bytes = 0;
+  o.dram_capacity_bytes = capacity_units * kValueBytes;
+  o.slab_page_bytes = kValueBytes;
+  o.ssd_capacity_bytes = 0;
+  o.clock = &clock;
+  o.eviction_policy_factory = [&]() -> std::unique_ptr<EvictionPolicy> {
+    auto inner = make();
+    run->inner = inner.get();
+    return std::make_unique<RecordingPolicy>(std::move(inner), &run->log, &run->dense);
+  };
+  auto opened = storage::TierManager::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  run->tm = std::move(*opened);
+  storage::TierManager* tm = run->tm.get();
+
+  // Each session's chain grows by 1..3 units a turn; turn k of session s happens at a time
+  // fixed by (s, k), so serial and interleaved schedules give every turn the same time.
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int>> grow(sessions, std::vector<int>(turns));
+  for (auto& g : grow) {
+    for (int& x : g) x = 1 + static_cast<int>(rng() % 3);
+  }
+  std::vector<int> next_turn(sessions, 0);
+  std::vector<std::vector<storage::Key>> chain(sessions);
+  struct Pending {
+    bool open = false;
+    storage::RequestTag tag;
+    size_t first_put = 0;
+    uint64_t request = 0;
+  };
+  std::vector<Pending> pending(sessions);
+  uint64_t requests = 0;
+  const std::vector<uint8_t> value(kValueBytes, 7);
+  auto note = [&](uint64_t id) { run->dense.try_emplace(id, run->dense.size() + 1); };
+
+  auto start_turn = [&](int s) {
+    const int k = next_turn[s]++;
+    const uint64_t ts_ms = 1000 + 5000ull * static_cast<uint64_t>(k) + 37ull * s;
+    clock.SetUs(ts_ms * 1000);
+    for (int i = 0; i < grow[s][k]; ++i) {
+      chain[s].push_back(KeyOf(1000ull * (s + 1) + chain[s].size() + 1));
+    }
+    Pending& p = pending[s];
+    p.open = true;
+    p.tag = tm->BeginRequest();
+    p.request = ++requests;
+    const storage::LookupResult lk = tm->Lookup(chain[s]);
+    p.first_put = lk.hit_count;
+    TraceRequest get{.ts_ms = ts_ms, .op = TraceOp::kGet, .request = p.request};
+    if (lk.hit_count > 0) {
+      std::vector<storage::Key> keys(chain[s].begin(), chain[s].begin() + lk.hit_count);
+      std::vector<std::vector<uint8_t>> outs;
+      std::vector<Status> results;
+      tm->GetBatch(keys, &outs, nullptr, &results, p.tag);
+      get.first_id = static_cast<uint32_t>(run->trace.ids.size());
+      for (const storage::Key& k : keys) {
+        run->trace.ids.push_back(storage::ObjectIdOf(k));
+        note(storage::ObjectIdOf(k));
+      }
+      get.num_ids = static_cast<uint32_t>(keys.size());
+      get.bytes = kValueBytes * keys.size();
+      get.unit_tokens = 64;
+      run->trace.requests.push_back(get);
+      for (const Status& st : results) ASSERT_TRUE(st.ok()) << st.ToString();
+    }
+  };
+  auto finish_turn = [&](int s) {
+    Pending& p = pending[s];
+    p.open = false;
+    TraceRequest put{.ts_ms = p.tag.now_us / 1000, .op = TraceOp::kPut, .request = p.request};
+    put.first_id = static_cast<uint32_t>(run->trace.ids.size());
+    for (size_t i = p.first_put; i < chain[s].size(); ++i) {
+      storage::PutOptions po;
+      if (i > 0) po.parent = chain[s][i - 1];
+      po.request = p.tag;
+      const uint64_t id = storage::ObjectIdOf(chain[s][i]);
+      run->trace.ids.push_back(id);
+      note(id);
+      ASSERT_TRUE(tm->Put(chain[s][i], value, po).ok());
+    }
+    put.num_ids = static_cast<uint32_t>(chain[s].size() - p.first_put);
+    put.bytes = kValueBytes * put.num_ids;
+    put.unit_tokens = 64;
+    if (put.num_ids > 0) run->trace.requests.push_back(put);
+  };
+
+  if (!interleave) {
+    for (int k = 0; k < turns; ++k) {
+      for (int s = 0; s < sessions; ++s) {
+        start_turn(s);
+        finish_turn(s);
+      }
+    }
+  } else {
+    // Each step runs one phase of a random session: its next turn's LOOKUP+GET, or the PUT
+    // of its open turn. Sessions drift apart in turn count, as real ones do.
+    int left = sessions * turns;
+    while (left > 0) {
+      const int s = static_cast<int>(rng() % sessions);
+      if (pending[s].open) {
+        finish_turn(s);
+        --left;
+      } else if (next_turn[s] < turns) {
+        start_turn(s);
+      }
+    }
+  }
+  run->trace.format = TraceFormat::kKvtier;
+}
+
+std::vector<std::string> SimRun(const MakeInner& make, uint64_t capacity_units,
+                                const Trace& trace) {
+  std::vector<std::string> log;
+  auto units = BuildUnitTrace(trace);
+  EXPECT_TRUE(units.ok()) << units.status().ToString();
+  SimOptions o;
+  o.structure = Structure::kPlain;
+  o.dram_capacity_units = capacity_units;
+  o.dram_policy_factory = [&]() -> std::unique_ptr<EvictionPolicy> {
+    return std::make_unique<RecordingPolicy>(make(), &log, nullptr);
+  };
+  auto r = Simulate(*units, o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return log;
+}
+
+MakeInner Named(const std::string& name) {
+  return [name]() {
+    auto p = policies::MakeEvictionPolicy(name);
+    EXPECT_TRUE(p.ok());
+    return std::move(*p);
+  };
+}
+
+class LiveVsSim : public ::testing::TestWithParam<std::string> {};
+
+// The hook sequences agree call for call, with evictions happening (capacity well below the
+// units stored) and sessions interleaved between a turn's GET and its PUT.
+TEST_P(LiveVsSim, InterleavedSessionsSameHookSequence) {
+  const uint64_t capacity = 24;
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    Replayed live;
+    LiveRun(Named(GetParam()), capacity, /*sessions=*/5, /*turns=*/8, /*interleave=*/true, seed,
+            &live);
+    const std::vector<std::string> sim = SimRun(Named(GetParam()), capacity, live.trace);
+    ASSERT_GT(live.log.size(), 100u);
+    EXPECT_GT(std::count_if(live.log.begin(), live.log.end(),
+                            [](const std::string& l) { return l.starts_with("evict"); }),
+              20);
+    ASSERT_EQ(live.log.size(), sim.size()) << "seed " << seed;
+    for (size_t i = 0; i < sim.size(); ++i) {
+      ASSERT_EQ(live.log[i], sim[i]) << "seed " << seed << " call " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, LiveVsSim,
+                         ::testing::Values("lru", "arc", "s3fifo", "long-tail"));
+
+// Long-tail under interleaved sessions: with room for everything (no eviction), every unit
+// ends in the same class whether the sessions' turns run whole or interleaved, because the
+// live tiers give each turn one request and one time; so its model learns the same thing.
+TEST(LiveLongTail, ClassesDoNotDependOnInterleaving) {
+  auto make = []() -> std::unique_ptr<EvictionPolicy> {
+    return std::make_unique<policies::LongTailPolicy>();
+  };
+  Replayed serial, mixed;
+  LiveRun(make, 4096, /*sessions=*/6, /*turns=*/6, /*interleave=*/false, 7, &serial);
+  LiveRun(make, 4096, /*sessions=*/6, /*turns=*/6, /*interleave=*/true, 7, &mixed);
+  auto* a = static_cast<policies::LongTailPolicy*>(serial.inner);
+  auto* b = static_cast<policies::LongTailPolicy*>(mixed.inner);
+  // The last request's leaves move to the leaf class when another request begins.
+  a->OnRequest(1ull << 40);
+  b->OnRequest(1ull << 40);
+  ASSERT_EQ(serial.dense.size(), mixed.dense.size());
+  size_t per_class[policies::LongTailPolicy::kClasses + 1] = {};
+  for (const auto& [live_id, unused] : serial.dense) {
+    (void)unused;
+    const ObjectId sa = serial.dense.at(live_id), sb = mixed.dense.at(live_id);
+    ASSERT_EQ(a->TEST_ClassOf(sa), b->TEST_ClassOf(sb)) << "unit " << live_id;
+    ++per_class[a->TEST_ClassOf(sa)];
+  }
+  // The check has teeth: fresh, extension, hit and leaf classes all occur.
+  EXPECT_GT(per_class[policies::LongTailPolicy::kExtension], 0u);
+  EXPECT_GT(per_class[policies::LongTailPolicy::kLeaf], 0u);
+  EXPECT_GT(per_class[policies::LongTailPolicy::kHit1] +
+                per_class[policies::LongTailPolicy::kHit2] +
+                per_class[policies::LongTailPolicy::kHit3],
+            0u);
+}
+
+}  // namespace
+}  // namespace kvtier::sim

@@ -139,9 +139,10 @@ class DaemonImpl final : public Daemon {
     for (const auto& t : tenants_->tenants()) store_->SetTenantQuota(t->id, t->quota_bytes);
     // RESP key names survive a restart wherever the units can (an SSD tier): docs/RESP.md.
     if (options_.storage.ssd_capacity_bytes > 0) {
-      KVTIER_RETURN_IF_ERROR(
-          service_.PersistRespNames(options_.storage.data_dir + "/resp-names.log",
-                                    options_.storage.durability != storage::Durability::kNone));
+      const storage::Durability mode = options_.storage.durability;
+      KVTIER_RETURN_IF_ERROR(service_.PersistRespNames(
+          options_.storage.data_dir + "/resp-names.log", mode == storage::Durability::kSync,
+          mode == storage::Durability::kBatched ? options_.storage.group_commit_ms : 0));
     }
     // Engram tables are validated before any listener opens: a bad [engram] fails the start.
     if (options_.engram.enabled) {

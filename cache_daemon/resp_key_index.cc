@@ -1,6 +1,7 @@
 #include "cache_daemon/resp_key_index.h"
 
 #include <algorithm>
+#include <chrono>
 
 namespace kvtier::daemon {
 namespace {
@@ -21,7 +22,25 @@ uint64_t RespKeyIndex::CursorOf(const storage::Key& k) {
   return (prefix >> 1) + 1;
 }
 
-Status RespKeyIndex::Persist(const std::string& path, bool sync_adds) {
+RespKeyIndex::~RespKeyIndex() {
+  {
+    std::lock_guard<std::mutex> l(stop_mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  if (syncer_.joinable()) syncer_.join();
+}
+
+void RespKeyIndex::SyncEvery(uint64_t interval_ms) {
+  std::unique_lock<std::mutex> l(stop_mu_);
+  while (!stop_cv_.wait_for(l, std::chrono::milliseconds(interval_ms), [this] { return stop_; })) {
+    l.unlock();
+    (void)WaitSynced(appended_.load());  // failures are counted in log_errors_
+    l.lock();
+  }
+}
+
+Status RespKeyIndex::Persist(const std::string& path, bool sync_adds, uint64_t sync_interval_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   auto replay = [this](const RespNameLog::Record& r) {
     switch (r.op) {
@@ -39,6 +58,9 @@ Status RespKeyIndex::Persist(const std::string& path, bool sync_adds) {
   KVTIER_ASSIGN_OR_RETURN(log_, RespNameLog::Open(path, name_bytes_max_, replay));
   sync_adds_ = sync_adds;
   MaybeCompactLocked();
+  if (!sync_adds && sync_interval_ms > 0) {
+    syncer_ = std::thread([this, sync_interval_ms] { SyncEvery(sync_interval_ms); });
+  }
   return Status::Ok();
 }
 

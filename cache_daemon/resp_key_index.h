@@ -18,7 +18,9 @@
 //  - without Persist() it is memory only and empty after a restart. With Persist() every
 //    change is also appended to a RespNameLog (cache_daemon/resp_name_log.h) and the names
 //    are read back at the next start: Add() returns once the name is durable (sync_adds), so
-//    a caller that Adds before its put makes the name at least as durable as the unit;
+//    a caller that Adds before its put makes the name at least as durable as the unit; or a
+//    background thread syncs the log every sync_interval_ms (the window durability batched
+//    allows to lose);
 //  - entries of keys the store evicted or expired stay until a caller Remove()s them (the
 //    Service checks each listed key against the store and removes the gone ones).
 // The log is rewritten from the entries (compacted) when it exceeds both
@@ -37,6 +39,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "cache_daemon/resp_name_log.h"
@@ -62,9 +65,11 @@ class RespKeyIndex {
 
   // Reads the names kept in the log at path (created when absent), indexes them within the
   // limits, rewrites the log with what was indexed and keeps it: from now on every change is
-  // logged. sync_adds: Add() waits until its name is durable (fdatasync); otherwise names
-  // reach the disk with the page cache (and at Flush). Call once, before any other method.
-  Status Persist(const std::string& path, bool sync_adds);
+  // logged. sync_adds: Add() waits until its name is durable (fdatasync); else with
+  // sync_interval_ms > 0 a background thread syncs the log that often; else names reach the
+  // disk with the page cache (and at Flush). Call once, before any other method.
+  Status Persist(const std::string& path, bool sync_adds, uint64_t sync_interval_ms = 0);
+  ~RespKeyIndex();  // stops the sync thread
 
   // Records that tenant's key k is named `name` (no-op when already indexed). With a log:
   // IOError when the name could not be logged (then it is not indexed either); with
@@ -97,6 +102,7 @@ class RespKeyIndex {
   void LogLocked(const RespNameLog::Record& r);  // Remove/RemoveTenant: errors only counted
   void MaybeCompactLocked();
   Status WaitSynced(uint64_t seq);
+  void SyncEvery(uint64_t interval_ms);  // the background sync thread's loop
 
   const size_t keys_per_tenant_max_;
   const uint64_t name_bytes_max_;
@@ -113,6 +119,10 @@ class RespKeyIndex {
   std::condition_variable sync_cv_;
   uint64_t synced_ = 0;   // guarded by sync_mu_: records up to here are durable
   bool syncing_ = false;  // guarded by sync_mu_: a sync or a rewrite runs (outside it)
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stop_ = false;  // guarded by stop_mu_
+  std::thread syncer_;
 };
 
 }  // namespace kvtier::daemon

@@ -209,7 +209,7 @@ TEST_F(RespNameLogTest, ServiceLogsTheNameBeforeThePut) {
   DaemonMetrics metrics;
   auto tenants = TenantRegistry::Open(std::vector<uint8_t>(32, 7), 1024);
   Service svc(&store, tenants.get(), &metrics, nullptr, PolicySettings{});
-  ASSERT_TRUE(svc.PersistRespNames(Path(), true).ok());
+  ASSERT_TRUE(svc.PersistRespNames(Path(), true, 0).ok());
   const Tenant& t = *tenants->default_tenant();
   for (int i = 0; i < 20; ++i) {
     store.next_name = "resp-key-" + std::to_string(i) + "-end";

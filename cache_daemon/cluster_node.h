@@ -42,6 +42,9 @@ class ClusterNode {
   // Prometheus text: kvtier_cluster_* gauges and counters.
   std::string RenderPrometheus() const;
   uint16_t peer_port() const { return server_->port(); }
+  const std::string& node_id() const { return node_id_; }
+  std::shared_ptr<const cluster::MemberView> view() const { return membership_->View(); }
+  cluster::MembershipStats membership_stats() const { return membership_->Stats(); }
 
  private:
   ClusterNode() = default;

@@ -61,6 +61,7 @@ std::string RenderMetrics(Shared* shared, bool tenant_series) {
   extra.connection_buffer_bytes = shared->memory->used_bytes();
   extra.resp_key_index_bytes = shared->service->resp_index().bytes();
   extra.resp_keys_unindexed = shared->service->resp_index().unindexed();
+  extra.resp_key_log_errors = shared->service->resp_index().log_errors();
   for (size_t f = 0; f < shared->front_open.size(); ++f) {
     extra.front_connections.emplace_back(FrontName(static_cast<Front>(f)),
                                          shared->front_open[f].load());
@@ -136,6 +137,13 @@ class DaemonImpl final : public Daemon {
 
   Status Listen() {
     for (const auto& t : tenants_->tenants()) store_->SetTenantQuota(t->id, t->quota_bytes);
+    // RESP key names survive a restart wherever the units can (an SSD tier): docs/RESP.md.
+    if (options_.storage.ssd_capacity_bytes > 0) {
+      const storage::Durability mode = options_.storage.durability;
+      KVTIER_RETURN_IF_ERROR(service_.PersistRespNames(
+          options_.storage.data_dir + "/resp-names.log", mode == storage::Durability::kSync,
+          mode == storage::Durability::kBatched ? options_.storage.group_commit_ms : 0));
+    }
     // Engram tables are validated before any listener opens: a bad [engram] fails the start.
     if (options_.engram.enabled) {
       KVTIER_ASSIGN_OR_RETURN(engram_, EngramServing::Open(options_.engram));
@@ -373,6 +381,11 @@ class DaemonImpl final : public Daemon {
     Status st = store_->Flush();
     if (!st.ok()) {
       KVTIER_LOG(kError) << "flush at shutdown failed: " << st.ToString();
+    }
+    Status names = service_.resp_index().Flush();
+    if (!names.ok()) {
+      KVTIER_LOG(kError) << "RESP name log flush at shutdown failed: " << names.ToString();
+      if (st.ok()) st = names;
     }
     if (trace_) {
       Status ts = trace_->Close();

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "cache_daemon/cluster_json.h"
 #include "cache_daemon/daemon_internal.h"
 #include "cache_daemon/dashboard_assets.h"
 #include "common/clock.h"
@@ -229,6 +230,12 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
       Caller caller = Authorize(req);
       if (caller.invalid) return Unauthorized(res);
       return Text(res, http::status::ok, StatsFor(caller), "application/json");
+    }
+    if (target == "/v1/cluster" && get) {
+      // As /metrics: a bad token is refused; members and cluster gauges need no admin.
+      Caller caller = Authorize(req);
+      if (caller.invalid) return Unauthorized(res);
+      return Text(res, http::status::ok, ClusterJson(shared_->cluster), "application/json");
     }
     if (target == "/v1/policy" && get) {
       return Text(res, http::status::ok, svc->PolicyJson(), "application/json");

@@ -34,7 +34,7 @@ int Fail(const Status& st) {
 int main(int argc, char** argv) {
   std::vector<std::string_view> args(argv + 1, argv + argc);
   std::string config, data_dir, socket, listen, tokens, trace, hash_token, log_level;
-  std::string native_listen, resp_listen, http_listen;
+  std::string native_listen, resp_listen, http_listen, cluster_node_id, cluster_advertise;
   std::optional<uint64_t> resp_port, http_port, native_port;
   const DaemonOptions embedded;  // what --help names as the defaults of the config keys
   auto port_default = [](const char* key, uint16_t v) {
@@ -63,6 +63,10 @@ int main(int argc, char** argv) {
   flags.String("hash-token", &hash_token, "TOKEN",
                "print the SHA-256 of TOKEN for a tokens file and exit");
   flags.String("log-level", &log_level, "LEVEL", "debug, info, warn, error");
+  // One config for every pod of a StatefulSet: the per-node values come from the command line.
+  flags.String("cluster-node-id", &cluster_node_id, "ID", "this node's id (cluster.node_id)");
+  flags.String("cluster-peer-advertise", &cluster_advertise, "HOST:PORT",
+               "the address peers dial (cluster.peer_advertise)");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
 
   if (!hash_token.empty()) {
@@ -92,6 +96,8 @@ int main(int argc, char** argv) {
   if (!http_listen.empty()) o.http_listen = http_listen;
   if (!tokens.empty()) o.tokens_file = tokens;
   if (!trace.empty()) o.trace_path = trace;
+  if (!cluster_node_id.empty()) o.cluster.node_id = cluster_node_id;
+  if (!cluster_advertise.empty()) o.cluster.peer_advertise = cluster_advertise;
   // The flags' range is 0..65535, so each given value fits a port.
   if (resp_port) o.resp_port = static_cast<uint16_t>(*resp_port);
   if (http_port) o.http_port = static_cast<uint16_t>(*http_port);

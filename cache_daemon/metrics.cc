@@ -380,6 +380,9 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
   p.One("kvtier_resp_keys_unindexed_total", "counter",
         "RESP keys stored but not indexed for SCAN/KEYS/DBSIZE (index limits reached).",
         extra.resp_keys_unindexed);
+  p.One("kvtier_resp_key_log_errors_total", "counter",
+        "Failed writes or syncs of the RESP key-name log (<data_dir>/resp-names.log).",
+        extra.resp_key_log_errors);
   if (!extra.front_connections.empty()) {
     p.Family("kvtier_front_connections_open", "gauge", "Client connections open per front.");
     for (const auto& [front, n] : extra.front_connections) {

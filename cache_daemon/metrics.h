@@ -150,6 +150,7 @@ class DaemonMetrics {
     uint64_t connection_buffer_bytes = 0;  // ConnectionMemory::used_bytes()
     uint64_t resp_key_index_bytes = 0;     // RespKeyIndex::bytes()
     uint64_t resp_keys_unindexed = 0;      // RespKeyIndex::unindexed()
+    uint64_t resp_key_log_errors = 0;      // RespKeyIndex::log_errors()
     // Open connections per front: (front name, count).
     std::vector<std::pair<std::string, uint64_t>> front_connections;
   };

@@ -1,5 +1,8 @@
 #include "cache_daemon/resp_key_index.h"
 
+#include <algorithm>
+#include <chrono>
+
 namespace kvtier::daemon {
 namespace {
 
@@ -19,21 +22,62 @@ uint64_t RespKeyIndex::CursorOf(const storage::Key& k) {
   return (prefix >> 1) + 1;
 }
 
-void RespKeyIndex::Add(uint64_t tenant, const storage::Key& k, std::string_view name) {
+RespKeyIndex::~RespKeyIndex() {
+  {
+    std::lock_guard<std::mutex> l(stop_mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  if (syncer_.joinable()) syncer_.join();
+}
+
+void RespKeyIndex::SyncEvery(uint64_t interval_ms) {
+  std::unique_lock<std::mutex> l(stop_mu_);
+  while (!stop_cv_.wait_for(l, std::chrono::milliseconds(interval_ms), [this] { return stop_; })) {
+    l.unlock();
+    (void)WaitSynced(appended_.load());  // failures are counted in log_errors_
+    l.lock();
+  }
+}
+
+Status RespKeyIndex::Persist(const std::string& path, bool sync_adds, uint64_t sync_interval_ms) {
   std::lock_guard<std::mutex> lock(mu_);
+  auto replay = [this](const RespNameLog::Record& r) {
+    switch (r.op) {
+      case RespNameLog::Op::kAdd:
+        (void)AddLocked(r.tenant, r.key, r.name);
+        break;
+      case RespNameLog::Op::kRemove:
+        RemoveLocked(r.tenant, r.key);
+        break;
+      case RespNameLog::Op::kRemoveTenant:
+        RemoveTenantLocked(r.tenant);
+        break;
+    }
+  };
+  KVTIER_ASSIGN_OR_RETURN(log_, RespNameLog::Open(path, name_bytes_max_, replay));
+  sync_adds_ = sync_adds;
+  MaybeCompactLocked();
+  if (!sync_adds && sync_interval_ms > 0) {
+    syncer_ = std::thread([this, sync_interval_ms] { SyncEvery(sync_interval_ms); });
+  }
+  return Status::Ok();
+}
+
+bool RespKeyIndex::AddLocked(uint64_t tenant, const storage::Key& k, std::string_view name) {
   std::map<storage::Key, std::string>& keys = keys_[tenant];
-  if (keys.find(k) != keys.end()) return;
+  if (keys.find(k) != keys.end()) return true;
   uint64_t cost = name.size() + kEntryOverheadBytes;
   if (keys.size() >= keys_per_tenant_max_ || bytes_ + cost > name_bytes_max_) {
     ++unindexed_;
-    return;
+    return false;
   }
   keys.emplace(k, std::string(name));
   bytes_ += cost;
+  return true;
 }
 
-void RespKeyIndex::Remove(uint64_t tenant, const storage::Key& k) {
-  std::lock_guard<std::mutex> lock(mu_);
+void RespKeyIndex::RemoveLocked(uint64_t tenant, const storage::Key& k) {
   auto t = keys_.find(tenant);
   if (t == keys_.end()) return;
   auto it = t->second.find(k);
@@ -42,12 +86,117 @@ void RespKeyIndex::Remove(uint64_t tenant, const storage::Key& k) {
   t->second.erase(it);
 }
 
-void RespKeyIndex::RemoveTenant(uint64_t tenant) {
-  std::lock_guard<std::mutex> lock(mu_);
+void RespKeyIndex::RemoveTenantLocked(uint64_t tenant) {
   auto t = keys_.find(tenant);
   if (t == keys_.end()) return;
   for (const auto& [k, name] : t->second) bytes_ -= name.size() + kEntryOverheadBytes;
   keys_.erase(t);
+}
+
+void RespKeyIndex::LogLocked(const RespNameLog::Record& r) {
+  if (log_ == nullptr) return;
+  if (!log_->Append(r).ok()) {
+    log_errors_.fetch_add(1);
+    return;
+  }
+  appended_.fetch_add(1);
+  MaybeCompactLocked();
+}
+
+void RespKeyIndex::MaybeCompactLocked() {
+  if (log_ == nullptr) return;
+  uint64_t file = log_->file_bytes();
+  if (file <= kLogCompactBytesMin || file <= 2 * bytes_) return;
+  // No sync may run on the descriptor the rewrite replaces.
+  {
+    std::unique_lock<std::mutex> s(sync_mu_);
+    sync_cv_.wait(s, [this] { return !syncing_; });
+    syncing_ = true;
+  }
+  Status st = log_->Rewrite([this](const std::function<void(const RespNameLog::Record&)>& emit) {
+    for (const auto& [tenant, keys] : keys_) {
+      for (const auto& [k, name] : keys) emit({RespNameLog::Op::kAdd, tenant, k, name});
+    }
+  });
+  if (!st.ok()) log_errors_.fetch_add(1);
+  std::lock_guard<std::mutex> s(sync_mu_);
+  syncing_ = false;
+  // The rewritten log holds every entry durably (a failed rewrite left the old log in use).
+  if (st.ok()) synced_ = std::max(synced_, appended_.load());
+  sync_cv_.notify_all();
+}
+
+Status RespKeyIndex::WaitSynced(uint64_t seq) {
+  std::unique_lock<std::mutex> l(sync_mu_);
+  while (synced_ < seq) {
+    if (syncing_) {
+      sync_cv_.wait(l);
+      continue;
+    }
+    // Leader: one fdatasync covers every record appended before it starts.
+    syncing_ = true;
+    uint64_t target = appended_.load();
+    l.unlock();
+    Status st = log_->Sync();
+    l.lock();
+    syncing_ = false;
+    if (st.ok()) synced_ = std::max(synced_, target);
+    sync_cv_.notify_all();
+    if (!st.ok()) {
+      log_errors_.fetch_add(1);
+      return st;
+    }
+  }
+  return Status::Ok();
+}
+
+Status RespKeyIndex::Add(uint64_t tenant, const storage::Key& k, std::string_view name,
+                         bool* indexed) {
+  uint64_t wait = 0;
+  bool in = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::map<storage::Key, std::string>& keys = keys_[tenant];
+    if (keys.find(k) != keys.end()) {
+      // Indexed already, perhaps by an Add whose sync has not finished: wait for it too.
+      wait = appended_.load();
+    } else if (log_ != nullptr && keys.size() < keys_per_tenant_max_ &&
+               bytes_ + name.size() + kEntryOverheadBytes <= name_bytes_max_) {
+      Status st = log_->Append({RespNameLog::Op::kAdd, tenant, k, name});
+      if (!st.ok()) {
+        log_errors_.fetch_add(1);
+        return st;
+      }
+      wait = appended_.fetch_add(1) + 1;
+      (void)AddLocked(tenant, k, name);
+      MaybeCompactLocked();
+    } else {
+      in = AddLocked(tenant, k, name);
+    }
+  }
+  if (indexed != nullptr) *indexed = in;
+  if (log_ == nullptr || !sync_adds_ || wait == 0) return Status::Ok();
+  return WaitSynced(wait);
+}
+
+void RespKeyIndex::Remove(uint64_t tenant, const storage::Key& k) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto t = keys_.find(tenant);
+  if (t == keys_.end() || t->second.find(k) == t->second.end()) return;
+  RemoveLocked(tenant, k);
+  LogLocked({RespNameLog::Op::kRemove, tenant, k, {}});
+}
+
+void RespKeyIndex::RemoveTenant(uint64_t tenant) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (keys_.find(tenant) == keys_.end()) return;
+  RemoveTenantLocked(tenant);
+  LogLocked({RespNameLog::Op::kRemoveTenant, tenant, {}, {}});
+}
+
+Status RespKeyIndex::Flush() {
+  if (log_ == nullptr) return Status::Ok();
+  return WaitSynced(appended_.load());
 }
 
 uint64_t RespKeyIndex::Scan(uint64_t tenant, uint64_t cursor, size_t count,
@@ -83,5 +232,7 @@ uint64_t RespKeyIndex::unindexed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return unindexed_;
 }
+
+uint64_t RespKeyIndex::log_errors() const { return log_errors_.load(); }
 
 }  // namespace kvtier::daemon

@@ -11,26 +11,39 @@
 // to its end at least once (exactly once unless it was deleted and written again), whatever
 // is added or removed in between; keys added or removed during it may or may not appear.
 //
-// The index is memory only, bounded and best-effort:
+// The index is bounded and best-effort:
 //  - at most keys_per_tenant_max entries per tenant and name_bytes_max bytes over all
 //    tenants (each entry costs its name plus kEntryOverheadBytes); a key beyond either is
 //    stored but not indexed, and counted in unindexed();
-//  - it is empty after a restart: keys that survive on SSD are readable but not listed until
-//    written again;
+//  - without Persist() it is memory only and empty after a restart. With Persist() every
+//    change is also appended to a RespNameLog (cache_daemon/resp_name_log.h) and the names
+//    are read back at the next start: Add() returns once the name is durable (sync_adds), so
+//    a caller that Adds before its put makes the name at least as durable as the unit; or a
+//    background thread syncs the log every sync_interval_ms (the window durability batched
+//    allows to lose);
 //  - entries of keys the store evicted or expired stay until a caller Remove()s them (the
 //    Service checks each listed key against the store and removes the gone ones).
+// The log is rewritten from the entries (compacted) when it exceeds both
+// kLogCompactBytesMin and twice bytes(), so it stays below about 2 x name_bytes_max.
 //
-// Thread safety: every method may be called concurrently (one mutex).
+// Thread safety: every method may be called concurrently (one mutex; log syncs are group
+// commits outside it: concurrent Adds share one fdatasync).
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
+#include "cache_daemon/resp_name_log.h"
+#include "common/status.h"
 #include "storage/tier_manager.h"
 
 namespace kvtier::daemon {
@@ -39,6 +52,8 @@ class RespKeyIndex {
  public:
   // Bytes charged per entry besides its name: the storage key, the map node and the string.
   static constexpr uint64_t kEntryOverheadBytes = 128;
+  // The log is compacted only beyond this size (bytes).
+  static constexpr uint64_t kLogCompactBytesMin = 4ull << 20;
 
   struct Entry {
     storage::Key key;
@@ -48,10 +63,25 @@ class RespKeyIndex {
   RespKeyIndex(size_t keys_per_tenant_max, uint64_t name_bytes_max)
       : keys_per_tenant_max_(keys_per_tenant_max), name_bytes_max_(name_bytes_max) {}
 
-  // Records that tenant's key k is named `name` (no-op when already indexed).
-  void Add(uint64_t tenant, const storage::Key& k, std::string_view name);
+  // Reads the names kept in the log at path (created when absent), indexes them within the
+  // limits, rewrites the log with what was indexed and keeps it: from now on every change is
+  // logged. sync_adds: Add() waits until its name is durable (fdatasync); else with
+  // sync_interval_ms > 0 a background thread syncs the log that often; else names reach the
+  // disk with the page cache (and at Flush). Call once, before any other method.
+  Status Persist(const std::string& path, bool sync_adds, uint64_t sync_interval_ms = 0);
+  ~RespKeyIndex();  // stops the sync thread
+
+  // Records that tenant's key k is named `name` (no-op when already indexed). With a log:
+  // IOError when the name could not be logged (then it is not indexed either); with
+  // sync_adds, returns once the name (also one already indexed) is durable.
+  // *indexed (may be null) tells whether the name is in the index afterwards.
+  Status Add(uint64_t tenant, const storage::Key& k, std::string_view name,
+             bool* indexed = nullptr);
+  // Logged without waiting for the disk (a lost removal only leaves a name that SCAN prunes).
   void Remove(uint64_t tenant, const storage::Key& k);
   void RemoveTenant(uint64_t tenant);
+  // Makes every logged change durable (no-op without a log).
+  Status Flush();
 
   // Copies into *out (cleared) the entries at positions [cursor, next) in order: at least
   // `count` entries unless the tenant's keys run out first (a few more when entries share
@@ -60,16 +90,39 @@ class RespKeyIndex {
   static uint64_t CursorOf(const storage::Key& k);
 
   size_t size(uint64_t tenant) const;
-  uint64_t bytes() const;      // charged bytes of all entries
-  uint64_t unindexed() const;  // Add() calls that hit a limit
+  uint64_t bytes() const;       // charged bytes of all entries
+  uint64_t unindexed() const;   // Add() calls that hit a limit
+  uint64_t log_errors() const;  // log appends, syncs and rewrites that failed
 
  private:
+  // Callers hold mu_. The index change alone (no log); false when a limit refused it.
+  bool AddLocked(uint64_t tenant, const storage::Key& k, std::string_view name);
+  void RemoveLocked(uint64_t tenant, const storage::Key& k);
+  void RemoveTenantLocked(uint64_t tenant);
+  void LogLocked(const RespNameLog::Record& r);  // Remove/RemoveTenant: errors only counted
+  void MaybeCompactLocked();
+  Status WaitSynced(uint64_t seq);
+  void SyncEvery(uint64_t interval_ms);  // the background sync thread's loop
+
   const size_t keys_per_tenant_max_;
   const uint64_t name_bytes_max_;
   mutable std::mutex mu_;
   std::map<uint64_t, std::map<storage::Key, std::string>> keys_;  // guarded by mu_
   uint64_t bytes_ = 0;                                            // guarded by mu_
   uint64_t unindexed_ = 0;                                        // guarded by mu_
+  std::unique_ptr<RespNameLog> log_;                              // set by Persist
+  bool sync_adds_ = false;
+  std::atomic<uint64_t> log_errors_{0};
+  // Records appended so far (written under mu_), and the group commit of their syncs.
+  std::atomic<uint64_t> appended_{0};
+  std::mutex sync_mu_;
+  std::condition_variable sync_cv_;
+  uint64_t synced_ = 0;   // guarded by sync_mu_: records up to here are durable
+  bool syncing_ = false;  // guarded by sync_mu_: a sync or a rewrite runs (outside it)
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stop_ = false;  // guarded by stop_mu_
+  std::thread syncer_;
 };
 
 }  // namespace kvtier::daemon

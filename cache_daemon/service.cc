@@ -400,6 +400,10 @@ std::mutex& Service::KeyLock(const storage::Key& k) {
 Status Service::RespSet(const Tenant& t, std::string_view key, std::string_view value,
                         uint64_t ttl_ms, RespKeyCache* cache) {
   storage::Key k = BindResp(t, key, cache);
+  // The name first (durable, when the index is persisted, before the unit can be): a unit that
+  // survives a restart is listed after it (docs/RESP.md "Names across restarts").
+  bool indexed = false;
+  KVTIER_RETURN_IF_ERROR(resp_index_.Add(t.id, k, key, &indexed));
   uint64_t expire_at = ttl_ms ? UnixNowMs() + ttl_ms : 0;
   thread_local std::string env;
   EncodeEnvelope(value, expire_at, &env);
@@ -411,7 +415,8 @@ Status Service::RespSet(const Tenant& t, std::string_view key, std::string_view 
       k, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(env.data()), env.size()), po);
   if (env.capacity() > kEnvelopeScratchKeepBytes) std::string().swap(env);
   if (st.ok()) {
-    resp_index_.Add(t.id, k, key);
+    // Again, in case a SCAN pruned the name while the put was in flight (RespScan).
+    if (indexed) st = resp_index_.Add(t.id, k, key);
     Trace("put", t, std::span<const storage::Key>(&k, 1), value.size(), 0);
   }
   return st;
@@ -529,7 +534,7 @@ uint64_t Service::RespScan(const Tenant& t, uint64_t cursor, size_t count,
     resp_index_.Remove(t.id, e.key);
     // A SET racing with this removal may have found the entry still there: look again, so a
     // key the store holds is never left out of the index by this pruning.
-    if (RespExistsImpl(store_, e.key)) resp_index_.Add(t.id, e.key, e.name);
+    if (RespExistsImpl(store_, e.key)) (void)resp_index_.Add(t.id, e.key, e.name);
   }
   return next;
 }

@@ -167,7 +167,14 @@ class Service {
   uint64_t RespDbSize(const Tenant& t);
   Status RespFlush(const Tenant& t);
 
+  // Keeps the RESP key names in the log at path across restarts (RespKeyIndex::Persist):
+  // sync_adds under durability sync, sync_interval_ms = group_commit_ms under batched. Call
+  // once before serving.
+  Status PersistRespNames(const std::string& path, bool sync_adds, uint64_t sync_interval_ms) {
+    return resp_index_.Persist(path, sync_adds, sync_interval_ms);
+  }
   const RespKeyIndex& resp_index() const { return resp_index_; }
+  RespKeyIndex& resp_index() { return resp_index_; }
   storage::TierManager* store() const { return store_; }
   const TenantRegistry& tenants() const { return *tenants_; }
 

@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "sim/cluster_sim.h"
 #include "sim/generator.h"
 #include "sim/report.h"
 #include "sim/simulator.h"
@@ -198,6 +199,46 @@ int RunGen(Args args) {
 
 }  // namespace
 
+// `kvtier sim --cluster-hosts N`: private vs pooled caches (sim/cluster_sim.h), one row per
+// capacity and assignment. LRU only; flags of the policy sweep are refused.
+int RunCluster(const sim::UnitTrace& trace, const std::string& trace_path,
+               const std::vector<Capacity>& capacities, uint64_t hosts, const std::string& assign,
+               uint64_t affinity_units, bool json) {
+  std::vector<sim::HostAssignment> assignments;
+  if (assign == "round-robin" || assign == "both") {
+    assignments.push_back(sim::HostAssignment::kRoundRobin);
+  }
+  if (assign == "session-affinity" || assign == "both") {
+    assignments.push_back(sim::HostAssignment::kSessionAffinity);
+  }
+  if (assignments.empty()) {
+    std::fprintf(stderr,
+                 "kvtier sim: '--cluster-assign' wants round-robin, session-affinity or both, "
+                 "got '%s'\n",
+                 assign.c_str());
+    return 2;
+  }
+  std::vector<sim::ClusterSimResult> rows;
+  for (const Capacity& c : capacities) {
+    for (sim::HostAssignment a : assignments) {
+      auto r =
+          sim::SimulateCluster(trace, {.hosts = static_cast<uint32_t>(hosts),
+                                       .capacity_units = c.units,
+                                       .assignment = a,
+                                       .affinity_units = static_cast<uint32_t>(affinity_units)});
+      if (!r.ok()) {
+        std::fprintf(stderr, "kvtier sim: %s\n", r.status().ToString().c_str());
+        return 2;
+      }
+      rows.push_back(std::move(*r));
+    }
+  }
+  std::fputs(json ? sim::FormatClusterJson(rows, trace_path).c_str()
+                  : sim::FormatClusterText(rows).c_str(),
+             stdout);
+  return 0;
+}
+
 int RunSim(Args args) {
   if (!args.empty() && args[0] == "gen") return RunGen(args.subspan(1));
   std::string trace_path, format = "auto", policy_list = "lru", params_text, fractions, units,
@@ -205,6 +246,8 @@ int RunSim(Args args) {
                           ssd_params_text, admission = "admit-all", admission_params_text,
                           curve_out, structure_list = "plain";
   uint64_t block_tokens = 512, unit_tokens = 0, bytes_per_token = 890, seed = 42;
+  uint64_t cluster_hosts = 0, cluster_affinity_units = 4;
+  std::string cluster_assign = "both";
   double price_uncached = 0.28, price_cached = -1;
   bool json = false, no_progress = false;
   FlagSet flags("kvtier sim",
@@ -245,7 +288,25 @@ int RunSim(Args args) {
   flags.Bool("json", &json, "print JSON");
   flags.String("curve-out", &curve_out, "PREFIX", "write PREFIX.csv and PREFIX.svg");
   flags.Bool("no-progress", &no_progress, "never draw the progress bar");
+  flags.Uint("cluster-hosts", &cluster_hosts,
+             "cluster mode: N hosts, private caches of C/N vs one pooled cache of C "
+             "(LRU; C from the capacity flags; 0: off)",
+             false, 0, sim::kClusterHostsMax);
+  flags.String("cluster-assign", &cluster_assign, "round-robin|session-affinity|both",
+               "cluster mode: how requests are assigned to hosts");
+  flags.Uint("cluster-affinity-units", &cluster_affinity_units,
+             "cluster mode: session key = the request's first N units", false, 1,
+             sim::kClusterAffinityUnitsMax);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
+  if (cluster_hosts > 0 &&
+      (policy_list != "lru" || !params_text.empty() || structure_list != "plain" ||
+       !ssd_fraction.empty() || !ssd_units.empty() || !ssd_bytes.empty() ||
+       !ssd_params_text.empty() || admission != "admit-all" || !curve_out.empty())) {
+    std::fprintf(stderr,
+                 "kvtier sim: '--cluster-hosts' simulates LRU DRAM caches only: drop --policy, "
+                 "--param, --structure, --ssd-*, --admission and --curve-out\n");
+    return 2;
+  }
 
   sim::TraceLoadOptions load;
   load.block_tokens = static_cast<uint32_t>(std::min<uint64_t>(block_tokens, UINT32_MAX));
@@ -278,6 +339,10 @@ int RunSim(Args args) {
   if (ssd.size() > 1) {
     std::fprintf(stderr, "kvtier sim: give one SSD capacity\n");
     return 2;
+  }
+  if (cluster_hosts > 0) {
+    return RunCluster(*units_trace, trace_path, dram, cluster_hosts, cluster_assign,
+                      cluster_affinity_units, json);
   }
   sim::SimOptions base;
   base.ssd_policy = ssd_policy;

@@ -23,7 +23,8 @@
     ['failures', 'kvtier_engram_fetch_failures_total'],
   ];
 
-  const state = { token: '', polls: 0, errors: 0, whatifSeq: 0, policy: null, prev: null };
+  const state = { token: '', polls: 0, errors: 0, whatifSeq: 0, policy: null, prev: null,
+    cluster: null };
   const haveLib = typeof Dygraph !== 'undefined';
   const $ = (id) => document.getElementById(id);
 
@@ -316,6 +317,52 @@
     } catch (e) { ++state.errors; }
   }
 
+  // ---- cluster (/v1/cluster: members of this node's view, every kvtier_cluster_* sample) ----
+  function showCluster(c) {
+    state.cluster = c;
+    const note = $('cluster-note');
+    const table = $('cluster-members');
+    const dl = $('cluster-metrics');
+    if (!c.clustered) {
+      note.textContent = 'Not applicable: single node (no [cluster] in the config).';
+      table.classList.add('hidden');
+      dl.replaceChildren();
+      return;
+    }
+    note.textContent = 'node ' + c.node_id + ': ' + c.members.length + ' members, etcd ' +
+      (c.etcd_reachable ? 'reachable' : 'UNREACHABLE (serving what this node holds)');
+    note.className = c.etcd_reachable ? 'note' : 'note error';
+    const body = table.querySelector('tbody');
+    body.replaceChildren();
+    for (const m of c.members) {
+      const tr = document.createElement('tr');
+      tr.dataset.node = m.node_id;
+      for (const v of [m.node_id + (m.self ? ' (this node)' : ''), m.peer_endpoint,
+        m.failure_domain || '-', bytes(m.dram_bytes), bytes(m.ssd_bytes),
+        m.draining ? 'draining' : 'serving']) {
+        const td = document.createElement('td');
+        td.textContent = v;
+        tr.append(td);
+      }
+      body.append(tr);
+    }
+    table.classList.remove('hidden');
+    dl.replaceChildren();
+    for (const [series, s] of Object.entries(c.metrics || {})) {
+      const dt = document.createElement('dt');
+      dt.textContent = series.replace(/^kvtier_cluster_/, '');
+      const dd = document.createElement('dd');
+      dd.textContent = String(s.value);
+      dl.append(dt, dd);
+    }
+  }
+  async function pollCluster() {
+    try {
+      const r = await fetch('/v1/cluster', { headers: authHeaders(), cache: 'no-store' });
+      if (r.ok) showCluster(await r.json());
+    } catch (e) { ++state.errors; }
+  }
+
   // ---- wiring ----
   $('token-form').addEventListener('submit', (ev) => {
     ev.preventDefault();
@@ -338,11 +385,13 @@
     get errors() { return state.errors; },
     get whatifSeq() { return state.whatifSeq; },
     get policy() { return state.policy; },
+    get cluster() { return state.cluster; },
   };
 
   pollMetrics();
   pollPolicy();
   pollWhatif();
-  setInterval(() => { pollMetrics(); pollPolicy(); }, POLL_MS);
+  pollCluster();
+  setInterval(() => { pollMetrics(); pollPolicy(); pollCluster(); }, POLL_MS);
   setInterval(pollWhatif, WHATIF_POLL_MS);
 }());

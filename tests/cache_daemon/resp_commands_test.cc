@@ -241,10 +241,10 @@ TEST(RespKeyIndex, CursorIsNeverZeroForAKey) {
 TEST(RespKeyIndex, EntriesSharingAPositionAreNeverSplit) {
   RespKeyIndex idx(1000, 1 << 20);
   // 0x10 and 0x11 differ only in the bit CursorOf drops: one position, three entries.
-  idx.Add(1, KeyWithPrefix(0x10, 1), "a");
-  idx.Add(1, KeyWithPrefix(0x10, 2), "b");
-  idx.Add(1, KeyWithPrefix(0x11, 0), "c");
-  idx.Add(1, KeyWithPrefix(0x20, 0), "d");
+  (void)idx.Add(1, KeyWithPrefix(0x10, 1), "a");
+  (void)idx.Add(1, KeyWithPrefix(0x10, 2), "b");
+  (void)idx.Add(1, KeyWithPrefix(0x11, 0), "c");
+  (void)idx.Add(1, KeyWithPrefix(0x20, 0), "d");
   std::vector<RespKeyIndex::Entry> out;
   uint64_t next = idx.Scan(1, 0, 1, &out);
   EXPECT_EQ(out.size(), 3u);
@@ -271,7 +271,7 @@ TEST(RespKeyIndex, FullIterationUnderChurnReturnsEveryStableKey) {
     std::vector<storage::Key> stable, churn;
     for (int i = 0; i < 500; ++i) {
       stable.push_back(random_key());
-      idx.Add(9, stable.back(), "s" + std::to_string(i));
+      (void)idx.Add(9, stable.back(), "s" + std::to_string(i));
     }
     std::set<std::string> seen;
     uint64_t cursor = 0;
@@ -283,7 +283,7 @@ TEST(RespKeyIndex, FullIterationUnderChurnReturnsEveryStableKey) {
       // Churn between steps: add new keys anywhere, remove some of the added ones.
       for (int j = 0; j < 5; ++j) {
         churn.push_back(random_key());
-        idx.Add(9, churn.back(), "c");
+        (void)idx.Add(9, churn.back(), "c");
       }
       if (churn.size() > 3) {
         idx.Remove(9, churn[rng() % churn.size()]);
@@ -298,14 +298,14 @@ TEST(RespKeyIndex, FullIterationUnderChurnReturnsEveryStableKey) {
 
 TEST(RespKeyIndex, LimitsCountUnindexedAndRemoveFreesBytes) {
   RespKeyIndex idx(3, 10 * RespKeyIndex::kEntryOverheadBytes);
-  for (uint8_t i = 0; i < 5; ++i) idx.Add(1, KeyWithPrefix(i << 8, i), "n");
+  for (uint8_t i = 0; i < 5; ++i) (void)idx.Add(1, KeyWithPrefix(i << 8, i), "n");
   EXPECT_EQ(idx.size(1), 3u);
   EXPECT_EQ(idx.unindexed(), 2u);
-  idx.Add(1, KeyWithPrefix(0, 0), "n");  // already indexed: no-op, not counted
+  (void)idx.Add(1, KeyWithPrefix(0, 0), "n");  // already indexed: no-op, not counted
   EXPECT_EQ(idx.unindexed(), 2u);
   // The byte budget is over all tenants.
   std::string big(8 * RespKeyIndex::kEntryOverheadBytes, 'x');
-  idx.Add(2, KeyWithPrefix(1, 1), big);
+  (void)idx.Add(2, KeyWithPrefix(1, 1), big);
   EXPECT_EQ(idx.size(2), 0u);
   EXPECT_EQ(idx.unindexed(), 3u);
   uint64_t before = idx.bytes();

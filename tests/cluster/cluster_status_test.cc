@@ -4,6 +4,8 @@
 // or bad flags give a clear error and a non-zero exit. Also: a cluster node's live /metrics
 // passes `promtool check metrics`.
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 
 #include "tests/cluster/cluster_fixture.h"
 
@@ -107,6 +109,46 @@ TEST_F(ClusterStatusTest, ClusterNodeMetricsPassPromtool) {
   std::ofstream(path) << page.substr(page.find("\r\n\r\n") + 4);
   std::string out;
   EXPECT_EQ(kt::RunShell("promtool check metrics < " + path, &out), 0) << out;
+}
+
+// GET /v1/cluster (cache_daemon/cluster_json.h): this node's view with every member's
+// endpoint, failure domain and capacities, and every kvtier_cluster_* series of its /metrics.
+TEST_F(ClusterStatusTest, AdminV1ClusterShowsTheViewAndEveryClusterSeries) {
+  auto body = [](const std::string& http) { return http.substr(http.find("\r\n\r\n") + 4); };
+  std::string raw = kt::HttpRequest(nodes_[1]->http_port(), "GET", "/v1/cluster");
+  ASSERT_NE(raw.find(" 200 "), std::string::npos) << raw;
+  nlohmann::json j = nlohmann::json::parse(body(raw), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << raw;
+  EXPECT_EQ(j["clustered"], true);
+  EXPECT_EQ(j["node_id"], "n1");
+  EXPECT_EQ(j["etcd_reachable"], true);
+  ASSERT_EQ(j["members"].size(), static_cast<size_t>(kNodes)) << raw;
+  for (int i = 0; i < kNodes; ++i) {
+    const auto& m = j["members"][i];
+    EXPECT_EQ(m["node_id"], "n" + std::to_string(i));
+    EXPECT_EQ(m["peer_endpoint"], "127.0.0.1:" + std::to_string(peer_ports_[i]));
+    EXPECT_EQ(m["failure_domain"], "rack" + std::to_string(i));
+    EXPECT_EQ(m["ssd_bytes"], SsdCapacityBytes(i));
+    EXPECT_EQ(m["draining"], false);
+    EXPECT_EQ(m["self"], i == 1);
+  }
+  // Every kvtier_cluster_* series of /metrics, by name and labels (values move meanwhile).
+  std::set<std::string> want, got;
+  std::istringstream page(body(Metrics(1)));
+  for (std::string line; std::getline(page, line);) {
+    if (line.rfind("kvtier_cluster_", 0) == 0) want.insert(line.substr(0, line.rfind(' ')));
+  }
+  for (const auto& [series, sample] : j["metrics"].items()) {
+    got.insert(series);
+    EXPECT_TRUE(sample["type"] == "gauge" || sample["type"] == "counter") << series;
+  }
+  EXPECT_FALSE(want.empty());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(j["metrics"]["kvtier_cluster_members"]["value"], 3.0) << raw;
+  // A bad bearer token is refused, as on /metrics.
+  std::string bad = kt::HttpRequest(nodes_[1]->http_port(), "GET", "/v1/cluster", "",
+                                    "Authorization: Bearer nope\r\n");
+  EXPECT_NE(bad.find(" 401 "), std::string::npos) << bad;
 }
 
 }  // namespace

@@ -94,4 +94,27 @@ TEST_F(SimFlags, StructureIsPlainOrPrefix) {
   EXPECT_NE(bad.out.find("'--structure' wants plain or prefix"), std::string::npos) << bad.out;
 }
 
+// Cluster mode (sim/cluster_sim.h): runs with its own flags, refuses nonsense and the flags of
+// the policy sweep it does not simulate.
+TEST_F(SimFlags, ClusterModeRunsAndRefusesNonsense) {
+  const std::string base = "sim --no-progress --trace " + trace_ + " --capacity-fraction 0.1";
+  Result ok = RunKvtier(base + " --cluster-hosts 4");
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("round-robin"), std::string::npos) << ok.out;
+  EXPECT_NE(ok.out.find("session-affinity"), std::string::npos) << ok.out;
+  for (const char* bad :
+       {"--cluster-hosts 4 --cluster-assign random", "--cluster-hosts 5000", "--cluster-hosts -1",
+        "--cluster-hosts 4 --cluster-affinity-units 0", "--cluster-hosts 4 --policy arc",
+        "--cluster-hosts 4 --structure prefix", "--cluster-hosts 4 --ssd-capacity-fraction 0.5",
+        "--cluster-hosts 100000000"}) {
+    Result r = RunKvtier(base + " " + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.out;
+  }
+  // Fewer units than hosts.
+  Result tiny =
+      RunKvtier("sim --no-progress --trace " + trace_ + " --capacity-units 3 --cluster-hosts 4");
+  EXPECT_EQ(tiny.exit_code, 2) << tiny.out;
+  EXPECT_NE(tiny.out.find("less than one unit per host"), std::string::npos) << tiny.out;
+}
+
 }  // namespace

@@ -11,7 +11,9 @@ interval; drives RESP SET/GET traffic from a thread; opens http://127.0.0.1:PORT
   * the per-tenant chart stays empty without a token and fills with the admin token,
   * the policy switch is refused without a token (401) and with a non-admin token (403),
     shown on the page, GET /v1/policy unchanged; and works with the admin token,
+  * the cluster panel reads GET /v1/cluster and says this single node is not clustered,
   * a screenshot is written to OUTPUT_DIR/dashboard.png.
+Prints how long each phase took (to see where the time goes on a loaded machine).
 Exits 0 on success; prints what failed otherwise. Every wait is bounded.
 """
 
@@ -89,6 +91,13 @@ def http_json(port, path, token=None):
         return json.loads(r.read())
 
 
+T0 = time.monotonic()
+
+
+def phase(name):
+    print("dashboard_browser_test: %6.1f s  %s" % (time.monotonic() - T0, name), flush=True)
+
+
 def wait_for(what, cond):
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
@@ -131,7 +140,9 @@ def main():
         for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                   "--window-size=1400,1400", "--user-data-dir=" + os.path.join(work, "chrome")):
             opts.add_argument(a)
+        phase("kvtierd up")
         driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+        phase("chromium up")
         driver.get("http://127.0.0.1:%d/" % http_port)
         js = driver.execute_script
         points = lambda chart: js("return window.kvtierDashboard.points(arguments[0])", chart)
@@ -145,6 +156,12 @@ def main():
         assert curves >= 2, "what-if chart has %d curves" % curves
         assert points("chart-tenants") == 0, "tenant series shown without a token"
         assert "admin token" in driver.find_element(By.ID, "tenants-note").text
+        cluster = wait_for("cluster panel polled",
+                           lambda: js("return window.kvtierDashboard.cluster"))
+        assert cluster == {"clustered": False}, cluster
+        assert "single node" in driver.find_element(By.ID, "cluster-note").text
+        assert http_json(http_port, "/v1/cluster") == {"clustered": False}
+        phase("charts, what-if and cluster panel filled")
 
         msg = driver.find_element(By.ID, "policy-msg")
 
@@ -181,6 +198,7 @@ def main():
         wait_for("what-if marks the live policy",
                  lambda: "sieve" in driver.find_element(By.ID, "whatif-note").text)
 
+        phase("policy switch and tenant chart checked")
         js("window.scrollTo(0, 0)")
         shot = os.path.join(out_dir, "dashboard.png")
         driver.save_screenshot(shot)

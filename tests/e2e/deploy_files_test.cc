@@ -215,6 +215,55 @@ TEST_F(DeployFilesTest, KubernetesManifestsAgreeWithKvtierd) {
   EXPECT_TRUE(mounts.count(args.at(1).get<std::string>())) << args.at(1);
   // SIGTERM drains and flushes: the grace period is the systemd unit's stop timeout.
   EXPECT_GE(pod.at("terminationGracePeriodSeconds").get<int>(), 120);
+
+  // [cluster]: every pod joins the etcd of etcd.yaml under its pod name, advertising its pod
+  // IP on the container's peer port, and the result passes kvtierd's own cluster checks.
+  ASSERT_TRUE(o->cluster.enabled);
+  std::map<std::string, std::string> env;
+  for (const auto& e : c.at("env"))
+    env[e.at("name")] = e.at("valueFrom").at("fieldRef").at("fieldPath");
+  EXPECT_EQ(env["POD_NAME"], "metadata.name");
+  EXPECT_EQ(env["POD_IP"], "status.podIP");
+  std::map<std::string, std::string> flags;
+  for (size_t i = 2; i + 1 < args.size(); i += 2) flags[args.at(i)] = args.at(i + 1);
+  EXPECT_EQ(flags["--cluster-node-id"], "$(POD_NAME)");
+  EXPECT_EQ(flags["--cluster-peer-advertise"], "$(POD_IP):" + std::to_string(ports.at("peer")));
+  daemon::ClusterServeOptions cluster = o->cluster;
+  cluster.node_id = stateful->at("metadata").at("name").get<std::string>() + "-0";
+  cluster.peer_advertise = "10.0.0.7:" + std::to_string(ports.at("peer"));
+  Status fin = daemon::FinalizeCluster(&cluster, !o->tokens_file.empty());
+  ASSERT_TRUE(fin.ok()) << fin.ToString();
+  EXPECT_EQ(cluster.peer_port, ports.at("peer"));
+
+  const nlohmann::json etcd_docs = LoadManifests(kDeploy / "k8s/etcd.yaml");
+  const nlohmann::json* etcd = nullptr;
+  const nlohmann::json* etcd_svc = nullptr;
+  for (const auto& d : etcd_docs) {
+    if (d.at("kind") == "StatefulSet") etcd = &d;
+    if (d.at("kind") == "Service") etcd_svc = &d;
+  }
+  ASSERT_TRUE(etcd != nullptr && etcd_svc != nullptr);
+  const std::string sts = etcd->at("metadata").at("name");
+  EXPECT_EQ(etcd->at("spec").at("serviceName"), etcd_svc->at("metadata").at("name"));
+  const int members = etcd->at("spec").at("replicas");
+  EXPECT_EQ(members % 2, 1) << "an etcd of an even size tolerates no more failures than one less";
+  std::set<std::string> want;
+  std::string initial;
+  for (int i = 0; i < members; ++i) {
+    const std::string host = sts + "-" + std::to_string(i) + "." +
+                             etcd_svc->at("metadata").at("name").get<std::string>();
+    want.insert(host + ":2379");
+    initial += (i ? "," : "") + sts + "-" + std::to_string(i) + "=http://" + host + ":2380";
+  }
+  EXPECT_EQ(
+      std::set<std::string>(o->cluster.etcd_endpoints.begin(), o->cluster.etcd_endpoints.end()),
+      want);
+  bool found = false;
+  for (const auto& a :
+       etcd->at("spec").at("template").at("spec").at("containers").at(0).at("args")) {
+    found = found || a.get<std::string>() == "--initial-cluster=" + initial;
+  }
+  EXPECT_TRUE(found) << "etcd's --initial-cluster must name every member: " << initial;
 }
 
 }  // namespace

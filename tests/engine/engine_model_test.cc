@@ -2,12 +2,14 @@
 // determinism across thread counts, state export/import.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <set>
 
 #include "engine/state_io.h"
 #include "engine_test_util.h"
+#include "kernels/quant.h"
 
 namespace kvtier::engine {
 namespace {
@@ -245,7 +247,11 @@ TEST(EngineModel, SensibleInitialScales) {
   }
   // SWA entries are stored in FP8 and the global KV in FP4: nonzero scales, values in range.
   for (const KvSourceCache& k : st.kv) {
-    for (float v : k.main_values) ASSERT_LT(std::fabs(v), 100.0f);
+    std::vector<float> v(static_cast<size_t>(k.entries()) * k.head_dim);
+    ASSERT_TRUE(kernels::Dequantize(kernels::QuantFormat::kFp4E4M3x16, k.main_data.data(),
+                                    k.main_scales.data(), k.entries(), k.head_dim, v.data())
+                    .ok());
+    for (float x : v) ASSERT_LT(std::fabs(x), 100.0f);
   }
 }
 
@@ -353,8 +359,10 @@ TEST(EngineState, ExportedGlobalKvIs222_5BytesPerToken) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, *page);
   for (size_t s = 0; s < st.kv.size(); ++s) {
-    const size_t n = fresh.kv[s].main_values.size();
-    EXPECT_TRUE(BitEqual(fresh.kv[s].main_values.data(), st.kv[s].main_values.data(), n));
+    const KvSourceCache &f = fresh.kv[s], &o = st.kv[s];
+    ASSERT_EQ(f.entries(), 64 / f.ratio);
+    EXPECT_TRUE(std::equal(f.main_data.begin(), f.main_data.end(), o.main_data.begin()));
+    EXPECT_TRUE(std::equal(f.index_data.begin(), f.index_data.end(), o.index_data.begin()));
   }
   std::vector<uint8_t> truncated(page->begin(), page->end() - 1);
   SequenceState other = e->NewSequence();
@@ -410,16 +418,14 @@ TEST(EngineState, UnitsPlusSwaBlobResumeExactly) {
   SequenceState resumed = e->NewSequence();
   ASSERT_TRUE(ImportUnitPayload(pl, *page, prompt, &resumed).ok());
   ASSERT_TRUE(ImportSwaRings(blob, &resumed).ok());
-  // The import dequantises with the AVX2 codec where the CPU has it; the engine computed its
-  // own values with the scalar reference: the same bits.
+  // The import appends the stored FP4 bytes as they are (the engine dequantises what it reads).
   ASSERT_EQ(resumed.kv.size(), st.kv.size());
   for (size_t i = 0; i < st.kv.size(); ++i) {
-    ASSERT_EQ(resumed.kv[i].main_values.size(), st.kv[i].main_values.size());
-    ASSERT_EQ(resumed.kv[i].index_values.size(), st.kv[i].index_values.size());
-    EXPECT_TRUE(BitEqual(resumed.kv[i].main_values.data(), st.kv[i].main_values.data(),
-                         st.kv[i].main_values.size()));
-    EXPECT_TRUE(BitEqual(resumed.kv[i].index_values.data(), st.kv[i].index_values.data(),
-                         st.kv[i].index_values.size()));
+    EXPECT_EQ(resumed.kv[i].entries(), st.kv[i].entries());
+    EXPECT_EQ(resumed.kv[i].main_data, st.kv[i].main_data);
+    EXPECT_EQ(resumed.kv[i].main_scales, st.kv[i].main_scales);
+    EXPECT_EQ(resumed.kv[i].index_data, st.kv[i].index_data);
+    EXPECT_EQ(resumed.kv[i].index_scales, st.kv[i].index_scales);
   }
   ASSERT_EQ(resumed.swa.size(), st.swa.size());
   for (size_t l = 0; l < st.swa.size(); ++l) {
@@ -493,6 +499,39 @@ TEST(EngineWeights, SafetensorsRoundTripGivesTheSameModel) {
             testutil::MiniWeights()->file.tensors.at("layers.3.attn.wq_b.weight").bytes);
   EXPECT_NE(other->file.tensors.at("layers.3.attn.wq_b.weight").bytes,
             testutil::MiniWeights()->file.tensors.at("layers.3.attn.wq_b.weight").bytes);
+}
+
+// The engine keeps the global KV as the FP4 bytes units store (no fp32 copy): per cached token
+// its global KV memory is within 1.5x of the stored bytes (the rest, SWA rings and partial
+// groups, does not grow with the sequence). Prefill appends a chunk at once and decode one
+// entry at a time, the case where std::vector's doubling would reach 2x.
+TEST(EngineMemory, GlobalKvWithinBoundOfStoredBytes) {
+  auto e = MakeEngine();
+  const auto prompt = Prompt(130, 21);
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->PrefillCed(&st, prompt, &logits).ok());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(e->Decode(&st, 7 + i, &logits).ok());
+  const EngineConfig& c = e->config();
+  using kernels::QuantFormat;
+  const size_t main_row = kernels::DataBytes(QuantFormat::kFp4E4M3x16, c.head_dim) +
+                          kernels::ScaleBytes(QuantFormat::kFp4E4M3x16, c.head_dim);
+  const size_t index_row = kernels::DataBytes(QuantFormat::kFp4Ue8m0x32, c.index_head_dim) +
+                           kernels::ScaleBytes(QuantFormat::kFp4Ue8m0x32, c.index_head_dim);
+  size_t stored = 0;
+  for (const KvSourceCache& k : st.kv) {
+    ASSERT_EQ(k.entries(), 134 / k.ratio);
+    stored += static_cast<size_t>(k.entries()) * (main_row + index_row);
+  }
+  const KvMemory m = KvCacheBytes(st);
+  EXPECT_EQ(m.stored_bytes, stored);
+  EXPECT_LE(m.global_kv_bytes, stored * 3 / 2);
+  // The constant part: W slots per layer (FP8 + ue8m0 + fp32) and the partial groups.
+  size_t fixed = 0;
+  for (const KvSourceCache& k : st.kv) fixed += 2 * static_cast<size_t>(k.ratio) * c.head_dim * 4;
+  fixed += static_cast<size_t>(c.num_hidden_layers) * c.sliding_window *
+           (c.head_dim * 5 + c.head_dim / 32);
+  EXPECT_EQ(m.fixed_bytes, fixed);
 }
 
 }  // namespace

@@ -1296,6 +1296,13 @@ Status Engine::PrefillCed(SequenceState* st, std::span<const int32_t> tokens,
   KVTIER_RETURN_IF_ERROR(CheckExtendable(*st));
   if (!st->tokens.empty())
     return Status::InvalidArgument("engine: CED prefill needs an empty state");
+  return ExtendCed(st, tokens, last_logits);
+}
+
+Status Engine::ExtendCed(SequenceState* st, std::span<const int32_t> tokens,
+                         std::vector<float>* last_logits) {
+  KVTIER_RETURN_IF_ERROR(CheckTokens(tokens));
+  KVTIER_RETURN_IF_ERROR(CheckExtendable(*st));
   const EngineConfig& c = config_;
   const int d = c.first_decoder_layer, L = c.num_hidden_layers;
   if (c.layer_modes[d] != LayerMode::kFull)
@@ -1305,26 +1312,28 @@ Status Engine::PrefillCed(SequenceState* st, std::span<const int32_t> tokens,
   }
   ResetTrace();
   const int n = static_cast<int>(tokens.size());
+  const int64_t n0 = static_cast<int64_t>(st->tokens.size());
   const int D = c.hidden_size, hc = c.hc_mult;
   const int R = std::min(n, c.sliding_window);
-  const int64_t start = n - R;
-  st->tokens.assign(tokens.begin(), tokens.end());
-  // The plan: (1) the encoder [0, d) over every token, (2) layer d's hc_pre -> Engram ->
-  // attn_norm -> Compressor over every token, (3) the decoder [d, L) over the last R tokens;
-  // each phase chunk by chunk. The lookahead runs across phases (the tokens are all known), so
-  // Engram rows of the decoder's layers are prefetched while the encoder computes.
+  const int64_t start = n0 + n - R;
+  st->tokens.insert(st->tokens.end(), tokens.begin(), tokens.end());
+  // The plan: (1) the encoder [0, d) over every new token, (2) layer d's hc_pre -> Engram ->
+  // attn_norm -> Compressor over every new token, (3) the decoder [d, L) over the last R of
+  // them; each phase chunk by chunk. The lookahead runs across phases (the tokens are all
+  // known), so Engram rows of the decoder's layers are prefetched while the encoder computes.
   std::vector<Step> plan;
-  AppendChunks(0, n, 0, d, &plan);
+  AppendChunks(n0, n, 0, d, &plan);
   const size_t compress_begin = plan.size();
-  AppendChunks(0, n, d, d + 1, &plan);
+  AppendChunks(n0, n, d, d + 1, &plan);
   const size_t tail_begin = plan.size();
   AppendChunks(start, R, d, L, &plan);
   std::vector<float> x(static_cast<size_t>(n) * hc * D), pre(static_cast<size_t>(n) * hc);
   Embed(tokens, x.data(), pre.data());
+  auto xs = [&](int64_t p) { return x.data() + (p - n0) * hc * D; };
+  auto pres = [&](int64_t p) { return pre.data() + (p - n0) * hc; };
   // 1. The encoder over every token.
   for (size_t i = 0; i < compress_begin; ++i) {
-    KVTIER_RETURN_IF_ERROR(
-        RunLayers(st, plan, i, x.data() + plan[i].p0 * hc * D, pre.data() + plan[i].p0 * hc));
+    KVTIER_RETURN_IF_ERROR(RunLayers(st, plan, i, xs(plan[i].p0), pres(plan[i].p0)));
   }
   // 2. The decoder source's global KV for every token: hc_pre -> attn_norm -> Compressor.
   for (size_t i = compress_begin; i < tail_begin; ++i) {
@@ -1332,26 +1341,28 @@ Status Engine::PrefillCed(SequenceState* st, std::span<const int32_t> tokens,
     const int cn = plan[i].n;
     std::vector<EngramPending*> claimed;
     KVTIER_RETURN_IF_ERROR(BeginEngramStep(*st, plan, i, &claimed));
-    std::vector<float> xd(x.begin() + p0 * hc * D, x.begin() + (p0 + cn) * hc * D);
+    std::vector<float> xd(xs(p0), xs(p0 + cn));
     if (c.IsEngramLayer(d)) {
       EngramRowBatch rows;
       KVTIER_RETURN_IF_ERROR(TakeEngram(d, claimed[c.EngramSlot(d)], p0, cn, &rows));
       KVTIER_RETURN_IF_ERROR(ApplyEngram(d, rows, cn, xd.data()));
     }
     std::vector<float> xa(static_cast<size_t>(cn) * D);
-    PreMix(cn, xd.data(), pre.data() + p0 * hc, layers_[d].attn_norm, xa.data());
+    PreMix(cn, xd.data(), pres(p0), layers_[d].attn_norm, xa.data());
     KVTIER_RETURN_IF_ERROR(Compress(d, st, p0, cn, xa.data()));
   }
   // The trace keeps layer d's Engram gates of the decoder pass (3) only.
   if (trace_ != nullptr && c.IsEngramLayer(d)) trace_->engram_gates[c.EngramSlot(d)].clear();
-  // 3. The full decoder over the last R = min(W, n) tokens (bounded replay).
-  for (int l = d; l < L; ++l) {
-    st->swa[l].valid_from = start;
-    st->swa[l].end = start;
+  // 3. The full decoder over the last R = min(W, n) new tokens. When it skips some (start >
+  // n0) its rings restart at `start` (bounded replay); otherwise they continue.
+  if (start > n0 || n0 == 0) {
+    for (int l = d; l < L; ++l) {
+      st->swa[l].valid_from = start;
+      st->swa[l].end = start;
+    }
   }
   for (size_t i = tail_begin; i < plan.size(); ++i) {
-    KVTIER_RETURN_IF_ERROR(
-        RunLayers(st, plan, i, x.data() + plan[i].p0 * hc * D, pre.data() + plan[i].p0 * hc));
+    KVTIER_RETURN_IF_ERROR(RunLayers(st, plan, i, xs(plan[i].p0), pres(plan[i].p0)));
   }
   last_logits->assign(c.vocab_size, 0.0f);
   Head(1, x.data() + static_cast<int64_t>(n - 1) * hc * D,

@@ -7,6 +7,8 @@
 //   PrefillCed  CED prefill: the encoder (layers [0, L/2)) over all tokens, the decoder KV
 //               source's compressor (global KV) from the encoder output for every token, and the
 //               full decoder only over the last min(W, n) tokens (bounded replay);
+//   ExtendCed   a new turn appended the CED way (encoder + global KV over every new token, the
+//               decoder over the last min(W, n)); PrefillCed is ExtendCed of an empty state;
 //   Decode      one token through all layers (Forward with one token).
 // ReplayTail rebuilds the SWA rings after global KV was imported as units (state_io.h): the
 // last R' = min(R, n) tokens (R = replay_tokens >= W, default W) go through every layer with
@@ -229,6 +231,15 @@ class Engine {
   // CED prefill of an empty state; last_logits: the last token's logits.
   Status PrefillCed(SequenceState* state, std::span<const int32_t> tokens,
                     std::vector<float>* last_logits);
+  // CED extend: appends a turn to a state (empty or not) the CED way. The encoder and layer d's
+  // compressor (global KV) run over every new token, the decoder over the last R = min(W, n)
+  // of them. n <= W: the decoder rings continue, so the result equals Forward(state, tokens)
+  // bit for bit (and the full forward of the whole text while it is at most W tokens). n > W:
+  // the decoder rings restart at the last W tokens, so extending PrefillCed(A) by B equals
+  // PrefillCed(A + B) bit for bit. PrefillCed(s, t) is ExtendCed of an empty state. Errors as
+  // Forward; the decoder must have a single KV source at its first layer (as PrefillCed).
+  Status ExtendCed(SequenceState* state, std::span<const int32_t> tokens,
+                   std::vector<float>* last_logits);
   // Bounded replay after an import (see file comment); last_logits: the last token's.
   // InvalidArgument (state unchanged) for an empty state, global KV that does not cover every
   // token, replay_tokens < sliding_window, or min(replay_tokens, n) > kMaxTokensPerCall.

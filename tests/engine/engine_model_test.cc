@@ -96,6 +96,66 @@ TEST(EngineModel, CedPrefillEqualsFullForwardUpToW) {
   }
 }
 
+// CED extend of an appended turn. A turn of at most W tokens goes through the decoder whole,
+// continuing its rings: equal to the full forward over the same state (the model notes' CED
+// exactness, §1), and to the full forward of the whole text while it is at most W tokens. A
+// longer turn replays only its last W tokens in the decoder: equal to CED prefill of the whole
+// text. Global KV equals the full forward's in every case; decoding continues identically.
+TEST(EngineModel, CedExtendEqualsForwardUpToWAndCedPrefillOfTheWholeText) {
+  auto e = MakeEngine();
+  const auto a = Prompt(37, 5);
+  std::vector<float> la;
+  // Up to W: equal to Forward over the same state.
+  for (int k : {1, 9, 16}) {
+    SCOPED_TRACE(k);
+    const auto b = Prompt(k, 40 + k);
+    SequenceState fwd = e->NewSequence(), ext = e->NewSequence();
+    ASSERT_TRUE(e->PrefillCed(&fwd, a, &la).ok());
+    ASSERT_TRUE(e->PrefillCed(&ext, a, &la).ok());
+    std::vector<float> lf, lx;
+    ASSERT_TRUE(e->Forward(&fwd, b, false, &lf).ok());
+    ASSERT_TRUE(e->ExtendCed(&ext, b, &lx).ok());
+    EXPECT_TRUE(BitEqual(lf.data(), lx.data(), kV));
+    EXPECT_EQ(ext.swa[8].valid_from, fwd.swa[8].valid_from);  // the rings continued
+    ASSERT_TRUE(e->Decode(&fwd, 9, &lf).ok());
+    ASSERT_TRUE(e->Decode(&ext, 9, &lx).ok());
+    EXPECT_TRUE(BitEqual(lf.data(), lx.data(), kV));
+  }
+  // A whole text of at most W tokens: equal to the full forward from position 0.
+  {
+    const auto t = Prompt(14, 8);
+    SequenceState full = e->NewSequence(), ext = e->NewSequence();
+    std::vector<float> lf, lx;
+    ASSERT_TRUE(e->Forward(&full, t, false, &lf).ok());
+    ASSERT_TRUE(e->ExtendCed(&ext, std::span(t).first(6), &lx).ok());
+    ASSERT_TRUE(e->ExtendCed(&ext, std::span(t).subspan(6), &lx).ok());
+    EXPECT_TRUE(BitEqual(lf.data(), lx.data(), kV));
+  }
+  // Longer than W: equal to CED prefill of the whole text, global KV equal to the full forward.
+  for (int k : {17, 45}) {
+    SCOPED_TRACE(k);
+    const auto b = Prompt(k, 60 + k);
+    std::vector<int32_t> whole(a);
+    whole.insert(whole.end(), b.begin(), b.end());
+    SequenceState ced = e->NewSequence(), ext = e->NewSequence(), full = e->NewSequence();
+    std::vector<float> lc, lx, lf;
+    ASSERT_TRUE(e->PrefillCed(&ced, whole, &lc).ok());
+    ASSERT_TRUE(e->PrefillCed(&ext, a, &la).ok());
+    ASSERT_TRUE(e->ExtendCed(&ext, b, &lx).ok());
+    ASSERT_TRUE(e->Forward(&full, whole, false, &lf).ok());
+    EXPECT_TRUE(BitEqual(lc.data(), lx.data(), kV));
+    EXPECT_EQ(ext.swa[8].valid_from, static_cast<int64_t>(whole.size()) - 16);
+    for (size_t s = 0; s < full.kv.size(); ++s) {
+      EXPECT_EQ(ext.kv[s].main_data, full.kv[s].main_data);
+      EXPECT_EQ(ext.kv[s].index_data, full.kv[s].index_data);
+      EXPECT_EQ(ext.kv[s].kv_state, full.kv[s].kv_state);
+    }
+    ASSERT_TRUE(e->Decode(&ced, 11, &lc).ok());
+    ASSERT_TRUE(e->Decode(&ext, 11, &lx).ok());
+    EXPECT_TRUE(BitEqual(lc.data(), lx.data(), kV));
+  }
+}
+
 TEST(EngineModel, CedGlobalKvEqualsFullForwardForAnyLength) {
   auto e = MakeEngine();
   const auto prompt = Prompt(45, 3);  // > W and odd

@@ -1,6 +1,7 @@
 #include "engine/model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -18,6 +19,11 @@ using kernels::QuantFormat;
 // The engine quantises with the scalar reference (every backend must match it bit for bit;
 // these calls are a negligible share of the work).
 constexpr Backend kQuantBackend = Backend::kReference;
+// Attention and the indexer dequantise the global KV they read with the vectorised codec
+// (AVX2 where the CPU has it; bit-identical to the reference, tests/kernels).
+constexpr Backend kCacheReadBackend = Backend::kAuto;
+// Index key rows dequantised per pass of the indexer (a 4 KiB buffer at index_head_dim 32).
+constexpr int64_t kIndexRowsPerPass = 32;
 
 // Top-k of scores over `candidates` (entry indices), ties broken by the lowest index; the
 // result is returned in index order.
@@ -37,6 +43,37 @@ std::vector<int32_t> TopK(const std::vector<float>& score, const std::vector<int
 }
 
 }  // namespace
+
+size_t AppendKvBytes(std::vector<uint8_t>* v, size_t bytes) {
+  const size_t old = v->size(), need = old + bytes;
+  if (need > v->capacity()) v->reserve(std::max(need, old / kKvGrowthDen * kKvGrowthNum));
+  v->resize(need);
+  return old;
+}
+
+void KvSourceCache::Truncate(int64_t e) {
+  const size_t n = static_cast<size_t>(std::min(e, n_entries));
+  main_data.resize(n * kernels::DataBytes(QuantFormat::kFp4E4M3x16, head_dim));
+  main_scales.resize(n * kernels::ScaleBytes(QuantFormat::kFp4E4M3x16, head_dim));
+  index_data.resize(n * kernels::DataBytes(QuantFormat::kFp4Ue8m0x32, index_dim));
+  index_scales.resize(n * kernels::ScaleBytes(QuantFormat::kFp4Ue8m0x32, index_dim));
+  n_entries = static_cast<int64_t>(n);
+}
+
+KvMemory KvCacheBytes(const SequenceState& st) {
+  KvMemory m;
+  for (const KvSourceCache& k : st.kv) {
+    m.global_kv_bytes += k.main_data.capacity() + k.main_scales.capacity() +
+                         k.index_data.capacity() + k.index_scales.capacity();
+    m.fixed_bytes += (k.kv_state.capacity() + k.score_state.capacity()) * sizeof(float);
+    m.stored_bytes +=
+        k.main_data.size() + k.main_scales.size() + k.index_data.size() + k.index_scales.size();
+  }
+  for (const SwaRing& r : st.swa) {
+    m.fixed_bytes += r.values.capacity() * sizeof(float) + r.data.capacity() + r.scales.capacity();
+  }
+  return m;
+}
 
 struct Engine::LayerWeights {
   const float* hc_fn[2] = {};
@@ -736,22 +773,17 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
               false);
   }
   auto append = [&](QuantFormat fmt, const std::vector<float>& v, int dim,
-                    std::vector<uint8_t>* data, std::vector<uint8_t>* scales,
-                    std::vector<float>* values) -> Status {
-    const size_t db = kernels::DataBytes(fmt, dim), sb = kernels::ScaleBytes(fmt, dim);
-    const size_t d0 = data->size(), s0 = scales->size(), v0 = values->size();
-    data->resize(d0 + ne * db);
-    scales->resize(s0 + ne * sb);
-    values->resize(v0 + static_cast<size_t>(ne) * dim);
-    KVTIER_RETURN_IF_ERROR(kernels::Quantize(fmt, v.data(), ne, dim, data->data() + d0,
-                                             scales->data() + s0, kQuantBackend));
-    return kernels::Dequantize(fmt, data->data() + d0, scales->data() + s0, ne, dim,
-                               values->data() + v0, kQuantBackend);
+                    std::vector<uint8_t>* data, std::vector<uint8_t>* scales) -> Status {
+    const size_t d0 = AppendKvBytes(data, ne * kernels::DataBytes(fmt, dim));
+    const size_t s0 = AppendKvBytes(scales, ne * kernels::ScaleBytes(fmt, dim));
+    return kernels::Quantize(fmt, v.data(), ne, dim, data->data() + d0, scales->data() + s0,
+                             kQuantBackend);
   };
-  KVTIER_RETURN_IF_ERROR(append(QuantFormat::kFp4E4M3x16, latents, hd, &k->main_data,
-                                &k->main_scales, &k->main_values));
-  KVTIER_RETURN_IF_ERROR(append(QuantFormat::kFp4Ue8m0x32, ik, id, &k->index_data, &k->index_scales,
-                                &k->index_values));
+  KVTIER_RETURN_IF_ERROR(
+      append(QuantFormat::kFp4E4M3x16, latents, hd, &k->main_data, &k->main_scales));
+  KVTIER_RETURN_IF_ERROR(
+      append(QuantFormat::kFp4Ue8m0x32, ik, id, &k->index_data, &k->index_scales));
+  k->n_entries += ne;
   return Status::Ok();
 }
 
@@ -781,8 +813,13 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* qr, const f
   rt->topk.assign(n, {});
   if (is_candidate_source) rt->candidates.assign(n, {});
   std::vector<int64_t> cand_visible(n, 0), cand_pool(n, 0);
+  // Index keys are read as their FP4 bytes and dequantised (exactly) a block of rows at a
+  // time; a Reindex layer reads and scores only the rows of its candidate pool.
+  const QuantFormat ifmt = QuantFormat::kFp4Ue8m0x32;
+  const size_t idb = kernels::DataBytes(ifmt, id), isb = kernels::ScaleBytes(ifmt, id);
+  std::atomic<bool> failed{false};
   pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
-    std::vector<float> score;
+    std::vector<float> score, keys(static_cast<size_t>(kIndexRowsPerPass) * id);
     std::vector<int32_t> eligible;
     for (int64_t t = b; t < e; ++t) {
       const int64_t p = p0 + t;
@@ -791,18 +828,43 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* qr, const f
       score.assign(nv, 0.0f);
       const float* q = iq.data() + t * IH * id;
       const float* w = wts.data() + t * IH;
-      for (int64_t j = 0; j < nv; ++j) {
-        const float* kj = src->index_values.data() + j * id;
-        float s = 0;
-        for (int h = 0; h < IH; ++h) {
-          const float dot = Dot(q + static_cast<int64_t>(h) * id, kj, id);
-          s += std::max(dot, 0.0f) * (w[h] * wscale);  // ReLU before the head weight
-        }
-        score[j] = s;
-      }
       eligible.clear();
+      // Scores rows [j0, j1) (at most kIndexRowsPerPass), every head against each key.
+      auto score_rows = [&](int64_t j0, int64_t j1) {
+        if (!kernels::Dequantize(ifmt, src->index_data.data() + j0 * idb,
+                                 src->index_scales.data() + j0 * isb, j1 - j0, id, keys.data(),
+                                 kCacheReadBackend)
+                 .ok()) {
+          failed = true;
+          return;
+        }
+        for (int64_t j = j0; j < j1; ++j) {
+          const float* kj = keys.data() + (j - j0) * id;
+          float s = 0;
+          for (int h = 0; h < IH; ++h) {
+            const float dot = Dot(q + static_cast<int64_t>(h) * id, kj, id);
+            s += std::max(dot, 0.0f) * (w[h] * wscale);  // ReLU before the head weight
+          }
+          score[j] = s;
+        }
+      };
+      const int bs = c.candidate_block_size;
+      if (restrict) {
+        const std::vector<uint8_t>& mask = rt->candidates[t];
+        const int64_t nb = std::min<int64_t>((nv + bs - 1) / bs, mask.size());
+        for (int64_t bi = 0; bi < nb; ++bi) {
+          if (!mask[bi]) continue;
+          const int64_t j1 = std::min<int64_t>(nv, (bi + 1) * bs);
+          for (int64_t j0 = bi * bs; j0 < j1; j0 += kIndexRowsPerPass)
+            score_rows(j0, std::min<int64_t>(j1, j0 + kIndexRowsPerPass));
+          for (int64_t j = bi * bs; j < j1; ++j) eligible.push_back(static_cast<int32_t>(j));
+        }
+        rt->topk[t] = TopK(score, eligible, c.index_topk);
+        continue;
+      }
+      for (int64_t j0 = 0; j0 < nv; j0 += kIndexRowsPerPass)
+        score_rows(j0, std::min<int64_t>(nv, j0 + kIndexRowsPerPass));
       if (is_candidate_source) {
-        const int bs = c.candidate_block_size;
         const int64_t nb = (nv + bs - 1) / bs;
         std::vector<float> bscore(nb, -INFINITY);
         for (int64_t j = 0; j < nv; ++j) bscore[j / bs] = std::max(bscore[j / bs], score[j]);
@@ -820,17 +882,11 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* qr, const f
         cand_visible[t] = nv;
         cand_pool[t] = pool_positions;
       }
-      for (int64_t j = 0; j < nv; ++j) {
-        if (restrict) {
-          const std::vector<uint8_t>& mask = rt->candidates[t];
-          const int64_t bi = j / c.candidate_block_size;
-          if (bi >= static_cast<int64_t>(mask.size()) || !mask[bi]) continue;
-        }
-        eligible.push_back(static_cast<int32_t>(j));
-      }
+      for (int64_t j = 0; j < nv; ++j) eligible.push_back(static_cast<int32_t>(j));
       rt->topk[t] = TopK(score, eligible, c.index_topk);
     }
   });
+  if (failed) return Status::Internal("engine: index keys could not be dequantised");
   if (trace_ != nullptr && is_candidate_source) {  // appended chunk by chunk
     trace_->candidate_visible.insert(trace_->candidate_visible.end(), cand_visible.begin(),
                                      cand_visible.end());
@@ -902,20 +958,34 @@ Status Engine::Attention(int layer, SequenceState* st, int64_t p0, int n, const 
   }
 
   // Sparse attention over [selected compressed entries] + [SWA window], one latent as K and V.
+  // Per query token the keys are gathered once (compressed entries dequantised from their FP4
+  // bytes into a buffer, SWA keys read in place) and every head runs against them.
   std::vector<float> o(static_cast<size_t>(n) * H * hd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const KvSourceCache* src = rt->src;
-  pool_->ParallelFor(static_cast<int64_t>(n) * H, [&](int64_t b, int64_t e) {
+  const QuantFormat mfmt = QuantFormat::kFp4E4M3x16;
+  const size_t mdb = kernels::DataBytes(mfmt, hd), msb = kernels::ScaleBytes(mfmt, hd);
+  std::atomic<bool> failed{false};
+  pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
     std::vector<const float*> keys;
-    std::vector<float> logit;
-    for (int64_t it = b; it < e; ++it) {
-      const int64_t t = it / H;
-      const int h = static_cast<int>(it % H);
+    std::vector<float> logit, latent;
+    for (int64_t t = b; t < e; ++t) {
       const int64_t p = p0 + t;
       keys.clear();
       if (mode != LayerMode::kSwaOnly) {
-        for (int32_t j : rt->topk[t])
-          keys.push_back(src->main_values.data() + static_cast<int64_t>(j) * hd);
+        const std::vector<int32_t>& sel = rt->topk[t];
+        latent.resize(sel.size() * hd);
+        for (size_t i = 0; i < sel.size(); ++i) {
+          const int64_t j = sel[i];
+          if (!kernels::Dequantize(mfmt, src->main_data.data() + j * mdb,
+                                   src->main_scales.data() + j * msb, 1, hd, latent.data() + i * hd,
+                                   kCacheReadBackend)
+                   .ok()) {
+            failed = true;
+            return;
+          }
+        }
+        for (size_t i = 0; i < sel.size(); ++i) keys.push_back(latent.data() + i * hd);
       }
       const int64_t lo = std::max(ring.valid_from, p - W + 1);
       for (int64_t s = std::max<int64_t>(lo, 0); s <= p; ++s) {
@@ -925,28 +995,32 @@ Status Engine::Attention(int layer, SequenceState* st, int64_t p0, int n, const 
           keys.push_back(ring.values.data() + (s % W) * hd);
         }
       }
-      const float* qh = q.data() + (t * H + h) * hd;
       logit.resize(keys.size());
-      const float sink = lw.sink[h];
-      float mx = sink;
-      for (size_t i = 0; i < keys.size(); ++i) {
-        logit[i] = Dot(qh, keys[i], hd) * scale;
-        mx = std::max(mx, logit[i]);
+      for (int h = 0; h < H; ++h) {
+        const float* qh = q.data() + (t * H + h) * hd;
+        const float sink = lw.sink[h];
+        float mx = sink;
+        for (size_t i = 0; i < keys.size(); ++i) {
+          logit[i] = Dot(qh, keys[i], hd) * scale;
+          mx = std::max(mx, logit[i]);
+        }
+        float den = std::exp(sink - mx);
+        for (size_t i = 0; i < keys.size(); ++i) {
+          logit[i] = std::exp(logit[i] - mx);
+          den += logit[i];
+        }
+        float* oh = o.data() + (t * H + h) * hd;
+        for (int d = 0; d < hd; ++d) oh[d] = 0.0f;
+        for (size_t i = 0; i < keys.size(); ++i) {
+          const float pr = logit[i] / den;
+          const float* kd = keys[i];
+          for (int d = 0; d < hd; ++d) oh[d] += pr * kd[d];
+        }
+        ApplyRope(oh + hd - rd, *lw.rope, p, true);  // inverse RoPE on the output
       }
-      float den = std::exp(sink - mx);
-      for (size_t i = 0; i < keys.size(); ++i) {
-        logit[i] = std::exp(logit[i] - mx);
-        den += logit[i];
-      }
-      float* oh = o.data() + (t * H + h) * hd;
-      for (int d = 0; d < hd; ++d) oh[d] = 0.0f;
-      for (size_t i = 0; i < keys.size(); ++i) {
-        const float pr = logit[i] / den;
-        for (int d = 0; d < hd; ++d) oh[d] += pr * keys[i][d];
-      }
-      ApplyRope(oh + hd - rd, *lw.rope, p, true);  // inverse RoPE on the output
     }
   });
+  if (failed) return Status::Internal("engine: global KV entries could not be dequantised");
 
   // Grouped output projection: wo_a is block-diagonal over o_groups, then wo_b.
   const int G = c.o_groups, ol = c.o_lora_rank, gin = (H / G) * hd;
@@ -1222,6 +1296,13 @@ Status Engine::PrefillCed(SequenceState* st, std::span<const int32_t> tokens,
   KVTIER_RETURN_IF_ERROR(CheckExtendable(*st));
   if (!st->tokens.empty())
     return Status::InvalidArgument("engine: CED prefill needs an empty state");
+  return ExtendCed(st, tokens, last_logits);
+}
+
+Status Engine::ExtendCed(SequenceState* st, std::span<const int32_t> tokens,
+                         std::vector<float>* last_logits) {
+  KVTIER_RETURN_IF_ERROR(CheckTokens(tokens));
+  KVTIER_RETURN_IF_ERROR(CheckExtendable(*st));
   const EngineConfig& c = config_;
   const int d = c.first_decoder_layer, L = c.num_hidden_layers;
   if (c.layer_modes[d] != LayerMode::kFull)
@@ -1231,26 +1312,28 @@ Status Engine::PrefillCed(SequenceState* st, std::span<const int32_t> tokens,
   }
   ResetTrace();
   const int n = static_cast<int>(tokens.size());
+  const int64_t n0 = static_cast<int64_t>(st->tokens.size());
   const int D = c.hidden_size, hc = c.hc_mult;
   const int R = std::min(n, c.sliding_window);
-  const int64_t start = n - R;
-  st->tokens.assign(tokens.begin(), tokens.end());
-  // The plan: (1) the encoder [0, d) over every token, (2) layer d's hc_pre -> Engram ->
-  // attn_norm -> Compressor over every token, (3) the decoder [d, L) over the last R tokens;
-  // each phase chunk by chunk. The lookahead runs across phases (the tokens are all known), so
-  // Engram rows of the decoder's layers are prefetched while the encoder computes.
+  const int64_t start = n0 + n - R;
+  st->tokens.insert(st->tokens.end(), tokens.begin(), tokens.end());
+  // The plan: (1) the encoder [0, d) over every new token, (2) layer d's hc_pre -> Engram ->
+  // attn_norm -> Compressor over every new token, (3) the decoder [d, L) over the last R of
+  // them; each phase chunk by chunk. The lookahead runs across phases (the tokens are all
+  // known), so Engram rows of the decoder's layers are prefetched while the encoder computes.
   std::vector<Step> plan;
-  AppendChunks(0, n, 0, d, &plan);
+  AppendChunks(n0, n, 0, d, &plan);
   const size_t compress_begin = plan.size();
-  AppendChunks(0, n, d, d + 1, &plan);
+  AppendChunks(n0, n, d, d + 1, &plan);
   const size_t tail_begin = plan.size();
   AppendChunks(start, R, d, L, &plan);
   std::vector<float> x(static_cast<size_t>(n) * hc * D), pre(static_cast<size_t>(n) * hc);
   Embed(tokens, x.data(), pre.data());
+  auto xs = [&](int64_t p) { return x.data() + (p - n0) * hc * D; };
+  auto pres = [&](int64_t p) { return pre.data() + (p - n0) * hc; };
   // 1. The encoder over every token.
   for (size_t i = 0; i < compress_begin; ++i) {
-    KVTIER_RETURN_IF_ERROR(
-        RunLayers(st, plan, i, x.data() + plan[i].p0 * hc * D, pre.data() + plan[i].p0 * hc));
+    KVTIER_RETURN_IF_ERROR(RunLayers(st, plan, i, xs(plan[i].p0), pres(plan[i].p0)));
   }
   // 2. The decoder source's global KV for every token: hc_pre -> attn_norm -> Compressor.
   for (size_t i = compress_begin; i < tail_begin; ++i) {
@@ -1258,26 +1341,28 @@ Status Engine::PrefillCed(SequenceState* st, std::span<const int32_t> tokens,
     const int cn = plan[i].n;
     std::vector<EngramPending*> claimed;
     KVTIER_RETURN_IF_ERROR(BeginEngramStep(*st, plan, i, &claimed));
-    std::vector<float> xd(x.begin() + p0 * hc * D, x.begin() + (p0 + cn) * hc * D);
+    std::vector<float> xd(xs(p0), xs(p0 + cn));
     if (c.IsEngramLayer(d)) {
       EngramRowBatch rows;
       KVTIER_RETURN_IF_ERROR(TakeEngram(d, claimed[c.EngramSlot(d)], p0, cn, &rows));
       KVTIER_RETURN_IF_ERROR(ApplyEngram(d, rows, cn, xd.data()));
     }
     std::vector<float> xa(static_cast<size_t>(cn) * D);
-    PreMix(cn, xd.data(), pre.data() + p0 * hc, layers_[d].attn_norm, xa.data());
+    PreMix(cn, xd.data(), pres(p0), layers_[d].attn_norm, xa.data());
     KVTIER_RETURN_IF_ERROR(Compress(d, st, p0, cn, xa.data()));
   }
   // The trace keeps layer d's Engram gates of the decoder pass (3) only.
   if (trace_ != nullptr && c.IsEngramLayer(d)) trace_->engram_gates[c.EngramSlot(d)].clear();
-  // 3. The full decoder over the last R = min(W, n) tokens (bounded replay).
-  for (int l = d; l < L; ++l) {
-    st->swa[l].valid_from = start;
-    st->swa[l].end = start;
+  // 3. The full decoder over the last R = min(W, n) new tokens. When it skips some (start >
+  // n0) its rings restart at `start` (bounded replay); otherwise they continue.
+  if (start > n0 || n0 == 0) {
+    for (int l = d; l < L; ++l) {
+      st->swa[l].valid_from = start;
+      st->swa[l].end = start;
+    }
   }
   for (size_t i = tail_begin; i < plan.size(); ++i) {
-    KVTIER_RETURN_IF_ERROR(
-        RunLayers(st, plan, i, x.data() + plan[i].p0 * hc * D, pre.data() + plan[i].p0 * hc));
+    KVTIER_RETURN_IF_ERROR(RunLayers(st, plan, i, xs(plan[i].p0), pres(plan[i].p0)));
   }
   last_logits->assign(c.vocab_size, 0.0f);
   Head(1, x.data() + static_cast<int64_t>(n - 1) * hc * D,

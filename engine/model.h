@@ -7,6 +7,8 @@
 //   PrefillCed  CED prefill: the encoder (layers [0, L/2)) over all tokens, the decoder KV
 //               source's compressor (global KV) from the encoder output for every token, and the
 //               full decoder only over the last min(W, n) tokens (bounded replay);
+//   ExtendCed   a new turn appended the CED way (encoder + global KV over every new token, the
+//               decoder over the last min(W, n)); PrefillCed is ExtendCed of an empty state;
 //   Decode      one token through all layers (Forward with one token).
 // ReplayTail rebuilds the SWA rings after global KV was imported as units (state_io.h): the
 // last R' = min(R, n) tokens (R = replay_tokens >= W, default W) go through every layer with
@@ -96,7 +98,8 @@ struct EngineStats {
 };
 
 // The sliding-window ring of one layer: the last W positions' kv_norm(wkv x) with RoPE,
-// stored as FP8 e4m3 + ue8m0/32 (data/scales) and their exact dequantised values.
+// stored as FP8 e4m3 + ue8m0/32 (data/scales) and their exact dequantised values (W slots:
+// a constant per layer, not per cached token).
 struct SwaRing {
   int window = 0;
   int dim = 0;
@@ -111,20 +114,41 @@ struct SwaRing {
 };
 
 // The global KV of one KV source layer: entries in FP4 exactly as a unit stores them
-// (main kFp4E4M3x16, index key kFp4Ue8m0x32) and their dequantised values, plus the
-// compressor's partial group (kv_state / score_state, ratio x head_dim fp32).
+// (main kFp4E4M3x16, index key kFp4Ue8m0x32), plus the compressor's partial group
+// (kv_state / score_state, ratio x head_dim fp32). There is no fp32 copy of the entries:
+// attention and the indexer dequantise the bytes they read (exact, kernels/quant.h). The byte
+// vectors grow by AppendKvBytes, so their capacity stays within kKvGrowthNum/kKvGrowthDen of
+// their size (KvCacheBytes).
 struct KvSourceCache {
   int layer = 0;
   int ratio = 1;
   int head_dim = 0;
   int index_dim = 0;
-  int64_t consumed = 0;  // tokens fed to the compressor
-  std::vector<float> main_values, index_values;
+  int64_t consumed = 0;   // tokens fed to the compressor
+  int64_t n_entries = 0;  // compressed entries held (rows of main_* and index_*)
   std::vector<uint8_t> main_data, main_scales, index_data, index_scales;
   std::vector<float> kv_state, score_state;
-  int64_t entries() const {
-    return head_dim ? static_cast<int64_t>(main_values.size()) / head_dim : 0;
-  }
+  int64_t entries() const { return n_entries; }
+  // Drops every entry from `e` on (e <= entries()).
+  void Truncate(int64_t e);
+};
+
+// Growth of the global KV byte vectors: capacity at most size * 5/4 (plus the appended rows'
+// bytes), instead of std::vector's doubling, so the engine's memory per cached token stays near
+// the stored bytes (docs/PERFORMANCE.md, "Engine memory per cached token").
+inline constexpr size_t kKvGrowthNum = 5, kKvGrowthDen = 4;
+// Appends `bytes` zero bytes to *v with that growth; returns the old size.
+size_t AppendKvBytes(std::vector<uint8_t>* v, size_t bytes);
+
+// Bytes the engine holds for a sequence. global_kv_bytes grows with the sequence: the capacity
+// of the FP4 byte vectors, at most kKvGrowthNum/kKvGrowthDen of stored_bytes (the data and
+// scales of the entries held, what units store for them) plus one append. fixed_bytes does not:
+// the SWA rings (W slots per layer, FP8 bytes and their fp32 values) and the compressors'
+// partial groups.
+struct KvMemory {
+  size_t global_kv_bytes = 0;
+  size_t fixed_bytes = 0;
+  size_t stored_bytes = 0;
 };
 
 struct SequenceState {
@@ -132,6 +156,8 @@ struct SequenceState {
   std::vector<SwaRing> swa;       // per layer
   std::vector<KvSourceCache> kv;  // per KV source, in kv_source_layer_ids order
 };
+
+KvMemory KvCacheBytes(const SequenceState& st);
 
 // Per-step observations for tests and tools (filled when a trace is attached).
 struct StepTrace {
@@ -205,6 +231,15 @@ class Engine {
   // CED prefill of an empty state; last_logits: the last token's logits.
   Status PrefillCed(SequenceState* state, std::span<const int32_t> tokens,
                     std::vector<float>* last_logits);
+  // CED extend: appends a turn to a state (empty or not) the CED way. The encoder and layer d's
+  // compressor (global KV) run over every new token, the decoder over the last R = min(W, n)
+  // of them. n <= W: the decoder rings continue, so the result equals Forward(state, tokens)
+  // bit for bit (and the full forward of the whole text while it is at most W tokens). n > W:
+  // the decoder rings restart at the last W tokens, so extending PrefillCed(A) by B equals
+  // PrefillCed(A + B) bit for bit. PrefillCed(s, t) is ExtendCed of an empty state. Errors as
+  // Forward; the decoder must have a single KV source at its first layer (as PrefillCed).
+  Status ExtendCed(SequenceState* state, std::span<const int32_t> tokens,
+                   std::vector<float>* last_logits);
   // Bounded replay after an import (see file comment); last_logits: the last token's.
   // InvalidArgument (state unchanged) for an empty state, global KV that does not cover every
   // token, replay_tokens < sliding_window, or min(replay_tokens, n) > kMaxTokensPerCall.

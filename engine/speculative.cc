@@ -56,7 +56,7 @@ std::vector<int> CaptureLayers(const EngineConfig& c, const DSparkConfig& dc) {
 Status RollbackTo(const EngineConfig& c, const ModelWeights& w, const VerifyCheckpoint& cp,
                   const AttnInputCapture& cap, int64_t keep, SequenceState* st) {
   const int64_t n0 = cp.tokens, end = static_cast<int64_t>(st->tokens.size());
-  const int D = c.hidden_size, hd = c.head_dim, id = c.index_head_dim, W = c.sliding_window;
+  const int D = c.hidden_size, hd = c.head_dim, W = c.sliding_window;
   if (keep < n0 || keep > end) return Status::InvalidArgument("rollback: keep out of range");
   if (end - n0 > W) return Status::InvalidArgument("rollback: verify longer than the window");
   if (cp.swa.size() != st->swa.size() || cp.kv.size() != st->kv.size())
@@ -100,12 +100,7 @@ Status RollbackTo(const EngineConfig& c, const ModelWeights& w, const VerifyChec
     KvSourceCache& k = st->kv[i];
     const int m = k.ratio;
     const size_t e = static_cast<size_t>(keep / m);
-    k.main_values.resize(e * hd);
-    k.main_data.resize(e * kernels::DataBytes(QuantFormat::kFp4E4M3x16, hd));
-    k.main_scales.resize(e * kernels::ScaleBytes(QuantFormat::kFp4E4M3x16, hd));
-    k.index_values.resize(e * id);
-    k.index_data.resize(e * kernels::DataBytes(QuantFormat::kFp4Ue8m0x32, id));
-    k.index_scales.resize(e * kernels::ScaleBytes(QuantFormat::kFp4Ue8m0x32, id));
+    k.Truncate(static_cast<int64_t>(e));
     k.consumed = keep;
     const std::string p = "layers." + std::to_string(k.layer) + ".attn.compressor.";
     for (int j = 0; j < m; ++j, ++ri) {

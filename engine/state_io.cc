@@ -91,30 +91,38 @@ Status ImportUnitPayload(const UnitPayloadLayout& layout, std::span<const uint8_
   for (const SwaRing& r : st->swa) {
     if (r.end != 0) return Status::InvalidArgument("engine import: state already has SWA rings");
   }
-  for (KvSourceCache& k : st->kv) {
+  // Every region must hold exactly `entries` rows of its format (attention reads these bytes);
+  // checked for every source before the state changes.
+  std::vector<const SourceRegions*> regions;
+  for (const KvSourceCache& k : st->kv) {
     const SourceRegions* r = FindRegions(layout, k.layer);
     if (r == nullptr || layout.head_dim != static_cast<uint32_t>(k.head_dim) ||
         layout.index_head_dim != static_cast<uint32_t>(k.index_dim))
       return Status::InvalidArgument("engine import: layout does not match the state");
+    const uint64_t ne = r->entries;
+    if (r->main_data.size_bytes != ne * kernels::DataBytes(QuantFormat::kFp4E4M3x16, k.head_dim) ||
+        r->main_scales.size_bytes !=
+            ne * kernels::ScaleBytes(QuantFormat::kFp4E4M3x16, k.head_dim) ||
+        r->index_data.size_bytes !=
+            ne * kernels::DataBytes(QuantFormat::kFp4Ue8m0x32, k.index_dim) ||
+        r->index_scales.size_bytes !=
+            ne * kernels::ScaleBytes(QuantFormat::kFp4Ue8m0x32, k.index_dim))
+      return Status::InvalidArgument("engine import: region sizes do not match the entries");
+    regions.push_back(r);
+  }
+  // Straight into the engine's layout: the FP4 bytes are appended as they are.
+  for (size_t i = 0; i < st->kv.size(); ++i) {
+    KvSourceCache& k = st->kv[i];
+    const SourceRegions* r = regions[i];
     auto append = [&](std::vector<uint8_t>* dst, const PayloadRegion& reg) {
-      dst->insert(dst->end(), payload.begin() + reg.offset_bytes,
-                  payload.begin() + reg.offset_bytes + reg.size_bytes);
+      const size_t d0 = AppendKvBytes(dst, reg.size_bytes);
+      std::memcpy(dst->data() + d0, payload.data() + reg.offset_bytes, reg.size_bytes);
     };
-    const size_t md0 = k.main_data.size(), ms0 = k.main_scales.size();
-    const size_t id0 = k.index_data.size(), is0 = k.index_scales.size();
     append(&k.main_data, r->main_data);
     append(&k.main_scales, r->main_scales);
     append(&k.index_data, r->index_data);
     append(&k.index_scales, r->index_scales);
-    const size_t mv0 = k.main_values.size(), iv0 = k.index_values.size();
-    k.main_values.resize(mv0 + static_cast<size_t>(r->entries) * k.head_dim);
-    k.index_values.resize(iv0 + static_cast<size_t>(r->entries) * k.index_dim);
-    KVTIER_RETURN_IF_ERROR(kernels::Dequantize(QuantFormat::kFp4E4M3x16, k.main_data.data() + md0,
-                                               k.main_scales.data() + ms0, r->entries, k.head_dim,
-                                               k.main_values.data() + mv0, kImportBackend));
-    KVTIER_RETURN_IF_ERROR(kernels::Dequantize(QuantFormat::kFp4Ue8m0x32, k.index_data.data() + id0,
-                                               k.index_scales.data() + is0, r->entries, k.index_dim,
-                                               k.index_values.data() + iv0, kImportBackend));
+    k.n_entries += r->entries;
     k.consumed = n + layout.unit_tokens;
   }
   st->tokens.insert(st->tokens.end(), tokens.begin(), tokens.end());

@@ -551,6 +551,11 @@ int RunBench(Args args) {
   const double ced_tps = prompt_tokens / ced_s, full_tps = prompt_tokens / full_s;
   const double dec_tps = decode_tokens / dec_s;
   const double ced_ratio = (ced_s / prompt_tokens) / (dec_s / decode_tokens);
+  // Memory per cached token of the decoded sequence against the bytes units store for it.
+  const KvMemory mem = KvCacheBytes(ced);
+  const double cached = static_cast<double>(ced.tokens.size());
+  const double kv_per_token = mem.global_kv_bytes / cached,
+               stored_per_token = mem.stored_bytes / cached;
   const double full_ratio = (full_s / prompt_tokens) / (dec_s / decode_tokens);
   if (json) {
     nlohmann::ordered_json j;
@@ -563,6 +568,9 @@ int RunBench(Args args) {
     j["ced_prefill_to_decode_cost_per_token"] = ced_ratio;
     j["full_prefill_to_decode_cost_per_token"] = full_ratio;
     j["ced_vs_full_prefill_speedup"] = full_s / ced_s;
+    j["global_kv_bytes_per_token"] = kv_per_token;
+    j["stored_bytes_per_token"] = stored_per_token;
+    j["fixed_state_bytes"] = mem.fixed_bytes;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("threads %d, prompt %llu tokens, decode %llu tokens\n", e.threads(),
@@ -575,6 +583,10 @@ int RunBench(Args args) {
         "prefill/decode cost per token: CED %.3f, full %.3f (CED is %.2fx the full "
         "forward)\n",
         ced_ratio, full_ratio, full_s / ced_s);
+    std::printf(
+        "memory: global KV %.1f B per cached token, stored %.1f B per token (%.2fx), plus %zu B "
+        "of SWA rings and partial groups\n",
+        kv_per_token, stored_per_token, kv_per_token / stored_per_token, mem.fixed_bytes);
   }
   return 0;
 }

@@ -2,12 +2,14 @@
 // determinism across thread counts, state export/import.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <set>
 
 #include "engine/state_io.h"
 #include "engine_test_util.h"
+#include "kernels/quant.h"
 
 namespace kvtier::engine {
 namespace {
@@ -91,6 +93,66 @@ TEST(EngineModel, CedPrefillEqualsFullForwardUpToW) {
       Greedy(e.get(), &ced, lc, 5, &gen, &rows);
       ExpectMatchesFullForward(e.get(), prompt, gen, rows);
     }
+  }
+}
+
+// CED extend of an appended turn. A turn of at most W tokens goes through the decoder whole,
+// continuing its rings: equal to the full forward over the same state (the model notes' CED
+// exactness, §1), and to the full forward of the whole text while it is at most W tokens. A
+// longer turn replays only its last W tokens in the decoder: equal to CED prefill of the whole
+// text. Global KV equals the full forward's in every case; decoding continues identically.
+TEST(EngineModel, CedExtendEqualsForwardUpToWAndCedPrefillOfTheWholeText) {
+  auto e = MakeEngine();
+  const auto a = Prompt(37, 5);
+  std::vector<float> la;
+  // Up to W: equal to Forward over the same state.
+  for (int k : {1, 9, 16}) {
+    SCOPED_TRACE(k);
+    const auto b = Prompt(k, 40 + k);
+    SequenceState fwd = e->NewSequence(), ext = e->NewSequence();
+    ASSERT_TRUE(e->PrefillCed(&fwd, a, &la).ok());
+    ASSERT_TRUE(e->PrefillCed(&ext, a, &la).ok());
+    std::vector<float> lf, lx;
+    ASSERT_TRUE(e->Forward(&fwd, b, false, &lf).ok());
+    ASSERT_TRUE(e->ExtendCed(&ext, b, &lx).ok());
+    EXPECT_TRUE(BitEqual(lf.data(), lx.data(), kV));
+    EXPECT_EQ(ext.swa[8].valid_from, fwd.swa[8].valid_from);  // the rings continued
+    ASSERT_TRUE(e->Decode(&fwd, 9, &lf).ok());
+    ASSERT_TRUE(e->Decode(&ext, 9, &lx).ok());
+    EXPECT_TRUE(BitEqual(lf.data(), lx.data(), kV));
+  }
+  // A whole text of at most W tokens: equal to the full forward from position 0.
+  {
+    const auto t = Prompt(14, 8);
+    SequenceState full = e->NewSequence(), ext = e->NewSequence();
+    std::vector<float> lf, lx;
+    ASSERT_TRUE(e->Forward(&full, t, false, &lf).ok());
+    ASSERT_TRUE(e->ExtendCed(&ext, std::span(t).first(6), &lx).ok());
+    ASSERT_TRUE(e->ExtendCed(&ext, std::span(t).subspan(6), &lx).ok());
+    EXPECT_TRUE(BitEqual(lf.data(), lx.data(), kV));
+  }
+  // Longer than W: equal to CED prefill of the whole text, global KV equal to the full forward.
+  for (int k : {17, 45}) {
+    SCOPED_TRACE(k);
+    const auto b = Prompt(k, 60 + k);
+    std::vector<int32_t> whole(a);
+    whole.insert(whole.end(), b.begin(), b.end());
+    SequenceState ced = e->NewSequence(), ext = e->NewSequence(), full = e->NewSequence();
+    std::vector<float> lc, lx, lf;
+    ASSERT_TRUE(e->PrefillCed(&ced, whole, &lc).ok());
+    ASSERT_TRUE(e->PrefillCed(&ext, a, &la).ok());
+    ASSERT_TRUE(e->ExtendCed(&ext, b, &lx).ok());
+    ASSERT_TRUE(e->Forward(&full, whole, false, &lf).ok());
+    EXPECT_TRUE(BitEqual(lc.data(), lx.data(), kV));
+    EXPECT_EQ(ext.swa[8].valid_from, static_cast<int64_t>(whole.size()) - 16);
+    for (size_t s = 0; s < full.kv.size(); ++s) {
+      EXPECT_EQ(ext.kv[s].main_data, full.kv[s].main_data);
+      EXPECT_EQ(ext.kv[s].index_data, full.kv[s].index_data);
+      EXPECT_EQ(ext.kv[s].kv_state, full.kv[s].kv_state);
+    }
+    ASSERT_TRUE(e->Decode(&ced, 11, &lc).ok());
+    ASSERT_TRUE(e->Decode(&ext, 11, &lx).ok());
+    EXPECT_TRUE(BitEqual(lc.data(), lx.data(), kV));
   }
 }
 
@@ -245,7 +307,11 @@ TEST(EngineModel, SensibleInitialScales) {
   }
   // SWA entries are stored in FP8 and the global KV in FP4: nonzero scales, values in range.
   for (const KvSourceCache& k : st.kv) {
-    for (float v : k.main_values) ASSERT_LT(std::fabs(v), 100.0f);
+    std::vector<float> v(static_cast<size_t>(k.entries()) * k.head_dim);
+    ASSERT_TRUE(kernels::Dequantize(kernels::QuantFormat::kFp4E4M3x16, k.main_data.data(),
+                                    k.main_scales.data(), k.entries(), k.head_dim, v.data())
+                    .ok());
+    for (float x : v) ASSERT_LT(std::fabs(x), 100.0f);
   }
 }
 
@@ -353,8 +419,10 @@ TEST(EngineState, ExportedGlobalKvIs222_5BytesPerToken) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, *page);
   for (size_t s = 0; s < st.kv.size(); ++s) {
-    const size_t n = fresh.kv[s].main_values.size();
-    EXPECT_TRUE(BitEqual(fresh.kv[s].main_values.data(), st.kv[s].main_values.data(), n));
+    const KvSourceCache &f = fresh.kv[s], &o = st.kv[s];
+    ASSERT_EQ(f.entries(), 64 / f.ratio);
+    EXPECT_TRUE(std::equal(f.main_data.begin(), f.main_data.end(), o.main_data.begin()));
+    EXPECT_TRUE(std::equal(f.index_data.begin(), f.index_data.end(), o.index_data.begin()));
   }
   std::vector<uint8_t> truncated(page->begin(), page->end() - 1);
   SequenceState other = e->NewSequence();
@@ -410,16 +478,14 @@ TEST(EngineState, UnitsPlusSwaBlobResumeExactly) {
   SequenceState resumed = e->NewSequence();
   ASSERT_TRUE(ImportUnitPayload(pl, *page, prompt, &resumed).ok());
   ASSERT_TRUE(ImportSwaRings(blob, &resumed).ok());
-  // The import dequantises with the AVX2 codec where the CPU has it; the engine computed its
-  // own values with the scalar reference: the same bits.
+  // The import appends the stored FP4 bytes as they are (the engine dequantises what it reads).
   ASSERT_EQ(resumed.kv.size(), st.kv.size());
   for (size_t i = 0; i < st.kv.size(); ++i) {
-    ASSERT_EQ(resumed.kv[i].main_values.size(), st.kv[i].main_values.size());
-    ASSERT_EQ(resumed.kv[i].index_values.size(), st.kv[i].index_values.size());
-    EXPECT_TRUE(BitEqual(resumed.kv[i].main_values.data(), st.kv[i].main_values.data(),
-                         st.kv[i].main_values.size()));
-    EXPECT_TRUE(BitEqual(resumed.kv[i].index_values.data(), st.kv[i].index_values.data(),
-                         st.kv[i].index_values.size()));
+    EXPECT_EQ(resumed.kv[i].entries(), st.kv[i].entries());
+    EXPECT_EQ(resumed.kv[i].main_data, st.kv[i].main_data);
+    EXPECT_EQ(resumed.kv[i].main_scales, st.kv[i].main_scales);
+    EXPECT_EQ(resumed.kv[i].index_data, st.kv[i].index_data);
+    EXPECT_EQ(resumed.kv[i].index_scales, st.kv[i].index_scales);
   }
   ASSERT_EQ(resumed.swa.size(), st.swa.size());
   for (size_t l = 0; l < st.swa.size(); ++l) {
@@ -493,6 +559,39 @@ TEST(EngineWeights, SafetensorsRoundTripGivesTheSameModel) {
             testutil::MiniWeights()->file.tensors.at("layers.3.attn.wq_b.weight").bytes);
   EXPECT_NE(other->file.tensors.at("layers.3.attn.wq_b.weight").bytes,
             testutil::MiniWeights()->file.tensors.at("layers.3.attn.wq_b.weight").bytes);
+}
+
+// The engine keeps the global KV as the FP4 bytes units store (no fp32 copy): per cached token
+// its global KV memory is within 1.5x of the stored bytes (the rest, SWA rings and partial
+// groups, does not grow with the sequence). Prefill appends a chunk at once and decode one
+// entry at a time, the case where std::vector's doubling would reach 2x.
+TEST(EngineMemory, GlobalKvWithinBoundOfStoredBytes) {
+  auto e = MakeEngine();
+  const auto prompt = Prompt(130, 21);
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->PrefillCed(&st, prompt, &logits).ok());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(e->Decode(&st, 7 + i, &logits).ok());
+  const EngineConfig& c = e->config();
+  using kernels::QuantFormat;
+  const size_t main_row = kernels::DataBytes(QuantFormat::kFp4E4M3x16, c.head_dim) +
+                          kernels::ScaleBytes(QuantFormat::kFp4E4M3x16, c.head_dim);
+  const size_t index_row = kernels::DataBytes(QuantFormat::kFp4Ue8m0x32, c.index_head_dim) +
+                           kernels::ScaleBytes(QuantFormat::kFp4Ue8m0x32, c.index_head_dim);
+  size_t stored = 0;
+  for (const KvSourceCache& k : st.kv) {
+    ASSERT_EQ(k.entries(), 134 / k.ratio);
+    stored += static_cast<size_t>(k.entries()) * (main_row + index_row);
+  }
+  const KvMemory m = KvCacheBytes(st);
+  EXPECT_EQ(m.stored_bytes, stored);
+  EXPECT_LE(m.global_kv_bytes, stored * 3 / 2);
+  // The constant part: W slots per layer (FP8 + ue8m0 + fp32) and the partial groups.
+  size_t fixed = 0;
+  for (const KvSourceCache& k : st.kv) fixed += 2 * static_cast<size_t>(k.ratio) * c.head_dim * 4;
+  fixed += static_cast<size_t>(c.num_hidden_layers) * c.sliding_window *
+           (c.head_dim * 5 + c.head_dim / 32);
+  EXPECT_EQ(m.fixed_bytes, fixed);
 }
 
 }  // namespace

@@ -347,6 +347,10 @@ class SsdTier::Impl {
                     std::span<const uint8_t> rec, std::vector<uint8_t>* out);
   Status ReadRecord(const Segment& seg, uint64_t offset, uint32_t record_bytes,
                     std::vector<uint8_t>* out);
+  // ReadRecord without the copy: *rec views the calling thread's read buffer (or *owned, for
+  // a record larger than that buffer), valid until the thread's next ReadRecord(View).
+  Status ReadRecordView(const Segment& seg, uint64_t offset, uint32_t record_bytes,
+                        AlignedBuffer* owned, std::span<const uint8_t>* rec);
   Status ScanTail(const std::shared_ptr<Segment>& seg, uint64_t start, uint64_t* valid_end,
                   std::vector<std::pair<Key, IndexEntry>>* found);
   void CommitLoop();

@@ -89,14 +89,14 @@ class CountingEnv final : public DeviceEnv {
   Status Remove(const std::string& name) override { return base_->Remove(name); }
   Status SyncDir() override { return base_->SyncDir(); }
   std::string Kind() const override { return "counting"; }
-  Status SubmitAcross(std::span<DeviceIo> batch) override {
+  Status SubmitAcross(std::span<DeviceIo> batch, const IoDoneFn& on_done) override {
     std::set<BlockDevice*> devices;
     for (const DeviceIo& d : batch) devices.insert(d.device);
     across_calls.fetch_add(1);
     size_t prev = max_devices.load();
     while (devices.size() > prev && !max_devices.compare_exchange_weak(prev, devices.size())) {
     }
-    return DeviceEnv::SubmitAcross(batch);  // per device: reaches Dev::Submit below
+    return DeviceEnv::SubmitAcross(batch, on_done);  // per device: reaches Dev::Submit below
   }
   std::atomic<int> across_calls{0}, read_submits{0};
   std::atomic<size_t> max_devices{0};

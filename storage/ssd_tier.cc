@@ -166,12 +166,15 @@ Status SsdTier::Impl::BeginReadLocked(const Key& key, std::unique_lock<std::mute
 
 Status SsdTier::Impl::FinishRead(const Key& key, const IndexEntry& e, Status st,
                                  std::span<const uint8_t> rec, std::vector<uint8_t>* out) {
+  Status v = VerifyRead(key, e, std::move(st), rec, out);
+  if (!v.ok()) SettleReadFailure(key, e, v);
+  return v;
+}
+
+Status SsdTier::Impl::VerifyRead(const Key& key, const IndexEntry& e, Status st,
+                                 std::span<const uint8_t> rec, std::vector<uint8_t>* out) {
   out->clear();
-  if (!st.ok() && !st.IsCorruption()) {
-    std::lock_guard lock(mu_);
-    ++stats_.io_errors;
-    return st;
-  }
+  if (!st.ok() && !st.IsCorruption()) return st;
   RecordHeader h;
   if (st.ok()) st = ssd::DecodeRecordHeader(rec, &h);
   if (st.ok() && (h.key != key || h.seq != e.seq || ssd::RecordBytes(h) != e.record_bytes ||
@@ -180,31 +183,32 @@ Status SsdTier::Impl::FinishRead(const Key& key, const IndexEntry& e, Status st,
                       e.checksum)) {
     st = Status::Corruption("ssd record failed checksum verification");
   }
-  if (!st.ok()) {
-    std::lock_guard lock(mu_);
-    ++stats_.checksum_failures;
-    auto it = map_.find(key);
-    if (it != map_.end() && it->second.seq == e.seq) RemoveLocked(key);  // quarantine
-    KVTIER_LOG(kWarn) << "ssd checksum failure in segment " << e.segment << " @" << e.offset
-                      << ": quarantined";
-    return Status::Corruption(st.message());
-  }
+  if (!st.ok()) return Status::Corruption(st.message());
   std::span<const uint8_t> payload(rec.data() + ssd::kRecordHeaderBytes, h.stored_bytes);
   if (h.codec == Codec::kZstd) {
     out->resize(h.raw_bytes);
     size_t n = ZSTD_decompress(out->data(), out->size(), payload.data(), payload.size());
     if (ZSTD_isError(n) || n != h.raw_bytes) {
       out->clear();
-      std::lock_guard lock(mu_);
-      ++stats_.checksum_failures;
-      auto it = map_.find(key);
-      if (it != map_.end() && it->second.seq == e.seq) RemoveLocked(key);
       return Status::Corruption("zstd payload failed to decode");
     }
   } else {
     out->assign(payload.begin(), payload.end());
   }
   return Status::Ok();
+}
+
+void SsdTier::Impl::SettleReadFailure(const Key& key, const IndexEntry& e, const Status& st) {
+  std::lock_guard lock(mu_);
+  if (!st.IsCorruption()) {
+    ++stats_.io_errors;
+    return;
+  }
+  ++stats_.checksum_failures;
+  auto it = map_.find(key);
+  if (it != map_.end() && it->second.seq == e.seq) RemoveLocked(key);  // quarantine
+  KVTIER_LOG(kWarn) << "ssd record in segment " << e.segment << " @" << e.offset
+                    << " failed verification (" << st.message() << "): quarantined";
 }
 
 Status SsdTier::Impl::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta) {
@@ -260,9 +264,11 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, std::vector<std::vector<
   AlignedBuffer owned_region;
   uint8_t* region = BatchReadRegion(region_bytes, &owned_region);
   uint64_t hits = 0, bytes = 0;
-  // Verifies and copies unit i out of `rec` (its record, read or buffered).
+  // Verifies and copies unit i out of `rec` (its record, read or buffered). It runs while the
+  // thread holds an io_uring ring, so it never takes mu_ (a put may hold mu_ while it waits
+  // for a ring): failures are settled (counted, quarantined) after the submission.
   auto finish = [&](size_t i, const Status& read_st, std::span<const uint8_t> rec) {
-    (*results)[i] = FinishRead(keys[i], entries[i], read_st, rec, &(*outs)[i]);
+    (*results)[i] = VerifyRead(keys[i], entries[i], read_st, rec, &(*outs)[i]);
     if (!(*results)[i].ok()) return;
     if (metas != nullptr) (*metas)[i] = MetaOf(entries[i]);
     ++hits;
@@ -311,6 +317,12 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, std::vector<std::vector<
   }
   for (size_t i = 0; i < n; ++i) {
     if ((*results)[i].ok() && segs[i] == nullptr) finish(i, Status::Ok(), buffered[i]);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    // Device reads and verifications that failed (lookups that failed were never read).
+    if (!(*results)[i].ok() && (segs[i] != nullptr || !buffered[i].empty())) {
+      SettleReadFailure(keys[i], entries[i], (*results)[i]);
+    }
   }
   std::lock_guard lock(mu_);
   stats_.hits += hits;

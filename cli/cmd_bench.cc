@@ -2,7 +2,9 @@
 // and print the ratio. `bench storage` measures the storage tiers:
 //   - SSD tier unit write throughput vs fio sequential writes (io_uring, O_DIRECT, the same
 //     directory, the tier's write pattern: its 2 MiB write buffer submitted as 4 writes of
-//     512 KiB at once, i.e. bs=512K and queue depth 4, with a final fsync);
+//     512 KiB at once, i.e. bs=512K and queue depth 4, with a final fsync); --durability
+//     batched (default: a group commit with fdatasync every group_commit_ms) or none (no sync
+//     until the final flush, as fio);
 //   - SSD tier random unit reads vs fio random reads (io_uring, O_DIRECT, block = the aligned
 //     record size, queue depth 1, the same directory);
 //   - SSD tier batch GETs of --batch random units (GetBatch: every read of a batch submitted
@@ -83,6 +85,7 @@ struct Results {
   double ssd_read_iops = 0, fio_read_iops = 0;
   double ssd_batch_iops = 0, fio_qd_iops = 0;
   uint64_t batch_qd = 0;
+  uint64_t write_syncs = 0, write_commits = 0;  // during the SSD write test
   double dram_get_bps = 0, memcpy_bps = 0;
   double first_hit_ms = 0, open_ms = 0, index_loaded_ms = 0;
   uint64_t units_indexed = 0;
@@ -103,7 +106,15 @@ int BenchStorage(Args args) {
   flags.Uint("units", &units, "units indexed for the warm-restart test");
   flags.Uint("read-seconds", &read_seconds, "seconds of random reads (ours, then fio)");
   flags.Uint("batch", &batch, "units per batch GET (1..1024); fio reads at the same depth");
+  std::string durability = "batched";
+  flags.String("durability", &durability, "MODE",
+               "SSD write test's durability: batched (group commit with fdatasync every "
+               "group_commit_ms, the default) or none (no sync until the final flush, as fio)");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
+  if (durability != "batched" && durability != "none") {
+    std::fprintf(stderr, "kvtier bench storage: --durability is batched or none\n");
+    return 2;
+  }
   if (unit_bytes == 0 || unit_bytes > (8u << 20) || mb == 0 || units == 0 || batch == 0 ||
       batch > storage::kMaxBatchIos) {
     std::fprintf(stderr, "kvtier bench storage: bad sizes\n");
@@ -128,7 +139,8 @@ int BenchStorage(Args args) {
     storage::SsdOptions so;
     so.dir = root + "/ssd";
     so.capacity_bytes = std::max<uint64_t>(4 * (mb << 20), 3ull << 30);
-    so.durability = storage::Durability::kBatched;
+    so.durability =
+        durability == "none" ? storage::Durability::kNone : storage::Durability::kBatched;
     so.write_buffer_bytes = write_buffer;
     auto ssd = storage::SsdTier::Open(so);
     if (!ssd.ok()) {
@@ -152,6 +164,8 @@ int BenchStorage(Args args) {
       return 1;
     }
     r.ssd_write_bps = static_cast<double>(n_units * unit_bytes) / Seconds(t1 - t0);
+    r.write_syncs = (*ssd)->GetStats().syncs;
+    r.write_commits = (*ssd)->GetStats().commits;
 
     // ---- SSD tier random reads ----
     std::vector<uint8_t> out;
@@ -318,14 +332,21 @@ int BenchStorage(Args args) {
     j["units_indexed"] = r.units_indexed;
     j["unit_bytes"] = unit_bytes;
     j["write_mib"] = mb;
+    j["write_durability"] = durability;
+    j["write_commits"] = r.write_commits;
+    j["write_fdatasyncs"] = r.write_syncs;
     j["notes"] = r.notes;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("unit %llu B, %llu MiB written, dir %s\n",
                 static_cast<unsigned long long>(unit_bytes), static_cast<unsigned long long>(mb),
                 dir.c_str());
-    std::printf("ssd write   %9.1f MiB/s   fio %9.1f MiB/s   ratio %.2f (goal >= 0.9)\n",
-                r.ssd_write_bps / 1048576.0, r.fio_write_bps / 1048576.0, write_ratio);
+    std::printf(
+        "ssd write   %9.1f MiB/s   fio %9.1f MiB/s   ratio %.2f (goal >= 0.9; durability %s: "
+        "%llu commits, %llu fdatasyncs; fio: one fsync at the end)\n",
+        r.ssd_write_bps / 1048576.0, r.fio_write_bps / 1048576.0, write_ratio, durability.c_str(),
+        static_cast<unsigned long long>(r.write_commits),
+        static_cast<unsigned long long>(r.write_syncs));
     std::printf("ssd read    %9.0f IOPS    fio %9.0f IOPS    ratio %.2f (goal >= 0.9)\n",
                 r.ssd_read_iops, r.fio_read_iops, read_ratio);
     std::printf(

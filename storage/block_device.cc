@@ -29,6 +29,13 @@ Status ErrnoStatus(const std::string& what, int err) {
 
 bool Aligned(uint64_t v, size_t a) { return a <= 1 || v % a == 0; }
 
+Status FirstError(std::span<const IoRequest> batch) {
+  for (const IoRequest& r : batch) {
+    if (!r.result.ok()) return r.result;
+  }
+  return Status::Ok();
+}
+
 Status CheckAlignment(const IoRequest& r, size_t a) {
   if (!Aligned(r.offset, a) || !Aligned(r.length, a) ||
       !Aligned(reinterpret_cast<uintptr_t>(r.buffer), a)) {
@@ -316,12 +323,14 @@ class UringDevice final : public FileDevice {
 
   Status Submit(std::span<IoRequest> batch) override {
     const FileDevice* self = this;
-    return RunOnRing(pool_.get(), batch, {&self, 1});
+    return RunOnRing(pool_.get(), batch, {&self, 1}, IoDoneFn());
   }
   // Runs `batch` on one ring of the pool: request i on files[i], or on files[0] when files
   // holds one device (Submit). Every file is an O_DIRECT-or-not file of the pool's env.
+  // on_done (may be empty): see DeviceEnv::SubmitAcross. A request left without a final result
+  // by a ring error gets that error (never a silent OK over a buffer the device did not fill).
   static Status RunOnRing(RingPool* pool, std::span<IoRequest> batch,
-                          std::span<const FileDevice* const> files) {
+                          std::span<const FileDevice* const> files, const IoDoneFn& on_done) {
     if (batch.size() > kMaxBatchIos) return Status::InvalidArgument("batch too large");
     auto file = [&](size_t i) { return files.size() == 1 ? files[0] : files[i]; };
     struct Pending {
@@ -330,13 +339,33 @@ class UringDevice final : public FileDevice {
     };
     std::deque<Pending> queue;
     std::vector<size_t> progress(batch.size(), 0);
+    std::vector<bool> final(batch.size(), false);
+    auto finish = [&](size_t i) {
+      final[i] = true;
+      if (on_done) on_done(i);
+    };
     for (size_t i = 0; i < batch.size(); ++i) {
       batch[i].result = CheckAlignment(batch[i], file(i)->Alignment());
-      if (batch[i].result.ok() && batch[i].length > 0) queue.push_back({i, 0});
+      if (batch[i].result.ok() && batch[i].length > 0) {
+        queue.push_back({i, 0});
+      } else {
+        finish(i);
+      }
     }
+    auto fail_unfinished = [&](const Status& err) {
+      for (size_t i = 0; i < batch.size(); ++i) {
+        if (final[i]) continue;
+        batch[i].result = err;
+        finish(i);
+      }
+    };
+    if (queue.empty()) return FirstError(batch);
     RingPool::Ring* ring = pool->Acquire();
-    if (ring == nullptr)
-      return Status::IOError("no usable io_uring ring left for " + file(0)->path());
+    if (ring == nullptr) {
+      Status err = Status::IOError("no usable io_uring ring left for " + file(0)->path());
+      fail_unfinished(err);
+      return err;
+    }
     size_t inflight = 0;
     while (!queue.empty() || inflight > 0) {
       // Fill the submission queue up to the ring's depth.
@@ -377,6 +406,7 @@ class UringDevice final : public FileDevice {
         } else {
           pool->Retire(ring);
         }
+        fail_unfinished(err);
         return err;
       }
       io_uring_cqe* cqe = nullptr;
@@ -393,25 +423,24 @@ class UringDevice final : public FileDevice {
             r.result = ErrnoStatus(
                 std::string(r.op == IoRequest::Op::kRead ? "read " : "write ") + file(i)->path(),
                 -res);
+            finish(i);
           }
         } else if (res == 0) {
           r.result = Status::Corruption("short read at " + std::to_string(r.offset) + " in " +
                                         file(i)->path());
+          finish(i);
         } else {
           progress[i] += static_cast<size_t>(res);
-          if (progress[i] < r.length) queue.push_back({i, progress[i]});  // short transfer
+          if (progress[i] < r.length) {
+            queue.push_back({i, progress[i]});  // short transfer
+          } else {
+            finish(i);
+          }
         }
       }
     }
     pool->Release(ring);
-    Status first;
-    for (const IoRequest& r : batch) {
-      if (!r.result.ok()) {
-        first = r.result;
-        break;
-      }
-    }
-    return first;
+    return FirstError(batch);
   }
   RingPool* pool() const { return pool_.get(); }
   std::string Kind() const override { return "io_uring"; }
@@ -500,19 +529,29 @@ class DirEnv final : public DeviceEnv {
   std::string Kind() const override { return pool_ != nullptr ? "io_uring" : "posix"; }
   // io_uring: the whole batch on one ring (one submission up to the ring's depth), when every
   // device is one of this env's io_uring files; otherwise per device.
-  Status SubmitAcross(std::span<DeviceIo> batch) override {
-    if (pool_ == nullptr) return DeviceEnv::SubmitAcross(batch);
+  Status SubmitAcross(std::span<DeviceIo> batch, const IoDoneFn& on_done) override {
+    if (pool_ == nullptr) return DeviceEnv::SubmitAcross(batch, on_done);
     if (batch.size() > kMaxBatchIos) return Status::InvalidArgument("batch too large");
     std::vector<const FileDevice*> files(batch.size());
     std::vector<IoRequest> reqs(batch.size());
     for (size_t i = 0; i < batch.size(); ++i) {
       auto* dev = dynamic_cast<UringDevice*>(batch[i].device);
-      if (dev == nullptr || dev->pool() != pool_.get()) return DeviceEnv::SubmitAcross(batch);
+      if (dev == nullptr || dev->pool() != pool_.get()) {
+        return DeviceEnv::SubmitAcross(batch, on_done);
+      }
       files[i] = dev;
       reqs[i] = batch[i].io;
     }
     if (batch.empty()) return Status::Ok();
-    Status st = UringDevice::RunOnRing(pool_.get(), reqs, files);
+    // The caller sees request i's result in batch[i] by the time on_done(i) runs.
+    IoDoneFn done;
+    if (on_done) {
+      done = [&](size_t i) {
+        batch[i].io.result = reqs[i].result;
+        on_done(i);
+      };
+    }
+    Status st = UringDevice::RunOnRing(pool_.get(), reqs, files, done);
     for (size_t i = 0; i < batch.size(); ++i) batch[i].io.result = reqs[i].result;
     return st;
   }
@@ -536,7 +575,7 @@ Status BlockDevice::Write(uint64_t offset, std::span<const uint8_t> data) {
   return Submit(std::span<IoRequest>(&r, 1));
 }
 
-Status DeviceEnv::SubmitAcross(std::span<DeviceIo> batch) {
+Status DeviceEnv::SubmitAcross(std::span<DeviceIo> batch, const IoDoneFn& on_done) {
   if (batch.size() > kMaxBatchIos) return Status::InvalidArgument("batch too large");
   for (const DeviceIo& d : batch) {
     if (d.device == nullptr) return Status::InvalidArgument("request without a device");
@@ -560,6 +599,7 @@ Status DeviceEnv::SubmitAcross(std::span<DeviceIo> batch) {
     for (size_t k = 0; k < index.size(); ++k) {
       batch[index[k]].io.result = reqs[k].result;
       if (first.ok() && !reqs[k].result.ok()) first = reqs[k].result;
+      if (on_done) on_done(index[k]);
     }
   }
   return first;

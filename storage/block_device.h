@@ -16,6 +16,9 @@
 // own devices of that env (the SSD tier's batch GET, whose records lie in several segments).
 // io_uring: one ring, one submission of up to queue_depth SQEs for all of them; other envs
 // (memory, POSIX, wrappers): one Submit per device, in the order the devices first appear.
+// An optional IoDoneFn is called on the calling thread for each request as soon as it has its
+// final result, before SubmitAcross returns; with io_uring the other requests of the batch stay
+// in flight meanwhile, so the caller's per-request work (a checksum, a copy) overlaps the device.
 //
 // Durability: a completed Write is visible to later Reads of any thread, but survives a crash
 // only after Sync() returns OK. A device's existence (Open with create, Remove) survives a
@@ -26,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -58,6 +62,10 @@ struct DeviceIo {
   BlockDevice* device = nullptr;
   IoRequest io;
 };
+
+// Called with the index (into the SubmitAcross batch) of a request whose result is final. It
+// must not call back into the env.
+using IoDoneFn = std::function<void(size_t index)>;
 
 class BlockDevice {
  public:
@@ -119,8 +127,10 @@ class DeviceEnv {
   // devices" above) and returns when every request has completed; each gets its own result,
   // and the return is the first failure (or OK). More than kMaxBatchIos requests, or a null
   // device: InvalidArgument. The default submits per device (a wrapping env inherits it, so
-  // its devices' own Submit runs).
-  virtual Status SubmitAcross(std::span<DeviceIo> batch);
+  // its devices' own Submit runs) and reports each device's requests done after its Submit.
+  // on_done (may be empty) is called once per request of a valid batch, in completion order.
+  virtual Status SubmitAcross(std::span<DeviceIo> batch, const IoDoneFn& on_done);
+  Status SubmitAcross(std::span<DeviceIo> batch) { return SubmitAcross(batch, IoDoneFn()); }
   virtual std::string Kind() const = 0;
 };
 

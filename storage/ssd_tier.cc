@@ -1,5 +1,6 @@
 #include "storage/ssd_tier.h"
 
+#include <sys/mman.h>
 #include <zstd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@ constexpr size_t kMaxDirtyAccess = 1 << 20;  // access stats persisted at close,
 // io_uring issues them at once instead of punting them to its worker threads. Larger
 // regions are allocated per call. Memory: up to this much per thread that ran a batch GET.
 constexpr uint64_t kReadRegionCachedBytesMax = 32ull << 20;
+constexpr uint64_t kHugePageBytes = 2ull << 20;  // x86-64 PMD size: the cached region's grain
 
 // `bytes` of aligned, faulted-in memory for one batch: the thread's cached region, or *owned.
 uint8_t* BatchReadRegion(uint64_t bytes, AlignedBuffer* owned) {
@@ -31,7 +33,12 @@ uint8_t* BatchReadRegion(uint64_t bytes, AlignedBuffer* owned) {
   }
   if (bytes > cached_bytes) {
     uint64_t n = std::min(std::max(bytes, 2 * cached_bytes), kReadRegionCachedBytesMax);
-    cached = AllocateAligned(n, ssd::kBlockBytes);
+    n = AlignUp(n, kHugePageBytes);
+    cached = AllocateAligned(n, kHugePageBytes);
+    // Huge pages where the kernel allows them (THP "madvise" or "always"): an O_DIRECT read
+    // then pins one page instead of fifteen (pinning was ~16% of a batch's CPU time in
+    // `perf`). Advisory: ignored where THP is off.
+    (void)::madvise(cached.get(), n, MADV_HUGEPAGE);
     std::memset(cached.get(), 0, n);  // fault the pages in once
     cached_bytes = n;
   }
@@ -159,12 +166,15 @@ Status SsdTier::Impl::BeginReadLocked(const Key& key, std::unique_lock<std::mute
 
 Status SsdTier::Impl::FinishRead(const Key& key, const IndexEntry& e, Status st,
                                  std::span<const uint8_t> rec, std::vector<uint8_t>* out) {
+  Status v = VerifyRead(key, e, std::move(st), rec, out);
+  if (!v.ok()) SettleReadFailure(key, e, v);
+  return v;
+}
+
+Status SsdTier::Impl::VerifyRead(const Key& key, const IndexEntry& e, Status st,
+                                 std::span<const uint8_t> rec, std::vector<uint8_t>* out) {
   out->clear();
-  if (!st.ok() && !st.IsCorruption()) {
-    std::lock_guard lock(mu_);
-    ++stats_.io_errors;
-    return st;
-  }
+  if (!st.ok() && !st.IsCorruption()) return st;
   RecordHeader h;
   if (st.ok()) st = ssd::DecodeRecordHeader(rec, &h);
   if (st.ok() && (h.key != key || h.seq != e.seq || ssd::RecordBytes(h) != e.record_bytes ||
@@ -173,25 +183,13 @@ Status SsdTier::Impl::FinishRead(const Key& key, const IndexEntry& e, Status st,
                       e.checksum)) {
     st = Status::Corruption("ssd record failed checksum verification");
   }
-  if (!st.ok()) {
-    std::lock_guard lock(mu_);
-    ++stats_.checksum_failures;
-    auto it = map_.find(key);
-    if (it != map_.end() && it->second.seq == e.seq) RemoveLocked(key);  // quarantine
-    KVTIER_LOG(kWarn) << "ssd checksum failure in segment " << e.segment << " @" << e.offset
-                      << ": quarantined";
-    return Status::Corruption(st.message());
-  }
+  if (!st.ok()) return Status::Corruption(st.message());
   std::span<const uint8_t> payload(rec.data() + ssd::kRecordHeaderBytes, h.stored_bytes);
   if (h.codec == Codec::kZstd) {
     out->resize(h.raw_bytes);
     size_t n = ZSTD_decompress(out->data(), out->size(), payload.data(), payload.size());
     if (ZSTD_isError(n) || n != h.raw_bytes) {
       out->clear();
-      std::lock_guard lock(mu_);
-      ++stats_.checksum_failures;
-      auto it = map_.find(key);
-      if (it != map_.end() && it->second.seq == e.seq) RemoveLocked(key);
       return Status::Corruption("zstd payload failed to decode");
     }
   } else {
@@ -200,16 +198,32 @@ Status SsdTier::Impl::FinishRead(const Key& key, const IndexEntry& e, Status st,
   return Status::Ok();
 }
 
+void SsdTier::Impl::SettleReadFailure(const Key& key, const IndexEntry& e, const Status& st) {
+  std::lock_guard lock(mu_);
+  if (!st.IsCorruption()) {
+    ++stats_.io_errors;
+    return;
+  }
+  ++stats_.checksum_failures;
+  auto it = map_.find(key);
+  if (it != map_.end() && it->second.seq == e.seq) RemoveLocked(key);  // quarantine
+  KVTIER_LOG(kWarn) << "ssd record in segment " << e.segment << " @" << e.offset
+                    << " failed verification (" << st.message() << "): quarantined";
+}
+
 Status SsdTier::Impl::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta) {
   IndexEntry e;
   std::shared_ptr<Segment> seg;
-  std::vector<uint8_t> rec;
+  std::vector<uint8_t> buffered;
   {
     std::unique_lock lock(mu_);
-    KVTIER_RETURN_IF_ERROR(BeginReadLocked(key, lock, &e, &seg, &rec));
+    KVTIER_RETURN_IF_ERROR(BeginReadLocked(key, lock, &e, &seg, &buffered));
   }
+  // Verified and copied straight out of the read buffer: one copy per read.
   Status st;
-  if (seg != nullptr) st = ReadRecord(*seg, e.offset, e.record_bytes, &rec);
+  AlignedBuffer owned;
+  std::span<const uint8_t> rec = buffered;
+  if (seg != nullptr) st = ReadRecordView(*seg, e.offset, e.record_bytes, &owned, &rec);
   KVTIER_RETURN_IF_ERROR(FinishRead(key, e, st, rec, out));
   if (meta != nullptr) *meta = MetaOf(e);
   std::lock_guard lock(mu_);
@@ -249,10 +263,21 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, std::vector<std::vector<
   }
   AlignedBuffer owned_region;
   uint8_t* region = BatchReadRegion(region_bytes, &owned_region);
-  std::vector<Status> read_st(n);
+  uint64_t hits = 0, bytes = 0;
+  // Verifies and copies unit i out of `rec` (its record, read or buffered). It runs while the
+  // thread holds an io_uring ring, so it never takes mu_ (a put may hold mu_ while it waits
+  // for a ring): failures are settled (counted, quarantined) after the submission.
+  auto finish = [&](size_t i, const Status& read_st, std::span<const uint8_t> rec) {
+    (*results)[i] = VerifyRead(keys[i], entries[i], read_st, rec, &(*outs)[i]);
+    if (!(*results)[i].ok()) return;
+    if (metas != nullptr) (*metas)[i] = MetaOf(entries[i]);
+    ++hits;
+    bytes += entries[i].record_bytes;
+  };
   // Every device read of the batch, whatever its segment, in one submission (io_uring: one
   // ring, up to its queue depth in flight; SubmitAcross), in chunks of kMaxBatchIos; sorted by
-  // segment and offset for locality.
+  // segment and offset for locality. Each unit is verified and copied as its read completes,
+  // while the rest of the batch is still in flight.
   std::vector<size_t> order;
   for (size_t i = 0; i < n; ++i) {
     if ((*results)[i].ok() && segs[i] != nullptr) order.push_back(i);
@@ -274,22 +299,30 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, std::vector<std::vector<
                       static_cast<size_t>(spans[i].len),
                       {}}});
     }
-    (void)env_->SubmitAcross(ios);  // each request carries its own result
-    for (size_t k = first; k < last; ++k) read_st[order[k]] = ios[k - first].io.result;
-  }
-  uint64_t hits = 0, bytes = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (!(*results)[i].ok()) continue;
-    std::span<const uint8_t> rec = buffered[i];
-    if (segs[i] != nullptr) {
-      rec = {region + spans[i].region_off + (entries[i].offset - spans[i].start),
-             entries[i].record_bytes};
+    std::vector<bool> done(last - first, false);
+    Status st = env_->SubmitAcross(ios, [&](size_t k) {
+      size_t i = order[first + k];
+      done[k] = true;
+      finish(i, ios[k].io.result,
+             {region + spans[i].region_off + (entries[i].offset - spans[i].start),
+              entries[i].record_bytes});
+    });
+    // A request the env never reported (a batch it refused whole) is an I/O error, never a
+    // verification of a buffer the device did not fill.
+    for (size_t k = 0; k < done.size(); ++k) {
+      if (!done[k]) {
+        finish(order[first + k], st.ok() ? Status::IOError("read not completed") : st, {});
+      }
     }
-    (*results)[i] = FinishRead(keys[i], entries[i], read_st[i], rec, &(*outs)[i]);
-    if (!(*results)[i].ok()) continue;
-    if (metas != nullptr) (*metas)[i] = MetaOf(entries[i]);
-    ++hits;
-    bytes += entries[i].record_bytes;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if ((*results)[i].ok() && segs[i] == nullptr) finish(i, Status::Ok(), buffered[i]);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    // Device reads and verifications that failed (lookups that failed were never read).
+    if (!(*results)[i].ok() && (segs[i] != nullptr || !buffered[i].empty())) {
+      SettleReadFailure(keys[i], entries[i], (*results)[i]);
+    }
   }
   std::lock_guard lock(mu_);
   stats_.hits += hits;

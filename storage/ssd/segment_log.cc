@@ -18,18 +18,17 @@ constexpr size_t kReadScratchBytesMax = 4 << 20;
 
 }  // namespace
 
-Status SsdTier::Impl::ReadRecord(const Segment& seg, uint64_t offset, uint32_t record_bytes,
-                                 std::vector<uint8_t>* out) {
+Status SsdTier::Impl::ReadRecordView(const Segment& seg, uint64_t offset, uint32_t record_bytes,
+                                     AlignedBuffer* owned, std::span<const uint8_t>* rec) {
   size_t a = std::max<size_t>(seg.dev->Alignment(), 1);
   uint64_t start = offset / a * a;
   uint64_t end = AlignUp(offset + record_bytes, a);
   thread_local AlignedBuffer scratch;
   thread_local size_t scratch_bytes = 0;
-  AlignedBuffer owned;
   uint8_t* buf = nullptr;
   if (end - start > kReadScratchBytesMax) {
-    owned = AllocateAligned(end - start, std::max<size_t>(a, 64));
-    buf = owned.get();
+    *owned = AllocateAligned(end - start, std::max<size_t>(a, 64));
+    buf = owned->get();
   } else {
     if (end - start > scratch_bytes) {
       size_t n = std::min(std::max<size_t>(end - start, 2 * scratch_bytes), kReadScratchBytesMax);
@@ -41,7 +40,16 @@ Status SsdTier::Impl::ReadRecord(const Segment& seg, uint64_t offset, uint32_t r
     buf = scratch.get();
   }
   KVTIER_RETURN_IF_ERROR(seg.dev->Read(start, {buf, end - start}));
-  out->assign(buf + (offset - start), buf + (offset - start) + record_bytes);
+  *rec = {buf + (offset - start), record_bytes};
+  return Status::Ok();
+}
+
+Status SsdTier::Impl::ReadRecord(const Segment& seg, uint64_t offset, uint32_t record_bytes,
+                                 std::vector<uint8_t>* out) {
+  AlignedBuffer owned;
+  std::span<const uint8_t> rec;
+  KVTIER_RETURN_IF_ERROR(ReadRecordView(seg, offset, record_bytes, &owned, &rec));
+  out->assign(rec.begin(), rec.end());
   return Status::Ok();
 }
 

@@ -345,8 +345,18 @@ class SsdTier::Impl {
                          std::shared_ptr<Segment>* seg, std::vector<uint8_t>* buffered);
   Status FinishRead(const Key& key, const IndexEntry& e, Status read_st,
                     std::span<const uint8_t> rec, std::vector<uint8_t>* out);
+  // FinishRead in two steps: VerifyRead never takes mu_ (an I/O error is returned as is, any
+  // mismatch or undecodable payload as Corruption); SettleReadFailure takes mu_, counts the
+  // failure and quarantines a corrupted entry that is still current.
+  Status VerifyRead(const Key& key, const IndexEntry& e, Status read_st,
+                    std::span<const uint8_t> rec, std::vector<uint8_t>* out);
+  void SettleReadFailure(const Key& key, const IndexEntry& e, const Status& st);
   Status ReadRecord(const Segment& seg, uint64_t offset, uint32_t record_bytes,
                     std::vector<uint8_t>* out);
+  // ReadRecord without the copy: *rec views the calling thread's read buffer (or *owned, for
+  // a record larger than that buffer), valid until the thread's next ReadRecord(View).
+  Status ReadRecordView(const Segment& seg, uint64_t offset, uint32_t record_bytes,
+                        AlignedBuffer* owned, std::span<const uint8_t>* rec);
   Status ScanTail(const std::shared_ptr<Segment>& seg, uint64_t start, uint64_t* valid_end,
                   std::vector<std::pair<Key, IndexEntry>>* found);
   void CommitLoop();

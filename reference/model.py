@@ -220,6 +220,9 @@ class MiniV41(torch.nn.Module):
         # ("swa", l) -> SWA keys before FP8 [B, T, hd]; ("main", l) / ("index", l) -> global KV
         # entries before FP4 [B, E, hd|id]; ("xa", l) -> a Full layer's compressor input.
         self.capture = None
+        # When a dict: every MoE pass adds its routed-expert token counts there, {layer:
+        # LongTensor[n_routed_experts]} (train/train.py's routing-bias rule reads them).
+        self.expert_load = None
         E = cfg.n_routed_experts
         self.params = torch.nn.ParameterDict()
         for name, dtype, shape, init, gain in self.specs:

@@ -103,6 +103,14 @@ class TraineeRules(unittest.TestCase):
             self.model(self.ids)
         self.assertIsNone(self.model.expert_load)
 
+    def test_the_plain_reference_counts_nothing(self):
+        import torch
+        from reference.model import MiniV41
+        m = MiniV41(self.cfg)
+        with torch.no_grad():
+            m(self.ids)
+        self.assertIsNone(m.expert_load)
+
     def test_init_from_checks_the_pinned_sha256(self):
         import torch
         import train

@@ -86,8 +86,7 @@ train:
 	  --lr 6e-4 --lr-min 6e-5 --warmup 5 --seed 1 --threads 1 --val-every 32 --val-windows 16 \
 	  --ckpt-every 4
 	@/usr/bin/python3 train/bpb.py --config deploy/models/kvmini-trained.json \
-	  --model build/train/final.safetensors --text build/corpus/val.txt --windows 1024
-	@/usr/bin/python3 train/bpb.py --config deploy/models/kvmini-trained.json \
+	  --model build/train/final.safetensors --model build/train2/pretrained.safetensors \
 	  --model build/train2/final.safetensors --text build/corpus/val.txt --windows 1024
 
 # The DSpark draft of the trained miniature (docs/ENGINE.md, "DSpark"): distilled from the

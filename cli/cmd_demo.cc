@@ -1,7 +1,9 @@
-// `kvtier demo`: the agent-resume scenario end to end on the embedded mini model.
+// `kvtier demo`: the agent-resume scenario end to end on the trained miniature.
 //
 //   1. start kvtierd (the binary next to this one) on a temporary socket and data dir;
-//   2. make deterministic mini weights in process (kvtier-engine init's logic);
+//   2. load the trained miniature (--trained-model, deploy/models/kvmini-trained.*); with
+//      --trained-model off, deterministic random weights for the embedded mini-v4.1 instead
+//      (kvtier-engine init's logic) and no trained-model part;
 //   3. run a multi-turn agent session whose context grows past --context-tokens (16K): a CED
 //      prefill of the first turn, later turns appended with chunked prefill, a few generated
 //      tokens per turn, whole 64-token units saved through the client library as it goes;
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "cache_daemon/client.h"
+#include "cli/cmd_demo_trained.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "common/shipped_models.h"
@@ -216,7 +219,17 @@ StatusOr<Fidelity> Compare(Engine* e, SequenceState* st, std::vector<float> logi
   return f;
 }
 
-Status RunScenario(const std::string& kvtierd, uint64_t context_tokens, uint64_t first_turn,
+// The embedded mini-v4.1 with deterministic random weights (seed 1).
+StatusOr<DemoModel> RandomMiniModel() {
+  const ShippedModel* mini = FindShippedModel("mini-v4.1");
+  if (mini == nullptr) return Status::Internal("mini-v4.1 is not embedded");
+  KVTIER_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::ParseEngineConfig(mini->config_json));
+  KVTIER_ASSIGN_OR_RETURN(engine::ModelWeights w, engine::InitWeights(cfg, 1));
+  return DemoModel{std::move(cfg), std::make_shared<const engine::ModelWeights>(std::move(w))};
+}
+
+Status RunScenario(const std::string& kvtierd, const DemoModel& model,
+                   const std::string& model_name, uint64_t context_tokens, uint64_t first_turn,
                    uint64_t turn_tokens, uint64_t gen_per_turn, uint64_t fidelity_tokens,
                    int threads, bool json) {
   auto say = [&](const char* fmt, auto... a) {
@@ -232,11 +245,8 @@ Status RunScenario(const std::string& kvtierd, uint64_t context_tokens, uint64_t
   KVTIER_RETURN_IF_ERROR(daemon.Start());
   say("kvtierd started (%s), data dir %s\n", kvtierd.c_str(), tmp.File("data").c_str());
 
-  const ShippedModel* mini = FindShippedModel("mini-v4.1");
-  if (mini == nullptr) return Status::Internal("mini-v4.1 is not embedded");
-  KVTIER_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::ParseEngineConfig(mini->config_json));
-  KVTIER_ASSIGN_OR_RETURN(engine::ModelWeights w, engine::InitWeights(cfg, 1));
-  auto weights = std::make_shared<const engine::ModelWeights>(std::move(w));
+  const engine::EngineConfig& cfg = model.config;
+  const std::shared_ptr<const engine::ModelWeights>& weights = model.weights;
   engine::EngineOptions eo;
   eo.threads = threads;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::Create(cfg, weights, eo));
@@ -337,6 +347,7 @@ Status RunScenario(const std::string& kvtierd, uint64_t context_tokens, uint64_t
                                    static_cast<double>(so.unit_tokens);
   if (json) {
     nlohmann::ordered_json j;
+    j["model"] = model_name;
     j["context_tokens"] = tokens.size();
     j["turns"] = turn;
     j["units_saved"] = ss.units_put;
@@ -364,8 +375,8 @@ Status RunScenario(const std::string& kvtierd, uint64_t context_tokens, uint64_t
     j["total_s"] = Since(t_all);
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("\n== agent resume on the mini model (%zu tokens, %llu turns) ==\n", tokens.size(),
-                static_cast<unsigned long long>(turn));
+    std::printf("\n== agent resume on %s (%zu tokens, %llu turns) ==\n", model_name.c_str(),
+                tokens.size(), static_cast<unsigned long long>(turn));
     std::printf(
         "stored: %llu units, %.1f B/token (payload %.1f B/token, FP4 global KV; SWA never "
         "on SSD)\n",
@@ -391,13 +402,11 @@ Status RunScenario(const std::string& kvtierd, uint64_t context_tokens, uint64_t
 
 }  // namespace
 
-// cmd_demo_trained.cc: the trained miniature's text and fidelity line.
-Status RunTrainedModelDemo(const std::string& prefix, int threads);
-
 int RunDemo(Args args) {
   FlagSet flags("kvtier demo",
                 "Agent session resume end to end: kvtierd, a 16K-token multi-turn session on "
-                "the mini model, daemon restart, resume from SSD vs recompute.");
+                "the trained miniature, daemon restart, resume from SSD vs recompute, then the "
+                "trained model's text and fidelity line.");
   uint64_t context = 16500, first_turn = 12288, turn_tokens = 1024, gen = 4, fidelity = 32;
   uint64_t threads = 2;
   std::string kvtierd;
@@ -411,8 +420,9 @@ int RunDemo(Args args) {
   flags.String("kvtierd", &kvtierd, "PATH", "kvtierd binary (default: next to kvtier)");
   std::string trained = "deploy/models/kvmini-trained";
   flags.String("trained-model", &trained, "PREFIX",
-               "trained checkpoint (PREFIX.json, PREFIX.safetensors) for the text and fidelity "
-               "part; 'off' skips it");
+               "trained checkpoint (PREFIX.json, PREFIX.safetensors) for the resume scenario "
+               "and the text and fidelity part; 'off': the embedded mini-v4.1 with random "
+               "weights, no text part");
   flags.Bool("json", &json, "print the summary as JSON");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (context < 64 || context > kMaxContextTokens || first_turn == 0 || turn_tokens == 0 ||
@@ -434,14 +444,22 @@ int RunDemo(Args args) {
                  "pass --kvtierd PATH\n");
     return 1;
   }
-  Status s = RunScenario(kvtierd, context, first_turn, turn_tokens, gen, fidelity,
+  StatusOr<DemoModel> model = trained == "off" ? RandomMiniModel() : LoadDemoModel(trained);
+  if (!model.ok()) {
+    std::fprintf(stderr, "kvtier demo: %s: %s\n", trained == "off" ? "model" : "trained model",
+                 model.status().ToString().c_str());
+    return 1;
+  }
+  const std::string name =
+      trained == "off" ? "mini-v4.1 (random weights)" : "the trained miniature";
+  Status s = RunScenario(kvtierd, *model, name, context, first_turn, turn_tokens, gen, fidelity,
                          static_cast<int>(threads), json);
   if (!s.ok()) {
     std::fprintf(stderr, "kvtier demo: %s\n", s.ToString().c_str());
     return 1;
   }
   if (!json && trained != "off") {
-    s = RunTrainedModelDemo(trained, static_cast<int>(threads));
+    s = RunTrainedModelDemo(*model, trained, static_cast<int>(threads));
     if (!s.ok()) {
       std::fprintf(stderr, "kvtier demo: trained model: %s\n", s.ToString().c_str());
       return 1;

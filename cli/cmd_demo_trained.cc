@@ -1,6 +1,8 @@
 // `kvtier demo`, last part: the trained miniature (deploy/models/kvmini-trained.*) writes a
 // few lines of text from a prompt, and bounded replay is measured against the uninterrupted
 // session on a fixed text (engine/fidelity.h), at the default replay length.
+#include "cli/cmd_demo_trained.h"
+
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -34,14 +36,18 @@ constexpr size_t kMaxConfigBytes = 1 << 20;
 
 }  // namespace
 
-// Runs the trained-model part of the demo from `<prefix>.json` and `<prefix>.safetensors`.
-Status RunTrainedModelDemo(const std::string& prefix, int threads) {
+StatusOr<DemoModel> LoadDemoModel(const std::string& prefix) {
   KVTIER_ASSIGN_OR_RETURN(std::string config_json,
                           ReadFileBounded(prefix + ".json", kMaxConfigBytes));
   KVTIER_ASSIGN_OR_RETURN(engine::EngineConfig cfg, engine::ParseEngineConfig(config_json));
   KVTIER_ASSIGN_OR_RETURN(engine::ModelWeights w,
                           engine::LoadWeights(cfg, prefix + ".safetensors"));
-  auto weights = std::make_shared<const engine::ModelWeights>(std::move(w));
+  return DemoModel{std::move(cfg), std::make_shared<const engine::ModelWeights>(std::move(w))};
+}
+
+Status RunTrainedModelDemo(const DemoModel& m, const std::string& prefix, int threads) {
+  const engine::EngineConfig& cfg = m.config;
+  const std::shared_ptr<const engine::ModelWeights>& weights = m.weights;
   engine::EngineOptions eo;
   eo.threads = threads;
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> e,

@@ -220,6 +220,9 @@ class MiniV41(torch.nn.Module):
         # ("swa", l) -> SWA keys before FP8 [B, T, hd]; ("main", l) / ("index", l) -> global KV
         # entries before FP4 [B, E, hd|id]; ("xa", l) -> a Full layer's compressor input.
         self.capture = None
+        # When a dict: every MoE pass adds its routed-expert token counts there, {layer:
+        # LongTensor[n_routed_experts]} (train/train.py's routing-bias rule reads them).
+        self.expert_load = None
         E = cfg.n_routed_experts
         self.params = torch.nn.ParameterDict()
         for name, dtype, shape, init, gain in self.specs:
@@ -541,6 +544,9 @@ class MiniV41(torch.nn.Module):
         lim = c.swiglu_limit
         s = torch.sqrt(F.softplus(x @ self.p(l, "ffn.gate.weight").t(), threshold=20.0))
         top = stable_topk(s.detach() + self.p(l, "ffn.gate.bias"), c.num_experts_per_tok)
+        if self.expert_load is not None:
+            counts = torch.bincount(top.reshape(-1), minlength=c.n_routed_experts)
+            self.expert_load[l] = self.expert_load.get(l, 0) + counts
         sw = s.gather(1, top)
         if c.norm_topk_prob:
             sw = sw / sw.sum(1, keepdim=True)

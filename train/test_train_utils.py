@@ -59,5 +59,70 @@ class BatchRules(unittest.TestCase):
         self.assertEqual(ids.tolist(), [[0] + [c + 3 for c in b"world"]])
 
 
+class TraineeRules(unittest.TestCase):
+    """The routing-bias rule reads the reference MoE's own expert loads; stages chain by sha256."""
+
+    def setUp(self):
+        try:
+            import train  # noqa: F401  (needs torch)
+        except ImportError:
+            self.skipTest("torch not installed")
+        import json
+        import torch
+        import train
+        from reference.config import Config
+        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+        self.model_path = os.path.join(root, "deploy/models/kvmini-trained.safetensors")
+        with open(os.path.join(root, "deploy/models/kvmini-trained.json")) as f:
+            self.cfg = Config(json.load(f))
+        torch.manual_seed(0)
+        self.model = train.Trainee(self.cfg)
+        self.ids = torch.randint(3, 259, (2, 12))
+
+    def test_training_passes_count_every_routed_token_once_per_layer(self):
+        self.model.train()
+        self.model(self.ids)
+        c = self.cfg
+        self.assertEqual(sorted(self.model.expert_load), list(range(c.num_hidden_layers)))
+        for counts in self.model.expert_load.values():
+            self.assertEqual(counts.shape[0], c.n_routed_experts)
+            self.assertEqual(int(counts.sum()), self.ids.numel() * c.num_experts_per_tok)
+
+    def test_bias_moves_against_load_and_eval_passes_do_not_count(self):
+        import torch
+        self.model.train()
+        self.model(self.ids)
+        load = self.model.expert_load[3].float()
+        before = self.model.p(3, "ffn.gate.bias").clone()
+        self.model.update_routing_bias(0.5)
+        moved = self.model.p(3, "ffn.gate.bias") - before
+        self.assertTrue(torch.equal(moved, 0.5 * torch.sign(load.mean() - load)))
+        self.assertEqual(self.model.expert_load, {})
+        self.model.eval()
+        with torch.no_grad():
+            self.model(self.ids)
+        self.assertIsNone(self.model.expert_load)
+
+    def test_the_plain_reference_counts_nothing(self):
+        import torch
+        from reference.model import MiniV41
+        m = MiniV41(self.cfg)
+        with torch.no_grad():
+            m(self.ids)
+        self.assertIsNone(m.expert_load)
+
+    def test_init_from_checks_the_pinned_sha256(self):
+        import torch
+        import train
+        with open(self.model_path + ".sha256") as f:
+            digest = f.read().split()[0]
+        with self.assertRaises(ValueError):
+            train.init_from(self.model, self.model_path, "0" * 64)
+        train.init_from(self.model, self.model_path, digest)
+        from reference.model import load
+        ref = load(self.model_path, self.cfg)
+        self.assertTrue(torch.equal(self.model.p(5, "ffn.gate.bias"), ref.p(5, "ffn.gate.bias")))
+
+
 if __name__ == "__main__":
     unittest.main()

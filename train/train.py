@@ -14,6 +14,10 @@ One learning-rate schedule (linear warm-up, cosine to lr_min) spans both phases.
 MoE routing bias (noaux_tc) is not a gradient parameter: after each step it moves by
 bias_rate * sign(mean load - load) per expert, the report's rule.
 
+Stages: --init FILE --init-sha256 HEX starts from a previous stage's engine safetensors (the
+sha256 pins the input; the optimizer starts fresh with its own warm-up) instead of the seeded
+random init, so stage 2 (longer windows) continues stage 1 (Makefile `train`).
+
 Outputs in --out: ckpt.pt (resumable: weights, optimizer, bias, step; written every
 --ckpt-every steps and at the end), pretrained.safetensors (the engine's format, at the end of
 pre-training, for before/after fidelity), final.safetensors (+ .sha256; after the last step, or
@@ -40,7 +44,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from reference.config import Config  # noqa: E402
-from reference.model import MiniV41, save, stable_topk  # noqa: E402
+from reference import safetensors_io  # noqa: E402
+from reference.model import MiniV41, save  # noqa: E402
 
 BOS, BYTE_BASE = 0, 3
 
@@ -92,21 +97,18 @@ def restore_points(seed, step, B, T, W):
 
 
 class Trainee(MiniV41):
-    """MiniV41 that also counts, per layer, how many tokens each routed expert received."""
+    """MiniV41 whose MoE passes count routed tokens per expert (the reference's expert_load)
+    while training, for the routing-bias rule."""
 
     def __init__(self, cfg):
         super().__init__(cfg)
         self.expert_load = {}
 
-    def _moe(self, l, xn):
-        if self.training:
-            with torch.no_grad():
-                x = xn.reshape(-1, xn.shape[-1])
-                s = torch.sqrt(F.softplus(x @ self.p(l, "ffn.gate.weight").t(), threshold=20.0))
-                top = stable_topk(s + self.p(l, "ffn.gate.bias"), self.cfg.num_experts_per_tok)
-                counts = torch.bincount(top.reshape(-1), minlength=self.cfg.n_routed_experts)
-                self.expert_load[l] = self.expert_load.get(l, 0) + counts
-        return super()._moe(l, xn)
+    def train(self, mode=True):
+        """Counts loads only in training mode (validation passes leave the bias alone)."""
+        super().train(mode)
+        self.expert_load = {} if mode else None
+        return self
 
     def update_routing_bias(self, rate):
         """noaux_tc: bias += rate * sign(mean load - load); clears the counts."""
@@ -149,6 +151,16 @@ def sha256_file(path):
     return h.hexdigest()
 
 
+def init_from(model, path, want_sha256):
+    """Loads a previous stage's engine safetensors into model; ValueError when the file's
+    sha256 is not want_sha256 (a stage's input is pinned) or a tensor is missing or misshapen."""
+    digest = sha256_file(path)
+    if digest != want_sha256:
+        raise ValueError("%s has sha256 %s, expected %s" % (path, digest, want_sha256 or "none"))
+    tensors, _ = safetensors_io.read(path)
+    model.load_engine_tensors(tensors)
+
+
 def write_engine(model, path, dtype, meta):
     save(model, path, dtype=dtype, metadata={k: str(v) for k, v in meta.items()})
     digest = sha256_file(path)
@@ -178,6 +190,11 @@ def main():
     ap.add_argument("--val-windows", type=int, default=16)
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--dtype", default="F32", choices=["F32", "F16", "BF16"])
+    ap.add_argument("--init", default="",
+                    help="start from this engine safetensors (a previous stage's output) "
+                         "instead of the seeded random init")
+    ap.add_argument("--init-sha256", default="",
+                    help="required with --init: the file's sha256 (a stage's input is pinned)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--stop-after", type=int, default=0,
                     help="end after this step (the schedule still spans every step)")
@@ -196,6 +213,11 @@ def main():
 
     torch.manual_seed(args.seed)
     model = Trainee(cfg)
+    if args.init:
+        try:
+            init_from(model, args.init, args.init_sha256)
+        except ValueError as e:
+            sys.exit("train: %s" % e)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
@@ -221,6 +243,8 @@ def main():
         args.config, n_params, args.pre_steps, args.post_steps, B, T, args.threads, step))
     meta = {"trained_by": "train/train.py", "config": os.path.basename(args.config),
             "seed": args.seed}
+    if args.init:
+        meta["init_sha256"] = args.init_sha256
 
     def checkpoint():
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,

@@ -1,7 +1,13 @@
 // Resume vs recompute, and the fidelity of bounded replay (docs/PERFORMANCE.md ## Resume).
 //
-//   kvtier_resume_bench speed    [--tokens 4096,16384] [--threads 2]
+//   kvtier_resume_bench speed    [--tokens 4096,16384] [--threads 2] [--model PREFIX]
 //   kvtier_resume_bench fidelity [--lengths 128,512,2048] [--prompts 3] [--steps 64]
+//                                [--model PREFIX]
+//
+// --model: the trained miniature by default (deploy/models/kvmini-trained.{json,safetensors});
+// "random" runs mini-v4.1 with deterministic random weights (seed 1), the model of the figures
+// measured before the trained checkpoint existed. Sessions are agent-like text (tool output,
+// code, user turns) in the byte tokenizer's ids.
 //
 // speed: for each length N, a CED prefill of N tokens (the peer: what a resume without the
 // cache costs), a save of its units (put to the SSD tier, promoted to DRAM by the first GET)
@@ -38,12 +44,25 @@ double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// n tokens of agent-like text (id = byte + 3): lines picked by a seeded generator.
 std::vector<int32_t> Text(size_t n, uint32_t seed) {
-  std::vector<int32_t> t(n);
+  static const char* kLines[] = {
+      "$ rg -n \"Status\" src/ | head\n",
+      "src/store.cc:42:  Status s = index_->Put(key, v);\n",
+      "assistant: the failing test is StoreTest.Restart; reading store.cc\n",
+      "def resume(session):\n    return cache.lookup(session.chain)\n",
+      "user: please also check the eviction path\n",
+      "tool: 3 files changed, 41 insertions(+)\n",
+      "The cache keeps every unit on the SSD tier and promotes it on the first read.\n",
+      "ERROR 2026-12-01 10:42:07 worker 3: connection reset by peer, retrying\n"};
+  constexpr uint32_t kLineCount = sizeof(kLines) / sizeof(kLines[0]);
+  std::vector<int32_t> t;
+  t.reserve(n);
   uint32_t s = seed * 2654435761u + 12345;
-  for (size_t i = 0; i < n; ++i) {
+  while (t.size() < n) {
     s = s * 1664525u + 1013904223u;
-    t[i] = 3 + static_cast<int32_t>('a' + (s >> 24) % 26);
+    for (const char* c = kLines[(s >> 24) % kLineCount]; *c != 0 && t.size() < n; ++c)
+      t.push_back(3 + static_cast<uint8_t>(*c));
   }
   return t;
 }
@@ -73,10 +92,16 @@ std::vector<uint64_t> ParseList(const std::string& s) {
   return out;
 }
 
-StatusOr<std::unique_ptr<Engine>> MakeEngine(int threads, std::shared_ptr<const ModelWeights>* w) {
-  KVTIER_ASSIGN_OR_RETURN(EngineConfig cfg, LoadEngineConfig(KVTIER_MINI_CONFIG));
-  KVTIER_ASSIGN_OR_RETURN(ModelWeights mw, InitWeights(cfg, 1));
-  *w = std::make_shared<const ModelWeights>(std::move(mw));
+// The engine of --model: a checkpoint prefix, or "random" (mini-v4.1, random weights).
+StatusOr<std::unique_ptr<Engine>> MakeEngine(const std::string& model, int threads,
+                                             std::shared_ptr<const ModelWeights>* w) {
+  const bool random = model == "random";
+  KVTIER_ASSIGN_OR_RETURN(EngineConfig cfg,
+                          LoadEngineConfig(random ? KVTIER_MINI_CONFIG : model + ".json"));
+  StatusOr<ModelWeights> mw =
+      random ? InitWeights(cfg, 1) : LoadWeights(cfg, model + ".safetensors");
+  if (!mw.ok()) return mw.status();
+  *w = std::make_shared<const ModelWeights>(std::move(*mw));
   EngineOptions o;
   o.threads = threads;
   return Engine::Create(cfg, *w, o);
@@ -86,11 +111,13 @@ int Speed(std::span<const std::string_view> args) {
   cli::FlagSet flags("kvtier_resume_bench speed", "resume (DRAM, SSD) vs recompute");
   std::string lengths = "4096,16384";
   uint64_t threads = 2;
+  std::string model = KVTIER_TRAINED_MODEL;
   flags.String("tokens", &lengths, "N,N", "session lengths (multiples of 64)");
   flags.Uint("threads", &threads, "engine threads");
+  flags.String("model", &model, "PREFIX", "checkpoint prefix, or 'random' (mini-v4.1)");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   std::shared_ptr<const ModelWeights> w;
-  auto e = MakeEngine(static_cast<int>(threads), &w);
+  auto e = MakeEngine(model, static_cast<int>(threads), &w);
   if (!e.ok()) return std::fprintf(stderr, "%s\n", e.status().ToString().c_str()), 1;
   const auto dir =
       std::filesystem::temp_directory_path() / ("kvtier_resume_bench_" + std::to_string(getpid()));
@@ -156,14 +183,16 @@ int Fidelity(std::span<const std::string_view> args) {
   cli::FlagSet flags("kvtier_resume_bench fidelity", "bounded replay (c) vs uninterrupted (a)");
   std::string lengths = "128,512,2048";
   uint64_t prompts = 3, steps = 64, threads = 2;
+  std::string model = KVTIER_TRAINED_MODEL;
   flags.String("lengths", &lengths, "N,N", "history lengths (multiples of 64)");
   flags.Uint("prompts", &prompts, "prompts per length");
   flags.Uint("steps", &steps, "generated tokens compared");
   flags.Uint("threads", &threads, "engine threads");
+  flags.String("model", &model, "PREFIX", "checkpoint prefix, or 'random' (mini-v4.1)");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   std::shared_ptr<const ModelWeights> w;
-  auto e = MakeEngine(static_cast<int>(threads), &w);
-  if (!e.ok()) return 1;
+  auto e = MakeEngine(model, static_cast<int>(threads), &w);
+  if (!e.ok()) return std::fprintf(stderr, "%s\n", e.status().ToString().c_str()), 1;
   Engine& eng = **e;
   auto layout = EngineKvLayout(eng.config());
   if (!layout.ok()) return 1;

@@ -61,12 +61,17 @@ TEST(KvtierDemoCli, RoundTripsAUnitAndExitsZero) {
   EXPECT_NE(demo.out.find("demo OK"), std::string::npos) << demo.out;
 }
 
-// `kvtier demo` end to end on a short session, then its trained-model part: the checkpoint
-// loads, writes text, and exact restore agrees bit for bit with the uninterrupted session.
+// `kvtier demo` end to end on a short session of the trained checkpoint, then its trained-model
+// part: the checkpoint loads, writes text, and exact restore agrees bit for bit with the
+// uninterrupted session.
 TEST(KvtierDemoCli, AgentDemoEndsWithTheTrainedModelsTextAndFidelityLine) {
   Result demo = RunKvtier(std::string("demo --context-tokens 256 --first-turn-tokens 128 ") +
                           "--trained-model " + KVTIER_SOURCE_DIR + "/deploy/models/kvmini-trained");
   ASSERT_EQ(demo.exit_code, 0) << demo.out;
+  EXPECT_NE(demo.out.find("== agent resume on the trained miniature"), std::string::npos)
+      << demo.out;
+  // The trained config's unit layout (mini-v4.1's would store 224.5 B/token).
+  EXPECT_NE(demo.out.find("81.5 B/token (payload 79.5 B/token"), std::string::npos) << demo.out;
   EXPECT_NE(demo.out.find("resume vs recompute"), std::string::npos) << demo.out;
   EXPECT_NE(demo.out.find("== the trained miniature"), std::string::npos) << demo.out;
   EXPECT_NE(demo.out.find("continuation: "), std::string::npos) << demo.out;

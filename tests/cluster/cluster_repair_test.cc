@@ -142,6 +142,15 @@ TEST_F(ClusterRepairTest, JoiningNodeTakesItsShareWithNoMiss) {
       ++reads;
     }
   });
+  // Joined on every path (a failed ASSERT returns early; a joinable thread would terminate).
+  struct Joiner {
+    std::atomic<bool>* stop;
+    std::thread* t;
+    ~Joiner() {
+      stop->store(true);
+      if (t->joinable()) t->join();
+    }
+  } joiner{&stop, &reader};
 
   nodes_.push_back(std::make_unique<kt::KvtierdProcess>(dir_ / "n3"));
   peer_ports_.push_back(kt::FreePort());

@@ -163,11 +163,12 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
       node->tombstones_.get());
   node->tombstones_->StartPolling();
   service->SetRouter(node->router_.get());
-  node->repair_ = std::make_unique<ClusterRepair>(service->store(), tenants, node->router_.get(),
-                                                  node->client_.get(),
-                                                  RepairOptions{.bytes_per_s = c.repair_bytes_per_s,
-                                                                .retry_ms = c.repair_retry_ms,
-                                                                .interval_s = c.repair_interval_s});
+  node->repair_ = std::make_unique<ClusterRepair>(
+      service->store(), tenants, node->router_.get(), node->client_.get(),
+      RepairOptions{.bytes_per_s = c.repair_bytes_per_s,
+                    .retry_ms = c.repair_retry_ms,
+                    .interval_s = c.repair_interval_s,
+                    .catch_up = [t = node->tombstones_.get()] { return t->CatchUp(); }});
   // Registered after the router's listener: a scan triggered here sees the new view.
   node->membership_->AddListener(
       [r = node->repair_.get()](const cluster::MemberView&) { r->Trigger(); });

@@ -122,6 +122,13 @@ bool ClusterRepair::Scan() {
   cursor = storage::UnitCursor();
   std::vector<uint8_t> value;
   while (!cursor.done && !stopping()) {
+    if (options_.catch_up) {
+      Status caught_up = options_.catch_up();
+      if (!caught_up.ok()) {
+        active_.store(false);
+        return true;  // etcd unreachable: a delete we missed could be copied back
+      }
+    }
     store_->ListUnits(&cursor, options_.page_units, &page);
     std::erase_if(page, [](const storage::UnitInfo& u) { return !Repairable(u); });
     // owners[i]: unit i's owners; held[i][j]: owner j holds it (self: yes, it is here).
@@ -190,18 +197,31 @@ bool ClusterRepair::Scan() {
         put.key = u.key;
         put.parent = u.parent;
         put.value = value;
+        std::vector<size_t> copied_to;
         for (size_t j = 0; j < owners[i].size(); ++j) {
           if (held[i][j] == 1 || unreachable[owners[i][j]]) continue;
           if (!Pace(value.size())) return true;
           Status s = peers_->Put(view->members[owners[i][j]].peer_endpoint, put);
           if (s.ok()) {
             held[i][j] = 1;
+            copied_to.push_back(j);
             units_.fetch_add(1);
             bytes_.fetch_add(value.size());
           } else {
             copy_failures_.fetch_add(1);
             left_work = true;
           }
+        }
+        // A delete (of the unit or its tenant) that ran while we copied reached this node
+        // too: undo the copies, so a repair never brings a deleted unit back.
+        if (copied_to.size() > 0 &&
+            store_->Lookup(std::span<const storage::Key>(&u.key, 1)).hit_count == 0) {
+          for (size_t j : copied_to) {
+            (void)peers_->Delete(view->members[owners[i][j]].peer_endpoint,
+                                 std::span<const cluster::PeerKey>(&u.key, 1));
+          }
+          under_.fetch_sub(1);
+          continue;
         }
         if (std::all_of(held[i].begin(), held[i].end(), [](int8_t h) { return h == 1; })) {
           under_.fetch_sub(1);

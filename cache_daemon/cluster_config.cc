@@ -72,6 +72,16 @@ Status ReadClusterTable(const toml::table& table, ClusterServeOptions* o) {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_timeout_ms));
     } else if (key == "tombstone_ttl_s") {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->tombstone_ttl_s));
+    } else if (key == "draining") {
+      std::optional<bool> b = v.value<bool>();
+      if (!b) return Bad(key, "expected true or false");
+      o->draining = *b;
+    } else if (key == "repair_bytes_per_s") {
+      KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->repair_bytes_per_s));
+    } else if (key == "repair_retry_ms") {
+      KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->repair_retry_ms));
+    } else if (key == "repair_interval_s") {
+      KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->repair_interval_s));
     } else if (key == "peer_connections_max") {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_connections_max));
     } else {
@@ -132,6 +142,15 @@ Status FinalizeCluster(ClusterServeOptions* o, bool auth_enabled) {
   }
   if (o->tombstone_ttl_s < 60 || o->tombstone_ttl_s > (1u << 31)) {
     return Bad("tombstone_ttl_s", "60..2147483648");
+  }
+  if (o->repair_bytes_per_s < 1024 || o->repair_bytes_per_s > (1ull << 40)) {
+    return Bad("repair_bytes_per_s", "1024..1099511627776");
+  }
+  if (o->repair_retry_ms < 10 || o->repair_retry_ms > 3600000) {
+    return Bad("repair_retry_ms", "10..3600000");
+  }
+  if (o->repair_interval_s < 1 || o->repair_interval_s > 86400) {
+    return Bad("repair_interval_s", "1..86400");
   }
   if (o->peer_connections_max < 1 || o->peer_connections_max > 65536) {
     return Bad("peer_connections_max", "1..65536");

@@ -28,6 +28,10 @@ struct ClusterServeOptions {
   uint64_t peer_timeout_ms = 2000;     // one peer request, connect included
   uint32_t peer_connections_max = 64;  // inbound peer connections at once
   uint32_t tombstone_ttl_s = 86400;    // deletes are kept for nodes that missed them, 60..2^31
+  uint64_t repair_bytes_per_s = 64ull << 20;  // re-replication / move copy budget, 1 KiB/s..
+  uint64_t repair_retry_ms = 1000;            // rescan after a repair scan that left work
+  uint32_t repair_interval_s = 300;           // full repair scan period, 1..86400
+  bool draining = false;  // join owning nothing (routing-only; `kvtier cluster drain --undo`)
 
   // Filled by FinalizeCluster.
   std::string peer_host;

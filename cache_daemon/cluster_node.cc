@@ -3,6 +3,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "cluster/http_client.h"
 #include "common/config.h"
 #include "common/logging.h"
 
@@ -71,6 +72,20 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   const TenantRegistry* tenants_;
 };
 
+std::string AdminEndpoint(const DaemonOptions& options) {
+  if (options.http_port == 0) return "";
+  std::string host = options.http_listen;
+  if (host == "0.0.0.0" || host == "::" || host == "[::]" || host.empty()) {
+    // Listening on every address: peers reach it at the host they reach the peer front at.
+    auto peer = cluster::ParseHttpEndpoint(options.cluster.peer_advertise);
+    if (!peer.ok()) return "";
+    host = peer->host;
+  }
+  if (host.find(':') != std::string::npos && host.front() != '[') host = "[" + host + "]";
+  std::string endpoint = host + ":" + std::to_string(options.http_port);
+  return cluster::ParseHttpEndpoint(endpoint).ok() ? endpoint : "";
+}
+
 StatusOr<std::vector<uint8_t>> ReadCredentialFile(const std::string& path) {
   auto read = ReadFileBounded(path, cluster::kCredentialBytesMax);
   if (!read.ok()) return read.status().WithContext("cluster.credential_file");
@@ -137,6 +152,8 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
   mo.self.node_id = c.node_id;
   mo.self.peer_endpoint = c.peer_advertise;
   mo.self.failure_domain = c.failure_domain;
+  mo.self.admin_endpoint = AdminEndpoint(options);
+  mo.self.draining = c.draining;
   mo.self.dram_bytes = options.storage.dram_capacity_bytes;
   mo.self.ssd_bytes = options.storage.ssd_capacity_bytes;
   KVTIER_ASSIGN_OR_RETURN(node->membership_, cluster::Membership::Start(mo));
@@ -146,6 +163,16 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
       node->tombstones_.get());
   node->tombstones_->StartPolling();
   service->SetRouter(node->router_.get());
+  node->repair_ = std::make_unique<ClusterRepair>(
+      service->store(), tenants, node->router_.get(), node->client_.get(),
+      RepairOptions{.bytes_per_s = c.repair_bytes_per_s,
+                    .retry_ms = c.repair_retry_ms,
+                    .interval_s = c.repair_interval_s,
+                    .catch_up = [t = node->tombstones_.get()] { return t->CatchUp(); }});
+  // Registered after the router's listener: a scan triggered here sees the new view.
+  node->membership_->AddListener(
+      [r = node->repair_.get()](const cluster::MemberView&) { r->Trigger(); });
+  node->repair_->Start();
   KVTIER_LOG(kInfo) << "cluster: node " << c.node_id << " peer front " << c.peer_host << ":"
                     << node->server_->port() << " etcd " << c.etcd_endpoints.front() << " replicas "
                     << c.replicas;
@@ -157,6 +184,7 @@ ClusterNode::~ClusterNode() { Stop(); }
 void ClusterNode::Stop() {
   if (stopped_) return;
   stopped_ = true;
+  if (repair_) repair_->Stop();
   if (tombstones_) tombstones_->Stop();
   if (membership_) membership_->Stop(/*revoke=*/true);
   if (server_) server_->Stop();
@@ -215,6 +243,29 @@ std::string ClusterNode::RenderPrometheus() const {
   counter("kvtier_cluster_tenant_deletes_applied_total",
           "Tenant deletes this node missed and applied from the log.", ts.tenant_deletes_applied);
   counter("kvtier_cluster_peer_requests_total", "Requests served to peers.", ps.requests);
+  RepairStats rp = repair_->stats();
+  gauge("kvtier_cluster_under_replicated_units",
+        "Units this node must copy (it is their designated sender) that an owner still lacks, "
+        "as found by the repair scan in progress or the last one.",
+        rp.under_replicated);
+  gauge("kvtier_cluster_moves_in_progress",
+        "Units held here that this node no longer owns and has not yet handed over.",
+        rp.moves_in_progress);
+  gauge("kvtier_cluster_repair_done_units",
+        "Units copied or handed over by the repair scan in progress or the last one.",
+        rp.done_in_scan);
+  gauge("kvtier_cluster_repair_active", "1 while a repair scan runs.", rp.active ? 1 : 0);
+  counter("kvtier_cluster_repair_units_total", "Unit copies to owners acknowledged by them.",
+          rp.units_total);
+  counter("kvtier_cluster_repair_bytes_total", "Bytes of unit copies acknowledged by owners.",
+          rp.bytes_total);
+  counter("kvtier_cluster_repair_dropped_units_total",
+          "Units dropped here after every owner confirmed holding them.", rp.dropped_total);
+  counter("kvtier_cluster_repair_scans_total", "Completed repair scans.", rp.scans_total);
+  counter("kvtier_cluster_repair_copy_failures_total", "Unit copies an owner did not acknowledge.",
+          rp.copy_failures_total);
+  counter("kvtier_cluster_repair_lookup_failures_total",
+          "Repair LOOKUPs of a page that an owner did not answer.", rp.lookup_failures_total);
   counter("kvtier_cluster_peer_auth_failures_total",
           "Peer connections refused for a bad or missing cluster credential.", ps.auth_failures);
   return os.str();

@@ -3,9 +3,10 @@
 // the router the Service sends its native operations through.
 //
 // Start order: peer front (so peers can reach us once we are listed), then membership, then
-// the router is handed to the Service. Stop: leave etcd (lease revoked), then close the peer
-// front. etcd unreachable at start is not an error: the node serves what it holds and keeps
-// trying (etcd_reachable() false, shown on /readyz and /metrics).
+// the router is handed to the Service, then the repair scan (cluster_repair.h) starts; it
+// runs again on every membership change. Stop: end the repair scan, leave etcd (lease
+// revoked), then close the peer front. etcd unreachable at start is not an error: the node serves
+// what it holds and keeps trying (etcd_reachable() false, shown on /readyz and /metrics).
 //
 // Thread safety: Start/Stop from one thread; the rest from any.
 #pragma once
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cache_daemon/cluster_repair.h"
 #include "cache_daemon/config.h"
 #include "cache_daemon/service.h"
 #include "cache_daemon/tenants.h"
@@ -57,9 +59,15 @@ class ClusterNode {
   std::unique_ptr<cluster::TombstoneLog> tombstones_;
   std::unique_ptr<cluster::Membership> membership_;
   std::unique_ptr<cluster::Router> router_;
+  std::unique_ptr<ClusterRepair> repair_;  // started after the router, stopped first
   Service* service_ = nullptr;
   bool stopped_ = false;
 };
+
+// "host:port" of this node's HTTP admin front as peers and `kvtier cluster status` dial it
+// (server.http_listen, or peer_advertise's host when that listens on every address); "" when
+// the admin front is off.
+std::string AdminEndpoint(const DaemonOptions& options);
 
 // Reads a cluster credential file: its bytes, trailing newline(s) stripped; at least
 // cluster::kCredentialBytesMin, at most kCredentialBytesMax.

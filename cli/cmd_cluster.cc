@@ -2,6 +2,7 @@
 // member's share of ownership under cluster/placement.
 //
 //   kvtier cluster status --etcd 127.0.0.1:2379[,URL...] [--prefix /kvtier/] [--json]
+//   kvtier cluster drain NODE --etcd 127.0.0.1:2379[,URL...] [--prefix /kvtier/] [--undo]
 //
 // Reads <prefix>members/ once (cluster/etcd_client), decodes every record with DecodeMember
 // (a record that does not decode is listed as bad, never trusted) and asks etcd how long each
@@ -11,13 +12,17 @@
 // slots, so shares sum to 1 and follow the capacity weights (MemberInfo::Weight).
 //
 // Exit codes: 0 printed, 1 etcd unreachable or answered an error, 2 bad flags.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cluster/etcd_client.h"
+#include "cluster/http_client.h"
 #include "cluster/member.h"
 #include "cluster/membership.h"
 #include "cluster/placement.h"
@@ -30,6 +35,74 @@ constexpr uint64_t kOwnershipSampleKeys = 4096;
 // Records read (and lease lookups made) at most; the daemons' [cluster] members_max default.
 constexpr int64_t kMembersListedMax = 1024;
 
+// Members queried at once for their health (each query is two short HTTP GETs).
+constexpr size_t kHealthQueriesParallelMax = 32;
+// A member's /metrics page read at most (hostile input: a member is only as trusted as etcd).
+constexpr uint64_t kMetricsPageBytesMax = 4ull << 20;
+
+// What a member's admin front says about it: /readyz and the repair gauges of /metrics.
+struct Health {
+  bool queried = false;  // it has an admin endpoint and was asked
+  bool ready = false;    // /readyz answered 200
+  std::string error;     // why it could not be asked ("" when it answered)
+  double under_replicated = -1, moves = -1, done = -1, active = -1;  // -1: not exported
+  // Share of the current repair scan's work done: done / (done + under + moves); 1 when idle.
+  double Progress() const {
+    double total = std::max(done, 0.0) + std::max(under_replicated, 0.0) + std::max(moves, 0.0);
+    return total <= 0 ? 1.0 : std::max(done, 0.0) / total;
+  }
+};
+
+// The value of an unlabelled sample `name` in a Prometheus text page, -1 when absent.
+double MetricValue(const std::string& page, const std::string& name) {
+  std::string needle = "\n" + name + " ";
+  size_t at = page.find(needle);
+  if (at == std::string::npos) return -1;
+  const char* begin = page.c_str() + at + needle.size();
+  char* end = nullptr;
+  double v = std::strtod(begin, &end);
+  return end == begin || !(v >= 0) ? -1 : v;
+}
+
+Health QueryHealth(const std::string& admin_endpoint, uint64_t timeout_ms) {
+  Health h;
+  if (admin_endpoint.empty()) {
+    h.error = "no admin endpoint in its record";
+    return h;
+  }
+  h.queried = true;
+  auto ep = cluster::ParseHttpEndpoint(admin_endpoint);
+  if (!ep.ok()) {
+    h.error = ep.status().message();
+    return h;
+  }
+  cluster::HttpLimits limits{.timeout_ms = timeout_ms, .body_bytes_max = kMetricsPageBytesMax};
+  auto ready = cluster::HttpGet(*ep, "/readyz", limits);
+  if (!ready.ok()) {
+    h.error = ready.status().ToString();
+    return h;
+  }
+  h.ready = ready->status == 200;
+  auto metrics = cluster::HttpGet(*ep, "/metrics", limits);
+  if (!metrics.ok() || metrics->status != 200) return h;  // health known, repair state not
+  const std::string page = "\n" + metrics->body;
+  h.under_replicated = MetricValue(page, "kvtier_cluster_under_replicated_units");
+  h.moves = MetricValue(page, "kvtier_cluster_moves_in_progress");
+  h.done = MetricValue(page, "kvtier_cluster_repair_done_units");
+  h.active = MetricValue(page, "kvtier_cluster_repair_active");
+  return h;
+}
+
+// "[#####-----]  50%" for a fraction in [0, 1].
+std::string ProgressBar(double fraction) {
+  constexpr int kWidth = 20;
+  fraction = std::clamp(fraction, 0.0, 1.0);
+  int filled = static_cast<int>(fraction * kWidth + 0.5);
+  char pct[8];
+  std::snprintf(pct, sizeof(pct), "%3d%%", static_cast<int>(fraction * 100 + 0.5));
+  return "[" + std::string(filled, '#') + std::string(kWidth - filled, '-') + "] " + pct;
+}
+
 struct MemberRow {
   std::string key;  // etcd key
   cluster::MemberInfo info;
@@ -37,6 +110,7 @@ struct MemberRow {
   int64_t lease = 0;
   int64_t ttl_left_s = -1;  // -1: unknown (no lease, or the lookup failed)
   uint64_t owner_slots = 0;
+  Health health;
 };
 
 // Owner slots per decoded member (rows with decode.ok()), over the fixed synthetic sample.
@@ -69,11 +143,14 @@ int RunStatus(Args args) {
       "cluster placement (weighted rendezvous hashing, weight = capacity) over " +
           std::to_string(kOwnershipSampleKeys) +
           " fixed synthetic keys with --replicas owners each; a member's share is its owner "
-          "slots over all owner slots, so the shares sum to 1. Exit 1 when etcd cannot be "
-          "read.");
+          "slots over all owner slots, so the shares sum to 1. Each member's health is asked of "
+          "the admin endpoint in its record (GET /readyz: ready, NOT-READY or unreachable) and "
+          "its repair state read from its /metrics: UNDER (units it must copy that an owner "
+          "still lacks), MOVES (units it holds but no longer owns) and a progress bar of its "
+          "current repair scan. Exit 1 when etcd cannot be read.");
   std::string etcd, prefix = "/kvtier/";
-  uint64_t replicas = 2, timeout_ms = 2000;
-  bool json = false;
+  uint64_t replicas = 2, timeout_ms = 2000, health_timeout_ms = 500;
+  bool json = false, no_health = false;
   flags.String("etcd", &etcd, "URL[,URL]",
                "etcd endpoints, host:port or http://host:port, tried in order", true);
   flags.String("prefix", &prefix, "P", "the cluster's key prefix in etcd ([cluster] key_prefix)");
@@ -82,6 +159,9 @@ int RunStatus(Args args) {
              false, 1, 16);
   flags.Uint("timeout-ms", &timeout_ms, "deadline of each etcd request", false, 1, 60000);
   flags.Bool("json", &json, "print JSON instead of text");
+  flags.Uint("health-timeout-ms", &health_timeout_ms,
+             "deadline of each member's /readyz and /metrics query", false, 1, 60000);
+  flags.Bool("no-health", &no_health, "do not query the members' admin fronts");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
 
   cluster::EtcdOptions options{.endpoints = SplitComma(etcd), .request_timeout_ms = timeout_ms};
@@ -123,6 +203,18 @@ int RunStatus(Args args) {
     rows.push_back(std::move(row));
   }
   ComputeShares(&rows, static_cast<uint32_t>(replicas));
+  if (!no_health) {
+    for (size_t first = 0; first < rows.size(); first += kHealthQueriesParallelMax) {
+      std::vector<std::future<Health>> queries;
+      size_t last = std::min(rows.size(), first + kHealthQueriesParallelMax);
+      for (size_t i = first; i < last; ++i) {
+        queries.push_back(std::async(std::launch::async, QueryHealth,
+                                     rows[i].decode.ok() ? rows[i].info.admin_endpoint : "",
+                                     health_timeout_ms));
+      }
+      for (size_t i = first; i < last; ++i) rows[i].health = queries[i - first].get();
+    }
+  }
   uint64_t slots = 0;
   for (const MemberRow& r : rows) slots += r.owner_slots;
   auto share = [&](const MemberRow& r) {
@@ -158,6 +250,26 @@ int RunStatus(Args args) {
           r.ttl_left_s >= 0 ? nlohmann::ordered_json(r.ttl_left_s) : nlohmann::ordered_json();
       m["owner_slots"] = r.owner_slots;
       m["ownership_share"] = share(r);
+      m["admin_endpoint"] = r.info.admin_endpoint;
+      if (!no_health) {
+        const Health& h = r.health;
+        auto num = [](double v) {
+          return v >= 0 ? nlohmann::ordered_json(static_cast<uint64_t>(v))
+                        : nlohmann::ordered_json();
+        };
+        nlohmann::ordered_json health;
+        health["ready"] =
+            h.error.empty() ? nlohmann::ordered_json(h.ready) : nlohmann::ordered_json();
+        health["error"] =
+            h.error.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(h.error);
+        health["under_replicated_units"] = num(h.under_replicated);
+        health["moves_in_progress"] = num(h.moves);
+        health["repair_done_units"] = num(h.done);
+        health["repair_active"] =
+            h.active >= 0 ? nlohmann::ordered_json(h.active > 0) : nlohmann::ordered_json();
+        health["repair_progress"] = h.Progress();
+        m["health"] = std::move(health);
+      }
       j["members"].push_back(std::move(m));
     }
     // Key bytes are hostile: dump with invalid UTF-8 replaced, never thrown on.
@@ -166,19 +278,32 @@ int RunStatus(Args args) {
   }
   std::printf("etcd %s  prefix %s  revision %lld  replicas %llu\n", etcd.c_str(), prefix.c_str(),
               static_cast<long long>(range->revision), static_cast<unsigned long long>(replicas));
-  std::printf("%-20s %-22s %-12s %12s %14s %-8s %9s %7s\n", "NODE", "PEER", "DOMAIN", "DRAM_BYTES",
-              "SSD_BYTES", "DRAINING", "LEASE_S", "SHARE");
+  std::printf("%-20s %-22s %-12s %12s %14s %-8s %9s %7s %-11s %7s %7s %s\n", "NODE", "PEER",
+              "DOMAIN", "DRAM_BYTES", "SSD_BYTES", "DRAINING", "LEASE_S", "SHARE", "HEALTH",
+              "UNDER", "MOVES", "REPAIR");
+  uint64_t total_under = 0, total_moves = 0;
   size_t good = 0;
   for (const MemberRow& r : rows) {
     if (!r.decode.ok()) continue;
     ++good;
     std::string ttl = r.ttl_left_s >= 0 ? std::to_string(r.ttl_left_s) : "-";
-    std::printf("%-20s %-22s %-12s %12llu %14llu %-8s %9s %7.4f\n", r.info.node_id.c_str(),
-                r.info.peer_endpoint.c_str(),
+    const Health& h = r.health;
+    std::string health = no_health || !h.queried ? "-"
+                         : !h.error.empty()      ? "unreachable"
+                         : h.ready               ? "ready"
+                                                 : "NOT-READY";
+    auto count = [](double v) { return v >= 0 ? std::to_string(static_cast<uint64_t>(v)) : "-"; };
+    std::string bar = h.under_replicated >= 0 || h.moves >= 0 ? ProgressBar(h.Progress()) : "-";
+    if (h.active > 0) bar += " scanning";
+    if (h.under_replicated > 0) total_under += static_cast<uint64_t>(h.under_replicated);
+    if (h.moves > 0) total_moves += static_cast<uint64_t>(h.moves);
+    std::printf("%-20s %-22s %-12s %12llu %14llu %-8s %9s %7.4f %-11s %7s %7s %s\n",
+                r.info.node_id.c_str(), r.info.peer_endpoint.c_str(),
                 r.info.failure_domain.empty() ? "-" : r.info.failure_domain.c_str(),
                 static_cast<unsigned long long>(r.info.dram_bytes),
                 static_cast<unsigned long long>(r.info.ssd_bytes), r.info.draining ? "yes" : "no",
-                ttl.c_str(), share(r));
+                ttl.c_str(), share(r), health.c_str(), count(h.under_replicated).c_str(),
+                count(h.moves).c_str(), bar.c_str());
   }
   if (truncated) {
     std::printf("more than %lld records: the first %lld (in key order) shown\n",
@@ -187,11 +312,88 @@ int RunStatus(Args args) {
   }
   std::printf("%zu member(s); shares over %llu synthetic keys\n", good,
               static_cast<unsigned long long>(kOwnershipSampleKeys));
+  if (!no_health) {
+    std::printf("repair: %llu under-replicated unit(s), %llu move(s) in progress\n",
+                static_cast<unsigned long long>(total_under),
+                static_cast<unsigned long long>(total_moves));
+  }
   for (const MemberRow& r : rows) {
     if (r.decode.ok()) continue;
     std::printf("bad record (ignored by every node): %s\n", r.decode.ToString().c_str());
   }
   return 0;
+}
+
+// kvtier cluster drain NODE: sets (or, with --undo, clears) draining in NODE's member record.
+int RunClusterDrain(Args args) {
+  FlagSet flags(
+      "kvtier cluster drain",
+      "Mark a member as draining in etcd (its member record keeps its lease): placement gives "
+      "it weight 0, so it owns nothing, and every node's repair scan moves its units to their "
+      "new owners; the node keeps serving what it holds until each unit is handed over, then "
+      "drops it. Watch the progress with `kvtier cluster status` (MOVES) and remove the node "
+      "when it holds nothing. --undo clears the flag. The flag lasts as long as the node's "
+      "registration: a restarted node registers undrained. Exit 1 when etcd cannot be read or "
+      "written or the node is not a live member.");
+  std::string etcd, prefix = "/kvtier/";
+  uint64_t timeout_ms = 2000;
+  bool undo = false;
+  flags.String("etcd", &etcd, "URL[,URL]",
+               "etcd endpoints, host:port or http://host:port, tried in order", true);
+  flags.String("prefix", &prefix, "P", "the cluster's key prefix in etcd ([cluster] key_prefix)");
+  flags.Uint("timeout-ms", &timeout_ms, "deadline of each etcd request", false, 1, 60000);
+  flags.Bool("undo", &undo, "clear the draining flag instead of setting it");
+  std::vector<std::string_view> rest(args.begin(), args.end());
+  std::string node;
+  if (!rest.empty() && !rest[0].starts_with("-")) {
+    node = std::string(rest[0]);
+    rest.erase(rest.begin());
+  }
+  if (int rc = flags.Parse(std::span<const std::string_view>(rest)); rc >= 0) return rc;
+  if (Status st = cluster::ValidateNodeId(node); !st.ok()) {
+    std::fprintf(stderr, "kvtier cluster drain: want a node id first: %s\n", st.ToString().c_str());
+    return 2;
+  }
+  cluster::EtcdOptions options{.endpoints = SplitComma(etcd), .request_timeout_ms = timeout_ms};
+  if (Status st = cluster::ValidateEtcdOptions(options); !st.ok()) {
+    std::fprintf(stderr, "kvtier cluster drain: %s\n", st.ToString().c_str());
+    return 2;
+  }
+  cluster::EtcdClient client(options);
+  const std::string key = prefix + "members/" + node;
+  // A record rewritten by its node between our read and write: read again (bounded).
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    auto kv = client.Get(key);
+    if (!kv.ok()) {
+      std::fprintf(
+          stderr, "kvtier cluster drain: %s: %s\n", key.c_str(),
+          kv.status().IsNotFound() ? "no such live member" : kv.status().ToString().c_str());
+      return 1;
+    }
+    auto info = cluster::DecodeMember(kv->value);
+    if (!info.ok()) {
+      std::fprintf(stderr, "kvtier cluster drain: %s: %s\n", key.c_str(),
+                   info.status().ToString().c_str());
+      return 1;
+    }
+    if (info->draining == !undo) {
+      std::printf("%s is %s\n", node.c_str(), undo ? "not draining" : "already draining");
+      return 0;
+    }
+    info->draining = !undo;
+    auto replaced = client.ReplaceIfUnchanged(key, cluster::EncodeMember(*info), kv->mod_revision);
+    if (!replaced.ok()) {
+      std::fprintf(stderr, "kvtier cluster drain: writing %s: %s\n", key.c_str(),
+                   replaced.status().ToString().c_str());
+      return 1;
+    }
+    if (*replaced) {
+      std::printf("%s %s\n", node.c_str(), undo ? "no longer draining" : "draining");
+      return 0;
+    }
+  }
+  std::fprintf(stderr, "kvtier cluster drain: %s kept changing; try again\n", key.c_str());
+  return 1;
 }
 
 }  // namespace
@@ -201,11 +403,14 @@ int RunCluster(Args args) {
     std::FILE* out = args.empty() ? stderr : stdout;
     std::fprintf(out,
                  "usage: kvtier cluster status --etcd URL[,URL] [flags]   "
-                 "(kvtier cluster status --help)\n");
+                 "(kvtier cluster status --help)\n"
+                 "       kvtier cluster drain NODE --etcd URL[,URL] [--undo]   "
+                 "(kvtier cluster drain --help)\n");
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "status") return RunStatus(args.subspan(1));
-  std::fprintf(stderr, "kvtier cluster: unknown subcommand '%.*s' (want: status)\n",
+  if (args[0] == "drain") return RunClusterDrain(args.subspan(1));
+  std::fprintf(stderr, "kvtier cluster: unknown subcommand '%.*s' (want: status, drain)\n",
                static_cast<int>(args[0].size()), args[0].data());
   return 2;
 }

@@ -152,6 +152,21 @@ Status EtcdClient::PutMany(const std::vector<std::pair<std::string, std::string>
   return Call("/v3/kv/txn", json{{"success", ops}}.dump()).status();
 }
 
+StatusOr<bool> EtcdClient::ReplaceIfUnchanged(std::string_view key, std::string_view value,
+                                              int64_t mod_revision) {
+  json compare = {{"key", Base64Encode(key)},
+                  {"target", "MOD"},
+                  {"result", "EQUAL"},
+                  {"mod_revision", std::to_string(mod_revision)}};
+  json put = {{"key", Base64Encode(key)}, {"value", Base64Encode(value)}, {"ignore_lease", true}};
+  json req = {{"compare", json::array({compare})},
+              {"success", json::array({{{"request_put", put}}})}};
+  KVTIER_ASSIGN_OR_RETURN(std::string text, Call("/v3/kv/txn", req.dump()));
+  KVTIER_ASSIGN_OR_RETURN(json j, ParseJson(text));
+  auto it = j.find("succeeded");
+  return it != j.end() && it->is_boolean() && it->get<bool>();
+}
+
 StatusOr<EtcdKeyValue> EtcdClient::Get(std::string_view key) {
   json req = {{"key", Base64Encode(key)}};
   KVTIER_ASSIGN_OR_RETURN(std::string text, Call("/v3/kv/range", req.dump()));

@@ -76,6 +76,10 @@ class EtcdClient {
   Status PutMany(const std::vector<std::pair<std::string, std::string>>& kvs, int64_t lease_id = 0);
   // One key; NotFound when absent.
   StatusOr<EtcdKeyValue> Get(std::string_view key);
+  // Replaces the value of an existing key, keeping its lease, only if the key was last
+  // modified at mod_revision (a transaction). Returns false when the key changed or is gone.
+  StatusOr<bool> ReplaceIfUnchanged(std::string_view key, std::string_view value,
+                                    int64_t mod_revision);
   // Deletes one key (range_end empty) or [key, range_end); returns how many were deleted.
   StatusOr<int64_t> Delete(std::string_view key, std::string_view range_end = {});
 

@@ -146,14 +146,16 @@ Status HttpStream::Fill(uint64_t wait_ms) {
 }
 
 Status HttpStream::Open(const HttpEndpoint& endpoint, std::string_view path, std::string_view body,
-                        const HttpLimits& limits) {
+                        const HttpLimits& limits, std::string_view method) {
   limits_ = limits;
   auto deadline = Clock::now() + std::chrono::milliseconds(limits.timeout_ms);
   KVTIER_ASSIGN_OR_RETURN(fd_, Connect(endpoint, deadline));
-  std::string req = "POST " + std::string(path) + " HTTP/1.1\r\nHost: " + endpoint.ToString() +
-                    "\r\nConnection: close\r\nContent-Type: application/json\r\n"
-                    "Content-Length: " +
-                    std::to_string(body.size()) + "\r\n\r\n";
+  const bool get = method == "GET";
+  if (get) body = {};
+  std::string req = std::string(get ? "GET " : "POST ") + std::string(path) +
+                    " HTTP/1.1\r\nHost: " + endpoint.ToString() + "\r\nConnection: close\r\n" +
+                    (get ? "" : "Content-Type: application/json\r\n") +
+                    "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
   req.append(body);
   KVTIER_RETURN_IF_ERROR(SendAll(fd_, req, deadline));
 
@@ -282,11 +284,14 @@ Status HttpStream::Read(uint64_t wait_ms, std::string* out) {
   }
 }
 
-StatusOr<HttpResponse> HttpPost(const HttpEndpoint& endpoint, std::string_view path,
-                                std::string_view body, const HttpLimits& limits) {
+namespace {
+
+StatusOr<HttpResponse> HttpCall(const HttpEndpoint& endpoint, std::string_view method,
+                                std::string_view path, std::string_view body,
+                                const HttpLimits& limits) {
   auto deadline = Clock::now() + std::chrono::milliseconds(limits.timeout_ms);
   HttpStream stream;
-  KVTIER_RETURN_IF_ERROR(stream.Open(endpoint, path, body, limits));
+  KVTIER_RETURN_IF_ERROR(stream.Open(endpoint, path, body, limits, method));
   HttpResponse response;
   response.status = stream.status();
   for (;;) {
@@ -301,6 +306,18 @@ StatusOr<HttpResponse> HttpPost(const HttpEndpoint& endpoint, std::string_view p
     }
   }
   return response;
+}
+
+}  // namespace
+
+StatusOr<HttpResponse> HttpPost(const HttpEndpoint& endpoint, std::string_view path,
+                                std::string_view body, const HttpLimits& limits) {
+  return HttpCall(endpoint, "POST", path, body, limits);
+}
+
+StatusOr<HttpResponse> HttpGet(const HttpEndpoint& endpoint, std::string_view path,
+                               const HttpLimits& limits) {
+  return HttpCall(endpoint, "GET", path, {}, limits);
 }
 
 }  // namespace kvtier::cluster

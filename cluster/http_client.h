@@ -47,6 +47,10 @@ struct HttpResponse {
 StatusOr<HttpResponse> HttpPost(const HttpEndpoint& endpoint, std::string_view path,
                                 std::string_view body, const HttpLimits& limits);
 
+// GET path, otherwise as HttpPost (used for a member's /readyz and /metrics).
+StatusOr<HttpResponse> HttpGet(const HttpEndpoint& endpoint, std::string_view path,
+                               const HttpLimits& limits);
+
 // A POST whose response body is read as it arrives.
 class HttpStream {
  public:
@@ -57,8 +61,9 @@ class HttpStream {
 
   // Connects, sends the request and reads the response head (within limits.timeout_ms).
   // Errors as HttpPost; a non-2xx status is reported in status() and Read returns the body.
+  // method: "POST" (a JSON body) or "GET" (body ignored).
   Status Open(const HttpEndpoint& endpoint, std::string_view path, std::string_view body,
-              const HttpLimits& limits);
+              const HttpLimits& limits, std::string_view method = "POST");
   int status() const { return status_; }
 
   // Appends body bytes that arrive within wait_ms to *out (possibly none: Retry when nothing

@@ -48,6 +48,12 @@ Status ValidateMember(const MemberInfo& m) {
     return Status::InvalidArgument("peer endpoint too long");
   }
   KVTIER_RETURN_IF_ERROR(ParseHttpEndpoint(m.peer_endpoint).status());
+  if (!m.admin_endpoint.empty()) {
+    if (m.admin_endpoint.size() > kPeerEndpointBytesMax) {
+      return Status::InvalidArgument("admin endpoint too long");
+    }
+    KVTIER_RETURN_IF_ERROR(ParseHttpEndpoint(m.admin_endpoint).status());
+  }
   if (m.dram_bytes > (1ull << 60) || m.ssd_bytes > (1ull << 60)) {
     return Status::InvalidArgument("capacity over 2^60 bytes");
   }
@@ -61,6 +67,7 @@ std::string EncodeMember(const MemberInfo& m) {
                       {"dram_bytes", m.dram_bytes},
                       {"ssd_bytes", m.ssd_bytes},
                       {"draining", m.draining}};
+  if (!m.admin_endpoint.empty()) j["admin_endpoint"] = m.admin_endpoint;
   return j.dump();
 }
 
@@ -86,6 +93,11 @@ StatusOr<MemberInfo> DecodeMember(std::string_view text) {
   m.failure_domain = j["failure_domain"].get<std::string>();
   m.dram_bytes = j["dram_bytes"].get<uint64_t>();
   m.ssd_bytes = j["ssd_bytes"].get<uint64_t>();
+  // Optional (records of older nodes lack it); mistyped is as bad as any other field.
+  if (auto a = j.find("admin_endpoint"); a != j.end()) {
+    if (!a->is_string()) return Status::Corruption("member record: admin_endpoint not a string");
+    m.admin_endpoint = a->get<std::string>();
+  }
   auto d = j.find("draining");
   m.draining = d != j.end() && d->is_boolean() && d->get<bool>();
   Status s = ValidateMember(m);

@@ -22,7 +22,10 @@ struct MemberInfo {
   std::string node_id;         // unique in the cluster
   std::string peer_endpoint;   // "host:port" where peers reach its native peer front
   std::string failure_domain;  // rack / zone label; owners of a unit avoid sharing one
-  uint64_t dram_bytes = 0;     // per-tier capacity, the placement weight
+  // "host:port" of its HTTP admin front (/readyz, /metrics) for `kvtier cluster status`;
+  // "" when it has none, and in records written before the field existed.
+  std::string admin_endpoint;
+  uint64_t dram_bytes = 0;  // per-tier capacity, the placement weight
   uint64_t ssd_bytes = 0;
   bool draining = false;  // `kvtier cluster drain`: owns nothing new, still serves
   // Placement weight: the capacity in GiB (at least 1/1024 so a tiny node is still placed);

@@ -186,6 +186,12 @@ void Membership::ApplyRecord(std::map<std::string, MemberInfo>* members, const E
                                        : decoded.status().message());
     return;
   }
+  if (id == options_.self.node_id) {
+    // `kvtier cluster drain` flips draining in our record in etcd: adopt it, so that a
+    // re-registration (after a lost lease) keeps it.
+    std::lock_guard lock(mu_);
+    self_.draining = decoded->draining;
+  }
   if (members->size() >= options_.members_max && !members->contains(std::string(id))) {
     dropped_.fetch_add(1);
     return;

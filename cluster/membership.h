@@ -89,6 +89,8 @@ class Membership {
   void AddListener(std::function<void(const MemberView&)> listener);
 
   // Republishes self (e.g. draining = true); takes effect at the next write of the record.
+  // The draining flag of our own record as read from etcd (set there by `kvtier cluster
+  // drain`) is adopted into self, so it survives a re-registration (not a restart).
   Status UpdateSelf(const MemberInfo& self);
 
  private:

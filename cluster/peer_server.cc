@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <openssl/rand.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -132,6 +134,10 @@ void PeerServer::AcceptLoop() {
     if (::poll(&p, 1, 200) <= 0) continue;
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
+    // A response goes out as header then body: without NODELAY the body waits for the
+    // peer's delayed ACK of the header (tens of ms per request).
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     if (active_.load() >= options_.connections_max) {
       refused_.fetch_add(1);
       ::close(fd);

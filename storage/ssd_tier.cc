@@ -351,8 +351,8 @@ void SsdTier::GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_
                        std::vector<SsdMeta>* metas, std::vector<Status>* results) {
   impl_->GetBatch(keys, outs, metas, results);
 }
-bool SsdTier::Contains(const Key& key, uint64_t* version) const {
-  return impl_->Contains(key, version);
+bool SsdTier::Contains(const Key& key, uint64_t* version, SsdMeta* meta) const {
+  return impl_->Contains(key, version, meta);
 }
 Status SsdTier::Remove(const Key& key, uint64_t* ticket) { return impl_->Remove(key, ticket); }
 Status SsdTier::WaitDurable(uint64_t ticket) { return impl_->WaitDurable(ticket); }

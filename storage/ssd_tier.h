@@ -173,7 +173,8 @@ class SsdTier {
   // Get's status for keys[i] (duplicates are read once each).
   void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
                 std::vector<SsdMeta>* metas, std::vector<Status>* results);
-  bool Contains(const Key& key, uint64_t* version = nullptr) const;
+  // *meta (may be null) receives the indexed metadata (raw_bytes included).
+  bool Contains(const Key& key, uint64_t* version = nullptr, SsdMeta* meta = nullptr) const;
   // NotFound if absent. The removal is durable at the next commit (never commits itself);
   // *ticket (may be null) receives the commit ticket for WaitDurable.
   Status Remove(const Key& key, uint64_t* ticket = nullptr);

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -155,6 +156,7 @@ class TierManagerImpl final : public TierManager {
   Status SetPolicy(const std::string& eviction, const std::string& admission,
                    const policies::PolicyParams& params) override;
   Stats GetStats() const override;
+  void ListUnits(UnitCursor* cursor, size_t units_max, std::vector<UnitInfo>* out) override;
   Status Flush() override {
     if (ssd_ == nullptr) return Status::Ok();
     Status written_back;
@@ -692,6 +694,59 @@ void TierManagerImpl::FinishPutLocked(const Key& key, const MemMeta& meta, uint6
   }
   tenant_bytes_[meta.tenant] += meta.size_bytes;
   misses_.Forget(key);
+}
+
+void TierManagerImpl::ListUnits(UnitCursor* cursor, size_t units_max, std::vector<UnitInfo>* out) {
+  out->clear();
+  if (cursor->done) return;
+  units_max = std::clamp<size_t>(units_max, 1, kMaxBatch);
+  std::lock_guard lock(mu_);
+  DrainLoadedLocked();
+  if (cursor->buckets == 0) {
+    cursor->buckets = dir_.bucket_count();
+  } else if (cursor->buckets != dir_.bucket_count()) {
+    cursor->disturbed = true;  // bucket indices moved: finish this pass, the caller rescans
+    cursor->buckets = dir_.bucket_count();
+  }
+  // Whole buckets per page (a bucket holds ~1 key): a page may run a few keys over.
+  while (cursor->bucket < dir_.bucket_count() && out->size() < units_max) {
+    size_t b = cursor->bucket++;
+    for (auto it = dir_.begin(b); it != dir_.end(b); ++it) {
+      const Key& key = it->first;
+      if (WritingLocked(key)) continue;
+      UnitInfo u;
+      u.key = key;
+      u.tenant = it->second.tenant;
+      u.bytes = it->second.bytes;
+      MemMeta mm;
+      SsdMeta sm;
+      uint64_t expires_ms = 0;
+      if (hbm_ && hbm_->Contains(key, &mm)) {
+        u.tier = Tier::kHbm;
+      } else if (dram_ && dram_->Contains(key, &mm)) {
+        u.tier = Tier::kDram;
+      }
+      if (u.tier != Tier::kNone) {
+        u.kind = mm.kind;
+        std::memcpy(u.parent.data(), &mm.parent_id, sizeof(mm.parent_id));
+        u.recompute_tokens = mm.recompute_tokens;
+        u.allow_ssd = mm.allow_ssd;
+        expires_ms = mm.expires_ms;
+      } else if (ssd_ && ssd_->Contains(key, nullptr, &sm)) {
+        u.tier = Tier::kSsd;
+        u.kind = sm.kind;
+        std::memcpy(u.parent.data(), &sm.parent_id, sizeof(sm.parent_id));
+        u.recompute_tokens = sm.recompute_tokens;
+        expires_ms = FromUnix(sm.expires_unix_ms);
+      } else {
+        continue;
+      }
+      if (Expired(expires_ms)) continue;
+      u.ttl_left_ms = expires_ms == 0 ? 0 : expires_ms - NowMs();
+      out->push_back(u);
+    }
+  }
+  cursor->done = cursor->bucket >= dir_.bucket_count();
 }
 
 Tier TierManagerImpl::Locate(const Key& key, bool* expired) const {

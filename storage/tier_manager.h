@@ -192,6 +192,30 @@ struct Stats {
   std::vector<std::pair<TenantId, uint64_t>> tenant_bytes;
 };
 
+// One unit as ListUnits reports it: what a copy of it elsewhere needs besides its bytes.
+struct UnitInfo {
+  Key key{};
+  TenantId tenant = 0;
+  uint64_t bytes = 0;
+  policies::ObjectKind kind = policies::ObjectKind::kGlobalKv;
+  // The parent's object id in its first 8 bytes, zeros after: ObjectIdOf(parent) is the
+  // stored parent id (the full parent key is not kept), which is all a Put of it uses.
+  Key parent{};
+  uint32_t recompute_tokens = 0;
+  uint64_t ttl_left_ms = 0;  // 0: no expiry
+  Tier tier = Tier::kNone;   // the fastest tier holding it
+  bool allow_ssd = true;
+};
+
+// Where ListUnits resumes. Start a scan with a default-constructed cursor.
+struct UnitCursor {
+  size_t bucket = 0;
+  size_t buckets = 0;      // the directory's bucket count when the scan started
+  bool done = false;       // the scan reached the end
+  bool disturbed = false;  // the directory was rehashed during the scan: units added
+                           // meanwhile may have been skipped or listed twice; scan again
+};
+
 class TierManager {
  public:
   virtual ~TierManager() = default;
@@ -254,6 +278,17 @@ class TierManager {
                            const policies::PolicyParams& params) = 0;
 
   virtual Stats GetStats() const = 0;
+
+  // Lists the next units held in any tier (unexpired, not in the middle of a put), at most
+  // units_max of them (1..kMaxBatch), into *out (cleared first), and advances *cursor; sets
+  // cursor->done at the end. Each call holds the manager's lock for one page only, so
+  // requests run between pages. Units put or removed during a scan may or may not be
+  // listed. The default (test doubles) lists nothing.
+  virtual void ListUnits(UnitCursor* cursor, size_t units_max, std::vector<UnitInfo>* out) {
+    (void)units_max;
+    out->clear();
+    cursor->done = true;
+  }
 
   // Makes everything acknowledged so far durable (whatever the durability mode).
   virtual Status Flush() = 0;

@@ -1,10 +1,20 @@
-// kvtier_bench_cluster: GET of a unit served by a peer (cross-node) against the same GET
-// served locally, in one run. Starts a real etcd and two kvtierd in cluster mode on loopback
-// (R = 1): node A joins alone and takes every unit, then node B joins; the same units read
-// through A are local, read through B each one is fetched from A over the peer protocol.
+// kvtier_bench_cluster, in one run:
+//  1. GET of a unit served by a peer (cross-node) against the same GET served locally. Starts
+//     a real etcd and two kvtierd in cluster mode on loopback (R = 1): node A joins alone and
+//     takes every unit, then node B joins draining ([cluster] draining: it owns nothing, so no
+//     unit moves); the same units read through A are local, read through B each one is
+//     fetched from A over the peer protocol.
+//  2. Time to restore R after a node loss: three more kvtierd (R = 2, 2 s leases, their own
+//     key prefix), units put through the first, kill -9 of the third; the time until every
+//     unit is again on two live nodes (each node's own store asked over the peer protocol,
+//     every 20 ms), the units and bytes the survivors copied, and the copy rate against
+//     repair_bytes_per_s and against the cross-node GET rate of phase 1.
 //
-//   kvtier_bench_cluster [MiB per round] [rounds]     (defaults 128 3)
+//   kvtier_bench_cluster [MiB per round] [rounds] [restore MiB] [repair bytes/s]
+//   (defaults 128 3 64 67108864)
+#include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -13,6 +23,7 @@
 #include <vector>
 
 #include "cache_daemon/client.h"
+#include "cluster/peer_client.h"
 #include "common/key_spec.h"
 #include "common/temp_dir.h"
 #include "tests/cluster/etcd_process.h"
@@ -59,11 +70,143 @@ double ReadAll(Client* c, size_t units) {
   return bytes / secs / 1e9;
 }
 
+// Copies of each storage key on the given peers (their own stores; a peer LOOKUP is never
+// forwarded). Empty on an error.
+std::vector<int> Copies(kvtier::cluster::PeerClient* peers, const std::vector<std::string>& eps,
+                        const std::vector<kvtier::cluster::PeerKey>& keys) {
+  std::vector<int> copies(keys.size(), 0);
+  for (const auto& ep : eps) {
+    for (size_t first = 0; first < keys.size(); first += 4096) {
+      size_t n = std::min<size_t>(4096, keys.size() - first);
+      auto tiers =
+          peers->Lookup(ep, std::span<const kvtier::cluster::PeerKey>(keys).subspan(first, n));
+      if (!tiers.ok()) return {};
+      for (size_t i = 0; i < n; ++i) copies[first + i] += (*tiers)[i] != 255 ? 1 : 0;
+    }
+  }
+  return copies;
+}
+
+// Phase 2 (see the file comment). get_gbps: phase 1's cross-node GET rate.
+int Restore(const std::filesystem::path& root, kt::EtcdProcess& etcd, size_t mib,
+            uint64_t repair_bytes_per_s, double get_gbps) {
+  size_t units = std::max<size_t>(1, (mib << 20) / kUnitBytes);
+  std::vector<std::unique_ptr<kt::KvtierdProcess>> nodes;
+  std::vector<std::string> peer_eps;
+  for (int i = 0; i < 3; ++i) {
+    nodes.push_back(std::make_unique<kt::KvtierdProcess>(root / ("r" + std::to_string(i))));
+    peer_eps.push_back("127.0.0.1:" + std::to_string(kt::FreePort()));
+    nodes[i]->WriteConfig(
+        "[server]\nio_threads = 2\nworker_threads = 2\n"
+        "[storage]\ndram_capacity_bytes = 2147483648\nssd_capacity_bytes = 0\n"
+        "[auth]\nserver_secret_file = \"" +
+        (root / "secret").string() + "\"\n[cluster]\nenabled = true\netcd_endpoints = [\"" +
+        etcd.endpoint() + "\"]\nkey_prefix = \"/restore/\"\nnode_id = \"r" + std::to_string(i) +
+        "\"\npeer_listen = \"" + peer_eps[i] +
+        "\"\nreplicas = 2\nlease_ttl_s = 2\nrepair_bytes_per_s = " +
+        std::to_string(repair_bytes_per_s) + "\ncredential_file = \"" +
+        (root / "credential").string() + "\"\n");
+    if (!nodes[i]->Start()) {
+      std::fprintf(stderr, "restore node %d did not start: %s\n", i, nodes[i]->Log().c_str());
+      return 1;
+    }
+  }
+  auto metric = [&](int i, const char* name) {
+    return Metric(kt::HttpRequest(nodes[i]->http_port(), "GET", "/metrics"), name);
+  };
+  if (!kt::WaitFor(
+          [&] {
+            return metric(0, "kvtier_cluster_members") == 3 &&
+                   metric(1, "kvtier_cluster_members") == 3 &&
+                   metric(2, "kvtier_cluster_members") == 3;
+          },
+          10000)) {
+    std::fprintf(stderr, "restore nodes did not agree\n");
+    return 1;
+  }
+  auto a = Client::Connect(ClientOptions{.socket_path = nodes[0]->socket()});
+  if (!a.ok()) return 1;
+  std::vector<uint8_t> value(kUnitBytes);
+  std::mt19937 rng(2);
+  for (auto& b : value) b = static_cast<uint8_t>(rng());
+  for (size_t first = 0; first < units; first += kBatch) {
+    std::vector<PutUnit> batch;
+    for (size_t i = first; i < std::min(units, first + kBatch); ++i) {
+      batch.push_back(PutUnit{.key = UnitKey(i), .value = value});
+    }
+    auto st = (*a)->Put(batch, {});
+    if (!st.ok()) return 1;
+  }
+  std::string secret(32, 's');
+  kvtier::Digest salt = kvtier::TenantSalt(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(secret.data()), secret.size()),
+      "default");
+  std::vector<kvtier::cluster::PeerKey> keys;
+  for (size_t i = 0; i < units; ++i) keys.push_back(kvtier::StorageKey(salt, UnitKey(i)));
+  kvtier::cluster::PeerClient peers(kvtier::cluster::PeerClientOptions{
+      .node_id = "bench", .credential = std::vector<uint8_t>(32, 'c'), .timeout_ms = 5000});
+  auto on_two = [&](const std::vector<std::string>& eps) {
+    auto c = Copies(&peers, eps, keys);
+    return !c.empty() && std::all_of(c.begin(), c.end(), [](int n) { return n == 2; });
+  };
+  if (!on_two(peer_eps)) {
+    std::fprintf(stderr, "units not on two nodes after the puts\n");
+    return 1;
+  }
+  auto lost = Copies(&peers, {peer_eps[2]}, keys);
+  size_t on_lost = std::count(lost.begin(), lost.end(), 1);
+  double units0 = metric(0, "kvtier_cluster_repair_units_total") +
+                  metric(1, "kvtier_cluster_repair_units_total");
+  double bytes0 = metric(0, "kvtier_cluster_repair_bytes_total") +
+                  metric(1, "kvtier_cluster_repair_bytes_total");
+  auto t_kill = std::chrono::steady_clock::now();
+  nodes[2]->Signal(SIGKILL);
+  auto since_kill = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_kill).count();
+  };
+  if (!kt::WaitFor(
+          [&] {
+            return metric(0, "kvtier_cluster_members") == 2 &&
+                   metric(1, "kvtier_cluster_members") == 2;
+          },
+          10000)) {
+    std::fprintf(stderr, "the loss was never noticed\n");
+    return 1;
+  }
+  double t_detect = since_kill();
+  std::vector<std::string> survivors = {peer_eps[0], peer_eps[1]};
+  if (!kt::WaitFor([&] { return on_two(survivors); }, 600000)) {
+    std::fprintf(stderr, "R not restored within 10 minutes\n");
+    return 1;
+  }
+  double t_restored = since_kill();
+  double copied_units = metric(0, "kvtier_cluster_repair_units_total") +
+                        metric(1, "kvtier_cluster_repair_units_total") - units0;
+  double copied_bytes = metric(0, "kvtier_cluster_repair_bytes_total") +
+                        metric(1, "kvtier_cluster_repair_bytes_total") - bytes0;
+  double repair_s = t_restored - t_detect;
+  double rate = copied_bytes / repair_s;
+  std::printf("restore: %zu units x %zu bytes, R = 2, 3 nodes, kill -9 of one holding %zu\n", units,
+              kUnitBytes, on_lost);
+  std::printf("loss noticed (lease expired)  %.2f s after the kill\n", t_detect);
+  std::printf("R restored                    %.2f s after the kill (%.2f s of repair)\n",
+              t_restored, repair_s);
+  std::printf("copied                        %.0f units, %.0f bytes\n", copied_units, copied_bytes);
+  std::printf(
+      "repair rate                   %.1f MB/s = %.2f x repair_bytes_per_s (%.1f MB/s, "
+      "2 senders), %.3f x cross-node GET\n",
+      rate / 1e6, rate / static_cast<double>(repair_bytes_per_s), repair_bytes_per_s / 1e6,
+      rate / (get_gbps * 1e9));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   size_t mib = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 128;
   int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
+  size_t restore_mib = argc > 3 ? std::strtoul(argv[3], nullptr, 10) : 64;
+  uint64_t repair_bytes_per_s = argc > 4 ? std::strtoull(argv[4], nullptr, 10) : 64ull << 20;
   size_t units = std::max<size_t>(1, (mib << 20) / kUnitBytes);
   if (!kt::EtcdProcess::Installed()) {
     std::fprintf(stderr, "no /usr/bin/etcd\n");
@@ -92,8 +235,7 @@ int main(int argc, char** argv) {
         "\"]\n"
         "node_id = \"n" +
         std::to_string(i) + "\"\npeer_listen = \"127.0.0.1:" + std::to_string(kt::FreePort()) +
-        "\"\nreplicas = 1\n"
-        "credential_file = \"" +
+        "\"\nreplicas = 1\n" + (i == 1 ? "draining = true\n" : "") + "credential_file = \"" +
         (root / "credential").string() + "\"\n");
   }
   auto members = [&](int i) {
@@ -138,5 +280,7 @@ int main(int argc, char** argv) {
               kBatch, rounds);
   std::printf("local GET      %.3f GB/s\ncross-node GET %.3f GB/s\nratio          %.2f\n", l, x,
               x / l);
-  return l > 0 && x > 0 ? 0 : 1;
+  if (!(l > 0 && x > 0)) return 1;
+  nodes.clear();
+  return Restore(root, etcd, restore_mib, repair_bytes_per_s, x);
 }

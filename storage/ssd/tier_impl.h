@@ -72,11 +72,12 @@ class SsdTier::Impl {
   Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta);
   void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
                 std::vector<SsdMeta>* metas, std::vector<Status>* results);
-  bool Contains(const Key& key, uint64_t* version) {
+  bool Contains(const Key& key, uint64_t* version, SsdMeta* meta) {
     std::unique_lock lock(mu_);
     auto it = FindLocked(key, lock);
     if (it == map_.end()) return false;
     if (version != nullptr) *version = it->second.version;
+    if (meta != nullptr) *meta = MetaOf(it->second);
     return true;
   }
   Status Remove(const Key& key, uint64_t* ticket) {

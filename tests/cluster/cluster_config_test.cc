@@ -35,6 +35,9 @@ TEST(ClusterConfigTest, AGoodSectionParses) {
   EXPECT_EQ(c.peer_port, 7400);
   EXPECT_EQ(c.replicas, 3u);
   EXPECT_EQ(c.write_acks, 2u);
+  EXPECT_EQ(c.repair_bytes_per_s, 64ull << 20);  // defaults of the repair scan
+  EXPECT_EQ(c.repair_retry_ms, 1000u);
+  EXPECT_EQ(c.repair_interval_s, 300u);
   // Absent section: off, and nothing else required.
   auto plain = Load("");
   ASSERT_TRUE(plain.ok());
@@ -59,6 +62,9 @@ TEST(ClusterConfigTest, BadValuesNameTheirKey) {
       {"replicas = 3", "replicas = 3\nlease_ttl_s = 1", "cluster.lease_ttl_s"},
       {"replicas = 3", "replicas = 3\ntypo = 1", "cluster.typo"},
       {"replicas = 3", "replicas = \"3\"", "cluster.replicas"},
+      {"replicas = 3", "replicas = 3\nrepair_bytes_per_s = 1023", "cluster.repair_bytes_per_s"},
+      {"replicas = 3", "replicas = 3\nrepair_retry_ms = 5", "cluster.repair_retry_ms"},
+      {"replicas = 3", "replicas = 3\nrepair_interval_s = 0", "cluster.repair_interval_s"},
   };
   for (const auto& c : cases) {
     std::string text = kGood;

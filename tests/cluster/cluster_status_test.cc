@@ -36,8 +36,14 @@ TEST_F(ClusterStatusTest, TextListsEveryMember) {
     EXPECT_NE(line.find(peer), std::string::npos) << line;
     EXPECT_NE(line.find("rack" + std::to_string(i)), std::string::npos) << line;
     EXPECT_NE(line.find(std::to_string(SsdCapacityBytes(i))), std::string::npos) << line;
+    // Health from the member's /readyz, repair state and its bar from its /metrics.
+    EXPECT_NE(line.find(" ready "), std::string::npos) << line;
+    EXPECT_NE(line.find("] 100%"), std::string::npos) << line;
   }
   EXPECT_NE(out.find("3 member(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("repair: 0 under-replicated unit(s), 0 move(s) in progress"),
+            std::string::npos)
+      << out;
 }
 
 TEST_F(ClusterStatusTest, JsonSharesSumToOneAndFollowCapacity) {
@@ -63,6 +69,10 @@ TEST_F(ClusterStatusTest, JsonSharesSumToOneAndFollowCapacity) {
       EXPECT_EQ(m["dram_bytes"], 16 * kMiB);
       EXPECT_EQ(m["ssd_bytes"], SsdCapacityBytes(i));
       EXPECT_EQ(m["draining"], false);
+      EXPECT_EQ(m["admin_endpoint"], "127.0.0.1:" + std::to_string(nodes_[i]->http_port()));
+      EXPECT_EQ(m["health"]["ready"], true) << m;
+      EXPECT_EQ(m["health"]["under_replicated_units"], 0) << m;
+      EXPECT_EQ(m["health"]["moves_in_progress"], 0) << m;
       ASSERT_TRUE(m["lease_ttl_left_s"].is_number()) << m;  // lease_ttl_s = 2 in the fixture
       EXPECT_LE(m["lease_ttl_left_s"].get<int64_t>(), 2);
       EXPECT_GE(m["lease_ttl_left_s"].get<int64_t>(), 0);

@@ -147,6 +147,24 @@ TEST(MemberTest, RecordsRoundTripAndHostileOnesAreRefused) {
                   .status()
                   .IsCorruption());
   EXPECT_TRUE(DecodeMember(std::string(5000, ' ')).status().IsCorruption());
+  // admin_endpoint: optional (an older node's record has none), round-trips, checked.
+  m.admin_endpoint = "127.0.0.1:9180";
+  back = DecodeMember(EncodeMember(m));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->admin_endpoint, "127.0.0.1:9180");
+  auto old = DecodeMember(R"({"node_id":"a","peer_endpoint":"127.0.0.1:1","failure_domain":"",
+      "dram_bytes":1,"ssd_bytes":0,"draining":true})");
+  ASSERT_TRUE(old.ok()) << old.status().message();
+  EXPECT_EQ(old->admin_endpoint, "");
+  EXPECT_TRUE(old->draining);
+  for (const char* bad : {R"("admin_endpoint":7)", R"("admin_endpoint":"127.0.0.1:0")",
+                          R"("admin_endpoint":"https://x:1")"}) {
+    EXPECT_TRUE(DecodeMember(std::string(R"({"node_id":"a","peer_endpoint":"127.0.0.1:1",)") +
+                             R"("failure_domain":"","dram_bytes":1,"ssd_bytes":0,)" + bad + "}")
+                    .status()
+                    .IsCorruption())
+        << bad;
+  }
 }
 
 }  // namespace

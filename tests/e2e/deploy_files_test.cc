@@ -1,6 +1,7 @@
 // The operator files in deploy/ against the tools that read them and against the real kvtierd:
 // promtool checks and unit-tests the rules, systemd-analyze verifies the unit, and every metric
-// that the rules and the Grafana dashboard query is one that the built kvtierd exports.
+// that the rules and the Grafana dashboard query is one that the built kvtierd exports (a
+// single node, and for the kvtier_cluster_* series a node in cluster mode).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -66,11 +67,25 @@ class DeployFilesTest : public ::testing::Test {
   // The families a freshly started kvtierd exports, with a write-budget admission policy so
   // that the budget gauges carry values.
   std::string Scrape() {
-    kt::KvtierdProcess d(dir_ / "d");
-    d.WriteConfig(
-        "[policy]\nadmission = \"write-budget\"\n"
-        "[policy.params]\n\"write-budget:bytes_per_day\" = 123456789\n"
-        "\"write-budget:window_ms\" = 3600000\n");
+    return ScrapeWith("d",
+                      "[policy]\nadmission = \"write-budget\"\n"
+                      "[policy.params]\n\"write-budget:bytes_per_day\" = 123456789\n"
+                      "\"write-budget:window_ms\" = 3600000\n");
+  }
+  // The families a kvtierd in cluster mode exports (kvtier_cluster_*): a real cluster node
+  // whose etcd endpoint is a closed loopback port. A node starts and serves without etcd
+  // (docs/CLUSTER.md), so every cluster family is there, without starting an etcd.
+  std::string ScrapeClusterNode() {
+    std::ofstream(dir_ / "credential", std::ios::binary) << std::string(40, 'c');
+    return ScrapeWith("c", "[cluster]\nenabled = true\netcd_endpoints = [\"127.0.0.1:" +
+                               std::to_string(kt::FreePort()) +
+                               "\"]\nnode_id = \"n0\"\npeer_listen = \"127.0.0.1:" +
+                               std::to_string(kt::FreePort()) + "\"\ncredential_file = \"" +
+                               (dir_ / "credential").string() + "\"\netcd_timeout_ms = 200\n");
+  }
+  std::string ScrapeWith(const std::string& name, const std::string& config) {
+    kt::KvtierdProcess d(dir_ / name);
+    d.WriteConfig(config);
     EXPECT_TRUE(d.Start()) << d.Log();
     // Start() returns once the Unix socket accepts; the HTTP front may bind a moment later.
     std::string page;
@@ -102,8 +117,13 @@ TEST_F(DeployFilesTest, PromtoolChecksAndUnitTestsTheRules) {
 
 TEST_F(DeployFilesTest, EveryMetricTheRulesAndDashboardQueryIsExported) {
   const std::string page = Scrape();
-  const std::set<std::string> exported = ExportedNames(page);
+  std::set<std::string> exported = ExportedNames(page);
   ASSERT_GT(exported.size(), 30u) << page;
+  // The cluster rules' series come from a cluster node's page.
+  const std::string cluster_page = ScrapeClusterNode();
+  const std::set<std::string> cluster_names = ExportedNames(cluster_page);
+  ASSERT_TRUE(cluster_names.count("kvtier_cluster_etcd_reachable")) << cluster_page;
+  exported.insert(cluster_names.begin(), cluster_names.end());
   // The budget gauges carry the configured policy's budget.
   EXPECT_NE(page.find("kvtier_admission_budget_bytes 123456789\n"), std::string::npos) << page;
   EXPECT_NE(page.find("kvtier_admission_budget_window_seconds 3600\n"), std::string::npos) << page;

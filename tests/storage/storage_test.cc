@@ -8,12 +8,14 @@
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
 
 #include "storage/block_device.h"
 #include "storage/fault_injection.h"
+#include "storage/key_util.h"
 #include "storage/ssd_format.h"
 #include "storage/ssd_tier.h"
 #include "storage/tier_manager.h"
@@ -513,6 +515,74 @@ TEST_P(SsdTierTest, CapacityIsEnforcedBySegmentCleaning) {
     ASSERT_TRUE(names.ok());
   }
   EXPECT_LE(names->size(), limit) << "the clean in progress never deleted its victim";
+}
+
+// ListUnits (the cluster repair scan's enumeration): pages of a few units list every unit
+// held in DRAM or only on SSD exactly once, with the metadata a copy elsewhere needs, and
+// nothing deleted or expired.
+TEST_P(SsdTierTest, ListUnitsPagesThroughEveryUnitOnce) {
+  auto o = Options(Durability::kSync);
+  o.dram_capacity_bytes = 64ull << 20;
+  o.slab_page_bytes = 64 << 10;  // room for every size class: nothing is evicted
+  auto tm = Open(o);
+  ASSERT_NE(tm, nullptr);
+  constexpr int kUnits = 50;
+  for (int i = 0; i < kUnits; ++i) {
+    Key k = MakeKey(i);
+    PutOptions p = i % 2 == 0 ? Ssd(3) : PutOptions{};
+    if (i % 2 == 1) {
+      p.tenant = 4;
+      p.kind = policies::ObjectKind::kSwa;
+      p.allow_ssd = false;
+      p.recompute_tokens = 7;
+      p.parent = MakeKey(i - 1);
+      p.ttl_ms = 3'600'000;
+    }
+    ASSERT_TRUE(tm->Put(k, MakeValue(k, 1, 100 + i), p).ok()) << i;
+  }
+  ASSERT_TRUE(tm->Delete(MakeKey(0)).ok());
+  PutOptions short_ttl;
+  short_ttl.ttl_ms = 1;
+  ASSERT_TRUE(tm->Put(MakeKey(1000), MakeValue(MakeKey(1000), 1, 10), short_ttl).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(tm->GetStats().dram.evictions, 0u);
+
+  std::map<int, UnitInfo> seen;
+  UnitCursor cursor;
+  std::vector<UnitInfo> page;
+  int pages = 0;
+  while (!cursor.done) {
+    tm->ListUnits(&cursor, 7, &page);
+    ASSERT_LT(++pages, 100000);
+    for (const UnitInfo& u : page) {
+      int i = -1;
+      for (int j = 0; j < kUnits; ++j) {
+        if (MakeKey(j) == u.key) i = j;
+      }
+      ASSERT_GE(i, 1) << "listed a unit that is deleted, expired or was never put";
+      EXPECT_TRUE(seen.emplace(i, u).second) << "unit " << i << " listed twice";
+    }
+  }
+  EXPECT_FALSE(cursor.disturbed);
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kUnits - 1));
+  for (int i = 1; i < kUnits; ++i) EXPECT_TRUE(seen.count(i)) << "unit " << i << " not listed";
+  for (const auto& [i, u] : seen) {
+    EXPECT_EQ(u.bytes, 100u + i) << i;
+    if (i % 2 == 0) {
+      EXPECT_EQ(u.tier, Tier::kSsd) << i;
+      EXPECT_EQ(u.tenant, 3u);
+      EXPECT_EQ(u.ttl_left_ms, 0u);
+    } else {
+      EXPECT_EQ(u.tier, Tier::kDram) << i;
+      EXPECT_EQ(u.tenant, 4u);
+      EXPECT_EQ(u.kind, policies::ObjectKind::kSwa);
+      EXPECT_FALSE(u.allow_ssd);
+      EXPECT_EQ(u.recompute_tokens, 7u);
+      EXPECT_EQ(ObjectIdOf(u.parent), ObjectIdOf(MakeKey(i - 1)));
+      EXPECT_GT(u.ttl_left_ms, 0u);
+      EXPECT_LE(u.ttl_left_ms, 3'600'000u);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Envs, SsdTierTest, ::testing::Values(EnvKind::kMemory, EnvKind::kIoUring),

@@ -1,0 +1,269 @@
+#include "cache_daemon/cluster_repair.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include "common/logging.h"
+
+namespace kvtier::daemon {
+namespace {
+
+uint64_t NowUs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+// Units the cluster routes (native protocol); RESP blobs stay on the node that took them.
+bool Repairable(const storage::UnitInfo& u) { return u.kind != policies::ObjectKind::kBlob; }
+
+}  // namespace
+
+ClusterRepair::ClusterRepair(storage::TierManager* store, const TenantRegistry* tenants,
+                             cluster::Router* router, cluster::PeerClient* peers,
+                             RepairOptions options)
+    : store_(store), tenants_(tenants), router_(router), peers_(peers), options_(options) {
+  options_.page_units = std::clamp<uint32_t>(options_.page_units, 1, storage::kMaxBatch);
+  options_.bytes_per_s = std::max<uint64_t>(options_.bytes_per_s, 1);
+}
+
+ClusterRepair::~ClusterRepair() { Stop(); }
+
+void ClusterRepair::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void ClusterRepair::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ClusterRepair::Trigger() {
+  {
+    std::lock_guard lock(mu_);
+    triggered_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool ClusterRepair::WaitFor(uint64_t ms) {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return stop_ || triggered_; });
+  return !stop_;
+}
+
+bool ClusterRepair::Pace(uint64_t bytes) {
+  uint64_t now = NowUs();
+  // No credit saved beyond one second of idleness: a burst after a pause stays bounded.
+  if (next_send_us_ + 1000000 < now) next_send_us_ = now;
+  if (next_send_us_ > now) {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, std::chrono::microseconds(next_send_us_ - now), [&] { return stop_; });
+    if (stop_) return false;
+  }
+  next_send_us_ += bytes * 1000000 / options_.bytes_per_s;
+  return true;
+}
+
+void ClusterRepair::Run() {
+  int retries = 0;
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if (stop_) return;
+      triggered_ = false;
+    }
+    bool left_work = Scan();
+    scans_.fetch_add(1);
+    // Work left over again and again (an owner full or unreachable): back off, doubling up
+    // to the full-scan interval, so a stuck copy does not cost a scan every retry_ms.
+    retries = left_work ? std::min(retries + 1, 20) : 0;
+    uint64_t wait_ms = options_.interval_s * 1000;
+    if (left_work) wait_ms = std::min(wait_ms, options_.retry_ms << (retries - 1));
+    if (!WaitFor(wait_ms)) return;
+  }
+}
+
+bool ClusterRepair::Scan() {
+  auto view = router_->View();
+  const std::string& self = router_->self_id();
+  if (view->Find(self) < 0) return true;  // not in our own view: etcd down or not registered
+  active_.store(true);
+  under_.store(0);
+  done_.store(0);
+  auto stopping = [&] {
+    std::lock_guard lock(mu_);
+    return stop_;
+  };
+  auto self_owns = [&](const std::vector<size_t>& owners) {
+    return std::any_of(owners.begin(), owners.end(),
+                       [&](size_t i) { return view->members[i].node_id == self; });
+  };
+
+  // Pass 1 (local): the held units this node no longer owns.
+  uint64_t moves = 0;
+  std::vector<storage::UnitInfo> page;
+  storage::UnitCursor cursor;
+  while (!cursor.done && !stopping()) {
+    store_->ListUnits(&cursor, options_.page_units, &page);
+    for (const auto& u : page) {
+      if (Repairable(u) && !self_owns(router_->Owners(u.key, *view))) ++moves;
+    }
+  }
+  moves_.store(moves);
+
+  // Pass 2: per page, ask the owners, copy what they lack, hand over what is not ours.
+  bool left_work = false;
+  cursor = storage::UnitCursor();
+  std::vector<uint8_t> value;
+  while (!cursor.done && !stopping()) {
+    if (options_.catch_up) {
+      Status caught_up = options_.catch_up();
+      if (!caught_up.ok()) {
+        active_.store(false);
+        return true;  // etcd unreachable: a delete we missed could be copied back
+      }
+    }
+    store_->ListUnits(&cursor, options_.page_units, &page);
+    std::erase_if(page, [](const storage::UnitInfo& u) { return !Repairable(u); });
+    // owners[i]: unit i's owners; held[i][j]: owner j holds it (self: yes, it is here).
+    std::vector<std::vector<size_t>> owners(page.size());
+    std::vector<std::vector<int8_t>> held(page.size());             // 1 yes, 0 no, -1 unknown
+    std::map<size_t, std::vector<std::pair<size_t, size_t>>> asks;  // member -> (unit, slot)
+    for (size_t i = 0; i < page.size(); ++i) {
+      owners[i] = router_->Owners(page[i].key, *view);
+      held[i].assign(owners[i].size(), -1);
+      for (size_t j = 0; j < owners[i].size(); ++j) {
+        if (view->members[owners[i][j]].node_id == self) {
+          held[i][j] = 1;
+        } else {
+          asks[owners[i][j]].emplace_back(i, j);
+        }
+      }
+    }
+    std::vector<bool> unreachable(view->members.size(), false);
+    for (const auto& [member, slots] : asks) {
+      std::vector<cluster::PeerKey> keys;
+      keys.reserve(slots.size());
+      for (const auto& [i, j] : slots) keys.push_back(page[i].key);
+      auto tiers = peers_->Lookup(view->members[member].peer_endpoint, keys);
+      if (!tiers.ok()) {
+        lookup_failures_.fetch_add(1);
+        left_work = true;
+        unreachable[member] = true;  // not confirmed, and no copy tried this page
+        continue;
+      }
+      for (size_t s = 0; s < slots.size(); ++s) {
+        held[slots[s].first][slots[s].second] = (*tiers)[s] != cluster::kPeerTierAbsent ? 1 : 0;
+      }
+    }
+    for (size_t i = 0; i < page.size() && !stopping(); ++i) {
+      const storage::UnitInfo& u = page[i];
+      if (owners[i].empty()) continue;  // every member draining: keep it, nowhere to go
+      bool mine = self_owns(owners[i]);
+      // The first owner (rank order) that holds it sends; with none, every holder does.
+      int first_holder = -1;
+      for (size_t j = 0; j < owners[i].size() && first_holder < 0; ++j) {
+        if (held[i][j] == 1) first_holder = static_cast<int>(j);
+      }
+      bool sender = first_holder < 0 ||
+                    view->members[owners[i][static_cast<size_t>(first_holder)]].node_id == self;
+      bool lacking = std::any_of(held[i].begin(), held[i].end(), [](int8_t h) { return h != 1; });
+      if (lacking && sender) {
+        under_.fetch_add(1);
+        const Tenant* tenant = nullptr;
+        for (const auto& t : tenants_->tenants()) {
+          if (t->id == u.tenant) tenant = t.get();
+        }
+        Status read = tenant == nullptr ? Status::NotFound("tenant no longer configured")
+                                        : store_->Get(u.key, &value);
+        if (!read.ok()) {  // gone meanwhile (deleted, evicted) or its tenant is: nothing to do
+          under_.fetch_sub(1);
+          if (!mine && moves_.load() > 0) moves_.fetch_sub(1);
+          continue;
+        }
+        cluster::PeerPut put;
+        put.kind = static_cast<uint8_t>(u.kind);
+        put.highest_tier = static_cast<uint8_t>(storage::Tier::kDram);
+        put.allow_ssd = u.allow_ssd ? 1 : 0;
+        put.recompute_tokens = u.recompute_tokens;
+        put.ttl_ms = u.ttl_left_ms;
+        put.tenant = tenant->name;
+        put.key = u.key;
+        put.parent = u.parent;
+        put.value = value;
+        std::vector<size_t> copied_to;
+        for (size_t j = 0; j < owners[i].size(); ++j) {
+          if (held[i][j] == 1 || unreachable[owners[i][j]]) continue;
+          if (!Pace(value.size())) return true;
+          Status s = peers_->Put(view->members[owners[i][j]].peer_endpoint, put);
+          if (s.ok()) {
+            held[i][j] = 1;
+            copied_to.push_back(j);
+            units_.fetch_add(1);
+            bytes_.fetch_add(value.size());
+          } else {
+            copy_failures_.fetch_add(1);
+            left_work = true;
+          }
+        }
+        // A delete (of the unit or its tenant) that ran while we copied reached this node
+        // too: undo the copies, so a repair never brings a deleted unit back.
+        if (copied_to.size() > 0 &&
+            store_->Lookup(std::span<const storage::Key>(&u.key, 1)).hit_count == 0) {
+          for (size_t j : copied_to) {
+            (void)peers_->Delete(view->members[owners[i][j]].peer_endpoint,
+                                 std::span<const cluster::PeerKey>(&u.key, 1));
+          }
+          under_.fetch_sub(1);
+          continue;
+        }
+        if (std::all_of(held[i].begin(), held[i].end(), [](int8_t h) { return h == 1; })) {
+          under_.fetch_sub(1);
+          if (mine) done_.fetch_add(1);
+        }
+      } else if (lacking) {
+        left_work = true;  // another holder sends; a hand-over waits for its copy
+      }
+      if (mine) continue;
+      if (std::all_of(held[i].begin(), held[i].end(), [](int8_t h) { return h == 1; })) {
+        // Every current owner holds it: hand-over done, drop the local copy.
+        Status d = store_->Delete(u.key);
+        if (d.ok() || d.IsNotFound()) {
+          dropped_.fetch_add(1);
+          done_.fetch_add(1);
+          if (moves_.load() > 0) moves_.fetch_sub(1);
+        } else {
+          left_work = true;
+        }
+      } else {
+        left_work = true;
+      }
+    }
+  }
+  if (cursor.disturbed) left_work = true;  // the directory rehashed: scan once more
+  active_.store(false);
+  return left_work;
+}
+
+RepairStats ClusterRepair::stats() const {
+  RepairStats s;
+  s.under_replicated = under_.load();
+  s.moves_in_progress = moves_.load();
+  s.done_in_scan = done_.load();
+  s.active = active_.load();
+  s.units_total = units_.load();
+  s.bytes_total = bytes_.load();
+  s.dropped_total = dropped_.load();
+  s.scans_total = scans_.load();
+  s.copy_failures_total = copy_failures_.load();
+  s.lookup_failures_total = lookup_failures_.load();
+  return s;
+}
+
+}  // namespace kvtier::daemon

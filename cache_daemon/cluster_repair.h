@@ -1,0 +1,105 @@
+// ClusterRepair: the background scan that restores R and moves units after a membership
+// change (docs/CLUSTER.md, "Repair"). One thread per node.
+//
+// A scan runs after every change of the membership view (a node lost, joined or draining),
+// again retry_ms after a scan that left work (a copy that failed, a hand-over not yet
+// confirmed; doubling while work is left over scan after scan, up to interval_s), and
+// every interval_s regardless (anti-entropy). A scan pages through the
+// units this node holds (TierManager::ListUnits, page_units at a time: the store's lock is
+// held for one page only) in two passes:
+//   1. local only: counts the held units this node does not own under the view (the moves
+//      still to do, kvtier_cluster_moves_in_progress);
+//   2. per page: asks every remote owner of the page's units which it holds (one peer LOOKUP
+//      per owner per page), then for each unit an owner lacks, the designated sender copies
+//      it (peer PUT) to those owners, paced to bytes_per_s. The designated sender is the
+//      first owner, in rendezvous rank, that holds the unit; when no owner holds it, every
+//      holder sends (the copies are idempotent). A held unit this node does not own is
+//      dropped from the local store once every current owner holds it (confirmed by LOOKUP
+//      or by an acknowledged copy); never earlier, so a read finds it here meanwhile.
+// A unit is read for its copy with TierManager::Get (a hit: it may be promoted to DRAM).
+// Only native units are repaired (ObjectKind kGlobalKv and kSwa): RESP blobs are per node.
+// Memory: one page of keys and one value at a time. Nothing runs while this node is not in
+// its own view (etcd unreachable or not yet registered): the view cannot be trusted then.
+//
+// Thread safety: Start/Stop from one thread; Trigger and stats from any.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache_daemon/tenants.h"
+#include "cluster/peer_client.h"
+#include "cluster/router.h"
+#include "storage/tier_manager.h"
+
+namespace kvtier::daemon {
+
+struct RepairOptions {
+  uint64_t bytes_per_s = 64ull << 20;  // copy budget of this node's repair ([cluster])
+  uint32_t page_units = 256;           // units per page (store lock hold, LOOKUP batch)
+  uint64_t retry_ms = 1000;            // rescan after a scan that left work
+  uint64_t interval_s = 300;           // full rescan period even without a change
+  // Applies the deletes this node missed (TombstoneLog::CatchUp) before each page: a node
+  // back from a pause must not copy a unit deleted meanwhile back to its owners. An error
+  // skips the scan (retried). May be empty (tests).
+  std::function<Status()> catch_up;
+};
+
+struct RepairStats {
+  // Gauges, of the scan in progress (or the last one when idle).
+  uint64_t under_replicated = 0;   // units this node must copy that some owner still lacks
+  uint64_t moves_in_progress = 0;  // held units this node no longer owns, not yet handed over
+  uint64_t done_in_scan = 0;       // units copied or handed over by this scan
+  bool active = false;             // a scan is running
+  // Counters.
+  uint64_t units_total = 0, bytes_total = 0;  // copies acknowledged by an owner
+  uint64_t dropped_total = 0;                 // held units dropped after their hand-over
+  uint64_t scans_total = 0, copy_failures_total = 0, lookup_failures_total = 0;
+};
+
+class ClusterRepair {
+ public:
+  // None owned; all must outlive the object.
+  ClusterRepair(storage::TierManager* store, const TenantRegistry* tenants, cluster::Router* router,
+                cluster::PeerClient* peers, RepairOptions options);
+  ~ClusterRepair();
+  void Start();
+  // Ends the scan in progress at its next unit and joins the thread.
+  void Stop();
+  // Asks for a scan (a membership change): one starts as soon as the current one ends.
+  void Trigger();
+  RepairStats stats() const;
+
+ private:
+  void Run();
+  // One whole scan; true when it left work (a retry is due).
+  bool Scan();
+  // Sleeps until the budget allows `bytes` more; false when stopping.
+  bool Pace(uint64_t bytes);
+  bool WaitFor(uint64_t ms);  // false when stopping; wakes early on Trigger
+
+  storage::TierManager* store_;
+  const TenantRegistry* tenants_;
+  cluster::Router* router_;
+  cluster::PeerClient* peers_;
+  RepairOptions options_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false, triggered_ = true;  // guarded by mu_; the first scan runs at start
+  std::thread thread_;
+  uint64_t next_send_us_ = 0;  // pacing, repair thread only
+
+  std::atomic<uint64_t> under_{0}, moves_{0}, done_{0};
+  std::atomic<bool> active_{false};
+  std::atomic<uint64_t> units_{0}, bytes_{0}, dropped_{0}, scans_{0}, copy_failures_{0},
+      lookup_failures_{0};
+};
+
+}  // namespace kvtier::daemon

@@ -15,6 +15,9 @@ uint64_t NowUs() {
                                    .count());
 }
 
+// How stale the tombstone catch-up may be when a copy starts or ends (see Scan).
+constexpr uint64_t kCatchUpMaxAgeUs = 200'000;
+
 // Units the cluster routes (native protocol); RESP blobs stay on the node that took them.
 bool Repairable(const storage::UnitInfo& u) { return u.kind != policies::ObjectKind::kBlob; }
 
@@ -121,13 +124,22 @@ bool ClusterRepair::Scan() {
   bool left_work = false;
   cursor = storage::UnitCursor();
   std::vector<uint8_t> value;
+  // The deletes this node missed are applied (tombstone catch-up) at most kCatchUpMaxAgeUs
+  // before every copy and again after one that took longer: a pause anywhere (SIGSTOP, a
+  // stalled VM) long enough for a delete to skip this node shows up as elapsed time, and the
+  // catch-up then applies that delete before the copy, or the copy is undone after it.
+  uint64_t caught_up_us = 0;
+  auto caught_up = [&](bool force) {
+    if (!options_.catch_up) return true;
+    if (!force && NowUs() - caught_up_us < kCatchUpMaxAgeUs) return true;
+    if (!options_.catch_up().ok()) return false;  // etcd unreachable: a missed delete may exist
+    caught_up_us = NowUs();
+    return true;
+  };
   while (!cursor.done && !stopping()) {
-    if (options_.catch_up) {
-      Status caught_up = options_.catch_up();
-      if (!caught_up.ok()) {
-        active_.store(false);
-        return true;  // etcd unreachable: a delete we missed could be copied back
-      }
+    if (!caught_up(/*force=*/true)) {
+      active_.store(false);
+      return true;
     }
     store_->ListUnits(&cursor, options_.page_units, &page);
     std::erase_if(page, [](const storage::UnitInfo& u) { return !Repairable(u); });
@@ -180,6 +192,10 @@ bool ClusterRepair::Scan() {
         for (const auto& t : tenants_->tenants()) {
           if (t->id == u.tenant) tenant = t.get();
         }
+        if (!caught_up(/*force=*/false)) {
+          active_.store(false);
+          return true;
+        }
         Status read = tenant == nullptr ? Status::NotFound("tenant no longer configured")
                                         : store_->Get(u.key, &value);
         if (!read.ok()) {  // gone meanwhile (deleted, evicted) or its tenant is: nothing to do
@@ -213,9 +229,11 @@ bool ClusterRepair::Scan() {
           }
         }
         // A delete (of the unit or its tenant) that ran while we copied reached this node
-        // too: undo the copies, so a repair never brings a deleted unit back.
+        // too, directly or (when it skipped us) through the catch-up: undo the copies, so a
+        // repair never brings a deleted unit back. Unsure (etcd unreachable): undo as well.
         if (copied_to.size() > 0 &&
-            store_->Lookup(std::span<const storage::Key>(&u.key, 1)).hit_count == 0) {
+            (!caught_up(/*force=*/false) ||
+             store_->Lookup(std::span<const storage::Key>(&u.key, 1)).hit_count == 0)) {
           for (size_t j : copied_to) {
             (void)peers_->Delete(view->members[owners[i][j]].peer_endpoint,
                                  std::span<const cluster::PeerKey>(&u.key, 1));

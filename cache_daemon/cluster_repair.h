@@ -45,9 +45,10 @@ struct RepairOptions {
   uint32_t page_units = 256;           // units per page (store lock hold, LOOKUP batch)
   uint64_t retry_ms = 1000;            // rescan after a scan that left work
   uint64_t interval_s = 300;           // full rescan period even without a change
-  // Applies the deletes this node missed (TombstoneLog::CatchUp) before each page: a node
-  // back from a pause must not copy a unit deleted meanwhile back to its owners. An error
-  // skips the scan (retried). May be empty (tests).
+  // Applies the deletes this node missed (TombstoneLog::CatchUp): before each page, and
+  // before and after any copy when the last call is over 200 ms old, so a node back from a
+  // pause never copies a unit deleted meanwhile back to its owners (or undoes the copy). An
+  // error skips the scan (retried). May be empty (tests).
   std::function<Status()> catch_up;
 };
 

@@ -12,8 +12,8 @@ namespace kvtier::daemon {
 // Serves peers from the local store only: a peer's request is never forwarded again.
 class ClusterNode::StoreHandler : public cluster::PeerHandler {
  public:
-  StoreHandler(Service* service, const TenantRegistry* tenants)
-      : service_(service), store_(service->store()), tenants_(tenants) {}
+  StoreHandler(Service* service, const TenantRegistry* tenants, cluster::RecentDeletes* recent)
+      : service_(service), store_(service->store()), tenants_(tenants), recent_(recent) {}
 
   std::vector<uint8_t> Lookup(std::span<const cluster::PeerKey> keys) override {
     std::vector<uint8_t> tiers;
@@ -31,6 +31,9 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   Status Put(const cluster::PeerPut& put) override {
     const Tenant* t = FindTenant(put.tenant);
     if (t == nullptr) return Status::Rejected("peer PUT: unknown tenant " + put.tenant);
+    if (put.repair && recent_->RefusesRepair(put.key, put.tenant)) {
+      return Status::Rejected("peer PUT: repair copy of a unit deleted here moments ago");
+    }
     storage::PutOptions po;
     po.tenant = t->id;
     po.kind = static_cast<policies::ObjectKind>(put.kind);
@@ -43,6 +46,7 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   }
   StatusOr<std::vector<uint8_t>> Delete(std::span<const cluster::PeerKey> keys) override {
     std::vector<uint8_t> existed(keys.size(), 0);
+    recent_->NoteKeys(keys);  // before the delete: a repair copy landing after it is refused
     for (size_t i = 0; i < keys.size(); ++i) {
       Status s = store_->Delete(keys[i]);
       if (s.ok()) {
@@ -56,6 +60,7 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   Status DeleteTenant(std::string_view tenant) override {
     const Tenant* t = FindTenant(tenant);
     if (t == nullptr) return Status::NotFound("peer DELETE_TENANT: unknown tenant");
+    recent_->NoteTenant(tenant);
     return service_->DeleteTenantLocal(*t);
   }
 
@@ -70,6 +75,7 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   Service* service_;
   storage::TierManager* store_;
   const TenantRegistry* tenants_;
+  cluster::RecentDeletes* recent_;
 };
 
 std::string AdminEndpoint(const DaemonOptions& options) {
@@ -106,7 +112,8 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
   std::unique_ptr<ClusterNode> node(new ClusterNode());
   node->node_id_ = c.node_id;
   node->service_ = service;
-  node->handler_ = std::make_unique<StoreHandler>(service, tenants);
+  node->recent_deletes_ = std::make_unique<cluster::RecentDeletes>(cluster::RecentDeletesOptions{});
+  node->handler_ = std::make_unique<StoreHandler>(service, tenants, node->recent_deletes_.get());
 
   cluster::PeerServerOptions so;
   so.listen_host = c.peer_host;
@@ -159,7 +166,9 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
   KVTIER_ASSIGN_OR_RETURN(node->membership_, cluster::Membership::Start(mo));
   node->router_ = std::make_unique<cluster::Router>(
       node->membership_.get(), node->client_.get(),
-      cluster::RouterOptions{.replicas = c.replicas, .write_acks = c.write_acks},
+      cluster::RouterOptions{.replicas = c.replicas,
+                             .write_acks = c.write_acks,
+                             .recent_deletes = node->recent_deletes_.get()},
       node->tombstones_.get());
   node->tombstones_->StartPolling();
   service->SetRouter(node->router_.get());
@@ -243,6 +252,9 @@ std::string ClusterNode::RenderPrometheus() const {
   counter("kvtier_cluster_tenant_deletes_applied_total",
           "Tenant deletes this node missed and applied from the log.", ts.tenant_deletes_applied);
   counter("kvtier_cluster_peer_requests_total", "Requests served to peers.", ps.requests);
+  counter("kvtier_cluster_repair_refused_deleted_total",
+          "Repair copies refused because this node deleted the unit (or its tenant) moments ago.",
+          recent_deletes_->refused());
   RepairStats rp = repair_->stats();
   gauge("kvtier_cluster_under_replicated_units",
         "Units this node must copy (it is their designated sender) that an owner still lacks, "

@@ -22,6 +22,7 @@
 #include "cluster/membership.h"
 #include "cluster/peer_client.h"
 #include "cluster/peer_server.h"
+#include "cluster/recent_deletes.h"
 #include "cluster/router.h"
 #include "cluster/tombstones.h"
 
@@ -52,6 +53,7 @@ class ClusterNode {
   ClusterNode() = default;
   class StoreHandler;
   std::string node_id_;
+  std::unique_ptr<cluster::RecentDeletes> recent_deletes_;  // the handler and router note here
   std::unique_ptr<StoreHandler> handler_;
   std::unique_ptr<cluster::PeerServer> server_;
   std::unique_ptr<cluster::PeerClient> client_;

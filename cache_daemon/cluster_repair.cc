@@ -213,6 +213,7 @@ bool ClusterRepair::Scan() {
         put.key = u.key;
         put.parent = u.parent;
         put.value = value;
+        put.repair = true;
         std::vector<size_t> copied_to;
         for (size_t j = 0; j < owners[i].size(); ++j) {
           if (held[i][j] == 1 || unreachable[owners[i][j]]) continue;

@@ -271,8 +271,9 @@ uint32_t Service::Delete(const Tenant& t, std::span<const wire::Key> chain, uint
                          Status* error) {
   std::vector<storage::Key> keys(chain.size());
   std::vector<bool> existed(chain.size(), false);
+  for (size_t i = 0; i < chain.size(); ++i) keys[i] = Bind(t, chain[i]);
+  if (router_ != nullptr) router_->NoteLocalDeletes(keys);  // before the delete (repair fence)
   for (size_t i = 0; i < chain.size(); ++i) {
-    keys[i] = Bind(t, chain[i]);
     Status st = store_->Delete(keys[i]);
     if (st.ok()) {
       existed[i] = true;
@@ -288,6 +289,7 @@ uint32_t Service::Delete(const Tenant& t, std::span<const wire::Key> chain, uint
 }
 
 Status Service::DeleteTenant(const Tenant& t) {
+  if (router_ != nullptr) router_->NoteLocalTenantDelete(t.name);  // before (repair fence)
   Status local = DeleteTenantLocal(t);
   if (router_ == nullptr) return local;
   Status remote = router_->DeleteTenantRemote(t.name);

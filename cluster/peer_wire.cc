@@ -58,7 +58,7 @@ std::vector<uint8_t> EncodePeerPut(const PeerPut& p) {
   Writer w;
   w.U8(p.kind);
   w.U8(p.highest_tier);
-  w.U8(p.allow_ssd);
+  w.U8(static_cast<uint8_t>((p.allow_ssd != 0 ? 1 : 0) | (p.repair ? 2 : 0)));
   w.U32(p.recompute_tokens);
   w.U64(p.ttl_ms);
   PutText(p.tenant, &w);
@@ -79,9 +79,11 @@ StatusOr<PeerPut> DecodePeerPut(std::span<const uint8_t> body) {
       r.remaining() != 0) {
     return Status::InvalidArgument("malformed peer PUT");
   }
-  if (p.kind > 2 || p.highest_tier > 2 || p.allow_ssd > 1) {
-    return Status::InvalidArgument("peer PUT: bad kind, tier or allow_ssd");
+  if (p.kind > 2 || p.highest_tier > 2 || p.allow_ssd > 3) {
+    return Status::InvalidArgument("peer PUT: bad kind, tier or flags");
   }
+  p.repair = (p.allow_ssd & 2) != 0;
+  p.allow_ssd &= 1;
   return p;
 }
 

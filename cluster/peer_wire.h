@@ -80,6 +80,10 @@ struct PeerPut {
   uint8_t kind = 0;
   uint8_t highest_tier = 1;
   uint8_t allow_ssd = 1;
+  // A copy made by the repair scan (ClusterRepair), not a client's write: the receiver refuses
+  // it for a key or tenant it deleted within RecentDeletes' window. On the wire: bit 1 of the
+  // allow_ssd byte (bit 0 is allow_ssd).
+  bool repair = false;
   uint32_t recompute_tokens = 0;
   uint64_t ttl_ms = 0;
   std::string tenant;

@@ -204,6 +204,14 @@ Status Router::Put(const PeerPut& put, const std::optional<Status>& local) {
   return first_error.ok() ? Status::Unavailable("no owner acknowledged the put") : first_error;
 }
 
+void Router::NoteLocalDeletes(std::span<const PeerKey> keys) {
+  if (options_.recent_deletes != nullptr) options_.recent_deletes->NoteKeys(keys);
+}
+
+void Router::NoteLocalTenantDelete(std::string_view tenant) {
+  if (options_.recent_deletes != nullptr) options_.recent_deletes->NoteTenant(tenant);
+}
+
 void Router::DeleteRemote(std::span<const PeerKey> keys, std::vector<bool>* existed) {
   auto members = OtherMembers();
   std::vector<std::future<StatusOr<std::vector<uint8_t>>>> calls;

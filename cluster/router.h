@@ -27,6 +27,7 @@
 #include "cluster/membership.h"
 #include "cluster/peer_client.h"
 #include "cluster/peer_wire.h"
+#include "cluster/recent_deletes.h"
 #include "cluster/tombstones.h"
 
 namespace kvtier::cluster {
@@ -34,6 +35,8 @@ namespace kvtier::cluster {
 struct RouterOptions {
   uint32_t replicas = 2;    // owners per unit (R), 1..16
   uint32_t write_acks = 0;  // acknowledgements a PUT waits for; 0: all live owners
+  // Where this node notes the deletes it applies (may be null: nothing noted).
+  RecentDeletes* recent_deletes = nullptr;
 };
 
 struct RouterStats {
@@ -68,6 +71,10 @@ class Router {
   // Then records tombstones naming the members that applied the delete (this node
   // included), for the members that missed it (cluster/tombstones.h).
   void DeleteRemote(std::span<const PeerKey> keys, std::vector<bool>* existed);
+  // Notes deletes this node is about to apply to its own store (RecentDeletes): called
+  // before the local delete, so a repair copy landing just after it is refused.
+  void NoteLocalDeletes(std::span<const PeerKey> keys);
+  void NoteLocalTenantDelete(std::string_view tenant);
   // The same for a whole tenant; with tombstones, OK once the tombstone is recorded.
   Status DeleteTenantRemote(std::string_view tenant);
 

@@ -1012,9 +1012,7 @@ Status Engine::Attention(int layer, SequenceState* st, int64_t p0, int n, const 
         float* oh = o.data() + (t * H + h) * hd;
         for (int d = 0; d < hd; ++d) oh[d] = 0.0f;
         for (size_t i = 0; i < keys.size(); ++i) {
-          const float pr = logit[i] / den;
-          const float* kd = keys[i];
-          for (int d = 0; d < hd; ++d) oh[d] += pr * kd[d];
+          Axpy(logit[i] / den, keys[i], hd, oh);
         }
         ApplyRope(oh + hd - rd, *lw.rope, p, true);  // inverse RoPE on the output
       }

@@ -26,6 +26,23 @@ float Dot(const float* a, const float* b, int n) {
   return s;
 }
 
+void Axpy(float a, const float* x, int n, float* y) {
+  // GCC/Clang vector extension: SSE on x86-64, NEON on arm64; elementwise, so the rounding of
+  // each element is that of the scalar `y[i] += a * x[i]`.
+  typedef float V4 __attribute__((vector_size(16)));
+  const V4 av = {a, a, a, a};
+  int i = 0;
+  for (; i + 4 <= n; i += 4) {
+    V4 xv, yv;
+    std::memcpy(&xv, x + i, sizeof xv);
+    std::memcpy(&yv, y + i, sizeof yv);
+    const V4 prod = av * xv;
+    yv += prod;
+    std::memcpy(y + i, &yv, sizeof yv);
+  }
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
 void MatMulCpu(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out,
                float* y) {
   const MatMulKernel k = ActiveMatMulKernel();

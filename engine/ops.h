@@ -16,6 +16,11 @@ namespace kvtier::engine {
 // Sum of a[i]*b[i] with 8 interleaved partial sums reduced in a fixed tree.
 float Dot(const float* a, const float* b, int n);
 
+// y[i] += a * x[i] for i < n, each element rounded as the product and then the sum (no fused
+// multiply-add: this file is built without FMA), four elements per vector step; bit-identical to
+// the scalar loop. x and y must not overlap.
+void Axpy(float a, const float* x, int n, float* y);
+
 // Y[t*out + o] = sum over k of X[t*in + k] * W[o*in + k] for t < rows, o < out (W is
 // [out x in] row-major), summed as one fused multiply-add chain in k order (engine/matmul.h),
 // so a result never depends on the call's row count, the tiling or the thread count.

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -201,6 +202,30 @@ TEST(Mhc, CombIsDoublyStochasticWithinTolerance) {
       EXPECT_LT(pre[i], 1.0f + 1e-5f);
       EXPECT_GT(post[i], 0.0f);
       EXPECT_LT(post[i], 2.0f);
+    }
+  }
+}
+
+// Attention accumulates its outputs with Axpy: every element must round exactly as the scalar
+// `y[i] += a * x[i]` (a product, then a sum), for every length (vector steps and the tail).
+TEST(Ops, AxpyIsBitIdenticalToTheScalarLoop) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (int n = 0; n <= 37; ++n) {
+    std::vector<float> x(n), y(n), want(n);
+    for (int i = 0; i < n; ++i) {
+      x[i] = u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+      y[i] = want[i] = u(rng);
+    }
+    const float a = u(rng) / 7.0f;
+    for (int i = 0; i < n; ++i) {
+      const float prod = a * x[i];
+      want[i] = want[i] + prod;
+    }
+    Axpy(a, x.data(), n, y.data());
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(want[i]))
+          << "n " << n << " i " << i;
     }
   }
 }

@@ -51,6 +51,21 @@ double Metric(const std::string& page, const std::string& name) {
   return at == std::string::npos ? -1 : std::stod(page.substr(at + name.size() + 2));
 }
 
+// Puts units 0..units-1 in batches, each a kUnitBytes value drawn from seed; false on an error.
+bool PutUnits(Client* c, size_t units, uint32_t seed) {
+  std::vector<uint8_t> value(kUnitBytes);
+  std::mt19937 rng(seed);
+  for (auto& b : value) b = static_cast<uint8_t>(rng());
+  for (size_t first = 0; first < units; first += kBatch) {
+    std::vector<PutUnit> batch;
+    for (size_t i = first; i < std::min(units, first + kBatch); ++i) {
+      batch.push_back(PutUnit{.key = UnitKey(i), .value = value});
+    }
+    if (!c->Put(batch, {}).ok()) return false;
+  }
+  return true;
+}
+
 // Reads every unit once in batches; returns GB/s, or -1 on any miss.
 double ReadAll(Client* c, size_t units) {
   auto t0 = std::chrono::steady_clock::now();
@@ -126,17 +141,7 @@ int Restore(const std::filesystem::path& root, kt::EtcdProcess& etcd, size_t mib
   }
   auto a = Client::Connect(ClientOptions{.socket_path = nodes[0]->socket()});
   if (!a.ok()) return 1;
-  std::vector<uint8_t> value(kUnitBytes);
-  std::mt19937 rng(2);
-  for (auto& b : value) b = static_cast<uint8_t>(rng());
-  for (size_t first = 0; first < units; first += kBatch) {
-    std::vector<PutUnit> batch;
-    for (size_t i = first; i < std::min(units, first + kBatch); ++i) {
-      batch.push_back(PutUnit{.key = UnitKey(i), .value = value});
-    }
-    auto st = (*a)->Put(batch, {});
-    if (!st.ok()) return 1;
-  }
+  if (!PutUnits(a->get(), units, 2)) return 1;
   std::string secret(32, 's');
   kvtier::Digest salt = kvtier::TenantSalt(
       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(secret.data()), secret.size()),
@@ -248,17 +253,7 @@ int main(int argc, char** argv) {
   }
   auto a = Client::Connect(ClientOptions{.socket_path = nodes[0]->socket()});
   if (!a.ok()) return 1;
-  std::vector<uint8_t> value(kUnitBytes);
-  std::mt19937 rng(1);
-  for (auto& b : value) b = static_cast<uint8_t>(rng());
-  for (size_t first = 0; first < units; first += kBatch) {
-    std::vector<PutUnit> batch;
-    for (size_t i = first; i < std::min(units, first + kBatch); ++i) {
-      batch.push_back(PutUnit{.key = UnitKey(i), .value = value});
-    }
-    auto st = (*a)->Put(batch, {});
-    if (!st.ok()) return 1;
-  }
+  if (!PutUnits(a->get(), units, 1)) return 1;
   if (!nodes[1]->Start() ||
       !kt::WaitFor([&] { return members(0) == 2 && members(1) == 2; }, 10000)) {
     std::fprintf(stderr, "node B did not join\n");

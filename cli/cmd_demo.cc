@@ -39,7 +39,9 @@
 #include "cli/flags.h"
 #include "common/shipped_models.h"
 #include "common/temp_dir.h"
+#include "engine/agent_text.h"
 #include "engine/config.h"
+#include "engine/fidelity.h"
 #include "engine/model.h"
 #include "engine/session.h"
 #include "engine/weights.h"
@@ -152,47 +154,8 @@ class Daemon {
 };
 
 // Removes the temporary directory however the scenario ends.
-// Deterministic agent-like text: a repository listing, tool output, user turns (bytes 3..258
-// of the byte tokenizer: id = byte + 3).
-std::vector<int32_t> TurnTokens(uint64_t turn, uint64_t n) {
-  static const char* kLines[] = {
-      "$ rg -n \"Status\" src/ | head\n",
-      "src/store.cc:42:  Status s = index_->Put(key, v);\n",
-      "assistant: the failing test is StoreTest.Restart; reading store.cc\n",
-      "def resume(session):\n    return cache.lookup(session.chain)\n",
-      "user: please also check the eviction path\n",
-      "tool: 3 files changed, 41 insertions(+)\n"};
-  std::vector<int32_t> out;
-  out.reserve(n);
-  uint64_t i = turn * 7919;
-  while (out.size() < n) {
-    const std::string line = kLines[i++ % 6];
-    for (char ch : line) {
-      if (out.size() == n) break;
-      out.push_back(3 + static_cast<uint8_t>(ch));
-    }
-  }
-  return out;
-}
-
 int32_t Argmax(const std::vector<float>& v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
-// KL(p || q) of the softmax distributions of two logit rows, in nats.
-double KlDivergence(const std::vector<float>& p_logits, const std::vector<float>& q_logits) {
-  auto log_softmax = [](const std::vector<float>& x) {
-    const double m = *std::max_element(x.begin(), x.end());
-    double z = 0;
-    for (float v : x) z += std::exp(v - m);
-    std::vector<double> out(x.size());
-    for (size_t i = 0; i < x.size(); ++i) out[i] = x[i] - m - std::log(z);
-    return out;
-  };
-  const auto lp = log_softmax(p_logits), lq = log_softmax(q_logits);
-  double kl = 0;
-  for (size_t i = 0; i < lp.size(); ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
-  return std::max(0.0, kl);
 }
 
 struct Fidelity {
@@ -209,7 +172,7 @@ StatusOr<Fidelity> Compare(Engine* e, SequenceState* st, std::vector<float> logi
   size_t agree = 0;
   for (size_t k = 0; k < ref.size(); ++k) {
     agree += Argmax(logits) == Argmax(ref[k]);
-    const double kl = KlDivergence(ref[k], logits);
+    const double kl = engine::KlDivergence(ref[k], logits);
     f.kl_mean += kl / static_cast<double>(ref.size());
     f.kl_max = std::max(f.kl_max, kl);
     f.bit_exact = f.bit_exact && logits == ref[k];
@@ -269,7 +232,7 @@ Status RunScenario(const std::string& kvtierd, const DemoModel& model,
   std::vector<float> logits;
   engine::SaveCursor cursor;
   uint64_t turn = 0;
-  std::vector<int32_t> first = TurnTokens(turn++, std::min(first_turn, context_tokens));
+  std::vector<int32_t> first = engine::AgentText(turn++, std::min(first_turn, context_tokens));
   KVTIER_RETURN_IF_ERROR(store->Prefill(&st, first, &logits));
   KVTIER_RETURN_IF_ERROR(store->Save(st, logits, &cursor));
   say("turn 0: CED prefill of %zu tokens (%.1f tokens/s)\n", first.size(),
@@ -282,7 +245,7 @@ Status RunScenario(const std::string& kvtierd, const DemoModel& model,
     const uint64_t n = std::min<uint64_t>(
         turn_tokens, context_tokens - std::min<uint64_t>(context_tokens, st.tokens.size()));
     if (n == 0) break;
-    const std::vector<int32_t> t = TurnTokens(turn++, n);  // the tool output / user turn
+    const std::vector<int32_t> t = engine::AgentText(turn++, n);  // the tool output / user turn
     KVTIER_RETURN_IF_ERROR(store->Extend(&st, t, &logits));
     KVTIER_RETURN_IF_ERROR(store->MaybeSave(st, logits, &cursor));
     say("turn %llu: +%llu tokens by chunked prefill, context %zu, %lld units saved\n",

@@ -29,7 +29,9 @@
 
 #include "cache_daemon/client.h"
 #include "cli/flags.h"
+#include "engine/agent_text.h"
 #include "engine/config.h"
+#include "engine/fidelity.h"
 #include "engine/model.h"
 #include "engine/session.h"
 #include "engine/state_io.h"
@@ -44,46 +46,8 @@ double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// n tokens of agent-like text (id = byte + 3): lines picked by a seeded generator.
-std::vector<int32_t> Text(size_t n, uint32_t seed) {
-  static const char* kLines[] = {
-      "$ rg -n \"Status\" src/ | head\n",
-      "src/store.cc:42:  Status s = index_->Put(key, v);\n",
-      "assistant: the failing test is StoreTest.Restart; reading store.cc\n",
-      "def resume(session):\n    return cache.lookup(session.chain)\n",
-      "user: please also check the eviction path\n",
-      "tool: 3 files changed, 41 insertions(+)\n",
-      "The cache keeps every unit on the SSD tier and promotes it on the first read.\n",
-      "ERROR 2026-12-01 10:42:07 worker 3: connection reset by peer, retrying\n"};
-  constexpr uint32_t kLineCount = sizeof(kLines) / sizeof(kLines[0]);
-  std::vector<int32_t> t;
-  t.reserve(n);
-  uint32_t s = seed * 2654435761u + 12345;
-  while (t.size() < n) {
-    s = s * 1664525u + 1013904223u;
-    for (const char* c = kLines[(s >> 24) % kLineCount]; *c != 0 && t.size() < n; ++c)
-      t.push_back(3 + static_cast<uint8_t>(*c));
-  }
-  return t;
-}
-
 int32_t Argmax(const std::vector<float>& v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
-double Kl(const std::vector<float>& p, const std::vector<float>& q) {
-  auto ls = [](const std::vector<float>& x) {
-    const double m = *std::max_element(x.begin(), x.end());
-    double z = 0;
-    for (float v : x) z += std::exp(v - m);
-    std::vector<double> o(x.size());
-    for (size_t i = 0; i < x.size(); ++i) o[i] = x[i] - m - std::log(z);
-    return o;
-  };
-  const auto a = ls(p), b = ls(q);
-  double kl = 0;
-  for (size_t i = 0; i < a.size(); ++i) kl += std::exp(a[i]) * (a[i] - b[i]);
-  return std::max(0.0, kl);
 }
 
 std::vector<uint64_t> ParseList(const std::string& s) {
@@ -134,7 +98,7 @@ int Speed(std::span<const std::string_view> args) {
   if (!fp.ok()) return 1;
   std::printf("%-7s %-28s %10s %10s %9s\n", "tokens", "path", "seconds", "recompute", "ratio");
   for (uint64_t n : ParseList(lengths)) {
-    const std::vector<int32_t> tokens = Text(n, static_cast<uint32_t>(n));
+    const std::vector<int32_t> tokens = engine::AgentText(static_cast<uint32_t>(n), n);
     daemon::ClientOptions co;
     co.socket_path = d.socket();
     auto c = daemon::Client::Connect(co);
@@ -203,7 +167,7 @@ int Fidelity(std::span<const std::string_view> args) {
     double agree = 0, kl_sum = 0, kl_max = 0;
     uint64_t count = 0, exact = 0;
     for (uint64_t p = 0; p < prompts; ++p) {
-      const auto tokens = Text(n, static_cast<uint32_t>(1000 * n + p));
+      const auto tokens = engine::AgentText(static_cast<uint32_t>(1000 * n + p), n);
       SequenceState a = eng.NewSequence();
       std::vector<float> la;
       if (!eng.PrefillCed(&a, tokens, &la).ok()) return 1;
@@ -219,7 +183,7 @@ int Fidelity(std::span<const std::string_view> args) {
       bool all_exact = true;
       for (uint64_t k = 0; k < steps; ++k) {
         agree += Argmax(la) == Argmax(lc);
-        const double kl = Kl(la, lc);
+        const double kl = engine::KlDivergence(la, lc);
         kl_sum += kl;
         kl_max = std::max(kl_max, kl);
         all_exact = all_exact && la == lc;

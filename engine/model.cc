@@ -16,9 +16,10 @@ namespace {
 using kernels::Backend;
 using kernels::QuantFormat;
 
-// The engine quantises with the scalar reference (every backend must match it bit for bit;
-// these calls are a negligible share of the work).
-constexpr Backend kQuantBackend = Backend::kReference;
+// The engine quantises with the vectorised codec too (AVX2 where the CPU has it; bit-identical to
+// the scalar reference, tests/kernels): the SWA entries and index queries of every token pass
+// through it, a few percent of a decode step with the reference.
+constexpr Backend kQuantBackend = Backend::kAuto;
 // Attention and the indexer dequantise the global KV they read with the vectorised codec
 // (AVX2 where the CPU has it; bit-identical to the reference, tests/kernels).
 constexpr Backend kCacheReadBackend = Backend::kAuto;
@@ -35,7 +36,9 @@ std::vector<int32_t> TopK(const std::vector<float>& score, const std::vector<int
     return a < b;
   };
   if (static_cast<int>(c.size()) > k) {
-    std::partial_sort(c.begin(), c.begin() + k, c.end(), better);
+    // `better` is a strict total order (ties broken by index), so the k best are one set
+    // whichever selection algorithm finds them.
+    std::nth_element(c.begin(), c.begin() + k, c.end(), better);
     c.resize(k);
   }
   std::sort(c.begin(), c.end());
@@ -170,6 +173,9 @@ Status Engine::Bind() {
   rope_main_ = RopeFrequencies(c.qk_rope_head_dim, RopeParamsFor(c, c.rope_theta));
   rope_compress_ = RopeFrequencies(c.qk_rope_head_dim, RopeParamsFor(c, c.compress_rope_theta));
 
+  embed_w_ = w.F32("embed.weight");
+  norm_w_ = w.F32("norm.weight");
+  head_w_ = w.F32("head.weight");
   layers_.resize(c.num_hidden_layers);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     LayerWeights& lw = layers_[l];
@@ -253,13 +259,25 @@ Status Engine::Bind() {
   return Status::Ok();
 }
 
+void Engine::Mm(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out,
+                float* y) const {
+  auto it = packed_by_weight_.find(w);
+  const PackedMatrix* p =
+      it != packed_by_weight_.end() && it->second->in() == in && it->second->out() == out
+          ? it->second
+          : nullptr;
+  MatMul(pool, x, rows, in, w, p, out, y);
+}
+
 void Engine::PackMatMulWeights() {
   if (ActiveMatMulKernel() == MatMulKernel::kScalar) return;  // reads W as it is
   const EngineConfig& c = config_;
   const int D = c.hidden_size, hd = c.head_dim, ql = c.q_lora_rank, H = c.num_attention_heads;
   const int G = c.o_groups, ol = c.o_lora_rank, gin = (H / G) * hd, I = c.moe_intermediate_size;
   auto pack = [&](const float* w, int in, int out) {
-    if (w != nullptr) packed_.push_back(RegisterPackedWeight(w, in, out));
+    if (w == nullptr) return;
+    packed_.push_back(RegisterPackedWeight(w, in, out));
+    packed_by_weight_[w] = packed_.back().get();
   };
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = layers_[l];
@@ -286,7 +304,7 @@ void Engine::PackMatMulWeights() {
       pack(lw.e_wkv, engram_hash_->num_columns() * c.engram_head_dim, (c.hc_mult + 1) * D);
     }
   }
-  pack(weights_->F32("head.weight"), D, c.vocab_size);
+  pack(head_w_, D, c.vocab_size);
 }
 
 SequenceState Engine::NewSequence() const {
@@ -342,7 +360,7 @@ Status Engine::CheckExtendable(const SequenceState& st) const {
 
 void Engine::Embed(std::span<const int32_t> tokens, float* x, float* pre) const {
   const int D = config_.hidden_size, hc = config_.hc_mult;
-  const float* emb = weights_->F32("embed.weight");
+  const float* emb = embed_w_;
   for (size_t t = 0; t < tokens.size(); ++t) {
     for (int i = 0; i < hc; ++i) {
       std::memcpy(x + (t * hc + i) * D, emb + static_cast<int64_t>(tokens[t]) * D, D * 4);
@@ -357,9 +375,7 @@ void Engine::PreMix(int n, const float* x, const float* pre, const float* norm_w
     float* y = xn + static_cast<int64_t>(t) * D;
     for (int d = 0; d < D; ++d) y[d] = 0.0f;
     for (int i = 0; i < hc; ++i) {
-      const float p = pre[t * hc + i];
-      const float* xi = x + (static_cast<int64_t>(t) * hc + i) * D;
-      for (int d = 0; d < D; ++d) y[d] += p * xi[d];
+      Axpy(pre[t * hc + i], x + (static_cast<int64_t>(t) * hc + i) * D, D, y);
     }
     RmsNorm(y, norm_w, D, config_.rms_norm_eps, y);
   }
@@ -377,7 +393,22 @@ void Engine::MixSublayer(int n, float* x, const float* f_out, const float* post,
     for (int j = 0; j < hc; ++j) {
       float* out = xt + static_cast<int64_t>(j) * D;
       const float pj = post[t * hc + j];
-      for (int d = 0; d < D; ++d) {
+      // Four d per vector step; each element's products and sums are the scalar loop's.
+      typedef float V4 __attribute__((vector_size(16)));
+      int d = 0;
+      for (; d + 4 <= D; d += 4) {
+        V4 fv, acc;
+        std::memcpy(&fv, f + d, sizeof fv);
+        acc = pj * fv;
+        for (int i = 0; i < hc; ++i) {
+          V4 ov;
+          std::memcpy(&ov, old.data() + static_cast<size_t>(i) * D + d, sizeof ov);
+          const V4 prod = cb[i * hc + j] * ov;
+          acc += prod;
+        }
+        std::memcpy(out + d, &acc, sizeof acc);
+      }
+      for (; d < D; ++d) {
         float acc = pj * f[d];
         for (int i = 0; i < hc; ++i) acc += cb[i * hc + j] * old[static_cast<size_t>(i) * D + d];
         out[d] = acc;
@@ -668,7 +699,7 @@ Status Engine::ApplyEngram(int layer, const EngramRowBatch& batch, int n, float*
                                              emb.data(), kQuantBackend));
   const int kvw = (hc + 1) * D;
   std::vector<float> kv(static_cast<size_t>(n) * kvw);
-  MatMul(pool_.get(), emb.data(), n, C * ed, lw.e_wkv, kvw, kv.data());
+  Mm(pool_.get(), emb.data(), n, C * ed, lw.e_wkv, kvw, kv.data());
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
   std::vector<float> gates(static_cast<size_t>(n) * hc);
   pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
@@ -693,7 +724,7 @@ Status Engine::ApplyEngram(int layer, const EngramRowBatch& batch, int n, float*
         const float signed_sqrt = g >= 0 ? std::sqrt(g) : -std::sqrt(-g);
         const float gate = Sigmoid(signed_sqrt);
         gates[t * hc + cp] = gate;
-        for (int d = 0; d < D; ++d) h[d] += gate * value[d];
+        Axpy(gate, value, D, h);
       }
     }
   });
@@ -720,10 +751,10 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
   const int rows = static_cast<int>(p0 + n - first);
   const float* xin = xa + (first - p0) * D;
   std::vector<float> ckv(static_cast<size_t>(rows) * hd), cg;
-  MatMul(pool_.get(), xin, rows, D, lw.c_wkv, hd, ckv.data());
+  Mm(pool_.get(), xin, rows, D, lw.c_wkv, hd, ckv.data());
   if (m > 1) {
     cg.resize(ckv.size());
-    MatMul(pool_.get(), xin, rows, D, lw.c_wgate, hd, cg.data());
+    Mm(pool_.get(), xin, rows, D, lw.c_wgate, hd, cg.data());
   }
   // Collect finished groups: latent (pre-RoPE, normalised) per entry.
   std::vector<float> latents;
@@ -764,7 +795,7 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
     return Status::Internal("engine: compressed entry out of order");
   // Indexer keys from the pre-RoPE latent: k = k_norm(wk(latent)), RoPE, FP4 (ue8m0 / 32).
   std::vector<float> ik(static_cast<size_t>(ne) * id);
-  MatMul(pool_.get(), latents.data(), ne, hd, lw.i_wk, id, ik.data());
+  Mm(pool_.get(), latents.data(), ne, hd, lw.i_wk, id, ik.data());
   for (int e = 0; e < ne; ++e) {
     float* kk = ik.data() + static_cast<int64_t>(e) * id;
     LayerNorm(kk, lw.i_kn_w, lw.i_kn_b, id, c.rms_norm_eps, kk);
@@ -795,7 +826,7 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* qr, const f
   const KvSourceCache* src = rt->src;
   const int m = src->ratio;
   std::vector<float> iq(static_cast<size_t>(n) * IH * id), wts(static_cast<size_t>(n) * IH);
-  MatMul(pool_.get(), qr, n, c.q_lora_rank, lw.i_wq_b, IH * id, iq.data());
+  Mm(pool_.get(), qr, n, c.q_lora_rank, lw.i_wq_b, IH * id, iq.data());
   for (int t = 0; t < n; ++t) {
     for (int h = 0; h < IH; ++h) {
       ApplyRope(iq.data() + (static_cast<int64_t>(t) * IH + h) * id + id - rd, *lw.rope, p0 + t,
@@ -805,7 +836,7 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* qr, const f
   // FP4 QAT of the index query (ue8m0 per 32), as the reference does.
   KVTIER_RETURN_IF_ERROR(kernels::RoundTrip(QuantFormat::kFp4Ue8m0x32, iq.data(),
                                             static_cast<size_t>(n) * IH, id, kQuantBackend));
-  MatMul(pool_.get(), xa, n, c.hidden_size, lw.i_wproj, IH, wts.data());
+  Mm(pool_.get(), xa, n, c.hidden_size, lw.i_wproj, IH, wts.data());
   const float wscale = 1.0f / std::sqrt(static_cast<float>(id)) / std::sqrt(static_cast<float>(IH));
   const bool is_candidate_source = layer == c.candidate_source_layer_id;
   const bool restrict = c.layer_modes[layer] == LayerMode::kReindex &&
@@ -841,7 +872,15 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* qr, const f
         for (int64_t j = j0; j < j1; ++j) {
           const float* kj = keys.data() + (j - j0) * id;
           float s = 0;
-          for (int h = 0; h < IH; ++h) {
+          int h = 0;
+          for (; h + 4 <= IH; h += 4) {  // four heads per pass over the key (Dot4 == Dot)
+            const float* qs[4] = {q + static_cast<int64_t>(h) * id, q + (h + 1LL) * id,
+                                  q + (h + 2LL) * id, q + (h + 3LL) * id};
+            float dots[4];
+            Dot4(qs, kj, id, dots);
+            for (int u = 0; u < 4; ++u) s += std::max(dots[u], 0.0f) * (w[h + u] * wscale);
+          }
+          for (; h < IH; ++h) {
             const float dot = Dot(q + static_cast<int64_t>(h) * id, kj, id);
             s += std::max(dot, 0.0f) * (w[h] * wscale);  // ReLU before the head weight
           }
@@ -909,12 +948,12 @@ Status Engine::Attention(int layer, SequenceState* st, int64_t p0, int n, const 
   }
 
   std::vector<float> qr(static_cast<size_t>(n) * ql), q(static_cast<size_t>(n) * H * hd);
-  MatMul(pool_.get(), xa, n, D, lw.wq_a, ql, qr.data());
+  Mm(pool_.get(), xa, n, D, lw.wq_a, ql, qr.data());
   for (int t = 0; t < n; ++t) {
     RmsNorm(qr.data() + static_cast<int64_t>(t) * ql, lw.q_norm, ql, c.rms_norm_eps,
             qr.data() + static_cast<int64_t>(t) * ql);
   }
-  MatMul(pool_.get(), qr.data(), n, ql, lw.wq_b, H * hd, q.data());
+  Mm(pool_.get(), qr.data(), n, ql, lw.wq_b, H * hd, q.data());
   for (int t = 0; t < n; ++t) {
     for (int h = 0; h < H; ++h) {
       ApplyRope(q.data() + (static_cast<int64_t>(t) * H + h) * hd + hd - rd, *lw.rope, p0 + t,
@@ -923,7 +962,7 @@ Status Engine::Attention(int layer, SequenceState* st, int64_t p0, int n, const 
   }
   // SWA entries of this batch: kv_norm(wkv x), RoPE, FP8 e4m3 + ue8m0/32.
   std::vector<float> kv(static_cast<size_t>(n) * hd);
-  MatMul(pool_.get(), xa, n, D, lw.wkv, hd, kv.data());
+  Mm(pool_.get(), xa, n, D, lw.wkv, hd, kv.data());
   for (int t = 0; t < n; ++t) {
     float* kt = kv.data() + static_cast<int64_t>(t) * hd;
     RmsNorm(kt, lw.kv_norm, hd, c.rms_norm_eps, kt);
@@ -1030,14 +1069,14 @@ Status Engine::Attention(int layer, SequenceState* st, int64_t p0, int n, const 
                   o.data() + static_cast<int64_t>(t) * H * hd + static_cast<int64_t>(g) * gin,
                   gin * 4);
     }
-    MatMul(pool_.get(), og.data(), n, gin, lw.wo_a + static_cast<int64_t>(g) * ol * gin, ol,
-           tmp.data());
+    Mm(pool_.get(), og.data(), n, gin, lw.wo_a + static_cast<int64_t>(g) * ol * gin, ol,
+       tmp.data());
     for (int t = 0; t < n; ++t) {
       std::memcpy(oa.data() + (static_cast<int64_t>(t) * G + g) * ol,
                   tmp.data() + static_cast<int64_t>(t) * ol, ol * 4);
     }
   }
-  MatMul(pool_.get(), oa.data(), n, G * ol, lw.wo_b, D, out);
+  Mm(pool_.get(), oa.data(), n, G * ol, lw.wo_b, D, out);
 
   // Push this batch's SWA entries into the ring.
   const int sb = hd / 32;
@@ -1058,7 +1097,7 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
   const int I = c.moe_intermediate_size;
   const float limit = static_cast<float>(c.swiglu_limit);
   std::vector<float> logits(static_cast<size_t>(n) * E);
-  MatMul(pool_.get(), xn, n, D, lw.gate, E, logits.data());
+  Mm(pool_.get(), xn, n, D, lw.gate, E, logits.data());
   std::vector<int32_t> chosen(static_cast<size_t>(n) * K);
   std::vector<float> weight(static_cast<size_t>(n) * K);
   for (int t = 0; t < n; ++t) {
@@ -1084,8 +1123,8 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
   auto swiglu = [&](const float* x, int rows, const float* w1, const float* w3, const float* w2,
                     int inter, const float* row_weight, float* y, ThreadPool* pool) {
     std::vector<float> g(static_cast<size_t>(rows) * inter), u(g.size());
-    MatMul(pool, x, rows, D, w1, inter, g.data());
-    MatMul(pool, x, rows, D, w3, inter, u.data());
+    Mm(pool, x, rows, D, w1, inter, g.data());
+    Mm(pool, x, rows, D, w3, inter, u.data());
     for (int r = 0; r < rows; ++r) {
       for (int i = 0; i < inter; ++i) {
         const size_t k = static_cast<size_t>(r) * inter + i;
@@ -1095,7 +1134,7 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
         if (row_weight) g[k] *= row_weight[r];  // router weight before w2
       }
     }
-    MatMul(pool, g.data(), rows, inter, w2, D, y);
+    Mm(pool, g.data(), rows, inter, w2, D, y);
   };
   // Routed experts, grouped by expert; each (token, slot) output lands in its own buffer.
   // Few tokens (decode): few experts are active, so the experts run one after another with the
@@ -1248,8 +1287,8 @@ void Engine::ResetTrace() {
 void Engine::Head(int n, const float* x, const float* pre, float* logits) {
   const int D = config_.hidden_size;
   std::vector<float> y(static_cast<size_t>(n) * D);
-  PreMix(n, x, pre, weights_->F32("norm.weight"), y.data());
-  MatMul(pool_.get(), y.data(), n, D, weights_->F32("head.weight"), config_.vocab_size, logits);
+  PreMix(n, x, pre, norm_w_, y.data());
+  Mm(pool_.get(), y.data(), n, D, head_w_, config_.vocab_size, logits);
 }
 
 Status Engine::Forward(SequenceState* st, std::span<const int32_t> tokens, bool all_logits,

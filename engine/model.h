@@ -42,6 +42,7 @@
 #include <deque>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -284,6 +285,9 @@ class Engine {
   Status Bind();
   // Registers a packed copy of every weight matrix MatMul reads (engine/matmul.h).
   void PackMatMulWeights();
+  // MatMul with W's packed copy from packed_by_weight_ (no registry lock or lookup per call).
+  void Mm(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out,
+          float* y) const;
   Status CheckTokens(std::span<const int32_t> tokens) const;
   void Embed(std::span<const int32_t> tokens, float* x, float* pre) const;
   void AppendChunks(int64_t p0, int64_t n, int l_begin, int l_end, std::vector<Step>* plan) const;
@@ -324,8 +328,10 @@ class Engine {
   EngineOptions options_;
   std::unique_ptr<ThreadPool> pool_;
   std::vector<std::shared_ptr<const PackedMatrix>> packed_;  // held for the engine's lifetime
+  std::unordered_map<const float*, const PackedMatrix*> packed_by_weight_;  // into packed_
   std::vector<LayerWeights> layers_;
   std::vector<double> rope_main_, rope_compress_;
+  const float *embed_w_ = nullptr, *norm_w_ = nullptr, *head_w_ = nullptr;  // bound once
   std::unique_ptr<EngramHashing> engram_hash_;
   std::unique_ptr<LocalEngramRowSource> local_rows_;
   EngramRowSource* rows_ = nullptr;

@@ -298,7 +298,7 @@ Status DSpark::Draft(const DraftContext& ctx, int32_t last, double temperature,
         for (int i = 0; i < NK; ++i) {
           const float p = logit[i] / den;
           const float* li = lat.data() + static_cast<int64_t>(i) * hd;
-          for (int d = 0; d < hd; ++d) ok[d] += p * li[d];
+          Axpy(p, li, hd, ok);
         }
       }
     }

@@ -42,6 +42,7 @@
 #include <deque>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -284,6 +285,9 @@ class Engine {
   Status Bind();
   // Registers a packed copy of every weight matrix MatMul reads (engine/matmul.h).
   void PackMatMulWeights();
+  // MatMul with W's packed copy from packed_by_weight_ (no registry lock or lookup per call).
+  void Mm(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out,
+          float* y) const;
   Status CheckTokens(std::span<const int32_t> tokens) const;
   void Embed(std::span<const int32_t> tokens, float* x, float* pre) const;
   void AppendChunks(int64_t p0, int64_t n, int l_begin, int l_end, std::vector<Step>* plan) const;
@@ -310,10 +314,31 @@ class Engine {
   Status ApplyEngram(int layer, const EngramRowBatch& batch, int n, float* x);
   void MixSublayer(int n, float* x, const float* f_out, const float* post, const float* comb) const;
   void PreMix(int n, const float* x, const float* pre, const float* norm_w, float* xn) const;
+  // The attention sublayer (model_attention.cc) over n rows of one sequence from position p0:
+  // AttnProject, AttnCore, AttnOutput in turn.
   Status Attention(int layer, SequenceState* st, int64_t p0, int n, const float* xa, Runtime* rt,
                    float* out);
-  Status Compress(int layer, SequenceState* st, int64_t p0, int n, const float* xa);
-  Status SelectTopk(int layer, int64_t p0, int n, const float* qr, const float* xa, Runtime* rt);
+  // Per-row results of AttnProject for n rows (row-major; iq and wts only for layers that select
+  // top-k).
+  struct AttnRows {
+    std::vector<float> qr, q, kv, iq, wts;
+    std::vector<uint8_t> kv_data, kv_scales;
+  };
+  // The per-row part: rows of any sequences; pos[t]: row t's position.
+  Status AttnProject(int layer, int n, const float* xa, const int64_t* pos, AttnRows* a);
+  // The per-sequence part over n rows of `st` from p0, which are rows [row0, row0 + n) of `a`;
+  // writes their attention outputs (n x heads x head_dim) to o. Splits its loops over `pool`
+  // (null: runs on the caller, e.g. inside a loop over sequences). Touches only *st, *rt, o
+  // and (when set) the trace, so calls on different sequences may run in parallel when no trace
+  // is attached.
+  Status AttnCore(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
+                  const AttnRows& a, int64_t row0, Runtime* rt, ThreadPool* pool, float* o);
+  // The per-row output projection of n rows of attention outputs.
+  void AttnOutput(int layer, int n, const float* o, float* out);
+  Status Compress(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
+                  ThreadPool* pool);
+  Status SelectTopk(int layer, int64_t p0, int n, const float* iq, const float* wts, Runtime* rt,
+                    ThreadPool* pool);
   void Moe(int layer, int n, const float* xn, float* out);
   void Head(int n, const float* x, const float* pre, float* logits);
   Status CheckExtendable(const SequenceState& st) const;
@@ -324,8 +349,11 @@ class Engine {
   EngineOptions options_;
   std::unique_ptr<ThreadPool> pool_;
   std::vector<std::shared_ptr<const PackedMatrix>> packed_;  // held for the engine's lifetime
+  std::unordered_map<const float*, const PackedMatrix*> packed_by_weight_;  // into packed_
   std::vector<LayerWeights> layers_;
   std::vector<double> rope_main_, rope_compress_;
+  const float *embed_w_ = nullptr, *norm_w_ = nullptr, *head_w_ = nullptr;  // bound once
+  AttnRows attn_rows_;  // Attention's buffers, reused call to call
   std::unique_ptr<EngramHashing> engram_hash_;
   std::unique_ptr<LocalEngramRowSource> local_rows_;
   EngramRowSource* rows_ = nullptr;

@@ -26,6 +26,33 @@ float Dot(const float* a, const float* b, int n) {
   return s;
 }
 
+void Dot4(const float* const a[4], const float* b, int n, float out[4]) {
+  // Four Dots sharing the loads of b; lane k of vector half h is Dot's acc[4h + k] for one of
+  // the four a's, so each result is summed exactly as Dot sums it.
+  typedef float V4 __attribute__((vector_size(16)));
+  V4 lo[4] = {}, hi[4] = {};
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    V4 b0, b1;
+    std::memcpy(&b0, b + i, sizeof b0);
+    std::memcpy(&b1, b + i + 4, sizeof b1);
+    for (int r = 0; r < 4; ++r) {
+      V4 a0, a1;
+      std::memcpy(&a0, a[r] + i, sizeof a0);
+      std::memcpy(&a1, a[r] + i + 4, sizeof a1);
+      const V4 p0 = a0 * b0, p1 = a1 * b1;
+      lo[r] += p0;
+      hi[r] += p1;
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    float s = ((lo[r][0] + hi[r][0]) + (lo[r][2] + hi[r][2])) +
+              ((lo[r][1] + hi[r][1]) + (lo[r][3] + hi[r][3]));
+    for (int j = i; j < n; ++j) s += a[r][j] * b[j];
+    out[r] = s;
+  }
+}
+
 void Axpy(float a, const float* x, int n, float* y) {
   // GCC/Clang vector extension: SSE on x86-64, NEON on arm64; elementwise, so the rounding of
   // each element is that of the scalar `y[i] += a * x[i]`.
@@ -45,9 +72,18 @@ void Axpy(float a, const float* x, int n, float* y) {
 
 void MatMulCpu(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out,
                float* y) {
+  MatMulCpu(pool, x, rows, in, w, nullptr, out, y);
+}
+
+void MatMulCpu(ThreadPool* pool, const float* x, int rows, int in, const float* w,
+               const PackedMatrix* packed_w, int out, float* y) {
   const MatMulKernel k = ActiveMatMulKernel();
   if (k == MatMulKernel::kScalar) {
     MatMulWith(k, pool, x, rows, in, w, nullptr, out, y);
+    return;
+  }
+  if (packed_w != nullptr) {
+    MatMulWith(k, pool, x, rows, in, w, packed_w, out, y);
     return;
   }
   if (auto packed = FindPackedWeight(w, in, out)) {
@@ -77,6 +113,11 @@ bool CudaEligible(int64_t work) {
 int64_t MatMulCudaCalls() { return g_cuda_calls.load(std::memory_order_relaxed); }
 
 void MatMul(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out, float* y) {
+  MatMul(pool, x, rows, in, w, nullptr, out, y);
+}
+
+void MatMul(ThreadPool* pool, const float* x, int rows, int in, const float* w,
+            const PackedMatrix* packed_w, int out, float* y) {
 #if KVTIER_WITH_CUDA
   if (CudaEligible(static_cast<int64_t>(rows) * out * in)) {
     const Status st = cuda::CudaMatMul(x, rows, in, w, out, y);
@@ -91,7 +132,7 @@ void MatMul(ThreadPool* pool, const float* x, int rows, int in, const float* w, 
     }
   }
 #endif
-  MatMulCpu(pool, x, rows, in, w, out, y);
+  MatMulCpu(pool, x, rows, in, w, packed_w, out, y);
 }
 
 void RmsNorm(const float* x, const float* weight, int n, double eps, float* y) {
@@ -160,7 +201,15 @@ void HcMixes(const float* x, int hc, int dim, const float* fn, const float* scal
   const float r = static_cast<float>(1.0 / std::sqrt(ss / n + norm_eps));
   const int m = (2 + hc) * hc;
   float mixes[(2 + 16) * 16];
-  for (int i = 0; i < m; ++i) mixes[i] = Dot(fn + static_cast<int64_t>(i) * n, x, n) * r;
+  int i4 = 0;
+  for (; i4 + 4 <= m; i4 += 4) {
+    const float* rows[4];
+    for (int q = 0; q < 4; ++q) rows[q] = fn + static_cast<int64_t>(i4 + q) * n;
+    float d[4];
+    Dot4(rows, x, n, d);
+    for (int q = 0; q < 4; ++q) mixes[i4 + q] = d[q] * r;
+  }
+  for (int i = i4; i < m; ++i) mixes[i] = Dot(fn + static_cast<int64_t>(i) * n, x, n) * r;
   const float e = static_cast<float>(hc_eps);
   for (int i = 0; i < hc; ++i) pre[i] = Sigmoid(mixes[i] * scale[0] + base[i]) + e;
   for (int i = 0; i < hc; ++i) post[i] = 2.0f * Sigmoid(mixes[hc + i] * scale[1] + base[hc + i]);
@@ -178,8 +227,27 @@ void HcMixes(const float* x, int hc, int dim, const float* fn, const float* scal
     }
     for (int j = 0; j < hc; ++j) row[j] = row[j] / sum + e;
   }
+  // Sinkhorn normalisations, four columns per vector step: element (i, j) is divided by
+  // (s + e) with s the same in-order sum as the scalar loops', so the bits are theirs.
+  typedef float V4 __attribute__((vector_size(16)));
+  const int hc4 = hc / 4 * 4;
   auto col_norm = [&] {
-    for (int j = 0; j < hc; ++j) {
+    for (int j = 0; j < hc4; j += 4) {
+      V4 s = {0, 0, 0, 0};
+      for (int i = 0; i < hc; ++i) {
+        V4 c;
+        std::memcpy(&c, comb + i * hc + j, sizeof c);
+        s += c;
+      }
+      const V4 den = s + e;
+      for (int i = 0; i < hc; ++i) {
+        V4 c;
+        std::memcpy(&c, comb + i * hc + j, sizeof c);
+        c /= den;
+        std::memcpy(comb + i * hc + j, &c, sizeof c);
+      }
+    }
+    for (int j = hc4; j < hc; ++j) {
       float s = 0;
       for (int i = 0; i < hc; ++i) s += comb[i * hc + j];
       for (int i = 0; i < hc; ++i) comb[i * hc + j] /= (s + e);
@@ -189,7 +257,16 @@ void HcMixes(const float* x, int hc, int dim, const float* fn, const float* scal
     for (int i = 0; i < hc; ++i) {
       float s = 0;
       for (int j = 0; j < hc; ++j) s += comb[i * hc + j];
-      for (int j = 0; j < hc; ++j) comb[i * hc + j] /= (s + e);
+      const float den = s + e;
+      const V4 dv = {den, den, den, den};
+      int j = 0;
+      for (; j < hc4; j += 4) {
+        V4 c;
+        std::memcpy(&c, comb + i * hc + j, sizeof c);
+        c /= dv;
+        std::memcpy(comb + i * hc + j, &c, sizeof c);
+      }
+      for (; j < hc; ++j) comb[i * hc + j] /= den;
     }
   };
   col_norm();

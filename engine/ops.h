@@ -9,12 +9,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/matmul.h"
 #include "engine/thread_pool.h"
 
 namespace kvtier::engine {
 
 // Sum of a[i]*b[i] with 8 interleaved partial sums reduced in a fixed tree.
 float Dot(const float* a, const float* b, int n);
+
+// out[r] = Dot(a[r], b, n) for r < 4, bit for bit, sharing the loads of b.
+void Dot4(const float* const a[4], const float* b, int n, float out[4]);
 
 // y[i] += a * x[i] for i < n, each element rounded as the product and then the sum (no fused
 // multiply-add: this file is built without FMA), four elements per vector step; bit-identical to
@@ -36,6 +40,12 @@ void MatMul(ThreadPool* pool, const float* x, int rows, int in, const float* w, 
 // bit-identical (engine/matmul.h).
 void MatMulCpu(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out,
                float* y);
+// As above with W's packed copy given (`packed_w`: the packing of (w, in, out), or null: looked up
+// in the registry), so a caller that holds it skips the registry's lock and lookup.
+void MatMul(ThreadPool* pool, const float* x, int rows, int in, const float* w,
+            const PackedMatrix* packed_w, int out, float* y);
+void MatMulCpu(ThreadPool* pool, const float* x, int rows, int in, const float* w,
+               const PackedMatrix* packed_w, int out, float* y);
 // Smallest rows*out*in sent to the GPU: below it the copies cost more than the CPU work.
 inline constexpr int64_t kCudaMatMulMinWork = int64_t{1} << 16;
 // Number of MatMul calls served by the CUDA path since process start (0 without CUDA).

@@ -230,6 +230,103 @@ TEST(Ops, AxpyIsBitIdenticalToTheScalarLoop) {
   }
 }
 
+// The mHC mixes and the indexer score four dot products per pass with Dot4: each must be the
+// bits of Dot, for every length (8-wide steps and the tail).
+TEST(Ops, Dot4IsBitIdenticalToDot) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (int n = 0; n <= 70; ++n) {
+    std::vector<float> b(n), a[4];
+    for (int i = 0; i < n; ++i) b[i] = u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 30) - 15);
+    for (auto& v : a) {
+      v.resize(n);
+      for (float& f : v) f = u(rng);
+    }
+    const float* rows[4] = {a[0].data(), a[1].data(), a[2].data(), a[3].data()};
+    float got[4];
+    Dot4(rows, b.data(), n, got);
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[r]), std::bit_cast<uint32_t>(Dot(rows[r], b.data(), n)))
+          << "n " << n << " row " << r;
+    }
+  }
+}
+
+// HcMixes as it was written before its Sinkhorn ran four lanes wide: the reference for the
+// bit-identity test below.
+void HcMixesScalar(const float* x, int hc, int dim, const float* fn, const float* scale,
+                   const float* base, int iters, double hc_eps, double norm_eps, float* pre,
+                   float* post, float* comb) {
+  const int n = hc * dim;
+  double ss = 0;
+  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float r = static_cast<float>(1.0 / std::sqrt(ss / n + norm_eps));
+  const int m = (2 + hc) * hc;
+  std::vector<float> mixes(m);
+  for (int i = 0; i < m; ++i) mixes[i] = Dot(fn + static_cast<int64_t>(i) * n, x, n) * r;
+  const float e = static_cast<float>(hc_eps);
+  for (int i = 0; i < hc; ++i) pre[i] = Sigmoid(mixes[i] * scale[0] + base[i]) + e;
+  for (int i = 0; i < hc; ++i) post[i] = 2.0f * Sigmoid(mixes[hc + i] * scale[1] + base[hc + i]);
+  for (int i = 0; i < hc; ++i) {
+    float* row = comb + i * hc;
+    float mx = -INFINITY;
+    for (int j = 0; j < hc; ++j) {
+      row[j] = mixes[2 * hc + i * hc + j] * scale[2] + base[2 * hc + i * hc + j];
+      mx = std::max(mx, row[j]);
+    }
+    float sum = 0;
+    for (int j = 0; j < hc; ++j) {
+      row[j] = std::exp(row[j] - mx);
+      sum += row[j];
+    }
+    for (int j = 0; j < hc; ++j) row[j] = row[j] / sum + e;
+  }
+  auto col_norm = [&] {
+    for (int j = 0; j < hc; ++j) {
+      float s = 0;
+      for (int i = 0; i < hc; ++i) s += comb[i * hc + j];
+      for (int i = 0; i < hc; ++i) comb[i * hc + j] /= (s + e);
+    }
+  };
+  auto row_norm = [&] {
+    for (int i = 0; i < hc; ++i) {
+      float s = 0;
+      for (int j = 0; j < hc; ++j) s += comb[i * hc + j];
+      for (int j = 0; j < hc; ++j) comb[i * hc + j] /= (s + e);
+    }
+  };
+  col_norm();
+  for (int it = 1; it < iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+}
+
+TEST(Ops, HcMixesIsBitIdenticalToTheScalarSinkhorn) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (int hc : {1, 2, 3, 4, 5, 8}) {
+    const int dim = 24, n = hc * dim, m = (2 + hc) * hc;
+    std::vector<float> x(n), fn(static_cast<size_t>(m) * n), base(m), scale = {0.7f, 1.3f, 2.1f};
+    for (float& f : x) f = g(rng);
+    for (float& f : fn) f = 0.2f * g(rng);
+    for (float& f : base) f = 0.5f * g(rng);
+    std::vector<float> pre(hc), post(hc), comb(hc * hc), pre2(hc), post2(hc), comb2(hc * hc);
+    HcMixes(x.data(), hc, dim, fn.data(), scale.data(), base.data(), 20, 1e-6, 1e-20, pre.data(),
+            post.data(), comb.data());
+    HcMixesScalar(x.data(), hc, dim, fn.data(), scale.data(), base.data(), 20, 1e-6, 1e-20,
+                  pre2.data(), post2.data(), comb2.data());
+    for (int i = 0; i < hc; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(pre[i]), std::bit_cast<uint32_t>(pre2[i])) << hc;
+      ASSERT_EQ(std::bit_cast<uint32_t>(post[i]), std::bit_cast<uint32_t>(post2[i])) << hc;
+    }
+    for (int i = 0; i < hc * hc; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(comb[i]), std::bit_cast<uint32_t>(comb2[i]))
+          << "hc " << hc << " element " << i;
+    }
+  }
+}
+
 TEST(Rope, InverseUndoesForwardAndYarnStretchesLowFrequencies) {
   RopeParams p;
   p.theta = 160000;

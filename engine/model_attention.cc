@@ -1,0 +1,443 @@
+// Engine: the attention sublayer (reference §2-§5). Three phases, so that ForwardBatch runs the
+// per-row work once over every sequence's rows and only the core per sequence:
+//   AttnProject  per row: q (low-rank, normed, RoPE), the SWA entry (FP8 round trip), the
+//                indexer's query and head weights;
+//   AttnCore     per sequence: the compressor (global KV), top-k selection, sparse attention over
+//                [selected entries] + [SWA window], the ring update;
+//   AttnOutput   per row: the grouped output projection.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+
+#include "engine/model_internal.h"
+
+namespace kvtier::engine {
+
+namespace {
+using model_detail::ForRange;
+using model_detail::kCacheReadBackend;
+using model_detail::kIndexRowsPerPass;
+using model_detail::kQuantBackend;
+using model_detail::QuantFormat;
+using model_detail::TopK;
+}  // namespace
+
+namespace model_detail {
+
+// Top-k of scores over `candidates` (entry indices), ties broken by the lowest index; the
+// result is returned in index order.
+std::vector<int32_t> TopK(const std::vector<float>& score, const std::vector<int32_t>& candidates,
+                          int k) {
+  std::vector<int32_t> c = candidates;
+  auto better = [&](int32_t a, int32_t b) {
+    if (score[a] != score[b]) return score[a] > score[b];
+    return a < b;
+  };
+  if (static_cast<int>(c.size()) > k) {
+    // `better` is a strict total order (ties broken by index), so the k best are one set
+    // whichever selection algorithm finds them.
+    std::nth_element(c.begin(), c.begin() + k, c.end(), better);
+    c.resize(k);
+  }
+  std::sort(c.begin(), c.end());
+  return c;
+}
+
+}  // namespace model_detail
+
+Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
+                        ThreadPool* pool) {
+  const EngineConfig& c = config_;
+  const LayerWeights& lw = layers_[layer];
+  KvSourceCache* k = nullptr;
+  for (KvSourceCache& kc : st->kv) {
+    if (kc.layer == layer) k = &kc;
+  }
+  if (k == nullptr) return Status::Internal("engine: no cache for kv source");
+  const int64_t first = std::max(p0, k->consumed);
+  if (first >= p0 + n) return Status::Ok();  // already projected (CED replay, import)
+  if (k->consumed < p0) return Status::Internal("engine: compressor input has a gap");
+  const int D = c.hidden_size, hd = c.head_dim, id = c.index_head_dim, m = k->ratio;
+  const int rd = c.qk_rope_head_dim;
+  const int rows = static_cast<int>(p0 + n - first);
+  const float* xin = xa + (first - p0) * D;
+  std::vector<float> ckv(static_cast<size_t>(rows) * hd), cg;
+  Mm(pool, xin, rows, D, lw.c_wkv, hd, ckv.data());
+  if (m > 1) {
+    cg.resize(ckv.size());
+    Mm(pool, xin, rows, D, lw.c_wgate, hd, cg.data());
+  }
+  // Collect finished groups: latent (pre-RoPE, normalised) per entry.
+  std::vector<float> latents;
+  std::vector<int64_t> entry_ids;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t p = first + r;
+    const int slot = static_cast<int>(p % m);
+    std::vector<float> lat(hd);
+    if (m == 1) {
+      std::memcpy(lat.data(), ckv.data() + static_cast<int64_t>(r) * hd, hd * 4);
+    } else {
+      std::memcpy(k->kv_state.data() + static_cast<int64_t>(slot) * hd,
+                  ckv.data() + static_cast<int64_t>(r) * hd, hd * 4);
+      std::memcpy(k->score_state.data() + static_cast<int64_t>(slot) * hd,
+                  cg.data() + static_cast<int64_t>(r) * hd, hd * 4);
+      if (slot != m - 1) continue;
+      // Per-channel softmax over the m tokens of the group.
+      for (int ch = 0; ch < hd; ++ch) {
+        float mx = -INFINITY;
+        for (int j = 0; j < m; ++j) mx = std::max(mx, k->score_state[j * hd + ch]);
+        float den = 0, num = 0;
+        for (int j = 0; j < m; ++j) {
+          const float e = std::exp(k->score_state[j * hd + ch] - mx);
+          den += e;
+          num += e * k->kv_state[j * hd + ch];
+        }
+        lat[ch] = num / den;
+      }
+    }
+    RmsNorm(lat.data(), lw.c_norm, hd, c.rms_norm_eps, lat.data());
+    latents.insert(latents.end(), lat.begin(), lat.end());
+    entry_ids.push_back(p / m);
+  }
+  k->consumed = p0 + n;
+  const int ne = static_cast<int>(entry_ids.size());
+  if (ne == 0) return Status::Ok();
+  if (entry_ids[0] != k->entries())
+    return Status::Internal("engine: compressed entry out of order");
+  // Indexer keys from the pre-RoPE latent: k = k_norm(wk(latent)), RoPE, FP4 (ue8m0 / 32).
+  std::vector<float> ik(static_cast<size_t>(ne) * id);
+  Mm(pool, latents.data(), ne, hd, lw.i_wk, id, ik.data());
+  for (int e = 0; e < ne; ++e) {
+    float* kk = ik.data() + static_cast<int64_t>(e) * id;
+    LayerNorm(kk, lw.i_kn_w, lw.i_kn_b, id, c.rms_norm_eps, kk);
+    ApplyRope(kk + id - rd, *lw.rope, entry_ids[e] * m, false);
+    ApplyRope(latents.data() + static_cast<int64_t>(e) * hd + hd - rd, *lw.rope, entry_ids[e] * m,
+              false);
+  }
+  auto append = [&](QuantFormat fmt, const std::vector<float>& v, int dim,
+                    std::vector<uint8_t>* data, std::vector<uint8_t>* scales) -> Status {
+    const size_t d0 = AppendKvBytes(data, ne * kernels::DataBytes(fmt, dim));
+    const size_t s0 = AppendKvBytes(scales, ne * kernels::ScaleBytes(fmt, dim));
+    return kernels::Quantize(fmt, v.data(), ne, dim, data->data() + d0, scales->data() + s0,
+                             kQuantBackend);
+  };
+  KVTIER_RETURN_IF_ERROR(
+      append(QuantFormat::kFp4E4M3x16, latents, hd, &k->main_data, &k->main_scales));
+  KVTIER_RETURN_IF_ERROR(
+      append(QuantFormat::kFp4Ue8m0x32, ik, id, &k->index_data, &k->index_scales));
+  k->n_entries += ne;
+  return Status::Ok();
+}
+
+Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const float* wts,
+                          Runtime* rt, ThreadPool* pool) {
+  const EngineConfig& c = config_;
+  const int IH = c.index_n_heads, id = c.index_head_dim;
+  const KvSourceCache* src = rt->src;
+  const int m = src->ratio;
+  const float wscale = 1.0f / std::sqrt(static_cast<float>(id)) / std::sqrt(static_cast<float>(IH));
+  const bool is_candidate_source = layer == c.candidate_source_layer_id;
+  const bool restrict = c.layer_modes[layer] == LayerMode::kReindex &&
+                        options_.use_candidate_pool && !rt->candidates.empty();
+  rt->topk.assign(n, {});
+  if (is_candidate_source) rt->candidates.assign(n, {});
+  std::vector<int64_t> cand_visible(n, 0), cand_pool(n, 0);
+  // Index keys are read as their FP4 bytes and dequantised (exactly) a block of rows at a
+  // time; a Reindex layer reads and scores only the rows of its candidate pool.
+  const QuantFormat ifmt = QuantFormat::kFp4Ue8m0x32;
+  const size_t idb = kernels::DataBytes(ifmt, id), isb = kernels::ScaleBytes(ifmt, id);
+  std::atomic<bool> failed{false};
+  ForRange(pool, n, [&](int64_t b, int64_t e) {
+    std::vector<float> score, keys(static_cast<size_t>(kIndexRowsPerPass) * id);
+    std::vector<int32_t> eligible;
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t p = p0 + t;
+      const int64_t nv = std::min<int64_t>((p + 1) / m, src->entries());
+      if (nv <= 0) continue;
+      score.assign(nv, 0.0f);
+      const float* q = iq + t * IH * id;
+      const float* w = wts + t * IH;
+      eligible.clear();
+      // Scores rows [j0, j1) (at most kIndexRowsPerPass), every head against each key.
+      auto score_rows = [&](int64_t j0, int64_t j1) {
+        if (!kernels::Dequantize(ifmt, src->index_data.data() + j0 * idb,
+                                 src->index_scales.data() + j0 * isb, j1 - j0, id, keys.data(),
+                                 kCacheReadBackend)
+                 .ok()) {
+          failed = true;
+          return;
+        }
+        for (int64_t j = j0; j < j1; ++j) {
+          const float* kj = keys.data() + (j - j0) * id;
+          float s = 0;
+          int h = 0;
+          for (; h + 4 <= IH; h += 4) {  // four heads per pass over the key (Dot4 == Dot)
+            const float* qs[4] = {q + static_cast<int64_t>(h) * id, q + (h + 1LL) * id,
+                                  q + (h + 2LL) * id, q + (h + 3LL) * id};
+            float dots[4];
+            Dot4(qs, kj, id, dots);
+            for (int u = 0; u < 4; ++u) s += std::max(dots[u], 0.0f) * (w[h + u] * wscale);
+          }
+          for (; h < IH; ++h) {
+            const float dot = Dot(q + static_cast<int64_t>(h) * id, kj, id);
+            s += std::max(dot, 0.0f) * (w[h] * wscale);  // ReLU before the head weight
+          }
+          score[j] = s;
+        }
+      };
+      const int bs = c.candidate_block_size;
+      if (restrict) {
+        const std::vector<uint8_t>& mask = rt->candidates[t];
+        const int64_t nb = std::min<int64_t>((nv + bs - 1) / bs, mask.size());
+        for (int64_t bi = 0; bi < nb; ++bi) {
+          if (!mask[bi]) continue;
+          const int64_t j1 = std::min<int64_t>(nv, (bi + 1) * bs);
+          for (int64_t j0 = bi * bs; j0 < j1; j0 += kIndexRowsPerPass)
+            score_rows(j0, std::min<int64_t>(j1, j0 + kIndexRowsPerPass));
+          for (int64_t j = bi * bs; j < j1; ++j) eligible.push_back(static_cast<int32_t>(j));
+        }
+        rt->topk[t] = TopK(score, eligible, c.index_topk);
+        continue;
+      }
+      for (int64_t j0 = 0; j0 < nv; j0 += kIndexRowsPerPass)
+        score_rows(j0, std::min<int64_t>(nv, j0 + kIndexRowsPerPass));
+      if (is_candidate_source) {
+        const int64_t nb = (nv + bs - 1) / bs;
+        std::vector<float> bscore(nb, -INFINITY);
+        for (int64_t j = 0; j < nv; ++j) bscore[j / bs] = std::max(bscore[j / bs], score[j]);
+        bscore[nb - 1] = INFINITY;  // the block holding the newest position is pinned
+        std::vector<int32_t> blocks(nb);
+        for (int64_t i = 0; i < nb; ++i) blocks[i] = static_cast<int32_t>(i);
+        std::vector<int32_t> top = TopK(bscore, blocks, c.candidate_topk_blocks);
+        std::vector<uint8_t> mask(nb, 0);
+        int64_t pool_positions = 0;
+        for (int32_t bi : top) {
+          mask[bi] = 1;
+          pool_positions += std::min<int64_t>(bs, nv - static_cast<int64_t>(bi) * bs);
+        }
+        rt->candidates[t] = std::move(mask);
+        cand_visible[t] = nv;
+        cand_pool[t] = pool_positions;
+      }
+      for (int64_t j = 0; j < nv; ++j) eligible.push_back(static_cast<int32_t>(j));
+      rt->topk[t] = TopK(score, eligible, c.index_topk);
+    }
+  });
+  if (failed) return Status::Internal("engine: index keys could not be dequantised");
+  if (trace_ != nullptr && is_candidate_source) {  // appended chunk by chunk
+    trace_->candidate_visible.insert(trace_->candidate_visible.end(), cand_visible.begin(),
+                                     cand_visible.end());
+    trace_->candidate_pool.insert(trace_->candidate_pool.end(), cand_pool.begin(), cand_pool.end());
+  }
+  return Status::Ok();
+}
+
+Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos, AttnRows* a) {
+  const EngineConfig& c = config_;
+  const LayerWeights& lw = layers_[layer];
+  const int D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim;
+  const int rd = c.qk_rope_head_dim, ql = c.q_lora_rank;
+  a->qr.resize(static_cast<size_t>(n) * ql);
+  a->q.resize(static_cast<size_t>(n) * H * hd);
+  Mm(pool_.get(), xa, n, D, lw.wq_a, ql, a->qr.data());
+  for (int t = 0; t < n; ++t) {
+    float* qt = a->qr.data() + static_cast<int64_t>(t) * ql;
+    RmsNorm(qt, lw.q_norm, ql, c.rms_norm_eps, qt);
+  }
+  Mm(pool_.get(), a->qr.data(), n, ql, lw.wq_b, H * hd, a->q.data());
+  for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < H; ++h) {
+      ApplyRope(a->q.data() + (static_cast<int64_t>(t) * H + h) * hd + hd - rd, *lw.rope, pos[t],
+                false);
+    }
+  }
+  // SWA entries of these rows: kv_norm(wkv x), RoPE, FP8 e4m3 + ue8m0/32 (and back).
+  a->kv.resize(static_cast<size_t>(n) * hd);
+  Mm(pool_.get(), xa, n, D, lw.wkv, hd, a->kv.data());
+  for (int t = 0; t < n; ++t) {
+    float* kt = a->kv.data() + static_cast<int64_t>(t) * hd;
+    RmsNorm(kt, lw.kv_norm, hd, c.rms_norm_eps, kt);
+    ApplyRope(kt + hd - rd, *lw.rope, pos[t], false);
+  }
+  a->kv_data.resize(static_cast<size_t>(n) * hd);
+  a->kv_scales.resize(static_cast<size_t>(n) * hd / 32);
+  KVTIER_RETURN_IF_ERROR(kernels::Quantize(QuantFormat::kFp8Ue8m0x32, a->kv.data(), n, hd,
+                                           a->kv_data.data(), a->kv_scales.data(), kQuantBackend));
+  KVTIER_RETURN_IF_ERROR(kernels::Dequantize(QuantFormat::kFp8Ue8m0x32, a->kv_data.data(),
+                                             a->kv_scales.data(), n, hd, a->kv.data(),
+                                             kQuantBackend));
+  // The indexer's query and head weights (Full and Reindex layers).
+  a->iq.clear();
+  a->wts.clear();
+  const LayerMode mode = c.layer_modes[layer];
+  if (mode == LayerMode::kFull || mode == LayerMode::kReindex) {
+    const int IH = c.index_n_heads, id = c.index_head_dim;
+    a->iq.resize(static_cast<size_t>(n) * IH * id);
+    a->wts.resize(static_cast<size_t>(n) * IH);
+    Mm(pool_.get(), a->qr.data(), n, ql, lw.i_wq_b, IH * id, a->iq.data());
+    for (int t = 0; t < n; ++t) {
+      for (int h = 0; h < IH; ++h) {
+        ApplyRope(a->iq.data() + (static_cast<int64_t>(t) * IH + h) * id + id - rd, *lw.rope,
+                  pos[t], false);
+      }
+    }
+    // FP4 QAT of the index query (ue8m0 per 32), as the reference does.
+    KVTIER_RETURN_IF_ERROR(kernels::RoundTrip(QuantFormat::kFp4Ue8m0x32, a->iq.data(),
+                                              static_cast<size_t>(n) * IH, id, kQuantBackend));
+    Mm(pool_.get(), xa, n, D, lw.i_wproj, IH, a->wts.data());
+  }
+  return Status::Ok();
+}
+
+Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
+                        const AttnRows& a, int64_t row0, Runtime* rt, ThreadPool* pool, float* o) {
+  const EngineConfig& c = config_;
+  const LayerWeights& lw = layers_[layer];
+  const int H = c.num_attention_heads, hd = c.head_dim;
+  const int rd = c.qk_rope_head_dim, W = c.sliding_window;
+  const LayerMode mode = c.layer_modes[layer];
+  SwaRing& ring = st->swa[layer];
+  if (ring.end != p0) {
+    if (ring.valid_from < p0) return Status::Internal("engine: SWA ring has a gap");
+    ring.end = p0;
+  }
+  const float* q = a.q.data() + row0 * H * hd;
+  const float* kv = a.kv.data() + row0 * hd;
+
+  // Compressed entries: sources write, then this layer (and later ones) read.
+  if (mode != LayerMode::kSwaOnly) {
+    if (mode == LayerMode::kFull) {
+      KVTIER_RETURN_IF_ERROR(Compress(layer, st, p0, n, xa, pool));
+      for (KvSourceCache& k : st->kv) {
+        if (k.layer == layer) rt->src = &k;
+      }
+      if (layer != c.candidate_source_layer_id) rt->candidates.clear();
+    }
+    if (rt->src == nullptr || rt->src->layer != c.kv_source_of_layer[layer])
+      return Status::Internal("engine: shared runtime has no kv source for this layer");
+    if (mode == LayerMode::kFull || mode == LayerMode::kReindex) {
+      const int IH = c.index_n_heads, id = c.index_head_dim;
+      KVTIER_RETURN_IF_ERROR(SelectTopk(layer, p0, n, a.iq.data() + row0 * IH * id,
+                                        a.wts.data() + row0 * IH, rt, pool));
+    } else if (static_cast<int>(rt->topk.size()) != n) {
+      return Status::Internal("engine: reuse layer without top-k");
+    }
+    if (trace_ != nullptr) {
+      trace_->topk[layer].insert(trace_->topk[layer].end(), rt->topk.begin(), rt->topk.end());
+    }
+  }
+
+  // Sparse attention over [selected compressed entries] + [SWA window], one latent as K and V.
+  // Per query token the keys are gathered once (compressed entries dequantised from their FP4
+  // bytes into a buffer, SWA keys read in place) and every head runs against them.
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const KvSourceCache* src = rt->src;
+  const QuantFormat mfmt = QuantFormat::kFp4E4M3x16;
+  const size_t mdb = kernels::DataBytes(mfmt, hd), msb = kernels::ScaleBytes(mfmt, hd);
+  std::atomic<bool> failed{false};
+  ForRange(pool, n, [&](int64_t b, int64_t e) {
+    std::vector<const float*> keys;
+    std::vector<float> logit, latent;
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t p = p0 + t;
+      keys.clear();
+      if (mode != LayerMode::kSwaOnly) {
+        const std::vector<int32_t>& sel = rt->topk[t];
+        latent.resize(sel.size() * hd);
+        for (size_t i = 0; i < sel.size(); ++i) {
+          const int64_t j = sel[i];
+          if (!kernels::Dequantize(mfmt, src->main_data.data() + j * mdb,
+                                   src->main_scales.data() + j * msb, 1, hd, latent.data() + i * hd,
+                                   kCacheReadBackend)
+                   .ok()) {
+            failed = true;
+            return;
+          }
+        }
+        for (size_t i = 0; i < sel.size(); ++i) keys.push_back(latent.data() + i * hd);
+      }
+      const int64_t lo = std::max(ring.valid_from, p - W + 1);
+      for (int64_t s = std::max<int64_t>(lo, 0); s <= p; ++s) {
+        if (s >= p0) {
+          keys.push_back(kv + (s - p0) * hd);
+        } else if (ring.Has(s)) {
+          keys.push_back(ring.values.data() + (s % W) * hd);
+        }
+      }
+      logit.resize(keys.size());
+      for (int h = 0; h < H; ++h) {
+        const float* qh = q + (t * H + h) * hd;
+        const float sink = lw.sink[h];
+        float mx = sink;
+        for (size_t i = 0; i < keys.size(); ++i) {
+          logit[i] = Dot(qh, keys[i], hd) * scale;
+          mx = std::max(mx, logit[i]);
+        }
+        float den = std::exp(sink - mx);
+        for (size_t i = 0; i < keys.size(); ++i) {
+          logit[i] = std::exp(logit[i] - mx);
+          den += logit[i];
+        }
+        float* oh = o + (t * H + h) * hd;
+        for (int d = 0; d < hd; ++d) oh[d] = 0.0f;
+        for (size_t i = 0; i < keys.size(); ++i) {
+          Axpy(logit[i] / den, keys[i], hd, oh);
+        }
+        ApplyRope(oh + hd - rd, *lw.rope, p, true);  // inverse RoPE on the output
+      }
+    }
+  });
+  if (failed) return Status::Internal("engine: global KV entries could not be dequantised");
+
+  // Push these rows' SWA entries into the ring.
+  const int sb = hd / 32;
+  const uint8_t* kv_data = a.kv_data.data() + row0 * hd;
+  const uint8_t* kv_scales = a.kv_scales.data() + row0 * sb;
+  for (int64_t p = std::max<int64_t>(p0, p0 + n - W); p < p0 + n; ++p) {
+    const int64_t slot = p % W, t = p - p0;
+    std::memcpy(ring.values.data() + slot * hd, kv + t * hd, hd * 4);
+    std::memcpy(ring.data.data() + slot * hd, kv_data + t * hd, hd);
+    std::memcpy(ring.scales.data() + slot * sb, kv_scales + t * sb, sb);
+  }
+  ring.end = p0 + n;
+  return Status::Ok();
+}
+
+void Engine::AttnOutput(int layer, int n, const float* o, float* out) {
+  // Grouped output projection: wo_a is block-diagonal over o_groups, then wo_b.
+  const EngineConfig& c = config_;
+  const LayerWeights& lw = layers_[layer];
+  const int D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim;
+  const int G = c.o_groups, ol = c.o_lora_rank, gin = (H / G) * hd;
+  std::vector<float> oa(static_cast<size_t>(n) * G * ol), tmp(static_cast<size_t>(n) * ol);
+  std::vector<float> og(static_cast<size_t>(n) * gin);
+  for (int g = 0; g < G; ++g) {
+    for (int t = 0; t < n; ++t) {
+      std::memcpy(og.data() + static_cast<int64_t>(t) * gin,
+                  o + static_cast<int64_t>(t) * H * hd + static_cast<int64_t>(g) * gin, gin * 4);
+    }
+    Mm(pool_.get(), og.data(), n, gin, lw.wo_a + static_cast<int64_t>(g) * ol * gin, ol,
+       tmp.data());
+    for (int t = 0; t < n; ++t) {
+      std::memcpy(oa.data() + (static_cast<int64_t>(t) * G + g) * ol,
+                  tmp.data() + static_cast<int64_t>(t) * ol, ol * 4);
+    }
+  }
+  Mm(pool_.get(), oa.data(), n, G * ol, lw.wo_b, D, out);
+}
+
+Status Engine::Attention(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
+                         Runtime* rt, float* out) {
+  const EngineConfig& c = config_;
+  std::vector<int64_t> pos(n);
+  for (int t = 0; t < n; ++t) pos[t] = p0 + t;
+  AttnRows& a = attn_rows_;
+  KVTIER_RETURN_IF_ERROR(AttnProject(layer, n, xa, pos.data(), &a));
+  std::vector<float> o(static_cast<size_t>(n) * c.num_attention_heads * c.head_dim);
+  KVTIER_RETURN_IF_ERROR(AttnCore(layer, st, p0, n, xa, a, 0, rt, pool_.get(), o.data()));
+  AttnOutput(layer, n, o.data(), out);
+  return Status::Ok();
+}
+
+}  // namespace kvtier::engine

@@ -1,0 +1,128 @@
+// Engine::ForwardBatch: continuous batching of several sequences in one pass (model.h).
+#include <algorithm>
+#include <cstring>
+
+#include "engine/model_internal.h"
+
+namespace kvtier::engine {
+
+// Continuous batching (model.h). Added beside Forward rather than folded into RunLayers so
+// that the single-sequence path stays as it is.
+Status Engine::ForwardBatch(std::span<SequenceState* const> states,
+                            std::span<const std::span<const int32_t>> tokens,
+                            std::vector<std::vector<float>>* last_logits) {
+  const size_t k = states.size();
+  if (k == 0 || tokens.size() != k)
+    return Status::InvalidArgument("engine: ForwardBatch needs one token span per state");
+  const EngineConfig& c = config_;
+  const int D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size, L = c.num_hidden_layers;
+  std::vector<int64_t> off(k + 1, 0), p0(k);
+  for (size_t i = 0; i < k; ++i) {
+    KVTIER_RETURN_IF_ERROR(CheckTokens(tokens[i]));
+    if (tokens[i].size() > static_cast<size_t>(options_.prefill_chunk_tokens))
+      return Status::InvalidArgument("engine: ForwardBatch span over prefill_chunk_tokens");
+    if (states[i] == nullptr) return Status::InvalidArgument("engine: null state");
+    KVTIER_RETURN_IF_ERROR(CheckExtendable(*states[i]));
+    for (size_t j = 0; j < i; ++j) {
+      if (states[j] == states[i]) return Status::InvalidArgument("engine: a state twice");
+    }
+    off[i + 1] = off[i] + static_cast<int64_t>(tokens[i].size());
+  }
+  const int64_t total = off[k];
+  if (total > static_cast<int64_t>(kMaxTokensPerCall))
+    return Status::InvalidArgument("engine: more than kMaxTokensPerCall tokens in one call");
+  ResetTrace();
+  std::vector<float> x(static_cast<size_t>(total) * hc * D), pre(static_cast<size_t>(total) * hc);
+  for (size_t i = 0; i < k; ++i) {
+    p0[i] = static_cast<int64_t>(states[i]->tokens.size());
+    states[i]->tokens.insert(states[i]->tokens.end(), tokens[i].begin(), tokens[i].end());
+    Embed(tokens[i], x.data() + off[i] * hc * D, pre.data() + off[i] * hc);
+  }
+  const int n = static_cast<int>(total);
+  std::vector<Runtime> rt(k);
+  std::vector<float> xn(static_cast<size_t>(n) * D), f(static_cast<size_t>(n) * D);
+  std::vector<float> post(static_cast<size_t>(n) * hc), comb(static_cast<size_t>(n) * hc * hc),
+      next_pre(static_cast<size_t>(n) * hc);
+  const int H = c.num_attention_heads, hd = c.head_dim;
+  std::vector<float> o(static_cast<size_t>(n) * H * hd);
+  std::vector<int64_t> pos(n);
+  int64_t max_rows = 0;
+  for (size_t i = 0; i < k; ++i) {
+    for (int64_t r = off[i]; r < off[i + 1]; ++r) pos[r] = p0[i] + (r - off[i]);
+    max_rows = std::max(max_rows, off[i + 1] - off[i]);
+  }
+  const int threads = pool_->threads();
+  const bool across_sequences = threads > 1 && static_cast<int>(k) >= threads &&
+                                max_rows * threads <= total && trace_ == nullptr;
+  std::vector<Status> core_status(k);
+  for (int l = 0; l < L; ++l) {
+    const LayerWeights& lw = layers_[l];
+    if (c.IsEngramLayer(l)) {
+      // Per sequence, claimed and taken before the next sequence's rows are requested, so the
+      // position-keyed Engram queue never holds two sequences' claims at once.
+      for (size_t i = 0; i < k; ++i) {
+        const int ni = static_cast<int>(off[i + 1] - off[i]);
+        const std::vector<Step> one = {Step{p0[i], ni, l, l + 1}};
+        std::vector<EngramPending*> claimed;
+        KVTIER_RETURN_IF_ERROR(BeginEngramStep(*states[i], one, 0, &claimed));
+        EngramRowBatch rows;
+        KVTIER_RETURN_IF_ERROR(TakeEngram(l, claimed[c.EngramSlot(l)], p0[i], ni, &rows));
+        KVTIER_RETURN_IF_ERROR(ApplyEngram(l, rows, ni, x.data() + off[i] * hc * D));
+      }
+    }
+    for (int s = 0; s < 2; ++s) {
+      PreMix(n, x.data(), pre.data(), s == 0 ? lw.attn_norm : lw.ffn_norm, xn.data());
+      pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+          HcMixes(x.data() + t * hc * D, hc, D, lw.hc_fn[s], lw.hc_scale[s], lw.hc_base[s],
+                  c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, next_pre.data() + t * hc,
+                  post.data() + t * hc, comb.data() + t * hc * hc);
+        }
+      });
+      if (trace_ != nullptr) {
+        auto& tc = trace_->comb[2 * l + s];
+        for (int t = 0; t < n; ++t) {
+          tc.emplace_back(comb.begin() + static_cast<int64_t>(t) * hc * hc,
+                          comb.begin() + static_cast<int64_t>(t + 1) * hc * hc);
+        }
+      }
+      if (s == 0) {
+        // Projections over every row at once; the per-sequence core on each sequence's rows,
+        // sequences spread over the threads when no sequence outweighs a thread's share.
+        KVTIER_RETURN_IF_ERROR(AttnProject(l, n, xn.data(), pos.data(), &attn_rows_));
+        auto core = [&](size_t i, ThreadPool* pool) {
+          return AttnCore(l, states[i], p0[i], static_cast<int>(off[i + 1] - off[i]),
+                          xn.data() + off[i] * D, attn_rows_, off[i], &rt[i], pool,
+                          o.data() + off[i] * H * hd);
+        };
+        if (across_sequences) {
+          pool_->ParallelFor(static_cast<int64_t>(k), [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) core_status[i] = core(static_cast<size_t>(i), nullptr);
+          });
+          for (const Status& cs : core_status) KVTIER_RETURN_IF_ERROR(cs);
+        } else {
+          for (size_t i = 0; i < k; ++i) KVTIER_RETURN_IF_ERROR(core(i, pool_.get()));
+        }
+        AttnOutput(l, n, o.data(), f.data());
+      } else {
+        Moe(l, n, xn.data(), f.data());
+      }
+      MixSublayer(n, x.data(), f.data(), post.data(), comb.data());
+      std::memcpy(pre.data(), next_pre.data(), next_pre.size() * 4);
+    }
+  }
+  // The head over each sequence's last row only.
+  std::vector<float> xl(k * hc * D), pl(k * hc), out(k * V);
+  for (size_t i = 0; i < k; ++i) {
+    const int64_t r = off[i + 1] - 1;
+    std::memcpy(xl.data() + i * hc * D, x.data() + r * hc * D, static_cast<size_t>(hc) * D * 4);
+    std::memcpy(pl.data() + i * hc, pre.data() + r * hc, static_cast<size_t>(hc) * 4);
+  }
+  Head(static_cast<int>(k), xl.data(), pl.data(), out.data());
+  last_logits->resize(k);
+  for (size_t i = 0; i < k; ++i)
+    (*last_logits)[i].assign(out.begin() + i * V, out.begin() + (i + 1) * V);
+  return Status::Ok();
+}
+
+}  // namespace kvtier::engine

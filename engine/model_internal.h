@@ -1,0 +1,88 @@
+// Engine internals shared by the files of its implementation (model.cc: the passes over the
+// layers; model_attention.cc: attention, compressor and indexer; model_moe.cc: the routed
+// experts; model_engram.cc: Engram rows and their prefetch; model_batch.cc: ForwardBatch). Not
+// part of the engine's interface: include it only from those files.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "engine/model.h"
+#include "kernels/quant.h"
+
+namespace kvtier::engine {
+namespace model_detail {
+
+using kernels::Backend;
+using kernels::QuantFormat;
+
+// The engine quantises with the vectorised codec too (AVX2 where the CPU has it; bit-identical to
+// the scalar reference, tests/kernels): the SWA entries and index queries of every token pass
+// through it, a few percent of a decode step with the reference.
+inline constexpr Backend kQuantBackend = Backend::kAuto;
+// Attention and the indexer dequantise the global KV they read with the vectorised codec
+// (AVX2 where the CPU has it; bit-identical to the reference, tests/kernels).
+inline constexpr Backend kCacheReadBackend = Backend::kAuto;
+// Index key rows dequantised per pass of the indexer (a 4 KiB buffer at index_head_dim 32).
+inline constexpr int64_t kIndexRowsPerPass = 32;
+
+// Top-k of scores over `candidates` (entry indices), ties broken by the lowest index; the
+// result is returned in index order.
+std::vector<int32_t> TopK(const std::vector<float>& score, const std::vector<int32_t>& candidates,
+                          int k);
+
+// fn(begin, end) over [0, n): split over `pool`, or in one call on the caller when pool is null
+// (a loop already running inside a pool's worker).
+inline void ForRange(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  if (pool == nullptr) {
+    fn(0, n);
+  } else {
+    pool->ParallelFor(n, fn);
+  }
+}
+
+}  // namespace model_detail
+
+struct Engine::LayerWeights {
+  const float* hc_fn[2] = {};
+  const float* hc_scale[2] = {};
+  const float* hc_base[2] = {};
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const float *wq_a = nullptr, *q_norm = nullptr, *wq_b = nullptr, *wkv = nullptr,
+              *kv_norm = nullptr, *wo_a = nullptr, *wo_b = nullptr, *sink = nullptr;
+  const float *c_wkv = nullptr, *c_wgate = nullptr, *c_norm = nullptr;
+  const float *i_wk = nullptr, *i_kn_w = nullptr, *i_kn_b = nullptr;
+  const float *i_wq_b = nullptr, *i_wproj = nullptr;
+  const float *gate = nullptr, *gate_bias = nullptr;
+  std::vector<const float*> w1, w2, w3;
+  const float *s_w1 = nullptr, *s_w2 = nullptr, *s_w3 = nullptr;
+  const float *e_wkv = nullptr, *e_qn = nullptr, *e_kn = nullptr;
+  const std::vector<double>* rope = nullptr;
+};
+
+// SharedAttentionRuntime (reference §2): one slot each, written by sources before the
+// consumers in later layers read them, within one pass over the layers.
+struct Engine::Runtime {
+  KvSourceCache* src = nullptr;
+  std::vector<std::vector<int32_t>> topk;        // per batch token: entry indices
+  std::vector<std::vector<uint8_t>> candidates;  // per batch token: block mask; empty: none
+};
+
+// One batch of Engram rows the engine requested (own step or prefetch) and still holds.
+struct Engine::EngramPending {
+  int slot = 0;
+  int64_t p0 = 0;  // positions [p0, p0 + n)
+  int n = 0;
+  EngramRowBatch batch;   // row_ids: n x columns, token-major
+  bool prefetch = false;  // requested ahead of its step
+  bool waited = false;    // Wait() returned (status, batch.data/scales valid)
+  Status status;
+  bool discarded = false;  // no step will use it; waited (in order) and dropped
+  bool used = false;       // served a step
+  int64_t claim_end = -1;  // end of the running step that claimed it; -1: none
+  int64_t end() const { return p0 + n; }
+};
+}  // namespace kvtier::engine

@@ -216,10 +216,13 @@ class ClientImpl final : public Client {
   const wire::HelloResponse& hello() const override { return hello_; }
   bool shm_attached() const override { return shm_ != nullptr; }
 
-  std::future<StatusOr<LookupResult>> LookupAsync(std::span<const wire::Key> chain) override {
+  uint64_t NewTurn() override { return next_turn_.fetch_add(1, std::memory_order_relaxed); }
+
+  std::future<StatusOr<LookupResult>> LookupAsync(std::span<const wire::Key> chain,
+                                                  uint64_t turn) override {
     std::vector<wire::Key> keys(chain.begin(), chain.end());
     return std::async(std::launch::deferred,
-                      [this, keys = std::move(keys)]() { return DoLookup(keys); });
+                      [this, keys = std::move(keys), turn]() { return DoLookup(keys, turn); });
   }
 
   std::future<StatusOr<std::vector<Status>>> PutAsync(std::span<const PutUnit> units,
@@ -279,11 +282,11 @@ class ClientImpl final : public Client {
         });
   }
 
-  Status Get(std::span<const wire::Key> keys,
+  Status Get(std::span<const wire::Key> keys, uint64_t turn,
              const std::function<void(size_t, const GetItem&)>& visit) override {
     for (size_t base = 0; base < keys.size(); base += BatchLimit()) {
       size_t n = std::min<size_t>(BatchLimit(), keys.size() - base);
-      KVTIER_RETURN_IF_ERROR(GetChunk(keys.subspan(base, n), base, visit));
+      KVTIER_RETURN_IF_ERROR(GetChunk(keys.subspan(base, n), base, turn, visit));
     }
     return Status::Ok();
   }
@@ -368,6 +371,16 @@ class ClientImpl final : public Client {
   }
 
  private:
+  // The frame flags and body of a LOOKUP/GET/PUT of `turn` (wire::kFlagTurn): the turn id in
+  // front of the body when there is one and the daemon takes turns; unchanged otherwise.
+  uint16_t WithTurn(uint64_t turn, uint16_t flags, std::vector<uint8_t>* body) const {
+    if (turn == 0 || (hello_.features & wire::kFeatureTurns) == 0) return flags;
+    uint8_t id[wire::kTurnBytes];
+    for (size_t i = 0; i < wire::kTurnBytes; ++i) id[i] = static_cast<uint8_t>(turn >> (8 * i));
+    body->insert(body->begin(), id, id + wire::kTurnBytes);
+    return static_cast<uint16_t>(flags | wire::kFlagTurn);
+  }
+
   // Keys per request: the daemon's advertised max_batch_keys (HELLO), never above the wire
   // format's kMaxBatchKeys; every batch call is split at it.
   size_t BatchLimit() const {
@@ -534,8 +547,8 @@ class ClientImpl final : public Client {
 
   // Sends one call and checks the response status; parse(r) reads the payload.
   Status Simple(Opcode op, std::span<const uint8_t> body,
-                const std::function<Status(wire::Reader*)>& parse) {
-    auto fut = Call(op, 0, body);
+                const std::function<Status(wire::Reader*)>& parse, uint16_t flags = 0) {
+    auto fut = Call(op, flags, body);
     KVTIER_ASSIGN_OR_RETURN(Frame f, Wait(fut));
     wire::Reader r(f.body);
     Status st;
@@ -553,17 +566,21 @@ class ClientImpl final : public Client {
     return text;
   }
 
-  StatusOr<LookupResult> DoLookup(const std::vector<wire::Key>& keys) {
+  StatusOr<LookupResult> DoLookup(const std::vector<wire::Key>& keys, uint64_t turn) {
     LookupResult out;
     for (size_t base = 0; base < keys.size() || base == 0; base += BatchLimit()) {
       size_t n = std::min<size_t>(BatchLimit(), keys.size() - base);
       wire::LookupReply reply;
+      std::vector<uint8_t> body =
+          wire::EncodeKeys(std::span<const wire::Key>(keys).subspan(base, n));
+      const uint16_t flags = WithTurn(turn, 0, &body);
       KVTIER_RETURN_IF_ERROR(Simple(
-          Opcode::kLookup, wire::EncodeKeys(std::span<const wire::Key>(keys).subspan(base, n)),
+          Opcode::kLookup, body,
           [&](wire::Reader* r) -> Status {
             KVTIER_ASSIGN_OR_RETURN(reply, wire::DecodeLookupReply(r));
             return Status::Ok();
-          }));
+          },
+          flags));
       out.hit_count += reply.hit_count;
       out.tiers.insert(out.tiers.end(), reply.tiers.begin(), reply.tiers.end());
       out.first_miss = reply.first_miss;
@@ -614,16 +631,17 @@ class ClientImpl final : public Client {
       }
     }
     std::vector<uint8_t> body = wire::EncodePut(req, shm);
+    const uint16_t flags = WithTurn(o.turn, shm ? wire::kFlagShm : 0, &body);
     std::vector<std::shared_ptr<ShmLease>> held;
     if (lease) held.push_back(std::move(lease));
-    return Call(Opcode::kPut, shm ? wire::kFlagShm : 0, body, std::move(held));
+    return Call(Opcode::kPut, flags, body, std::move(held));
   }
 
   bool InShm(std::span<const uint8_t> v) const {
     return shm_ != nullptr && v.data() >= shm_ && v.data() + v.size() <= shm_ + shm_bytes_;
   }
 
-  Status GetChunk(std::span<const wire::Key> keys, size_t base,
+  Status GetChunk(std::span<const wire::Key> keys, size_t base, uint64_t turn,
                   const std::function<void(size_t, const GetItem&)>& visit) {
     std::shared_ptr<ShmLease> lease;
     if (shm_ != nullptr) {
@@ -640,8 +658,9 @@ class ClientImpl final : public Client {
     }
     std::vector<std::shared_ptr<ShmLease>> held;
     if (lease) held.push_back(lease);
-    auto fut =
-        Call(Opcode::kGet, shm ? wire::kFlagShm : 0, wire::EncodeGet(req, shm), std::move(held));
+    std::vector<uint8_t> body = wire::EncodeGet(req, shm);
+    const uint16_t flags = WithTurn(turn, shm ? wire::kFlagShm : 0, &body);
+    auto fut = Call(Opcode::kGet, flags, body, std::move(held));
     KVTIER_ASSIGN_OR_RETURN(Frame f, Wait(fut));
     wire::Reader r(f.body);
     Status st;
@@ -679,7 +698,9 @@ class ClientImpl final : public Client {
     for (size_t j = 0; j < retry.size(); ++j) {
       wire::GetRequest one;
       one.keys = {retry[j]};
-      auto rf = Call(Opcode::kGet, 0, wire::EncodeGet(one, false));
+      std::vector<uint8_t> one_body = wire::EncodeGet(one, false);
+      const uint16_t one_flags = WithTurn(turn, 0, &one_body);
+      auto rf = Call(Opcode::kGet, one_flags, one_body);
       KVTIER_ASSIGN_OR_RETURN(Frame f1, Wait(rf));
       wire::Reader r1(f1.body);
       Status s1;
@@ -712,6 +733,7 @@ class ClientImpl final : public Client {
   bool unauthenticated_ = false;
   Status broken_;  // protected by mu_
   std::atomic<uint64_t> next_id_{1};
+  std::atomic<uint64_t> next_turn_{1};  // NewTurn's ids
   uint8_t* shm_ = nullptr;
   uint64_t shm_bytes_ = 0;
   ShmAllocator alloc_;

@@ -80,6 +80,8 @@ struct PutOptions {
   bool allow_ssd = true;
   uint32_t recompute_tokens = 0;
   uint64_t ttl_ms = 0;
+  // The turn the put belongs to (Client::NewTurn); 0: none (the batch is a request of its own).
+  uint64_t turn = 0;
 };
 
 struct PutUnit {
@@ -102,21 +104,36 @@ class Client {
   virtual const wire::HelloResponse& hello() const = 0;
   virtual bool shm_attached() const = 0;
 
-  virtual std::future<StatusOr<LookupResult>> LookupAsync(std::span<const wire::Key> chain) = 0;
+  // A fresh turn id (never 0). One engine turn (its LOOKUP, GET and PUT) passes the same id
+  // to each call, so that the daemon's eviction policies see the turn as one request
+  // (wire::kFlagTurn; the id is scoped to this connection). Against a daemon that does not
+  // announce kFeatureTurns the id is not sent and each call is its own request, as before.
+  virtual uint64_t NewTurn() = 0;
+
+  // turn: as NewTurn describes; 0 for none.
+  virtual std::future<StatusOr<LookupResult>> LookupAsync(std::span<const wire::Key> chain,
+                                                          uint64_t turn) = 0;
+  std::future<StatusOr<LookupResult>> LookupAsync(std::span<const wire::Key> chain) {
+    return LookupAsync(chain, 0);
+  }
   // One status per unit, in order.
   virtual std::future<StatusOr<std::vector<Status>>> PutAsync(std::span<const PutUnit> units,
                                                               const PutOptions& options) = 0;
 
-  StatusOr<LookupResult> Lookup(std::span<const wire::Key> chain) {
-    return LookupAsync(chain).get();
+  StatusOr<LookupResult> Lookup(std::span<const wire::Key> chain, uint64_t turn = 0) {
+    return LookupAsync(chain, turn).get();
   }
   StatusOr<std::vector<Status>> Put(std::span<const PutUnit> units, const PutOptions& options) {
     return PutAsync(units, options).get();
   }
   // Calls visit(i, item) for each key in order. Over shared memory item.value points into
-  // the region (zero copy); it is released when Get returns.
-  virtual Status Get(std::span<const wire::Key> keys,
+  // the region (zero copy); it is released when Get returns. turn: as for LookupAsync.
+  virtual Status Get(std::span<const wire::Key> keys, uint64_t turn,
                      const std::function<void(size_t, const GetItem&)>& visit) = 0;
+  Status Get(std::span<const wire::Key> keys,
+             const std::function<void(size_t, const GetItem&)>& visit) {
+    return Get(keys, 0, visit);
+  }
   // Convenience: copies each hit into (*values)[i]; misses leave an empty vector and set
   // (*found)[i] = false.
   Status GetCopy(std::span<const wire::Key> keys, std::vector<std::vector<uint8_t>>* values,

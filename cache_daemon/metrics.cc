@@ -393,6 +393,10 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
         "Requests refused by a tenant's in-flight limit.", tenant_inflight_rejections.load());
   p.One("kvtier_trace_records_dropped_total", "counter", "Trace records dropped (queue full).",
         trace_records_dropped.load());
+  p.One("kvtier_native_turns_restarted_total", "counter",
+        "Native turn ids that began a new request because their connection forgot them "
+        "(table full or turn too old).",
+        native_turns_restarted.load());
   p.One("kvtier_inflight_requests", "gauge", "Native requests executing now.", inflight.load());
   p.One("kvtier_ready", "gauge", "1 when serving, 0 while draining.",
         uint64_t{extra.ready ? 1u : 0u});

@@ -129,6 +129,8 @@ class DaemonMetrics {
   std::atomic<uint64_t> slow_client_disconnects{0};
   std::atomic<uint64_t> tenant_inflight_rejections{0};
   std::atomic<uint64_t> trace_records_dropped{0};
+  // Native turn ids forgotten (a connection's table full) or past their age limit.
+  std::atomic<uint64_t> native_turns_restarted{0};
   std::atomic<uint64_t> inflight{0};
   std::array<std::atomic<uint64_t>, static_cast<size_t>(Refusal::kCount)> refusals{};
   void Refuse(Refusal r) { refusals[static_cast<size_t>(r)].fetch_add(1); }

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <deque>
 #include <optional>
+#include <unordered_map>
+#include <utility>
 
 #include "cache_daemon/daemon_internal.h"
 #include "cache_daemon/wire.h"
@@ -27,6 +29,12 @@ constexpr int kMaxAuthFailures = 3;
 // kReadChunkBytes while reads fill it.
 constexpr size_t kFirstReadBytes = 16 * 1024;
 constexpr size_t kReadChunkBytes = 256 * 1024;
+// Turn ids (wire::kFlagTurn) a connection remembers, mapped to the request they are for the
+// eviction policies; beyond this the oldest is forgotten (its next call begins a new request).
+// A remembered turn older than kTurnAgeMsMax also begins anew, so no turn keeps one request
+// time forever. Both counted in kvtier_native_turns_restarted_total. docs/format/wire.md.
+constexpr size_t kTurnsPerConnectionMax = 1024;
+constexpr uint64_t kTurnAgeMsMax = 10 * 60 * 1000;
 
 Op ToOp(uint8_t opcode) {
   switch (static_cast<Opcode>(opcode)) {
@@ -93,6 +101,9 @@ struct Job {
   uint32_t unit_tokens = 0;
   uint8_t* shm = nullptr;  // the mapping (lives as long as the session); null when none
   uint64_t shm_bytes = 0;
+  // The request the call belongs to for the eviction policies: its turn's (kFlagTurn), else
+  // id 0 (the store makes the call a request of its own).
+  storage::RequestTag request;
   // Set by the worker: value bytes of the reply it built, reserved with ReserveReply.
   uint64_t reserved_bytes = 0;
 };
@@ -435,6 +446,7 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
         r.max_inflight = shared_->options->max_inflight_per_connection;
         r.max_batch_keys = BatchLimit();
         r.tenant_name = tenant_ != nullptr ? tenant_->name : "";
+        r.features = wire::kFeatureTurns;
         wire::EncodeHelloResponse(r, w);
       });
       Reply(op, start_us, std::move(out), st.code());
@@ -467,8 +479,9 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
     busy_.fetch_add(1);
     shared_->metrics->inflight.fetch_add(1);
     auto shared_slot = std::make_shared<InflightSlot>(std::move(slot).value());
-    auto job =
-        std::make_shared<Job>(Job{std::move(frame), tenant_, unit_tokens_, shm_, shm_bytes_});
+    const storage::RequestTag request = TurnRequest(frame);
+    auto job = std::make_shared<Job>(
+        Job{std::move(frame), tenant_, unit_tokens_, shm_, shm_bytes_, request});
     asio::post(*shared_->workers, [self = shared_from_this(), job = std::move(job), op, start_us,
                                    shared_slot, frame_bytes]() mutable {
       StatusCode code = StatusCode::kOk;
@@ -509,6 +522,7 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
       ++auth_failures_;
       shared_->metrics->auth_failures.fetch_add(1);
       shared_->ReleaseTenantConnection(tenant_);
+      if (tenant_ != shared_->tenants->default_tenant()) ForgetTurns();
       tenant_ = shared_->tenants->default_tenant();
       return t.status();
     }
@@ -518,9 +532,50 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
                                 " is at limits.tenant_connections_max connections");
       }
       shared_->ReleaseTenantConnection(tenant_);
+      ForgetTurns();  // a turn never spans two tenants
     }
     tenant_ = *t;
     return Status::Ok();
+  }
+
+  // On the strand, when a frame is taken: the request of its turn (wire::kFlagTurn), begun at
+  // the turn's first call; id 0 for a call without a valid turn (ExecuteInto rejects a bad
+  // one). The id is the store's own (TierManager::BeginRequest), never the client's number,
+  // which only names an entry of this connection's table: no value a client sends can join
+  // its calls to another connection's or another tenant's request.
+  storage::RequestTag TurnRequest(const wire::Frame& frame) {
+    if ((frame.header.flags & wire::kFlagTurn) == 0) return {};
+    std::span<const uint8_t> rest;
+    StatusOr<uint64_t> turn = wire::SplitTurn(frame.header.opcode, frame.body, &rest);
+    if (!turn.ok()) return {};
+    const uint64_t now_ms = DefaultSteadyClock().NowMs();
+    auto it = turns_.find(*turn);
+    if (it != turns_.end() && now_ms - it->second.started_ms <= kTurnAgeMsMax) {
+      return it->second.tag;
+    }
+    if (it != turns_.end()) {
+      shared_->metrics->native_turns_restarted.fetch_add(1);
+      turns_.erase(it);  // its entry in turn_order_ is skipped when it comes up
+    }
+    while (turns_.size() >= kTurnsPerConnectionMax && !turn_order_.empty()) {
+      const auto [old, started] = turn_order_.front();
+      turn_order_.pop_front();
+      auto o = turns_.find(old);
+      if (o != turns_.end() && o->second.started_ms == started) {
+        turns_.erase(o);
+        shared_->metrics->native_turns_restarted.fetch_add(1);
+      }
+    }
+    // Stale entries (erased or restarted turns) are dropped once the order outgrows the table.
+    while (turn_order_.size() >= 2 * kTurnsPerConnectionMax) turn_order_.pop_front();
+    const storage::RequestTag tag = shared_->service->store()->BeginRequest();
+    turns_[*turn] = TurnEntry{tag, now_ms};
+    turn_order_.emplace_back(*turn, now_ms);
+    return tag;
+  }
+  void ForgetTurns() {
+    turns_.clear();
+    turn_order_.clear();
   }
 
   void HandleShmAttach(const wire::Frame& frame, uint64_t start_us) {
@@ -611,6 +666,14 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
   const Tenant* tenant_ = nullptr;
   uint32_t unit_tokens_ = 0;
   uint32_t inflight_ = 0;
+  // Turns of this connection (TurnRequest): turn id -> its request and the steady ms it began;
+  // turn_order_ lists (turn, began) oldest first, with stale pairs skipped.
+  struct TurnEntry {
+    storage::RequestTag tag;
+    uint64_t started_ms = 0;
+  };
+  std::unordered_map<uint64_t, TurnEntry> turns_;
+  std::deque<std::pair<uint64_t, uint64_t>> turn_order_;
   int auth_failures_ = 0;
   bool reading_ = false, writing_ = false, closed_ = false, close_after_write_ = false;
   bool timer_armed_ = false;
@@ -643,18 +706,25 @@ Status NativeSession::ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_
   uint8_t* const shm_base = job.shm;
   bool shm = (h.flags & wire::kFlagShm) != 0;
   if (shm && shm_base == nullptr) return Status::InvalidArgument("shm flag without SHM_ATTACH");
+  // The opcode's fields: after the turn id when the frame carries one (wire::kFlagTurn).
+  std::span<const uint8_t> body = f.body;
+  if ((h.flags & wire::kFlagTurn) != 0) {
+    KVTIER_RETURN_IF_ERROR(wire::SplitTurn(h.opcode, f.body, &body).status());
+  }
+  // Responses never carry the turn flag: their bodies have no turn id.
+  const auto reply_flags = static_cast<uint16_t>(h.flags & wire::kFlagShm);
   uint32_t max_frame = static_cast<uint32_t>(
       std::min<uint64_t>(shared_->options->max_frame_bytes, uint64_t{1} << 31));
   switch (static_cast<Opcode>(h.opcode)) {
     case Opcode::kLookup: {
-      KVTIER_ASSIGN_OR_RETURN(std::vector<wire::Key> keys, wire::DecodeKeys(f.body));
+      KVTIER_ASSIGN_OR_RETURN(std::vector<wire::Key> keys, wire::DecodeKeys(body));
       KVTIER_RETURN_IF_ERROR(CheckBatch(keys.size()));
       wire::LookupReply r = svc->Lookup(t, keys, unit_tokens);
       *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { wire::EncodeLookupReply(r, w); });
       return Status::Ok();
     }
     case Opcode::kPut: {
-      KVTIER_ASSIGN_OR_RETURN(wire::PutRequest req, wire::DecodePut(f.body, shm));
+      KVTIER_ASSIGN_OR_RETURN(wire::PutRequest req, wire::DecodePut(body, shm));
       KVTIER_RETURN_IF_ERROR(CheckBatch(req.units.size()));
       std::vector<PutItem> items(req.units.size());
       for (size_t i = 0; i < req.units.size(); ++i) {
@@ -670,16 +740,16 @@ Status NativeSession::ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_
           items[i].value = u.value;
         }
       }
-      std::vector<StatusCode> codes = svc->Put(t, req, items, unit_tokens);
+      std::vector<StatusCode> codes = svc->Put(t, req, items, unit_tokens, job.request);
       for (StatusCode c : codes) {
         if (c != StatusCode::kOk) *code = c;
       }
-      *out =
-          Response(h, h.flags, Status::Ok(), [&](wire::Writer* w) { wire::EncodeCodes(codes, w); });
+      *out = Response(h, reply_flags, Status::Ok(),
+                      [&](wire::Writer* w) { wire::EncodeCodes(codes, w); });
       return Status::Ok();
     }
     case Opcode::kGet: {
-      KVTIER_ASSIGN_OR_RETURN(wire::GetRequest req, wire::DecodeGet(f.body, shm));
+      KVTIER_ASSIGN_OR_RETURN(wire::GetRequest req, wire::DecodeGet(body, shm));
       KVTIER_RETURN_IF_ERROR(CheckBatch(req.keys.size()));
       if (shm && !InShm(job, req.dst_offset, req.dst_capacity)) {
         return Status::InvalidArgument("get destination outside the shared-memory region");
@@ -689,7 +759,7 @@ Status NativeSession::ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_
       wire::EncodeStatus(Status::Ok(), &w);
       w.U16(static_cast<uint16_t>(req.keys.size()));
       uint64_t cursor = 0;
-      svc->Get(t, req.keys, unit_tokens,
+      svc->Get(t, req.keys, unit_tokens, job.request,
                [&](size_t, const Status& st, storage::Tier tier, std::span<const uint8_t> v) {
                  StatusCode c = st.code();
                  if (st.ok() && shm && v.size() > req.dst_capacity - cursor) {
@@ -715,7 +785,7 @@ Status NativeSession::ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_
                  }
                });
       *out = w.Take();
-      auto hdr = wire::EncodeHeader(h.opcode | wire::kResponseBit, h.flags, h.request_id,
+      auto hdr = wire::EncodeHeader(h.opcode | wire::kResponseBit, reply_flags, h.request_id,
                                     static_cast<uint32_t>(out->size() - wire::kHeaderBytes));
       std::copy(hdr.begin(), hdr.end(), out->begin());
       return Status::Ok();

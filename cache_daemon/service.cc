@@ -161,13 +161,15 @@ wire::LookupReply Service::Lookup(const Tenant& t, std::span<const wire::Key> ch
 }
 
 std::vector<StatusCode> Service::Put(const Tenant& t, const wire::PutRequest& args,
-                                     std::span<const PutItem> items, uint32_t unit_tokens) {
+                                     std::span<const PutItem> items, uint32_t unit_tokens,
+                                     const storage::RequestTag& given) {
   std::vector<StatusCode> codes;
   codes.reserve(items.size());
   std::vector<storage::Key> keys;
   uint64_t bytes = 0;
-  // A native batch PUT is one request for the eviction policies (storage::RequestTag).
-  const storage::RequestTag request = store_->BeginRequest();
+  // A native batch PUT is one request for the eviction policies (storage::RequestTag): its
+  // turn's, or its own.
+  const storage::RequestTag request = given.id != 0 ? given : store_->BeginRequest();
   for (const PutItem& it : items) {
     storage::PutOptions po;
     po.tenant = t.id;
@@ -210,6 +212,7 @@ std::vector<StatusCode> Service::Put(const Tenant& t, const wire::PutRequest& ar
 }
 
 void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens,
+                  const storage::RequestTag& given,
                   const std::function<void(size_t, const Status&, storage::Tier,
                                            std::span<const uint8_t>)>& visit) {
   std::vector<storage::Key> keys(chain.size());
@@ -219,10 +222,12 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
   std::vector<storage::Tier> tiers;
   std::vector<Status> results;
   uint64_t bytes = 0;
+  // One request for the policies however many batches it takes: the turn's, or its own.
+  const storage::RequestTag request = given.id != 0 ? given : store_->BeginRequest();
   for (size_t first = 0; first < keys.size(); first += storage::kMaxBatch) {
     size_t n = std::min(storage::kMaxBatch, keys.size() - first);
     store_->GetBatch(std::span<const storage::Key>(keys).subspan(first, n), &values, &tiers,
-                     &results);
+                     &results, request);
     if (router_ != nullptr) {
       // Units this node does not hold are fetched from the peers that do.
       std::vector<bool> want(n, false);

@@ -107,14 +107,23 @@ class Service {
   storage::Key BindResp(const Tenant& t, std::string_view key, RespKeyCache* cache = nullptr) const;
 
   wire::LookupReply Lookup(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens);
-  // One status per unit; a unit whose parent is all zeros has no parent.
+  // One status per unit; a unit whose parent is all zeros has no parent. The batch is one
+  // request for the eviction policies: `request` (a native turn's), or a new one when its id
+  // is 0 (storage::RequestTag).
   std::vector<StatusCode> Put(const Tenant& t, const wire::PutRequest& args,
-                              std::span<const PutItem> items, uint32_t unit_tokens);
+                              std::span<const PutItem> items, uint32_t unit_tokens,
+                              const storage::RequestTag& request = {});
   // Calls visit(i, status, tier, value) for each key in order; value is valid only during
-  // the call.
+  // the call. The batch is one request for the policies, as for Put.
   void Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens,
+           const storage::RequestTag& request,
            const std::function<void(size_t, const Status&, storage::Tier,
                                     std::span<const uint8_t>)>& visit);
+  void Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens,
+           const std::function<void(size_t, const Status&, storage::Tier,
+                                    std::span<const uint8_t>)>& visit) {
+    Get(t, chain, unit_tokens, storage::RequestTag{}, visit);
+  }
   Status Prefetch(const Tenant& t, std::span<const wire::Key> chain);
   Status Pin(const Tenant& t, std::span<const wire::Key> chain, uint64_t lease_ms);
   Status Unpin(const Tenant& t, std::span<const wire::Key> chain);

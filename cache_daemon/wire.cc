@@ -206,6 +206,7 @@ void EncodeHelloResponse(const HelloResponse& resp, Writer* w) {
   w->U32(resp.max_batch_keys);
   w->U16(static_cast<uint16_t>(std::min<size_t>(resp.tenant_name.size(), 256)));
   w->Bytes(std::string_view(resp.tenant_name).substr(0, 256));
+  w->U32(resp.features);
 }
 
 StatusOr<HelloResponse> DecodeHelloResponse(Reader* r) {
@@ -218,7 +219,22 @@ StatusOr<HelloResponse> DecodeHelloResponse(Reader* r) {
     return Status::Corruption("truncated hello response");
   }
   resp.tenant_name.assign(name.begin(), name.end());
+  if (r->remaining() >= 4) (void)r->U32(&resp.features);  // absent before features existed
   return resp;
+}
+
+StatusOr<uint64_t> SplitTurn(uint8_t opcode, std::span<const uint8_t> body,
+                             std::span<const uint8_t>* rest) {
+  const auto op = static_cast<Opcode>(opcode);
+  if (op != Opcode::kLookup && op != Opcode::kGet && op != Opcode::kPut) {
+    return Status::InvalidArgument("turn flag on an opcode other than LOOKUP, GET, PUT");
+  }
+  Reader r(body);
+  uint64_t turn = 0;
+  if (!r.U64(&turn)) return Status::InvalidArgument("turn flag on a body shorter than its turn id");
+  if (turn == 0) return Status::InvalidArgument("turn id 0");
+  *rest = body.subspan(kTurnBytes);
+  return turn;
 }
 
 std::vector<uint8_t> EncodeAuth(std::string_view token) {

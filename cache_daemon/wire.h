@@ -71,7 +71,25 @@ const char* OpcodeName(uint8_t opcode);  // "hello", ..., "unknown"
 enum FrameFlags : uint16_t {
   // Bulk values live in the connection's shared-memory region, not in the frame.
   kFlagShm = 1u << 0,
+  // LOOKUP, GET and PUT only: the body begins with a u64 turn id (nonzero, chosen by the
+  // client) before the opcode's fields. Calls of one connection that carry the same turn id
+  // are one request for the daemon's eviction policies (storage::RequestTag). Send it only
+  // to a daemon whose HELLO response sets kFeatureTurns.
+  kFlagTurn = 1u << 1,
 };
+// Bytes of the turn id that kFlagTurn puts in front of a body.
+inline constexpr size_t kTurnBytes = 8;
+
+// Bits of HelloResponse::features: what the daemon accepts beyond version 1's base.
+enum Features : uint32_t {
+  kFeatureTurns = 1u << 0,  // kFlagTurn on LOOKUP, GET and PUT
+};
+
+// The turn id of a body sent with kFlagTurn, and the opcode's fields after it (*rest).
+// InvalidArgument when the opcode takes no turn, the body is shorter than kTurnBytes, or
+// the id is 0.
+StatusOr<uint64_t> SplitTurn(uint8_t opcode, std::span<const uint8_t> body,
+                             std::span<const uint8_t>* rest);
 
 struct FrameHeader {
   uint32_t length = kMinLengthField;
@@ -203,6 +221,8 @@ struct HelloResponse {
   uint32_t max_inflight = 0;
   uint32_t max_batch_keys = 0;
   std::string tenant_name;
+  // Features bits, after the tenant name; a daemon that predates them sends none (0).
+  uint32_t features = 0;
 };
 std::vector<uint8_t> EncodeHello(const HelloRequest& req);
 StatusOr<HelloRequest> DecodeHello(std::span<const uint8_t> body);

@@ -239,6 +239,8 @@ Status SessionStore::Save(const SequenceState& state, std::span<const float> las
   po.allow_ssd = true;
   po.highest_tier = options_.unit_highest_tier;
   po.recompute_tokens = P;
+  po.turn = cursor->turn != 0 ? cursor->turn : client_->NewTurn();  // one request: the turn
+  cursor->turn = 0;
   while (cursor->units_saved < pages) {
     const int64_t first = cursor->units_saved;
     const int64_t count = std::min<int64_t>(pages - first, options_.max_units_per_call);
@@ -280,6 +282,7 @@ Status SessionStore::Save(const SequenceState& state, std::span<const float> las
     ho.allow_ssd = false;
     ho.highest_tier = 1;  // DRAM
     ho.ttl_ms = options_.hot_state_ttl_ms;
+    ho.turn = po.turn;
     daemon::PutUnit u;
     u.key = SwaBlobKey(cursor->chain[pages - 1]);
     u.value = hot;
@@ -366,10 +369,11 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
 
   // 1. LOOKUP the chain of whole units.
   const std::vector<Digest> chain = SessionChainKeys(fingerprint_, tokens, P);
+  r.turn = client_->NewTurn();  // LOOKUP, GET and the turn's Save: one request for the policies
   auto t0 = Clock::now();
   StatusOr<daemon::LookupResult> lk = chain.empty()
                                           ? StatusOr<daemon::LookupResult>(daemon::LookupResult{})
-                                          : client_->Lookup(chain);
+                                          : client_->Lookup(chain, r.turn);
   r.lookup_s = Since(t0);
   if (!lk.ok()) {
     r.decision = "lookup failed (" + lk.status().ToString() + "): recompute";
@@ -436,7 +440,7 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
     std::vector<daemon::wire::Key> batch(keys.begin() + first, keys.begin() + first + count);
     const bool last_batch = first + count == r.hit_units;
     if (want_hot && last_batch) batch.push_back(SwaBlobKey(chain[r.hit_units - 1]));
-    Status gs = client_->Get(batch, [&](size_t j, const daemon::GetItem& item) {
+    Status gs = client_->Get(batch, r.turn, [&](size_t j, const daemon::GetItem& item) {
       if (static_cast<int64_t>(j) >= count) {  // the hot state
         if (item.status.ok() && !stopped) hot.assign(item.value.begin(), item.value.end());
         return;

@@ -138,6 +138,9 @@ class CostModel {
 struct SaveCursor {
   std::vector<Digest> chain;  // chain keys of the whole units of the tokens seen so far
   int64_t units_saved = 0;    // units [0, units_saved) were put
+  // The turn (daemon::Client::NewTurn) the next Save's PUTs belong to, e.g. the
+  // ResumeReport::turn of the resume that began it; 0: a new one. Save resets it to 0.
+  uint64_t turn = 0;
 };
 
 struct ResumeReport {
@@ -152,6 +155,7 @@ struct ResumeReport {
   bool recomputed = false;        // the guard (or a miss) chose a CED prefill of every token
   std::string decision;           // the guard's reason, one line
   uint8_t first_miss_reason = 0;  // storage::MissReason from LOOKUP
+  uint64_t turn = 0;              // the turn its LOOKUP and GET carried (SaveCursor::turn)
   double estimated_resume_s = 0, estimated_recompute_s = 0;
   double lookup_s = 0, fetch_s = 0, replay_s = 0, suffix_s = 0, recompute_s = 0, total_s = 0;
 };

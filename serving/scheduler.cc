@@ -293,6 +293,7 @@ Status Scheduler::Start(Seq* seq, Pending& p) {
   if (store != nullptr) {
     KVTIER_ASSIGN_OR_RETURN(engine::ResumeReport r,
                             store->Resume(prompt, &seq->state, &seq->logits));
+    seq->cursor.turn = r.turn;  // the turn's PUT joins its LOOKUP and GET (one request)
     if (!r.recomputed) {
       seq->usage.cached_tokens = r.units_used * store->options().unit_tokens;
       seq->cursor.units_saved = r.units_used;

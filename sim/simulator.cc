@@ -249,6 +249,15 @@ class Replay {
                       .recompute_tokens = trace_.recompute_tokens[u],
                       .kind = policies::ObjectKind::kGlobalKv};
   }
+  // The SSD policy is told of a request when the request first reaches it (as the live SSD
+  // tier does: storage::RequestTag), not at every request.
+  EvictionPolicy* Ssd() {
+    if (ssd_request_ != request_key_) {
+      ssd_.policy->OnRequest(now_us_);
+      ssd_request_ = request_key_;
+    }
+    return ssd_.policy.get();
+  }
   void Hint(Tier& tier, uint32_t u) {
     if (tier.belady != nullptr) tier.belady->SetNextAccess(u + 1ull, last_next_[u]);
   }
@@ -274,11 +283,16 @@ class Replay {
   std::vector<uint32_t> in_request_;  // kPrefix: per unit, stamp of the last request using it
   uint32_t request_stamp_ = 0, request_units_ = 0;
   uint64_t now_us_ = 0;
+  // The running request (its trace id, or a fresh key for a record without one) and the last
+  // one the SSD policy was told of (Ssd()).
+  uint64_t request_key_ = 0, ssd_request_ = 0;
+  std::vector<uint32_t> promote_;  // kPlain: SSD hits of the record, promoted at its end
   SimResult res_;
 };
 
 void Replay::InsertInto(Tier& tier, uint32_t u, bool demote_victims) {
   if (tier.capacity == 0) return;
+  if (&tier == &ssd_) (void)Ssd();
   tier.policy->OnMiss(u + 1ull, now_us_);
   // Bounded: each Evict removes one tracked object.
   uint64_t given_back = 0;
@@ -353,7 +367,7 @@ SimResult Replay::Run() {
     if (r.request == 0 || r.request != last_request) {
       ++res_.requests;
       dram_.policy->OnRequest(now_us_);
-      if (ssd_.capacity > 0) ssd_.policy->OnRequest(now_us_);
+      request_key_ = r.request != 0 ? r.request : (uint64_t{1} << 63) + res_.requests;
     }
     last_request = r.request;
     if (options_.structure == Structure::kPrefix && r.op != TraceOp::kDelete &&
@@ -391,6 +405,13 @@ SimResult Replay::Run() {
           InsertInto(dram_, u, true);
         } else if (!(ssd_.capacity > 0 && ssd_.policy->Contains(id))) {
           InsertInto(dram_, u, true);
+        } else {
+          // A new version of a unit on SSD: it goes to DRAM and the old SSD copy is removed.
+          InsertInto(dram_, u, true);
+          if (ssd_.policy->Contains(id)) {  // not evicted by the insert's own demotions
+            Track(ssd_, u, -1);
+            ssd_.policy->OnRemove(id);
+          }
         }
         continue;
       }
@@ -404,8 +425,8 @@ SimResult Replay::Run() {
       } else if (ssd_.capacity > 0 && ssd_.policy->Contains(id)) {
         ++res_.ssd_hits;
         Hint(ssd_, u);
-        ssd_.policy->OnAccess(id, now_us_);
-        InsertInto(dram_, u, true);
+        Ssd()->OnAccess(id, now_us_);
+        promote_.push_back(u);  // promoted at the end of the record (below)
       } else {
         hit = false;
         ++res_.misses;
@@ -419,6 +440,14 @@ SimResult Replay::Run() {
         prefix_alive = false;
       }
     }
+    // SSD hits move to DRAM after the record's hits were all counted, as the live tiers
+    // promote a batch GET's SSD hits; one the SSD evicted meanwhile stays out.
+    for (uint32_t u : promote_) {
+      if (ssd_.policy->Contains(u + 1ull) && !dram_.policy->Contains(u + 1ull)) {
+        InsertInto(dram_, u, true);
+      }
+    }
+    promote_.clear();
   }
   if (options_.progress) options_.progress(1.0);
   return res_;
@@ -470,7 +499,7 @@ void Replay::RunPrefixRequest(const UnitTrace::Request& r) {
       dram_.policy->OnAccess(u + 1ull, now_us_);
     } else if (outcome_[k] == kSsdHit) {
       Hint(ssd_, u);
-      ssd_.policy->OnAccess(u + 1ull, now_us_);
+      Ssd()->OnAccess(u + 1ull, now_us_);
     }
   }
   for (uint32_t k = r.num_refs; k-- > 0;) {
@@ -497,8 +526,9 @@ StatusOr<SimResult> Simulate(const UnitTrace& trace, const SimOptions& options) 
   KVTIER_ASSIGN_OR_RETURN(
       Tier dram, MakeTier(options.policy, options.policy_params, options.dram_capacity_units,
                           options.dram_policy_factory));
-  KVTIER_ASSIGN_OR_RETURN(Tier ssd, MakeTier(options.ssd_policy, options.ssd_policy_params,
-                                             options.ssd_capacity_units));
+  KVTIER_ASSIGN_OR_RETURN(
+      Tier ssd, MakeTier(options.ssd_policy, options.ssd_policy_params, options.ssd_capacity_units,
+                         options.ssd_policy_factory));
   KVTIER_ASSIGN_OR_RETURN(
       auto admission, policies::MakeAdmissionPolicy(options.admission, options.admission_params));
   if (options.price_uncached_per_mtok < 0) {

@@ -8,13 +8,15 @@
 //    DRAM and keeps its SSD copy) or a miss (the unit is inserted into DRAM, the engine having
 //    recomputed it). kvtier "put" inserts units not cached (no hit/miss counted); "delete"
 //    removes them from both tiers.
-//  * Every request begins with OnRequest(its time) on each tier's policy. Records of a kvtier
+//  * Every request begins with OnRequest(its time) on the DRAM policy, and on the SSD policy
+//    before the request's first call reaching it (as the live SSD tier). Records of a kvtier
 //    trace that share a request id (TraceRequest::request: an engine turn's LOOKUP/GET/PUT)
 //    are one request timed by its first record: OnRequest is called again only when the
 //    request id changes from one record to the next (interleaved requests are told again when
 //    they resume), as the live memory tiers do (storage::RequestTag).
 //  * kvtier "put" of a unit cached in DRAM replaces it: OnRemove, then an insert as below
-//    (the live tiers' overwrite); of a unit not in DRAM: an insert unless it is on SSD.
+//    (the live tiers' overwrite); of a unit not in DRAM: an insert, and a unit on SSD leaves
+//    it (OnRemove after the insert: the live tiers delete the old version's SSD copy).
 //  * Inserting into a full tier first calls OnMiss, then Evict until there is room (victims
 //    are chosen among cached units, never the incoming one), then OnInsert.
 //  * A unit evicted from DRAM and not already on SSD is offered to the admission policy; if
@@ -113,6 +115,8 @@ struct SimOptions {
   // Tests: when set, makes the DRAM tier's policy instead of `policy` (e.g. one that records
   // the calls it gets, to compare with the live tiers).
   std::function<std::unique_ptr<policies::EvictionPolicy>()> dram_policy_factory;
+  // Tests: the same for the SSD tier's policy (instead of `ssd_policy`).
+  std::function<std::unique_ptr<policies::EvictionPolicy>()> ssd_policy_factory;
 };
 
 struct SimResult {

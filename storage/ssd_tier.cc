@@ -48,7 +48,7 @@ uint8_t* BatchReadRegion(uint64_t bytes, AlignedBuffer* owned) {
 }  // namespace
 
 Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
-                          std::vector<Key>* evicted) {
+                          std::vector<Key>* evicted, const RequestTag* request) {
   if (value.size() + ssd::kRecordHeaderBytes + ssd::kBlockBytes > o_.segment_bytes ||
       value.size() > UINT32_MAX / 2) {
     return Status::InvalidArgument("value larger than an ssd segment");
@@ -118,20 +118,34 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
     if (evicted != nullptr && !map_.count(k)) evicted->push_back(k);
   }
   cleaner_dropped_.clear();
+  // The policy's hooks, as a memory tier calls them (tier_manager.h RequestTag): its capacity
+  // in units of this size once, OnRequest, OnMiss; then Evict while full and OnInsert, all at
+  // the request's time (call_now_us_, cleared before mu_ is released).
+  if (!capacity_told_) {
+    policy_->OnCapacity(LiveLimit() / need);
+    capacity_told_ = true;
+  }
+  call_now_us_ = EnterLocked(request);
+  policy_->OnMiss(ObjectIdOf(key), call_now_us_);
   // Make room: the previous version of the key no longer counts; then evict by policy.
   uint64_t live = 0;
   for (const auto& [id, seg] : segments_) live += seg->live_bytes;
   if (auto it = map_.find(key); it != map_.end()) live -= LiveCost(it->second);
   while (live + need > LiveLimit()) {
     auto victim = EvictLocked();
-    if (!victim) return Status::Rejected("ssd tier full (pinned objects fill it)");
+    if (!victim) {
+      call_now_us_ = 0;
+      return Status::Rejected("ssd tier full (pinned objects fill it)");
+    }
     if (evicted != nullptr) evicted->push_back(*victim);
     live = 0;
     for (const auto& [id, seg] : segments_) live += seg->live_bytes;
   }
   h.seq = next_seq_++;
   IndexEntry e;
-  KVTIER_RETURN_IF_ERROR(AppendLocked(key, h, payload, &e));
+  Status appended = AppendLocked(key, h, payload, &e);
+  call_now_us_ = 0;
+  KVTIER_RETURN_IF_ERROR(appended);
   if (codec == Codec::kZstd) stats_.compressed_bytes_saved += value.size() - payload.size();
   if (o_.durability == Durability::kSync) {
     uint64_t ticket = pending_ticket_;
@@ -146,14 +160,18 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
 
 Status SsdTier::Impl::BeginReadLocked(const Key& key, std::unique_lock<std::mutex>& lock,
                                       IndexEntry* e, std::shared_ptr<Segment>* seg,
-                                      std::vector<uint8_t>* buffered) {
+                                      std::vector<uint8_t>* buffered, const RequestTag* request,
+                                      bool report_hit) {
   auto it = FindLocked(key, lock);
   if (it == map_.end()) return Status::NotFound("not in ssd tier");
   it->second.hit_count++;
   it->second.last_access_unix_ms = DefaultSystemClock().NowMs();
   if (dirty_access_.size() < kMaxDirtyAccess) dirty_access_.insert(key);
   *e = it->second;
-  if (id_to_key_.count(ObjectIdOf(key))) policy_->OnAccess(ObjectIdOf(key), NowUs());
+  if (auto t = id_to_key_.find(ObjectIdOf(key));
+      report_hit && t != id_to_key_.end() && t->second == key) {
+    policy_->OnAccess(t->first, EnterLocked(request));
+  }
   if (const uint8_t* p = BufferedRecord(*e); p != nullptr) {
     buffered->assign(p, p + e->record_bytes);  // being filled or in flight: served from memory
     return Status::Ok();
@@ -211,13 +229,14 @@ void SsdTier::Impl::SettleReadFailure(const Key& key, const IndexEntry& e, const
                     << " failed verification (" << st.message() << "): quarantined";
 }
 
-Status SsdTier::Impl::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta) {
+Status SsdTier::Impl::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta,
+                          const RequestTag* request) {
   IndexEntry e;
   std::shared_ptr<Segment> seg;
   std::vector<uint8_t> buffered;
   {
     std::unique_lock lock(mu_);
-    KVTIER_RETURN_IF_ERROR(BeginReadLocked(key, lock, &e, &seg, &buffered));
+    KVTIER_RETURN_IF_ERROR(BeginReadLocked(key, lock, &e, &seg, &buffered, request, true));
   }
   // Verified and copied straight out of the read buffer: one copy per read.
   Status st;
@@ -233,7 +252,8 @@ Status SsdTier::Impl::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* me
 }
 
 void SsdTier::Impl::GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
-                             std::vector<SsdMeta>* metas, std::vector<Status>* results) {
+                             std::vector<SsdMeta>* metas, std::vector<Status>* results,
+                             const RequestTag* request, bool report_hits) {
   const size_t n = keys.size();
   outs->resize(n);
   results->assign(n, Status::Ok());
@@ -244,7 +264,8 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, std::vector<std::vector<
   {
     std::unique_lock lock(mu_);
     for (size_t i = 0; i < n; ++i) {
-      (*results)[i] = BeginReadLocked(keys[i], lock, &entries[i], &segs[i], &buffered[i]);
+      (*results)[i] =
+          BeginReadLocked(keys[i], lock, &entries[i], &segs[i], &buffered[i], request, report_hits);
     }
   }
   // One aligned region for every device read; each read covers its record's aligned span.
@@ -341,15 +362,20 @@ StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(const SsdOptions& options) {
 }
 
 Status SsdTier::Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
-                    std::vector<Key>* evicted) {
-  return impl_->Put(key, value, meta, evicted);
+                    std::vector<Key>* evicted, const RequestTag* request) {
+  return impl_->Put(key, value, meta, evicted, request);
 }
-Status SsdTier::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta) {
-  return impl_->Get(key, out, meta);
+Status SsdTier::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta,
+                    const RequestTag* request) {
+  return impl_->Get(key, out, meta, request);
 }
 void SsdTier::GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
-                       std::vector<SsdMeta>* metas, std::vector<Status>* results) {
-  impl_->GetBatch(keys, outs, metas, results);
+                       std::vector<SsdMeta>* metas, std::vector<Status>* results,
+                       const RequestTag* request, bool report_hits) {
+  impl_->GetBatch(keys, outs, metas, results, request, report_hits);
+}
+void SsdTier::ReportHit(const Key& key, const RequestTag* request) {
+  impl_->ReportHit(key, request);
 }
 bool SsdTier::Contains(const Key& key, uint64_t* version, SsdMeta* meta) const {
   return impl_->Contains(key, version, meta);

@@ -112,6 +112,9 @@ struct SsdOptions {
   uint32_t compression_sample_bytes = 4096;
   std::string eviction_policy = "lru";
   policies::PolicyParams policy_params;
+  // Tests: when set, makes the policy instead of eviction_policy (SetPolicy still switches to
+  // a named one).
+  std::function<std::unique_ptr<policies::EvictionPolicy>()> eviction_policy_factory;
   const Clock* clock = nullptr;  // policy time; nullptr: DefaultSteadyClock()
   // Called by the background index-load thread (no tier lock held) with entries it has just
   // loaded into memory (also entries first met by a point read). Must not block on a lock
@@ -162,17 +165,28 @@ class SsdTier {
   // IOError: the write failed (nothing indexed), or (kSync) another buffer write of the same
   // commit did: the unit may then be stored (a caller that must not keep it removes it).
   // InvalidArgument: larger than a segment.
+  // Policy hooks (as a memory tier calls them, storage::RequestTag): OnCapacity once (the live
+  // byte limit in records of this one's size), OnRequest when `request`'s id differs from the
+  // last call's, OnMiss, then Evict while full and OnInsert, at the request's time (request
+  // null or id 0: the clock's, and no OnRequest).
   Status Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
-             std::vector<Key>* evicted);
-  // NotFound, Corruption (quarantined), IOError.
-  Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta = nullptr);
+             std::vector<Key>* evicted, const RequestTag* request = nullptr);
+  // NotFound, Corruption (quarantined), IOError. A hit is the policy's OnAccess at the time of
+  // `request` (as for Put).
+  Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta = nullptr,
+             const RequestTag* request = nullptr);
   // Get for many keys at once: the device reads of the batch, across all their segments, are
   // submitted together (DeviceEnv::SubmitAcross, up to kMaxBatchIos per submission; the queue
   // depth is min(reads, the env's queue_depth)), and each record is verified against its checksum
   // as Get does. Resizes *outs, *metas (may be null) and *results to keys.size(); results[i] is
-  // Get's status for keys[i] (duplicates are read once each).
+  // Get's status for keys[i] (duplicates are read once each). report_hits false: the hits are
+  // not reported to the policy here; the caller reports each with ReportHit, in its own order.
   void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
-                std::vector<SsdMeta>* metas, std::vector<Status>* results);
+                std::vector<SsdMeta>* metas, std::vector<Status>* results,
+                const RequestTag* request = nullptr, bool report_hits = true);
+  // The policy's OnAccess for a hit read with GetBatch(..., report_hits = false); nothing when
+  // the key is not tracked (gone, or pinned).
+  void ReportHit(const Key& key, const RequestTag* request = nullptr);
   // *meta (may be null) receives the indexed metadata (raw_bytes included).
   bool Contains(const Key& key, uint64_t* version = nullptr, SsdMeta* meta = nullptr) const;
   // NotFound if absent. The removal is durable at the next commit (never commits itself);

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -388,6 +389,7 @@ Status TierManagerImpl::Init() {
     so.group_commit_ms = o_.group_commit_ms;
     so.eviction_policy = o_.eviction_policy;
     so.policy_params = o_.policy_params;
+    so.eviction_policy_factory = o_.ssd_eviction_policy_factory;
     so.clock = clock_;
     // Warm restart: the SSD tier loads its index in the background and reports what it
     // loaded; the directory (tenant accounting) is filled from those reports.
@@ -502,7 +504,7 @@ Status TierManagerImpl::PlaceLocked(const RequestTag* request, Tier tier, const 
   uint64_t held = 0;
   if (ssd_->Contains(key, &held) && held == meta.version) return Status::Ok();  // written through
   std::vector<Key> evicted;
-  Status st = ssd_->Put(key, value, ToSsd(meta, ToUnix(meta.expires_ms)), &evicted);
+  Status st = ssd_->Put(key, value, ToSsd(meta, ToUnix(meta.expires_ms)), &evicted, request);
   for (const Key& k : evicted) {
     if (k != key) DroppedLocked(k, MissReason::kEvicted);
   }
@@ -641,7 +643,7 @@ Status TierManagerImpl::Put(const Key& key, std::span<const uint8_t> value,
   // Step 2, without mu_: the SSD write; under kSync it returns after the commit, which
   // concurrent writers share.
   std::vector<Key> evicted;
-  Status st = ssd_->Put(key, value, ToSsd(meta, ToUnix(meta.expires_ms)), &evicted);
+  Status st = ssd_->Put(key, value, ToSsd(meta, ToUnix(meta.expires_ms)), &evicted, &request);
   std::unique_lock lock(mu_);
   writing_.erase(key);
   key_cv_.notify_all();
@@ -787,7 +789,7 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
   }
   if (ssd_) {
     SsdMeta sm;
-    Status st = ssd_->Get(key, out, &sm);
+    Status st = ssd_->Get(key, out, &sm, &request);
     if (st.ok()) {
       if (ExpiredUnix(sm.expires_unix_ms)) return expire();
       if (from != nullptr) *from = Tier::kSsd;
@@ -834,29 +836,34 @@ void TierManagerImpl::GetBatch(std::span<const Key> keys, std::vector<std::vecto
     return;
   }
   results->assign(n, Status::Ok());
-  // Units in a memory tier (or in none) take Get's path; the SSD ones are read in one batch.
-  std::vector<size_t> on_ssd;
+  // The SSD units are read in one batch first; then every key, in order, takes its path and
+  // reports its hit to its tier's policy (memory: Get's path; SSD: ReportHit), and the SSD
+  // hits are promoted last, so that the policies see the batch as the simulator replays it.
+  std::vector<size_t> ssd_slot(n, SIZE_MAX);
   std::vector<Key> ssd_keys;
   for (size_t i = 0; i < n; ++i) {
     bool expired = false;
     if (ssd_ && Locate(keys[i], &expired) == Tier::kSsd) {
-      on_ssd.push_back(i);
+      ssd_slot[i] = ssd_keys.size();
       ssd_keys.push_back(keys[i]);
-      continue;
     }
-    (*results)[i] = GetImpl(keys[i], &(*outs)[i], froms != nullptr ? &(*froms)[i] : nullptr,
-                            /*blocking_promote=*/false, request);
   }
-  if (ssd_keys.empty()) return;
   std::vector<std::vector<uint8_t>> values;
   std::vector<SsdMeta> metas;
   std::vector<Status> read;
-  ssd_->GetBatch(ssd_keys, &values, &metas, &read);
-  for (size_t j = 0; j < on_ssd.size(); ++j) {
-    const size_t i = on_ssd[j];
-    const Key& key = keys[i];
+  if (!ssd_keys.empty()) {
+    ssd_->GetBatch(ssd_keys, &values, &metas, &read, &request, /*report_hits=*/false);
+  }
+  std::vector<size_t> promote;  // keys read from SSD, in order
+  for (size_t i = 0; i < n; ++i) {
     std::vector<uint8_t>* out = &(*outs)[i];
     Tier* from = froms != nullptr ? &(*froms)[i] : nullptr;
+    if (ssd_slot[i] == SIZE_MAX) {
+      (*results)[i] = GetImpl(keys[i], out, from, /*blocking_promote=*/false, request);
+      continue;
+    }
+    const size_t j = ssd_slot[i];
+    const Key& key = keys[i];
     const Status& st = read[j];
     if (st.IsCorruption()) {  // quarantined by the SSD tier, as in Get
       {
@@ -882,11 +889,16 @@ void TierManagerImpl::GetBatch(std::span<const Key> keys, std::vector<std::vecto
     }
     *out = std::move(values[j]);
     if (from != nullptr) *from = Tier::kSsd;
-    if (dram_ || hbm_) {
-      std::unique_lock lock(mu_, std::try_to_lock);  // never make a reader wait to promote
-      if (lock.owns_lock()) PromoteLocked(request, key, *out, metas[j]);
-    }
+    ssd_->ReportHit(key, &request);
+    promote.push_back(i);
   }
+  // The SSD hits are promoted after every hit of the batch was reported (in key order; the
+  // simulator's order): a promotion's demotions then never evict a unit the batch has yet to
+  // report. A unit the SSD evicted meanwhile is not promoted (PromoteLocked checks).
+  if (promote.empty() || (!dram_ && !hbm_)) return;
+  std::unique_lock lock(mu_, std::try_to_lock);  // never make a reader wait to promote
+  if (!lock.owns_lock()) return;
+  for (size_t i : promote) PromoteLocked(request, keys[i], (*outs)[i], metas[ssd_slot[i]]);
 }
 
 void TierManagerImpl::PromoteLocked(const RequestTag& request, const Key& key,

@@ -121,8 +121,10 @@ struct TierManagerOptions {
   std::string eviction_policy = "lru";
   std::string admission_policy = "admit-all";
   policies::PolicyParams policy_params;
-  // Tests: when set, makes the memory tiers' eviction policies instead of eviction_policy.
+  // Tests: when set, makes the memory tiers' eviction policies instead of eviction_policy;
+  // ssd_eviction_policy_factory the SSD tier's.
   std::function<std::unique_ptr<policies::EvictionPolicy>()> eviction_policy_factory;
+  std::function<std::unique_ptr<policies::EvictionPolicy>()> ssd_eviction_policy_factory;
   // Time source for TTLs and leases; nullptr means DefaultSteadyClock().
   const Clock* clock = nullptr;
 

@@ -130,6 +130,8 @@ Status SsdTier::Impl::SetPolicy(const std::string& eviction, const policies::Pol
   KVTIER_ASSIGN_OR_RETURN(auto policy, policies::MakeEvictionPolicy(eviction, params));
   std::lock_guard lock(mu_);
   policy_ = std::move(policy);
+  capacity_told_ = false;
+  current_request_ = 0;
   id_to_key_.clear();
   std::vector<std::pair<uint64_t, Key>> order;
   for (const auto& [k, e] : map_) order.emplace_back(e.last_access_unix_ms, k);

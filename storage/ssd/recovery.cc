@@ -89,8 +89,12 @@ Status SsdTier::Impl::Open() {
   if (o_.clean_live_ratio < 0.05 || o_.clean_live_ratio > 0.9) {
     return Status::InvalidArgument("clean_live_ratio must be in [0.05, 0.9]");
   }
-  KVTIER_ASSIGN_OR_RETURN(policy_,
-                          policies::MakeEvictionPolicy(o_.eviction_policy, o_.policy_params));
+  if (o_.eviction_policy_factory) {
+    policy_ = o_.eviction_policy_factory();
+  } else {
+    KVTIER_ASSIGN_OR_RETURN(policy_,
+                            policies::MakeEvictionPolicy(o_.eviction_policy, o_.policy_params));
+  }
   if (o_.env == nullptr) {
     KVTIER_ASSIGN_OR_RETURN(owned_env_, NewDirEnv(o_.dir + "/segments", o_.dir_env));
     env_ = owned_env_.get();

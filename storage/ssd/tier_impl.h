@@ -68,10 +68,17 @@ class SsdTier::Impl {
 
   Status Open();
   Status Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
-             std::vector<Key>* evicted);
-  Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta);
+             std::vector<Key>* evicted, const RequestTag* request);
+  Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta, const RequestTag* request);
   void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
-                std::vector<SsdMeta>* metas, std::vector<Status>* results);
+                std::vector<SsdMeta>* metas, std::vector<Status>* results,
+                const RequestTag* request, bool report_hits);
+  void ReportHit(const Key& key, const RequestTag* request) {
+    std::lock_guard lock(mu_);
+    auto it = id_to_key_.find(ObjectIdOf(key));
+    if (it != id_to_key_.end() && it->second == key)
+      policy_->OnAccess(it->first, EnterLocked(request));
+  }
   bool Contains(const Key& key, uint64_t* version, SsdMeta* meta) {
     std::unique_lock lock(mu_);
     auto it = FindLocked(key, lock);
@@ -157,6 +164,18 @@ class SsdTier::Impl {
     return info;
   }
   uint64_t NowUs() const { return clock_->NowUs(); }
+  // Under mu_: the time of this call's policy hooks (RequestTag, as a memory tier does): tells
+  // the policy when a request begins or resumes; the clock for a call without one.
+  uint64_t EnterLocked(const RequestTag* request) {
+    if (request == nullptr || request->id == 0) return NowUs();
+    if (request->id != current_request_) {
+      policy_->OnRequest(request->now_us);
+      current_request_ = request->id;
+    }
+    return request->now_us;
+  }
+  // Under mu_: the time of hooks called inside a put (Evict, OnInsert): its request's.
+  uint64_t PolicyNowLocked() const { return call_now_us_ != 0 ? call_now_us_ : NowUs(); }
   size_t MaxSegments() const {
     return std::max<size_t>(2, o_.capacity_bytes / o_.segment_bytes - 1);
   }
@@ -169,7 +188,7 @@ class SsdTier::Impl {
     if (untracked_.count(k)) return;
     auto [it, inserted] = id_to_key_.emplace(ObjectIdOf(k), k);
     if (!inserted && it->second != k) return;  // 64-bit id collision: leave untracked
-    policy_->OnInsert(InfoOf(k, e), NowUs());
+    policy_->OnInsert(InfoOf(k, e), PolicyNowLocked());
   }
   void Untrack(const Key& k) {
     auto it = id_to_key_.find(ObjectIdOf(k));
@@ -179,19 +198,23 @@ class SsdTier::Impl {
   }
   void Insert(const Key& k, const IndexEntry& e) {
     auto it = map_.find(k);
-    if (it != map_.end()) RemoveLocked(k, /*log_delete=*/false);
+    // The same record moved (the cleaner relocates it: same seq) keeps its place in the
+    // policy: a relocation is no access, insert or removal of the unit.
+    const bool relocated = it != map_.end() && it->second.seq == e.seq;
+    if (it != map_.end()) RemoveLocked(k, /*log_delete=*/false, false, /*keep_policy=*/relocated);
     map_.emplace(k, e);
     auto seg = segments_.find(e.segment);
     if (seg != segments_.end()) seg->second->live_bytes += LiveCost(e);
-    Track(k, e);
+    if (!relocated) Track(k, e);
     max_version_ = std::max(max_version_, e.version);
   }
-  void RemoveLocked(const Key& k, bool log_delete = true, bool eviction = false) {
+  void RemoveLocked(const Key& k, bool log_delete = true, bool eviction = false,
+                    bool keep_policy = false) {
     auto it = map_.find(k);
     if (it == map_.end()) return;
     auto seg = segments_.find(it->second.segment);
     if (seg != segments_.end()) seg->second->live_bytes -= LiveCost(it->second);
-    Untrack(k);
+    if (!keep_policy) Untrack(k);
     map_.erase(it);
     dirty_access_.erase(k);
     // While the background load runs, the loader must not bring the key back.
@@ -214,7 +237,7 @@ class SsdTier::Impl {
       const Key& key, std::unique_lock<std::mutex>& lock);
   std::optional<Key> EvictLocked() {
     while (true) {
-      auto id = policy_->Evict(NowUs());
+      auto id = policy_->Evict(PolicyNowLocked());
       if (!id) return std::nullopt;
       auto it = id_to_key_.find(*id);
       if (it == id_to_key_.end()) continue;
@@ -342,8 +365,11 @@ class SsdTier::Impl {
   // *buffered or sets *seg to the segment to read it from. FinishRead verifies the record
   // (header, key, seq, checksum; a mismatch is quarantined) and decodes it into *out; it
   // takes mu_ only on failure. read_st: the device read's status.
+  // request / report_hit: the policy's OnAccess for the hit, at the request's time (none when
+  // report_hit is false: the caller reports it with ReportHit).
   Status BeginReadLocked(const Key& key, std::unique_lock<std::mutex>& lock, IndexEntry* e,
-                         std::shared_ptr<Segment>* seg, std::vector<uint8_t>* buffered);
+                         std::shared_ptr<Segment>* seg, std::vector<uint8_t>* buffered,
+                         const RequestTag* request, bool report_hit);
   Status FinishRead(const Key& key, const IndexEntry& e, Status read_st,
                     std::span<const uint8_t> rec, std::vector<uint8_t>* out);
   // FinishRead in two steps: VerifyRead never takes mu_ (an I/O error is returned as is, any
@@ -423,6 +449,11 @@ class SsdTier::Impl {
   uint64_t next_seq_ = 1;
   uint64_t max_version_ = 0;
   std::unique_ptr<policies::EvictionPolicy> policy_;
+  // Under mu_: the policy was told its capacity (OnCapacity, at the first put); the request
+  // it was last told of (EnterLocked); the request time of the put holding mu_ (0: none).
+  bool capacity_told_ = false;
+  uint64_t current_request_ = 0;
+  uint64_t call_now_us_ = 0;
   SsdStats stats_;
 
   // ---- segment thread ----

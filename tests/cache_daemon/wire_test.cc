@@ -146,6 +146,53 @@ TEST(WireBodies, StatusAndReplies) {
   EXPECT_TRUE(DecodeStatus(&rb, &st).IsCorruption());
 }
 
+// kFlagTurn: the turn id in front of a LOOKUP/GET/PUT body; bad uses are InvalidArgument.
+TEST(WireTurns, SplitTurnTakesTheIdAndRejectsBadUse) {
+  Writer w;
+  w.U64(0xfedcba9876543210ull);
+  std::vector<uint8_t> keys = EncodeKeys(std::vector<Key>{K(3)});
+  w.Bytes(keys);
+  std::vector<uint8_t> body = w.Take();
+  std::span<const uint8_t> rest;
+  for (Opcode op : {Opcode::kLookup, Opcode::kGet, Opcode::kPut}) {
+    StatusOr<uint64_t> turn = SplitTurn(static_cast<uint8_t>(op), body, &rest);
+    ASSERT_TRUE(turn.ok()) << turn.status().ToString();
+    EXPECT_EQ(*turn, 0xfedcba9876543210ull);
+    EXPECT_TRUE(std::equal(rest.begin(), rest.end(), keys.begin(), keys.end()));
+  }
+  EXPECT_TRUE(
+      SplitTurn(static_cast<uint8_t>(Opcode::kDelete), body, &rest).status().IsInvalidArgument());
+  EXPECT_TRUE(
+      SplitTurn(static_cast<uint8_t>(Opcode::kPin), body, &rest).status().IsInvalidArgument());
+  const std::vector<uint8_t> short_body(7, 1);
+  EXPECT_TRUE(SplitTurn(static_cast<uint8_t>(Opcode::kGet), short_body, &rest)
+                  .status()
+                  .IsInvalidArgument());
+  const std::vector<uint8_t> zero(8 + keys.size(), 0);
+  EXPECT_TRUE(
+      SplitTurn(static_cast<uint8_t>(Opcode::kGet), zero, &rest).status().IsInvalidArgument());
+}
+
+// HELLO's features field round-trips and reads as 0 from a daemon that predates it.
+TEST(WireTurns, HelloFeaturesOptional) {
+  HelloResponse h;
+  h.tenant_name = "t";
+  h.features = kFeatureTurns;
+  Writer w;
+  EncodeHelloResponse(h, &w);
+  std::vector<uint8_t> b = w.Take();
+  Reader r(b);
+  StatusOr<HelloResponse> d = DecodeHelloResponse(&r);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->features, kFeatureTurns);
+  b.resize(b.size() - 4);  // an older daemon's response
+  Reader old(b);
+  d = DecodeHelloResponse(&old);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->tenant_name, "t");
+  EXPECT_EQ(d->features, 0u);
+}
+
 TEST(WireBodies, RandomBytesNeverCrashDecoders) {
   std::mt19937 rng(7);
   int keys_accepted = 0;

@@ -4,9 +4,11 @@
 // request id, through the simulator; a recording policy in each must see the same hook calls
 // (OnCapacity, OnRequest, OnMiss, Evict, OnInsert, OnAccess, OnRemove) with the same times.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -18,80 +20,20 @@
 #include "policies/policy.h"
 #include "sim/simulator.h"
 #include "sim/trace.h"
+#include "storage/block_device.h"
 #include "storage/key_util.h"
 #include "storage/tier_manager.h"
+#include "tests/sim/recording_policy.h"
 
 namespace kvtier::sim {
 namespace {
 
+using live_test::MakeInner;
+using live_test::Named;
+using live_test::RecordingPolicy;
+using live_test::SimRun;
 using policies::EvictionPolicy;
 using policies::ObjectId;
-using policies::ObjectInfo;
-
-// Forwards every call to `inner` and appends one line per hook to *log, ids translated by
-// `map` (live storage ids -> the simulator's dense ids; null: unchanged).
-class RecordingPolicy final : public EvictionPolicy {
- public:
-  RecordingPolicy(std::unique_ptr<EvictionPolicy> inner, std::vector<std::string>* log,
-                  const std::unordered_map<ObjectId, ObjectId>* map)
-      : inner_(std::move(inner)), log_(log), map_(map) {}
-  std::string_view Name() const override { return "recording"; }
-  void OnInsert(const ObjectInfo& info, uint64_t now_us) override {
-    Log("insert " + Id(info.id) + " parent " + Id(info.parent_id) + " t " + T(now_us));
-    ObjectInfo i = info;
-    i.id = Map(info.id);
-    i.parent_id = Map(info.parent_id);
-    i.recompute_tokens = 0;  // the simulator's cost model is not the engine's
-    i.size_bytes = 4096;
-    inner_->OnInsert(i, now_us);
-  }
-  void OnAccess(ObjectId id, uint64_t now_us) override {
-    Log("access " + Id(id) + " t " + T(now_us));
-    inner_->OnAccess(Map(id), now_us);
-  }
-  void OnRemove(ObjectId id) override {
-    Log("remove " + Id(id));
-    inner_->OnRemove(Map(id));
-  }
-  void OnMiss(ObjectId id, uint64_t now_us) override {
-    Log("miss " + Id(id) + " t " + T(now_us));
-    inner_->OnMiss(Map(id), now_us);
-  }
-  void OnCapacity(uint64_t capacity_objects) override {
-    Log("capacity " + std::to_string(capacity_objects));
-    inner_->OnCapacity(capacity_objects);
-  }
-  void OnRequest(uint64_t now_us) override {
-    Log("request t " + T(now_us));
-    inner_->OnRequest(now_us);
-  }
-  std::optional<ObjectId> Evict(uint64_t now_us) override {
-    std::optional<ObjectId> v = inner_->Evict(now_us);
-    Log("evict t " + T(now_us) + " -> " + (v ? std::to_string(*v) : "none"));
-    if (v && map_ != nullptr) {
-      for (const auto& [live, dense] : *map_) {
-        if (dense == *v) return live;
-      }
-    }
-    return v;
-  }
-  size_t Size() const override { return inner_->Size(); }
-  bool Contains(ObjectId id) const override { return inner_->Contains(Map(id)); }
-
- private:
-  ObjectId Map(ObjectId id) const {
-    if (map_ == nullptr || id == policies::kNoParent) return id;
-    auto it = map_->find(id);
-    return it == map_->end() ? id : it->second;
-  }
-  std::string Id(ObjectId id) const { return std::to_string(Map(id)); }
-  static std::string T(uint64_t us) { return std::to_string(us); }
-  void Log(std::string line) { log_->push_back(std::move(line)); }
-
-  std::unique_ptr<EvictionPolicy> inner_;
-  std::vector<std::string>* log_;
-  const std::unordered_map<ObjectId, ObjectId>* map_;
-};
 
 storage::Key KeyOf(uint64_t id) {
   storage::Key k{};
@@ -108,16 +50,23 @@ struct Turn {
   std::vector<uint64_t> get_ids, put_ids;
 };
 
+// An SSD tier under the DRAM tier (durability none: a put reaches SSD only when demoted, as in
+// the simulator): units of value_bytes, segments in memory, the index under dir.
+struct LiveSsd {
+  uint64_t value_bytes = 0;
+  uint64_t capacity_bytes = 0;
+  std::string dir;
+};
+
 struct Replayed {
-  std::vector<std::string> log;
+  std::vector<std::string> log, ssd_log;
   Trace trace;                                   // what the simulator replays
   std::unordered_map<ObjectId, ObjectId> dense;  // live id -> simulator id (first use order)
   policies::EvictionPolicy* inner = nullptr;     // the live tier's wrapped policy
   std::unique_ptr<ManualClock> clock;
+  std::unique_ptr<storage::DeviceEnv> env;   // the SSD tier's segments (before tm: outlives it)
   std::unique_ptr<storage::TierManager> tm;  // owns `inner`
 };
-
-using MakeInner = std::function<std::unique_ptr<EvictionPolicy>()>;
 
 constexpr uint64_t kValueBytes = 4096;  // one slab page per unit: capacity in units is exact
 
@@ -126,15 +75,27 @@ constexpr uint64_t kValueBytes = 4096;  // one slab page per unit: capacity in u
 // between a turn's GET and its PUT; otherwise each turn runs whole, session after session
 // in the same turn order. The turn times do not depend on the schedule.
 void LiveRun(const MakeInner& make, uint64_t capacity_units, int sessions, int turns,
-             bool interleave, uint32_t seed, Replayed* run) {
+             bool interleave, uint32_t seed, Replayed* run, const LiveSsd* ssd = nullptr) {
   run->clock = std::make_unique<ManualClock>(0);
   ManualClock& clock = *run->clock;
+  const uint64_t value_bytes = ssd != nullptr ? ssd->value_bytes : kValueBytes;
   storage::TierManagerOptions o;
   o.hbm_capacity_bytes = 0;
-  o.dram_capacity_bytes = capacity_units * kValueBytes;
-  o.slab_page_bytes = kValueBytes;
+  o.dram_capacity_bytes = capacity_units * value_bytes;
+  o.slab_page_bytes = value_bytes;
   o.ssd_capacity_bytes = 0;
   o.clock = &clock;
+  if (ssd != nullptr) {
+    run->env = storage::NewMemEnv();
+    o.ssd_capacity_bytes = ssd->capacity_bytes;
+    o.ssd_segment_bytes = 1u << 20;
+    o.ssd_env = run->env.get();
+    o.data_dir = ssd->dir;
+    o.durability = storage::Durability::kNone;
+    o.ssd_eviction_policy_factory = [&]() -> std::unique_ptr<EvictionPolicy> {
+      return std::make_unique<RecordingPolicy>(make(), &run->ssd_log, &run->dense);
+    };
+  }
   o.eviction_policy_factory = [&]() -> std::unique_ptr<EvictionPolicy> {
     auto inner = make();
     run->inner = inner.get();
@@ -162,7 +123,7 @@ void LiveRun(const MakeInner& make, uint64_t capacity_units, int sessions, int t
   };
   std::vector<Pending> pending(sessions);
   uint64_t requests = 0;
-  const std::vector<uint8_t> value(kValueBytes, 7);
+  const std::vector<uint8_t> value(value_bytes, 7);
   auto note = [&](uint64_t id) { run->dense.try_emplace(id, run->dense.size() + 1); };
 
   auto start_turn = [&](int s) {
@@ -240,30 +201,6 @@ void LiveRun(const MakeInner& make, uint64_t capacity_units, int sessions, int t
   run->trace.format = TraceFormat::kKvtier;
 }
 
-std::vector<std::string> SimRun(const MakeInner& make, uint64_t capacity_units,
-                                const Trace& trace) {
-  std::vector<std::string> log;
-  auto units = BuildUnitTrace(trace);
-  EXPECT_TRUE(units.ok()) << units.status().ToString();
-  SimOptions o;
-  o.structure = Structure::kPlain;
-  o.dram_capacity_units = capacity_units;
-  o.dram_policy_factory = [&]() -> std::unique_ptr<EvictionPolicy> {
-    return std::make_unique<RecordingPolicy>(make(), &log, nullptr);
-  };
-  auto r = Simulate(*units, o);
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  return log;
-}
-
-MakeInner Named(const std::string& name) {
-  return [name]() {
-    auto p = policies::MakeEvictionPolicy(name);
-    EXPECT_TRUE(p.ok());
-    return std::move(*p);
-  };
-}
-
 class LiveVsSim : public ::testing::TestWithParam<std::string> {};
 
 // The hook sequences agree call for call, with evictions happening (capacity well below the
@@ -283,6 +220,50 @@ TEST_P(LiveVsSim, InterleavedSessionsSameHookSequence) {
     for (size_t i = 0; i < sim.size(); ++i) {
       ASSERT_EQ(live.log[i], sim[i]) << "seed " << seed << " call " << i;
     }
+  }
+}
+
+// With an SSD tier under DRAM (durability none, so units reach SSD only when DRAM demotes
+// them, as in the simulator): the SSD tier's policy gets the simulator's SSD hook sequence too
+// (OnCapacity, OnRequest when a request first reaches it, OnMiss, Evict, OnInsert, OnAccess
+// on SSD hits), and the DRAM policy's stays the same, with SSD hits promoted.
+TEST_P(LiveVsSim, SsdTierSameHookSequence) {
+  const uint64_t dram_units = 16;
+  // Records of 128 KiB + a 128-byte header in 1 MiB segments: 6 MiB hold 5 segments, of which
+  // 4 x 75% may be live: floor(3 MiB / 131200 B) = 23 records.
+  const uint64_t ssd_units = 23;
+  for (uint32_t seed : {1u}) {
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() /
+        ("kvtier_live_ssd_" + std::to_string(::getpid()) + "_" + GetParam() + std::to_string(seed));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    LiveSsd ssd{.value_bytes = 128u << 10, .capacity_bytes = 6u << 20, .dir = dir.string()};
+    Replayed live;
+    LiveRun(Named(GetParam()), dram_units, /*sessions=*/6, /*turns=*/10, /*interleave=*/true, seed,
+            &live, &ssd);
+    ASSERT_FALSE(HasFatalFailure());
+    std::vector<std::string> sim_ssd;
+    const std::vector<std::string> sim =
+        SimRun(Named(GetParam()), dram_units, live.trace, ssd_units, &sim_ssd);
+    live.tm.reset();
+    std::filesystem::remove_all(dir);
+    ASSERT_GT(std::count_if(live.ssd_log.begin(), live.ssd_log.end(),
+                            [](const std::string& l) { return l.starts_with("evict"); }),
+              10)
+        << "seed " << seed;
+    ASSERT_GT(std::count_if(live.ssd_log.begin(), live.ssd_log.end(),
+                            [](const std::string& l) { return l.starts_with("access"); }),
+              5)
+        << "seed " << seed;
+    for (size_t i = 0; i < std::min(sim_ssd.size(), live.ssd_log.size()); ++i) {
+      ASSERT_EQ(live.ssd_log[i], sim_ssd[i]) << "seed " << seed << " ssd call " << i;
+    }
+    ASSERT_EQ(live.ssd_log.size(), sim_ssd.size()) << "seed " << seed;
+    for (size_t i = 0; i < std::min(sim.size(), live.log.size()); ++i) {
+      ASSERT_EQ(live.log[i], sim[i]) << "seed " << seed << " call " << i;
+    }
+    ASSERT_EQ(live.log.size(), sim.size()) << "seed " << seed;
   }
 }
 

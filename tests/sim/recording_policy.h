@@ -1,0 +1,130 @@
+// Test helpers shared by the live-vs-simulator tests: a policy wrapper that records every
+// hook call, and the simulator's side of a comparison.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "policies/policy.h"
+#include "sim/simulator.h"
+#include "sim/trace.h"
+
+namespace kvtier::sim::live_test {
+
+using policies::EvictionPolicy;
+using policies::ObjectId;
+using policies::ObjectInfo;
+
+// Forwards every call to `inner` and appends one line per hook to *log, ids translated by
+// `map` (live storage ids -> the simulator's dense ids; null: unchanged). With assign_new, an
+// id not in `map` gets the next dense id (1, 2, ...) when the policy first sees it, which is
+// the simulator's numbering (first use) when the live run meets units in trace order.
+class RecordingPolicy final : public EvictionPolicy {
+ public:
+  RecordingPolicy(std::unique_ptr<EvictionPolicy> inner, std::vector<std::string>* log,
+                  std::unordered_map<ObjectId, ObjectId>* map, bool assign_new = false)
+      : inner_(std::move(inner)), log_(log), map_(map), assign_new_(assign_new) {}
+  std::string_view Name() const override { return "recording"; }
+  void OnInsert(const ObjectInfo& info, uint64_t now_us) override {
+    Log("insert " + Id(info.id) + " parent " + Id(info.parent_id) + " t " + T(now_us));
+    ObjectInfo i = info;
+    i.id = Map(info.id);
+    i.parent_id = Map(info.parent_id);
+    i.recompute_tokens = 0;  // the simulator's cost model is not the engine's
+    i.size_bytes = 4096;
+    inner_->OnInsert(i, now_us);
+  }
+  void OnAccess(ObjectId id, uint64_t now_us) override {
+    Log("access " + Id(id) + " t " + T(now_us));
+    inner_->OnAccess(Map(id), now_us);
+  }
+  void OnRemove(ObjectId id) override {
+    Log("remove " + Id(id));
+    inner_->OnRemove(Map(id));
+  }
+  void OnMiss(ObjectId id, uint64_t now_us) override {
+    Log("miss " + Id(id) + " t " + T(now_us));
+    inner_->OnMiss(Map(id), now_us);
+  }
+  void OnCapacity(uint64_t capacity_objects) override {
+    Log("capacity " + std::to_string(capacity_objects));
+    inner_->OnCapacity(capacity_objects);
+  }
+  void OnRequest(uint64_t now_us) override {
+    Log("request t " + T(now_us));
+    inner_->OnRequest(now_us);
+  }
+  std::optional<ObjectId> Evict(uint64_t now_us) override {
+    std::optional<ObjectId> v = inner_->Evict(now_us);
+    Log("evict t " + T(now_us) + " -> " + (v ? std::to_string(*v) : "none"));
+    if (v && map_ != nullptr) {
+      for (const auto& [live, dense] : *map_) {
+        if (dense == *v) return live;
+      }
+    }
+    return v;
+  }
+  size_t Size() const override { return inner_->Size(); }
+  bool Contains(ObjectId id) const override { return inner_->Contains(Map(id)); }
+
+ private:
+  ObjectId Map(ObjectId id) const {
+    if (map_ == nullptr || id == policies::kNoParent) return id;
+    auto it = map_->find(id);
+    if (it != map_->end()) return it->second;
+    if (!assign_new_) return id;
+    return map_->emplace(id, map_->size() + 1).first->second;
+  }
+  std::string Id(ObjectId id) const { return std::to_string(Map(id)); }
+  static std::string T(uint64_t us) { return std::to_string(us); }
+  void Log(std::string line) { log_->push_back(std::move(line)); }
+
+  std::unique_ptr<EvictionPolicy> inner_;
+  std::vector<std::string>* log_;
+  std::unordered_map<ObjectId, ObjectId>* map_;
+  bool assign_new_;
+};
+
+using MakeInner = std::function<std::unique_ptr<EvictionPolicy>()>;
+
+// The hook log of `trace` replayed by the simulator (plain structure) with a DRAM tier of
+// capacity_units and a recording policy around make(); with ssd_units > 0 also an SSD tier
+// of that many units (admit-all) whose policy's calls go to *ssd_log.
+inline std::vector<std::string> SimRun(const MakeInner& make, uint64_t capacity_units,
+                                       const Trace& trace, uint64_t ssd_units = 0,
+                                       std::vector<std::string>* ssd_log = nullptr) {
+  std::vector<std::string> log;
+  auto units = BuildUnitTrace(trace);
+  EXPECT_TRUE(units.ok()) << units.status().ToString();
+  SimOptions o;
+  o.structure = Structure::kPlain;
+  o.dram_capacity_units = capacity_units;
+  o.dram_policy_factory = [&]() -> std::unique_ptr<EvictionPolicy> {
+    return std::make_unique<RecordingPolicy>(make(), &log, nullptr);
+  };
+  if (ssd_units > 0) {
+    o.ssd_capacity_units = ssd_units;
+    o.ssd_policy_factory = [&]() -> std::unique_ptr<EvictionPolicy> {
+      return std::make_unique<RecordingPolicy>(make(), ssd_log, nullptr);
+    };
+  }
+  auto r = Simulate(*units, o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return log;
+}
+
+inline MakeInner Named(const std::string& name) {
+  return [name]() {
+    auto p = policies::MakeEvictionPolicy(name);
+    EXPECT_TRUE(p.ok());
+    return std::move(*p);
+  };
+}
+
+}  // namespace kvtier::sim::live_test

@@ -193,6 +193,11 @@ ProcUsage ReadProcUsage(pid_t pid) {
   return u;
 }
 
+int Fail(const char* what, const Status& s) {
+  std::fprintf(stderr, "kvtier_resume_bench: %s: %s\n", what, s.ToString().c_str());
+  return 1;
+}
+
 int Speed(std::span<const std::string_view> args) {
   cli::FlagSet flags("kvtier_resume_bench speed", "resume (DRAM, SSD) vs recompute");
   std::string lengths = "4096,16384";
@@ -227,7 +232,7 @@ int Speed(std::span<const std::string_view> args) {
   }
   std::shared_ptr<const ModelWeights> w;
   auto e = MakeEngine(model, static_cast<int>(threads), &w);
-  if (!e.ok()) return std::fprintf(stderr, "%s\n", e.status().ToString().c_str()), 1;
+  if (!e.ok()) return Fail("engine", e.status());
   const auto dir =
       std::filesystem::path(dir_flag) / ("kvtier_resume_bench_" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
@@ -238,7 +243,7 @@ int Speed(std::span<const std::string_view> args) {
       "durability = \"batched\"\n");
   if (!d.Start()) return std::fprintf(stderr, "kvtierd did not start\n"), 1;
   auto fp = EngineModelFingerprint((*e)->config(), *w, so.unit_tokens);
-  if (!fp.ok()) return 1;
+  if (!fp.ok()) return Fail("fingerprint", fp.status());
   daemon::ClientOptions co;
   co.socket_path = d.socket();
   auto restart = [&]() -> std::unique_ptr<daemon::Client> {
@@ -250,31 +255,33 @@ int Speed(std::span<const std::string_view> args) {
               static_cast<unsigned long long>(threads), dir.c_str());
   for (uint64_t n : ns) {
     const std::vector<int32_t> tokens = engine::AgentText(static_cast<uint32_t>(n), n);
-    auto c = daemon::Client::Connect(co);
-    if (!c.ok()) return 1;
-    auto store = SessionStore::Create(e->get(), c->get(), *fp, so);
-    if (!store.ok()) return 1;
     const uint32_t P = so.unit_tokens;
     const int64_t units = static_cast<int64_t>(n / P);
-    std::printf("\n== %llu tokens (%lld units of %llu B) ==\n", static_cast<unsigned long long>(n),
-                static_cast<long long>(units),
-                static_cast<unsigned long long>((*store)->unit_bytes()));
-    // The peer: a CED prefill of every token, the fastest of --recompute-runs.
+    std::printf("\n== %llu tokens (%lld units) ==\n", static_cast<unsigned long long>(n),
+                static_cast<long long>(units));
+    // The peer: a CED prefill of every token, the fastest of --recompute-runs. No connection
+    // is open meanwhile (a 64K recompute outlasts the daemon's idle_timeout_ms).
     SequenceState st;
     std::vector<float> logits;
     double recompute_s = 0;
     for (uint64_t run = 0; run < recompute_runs; ++run) {
       st = (*e)->NewSequence();
       const auto t0 = Clock::now();
-      if (!(*store)->Prefill(&st, tokens, &logits).ok()) return 1;
+      if (Status ps = (*e)->PrefillCed(&st, tokens, &logits); !ps.ok())
+        return Fail("recompute", ps);
       const double s = Since(t0);
       std::printf("recompute (CED prefill) run %llu: %.3f s\n",
                   static_cast<unsigned long long>(run + 1), s);
       std::fflush(stdout);
       recompute_s = run == 0 ? s : std::min(recompute_s, s);
     }
+    auto c = daemon::Client::Connect(co);
+    if (!c.ok()) return Fail("connect", c.status());
+    auto store = SessionStore::Create(e->get(), c->get(), *fp, so);
+    if (!store.ok()) return Fail("session store", store.status());
     SaveCursor cursor;
-    if (!(*store)->Save(st, logits, &cursor).ok()) return 1;
+    if (Status ss = (*store)->Save(st, logits, &cursor); !ss.ok()) return Fail("save", ss);
+    std::printf("units of %llu B saved\n", static_cast<unsigned long long>((*store)->unit_bytes()));
     std::printf("%-34s %9s %9s %9s %9s %9s %10s %9s\n", "resume path", "lookup", "fetch+imp",
                 "replay", "suffix", "total s", "recompute", "ratio");
     auto resume = [&](const std::string& label, bool hot,
@@ -297,8 +304,10 @@ int Speed(std::span<const std::string_view> args) {
       std::fflush(stdout);
       return rep;
     };
-    if (!resume("1st resume, hot state (exact)", true, c->get()).ok()) return 1;
-    if (!resume("2nd resume, bounded replay", false, c->get()).ok()) return 1;
+    if (auto r1 = resume("1st resume, hot state (exact)", true, c->get()); !r1.ok())
+      return Fail("resume", r1.status());
+    if (auto r2 = resume("2nd resume, bounded replay", false, c->get()); !r2.ok())
+      return Fail("resume", r2.status());
     const UnitPayloadLayout layout = (*store)->payload_layout();
     const uint64_t unit_bytes = (*store)->unit_bytes();
     store->reset();
@@ -309,7 +318,7 @@ int Speed(std::span<const std::string_view> args) {
       auto c2 = restart();
       if (c2 == nullptr) return std::fprintf(stderr, "restart failed\n"), 1;
       auto rep = resume("after restart " + std::to_string(k + 1) + ", replay", true, c2.get());
-      if (!rep.ok()) return std::fprintf(stderr, "%s\n", rep.status().ToString().c_str()), 1;
+      if (!rep.ok()) return Fail("resume after restart", rep.status());
       restart_totals.push_back(rep->total_s);
       restart_fetches.push_back(rep->fetch_s);
     }
@@ -333,7 +342,7 @@ int Speed(std::span<const std::string_view> args) {
       daemon_cpu_s.push_back(u1.cpu_s - u0.cpu_s);
       daemon_runq_s.push_back(u1.runq_s - u0.runq_s);
       daemon_faults.push_back(static_cast<double>(u1.minor_faults - u0.minor_faults));
-      if (!run.ok()) return std::fprintf(stderr, "%s\n", run.status().ToString().c_str()), 1;
+      if (!run.ok()) return Fail("fetch", run.status());
       if (run->by_tier[2] != units) {
         std::fprintf(stderr, "fetch: %lld of %lld units came from SSD (DRAM not cold?)\n",
                      static_cast<long long>(run->by_tier[2]), static_cast<long long>(units));
@@ -387,7 +396,7 @@ int Speed(std::span<const std::string_view> args) {
     // every one into a fresh state, as the resume does inside its GET; fastest of 3.
     {
       auto c4 = daemon::Client::Connect(co);
-      if (!c4.ok()) return 1;
+      if (!c4.ok()) return Fail("connect", c4.status());
       std::vector<std::vector<uint8_t>> values;
       std::vector<bool> found;
       if (!(*c4)->GetCopy(keys, &values, &found).ok() ||
@@ -403,7 +412,7 @@ int Speed(std::span<const std::string_view> args) {
           dopts.expected_key = chain[i];
           Status is = ImportUnit(layout, values[i], dopts,
                                  std::span<const int32_t>(tokens).subspan(i * P, P), &fresh);
-          if (!is.ok()) return std::fprintf(stderr, "%s\n", is.ToString().c_str()), 1;
+          if (!is.ok()) return Fail("import", is);
         }
         const double s = Since(t0);
         import_s = run == 0 ? s : std::min(import_s, s);
@@ -434,7 +443,7 @@ int Fidelity(std::span<const std::string_view> args) {
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   std::shared_ptr<const ModelWeights> w;
   auto e = MakeEngine(model, static_cast<int>(threads), &w);
-  if (!e.ok()) return std::fprintf(stderr, "%s\n", e.status().ToString().c_str()), 1;
+  if (!e.ok()) return Fail("engine", e.status());
   Engine& eng = **e;
   auto layout = EngineKvLayout(eng.config());
   if (!layout.ok()) return 1;

@@ -66,12 +66,6 @@ int32_t Argmax(const std::vector<float>& v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-std::vector<uint64_t> ParseList(const std::string& s) {
-  std::vector<uint64_t> out;
-  for (const std::string& part : cli::SplitComma(s)) out.push_back(std::stoull(part));
-  return out;
-}
-
 // The engine of --model: a checkpoint prefix, or "random" (mini-v4.1, random weights).
 StatusOr<std::unique_ptr<Engine>> MakeEngine(const std::string& model, int threads,
                                              std::shared_ptr<const ModelWeights>* w) {
@@ -96,26 +90,27 @@ constexpr uint64_t kMaxRecomputeRuns = 5;
 constexpr uint64_t kMaxRestarts = 10;
 constexpr uint64_t kMaxFioLoops = 1000;
 
-// Parses --tokens: a comma list of whole-page histories below the context. Exits 2 (returns
-// false with a message on stderr) for anything else.
-bool ParseLengths(const std::string& s, uint32_t unit_tokens, std::vector<uint64_t>* out) {
+// Parses a list flag of session lengths (`flag`: its name in messages): whole-page histories
+// below the context, comma-separated. False, with a message on stderr, for anything else.
+bool ParseLengths(const char* flag, const std::string& s, uint32_t unit_tokens,
+                  std::vector<uint64_t>* out) {
   for (const std::string& part : cli::SplitComma(s)) {
     uint64_t n = 0;
     const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), n);
     if (ec != std::errc() || end != part.data() + part.size() || n == 0 || n % unit_tokens != 0 ||
         n >= kContextTokens) {
       std::fprintf(stderr,
-                   "kvtier_resume_bench speed: --tokens '%s': each length must be a multiple of "
-                   "%u below the context of %llu tokens (the resumed session decodes at position "
-                   "N); the largest is %llu\n",
-                   part.c_str(), unit_tokens, static_cast<unsigned long long>(kContextTokens),
+                   "kvtier_resume_bench: --%s '%s': each length must be a multiple of %u below "
+                   "the context of %llu tokens (the resumed session decodes at position N); the "
+                   "largest is %llu\n",
+                   flag, part.c_str(), unit_tokens, static_cast<unsigned long long>(kContextTokens),
                    static_cast<unsigned long long>(kContextTokens - unit_tokens));
       return false;
     }
     out->push_back(n);
   }
   if (out->empty()) {
-    std::fprintf(stderr, "kvtier_resume_bench speed: --tokens is empty\n");
+    std::fprintf(stderr, "kvtier_resume_bench: --%s is empty\n", flag);
     return false;
   }
   return true;
@@ -134,12 +129,12 @@ struct FetchRun {
   double seconds = 0;
   uint64_t bytes = 0;
   std::array<int64_t, 3> by_tier{};  // hbm, dram, ssd
+  uint64_t last_bytes = 0;           // sum of each value's last byte: every value is read
 };
 StatusOr<FetchRun> TimedFetch(daemon::Client* c, std::span<const daemon::wire::Key> keys,
                               uint32_t per_call) {
   FetchRun run;
   Status missing;
-  uint64_t checksum = 0;
   const auto t0 = Clock::now();
   for (size_t first = 0; first < keys.size(); first += per_call) {
     const size_t count = std::min<size_t>(keys.size() - first, per_call);
@@ -150,13 +145,12 @@ StatusOr<FetchRun> TimedFetch(daemon::Client* c, std::span<const daemon::wire::K
             return;
           }
           run.bytes += g.value.size();
-          checksum += g.value.empty() ? 0 : g.value.back();  // reads the value, as an import would
+          run.last_bytes += g.value.empty() ? 0 : g.value.back();
           if (g.tier < 3) ++run.by_tier[g.tier];
         }));
   }
   run.seconds = Since(t0);
   if (!missing.ok()) return Status::NotFound("fetch: a unit is missing: " + missing.ToString());
-  if (checksum == UINT64_MAX) std::printf("\n");  // keeps the reads
   return run;
 }
 
@@ -183,7 +177,7 @@ ProcUsage ReadProcUsage(pid_t pid) {
   std::string line;
   std::getline(stat, line);
   const size_t comm_end = line.rfind(')');  // the command name may hold spaces
-  if (comm_end != std::string::npos) {
+  if (comm_end != std::string::npos && comm_end + 2 <= line.size()) {
     std::istringstream fields(line.substr(comm_end + 2));
     std::string f;
     for (int field = 3; field <= 10 && fields >> f; ++field) {
@@ -224,7 +218,7 @@ int Speed(std::span<const std::string_view> args) {
   SessionOptions so;
   so.guard = GuardMode::kAlwaysFetch;
   std::vector<uint64_t> ns;
-  if (!ParseLengths(lengths, so.unit_tokens, &ns)) return 2;
+  if (!ParseLengths("tokens", lengths, so.unit_tokens, &ns)) return 2;
   if (!std::filesystem::is_directory(dir_flag) || dir_flag.find(':') != std::string::npos) {
     std::fprintf(stderr, "kvtier_resume_bench speed: --dir %s is not a directory (or has a ':')\n",
                  dir_flag.c_str());
@@ -341,7 +335,9 @@ int Speed(std::span<const std::string_view> args) {
       const ProcUsage u1 = ReadProcUsage(d.pid());
       daemon_cpu_s.push_back(u1.cpu_s - u0.cpu_s);
       daemon_runq_s.push_back(u1.runq_s - u0.runq_s);
-      daemon_faults.push_back(static_cast<double>(u1.minor_faults - u0.minor_faults));
+      daemon_faults.push_back(u1.minor_faults >= u0.minor_faults
+                                  ? static_cast<double>(u1.minor_faults - u0.minor_faults)
+                                  : 0);
       if (!run.ok()) return Fail("fetch", run.status());
       if (run->by_tier[2] != units) {
         std::fprintf(stderr, "fetch: %lld of %lld units came from SSD (DRAM not cold?)\n",
@@ -441,6 +437,8 @@ int Fidelity(std::span<const std::string_view> args) {
   flags.Uint("threads", &threads, "engine threads");
   flags.String("model", &model, "PREFIX", "checkpoint prefix, or 'random' (mini-v4.1)");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
+  std::vector<uint64_t> ns;
+  if (!ParseLengths("lengths", lengths, kDefaultUnitTokens, &ns)) return 2;
   std::shared_ptr<const ModelWeights> w;
   auto e = MakeEngine(model, static_cast<int>(threads), &w);
   if (!e.ok()) return Fail("engine", e.status());
@@ -450,7 +448,7 @@ int Fidelity(std::span<const std::string_view> args) {
   const UnitPayloadLayout pl = UnitPayloadLayout::For(*layout);
   std::printf("%-7s %-7s %8s %12s %12s %10s\n", "length", "prompts", "top1", "kl_mean", "kl_max",
               "exact");
-  for (uint64_t n : ParseList(lengths)) {
+  for (uint64_t n : ns) {
     double agree = 0, kl_sum = 0, kl_max = 0;
     uint64_t count = 0, exact = 0;
     for (uint64_t p = 0; p < prompts; ++p) {

@@ -230,6 +230,14 @@ int Speed(std::span<const std::string_view> args) {
   const auto dir =
       std::filesystem::path(dir_flag) / ("kvtier_resume_bench_" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
+  // Removed on every return, after `d` (declared below, destroyed first) has killed kvtierd.
+  struct RemoveOnExit {
+    std::filesystem::path path;
+    ~RemoveOnExit() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } scratch{dir};
   testing::KvtierdProcess d(dir);
   d.WriteConfig(
       "[storage]\ndram_capacity_bytes = 268435456\nssd_capacity_bytes = 1073741824\n"
@@ -422,7 +430,6 @@ int Speed(std::span<const std::string_view> args) {
     std::fflush(stdout);
   }
   d.Stop();
-  std::filesystem::remove_all(dir);
   return 0;
 }
 

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/fio.h"
 #include "cli/flags.h"
 #include "common/clock.h"
 #include "storage/block_device.h"
@@ -52,33 +53,6 @@ Key BenchKey(uint64_t i) {
 }
 
 double Seconds(uint64_t us) { return static_cast<double>(us) / 1e6; }
-
-// Runs fio with JSON output; returns bytes/s of the job's `rw` side, or a negative on failure.
-double RunFio(const std::string& args, const char* side, std::string* error) {
-  std::string cmd = "fio --output-format=json " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) {
-    *error = "cannot start fio";
-    return -1;
-  }
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int rc = ::pclose(p);
-  size_t start = out.find('{');
-  if (rc != 0 || start == std::string::npos) {
-    *error = "fio failed: " + out.substr(0, 300);
-    return -1;
-  }
-  try {
-    auto j = nlohmann::json::parse(out.substr(start));
-    return j.at("jobs").at(0).at(side).at("bw_bytes").get<double>();
-  } catch (const std::exception& e) {
-    *error = std::string("cannot parse fio output: ") + e.what();
-    return -1;
-  }
-}
 
 struct Results {
   double ssd_write_bps = 0, fio_write_bps = 0, ssd_read_bps = 0, fio_read_bps = 0;
@@ -207,8 +181,7 @@ int BenchStorage(Args args) {
   // ---- fio, same directory, same pattern ----
   const uint64_t record_block = storage::ssd::AlignUp(unit_bytes + storage::ssd::kRecordHeaderBytes,
                                                       storage::ssd::kBlockBytes);
-  std::string common = " --directory=" + root + "/fio --ioengine=io_uring --direct=1" +
-                       " --numjobs=1 --group_reporting";
+  const std::string common = FioDirectArgs(root + "/fio");
   r.fio_write_bps =
       RunFio("--name=w --rw=write --bs=" + std::to_string(write_chunk) +
                  " --iodepth=4 --size=" + std::to_string(mb) + "M --end_fsync=1" + common,

@@ -16,6 +16,7 @@
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "engine/weights.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace kvtier::serving {
 namespace {
@@ -26,6 +27,16 @@ struct Model {
   std::shared_ptr<const engine::ModelWeights> weights;
   std::unique_ptr<engine::Engine> engine;
 };
+
+// The miniature with random weights (tests/engine): far more sensitive than the trained one,
+// so a prompt computed any other way than the full forward (e.g. the CED prefill) changes
+// its greedy tokens.
+Model LoadRandom() {
+  Model m;
+  m.weights = engine::testutil::MiniWeights();
+  m.engine = engine::testutil::MakeEngine(1);
+  return m;
+}
 
 Model LoadTrained() {
   const std::string dir = std::string(KVTIER_SOURCE_DIR) + "/deploy/models/kvmini-trained";
@@ -134,15 +145,16 @@ TEST_F(SchedulerTest, ChunkedPrefillEqualsWholeForwardAloneAndBatched) {
   auto s = Make(o);
   ASSERT_NE(s, nullptr);
   const std::vector<size_t> lengths = {5, 47, 130, 333, 90};
+  constexpr int kTokens = 64;
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> refs;
   for (size_t i = 0; i < lengths.size(); ++i) {
     prompts.push_back(Prompt(lengths[i], 7 + static_cast<uint32_t>(i)));
-    refs.push_back(Reference(model_.engine.get(), prompts.back(), 12));
+    refs.push_back(Reference(model_.engine.get(), prompts.back(), kTokens));
   }
   // Alone: one request at a time.
   for (size_t i = 0; i < prompts.size(); ++i) {
-    auto g = s->Submit(&tenant_, Greedy(prompts[i], 12));
+    auto g = s->Submit(&tenant_, Greedy(prompts[i], kTokens));
     ASSERT_TRUE(g.ok());
     Collected c = Drain(g->get());
     ASSERT_TRUE(c.done) << i;
@@ -158,7 +170,7 @@ TEST_F(SchedulerTest, ChunkedPrefillEqualsWholeForwardAloneAndBatched) {
   ASSERT_NE(s, nullptr);
   std::vector<std::shared_ptr<Generation>> gens;
   for (const auto& p : prompts) {
-    auto g = s->Submit(&tenant_, Greedy(p, 12));
+    auto g = s->Submit(&tenant_, Greedy(p, kTokens));
     ASSERT_TRUE(g.ok());
     gens.push_back(*g);
   }
@@ -167,6 +179,39 @@ TEST_F(SchedulerTest, ChunkedPrefillEqualsWholeForwardAloneAndBatched) {
     ASSERT_TRUE(c.done) << i;
     EXPECT_EQ(c.text, refs[i]) << i;
     EXPECT_EQ(c.usage.cached_tokens, 0);
+  }
+}
+
+// The same with the random-weight miniature, whose greedy tokens (bytes and reserved ids
+// alike, compared through the text and the completion count) tell the full forward from an
+// approximation of it.
+TEST(SchedulerRandomWeightsTest, ChunkedPrefillEqualsWholeForwardBatched) {
+  Model m = LoadRandom();
+  ServingMetrics metrics;
+  Tenant tenant{"t", "", {}};
+  SchedulerOptions o;
+  o.step_tokens_max = 40;
+  o.prefill_chunk_tokens = 24;
+  o.idle_sequences_max = 0;
+  auto s = Scheduler::Create(m.engine.get(), *m.weights, o, &metrics);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  constexpr int kTokens = 16;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> refs;
+  std::vector<std::shared_ptr<Generation>> gens;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(engine::testutil::Prompt(20 + 45 * i, 60 + static_cast<uint32_t>(i)));
+    refs.push_back(Reference(m.engine.get(), prompts.back(), kTokens));
+  }
+  for (const auto& p : prompts) {
+    auto g = (*s)->Submit(&tenant, Greedy(p, kTokens));
+    ASSERT_TRUE(g.ok());
+    gens.push_back(*g);
+  }
+  for (size_t i = 0; i < gens.size(); ++i) {
+    Collected c = Drain(gens[i].get());
+    ASSERT_TRUE(c.done) << i;
+    EXPECT_EQ(c.text, refs[i]) << i;
   }
 }
 

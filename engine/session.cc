@@ -47,7 +47,7 @@ uint64_t GetLe(const uint8_t* p, int bytes) {
 }
 
 constexpr uint8_t kHotMagic[4] = {'K', 'V', 'H', 'S'};
-constexpr uint16_t kHotVersion = 1;
+constexpr uint16_t kHotVersion = 2;     // 1: no tail field (still decoded)
 constexpr size_t kHotHeaderBytes = 12;  // magic, version, reserved, logits_count
 // Largest vocabulary a hot state may carry (sanity bound for decoding).
 constexpr uint32_t kHotLogitsLimit = 1u << 24;
@@ -86,13 +86,24 @@ Digest SwaBlobKey(const Digest& last_chain_key) {
   return Sha256(pre);
 }
 
+Digest HotTailKey(const Digest& last_chain_key, std::span<const int32_t> tail) {
+  std::vector<uint8_t> pre;
+  AppendField(&pre, KeyField::kDomainTag, Bytes(kHotTailKeyDomainTag));
+  AppendField(&pre, KeyField::kDigest, last_chain_key);
+  std::vector<uint8_t> ids;
+  for (int32_t t : tail) PutU32(&ids, static_cast<uint32_t>(t));
+  AppendField(&pre, KeyField::kTokens, ids);
+  return Sha256(pre);
+}
+
 std::vector<Digest> SessionChainKeys(const Digest& fingerprint, std::span<const int32_t> tokens,
                                      uint32_t unit_tokens) {
   std::vector<uint32_t> ids(tokens.begin(), tokens.end());
   return ChainKeys(fingerprint, ids, unit_tokens);
 }
 
-std::vector<uint8_t> EncodeHotState(const SequenceState& state, std::span<const float> logits) {
+std::vector<uint8_t> EncodeHotState(const SequenceState& state, std::span<const float> logits,
+                                    std::span<const uint8_t> tail) {
   std::vector<uint8_t> out(kHotMagic, kHotMagic + 4);
   PutU16(&out, kHotVersion);
   PutU16(&out, 0);
@@ -103,25 +114,69 @@ std::vector<uint8_t> EncodeHotState(const SequenceState& state, std::span<const 
   const std::vector<uint8_t> swa = ExportSwaRings(state);
   PutU64(&out, swa.size());
   out.insert(out.end(), swa.begin(), swa.end());
+  PutU64(&out, tail.size());
+  out.insert(out.end(), tail.begin(), tail.end());
   PutU64(&out, Xxh3_64(out.data(), out.size()));
   return out;
 }
 
-StatusOr<std::vector<float>> DecodeHotState(std::span<const uint8_t> b, SequenceState* state) {
+StatusOr<std::vector<float>> DecodeHotState(std::span<const uint8_t> b, SequenceState* state,
+                                            std::span<const int32_t> tail_tokens) {
   if (b.size() < kHotHeaderBytes + 16 || std::memcmp(b.data(), kHotMagic, 4) != 0)
     return Status::Corruption("hot state: bad magic or too short");
   if (GetLe(b.data() + b.size() - 8, 8) != Xxh3_64(b.data(), b.size() - 8))
     return Status::Corruption("hot state: checksum mismatch");
-  if (GetLe(b.data() + 4, 2) != kHotVersion) return Status::Corruption("hot state: version");
+  const uint64_t version = GetLe(b.data() + 4, 2);
+  if (version != 1 && version != kHotVersion) return Status::Corruption("hot state: version");
   const uint64_t n = GetLe(b.data() + 8, 4);
   if (n > kHotLogitsLimit) return Status::Corruption("hot state: logits count");
   const uint64_t swa_at = kHotHeaderBytes + n * 4;
   if (swa_at + 16 > b.size()) return Status::Corruption("hot state: truncated");
   const uint64_t swa_len = GetLe(b.data() + swa_at, 8);
-  if (swa_len != b.size() - swa_at - 16) return Status::Corruption("hot state: length");
+  const uint64_t room = b.size() - swa_at - 16;  // bytes between the swa length and checksum
+  std::span<const uint8_t> tail;
+  if (version == 1) {
+    if (swa_len != room) return Status::Corruption("hot state: length");
+  } else {
+    if (swa_len > room || room - swa_len < 8) return Status::Corruption("hot state: length");
+    const uint64_t tail_at = swa_at + 8 + swa_len;
+    const uint64_t tail_len = GetLe(b.data() + tail_at, 8);
+    if (tail_len != room - swa_len - 8) return Status::Corruption("hot state: tail length");
+    tail = b.subspan(tail_at + 8, tail_len);
+  }
+  if (tail.empty() != tail_tokens.empty())
+    return Status::Corruption("hot state: tail does not match the expected tokens");
   std::vector<float> logits(n);
   std::memcpy(logits.data(), b.data() + kHotHeaderBytes, n * 4);
-  KVTIER_RETURN_IF_ERROR(ImportSwaRings(b.subspan(swa_at + 8, swa_len), state));
+  if (tail.empty()) {
+    KVTIER_RETURN_IF_ERROR(ImportSwaRings(b.subspan(swa_at + 8, swa_len), state));
+    return logits;
+  }
+  // The tail first (the rings count its tokens); undone if the rings are refused, so the state
+  // is unchanged on any error (ImportTail itself changes nothing when it fails).
+  const size_t tokens_before = state->tokens.size();
+  std::vector<KvSourceCache> groups_before;
+  for (const KvSourceCache& k : state->kv) {
+    KvSourceCache g;
+    g.n_entries = k.n_entries;
+    g.consumed = k.consumed;
+    g.kv_state = k.kv_state;
+    g.score_state = k.score_state;
+    groups_before.push_back(std::move(g));
+  }
+  KVTIER_RETURN_IF_ERROR(ImportTail(tail, tail_tokens, state));
+  Status rings = ImportSwaRings(b.subspan(swa_at + 8, swa_len), state);
+  if (!rings.ok()) {
+    state->tokens.resize(tokens_before);
+    for (size_t i = 0; i < state->kv.size(); ++i) {
+      KvSourceCache& k = state->kv[i];
+      k.Truncate(groups_before[i].n_entries);
+      k.consumed = groups_before[i].consumed;
+      k.kv_state = std::move(groups_before[i].kv_state);
+      k.score_state = std::move(groups_before[i].score_state);
+    }
+    return rings;
+  }
   return logits;
 }
 
@@ -275,8 +330,21 @@ Status SessionStore::Save(const SequenceState& state, std::span<const float> las
     }
     cursor->units_saved = first + count;
   }
-  if (options_.keep_hot_state && pages > 0 && n == pages * P && !last_logits.empty()) {
-    const std::vector<uint8_t> hot = EncodeHotState(state, last_logits);
+  // The hot state: at a page boundary the rings and logits; mid-page also the partial page's
+  // global KV (a tail of less than a page past the last whole one).
+  const int64_t tail = n - pages * P;
+  if (options_.keep_hot_state && pages > 0 && tail < static_cast<int64_t>(P) &&
+      !last_logits.empty()) {
+    std::vector<uint8_t> tail_blob;
+    if (tail > 0) {
+      auto t = ExportTail(state, pages * P);
+      if (!t.ok()) {  // a state whose global KV lags its tokens: no hot state, not an error
+        KVTIER_LOG(kWarn) << "session: hot state not kept: " << t.status().ToString();
+        return Status::Ok();
+      }
+      tail_blob = std::move(t).value();
+    }
+    const std::vector<uint8_t> hot = EncodeHotState(state, last_logits, tail_blob);
     daemon::PutOptions ho;
     ho.kind = 1;  // policies::ObjectKind::kSwa
     ho.allow_ssd = false;
@@ -284,7 +352,9 @@ Status SessionStore::Save(const SequenceState& state, std::span<const float> las
     ho.ttl_ms = options_.hot_state_ttl_ms;
     ho.turn = po.turn;
     daemon::PutUnit u;
-    u.key = SwaBlobKey(cursor->chain[pages - 1]);
+    u.key = tail == 0 ? SwaBlobKey(cursor->chain[pages - 1])
+                      : HotTailKey(cursor->chain[pages - 1],
+                                   std::span<const int32_t>(state.tokens).subspan(pages * P));
     u.value = hot;
     KVTIER_ASSIGN_OR_RETURN(std::vector<Status> put,
                             client_->Put(std::span<const daemon::PutUnit>(&u, 1), ho));
@@ -321,11 +391,18 @@ Status SessionStore::CalibrateCed(std::span<const int32_t> tokens) {
 }
 
 Status SessionStore::Recompute(std::span<const int32_t> tokens, SequenceState* state,
-                               std::vector<float>* last_logits, ResumeReport* report) {
+                               std::vector<float>* last_logits, ResumeReport* report,
+                               bool prefill) {
   const auto t0 = Clock::now();
   *state = engine_->NewSequence();
-  KVTIER_RETURN_IF_ERROR(Prefill(state, tokens, last_logits));
+  if (prefill) {
+    KVTIER_RETURN_IF_ERROR(Prefill(state, tokens, last_logits));
+  } else {
+    last_logits->clear();  // Restore: the caller computes every token
+  }
   report->recompute_s = Since(t0);
+  report->restored_tokens = 0;
+  report->hot_tail_tokens = 0;
   report->recomputed = true;
   report->units_used = 0;
   report->units_by_tier = {};
@@ -338,6 +415,53 @@ Status SessionStore::Recompute(std::span<const int32_t> tokens, SequenceState* s
 
 StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, SequenceState* state,
                                             std::vector<float>* last_logits) {
+  return ResumeOrRestore(tokens, state, last_logits, /*prefill=*/true);
+}
+
+StatusOr<ResumeReport> SessionStore::Restore(std::span<const int32_t> tokens, SequenceState* state,
+                                             std::vector<float>* last_logits) {
+  return ResumeOrRestore(tokens, state, last_logits, /*prefill=*/false);
+}
+
+bool SessionStore::RestoreHotState(std::span<const int32_t> tokens,
+                                   const std::vector<Digest>& chain, SequenceState* state,
+                                   std::vector<float>* last_logits, ResumeReport* r) {
+  const int64_t P = options_.unit_tokens;
+  const int64_t at = r->units_used * P;  // the state's end: the used units
+  const int64_t tail_max = std::min<int64_t>(P - 1, static_cast<int64_t>(tokens.size()) - at);
+  // Key j: the hot state ending j tokens past the used units (j = 0: at the boundary).
+  std::vector<daemon::wire::Key> keys;
+  keys.push_back(SwaBlobKey(chain[r->units_used - 1]));
+  for (int64_t j = 1; j <= tail_max; ++j)
+    keys.push_back(HotTailKey(chain[r->units_used - 1], tokens.subspan(at, j)));
+  std::vector<std::vector<uint8_t>> found(keys.size());
+  Status gs = client_->Get(keys, r->turn, [&](size_t j, const daemon::GetItem& item) {
+    if (item.status.ok() && j < found.size()) found[j].assign(item.value.begin(), item.value.end());
+  });
+  if (!gs.ok()) {
+    KVTIER_LOG(kWarn) << "session: hot state GET failed: " << gs.ToString();
+    return false;
+  }
+  const uint64_t vocab = static_cast<uint64_t>(engine_->config().vocab_size);
+  for (int64_t j = tail_max; j >= 0; --j) {  // the longest first
+    // Checked before the import changes the state: a blob of another vocabulary is skipped.
+    if (found[j].size() < 12 || GetLe(found[j].data() + 8, 4) != vocab) continue;
+    auto logits = DecodeHotState(found[j], state, tokens.subspan(at, j));
+    if (logits.ok()) {
+      *last_logits = std::move(*logits);
+      r->hot_state_restored = true;
+      r->hot_tail_tokens = j;
+      return true;
+    }
+    KVTIER_LOG(kWarn) << "session: hot state unusable: " << logits.status().ToString();
+  }
+  return false;
+}
+
+StatusOr<ResumeReport> SessionStore::ResumeOrRestore(std::span<const int32_t> tokens,
+                                                     SequenceState* state,
+                                                     std::vector<float>* last_logits,
+                                                     bool prefill) {
   const auto t_start = Clock::now();
   if (tokens.empty() || tokens.size() > kMaxSessionTokens)
     return Status::InvalidArgument("session: resume needs 1..kMaxSessionTokens tokens");
@@ -362,7 +486,7 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
   if (options_.guard == GuardMode::kAlwaysRecompute) {
     r.decision = "guard mode always-recompute";
     ++stats_.guard_recompute;
-    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r));
+    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r, prefill));
     finish(&r);
     return r;
   }
@@ -378,7 +502,7 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
   if (!lk.ok()) {
     r.decision = "lookup failed (" + lk.status().ToString() + "): recompute";
     ++stats_.miss_recompute;
-    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r));
+    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r, prefill));
     finish(&r);
     return r;
   }
@@ -387,7 +511,7 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
   if (r.hit_units == 0) {
     r.decision = "no hit: recompute";
     ++stats_.miss_recompute;
-    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r));
+    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r, prefill));
     finish(&r);
     return r;
   }
@@ -406,14 +530,16 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
     return s;
   };
   r.estimated_resume_s = estimate(r.hit_units, lk->tiers);
-  r.estimated_recompute_s = static_cast<double>(r.tokens) * cost_.ced_s_per_token();
+  // Resume recomputes with a CED prefill; a Restore's caller with the full forward.
+  r.estimated_recompute_s = static_cast<double>(r.tokens) *
+                            (prefill ? cost_.ced_s_per_token() : cost_.forward_s_per_token());
   if (options_.guard == GuardMode::kAuto && r.estimated_recompute_s < r.estimated_resume_s) {
     std::ostringstream why;
     why << "guard: recompute " << r.estimated_recompute_s << " s < fetch+replay+suffix "
         << r.estimated_resume_s << " s";
     r.decision = why.str();
     ++stats_.guard_recompute;
-    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r));
+    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r, prefill));
     finish(&r);
     return r;
   }
@@ -428,8 +554,6 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
   t0 = Clock::now();
   *state = engine_->NewSequence();
   std::vector<daemon::wire::Key> keys(chain.begin(), chain.begin() + r.hit_units);
-  const bool want_hot = options_.use_hot_state && options_.keep_hot_state;
-  std::vector<uint8_t> hot;
   bool stopped = false;
   std::array<int64_t, 3> tier_units{};
   Status import_error;
@@ -438,14 +562,8 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
   for (int64_t first = 0; first < r.hit_units && !stopped; first += options_.max_units_per_call) {
     const int64_t count = std::min<int64_t>(r.hit_units - first, options_.max_units_per_call);
     std::vector<daemon::wire::Key> batch(keys.begin() + first, keys.begin() + first + count);
-    const bool last_batch = first + count == r.hit_units;
-    if (want_hot && last_batch) batch.push_back(SwaBlobKey(chain[r.hit_units - 1]));
     Status gs = client_->Get(batch, r.turn, [&](size_t j, const daemon::GetItem& item) {
-      if (static_cast<int64_t>(j) >= count) {  // the hot state
-        if (item.status.ok() && !stopped) hot.assign(item.value.begin(), item.value.end());
-        return;
-      }
-      if (stopped) return;
+      if (stopped || static_cast<int64_t>(j) >= count) return;
       const int64_t i = first + static_cast<int64_t>(j);
       if (!item.status.ok()) {
         stopped = true;
@@ -485,7 +603,7 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
     r.decision =
         "no usable unit (" + std::to_string(r.corrupt_units) + " missing or corrupt): recompute";
     ++stats_.miss_recompute;
-    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r));
+    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r, prefill));
     finish(&r);
     return r;
   }
@@ -498,7 +616,7 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
       r.decision = "short hit after " + std::to_string(r.corrupt_units) +
                    " bad units; guard: recompute is cheaper";
       ++stats_.guard_recompute;
-      KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r));
+      KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r, prefill));
       finish(&r);
       return r;
     }
@@ -506,23 +624,14 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
   ++stats_.guard_fetch;
   for (uint8_t t = 0; t < 3; ++t) stats_.units_hit_by_tier[t] += tier_units[t];
 
-  // 4. SWA: exact restore from the hot state, else bounded replay of the last min(R, hit).
-  const int64_t hit_tokens = r.units_used * P;
-  bool restored = false;
-  if (!hot.empty() && r.units_used == r.hit_units) {
-    auto logits = DecodeHotState(hot, state);
-    if (logits.ok() && static_cast<int64_t>(logits->size()) == engine_->config().vocab_size) {
-      *last_logits = std::move(*logits);
-      restored = true;
-      r.hot_state_restored = true;
-      ++stats_.hot_state_restores;
-    } else {
-      KVTIER_LOG(kWarn) << "session: hot state unusable ("
-                        << (logits.ok() ? "vocabulary size" : logits.status().ToString())
-                        << "): bounded replay";
-    }
-  }
-  if (!restored) {
+  // 4. SWA: exact restore from the longest hot state that continues the used units (page-
+  // aligned, or with a partial page), else bounded replay of the last min(R, hit).
+  int64_t hit_tokens = r.units_used * P;
+  const bool want_hot = options_.use_hot_state && options_.keep_hot_state;
+  if (want_hot && RestoreHotState(tokens, chain, state, last_logits, &r)) {
+    hit_tokens += r.hot_tail_tokens;
+    ++stats_.hot_state_restores;
+  } else {
     t0 = Clock::now();
     KVTIER_RETURN_IF_ERROR(engine_->ReplayTail(state, R, last_logits));
     r.replay_s = Since(t0);
@@ -531,9 +640,10 @@ StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, Seq
     ++stats_.replays;
     stats_.replay_tokens += static_cast<uint64_t>(r.replay_tokens);
   }
-  // 5. Prefill only the uncached suffix.
+  r.restored_tokens = hit_tokens;
+  // 5. The uncached suffix: prefilled here (Resume) or left to the caller (Restore).
   r.suffix_tokens = r.tokens - hit_tokens;
-  if (r.suffix_tokens > 0) {
+  if (r.suffix_tokens > 0 && prefill) {
     t0 = Clock::now();
     KVTIER_RETURN_IF_ERROR(Extend(state, tokens.subspan(hit_tokens), last_logits));
     r.suffix_s = Since(t0);

@@ -3,15 +3,19 @@
 // Save: whole unit_tokens-token pages of a sequence's FP4 global KV are PUT through the client
 // library as encoded units (engine/state_io.h ExportUnit), each under its chain key
 // (common/key_spec.h ChainKeys over the session's tokens with the model fingerprint) and with
-// its parent key. Partial pages are never stored. When the sequence ends exactly at a page
-// boundary the SWA rings plus the last token's logits ("hot state") may also be PUT, DRAM only
-// (allow_ssd=false, kind SWA, ttl_ms minutes), under SwaBlobKey(last chain key): a resume
-// within the TTL then needs no replay and restores the session bit for bit.
+// its parent key. Partial pages are never stored as units. The SWA rings plus the last token's
+// logits ("hot state") may also be PUT, DRAM only (allow_ssd=false, kind SWA, ttl_ms minutes):
+// when the sequence ends at a page boundary under SwaBlobKey(last chain key); when it ends
+// r (0 < r < unit_tokens) tokens past its last whole page, with that partial page's global KV
+// (state_io.h ExportTail) under HotTailKey(last chain key, the r token ids). A resume within
+// the TTL then needs no replay and restores the session bit for bit.
 //
 // Resume: LOOKUP the chain of the tokens, GET the hit units (shared memory over the Unix
-// socket) and the hot state, ImportUnit each (verifying checksum, fingerprint and key); a unit
-// that is missing or fails verification ends the usable hit there. Then either the hot state
-// is imported (exact restore) or the SWA rings are rebuilt by bounded replay
+// socket), ImportUnit each (verifying checksum, fingerprint and key); a unit that is missing
+// or fails verification ends the usable hit there. Then the hot states that could continue the
+// used units are probed in one GET (the page-aligned key and HotTailKey of each 1..P-1 next
+// prompt tokens) and the longest one found is imported (exact restore, the tail's tokens count
+// as restored), or the SWA rings are rebuilt by bounded replay
 // (Engine::ReplayTail: replay_start = hit - min(R, hit), R = replay_tokens >= W); the uncached
 // suffix is prefilled with the full forward in chunks. A guard compares the estimated cost of
 // that path (measured fetch seconds per unit per tier, measured forward seconds per token)
@@ -42,6 +46,8 @@ namespace kvtier::engine {
 inline constexpr std::string_view kByteTokenizerId = "kvtier.byte-tokenizer.v1";
 // Domain tag of the hot-state (SWA) key derived from a chain key.
 inline constexpr std::string_view kSwaKeyDomainTag = "kvtier.swa";
+// Domain tag of the key of a hot state that ends mid-page (HotTailKey).
+inline constexpr std::string_view kHotTailKeyDomainTag = "kvtier.swa.tail";
 // Upper bound on the tokens of one session this module saves or resumes (sanity limit).
 inline constexpr size_t kMaxSessionTokens = size_t{1} << 22;
 // Tokens per forward call when prefilling an uncached suffix (bounds activation memory).
@@ -55,13 +61,22 @@ StatusOr<Digest> EngineModelFingerprint(const EngineConfig& config, const ModelW
 // SHA256(F(0x01,"kvtier.swa"), F(0x03,last_chain_key)): where the hot state of a sequence
 // that ends at the unit named `last_chain_key` is kept. Never collides with a chain key.
 Digest SwaBlobKey(const Digest& last_chain_key);
+// SHA256(F(0x01,"kvtier.swa.tail"), F(0x03,last_chain_key), F(0x04,tail)): where the hot state
+// of a sequence that ends `tail` (1..unit_tokens-1 ids) past the unit `last_chain_key` is kept.
+Digest HotTailKey(const Digest& last_chain_key, std::span<const int32_t> tail);
 
-// Hot state: the SWA rings blob (ExportSwaRings) plus the last token's logits, framed as
-//   "KVHS" u16 version(1) u16 0  u32 logits_count  logits f32 LE  u64 swa_bytes  swa blob
-//   u64 xxh3-64 of everything before it.
-std::vector<uint8_t> EncodeHotState(const SequenceState& state, std::span<const float> logits);
-// Imports the rings into `state` and returns the logits. Corruption for damaged bytes.
-StatusOr<std::vector<float>> DecodeHotState(std::span<const uint8_t> bytes, SequenceState* state);
+// Hot state: the SWA rings blob (ExportSwaRings) plus the last token's logits, and for a state
+// that ends mid-page the partial page's tail blob (state_io.h ExportTail), framed as
+//   "KVHS" u16 version(2) u16 0  u32 logits_count  logits f32 LE  u64 swa_bytes  swa blob
+//   u64 tail_bytes  tail blob (0 bytes: ends at a page boundary)  u64 xxh3-64 of all before it.
+// Version 1 (no tail field) is still decoded. `tail`: ExportTail of the state, or empty.
+std::vector<uint8_t> EncodeHotState(const SequenceState& state, std::span<const float> logits,
+                                    std::span<const uint8_t> tail = {});
+// Imports the tail (whose ids must equal `tail_tokens`; a blob without a tail needs it empty)
+// and the rings into `state` and returns the logits. Corruption for damaged bytes or other tail
+// ids; the state is unchanged on any error.
+StatusOr<std::vector<float>> DecodeHotState(std::span<const uint8_t> bytes, SequenceState* state,
+                                            std::span<const int32_t> tail_tokens = {});
 
 // The default bounded-replay length, in sliding windows (SessionOptions::replay_tokens = 0
 // means kDefaultReplayWindows * W). Chosen from the fidelity measurements in docs/RESUME.md:
@@ -87,8 +102,8 @@ struct SessionOptions {
   // MaybeSave() puts new units once at least this many tokens of whole units are unsaved
   // (a multiple of unit_tokens is sensible). Default 1024.
   uint64_t save_interval_tokens = 1024;
-  // Keep the hot state (SWA rings + logits) in the daemon's DRAM pool when a save ends at a
-  // page boundary. Default true.
+  // Keep the hot state (SWA rings + logits, and the partial page's global KV when the state
+  // ends mid-page) in the daemon's DRAM pool at every save. Default true.
   bool keep_hot_state = true;
   // TTL of the hot state in the daemon. Default 10 minutes.
   uint64_t hot_state_ttl_ms = 10 * 60 * 1000;
@@ -150,6 +165,10 @@ struct ResumeReport {
   std::array<int64_t, 3> units_by_tier{};  // of the used units: hbm, dram, ssd
   int64_t corrupt_units = 0;               // hit but missing on GET or failing verification
   bool hot_state_restored = false;         // exact restore (no replay)
+  int64_t hot_tail_tokens = 0;             // tokens past the used units restored with the hot state
+  // Tokens of the prompt whose state came from the cache: units_used * unit_tokens +
+  // hot_tail_tokens (0 when recomputed). Restore() leaves the rest to the caller.
+  int64_t restored_tokens = 0;
   int64_t replay_tokens = 0;      // bounded replay length (0 with a hot state or a recompute)
   int64_t suffix_tokens = 0;      // uncached tokens prefilled after the import
   bool recomputed = false;        // the guard (or a miss) chose a CED prefill of every token
@@ -185,13 +204,13 @@ class SessionStore {
   Status Extend(SequenceState* state, std::span<const int32_t> tokens,
                 std::vector<float>* last_logits);
 
-  // Puts every whole unit of `state` after cursor->units_saved, then (keep_hot_state, and the
-  // state ends at a page boundary) its hot state with `last_logits` (the logits of the last
-  // token; empty skips the hot state). IOError when the daemon is unreachable; units the
-  // daemon rejects (quota) are counted and not retried.
+  // Puts every whole unit of `state` after cursor->units_saved, then (keep_hot_state, at least
+  // one whole page) its hot state with `last_logits` (the logits of the last token; empty
+  // skips the hot state), with the partial page's global KV when it ends mid-page. IOError when the
+  // daemon is unreachable; units the daemon rejects (quota) are counted and not retried.
   Status Save(const SequenceState& state, std::span<const float> last_logits, SaveCursor* cursor);
   // Save() when at least save_interval_tokens of whole units are unsaved (the hot state goes
-  // with it only if the state ends at a page boundary); otherwise nothing. Call after every
+  // with it); otherwise nothing. Call after every
   // decode step and every appended turn.
   Status MaybeSave(const SequenceState& state, std::span<const float> last_logits,
                    SaveCursor* cursor);
@@ -202,6 +221,15 @@ class SessionStore {
   // decision and counted). Errors only for invalid tokens or engine failures.
   StatusOr<ResumeReport> Resume(std::span<const int32_t> tokens, SequenceState* state,
                                 std::vector<float>* last_logits);
+  // Resume without computing anything but the bounded replay: restores the cached part of
+  // `tokens` into `*state` (replaced) and sets `*last_logits` to its last token's logits. On
+  // return state->tokens is the first report.restored_tokens of `tokens` (0: an empty state and
+  // empty logits, for a miss or when the guard found a full forward of every token cheaper,
+  // report.recomputed) and the caller runs the rest with the full forward (Engine::Forward /
+  // ForwardBatch, e.g. in chunks beside other sequences). The guard compares the resume with a
+  // full forward of every token, not a CED prefill. Errors as Resume.
+  StatusOr<ResumeReport> Restore(std::span<const int32_t> tokens, SequenceState* state,
+                                 std::vector<float>* last_logits);
 
   const SessionStats& stats() const { return stats_; }
   std::string StatsJson() const;
@@ -215,9 +243,17 @@ class SessionStore {
  private:
   SessionStore(Engine* engine, daemon::Client* client, const Digest& fingerprint,
                const SessionOptions& options, UnitPayloadLayout layout);
+  // An empty state; with `prefill` also the CED prefill of every token.
   Status Recompute(std::span<const int32_t> tokens, SequenceState* state,
-                   std::vector<float>* last_logits, ResumeReport* report);
+                   std::vector<float>* last_logits, ResumeReport* report, bool prefill);
   Status CalibrateCed(std::span<const int32_t> tokens);
+  // Resume (prefill = true: the rest computed here, CED for a recompute) or Restore (false).
+  StatusOr<ResumeReport> ResumeOrRestore(std::span<const int32_t> tokens, SequenceState* state,
+                                         std::vector<float>* last_logits, bool prefill);
+  // Probes the hot states that could continue the state's used units (page-aligned and
+  // 1..P-1 tail tokens of `tokens`) and imports the longest usable one; false when none.
+  bool RestoreHotState(std::span<const int32_t> tokens, const std::vector<Digest>& chain,
+                       SequenceState* state, std::vector<float>* last_logits, ResumeReport* report);
 
   Engine* engine_;
   daemon::Client* client_;

@@ -147,6 +147,121 @@ Status ImportUnit(const UnitPayloadLayout& layout, std::span<const uint8_t> unit
   return ImportUnitPayload(layout, view.payload, tokens, st);
 }
 
+StatusOr<std::vector<uint8_t>> ExportTail(const SequenceState& st, int64_t first_token) {
+  const int64_t n = static_cast<int64_t>(st.tokens.size());
+  if (first_token < 0 || first_token > n || n - first_token > kTailTokensLimit)
+    return Status::InvalidArgument("engine export: tail start outside the sequence");
+  std::vector<uint8_t> out = {'K', 'V', 'T', 'L'};
+  PutU64(&out, 1, 2);
+  PutU64(&out, st.kv.size(), 2);
+  PutU64(&out, static_cast<uint64_t>(first_token));
+  PutU64(&out, static_cast<uint64_t>(n - first_token), 4);
+  for (int64_t i = first_token; i < n; ++i) PutU64(&out, static_cast<uint32_t>(st.tokens[i]), 4);
+  for (const KvSourceCache& k : st.kv) {
+    if (k.consumed != n || first_token % k.ratio != 0 || k.entries() != n / k.ratio)
+      return Status::InvalidArgument("engine export: global KV does not cover the tail");
+    const int64_t e0 = first_token / k.ratio, ne = k.entries() - e0;
+    PutU64(&out, static_cast<uint64_t>(k.layer), 4);
+    PutU64(&out, static_cast<uint64_t>(k.ratio), 4);
+    PutU64(&out, static_cast<uint64_t>(ne), 4);
+    PutU64(&out, k.kv_state.size(), 4);
+    auto rows = [&](const std::vector<uint8_t>& v, size_t row) {
+      out.insert(out.end(), v.begin() + e0 * row, v.begin() + (e0 + ne) * row);
+    };
+    rows(k.main_data, kernels::DataBytes(QuantFormat::kFp4E4M3x16, k.head_dim));
+    rows(k.main_scales, kernels::ScaleBytes(QuantFormat::kFp4E4M3x16, k.head_dim));
+    rows(k.index_data, kernels::DataBytes(QuantFormat::kFp4Ue8m0x32, k.index_dim));
+    rows(k.index_scales, kernels::ScaleBytes(QuantFormat::kFp4Ue8m0x32, k.index_dim));
+    for (const std::vector<float>* v : {&k.kv_state, &k.score_state}) {
+      const size_t at = out.size();
+      out.resize(at + v->size() * 4);
+      std::memcpy(out.data() + at, v->data(), v->size() * 4);  // little-endian host
+    }
+  }
+  PutU64(&out, Xxh3_64(out.data(), out.size()));
+  return out;
+}
+
+Status ImportTail(std::span<const uint8_t> blob, std::span<const int32_t> tail_tokens,
+                  SequenceState* st) {
+  constexpr size_t kHead = 4 + 2 + 2 + 8 + 4;
+  if (blob.size() < kHead + 8 || std::memcmp(blob.data(), "KVTL", 4) != 0)
+    return Status::Corruption("tail blob: bad magic or too short");
+  if (GetU64(blob.data() + blob.size() - 8) != Xxh3_64(blob.data(), blob.size() - 8))
+    return Status::Corruption("tail blob: checksum mismatch");
+  const uint8_t* p = blob.data() + 4;
+  const uint8_t* const end = blob.data() + blob.size() - 8;
+  if (GetU64(p, 2) != 1) return Status::Corruption("tail blob: unknown version");
+  const uint64_t sources = GetU64(p + 2, 2), first = GetU64(p + 4), count = GetU64(p + 12, 4);
+  p = blob.data() + kHead;
+  if (sources != st->kv.size())
+    return Status::InvalidArgument("tail blob: sources do not match the state");
+  if (first != st->tokens.size())
+    return Status::InvalidArgument("tail blob: does not start at the state's end");
+  if (count > kTailTokensLimit || count * 4 > static_cast<uint64_t>(end - p))
+    return Status::Corruption("tail blob: token count");
+  if (count != tail_tokens.size()) return Status::Corruption("tail blob: other tokens");
+  for (uint64_t i = 0; i < count; ++i) {
+    if (static_cast<int32_t>(GetU64(p + 4 * i, 4)) != tail_tokens[i])
+      return Status::Corruption("tail blob: other tokens");
+  }
+  p += count * 4;
+  // Parse and check every source before the state changes.
+  struct Part {
+    const uint8_t* rows[4];
+    size_t bytes[4];
+    const uint8_t* group;
+    uint64_t ne, group_floats;
+  };
+  std::vector<Part> parts(sources);
+  for (size_t i = 0; i < sources; ++i) {
+    const KvSourceCache& k = st->kv[i];
+    if (end - p < 16) return Status::Corruption("tail blob: truncated");
+    const uint64_t layer = GetU64(p, 4), ratio = GetU64(p + 4, 4), ne = GetU64(p + 8, 4),
+                   gf = GetU64(p + 12, 4);
+    p += 16;
+    if (layer != static_cast<uint64_t>(k.layer) || ratio != static_cast<uint64_t>(k.ratio) ||
+        gf != k.kv_state.size() || gf != k.score_state.size())
+      return Status::InvalidArgument("tail blob: a source does not match the state");
+    if (k.consumed != static_cast<int64_t>(first) || k.entries() * k.ratio != k.consumed ||
+        ne != (first + count) / ratio - first / ratio)
+      return Status::InvalidArgument("tail blob: the state does not end at the tail's start");
+    Part& part = parts[i];
+    part.ne = ne;
+    part.group_floats = gf;
+    const size_t row[4] = {kernels::DataBytes(QuantFormat::kFp4E4M3x16, k.head_dim),
+                           kernels::ScaleBytes(QuantFormat::kFp4E4M3x16, k.head_dim),
+                           kernels::DataBytes(QuantFormat::kFp4Ue8m0x32, k.index_dim),
+                           kernels::ScaleBytes(QuantFormat::kFp4Ue8m0x32, k.index_dim)};
+    for (int r = 0; r < 4; ++r) {
+      part.bytes[r] = ne * row[r];
+      if (static_cast<uint64_t>(end - p) < part.bytes[r])
+        return Status::Corruption("tail blob: truncated");
+      part.rows[r] = p;
+      p += part.bytes[r];
+    }
+    if (static_cast<uint64_t>(end - p) < gf * 8) return Status::Corruption("tail blob: truncated");
+    part.group = p;
+    p += gf * 8;
+  }
+  if (p != end) return Status::Corruption("tail blob: trailing bytes");
+  for (size_t i = 0; i < sources; ++i) {
+    KvSourceCache& k = st->kv[i];
+    const Part& part = parts[i];
+    std::vector<uint8_t>* dst[4] = {&k.main_data, &k.main_scales, &k.index_data, &k.index_scales};
+    for (int r = 0; r < 4; ++r) {
+      const size_t d0 = AppendKvBytes(dst[r], part.bytes[r]);
+      if (part.bytes[r] > 0) std::memcpy(dst[r]->data() + d0, part.rows[r], part.bytes[r]);
+    }
+    std::memcpy(k.kv_state.data(), part.group, part.group_floats * 4);
+    std::memcpy(k.score_state.data(), part.group + part.group_floats * 4, part.group_floats * 4);
+    k.n_entries += static_cast<int64_t>(part.ne);
+    k.consumed = static_cast<int64_t>(first + count);
+  }
+  st->tokens.insert(st->tokens.end(), tail_tokens.begin(), tail_tokens.end());
+  return Status::Ok();
+}
+
 std::vector<uint8_t> ExportSwaRings(const SequenceState& st) {
   std::vector<uint8_t> out = {'K', 'V', 'S', 'W'};
   const int window = st.swa.empty() ? 0 : st.swa[0].window;

@@ -12,6 +12,16 @@
 //   per layer: i64 valid_from, i64 end, window*dim e4m3 codes, window*dim/32 ue8m0 codes
 //   u64 xxh3-64 of everything before it.
 //
+// Partial page ("tail"): the global KV of the tokens past the last whole page, memory-only like
+// the SWA rings (part of the hot state, session.h EncodeHotState; never a unit, never persisted):
+//   "KVTL" u16 version(1) u16 sources  u64 first_token  u32 tail_tokens  tail ids (i32 LE each)
+//   per source: u32 layer  u32 ratio  u32 entries  u32 group_floats  main FP4 data rows, main
+//     E4M3 scale rows, index-key FP4 data rows, index-key UE8M0 scale rows (`entries` rows of
+//     each), kv_state f32 LE (group_floats), score_state f32 LE (group_floats)
+//   u64 xxh3-64 of everything before it.
+// The compressor's partial group (kv_state / score_state) travels with it, so a state cut
+// mid-group continues exactly.
+//
 // Thread safety: pure functions over caller-owned state.
 #pragma once
 
@@ -56,6 +66,21 @@ StatusOr<std::vector<uint8_t>> ExportUnit(const UnitPayloadLayout& layout,
 // whose position is not the state's end.
 Status ImportUnit(const UnitPayloadLayout& layout, std::span<const uint8_t> unit,
                   const UnitDecodeOptions& options, std::span<const int32_t> tokens,
+                  SequenceState* state);
+
+// Upper bound on a tail blob's tokens (sanity limit for decoding; a tail is less than a page).
+inline constexpr uint32_t kTailTokensLimit = 1u << 16;
+
+// The tail of `state` from token `first_token` (a page boundary: a multiple of every compress
+// ratio) to its end. InvalidArgument when first_token is not such a boundary, lies past the end,
+// or the global KV does not cover every token.
+StatusOr<std::vector<uint8_t>> ExportTail(const SequenceState& state, int64_t first_token);
+// Appends a tail to `state`, whose global KV must end exactly at the blob's first_token with no
+// partial compressor group (built by unit imports); the blob's token ids must equal
+// `tail_tokens` (the ids the caller expects at those positions). Corruption for a damaged blob or
+// other ids, InvalidArgument for a shape or position that does not match the state; the state is
+// unchanged on any error. Import the SWA rings after it (they count the tail's tokens).
+Status ImportTail(std::span<const uint8_t> blob, std::span<const int32_t> tail_tokens,
                   SequenceState* state);
 
 // Upper bound on a SWA blob (sanity limit for decoding).

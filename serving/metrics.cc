@@ -91,8 +91,10 @@ void ServingMetrics::Tpot(double s) {
   std::lock_guard l(mu_);
   tpot_.Observe(s);
 }
-void ServingMetrics::Step(int64_t sequences, int64_t tokens) {
+void ServingMetrics::Step(int64_t sequences, int64_t tokens, int64_t prefill_tokens) {
   std::lock_guard l(mu_);
+  ++steps_;
+  prefill_tokens_ += static_cast<uint64_t>(prefill_tokens);
   batch_sequences_.Observe(static_cast<double>(sequences));
   step_tokens_.Observe(static_cast<double>(tokens));
 }
@@ -179,6 +181,8 @@ std::string ServingMetrics::Render() const {
       {"kvtier_serve_swap_outs_total", swap_outs_},
       {"kvtier_serve_save_failures_total", save_failures_},
       {"kvtier_serve_disconnects_total", disconnects_},
+      {"kvtier_serve_steps_total", steps_},
+      {"kvtier_serve_prefill_tokens_total", prefill_tokens_},
   };
   const char* helps[] = {
       "Admissions that looked the prompt up in kvtierd.",
@@ -188,6 +192,8 @@ std::string ServingMetrics::Render() const {
       "Idle sequences saved to kvtierd and dropped to make room in the KV pool.",
       "Saves to kvtierd that failed (the request still succeeds).",
       "Requests whose client went away before they finished.",
+      "Engine steps (one ForwardBatch pass each).",
+      "Prompt tokens prefilled in chunks by engine steps (beside the decode tokens).",
   };
   for (size_t i = 0; i < std::size(counters); ++i) {
     Head(o, counters[i].first, "counter", helps[i]);

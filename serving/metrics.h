@@ -40,8 +40,9 @@ class ServingMetrics {
                    const std::string& finish_reason);
   void Ttft(double seconds);
   void Tpot(double seconds);
-  // One engine step: sequences decoded in it and tokens it ran through the model.
-  void Step(int64_t sequences, int64_t tokens);
+  // One engine step: sequences in it, tokens it ran through the model, and how many of
+  // those were prefill chunks' (the rest are decode tokens).
+  void Step(int64_t sequences, int64_t tokens, int64_t prefill_tokens);
   void Resume(bool from_daemon_hit, bool hot_state);  // an admission that asked kvtierd
   void ResidentHit();                                 // an admission served from the pool
   void SwapOut();                                     // an idle sequence saved and dropped
@@ -66,6 +67,7 @@ class ServingMetrics {
   Histogram ttft_, tpot_, batch_sequences_, step_tokens_;
   uint64_t resumes_ = 0, resume_hits_ = 0, hot_state_restores_ = 0, resident_hits_ = 0;
   uint64_t swap_outs_ = 0, save_failures_ = 0, disconnects_ = 0;
+  uint64_t steps_ = 0, prefill_tokens_ = 0;
   int64_t queue_depth_ = 0, active_ = 0, resident_ = 0, resident_tokens_ = 0;
 };
 

@@ -36,6 +36,13 @@ size_t CompleteUtf8Prefix(const std::string& s) {
   return n;
 }
 
+GenerationEvent ErrorEvent(const ApiError& error) {
+  GenerationEvent e;
+  e.kind = GenerationEvent::Kind::kError;
+  e.error = error;
+  return e;
+}
+
 }  // namespace
 
 bool Generation::Next(GenerationEvent* event, int timeout_ms) {
@@ -70,6 +77,9 @@ struct Scheduler::Seq {
   size_t emitted = 0;  // bytes of text sent
   Usage usage;
   uint64_t reserved = 0;  // pool tokens reserved while active (prompt + max_tokens)
+  // Still prefilling: the state does not yet hold every prompt token (it only ever holds a
+  // prefix of the prompt until then, and grows past it while generating).
+  bool prefilling() const { return state.tokens.size() < params.prompt.size(); }
 };
 
 StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(engine::Engine* engine,
@@ -77,14 +87,22 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(engine::Engine* engine,
                                                        const SchedulerOptions& options,
                                                        ServingMetrics* metrics) {
   if (options.queue_depth_max == 0 || options.active_sequences_max == 0 ||
-      options.context_tokens_max < 2 || options.step_tokens_max == 0)
-    return Status::InvalidArgument("serve: queue, active, context and step limits must be > 0");
+      options.context_tokens_max < 2 || options.step_tokens_max == 0 ||
+      options.prefill_chunk_tokens == 0)
+    return Status::InvalidArgument(
+        "serve: queue, active, context, step and prefill chunk limits must be > 0");
   if (options.context_tokens_max > options.kv_pool_tokens_max)
     return Status::InvalidArgument("serve: context_tokens_max exceeds kv_pool_tokens_max");
-  if (options.context_tokens_max > engine::kMaxTokensPerCall)
+  // Prompts are prefilled in chunks, so one sequence is bounded by what the session store
+  // saves and resumes, not by one engine call.
+  if (options.context_tokens_max > engine::kMaxSessionTokens)
     return Status::InvalidArgument(
-        "serve: context_tokens_max exceeds the engine's kMaxTokensPerCall (65536): a prompt is "
-        "prefilled in one engine call when it is computed");
+        "serve: context_tokens_max exceeds the session store's kMaxSessionTokens (4194304)");
+  if (options.step_tokens_max > engine::kMaxTokensPerCall ||
+      options.prefill_chunk_tokens > engine::kMaxTokensPerCall)
+    return Status::InvalidArgument(
+        "serve: step_tokens_max and prefill_chunk_tokens are at most kMaxTokensPerCall (65536): "
+        "a step is one engine call");
   std::unique_ptr<Scheduler> s(new Scheduler(engine, options, metrics));
   if (!options.daemon_socket.empty()) {
     KVTIER_ASSIGN_OR_RETURN(
@@ -187,6 +205,7 @@ void Scheduler::Run() {
       cv_.wait(l, [&] { return stop_ || queued_ > 0 || !active_.empty(); });
       if (stop_) break;
     }
+    ++step_;
     Admit();
     StepActive();
     PublishGauges();
@@ -198,17 +217,15 @@ void Scheduler::Run() {
   e.message = "the server is shutting down";
   std::lock_guard l(mu_);
   for (auto& [t, q] : queues_)
-    for (Pending& p : q) p.gen->Push({GenerationEvent::Kind::kError, "", "", {}, 0, e});
-  for (auto& s : active_) s->gen->Push({GenerationEvent::Kind::kError, "", "", {}, 0, e});
+    for (Pending& p : q) p.gen->Push(ErrorEvent(e));
+  for (auto& s : active_) s->gen->Push(ErrorEvent(e));
 }
 
 void Scheduler::Admit() {
-  // Prefill budget: while sequences are generating, admissions of one step prefill at most
-  // step_tokens_max prompt tokens (at least one request), so queued prompts delay the running
-  // sequences' next token by about one step's worth of work, not by the whole queue.
-  uint64_t admitted_tokens = 0;
+  // Admission computes nothing but restores: while sequences are active, at most one request
+  // per step that fetched units from kvtierd (its cost grows with its hit), so a burst of
+  // resumes delays the running sequences' next token by about one restore.
   while (active_.size() < options_.active_sequences_max) {
-    if (!active_.empty() && admitted_tokens >= options_.step_tokens_max) return;
     Pending p;
     {
       std::lock_guard l(mu_);
@@ -230,18 +247,22 @@ void Scheduler::Admit() {
       metrics_->Disconnect();
       continue;
     }
-    admitted_tokens += p.params.prompt.size();
+    p.gen->admitted_step_.store(step_);
+    const bool others_active = !active_.empty();
     auto seq = std::make_unique<Seq>();
-    Status s = Start(seq.get(), p);
+    bool fetched = false;
+    Status s = Start(seq.get(), p, &fetched);
     if (!s.ok()) {
       Fail(std::move(seq), s);
       continue;
     }
     active_.push_back(std::move(seq));
+    if (fetched && others_active) return;
   }
 }
 
-Status Scheduler::Start(Seq* seq, Pending& p) {
+Status Scheduler::Start(Seq* seq, Pending& p, bool* fetched) {
+  *fetched = false;
   seq->tenant = p.tenant;
   seq->gen = p.gen;
   seq->arrival = p.arrival;
@@ -274,46 +295,44 @@ Status Scheduler::Start(Seq* seq, Pending& p) {
     metrics_->SwapOut();
   }
 
-  engine::SessionStore* store = StoreFor(seq->tenant);
+  // The rest of the prompt (past the state's tokens) is prefilled by the steps.
   if (resident != nullptr) {
     seq->state = std::move(resident->state);
     seq->logits = std::move(resident->logits);
     seq->cursor = std::move(resident->cursor);
-    const size_t hit = seq->state.tokens.size();
-    seq->usage.cached_tokens = static_cast<int64_t>(hit);
+    seq->usage.cached_tokens = static_cast<int64_t>(seq->state.tokens.size());
     metrics_->ResidentHit();
-    if (hit < prompt.size()) {
-      auto rest = std::span<const int32_t>(prompt).subspan(hit);
-      KVTIER_RETURN_IF_ERROR(store != nullptr
-                                 ? store->Extend(&seq->state, rest, &seq->logits)
-                                 : engine_->Forward(&seq->state, rest, false, &seq->logits));
-    }
     return Status::Ok();
   }
-  if (store != nullptr) {
+  if (engine::SessionStore* store = StoreFor(seq->tenant); store != nullptr) {
     KVTIER_ASSIGN_OR_RETURN(engine::ResumeReport r,
-                            store->Resume(prompt, &seq->state, &seq->logits));
+                            store->Restore(prompt, &seq->state, &seq->logits));
     seq->cursor.turn = r.turn;  // the turn's PUT joins its LOOKUP and GET (one request)
     if (!r.recomputed) {
-      seq->usage.cached_tokens = r.units_used * store->options().unit_tokens;
+      seq->usage.cached_tokens = r.restored_tokens;
       seq->cursor.units_saved = r.units_used;
+      *fetched = r.units_used > 0;
     }
     metrics_->Resume(!r.recomputed && r.units_used > 0, r.hot_state_restored);
     KVTIER_LOG(kDebug) << "serve: tenant " << seq->tenant->name << " resume: " << r.decision;
     return Status::Ok();
   }
   seq->state = engine_->NewSequence();
-  return engine_->PrefillCed(&seq->state, prompt, &seq->logits);
+  return Status::Ok();
 }
 
 void Scheduler::StepActive() {
   if (active_.empty()) return;
-  const size_t n = active_.size();
-  const size_t budget = std::min<size_t>(n, options_.step_tokens_max);
-  rotate_ = rotate_ % n;
+  std::vector<Seq*> generating, prefilling;
+  for (const auto& s : active_) (s->prefilling() ? prefilling : generating).push_back(s.get());
+  // Decode tokens first: one per generating sequence, at most step_tokens_max of them.
   std::vector<Seq*> batch;
-  for (size_t k = 0; k < budget; ++k) batch.push_back(active_[(rotate_ + k) % n].get());
-  rotate_ = (rotate_ + budget) % n;
+  if (const size_t n = generating.size(); n > 0) {
+    const size_t take = std::min<size_t>(n, options_.step_tokens_max);
+    rotate_ = rotate_ % n;
+    for (size_t k = 0; k < take; ++k) batch.push_back(generating[(rotate_ + k) % n]);
+    rotate_ = (rotate_ + take) % n;
+  }
   std::vector<Seq*> done_stop, done_length, failed, cancelled, decoding;
   std::vector<int32_t> next;
   std::vector<Status> errors;
@@ -354,39 +373,59 @@ void Scheduler::StepActive() {
     size_t safe = s->text.size() > hold ? s->text.size() - hold : 0;
     safe = std::min(safe, CompleteUtf8Prefix(s->text.substr(0, safe)));
     if (safe > s->emitted) {
-      s->gen->Push({GenerationEvent::Kind::kText,
-                    s->text.substr(s->emitted, safe - s->emitted),
-                    "",
-                    {},
-                    0,
-                    {}});
+      GenerationEvent e;
+      e.text = s->text.substr(s->emitted, safe - s->emitted);
+      e.step = step_;
+      s->gen->Push(std::move(e));
       s->emitted = safe;
     }
     decoding.push_back(s);
     next.push_back(tok);
   }
-  // One pass over the weights for every continuing sequence's token (Engine::ForwardBatch).
-  int64_t tokens = 0;
-  if (!decoding.empty()) {
+  // Prefill chunks with the budget the decode tokens left, oldest admission first (active_ is
+  // in admission order); at least one token so that a waiting prompt always progresses.
+  uint64_t budget =
+      options_.step_tokens_max - std::min<uint64_t>(batch.size(), options_.step_tokens_max);
+  if (budget == 0 && !prefilling.empty()) budget = 1;
+  std::vector<Seq*> chunked;
+  std::vector<std::span<const int32_t>> chunks;
+  for (Seq* s : prefilling) {
+    if (s->gen->cancelled()) {
+      cancelled.push_back(s);
+      continue;
+    }
+    if (budget == 0) continue;
+    const size_t at = s->state.tokens.size();
+    const size_t len =
+        std::min<size_t>({s->params.prompt.size() - at, options_.prefill_chunk_tokens, budget});
+    chunked.push_back(s);
+    chunks.push_back(std::span<const int32_t>(s->params.prompt).subspan(at, len));
+    budget -= len;
+  }
+  // One pass over the weights for every decode token and prefill chunk (ForwardBatch).
+  int64_t tokens = 0, prefill_tokens = 0;
+  if (!decoding.empty() || !chunked.empty()) {
+    std::vector<Seq*> run = decoding;
+    run.insert(run.end(), chunked.begin(), chunked.end());
     std::vector<engine::SequenceState*> states;
     std::vector<std::span<const int32_t>> spans;
-    for (size_t i = 0; i < decoding.size(); ++i) {
-      states.push_back(&decoding[i]->state);
-      spans.emplace_back(&next[i], 1);
-    }
+    for (size_t i = 0; i < decoding.size(); ++i) spans.emplace_back(&next[i], 1);
+    spans.insert(spans.end(), chunks.begin(), chunks.end());
+    for (Seq* s : run) states.push_back(&s->state);
+    for (const auto& c : chunks) prefill_tokens += static_cast<int64_t>(c.size());
     std::vector<std::vector<float>> logits;
     Status ds = engine_->ForwardBatch(states, spans, &logits);
-    tokens = static_cast<int64_t>(decoding.size());
-    for (size_t i = 0; i < decoding.size(); ++i) {
+    tokens = static_cast<int64_t>(decoding.size()) + prefill_tokens;
+    for (size_t i = 0; i < run.size(); ++i) {
       if (ds.ok()) {
-        decoding[i]->logits = std::move(logits[i]);
+        run[i]->logits = std::move(logits[i]);
       } else {
-        failed.push_back(decoding[i]);
+        failed.push_back(run[i]);
         errors.push_back(ds);
       }
     }
   }
-  metrics_->Step(static_cast<int64_t>(batch.size()), tokens);
+  metrics_->Step(static_cast<int64_t>(decoding.size() + chunked.size()), tokens, prefill_tokens);
   auto take = [&](Seq* s) {
     auto it = std::find_if(active_.begin(), active_.end(), [&](auto& p) { return p.get() == s; });
     std::unique_ptr<Seq> owned = std::move(*it);
@@ -416,9 +455,19 @@ void Scheduler::Finish(std::unique_ptr<Seq> seq, const std::string& reason) {
   if (reason == "cancelled") {
     metrics_->Disconnect();
   } else {
-    if (seq->text.size() > seq->emitted)
-      seq->gen->Push({GenerationEvent::Kind::kText, seq->text.substr(seq->emitted), "", {}, 0, {}});
-    seq->gen->Push({GenerationEvent::Kind::kDone, "", reason, seq->usage, cost, {}});
+    if (seq->text.size() > seq->emitted) {
+      GenerationEvent e;
+      e.text = seq->text.substr(seq->emitted);
+      e.step = step_;
+      seq->gen->Push(std::move(e));
+    }
+    GenerationEvent done;
+    done.kind = GenerationEvent::Kind::kDone;
+    done.finish_reason = reason;
+    done.usage = seq->usage;
+    done.cost = cost;
+    done.step = step_;
+    seq->gen->Push(std::move(done));
   }
   KVTIER_LOG(kInfo) << "serve: tenant " << seq->tenant->name << " " << reason
                     << " prompt_tokens=" << seq->usage.prompt_tokens
@@ -444,7 +493,7 @@ void Scheduler::Fail(std::unique_ptr<Seq> seq, const Status& status) {
   e.type = e.status == 400 ? "invalid_request_error" : "server_error";
   e.message = status.ToString();
   metrics_->RequestDone(seq->tenant->name, Usage{}, 0, "error");
-  seq->gen->Push({GenerationEvent::Kind::kError, "", "", {}, 0, e});
+  seq->gen->Push(ErrorEvent(e));
 }
 
 }  // namespace kvtier::serving

@@ -1,30 +1,37 @@
 // Scheduler: the one thread that drives the Engine for every request in flight
 // (docs/SERVING.md, "Scheduling"; DESIGN §5 for save/resume).
 //
-// Admission (round robin across tenants, one request per tenant per turn; while sequences
-// are generating, one step admits prompts of at most step_tokens_max tokens in all, at least
-// one request): a request is
-// admitted when fewer than active_sequences_max sequences are generating and the KV pool has
+// Admission (round robin across tenants, one request per tenant per turn): a request is
+// admitted when fewer than active_sequences_max sequences are active and the KV pool has
 // room for its prompt plus max_tokens (kv_pool_tokens_max; idle sequences are swapped out,
 // least recently used first, to make room: their units are already saved, they are dropped).
-// Its prompt is served, in this order:
+// Its prompt's cached part is found at admission, in this order:
 //   1. from the engine: an idle sequence of the same tenant whose tokens are a prefix of the
-//      prompt is continued (only the new tokens are prefilled; exact, no replay);
-//   2. from kvtierd (SessionStore::Resume with the tenant's token): the hit units are restored
-//      (hot state or bounded replay) and only the suffix is prefilled;
-//   3. computed (CED prefill) when there is no cache or no hit.
+//      prompt is continued (exact, no replay);
+//   2. from kvtierd (SessionStore::Restore with the tenant's token): the hit units are imported
+//      and the hot state restored (page-aligned or mid-page: exact) or the SWA rings rebuilt
+//      by bounded replay;
+//   3. nothing (no cache, a miss, or the guard judged a full forward cheaper).
+// While sequences are active, one step admits at most one request that fetched units from
+// kvtierd (a restore costs in proportion to its hit). Admission computes nothing else: the
+// prompt's remaining tokens are prefilled by the steps.
 // Usage::cached_tokens is exactly the prompt tokens served by 1 (the resident sequence's
-// tokens) or 2 (units_used * unit_tokens; 0 when the guard recomputed).
+// tokens) or 2 (ResumeReport::restored_tokens; 0 when the guard recomputed).
 //
-// Steps: every step serves each generating sequence one token: it samples from the
-// sequence's logits, then the tokens of all continuing sequences go through the model in one
-// Engine::ForwardBatch pass (one MatMul per weight over all rows; bit-identical to decoding
-// each alone). At most step_tokens_max sequences per step, starting at a rotating position so
-// none is always left out. Prompts are prefilled at admission, one request at a time (not yet
-// in chunks packed beside the decode tokens). A finished request (eos, stop string, max_tokens,
-// context limit) saves its new whole units (and, at a page boundary, its hot state) to kvtierd and
-// stays resident as an idle sequence (at most idle_sequences_max; 0 drops it at once). A cancelled
-// request (client gone) is saved and dropped at the next step.
+// Steps: every step runs one Engine::ForwardBatch pass (one MatMul per weight over all rows;
+// bit-identical to running each sequence alone) over at most step_tokens_max tokens:
+//   - decode: each generating sequence samples one token from its logits and runs it, at most
+//     step_tokens_max sequences, starting at a rotating position so none is always left out;
+//   - prefill: with the budget left (at least one token when a prompt waits), the next chunk of
+//     at most prefill_chunk_tokens tokens of each prefilling sequence, oldest admission first.
+// A prompt is therefore computed by the full forward in chunks (Engine::Forward semantics,
+// never the CED prefill), so a computed, a resident-continued and a hot-state-restored prompt
+// give the same state bit for bit, and a long prompt delays the running sequences by one
+// chunk per step, not by its whole prefill. A sequence generates from the step after its last
+// chunk. A finished request (eos, stop string, max_tokens, context limit) saves its new whole
+// units and its hot state to kvtierd and stays resident as an idle sequence (at most
+// idle_sequences_max; 0 drops it at once). A cancelled request (client gone) is saved and
+// dropped at the next step.
 //
 // Thread safety: Submit and the Generation methods may be called from any thread; everything
 // else runs on the scheduler's own thread.
@@ -65,6 +72,7 @@ struct GenerationEvent {
   Kind kind = Kind::kText;
   std::string text;           // kText: the next piece of output
   std::string finish_reason;  // kDone: stop | length
+  uint64_t step = 0;          // the scheduler step that produced it (kText, kDone)
   Usage usage;                // kDone
   double cost = 0;            // kDone: at the tenant's prices
   ApiError error;             // kError
@@ -79,6 +87,8 @@ class Generation {
   // The client went away: the scheduler drops the request at its next step.
   void Cancel() { cancelled_.store(true); }
   bool cancelled() const { return cancelled_.load(); }
+  // The scheduler step at whose start the request was admitted; 0 before admission.
+  uint64_t admitted_step() const { return admitted_step_.load(); }
 
  private:
   friend class Scheduler;
@@ -87,6 +97,7 @@ class Generation {
   std::condition_variable cv_;
   std::deque<GenerationEvent> events_;
   std::atomic<bool> cancelled_{false};
+  std::atomic<uint64_t> admitted_step_{0};
 };
 
 struct GenerationParams {
@@ -107,14 +118,18 @@ struct SchedulerOptions {
   uint64_t kv_pool_tokens_max = 1 << 20;  // tokens resident (active reservations + idle)
   uint64_t idle_sequences_max = 64;       // finished sequences kept resident; 0 = none
   uint64_t context_tokens_max = 8192;     // prompt + completion of one sequence
-  uint64_t step_tokens_max = 256;         // tokens one step runs (decode tokens of the batch)
+  // Tokens one step runs: decode tokens plus prefill chunks. At most kMaxTokensPerCall.
+  uint64_t step_tokens_max = 256;
+  // Largest prefill chunk of one sequence in one step; at most the engine's
+  // EngineOptions::prefill_chunk_tokens (ForwardBatch refuses longer spans).
+  uint64_t prefill_chunk_tokens = 256;
 };
 
 class Scheduler {
  public:
   // engine: not owned, used only by the scheduler's thread from now on. metrics: not owned.
-  // InvalidArgument when context_tokens_max > kv_pool_tokens_max or kMaxTokensPerCall, or a
-  // limit is 0.
+  // InvalidArgument when context_tokens_max > kv_pool_tokens_max or kMaxSessionTokens,
+  // step_tokens_max or prefill_chunk_tokens > kMaxTokensPerCall, or a limit is 0.
   static StatusOr<std::unique_ptr<Scheduler>> Create(engine::Engine* engine,
                                                      const engine::ModelWeights& weights,
                                                      const SchedulerOptions& options,
@@ -146,7 +161,8 @@ class Scheduler {
   void Run();
   // Admits queued requests while there is room; returns after the first that must wait.
   void Admit();
-  Status Start(Seq* seq, Pending& p);
+  // Sets up seq's state from its cached part; *fetched: units came from kvtierd.
+  Status Start(Seq* seq, Pending& p, bool* fetched);
   void StepActive();
   // Ends seq's request with `reason`; keeps or drops the sequence.
   void Finish(std::unique_ptr<Seq> seq, const std::string& reason);
@@ -173,6 +189,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Seq>> active_;
   std::deque<std::unique_ptr<Seq>> idle_;  // least recently used first
   size_t rotate_ = 0;
+  uint64_t step_ = 0;  // steps begun
   std::thread thread_;
 };
 

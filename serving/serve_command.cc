@@ -89,9 +89,14 @@ int RunServe(std::span<const std::string_view> args) {
              "finished sequences kept resident for their next turn; 0 = drop at once", false, 0,
              1 << 20);
   flags.Uint("context-tokens-max", &so.context_tokens_max,
-             "prompt + completion tokens of one sequence", false, 2, engine::kMaxTokensPerCall);
-  flags.Uint("step-tokens-max", &so.step_tokens_max, "tokens one engine step runs", false, 1,
-             1 << 20);
+             "prompt + completion tokens of one sequence (at most the KV pool)", false, 2,
+             engine::kMaxSessionTokens);
+  flags.Uint("step-tokens-max", &so.step_tokens_max,
+             "tokens one engine step runs: decode tokens plus prefill chunks", false, 1,
+             engine::kMaxTokensPerCall);
+  flags.Uint("prefill-chunk-tokens", &so.prefill_chunk_tokens,
+             "largest prefill chunk of one prompt in one step", false, 1,
+             engine::kMaxTokensPerCall);
   flags.Uint("max-tokens-max", &al.max_tokens_max, "largest max_tokens a request may ask for",
              false, 1, 1 << 20);
   flags.Uint("connections-max", &ho.connections_max, "open HTTP connections", false, 1, 65536);
@@ -138,6 +143,7 @@ int RunServe(std::span<const std::string_view> args) {
   auto weights = std::make_shared<const engine::ModelWeights>(std::move(w).value());
   engine::EngineOptions eo;
   eo.threads = static_cast<int>(threads);
+  eo.prefill_chunk_tokens = static_cast<int>(so.prefill_chunk_tokens);  // ForwardBatch's span cap
   auto eng = engine::Engine::Create(*cfg, weights, eo);
   if (!eng.ok()) return Fail(eng.status());
   auto tok = engine::ByteTokenizer::Create(cfg->vocab_size, cfg->engram_pad_token_id,

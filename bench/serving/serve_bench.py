@@ -10,10 +10,15 @@ measures, each against its peer in the same run:
   ttft        time to first token of a request that continues a long saved conversation
               (T tokens), resumed from kvtierd, against the same request on a server with the
               cache off (the whole prompt computed).
+  gap         the inter-token gap of S running streams while a long prompt (G tokens) arrives:
+              the largest gap between two of their tokens while it is prefilled, against their
+              median gap before it arrived (ratio = stall in steps' worth of time). Run it on two
+              builds (e.g. before and after chunked prefill) to compare them.
 
 Usage (from the repository root, after building kvtierd and kvtier-engine):
   /usr/bin/python3 bench/serving/serve_bench.py --build build/release \
       [--concurrency 1,4,16,32] [--requests 32] [--max-tokens 64] [--ttft-tokens 16384]
+      [--gap-tokens 4096] [--gap-streams 4]
 
 Prints one JSON object per measurement and a summary table. Deterministic requests (fixed
 prompts, temperature 0). Bounded: every request has a timeout; the servers are stopped at exit.
@@ -100,6 +105,24 @@ class Server:
                 usage = j["usage"]
         return usage, first, time.monotonic() - t0
 
+    def stream_times(self, body, times, timeout=1800):
+        """Streams a completion and appends the arrival time of every text event to times."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        c.request("POST", "/v1/completions", json.dumps(dict(body, stream=True)),
+                  {"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            raise RuntimeError("HTTP %d: %s" % (r.status, r.read()[:300]))
+        for line in r:
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                break
+            j = json.loads(data)
+            if j.get("choices") and j["choices"][0].get("text"):
+                times.append(time.monotonic())
+
     def metrics(self):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         c.request("GET", "/metrics")
@@ -138,8 +161,8 @@ def throughput(build, workdir, args):
     server = Server(build, workdir, "tput", ["--idle-sequences-max", "0",
                                              "--active-sequences-max", "64",
                                              "--threads", str(args.threads)])
-    # Short prompts: the measurement is about decode steps (prompts are prefilled one at a
-    # time at admission, the same work in both runs).
+    # Short prompts: the measurement is about decode steps (the prompts' prefill chunks are
+    # the same work in both runs).
     bodies = [{"model": "kvmini-trained", "prompt": text(16 + 3 * i, 1000 + i),
                "max_tokens": args.max_tokens, "temperature": 0} for i in range(args.requests)]
     rows = []
@@ -187,10 +210,10 @@ def throughput(build, workdir, args):
 def ttft(build, workdir, sock, tokens, args):
     """Continue a saved conversation of `tokens` tokens: cache on (resumed from kvtierd)
     against cache off (computed)."""
-    # The server's context is at most 65536 tokens (one engine call): a "64K" history is
-    # 65472 tokens (1023 whole pages) so that the continuation fits.
+    # A "64K" history is 65472 tokens (1023 whole pages), as measured before chunked prefill
+    # lifted the 65536-token context cap.
     tokens = min(tokens, 65536 - 64)
-    ctx = str(min(tokens + 1024, 65536))
+    ctx = str(tokens + 1024)
     common = ["--context-tokens-max", ctx, "--kv-pool-tokens-max", ctx, "--idle-sequences-max",
               "0", "--max-tokens-max", "8", "--threads", str(args.threads),
               "--body-bytes-max", str(4 * tokens + 65536)]
@@ -217,6 +240,56 @@ def ttft(build, workdir, sock, tokens, args):
     return row
 
 
+def gap(build, workdir, args):
+    """S greedy streams run; a G-token prompt arrives; how long do the streams stall?"""
+    g = args.gap_tokens
+    ctx = str(g + 1024)
+    server = Server(build, workdir, "gap", ["--idle-sequences-max", "0", "--threads",
+                                            str(args.threads), "--context-tokens-max", ctx,
+                                            "--kv-pool-tokens-max", str(8 * (g + 1024)),
+                                            "--body-bytes-max", str(4 * g + 65536)])
+    try:
+        server.post({"model": "kvmini-trained", "prompt": text(64, 1), "max_tokens": 4,
+                     "temperature": 0})  # warm-up
+        times = [[] for _ in range(args.gap_streams)]
+        streams = [threading.Thread(target=server.stream_times, args=(
+            {"model": "kvmini-trained", "prompt": text(16 + 5 * i, 3000 + i),
+             "max_tokens": args.gap_stream_tokens, "temperature": 0}, times[i]))
+            for i in range(args.gap_streams)]
+        for t in streams:
+            t.start()
+        while min(len(t) for t in times) < 20:  # every stream is decoding
+            time.sleep(0.005)
+        t_arrive = time.monotonic()
+        usage, _, _ = server.post({"model": "kvmini-trained", "prompt": text(g, 9),
+                                   "max_tokens": 1, "temperature": 0})
+        t_done = time.monotonic()
+        for t in streams:
+            t.join()
+    finally:
+        server.stop()
+    before, during = [], []
+    for ts in times:
+        for a, b in zip(ts, ts[1:]):
+            if b <= t_arrive:
+                before.append(b - a)
+            elif a < t_done and b > t_arrive:
+                during.append(b - a)
+    before.sort()
+    median_before = before[len(before) // 2]
+    worst = max(during) if during else float("nan")
+    row = {"bench": "gap", "long_prompt_tokens": usage["prompt_tokens"],
+           "streams": args.gap_streams, "prefill_s": round(t_done - t_arrive, 3),
+           "median_gap_before_s": round(median_before, 4), "max_gap_during_s": round(worst, 3),
+           "tokens_during": len(during), "ratio": round(worst / median_before, 1),
+           "load": os.getloadavg()[0]}
+    print(json.dumps(row), flush=True)
+    if any(len(ts) < args.gap_stream_tokens // 2 for ts in times):
+        print("serve_bench: a stream ended early (eos); its gaps are still counted",
+              file=sys.stderr)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build/release")
@@ -226,10 +299,18 @@ def main():
     ap.add_argument("--ttft-tokens", default="16384", help="comma list; empty skips")
     ap.add_argument("--threads", type=int, default=1, help="engine threads")
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--gap-tokens", type=int, default=0,
+                    help="long prompt of the gap measurement; 0 skips it")
+    ap.add_argument("--gap-streams", type=int, default=4)
+    ap.add_argument("--gap-stream-tokens", type=int, default=600)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
     if args.requests < 1 or args.requests > 256 or args.max_tokens < 1 or args.max_tokens > 1024:
         sys.exit("serve_bench: --requests in [1, 256], --max-tokens in [1, 1024]")
+    if not 0 <= args.gap_tokens <= 65536 or not 1 <= args.gap_streams <= 32 or \
+            not 40 <= args.gap_stream_tokens <= 4096:
+        sys.exit("serve_bench: --gap-tokens in [0, 65536], --gap-streams in [1, 32], "
+                 "--gap-stream-tokens in [40, 4096]")
     workdir = tempfile.mkdtemp(prefix="kvtier_serve_bench_")
     daemon, sock = start_daemon(args.build, workdir)
     try:
@@ -237,6 +318,8 @@ def main():
             throughput(args.build, workdir, args)
         for t in [int(x) for x in args.ttft_tokens.split(",") if x]:
             ttft(args.build, workdir, sock, t, args)
+        if args.gap_tokens:
+            gap(args.build, workdir, args)
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)

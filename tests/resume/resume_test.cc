@@ -178,7 +178,7 @@ TEST_F(ResumeTest, ExactRestoreEqualsUninterrupted) {
       ASSERT_TRUE(store->MaybeSave(a, logits, &cursor).ok());
     }
     EXPECT_EQ(cursor.units_saved, 2);
-    EXPECT_EQ(store->stats().hot_states_put, 1u);  // at 128, not at 100 (not page-aligned)
+    EXPECT_EQ(store->stats().hot_states_put, 2u);  // at 100 (with its tail) and at 128
     const std::vector<int32_t> tokens = a.tokens;
     const auto ref = Continue(engine_.get(), &a, logits, kSteps);
     auto fresh = Store(c.get(), o);
@@ -189,6 +189,69 @@ TEST_F(ResumeTest, ExactRestoreEqualsUninterrupted) {
     EXPECT_TRUE(rep->hot_state_restored);
     EXPECT_TRUE(SameLogits(Continue(engine_.get(), &r, rl, kSteps), ref));
   }
+}
+
+// (b) mid-page: a session that ends 36 tokens past its last whole page keeps that partial
+// page's global KV with its hot state, so a resume of it (and of a longer prompt that continues
+// it) restores every one of its tokens exactly, without replay; Restore leaves the suffix to
+// the caller, whose full forward gives the same logits.
+TEST_F(ResumeTest, MidPageHotStateRestoresExactly) {
+  StartDaemon();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  constexpr int kSteps = 16;
+  SessionOptions o;
+  o.guard = GuardMode::kAlwaysFetch;
+  auto store = Store(c.get(), o);
+  const auto tokens = Prompt(100, 23);
+  std::vector<float> logits;
+  SequenceState a = SaveSession(store.get(), tokens, &logits);
+  EXPECT_EQ(store->stats().hot_states_put, 1u);
+  std::vector<int32_t> longer = tokens;
+  for (int32_t t : Prompt(20, 24)) longer.push_back(t);
+  SequenceState a2 = a;
+  std::vector<float> l2;
+  ASSERT_TRUE(engine_->Forward(&a2, std::span(longer).subspan(100), false, &l2).ok());
+  const auto ref = Continue(engine_.get(), &a, logits, kSteps);
+  const auto ref2 = Continue(engine_.get(), &a2, l2, kSteps);
+
+  auto fresh = Store(c.get(), o);
+  SequenceState r;
+  std::vector<float> rl;
+  auto rep = fresh->Resume(tokens, &r, &rl);
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  EXPECT_TRUE(rep->hot_state_restored);
+  EXPECT_EQ(rep->units_used, 1);
+  EXPECT_EQ(rep->hot_tail_tokens, 36);
+  EXPECT_EQ(rep->restored_tokens, 100);
+  EXPECT_EQ(rep->replay_tokens, 0);
+  EXPECT_EQ(rep->suffix_tokens, 0);
+  EXPECT_TRUE(SameLogits(Continue(engine_.get(), &r, rl, kSteps), ref));
+
+  // Restore of the longer prompt: the 100 tokens come back exactly, the caller runs the rest.
+  SequenceState r2;
+  std::vector<float> rl2;
+  auto rep2 = fresh->Restore(longer, &r2, &rl2);
+  ASSERT_TRUE(rep2.ok()) << rep2.status().ToString();
+  EXPECT_TRUE(rep2->hot_state_restored);
+  EXPECT_EQ(rep2->restored_tokens, 100);
+  EXPECT_EQ(rep2->suffix_tokens, 20);
+  ASSERT_EQ(r2.tokens.size(), 100u);
+  ASSERT_TRUE(engine_->Forward(&r2, std::span(longer).subspan(100), false, &rl2).ok());
+  EXPECT_TRUE(SameLogits(Continue(engine_.get(), &r2, rl2, kSteps), ref2));
+
+  // A prompt that differs inside the tail finds no hot state for it: the page-aligned
+  // boundary has none either, so the rings are replayed and only the whole unit counts.
+  std::vector<int32_t> other = tokens;
+  other[80] = (other[80] + 1) % 256;
+  SequenceState r3;
+  std::vector<float> rl3;
+  auto rep3 = fresh->Restore(other, &r3, &rl3);
+  ASSERT_TRUE(rep3.ok());
+  EXPECT_FALSE(rep3->hot_state_restored);
+  EXPECT_EQ(rep3->restored_tokens, 64);
+  EXPECT_EQ(rep3->replay_tokens, kDefaultReplayWindows * 16);
+  EXPECT_EQ(r3.tokens.size(), 64u);
 }
 
 // (c): bounded replay equals the CED prefill with bounded ring rebuild, bit for bit, with and
@@ -486,6 +549,56 @@ TEST(HotState, RoundTripsAndRejectsDamage) {
     EXPECT_TRUE(DecodeHotState(bad, &other).status().IsCorruption()) << at;
   }
   EXPECT_TRUE(DecodeHotState(std::span(blob).first(10), &other).status().IsCorruption());
+  // A blob without a tail refuses expected tail tokens.
+  const std::vector<int32_t> ids = {1, 2, 3};
+  EXPECT_TRUE(DecodeHotState(blob, &other, ids).status().IsCorruption());
+}
+
+// A state cut 41 tokens past a page (inside a ratio-2 source's compressor group): its tail
+// plus rings rebuild it exactly on top of the imported page; damage, other tail ids and a
+// state that does not end at the tail's start are refused with the state unchanged.
+TEST(HotState, TailRoundTripsAndRejectsDamage) {
+  auto e = MakeEngine();
+  const auto tokens = Prompt(105, 91);
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->Forward(&st, tokens, false, &logits).ok());
+  auto tail = ExportTail(st, 64);
+  ASSERT_TRUE(tail.ok()) << tail.status().ToString();
+  EXPECT_TRUE(ExportTail(st, 63).status().IsInvalidArgument());
+  const auto blob = EncodeHotState(st, logits, *tail);
+  auto layout = EngineKvLayout(MiniConfig(), 64);
+  ASSERT_TRUE(layout.ok());
+  const UnitPayloadLayout pl = UnitPayloadLayout::For(*layout);
+  auto page = ExportUnitPayload(pl, st, 0);
+  ASSERT_TRUE(page.ok());
+  SequenceState r = e->NewSequence();
+  ASSERT_TRUE(ImportUnitPayload(pl, *page, std::span(tokens).first(64), &r).ok());
+  const std::span<const int32_t> ids = std::span(tokens).subspan(64);
+  // Refusals first: each leaves r as it was (one page, no rings).
+  std::vector<int32_t> wrong(ids.begin(), ids.end());
+  wrong[5] ^= 1;
+  EXPECT_TRUE(DecodeHotState(blob, &r, wrong).status().IsCorruption());
+  EXPECT_TRUE(DecodeHotState(blob, &r, ids.first(40)).status().IsCorruption());
+  EXPECT_TRUE(DecodeHotState(blob, &r).status().IsCorruption());  // a tail nobody expected
+  for (size_t at : {size_t{0}, blob.size() / 3, blob.size() - 100, blob.size() - 1}) {
+    auto bad = blob;
+    bad[at] ^= 0x10;
+    EXPECT_TRUE(DecodeHotState(bad, &r, ids).status().IsCorruption()) << at;
+  }
+  SequenceState empty = e->NewSequence();
+  EXPECT_TRUE(ImportTail(*tail, ids, &empty).IsInvalidArgument());
+  ASSERT_EQ(r.tokens.size(), 64u);
+  auto back = DecodeHotState(blob, &r, ids);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, logits);
+  ASSERT_EQ(r.tokens, st.tokens);
+  // Continuing both gives the same logits bit for bit.
+  const auto more = Prompt(8, 92);
+  std::vector<float> la, lb;
+  ASSERT_TRUE(e->Forward(&st, more, true, &la).ok());
+  ASSERT_TRUE(e->Forward(&r, more, true, &lb).ok());
+  EXPECT_EQ(la, lb);
   // The SWA key never equals the chain key it derives from.
   Digest k{};
   k[0] = 1;

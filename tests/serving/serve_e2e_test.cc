@@ -127,9 +127,11 @@ class ServeTest : public ::testing::Test {
   std::unique_ptr<ServeProcess> s_;
 };
 
-// Turn 2 of a chat reports cached_tokens == the whole 64-token pages of turn 1's tokens
-// (prompt + reply), restored from kvtierd.
-TEST_F(ServeTest, SecondTurnHitsFirstTurnsWholeUnits) {
+// Turn 2 of a chat reports cached_tokens == every token of turn 1 the engine computed
+// (prompt + reply but its last token): turn 1 ended mid-page, and its whole units plus the hot
+// state with the partial page restore it from kvtierd exactly, with no replay; turn 2's text
+// equals the same conversation continued in memory on a server without the cache.
+TEST_F(ServeTest, SecondTurnRestoresFirstTurnExactly) {
   StartServer({"--idle-sequences-max", "0"});
   json msgs = json::array({{{"role", "user"}, {"content", Text(150, 1)}}});
   HttpReply r1 = Post("/v1/chat/completions", Chat(msgs, 24));
@@ -144,19 +146,34 @@ TEST_F(ServeTest, SecondTurnHitsFirstTurnsWholeUnits) {
   ASSERT_EQ(static_cast<int64_t>(reply.size()), c1) << "the model produced non-byte tokens";
   msgs.push_back({{"role", "assistant"}, {"content", reply}});
   msgs.push_back({{"role", "user"}, {"content", "and then?"}});
-  HttpReply r2 = Post("/v1/chat/completions", Chat(msgs, 4));
+  HttpReply r2 = Post("/v1/chat/completions", Chat(msgs, 16));
   ASSERT_EQ(r2.status, 200) << r2.body;
   json u = r2.Json()["usage"];
-  const int64_t whole = (p1 + c1 - 1) / kPage * kPage;
-  ASSERT_GT(whole, 0);
+  const int64_t whole = p1 + c1 - 1;
+  ASSERT_NE(whole % kPage, 0) << "turn 1 should end mid-page";
   EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], whole);
   EXPECT_EQ(u["prompt_cache_hit_tokens"], whole);
   EXPECT_EQ(
       u["prompt_cache_hit_tokens"].get<int64_t>() + u["prompt_cache_miss_tokens"].get<int64_t>(),
       u["prompt_tokens"].get<int64_t>());
+  {  // the uninterrupted reference: no cache, turn 1 stays resident in the engine
+    ServeProcess mem(dir_ / "mem");
+    ASSERT_TRUE(mem.Start({"--api-keys", (dir_ / "keys.json").string()})) << mem.Log();
+    json m1 = msgs;
+    m1.erase(m1.end() - 2, m1.end());
+    ASSERT_EQ(Http(mem.port(), "POST", "/v1/chat/completions", Chat(m1, 24).dump(), kAlice)
+                  .Json()["choices"][0]["message"]["content"],
+              reply);
+    json j2 =
+        Http(mem.port(), "POST", "/v1/chat/completions", Chat(msgs, 16).dump(), kAlice).Json();
+    EXPECT_EQ(j2["usage"]["prompt_tokens_details"]["cached_tokens"], whole);
+    EXPECT_EQ(j2["choices"][0]["message"]["content"],
+              r2.Json()["choices"][0]["message"]["content"]);
+  }
   const std::string m = Metrics();
   EXPECT_EQ(Metric(m, "kvtier_serve_prompt_cache_hit_tokens_total{tenant=\"alice\"}"), whole);
   EXPECT_EQ(Metric(m, "kvtier_serve_resume_hits_total"), 1);
+  EXPECT_EQ(Metric(m, "kvtier_serve_hot_state_restores_total"), 1);
   // alice's prices: 1 per M uncached, 0.02 per M cached, 2 per M output.
   const int64_t p2 = u["prompt_tokens"], c2 = u["completion_tokens"];
   const double cost = (p1 * 1.0 + c1 * 2.0 + (p2 - whole) * 1.0 + whole * 0.02 + c2 * 2.0) / 1e6;
@@ -193,14 +210,14 @@ TEST_F(ServeTest, SharedPrefixHitsWholePagesAndTenantsAreIsolated) {
   json ub = Post("/v1/completions", Completion(a + c, 1), kBob).Json()["usage"];
   EXPECT_EQ(ub["prompt_tokens_details"]["cached_tokens"], 0);
   EXPECT_EQ(ub["prompt_cache_miss_tokens"], 210);
-  // alice's A + C itself is now saved: three whole pages.
+  // alice's A + C itself is now saved: three whole pages and a hot state with the last 18
+  // tokens, so the same prompt again is restored whole.
   u = Post("/v1/completions", Completion(a + c, 1)).Json()["usage"];
-  EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], 192);
+  EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], 210);
 }
 
 // A stream carries the same text as the non-streamed request, then a usage chunk with empty
-// choices, then [DONE]. (bob streams: his prompt is computed exactly as alice's was, while a
-// resume of alice's saved page would rebuild the rings by bounded replay.)
+// choices, then [DONE]. (bob streams: his prompt is computed exactly as alice's was.)
 TEST_F(ServeTest, StreamingMatchesNonStreamingAndEndsWithUsage) {
   StartServer();
   json msgs = json::array({{{"role", "user"}, {"content", Text(80, 6)}}});
@@ -371,7 +388,7 @@ TEST_F(ServeTest, SixteenConcurrentStreamsMatchTheirSoloRuns) {
 }
 
 // A full KV pool swaps the least recently used idle sequence out (its units are in kvtierd);
-// its next turn is resumed from the daemon and reports the whole pages restored.
+// its next turn is resumed from the daemon and reports every token it had restored.
 TEST_F(ServeTest, FullPoolSwapsIdleSequencesOutAndResumesThem) {
   StartServer({"--kv-pool-tokens-max", "600", "--context-tokens-max", "512"});
   const std::string x = Text(300, 9), y = Text(300, 10);
@@ -384,8 +401,9 @@ TEST_F(ServeTest, FullPoolSwapsIdleSequencesOutAndResumesThem) {
   EXPECT_EQ(Metric(m, "kvtier_serve_swap_outs_total"), 1);
   EXPECT_EQ(Metric(m, "kvtier_serve_resident_sequences"), 1);
   json u = Post("/v1/completions", Completion(x + out + " more", 2)).Json()["usage"];
-  EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], (300 + 8 - 1) / kPage * kPage);
+  EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], 300 + 8 - 1);  // units + hot state
   m = Metrics();
+  EXPECT_EQ(Metric(m, "kvtier_serve_hot_state_restores_total"), 1);
   EXPECT_EQ(Metric(m, "kvtier_serve_resident_hits_total"), 0);
   EXPECT_EQ(Metric(m, "kvtier_serve_resume_hits_total"), 1);
   EXPECT_LE(Metric(m, "kvtier_serve_resident_tokens"), 600);

@@ -156,7 +156,7 @@ TEST(Metrics, RenderIsPromtoolClean) {
   m.RequestDone("al\"ice", Usage{100, 5, 64}, 0.5, "stop");
   m.Ttft(0.02);
   m.Tpot(0.003);
-  m.Step(4, 4);
+  m.Step(4, 4, 0);
   m.Resume(true, false);
   m.SwapOut();
   m.Gauges(1, 2, 3, 400);

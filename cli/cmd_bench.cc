@@ -1,10 +1,12 @@
 // `kvtier bench <what>`: benchmarks that run a peer or a physical limit in the same process run
 // and print the ratio. `bench storage` measures the storage tiers:
 //   - SSD tier unit write throughput vs fio sequential writes (io_uring, O_DIRECT, the same
-//     directory, the tier's write pattern: its 2 MiB write buffer submitted as 4 writes of
-//     512 KiB at once, i.e. bs=512K and queue depth 4, with a final fsync); --durability
-//     batched (default: a group commit with fdatasync every group_commit_ms) or none (no sync
-//     until the final flush, as fio);
+//     directory, the tier's write pattern: its 2 MiB write buffers written as a stream of
+//     512 KiB writes, 4 in flight, i.e. bs=512K and queue depth 4, with a final fsync);
+//     --durability batched (default: a group commit with fdatasync every group_commit_ms) or none
+//     (no sync until the final flush, as fio); and where the putting thread's time went meanwhile
+//     (on a CPU, waiting for one, blocked: /proc/thread-self/schedstat), so that a CPU-bound
+//     run on a loaded machine is told apart from a writer that leaves the device idle;
 //   - SSD tier random unit reads vs fio random reads (io_uring, O_DIRECT, block = the aligned
 //     record size, queue depth 1, the same directory);
 //   - SSD tier batch GETs of --batch random units (GetBatch: every read of a batch submitted
@@ -54,12 +56,28 @@ Key BenchKey(uint64_t i) {
 
 double Seconds(uint64_t us) { return static_cast<double>(us) / 1e6; }
 
+// The calling thread's time on a CPU and waiting on the run queue, in ns
+// (/proc/thread-self/schedstat); false when the kernel does not provide it.
+bool ThreadSchedStat(uint64_t* on_cpu_ns, uint64_t* runqueue_ns) {
+  FILE* f = std::fopen("/proc/thread-self/schedstat", "r");
+  if (f == nullptr) return false;
+  unsigned long long run = 0, wait = 0;
+  bool ok = std::fscanf(f, "%llu %llu", &run, &wait) == 2;
+  std::fclose(f);
+  *on_cpu_ns = run;
+  *runqueue_ns = wait;
+  return ok;
+}
+
 struct Results {
   double ssd_write_bps = 0, fio_write_bps = 0, ssd_read_bps = 0, fio_read_bps = 0;
   double ssd_read_iops = 0, fio_read_iops = 0;
   double ssd_batch_iops = 0, fio_qd_iops = 0;
   uint64_t batch_qd = 0;
   uint64_t write_syncs = 0, write_commits = 0;  // during the SSD write test
+  // Shares of the write test's wall time the putting thread spent on a CPU and waiting on
+  // the run queue (the rest: blocked); negative when schedstat is unavailable.
+  double write_cpu_share = -1, write_runqueue_share = -1;
   double dram_get_bps = 0, memcpy_bps = 0;
   double first_hit_ms = 0, open_ms = 0, index_loaded_ms = 0;
   uint64_t units_indexed = 0;
@@ -122,6 +140,8 @@ int BenchStorage(Args args) {
       return 1;
     }
     storage::SsdMeta meta;
+    uint64_t cpu0 = 0, rq0 = 0;
+    bool sched = ThreadSchedStat(&cpu0, &rq0);
     uint64_t t0 = clock.NowUs();
     for (uint64_t i = 0; i < n_units; ++i) {
       std::memcpy(value.data(), &i, sizeof(i));
@@ -133,6 +153,11 @@ int BenchStorage(Args args) {
     }
     Status st = (*ssd)->Flush();
     uint64_t t1 = clock.NowUs();
+    uint64_t cpu1 = 0, rq1 = 0;
+    if (sched && ThreadSchedStat(&cpu1, &rq1) && t1 > t0) {
+      r.write_cpu_share = static_cast<double>(cpu1 - cpu0) / 1e3 / static_cast<double>(t1 - t0);
+      r.write_runqueue_share = static_cast<double>(rq1 - rq0) / 1e3 / static_cast<double>(t1 - t0);
+    }
     if (!st.ok()) {
       std::fprintf(stderr, "flush: %s\n", st.ToString().c_str());
       return 1;
@@ -308,6 +333,8 @@ int BenchStorage(Args args) {
     j["write_durability"] = durability;
     j["write_commits"] = r.write_commits;
     j["write_fdatasyncs"] = r.write_syncs;
+    j["write_putter_cpu_share"] = r.write_cpu_share;
+    j["write_putter_runqueue_share"] = r.write_runqueue_share;
     j["notes"] = r.notes;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
@@ -320,6 +347,13 @@ int BenchStorage(Args args) {
         r.ssd_write_bps / 1048576.0, r.fio_write_bps / 1048576.0, write_ratio, durability.c_str(),
         static_cast<unsigned long long>(r.write_commits),
         static_cast<unsigned long long>(r.write_syncs));
+    if (r.write_cpu_share >= 0) {
+      std::printf(
+          "            putting thread: %.0f%% on a CPU, %.0f%% waiting for a CPU, %.0f%% blocked "
+          "(on the writer, commits or locks)\n",
+          100 * r.write_cpu_share, 100 * r.write_runqueue_share,
+          100 * std::max(0.0, 1 - r.write_cpu_share - r.write_runqueue_share));
+    }
     std::printf("ssd read    %9.0f IOPS    fio %9.0f IOPS    ratio %.2f (goal >= 0.9)\n",
                 r.ssd_read_iops, r.fio_read_iops, read_ratio);
     std::printf(

@@ -17,6 +17,7 @@
 #include <shared_mutex>
 
 #include "common/logging.h"
+#include "storage/fault_injection.h"
 
 namespace kvtier::storage {
 namespace {
@@ -202,9 +203,11 @@ class RingPool {
     bool has_buffers = false;
   };
 
-  static StatusOr<std::shared_ptr<RingPool>> Create(uint32_t rings, uint32_t depth) {
+  static StatusOr<std::shared_ptr<RingPool>> Create(uint32_t rings, uint32_t depth,
+                                                    RingFaults* faults) {
     auto pool = std::make_shared<RingPool>();
     pool->depth_ = std::clamp<uint32_t>(depth, 1, kMaxQueueDepth);
+    pool->faults_ = faults;
     for (uint32_t i = 0; i < std::max<uint32_t>(rings, 1); ++i) {
       auto r = std::make_unique<Ring>();
       int rc = io_uring_queue_init(pool->depth_, &r->ring, 0);
@@ -303,9 +306,12 @@ class RingPool {
     return -1;
   }
   uint32_t depth() const { return depth_; }
+  // Test faults (DirEnvOptions::ring_faults), or nullptr.
+  RingFaults* faults() const { return faults_; }
 
  private:
   uint32_t depth_ = 64;
+  RingFaults* faults_ = nullptr;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Ring*> free_;
@@ -315,6 +321,17 @@ class RingPool {
   std::vector<iovec> registered_iov_;  // under mu_: for replacement rings
   size_t usable_ = 0;                  // under mu_: rings not retired
 };
+
+// One request on a ring: the file it goes to (nullptr: next set its result and the ring only
+// reports it), the request (its result is filled in) and the caller's tag for it.
+struct RingIo {
+  const FileDevice* file = nullptr;
+  IoRequest* io = nullptr;
+  uint64_t tag = 0;
+};
+// Hands over the next request (true) or has none now (false).
+using RingNextFn = std::function<bool(RingIo*)>;
+using RingDoneFn = std::function<void(const RingIo&)>;
 
 class UringDevice final : public FileDevice {
  public:
@@ -333,52 +350,114 @@ class UringDevice final : public FileDevice {
                           std::span<const FileDevice* const> files, const IoDoneFn& on_done) {
     if (batch.size() > kMaxBatchIos) return Status::InvalidArgument("batch too large");
     auto file = [&](size_t i) { return files.size() == 1 ? files[0] : files[i]; };
-    struct Pending {
-      size_t index;
-      size_t done;
-    };
-    std::deque<Pending> queue;
-    std::vector<size_t> progress(batch.size(), 0);
     std::vector<bool> final(batch.size(), false);
-    auto finish = [&](size_t i) {
-      final[i] = true;
-      if (on_done) on_done(i);
-    };
-    for (size_t i = 0; i < batch.size(); ++i) {
-      batch[i].result = CheckAlignment(batch[i], file(i)->Alignment());
-      if (batch[i].result.ok() && batch[i].length > 0) {
-        queue.push_back({i, 0});
-      } else {
-        finish(i);
-      }
-    }
-    auto fail_unfinished = [&](const Status& err) {
-      for (size_t i = 0; i < batch.size(); ++i) {
+    size_t pulled = 0;
+    Status ring_st = RunRing(
+        pool, pool->depth(),
+        [&](RingIo* r) {
+          if (pulled == batch.size()) return false;
+          *r = {file(pulled), &batch[pulled], pulled};
+          ++pulled;
+          return true;
+        },
+        [&](const RingIo& r) {
+          final[r.tag] = true;
+          if (on_done) on_done(r.tag);
+        });
+    if (!ring_st.ok()) {
+      for (size_t i = 0; i < batch.size(); ++i) {  // never handed to the ring
         if (final[i]) continue;
-        batch[i].result = err;
-        finish(i);
+        batch[i].result = ring_st;
+        if (on_done) on_done(i);
+      }
+      return ring_st;
+    }
+    return FirstError(batch);
+  }
+
+  // The core of every io_uring call: runs the requests `next` hands over on one ring of the
+  // pool (acquired at the first request that needs it), at most max_inflight (clamped to
+  // [1, depth]) at a time, pulling more as completions free room, until next has none and
+  // nothing is in flight. done is called once per request handed over, when its result is
+  // final (a misaligned request at once). Returns OK, or the ring's error: then every request
+  // handed over has been reported, those without a result with that error, and the ring is
+  // back in the pool (drained) or retired.
+  static Status RunRing(RingPool* pool, size_t max_inflight, const RingNextFn& next,
+                        const RingDoneFn& done) {
+    struct Slot {
+      RingIo io;
+      size_t progress = 0;
+      bool used = false;
+    };
+    std::vector<Slot> slots;
+    std::vector<uint32_t> free_slots;
+    std::deque<uint32_t> ready;  // slots to (re)submit
+    size_t held = 0;             // slots in use: ready or in flight
+    size_t inflight = 0;
+    const size_t limit = std::clamp<size_t>(max_inflight, 1, pool->depth());
+    RingFaults* faults = pool->faults();
+    auto report = [&](uint32_t s) {
+      RingIo io = slots[s].io;
+      slots[s].used = false;
+      free_slots.push_back(s);
+      --held;
+      done(io);
+    };
+    auto fail_held = [&](const Status& err) {
+      ready.clear();
+      for (uint32_t s = 0; s < slots.size(); ++s) {
+        if (!slots[s].used) continue;
+        slots[s].io.io->result = err;
+        report(s);
       }
     };
-    if (queue.empty()) return FirstError(batch);
-    RingPool::Ring* ring = pool->Acquire();
-    if (ring == nullptr) {
-      Status err = Status::IOError("no usable io_uring ring left for " + file(0)->path());
-      fail_unfinished(err);
-      return err;
-    }
-    size_t inflight = 0;
-    while (!queue.empty() || inflight > 0) {
-      // Fill the submission queue up to the ring's depth.
-      while (!queue.empty() && inflight < pool->depth()) {
+    auto pull = [&]() {
+      RingIo r;
+      if (!next(&r)) return false;
+      if (r.file == nullptr) {
+        done(r);
+        return true;
+      }
+      r.io->result = CheckAlignment(*r.io, r.file->Alignment());
+      if (!r.io->result.ok() || r.io->length == 0) {
+        done(r);
+        return true;
+      }
+      uint32_t s;
+      if (free_slots.empty()) {
+        s = static_cast<uint32_t>(slots.size());
+        slots.emplace_back();
+      } else {
+        s = free_slots.back();
+        free_slots.pop_back();
+      }
+      slots[s] = {r, 0, true};
+      ready.push_back(s);
+      ++held;
+      return true;
+    };
+    RingPool::Ring* ring = nullptr;
+    while (true) {
+      while (held < limit && pull()) {
+      }
+      if (held == 0) break;
+      if (ring == nullptr && (ring = pool->Acquire()) == nullptr) {
+        Status err = Status::IOError("no usable io_uring ring left");
+        fail_held(err);
+        return err;
+      }
+      // Fill the submission queue with what is ready.
+      while (!ready.empty()) {
         io_uring_sqe* sqe = io_uring_get_sqe(&ring->ring);
         if (sqe == nullptr) break;
-        Pending p = queue.front();
-        queue.pop_front();
-        IoRequest& r = batch[p.index];
-        int fd = file(p.index)->fd();
-        uint8_t* buf = r.buffer + p.done;
-        unsigned len = static_cast<unsigned>(r.length - p.done);
-        uint64_t off = r.offset + p.done;
+        uint32_t s = ready.front();
+        ready.pop_front();
+        IoRequest& r = *slots[s].io.io;
+        size_t done_bytes = slots[s].progress;
+        int fd = slots[s].io.file->fd();
+        uint8_t* buf = r.buffer + done_bytes;
+        unsigned len = static_cast<unsigned>(r.length - done_bytes);
+        uint64_t off = r.offset + done_bytes;
         int fixed = ring->has_buffers ? pool->FixedIndex(buf, len) : -1;
         if (r.op == IoRequest::Op::kRead) {
           if (fixed >= 0) {
@@ -391,11 +470,12 @@ class UringDevice final : public FileDevice {
         } else {
           io_uring_prep_write(sqe, fd, buf, len, off);
         }
-        io_uring_sqe_set_data64(sqe, p.index);
+        io_uring_sqe_set_data64(sqe, s);
         ++inflight;
       }
       // Submit and block until at least one completion arrives (no spinning).
       int rc = io_uring_submit_and_wait(&ring->ring, 1);
+      if (rc >= 0 && faults != nullptr && faults->TakeSubmission()) rc = -EIO;
       if (rc < 0 && rc != -EINTR) {
         Status err = ErrnoStatus("io_uring_submit_and_wait", -rc);
         // Never hand a ring with requests in flight (or prepared, unsubmitted SQEs) back to
@@ -406,41 +486,42 @@ class UringDevice final : public FileDevice {
         } else {
           pool->Retire(ring);
         }
-        fail_unfinished(err);
+        fail_held(err);
         return err;
       }
       io_uring_cqe* cqe = nullptr;
       while (io_uring_peek_cqe(&ring->ring, &cqe) == 0) {
-        size_t i = io_uring_cqe_get_data64(cqe);
+        uint32_t s = static_cast<uint32_t>(io_uring_cqe_get_data64(cqe));
         int res = cqe->res;
         io_uring_cqe_seen(&ring->ring, cqe);
         --inflight;
-        IoRequest& r = batch[i];
+        if (faults != nullptr && faults->TakeCompletion()) res = -EIO;
+        IoRequest& r = *slots[s].io.io;
+        const FileDevice* f = slots[s].io.file;
         if (res < 0) {
           if (res == -EAGAIN || res == -EINTR) {
-            queue.push_back({i, progress[i]});
+            ready.push_back(s);
           } else {
             r.result = ErrnoStatus(
-                std::string(r.op == IoRequest::Op::kRead ? "read " : "write ") + file(i)->path(),
-                -res);
-            finish(i);
+                std::string(r.op == IoRequest::Op::kRead ? "read " : "write ") + f->path(), -res);
+            report(s);
           }
         } else if (res == 0) {
-          r.result = Status::Corruption("short read at " + std::to_string(r.offset) + " in " +
-                                        file(i)->path());
-          finish(i);
+          r.result =
+              Status::Corruption("short read at " + std::to_string(r.offset) + " in " + f->path());
+          report(s);
         } else {
-          progress[i] += static_cast<size_t>(res);
-          if (progress[i] < r.length) {
-            queue.push_back({i, progress[i]});  // short transfer
+          slots[s].progress += static_cast<size_t>(res);
+          if (slots[s].progress < r.length) {
+            ready.push_back(s);  // short transfer
           } else {
-            finish(i);
+            report(s);
           }
         }
       }
     }
-    pool->Release(ring);
-    return FirstError(batch);
+    if (ring != nullptr) pool->Release(ring);
+    return Status::Ok();
   }
   RingPool* pool() const { return pool_.get(); }
   std::string Kind() const override { return "io_uring"; }
@@ -555,6 +636,31 @@ class DirEnv final : public DeviceEnv {
     for (size_t i = 0; i < batch.size(); ++i) batch[i].io.result = reqs[i].result;
     return st;
   }
+  // io_uring: the whole stream on one ring (RunRing), refilled as requests complete.
+  Status Stream(size_t max_inflight, const IoNextFn& next, const IoReportFn& done) override {
+    if (pool_ == nullptr) return DeviceEnv::Stream(max_inflight, next, done);
+    Status first;
+    Status ring_st = UringDevice::RunRing(
+        pool_.get(), max_inflight,
+        [&](RingIo* r) {
+          DeviceIo* d = next();
+          if (d == nullptr) return false;
+          auto* dev = dynamic_cast<UringDevice*>(d->device);
+          r->io = &d->io;
+          r->tag = reinterpret_cast<uintptr_t>(d);
+          r->file = dev;
+          if (dev == nullptr || dev->pool() != pool_.get()) {
+            r->file = nullptr;  // reported at once, with this error
+            d->io.result = Status::InvalidArgument("stream request on a device of another env");
+          }
+          return true;
+        },
+        [&](const RingIo& r) {
+          if (first.ok() && !r.io->result.ok()) first = r.io->result;
+          done(reinterpret_cast<DeviceIo*>(r.tag));
+        });
+    return ring_st.ok() ? first : ring_st;
+  }
 
  private:
   std::string dir_;
@@ -605,6 +711,21 @@ Status DeviceEnv::SubmitAcross(std::span<DeviceIo> batch, const IoDoneFn& on_don
   return first;
 }
 
+Status DeviceEnv::Stream(size_t max_inflight, const IoNextFn& next, const IoReportFn& done) {
+  (void)max_inflight;  // one request at a time
+  Status first;
+  while (DeviceIo* d = next()) {
+    if (d->device == nullptr) {
+      d->io.result = Status::InvalidArgument("request without a device");
+    } else {
+      (void)d->device->Submit({&d->io, 1});  // the request carries its own result
+    }
+    if (first.ok() && !d->io.result.ok()) first = d->io.result;
+    done(d);
+  }
+  return first;
+}
+
 void AlignedFree::operator()(uint8_t* p) const { std::free(p); }
 
 AlignedBuffer AllocateAligned(size_t length, size_t alignment) {
@@ -633,7 +754,7 @@ StatusOr<std::unique_ptr<DeviceEnv>> NewDirEnv(const std::string& dir,
   }
   std::shared_ptr<RingPool> pool;
   if (options.engine != IoEngine::kPosix) {
-    auto p = RingPool::Create(options.rings, options.queue_depth);
+    auto p = RingPool::Create(options.rings, options.queue_depth, options.ring_faults);
     if (p.ok()) {
       pool = std::move(p).value();
     } else if (options.engine == IoEngine::kIoUring) {

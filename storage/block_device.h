@@ -20,6 +20,13 @@
 // final result, before SubmitAcross returns; with io_uring the other requests of the batch stay
 // in flight meanwhile, so the caller's per-request work (a checksum, a copy) overlaps the device.
 //
+// Streams: DeviceEnv::Stream runs requests that the caller hands over one at a time while
+// earlier ones are still in flight, up to a bound, pulling the next one as each completes
+// (the SSD tier's writer keeps the device's queue full across its write buffers, as fio
+// does, instead of letting it drain after each buffer). io_uring: one ring for the whole
+// stream, refilled as completions arrive; other envs: each request submitted alone (its
+// device's Submit) as soon as it is handed over.
+//
 // Durability: a completed Write is visible to later Reads of any thread, but survives a crash
 // only after Sync() returns OK. A device's existence (Open with create, Remove) survives a
 // crash only after DeviceEnv::SyncDir() returns OK.
@@ -67,6 +74,15 @@ struct DeviceIo {
 // must not call back into the env.
 using IoDoneFn = std::function<void(size_t index)>;
 
+// Stream's source and sink. IoNextFn returns the next request to run (owned by the caller,
+// valid and untouched by it until reported) or nullptr when it has none now. IoReportFn is
+// called with a request once its result (io.result) is final. Neither may call back into
+// the env.
+using IoNextFn = std::function<DeviceIo*()>;
+using IoReportFn = std::function<void(DeviceIo* request)>;
+
+struct RingFaults;  // storage/fault_injection.h (tests)
+
 class BlockDevice {
  public:
   virtual ~BlockDevice() = default;
@@ -103,6 +119,9 @@ struct DirEnvOptions {
   // Rings shared by all devices of the env; each call holds one ring exclusively.
   uint32_t rings = 4;
   bool use_o_direct = true;
+  // Test only: faults injected into this env's rings (storage/fault_injection.h); not owned,
+  // must outlive the env. nullptr in production.
+  RingFaults* ring_faults = nullptr;
 };
 
 class DeviceEnv {
@@ -131,6 +150,15 @@ class DeviceEnv {
   // on_done (may be empty) is called once per request of a valid batch, in completion order.
   virtual Status SubmitAcross(std::span<DeviceIo> batch, const IoDoneFn& on_done);
   Status SubmitAcross(std::span<DeviceIo> batch) { return SubmitAcross(batch, IoDoneFn()); }
+  // Runs a stream (see "Streams" above): calls next whenever fewer than max_inflight
+  // (clamped to [1, the env's queue depth]) of its requests are in flight, and returns once
+  // next has returned nullptr with nothing in flight. Every request next handed over has
+  // been reported by then, with its own result; a ring error gives every request it left
+  // without a result that error, and ends the stream (what next still holds is left to the
+  // caller). Requests must name devices of this env (else InvalidArgument, for that request).
+  // Returns the first failure (or OK). The default runs each request alone through its
+  // device's Submit (so a wrapping env's devices see every request).
+  virtual Status Stream(size_t max_inflight, const IoNextFn& next, const IoReportFn& done);
   virtual std::string Kind() const = 0;
 };
 

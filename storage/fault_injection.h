@@ -18,6 +18,16 @@
 // - Every injection is logged: Log() returns the lines, and when log_path is set each line is
 //   also appended to that file at once (so the log survives the simulated crash).
 //
+// RingFaults: one-shot faults of an io_uring env's rings (NewDirEnv with
+// DirEnvOptions::ring_faults), so that tests reach the ring error paths of the real io_uring
+// code (block_device.cc), which FaultInjectionEnv (wrapping devices, not rings) cannot:
+// - FailNextSubmissions(n, after): n io_uring_submit_and_wait calls of any ring of the env,
+//   after `after` good ones, report EIO once the kernel has taken their requests (requests
+//   in flight: the ring is drained, and every request of the call without a result gets
+//   the error);
+// - FailNextCompletions(n, after): n completions, after `after` good ones, carry EIO
+//   instead of their result.
+//
 // Thread safety: all methods may be called concurrently.
 #pragma once
 
@@ -32,6 +42,45 @@
 #include "storage/block_device.h"
 
 namespace kvtier::storage {
+
+struct RingFaults {
+  // Arms n faults that strike after `after` more good submissions (completions).
+  void FailNextSubmissions(int n, int after = 0) { submissions_.Arm(n, after); }
+  void FailNextCompletions(int n, int after = 0) { completions_.Arm(n, after); }
+  // Faults injected so far.
+  uint64_t injected() const { return injected_.load(); }
+
+  // Used by the rings: true when this submission (completion) must fail; consumes one.
+  bool TakeSubmission() { return Take(submissions_); }
+  bool TakeCompletion() { return Take(completions_); }
+
+ private:
+  struct Armed {
+    std::mutex mu;
+    int skip = 0, fail = 0;  // under mu
+    std::atomic<bool> any{false};
+    void Arm(int n, int after) {
+      std::lock_guard lock(mu);
+      skip = after;
+      fail = n;
+      any.store(n > 0);
+    }
+  };
+  bool Take(Armed& a) {
+    if (!a.any.load()) return false;  // the rings' common case: no lock
+    std::lock_guard lock(a.mu);
+    if (a.fail <= 0) return false;
+    if (a.skip > 0) {
+      --a.skip;
+      return false;
+    }
+    if (--a.fail == 0) a.any.store(false);
+    injected_.fetch_add(1);
+    return true;
+  }
+  Armed submissions_, completions_;
+  std::atomic<uint64_t> injected_{0};
+};
 
 struct FaultOptions {
   uint64_t seed = 1;

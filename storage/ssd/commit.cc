@@ -47,7 +47,7 @@ Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status, Commit
       // The commit writes its own buffers rather than wake the writer thread and wait for
       // it; it waits only while a write is running (the writer's, or another commit's).
       if (!writer_busy_ && !wb_queue_.empty()) {
-        WriteFrontLocked(wb);
+        WriteQueuedLocked(wb, b.write_seq_hi);
       } else {
         wb_cv_.wait(wb);
       }

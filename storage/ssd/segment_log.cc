@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "common/logging.h"
@@ -8,8 +9,11 @@ namespace kvtier::storage {
 
 namespace {
 
-// The write buffer is submitted as this many writes at once (queue depth of a buffer write).
+// A write buffer is written as this many chunks (of at least kMinWriteChunkBytes), and the
+// writer keeps up to kWriteDepth chunks in flight across buffers, handing the device the next
+// chunk as each one completes (the device's queue does not drain between buffers).
 constexpr size_t kWriteSplit = 4;
+constexpr size_t kWriteDepth = 4;
 constexpr size_t kMinWriteChunkBytes = 128 << 10;
 // ReadRecord reads into a per-thread buffer of up to this size, kept between reads (faulted
 // in once, so io_uring issues an O_DIRECT read at once instead of punting it to a worker);
@@ -196,37 +200,96 @@ void SsdTier::Impl::WriterLoop() {
       return !bufs_[wb_queue_.front()].commit_writes;
     });
     if (wb_queue_.empty()) return;  // stopping, and everything queued is written
-    WriteFrontLocked(wb);
+    WriteQueuedLocked(wb, UINT64_MAX);
   }
 }
 
-void SsdTier::Impl::WriteFrontLocked(std::unique_lock<std::mutex>& wb) {
-  size_t i = wb_queue_.front();
-  wb_queue_.pop_front();
+void SsdTier::Impl::WriteQueuedLocked(std::unique_lock<std::mutex>& wb, uint64_t last_seq) {
   writer_busy_ = true;
-  uint8_t* data = bufs_[i].data;
-  std::shared_ptr<Segment> seg = bufs_[i].seg;
-  uint64_t offset = bufs_[i].file_offset, n = bufs_[i].len, seq = bufs_[i].write_seq;
   wb.unlock();
-  // Submitted as up to kWriteSplit writes in one batch (queue depth > 1 on io_uring).
-  uint64_t chunk =
-      std::max<uint64_t>(AlignUp(n / kWriteSplit, ssd::kBlockBytes), kMinWriteChunkBytes);
-  IoRequest reqs[kWriteSplit + 1];
-  size_t count = 0;
-  for (uint64_t off = 0; off < n; off += chunk) {
-    reqs[count++] = {IoRequest::Op::kWrite,
-                     offset + off,
-                     data + off,
-                     static_cast<size_t>(std::min(chunk, n - off)),
-                     {}};
+  // The buffers this stream took from the queue, in queue order (so in write_seq order).
+  struct Taken {
+    size_t buf;
+    uint64_t seq;
+    size_t chunks_left = 0;   // handed to the device, not reported yet
+    bool all_pulled = false;  // every chunk handed to the device
+    Status status;            // the first failed chunk's error
+  };
+  std::deque<Taken> taken;  // references stay valid: only push_back and pop_front
+  std::array<DeviceIo, kWriteDepth> ios;
+  std::array<Taken*, kWriteDepth> owner{};
+  std::vector<size_t> free_ios;
+  for (size_t k = kWriteDepth; k > 0; --k) free_ios.push_back(k - 1);
+  Taken* cur = nullptr;  // the buffer being cut into chunks
+  uint64_t cur_off = 0, chunk_bytes = 0;
+
+  auto next = [&]() -> DeviceIo* {
+    if (free_ios.empty()) return nullptr;
+    if (cur == nullptr) {
+      std::lock_guard l(wb_mu_);
+      if (wb_queue_.empty() || bufs_[wb_queue_.front()].write_seq > last_seq) return nullptr;
+      size_t i = wb_queue_.front();
+      wb_queue_.pop_front();
+      taken.push_back({i, bufs_[i].write_seq});
+      cur = &taken.back();
+      cur_off = 0;
+      chunk_bytes = std::max<uint64_t>(AlignUp(bufs_[i].len / kWriteSplit, ssd::kBlockBytes),
+                                       kMinWriteChunkBytes);
+    }
+    // data/seg/file_offset/len were set before the buffer was queued (read after wb_mu_).
+    const WriteBuf& b = bufs_[cur->buf];
+    size_t k = free_ios.back();
+    free_ios.pop_back();
+    uint64_t len = std::min(chunk_bytes, b.len - cur_off);
+    ios[k] = {b.seg->dev.get(),
+              {IoRequest::Op::kWrite,
+               b.file_offset + cur_off,
+               b.data + cur_off,
+               static_cast<size_t>(len),
+               {}}};
+    owner[k] = cur;
+    ++cur->chunks_left;
+    cur_off += len;
+    if (cur_off >= b.len) {
+      cur->all_pulled = true;
+      cur = nullptr;
+    }
+    return &ios[k];
+  };
+  auto done = [&](DeviceIo* io) {
+    size_t k = static_cast<size_t>(io - ios.data());
+    Taken* t = owner[k];
+    if (!io->io.result.ok() && t->status.ok()) t->status = io->io.result;
+    --t->chunks_left;
+    free_ios.push_back(k);
+    // A buffer is done once all its chunks are; completed_seq_ advances over a prefix.
+    bool settled = false;
+    {
+      std::lock_guard l(wb_mu_);
+      while (!taken.empty() && taken.front().all_pulled && taken.front().chunks_left == 0) {
+        Taken& f = taken.front();
+        WriteBuf& b = bufs_[f.buf];
+        if (!f.status.ok())
+          failed_writes_.push_back({f.seq, b.seg->id, b.file_offset, b.len, f.status});
+        b.status = f.status;
+        b.done = true;  // the putting thread may reap (and refill) it from here on
+        completed_seq_ = f.seq;
+        taken.pop_front();
+        settled = true;
+      }
+    }
+    if (settled) wb_cv_.notify_all();
+  };
+  Status st = env_->Stream(kWriteDepth, next, done);
+  // A ring error ends the stream with a buffer perhaps partly handed over: its other chunks
+  // fail with that error (its records are dropped, never indexed).
+  while (cur != nullptr) {
+    DeviceIo* io = next();
+    io->io.result = st.ok() ? Status::IOError("buffer write not completed") : st;
+    done(io);
   }
-  Status st = seg->dev->Submit({reqs, count});
   wb.lock();
   writer_busy_ = false;
-  bufs_[i].done = true;
-  bufs_[i].status = st;
-  completed_seq_ = seq;
-  if (!st.ok()) failed_writes_.push_back({seq, seg->id, offset, n, st});
   wb_cv_.notify_all();
   if (!wb_queue_.empty()) writer_cv_.notify_one();
 }

@@ -275,7 +275,7 @@ class SsdTier::Impl {
   Status AppendLocked(const Key& key, const RecordHeader& h, std::span<const uint8_t> payload,
                       IndexEntry* e);
   // Queues the buffer being filled (if not empty) for writing; never blocks. wake_writer:
-  // false when the caller (a commit) writes it itself (WriteFrontLocked), saving two thread
+  // false when the caller (a commit) writes it itself (WriteQueuedLocked), saving two thread
   // switches on the commit's critical path.
   void WriteBufferLocked(bool wake_writer = true);
   // Makes a buffer the one being filled, waiting (mu_ held) for the writer when all are busy.
@@ -283,10 +283,13 @@ class SsdTier::Impl {
   // Frees the buffers the writer has finished; drops the entries of failed ones.
   void ReapLocked();
   void WriterLoop();
-  // Takes the first queued buffer and writes it (wb_mu_ released meanwhile, held on entry
-  // and exit). Called by the writer thread, and by a commit waiting for its own buffers, only
-  // while no other write runs (writer_busy_): buffers complete one at a time, in queue order.
-  void WriteFrontLocked(std::unique_lock<std::mutex>& wb);
+  // Writes the queued buffers, up to the one with write_seq last_seq, as one stream of
+  // chunks (DeviceEnv::Stream: kWriteDepth chunks in flight, the next one handed over as
+  // each completes, across buffers); wb_mu_ is held on entry and exit, released meanwhile.
+  // Marks each buffer done, and advances completed_seq_, once it and every buffer before it
+  // have completed. Called by the writer thread (last_seq UINT64_MAX), and by a commit
+  // waiting for its own buffers, only while no other stream runs (writer_busy_).
+  void WriteQueuedLocked(std::unique_lock<std::mutex>& wb, uint64_t last_seq);
   void MarkUnsyncedLocked() {
     if (unsynced_segs_.empty() || unsynced_segs_.back() != active_)
       unsynced_segs_.push_back(active_);
@@ -428,7 +431,7 @@ class SsdTier::Impl {
   std::mutex wb_mu_;                   // lock order: mu_ -> wb_mu_; the writer takes only wb_mu_
   std::condition_variable wb_cv_;      // a buffer write completed (commits, AcquireBufferLocked)
   std::condition_variable writer_cv_;  // wakes the writer thread: a buffer for it, or stop
-  std::deque<size_t> wb_queue_;        // under wb_mu_, FIFO (one writer: completes in order)
+  std::deque<size_t> wb_queue_;        // under wb_mu_, FIFO (one stream at a time: done in order)
   uint64_t completed_seq_ = 0;         // under wb_mu_
   struct FailedWrite {
     uint64_t seq;
@@ -438,7 +441,7 @@ class SsdTier::Impl {
   };
   std::vector<FailedWrite> failed_writes_;  // under wb_mu_; consumed by Execute
   bool wb_stop_ = false;                    // under wb_mu_
-  bool writer_busy_ = false;                // under wb_mu_: a buffer write runs (one at a time)
+  bool writer_busy_ = false;                // under wb_mu_: a write stream runs (one at a time)
   std::thread writer_thread_;
   std::vector<std::shared_ptr<Segment>> unsynced_segs_;
   std::vector<PendingOp> pending_;

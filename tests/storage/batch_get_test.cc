@@ -1,6 +1,6 @@
 // SsdTier::GetBatch and TierManager::GetBatch: every key of a batch gets what Get would give
 // it (units on the device, in the write buffer, missing, corrupted on the device), on the
-// memory env and on io_uring files.
+// memory env and on io_uring files, and under injected ring faults (RingFaults).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,6 +8,7 @@
 #include <set>
 
 #include "storage/block_device.h"
+#include "storage/fault_injection.h"
 #include "storage/ssd_tier.h"
 #include "storage/tier_manager.h"
 #include "tests/storage/test_util.h"
@@ -261,56 +262,77 @@ TEST(DeviceEnvTest, OnDoneReportsEachRequestOnceOnTheMemoryEnv) {
   CheckOnDoneReportsEachRequestOnce(env.get());
 }
 
-// An env that refuses every SubmitAcross whole (IOError, no request run or reported).
-class RefusingEnv final : public DeviceEnv {
- public:
-  explicit RefusingEnv(DeviceEnv* base) : base_(base) {}
-  StatusOr<std::shared_ptr<BlockDevice>> Open(const std::string& name, bool create) override {
-    return base_->Open(name, create);
-  }
-  StatusOr<std::vector<std::string>> List() override { return base_->List(); }
-  Status Remove(const std::string& name) override { return base_->Remove(name); }
-  Status SyncDir() override { return base_->SyncDir(); }
-  std::string Kind() const override { return "refusing"; }
-  Status SubmitAcross(std::span<DeviceIo>, const IoDoneFn&) override {
-    return Status::IOError("injected: batch refused");
-  }
-
- private:
-  DeviceEnv* base_;
-};
-
-// A batch the env refuses is an I/O error for each of its device reads: never a hit over a
-// buffer nothing was read into, never a checksum failure that quarantines a good unit.
-TEST(SsdGetBatchTest, ARefusedSubmissionIsAnIoErrorAndQuarantinesNothing) {
-  TempDir dir;
-  auto mem = NewMemEnv();
-  RefusingEnv env(mem.get());
+// A tier on io_uring files whose rings fail on demand (RingFaults), with kUnits units on the
+// device (flushed: a batch must read them).
+constexpr int kRingUnits = 8;
+std::unique_ptr<SsdTier> OpenRingFaultTier(const std::string& dir, RingFaults* faults) {
   SsdOptions o;
-  o.dir = dir.path();
-  o.env = &env;
+  o.dir = dir;
+  o.dir_env.engine = IoEngine::kIoUring;
+  o.dir_env.ring_faults = faults;
   o.capacity_bytes = 64ull << 20;
   o.segment_bytes = 4ull << 20;
   o.group_commit_ms = 3'600'000;
   o.compression = false;
   auto opened = SsdTier::Open(o);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  SsdTier& ssd = **opened;
-  std::vector<Key> keys = {MakeKey(0), MakeKey(1)};
-  for (const Key& k : keys) ASSERT_TRUE(ssd.Put(k, MakeValue(k, 1, 5000), {}, nullptr).ok());
-  ASSERT_TRUE(ssd.Flush().ok());  // on the device: the batch must read them
+  EXPECT_TRUE(opened.ok()) << opened.status().ToString();
+  if (!opened.ok()) return nullptr;
+  for (int i = 0; i < kRingUnits; ++i) {
+    Key k = MakeKey(i);
+    EXPECT_TRUE((*opened)->Put(k, MakeValue(k, 1, 5000), {}, nullptr).ok());
+  }
+  EXPECT_TRUE((*opened)->Flush().ok());
+  return std::move(opened).value();
+}
+
+// Each unit of the batch is either served exact or an I/O error, never a checksum failure
+// that quarantines a good unit; Get (the ring no longer failing) serves every unit. Returns
+// the I/O errors.
+int CheckBatchUnderRingFaults(SsdTier& ssd) {
+  std::vector<Key> keys;
+  for (int i = 0; i < kRingUnits; ++i) keys.push_back(MakeKey(i));
   std::vector<std::vector<uint8_t>> outs;
   std::vector<Status> results;
   ssd.GetBatch(keys, &outs, nullptr, &results);
+  int io_errors = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
-    EXPECT_TRUE(results[i].IsIOError()) << i << " " << results[i].ToString();
+    if (results[i].ok()) {
+      EXPECT_EQ(outs[i], MakeValue(keys[i], 1, 5000)) << i;
+    } else {
+      EXPECT_TRUE(results[i].IsIOError()) << i << " " << results[i].ToString();
+      ++io_errors;
+    }
     EXPECT_TRUE(ssd.Contains(keys[i])) << i << " quarantined";
     std::vector<uint8_t> one;
-    ASSERT_TRUE(ssd.Get(keys[i], &one).ok()) << i;  // Get reads through the device itself
-    EXPECT_EQ(one, MakeValue(keys[i], 1, 5000));
+    EXPECT_TRUE(ssd.Get(keys[i], &one).ok()) << i;
+    EXPECT_EQ(one, MakeValue(keys[i], 1, 5000)) << i;
   }
   EXPECT_EQ(ssd.GetStats().checksum_failures, 0u);
-  EXPECT_EQ(ssd.GetStats().io_errors, keys.size());
+  EXPECT_EQ(ssd.GetStats().io_errors, uint64_t(io_errors));
+  return io_errors;
+}
+
+// A batch whose ring fails its submission is an I/O error for each of its device reads:
+// never a hit over a buffer nothing was read into, never a quarantine.
+TEST(SsdGetBatchTest, ARingErrorIsAnIoErrorForEveryReadAndQuarantinesNothing) {
+  TempDir dir;
+  RingFaults faults;
+  auto ssd = OpenRingFaultTier(dir.path(), &faults);
+  ASSERT_NE(ssd, nullptr);
+  faults.FailNextSubmissions(1);
+  EXPECT_EQ(CheckBatchUnderRingFaults(*ssd), kRingUnits);
+  EXPECT_EQ(faults.injected(), 1u);
+}
+
+// Failed completions are I/O errors for their units only; the others are served.
+TEST(SsdGetBatchTest, FailedCompletionsAreIoErrorsForTheirUnitsOnly) {
+  TempDir dir;
+  RingFaults faults;
+  auto ssd = OpenRingFaultTier(dir.path(), &faults);
+  ASSERT_NE(ssd, nullptr);
+  faults.FailNextCompletions(3, /*after=*/2);
+  EXPECT_EQ(CheckBatchUnderRingFaults(*ssd), 3);
+  EXPECT_EQ(faults.injected(), 3u);
 }
 
 TEST(SsdGetBatchTest, ACorruptedRecordIsQuarantinedAndTheOthersAreServed) {

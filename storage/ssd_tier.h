@@ -164,7 +164,7 @@ class SsdTier {
   // InvalidArgument: larger than a segment.
   Status Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
              std::vector<Key>* evicted);
-  // NotFound, Corruption (quarantined), IOError.
+  // NotFound, Corruption (quarantined; *meta is still the record's, from the index), IOError.
   Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta = nullptr);
   // Get for many keys at once: the device reads of the batch, across all their segments, are
   // submitted together (DeviceEnv::SubmitAcross, up to kMaxBatchIos per submission; the queue

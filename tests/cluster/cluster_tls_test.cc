@@ -15,12 +15,16 @@ class ClusterTlsTest : public ClusterE2eTest {
   std::string ExtraClusterConfig(int i) override {
     if (pki_.ca_file.empty()) {
       EXPECT_TRUE(kt::MakePeerPki(dir_ / "pki", &pki_));
+      // The outsider trusts both CAs: only the cluster's own check of its certificate keeps
+      // it out.
+      std::ofstream both(dir_ / "pki" / "both-cas.pem");
+      both << std::ifstream(pki_.other_ca_file).rdbuf() << std::ifstream(pki_.ca_file).rdbuf();
     }
     bool other = i == kOtherCaNode;
     return "peer_tls = true\npeer_tls_cert_file = \"" +
            (other ? pki_.other_cert_file : pki_.cert_file) + "\"\npeer_tls_key_file = \"" +
            (other ? pki_.other_key_file : pki_.key_file) + "\"\npeer_tls_ca_file = \"" +
-           (other ? pki_.other_ca_file : pki_.ca_file) + "\"\n";
+           (other ? (dir_ / "pki" / "both-cas.pem").string() : pki_.ca_file) + "\"\n";
   }
   double SumOverNodes(const std::string& metric, int nodes) {
     double sum = 0;
@@ -49,8 +53,8 @@ TEST_F(ClusterTlsTest, APeerWithACertificateOfAnotherCaIsRefused) {
   auto c0 = Connect(0, "tok-alice");
   ASSERT_NE(c0, nullptr);
   auto want = PutSession(c0.get(), "other-ca");
-  // n3 has the credential, the secrets and etcd, but its certificate is of another CA (and
-  // it trusts only that CA).
+  // n3 has the credential, the secrets and etcd, but its certificate is of another CA (it
+  // trusts both CAs, so it would accept the cluster's nodes: they must refuse it).
   nodes_.push_back(std::make_unique<kt::KvtierdProcess>(dir_ / "n3"));
   peer_ports_.push_back(kt::FreePort());
   ASSERT_TRUE(StartNode(kOtherCaNode)) << nodes_[kOtherCaNode]->Log();

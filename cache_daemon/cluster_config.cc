@@ -82,6 +82,20 @@ Status ReadClusterTable(const toml::table& table, ClusterServeOptions* o) {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->repair_retry_ms));
     } else if (key == "repair_interval_s") {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->repair_interval_s));
+    } else if (key == "peer_tls" || key == "peer_tls_verify_hostname") {
+      std::optional<bool> b = v.value<bool>();
+      if (!b) return Bad(key, "expected true or false");
+      (key == "peer_tls" ? o->peer_tls : o->peer_tls_verify_hostname) = *b;
+    } else if (key == "peer_tls_cert_file") {
+      KVTIER_RETURN_IF_ERROR(ReadString(v, key, &o->peer_tls_cert_file));
+    } else if (key == "peer_tls_key_file") {
+      KVTIER_RETURN_IF_ERROR(ReadString(v, key, &o->peer_tls_key_file));
+    } else if (key == "peer_tls_ca_file") {
+      KVTIER_RETURN_IF_ERROR(ReadString(v, key, &o->peer_tls_ca_file));
+    } else if (key == "peer_call_threads") {
+      KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_call_threads));
+    } else if (key == "peer_call_queue_max") {
+      KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_call_queue_max));
     } else if (key == "peer_connections_max") {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_connections_max));
     } else {
@@ -154,6 +168,17 @@ Status FinalizeCluster(ClusterServeOptions* o, bool auth_enabled) {
   }
   if (o->peer_connections_max < 1 || o->peer_connections_max > 65536) {
     return Bad("peer_connections_max", "1..65536");
+  }
+  if (o->peer_call_threads < 1 || o->peer_call_threads > 1024) {
+    return Bad("peer_call_threads", "1..1024");
+  }
+  if (o->peer_call_queue_max > 65536) return Bad("peer_call_queue_max", "0..65536");
+  if (o->peer_tls) {
+    for (const auto& [key, path] : {std::pair{"peer_tls_cert_file", &o->peer_tls_cert_file},
+                                    std::pair{"peer_tls_key_file", &o->peer_tls_key_file},
+                                    std::pair{"peer_tls_ca_file", &o->peer_tls_ca_file}}) {
+      if (path->empty()) return Bad(key, "required when cluster.peer_tls is true");
+    }
   }
   return Status::Ok();
 }

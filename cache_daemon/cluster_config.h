@@ -27,11 +27,20 @@ struct ClusterServeOptions {
   uint64_t etcd_timeout_ms = 2000;     // one etcd request
   uint64_t peer_timeout_ms = 2000;     // one peer request, connect included
   uint32_t peer_connections_max = 64;  // inbound peer connections at once
+  uint32_t peer_call_threads = 16;     // outbound peer calls in flight at once, 1..1024
+  uint32_t peer_call_queue_max = 256;  // more waiting for a thread; past it refused, 0..65536
   uint32_t tombstone_ttl_s = 86400;    // deletes are kept for nodes that missed them, 60..2^31
   uint64_t repair_bytes_per_s = 64ull << 20;  // re-replication / move copy budget, 1 KiB/s..
   uint64_t repair_retry_ms = 1000;            // rescan after a repair scan that left work
   uint32_t repair_interval_s = 300;           // full repair scan period, 1..86400
   bool draining = false;  // join owning nothing (routing-only; `kvtier cluster drain --undo`)
+  // Mutual TLS on peer traffic (both the peer front and this node's calls to peers). Every
+  // node presents peer_tls_cert_file (leaf first; for both serverAuth and clientAuth) and
+  // accepts only peers whose certificate chains to peer_tls_ca_file; the cluster credential
+  // is still required inside TLS. Every node of a cluster must agree on peer_tls.
+  bool peer_tls = false;
+  std::string peer_tls_cert_file, peer_tls_key_file, peer_tls_ca_file;  // PEM, all required
+  bool peer_tls_verify_hostname = true;  // the peer's certificate must name its endpoint's host
 
   // Filled by FinalizeCluster.
   std::string peer_host;
@@ -39,7 +48,8 @@ struct ClusterServeOptions {
 };
 
 // Checks ranges and requirements when enabled (etcd_endpoints, node_id, credential_file are
-// required; peer_listen numeric; replicas 1..16; write_acks <= replicas; ...) and fills the
+// required; peer_listen numeric; replicas 1..16; write_acks <= replicas; the three peer_tls
+// files with peer_tls; ...) and fills the
 // derived fields. auth_enabled: with auth off the peer front must be on loopback
 // (PermissionDenied otherwise), like every other front.
 Status FinalizeCluster(ClusterServeOptions* o, bool auth_enabled);

@@ -123,13 +123,27 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
   so.idle_timeout_ms = options.idle_timeout_ms;
   so.frame_timeout_ms = options.frame_timeout_ms;
   so.frame_bytes_max = options.max_frame_bytes;
+  if (c.peer_tls) {
+    so.tls = TlsAcceptOptions{.cert_file = c.peer_tls_cert_file,
+                              .key_file = c.peer_tls_key_file,
+                              .ca_file = c.peer_tls_ca_file,
+                              .handshake_timeout_ms = c.peer_timeout_ms};
+  }
   KVTIER_ASSIGN_OR_RETURN(node->server_, cluster::PeerServer::Start(so, node->handler_.get()));
 
+  std::optional<TlsClientOptions> client_tls;
+  if (c.peer_tls) {
+    client_tls = TlsClientOptions{.ca_file = c.peer_tls_ca_file,
+                                  .verify_hostname = c.peer_tls_verify_hostname,
+                                  .cert_file = c.peer_tls_cert_file,
+                                  .key_file = c.peer_tls_key_file};
+  }
   node->client_ = std::make_unique<cluster::PeerClient>(
       cluster::PeerClientOptions{.node_id = c.node_id,
                                  .credential = credential,
                                  .timeout_ms = c.peer_timeout_ms,
-                                 .frame_bytes_max = options.max_frame_bytes});
+                                 .frame_bytes_max = options.max_frame_bytes,
+                                 .tls = client_tls});
 
   cluster::EtcdOptions eo;
   eo.endpoints = c.etcd_endpoints;
@@ -168,7 +182,9 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
       node->membership_.get(), node->client_.get(),
       cluster::RouterOptions{.replicas = c.replicas,
                              .write_acks = c.write_acks,
-                             .recent_deletes = node->recent_deletes_.get()},
+                             .recent_deletes = node->recent_deletes_.get(),
+                             .peer_call_threads = c.peer_call_threads,
+                             .peer_call_queue_max = c.peer_call_queue_max},
       node->tombstones_.get());
   node->tombstones_->StartPolling();
   service->SetRouter(node->router_.get());
@@ -182,6 +198,11 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
   node->membership_->AddListener(
       [r = node->repair_.get()](const cluster::MemberView&) { r->Trigger(); });
   node->repair_->Start();
+  node->refetch_ = std::make_unique<ClusterRefetch>(service->store(), tenants, node->router_.get(),
+                                                    node->recent_deletes_.get(), RefetchOptions{});
+  node->refetch_->Start();
+  service->store()->SetChecksumFailureListener(
+      [r = node->refetch_.get()](const storage::UnitInfo& u) { r->Report(u); });
   KVTIER_LOG(kInfo) << "cluster: node " << c.node_id << " peer front " << c.peer_host << ":"
                     << node->server_->port() << " etcd " << c.etcd_endpoints.front() << " replicas "
                     << c.replicas;
@@ -193,6 +214,10 @@ ClusterNode::~ClusterNode() { Stop(); }
 void ClusterNode::Stop() {
   if (stopped_) return;
   stopped_ = true;
+  if (refetch_) {
+    service_->store()->SetChecksumFailureListener(nullptr);
+    refetch_->Stop();
+  }
   if (repair_) repair_->Stop();
   if (tombstones_) tombstones_->Stop();
   if (membership_) membership_->Stop(/*revoke=*/true);
@@ -244,6 +269,12 @@ std::string ClusterNode::RenderPrometheus() const {
   counter("kvtier_cluster_puts_short_of_acks_total",
           "PUTs answered with an error for lack of owner acknowledgements.", rs.puts_short_of_acks);
   counter("kvtier_cluster_peer_errors_total", "Failed calls to peers.", rs.peer_errors);
+  counter("kvtier_cluster_peer_calls_refused_total",
+          "Calls to peers not made: every call thread busy and cluster.peer_call_queue_max "
+          "waiting.",
+          rs.peer_calls_refused);
+  gauge("kvtier_cluster_peer_calls_queued", "Calls to peers waiting for a call thread now.",
+        rs.peer_calls_queued);
   cluster::TombstoneStats ts = tombstones_->stats();
   counter("kvtier_cluster_tombstones_recorded_total", "Deleted keys recorded as tombstones.",
           ts.recorded);
@@ -255,6 +286,14 @@ std::string ClusterNode::RenderPrometheus() const {
   counter("kvtier_cluster_repair_refused_deleted_total",
           "Repair copies refused because this node deleted the unit (or its tenant) moments ago.",
           recent_deletes_->refused());
+  RefetchStats rf = refetch_->stats();
+  counter("kvtier_cluster_checksum_refetches_total",
+          "Units quarantined here for a checksum failure and rewritten from another owner.",
+          rf.refetched);
+  counter("kvtier_cluster_checksum_refetch_failures_total",
+          "Quarantined units no other owner could supply, or whose rewrite failed.", rf.failed);
+  counter("kvtier_cluster_checksum_refetch_dropped_total",
+          "Quarantined units not refetched: more than 1024 waiting.", rf.dropped);
   RepairStats rp = repair_->stats();
   gauge("kvtier_cluster_under_replicated_units",
         "Units this node must copy (it is their designated sender) that an owner still lacks, "
@@ -280,6 +319,10 @@ std::string ClusterNode::RenderPrometheus() const {
           "Repair LOOKUPs of a page that an owner did not answer.", rp.lookup_failures_total);
   counter("kvtier_cluster_peer_auth_failures_total",
           "Peer connections refused for a bad or missing cluster credential.", ps.auth_failures);
+  counter("kvtier_cluster_peer_tls_failures_total",
+          "Peer connections refused in the TLS handshake (no certificate, one of another CA, "
+          "or plaintext), with cluster.peer_tls.",
+          ps.tls_failures);
   return os.str();
 }
 

@@ -4,9 +4,11 @@
 //
 // Start order: peer front (so peers can reach us once we are listed), then membership, then
 // the router is handed to the Service, then the repair scan (cluster_repair.h) starts; it
-// runs again on every membership change. Stop: end the repair scan, leave etcd (lease
-// revoked), then close the peer front. etcd unreachable at start is not an error: the node serves
-// what it holds and keeps trying (etcd_reachable() false, shown on /readyz and /metrics).
+// runs again on every membership change; then the checksum-failure refetch
+// (cluster_refetch.h) is attached to the store. Stop: detach and end the refetch, end the
+// repair scan, leave etcd (lease revoked), then close the peer front. etcd unreachable at start is
+// not an error: the node serves what it holds and keeps trying (etcd_reachable() false, shown on
+// /readyz and /metrics).
 //
 // Thread safety: Start/Stop from one thread; the rest from any.
 #pragma once
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cache_daemon/cluster_refetch.h"
 #include "cache_daemon/cluster_repair.h"
 #include "cache_daemon/config.h"
 #include "cache_daemon/service.h"
@@ -62,6 +65,9 @@ class ClusterNode {
   std::unique_ptr<cluster::Membership> membership_;
   std::unique_ptr<cluster::Router> router_;
   std::unique_ptr<ClusterRepair> repair_;  // started after the router, stopped first
+  // Rewrites units quarantined here for a checksum failure from another owner; fed by the
+  // store's listener, which Stop removes first.
+  std::unique_ptr<ClusterRefetch> refetch_;
   Service* service_ = nullptr;
   bool stopped_ = false;
 };

@@ -197,7 +197,7 @@ bool ClusterRepair::Scan() {
           return true;
         }
         Status read = tenant == nullptr ? Status::NotFound("tenant no longer configured")
-                                        : store_->Get(u.key, &value);
+                                        : store_->Peek(u.key, &value);
         if (!read.ok()) {  // gone meanwhile (deleted, evicted) or its tenant is: nothing to do
           under_.fetch_sub(1);
           if (!mine && moves_.load() > 0) moves_.fetch_sub(1);

@@ -16,7 +16,7 @@
 //      holder sends (the copies are idempotent). A held unit this node does not own is
 //      dropped from the local store once every current owner holds it (confirmed by LOOKUP
 //      or by an acknowledged copy); never earlier, so a read finds it here meanwhile.
-// A unit is read for its copy with TierManager::Get (a hit: it may be promoted to DRAM).
+// A unit is read for its copy with TierManager::Peek: no hit counted, an SSD unit stays on SSD.
 // Only native units are repaired (ObjectKind kGlobalKv and kSwa): RESP blobs are per node.
 // Memory: one page of keys and one value at a time. Nothing runs while this node is not in
 // its own view (etcd unreachable or not yet registered): the view cannot be trusted then.

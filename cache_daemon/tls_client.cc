@@ -103,24 +103,13 @@ class TlsTunnel::Impl {
     }
   }
 
-  Status Handshake(const TlsClientOptions& o) {
-    ctx_ = SSL_CTX_new(TLS_client_method());
-    if (ctx_ == nullptr) return Status::Internal("TLS: SSL_CTX_new: " + SslError());
-    SSL_CTX_set_min_proto_version(ctx_, TLS1_2_VERSION);
-    SSL_CTX_set_verify(ctx_, SSL_VERIFY_PEER, nullptr);
-    if (!o.ca_file.empty()) {
-      if (SSL_CTX_load_verify_locations(ctx_, o.ca_file.c_str(), nullptr) != 1) {
-        return Status::InvalidArgument("TLS: cannot load CA file " + o.ca_file + ": " + SslError());
-      }
-    } else if (SSL_CTX_set_default_verify_paths(ctx_) != 1) {
-      return Status::Internal("TLS: cannot load the default trust store: " + SslError());
-    }
+  // Client side: the context, the name to verify, then the handshake and the relay.
+  Status Connect(const TlsClientOptions& o) {
+    KVTIER_RETURN_IF_ERROR(NewContext(/*server=*/false, o.cert_file, o.key_file, o.ca_file));
     ssl_ = SSL_new(ctx_);
     if (ssl_ == nullptr || SSL_set_fd(ssl_, tcp_fd_) != 1) {
       return Status::Internal("TLS: SSL_new: " + SslError());
     }
-    SSL_set_mode(ssl_, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-    SSL_set_read_ahead(ssl_, 1);  // fewer, larger recv calls
     const std::string& name = o.server_name;
     in6_addr ip{};
     bool is_ip =
@@ -132,13 +121,72 @@ class TlsTunnel::Impl {
                      : SSL_set1_host(ssl_, name.c_str());
       if (ok != 1) return Status::InvalidArgument("TLS: bad server name '" + name + "'");
     }
+    KVTIER_RETURN_IF_ERROR(Handshake(/*server=*/false, o.handshake_timeout_ms));
+    return StartRelay();
+  }
+
+  // Server side: a client certificate is required and must chain to ca_file.
+  Status Accept(const TlsAcceptOptions& o) {
+    if (o.ca_file.empty()) return Status::InvalidArgument("TLS: a CA file is required");
+    KVTIER_RETURN_IF_ERROR(NewContext(/*server=*/true, o.cert_file, o.key_file, o.ca_file));
+    ssl_ = SSL_new(ctx_);
+    if (ssl_ == nullptr || SSL_set_fd(ssl_, tcp_fd_) != 1) {
+      return Status::Internal("TLS: SSL_new: " + SslError());
+    }
+    KVTIER_RETURN_IF_ERROR(Handshake(/*server=*/true, o.handshake_timeout_ms));
+    return StartRelay();
+  }
+
+  // ctx_: TLS 1.2 at least; the peer's certificate is verified against ca_file ("" -> the
+  // default store; a server requires one); with cert_file, ours is presented.
+  Status NewContext(bool server, const std::string& cert_file, const std::string& key_file,
+                    const std::string& ca_file) {
+    ctx_ = SSL_CTX_new(server ? TLS_server_method() : TLS_client_method());
+    if (ctx_ == nullptr) return Status::Internal("TLS: SSL_CTX_new: " + SslError());
+    SSL_CTX_set_min_proto_version(ctx_, TLS1_2_VERSION);
+    SSL_CTX_set_verify(ctx_,
+                       server ? SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT : SSL_VERIFY_PEER,
+                       nullptr);
+    // An encrypted key would make OpenSSL prompt on the terminal: answer with no passphrase.
+    SSL_CTX_set_default_passwd_cb(ctx_, [](char*, int, int, void*) { return 0; });
+    if (!ca_file.empty()) {
+      if (SSL_CTX_load_verify_locations(ctx_, ca_file.c_str(), nullptr) != 1) {
+        return Status::InvalidArgument("TLS: cannot load CA file " + ca_file + ": " + SslError());
+      }
+    } else if (SSL_CTX_set_default_verify_paths(ctx_) != 1) {
+      return Status::Internal("TLS: cannot load the default trust store: " + SslError());
+    }
+    if (cert_file.empty() != key_file.empty()) {
+      return Status::InvalidArgument("TLS: a certificate needs its key and a key its certificate");
+    }
+    if (!cert_file.empty()) {
+      if (SSL_CTX_use_certificate_chain_file(ctx_, cert_file.c_str()) != 1) {
+        return Status::InvalidArgument("TLS: " + cert_file +
+                                       ": not a PEM certificate chain: " + SslError());
+      }
+      if (SSL_CTX_use_PrivateKey_file(ctx_, key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+        return Status::InvalidArgument("TLS: " + key_file +
+                                       ": not an unencrypted PEM private key: " + SslError());
+      }
+      if (SSL_CTX_check_private_key(ctx_) != 1) {
+        return Status::InvalidArgument("TLS: " + key_file + " does not match the certificate in " +
+                                       cert_file);
+      }
+    } else if (server) {
+      return Status::InvalidArgument("TLS: a server needs a certificate and key");
+    }
+    return Status::Ok();
+  }
+
+  Status Handshake(bool server, uint64_t timeout_ms) {
+    SSL_set_mode(ssl_, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    SSL_set_read_ahead(ssl_, 1);  // fewer, larger recv calls
     if (!SetNonBlocking(tcp_fd_, true)) return Status::IOError("TLS: fcntl O_NONBLOCK");
     SigpipeGuard guard;
-    auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(o.handshake_timeout_ms);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
       ERR_clear_error();
-      int r = SSL_connect(ssl_);
+      int r = server ? SSL_accept(ssl_) : SSL_connect(ssl_);
       if (r == 1) break;
       int err = SSL_get_error(ssl_, r);
       short events = err == SSL_ERROR_WANT_READ    ? POLLIN
@@ -147,11 +195,20 @@ class TlsTunnel::Impl {
       if (events == 0) {
         long verify = SSL_get_verify_result(ssl_);
         if (verify != X509_V_OK) {
-          return Status::PermissionDenied(std::string("TLS: the daemon's certificate did not "
-                                                      "verify: ") +
-                                          X509_verify_cert_error_string(verify));
+          return Status::PermissionDenied(
+              std::string(server ? "TLS: the client's certificate did not verify: "
+                                 : "TLS: the daemon's certificate did not verify: ") +
+              X509_verify_cert_error_string(verify));
         }
-        return Status::IOError("TLS handshake failed (does the port speak TLS?): " + SslError());
+        if (server && ERR_GET_REASON(ERR_peek_error()) == SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE) {
+          ERR_clear_error();
+          return Status::PermissionDenied("TLS: the client sent no certificate");
+        }
+        return Status::IOError(std::string(server ? "TLS handshake failed (does the client "
+                                                    "speak TLS?): "
+                                                  : "TLS handshake failed (does the port speak "
+                                                    "TLS?): ") +
+                               SslError());
       }
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
@@ -160,6 +217,10 @@ class TlsTunnel::Impl {
       int pr = ::poll(&p, 1, static_cast<int>(left.count()));
       if (pr < 0 && errno != EINTR) return Status::IOError("TLS: poll: " + SslError());
     }
+    return Status::Ok();
+  }
+
+  Status StartRelay() {
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
       return Status::IOError(std::string("TLS: socketpair: ") + std::strerror(errno));
@@ -278,8 +339,26 @@ int TlsTunnel::TakeClientFd() {
 StatusOr<std::unique_ptr<TlsTunnel>> TlsTunnel::Open(int tcp_fd, const TlsClientOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->tcp_fd_ = tcp_fd;  // closed by ~Impl on every path
-  KVTIER_RETURN_IF_ERROR(impl->Handshake(options));
+  KVTIER_RETURN_IF_ERROR(impl->Connect(options));
   return std::unique_ptr<TlsTunnel>(new TlsTunnel(std::move(impl)));
+}
+
+StatusOr<std::unique_ptr<TlsTunnel>> TlsTunnel::Accept(int tcp_fd,
+                                                       const TlsAcceptOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->tcp_fd_ = tcp_fd;  // closed by ~Impl on every path
+  KVTIER_RETURN_IF_ERROR(impl->Accept(options));
+  return std::unique_ptr<TlsTunnel>(new TlsTunnel(std::move(impl)));
+}
+
+Status CheckTlsFiles(const TlsAcceptOptions& options, const std::string& what) {
+  if (options.cert_file.empty() || options.key_file.empty() || options.ca_file.empty()) {
+    return Status::InvalidArgument(what + ": a certificate, its key and a CA file are required");
+  }
+  TlsTunnel::Impl probe;  // a context only: no connection
+  Status s =
+      probe.NewContext(/*server=*/true, options.cert_file, options.key_file, options.ca_file);
+  return s.ok() ? s : Status::InvalidArgument(what + ": " + s.message());
 }
 
 }  // namespace kvtier::daemon

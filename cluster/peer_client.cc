@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -34,8 +35,9 @@ int LeftMs(uint64_t deadline_ms) {
 }  // namespace
 
 struct PeerClient::Conn {
-  int fd = -1;
+  int fd = -1;  // the TCP connection, or with TLS the plaintext end of the tunnel
   uint64_t next_id = 1;
+  std::unique_ptr<daemon::TlsTunnel> tunnel;  // destroyed after fd is closed
   ~Conn() {
     if (fd >= 0) ::close(fd);
   }
@@ -134,6 +136,21 @@ StatusOr<std::unique_ptr<PeerClient::Conn>> PeerClient::Connect(const std::strin
   }
   int one = 1;
   ::setsockopt(conn->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (options_.tls.has_value()) {
+    daemon::TlsClientOptions to = *options_.tls;
+    to.server_name = ep->host;
+    to.handshake_timeout_ms = static_cast<uint64_t>(std::max(LeftMs(deadline_ms), 1));
+    auto tunnel = daemon::TlsTunnel::Open(conn->fd, to);
+    conn->fd = -1;  // the tunnel owns (and on failure has closed) the TCP connection
+    if (!tunnel.ok()) {
+      const Status& s = tunnel.status();
+      return s.IsPermissionDenied() || s.IsInvalidArgument()
+                 ? Status(s.code(), "peer " + endpoint + ": " + s.message())
+                 : Status::Unavailable("peer " + endpoint + ": " + s.message());
+    }
+    conn->tunnel = std::move(*tunnel);
+    conn->fd = conn->tunnel->TakeClientFd();
+  }
 
   PeerNonce client_nonce{};
   RAND_bytes(client_nonce.data(), static_cast<int>(client_nonce.size()));

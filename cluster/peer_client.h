@@ -7,6 +7,13 @@
 // PermissionDenied (the peer refused our credential, or failed to prove it holds it),
 // Corruption (malformed response), or the peer's own status.
 //
+// With tls set ([cluster] peer_tls), each new connection completes a TLS handshake
+// (daemon::TlsTunnel::Open) before the credential handshake: the peer's certificate must
+// chain to tls->ca_file and, with tls->verify_hostname, name the endpoint's host; ours
+// (tls->cert_file) is presented. A handshake failure is PermissionDenied (the peer's
+// certificate did not verify) or Unavailable; a peer that refuses our certificate closes
+// the connection, which fails the call as Unavailable.
+//
 // Thread safety: every method may be called concurrently.
 #pragma once
 
@@ -14,10 +21,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "cache_daemon/tls_client.h"
 #include "cluster/peer_wire.h"
 #include "common/status.h"
 
@@ -29,6 +38,8 @@ struct PeerClientOptions {
   uint64_t timeout_ms = 2000;
   uint32_t idle_connections_per_peer_max = 8;
   uint64_t frame_bytes_max = (64ull << 20) + (1ull << 20);  // one response
+  // nullopt: plain TCP. server_name is ignored (each endpoint's host is verified).
+  std::optional<daemon::TlsClientOptions> tls;
 };
 
 class PeerClient {

@@ -55,6 +55,9 @@ StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(PeerServerOptions option
   if (options.credential.size() < kCredentialBytesMin) {
     return Status::InvalidArgument("cluster credential shorter than 32 bytes");
   }
+  if (options.tls.has_value()) {
+    KVTIER_RETURN_IF_ERROR(daemon::CheckTlsFiles(*options.tls, "cluster.peer_tls"));
+  }
   std::unique_ptr<PeerServer> s(new PeerServer(std::move(options), handler));
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -107,8 +110,8 @@ void PeerServer::Stop() {
 }
 
 PeerServerStats PeerServer::stats() const {
-  return {connections_.load(), refused_.load(), auth_failures_.load(), requests_.load(),
-          bad_frames_.load()};
+  return {connections_.load(), refused_.load(),    auth_failures_.load(),
+          requests_.load(),    bad_frames_.load(), tls_failures_.load()};
 }
 
 void PeerServer::ReapFinished() {
@@ -148,13 +151,29 @@ void PeerServer::AcceptLoop() {
     std::lock_guard lock(mu_);
     uint64_t id = next_worker_++;
     workers_[id] = std::thread([this, fd, id] {
-      Serve(fd);
-      ::close(fd);
+      ServeConnection(fd);
       active_.fetch_sub(1);
       std::lock_guard l(mu_);
       finished_.push_back(id);
     });
   }
+}
+
+void PeerServer::ServeConnection(int fd) {
+  if (!options_.tls.has_value()) {
+    Serve(fd);
+    ::close(fd);
+    return;
+  }
+  auto tunnel = daemon::TlsTunnel::Accept(fd, *options_.tls);  // owns fd from here
+  if (!tunnel.ok()) {
+    tls_failures_.fetch_add(1);
+    KVTIER_LOG(kDebug) << "peer front: " << tunnel.status().message();
+    return;
+  }
+  int plain = (*tunnel)->TakeClientFd();
+  Serve(plain);
+  ::close(plain);  // ends the relay; the tunnel closes the TCP connection
 }
 
 void PeerServer::Serve(int fd) {

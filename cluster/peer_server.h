@@ -8,6 +8,12 @@
 // closed. Frames are limited to kPeerPreauthFrameBytesMax before AUTH and frame_bytes_max
 // after.
 //
+// With tls set (mutual TLS, [cluster] peer_tls), each connection's thread first completes a
+// TLS handshake (daemon::TlsTunnel::Accept, bounded by tls->handshake_timeout_ms) that
+// requires a client certificate chaining to tls->ca_file; a connection that fails it is
+// closed and counted (tls_failures) before any frame is read. The cluster credential is
+// still required inside the TLS stream.
+//
 // Thread safety: Start/Stop from one thread; stats() from any. Handler methods are called
 // concurrently from connection threads.
 #pragma once
@@ -17,11 +23,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "cache_daemon/tls_client.h"
 #include "cluster/peer_wire.h"
 #include "common/status.h"
 
@@ -47,16 +55,19 @@ struct PeerServerOptions {
   uint64_t idle_timeout_ms = 300000;
   uint64_t frame_timeout_ms = 10000;
   uint64_t frame_bytes_max = (64ull << 20) + (1ull << 20);
+  std::optional<daemon::TlsAcceptOptions> tls;  // nullopt: plain TCP
 };
 
 struct PeerServerStats {
   uint64_t connections = 0, refused_over_max = 0, auth_failures = 0, requests = 0, bad_frames = 0;
+  uint64_t tls_failures = 0;  // TLS handshakes that failed (no / bad certificate, plaintext)
 };
 
 class PeerServer {
  public:
   // Binds and starts accepting. IOError naming the address when it cannot bind;
-  // InvalidArgument for a credential shorter than kCredentialBytesMin.
+  // InvalidArgument for a credential shorter than kCredentialBytesMin, or TLS files that
+  // cannot be used (daemon::CheckTlsFiles).
   static StatusOr<std::unique_ptr<PeerServer>> Start(PeerServerOptions options,
                                                      PeerHandler* handler);
   ~PeerServer();
@@ -68,6 +79,8 @@ class PeerServer {
  private:
   PeerServer(PeerServerOptions options, PeerHandler* handler);
   void AcceptLoop();
+  // The connection's thread: the TLS handshake when configured, then Serve; closes fd.
+  void ServeConnection(int fd);
   void Serve(int fd);
   // Executes one authenticated request; fills the response body (status first).
   void Execute(const daemon::wire::Frame& frame, daemon::wire::Writer* w);
@@ -79,7 +92,7 @@ class PeerServer {
   std::atomic<bool> stop_{false};
   std::atomic<uint32_t> active_{0};
   std::atomic<uint64_t> connections_{0}, refused_{0}, auth_failures_{0}, requests_{0},
-      bad_frames_{0};
+      bad_frames_{0}, tls_failures_{0};
   std::thread acceptor_;
   std::mutex mu_;
   uint64_t next_worker_ = 0;

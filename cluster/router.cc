@@ -1,6 +1,7 @@
 #include "cluster/router.h"
 
 #include <algorithm>
+#include <functional>
 #include <future>
 #include <map>
 
@@ -13,25 +14,51 @@ std::string_view KeyView(const PeerKey& k) {
   return std::string_view(reinterpret_cast<const char*>(k.data()), k.size());
 }
 
-// Calls call(endpoint, that endpoint's keys) for every entry of by_peer at once (one thread
-// per peer; by_peer holds at most one entry per live member) and returns, per entry, its key
-// indices with the call's result, in by_peer's order. The indices point into by_peer.
+// Runs every call at once and returns their results in order: all but the last on the pool,
+// the last on the calling thread (a single call costs no thread switch). A call the pool
+// refuses (its queue is full) is not made: its result is Unavailable (the pool counts it).
+template <typename Result>
+std::vector<Result> CallAll(PeerCallPool* pool, std::vector<std::function<Result()>> calls) {
+  std::vector<Result> results;
+  if (calls.empty()) return results;
+  const size_t n = calls.size();
+  std::vector<std::future<Result>> futures;
+  std::vector<bool> accepted(n - 1, false);
+  for (size_t i = 0; i + 1 < n; ++i) {
+    auto task = std::make_shared<std::packaged_task<Result()>>(std::move(calls[i]));
+    futures.push_back(task->get_future());
+    accepted[i] = pool->TrySubmit([task] { (*task)(); });
+  }
+  Result last = calls[n - 1]();
+  results.reserve(n);
+  for (size_t i = 0; i + 1 < n; ++i) {
+    results.push_back(accepted[i] ? futures[i].get()
+                                  : Result(Status::Unavailable(
+                                        "peer call refused: cluster.peer_call_queue_max reached")));
+  }
+  results.push_back(std::move(last));
+  return results;
+}
+
+// Calls call(endpoint, that endpoint's keys) for every entry of by_peer at once (CallAll)
+// and returns, per entry, its key indices with the call's result, in by_peer's order. The
+// indices point into by_peer.
 template <typename Call>
-auto FanOut(const std::map<std::string, std::vector<size_t>>& by_peer,
+auto FanOut(PeerCallPool* pool, const std::map<std::string, std::vector<size_t>>& by_peer,
             std::span<const PeerKey> keys, Call call) {
   using Result = decltype(call(std::string(), std::vector<PeerKey>()));
-  std::vector<std::pair<const std::vector<size_t>*, std::future<Result>>> calls;
+  std::vector<std::function<Result()>> calls;
   for (const auto& [ep, idx] : by_peer) {
     std::vector<PeerKey> ks;
     ks.reserve(idx.size());
     for (size_t i : idx) ks.push_back(keys[i]);
-    calls.emplace_back(&idx, std::async(std::launch::async, [&call, ep = ep, ks = std::move(ks)] {
-      return call(ep, ks);
-    }));
+    calls.emplace_back([&call, ep = ep, ks = std::move(ks)] { return call(ep, ks); });
   }
+  std::vector<Result> done = CallAll(pool, std::move(calls));
   std::vector<std::pair<const std::vector<size_t>*, Result>> results;
-  results.reserve(calls.size());
-  for (auto& [idx, fut] : calls) results.emplace_back(idx, fut.get());
+  results.reserve(done.size());
+  size_t c = 0;
+  for (const auto& [ep, idx] : by_peer) results.emplace_back(&idx, std::move(done[c++]));
   return results;
 }
 
@@ -39,7 +66,12 @@ auto FanOut(const std::map<std::string, std::vector<size_t>>& by_peer,
 
 Router::Router(Membership* membership, PeerClient* peers, RouterOptions options,
                TombstoneLog* tombstones)
-    : membership_(membership), peers_(peers), options_(options), tombstones_(tombstones) {
+    : membership_(membership),
+      peers_(peers),
+      options_(options),
+      tombstones_(tombstones),
+      pool_(std::make_unique<PeerCallPool>(PeerCallPoolOptions{
+          .threads = options.peer_call_threads, .queue_max = options.peer_call_queue_max})) {
   latest_ = membership_->View();
   membership_->AddListener([this](const MemberView& v) { OnViewChange(v); });
 }
@@ -105,10 +137,10 @@ void Router::LookupRemote(std::span<const PeerKey> keys, std::vector<uint8_t>* t
   }
   if (by_peer.empty()) return;
   remote_lookups_.fetch_add(1);
-  auto results =
-      FanOut(by_peer, keys, [this](const std::string& ep, const std::vector<PeerKey>& ks) {
-        return peers_->Lookup(ep, ks);
-      });
+  auto results = FanOut(pool_.get(), by_peer, keys,
+                        [this](const std::string& ep, const std::vector<PeerKey>& ks) {
+                          return peers_->Lookup(ep, ks);
+                        });
   for (auto& [idx, r] : results) {
     if (!r.ok()) {
       peer_errors_.fetch_add(1);
@@ -142,10 +174,10 @@ void Router::GetRemote(std::span<const PeerKey> keys, const std::vector<bool>& w
       if (next[i] < candidates[i].size()) by_peer[candidates[i][next[i]++]].push_back(i);
     }
     if (by_peer.empty()) return;
-    auto results =
-        FanOut(by_peer, keys, [this](const std::string& ep, const std::vector<PeerKey>& ks) {
-          return peers_->Get(ep, ks);
-        });
+    auto results = FanOut(pool_.get(), by_peer, keys,
+                          [this](const std::string& ep, const std::vector<PeerKey>& ks) {
+                            return peers_->Get(ep, ks);
+                          });
     for (auto& [idx, r] : results) {
       if (!r.ok()) {
         peer_errors_.fetch_add(1);
@@ -169,14 +201,14 @@ void Router::GetRemote(std::span<const PeerKey> keys, const std::vector<bool>& w
 Status Router::Put(const PeerPut& put, const std::optional<Status>& local) {
   auto view = View();
   std::vector<size_t> owners = Owners(put.key, *view);
-  std::vector<std::future<Status>> calls;
+  std::vector<std::function<Status()>> calls;
   for (size_t i : owners) {
     const MemberInfo& m = view->members[i];
     if (m.node_id == self_id()) continue;
     forwarded_puts_.fetch_add(1);
-    calls.push_back(std::async(
-        std::launch::async, [this, ep = m.peer_endpoint, &put] { return peers_->Put(ep, put); }));
+    calls.emplace_back([this, ep = m.peer_endpoint, &put] { return peers_->Put(ep, put); });
   }
+  const size_t remote_owners = calls.size();
   uint32_t acks = 0;
   Status first_error;
   if (local.has_value()) {
@@ -186,8 +218,7 @@ Status Router::Put(const PeerPut& put, const std::optional<Status>& local) {
       first_error = *local;
     }
   }
-  for (auto& f : calls) {
-    Status s = f.get();
+  for (const Status& s : CallAll(pool_.get(), std::move(calls))) {
     if (s.ok()) {
       ++acks;
     } else {
@@ -195,7 +226,7 @@ Status Router::Put(const PeerPut& put, const std::optional<Status>& local) {
       if (first_error.ok()) first_error = s;
     }
   }
-  uint32_t live_owners = static_cast<uint32_t>(calls.size()) + (local.has_value() ? 1 : 0);
+  uint32_t live_owners = static_cast<uint32_t>(remote_owners) + (local.has_value() ? 1 : 0);
   uint32_t need =
       options_.write_acks == 0 ? live_owners : std::min(options_.write_acks, live_owners);
   need = std::max<uint32_t>(need, 1);
@@ -214,15 +245,15 @@ void Router::NoteLocalTenantDelete(std::string_view tenant) {
 
 void Router::DeleteRemote(std::span<const PeerKey> keys, std::vector<bool>* existed) {
   auto members = OtherMembers();
-  std::vector<std::future<StatusOr<std::vector<uint8_t>>>> calls;
+  std::vector<std::function<StatusOr<std::vector<uint8_t>>()>> calls;
   std::vector<PeerKey> ks(keys.begin(), keys.end());
   for (const auto& m : members) {
-    calls.push_back(std::async(std::launch::async,
-                               [this, ep = m.second, &ks] { return peers_->Delete(ep, ks); }));
+    calls.emplace_back([this, ep = m.second, &ks] { return peers_->Delete(ep, ks); });
   }
   std::vector<std::string> applied_by = {self_id()};
-  for (size_t c = 0; c < calls.size(); ++c) {
-    auto r = calls[c].get();
+  auto results = CallAll(pool_.get(), std::move(calls));
+  for (size_t c = 0; c < results.size(); ++c) {
+    auto& r = results[c];
     if (!r.ok()) {
       peer_errors_.fetch_add(1);
       continue;
@@ -240,17 +271,16 @@ void Router::DeleteRemote(std::span<const PeerKey> keys, std::vector<bool>* exis
 
 Status Router::DeleteTenantRemote(std::string_view tenant) {
   auto members = OtherMembers();
-  std::vector<std::future<Status>> calls;
+  std::vector<std::function<Status()>> calls;
   std::string name(tenant);
   for (const auto& m : members) {
-    calls.push_back(std::async(std::launch::async, [this, ep = m.second, &name] {
-      return peers_->DeleteTenant(ep, name);
-    }));
+    calls.emplace_back([this, ep = m.second, &name] { return peers_->DeleteTenant(ep, name); });
   }
   Status first;
   std::vector<std::string> applied_by = {self_id()};
-  for (size_t c = 0; c < calls.size(); ++c) {
-    Status s = calls[c].get();
+  auto results = CallAll(pool_.get(), std::move(calls));
+  for (size_t c = 0; c < results.size(); ++c) {
+    const Status& s = results[c];
     if (s.ok()) {
       applied_by.push_back(members[c].first);
     } else {
@@ -274,6 +304,8 @@ RouterStats Router::stats() const {
   s.forwarded_put_failures = forwarded_put_failures_.load();
   s.puts_short_of_acks = puts_short_.load();
   s.peer_errors = peer_errors_.load();
+  s.peer_calls_refused = pool_->refused();
+  s.peer_calls_queued = pool_->queued();
   return s;
 }
 

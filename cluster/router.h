@@ -10,6 +10,12 @@
 //           when write_acks of them acknowledged (0: all live owners), at least one.
 //   DELETE  sent to every live member (a unit may sit on a previous owner); a tenant delete
 //           likewise.
+// Peer calls run at once, all peers in parallel, on a fixed pool of peer_call_threads with
+// room for peer_call_queue_max more waiting (cluster/peer_call_pool.h); one call of each
+// fan-out runs on the caller's thread. A call the pool has no room for is not made: it
+// fails as Unavailable, like a peer that cannot be reached (a GET tries the key's next owner,
+// a PUT misses that acknowledgement, a DELETE is left to the tombstone), and is counted
+// (peer_calls_refused).
 // Owners come from placement (cluster/placement.h) over the current membership view; with
 // no view yet (etcd never reached) a node acts alone.
 //
@@ -25,6 +31,7 @@
 #include <vector>
 
 #include "cluster/membership.h"
+#include "cluster/peer_call_pool.h"
 #include "cluster/peer_client.h"
 #include "cluster/peer_wire.h"
 #include "cluster/recent_deletes.h"
@@ -37,6 +44,8 @@ struct RouterOptions {
   uint32_t write_acks = 0;  // acknowledgements a PUT waits for; 0: all live owners
   // Where this node notes the deletes it applies (may be null: nothing noted).
   RecentDeletes* recent_deletes = nullptr;
+  uint32_t peer_call_threads = 16;     // peer calls in flight at once (1..1024)
+  uint32_t peer_call_queue_max = 256;  // more waiting for a thread; past it refused
 };
 
 struct RouterStats {
@@ -44,6 +53,8 @@ struct RouterStats {
   uint64_t remote_gets = 0, remote_get_hits = 0, remote_get_bytes = 0;
   uint64_t forwarded_puts = 0, forwarded_put_failures = 0, puts_short_of_acks = 0;
   uint64_t peer_errors = 0;
+  uint64_t peer_calls_refused = 0;  // over peer_call_threads + peer_call_queue_max
+  uint64_t peer_calls_queued = 0;   // waiting for a thread now
 };
 
 class Router {
@@ -97,6 +108,7 @@ class Router {
   std::atomic<uint64_t> remote_lookups_{0}, remote_lookup_hits_{0}, remote_gets_{0},
       remote_get_hits_{0}, remote_get_bytes_{0}, forwarded_puts_{0}, forwarded_put_failures_{0},
       puts_short_{0}, peer_errors_{0};
+  std::unique_ptr<PeerCallPool> pool_;  // last member: its threads stop first
 };
 
 }  // namespace kvtier::cluster

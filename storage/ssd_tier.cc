@@ -243,8 +243,9 @@ Status SsdTier::Impl::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* me
   AlignedBuffer owned;
   std::span<const uint8_t> rec = buffered;
   if (seg != nullptr) st = ReadRecordView(*seg, e.offset, e.record_bytes, &owned, &rec);
-  KVTIER_RETURN_IF_ERROR(FinishRead(key, e, st, rec, out));
-  if (meta != nullptr) *meta = MetaOf(e);
+  Status done = FinishRead(key, e, st, rec, out);
+  if (meta != nullptr && (done.ok() || done.IsCorruption())) *meta = MetaOf(e);
+  KVTIER_RETURN_IF_ERROR(done);
   std::lock_guard lock(mu_);
   ++stats_.hits;
   stats_.bytes_read += e.record_bytes;
@@ -290,8 +291,10 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, std::vector<std::vector<
   // for a ring): failures are settled (counted, quarantined) after the submission.
   auto finish = [&](size_t i, const Status& read_st, std::span<const uint8_t> rec) {
     (*results)[i] = VerifyRead(keys[i], entries[i], read_st, rec, &(*outs)[i]);
+    if (metas != nullptr && ((*results)[i].ok() || (*results)[i].IsCorruption())) {
+      (*metas)[i] = MetaOf(entries[i]);  // a corrupt record's meta: what a refetch needs
+    }
     if (!(*results)[i].ok()) return;
-    if (metas != nullptr) (*metas)[i] = MetaOf(entries[i]);
     ++hits;
     bytes += entries[i].record_bytes;
   };

@@ -171,8 +171,8 @@ class SsdTier {
   // null or id 0: the clock's, and no OnRequest).
   Status Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
              std::vector<Key>* evicted, const RequestTag* request = nullptr);
-  // NotFound, Corruption (quarantined), IOError. A hit is the policy's OnAccess at the time of
-  // `request` (as for Put).
+  // NotFound, Corruption (quarantined; *meta is still the record's, from the index), IOError.
+  // A hit is the policy's OnAccess at the time of `request` (as for Put).
   Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta = nullptr,
              const RequestTag* request = nullptr);
   // Get for many keys at once: the device reads of the batch, across all their segments, are

@@ -132,7 +132,10 @@ class TierManagerImpl final : public TierManager {
   Status Put(const Key& key, std::span<const uint8_t> value, const PutOptions& options) override;
   Status Get(const Key& key, std::vector<uint8_t>* out, Tier* from) override {
     const RequestTag request = BeginRequest();
-    return GetImpl(key, out, from, /*blocking_promote=*/false, request);
+    return GetImpl(key, out, from, ReadMode::kGet, request);
+  }
+  Status Peek(const Key& key, std::vector<uint8_t>* out, Tier* from) override {
+    return GetImpl(key, out, from, ReadMode::kPeek, RequestTag{});
   }
   void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
                 std::vector<Tier>* froms, std::vector<Status>* results,
@@ -158,6 +161,33 @@ class TierManagerImpl final : public TierManager {
                    const policies::PolicyParams& params) override;
   Stats GetStats() const override;
   void ListUnits(UnitCursor* cursor, size_t units_max, std::vector<UnitInfo>* out) override;
+  void SetChecksumFailureListener(std::function<void(const UnitInfo&)> listener) override {
+    std::lock_guard lock(listener_mu_);
+    on_checksum_failure_ = std::move(listener);
+  }
+  // Tells the listener (if any) about a unit quarantined for a checksum failure; sm is its
+  // record's meta. Not under mu_.
+  void ReportChecksumFailure(const Key& key, const SsdMeta& sm) {
+    std::function<void(const UnitInfo&)> listener;
+    {
+      std::lock_guard lock(listener_mu_);
+      listener = on_checksum_failure_;
+    }
+    if (!listener) return;
+    UnitInfo u;
+    u.key = key;
+    u.tenant = sm.tenant;
+    u.bytes = sm.raw_bytes;
+    u.kind = sm.kind;
+    std::memcpy(u.parent.data(), &sm.parent_id, sizeof(sm.parent_id));
+    u.recompute_tokens = sm.recompute_tokens;
+    const uint64_t expires_ms = FromUnix(sm.expires_unix_ms);
+    if (Expired(expires_ms)) return;  // nothing worth refetching
+    u.ttl_left_ms = expires_ms == 0 ? 0 : expires_ms - NowMs();
+    u.tier = Tier::kSsd;
+    u.allow_ssd = true;
+    listener(u);
+  }
   Status Flush() override {
     if (ssd_ == nullptr) return Status::Ok();
     Status written_back;
@@ -212,7 +242,10 @@ class TierManagerImpl final : public TierManager {
     return info;
   }
 
-  Status GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from, bool blocking_promote,
+  // How a read behaves: a client's Get (counted, promotes when the lock is free), a
+  // Prefetch (waits for the lock to promote) or a Peek (neither counts nor promotes).
+  enum class ReadMode { kGet, kPrefetch, kPeek };
+  Status GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from, ReadMode mode,
                  const RequestTag& request);
   void CountMiss(MissReason r) {
     switch (r) {
@@ -325,6 +358,8 @@ class TierManagerImpl final : public TierManager {
   std::unique_ptr<SsdTier> ssd_;
   MissMemory misses_;
 
+  std::mutex listener_mu_;  // guards on_checksum_failure_ only
+  std::function<void(const UnitInfo&)> on_checksum_failure_;
   mutable std::mutex mu_;
   std::unique_ptr<policies::AdmissionPolicy> admission_;
   std::unordered_map<Key, DirEntry, KeyHash> dir_;
@@ -767,7 +802,8 @@ Tier TierManagerImpl::Locate(const Key& key, bool* expired) const {
 }
 
 Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from,
-                                bool blocking_promote, const RequestTag& request) {
+                                ReadMode mode, const RequestTag& request) {
+  const bool peek = mode == ReadMode::kPeek;
   out->clear();
   auto expire = [&]() -> Status {
     {
@@ -775,13 +811,13 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
       ExpireLocked(key);
     }
     out->clear();
-    CountMiss(MissReason::kExpired);
+    if (!peek) CountMiss(MissReason::kExpired);
     return Status::NotFound("expired");
   };
   for (Tier t : {Tier::kHbm, Tier::kDram}) {
     MemoryTier* mem = MemTier(t);
     MemMeta m;
-    if (mem && mem->Read(key, out, &m, /*count=*/true, &request).ok()) {
+    if (mem && mem->Read(key, out, &m, /*count=*/!peek, &request).ok()) {
       if (Expired(m.expires_ms)) return expire();
       if (from != nullptr) *from = t;
       return Status::Ok();
@@ -793,9 +829,9 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
     if (st.ok()) {
       if (ExpiredUnix(sm.expires_unix_ms)) return expire();
       if (from != nullptr) *from = Tier::kSsd;
-      if (dram_ || hbm_) {
+      if ((dram_ || hbm_) && !peek) {
         std::unique_lock lock(mu_, std::defer_lock);
-        if (blocking_promote) {
+        if (mode == ReadMode::kPrefetch) {
           lock.lock();
         } else {
           (void)lock.try_lock();  // never make a reader wait for a writer to promote
@@ -810,17 +846,18 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
         std::lock_guard lock(mu_);
         DroppedLocked(key, MissReason::kChecksumFailure);
       }
-      CountMiss(MissReason::kChecksumFailure);
+      if (!peek) CountMiss(MissReason::kChecksumFailure);
+      ReportChecksumFailure(key, sm);
       return Status::NotFound("checksum failure: unit quarantined");
     }
     if (st.IsIOError()) {
       io_errors_.fetch_add(1);
-      CountMiss(MissReason::kIoError);
+      if (!peek) CountMiss(MissReason::kIoError);
       return Status::NotFound("io_error: ssd read failed: " + st.message());
     }
   }
   MissReason r = misses_.Reason(key);
-  CountMiss(r);
+  if (!peek) CountMiss(r);
   return Status::NotFound(MissReasonName(r));
 }
 
@@ -859,7 +896,7 @@ void TierManagerImpl::GetBatch(std::span<const Key> keys, std::vector<std::vecto
     std::vector<uint8_t>* out = &(*outs)[i];
     Tier* from = froms != nullptr ? &(*froms)[i] : nullptr;
     if (ssd_slot[i] == SIZE_MAX) {
-      (*results)[i] = GetImpl(keys[i], out, from, /*blocking_promote=*/false, request);
+      (*results)[i] = GetImpl(keys[i], out, from, ReadMode::kGet, request);
       continue;
     }
     const size_t j = ssd_slot[i];
@@ -871,6 +908,7 @@ void TierManagerImpl::GetBatch(std::span<const Key> keys, std::vector<std::vecto
         DroppedLocked(key, MissReason::kChecksumFailure);
       }
       CountMiss(MissReason::kChecksumFailure);
+      ReportChecksumFailure(key, metas[j]);
       out->clear();
       (*results)[i] = Status::NotFound("checksum failure: unit quarantined");
       continue;
@@ -884,7 +922,7 @@ void TierManagerImpl::GetBatch(std::span<const Key> keys, std::vector<std::vecto
     }
     if (!st.ok() || ExpiredUnix(metas[j].expires_unix_ms)) {
       // Gone since Locate, or expired: Get's path (it re-reads, and accounts the miss).
-      (*results)[i] = GetImpl(key, out, from, /*blocking_promote=*/false, request);
+      (*results)[i] = GetImpl(key, out, from, ReadMode::kGet, request);
       continue;
     }
     *out = std::move(values[j]);
@@ -960,7 +998,7 @@ Status TierManagerImpl::Prefetch(std::span<const Key> keys) {
   for (const Key& k : keys) {
     bool expired = false;
     if (Locate(k, &expired) != Tier::kSsd) continue;
-    Status st = GetImpl(k, &buf, nullptr, /*blocking_promote=*/true, request);
+    Status st = GetImpl(k, &buf, nullptr, ReadMode::kPrefetch, request);
     (void)st;  // a miss is skipped
   }
   return Status::Ok();

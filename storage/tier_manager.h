@@ -234,6 +234,15 @@ class TierManager {
   // NotFound on a miss (including checksum failure).
   virtual Status Get(const Key& key, std::vector<uint8_t>* out, Tier* from = nullptr) = 0;
 
+  // Get for internal copies (the cluster's repair scan): the same value and errors, but no
+  // memory-tier hit or miss is counted, the policies are not told, and an SSD unit is not
+  // promoted to DRAM (a scan over every unit must not displace what clients use); the SSD
+  // tier still counts its read. A checksum failure still quarantines the unit (NotFound).
+  // The default (test doubles) is Get.
+  virtual Status Peek(const Key& key, std::vector<uint8_t>* out, Tier* from = nullptr) {
+    return Get(key, out, from);
+  }
+
   // Get for a batch of keys, each with Get's semantics (results[i], (*outs)[i], (*froms)[i]
   // for keys[i]; froms may be null). The SSD reads of the batch are submitted together
   // (SsdTier::GetBatch: one submission per segment, each record verified against its
@@ -290,6 +299,16 @@ class TierManager {
     (void)units_max;
     out->clear();
     cursor->done = true;
+  }
+
+  // Called with each unit a read (Get, GetBatch, Peek, Prefetch) found corrupt on SSD and
+  // quarantined, described as ListUnits would (tier kSsd, ttl_left_ms from its record; the
+  // value is gone): what a copy from another replica needs (the cluster refetches it,
+  // cache_daemon/cluster_refetch.h). Called on the reading thread, outside the manager's
+  // lock, so it may call the manager; it must be quick. Replaces the previous listener;
+  // nullptr removes it. The default (test doubles) ignores it.
+  virtual void SetChecksumFailureListener(std::function<void(const UnitInfo&)> listener) {
+    (void)listener;
   }
 
   // Makes everything acknowledged so far durable (whatever the durability mode).

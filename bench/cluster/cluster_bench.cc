@@ -10,6 +10,9 @@
 //     every 20 ms), the units and bytes the survivors copied, and the copy rate against
 //     repair_bytes_per_s and against the cross-node GET rate of phase 1.
 //
+//     Phase 1 runs twice: with plain TCP between the nodes, then with [cluster] peer_tls
+//     (mutual TLS, certificates made at start in the temporary directory).
+//
 //   kvtier_bench_cluster [MiB per round] [rounds] [restore MiB] [repair bytes/s]
 //   (defaults 128 3 64 67108864)
 #include <algorithm>
@@ -27,6 +30,7 @@
 #include "common/key_spec.h"
 #include "common/temp_dir.h"
 #include "tests/cluster/etcd_process.h"
+#include "tests/cluster/peer_pki.h"
 #include "tests/e2e/kvtierd_process.h"
 
 namespace kt = kvtier::testing;
@@ -205,6 +209,65 @@ int Restore(const std::filesystem::path& root, kt::EtcdProcess& etcd, size_t mib
   return 0;
 }
 
+// Phase 1 (see the file comment) with nodes of their own key prefix: plain TCP between the
+// nodes, or mutual TLS with certificates from pki (tls). Fills the median local and
+// cross-node GB/s; false on an error.
+bool CrossNodeGet(const std::filesystem::path& root, kt::EtcdProcess& etcd, size_t units,
+                  int rounds, const kt::PeerPki* tls, double* local_gbps, double* remote_gbps) {
+  const std::string name = tls != nullptr ? "tls" : "plain";
+  std::string tls_keys;
+  if (tls != nullptr) {
+    tls_keys = "peer_tls = true\npeer_tls_cert_file = \"" + tls->cert_file +
+               "\"\npeer_tls_key_file = \"" + tls->key_file + "\"\npeer_tls_ca_file = \"" +
+               tls->ca_file + "\"\n";
+  }
+  std::vector<std::unique_ptr<kt::KvtierdProcess>> nodes;
+  for (int i = 0; i < 2; ++i) {
+    nodes.push_back(std::make_unique<kt::KvtierdProcess>(root / (name + "-n" + std::to_string(i))));
+    nodes[i]->WriteConfig(
+        "[server]\nio_threads = 2\nworker_threads = 2\n"
+        "[storage]\ndram_capacity_bytes = 4294967296\nssd_capacity_bytes = 0\n"
+        "[auth]\nserver_secret_file = \"" +
+        (root / "secret").string() +
+        "\"\n"
+        "[cluster]\nenabled = true\netcd_endpoints = [\"" +
+        etcd.endpoint() + "\"]\nkey_prefix = \"/" + name + "/\"\nnode_id = \"n" +
+        std::to_string(i) + "\"\npeer_listen = \"127.0.0.1:" + std::to_string(kt::FreePort()) +
+        "\"\nreplicas = 1\n" + (i == 1 ? "draining = true\n" : "") + "credential_file = \"" +
+        (root / "credential").string() + "\"\n" + tls_keys);
+  }
+  auto members = [&](int i) {
+    return Metric(kt::HttpRequest(nodes[i]->http_port(), "GET", "/metrics"),
+                  "kvtier_cluster_members");
+  };
+  if (!nodes[0]->Start() || !kt::WaitFor([&] { return members(0) == 1; }, 10000)) {
+    std::fprintf(stderr, "node A did not start: %s\n", nodes[0]->Log().c_str());
+    return false;
+  }
+  auto a = Client::Connect(ClientOptions{.socket_path = nodes[0]->socket()});
+  if (!a.ok()) return false;
+  if (!PutUnits(a->get(), units, 1)) return false;
+  if (!nodes[1]->Start() ||
+      !kt::WaitFor([&] { return members(0) == 2 && members(1) == 2; }, 10000)) {
+    std::fprintf(stderr, "node B did not join: %s\n", nodes[1]->Log().c_str());
+    return false;
+  }
+  auto b = Client::Connect(ClientOptions{.socket_path = nodes[1]->socket()});
+  if (!b.ok()) return false;
+  std::vector<double> local, remote;
+  for (int r = 0; r < rounds; ++r) {
+    local.push_back(ReadAll(a->get(), units));
+    remote.push_back(ReadAll(b->get(), units));
+    std::printf("%s round %d: local %.3f GB/s, cross-node %.3f GB/s\n", name.c_str(), r,
+                local.back(), remote.back());
+  }
+  std::sort(local.begin(), local.end());
+  std::sort(remote.begin(), remote.end());
+  *local_gbps = local[local.size() / 2];
+  *remote_gbps = remote[remote.size() / 2];
+  return *local_gbps > 0 && *remote_gbps > 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -221,61 +284,28 @@ int main(int argc, char** argv) {
   std::filesystem::path root = dir.path();
   std::ofstream(root / "secret", std::ios::binary) << std::string(32, 's');
   std::ofstream(root / "credential", std::ios::binary) << std::string(32, 'c');
+  kt::PeerPki pki;
+  if (!kt::MakePeerPki(root / "pki", &pki)) {
+    std::fprintf(stderr, "cannot make the test certificates\n");
+    return 1;
+  }
   kt::EtcdProcess etcd(root / "etcd");
   if (!etcd.Start()) {
     std::fprintf(stderr, "etcd did not start\n");
     return 1;
   }
-  std::vector<std::unique_ptr<kt::KvtierdProcess>> nodes;
-  for (int i = 0; i < 2; ++i) {
-    nodes.push_back(std::make_unique<kt::KvtierdProcess>(root / ("n" + std::to_string(i))));
-    nodes[i]->WriteConfig(
-        "[server]\nio_threads = 2\nworker_threads = 2\n"
-        "[storage]\ndram_capacity_bytes = 4294967296\nssd_capacity_bytes = 0\n"
-        "[auth]\nserver_secret_file = \"" +
-        (root / "secret").string() +
-        "\"\n"
-        "[cluster]\nenabled = true\netcd_endpoints = [\"" +
-        etcd.endpoint() +
-        "\"]\n"
-        "node_id = \"n" +
-        std::to_string(i) + "\"\npeer_listen = \"127.0.0.1:" + std::to_string(kt::FreePort()) +
-        "\"\nreplicas = 1\n" + (i == 1 ? "draining = true\n" : "") + "credential_file = \"" +
-        (root / "credential").string() + "\"\n");
-  }
-  auto members = [&](int i) {
-    return Metric(kt::HttpRequest(nodes[i]->http_port(), "GET", "/metrics"),
-                  "kvtier_cluster_members");
-  };
-  if (!nodes[0]->Start() || !kt::WaitFor([&] { return members(0) == 1; }, 10000)) {
-    std::fprintf(stderr, "node A did not start: %s\n", nodes[0]->Log().c_str());
-    return 1;
-  }
-  auto a = Client::Connect(ClientOptions{.socket_path = nodes[0]->socket()});
-  if (!a.ok()) return 1;
-  if (!PutUnits(a->get(), units, 1)) return 1;
-  if (!nodes[1]->Start() ||
-      !kt::WaitFor([&] { return members(0) == 2 && members(1) == 2; }, 10000)) {
-    std::fprintf(stderr, "node B did not join\n");
-    return 1;
-  }
-  auto b = Client::Connect(ClientOptions{.socket_path = nodes[1]->socket()});
-  if (!b.ok()) return 1;
-  std::vector<double> local, remote;
-  for (int r = 0; r < rounds; ++r) {
-    local.push_back(ReadAll(a->get(), units));
-    remote.push_back(ReadAll(b->get(), units));
-    std::printf("round %d: local %.3f GB/s, cross-node %.3f GB/s\n", r, local.back(),
-                remote.back());
-  }
-  std::sort(local.begin(), local.end());
-  std::sort(remote.begin(), remote.end());
-  double l = local[local.size() / 2], x = remote[remote.size() / 2];
+  double l = 0, x = 0, lt = 0, xt = 0;
+  if (!CrossNodeGet(root, etcd, units, rounds, nullptr, &l, &x)) return 1;
+  if (!CrossNodeGet(root, etcd, units, rounds, &pki, &lt, &xt)) return 1;
   std::printf("units %zu x %zu bytes, batches of %zu, median of %d rounds\n", units, kUnitBytes,
               kBatch, rounds);
-  std::printf("local GET      %.3f GB/s\ncross-node GET %.3f GB/s\nratio          %.2f\n", l, x,
-              x / l);
-  if (!(l > 0 && x > 0)) return 1;
-  nodes.clear();
+  std::printf(
+      "local GET                %.3f GB/s\ncross-node GET           %.3f GB/s\n"
+      "ratio                    %.2f\n",
+      l, x, x / l);
+  std::printf(
+      "local GET (TLS nodes)    %.3f GB/s\ncross-node GET over TLS  %.3f GB/s\n"
+      "ratio                    %.2f\nTLS / plain cross-node   %.2f\n",
+      lt, xt, xt / lt, xt / x);
   return Restore(root, etcd, restore_mib, repair_bytes_per_s, x);
 }

@@ -44,9 +44,10 @@ inline void AddExt(X509* cert, X509* issuer, int nid, const char* value) {
   }
 }
 
-// A certificate for key, signed by issuer_key (issuer == nullptr: self-signed).
+// A certificate for key, signed by issuer_key (issuer == nullptr: self-signed); a leaf gets
+// the extended key usages eku.
 inline X509* NewCert(EVP_PKEY* key, const char* cn, X509* issuer, EVP_PKEY* issuer_key, bool ca,
-                     long serial) {
+                     long serial, const char* eku = "serverAuth") {
   X509* cert = X509_new();
   X509_set_version(cert, 2);
   ASN1_INTEGER_set(X509_get_serialNumber(cert), serial);
@@ -64,7 +65,7 @@ inline X509* NewCert(EVP_PKEY* key, const char* cn, X509* issuer, EVP_PKEY* issu
   } else {
     AddExt(cert, iss, NID_basic_constraints, "critical,CA:FALSE");
     AddExt(cert, iss, NID_key_usage, "critical,digitalSignature");
-    AddExt(cert, iss, NID_ext_key_usage, "serverAuth");
+    AddExt(cert, iss, NID_ext_key_usage, eku);
     AddExt(cert, iss, NID_subject_alt_name, "IP:127.0.0.1,IP:::1,DNS:localhost");
   }
   X509_sign(cert, issuer_key != nullptr ? issuer_key : key, EVP_sha256());

@@ -86,6 +86,8 @@ class ClusterE2eTest : public ::testing::Test {
 
   // Node i's SSD capacity (its placement weight with the 16 MiB of DRAM); tests may vary it.
   virtual uint64_t SsdCapacityBytes(int /*i*/) const { return 268435456; }
+  // More [cluster] keys for node i ("key = value\n" lines); tests may add them.
+  virtual std::string ExtraClusterConfig(int /*i*/) { return ""; }
 
   bool StartNode(int i) {
     std::string cfg =
@@ -111,7 +113,7 @@ class ClusterE2eTest : public ::testing::Test {
         "\"\n"
         "replicas = 2\nlease_ttl_s = 2\netcd_timeout_ms = 500\npeer_timeout_ms = 2000\n"
         "credential_file = \"" +
-        (dir_ / "credential").string() + "\"\n";
+        (dir_ / "credential").string() + "\"\n" + ExtraClusterConfig(i);
     nodes_[i]->WriteConfig(cfg);
     return nodes_[i]->Start();
   }
@@ -125,7 +127,8 @@ class ClusterE2eTest : public ::testing::Test {
   }
 
   // kUnits units of distinct sizes and contents; returns their values.
-  std::vector<std::vector<uint8_t>> PutSession(Client* c, const std::string& session) {
+  std::vector<std::vector<uint8_t>> PutSession(Client* c, const std::string& session,
+                                               const daemon::PutOptions& options = {}) {
     std::mt19937 rng(42);
     std::vector<std::vector<uint8_t>> values(kUnits);
     std::vector<PutUnit> units(kUnits);
@@ -136,7 +139,7 @@ class ClusterE2eTest : public ::testing::Test {
       if (i > 0) units[i].parent = ChainKey(session, i - 1);
       units[i].value = values[i];
     }
-    auto st = c->Put(units, {});
+    auto st = c->Put(units, options);
     EXPECT_TRUE(st.ok()) << st.status().message();
     if (st.ok()) {
       for (const auto& s : *st) EXPECT_TRUE(s.ok()) << s.message();

@@ -6,8 +6,13 @@
 //     nodes, and their under-replicated gauge reads 0;
 //   - a 4th node joins: units move to it with no miss for any unit, during and after, and
 //     every unit ends on exactly its 2 owners;
-//   - `kvtier cluster drain n2`: every unit leaves n2 for 2 other nodes, and status shows it.
+//   - `kvtier cluster drain n2`: every unit leaves n2 for 2 other nodes, and status shows it;
+//   - repair reads of SSD units do not promote them into the senders' DRAM;
+//   - a replica whose copy fails its checksum is rewritten from another owner.
+#include <algorithm>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -73,6 +78,29 @@ class ClusterRepairTest : public ClusterE2eTest {
            Metric(m, "kvtier_cluster_under_replicated_units") == 0 &&
            Metric(m, "kvtier_cluster_moves_in_progress") == 0;
   }
+  // Every key is held by exactly its 2 owners among nodes 0..n-1 (all of the fixture's size).
+  bool OnlyOnOwners(const std::vector<PeerKey>& keys, int n) {
+    std::vector<MemberInfo> members;
+    std::vector<int> nodes;
+    for (int i = 0; i < n; ++i) {
+      members.push_back(MemberInfo{.node_id = "n" + std::to_string(i),
+                                   .failure_domain = "rack" + std::to_string(i),
+                                   .dram_bytes = 16777216,
+                                   .ssd_bytes = 268435456});
+      nodes.push_back(i);
+    }
+    auto held = Held(keys, nodes);
+    for (size_t k = 0; k < keys.size(); ++k) {
+      std::string_view kv(reinterpret_cast<const char*>(keys[k].data()), keys[k].size());
+      std::vector<bool> owner(static_cast<size_t>(n), false);
+      for (size_t o : PlaceOwners(kv, members, 2)) owner[o] = true;
+      for (int i = 0; i < n; ++i) {
+        if (held[i][k] != owner[static_cast<size_t>(i)]) return false;
+      }
+    }
+    return true;
+  }
+  double DramObjects(int n) { return Metric(Metrics(n), "kvtier_tier_objects{tier=\"dram\"}"); }
   int Kvtier(const std::string& args, std::string* out) {
     return kt::RunShell(std::string(KVTIER_PATH) + " " + args, out);
   }
@@ -164,26 +192,8 @@ TEST_F(ClusterRepairTest, JoiningNodeTakesItsShareWithNoMiss) {
       },
       10000));
   // Every unit ends on exactly its 2 owners (the old non-owner dropped it after n3 confirmed).
-  std::vector<MemberInfo> members;
-  for (int i = 0; i < 4; ++i) {
-    members.push_back(MemberInfo{.node_id = "n" + std::to_string(i),
-                                 .failure_domain = "rack" + std::to_string(i),
-                                 .dram_bytes = 16777216,
-                                 .ssd_bytes = 268435456});
-  }
-  auto on_owners_only = [&] {
-    auto held = Held(keys, {0, 1, 2, 3});
-    for (size_t k = 0; k < keys.size(); ++k) {
-      std::string_view kv(reinterpret_cast<const char*>(keys[k].data()), keys[k].size());
-      std::vector<bool> owner(4, false);
-      for (size_t o : PlaceOwners(kv, members, 2)) owner[o] = true;
-      for (int n = 0; n < 4; ++n) {
-        if (held[n][k] != owner[n]) return false;
-      }
-    }
-    return true;
-  };
-  ASSERT_TRUE(kt::WaitFor(on_owners_only, 15000)) << "units not on exactly their owners";
+  ASSERT_TRUE(kt::WaitFor([&] { return OnlyOnOwners(keys, 4); }, 15000))
+      << "units not on exactly their owners";
   ASSERT_TRUE(
       kt::WaitFor([&] { return Settled(0) && Settled(1) && Settled(2) && Settled(3); }, 10000));
   auto n3 = Held(keys, {3})[3];
@@ -198,6 +208,99 @@ TEST_F(ClusterRepairTest, JoiningNodeTakesItsShareWithNoMiss) {
   auto c3 = Connect(3, "tok-alice");
   ASSERT_NE(c3, nullptr);
   ExpectWholeSession(c3.get(), "join", want, 3);
+}
+
+// Repair reads do not promote: units put on SSD only (highest tier SSD) are copied to a
+// joining node by n0..n2, which only send (a join moves units to the newcomer alone), and
+// their DRAM tiers hold no unit before, during or after the move.
+TEST_F(ClusterRepairTest, RepairCopiesLeaveSsdUnitsOutOfTheSendersDram) {
+  auto c = Connect(0, "tok-alice");
+  ASSERT_NE(c, nullptr);
+  auto want = PutSession(c.get(), "ssd", daemon::PutOptions{.highest_tier = 2});
+  auto keys = StorageKeys(Chain("ssd"));
+  for (int i = 0; i < kNodes; ++i) ASSERT_EQ(DramObjects(i), 0) << "node " << i;
+  nodes_.push_back(std::make_unique<kt::KvtierdProcess>(dir_ / "n3"));
+  peer_ports_.push_back(kt::FreePort());
+  ASSERT_TRUE(StartNode(3)) << nodes_[3]->Log();
+  ASSERT_TRUE(kt::WaitFor([&] { return OnlyOnOwners(keys, 4); }, 15000))
+      << "units not on exactly their owners";
+  ASSERT_TRUE(
+      kt::WaitFor([&] { return Settled(0) && Settled(1) && Settled(2) && Settled(3); }, 10000));
+  double copied = 0;
+  for (int i = 0; i < kNodes; ++i) {
+    EXPECT_EQ(DramObjects(i), 0) << "node " << i << " promoted units it only copied";
+    copied += Metric(Metrics(i), "kvtier_cluster_repair_units_total");
+  }
+  EXPECT_GT(copied, 0);
+  // The copies are whole: n3 serves every unit it now owns bit-exactly from its own store.
+  auto on3 = Held(keys, {3})[3];
+  auto chain = Chain("ssd");
+  for (size_t k = 0; k < keys.size(); ++k) {
+    if (!on3[k]) continue;
+    auto got = peers_->Get(Peer(3), std::vector<PeerKey>{keys[k]});
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    EXPECT_TRUE(got->statuses[0].ok());
+    EXPECT_TRUE(got->values[0] == want[k]) << "unit " << k;
+  }
+}
+
+// Overwrites, in every file under dir, the first occurrence of needle with its complement;
+// true when one was found.
+bool CorruptFirstOccurrence(const std::filesystem::path& dir, std::span<const uint8_t> needle) {
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), {});
+    auto at = std::search(bytes.begin(), bytes.end(), needle.begin(), needle.end());
+    if (at == bytes.end()) continue;
+    std::vector<uint8_t> flipped(needle.begin(), needle.end());
+    for (auto& b : flipped) b = static_cast<uint8_t>(~b);
+    std::fstream out(e.path(), std::ios::binary | std::ios::in | std::ios::out);
+    out.seekp(at - bytes.begin());
+    out.write(reinterpret_cast<const char*>(flipped.data()),
+              static_cast<std::streamsize>(flipped.size()));
+    return out.good();
+  }
+  return false;
+}
+
+// A replica that serves a checksum failure is repaired from another: n0's SSD copy of a
+// unit is corrupted on disk; a read through n0 gets the right bytes (from the other owner),
+// and n0's store holds a correct copy again soon after (rewritten from the other owner, not
+// left to the next full repair scan, which is minutes away).
+TEST_F(ClusterRepairTest, AReplicaThatFailsItsChecksumIsRewrittenFromAnother) {
+  auto c = Connect(0, "tok-alice");
+  ASSERT_NE(c, nullptr);
+  auto want = PutSession(c.get(), "bad", daemon::PutOptions{.highest_tier = 2});
+  auto chain = Chain("bad");
+  auto keys = StorageKeys(chain);
+  auto on0 = Held(keys, {0})[0];
+  // The largest unit n0 holds (its value is most surely in a segment file by itself).
+  int victim = -1;
+  for (int k = 0; k < kUnits; ++k) {
+    if (on0[k]) victim = k;
+  }
+  ASSERT_GE(victim, 0) << "n0 owns no unit";
+  ASSERT_EQ(Metric(Metrics(0), "kvtier_cluster_checksum_refetches_total"), 0);
+  std::span<const uint8_t> needle(want[victim].data() + want[victim].size() / 2, 64);
+  ASSERT_TRUE(CorruptFirstOccurrence(nodes_[0]->dir() / "data", needle))
+      << "unit " << victim << " not found in n0's files";
+
+  std::vector<std::vector<uint8_t>> got;
+  std::vector<bool> found;
+  ASSERT_TRUE(c->GetCopy(chain, &got, &found).ok());
+  for (int k = 0; k < kUnits; ++k) {
+    EXPECT_TRUE(found[k]) << "unit " << k;
+    EXPECT_TRUE(got[k] == want[k]) << "unit " << k << " differs";
+  }
+  EXPECT_GE(Metric(Metrics(0), "kvtier_checksum_failures_total"), 1);
+  ASSERT_TRUE(kt::WaitFor(
+      [&] { return Metric(Metrics(0), "kvtier_cluster_checksum_refetches_total") >= 1; }, 5000))
+      << "n0 did not rewrite its quarantined copy";
+  auto again = peers_->Get(Peer(0), std::vector<PeerKey>{keys[victim]});
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  ASSERT_TRUE(again->statuses[0].ok()) << "n0's own store does not hold the unit again";
+  EXPECT_TRUE(again->values[0] == want[victim]) << "n0's rewritten copy differs";
 }
 
 TEST_F(ClusterRepairTest, DrainMovesEveryUnitOffTheNode) {

@@ -8,6 +8,8 @@
 #include "cluster/peer_client.h"
 #include "cluster/peer_server.h"
 #include "tests/cache_daemon/net_util.h"
+#include "tests/cluster/etcd_process.h"
+#include "tests/cluster/peer_pki.h"
 
 namespace kvtier::cluster {
 namespace {
@@ -181,6 +183,97 @@ TEST(PeerTransportLimitTest, GetResponsesStayWithinTheFrameLimit) {
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->statuses[0].ok());
   EXPECT_EQ(again->values[0], small);
+}
+
+// Mutual TLS on the peer front: a peer of the same CA with the credential gets through; a
+// peer whose certificate is of another CA, one without TLS, and one that does not trust our
+// CA are refused in the handshake; inside TLS the credential is still required.
+class PeerTlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kvtier_peer_tls_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_TRUE(testing::MakePeerPki(dir_, &pki_));
+    PeerServerOptions o;
+    o.credential = Credential(7);
+    o.idle_timeout_ms = 2000;
+    o.tls = daemon::TlsAcceptOptions{.cert_file = pki_.cert_file,
+                                     .key_file = pki_.key_file,
+                                     .ca_file = pki_.ca_file,
+                                     .handshake_timeout_ms = 2000};
+    auto s = PeerServer::Start(o, &handler_);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    server_ = std::move(*s);
+    endpoint_ = "127.0.0.1:" + std::to_string(server_->port());
+  }
+  void TearDown() override {
+    server_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  // A client trusting ca_file and presenting cert/key ("" = no TLS at all when ca is "").
+  PeerClient Client(uint8_t fill, const std::string& ca, const std::string& cert,
+                    const std::string& key) {
+    PeerClientOptions o{.node_id = "n1", .credential = Credential(fill), .timeout_ms = 2000};
+    if (!ca.empty()) {
+      o.tls = daemon::TlsClientOptions{.ca_file = ca, .cert_file = cert, .key_file = key};
+    }
+    return PeerClient(o);
+  }
+  std::filesystem::path dir_;
+  testing::PeerPki pki_;
+  MapHandler handler_;
+  std::unique_ptr<PeerServer> server_;
+  std::string endpoint_;
+};
+
+TEST_F(PeerTlsTest, SameCaAndCredentialRoundTrip) {
+  PeerClient c = Client(7, pki_.ca_file, pki_.cert_file, pki_.key_file);
+  std::vector<uint8_t> value(300000);
+  for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<uint8_t>(i * 13 + 5);
+  ASSERT_TRUE(c.Put(endpoint_, PeerPut{.tenant = "alice", .key = K(1), .value = value}).ok());
+  for (int round = 0; round < 3; ++round) {  // pooled connections are reused
+    auto got = c.Get(endpoint_, std::vector<PeerKey>{K(1), K(2)});
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    EXPECT_TRUE(got->statuses[0].ok());
+    EXPECT_EQ(got->values[0], value);
+    EXPECT_TRUE(got->statuses[1].IsNotFound());
+  }
+  EXPECT_EQ(server_->stats().tls_failures, 0u);
+  EXPECT_EQ(server_->stats().connections, 1u);
+}
+
+TEST_F(PeerTlsTest, APeerOfAnotherCaIsRefused) {
+  // Its certificate does not chain to our CA: the server refuses it in the handshake.
+  PeerClient c = Client(7, pki_.ca_file, pki_.other_cert_file, pki_.other_key_file);
+  EXPECT_FALSE(c.Lookup(endpoint_, std::vector<PeerKey>{K(1)}).ok());
+  // No client certificate at all.
+  PeerClient bare = Client(7, pki_.ca_file, "", "");
+  EXPECT_FALSE(bare.Lookup(endpoint_, std::vector<PeerKey>{K(1)}).ok());
+  EXPECT_TRUE(testing::WaitFor([&] { return server_->stats().tls_failures == 2; }, 3000));
+  EXPECT_EQ(server_->stats().requests, 0u);
+  EXPECT_EQ(server_->stats().auth_failures, 0u);  // refused before the credential handshake
+}
+
+TEST_F(PeerTlsTest, AServerOfAnotherCaIsRefusedByTheClient) {
+  PeerClient c = Client(7, pki_.other_ca_file, pki_.other_cert_file, pki_.other_key_file);
+  auto r = c.Lookup(endpoint_, std::vector<PeerKey>{K(1)});
+  EXPECT_TRUE(r.status().IsPermissionDenied()) << r.status().message();
+  EXPECT_EQ(server_->stats().requests, 0u);
+}
+
+TEST_F(PeerTlsTest, PlaintextPeersAreRefused) {
+  PeerClient plain = Client(7, "", "", "");
+  EXPECT_FALSE(plain.Lookup(endpoint_, std::vector<PeerKey>{K(1)}).ok());
+  EXPECT_TRUE(testing::WaitFor([&] { return server_->stats().tls_failures == 1; }, 3000));
+  EXPECT_EQ(server_->stats().requests, 0u);
+}
+
+TEST_F(PeerTlsTest, TheCredentialIsStillRequired) {
+  PeerClient c = Client(8, pki_.ca_file, pki_.cert_file, pki_.key_file);
+  EXPECT_TRUE(c.Lookup(endpoint_, std::vector<PeerKey>{K(1)}).status().IsPermissionDenied());
+  EXPECT_EQ(server_->stats().tls_failures, 0u);
+  EXPECT_EQ(server_->stats().requests, 0u);
 }
 
 }  // namespace

@@ -815,6 +815,39 @@ TEST_F(TierManagerTest, DramEvictionDemotesToSsdAndGetPromotes) {
   EXPECT_EQ(out, MakeValue(chain[0], 2, 20000));
 }
 
+// Peek (the cluster's repair reads) returns the value of an SSD unit without promoting it
+// and without counting a hit: DRAM holds exactly what it held before.
+TEST_F(TierManagerTest, PeekReadsSsdUnitsWithoutPromotingThem) {
+  auto tm = TierManager::Open(Options());
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  PutOptions ssd_only;
+  ssd_only.highest_tier = Tier::kSsd;
+  constexpr int kUnits = 10;
+  for (int i = 0; i < kUnits; ++i) {
+    ASSERT_TRUE((*tm)->Put(MakeKey(i), MakeValue(MakeKey(i), 1, 20000), ssd_only).ok());
+  }
+  Stats before = (*tm)->GetStats();
+  ASSERT_EQ(before.dram.objects, 0u);
+  std::vector<uint8_t> out;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i = 0; i < kUnits; ++i) {
+      Tier from = Tier::kNone;
+      ASSERT_TRUE((*tm)->Peek(MakeKey(i), &out, &from).ok());
+      EXPECT_EQ(from, Tier::kSsd);
+      EXPECT_EQ(out, MakeValue(MakeKey(i), 1, 20000));
+    }
+  }
+  EXPECT_TRUE((*tm)->Peek(MakeKey(kUnits), &out).IsNotFound());
+  Stats after = (*tm)->GetStats();
+  EXPECT_EQ(after.dram.objects, 0u);
+  EXPECT_EQ(after.dram.used_bytes, before.dram.used_bytes);
+  EXPECT_EQ(after.misses_never_stored, before.misses_never_stored);
+  // A client Get of the same unit does promote it (so the check above can fail).
+  ASSERT_TRUE((*tm)->Get(MakeKey(0), &out).ok());
+  ASSERT_TRUE((*tm)->Get(MakeKey(0), &out).ok());
+  EXPECT_EQ((*tm)->GetStats().dram.objects, 1u);
+}
+
 // Flush writes DRAM-only units back to SSD (keeping the DRAM copy), so a clean close and
 // reopen loses nothing acknowledged; SWA units (allow_ssd=false) stay out of SSD. Durability
 // none: the only mode in which DRAM puts are not written through at once.

@@ -1,0 +1,113 @@
+#include "cache_daemon/cluster_refetch.h"
+
+#include "common/logging.h"
+
+namespace kvtier::daemon {
+
+ClusterRefetch::ClusterRefetch(storage::TierManager* store, const TenantRegistry* tenants,
+                               cluster::Router* router, cluster::RecentDeletes* recent,
+                               RefetchOptions options)
+    : store_(store), tenants_(tenants), router_(router), recent_(recent), options_(options) {}
+
+ClusterRefetch::~ClusterRefetch() { Stop(); }
+
+void ClusterRefetch::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void ClusterRefetch::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+    queue_.clear();
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ClusterRefetch::Report(const storage::UnitInfo& unit) {
+  {
+    std::lock_guard lock(mu_);
+    if (stop_) return;
+    if (queue_.size() >= options_.queue_max) {
+      dropped_.fetch_add(1);
+      return;
+    }
+    queue_.push_back(unit);
+  }
+  cv_.notify_one();
+}
+
+RefetchStats ClusterRefetch::stats() const {
+  return {refetched_.load(), failed_.load(), dropped_.load(), skipped_.load()};
+}
+
+void ClusterRefetch::Run() {
+  for (;;) {
+    storage::UnitInfo unit;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      unit = queue_.front();
+      queue_.pop_front();
+    }
+    Refetch(unit);
+  }
+}
+
+void ClusterRefetch::Refetch(const storage::UnitInfo& u) {
+  const Tenant* tenant = nullptr;
+  for (const auto& t : tenants_->tenants()) {
+    if (t->id == u.tenant) tenant = t.get();
+  }
+  const bool native =
+      u.kind == policies::ObjectKind::kGlobalKv || u.kind == policies::ObjectKind::kSwa;
+  if (!native || tenant == nullptr || !router_->OwnsLocally(u.key) ||
+      router_->View()->members.empty()) {
+    skipped_.fetch_add(1);
+    return;
+  }
+  auto deleted = [&] { return recent_ != nullptr && recent_->RefusesRepair(u.key, tenant->name); };
+  // Already back (a client put it again, or an earlier report of the same unit was served).
+  if (deleted() || store_->Lookup(std::span<const storage::Key>(&u.key, 1)).hit_count == 1) {
+    skipped_.fetch_add(1);
+    return;
+  }
+  std::vector<Status> statuses(1, Status::NotFound("not fetched"));
+  std::vector<std::vector<uint8_t>> values(1);
+  router_->GetRemote(std::span<const storage::Key>(&u.key, 1), std::vector<bool>{true}, &statuses,
+                     &values);
+  if (!statuses[0].ok()) {
+    failed_.fetch_add(1);
+    KVTIER_LOG(kWarn) << "cluster: no other owner holds a unit quarantined here for a checksum "
+                         "failure; it is lost on this node";
+    return;
+  }
+  storage::PutOptions po;
+  po.tenant = u.tenant;
+  po.kind = u.kind;
+  po.parent = u.parent;
+  po.recompute_tokens = u.recompute_tokens;
+  po.ttl_ms = u.ttl_left_ms;
+  po.highest_tier = u.tier == storage::Tier::kNone ? storage::Tier::kSsd : u.tier;
+  po.allow_ssd = u.allow_ssd;
+  if (deleted()) {
+    skipped_.fetch_add(1);
+    return;
+  }
+  Status put = store_->Put(u.key, values[0], po);
+  if (!put.ok()) {
+    failed_.fetch_add(1);
+    KVTIER_LOG(kWarn) << "cluster: rewriting a unit after a checksum failure: " << put.message();
+    return;
+  }
+  if (deleted()) {  // a delete reached this node while the copy was in flight: apply it again
+    (void)store_->Delete(u.key);
+    skipped_.fetch_add(1);
+    return;
+  }
+  refetched_.fetch_add(1);
+}
+
+}  // namespace kvtier::daemon

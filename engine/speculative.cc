@@ -163,7 +163,9 @@ std::vector<int> DraftScheduler::Choose(const std::vector<std::vector<float>>& c
     int req;
   };
   std::vector<Cand> cands;
+  int drafts = 0;
   for (int i = 0; i < R; ++i) {
+    drafts += conf[i].empty() ? 0 : 1;
     double a = 1;
     for (float ck : conf[i]) {
       a *= std::clamp(static_cast<double>(ck), 0.0, 1.0);
@@ -175,11 +177,11 @@ std::vector<int> DraftScheduler::Choose(const std::vector<std::vector<float>>& c
                    [](const Cand& x, const Cand& y) { return x.a > y.a; });
   std::vector<int> take(R, 0);
   if (R == 0) return take;
-  double tau = R, best = tau * Rate(R, R);
+  double tau = R, best = tau * Rate(R, drafts);
   size_t best_b = 0;
   for (size_t b = 0; b < cands.size() && R + static_cast<int>(b) + 1 <= max_tokens(); ++b) {
     tau += cands[b].a;
-    const double obj = tau * Rate(R + static_cast<int>(b) + 1, R);
+    const double obj = tau * Rate(R + static_cast<int>(b) + 1, drafts);
     if (obj > best) {
       best = obj;
       best_b = b + 1;
@@ -268,6 +270,8 @@ SpeculativeDecoder::SpeculativeDecoder(Engine* engine, const DSpark* draft,
       options_(options),
       sampler_(sampler) {
   capture_.layers = CaptureLayers(engine->config(), draft->dconfig());
+  backlog_.layers = draft->target_layers();
+  backlog_.Clear();
   stats_.chosen_b.assign(draft->dconfig().block_size + 1, 0);
 }
 
@@ -303,6 +307,7 @@ Status SpeculativeDecoder::Prefill(SequenceState* st, std::span<const int32_t> p
   engine_->set_attn_capture(nullptr);
   KVTIER_RETURN_IF_ERROR(s);
   ctx_.Clear();
+  backlog_.Clear();
   const int64_t n = static_cast<int64_t>(prompt.size());
   const int64_t from = std::max<int64_t>(0, n - engine_->config().sliding_window);
   KVTIER_RETURN_IF_ERROR(draft_->Observe(capture_, from, n - from, &ctx_));
@@ -325,7 +330,10 @@ Status SpeculativeDecoder::DraftPhase(bool draft, DraftResult* d) {
     for (int k = 0; k < K; ++k) u.push_back(sampler_->NextUniform());
   }
   if (!draft) return Status::Ok();
+  const auto tb = Clock::now();
+  KVTIER_RETURN_IF_ERROR(FlushBacklog());
   const auto td = Clock::now();
+  stats_.rollback_us += Micros(tb, td);  // the context update, as in Accept
   KVTIER_RETURN_IF_ERROR(draft_->Draft(ctx_, pending_, sampler_->temperature(), u, d));
   const auto te = Clock::now();
   stats_.draft_us += Micros(td, te);
@@ -333,6 +341,44 @@ Status SpeculativeDecoder::DraftPhase(bool draft, DraftResult* d) {
   if (scheduler_ != nullptr)
     scheduler_->RecordDraft(std::chrono::duration<double>(te - td).count(), d->confidence);
   return Status::Ok();
+}
+
+Status SpeculativeDecoder::Defer(int64_t from, int64_t count) {
+  const int D = engine_->config().hidden_size;
+  const size_t rows_max = static_cast<size_t>(engine_->config().sliding_window) + 1;
+  const int64_t have = backlog_.first_pos.empty() || backlog_.first_pos[0] < 0
+                           ? 0
+                           : static_cast<int64_t>(backlog_.stream_mean[0].size()) / D;
+  if (have > 0 && backlog_.first_pos[0] + have != from) {
+    // Not contiguous with the backlog: the context would restart at `from` anyway.
+    backlog_.Clear();
+  }
+  for (size_t i = 0; i < backlog_.layers.size(); ++i) {
+    const int s = capture_.Slot(backlog_.layers[i]);
+    if (s < 0 || capture_.first_pos[s] < 0 || from < capture_.first_pos[s] ||
+        (from - capture_.first_pos[s] + count) * D >
+            static_cast<int64_t>(capture_.stream_mean[s].size()))
+      return Status::InvalidArgument("speculative: the capture lacks the accepted positions");
+    std::vector<float>& m = backlog_.stream_mean[i];
+    if (backlog_.first_pos[i] < 0) backlog_.first_pos[i] = from;
+    const float* src = capture_.stream_mean[s].data() + (from - capture_.first_pos[s]) * D;
+    m.insert(m.end(), src, src + count * D);
+    const size_t rows = m.size() / static_cast<size_t>(D);
+    if (rows > rows_max) {
+      m.erase(m.begin(), m.begin() + static_cast<int64_t>((rows - rows_max) * D));
+      backlog_.first_pos[i] += static_cast<int64_t>(rows - rows_max);
+    }
+  }
+  return Status::Ok();
+}
+
+Status SpeculativeDecoder::FlushBacklog() {
+  if (backlog_.first_pos.empty() || backlog_.first_pos[0] < 0) return Status::Ok();
+  const int64_t rows =
+      static_cast<int64_t>(backlog_.stream_mean[0].size()) / engine_->config().hidden_size;
+  Status s = draft_->Observe(backlog_, backlog_.first_pos[0], rows, &ctx_);
+  backlog_.Clear();
+  return s;
 }
 
 Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
@@ -393,11 +439,15 @@ Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
   DraftScheduler* sched = lead->options_.scheduler ? lead->scheduler_ : nullptr;
   const int K = lead->draft_->dconfig().block_size;
   const bool draft = sched == nullptr || sched->ShouldDraft(static_cast<int>(R));
+  // A probe (drafting did not pay lately) drafts for one sequence only, in turn.
+  const size_t probe = draft && sched != nullptr && sched->probing()
+                           ? static_cast<size_t>(lead->stats_.rounds % R)
+                           : R;
   std::vector<DraftResult> d(R);
   std::vector<int> B(R, 0);
   for (size_t i = 0; i < R; ++i) {
-    KVTIER_RETURN_IF_ERROR(decs[i]->DraftPhase(draft, &d[i]));
-    if (draft) B[i] = std::clamp(decs[i]->options_.draft_len, 0, K);
+    KVTIER_RETURN_IF_ERROR(decs[i]->DraftPhase(draft && (probe == R || i == probe), &d[i]));
+    if (!d[i].tokens.empty()) B[i] = std::clamp(decs[i]->options_.draft_len, 0, K);
   }
   if (draft && sched != nullptr) {
     std::vector<std::vector<float>> conf(R);
@@ -472,7 +522,7 @@ Status SpeculativeDecoder::Accept(SequenceState* st, const DraftResult& d, int B
   const auto tr = Clock::now();
   if (B > 0)
     KVTIER_RETURN_IF_ERROR(RollbackTo(engine_->config(), *weights_, cp_, capture_, keep, st));
-  KVTIER_RETURN_IF_ERROR(draft_->Observe(capture_, n, keep - n, &ctx_));
+  KVTIER_RETURN_IF_ERROR(Defer(n, keep - n));
   stats_.rollback_us += Micros(tr, Clock::now());
   out->insert(out->end(), d.tokens.begin(), d.tokens.begin() + a);
   out->push_back(bonus);

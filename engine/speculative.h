@@ -92,11 +92,15 @@ class DraftScheduler {
   void RecordDraft(double seconds, const std::vector<float>& confidences);
   // SPS of a pass of `tokens` tokens (0 when never measured).
   double Sps(int tokens) const;
-  // Per request, how many of its drafted tokens to verify. confidences[i]: request i's c_k.
+  // Per request, how many of its drafted tokens to verify. confidences[i]: request i's c_k
+  // (empty when it did not draft: it gets 0; the rate counts one draft pass per non-empty one).
   std::vector<int> Choose(const std::vector<std::vector<float>>& confidences) const;
   // Whether the next round of `requests` sequences should draft; counts the rounds it says no.
   bool ShouldDraft(int requests = 1);
+  // Whether the last ShouldDraft that said yes was a probe (drafting did not pay then). A round
+  // of several requests probes with one request's draft: the estimates need no more.
   int max_tokens() const { return static_cast<int>(sps_.size()) - 1; }
+  bool probing() const { return probing_; }
 
  private:
   // Rounds per second of a verify pass of `tokens` after `drafts` draft passes.
@@ -174,6 +178,13 @@ class SpeculativeDecoder {
   // then, after the verify pass of n + 1 + B tokens gave `logits` ((B + 1) x vocab), the
   // acceptance, the rollback, the draft context's update and the counters.
   Status DraftPhase(bool draft, DraftResult* d);
+  // The draft context is brought up to date lazily: the target layers' captured rows of
+  // accepted positions wait in backlog_ (at most sliding_window + 1 rows, as many as the
+  // context keeps) and DSpark::Observe runs on them only before the next draft pass, so rounds
+  // the scheduler runs without drafting pay no draft-side projection (main_x of a row does not
+  // depend on other rows: the context ends up the same).
+  Status Defer(int64_t from, int64_t count);
+  Status FlushBacklog();
   Status Accept(SequenceState* state, const DraftResult& d, int B, int64_t n, const float* logits,
                 std::vector<int32_t>* out);
   Engine* engine_;
@@ -184,6 +195,7 @@ class SpeculativeDecoder {
   Sampler* sampler_;
   AttnInputCapture capture_;
   DraftContext ctx_;
+  AttnInputCapture backlog_;  // target layers only; first_pos[i] equal for all
   VerifyCheckpoint cp_;
   int32_t pending_ = -1;
   SpeculativeStats stats_;

@@ -471,6 +471,42 @@ TEST(Speculative, BatchedGreedyEqualsPlainGreedyAndStateAfterEveryRound) {
   EXPECT_GT(batched_rounds, 30u);
 }
 
+// When drafting does not pay, a batch of sequences runs as plain decode steps and probes with
+// one sequence's draft pass, not all of theirs.
+TEST(Speculative, BatchProbeDraftsForOneSequence) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  constexpr int kBatch = 4;
+  const int K = m.dconfig.block_size;
+  DraftScheduler sched(kBatch * (K + 1));
+  for (int t = 1; t <= sched.max_tokens(); ++t) sched.Record(t, 0.001 * t * t);
+  sched.RecordDraft(1.0, std::vector<float>(K, 0.5f));  // a draft pass costs a second
+  SpeculativeOptions o;
+  o.scheduler = true;
+  std::vector<Sampler> samplers(kBatch, Sampler(0, 1, 0));
+  std::vector<std::unique_ptr<SpeculativeDecoder>> decs;
+  std::vector<SpeculativeDecoder*> ptrs;
+  std::vector<SequenceState> st(kBatch);
+  std::vector<SequenceState*> sptrs;
+  for (int i = 0; i < kBatch; ++i) {
+    decs.push_back(std::make_unique<SpeculativeDecoder>(e.get(), m.draft.get(), m.weights.get(),
+                                                        &sched, o, &samplers[i]));
+    ptrs.push_back(decs.back().get());
+    st[i] = e->NewSequence();
+    sptrs.push_back(&st[i]);
+    int32_t first = -1;
+    ASSERT_TRUE(decs[i]->Start(&st[i], Bytes(Texts()[i]), &first).ok());
+  }
+  // kProbeRounds rounds without drafting, then one probe.
+  for (int r = 0; r < DraftScheduler::kProbeRounds + 2; ++r) {
+    std::vector<std::vector<int32_t>> outs(kBatch);
+    ASSERT_TRUE(SpeculativeDecoder::RoundBatch(ptrs, sptrs, &outs).ok());
+  }
+  uint64_t drafts = 0;
+  for (const auto& d : decs) drafts += d->stats().drafts;
+  EXPECT_EQ(drafts, 1u);
+}
+
 TEST(Speculative, RoundBatchRejectsBadArguments) {
   const Trained& m = Model();
   auto e = MakeEngine();
@@ -601,6 +637,9 @@ TEST(DraftScheduler, BatchOfRequestsCountsEveryDraftPass) {
   const std::vector<int> four =
       s.Choose({{0.9f, 0.9f, 0.9f}, {0.1f, 0.1f, 0.1f}, {0.8f, 0.1f, 0.1f}, {0.2f, 0.2f, 0.2f}});
   EXPECT_EQ(four, (std::vector<int>{3, 0, 1, 0}));
+  // A request without a draft (a probe drafts for one) gets none.
+  const std::vector<int> probe = s.Choose({{}, {0.9f, 0.9f, 0.9f}, {}, {}});
+  EXPECT_EQ(probe, (std::vector<int>{0, 3, 0, 0}));
 }
 
 TEST(DraftScheduler, StopsDraftingWhenItDoesNotPayAndProbes) {

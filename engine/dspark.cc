@@ -168,6 +168,29 @@ StatusOr<std::unique_ptr<DSpark>> DSpark::Load(const EngineConfig& c, const DSpa
   KVTIER_RETURN_IF_ERROR(get("dspark.conf.bias", {1}, &d->conf_b_));
   d->rope_ = RopeFrequencies(c.qk_rope_head_dim, RopeParamsFor(c, c.rope_theta));
   d->pool_ = std::make_unique<ThreadPool>(1);
+  // Packed copies of every matrix the draft multiplies by, held as long as the DSpark: without
+  // them MatMul packs each one again on every call (engine/matmul.h), which made a draft pass
+  // cost about as much as two decode steps of the backbone. The results do not change.
+  auto pack = [&](const float* w, int64_t in, int64_t out) {
+    d->packed_.push_back(RegisterPackedWeight(w, static_cast<int>(in), static_cast<int>(out)));
+  };
+  pack(d->proj_, NT * D, D);
+  pack(d->head_, D, V);
+  pack(d->markov_head_, r, V);
+  for (const Block& bl : d->blocks_) {
+    pack(bl.wq, D, H * hd);
+    pack(bl.wkv, D, hd);
+    pack(bl.wo, H * hd, D);
+    pack(bl.gate, D, dc.n_routed_experts);
+    for (int e = 0; e < dc.n_routed_experts; ++e) {
+      pack(bl.w1[e], D, I);
+      pack(bl.w3[e], D, I);
+      pack(bl.w2[e], I, D);
+    }
+    pack(bl.s_w1, D, I);
+    pack(bl.s_w3, D, I);
+    pack(bl.s_w2, I, D);
+  }
   return d;
 }
 

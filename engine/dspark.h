@@ -25,6 +25,7 @@
 
 #include "common/status.h"
 #include "engine/config.h"
+#include "engine/matmul.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "engine/weights.h"
@@ -116,6 +117,7 @@ class DSpark {
   std::vector<Block> blocks_;
   std::vector<double> rope_;
   std::unique_ptr<ThreadPool> pool_;
+  std::vector<std::shared_ptr<const PackedMatrix>> packed_;  // registered for MatMul
 };
 
 }  // namespace kvtier::engine

@@ -226,9 +226,16 @@ class Engine {
   // twice, an empty or out-of-vocabulary tokens[i], tokens[i] longer than
   // options.prefill_chunk_tokens, more than kMaxTokensPerCall tokens in all, or a state this
   // engine cannot extend. Any other error leaves every state unusable.
+  // For speculative verification (engine/speculative.h): all_logits (optional) gets every
+  // row's logits, (*all_logits)[i] = tokens[i].size() x vocab_size (the head then runs over
+  // every row); captures (empty, or one per state, each may be null) records sequence i's
+  // attention inputs into captures[i] as set_attn_capture does for a Forward of it alone
+  // (InvalidArgument for another size).
   Status ForwardBatch(std::span<SequenceState* const> states,
                       std::span<const std::span<const int32_t>> tokens,
-                      std::vector<std::vector<float>>* last_logits);
+                      std::vector<std::vector<float>>* last_logits,
+                      std::vector<std::vector<float>>* all_logits = nullptr,
+                      std::span<AttnInputCapture* const> captures = {});
   // CED prefill of an empty state; last_logits: the last token's logits.
   Status PrefillCed(SequenceState* state, std::span<const int32_t> tokens,
                     std::vector<float>* last_logits);

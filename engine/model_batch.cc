@@ -10,10 +10,14 @@ namespace kvtier::engine {
 // that the single-sequence path stays as it is.
 Status Engine::ForwardBatch(std::span<SequenceState* const> states,
                             std::span<const std::span<const int32_t>> tokens,
-                            std::vector<std::vector<float>>* last_logits) {
+                            std::vector<std::vector<float>>* last_logits,
+                            std::vector<std::vector<float>>* all_logits,
+                            std::span<AttnInputCapture* const> captures) {
   const size_t k = states.size();
   if (k == 0 || tokens.size() != k)
     return Status::InvalidArgument("engine: ForwardBatch needs one token span per state");
+  if (!captures.empty() && captures.size() != k)
+    return Status::InvalidArgument("engine: ForwardBatch needs no capture or one per state");
   const EngineConfig& c = config_;
   const int D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size, L = c.num_hidden_layers;
   std::vector<int64_t> off(k + 1, 0), p0(k);
@@ -32,6 +36,9 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
   if (total > static_cast<int64_t>(kMaxTokensPerCall))
     return Status::InvalidArgument("engine: more than kMaxTokensPerCall tokens in one call");
   ResetTrace();
+  for (AttnInputCapture* cap : captures) {
+    if (cap != nullptr) cap->Clear();
+  }
   std::vector<float> x(static_cast<size_t>(total) * hc * D), pre(static_cast<size_t>(total) * hc);
   for (size_t i = 0; i < k; ++i) {
     p0[i] = static_cast<int64_t>(states[i]->tokens.size());
@@ -72,6 +79,11 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
     }
     for (int s = 0; s < 2; ++s) {
       PreMix(n, x.data(), pre.data(), s == 0 ? lw.attn_norm : lw.ffn_norm, xn.data());
+      for (size_t i = 0; s == 0 && i < captures.size(); ++i) {
+        if (captures[i] != nullptr)
+          captures[i]->Record(l, p0[i], static_cast<int>(off[i + 1] - off[i]), hc, D,
+                              x.data() + off[i] * hc * D, xn.data() + off[i] * D);
+      }
       pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t) {
           HcMixes(x.data() + t * hc * D, hc, D, lw.hc_fn[s], lw.hc_scale[s], lw.hc_base[s],
@@ -110,6 +122,17 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
       MixSublayer(n, x.data(), f.data(), post.data(), comb.data());
       std::memcpy(pre.data(), next_pre.data(), next_pre.size() * 4);
     }
+  }
+  if (all_logits != nullptr) {  // the head over every row; the last rows are among them
+    std::vector<float> out(static_cast<size_t>(n) * V);
+    Head(n, x.data(), pre.data(), out.data());
+    all_logits->resize(k);
+    last_logits->resize(k);
+    for (size_t i = 0; i < k; ++i) {
+      (*all_logits)[i].assign(out.begin() + off[i] * V, out.begin() + off[i + 1] * V);
+      (*last_logits)[i].assign(out.begin() + (off[i + 1] - 1) * V, out.begin() + off[i + 1] * V);
+    }
+    return Status::Ok();
   }
   // The head over each sequence's last row only.
   std::vector<float> xl(k * hc * D), pl(k * hc), out(k * V);

@@ -150,10 +150,10 @@ double DraftScheduler::Sps(int tokens) const {
   return sps_[tokens];
 }
 
-double DraftScheduler::Rate(int tokens, bool drafted) const {
+double DraftScheduler::Rate(int tokens, int drafts) const {
   const double sps = Sps(tokens);
   if (sps <= 0) return 0;
-  return 1.0 / (1.0 / sps + (drafted ? draft_s_ : 0.0));
+  return 1.0 / (1.0 / sps + drafts * draft_s_);
 }
 
 std::vector<int> DraftScheduler::Choose(const std::vector<std::vector<float>>& conf) const {
@@ -163,7 +163,9 @@ std::vector<int> DraftScheduler::Choose(const std::vector<std::vector<float>>& c
     int req;
   };
   std::vector<Cand> cands;
+  int drafts = 0;
   for (int i = 0; i < R; ++i) {
+    drafts += conf[i].empty() ? 0 : 1;
     double a = 1;
     for (float ck : conf[i]) {
       a *= std::clamp(static_cast<double>(ck), 0.0, 1.0);
@@ -175,11 +177,11 @@ std::vector<int> DraftScheduler::Choose(const std::vector<std::vector<float>>& c
                    [](const Cand& x, const Cand& y) { return x.a > y.a; });
   std::vector<int> take(R, 0);
   if (R == 0) return take;
-  double tau = R, best = tau * Rate(R, true);
+  double tau = R, best = tau * Rate(R, drafts);
   size_t best_b = 0;
   for (size_t b = 0; b < cands.size() && R + static_cast<int>(b) + 1 <= max_tokens(); ++b) {
     tau += cands[b].a;
-    const double obj = tau * Rate(R + static_cast<int>(b) + 1, true);
+    const double obj = tau * Rate(R + static_cast<int>(b) + 1, drafts);
     if (obj > best) {
       best = obj;
       best_b = b + 1;
@@ -189,14 +191,16 @@ std::vector<int> DraftScheduler::Choose(const std::vector<std::vector<float>>& c
   return take;
 }
 
-bool DraftScheduler::ShouldDraft() {
-  if (mean_survival_.empty() || Sps(1) <= 0) return true;  // no estimate yet
+bool DraftScheduler::ShouldDraft(int requests) {
+  const int R = std::max(1, requests);
+  if (mean_survival_.empty() || Sps(R) <= 0) return true;  // no estimate yet
   double tau = 1, best = 0;
-  for (size_t k = 0; k <= mean_survival_.size() && static_cast<int>(k) + 1 <= max_tokens(); ++k) {
+  for (size_t k = 0; k <= mean_survival_.size() && R * (static_cast<int>(k) + 1) <= max_tokens();
+       ++k) {
     if (k > 0) tau += std::max(0.0, mean_survival_[k - 1]);
-    best = std::max(best, tau * Rate(static_cast<int>(k) + 1, true));
+    best = std::max(best, R * tau * Rate(R * (static_cast<int>(k) + 1), R));
   }
-  const bool pays = best > Sps(1);
+  const bool pays = best > R * Sps(R);
   if (probing_ && !pays) probe_interval_ = std::min(2 * probe_interval_, kProbeRoundsMax);
   probing_ = false;
   if (pays) {
@@ -227,6 +231,35 @@ Status MeasureSps(Engine* e, const SequenceState& base, int reps, DraftScheduler
   return Status::Ok();
 }
 
+Status MeasureSpsBatch(Engine* e, std::span<const SequenceState> bases, int reps,
+                       DraftScheduler* s) {
+  const int R = static_cast<int>(bases.size());
+  if (R == 0 || s->max_tokens() < R)
+    return Status::InvalidArgument("speculative: MeasureSpsBatch needs 1 .. max_tokens bases");
+  for (const SequenceState& b : bases) {
+    if (b.tokens.empty())
+      return Status::InvalidArgument("speculative: MeasureSpsBatch needs prefixes");
+  }
+  std::vector<std::vector<float>> logits;
+  for (int r = 0; r < reps; ++r) {
+    for (int t = R; t <= s->max_tokens(); ++t) {
+      std::vector<SequenceState> st(bases.begin(), bases.end());
+      std::vector<SequenceState*> ptrs;
+      std::vector<std::vector<int32_t>> toks(static_cast<size_t>(R));
+      std::vector<std::span<const int32_t>> spans;
+      for (int i = 0; i < R; ++i) {
+        toks[i].assign(static_cast<size_t>(t / R + (i < t % R ? 1 : 0)), st[i].tokens.back());
+        ptrs.push_back(&st[i]);
+        spans.emplace_back(toks[i]);
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      KVTIER_RETURN_IF_ERROR(e->ForwardBatch(ptrs, spans, &logits));
+      s->Record(t, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  return Status::Ok();
+}
+
 SpeculativeDecoder::SpeculativeDecoder(Engine* engine, const DSpark* draft,
                                        const ModelWeights* weights, DraftScheduler* scheduler,
                                        const SpeculativeOptions& options, Sampler* sampler)
@@ -237,6 +270,8 @@ SpeculativeDecoder::SpeculativeDecoder(Engine* engine, const DSpark* draft,
       options_(options),
       sampler_(sampler) {
   capture_.layers = CaptureLayers(engine->config(), draft->dconfig());
+  backlog_.layers = draft->target_layers();
+  backlog_.Clear();
   stats_.chosen_b.assign(draft->dconfig().block_size + 1, 0);
 }
 
@@ -272,6 +307,7 @@ Status SpeculativeDecoder::Prefill(SequenceState* st, std::span<const int32_t> p
   engine_->set_attn_capture(nullptr);
   KVTIER_RETURN_IF_ERROR(s);
   ctx_.Clear();
+  backlog_.Clear();
   const int64_t n = static_cast<int64_t>(prompt.size());
   const int64_t from = std::max<int64_t>(0, n - engine_->config().sliding_window);
   KVTIER_RETURN_IF_ERROR(draft_->Observe(capture_, from, n - from, &ctx_));
@@ -279,30 +315,80 @@ Status SpeculativeDecoder::Prefill(SequenceState* st, std::span<const int32_t> p
   return Status::Ok();
 }
 
+namespace {
+using Clock = std::chrono::steady_clock;
+uint64_t Micros(Clock::time_point a, Clock::time_point b) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(b - a).count());
+}
+}  // namespace
+
+Status SpeculativeDecoder::DraftPhase(bool draft, DraftResult* d) {
+  const int K = draft_->dconfig().block_size;
+  std::vector<double> u;
+  if (!sampler_->greedy()) {
+    for (int k = 0; k < K; ++k) u.push_back(sampler_->NextUniform());
+  }
+  if (!draft) return Status::Ok();
+  const auto tb = Clock::now();
+  KVTIER_RETURN_IF_ERROR(FlushBacklog());
+  const auto td = Clock::now();
+  stats_.rollback_us += Micros(tb, td);  // the context update, as in Accept
+  KVTIER_RETURN_IF_ERROR(draft_->Draft(ctx_, pending_, sampler_->temperature(), u, d));
+  const auto te = Clock::now();
+  stats_.draft_us += Micros(td, te);
+  ++stats_.drafts;
+  if (scheduler_ != nullptr)
+    scheduler_->RecordDraft(std::chrono::duration<double>(te - td).count(), d->confidence);
+  return Status::Ok();
+}
+
+Status SpeculativeDecoder::Defer(int64_t from, int64_t count) {
+  const int D = engine_->config().hidden_size;
+  const size_t rows_max = static_cast<size_t>(engine_->config().sliding_window) + 1;
+  const int64_t have = backlog_.first_pos.empty() || backlog_.first_pos[0] < 0
+                           ? 0
+                           : static_cast<int64_t>(backlog_.stream_mean[0].size()) / D;
+  if (have > 0 && backlog_.first_pos[0] + have != from) {
+    // Not contiguous with the backlog: the context would restart at `from` anyway.
+    backlog_.Clear();
+  }
+  for (size_t i = 0; i < backlog_.layers.size(); ++i) {
+    const int s = capture_.Slot(backlog_.layers[i]);
+    if (s < 0 || capture_.first_pos[s] < 0 || from < capture_.first_pos[s] ||
+        (from - capture_.first_pos[s] + count) * D >
+            static_cast<int64_t>(capture_.stream_mean[s].size()))
+      return Status::InvalidArgument("speculative: the capture lacks the accepted positions");
+    std::vector<float>& m = backlog_.stream_mean[i];
+    if (backlog_.first_pos[i] < 0) backlog_.first_pos[i] = from;
+    const float* src = capture_.stream_mean[s].data() + (from - capture_.first_pos[s]) * D;
+    m.insert(m.end(), src, src + count * D);
+    const size_t rows = m.size() / static_cast<size_t>(D);
+    if (rows > rows_max) {
+      m.erase(m.begin(), m.begin() + static_cast<int64_t>((rows - rows_max) * D));
+      backlog_.first_pos[i] += static_cast<int64_t>(rows - rows_max);
+    }
+  }
+  return Status::Ok();
+}
+
+Status SpeculativeDecoder::FlushBacklog() {
+  if (backlog_.first_pos.empty() || backlog_.first_pos[0] < 0) return Status::Ok();
+  const int64_t rows =
+      static_cast<int64_t>(backlog_.stream_mean[0].size()) / engine_->config().hidden_size;
+  Status s = draft_->Observe(backlog_, backlog_.first_pos[0], rows, &ctx_);
+  backlog_.Clear();
+  return s;
+}
+
 Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
   if (pending_ < 0) return Status::InvalidArgument("speculative: Start first");
   const int K = draft_->dconfig().block_size;
-  const bool greedy = sampler_->greedy();
-  DraftResult d;
-  std::vector<double> u;
-  if (!greedy) {
-    for (int k = 0; k < K; ++k) u.push_back(sampler_->NextUniform());
-  }
-  using Clock = std::chrono::steady_clock;
-  auto us = [](Clock::time_point a, Clock::time_point b) {
-    return static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(b - a).count());
-  };
   const bool draft = !options_.scheduler || scheduler_ == nullptr || scheduler_->ShouldDraft();
+  DraftResult d;
+  KVTIER_RETURN_IF_ERROR(DraftPhase(draft, &d));
   int B = 0;
   if (draft) {
-    const auto td = Clock::now();
-    KVTIER_RETURN_IF_ERROR(draft_->Draft(ctx_, pending_, sampler_->temperature(), u, &d));
-    const auto te = Clock::now();
-    stats_.draft_us += us(td, te);
-    ++stats_.drafts;
-    if (scheduler_ != nullptr)
-      scheduler_->RecordDraft(std::chrono::duration<double>(te - td).count(), d.confidence);
     B = std::clamp(options_.draft_len, 0, K);
     if (options_.scheduler && scheduler_ != nullptr) B = scheduler_->Choose({d.confidence})[0];
   }
@@ -320,15 +406,92 @@ Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
   const auto t0 = Clock::now();
   Status s = engine_->Forward(st, verify, true, &logits);
   const auto t1 = Clock::now();
-  const double secs = std::chrono::duration<double>(t1 - t0).count();
-  stats_.verify_us += us(t0, t1);
+  stats_.verify_us += Micros(t0, t1);
   engine_->set_attn_capture(nullptr);
   KVTIER_RETURN_IF_ERROR(s);
-  if (scheduler_ != nullptr) scheduler_->Record(B + 1, secs);
+  if (scheduler_ != nullptr)
+    scheduler_->Record(B + 1, std::chrono::duration<double>(t1 - t0).count());
+  return Accept(st, d, B, n, logits.data(), out);
+}
+
+Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
+                                      std::span<SequenceState* const> states,
+                                      std::vector<std::vector<int32_t>>* outs) {
+  const size_t R = decs.size();
+  if (R == 0 || states.size() != R || outs == nullptr || outs->size() != R)
+    return Status::InvalidArgument(
+        "speculative: RoundBatch needs one state and output per decoder");
+  const SpeculativeDecoder* lead = decs[0];
+  for (size_t i = 0; i < R; ++i) {
+    const SpeculativeDecoder* d = decs[i];
+    if (d == nullptr || states[i] == nullptr)
+      return Status::InvalidArgument("speculative: RoundBatch: null decoder or state");
+    if (d->pending_ < 0) return Status::InvalidArgument("speculative: Start first");
+    if (d->engine_ != lead->engine_ || d->draft_ != lead->draft_ ||
+        d->scheduler_ != lead->scheduler_)
+      return Status::InvalidArgument("speculative: RoundBatch decoders share no engine");
+    for (size_t j = 0; j < i; ++j) {
+      if (decs[j] == d || states[j] == states[i])
+        return Status::InvalidArgument("speculative: RoundBatch: a decoder or state twice");
+    }
+  }
+  Engine* engine = lead->engine_;
+  DraftScheduler* sched = lead->options_.scheduler ? lead->scheduler_ : nullptr;
+  const int K = lead->draft_->dconfig().block_size;
+  const bool draft = sched == nullptr || sched->ShouldDraft(static_cast<int>(R));
+  // A probe (drafting did not pay lately) drafts for one sequence only, in turn.
+  const size_t probe = draft && sched != nullptr && sched->probing()
+                           ? static_cast<size_t>(lead->stats_.rounds % R)
+                           : R;
+  std::vector<DraftResult> d(R);
+  std::vector<int> B(R, 0);
+  for (size_t i = 0; i < R; ++i) {
+    KVTIER_RETURN_IF_ERROR(decs[i]->DraftPhase(draft && (probe == R || i == probe), &d[i]));
+    if (!d[i].tokens.empty()) B[i] = std::clamp(decs[i]->options_.draft_len, 0, K);
+  }
+  if (draft && sched != nullptr) {
+    std::vector<std::vector<float>> conf(R);
+    for (size_t i = 0; i < R; ++i) conf[i] = d[i].confidence;
+    B = sched->Choose(conf);
+  }
+  std::vector<std::vector<int32_t>> verify(R);
+  std::vector<std::span<const int32_t>> spans;
+  std::vector<AttnInputCapture*> caps;
+  std::vector<int64_t> n(R);
+  int tokens = 0;
+  for (size_t i = 0; i < R; ++i) {
+    verify[i] = {decs[i]->pending_};
+    verify[i].insert(verify[i].end(), d[i].tokens.begin(), d[i].tokens.begin() + B[i]);
+    if (B[i] > 0) {
+      (void)engine->PrefetchEngram(*states[i], verify[i]);
+      SaveCheckpoint(*states[i], &decs[i]->cp_);
+    }
+    n[i] = static_cast<int64_t>(states[i]->tokens.size());
+    spans.emplace_back(verify[i]);
+    caps.push_back(&decs[i]->capture_);
+    tokens += 1 + B[i];
+  }
+  std::vector<std::vector<float>> last, all;
+  const auto t0 = Clock::now();
+  KVTIER_RETURN_IF_ERROR(engine->ForwardBatch(states, spans, &last, &all, caps));
+  const auto t1 = Clock::now();
+  if (lead->scheduler_ != nullptr)
+    lead->scheduler_->Record(tokens, std::chrono::duration<double>(t1 - t0).count());
+  for (size_t i = 0; i < R; ++i) {
+    decs[i]->stats_.verify_us += Micros(t0, t1);
+    KVTIER_RETURN_IF_ERROR(
+        decs[i]->Accept(states[i], d[i], B[i], n[i], all[i].data(), &(*outs)[i]));
+  }
+  return Status::Ok();
+}
+
+Status SpeculativeDecoder::Accept(SequenceState* st, const DraftResult& d, int B, int64_t n,
+                                  const float* logits, std::vector<int32_t>* out) {
+  const bool greedy = sampler_->greedy();
   const int V = engine_->config().vocab_size;
   auto row = [&](int k) {
-    return std::vector<float>(logits.begin() + static_cast<int64_t>(k) * V,
-                              logits.begin() + static_cast<int64_t>(k + 1) * V);
+    return std::vector<float>(logits + static_cast<int64_t>(k) * V,
+                              logits + static_cast<int64_t>(k + 1) * V);
   };
   int a = 0;
   int32_t bonus = -1;
@@ -359,8 +522,8 @@ Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
   const auto tr = Clock::now();
   if (B > 0)
     KVTIER_RETURN_IF_ERROR(RollbackTo(engine_->config(), *weights_, cp_, capture_, keep, st));
-  KVTIER_RETURN_IF_ERROR(draft_->Observe(capture_, n, keep - n, &ctx_));
-  stats_.rollback_us += us(tr, Clock::now());
+  KVTIER_RETURN_IF_ERROR(Defer(n, keep - n));
+  stats_.rollback_us += Micros(tr, Clock::now());
   out->insert(out->end(), d.tokens.begin(), d.tokens.begin() + a);
   out->push_back(bonus);
   pending_ = bonus;

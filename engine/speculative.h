@@ -18,6 +18,11 @@
 //      positions, recomputed from the captured attention input (the compressor's projection of
 //      one row is row-independent, ops.h), so the state equals plain decoding's bit for bit.
 //
+// Several sequences (SpeculativeDecoder::RoundBatch): every decoder drafts, the DraftScheduler
+// picks B across all of them (candidates by descending survival), and the drafts of all are
+// verified in one Engine::ForwardBatch pass (all rows' logits, one capture per sequence); each
+// sequence then accepts and rolls back as in its own round.
+//
 // Thread safety: a SpeculativeDecoder drives one sequence on one thread; the Engine and DSpark
 // may be shared only as their own headers allow.
 #pragma once
@@ -61,12 +66,15 @@ std::vector<int> CaptureLayers(const EngineConfig& config, const DSparkConfig& d
 // Chooses how many draft tokens to verify from the draft's confidences and measured costs:
 // SPS(t), verify passes of t tokens per second, and the draft pass's time (both exponential
 // moving averages, weight 1/8; the first sample sets them). A round drafting B tokens for one
-// sequence runs at rate(B) = 1 / (draft time + 1 / SPS(1 + B)).
+// sequence runs at rate(B) = 1 / (draft time + 1 / SPS(1 + B)); a round of R sequences, whose
+// R draft passes run one after another, at 1 / (R x draft time + 1 / SPS(R + B)) (B: the draft
+// tokens of all R together).
 //   Choose: candidates (request, position k) are taken by descending survival
 //   a_k = c_1 * ... * c_k; with R requests and B candidates taken, the objective is
-//   (R + sum of their a) * rate(R + B - 1 + 1); the B with the largest objective wins.
-//   ShouldDraft: whether drafting at all pays: the best objective with the running mean of past
-//   survivals beats SPS(1) (a plain decode step). Under saturation (verify cost growing with
+//   (R + sum of their a) * rate(R + B); the B with the largest objective wins.
+//   ShouldDraft(R): whether drafting at all pays: the best objective with the running mean of
+//   past survivals (every request drafting the same k) beats R x SPS(R) (a plain decode step
+//   of the R sequences). Under saturation (verify cost growing with
 //   tokens, or a draft pass as costly as the tokens it saves) it stops drafting, down to none,
 //   and probes to keep its estimates current: after kProbeRounds rounds without drafting, then
 //   after twice as many each time a probe confirms that drafting does not pay, up to
@@ -75,7 +83,8 @@ class DraftScheduler {
  public:
   static constexpr int kProbeRounds = 32;
   static constexpr int kProbeRoundsMax = 1024;
-  // max_tokens: the largest verify pass in the table (>= 1).
+  // max_tokens: the largest verify pass in the table (>= 1); R x (K + 1) for rounds of R
+  // sequences drafting K tokens each.
   explicit DraftScheduler(int max_tokens);
   // Records one verify pass of `tokens` tokens that took `seconds`.
   void Record(int tokens, double seconds);
@@ -83,14 +92,19 @@ class DraftScheduler {
   void RecordDraft(double seconds, const std::vector<float>& confidences);
   // SPS of a pass of `tokens` tokens (0 when never measured).
   double Sps(int tokens) const;
-  // Per request, how many of its drafted tokens to verify. confidences[i]: request i's c_k.
+  // Per request, how many of its drafted tokens to verify. confidences[i]: request i's c_k
+  // (empty when it did not draft: it gets 0; the rate counts one draft pass per non-empty one).
   std::vector<int> Choose(const std::vector<std::vector<float>>& confidences) const;
-  // Whether the next round should draft; counts the rounds it says no.
-  bool ShouldDraft();
+  // Whether the next round of `requests` sequences should draft; counts the rounds it says no.
+  bool ShouldDraft(int requests = 1);
+  // Whether the last ShouldDraft that said yes was a probe (drafting did not pay then). A round
+  // of several requests probes with one request's draft: the estimates need no more.
   int max_tokens() const { return static_cast<int>(sps_.size()) - 1; }
+  bool probing() const { return probing_; }
 
  private:
-  double Rate(int tokens, bool drafted) const;
+  // Rounds per second of a verify pass of `tokens` after `drafts` draft passes.
+  double Rate(int tokens, int drafts) const;
   std::vector<double> sps_;  // index: tokens per pass
   double draft_s_ = 0;
   std::vector<double> mean_survival_;  // per draft position; empty until a draft was recorded
@@ -102,6 +116,11 @@ class DraftScheduler {
 // Fills the scheduler's table at start: `reps` verify passes of each size 1 .. max_tokens on
 // copies of `base` (a prefilled state; it is not changed), timed on this engine.
 Status MeasureSps(Engine* engine, const SequenceState& base, int reps, DraftScheduler* scheduler);
+// The same for rounds of bases.size() sequences: passes of every size R .. max_tokens through
+// Engine::ForwardBatch over copies of `bases` (the tokens spread evenly, earlier sequences
+// taking the remainder). InvalidArgument for no bases, an empty base or max_tokens < R.
+Status MeasureSpsBatch(Engine* engine, std::span<const SequenceState> bases, int reps,
+                       DraftScheduler* scheduler);
 
 struct SpeculativeOptions {
   // Draft tokens verified per round when fixed (scheduler == false), in [0, block_size].
@@ -137,6 +156,17 @@ class SpeculativeDecoder {
   Status StartWith(SequenceState* state, std::span<const int32_t> prompt, int32_t next);
   // One round (draft, verify, accept, roll back); appends the emitted tokens (>= 1) to out.
   Status Round(SequenceState* state, std::vector<int32_t>* out);
+  // One round of several sequences, verified in one Engine::ForwardBatch pass: decoders[i]
+  // (started) drives states[i] and appends its emitted tokens to (*outs)[i]. Every decoder must
+  // share the first one's engine, draft and scheduler; the first one's options.scheduler
+  // decides whether the scheduler picks B across all (otherwise each uses its own draft_len).
+  // Each sequence's tokens and state are those its own Round would give (greedy: plain
+  // greedy's). InvalidArgument (nothing changed) for no decoders, mismatched sizes, a decoder
+  // or state twice, or decoders that do not share those; a failed verify leaves every state
+  // unusable, as ForwardBatch.
+  static Status RoundBatch(std::span<SpeculativeDecoder* const> decoders,
+                           std::span<SequenceState* const> states,
+                           std::vector<std::vector<int32_t>>* outs);
 
   const SpeculativeStats& stats() const { return stats_; }
   // The next token (emitted, not yet run by the target).
@@ -144,6 +174,19 @@ class SpeculativeDecoder {
 
  private:
   Status Prefill(SequenceState* state, std::span<const int32_t> prompt, std::vector<float>* logits);
+  // Round's phases: the draft pass (when `draft`; the sampling uniforms are drawn either way);
+  // then, after the verify pass of n + 1 + B tokens gave `logits` ((B + 1) x vocab), the
+  // acceptance, the rollback, the draft context's update and the counters.
+  Status DraftPhase(bool draft, DraftResult* d);
+  // The draft context is brought up to date lazily: the target layers' captured rows of
+  // accepted positions wait in backlog_ (at most sliding_window + 1 rows, as many as the
+  // context keeps) and DSpark::Observe runs on them only before the next draft pass, so rounds
+  // the scheduler runs without drafting pay no draft-side projection (main_x of a row does not
+  // depend on other rows: the context ends up the same).
+  Status Defer(int64_t from, int64_t count);
+  Status FlushBacklog();
+  Status Accept(SequenceState* state, const DraftResult& d, int B, int64_t n, const float* logits,
+                std::vector<int32_t>* out);
   Engine* engine_;
   const DSpark* draft_;
   const ModelWeights* weights_;
@@ -152,6 +195,7 @@ class SpeculativeDecoder {
   Sampler* sampler_;
   AttnInputCapture capture_;
   DraftContext ctx_;
+  AttnInputCapture backlog_;  // target layers only; first_pos[i] equal for all
   VerifyCheckpoint cp_;
   int32_t pending_ = -1;
   SpeculativeStats stats_;

@@ -1,17 +1,25 @@
-// DSpark speculative decoding against plain decoding, concurrency 1 (docs/PERFORMANCE.md,
-// "Speculative decoding"). Greedy generation of --max-new tokens after each of --prompts
-// prompts cut from --text (evenly spaced, --prompt-bytes each, bos first); per prompt every
-// setting runs in turn (plain, fixed draft lengths, the scheduler), so load changes hit all of
-// them alike. Decode time only (the prefill is the same Forward for all). Checks that every
-// speculative output equals plain greedy's and exits 1 when one differs.
+// DSpark speculative decoding against plain decoding at several concurrencies
+// (docs/PERFORMANCE.md, "Speculative decoding (DSpark)"). Greedy generation of --max-new tokens
+// after each of --prompts prompts cut from --text (evenly spaced, --prompt-bytes each, bos
+// first). At concurrency C the prompts run in groups of C sequences: plain decoding steps all
+// live sequences in one Engine::ForwardBatch, speculative settings run
+// SpeculativeDecoder::RoundBatch (drafts of all live sequences verified in one ForwardBatch);
+// a sequence leaves its group when it has its tokens. Per group every setting runs in turn
+// (plain, fixed draft lengths, the load-aware scheduler, whose SPS table is measured per
+// concurrency on the first group), so load changes hit all of them alike. Decode time only
+// (the prefill is the same for all). Checks that every speculative output equals plain
+// greedy's and exits 1 when one differs.
 //
 //   kvtier_spec_bench --config C --model M --draft D --text FILE
-//                     [--prompts N --prompt-bytes B --max-new N --draft-lens 1,3,5]
+//                     [--prompts N --prompt-bytes B --max-new N --draft-lens 1,3,5
+//                      --concurrency 1,4,16]
 #include <time.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -28,6 +36,7 @@ namespace kvtier::engine {
 namespace {
 
 constexpr uint64_t kPromptsMax = 1000, kMaxNewMax = 4096, kPromptBytesMax = 4096;
+constexpr uint64_t kConcurrencyMax = 64;  // sequences per group
 constexpr size_t kTextBytesMax = 64u << 20;
 
 // CPU time of this thread (the engine runs on the caller's thread with threads = 1): on a shared
@@ -51,9 +60,34 @@ int Fail(const Status& s) {
   return 1;
 }
 
+// Comma-separated integers in [lo, hi], at most kListMax of them.
+constexpr size_t kListMax = 16;
+bool ParseList(const std::string& text, int lo, int hi, std::vector<int>* out) {
+  std::stringstream ls(text);
+  for (std::string item; std::getline(ls, item, ',');) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < lo || v > hi || out->size() >= kListMax) return false;
+    out->push_back(static_cast<int>(v));
+  }
+  return !out->empty();
+}
+
+void Add(const SpeculativeStats& ds, SpeculativeStats* to) {
+  to->rounds += ds.rounds;
+  to->drafted += ds.drafted;
+  to->accepted += ds.accepted;
+  to->emitted += ds.emitted;
+  to->draft_us += ds.draft_us;
+  to->verify_us += ds.verify_us;
+  to->rollback_us += ds.rollback_us;
+  to->chosen_b.resize(std::max(to->chosen_b.size(), ds.chosen_b.size()));
+  for (size_t b = 0; b < ds.chosen_b.size(); ++b) to->chosen_b[b] += ds.chosen_b[b];
+}
+
 int Main(int argc, char** argv) {
   cli::FlagSet flags("kvtier_spec_bench", "DSpark speculative decoding vs plain greedy decoding");
-  std::string config, model, draft_path, text_path, lens = "1,3,5";
+  std::string config, model, draft_path, text_path, lens = "1,3,5", conc = "1,4,16";
   uint64_t prompts = 16, prompt_bytes = 96, max_new = 96;
   flags.String("config", &config, "FILE", "model config.json", true);
   flags.String("model", &model, "FILE", "backbone weights", true);
@@ -64,6 +98,8 @@ int Main(int argc, char** argv) {
   flags.Uint("prompt-bytes", &prompt_bytes, "bytes per prompt");
   flags.Uint("max-new", &max_new, "tokens generated per prompt and setting");
   flags.String("draft-lens", &lens, "LIST", "fixed draft lengths to compare (comma separated)");
+  flags.String("concurrency", &conc, "LIST",
+               "sequences decoded together (comma separated, each dividing --prompts)");
   std::vector<std::string_view> args(argv + 1, argv + argc);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (prompts == 0 || prompts > kPromptsMax || max_new == 0 || max_new > kMaxNewMax ||
@@ -75,10 +111,25 @@ int Main(int argc, char** argv) {
                  (unsigned long long)kPromptBytesMax);
     return 2;
   }
+  std::vector<int> concurrencies;
+  if (!ParseList(conc, 1, static_cast<int>(kConcurrencyMax), &concurrencies)) {
+    std::fprintf(stderr, "kvtier_spec_bench: --concurrency: up to %zu values in 1..%llu\n",
+                 kListMax, (unsigned long long)kConcurrencyMax);
+    return 2;
+  }
+  for (int c : concurrencies) {
+    if (prompts % static_cast<uint64_t>(c) != 0) {
+      std::fprintf(stderr, "kvtier_spec_bench: --concurrency %d does not divide --prompts\n", c);
+      return 2;
+    }
+  }
   auto cfg = LoadEngineConfig(config);
   if (!cfg.ok()) return Fail(cfg.status());
   auto dc = LoadDSparkConfig(config, *cfg);
   if (!dc.ok()) return Fail(dc.status());
+  std::vector<int> draft_lens;
+  if (!ParseList(lens, 0, dc->block_size, &draft_lens))
+    return Fail(Status::InvalidArgument("bad --draft-lens"));
   auto w = LoadWeights(*cfg, model);
   if (!w.ok()) return Fail(w.status());
   auto weights = std::make_shared<const ModelWeights>(std::move(*w));
@@ -93,100 +144,126 @@ int Main(int argc, char** argv) {
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<size_t>(in.gcount()));
   if (text.size() < prompt_bytes * prompts) return Fail(Status::InvalidArgument("text too short"));
-
-  std::vector<Row> rows = {{"plain", -2}};
-  std::stringstream ls(lens);
-  for (std::string item; std::getline(ls, item, ',');) {
-    const int k = std::atoi(item.c_str());
-    if (k < 0 || k > dc->block_size) return Fail(Status::InvalidArgument("bad --draft-lens"));
-    rows.push_back({"fixed " + std::to_string(k), k});
-  }
-  rows.push_back({"scheduler", -1});
-  DraftScheduler scheduler(dc->block_size + 1);
-  bool measured = false;
-  using Clock = std::chrono::steady_clock;
   const size_t stride = text.size() / prompts;
-  for (uint64_t p = 0; p < prompts; ++p) {
+  auto prompt_of = [&](uint64_t p) {
     std::vector<int32_t> prompt = {0};
     for (size_t i = 0; i < prompt_bytes; ++i)
       prompt.push_back(3 + static_cast<unsigned char>(text[p * stride + i]));
-    std::vector<int32_t> want;
-    for (Row& r : rows) {
-      SequenceState st = e.NewSequence();
-      std::vector<int32_t> out;
-      Sampler sampler(0, 1, 0);
-      if (r.draft_len == -2) {
-        std::vector<float> logits;
-        Status s = e.Forward(&st, prompt, false, &logits);
-        if (!s.ok()) return Fail(s);
-        const auto t0 = Clock::now();
-        const double c0 = CpuSeconds();
-        for (uint64_t i = 0; i < max_new; ++i) {
-          out.push_back(sampler.Sample(logits));
-          if (i + 1 < max_new && !(s = e.Decode(&st, out.back(), &logits)).ok()) return Fail(s);
-        }
-        r.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-        r.cpu_seconds += CpuSeconds() - c0;
-        want = out;
-      } else {
-        SpeculativeOptions o;
-        o.scheduler = r.draft_len < 0;
-        o.draft_len = std::max(0, r.draft_len);
-        SpeculativeDecoder dec(&e, draft->get(), weights.get(), &scheduler, o, &sampler);
-        int32_t first = -1;
-        Status s = dec.Start(&st, prompt, &first);
-        if (!s.ok()) return Fail(s);
-        if (o.scheduler && !measured) {
-          if (!(s = MeasureSps(&e, st, 5, &scheduler)).ok()) return Fail(s);
-          measured = true;
-        }
-        out.push_back(first);
-        const auto t0 = Clock::now();
-        const double c0 = CpuSeconds();
-        while (out.size() < max_new) {
-          if (!(s = dec.Round(&st, &out)).ok()) return Fail(s);
-        }
-        r.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-        r.cpu_seconds += CpuSeconds() - c0;
-        out.resize(max_new);
-        const SpeculativeStats& ds = dec.stats();
-        r.stats.rounds += ds.rounds;
-        r.stats.drafted += ds.drafted;
-        r.stats.accepted += ds.accepted;
-        r.stats.emitted += ds.emitted;
-        r.stats.draft_us += ds.draft_us;
-        r.stats.verify_us += ds.verify_us;
-        r.stats.rollback_us += ds.rollback_us;
-        r.stats.chosen_b.resize(ds.chosen_b.size());
-        for (size_t b = 0; b < ds.chosen_b.size(); ++b) r.stats.chosen_b[b] += ds.chosen_b[b];
-        r.mismatches += out != want ? 1 : 0;
-      }
-      r.tokens += max_new;
-    }
-  }
-  const double plain_tps = rows[0].tokens / rows[0].seconds;
-  const double plain_cpu_tps = rows[0].tokens / rows[0].cpu_seconds;
-  std::printf("%-10s %9s %7s %9s %7s %12s %10s %9s %9s %9s %s\n", "setting", "tokens/s", "speedup",
-              "cpu_tok/s", "cpu_x", "accepted/ver", "tokens/ver", "draft_ms", "verify_ms",
-              "rollbk_ms", "B chosen");
+    return prompt;
+  };
+  using Clock = std::chrono::steady_clock;
   bool ok = true;
-  for (const Row& r : rows) {
-    const double tps = r.tokens / r.seconds, ctps = r.tokens / r.cpu_seconds;
-    if (r.draft_len == -2) {
-      std::printf("%-10s %9.1f %7.2f %9.1f %7.2f %12s %10s\n", r.name.c_str(), tps, 1.0, ctps, 1.0,
-                  "-", "-");
-      continue;
+  for (const int C : concurrencies) {
+    std::vector<Row> rows = {{"plain", -2}};
+    for (int k : draft_lens) rows.push_back({"fixed " + std::to_string(k), k});
+    rows.push_back({"scheduler", -1});
+    DraftScheduler scheduler(C * (dc->block_size + 1));
+    bool measured = false;
+    for (uint64_t g = 0; g < prompts / C; ++g) {
+      std::vector<std::vector<int32_t>> want(C);
+      for (Row& r : rows) {
+        std::vector<SequenceState> st;
+        std::vector<std::vector<int32_t>> out(C);
+        std::vector<Sampler> samplers(C, Sampler(0, 1, 0));
+        std::vector<float> logits;
+        Status s;
+        if (r.draft_len == -2) {
+          std::vector<std::vector<float>> last(C);
+          for (int i = 0; i < C; ++i) {
+            st.push_back(e.NewSequence());
+            if (!(s = e.Forward(&st[i], prompt_of(g * C + i), false, &last[i])).ok())
+              return Fail(s);
+          }
+          const auto t0 = Clock::now();
+          const double c0 = CpuSeconds();
+          for (uint64_t n = 0; n < max_new; ++n) {
+            std::vector<int32_t> next(C);
+            std::vector<SequenceState*> ptrs;
+            std::vector<std::span<const int32_t>> spans;
+            for (int i = 0; i < C; ++i) {
+              out[i].push_back(samplers[i].Sample(last[i]));
+              next[i] = out[i].back();
+              ptrs.push_back(&st[i]);
+              spans.emplace_back(&next[i], 1);
+            }
+            if (n + 1 < max_new && !(s = e.ForwardBatch(ptrs, spans, &last)).ok()) return Fail(s);
+          }
+          r.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+          r.cpu_seconds += CpuSeconds() - c0;
+          want = out;
+        } else {
+          SpeculativeOptions o;
+          o.scheduler = r.draft_len < 0;
+          o.draft_len = std::max(0, r.draft_len);
+          std::vector<std::unique_ptr<SpeculativeDecoder>> decs;
+          for (int i = 0; i < C; ++i) {
+            decs.push_back(std::make_unique<SpeculativeDecoder>(&e, draft->get(), weights.get(),
+                                                                &scheduler, o, &samplers[i]));
+            st.push_back(e.NewSequence());
+            int32_t first = -1;
+            if (!(s = decs[i]->Start(&st[i], prompt_of(g * C + i), &first)).ok()) return Fail(s);
+            out[i].push_back(first);
+          }
+          if (o.scheduler && !measured) {
+            if (!(s = MeasureSpsBatch(&e, st, 3, &scheduler)).ok()) return Fail(s);
+            measured = true;
+          }
+          const auto t0 = Clock::now();
+          const double c0 = CpuSeconds();
+          for (;;) {
+            std::vector<SpeculativeDecoder*> live;
+            std::vector<SequenceState*> ptrs;
+            std::vector<int> idx;
+            for (int i = 0; i < C; ++i) {
+              if (out[i].size() >= max_new) continue;
+              live.push_back(decs[i].get());
+              ptrs.push_back(&st[i]);
+              idx.push_back(i);
+            }
+            if (live.empty()) break;
+            std::vector<std::vector<int32_t>> got(live.size());
+            if (!(s = SpeculativeDecoder::RoundBatch(live, ptrs, &got)).ok()) return Fail(s);
+            for (size_t j = 0; j < live.size(); ++j)
+              out[idx[j]].insert(out[idx[j]].end(), got[j].begin(), got[j].end());
+          }
+          r.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+          r.cpu_seconds += CpuSeconds() - c0;
+          for (int i = 0; i < C; ++i) {
+            out[i].resize(max_new);
+            Add(decs[i]->stats(), &r.stats);
+            r.mismatches += out[i] != want[i] ? 1 : 0;
+          }
+        }
+        r.tokens += static_cast<uint64_t>(C) * max_new;
+      }
     }
-    const double n = static_cast<double>(std::max<uint64_t>(1, r.stats.rounds));
-    std::string chosen;
-    for (size_t b = 0; b < r.stats.chosen_b.size(); ++b)
-      chosen += (b ? "," : "") + std::to_string(r.stats.chosen_b[b]);
-    std::printf("%-10s %9.1f %7.2f %9.1f %7.2f %12.2f %10.2f %9.1f %9.1f %9.1f [%s]%s\n",
-                r.name.c_str(), tps, tps / plain_tps, ctps, ctps / plain_cpu_tps,
-                r.stats.accepted / n, r.stats.emitted / n, r.stats.draft_us / 1e3,
-                r.stats.verify_us / 1e3, r.stats.rollback_us / 1e3, chosen.c_str(),
-                r.mismatches ? "  OUTPUT DIFFERS FROM PLAIN" : "");
-    ok = ok && r.mismatches == 0;
+    const double plain_tps = rows[0].tokens / rows[0].seconds;
+    const double plain_cpu_tps = rows[0].tokens / rows[0].cpu_seconds;
+    std::printf("concurrency %d (%llu prompts, %llu new tokens each)\n", C,
+                (unsigned long long)prompts, (unsigned long long)max_new);
+    std::printf("%-10s %9s %7s %9s %7s %12s %10s %9s %9s %9s %s\n", "setting", "tokens/s",
+                "speedup", "cpu_tok/s", "cpu_x", "accepted/ver", "tokens/ver", "draft_ms",
+                "verify_ms", "rollbk_ms", "B chosen (sequence-rounds at B = 0..K)");
+    for (const Row& r : rows) {
+      const double tps = r.tokens / r.seconds, ctps = r.tokens / r.cpu_seconds;
+      if (r.draft_len == -2) {
+        std::printf("%-10s %9.1f %7.2f %9.1f %7.2f %12s %10s\n", r.name.c_str(), tps, 1.0, ctps,
+                    1.0, "-", "-");
+        continue;
+      }
+      // Per sequence-round: a batched round counts once per sequence in it.
+      const double n = static_cast<double>(std::max<uint64_t>(1, r.stats.rounds));
+      std::string chosen;
+      for (size_t b = 0; b < r.stats.chosen_b.size(); ++b)
+        chosen += (b ? "," : "") + std::to_string(r.stats.chosen_b[b]);
+      std::printf("%-10s %9.1f %7.2f %9.1f %7.2f %12.2f %10.2f %9.1f %9.1f %9.1f [%s]%s\n",
+                  r.name.c_str(), tps, tps / plain_tps, ctps, ctps / plain_cpu_tps,
+                  r.stats.accepted / n, r.stats.emitted / n, r.stats.draft_us / 1e3,
+                  r.stats.verify_us / 1e3 / C, r.stats.rollback_us / 1e3, chosen.c_str(),
+                  r.mismatches ? "  OUTPUT DIFFERS FROM PLAIN" : "");
+      ok = ok && r.mismatches == 0;
+    }
+    std::fflush(stdout);
   }
   return ok ? 0 : 1;
 }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -327,6 +328,219 @@ TEST(Speculative, GreedyEqualsPlainGreedyAndStateAfterEveryRound) {
   EXPECT_GT(accepted, rounds);
 }
 
+// Plain greedy decoding of `prompt`: the tokens and the state after prompt + tokens[0..i] for
+// every i.
+void PlainGreedy(Engine* e, const std::vector<int32_t>& prompt, int count,
+                 std::vector<int32_t>* tokens, std::vector<SequenceState>* states) {
+  Sampler greedy(0, 1, 0);
+  SequenceState plain = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->Forward(&plain, prompt, false, &logits).ok());
+  for (int i = 0; i < count; ++i) {
+    tokens->push_back(greedy.Sample(logits));
+    ASSERT_TRUE(e->Decode(&plain, tokens->back(), &logits).ok());
+    states->push_back(plain);
+  }
+}
+
+// ForwardBatch's all-rows logits and per-sequence captures equal Forward's of each sequence
+// alone, bit for bit.
+TEST(ForwardBatchVerify, AllLogitsAndCapturesEqualForward) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  const int V = m.config.vocab_size;
+  std::vector<SequenceState> base;
+  for (int i = 0; i < 3; ++i) {
+    base.push_back(e->NewSequence());
+    std::vector<float> logits;
+    ASSERT_TRUE(e->Forward(&base.back(), Bytes(Texts()[i]), false, &logits).ok());
+  }
+  const std::vector<std::vector<int32_t>> verify = {
+      Bytes("abc"), {3 + 'x'}, Bytes("long one\n")};  // bos first: any ids will do
+  std::vector<SequenceState> batched = base;
+  std::vector<SequenceState*> ptrs;
+  std::vector<std::span<const int32_t>> spans;
+  std::vector<AttnInputCapture> caps(3);
+  std::vector<AttnInputCapture*> cap_ptrs;
+  for (int i = 0; i < 3; ++i) {
+    ptrs.push_back(&batched[i]);
+    spans.emplace_back(verify[i]);
+    caps[i].layers = CaptureLayers(m.config, m.dconfig);
+    cap_ptrs.push_back(&caps[i]);
+  }
+  std::vector<std::vector<float>> last, all;
+  ASSERT_TRUE(e->ForwardBatch(ptrs, spans, &last, &all, cap_ptrs).ok());
+  ASSERT_EQ(all.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    SequenceState alone = base[i];
+    AttnInputCapture cap;
+    cap.layers = CaptureLayers(m.config, m.dconfig);
+    std::vector<float> logits;
+    e->set_attn_capture(&cap);
+    ASSERT_TRUE(e->Forward(&alone, verify[i], true, &logits).ok());
+    e->set_attn_capture(nullptr);
+    ASSERT_EQ(all[i].size(), verify[i].size() * V);
+    EXPECT_EQ(0, std::memcmp(all[i].data(), logits.data(), logits.size() * 4)) << i;
+    EXPECT_EQ(0, std::memcmp(last[i].data(), logits.data() + logits.size() - V, V * 4)) << i;
+    EXPECT_TRUE(SameState(batched[i], alone)) << i;
+    EXPECT_EQ(caps[i].first_pos, cap.first_pos) << i;
+    EXPECT_EQ(caps[i].normed, cap.normed) << i;
+    EXPECT_EQ(caps[i].stream_mean, cap.stream_mean) << i;
+  }
+  // A capture list of another size is refused before anything changes.
+  std::vector<SequenceState> again = base;
+  std::vector<SequenceState*> two = {&again[0], &again[1]};
+  std::vector<std::span<const int32_t>> two_spans = {spans[0], spans[1]};
+  EXPECT_FALSE(e->ForwardBatch(two, two_spans, &last, &all, cap_ptrs).ok());
+  EXPECT_TRUE(SameState(again[0], base[0]));
+}
+
+// Several sequences per round, verified in one ForwardBatch: every sequence emits plain
+// greedy's tokens, and after every round (rejections included) its state equals plain
+// decoding's bit for bit. Sequences leave the batch as they finish, so the batch shrinks.
+TEST(Speculative, BatchedGreedyEqualsPlainGreedyAndStateAfterEveryRound) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  constexpr int kNew = 40, kBatch = 4;
+  const int K = m.dconfig.block_size;
+  uint64_t rejections = 0, accepted = 0, rounds = 0, batched_rounds = 0;
+  for (int mode : {5, 2, -1}) {  // fixed draft lengths, then the scheduler
+    for (size_t g = 0; g + kBatch <= Texts().size(); g += kBatch) {
+      std::vector<std::vector<int32_t>> want(kBatch);
+      std::vector<std::vector<SequenceState>> plain(kBatch);
+      for (int i = 0; i < kBatch; ++i)
+        PlainGreedy(e.get(), Bytes(Texts()[g + i]), kNew + K + 1, &want[i], &plain[i]);
+      // A table in which drafting pays (flat verify cost, cheap drafts): the scheduler's
+      // choices vary across requests; verify timings then update it as they come.
+      DraftScheduler sched(kBatch * (K + 1));
+      for (int t = 1; t <= sched.max_tokens(); ++t) sched.Record(t, 0.001);
+      sched.RecordDraft(1e-6, std::vector<float>(K, 0.8f));
+      SpeculativeOptions o;
+      o.draft_len = std::max(0, mode);
+      o.scheduler = mode < 0;
+      std::vector<Sampler> samplers(kBatch, Sampler(0, 1, 0));
+      std::vector<std::unique_ptr<SpeculativeDecoder>> decs;
+      std::vector<SequenceState> st;
+      std::vector<std::vector<int32_t>> got(kBatch);
+      for (int i = 0; i < kBatch; ++i) {
+        decs.push_back(std::make_unique<SpeculativeDecoder>(e.get(), m.draft.get(), m.weights.get(),
+                                                            &sched, o, &samplers[i]));
+        st.push_back(e->NewSequence());
+        int32_t first = -1;
+        ASSERT_TRUE(decs[i]->Start(&st[i], Bytes(Texts()[g + i]), &first).ok());
+        got[i] = {first};
+      }
+      for (;;) {
+        std::vector<SpeculativeDecoder*> live;
+        std::vector<SequenceState*> lst;
+        std::vector<int> idx;
+        for (int i = 0; i < kBatch; ++i) {
+          if (static_cast<int>(got[i].size()) >= kNew) continue;
+          live.push_back(decs[i].get());
+          lst.push_back(&st[i]);
+          idx.push_back(i);
+        }
+        if (live.empty()) break;
+        std::vector<std::vector<int32_t>> outs(live.size());
+        ASSERT_TRUE(SpeculativeDecoder::RoundBatch(live, lst, &outs).ok());
+        batched_rounds += live.size() > 1 ? 1 : 0;
+        for (size_t j = 0; j < live.size(); ++j) {
+          const int i = idx[j];
+          ASSERT_GE(outs[j].size(), 1u);
+          got[i].insert(got[i].end(), outs[j].begin(), outs[j].end());
+          const size_t done = got[i].size() - 1;
+          ASSERT_LE(done, plain[i].size());
+          ASSERT_TRUE(SameState(st[i], plain[i][done - 1]))
+              << "mode " << mode << " sequence " << g + i << " after " << done;
+        }
+      }
+      for (int i = 0; i < kBatch; ++i) {
+        got[i].resize(kNew);
+        EXPECT_EQ(got[i], std::vector<int32_t>(want[i].begin(), want[i].begin() + kNew))
+            << "mode " << mode << " sequence " << g + i;
+        if (mode > 0) {
+          rejections += decs[i]->stats().rejections;
+          accepted += decs[i]->stats().accepted;
+          rounds += decs[i]->stats().rounds;
+        }
+      }
+    }
+  }
+  EXPECT_GT(rejections, 10u);
+  EXPECT_GT(accepted, rounds);
+  EXPECT_GT(batched_rounds, 30u);
+}
+
+// When drafting does not pay, a batch of sequences runs as plain decode steps and probes with
+// one sequence's draft pass, not all of theirs.
+TEST(Speculative, BatchProbeDraftsForOneSequence) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  constexpr int kBatch = 4;
+  const int K = m.dconfig.block_size;
+  DraftScheduler sched(kBatch * (K + 1));
+  for (int t = 1; t <= sched.max_tokens(); ++t) sched.Record(t, 0.001 * t * t);
+  sched.RecordDraft(1.0, std::vector<float>(K, 0.5f));  // a draft pass costs a second
+  SpeculativeOptions o;
+  o.scheduler = true;
+  std::vector<Sampler> samplers(kBatch, Sampler(0, 1, 0));
+  std::vector<std::unique_ptr<SpeculativeDecoder>> decs;
+  std::vector<SpeculativeDecoder*> ptrs;
+  std::vector<SequenceState> st(kBatch);
+  std::vector<SequenceState*> sptrs;
+  for (int i = 0; i < kBatch; ++i) {
+    decs.push_back(std::make_unique<SpeculativeDecoder>(e.get(), m.draft.get(), m.weights.get(),
+                                                        &sched, o, &samplers[i]));
+    ptrs.push_back(decs.back().get());
+    st[i] = e->NewSequence();
+    sptrs.push_back(&st[i]);
+    int32_t first = -1;
+    ASSERT_TRUE(decs[i]->Start(&st[i], Bytes(Texts()[i]), &first).ok());
+  }
+  // kProbeRounds rounds without drafting, then one probe.
+  for (int r = 0; r < DraftScheduler::kProbeRounds + 2; ++r) {
+    std::vector<std::vector<int32_t>> outs(kBatch);
+    ASSERT_TRUE(SpeculativeDecoder::RoundBatch(ptrs, sptrs, &outs).ok());
+  }
+  uint64_t drafts = 0;
+  for (const auto& d : decs) drafts += d->stats().drafts;
+  EXPECT_EQ(drafts, 1u);
+}
+
+TEST(Speculative, RoundBatchRejectsBadArguments) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  Sampler s1(0, 1, 0), s2(0, 1, 0);
+  SpeculativeOptions o;
+  SpeculativeDecoder a(e.get(), m.draft.get(), m.weights.get(), nullptr, o, &s1);
+  SpeculativeDecoder b(e.get(), m.draft.get(), m.weights.get(), nullptr, o, &s2);
+  SequenceState sa = e->NewSequence(), sb = e->NewSequence();
+  std::vector<std::vector<int32_t>> outs(2);
+  std::vector<SpeculativeDecoder*> ab = {&a, &b};
+  std::vector<SequenceState*> states = {&sa, &sb};
+  EXPECT_FALSE(SpeculativeDecoder::RoundBatch(ab, states, &outs).ok());  // not started
+  int32_t first = -1;
+  ASSERT_TRUE(a.Start(&sa, Bytes("abc"), &first).ok());
+  ASSERT_TRUE(b.Start(&sb, Bytes("xyz"), &first).ok());
+  const SequenceState before = sa;
+  std::vector<SequenceState*> twice = {&sa, &sa};
+  EXPECT_FALSE(SpeculativeDecoder::RoundBatch(ab, twice, &outs).ok());
+  std::vector<SpeculativeDecoder*> dtwice = {&a, &a};
+  EXPECT_FALSE(SpeculativeDecoder::RoundBatch(dtwice, states, &outs).ok());
+  std::vector<SequenceState*> one = {&sa};
+  EXPECT_FALSE(SpeculativeDecoder::RoundBatch(ab, one, &outs).ok());
+  EXPECT_FALSE(SpeculativeDecoder::RoundBatch({}, {}, &outs).ok());
+  auto other = MakeEngine();
+  SpeculativeDecoder c(other.get(), m.draft.get(), m.weights.get(), nullptr, o, &s2);
+  SequenceState sc = other->NewSequence();
+  ASSERT_TRUE(c.Start(&sc, Bytes("xyz"), &first).ok());
+  std::vector<SpeculativeDecoder*> ac = {&a, &c};
+  std::vector<SequenceState*> asc = {&sa, &sc};
+  EXPECT_FALSE(SpeculativeDecoder::RoundBatch(ac, asc, &outs).ok());
+  EXPECT_TRUE(SameState(sa, before));
+  EXPECT_TRUE(SpeculativeDecoder::RoundBatch(ab, states, &outs).ok());
+}
+
 // The first token a round emits after a fixed pending token is distributed as the target's
 // (temperature 1.5, top-p 0.95 after "ls [-": a few dozen candidate ids). 2000 rounds from copies
 // of one decoder; Pearson chi-square over the ids with expected count >= 5 (the rest pooled),
@@ -405,6 +619,27 @@ TEST(DraftScheduler, MaximisesExpectedTokensTimesRate) {
   std::vector<int> two = s.Choose({{0.9f, 0.9f, 0.1f}, {0.95f, 0.2f, 0.1f}});
   EXPECT_EQ(two[0] + two[1], 4);  // the table ends at 6 tokens: 2 pending + 4
   EXPECT_GE(two[0], 2);
+}
+
+// Rounds of R sequences pay R draft passes and compare with a plain step of R sequences.
+TEST(DraftScheduler, BatchOfRequestsCountsEveryDraftPass) {
+  // Verify cost flat up to 8 tokens; a draft pass costs 0.4 of a verify pass.
+  DraftScheduler s(8);
+  for (int t = 1; t <= 8; ++t) s.Record(t, 0.001);
+  s.RecordDraft(0.0004, {0.5f, 0.5f, 0.5f});
+  // One request: k = 3 gives 1.875 tokens per 1.4 ms > 1 per 1 ms.
+  EXPECT_TRUE(s.ShouldDraft(1));
+  // Four requests: at most k = 1 fits the table (8 tokens): 4 x 1.5 tokens per 2.6 ms < 4 per
+  // 1 ms, so drafting does not pay (counting one draft pass instead of four, it would).
+  EXPECT_FALSE(s.ShouldDraft(4));
+  // Choose over four requests: all the draft costs are paid already, so it verifies as many as
+  // fit the flat table (8 - 4 = 4), the most confident first.
+  const std::vector<int> four =
+      s.Choose({{0.9f, 0.9f, 0.9f}, {0.1f, 0.1f, 0.1f}, {0.8f, 0.1f, 0.1f}, {0.2f, 0.2f, 0.2f}});
+  EXPECT_EQ(four, (std::vector<int>{3, 0, 1, 0}));
+  // A request without a draft (a probe drafts for one) gets none.
+  const std::vector<int> probe = s.Choose({{}, {0.9f, 0.9f, 0.9f}, {}, {}});
+  EXPECT_EQ(probe, (std::vector<int>{0, 3, 0, 0}));
 }
 
 TEST(DraftScheduler, StopsDraftingWhenItDoesNotPayAndProbes) {

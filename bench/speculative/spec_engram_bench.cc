@@ -1,0 +1,239 @@
+// Remote Engram rows during speculative decoding (docs/PERFORMANCE.md, "Speculative decoding
+// (DSpark)", the Engram lead-time goal). The trained miniature and its DSpark draft decode
+// greedily, once with the engine's local Engram table and once with RemoteEngramRowSource
+// reading the same rows from a RowServer over loopback (ExportEngramTables of the same weights;
+// transport MakeTransport kAuto: TCP without an RDMA device). Settings: plain decoding (one
+// Decode per token) and SpeculativeDecoder rounds with fixed draft lengths, whose drafted
+// tokens' rows are requested as soon as the draft exists (Engine::PrefetchEngram). Per prompt
+// every setting runs local then remote, so load changes hit both alike. Reports per setting
+// the decode time's remote_vs_local overhead and the remote engine's Engram waits, stalls and
+// prefetches (decode phase only); exits 1 when a remote run emits other tokens than the local.
+//
+// The shipped miniature's Engram tables are small (engram_vocab_size 1024: 12 primes above it
+// per layer), so the fetcher's hot-row cache would serve nearly every row after the first
+// prompt; --hot-cache-kib (default 0) therefore keeps it off and every row crosses loopback.
+//
+//   kvtier_spec_engram_bench --config C --model M --draft D --text FILE
+//       [--prompts N --prompt-bytes B --max-new N --draft-lens 1,3,5 --threads 1
+//        --hot-cache-kib 0]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cli/flags.h"
+#include "common/temp_dir.h"
+#include "engine/dspark.h"
+#include "engine/engram_export.h"
+#include "engine/model.h"
+#include "engine/remote_engram.h"
+#include "engine/sampler.h"
+#include "engine/speculative.h"
+#include "engine/weights.h"
+#include "rdma/row_server.h"
+
+namespace kvtier::engine {
+namespace {
+
+constexpr uint64_t kPromptsMax = 1000, kMaxNewMax = 4096, kPromptBytesMax = 4096;
+constexpr uint64_t kThreadsMax = 64, kHotCacheKibMax = 1 << 20;
+constexpr size_t kTextBytesMax = 64u << 20, kListMax = 16;
+using Clock = std::chrono::steady_clock;
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "kvtier_spec_engram_bench: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+struct Setting {
+  std::string name;
+  int draft_len = -1;  // -1: plain decoding
+  double local_s = 0, remote_s = 0;
+  EngineStats remote;  // deltas over the decode phases
+  uint64_t rounds = 0, accepted = 0, mismatches = 0;
+};
+
+void AddDelta(const EngineStats& a, const EngineStats& b, EngineStats* to) {
+  to->engram_waits += b.engram_waits - a.engram_waits;
+  to->engram_stalls += b.engram_stalls - a.engram_stalls;
+  to->engram_stall_us += b.engram_stall_us - a.engram_stall_us;
+  to->engram_prefetches_issued += b.engram_prefetches_issued - a.engram_prefetches_issued;
+  to->engram_prefetches_consumed += b.engram_prefetches_consumed - a.engram_prefetches_consumed;
+  to->engram_prefetches_discarded += b.engram_prefetches_discarded - a.engram_prefetches_discarded;
+}
+
+// Greedy decoding of max_new tokens after `prompt` on `e`; the decode phase's wall time and
+// the engine's counters around it.
+Status Run(Engine* e, const DSpark& draft, const ModelWeights& w,
+           const std::vector<int32_t>& prompt, uint64_t max_new, Setting* set, double* seconds,
+           EngineStats* stats, std::vector<int32_t>* out) {
+  SequenceState st = e->NewSequence();
+  Sampler sampler(0, 1, 0);
+  if (set->draft_len < 0) {
+    std::vector<float> logits;
+    KVTIER_RETURN_IF_ERROR(e->Forward(&st, prompt, false, &logits));
+    const EngineStats before = e->stats();
+    const auto t0 = Clock::now();
+    for (uint64_t i = 0; i < max_new; ++i) {
+      out->push_back(sampler.Sample(logits));
+      if (i + 1 < max_new) KVTIER_RETURN_IF_ERROR(e->Decode(&st, out->back(), &logits));
+    }
+    *seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    AddDelta(before, e->stats(), stats);
+    return Status::Ok();
+  }
+  SpeculativeOptions o;
+  o.draft_len = set->draft_len;
+  SpeculativeDecoder dec(e, &draft, &w, nullptr, o, &sampler);
+  int32_t first = -1;
+  KVTIER_RETURN_IF_ERROR(dec.Start(&st, prompt, &first));
+  out->push_back(first);
+  const EngineStats before = e->stats();
+  const auto t0 = Clock::now();
+  while (out->size() < max_new) KVTIER_RETURN_IF_ERROR(dec.Round(&st, out));
+  *seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  AddDelta(before, e->stats(), stats);
+  out->resize(max_new);
+  set->rounds += dec.stats().rounds;
+  set->accepted += dec.stats().accepted;
+  return Status::Ok();
+}
+
+int Main(int argc, char** argv) {
+  cli::FlagSet flags("kvtier_spec_engram_bench",
+                     "remote vs local Engram rows, plain and speculative decoding");
+  std::string config, model, draft_path, text_path, lens = "1,3,5";
+  uint64_t prompts = 8, prompt_bytes = 96, max_new = 96, threads = 1, hot_kib = 0;
+  flags.String("config", &config, "FILE", "model config.json", true);
+  flags.String("model", &model, "FILE", "backbone weights", true);
+  flags.String("draft", &draft_path, "FILE", "DSpark weights", true);
+  flags.String("text", &text_path, "FILE", "text to cut prompts from", true);
+  flags.Uint("prompts", &prompts, "prompts");
+  flags.Uint("prompt-bytes", &prompt_bytes, "bytes per prompt");
+  flags.Uint("max-new", &max_new, "tokens generated per prompt and setting");
+  flags.String("draft-lens", &lens, "LIST", "fixed draft lengths (comma separated)");
+  flags.Uint("threads", &threads, "engine threads");
+  flags.Uint("hot-cache-kib", &hot_kib, "the row fetcher's hot-row cache (0: off)");
+  std::vector<std::string_view> args(argv + 1, argv + argc);
+  if (int rc = flags.Parse(args); rc >= 0) return rc;
+  if (prompts == 0 || prompts > kPromptsMax || max_new == 0 || max_new > kMaxNewMax ||
+      prompt_bytes == 0 || prompt_bytes > kPromptBytesMax || threads == 0 ||
+      threads > kThreadsMax || hot_kib > kHotCacheKibMax) {
+    std::fprintf(stderr, "kvtier_spec_engram_bench: a flag is out of range (see --help)\n");
+    return 2;
+  }
+  auto cfg = LoadEngineConfig(config);
+  if (!cfg.ok()) return Fail(cfg.status());
+  auto dc = LoadDSparkConfig(config, *cfg);
+  if (!dc.ok()) return Fail(dc.status());
+  std::vector<Setting> sets = {{"plain", -1}};
+  std::stringstream ls(lens);
+  for (std::string item; std::getline(ls, item, ',');) {
+    char* end = nullptr;
+    const long k = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || k < 0 || k > dc->block_size || sets.size() > kListMax)
+      return Fail(Status::InvalidArgument("bad --draft-lens"));
+    sets.push_back({"fixed " + item, static_cast<int>(k)});
+  }
+  auto w = LoadWeights(*cfg, model);
+  if (!w.ok()) return Fail(w.status());
+  auto weights = std::make_shared<const ModelWeights>(std::move(*w));
+  auto draft = DSpark::Load(*cfg, *dc, weights, draft_path);
+  if (!draft.ok()) return Fail(draft.status());
+  std::ifstream in(text_path, std::ios::binary);
+  if (!in) return Fail(Status::IOError("cannot open " + text_path));
+  std::string text(kTextBytesMax, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() < prompt_bytes * prompts) return Fail(Status::InvalidArgument("text too short"));
+
+  // The row server with the tables of these weights.
+  TempDir dir("kvtier-spec-engram-");
+  rdma::RowServer server(rdma::RowServerOptions{});
+  if (Status s = server.Start(); !s.ok()) return Fail(s);
+  EngramExportOptions eo;
+  eo.out_dir = dir.path() + "/tables";
+  eo.endpoints = {"127.0.0.1:" + std::to_string(server.port())};
+  auto ex = ExportEngramTables(*cfg, *weights, eo);
+  if (!ex.ok()) return Fail(ex.status());
+  RemoteEngramConfig rc;
+  rc.shard_map_toml = ex->shard_map_toml;
+  rc.layer_ids = cfg->engram_layer_ids;
+  rc.tenant = "bench";
+  for (const auto& file : ex->files) {
+    if (Status s = server.RegisterTable(file.region, file.path); !s.ok()) return Fail(s);
+    auto tok = server.IssueGrant(file.region, "bench", 3600000);
+    if (!tok.ok()) return Fail(tok.status());
+    rc.tokens[file.region] = *tok;
+  }
+  RemoteEngramOptions ro;
+  ro.fetcher.hot_cache_bytes = hot_kib << 10;
+  auto remote = RemoteEngramRowSource::Connect(cfg->engram_head_dim, rc, ro);
+  if (!remote.ok()) return Fail(remote.status());
+  EngineOptions lo;
+  lo.threads = static_cast<int>(threads);
+  auto local_engine = Engine::Create(*cfg, weights, lo);
+  if (!local_engine.ok()) return Fail(local_engine.status());
+  EngineOptions reo = lo;
+  reo.engram_rows = remote->get();
+  auto remote_engine = Engine::Create(*cfg, weights, reo);
+  if (!remote_engine.ok()) return Fail(remote_engine.status());
+
+  const size_t stride = text.size() / prompts;
+  for (uint64_t p = 0; p < prompts; ++p) {
+    std::vector<int32_t> prompt = {0};
+    for (size_t i = 0; i < prompt_bytes; ++i)
+      prompt.push_back(3 + static_cast<unsigned char>(text[p * stride + i]));
+    for (Setting& set : sets) {
+      std::vector<int32_t> a, b;
+      EngineStats ignored;
+      Status s = Run(local_engine->get(), **draft, *weights, prompt, max_new, &set, &set.local_s,
+                     &ignored, &a);
+      if (!s.ok()) return Fail(s);
+      const uint64_t rounds = set.rounds, accepted = set.accepted;
+      s = Run(remote_engine->get(), **draft, *weights, prompt, max_new, &set, &set.remote_s,
+              &set.remote, &b);
+      if (!s.ok()) return Fail(s);
+      set.rounds = rounds;  // counted once (the remote run's are the same)
+      set.accepted = accepted;
+      set.mismatches += a != b ? 1 : 0;
+    }
+  }
+  server.Stop();
+  std::printf("transport %s, threads %llu, hot cache %llu KiB, %llu prompts x %llu tokens\n",
+              (*remote)->transport_name(), (unsigned long long)threads, (unsigned long long)hot_kib,
+              (unsigned long long)prompts, (unsigned long long)max_new);
+  std::printf("%-9s %10s %10s %9s %7s %7s %9s %9s %9s %9s %s\n", "setting", "local_tok/s",
+              "remote_tok/s", "overhead", "waits", "stalls", "stall_ms", "pf_issued", "pf_consumed",
+              "pf_discard", "accepted/ver");
+  bool ok = true;
+  const double tokens = static_cast<double>(prompts * max_new);
+  for (const Setting& set : sets) {
+    const EngineStats& r = set.remote;
+    char acc[32] = "-";
+    if (set.draft_len >= 0)
+      std::snprintf(acc, sizeof(acc), "%.2f",
+                    static_cast<double>(set.accepted) /
+                        static_cast<double>(std::max<uint64_t>(1, set.rounds)));
+    std::printf("%-9s %10.1f %10.1f %9.3f %7llu %7llu %9.1f %9llu %9llu %9llu %s%s\n",
+                set.name.c_str(), tokens / set.local_s, tokens / set.remote_s,
+                set.remote_s / set.local_s - 1.0, (unsigned long long)r.engram_waits,
+                (unsigned long long)r.engram_stalls, r.engram_stall_us / 1e3,
+                (unsigned long long)r.engram_prefetches_issued,
+                (unsigned long long)r.engram_prefetches_consumed,
+                (unsigned long long)r.engram_prefetches_discarded, acc,
+                set.mismatches ? "  REMOTE TOKENS DIFFER" : "");
+    ok = ok && set.mismatches == 0;
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace kvtier::engine
+
+int main(int argc, char** argv) { return kvtier::engine::Main(argc, argv); }

@@ -162,8 +162,11 @@ class SsdTier {
   // IOError: the write failed (nothing indexed), or (kSync) another buffer write of the same
   // commit did: the unit may then be stored (a caller that must not keep it removes it).
   // InvalidArgument: larger than a segment.
+  // defer_ticket (kSync only; may be null): when not null, Put returns once the record is
+  // appended, without committing, and sets *defer_ticket to the ticket to pass to
+  // WaitDurable (the unit is durable, and the put may be acknowledged, only after that).
   Status Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
-             std::vector<Key>* evicted);
+             std::vector<Key>* evicted, uint64_t* defer_ticket = nullptr);
   // NotFound, Corruption (quarantined), IOError.
   Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta = nullptr);
   // Get for many keys at once: the device reads of the batch, across all their segments, are

@@ -10,8 +10,8 @@
 #   ROUNDS times, kvtierd and redis-server alternating; the medians and their ratio
 #   (kvtierd / redis-server, goal >= 1.0) are printed, with the SSD commits kvtierd made.
 # Environment: KVTIER_BENCH_DIR (default: a new directory under ${TMPDIR:-/tmp}),
-#   KVTIER_IO_THREADS (kvtierd [server] io_threads, default 16: a RESP SET waits for its
-#   commit on an I/O thread, so concurrent SETs share a commit only up to this many).
+#   KVTIER_IO_THREADS (kvtierd [server] io_threads, default 16, kept for comparable runs;
+#   SETs under sync no longer wait on an I/O thread: docs/RESP.md "Durable SETs under sync").
 # Needs redis-server, redis-benchmark, curl and python3. Reports only; asserts nothing.
 set -euo pipefail
 

@@ -143,6 +143,11 @@ class DaemonImpl final : public Daemon {
       KVTIER_RETURN_IF_ERROR(service_.PersistRespNames(
           options_.storage.data_dir + "/resp-names.log", mode == storage::Durability::kSync,
           mode == storage::Durability::kBatched ? options_.storage.group_commit_ms : 0));
+      // Under sync a SET waits for disks: it completes asynchronously, sharing commits.
+      if (mode == storage::Durability::kSync) {
+        durable_sets_ = std::make_unique<RespDurableSets>(&service_, &metrics_);
+        shared_.durable_sets = durable_sets_.get();
+      }
     }
     // Engram tables are validated before any listener opens: a bad [engram] fails the start.
     if (options_.engram.enabled) {
@@ -378,6 +383,8 @@ class DaemonImpl final : public Daemon {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     io_.stop();
     for (auto& t : io_threads_) t.join();
+    // SETs still pending finish (durably) before the store is flushed.
+    if (durable_sets_) durable_sets_->Stop();
     Status st = store_->Flush();
     if (!st.ok()) {
       KVTIER_LOG(kError) << "flush at shutdown failed: " << st.ToString();
@@ -409,6 +416,7 @@ class DaemonImpl final : public Daemon {
   asio::thread_pool workers_;
   internal::ConnectionMemory memory_;
   Service service_;
+  std::unique_ptr<RespDurableSets> durable_sets_;  // durability sync with an SSD tier only
   Shared shared_;
   std::unique_ptr<EngramServing> engram_;  // [engram]; null when off
   std::unique_ptr<ClusterNode> cluster_;   // [cluster]; null when off

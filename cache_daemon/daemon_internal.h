@@ -18,6 +18,7 @@
 #include "cache_daemon/config.h"
 #include "cache_daemon/engram_serving.h"
 #include "cache_daemon/metrics.h"
+#include "cache_daemon/resp_durable_sets.h"
 #include "cache_daemon/service.h"
 #include "cache_daemon/tenants.h"
 #include "cache_daemon/tls_front.h"
@@ -78,6 +79,9 @@ struct Shared {
   EngramServing* engram = nullptr;  // null when [engram] serving is off
   ClusterNode* cluster = nullptr;   // null when [cluster] is off
   ConnectionMemory* memory = nullptr;
+  // Plain RESP SETs completed asynchronously: set under durability sync with an SSD tier
+  // (resp_durable_sets.h), null otherwise (SETs then run on the connection's strand).
+  RespDurableSets* durable_sets = nullptr;
   // Connections open per front (incremented at admission, decremented by the session).
   std::array<std::atomic<uint32_t>, static_cast<size_t>(Front::kCount)> front_open{};
   const TlsFront* tls = nullptr;   // null when no front uses TLS

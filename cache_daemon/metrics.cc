@@ -398,6 +398,12 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
         "(table full or turn too old).",
         native_turns_restarted.load());
   p.One("kvtier_inflight_requests", "gauge", "Native requests executing now.", inflight.load());
+  p.One("kvtier_resp_durable_set_batches_total", "counter",
+        "Batches of RESP SETs run under durability sync (one name sync and one commit each).",
+        resp_durable_set_batches.load());
+  p.One("kvtier_resp_durable_sets_pending", "gauge",
+        "RESP SETs under durability sync waiting for their batch's commit.",
+        resp_durable_sets_pending.load());
   p.One("kvtier_ready", "gauge", "1 when serving, 0 while draining.",
         uint64_t{extra.ready ? 1u : 0u});
   p.One("kvtier_uptime_seconds", "gauge", "Seconds since start.", extra.uptime_s);

@@ -132,6 +132,10 @@ class DaemonMetrics {
   // Native turn ids forgotten (a connection's table full) or past their age limit.
   std::atomic<uint64_t> native_turns_restarted{0};
   std::atomic<uint64_t> inflight{0};
+  // RESP SETs completed asynchronously under durability sync (resp_durable_sets.h): batches
+  // run (each one name-log sync and one SSD commit at most) and SETs submitted, not done yet.
+  std::atomic<uint64_t> resp_durable_set_batches{0};
+  std::atomic<uint64_t> resp_durable_sets_pending{0};
   std::array<std::atomic<uint64_t>, static_cast<size_t>(Refusal::kCount)> refusals{};
   void Refuse(Refusal r) { refusals[static_cast<size_t>(r)].fetch_add(1); }
   EngramFetchMetrics engram_fetch;

@@ -150,8 +150,13 @@ Status RespKeyIndex::WaitSynced(uint64_t seq) {
   return Status::Ok();
 }
 
+Status RespKeyIndex::WaitDurable(uint64_t durable_seq) {
+  if (log_ == nullptr || !sync_adds_ || durable_seq == 0) return Status::Ok();
+  return WaitSynced(durable_seq);
+}
+
 Status RespKeyIndex::Add(uint64_t tenant, const storage::Key& k, std::string_view name,
-                         bool* indexed) {
+                         bool* indexed, uint64_t* durable_seq) {
   uint64_t wait = 0;
   bool in = true;
   {
@@ -175,8 +180,11 @@ Status RespKeyIndex::Add(uint64_t tenant, const storage::Key& k, std::string_vie
     }
   }
   if (indexed != nullptr) *indexed = in;
-  if (log_ == nullptr || !sync_adds_ || wait == 0) return Status::Ok();
-  return WaitSynced(wait);
+  if (durable_seq != nullptr) {
+    *durable_seq = wait;
+    return Status::Ok();
+  }
+  return WaitDurable(wait);
 }
 
 void RespKeyIndex::Remove(uint64_t tenant, const storage::Key& k) {
@@ -221,6 +229,12 @@ size_t RespKeyIndex::size(uint64_t tenant) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto t = keys_.find(tenant);
   return t == keys_.end() ? 0 : t->second.size();
+}
+
+bool RespKeyIndex::Contains(uint64_t tenant, const storage::Key& k) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto t = keys_.find(tenant);
+  return t != keys_.end() && t->second.count(k) != 0;
 }
 
 uint64_t RespKeyIndex::bytes() const {

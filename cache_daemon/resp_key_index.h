@@ -75,8 +75,14 @@ class RespKeyIndex {
   // IOError when the name could not be logged (then it is not indexed either); with
   // sync_adds, returns once the name (also one already indexed) is durable.
   // *indexed (may be null) tells whether the name is in the index afterwards.
-  Status Add(uint64_t tenant, const storage::Key& k, std::string_view name,
-             bool* indexed = nullptr);
+  // durable_seq (may be null): when not null, Add does not wait: *durable_seq receives what
+  // to pass to WaitDurable before the put (0: nothing to wait for), so that one caller can
+  // wait once for the names of many SETs.
+  Status Add(uint64_t tenant, const storage::Key& k, std::string_view name, bool* indexed = nullptr,
+             uint64_t* durable_seq = nullptr);
+  // With sync_adds, returns once every name logged up to durable_seq (from Add) is durable
+  // (concurrent callers share one fdatasync); otherwise OK at once.
+  Status WaitDurable(uint64_t durable_seq);
   // Logged without waiting for the disk (a lost removal only leaves a name that SCAN prunes).
   void Remove(uint64_t tenant, const storage::Key& k);
   void RemoveTenant(uint64_t tenant);
@@ -90,6 +96,7 @@ class RespKeyIndex {
   static uint64_t CursorOf(const storage::Key& k);
 
   size_t size(uint64_t tenant) const;
+  bool Contains(uint64_t tenant, const storage::Key& k) const;
   uint64_t bytes() const;       // charged bytes of all entries
   uint64_t unindexed() const;   // Add() calls that hit a limit
   uint64_t log_errors() const;  // log appends, syncs and rewrites that failed

@@ -11,6 +11,9 @@
 #include <cctype>
 #include <charconv>
 #include <chrono>
+#include <deque>
+#include <memory>
+#include <span>
 
 #include "cache_daemon/daemon_internal.h"
 #include "cache_daemon/resp.h"
@@ -35,6 +38,10 @@ constexpr size_t kScatterMinBytes = 16u << 10;
 // Recycled GET buffers kept per connection (sum of capacities).
 constexpr size_t kSpareBufferBytesMax = 2u << 20;
 constexpr int kMaxAuthFailures = 3;
+// SETs of one connection pending at once (durability sync: RespDurableSets). Each also counts
+// its stored bytes plus kHoldOverheadBytes against the connection's reply budget.
+constexpr size_t kPendingSetsMax = 1024;
+constexpr size_t kHoldOverheadBytes = 256;
 
 std::string Upper(std::string_view s) {
   std::string u(s);
@@ -53,6 +60,18 @@ struct Body {
   size_t text_end = 0;
   std::vector<uint8_t> bytes;
   size_t offset = 0;
+};
+
+// The reply of a SET still pending (RespDurableSets): it goes at text_pos of the reply text,
+// and nothing from there on is written before it.
+struct Hold {
+  uint64_t id = 0;
+  size_t text_pos = 0;
+  uint64_t charged_bytes = 0;  // counted in pending_bytes() until it resolves
+  uint64_t start_us = 0;       // the SET's start, for its latency
+  InflightSlot slot;           // the tenant's in-flight slot, held until it resolves
+  bool done = false;
+  Status result;
 };
 
 class RespSession : public Session, public std::enable_shared_from_this<RespSession> {
@@ -94,7 +113,9 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         // Not idle while reads are paused by the daemon-wide budget and nothing is left for the
         // client to read (the daemon, not the client, is holding it up).
         IdleWatch::NowMs(), shared_from_this(),
-        [this] { return memory_.paused() && pending_bytes() == 0 && wbuf_.empty(); },
+        [this] {
+          return !holds_.empty() || (memory_.paused() && pending_bytes() == 0 && wbuf_.empty());
+        },
         [this] {
           if (closed_) return;
           shared_->metrics->Refuse(Refusal::kIdle);
@@ -129,15 +150,16 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   // Reports what this connection holds to the daemon-wide budget.
   void Account() {
     uint64_t held = parser_.capacity_bytes() + pending_bytes() + wbuf_.size() + spare_bytes_ +
-                    txn_.held_bytes();
+                    txn_.held_bytes() + stalled_bytes_;
     for (const Body& b : wbodies_) held += b.bytes.size();
     shared_->memory->Adjust(&charged_bytes_, held);
   }
 
   void Read() {
-    if (closed_) return;
+    if (closed_ || reading_) return;
     if (shared_->draining.load() || quit_) {
-      DoClose();
+      // Pending SETs are answered first: their completion runs Process, which comes back.
+      if (holds_.empty()) DoClose();
       return;
     }
     Account();
@@ -167,18 +189,25 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     Process();
   }
 
-  size_t pending_bytes() const { return out_.size() + body_bytes_; }
+  size_t pending_bytes() const { return out_.size() + body_bytes_ + hold_bytes_; }
 
-  // Runs buffered commands until the pending replies reach kMaxPendingReplyBytes, writes
-  // them, and repeats; then reads again. Returns early while an async write is in flight
-  // (its completion calls Process again).
+  // Runs buffered commands until the pending replies reach kMaxPendingReplyBytes (or
+  // kPendingSetsMax SETs are pending), writes what is ready (the replies before the first
+  // pending SET), and repeats; then reads again. Returns early while an async write is in
+  // flight (its completion calls Process again), and while the budget is spent on pending
+  // SETs (their completion does).
   void Process() {
     for (;;) {
       if (closed_) return;
       busy_.store(true);
       bool fatal = false;
       clock_us_ = DefaultSteadyClock().NowUs();
-      while (pending_bytes() < max_pending_bytes_ && !quit_) {
+      while (pending_bytes() < max_pending_bytes_ && holds_.size() < kPendingSetsMax && !quit_) {
+        if (!stalled_.empty()) {  // waits for the pending SETs, then runs first
+          if (!holds_.empty()) break;
+          RunStalled();
+          continue;
+        }
         if (txn_.executing()) {  // EXEC runs before any later command of this connection
           RunQueued();
           continue;
@@ -198,19 +227,131 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         SetCommandLimit();
       }
       if (fatal) quit_ = true;
+      if (writing_) return;  // the write's completion comes back here
+      if (ready_bytes() > 0) {
+        if (!WriteNow()) return;
+        continue;
+      }
       if (pending_bytes() == 0) {
         busy_.store(false);
-        if (parser_.buffered_bytes() > 0) ArmTimer();
-        Read();
+        if (quit_) return DoClose();
+      }
+      // Pending SETs (if any) come back here when they complete; meanwhile later commands
+      // are read and run while the budget allows.
+      if (pending_bytes() >= max_pending_bytes_ || holds_.size() >= kPendingSetsMax ||
+          !stalled_.empty()) {
         return;
       }
-      if (!WriteNow()) return;
-      if (quit_) return DoClose();
+      if (parser_.buffered_bytes() > 0) ArmTimer();
+      Read();
+      return;
     }
   }
 
-  // Appends to *iov the pending reply (text and segments), skipping its first skip bytes.
-  static void Gather(const std::string& text, const std::vector<Body>& bodies, size_t skip,
+  // Bytes of the pending reply that may be written now: everything before the first pending
+  // SET's reply.
+  size_t ready_text() const { return holds_.empty() ? out_.size() : holds_.front().text_pos; }
+  size_t ready_bodies() const {
+    size_t limit = ready_text(), n = 0;
+    while (n < bodies_.size() && bodies_[n].text_end <= limit) ++n;
+    return n;
+  }
+  size_t ready_bytes() const {
+    size_t n = ready_text();
+    for (size_t i = 0, k = ready_bodies(); i < k; ++i)
+      n += bodies_[i].bytes.size() - bodies_[i].offset;
+    return n;
+  }
+
+  // ---- SETs completed asynchronously (durability sync: RespDurableSets) ----
+  //
+  // Plain SETs run one after another without waiting for each other (they share commits);
+  // any other command waits until the SETs before it have completed (Stall), so that it
+  // sees their effects (a GET after a SET of this connection reads the new value, a DEL
+  // after it deletes it) and its reply follows theirs.
+
+  // Whether this command (upper-case name cmd) would be a SET completed asynchronously.
+  bool AsyncSet(const std::string& cmd, const std::vector<std::string_view>& a) const {
+    if (shared_->durable_sets == nullptr || tenant_ == nullptr || cmd != "SET"sv || a.size() < 3 ||
+        txn_.queuing() || txn_.executing()) {
+      return false;
+    }
+    if (a.size() == 3) return true;
+    StatusOr<resp::SetOptions> o =
+        resp::ParseSetOptions(std::span<const std::string_view>(a).subspan(3));
+    return o.ok() && o->plain();
+  }
+
+  // Keeps a copy of the command (argv views into the parser's buffer do not survive reads)
+  // to run once no SET is pending; counted in Account().
+  void Stall(const std::vector<std::string_view>& a) {
+    stalled_bytes_ = 0;
+    for (std::string_view v : a) {
+      stalled_.emplace_back(v);
+      stalled_bytes_ += v.size() + sizeof(std::string);
+    }
+  }
+  void RunStalled() {
+    std::vector<std::string> cmd;
+    cmd.swap(stalled_);
+    stalled_bytes_ = 0;
+    std::vector<std::string_view> views(cmd.begin(), cmd.end());
+    Execute(views);
+    SetCommandLimit();
+  }
+
+  // Hands a staged SET over; its reply is held at the current end of the reply text.
+  void SubmitSet(std::unique_ptr<RespSetJob> job, uint64_t start_us) {
+    Hold h;
+    h.id = next_hold_id_++;
+    h.text_pos = out_.size();
+    h.charged_bytes = job->envelope.size() + job->name.size() + kHoldOverheadBytes;
+    h.start_us = start_us;
+    h.slot = std::move(slot_);
+    hold_bytes_ += h.charged_bytes;
+    uint64_t id = h.id;
+    holds_.push_back(std::move(h));
+    shared_->durable_sets->Submit(
+        std::move(job), [self = shared_from_this(), id](const Status& st) {
+          asio::post(self->strand_, [self, id, st] { self->SetDone(id, st); });
+        });
+  }
+
+  // A pending SET finished: resolves the replies that are now complete, in order, and lets
+  // Process write them (and read on, when the budget was spent on pending SETs).
+  void SetDone(uint64_t id, const Status& st) {
+    if (holds_.empty() || id < holds_.front().id) return;
+    if (id - holds_.front().id >= holds_.size()) return;
+    Hold& h = holds_[id - holds_.front().id];
+    h.done = true;
+    h.result = st;
+    while (!holds_.empty() && holds_.front().done) {
+      Hold& f = holds_.front();
+      std::string reply;
+      StatusCode code = StatusCode::kOk;
+      if (f.result.ok()) {
+        resp::AppendSimple("OK", &reply);
+      } else {
+        code = f.result.code();
+        StoreErrorText(f.result, &reply);
+      }
+      out_.insert(f.text_pos, reply);
+      for (size_t i = 1; i < holds_.size(); ++i) holds_[i].text_pos += reply.size();
+      for (Body& b : bodies_) {
+        if (b.text_end > f.text_pos) b.text_end += reply.size();
+      }
+      hold_bytes_ -= f.charged_bytes;
+      shared_->metrics->RecordRequest(Op::kRespSet, code,
+                                      DefaultSteadyClock().NowUs() - f.start_us);
+      holds_.pop_front();  // releases its in-flight slot
+    }
+    if (closed_) return;
+    Account();
+    if (!writing_) Process();
+  }
+
+  // Appends to *iov the reply text and its segments, skipping the first skip bytes.
+  static void Gather(std::string_view text, std::span<const Body> bodies, size_t skip,
                      std::vector<asio::const_buffer>* iov) {
     iov->clear();
     auto add = [&](const char* p, size_t n) {
@@ -227,12 +368,33 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     add(text.data() + prev, text.size() - prev);
   }
 
-  // Writes the pending replies: one non-blocking writev, then asio's async_write for whatever
-  // the socket did not take. True: all written; false: an async write is in flight or the
-  // connection closed.
+  // Takes the first `text` bytes of out_ and the first `nbodies` bodies out of the pending
+  // reply into *wtext / *wbodies (appended), re-basing what stays.
+  void TakeReady(size_t text, size_t nbodies, std::string* wtext, std::vector<Body>* wbodies) {
+    for (size_t i = 0; i < nbodies; ++i) {
+      body_bytes_ -= bodies_[i].bytes.size() - bodies_[i].offset;
+      wbodies->push_back(std::move(bodies_[i]));
+    }
+    bodies_.erase(bodies_.begin(), bodies_.begin() + static_cast<ptrdiff_t>(nbodies));
+    if (text == out_.size()) {
+      wtext->swap(out_);
+      out_.clear();
+    } else {
+      wtext->assign(out_, 0, text);
+      out_.erase(0, text);
+    }
+    for (Body& b : bodies_) b.text_end -= text;
+    for (Hold& h : holds_) h.text_pos -= text;
+  }
+
+  // Writes the replies that are ready (ready_bytes()): one non-blocking writev, then asio's
+  // async_write for whatever the socket did not take. True: all written; false: an async
+  // write is in flight or the connection closed.
   bool WriteNow() {
-    size_t total = pending_bytes();
-    Gather(out_, bodies_, 0, &iov_);
+    size_t text = ready_text(), nbodies = ready_bodies();
+    size_t total = ready_bytes();
+    Gather(std::string_view(out_).substr(0, text), std::span<const Body>(bodies_.data(), nbodies),
+           0, &iov_);
     boost::system::error_code ec;
     size_t n = sock_.write_some(iov_, ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) {
@@ -245,27 +407,27 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     }
     shared_->metrics->AddBytes(false, n);
     if (n > 0) idle_.Touch(IdleWatch::NowMs());
+    wbuf_.clear();
+    TakeReady(text, nbodies, &wbuf_, &wbodies_);
     if (n == total) {
-      out_.clear();
-      Recycle(&bodies_);
+      wbuf_.clear();
+      Recycle(&wbodies_);
       return true;
     }
-    wbuf_.swap(out_);
-    out_.clear();
-    wbodies_.swap(bodies_);
-    body_bytes_ = 0;
     Account();
     Gather(wbuf_, wbodies_, n, &iov_);
+    writing_ = true;
     asio::async_write(sock_, iov_,
                       asio::bind_executor(strand_, [self = shared_from_this()](
                                                        boost::system::error_code ec, size_t n) {
+                        self->writing_ = false;
                         self->shared_->metrics->AddBytes(false, n);
                         self->idle_.Touch(IdleWatch::NowMs());
                         self->wbuf_.clear();
                         self->Recycle(&self->wbodies_);
                         if (ec) return self->DoClose();
-                        if (self->quit_) return self->DoClose();
-                        // Commands may still be buffered (we stopped at the reply limit).
+                        // Commands may still be buffered (we stopped at the reply limit),
+                        // and replies may have become ready meanwhile.
                         self->Process();
                       }));
     return false;
@@ -280,7 +442,6 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       }
     }
     bodies->clear();
-    if (bodies == &bodies_) body_bytes_ = 0;
   }
 
   // Appends a bulk reply whose payload v lies inside raw_: small payloads are copied into
@@ -323,6 +484,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
 
   void Execute(const std::vector<std::string_view>& argv) {
     std::string cmd = Upper(argv[0]);
+    if (!holds_.empty() && !AsyncSet(cmd, argv)) return Stall(argv);
     // One clock read per command: a command's latency runs from the end of the previous one
     // in the same batch (which adds only this command's parse time), or from the batch start.
     uint64_t start_us = clock_us_;
@@ -361,10 +523,17 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         resp::AppendError("ERR tenant in-flight request limit reached", &out_);
         code = StatusCode::kRejected;
       } else {
+        slot_ = std::move(slot).value();  // a SET completed asynchronously keeps it
+        set_start_us_ = start_us;
         code = Data(cmd, argv);
+        slot_ = InflightSlot();
       }
     }
     clock_us_ = DefaultSteadyClock().NowUs();
+    if (deferred_) {
+      deferred_ = false;  // recorded when it completes (SetDone)
+      return;
+    }
     shared_->metrics->RecordRequest(op, code, clock_us_ - start_us);
   }
 
@@ -465,12 +634,15 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   }
 
   StatusCode StoreError(const Status& st) {
-    if (st.IsRejected()) {
-      resp::AppendError("OOM command not allowed: " + st.message(), &out_);
-    } else {
-      resp::AppendError("ERR " + st.ToString(), &out_);
-    }
+    StoreErrorText(st, &out_);
     return st.code();
+  }
+  static void StoreErrorText(const Status& st, std::string* out) {
+    if (st.IsRejected()) {
+      resp::AppendError("OOM command not allowed: " + st.message(), out);
+    } else {
+      resp::AppendError("ERR " + st.ToString(), out);
+    }
   }
 
   StatusCode Authenticate(std::string_view token) {
@@ -598,6 +770,16 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       }
       if (!o->plain()) return internal::RunRespConditionalSet(Keyspace(), a, *o);
       ttl_ms = o->ttl_ms;
+    }
+    // Under sync the SET completes asynchronously (sharing commits with every SET pending),
+    // except inside EXEC, whose reply array is built in one go.
+    if (AsyncSet("SET", a)) {
+      auto job = std::make_unique<RespSetJob>();
+      Status st = shared_->service->RespSetStage(*tenant_, a[1], a[2], ttl_ms, &keys_, job.get());
+      if (!st.ok()) return StoreError(st);
+      SubmitSet(std::move(job), set_start_us_);
+      deferred_ = true;
+      return StatusCode::kOk;
     }
     Status st = shared_->service->RespSet(*tenant_, a[1], a[2], ttl_ms, &keys_);
     if (!st.ok()) return StoreError(st);
@@ -763,7 +945,15 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   // out_[previous text_end, text_end). wbuf_ / wbodies_ are the ones an async write holds.
   std::string out_, wbuf_;
   std::vector<Body> bodies_, wbodies_;
-  size_t body_bytes_ = 0;                    // payload bytes in bodies_
+  size_t body_bytes_ = 0;             // payload bytes in bodies_
+  std::deque<Hold> holds_;            // pending SETs' replies, in request order
+  uint64_t next_hold_id_ = 0;         // id of the next Hold
+  size_t hold_bytes_ = 0;             // sum of holds_' charged_bytes
+  InflightSlot slot_;                 // the running command's tenant in-flight slot
+  uint64_t set_start_us_ = 0;         // the running command's start
+  bool deferred_ = false;             // the running command completes asynchronously
+  std::vector<std::string> stalled_;  // a command waiting for the pending SETs (Stall)
+  size_t stalled_bytes_ = 0;
   std::vector<std::vector<uint8_t>> spare_;  // recycled GET buffers
   size_t spare_bytes_ = 0;                   // sum of spare_ capacities
   std::vector<uint8_t> raw_;                 // the buffer the next GET is read into
@@ -778,7 +968,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   uint64_t commands_ = 0;
   uint64_t clock_us_ = 0;  // steady clock at the end of the last command (or batch start)
   int auth_failures_ = 0;
-  bool reading_ = false, closed_ = false, quit_ = false, timer_armed_ = false;
+  bool reading_ = false, writing_ = false, closed_ = false, quit_ = false, timer_armed_ = false;
   std::atomic<bool> busy_{false};
 };
 

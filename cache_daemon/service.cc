@@ -406,26 +406,54 @@ std::mutex& Service::KeyLock(const storage::Key& k) {
 // put is written through to SSD (under sync before SET is acknowledged).
 Status Service::RespSet(const Tenant& t, std::string_view key, std::string_view value,
                         uint64_t ttl_ms, RespKeyCache* cache) {
-  storage::Key k = BindResp(t, key, cache);
+  thread_local RespSetJob job;
+  Status st = RespSetStage(t, key, value, ttl_ms, cache, &job);
+  if (st.ok()) st = resp_index_.WaitDurable(job.name_seq);
+  if (st.ok()) st = RespSetPut(&job);
+  if (st.ok()) st = RespSetComplete(&job);
+  if (job.envelope.capacity() > kEnvelopeScratchKeepBytes) std::string().swap(job.envelope);
+  return st;
+}
+
+Status Service::RespSetStage(const Tenant& t, std::string_view key, std::string_view value,
+                             uint64_t ttl_ms, RespKeyCache* cache, RespSetJob* job) {
+  job->tenant = &t;
+  job->key = BindResp(t, key, cache);
+  job->name.assign(key);
+  job->ttl_ms = ttl_ms;
+  job->value_bytes = value.size();
+  job->renamed_seq = 0;
+  job->commit = storage::DeferredCommit{};
   // The name first (durable, when the index is persisted, before the unit can be): a unit that
   // survives a restart is listed after it (docs/RESP.md "Names across restarts").
-  bool indexed = false;
-  KVTIER_RETURN_IF_ERROR(resp_index_.Add(t.id, k, key, &indexed));
-  uint64_t expire_at = ttl_ms ? UnixNowMs() + ttl_ms : 0;
-  thread_local std::string env;
-  EncodeEnvelope(value, expire_at, &env);
+  job->indexed = false;
+  KVTIER_RETURN_IF_ERROR(resp_index_.Add(t.id, job->key, key, &job->indexed, &job->name_seq));
+  EncodeEnvelope(value, ttl_ms ? UnixNowMs() + ttl_ms : 0, &job->envelope);
+  return Status::Ok();
+}
+
+Status Service::RespSetPut(RespSetJob* job) {
   storage::PutOptions po;
-  po.tenant = t.id;
+  po.tenant = job->tenant->id;
   po.kind = policies::ObjectKind::kBlob;
-  po.ttl_ms = ttl_ms;
+  po.ttl_ms = job->ttl_ms;
+  po.defer_commit = &job->commit;
+  const std::string& env = job->envelope;
   Status st = store_->Put(
-      k, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(env.data()), env.size()), po);
-  if (env.capacity() > kEnvelopeScratchKeepBytes) std::string().swap(env);
-  if (st.ok()) {
-    // Again, in case a SCAN pruned the name while the put was in flight (RespScan).
-    if (indexed) st = resp_index_.Add(t.id, k, key);
-    Trace("put", t, std::span<const storage::Key>(&k, 1), value.size(), 0);
+      job->key, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(env.data()), env.size()),
+      po);
+  if (st.ok() && job->indexed && !resp_index_.Contains(job->tenant->id, job->key)) {
+    // A SCAN pruned the name while the put was in flight (RespScan): log it again.
+    st = resp_index_.Add(job->tenant->id, job->key, job->name, nullptr, &job->renamed_seq);
   }
+  return st;
+}
+
+Status Service::RespSetComplete(RespSetJob* job) {
+  Status st = store_->CompletePut(job->commit);
+  if (st.ok()) st = resp_index_.WaitDurable(job->renamed_seq);
+  if (st.ok())
+    Trace("put", *job->tenant, std::span<const storage::Key>(&job->key, 1), job->value_bytes, 0);
   return st;
 }
 

@@ -88,6 +88,21 @@ struct PutItem {
   std::span<const uint8_t> value;
 };
 
+// A plain RESP SET taken apart (Service::RespSetStage / RespSetPut / RespSetComplete), so
+// that one name-log sync and one SSD commit serve many SETs (resp_durable_sets.h).
+struct RespSetJob {
+  const Tenant* tenant = nullptr;
+  storage::Key key{};
+  std::string name;      // the RESP key
+  std::string envelope;  // the stored value (kRespEnvelopeTag envelope)
+  uint64_t ttl_ms = 0;
+  uint64_t value_bytes = 0;  // payload bytes (trace)
+  uint64_t name_seq = 0;     // RespKeyIndex::WaitDurable before the put
+  uint64_t renamed_seq = 0;  // the same, for a name logged again after the put
+  bool indexed = false;
+  storage::DeferredCommit commit;
+};
+
 class Service {
  public:
   // resp_key_index_bytes_max bounds the RespKeyIndex (limits.resp_key_index_bytes_max).
@@ -145,6 +160,17 @@ class Service {
   // ---- RESP ----
   Status RespSet(const Tenant& t, std::string_view key, std::string_view value, uint64_t ttl_ms,
                  RespKeyCache* cache = nullptr);
+  // RespSet in three steps (RespSet runs them back to back). RespSetStage binds the key,
+  // logs a new name without waiting for its sync and copies the stored envelope into *job
+  // (value may change afterwards). RespSetPut, once RespKeyIndex::WaitDurable(job->name_seq)
+  // returned OK, puts it without waiting for its SSD commit. RespSetComplete waits for that
+  // commit (TierManager::CompletePut: shared with every put pending) and for the name when it
+  // had to be logged again; the SET may be acknowledged only when it returned OK. An error
+  // from any step ends the SET (later steps must not run).
+  Status RespSetStage(const Tenant& t, std::string_view key, std::string_view value,
+                      uint64_t ttl_ms, RespKeyCache* cache, RespSetJob* job);
+  Status RespSetPut(RespSetJob* job);
+  Status RespSetComplete(RespSetJob* job);
   // NotFound on a miss or an expired value.
   Status RespGet(const Tenant& t, std::string_view key, std::string* value);
   // As RespGet, without copying the payload: *raw receives the stored envelope (its capacity

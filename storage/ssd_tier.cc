@@ -48,7 +48,8 @@ uint8_t* BatchReadRegion(uint64_t bytes, AlignedBuffer* owned) {
 }  // namespace
 
 Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
-                          std::vector<Key>* evicted, const RequestTag* request) {
+                          std::vector<Key>* evicted, const RequestTag* request,
+                          uint64_t* defer_ticket) {
   if (value.size() + ssd::kRecordHeaderBytes + ssd::kBlockBytes > o_.segment_bytes ||
       value.size() > UINT32_MAX / 2) {
     return Status::InvalidArgument("value larger than an ssd segment");
@@ -150,6 +151,10 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
   if (o_.durability == Durability::kSync) {
     uint64_t ticket = pending_ticket_;
     lock.unlock();
+    if (defer_ticket != nullptr) {  // the caller waits (SsdTier::Put's contract)
+      *defer_ticket = ticket;
+      return Status::Ok();
+    }
     // An error: the commit failed (the entry was dropped) or one of its buffer writes did
     // (this unit's included, or not: reported either way; nothing unwritten is indexed). The
     // commit settled it (its thread reaped the failed buffers): no second lock hold here.
@@ -365,8 +370,8 @@ StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(const SsdOptions& options) {
 }
 
 Status SsdTier::Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
-                    std::vector<Key>* evicted, const RequestTag* request) {
-  return impl_->Put(key, value, meta, evicted, request);
+                    std::vector<Key>* evicted, const RequestTag* request, uint64_t* defer_ticket) {
+  return impl_->Put(key, value, meta, evicted, request, defer_ticket);
 }
 Status SsdTier::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta,
                     const RequestTag* request) {

@@ -169,8 +169,12 @@ class SsdTier {
   // byte limit in records of this one's size), OnRequest when `request`'s id differs from the
   // last call's, OnMiss, then Evict while full and OnInsert, at the request's time (request
   // null or id 0: the clock's, and no OnRequest).
+  // defer_ticket (kSync only; may be null): when not null, Put returns once the record is
+  // appended, without committing, and sets *defer_ticket to the ticket to pass to
+  // WaitDurable (the unit is durable, and the put may be acknowledged, only after that).
   Status Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
-             std::vector<Key>* evicted, const RequestTag* request = nullptr);
+             std::vector<Key>* evicted, const RequestTag* request = nullptr,
+             uint64_t* defer_ticket = nullptr);
   // NotFound, Corruption (quarantined; *meta is still the record's, from the index), IOError.
   // A hit is the policy's OnAccess at the time of `request` (as for Put).
   Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta = nullptr,

@@ -130,6 +130,7 @@ class TierManagerImpl final : public TierManager {
   Status Init();
 
   Status Put(const Key& key, std::span<const uint8_t> value, const PutOptions& options) override;
+  Status CompletePut(const DeferredCommit& deferred) override;
   Status Get(const Key& key, std::vector<uint8_t>* out, Tier* from) override {
     const RequestTag request = BeginRequest();
     return GetImpl(key, out, from, ReadMode::kGet, request);
@@ -673,12 +674,21 @@ Status TierManagerImpl::Put(const Key& key, std::span<const uint8_t> value,
       writing_.emplace(key, options.tenant);
     }
   }
-  if (!to_ssd) return WaitDurable(stale_ticket);  // the removal of an SSD copy it replaced
+  if (!to_ssd) {
+    if (options.defer_commit != nullptr) {
+      *options.defer_commit = DeferredCommit{stale_ticket, key, 0};
+      return Status::Ok();
+    }
+    return WaitDurable(stale_ticket);  // the removal of an SSD copy it replaced
+  }
 
   // Step 2, without mu_: the SSD write; under kSync it returns after the commit, which
-  // concurrent writers share.
+  // concurrent writers share (or, deferred, leaves the commit to CompletePut).
   std::vector<Key> evicted;
-  Status st = ssd_->Put(key, value, ToSsd(meta, ToUnix(meta.expires_ms)), &evicted, &request);
+  DeferredCommit* defer = options.defer_commit;
+  uint64_t put_ticket = 0;
+  Status st = ssd_->Put(key, value, ToSsd(meta, ToUnix(meta.expires_ms)), &evicted, &request,
+                        defer != nullptr ? &put_ticket : nullptr);
   std::unique_lock lock(mu_);
   writing_.erase(key);
   key_cv_.notify_all();
@@ -708,7 +718,34 @@ Status TierManagerImpl::Put(const Key& key, std::span<const uint8_t> value,
   }
   FinishPutLocked(key, meta, &stale_ticket);
   lock.unlock();
+  if (defer != nullptr) {
+    // Tickets are ordered: committing up to the later one commits both.
+    *defer = DeferredCommit{std::max(put_ticket, stale_ticket), key, meta.version};
+    return Status::Ok();
+  }
   return WaitDurable(stale_ticket);
+}
+
+Status TierManagerImpl::CompletePut(const DeferredCommit& d) {
+  Status st = WaitDurable(d.ticket);
+  if (st.ok() || d.version == 0) return st;
+  // As Put's failed SSD step: the unit is not durable, so no tier may keep this version (a
+  // newer put of the key, which replaced it, stays).
+  std::unique_lock lock(mu_);
+  WaitForKeyLocked(lock, d.key, nullptr);
+  MemMeta m;
+  uint64_t v = 0;
+  bool ours = (hbm_ && hbm_->Contains(d.key, &m) && m.version == d.version) ||
+              (dram_ && dram_->Contains(d.key, &m) && m.version == d.version) ||
+              (ssd_->Contains(d.key, &v) && v == d.version);
+  if (!ours) return st;
+  if (st.IsIOError()) io_errors_.fetch_add(1);
+  uint64_t ticket = 0;
+  RemoveEverywhereLocked(d.key, &ticket);
+  DroppedLocked(d.key, MissReason::kIoError);
+  lock.unlock();
+  (void)WaitDurable(ticket);  // the put's own error is what the caller needs
+  return st;
 }
 
 void TierManagerImpl::FinishPutLocked(const Key& key, const MemMeta& meta, uint64_t* stale_ticket) {

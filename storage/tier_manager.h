@@ -146,6 +146,13 @@ struct TierManagerOptions {
   size_t max_pinned = 1 << 20;
 };
 
+// What a put with a deferred commit (PutOptions::defer_commit) leaves for CompletePut.
+struct DeferredCommit {
+  uint64_t ticket = 0;  // the SSD commit ticket; 0: nothing to wait for
+  Key key{};
+  uint64_t version = 0;  // the put's version; 0: no put to undo on failure
+};
+
 struct PutOptions {
   TenantId tenant = 0;
   policies::ObjectKind kind = policies::ObjectKind::kGlobalKv;
@@ -160,6 +167,12 @@ struct PutOptions {
   bool allow_ssd = true;
   // The request this put belongs to (a native batch PUT, or an engine turn); id 0: its own.
   RequestTag request;
+  // Not null: the put does not wait for its SSD commit (kSync). It returns once the unit is
+  // appended to the SSD tier and placed (readers may see it before it is durable) and fills
+  // *defer_commit; the put is durable, and may be acknowledged, only once
+  // CompletePut(*defer_commit) returned OK. Callers batch puts and then complete them, so
+  // one commit covers them all. Null (the default): Put waits itself.
+  DeferredCommit* defer_commit = nullptr;
 };
 
 struct LookupResult {
@@ -229,6 +242,15 @@ class TierManager {
   // IOError: the SSD write or its commit failed; the key then holds no value (an earlier
   // version is removed too, so a failed overwrite never leaves a stale value behind).
   virtual Status Put(const Key& key, std::span<const uint8_t> value, const PutOptions& options) = 0;
+  // Finishes a put made with PutOptions::defer_commit: under kSync commits up to its ticket
+  // (sharing the commit with every other put and delete pending) and returns that commit's
+  // outcome for the put. IOError: the put is not durable; its unit is removed from every tier
+  // unless a newer put of the key replaced it (Put's IOError contract). Must not be called
+  // with a lock a put may wait for. The default (test doubles, which never defer) returns OK.
+  virtual Status CompletePut(const DeferredCommit& deferred) {
+    (void)deferred;
+    return Status::Ok();
+  }
 
   // Appends the value to *out (cleared first) and sets *from to the tier it came from.
   // NotFound on a miss (including checksum failure).

@@ -68,7 +68,7 @@ class SsdTier::Impl {
 
   Status Open();
   Status Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
-             std::vector<Key>* evicted, const RequestTag* request);
+             std::vector<Key>* evicted, const RequestTag* request, uint64_t* defer_ticket);
   Status Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* meta, const RequestTag* request);
   void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
                 std::vector<SsdMeta>* metas, std::vector<Status>* results,

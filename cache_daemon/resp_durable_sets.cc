@@ -1,0 +1,105 @@
+#include "cache_daemon/resp_durable_sets.h"
+
+#include <algorithm>
+
+namespace kvtier::daemon {
+
+RespDurableSets::RespDurableSets(Service* service, DaemonMetrics* metrics)
+    : service_(service),
+      metrics_(metrics),
+      put_thread_([this] { PutLoop(); }),
+      commit_thread_([this] { CommitLoop(); }) {}
+
+RespDurableSets::~RespDurableSets() { Stop(); }
+
+void RespDurableSets::Submit(std::unique_ptr<RespSetJob> job, Done done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stop_) {
+      metrics_->resp_durable_sets_pending.fetch_add(1);
+      queue_.push_back(Item{std::move(job), std::move(done)});
+      if (queue_.size() == 1) cv_.notify_one();
+      return;
+    }
+  }
+  done(Status::Unavailable("kvtierd is shutting down"));
+}
+
+void RespDurableSets::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  put_cv_.notify_one();
+  if (put_thread_.joinable()) put_thread_.join();
+  if (commit_thread_.joinable()) commit_thread_.join();
+}
+
+void RespDurableSets::PutLoop() {
+  std::vector<Item> batch;
+  std::vector<Status> st;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) {  // stopped, and everything submitted has been put
+        putting_ = false;
+        put_cv_.notify_one();
+        return;
+      }
+      batch.swap(queue_);
+      putting_ = true;
+    }
+    PutBatch(&batch, &st);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      put_.push_back(std::move(batch[i]));
+      put_status_.push_back(std::move(st[i]));
+    }
+    batch.clear();
+    putting_ = false;
+    put_cv_.notify_one();
+  }
+}
+
+void RespDurableSets::PutBatch(std::vector<Item>* batch, std::vector<Status>* st) {
+  metrics_->resp_durable_set_batches.fetch_add(1);
+  st->assign(batch->size(), Status::Ok());
+  // The names: one sync for all of them (a name is durable before its unit is written).
+  uint64_t name_seq = 0;
+  for (const Item& it : *batch) name_seq = std::max(name_seq, it.job->name_seq);
+  Status names = service_->resp_index().WaitDurable(name_seq);
+  // The puts, without waiting for their commit.
+  for (size_t i = 0; i < batch->size(); ++i) {
+    RespSetJob* job = (*batch)[i].job.get();
+    (*st)[i] = names.ok() || job->name_seq == 0 ? service_->RespSetPut(job) : names;
+  }
+}
+
+void RespDurableSets::CommitLoop() {
+  std::vector<Item> batch;
+  std::vector<Status> st;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      put_cv_.wait(lock,
+                   [this] { return !put_.empty() || (stop_ && queue_.empty() && !putting_); });
+      if (put_.empty()) return;  // stopped, and everything put has been completed
+      batch.swap(put_);
+      st.swap(put_status_);
+    }
+    // The first completion commits every put so far; the others find their ticket covered.
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (st[i].ok()) st[i] = service_->RespSetComplete(batch[i].job.get());
+    }
+    for (size_t i = 0; i < batch.size(); ++i) {
+      metrics_->resp_durable_sets_pending.fetch_sub(1);
+      batch[i].done(st[i]);
+    }
+    batch.clear();
+    st.clear();
+  }
+}
+
+}  // namespace kvtier::daemon

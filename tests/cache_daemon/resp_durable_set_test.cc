@@ -1,0 +1,267 @@
+// RESP SETs under durability "sync", completed asynchronously (cache_daemon/resp_durable_sets.h)
+// in an in-process daemon over a real TierManager whose SSD tier sits on a FaultInjectionEnv:
+// with the SSD fdatasync held, SETs pipelined on one connection and SETs of several connections
+// all get queued behind the held commit and then share one or two commits (counted by the
+// store's commit counter, not by time); replies keep request order, and a command after a SET
+// sees that SET's effect; a failed commit answers the SET with an error and leaves no value.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "cache_daemon/daemon.h"
+#include "cache_daemon/service.h"
+#include "common/temp_dir.h"
+#include "storage/block_device.h"
+#include "storage/fault_injection.h"
+#include "storage/tier_manager.h"
+#include "tests/cache_daemon/net_util.h"
+
+namespace kvtier::daemon {
+namespace {
+
+namespace kt = kvtier::testing;
+
+std::string Cmd(std::initializer_list<std::string_view> args) {
+  std::string s = "*" + std::to_string(args.size()) + "\r\n";
+  for (std::string_view a : args) {
+    s += "$" + std::to_string(a.size()) + "\r\n";
+    s += a;
+    s += "\r\n";
+  }
+  return s;
+}
+
+std::string Bulk(std::string_view v) {
+  return "$" + std::to_string(v.size()) + "\r\n" + std::string(v) + "\r\n";
+}
+
+std::string Value(size_t n, int seed) {
+  std::string v(n, '\0');
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>('a' + (i * 7 + seed * 13) % 26);
+  return v;
+}
+
+// Polls until done holds, at most 10 s (the test then fails instead of hanging).
+template <typename F>
+bool Eventually(F done) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+class RespDurableSetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(dir_.ok());
+    o_.data_dir = dir_.path();
+    o_.socket_path = dir_.path() + "/s.sock";
+    o_.native_port = kt::FreePort();
+    o_.resp_port = kt::FreePort();
+    o_.http_port = kt::FreePort();
+    o_.io_threads = 2;
+    o_.storage.dram_capacity_bytes = 16ull << 20;
+    o_.storage.slab_page_bytes = 256 << 10;
+    o_.storage.ssd_capacity_bytes = 64ull << 20;
+    o_.storage.ssd_segment_bytes = 4ull << 20;
+    o_.storage.ssd_write_buffer_bytes = 256 << 10;
+    o_.storage.durability = storage::Durability::kSync;
+    o_.storage.group_commit_ms = 3'600'000;  // no timed commit: every commit is a SET's
+    ASSERT_TRUE(Finalize(&o_).ok());
+    std::filesystem::create_directories(o_.storage.data_dir);
+    storage::TierManagerOptions so = o_.storage;
+    so.ssd_env = &fault_;
+    auto tm = storage::TierManager::Open(so);
+    ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+    store_ = tm->get();
+    auto d = Daemon::Start(o_, std::move(tm).value(), TenantRegistry::Open(secret_, 64), nullptr);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    daemon_ = std::move(d).value();
+  }
+  void TearDown() override {
+    fault_.PauseSyncs(false);
+    for (int fd : fds_) ::close(fd);
+    if (daemon_) {
+      daemon_->Shutdown();
+      EXPECT_TRUE(daemon_->Wait().ok());
+    }
+  }
+  int Connect() {
+    int fd = kt::ConnectTcp(o_.resp_port);
+    EXPECT_GE(fd, 0);
+    fds_.push_back(fd);
+    return fd;
+  }
+  static std::string Roundtrip(int fd, const std::string& cmds, size_t want_bytes) {
+    EXPECT_TRUE(kt::SendAllRaw(fd, cmds.data(), cmds.size()));
+    return kt::RecvFor(fd, want_bytes, 10000);
+  }
+  uint64_t Metric(const std::string& name) {
+    std::string page = kt::HttpRequest(o_.http_port, "GET", "/metrics");
+    size_t at = page.find("\n" + name + " ");
+    if (at == std::string::npos) return ~0ull;
+    return std::stoull(page.substr(at + name.size() + 2));
+  }
+  uint64_t commits() { return store_->GetStats().ssd_commits; }
+  // Whether the store holds `value` under RESP key `name` (read from the store, not over
+  // RESP: a GET would wait behind the connection's pending SETs).
+  bool Stored(std::string_view name, std::string_view value) {
+    std::vector<uint8_t> raw;
+    if (!store_->Get(keys_.BindResp(*tenants_->default_tenant(), name), &raw).ok()) return false;
+    return raw.size() >= kRespEnvelopeBytes &&
+           std::string_view(reinterpret_cast<const char*>(raw.data()) + kRespEnvelopeBytes,
+                            raw.size() - kRespEnvelopeBytes) == value;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<storage::DeviceEnv> base_ = storage::NewMemEnv();
+  storage::FaultInjectionEnv fault_{base_.get(), {}};
+  std::vector<uint8_t> secret_ = std::vector<uint8_t>(32, 7);
+  DaemonOptions o_;
+  storage::TierManager* store_ = nullptr;  // owned by daemon_
+  std::unique_ptr<Daemon> daemon_;
+  std::vector<int> fds_;
+  // The daemon's tenants (the same secret: the same default tenant) and key binding.
+  std::unique_ptr<TenantRegistry> tenants_ = TenantRegistry::Open(secret_, 64);
+  DaemonMetrics metrics_;
+  Service keys_{nullptr, tenants_.get(), &metrics_, nullptr, PolicySettings{}};
+};
+
+// 64 SETs pipelined on one connection while the first commit's fdatasync is held: all of them
+// are taken and put (none waits for another's commit), and once released they share one more
+// commit (at most two). A GET pipelined after them reads the last value.
+TEST_F(RespDurableSetTest, PipelinedSetsOfOneConnectionShareCommits) {
+  constexpr int kSets = 64;
+  int fd = Connect();
+  ASSERT_EQ(Roundtrip(fd, Cmd({"SET", "warm", "x"}), 5), "+OK\r\n");
+  uint64_t commits0 = commits(), batches0 = Metric("kvtier_resp_durable_set_batches_total");
+  fault_.PauseSyncs(true);
+  std::string cmds, want;
+  for (int i = 0; i < kSets; ++i) {
+    cmds += Cmd({"SET", "k" + std::to_string(i % 8), Value(1000, i)});
+    want += "+OK\r\n";
+  }
+  cmds += Cmd({"GET", "k7"});
+  want += Bulk(Value(1000, kSets - 1));
+  ASSERT_TRUE(kt::SendAllRaw(fd, cmds.data(), cmds.size()));
+  bool queued = Eventually([&] {
+    if (fault_.syncs_waiting() != 1 || Metric("kvtier_resp_durable_sets_pending") != kSets) {
+      return false;
+    }
+    for (int k = 0; k < 8; ++k) {  // every SET put (puts run in order: the last ones hold)
+      if (!Stored("k" + std::to_string(k), Value(1000, kSets - 8 + k))) return false;
+    }
+    return true;
+  });
+  fault_.PauseSyncs(false);
+  ASSERT_TRUE(queued) << "pipelined SETs waited for each other's commit";
+  EXPECT_EQ(kt::RecvFor(fd, want.size(), 10000), want);
+  uint64_t n = commits() - commits0;
+  EXPECT_GE(n, 1u);
+  EXPECT_LE(n, 2u) << "pipelined sync SETs did not share commits";
+  EXPECT_GE(Metric("kvtier_resp_durable_set_batches_total") - batches0, 1u);
+  EXPECT_EQ(Metric("kvtier_resp_durable_sets_pending"), 0u);
+}
+
+// SETs of 8 connections while a commit is held: each connection's PING before its SETs is
+// answered at once (replies before a pending SET are not held back), all 16 SETs are queued,
+// and once released they share one more commit.
+TEST_F(RespDurableSetTest, SetsOfManyConnectionsShareCommits) {
+  constexpr int kConns = 8;
+  std::vector<int> fds;
+  for (int i = 0; i < kConns; ++i) fds.push_back(Connect());
+  ASSERT_EQ(Roundtrip(fds[0], Cmd({"SET", "warm", "x"}), 5), "+OK\r\n");
+  uint64_t commits0 = commits();
+  fault_.PauseSyncs(true);
+  for (int i = 0; i < kConns; ++i) {
+    std::string c = Cmd({"PING"}) + Cmd({"SET", "a" + std::to_string(i), Value(900, i)}) +
+                    Cmd({"SET", "b" + std::to_string(i), Value(50000, i)});
+    ASSERT_TRUE(kt::SendAllRaw(fds[i], c.data(), c.size()));
+    EXPECT_EQ(kt::RecvFor(fds[i], 7, 10000), "+PONG\r\n") << i;
+  }
+  bool queued = Eventually([&] {
+    if (fault_.syncs_waiting() != 1 || Metric("kvtier_resp_durable_sets_pending") != 2 * kConns) {
+      return false;
+    }
+    for (int i = 0; i < kConns; ++i) {  // every SET put
+      if (!Stored("a" + std::to_string(i), Value(900, i)) ||
+          !Stored("b" + std::to_string(i), Value(50000, i))) {
+        return false;
+      }
+    }
+    return true;
+  });
+  fault_.PauseSyncs(false);
+  ASSERT_TRUE(queued) << "SETs of other connections waited for a commit they could share";
+  for (int i = 0; i < kConns; ++i) EXPECT_EQ(kt::RecvFor(fds[i], 10, 10000), "+OK\r\n+OK\r\n");
+  uint64_t n = commits() - commits0;
+  EXPECT_LE(n, 2u) << "concurrent sync SETs did not share commits";
+  for (int i = 0; i < kConns; ++i) {
+    const std::string want = Bulk(Value(50000, i));
+    EXPECT_EQ(Roundtrip(fds[i], Cmd({"GET", "b" + std::to_string(i)}), want.size()), want);
+  }
+}
+
+// A pipeline mixing SETs with other commands, on several connections at once, repeated: the
+// replies are byte-exact and in request order, and every command after a SET sees it (GET
+// reads it, DEL deletes it, EXEC runs after it).
+TEST_F(RespDurableSetTest, RepliesKeepRequestOrder) {
+  constexpr int kConns = 4, kRounds = 20;
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures(kConns);
+  for (int c = 0; c < kConns; ++c) {
+    int fd = Connect();
+    threads.emplace_back([&, c, fd] {
+      const std::string p = "c" + std::to_string(c) + ":";
+      for (int r = 0; r < kRounds && failures[c].empty(); ++r) {
+        const std::string big = Value(20000, r + c), v1 = std::to_string(r), v2 = Value(10, r);
+        std::string cmds =
+            Cmd({"SET", p + "a", v1}) + Cmd({"GET", p + "a"}) + Cmd({"SET", p + "a", v2}) +
+            Cmd({"SET", p + "b", big}) + Cmd({"GET", p + "a"}) + Cmd({"GET", p + "b"}) +
+            Cmd({"DEL", p + "a"}) + Cmd({"GET", p + "a"}) +
+            Cmd({"SET", p + "c", "x", "PX", "60000"}) + Cmd({"MULTI"}) + Cmd({"SET", p + "c", v1}) +
+            Cmd({"GET", p + "c"}) + Cmd({"EXEC"}) + Cmd({"SET", p + "d", "x", "BAD"}) +
+            Cmd({"SET", p + "e", v1}) + Cmd({"PING"}) + Cmd({"SET", p + "e", v2}) + Cmd({"QUIT"});
+        std::string want = "+OK\r\n" + Bulk(v1) + "+OK\r\n+OK\r\n" + Bulk(v2) + Bulk(big) +
+                           ":1\r\n$-1\r\n+OK\r\n+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n" +
+                           Bulk(v1) + "-ERR syntax error\r\n+OK\r\n+PONG\r\n+OK\r\n+OK\r\n";
+        int conn = r == 0 ? fd : kt::ConnectTcp(o_.resp_port);
+        std::string got;
+        if (kt::SendAllRaw(conn, cmds.data(), cmds.size())) got = kt::RecvFor(conn, 1 << 20, 10000);
+        ::close(conn);
+        if (got != want) failures[c] = "round " + std::to_string(r) + ": got " + got;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int c = 0; c < kConns; ++c) EXPECT_EQ(failures[c], "") << c;
+  fds_.clear();  // closed by QUIT
+  int fd = Connect();
+  const std::string want = Bulk(Value(10, kRounds - 1));
+  EXPECT_EQ(Roundtrip(fd, Cmd({"GET", "c3:e"}), want.size()), want);
+}
+
+// A SET whose commit fails is answered with an error, the value is not served, and the
+// connection goes on (a later SET of the key succeeds).
+TEST_F(RespDurableSetTest, FailedCommitAnswersTheSetWithAnErrorAndKeepsNoValue) {
+  int fd = Connect();
+  ASSERT_EQ(Roundtrip(fd, Cmd({"SET", "k", "old"}), 5), "+OK\r\n");
+  fault_.FailNextSyncs(1);
+  // QUIT: the reply ends where the connection does.
+  std::string got =
+      Roundtrip(fd, Cmd({"SET", "k", "new"}) + Cmd({"GET", "k"}) + Cmd({"QUIT"}), 1 << 16);
+  ASSERT_GE(got.size(), 15u) << got;
+  EXPECT_EQ(got.substr(0, 5), "-ERR ") << got;
+  EXPECT_EQ(got.substr(got.size() - 10), "$-1\r\n+OK\r\n") << got;
+  fd = Connect();
+  EXPECT_EQ(Roundtrip(fd, Cmd({"SET", "k", "again"}) + Cmd({"GET", "k"}), 5 + 11),
+            "+OK\r\n" + Bulk("again"));
+}
+
+}  // namespace
+}  // namespace kvtier::daemon

@@ -18,25 +18,15 @@
 #include "storage/fault_injection.h"
 #include "storage/tier_manager.h"
 #include "tests/cache_daemon/net_util.h"
+#include "tests/cache_daemon/resp_wire_util.h"
 
 namespace kvtier::daemon {
 namespace {
 
 namespace kt = kvtier::testing;
 
-std::string Cmd(std::initializer_list<std::string_view> args) {
-  std::string s = "*" + std::to_string(args.size()) + "\r\n";
-  for (std::string_view a : args) {
-    s += "$" + std::to_string(a.size()) + "\r\n";
-    s += a;
-    s += "\r\n";
-  }
-  return s;
-}
-
-std::string Bulk(std::string_view v) {
-  return "$" + std::to_string(v.size()) + "\r\n" + std::string(v) + "\r\n";
-}
+using kvtier::testing::Bulk;
+using kvtier::testing::Cmd;
 
 std::string Value(size_t n, int seed) {
   std::string v(n, '\0');

@@ -16,6 +16,7 @@
 #include "common/key_spec.h"
 #include "tests/cache_daemon/fake_tier_manager.h"
 #include "tests/cache_daemon/net_util.h"
+#include "tests/cache_daemon/resp_wire_util.h"
 
 namespace kvtier::daemon::resp {
 namespace {
@@ -282,19 +283,8 @@ class RespFrontTest : public ::testing::Test {
   int fd_ = -1;
 };
 
-std::string Cmd(std::initializer_list<std::string_view> args) {
-  std::string s = "*" + std::to_string(args.size()) + "\r\n";
-  for (std::string_view a : args) {
-    s += "$" + std::to_string(a.size()) + "\r\n";
-    s += a;
-    s += "\r\n";
-  }
-  return s;
-}
-
-std::string Bulk(std::string_view v) {
-  return "$" + std::to_string(v.size()) + "\r\n" + std::string(v) + "\r\n";
-}
+using kvtier::testing::Bulk;
+using kvtier::testing::Cmd;
 
 std::string Pattern(size_t n, int seed) {
   std::string v(n, '\0');

@@ -17,6 +17,7 @@
 #include "engine/tokenizer.h"
 #include "engine/weights.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/serving/prompt_text.h"
 
 namespace kvtier::serving {
 namespace {
@@ -54,15 +55,7 @@ Model LoadTrained() {
 
 // Printable prompt bytes as token ids.
 std::vector<int32_t> Prompt(size_t n, uint32_t seed) {
-  static const char kWords[][8] = {"the ", "cache ", "tier ", "page ",  "unit ",
-                                   "hit ", "of ",    "a ",    "token ", "kv "};
-  std::string s;
-  uint32_t x = seed * 2654435761u + 1;
-  while (s.size() < n) {
-    x = x * 1664525u + 1013904223u;
-    s += kWords[(x >> 16) % 10];
-  }
-  s.resize(n);
+  const std::string s = kvtier::testing::PromptText(n, seed);
   std::vector<int32_t> ids;
   for (unsigned char c : s) ids.push_back(ByteTokenizer::kByteBase + c);
   return ids;

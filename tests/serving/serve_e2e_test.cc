@@ -16,6 +16,7 @@
 
 #include "common/key_spec.h"
 #include "tests/e2e/kvtierd_process.h"
+#include "tests/serving/prompt_text.h"
 #include "tests/serving/serve_process.h"
 
 namespace kvtier::testing {
@@ -32,18 +33,7 @@ std::string HashHex(std::string_view token) {
 }
 
 // Deterministic printable text of `n` bytes.
-std::string Text(size_t n, uint32_t seed) {
-  static const char kWords[][8] = {"the ", "cache ", "tier ", "page ",  "unit ",
-                                   "hit ", "of ",    "a ",    "token ", "kv "};
-  std::string s;
-  uint32_t x = seed * 2654435761u + 1;
-  while (s.size() < n) {
-    x = x * 1664525u + 1013904223u;
-    s += kWords[(x >> 16) % 10];
-  }
-  s.resize(n);
-  return s;
-}
+std::string Text(size_t n, uint32_t seed) { return kvtier::testing::PromptText(n, seed); }
 
 json Chat(const json& messages, int max_tokens, bool stream = false) {
   json j = {{"model", "kvmini-trained"},

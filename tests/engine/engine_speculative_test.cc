@@ -642,6 +642,20 @@ TEST(DraftScheduler, BatchOfRequestsCountsEveryDraftPass) {
   EXPECT_EQ(probe, (std::vector<int>{0, 3, 0, 0}));
 }
 
+// Choose weighs every option with the draft passes of the requests that drafted (a paid,
+// fixed cost): counting none or every request instead changes its choice.
+TEST(DraftScheduler, ChooseCountsTheDraftPassesOfTheRequestsThatDrafted) {
+  DraftScheduler s(4);
+  for (int t = 1; t <= 4; ++t) s.Record(t, 0.001 * t);  // verify cost linear in tokens
+  s.RecordDraft(0.001, {0.6f});                         // a draft pass costs one decode step
+  // One request that drafted: B = 0 gives 1 token per 2 ms, B = 1 gives 1.6 per 3 ms (more).
+  // Without its draft pass counted it would be 1 per 1 ms against 1.6 per 2 ms (fewer).
+  EXPECT_EQ(s.Choose({{0.6f}}), (std::vector<int>{1}));
+  // Two requests, one drafted: B = 0 gives 2 tokens per 3 ms, B = 1 gives 2.6 per 4 ms (fewer).
+  // Counting a draft pass for both it would be 2 per 4 ms against 2.6 per 5 ms (more).
+  EXPECT_EQ(s.Choose({{0.6f}, {}}), (std::vector<int>{0, 0}));
+}
+
 TEST(DraftScheduler, StopsDraftingWhenItDoesNotPayAndProbes) {
   DraftScheduler s(6);
   EXPECT_TRUE(s.ShouldDraft());                         // no estimates yet

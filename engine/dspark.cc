@@ -98,6 +98,10 @@ void DraftContext::Clear() {
   end_ = 0;
 }
 
+void DSpark::Mm(const float* x, int rows, int in, const float* w, int out, float* y) const {
+  MatMul(pool_.get(), x, rows, in, w, packed_.Find(w, in, out), out, y);
+}
+
 StatusOr<std::unique_ptr<DSpark>> DSpark::Load(const EngineConfig& c, const DSparkConfig& dc,
                                                std::shared_ptr<const ModelWeights> backbone,
                                                const std::string& path) {
@@ -172,7 +176,7 @@ StatusOr<std::unique_ptr<DSpark>> DSpark::Load(const EngineConfig& c, const DSpa
   // them MatMul packs each one again on every call (engine/matmul.h), which made a draft pass
   // cost about as much as two decode steps of the backbone. The results do not change.
   auto pack = [&](const float* w, int64_t in, int64_t out) {
-    d->packed_.push_back(RegisterPackedWeight(w, static_cast<int>(in), static_cast<int>(out)));
+    d->packed_.Add(w, static_cast<int>(in), static_cast<int>(out));
   };
   pack(d->proj_, NT * D, D);
   pack(d->head_, D, V);
@@ -220,7 +224,7 @@ Status DSpark::Observe(const AttnInputCapture& cap, int64_t from, int64_t count,
   for (int64_t t = 0; t < count; ++t) {
     for (int i = 0; i < NT; ++i) std::memcpy(cat.data() + i * D, src[i] + t * D, D * 4);
     std::vector<float> row(D);
-    MatMul(pool_.get(), cat.data(), 1, NT * D, proj_, D, row.data());
+    Mm(cat.data(), 1, NT * D, proj_, D, row.data());
     RmsNorm(row.data(), proj_norm_, D, config_.rms_norm_eps, row.data());
     ctx->rows_.push_back(std::move(row));
     if (ctx->rows_.size() > keep) ctx->rows_.pop_front();
@@ -233,7 +237,7 @@ void DSpark::Moe(const Block& b, const float* x, float* out) const {
   const int D = config_.hidden_size, I = config_.moe_intermediate_size, E = dc_.n_routed_experts;
   const float lim = static_cast<float>(config_.swiglu_limit);
   std::vector<float> s(E);
-  MatMul(pool_.get(), x, 1, D, b.gate, E, s.data());
+  Mm(x, 1, D, b.gate, E, s.data());
   int top = 0;
   for (int e = 0; e < E; ++e) {
     s[e] = std::sqrt(Softplus(s[e]));
@@ -242,13 +246,13 @@ void DSpark::Moe(const Block& b, const float* x, float* out) const {
   auto swiglu = [&](const float* w1, const float* w3, const float* w2, float weight, bool weighted,
                     float* y) {
     std::vector<float> g(I), u(I);
-    MatMul(pool_.get(), x, 1, D, w1, I, g.data());
-    MatMul(pool_.get(), x, 1, D, w3, I, u.data());
+    Mm(x, 1, D, w1, I, g.data());
+    Mm(x, 1, D, w3, I, u.data());
     for (int i = 0; i < I; ++i) {
       g[i] = Silu(std::min(g[i], lim)) * std::clamp(u[i], -lim, lim);
       if (weighted) g[i] = g[i] * weight;
     }
-    MatMul(pool_.get(), g.data(), 1, I, w2, D, y);
+    Mm(g.data(), 1, I, w2, D, y);
   };
   std::vector<float> routed(D);
   swiglu(b.s_w1, b.s_w3, b.s_w2, 1.0f, false, out);
@@ -294,8 +298,8 @@ Status DSpark::Draft(const DraftContext& ctx, int32_t last, double temperature,
     for (int i = 0; i < C; ++i) RmsNorm(crow[i], b.attn_norm, D, eps, xin.data() + i * D);
     for (int k = 0; k < K; ++k)
       RmsNorm(h.data() + k * D, b.attn_norm, D, eps, xin.data() + (C + k) * D);
-    MatMul(pool_.get(), xin.data() + static_cast<int64_t>(C) * D, K, D, b.wq, H * hd, q.data());
-    MatMul(pool_.get(), xin.data(), NK, D, b.wkv, hd, lat.data());
+    Mm(xin.data() + static_cast<int64_t>(C) * D, K, D, b.wq, H * hd, q.data());
+    Mm(xin.data(), NK, D, b.wkv, hd, lat.data());
     for (int i = 0; i < NK; ++i) {
       float* li = lat.data() + static_cast<int64_t>(i) * hd;
       RmsNorm(li, b.kv_norm, hd, eps, li);
@@ -325,7 +329,7 @@ Status DSpark::Draft(const DraftContext& ctx, int32_t last, double temperature,
         }
       }
     }
-    MatMul(pool_.get(), o.data(), K, H * hd, b.wo, D, f.data());
+    Mm(o.data(), K, H * hd, b.wo, D, f.data());
     for (size_t i = 0; i < h.size(); ++i) h[i] += f[i];
     for (int k = 0; k < K; ++k) {
       RmsNorm(h.data() + k * D, b.ffn_norm, D, eps, xn.data());
@@ -335,14 +339,14 @@ Status DSpark::Draft(const DraftContext& ctx, int32_t last, double temperature,
   }
   for (int k = 0; k < K; ++k) RmsNorm(h.data() + k * D, norm_, D, eps, h.data() + k * D);
   std::vector<float> base(static_cast<size_t>(K) * V), bias(V), feat(D + r);
-  MatMul(pool_.get(), h.data(), K, D, head_, V, base.data());
+  Mm(h.data(), K, D, head_, V, base.data());
   out->tokens.assign(K, 0);
   out->confidence.assign(K, 0.0f);
   out->logits.assign(K, std::vector<float>(V));
   int32_t prev = last;
   for (int k = 0; k < K; ++k) {
     const float* me = markov_embed_ + static_cast<int64_t>(prev) * r;
-    MatMul(pool_.get(), me, 1, r, markov_head_, V, bias.data());
+    Mm(me, 1, r, markov_head_, V, bias.data());
     std::vector<float>& lg = out->logits[k];
     for (int v = 0; v < V; ++v) lg[v] = base[static_cast<int64_t>(k) * V + v] + bias[v];
     std::memcpy(feat.data(), h.data() + k * D, D * 4);

@@ -117,7 +117,9 @@ class DSpark {
   std::vector<Block> blocks_;
   std::vector<double> rope_;
   std::unique_ptr<ThreadPool> pool_;
-  std::vector<std::shared_ptr<const PackedMatrix>> packed_;  // registered for MatMul
+  // MatMul on the draft's thread pool with W's packed copy from packed_.
+  void Mm(const float* x, int rows, int in, const float* w, int out, float* y) const;
+  PackedWeightSet packed_;  // every matrix the draft multiplies by, packed at Load
 };
 
 }  // namespace kvtier::engine

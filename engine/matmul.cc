@@ -105,6 +105,18 @@ void ScalarBlock(const float* x, int r0, int r1, int in, const float* w, int o0,
 
 }  // namespace
 
+void PackedWeightSet::Add(const float* w, int in, int out) {
+  if (w == nullptr || ActiveMatMulKernel() == MatMulKernel::kScalar) return;
+  held_.push_back(RegisterPackedWeight(w, in, out));
+  by_weight_[w] = held_.back().get();
+}
+
+const PackedMatrix* PackedWeightSet::Find(const float* w, int in, int out) const {
+  auto it = by_weight_.find(w);
+  if (it == by_weight_.end() || it->second->in() != in || it->second->out() != out) return nullptr;
+  return it->second;
+}
+
 std::shared_ptr<const PackedMatrix> RegisterPackedWeight(const float* w, int in, int out) {
   Registry& r = GetRegistry();
   const Key key{w, in, out};

@@ -20,6 +20,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
+#include <vector>
 
 #include "engine/thread_pool.h"
 
@@ -66,6 +68,20 @@ MatMulKernel ActiveMatMulKernel();
 std::shared_ptr<const PackedMatrix> RegisterPackedWeight(const float* w, int in, int out);
 // The registered copy of (w, in, out), or null.
 std::shared_ptr<const PackedMatrix> FindPackedWeight(const float* w, int in, int out);
+
+// The packed copies of one model's weight matrices, found without the registry's lock: filled
+// once at load, then only read (any number of threads). Add does nothing while the scalar
+// kernel is active (it reads W as it is) or for a null w.
+class PackedWeightSet {
+ public:
+  void Add(const float* w, int in, int out);
+  // The copy added for (w, in, out), or null (MatMul then packs or looks up itself).
+  const PackedMatrix* Find(const float* w, int in, int out) const;
+
+ private:
+  std::vector<std::shared_ptr<const PackedMatrix>> held_;  // registered while this set lives
+  std::unordered_map<const float*, const PackedMatrix*> by_weight_;  // into held_
+};
 
 // Y = X W^T with kernel `k` (must be available). `packed` may be null for kScalar; otherwise
 // it is the packing of w. Splits the work over `pool` (may be null) when it is large enough.

@@ -189,24 +189,14 @@ Status Engine::Bind() {
 
 void Engine::Mm(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out,
                 float* y) const {
-  auto it = packed_by_weight_.find(w);
-  const PackedMatrix* p =
-      it != packed_by_weight_.end() && it->second->in() == in && it->second->out() == out
-          ? it->second
-          : nullptr;
-  MatMul(pool, x, rows, in, w, p, out, y);
+  MatMul(pool, x, rows, in, w, packed_.Find(w, in, out), out, y);
 }
 
 void Engine::PackMatMulWeights() {
-  if (ActiveMatMulKernel() == MatMulKernel::kScalar) return;  // reads W as it is
   const EngineConfig& c = config_;
   const int D = c.hidden_size, hd = c.head_dim, ql = c.q_lora_rank, H = c.num_attention_heads;
   const int G = c.o_groups, ol = c.o_lora_rank, gin = (H / G) * hd, I = c.moe_intermediate_size;
-  auto pack = [&](const float* w, int in, int out) {
-    if (w == nullptr) return;
-    packed_.push_back(RegisterPackedWeight(w, in, out));
-    packed_by_weight_[w] = packed_.back().get();
-  };
+  auto pack = [&](const float* w, int in, int out) { packed_.Add(w, in, out); };
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = layers_[l];
     pack(lw.wq_a, D, ql);

@@ -292,7 +292,7 @@ class Engine {
   Status Bind();
   // Registers a packed copy of every weight matrix MatMul reads (engine/matmul.h).
   void PackMatMulWeights();
-  // MatMul with W's packed copy from packed_by_weight_ (no registry lock or lookup per call).
+  // MatMul with W's packed copy from packed_ (no registry lock or lookup per call).
   void Mm(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out,
           float* y) const;
   Status CheckTokens(std::span<const int32_t> tokens) const;
@@ -355,8 +355,7 @@ class Engine {
   std::shared_ptr<const ModelWeights> weights_;
   EngineOptions options_;
   std::unique_ptr<ThreadPool> pool_;
-  std::vector<std::shared_ptr<const PackedMatrix>> packed_;  // held for the engine's lifetime
-  std::unordered_map<const float*, const PackedMatrix*> packed_by_weight_;  // into packed_
+  PackedWeightSet packed_;  // every weight matrix Mm reads, packed at bind time
   std::vector<LayerWeights> layers_;
   std::vector<double> rope_main_, rope_compress_;
   const float *embed_w_ = nullptr, *norm_w_ = nullptr, *head_w_ = nullptr;  // bound once

@@ -147,6 +147,31 @@ TEST(MatMul, RegisteredWeightsAreSharedAndDroppedWithTheirLastHandle) {
   ExpectSameBits(Contract(x, rows, in, w, out), registered, "contract");
 }
 
+// A PackedWeightSet finds what it added under the same shape only, holds it registered while it
+// lives, and adds nothing while the scalar kernel (which reads W as it is) is active.
+TEST(MatMul, PackedWeightSetFindsItsCopiesByWeightAndShape) {
+  std::mt19937 rng(12);
+  const int in = 24, out = 9;
+  const auto w = RandomFloats(out * in, &rng);
+  {
+    PackedWeightSet set;
+    set.Add(w.data(), in, out);
+    set.Add(nullptr, in, out);
+    if (ActiveMatMulKernel() == MatMulKernel::kScalar) {
+      EXPECT_EQ(set.Find(w.data(), in, out), nullptr);
+      EXPECT_EQ(FindPackedWeight(w.data(), in, out), nullptr);
+      return;
+    }
+    const PackedMatrix* p = set.Find(w.data(), in, out);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(p, FindPackedWeight(w.data(), in, out).get());
+    EXPECT_EQ(set.Find(w.data(), in, out - 1), nullptr);  // the shape is part of the key
+    EXPECT_EQ(set.Find(w.data(), in - 1, out), nullptr);
+    EXPECT_EQ(set.Find(w.data() + 1, in, out), nullptr);
+  }
+  EXPECT_EQ(FindPackedWeight(w.data(), in, out), nullptr);  // released with the set
+}
+
 TEST(MatMul, PackingLaysOutPanelsWithZeroPadding) {
   const int in = 3, out = 17;
   std::vector<float> w(out * in);

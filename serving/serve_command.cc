@@ -73,8 +73,9 @@ int RunServe(std::span<const std::string_view> args) {
   flags.String("token", &token, "TOKEN",
                "kvtierd token of the single tenant \"default\" when --api-keys is not given");
   flags.String("api-keys", &keys_file, "FILE",
-               "JSON API keys file: key -> tenant, kvtierd token, prices (docs/SERVING.md); "
-               "without it no key is checked");
+               "JSON API keys file: key -> tenant, kvtierd token, prices, weight (the tenant's "
+               "share of admission and of every step's tokens, 1..1000, default 1; "
+               "docs/SERVING.md); without it no key is checked");
   flags.Uint("threads", &threads, "engine CPU threads (results do not depend on it)", false, 1,
              engine::kMaxThreads);
   flags.String("guard", &guard, "MODE",

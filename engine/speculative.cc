@@ -193,6 +193,10 @@ std::vector<int> DraftScheduler::Choose(const std::vector<std::vector<float>>& c
 
 bool DraftScheduler::ShouldDraft(int requests) {
   const int R = std::max(1, requests);
+  if (R >= max_tokens()) {
+    probing_ = false;
+    return false;
+  }
   if (mean_survival_.empty() || Sps(R) <= 0) return true;  // no estimate yet
   double tau = 1, best = 0;
   for (size_t k = 0; k <= mean_survival_.size() && R * (static_cast<int>(k) + 1) <= max_tokens();
@@ -295,6 +299,40 @@ Status SpeculativeDecoder::StartWith(SequenceState* st, std::span<const int32_t>
   return Status::Ok();
 }
 
+Status SpeculativeDecoder::Attach(int32_t next, DraftContext context) {
+  if (next < 0 || next >= engine_->config().vocab_size)
+    return Status::InvalidArgument("speculative: token outside the vocabulary");
+  ctx_ = std::move(context);
+  backlog_.Clear();
+  pending_ = next;
+  round_n_ = -1;
+  return Status::Ok();
+}
+
+Status SpeculativeDecoder::RoundLogits(int64_t keep, std::vector<float>* logits) const {
+  const int64_t V = engine_->config().vocab_size;
+  const int64_t rows = static_cast<int64_t>(round_logits_.size()) / V;
+  if (round_n_ < 0 || keep < round_n_ + 1 || keep > round_n_ + rows)
+    return Status::InvalidArgument("speculative: no round, or keep outside its kept tokens");
+  const int64_t row = keep - 1 - round_n_;
+  logits->assign(round_logits_.begin() + row * V, round_logits_.begin() + (row + 1) * V);
+  return Status::Ok();
+}
+
+Status SpeculativeDecoder::TruncateRound(SequenceState* st, int64_t keep,
+                                         std::vector<float>* logits) {
+  const int64_t V = engine_->config().vocab_size;
+  const int64_t end = static_cast<int64_t>(st->tokens.size());
+  if (round_n_ < 0 || round_n_ + static_cast<int64_t>(round_logits_.size()) / V != end)
+    return Status::InvalidArgument("speculative: TruncateRound on a state the round did not leave");
+  KVTIER_RETURN_IF_ERROR(RoundLogits(keep, logits));
+  if (keep < end)
+    KVTIER_RETURN_IF_ERROR(RollbackTo(engine_->config(), *weights_, cp_, capture_, keep, st));
+  pending_ = -1;
+  round_n_ = -1;
+  return Status::Ok();
+}
+
 Status SpeculativeDecoder::Prefill(SequenceState* st, std::span<const int32_t> prompt,
                                    std::vector<float>* logits_out) {
   if (!st->tokens.empty()) return Status::InvalidArgument("speculative: needs an empty state");
@@ -308,6 +346,7 @@ Status SpeculativeDecoder::Prefill(SequenceState* st, std::span<const int32_t> p
   KVTIER_RETURN_IF_ERROR(s);
   ctx_.Clear();
   backlog_.Clear();
+  round_n_ = -1;
   const int64_t n = static_cast<int64_t>(prompt.size());
   const int64_t from = std::max<int64_t>(0, n - engine_->config().sliding_window);
   KVTIER_RETURN_IF_ERROR(draft_->Observe(capture_, from, n - from, &ctx_));
@@ -527,6 +566,8 @@ Status SpeculativeDecoder::Accept(SequenceState* st, const DraftResult& d, int B
   out->insert(out->end(), d.tokens.begin(), d.tokens.begin() + a);
   out->push_back(bonus);
   pending_ = bonus;
+  round_n_ = n;
+  round_logits_.assign(logits, logits + static_cast<int64_t>(a + 1) * V);
   ++stats_.rounds;
   stats_.drafted += B;
   stats_.accepted += a;

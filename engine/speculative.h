@@ -96,6 +96,7 @@ class DraftScheduler {
   // (empty when it did not draft: it gets 0; the rate counts one draft pass per non-empty one).
   std::vector<int> Choose(const std::vector<std::vector<float>>& confidences) const;
   // Whether the next round of `requests` sequences should draft; counts the rounds it says no.
+  // Never when requests >= max_tokens (the table has no room for a draft token).
   bool ShouldDraft(int requests = 1);
   // Whether the last ShouldDraft that said yes was a probe (drafting did not pay then). A round
   // of several requests probes with one request's draft: the estimates need no more.
@@ -154,6 +155,23 @@ class SpeculativeDecoder {
   Status Start(SequenceState* state, std::span<const int32_t> prompt, int32_t* first);
   // As Start, with the first token given (e.g. the previous turn's last): next is pending.
   Status StartWith(SequenceState* state, std::span<const int32_t> prompt, int32_t next);
+  // Starts on a state computed elsewhere (a server's chunked prefill, a resumed session):
+  // `next` is the token to run next (emitted, pending) and `context` the draft's rows of the
+  // state's last positions (DSpark::Observe over the attention inputs they ran with; empty
+  // when unknown: the first round then drafts without a context). InvalidArgument for a
+  // token outside the vocabulary.
+  Status Attach(int32_t next, DraftContext context);
+  // The target's logits after the first `keep` tokens of the state the last round left
+  // (keep in [n + 1, state size] for a round of n tokens): the verify row of position
+  // keep - 1. InvalidArgument when no round ran since Start/Attach or keep is out of range.
+  Status RoundLogits(int64_t keep, std::vector<float>* logits) const;
+  // After a round of n tokens: truncates `state` to `keep` tokens, keep in [n + 1, state
+  // size], removing accepted positions past it from every cache exactly as a rejection would
+  // (for a caller that ends the sequence inside the round's emitted tokens: a stop string, a
+  // token limit), and gives the target's logits after the kept tokens (the verify row of
+  // position keep - 1). The decoder must be attached or started again before its next round.
+  // InvalidArgument (nothing changed) when no round ran since or keep is out of range.
+  Status TruncateRound(SequenceState* state, int64_t keep, std::vector<float>* logits);
   // One round (draft, verify, accept, roll back); appends the emitted tokens (>= 1) to out.
   Status Round(SequenceState* state, std::vector<int32_t>* out);
   // One round of several sequences, verified in one Engine::ForwardBatch pass: decoders[i]
@@ -198,6 +216,10 @@ class SpeculativeDecoder {
   AttnInputCapture backlog_;  // target layers only; first_pos[i] equal for all
   VerifyCheckpoint cp_;
   int32_t pending_ = -1;
+  // The last round: tokens before it (-1: none since Start/Attach) and the verify rows of
+  // its kept positions (a + 1 rows), for TruncateRound.
+  int64_t round_n_ = -1;
+  std::vector<float> round_logits_;
   SpeculativeStats stats_;
 };
 

@@ -65,15 +65,23 @@ StatusOr<ApiKeys> ApiKeys::Parse(std::string_view text) {
       KVTIER_ASSIGN_OR_RETURN(t->prices.output_per_mtok,
                               Price(e["prices"], "output_per_mtok", where));
     }
+    if (e.contains("weight")) {
+      const auto& wj = e["weight"];
+      if (!wj.is_number_integer() || wj.get<int64_t>() < 1 ||
+          wj.get<int64_t>() > static_cast<int64_t>(kTenantWeightMax))
+        return Status::InvalidArgument(where + ".weight must be an integer in [1, " +
+                                       std::to_string(kTenantWeightMax) + "]");
+      t->weight = static_cast<uint32_t>(wj.get<int64_t>());
+    }
     auto [it, fresh] = k.tenants_.emplace(t->name, t);
     if (!fresh) {
       const Tenant& o = *it->second;
       if (o.daemon_token != t->daemon_token ||
           o.prices.input_per_mtok != t->prices.input_per_mtok ||
           o.prices.cached_input_per_mtok != t->prices.cached_input_per_mtok ||
-          o.prices.output_per_mtok != t->prices.output_per_mtok)
+          o.prices.output_per_mtok != t->prices.output_per_mtok || o.weight != t->weight)
         return Status::InvalidArgument(where + ": tenant " + t->name +
-                                       " appears with another daemon_token or prices");
+                                       " appears with another daemon_token, prices or weight");
     }
     if (!k.keys_.emplace(key, it->second.get()).second)
       return Status::InvalidArgument(where + ": duplicate key");

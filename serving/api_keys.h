@@ -3,11 +3,12 @@
 // The keys file is JSON (at most kApiKeysFileBytesMax bytes):
 //   {"keys": [{"key": "sk-...", "tenant": "alice", "daemon_token": "alice-token",
 //              "prices": {"input_per_mtok": 0.28, "cached_input_per_mtok": 0.028,
-//                         "output_per_mtok": 0.42}}, ...]}
+//                         "output_per_mtok": 0.42}, "weight": 2}, ...]}
 // `key` is what clients send as "Authorization: Bearer <key>"; `daemon_token` is the tenant's
 // kvtierd token, so the daemon keeps each tenant's units apart (one customer's cache never
 // serves another's). Several keys may name the same tenant (they must then agree on its
-// token and prices). `prices` is optional.
+// token, prices and weight). `prices` is optional; `weight` (1..kTenantWeightMax, default 1)
+// is the tenant's share of admission and of each step's tokens (fair_share.h).
 //
 // Thread safety: an ApiKeys is immutable after loading; Find may be called from any thread.
 #pragma once

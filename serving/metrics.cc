@@ -98,6 +98,24 @@ void ServingMetrics::Step(int64_t sequences, int64_t tokens, int64_t prefill_tok
   batch_sequences_.Observe(static_cast<double>(sequences));
   step_tokens_.Observe(static_cast<double>(tokens));
 }
+void ServingMetrics::TenantStepTokens(const std::string& tenant, uint64_t tokens) {
+  std::lock_guard l(mu_);
+  tenants_[tenant].step_tokens += tokens;
+}
+void ServingMetrics::SpecRound(const std::vector<uint64_t>& drafted,
+                               const std::vector<uint64_t>& accepted) {
+  std::lock_guard l(mu_);
+  ++spec_rounds_;
+  uint64_t any = 0;
+  for (size_t i = 0; i < drafted.size(); ++i) {
+    ++spec_verifications_;
+    spec_drafted_ += drafted[i];
+    spec_accepted_ += i < accepted.size() ? accepted[i] : 0;
+    ++spec_draft_length_[drafted[i]];
+    any += drafted[i];
+  }
+  if (any == 0) ++spec_rounds_undrafted_;
+}
 void ServingMetrics::Resume(bool hit, bool hot) {
   std::lock_guard l(mu_);
   ++resumes_;
@@ -158,6 +176,9 @@ std::string ServingMetrics::Render() const {
        &TenantCounters::miss},
       {"kvtier_serve_completion_tokens_total", "Completion tokens, by tenant.",
        &TenantCounters::completion},
+      {"kvtier_serve_tenant_step_tokens_total",
+       "Tokens engine steps ran for the tenant's sequences (decode and prefill), by tenant.",
+       &TenantCounters::step_tokens},
   };
   for (const Field& f : fields) {
     Head(o, f.name, "counter", f.help);
@@ -183,6 +204,11 @@ std::string ServingMetrics::Render() const {
       {"kvtier_serve_disconnects_total", disconnects_},
       {"kvtier_serve_steps_total", steps_},
       {"kvtier_serve_prefill_tokens_total", prefill_tokens_},
+      {"kvtier_serve_spec_rounds_total", spec_rounds_},
+      {"kvtier_serve_spec_rounds_undrafted_total", spec_rounds_undrafted_},
+      {"kvtier_serve_spec_verifications_total", spec_verifications_},
+      {"kvtier_serve_spec_drafted_tokens_total", spec_drafted_},
+      {"kvtier_serve_spec_accepted_tokens_total", spec_accepted_},
   };
   const char* helps[] = {
       "Admissions that looked the prompt up in kvtierd.",
@@ -194,11 +220,21 @@ std::string ServingMetrics::Render() const {
       "Requests whose client went away before they finished.",
       "Engine steps (one ForwardBatch pass each).",
       "Prompt tokens prefilled in chunks by engine steps (beside the decode tokens).",
+      "Speculative verify passes (one RoundBatch over the decoding sequences of a step).",
+      "Of those, passes in which no sequence verified a draft token.",
+      "Sequence verifications (one per sequence per speculative pass).",
+      "Draft tokens verified.",
+      "Of those, accepted (each also emitted; drafted >= accepted).",
   };
   for (size_t i = 0; i < std::size(counters); ++i) {
     Head(o, counters[i].first, "counter", helps[i]);
     o << counters[i].first << " " << counters[i].second << "\n";
   }
+  Head(o, "kvtier_serve_spec_draft_length_total", "counter",
+       "Sequence verifications by the number of draft tokens verified (the draft scheduler's "
+       "choice; 0 = a plain decode row).");
+  for (const auto& [len, n] : spec_draft_length_)
+    o << "kvtier_serve_spec_draft_length_total{length=\"" << len << "\"} " << n << "\n";
   const std::pair<const char*, int64_t> gauges[] = {
       {"kvtier_serve_queue_depth", queue_depth_},
       {"kvtier_serve_active_sequences", active_},

@@ -43,6 +43,11 @@ class ServingMetrics {
   // One engine step: sequences in it, tokens it ran through the model, and how many of
   // those were prefill chunks' (the rest are decode tokens).
   void Step(int64_t sequences, int64_t tokens, int64_t prefill_tokens);
+  // Tokens one step ran for `tenant`'s sequences (its fair share in use).
+  void TenantStepTokens(const std::string& tenant, uint64_t tokens);
+  // One speculative verify pass (--speculative): per sequence in it, the draft tokens it
+  // verified and how many of them were accepted.
+  void SpecRound(const std::vector<uint64_t>& drafted, const std::vector<uint64_t>& accepted);
   void Resume(bool from_daemon_hit, bool hot_state);  // an admission that asked kvtierd
   void ResidentHit();                                 // an admission served from the pool
   void SwapOut();                                     // an idle sequence saved and dropped
@@ -60,7 +65,7 @@ class ServingMetrics {
   int64_t connections_open_ = 0;
   std::map<std::string, uint64_t> finish_;
   struct TenantCounters {
-    uint64_t requests = 0, prompt = 0, cached = 0, miss = 0, completion = 0;
+    uint64_t requests = 0, prompt = 0, cached = 0, miss = 0, completion = 0, step_tokens = 0;
     double cost = 0;
   };
   std::map<std::string, TenantCounters> tenants_;
@@ -68,6 +73,9 @@ class ServingMetrics {
   uint64_t resumes_ = 0, resume_hits_ = 0, hot_state_restores_ = 0, resident_hits_ = 0;
   uint64_t swap_outs_ = 0, save_failures_ = 0, disconnects_ = 0;
   uint64_t steps_ = 0, prefill_tokens_ = 0;
+  uint64_t spec_rounds_ = 0, spec_rounds_undrafted_ = 0, spec_verifications_ = 0;
+  uint64_t spec_drafted_ = 0, spec_accepted_ = 0;
+  std::map<uint64_t, uint64_t> spec_draft_length_;  // verifications by draft tokens verified
   int64_t queue_depth_ = 0, active_ = 0, resident_ = 0, resident_tokens_ = 0;
 };
 

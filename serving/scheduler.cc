@@ -77,6 +77,12 @@ struct Scheduler::Seq {
   size_t emitted = 0;  // bytes of text sent
   Usage usage;
   uint64_t reserved = 0;  // pool tokens reserved while active (prompt + max_tokens)
+  // --speculative: the decoder from the first decode token on (it holds the pending token,
+  // emitted and not yet run); while prefilling, the draft's rows of the prompt's last
+  // positions, from the chunks' captured attention inputs.
+  std::unique_ptr<engine::SpeculativeDecoder> spec;
+  engine::DraftContext draft_ctx;
+  engine::AttnInputCapture capture;
   // Still prefilling: the state does not yet hold every prompt token (it only ever holds a
   // prefix of the prompt until then, and grows past it while generating).
   bool prefilling() const { return state.tokens.size() < params.prompt.size(); }
@@ -103,7 +109,23 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(engine::Engine* engine,
     return Status::InvalidArgument(
         "serve: step_tokens_max and prefill_chunk_tokens are at most kMaxTokensPerCall (65536): "
         "a step is one engine call");
-  std::unique_ptr<Scheduler> s(new Scheduler(engine, options, metrics));
+  if (options.draft != nullptr && options.draft_len &&
+      (*options.draft_len < 0 || *options.draft_len > options.draft->dconfig().block_size))
+    return Status::InvalidArgument("serve: draft_len outside [0, the draft's block size]");
+  std::unique_ptr<Scheduler> s(new Scheduler(engine, &weights, options, metrics));
+  if (options.draft != nullptr)
+    s->draft_scheduler_ = std::make_unique<engine::DraftScheduler>(kSpecVerifyTokensMax);
+  if (options.draft != nullptr && !options.draft_len) {
+    // The verify-pass table, measured on a short prefilled sequence; the moving averages of
+    // the real passes keep it current.
+    engine::SequenceState base = engine->NewSequence();
+    std::vector<int32_t> warm(64);
+    for (size_t i = 0; i < warm.size(); ++i)
+      warm[i] = ByteTokenizer::kByteBase + static_cast<int32_t>('a' + i % 26);
+    std::vector<float> logits;
+    KVTIER_RETURN_IF_ERROR(engine->Forward(&base, warm, false, &logits));
+    KVTIER_RETURN_IF_ERROR(engine::MeasureSps(engine, base, 2, s->draft_scheduler_.get()));
+  }
   if (!options.daemon_socket.empty()) {
     KVTIER_ASSIGN_OR_RETURN(
         s->fingerprint_,
@@ -113,9 +135,9 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(engine::Engine* engine,
   return s;
 }
 
-Scheduler::Scheduler(engine::Engine* engine, const SchedulerOptions& options,
-                     ServingMetrics* metrics)
-    : engine_(engine), options_(options), metrics_(metrics) {}
+Scheduler::Scheduler(engine::Engine* engine, const engine::ModelWeights* weights,
+                     const SchedulerOptions& options, ServingMetrics* metrics)
+    : engine_(engine), weights_(weights), options_(options), metrics_(metrics) {}
 
 Scheduler::~Scheduler() { Stop(); }
 
@@ -225,12 +247,22 @@ void Scheduler::Admit() {
   // Admission computes nothing but restores: while sequences are active, at most one request
   // per step that fetched units from kvtierd (its cost grows with its hit), so a burst of
   // resumes delays the running sequences' next token by about one restore.
+  std::map<const Tenant*, uint64_t> active_by_tenant;
+  for (const auto& s : active_) ++active_by_tenant[s->tenant];
   while (active_.size() < options_.active_sequences_max) {
     Pending p;
     {
       std::lock_guard l(mu_);
       if (turn_.empty()) return;
-      const Tenant* t = turn_.front();
+      // The tenant with the fewest active sequences per unit of weight; ties to the one
+      // first in turn (round robin).
+      auto pick = turn_.begin();
+      for (auto it = turn_.begin(); it != turn_.end(); ++it) {
+        const double mine = static_cast<double>(active_by_tenant[*it]) / (*it)->weight;
+        const double best = static_cast<double>(active_by_tenant[*pick]) / (*pick)->weight;
+        if (mine < best) pick = it;
+      }
+      const Tenant* t = *pick;
       auto& q = queues_[t];
       const uint64_t need = q.front().params.prompt.size() + q.front().params.max_tokens;
       // Room in the pool: idle sequences may be swapped out; active reservations may not.
@@ -240,7 +272,7 @@ void Scheduler::Admit() {
       p = std::move(q.front());
       q.pop_front();
       --queued_;
-      turn_.pop_front();
+      turn_.erase(pick);
       if (!q.empty()) turn_.push_back(t);
     }
     if (p.gen->cancelled()) {
@@ -256,6 +288,7 @@ void Scheduler::Admit() {
       Fail(std::move(seq), s);
       continue;
     }
+    ++active_by_tenant[seq->tenant];
     active_.push_back(std::move(seq));
     if (fetched && others_active) return;
   }
@@ -271,6 +304,7 @@ Status Scheduler::Start(Seq* seq, Pending& p, bool* fetched) {
   seq->sampler.emplace(seq->params.temperature, seq->params.top_p, seq->params.seed);
   seq->usage.prompt_tokens = static_cast<int64_t>(prompt.size());
   seq->reserved = prompt.size() + seq->params.max_tokens;
+  if (options_.draft != nullptr) seq->capture.layers = options_.draft->target_layers();
 
   // 1. A resident idle sequence of the same tenant whose tokens prefix the prompt.
   auto best = idle_.end();
@@ -321,89 +355,147 @@ Status Scheduler::Start(Seq* seq, Pending& p, bool* fetched) {
   return Status::Ok();
 }
 
+Scheduler::Emitted Scheduler::Emit(Seq* s, int32_t tok, size_t ran) {
+  const auto now = Clock::now();
+  if (s->usage.completion_tokens == 0) {
+    metrics_->Ttft(Seconds(s->arrival, now));
+  } else {
+    metrics_->Tpot(Seconds(s->last_token, now));
+  }
+  s->last_token = now;
+  ++s->usage.completion_tokens;
+  bool stop = tok == ByteTokenizer::kEos;
+  if (!stop && tok >= ByteTokenizer::kByteBase && tok < ByteTokenizer::kByteBase + 256)
+    s->text.push_back(static_cast<char>(tok - ByteTokenizer::kByteBase));
+  size_t hold = 0;  // bytes that could still become a stop string
+  for (const std::string& st : s->params.stop) {
+    const size_t from = s->text.size() >= st.size() + 1 ? s->text.size() - st.size() - 1 : 0;
+    if (size_t at = s->text.find(st, std::min(from, s->text.size())); at != std::string::npos) {
+      s->text.resize(at);
+      stop = true;
+      break;
+    }
+    hold = std::max(hold, st.size() - 1);
+  }
+  if (stop) return Emitted::kStop;
+  if (s->usage.completion_tokens >= static_cast<int64_t>(s->params.max_tokens) ||
+      ran + 1 >= options_.context_tokens_max)
+    return Emitted::kLength;
+  size_t safe = s->text.size() > hold ? s->text.size() - hold : 0;
+  safe = std::min(safe, CompleteUtf8Prefix(s->text.substr(0, safe)));
+  if (safe > s->emitted) {
+    GenerationEvent e;
+    e.text = s->text.substr(s->emitted, safe - s->emitted);
+    e.step = step_;
+    s->gen->Push(std::move(e));
+    s->emitted = safe;
+  }
+  return Emitted::kMore;
+}
+
 void Scheduler::StepActive() {
   if (active_.empty()) return;
-  std::vector<Seq*> generating, prefilling;
-  for (const auto& s : active_) (s->prefilling() ? prefilling : generating).push_back(s.get());
-  // Decode tokens first: one per generating sequence, at most step_tokens_max of them.
-  std::vector<Seq*> batch;
-  if (const size_t n = generating.size(); n > 0) {
-    const size_t take = std::min<size_t>(n, options_.step_tokens_max);
-    rotate_ = rotate_ % n;
-    for (size_t k = 0; k < take; ++k) batch.push_back(generating[(rotate_ + k) % n]);
-    rotate_ = (rotate_ + take) % n;
-  }
-  std::vector<Seq*> done_stop, done_length, failed, cancelled, decoding;
-  std::vector<int32_t> next;
-  std::vector<Status> errors;
-  for (Seq* s : batch) {
+  // Each tenant's work, tenants in the order their oldest active sequence was admitted:
+  // one decode token per generating sequence, the next chunk of each prefilling one.
+  struct Work {
+    const Tenant* tenant;
+    std::vector<Seq*> generating, prefilling;
+    uint64_t demand = 0;
+  };
+  std::vector<Work> work;
+  std::vector<Seq*> cancelled;
+  for (const auto& up : active_) {
+    Seq* s = up.get();
     if (s->gen->cancelled()) {
       cancelled.push_back(s);
       continue;
     }
-    const int32_t tok = s->sampler->Sample(s->logits);
-    const auto now = Clock::now();
-    if (s->usage.completion_tokens == 0) {
-      metrics_->Ttft(Seconds(s->arrival, now));
+    auto w = std::find_if(work.begin(), work.end(),
+                          [&](const Work& x) { return x.tenant == s->tenant; });
+    if (w == work.end()) w = work.insert(work.end(), Work{s->tenant, {}, {}, 0});
+    if (s->prefilling()) {
+      w->prefilling.push_back(s);
+      w->demand += std::min<uint64_t>(s->params.prompt.size() - s->state.tokens.size(),
+                                      options_.prefill_chunk_tokens);
     } else {
-      metrics_->Tpot(Seconds(s->last_token, now));
+      w->generating.push_back(s);
+      w->demand += 1;
     }
-    s->last_token = now;
-    ++s->usage.completion_tokens;
-    bool stop = tok == ByteTokenizer::kEos;
-    if (!stop && tok >= ByteTokenizer::kByteBase && tok < ByteTokenizer::kByteBase + 256)
-      s->text.push_back(static_cast<char>(tok - ByteTokenizer::kByteBase));
-    size_t hold = 0;  // bytes that could still become a stop string
-    for (const std::string& st : s->params.stop) {
-      const size_t from = s->text.size() >= st.size() + 1 ? s->text.size() - st.size() - 1 : 0;
-      if (size_t at = s->text.find(st, std::min(from, s->text.size())); at != std::string::npos) {
-        s->text.resize(at);
-        stop = true;
+  }
+  // The step's budget shared by weight (FairShares); within a tenant its decode tokens first,
+  // from a rotating start so none of its sequences is always left out, then its prompts'
+  // chunks, oldest admission first.
+  std::vector<uint64_t> demand;
+  std::vector<uint32_t> weight;
+  std::vector<double> credit;
+  for (const Work& w : work) {
+    demand.push_back(w.demand);
+    weight.push_back(w.tenant->weight);
+    credit.push_back(shares_[w.tenant].credit);
+  }
+  const std::vector<uint64_t> given = FairShares(demand, weight, options_.step_tokens_max, &credit);
+  std::vector<Seq*> batch, chunked;
+  std::vector<std::span<const int32_t>> chunks;
+  std::map<const Tenant*, uint64_t> step_tokens;
+  for (size_t i = 0; i < work.size(); ++i) {
+    Work& w = work[i];
+    TenantShare& sh = shares_[w.tenant];
+    sh.credit = credit[i];
+    uint64_t g = given[i];
+    if (const size_t n = w.generating.size(); n > 0) {
+      const size_t take = std::min<size_t>(n, g);
+      sh.rotate %= n;
+      for (size_t k = 0; k < take; ++k) batch.push_back(w.generating[(sh.rotate + k) % n]);
+      sh.rotate = (sh.rotate + take) % n;
+      g -= take;
+    }
+    for (Seq* s : w.prefilling) {
+      if (g == 0) break;
+      const size_t at = s->state.tokens.size();
+      const size_t len =
+          std::min<size_t>({s->params.prompt.size() - at, options_.prefill_chunk_tokens, g});
+      chunked.push_back(s);
+      chunks.push_back(std::span<const int32_t>(s->params.prompt).subspan(at, len));
+      g -= len;
+    }
+  }
+  // At least one token when a prompt waits, so that it always progresses: the oldest's.
+  if (chunked.empty()) {
+    for (const auto& up : active_) {
+      Seq* s = up.get();
+      if (!s->prefilling() || s->gen->cancelled()) continue;
+      chunked.push_back(s);
+      chunks.push_back(
+          std::span<const int32_t>(s->params.prompt).subspan(s->state.tokens.size(), 1));
+      break;
+    }
+  }
+  std::vector<Seq*> done_stop, done_length, failed, decoding;
+  std::vector<int32_t> next;
+  std::vector<Status> errors;
+  int64_t tokens = 0, prefill_tokens = 0, spec_sequences = 0;
+  if (options_.draft != nullptr) {
+    // Speculative: the decode rows are one RoundBatch pass of their own; the chunks follow.
+    SpecRound(batch, &done_stop, &done_length, &failed, &errors, &step_tokens, &tokens,
+              &spec_sequences);
+    batch.clear();
+  }
+  for (Seq* s : batch) {
+    const int32_t tok = s->sampler->Sample(s->logits);
+    switch (Emit(s, tok, s->state.tokens.size())) {
+      case Emitted::kStop:
+        done_stop.push_back(s);
+        continue;
+      case Emitted::kLength:
+        done_length.push_back(s);
+        continue;
+      case Emitted::kMore:
         break;
-      }
-      hold = std::max(hold, st.size() - 1);
-    }
-    const bool length =
-        !stop && (s->usage.completion_tokens >= static_cast<int64_t>(s->params.max_tokens) ||
-                  s->state.tokens.size() + 1 >= options_.context_tokens_max);
-    if (stop || length) {
-      (stop ? done_stop : done_length).push_back(s);
-      continue;
-    }
-    size_t safe = s->text.size() > hold ? s->text.size() - hold : 0;
-    safe = std::min(safe, CompleteUtf8Prefix(s->text.substr(0, safe)));
-    if (safe > s->emitted) {
-      GenerationEvent e;
-      e.text = s->text.substr(s->emitted, safe - s->emitted);
-      e.step = step_;
-      s->gen->Push(std::move(e));
-      s->emitted = safe;
     }
     decoding.push_back(s);
     next.push_back(tok);
   }
-  // Prefill chunks with the budget the decode tokens left, oldest admission first (active_ is
-  // in admission order); at least one token so that a waiting prompt always progresses.
-  uint64_t budget =
-      options_.step_tokens_max - std::min<uint64_t>(batch.size(), options_.step_tokens_max);
-  if (budget == 0 && !prefilling.empty()) budget = 1;
-  std::vector<Seq*> chunked;
-  std::vector<std::span<const int32_t>> chunks;
-  for (Seq* s : prefilling) {
-    if (s->gen->cancelled()) {
-      cancelled.push_back(s);
-      continue;
-    }
-    if (budget == 0) continue;
-    const size_t at = s->state.tokens.size();
-    const size_t len =
-        std::min<size_t>({s->params.prompt.size() - at, options_.prefill_chunk_tokens, budget});
-    chunked.push_back(s);
-    chunks.push_back(std::span<const int32_t>(s->params.prompt).subspan(at, len));
-    budget -= len;
-  }
   // One pass over the weights for every decode token and prefill chunk (ForwardBatch).
-  int64_t tokens = 0, prefill_tokens = 0;
   if (!decoding.empty() || !chunked.empty()) {
     std::vector<Seq*> run = decoding;
     run.insert(run.end(), chunked.begin(), chunked.end());
@@ -412,20 +504,50 @@ void Scheduler::StepActive() {
     for (size_t i = 0; i < decoding.size(); ++i) spans.emplace_back(&next[i], 1);
     spans.insert(spans.end(), chunks.begin(), chunks.end());
     for (Seq* s : run) states.push_back(&s->state);
+    for (size_t i = 0; i < run.size(); ++i) step_tokens[run[i]->tenant] += spans[i].size();
     for (const auto& c : chunks) prefill_tokens += static_cast<int64_t>(c.size());
+    // With a draft, the chunks record the attention inputs of the prompt's last W + 1
+    // positions for the draft's context (nothing for decode rows: none are here then).
+    std::vector<engine::AttnInputCapture*> caps;
+    if (options_.draft != nullptr) {
+      const int64_t keep = engine_->config().sliding_window + 1;
+      for (Seq* s : run) {
+        s->capture.from_pos =
+            std::max<int64_t>(static_cast<int64_t>(s->state.tokens.size()),
+                              static_cast<int64_t>(s->params.prompt.size()) - keep);
+        caps.push_back(&s->capture);
+      }
+    }
+    std::vector<int64_t> before;
+    for (Seq* s : run) before.push_back(static_cast<int64_t>(s->state.tokens.size()));
     std::vector<std::vector<float>> logits;
-    Status ds = engine_->ForwardBatch(states, spans, &logits);
-    tokens = static_cast<int64_t>(decoding.size()) + prefill_tokens;
+    Status ds = engine_->ForwardBatch(states, spans, &logits, nullptr, caps);
+    tokens += static_cast<int64_t>(decoding.size()) + prefill_tokens;
     for (size_t i = 0; i < run.size(); ++i) {
-      if (ds.ok()) {
+      Status si = ds;
+      if (si.ok() && !caps.empty()) {
+        const int64_t from = run[i]->capture.from_pos;
+        const int64_t end = before[i] + static_cast<int64_t>(spans[i].size());
+        if (from < end)
+          si = options_.draft->Observe(run[i]->capture, from, end - from, &run[i]->draft_ctx);
+      }
+      if (si.ok()) {
         run[i]->logits = std::move(logits[i]);
       } else {
         failed.push_back(run[i]);
-        errors.push_back(ds);
+        errors.push_back(si);
       }
     }
   }
-  metrics_->Step(static_cast<int64_t>(decoding.size() + chunked.size()), tokens, prefill_tokens);
+  metrics_->Step(static_cast<int64_t>(decoding.size() + chunked.size()) + spec_sequences, tokens,
+                 prefill_tokens);
+  for (const auto& [t, n] : step_tokens) metrics_->TenantStepTokens(t->name, n);
+  if (options_.step_observer) {
+    StepReport r;
+    r.step = step_;
+    for (const auto& [t, n] : step_tokens) r.tokens_by_tenant[t->name] = n;
+    options_.step_observer(r);
+  }
   auto take = [&](Seq* s) {
     auto it = std::find_if(active_.begin(), active_.end(), [&](auto& p) { return p.get() == s; });
     std::unique_ptr<Seq> owned = std::move(*it);
@@ -436,6 +558,87 @@ void Scheduler::StepActive() {
   for (Seq* s : done_stop) Finish(take(s), "stop");
   for (Seq* s : done_length) Finish(take(s), "length");
   for (size_t i = 0; i < failed.size(); ++i) Fail(take(failed[i]), errors[i]);
+}
+
+void Scheduler::SpecRound(const std::vector<Seq*>& batch, std::vector<Seq*>* done_stop,
+                          std::vector<Seq*>* done_length, std::vector<Seq*>* failed,
+                          std::vector<Status>* errors,
+                          std::map<const Tenant*, uint64_t>* step_tokens, int64_t* tokens,
+                          int64_t* sequences) {
+  std::vector<Seq*> round;
+  for (Seq* s : batch) {
+    if (s->spec == nullptr) {
+      // The first token after the prompt is sampled from the prefill's logits, as without a
+      // draft; the decoder starts with it pending.
+      const int32_t tok = s->sampler->Sample(s->logits);
+      const Emitted e = Emit(s, tok, s->state.tokens.size());
+      if (e != Emitted::kMore) {
+        (e == Emitted::kStop ? done_stop : done_length)->push_back(s);
+        continue;
+      }
+      engine::SpeculativeOptions so;
+      so.scheduler = !options_.draft_len.has_value();
+      so.draft_len = options_.draft_len.value_or(0);
+      s->spec = std::make_unique<engine::SpeculativeDecoder>(
+          engine_, options_.draft, weights_, draft_scheduler_.get(), so, &*s->sampler);
+      Status st = s->spec->Attach(tok, std::move(s->draft_ctx));
+      s->draft_ctx.Clear();
+      if (!st.ok()) {
+        failed->push_back(s);
+        errors->push_back(st);
+        continue;
+      }
+    }
+    round.push_back(s);
+  }
+  if (round.empty()) return;
+  *sequences += static_cast<int64_t>(round.size());
+  std::vector<engine::SpeculativeDecoder*> decs;
+  std::vector<engine::SequenceState*> states;
+  std::vector<int64_t> n;
+  std::vector<engine::SpeculativeStats> before;
+  for (Seq* s : round) {
+    decs.push_back(s->spec.get());
+    states.push_back(&s->state);
+    n.push_back(static_cast<int64_t>(s->state.tokens.size()));
+    before.push_back(s->spec->stats());
+  }
+  std::vector<std::vector<int32_t>> outs(round.size());
+  Status rs = engine::SpeculativeDecoder::RoundBatch(decs, states, &outs);
+  if (!rs.ok()) {
+    for (Seq* s : round) {
+      failed->push_back(s);
+      errors->push_back(rs);
+    }
+    return;
+  }
+  std::vector<uint64_t> drafted, accepted;
+  for (size_t i = 0; i < round.size(); ++i) {
+    Seq* s = round[i];
+    const engine::SpeculativeStats& now = s->spec->stats();
+    drafted.push_back(now.drafted - before[i].drafted);
+    accepted.push_back(now.accepted - before[i].accepted);
+    (*step_tokens)[s->tenant] += 1 + drafted.back();
+    *tokens += static_cast<int64_t>(1 + drafted.back());
+    // Emit the round's tokens one by one; out[j] was sampled after n + 1 + j tokens ran. A
+    // request that ends inside them keeps exactly the tokens plain decoding would have run.
+    Emitted e = Emitted::kMore;
+    size_t j = 0;
+    for (; j < outs[i].size() && e == Emitted::kMore; ++j)
+      e = Emit(s, outs[i][j], static_cast<size_t>(n[i]) + 1 + j);
+    Status st;
+    if (e == Emitted::kMore) {
+      st = s->spec->RoundLogits(static_cast<int64_t>(s->state.tokens.size()), &s->logits);
+    } else {
+      st = s->spec->TruncateRound(&s->state, n[i] + static_cast<int64_t>(j), &s->logits);
+      if (st.ok()) (e == Emitted::kStop ? done_stop : done_length)->push_back(s);
+    }
+    if (!st.ok()) {
+      failed->push_back(s);
+      errors->push_back(st);
+    }
+  }
+  metrics_->SpecRound(drafted, accepted);
 }
 
 void Scheduler::SaveSeq(Seq* seq) {
@@ -475,6 +678,8 @@ void Scheduler::Finish(std::unique_ptr<Seq> seq, const std::string& reason) {
                     << " completion_tokens=" << seq->usage.completion_tokens << " cost=" << cost;
   SaveSeq(seq.get());
   seq->gen.reset();
+  seq->spec.reset();  // holds the sampler
+  seq->draft_ctx.Clear();
   seq->sampler.reset();
   seq->text.clear();
   if (reason == "cancelled" || options_.idle_sequences_max == 0) return;  // dropped

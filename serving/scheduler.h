@@ -1,11 +1,12 @@
 // Scheduler: the one thread that drives the Engine for every request in flight
 // (docs/SERVING.md, "Scheduling"; DESIGN §5 for save/resume).
 //
-// Admission (round robin across tenants, one request per tenant per turn): a request is
-// admitted when fewer than active_sequences_max sequences are active and the KV pool has
-// room for its prompt plus max_tokens (kv_pool_tokens_max; idle sequences are swapped out,
-// least recently used first, to make room: their units are already saved, they are dropped).
-// Its prompt's cached part is found at admission, in this order:
+// Admission (fair across tenants: the next request comes from the tenant with the fewest
+// active sequences per unit of Tenant::weight, ties round robin): a request is admitted when fewer
+// than active_sequences_max sequences are active and the KV pool has room for its prompt plus
+// max_tokens (kv_pool_tokens_max; idle sequences are swapped out, least recently used first, to
+// make room: their units are already saved, they are dropped). Its prompt's cached part is found at
+// admission, in this order:
 //   1. from the engine: an idle sequence of the same tenant whose tokens are a prefix of the
 //      prompt is continued (exact, no replay);
 //   2. from kvtierd (SessionStore::Restore with the tenant's token): the hit units are imported
@@ -19,11 +20,18 @@
 // tokens) or 2 (ResumeReport::restored_tokens; 0 when the guard recomputed).
 //
 // Steps: every step runs one Engine::ForwardBatch pass (one MatMul per weight over all rows;
-// bit-identical to running each sequence alone) over at most step_tokens_max tokens:
-//   - decode: each generating sequence samples one token from its logits and runs it, at most
-//     step_tokens_max sequences, starting at a rotating position so none is always left out;
-//   - prefill: with the budget left (at least one token when a prompt waits), the next chunk of
-//     at most prefill_chunk_tokens tokens of each prefilling sequence, oldest admission first.
+// bit-identical to running each sequence alone) over at most step_tokens_max tokens, split
+// across the tenants with work by weight (FairShares, fair_share.h); within a tenant's share:
+//   - decode: each of its generating sequences samples one token from its logits and runs it,
+//     starting at a rotating position so none is always left out;
+//   - prefill: with the share left, the next chunk of at most prefill_chunk_tokens tokens of
+//     each of its prefilling sequences, oldest admission first (and at least one token of the
+//     oldest prompt when no share left room for any).
+// With a draft (options.draft, --speculative) the decode rows are instead one speculative
+// round (SpeculativeDecoder::RoundBatch: draft, verify in one ForwardBatch, accept, roll back)
+// and the chunks a second pass; the round's emitted tokens go through the same usage, stop
+// and limit checks one by one, and a request ending inside them is cut back to exactly the
+// state plain decoding leaves (SpeculativeDecoder::TruncateRound).
 // A prompt is therefore computed by the full forward in chunks (Engine::Forward semantics,
 // never the CED prefill), so a computed, a resident-continued and a hot-state-restored prompt
 // give the same state bit for bit, and a long prompt delays the running sequences by one
@@ -42,6 +50,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,8 +61,11 @@
 
 #include "cache_daemon/client.h"
 #include "common/status.h"
+#include "engine/dspark.h"
 #include "engine/model.h"
 #include "engine/session.h"
+#include "engine/speculative.h"
+#include "serving/fair_share.h"
 #include "serving/metrics.h"
 #include "serving/openai_api.h"
 #include "serving/usage.h"
@@ -65,6 +77,9 @@ struct Tenant {
   std::string name;          // appears in logs and metric labels
   std::string daemon_token;  // kvtierd token: the daemon keeps each tenant's units apart
   Prices prices;
+  // Share of admission and of every step's tokens against the other tenants with work
+  // (1..kTenantWeightMax; fair_share.h).
+  uint32_t weight = 1;
 };
 
 struct GenerationEvent {
@@ -109,6 +124,12 @@ struct GenerationParams {
   std::vector<std::string> stop;
 };
 
+// What one step ran (SchedulerOptions::step_observer).
+struct StepReport {
+  uint64_t step = 0;
+  std::map<std::string, uint64_t> tokens_by_tenant;  // tokens run through the model, by tenant
+};
+
 struct SchedulerOptions {
   // kvtierd Unix socket; "" = no cache (every prompt computed, nothing saved).
   std::string daemon_socket;
@@ -123,11 +144,28 @@ struct SchedulerOptions {
   // Largest prefill chunk of one sequence in one step; at most the engine's
   // EngineOptions::prefill_chunk_tokens (ForwardBatch refuses longer spans).
   uint64_t prefill_chunk_tokens = 256;
+  // Speculative decoding (docs/SERVING.md, "Speculative decoding"): the DSpark draft (not
+  // owned; null = off). Decode rows of the generating sequences then go through
+  // SpeculativeDecoder::RoundBatch; draft_len fixes the draft tokens verified per sequence
+  // (0..block size), unset = the load-aware DraftScheduler chooses.
+  const engine::DSpark* draft = nullptr;
+  std::optional<int> draft_len;
+  // Called on the scheduler's thread after every step that ran tokens (tests, tracing); must
+  // not call back into the scheduler.
+  std::function<void(const StepReport&)> step_observer;
 };
+
+// The largest verify pass the DraftScheduler's SPS table covers with --speculative: a step
+// verifies R + B <= 64 tokens (R sequences, B draft tokens); with 64 or more sequences
+// decoding, steps draft nothing.
+inline constexpr int kSpecVerifyTokensMax = 64;
 
 class Scheduler {
  public:
-  // engine: not owned, used only by the scheduler's thread from now on. metrics: not owned.
+  // engine: not owned, used only by the scheduler's thread from now on. weights, metrics and
+  // options.draft: not owned, must outlive the scheduler. With a draft and no fixed
+  // draft_len, Create measures the engine's verify passes for the DraftScheduler (passes of
+  // 1..kSpecVerifyTokensMax tokens: a few seconds on the miniature).
   // InvalidArgument when context_tokens_max > kv_pool_tokens_max or kMaxSessionTokens,
   // step_tokens_max or prefill_chunk_tokens > kMaxTokensPerCall, or a limit is 0.
   static StatusOr<std::unique_ptr<Scheduler>> Create(engine::Engine* engine,
@@ -157,13 +195,24 @@ class Scheduler {
     std::unique_ptr<engine::SessionStore> store;
   };
 
-  Scheduler(engine::Engine* engine, const SchedulerOptions& options, ServingMetrics* metrics);
+  Scheduler(engine::Engine* engine, const engine::ModelWeights* weights,
+            const SchedulerOptions& options, ServingMetrics* metrics);
   void Run();
   // Admits queued requests while there is room; returns after the first that must wait.
   void Admit();
   // Sets up seq's state from its cached part; *fetched: units came from kvtierd.
   Status Start(Seq* seq, Pending& p, bool* fetched);
   void StepActive();
+  // The decode rows of `batch` as one speculative round (RoundBatch); finished sequences go
+  // to done_stop / done_length, failed ones to failed; returns the tokens it ran per sequence.
+  void SpecRound(const std::vector<Seq*>& batch, std::vector<Seq*>* done_stop,
+                 std::vector<Seq*>* done_length, std::vector<Seq*>* failed,
+                 std::vector<Status>* errors, std::map<const Tenant*, uint64_t>* step_tokens,
+                 int64_t* tokens, int64_t* sequences);
+  enum class Emitted { kMore, kStop, kLength };
+  // Emits `tok`, sampled after `ran` tokens of the sequence ran: usage, text events, stop
+  // strings; kStop / kLength when the request ends with it.
+  Emitted Emit(Seq* seq, int32_t tok, size_t ran);
   // Ends seq's request with `reason`; keeps or drops the sequence.
   void Finish(std::unique_ptr<Seq> seq, const std::string& reason);
   void Fail(std::unique_ptr<Seq> seq, const Status& status);
@@ -173,7 +222,9 @@ class Scheduler {
   void PublishGauges();
 
   engine::Engine* engine_;
+  const engine::ModelWeights* weights_;
   SchedulerOptions options_;
+  std::unique_ptr<engine::DraftScheduler> draft_scheduler_;  // with options_.draft
   ServingMetrics* metrics_;
   Digest fingerprint_{};
 
@@ -188,7 +239,11 @@ class Scheduler {
   std::map<const Tenant*, TenantStore> stores_;
   std::vector<std::unique_ptr<Seq>> active_;
   std::deque<std::unique_ptr<Seq>> idle_;  // least recently used first
-  size_t rotate_ = 0;
+  struct TenantShare {
+    double credit = 0;  // FairShares' rounding credit
+    size_t rotate = 0;  // first of the tenant's generating sequences served next
+  };
+  std::map<const Tenant*, TenantShare> shares_;
   uint64_t step_ = 0;  // steps begun
   std::thread thread_;
 };

@@ -4,11 +4,14 @@
 
 #include <cstdio>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "cli/flags.h"
 #include "common/logging.h"
 #include "engine/config.h"
+#include "engine/dspark.h"
 #include "engine/model.h"
 #include "engine/session.h"
 #include "engine/thread_pool.h"
@@ -50,7 +53,9 @@ int RunServe(std::span<const std::string_view> args) {
   std::string model_id = "kvmini-trained", listen = "127.0.0.1", port_file, socket, token;
   std::string keys_file, guard = "auto";
   uint64_t port = 8000, threads = 1, replay_tokens = 0;
-  bool no_hot = false;
+  bool no_hot = false, speculative = false;
+  std::string draft_path;
+  std::optional<uint64_t> draft_len;
   SchedulerOptions so;
   HttpOptions ho;
   ApiLimits al;
@@ -68,8 +73,9 @@ int RunServe(std::span<const std::string_view> args) {
   flags.String("token", &token, "TOKEN",
                "kvtierd token of the single tenant \"default\" when --api-keys is not given");
   flags.String("api-keys", &keys_file, "FILE",
-               "JSON API keys file: key -> tenant, kvtierd token, prices (docs/SERVING.md); "
-               "without it no key is checked");
+               "JSON API keys file: key -> tenant, kvtierd token, prices, weight (the tenant's "
+               "share of admission and of every step's tokens, 1..1000, default 1; "
+               "docs/SERVING.md); without it no key is checked");
   flags.Uint("threads", &threads, "engine CPU threads (results do not depend on it)", false, 1,
              engine::kMaxThreads);
   flags.String("guard", &guard, "MODE",
@@ -78,6 +84,16 @@ int RunServe(std::span<const std::string_view> args) {
   flags.Uint("replay-tokens", &replay_tokens,
              "bounded replay length of a resume without hot state; 0 = 2 sliding windows");
   flags.Bool("no-hot-state", &no_hot, "do not keep SWA hot states in kvtierd at page boundaries");
+  flags.Bool("speculative", &speculative,
+             "DSpark speculative decoding: the decode rows of every step are verified drafts "
+             "(greedy output unchanged; docs/SERVING.md, \"Speculative decoding\")");
+  flags.String("draft", &draft_path, "FILE",
+               "DSpark draft weights for --speculative (default: the model path with "
+               "-dspark.safetensors)");
+  flags.OptionalUint("draft-len", &draft_len,
+                     "fixed draft tokens verified per sequence with --speculative, "
+                     "0..dspark_block_size",
+                     "the load-aware draft scheduler chooses each step");
   flags.Uint("queue-depth-max", &so.queue_depth_max, "requests waiting for admission (more: 429)",
              false, 1, 1 << 20);
   flags.Uint("active-sequences-max", &so.active_sequences_max, "sequences generating at once",
@@ -149,6 +165,31 @@ int RunServe(std::span<const std::string_view> args) {
   auto tok = engine::ByteTokenizer::Create(cfg->vocab_size, cfg->engram_pad_token_id,
                                            cfg->dspark_noise_token_id);
   if (!tok.ok()) return Fail(tok.status());
+  std::unique_ptr<engine::DSpark> draft;
+  if (speculative) {
+    if (draft_path.empty()) {
+      draft_path = model;
+      const std::string ext = ".safetensors";
+      if (draft_path.size() > ext.size() &&
+          draft_path.compare(draft_path.size() - ext.size(), ext.size(), ext) == 0)
+        draft_path.resize(draft_path.size() - ext.size());
+      draft_path += "-dspark.safetensors";
+    }
+    auto dc = engine::LoadDSparkConfig(config, *cfg);
+    if (!dc.ok()) return Fail(dc.status());
+    if (draft_len && *draft_len > static_cast<uint64_t>(dc->block_size)) {
+      std::fprintf(stderr, "kvtier-engine serve: --draft-len in [0, %d]\n", dc->block_size);
+      return 2;
+    }
+    auto d = engine::DSpark::Load(*cfg, *dc, weights, draft_path);
+    if (!d.ok()) return Fail(d.status());
+    draft = std::move(d).value();
+    so.draft = draft.get();
+    if (draft_len) so.draft_len = static_cast<int>(*draft_len);
+  } else if (!draft_path.empty() || draft_len) {
+    std::fprintf(stderr, "kvtier-engine serve: --draft and --draft-len need --speculative\n");
+    return 2;
+  }
 
   // SIGINT / SIGTERM are taken by sigwait below; block them before any thread starts.
   sigset_t sigs;
@@ -166,9 +207,10 @@ int RunServe(std::span<const std::string_view> args) {
   if (!server.ok()) return Fail(server.status());
   std::fprintf(stderr,
                "kvtier-engine serve: listening on http://%s:%u model %s (%s), cache %s, "
-               "auth %s\n",
+               "auth %s, speculative %s\n",
                listen.c_str(), (*server)->port(), model_id.c_str(), model.c_str(),
-               socket.empty() ? "off" : socket.c_str(), keys.auth_enabled() ? "on" : "off");
+               socket.empty() ? "off" : socket.c_str(), keys.auth_enabled() ? "on" : "off",
+               speculative ? draft_path.c_str() : "off");
   if (!port_file.empty()) {
     std::ofstream(port_file + ".tmp") << (*server)->port() << "\n";
     std::rename((port_file + ".tmp").c_str(), port_file.c_str());

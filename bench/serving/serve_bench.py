@@ -10,6 +10,10 @@ measures, each against its peer in the same run:
   ttft        time to first token of a request that continues a long saved conversation
               (T tokens), resumed from kvtierd, against the same request on a server with the
               cache off (the whole prompt computed).
+  spec        (--spec) output tokens/s of the same R greedy requests at concurrency C on a
+              server with --speculative (DSpark draft, load-aware draft scheduler, or
+              --spec-draft-len) against one without, the two passes back to back; with the
+              speculative counters of the pass (accepted per verification, undrafted rounds).
   gap         the inter-token gap of S running streams while a long prompt (G tokens) arrives:
               the largest gap between two of their tokens while it is prefilled, against their
               median gap before it arrived (ratio = stall in steps' worth of time). Run it on two
@@ -18,7 +22,7 @@ measures, each against its peer in the same run:
 Usage (from the repository root, after building kvtierd and kvtier-engine):
   /usr/bin/python3 bench/serving/serve_bench.py --build build/release \
       [--concurrency 1,4,16,32] [--requests 32] [--max-tokens 64] [--ttft-tokens 16384]
-      [--gap-tokens 4096] [--gap-streams 4]
+      [--gap-tokens 4096] [--gap-streams 4] [--spec [--spec-draft-len N]]
 
 Prints one JSON object per measurement and a summary table. Deterministic requests (fixed
 prompts, temperature 0). Bounded: every request has a timeout; the servers are stopped at exit.
@@ -207,6 +211,81 @@ def throughput(build, workdir, args):
     return rows
 
 
+def metric(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def run_concurrent(server, bodies, c):
+    """Runs bodies at concurrency c (streamed); returns (completion tokens, seconds)."""
+    tokens, lock, idx = [0], threading.Lock(), [0]
+
+    def worker():
+        while True:
+            with lock:
+                if idx[0] >= len(bodies):
+                    return
+                b = bodies[idx[0]]
+                idx[0] += 1
+            u = server.post(b, stream=True)[0]
+            with lock:
+                tokens[0] += u["completion_tokens"]
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=worker) for _ in range(c)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return tokens[0], time.monotonic() - t0
+
+
+def spec(build, workdir, args):
+    """Decode tokens/s with --speculative against without, same requests, same concurrency."""
+    common = ["--idle-sequences-max", "0", "--active-sequences-max", "64", "--threads",
+              str(args.threads)]
+    flags = ["--speculative"]
+    if args.spec_draft_len is not None:
+        flags += ["--draft-len", str(args.spec_draft_len)]
+    plain = Server(build, workdir, "spec_off", common)
+    fast = Server(build, workdir, "spec_on", common + flags)
+    bodies = [{"model": "kvmini-trained", "prompt": text(16 + 3 * i, 1000 + i),
+               "max_tokens": args.max_tokens, "temperature": 0} for i in range(args.requests)]
+    rows = []
+    try:
+        for b in bodies[:4]:  # warm-up
+            plain.post(b, stream=True)
+            fast.post(b, stream=True)
+        for c in args.concurrency:
+            off_tokens, off_s = run_concurrent(plain, bodies, c)
+            m0 = fast.metrics()
+            on_tokens, on_s = run_concurrent(fast, bodies, c)
+            m1 = fast.metrics()
+            d = {k: metric(m1, "kvtier_serve_spec_" + k) - metric(m0, "kvtier_serve_spec_" + k)
+                 for k in ("verifications_total", "drafted_tokens_total",
+                           "accepted_tokens_total", "rounds_total", "rounds_undrafted_total")}
+            ver = d["verifications_total"] or 1
+            row = {"bench": "spec", "concurrency": c, "requests": len(bodies),
+                   "draft_len": args.spec_draft_len if args.spec_draft_len is not None
+                   else "scheduler",
+                   "output_tokens": on_tokens, "same_tokens": on_tokens == off_tokens,
+                   "tokens_per_s_spec": round(on_tokens / on_s, 1),
+                   "tokens_per_s_plain": round(off_tokens / off_s, 1),
+                   "ratio": round((on_tokens / on_s) / (off_tokens / off_s), 2),
+                   "drafted_per_verification": round(d["drafted_tokens_total"] / ver, 2),
+                   "accepted_per_verification": round(d["accepted_tokens_total"] / ver, 2),
+                   "undrafted_rounds": int(d["rounds_undrafted_total"]),
+                   "rounds": int(d["rounds_total"]), "load": os.getloadavg()[0]}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    finally:
+        plain.stop()
+        fast.stop()
+    return rows
+
+
 def ttft(build, workdir, sock, tokens, args):
     """Continue a saved conversation of `tokens` tokens: cache on (resumed from kvtierd)
     against cache off (computed)."""
@@ -299,12 +378,18 @@ def main():
     ap.add_argument("--ttft-tokens", default="16384", help="comma list; empty skips")
     ap.add_argument("--threads", type=int, default=1, help="engine threads")
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--spec", action="store_true",
+                    help="measure --speculative against plain decoding")
+    ap.add_argument("--spec-draft-len", type=int, default=None,
+                    help="fixed draft length for --spec (default: the draft scheduler)")
     ap.add_argument("--gap-tokens", type=int, default=0,
                     help="long prompt of the gap measurement; 0 skips it")
     ap.add_argument("--gap-streams", type=int, default=4)
     ap.add_argument("--gap-stream-tokens", type=int, default=600)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    if args.spec_draft_len is not None and not 0 <= args.spec_draft_len <= 15:
+        sys.exit("serve_bench: --spec-draft-len in [0, 15]")
     if args.requests < 1 or args.requests > 256 or args.max_tokens < 1 or args.max_tokens > 1024:
         sys.exit("serve_bench: --requests in [1, 256], --max-tokens in [1, 1024]")
     if not 0 <= args.gap_tokens <= 65536 or not 1 <= args.gap_streams <= 32 or \
@@ -316,6 +401,8 @@ def main():
     try:
         if not args.skip_throughput:
             throughput(args.build, workdir, args)
+        if args.spec:
+            spec(args.build, workdir, args)
         for t in [int(x) for x in args.ttft_tokens.split(",") if x]:
             ttft(args.build, workdir, sock, t, args)
         if args.gap_tokens:

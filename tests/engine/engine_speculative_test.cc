@@ -328,6 +328,69 @@ TEST(Speculative, GreedyEqualsPlainGreedyAndStateAfterEveryRound) {
   EXPECT_GT(accepted, rounds);
 }
 
+// A decoder attached to a state prefilled elsewhere (as the server does) decodes plain greedy's
+// tokens, and TruncateRound to any kept length of a round leaves exactly plain decoding's state
+// and logits at that length (the server's cut for a request ending inside a round).
+TEST(Speculative, AttachAndTruncateRoundEqualPlainDecoding) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  constexpr int kNew = 30;
+  uint64_t cuts = 0;
+  for (size_t t = 0; t < 4; ++t) {
+    const std::vector<int32_t> prompt = Bytes(Texts()[t]);
+    const int64_t p = static_cast<int64_t>(prompt.size());
+    Sampler greedy(0, 1, 0);
+    SequenceState plain = e->NewSequence();
+    std::vector<float> logits;
+    ASSERT_TRUE(e->Forward(&plain, prompt, false, &logits).ok());
+    const std::vector<float> prefill_logits = logits;
+    std::vector<int32_t> want;
+    std::vector<SequenceState> states;             // after prompt + want[0..i]
+    std::vector<std::vector<float>> plain_logits;  // the logits of those states
+    for (int i = 0; i < kNew + 6; ++i) {
+      want.push_back(greedy.Sample(logits));
+      ASSERT_TRUE(e->Decode(&plain, want.back(), &logits).ok());
+      states.push_back(plain);
+      plain_logits.push_back(logits);
+    }
+    // Prefilled without a capture: the decoder starts with an empty draft context.
+    SequenceState st = e->NewSequence();
+    std::vector<float> l0;
+    ASSERT_TRUE(e->Forward(&st, prompt, false, &l0).ok());
+    Sampler sg(0, 1, 0);
+    SpeculativeOptions o;
+    o.draft_len = 5;
+    SpeculativeDecoder dec(e.get(), m.draft.get(), m.weights.get(), nullptr, o, &sg);
+    std::vector<float> lg;
+    EXPECT_FALSE(dec.TruncateRound(&st, p, &lg).ok()) << "no round yet";
+    EXPECT_FALSE(dec.Attach(-1, DraftContext{}).ok());
+    const int32_t first = sg.Sample(l0);
+    ASSERT_TRUE(dec.Attach(first, DraftContext{}).ok());
+    std::vector<int32_t> got = {first};
+    while (static_cast<int>(got.size()) < kNew) {
+      const int64_t n = static_cast<int64_t>(st.tokens.size());
+      ASSERT_TRUE(dec.Round(&st, &got).ok());
+      const int64_t end = static_cast<int64_t>(st.tokens.size());
+      for (int64_t keep = n + 1; keep <= end; ++keep) {
+        SpeculativeDecoder d2 = dec;
+        SequenceState s2 = st;
+        ASSERT_TRUE(d2.TruncateRound(&s2, keep, &lg).ok());
+        const size_t i = static_cast<size_t>(keep - p - 1);
+        ASSERT_LT(i, states.size());
+        ASSERT_TRUE(SameState(s2, states[i])) << t << " keep " << keep << " of " << end;
+        EXPECT_EQ(lg, plain_logits[i]) << t << " keep " << keep;
+        EXPECT_FALSE(d2.Round(&s2, &got).ok()) << "a truncated decoder must be attached again";
+        cuts += keep < end;
+      }
+      EXPECT_FALSE(dec.RoundLogits(n, &lg).ok());
+      EXPECT_FALSE(dec.RoundLogits(end + 1, &lg).ok());
+    }
+    got.resize(kNew);
+    EXPECT_EQ(got, std::vector<int32_t>(want.begin(), want.begin() + kNew)) << t;
+  }
+  EXPECT_GT(cuts, 4u) << "no round accepted enough draft tokens to cut inside it";
+}
+
 // Plain greedy decoding of `prompt`: the tokens and the state after prompt + tokens[0..i] for
 // every i.
 void PlainGreedy(Engine* e, const std::vector<int32_t>& prompt, int count,
@@ -677,6 +740,15 @@ TEST(DraftScheduler, StopsDraftingWhenItDoesNotPayAndProbes) {
   f.RecordDraft(0.0001, {0.9f, 0.9f, 0.9f, 0.9f, 0.9f});
   for (int i = 0; i < 50; ++i) EXPECT_TRUE(f.ShouldDraft());
   EXPECT_EQ(f.Choose({{0.9f, 0.9f, 0.9f, 0.9f, 0.9f}})[0], 5);
+}
+
+// With as many requests as the table holds tokens there is no room for a draft token.
+TEST(DraftScheduler, NeverDraftsWithoutRoomInTheTable) {
+  DraftScheduler s(4);
+  EXPECT_TRUE(s.ShouldDraft(3));  // no estimates yet: drafts
+  EXPECT_FALSE(s.ShouldDraft(4));
+  EXPECT_FALSE(s.ShouldDraft(40));
+  EXPECT_FALSE(s.probing());
 }
 
 TEST(DSparkConfigTest, RejectsHostileValues) {

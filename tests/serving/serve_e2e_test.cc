@@ -437,6 +437,95 @@ TEST_F(ServeTest, AdmissionIsRoundRobinAcrossTenants) {
   EXPECT_LE(bob, 2) << "bob finished after " << bob << " of alice's requests";
 }
 
+// Sum of every series of a metric family (lines starting with `name{`).
+double MetricSum(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  std::string line;
+  double sum = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + "{", 0) == 0) sum += std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
+}
+
+// --speculative against the real binary: the same greedy requests (4 prompts, then prompt 0
+// cut by max_tokens 1..12 and by stop strings that first complete at tokens 3..14) give the
+// same bodies (text, finish_reason, usage) as plain decoding, run one after another and 4 at
+// once, with a fixed draft length and with the load-aware scheduler; the speculative counters
+// move, drafted >= accepted, and the live page stays promtool-clean.
+TEST_F(ServeTest, SpeculativeGreedyEqualsPlainDecoding) {
+  std::vector<json> bodies;
+  for (int i = 0; i < 4; ++i) bodies.push_back(Completion(Text(40 + 20 * i, 300 + i), 40));
+  auto run = [&](const json& body) {
+    HttpReply r = Post("/v1/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    json j = r.Json();
+    return json{{"text", j["choices"][0]["text"]},
+                {"finish_reason", j["choices"][0]["finish_reason"]},
+                {"usage", j["usage"]}};
+  };
+  ASSERT_TRUE(s_->Start({"--idle-sequences-max", "0", "--api-keys", (dir_ / "keys.json").string()}))
+      << s_->Log();
+  std::vector<json> plain;
+  for (const json& b : bodies) plain.push_back(run(b));
+  const std::string text0 = plain[0]["text"];
+  ASSERT_GE(text0.size(), 16u) << "prompt 0's reply is too short to cut";
+  for (int m = 1; m <= 12; ++m) {
+    json b = bodies[0];
+    b["max_tokens"] = m;
+    bodies.push_back(b);
+  }
+  for (size_t k = 3; k <= 14; ++k) {  // a stop string completed by token k (first occurrence)
+    for (size_t len = 1; len <= 3; ++len) {
+      const std::string stop = text0.substr(k + 1 - len, len);
+      if (text0.find(stop) != k + 1 - len) continue;
+      json b = bodies[0];
+      b["stop"] = stop;
+      bodies.push_back(b);
+      break;
+    }
+  }
+  for (size_t i = 4; i < bodies.size(); ++i) plain.push_back(run(bodies[i]));
+  s_->Stop();
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--speculative", "--draft-len", "3"},
+        std::vector<std::string>{"--speculative"}}) {
+    const std::string how = flags.size() > 1 ? "draft-len 3" : "scheduler";
+    std::vector<std::string> args = {"--idle-sequences-max", "0", "--api-keys",
+                                     (dir_ / "keys.json").string()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    ASSERT_TRUE(s_->Start(args)) << s_->Log();
+    for (size_t i = 0; i < bodies.size(); ++i)
+      EXPECT_EQ(run(bodies[i]), plain[i]) << how << ", alone, request " << bodies[i].dump();
+    std::vector<json> together(4);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i) threads.emplace_back([&, i] { together[i] = run(bodies[i]); });
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(together[i], plain[i]) << how << ", 4 at once, " << i;
+    const std::string m = Metrics();
+    const double verifications = Metric(m, "kvtier_serve_spec_verifications_total");
+    const double drafted = Metric(m, "kvtier_serve_spec_drafted_tokens_total");
+    const double accepted = Metric(m, "kvtier_serve_spec_accepted_tokens_total");
+    EXPECT_GT(verifications, 0) << how;
+    EXPECT_GE(drafted, accepted) << how;
+    EXPECT_EQ(MetricSum(m, "kvtier_serve_spec_draft_length_total"), verifications) << how;
+    EXPECT_GT(Metric(m, "kvtier_serve_spec_rounds_total"), 0) << how;
+    EXPECT_GE(Metric(m, "kvtier_serve_spec_rounds_undrafted_total"), 0) << how;
+    if (flags.size() > 1) {  // a fixed length drafts in every verification
+      EXPECT_EQ(drafted, 3 * verifications) << how;
+      EXPECT_GT(accepted, 0) << how;
+    }
+    if (RunShell("command -v promtool") == 0) {
+      const std::string path = (dir_ / "metrics_spec.txt").string();
+      std::ofstream(path) << m;
+      std::string out;
+      EXPECT_EQ(RunShell("promtool check metrics < " + path, &out), 0) << out;
+      EXPECT_EQ(out, "") << out;
+    }
+    s_->Stop();
+  }
+}
+
 // The official OpenAI SDK (npm `openai`, pinned by tests/serving/node/package-lock.json and
 // installed by deploy/install-deps.sh): two turns with cached_tokens, streaming with usage,
 // typed errors. Skipped when node or the installed package is missing.

@@ -9,6 +9,7 @@
 
 #include "serving/api_keys.h"
 #include "serving/chat_template.h"
+#include "serving/fair_share.h"
 #include "serving/metrics.h"
 #include "serving/openai_api.h"
 #include "serving/usage.h"
@@ -144,9 +145,61 @@ TEST(ApiKeys, MapsKeysToTenantsAndRejectsBadFiles) {
     EXPECT_FALSE(ApiKeys::Parse(bad).ok()) << bad;
   }
   ApiKeys open = ApiKeys::Open("tok");
+  EXPECT_EQ(open.Find("")->weight, 1u);
   EXPECT_FALSE(open.auth_enabled());
   ASSERT_NE(open.Find(""), nullptr);
   EXPECT_EQ(open.Find("Bearer whatever")->daemon_token, "tok");
+}
+
+TEST(ApiKeys, TenantWeights) {
+  auto k = ApiKeys::Parse(R"({"keys":[{"key":"k1","tenant":"a","weight":3},
+      {"key":"k2","tenant":"a","weight":3},{"key":"k3","tenant":"b"}]})");
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  EXPECT_EQ(k->Find("Bearer k2")->weight, 3u);
+  EXPECT_EQ(k->Find("Bearer k3")->weight, 1u);  // the default
+  for (const char* bad : {R"({"keys":[{"key":"k","tenant":"a","weight":0}]})",
+                          R"({"keys":[{"key":"k","tenant":"a","weight":1001}]})",
+                          R"({"keys":[{"key":"k","tenant":"a","weight":1.5}]})",
+                          R"({"keys":[{"key":"k","tenant":"a","weight":"2"}]})",
+                          R"({"keys":[{"key":"k","tenant":"a","weight":2},
+                                      {"key":"j","tenant":"a","weight":3}]})"}) {
+    EXPECT_FALSE(ApiKeys::Parse(bad).ok()) << bad;
+  }
+}
+
+// FairShares: max-min fair by weight, work-conserving, and exact on average when a step's
+// shares are fractional.
+TEST(FairShares, SplitsByWeightAndCarriesRounding) {
+  std::vector<double> credit;
+  using V = std::vector<uint64_t>;
+  const std::vector<uint32_t> w31 = {3, 1}, w11 = {1, 1};
+  EXPECT_EQ(FairShares(V{100, 100}, w31, 8, &credit), (V{6, 2}));
+  EXPECT_EQ(FairShares(V{100, 100}, w11, 8, &credit), (V{4, 4}));
+  // A tenant wanting less than its share gets it all; the other takes the rest.
+  EXPECT_EQ(FairShares(V{100, 1}, w11, 8, &credit), (V{7, 1}));
+  EXPECT_EQ(FairShares(V{3, 100}, w31, 8, &credit), (V{3, 5}));
+  // Every demand met: nothing more is given.
+  EXPECT_EQ(FairShares(V{2, 3}, w11, 8, &credit), (V{2, 3}));
+  EXPECT_EQ(FairShares(V{0, 5}, w11, 8, &credit), (V{0, 5}));
+  EXPECT_EQ(FairShares(V{5, 5}, w11, 0, &credit), (V{0, 0}));
+  // Fractional shares: weights 3:1 over a budget of 2 (and three tenants over 1) average out.
+  credit.clear();
+  uint64_t a = 0, b = 0;
+  for (int step = 0; step < 100; ++step) {
+    const V g = FairShares(V{100, 100}, w31, 2, &credit);
+    ASSERT_EQ(g[0] + g[1], 2u);
+    a += g[0];
+    b += g[1];
+  }
+  EXPECT_EQ(a, 150u);
+  EXPECT_EQ(b, 50u);
+  credit.clear();
+  V total(3, 0);
+  for (int step = 0; step < 99; ++step) {
+    const V g = FairShares(V{9, 9, 9}, std::vector<uint32_t>{1, 1, 1}, 1, &credit);
+    for (size_t i = 0; i < 3; ++i) total[i] += g[i];
+  }
+  EXPECT_EQ(total, (V{33, 33, 33}));
 }
 
 TEST(Metrics, RenderIsPromtoolClean) {
@@ -157,6 +210,7 @@ TEST(Metrics, RenderIsPromtoolClean) {
   m.Ttft(0.02);
   m.Tpot(0.003);
   m.Step(4, 4, 0);
+  m.TenantStepTokens("al\"ice", 4);
   m.Resume(true, false);
   m.SwapOut();
   m.Gauges(1, 2, 3, 400);

@@ -240,6 +240,7 @@ TEST_F(RespNameLogTest, NamesLostWithTheLogTailComeBackFromTheStoreRecords) {
   ASSERT_TRUE(idx->Persist(Path(), true, 0, store.Source()).ok());
   EXPECT_EQ(Names(*idx, {1, 2}), want);
   EXPECT_EQ(idx->recovered_from_store(), 0u);
+  ASSERT_FALSE(store.replays.empty());
   EXPECT_EQ(store.replays.back(), store.end) << "from the checkpoint of the previous start";
 }
 
@@ -265,12 +266,14 @@ TEST_F(RespNameLogTest, CheckpointsBoundWhatTheNextStartReadsFromTheStore) {
   {
     RespKeyIndex idx(1 << 20, 1 << 30);
     ASSERT_TRUE(idx.Persist(Path(), true, 0, store.Source()).ok());
+    ASSERT_FALSE(store.replays.empty());
     EXPECT_EQ(store.replays.back(), store.end);
     store.Put(1, K(50), "late");  // a unit whose name never reached the log
     ASSERT_TRUE(idx.Flush().ok());
   }
   RespKeyIndex idx(1 << 20, 1 << 30);
   ASSERT_TRUE(idx.Persist(Path(), true, 0, store.Source()).ok());
+  ASSERT_FALSE(store.replays.empty());
   EXPECT_EQ(store.replays.back(), store.end) << "Flush checkpointed at the end";
   EXPECT_FALSE(idx.Contains(1, K(50))) << "before the checkpoint: trusted to the log";
   EXPECT_EQ(idx.size(1), 6u);

@@ -140,9 +140,16 @@ class DaemonImpl final : public Daemon {
     // RESP key names survive a restart wherever the units can (an SSD tier): docs/RESP.md.
     if (options_.storage.ssd_capacity_bytes > 0) {
       const storage::Durability mode = options_.storage.durability;
-      KVTIER_RETURN_IF_ERROR(service_.PersistRespNames(
-          options_.storage.data_dir + "/resp-names.log", mode == storage::Durability::kSync,
-          mode == storage::Durability::kBatched ? options_.storage.group_commit_ms : 0));
+      // The log is checkpointed and synced on the group-commit clock under batched, every
+      // second under sync (its SETs' units carry their names; the log's sync is not on their
+      // path), and at a graceful stop under none.
+      const uint64_t names_sync_ms =
+          mode == storage::Durability::kBatched ? options_.storage.group_commit_ms
+          : mode == storage::Durability::kSync  ? RespKeyIndex::kSyncCheckpointIntervalMs
+                                                : 0;
+      KVTIER_RETURN_IF_ERROR(
+          service_.PersistRespNames(options_.storage.data_dir + "/resp-names.log",
+                                    mode == storage::Durability::kSync, names_sync_ms));
       // Under sync a SET waits for disks: it completes asynchronously, sharing commits.
       if (mode == storage::Durability::kSync) {
         durable_sets_ = std::make_unique<RespDurableSets>(&service_, &metrics_);

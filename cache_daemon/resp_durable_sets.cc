@@ -66,7 +66,8 @@ void RespDurableSets::PutLoop() {
 void RespDurableSets::PutBatch(std::vector<Item>* batch, std::vector<Status>* st) {
   metrics_->resp_durable_set_batches.fetch_add(1);
   st->assign(batch->size(), Status::Ok());
-  // The names: one sync for all of them (a name is durable before its unit is written).
+  // The names their units do not carry (name_seq != 0; rare): one log sync for all of them,
+  // durable before their units are written. A carried name is durable with its unit.
   uint64_t name_seq = 0;
   for (const Item& it : *batch) name_seq = std::max(name_seq, it.job->name_seq);
   Status names = service_->resp_index().WaitDurable(name_seq);

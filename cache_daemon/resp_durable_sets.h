@@ -1,17 +1,18 @@
 // RespDurableSets: plain RESP SETs under durability "sync" (with an SSD tier), completed
-// asynchronously so that every SET pending in the daemon shares one name-log sync and one SSD
-// commit, whichever connection sent it and however many it pipelined.
+// asynchronously so that every SET pending in the daemon shares one SSD commit, whichever
+// connection sent it and however many it pipelined.
 //
-// A connection stages a SET (Service::RespSetStage: the name is logged, the stored envelope
-// copied) and hands it over with Submit; it keeps parsing while the SET is pending and writes
-// that SET's reply, in request order, when `done` reports it (resp_session.cc). Two threads
-// run the SETs in batches of whatever was submitted meanwhile, as a pipeline: the put thread
-// waits once for a batch's names to be durable (RespKeyIndex::WaitDurable) and puts each
-// (TierManager deferred commit); the commit thread completes every SET put so far (the
-// first completion commits for all, TierManager::CompletePut) and calls each done. So the
-// name sync of one batch overlaps the commit of the previous one, and the durability
-// contract is that of a lone SET: done(OK) only after the name, the data and its index are on
-// disk; a name is durable before its unit is written.
+// A connection stages a SET (Service::RespSetStage: the name is logged, not synced; the stored
+// envelope, which carries the name, copied) and hands it over with Submit; it keeps parsing
+// while the SET is pending and writes that SET's reply, in request order, when `done` reports
+// it (resp_session.cc). Two threads run the SETs in batches of whatever was submitted
+// meanwhile, as a pipeline: the put thread puts each (TierManager deferred commit), first
+// waiting once for the log sync of the batch's names that their units do not carry (keys
+// over kRespCarriedNameBytesMax; RespKeyIndex::WaitDurable; usually none); the commit thread
+// completes every SET put so far (the first completion commits for all,
+// TierManager::CompletePut) and calls each done. So the durability contract is that of a lone
+// SET: done(OK) only after the name, the data and its index are on disk, with one fdatasync
+// for all of them (the name is in the unit: docs/RESP.md "Names across restarts").
 //
 // Errors: a batch whose name sync fails fails the SETs that logged a name in it (nothing
 // written); a put or commit error fails that SET with it (Put's IOError contract).

@@ -35,14 +35,17 @@ void RespKeyIndex::SyncEvery(uint64_t interval_ms) {
   std::unique_lock<std::mutex> l(stop_mu_);
   while (!stop_cv_.wait_for(l, std::chrono::milliseconds(interval_ms), [this] { return stop_; })) {
     l.unlock();
+    Checkpoint();
     (void)WaitSynced(appended_.load());  // failures are counted in log_errors_
     l.lock();
   }
 }
 
-Status RespKeyIndex::Persist(const std::string& path, bool sync_adds, uint64_t sync_interval_ms) {
+Status RespKeyIndex::Persist(const std::string& path, bool sync_adds, uint64_t sync_interval_ms,
+                             LogSource source) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto replay = [this](const RespNameLog::Record& r) {
+  std::optional<storage::LogPosition> checkpoint;
+  auto replay = [this, &checkpoint](const RespNameLog::Record& r) {
     switch (r.op) {
       case RespNameLog::Op::kAdd:
         (void)AddLocked(r.tenant, r.key, r.name);
@@ -53,15 +56,75 @@ Status RespKeyIndex::Persist(const std::string& path, bool sync_adds, uint64_t s
       case RespNameLog::Op::kRemoveTenant:
         RemoveTenantLocked(r.tenant);
         break;
+      case RespNameLog::Op::kCheckpoint:
+        checkpoint = r.position;
+        break;
     }
   };
   KVTIER_ASSIGN_OR_RETURN(log_, RespNameLog::Open(path, name_bytes_max_, replay));
   sync_adds_ = sync_adds;
+  source_ = std::move(source);
+  if (source_.end && source_.replay) {
+    // Names appended after the last durable checkpoint may be lost; their units' records,
+    // all at or after it, carry them. (No checkpoint: a version 1 log, whose adds were synced
+    // before their puts, or a new one.)
+    uint64_t found = 0;
+    if (checkpoint) {
+      Status st = source_.replay(
+          *checkpoint, [&](uint64_t tenant, const storage::Key& k, std::string_view name) {
+            auto t = keys_.find(tenant);
+            if (t != keys_.end() && t->second.count(k) != 0) return;
+            if (!AddLocked(tenant, k, name)) return;
+            ++found;
+            Status logged = log_->Append({RespNameLog::Op::kAdd, tenant, k, name});
+            if (logged.ok()) {
+              appended_.fetch_add(1);
+            } else {
+              log_errors_.fetch_add(1);
+            }
+          });
+      KVTIER_RETURN_IF_ERROR(st);
+    }
+    recovered_from_store_.store(found);
+    if (log_->version() < RespNameLog::kVersion) {
+      CompactLocked();  // version 2, with a checkpoint
+    } else if (std::optional<storage::LogPosition> end = source_.end()) {
+      CheckpointLocked(*end);
+    }
+    // Durable before the first write: the next start reads the store from here on.
+    std::unique_lock<std::mutex> s(sync_mu_);
+    sync_cv_.wait(s, [this] { return !syncing_; });
+    Status synced = log_->Sync();
+    if (!synced.ok()) return synced;
+    synced_ = std::max(synced_, appended_.load());
+  }
   MaybeCompactLocked();
-  if (!sync_adds && sync_interval_ms > 0) {
+  if (sync_interval_ms > 0 && (!sync_adds || source_.end)) {
     syncer_ = std::thread([this, sync_interval_ms] { SyncEvery(sync_interval_ms); });
   }
   return Status::Ok();
+}
+
+void RespKeyIndex::CheckpointLocked(const storage::LogPosition& at) {
+  if (log_ == nullptr || last_checkpoint_ == at) return;
+  RespNameLog::Record r{RespNameLog::Op::kCheckpoint, 0, {}, {}, at};
+  if (!log_->Append(r).ok()) {
+    log_errors_.fetch_add(1);
+    return;
+  }
+  appended_.fetch_add(1);
+  last_checkpoint_ = at;
+  MaybeCompactLocked();
+}
+
+void RespKeyIndex::Checkpoint() {
+  if (!source_.end) return;
+  // Read before the checkpoint is appended: every record before it was put after its name
+  // was appended (Add comes before the put), so that name lies before the checkpoint.
+  std::optional<storage::LogPosition> end = source_.end();
+  if (!end) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  CheckpointLocked(*end);
 }
 
 bool RespKeyIndex::AddLocked(uint64_t tenant, const storage::Key& k, std::string_view name) {
@@ -107,18 +170,28 @@ void RespKeyIndex::MaybeCompactLocked() {
   if (log_ == nullptr) return;
   uint64_t file = log_->file_bytes();
   if (file <= kLogCompactBytesMin || file <= 2 * bytes_) return;
+  CompactLocked();
+}
+
+void RespKeyIndex::CompactLocked() {
   // No sync may run on the descriptor the rewrite replaces.
   {
     std::unique_lock<std::mutex> s(sync_mu_);
     sync_cv_.wait(s, [this] { return !syncing_; });
     syncing_ = true;
   }
-  Status st = log_->Rewrite([this](const std::function<void(const RespNameLog::Record&)>& emit) {
+  // The rewrite holds every indexed name, so the store's end now is a checkpoint for it
+  // (read under mu_: no Add appends meanwhile).
+  std::optional<storage::LogPosition> end;
+  if (source_.end) end = source_.end();
+  Status st = log_->Rewrite([&](const std::function<void(const RespNameLog::Record&)>& emit) {
     for (const auto& [tenant, keys] : keys_) {
       for (const auto& [k, name] : keys) emit({RespNameLog::Op::kAdd, tenant, k, name});
     }
+    if (end) emit({RespNameLog::Op::kCheckpoint, 0, {}, {}, *end});
   });
   if (!st.ok()) log_errors_.fetch_add(1);
+  if (st.ok() && end) last_checkpoint_ = end;
   std::lock_guard<std::mutex> s(sync_mu_);
   syncing_ = false;
   // The rewritten log holds every entry durably (a failed rewrite left the old log in use).
@@ -204,6 +277,7 @@ void RespKeyIndex::RemoveTenant(uint64_t tenant) {
 
 Status RespKeyIndex::Flush() {
   if (log_ == nullptr) return Status::Ok();
+  Checkpoint();
   return WaitSynced(appended_.load());
 }
 

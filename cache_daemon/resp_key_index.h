@@ -21,6 +21,13 @@
 //    a caller that Adds before its put makes the name at least as durable as the unit; or a
 //    background thread syncs the log every sync_interval_ms (the window durability batched
 //    allows to lose);
+//  - with a LogSource (the store, whose records carry their names: Service) the log also
+//    holds checkpoints: "every store record before position p had its name appended before
+//    this record" (written every sync_interval_ms, at Flush, compaction and start). At start
+//    the names of the records from the last checkpoint on are read back from the store
+//    (LogSource::replay), so a name whose Add was appended before its put but lost with the
+//    log's unsynced tail (a power loss) comes back with its unit: a caller whose unit carries
+//    its name need not wait for the log's sync (Add's durable_seq);
 //  - entries of keys the store evicted or expired stay until a caller Remove()s them (the
 //    Service checks each listed key against the store and removes the gone ones).
 // The log is rewritten from the entries (compacted) when it exceeds both
@@ -34,9 +41,11 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -60,15 +69,38 @@ class RespKeyIndex {
     std::string name;
   };
 
+  // Under durability sync, how often the background thread checkpoints and syncs the log
+  // when the names ride with their units (bounds the store records read back at start to
+  // about what the store appended in this long).
+  static constexpr uint64_t kSyncCheckpointIntervalMs = 1000;
+
+  // Where the names can be found again besides the log: a store whose records carry them.
+  struct LogSource {
+    // The store's log end now (storage::TierManager::SsdLogEnd); nullopt: no log.
+    std::function<std::optional<storage::LogPosition>()> end;
+    // Calls add(tenant, key, name) for each name carried by a store record from `from` on
+    // (storage::TierManager::ReplaySsdLog).
+    std::function<Status(
+        const storage::LogPosition& from,
+        const std::function<void(uint64_t, const storage::Key&, std::string_view)>& add)>
+        replay;
+  };
+
   RespKeyIndex(size_t keys_per_tenant_max, uint64_t name_bytes_max)
       : keys_per_tenant_max_(keys_per_tenant_max), name_bytes_max_(name_bytes_max) {}
 
   // Reads the names kept in the log at path (created when absent), indexes them within the
-  // limits, rewrites the log with what was indexed and keeps it: from now on every change is
-  // logged. sync_adds: Add() waits until its name is durable (fdatasync); else with
-  // sync_interval_ms > 0 a background thread syncs the log that often; else names reach the
-  // disk with the page cache (and at Flush). Call once, before any other method.
-  Status Persist(const std::string& path, bool sync_adds, uint64_t sync_interval_ms = 0);
+  // limits, and keeps the log: from now on every change is logged. With a source: the names
+  // the store's records carry from the log's last checkpoint on are indexed (and logged)
+  // too, a version 1 log is rewritten as version 2, and a checkpoint at the store's end is
+  // written and synced before Persist returns (the store must be open; call before serving).
+  // sync_adds: Add() waits until its name is durable (fdatasync) unless given durable_seq;
+  // with sync_interval_ms > 0 a background thread checkpoints (with a source) and syncs the
+  // log that often; else names reach the disk with the page cache (and at Flush). The log is
+  // compacted here when over its bounds. Call once, before any other method. Errors: the log
+  // cannot be read or written (Open's), or the store's replay failed.
+  Status Persist(const std::string& path, bool sync_adds, uint64_t sync_interval_ms = 0,
+                 LogSource source = {});
   ~RespKeyIndex();  // stops the sync thread
 
   // Records that tenant's key k is named `name` (no-op when already indexed). With a log:
@@ -86,8 +118,11 @@ class RespKeyIndex {
   // Logged without waiting for the disk (a lost removal only leaves a name that SCAN prunes).
   void Remove(uint64_t tenant, const storage::Key& k);
   void RemoveTenant(uint64_t tenant);
-  // Makes every logged change durable (no-op without a log).
+  // Makes every logged change durable, with a checkpoint first when there is a source
+  // (no-op without a log).
   Status Flush();
+  // Names indexed at Persist from the store's records (not found in the log).
+  uint64_t recovered_from_store() const { return recovered_from_store_.load(); }
 
   // Copies into *out (cleared) the entries at positions [cursor, next) in order: at least
   // `count` entries unless the tenant's keys run out first (a few more when entries share
@@ -108,6 +143,12 @@ class RespKeyIndex {
   void RemoveTenantLocked(uint64_t tenant);
   void LogLocked(const RespNameLog::Record& r);  // Remove/RemoveTenant: errors only counted
   void MaybeCompactLocked();
+  // Rewrites the log from the entries (with a checkpoint at the source's end, if any).
+  void CompactLocked();
+  // Appends a checkpoint at the source's end `at` (no-op when it equals the last one).
+  void CheckpointLocked(const storage::LogPosition& at);
+  // Reads the source's end, then appends a checkpoint there (no-op without a source).
+  void Checkpoint();
   Status WaitSynced(uint64_t seq);
   void SyncEvery(uint64_t interval_ms);  // the background sync thread's loop
 
@@ -119,6 +160,9 @@ class RespKeyIndex {
   uint64_t unindexed_ = 0;                                        // guarded by mu_
   std::unique_ptr<RespNameLog> log_;                              // set by Persist
   bool sync_adds_ = false;
+  LogSource source_;                                     // set by Persist
+  std::optional<storage::LogPosition> last_checkpoint_;  // guarded by mu_
+  std::atomic<uint64_t> recovered_from_store_{0};
   std::atomic<uint64_t> log_errors_{0};
   // Records appended so far (written under mu_), and the group commit of their syncs.
   std::atomic<uint64_t> appended_{0};

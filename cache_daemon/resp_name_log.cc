@@ -15,8 +15,8 @@ namespace kvtier::daemon {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'T', 'R', 'N', 'A', 'M', 'E'};
-constexpr uint32_t kVersion = 1;
-constexpr size_t kFixedBytes = 48;  // op .. key; then the name, then the checksum
+constexpr size_t kFixedBytes = 48;         // op .. key; then the name, then the checksum
+constexpr uint32_t kCheckpointBytes = 12;  // a checkpoint's "name": u32 segment, u64 offset
 
 Status Errno(const std::string& what, const std::string& path) {
   return Status::IOError(what + " " + path + ": " + std::strerror(errno));
@@ -51,7 +51,7 @@ bool ReadAll(int fd, void* data, size_t size, uint64_t offset) {
 
 void EncodeHeader(uint8_t* h) {
   std::memcpy(h, kMagic, sizeof(kMagic));
-  le::Put32(h + 8, kVersion);
+  le::Put32(h + 8, RespNameLog::kVersion);
   le::Put32(h + 12, 0);
 }
 
@@ -67,15 +67,22 @@ Status SyncDirOf(const std::string& path) {
 }  // namespace
 
 void RespNameLog::Encode(const Record& r, std::string* out) {
-  out->resize(kFixedBytes + r.name.size() + 8);
+  const bool checkpoint = r.op == Op::kCheckpoint;
+  const size_t n = checkpoint ? kCheckpointBytes : r.name.size();
+  out->resize(kFixedBytes + n + 8);
   auto* p = reinterpret_cast<uint8_t*>(out->data());
   std::memset(p, 0, kFixedBytes);
   p[0] = static_cast<uint8_t>(r.op);
-  le::Put32(p + 4, static_cast<uint32_t>(r.name.size()));
-  le::Put64(p + 8, r.tenant);
-  std::memcpy(p + 16, r.key.data(), r.key.size());
-  std::memcpy(p + kFixedBytes, r.name.data(), r.name.size());
-  le::Put64(p + kFixedBytes + r.name.size(), Xxh3_64(p, kFixedBytes + r.name.size()));
+  le::Put32(p + 4, static_cast<uint32_t>(n));
+  if (checkpoint) {
+    le::Put32(p + kFixedBytes, r.position.segment);
+    le::Put64(p + kFixedBytes + 4, r.position.offset);
+  } else {
+    le::Put64(p + 8, r.tenant);
+    std::memcpy(p + 16, r.key.data(), r.key.size());
+    std::memcpy(p + kFixedBytes, r.name.data(), r.name.size());
+  }
+  le::Put64(p + kFixedBytes + n, Xxh3_64(p, kFixedBytes + n));
 }
 
 StatusOr<std::unique_ptr<RespNameLog>> RespNameLog::Open(
@@ -95,18 +102,25 @@ StatusOr<std::unique_ptr<RespNameLog>> RespNameLog::Open(
     log->file_bytes_ = kHeaderBytes;
     return log;
   }
-  if (!ReadAll(fd, header, sizeof(header), 0) || std::memcmp(header, kMagic, sizeof(kMagic)) != 0 ||
-      le::Get32(header + 8) != kVersion) {
-    return Status::Corruption(path + ": not a RESP name log of version " +
+  const bool read = ReadAll(fd, header, sizeof(header), 0);
+  const uint32_t version = read ? le::Get32(header + 8) : 0;
+  if (!read || std::memcmp(header, kMagic, sizeof(kMagic)) != 0 ||
+      (version != 1 && version != kVersion)) {
+    return Status::Corruption(path + ": not a RESP name log of version 1 or " +
                               std::to_string(kVersion));
   }
+  log->version_ = version;
+  // The last op a record of this version may carry (version 1 has no checkpoints).
+  const uint8_t op_max = static_cast<uint8_t>(version == 1 ? Op::kRemoveTenant : Op::kCheckpoint);
   uint64_t offset = kHeaderBytes;
   std::vector<uint8_t> rec;
   for (;;) {
     uint8_t fixed[kFixedBytes];
     if (!ReadAll(fd, fixed, sizeof(fixed), offset)) break;
     uint32_t name_bytes = le::Get32(fixed + 4);
-    if (name_bytes > name_bytes_max || fixed[0] < 1 || fixed[0] > 3) break;
+    if (name_bytes > name_bytes_max || fixed[0] < 1 || fixed[0] > op_max) break;
+    const bool checkpoint = fixed[0] == static_cast<uint8_t>(Op::kCheckpoint);
+    if (checkpoint && name_bytes != kCheckpointBytes) break;
     rec.resize(kFixedBytes + name_bytes + 8);
     std::memcpy(rec.data(), fixed, sizeof(fixed));
     if (!ReadAll(fd, rec.data() + kFixedBytes, name_bytes + 8, offset + kFixedBytes)) break;
@@ -119,6 +133,10 @@ StatusOr<std::unique_ptr<RespNameLog>> RespNameLog::Open(
              {},
              std::string_view(reinterpret_cast<const char*>(rec.data()) + kFixedBytes, name_bytes)};
     std::memcpy(r.key.data(), fixed + 16, r.key.size());
+    if (checkpoint) {
+      r.name = {};
+      r.position = {le::Get32(rec.data() + kFixedBytes), le::Get64(rec.data() + kFixedBytes + 4)};
+    }
     replay(r);
     offset += rec.size();
   }
@@ -138,6 +156,9 @@ RespNameLog::~RespNameLog() {
 }
 
 Status RespNameLog::Append(const Record& r) {
+  if (r.op == Op::kCheckpoint && version_ < 2) {
+    return Status::InvalidArgument(path_ + ": a version 1 name log holds no checkpoints");
+  }
   Encode(r, &scratch_);
   Status st = WriteAll(fd_, scratch_.data(), scratch_.size(), file_bytes_, path_);
   if (!st.ok()) {
@@ -189,6 +210,7 @@ Status RespNameLog::Rewrite(
   ::close(fd_);
   fd_ = fd;
   file_bytes_ = written;
+  version_ = kVersion;
   return SyncDirOf(path_);
 }
 

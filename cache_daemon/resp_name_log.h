@@ -1,10 +1,14 @@
 // RespNameLog: the file that keeps the RESP key names of RespKeyIndex across restarts
-// (format: docs/format/resp-names.md). An append-only log of records "tenant t's storage key k
-// is named n", "k is no longer named" and "tenant t has no names"; replaying it in order gives
-// the names to index at start. It is a superset of what the store holds: a name whose unit is
+// (format: docs/format/resp-names.md, version 2). An append-only log of records "tenant t's
+// storage key k is named n", "k is no longer named", "tenant t has no names" and checkpoints
+// "every SSD record before log position p had its name appended before this record";
+// replaying it in order gives the names to index at start, and the last checkpoint tells from
+// where the store's own records (which carry their names, Service) must be read to find the
+// names the log may have lost. It is a superset of what the store holds: a name whose unit is
 // gone is dropped when SCAN meets it (Service::RespScan), so the log needs no ordering with
-// the store's deletes and evictions, only this: a name is durable no later than its unit
-// (the caller appends and syncs it before the put; RespKeyIndex::Add).
+// the store's deletes and evictions, only this: a name is appended before its unit's put
+// (RespKeyIndex::Add), so file order and the checkpoints tell which names a record can miss.
+// Version 1 files (no checkpoints) are read; Rewrite writes version 2.
 //
 // Errors: Open fails on an unreadable file or an unknown header; a record with a bad checksum
 // or length ends the replay there (a torn tail: the rest is cut off, counted in
@@ -28,16 +32,19 @@ namespace kvtier::daemon {
 
 class RespNameLog {
  public:
-  enum class Op : uint8_t { kAdd = 1, kRemove = 2, kRemoveTenant = 3 };
+  enum class Op : uint8_t { kAdd = 1, kRemove = 2, kRemoveTenant = 3, kCheckpoint = 4 };
   // Bytes of a record besides its name.
   static constexpr uint64_t kRecordOverheadBytes = 56;
   static constexpr uint64_t kHeaderBytes = 16;
+  // The version written; Open also reads version 1 (no kCheckpoint records).
+  static constexpr uint32_t kVersion = 2;
 
   struct Record {
     Op op;
-    uint64_t tenant;
-    storage::Key key;       // zero for kRemoveTenant
-    std::string_view name;  // empty unless kAdd; valid during the replay callback only
+    uint64_t tenant;                  // zero for kCheckpoint
+    storage::Key key;                 // zero for kRemoveTenant and kCheckpoint
+    std::string_view name;            // empty unless kAdd; valid during the replay callback only
+    storage::LogPosition position{};  // kCheckpoint only
   };
 
   // Opens (creating) the log at path and calls replay(record) for each valid record in order.
@@ -50,6 +57,7 @@ class RespNameLog {
   RespNameLog& operator=(const RespNameLog&) = delete;
 
   // Appends one record (written, not synced). IOError leaves the file as it was.
+  // InvalidArgument: a kCheckpoint to a version 1 file (Rewrite it first).
   Status Append(const Record& r);
   // fdatasync: every record appended before the call is durable when it returns OK.
   Status Sync();
@@ -58,6 +66,7 @@ class RespNameLog {
   Status Rewrite(const std::function<void(const std::function<void(const Record&)>&)>& each);
 
   uint64_t file_bytes() const { return file_bytes_; }
+  uint32_t version() const { return version_; }  // of the file in use
   uint64_t dropped_bytes() const { return dropped_bytes_; }
 
  private:
@@ -68,6 +77,7 @@ class RespNameLog {
   int fd_;
   uint64_t file_bytes_ = 0;
   uint64_t dropped_bytes_ = 0;
+  uint32_t version_ = kVersion;
   std::string scratch_;
 };
 

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cluster/router.h"
+#include "common/endian.h"
 #include "common/key_spec.h"
 
 namespace kvtier::daemon {
@@ -31,25 +32,49 @@ bool IsZero(const wire::Key& k) {
 // grown past this is released after use.
 constexpr size_t kEnvelopeScratchKeepBytes = 1u << 20;
 
-// Builds the envelope in *s (replacing its contents).
-void EncodeEnvelope(std::string_view value, uint64_t expire_at_ms, std::string* s) {
-  s->resize(kRespEnvelopeBytes + value.size());
+// Builds the envelope in *s (replacing its contents): the named form when the name is carried
+// (name.size() <= kRespCarriedNameBytesMax), else the unnamed one. Returns whether it carries
+// the name.
+bool EncodeEnvelope(std::string_view name, std::string_view value, uint64_t expire_at_ms,
+                    std::string* s) {
+  const bool named = name.size() <= kRespCarriedNameBytesMax;
+  const size_t head = named ? kRespNamedEnvelopeBytes + name.size() : kRespEnvelopeBytes;
+  s->resize(head + value.size());
   char* p = s->data();
-  p[0] = static_cast<char>(kRespEnvelopeTag);
-  for (int i = 0; i < 8; ++i) p[1 + i] = static_cast<char>(expire_at_ms >> (8 * i));
-  if (!value.empty()) std::memcpy(p + kRespEnvelopeBytes, value.data(), value.size());
+  p[0] = static_cast<char>(named ? kRespNamedEnvelopeTag : kRespEnvelopeTag);
+  le::Put64(reinterpret_cast<uint8_t*>(p + 1), expire_at_ms);
+  if (named) {
+    le::Put32(reinterpret_cast<uint8_t*>(p + 9), static_cast<uint32_t>(name.size()));
+    if (!name.empty()) std::memcpy(p + kRespNamedEnvelopeBytes, name.data(), name.size());
+  }
+  if (!value.empty()) std::memcpy(p + head, value.data(), value.size());
+  return named;
 }
 
-// Splits a stored RESP value; false when it is not a RESP envelope.
-bool DecodeEnvelope(const std::vector<uint8_t>& v, uint64_t* expire_at_ms) {
-  if (v.size() < kRespEnvelopeBytes || v[0] != kRespEnvelopeTag) return false;
-  uint64_t e = 0;
-  for (int i = 0; i < 8; ++i) e |= static_cast<uint64_t>(v[1 + i]) << (8 * i);
-  *expire_at_ms = e;
-  return true;
+bool DecodeEnvelope(const std::vector<uint8_t>& v, uint64_t* expire_at_ms, size_t* payload_at) {
+  return DecodeRespEnvelope(v, expire_at_ms, payload_at);
 }
 
 }  // namespace
+
+bool DecodeRespEnvelope(std::span<const uint8_t> v, uint64_t* expire_at_ms, size_t* payload_at,
+                        std::string_view* name) {
+  if (name != nullptr) *name = {};
+  if (v.size() < kRespEnvelopeBytes) return false;
+  *expire_at_ms = le::Get64(v.data() + 1);
+  if (v[0] == kRespEnvelopeTag) {
+    *payload_at = kRespEnvelopeBytes;
+    return true;
+  }
+  if (v[0] != kRespNamedEnvelopeTag || v.size() < kRespNamedEnvelopeBytes) return false;
+  const uint64_t n = le::Get32(v.data() + 9);
+  if (n > v.size() - kRespNamedEnvelopeBytes) return false;
+  if (name != nullptr) {
+    *name = std::string_view(reinterpret_cast<const char*>(v.data()) + kRespNamedEnvelopeBytes, n);
+  }
+  *payload_at = kRespNamedEnvelopeBytes + n;
+  return true;
+}
 
 uint64_t UnixNowMs() { return DefaultSystemClock().NowMs(); }
 
@@ -428,7 +453,11 @@ Status Service::RespSetStage(const Tenant& t, std::string_view key, std::string_
   // survives a restart is listed after it (docs/RESP.md "Names across restarts").
   job->indexed = false;
   KVTIER_RETURN_IF_ERROR(resp_index_.Add(t.id, job->key, key, &job->indexed, &job->name_seq));
-  EncodeEnvelope(value, ttl_ms ? UnixNowMs() + ttl_ms : 0, &job->envelope);
+  // A name the unit carries is durable with it (one sync for both): the put need not wait
+  // for the log's sync. The log still got it first (its checkpoints rely on that).
+  if (EncodeEnvelope(key, value, ttl_ms ? UnixNowMs() + ttl_ms : 0, &job->envelope)) {
+    job->name_seq = 0;
+  }
   return Status::Ok();
 }
 
@@ -462,9 +491,10 @@ Status Service::RespGetRaw(const Tenant& t, std::string_view key, std::vector<ui
   storage::Key k = BindResp(t, key, cache);
   KVTIER_RETURN_IF_ERROR(store_->Get(k, raw));
   uint64_t expire_at = 0;
-  if (!DecodeEnvelope(*raw, &expire_at)) return Status::NotFound("not a RESP value");
+  size_t at = 0;
+  if (!DecodeEnvelope(*raw, &expire_at, &at)) return Status::NotFound("not a RESP value");
   if (expire_at != 0 && expire_at <= UnixNowMs()) return Status::NotFound("expired");
-  *value = std::span<const uint8_t>(*raw).subspan(kRespEnvelopeBytes);
+  *value = std::span<const uint8_t>(*raw).subspan(at);
   Trace("get", t, std::span<const storage::Key>(&k, 1), value->size(), 0);
   return Status::Ok();
 }
@@ -505,7 +535,8 @@ int64_t Service::RespTtlMs(const Tenant& t, std::string_view key) {
   storage::Key k = BindResp(t, key);
   std::vector<uint8_t> raw;
   uint64_t expire_at = 0;
-  if (!store_->Get(k, &raw).ok() || !DecodeEnvelope(raw, &expire_at)) return -2;
+  size_t at = 0;
+  if (!store_->Get(k, &raw).ok() || !DecodeEnvelope(raw, &expire_at, &at)) return -2;
   if (expire_at == 0) return -1;
   uint64_t now = UnixNowMs();
   if (expire_at <= now) return -2;
@@ -529,15 +560,14 @@ Status Service::RespSetIf(const Tenant& t, std::string_view key, std::string_vie
   std::lock_guard<std::mutex> lock(KeyLock(k));
   std::vector<uint8_t> raw;
   uint64_t expire_at = 0;
+  size_t at = 0;
   Status got = store_->Get(k, &raw);
   if (!got.ok() && !got.IsNotFound()) return got;
-  bool present =
-      got.ok() && DecodeEnvelope(raw, &expire_at) && (expire_at == 0 || expire_at > UnixNowMs());
+  bool present = got.ok() && DecodeEnvelope(raw, &expire_at, &at) &&
+                 (expire_at == 0 || expire_at > UnixNowMs());
   if (old != nullptr) {
     old->reset();
-    if (present)
-      old->emplace(reinterpret_cast<const char*>(raw.data()) + kRespEnvelopeBytes,
-                   raw.size() - kRespEnvelopeBytes);
+    if (present) old->emplace(reinterpret_cast<const char*>(raw.data()) + at, raw.size() - at);
   }
   *written = false;
   if ((o.cond == resp::SetOptions::Cond::kIfAbsent && present) ||
@@ -575,5 +605,29 @@ uint64_t Service::RespScan(const Tenant& t, uint64_t cursor, size_t count,
 }
 
 Status Service::RespFlush(const Tenant& t) { return DeleteTenant(t); }
+
+Status Service::PersistRespNames(const std::string& path, bool sync_adds,
+                                 uint64_t sync_interval_ms) {
+  RespKeyIndex::LogSource source;
+  source.end = [this] { return store_->SsdLogEnd(); };
+  source.replay =
+      [this](const storage::LogPosition& from,
+             const std::function<void(uint64_t, const storage::Key&, std::string_view)>& add) {
+        const Tenant* tenant = nullptr;
+        return store_->ReplaySsdLog(
+            from, [&](uint64_t id, const storage::Key& k, std::span<const uint8_t> value) {
+              uint64_t expire_at = 0;
+              size_t at = 0;
+              std::string_view name;
+              if (!DecodeRespEnvelope(value, &expire_at, &at, &name) || name.empty()) return;
+              if (tenant == nullptr || tenant->id != id) tenant = tenants_->FindById(id);
+              // Only a name that binds to the record's key is one this tenant SET (a native
+              // unit that merely looks like an envelope names nothing).
+              if (tenant == nullptr || BindResp(*tenant, name) != k) return;
+              add(id, k, name);
+            });
+      };
+  return resp_index_.Persist(path, sync_adds, sync_interval_ms, std::move(source));
+}
 
 }  // namespace kvtier::daemon

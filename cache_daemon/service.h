@@ -44,10 +44,22 @@ class Router;
 
 namespace kvtier::daemon {
 
-// RESP values are stored with this 9-byte envelope: u8 kRespEnvelopeTag, u64 LE absolute
-// expiry in Unix ms (0: none), then the payload. It lets TTL answer without a side index.
+// RESP values are stored in an envelope (docs/format/wire.md): u8 kRespEnvelopeTag, u64 LE
+// absolute expiry in Unix ms (0: none), then the payload; or u8 kRespNamedEnvelopeTag, the
+// expiry, u32 LE name length n, the key's name (n bytes), then the payload. The expiry lets TTL
+// answer without a side index; the name rides with the unit so that one sync makes both
+// durable (docs/RESP.md "Names across restarts"). SET writes the named form for names of up
+// to kRespCarriedNameBytesMax bytes; both are read.
 inline constexpr uint8_t kRespEnvelopeTag = 0xB1;
 inline constexpr size_t kRespEnvelopeBytes = 9;
+inline constexpr uint8_t kRespNamedEnvelopeTag = 0xB2;
+inline constexpr size_t kRespNamedEnvelopeBytes = 13;  // besides the name
+inline constexpr size_t kRespCarriedNameBytesMax = 4096;
+// Parses a stored RESP value: *expire_at_ms, the payload's offset (*payload_at) and, for the
+// named form, the name (*name, may be null; empty for the unnamed form). False: not a RESP
+// envelope (wrong tag, or shorter than its header and name).
+bool DecodeRespEnvelope(std::span<const uint8_t> v, uint64_t* expire_at_ms, size_t* payload_at,
+                        std::string_view* name = nullptr);
 // Keys named in the RespKeyIndex per tenant (beyond this SCAN/KEYS/DBSIZE miss keys).
 inline constexpr size_t kRespTrackedKeysMax = 1u << 20;
 // Stripes of the lock that orders the read-modify-write RESP commands of one key.
@@ -97,7 +109,7 @@ struct RespSetJob {
   std::string envelope;  // the stored value (kRespEnvelopeTag envelope)
   uint64_t ttl_ms = 0;
   uint64_t value_bytes = 0;  // payload bytes (trace)
-  uint64_t name_seq = 0;     // RespKeyIndex::WaitDurable before the put
+  uint64_t name_seq = 0;     // RespKeyIndex::WaitDurable before the put (0: name carried)
   uint64_t renamed_seq = 0;  // the same, for a name logged again after the put
   bool indexed = false;
   storage::DeferredCommit commit;
@@ -202,12 +214,12 @@ class Service {
   uint64_t RespDbSize(const Tenant& t);
   Status RespFlush(const Tenant& t);
 
-  // Keeps the RESP key names in the log at path across restarts (RespKeyIndex::Persist):
-  // sync_adds under durability sync, sync_interval_ms = group_commit_ms under batched. Call
-  // once before serving.
-  Status PersistRespNames(const std::string& path, bool sync_adds, uint64_t sync_interval_ms) {
-    return resp_index_.Persist(path, sync_adds, sync_interval_ms);
-  }
+  // Keeps the RESP key names in the log at path across restarts (RespKeyIndex::Persist),
+  // with the store's SSD log as the source of the names its records carry (named envelopes
+  // whose name binds to the record's key under the record's tenant): sync_adds under
+  // durability sync (for names too long to be carried), sync_interval_ms: how often the log
+  // is checkpointed and synced. Call once, after the store opened, before serving.
+  Status PersistRespNames(const std::string& path, bool sync_adds, uint64_t sync_interval_ms);
   const RespKeyIndex& resp_index() const { return resp_index_; }
   RespKeyIndex& resp_index() { return resp_index_; }
   storage::TierManager* store() const { return store_; }

@@ -400,6 +400,10 @@ void SsdTier::ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn)
 }
 void SsdTier::WaitForIndexLoad() const { impl_->WaitForIndexLoad(); }
 Status SsdTier::Flush() { return impl_->Flush(); }
+LogPosition SsdTier::LogEnd() const { return impl_->LogEnd(); }
+Status SsdTier::Replay(const LogPosition& from, const LogRecordVisitor& visit) {
+  return impl_->Replay(from, visit);
+}
 SsdStats SsdTier::GetStats() const { return impl_->GetStats(); }
 uint64_t SsdTier::max_version() const { return impl_->max_version(); }
 

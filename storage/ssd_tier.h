@@ -213,6 +213,10 @@ class SsdTier {
   void WaitForIndexLoad() const;
   // Writes the buffer, syncs, commits the index.
   Status Flush();
+  // TierManager::SsdLogEnd / ReplaySsdLog (tier_manager.h): the append position, and a walk
+  // of the records from `from` to it.
+  LogPosition LogEnd() const;
+  Status Replay(const LogPosition& from, const LogRecordVisitor& visit);
   SsdStats GetStats() const;
   uint64_t max_version() const;
 

@@ -199,6 +199,14 @@ class TierManagerImpl final : public TierManager {
     Status flushed = ssd_->Flush();
     return written_back.ok() ? flushed : written_back;
   }
+  std::optional<LogPosition> SsdLogEnd() override {
+    if (ssd_ == nullptr) return std::nullopt;
+    return ssd_->LogEnd();
+  }
+  Status ReplaySsdLog(const LogPosition& from, const LogRecordVisitor& visit) override {
+    if (ssd_ == nullptr) return Status::Ok();
+    return ssd_->Replay(from, visit);
+  }
 
  private:
   // Memory tiers in placement order (HBM first), null when disabled.

@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -152,6 +153,20 @@ struct DeferredCommit {
   Key key{};
   uint64_t version = 0;  // the put's version; 0: no put to undo on failure
 };
+
+// A place in the SSD tier's append-only log (docs/format/ssd.md): segment id, then byte offset
+// in it. Records are appended in this order (segment ids only grow, offsets grow within a
+// segment), so a record appended before another lies before it. {0, 0} is the log's start.
+struct LogPosition {
+  uint32_t segment = 0;
+  uint64_t offset = 0;
+  friend bool operator==(const LogPosition&, const LogPosition&) = default;
+  friend auto operator<=>(const LogPosition&, const LogPosition&) = default;
+};
+
+// What ReplaySsdLog hands over per record: its tenant, storage key and decoded value.
+using LogRecordVisitor =
+    std::function<void(TenantId tenant, const Key& key, std::span<const uint8_t> value)>;
 
 struct PutOptions {
   TenantId tenant = 0;
@@ -335,6 +350,25 @@ class TierManager {
 
   // Makes everything acknowledged so far durable (whatever the durability mode).
   virtual Status Flush() = 0;
+
+  // The SSD log's end: every record appended to the SSD tier before this call lies before it
+  // (a caller that logged something before its put can later tell, from this position, which
+  // records may hold puts logged after it). nullopt without an SSD tier (and in test doubles).
+  virtual std::optional<LogPosition> SsdLogEnd() { return std::nullopt; }
+  // Calls visit, in log order, for every whole record (header and payload checksums valid)
+  // of the SSD log from `from` up to the log's end at the call, with its decoded value: the
+  // units stored there, also versions since replaced, deleted or evicted (a record outlives
+  // its unit until its segment is cleaned). Commits first, so every record appended before
+  // the call is on the device. Reads outside the tier's locks; meant for a start-up pass
+  // before the caller serves (a record relocated by the cleaner meanwhile is visited at its
+  // old or its new place). Each segment's walk stops at its first invalid or unreadable
+  // record (as the recovery tail scan does). IOError: the commit failed (nothing visited).
+  // Without an SSD tier (and in test doubles): OK, nothing visited.
+  virtual Status ReplaySsdLog(const LogPosition& from, const LogRecordVisitor& visit) {
+    (void)from;
+    (void)visit;
+    return Status::Ok();
+  }
 };
 
 }  // namespace kvtier::storage

@@ -2,6 +2,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
+#include <zstd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -262,14 +263,13 @@ Status SsdTier::Impl::Open() {
   return Status::Ok();
 }
 
-Status SsdTier::Impl::ScanTail(const std::shared_ptr<Segment>& seg, uint64_t start,
-                               uint64_t* valid_end,
-                               std::vector<std::pair<Key, IndexEntry>>* found) {
-  uint64_t size = seg->dev->Size();
+uint64_t SsdTier::Impl::WalkRecords(
+    const Segment& seg, uint64_t start, uint64_t end,
+    const std::function<void(uint64_t, const RecordHeader&, std::span<const uint8_t>)>& visit) {
   uint64_t pos = start;
   std::vector<uint8_t> rec;
-  while (pos + ssd::kRecordHeaderBytes <= size) {
-    Status st = ReadRecord(*seg, pos, ssd::kRecordHeaderBytes, &rec);
+  while (pos + ssd::kRecordHeaderBytes <= end) {
+    Status st = ReadRecord(seg, pos, ssd::kRecordHeaderBytes, &rec);
     RecordHeader h;
     if (st.ok()) st = ssd::DecodeRecordHeader(rec, &h);
     if (!st.ok()) {
@@ -281,29 +281,70 @@ Status SsdTier::Impl::ScanTail(const std::shared_ptr<Segment>& seg, uint64_t sta
       break;
     }
     uint64_t n = ssd::RecordBytes(h);
-    if (pos + n > size || n > o_.segment_bytes) break;
-    if (!ReadRecord(*seg, pos, static_cast<uint32_t>(n), &rec).ok()) break;
+    if (pos + n > end || n > o_.segment_bytes) break;
+    if (!ReadRecord(seg, pos, static_cast<uint32_t>(n), &rec).ok()) break;
     std::span<const uint8_t> payload(rec.data() + ssd::kRecordHeaderBytes, h.stored_bytes);
     if (ssd::PayloadChecksum(payload) != h.payload_checksum) break;  // torn
-    IndexEntry e;
-    e.codec = h.codec;
-    e.kind = h.kind;
-    e.segment = seg->id;
-    e.offset = pos;
-    e.record_bytes = static_cast<uint32_t>(n);
-    e.raw_bytes = h.raw_bytes;
-    e.checksum = h.payload_checksum;
-    e.tenant = h.tenant;
-    e.created_unix_ms = h.created_unix_ms;
-    e.seq = h.seq;
-    e.version = h.version;
-    e.expires_unix_ms = h.expires_unix_ms;
-    e.parent_id = h.parent_id;
-    e.recompute_tokens = h.recompute_tokens;
-    found->emplace_back(h.key, e);
+    visit(pos, h, rec);
     pos += AlignUp(n, ssd::kRecordAlignBytes);
   }
-  *valid_end = pos;
+  return pos;
+}
+
+Status SsdTier::Impl::ScanTail(const std::shared_ptr<Segment>& seg, uint64_t start,
+                               uint64_t* valid_end,
+                               std::vector<std::pair<Key, IndexEntry>>* found) {
+  *valid_end = WalkRecords(*seg, start, seg->dev->Size(),
+                           [&](uint64_t pos, const RecordHeader& h, std::span<const uint8_t> rec) {
+                             IndexEntry e;
+                             e.codec = h.codec;
+                             e.kind = h.kind;
+                             e.segment = seg->id;
+                             e.offset = pos;
+                             e.record_bytes = static_cast<uint32_t>(rec.size());
+                             e.raw_bytes = h.raw_bytes;
+                             e.checksum = h.payload_checksum;
+                             e.tenant = h.tenant;
+                             e.created_unix_ms = h.created_unix_ms;
+                             e.seq = h.seq;
+                             e.version = h.version;
+                             e.expires_unix_ms = h.expires_unix_ms;
+                             e.parent_id = h.parent_id;
+                             e.recompute_tokens = h.recompute_tokens;
+                             found->emplace_back(h.key, e);
+                           });
+  return Status::Ok();
+}
+
+Status SsdTier::Impl::Replay(const LogPosition& from, const LogRecordVisitor& visit) {
+  // Everything appended so far reaches the device (a walk reads only the device).
+  KVTIER_RETURN_IF_ERROR(Commit(kForceCommit));
+  // The segments to walk and where each walk ends, as of now. A segment the cleaner deletes
+  // meanwhile stays readable through its device; its records were relocated past `end`.
+  std::vector<std::pair<std::shared_ptr<Segment>, uint64_t>> walk;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = segments_.lower_bound(from.segment); it != segments_.end(); ++it) {
+      uint64_t end = it->second == active_ ? buf_file_offset_ : it->second->dev->Size();
+      walk.emplace_back(it->second, end);
+    }
+  }
+  std::vector<uint8_t> decoded;
+  for (const auto& [seg, end] : walk) {
+    uint64_t start = seg->id == from.segment ? AlignUp(from.offset, ssd::kRecordAlignBytes) : 0;
+    WalkRecords(
+        *seg, start, end, [&](uint64_t, const RecordHeader& h, std::span<const uint8_t> rec) {
+          std::span<const uint8_t> payload = rec.subspan(ssd::kRecordHeaderBytes);
+          if (h.codec == Codec::kZstd) {
+            decoded.resize(h.raw_bytes);
+            size_t n =
+                ZSTD_decompress(decoded.data(), decoded.size(), payload.data(), payload.size());
+            if (ZSTD_isError(n) || n != h.raw_bytes) return;  // never a wrong value
+            payload = decoded;
+          }
+          visit(h.tenant, h.key, payload);
+        });
+  }
   return Status::Ok();
 }
 

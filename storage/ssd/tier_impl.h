@@ -114,6 +114,12 @@ class SsdTier::Impl {
     load_cv_.wait(lock, [&] { return load_finished_; });
   }
   Status Flush() { return Commit(kForceCommit, /*sync_index=*/true); }
+  LogPosition LogEnd() const {
+    std::lock_guard lock(mu_);
+    return {active_->id, buf_file_offset_ + buf_len_};
+  }
+  // SsdTier::Replay (storage/ssd/recovery.cc).
+  Status Replay(const LogPosition& from, const LogRecordVisitor& visit);
   SsdStats GetStats() const {
     std::lock_guard lock(mu_);
     SsdStats s = stats_;
@@ -389,6 +395,13 @@ class SsdTier::Impl {
                         AlignedBuffer* owned, std::span<const uint8_t>* rec);
   Status ScanTail(const std::shared_ptr<Segment>& seg, uint64_t start, uint64_t* valid_end,
                   std::vector<std::pair<Key, IndexEntry>>* found);
+  // Walks the whole records of seg from start (8-byte aligned) up to end: calls
+  // visit(offset, header, record) for each (header and payload checksums valid); zero
+  // padding skips to the next 4 KiB block; stops at the first invalid record. Returns the
+  // offset where the walk stopped. Reads only (no lock needed).
+  uint64_t WalkRecords(
+      const Segment& seg, uint64_t start, uint64_t end,
+      const std::function<void(uint64_t, const RecordHeader&, std::span<const uint8_t>)>& visit);
   void CommitLoop();
 
   SsdOptions o_;

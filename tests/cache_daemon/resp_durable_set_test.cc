@@ -103,9 +103,11 @@ class RespDurableSetTest : public ::testing::Test {
   bool Stored(std::string_view name, std::string_view value) {
     std::vector<uint8_t> raw;
     if (!store_->Get(keys_.BindResp(*tenants_->default_tenant(), name), &raw).ok()) return false;
-    return raw.size() >= kRespEnvelopeBytes &&
-           std::string_view(reinterpret_cast<const char*>(raw.data()) + kRespEnvelopeBytes,
-                            raw.size() - kRespEnvelopeBytes) == value;
+    uint64_t expire_at = 0;
+    size_t at = 0;
+    return DecodeRespEnvelope(raw, &expire_at, &at) &&
+           std::string_view(reinterpret_cast<const char*>(raw.data()) + at, raw.size() - at) ==
+               value;
   }
 
   TempDir dir_;

@@ -1,15 +1,22 @@
 // RespNameLog and RespKeyIndex::Persist: names written, removed and flushed by tenant come back
 // after a reopen exactly; a torn or corrupt tail is cut off; the limits apply at replay; the
 // log is compacted; concurrent Adds share syncs and all come back; Service logs a RESP name
-// before the put that it names.
+// before the put that it names. With a LogSource (the store's records carrying the names):
+// names lost with the log's unsynced tail come back from the records after the last
+// checkpoint; a version 1 log written by the previous code is read and upgraded; Service
+// carries the name in the stored value and reads back only names that bind to their key.
 #include "cache_daemon/resp_name_log.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "cache_daemon/resp_key_index.h"
 #include "cache_daemon/service.h"
@@ -165,6 +172,151 @@ TEST_F(RespNameLogTest, ConcurrentAddsAllComeBack) {
   EXPECT_EQ(Names(*idx, {1}), want);
 }
 
+// A store log for RespKeyIndex::LogSource: records (tenant, key, name) at growing positions,
+// 4 per "segment" of 4 x 64 bytes; remembers where each replay started.
+struct FakeStoreLog {
+  struct Rec {
+    storage::LogPosition pos;
+    uint64_t tenant;
+    storage::Key key;
+    std::string name;
+  };
+  void Put(uint64_t tenant, const storage::Key& k, const std::string& name) {
+    recs.push_back({end, tenant, k, name});
+    end.offset += 64;
+    if (end.offset == 256) end = {end.segment + 1, 0};
+  }
+  RespKeyIndex::LogSource Source() {
+    RespKeyIndex::LogSource s;
+    s.end = [this] { return std::optional<storage::LogPosition>(end); };
+    s.replay =
+        [this](const storage::LogPosition& from,
+               const std::function<void(uint64_t, const storage::Key&, std::string_view)>& add) {
+          replays.push_back(from);
+          for (const Rec& r : recs) {
+            if (r.pos >= from) add(r.tenant, r.key, r.name);
+          }
+          return Status::Ok();
+        };
+    return s;
+  }
+  storage::LogPosition end{1, 0};
+  std::vector<Rec> recs;
+  std::vector<storage::LogPosition> replays;
+};
+
+// Durability sync with names carried by their units: Adds are not synced one by one; a power
+// loss that cuts the log back to what Persist synced loses no name of a unit the store holds,
+// because the names of the records after the last checkpoint are read back from the store.
+TEST_F(RespNameLogTest, NamesLostWithTheLogTailComeBackFromTheStoreRecords) {
+  FakeStoreLog store;
+  for (uint64_t i = 0; i < 3; ++i) store.Put(1, K(100 + i), "old" + std::to_string(i));
+  uint64_t synced_bytes = 0;
+  std::set<std::pair<uint64_t, std::string>> want;
+  {
+    auto idx = std::make_unique<RespKeyIndex>(1 << 20, 1 << 30);
+    ASSERT_TRUE(idx->Persist(Path(), true, 0, store.Source()).ok());
+    EXPECT_TRUE(store.replays.empty()) << "a new log has no checkpoint to replay from";
+    synced_bytes = std::filesystem::file_size(Path());
+    for (uint64_t i = 0; i < 10; ++i) {
+      std::string name = "k" + std::to_string(i);
+      uint64_t seq = 0;
+      ASSERT_TRUE(idx->Add(i % 2 + 1, K(i), name, nullptr, &seq).ok());  // name first,
+      store.Put(i % 2 + 1, K(i), name);                                  // then the unit
+      want.emplace(i % 2 + 1, name);
+    }
+    idx.reset();  // closes (and syncs) the file: cut it back below
+  }
+  std::filesystem::resize_file(Path(), synced_bytes);  // the unsynced tail is gone
+  auto idx = std::make_unique<RespKeyIndex>(1 << 20, 1 << 30);
+  ASSERT_TRUE(idx->Persist(Path(), true, 0, store.Source()).ok());
+  ASSERT_EQ(store.replays.size(), 1u);
+  EXPECT_EQ(store.replays[0], (storage::LogPosition{1, 192})) << "from Persist's checkpoint";
+  EXPECT_EQ(Names(*idx, {1, 2}), want);
+  EXPECT_EQ(idx->recovered_from_store(), 10u);
+  // They are in the log again: the next start finds them there (and replays from later).
+  idx.reset();
+  idx = std::make_unique<RespKeyIndex>(1 << 20, 1 << 30);
+  ASSERT_TRUE(idx->Persist(Path(), true, 0, store.Source()).ok());
+  EXPECT_EQ(Names(*idx, {1, 2}), want);
+  EXPECT_EQ(idx->recovered_from_store(), 0u);
+  ASSERT_FALSE(store.replays.empty());
+  EXPECT_EQ(store.replays.back(), store.end) << "from the checkpoint of the previous start";
+}
+
+// Flush (a graceful stop) and the background thread write checkpoints at the store's end, so
+// the next start reads only what the store appended after the last one.
+TEST_F(RespNameLogTest, CheckpointsBoundWhatTheNextStartReadsFromTheStore) {
+  FakeStoreLog store;
+  {
+    RespKeyIndex idx(1 << 20, 1 << 30);
+    ASSERT_TRUE(idx.Persist(Path(), true, /*sync_interval_ms=*/1, store.Source()).ok());
+    for (uint64_t i = 0; i < 6; ++i) {
+      uint64_t seq = 0;
+      ASSERT_TRUE(idx.Add(1, K(i), "n" + std::to_string(i), nullptr, &seq).ok());
+      store.Put(1, K(i), "n" + std::to_string(i));
+    }
+    // The thread checkpoints at the store's end within a few of its 1 ms rounds.
+    const uint64_t before = std::filesystem::file_size(Path());
+    for (int i = 0; i < 2000 && std::filesystem::file_size(Path()) == before; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_GT(std::filesystem::file_size(Path()), before) << "no background checkpoint";
+  }
+  {
+    RespKeyIndex idx(1 << 20, 1 << 30);
+    ASSERT_TRUE(idx.Persist(Path(), true, 0, store.Source()).ok());
+    ASSERT_FALSE(store.replays.empty());
+    EXPECT_EQ(store.replays.back(), store.end);
+    store.Put(1, K(50), "late");  // a unit whose name never reached the log
+    ASSERT_TRUE(idx.Flush().ok());
+  }
+  RespKeyIndex idx(1 << 20, 1 << 30);
+  ASSERT_TRUE(idx.Persist(Path(), true, 0, store.Source()).ok());
+  ASSERT_FALSE(store.replays.empty());
+  EXPECT_EQ(store.replays.back(), store.end) << "Flush checkpointed at the end";
+  EXPECT_FALSE(idx.Contains(1, K(50))) << "before the checkpoint: trusted to the log";
+  EXPECT_EQ(idx.size(1), 6u);
+}
+
+// resp-names.log as kvtierd before version 2 wrote it (main's binary: SET alpha, SET beta,
+// SET gamma, DEL beta, SIGTERM; default tenant 0): read, then rewritten as version 2.
+constexpr std::string_view kVersion1Log =
+    "4b5654524e414d4501000000000000000100000005000000000000000000000079cdde4a458656fe8d3ea8eae5"
+    "222e1ec1e8ba9a2a9a0bdd2d214f90d530bcd2616c706861eb3163f4059350df01000000040000000000000000"
+    "0000004cb76f541679e9e8014b1cae63addb33a34fb0543994ad941489d9780f9a3a42626574619b745d9fce78"
+    "08b501000000050000000000000000000000cf09a2a5bf57494abdf7641601adcfda62960e9a55bc83170acbd5"
+    "d4382f8eb267616d6d6158584fafe853a91c020000000000000000000000000000004cb76f541679e9e8014b1c"
+    "ae63addb33a34fb0543994ad941489d9780f9a3a420d43a348fa5e3b73";
+
+TEST_F(RespNameLogTest, Version1LogOfThePreviousCodeIsReadAndUpgraded) {
+  {
+    std::string bytes;
+    for (size_t i = 0; i + 1 < kVersion1Log.size(); i += 2) {
+      bytes.push_back(
+          static_cast<char>(std::stoi(std::string(kVersion1Log.substr(i, 2)), nullptr, 16)));
+    }
+    ASSERT_EQ(bytes.size(), 254u);
+    std::ofstream(Path(), std::ios::binary) << bytes;
+  }
+  const std::set<std::pair<uint64_t, std::string>> want{{0, "alpha"}, {0, "gamma"}};
+  FakeStoreLog store;
+  {
+    RespKeyIndex idx(1 << 20, 1 << 30);
+    ASSERT_TRUE(idx.Persist(Path(), true, 0, store.Source()).ok());
+    EXPECT_EQ(Names(idx, {0}), want);
+    EXPECT_TRUE(store.replays.empty()) << "a version 1 log's names were synced: no replay";
+  }
+  std::ifstream f(Path(), std::ios::binary);
+  char header[16] = {};
+  f.read(header, sizeof(header));
+  EXPECT_EQ(header[8], 2) << "rewritten as version 2";
+  RespKeyIndex idx(1 << 20, 1 << 30);
+  ASSERT_TRUE(idx.Persist(Path(), true, 0, store.Source()).ok());
+  EXPECT_EQ(Names(idx, {0}), want);
+  EXPECT_EQ(store.replays.size(), 1u) << "version 2 carries the upgrade's checkpoint";
+}
+
 // Service::RespSet: the name is in the log file before the store sees the put (so a unit is
 // never durable before its name). Every call but Put goes to a FakeTierManager.
 class LogCheckingStore final : public storage::TierManager {
@@ -195,10 +347,19 @@ class LogCheckingStore final : public storage::TierManager {
   }
   storage::Stats GetStats() const override { return fake.GetStats(); }
   Status Flush() override { return fake.Flush(); }
+  std::optional<storage::LogPosition> SsdLogEnd() override { return storage::LogPosition{1, 0}; }
+  // Visits `records` (an SSD log as ReplaySsdLog would walk it).
+  Status ReplaySsdLog(const storage::LogPosition& from,
+                      const storage::LogRecordVisitor& visit) override {
+    (void)from;
+    for (const auto& [tenant, key, value] : records) visit(tenant, key, value);
+    return Status::Ok();
+  }
 
   testing::FakeTierManager fake;
   std::string next_name;
   int puts_before_name = 0;
+  std::vector<std::tuple<uint64_t, storage::Key, std::vector<uint8_t>>> records;
 
  private:
   std::string path_;
@@ -217,6 +378,66 @@ TEST_F(RespNameLogTest, ServiceLogsTheNameBeforeThePut) {
   }
   EXPECT_EQ(store.puts_before_name, 0);
   EXPECT_EQ(svc.RespDbSize(t), 20u);
+}
+
+// SET stores the name with the value (named envelope) unless it is longer than
+// kRespCarriedNameBytesMax; GET reads both forms. At start the names of the store's records
+// are indexed only when they bind to the record's key under its tenant (a native unit shaped
+// like an envelope names nothing).
+TEST_F(RespNameLogTest, ServiceCarriesTheNameAndReadsBackOnlyNamesBoundToTheirKeys) {
+  LogCheckingStore store(Path());
+  DaemonMetrics metrics;
+  auto tenants = TenantRegistry::Open(std::vector<uint8_t>(32, 7), 1024);
+  const Tenant& t = *tenants->default_tenant();
+  auto envelope = [&](std::string_view name) {
+    std::vector<uint8_t> raw;
+    EXPECT_TRUE(store.fake
+                    .Get(Service(&store, tenants.get(), &metrics, nullptr, PolicySettings{})
+                             .BindResp(t, name),
+                         &raw, nullptr)
+                    .ok());
+    return raw;
+  };
+  const std::string long_name(kRespCarriedNameBytesMax + 1, 'n');
+  {
+    Service svc(&store, tenants.get(), &metrics, nullptr, PolicySettings{});
+    ASSERT_TRUE(svc.PersistRespNames(Path(), true, 0).ok());
+    ASSERT_TRUE(svc.RespSet(t, "carried", "value-1", 0).ok());
+    ASSERT_TRUE(svc.RespSet(t, long_name, "value-2", 0).ok());
+    std::string v;
+    ASSERT_TRUE(svc.RespGet(t, "carried", &v).ok());
+    EXPECT_EQ(v, "value-1");
+    ASSERT_TRUE(svc.RespGet(t, long_name, &v).ok());
+    EXPECT_EQ(v, "value-2");
+  }
+  std::vector<uint8_t> named = envelope("carried");
+  uint64_t expire_at = 1;
+  size_t at = 0;
+  std::string_view name;
+  ASSERT_TRUE(DecodeRespEnvelope(named, &expire_at, &at, &name));
+  EXPECT_EQ(named[0], kRespNamedEnvelopeTag);
+  EXPECT_EQ(name, "carried");
+  EXPECT_EQ(expire_at, 0u);
+  EXPECT_EQ(envelope(long_name)[0], kRespEnvelopeTag);
+
+  // The store's records as the walk meets them: one good, one whose name binds to another
+  // key, one of an unknown tenant, one without a name.
+  Service probe(&store, tenants.get(), &metrics, nullptr, PolicySettings{});
+  store.records = {{t.id, probe.BindResp(t, "carried"), named},
+                   {t.id, K(7), named},
+                   {t.id + 77, probe.BindResp(t, "carried"), named},
+                   {t.id, probe.BindResp(t, long_name), envelope(long_name)}};
+  std::filesystem::remove(Path());
+  {
+    Service svc(&store, tenants.get(), &metrics, nullptr, PolicySettings{});
+    ASSERT_TRUE(svc.PersistRespNames(Path(), true, 0).ok());  // a new log: no replay yet
+  }
+  Service svc(&store, tenants.get(), &metrics, nullptr, PolicySettings{});
+  ASSERT_TRUE(svc.PersistRespNames(Path(), true, 0).ok());
+  EXPECT_EQ(svc.resp_index().recovered_from_store(), 1u);
+  EXPECT_TRUE(svc.resp_index().Contains(t.id, probe.BindResp(t, "carried")));
+  EXPECT_FALSE(svc.resp_index().Contains(t.id, K(7)));
+  EXPECT_EQ(svc.resp_index().size(t.id + 77), 0u);
 }
 
 }  // namespace

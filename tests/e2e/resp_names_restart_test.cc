@@ -211,5 +211,31 @@ TEST_F(RespNamesRestartTest, BatchedKillListsExactlyWhatGetFinds) {
   EXPECT_EQ(Keys(ca.get()), found);
 }
 
+// Under sync a SET's name rides in its unit (one sync makes both durable) and the name log is
+// no longer synced per SET: after kill -9, with the log cut back to what kvtierd synced at
+// start (the most a power loss can take from it), SCAN and KEYS still list every acknowledged
+// SET, its name read back from the unit's record.
+TEST_F(RespNamesRestartTest, SyncSetsAreListedAfterKillWhenTheNameLogLostItsTail) {
+  std::filesystem::path log;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir_)) {
+    if (e.path().filename() == "resp-names.log") log = e.path();
+  }
+  ASSERT_FALSE(log.empty());
+  const uint64_t synced_at_start = std::filesystem::file_size(log);
+  std::set<std::string> a, b;
+  {
+    auto ca = Connect("token-a");
+    auto cb = Connect("token-b");
+    ASSERT_TRUE(ca && cb);
+    for (int i = 0; i < 40; ++i) Set(ca.get(), "carried:" + std::to_string(i), &a);
+    Set(cb.get(), "carried:b", &b);
+  }
+  EXPECT_GT(std::filesystem::file_size(log), synced_at_start) << "names are still logged";
+  d_->Stop(SIGKILL);
+  std::filesystem::resize_file(log, synced_at_start);
+  ASSERT_TRUE(d_->Start()) << d_->Log();
+  ExpectListed(a, b, "after kill -9 and the loss of the name log's tail");
+}
+
 }  // namespace
 }  // namespace kvtier::daemon

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -552,6 +553,46 @@ TEST(FaultInjectionDirTest, UnsyncedDirectoryEntriesFollowTheCrash) {
   names = base->List();
   ASSERT_TRUE(names.ok());
   EXPECT_EQ(*names, (std::vector<std::string>{"synced"}));
+}
+
+}  // namespace
+}  // namespace kvtier::storage
+
+namespace kvtier::storage {
+namespace {
+
+// ReplaySsdLog (what kvtierd reads RESP names back from): from a position SsdLogEnd gave, it
+// visits exactly the records appended after it, across segment rolls, with their decoded
+// values (compressed ones too), also of units deleted since; from the start it visits all.
+TEST_F(DurabilityTest, ReplaySsdLogVisitsExactlyTheRecordsAppendedAfterAPosition) {
+  constexpr int kBefore = 40, kAfter = 300;  // 5000-byte units: several 1 MiB segments
+  auto tm = Open(Options(Durability::kSync, base_.get()));
+  ASSERT_NE(tm, nullptr);
+  auto put = [&](int i) {
+    Key k = MakeKey(i);
+    return tm->Put(k, MakeValue(k, 1, kValueBytes, /*compressible=*/i % 3 == 0), {});
+  };
+  for (int i = 0; i < kBefore; ++i) ASSERT_TRUE(put(i).ok());
+  std::optional<LogPosition> mid = tm->SsdLogEnd();
+  ASSERT_TRUE(mid.has_value());
+  for (int i = kBefore; i < kBefore + kAfter; ++i) ASSERT_TRUE(put(i).ok());
+  ASSERT_TRUE(tm->Delete(MakeKey(kBefore + 5)).ok());  // its record stays in the log
+  ASSERT_GT(tm->SsdLogEnd()->segment, mid->segment) << "the walk should cross a roll";
+
+  std::map<Key, int> seen;
+  auto visit = [&](TenantId, const Key& k, std::span<const uint8_t> value) {
+    uint64_t v = 0;
+    EXPECT_TRUE(CheckValue(k, std::vector<uint8_t>(value.begin(), value.end()), &v));
+    ++seen[k];
+  };
+  ASSERT_TRUE(tm->ReplaySsdLog(*mid, visit).ok());
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kAfter));
+  for (int i = kBefore; i < kBefore + kAfter; ++i) EXPECT_EQ(seen[MakeKey(i)], 1) << i;
+  for (int i = 0; i < kBefore; ++i) EXPECT_EQ(seen.count(MakeKey(i)), 0u) << i;
+
+  seen.clear();
+  ASSERT_TRUE(tm->ReplaySsdLog(LogPosition{}, visit).ok());
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kBefore + kAfter));
 }
 
 }  // namespace

@@ -129,10 +129,13 @@ TEST(SsdGetBatchTest, BatchViewsStayValidWhileTheirBatchLives) {
     expect(b, 20, 20, "b");
   }  // b hands its region to the thread's cache
   SsdTier::Batch c;
-  ssd.GetBatch(keys(40, 20), &c);  // takes that region: a's must be another
+  ssd.GetBatch(keys(40, 20), &c);  // takes the cached region
+  SsdTier::Batch e;
+  ssd.GetBatch(keys(10, 20), &e);  // while c holds it: another region
   SsdTier::Batch moved = std::move(a);
   expect(moved, 0, 20, "a, moved");
   expect(c, 40, 20, "c");
+  expect(e, 10, 20, "e");
   ssd.GetBatch(keys(0, kUnits), &c);  // reused for a larger batch
   expect(c, 0, kUnits, "c again");
   expect(moved, 0, 20, "a, after c's second batch");

@@ -251,6 +251,18 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
   const storage::RequestTag request = given.id != 0 ? given : store_->BeginRequest();
   for (size_t first = 0; first < keys.size(); first += storage::kMaxBatch) {
     size_t n = std::min(storage::kMaxBatch, keys.size() - first);
+    if (router_ == nullptr) {
+      // One node: each value is visited where the store read it (an SSD unit in its batch's
+      // read region), so the visitor's copy is its only one.
+      store_->GetBatchVisit(
+          std::span<const storage::Key>(keys).subspan(first, n),
+          [&](size_t j, const Status& st, storage::Tier tier, std::span<const uint8_t> v) {
+            if (st.ok()) bytes += v.size();
+            visit(first + j, st, tier, v);
+          },
+          request);
+      continue;
+    }
     store_->GetBatch(std::span<const storage::Key>(keys).subspan(first, n), &values, &tiers,
                      &results, request);
     if (router_ != nullptr) {

@@ -6,6 +6,9 @@
 // Allocation: the arena is cut into pages (slab_page_bytes); a page is given to one slab class
 // (chunk sizes grow by ~1.25x from 64 B to the page size) on demand, and returns to the free
 // page pool when its last chunk is freed. Values larger than a page do not fit this tier.
+// A host (mmap) arena's page is populated (prefaulted writable, one madvise) the first time
+// it is handed out, so inserts into it take no page fault each: the arena's resident memory
+// grows a page at a time.
 // Insert never evicts: when no chunk is free it returns Rejected, and the caller (TierManager)
 // asks PickVictim for a victim, demotes it and removes it, then retries.
 //

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "common/logging.h"
 #include "storage/ssd/tier_impl.h"
@@ -21,31 +22,89 @@ constexpr size_t kMaxDirtyAccess = 1 << 20;  // access stats persisted at close,
 constexpr uint64_t kReadRegionCachedBytesMax = 32ull << 20;
 constexpr uint64_t kHugePageBytes = 2ull << 20;  // x86-64 PMD size: the cached region's grain
 
-// `bytes` of aligned, faulted-in memory for one batch: the thread's cached region, or *owned.
-uint8_t* BatchReadRegion(uint64_t bytes, AlignedBuffer* owned) {
-  thread_local AlignedBuffer cached;
-  thread_local uint64_t cached_bytes = 0;
-  bytes = std::max<uint64_t>(bytes, ssd::kBlockBytes);
+// The thread's cached batch read region: up to kReadRegionCachedBytesMax, huge-page advised,
+// faulted in once. A Batch takes it for a read and gives it back when destroyed or reused.
+struct CachedRegion {
+  AlignedBuffer buf;
+  uint64_t bytes = 0;
+};
+thread_local CachedRegion t_region;
+
+// An aligned, faulted-in region of at least `bytes` (rounded up to the huge-page grain when
+// the cache may keep it).
+CachedRegion NewRegion(uint64_t bytes) {
+  CachedRegion r;
   if (bytes > kReadRegionCachedBytesMax) {
-    *owned = AllocateAligned(bytes, ssd::kBlockBytes);
-    std::memset(owned->get(), 0, bytes);
-    return owned->get();
-  }
-  if (bytes > cached_bytes) {
-    uint64_t n = std::min(std::max(bytes, 2 * cached_bytes), kReadRegionCachedBytesMax);
-    n = AlignUp(n, kHugePageBytes);
-    cached = AllocateAligned(n, kHugePageBytes);
+    r.bytes = AlignUp(bytes, ssd::kBlockBytes);
+    r.buf = AllocateAligned(r.bytes, ssd::kBlockBytes);
+  } else {
+    r.bytes = AlignUp(bytes, kHugePageBytes);
+    r.buf = AllocateAligned(r.bytes, kHugePageBytes);
     // Huge pages where the kernel allows them (THP "madvise" or "always"): an O_DIRECT read
     // then pins one page instead of fifteen (pinning was ~16% of a batch's CPU time in
     // `perf`). Advisory: ignored where THP is off.
-    (void)::madvise(cached.get(), n, MADV_HUGEPAGE);
-    std::memset(cached.get(), 0, n);  // fault the pages in once
-    cached_bytes = n;
+    (void)::madvise(r.buf.get(), r.bytes, MADV_HUGEPAGE);
   }
-  return cached.get();
+  std::memset(r.buf.get(), 0, r.bytes);  // fault the pages in once
+  return r;
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- SsdTier::Batch ----
+
+SsdTier::Batch::Batch() = default;
+SsdTier::Batch::~Batch() { ReleaseRegion(); }
+SsdTier::Batch::Batch(Batch&& o) noexcept { *this = std::move(o); }
+SsdTier::Batch& SsdTier::Batch::operator=(Batch&& o) noexcept {
+  if (this == &o) return *this;
+  ReleaseRegion();
+  results_ = std::move(o.results_);
+  metas_ = std::move(o.metas_);
+  values_ = std::move(o.values_);
+  owned_ = std::move(o.owned_);
+  region_ = std::move(o.region_);
+  region_bytes_ = std::exchange(o.region_bytes_, 0);
+  return *this;
+}
+
+void SsdTier::Batch::Reset(size_t n) {
+  results_.assign(n, Status::Ok());
+  metas_.assign(n, SsdMeta{});
+  values_.assign(n, {});
+  owned_.resize(n);
+  for (auto& v : owned_) v.clear();
+}
+
+uint8_t* SsdTier::Batch::Region(uint64_t bytes) {
+  bytes = std::max<uint64_t>(bytes, ssd::kBlockBytes);
+  if (region_bytes_ >= bytes) return region_.get();
+  ReleaseRegion();
+  if (t_region.bytes >= bytes) {
+    region_ = std::move(t_region.buf);
+    region_bytes_ = std::exchange(t_region.bytes, 0);
+    return region_.get();
+  }
+  // Too small (or none cached): grow geometrically up to what the cache keeps.
+  uint64_t want = bytes;
+  if (bytes <= kReadRegionCachedBytesMax) {
+    want = std::min(std::max(bytes, 2 * t_region.bytes), kReadRegionCachedBytesMax);
+  }
+  CachedRegion r = NewRegion(want);
+  region_ = std::move(r.buf);
+  region_bytes_ = r.bytes;
+  return region_.get();
+}
+
+void SsdTier::Batch::ReleaseRegion() {
+  if (region_ == nullptr) return;
+  if (region_bytes_ <= kReadRegionCachedBytesMax && region_bytes_ > t_region.bytes) {
+    t_region.buf = std::move(region_);
+    t_region.bytes = region_bytes_;
+  }
+  region_.reset();
+  region_bytes_ = 0;
+}
 
 Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
                           std::vector<Key>* evicted, const RequestTag* request,
@@ -197,16 +256,27 @@ Status SsdTier::Impl::FinishRead(const Key& key, const IndexEntry& e, Status st,
 Status SsdTier::Impl::VerifyRead(const Key& key, const IndexEntry& e, Status st,
                                  std::span<const uint8_t> rec, std::vector<uint8_t>* out) {
   out->clear();
-  if (!st.ok() && !st.IsCorruption()) return st;
   RecordHeader h;
-  if (st.ok()) st = ssd::DecodeRecordHeader(rec, &h);
-  if (st.ok() && (h.key != key || h.seq != e.seq || ssd::RecordBytes(h) != e.record_bytes ||
+  KVTIER_RETURN_IF_ERROR(VerifyRecord(key, e, std::move(st), rec, &h));
+  return DecodePayload(h, rec, out);
+}
+
+Status SsdTier::Impl::VerifyRecord(const Key& key, const IndexEntry& e, Status st,
+                                   std::span<const uint8_t> rec, RecordHeader* h) {
+  if (!st.ok() && !st.IsCorruption()) return st;
+  if (st.ok()) st = ssd::DecodeRecordHeader(rec, h);
+  if (st.ok() && (h->key != key || h->seq != e.seq || ssd::RecordBytes(*h) != e.record_bytes ||
                   rec.size() != e.record_bytes ||
-                  ssd::PayloadChecksum({rec.data() + ssd::kRecordHeaderBytes, h.stored_bytes}) !=
+                  ssd::PayloadChecksum({rec.data() + ssd::kRecordHeaderBytes, h->stored_bytes}) !=
                       e.checksum)) {
     st = Status::Corruption("ssd record failed checksum verification");
   }
   if (!st.ok()) return Status::Corruption(st.message());
+  return Status::Ok();
+}
+
+Status SsdTier::Impl::DecodePayload(const RecordHeader& h, std::span<const uint8_t> rec,
+                                    std::vector<uint8_t>* out) {
   std::span<const uint8_t> payload(rec.data() + ssd::kRecordHeaderBytes, h.stored_bytes);
   if (h.codec == Codec::kZstd) {
     out->resize(h.raw_bytes);
@@ -260,18 +330,33 @@ Status SsdTier::Impl::Get(const Key& key, std::vector<uint8_t>* out, SsdMeta* me
 void SsdTier::Impl::GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
                              std::vector<SsdMeta>* metas, std::vector<Status>* results,
                              const RequestTag* request, bool report_hits) {
+  Batch batch;
+  GetBatch(keys, &batch, request, report_hits);
   const size_t n = keys.size();
   outs->resize(n);
-  results->assign(n, Status::Ok());
+  results->resize(n);
   if (metas != nullptr) metas->resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    std::span<const uint8_t> v = batch.value(i);
+    (*outs)[i].assign(v.begin(), v.end());
+    (*results)[i] = batch.result(i);
+    if (metas != nullptr) (*metas)[i] = batch.meta(i);
+  }
+}
+
+void SsdTier::Impl::GetBatch(std::span<const Key> keys, Batch* batch, const RequestTag* request,
+                             bool report_hits) {
+  const size_t n = keys.size();
+  batch->Reset(n);
+  std::vector<Status>& results = batch->results_;
   std::vector<IndexEntry> entries(n);
   std::vector<std::shared_ptr<Segment>> segs(n);
-  std::vector<std::vector<uint8_t>> buffered(n);
   {
     std::unique_lock lock(mu_);
     for (size_t i = 0; i < n; ++i) {
-      (*results)[i] =
-          BeginReadLocked(keys[i], lock, &entries[i], &segs[i], &buffered[i], request, report_hits);
+      // A record still in a write buffer is copied into owned_[i] (the lock is released next).
+      results[i] = BeginReadLocked(keys[i], lock, &entries[i], &segs[i], &batch->owned_[i], request,
+                                   report_hits);
     }
   }
   // One aligned region for every device read; each read covers its record's aligned span.
@@ -281,35 +366,51 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, std::vector<std::vector<
   std::vector<Span> spans(n);
   uint64_t region_bytes = 0;
   for (size_t i = 0; i < n; ++i) {
-    if (!(*results)[i].ok() || segs[i] == nullptr) continue;
+    if (!results[i].ok() || segs[i] == nullptr) continue;
     uint64_t a = std::max<uint64_t>(segs[i]->dev->Alignment(), 1);
     spans[i].start = entries[i].offset / a * a;
     spans[i].len = AlignUp(entries[i].offset + entries[i].record_bytes, a) - spans[i].start;
     spans[i].region_off = region_bytes;
     region_bytes += AlignUp(spans[i].len, ssd::kBlockBytes);
   }
-  AlignedBuffer owned_region;
-  uint8_t* region = BatchReadRegion(region_bytes, &owned_region);
+  uint8_t* region = region_bytes > 0 ? batch->Region(region_bytes) : nullptr;
   uint64_t hits = 0, bytes = 0;
-  // Verifies and copies unit i out of `rec` (its record, read or buffered). It runs while the
-  // thread holds an io_uring ring, so it never takes mu_ (a put may hold mu_ while it waits
-  // for a ring): failures are settled (counted, quarantined) after the submission.
+  std::vector<uint8_t> finished(n, 0);  // a read (or buffered copy) was verified: settle failures
+  // Verifies unit i in `rec` (its record, read or buffered) and views its payload there (a
+  // compressed one is decoded into owned_[i]). It runs while the thread holds an io_uring
+  // ring, so it never takes mu_ (a put may hold mu_ while it waits for a ring): failures are
+  // settled (counted, quarantined) after the submission.
   auto finish = [&](size_t i, const Status& read_st, std::span<const uint8_t> rec) {
-    (*results)[i] = VerifyRead(keys[i], entries[i], read_st, rec, &(*outs)[i]);
-    if (metas != nullptr && ((*results)[i].ok() || (*results)[i].IsCorruption())) {
-      (*metas)[i] = MetaOf(entries[i]);  // a corrupt record's meta: what a refetch needs
+    finished[i] = 1;
+    RecordHeader h;
+    Status& st = results[i];
+    st = VerifyRecord(keys[i], entries[i], read_st, rec, &h);
+    if (st.ok()) {
+      if (h.codec == Codec::kNone) {
+        batch->values_[i] = rec.subspan(ssd::kRecordHeaderBytes, h.stored_bytes);
+      } else {
+        std::vector<uint8_t> raw;  // rec may be owned_[i] itself: decode beside it
+        st = DecodePayload(h, rec, &raw);
+        if (st.ok()) {
+          batch->owned_[i] = std::move(raw);
+          batch->values_[i] = batch->owned_[i];
+        }
+      }
     }
-    if (!(*results)[i].ok()) return;
+    if (st.ok() || st.IsCorruption()) {
+      batch->metas_[i] = MetaOf(entries[i]);  // a corrupt record's meta: what a refetch needs
+    }
+    if (!st.ok()) return;
     ++hits;
     bytes += entries[i].record_bytes;
   };
   // Every device read of the batch, whatever its segment, in one submission (io_uring: one
   // ring, up to its queue depth in flight; SubmitAcross), in chunks of kMaxBatchIos; sorted by
-  // segment and offset for locality. Each unit is verified and copied as its read completes,
-  // while the rest of the batch is still in flight.
+  // segment and offset for locality. Each unit is verified as its read completes, while the
+  // rest of the batch is still in flight.
   std::vector<size_t> order;
   for (size_t i = 0; i < n; ++i) {
-    if ((*results)[i].ok() && segs[i] != nullptr) order.push_back(i);
+    if (results[i].ok() && segs[i] != nullptr) order.push_back(i);
   }
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return segs[a]->id != segs[b]->id ? segs[a]->id < segs[b]->id
@@ -345,13 +446,11 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, std::vector<std::vector<
     }
   }
   for (size_t i = 0; i < n; ++i) {
-    if ((*results)[i].ok() && segs[i] == nullptr) finish(i, Status::Ok(), buffered[i]);
+    if (results[i].ok() && segs[i] == nullptr) finish(i, Status::Ok(), batch->owned_[i]);
   }
   for (size_t i = 0; i < n; ++i) {
     // Device reads and verifications that failed (lookups that failed were never read).
-    if (!(*results)[i].ok() && (segs[i] != nullptr || !buffered[i].empty())) {
-      SettleReadFailure(keys[i], entries[i], (*results)[i]);
-    }
+    if (finished[i] && !results[i].ok()) SettleReadFailure(keys[i], entries[i], results[i]);
   }
   std::lock_guard lock(mu_);
   stats_.hits += hits;
@@ -381,6 +480,10 @@ void SsdTier::GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_
                        std::vector<SsdMeta>* metas, std::vector<Status>* results,
                        const RequestTag* request, bool report_hits) {
   impl_->GetBatch(keys, outs, metas, results, request, report_hits);
+}
+void SsdTier::GetBatch(std::span<const Key> keys, Batch* batch, const RequestTag* request,
+                       bool report_hits) {
+  impl_->GetBatch(keys, batch, request, report_hits);
 }
 void SsdTier::ReportHit(const Key& key, const RequestTag* request) {
   impl_->ReportHit(key, request);

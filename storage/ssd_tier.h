@@ -155,7 +155,52 @@ struct SsdStats {
 };
 
 class SsdTier {
+  class Impl;
+
  public:
+  // What GetBatch(keys, Batch*) leaves: each key's verified value where it was read, without
+  // a copy or an allocation per unit. value(i) views the batch's read region (a record stored
+  // uncompressed and read from the device) or a copy this object holds (a compressed record,
+  // decoded; a record served from a write buffer). Views stay valid until the object is
+  // destroyed or passed to GetBatch again. The read region is the thread's cached one (kept
+  // between batches, its pages faulted in once) when it is large enough: the object holds it
+  // while it lives and hands it back to the cache of the thread that destroys or reuses it.
+  // Move-only.
+  class Batch {
+   public:
+    Batch();
+    ~Batch();
+    Batch(Batch&&) noexcept;
+    Batch& operator=(Batch&&) noexcept;
+    Batch(const Batch&) = delete;
+    Batch& operator=(const Batch&) = delete;
+
+    size_t size() const { return results_.size(); }
+    // Get's status for key i (duplicates are read once each).
+    const Status& result(size_t i) const { return results_[i]; }
+    // Key i's verified value; empty unless result(i) is OK.
+    std::span<const uint8_t> value(size_t i) const { return values_[i]; }
+    // Key i's indexed metadata (raw_bytes included) when result(i) is OK or Corruption (what
+    // a refetch of a quarantined unit needs); default otherwise.
+    const SsdMeta& meta(size_t i) const { return metas_[i]; }
+
+   private:
+    friend class SsdTier::Impl;
+    void Reset(size_t n);
+    // The read region for `bytes` of device reads: the one held, the thread's cached one, or
+    // (larger than the cache keeps) one of its own; aligned and faulted in.
+    uint8_t* Region(uint64_t bytes);
+    void ReleaseRegion();
+
+    std::vector<Status> results_;
+    std::vector<SsdMeta> metas_;
+    std::vector<std::span<const uint8_t>> values_;
+    // Per key, usually empty: a record copied from a write buffer, or a decoded payload.
+    std::vector<std::vector<uint8_t>> owned_;
+    AlignedBuffer region_;
+    uint64_t region_bytes_ = 0;
+  };
+
   static StatusOr<std::unique_ptr<SsdTier>> Open(const SsdOptions& options);
   // Commits everything (Flush) and persists access statistics.
   ~SsdTier();
@@ -188,6 +233,12 @@ class SsdTier {
   void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
                 std::vector<SsdMeta>* metas, std::vector<Status>* results,
                 const RequestTag* request = nullptr, bool report_hits = true);
+  // GetBatch without the copy into a vector per unit: *batch (reset first) receives each
+  // key's status, metadata and a view of its verified value (Batch). Same reads, checks,
+  // quarantine, counters and policy calls. A record that fails verification is never viewed:
+  // its result is Corruption and its value empty.
+  void GetBatch(std::span<const Key> keys, Batch* batch, const RequestTag* request = nullptr,
+                bool report_hits = true);
   // The policy's OnAccess for a hit read with GetBatch(..., report_hits = false); nothing when
   // the key is not tracked (gone, or pinned).
   void ReportHit(const Key& key, const RequestTag* request = nullptr);
@@ -221,7 +272,6 @@ class SsdTier {
   uint64_t max_version() const;
 
  private:
-  class Impl;
   explicit SsdTier(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -141,6 +141,8 @@ class TierManagerImpl final : public TierManager {
   void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
                 std::vector<Tier>* froms, std::vector<Status>* results,
                 const RequestTag& request) override;
+  void GetBatchVisit(std::span<const Key> keys, const BatchVisitor& visit,
+                     const RequestTag& request) override;
   RequestTag BeginRequest() override {
     return RequestTag{next_request_.fetch_add(1, std::memory_order_relaxed) + 1, clock_->NowUs()};
   }
@@ -256,6 +258,12 @@ class TierManagerImpl final : public TierManager {
   enum class ReadMode { kGet, kPrefetch, kPeek };
   Status GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from, ReadMode mode,
                  const RequestTag& request);
+  // The body of GetBatch and GetBatchVisit (at most kMaxBatch keys): visit(i, ...) for each
+  // key in order, as GetBatchVisit's contract says. A value read by GetImpl (a memory-tier
+  // hit, or a re-read) is written to *slot(i) and viewed there.
+  void GetBatchImpl(std::span<const Key> keys, const RequestTag& request,
+                    const std::function<std::vector<uint8_t>*(size_t)>& slot,
+                    const BatchVisitor& visit);
   void CountMiss(MissReason r) {
     switch (r) {
       case MissReason::kEvicted:
@@ -918,6 +926,36 @@ void TierManagerImpl::GetBatch(std::span<const Key> keys, std::vector<std::vecto
     return;
   }
   results->assign(n, Status::Ok());
+  GetBatchImpl(
+      keys, request, [&](size_t i) { return &(*outs)[i]; },
+      [&](size_t i, const Status& st, Tier from, std::span<const uint8_t> value) {
+        (*results)[i] = st;
+        if (froms != nullptr) (*froms)[i] = from;
+        std::vector<uint8_t>& out = (*outs)[i];
+        if (value.data() != out.data() || value.size() != out.size()) {
+          out.assign(value.begin(), value.end());  // an SSD value (viewed in its read region)
+        }
+      });
+}
+
+void TierManagerImpl::GetBatchVisit(std::span<const Key> keys, const BatchVisitor& visit,
+                                    const RequestTag& given) {
+  const RequestTag request = given.id != 0 ? given : BeginRequest();
+  if (keys.size() > kMaxBatch) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      visit(i, Status::InvalidArgument("batch larger than kMaxBatch"), Tier::kNone, {});
+    }
+    return;
+  }
+  std::vector<uint8_t> scratch;  // memory-tier values, one at a time: no allocation per key
+  GetBatchImpl(
+      keys, request, [&](size_t) { return &scratch; }, visit);
+}
+
+void TierManagerImpl::GetBatchImpl(std::span<const Key> keys, const RequestTag& request,
+                                   const std::function<std::vector<uint8_t>*(size_t)>& slot,
+                                   const BatchVisitor& visit) {
+  const size_t n = keys.size();
   // The SSD units are read in one batch first; then every key, in order, takes its path and
   // reports its hit to its tier's policy (memory: Get's path; SSD: ReportHit), and the SSD
   // hits are promoted last, so that the policies see the batch as the simulator replays it.
@@ -930,58 +968,61 @@ void TierManagerImpl::GetBatch(std::span<const Key> keys, std::vector<std::vecto
       ssd_keys.push_back(keys[i]);
     }
   }
-  std::vector<std::vector<uint8_t>> values;
-  std::vector<SsdMeta> metas;
-  std::vector<Status> read;
-  if (!ssd_keys.empty()) {
-    ssd_->GetBatch(ssd_keys, &values, &metas, &read, &request, /*report_hits=*/false);
-  }
+  // The SSD values stay in the batch's read region (verified there) until the promotions
+  // below have copied them: no vector per unit.
+  SsdTier::Batch read;
+  if (!ssd_keys.empty()) ssd_->GetBatch(ssd_keys, &read, &request, /*report_hits=*/false);
+  // A value GetImpl read into *slot(i): visited where it lies.
+  auto get = [&](size_t i) {
+    std::vector<uint8_t>* out = slot(i);
+    Tier from = Tier::kNone;
+    Status st = GetImpl(keys[i], out, &from, ReadMode::kGet, request);
+    visit(i, st, from, st.ok() ? std::span<const uint8_t>(*out) : std::span<const uint8_t>());
+  };
   std::vector<size_t> promote;  // keys read from SSD, in order
   for (size_t i = 0; i < n; ++i) {
-    std::vector<uint8_t>* out = &(*outs)[i];
-    Tier* from = froms != nullptr ? &(*froms)[i] : nullptr;
     if (ssd_slot[i] == SIZE_MAX) {
-      (*results)[i] = GetImpl(keys[i], out, from, ReadMode::kGet, request);
+      get(i);
       continue;
     }
     const size_t j = ssd_slot[i];
     const Key& key = keys[i];
-    const Status& st = read[j];
+    const Status& st = read.result(j);
     if (st.IsCorruption()) {  // quarantined by the SSD tier, as in Get
       {
         std::lock_guard lock(mu_);
         DroppedLocked(key, MissReason::kChecksumFailure);
       }
       CountMiss(MissReason::kChecksumFailure);
-      ReportChecksumFailure(key, metas[j]);
-      out->clear();
-      (*results)[i] = Status::NotFound("checksum failure: unit quarantined");
+      ReportChecksumFailure(key, read.meta(j));
+      visit(i, Status::NotFound("checksum failure: unit quarantined"), Tier::kNone, {});
       continue;
     }
     if (st.IsIOError()) {
       io_errors_.fetch_add(1);
       CountMiss(MissReason::kNeverStored);
-      out->clear();
-      (*results)[i] = Status::NotFound("ssd read failed: " + st.message());
+      visit(i, Status::NotFound("ssd read failed: " + st.message()), Tier::kNone, {});
       continue;
     }
-    if (!st.ok() || ExpiredUnix(metas[j].expires_unix_ms)) {
+    if (!st.ok() || ExpiredUnix(read.meta(j).expires_unix_ms)) {
       // Gone since Locate, or expired: Get's path (it re-reads, and accounts the miss).
-      (*results)[i] = GetImpl(key, out, from, ReadMode::kGet, request);
+      get(i);
       continue;
     }
-    *out = std::move(values[j]);
-    if (from != nullptr) *from = Tier::kSsd;
     ssd_->ReportHit(key, &request);
+    visit(i, Status::Ok(), Tier::kSsd, read.value(j));
     promote.push_back(i);
   }
   // The SSD hits are promoted after every hit of the batch was reported (in key order; the
   // simulator's order): a promotion's demotions then never evict a unit the batch has yet to
-  // report. A unit the SSD evicted meanwhile is not promoted (PromoteLocked checks).
+  // report. A unit the SSD evicted meanwhile is not promoted (PromoteLocked checks). Each is
+  // copied once, from the read region into its memory-tier chunk.
   if (promote.empty() || (!dram_ && !hbm_)) return;
   std::unique_lock lock(mu_, std::try_to_lock);  // never make a reader wait to promote
   if (!lock.owns_lock()) return;
-  for (size_t i : promote) PromoteLocked(request, keys[i], (*outs)[i], metas[ssd_slot[i]]);
+  for (size_t i : promote) {
+    PromoteLocked(request, keys[i], read.value(ssd_slot[i]), read.meta(ssd_slot[i]));
+  }
 }
 
 void TierManagerImpl::PromoteLocked(const RequestTag& request, const Key& key,

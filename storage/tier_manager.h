@@ -299,6 +299,27 @@ class TierManager {
     }
   }
 
+  // What GetBatchVisit hands its visitor for key i: Get's status, the tier the value came
+  // from (kNone on a miss) and the value, empty unless the status is OK.
+  using BatchVisitor =
+      std::function<void(size_t i, const Status& st, Tier from, std::span<const uint8_t> value)>;
+  // GetBatch without a value the caller keeps: visit is called once per key, in key order, on
+  // the calling thread and with none of the manager's locks held, before GetBatchVisit
+  // returns. The value is valid only during the call: it views the SSD batch's read region
+  // (verified; nothing is copied per unit before the visitor's own copy) or a scratch copy of
+  // a memory-tier value that the next key reuses. Otherwise GetBatch's semantics: the same
+  // reads, checksum quarantine, misses, promotions and policy calls, in the same order (the
+  // promotions follow the last visit). More than kMaxBatch keys: every key is visited with
+  // InvalidArgument. The default runs GetBatch (for test doubles).
+  virtual void GetBatchVisit(std::span<const Key> keys, const BatchVisitor& visit,
+                             const RequestTag& request = {}) {
+    std::vector<std::vector<uint8_t>> outs;
+    std::vector<Tier> froms;
+    std::vector<Status> results;
+    GetBatch(keys, &outs, &froms, &results, request);
+    for (size_t i = 0; i < keys.size(); ++i) visit(i, results[i], froms[i], outs[i]);
+  }
+
   virtual LookupResult Lookup(std::span<const Key> chain) = 0;
 
   // A new request: a fresh id and the clock's time now. Pass it to the Put and GetBatch calls

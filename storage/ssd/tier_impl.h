@@ -73,6 +73,8 @@ class SsdTier::Impl {
   void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
                 std::vector<SsdMeta>* metas, std::vector<Status>* results,
                 const RequestTag* request, bool report_hits);
+  void GetBatch(std::span<const Key> keys, Batch* batch, const RequestTag* request,
+                bool report_hits);
   void ReportHit(const Key& key, const RequestTag* request) {
     std::lock_guard lock(mu_);
     auto it = id_to_key_.find(ObjectIdOf(key));
@@ -386,6 +388,14 @@ class SsdTier::Impl {
   // failure and quarantines a corrupted entry that is still current.
   Status VerifyRead(const Key& key, const IndexEntry& e, Status read_st,
                     std::span<const uint8_t> rec, std::vector<uint8_t>* out);
+  // VerifyRead in two steps, for a caller that keeps the payload where it was read:
+  // VerifyRecord checks the record (read status, header, key, seq, size, checksum) and fills
+  // *h; DecodePayload copies (kNone) or decompresses (kZstd; Corruption when it fails) the
+  // payload of a verified record into *out. Neither takes mu_.
+  Status VerifyRecord(const Key& key, const IndexEntry& e, Status read_st,
+                      std::span<const uint8_t> rec, RecordHeader* h);
+  static Status DecodePayload(const RecordHeader& h, std::span<const uint8_t> rec,
+                              std::vector<uint8_t>* out);
   void SettleReadFailure(const Key& key, const IndexEntry& e, const Status& st);
   Status ReadRecord(const Segment& seg, uint64_t offset, uint32_t record_bytes,
                     std::vector<uint8_t>* out);

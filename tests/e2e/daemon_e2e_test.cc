@@ -2,6 +2,8 @@
 // client library, redis-cli / redis-benchmark, promtool and the kvtier CLI.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
 #include <future>
 #include <map>
 
@@ -148,6 +150,93 @@ TEST_F(E2eTest, Get257UnitsOverSharedMemoryAfterRestartKeepsFraming) {
   ASSERT_TRUE(lk.ok()) << lk.status().ToString();
   EXPECT_EQ(lk->hit_count, chain.size());
   EXPECT_EQ(d_->Log().find("unsupported wire version"), std::string::npos) << d_->Log();
+  EXPECT_EQ(d_->Stop(SIGINT), 0);
+}
+
+// Flips the byte `at` bytes into the first stored copy of `value` in the daemon's SSD segment
+// files (a unit of kind 0 is stored uncompressed: the record's payload is the value itself).
+// False if no copy was found.
+bool CorruptStoredValue(const std::filesystem::path& data_dir, std::span<const uint8_t> value,
+                        size_t at) {
+  for (const auto& f : std::filesystem::recursive_directory_iterator(data_dir)) {
+    if (!f.is_regular_file() || f.path().extension() != ".kvs") continue;
+    std::fstream io(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    std::vector<uint8_t> b((std::istreambuf_iterator<char>(io)), std::istreambuf_iterator<char>());
+    auto it = std::search(b.begin(), b.end(), value.begin(), value.begin() + 64);
+    if (it == b.end() || b.end() - it < static_cast<std::ptrdiff_t>(value.size())) continue;
+    const size_t victim = static_cast<size_t>(it - b.begin()) + at;
+    const char flipped = static_cast<char>(b[victim] ^ 0x5a);
+    io.clear();
+    io.seekp(static_cast<std::streamoff>(victim));
+    io.write(&flipped, 1);
+    io.flush();
+    return static_cast<bool>(io);
+  }
+  return false;
+}
+
+// The cold GET path copies each SSD unit once, from the batch's read region into its
+// destination: units arrive bit-exact through shared memory (a 2.3 MB reply, so the
+// destination's first-use population crosses a 2 MiB chunk) and through the socket, from SSD
+// and, once promoted, from DRAM. A unit whose record was corrupted on SSD is a miss on both
+// paths, never a hit with damaged bytes, and the units around it are exact.
+TEST_F(E2eTest, SsdUnitsAreExactOverShmAndSocketAndACorruptedRecordIsAMiss) {
+  d_->WriteConfig(Config());
+  ASSERT_TRUE(d_->Start());
+  constexpr size_t kUnits = 450, kBad = 200;
+  std::vector<Key> chain = Chain(kUnits, 11);
+  // The trained model's unit size, varied so that every value starts at a new offset.
+  auto value = [&](size_t i) { return UnitValue(chain[i], 5216 + i % 13); };
+  {
+    ClientOptions o;
+    o.socket_path = d_->socket();
+    o.shm_bytes = 0;
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    std::vector<std::vector<uint8_t>> values;
+    for (size_t i = 0; i < kUnits; ++i) values.push_back(value(i));
+    std::vector<PutUnit> units;
+    for (size_t i = 0; i < kUnits; ++i)
+      units.push_back({chain[i], i ? chain[i - 1] : Key{}, values[i]});
+    PutOptions po;
+    po.highest_tier = 2;
+    auto r = (*c)->Put(units, po);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    for (const Status& st : *r) ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  ASSERT_EQ(d_->Stop(SIGTERM), 0);
+  ASSERT_TRUE(CorruptStoredValue(d_->dir() / "data", value(kBad), 1000));
+  // Every unit's status, tier and bytes as a GET over `shm_bytes` (0: the socket) sees them.
+  auto get_all = [&](uint64_t shm_bytes, uint8_t want_tier) {
+    ClientOptions o;
+    o.socket_path = d_->socket();
+    o.shm_bytes = shm_bytes;
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_EQ((*c)->shm_attached(), shm_bytes != 0);
+    std::vector<int> visits(kUnits, 0);
+    Status st = (*c)->Get(chain, [&](size_t i, const GetItem& g) {
+      ++visits[i];
+      if (i == kBad) {
+        EXPECT_TRUE(g.status.IsNotFound()) << g.status.ToString();
+        EXPECT_TRUE(g.value.empty());
+        return;
+      }
+      ASSERT_TRUE(g.status.ok()) << i << " " << g.status.ToString();
+      EXPECT_EQ(g.tier, want_tier) << i;
+      EXPECT_TRUE(std::ranges::equal(g.value, value(i))) << i;
+    });
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(std::count(visits.begin(), visits.end(), 1), static_cast<long>(kUnits));
+  };
+  ASSERT_TRUE(d_->Start());
+  get_all(16u << 20, 2);  // from SSD, over shared memory (promoted to DRAM)
+  get_all(0, 1);          // from DRAM, over the socket
+  get_all(16u << 20, 1);  // from DRAM, over shared memory
+  ASSERT_EQ(d_->Stop(SIGTERM), 0);
+  ASSERT_TRUE(d_->Start());
+  get_all(0, 2);  // from SSD, over the socket
+  EXPECT_NE(d_->Log().find("failed verification"), std::string::npos) << d_->Log();
   EXPECT_EQ(d_->Stop(SIGINT), 0);
 }
 

@@ -1,8 +1,10 @@
 // SsdTier::GetBatch and TierManager::GetBatch: every key of a batch gets what Get would give
 // it (units on the device, in the write buffer, missing, corrupted on the device), on the
-// memory env and on io_uring files, and under injected ring faults (RingFaults).
+// memory env and on io_uring files, and under injected ring faults (RingFaults). The same for
+// the forms without a copy per unit (SsdTier::Batch, TierManager::GetBatchVisit).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <set>
@@ -35,7 +37,11 @@ void CheckBatchMatchesGet(DeviceEnv* env, const std::string& dir) {
   for (int i = 0; i < kUnits; ++i) {
     SsdMeta m;
     m.version = i + 1;
-    ASSERT_TRUE(ssd.Put(MakeKey(i), MakeValue(MakeKey(i), i + 1, 20'000 + i), m, nullptr).ok());
+    // Every fifth unit is a compressible blob: stored zstd, decoded on read.
+    const bool blob = i % 5 == 0;
+    if (blob) m.kind = policies::ObjectKind::kBlob;
+    ASSERT_TRUE(
+        ssd.Put(MakeKey(i), MakeValue(MakeKey(i), i + 1, 20'000 + i, blob), m, nullptr).ok());
     if (i == kUnits - 10) {
       ASSERT_TRUE(ssd.Flush().ok());
     }
@@ -60,6 +66,79 @@ void CheckBatchMatchesGet(DeviceEnv* env, const std::string& dir) {
     EXPECT_EQ(metas[j].version, meta.version) << j;
   }
   EXPECT_TRUE(results[keys.size() - 3].IsNotFound());
+  EXPECT_GT(ssd.GetStats().compressed_bytes_saved, 0u);  // the zstd path was read too
+  // The same batch with each value viewed where it was read (or decoded).
+  SsdTier::Batch batch;
+  ssd.GetBatch(keys, &batch);
+  ASSERT_EQ(batch.size(), keys.size());
+  for (size_t j = 0; j < keys.size(); ++j) {
+    std::vector<uint8_t> one;
+    SsdMeta meta;
+    Status st = ssd.Get(keys[j], &one, &meta);
+    ASSERT_EQ(batch.result(j).code(), st.code()) << j << " " << batch.result(j).ToString();
+    if (!st.ok()) {
+      EXPECT_TRUE(batch.value(j).empty()) << j;
+      continue;
+    }
+    EXPECT_EQ(std::vector<uint8_t>(batch.value(j).begin(), batch.value(j).end()), one) << j;
+    EXPECT_EQ(batch.meta(j).version, meta.version) << j;
+    EXPECT_EQ(batch.meta(j).raw_bytes, one.size()) << j;
+  }
+}
+
+// Views stay valid while their Batch lives: a second batch read on the same thread (which
+// reuses the thread's read region once the first hands it back) does not overwrite them, nor
+// does moving the Batch.
+TEST(SsdGetBatchTest, BatchViewsStayValidWhileTheirBatchLives) {
+  TempDir dir;
+  DirEnvOptions d;
+  d.engine = IoEngine::kIoUring;
+  auto env = NewDirEnv(dir.path() + "/segments", d);
+  ASSERT_TRUE(env.ok()) << env.status().ToString();
+  SsdOptions o;
+  o.dir = dir.path();
+  o.env = env->get();
+  o.capacity_bytes = 64ull << 20;
+  o.segment_bytes = 4ull << 20;
+  auto opened = SsdTier::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  SsdTier& ssd = **opened;
+  constexpr int kUnits = 60;
+  auto value = [](int i) { return MakeValue(MakeKey(i), 1, 5216 + i); };
+  for (int i = 0; i < kUnits; ++i) ASSERT_TRUE(ssd.Put(MakeKey(i), value(i), {}, nullptr).ok());
+  ASSERT_TRUE(ssd.Flush().ok());
+  auto keys = [](int first, int n) {
+    std::vector<Key> k;
+    for (int i = first; i < first + n; ++i) k.push_back(MakeKey(i));
+    return k;
+  };
+  auto expect = [&](const SsdTier::Batch& b, int first, size_t n, const char* what) {
+    ASSERT_EQ(b.size(), n) << what;
+    for (size_t j = 0; j < b.size(); ++j) {
+      ASSERT_TRUE(b.result(j).ok()) << what << " " << j << " " << b.result(j).ToString();
+      EXPECT_EQ(std::vector<uint8_t>(b.value(j).begin(), b.value(j).end()),
+                value(first + static_cast<int>(j)))
+          << what << " " << j;
+    }
+  };
+  SsdTier::Batch a;
+  ssd.GetBatch(keys(0, 20), &a);
+  {
+    SsdTier::Batch b;
+    ssd.GetBatch(keys(20, 20), &b);
+    expect(b, 20, 20, "b");
+  }  // b hands its region to the thread's cache
+  SsdTier::Batch c;
+  ssd.GetBatch(keys(40, 20), &c);  // takes the cached region
+  SsdTier::Batch e;
+  ssd.GetBatch(keys(10, 20), &e);  // while c holds it: another region
+  SsdTier::Batch moved = std::move(a);
+  expect(moved, 0, 20, "a, moved");
+  expect(c, 40, 20, "c");
+  expect(e, 10, 20, "e");
+  ssd.GetBatch(keys(0, kUnits), &c);  // reused for a larger batch
+  expect(c, 0, kUnits, "c again");
+  expect(moved, 0, 20, "a, after c's second batch");
 }
 
 TEST(SsdGetBatchTest, MatchesGetOnTheMemoryEnv) {
@@ -373,6 +452,56 @@ TEST(SsdGetBatchTest, ACorruptedRecordIsQuarantinedAndTheOthersAreServed) {
   EXPECT_EQ(ssd.GetStats().checksum_failures, 1u);
 }
 
+// Flips one payload byte of record `index` of the 5000-byte units put first into a memory
+// env's first segment (records are 5128 B apart: a 128-byte header, then the payload; the
+// next segment is prepared ahead, empty).
+void FlipPayloadByte(DeviceEnv* env, int index) {
+  auto names = env->List();
+  ASSERT_TRUE(names.ok() && !names->empty());
+  auto dev = env->Open(*std::min_element(names->begin(), names->end()), false);
+  ASSERT_TRUE(dev.ok());
+  uint8_t b = 0;
+  const uint64_t at = 5128ull * index + 128 + 100;
+  ASSERT_TRUE((*dev)->Read(at, {&b, 1}).ok());
+  b ^= 0xff;
+  ASSERT_TRUE((*dev)->Write(at, {&b, 1}).ok());
+}
+
+// The same through a Batch: the corrupted record is never viewed (its value is empty), it is
+// quarantined and counted once, and its neighbours are served bit-exact.
+TEST(SsdGetBatchTest, ACorruptedRecordIsNeverViewedInABatch) {
+  TempDir dir;
+  auto env = NewMemEnv();
+  SsdOptions o;
+  o.dir = dir.path();
+  o.env = env.get();
+  o.capacity_bytes = 64ull << 20;
+  o.segment_bytes = 4ull << 20;
+  auto opened = SsdTier::Open(o);
+  ASSERT_TRUE(opened.ok());
+  SsdTier& ssd = **opened;
+  for (int i = 0; i < 3; ++i) {
+    SsdMeta m;
+    m.version = 7;
+    ASSERT_TRUE(ssd.Put(MakeKey(i), MakeValue(MakeKey(i), 1, 5000), m, nullptr).ok());
+  }
+  ASSERT_TRUE(ssd.Flush().ok());
+  FlipPayloadByte(env.get(), 1);
+  SsdTier::Batch batch;
+  ssd.GetBatch(std::vector<Key>{MakeKey(0), MakeKey(1), MakeKey(2)}, &batch);
+  ASSERT_EQ(batch.size(), 3u);
+  EXPECT_TRUE(batch.result(1).IsCorruption()) << batch.result(1).ToString();
+  EXPECT_TRUE(batch.value(1).empty());
+  EXPECT_EQ(batch.meta(1).version, 7u);  // what a refetch of the quarantined unit needs
+  for (int i : {0, 2}) {
+    ASSERT_TRUE(batch.result(i).ok()) << batch.result(i).ToString();
+    EXPECT_EQ(std::vector<uint8_t>(batch.value(i).begin(), batch.value(i).end()),
+              MakeValue(MakeKey(i), 1, 5000));
+  }
+  EXPECT_FALSE(ssd.Contains(MakeKey(1)));  // quarantined
+  EXPECT_EQ(ssd.GetStats().checksum_failures, 1u);
+}
+
 TEST(TierManagerGetBatchTest, ServesEveryTierAndReportsMisses) {
   TempDir dir;
   auto env = NewMemEnv();
@@ -403,6 +532,79 @@ TEST(TierManagerGetBatchTest, ServesEveryTierAndReportsMisses) {
   std::vector<Key> too_many(kMaxBatch + 1, MakeKey(1));
   (*tm)->GetBatch(too_many, &outs, &froms, &results);
   EXPECT_TRUE(results[0].IsInvalidArgument());
+}
+
+// GetBatchVisit: one visit per key, in key order, with GetBatch's status, tier and value; SSD
+// hits are promoted (the next batch finds them in DRAM); a unit corrupted on SSD is visited as
+// a miss with no value, quarantined and counted, and its neighbours are exact.
+TEST(TierManagerGetBatchTest, VisitSeesEachKeyOnceInOrderAndNeverACorruptedValue) {
+  TempDir dir;
+  auto env = NewMemEnv();
+  TierManagerOptions o;
+  o.data_dir = dir.path();
+  o.ssd_env = env.get();
+  o.dram_capacity_bytes = 8ull << 20;
+  o.slab_page_bytes = 1ull << 20;
+  o.ssd_capacity_bytes = 64ull << 20;
+  o.ssd_segment_bytes = 4ull << 20;
+  auto tm = TierManager::Open(o);
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  auto value = [](int i) { return MakeValue(MakeKey(i), 1, 5000); };
+  for (int i = 0; i < 6; ++i) {  // records 0..5 in put order, on SSD only
+    PutOptions p;
+    p.highest_tier = Tier::kSsd;
+    ASSERT_TRUE((*tm)->Put(MakeKey(i), value(i), p).ok());
+  }
+  ASSERT_TRUE((*tm)->Flush().ok());
+  FlipPayloadByte(env.get(), 4);
+  PutOptions dram;
+  ASSERT_TRUE((*tm)->Put(MakeKey(50), value(50), dram).ok());  // in DRAM
+  struct Visit {
+    size_t i;
+    StatusCode code;
+    Tier from;
+    std::vector<uint8_t> value;
+  };
+  auto visit_all = [&](const std::vector<Key>& keys) {
+    std::vector<Visit> seen;
+    (*tm)->GetBatchVisit(keys,
+                         [&](size_t i, const Status& st, Tier from, std::span<const uint8_t> v) {
+                           seen.push_back({i, st.code(), from, {v.begin(), v.end()}});
+                         });
+    return seen;
+  };
+  const std::vector<Key> keys = {MakeKey(1), MakeKey(99), MakeKey(50),
+                                 MakeKey(4), MakeKey(3),  MakeKey(1)};
+  std::vector<Visit> seen = visit_all(keys);
+  ASSERT_EQ(seen.size(), keys.size());
+  for (size_t j = 0; j < seen.size(); ++j) EXPECT_EQ(seen[j].i, j);
+  const std::vector<std::pair<int, Tier>> hits = {
+      {0, Tier::kSsd}, {2, Tier::kDram}, {4, Tier::kSsd}, {5, Tier::kSsd}};
+  for (auto [j, tier] : hits) {
+    EXPECT_EQ(seen[j].code, StatusCode::kOk) << j;
+    EXPECT_EQ(seen[j].from, tier) << j;
+    EXPECT_EQ(seen[j].value, value(j == 2 ? 50 : j == 4 ? 3 : 1)) << j;
+  }
+  EXPECT_EQ(seen[1].code, StatusCode::kNotFound);
+  EXPECT_TRUE(seen[1].value.empty());
+  EXPECT_EQ(seen[3].code, StatusCode::kNotFound);  // failed verification: a miss, no bytes
+  EXPECT_EQ(seen[3].from, Tier::kNone);
+  EXPECT_TRUE(seen[3].value.empty());
+  EXPECT_EQ((*tm)->GetStats().misses_checksum, 1u);
+  EXPECT_EQ((*tm)->Lookup(std::vector<Key>{MakeKey(4)}).first_miss, MissReason::kChecksumFailure);
+  // The SSD hits were promoted: the same batch now comes from DRAM, bit-exact.
+  seen = visit_all({MakeKey(1), MakeKey(3), MakeKey(4)});
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0].from, Tier::kDram);
+  EXPECT_EQ(seen[0].value, value(1));
+  EXPECT_EQ(seen[1].from, Tier::kDram);
+  EXPECT_EQ(seen[1].value, value(3));
+  EXPECT_EQ(seen[2].code, StatusCode::kNotFound);
+  // Over kMaxBatch keys: every key is visited as InvalidArgument.
+  std::vector<Key> too_many(kMaxBatch + 1, MakeKey(1));
+  seen = visit_all(too_many);
+  ASSERT_EQ(seen.size(), too_many.size());
+  EXPECT_EQ(seen.back().code, StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -96,6 +96,10 @@ Status ReadClusterTable(const toml::table& table, ClusterServeOptions* o) {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_call_threads));
     } else if (key == "peer_call_queue_max") {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_call_queue_max));
+    } else if (key == "get_copy_bytes_max") {
+      KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->get_copy_bytes_max));
+    } else if (key == "get_copy_ttl_ms") {
+      KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->get_copy_ttl_ms));
     } else if (key == "peer_connections_max") {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_connections_max));
     } else {
@@ -173,6 +177,10 @@ Status FinalizeCluster(ClusterServeOptions* o, bool auth_enabled) {
     return Bad("peer_call_threads", "1..1024");
   }
   if (o->peer_call_queue_max > 65536) return Bad("peer_call_queue_max", "0..65536");
+  if (o->get_copy_bytes_max > (1ull << 40)) return Bad("get_copy_bytes_max", "0..1099511627776");
+  if (o->get_copy_ttl_ms < 1000 || o->get_copy_ttl_ms > 3600000) {
+    return Bad("get_copy_ttl_ms", "1000..3600000");
+  }
   if (o->peer_tls) {
     for (const auto& [key, path] : {std::pair{"peer_tls_cert_file", &o->peer_tls_cert_file},
                                     std::pair{"peer_tls_key_file", &o->peer_tls_key_file},

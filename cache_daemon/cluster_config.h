@@ -33,6 +33,11 @@ struct ClusterServeOptions {
   uint64_t repair_bytes_per_s = 64ull << 20;  // re-replication / move copy budget, 1 KiB/s..
   uint64_t repair_retry_ms = 1000;            // rescan after a repair scan that left work
   uint32_t repair_interval_s = 300;           // full repair scan period, 1..86400
+  // Copies of units this node fetched from their owners for a GET, kept in its own DRAM
+  // tier and served locally (docs/CLUSTER.md, "Copies"). 0: none (the default). At most
+  // 2^40 bytes; each copy expires get_copy_ttl_ms after it was fetched (1000..3600000).
+  uint64_t get_copy_bytes_max = 0;
+  uint64_t get_copy_ttl_ms = 60000;
   bool draining = false;  // join owning nothing (routing-only; `kvtier cluster drain --undo`)
   // Mutual TLS on peer traffic (both the peer front and this node's calls to peers). Every
   // node presents peer_tls_cert_file (leaf first; for both serverAuth and clientAuth) and

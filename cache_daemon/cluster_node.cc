@@ -26,7 +26,13 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
     return tiers;
   }
   Status Get(const cluster::PeerKey& key, std::vector<uint8_t>* value) override {
-    return store_->Get(key, value);
+    Status s = store_->Get(key, value);
+    if (ClusterCopies* c = copies(); c != nullptr && s.ok()) {
+      std::vector<Status> one = {s};
+      c->CheckHits(std::span<const storage::Key>(&key, 1), &one);  // a fenced copy: a miss
+      s = one[0];
+    }
+    return s;
   }
   Status Put(const cluster::PeerPut& put) override {
     const Tenant* t = FindTenant(put.tenant);
@@ -42,7 +48,9 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
     po.ttl_ms = put.ttl_ms;
     po.highest_tier = static_cast<storage::Tier>(put.highest_tier);
     po.allow_ssd = put.allow_ssd != 0;
-    return store_->Put(put.key, put.value, po);
+    Status s = store_->Put(put.key, put.value, po);
+    if (ClusterCopies* c = copies(); c != nullptr) c->Forget(put.key);  // an owner's unit now
+    return s;
   }
   StatusOr<std::vector<uint8_t>> Delete(std::span<const cluster::PeerKey> keys) override {
     std::vector<uint8_t> existed(keys.size(), 0);
@@ -52,11 +60,20 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
       if (s.ok()) {
         existed[i] = 1;
       } else if (!s.IsNotFound()) {
+        if (ClusterCopies* c = copies(); c != nullptr) c->Drop(keys);
         return s;
       }
     }
+    if (ClusterCopies* c = copies(); c != nullptr) c->Drop(keys);
     return existed;
   }
+  Status DropCopies(std::span<const cluster::PeerKey> keys) override {
+    if (ClusterCopies* c = copies(); c != nullptr) c->Drop(keys);
+    return Status::Ok();
+  }
+  // Set once the copies exist (they need membership, which starts after the peer front).
+  void SetCopies(ClusterCopies* copies) { copies_.store(copies, std::memory_order_release); }
+  ClusterCopies* copies() const { return copies_.load(std::memory_order_acquire); }
   Status DeleteTenant(std::string_view tenant) override {
     const Tenant* t = FindTenant(tenant);
     if (t == nullptr) return Status::NotFound("peer DELETE_TENANT: unknown tenant");
@@ -76,6 +93,7 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   storage::TierManager* store_;
   const TenantRegistry* tenants_;
   cluster::RecentDeletes* recent_;
+  std::atomic<ClusterCopies*> copies_{nullptr};
 };
 
 std::string AdminEndpoint(const DaemonOptions& options) {
@@ -162,7 +180,9 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
 
   cluster::MembershipOptions mo;
   mo.etcd = eo;
-  mo.before_register = [t = node->tombstones_.get()] {
+  mo.before_register = [t = node->tombstones_.get(), handler] {
+    // Copies made under a previous lease may have missed a delete or an overwrite.
+    if (ClusterCopies* c = handler->copies(); c != nullptr) c->DropAll();
     Status s = t->CatchUp();
     if (!s.ok()) {
       KVTIER_LOG(kWarn) << "cluster: tombstone catch-up: " << s.message();
@@ -175,6 +195,7 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
   mo.self.failure_domain = c.failure_domain;
   mo.self.admin_endpoint = AdminEndpoint(options);
   mo.self.draining = c.draining;
+  mo.self.keeps_copies = c.get_copy_bytes_max > 0;
   mo.self.dram_bytes = options.storage.dram_capacity_bytes;
   mo.self.ssd_bytes = options.storage.ssd_capacity_bytes;
   KVTIER_ASSIGN_OR_RETURN(node->membership_, cluster::Membership::Start(mo));
@@ -188,12 +209,22 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
       node->tombstones_.get());
   node->tombstones_->StartPolling();
   service->SetRouter(node->router_.get());
+  if (c.get_copy_bytes_max > 0) {
+    node->copies_ = std::make_unique<ClusterCopies>(
+        service->store(), node->membership_.get(), node->recent_deletes_.get(),
+        CopyOptions{.bytes_max = c.get_copy_bytes_max, .ttl_ms = c.get_copy_ttl_ms});
+    handler->SetCopies(node->copies_.get());
+    service->SetClusterCopies(node->copies_.get());
+  }
   node->repair_ = std::make_unique<ClusterRepair>(
       service->store(), tenants, node->router_.get(), node->client_.get(),
-      RepairOptions{.bytes_per_s = c.repair_bytes_per_s,
-                    .retry_ms = c.repair_retry_ms,
-                    .interval_s = c.repair_interval_s,
-                    .catch_up = [t = node->tombstones_.get()] { return t->CatchUp(); }});
+      RepairOptions{
+          .bytes_per_s = c.repair_bytes_per_s,
+          .retry_ms = c.repair_retry_ms,
+          .interval_s = c.repair_interval_s,
+          .catch_up = [t = node->tombstones_.get()] { return t->CatchUp(); },
+          .is_copy = [c = node->copies_.get()](
+                         const storage::Key& k) { return c != nullptr && c->IsCopy(k); }});
   // Registered after the router's listener: a scan triggered here sees the new view.
   node->membership_->AddListener(
       [r = node->repair_.get()](const cluster::MemberView&) { r->Trigger(); });
@@ -286,6 +317,32 @@ std::string ClusterNode::RenderPrometheus() const {
   counter("kvtier_cluster_repair_refused_deleted_total",
           "Repair copies refused because this node deleted the unit (or its tenant) moments ago.",
           recent_deletes_->refused());
+  if (copies_ != nullptr) {
+    CopyStats cs = copies_->stats();
+    gauge("kvtier_cluster_copy_bytes",
+          "Bytes of GET copies of other owners' units held in this node's DRAM tier "
+          "(at most cluster.get_copy_bytes_max).",
+          cs.bytes);
+    gauge("kvtier_cluster_copy_units", "GET copies held in this node's DRAM tier.", cs.units);
+    counter("kvtier_cluster_copy_kept_total", "Units fetched from an owner and kept as a copy.",
+            cs.kept);
+    counter("kvtier_cluster_copy_hits_total", "GET hits served from a copy.", cs.hits);
+    counter("kvtier_cluster_copy_dropped_total",
+            "Copies dropped: deleted, replaced by a PUT, over the byte cap, expired, or with "
+            "every copy when the lease was not confirmed.",
+            cs.dropped);
+    counter("kvtier_cluster_copy_fenced_total",
+            "Fetched units not kept: deleted or replaced moments ago, lease not confirmed, "
+            "fetch too old, too large, or refused by the store.",
+            cs.fenced);
+    counter("kvtier_cluster_copy_drop_alls_total",
+            "Times every copy was dropped (lease not confirmed, new registration).", cs.drop_alls);
+  }
+  counter("kvtier_cluster_copy_invalidations_total",
+          "Copy drops a PUT sent to members that keep copies.", rs.copy_invalidations);
+  counter("kvtier_cluster_copy_invalidation_failures_total",
+          "Copy drops a member did not answer (recorded as tombstones).",
+          rs.copy_invalidation_failures);
   RefetchStats rf = refetch_->stats();
   counter("kvtier_cluster_checksum_refetches_total",
           "Units quarantined here for a checksum failure and rewritten from another owner.",

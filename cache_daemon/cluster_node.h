@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cache_daemon/cluster_copies.h"
 #include "cache_daemon/cluster_refetch.h"
 #include "cache_daemon/cluster_repair.h"
 #include "cache_daemon/config.h"
@@ -64,6 +65,7 @@ class ClusterNode {
   std::unique_ptr<cluster::TombstoneLog> tombstones_;
   std::unique_ptr<cluster::Membership> membership_;
   std::unique_ptr<cluster::Router> router_;
+  std::unique_ptr<ClusterCopies> copies_;  // [cluster] get_copy_bytes_max > 0
   std::unique_ptr<ClusterRepair> repair_;  // started after the router, stopped first
   // Rewrites units quarantined here for a checksum failure from another owner; fed by the
   // store's listener, which Stop removes first.

@@ -115,7 +115,7 @@ bool ClusterRepair::Scan() {
   while (!cursor.done && !stopping()) {
     store_->ListUnits(&cursor, options_.page_units, &page);
     for (const auto& u : page) {
-      if (Repairable(u) && !self_owns(router_->Owners(u.key, *view))) ++moves;
+      if (Repairable(u) && !IsCopy(u.key) && !self_owns(router_->Owners(u.key, *view))) ++moves;
     }
   }
   moves_.store(moves);
@@ -142,7 +142,8 @@ bool ClusterRepair::Scan() {
       return true;
     }
     store_->ListUnits(&cursor, options_.page_units, &page);
-    std::erase_if(page, [](const storage::UnitInfo& u) { return !Repairable(u); });
+    std::erase_if(page,
+                  [&](const storage::UnitInfo& u) { return !Repairable(u) || IsCopy(u.key); });
     // owners[i]: unit i's owners; held[i][j]: owner j holds it (self: yes, it is here).
     std::vector<std::vector<size_t>> owners(page.size());
     std::vector<std::vector<int8_t>> held(page.size());             // 1 yes, 0 no, -1 unknown

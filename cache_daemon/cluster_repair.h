@@ -50,6 +50,9 @@ struct RepairOptions {
   // pause never copies a unit deleted meanwhile back to its owners (or undoes the copy). An
   // error skips the scan (retried). May be empty (tests).
   std::function<Status()> catch_up;
+  // True for a GET copy this node keeps of another owner's unit (cluster_copies.h): not
+  // repaired, not counted as a move, never sent. May be empty (no copies).
+  std::function<bool(const storage::Key&)> is_copy;
 };
 
 struct RepairStats {
@@ -81,6 +84,7 @@ class ClusterRepair {
   void Run();
   // One whole scan; true when it left work (a retry is due).
   bool Scan();
+  bool IsCopy(const storage::Key& key) const { return options_.is_copy && options_.is_copy(key); }
   // Sleeps until the budget allows `bytes` more; false when stopping.
   bool Pace(uint64_t bytes);
   bool WaitFor(uint64_t ms);  // false when stopping; wakes early on Trigger

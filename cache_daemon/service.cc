@@ -5,6 +5,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "cache_daemon/cluster_copies.h"
 #include "cluster/router.h"
 #include "common/endian.h"
 #include "common/key_spec.h"
@@ -212,7 +213,11 @@ std::vector<StatusCode> Service::Put(const Tenant& t, const wire::PutRequest& ar
     } else {
       // Written to the unit's owners; this node stores it only when it is one of them.
       std::optional<Status> local;
-      if (router_->OwnsLocally(k)) local = store_->Put(k, it.value, po);
+      const bool owner = router_->OwnsLocally(k);
+      if (owner) {
+        local = store_->Put(k, it.value, po);
+        if (copies_ != nullptr) copies_->Forget(k);  // the owner's unit now, not a copy
+      }
       cluster::PeerPut put;
       put.kind = args.kind;
       put.highest_tier = args.highest_tier;
@@ -224,6 +229,9 @@ std::vector<StatusCode> Service::Put(const Tenant& t, const wire::PutRequest& ar
       put.parent = po.parent;
       put.value = it.value;
       st = router_->Put(put, local);
+      // Replaced: this node's copy is never served again (dropped once the owners answered,
+      // so a fetch that starts later reads the new value; cluster_copies.h).
+      if (!owner && copies_ != nullptr) copies_->Drop(std::span<const storage::Key>(&k, 1));
     }
     codes.push_back(st.code());
     if (st.ok()) {
@@ -266,6 +274,9 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
     store_->GetBatch(std::span<const storage::Key>(keys).subspan(first, n), &values, &tiers,
                      &results, request);
     if (router_ != nullptr) {
+      const auto batch = std::span<const storage::Key>(keys).subspan(first, n);
+      // A copy that may not be served now (cluster_copies.h) is a miss, fetched again.
+      if (copies_ != nullptr) copies_->CheckHits(batch, &results);
       // Units this node does not hold are fetched from the peers that do.
       std::vector<bool> want(n, false);
       bool any = false;
@@ -274,10 +285,12 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
         any = any || want[j];
       }
       if (any) {
-        router_->GetRemote(std::span<const storage::Key>(keys).subspan(first, n), want, &results,
-                           &values);
+        const uint64_t fetch_started = copies_ != nullptr ? ClusterCopies::BeginFetch() : 0;
+        router_->GetRemote(batch, want, &results, &values);
         for (size_t j = 0; j < n; ++j) {
-          if (want[j] && results[j].ok()) tiers[j] = storage::Tier::kSsd;  // beyond this node
+          if (!want[j] || !results[j].ok()) continue;
+          tiers[j] = storage::Tier::kSsd;  // beyond this node
+          if (copies_ != nullptr) copies_->Keep(t.id, t.name, batch[j], values[j], fetch_started);
         }
       }
     }
@@ -323,6 +336,7 @@ uint32_t Service::Delete(const Tenant& t, std::span<const wire::Key> chain, uint
       *error = st;
     }
   }
+  if (copies_ != nullptr) copies_->Drop(keys);
   // Cluster: every live member too (a unit may also sit on a previous owner).
   if (router_ != nullptr) router_->DeleteRemote(keys, &existed);
   uint32_t deleted = static_cast<uint32_t>(std::count(existed.begin(), existed.end(), true));
@@ -340,7 +354,9 @@ Status Service::DeleteTenant(const Tenant& t) {
 
 Status Service::DeleteTenantLocal(const Tenant& t) {
   resp_index_.RemoveTenant(t.id);
-  return store_->DeleteTenant(t.id);
+  Status s = store_->DeleteTenant(t.id);
+  if (copies_ != nullptr) copies_->DropTenant(t.id, t.name);
+  return s;
 }
 
 std::string Service::StatsJson(const Tenant* t) const {

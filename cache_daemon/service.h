@@ -43,6 +43,7 @@ class Router;
 }
 
 namespace kvtier::daemon {
+class ClusterCopies;
 
 // RESP values are stored in an envelope (docs/format/wire.md): u8 kRespEnvelopeTag, u64 LE
 // absolute expiry in Unix ms (0: none), then the payload; or u8 kRespNamedEnvelopeTag, the
@@ -126,6 +127,9 @@ class Service {
   // go through router (cluster/router.h) beyond the local store; RESP stays per node. Call
   // once before serving; router must outlive the Service. Null (the default): one node.
   void SetRouter(cluster::Router* router) { router_ = router; }
+  // With SetRouter: units a GET fetched from peers are kept as copies (cluster_copies.h)
+  // and served locally; PUT and DELETE drop them. Null (the default): no copies.
+  void SetClusterCopies(ClusterCopies* copies) { copies_ = copies; }
   // The local part of DeleteTenant, for a peer's request (no forwarding).
   Status DeleteTenantLocal(const Tenant& t);
 
@@ -232,6 +236,7 @@ class Service {
 
   storage::TierManager* store_;
   cluster::Router* router_ = nullptr;
+  ClusterCopies* copies_ = nullptr;
   const TenantRegistry* tenants_;
   DaemonMetrics* metrics_;
   TraceWriter* trace_;

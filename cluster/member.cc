@@ -68,6 +68,7 @@ std::string EncodeMember(const MemberInfo& m) {
                       {"ssd_bytes", m.ssd_bytes},
                       {"draining", m.draining}};
   if (!m.admin_endpoint.empty()) j["admin_endpoint"] = m.admin_endpoint;
+  if (m.keeps_copies) j["keeps_copies"] = true;
   return j.dump();
 }
 
@@ -97,6 +98,10 @@ StatusOr<MemberInfo> DecodeMember(std::string_view text) {
   if (auto a = j.find("admin_endpoint"); a != j.end()) {
     if (!a->is_string()) return Status::Corruption("member record: admin_endpoint not a string");
     m.admin_endpoint = a->get<std::string>();
+  }
+  if (auto c = j.find("keeps_copies"); c != j.end()) {
+    if (!c->is_boolean()) return Status::Corruption("member record: keeps_copies not a boolean");
+    m.keeps_copies = c->get<bool>();
   }
   auto d = j.find("draining");
   m.draining = d != j.end() && d->is_boolean() && d->get<bool>();

@@ -28,6 +28,10 @@ struct MemberInfo {
   uint64_t dram_bytes = 0;  // per-tier capacity, the placement weight
   uint64_t ssd_bytes = 0;
   bool draining = false;  // `kvtier cluster drain`: owns nothing new, still serves
+  // Keeps copies of units it fetched for a GET ([cluster] get_copy_bytes_max > 0): a PUT
+  // through any node tells it to drop its copy of the key (docs/CLUSTER.md, "Copies"). Optional in
+  // the record (false when absent).
+  bool keeps_copies = false;
   // Placement weight: the capacity in GiB (at least 1/1024 so a tiny node is still placed);
   // 0 while draining.
   double Weight() const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/clock.h"
 #include "common/logging.h"
 
 namespace kvtier::cluster {
@@ -67,6 +68,7 @@ void Membership::Stop(bool revoke) {
     }
   }
   registered_.store(false);
+  lease_confirmed_ms_.store(0);
 }
 
 bool Membership::SleepFor(uint64_t ms, bool wake_on_update) {
@@ -140,6 +142,7 @@ void Membership::SessionLoop() {
         std::lock_guard lock(mu_);
         self = self_;
       }
+      const uint64_t sent_ms = DefaultSteadyClock().NowMs();
       Status put = etcd_.Put(key, EncodeMember(self), lease);
       if (!put.ok()) {
         NoteError();
@@ -147,17 +150,21 @@ void Membership::SessionLoop() {
         if (put.IsNotFound()) lease_id_.store(0);  // the lease expired meanwhile
         reachable_.store(!put.IsUnavailable());
         registered_.store(false);
+        lease_confirmed_ms_.store(0);
         if (!SleepFor(options_.retry_ms)) return;
         continue;
       }
       reachable_.store(true);
       registered_.store(true);
+      lease_confirmed_ms_.store(std::max<uint64_t>(sent_ms, 1));
     }
     if (!SleepFor(renew_ms, /*wake_on_update=*/true)) return;
     if (self_dirty_.load()) continue;
+    const uint64_t sent_ms = DefaultSteadyClock().NowMs();
     auto ttl = etcd_.LeaseKeepAlive(lease);
     if (ttl.ok()) {
       renewals_.fetch_add(1);
+      if (registered_.load()) lease_confirmed_ms_.store(std::max<uint64_t>(sent_ms, 1));
       reachable_.store(true);
       continue;
     }
@@ -167,6 +174,7 @@ void Membership::SessionLoop() {
                         << " expired; registering again";
       lease_id_.store(0);
       registered_.store(false);
+      lease_confirmed_ms_.store(0);
       reachable_.store(true);
       continue;
     }

@@ -83,6 +83,10 @@ class Membership {
   std::shared_ptr<const MemberView> View() const;
   MembershipStats Stats() const;
   bool etcd_reachable() const { return reachable_.load(std::memory_order_acquire); }
+  // Steady-clock ms (common/clock) at which the last successful lease write or keepalive was
+  // *sent*: etcd's lease cannot expire before this + lease_ttl_s. 0 while not registered.
+  // With Stats().registrations it fences what may only be served under a live lease.
+  uint64_t lease_confirmed_ms() const { return lease_confirmed_ms_.load(); }
   const MembershipOptions& options() const { return options_; }
 
   // Called (on the watcher thread) after every change of the view.
@@ -111,6 +115,7 @@ class Membership {
   std::atomic<bool> self_dirty_{false};
   std::atomic<uint64_t> renewals_{0}, registrations_{0}, errors_{0}, bad_records_{0}, dropped_{0};
   std::atomic<int64_t> lease_id_{0};
+  std::atomic<uint64_t> lease_confirmed_ms_{0};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

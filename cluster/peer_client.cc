@@ -258,6 +258,12 @@ StatusOr<std::vector<uint8_t>> PeerClient::Delete(const std::string& endpoint,
   return ByteReplyPerKey(endpoint, PeerOp::kDelete, keys, "peer DELETE reply");
 }
 
+Status PeerClient::DropCopies(const std::string& endpoint, std::span<const PeerKey> keys) {
+  Writer w;
+  PutKeys(keys, &w);
+  return Call(endpoint, PeerOp::kDropCopies, w.buffer()).status();
+}
+
 Status PeerClient::DeleteTenant(const std::string& endpoint, std::string_view tenant) {
   Writer w;
   PutText(tenant, &w);

@@ -59,6 +59,8 @@ class PeerClient {
   // One flag per key: 1 when it existed at the peer.
   StatusOr<std::vector<uint8_t>> Delete(const std::string& endpoint, std::span<const PeerKey> keys);
   Status DeleteTenant(const std::string& endpoint, std::string_view tenant);
+  // The peer drops its GET copies of keys (a PUT replaced them); OK when it did.
+  Status DropCopies(const std::string& endpoint, std::span<const PeerKey> keys);
 
  private:
   struct Conn;

@@ -325,6 +325,11 @@ void PeerServer::Execute(const Frame& frame, Writer* w) {
       daemon::wire::EncodeStatus(handler_->DeleteTenant(tenant), w);
       return;
     }
+    case PeerOp::kDropCopies: {
+      if (!GetKeys(&r, &keys) || r.remaining() != 0) return bad("malformed peer DROP_COPIES");
+      daemon::wire::EncodeStatus(handler_->DropCopies(keys), w);
+      return;
+    }
     default:
       return bad("unknown peer opcode");
   }

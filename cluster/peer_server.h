@@ -45,6 +45,12 @@ class PeerHandler {
   // One flag per key: 1 when it existed here.
   virtual StatusOr<std::vector<uint8_t>> Delete(std::span<const PeerKey> keys) = 0;
   virtual Status DeleteTenant(std::string_view tenant) = 0;
+  // Drops this node's GET copies of keys (docs/CLUSTER.md, "Copies"); never a unit held as
+  // an owner. The default is for handlers that keep no copies.
+  virtual Status DropCopies(std::span<const PeerKey> keys) {
+    (void)keys;
+    return Status::Ok();
+  }
 };
 
 struct PeerServerOptions {

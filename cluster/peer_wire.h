@@ -23,6 +23,8 @@
 //                  text tenant, key, parent key, u32 len, bytes   -> status
 //   DELETE         u32 n, n keys               -> status, u32 n, n x u8 (1: it existed)
 //   DELETE_TENANT  text tenant                 -> status
+//   DROP_COPIES    u32 n, n keys               -> status (the peer drops its GET copies of
+//                  the keys, never a unit it holds as an owner; docs/CLUSTER.md, "Copies")
 // (text = u16 length + bytes, at most kPeerTextBytesMax.)
 //
 // Thread safety: pure functions.
@@ -52,6 +54,7 @@ enum class PeerOp : uint8_t {
   kPut = 0x64,
   kDelete = 0x65,
   kDeleteTenant = 0x66,
+  kDropCopies = 0x67,
 };
 bool IsPeerOp(uint8_t opcode);
 

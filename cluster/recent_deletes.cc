@@ -57,14 +57,33 @@ void RecentDeletes::NoteTenant(std::string_view tenant) {
   }
 }
 
+bool RecentDeletes::NotedLocked(const PeerKey& key, std::string_view tenant) {
+  const uint64_t now = now_ms_();
+  ExpireLocked(now);
+  return now < refuse_all_until_ || keys_.contains(key) || tenants_.find(tenant) != tenants_.end();
+}
+
 bool RecentDeletes::RefusesRepair(const PeerKey& key, std::string_view tenant) {
+  std::lock_guard lock(mu_);
+  const bool refuse = NotedLocked(key, tenant);
+  if (refuse) ++refused_;
+  return refuse;
+}
+
+bool RecentDeletes::NotedSince(const PeerKey& key, std::string_view tenant, uint64_t since_ms) {
   std::lock_guard lock(mu_);
   const uint64_t now = now_ms_();
   ExpireLocked(now);
-  const bool refuse =
-      now < refuse_all_until_ || keys_.contains(key) || tenants_.find(tenant) != tenants_.end();
-  if (refuse) ++refused_;
-  return refuse;
+  if (now < refuse_all_until_) return true;
+  auto k = keys_.find(key);
+  if (k != keys_.end() && k->second >= since_ms) return true;
+  auto t = tenants_.find(tenant);
+  return t != tenants_.end() && t->second >= since_ms;
+}
+
+bool RecentDeletes::Noted(const PeerKey& key, std::string_view tenant) {
+  std::lock_guard lock(mu_);
+  return NotedLocked(key, tenant);
 }
 
 uint64_t RecentDeletes::refused() const {

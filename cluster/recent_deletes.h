@@ -43,12 +43,19 @@ class RecentDeletes {
   // True when a repair copy of `key` of `tenant` must be refused now.
   bool RefusesRepair(const PeerKey& key, std::string_view tenant);
   uint64_t refused() const;
+  // RefusesRepair without counting: true when key or tenant was noted within window_ms (or
+  // the set overflowed within it). The GET copies' fence (docs/CLUSTER.md, "Copies").
+  bool Noted(const PeerKey& key, std::string_view tenant);
+  // True when key or tenant was noted at or after since_ms (the clock's ms), or the set
+  // overflowed within the window. For GET copies' overwrite fence.
+  bool NotedSince(const PeerKey& key, std::string_view tenant, uint64_t since_ms);
 
   // Tests: the clock in ms (steady by default).
   void SetClockForTest(uint64_t (*now_ms)());
 
  private:
   void ExpireLocked(uint64_t now);
+  bool NotedLocked(const PeerKey& key, std::string_view tenant);
 
   RecentDeletesOptions options_;
   uint64_t (*now_ms_)();

@@ -218,13 +218,31 @@ Status Router::Put(const PeerPut& put, const std::optional<Status>& local) {
       first_error = *local;
     }
   }
-  for (const Status& s : CallAll(pool_.get(), std::move(calls))) {
-    if (s.ok()) {
+  std::vector<Status> done = CallAll(pool_.get(), std::move(calls));
+  for (size_t c = 0; c < remote_owners; ++c) {
+    if (done[c].ok()) {
       ++acks;
     } else {
       forwarded_put_failures_.fetch_add(1);
-      if (first_error.ok()) first_error = s;
+      if (first_error.ok()) first_error = done[c];
     }
+  }
+  // Then members that keep GET copies (and do not own the key) drop theirs, once the owners
+  // answered: a keeper's fetch that starts after its drop reads the new value, one that
+  // started before is not kept (docs/CLUSTER.md, "Copies").
+  std::vector<const MemberInfo*> keepers;
+  std::vector<std::function<Status()>> drops;
+  std::vector<PeerKey> one_key = {put.key};
+  for (size_t i = 0; i < view->members.size(); ++i) {
+    const MemberInfo& m = view->members[i];
+    if (!m.keeps_copies || m.node_id == self_id()) continue;
+    if (std::find(owners.begin(), owners.end(), i) != owners.end()) continue;
+    keepers.push_back(&m);
+    drops.emplace_back(
+        [this, ep = m.peer_endpoint, &one_key] { return peers_->DropCopies(ep, one_key); });
+  }
+  if (!keepers.empty()) {
+    InvalidatedCopies(put.key, *view, keepers, CallAll(pool_.get(), std::move(drops)), 0);
   }
   uint32_t live_owners = static_cast<uint32_t>(remote_owners) + (local.has_value() ? 1 : 0);
   uint32_t need =
@@ -233,6 +251,34 @@ Status Router::Put(const PeerPut& put, const std::optional<Status>& local) {
   if (acks >= need) return Status::Ok();
   puts_short_.fetch_add(1);
   return first_error.ok() ? Status::Unavailable("no owner acknowledged the put") : first_error;
+}
+
+void Router::InvalidatedCopies(const PeerKey& key, const MemberView& view,
+                               const std::vector<const MemberInfo*>& keepers,
+                               const std::vector<Status>& done, size_t first) {
+  std::vector<std::string> missed;
+  for (size_t k = 0; k < keepers.size(); ++k) {
+    copy_invalidations_.fetch_add(1);
+    if (!done[first + k].ok()) missed.push_back(keepers[k]->node_id);
+  }
+  if (missed.empty()) return;
+  copy_invalidation_failures_.fetch_add(missed.size());
+  peer_errors_.fetch_add(1);
+  if (tombstones_ == nullptr) return;
+  // A keeper that did not answer drops its copy from the tombstone log (its next catch-up,
+  // about a second, or before it registers again); every other member is named as having
+  // applied it, so the owners keep the value just written.
+  std::vector<std::string> applied_by;
+  for (const MemberInfo& m : view.members) {
+    if (std::find(missed.begin(), missed.end(), m.node_id) == missed.end()) {
+      applied_by.push_back(m.node_id);
+    }
+  }
+  if (std::find(applied_by.begin(), applied_by.end(), self_id()) == applied_by.end()) {
+    applied_by.push_back(self_id());
+  }
+  Status s = tombstones_->RecordKeys(std::span<const PeerKey>(&key, 1), applied_by);
+  if (!s.ok()) peer_errors_.fetch_add(1);
 }
 
 void Router::NoteLocalDeletes(std::span<const PeerKey> keys) {
@@ -304,6 +350,8 @@ RouterStats Router::stats() const {
   s.forwarded_put_failures = forwarded_put_failures_.load();
   s.puts_short_of_acks = puts_short_.load();
   s.peer_errors = peer_errors_.load();
+  s.copy_invalidations = copy_invalidations_.load();
+  s.copy_invalidation_failures = copy_invalidation_failures_.load();
   s.peer_calls_refused = pool_->refused();
   s.peer_calls_queued = pool_->queued();
   return s;

@@ -8,6 +8,9 @@
 //           one call per peer per batch, in parallel).
 //   PUT     written to every owner (the local store when this node is one); acknowledged
 //           when write_acks of them acknowledged (0: all live owners), at least one.
+//           Then members that keep GET copies (MemberInfo::keeps_copies) and do not own
+//           the key are told to drop their copy (all at once); one that does not answer gets a
+//           tombstone naming every other member (docs/CLUSTER.md, "Copies").
 //   DELETE  sent to every live member (a unit may sit on a previous owner); a tenant delete
 //           likewise.
 // Peer calls run at once, all peers in parallel, on a fixed pool of peer_call_threads with
@@ -53,8 +56,10 @@ struct RouterStats {
   uint64_t remote_gets = 0, remote_get_hits = 0, remote_get_bytes = 0;
   uint64_t forwarded_puts = 0, forwarded_put_failures = 0, puts_short_of_acks = 0;
   uint64_t peer_errors = 0;
-  uint64_t peer_calls_refused = 0;  // over peer_call_threads + peer_call_queue_max
-  uint64_t peer_calls_queued = 0;   // waiting for a thread now
+  uint64_t copy_invalidations = 0;          // deletes of a PUT's key sent to copy keepers
+  uint64_t copy_invalidation_failures = 0;  // of those, unanswered (left to a tombstone)
+  uint64_t peer_calls_refused = 0;          // over peer_call_threads + peer_call_queue_max
+  uint64_t peer_calls_queued = 0;           // waiting for a thread now
 };
 
 class Router {
@@ -97,6 +102,11 @@ class Router {
   // (node id, peer endpoint) of every other live member.
   std::vector<std::pair<std::string, std::string>> OtherMembers() const;
   void OnViewChange(const MemberView& view);
+  // Counts the copy invalidations of a PUT (done[first + k] answers keepers[k]) and records
+  // a tombstone of key for the keepers that did not answer.
+  void InvalidatedCopies(const PeerKey& key, const MemberView& view,
+                         const std::vector<const MemberInfo*>& keepers,
+                         const std::vector<Status>& done, size_t first);
 
   Membership* membership_;
   PeerClient* peers_;
@@ -107,7 +117,7 @@ class Router {
   std::shared_ptr<const MemberView> latest_;
   std::atomic<uint64_t> remote_lookups_{0}, remote_lookup_hits_{0}, remote_gets_{0},
       remote_get_hits_{0}, remote_get_bytes_{0}, forwarded_puts_{0}, forwarded_put_failures_{0},
-      puts_short_{0}, peer_errors_{0};
+      puts_short_{0}, peer_errors_{0}, copy_invalidations_{0}, copy_invalidation_failures_{0};
   std::unique_ptr<PeerCallPool> pool_;  // last member: its threads stop first
 };
 

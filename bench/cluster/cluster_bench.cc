@@ -10,8 +10,10 @@
 //     every 20 ms), the units and bytes the survivors copied, and the copy rate against
 //     repair_bytes_per_s and against the cross-node GET rate of phase 1.
 //
-//     Phase 1 runs twice: with plain TCP between the nodes, then with [cluster] peer_tls
-//     (mutual TLS, certificates made at start in the temporary directory).
+//     Phase 1 runs three times: with plain TCP between the nodes, then with [cluster] peer_tls
+//     (mutual TLS, certificates made at start in the temporary directory), then plain with
+//     GET copies on ([cluster] get_copy_bytes_max on B: its first round fetches and keeps
+//     copies, later rounds are served from them; docs/CLUSTER.md "Copies").
 //
 //   kvtier_bench_cluster [MiB per round] [rounds] [restore MiB] [repair bytes/s]
 //   (defaults 128 3 64 67108864)
@@ -212,14 +214,16 @@ int Restore(const std::filesystem::path& root, kt::EtcdProcess& etcd, size_t mib
 // Phase 1 (see the file comment) with nodes of their own key prefix: plain TCP between the
 // nodes, or mutual TLS with certificates from pki (tls). Fills the median local and
 // cross-node GB/s; false on an error.
+// copies: B keeps GET copies; *first_remote_gbps is its first round's cross-node rate.
 bool CrossNodeGet(const std::filesystem::path& root, kt::EtcdProcess& etcd, size_t units,
-                  int rounds, const kt::PeerPki* tls, double* local_gbps, double* remote_gbps) {
-  const std::string name = tls != nullptr ? "tls" : "plain";
-  std::string tls_keys;
+                  int rounds, const kt::PeerPki* tls, bool copies, double* local_gbps,
+                  double* remote_gbps, double* first_remote_gbps = nullptr) {
+  const std::string name = tls != nullptr ? "tls" : copies ? "copies" : "plain";
+  std::string tls_keys = copies ? "get_copy_bytes_max = 2147483648\n" : "";
   if (tls != nullptr) {
-    tls_keys = "peer_tls = true\npeer_tls_cert_file = \"" + tls->cert_file +
-               "\"\npeer_tls_key_file = \"" + tls->key_file + "\"\npeer_tls_ca_file = \"" +
-               tls->ca_file + "\"\n";
+    tls_keys += "peer_tls = true\npeer_tls_cert_file = \"" + tls->cert_file +
+                "\"\npeer_tls_key_file = \"" + tls->key_file + "\"\npeer_tls_ca_file = \"" +
+                tls->ca_file + "\"\n";
   }
   std::vector<std::unique_ptr<kt::KvtierdProcess>> nodes;
   for (int i = 0; i < 2; ++i) {
@@ -261,6 +265,16 @@ bool CrossNodeGet(const std::filesystem::path& root, kt::EtcdProcess& etcd, size
     std::printf("%s round %d: local %.3f GB/s, cross-node %.3f GB/s\n", name.c_str(), r,
                 local.back(), remote.back());
   }
+  if (first_remote_gbps != nullptr) *first_remote_gbps = remote.front();
+  if (copies) {
+    const std::string m = kt::HttpRequest(nodes[1]->http_port(), "GET", "/metrics");
+    std::printf("copies: B kept %.0f, served %.0f GET hits from them, fetched %.0f\n",
+                Metric(m, "kvtier_cluster_copy_kept_total"),
+                Metric(m, "kvtier_cluster_copy_hits_total"),
+                Metric(m, "kvtier_cluster_remote_get_hits_total"));
+    remote.erase(remote.begin());  // the median of the rounds served from the copies
+    if (remote.empty()) remote.push_back(-1);
+  }
   std::sort(local.begin(), local.end());
   std::sort(remote.begin(), remote.end());
   *local_gbps = local[local.size() / 2];
@@ -294,9 +308,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "etcd did not start\n");
     return 1;
   }
-  double l = 0, x = 0, lt = 0, xt = 0;
-  if (!CrossNodeGet(root, etcd, units, rounds, nullptr, &l, &x)) return 1;
-  if (!CrossNodeGet(root, etcd, units, rounds, &pki, &lt, &xt)) return 1;
+  double l = 0, x = 0, lt = 0, xt = 0, lc = 0, xc = 0, xc0 = 0;
+  if (!CrossNodeGet(root, etcd, units, rounds, nullptr, false, &l, &x)) return 1;
+  if (!CrossNodeGet(root, etcd, units, rounds, &pki, false, &lt, &xt)) return 1;
+  if (!CrossNodeGet(root, etcd, units, std::max(rounds, 2), nullptr, true, &lc, &xc, &xc0)) {
+    return 1;
+  }
   std::printf("units %zu x %zu bytes, batches of %zu, median of %d rounds\n", units, kUnitBytes,
               kBatch, rounds);
   std::printf(
@@ -307,5 +324,10 @@ int main(int argc, char** argv) {
       "local GET (TLS nodes)    %.3f GB/s\ncross-node GET over TLS  %.3f GB/s\n"
       "ratio                    %.2f\nTLS / plain cross-node   %.2f\n",
       lt, xt, xt / lt, xt / x);
+  std::printf(
+      "local GET (copy nodes)   %.3f GB/s\nthrough B, first round   %.3f GB/s (fetch + keep)\n"
+      "through B, from copies   %.3f GB/s (median of the later rounds)\n"
+      "copies / local           %.2f\ncopies / plain cross-node %.2f\n",
+      lc, xc0, xc, xc / lc, xc / x);
   return Restore(root, etcd, restore_mib, repair_bytes_per_s, x);
 }

@@ -65,6 +65,10 @@ TEST(ClusterConfigTest, BadValuesNameTheirKey) {
       {"replicas = 3", "replicas = 3\nrepair_bytes_per_s = 1023", "cluster.repair_bytes_per_s"},
       {"replicas = 3", "replicas = 3\nrepair_retry_ms = 5", "cluster.repair_retry_ms"},
       {"replicas = 3", "replicas = 3\nrepair_interval_s = 0", "cluster.repair_interval_s"},
+      {"replicas = 3", "replicas = 3\nget_copy_bytes_max = 1099511627777",
+       "cluster.get_copy_bytes_max"},
+      {"replicas = 3", "replicas = 3\nget_copy_ttl_ms = 999", "cluster.get_copy_ttl_ms"},
+      {"replicas = 3", "replicas = 3\nget_copy_ttl_ms = 3600001", "cluster.get_copy_ttl_ms"},
   };
   for (const auto& c : cases) {
     std::string text = kGood;

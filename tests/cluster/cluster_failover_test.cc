@@ -112,5 +112,71 @@ TEST_F(ClusterE2eTest, StoppedNodeRejoinsWithoutServingDeletedUnits) {
   }
 }
 
+// GET copies (docs/CLUSTER.md, "Copies"): a copy holder stopped past its lease misses the
+// overwrite made meanwhile (it is in no view, so nobody tells it); continued, it must not
+// serve its copies, not even to its local clients before it has re-registered.
+class ClusterCopiesFailoverTest : public ClusterE2eTest {
+ protected:
+  std::string ExtraClusterConfig(int /*i*/) override { return "get_copy_bytes_max = 8388608\n"; }
+  // Room for every size class of a session's units: copies are not evicted meanwhile.
+  uint64_t DramCapacityBytes(int /*i*/) const override { return 268435456; }
+};
+
+TEST_F(ClusterCopiesFailoverTest, CopyHolderStoppedPastItsLeaseServesNoCopy) {
+  auto writer = Connect(0, "tok-alice");
+  ASSERT_NE(writer, nullptr);
+  auto old_values = PutSession(writer.get(), "stop");
+  auto reader = Connect(2, "tok-alice");
+  ASSERT_NE(reader, nullptr);
+  // One GET per unit: the ones n2 fetched from a peer are the ones it now holds as copies.
+  auto chain = Chain("stop");
+  std::vector<int> copies;
+  for (int i = 0; i < kUnits; ++i) {
+    const double before = Metric(Metrics(2), "kvtier_cluster_remote_get_hits_total");
+    std::vector<std::vector<uint8_t>> got;
+    std::vector<bool> found;
+    ASSERT_TRUE(reader->GetCopy(std::span<const Key>(&chain[i], 1), &got, &found).ok());
+    ASSERT_TRUE(found[0] && got[0] == old_values[i]);
+    if (Metric(Metrics(2), "kvtier_cluster_remote_get_hits_total") > before) copies.push_back(i);
+  }
+  ASSERT_FALSE(copies.empty());
+  ASSERT_EQ(Metric(Metrics(2), "kvtier_cluster_copy_units"), copies.size());
+
+  nodes_[2]->Signal(SIGSTOP);
+  ASSERT_TRUE(
+      kt::WaitFor([&] { return Metric(Metrics(0), "kvtier_cluster_members") == 2; }, 10000));
+  // The overwrite: new values for every unit, through n0, while n2 is gone.
+  std::mt19937 rng(99);
+  std::vector<std::vector<uint8_t>> new_values(kUnits);
+  std::vector<PutUnit> units(kUnits);
+  for (int i = 0; i < kUnits; ++i) {
+    new_values[i].resize(old_values[i].size());
+    for (auto& b : new_values[i]) b = static_cast<uint8_t>(rng());
+    units[i].key = chain[i];
+    if (i > 0) units[i].parent = chain[i - 1];
+    units[i].value = new_values[i];
+  }
+  auto st = writer->Put(units, {});
+  ASSERT_TRUE(st.ok());
+  for (const auto& s : *st) ASSERT_TRUE(s.ok()) << s.message();
+
+  nodes_[2]->Signal(SIGCONT);
+  // At once (before n2 notices its lease is gone), then after it has re-registered.
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) {
+      ASSERT_TRUE(kt::WaitFor(
+          [&] { return Metric(Metrics(2), "kvtier_cluster_registrations_total") >= 2; }, 15000));
+    }
+    for (int i : copies) {
+      std::vector<std::vector<uint8_t>> got;
+      std::vector<bool> found;
+      ASSERT_TRUE(reader->GetCopy(std::span<const Key>(&chain[i], 1), &got, &found).ok());
+      EXPECT_FALSE(found[0] && got[0] == old_values[i])
+          << "pass " << pass << ": unit " << i << " served from a stale copy";
+    }
+  }
+  EXPECT_GE(Metric(Metrics(2), "kvtier_cluster_copy_drop_alls_total"), 1);
+}
+
 }  // namespace
 }  // namespace kvtier::cluster

@@ -86,13 +86,15 @@ class ClusterE2eTest : public ::testing::Test {
 
   // Node i's SSD capacity (its placement weight with the 16 MiB of DRAM); tests may vary it.
   virtual uint64_t SsdCapacityBytes(int /*i*/) const { return 268435456; }
+  // Node i's DRAM tier (4 MiB slab pages: 16 MiB holds units of at most 4 size classes).
+  virtual uint64_t DramCapacityBytes(int /*i*/) const { return 16777216; }
   // More [cluster] keys for node i ("key = value\n" lines); tests may add them.
   virtual std::string ExtraClusterConfig(int /*i*/) { return ""; }
 
   bool StartNode(int i) {
     std::string cfg =
-        "[storage]\ndram_capacity_bytes = 16777216\nssd_capacity_bytes = " +
-        std::to_string(SsdCapacityBytes(i)) +
+        "[storage]\ndram_capacity_bytes = " + std::to_string(DramCapacityBytes(i)) +
+        "\nssd_capacity_bytes = " + std::to_string(SsdCapacityBytes(i)) +
         "\n"
         "ssd_segment_bytes = 16777216\ndurability = \"sync\"\n"
         "[auth]\ntokens_file = \"" +

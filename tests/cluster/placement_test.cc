@@ -157,6 +157,16 @@ TEST(MemberTest, RecordsRoundTripAndHostileOnesAreRefused) {
   ASSERT_TRUE(old.ok()) << old.status().message();
   EXPECT_EQ(old->admin_endpoint, "");
   EXPECT_TRUE(old->draining);
+  // keeps_copies: optional (false when absent), round-trips, must be a boolean.
+  EXPECT_FALSE(old->keeps_copies);
+  m.keeps_copies = true;
+  back = DecodeMember(EncodeMember(m));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_TRUE(back->keeps_copies);
+  EXPECT_TRUE(DecodeMember(R"({"node_id":"a","peer_endpoint":"127.0.0.1:1","failure_domain":"",
+      "dram_bytes":1,"ssd_bytes":0,"keeps_copies":1})")
+                  .status()
+                  .IsCorruption());
   for (const char* bad : {R"("admin_endpoint":7)", R"("admin_endpoint":"127.0.0.1:0")",
                           R"("admin_endpoint":"https://x:1")"}) {
     EXPECT_TRUE(DecodeMember(std::string(R"({"node_id":"a","peer_endpoint":"127.0.0.1:1",)") +

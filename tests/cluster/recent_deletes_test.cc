@@ -34,6 +34,25 @@ TEST(RecentDeletes, RefusesACopyOfAKeyDeletedWithinTheWindowOnly) {
   EXPECT_EQ(fence.refused(), 2u);
 }
 
+// The GET copies' overwrite fence: only a note at or after the fetch began refuses it, and
+// Noted / NotedSince do not count as refused repair copies.
+TEST(RecentDeletes, NotedSinceRefusesOnlyFetchesThatBeganBeforeTheNote) {
+  g_now_ms = 1000;
+  RecentDeletes fence(RecentDeletesOptions{.window_ms = 100, .keys_max = 16});
+  fence.SetClockForTest(FakeNow);
+  const PeerKey k = K(3);
+  fence.NoteKeys(std::span<const PeerKey>(&k, 1));   // noted at 1000
+  EXPECT_TRUE(fence.NotedSince(k, "alice", 1000));   // began at the note: refused
+  EXPECT_TRUE(fence.NotedSince(k, "alice", 990));    // began before it: refused
+  EXPECT_FALSE(fence.NotedSince(k, "alice", 1001));  // began after it: read the new value
+  EXPECT_FALSE(fence.NotedSince(K(4), "alice", 0));
+  EXPECT_TRUE(fence.Noted(k, "alice"));
+  fence.NoteTenant("bob");
+  EXPECT_TRUE(fence.NotedSince(K(4), "bob", 1000));
+  EXPECT_FALSE(fence.NotedSince(K(4), "bob", 1001));
+  EXPECT_EQ(fence.refused(), 0u);
+}
+
 TEST(RecentDeletes, ANoteAgainRestartsTheWindow) {
   g_now_ms = 1000;
   RecentDeletes fence(RecentDeletesOptions{.window_ms = 100, .keys_max = 16});

@@ -135,6 +135,7 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
   o.storage.ssd_capacity_bytes = 4ull << 30;
   KVTIER_ASSIGN_OR_RETURN(toml::table root, ParseToml(text));
   std::string durability = "batched";
+  std::string eviction_structure = "plain";
   std::map<std::string, Setter> keys = {
       {"server.data_dir", StringKey("server.data_dir", &o.data_dir)},
       {"server.socket", StringKey("server.socket", &o.socket_path)},
@@ -195,6 +196,7 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
       {"storage.ssd_capacity_bytes",
        UintKey("storage.ssd_capacity_bytes", &o.storage.ssd_capacity_bytes)},
       {"storage.durability", StringKey("storage.durability", &durability)},
+      {"storage.eviction_structure", StringKey("storage.eviction_structure", &eviction_structure)},
       {"storage.group_commit_ms", UintKey("storage.group_commit_ms", &o.storage.group_commit_ms)},
       {"storage.max_value_bytes", UintKey("storage.max_value_bytes", &o.storage.max_value_bytes)},
       {"storage.ssd_segment_bytes",
@@ -266,6 +268,9 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
     }
   }
   KVTIER_ASSIGN_OR_RETURN(o.storage.durability, ParseDurability(durability));
+  auto structure = policies::ParseStructure(eviction_structure);
+  if (!structure.ok()) return Bad("storage.eviction_structure", "expected \"plain\" or \"prefix\"");
+  o.storage.eviction_structure = *structure;
   return o;
 }
 

@@ -183,16 +183,17 @@ StatusOr<UnitTrace> BuildUnitTrace(const Trace& trace, const UnitMapping& mappin
 
 namespace {
 
-// One tier: an eviction policy, a capacity, and the Belady hook when the policy is Belady.
+// One tier: an eviction policy (under the prefix layer with kPrefix), a capacity, and the
+// Belady hook when the policy is Belady.
 struct Tier {
   std::unique_ptr<EvictionPolicy> policy;
   BeladyPolicy* belady = nullptr;
+  policies::PrefixLayer* layer = nullptr;  // kPrefix: `policy` itself
   uint64_t capacity = 0;
-  std::vector<uint32_t> cached_children;  // kPrefix: per unit, its children cached here
 };
 
 StatusOr<Tier> MakeTier(const std::string& name, const policies::PolicyParams& params,
-                        uint64_t capacity,
+                        uint64_t capacity, Structure structure,
                         const std::function<std::unique_ptr<EvictionPolicy>()>& factory = {}) {
   Tier t;
   t.capacity = capacity;
@@ -206,6 +207,7 @@ StatusOr<Tier> MakeTier(const std::string& name, const policies::PolicyParams& p
   } else {
     KVTIER_ASSIGN_OR_RETURN(t.policy, policies::MakeEvictionPolicy(name, params));
   }
+  t.policy = policies::WithStructure(std::move(t.policy), structure, &t.layer);
   t.policy->OnCapacity(capacity);
   return t;
 }
@@ -218,25 +220,7 @@ class Replay {
         options_(options),
         dram_(std::move(dram)),
         ssd_(std::move(ssd)),
-        admission_(std::move(admission)),
-        last_next_(trace.parent.size(), UnitTrace::kNoNext) {
-    if (options_.structure == Structure::kPrefix) {
-      dram_.cached_children.assign(trace.parent.size(), 0);
-      in_request_.assign(trace.parent.size(), 0);
-      ssd_.cached_children.assign(trace.parent.size(), 0);
-      // Children lists (CSR) for the deepest-descendant walk.
-      child_begin_.assign(trace.parent.size() + 1, 0);
-      for (uint32_t p : trace.parent) {
-        if (p != 0) ++child_begin_[p];
-      }
-      for (size_t u = 1; u < child_begin_.size(); ++u) child_begin_[u] += child_begin_[u - 1];
-      children_.resize(child_begin_.back());
-      std::vector<uint32_t> fill(child_begin_.begin(), child_begin_.end() - 1);
-      for (uint32_t u = 0; u < trace.parent.size(); ++u) {
-        if (trace.parent[u] != 0) children_[fill[trace.parent[u] - 1]++] = u;
-      }
-    }
-  }
+        admission_(std::move(admission)) {}
 
   SimResult Run();
 
@@ -253,39 +237,41 @@ class Replay {
   // tier does: storage::RequestTag), not at every request.
   EvictionPolicy* Ssd() {
     if (ssd_request_ != request_key_) {
-      ssd_.policy->OnRequest(now_us_);
+      Begin(ssd_);
       ssd_request_ = request_key_;
     }
     return ssd_.policy.get();
   }
-  void Hint(Tier& tier, uint32_t u) {
-    if (tier.belady != nullptr) tier.belady->SetNextAccess(u + 1ull, last_next_[u]);
+  // The running request begins (or resumes) for the tier's policy. A Mooncake request (one
+  // record, no request id) names its units up front, and the layer may give back as many.
+  void Begin(Tier& tier) {
+    if (tier.layer != nullptr) {
+      tier.layer->BeginRequest(request_key_, now_us_, request_units_);
+    } else {
+      tier.policy->OnRequest(now_us_);
+    }
+  }
+  // A reference to unit u whose next read is `next`: Belady (either tier) takes it at the
+  // unit's next OnInsert / OnAccess, whenever that comes (the prefix layer may hold an access
+  // back or give a victim back later).
+  void Refer(uint32_t u, uint32_t next) {
+    if (dram_.belady != nullptr) dram_.belady->SetNextAccess(u + 1ull, next);
+    if (ssd_.belady != nullptr) ssd_.belady->SetNextAccess(u + 1ull, next);
   }
   void InsertInto(Tier& tier, uint32_t u, bool demote_victims);
   void Demote(ObjectId victim);
-  // kPrefix: the cached-children counts follow every insert and removal.
-  void Track(Tier& tier, uint32_t u, int delta) {
-    if (tier.cached_children.empty() || trace_.parent[u] == 0) return;
-    uint32_t& n = tier.cached_children[trace_.parent[u] - 1];
-    n = delta > 0 ? n + 1 : n - 1;
-  }
-  // kPrefix: the policy chose `victim` (already forgotten by it); returns the unit to evict.
-  ObjectId LeafFirst(Tier& tier, ObjectId victim);
   void RunPrefixRequest(const UnitTrace::Request& r);
 
   const UnitTrace& trace_;
   const SimOptions& options_;
   Tier dram_, ssd_;
   std::unique_ptr<AdmissionPolicy> admission_;
-  std::vector<uint32_t> last_next_;               // per unit: next read after the latest reference
-  std::vector<uint32_t> child_begin_, children_;  // kPrefix: children of unit u
-  std::vector<uint8_t> outcome_;                  // kPrefix: per ref of a request
-  std::vector<uint32_t> in_request_;  // kPrefix: per unit, stamp of the last request using it
-  uint32_t request_stamp_ = 0, request_units_ = 0;
+  std::vector<uint8_t> outcome_;  // kPrefix: per ref of a request
   uint64_t now_us_ = 0;
   // The running request (its trace id, or a fresh key for a record without one) and the last
   // one the SSD policy was told of (Ssd()).
   uint64_t request_key_ = 0, ssd_request_ = 0;
+  size_t request_units_ = 0;       // a request without an id: its units (PrefixLayer's units_hint)
   std::vector<uint32_t> promote_;  // kPlain: SSD hits of the record, promoted at its end
   SimResult res_;
 };
@@ -294,55 +280,14 @@ void Replay::InsertInto(Tier& tier, uint32_t u, bool demote_victims) {
   if (tier.capacity == 0) return;
   if (&tier == &ssd_) (void)Ssd();
   tier.policy->OnMiss(u + 1ull, now_us_);
-  // Bounded: each Evict removes one tracked object.
-  uint64_t given_back = 0;
+  // Bounded: each Evict removes one tracked object (kPrefix: the layer's held units and
+  // leaf-first swaps happen inside Evict).
   while (tier.policy->Size() >= tier.capacity) {
     std::optional<ObjectId> victim = tier.policy->Evict(now_us_);
     if (!victim) break;
-    if (!tier.cached_children.empty()) {
-      // kPrefix: the running request holds its units (as an engine does while it runs); a
-      // victim among them is given back, at most once per unit of the request.
-      const uint32_t v = static_cast<uint32_t>(*victim - 1);
-      if (in_request_[v] == request_stamp_ && given_back < request_units_) {
-        ++given_back;
-        tier.policy->OnRemove(*victim);  // forget any ghost entry
-        Hint(tier, v);
-        tier.policy->OnInsert(Info(v), now_us_);
-        continue;
-      }
-      victim = LeafFirst(tier, *victim);
-    }
-    Track(tier, static_cast<uint32_t>(*victim - 1), -1);
     if (demote_victims) Demote(*victim);
   }
-  Hint(tier, u);
   tier.policy->OnInsert(Info(u), now_us_);
-  Track(tier, u, +1);
-}
-
-ObjectId Replay::LeafFirst(Tier& tier, ObjectId victim) {
-  uint32_t v = static_cast<uint32_t>(victim - 1);
-  if (tier.cached_children[v] == 0) return victim;
-  // Bounded by the chain's depth; each step scans one unit's children.
-  uint32_t leaf = v;
-  while (tier.cached_children[leaf] > 0) {
-    uint32_t next = leaf;
-    for (uint32_t k = child_begin_[leaf]; k < child_begin_[leaf + 1]; ++k) {
-      if (tier.policy->Contains(children_[k] + 1ull)) {
-        next = children_[k];
-        break;
-      }
-    }
-    if (next == leaf) break;  // counts and policy disagree: cannot happen, stop safely
-    leaf = next;
-  }
-  if (leaf == v) return victim;
-  ++res_.leaf_swaps;
-  tier.policy->OnRemove(leaf + 1ull);
-  tier.policy->OnRemove(victim);  // forget any ghost entry: the victim stays cached
-  Hint(tier, v);
-  tier.policy->OnInsert(Info(v), now_us_);
-  return leaf + 1ull;
 }
 
 void Replay::Demote(ObjectId victim) {
@@ -366,8 +311,10 @@ SimResult Replay::Run() {
     now_us_ = r.ts_ms * 1000;
     if (r.request == 0 || r.request != last_request) {
       ++res_.requests;
-      dram_.policy->OnRequest(now_us_);
       request_key_ = r.request != 0 ? r.request : (uint64_t{1} << 63) + res_.requests;
+      const bool read = r.op == TraceOp::kGet || r.op == TraceOp::kLookup;
+      request_units_ = r.request == 0 && read ? r.num_refs : 0;
+      Begin(dram_);
     }
     last_request = r.request;
     if (options_.structure == Structure::kPrefix && r.op != TraceOp::kDelete &&
@@ -391,17 +338,14 @@ SimResult Replay::Run() {
         options_.progress(static_cast<double>(done) / static_cast<double>(total));
       }
       if (r.op == TraceOp::kDelete) {
-        if (dram_.policy->Contains(id)) Track(dram_, u, -1);
-        if (ssd_.capacity > 0 && ssd_.policy->Contains(id)) Track(ssd_, u, -1);
         dram_.policy->OnRemove(id);
         if (ssd_.capacity > 0) ssd_.policy->OnRemove(id);
         continue;
       }
-      last_next_[u] = trace_.next_ref[t];
+      Refer(u, trace_.next_ref[t]);
       if (r.op == TraceOp::kPut) {
         if (dram_.policy->Contains(id)) {
           dram_.policy->OnRemove(id);  // the put replaces it
-          Track(dram_, u, -1);
           InsertInto(dram_, u, true);
         } else if (!(ssd_.capacity > 0 && ssd_.policy->Contains(id))) {
           InsertInto(dram_, u, true);
@@ -409,7 +353,6 @@ SimResult Replay::Run() {
           // A new version of a unit on SSD: it goes to DRAM and the old SSD copy is removed.
           InsertInto(dram_, u, true);
           if (ssd_.policy->Contains(id)) {  // not evicted by the insert's own demotions
-            Track(ssd_, u, -1);
             ssd_.policy->OnRemove(id);
           }
         }
@@ -420,11 +363,9 @@ SimResult Replay::Run() {
       bool hit = true;
       if (dram_.policy->Contains(id)) {
         ++res_.dram_hits;
-        Hint(dram_, u);
         dram_.policy->OnAccess(id, now_us_);
       } else if (ssd_.capacity > 0 && ssd_.policy->Contains(id)) {
         ++res_.ssd_hits;
-        Hint(ssd_, u);
         Ssd()->OnAccess(id, now_us_);
         promote_.push_back(u);  // promoted at the end of the record (below)
       } else {
@@ -450,22 +391,22 @@ SimResult Replay::Run() {
     promote_.clear();
   }
   if (options_.progress) options_.progress(1.0);
+  for (const Tier* tier : {&dram_, &ssd_}) {
+    if (tier->layer != nullptr) res_.leaf_swaps += tier->layer->leaf_swaps();
+  }
   return res_;
 }
 
 void Replay::RunPrefixRequest(const UnitTrace::Request& r) {
   enum : uint8_t { kPartial, kDramHit, kSsdHit, kMiss };
   outcome_.assign(r.num_refs, kMiss);
-  ++request_stamp_;  // wraps after 2^32 requests: a stale stamp only gives back one victim
-  request_units_ = r.num_refs;
   bool prefix_alive = true;
   // Lookups in prefix order: what the engine finds cached when the request arrives.
   for (uint32_t k = 0; k < r.num_refs; ++k) {
     const uint32_t t = r.first_ref + k;
     const uint32_t u = trace_.unit[t];
     const ObjectId id = u + 1ull;
-    last_next_[u] = trace_.next_ref[t];
-    in_request_[u] = request_stamp_;
+    Refer(u, trace_.next_ref[t]);
     ++res_.read_refs;
     admission_->OnLookup(id, now_us_);
     uint8_t o = kMiss;
@@ -490,15 +431,14 @@ void Replay::RunPrefixRequest(const UnitTrace::Request& r) {
       prefix_alive = false;
     }
   }
-  // Hits first, deepest first, so the request's root is its most recently touched hit; then
-  // the misses are inserted, deepest first. Inserts never evict this request's units (above).
-  for (uint32_t k = r.num_refs; k-- > 0;) {
+  // Hits first, in prefix order: the layer delivers them deepest first, so the request's root
+  // is its most recently touched hit. Then the misses are inserted, deepest first; the layer
+  // holds this request's units meanwhile.
+  for (uint32_t k = 0; k < r.num_refs; ++k) {
     const uint32_t u = trace_.unit[r.first_ref + k];
     if (outcome_[k] == kDramHit) {
-      Hint(dram_, u);
       dram_.policy->OnAccess(u + 1ull, now_us_);
     } else if (outcome_[k] == kSsdHit) {
-      Hint(ssd_, u);
       Ssd()->OnAccess(u + 1ull, now_us_);
     }
   }
@@ -514,7 +454,6 @@ void Replay::RunPrefixRequest(const UnitTrace::Request& r) {
     const uint32_t above = trace_.unit[r.first_ref + k - 1];
     if (dram_.policy->Contains(u + 1ull) && !dram_.policy->Contains(above + 1ull)) {
       dram_.policy->OnRemove(u + 1ull);
-      Track(dram_, u, -1);
       ++res_.orphans_dropped;
     }
   }
@@ -525,10 +464,10 @@ void Replay::RunPrefixRequest(const UnitTrace::Request& r) {
 StatusOr<SimResult> Simulate(const UnitTrace& trace, const SimOptions& options) {
   KVTIER_ASSIGN_OR_RETURN(
       Tier dram, MakeTier(options.policy, options.policy_params, options.dram_capacity_units,
-                          options.dram_policy_factory));
+                          options.structure, options.dram_policy_factory));
   KVTIER_ASSIGN_OR_RETURN(
       Tier ssd, MakeTier(options.ssd_policy, options.ssd_policy_params, options.ssd_capacity_units,
-                         options.ssd_policy_factory));
+                         options.structure, options.ssd_policy_factory));
   KVTIER_ASSIGN_OR_RETURN(
       auto admission, policies::MakeAdmissionPolicy(options.admission, options.admission_params));
   if (options.price_uncached_per_mtok < 0) {

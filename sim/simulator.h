@@ -25,18 +25,17 @@
 //    cache can use nothing after the first miss).
 //  * Belady (policy name "belady") gets each reference's next-access index from the trace.
 //  * Structure (SimOptions::structure). kPlain is the replay above (libCacheSim's, exact).
-//    kPrefix is the prefix layer every policy runs under for a fair comparison:
+//    kPrefix is the prefix layer every policy runs under for a fair comparison; each tier's
+//    policy is wrapped in policies::PrefixLayer (hits deepest first, the running request held,
+//    leaf-first victims: policies/prefix_layer/prefix_layer.h), the live tiers' code, told
+//    of requests by BeginRequest(request key), and the replay adds the owner's part:
 //      - a partial unit (fewer tokens than a whole unit: a request's last block) is never
 //        cached; it is a miss every time, as in engines that cache whole blocks only;
-//      - a request's units are looked up in prefix order (hits, misses and the prefix-token
-//        count as above), then the policy is told deepest first: OnAccess for the hits, then
-//        inserts for the misses, so the root is the request's most recently touched hit;
-//        while the request runs its units are held: a victim among them is given back to
-//        the policy (OnRemove + OnInsert, at most once per unit of the request); if one is
-//        evicted all the same, its cached descendants in the request are dropped (OnRemove);
-//      - leaf-first: when a policy's victim has cached children, the layer evicts the victim's
-//        deepest cached descendant instead and gives the victim back to the policy
-//        (OnRemove + OnInsert), so what stays cached in a tier is closed under prefixes.
+//      - a read request's units are looked up in prefix order (hits, misses and the
+//        prefix-token count as above), then its hits are reported in prefix order (the layer
+//        delivers them deepest first), then its misses are inserted deepest first;
+//      - a unit of the request whose parent in the request was evicted all the same (the
+//        request outgrew what the layer gives back) is dropped at the request's end (OnRemove).
 //  * Recompute cost: ObjectInfo::recompute_tokens is the unit's tokens weighted by attention
 //    over its prefix, tokens x (1 + prefix_tokens / kAttentionTokens), so deeper units cost more.
 //
@@ -50,6 +49,7 @@
 
 #include "common/status.h"
 #include "policies/policy.h"
+#include "policies/prefix_layer/prefix_layer.h"
 #include "sim/trace.h"
 
 namespace kvtier::sim {
@@ -91,7 +91,9 @@ StatusOr<UnitTrace> BuildUnitTrace(const Trace& trace, const UnitMapping& mappin
 // Prefix length at which attention doubles a token's recompute cost (cost model above).
 inline constexpr uint64_t kAttentionTokens = 32768;
 
-enum class Structure : uint8_t { kPlain, kPrefix };
+// kPrefix runs each tier's policy under policies::PrefixLayer, as the live tiers do under
+// TierManagerOptions::eviction_structure.
+using Structure = policies::Structure;
 
 struct SimOptions {
   Structure structure = Structure::kPlain;

@@ -231,6 +231,7 @@ class MemoryTier::Impl {
       KVTIER_ASSIGN_OR_RETURN(policy_,
                               policies::MakeEvictionPolicy(o_.eviction_policy, o_.policy_params));
     }
+    policy_ = policies::WithStructure(std::move(policy_), o_.structure, &layer_);
     return Status::Ok();
   }
 
@@ -393,7 +394,7 @@ class MemoryTier::Impl {
     std::vector<std::pair<Key, MemMeta>> all;
     ForEach([&](const Key& k, const MemMeta& m) { all.emplace_back(k, m); });
     std::lock_guard lock(policy_mu_);
-    policy_ = std::move(policy);
+    policy_ = policies::WithStructure(std::move(policy), o_.structure, &layer_);
     capacity_told_ = false;
     current_request_ = 0;
     id_to_key_.clear();
@@ -443,7 +444,11 @@ class MemoryTier::Impl {
   uint64_t Enter(const RequestTag* request) {
     if (request == nullptr || request->id == 0) return clock_->NowUs();
     if (request->id != current_request_) {
-      policy_->OnRequest(request->now_us);
+      if (layer_ != nullptr) {
+        layer_->BeginRequest(request->id, request->now_us);
+      } else {
+        policy_->OnRequest(request->now_us);
+      }
       current_request_ = request->id;
     }
     return request->now_us;
@@ -472,6 +477,7 @@ class MemoryTier::Impl {
   std::vector<Shard> shards_;
   std::mutex policy_mu_;
   std::unique_ptr<policies::EvictionPolicy> policy_;
+  policies::PrefixLayer* layer_ = nullptr;  // policy_ itself under Structure::kPrefix
   std::unordered_map<policies::ObjectId, Key> id_to_key_;
   std::unordered_set<Key, KeyHash> untracked_;
   bool capacity_told_ = false;    // OnCapacity given to this policy instance

@@ -27,6 +27,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "policies/policy.h"
+#include "policies/prefix_layer/prefix_layer.h"
 #include "storage/tier_manager.h"
 
 namespace kvtier::storage {
@@ -43,6 +44,9 @@ struct MemoryTierOptions {
   uint32_t shards = 16;  // clamped to [1, 256]
   std::string eviction_policy = "lru";
   policies::PolicyParams policy_params;
+  // kPrefix: the policy runs under policies::PrefixLayer (also after SetPolicy), told of each
+  // request by BeginRequest(RequestTag::id).
+  policies::Structure structure = policies::Structure::kPlain;
   // Tests: when set, makes this tier's policy instead of eviction_policy (SetPolicy still
   // switches to a named one).
   std::function<std::unique_ptr<policies::EvictionPolicy>()> eviction_policy_factory;

@@ -78,6 +78,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "policies/policy.h"
+#include "policies/prefix_layer/prefix_layer.h"
 #include "storage/block_device.h"
 #include "storage/tier_manager.h"
 
@@ -112,6 +113,9 @@ struct SsdOptions {
   uint32_t compression_sample_bytes = 4096;
   std::string eviction_policy = "lru";
   policies::PolicyParams policy_params;
+  // kPrefix: the policy runs under policies::PrefixLayer (also after SetPolicy), told of each
+  // request by BeginRequest(RequestTag::id), as a memory tier's.
+  policies::Structure structure = policies::Structure::kPlain;
   // Tests: when set, makes the policy instead of eviction_policy (SetPolicy still switches to
   // a named one).
   std::function<std::unique_ptr<policies::EvictionPolicy>()> eviction_policy_factory;

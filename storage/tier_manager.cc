@@ -419,6 +419,7 @@ Status TierManagerImpl::Init() {
     mo.mlock = o_.dram_mlock;
     mo.eviction_policy = o_.eviction_policy;
     mo.policy_params = o_.policy_params;
+    mo.structure = o_.eviction_structure;
     mo.eviction_policy_factory = o_.eviction_policy_factory;
     mo.clock = clock_;
     return MemoryTier::Create(mo);
@@ -441,6 +442,7 @@ Status TierManagerImpl::Init() {
     so.group_commit_ms = o_.group_commit_ms;
     so.eviction_policy = o_.eviction_policy;
     so.policy_params = o_.policy_params;
+    so.structure = o_.eviction_structure;
     so.eviction_policy_factory = o_.ssd_eviction_policy_factory;
     so.clock = clock_;
     // Warm restart: the SSD tier loads its index in the background and reports what it
@@ -1020,8 +1022,22 @@ void TierManagerImpl::GetBatchImpl(std::span<const Key> keys, const RequestTag& 
   if (promote.empty() || (!dram_ && !hbm_)) return;
   std::unique_lock lock(mu_, std::try_to_lock);  // never make a reader wait to promote
   if (!lock.owns_lock()) return;
+  // Under the prefix layer deepest first, as the simulator inserts a request's units.
+  if (o_.eviction_structure == policies::Structure::kPrefix) {
+    std::reverse(promote.begin(), promote.end());
+  }
   for (size_t i : promote) {
     PromoteLocked(request, keys[i], read.value(ssd_slot[i]), read.meta(ssd_slot[i]));
+  }
+  if (o_.eviction_structure != policies::Structure::kPrefix) return;
+  // As the simulator under the prefix layer: a unit of the batch whose predecessor in it the
+  // promotions evicted after all (the request outgrew what the layer gives back) leaves the
+  // tier, since a cached unit whose prefix is gone is of no use.
+  MemoryTier* mem = dram_ ? dram_.get() : hbm_.get();
+  for (size_t k = 1; k < n; ++k) {
+    if (WritingLocked(keys[k]) || !mem->Contains(keys[k]) || mem->Contains(keys[k - 1])) continue;
+    (void)mem->Remove(keys[k], &request);
+    DroppedLocked(keys[k], MissReason::kEvicted);  // unless another tier still holds it
   }
 }
 

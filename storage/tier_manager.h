@@ -54,6 +54,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "policies/policy.h"
+#include "policies/prefix_layer/prefix_layer.h"
 
 namespace kvtier::storage {
 
@@ -122,6 +123,10 @@ struct TierManagerOptions {
   std::string eviction_policy = "lru";
   std::string admission_policy = "admit-all";
   policies::PolicyParams policy_params;
+  // kPrefix: every tier's eviction policy runs under the prefix layer
+  // (policies/prefix_layer/prefix_layer.h: hits deepest first, the running request held,
+  // leaf-first victims), as `kvtier sim --structure prefix` replays it; kept across SetPolicy.
+  policies::Structure eviction_structure = policies::Structure::kPlain;
   // Tests: when set, makes the memory tiers' eviction policies instead of eviction_policy;
   // ssd_eviction_policy_factory the SSD tier's.
   std::function<std::unique_ptr<policies::EvictionPolicy>()> eviction_policy_factory;

@@ -3,9 +3,8 @@
 namespace kvtier::policies {
 
 uint64_t BeladyPolicy::TakeHint(ObjectId id) {
-  uint64_t next = hint_.first == id ? hint_.second : kNever;
-  hint_ = {0, kNever};
-  return next;
+  auto it = hints_.find(id);
+  return it == hints_.end() ? kNever : it->second;
 }
 
 void BeladyPolicy::Compact() {

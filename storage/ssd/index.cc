@@ -129,7 +129,7 @@ void SsdTier::Impl::SetTracked(const Key& key, bool tracked) {
 Status SsdTier::Impl::SetPolicy(const std::string& eviction, const policies::PolicyParams& params) {
   KVTIER_ASSIGN_OR_RETURN(auto policy, policies::MakeEvictionPolicy(eviction, params));
   std::lock_guard lock(mu_);
-  policy_ = std::move(policy);
+  policy_ = policies::WithStructure(std::move(policy), o_.structure, &layer_);
   capacity_told_ = false;
   current_request_ = 0;
   id_to_key_.clear();

@@ -96,6 +96,7 @@ Status SsdTier::Impl::Open() {
     KVTIER_ASSIGN_OR_RETURN(policy_,
                             policies::MakeEvictionPolicy(o_.eviction_policy, o_.policy_params));
   }
+  policy_ = policies::WithStructure(std::move(policy_), o_.structure, &layer_);
   if (o_.env == nullptr) {
     KVTIER_ASSIGN_OR_RETURN(owned_env_, NewDirEnv(o_.dir + "/segments", o_.dir_env));
     env_ = owned_env_.get();

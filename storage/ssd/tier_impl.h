@@ -177,7 +177,11 @@ class SsdTier::Impl {
   uint64_t EnterLocked(const RequestTag* request) {
     if (request == nullptr || request->id == 0) return NowUs();
     if (request->id != current_request_) {
-      policy_->OnRequest(request->now_us);
+      if (layer_ != nullptr) {
+        layer_->BeginRequest(request->id, request->now_us);
+      } else {
+        policy_->OnRequest(request->now_us);
+      }
       current_request_ = request->id;
     }
     return request->now_us;
@@ -475,6 +479,7 @@ class SsdTier::Impl {
   uint64_t next_seq_ = 1;
   uint64_t max_version_ = 0;
   std::unique_ptr<policies::EvictionPolicy> policy_;
+  policies::PrefixLayer* layer_ = nullptr;  // policy_ itself under Structure::kPrefix
   // Under mu_: the policy was told its capacity (OnCapacity, at the first put); the request
   // it was last told of (EnterLocked); the request time of the put holding mu_ (0: none).
   bool capacity_told_ = false;

@@ -137,6 +137,21 @@ TEST(Config, ParsesEveryTableAndRejectsUnknownKeys) {
   EXPECT_TRUE(ParseConfig("[server\n").status().IsInvalidArgument());
 }
 
+// The prefix layer under every tier's policy (docs/POLICIES.md, "Structures"): off by default.
+TEST(Config, EvictionStructureIsPlainOrPrefix) {
+  auto plain = ParseConfig("");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->storage.eviction_structure, policies::Structure::kPlain);
+  auto prefix = ParseConfig("[storage]\neviction_structure = \"prefix\"\n");
+  ASSERT_TRUE(prefix.ok()) << prefix.status().ToString();
+  EXPECT_EQ(prefix->storage.eviction_structure, policies::Structure::kPrefix);
+  for (const char* bad : {"\"Prefix\"", "\"\"", "1"}) {
+    auto st = ParseConfig(std::string("[storage]\neviction_structure = ") + bad + "\n").status();
+    EXPECT_TRUE(st.IsInvalidArgument()) << bad;
+    EXPECT_NE(st.message().find("storage.eviction_structure"), std::string::npos) << st.ToString();
+  }
+}
+
 TEST(Config, PolicyParamsScopeToAKnownPolicyOnly) {
   auto o = ParseConfig("[policy.params]\n\"write-budget:bytes_per_day\" = 1000\n");
   ASSERT_TRUE(o.ok()) << o.status().ToString();

@@ -53,7 +53,8 @@ std::string HashHex(std::string_view token) {
 // whose policy records its hook calls (ids numbered densely in first-use order).
 class LiveDaemon {
  public:
-  LiveDaemon(const MakeInner& make, uint64_t capacity_units, bool auth) {
+  LiveDaemon(const MakeInner& make, uint64_t capacity_units, bool auth,
+             Structure structure = Structure::kPlain) {
     static int counter = 0;
     dir_ = std::filesystem::temp_directory_path() /
            ("kvtier_turns_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
@@ -64,6 +65,7 @@ class LiveDaemon {
     so.slab_page_bytes = kValueBytes;
     so.ssd_capacity_bytes = 0;
     so.clock = &clock_;
+    so.eviction_structure = structure;
     so.eviction_policy_factory = [this, make]() -> std::unique_ptr<EvictionPolicy> {
       return std::make_unique<RecordingPolicy>(make(), &log_, &dense_, /*assign_new=*/true);
     };
@@ -243,6 +245,36 @@ TEST_P(DaemonVsSim, InterleavedTurnsSameHookSequence) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, DaemonVsSim, ::testing::Values("lru", "long-tail"));
+
+// The same under the prefix layer (eviction_structure prefix, --structure prefix): the same
+// calls reach the inner policy and the same units are evicted, in the same order.
+class DaemonVsSimPrefix : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DaemonVsSimPrefix, InterleavedTurnsSameHooksAndVictims) {
+  const uint64_t capacity = 24;
+  for (uint32_t seed : {1u, 2u}) {
+    LiveDaemon d(Named(GetParam()), capacity, /*auth=*/false, Structure::kPrefix);
+    ASSERT_TRUE(d.ok());
+    Trace trace;
+    DaemonRun(&d, /*sessions=*/5, /*turns=*/8, seed, &trace);
+    ASSERT_FALSE(HasFatalFailure());
+    const std::vector<std::string> sim =
+        SimRun(Named(GetParam()), capacity, trace, 0, nullptr, Structure::kPrefix);
+    const std::vector<std::string>& live = d.log();
+    ASSERT_EQ(live.size(), sim.size()) << "seed " << seed;
+    for (size_t i = 0; i < sim.size(); ++i) {
+      ASSERT_EQ(live[i], sim[i]) << "seed " << seed << " call " << i;
+    }
+    std::vector<std::string> live_victims, sim_victims;
+    (void)live_test::Cached(live, &live_victims);
+    (void)live_test::Cached(sim, &sim_victims);
+    EXPECT_GT(live_victims.size(), 20u) << "seed " << seed;
+    EXPECT_EQ(live_victims, sim_victims) << "seed " << seed;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, DaemonVsSimPrefix,
+                         ::testing::Values("lru", "arc", "s3fifo", "long-tail"));
 
 // The request lines of a hook log, in order ("request t <us>").
 std::vector<std::string> RequestLines(const std::vector<std::string>& log) {

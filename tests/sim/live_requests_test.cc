@@ -75,7 +75,8 @@ constexpr uint64_t kValueBytes = 4096;  // one slab page per unit: capacity in u
 // between a turn's GET and its PUT; otherwise each turn runs whole, session after session
 // in the same turn order. The turn times do not depend on the schedule.
 void LiveRun(const MakeInner& make, uint64_t capacity_units, int sessions, int turns,
-             bool interleave, uint32_t seed, Replayed* run, const LiveSsd* ssd = nullptr) {
+             bool interleave, uint32_t seed, Replayed* run, const LiveSsd* ssd = nullptr,
+             Structure structure = Structure::kPlain) {
   run->clock = std::make_unique<ManualClock>(0);
   ManualClock& clock = *run->clock;
   const uint64_t value_bytes = ssd != nullptr ? ssd->value_bytes : kValueBytes;
@@ -85,6 +86,7 @@ void LiveRun(const MakeInner& make, uint64_t capacity_units, int sessions, int t
   o.slab_page_bytes = value_bytes;
   o.ssd_capacity_bytes = 0;
   o.clock = &clock;
+  o.eviction_structure = structure;
   if (ssd != nullptr) {
     run->env = storage::NewMemEnv();
     o.ssd_capacity_bytes = ssd->capacity_bytes;
@@ -268,6 +270,85 @@ TEST_P(LiveVsSim, SsdTierSameHookSequence) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, LiveVsSim,
+                         ::testing::Values("lru", "arc", "s3fifo", "long-tail"));
+
+// Under the prefix layer (TierManagerOptions::eviction_structure, `--structure prefix`): the
+// live tiers and the simulator run the same layer, so the inner policy sees the same calls
+// and the same units leave the tier, in the same order, on interleaved sessions; and the live
+// DRAM tier holds exactly the units the log says it holds.
+class LiveVsSimPrefix : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LiveVsSimPrefix, InterleavedSessionsSameHooksAndVictims) {
+  const uint64_t capacity = 24;
+  uint64_t swaps = 0, given_back = 0;
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    Replayed live;
+    LiveRun(Named(GetParam()), capacity, /*sessions=*/5, /*turns=*/8, /*interleave=*/true, seed,
+            &live, nullptr, Structure::kPrefix);
+    ASSERT_FALSE(HasFatalFailure());
+    const std::vector<std::string> sim =
+        SimRun(Named(GetParam()), capacity, live.trace, 0, nullptr, Structure::kPrefix);
+    for (size_t i = 0; i < std::min(sim.size(), live.log.size()); ++i) {
+      ASSERT_EQ(live.log[i], sim[i]) << "seed " << seed << " call " << i;
+    }
+    ASSERT_EQ(live.log.size(), sim.size()) << "seed " << seed;
+    std::vector<std::string> live_victims, sim_victims;
+    const std::set<std::string> cached = live_test::Cached(live.log, &live_victims);
+    (void)live_test::Cached(sim, &sim_victims);
+    EXPECT_GT(live_victims.size(), 20u) << "seed " << seed;
+    EXPECT_EQ(live_victims, sim_victims) << "seed " << seed;
+    // The log's account of the tier is the tier's: every unit is in DRAM iff the log says so.
+    for (const auto& [live_id, dense] : live.dense) {
+      const storage::LookupResult lk = live.tm->Lookup(std::vector<storage::Key>{KeyOf(live_id)});
+      EXPECT_EQ(lk.hit_count == 1, cached.count(std::to_string(dense)) == 1) << "unit " << dense;
+    }
+    // Rules 2 and 3 acted (a give-back is an evict, remove, insert of one unit; see Cached).
+    for (size_t i = 0; i + 2 < live.log.size(); ++i) {
+      if (!live.log[i].starts_with("evict ") || live.log[i].ends_with("none")) continue;
+      const std::string v = live.log[i].substr(live.log[i].rfind(' ') + 1);
+      if (live.log[i + 1] == "remove " + v) ++given_back;
+      if (live.log[i + 1].starts_with("remove ") && live.log[i + 2] == "remove " + v) ++swaps;
+    }
+  }
+  EXPECT_GT(swaps, 0u);
+  if (GetParam() != "lru") {
+    EXPECT_GT(given_back, 0u);
+  }
+}
+
+// The same with an SSD tier under DRAM: both tiers' policies run under the layer, SSD hits are
+// reported deepest first and promoted deepest first, as the simulator inserts them.
+TEST_P(LiveVsSimPrefix, SsdTierSameHookSequence) {
+  const uint64_t dram_units = 16, ssd_units = 23;  // as LiveVsSim.SsdTierSameHookSequence
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("kvtier_live_ssd_prefix_" + std::to_string(::getpid()) + "_" + GetParam());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  LiveSsd ssd{.value_bytes = 128u << 10, .capacity_bytes = 6u << 20, .dir = dir.string()};
+  Replayed live;
+  LiveRun(Named(GetParam()), dram_units, /*sessions=*/6, /*turns=*/10, /*interleave=*/true, 1,
+          &live, &ssd, Structure::kPrefix);
+  ASSERT_FALSE(HasFatalFailure());
+  std::vector<std::string> sim_ssd;
+  const std::vector<std::string> sim =
+      SimRun(Named(GetParam()), dram_units, live.trace, ssd_units, &sim_ssd, Structure::kPrefix);
+  live.tm.reset();
+  std::filesystem::remove_all(dir);
+  ASSERT_GT(std::count_if(live.ssd_log.begin(), live.ssd_log.end(),
+                          [](const std::string& l) { return l.starts_with("access"); }),
+            5);
+  for (size_t i = 0; i < std::min(sim_ssd.size(), live.ssd_log.size()); ++i) {
+    ASSERT_EQ(live.ssd_log[i], sim_ssd[i]) << "ssd call " << i;
+  }
+  ASSERT_EQ(live.ssd_log.size(), sim_ssd.size());
+  for (size_t i = 0; i < std::min(sim.size(), live.log.size()); ++i) {
+    ASSERT_EQ(live.log[i], sim[i]) << "call " << i;
+  }
+  ASSERT_EQ(live.log.size(), sim.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, LiveVsSimPrefix,
                          ::testing::Values("lru", "arc", "s3fifo", "long-tail"));
 
 // Long-tail under interleaved sessions: with room for everything (no eviction), every unit

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -93,17 +94,19 @@ class RecordingPolicy final : public EvictionPolicy {
 
 using MakeInner = std::function<std::unique_ptr<EvictionPolicy>()>;
 
-// The hook log of `trace` replayed by the simulator (plain structure) with a DRAM tier of
+// The hook log of `trace` replayed by the simulator (plain structure, or `structure`: the
+// recording policy is then the prefix layer's inner policy) with a DRAM tier of
 // capacity_units and a recording policy around make(); with ssd_units > 0 also an SSD tier
 // of that many units (admit-all) whose policy's calls go to *ssd_log.
 inline std::vector<std::string> SimRun(const MakeInner& make, uint64_t capacity_units,
                                        const Trace& trace, uint64_t ssd_units = 0,
-                                       std::vector<std::string>* ssd_log = nullptr) {
+                                       std::vector<std::string>* ssd_log = nullptr,
+                                       Structure structure = Structure::kPlain) {
   std::vector<std::string> log;
   auto units = BuildUnitTrace(trace);
   EXPECT_TRUE(units.ok()) << units.status().ToString();
   SimOptions o;
-  o.structure = Structure::kPlain;
+  o.structure = structure;
   o.dram_capacity_units = capacity_units;
   o.dram_policy_factory = [&]() -> std::unique_ptr<EvictionPolicy> {
     return std::make_unique<RecordingPolicy>(make(), &log, nullptr);
@@ -117,6 +120,41 @@ inline std::vector<std::string> SimRun(const MakeInner& make, uint64_t capacity_
   auto r = Simulate(*units, o);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return log;
+}
+
+// The units a tier holds after the calls in `log` reached its (inner) policy: inserts add,
+// removals and Evict's answers take away (a prefix layer's give-back is an evict, a remove and
+// an insert of the same unit). *victims (when not null) gets every unit that left the tier by
+// eviction, in order: an Evict answer not given back, or the leaf a layer evicted instead.
+inline std::set<std::string> Cached(const std::vector<std::string>& log,
+                                    std::vector<std::string>* victims = nullptr) {
+  std::set<std::string> cached;
+  auto word = [](const std::string& line, size_t n) {
+    size_t b = 0;
+    for (size_t i = 0; i < n; ++i) b = line.find(' ', b) + 1;
+    return line.substr(b, line.find(' ', b) - b);
+  };
+  for (size_t i = 0; i < log.size(); ++i) {
+    const std::string& l = log[i];
+    if (l.starts_with("insert ")) {
+      cached.insert(word(l, 1));
+    } else if (l.starts_with("remove ")) {
+      cached.erase(word(l, 1));
+    } else if (l.starts_with("evict ") && !l.ends_with("none")) {
+      const std::string v = l.substr(l.rfind(' ') + 1);
+      cached.erase(v);
+      if (victims == nullptr) continue;
+      auto at = [&](size_t k) { return i + k < log.size() ? log[i + k] : std::string(); };
+      if (at(1) == "remove " + v && at(2).starts_with("insert " + v + " ")) continue;  // held
+      if (at(1).starts_with("remove ") && at(2) == "remove " + v &&
+          at(3).starts_with("insert " + v + " ")) {
+        victims->push_back(word(at(1), 1));  // the leaf below v
+      } else {
+        victims->push_back(v);
+      }
+    }
+  }
+  return cached;
 }
 
 inline MakeInner Named(const std::string& name) {

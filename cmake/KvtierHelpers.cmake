@@ -51,6 +51,10 @@ function(kvtier_library name)
   endif()
 endfunction()
 
+# kvtier_unit_tests builds every test binary labelled unit and nothing else (no CLI, no e2e
+# tests), for tests/sanitizers/run.sh, where a full build of a sanitizer preset costs most.
+add_custom_target(kvtier_unit_tests)
+
 # kvtier_test(NAME SOURCES a_test.cc [DEPS ...] [LABELS unit vectors ...] [TIMEOUT s]
 #             [TEST_PREFIX p])
 # Declares a GoogleTest binary and registers each test case with ctest (named p + Suite.Case
@@ -66,6 +70,9 @@ function(kvtier_test name)
     set(ARG_TIMEOUT 300)
   endif()
   add_executable(${name} ${ARG_SOURCES})
+  if("unit" IN_LIST ARG_LABELS)
+    add_dependencies(kvtier_unit_tests ${name})
+  endif()
   target_link_libraries(${name} PRIVATE kvtier_build_flags ${ARG_DEPS} GTest::gtest GTest::gtest_main GTest::gmock)
   target_compile_definitions(${name} PRIVATE
     KVTIER_DEFAULT_SHARED_DIR="${KVTIER_DEFAULT_SHARED_DIR}"

@@ -273,25 +273,23 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
     }
     store_->GetBatch(std::span<const storage::Key>(keys).subspan(first, n), &values, &tiers,
                      &results, request);
-    if (router_ != nullptr) {
-      const auto batch = std::span<const storage::Key>(keys).subspan(first, n);
-      // A copy that may not be served now (cluster_copies.h) is a miss, fetched again.
-      if (copies_ != nullptr) copies_->CheckHits(batch, &results);
-      // Units this node does not hold are fetched from the peers that do.
-      std::vector<bool> want(n, false);
-      bool any = false;
+    const auto batch = std::span<const storage::Key>(keys).subspan(first, n);
+    // A copy that may not be served now (cluster_copies.h) is a miss, fetched again.
+    if (copies_ != nullptr) copies_->CheckHits(batch, &results);
+    // Units this node does not hold are fetched from the peers that do.
+    std::vector<bool> want(n, false);
+    bool any = false;
+    for (size_t j = 0; j < n; ++j) {
+      want[j] = results[j].IsNotFound();
+      any = any || want[j];
+    }
+    if (any) {
+      const uint64_t fetch_started = copies_ != nullptr ? ClusterCopies::BeginFetch() : 0;
+      router_->GetRemote(batch, want, &results, &values);
       for (size_t j = 0; j < n; ++j) {
-        want[j] = results[j].IsNotFound();
-        any = any || want[j];
-      }
-      if (any) {
-        const uint64_t fetch_started = copies_ != nullptr ? ClusterCopies::BeginFetch() : 0;
-        router_->GetRemote(batch, want, &results, &values);
-        for (size_t j = 0; j < n; ++j) {
-          if (!want[j] || !results[j].ok()) continue;
-          tiers[j] = storage::Tier::kSsd;  // beyond this node
-          if (copies_ != nullptr) copies_->Keep(t.id, t.name, batch[j], values[j], fetch_started);
-        }
+        if (!want[j] || !results[j].ok()) continue;
+        tiers[j] = storage::Tier::kSsd;  // beyond this node
+        if (copies_ != nullptr) copies_->Keep(t.id, t.name, batch[j], values[j], fetch_started);
       }
     }
     for (size_t j = 0; j < n; ++j) {

@@ -87,6 +87,14 @@ StatusOr<DSparkConfig> LoadDSparkConfig(const std::string& path, const EngineCon
   return r;
 }
 
+std::string DefaultDraftPath(const std::string& model_path) {
+  std::string path = model_path;
+  const std::string ext = ".safetensors";
+  if (path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0)
+    path.resize(path.size() - ext.size());
+  return path + "-dspark.safetensors";
+}
+
 const float* DraftContext::Row(int64_t pos) const {
   const int64_t first = end_ - static_cast<int64_t>(rows_.size());
   if (pos < first || pos >= end_) return nullptr;

@@ -51,6 +51,10 @@ struct DSparkConfig {
 StatusOr<DSparkConfig> ParseDSparkConfig(const std::string& json_text, const EngineConfig& config);
 StatusOr<DSparkConfig> LoadDSparkConfig(const std::string& path, const EngineConfig& config);
 
+// Where a model's draft lives by default: the model path with ".safetensors" replaced by
+// "-dspark.safetensors" (appended when the path has no such suffix).
+std::string DefaultDraftPath(const std::string& model_path);
+
 // The recent main_x rows of one sequence: positions [end() - size, end()), at most W + 1.
 class DraftContext {
  public:

@@ -167,14 +167,7 @@ int RunServe(std::span<const std::string_view> args) {
   if (!tok.ok()) return Fail(tok.status());
   std::unique_ptr<engine::DSpark> draft;
   if (speculative) {
-    if (draft_path.empty()) {
-      draft_path = model;
-      const std::string ext = ".safetensors";
-      if (draft_path.size() > ext.size() &&
-          draft_path.compare(draft_path.size() - ext.size(), ext.size(), ext) == 0)
-        draft_path.resize(draft_path.size() - ext.size());
-      draft_path += "-dspark.safetensors";
-    }
+    if (draft_path.empty()) draft_path = engine::DefaultDraftPath(model);
     auto dc = engine::LoadDSparkConfig(config, *cfg);
     if (!dc.ok()) return Fail(dc.status());
     if (draft_len && *draft_len > static_cast<uint64_t>(dc->block_size)) {

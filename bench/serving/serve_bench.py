@@ -178,31 +178,12 @@ def throughput(build, workdir, args):
             t0 = time.monotonic()
             seq_tokens = sum(server.post(b, stream=True)[0]["completion_tokens"] for b in bodies)
             seq_s = time.monotonic() - t0
-            tokens, lock, idx = [0], threading.Lock(), [0]
-
-            def worker():
-                while True:
-                    with lock:
-                        if idx[0] >= len(bodies):
-                            return
-                        b = bodies[idx[0]]
-                        idx[0] += 1
-                    u = server.post(b, stream=True)[0]
-                    with lock:
-                        tokens[0] += u["completion_tokens"]
-
-            t0 = time.monotonic()
-            threads = [threading.Thread(target=worker) for _ in range(c)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            s = time.monotonic() - t0
+            out_tokens, s = run_concurrent(server, bodies, c)
             row = {"bench": "throughput", "concurrency": c, "requests": len(bodies),
-                   "output_tokens": tokens[0], "seconds": round(s, 3),
-                   "tokens_per_s": round(tokens[0] / s, 1),
+                   "output_tokens": out_tokens, "seconds": round(s, 3),
+                   "tokens_per_s": round(out_tokens / s, 1),
                    "sequential_tokens_per_s": round(seq_tokens / seq_s, 1),
-                   "ratio": round((tokens[0] / s) / (seq_tokens / seq_s), 2),
+                   "ratio": round((out_tokens / s) / (seq_tokens / seq_s), 2),
                    "load": os.getloadavg()[0]}
             print(json.dumps(row), flush=True)
             rows.append(row)

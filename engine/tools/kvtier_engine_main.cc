@@ -247,14 +247,7 @@ int RunGenerate(Args args) {
     saver = std::move(*sv);
   }
   if (speculative) {
-    if (draft_path.empty()) {
-      draft_path = model;
-      const std::string ext = ".safetensors";
-      if (draft_path.size() > ext.size() &&
-          draft_path.compare(draft_path.size() - ext.size(), ext.size(), ext) == 0)
-        draft_path.resize(draft_path.size() - ext.size());
-      draft_path += "-dspark.safetensors";
-    }
+    if (draft_path.empty()) draft_path = DefaultDraftPath(model);
     auto dc = LoadDSparkConfig(config, e.config());
     if (!dc.ok()) return Fail(dc.status());
     if (draft_len && *draft_len > static_cast<uint64_t>(dc->block_size)) {

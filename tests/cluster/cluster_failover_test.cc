@@ -112,6 +112,56 @@ TEST_F(ClusterE2eTest, StoppedNodeRejoinsWithoutServingDeletedUnits) {
   }
 }
 
+// An owner stopped past its lease misses an overwrite made meanwhile through another node;
+// continued and re-registered, no node may serve the old bytes. KNOWN BUG, disabled until it
+// is fixed (docs/CLUSTER.md, "Not guaranteed (yet)"): on 2026-12-02 the rejoined node served
+// 16 of 24 units with their old bytes, and the two others 3 each (routed to it as an owner):
+// tombstones record deletes only. Run it with --gtest_also_run_disabled_tests.
+TEST_F(ClusterE2eTest, DISABLED_OwnerStoppedPastItsLeaseServesNoOverwrittenBytes) {
+  auto writer = Connect(0, "tok-alice");
+  ASSERT_NE(writer, nullptr);
+  auto old_values = PutSession(writer.get(), "over");
+  auto chain = Chain("over");
+
+  nodes_[2]->Signal(SIGSTOP);
+  ASSERT_TRUE(
+      kt::WaitFor([&] { return Metric(Metrics(0), "kvtier_cluster_members") == 2; }, 10000));
+  std::mt19937 rng(41);
+  std::vector<std::vector<uint8_t>> new_values(kUnits);
+  std::vector<PutUnit> units(kUnits);
+  for (int i = 0; i < kUnits; ++i) {
+    new_values[i].resize(old_values[i].size());
+    for (auto& b : new_values[i]) b = static_cast<uint8_t>(rng());
+    units[i].key = chain[i];
+    if (i > 0) units[i].parent = chain[i - 1];
+    units[i].value = new_values[i];
+  }
+  auto st = writer->Put(units, {});
+  ASSERT_TRUE(st.ok());
+  for (const auto& s : *st) ASSERT_TRUE(s.ok()) << s.message();
+
+  nodes_[2]->Signal(SIGCONT);
+  ASSERT_TRUE(kt::WaitFor(
+      [&] {
+        return Metric(Metrics(0), "kvtier_cluster_members") == 3 &&
+               Metric(Metrics(2), "kvtier_cluster_registrations_total") >= 2;
+      },
+      15000));
+  for (int node = 0; node < kNodes; ++node) {
+    auto c = Connect(node, "tok-alice");
+    ASSERT_NE(c, nullptr);
+    std::vector<std::vector<uint8_t>> got;
+    std::vector<bool> found;
+    ASSERT_TRUE(c->GetCopy(chain, &got, &found).ok());
+    int stale = 0;
+    for (int i = 0; i < kUnits; ++i) {
+      if (found[i] && got[i] == old_values[i]) ++stale;
+    }
+    EXPECT_EQ(stale, 0) << "node " << node << " serves " << stale << " of " << kUnits
+                        << " units with their bytes from before the overwrite";
+  }
+}
+
 // GET copies (docs/CLUSTER.md, "Copies"): a copy holder stopped past its lease misses the
 // overwrite made meanwhile (it is in no view, so nobody tells it); continued, it must not
 // serve its copies, not even to its local clients before it has re-registered.

@@ -205,7 +205,8 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
                              .write_acks = c.write_acks,
                              .recent_deletes = node->recent_deletes_.get(),
                              .peer_call_threads = c.peer_call_threads,
-                             .peer_call_queue_max = c.peer_call_queue_max},
+                             .peer_call_queue_max = c.peer_call_queue_max,
+                             .departed_memory_s = c.tombstone_ttl_s},
       node->tombstones_.get());
   node->tombstones_->StartPolling();
   service->SetRouter(node->router_.get());
@@ -338,6 +339,9 @@ std::string ClusterNode::RenderPrometheus() const {
     counter("kvtier_cluster_copy_drop_alls_total",
             "Times every copy was dropped (lease not confirmed, new registration).", cs.drop_alls);
   }
+  counter("kvtier_cluster_overwrite_tombstones_total",
+          "PUT keys a member that left the view owned, recorded as tombstones for its return.",
+          rs.overwrite_tombstones);
   counter("kvtier_cluster_copy_invalidations_total",
           "Copy drops a PUT sent to members that keep copies.", rs.copy_invalidations);
   counter("kvtier_cluster_copy_invalidation_failures_total",

@@ -78,8 +78,44 @@ Router::Router(Membership* membership, PeerClient* peers, RouterOptions options,
 
 void Router::OnViewChange(const MemberView& view) {
   std::lock_guard lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  if (latest_ != nullptr) {
+    for (const MemberInfo& m : latest_->members) {
+      if (view.Find(m.node_id) >= 0 || m.node_id == self_id()) continue;
+      auto it = std::find_if(departed_.begin(), departed_.end(),
+                             [&](const auto& d) { return d.first.node_id == m.node_id; });
+      if (it == departed_.end()) departed_.emplace_back(m, now);
+    }
+  }
+  const auto memory = std::chrono::seconds(options_.departed_memory_s);
+  std::erase_if(departed_, [&](const auto& d) {
+    return view.Find(d.first.node_id) >= 0 || now - d.second > memory;
+  });
   previous_ = latest_;
   latest_ = std::make_shared<MemberView>(view);
+}
+
+void Router::RecordOverwriteForDeparted(const PeerKey& key, const MemberView& view) {
+  if (tombstones_ == nullptr) return;
+  std::vector<MemberInfo> with_departed = view.members;
+  {
+    std::lock_guard lock(mu_);
+    if (departed_.empty()) return;
+    for (const auto& d : departed_) with_departed.push_back(d.first);
+  }
+  // Placement is a pure function of (key, members): the departed member owns key again if
+  // it comes back to the same membership, which is when its old version would be served.
+  bool departed_owner = false;
+  for (size_t i : PlaceOwners(KeyView(key), with_departed, options_.replicas)) {
+    if (i >= view.members.size()) departed_owner = true;
+  }
+  if (!departed_owner) return;
+  std::vector<std::string> applied_by;
+  for (const MemberInfo& m : view.members) applied_by.push_back(m.node_id);
+  if (view.Find(self_id()) < 0) applied_by.push_back(self_id());
+  overwrite_tombstones_.fetch_add(1);
+  Status s = tombstones_->RecordKeys(std::span<const PeerKey>(&key, 1), applied_by);
+  if (!s.ok()) peer_errors_.fetch_add(1);
 }
 
 std::vector<size_t> Router::Owners(const PeerKey& key, const MemberView& view) const {
@@ -244,6 +280,7 @@ Status Router::Put(const PeerPut& put, const std::optional<Status>& local) {
   if (!keepers.empty()) {
     InvalidatedCopies(put.key, *view, keepers, CallAll(pool_.get(), std::move(drops)), 0);
   }
+  RecordOverwriteForDeparted(put.key, *view);
   uint32_t live_owners = static_cast<uint32_t>(remote_owners) + (local.has_value() ? 1 : 0);
   uint32_t need =
       options_.write_acks == 0 ? live_owners : std::min(options_.write_acks, live_owners);
@@ -354,6 +391,7 @@ RouterStats Router::stats() const {
   s.copy_invalidation_failures = copy_invalidation_failures_.load();
   s.peer_calls_refused = pool_->refused();
   s.peer_calls_queued = pool_->queued();
+  s.overwrite_tombstones = overwrite_tombstones_.load();
   return s;
 }
 

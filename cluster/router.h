@@ -26,6 +26,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -49,6 +50,9 @@ struct RouterOptions {
   RecentDeletes* recent_deletes = nullptr;
   uint32_t peer_call_threads = 16;     // peer calls in flight at once (1..1024)
   uint32_t peer_call_queue_max = 256;  // more waiting for a thread; past it refused
+  // How long a member that left the view is remembered as one that may come back holding
+  // units overwritten meanwhile (the tombstone TTL: past it the tombstones expire anyway).
+  uint32_t departed_memory_s = 86400;
 };
 
 struct RouterStats {
@@ -60,6 +64,7 @@ struct RouterStats {
   uint64_t copy_invalidation_failures = 0;  // of those, unanswered (left to a tombstone)
   uint64_t peer_calls_refused = 0;          // over peer_call_threads + peer_call_queue_max
   uint64_t peer_calls_queued = 0;           // waiting for a thread now
+  uint64_t overwrite_tombstones = 0;        // PUT keys a departed member owned, recorded for it
 };
 
 class Router {
@@ -102,6 +107,11 @@ class Router {
   // (node id, peer endpoint) of every other live member.
   std::vector<std::pair<std::string, std::string>> OtherMembers() const;
   void OnViewChange(const MemberView& view);
+  // A PUT replaces whatever version a member that left the view holds of key: when a
+  // remembered departed member would own key, records a tombstone of key naming every live
+  // member, so that member deletes its version before it serves again (docs/CLUSTER.md,
+  // "Overwrites while an owner is down").
+  void RecordOverwriteForDeparted(const PeerKey& key, const MemberView& view);
   // Counts the copy invalidations of a PUT (done[first + k] answers keepers[k]) and records
   // a tombstone of key for the keepers that did not answer.
   void InvalidatedCopies(const PeerKey& key, const MemberView& view,
@@ -115,6 +125,10 @@ class Router {
   mutable std::mutex mu_;
   std::shared_ptr<const MemberView> previous_;  // the view before the latest change
   std::shared_ptr<const MemberView> latest_;
+  // Members that left the view, with when they left (mu_), forgotten after departed_memory_s
+  // or when they are back.
+  std::vector<std::pair<MemberInfo, std::chrono::steady_clock::time_point>> departed_;
+  std::atomic<uint64_t> overwrite_tombstones_{0};
   std::atomic<uint64_t> remote_lookups_{0}, remote_lookup_hits_{0}, remote_gets_{0},
       remote_get_hits_{0}, remote_get_bytes_{0}, forwarded_puts_{0}, forwarded_put_failures_{0},
       puts_short_{0}, peer_errors_{0}, copy_invalidations_{0}, copy_invalidation_failures_{0};

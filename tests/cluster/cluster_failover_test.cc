@@ -113,11 +113,10 @@ TEST_F(ClusterE2eTest, StoppedNodeRejoinsWithoutServingDeletedUnits) {
 }
 
 // An owner stopped past its lease misses an overwrite made meanwhile through another node;
-// continued and re-registered, no node may serve the old bytes. KNOWN BUG, disabled until it
-// is fixed (docs/CLUSTER.md, "Not guaranteed (yet)"): on 2026-12-02 the rejoined node served
-// 16 of 24 units with their old bytes, and the two others 3 each (routed to it as an owner):
-// tombstones record deletes only. Run it with --gtest_also_run_disabled_tests.
-TEST_F(ClusterE2eTest, DISABLED_OwnerStoppedPastItsLeaseServesNoOverwrittenBytes) {
+// continued and re-registered, no node may serve the old bytes (docs/CLUSTER.md: the PUT
+// records a tombstone for the departed owner). Before that rule the rejoined node served 16 of
+// 24 units with their old bytes, and the two others 3 each (routed to it as an owner).
+TEST_F(ClusterE2eTest, OwnerStoppedPastItsLeaseServesNoOverwrittenBytes) {
   auto writer = Connect(0, "tok-alice");
   ASSERT_NE(writer, nullptr);
   auto old_values = PutSession(writer.get(), "over");

@@ -8,6 +8,25 @@
 namespace kvtier::cluster {
 namespace {
 
+// Puts new random bytes (of the old sizes, from `seed`) under every key of `chain`, through
+// `writer`; every put must be acknowledged.
+void OverwriteSession(Client* writer, const std::vector<Key>& chain,
+                      const std::vector<std::vector<uint8_t>>& old_values, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<uint8_t>> new_values(chain.size());
+  std::vector<PutUnit> units(chain.size());
+  for (size_t i = 0; i < chain.size(); ++i) {
+    new_values[i].resize(old_values[i].size());
+    for (auto& b : new_values[i]) b = static_cast<uint8_t>(rng());
+    units[i].key = chain[i];
+    if (i > 0) units[i].parent = chain[i - 1];
+    units[i].value = new_values[i];
+  }
+  auto st = writer->Put(units, {});
+  ASSERT_TRUE(st.ok());
+  for (const auto& s : *st) ASSERT_TRUE(s.ok()) << s.message();
+}
+
 // kill -9 of one node under a writing load, durability sync, R = 2, every owner must
 // acknowledge: every acknowledged unit is still read bit-exactly through both survivors.
 TEST_F(ClusterE2eTest, KillNineUnderWritesLosesNoAcknowledgedUnit) {
@@ -125,19 +144,7 @@ TEST_F(ClusterE2eTest, OwnerStoppedPastItsLeaseServesNoOverwrittenBytes) {
   nodes_[2]->Signal(SIGSTOP);
   ASSERT_TRUE(
       kt::WaitFor([&] { return Metric(Metrics(0), "kvtier_cluster_members") == 2; }, 10000));
-  std::mt19937 rng(41);
-  std::vector<std::vector<uint8_t>> new_values(kUnits);
-  std::vector<PutUnit> units(kUnits);
-  for (int i = 0; i < kUnits; ++i) {
-    new_values[i].resize(old_values[i].size());
-    for (auto& b : new_values[i]) b = static_cast<uint8_t>(rng());
-    units[i].key = chain[i];
-    if (i > 0) units[i].parent = chain[i - 1];
-    units[i].value = new_values[i];
-  }
-  auto st = writer->Put(units, {});
-  ASSERT_TRUE(st.ok());
-  for (const auto& s : *st) ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_NO_FATAL_FAILURE(OverwriteSession(writer.get(), chain, old_values, 41));
 
   nodes_[2]->Signal(SIGCONT);
   ASSERT_TRUE(kt::WaitFor(
@@ -195,19 +202,7 @@ TEST_F(ClusterCopiesFailoverTest, CopyHolderStoppedPastItsLeaseServesNoCopy) {
   ASSERT_TRUE(
       kt::WaitFor([&] { return Metric(Metrics(0), "kvtier_cluster_members") == 2; }, 10000));
   // The overwrite: new values for every unit, through n0, while n2 is gone.
-  std::mt19937 rng(99);
-  std::vector<std::vector<uint8_t>> new_values(kUnits);
-  std::vector<PutUnit> units(kUnits);
-  for (int i = 0; i < kUnits; ++i) {
-    new_values[i].resize(old_values[i].size());
-    for (auto& b : new_values[i]) b = static_cast<uint8_t>(rng());
-    units[i].key = chain[i];
-    if (i > 0) units[i].parent = chain[i - 1];
-    units[i].value = new_values[i];
-  }
-  auto st = writer->Put(units, {});
-  ASSERT_TRUE(st.ok());
-  for (const auto& s : *st) ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_NO_FATAL_FAILURE(OverwriteSession(writer.get(), chain, old_values, 99));
 
   nodes_[2]->Signal(SIGCONT);
   // At once (before n2 notices its lease is gone), then after it has re-registered.

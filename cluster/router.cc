@@ -97,10 +97,11 @@ void Router::OnViewChange(const MemberView& view) {
 
 void Router::RecordOverwriteForDeparted(const PeerKey& key, const MemberView& view) {
   if (tombstones_ == nullptr) return;
-  std::vector<MemberInfo> with_departed = view.members;
+  std::vector<MemberInfo> with_departed;
   {
     std::lock_guard lock(mu_);
-    if (departed_.empty()) return;
+    if (departed_.empty()) return;  // the common case: no copy of the view per PUT
+    with_departed = view.members;
     for (const auto& d : departed_) with_departed.push_back(d.first);
   }
   // Placement is a pure function of (key, members): the departed member owns key again if

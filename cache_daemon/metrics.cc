@@ -310,6 +310,9 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
         s.compressed_bytes_saved);
   p.One("kvtier_ssd_segments_cleaned_total", "counter", "SSD segments cleaned (compacted).",
         s.segments_cleaned);
+  p.One("kvtier_ssd_relocated_bytes_total", "counter",
+        "Bytes of live records the SSD cleaner wrote again (cleaning's write amplification).",
+        s.ssd_relocated_bytes);
   p.One("kvtier_ssd_queue_depth", "gauge", "SSD I/O requests outstanding.", s.ssd_queue_depth);
   if (extra.tenant_series)
     p.Family("kvtier_tenant_used_bytes", "gauge", "Bytes stored per tenant.");

@@ -380,6 +380,7 @@ std::string Service::StatsJson(const Tenant* t) const {
   j["checksum_failures"] = s.checksum_failures;
   j["io_errors"] = s.io_errors;
   j["segments_cleaned"] = s.segments_cleaned;
+  j["ssd_relocated_bytes"] = s.ssd_relocated_bytes;
   j["ssd_queue_depth"] = s.ssd_queue_depth;
   j["ssd_commits"] = s.ssd_commits;
   j["ssd_syncs"] = s.ssd_syncs;

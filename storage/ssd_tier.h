@@ -147,6 +147,8 @@ struct SsdStats {
   uint64_t hits = 0, evictions = 0, bytes_read = 0, bytes_written = 0;
   uint64_t checksum_failures = 0, io_errors = 0, compressed_bytes_saved = 0;
   uint64_t segments_cleaned = 0, commits = 0, recovered_records = 0, dropped_on_recovery = 0;
+  // Bytes of live records the cleaner wrote again (its write amplification).
+  uint64_t relocated_bytes = 0;
   // fdatasync calls made by commits; failed commits and the stage of the latest failure.
   uint64_t syncs = 0, commit_failures = 0;
   // Commits (and Flushes) that synced the RocksDB index WAL: those holding a delete other

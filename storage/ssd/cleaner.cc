@@ -140,14 +140,23 @@ Status SsdTier::Impl::CleanSegment(const std::shared_ptr<Segment>& victim,
       chunk_bytes += live[end].second.record_bytes;
       ++end;
     }
+    // A record whose write buffer has not been reaped yet may not be on the device: its
+    // bytes are copied from the buffer now (a reaped buffer's records are on the device, and
+    // a buffer is not reused before it is reaped). Read from the device instead, such a
+    // record reads as zeros and would be dropped as corrupt.
+    reads.assign(end - i, Read{});
+    for (size_t j = i; j < end; ++j) {
+      if (const uint8_t* p = BufferedRecord(live[j].second); p != nullptr) {
+        reads[j - i].rec.assign(p, p + live[j].second.record_bytes);
+      }
+    }
     // Read and verify outside the lock; the index may change meanwhile (checked below).
     lock.unlock();
     PaceBackgroundIo(2 * chunk_bytes);  // read here + written again by the relocation
-    reads.assign(end - i, Read{});
     for (size_t j = i; j < end; ++j) {
       const auto& [k, old] = live[j];
       Read& r = reads[j - i];
-      r.st = ReadRecord(*victim, old.offset, old.record_bytes, &r.rec);
+      if (r.rec.empty()) r.st = ReadRecord(*victim, old.offset, old.record_bytes, &r.rec);
       if (r.st.ok()) r.st = ssd::DecodeRecordHeader(r.rec, &r.h);
       if (r.st.ok() && (r.h.key != k || r.h.seq != old.seq ||
                         ssd::PayloadChecksum({r.rec.data() + ssd::kRecordHeaderBytes,
@@ -195,6 +204,7 @@ Status SsdTier::Impl::CleanSegment(const std::shared_ptr<Segment>& victim,
         if (!st.IsRejected()) return st;
         continue;
       }
+      stats_.relocated_bytes += old.record_bytes;
       auto moved = map_.find(k);
       if (moved != map_.end()) {
         moved->second.hit_count = old.hit_count;

@@ -13,6 +13,7 @@
 
 #include "storage/block_device.h"
 #include "storage/fault_injection.h"
+#include "storage/ssd_format.h"
 #include "storage/ssd_tier.h"
 #include "tests/storage/test_util.h"
 
@@ -420,6 +421,72 @@ TEST(SsdDoubleBufferTest, ManyBuffersRoundTripAcrossSegmentRolls) {
     bool present = false;
     ASSERT_TRUE(ExactOrAbsent(r.get(), i, &present)) << i;
     EXPECT_TRUE(present) << i;
+  }
+}
+
+// The cleaner may pick a sealed segment whose last buffers are still in flight: it must take
+// those records from the buffers, not read them from the device (where they are not yet, so
+// they would read as zeros, fail verification and be dropped: live units lost as "corrupt").
+// Found by LiveVsSim.SsdTierSameHookSequence (a `remove` the simulator never made).
+TEST(SsdDoubleBufferTest, CleanerRelocatesRecordsOfBuffersInFlight) {
+  TempDir dir;
+  auto mem = NewMemEnv();
+  GateEnv gate(mem.get());
+  SsdOptions o = Options(dir.path(), &gate, Durability::kBatched);
+  o.segment_bytes = 1 << 20;
+  o.write_buffer_bytes = 256 << 10;  // 4 buffers per segment, of kPer records each
+  o.write_buffers = 8;
+  o.capacity_bytes = 8ull << 20;
+  o.background_io_bytes_per_s = 0;
+  constexpr int kPer = (256 << 10) / (ssd::kRecordHeaderBytes + kUnitBytes);  // 51
+  auto t = OpenTier(o);
+  ASSERT_NE(t, nullptr);
+  struct OpenAtExit {
+    GateEnv& g;
+    ~OpenAtExit() { g.Open(); }
+  } open_at_exit{gate};
+  // Segment A: its first 3 buffers written and reaped.
+  for (int i = 0; i < 3 * kPer; ++i) ASSERT_TRUE(PutUnit(t.get(), i).ok()) << i;
+  ASSERT_TRUE(t->Flush().ok());
+  gate.Close();
+  // Buffer 4 fills; the next put rolls into segment B and hands buffer 4 to the writer, held
+  // at the gate: A is sealed with its last buffer in flight.
+  for (int i = 3 * kPer; i <= 4 * kPer; ++i) ASSERT_TRUE(PutUnit(t.get(), i).ok()) << i;
+  ASSERT_TRUE(gate.WaitBlocked(1));
+  // A keeps its last 8 records (in buffer 4): under clean_live_ratio, so the next roll
+  // cleans it.
+  const int kept = 4 * kPer - 8;
+  for (int i = 0; i < kept; ++i) ASSERT_TRUE(t->Remove(MakeKey(i), nullptr).ok()) << i;
+  const int total = 8 * kPer + 1;  // fills B and rolls into C
+  for (int i = 4 * kPer + 1; i < total; ++i) ASSERT_TRUE(PutUnit(t.get(), i).ok()) << i;
+  // The cleaner relocates the 8 records (or, reading them from the device, drops them).
+  const uint64_t record_bytes = ssd::kRecordHeaderBytes + kUnitBytes;
+  SsdStats s;
+  for (int tries = 0; tries < 1000; ++tries) {
+    s = t->GetStats();
+    if (s.relocated_bytes >= 8 * record_bytes || s.checksum_failures + s.io_errors > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s.checksum_failures, 0u);
+  EXPECT_EQ(s.io_errors, 0u);
+  EXPECT_EQ(s.relocated_bytes, 8 * record_bytes);
+  EXPECT_TRUE(gate.WaitBlocked(1));  // buffer 4 is still held: A's tail is not on the device
+  gate.Open();
+  ASSERT_TRUE(t->Flush().ok());
+  for (int tries = 0; tries < 1000 && t->GetStats().segments_cleaned == 0; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(t->GetStats().segments_cleaned, 1u);
+  std::vector<uint8_t> out;
+  for (int i = 0; i < total; ++i) {
+    Key k = MakeKey(i);
+    Status st = t->Get(k, &out);
+    if (i < kept) {
+      EXPECT_TRUE(st.IsNotFound()) << i << ": " << st.ToString();
+    } else {
+      ASSERT_TRUE(st.ok()) << i << ": " << st.ToString();
+      EXPECT_EQ(out, MakeValue(k, 1, kUnitBytes)) << i;
+    }
   }
 }
 

@@ -400,6 +400,10 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
         "Native turn ids that began a new request because their connection forgot them "
         "(table full or turn too old).",
         native_turns_restarted.load());
+  p.One("kvtier_native_shm_write_failures_total", "counter",
+        "GET values the kernel refused to write into a connection's shared memory (answered "
+        "retry: the client fetches them inline).",
+        shm_write_failures.load());
   p.One("kvtier_inflight_requests", "gauge", "Native requests executing now.", inflight.load());
   p.One("kvtier_resp_durable_set_batches_total", "counter",
         "Batches of RESP SETs run under durability sync (one name sync and one commit each).",

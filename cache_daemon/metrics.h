@@ -131,6 +131,8 @@ class DaemonMetrics {
   std::atomic<uint64_t> trace_records_dropped{0};
   // Native turn ids forgotten (a connection's table full) or past their age limit.
   std::atomic<uint64_t> native_turns_restarted{0};
+  // GET values the kernel refused to write into a connection's shared memory (answered retry).
+  std::atomic<uint64_t> shm_write_failures{0};
   std::atomic<uint64_t> inflight{0};
   // RESP SETs completed asynchronously under durability sync (resp_durable_sets.h): batches
   // run (each one name-log sync and one SSD commit at most) and SETs submitted, not done yet.

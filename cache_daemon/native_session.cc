@@ -95,46 +95,25 @@ struct OutMsg {
   int fd = -1;  // sent with SCM_RIGHTS alongside the bytes (Unix sockets only)
 };
 
-// The connection's shared-memory region, populated on first use a chunk at a time: a GET
-// that copies into a chunk nothing has written yet prefaults the whole chunk writable with
-// one madvise(MADV_POPULATE_WRITE) instead of taking a page fault per 4 KiB page (about one
-// per 5 KiB unit, each costly in a paravirtualised guest). Populated chunks stay so for the
-// region's life; memory is committed only for chunks a reply used. Where the kernel lacks
-// MADV_POPULATE_WRITE (before Linux 5.14) the pages fault in as before. Thread-safe: the
-// workers of one connection copy into its region concurrently.
-class ShmPrefault {
- public:
-  static constexpr uint64_t kChunkBytes = 2ull << 20;
-
-  ShmPrefault(uint8_t* base, uint64_t bytes)
-      : base_(base),
-        bytes_(bytes),
-        words_((bytes + kChunkBytes * 64 - 1) / (kChunkBytes * 64)),
-        done_(std::make_unique<std::atomic<uint64_t>[]>(words_)) {}
-
-  // Populates the chunks of [offset, offset + n) not populated yet. The range must lie in
-  // the region (the caller checks it); n 0 does nothing.
-  void Touch(uint64_t offset, uint64_t n) {
-    if (n == 0) return;
-    for (uint64_t c = offset / kChunkBytes; c <= (offset + n - 1) / kChunkBytes; ++c) {
-      const uint64_t bit = uint64_t{1} << (c % 64);
-      if ((done_[c / 64].load(std::memory_order_relaxed) & bit) != 0) continue;
-#ifdef MADV_POPULATE_WRITE
-      // Advisory: on failure the copy faults its pages in itself. Two workers may both
-      // populate a chunk: harmless.
-      (void)::madvise(base_ + c * kChunkBytes, std::min(kChunkBytes, bytes_ - c * kChunkBytes),
-                      MADV_POPULATE_WRITE);
-#endif
-      done_[c / 64].fetch_or(bit, std::memory_order_relaxed);
-    }
+// Writes v at `offset` of the connection's shared-memory file (the memfd behind the region)
+// with pwrite, so the kernel copies it through its own mapping of the pages and the daemon's
+// mapping of the region is never touched by a GET: no page of it is faulted or populated.
+// In a virtual machine with shadow page tables the first touch of each 4 KiB page of a
+// fresh region costs about 10 us of CPU, most of a cold unit's CPU before this
+// (docs/PERFORMANCE.md, "Resume fetch: per-unit CPU"). The caller has checked that the range
+// lies in the region (the file is sealed at the region's size). False when the kernel
+// refused the write (no memory for the region's pages): nothing is served from it.
+bool WriteShm(int fd, std::span<const uint8_t> v, uint64_t offset) {
+  size_t done = 0;
+  while (done < v.size()) {
+    const ssize_t n =
+        ::pwrite(fd, v.data() + done, v.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
   }
-
- private:
-  uint8_t* const base_;
-  const uint64_t bytes_;
-  const uint64_t words_;
-  std::unique_ptr<std::atomic<uint64_t>[]> done_;  // one bit per chunk
-};
+  return true;
+}
 
 // Everything a request needs from its connection, fixed when the frame is accepted: a
 // HELLO/AUTH/SHM_ATTACH that follows it on the strand cannot change what it runs as.
@@ -144,7 +123,7 @@ struct Job {
   uint32_t unit_tokens = 0;
   uint8_t* shm = nullptr;  // the mapping (lives as long as the session); null when none
   uint64_t shm_bytes = 0;
-  ShmPrefault* shm_prefault = nullptr;  // with shm: its first-use population (session-owned)
+  int shm_fd = -1;  // with shm: the region's memfd (session-owned, open while it lives)
   // The request the call belongs to for the eviction policies: its turn's (kFlagTurn), else
   // id 0 (the store makes the call a request of its own).
   storage::RequestTag request;
@@ -524,8 +503,8 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
     shared_->metrics->inflight.fetch_add(1);
     auto shared_slot = std::make_shared<InflightSlot>(std::move(slot).value());
     const storage::RequestTag request = TurnRequest(frame);
-    auto job = std::make_shared<Job>(Job{std::move(frame), tenant_, unit_tokens_, shm_, shm_bytes_,
-                                         shm_prefault_.get(), request});
+    auto job = std::make_shared<Job>(
+        Job{std::move(frame), tenant_, unit_tokens_, shm_, shm_bytes_, shm_fd_, request});
     asio::post(*shared_->workers, [self = shared_from_this(), job = std::move(job), op, start_us,
                                    shared_slot, frame_bytes]() mutable {
       StatusCode code = StatusCode::kOk;
@@ -653,7 +632,6 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
         } else {
           shm_ = static_cast<uint8_t*>(p);
           shm_bytes_ = bytes;
-          shm_prefault_ = std::make_unique<ShmPrefault>(shm_, shm_bytes_);
           shm_fd_ = fd;
         }
       }
@@ -740,7 +718,6 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
   uint8_t* shm_ = nullptr;
   uint64_t shm_bytes_ = 0;
   int shm_fd_ = -1;
-  std::unique_ptr<ShmPrefault> shm_prefault_;
 };
 
 Status NativeSession::ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_t>* out) {
@@ -805,34 +782,38 @@ Status NativeSession::ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_
       wire::EncodeStatus(Status::Ok(), &w);
       w.U16(static_cast<uint16_t>(req.keys.size()));
       uint64_t cursor = 0;
-      svc->Get(t, req.keys, unit_tokens, job.request,
-               [&](size_t, const Status& st, storage::Tier tier, std::span<const uint8_t> v) {
-                 StatusCode c = st.code();
-                 if (st.ok() && shm && v.size() > req.dst_capacity - cursor) {
-                   c = StatusCode::kRetry;  // no room left in the destination area
-                 }
-                 if (st.ok() && !shm && w.buffer().size() + v.size() + 6 > max_frame) {
-                   c = StatusCode::kRetry;  // would exceed the frame limit
-                 }
-                 if (c == StatusCode::kOk && !shm && !ReserveReply(v.size(), &job)) {
-                   c = StatusCode::kRetry;  // the connection's replies are not being read
-                 }
-                 if (c != StatusCode::kOk && c != StatusCode::kNotFound) *code = c;
-                 w.U8(static_cast<uint8_t>(c));
-                 w.U8(static_cast<uint8_t>(tier));
-                 w.U32(c == StatusCode::kOk ? static_cast<uint32_t>(v.size()) : 0);
-                 if (c != StatusCode::kOk) return;
-                 if (shm) {
-                   // The value's only copy: from where the store read it (an SSD unit: its
-                   // verified record in the batch's read region) into the destination.
-                   job.shm_prefault->Touch(req.dst_offset + cursor, v.size());
-                   std::memcpy(shm_base + req.dst_offset + cursor, v.data(), v.size());
-                   w.U64(req.dst_offset + cursor);
-                   cursor += v.size();
-                 } else {
-                   w.Bytes(v);
-                 }
-               });
+      svc->Get(
+          t, req.keys, unit_tokens, job.request,
+          [&](size_t, const Status& st, storage::Tier tier, std::span<const uint8_t> v) {
+            StatusCode c = st.code();
+            if (st.ok() && shm && v.size() > req.dst_capacity - cursor) {
+              c = StatusCode::kRetry;  // no room left in the destination area
+            }
+            if (st.ok() && !shm && w.buffer().size() + v.size() + 6 > max_frame) {
+              c = StatusCode::kRetry;  // would exceed the frame limit
+            }
+            if (c == StatusCode::kOk && !shm && !ReserveReply(v.size(), &job)) {
+              c = StatusCode::kRetry;  // the connection's replies are not being read
+            }
+            // The value's only copy: from where the store read it (an SSD unit: its
+            // verified record in the batch's read region) into the destination. A write
+            // the kernel refused is answered retry: the client asks again inline.
+            if (c == StatusCode::kOk && shm && !WriteShm(job.shm_fd, v, req.dst_offset + cursor)) {
+              c = StatusCode::kRetry;
+              shared_->metrics->shm_write_failures.fetch_add(1);
+            }
+            if (c != StatusCode::kOk && c != StatusCode::kNotFound) *code = c;
+            w.U8(static_cast<uint8_t>(c));
+            w.U8(static_cast<uint8_t>(tier));
+            w.U32(c == StatusCode::kOk ? static_cast<uint32_t>(v.size()) : 0);
+            if (c != StatusCode::kOk) return;
+            if (shm) {
+              w.U64(req.dst_offset + cursor);
+              cursor += v.size();
+            } else {
+              w.Bytes(v);
+            }
+          });
       *out = w.Take();
       auto hdr = wire::EncodeHeader(h.opcode | wire::kResponseBit, reply_flags, h.request_id,
                                     static_cast<uint32_t>(out->size() - wire::kHeaderBytes));

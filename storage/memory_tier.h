@@ -8,7 +8,9 @@
 // page pool when its last chunk is freed. Values larger than a page do not fit this tier.
 // A host (mmap) arena's page is populated (prefaulted writable, one madvise) the first time
 // it is handed out, so inserts into it take no page fault each: the arena's resident memory
-// grows a page at a time.
+// grows a page at a time. The host arena is 2 MiB-aligned and advised for transparent huge
+// pages (MADV_HUGEPAGE; effective where THP is "madvise" or "always"), so that population
+// maps 2 MiB pages rather than 4 KiB ones.
 // Insert never evicts: when no chunk is free it returns Rejected, and the caller (TierManager)
 // asks PickVictim for a victim, demotes it and removes it, then retries.
 //

@@ -228,6 +228,11 @@ TEST_F(E2eTest, SsdUnitsAreExactOverShmAndSocketAndACorruptedRecordIsAMiss) {
     });
     ASSERT_TRUE(st.ok()) << st.ToString();
     EXPECT_EQ(std::count(visits.begin(), visits.end(), 1), static_cast<long>(kUnits));
+    // Over shared memory every value was written into the region (pwrite on its memfd), none
+    // answered retry (then fetched again inline, possibly from another tier).
+    const std::string m = kt::HttpRequest(d_->http_port(), "GET", "/metrics");
+    EXPECT_NE(m.find("\nkvtier_native_shm_write_failures_total 0\n"), std::string::npos);
+    EXPECT_EQ(m.find("kvtier_requests_total{op=\"get\",code=\"retry\"}"), std::string::npos);
   };
   ASSERT_TRUE(d_->Start());
   get_all(16u << 20, 2);  // from SSD, over shared memory (promoted to DRAM)

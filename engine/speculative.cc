@@ -379,6 +379,8 @@ Status SpeculativeDecoder::DraftPhase(bool draft, DraftResult* d) {
   const auto te = Clock::now();
   stats_.draft_us += Micros(td, te);
   ++stats_.drafts;
+  last_draft_tokens_ = d->tokens;
+  last_draft_confidence_ = d->confidence;
   if (scheduler_ != nullptr)
     scheduler_->RecordDraft(std::chrono::duration<double>(te - td).count(), d->confidence);
   return Status::Ok();

@@ -220,6 +220,10 @@ class SpeculativeDecoder {
   const SpeculativeStats& stats() const { return stats_; }
   // The next token (emitted, not yet run by the target).
   int32_t pending() const { return pending_; }
+  // The last draft pass's tokens and confidences (K each; empty before the first), for
+  // inspection.
+  const std::vector<int32_t>& last_draft_tokens() const { return last_draft_tokens_; }
+  const std::vector<float>& last_draft_confidence() const { return last_draft_confidence_; }
 
  private:
   Status Prefill(SequenceState* state, std::span<const int32_t> prompt, std::vector<float>* logits);
@@ -261,6 +265,8 @@ class SpeculativeDecoder {
   int64_t round_n_ = -1;
   std::vector<float> round_logits_;
   SpeculativeStats stats_;
+  std::vector<int32_t> last_draft_tokens_;
+  std::vector<float> last_draft_confidence_;
 };
 
 }  // namespace kvtier::engine

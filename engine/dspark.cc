@@ -227,15 +227,24 @@ Status DSpark::Observe(const AttnInputCapture& cap, int64_t from, int64_t count,
       return Status::InvalidArgument("dspark: observed positions overlap the context");
     ctx->rows_.clear();
   }
-  const size_t keep = static_cast<size_t>(config_.sliding_window) + 1;
-  std::vector<float> cat(static_cast<size_t>(NT) * D);
-  for (int64_t t = 0; t < count; ++t) {
-    for (int i = 0; i < NT; ++i) std::memcpy(cat.data() + i * D, src[i] + t * D, D * 4);
+  // Only the last `keep` rows can stay; they are projected in one MatMul (a row's result does
+  // not depend on the rows beside it, ops.h: the same bits as one call per row).
+  const int64_t keep = config_.sliding_window + 1;
+  const int64_t skip = std::max<int64_t>(0, count - keep);
+  const int64_t rows = count - skip;
+  if (skip > 0) ctx->rows_.clear();
+  std::vector<float> cat(static_cast<size_t>(rows * NT * D));
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int i = 0; i < NT; ++i)
+      std::memcpy(cat.data() + (t * NT + i) * D, src[i] + (skip + t) * D, D * 4);
+  }
+  std::vector<float> proj(static_cast<size_t>(rows * D));
+  if (rows > 0) Mm(cat.data(), static_cast<int>(rows), NT * D, proj_, D, proj.data());
+  for (int64_t t = 0; t < rows; ++t) {
     std::vector<float> row(D);
-    Mm(cat.data(), 1, NT * D, proj_, D, row.data());
-    RmsNorm(row.data(), proj_norm_, D, config_.rms_norm_eps, row.data());
+    RmsNorm(proj.data() + t * D, proj_norm_, D, config_.rms_norm_eps, row.data());
     ctx->rows_.push_back(std::move(row));
-    if (ctx->rows_.size() > keep) ctx->rows_.pop_front();
+    if (static_cast<int64_t>(ctx->rows_.size()) > keep) ctx->rows_.pop_front();
   }
   ctx->end_ = from + count;
   return Status::Ok();

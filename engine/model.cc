@@ -401,9 +401,12 @@ int AttnInputCapture::Slot(int layer) const {
 }
 
 void AttnInputCapture::Clear() {
+  // Keeps the rows' buffers: a capture is cleared before every pass that records into it.
   first_pos.assign(layers.size(), -1);
-  stream_mean.assign(layers.size(), {});
-  normed.assign(layers.size(), {});
+  stream_mean.resize(layers.size());
+  normed.resize(layers.size());
+  for (auto& v : stream_mean) v.clear();
+  for (auto& v : normed) v.clear();
 }
 
 void AttnInputCapture::Record(int layer, int64_t p0, int n, int hc, int dim, const float* x,

@@ -276,6 +276,8 @@ SpeculativeDecoder::SpeculativeDecoder(Engine* engine, const DSpark* draft,
   capture_.layers = CaptureLayers(engine->config(), draft->dconfig());
   backlog_.layers = draft->target_layers();
   backlog_.Clear();
+  step_capture_.layers = draft->target_layers();
+  step_capture_.Clear();
   stats_.chosen_b.assign(draft->dconfig().block_size + 1, 0);
 }
 
@@ -377,13 +379,17 @@ Status SpeculativeDecoder::DraftPhase(bool draft, DraftResult* d) {
   const auto te = Clock::now();
   stats_.draft_us += Micros(td, te);
   ++stats_.drafts;
+  last_draft_tokens_ = d->tokens;
+  last_draft_confidence_ = d->confidence;
   if (scheduler_ != nullptr)
     scheduler_->RecordDraft(std::chrono::duration<double>(te - td).count(), d->confidence);
   return Status::Ok();
 }
 
-Status SpeculativeDecoder::Defer(int64_t from, int64_t count) {
+Status SpeculativeDecoder::Defer(const AttnInputCapture& capture, int64_t from, int64_t count) {
   const int D = engine_->config().hidden_size;
+  // The context keeps W + 1 rows; the backlog is cut back to them only when it holds twice
+  // as many (FlushBacklog observes the last W + 1), so an undrafted round moves no rows.
   const size_t rows_max = static_cast<size_t>(engine_->config().sliding_window) + 1;
   const int64_t have = backlog_.first_pos.empty() || backlog_.first_pos[0] < 0
                            ? 0
@@ -393,17 +399,17 @@ Status SpeculativeDecoder::Defer(int64_t from, int64_t count) {
     backlog_.Clear();
   }
   for (size_t i = 0; i < backlog_.layers.size(); ++i) {
-    const int s = capture_.Slot(backlog_.layers[i]);
-    if (s < 0 || capture_.first_pos[s] < 0 || from < capture_.first_pos[s] ||
-        (from - capture_.first_pos[s] + count) * D >
-            static_cast<int64_t>(capture_.stream_mean[s].size()))
+    const int s = capture.Slot(backlog_.layers[i]);
+    if (s < 0 || capture.first_pos[s] < 0 || from < capture.first_pos[s] ||
+        (from - capture.first_pos[s] + count) * D >
+            static_cast<int64_t>(capture.stream_mean[s].size()))
       return Status::InvalidArgument("speculative: the capture lacks the accepted positions");
     std::vector<float>& m = backlog_.stream_mean[i];
     if (backlog_.first_pos[i] < 0) backlog_.first_pos[i] = from;
-    const float* src = capture_.stream_mean[s].data() + (from - capture_.first_pos[s]) * D;
+    const float* src = capture.stream_mean[s].data() + (from - capture.first_pos[s]) * D;
     m.insert(m.end(), src, src + count * D);
     const size_t rows = m.size() / static_cast<size_t>(D);
-    if (rows > rows_max) {
+    if (rows > 2 * rows_max) {
       m.erase(m.begin(), m.begin() + static_cast<int64_t>((rows - rows_max) * D));
       backlog_.first_pos[i] += static_cast<int64_t>(rows - rows_max);
     }
@@ -415,6 +421,7 @@ Status SpeculativeDecoder::FlushBacklog() {
   if (backlog_.first_pos.empty() || backlog_.first_pos[0] < 0) return Status::Ok();
   const int64_t rows =
       static_cast<int64_t>(backlog_.stream_mean[0].size()) / engine_->config().hidden_size;
+  // Observe projects only the rows the context keeps, in one MatMul.
   Status s = draft_->Observe(backlog_, backlog_.first_pos[0], rows, &ctx_);
   backlog_.Clear();
   return s;
@@ -423,7 +430,22 @@ Status SpeculativeDecoder::FlushBacklog() {
 Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
   if (pending_ < 0) return Status::InvalidArgument("speculative: Start first");
   const int K = draft_->dconfig().block_size;
-  const bool draft = !options_.scheduler || scheduler_ == nullptr || scheduler_->ShouldDraft();
+  const bool draft = options_.scheduler && scheduler_ != nullptr ? scheduler_->ShouldDraft()
+                                                                 : options_.draft_len > 0;
+  if (!draft) {  // a plain decode step
+    std::vector<float> logits;
+    AttnInputCapture* cap = StepCapture(*st);
+    engine_->set_attn_capture(cap);
+    const auto t0 = Clock::now();
+    Status s = engine_->Forward(st, std::span<const int32_t>(&pending_, 1), false, &logits);
+    const auto t1 = Clock::now();
+    engine_->set_attn_capture(nullptr);
+    KVTIER_RETURN_IF_ERROR(s);
+    stats_.verify_us += Micros(t0, t1);
+    if (scheduler_ != nullptr)
+      scheduler_->Record(1, std::chrono::duration<double>(t1 - t0).count());
+    return FinishStep(st, logits, out);
+  }
   DraftResult d;
   KVTIER_RETURN_IF_ERROR(DraftPhase(draft, &d));
   int B = 0;
@@ -450,12 +472,48 @@ Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
   KVTIER_RETURN_IF_ERROR(s);
   if (scheduler_ != nullptr)
     scheduler_->Record(B + 1, std::chrono::duration<double>(t1 - t0).count());
-  return Accept(st, d, B, n, logits.data(), out);
+  return Accept(st, d, B, n, logits.data(), capture_, out);
+}
+
+bool SpeculativeDecoder::DraftsRound(std::span<SpeculativeDecoder* const> decs) {
+  if (decs.empty() || decs[0] == nullptr) return false;
+  const SpeculativeDecoder* lead = decs[0];
+  if (lead->options_.scheduler && lead->scheduler_ != nullptr)
+    return lead->scheduler_->ShouldDraft(static_cast<int>(decs.size()));
+  for (const SpeculativeDecoder* d : decs) {
+    if (d != nullptr && d->options_.draft_len > 0) return true;
+  }
+  return false;
+}
+
+AttnInputCapture* SpeculativeDecoder::StepCapture(const SequenceState& st) {
+  step_n_ = static_cast<int64_t>(st.tokens.size());
+  step_capture_.from_pos = step_n_;
+  return &step_capture_;
+}
+
+Status SpeculativeDecoder::FinishStep(SequenceState* st, std::span<const float> logits,
+                                      std::vector<int32_t>* out) {
+  if (pending_ < 0 || step_n_ < 0 || static_cast<int64_t>(st->tokens.size()) != step_n_ + 1 ||
+      st->tokens.back() != pending_ ||
+      static_cast<int64_t>(logits.size()) != engine_->config().vocab_size)
+    return Status::InvalidArgument(
+        "speculative: FinishStep needs the StepCapture state extended by the pending token");
+  const int64_t n = step_n_;
+  step_n_ = -1;
+  return Accept(st, DraftResult{}, 0, n, logits.data(), step_capture_, out);
 }
 
 Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
                                       std::span<SequenceState* const> states,
                                       std::vector<std::vector<int32_t>>* outs) {
+  KVTIER_RETURN_IF_ERROR(CheckBatch(decs, states, outs));
+  return RoundBatch(decs, states, outs, DraftsRound(decs));
+}
+
+Status SpeculativeDecoder::CheckBatch(std::span<SpeculativeDecoder* const> decs,
+                                      std::span<SequenceState* const> states,
+                                      const std::vector<std::vector<int32_t>>* outs) {
   const size_t R = decs.size();
   if (R == 0 || states.size() != R || outs == nullptr || outs->size() != R)
     return Status::InvalidArgument(
@@ -474,10 +532,38 @@ Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
         return Status::InvalidArgument("speculative: RoundBatch: a decoder or state twice");
     }
   }
+  return Status::Ok();
+}
+
+Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
+                                      std::span<SequenceState* const> states,
+                                      std::vector<std::vector<int32_t>>* outs, bool draft) {
+  KVTIER_RETURN_IF_ERROR(CheckBatch(decs, states, outs));
+  const size_t R = decs.size();
+  const SpeculativeDecoder* lead = decs[0];
   Engine* engine = lead->engine_;
+  if (!draft) {
+    // Undrafted: one plain decode row per sequence, the last logits only.
+    std::vector<std::span<const int32_t>> spans;
+    std::vector<AttnInputCapture*> caps;
+    for (size_t i = 0; i < R; ++i) {
+      spans.emplace_back(&decs[i]->pending_, 1);
+      caps.push_back(decs[i]->StepCapture(*states[i]));
+    }
+    std::vector<std::vector<float>> last;
+    const auto t0 = Clock::now();
+    KVTIER_RETURN_IF_ERROR(engine->ForwardBatch(states, spans, &last, nullptr, caps));
+    const auto t1 = Clock::now();
+    if (lead->scheduler_ != nullptr)
+      lead->scheduler_->Record(static_cast<int>(R), std::chrono::duration<double>(t1 - t0).count());
+    for (size_t i = 0; i < R; ++i) {
+      decs[i]->stats_.verify_us += Micros(t0, t1);
+      KVTIER_RETURN_IF_ERROR(decs[i]->FinishStep(states[i], last[i], &(*outs)[i]));
+    }
+    return Status::Ok();
+  }
   DraftScheduler* sched = lead->options_.scheduler ? lead->scheduler_ : nullptr;
   const int K = lead->draft_->dconfig().block_size;
-  const bool draft = sched == nullptr || sched->ShouldDraft(static_cast<int>(R));
   // A probe (drafting did not pay lately) drafts for one sequence only, in turn.
   const size_t probe = draft && sched != nullptr && sched->probing()
                            ? static_cast<size_t>(lead->stats_.rounds % R)
@@ -485,7 +571,10 @@ Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
   std::vector<DraftResult> d(R);
   std::vector<int> B(R, 0);
   for (size_t i = 0; i < R; ++i) {
-    KVTIER_RETURN_IF_ERROR(decs[i]->DraftPhase(draft && (probe == R || i == probe), &d[i]));
+    // Without the scheduler a decoder whose draft_len is 0 drafts nothing (its B is 0).
+    const bool drafts =
+        probe == R ? sched != nullptr || decs[i]->options_.draft_len > 0 : i == probe;
+    KVTIER_RETURN_IF_ERROR(decs[i]->DraftPhase(drafts, &d[i]));
     if (!d[i].tokens.empty()) B[i] = std::clamp(decs[i]->options_.draft_len, 0, K);
   }
   if (draft && sched != nullptr) {
@@ -518,14 +607,15 @@ Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
     lead->scheduler_->Record(tokens, std::chrono::duration<double>(t1 - t0).count());
   for (size_t i = 0; i < R; ++i) {
     decs[i]->stats_.verify_us += Micros(t0, t1);
-    KVTIER_RETURN_IF_ERROR(
-        decs[i]->Accept(states[i], d[i], B[i], n[i], all[i].data(), &(*outs)[i]));
+    KVTIER_RETURN_IF_ERROR(decs[i]->Accept(states[i], d[i], B[i], n[i], all[i].data(),
+                                           decs[i]->capture_, &(*outs)[i]));
   }
   return Status::Ok();
 }
 
 Status SpeculativeDecoder::Accept(SequenceState* st, const DraftResult& d, int B, int64_t n,
-                                  const float* logits, std::vector<int32_t>* out) {
+                                  const float* logits, const AttnInputCapture& capture,
+                                  std::vector<int32_t>* out) {
   const bool greedy = sampler_->greedy();
   const int V = engine_->config().vocab_size;
   auto row = [&](int k) {
@@ -561,7 +651,7 @@ Status SpeculativeDecoder::Accept(SequenceState* st, const DraftResult& d, int B
   const auto tr = Clock::now();
   if (B > 0)
     KVTIER_RETURN_IF_ERROR(RollbackTo(engine_->config(), *weights_, cp_, capture_, keep, st));
-  KVTIER_RETURN_IF_ERROR(Defer(n, keep - n));
+  KVTIER_RETURN_IF_ERROR(Defer(capture, n, keep - n));
   stats_.rollback_us += Micros(tr, Clock::now());
   out->insert(out->end(), d.tokens.begin(), d.tokens.begin() + a);
   out->push_back(bonus);

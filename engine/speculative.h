@@ -23,6 +23,16 @@
 // verified in one Engine::ForwardBatch pass (all rows' logits, one capture per sequence); each
 // sequence then accepts and rolls back as in its own round.
 //
+// Undrafted rounds (the scheduler says drafting does not pay, or every fixed draft length is 0)
+// cost what plain decoding costs: no draft pass, no checkpoint, no all-rows logits and no
+// rollback captures; the pass runs the pending tokens as plain decode rows (the last logits
+// only) and records just the draft's target layers' inputs of the new positions (a copy of
+// target layers x hidden floats per token), which wait unprojected until the next draft pass
+// needs them (one DSpark::Observe over all of them then). A caller with rows of its own (a
+// server's prefill chunks) runs the undrafted round inside its own pass: StepCapture, then
+// FinishStep. A sequence may switch between drafted and undrafted rounds at any round; its
+// tokens and state are plain decoding's either way (greedy).
+//
 // Thread safety: a SpeculativeDecoder drives one sequence on one thread; the Engine and DSpark
 // may be shared only as their own headers allow.
 #pragma once
@@ -174,6 +184,21 @@ class SpeculativeDecoder {
   Status TruncateRound(SequenceState* state, int64_t keep, std::vector<float>* logits);
   // One round (draft, verify, accept, roll back); appends the emitted tokens (>= 1) to out.
   Status Round(SequenceState* state, std::vector<int32_t>* out);
+  // Whether the next round of these decoders drafts: the first one's scheduler says so
+  // (DraftScheduler::ShouldDraft(decoders.size()), which counts the rounds it says no: ask
+  // once per round), or, without the scheduler, some decoder's fixed draft_len is > 0. False for
+  // no decoders.
+  static bool DraftsRound(std::span<SpeculativeDecoder* const> decoders);
+  // The two halves of an undrafted round run inside a caller's own Engine::ForwardBatch: put
+  // pending() as this state's tokens (one row), StepCapture(state) as its capture (owned by the
+  // decoder, valid until its next round), take that row's last-token logits, then FinishStep
+  // with them: it samples the next token as a round with B = 0 does (appended to out, the new
+  // pending token) and keeps the draft's rows of the run position. RoundLogits and
+  // TruncateRound then work as after a round. FinishStep: InvalidArgument (nothing changed)
+  // unless the state is the one StepCapture saw extended by exactly pending(), and logits has
+  // vocab_size floats.
+  AttnInputCapture* StepCapture(const SequenceState& state);
+  Status FinishStep(SequenceState* state, std::span<const float> logits, std::vector<int32_t>* out);
   // One round of several sequences, verified in one Engine::ForwardBatch pass: decoders[i]
   // (started) drives states[i] and appends its emitted tokens to (*outs)[i]. Every decoder must
   // share the first one's engine, draft and scheduler; the first one's options.scheduler
@@ -182,16 +207,30 @@ class SpeculativeDecoder {
   // greedy's). InvalidArgument (nothing changed) for no decoders, mismatched sizes, a decoder
   // or state twice, or decoders that do not share those; a failed verify leaves every state
   // unusable, as ForwardBatch.
+  // Asks DraftsRound itself; an undrafted round runs as one plain ForwardBatch of the pending
+  // tokens (StepCapture / FinishStep for each sequence).
   static Status RoundBatch(std::span<SpeculativeDecoder* const> decoders,
                            std::span<SequenceState* const> states,
                            std::vector<std::vector<int32_t>>* outs);
+  // The same with the decision made (DraftsRound, asked once for this round).
+  static Status RoundBatch(std::span<SpeculativeDecoder* const> decoders,
+                           std::span<SequenceState* const> states,
+                           std::vector<std::vector<int32_t>>* outs, bool draft);
 
   const SpeculativeStats& stats() const { return stats_; }
   // The next token (emitted, not yet run by the target).
   int32_t pending() const { return pending_; }
+  // The last draft pass's tokens and confidences (K each; empty before the first), for
+  // inspection.
+  const std::vector<int32_t>& last_draft_tokens() const { return last_draft_tokens_; }
+  const std::vector<float>& last_draft_confidence() const { return last_draft_confidence_; }
 
  private:
   Status Prefill(SequenceState* state, std::span<const int32_t> prompt, std::vector<float>* logits);
+  // RoundBatch's argument checks (nothing changed when they fail).
+  static Status CheckBatch(std::span<SpeculativeDecoder* const> decoders,
+                           std::span<SequenceState* const> states,
+                           const std::vector<std::vector<int32_t>>* outs);
   // Round's phases: the draft pass (when `draft`; the sampling uniforms are drawn either way);
   // then, after the verify pass of n + 1 + B tokens gave `logits` ((B + 1) x vocab), the
   // acceptance, the rollback, the draft context's update and the counters.
@@ -201,10 +240,12 @@ class SpeculativeDecoder {
   // context keeps) and DSpark::Observe runs on them only before the next draft pass, so rounds
   // the scheduler runs without drafting pay no draft-side projection (main_x of a row does not
   // depend on other rows: the context ends up the same).
-  Status Defer(int64_t from, int64_t count);
+  // Defer keeps the target layers' rows of positions [from, from + count) from `capture`.
+  Status Defer(const AttnInputCapture& capture, int64_t from, int64_t count);
   Status FlushBacklog();
+  // capture: the pass's capture of the state (capture_ or step_capture_).
   Status Accept(SequenceState* state, const DraftResult& d, int B, int64_t n, const float* logits,
-                std::vector<int32_t>* out);
+                const AttnInputCapture& capture, std::vector<int32_t>* out);
   Engine* engine_;
   const DSpark* draft_;
   const ModelWeights* weights_;
@@ -214,6 +255,9 @@ class SpeculativeDecoder {
   AttnInputCapture capture_;
   DraftContext ctx_;
   AttnInputCapture backlog_;  // target layers only; first_pos[i] equal for all
+  // Undrafted rounds: the target layers only, from the run position (step_n_).
+  AttnInputCapture step_capture_;
+  int64_t step_n_ = -1;
   VerifyCheckpoint cp_;
   int32_t pending_ = -1;
   // The last round: tokens before it (-1: none since Start/Attach) and the verify rows of
@@ -221,6 +265,8 @@ class SpeculativeDecoder {
   int64_t round_n_ = -1;
   std::vector<float> round_logits_;
   SpeculativeStats stats_;
+  std::vector<int32_t> last_draft_tokens_;
+  std::vector<float> last_draft_confidence_;
 };
 
 }  // namespace kvtier::engine

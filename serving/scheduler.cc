@@ -474,11 +474,17 @@ void Scheduler::StepActive() {
   std::vector<int32_t> next;
   std::vector<Status> errors;
   int64_t tokens = 0, prefill_tokens = 0, spec_sequences = 0;
+  // Speculative sequences in an undrafted round: plain decode rows of the pass below.
+  std::vector<Seq*> undrafted;
   if (options_.draft != nullptr) {
-    // Speculative: the decode rows are one RoundBatch pass of their own; the chunks follow.
+    // Speculative: a drafted round is one RoundBatch pass of its own; the chunks follow.
     SpecRound(batch, &done_stop, &done_length, &failed, &errors, &step_tokens, &tokens,
-              &spec_sequences);
+              &spec_sequences, &undrafted);
     batch.clear();
+  }
+  for (Seq* s : undrafted) {
+    decoding.push_back(s);
+    next.push_back(s->spec->pending());
   }
   for (Seq* s : batch) {
     const int32_t tok = s->sampler->Sample(s->logits);
@@ -496,6 +502,7 @@ void Scheduler::StepActive() {
     next.push_back(tok);
   }
   // One pass over the weights for every decode token and prefill chunk (ForwardBatch).
+  const size_t undrafted_rows = undrafted.size();  // the first rows of `decoding`
   if (!decoding.empty() || !chunked.empty()) {
     std::vector<Seq*> run = decoding;
     run.insert(run.end(), chunked.begin(), chunked.end());
@@ -507,11 +514,17 @@ void Scheduler::StepActive() {
     for (size_t i = 0; i < run.size(); ++i) step_tokens[run[i]->tenant] += spans[i].size();
     for (const auto& c : chunks) prefill_tokens += static_cast<int64_t>(c.size());
     // With a draft, the chunks record the attention inputs of the prompt's last W + 1
-    // positions for the draft's context (nothing for decode rows: none are here then).
+    // positions for the draft's context, the undrafted decode rows the draft's target layers
+    // of their position (kept by their decoder until it drafts again).
     std::vector<engine::AttnInputCapture*> caps;
     if (options_.draft != nullptr) {
       const int64_t keep = engine_->config().sliding_window + 1;
-      for (Seq* s : run) {
+      for (size_t i = 0; i < run.size(); ++i) {
+        Seq* s = run[i];
+        if (i < undrafted_rows) {
+          caps.push_back(s->spec->StepCapture(s->state));
+          continue;
+        }
         s->capture.from_pos =
             std::max<int64_t>(static_cast<int64_t>(s->state.tokens.size()),
                               static_cast<int64_t>(s->params.prompt.size()) - keep);
@@ -521,10 +534,26 @@ void Scheduler::StepActive() {
     std::vector<int64_t> before;
     for (Seq* s : run) before.push_back(static_cast<int64_t>(s->state.tokens.size()));
     std::vector<std::vector<float>> logits;
+    const auto t0 = Clock::now();
     Status ds = engine_->ForwardBatch(states, spans, &logits, nullptr, caps);
+    // A pass of the undrafted decode rows alone is what the draft scheduler compares drafting
+    // with: its SPS table learns it.
+    if (ds.ok() && undrafted_rows > 0 && run.size() == undrafted_rows)
+      draft_scheduler_->Record(static_cast<int>(undrafted_rows), Seconds(t0, Clock::now()));
     tokens += static_cast<int64_t>(decoding.size()) + prefill_tokens;
+    std::vector<uint64_t> zeros;
     for (size_t i = 0; i < run.size(); ++i) {
       Status si = ds;
+      if (i < undrafted_rows) {
+        std::vector<int32_t> out;
+        if (si.ok()) si = run[i]->spec->FinishStep(&run[i]->state, logits[i], &out);
+        zeros.push_back(0);
+        if (si.ok() && EndSpecRound(run[i], out, before[i], &done_stop, &done_length, &si))
+          continue;
+        failed.push_back(run[i]);
+        errors.push_back(si);
+        continue;
+      }
       if (si.ok() && !caps.empty()) {
         const int64_t from = run[i]->capture.from_pos;
         const int64_t end = before[i] + static_cast<int64_t>(spans[i].size());
@@ -538,6 +567,7 @@ void Scheduler::StepActive() {
         errors.push_back(si);
       }
     }
+    if (!zeros.empty()) metrics_->SpecRound(zeros, zeros);
   }
   metrics_->Step(static_cast<int64_t>(decoding.size() + chunked.size()) + spec_sequences, tokens,
                  prefill_tokens);
@@ -564,7 +594,7 @@ void Scheduler::SpecRound(const std::vector<Seq*>& batch, std::vector<Seq*>* don
                           std::vector<Seq*>* done_length, std::vector<Seq*>* failed,
                           std::vector<Status>* errors,
                           std::map<const Tenant*, uint64_t>* step_tokens, int64_t* tokens,
-                          int64_t* sequences) {
+                          int64_t* sequences, std::vector<Seq*>* undrafted) {
   std::vector<Seq*> round;
   for (Seq* s : batch) {
     if (s->spec == nullptr) {
@@ -592,7 +622,6 @@ void Scheduler::SpecRound(const std::vector<Seq*>& batch, std::vector<Seq*>* don
     round.push_back(s);
   }
   if (round.empty()) return;
-  *sequences += static_cast<int64_t>(round.size());
   std::vector<engine::SpeculativeDecoder*> decs;
   std::vector<engine::SequenceState*> states;
   std::vector<int64_t> n;
@@ -603,8 +632,13 @@ void Scheduler::SpecRound(const std::vector<Seq*>& batch, std::vector<Seq*>* don
     n.push_back(static_cast<int64_t>(s->state.tokens.size()));
     before.push_back(s->spec->stats());
   }
+  if (!engine::SpeculativeDecoder::DraftsRound(decs)) {
+    *undrafted = round;
+    return;
+  }
+  *sequences += static_cast<int64_t>(round.size());
   std::vector<std::vector<int32_t>> outs(round.size());
-  Status rs = engine::SpeculativeDecoder::RoundBatch(decs, states, &outs);
+  Status rs = engine::SpeculativeDecoder::RoundBatch(decs, states, &outs, true);
   if (!rs.ok()) {
     for (Seq* s : round) {
       failed->push_back(s);
@@ -620,25 +654,32 @@ void Scheduler::SpecRound(const std::vector<Seq*>& batch, std::vector<Seq*>* don
     accepted.push_back(now.accepted - before[i].accepted);
     (*step_tokens)[s->tenant] += 1 + drafted.back();
     *tokens += static_cast<int64_t>(1 + drafted.back());
-    // Emit the round's tokens one by one; out[j] was sampled after n + 1 + j tokens ran. A
-    // request that ends inside them keeps exactly the tokens plain decoding would have run.
-    Emitted e = Emitted::kMore;
-    size_t j = 0;
-    for (; j < outs[i].size() && e == Emitted::kMore; ++j)
-      e = Emit(s, outs[i][j], static_cast<size_t>(n[i]) + 1 + j);
     Status st;
-    if (e == Emitted::kMore) {
-      st = s->spec->RoundLogits(static_cast<int64_t>(s->state.tokens.size()), &s->logits);
-    } else {
-      st = s->spec->TruncateRound(&s->state, n[i] + static_cast<int64_t>(j), &s->logits);
-      if (st.ok()) (e == Emitted::kStop ? done_stop : done_length)->push_back(s);
-    }
-    if (!st.ok()) {
+    if (!EndSpecRound(s, outs[i], n[i], done_stop, done_length, &st)) {
       failed->push_back(s);
       errors->push_back(st);
     }
   }
   metrics_->SpecRound(drafted, accepted);
+}
+
+bool Scheduler::EndSpecRound(Seq* s, const std::vector<int32_t>& out, int64_t n,
+                             std::vector<Seq*>* done_stop, std::vector<Seq*>* done_length,
+                             Status* error) {
+  // Emit the round's tokens one by one; out[j] was sampled after n + 1 + j tokens ran.
+  Emitted e = Emitted::kMore;
+  size_t j = 0;
+  for (; j < out.size() && e == Emitted::kMore; ++j)
+    e = Emit(s, out[j], static_cast<size_t>(n) + 1 + j);
+  Status st;
+  if (e == Emitted::kMore) {
+    st = s->spec->RoundLogits(static_cast<int64_t>(s->state.tokens.size()), &s->logits);
+  } else {
+    st = s->spec->TruncateRound(&s->state, n + static_cast<int64_t>(j), &s->logits);
+    if (st.ok()) (e == Emitted::kStop ? done_stop : done_length)->push_back(s);
+  }
+  *error = st;
+  return st.ok();
 }
 
 void Scheduler::SaveSeq(Seq* seq) {

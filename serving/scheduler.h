@@ -203,12 +203,20 @@ class Scheduler {
   // Sets up seq's state from its cached part; *fetched: units came from kvtierd.
   Status Start(Seq* seq, Pending& p, bool* fetched);
   void StepActive();
-  // The decode rows of `batch` as one speculative round (RoundBatch); finished sequences go
-  // to done_stop / done_length, failed ones to failed; returns the tokens it ran per sequence.
+  // The decode rows of `batch` as one speculative round: when it drafts, one RoundBatch pass
+  // of their own; finished sequences go to done_stop / done_length, failed ones to failed.
+  // When it does not draft, the sequences go to *undrafted: the caller runs their pending
+  // tokens as plain decode rows of the step's pass (SpeculativeDecoder::StepCapture /
+  // FinishStep), then EndSpecRound.
   void SpecRound(const std::vector<Seq*>& batch, std::vector<Seq*>* done_stop,
                  std::vector<Seq*>* done_length, std::vector<Seq*>* failed,
                  std::vector<Status>* errors, std::map<const Tenant*, uint64_t>* step_tokens,
-                 int64_t* tokens, int64_t* sequences);
+                 int64_t* tokens, int64_t* sequences, std::vector<Seq*>* undrafted);
+  // Emits the tokens `out` a round of s emitted after n tokens ran (a request that ends inside
+  // them keeps exactly the tokens plain decoding would have run) and takes the logits after
+  // the kept ones; false (with the error in *error) when that fails.
+  bool EndSpecRound(Seq* s, const std::vector<int32_t>& out, int64_t n,
+                    std::vector<Seq*>* done_stop, std::vector<Seq*>* done_length, Status* error);
   enum class Emitted { kMore, kStop, kLength };
   // Emits `tok`, sampled after `ran` tokens of the sequence ran: usage, text events, stop
   // strings; kStop / kLength when the request ends with it.

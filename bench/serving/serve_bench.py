@@ -13,7 +13,8 @@ measures, each against its peer in the same run:
   spec        (--spec) output tokens/s of the same R greedy requests at concurrency C on a
               server with --speculative (DSpark draft, load-aware draft scheduler, or
               --spec-draft-len) against one without, the two passes back to back; with the
-              speculative counters of the pass (accepted per verification, undrafted rounds).
+              speculative counters of the pass (accepted per verification, undrafted rounds)
+              and cpu_ratio, the same ratio per CPU second of each server process.
   gap         the inter-token gap of S running streams while a long prompt (G tokens) arrives:
               the largest gap between two of their tokens while it is prefilled, against their
               median gap before it arrived (ratio = stall in steps' worth of time). Run it on two
@@ -126,6 +127,12 @@ class Server:
             j = json.loads(data)
             if j.get("choices") and j["choices"][0].get("text"):
                 times.append(time.monotonic())
+
+    def cpu_seconds(self):
+        """User + system CPU seconds the server process has used so far (all its threads)."""
+        with open("/proc/%d/stat" % self.proc.pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def metrics(self):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
@@ -240,9 +247,13 @@ def spec(build, workdir, args):
             plain.post(b, stream=True)
             fast.post(b, stream=True)
         for c in args.concurrency:
+            c0 = plain.cpu_seconds()
             off_tokens, off_s = run_concurrent(plain, bodies, c)
+            off_cpu = plain.cpu_seconds() - c0
             m0 = fast.metrics()
+            c0 = fast.cpu_seconds()
             on_tokens, on_s = run_concurrent(fast, bodies, c)
+            on_cpu = fast.cpu_seconds() - c0
             m1 = fast.metrics()
             d = {k: metric(m1, "kvtier_serve_spec_" + k) - metric(m0, "kvtier_serve_spec_" + k)
                  for k in ("verifications_total", "drafted_tokens_total",
@@ -255,6 +266,10 @@ def spec(build, workdir, args):
                    "tokens_per_s_spec": round(on_tokens / on_s, 1),
                    "tokens_per_s_plain": round(off_tokens / off_s, 1),
                    "ratio": round((on_tokens / on_s) / (off_tokens / off_s), 2),
+                   # Tokens per CPU second of the server process, spec / plain: less
+                   # sensitive to other processes on a shared machine than the wall clock.
+                   "cpu_ratio": round((on_tokens / max(on_cpu, 1e-9)) /
+                                      (off_tokens / max(off_cpu, 1e-9)), 2),
                    "drafted_per_verification": round(d["drafted_tokens_total"] / ver, 2),
                    "accepted_per_verification": round(d["accepted_tokens_total"] / ver, 2),
                    "undrafted_rounds": int(d["rounds_undrafted_total"]),

@@ -570,6 +570,154 @@ TEST(Speculative, BatchProbeDraftsForOneSequence) {
   EXPECT_EQ(drafts, 1u);
 }
 
+// Sequences that switch between drafted and undrafted rounds (both ways, runs of each) emit
+// plain greedy's tokens with plain decoding's state after every round; undrafted rounds run
+// either as RoundBatch's own plain pass or inside a caller's ForwardBatch beside a prefill
+// chunk of another sequence (StepCapture / FinishStep). The draft's context follows the
+// undrafted rounds: every drafted round drafts the same tokens with the same confidences (bit
+// for bit) and accepts as many as a fresh decoder whose context was observed from a prefill of
+// the same tokens.
+TEST(Speculative, SwitchingBetweenDraftedAndUndraftedRoundsEqualsPlain) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  constexpr int kNew = 48, kBatch = 4;
+  const int K = m.dconfig.block_size;
+  // 1 drafts; 0 does not, 2 does not in a caller's pass. The run of 20 undrafted rounds
+  // leaves more rows waiting for the draft than its context keeps (W + 1).
+  std::vector<int> pattern = {1, 0, 0, 2, 1, 1, 0, 2, 2, 0, 1};
+  pattern.insert(pattern.end(), 20, 0);
+  uint64_t drafted_rounds = 0, undrafted_rounds = 0, accepted = 0;
+  for (size_t g = 0; g + kBatch <= Texts().size(); g += kBatch) {
+    std::vector<std::vector<int32_t>> want(kBatch);
+    std::vector<std::vector<SequenceState>> plain(kBatch);
+    for (int i = 0; i < kBatch; ++i)
+      PlainGreedy(e.get(), Bytes(Texts()[g + i]), kNew + K + 1, &want[i], &plain[i]);
+    SpeculativeOptions o;
+    o.draft_len = K;
+    std::vector<Sampler> samplers(kBatch, Sampler(0, 1, 0));
+    std::vector<std::unique_ptr<SpeculativeDecoder>> decs;
+    std::vector<SequenceState> st;
+    std::vector<std::vector<int32_t>> got(kBatch);
+    for (int i = 0; i < kBatch; ++i) {
+      decs.push_back(std::make_unique<SpeculativeDecoder>(e.get(), m.draft.get(), m.weights.get(),
+                                                          nullptr, o, &samplers[i]));
+      st.push_back(e->NewSequence());
+      int32_t first = -1;
+      ASSERT_TRUE(decs[i]->Start(&st[i], Bytes(Texts()[g + i]), &first).ok());
+      got[i] = {first};
+    }
+    for (size_t round = 0;; ++round) {
+      std::vector<SpeculativeDecoder*> live;
+      std::vector<SequenceState*> lst;
+      std::vector<int> idx;
+      for (int i = 0; i < kBatch; ++i) {
+        if (static_cast<int>(got[i].size()) >= kNew) continue;
+        live.push_back(decs[i].get());
+        lst.push_back(&st[i]);
+        idx.push_back(i);
+      }
+      if (live.empty()) break;
+      const int mode = pattern[round % pattern.size()];
+      std::vector<std::vector<int32_t>> outs(live.size());
+      std::vector<uint64_t> want_accepted(live.size(), 0), before(live.size());
+      std::vector<std::vector<int32_t>> want_draft(live.size());
+      std::vector<std::vector<float>> want_conf(live.size());
+      for (size_t j = 0; j < live.size(); ++j) before[j] = live[j]->stats().accepted;
+      if (mode == 1) {
+        // The reference: a fresh decoder prefilled with the same tokens drafts from a context
+        // observed in one go; its round accepts what this round must.
+        for (size_t j = 0; j < live.size(); ++j) {
+          Sampler rs(0, 1, 0);
+          SpeculativeDecoder ref(e.get(), m.draft.get(), m.weights.get(), nullptr, o, &rs);
+          SequenceState rst = e->NewSequence();
+          ASSERT_TRUE(ref.StartWith(&rst, lst[j]->tokens, live[j]->pending()).ok());
+          std::vector<int32_t> rout;
+          ASSERT_TRUE(ref.Round(&rst, &rout).ok());
+          want_accepted[j] = ref.stats().accepted;
+          want_draft[j] = ref.last_draft_tokens();
+          want_conf[j] = ref.last_draft_confidence();
+        }
+        ASSERT_TRUE(SpeculativeDecoder::RoundBatch(live, lst, &outs, true).ok());
+        ++drafted_rounds;
+      } else if (mode == 0) {
+        ASSERT_TRUE(SpeculativeDecoder::RoundBatch(live, lst, &outs, false).ok());
+        ++undrafted_rounds;
+      } else {
+        // The caller's own pass: the pending tokens beside a prefill chunk of another sequence.
+        SequenceState other = e->NewSequence();
+        const std::vector<int32_t> chunk = Bytes(Texts()[(g + kBatch) % Texts().size()]);
+        std::vector<SequenceState*> ptrs = lst;
+        ptrs.push_back(&other);
+        std::vector<int32_t> pend;
+        for (SpeculativeDecoder* d : live) pend.push_back(d->pending());
+        std::vector<std::span<const int32_t>> spans;
+        std::vector<AttnInputCapture*> caps;
+        for (size_t j = 0; j < live.size(); ++j) {
+          spans.emplace_back(&pend[j], 1);
+          caps.push_back(live[j]->StepCapture(*lst[j]));
+        }
+        spans.emplace_back(chunk);
+        caps.push_back(nullptr);
+        std::vector<std::vector<float>> last;
+        ASSERT_TRUE(e->ForwardBatch(ptrs, spans, &last, nullptr, caps).ok());
+        for (size_t j = 0; j < live.size(); ++j)
+          ASSERT_TRUE(live[j]->FinishStep(lst[j], last[j], &outs[j]).ok());
+        ++undrafted_rounds;
+      }
+      for (size_t j = 0; j < live.size(); ++j) {
+        const int i = idx[j];
+        if (mode == 1) {
+          EXPECT_EQ(live[j]->stats().accepted - before[j], want_accepted[j])
+              << "sequence " << g + i << " round " << round << ": the draft saw another context";
+          EXPECT_EQ(live[j]->last_draft_tokens(), want_draft[j]) << "sequence " << g + i;
+          const std::vector<float>& c = live[j]->last_draft_confidence();
+          EXPECT_TRUE(c.size() == want_conf[j].size() &&
+                      std::memcmp(c.data(), want_conf[j].data(), c.size() * 4) == 0)
+              << "sequence " << g + i << " round " << round << ": confidences differ";
+          accepted += want_accepted[j];
+        } else {
+          ASSERT_EQ(outs[j].size(), 1u);
+        }
+        got[i].insert(got[i].end(), outs[j].begin(), outs[j].end());
+        const size_t done = got[i].size() - 1;
+        ASSERT_LE(done, plain[i].size());
+        ASSERT_TRUE(SameState(st[i], plain[i][done - 1]))
+            << "sequence " << g + i << " round " << round << " mode " << mode;
+      }
+    }
+    for (int i = 0; i < kBatch; ++i) {
+      got[i].resize(kNew);
+      EXPECT_EQ(got[i], std::vector<int32_t>(want[i].begin(), want[i].begin() + kNew))
+          << "sequence " << g + i;
+    }
+  }
+  EXPECT_GT(drafted_rounds, 10u);
+  EXPECT_GT(undrafted_rounds, 10u);
+  EXPECT_GT(accepted, 20u);
+}
+
+// FinishStep refuses a state that the caller's pass did not extend by the pending token.
+TEST(Speculative, FinishStepRejectsAStateItDidNotSee) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  Sampler s(0, 1, 0);
+  SpeculativeOptions o;
+  SpeculativeDecoder d(e.get(), m.draft.get(), m.weights.get(), nullptr, o, &s);
+  SequenceState st = e->NewSequence();
+  int32_t first = -1;
+  ASSERT_TRUE(d.Start(&st, Bytes("abc"), &first).ok());
+  std::vector<float> logits(static_cast<size_t>(m.config.vocab_size));
+  std::vector<int32_t> out;
+  EXPECT_FALSE(d.FinishStep(&st, logits, &out).ok()) << "no StepCapture";
+  d.StepCapture(st);
+  EXPECT_FALSE(d.FinishStep(&st, logits, &out).ok()) << "the pass did not run";
+  const int32_t other = first == 10 ? 11 : 10;
+  ASSERT_TRUE(e->Decode(&st, other, &logits).ok());
+  EXPECT_FALSE(d.FinishStep(&st, logits, &out).ok()) << "another token ran";
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(d.pending(), first);
+}
+
 TEST(Speculative, RoundBatchRejectsBadArguments) {
   const Trained& m = Model();
   auto e = MakeEngine();

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -410,6 +411,73 @@ TEST_F(SpeculativeSchedulerTest, GreedyEqualsPlainAndLimitsInsideAcceptedRunsAre
     }
   }
   EXPECT_TRUE(found) << "no step emitted three tokens: the draft accepted nothing";
+}
+
+// A counter of the metrics text (0 when absent).
+uint64_t Counter(const ServingMetrics& m, const std::string& name) {
+  const std::string text = m.Render();
+  const size_t at = text.find("\n" + name + " ");
+  return at == std::string::npos ? 0 : std::stoull(text.substr(at + name.size() + 2));
+}
+
+// Steps that draft nothing run the speculative sequences' pending tokens as plain rows of the
+// step's one pass, beside other requests' prefill chunks (prompts of different lengths, small
+// chunks, so decoding and prefilling overlap): draft length 0 never drafts, the load-aware
+// scheduler drafts in its first round (no estimates yet) and then as its table says. Greedy
+// text equals plain decoding's either way; a max_tokens limit and a stop string end where
+// plain decoding's do.
+TEST_F(SpeculativeSchedulerTest, UndraftedStepsRunInThePlainPassAndEqualPlain) {
+  constexpr int kTokens = 40;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> refs;
+  for (uint32_t i = 0; i < 4; ++i) {
+    prompts.push_back(Prompt(20 + 60 * i, 70 + i));
+    refs.push_back(Reference(model_.engine.get(), prompts.back(), kTokens));
+  }
+  for (const std::optional<int> draft_len : {std::optional<int>(0), std::optional<int>()}) {
+    const std::string mode = draft_len ? "draft_len 0" : "scheduler";
+    const uint64_t undrafted0 = Counter(metrics_, "kvtier_serve_spec_rounds_undrafted_total");
+    const uint64_t rounds0 = Counter(metrics_, "kvtier_serve_spec_rounds_total");
+    const uint64_t drafted0 = Counter(metrics_, "kvtier_serve_spec_drafted_tokens_total");
+    SchedulerOptions o;
+    o.idle_sequences_max = 0;
+    o.prefill_chunk_tokens = 16;
+    o.step_tokens_max = 24;
+    o.draft = draft_.get();
+    o.draft_len = draft_len;
+    auto s = Make(o);
+    ASSERT_NE(s, nullptr);
+    std::vector<std::shared_ptr<Generation>> gens;
+    for (const auto& p : prompts) {
+      auto g = s->Submit(&tenant_, Greedy(p, kTokens));
+      ASSERT_TRUE(g.ok());
+      gens.push_back(*g);
+    }
+    // A stop string: the reference's first occurrence of its bytes 10..12.
+    GenerationParams stop = Greedy(prompts[1], kTokens);
+    stop.stop = {refs[1].substr(10, 3)};
+    auto gs = s->Submit(&tenant_, stop);
+    ASSERT_TRUE(gs.ok());
+    for (size_t i = 0; i < gens.size(); ++i) {
+      Collected c = Drain(gens[i].get());
+      ASSERT_TRUE(c.done) << mode;
+      EXPECT_EQ(c.text, refs[i]) << mode << " request " << i;
+      EXPECT_EQ(c.usage.completion_tokens, kTokens) << mode << " request " << i;
+    }
+    Collected c = Drain(gs->get());
+    ASSERT_TRUE(c.done) << mode;
+    EXPECT_EQ(c.text, refs[1].substr(0, refs[1].find(stop.stop[0]))) << mode;
+    const uint64_t undrafted = Counter(metrics_, "kvtier_serve_spec_rounds_undrafted_total");
+    const uint64_t rounds = Counter(metrics_, "kvtier_serve_spec_rounds_total");
+    const uint64_t drafted = Counter(metrics_, "kvtier_serve_spec_drafted_tokens_total");
+    if (draft_len) {
+      EXPECT_EQ(undrafted - undrafted0, rounds - rounds0) << "draft_len 0 drafts nothing";
+      EXPECT_GT(rounds - rounds0, 30u);
+      EXPECT_EQ(drafted, drafted0);
+    } else {
+      EXPECT_GT(drafted, drafted0) << "the first round drafts";
+    }
+  }
 }
 
 }  // namespace

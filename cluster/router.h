@@ -39,6 +39,7 @@
 #include "cluster/peer_client.h"
 #include "cluster/peer_wire.h"
 #include "cluster/recent_deletes.h"
+#include "cluster/staged_fetch.h"
 #include "cluster/tombstones.h"
 
 namespace kvtier::cluster {
@@ -53,6 +54,9 @@ struct RouterOptions {
   // How long a member that left the view is remembered as one that may come back holding
   // units overwritten meanwhile (the tombstone TTL: past it the tombstones expire anyway).
   uint32_t departed_memory_s = 86400;
+  // When set, GETs fetch through it (the region transport with a plain-GET fallback:
+  // cluster/staged_fetch.h) instead of PeerClient::Get. Not owned; outlives the router.
+  StagedFetcher* staged = nullptr;
 };
 
 struct RouterStats {

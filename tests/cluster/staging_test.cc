@@ -217,9 +217,20 @@ TEST_F(StagingServerTest, GrantsExpireAndAreRenewedBeforeThat) {
   clock_.AdvanceMs(4001);  // the first grant's 10 s are over
   EXPECT_TRUE(Read(identity, *reply, reply->units[0]).status().IsPermissionDenied());
   EXPECT_TRUE(Read(identity, *renewed, renewed->units[0]).ok());
-  // Leaving revokes every unexpired grant of the node, the renewed one included.
+}
+
+TEST_F(StagingServerTest, LeavingRevokesEveryUnexpiredGrantOfTheNode) {
+  auto reply = Stage("b", {K(1)});
+  ASSERT_TRUE(reply.ok());
+  const std::string identity = std::string(kStagingIdentityPrefix) + "b";
+  clock_.AdvanceMs(6000);  // a renewed grant; the first one still valid for 4 s
+  auto renewed = Stage("b", {K(1)});
+  ASSERT_TRUE(renewed.ok());
+  ASSERT_NE(renewed->token, reply->token);
   server_->SetMembers({"a"});
+  EXPECT_TRUE(Read(identity, *reply, reply->units[0]).status().IsPermissionDenied());
   EXPECT_TRUE(Read(identity, *renewed, renewed->units[0]).status().IsPermissionDenied());
+  EXPECT_EQ(server_->stats().grants_revoked, 2u);
 }
 
 TEST_F(StagingServerTest, OnlyTheRingIsReadable) {

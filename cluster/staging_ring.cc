@@ -109,6 +109,11 @@ StagingRingCounters StagingRing::counters() const {
   return {records_.load(), bytes_.load(), wraps_.load(), too_large_.load()};
 }
 
+void StagingRing::WithWriteLock(const std::function<void()>& f) {
+  std::lock_guard lock(mu_);
+  f();
+}
+
 void StagingRing::TEST_Clobber(uint64_t offset) {
   std::lock_guard lock(mu_);
   if (offset + 8 <= ring_bytes_) PutU64(memory_.get() + offset, GetU64(memory_.get() + offset) + 1);

@@ -16,11 +16,11 @@
 // Stage() answers (offset, length, generation, checksum); the reader reads `length` bytes at
 // `offset` (with rdma::Transport: RDMA READ or TCP) and calls Verify(), which accepts the
 // bytes only when the header names that generation and length and the value's xxh3-64 is the
-// checksum. Reads are not synchronized with Stage() (a NIC reads without the owner's
-// knowledge), so a record overwritten before or during the read is what Verify() exists to
-// reject: a wholly overwritten record has another generation (always detected); a read torn
-// across an overwrite is detected by the checksum (a torn read passes only if its bytes hash
-// to the old checksum: about 2^-64 for xxh3-64).
+// checksum. RDMA reads are not synchronized with Stage() (a NIC reads without the owner's
+// knowledge; TCP reads copy under WithWriteLock), so a record overwritten before or during
+// the read is what Verify() exists to reject: a wholly overwritten record has another generation
+// (always detected); a read torn across an overwrite is detected by the checksum (a torn read
+// passes only if its bytes hash to the old checksum: about 2^-64 for xxh3-64).
 //
 // Thread safety: Stage() and counters() may be called concurrently (Stage() is serialized
 // internally). Verify() is a pure function.
@@ -28,6 +28,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -70,6 +71,10 @@ class StagingRing {
   // InvalidArgument when record is not unit.length_bytes long.
   static StatusOr<std::span<const uint8_t>> Verify(std::span<const uint8_t> record,
                                                    const StagedUnit& unit);
+
+  // Runs f under the lock Stage() writes under: the TCP region server copies records inside
+  // it, so its reads never race a write (rdma::RowServer::RegisterMemory's guard).
+  void WithWriteLock(const std::function<void()>& f);
 
   // Test hook: overwrites the generation of the record at `offset` (as a reuse would).
   void TEST_Clobber(uint64_t offset);

@@ -18,8 +18,9 @@ StatusOr<std::unique_ptr<StagingServer>> StagingServer::Start(StagingServerOptio
   ro.clock = options.clock;
   ro.verbs_enabled = options.verbs;
   auto server = std::make_unique<rdma::RowServer>(ro);
-  KVTIER_RETURN_IF_ERROR(server->RegisterMemory(kStagingRegionName, ring->memory(),
-                                                kStagingAlignBytes, ring->owner()));
+  KVTIER_RETURN_IF_ERROR(server->RegisterMemory(
+      kStagingRegionName, ring->memory(), kStagingAlignBytes, ring->owner(),
+      [r = ring.get()](const std::function<void()>& copy) { r->WithWriteLock(copy); }));
   KVTIER_RETURN_IF_ERROR(server->Start());
   return std::unique_ptr<StagingServer>(
       new StagingServer(std::move(options), std::move(ring), std::move(server)));

@@ -38,6 +38,7 @@ struct Table {
   EngramTableHeader header;           // what OPEN reports
   std::span<const uint8_t> rows;      // the readable bytes, offset 0 = rows.data()
   std::shared_ptr<const void> owner;  // keeps `rows` alive
+  RowServer::MemoryGuard guard;       // RegisterMemory's: TCP copies of `rows` run inside it
 };
 
 }  // namespace
@@ -379,7 +380,9 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
   }
 
   // Checks every op; on success fills `out` with buffers into the mapped tables.
-  Status CheckRead(const std::vector<wire::ReadOpWire>& ops, std::vector<asio::const_buffer>* out) {
+  // *guarded: a table of the batch whose copies must run inside its guard (RegisterMemory).
+  Status CheckRead(const std::vector<wire::ReadOpWire>& ops, std::vector<asio::const_buffer>* out,
+                   const Table** guarded) {
     const RowServerOptions& o = state_->options;
     if (ops.size() > o.batch_ops_max) return Status::InvalidArgument("batch over batch_ops_max");
     uint64_t total = 0;
@@ -408,6 +411,7 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
       total += op.length_bytes;
       if (total > o.response_bytes_max) return Status::InvalidArgument("response_bytes_max");
       out->emplace_back(rows.data() + op.offset_bytes, op.length_bytes);
+      if (a.table->guard) *guarded = a.table.get();
     }
     return Status::Ok();
   }
@@ -419,7 +423,8 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     }
     std::vector<asio::const_buffer> data;
     data.reserve(ops.size());
-    Status st = CheckRead(ops, &data);
+    const Table* guarded = nullptr;
+    Status st = CheckRead(ops, &data, &guarded);
     if (!st.ok()) {
       if (st.IsPermissionDenied()) state_->permission_denied.fetch_add(1);
       return Reply(st, {});
@@ -429,9 +434,15 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     state_->bytes_served.fetch_add(asio::buffer_size(data));
     // Gather the rows into one contiguous reply buffer: one buffer per row would cost a
     // writev per 64 rows (Boost.Asio's limit); a copy of <= response_bytes_max is cheaper.
-    if (data.size() > 1) {
+    // Memory a caller writes while serving is always copied, inside its guard.
+    if (data.size() > 1 || guarded != nullptr) {
       reply_data_.resize(asio::buffer_size(data));
-      asio::buffer_copy(asio::buffer(reply_data_), data);
+      auto copy = [&] { asio::buffer_copy(asio::buffer(reply_data_), data); };
+      if (guarded != nullptr) {
+        guarded->guard(copy);
+      } else {
+        copy();
+      }
       data.assign(1, asio::const_buffer(reply_data_.data(), reply_data_.size()));
     }
     const uint32_t delay_ms = state_->options.TEST_response_delay_ms;
@@ -550,7 +561,8 @@ Status RowServer::RegisterTable(const std::string& name, const std::string& path
 }
 
 Status RowServer::RegisterMemory(const std::string& name, std::span<const uint8_t> bytes,
-                                 uint32_t stride_bytes, std::shared_ptr<const void> owner) {
+                                 uint32_t stride_bytes, std::shared_ptr<const void> owner,
+                                 MemoryGuard guard) {
   if (name.empty() || name.size() > wire::kNameBytesMax) {
     return Status::InvalidArgument("region name must be 1..256 bytes");
   }
@@ -562,6 +574,7 @@ Status RowServer::RegisterMemory(const std::string& name, std::span<const uint8_
   table->header.row_count = bytes.size() / stride_bytes;
   table->rows = bytes;
   table->owner = std::move(owner);
+  table->guard = std::move(guard);
   return AddRegion(name, std::move(table));
 }
 

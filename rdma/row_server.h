@@ -41,6 +41,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -129,12 +130,16 @@ class RowServer {
   // row_stride_bytes = stride_bytes, row_count = size / stride, row_begin = row_dim = 0).
   // Exactly these bytes are readable (and, over verbs, registered), nothing around them.
   // `owner` keeps the memory alive while the server may read it. The server never writes
-  // it; the caller may, while clients read it: such reads are not synchronized with the
-  // writes (one-sided reads cannot be), so the caller's format must detect torn or reused
-  // bytes (cluster/staging_ring.h does). InvalidArgument for a duplicate or bad name, an
+  // it; the caller may, while clients read it. With `guard` set, the TCP server copies each
+  // read batch's bytes of this region inside guard(copy) (the caller runs copy under the
+  // lock its writes take), so TCP reads never race those writes; RDMA reads bypass the
+  // server and cannot be guarded, so the caller's format must detect torn or reused bytes
+  // either way (cluster/staging_ring.h does). InvalidArgument for a duplicate or bad name, an
   // empty range or a size not a multiple of stride_bytes.
+  using MemoryGuard = std::function<void(const std::function<void()>& copy)>;
   Status RegisterMemory(const std::string& name, std::span<const uint8_t> bytes,
-                        uint32_t stride_bytes, std::shared_ptr<const void> owner);
+                        uint32_t stride_bytes, std::shared_ptr<const void> owner,
+                        MemoryGuard guard = nullptr);
 
   // Issues a grant on region `region_name` to `tenant`, valid for ttl_ms (1..
   // grant_ttl_ms_max). NotFound for an unknown region; Rejected at grants_max.

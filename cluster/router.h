@@ -5,7 +5,8 @@
 //           change, of their previous owners), one call per peer per batch, all peers in
 //           parallel; a key counts as present when any peer holds it.
 //   GET     values the local store misses are fetched from the peers that hold them (again
-//           one call per peer per batch, in parallel).
+//           one call per peer per batch, in parallel); with options.staged, each call moves
+//           the bytes through the peer's staging region (cluster/staged_fetch.h).
 //   PUT     written to every owner (the local store when this node is one); acknowledged
 //           when write_acks of them acknowledged (0: all live owners), at least one.
 //           Then members that keep GET copies (MemberInfo::keeps_copies) and do not own

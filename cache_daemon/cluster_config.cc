@@ -100,6 +100,14 @@ Status ReadClusterTable(const toml::table& table, ClusterServeOptions* o) {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->get_copy_bytes_max));
     } else if (key == "get_copy_ttl_ms") {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->get_copy_ttl_ms));
+    } else if (key == "peer_data_transport") {
+      KVTIER_RETURN_IF_ERROR(ReadString(v, key, &o->peer_data_transport));
+    } else if (key == "peer_staging_ring_bytes") {
+      KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_staging_ring_bytes));
+    } else if (key == "peer_staging_grant_ttl_ms") {
+      KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_staging_grant_ttl_ms));
+    } else if (key == "peer_region_port") {
+      KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_region_port));
     } else if (key == "peer_connections_max") {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_connections_max));
     } else {
@@ -180,6 +188,21 @@ Status FinalizeCluster(ClusterServeOptions* o, bool auth_enabled) {
   if (o->get_copy_bytes_max > (1ull << 40)) return Bad("get_copy_bytes_max", "0..1099511627776");
   if (o->get_copy_ttl_ms < 1000 || o->get_copy_ttl_ms > 3600000) {
     return Bad("get_copy_ttl_ms", "1000..3600000");
+  }
+  if (o->peer_data_transport != "peer" && o->peer_data_transport != "tcp_region" &&
+      o->peer_data_transport != "verbs") {
+    return Bad("peer_data_transport", "\"peer\", \"tcp_region\" or \"verbs\"");
+  }
+  if (o->peer_staging_ring_bytes < (64u << 10) || o->peer_staging_ring_bytes > (1ull << 36) ||
+      o->peer_staging_ring_bytes % 4096 != 0) {
+    return Bad("peer_staging_ring_bytes", "a multiple of 4096 in 65536..68719476736");
+  }
+  if (o->peer_staging_grant_ttl_ms < 1000 || o->peer_staging_grant_ttl_ms > 86400000) {
+    return Bad("peer_staging_grant_ttl_ms", "1000..86400000");
+  }
+  if (o->peer_tls && o->peer_data_transport != "peer") {
+    return Bad("peer_data_transport",
+               "must be \"peer\" with cluster.peer_tls (the region transport is not encrypted)");
   }
   if (o->peer_tls) {
     for (const auto& [key, path] : {std::pair{"peer_tls_cert_file", &o->peer_tls_cert_file},

@@ -46,6 +46,18 @@ struct ClusterServeOptions {
   bool peer_tls = false;
   std::string peer_tls_cert_file, peer_tls_key_file, peer_tls_ca_file;  // PEM, all required
   bool peer_tls_verify_hostname = true;  // the peer's certificate must name its endpoint's host
+  // How a GET moves a remote unit's bytes (docs/CLUSTER.md, "Bulk data over the region
+  // transport"): "peer" (the default: in the GET reply), "tcp_region" (the owner stages it
+  // in its staging region, read with rdma::TcpTransport) or "verbs" (read by RDMA READ;
+  // refused at start without an RDMA device). With "tcp_region" or "verbs" this node also
+  // exports its own staging region: peer_staging_ring_bytes of memory, served on
+  // peer_host:peer_region_port (0: any free port; peers learn it in each reply), with grants
+  // to peer nodes that expire after peer_staging_grant_ttl_ms. Not with peer_tls (the
+  // region transport is not encrypted).
+  std::string peer_data_transport = "peer";
+  uint64_t peer_staging_ring_bytes = 64ull << 20;  // 64 KiB..64 GiB, a multiple of 4096
+  uint64_t peer_staging_grant_ttl_ms = 60000;      // 1000..86400000
+  uint16_t peer_region_port = 0;
 
   // Filled by FinalizeCluster.
   std::string peer_host;

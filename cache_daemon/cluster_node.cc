@@ -6,6 +6,9 @@
 #include "cluster/http_client.h"
 #include "common/config.h"
 #include "common/logging.h"
+#ifdef KVTIER_WITH_RDMA
+#include "rdma/verbs_device.h"
+#endif
 
 namespace kvtier::daemon {
 
@@ -67,6 +70,15 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
     if (ClusterCopies* c = copies(); c != nullptr) c->Drop(keys);
     return existed;
   }
+  StatusOr<cluster::StagedReply> GetStaged(const std::string& reader_node,
+                                           std::span<const cluster::PeerKey> keys) override {
+    if (staging_ == nullptr) return cluster::PeerHandler::GetStaged(reader_node, keys);
+    return staging_->Stage(
+        reader_node, keys,
+        [this](const cluster::PeerKey& k, std::vector<uint8_t>* v) { return Get(k, v); });
+  }
+  // Set before the peer front starts (never changed after).
+  void SetStaging(cluster::StagingServer* staging) { staging_ = staging; }
   Status DropCopies(std::span<const cluster::PeerKey> keys) override {
     if (ClusterCopies* c = copies(); c != nullptr) c->Drop(keys);
     return Status::Ok();
@@ -94,7 +106,22 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   const TenantRegistry* tenants_;
   cluster::RecentDeletes* recent_;
   std::atomic<ClusterCopies*> copies_{nullptr};
+  cluster::StagingServer* staging_ = nullptr;
 };
+
+// "verbs" needs libibverbs in this build and an RDMA device on this host.
+Status CheckVerbsDevice() {
+#ifdef KVTIER_WITH_RDMA
+  if (!rdma::verbs::ListDevices().empty()) return Status::Ok();
+  return Status::Unavailable(
+      "cluster.peer_data_transport = \"verbs\": no RDMA device on this host "
+      "(ibv_get_device_list is empty); use \"tcp_region\" or \"peer\"");
+#else
+  return Status::Unavailable(
+      "cluster.peer_data_transport = \"verbs\": this kvtierd was built without libibverbs "
+      "(KVTIER_WITH_RDMA off); use \"tcp_region\" or \"peer\"");
+#endif
+}
 
 std::string AdminEndpoint(const DaemonOptions& options) {
   if (options.http_port == 0) return "";
@@ -132,6 +159,21 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
   node->service_ = service;
   node->recent_deletes_ = std::make_unique<cluster::RecentDeletes>(cluster::RecentDeletesOptions{});
   node->handler_ = std::make_unique<StoreHandler>(service, tenants, node->recent_deletes_.get());
+
+  const bool region_path = c.peer_data_transport != "peer";
+  if (region_path) {
+    const bool verbs = c.peer_data_transport == "verbs";
+    if (verbs) KVTIER_RETURN_IF_ERROR(CheckVerbsDevice());
+    KVTIER_ASSIGN_OR_RETURN(node->staging_,
+                            cluster::StagingServer::Start(cluster::StagingServerOptions{
+                                .listen_host = c.peer_host,
+                                .listen_port = c.peer_region_port,
+                                .ring_bytes = c.peer_staging_ring_bytes,
+                                .grant_ttl_ms = c.peer_staging_grant_ttl_ms,
+                                .verbs = verbs,
+                                .connections_max = c.peer_connections_max}));
+    node->handler_->SetStaging(node->staging_.get());
+  }
 
   cluster::PeerServerOptions so;
   so.listen_host = c.peer_host;
@@ -199,6 +241,24 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
   mo.self.dram_bytes = options.storage.dram_capacity_bytes;
   mo.self.ssd_bytes = options.storage.ssd_capacity_bytes;
   KVTIER_ASSIGN_OR_RETURN(node->membership_, cluster::Membership::Start(mo));
+  if (node->staging_ != nullptr) {
+    // Grants go to members only, and are revoked when a member leaves.
+    auto members = [s = node->staging_.get()](const cluster::MemberView& v) {
+      std::vector<std::string> ids;
+      for (const auto& m : v.members) ids.push_back(m.node_id);
+      s->SetMembers(ids);
+    };
+    node->membership_->AddListener(members);
+    members(*node->membership_->View());
+    node->staged_fetcher_ = std::make_unique<cluster::StagedFetcher>(
+        node->client_.get(),
+        cluster::StagedFetcherOptions{.node_id = c.node_id,
+                                      .kind = c.peer_data_transport == "verbs"
+                                                  ? rdma::TransportKind::kVerbs
+                                                  : rdma::TransportKind::kTcp,
+                                      .timeout_ms = static_cast<uint32_t>(c.peer_timeout_ms),
+                                      .bytes_per_call_max = options.max_frame_bytes});
+  }
   node->router_ = std::make_unique<cluster::Router>(
       node->membership_.get(), node->client_.get(),
       cluster::RouterOptions{.replicas = c.replicas,
@@ -206,7 +266,8 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
                              .recent_deletes = node->recent_deletes_.get(),
                              .peer_call_threads = c.peer_call_threads,
                              .peer_call_queue_max = c.peer_call_queue_max,
-                             .departed_memory_s = c.tombstone_ttl_s},
+                             .departed_memory_s = c.tombstone_ttl_s,
+                             .staged = node->staged_fetcher_.get()},
       node->tombstones_.get());
   node->tombstones_->StartPolling();
   service->SetRouter(node->router_.get());
@@ -254,6 +315,7 @@ void ClusterNode::Stop() {
   if (tombstones_) tombstones_->Stop();
   if (membership_) membership_->Stop(/*revoke=*/true);
   if (server_) server_->Stop();
+  if (staging_) staging_->Stop();
 }
 
 std::string ClusterNode::ReadyText() const {
@@ -347,6 +409,48 @@ std::string ClusterNode::RenderPrometheus() const {
   counter("kvtier_cluster_copy_invalidation_failures_total",
           "Copy drops a member did not answer (recorded as tombstones).",
           rs.copy_invalidation_failures);
+  if (staged_fetcher_ != nullptr) {
+    cluster::StagedFetchStats f = staged_fetcher_->stats();
+    counter("kvtier_cluster_staged_get_units_total",
+            "Units fetched from an owner's staging region over the region transport and verified.",
+            f.units);
+    counter("kvtier_cluster_staged_get_bytes_total", "Value bytes of those units.", f.bytes);
+    counter("kvtier_cluster_staged_get_reused_total",
+            "Staged records that failed verification (slot reused before or during the read); "
+            "fetched by plain GET.",
+            f.reused);
+    counter("kvtier_cluster_staged_get_fallback_units_total",
+            "Units fetched by plain GET instead of the region transport (reused records, units "
+            "not staged, transport errors, GET_STAGED refused).",
+            f.fallback_units);
+    counter("kvtier_cluster_staged_get_transport_errors_total",
+            "Region transport connects, opens and read batches that failed.", f.transport_errors);
+    counter("kvtier_cluster_staged_get_refused_total",
+            "GET_STAGED calls an owner did not answer with records.", f.refused);
+  }
+  if (staging_ != nullptr) {
+    cluster::StagingServerStats st = staging_->stats();
+    counter("kvtier_cluster_staging_records_total",
+            "Units this node staged in its staging ring for peers.", st.ring.records);
+    counter("kvtier_cluster_staging_bytes_total", "Value bytes staged for peers.", st.ring.bytes);
+    counter("kvtier_cluster_staging_ring_wraps_total",
+            "Times the staging ring wrapped (older records overwritten).", st.ring.wraps);
+    counter("kvtier_cluster_staging_too_large_total",
+            "Units larger than cluster.peer_staging_ring_bytes (not staged).", st.ring.too_large);
+    counter("kvtier_cluster_staging_refused_total",
+            "GET_STAGED from nodes not in this node's membership view.", st.refused);
+    counter("kvtier_cluster_staging_grants_issued_total",
+            "Staging-region grants issued to peer nodes.", st.grants_issued);
+    counter("kvtier_cluster_staging_grants_revoked_total",
+            "Staging-region grants revoked because their node left the membership.",
+            st.grants_revoked);
+    counter("kvtier_cluster_staging_region_bytes_served_total",
+            "Bytes peers read from the staging region over TCP (RDMA READs bypass the server).",
+            st.region.bytes_served);
+    counter("kvtier_cluster_staging_region_denied_total",
+            "Staging-region opens and reads refused for a missing, expired or revoked grant.",
+            st.region.permission_denied);
+  }
   RefetchStats rf = refetch_->stats();
   counter("kvtier_cluster_checksum_refetches_total",
           "Units quarantined here for a checksum failure and rewritten from another owner.",

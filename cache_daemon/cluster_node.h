@@ -2,13 +2,13 @@
 // this node's store to its peers, the membership session in etcd, the peer client pool and
 // the router the Service sends its native operations through.
 //
-// Start order: peer front (so peers can reach us once we are listed), then membership, then
-// the router is handed to the Service, then the repair scan (cluster_repair.h) starts; it
-// runs again on every membership change; then the checksum-failure refetch
-// (cluster_refetch.h) is attached to the store. Stop: detach and end the refetch, end the
-// repair scan, leave etcd (lease revoked), then close the peer front. etcd unreachable at start is
-// not an error: the node serves what it holds and keeps trying (etcd_reachable() false, shown on
-// /readyz and /metrics).
+// Start order: the staging region (with peer_data_transport "tcp_region" or "verbs"), peer front
+// (so peers can reach us once we are listed), then membership, then the router is handed to the
+// Service, then the repair scan (cluster_repair.h) starts; it runs again on every membership
+// change; then the checksum-failure refetch (cluster_refetch.h) is attached to the store. Stop:
+// detach and end the refetch, end the repair scan, leave etcd (lease revoked), then close the peer
+// front. etcd unreachable at start is not an error: the node serves what it holds and keeps trying
+// (etcd_reachable() false, shown on /readyz and /metrics).
 //
 // Thread safety: Start/Stop from one thread; the rest from any.
 #pragma once
@@ -28,6 +28,8 @@
 #include "cluster/peer_server.h"
 #include "cluster/recent_deletes.h"
 #include "cluster/router.h"
+#include "cluster/staged_fetch.h"
+#include "cluster/staging_server.h"
 #include "cluster/tombstones.h"
 
 namespace kvtier::daemon {
@@ -59,6 +61,10 @@ class ClusterNode {
   std::string node_id_;
   std::unique_ptr<cluster::RecentDeletes> recent_deletes_;  // the handler and router note here
   std::unique_ptr<StoreHandler> handler_;
+  // [cluster] peer_data_transport "tcp_region" / "verbs": this node's staging region (started
+  // before the peer front, which hands it GET_STAGED) and the reader side the router uses.
+  std::unique_ptr<cluster::StagingServer> staging_;
+  std::unique_ptr<cluster::StagedFetcher> staged_fetcher_;
   std::unique_ptr<cluster::PeerServer> server_;
   std::unique_ptr<cluster::PeerClient> client_;
   std::unique_ptr<cluster::EtcdClient> etcd_;  // for the tombstone log

@@ -249,6 +249,15 @@ StatusOr<PeerClient::GetResult> PeerClient::Get(const std::string& endpoint,
   return out;
 }
 
+StatusOr<StagedReply> PeerClient::GetStaged(const std::string& endpoint,
+                                            std::span<const PeerKey> keys) {
+  Writer w;
+  PutKeys(keys, &w);
+  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> body,
+                          Call(endpoint, PeerOp::kGetStaged, w.buffer()));
+  return DecodeStagedReply(body, keys.size());
+}
+
 Status PeerClient::Put(const std::string& endpoint, const PeerPut& put) {
   return Call(endpoint, PeerOp::kPut, EncodePeerPut(put)).status();
 }

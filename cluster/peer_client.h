@@ -55,6 +55,8 @@ class PeerClient {
     std::vector<std::vector<uint8_t>> values;
   };
   StatusOr<GetResult> Get(const std::string& endpoint, std::span<const PeerKey> keys);
+  // Asks the peer to stage keys in its staging region (GET_STAGED; cluster/staged_fetch.h).
+  StatusOr<StagedReply> GetStaged(const std::string& endpoint, std::span<const PeerKey> keys);
   Status Put(const std::string& endpoint, const PeerPut& put);
   // One flag per key: 1 when it existed at the peer.
   StatusOr<std::vector<uint8_t>> Delete(const std::string& endpoint, std::span<const PeerKey> keys);

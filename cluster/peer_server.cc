@@ -181,6 +181,7 @@ void PeerServer::Serve(int fd) {
   bool authenticated = false;
   PeerNonce client_nonce{}, server_nonce{};
   bool hello_done = false;
+  std::string peer_node;  // from HELLO
   auto last_activity = Clock::now();
   std::vector<uint8_t> buf(64 << 10);
   while (!stop_.load()) {
@@ -221,6 +222,7 @@ void PeerServer::Serve(int fd) {
           return;
         }
         std::copy(nonce.begin(), nonce.end(), client_nonce.begin());
+        peer_node = node_id;
         RAND_bytes(server_nonce.data(), static_cast<int>(server_nonce.size()));
         PeerProof proof =
             PeerAuthProof(options_.credential, kServerProofLabel, client_nonce, server_nonce);
@@ -258,13 +260,13 @@ void PeerServer::Serve(int fd) {
       return;
     }
     requests_.fetch_add(1);
-    Execute(frame, &w);
+    Execute(frame, peer_node, &w);
     Respond(fd, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
     if (!sent) return;
   }
 }
 
-void PeerServer::Execute(const Frame& frame, Writer* w) {
+void PeerServer::Execute(const Frame& frame, const std::string& peer_node, Writer* w) {
   Reader r(frame.body);
   std::vector<PeerKey> keys;
   auto bad = [&](std::string_view what) {
@@ -323,6 +325,13 @@ void PeerServer::Execute(const Frame& frame, Writer* w) {
         return bad("malformed peer DELETE_TENANT");
       }
       daemon::wire::EncodeStatus(handler_->DeleteTenant(tenant), w);
+      return;
+    }
+    case PeerOp::kGetStaged: {
+      if (!GetKeys(&r, &keys) || r.remaining() != 0) return bad("malformed peer GET_STAGED");
+      auto staged = handler_->GetStaged(peer_node, keys);
+      daemon::wire::EncodeStatus(staged.status(), w);
+      if (staged.ok()) EncodeStagedReply(*staged, w);
       return;
     }
     case PeerOp::kDropCopies: {

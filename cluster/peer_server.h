@@ -51,6 +51,15 @@ class PeerHandler {
     (void)keys;
     return Status::Ok();
   }
+  // GET_STAGED from the node that named itself reader_node in HELLO (it proved it holds the
+  // cluster credential): stages the held keys for a one-sided read (cluster/staging_server.h).
+  // The default is for handlers without a staging region: the caller falls back to GET.
+  virtual StatusOr<StagedReply> GetStaged(const std::string& reader_node,
+                                          std::span<const PeerKey> keys) {
+    (void)reader_node;
+    (void)keys;
+    return Status::Unavailable("this node exports no staging region");
+  }
 };
 
 struct PeerServerOptions {
@@ -89,7 +98,9 @@ class PeerServer {
   void ServeConnection(int fd);
   void Serve(int fd);
   // Executes one authenticated request; fills the response body (status first).
-  void Execute(const daemon::wire::Frame& frame, daemon::wire::Writer* w);
+  // peer_node: the node id the peer gave in HELLO.
+  void Execute(const daemon::wire::Frame& frame, const std::string& peer_node,
+               daemon::wire::Writer* w);
 
   PeerServerOptions options_;
   PeerHandler* handler_;

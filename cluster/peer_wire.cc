@@ -8,7 +8,7 @@ namespace kvtier::cluster {
 using daemon::wire::Reader;
 using daemon::wire::Writer;
 
-bool IsPeerOp(uint8_t opcode) { return opcode >= 0x60 && opcode <= 0x67; }
+bool IsPeerOp(uint8_t opcode) { return opcode >= 0x60 && opcode <= 0x68; }
 
 PeerProof PeerAuthProof(std::span<const uint8_t> credential, std::string_view label,
                         const PeerNonce& a, const PeerNonce& b) {
@@ -85,6 +85,47 @@ StatusOr<PeerPut> DecodePeerPut(std::span<const uint8_t> body) {
   p.repair = (p.allow_ssd & 2) != 0;
   p.allow_ssd &= 1;
   return p;
+}
+
+void EncodeStagedReply(const StagedReply& reply, Writer* w) {
+  w->U16(reply.region_port);
+  PutText(reply.region_name, w);
+  w->Bytes(std::span<const uint8_t>(reply.token));
+  w->U32(static_cast<uint32_t>(reply.units.size()));
+  for (const StagedUnit& u : reply.units) {
+    w->U8(static_cast<uint8_t>(u.code));
+    w->U64(u.offset_bytes);
+    w->U32(u.length_bytes);
+    w->U64(u.generation);
+    w->U64(u.checksum);
+  }
+}
+
+StatusOr<StagedReply> DecodeStagedReply(std::span<const uint8_t> body, size_t keys) {
+  Reader r(body);
+  StagedReply out;
+  std::span<const uint8_t> token;
+  uint32_t n = 0;
+  if (!r.U16(&out.region_port) || !GetText(&r, &out.region_name) ||
+      !r.Bytes(out.token.size(), &token) || !r.U32(&n) || n != keys) {
+    return Status::Corruption("peer GET_STAGED reply");
+  }
+  std::copy(token.begin(), token.end(), out.token.begin());
+  out.units.resize(n);
+  for (StagedUnit& u : out.units) {
+    uint8_t code = 0;
+    if (!r.U8(&code) || code > static_cast<uint8_t>(StatusCode::kInternal) ||
+        !r.U64(&u.offset_bytes) || !r.U32(&u.length_bytes) || !r.U64(&u.generation) ||
+        !r.U64(&u.checksum)) {
+      return Status::Corruption("peer GET_STAGED reply entry");
+    }
+    u.code = static_cast<StatusCode>(code);
+    if (u.code == StatusCode::kOk && u.length_bytes < kStagedRecordHeaderBytes) {
+      return Status::Corruption("peer GET_STAGED: record shorter than its header");
+    }
+  }
+  if (r.remaining() != 0) return Status::Corruption("peer GET_STAGED reply: trailing bytes");
+  return out;
 }
 
 }  // namespace kvtier::cluster

@@ -25,6 +25,13 @@
 //   DELETE_TENANT  text tenant                 -> status
 //   DROP_COPIES    u32 n, n keys               -> status (the peer drops its GET copies of
 //                  the keys, never a unit it holds as an owner; docs/CLUSTER.md, "Copies")
+//   GET_STAGED     u32 n, n keys               -> status, u16 region_port, text region,
+//                  16-byte grant token, u32 n, n x {u8 code, u64 offset, u32 length,
+//                  u64 generation, u64 checksum}
+//                  (the owner copies each held unit into its staging region and names the
+//                  record; the caller reads it over rdma::Transport: docs/CLUSTER.md, "Bulk
+//                  data over the region transport". code 0: staged; NotFound: absent; any
+//                  other: not staged, ask with GET)
 // (text = u16 length + bytes, at most kPeerTextBytesMax.)
 //
 // Thread safety: pure functions.
@@ -55,6 +62,7 @@ enum class PeerOp : uint8_t {
   kDelete = 0x65,
   kDeleteTenant = 0x66,
   kDropCopies = 0x67,
+  kGetStaged = 0x68,
 };
 bool IsPeerOp(uint8_t opcode);
 
@@ -97,5 +105,31 @@ struct PeerPut {
 std::vector<uint8_t> EncodePeerPut(const PeerPut& put);
 // InvalidArgument for a truncated or over-long body.
 StatusOr<PeerPut> DecodePeerPut(std::span<const uint8_t> body);
+
+// Bytes before a staged value in its record (cluster/staging_ring.h).
+inline constexpr uint32_t kStagedRecordHeaderBytes = 32;
+
+// One unit of a GET_STAGED reply: where its record lies in the owner's staging region
+// (cluster/staging_ring.h), valid when code is OK.
+struct StagedUnit {
+  StatusCode code = StatusCode::kOk;
+  uint64_t offset_bytes = 0;
+  uint32_t length_bytes = 0;  // the whole record: header + value
+  uint64_t generation = 0;
+  uint64_t checksum = 0;  // xxh3-64 of the value
+};
+// A GET_STAGED reply: the staging region (on the owner's host, at region_port) with the
+// grant the owner issued to the caller's node, and one StagedUnit per key.
+struct StagedReply {
+  uint16_t region_port = 0;
+  std::string region_name;
+  std::array<uint8_t, 16> token{};  // a secret: never logged
+  std::vector<StagedUnit> units;
+};
+// The body after the OK status.
+void EncodeStagedReply(const StagedReply& reply, daemon::wire::Writer* w);
+// Corruption for a truncated or over-long body, a count other than `keys`, a code outside
+// StatusCode, or a staged record shorter than its header.
+StatusOr<StagedReply> DecodeStagedReply(std::span<const uint8_t> body, size_t keys);
 
 }  // namespace kvtier::cluster

@@ -211,10 +211,10 @@ void Router::GetRemote(std::span<const PeerKey> keys, const std::vector<bool>& w
       if (next[i] < candidates[i].size()) by_peer[candidates[i][next[i]++]].push_back(i);
     }
     if (by_peer.empty()) return;
-    auto results = FanOut(pool_.get(), by_peer, keys,
-                          [this](const std::string& ep, const std::vector<PeerKey>& ks) {
-                            return peers_->Get(ep, ks);
-                          });
+    auto results = FanOut(
+        pool_.get(), by_peer, keys, [this](const std::string& ep, const std::vector<PeerKey>& ks) {
+          return options_.staged != nullptr ? options_.staged->Get(ep, ks) : peers_->Get(ep, ks);
+        });
     for (auto& [idx, r] : results) {
       if (!r.ok()) {
         peer_errors_.fetch_add(1);

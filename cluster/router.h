@@ -5,7 +5,8 @@
 //           change, of their previous owners), one call per peer per batch, all peers in
 //           parallel; a key counts as present when any peer holds it.
 //   GET     values the local store misses are fetched from the peers that hold them (again
-//           one call per peer per batch, in parallel).
+//           one call per peer per batch, in parallel); with options.staged, each call moves
+//           the bytes through the peer's staging region (cluster/staged_fetch.h).
 //   PUT     written to every owner (the local store when this node is one); acknowledged
 //           when write_acks of them acknowledged (0: all live owners), at least one.
 //           Then members that keep GET copies (MemberInfo::keeps_copies) and do not own
@@ -39,6 +40,7 @@
 #include "cluster/peer_client.h"
 #include "cluster/peer_wire.h"
 #include "cluster/recent_deletes.h"
+#include "cluster/staged_fetch.h"
 #include "cluster/tombstones.h"
 
 namespace kvtier::cluster {
@@ -53,6 +55,9 @@ struct RouterOptions {
   // How long a member that left the view is remembered as one that may come back holding
   // units overwritten meanwhile (the tombstone TTL: past it the tombstones expire anyway).
   uint32_t departed_memory_s = 86400;
+  // When set, GETs fetch through it (the region transport with a plain-GET fallback:
+  // cluster/staged_fetch.h) instead of PeerClient::Get. Not owned; outlives the router.
+  StagedFetcher* staged = nullptr;
 };
 
 struct RouterStats {

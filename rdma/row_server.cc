@@ -31,10 +31,14 @@ struct Grant {
   uint64_t expiry_us = 0;
 };
 
+// A region: an Engram table's rows (a read-only mapping) or caller memory (RegisterMemory).
 struct Table {
   uint32_t id = 0;
   std::string name;
-  std::shared_ptr<const MappedTable> mapped;
+  EngramTableHeader header;           // what OPEN reports
+  std::span<const uint8_t> rows;      // the readable bytes, offset 0 = rows.data()
+  std::shared_ptr<const void> owner;  // keeps `rows` alive
+  RowServer::MemoryGuard guard;       // RegisterMemory's: TCP copies of `rows` run inside it
 };
 
 }  // namespace
@@ -113,7 +117,7 @@ struct RowServer::State {
       }
       return e->region;
     }
-    const std::span<const uint8_t> rows = table.mapped->rows();
+    const std::span<const uint8_t> rows = table.rows;
     KVTIER_ASSIGN_OR_RETURN(verbs::RemoteRegion r,
                             zone.RegisterRemoteReadable(rows.data(), rows.size()));
     if (Status st = registrations.Add(token, {tenant, table.id, expiry_us, r}); !st.ok()) {
@@ -359,8 +363,8 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
       return Reply(Status::Rejected("regions_per_connection_max reached"), {});
     }
     attached_[table->id] = Attached{table, req.token, req.tenant};
-    const EngramTableHeader& h = table->mapped->header();
-    wire::OpenReply reply{table->id,   h.row_stride_bytes, table->mapped->rows().size(),
+    const EngramTableHeader& h = table->header;
+    wire::OpenReply reply{table->id,   h.row_stride_bytes, table->rows.size(),
                           h.row_begin, h.row_count,        h.row_dim};
     wire::EncodeOpenReply(reply, open_reply_.data());
     std::vector<asio::const_buffer> data = {
@@ -376,7 +380,9 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
   }
 
   // Checks every op; on success fills `out` with buffers into the mapped tables.
-  Status CheckRead(const std::vector<wire::ReadOpWire>& ops, std::vector<asio::const_buffer>* out) {
+  // *guarded: a table of the batch whose copies must run inside its guard (RegisterMemory).
+  Status CheckRead(const std::vector<wire::ReadOpWire>& ops, std::vector<asio::const_buffer>* out,
+                   const Table** guarded) {
     const RowServerOptions& o = state_->options;
     if (ops.size() > o.batch_ops_max) return Status::InvalidArgument("batch over batch_ops_max");
     uint64_t total = 0;
@@ -395,7 +401,7 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
         }
         checked_region = op.region_id;
       }
-      const std::span<const uint8_t> rows = a.table->mapped->rows();
+      const std::span<const uint8_t> rows = a.table->rows;
       if (op.length_bytes == 0 || op.length_bytes > o.read_bytes_max) {
         return Status::InvalidArgument("op length out of range");
       }
@@ -405,6 +411,7 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
       total += op.length_bytes;
       if (total > o.response_bytes_max) return Status::InvalidArgument("response_bytes_max");
       out->emplace_back(rows.data() + op.offset_bytes, op.length_bytes);
+      if (a.table->guard) *guarded = a.table.get();
     }
     return Status::Ok();
   }
@@ -416,7 +423,8 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     }
     std::vector<asio::const_buffer> data;
     data.reserve(ops.size());
-    Status st = CheckRead(ops, &data);
+    const Table* guarded = nullptr;
+    Status st = CheckRead(ops, &data, &guarded);
     if (!st.ok()) {
       if (st.IsPermissionDenied()) state_->permission_denied.fetch_add(1);
       return Reply(st, {});
@@ -426,9 +434,15 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     state_->bytes_served.fetch_add(asio::buffer_size(data));
     // Gather the rows into one contiguous reply buffer: one buffer per row would cost a
     // writev per 64 rows (Boost.Asio's limit); a copy of <= response_bytes_max is cheaper.
-    if (data.size() > 1) {
+    // Memory a caller writes while serving is always copied, inside its guard.
+    if (data.size() > 1 || guarded != nullptr) {
       reply_data_.resize(asio::buffer_size(data));
-      asio::buffer_copy(asio::buffer(reply_data_), data);
+      auto copy = [&] { asio::buffer_copy(asio::buffer(reply_data_), data); };
+      if (guarded != nullptr) {
+        guarded->guard(copy);
+      } else {
+        copy();
+      }
       data.assign(1, asio::const_buffer(reply_data_.data(), reply_data_.size()));
     }
     const uint32_t delay_ms = state_->options.TEST_response_delay_ms;
@@ -539,14 +553,39 @@ Status RowServer::RegisterTable(const std::string& name, const std::string& path
     return Status::InvalidArgument("region name must be 1..256 bytes");
   }
   KVTIER_ASSIGN_OR_RETURN(std::shared_ptr<const MappedTable> mapped, MappedTable::Open(path));
+  auto table = std::make_shared<Table>();
+  table->header = mapped->header();
+  table->rows = mapped->rows();
+  table->owner = std::move(mapped);
+  return AddRegion(name, std::move(table));
+}
+
+Status RowServer::RegisterMemory(const std::string& name, std::span<const uint8_t> bytes,
+                                 uint32_t stride_bytes, std::shared_ptr<const void> owner,
+                                 MemoryGuard guard) {
+  if (name.empty() || name.size() > wire::kNameBytesMax) {
+    return Status::InvalidArgument("region name must be 1..256 bytes");
+  }
+  if (bytes.empty() || stride_bytes == 0 || bytes.size() % stride_bytes != 0) {
+    return Status::InvalidArgument("memory region must be a non-empty multiple of its stride");
+  }
+  auto table = std::make_shared<Table>();
+  table->header.row_stride_bytes = stride_bytes;
+  table->header.row_count = bytes.size() / stride_bytes;
+  table->rows = bytes;
+  table->owner = std::move(owner);
+  table->guard = std::move(guard);
+  return AddRegion(name, std::move(table));
+}
+
+Status RowServer::AddRegion(const std::string& name, std::shared_ptr<void> region) {
+  auto table = std::static_pointer_cast<Table>(std::move(region));
   std::lock_guard<std::mutex> lock(state_->mu);
   if (state_->tables_by_name.count(name) != 0) {
     return Status::InvalidArgument("region already registered: " + name);
   }
-  auto table = std::make_shared<Table>();
   table->id = static_cast<uint32_t>(state_->tables_by_id.size() + 1);
   table->name = name;
-  table->mapped = std::move(mapped);
   state_->tables_by_name[name] = table;
   state_->tables_by_id[table->id] = table;
   return Status::Ok();

@@ -8,7 +8,8 @@
 //   ... clients OpenRegion({"engram.l1.s0", "tenant-a", token}) and read rows ...
 //   server.Stop();
 //
-// Regions are table files memory-mapped read-only (rdma/engram_table.h); a read batch's
+// Regions are table files memory-mapped read-only (rdma/engram_table.h), or caller memory
+// (RegisterMemory: the cluster's staging ring, cluster/staging_server.h); a read batch's
 // rows are copied from the mapping into one per-connection reply buffer (at most
 // response_bytes_max, kept for the connection's life) and written with one write. A *grant* is
 // (region, tenant, expiry) named by a random 128-bit token; a connection attaches a region by
@@ -40,7 +41,9 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "common/clock.h"
@@ -123,6 +126,20 @@ class RowServer {
   // Maps the table file at `path` read-only and serves it as region `name` (1..256 bytes).
   // InvalidArgument for a duplicate or bad name; the table's own errors otherwise.
   Status RegisterTable(const std::string& name, const std::string& path);
+  // Serves caller memory [bytes.data(), +bytes.size()) as region `name` (OPEN reports
+  // row_stride_bytes = stride_bytes, row_count = size / stride, row_begin = row_dim = 0).
+  // Exactly these bytes are readable (and, over verbs, registered), nothing around them.
+  // `owner` keeps the memory alive while the server may read it. The server never writes
+  // it; the caller may, while clients read it. With `guard` set, the TCP server copies each
+  // read batch's bytes of this region inside guard(copy) (the caller runs copy under the
+  // lock its writes take), so TCP reads never race those writes; RDMA reads bypass the
+  // server and cannot be guarded, so the caller's format must detect torn or reused bytes
+  // either way (cluster/staging_ring.h does). InvalidArgument for a duplicate or bad name, an
+  // empty range or a size not a multiple of stride_bytes.
+  using MemoryGuard = std::function<void(const std::function<void()>& copy)>;
+  Status RegisterMemory(const std::string& name, std::span<const uint8_t> bytes,
+                        uint32_t stride_bytes, std::shared_ptr<const void> owner,
+                        MemoryGuard guard = nullptr);
 
   // Issues a grant on region `region_name` to `tenant`, valid for ttl_ms (1..
   // grant_ttl_ms_max). NotFound for an unknown region; Rejected at grants_max.
@@ -152,6 +169,7 @@ class RowServer {
 
  private:
   Status StartOn(boost::asio::io_context& io);
+  Status AddRegion(const std::string& name, std::shared_ptr<void> region);  // a Table
   std::shared_ptr<State> state_;
 };
 

@@ -10,10 +10,12 @@
 //     every 20 ms), the units and bytes the survivors copied, and the copy rate against
 //     repair_bytes_per_s and against the cross-node GET rate of phase 1.
 //
-//     Phase 1 runs three times: with plain TCP between the nodes, then with [cluster] peer_tls
+//     Phase 1 runs four times: with plain TCP between the nodes, then with [cluster] peer_tls
 //     (mutual TLS, certificates made at start in the temporary directory), then plain with
 //     GET copies on ([cluster] get_copy_bytes_max on B: its first round fetches and keeps
-//     copies, later rounds are served from them; docs/CLUSTER.md "Copies").
+//     copies, later rounds are served from them; docs/CLUSTER.md "Copies"), then with
+//     [cluster] peer_data_transport = "tcp_region" (B reads each unit from A's staging region
+//     over rdma::TcpTransport; docs/CLUSTER.md "Bulk data over the region transport").
 //
 //   kvtier_bench_cluster [MiB per round] [rounds] [restore MiB] [repair bytes/s]
 //   (defaults 128 3 64 67108864)
@@ -217,9 +219,10 @@ int Restore(const std::filesystem::path& root, kt::EtcdProcess& etcd, size_t mib
 // copies: B keeps GET copies; *first_remote_gbps is its first round's cross-node rate.
 bool CrossNodeGet(const std::filesystem::path& root, kt::EtcdProcess& etcd, size_t units,
                   int rounds, const kt::PeerPki* tls, bool copies, double* local_gbps,
-                  double* remote_gbps, double* first_remote_gbps = nullptr) {
-  const std::string name = tls != nullptr ? "tls" : copies ? "copies" : "plain";
+                  double* remote_gbps, double* first_remote_gbps = nullptr, bool region = false) {
+  const std::string name = tls != nullptr ? "tls" : copies ? "copies" : region ? "region" : "plain";
   std::string tls_keys = copies ? "get_copy_bytes_max = 2147483648\n" : "";
+  if (region) tls_keys += "peer_data_transport = \"tcp_region\"\n";
   if (tls != nullptr) {
     tls_keys += "peer_tls = true\npeer_tls_cert_file = \"" + tls->cert_file +
                 "\"\npeer_tls_key_file = \"" + tls->key_file + "\"\npeer_tls_ca_file = \"" +
@@ -275,6 +278,14 @@ bool CrossNodeGet(const std::filesystem::path& root, kt::EtcdProcess& etcd, size
     remote.erase(remote.begin());  // the median of the rounds served from the copies
     if (remote.empty()) remote.push_back(-1);
   }
+  if (region) {
+    const std::string m = kt::HttpRequest(nodes[1]->http_port(), "GET", "/metrics");
+    const double staged = Metric(m, "kvtier_cluster_staged_get_units_total");
+    const double fallback = Metric(m, "kvtier_cluster_staged_get_fallback_units_total");
+    std::printf("region: B read %.0f units over the staging region, %.0f by the GET fallback\n",
+                staged, fallback);
+    if (staged <= 0 || fallback != 0) return false;
+  }
   std::sort(local.begin(), local.end());
   std::sort(remote.begin(), remote.end());
   *local_gbps = local[local.size() / 2];
@@ -308,12 +319,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "etcd did not start\n");
     return 1;
   }
-  double l = 0, x = 0, lt = 0, xt = 0, lc = 0, xc = 0, xc0 = 0;
+  double l = 0, x = 0, lt = 0, xt = 0, lc = 0, xc = 0, xc0 = 0, lr = 0, xr = 0;
   if (!CrossNodeGet(root, etcd, units, rounds, nullptr, false, &l, &x)) return 1;
   if (!CrossNodeGet(root, etcd, units, rounds, &pki, false, &lt, &xt)) return 1;
   if (!CrossNodeGet(root, etcd, units, std::max(rounds, 2), nullptr, true, &lc, &xc, &xc0)) {
     return 1;
   }
+  if (!CrossNodeGet(root, etcd, units, rounds, nullptr, false, &lr, &xr, nullptr, true)) return 1;
   std::printf("units %zu x %zu bytes, batches of %zu, median of %d rounds\n", units, kUnitBytes,
               kBatch, rounds);
   std::printf(
@@ -329,5 +341,9 @@ int main(int argc, char** argv) {
       "through B, from copies   %.3f GB/s (median of the later rounds)\n"
       "copies / local           %.2f\ncopies / plain cross-node %.2f\n",
       lc, xc0, xc, xc / lc, xc / x);
+  std::printf(
+      "local GET (region nodes) %.3f GB/s\ncross-node GET, region   %.3f GB/s (tcp_region)\n"
+      "ratio                    %.2f\nregion / plain cross-node %.2f\n",
+      lr, xr, xr / lr, xr / x);
   return Restore(root, etcd, restore_mib, repair_bytes_per_s, x);
 }

@@ -47,7 +47,8 @@
 //   a delete other than an eviction (or Flush, open, close, cleaning ask): the index of a put
 //   is rebuilt by the tail scan when a power failure loses its unsynced RocksDB write
 //   (docs/format/ssd.md, "One synced write per commit"). The committing thread writes the
-//   buffer it closes itself. Concurrent kSync puts share one commit. Every put and removal
+//   buffer it closes itself. Concurrent kSync puts share one commit; before it commits, a
+//   kSync leader may wait (commit_delay_us, tier lock released) for the writers it expects. Every put and removal
 //   gets a commit ticket; WaitDurable(ticket) commits up to it (kSync) so that callers can
 //   release their own locks first and share the commit. A failed commit carries its
 //   CommitStage (stats, log): after kBufferWrite / kSync its data is forgotten, after

@@ -17,6 +17,7 @@
 #include "rdma/shard_map.h"
 #include "rdma/verbs_plan.h"
 #include "rdma/wire.h"
+#include "storage/ssd_tier.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -203,6 +204,8 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
        UintKey("storage.ssd_segment_bytes", &o.storage.ssd_segment_bytes)},
       {"storage.ssd_background_io_bytes_per_s",
        UintKey("storage.ssd_background_io_bytes_per_s", &o.storage.ssd_background_io_bytes_per_s)},
+      {"storage.ssd_commit_delay_us",
+       UintKey("storage.ssd_commit_delay_us", &o.storage.ssd_commit_delay_us)},
       {"tls.cert_file", StringKey("tls.cert_file", &o.tls.cert_file)},
       {"tls.key_file", StringKey("tls.key_file", &o.tls.key_file)},
       {"tls.native", BoolKey("tls.native", &o.tls.native)},
@@ -328,6 +331,9 @@ Status Finalize(DaemonOptions* o) {
     return Bad("limits.max_batch_keys", "1..4096");
   }
   if (o->idle_timeout_ms < 100) return Bad("limits.idle_timeout_ms", "at least 100");
+  if (o->storage.ssd_commit_delay_us > storage::SsdOptions::kMaxCommitDelayUs) {
+    return Bad("storage.ssd_commit_delay_us", "0..1000000 (1 s)");
+  }
   if (o->trace_whatif_window_records_max > 10000000) {
     return Bad("trace.whatif_window_records_max", "0..10000000");
   }

@@ -306,6 +306,18 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
         s.ssd_index_syncs);
   p.One("kvtier_ssd_commit_failures_total", "counter", "SSD commits that failed.",
         s.ssd_commit_failures);
+  p.One("kvtier_ssd_commit_writers_total", "counter",
+        "sync puts covered by SSD commits (divided by commits: writers per commit).",
+        s.ssd_commit_writers);
+  p.One("kvtier_ssd_commit_delays_total", "counter",
+        "SSD commits whose leader waited for more sync writers (storage.ssd_commit_delay_us).",
+        s.ssd_commit_delays);
+  p.One("kvtier_ssd_commit_delay_seconds_total", "counter",
+        "Time SSD commit leaders spent waiting for more sync writers.",
+        static_cast<double>(s.ssd_commit_delay_us) / 1e6);
+  p.One("kvtier_ssd_commit_delay_timeouts_total", "counter",
+        "SSD commit delays that ended at storage.ssd_commit_delay_us, not when all had joined.",
+        s.ssd_commit_delay_timeouts);
   p.One("kvtier_compressed_bytes_saved_total", "counter", "Bytes saved by compression.",
         s.compressed_bytes_saved);
   p.One("kvtier_ssd_segments_cleaned_total", "counter", "SSD segments cleaned (compacted).",

@@ -209,7 +209,11 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
   if (codec == Codec::kZstd) stats_.compressed_bytes_saved += value.size() - payload.size();
   if (o_.durability == Durability::kSync) {
     uint64_t ticket = pending_ticket_;
+    // One more sync writer; it ends a leader's commit delay when it is the last expected.
+    uint64_t joined = sync_puts_.fetch_add(1, std::memory_order_relaxed) + 1 - prepared_puts_;
+    bool wake_leader = delay_target_ != 0 && joined >= delay_target_;
     lock.unlock();
+    if (wake_leader) delay_cv_.notify_one();
     if (defer_ticket != nullptr) {  // the caller waits (SsdTier::Put's contract)
       *defer_ticket = ticket;
       return Status::Ok();

@@ -47,7 +47,8 @@
 //   a delete other than an eviction (or Flush, open, close, cleaning ask): the index of a put
 //   is rebuilt by the tail scan when a power failure loses its unsynced RocksDB write
 //   (docs/format/ssd.md, "One synced write per commit"). The committing thread writes the
-//   buffer it closes itself. Concurrent kSync puts share one commit. Every put and removal
+//   buffer it closes itself. Concurrent kSync puts share one commit; before it commits, a
+//   kSync leader may wait (commit_delay_us, tier lock released) for the writers it expects. Every put and removal
 //   gets a commit ticket; WaitDurable(ticket) commits up to it (kSync) so that callers can
 //   release their own locks first and share the commit. A failed commit carries its
 //   CommitStage (stats, log): after kBufferWrite / kSync its data is forgotten, after
@@ -102,6 +103,15 @@ struct SsdOptions {
   static constexpr uint32_t kMaxWriteBuffers = 8;
   Durability durability = Durability::kBatched;
   uint32_t group_commit_ms = 10;
+  // kSync commit delay: the thread about to commit (the leader) first waits up to this long,
+  // tier lock released, for the sync writers it expects to join, ending as soon as they have:
+  // expected are as many as the last commit covered plus those that appended while it ran
+  // (writers it released come back while the next commit would already run, so without the
+  // wait the writers settle into two alternating groups). No wait when fewer than 2 are
+  // expected or they have all joined. 0: never wait. Counted in SsdStats::commit_delays.
+  static constexpr uint32_t kDefaultCommitDelayUs = TierManagerOptions::kDefaultSsdCommitDelayUs;
+  static constexpr uint32_t kMaxCommitDelayUs = 1000000;  // larger values are clamped
+  uint32_t commit_delay_us = kDefaultCommitDelayUs;
   // A sealed segment whose live bytes fall below this fraction is cleaned after the next roll.
   double clean_live_ratio = 0.25;
   // I/O budget of the segment thread's cleaning (bytes read + bytes relocated per second);
@@ -154,6 +164,10 @@ struct SsdStats {
   // Commits (and Flushes) that synced the RocksDB index WAL: those holding a delete other
   // than an eviction, Flush, recovery, close, and the cleaner's before a segment deletion.
   uint64_t index_syncs = 0;
+  // kSync puts that commits covered (commit_writers / commits: writers per commit); commits
+  // whose leader waited for more writers (SsdOptions::commit_delay_us), the microseconds it
+  // waited in all, and the waits that ended at the bound rather than when all had joined.
+  uint64_t commit_writers = 0, commit_delays = 0, commit_delay_us = 0, commit_delay_timeouts = 0;
   CommitStage last_failed_stage = CommitStage::kNone;
   // Background index load: done, and how long after Open it finished.
   bool index_loaded = false;

@@ -440,6 +440,7 @@ Status TierManagerImpl::Init() {
     so.background_io_bytes_per_s = o_.ssd_background_io_bytes_per_s;
     so.durability = o_.durability;
     so.group_commit_ms = o_.group_commit_ms;
+    so.commit_delay_us = o_.ssd_commit_delay_us;
     so.eviction_policy = o_.eviction_policy;
     so.policy_params = o_.policy_params;
     so.structure = o_.eviction_structure;
@@ -1229,6 +1230,10 @@ Stats TierManagerImpl::GetStats() const {
     s.ssd_commits = d.commits;
     s.ssd_syncs = d.syncs;
     s.ssd_index_syncs = d.index_syncs;
+    s.ssd_commit_writers = d.commit_writers;
+    s.ssd_commit_delays = d.commit_delays;
+    s.ssd_commit_delay_us = d.commit_delay_us;
+    s.ssd_commit_delay_timeouts = d.commit_delay_timeouts;
     s.ssd_commit_failures = d.commit_failures;
     s.ssd_last_failed_stage = d.last_failed_stage;
   }

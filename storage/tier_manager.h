@@ -140,6 +140,10 @@ struct TierManagerOptions {
   uint64_t ssd_write_buffer_bytes = 2ull << 20;
   // I/O budget of the SSD segment thread's cleaning (SsdOptions::background_io_bytes_per_s).
   uint64_t ssd_background_io_bytes_per_s = 256ull << 20;
+  // sync: how long a commit's leader may wait for the writers it expects to join
+  // (SsdOptions::commit_delay_us; at most SsdOptions::kMaxCommitDelayUs). 0: never waits.
+  static constexpr uint32_t kDefaultSsdCommitDelayUs = 1000;
+  uint32_t ssd_commit_delay_us = kDefaultSsdCommitDelayUs;
   // Segment devices for the SSD tier; not owned. nullptr: files under data_dir/segments
   // (io_uring + O_DIRECT, POSIX fallback). Tests pass a memory or fault-injecting env.
   DeviceEnv* ssd_env = nullptr;
@@ -218,6 +222,9 @@ struct Stats {
   uint64_t ssd_commits = 0, ssd_syncs = 0, ssd_commit_failures = 0;
   // SSD commits that also synced the index WAL (SsdStats::index_syncs).
   uint64_t ssd_index_syncs = 0;
+  // SsdStats::commit_writers, commit_delays, commit_delay_us, commit_delay_timeouts.
+  uint64_t ssd_commit_writers = 0, ssd_commit_delays = 0, ssd_commit_delay_us = 0;
+  uint64_t ssd_commit_delay_timeouts = 0;
   CommitStage ssd_last_failed_stage = CommitStage::kNone;
   uint64_t admissions = 0, admission_rejections = 0, checksum_failures = 0, io_errors = 0;
   // The admission policy's byte budget (AdmissionPolicy::Budget); all 0 when it has none.

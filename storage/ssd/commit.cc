@@ -14,6 +14,8 @@ Status SsdTier::Impl::PrepareLocked(CommitBatch* b) {
   if (buf_len_ == 0 && pending_.empty() && unsynced_segs_.empty()) return Status::Ok();
   WriteBufferLocked(/*wake_writer=*/false);  // Execute writes it
   b->empty = false;
+  b->writers = sync_puts_.load(std::memory_order_relaxed) - prepared_puts_;
+  prepared_puts_ += b->writers;
   b->write_seq_lo = prepared_seq_;
   b->write_seq_hi = enqueued_seq_;
   prepared_seq_ = enqueued_seq_;
@@ -108,6 +110,9 @@ Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status, Commit
     if (!st.ok()) *stage = CommitStage::kIndexWrite;
   }
   if (st.ok() && !write_status->ok()) *stage = CommitStage::kBufferWrite;
+  // The writers that appended while this commit ran, before it releases its own: with them,
+  // the group the next leader waits for (Settle).
+  puts_at_sync_end_.store(sync_puts_.load(std::memory_order_relaxed), std::memory_order_relaxed);
   {
     std::lock_guard c(cstate_mu_);
     // A failed buffer write fails every ticket of the commit (the waiters learn it here,
@@ -126,6 +131,12 @@ Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status, Commit
 
 void SsdTier::Impl::Settle(CommitBatch* b, const Status& st, CommitStage stage) {
   ReapLocked();  // drops the entries of failed buffer writes before ops are retried
+  if (b->writers > 0) {
+    // Commits are serialised: prepared_puts_ is still this commit's.
+    expected_writers_ =
+        b->writers + (puts_at_sync_end_.load(std::memory_order_relaxed) - prepared_puts_);
+    stats_.commit_writers += b->writers;
+  }
   if (stage != CommitStage::kNone) {
     ++stats_.commit_failures;
     stats_.last_failed_stage = stage;
@@ -171,20 +182,57 @@ Status SsdTier::Impl::TicketResult(uint64_t ticket) const {
   return Status::Ok();
 }
 
+void SsdTier::Impl::DelayForWritersLocked(std::unique_lock<std::mutex>& lock) {
+  uint32_t delay_us = std::min(o_.commit_delay_us, SsdOptions::kMaxCommitDelayUs);
+  uint64_t target = expected_writers_;
+  auto joined = [&] { return sync_puts_.load(std::memory_order_relaxed) - prepared_puts_; };
+  if (delay_us == 0 || o_.durability != Durability::kSync || target < 2 || joined() >= target) {
+    return;
+  }
+  ++stats_.commit_delays;  // counted when the wait starts (tests wait for it)
+  auto start = std::chrono::steady_clock::now();
+  auto deadline = start + std::chrono::microseconds(delay_us);
+  delay_target_ = target;
+  delay_cv_.wait_until(lock, deadline, [&] { return joined() >= target; });
+  delay_target_ = 0;
+  auto end = std::chrono::steady_clock::now();
+  stats_.commit_delay_us += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(end - start).count());
+  // A wait that ran to the bound counts as a timeout even when the group completed by then
+  // (so a lost wake-up shows in the count, not only in the time spent).
+  if (end >= deadline) ++stats_.commit_delay_timeouts;
+}
+
 Status SsdTier::Impl::Commit(uint64_t ticket, bool sync_index) {
+  // A ticketed caller either finds its ticket covered by a commit in flight (or by the one
+  // its leader is about to make) and returns when that commit ends, or becomes the leader.
+  // Only the leader queues on commit_mu_ (behind a forced commit at most), so a covered
+  // writer never waits behind the next leader's delay.
+  bool lead = false;
   if (ticket != kForceCommit) {
-    // While a commit is in flight it may cover this ticket: wait for it without queueing on
-    // commit_mu_, so that a covered writer returns as soon as its commit ends instead of
-    // waiting behind the next commit, which a newer writer may already have started.
     std::unique_lock c(cstate_mu_);
-    cstate_cv_.wait(c, [&] { return committed_ticket_ >= ticket || !commit_inflight_; });
+    cstate_cv_.wait(c,
+                    [&] { return committed_ticket_ >= ticket || (!leader_ && !commit_inflight_); });
     if (committed_ticket_ >= ticket) {
       for (const auto& f : failed_) {
         if (ticket >= f.first && ticket <= f.last) return f.status;
       }
       return Status::Ok();
     }
+    leader_ = lead = true;
   }
+  struct LeaderDone {  // after commit_mu_ is released: the next leader may start
+    Impl* impl;
+    bool lead;
+    ~LeaderDone() {
+      if (!lead) return;
+      {
+        std::lock_guard c(impl->cstate_mu_);
+        impl->leader_ = false;
+      }
+      impl->cstate_cv_.notify_all();
+    }
+  } leader_done{this, lead};
   std::lock_guard serial(commit_mu_);
   if (ticket != kForceCommit) {
     std::lock_guard c(cstate_mu_);
@@ -192,11 +240,14 @@ Status SsdTier::Impl::Commit(uint64_t ticket, bool sync_index) {
       for (const auto& f : failed_) {
         if (ticket >= f.first && ticket <= f.last) return f.status;
       }
-      return Status::Ok();  // covered by an earlier (group) commit
+      return Status::Ok();  // covered by an earlier (forced) commit
     }
   }
   CommitBatch b;
   std::unique_lock lock(mu_);
+  // A ticketed commit may wait for the writers it expects (mu_ released meanwhile); forced
+  // commits (Flush, cleaning, the batched loop) never wait.
+  if (ticket != kForceCommit) DelayForWritersLocked(lock);
   {
     // A CommitLocked in flight has finished by now (it holds mu_ throughout).
     KVTIER_RETURN_IF_ERROR(PrepareLocked(&b));

@@ -333,6 +333,7 @@ class SsdTier::Impl {
     uint64_t durable_end = 0, next_seq = 0, max_version = 0;
     // Buffers handed to the writer in (write_seq_lo, write_seq_hi] belong to this commit.
     uint64_t write_seq_lo = 0, write_seq_hi = 0;
+    uint64_t writers = 0;  // kSync puts this commit covers (sync_puts_ - prepared_puts_)
   };
   static constexpr uint64_t kForceCommit = UINT64_MAX;
   Status PrepareLocked(CommitBatch* b);
@@ -352,6 +353,11 @@ class SsdTier::Impl {
   // commit is stored in *write_status when not null (its records are dropped either way).
   Status CommitLocked(Status* write_status = nullptr);
   Status TicketResult(uint64_t ticket) const;
+  // The commit delay (SsdOptions::commit_delay_us), called by the leader with commit_mu_ and
+  // mu_ held: waits (mu_ released) until as many kSync puts as expected_writers_ have appended
+  // since the last prepared commit, or the delay has passed; no wait when fewer than 2 are
+  // expected or they have joined already. Counts what it did in stats_.
+  void DelayForWritersLocked(std::unique_lock<std::mutex>& lock);
   void LoadIndex();
   // Seals the active segment and makes the prepared one active (no I/O, no commit: the next
   // commit covers the sealed segment's last buffer). Rejected when none is prepared.
@@ -508,6 +514,22 @@ class SsdTier::Impl {
   std::condition_variable cstate_cv_;
   bool commit_inflight_ = false;   // under cstate_mu_
   uint64_t committed_ticket_ = 0;  // under cstate_mu_
+  // Under cstate_mu_: a ticketed Commit() caller leads (from before it takes commit_mu_ until
+  // its commit settled). Other ticketed callers wait for its commit instead of queueing on
+  // commit_mu_, so a writer it covers never waits behind the next leader's delay.
+  bool leader_ = false;
+  // Commit delay state. sync_puts_: kSync puts ever appended (written under mu_, read by
+  // Execute without it); prepared_puts_: sync_puts_ at the last PrepareLocked (under mu_).
+  // expected_writers_ (under mu_): the last commit's writers plus the kSync puts appended
+  // while it ran, read when its sync ended. delay_target_ (under mu_): while a leader waits,
+  // the count of joined writers that ends its wait (0: none waits); a put that reaches it
+  // notifies delay_cv_ (with mu_).
+  std::atomic<uint64_t> sync_puts_{0};
+  uint64_t prepared_puts_ = 0;
+  uint64_t expected_writers_ = 0;
+  uint64_t delay_target_ = 0;
+  std::atomic<uint64_t> puts_at_sync_end_{0};  // Execute -> Settle of the same commit
+  std::condition_variable delay_cv_;
   struct FailedRange {
     uint64_t first, last;
     Status status;

@@ -13,6 +13,7 @@
 #include "cache_daemon/tenants.h"
 #include "cache_daemon/trace_writer.h"
 #include "common/key_spec.h"
+#include "storage/ssd_tier.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -135,6 +136,27 @@ TEST(Config, ParsesEveryTableAndRejectsUnknownKeys) {
   EXPECT_TRUE(ParseConfig("[server]\nresp_port = 70000\n").status().IsInvalidArgument());
   EXPECT_TRUE(ParseConfig("[storage]\ndurability = \"fast\"\n").status().IsInvalidArgument());
   EXPECT_TRUE(ParseConfig("[server\n").status().IsInvalidArgument());
+}
+
+// The sync commit delay (docs/format/ssd.md, "Commit delay"): default, parsed, bounded.
+TEST(Config, SsdCommitDelayIsBoundedToOneSecond) {
+  auto def = ParseConfig("");
+  ASSERT_TRUE(def.ok());
+  EXPECT_EQ(def->storage.ssd_commit_delay_us, storage::SsdOptions::kDefaultCommitDelayUs);
+  for (uint32_t us : {0u, 250u, storage::SsdOptions::kMaxCommitDelayUs}) {
+    auto o = ParseConfig("[storage]\nssd_commit_delay_us = " + std::to_string(us) + "\n");
+    ASSERT_TRUE(o.ok()) << us;
+    EXPECT_EQ(o->storage.ssd_commit_delay_us, us);
+    DaemonOptions d = *o;
+    EXPECT_TRUE(Finalize(&d).ok()) << us;
+  }
+  auto over = ParseConfig("[storage]\nssd_commit_delay_us = 1000001\n");
+  ASSERT_TRUE(over.ok());
+  DaemonOptions d = *over;
+  Status st = Finalize(&d);
+  EXPECT_TRUE(st.IsInvalidArgument());
+  EXPECT_NE(st.ToString().find("storage.ssd_commit_delay_us"), std::string::npos) << st.ToString();
+  EXPECT_TRUE(ParseConfig("[storage]\nssd_commit_delay_us = -1\n").status().IsInvalidArgument());
 }
 
 // The prefix layer under every tier's policy (docs/POLICIES.md, "Structures"): off by default.

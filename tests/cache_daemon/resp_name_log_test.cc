@@ -13,10 +13,12 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "cache_daemon/resp_key_index.h"
 #include "cache_daemon/service.h"
@@ -173,7 +175,10 @@ TEST_F(RespNameLogTest, ConcurrentAddsAllComeBack) {
 }
 
 // A store log for RespKeyIndex::LogSource: records (tenant, key, name) at growing positions,
-// 4 per "segment" of 4 x 64 bytes; remembers where each replay started.
+// 4 per "segment" of 4 x 64 bytes; remembers where each replay started. Thread-safe as the
+// real source is (SsdTier::LogEnd takes the tier lock): RespKeyIndex's background thread
+// reads `end` while the test puts. Read end, recs and replays directly only while no
+// RespKeyIndex with a background thread uses the source.
 struct FakeStoreLog {
   struct Rec {
     storage::LogPosition pos;
@@ -182,24 +187,34 @@ struct FakeStoreLog {
     std::string name;
   };
   void Put(uint64_t tenant, const storage::Key& k, const std::string& name) {
+    std::lock_guard<std::mutex> l(mu);
     recs.push_back({end, tenant, k, name});
     end.offset += 64;
     if (end.offset == 256) end = {end.segment + 1, 0};
   }
   RespKeyIndex::LogSource Source() {
     RespKeyIndex::LogSource s;
-    s.end = [this] { return std::optional<storage::LogPosition>(end); };
+    s.end = [this] {
+      std::lock_guard<std::mutex> l(mu);
+      return std::optional<storage::LogPosition>(end);
+    };
     s.replay =
         [this](const storage::LogPosition& from,
                const std::function<void(uint64_t, const storage::Key&, std::string_view)>& add) {
-          replays.push_back(from);
-          for (const Rec& r : recs) {
-            if (r.pos >= from) add(r.tenant, r.key, r.name);
+          std::vector<Rec> from_here;
+          {
+            std::lock_guard<std::mutex> l(mu);
+            replays.push_back(from);
+            for (const Rec& r : recs) {
+              if (r.pos >= from) from_here.push_back(r);
+            }
           }
+          for (const Rec& r : from_here) add(r.tenant, r.key, r.name);  // outside mu
           return Status::Ok();
         };
     return s;
   }
+  std::mutex mu;
   storage::LogPosition end{1, 0};
   std::vector<Rec> recs;
   std::vector<storage::LogPosition> replays;

@@ -196,6 +196,7 @@ struct FakeStoreLog {
     RespKeyIndex::LogSource s;
     s.end = [this] {
       std::lock_guard<std::mutex> l(mu);
+      ++end_reads;
       return std::optional<storage::LogPosition>(end);
     };
     s.replay =
@@ -214,7 +215,13 @@ struct FakeStoreLog {
         };
     return s;
   }
+  // How often `end` was read (each background checkpoint reads it once, before appending).
+  uint64_t EndReads() {
+    std::lock_guard<std::mutex> l(mu);
+    return end_reads;
+  }
   std::mutex mu;
+  uint64_t end_reads = 0;
   storage::LogPosition end{1, 0};
   std::vector<Rec> recs;
   std::vector<storage::LogPosition> replays;
@@ -271,12 +278,15 @@ TEST_F(RespNameLogTest, CheckpointsBoundWhatTheNextStartReadsFromTheStore) {
       ASSERT_TRUE(idx.Add(1, K(i), "n" + std::to_string(i), nullptr, &seq).ok());
       store.Put(1, K(i), "n" + std::to_string(i));
     }
-    // The thread checkpoints at the store's end within a few of its 1 ms rounds.
-    const uint64_t before = std::filesystem::file_size(Path());
-    for (int i = 0; i < 2000 && std::filesystem::file_size(Path()) == before; ++i) {
+    // The thread checkpoints at the store's end within a few of its 1 ms rounds. Its second
+    // read of the end after the last put begins a round after the one that read the final
+    // end and appended a checkpoint there. (Waiting for the file to grow past its size after
+    // the puts failed about 1 run in 200: that checkpoint may come before the size is read.)
+    const uint64_t reads = store.EndReads();
+    for (int i = 0; i < 2000 && store.EndReads() < reads + 2; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    EXPECT_GT(std::filesystem::file_size(Path()), before) << "no background checkpoint";
+    EXPECT_GE(store.EndReads(), reads + 2) << "no background checkpoint";
   }
   {
     RespKeyIndex idx(1 << 20, 1 << 30);

@@ -13,10 +13,12 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "cache_daemon/resp_key_index.h"
 #include "cache_daemon/service.h"
@@ -173,7 +175,10 @@ TEST_F(RespNameLogTest, ConcurrentAddsAllComeBack) {
 }
 
 // A store log for RespKeyIndex::LogSource: records (tenant, key, name) at growing positions,
-// 4 per "segment" of 4 x 64 bytes; remembers where each replay started.
+// 4 per "segment" of 4 x 64 bytes; remembers where each replay started. Thread-safe as the
+// real source is (SsdTier::LogEnd takes the tier lock): RespKeyIndex's background thread
+// reads `end` while the test puts. Read end, recs and replays directly only while no
+// RespKeyIndex with a background thread uses the source.
 struct FakeStoreLog {
   struct Rec {
     storage::LogPosition pos;
@@ -182,24 +187,41 @@ struct FakeStoreLog {
     std::string name;
   };
   void Put(uint64_t tenant, const storage::Key& k, const std::string& name) {
+    std::lock_guard<std::mutex> l(mu);
     recs.push_back({end, tenant, k, name});
     end.offset += 64;
     if (end.offset == 256) end = {end.segment + 1, 0};
   }
   RespKeyIndex::LogSource Source() {
     RespKeyIndex::LogSource s;
-    s.end = [this] { return std::optional<storage::LogPosition>(end); };
+    s.end = [this] {
+      std::lock_guard<std::mutex> l(mu);
+      ++end_reads;
+      return std::optional<storage::LogPosition>(end);
+    };
     s.replay =
         [this](const storage::LogPosition& from,
                const std::function<void(uint64_t, const storage::Key&, std::string_view)>& add) {
-          replays.push_back(from);
-          for (const Rec& r : recs) {
-            if (r.pos >= from) add(r.tenant, r.key, r.name);
+          std::vector<Rec> from_here;
+          {
+            std::lock_guard<std::mutex> l(mu);
+            replays.push_back(from);
+            for (const Rec& r : recs) {
+              if (r.pos >= from) from_here.push_back(r);
+            }
           }
+          for (const Rec& r : from_here) add(r.tenant, r.key, r.name);  // outside mu
           return Status::Ok();
         };
     return s;
   }
+  // How often `end` was read (each background checkpoint reads it once, before appending).
+  uint64_t EndReads() {
+    std::lock_guard<std::mutex> l(mu);
+    return end_reads;
+  }
+  std::mutex mu;
+  uint64_t end_reads = 0;
   storage::LogPosition end{1, 0};
   std::vector<Rec> recs;
   std::vector<storage::LogPosition> replays;
@@ -256,12 +278,15 @@ TEST_F(RespNameLogTest, CheckpointsBoundWhatTheNextStartReadsFromTheStore) {
       ASSERT_TRUE(idx.Add(1, K(i), "n" + std::to_string(i), nullptr, &seq).ok());
       store.Put(1, K(i), "n" + std::to_string(i));
     }
-    // The thread checkpoints at the store's end within a few of its 1 ms rounds.
-    const uint64_t before = std::filesystem::file_size(Path());
-    for (int i = 0; i < 2000 && std::filesystem::file_size(Path()) == before; ++i) {
+    // The thread checkpoints at the store's end within a few of its 1 ms rounds. Its second
+    // read of the end after the last put begins a round after the one that read the final
+    // end and appended a checkpoint there. (Waiting for the file to grow past its size after
+    // the puts failed about 1 run in 200: that checkpoint may come before the size is read.)
+    const uint64_t reads = store.EndReads();
+    for (int i = 0; i < 2000 && store.EndReads() < reads + 2; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    EXPECT_GT(std::filesystem::file_size(Path()), before) << "no background checkpoint";
+    EXPECT_GE(store.EndReads(), reads + 2) << "no background checkpoint";
   }
   {
     RespKeyIndex idx(1 << 20, 1 << 30);

@@ -11,7 +11,8 @@
 #   (kvtierd / redis-server, goal >= 1.0) are printed, with the SSD commits kvtierd made.
 # Environment: KVTIER_BENCH_DIR (default: a new directory under ${TMPDIR:-/tmp}),
 #   KVTIER_IO_THREADS (kvtierd [server] io_threads, default 16, kept for comparable runs;
-#   SETs under sync no longer wait on an I/O thread: docs/RESP.md "Durable SETs under sync").
+#   SETs under sync no longer wait on an I/O thread: docs/RESP.md "Durable SETs under sync"),
+#   KVTIER_COMMIT_DELAY_US (kvtierd [storage] ssd_commit_delay_us; unset: kvtierd's default).
 # Needs redis-server, redis-benchmark, curl and python3. Reports only; asserts nothing.
 set -euo pipefail
 
@@ -63,6 +64,7 @@ dram_capacity_bytes = 1073741824
 ssd_capacity_bytes = 8589934592
 ssd_segment_bytes = 268435456
 durability = "sync"
+${KVTIER_COMMIT_DELAY_US:+ssd_commit_delay_us = $KVTIER_COMMIT_DELAY_US}
 EOF
 "$KVTIERD" --config "$DIR/kvtierd/kvtierd.toml" --data-dir "$DIR/kvtierd" \
   --socket "$DIR/kvtierd/kvtierd.sock" --listen 127.0.0.1 --resp-port "$KV_PORT" \

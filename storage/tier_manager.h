@@ -142,7 +142,7 @@ struct TierManagerOptions {
   uint64_t ssd_background_io_bytes_per_s = 256ull << 20;
   // sync: how long a commit's leader may wait for the writers it expects to join
   // (SsdOptions::commit_delay_us; at most SsdOptions::kMaxCommitDelayUs). 0: never waits.
-  static constexpr uint32_t kDefaultSsdCommitDelayUs = 1000;
+  static constexpr uint32_t kDefaultSsdCommitDelayUs = 0;  // off: docs/CONFIG.md says why
   uint32_t ssd_commit_delay_us = kDefaultSsdCommitDelayUs;
   // Segment devices for the SSD tier; not owned. nullptr: files under data_dir/segments
   // (io_uring + O_DIRECT, POSIX fallback). Tests pass a memory or fault-injecting env.

@@ -469,7 +469,9 @@ TEST(SsdDoubleBufferTest, CleanerRelocatesRecordsOfBuffersInFlight) {
   }
   EXPECT_EQ(s.checksum_failures, 0u);
   EXPECT_EQ(s.io_errors, 0u);
-  EXPECT_EQ(s.relocated_bytes, 8 * record_bytes);
+  // At least the 8 kept records; more when the segment thread cleaned A while the removals
+  // above were still under way (A was already sparse, its tail just as much in flight).
+  EXPECT_GE(s.relocated_bytes, 8 * record_bytes);
   EXPECT_TRUE(gate.WaitBlocked(1));  // buffer 4 is still held: A's tail is not on the device
   gate.Open();
   ASSERT_TRUE(t->Flush().ok());

@@ -47,7 +47,9 @@ StatusOr<std::unique_ptr<StagingRing>> StagingRing::Create(uint64_t ring_bytes) 
   // A random first generation: a reader that kept (offset, generation) across an owner
   // restart does not meet the same generation again (its grant is gone anyway).
   uint64_t first = 0;
-  RAND_bytes(reinterpret_cast<uint8_t*>(&first), sizeof(first));
+  if (RAND_bytes(reinterpret_cast<uint8_t*>(&first), sizeof(first)) != 1) {
+    return Status::Internal("staging ring: no random first generation (RAND_bytes failed)");
+  }
   first = (first >> 16) | 1;
   return std::unique_ptr<StagingRing>(new StagingRing(std::move(memory), ring_bytes, first));
 }

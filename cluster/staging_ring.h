@@ -53,7 +53,7 @@ class StagingRing {
  public:
   // ring_bytes: kStagingRingBytesMin..kStagingRingBytesMax, a multiple of 4096
   // (InvalidArgument otherwise). The memory is page-aligned (a verbs registration covers
-  // exactly it) and zeroed.
+  // exactly it) and zeroed. Internal when no random first generation can be drawn.
   static StatusOr<std::unique_ptr<StagingRing>> Create(uint64_t ring_bytes);
 
   // Copies `value` into the next record. Rejected when the record (header + value) is larger

@@ -523,7 +523,7 @@ class SsdTier::Impl {
   // expected_writers_ (under mu_): the last commit's writers plus the kSync puts appended
   // while it ran, read when its sync ended. delay_target_ (under mu_): while a leader waits,
   // the count of joined writers that ends its wait (0: none waits); a put that reaches it
-  // notifies delay_cv_ (with mu_).
+  // (counted under mu_) notifies delay_cv_ after releasing mu_.
   std::atomic<uint64_t> sync_puts_{0};
   uint64_t prepared_puts_ = 0;
   uint64_t expected_writers_ = 0;

@@ -48,9 +48,9 @@
 //   is rebuilt by the tail scan when a power failure loses its unsynced RocksDB write
 //   (docs/format/ssd.md, "One synced write per commit"). The committing thread writes the
 //   buffer it closes itself. Concurrent kSync puts share one commit; before it commits, a
-//   kSync leader may wait (commit_delay_us, tier lock released) for the writers it expects. Every put and removal
-//   gets a commit ticket; WaitDurable(ticket) commits up to it (kSync) so that callers can
-//   release their own locks first and share the commit. A failed commit carries its
+//   kSync leader may wait (commit_delay_us, tier lock released) for the writers it expects. Every
+//   put and removal gets a commit ticket; WaitDurable(ticket) commits up to it (kSync) so that
+//   callers can release their own locks first and share the commit. A failed commit carries its
 //   CommitStage (stats, log): after kBufferWrite / kSync its data is forgotten, after
 //   kIndexWrite (data durable) its index operations are retried at the next commit.
 // - Deletes: Remove takes the entry out of memory at once and commits an index delete with
@@ -99,7 +99,13 @@ struct SsdOptions {
   uint64_t write_buffer_bytes = 2ull << 20;
   // Write buffers (double buffering: one filling while the others are in flight); clamped to
   // [1, kMaxWriteBuffers]. 1 keeps one buffer, written by the writer thread while puts wait.
-  uint32_t write_buffers = 2;
+  // 4 (not 2): a group commit closes the buffer being filled early, and a putting thread that
+  // misses a CPU for a few ms must still find a free buffer; with 2 the device queue drained
+  // at such moments (docs/PERFORMANCE.md, "Unit writes with four write buffers"). Under a
+  // saturated device an acknowledged kBatched put may wait in memory for the buffers ahead of
+  // it, so the loss window of a crash grows by up to write_buffers x write_buffer_bytes of
+  // device write time (8 MiB: ~13 ms at 650 MiB/s).
+  uint32_t write_buffers = 4;
   static constexpr uint32_t kMaxWriteBuffers = 8;
   Durability durability = Durability::kBatched;
   uint32_t group_commit_ms = 10;

@@ -492,5 +492,48 @@ TEST(SsdDoubleBufferTest, CleanerRelocatesRecordsOfBuffersInFlight) {
   }
 }
 
+// With the default number of write buffers, puts go on filling a third buffer while two are
+// in flight (here: held at the gate): a group commit that closes a partly filled buffer, or a
+// putting thread that missed a CPU for a while, does not leave the device queue waiting for a
+// free buffer (docs/PERFORMANCE.md, "Unit writes with four write buffers"). With 2 buffers the
+// put of unit 24 blocks until the gate opens.
+TEST(SsdDoubleBufferTest, DefaultBuffersLetPutsFillAThirdBufferWhileTwoAreInFlight) {
+  TempDir dir;
+  auto mem = NewMemEnv();
+  GateEnv gate(mem.get());
+  SsdOptions o = Options(dir.path(), &gate, Durability::kBatched);
+  o.write_buffers = SsdOptions{}.write_buffers;
+  auto t = OpenTier(o);
+  ASSERT_NE(t, nullptr);
+  gate.Close();
+  // 30 units: buffers of 12; the first is held at the gate, the second queued behind it, the
+  // rest fill a third.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  std::thread putter([&] {
+    for (int i = 0; i < 30; ++i) EXPECT_TRUE(PutUnit(t.get(), i).ok()) << i;
+    std::lock_guard l(mu);
+    finished = true;
+    cv.notify_all();
+  });
+  bool done = false;
+  {
+    std::unique_lock l(mu);
+    done = cv.wait_for(l, std::chrono::seconds(10), [&] { return finished; });
+  }
+  EXPECT_TRUE(done) << "a put waited for a free buffer while two were in flight";
+  EXPECT_TRUE(gate.WaitBlocked(1));
+  EXPECT_EQ(gate.passed(), 0);  // nothing has reached the device while the puts ran
+  gate.Open();
+  putter.join();
+  ASSERT_TRUE(t->Flush().ok());
+  bool present = false;
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_TRUE(ExactOrAbsent(t.get(), i, &present)) << i;
+    EXPECT_TRUE(present) << i;
+  }
+}
+
 }  // namespace
 }  // namespace kvtier::storage

@@ -457,7 +457,10 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, Batch* batch, const Requ
   // ring, up to its queue depth in flight; SubmitAcross), in chunks of kMaxBatchIos; sorted by
   // segment and offset for locality. Each unit is verified as its read completes, while the
   // rest of the batch is still in flight.
+  // Sized once: each growth of these would take fresh heap pages (first-touch faults) in a
+  // just-started daemon.
   std::vector<size_t> order;
+  order.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     if (results[i].ok() && segs[i] != nullptr) order.push_back(i);
   }
@@ -466,6 +469,7 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, Batch* batch, const Requ
                                       : entries[a].offset < entries[b].offset;
   });
   std::vector<DeviceIo> ios;
+  ios.reserve(std::min(order.size(), kMaxBatchIos));
   for (size_t first = 0; first < order.size(); first += kMaxBatchIos) {
     size_t last = std::min(order.size(), first + kMaxBatchIos);
     ios.clear();

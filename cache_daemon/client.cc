@@ -9,11 +9,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -91,6 +93,45 @@ class ShmAllocator {
   std::map<uint64_t, uint64_t> free_;  // offset -> bytes, protected by mu_
 };
 
+// Where a GET's values are copied out of the shared-memory file (ValuesBuffer): anonymous
+// memory, 2 MiB aligned and advised MADV_HUGEPAGE, cached per thread and reused by the
+// thread's next GET. The first user access to each 4 KiB page of a fresh mapping costs a page
+// fault, and in a virtual machine with shadow page tables about 5-10 us of CPU even after
+// MADV_POPULATE_READ; reading a 256-unit resume (1.4 MB) in place from a new connection's
+// region cost ~1.7 ms that way, its copy out with one pread ~0.1 ms (docs/PERFORMANCE.md,
+// "Resume fetch: one write per GET, values copied out (helper shmget)"). Buffers larger than
+// kValuesCachedBytesMax are not kept.
+constexpr uint64_t kValuesCachedBytesMax = 32ull << 20;
+constexpr uint64_t kValuesGrainBytes = 2ull << 20;
+
+struct FreeDeleter {
+  void operator()(uint8_t* p) const { std::free(p); }
+};
+struct ValuesBuffer {
+  std::unique_ptr<uint8_t, FreeDeleter> data;
+  uint64_t bytes = 0;
+};
+thread_local ValuesBuffer t_values;
+
+// A buffer of at least `bytes`: the thread's cached one when it is large enough (taken out of
+// the cache while in use, so a GET issued from inside a visitor gets its own), else a new
+// one. Empty when memory is short.
+ValuesBuffer TakeValuesBuffer(uint64_t bytes) {
+  if (t_values.bytes >= bytes) return std::exchange(t_values, ValuesBuffer{});
+  ValuesBuffer b;
+  b.bytes =
+      (std::max(bytes, t_values.bytes * 2) + kValuesGrainBytes - 1) & ~(kValuesGrainBytes - 1);
+  b.data.reset(static_cast<uint8_t*>(std::aligned_alloc(kValuesGrainBytes, b.bytes)));
+  if (b.data == nullptr) return {};
+  (void)::madvise(b.data.get(), b.bytes, MADV_HUGEPAGE);  // advisory: ignored where THP is off
+  return b;
+}
+void ReturnValuesBuffer(ValuesBuffer b) {
+  if (b.data != nullptr && b.bytes <= kValuesCachedBytesMax && b.bytes > t_values.bytes) {
+    t_values = std::move(b);
+  }
+}
+
 // A shared-memory allocation released on destruction.
 struct ShmLease {
   ShmAllocator* alloc = nullptr;
@@ -124,6 +165,7 @@ class ClientImpl final : public Client {
     if (reader_.joinable()) reader_.join();
     if (fd_ >= 0) ::close(fd_);
     if (shm_ != nullptr) ::munmap(shm_, shm_bytes_);
+    if (shm_fd_ >= 0) ::close(shm_fd_);
   }
 
   Status Open() {
@@ -205,6 +247,7 @@ class ClientImpl final : public Client {
           shm_ = static_cast<uint8_t*>(p);
           shm_bytes_ = granted;
           alloc_.Reset(granted);
+          shm_fd_ = std::exchange(memfd, -1);  // kept: GET values are read out of it (pread)
         }
       }
       if (memfd >= 0) ::close(memfd);
@@ -641,12 +684,13 @@ class ClientImpl final : public Client {
     return shm_ != nullptr && v.data() >= shm_ && v.data() + v.size() <= shm_ + shm_bytes_;
   }
 
-  // Maps the pages of the lease that a reply's values occupy in one call (MADV_POPULATE_READ)
-  // instead of a page fault per 4 KiB page as the visitor reads them (the daemon wrote them,
-  // so they exist). Advisory, and only within the lease; each value is still checked
-  // against it before it is viewed.
-  void PrefaultValues(const std::vector<wire::GetEntry>& entries, const ShmLease& lease) {
-#ifdef MADV_POPULATE_READ
+  // Copies the part of the lease that a reply's values occupy, [lease.offset, end of the last
+  // value), out of the shared-memory file into *out with one pread (ValuesBuffer says why not
+  // read in place). False (nothing copied: the caller views the values in the mapping) when
+  // no value lies in the lease, the range is larger than kValuesCachedBytesMax, or the read
+  // fails. Each value is still checked against the lease before it is viewed.
+  bool CopyOutValues(const std::vector<wire::GetEntry>& entries, const ShmLease& lease,
+                     ValuesBuffer* out) {
     uint64_t end = lease.offset;
     for (const wire::GetEntry& e : entries) {
       if (e.code != StatusCode::kOk || e.value_offset < lease.offset) continue;
@@ -654,13 +698,22 @@ class ClientImpl final : public Client {
       if (rel > lease.bytes || e.value_bytes > lease.bytes - rel) continue;
       end = std::max(end, e.value_offset + e.value_bytes);
     }
-    if (end == lease.offset) return;
-    const uint64_t first = lease.offset & ~uint64_t{4095};
-    (void)::madvise(shm_ + first, end - first, MADV_POPULATE_READ);
-#else
-    (void)entries;
-    (void)lease;
-#endif
+    const uint64_t bytes = end - lease.offset;
+    if (bytes == 0 || bytes > kValuesCachedBytesMax || shm_fd_ < 0) return false;
+    *out = TakeValuesBuffer(bytes);
+    if (out->data == nullptr) return false;
+    uint64_t done = 0;
+    while (done < bytes) {
+      const ssize_t n = ::pread(shm_fd_, out->data.get() + done, bytes - done,
+                                static_cast<off_t>(lease.offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ReturnValuesBuffer(std::exchange(*out, ValuesBuffer{}));
+        return false;
+      }
+      done += static_cast<uint64_t>(n);
+    }
+    return true;
   }
 
   Status GetChunk(std::span<const wire::Key> keys, size_t base, uint64_t turn,
@@ -690,7 +743,14 @@ class ClientImpl final : public Client {
     KVTIER_RETURN_IF_ERROR(st);
     KVTIER_ASSIGN_OR_RETURN(std::vector<wire::GetEntry> entries, wire::DecodeGetResponse(&r, shm));
     if (entries.size() != keys.size()) return Status::Corruption("get response count mismatch");
-    if (shm) PrefaultValues(entries, *lease);
+    // Over shared memory the values are viewed in `copied` (or, when it could not be made,
+    // in the mapping); the thread keeps it for its next GET.
+    ValuesBuffer copied;
+    const bool copy_out = shm && CopyOutValues(entries, *lease, &copied);
+    struct GiveBack {
+      ValuesBuffer* b;
+      ~GiveBack() { ReturnValuesBuffer(std::exchange(*b, ValuesBuffer{})); }
+    } give_back{&copied};
     std::vector<wire::Key> retry;
     std::vector<size_t> retry_index;
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -709,7 +769,9 @@ class ClientImpl final : public Client {
               e.value_offset + e.value_bytes > lease->offset + lease->bytes) {
             return Status::Corruption("get value outside the destination area");
           }
-          item.value = std::span<const uint8_t>(shm_ + e.value_offset, e.value_bytes);
+          const uint8_t* v = copy_out ? copied.data.get() + (e.value_offset - lease->offset)
+                                      : shm_ + e.value_offset;
+          item.value = std::span<const uint8_t>(v, e.value_bytes);
         } else {
           item.value = e.value;
         }
@@ -759,6 +821,7 @@ class ClientImpl final : public Client {
   std::atomic<uint64_t> next_turn_{1};  // NewTurn's ids
   uint8_t* shm_ = nullptr;
   uint64_t shm_bytes_ = 0;
+  int shm_fd_ = -1;  // the region's memfd (with shm_): GET values are read out of it
   ShmAllocator alloc_;
 };
 

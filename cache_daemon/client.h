@@ -4,7 +4,7 @@
 //   auto c = Client::Connect({.socket_path = "/run/kvtier/kvtierd.sock", .token = tok});
 //   auto hit = (*c)->Lookup(chain);                      // longest hit prefix
 //   (*c)->Put(units);                                    // a batch of units
-//   (*c)->Get(chain, [](size_t i, const GetItem& g) {...});  // zero-copy over shared memory
+//   (*c)->Get(chain, [](size_t i, const GetItem& g) {...});  // values over shared memory
 //
 // Transport: a Unix socket (default) or TCP. Over a Unix socket the client asks for a
 // shared-memory region once (SHM_ATTACH; the daemon passes a memfd with SCM_RIGHTS), and
@@ -126,8 +126,12 @@ class Client {
   StatusOr<std::vector<Status>> Put(std::span<const PutUnit> units, const PutOptions& options) {
     return PutAsync(units, options).get();
   }
-  // Calls visit(i, item) for each key in order. Over shared memory item.value points into
-  // the region (zero copy); it is released when Get returns. turn: as for LookupAsync.
+  // Calls visit(i, item) for each key in order. Over shared memory the daemon writes the
+  // values into the region and item.value points into the calling thread's copy of them
+  // (read out of the region's file with one pread: no socket copy, and none of a fresh
+  // mapping's first-touch faults; the region itself when that copy cannot be made); it is
+  // released when Get returns. Memory: each thread that calls Get keeps its copy buffer (up to
+  // 32 MiB) for its next call. turn: as for LookupAsync.
   virtual Status Get(std::span<const wire::Key> keys, uint64_t turn,
                      const std::function<void(size_t, const GetItem&)>& visit) = 0;
   Status Get(std::span<const wire::Key> keys,

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cache_daemon/daemon_internal.h"
+#include "cache_daemon/shm_writer.h"
 #include "common/clock.h"
 #include "common/logging.h"
 
@@ -117,6 +118,7 @@ class DaemonImpl final : public Daemon {
     shared_.workers = &workers_;
     shared_.start_us = DefaultSteadyClock().NowUs();
     shared_.request_shutdown = [this] { Shutdown(); };
+    internal::WarmShmStage();  // the first GET over shared memory copies into warm pages
     std::vector<std::pair<std::string, uint64_t>> names;
     for (const auto& t : tenants_->tenants()) names.emplace_back(t->name, t->id);
     metrics_.engram_fetch.SetTenants(names);

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "cache_daemon/daemon_internal.h"
+#include "cache_daemon/shm_writer.h"
 #include "cache_daemon/wire.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -94,26 +95,6 @@ struct OutMsg {
   std::vector<uint8_t> bytes;
   int fd = -1;  // sent with SCM_RIGHTS alongside the bytes (Unix sockets only)
 };
-
-// Writes v at `offset` of the connection's shared-memory file (the memfd behind the region)
-// with pwrite, so the kernel copies it through its own mapping of the pages and the daemon's
-// mapping of the region is never touched by a GET: no page of it is faulted or populated.
-// In a virtual machine with shadow page tables the first touch of each 4 KiB page of a
-// fresh region costs about 10 us of CPU, most of a cold unit's CPU before this
-// (docs/PERFORMANCE.md, "Resume fetch: per-unit CPU"). The caller has checked that the range
-// lies in the region (the file is sealed at the region's size). False when the kernel
-// refused the write (no memory for the region's pages): nothing is served from it.
-bool WriteShm(int fd, std::span<const uint8_t> v, uint64_t offset) {
-  size_t done = 0;
-  while (done < v.size()) {
-    const ssize_t n =
-        ::pwrite(fd, v.data() + done, v.size() - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
-}
 
 // Everything a request needs from its connection, fixed when the frame is accepted: a
 // HELLO/AUTH/SHM_ATTACH that follows it on the strand cannot change what it runs as.
@@ -781,39 +762,64 @@ Status NativeSession::ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_
       w.buffer().resize(wire::kHeaderBytes);
       wire::EncodeStatus(Status::Ok(), &w);
       w.U16(static_cast<uint16_t>(req.keys.size()));
-      uint64_t cursor = 0;
-      svc->Get(
-          t, req.keys, unit_tokens, job.request,
-          [&](size_t, const Status& st, storage::Tier tier, std::span<const uint8_t> v) {
-            StatusCode c = st.code();
-            if (st.ok() && shm && v.size() > req.dst_capacity - cursor) {
-              c = StatusCode::kRetry;  // no room left in the destination area
-            }
-            if (st.ok() && !shm && w.buffer().size() + v.size() + 6 > max_frame) {
-              c = StatusCode::kRetry;  // would exceed the frame limit
-            }
-            if (c == StatusCode::kOk && !shm && !ReserveReply(v.size(), &job)) {
-              c = StatusCode::kRetry;  // the connection's replies are not being read
-            }
-            // The value's only copy: from where the store read it (an SSD unit: its
-            // verified record in the batch's read region) into the destination. A write
-            // the kernel refused is answered retry: the client asks again inline.
-            if (c == StatusCode::kOk && shm && !WriteShm(job.shm_fd, v, req.dst_offset + cursor)) {
-              c = StatusCode::kRetry;
-              shared_->metrics->shm_write_failures.fetch_add(1);
-            }
-            if (c != StatusCode::kOk && c != StatusCode::kNotFound) *code = c;
-            w.U8(static_cast<uint8_t>(c));
-            w.U8(static_cast<uint8_t>(tier));
-            w.U32(c == StatusCode::kOk ? static_cast<uint32_t>(v.size()) : 0);
-            if (c != StatusCode::kOk) return;
-            if (shm) {
-              w.U64(req.dst_offset + cursor);
-              cursor += v.size();
-            } else {
-              w.Bytes(v);
-            }
-          });
+      // Over shared memory each value is staged and the staged values are written into the
+      // region with one pwrite (ShmValueWriter: the value's only copy before the kernel's,
+      // from where the store read it, an SSD unit's verified record in the batch's read
+      // region); the entries are encoded after the write, when it is known which values
+      // reached the region. A value the kernel refused to write is answered retry: the
+      // client asks again inline.
+      struct ShmEntry {
+        StatusCode code;
+        storage::Tier tier;
+        uint32_t bytes;
+        size_t slot;  // ShmValueWriter::Slot::index
+        uint64_t offset;
+      };
+      std::optional<ShmValueWriter> shm_out;
+      std::vector<ShmEntry> shm_entries;
+      if (shm) {
+        shm_out.emplace(job.shm_fd, req.dst_offset, req.dst_capacity);
+        shm_entries.reserve(req.keys.size());
+      }
+      svc->Get(t, req.keys, unit_tokens, job.request,
+               [&](size_t, const Status& st, storage::Tier tier, std::span<const uint8_t> v) {
+                 StatusCode c = st.code();
+                 if (shm) {
+                   std::optional<ShmValueWriter::Slot> slot;
+                   if (c == StatusCode::kOk && !(slot = shm_out->Add(v))) {
+                     c = StatusCode::kRetry;  // no room left in the destination area
+                   }
+                   shm_entries.push_back({c, tier, static_cast<uint32_t>(v.size()),
+                                          slot ? slot->index : 0, slot ? slot->offset : 0});
+                   return;
+                 }
+                 if (st.ok() && w.buffer().size() + v.size() + 6 > max_frame) {
+                   c = StatusCode::kRetry;  // would exceed the frame limit
+                 }
+                 if (c == StatusCode::kOk && !ReserveReply(v.size(), &job)) {
+                   c = StatusCode::kRetry;  // the connection's replies are not being read
+                 }
+                 if (c != StatusCode::kOk && c != StatusCode::kNotFound) *code = c;
+                 w.U8(static_cast<uint8_t>(c));
+                 w.U8(static_cast<uint8_t>(tier));
+                 w.U32(c == StatusCode::kOk ? static_cast<uint32_t>(v.size()) : 0);
+                 if (c == StatusCode::kOk) w.Bytes(v);
+               });
+      if (shm) {
+        shm_out->Flush();
+        for (const ShmEntry& e : shm_entries) {
+          StatusCode c = e.code;
+          if (c == StatusCode::kOk && !shm_out->Written(e.slot)) {
+            c = StatusCode::kRetry;
+            shared_->metrics->shm_write_failures.fetch_add(1);  // counted per value
+          }
+          if (c != StatusCode::kOk && c != StatusCode::kNotFound) *code = c;
+          w.U8(static_cast<uint8_t>(c));
+          w.U8(static_cast<uint8_t>(e.tier));
+          w.U32(c == StatusCode::kOk ? e.bytes : 0);
+          if (c == StatusCode::kOk) w.U64(e.offset);
+        }
+      }
       *out = w.Take();
       auto hdr = wire::EncodeHeader(h.opcode | wire::kResponseBit, reply_flags, h.request_id,
                                     static_cast<uint32_t>(out->size() - wire::kHeaderBytes));

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "common/logging.h"
 #include "storage/ssd/tier_impl.h"
@@ -30,6 +32,28 @@ struct CachedRegion {
 };
 thread_local CachedRegion t_region;
 
+// Regions made before any batch needed them (SsdTier::Open warms one: WarmReadRegion), taken
+// by a thread whose own cache is empty or too small instead of a fresh region: the first
+// batch GET of a just-started daemon then reads into pages faulted in at startup, not into a
+// new huge page the kernel must zero first (18% of kvtierd's CPU in the first 256-unit GET
+// after a restart; docs/PERFORMANCE.md, "one write per GET").
+constexpr uint64_t kWarmRegionBytes = 4ull << 20;  // a 256-unit batch of records up to 16 KiB
+constexpr size_t kWarmRegionsMax = 1;
+std::mutex g_warm_mu;
+std::vector<CachedRegion> g_warm;  // protected by g_warm_mu
+
+// A warm region of at least `bytes`, or an empty one.
+CachedRegion TakeWarmRegion(uint64_t bytes) {
+  std::lock_guard lock(g_warm_mu);
+  for (auto it = g_warm.begin(); it != g_warm.end(); ++it) {
+    if (it->bytes < bytes) continue;
+    CachedRegion r = std::move(*it);
+    g_warm.erase(it);
+    return r;
+  }
+  return {};
+}
+
 // An aligned, faulted-in region of at least `bytes` (rounded up to the huge-page grain when
 // the cache may keep it).
 CachedRegion NewRegion(uint64_t bytes) {
@@ -45,8 +69,24 @@ CachedRegion NewRegion(uint64_t bytes) {
     // `perf`). Advisory: ignored where THP is off.
     (void)::madvise(r.buf.get(), r.bytes, MADV_HUGEPAGE);
   }
-  std::memset(r.buf.get(), 0, r.bytes);  // fault the pages in once
+  // Fault the pages in once: with one system call where the kernel has MADV_POPULATE_WRITE
+  // (5.14+), which does not write the (huge) pages a second time as a memset would.
+#ifdef MADV_POPULATE_WRITE
+  if (::madvise(r.buf.get(), r.bytes, MADV_POPULATE_WRITE) == 0) return r;
+#endif
+  std::memset(r.buf.get(), 0, r.bytes);
   return r;
+}
+
+// Puts one region of kWarmRegionBytes among the warm ones (unless they are full).
+void WarmReadRegion() {
+  {
+    std::lock_guard lock(g_warm_mu);
+    if (g_warm.size() >= kWarmRegionsMax) return;
+  }
+  CachedRegion r = NewRegion(kWarmRegionBytes);
+  std::lock_guard lock(g_warm_mu);
+  if (g_warm.size() < kWarmRegionsMax) g_warm.push_back(std::move(r));
 }
 
 }  // namespace
@@ -83,6 +123,11 @@ uint8_t* SsdTier::Batch::Region(uint64_t bytes) {
   if (t_region.bytes >= bytes) {
     region_ = std::move(t_region.buf);
     region_bytes_ = std::exchange(t_region.bytes, 0);
+    return region_.get();
+  }
+  if (CachedRegion w = TakeWarmRegion(bytes); w.buf != nullptr) {
+    region_ = std::move(w.buf);
+    region_bytes_ = w.bytes;
     return region_.get();
   }
   // Too small (or none cached): grow geometrically up to what the cache keeps.
@@ -412,7 +457,10 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, Batch* batch, const Requ
   // ring, up to its queue depth in flight; SubmitAcross), in chunks of kMaxBatchIos; sorted by
   // segment and offset for locality. Each unit is verified as its read completes, while the
   // rest of the batch is still in flight.
+  // Sized once: each growth of these would take fresh heap pages (first-touch faults) in a
+  // just-started daemon.
   std::vector<size_t> order;
+  order.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     if (results[i].ok() && segs[i] != nullptr) order.push_back(i);
   }
@@ -421,6 +469,7 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, Batch* batch, const Requ
                                       : entries[a].offset < entries[b].offset;
   });
   std::vector<DeviceIo> ios;
+  ios.reserve(std::min(order.size(), kMaxBatchIos));
   for (size_t first = 0; first < order.size(); first += kMaxBatchIos) {
     size_t last = std::min(order.size(), first + kMaxBatchIos);
     ios.clear();
@@ -469,6 +518,7 @@ SsdTier::~SsdTier() = default;
 StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(const SsdOptions& options) {
   auto impl = std::make_unique<Impl>(options);
   KVTIER_RETURN_IF_ERROR(impl->Open());
+  WarmReadRegion();
   return std::unique_ptr<SsdTier>(new SsdTier(std::move(impl)));
 }
 

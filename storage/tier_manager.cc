@@ -964,6 +964,7 @@ void TierManagerImpl::GetBatchImpl(std::span<const Key> keys, const RequestTag& 
   // hits are promoted last, so that the policies see the batch as the simulator replays it.
   std::vector<size_t> ssd_slot(n, SIZE_MAX);
   std::vector<Key> ssd_keys;
+  ssd_keys.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     bool expired = false;
     if (ssd_ && Locate(keys[i], &expired) == Tier::kSsd) {
@@ -983,6 +984,7 @@ void TierManagerImpl::GetBatchImpl(std::span<const Key> keys, const RequestTag& 
     visit(i, st, from, st.ok() ? std::span<const uint8_t>(*out) : std::span<const uint8_t>());
   };
   std::vector<size_t> promote;  // keys read from SSD, in order
+  promote.reserve(ssd_keys.size());
   for (size_t i = 0; i < n; ++i) {
     if (ssd_slot[i] == SIZE_MAX) {
       get(i);

@@ -1,12 +1,15 @@
 // The client's shared-memory ranges against a scripted fake daemon: a range named by a request
 // that timed out is not handed to another request until the daemon's reply arrives (the daemon
-// may still be writing into it), and is reused after.
+// may still be writing into it), and is reused after; GET values the daemon wrote into the
+// region reach the visitor exact wherever in the range they lie (the client copies them out
+// of the region's file), and one outside the range fails the call.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 
@@ -24,12 +27,30 @@ struct Range {
   uint64_t offset = 0, capacity = 0;
 };
 
-// Answers HELLO and SHM_ATTACH; records every GET's destination range; answers the first two
-// GETs only when a LOOKUP arrives (after the client gave up on them), then the LOOKUP, then
-// every later GET at once.
+// Value i of a served GET: Bytes(i) bytes of a pattern seeded by the key's first byte.
+size_t Bytes(size_t i) { return 5216 + 13 * i; }
+std::vector<uint8_t> Value(const wire::Key& key, size_t i) {
+  std::vector<uint8_t> v(Bytes(i));
+  uint32_t x = key[0] * 2654435761u + static_cast<uint32_t>(i);
+  for (auto& b : v) {
+    x = x * 1664525u + 1013904223u;
+    b = static_cast<uint8_t>(x >> 24);
+  }
+  return v;
+}
+// A key whose value the fake places past the end of the GET's destination range.
+constexpr uint8_t kOutsideKey = 0xEE;
+
+// Answers HELLO and SHM_ATTACH; records every GET's destination range. Holding: answers the
+// first two GETs only when a LOOKUP arrives (after the client gave up on them), then the
+// LOOKUP, then every later GET at once, each key a miss. Serving: answers every GET at once,
+// each key found, its value (Value) written into the region in reverse key order, the last
+// one ending at the range's end.
 class FakeDaemon {
  public:
-  explicit FakeDaemon(std::string path) : path_(std::move(path)) {
+  enum class Mode { kHolding, kServing };
+  explicit FakeDaemon(std::string path, Mode mode = Mode::kHolding)
+      : path_(std::move(path)), mode_(mode) {
     listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
     sockaddr_un a{};
     a.sun_family = AF_UNIX;
@@ -44,6 +65,7 @@ class FakeDaemon {
     if (conn_fd_ >= 0) ::shutdown(conn_fd_, SHUT_RDWR);
     thread_.join();
     if (conn_fd_ >= 0) ::close(conn_fd_);
+    if (memfd_ >= 0) ::close(memfd_);
     ::close(listen_fd_);
     ::unlink(path_.c_str());
   }
@@ -88,6 +110,31 @@ class FakeDaemon {
     });
   }
 
+  void ServeValues(const wire::FrameHeader& req, const wire::GetRequest& get) {
+    const size_t n = get.keys.size();
+    std::vector<uint64_t> offsets(n);
+    uint64_t end = get.dst_offset + get.dst_capacity;
+    for (size_t i = 0; i < n; ++i) {  // reverse order, packed against the range's end
+      end -= Bytes(i);
+      offsets[i] = end;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (get.keys[i][0] == kOutsideKey) offsets[i] = get.dst_offset + get.dst_capacity;
+      const std::vector<uint8_t> v = Value(get.keys[i], i);
+      ASSERT_EQ(::pwrite(memfd_, v.data(), v.size(), static_cast<off_t>(offsets[i])),
+                static_cast<ssize_t>(v.size()));
+    }
+    Reply(req, [&](wire::Writer* w) {
+      w->U16(static_cast<uint16_t>(n));
+      for (size_t i = 0; i < n; ++i) {
+        w->U8(static_cast<uint8_t>(StatusCode::kOk));
+        w->U8(2);
+        w->U32(static_cast<uint32_t>(Bytes(i)));
+        w->U64(offsets[i]);
+      }
+    });
+  }
+
   void Serve() {
     conn_fd_ = ::accept(listen_fd_, nullptr, nullptr);
     if (conn_fd_ < 0) return;
@@ -116,11 +163,12 @@ class FakeDaemon {
           });
           break;
         case Opcode::kShmAttach: {
-          int memfd = ::memfd_create("fake-shm", MFD_CLOEXEC);
-          ASSERT_EQ(::ftruncate(memfd, 1u << 20), 0);
+          // The region is a bit larger than granted: a value placed past the range still
+          // lands in the file.
+          memfd_ = ::memfd_create("fake-shm", MFD_CLOEXEC);
+          ASSERT_EQ(::ftruncate(memfd_, 2u << 20), 0);
           Reply(
-              f.header, [](wire::Writer* w) { w->U64(1u << 20); }, memfd);
-          ::close(memfd);
+              f.header, [](wire::Writer* w) { w->U64(1u << 20); }, memfd_);
           break;
         }
         case Opcode::kGet: {
@@ -131,6 +179,10 @@ class FakeDaemon {
             std::lock_guard<std::mutex> lock(mu_);
             gets_.push_back({req->dst_offset, req->dst_capacity});
             n = gets_.size();
+          }
+          if (mode_ == Mode::kServing) {
+            ServeValues(f.header, *req);
+            break;
           }
           if (n <= 2) {
             held.emplace_back(f.header, req->keys.size());
@@ -151,7 +203,8 @@ class FakeDaemon {
   }
 
   std::string path_;
-  int listen_fd_ = -1, conn_fd_ = -1;
+  Mode mode_;
+  int listen_fd_ = -1, conn_fd_ = -1, memfd_ = -1;
   std::thread thread_;
   std::mutex mu_;
   std::vector<Range> gets_;  // protected by mu_
@@ -188,6 +241,63 @@ TEST(ClientShmTest, TimedOutRangeIsNotReusedUntilTheReplyArrives) {
       << "a range of a timed-out GET was handed out again: [" << g[0].offset << ", +"
       << g[0].capacity << ") and [" << g[1].offset << ", +" << g[1].capacity << ")";
   EXPECT_EQ(g[2].offset, g[0].offset) << "the range is free again once its reply arrived";
+}
+
+std::string SocketPath(const char* name) {
+  return (std::filesystem::temp_directory_path() /
+          (std::string(name) + std::to_string(getpid()) + ".sock"))
+      .string();
+}
+
+TEST(ClientShmTest, GetValuesAreTheBytesTheDaemonWroteWhereverTheyLie) {
+  const std::string path = SocketPath("kvtier_client_shm_values_");
+  FakeDaemon fake(path, FakeDaemon::Mode::kServing);
+  ClientOptions o;
+  o.socket_path = path;
+  o.shm_bytes = 1u << 20;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE((*c)->shm_attached());
+  // Twice: the second GET reuses the range (and the thread's copy of it).
+  for (int round = 0; round < 2; ++round) {
+    std::vector<wire::Key> keys(40);
+    for (size_t i = 0; i < keys.size(); ++i) keys[i][0] = static_cast<uint8_t>(i + 10 * round);
+    std::vector<int> seen(keys.size(), 0);
+    ASSERT_TRUE((*c)->Get(keys,
+                          [&](size_t i, const GetItem& g) {
+                            ASSERT_LT(i, keys.size());
+                            ++seen[i];
+                            ASSERT_TRUE(g.status.ok()) << i;
+                            EXPECT_EQ(g.tier, 2);
+                            const std::vector<uint8_t> want = Value(keys[i], i);
+                            ASSERT_EQ(g.value.size(), want.size()) << i;
+                            EXPECT_TRUE(std::equal(want.begin(), want.end(), g.value.begin()))
+                                << "value " << i << " differs from what the daemon wrote";
+                          })
+                    .ok());
+    EXPECT_EQ(seen, std::vector<int>(keys.size(), 1));
+  }
+  std::vector<Range> g = fake.gets();
+  ASSERT_EQ(g.size(), 2u);
+  ASSERT_GT(g[0].capacity, 0u) << "the GETs must use shared memory";
+}
+
+TEST(ClientShmTest, AValueOutsideTheRangeFailsTheGet) {
+  const std::string path = SocketPath("kvtier_client_shm_outside_");
+  FakeDaemon fake(path, FakeDaemon::Mode::kServing);
+  ClientOptions o;
+  o.socket_path = path;
+  o.shm_bytes = 1u << 20;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<wire::Key> keys(3);
+  keys[0][0] = 1;
+  keys[1][0] = kOutsideKey;
+  keys[2][0] = 3;
+  size_t visited = 0;
+  Status st = (*c)->Get(keys, [&](size_t, const GetItem&) { ++visited; });
+  EXPECT_TRUE(st.IsCorruption()) << st.ToString();
+  EXPECT_EQ(visited, 1u) << "the value before the bad one is visited, none after";
 }
 
 }  // namespace

@@ -257,7 +257,8 @@ def spec(build, workdir, args):
             m1 = fast.metrics()
             d = {k: metric(m1, "kvtier_serve_spec_" + k) - metric(m0, "kvtier_serve_spec_" + k)
                  for k in ("verifications_total", "drafted_tokens_total",
-                           "accepted_tokens_total", "rounds_total", "rounds_undrafted_total")}
+                           "accepted_tokens_total", "rounds_total", "rounds_undrafted_total",
+                           "draft_passes_total")}
             ver = d["verifications_total"] or 1
             row = {"bench": "spec", "concurrency": c, "requests": len(bodies),
                    "draft_len": args.spec_draft_len if args.spec_draft_len is not None
@@ -273,7 +274,10 @@ def spec(build, workdir, args):
                    "drafted_per_verification": round(d["drafted_tokens_total"] / ver, 2),
                    "accepted_per_verification": round(d["accepted_tokens_total"] / ver, 2),
                    "undrafted_rounds": int(d["rounds_undrafted_total"]),
-                   "rounds": int(d["rounds_total"]), "load": os.getloadavg()[0]}
+                   "rounds": int(d["rounds_total"]),
+                   # Draft passes run (probes included); absent (0) before the counter existed.
+                   "draft_passes": int(d["draft_passes_total"]),
+                   "load": os.getloadavg()[0]}
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:

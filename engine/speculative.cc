@@ -242,12 +242,21 @@ bool DraftScheduler::ShouldDraft(int requests) {
   }
   const bool pays = best > R * Sps(R);
   if (probing_ && !pays) probe_interval_ = std::min(2 * probe_interval_, kProbeRoundsMax);
-  probing_ = false;
+  if (plain_probing_ && pays) plain_interval_ = std::min(2 * plain_interval_, kProbeRoundsMax);
+  probing_ = plain_probing_ = false;
   if (pays) {
     probe_interval_ = kProbeRounds;
     skipped_ = 0;
+    if (++drafting_ > plain_interval_) {  // a plain probe: re-measure the undrafted pass
+      drafting_ = 0;
+      plain_probing_ = true;
+      time_next_undrafted_ = true;
+      return false;
+    }
     return true;
   }
+  plain_interval_ = kProbeRounds;
+  drafting_ = 0;
   if (++skipped_ > probe_interval_) {
     skipped_ = 0;
     probing_ = true;
@@ -256,9 +265,31 @@ bool DraftScheduler::ShouldDraft(int requests) {
   return false;
 }
 
+bool DraftScheduler::TimeUndrafted() {
+  if (time_next_undrafted_) {
+    time_next_undrafted_ = false;
+    undrafted_passes_ = 1;
+    return true;
+  }
+  return undrafted_passes_++ % kUndraftedTimedEvery == 0;
+}
+
+namespace {
+
+// The median of `x` (the lower middle one of an even count); x is reordered.
+double Median(std::vector<double>* x) {
+  auto mid = x->begin() + static_cast<int64_t>((x->size() - 1) / 2);
+  std::nth_element(x->begin(), mid, x->end());
+  return *mid;
+}
+
+}  // namespace
+
 Status MeasureSps(Engine* e, const SequenceState& base, int reps, DraftScheduler* s) {
   if (base.tokens.empty()) return Status::InvalidArgument("speculative: MeasureSps needs a prefix");
+  if (reps < 1) return Status::Ok();
   std::vector<float> logits;
+  std::vector<std::vector<double>> cost(static_cast<size_t>(s->max_tokens()) + 1);
   for (int r = -1; r < reps; ++r) {  // r = -1: one warm-up pass, not recorded
     for (int t = r < 0 ? s->max_tokens() : 1; t <= s->max_tokens(); ++t) {
       SequenceState st = base;
@@ -266,9 +297,10 @@ Status MeasureSps(Engine* e, const SequenceState& base, int reps, DraftScheduler
       const double c0 = s->Now();
       KVTIER_RETURN_IF_ERROR(e->Forward(&st, toks, true, &logits));
       const double c1 = s->Now();
-      if (r >= 0) s->Record(t, c1 - c0);
+      if (r >= 0) cost[t].push_back(c1 - c0);
     }
   }
+  for (int t = 1; t <= s->max_tokens(); ++t) s->Record(t, Median(&cost[t]));
   return Status::Ok();
 }
 
@@ -282,8 +314,9 @@ Status MeasureSpsBatch(Engine* e, std::span<const SequenceState> bases, int reps
       return Status::InvalidArgument("speculative: MeasureSpsBatch needs prefixes");
   }
   std::vector<std::vector<float>> logits;
-  for (int r = 0; r < reps; ++r) {
-    for (int t = R; t <= s->max_tokens(); ++t) {
+  std::vector<std::vector<double>> cost(static_cast<size_t>(s->max_tokens()) + 1);
+  for (int r = -1; r < reps; ++r) {  // r = -1: one warm-up pass, not recorded
+    for (int t = r < 0 ? s->max_tokens() : R; t <= s->max_tokens(); ++t) {
       std::vector<SequenceState> st(bases.begin(), bases.end());
       std::vector<SequenceState*> ptrs;
       std::vector<std::vector<int32_t>> toks(static_cast<size_t>(R));
@@ -295,9 +328,11 @@ Status MeasureSpsBatch(Engine* e, std::span<const SequenceState> bases, int reps
       }
       const double c0 = s->Now();
       KVTIER_RETURN_IF_ERROR(e->ForwardBatch(ptrs, spans, &logits));
-      s->Record(t, s->Now() - c0);
+      const double c1 = s->Now();
+      if (r >= 0) cost[t].push_back(c1 - c0);
     }
   }
+  for (int t = R; t <= s->max_tokens() && reps > 0; ++t) s->Record(t, Median(&cost[t]));
   return Status::Ok();
 }
 
@@ -474,15 +509,16 @@ Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
     std::vector<float> logits;
     AttnInputCapture* cap = StepCapture(*st);
     engine_->set_attn_capture(cap);
+    const bool timed = scheduler_ != nullptr && scheduler_->TimeUndrafted();
     const auto t0 = Clock::now();
-    const double c0 = scheduler_ != nullptr ? scheduler_->Now() : 0;
+    const double c0 = timed ? scheduler_->Now() : 0;
     Status s = engine_->Forward(st, std::span<const int32_t>(&pending_, 1), false, &logits);
-    const double c1 = scheduler_ != nullptr ? scheduler_->Now() : 0;
+    const double c1 = timed ? scheduler_->Now() : 0;
     const auto t1 = Clock::now();
     engine_->set_attn_capture(nullptr);
     KVTIER_RETURN_IF_ERROR(s);
     stats_.verify_us += Micros(t0, t1);
-    if (scheduler_ != nullptr) scheduler_->Record(1, c1 - c0);
+    if (timed) scheduler_->Record(1, c1 - c0);
     return FinishStep(st, logits, out);
   }
   DraftResult d;
@@ -591,7 +627,9 @@ Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
       caps.push_back(decs[i]->StepCapture(*states[i]));
     }
     std::vector<std::vector<float>> last;
-    DraftScheduler* timer = lead->scheduler_;
+    DraftScheduler* timer = lead->scheduler_ != nullptr && lead->scheduler_->TimeUndrafted()
+                                ? lead->scheduler_
+                                : nullptr;
     const auto t0 = Clock::now();
     const double c0 = timer != nullptr ? timer->Now() : 0;
     KVTIER_RETURN_IF_ERROR(engine->ForwardBatch(states, spans, &last, nullptr, caps));

@@ -113,7 +113,12 @@ CostClock CpuCostClock(const Engine& engine);
 //   tokens, or a draft pass as costly as the tokens it saves) it stops drafting, down to none,
 //   and probes to keep its estimates current: after kProbeRounds rounds without drafting, then
 //   after twice as many each time a probe confirms that drafting does not pay, up to
-//   kProbeRoundsMax (back to kProbeRounds once it pays).
+//   kProbeRoundsMax (back to kProbeRounds once it pays). The other way round too: while
+//   drafting pays, a plain probe (one round without drafting, its pass always timed) after
+//   kProbeRounds rounds, then twice as many each time it confirms, up to kProbeRoundsMax; so
+//   neither side of the comparison goes stale (the cost of a plain step, SPS(R), is measured
+//   only by undrafted passes: without plain probes one high sample of it could keep the
+//   scheduler drafting for good).
 class DraftScheduler {
  public:
   static constexpr int kProbeRounds = 32;
@@ -125,6 +130,15 @@ class DraftScheduler {
   // The clock's reading. Whoever runs a pass for this scheduler times it as Now() after minus
   // Now() before, on the thread that runs it, and records it.
   double Now() const { return clock_(); }
+  // Undrafted passes (plain decode rows: the most frequent pass, and the cheapest) are timed
+  // one in kUndraftedTimedEvery: a CPU-clock read is a system call (about 1.7 us of CPU on
+  // the 2-core VM against 0.04 us for the wall clock's), and two per step would cost about
+  // 2 % of a one-row step. Whether to time the next undrafted pass: true at the first call
+  // and every kUndraftedTimedEvery-th after it. Draft passes and drafted verify passes are
+  // always timed (they are rare when drafting does not pay, and the table needs them).
+  // A plain probe's undrafted pass (below) is always timed.
+  static constexpr int kUndraftedTimedEvery = 16;
+  bool TimeUndrafted();
   // Records one verify pass of `tokens` tokens that cost `seconds` (ignored unless > 0 and
   // finite, or when tokens is outside 1 .. max_tokens).
   void Record(int tokens, double seconds);
@@ -152,15 +166,23 @@ class DraftScheduler {
   CostClock clock_;
   std::vector<double> cost_s_;  // c(t), index t: tokens per pass; 0 = never measured
   double draft_s_ = 0;
+  uint64_t undrafted_passes_ = 0;      // TimeUndrafted calls
   std::vector<double> mean_survival_;  // per draft position; empty until a draft was recorded
   int skipped_ = 0;
   int probe_interval_ = kProbeRounds;
   bool probing_ = false;  // the last ShouldDraft was a probe
+  // Plain probes (rounds without drafting while drafting pays): their counters.
+  int drafting_ = 0;
+  int plain_interval_ = kProbeRounds;
+  bool plain_probing_ = false;        // the last ShouldDraft was a plain probe
+  bool time_next_undrafted_ = false;  // TimeUndrafted says yes next
 };
 
 // Fills the scheduler's table at start: `reps` verify passes of each size 1 .. max_tokens on
 // copies of `base` (a prefilled state; it is not changed), timed on this engine with the
-// scheduler's clock (one unrecorded pass first, so that the first sample is not a cold one).
+// scheduler's clock, and records each size's median (one unrecorded pass first, so that no
+// sample is a cold one; the median, because the first sample of an estimate sets it and a
+// later one moves it by at most 9 %: one slow outlier must not set it).
 Status MeasureSps(Engine* engine, const SequenceState& base, int reps, DraftScheduler* scheduler);
 // The same for rounds of bases.size() sequences: passes of every size R .. max_tokens through
 // Engine::ForwardBatch over copies of `bases` (the tokens spread evenly, earlier sequences

@@ -126,7 +126,7 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(engine::Engine* engine,
       warm[i] = ByteTokenizer::kByteBase + static_cast<int32_t>('a' + i % 26);
     std::vector<float> logits;
     KVTIER_RETURN_IF_ERROR(engine->Forward(&base, warm, false, &logits));
-    KVTIER_RETURN_IF_ERROR(engine::MeasureSps(engine, base, 2, s->draft_scheduler_.get()));
+    KVTIER_RETURN_IF_ERROR(engine::MeasureSps(engine, base, 3, s->draft_scheduler_.get()));
   }
   if (!options.daemon_socket.empty()) {
     KVTIER_ASSIGN_OR_RETURN(
@@ -537,8 +537,10 @@ void Scheduler::StepActive() {
     for (Seq* s : run) before.push_back(static_cast<int64_t>(s->state.tokens.size()));
     std::vector<std::vector<float>> logits;
     // A pass of the undrafted decode rows alone is what the draft scheduler compares drafting
-    // with: its SPS table learns it (in the scheduler's clock: CPU time).
-    const bool timed = !options_.draft_len && undrafted_rows > 0 && run.size() == undrafted_rows;
+    // with: its SPS table learns it (in the scheduler's clock, CPU time; one such pass in
+    // DraftScheduler::kUndraftedTimedEvery, as a CPU-clock read costs a system call).
+    const bool timed = !options_.draft_len && undrafted_rows > 0 && run.size() == undrafted_rows &&
+                       draft_scheduler_->TimeUndrafted();
     const double c0 = timed ? draft_scheduler_->Now() : 0;
     Status ds = engine_->ForwardBatch(states, spans, &logits, nullptr, caps);
     if (ds.ok() && timed)

@@ -888,8 +888,62 @@ TEST(DraftScheduler, StopsDraftingWhenItDoesNotPayAndProbes) {
   DraftScheduler f(6);
   for (int t = 1; t <= 6; ++t) f.Record(t, 0.001);
   f.RecordDraft(0.0001, {0.9f, 0.9f, 0.9f, 0.9f, 0.9f});
-  for (int i = 0; i < 50; ++i) EXPECT_TRUE(f.ShouldDraft());
+  for (int i = 0; i < DraftScheduler::kProbeRounds; ++i) EXPECT_TRUE(f.ShouldDraft());
   EXPECT_EQ(f.Choose({{0.9f, 0.9f, 0.9f, 0.9f, 0.9f}})[0], 5);
+}
+
+// While drafting pays, plain probes re-measure the plain step: one undrafted round after 32,
+// then 64, 128, ... drafted rounds, each timed whatever the one-in-16 timing of undrafted
+// passes says; once drafting stops paying, the interval starts again at 32.
+TEST(DraftScheduler, WhileDraftingPaysItProbesPlainSteps) {
+  DraftScheduler f(6);
+  for (int t = 1; t <= 6; ++t) f.Record(t, 0.001);
+  f.RecordDraft(0.0001, {0.9f, 0.9f, 0.9f, 0.9f, 0.9f});
+  EXPECT_TRUE(f.TimeUndrafted());  // the first undrafted pass is timed
+  EXPECT_FALSE(f.TimeUndrafted());
+  std::vector<int> plain;
+  for (int i = 1; i <= 32 + 1 + 64 + 1 + 128 + 1; ++i) {
+    if (f.ShouldDraft()) continue;
+    plain.push_back(i);
+    EXPECT_TRUE(f.TimeUndrafted()) << "round " << i;  // a plain probe is always timed
+    EXPECT_FALSE(f.TimeUndrafted());
+  }
+  EXPECT_EQ(plain, (std::vector<int>{33, 98, 227}));
+  // Drafting stops paying (verify cost rising steeply): no drafting but the draft probes, and
+  // when it pays again the first plain probe comes after 32 drafted rounds again.
+  for (int t = 1; t <= 6; ++t) {
+    for (int i = 0; i < 40; ++i) f.Record(t, 0.001 * t * t);
+  }
+  int drafted = 0;
+  for (int i = 0; i < 33; ++i) drafted += f.ShouldDraft() ? 1 : 0;
+  EXPECT_EQ(drafted, 1);  // the 33rd: a probe
+  for (int t = 1; t <= 6; ++t) {
+    for (int i = 0; i < 40; ++i) f.Record(t, 0.001);
+  }
+  plain.clear();
+  for (int i = 1; i <= 40; ++i) {
+    if (!f.ShouldDraft()) plain.push_back(i);
+  }
+  EXPECT_EQ(plain, (std::vector<int>{33}));
+}
+
+// MeasureSps records each size's median pass: a first repetition 1000x slower (a clock that
+// advances 1 s per reading during it, 1 ms otherwise) does not set the table.
+TEST(Speculative, MeasureSpsRecordsEachSizesMedian) {
+  auto e = MakeEngine();
+  SequenceState base = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->Forward(&base, Bytes(Texts()[1]), false, &logits).ok());
+  constexpr int kMax = 6;
+  int reads = 0;
+  double now = 0;
+  DraftScheduler s(kMax, [&] {
+    ++reads;  // reads 1-2: the warm-up pass; 3 .. 2 + 2 kMax: the first repetition
+    return now += reads > 2 && reads <= 2 + 2 * kMax ? 1.0 : 0.001;
+  });
+  ASSERT_TRUE(MeasureSps(e.get(), base, 3, &s).ok());
+  EXPECT_EQ(reads, 2 + 3 * 2 * kMax);
+  for (int t = 1; t <= kMax; ++t) EXPECT_NEAR(s.Sps(t), 1000, 1e-6) << t;
 }
 
 // With as many requests as the table holds tokens there is no room for a draft token.
@@ -928,6 +982,16 @@ TEST(DraftScheduler, OneSampleMovesAnEstimateByAtMostAnEighthOfADoubling) {
   EXPECT_NEAR(s.draft_seconds(), 0.001 * step, 1e-12);
   s.RecordDraft(0, {0.5f});
   EXPECT_NEAR(s.draft_seconds(), 0.001 * step, 1e-12);
+}
+
+// Undrafted passes are timed at the first call and one in kUndraftedTimedEvery after it.
+TEST(DraftScheduler, TimesOneUndraftedPassInSixteen) {
+  DraftScheduler s(4);
+  std::vector<int> timed;
+  for (int i = 0; i < 4 * DraftScheduler::kUndraftedTimedEvery; ++i) {
+    if (s.TimeUndrafted()) timed.push_back(i);
+  }
+  EXPECT_EQ(timed, (std::vector<int>{0, 16, 32, 48}));
 }
 
 // The CPU clocks do not advance while the thread sleeps (a wall clock would: 200 ms), and do
@@ -994,8 +1058,15 @@ TEST(Speculative, SchedulerTimesPassesWithItsClock) {
   ASSERT_TRUE(SpeculativeDecoder::RoundBatch(ptrs, sptrs, &outs, false).ok());
   EXPECT_NEAR(sched.Sps(kBatch), 1000 / std::pow(2.0, 1.0 / 8.0), 1e-6);
   EXPECT_NEAR(sched.Sps(kBatch + 1), 1000, 1e-6);
-  step = 0.001;
   for (int i = 0; i < kBatch; ++i) got[i].insert(got[i].end(), outs[i].begin(), outs[i].end());
+  // Undrafted passes are timed one in kUndraftedTimedEvery: the next ones leave SPS(6) alone.
+  for (int r = 1; r < DraftScheduler::kUndraftedTimedEvery; ++r) {
+    std::vector<std::vector<int32_t>> o1(kBatch);
+    ASSERT_TRUE(SpeculativeDecoder::RoundBatch(ptrs, sptrs, &o1, false).ok());
+    for (int i = 0; i < kBatch; ++i) got[i].insert(got[i].end(), o1[i].begin(), o1[i].end());
+  }
+  EXPECT_NEAR(sched.Sps(kBatch), 1000 / std::pow(2.0, 1.0 / 8.0), 1e-6);
+  step = 0.001;
   // The load-aware rounds: the first drafts for all six, then only probes, for one each.
   for (int r = 0; r < kRounds; ++r) {
     std::vector<std::vector<int32_t>> o2(kBatch);

@@ -139,8 +139,8 @@ class DraftScheduler {
   // A plain probe's undrafted pass (below) is always timed.
   static constexpr int kUndraftedTimedEvery = 16;
   bool TimeUndrafted();
-  // Records one verify pass of `tokens` tokens that cost `seconds` (ignored unless > 0 and
-  // finite, or when tokens is outside 1 .. max_tokens).
+  // Records one verify pass of `tokens` tokens that cost `seconds` (ignored when tokens is
+  // outside 1 .. max_tokens or seconds is not a positive finite number).
   void Record(int tokens, double seconds);
   // Records one draft pass: its cost (ignored unless > 0 and finite) and its confidences (for
   // the mean survivals).

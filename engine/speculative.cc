@@ -1,5 +1,7 @@
 #include "engine/speculative.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -123,19 +125,53 @@ Status RollbackTo(const EngineConfig& c, const ModelWeights& w, const VerifyChec
   return Status::Ok();
 }
 
-DraftScheduler::DraftScheduler(int max_tokens) : sps_(std::max(1, max_tokens) + 1, 0.0) {}
-
 namespace {
-void Ema(double* s, double x) { *s = *s == 0 ? x : *s + (x - *s) / 8.0; }
+
+double Seconds(const timespec& ts) {
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// The cost estimates' update (speculative.h, DraftScheduler): the first sample sets it, each
+// later one moves it an eighth of the way in the log domain, its ratio clamped to [1/2, 2].
+void UpdateCost(double* c, double x) {
+  if (!(x > 0) || !std::isfinite(x)) return;
+  if (*c <= 0) {
+    *c = x;
+    return;
+  }
+  *c *= std::pow(std::clamp(x / *c, 0.5, 2.0), 1.0 / 8.0);
+}
+
 }  // namespace
 
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return Seconds(ts);
+}
+
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return Seconds(ts);
+}
+
+CostClock CpuCostClock(const Engine& engine) {
+  if (engine.threads() <= 1) return ThreadCpuSeconds;
+  return ProcessCpuSeconds;
+}
+
+DraftScheduler::DraftScheduler(int max_tokens, CostClock clock)
+    : clock_(clock ? std::move(clock) : CostClock(ThreadCpuSeconds)),
+      cost_s_(std::max(1, max_tokens) + 1, 0.0) {}
+
 void DraftScheduler::Record(int tokens, double seconds) {
-  if (tokens < 1 || tokens >= static_cast<int>(sps_.size()) || !(seconds > 0)) return;
-  Ema(&sps_[tokens], 1.0 / seconds);
+  if (tokens < 1 || tokens >= static_cast<int>(cost_s_.size())) return;
+  UpdateCost(&cost_s_[tokens], seconds);
 }
 
 void DraftScheduler::RecordDraft(double seconds, const std::vector<float>& conf) {
-  if (seconds > 0) Ema(&draft_s_, seconds);
+  UpdateCost(&draft_s_, seconds);
   if (mean_survival_.size() < conf.size()) mean_survival_.resize(conf.size(), -1.0);
   double a = 1;
   for (size_t k = 0; k < conf.size(); ++k) {
@@ -146,8 +182,8 @@ void DraftScheduler::RecordDraft(double seconds, const std::vector<float>& conf)
 }
 
 double DraftScheduler::Sps(int tokens) const {
-  if (tokens < 1 || tokens >= static_cast<int>(sps_.size())) return 0;
-  return sps_[tokens];
+  if (tokens < 1 || tokens >= static_cast<int>(cost_s_.size()) || cost_s_[tokens] <= 0) return 0;
+  return 1.0 / cost_s_[tokens];
 }
 
 double DraftScheduler::Rate(int tokens, int drafts) const {
@@ -206,12 +242,21 @@ bool DraftScheduler::ShouldDraft(int requests) {
   }
   const bool pays = best > R * Sps(R);
   if (probing_ && !pays) probe_interval_ = std::min(2 * probe_interval_, kProbeRoundsMax);
-  probing_ = false;
+  if (plain_probing_ && pays) plain_interval_ = std::min(2 * plain_interval_, kProbeRoundsMax);
+  probing_ = plain_probing_ = false;
   if (pays) {
     probe_interval_ = kProbeRounds;
     skipped_ = 0;
+    if (++drafting_ > plain_interval_) {  // a plain probe: re-measure the undrafted pass
+      drafting_ = 0;
+      plain_probing_ = true;
+      time_next_undrafted_ = true;
+      return false;
+    }
     return true;
   }
+  plain_interval_ = kProbeRounds;
+  drafting_ = 0;
   if (++skipped_ > probe_interval_) {
     skipped_ = 0;
     probing_ = true;
@@ -220,18 +265,42 @@ bool DraftScheduler::ShouldDraft(int requests) {
   return false;
 }
 
+bool DraftScheduler::TimeUndrafted() {
+  if (time_next_undrafted_) {
+    time_next_undrafted_ = false;
+    undrafted_passes_ = 1;
+    return true;
+  }
+  return undrafted_passes_++ % kUndraftedTimedEvery == 0;
+}
+
+namespace {
+
+// The median of `x` (the lower middle one of an even count); x is reordered.
+double Median(std::vector<double>* x) {
+  auto mid = x->begin() + static_cast<int64_t>((x->size() - 1) / 2);
+  std::nth_element(x->begin(), mid, x->end());
+  return *mid;
+}
+
+}  // namespace
+
 Status MeasureSps(Engine* e, const SequenceState& base, int reps, DraftScheduler* s) {
   if (base.tokens.empty()) return Status::InvalidArgument("speculative: MeasureSps needs a prefix");
+  if (reps < 1) return Status::Ok();
   std::vector<float> logits;
-  for (int r = 0; r < reps; ++r) {
-    for (int t = 1; t <= s->max_tokens(); ++t) {
+  std::vector<std::vector<double>> cost(static_cast<size_t>(s->max_tokens()) + 1);
+  for (int r = -1; r < reps; ++r) {  // r = -1: one warm-up pass, not recorded
+    for (int t = r < 0 ? s->max_tokens() : 1; t <= s->max_tokens(); ++t) {
       SequenceState st = base;
       const std::vector<int32_t> toks(static_cast<size_t>(t), base.tokens.back());
-      const auto t0 = std::chrono::steady_clock::now();
+      const double c0 = s->Now();
       KVTIER_RETURN_IF_ERROR(e->Forward(&st, toks, true, &logits));
-      s->Record(t, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      const double c1 = s->Now();
+      if (r >= 0) cost[t].push_back(c1 - c0);
     }
   }
+  for (int t = 1; t <= s->max_tokens(); ++t) s->Record(t, Median(&cost[t]));
   return Status::Ok();
 }
 
@@ -245,8 +314,9 @@ Status MeasureSpsBatch(Engine* e, std::span<const SequenceState> bases, int reps
       return Status::InvalidArgument("speculative: MeasureSpsBatch needs prefixes");
   }
   std::vector<std::vector<float>> logits;
-  for (int r = 0; r < reps; ++r) {
-    for (int t = R; t <= s->max_tokens(); ++t) {
+  std::vector<std::vector<double>> cost(static_cast<size_t>(s->max_tokens()) + 1);
+  for (int r = -1; r < reps; ++r) {  // r = -1: one warm-up pass, not recorded
+    for (int t = r < 0 ? s->max_tokens() : R; t <= s->max_tokens(); ++t) {
       std::vector<SequenceState> st(bases.begin(), bases.end());
       std::vector<SequenceState*> ptrs;
       std::vector<std::vector<int32_t>> toks(static_cast<size_t>(R));
@@ -256,11 +326,13 @@ Status MeasureSpsBatch(Engine* e, std::span<const SequenceState> bases, int reps
         ptrs.push_back(&st[i]);
         spans.emplace_back(toks[i]);
       }
-      const auto t0 = std::chrono::steady_clock::now();
+      const double c0 = s->Now();
       KVTIER_RETURN_IF_ERROR(e->ForwardBatch(ptrs, spans, &logits));
-      s->Record(t, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      const double c1 = s->Now();
+      if (r >= 0) cost[t].push_back(c1 - c0);
     }
   }
+  for (int t = R; t <= s->max_tokens() && reps > 0; ++t) s->Record(t, Median(&cost[t]));
   return Status::Ok();
 }
 
@@ -375,14 +447,15 @@ Status SpeculativeDecoder::DraftPhase(bool draft, DraftResult* d) {
   KVTIER_RETURN_IF_ERROR(FlushBacklog());
   const auto td = Clock::now();
   stats_.rollback_us += Micros(tb, td);  // the context update, as in Accept
+  const double c0 = scheduler_ != nullptr ? scheduler_->Now() : 0;
   KVTIER_RETURN_IF_ERROR(draft_->Draft(ctx_, pending_, sampler_->temperature(), u, d));
+  const double c1 = scheduler_ != nullptr ? scheduler_->Now() : 0;
   const auto te = Clock::now();
   stats_.draft_us += Micros(td, te);
   ++stats_.drafts;
   last_draft_tokens_ = d->tokens;
   last_draft_confidence_ = d->confidence;
-  if (scheduler_ != nullptr)
-    scheduler_->RecordDraft(std::chrono::duration<double>(te - td).count(), d->confidence);
+  if (scheduler_ != nullptr) scheduler_->RecordDraft(c1 - c0, d->confidence);
   return Status::Ok();
 }
 
@@ -436,14 +509,16 @@ Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
     std::vector<float> logits;
     AttnInputCapture* cap = StepCapture(*st);
     engine_->set_attn_capture(cap);
+    const bool timed = scheduler_ != nullptr && scheduler_->TimeUndrafted();
     const auto t0 = Clock::now();
+    const double c0 = timed ? scheduler_->Now() : 0;
     Status s = engine_->Forward(st, std::span<const int32_t>(&pending_, 1), false, &logits);
+    const double c1 = timed ? scheduler_->Now() : 0;
     const auto t1 = Clock::now();
     engine_->set_attn_capture(nullptr);
     KVTIER_RETURN_IF_ERROR(s);
     stats_.verify_us += Micros(t0, t1);
-    if (scheduler_ != nullptr)
-      scheduler_->Record(1, std::chrono::duration<double>(t1 - t0).count());
+    if (timed) scheduler_->Record(1, c1 - c0);
     return FinishStep(st, logits, out);
   }
   DraftResult d;
@@ -465,13 +540,14 @@ Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
   std::vector<float> logits;
   engine_->set_attn_capture(&capture_);
   const auto t0 = Clock::now();
+  const double c0 = scheduler_ != nullptr ? scheduler_->Now() : 0;
   Status s = engine_->Forward(st, verify, true, &logits);
+  const double c1 = scheduler_ != nullptr ? scheduler_->Now() : 0;
   const auto t1 = Clock::now();
   stats_.verify_us += Micros(t0, t1);
   engine_->set_attn_capture(nullptr);
   KVTIER_RETURN_IF_ERROR(s);
-  if (scheduler_ != nullptr)
-    scheduler_->Record(B + 1, std::chrono::duration<double>(t1 - t0).count());
+  if (scheduler_ != nullptr) scheduler_->Record(B + 1, c1 - c0);
   return Accept(st, d, B, n, logits.data(), capture_, out);
 }
 
@@ -551,11 +627,15 @@ Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
       caps.push_back(decs[i]->StepCapture(*states[i]));
     }
     std::vector<std::vector<float>> last;
+    DraftScheduler* timer = lead->scheduler_ != nullptr && lead->scheduler_->TimeUndrafted()
+                                ? lead->scheduler_
+                                : nullptr;
     const auto t0 = Clock::now();
+    const double c0 = timer != nullptr ? timer->Now() : 0;
     KVTIER_RETURN_IF_ERROR(engine->ForwardBatch(states, spans, &last, nullptr, caps));
+    const double c1 = timer != nullptr ? timer->Now() : 0;
     const auto t1 = Clock::now();
-    if (lead->scheduler_ != nullptr)
-      lead->scheduler_->Record(static_cast<int>(R), std::chrono::duration<double>(t1 - t0).count());
+    if (timer != nullptr) timer->Record(static_cast<int>(R), c1 - c0);
     for (size_t i = 0; i < R; ++i) {
       decs[i]->stats_.verify_us += Micros(t0, t1);
       KVTIER_RETURN_IF_ERROR(decs[i]->FinishStep(states[i], last[i], &(*outs)[i]));
@@ -600,11 +680,13 @@ Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
     tokens += 1 + B[i];
   }
   std::vector<std::vector<float>> last, all;
+  DraftScheduler* timer = lead->scheduler_;
   const auto t0 = Clock::now();
+  const double c0 = timer != nullptr ? timer->Now() : 0;
   KVTIER_RETURN_IF_ERROR(engine->ForwardBatch(states, spans, &last, &all, caps));
+  const double c1 = timer != nullptr ? timer->Now() : 0;
   const auto t1 = Clock::now();
-  if (lead->scheduler_ != nullptr)
-    lead->scheduler_->Record(tokens, std::chrono::duration<double>(t1 - t0).count());
+  if (timer != nullptr) timer->Record(tokens, c1 - c0);
   for (size_t i = 0; i < R; ++i) {
     decs[i]->stats_.verify_us += Micros(t0, t1);
     KVTIER_RETURN_IF_ERROR(decs[i]->Accept(states[i], d[i], B[i], n[i], all[i].data(),

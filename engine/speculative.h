@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -73,12 +74,36 @@ Status RollbackTo(const EngineConfig& config, const ModelWeights& weights,
 // source with ratio > 1.
 std::vector<int> CaptureLayers(const EngineConfig& config, const DSparkConfig& dconfig);
 
+// The clock a DraftScheduler measures passes with: seconds, read on the thread that runs a
+// pass just before and just after it; only differences are meaningful.
+using CostClock = std::function<double()>;
+// CPU seconds the calling thread has run (CLOCK_THREAD_CPUTIME_ID) and the whole process
+// has (CLOCK_PROCESS_CPUTIME_ID): time spent descheduled or asleep does not count.
+double ThreadCpuSeconds();
+double ProcessCpuSeconds();
+// The clock for passes of `engine`: CPU time, not wall time. On a machine whose cores other
+// processes take, a pass's wall time grows by whatever time it spent descheduled, by chance,
+// a plain step's as much as a verify pass's, so a table of wall times is noise, and every
+// preempted plain step makes drafting look worth it; the CPU time a pass uses does not depend
+// on that. With engine.threads() == 1 the engine and the draft run on the caller: the thread's
+// CPU time. With more: the process's (the pool's workers, their spinning between calls
+// included, and whatever else of the process runs meanwhile, e.g. a server's connection
+// threads: a cost per emitted token, the same for plain and drafted steps).
+CostClock CpuCostClock(const Engine& engine);
+
 // Chooses how many draft tokens to verify from the draft's confidences and measured costs:
-// SPS(t), verify passes of t tokens per second, and the draft pass's time (both exponential
-// moving averages, weight 1/8; the first sample sets them). A round drafting B tokens for one
-// sequence runs at rate(B) = 1 / (draft time + 1 / SPS(1 + B)); a round of R sequences, whose
-// R draft passes run one after another, at 1 / (R x draft time + 1 / SPS(R + B)) (B: the draft
-// tokens of all R together).
+// c(t), the cost of a verify pass of t tokens (SPS(t) = 1 / c(t), passes per second), and the
+// draft pass's cost, both in seconds of the scheduler's CostClock (CPU time by default).
+// Each estimate: the first sample sets it; each later sample x moves it an eighth of the way
+// in the log domain, with x / c first clamped to [1/2, 2]:
+//   c <- c * clamp(x / c, 1/2, 2)^(1/8).
+// So one sample changes an estimate by at most 2^(1/8) (9 %) either way however far off it is
+// (a pass that took a page fault or was timed across a clock step), and a lasting change by a
+// factor f <= 2 is followed geometrically: after n samples the estimate is off by f^((7/8)^n)
+// (a doubling: within 10 % after 17 samples). Sizes that no pass runs keep their estimate.
+// A round drafting B tokens for one sequence runs at rate(B) = 1 / (draft time + 1 /
+// SPS(1 + B)); a round of R sequences, whose R draft passes run one after another, at
+// 1 / (R x draft time + 1 / SPS(R + B)) (B: the draft tokens of all R together).
 //   Choose: candidates (request, position k) are taken by descending survival
 //   a_k = c_1 * ... * c_k; with R requests and B candidates taken, the objective is
 //   (R + sum of their a) * rate(R + B); the B with the largest objective wins.
@@ -88,20 +113,42 @@ std::vector<int> CaptureLayers(const EngineConfig& config, const DSparkConfig& d
 //   tokens, or a draft pass as costly as the tokens it saves) it stops drafting, down to none,
 //   and probes to keep its estimates current: after kProbeRounds rounds without drafting, then
 //   after twice as many each time a probe confirms that drafting does not pay, up to
-//   kProbeRoundsMax (back to kProbeRounds once it pays).
+//   kProbeRoundsMax (back to kProbeRounds once it pays). The other way round too: while
+//   drafting pays, a plain probe (one round without drafting, its pass always timed) after
+//   kProbeRounds rounds, then twice as many each time it confirms, up to kProbeRoundsMax; so
+//   neither side of the comparison goes stale (the cost of a plain step, SPS(R), is measured
+//   only by undrafted passes: without plain probes one high sample of it could keep the
+//   scheduler drafting for good).
 class DraftScheduler {
  public:
   static constexpr int kProbeRounds = 32;
   static constexpr int kProbeRoundsMax = 1024;
   // max_tokens: the largest verify pass in the table (>= 1); R x (K + 1) for rounds of R
-  // sequences drafting K tokens each.
-  explicit DraftScheduler(int max_tokens);
-  // Records one verify pass of `tokens` tokens that took `seconds`.
+  // sequences drafting K tokens each. clock: what Now() reads (tests inject a fake one);
+  // empty = ThreadCpuSeconds.
+  explicit DraftScheduler(int max_tokens, CostClock clock = {});
+  // The clock's reading. Whoever runs a pass for this scheduler times it as Now() after minus
+  // Now() before, on the thread that runs it, and records it.
+  double Now() const { return clock_(); }
+  // Undrafted passes (plain decode rows: the most frequent pass, and the cheapest) are timed
+  // one in kUndraftedTimedEvery: a CPU-clock read is a system call (about 1.7 us of CPU on
+  // the 2-core VM against 0.04 us for the wall clock's), and two per step would cost about
+  // 2 % of a one-row step. Whether to time the next undrafted pass: true at the first call
+  // and every kUndraftedTimedEvery-th after it. Draft passes and drafted verify passes are
+  // always timed (they are rare when drafting does not pay, and the table needs them).
+  // A plain probe's undrafted pass (below) is always timed.
+  static constexpr int kUndraftedTimedEvery = 16;
+  bool TimeUndrafted();
+  // Records one verify pass of `tokens` tokens that cost `seconds` (ignored when tokens is
+  // outside 1 .. max_tokens or seconds is not a positive finite number).
   void Record(int tokens, double seconds);
-  // Records one draft pass: its time and its confidences (for the mean survivals).
+  // Records one draft pass: its cost (ignored unless > 0 and finite) and its confidences (for
+  // the mean survivals).
   void RecordDraft(double seconds, const std::vector<float>& confidences);
   // SPS of a pass of `tokens` tokens (0 when never measured).
   double Sps(int tokens) const;
+  // The draft pass's estimated cost in seconds (0 when never measured).
+  double draft_seconds() const { return draft_s_; }
   // Per request, how many of its drafted tokens to verify. confidences[i]: request i's c_k
   // (empty when it did not draft: it gets 0; the rate counts one draft pass per non-empty one).
   std::vector<int> Choose(const std::vector<std::vector<float>>& confidences) const;
@@ -110,22 +157,32 @@ class DraftScheduler {
   bool ShouldDraft(int requests = 1);
   // Whether the last ShouldDraft that said yes was a probe (drafting did not pay then). A round
   // of several requests probes with one request's draft: the estimates need no more.
-  int max_tokens() const { return static_cast<int>(sps_.size()) - 1; }
+  int max_tokens() const { return static_cast<int>(cost_s_.size()) - 1; }
   bool probing() const { return probing_; }
 
  private:
   // Rounds per second of a verify pass of `tokens` after `drafts` draft passes.
   double Rate(int tokens, int drafts) const;
-  std::vector<double> sps_;  // index: tokens per pass
+  CostClock clock_;
+  std::vector<double> cost_s_;  // c(t), index t: tokens per pass; 0 = never measured
   double draft_s_ = 0;
+  uint64_t undrafted_passes_ = 0;      // TimeUndrafted calls
   std::vector<double> mean_survival_;  // per draft position; empty until a draft was recorded
   int skipped_ = 0;
   int probe_interval_ = kProbeRounds;
   bool probing_ = false;  // the last ShouldDraft was a probe
+  // Plain probes (rounds without drafting while drafting pays): their counters.
+  int drafting_ = 0;
+  int plain_interval_ = kProbeRounds;
+  bool plain_probing_ = false;        // the last ShouldDraft was a plain probe
+  bool time_next_undrafted_ = false;  // TimeUndrafted says yes next
 };
 
 // Fills the scheduler's table at start: `reps` verify passes of each size 1 .. max_tokens on
-// copies of `base` (a prefilled state; it is not changed), timed on this engine.
+// copies of `base` (a prefilled state; it is not changed), timed on this engine with the
+// scheduler's clock, and records each size's median (one unrecorded pass first, so that no
+// sample is a cold one; the median, because the first sample of an estimate sets it and a
+// later one moves it by at most 9 %: one slow outlier must not set it).
 Status MeasureSps(Engine* engine, const SequenceState& base, int reps, DraftScheduler* scheduler);
 // The same for rounds of bases.size() sequences: passes of every size R .. max_tokens through
 // Engine::ForwardBatch over copies of `bases` (the tokens spread evenly, earlier sequences

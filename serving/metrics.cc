@@ -103,9 +103,10 @@ void ServingMetrics::TenantStepTokens(const std::string& tenant, uint64_t tokens
   tenants_[tenant].step_tokens += tokens;
 }
 void ServingMetrics::SpecRound(const std::vector<uint64_t>& drafted,
-                               const std::vector<uint64_t>& accepted) {
+                               const std::vector<uint64_t>& accepted, uint64_t draft_passes) {
   std::lock_guard l(mu_);
   ++spec_rounds_;
+  spec_draft_passes_ += draft_passes;
   uint64_t any = 0;
   for (size_t i = 0; i < drafted.size(); ++i) {
     ++spec_verifications_;
@@ -209,6 +210,7 @@ std::string ServingMetrics::Render() const {
       {"kvtier_serve_spec_verifications_total", spec_verifications_},
       {"kvtier_serve_spec_drafted_tokens_total", spec_drafted_},
       {"kvtier_serve_spec_accepted_tokens_total", spec_accepted_},
+      {"kvtier_serve_spec_draft_passes_total", spec_draft_passes_},
   };
   const char* helps[] = {
       "Admissions that looked the prompt up in kvtierd.",
@@ -225,6 +227,7 @@ std::string ServingMetrics::Render() const {
       "Sequence verifications (one per sequence per speculative pass).",
       "Draft tokens verified.",
       "Of those, accepted (each also emitted; drafted >= accepted).",
+      "Draft passes run (one per drafting sequence per drafted round; probes included).",
   };
   for (size_t i = 0; i < std::size(counters); ++i) {
     Head(o, counters[i].first, "counter", helps[i]);

@@ -46,8 +46,10 @@ class ServingMetrics {
   // Tokens one step ran for `tenant`'s sequences (its fair share in use).
   void TenantStepTokens(const std::string& tenant, uint64_t tokens);
   // One speculative verify pass (--speculative): per sequence in it, the draft tokens it
-  // verified and how many of them were accepted.
-  void SpecRound(const std::vector<uint64_t>& drafted, const std::vector<uint64_t>& accepted);
+  // verified and how many of them were accepted; and the draft passes the round ran (probes
+  // and rounds that then verified no draft token included).
+  void SpecRound(const std::vector<uint64_t>& drafted, const std::vector<uint64_t>& accepted,
+                 uint64_t draft_passes = 0);
   void Resume(bool from_daemon_hit, bool hot_state);  // an admission that asked kvtierd
   void ResidentHit();                                 // an admission served from the pool
   void SwapOut();                                     // an idle sequence saved and dropped
@@ -74,7 +76,7 @@ class ServingMetrics {
   uint64_t swap_outs_ = 0, save_failures_ = 0, disconnects_ = 0;
   uint64_t steps_ = 0, prefill_tokens_ = 0;
   uint64_t spec_rounds_ = 0, spec_rounds_undrafted_ = 0, spec_verifications_ = 0;
-  uint64_t spec_drafted_ = 0, spec_accepted_ = 0;
+  uint64_t spec_drafted_ = 0, spec_accepted_ = 0, spec_draft_passes_ = 0;
   std::map<uint64_t, uint64_t> spec_draft_length_;  // verifications by draft tokens verified
   int64_t queue_depth_ = 0, active_ = 0, resident_ = 0, resident_tokens_ = 0;
 };

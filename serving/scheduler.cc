@@ -114,7 +114,9 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(engine::Engine* engine,
     return Status::InvalidArgument("serve: draft_len outside [0, the draft's block size]");
   std::unique_ptr<Scheduler> s(new Scheduler(engine, &weights, options, metrics));
   if (options.draft != nullptr)
-    s->draft_scheduler_ = std::make_unique<engine::DraftScheduler>(kSpecVerifyTokensMax);
+    s->draft_scheduler_ = std::make_unique<engine::DraftScheduler>(
+        kSpecVerifyTokensMax,
+        options.draft_cost_clock ? options.draft_cost_clock : engine::CpuCostClock(*engine));
   if (options.draft != nullptr && !options.draft_len) {
     // The verify-pass table, measured on a short prefilled sequence; the moving averages of
     // the real passes keep it current.
@@ -124,7 +126,7 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(engine::Engine* engine,
       warm[i] = ByteTokenizer::kByteBase + static_cast<int32_t>('a' + i % 26);
     std::vector<float> logits;
     KVTIER_RETURN_IF_ERROR(engine->Forward(&base, warm, false, &logits));
-    KVTIER_RETURN_IF_ERROR(engine::MeasureSps(engine, base, 2, s->draft_scheduler_.get()));
+    KVTIER_RETURN_IF_ERROR(engine::MeasureSps(engine, base, 3, s->draft_scheduler_.get()));
   }
   if (!options.daemon_socket.empty()) {
     KVTIER_ASSIGN_OR_RETURN(
@@ -534,12 +536,15 @@ void Scheduler::StepActive() {
     std::vector<int64_t> before;
     for (Seq* s : run) before.push_back(static_cast<int64_t>(s->state.tokens.size()));
     std::vector<std::vector<float>> logits;
-    const auto t0 = Clock::now();
-    Status ds = engine_->ForwardBatch(states, spans, &logits, nullptr, caps);
     // A pass of the undrafted decode rows alone is what the draft scheduler compares drafting
-    // with: its SPS table learns it.
-    if (ds.ok() && undrafted_rows > 0 && run.size() == undrafted_rows)
-      draft_scheduler_->Record(static_cast<int>(undrafted_rows), Seconds(t0, Clock::now()));
+    // with: its SPS table learns it (in the scheduler's clock, CPU time; one such pass in
+    // DraftScheduler::kUndraftedTimedEvery, as a CPU-clock read costs a system call).
+    const bool timed = !options_.draft_len && undrafted_rows > 0 && run.size() == undrafted_rows &&
+                       draft_scheduler_->TimeUndrafted();
+    const double c0 = timed ? draft_scheduler_->Now() : 0;
+    Status ds = engine_->ForwardBatch(states, spans, &logits, nullptr, caps);
+    if (ds.ok() && timed)
+      draft_scheduler_->Record(static_cast<int>(undrafted_rows), draft_scheduler_->Now() - c0);
     tokens += static_cast<int64_t>(decoding.size()) + prefill_tokens;
     std::vector<uint64_t> zeros;
     for (size_t i = 0; i < run.size(); ++i) {
@@ -647,9 +652,11 @@ void Scheduler::SpecRound(const std::vector<Seq*>& batch, std::vector<Seq*>* don
     return;
   }
   std::vector<uint64_t> drafted, accepted;
+  uint64_t draft_passes = 0;
   for (size_t i = 0; i < round.size(); ++i) {
     Seq* s = round[i];
     const engine::SpeculativeStats& now = s->spec->stats();
+    draft_passes += now.drafts - before[i].drafts;
     drafted.push_back(now.drafted - before[i].drafted);
     accepted.push_back(now.accepted - before[i].accepted);
     (*step_tokens)[s->tenant] += 1 + drafted.back();
@@ -660,7 +667,7 @@ void Scheduler::SpecRound(const std::vector<Seq*>& batch, std::vector<Seq*>* don
       errors->push_back(st);
     }
   }
-  metrics_->SpecRound(drafted, accepted);
+  metrics_->SpecRound(drafted, accepted, draft_passes);
 }
 
 bool Scheduler::EndSpecRound(Seq* s, const std::vector<int32_t>& out, int64_t n,

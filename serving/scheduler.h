@@ -150,6 +150,9 @@ struct SchedulerOptions {
   // (0..block size), unset = the load-aware DraftScheduler chooses.
   const engine::DSpark* draft = nullptr;
   std::optional<int> draft_len;
+  // The clock the DraftScheduler times passes with (engine::CostClock); empty = the engine's
+  // CPU time (engine::CpuCostClock), never the wall clock. A test hook.
+  engine::CostClock draft_cost_clock;
   // Called on the scheduler's thread after every step that ran tokens (tests, tracing); must
   // not call back into the scheduler.
   std::function<void(const StepReport&)> step_observer;
@@ -165,7 +168,9 @@ class Scheduler {
   // engine: not owned, used only by the scheduler's thread from now on. weights, metrics and
   // options.draft: not owned, must outlive the scheduler. With a draft and no fixed
   // draft_len, Create measures the engine's verify passes for the DraftScheduler (passes of
-  // 1..kSpecVerifyTokensMax tokens: a few seconds on the miniature).
+  // 1..kSpecVerifyTokensMax tokens: a few seconds on the miniature), and the steps keep the
+  // table current with every pass of undrafted decode rows alone and every drafted round,
+  // timed in CPU time (engine::CpuCostClock).
   // InvalidArgument when context_tokens_max > kv_pool_tokens_max or kMaxSessionTokens,
   // step_tokens_max or prefill_chunk_tokens > kMaxTokensPerCall, or a limit is 0.
   static StatusOr<std::unique_ptr<Scheduler>> Create(engine::Engine* engine,

@@ -12,7 +12,8 @@ measures, each against its peer in the same run:
               cache off (the whole prompt computed).
   spec        (--spec) output tokens/s of the same R greedy requests at concurrency C on a
               server with --speculative (DSpark draft, load-aware draft scheduler, or
-              --spec-draft-len) against one without, the two passes back to back; with the
+              --spec-draft-len) against one without, the two passes back to back (plain first at
+              the 1st, 3rd, ... concurrency, speculative first at the 2nd, 4th, ...); with the
               speculative counters of the pass (accepted per verification, undrafted rounds)
               and cpu_ratio, the same ratio per CPU second of each server process.
   gap         the inter-token gap of S running streams while a long prompt (G tokens) arrives:
@@ -246,20 +247,33 @@ def spec(build, workdir, args):
         for b in bodies[:4]:  # warm-up
             plain.post(b, stream=True)
             fast.post(b, stream=True)
-        for c in args.concurrency:
-            c0 = plain.cpu_seconds()
-            off_tokens, off_s = run_concurrent(plain, bodies, c)
-            off_cpu = plain.cpu_seconds() - c0
-            m0 = fast.metrics()
-            c0 = fast.cpu_seconds()
-            on_tokens, on_s = run_concurrent(fast, bodies, c)
-            on_cpu = fast.cpu_seconds() - c0
-            m1 = fast.metrics()
+        for i, c in enumerate(args.concurrency):
+            def run_plain():
+                c0 = plain.cpu_seconds()
+                tokens, secs = run_concurrent(plain, bodies, c)
+                return tokens, secs, plain.cpu_seconds() - c0
+
+            def run_spec():
+                m0 = fast.metrics()
+                c0 = fast.cpu_seconds()
+                tokens, secs = run_concurrent(fast, bodies, c)
+                return tokens, secs, fast.cpu_seconds() - c0, m0, fast.metrics()
+
+            # Alternate which server goes first, so that neither always runs second (after
+            # the other's pass, in whatever the machine does next).
+            if i % 2 == 0:
+                off_tokens, off_s, off_cpu = run_plain()
+                on_tokens, on_s, on_cpu, m0, m1 = run_spec()
+            else:
+                on_tokens, on_s, on_cpu, m0, m1 = run_spec()
+                off_tokens, off_s, off_cpu = run_plain()
             d = {k: metric(m1, "kvtier_serve_spec_" + k) - metric(m0, "kvtier_serve_spec_" + k)
                  for k in ("verifications_total", "drafted_tokens_total",
-                           "accepted_tokens_total", "rounds_total", "rounds_undrafted_total")}
+                           "accepted_tokens_total", "rounds_total", "rounds_undrafted_total",
+                           "draft_passes_total")}
             ver = d["verifications_total"] or 1
             row = {"bench": "spec", "concurrency": c, "requests": len(bodies),
+                   "first": "plain" if i % 2 == 0 else "spec",
                    "draft_len": args.spec_draft_len if args.spec_draft_len is not None
                    else "scheduler",
                    "output_tokens": on_tokens, "same_tokens": on_tokens == off_tokens,
@@ -273,7 +287,10 @@ def spec(build, workdir, args):
                    "drafted_per_verification": round(d["drafted_tokens_total"] / ver, 2),
                    "accepted_per_verification": round(d["accepted_tokens_total"] / ver, 2),
                    "undrafted_rounds": int(d["rounds_undrafted_total"]),
-                   "rounds": int(d["rounds_total"]), "load": os.getloadavg()[0]}
+                   "rounds": int(d["rounds_total"]),
+                   # Draft passes run (probes included); absent (0) before the counter existed.
+                   "draft_passes": int(d["draft_passes_total"]),
+                   "load": os.getloadavg()[0]}
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:

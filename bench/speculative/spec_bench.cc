@@ -157,7 +157,7 @@ int Main(int argc, char** argv) {
     std::vector<Row> rows = {{"plain", -2}};
     for (int k : draft_lens) rows.push_back({"fixed " + std::to_string(k), k});
     rows.push_back({"scheduler", -1});
-    DraftScheduler scheduler(C * (dc->block_size + 1));
+    DraftScheduler scheduler(C * (dc->block_size + 1), CpuCostClock(e));
     bool measured = false;
     for (uint64_t g = 0; g < prompts / C; ++g) {
       std::vector<std::vector<int32_t>> want(C);

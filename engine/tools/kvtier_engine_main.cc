@@ -260,7 +260,7 @@ int RunGenerate(Args args) {
     SpeculativeOptions so2;
     so2.scheduler = !draft_len.has_value();
     so2.draft_len = so2.scheduler ? 0 : static_cast<int>(*draft_len);
-    DraftScheduler scheduler(dc->block_size + 1);
+    DraftScheduler scheduler(dc->block_size + 1, CpuCostClock(e));
     SpeculativeDecoder dec(&e, draft->get(), weights.get(), &scheduler, so2, &sampler);
     SequenceState st = e.NewSequence();
     std::vector<int32_t> out;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "engine/dspark.h"
 #include "engine/sampler.h"
@@ -886,8 +888,62 @@ TEST(DraftScheduler, StopsDraftingWhenItDoesNotPayAndProbes) {
   DraftScheduler f(6);
   for (int t = 1; t <= 6; ++t) f.Record(t, 0.001);
   f.RecordDraft(0.0001, {0.9f, 0.9f, 0.9f, 0.9f, 0.9f});
-  for (int i = 0; i < 50; ++i) EXPECT_TRUE(f.ShouldDraft());
+  for (int i = 0; i < DraftScheduler::kProbeRounds; ++i) EXPECT_TRUE(f.ShouldDraft());
   EXPECT_EQ(f.Choose({{0.9f, 0.9f, 0.9f, 0.9f, 0.9f}})[0], 5);
+}
+
+// While drafting pays, plain probes re-measure the plain step: one undrafted round after 32,
+// then 64, 128, ... drafted rounds, each timed whatever the one-in-16 timing of undrafted
+// passes says; once drafting stops paying, the interval starts again at 32.
+TEST(DraftScheduler, WhileDraftingPaysItProbesPlainSteps) {
+  DraftScheduler f(6);
+  for (int t = 1; t <= 6; ++t) f.Record(t, 0.001);
+  f.RecordDraft(0.0001, {0.9f, 0.9f, 0.9f, 0.9f, 0.9f});
+  EXPECT_TRUE(f.TimeUndrafted());  // the first undrafted pass is timed
+  EXPECT_FALSE(f.TimeUndrafted());
+  std::vector<int> plain;
+  for (int i = 1; i <= 32 + 1 + 64 + 1 + 128 + 1; ++i) {
+    if (f.ShouldDraft()) continue;
+    plain.push_back(i);
+    EXPECT_TRUE(f.TimeUndrafted()) << "round " << i;  // a plain probe is always timed
+    EXPECT_FALSE(f.TimeUndrafted());
+  }
+  EXPECT_EQ(plain, (std::vector<int>{33, 98, 227}));
+  // Drafting stops paying (verify cost rising steeply): no drafting but the draft probes, and
+  // when it pays again the first plain probe comes after 32 drafted rounds again.
+  for (int t = 1; t <= 6; ++t) {
+    for (int i = 0; i < 40; ++i) f.Record(t, 0.001 * t * t);
+  }
+  int drafted = 0;
+  for (int i = 0; i < 33; ++i) drafted += f.ShouldDraft() ? 1 : 0;
+  EXPECT_EQ(drafted, 1);  // the 33rd: a probe
+  for (int t = 1; t <= 6; ++t) {
+    for (int i = 0; i < 40; ++i) f.Record(t, 0.001);
+  }
+  plain.clear();
+  for (int i = 1; i <= 40; ++i) {
+    if (!f.ShouldDraft()) plain.push_back(i);
+  }
+  EXPECT_EQ(plain, (std::vector<int>{33}));
+}
+
+// MeasureSps records each size's median pass: a first repetition 1000x slower (a clock that
+// advances 1 s per reading during it, 1 ms otherwise) does not set the table.
+TEST(Speculative, MeasureSpsRecordsEachSizesMedian) {
+  auto e = MakeEngine();
+  SequenceState base = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->Forward(&base, Bytes(Texts()[1]), false, &logits).ok());
+  constexpr int kMax = 6;
+  int reads = 0;
+  double now = 0;
+  DraftScheduler s(kMax, [&] {
+    ++reads;  // reads 1-2: the warm-up pass; 3 .. 2 + 2 kMax: the first repetition
+    return now += reads > 2 && reads <= 2 + 2 * kMax ? 1.0 : 0.001;
+  });
+  ASSERT_TRUE(MeasureSps(e.get(), base, 3, &s).ok());
+  EXPECT_EQ(reads, 2 + 3 * 2 * kMax);
+  for (int t = 1; t <= kMax; ++t) EXPECT_NEAR(s.Sps(t), 1000, 1e-6) << t;
 }
 
 // With as many requests as the table holds tokens there is no room for a draft token.
@@ -897,6 +953,137 @@ TEST(DraftScheduler, NeverDraftsWithoutRoomInTheTable) {
   EXPECT_FALSE(s.ShouldDraft(4));
   EXPECT_FALSE(s.ShouldDraft(40));
   EXPECT_FALSE(s.probing());
+}
+
+// One sample moves a cost estimate by at most a factor 2^(1/8) either way, however far off
+// it is; a lasting change is followed; samples that are not a positive finite time are
+// ignored.
+TEST(DraftScheduler, OneSampleMovesAnEstimateByAtMostAnEighthOfADoubling) {
+  const double step = std::pow(2.0, 1.0 / 8.0);
+  DraftScheduler s(4);
+  EXPECT_EQ(s.Sps(2), 0);  // never measured
+  s.Record(2, 0.001);      // the first sample sets it
+  EXPECT_DOUBLE_EQ(s.Sps(2), 1000);
+  s.Record(2, 1.0);  // a pass timed 1000x slower (descheduled, as a wall clock shows)
+  EXPECT_NEAR(s.Sps(2), 1000 / step, 1e-9);
+  s.Record(2, 1e-9);  // and a million times faster
+  EXPECT_NEAR(s.Sps(2), 1000, 1e-9);
+  for (double bad : {0.0, -1.0, std::nan(""), HUGE_VAL}) s.Record(2, bad);
+  EXPECT_NEAR(s.Sps(2), 1000, 1e-9);
+  EXPECT_EQ(s.Sps(1), 0);  // other sizes untouched
+  // A lasting doubling of the cost: 2^((7/8)^n) off after n samples (40: within 0.5 %).
+  for (int i = 0; i < 40; ++i) s.Record(2, 0.002);
+  EXPECT_NEAR(s.Sps(2), 500, 2.5);
+  EXPECT_LT(s.Sps(2), 500 * 1.001 * std::pow(2.0, std::pow(7.0 / 8.0, 40)));
+  // The draft pass's cost: the same rule.
+  s.RecordDraft(0.001, {0.5f});
+  EXPECT_DOUBLE_EQ(s.draft_seconds(), 0.001);
+  s.RecordDraft(5.0, {0.5f});
+  EXPECT_NEAR(s.draft_seconds(), 0.001 * step, 1e-12);
+  s.RecordDraft(0, {0.5f});
+  EXPECT_NEAR(s.draft_seconds(), 0.001 * step, 1e-12);
+}
+
+// Undrafted passes are timed at the first call and one in kUndraftedTimedEvery after it.
+TEST(DraftScheduler, TimesOneUndraftedPassInSixteen) {
+  DraftScheduler s(4);
+  std::vector<int> timed;
+  for (int i = 0; i < 4 * DraftScheduler::kUndraftedTimedEvery; ++i) {
+    if (s.TimeUndrafted()) timed.push_back(i);
+  }
+  EXPECT_EQ(timed, (std::vector<int>{0, 16, 32, 48}));
+}
+
+// The CPU clocks do not advance while the thread sleeps (a wall clock would: 200 ms), and do
+// while it computes; the engine's cost clock is one of them, with one thread and with two.
+TEST(DraftScheduler, CpuCostClocksIgnoreTimeOffTheCpu) {
+  auto e1 = MakeEngine();
+  EngineOptions two;
+  two.threads = 2;
+  auto e2 = Engine::Create(Model().config, Model().weights, two);
+  ASSERT_TRUE(e2.ok());
+  for (const CostClock& clock : {CostClock(ThreadCpuSeconds), CostClock(ProcessCpuSeconds),
+                                 CpuCostClock(*e1), CpuCostClock(**e2)}) {
+    const double c0 = clock();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_LT(clock() - c0, 0.05);
+    const double c1 = clock();
+    volatile double x = 0;
+    while (clock() - c1 < 0.01) x = x + 1;  // ends only if the clock counts computing
+  }
+}
+
+// MeasureSps and RoundBatch (undrafted and drafted rounds) time their passes, and the draft
+// pass, with the scheduler's clock, not the wall clock: with a fake clock that advances by
+// `step` at every reading, every timed interval is `step`, whatever the passes really took.
+// The scheduler's decision then follows that clock alone: verify passes cost the same at every
+// size and a draft pass as much as a verify pass, so with 6 sequences drafting never pays
+// (at most 6 tokens per sequence for the cost of 7 plain steps): it drafts in the first round
+// (no estimates yet) and in its probes only, and greedy output stays plain greedy's.
+TEST(Speculative, SchedulerTimesPassesWithItsClock) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  constexpr int kBatch = 6, kRounds = 100;
+  const int K = m.dconfig.block_size;
+  double now = 0, step = 0.001;
+  DraftScheduler sched(kBatch * (K + 1), [&] { return now += step; });
+  SequenceState base = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->Forward(&base, Bytes(Texts()[0]), false, &logits).ok());
+  ASSERT_TRUE(MeasureSps(e.get(), base, 2, &sched).ok());
+  for (int t = 1; t <= sched.max_tokens(); ++t) EXPECT_NEAR(sched.Sps(t), 1000, 1e-6) << t;
+  EXPECT_EQ(sched.draft_seconds(), 0);
+
+  SpeculativeOptions o;
+  o.scheduler = true;
+  std::vector<Sampler> samplers(kBatch, Sampler(0, 1, 0));
+  std::vector<std::unique_ptr<SpeculativeDecoder>> decs;
+  std::vector<SpeculativeDecoder*> ptrs;
+  std::vector<SequenceState> st(kBatch);
+  std::vector<SequenceState*> sptrs;
+  std::vector<std::vector<int32_t>> got(kBatch), want(kBatch);
+  for (int i = 0; i < kBatch; ++i) {
+    decs.push_back(std::make_unique<SpeculativeDecoder>(e.get(), m.draft.get(), m.weights.get(),
+                                                        &sched, o, &samplers[i]));
+    ptrs.push_back(decs.back().get());
+    st[i] = e->NewSequence();
+    sptrs.push_back(&st[i]);
+    int32_t first = -1;
+    ASSERT_TRUE(decs[i]->Start(&st[i], Bytes(Texts()[i]), &first).ok());
+    got[i] = {first};
+  }
+  // An undrafted round timed at 2 ms: SPS(6) moves down by 2^(1/8), the rest stays.
+  step = 0.002;
+  std::vector<std::vector<int32_t>> outs(kBatch);
+  ASSERT_TRUE(SpeculativeDecoder::RoundBatch(ptrs, sptrs, &outs, false).ok());
+  EXPECT_NEAR(sched.Sps(kBatch), 1000 / std::pow(2.0, 1.0 / 8.0), 1e-6);
+  EXPECT_NEAR(sched.Sps(kBatch + 1), 1000, 1e-6);
+  for (int i = 0; i < kBatch; ++i) got[i].insert(got[i].end(), outs[i].begin(), outs[i].end());
+  // Undrafted passes are timed one in kUndraftedTimedEvery: the next ones leave SPS(6) alone.
+  for (int r = 1; r < DraftScheduler::kUndraftedTimedEvery; ++r) {
+    std::vector<std::vector<int32_t>> o1(kBatch);
+    ASSERT_TRUE(SpeculativeDecoder::RoundBatch(ptrs, sptrs, &o1, false).ok());
+    for (int i = 0; i < kBatch; ++i) got[i].insert(got[i].end(), o1[i].begin(), o1[i].end());
+  }
+  EXPECT_NEAR(sched.Sps(kBatch), 1000 / std::pow(2.0, 1.0 / 8.0), 1e-6);
+  step = 0.001;
+  // The load-aware rounds: the first drafts for all six, then only probes, for one each.
+  for (int r = 0; r < kRounds; ++r) {
+    std::vector<std::vector<int32_t>> o2(kBatch);
+    ASSERT_TRUE(SpeculativeDecoder::RoundBatch(ptrs, sptrs, &o2).ok());
+    for (int i = 0; i < kBatch; ++i) got[i].insert(got[i].end(), o2[i].begin(), o2[i].end());
+  }
+  EXPECT_NEAR(sched.draft_seconds(), 0.001, 1e-9);  // every draft pass timed at `step`
+  uint64_t drafts = 0;
+  for (const auto& d : decs) drafts += d->stats().drafts;
+  // Round 1 (no estimates): 6 draft passes; probes after 32 and then 64 undrafted rounds.
+  EXPECT_EQ(drafts, kBatch + 2u);
+  for (int i = 0; i < kBatch; ++i) {
+    std::vector<SequenceState> plain;
+    PlainGreedy(e.get(), Bytes(Texts()[i]), static_cast<int>(got[i].size()), &want[i], &plain);
+    want[i].resize(got[i].size());
+    EXPECT_EQ(got[i], want[i]) << "sequence " << i;
+  }
 }
 
 TEST(DSparkConfigTest, RejectsHostileValues) {

@@ -480,5 +480,47 @@ TEST_F(SpeculativeSchedulerTest, UndraftedStepsRunInThePlainPassAndEqualPlain) {
   }
 }
 
+// The load-aware scheduler times its passes with SchedulerOptions::draft_cost_clock (the
+// engine's CPU time when unset), never with the wall clock: given a clock that never advances,
+// it measures nothing at start or in any step, so it never has an estimate and drafts in every
+// round, at concurrency 1 and 3 (a draft pass per sequence per round; with no costs known it
+// then verifies none of the draft tokens); greedy text still equals plain decoding's.
+TEST_F(SpeculativeSchedulerTest, DraftSchedulerTimesPassesWithTheGivenClock) {
+  constexpr int kTokens = 32;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> refs;
+  for (uint32_t i = 0; i < 3; ++i) {
+    prompts.push_back(Prompt(24 + 20 * i, 90 + i));
+    refs.push_back(Reference(model_.engine.get(), prompts.back(), kTokens));
+  }
+  SchedulerOptions o;
+  o.idle_sequences_max = 0;
+  o.draft = draft_.get();
+  o.draft_cost_clock = [] { return 0.0; };
+  auto s = Make(o);
+  ASSERT_NE(s, nullptr);
+  for (size_t batch : {size_t{1}, size_t{3}}) {
+    const uint64_t rounds0 = Counter(metrics_, "kvtier_serve_spec_rounds_total");
+    const uint64_t verifications0 = Counter(metrics_, "kvtier_serve_spec_verifications_total");
+    const uint64_t passes0 = Counter(metrics_, "kvtier_serve_spec_draft_passes_total");
+    std::vector<std::shared_ptr<Generation>> gens;
+    for (size_t i = 0; i < batch; ++i) {
+      auto g = s->Submit(&tenant_, Greedy(prompts[i], kTokens));
+      ASSERT_TRUE(g.ok());
+      gens.push_back(*g);
+    }
+    for (size_t i = 0; i < batch; ++i) {
+      Collected c = Drain(gens[i].get());
+      ASSERT_TRUE(c.done);
+      EXPECT_EQ(c.text, refs[i]) << "batch " << batch << " request " << i;
+    }
+    EXPECT_GT(Counter(metrics_, "kvtier_serve_spec_rounds_total") - rounds0, 5u);
+    // Every sequence verification of these rounds followed a draft pass of its sequence.
+    EXPECT_EQ(Counter(metrics_, "kvtier_serve_spec_draft_passes_total") - passes0,
+              Counter(metrics_, "kvtier_serve_spec_verifications_total") - verifications0)
+        << "batch " << batch;
+  }
+}
+
 }  // namespace
 }  // namespace kvtier::serving

@@ -348,22 +348,34 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
 
   // ---- A lone pending SET's reply, written by its commit (the way back without a hand-off) ----
   //
-  // When the first pending SET's reply is the next thing this connection writes (nothing
-  // before it unwritten, no write in flight), the strand arms it (direct_id_); the commit
-  // thread that completes it writes "+OK" to the socket itself (DirectReply), without waiting
-  // for this strand, and SetDone then only does the bookkeeping. Order holds because the strand
-  // writes nothing past a pending SET (ready_bytes()) and the armed SET stays first until
-  // SetDone resolves it. An error reply, or a write the socket does not take, goes the usual
-  // way (the bytes written are skipped).
+  // When a pending SET's reply is the next thing this connection writes (nothing before it
+  // unwritten, no write in flight), the strand arms it (direct_id_); the commit thread that
+  // completes it writes "+OK" to the socket itself (DirectReply), without waiting for this
+  // strand, and SetDone then only does the bookkeeping. Order holds because the strand writes
+  // nothing past a pending SET (ready_bytes()), at most one SET is armed at a time, and the
+  // SETs before an armed one are either none or SETs whose "+OK" DirectReply wrote in full
+  // (sent_through_; their SetDone may not have run yet, as when a client's next SET arrives
+  // before it). An error reply, or a write the socket does not take, goes the usual way (the
+  // bytes written are skipped).
 
-  // On the strand: arms the first pending SET when its reply is next on the wire.
+  // On the strand: arms the first pending SET not yet answered on the wire when its reply is
+  // next there.
   void ArmDirect() {
     if (holds_.empty() || writing_ || closed_ || ready_bytes() != 0) return;
-    const Hold& f = holds_.front();
-    if (f.text_pos != 0 || f.id == armed_id_) return;
-    armed_id_ = f.id;
     std::lock_guard<std::mutex> lock(direct_mu_);
-    direct_id_ = f.id;
+    // Armed and not resolved yet (an armed SET that failed is resolved by SetDone).
+    if (direct_id_ != kNoHold && direct_id_ >= holds_.front().id) return;
+    // Holds up to sent_through_ (still here until their SetDone) were written in full, in
+    // order: the first one after them is next on the wire if no reply text precedes it.
+    const uint64_t first = holds_.front().id;
+    const uint64_t skip = sent_through_ == kNoHold || sent_through_ < first
+                              ? 0
+                              : std::min<uint64_t>(sent_through_ - first + 1, holds_.size());
+    if (skip == holds_.size()) return;
+    const Hold& h = holds_[skip];
+    if (h.text_pos != 0 || h.id == armed_id_) return;
+    armed_id_ = h.id;
+    direct_id_ = h.id;
   }
 
   // On the commit thread, for a SET that succeeded: writes its "+OK" if it is armed (once).
@@ -373,6 +385,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     if (direct_id_ != id) return 0;
     direct_id_ = kNoHold;
     ssize_t n = ::send(fd_, kOkReply.data(), kOkReply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n == static_cast<ssize_t>(kOkReply.size())) sent_through_ = id;
     return n > 0 ? static_cast<size_t>(n) : 0;
   }
 
@@ -1018,8 +1031,9 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   std::deque<Hold> holds_;            // pending SETs' replies, in request order
   size_t thread_sets_ = 0;            // holds_ with via_thread
   uint64_t armed_id_ = kNoHold;       // the hold ArmDirect last armed (strand's copy)
-  std::mutex direct_mu_;              // guards direct_id_ and writes by DirectReply
+  std::mutex direct_mu_;              // guards direct_id_, sent_through_, DirectReply's writes
   uint64_t direct_id_ = kNoHold;      // the hold whose reply its commit may write
+  uint64_t sent_through_ = kNoHold;   // the last hold whose reply DirectReply wrote in full
   int fd_ = -1;                       // sock_'s descriptor (DirectReply)
   uint64_t next_hold_id_ = 0;         // id of the next Hold
   size_t hold_bytes_ = 0;             // sum of holds_' charged_bytes

@@ -154,7 +154,9 @@ class DaemonImpl final : public Daemon {
                                     mode == storage::Durability::kSync, names_sync_ms));
       // Under sync a SET waits for disks: it completes asynchronously, sharing commits.
       if (mode == storage::Durability::kSync) {
-        durable_sets_ = std::make_unique<RespDurableSets>(&service_, &metrics_);
+        durable_sets_ = std::make_unique<RespDurableSets>(
+            &service_, &metrics_,
+            [this](std::function<void()> task) { asio::post(io_, std::move(task)); });
         shared_.durable_sets = durable_sets_.get();
       }
     }

@@ -135,9 +135,11 @@ class DaemonMetrics {
   std::atomic<uint64_t> shm_write_failures{0};
   std::atomic<uint64_t> inflight{0};
   // RESP SETs completed asynchronously under durability sync (resp_durable_sets.h): batches
-  // run (each one name-log sync and one SSD commit at most) and SETs submitted, not done yet.
+  // completed (each one SSD commit at most) and SETs submitted, not done yet.
   std::atomic<uint64_t> resp_durable_set_batches{0};
   std::atomic<uint64_t> resp_durable_sets_pending{0};
+  // Their replies written by the commit thread itself (resp_session.cc, DirectReply).
+  std::atomic<uint64_t> resp_durable_set_direct_replies{0};
   std::array<std::atomic<uint64_t>, static_cast<size_t>(Refusal::kCount)> refusals{};
   void Refuse(Refusal r) { refusals[static_cast<size_t>(r)].fetch_add(1); }
   EngramFetchMetrics engram_fetch;

@@ -4,25 +4,46 @@
 
 namespace kvtier::daemon {
 
-RespDurableSets::RespDurableSets(Service* service, DaemonMetrics* metrics)
+RespDurableSets::RespDurableSets(Service* service, DaemonMetrics* metrics, Post post)
     : service_(service),
       metrics_(metrics),
+      post_(std::move(post)),
       put_thread_([this] { PutLoop(); }),
       commit_thread_([this] { CommitLoop(); }) {}
 
 RespDurableSets::~RespDurableSets() { Stop(); }
 
-void RespDurableSets::Submit(std::unique_ptr<RespSetJob> job, Done done) {
+bool RespDurableSets::Submit(std::unique_ptr<RespSetJob> job, Done done, bool put_here) {
+  put_here = put_here && job->name_seq == 0;
+  bool stopped = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!stop_) {
+    stopped = stop_;
+    if (!stopped) {
       metrics_->resp_durable_sets_pending.fetch_add(1);
-      queue_.push_back(Item{std::move(job), std::move(done)});
-      if (queue_.size() == 1) cv_.notify_one();
-      return;
+      if (!put_here) {
+        queue_.push_back(Item{std::move(job), std::move(done)});
+        if (queue_.size() == 1) cv_.notify_one();
+        return false;
+      }
+      ++putting_here_;  // the commit thread does not stop before this put is handed over
     }
   }
-  done(Status::Unavailable("kvtierd is shutting down"));
+  if (stopped) {
+    if (Later later = done(Status::Unavailable("kvtierd is shutting down"))) later();
+    return false;
+  }
+  // The name rides in the unit: nothing to wait for before the put, so the put thread's
+  // hand-off (a wake-up on every SET's way) is skipped.
+  Status st = service_->RespSetPut(job.get());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --putting_here_;
+    put_.push_back(Item{std::move(job), std::move(done)});
+    put_status_.push_back(std::move(st));
+  }
+  put_cv_.notify_one();
+  return true;
 }
 
 void RespDurableSets::Stop() {
@@ -64,7 +85,6 @@ void RespDurableSets::PutLoop() {
 }
 
 void RespDurableSets::PutBatch(std::vector<Item>* batch, std::vector<Status>* st) {
-  metrics_->resp_durable_set_batches.fetch_add(1);
   st->assign(batch->size(), Status::Ok());
   // The names their units do not carry (name_seq != 0; rare): one log sync for all of them,
   // durable before their units are written. A carried name is durable with its unit.
@@ -81,26 +101,43 @@ void RespDurableSets::PutBatch(std::vector<Item>* batch, std::vector<Status>* st
 void RespDurableSets::CommitLoop() {
   std::vector<Item> batch;
   std::vector<Status> st;
+  std::vector<Later> later;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      put_cv_.wait(lock,
-                   [this] { return !put_.empty() || (stop_ && queue_.empty() && !putting_); });
+      put_cv_.wait(lock, [this] {
+        return !put_.empty() || (stop_ && queue_.empty() && !putting_ && putting_here_ == 0);
+      });
       if (put_.empty()) return;  // stopped, and everything put has been completed
       batch.swap(put_);
       st.swap(put_status_);
     }
+    metrics_->resp_durable_set_batches.fetch_add(1);
     // The first completion commits every put so far; the others find their ticket covered.
     for (size_t i = 0; i < batch.size(); ++i) {
       if (st[i].ok()) st[i] = service_->RespSetComplete(batch[i].job.get());
     }
     for (size_t i = 0; i < batch.size(); ++i) {
       metrics_->resp_durable_sets_pending.fetch_sub(1);
-      batch[i].done(st[i]);
+      if (Later l = batch[i].done(st[i])) later.push_back(std::move(l));
     }
+    RunLater(&later);
     batch.clear();
     st.clear();
   }
+}
+
+void RespDurableSets::RunLater(std::vector<Later>* later) {
+  if (later->empty()) return;
+  if (!post_) {
+    for (Later& l : *later) l();
+    later->clear();
+    return;
+  }
+  post_([tasks = std::move(*later)] {
+    for (const Later& l : tasks) l();
+  });
+  later->clear();
 }
 
 }  // namespace kvtier::daemon

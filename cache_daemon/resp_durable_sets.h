@@ -5,11 +5,12 @@
 // A connection stages a SET (Service::RespSetStage: the name is logged, not synced; the stored
 // envelope, which carries the name, copied) and hands it over with Submit; it keeps parsing
 // while the SET is pending and writes that SET's reply, in request order, when `done` reports
-// it (resp_session.cc). Two threads run the SETs in batches of whatever was submitted
-// meanwhile, as a pipeline: the put thread puts each (TierManager deferred commit), first
-// waiting once for the log sync of the batch's names that their units do not carry (keys
-// over kRespCarriedNameBytesMax; RespKeyIndex::WaitDurable; usually none); the commit thread
-// completes every SET put so far (the first completion commits for all,
+// it (resp_session.cc; for a lone pending SET the commit thread writes "+OK" itself). The SETs
+// run in batches of whatever was submitted meanwhile: a SET whose unit carries its name is
+// put by the submitting thread itself (TierManager deferred commit; no hand-off), others by the
+// put thread, which first waits once for the log sync of the batch's names that their units
+// do not carry (keys over kRespCarriedNameBytesMax; RespKeyIndex::WaitDurable; rare). The
+// commit thread completes every SET put so far (the first completion commits for all,
 // TierManager::CompletePut) and calls each done. So the durability contract is that of a lone
 // SET: done(OK) only after the name, the data and its index are on disk, with one fdatasync
 // for all of them (the name is in the unit: docs/RESP.md "Names across restarts").
@@ -19,8 +20,10 @@
 // Limits: nothing here is unbounded by itself; each connection bounds what it submits (its
 // pending SETs count against its reply budget with their envelope bytes, docs/RESP.md).
 //
-// Thread safety: Submit may be called from any thread; done runs on the batch thread (post it
-// to the connection's strand; it must not block).
+// Thread safety: Submit may be called from any thread; done runs on the commit thread (or on
+// Submit's caller after Stop) and must not block; what it returns (the connection's own
+// bookkeeping) runs later, for every SET of one commit in one task handed to `post` (an I/O
+// thread: one wake-up per commit instead of one per SET).
 #pragma once
 
 #include <condition_variable>
@@ -39,18 +42,28 @@ namespace kvtier::daemon {
 
 class RespDurableSets {
  public:
-  using Done = std::function<void(const Status&)>;
+  // A done's follow-up (may be empty): see Thread safety above.
+  using Later = std::function<void()>;
+  using Done = std::function<Later(const Status&)>;
+  using Post = std::function<void(std::function<void()>)>;
 
-  // service and metrics must outlive this object. Starts the batch thread.
-  RespDurableSets(Service* service, DaemonMetrics* metrics);
+  // service and metrics must outlive this object. post runs a task on another thread (an
+  // I/O thread); null: the follow-ups run on the commit thread after the commit's dones.
+  // Starts the put and commit threads.
+  RespDurableSets(Service* service, DaemonMetrics* metrics, Post post = nullptr);
   // Stop().
   ~RespDurableSets();
   RespDurableSets(const RespDurableSets&) = delete;
   RespDurableSets& operator=(const RespDurableSets&) = delete;
 
   // Runs the staged SET (Service::RespSetStage returned OK for it) and calls done once with
-  // its outcome. After Stop: done(Unavailable) at once, on the caller's thread.
-  void Submit(std::unique_ptr<RespSetJob> job, Done done);
+  // its outcome. put_here: the caller may put the SET itself, now (the put takes the store's
+  // locks and may wait for SSD buffer room, never for a commit); it does so only when the
+  // unit carries the name (job->name_seq == 0). Pass it only when none of the caller's
+  // earlier SETs is still with the put thread (Submit returned false for it and its done has
+  // not run), so that one caller's puts stay in submission order. Returns whether the SET was
+  // put here. After Stop: done(Unavailable) at once, on the caller's thread; returns false.
+  bool Submit(std::unique_ptr<RespSetJob> job, Done done, bool put_here = false);
   // Runs every SET submitted so far, then stops the thread. Idempotent.
   void Stop();
 
@@ -64,8 +77,12 @@ class RespDurableSets {
   // The put thread's part of a batch: names, then puts; each item's status into *st.
   void PutBatch(std::vector<Item>* batch, std::vector<Status>* st);
 
+  // Runs the follow-ups of one commit's dones (post_, or here when null).
+  void RunLater(std::vector<Later>* later);
+
   Service* const service_;
   DaemonMetrics* const metrics_;
+  const Post post_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Item> queue_;  // submitted, not yet put; guarded by mu_
@@ -75,6 +92,7 @@ class RespDurableSets {
   std::condition_variable put_cv_;  // put_ became non-empty, or stopping
   bool stop_ = false;               // guarded by mu_
   bool putting_ = false;            // the put thread holds a batch; guarded by mu_
+  size_t putting_here_ = 0;         // Submit calls putting on their caller's thread; mu_
   std::thread put_thread_, commit_thread_;
 };
 

@@ -7,6 +7,8 @@
 // non-blocking socket (asio's async_write only takes over when the socket buffer is full).
 // GET values of kScatterMinBytes or more are not copied into the reply text: the buffer the
 // store filled is kept as a segment of that writev and recycled afterwards.
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -42,6 +44,9 @@ constexpr int kMaxAuthFailures = 3;
 // its stored bytes plus kHoldOverheadBytes against the connection's reply budget.
 constexpr size_t kPendingSetsMax = 1024;
 constexpr size_t kHoldOverheadBytes = 256;
+// No pending SET's reply may be written by its commit (RespSession::direct_id_).
+constexpr uint64_t kNoHold = ~uint64_t{0};
+constexpr std::string_view kOkReply = "+OK\r\n";
 
 std::string Upper(std::string_view s) {
   std::string u(s);
@@ -70,8 +75,10 @@ struct Hold {
   uint64_t charged_bytes = 0;  // counted in pending_bytes() until it resolves
   uint64_t start_us = 0;       // the SET's start, for its latency
   InflightSlot slot;           // the tenant's in-flight slot, held until it resolves
+  bool via_thread = false;     // handed to the put thread (RespDurableSets::Submit)
   bool done = false;
   Status result;
+  size_t sent_bytes = 0;  // of its reply, already written by the commit thread (DirectReply)
 };
 
 class RespSession : public Session, public std::enable_shared_from_this<RespSession> {
@@ -109,6 +116,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     // Replies are first written with a synchronous write_some (WriteNow), which must not block.
     sock_.non_blocking(true, ec);
     if (ec) return DoClose();
+    fd_ = sock_.native_handle();
     idle_.Arm(
         // Not idle while reads are paused by the daemon-wide budget and nothing is left for the
         // client to read (the daemon, not the client, is holding it up).
@@ -132,6 +140,11 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   void DoClose() {
     if (closed_) return;
     closed_ = true;
+    {
+      // No commit writes to the descriptor once it is closed (its number may be reused).
+      std::lock_guard<std::mutex> lock(direct_mu_);
+      direct_id_ = kNoHold;
+    }
     boost::system::error_code ec;
     timer_.cancel();
     memory_.Cancel();
@@ -232,6 +245,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         if (!WriteNow()) return;
         continue;
       }
+      ArmDirect();
       if (pending_bytes() == 0) {
         busy_.store(false);
         if (quit_) return DoClose();
@@ -300,7 +314,9 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     SetCommandLimit();
   }
 
-  // Hands a staged SET over; its reply is held at the current end of the reply text.
+  // Hands a staged SET over; its reply is held at the current end of the reply text. The SET
+  // is put on this thread unless an earlier SET of this connection is still with the put
+  // thread (RespDurableSets::Submit keeps one caller's puts in order only then).
   void SubmitSet(std::unique_ptr<RespSetJob> job, uint64_t start_us) {
     Hold h;
     h.id = next_hold_id_++;
@@ -311,20 +327,78 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     hold_bytes_ += h.charged_bytes;
     uint64_t id = h.id;
     holds_.push_back(std::move(h));
-    shared_->durable_sets->Submit(
-        std::move(job), [self = shared_from_this(), id](const Status& st) {
-          asio::post(self->strand_, [self, id, st] { self->SetDone(id, st); });
-        });
+    ArmDirect();
+    bool put_here = shared_->durable_sets->Submit(
+        std::move(job),
+        [self = shared_from_this(), id](const Status& st) -> RespDurableSets::Later {
+          size_t sent = st.ok() ? self->DirectReply(id) : 0;
+          // Runs on an I/O thread (with the other SETs of the commit): the strand, when idle,
+          // runs SetDone right there.
+          return [self, id, st, sent] {
+            asio::dispatch(self->strand_, [self, id, st, sent] { self->SetDone(id, st, sent); });
+          };
+        },
+        /*put_here=*/thread_sets_ == 0);
+    if (!put_here) {
+      // SetDone runs on this strand, so the hold is still the last one.
+      holds_.back().via_thread = true;
+      ++thread_sets_;
+    }
   }
 
-  // A pending SET finished: resolves the replies that are now complete, in order, and lets
-  // Process write them (and read on, when the budget was spent on pending SETs).
-  void SetDone(uint64_t id, const Status& st) {
+  // ---- A lone pending SET's reply, written by its commit (the way back without a hand-off) ----
+  //
+  // When a pending SET's reply is the next thing this connection writes (nothing before it
+  // unwritten, no write in flight), the strand arms it (direct_id_); the commit thread that
+  // completes it writes "+OK" to the socket itself (DirectReply), without waiting for this
+  // strand, and SetDone then only does the bookkeeping. Order holds because the strand writes
+  // nothing past a pending SET (ready_bytes()), at most one SET is armed at a time, and the
+  // SETs before an armed one are either none or SETs whose "+OK" DirectReply wrote in full
+  // (sent_through_; their SetDone may not have run yet, as when a client's next SET arrives
+  // before it). An error reply, or a write the socket does not take, goes the usual way (the
+  // bytes written are skipped).
+
+  // On the strand: arms the first pending SET not yet answered on the wire when its reply is
+  // next there.
+  void ArmDirect() {
+    if (holds_.empty() || writing_ || closed_ || ready_bytes() != 0) return;
+    std::lock_guard<std::mutex> lock(direct_mu_);
+    // Armed and not resolved yet (an armed SET that failed is resolved by SetDone).
+    if (direct_id_ != kNoHold && direct_id_ >= holds_.front().id) return;
+    // Holds up to sent_through_ (still here until their SetDone) were written in full, in
+    // order: the first one after them is next on the wire if no reply text precedes it.
+    const uint64_t first = holds_.front().id;
+    const uint64_t skip = sent_through_ == kNoHold || sent_through_ < first
+                              ? 0
+                              : std::min<uint64_t>(sent_through_ - first + 1, holds_.size());
+    if (skip == holds_.size()) return;
+    const Hold& h = holds_[skip];
+    if (h.text_pos != 0 || h.id == armed_id_) return;
+    armed_id_ = h.id;
+    direct_id_ = h.id;
+  }
+
+  // On the commit thread, for a SET that succeeded: writes its "+OK" if it is armed (once).
+  // Returns the bytes written (0: SetDone writes the reply).
+  size_t DirectReply(uint64_t id) {
+    std::lock_guard<std::mutex> lock(direct_mu_);
+    if (direct_id_ != id) return 0;
+    direct_id_ = kNoHold;
+    ssize_t n = ::send(fd_, kOkReply.data(), kOkReply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n == static_cast<ssize_t>(kOkReply.size())) sent_through_ = id;
+    return n > 0 ? static_cast<size_t>(n) : 0;
+  }
+
+  // A pending SET finished (sent_bytes of its reply already written by DirectReply): resolves
+  // the replies that are now complete, in order, and lets Process write them (and read on,
+  // when the budget was spent on pending SETs).
+  void SetDone(uint64_t id, const Status& st, size_t sent_bytes) {
     if (holds_.empty() || id < holds_.front().id) return;
     if (id - holds_.front().id >= holds_.size()) return;
     Hold& h = holds_[id - holds_.front().id];
     h.done = true;
     h.result = st;
+    h.sent_bytes = sent_bytes;
     while (!holds_.empty() && holds_.front().done) {
       Hold& f = holds_.front();
       std::string reply;
@@ -335,12 +409,20 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
         code = f.result.code();
         StoreErrorText(f.result, &reply);
       }
+      if (f.sent_bytes > 0) {
+        // Only an armed SET's "+OK" is written by its commit, and the reply text is that.
+        reply.erase(0, std::min(f.sent_bytes, reply.size()));
+        shared_->metrics->AddBytes(false, f.sent_bytes);
+        shared_->metrics->resp_durable_set_direct_replies.fetch_add(1);
+        idle_.Touch(IdleWatch::NowMs());
+      }
       out_.insert(f.text_pos, reply);
       for (size_t i = 1; i < holds_.size(); ++i) holds_[i].text_pos += reply.size();
       for (Body& b : bodies_) {
         if (b.text_end > f.text_pos) b.text_end += reply.size();
       }
       hold_bytes_ -= f.charged_bytes;
+      if (f.via_thread) --thread_sets_;
       shared_->metrics->RecordRequest(Op::kRespSet, code,
                                       DefaultSteadyClock().NowUs() - f.start_us);
       holds_.pop_front();  // releases its in-flight slot
@@ -947,6 +1029,12 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   std::vector<Body> bodies_, wbodies_;
   size_t body_bytes_ = 0;             // payload bytes in bodies_
   std::deque<Hold> holds_;            // pending SETs' replies, in request order
+  size_t thread_sets_ = 0;            // holds_ with via_thread
+  uint64_t armed_id_ = kNoHold;       // the hold ArmDirect last armed (strand's copy)
+  std::mutex direct_mu_;              // guards direct_id_, sent_through_, DirectReply's writes
+  uint64_t direct_id_ = kNoHold;      // the hold whose reply its commit may write
+  uint64_t sent_through_ = kNoHold;   // the last hold whose reply DirectReply wrote in full
+  int fd_ = -1;                       // sock_'s descriptor (DirectReply)
   uint64_t next_hold_id_ = 0;         // id of the next Hold
   size_t hold_bytes_ = 0;             // sum of holds_' charged_bytes
   InflightSlot slot_;                 // the running command's tenant in-flight slot

@@ -151,6 +151,33 @@ void SsdTier::Batch::ReleaseRegion() {
   region_bytes_ = 0;
 }
 
+namespace {
+
+// One zstd compression context per thread, reused across puts: ZSTD_compress would allocate and
+// initialise a fresh context (its tables) on every call, which dominated the CPU of small puts
+// (docs/PERFORMANCE.md "Durable SET: the way back"). Freed after a call left it holding more
+// than kCompressorKeepBytes (a large value), so each thread keeps at most that much.
+constexpr size_t kCompressorKeepBytes = 4u << 20;
+
+struct ThreadCompressorHolder {
+  ZSTD_CCtx* cctx = nullptr;
+  ~ThreadCompressorHolder() { ZSTD_freeCCtx(cctx); }
+};
+thread_local ThreadCompressorHolder t_compressor;
+
+// The calling thread's context; null when it cannot be allocated (the put is then stored
+// uncompressed).
+ZSTD_CCtx* ThreadCompressor() {
+  if (t_compressor.cctx != nullptr && ZSTD_sizeof_CCtx(t_compressor.cctx) > kCompressorKeepBytes) {
+    ZSTD_freeCCtx(t_compressor.cctx);
+    t_compressor.cctx = nullptr;
+  }
+  if (t_compressor.cctx == nullptr) t_compressor.cctx = ZSTD_createCCtx();
+  return t_compressor.cctx;
+}
+
+}  // namespace
+
 Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const SsdMeta& meta,
                           std::vector<Key>* evicted, const RequestTag* request,
                           uint64_t* defer_ticket) {
@@ -162,14 +189,23 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
   std::vector<uint8_t> compressed;
   std::span<const uint8_t> payload = value;
   Codec codec = Codec::kNone;
-  if (o_.compression && meta.kind != policies::ObjectKind::kGlobalKv && value.size() >= 512) {
+  ZSTD_CCtx* cctx = nullptr;
+  if (o_.compression && meta.kind != policies::ObjectKind::kGlobalKv && value.size() >= 512 &&
+      (cctx = ThreadCompressor()) != nullptr) {
     size_t sample = std::min<size_t>(value.size(), o_.compression_sample_bytes);
-    std::vector<uint8_t> tmp(ZSTD_compressBound(sample));
-    size_t n = ZSTD_compress(tmp.data(), tmp.size(), value.data(), sample, o_.zstd_level);
+    // A value no larger than the sample is compressed once: the sample is the whole value.
+    const bool whole = sample == value.size();
+    std::vector<uint8_t> tmp;
+    std::vector<uint8_t>& first = whole ? compressed : tmp;
+    first.resize(ZSTD_compressBound(sample));
+    size_t n =
+        ZSTD_compressCCtx(cctx, first.data(), first.size(), value.data(), sample, o_.zstd_level);
     if (!ZSTD_isError(n) && n * 10 < sample * 9) {
-      compressed.resize(ZSTD_compressBound(value.size()));
-      n = ZSTD_compress(compressed.data(), compressed.size(), value.data(), value.size(),
-                        o_.zstd_level);
+      if (!whole) {
+        compressed.resize(ZSTD_compressBound(value.size()));
+        n = ZSTD_compressCCtx(cctx, compressed.data(), compressed.size(), value.data(),
+                              value.size(), o_.zstd_level);
+      }
       if (!ZSTD_isError(n) && n * 20 < value.size() * 19) {
         compressed.resize(n);
         payload = compressed;

@@ -268,5 +268,74 @@ TEST_F(RespDurableSetTest, FailedCommitAnswersTheSetWithAnErrorAndKeepsNoValue) 
             "+OK\r\n" + Bulk("again"));
 }
 
+// A lone pending SET's "+OK" is written by the commit that completes it (no hand-off back to
+// the connection's strand): counted per SET. Sequential SETs on one connection all take it.
+TEST_F(RespDurableSetTest, LoneSetRepliesAreWrittenByTheirCommit) {
+  constexpr int kSets = 20;
+  int fd = Connect();
+  const uint64_t direct0 = Metric("kvtier_resp_durable_set_direct_replies_total");
+  for (int i = 0; i < kSets; ++i) {
+    ASSERT_EQ(Roundtrip(fd, Cmd({"SET", "lone" + std::to_string(i), Value(100, i)}), 5), "+OK\r\n")
+        << i;
+  }
+  // Counted by the connection after the reply went out: the last one may still be on its way.
+  EXPECT_TRUE(Eventually([&] {
+    return Metric("kvtier_resp_durable_set_direct_replies_total") - direct0 == uint64_t{kSets};
+  })) << Metric("kvtier_resp_durable_set_direct_replies_total") - direct0;
+  const std::string want = Bulk(Value(100, kSets - 1));
+  EXPECT_EQ(Roundtrip(fd, Cmd({"GET", "lone" + std::to_string(kSets - 1)}), want.size()), want);
+}
+
+// A SET pipelined behind GET replies that the client does not read yet (the socket is full,
+// an asynchronous write holds the rest) is committed meanwhile: its "+OK" must not overtake
+// those replies (it is written by its commit only when nothing before it is unwritten).
+TEST_F(RespDurableSetTest, SetReplyNeverOvertakesUnwrittenReplies) {
+  // 6.4 MB of GET replies: under the connection's 8 MiB reply budget (so the SETs after them
+  // are parsed and committed), over what the server's send buffer (at most 4 MiB here) and
+  // the client's small receive buffer hold.
+  constexpr int kGets = 32;
+  const std::string big = Value(200'000, 3);
+  int fd = Connect();
+  int rcvbuf = 16 << 10;
+  ASSERT_EQ(::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)), 0);
+  ASSERT_EQ(Roundtrip(fd, Cmd({"SET", "big", big}), 5), "+OK\r\n");
+  std::string cmds, want;
+  for (int i = 0; i < kGets; ++i) {
+    cmds += Cmd({"GET", "big"});
+    want += Bulk(big);
+  }
+  for (int i = 0; i < 4; ++i) {
+    cmds += Cmd({"SET", "after" + std::to_string(i), "v"}) + Cmd({"GET", "big"});
+    want += "+OK\r\n" + Bulk(big);
+  }
+  const uint64_t commits0 = commits();
+  ASSERT_TRUE(kt::SendAllRaw(fd, cmds.data(), cmds.size()));
+  // The SETs' commit completes while the GET replies wait in the full socket.
+  ASSERT_TRUE(Eventually([&] { return commits() > commits0; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(kt::RecvFor(fd, want.size(), 10000) == want) << "replies out of order";
+}
+
+// SETs of a key whose name is too long to ride in its unit, pipelined on one connection: they
+// go through the put thread (its batch waits for the name log's sync; the connection's later
+// SETs follow them there rather than being put on the connection's thread) and are put in
+// request order: the last value wins.
+TEST_F(RespDurableSetTest, SetsBehindALongNameStayInOrder) {
+  const std::string name(kRespCarriedNameBytesMax + 100, 'n');
+  for (int round = 0; round < 5; ++round) {
+    int fd = Connect();
+    const std::string key = name + std::to_string(round);
+    std::string cmds, want;
+    for (int i = 0; i < 6; ++i) {
+      cmds += Cmd({"SET", key, Value(64, i)});
+      want += "+OK\r\n";
+    }
+    cmds += Cmd({"GET", key});
+    want += Bulk(Value(64, 5));
+    ASSERT_EQ(Roundtrip(fd, cmds, want.size()), want) << round;
+    EXPECT_TRUE(Stored(key, Value(64, 5))) << round;
+  }
+}
+
 }  // namespace
 }  // namespace kvtier::daemon

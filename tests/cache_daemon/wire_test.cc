@@ -185,7 +185,9 @@ TEST(WireTurns, HelloFeaturesOptional) {
   StatusOr<HelloResponse> d = DecodeHelloResponse(&r);
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->features, kFeatureTurns);
-  b.resize(b.size() - 4);  // an older daemon's response
+  ASSERT_GE(b.size(), 4u);
+  b.erase(b.end() - 4, b.end());  // an older daemon's response (not resize: GCC 12 at -O1 with
+                                  // ASan warns of a huge memset on its growing path)
   Reader old(b);
   d = DecodeHelloResponse(&old);
   ASSERT_TRUE(d.ok());

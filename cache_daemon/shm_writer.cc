@@ -5,10 +5,11 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <utility>
+
+#include "storage/block_device.h"
 
 namespace kvtier::daemon::internal {
 namespace {
@@ -20,10 +21,7 @@ constexpr uint64_t kStageGrainBytes = 2ull << 20;  // x86-64 huge page
 // Anonymous memory, 2 MiB aligned and advised MADV_HUGEPAGE: its first touches cost one fault
 // per huge page, not one per 4 KiB page.
 struct ShmValueWriter::Stage {
-  struct Free {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
-  std::unique_ptr<uint8_t, Free> data;
+  storage::AlignedBuffer data;
   uint64_t bytes = 0;
 };
 
@@ -36,7 +34,7 @@ std::unique_ptr<ShmValueWriter::Stage> g_warm;  // protected by g_warm_mu
 
 std::unique_ptr<ShmValueWriter::Stage> NewStage() {
   auto s = std::make_unique<ShmValueWriter::Stage>();
-  s->data.reset(static_cast<uint8_t*>(std::aligned_alloc(kStageGrainBytes, kShmStageBytesMax)));
+  s->data = storage::AllocateAligned(kShmStageBytesMax, kStageGrainBytes);
   if (s->data == nullptr) return nullptr;
   s->bytes = kShmStageBytesMax;
   (void)::madvise(s->data.get(), s->bytes, MADV_HUGEPAGE);  // advisory: ignored without THP

@@ -32,26 +32,20 @@ struct CachedRegion {
 };
 thread_local CachedRegion t_region;
 
-// Regions made before any batch needed them (SsdTier::Open warms one: WarmReadRegion), taken
-// by a thread whose own cache is empty or too small instead of a fresh region: the first
+// A region made before any batch needed it (SsdTier::Open: WarmReadRegion), taken by the
+// first thread whose own cache is empty or too small instead of a fresh region: the first
 // batch GET of a just-started daemon then reads into pages faulted in at startup, not into a
 // new huge page the kernel must zero first (18% of kvtierd's CPU in the first 256-unit GET
 // after a restart; docs/PERFORMANCE.md, "one write per GET").
 constexpr uint64_t kWarmRegionBytes = 4ull << 20;  // a 256-unit batch of records up to 16 KiB
-constexpr size_t kWarmRegionsMax = 1;
 std::mutex g_warm_mu;
-std::vector<CachedRegion> g_warm;  // protected by g_warm_mu
+CachedRegion g_warm;  // protected by g_warm_mu; empty once taken
 
-// A warm region of at least `bytes`, or an empty one.
+// The warm region if it holds at least `bytes`, or an empty one.
 CachedRegion TakeWarmRegion(uint64_t bytes) {
   std::lock_guard lock(g_warm_mu);
-  for (auto it = g_warm.begin(); it != g_warm.end(); ++it) {
-    if (it->bytes < bytes) continue;
-    CachedRegion r = std::move(*it);
-    g_warm.erase(it);
-    return r;
-  }
-  return {};
+  if (g_warm.buf == nullptr || g_warm.bytes < bytes) return {};
+  return std::exchange(g_warm, CachedRegion{});
 }
 
 // An aligned, faulted-in region of at least `bytes` (rounded up to the huge-page grain when
@@ -78,15 +72,15 @@ CachedRegion NewRegion(uint64_t bytes) {
   return r;
 }
 
-// Puts one region of kWarmRegionBytes among the warm ones (unless they are full).
+// Makes the warm region of kWarmRegionBytes, unless there is one.
 void WarmReadRegion() {
   {
     std::lock_guard lock(g_warm_mu);
-    if (g_warm.size() >= kWarmRegionsMax) return;
+    if (g_warm.buf != nullptr) return;
   }
   CachedRegion r = NewRegion(kWarmRegionBytes);
   std::lock_guard lock(g_warm_mu);
-  if (g_warm.size() < kWarmRegionsMax) g_warm.push_back(std::move(r));
+  if (g_warm.buf == nullptr) g_warm = std::move(r);
 }
 
 }  // namespace

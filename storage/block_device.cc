@@ -194,9 +194,6 @@ class PosixDevice final : public FileDevice {
   std::string Kind() const override { return "posix"; }
 };
 
-// A batch's completions are waited for in groups of (requests in flight) / this (RunRing).
-constexpr size_t kReapBatchDivisor = 4;
-
 // A pool of io_uring rings shared by the devices of one env. A call holds one ring for its
 // whole batch, so completions are never reaped by the wrong thread.
 class RingPool {
@@ -356,7 +353,7 @@ class UringDevice final : public FileDevice {
     std::vector<bool> final(batch.size(), false);
     size_t pulled = 0;
     Status ring_st = RunRing(
-        pool, pool->depth(), /*reap_batched=*/true,
+        pool, pool->depth(),
         [&](RingIo* r) {
           if (pulled == batch.size()) return false;
           *r = {file(pulled), &batch[pulled], pulled};
@@ -385,14 +382,8 @@ class UringDevice final : public FileDevice {
   // final (a misaligned request at once). Returns OK, or the ring's error: then every request
   // handed over has been reported, those without a result with that error, and the ring is
   // back in the pool (drained) or retired.
-  // reap_batched (a batch whose requests are all known up front: Submit, SubmitAcross): once
-  // next has none left, each wait is for a quarter of the requests in flight rather than for
-  // one, so that a batch's completions wake the thread a few times instead of once every few
-  // completions (each wake-up a system call and a context switch; in a virtual machine a large
-  // part of a batch GET's CPU). Work done per completion (done) still overlaps the rest of the
-  // batch in flight. A stream (reap_batched false) waits for one, to refill at once.
-  static Status RunRing(RingPool* pool, size_t max_inflight, bool reap_batched,
-                        const RingNextFn& next, const RingDoneFn& done) {
+  static Status RunRing(RingPool* pool, size_t max_inflight, const RingNextFn& next,
+                        const RingDoneFn& done) {
     struct Slot {
       RingIo io;
       size_t progress = 0;
@@ -446,13 +437,8 @@ class UringDevice final : public FileDevice {
       return true;
     };
     RingPool::Ring* ring = nullptr;
-    bool drained_next = false;  // next has returned false
     while (true) {
-      while (held < limit) {
-        if (!pull()) {
-          drained_next = true;
-          break;
-        }
+      while (held < limit && pull()) {
       }
       if (held == 0) break;
       if (ring == nullptr && (ring = pool->Acquire()) == nullptr) {
@@ -487,13 +473,8 @@ class UringDevice final : public FileDevice {
         io_uring_sqe_set_data64(sqe, s);
         ++inflight;
       }
-      // Submit and block until at least one completion arrives (no spinning); a quarter of
-      // those in flight when reaping a batch (every request submitted counts: each completes).
-      const unsigned wait_nr =
-          reap_batched && drained_next && ready.empty()
-              ? static_cast<unsigned>(std::max<size_t>(1, inflight / kReapBatchDivisor))
-              : 1;
-      int rc = io_uring_submit_and_wait(&ring->ring, wait_nr);
+      // Submit and block until at least one completion arrives (no spinning).
+      int rc = io_uring_submit_and_wait(&ring->ring, 1);
       if (rc >= 0 && faults != nullptr && faults->TakeSubmission()) rc = -EIO;
       if (rc < 0 && rc != -EINTR) {
         Status err = ErrnoStatus("io_uring_submit_and_wait", -rc);
@@ -660,7 +641,7 @@ class DirEnv final : public DeviceEnv {
     if (pool_ == nullptr) return DeviceEnv::Stream(max_inflight, next, done);
     Status first;
     Status ring_st = UringDevice::RunRing(
-        pool_.get(), max_inflight, /*reap_batched=*/false,
+        pool_.get(), max_inflight,
         [&](RingIo* r) {
           DeviceIo* d = next();
           if (d == nullptr) return false;

@@ -423,38 +423,13 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, std::vector<std::vector<
   }
 }
 
-namespace {
-
-// A batch GET's bookkeeping, kept by each thread for its next batch (cleared after each one,
-// so no segment stays referenced; only the capacity stays): a batch allocates none of it
-// once its thread has run one as large.
-struct BatchScratch {
-  struct Span {
-    uint64_t start = 0, len = 0, region_off = 0;
-  };
-  std::vector<IndexEntry> entries;
-  std::vector<std::shared_ptr<Segment>> segs;
-  std::vector<Span> spans;
-  std::vector<uint8_t> finished;  // a read (or buffered copy) was verified: settle failures
-  std::vector<size_t> order;
-};
-thread_local BatchScratch t_batch;
-// The requests of one submission, per submitting thread (the caller, and the helper for its
-// half of a split batch).
-thread_local std::vector<DeviceIo> t_batch_ios;
-
-}  // namespace
-
 void SsdTier::Impl::GetBatch(std::span<const Key> keys, Batch* batch, const RequestTag* request,
                              bool report_hits) {
   const size_t n = keys.size();
   batch->Reset(n);
   std::vector<Status>& results = batch->results_;
-  BatchScratch& s = t_batch;
-  std::vector<IndexEntry>& entries = s.entries;
-  std::vector<std::shared_ptr<Segment>>& segs = s.segs;
-  entries.assign(n, IndexEntry{});
-  segs.assign(n, nullptr);
+  std::vector<IndexEntry> entries(n);
+  std::vector<std::shared_ptr<Segment>> segs(n);
   {
     std::unique_lock lock(mu_);
     for (size_t i = 0; i < n; ++i) {
@@ -464,8 +439,10 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, Batch* batch, const Requ
     }
   }
   // One aligned region for every device read; each read covers its record's aligned span.
-  std::vector<BatchScratch::Span>& spans = s.spans;
-  spans.assign(n, BatchScratch::Span{});
+  struct Span {
+    uint64_t start = 0, len = 0, region_off = 0;
+  };
+  std::vector<Span> spans(n);
   uint64_t region_bytes = 0;
   for (size_t i = 0; i < n; ++i) {
     if (!results[i].ok() || segs[i] == nullptr) continue;
@@ -476,18 +453,13 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, Batch* batch, const Requ
     region_bytes += AlignUp(spans[i].len, ssd::kBlockBytes);
   }
   uint8_t* region = region_bytes > 0 ? batch->Region(region_bytes) : nullptr;
-  std::vector<uint8_t>& finished = s.finished;
-  finished.assign(n, 0);
-  // Hits and their bytes, counted per thread that verifies.
-  struct Tally {
-    uint64_t hits = 0, bytes = 0;
-  };
+  uint64_t hits = 0, bytes = 0;
+  std::vector<uint8_t> finished(n, 0);  // a read (or buffered copy) was verified: settle failures
   // Verifies unit i in `rec` (its record, read or buffered) and views its payload there (a
   // compressed one is decoded into owned_[i]). It runs while the thread holds an io_uring
   // ring, so it never takes mu_ (a put may hold mu_ while it waits for a ring): failures are
-  // settled (counted, quarantined) after the submission. It touches only unit i's slots, so
-  // the two halves of a split batch run it at once.
-  auto finish = [&](size_t i, const Status& read_st, std::span<const uint8_t> rec, Tally* tally) {
+  // settled (counted, quarantined) after the submission.
+  auto finish = [&](size_t i, const Status& read_st, std::span<const uint8_t> rec) {
     finished[i] = 1;
     RecordHeader h;
     Status& st = results[i];
@@ -508,15 +480,17 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, Batch* batch, const Requ
       batch->metas_[i] = MetaOf(entries[i]);  // a corrupt record's meta: what a refetch needs
     }
     if (!st.ok()) return;
-    ++tally->hits;
-    tally->bytes += entries[i].record_bytes;
+    ++hits;
+    bytes += entries[i].record_bytes;
   };
   // Every device read of the batch, whatever its segment, in one submission (io_uring: one
   // ring, up to its queue depth in flight; SubmitAcross), in chunks of kMaxBatchIos; sorted by
   // segment and offset for locality. Each unit is verified as its read completes, while the
   // rest of the batch is still in flight.
-  std::vector<size_t>& order = s.order;
-  order.clear();
+  // Sized once: each growth of these would take fresh heap pages (first-touch faults) in a
+  // just-started daemon.
+  std::vector<size_t> order;
+  order.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     if (results[i].ok() && segs[i] != nullptr) order.push_back(i);
   }
@@ -524,73 +498,46 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, Batch* batch, const Requ
     return segs[a]->id != segs[b]->id ? segs[a]->id < segs[b]->id
                                       : entries[a].offset < entries[b].offset;
   });
-  // Reads and verifies order[from, to) on the calling thread.
-  auto read_range = [&](size_t from, size_t to, Tally* tally) {
-    std::vector<DeviceIo>& ios = t_batch_ios;  // the running thread's
-    for (size_t first = from; first < to; first += kMaxBatchIos) {
-      const size_t last = std::min(to, first + kMaxBatchIos);
-      ios.clear();
-      for (size_t k = first; k < last; ++k) {
-        size_t i = order[k];
-        ios.push_back({segs[i]->dev.get(),
-                       {IoRequest::Op::kRead,
-                        spans[i].start,
-                        region + spans[i].region_off,
-                        static_cast<size_t>(spans[i].len),
-                        {}}});
-      }
-      Status st = env_->SubmitAcross(ios, [&](size_t k) {
-        size_t i = order[first + k];
-        finish(i, ios[k].io.result,
-               {region + spans[i].region_off + (entries[i].offset - spans[i].start),
-                entries[i].record_bytes},
-               tally);
-      });
-      // A request the env never reported (a batch it refused whole) is an I/O error, never a
-      // verification of a buffer the device did not fill.
-      for (size_t k = first; k < last; ++k) {
-        if (!finished[order[k]]) {
-          finish(order[k], st.ok() ? Status::IOError("read not completed") : st, {}, tally);
-        }
-      }
-    }
+  std::vector<DeviceIo> ios;
+  ios.reserve(std::min(order.size(), kMaxBatchIos));
+  for (size_t first = 0; first < order.size(); first += kMaxBatchIos) {
+    size_t last = std::min(order.size(), first + kMaxBatchIos);
     ios.clear();
-  };
-  // A large batch is read in two halves at once, the second on the helper thread (when it is
-  // not busy with another batch): two rings and two cores submit, reap and verify. Each unit
-  // gets exactly what one submission would give it; only the order of completions differs.
-  // When the helper has not begun its half by the time the caller has read its own (it was
-  // not scheduled: a busy machine), the caller reads that half too rather than wait.
-  Tally tally, helper_tally;
-  bool split = false;
-  const size_t reads = order.size();
-  const size_t half = reads / 2;
-  auto second_half = [&] { read_range(half, reads, &helper_tally); };
-  if (helper_ != nullptr && o_.batch_get_split_reads_min > 0 &&
-      reads >= o_.batch_get_split_reads_min &&
-      helper_->TryStart([&second_half] { second_half(); })) {
-    read_range(0, half, &tally);
-    if (o_.batch_get_take_back && helper_->TakeBack()) {
-      second_half();
-    } else {
-      split = true;
+    for (size_t k = first; k < last; ++k) {
+      size_t i = order[k];
+      ios.push_back({segs[i]->dev.get(),
+                     {IoRequest::Op::kRead,
+                      spans[i].start,
+                      region + spans[i].region_off,
+                      static_cast<size_t>(spans[i].len),
+                      {}}});
     }
-    helper_->Wait();
-  } else {
-    read_range(0, reads, &tally);
+    std::vector<bool> done(last - first, false);
+    Status st = env_->SubmitAcross(ios, [&](size_t k) {
+      size_t i = order[first + k];
+      done[k] = true;
+      finish(i, ios[k].io.result,
+             {region + spans[i].region_off + (entries[i].offset - spans[i].start),
+              entries[i].record_bytes});
+    });
+    // A request the env never reported (a batch it refused whole) is an I/O error, never a
+    // verification of a buffer the device did not fill.
+    for (size_t k = 0; k < done.size(); ++k) {
+      if (!done[k]) {
+        finish(order[first + k], st.ok() ? Status::IOError("read not completed") : st, {});
+      }
+    }
   }
   for (size_t i = 0; i < n; ++i) {
-    if (results[i].ok() && segs[i] == nullptr) finish(i, Status::Ok(), batch->owned_[i], &tally);
+    if (results[i].ok() && segs[i] == nullptr) finish(i, Status::Ok(), batch->owned_[i]);
   }
   for (size_t i = 0; i < n; ++i) {
     // Device reads and verifications that failed (lookups that failed were never read).
     if (finished[i] && !results[i].ok()) SettleReadFailure(keys[i], entries[i], results[i]);
   }
-  segs.clear();  // no segment stays referenced by the thread
   std::lock_guard lock(mu_);
-  stats_.hits += tally.hits + helper_tally.hits;
-  stats_.bytes_read += tally.bytes + helper_tally.bytes;
-  if (split) ++stats_.split_batches;
+  stats_.hits += hits;
+  stats_.bytes_read += bytes;
 }
 
 // ---------------------------------------------------------------- SsdTier ----

@@ -145,18 +145,6 @@ struct SsdOptions {
   // with the tier lock held: must only take locks of its own and not call back. Empty: not
   // called.
   std::function<void(std::span<const Key>)> on_write_lost;
-  // A batch GET (GetBatch) with at least this many device reads splits them in two halves
-  // read at once: the second half is submitted, reaped and verified on the tier's helper
-  // thread (one per tier), the first on the caller's, so two cores work on one GET. Each
-  // half is one submission; each unit gets exactly what one submission gives it. A batch
-  // finding the helper busy with another one reads both halves itself, and so does a caller
-  // that finishes its half before the helper has begun the other (a busy machine). 0: never
-  // split (no helper thread).
-  static constexpr uint32_t kDefaultBatchGetSplitReadsMin = 64;
-  uint32_t batch_get_split_reads_min = kDefaultBatchGetSplitReadsMin;
-  // Tests: false makes the caller of a split batch wait for the helper to read its half
-  // (never read it itself), so that the half is read on the helper thread.
-  bool batch_get_take_back = true;
 };
 
 // What the caller (TierManager) keeps about a value besides its bytes.
@@ -187,9 +175,6 @@ struct SsdStats {
   // waited in all, and the waits that ended at the bound rather than when all had joined.
   uint64_t commit_writers = 0, commit_delays = 0, commit_delay_us = 0, commit_delay_timeouts = 0;
   CommitStage last_failed_stage = CommitStage::kNone;
-  // Batch GETs whose device reads were split between the caller and the helper thread
-  // (SsdOptions::batch_get_split_reads_min): the helper read one half.
-  uint64_t split_batches = 0;
   // Background index load: done, and how long after Open it finished.
   bool index_loaded = false;
   uint64_t index_load_ms = 0;

@@ -78,7 +78,6 @@ SsdTier::Impl::~Impl() {
 
 Status SsdTier::Impl::Open() {
   clock_ = o_.clock != nullptr ? o_.clock : &DefaultSteadyClock();
-  if (o_.batch_get_split_reads_min > 0) helper_ = std::make_unique<ssd::HelperThread>();
   if (o_.dir.empty()) return Status::InvalidArgument("ssd tier needs a data directory");
   if (o_.segment_bytes < (1u << 20) || o_.segment_bytes % ssd::kBlockBytes != 0) {
     return Status::InvalidArgument("segment_bytes must be a multiple of 4096 and >= 1 MiB");

@@ -25,7 +25,6 @@
 #include <vector>
 
 #include "storage/key_util.h"
-#include "storage/ssd/helper_thread.h"
 #include "storage/ssd_format.h"
 #include "storage/ssd_tier.h"
 
@@ -555,11 +554,6 @@ class SsdTier::Impl {
   uint64_t open_bytes_bound_ = 0;  // bytes in segments at Open (live bound)
   uint64_t open_us_ = 0;
   std::vector<std::pair<Key, SsdMeta>> point_loaded_;  // for on_index_load, under mu_
-
-  // Reads the second half of a large batch GET (SsdOptions::batch_get_split_reads_min);
-  // null when batches are never split. Set by Open before any request; last, so that it is
-  // stopped before anything a batch uses goes away.
-  std::unique_ptr<ssd::HelperThread> helper_;
 };
 
 }  // namespace kvtier::storage

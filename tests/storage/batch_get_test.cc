@@ -2,16 +2,12 @@
 // it (units on the device, in the write buffer, missing, corrupted on the device), on the
 // memory env and on io_uring files, and under injected ring faults (RingFaults). The same for
 // the forms without a copy per unit (SsdTier::Batch, TierManager::GetBatchVisit).
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <functional>
 #include <set>
-#include <thread>
 
 #include "storage/block_device.h"
 #include "storage/fault_injection.h"
@@ -214,9 +210,8 @@ class CountingEnv final : public DeviceEnv {
 };
 
 // A batch whose records lie in several segments is one submission (SubmitAcross) covering
-// all of them, not one submission per segment; split (SsdOptions::batch_get_split_reads_min),
-// one submission per half.
-void CheckSubmissionsOfABatchAcrossSegments(uint32_t split_reads_min, int submissions) {
+// all of them, not one submission per segment.
+TEST(SsdGetBatchTest, OneSubmissionCoversEverySegmentOfTheBatch) {
   TempDir dir;
   auto mem = NewMemEnv();
   CountingEnv env(mem.get());
@@ -228,8 +223,6 @@ void CheckSubmissionsOfABatchAcrossSegments(uint32_t split_reads_min, int submis
   o.write_buffer_bytes = 64 << 10;
   o.group_commit_ms = 3'600'000;
   o.compression = false;
-  o.batch_get_split_reads_min = split_reads_min;
-  o.batch_get_take_back = false;  // the helper reads its half
   auto opened = SsdTier::Open(o);
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
   SsdTier& ssd = **opened;
@@ -248,18 +241,8 @@ void CheckSubmissionsOfABatchAcrossSegments(uint32_t split_reads_min, int submis
     ASSERT_TRUE(results[i].ok()) << i << " " << results[i].ToString();
     EXPECT_EQ(outs[i], MakeValue(keys[i], 1, 20'000)) << i;
   }
-  EXPECT_EQ(env.across_calls.load() - across0, submissions);
-  EXPECT_GE(env.max_devices.load(), 4u / submissions)
-      << "the batch's submission did not span its segments";
-  EXPECT_EQ(ssd.GetStats().split_batches, submissions == 2 ? 1u : 0u);
-}
-
-TEST(SsdGetBatchTest, OneSubmissionCoversEverySegmentOfTheBatch) {
-  CheckSubmissionsOfABatchAcrossSegments(/*split_reads_min=*/0, 1);
-}
-
-TEST(SsdGetBatchTest, ASplitBatchIsOneSubmissionPerHalf) {
-  CheckSubmissionsOfABatchAcrossSegments(/*split_reads_min=*/64, 2);
+  EXPECT_EQ(env.across_calls.load() - across0, 1);
+  EXPECT_GE(env.max_devices.load(), 4u) << "the batch's submission did not span its segments";
 }
 
 // DirEnv::SubmitAcross on io_uring files: requests on several files in one call, each with
@@ -361,14 +344,8 @@ TEST(DeviceEnvTest, OnDoneReportsEachRequestOnceOnTheMemoryEnv) {
 // A tier on io_uring files whose rings fail on demand (RingFaults), with kUnits units on the
 // device (flushed: a batch must read them).
 constexpr int kRingUnits = 8;
-// split_reads_min: SsdOptions::batch_get_split_reads_min (2: every batch of the tier is split,
-// its second half read by the helper thread).
-std::unique_ptr<SsdTier> OpenRingFaultTier(
-    const std::string& dir, RingFaults* faults,
-    uint32_t split_reads_min = SsdOptions::kDefaultBatchGetSplitReadsMin) {
+std::unique_ptr<SsdTier> OpenRingFaultTier(const std::string& dir, RingFaults* faults) {
   SsdOptions o;
-  o.batch_get_split_reads_min = split_reads_min;
-  o.batch_get_take_back = false;
   o.dir = dir;
   o.dir_env.engine = IoEngine::kIoUring;
   o.dir_env.ring_faults = faults;
@@ -431,29 +408,6 @@ TEST(SsdGetBatchTest, FailedCompletionsAreIoErrorsForTheirUnitsOnly) {
   TempDir dir;
   RingFaults faults;
   auto ssd = OpenRingFaultTier(dir.path(), &faults);
-  ASSERT_NE(ssd, nullptr);
-  faults.FailNextCompletions(3, /*after=*/2);
-  EXPECT_EQ(CheckBatchUnderRingFaults(*ssd), 3);
-  EXPECT_EQ(faults.injected(), 3u);
-}
-
-// The same with the batch split in two halves, each on its own ring: a failed submission
-// fails the reads of its half only; failed completions fail their units only.
-TEST(SsdGetBatchTest, ARingErrorInASplitBatchIsAnIoErrorForItsHalfOnly) {
-  TempDir dir;
-  RingFaults faults;
-  auto ssd = OpenRingFaultTier(dir.path(), &faults, /*split_reads_min=*/2);
-  ASSERT_NE(ssd, nullptr);
-  faults.FailNextSubmissions(1);
-  EXPECT_EQ(CheckBatchUnderRingFaults(*ssd), kRingUnits / 2);
-  EXPECT_EQ(faults.injected(), 1u);
-  EXPECT_EQ(ssd->GetStats().split_batches, 1u);
-}
-
-TEST(SsdGetBatchTest, FailedCompletionsInASplitBatchAreIoErrorsForTheirUnitsOnly) {
-  TempDir dir;
-  RingFaults faults;
-  auto ssd = OpenRingFaultTier(dir.path(), &faults, /*split_reads_min=*/2);
   ASSERT_NE(ssd, nullptr);
   faults.FailNextCompletions(3, /*after=*/2);
   EXPECT_EQ(CheckBatchUnderRingFaults(*ssd), 3);
@@ -546,230 +500,6 @@ TEST(SsdGetBatchTest, ACorruptedRecordIsNeverViewedInABatch) {
   }
   EXPECT_FALSE(ssd.Contains(MakeKey(1)));  // quarantined
   EXPECT_EQ(ssd.GetStats().checksum_failures, 1u);
-}
-
-// Flips one payload byte of record `index` of the first segment (FlipPayloadByte's layout)
-// of a directory env's segments in seg_dir, through the file (the env's files are O_DIRECT).
-void FlipPayloadByteInFile(DeviceEnv* env, const std::string& seg_dir, int index) {
-  auto names = env->List();
-  ASSERT_TRUE(names.ok() && !names->empty());
-  const std::string path = seg_dir + "/" + *std::min_element(names->begin(), names->end());
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0) << path;
-  uint8_t b = 0;
-  const off_t at = 5128 * index + 128 + 100;
-  ASSERT_EQ(::pread(fd, &b, 1, at), 1);
-  b ^= 0xff;
-  ASSERT_EQ(::pwrite(fd, &b, 1, at), 1);
-  ::close(fd);
-}
-
-// A batch's outcome, key by key, and the tier's counters and index after it.
-struct BatchOutcome {
-  std::vector<StatusCode> codes;
-  std::vector<std::vector<uint8_t>> values;
-  std::vector<uint64_t> versions;
-  std::vector<bool> indexed;  // Contains after the batch: false once quarantined
-  SsdStats stats;
-};
-
-constexpr int kMixedUnits = 120;                   // 5000-byte units on the device
-constexpr int kMixedCorrupted[] = {20, 100, 101};  // records flipped on the device
-
-// How a batch is read: one submission; split, the second half on the helper; split, the
-// caller taking the second half back when the helper has not begun it (the default).
-enum class SplitMode { kNone, kHelper, kTakeBack };
-
-// A tier (SplitMode) holding kMixedUnits units on the device, kMixedCorrupted among them
-// corrupted there, and two more in its write buffer. The batch reads every unit, with a key
-// never stored, a buffered unit and duplicates (of a good and of a corrupted unit) in the
-// middle.
-BatchOutcome ReadMixedBatch(DeviceEnv* env, const std::string& dir, const std::string& seg_dir,
-                            SplitMode mode) {
-  BatchOutcome out;
-  SsdOptions o;
-  o.dir = dir;
-  o.env = env;
-  o.capacity_bytes = 64ull << 20;
-  o.segment_bytes = 4ull << 20;
-  o.group_commit_ms = 3'600'000;
-  o.compression = false;
-  o.batch_get_split_reads_min = mode == SplitMode::kNone ? 0 : 2;
-  o.batch_get_take_back = mode == SplitMode::kTakeBack;
-  auto opened = SsdTier::Open(o);
-  EXPECT_TRUE(opened.ok()) << opened.status().ToString();
-  if (!opened.ok()) return out;
-  SsdTier& ssd = **opened;
-  auto meta = [](int i) {
-    SsdMeta m;
-    m.version = 100 + i;
-    return m;
-  };
-  for (int i = 0; i < kMixedUnits; ++i) {
-    EXPECT_TRUE(ssd.Put(MakeKey(i), MakeValue(MakeKey(i), 1, 5000), meta(i), nullptr).ok());
-  }
-  EXPECT_TRUE(ssd.Flush().ok());
-  for (int i : kMixedCorrupted) {
-    if (seg_dir.empty()) {
-      FlipPayloadByte(env, i);
-    } else {
-      FlipPayloadByteInFile(env, seg_dir, i);
-    }
-  }
-  for (int i = kMixedUnits; i < kMixedUnits + 2; ++i) {  // stay in the write buffer
-    EXPECT_TRUE(ssd.Put(MakeKey(i), MakeValue(MakeKey(i), 1, 5000), meta(i), nullptr).ok());
-  }
-  std::vector<Key> keys;
-  for (int i = 0; i < kMixedUnits; ++i) {
-    keys.push_back(MakeKey(i));
-    if (i == 40) keys.push_back(MakeKey(5000));                // never stored
-    if (i == 60) keys.push_back(MakeKey(kMixedUnits));         // in the write buffer
-    if (i == 80) keys.push_back(MakeKey(7));                   // a duplicate
-    if (i == 90) keys.push_back(MakeKey(kMixedCorrupted[0]));  // a corrupted duplicate
-  }
-  SsdTier::Batch batch;
-  ssd.GetBatch(keys, &batch);
-  EXPECT_EQ(batch.size(), keys.size());
-  for (size_t j = 0; j < batch.size(); ++j) {
-    out.codes.push_back(batch.result(j).code());
-    out.values.emplace_back(batch.value(j).begin(), batch.value(j).end());
-    out.versions.push_back(batch.meta(j).version);
-    out.indexed.push_back(ssd.Contains(keys[j]));
-  }
-  out.stats = ssd.GetStats();
-  return out;
-}
-
-// The split run `split` gives every key what the unsplit run `one` gave it, bit for bit.
-void CheckSameOutcome(const BatchOutcome& one, const BatchOutcome& split) {
-  ASSERT_EQ(split.codes.size(), one.codes.size());
-  int corrupted = 0, missing = 0;
-  for (size_t j = 0; j < one.codes.size(); ++j) {
-    EXPECT_EQ(split.codes[j], one.codes[j]) << j;
-    EXPECT_EQ(split.values[j], one.values[j]) << j;
-    EXPECT_EQ(split.versions[j], one.versions[j]) << j;
-    EXPECT_EQ(split.indexed[j], one.indexed[j]) << j;
-    if (split.codes[j] == StatusCode::kCorruption) {
-      ++corrupted;
-      EXPECT_TRUE(split.values[j].empty()) << j;
-      EXPECT_FALSE(split.indexed[j]) << j;
-    } else if (split.codes[j] == StatusCode::kNotFound) {
-      ++missing;
-    } else {
-      ASSERT_EQ(split.codes[j], StatusCode::kOk) << j;
-      ASSERT_GE(split.values[j].size(), 32u) << j;
-      Key k;
-      std::memcpy(k.data(), split.values[j].data(), k.size());  // MakeValue starts with its key
-      EXPECT_EQ(split.values[j], MakeValue(k, 1, 5000)) << j;
-    }
-  }
-  EXPECT_EQ(corrupted, 4);  // three records, one of them asked for twice
-  EXPECT_EQ(missing, 1);
-  EXPECT_EQ(split.stats.hits, one.stats.hits);
-  EXPECT_EQ(split.stats.hits, uint64_t{kMixedUnits + 4 - 5});
-  EXPECT_EQ(split.stats.bytes_read, one.stats.bytes_read);
-  EXPECT_EQ(split.stats.checksum_failures, one.stats.checksum_failures);
-  EXPECT_EQ(split.stats.io_errors, one.stats.io_errors);
-}
-
-// A split batch gives every key exactly what one submission gives it: the same bytes,
-// statuses (hits, a miss, a buffered unit, duplicates, corrupted records in both halves),
-// metadata, quarantines and counters.
-void CheckSplitBatchMatchesUnsplit(
-    const std::function<std::unique_ptr<DeviceEnv>(const std::string&)>& make_env, bool dir_env) {
-  BatchOutcome runs[3];
-  for (SplitMode mode : {SplitMode::kNone, SplitMode::kHelper, SplitMode::kTakeBack}) {
-    TempDir dir;
-    const std::string seg_dir = dir.path() + "/segments";
-    std::unique_ptr<DeviceEnv> env = make_env(seg_dir);
-    ASSERT_NE(env, nullptr);
-    runs[static_cast<int>(mode)] =
-        ReadMixedBatch(env.get(), dir.path(), dir_env ? seg_dir : std::string(), mode);
-  }
-  const BatchOutcome& one = runs[0];
-  ASSERT_EQ(one.codes.size(), size_t{kMixedUnits + 4});
-  EXPECT_EQ(one.stats.split_batches, 0u);
-  EXPECT_EQ(runs[1].stats.split_batches, 1u);
-  EXPECT_LE(runs[2].stats.split_batches, 1u);  // either way
-  for (int r = 1; r < 3; ++r) {
-    SCOPED_TRACE(r == 1 ? "split, helper" : "split, take back");
-    CheckSameOutcome(one, runs[r]);
-  }
-}
-
-TEST(SsdGetBatchTest, ASplitBatchMatchesOneSubmissionOnTheMemoryEnv) {
-  CheckSplitBatchMatchesUnsplit([](const std::string&) { return NewMemEnv(); },
-                                /*dir_env=*/false);
-}
-
-TEST(SsdGetBatchTest, ASplitBatchMatchesOneSubmissionOnIoUringFiles) {
-  CheckSplitBatchMatchesUnsplit(
-      [](const std::string& seg_dir) -> std::unique_ptr<DeviceEnv> {
-        DirEnvOptions d;
-        d.engine = IoEngine::kIoUring;
-        auto env = NewDirEnv(seg_dir, d);
-        EXPECT_TRUE(env.ok()) << env.status().ToString();
-        return env.ok() ? std::move(env).value() : nullptr;
-      },
-      /*dir_env=*/true);
-}
-
-// Batches from several threads at once: one at a time gets the helper, the others read
-// their whole batch themselves; every unit of every batch is exact.
-void CheckConcurrentSplitBatches(bool take_back) {
-  TempDir dir;
-  SsdOptions o;
-  o.dir = dir.path();
-  o.dir_env.engine = IoEngine::kIoUring;
-  o.capacity_bytes = 64ull << 20;
-  o.segment_bytes = 4ull << 20;
-  o.group_commit_ms = 3'600'000;
-  o.batch_get_split_reads_min = 2;
-  o.batch_get_take_back = take_back;
-  auto opened = SsdTier::Open(o);
-  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-  SsdTier& ssd = **opened;
-  constexpr int kUnits = 96;
-  for (int i = 0; i < kUnits; ++i) {
-    ASSERT_TRUE(ssd.Put(MakeKey(i), MakeValue(MakeKey(i), 1, 3000 + i), {}, nullptr).ok());
-  }
-  ASSERT_TRUE(ssd.Flush().ok());
-  constexpr int kThreads = 4, kBatches = 20;
-  std::atomic<int> bad{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int b = 0; b < kBatches; ++b) {
-        std::vector<int> ids;
-        for (int i = (t * 7 + b) % 5; i < kUnits; i += 1 + (b % 3)) ids.push_back(i);
-        std::vector<Key> keys;
-        for (int i : ids) keys.push_back(MakeKey(i));
-        SsdTier::Batch batch;
-        ssd.GetBatch(keys, &batch);
-        for (size_t j = 0; j < ids.size(); ++j) {
-          if (!batch.result(j).ok() ||
-              std::vector<uint8_t>(batch.value(j).begin(), batch.value(j).end()) !=
-                  MakeValue(MakeKey(ids[j]), 1, 3000 + ids[j])) {
-            bad.fetch_add(1);
-          }
-        }
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  EXPECT_EQ(bad.load(), 0);
-  const SsdStats st = ssd.GetStats();
-  if (!take_back) {
-    EXPECT_GE(st.split_batches, 1u);
-  }
-  EXPECT_LE(st.split_batches, uint64_t{kThreads * kBatches});
-  EXPECT_EQ(st.checksum_failures, 0u);
-}
-
-TEST(SsdGetBatchTest, ConcurrentSplitBatchesAreExact) { CheckConcurrentSplitBatches(false); }
-
-TEST(SsdGetBatchTest, ConcurrentSplitBatchesTakingHalvesBackAreExact) {
-  CheckConcurrentSplitBatches(true);
 }
 
 TEST(TierManagerGetBatchTest, ServesEveryTierAndReportsMisses) {

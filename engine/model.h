@@ -184,9 +184,11 @@ struct StepTrace {
 struct AttnInputCapture {
   std::vector<int> layers;         // set by the caller
   int64_t from_pos = 0;            // set by the caller: positions below are not recorded
+  bool record_normed = true;       // set by the caller: false leaves `normed` empty
   std::vector<int64_t> first_pos;  // per listed layer
   // Per listed layer: the mean of the hc copies of the sublayer's input stream (D per token),
-  // and the attention's normalised input xa (D per token).
+  // and the attention's normalised input xa (D per token; speculative rollback's, the draft
+  // reads only stream_mean).
   std::vector<std::vector<float>> stream_mean;
   std::vector<std::vector<float>> normed;
   // Index of `layer` in layers, or -1.

@@ -14,7 +14,7 @@ double Sampler::NextUniform() {
   return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);
 }
 
-int Sampler::Nucleus(const std::vector<float>& logits, std::vector<double>* p,
+int Sampler::Nucleus(std::span<const float> logits, std::vector<double>* p,
                      std::vector<int32_t>* order) const {
   const int n = static_cast<int>(logits.size());
   const double mx = *std::max_element(logits.begin(), logits.end());
@@ -39,7 +39,7 @@ int Sampler::Nucleus(const std::vector<float>& logits, std::vector<double>* p,
   return keep;
 }
 
-int32_t Sampler::Sample(const std::vector<float>& logits) {
+int32_t Sampler::Sample(std::span<const float> logits) {
   const int n = static_cast<int>(logits.size());
   if (n == 0) return -1;
   if (temperature_ <= 0) {
@@ -58,7 +58,7 @@ int32_t Sampler::Sample(const std::vector<float>& logits) {
   return order[keep - 1];
 }
 
-std::vector<double> Sampler::Probabilities(const std::vector<float>& logits) const {
+std::vector<double> Sampler::Probabilities(std::span<const float> logits) const {
   const int n = static_cast<int>(logits.size());
   std::vector<double> out(n, 0.0);
   if (n == 0) return out;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace kvtier::engine {
@@ -14,11 +15,11 @@ class Sampler {
   // temperature <= 0: greedy (argmax, ties to the lowest id). top_p in (0, 1].
   Sampler(double temperature, double top_p, uint64_t seed)
       : temperature_(temperature), top_p_(top_p), state_(seed) {}
-  int32_t Sample(const std::vector<float>& logits);
+  int32_t Sample(std::span<const float> logits);
   // The distribution Sample draws from (speculative verification, engine/speculative.h):
   // greedy: one-hot at the argmax; otherwise softmax(logits / temperature) restricted to the
   // top-p nucleus (same order and cut as Sample) and renormalised.
-  std::vector<double> Probabilities(const std::vector<float>& logits) const;
+  std::vector<double> Probabilities(std::span<const float> logits) const;
   // A draw from `p` (non-negative, any positive sum); the last positive id when rounding runs
   // past the end. -1 when p has no positive entry.
   int32_t SampleFrom(const std::vector<double>& p);
@@ -29,7 +30,7 @@ class Sampler {
  private:
   // Non-greedy: p[i] = exp((logits[i] - max) / temperature) and the ids by descending p
   // (stable); returns how many of them the top-p nucleus keeps (at least 1). n > 0.
-  int Nucleus(const std::vector<float>& logits, std::vector<double>* p,
+  int Nucleus(std::span<const float> logits, std::vector<double>* p,
               std::vector<int32_t>* order) const;
 
   double temperature_;

@@ -349,6 +349,7 @@ SpeculativeDecoder::SpeculativeDecoder(Engine* engine, const DSpark* draft,
   backlog_.layers = draft->target_layers();
   backlog_.Clear();
   step_capture_.layers = draft->target_layers();
+  step_capture_.record_normed = false;  // the draft's context reads stream_mean only
   step_capture_.Clear();
   stats_.chosen_b.assign(draft->dconfig().block_size + 1, 0);
 }
@@ -701,13 +702,12 @@ Status SpeculativeDecoder::Accept(SequenceState* st, const DraftResult& d, int B
   const bool greedy = sampler_->greedy();
   const int V = engine_->config().vocab_size;
   auto row = [&](int k) {
-    return std::vector<float>(logits + static_cast<int64_t>(k) * V,
-                              logits + static_cast<int64_t>(k + 1) * V);
+    return std::span<const float>(logits + static_cast<int64_t>(k) * V, static_cast<size_t>(V));
   };
   int a = 0;
   int32_t bonus = -1;
   for (; a < B; ++a) {
-    const std::vector<float> r = row(a);
+    const std::span<const float> r = row(a);
     const int32_t dk = d.tokens[a];
     if (greedy) {
       const int32_t t = sampler_->Sample(r);
@@ -726,7 +726,7 @@ Status SpeculativeDecoder::Accept(SequenceState* st, const DraftResult& d, int B
     break;
   }
   if (bonus < 0) {
-    const std::vector<float> r = row(B);
+    const std::span<const float> r = row(B);
     bonus = greedy ? sampler_->Sample(r) : sampler_->SampleFrom(sampler_->Probabilities(r));
   }
   const int64_t keep = n + 1 + a;

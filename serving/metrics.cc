@@ -117,6 +117,13 @@ void ServingMetrics::SpecRound(const std::vector<uint64_t>& drafted,
   }
   if (any == 0) ++spec_rounds_undrafted_;
 }
+void ServingMetrics::SpecRoundUndrafted(uint64_t sequences) {
+  std::lock_guard l(mu_);
+  ++spec_rounds_;
+  ++spec_rounds_undrafted_;
+  spec_verifications_ += sequences;
+  spec_draft_length_[0] += sequences;
+}
 void ServingMetrics::Resume(bool hit, bool hot) {
   std::lock_guard l(mu_);
   ++resumes_;

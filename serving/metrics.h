@@ -50,6 +50,9 @@ class ServingMetrics {
   // and rounds that then verified no draft token included).
   void SpecRound(const std::vector<uint64_t>& drafted, const std::vector<uint64_t>& accepted,
                  uint64_t draft_passes = 0);
+  // The same for a round of `sequences` sequences that drafted nothing (SpecRound with that
+  // many zeros, without building them: the usual round when drafting does not pay).
+  void SpecRoundUndrafted(uint64_t sequences);
   void Resume(bool from_daemon_hit, bool hot_state);  // an admission that asked kvtierd
   void ResidentHit();                                 // an admission served from the pool
   void SwapOut();                                     // an idle sequence saved and dropped

@@ -306,7 +306,10 @@ Status Scheduler::Start(Seq* seq, Pending& p, bool* fetched) {
   seq->sampler.emplace(seq->params.temperature, seq->params.top_p, seq->params.seed);
   seq->usage.prompt_tokens = static_cast<int64_t>(prompt.size());
   seq->reserved = prompt.size() + seq->params.max_tokens;
-  if (options_.draft != nullptr) seq->capture.layers = options_.draft->target_layers();
+  if (options_.draft != nullptr) {
+    seq->capture.layers = options_.draft->target_layers();
+    seq->capture.record_normed = false;  // the draft's context reads stream_mean only
+  }
 
   // 1. A resident idle sequence of the same tenant whose tokens prefix the prompt.
   auto best = idle_.end();
@@ -546,13 +549,12 @@ void Scheduler::StepActive() {
     if (ds.ok() && timed)
       draft_scheduler_->Record(static_cast<int>(undrafted_rows), draft_scheduler_->Now() - c0);
     tokens += static_cast<int64_t>(decoding.size()) + prefill_tokens;
-    std::vector<uint64_t> zeros;
+    std::vector<int32_t> out;
     for (size_t i = 0; i < run.size(); ++i) {
       Status si = ds;
       if (i < undrafted_rows) {
-        std::vector<int32_t> out;
+        out.clear();
         if (si.ok()) si = run[i]->spec->FinishStep(&run[i]->state, logits[i], &out);
-        zeros.push_back(0);
         if (si.ok() && EndSpecRound(run[i], out, before[i], &done_stop, &done_length, &si))
           continue;
         failed.push_back(run[i]);
@@ -572,7 +574,7 @@ void Scheduler::StepActive() {
         errors.push_back(si);
       }
     }
-    if (!zeros.empty()) metrics_->SpecRound(zeros, zeros);
+    if (undrafted_rows > 0) metrics_->SpecRoundUndrafted(undrafted_rows);
   }
   metrics_->Step(static_cast<int64_t>(decoding.size() + chunked.size()) + spec_sequences, tokens,
                  prefill_tokens);
@@ -628,18 +630,18 @@ void Scheduler::SpecRound(const std::vector<Seq*>& batch, std::vector<Seq*>* don
   }
   if (round.empty()) return;
   std::vector<engine::SpeculativeDecoder*> decs;
+  for (Seq* s : round) decs.push_back(s->spec.get());
+  if (!engine::SpeculativeDecoder::DraftsRound(decs)) {
+    *undrafted = std::move(round);
+    return;
+  }
   std::vector<engine::SequenceState*> states;
   std::vector<int64_t> n;
   std::vector<engine::SpeculativeStats> before;
   for (Seq* s : round) {
-    decs.push_back(s->spec.get());
     states.push_back(&s->state);
     n.push_back(static_cast<int64_t>(s->state.tokens.size()));
     before.push_back(s->spec->stats());
-  }
-  if (!engine::SpeculativeDecoder::DraftsRound(decs)) {
-    *undrafted = round;
-    return;
   }
   *sequences += static_cast<int64_t>(round.size());
   std::vector<std::vector<int32_t>> outs(round.size());

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "engine/dspark.h"
 #include "engine/sampler.h"
@@ -222,6 +223,46 @@ TEST(AttnInputCapture, FromPosKeepsOnlyTheTail) {
                            full.stream_mean[i].end() - 16 * D));
     EXPECT_TRUE(
         std::equal(tail.normed[i].begin(), tail.normed[i].end(), full.normed[i].end() - 16 * D));
+  }
+}
+
+// Record's stream mean, four elements at a time, equals the scalar sum of the copies in order
+// divided by hc bit for bit (dims with and without a tail of fewer than 4), and
+// record_normed = false leaves normed empty.
+TEST(AttnInputCapture, RecordMeansTheCopiesBitForBitAsTheScalarLoop) {
+  uint64_t z = 7;
+  auto next = [&] {  // floats of mixed magnitudes and signs, zeros included
+    z = z * 6364136223846793005ULL + 1442695040888963407ULL;
+    const int e = static_cast<int>((z >> 40) % 40) - 20;
+    return (z >> 63 ? -1.0f : 1.0f) *
+           ((z >> 33) % 7 == 0 ? 0.0f : std::ldexp(1.0f + (z >> 41) % 997 / 997.0f, e));
+  };
+  for (const auto& [hc, dim] :
+       {std::pair{4, 64}, std::pair{3, 6}, std::pair{1, 3}, std::pair{5, 9}}) {
+    const int n = 3;
+    std::vector<float> x(static_cast<size_t>(n) * hc * dim), xa(static_cast<size_t>(n) * dim);
+    for (float& v : x) v = next();
+    for (float& v : xa) v = next();
+    for (const bool normed : {true, false}) {
+      AttnInputCapture cap;
+      cap.layers = {5};
+      cap.record_normed = normed;
+      cap.Clear();
+      cap.Record(5, 10, n, hc, dim, x.data(), xa.data());
+      ASSERT_EQ(cap.first_pos[0], 10);
+      ASSERT_EQ(cap.stream_mean[0].size(), x.size() / hc);
+      for (int t = 0; t < n; ++t) {
+        for (int d = 0; d < dim; ++d) {
+          float acc = 0.0f;
+          for (int c = 0; c < hc; ++c) acc += x[(static_cast<size_t>(t) * hc + c) * dim + d];
+          const float want = acc / static_cast<float>(hc);
+          const float got = cap.stream_mean[0][static_cast<size_t>(t) * dim + d];
+          EXPECT_EQ(std::memcmp(&got, &want, 4), 0) << "hc " << hc << " dim " << dim << " t " << t
+                                                    << " d " << d << ": " << got << " != " << want;
+        }
+      }
+      EXPECT_EQ(cap.normed[0], normed ? xa : std::vector<float>()) << "hc " << hc;
+    }
   }
 }
 

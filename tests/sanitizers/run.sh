@@ -52,6 +52,21 @@ if [[ ${SANITIZE_BUILD:-1} != 0 ]]; then
   echo "run.sh: $preset build took $((SECONDS - start)) s"
 fi
 
+# tsan.supp hides reports through RocksDB's own, uninstrumented copy of
+# std::unordered_set<std::string>::find (its entry says why). That is sound only while no kvtier
+# code uses that instantiation: its frames would be hidden too. Its mangled name is in every
+# object that calls it, inlined or not (symbol table or debug info).
+if [[ $preset == tsan ]]; then
+  find_sym='St10_HashtableINSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEES5_SaIS5_ENSt8__detail9_IdentityESt8equal_toIS5_ESt4hashIS5_ENS7_18_Mod_range_hashingENS7_20_Default_ranged_hashENS7_20_Prime_rehash_policyENS7_17_Hashtable_traitsILb1ELb1ELb1EEEE4find'
+  users=$(grep -rlaF --include='*.o' "$find_sym" "$build")
+  if [[ -n $users ]]; then
+    echo "run.sh: kvtier code uses std::unordered_set<std::string>::find, which tsan.supp" \
+      "suppresses for RocksDB's sake; use another set type there or revisit the entry:" >&2
+    echo "$users" >&2
+    exit 1
+  fi
+fi
+
 rm -rf "$reports" && mkdir -p "$reports"
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}log_path=$reports/asan"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:+$UBSAN_OPTIONS:}log_path=$reports/ubsan"

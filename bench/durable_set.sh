@@ -8,10 +8,15 @@
 # Usage: bench/durable_set.sh [KVTIERD] [REQUESTS=20000] [ROUNDS=3]
 #   KVTIERD defaults to build/release/cache_daemon/kvtierd. Each value size is measured
 #   ROUNDS times, kvtierd and redis-server alternating; the medians and their ratio
-#   (kvtierd / redis-server, goal >= 1.0) are printed, with the SSD commits kvtierd made.
+#   (kvtierd / redis-server, goal >= 1.0) are printed, with the SETs per SSD commit kvtierd
+#   made, kvtierd's CPU time (utime + stime, /proc/<pid>/stat) and voluntary context switches
+#   (all its threads, /proc/<pid>/task/*/status) per SET over its rounds, and redis-server's
+#   CPU time per SET over its own.
 # Environment: KVTIER_BENCH_DIR (default: a new directory under ${TMPDIR:-/tmp}),
 #   KVTIER_IO_THREADS (kvtierd [server] io_threads, default 16, kept for comparable runs;
-#   SETs under sync no longer wait on an I/O thread: docs/RESP.md "Durable SETs under sync"),
+#   SETs under sync no longer wait on an I/O thread: docs/RESP.md "Durable SETs under sync";
+#   kvtierd's own default is 2, which costs about half the context switches and a sixth less
+#   CPU per SET here: docs/PERFORMANCE.md "Durable SET: CPU per SET"),
 #   KVTIER_COMMIT_DELAY_US (kvtierd [storage] ssd_commit_delay_us; unset: kvtierd's default).
 # Needs redis-server, redis-benchmark, curl and python3. Reports only; asserts nothing.
 set -euo pipefail
@@ -82,6 +87,16 @@ set_ops() {
     awk -F'"' '$2 == "SET" { print $4 }'
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# A process's CPU time so far in microseconds (utime + stime: fields 14 and 15 of its stat).
+cpu_us() {
+  awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.0f\n", ($12 + $13) * 1e6 / hz }' \
+    "/proc/$1/stat"
+}
+# Voluntary context switches of all kvtierd's threads so far.
+vcsw() {
+  cat /proc/"$KV_PID"/task/*/status 2>/dev/null |
+    awk '$1 == "voluntary_ctxt_switches:" { n += $2 } END { print n + 0 }'
+}
 metric() {
   curl -fsS "http://127.0.0.1:$KV_HTTP/metrics" | awk -v m="$1" '$1 == m { print $2 }'
 }
@@ -90,20 +105,34 @@ echo "== durable SET: redis-benchmark -n $REQUESTS -c $CLIENTS -P 1 -r 100000 -t
   "$ROUNDS round(s), medians =="
 echo "kvtierd: durability=sync, io_threads=$IO_THREADS; redis-server: appendonly yes, appendfsync always"
 echo "data under $DIR ($(df -PT "$DIR" | awk 'NR == 2 { print $2 }'))"
-printf '%-8s %14s %14s %8s %14s\n' value "kvtierd ops/s" "redis ops/s" ratio "kv sets/commit"
+printf '%-8s %14s %14s %8s %14s %14s %12s %16s\n' value "kvtierd ops/s" "redis ops/s" ratio \
+  "kv sets/commit" "kv cpu us/set" "kv vcsw/set" "redis cpu us/set"
 for bytes in 1024 57000; do
   kv=()
   rv=()
   commits0=$(metric kvtier_ssd_commits_total || echo 0)
+  cpu=0
+  csw=0
+  rcpu=0
   for _ in $(seq 1 "$ROUNDS"); do
+    c0=$(cpu_us "$KV_PID")
+    s0=$(vcsw)
     kv+=("$(set_ops "$KV_PORT" "$bytes")")
+    c1=$(cpu_us "$KV_PID")
+    s1=$(vcsw)
+    cpu=$((cpu + c1 - c0))
+    csw=$((csw + s1 - s0))
+    c0=$(cpu_us "$REDIS_PID")
     rv+=("$(set_ops "$REDIS_PORT" "$bytes")")
+    c1=$(cpu_us "$REDIS_PID")
+    rcpu=$((rcpu + c1 - c0))
   done
   commits1=$(metric kvtier_ssd_commits_total || echo 0)
   k=$(printf '%s\n' "${kv[@]}" | median)
   r=$(printf '%s\n' "${rv[@]}" | median)
   awk -v b="$bytes" -v k="$k" -v r="$r" -v n="$((REQUESTS * ROUNDS))" \
-    -v c="$((commits1 - commits0))" 'BEGIN {
-      printf "%-8s %14.0f %14.0f %8.2f %14.1f\n", b, k, r, (r > 0 ? k / r : 0), (c > 0 ? n / c : 0)
+    -v c="$((commits1 - commits0))" -v cpu="$cpu" -v csw="$csw" -v rcpu="$rcpu" 'BEGIN {
+      printf "%-8s %14.0f %14.0f %8.2f %14.1f %14.0f %12.2f %16.0f\n", b, k, r, (r > 0 ? k / r : 0),
+        (c > 0 ? n / c : 0), cpu / n, csw / n, rcpu / n
     }'
 done

@@ -424,10 +424,10 @@ void AttnInputCapture::Record(int layer, int64_t p0, int n, int hc, int dim, con
   std::vector<float>& m = stream_mean[i];
   const size_t m0 = m.size();
   m.resize(m0 + static_cast<size_t>(n) * dim);  // the new rows are 0.0f
-  // Per element: 0, plus copy 0, 1, ..., hc - 1 in that order, divided by hc; the copies are
-  // summed into y one after another, four elements at a time with the GCC/Clang vector
-  // extension (as Axpy, ops.cc): elementwise, so each element's rounding is that of the
-  // scalar sum; -O2 does not vectorise the scalar loop (its trip counts are runtime values).
+  // Per element: 0, plus copy 0, 1, ..., hc - 1 in that order, divided by hc. Axpy with a = 1
+  // adds a copy four elements at a time with the rounding of the scalar `y[d] += x[d]` (1 * x is
+  // exact); -O2 leaves the scalar loops unvectorised (their trip counts are runtime values), so
+  // the division is four-wide too, elementwise and therefore bit-identical to `y[d] /= hc`.
   typedef float V4 __attribute__((vector_size(16)));
   const float h = static_cast<float>(hc);
   const V4 hv = {h, h, h, h};
@@ -435,17 +435,7 @@ void AttnInputCapture::Record(int layer, int64_t p0, int n, int hc, int dim, con
   for (int t = 0; t < n; ++t) {
     float* y = m.data() + m0 + static_cast<size_t>(t) * dim;
     const float* xt = x + static_cast<int64_t>(t) * hc * dim;
-    for (int c = 0; c < hc; ++c) {
-      const float* xc = xt + static_cast<int64_t>(c) * dim;
-      for (int d = 0; d < d4; d += 4) {
-        V4 a, b;
-        std::memcpy(&a, y + d, sizeof a);
-        std::memcpy(&b, xc + d, sizeof b);
-        a += b;
-        std::memcpy(y + d, &a, sizeof a);
-      }
-      for (int d = d4; d < dim; ++d) y[d] += xc[d];
-    }
+    for (int c = 0; c < hc; ++c) Axpy(1.0f, xt + static_cast<int64_t>(c) * dim, dim, y);
     for (int d = 0; d < d4; d += 4) {
       V4 a;
       std::memcpy(&a, y + d, sizeof a);

@@ -43,6 +43,17 @@ import threading
 import time
 
 
+def sse_events(response):
+    """The JSON events of a completion's server-sent-event stream, in order, up to [DONE]."""
+    for line in response:
+        if not line.startswith(b"data: "):
+            continue
+        data = line[6:].strip()
+        if data == b"[DONE]":
+            return
+        yield json.loads(data)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,15 +109,9 @@ class Server:
             j = json.loads(r.read())
             return j["usage"], None, time.monotonic() - t0
         first, usage = None, None
-        for line in r:
-            if not line.startswith(b"data: "):
-                continue
+        for j in sse_events(r):
             if first is None:
                 first = time.monotonic() - t0
-            data = line[6:].strip()
-            if data == b"[DONE]":
-                break
-            j = json.loads(data)
             if j.get("usage"):
                 usage = j["usage"]
         return usage, first, time.monotonic() - t0
@@ -119,13 +124,7 @@ class Server:
         r = c.getresponse()
         if r.status != 200:
             raise RuntimeError("HTTP %d: %s" % (r.status, r.read()[:300]))
-        for line in r:
-            if not line.startswith(b"data: "):
-                continue
-            data = line[6:].strip()
-            if data == b"[DONE]":
-                break
-            j = json.loads(data)
+        for j in sse_events(r):
             if j.get("choices") and j["choices"][0].get("text"):
                 times.append(time.monotonic())
 

@@ -26,6 +26,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_bench import sse_events  # noqa: E402
+
 PROMPT = ("The quick brown fox jumps over the lazy dog while the cache tiers hold the keys "
           "and values of every session. ")
 
@@ -68,13 +71,7 @@ def main():
         r = c.getresponse()
         if r.status != 200:
             sys.exit("HTTP %d: %s" % (r.status, r.read()[:300]))
-        for line in r:
-            if not line.startswith(b"data: "):
-                continue
-            data = line[6:].strip()
-            if data == b"[DONE]":
-                break
-            j = json.loads(data)
+        for j in sse_events(r):
             if j.get("usage"):
                 tokens += j["usage"]["completion_tokens"]
             if j.get("choices"):

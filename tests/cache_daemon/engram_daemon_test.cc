@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "cache_daemon/client.h"
 #include "cache_daemon/daemon.h"
@@ -298,6 +300,70 @@ TEST_F(EngramDaemonTest, GrantThenReadRowsBitForBitAndRefusals) {
     EXPECT_EQ(metrics.find(hex), std::string::npos);
   }
   EXPECT_EQ(text.find("tok-alice"), std::string::npos);
+}
+
+// Shutdown while row clients read on several connections, half of them hanging up at the
+// same moment, and a native client sends requests: the row server's sessions run on the
+// daemon's two I/O threads, so before each ran on a strand a client's hang-up and Stop()
+// closed one socket on two threads at once (SIGSEGV in the reactor). Several rounds, each
+// a fresh daemon.
+TEST_F(EngramDaemonTest, ShutdownWhileRowClientsReadAndHangUpIsClean) {
+  constexpr int kRounds = 8;
+  constexpr int kReaders = 8;
+  const uint32_t stride = rdma::EngramRowBytes(kRowDim);
+  for (int round = 0; round < kRounds; ++round) {
+    Start();
+    auto alice = Connect("tok-alice");
+    ASSERT_NE(alice, nullptr);
+    auto g = alice->EngramGrant({}, 0);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    std::vector<std::pair<std::unique_ptr<rdma::TcpTransport>, rdma::RegionId>> conns;
+    for (int i = 0; i < kReaders; ++i) {
+      auto t = Transport();
+      ASSERT_NE(t, nullptr);
+      auto info = t->OpenRegion(Creds(g->regions[0], "alice"));
+      ASSERT_TRUE(info.ok()) << info.status().ToString();
+      conns.emplace_back(std::move(t), info->id);
+    }
+    std::atomic<bool> go{false};
+    std::atomic<int> reads_ok{0};
+    std::vector<std::thread> readers;
+    for (int i = 0; i < kReaders; ++i) {
+      readers.emplace_back([&, i, t = std::move(conns[i].first), id = conns[i].second]() mutable {
+        std::vector<uint8_t> buf(4 * stride);
+        if (!t->RegisterLocalBuffer(buf.data(), buf.size()).ok()) return;
+        for (uint64_t n = 0;; ++n) {
+          if (i % 2 == 0 && go.load()) return t.reset();  // hangs up during the shutdown
+          std::vector<rdma::ReadOp> ops;
+          for (uint64_t k = 0; k < 4; ++k) {
+            const uint64_t row = (n * 4 + k) % 100;
+            ops.push_back({id, row * stride, stride, buf.data() + k * stride});
+          }
+          if (!rdma::ReadSync(*t, ops).ok()) return;  // the server closed the connection
+          reads_ok.fetch_add(1);
+        }
+      });
+    }
+    std::thread native([&] {
+      while (!go.load()) {
+        if (!alice->EngramReport(wire::EngramReport{.transport = "tcp"}).ok()) return;
+      }
+      (void)alice->EngramReport(wire::EngramReport{.transport = "tcp"});
+    });
+    for (int i = 0; i < 10000 && reads_ok.load() < kReaders; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    go.store(true);
+    daemon_->Shutdown();
+    EXPECT_TRUE(daemon_->Wait().ok());
+    for (auto& r : readers) r.join();
+    native.join();
+    daemon_.reset();
+    int fd = kt::ConnectTcp(port_);  // the row server is closed
+    EXPECT_LT(fd, 0) << "round " << round;
+    if (fd >= 0) ::close(fd);
+    if (HasFailure()) return;
+  }
 }
 
 TEST_F(EngramDaemonTest, ReportsAreSummedPerTenantAndTransportAndPassPromtool) {

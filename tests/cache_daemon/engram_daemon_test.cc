@@ -11,11 +11,15 @@
 
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -145,9 +149,28 @@ class EngramDaemonTest : public ::testing::Test {
     return Daemon::Start(o, std::make_unique<kt::FakeTierManager>(), std::move(tenants), nullptr);
   }
 
+  // Starts a daemon on Options() as changed by `adjust`, with an HTTP front when `http`.
+  // When another process bound one of the ports first (FreePort() only finds ports free a
+  // moment ago), picks new ones, rewrites shards.toml and tries again.
+  StatusOr<std::unique_ptr<Daemon>> StartRetrying(
+      bool http, const std::function<void(DaemonOptions*)>& adjust = nullptr) {
+    for (int attempt = 1;; ++attempt) {
+      http_port_ = http ? kt::FreePort() : 0;
+      DaemonOptions o = Options();
+      if (adjust) adjust(&o);
+      StatusOr<std::unique_ptr<Daemon>> d = StartWith(o);
+      if (d.ok() || attempt == kt::kAddressInUseAttemptsMax ||
+          !kt::AddressInUse(d.status().message())) {
+        return d;
+      }
+      port_ = kt::FreePort();
+      other_port_ = kt::FreePort();
+      WriteShards("engram.l1.s0", port_, "engram.l1.s1", other_port_);
+    }
+  }
+
   void Start() {
-    http_port_ = kt::FreePort();
-    auto d = StartWith(Options());
+    auto d = StartRetrying(/*http=*/true);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     daemon_ = std::move(d).value();
   }
@@ -366,6 +389,51 @@ TEST_F(EngramDaemonTest, ShutdownWhileRowClientsReadAndHangUpIsClean) {
   }
 }
 
+// The fixture's port handling: a row port another process binds between FreePort() and the
+// daemon's start is replaced (new ports, shards.toml rewritten) instead of failing the test.
+TEST_F(EngramDaemonTest, StartPicksNewPortsWhenTheRowPortIsTaken) {
+  const uint16_t taken = port_;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(taken);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << std::strerror(errno);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  Start();
+  ::close(fd);
+  ASSERT_NE(daemon_, nullptr);
+  EXPECT_NE(port_, taken);
+  auto alice = Connect("tok-alice");
+  ASSERT_NE(alice, nullptr);
+  auto g = alice->EngramGrant({}, 0);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->endpoint, "127.0.0.1:" + std::to_string(port_));
+  ASSERT_EQ(g->regions.size(), 1u);
+  auto t = Transport();
+  ASSERT_NE(t, nullptr);
+  EXPECT_TRUE(t->OpenRegion(Creds(g->regions[0], "alice")).ok());
+}
+
+// FreePort(): distinct ports within a process, none from the kernel's ephemeral range (which
+// any outgoing connection on the host may take before the caller binds).
+TEST(FreePortTest, PortsAreDistinctAndBelowTheEphemeralRange) {
+  unsigned low = 32768, high = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    ASSERT_EQ(std::fscanf(f, "%u %u", &low, &high), 2);
+    std::fclose(f);
+  }
+  if (low <= kt::kFreePortLow + 1000u) GTEST_SKIP() << "no room below the ephemeral range";
+  std::set<uint16_t> seen;
+  for (int i = 0; i < 200; ++i) {
+    const uint16_t p = kt::FreePort();
+    EXPECT_GE(p, kt::kFreePortLow);
+    EXPECT_LT(p, low);
+    EXPECT_TRUE(seen.insert(p).second) << p << " handed out twice";
+  }
+}
+
 TEST_F(EngramDaemonTest, ReportsAreSummedPerTenantAndTransportAndPassPromtool) {
   Start();
   auto alice = Connect("tok-alice");
@@ -489,11 +557,7 @@ TEST_F(EngramDaemonTest, StartupFailsClearlyForBadEngramDirectories) {
 TEST_F(EngramDaemonTest, GrantLimitsAndDisabledServing) {
   // Serving off: ENGRAM_GRANT is NotFound, reports are still accepted.
   {
-    DaemonOptions o = Options();
-    o.engram.enabled = false;
-    http_port_ = 0;
-    o.http_port = 0;
-    auto d = StartWith(o);
+    auto d = StartRetrying(/*http=*/false, [](DaemonOptions* o) { o->engram.enabled = false; });
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     auto c = Connect("tok-alice");
     ASSERT_NE(c, nullptr);
@@ -504,9 +568,8 @@ TEST_F(EngramDaemonTest, GrantLimitsAndDisabledServing) {
     (*d)->Shutdown();
     EXPECT_TRUE((*d)->Wait().ok());
   }
-  DaemonOptions o = Options();
-  o.engram.grants_per_tenant_max = 2;
-  auto d = StartWith(o);
+  auto d =
+      StartRetrying(/*http=*/false, [](DaemonOptions* o) { o->engram.grants_per_tenant_max = 2; });
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   daemon_ = std::move(d).value();
   auto alice = Connect("tok-alice");

@@ -7,6 +7,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -514,6 +515,7 @@ namespace {
 // accepted socket gets a strand of its own, its session's).
 void Accept(std::shared_ptr<RowServer::State> state, asio::io_context* io) {
   tcp::acceptor* acceptor = state->acceptor.get();
+  if (acceptor == nullptr) return;  // stopped (Stop() frees it on this strand)
   acceptor->async_accept(
       asio::make_strand(*io), [state, io](const boost::system::error_code& ec, tcp::socket socket) {
         if (ec == asio::error::operation_aborted) return;
@@ -713,22 +715,51 @@ struct ClosedSignal {
   ~ClosedSignal() { promise.set_value(); }
 };
 
+// Frees the acceptor and the sweep timer when the last reference goes: after Stop()'s close
+// ran on their strand, or when the io_context is destroyed without running it. Either way
+// before the io_context's services go: the strand they hold unregisters from its service
+// when freed, so neither may outlive the io_context (kvtierd destroys its io_context before
+// the EngramServing that owns this server).
+class StrandObjectsRelease {
+ public:
+  explicit StrandObjectsRelease(std::shared_ptr<RowServer::State> state)
+      : state_(std::move(state)) {}
+  StrandObjectsRelease(const StrandObjectsRelease&) = delete;
+  StrandObjectsRelease& operator=(const StrandObjectsRelease&) = delete;
+  ~StrandObjectsRelease() {
+    std::unique_ptr<tcp::acceptor> acceptor;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      acceptor = std::move(state_->acceptor);
+    }
+#ifdef KVTIER_WITH_RDMA
+    // Not just cancel(): a sweep that already expired would run and re-arm, keeping the
+    // io_context busy for ever. With the timer gone, SweepRegistrationsLater stops.
+    state_->registration_sweep.reset();
+#endif
+  }
+
+ private:
+  std::shared_ptr<RowServer::State> state_;
+};
+
 }  // namespace
 
 void RowServer::Stop() {
-  tcp::acceptor* acceptor = nullptr;
+  std::optional<tcp::acceptor::executor_type> strand;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->io == nullptr) return;
     state_->io = nullptr;
-    acceptor = state_->acceptor.get();  // freed only below, after the close ran
+    strand = state_->acceptor->get_executor();  // set with io; freed by `release` below
   }
   auto state = state_;
   auto closed = std::make_shared<ClosedSignal>();
   std::future<void> done = closed->promise.get_future();
+  auto release = std::make_shared<StrandObjectsRelease>(state_);
   // On the acceptor's strand (serialized with its accept handler and the sweep); each
   // session is closed on its own strand.
-  asio::post(acceptor->get_executor(), [state, closed] {
+  asio::post(*strand, [state, closed, release] {
     std::list<std::weak_ptr<RowServerSession>> sessions;
     {
       std::lock_guard<std::mutex> lock(state->mu);
@@ -739,19 +770,14 @@ void RowServer::Stop() {
     for (auto& weak : sessions) {
       if (auto s = weak.lock()) asio::post(s->executor(), [s, closed] { s->Close(); });
     }
-#ifdef KVTIER_WITH_RDMA
-    // Not just cancel(): a sweep that already expired would run and re-arm, keeping the
-    // io_context busy for ever. With the timer gone, SweepRegistrationsLater stops.
-    state->registration_sweep.reset();
-#endif
   });
   closed.reset();
+  release.reset();
+  strand.reset();
   if (state_->own_io != nullptr) {
     done.wait();
     state_->work.reset();
     state_->thread.join();
-    std::lock_guard<std::mutex> lock(state_->mu);
-    state_->acceptor.reset();
     state_->own_io.reset();
   } else {
     // Embedded: the caller's io_context runs the close; wait briefly for it.

@@ -4,7 +4,8 @@
 // verbs registration sweep) at once. Before each connection's handlers and Stop()'s closes
 // ran on one strand, a client's EOF (the session closing itself) and Stop() closing every
 // session could close one socket on two threads at once, and Stop() could destroy the sweep
-// timer while its handler re-armed it on another thread: heap corruption, SIGSEGV.
+// timer while its handler re-armed it on another thread: heap corruption, SIGSEGV. The
+// io_context is destroyed before the server (kvtierd's order).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -63,8 +64,6 @@ TEST(RowServerEmbeddedTest, StopWhileClientsCloseOnManyIoThreadsIsClean) {
   testing::TempDir dir;
   const std::string path = testing::MakeTable(dir, "t.engram", 0, kRows, kRowDim);
   for (int round = 0; round < kRounds; ++round) {
-    asio::io_context io;
-    auto work = asio::make_work_guard(io);
     RowServerOptions o;
     o.verbs_grant_check_ms = 1;  // the registration sweep (RDMA builds) fires all the time
     // Every other round, reads wait on the session's timer: Stop() closes sessions whose
@@ -74,6 +73,10 @@ TEST(RowServerEmbeddedTest, StopWhileClientsCloseOnManyIoThreadsIsClean) {
     ASSERT_TRUE(server.RegisterTable("engram.t", path).ok());
     auto token = server.IssueGrant("engram.t", "tenant-a", 60000);
     ASSERT_TRUE(token.ok());
+    // Declared after the server, so destroyed first, as in kvtierd (whose io_context goes
+    // before its EngramServing): nothing of the server may still need it then.
+    asio::io_context io;
+    auto work = asio::make_work_guard(io);
     ASSERT_TRUE(server.Start(io).ok());
     const uint16_t port = server.port();
     std::vector<std::thread> io_threads;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <random>
 #include <set>
@@ -37,9 +38,13 @@ inline bool PortBindable(uint16_t port) {
 inline constexpr uint16_t kFreePortLow = 10000;
 // Random candidates FreePort() tries before falling back to a kernel-chosen port.
 inline constexpr int kFreePortTriesMax = 1000;
+// FreePort() never repeats one of the last this-many ports it handed out in this process
+// (a window, not all of them: a long --gtest_repeat run would exhaust the range).
+inline constexpr size_t kFreePortRecentMax = 1024;
 
 // A loopback TCP port that was free a moment ago, for a server the caller starts next.
-// Never one this process got before (so a fixture's ports are distinct), and chosen at
+// Never one of the last kFreePortRecentMax this process got (so a fixture's ports are
+// distinct), and chosen at
 // random below the kernel's ephemeral range (net.ipv4.ip_local_port_range): a port from
 // bind(0) is one the kernel hands out again to any outgoing connection or bind(0) on the
 // host, so on a busy host (parallel ctest) another process took it before the server bound
@@ -49,9 +54,19 @@ inline constexpr int kFreePortTriesMax = 1000;
 // to bind(0) when the range leaves no room below it. Thread-safe.
 inline uint16_t FreePort() {
   static std::mutex mu;
-  static std::set<uint16_t> given;  // protected by mu
+  static std::deque<uint16_t> recent;  // the last handed out, oldest first; protected by mu
+  static std::set<uint16_t> given;     // the ports in `recent`; protected by mu
   static std::mt19937 rng(std::random_device{}() ^ static_cast<uint32_t>(::getpid()));
   std::lock_guard<std::mutex> lock(mu);
+  auto hand_out = [&](uint16_t port) {
+    recent.push_back(port);
+    given.insert(port);
+    if (recent.size() > kFreePortRecentMax) {
+      given.erase(recent.front());
+      recent.pop_front();
+    }
+    return port;
+  };
   unsigned ephemeral_low = 32768, ephemeral_high = 60999;
   if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
     if (std::fscanf(f, "%u %u", &ephemeral_low, &ephemeral_high) != 2) ephemeral_low = 32768;
@@ -61,10 +76,7 @@ inline uint16_t FreePort() {
     std::uniform_int_distribution<unsigned> pick(kFreePortLow, ephemeral_low - 1);
     for (int i = 0; i < kFreePortTriesMax; ++i) {
       const auto port = static_cast<uint16_t>(pick(rng));
-      if (given.count(port) == 0 && PortBindable(port)) {
-        given.insert(port);
-        return port;
-      }
+      if (given.count(port) == 0 && PortBindable(port)) return hand_out(port);
     }
   }
   for (int i = 0; i < kFreePortTriesMax; ++i) {
@@ -78,7 +90,7 @@ inline uint16_t FreePort() {
     ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
     ::close(fd);
     const uint16_t port = ntohs(a.sin_port);
-    if (given.insert(port).second) return port;
+    if (given.count(port) == 0) return hand_out(port);
   }
   return 0;
 }

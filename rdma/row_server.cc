@@ -7,6 +7,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -57,6 +58,11 @@ struct RowServer::State {
   std::map<uint32_t, std::shared_ptr<const Table>> tables_by_id;
   std::map<wire::GrantToken, Grant> grants;
   std::list<std::weak_ptr<RowServerSession>> sessions;
+  // The io_context serving; null before Start() and after Stop(). Its run() may be called by
+  // several threads (kvtierd's server.io_threads), so nothing below runs outside a strand:
+  // the acceptor's handlers, Stop()'s closing and the registration sweep run on the
+  // acceptor's strand (acceptor->get_executor()); each session's handlers and its Close()
+  // run on the session's own strand (its socket's executor).
   asio::io_context* io = nullptr;
   std::unique_ptr<asio::io_context> own_io;
   std::unique_ptr<asio::executor_work_guard<asio::io_context::executor_type>> work;
@@ -132,8 +138,9 @@ struct RowServer::State {
     registrations.Revoke(token);
   }
   // Every verbs_grant_check_ms: deregister the MRs of expired grants, whether or not a
-  // connection still uses them. Runs on the server's io_context, as does Stop()'s reset
-  // of the timer, which ends the loop.
+  // connection still uses them. Runs on the acceptor's strand, as does Stop()'s reset of
+  // the timer, which ends the loop (on another thread the reset could free the timer while
+  // this re-arms it).
   void SweepRegistrationsLater(const std::shared_ptr<State>& self) {
     if (registration_sweep == nullptr) return;
     registration_sweep->expires_after(
@@ -175,8 +182,11 @@ struct RowServer::State {
 };
 
 // One client connection: reads a frame, answers it, repeats. All handlers run on the
-// server's io_context; one request is handled at a time (clients pipeline through the
-// socket buffer).
+// session's strand (the socket's executor, which the timers share); one request is handled
+// at a time (clients pipeline through the socket buffer). Close() closes the socket, so it
+// must run on that strand too: Stop() posts it there. Called on two threads at once (the
+// session closing itself on a client's EOF, Stop() closing every session), it closed one
+// socket twice concurrently and corrupted the reactor's descriptor state.
 class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
  public:
   RowServerSession(tcp::socket socket, std::shared_ptr<RowServer::State> state)
@@ -187,6 +197,8 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
   ~RowServerSession() { state_->connections_active.fetch_sub(1); }
 
   void Start() { ReadHeader(); }
+  // The session's strand: Start() and Close() are called on it only.
+  tcp::socket::executor_type executor() { return socket_.get_executor(); }
   void Close() {
     boost::system::error_code ec;
     timer_.cancel();
@@ -499,36 +511,41 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
 
 namespace {
 
-void Accept(std::shared_ptr<RowServer::State> state) {
+// Accepts the next connection on `io` (the acceptor's handler runs on its strand; each
+// accepted socket gets a strand of its own, its session's).
+void Accept(std::shared_ptr<RowServer::State> state, asio::io_context* io) {
   tcp::acceptor* acceptor = state->acceptor.get();
-  acceptor->async_accept([state](const boost::system::error_code& ec, tcp::socket socket) {
-    if (ec == asio::error::operation_aborted) return;
-    {
-      std::lock_guard<std::mutex> lock(state->mu);
-      if (state->acceptor == nullptr || !state->acceptor->is_open()) return;
-    }
-    if (!ec) {
-      if (state->connections_active.load() >= state->options.connections_max) {
-        state->connections_refused.fetch_add(1);
-        boost::system::error_code ignored;
-        socket.close(ignored);
-      } else {
-        boost::system::error_code ignored;
-        socket.set_option(tcp::no_delay(true), ignored);
-        state->connections_accepted.fetch_add(1);
-        state->connections_active.fetch_add(1);
-        auto session = std::make_shared<RowServerSession>(std::move(socket), state);
+  if (acceptor == nullptr) return;  // stopped (Stop() frees it on this strand)
+  acceptor->async_accept(
+      asio::make_strand(*io), [state, io](const boost::system::error_code& ec, tcp::socket socket) {
+        if (ec == asio::error::operation_aborted) return;
         {
           std::lock_guard<std::mutex> lock(state->mu);
-          state->sessions.remove_if(
-              [](const std::weak_ptr<RowServerSession>& w) { return w.expired(); });
-          state->sessions.push_back(session);
+          if (state->acceptor == nullptr || !state->acceptor->is_open()) return;
         }
-        session->Start();
-      }
-    }
-    Accept(state);
-  });
+        if (!ec) {
+          if (state->connections_active.load() >= state->options.connections_max) {
+            state->connections_refused.fetch_add(1);
+            boost::system::error_code ignored;
+            socket.close(ignored);
+          } else {
+            boost::system::error_code ignored;
+            socket.set_option(tcp::no_delay(true), ignored);
+            state->connections_accepted.fetch_add(1);
+            state->connections_active.fetch_add(1);
+            auto session = std::make_shared<RowServerSession>(std::move(socket), state);
+            {
+              std::lock_guard<std::mutex> lock(state->mu);
+              state->sessions.remove_if(
+                  [](const std::weak_ptr<RowServerSession>& w) { return w.expired(); });
+              state->sessions.push_back(session);
+            }
+            // On the session's strand; a close Stop() posts later runs after it.
+            asio::post(session->executor(), [session] { session->Start(); });
+          }
+        }
+        Accept(state, io);
+      });
 }
 
 wire::GrantToken RandomToken() {
@@ -640,7 +657,7 @@ Status RowServer::StartOn(asio::io_context& io) {
   boost::system::error_code ec;
   const asio::ip::address address = asio::ip::make_address(state_->options.bind_address, ec);
   if (ec) return Status::InvalidArgument("bad bind_address: " + state_->options.bind_address);
-  auto acceptor = std::make_unique<tcp::acceptor>(io);
+  auto acceptor = std::make_unique<tcp::acceptor>(asio::make_strand(io));
   const tcp::endpoint endpoint(address, state_->options.port);
   acceptor->open(endpoint.protocol(), ec);
   if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
@@ -656,11 +673,12 @@ Status RowServer::StartOn(asio::io_context& io) {
     state_->acceptor = std::move(acceptor);
     state_->io = &io;
   }
+  const tcp::acceptor::executor_type strand = state_->acceptor->get_executor();
 #ifdef KVTIER_WITH_RDMA
-  state_->registration_sweep = std::make_unique<asio::steady_timer>(io);
-  state_->SweepRegistrationsLater(state_);
+  state_->registration_sweep = std::make_unique<asio::steady_timer>(strand);
+  asio::post(strand, [state = state_] { state->SweepRegistrationsLater(state); });
 #endif
-  Accept(state_);
+  asio::post(strand, [state = state_, io = &io] { Accept(state, io); });
   return Status::Ok();
 }
 
@@ -688,18 +706,60 @@ Status RowServer::Start(asio::io_context& io) {
   return StartOn(io);
 }
 
+namespace {
+
+// Fulfils a promise when the last reference goes: when every close posted by Stop() has run
+// (or, if the io_context stopped first, has been destroyed with it).
+struct ClosedSignal {
+  std::promise<void> promise;
+  ~ClosedSignal() { promise.set_value(); }
+};
+
+// Frees the acceptor and the sweep timer when the last reference goes: after Stop()'s close
+// ran on their strand, or when the io_context is destroyed without running it. Either way
+// before the io_context's services go: the strand they hold unregisters from its service
+// when freed, so neither may outlive the io_context (kvtierd destroys its io_context before
+// the EngramServing that owns this server).
+class StrandObjectsRelease {
+ public:
+  explicit StrandObjectsRelease(std::shared_ptr<RowServer::State> state)
+      : state_(std::move(state)) {}
+  StrandObjectsRelease(const StrandObjectsRelease&) = delete;
+  StrandObjectsRelease& operator=(const StrandObjectsRelease&) = delete;
+  ~StrandObjectsRelease() {
+    std::unique_ptr<tcp::acceptor> acceptor;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      acceptor = std::move(state_->acceptor);
+    }
+#ifdef KVTIER_WITH_RDMA
+    // Not just cancel(): a sweep that already expired would run and re-arm, keeping the
+    // io_context busy for ever. With the timer gone, SweepRegistrationsLater stops.
+    state_->registration_sweep.reset();
+#endif
+  }
+
+ private:
+  std::shared_ptr<RowServer::State> state_;
+};
+
+}  // namespace
+
 void RowServer::Stop() {
-  asio::io_context* io = nullptr;
+  std::optional<tcp::acceptor::executor_type> strand;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
-    io = state_->io;
+    if (state_->io == nullptr) return;
     state_->io = nullptr;
+    strand = state_->acceptor->get_executor();  // set with io; freed by `release` below
   }
-  if (io == nullptr) return;
   auto state = state_;
-  auto closed = std::make_shared<std::promise<void>>();
-  std::future<void> done = closed->get_future();
-  asio::post(*io, [state, closed] {
+  auto closed = std::make_shared<ClosedSignal>();
+  std::future<void> done = closed->promise.get_future();
+  auto release = std::make_shared<StrandObjectsRelease>(state_);
+  // On the acceptor's strand (serialized with its accept handler and the sweep); each
+  // session is closed on its own strand.
+  asio::post(*strand, [state, closed, release] {
     std::list<std::weak_ptr<RowServerSession>> sessions;
     {
       std::lock_guard<std::mutex> lock(state->mu);
@@ -708,21 +768,16 @@ void RowServer::Stop() {
       sessions.swap(state->sessions);
     }
     for (auto& weak : sessions) {
-      if (auto s = weak.lock()) s->Close();
+      if (auto s = weak.lock()) asio::post(s->executor(), [s, closed] { s->Close(); });
     }
-#ifdef KVTIER_WITH_RDMA
-    // Not just cancel(): a sweep that already expired would run and re-arm, keeping the
-    // io_context busy for ever. With the timer gone, SweepRegistrationsLater stops.
-    state->registration_sweep.reset();
-#endif
-    closed->set_value();
   });
+  closed.reset();
+  release.reset();
+  strand.reset();
   if (state_->own_io != nullptr) {
     done.wait();
     state_->work.reset();
     state_->thread.join();
-    std::lock_guard<std::mutex> lock(state_->mu);
-    state_->acceptor.reset();
     state_->own_io.reset();
   } else {
     // Embedded: the caller's io_context runs the close; wait briefly for it.

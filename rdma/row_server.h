@@ -32,9 +32,12 @@
 // pair is destroyed. RDMA keys are never logged.
 // This path has only been compiled, never run on an RDMA device.
 //
-// Embedding: Start(io_context&) runs the server on a caller's io_context (kvtierd);
-// Start() creates and runs its own thread. Stop() closes the listener and every
-// connection (clients see their reads in flight fail) and, in own-thread mode, joins.
+// Embedding: Start(io_context&) runs the server on a caller's io_context (kvtierd), which
+// any number of threads may run: each connection's handlers run on a strand of its own,
+// the listener's on another. Start() creates and runs its own thread. Stop() closes the
+// listener and every connection (clients see their reads in flight fail), each on its own
+// strand, and waits for those closes (embedded: at most 2 s, the caller's threads run
+// them) and, in own-thread mode, joins.
 //
 // Thread safety: all methods are thread-safe. Tables and grants may change while serving.
 #pragma once

@@ -9,14 +9,20 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <set>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "cache_daemon/client.h"
 #include "cache_daemon/daemon.h"
@@ -143,9 +149,28 @@ class EngramDaemonTest : public ::testing::Test {
     return Daemon::Start(o, std::make_unique<kt::FakeTierManager>(), std::move(tenants), nullptr);
   }
 
+  // Starts a daemon on Options() as changed by `adjust`, with an HTTP front when `http`.
+  // When another process bound one of the ports first (FreePort() only finds ports free a
+  // moment ago), picks new ones, rewrites shards.toml and tries again.
+  StatusOr<std::unique_ptr<Daemon>> StartRetrying(
+      bool http, const std::function<void(DaemonOptions*)>& adjust = nullptr) {
+    for (int attempt = 1;; ++attempt) {
+      http_port_ = http ? kt::FreePort() : 0;
+      DaemonOptions o = Options();
+      if (adjust) adjust(&o);
+      StatusOr<std::unique_ptr<Daemon>> d = StartWith(o);
+      if (d.ok() || attempt == kt::kAddressInUseAttemptsMax ||
+          !kt::AddressInUse(d.status().message())) {
+        return d;
+      }
+      port_ = kt::FreePort();
+      other_port_ = kt::FreePort();
+      WriteShards("engram.l1.s0", port_, "engram.l1.s1", other_port_);
+    }
+  }
+
   void Start() {
-    http_port_ = kt::FreePort();
-    auto d = StartWith(Options());
+    auto d = StartRetrying(/*http=*/true);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     daemon_ = std::move(d).value();
   }
@@ -300,6 +325,115 @@ TEST_F(EngramDaemonTest, GrantThenReadRowsBitForBitAndRefusals) {
   EXPECT_EQ(text.find("tok-alice"), std::string::npos);
 }
 
+// Shutdown while row clients read on several connections, half of them hanging up at the
+// same moment, and a native client sends requests: the row server's sessions run on the
+// daemon's two I/O threads, so before each ran on a strand a client's hang-up and Stop()
+// closed one socket on two threads at once (SIGSEGV in the reactor). Several rounds, each
+// a fresh daemon.
+TEST_F(EngramDaemonTest, ShutdownWhileRowClientsReadAndHangUpIsClean) {
+  constexpr int kRounds = 8;
+  constexpr int kReaders = 8;
+  const uint32_t stride = rdma::EngramRowBytes(kRowDim);
+  for (int round = 0; round < kRounds; ++round) {
+    Start();
+    auto alice = Connect("tok-alice");
+    ASSERT_NE(alice, nullptr);
+    auto g = alice->EngramGrant({}, 0);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    std::vector<std::pair<std::unique_ptr<rdma::TcpTransport>, rdma::RegionId>> conns;
+    for (int i = 0; i < kReaders; ++i) {
+      auto t = Transport();
+      ASSERT_NE(t, nullptr);
+      auto info = t->OpenRegion(Creds(g->regions[0], "alice"));
+      ASSERT_TRUE(info.ok()) << info.status().ToString();
+      conns.emplace_back(std::move(t), info->id);
+    }
+    std::atomic<bool> go{false};
+    std::atomic<int> reads_ok{0};
+    std::vector<std::thread> readers;
+    for (int i = 0; i < kReaders; ++i) {
+      readers.emplace_back([&, i, t = std::move(conns[i].first), id = conns[i].second]() mutable {
+        std::vector<uint8_t> buf(4 * stride);
+        if (!t->RegisterLocalBuffer(buf.data(), buf.size()).ok()) return;
+        for (uint64_t n = 0;; ++n) {
+          if (i % 2 == 0 && go.load()) return t.reset();  // hangs up during the shutdown
+          std::vector<rdma::ReadOp> ops;
+          for (uint64_t k = 0; k < 4; ++k) {
+            const uint64_t row = (n * 4 + k) % 100;
+            ops.push_back({id, row * stride, stride, buf.data() + k * stride});
+          }
+          if (!rdma::ReadSync(*t, ops).ok()) return;  // the server closed the connection
+          reads_ok.fetch_add(1);
+        }
+      });
+    }
+    std::thread native([&] {
+      while (!go.load()) {
+        if (!alice->EngramReport(wire::EngramReport{.transport = "tcp"}).ok()) return;
+      }
+      (void)alice->EngramReport(wire::EngramReport{.transport = "tcp"});
+    });
+    for (int i = 0; i < 10000 && reads_ok.load() < kReaders; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    go.store(true);
+    daemon_->Shutdown();
+    EXPECT_TRUE(daemon_->Wait().ok());
+    for (auto& r : readers) r.join();
+    native.join();
+    daemon_.reset();
+    int fd = kt::ConnectTcp(port_);  // the row server is closed
+    EXPECT_LT(fd, 0) << "round " << round;
+    if (fd >= 0) ::close(fd);
+    if (HasFailure()) return;
+  }
+}
+
+// The fixture's port handling: a row port another process binds between FreePort() and the
+// daemon's start is replaced (new ports, shards.toml rewritten) instead of failing the test.
+TEST_F(EngramDaemonTest, StartPicksNewPortsWhenTheRowPortIsTaken) {
+  const uint16_t taken = port_;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(taken);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << std::strerror(errno);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  Start();
+  ::close(fd);
+  ASSERT_NE(daemon_, nullptr);
+  EXPECT_NE(port_, taken);
+  auto alice = Connect("tok-alice");
+  ASSERT_NE(alice, nullptr);
+  auto g = alice->EngramGrant({}, 0);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->endpoint, "127.0.0.1:" + std::to_string(port_));
+  ASSERT_EQ(g->regions.size(), 1u);
+  auto t = Transport();
+  ASSERT_NE(t, nullptr);
+  EXPECT_TRUE(t->OpenRegion(Creds(g->regions[0], "alice")).ok());
+}
+
+// FreePort(): distinct ports within a process, none from the kernel's ephemeral range (which
+// any outgoing connection on the host may take before the caller binds).
+TEST(FreePortTest, PortsAreDistinctAndBelowTheEphemeralRange) {
+  unsigned low = 32768, high = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    ASSERT_EQ(std::fscanf(f, "%u %u", &low, &high), 2);
+    std::fclose(f);
+  }
+  if (low <= kt::kFreePortLow + 1000u) GTEST_SKIP() << "no room below the ephemeral range";
+  std::set<uint16_t> seen;
+  for (int i = 0; i < 64; ++i) {
+    const uint16_t p = kt::FreePort();
+    EXPECT_GE(p, kt::kFreePortLow);
+    EXPECT_LT(p, low);
+    EXPECT_TRUE(seen.insert(p).second) << p << " handed out twice";
+  }
+}
+
 TEST_F(EngramDaemonTest, ReportsAreSummedPerTenantAndTransportAndPassPromtool) {
   Start();
   auto alice = Connect("tok-alice");
@@ -423,11 +557,7 @@ TEST_F(EngramDaemonTest, StartupFailsClearlyForBadEngramDirectories) {
 TEST_F(EngramDaemonTest, GrantLimitsAndDisabledServing) {
   // Serving off: ENGRAM_GRANT is NotFound, reports are still accepted.
   {
-    DaemonOptions o = Options();
-    o.engram.enabled = false;
-    http_port_ = 0;
-    o.http_port = 0;
-    auto d = StartWith(o);
+    auto d = StartRetrying(/*http=*/false, [](DaemonOptions* o) { o->engram.enabled = false; });
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     auto c = Connect("tok-alice");
     ASSERT_NE(c, nullptr);
@@ -438,9 +568,8 @@ TEST_F(EngramDaemonTest, GrantLimitsAndDisabledServing) {
     (*d)->Shutdown();
     EXPECT_TRUE((*d)->Wait().ok());
   }
-  DaemonOptions o = Options();
-  o.engram.grants_per_tenant_max = 2;
-  auto d = StartWith(o);
+  auto d =
+      StartRetrying(/*http=*/false, [](DaemonOptions* o) { o->engram.grants_per_tenant_max = 2; });
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   daemon_ = std::move(d).value();
   auto alice = Connect("tok-alice");

@@ -9,23 +9,100 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <set>
 #include <string>
+#include <string_view>
 
 namespace kvtier::testing {
 
-// A loopback TCP port that was free a moment ago.
-inline uint16_t FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+// True when a loopback TCP port can be bound now (without SO_REUSEADDR: a port still in
+// TIME_WAIT counts as taken).
+inline bool PortBindable(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  a.sin_port = htons(port);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
   ::close(fd);
-  return ntohs(a.sin_port);
+  return ok;
+}
+
+// Lowest port FreePort() hands out (below it: well-known and registered services).
+inline constexpr uint16_t kFreePortLow = 10000;
+// Random candidates FreePort() tries before falling back to a kernel-chosen port.
+inline constexpr int kFreePortTriesMax = 1000;
+// FreePort() never repeats one of the last this-many ports it handed out in this process
+// (a window, not all of them: a long --gtest_repeat run would exhaust the range).
+inline constexpr size_t kFreePortRecentMax = 1024;
+
+// A loopback TCP port that was free a moment ago, for a server the caller starts next.
+// Never one of the last kFreePortRecentMax this process got (so a fixture's ports are
+// distinct), and chosen at
+// random below the kernel's ephemeral range (net.ipv4.ip_local_port_range): a port from
+// bind(0) is one the kernel hands out again to any outgoing connection or bind(0) on the
+// host, so on a busy host (parallel ctest) another process took it before the server bound
+// it ("Address already in use", or a client reaching the wrong server). A port outside the
+// range is taken only by a process that names it, such as another test that picked the
+// same one: fixtures that must not fail then retry their start (AddressInUse()). Falls back
+// to bind(0) when the range leaves no room below it. Thread-safe.
+inline uint16_t FreePort() {
+  static std::mutex mu;
+  static std::deque<uint16_t> recent;  // the last handed out, oldest first; protected by mu
+  static std::set<uint16_t> given;     // the ports in `recent`; protected by mu
+  static std::mt19937 rng(std::random_device{}() ^ static_cast<uint32_t>(::getpid()));
+  std::lock_guard<std::mutex> lock(mu);
+  auto hand_out = [&](uint16_t port) {
+    recent.push_back(port);
+    given.insert(port);
+    if (recent.size() > kFreePortRecentMax) {
+      given.erase(recent.front());
+      recent.pop_front();
+    }
+    return port;
+  };
+  unsigned ephemeral_low = 32768, ephemeral_high = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%u %u", &ephemeral_low, &ephemeral_high) != 2) ephemeral_low = 32768;
+    std::fclose(f);
+  }
+  if (ephemeral_low > kFreePortLow + 1000u) {
+    std::uniform_int_distribution<unsigned> pick(kFreePortLow, ephemeral_low - 1);
+    for (int i = 0; i < kFreePortTriesMax; ++i) {
+      const auto port = static_cast<uint16_t>(pick(rng));
+      if (given.count(port) == 0 && PortBindable(port)) return hand_out(port);
+    }
+  }
+  for (int i = 0; i < kFreePortTriesMax; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ::close(fd);
+    const uint16_t port = ntohs(a.sin_port);
+    if (given.count(port) == 0) return hand_out(port);
+  }
+  return 0;
+}
+
+// Times a fixture picks new ports and starts its server again when one of its FreePort()
+// ports was bound by another process first.
+inline constexpr int kAddressInUseAttemptsMax = 5;
+
+// True when a start failed because a port was taken (the daemon's "bind ...: Address
+// already in use"): the fixture should retry with new ports.
+inline bool AddressInUse(std::string_view message) {
+  return message.find("Address already in use") != std::string_view::npos;
 }
 
 inline int ConnectTcp(uint16_t port) {

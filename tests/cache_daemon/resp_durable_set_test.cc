@@ -69,7 +69,9 @@ class RespDurableSetTest : public ::testing::Test {
     auto tm = storage::TierManager::Open(so);
     ASSERT_TRUE(tm.ok()) << tm.status().ToString();
     store_ = tm->get();
-    auto d = Daemon::Start(o_, std::move(tm).value(), TenantRegistry::Open(secret_, 64), nullptr);
+    auto tenants = TenantRegistry::Open(secret_, kInflightMax);
+    tenant_ = tenants->default_tenant();
+    auto d = Daemon::Start(o_, std::move(tm).value(), std::move(tenants), nullptr);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     daemon_ = std::move(d).value();
   }
@@ -98,6 +100,12 @@ class RespDurableSetTest : public ::testing::Test {
     return std::stoull(page.substr(at + name.size() + 2));
   }
   uint64_t commits() { return store_->GetStats().ssd_commits; }
+  // Why SETs are not all pending: the gauge, the held syncs, refusals by the in-flight limit.
+  std::string PendingState() {
+    return "pending " + std::to_string(Metric("kvtier_resp_durable_sets_pending")) +
+           ", syncs held " + std::to_string(fault_.syncs_waiting()) + ", in-flight refusals " +
+           std::to_string(Metric("kvtier_tenant_inflight_rejections_total"));
+  }
   // The warm-up SET's commit is counted: the SSD tier releases a commit's waiters (the reply
   // goes out) before it counts the commit, so a count read right after the reply can still
   // miss it, and the test would then charge it to the SETs under test.
@@ -116,12 +124,15 @@ class RespDurableSetTest : public ::testing::Test {
                value;
   }
 
+  // The default tenant's in-flight limit: the 64 pipelined SETs below use all of it.
+  static constexpr uint32_t kInflightMax = 64;
   TempDir dir_;
   std::unique_ptr<storage::DeviceEnv> base_ = storage::NewMemEnv();
   storage::FaultInjectionEnv fault_{base_.get(), {}};
   std::vector<uint8_t> secret_ = std::vector<uint8_t>(32, 7);
   DaemonOptions o_;
   storage::TierManager* store_ = nullptr;  // owned by daemon_
+  const Tenant* tenant_ = nullptr;         // the daemon's default tenant (owned by daemon_)
   std::unique_ptr<Daemon> daemon_;
   std::vector<int> fds_;
   // The daemon's tenants (the same secret: the same default tenant) and key binding.
@@ -134,7 +145,7 @@ class RespDurableSetTest : public ::testing::Test {
 // are taken and put (none waits for another's commit), and once released they share one more
 // commit (at most two). A GET pipelined after them reads the last value.
 TEST_F(RespDurableSetTest, PipelinedSetsOfOneConnectionShareCommits) {
-  constexpr int kSets = 64;
+  constexpr int kSets = kInflightMax;
   int fd = Connect();
   const uint64_t before_warm = commits();
   ASSERT_EQ(Roundtrip(fd, Cmd({"SET", "warm", "x"}), 5), "+OK\r\n");
@@ -158,8 +169,9 @@ TEST_F(RespDurableSetTest, PipelinedSetsOfOneConnectionShareCommits) {
     }
     return true;
   });
+  const std::string state = queued ? "" : PendingState();
   fault_.PauseSyncs(false);
-  ASSERT_TRUE(queued) << "pipelined SETs waited for each other's commit";
+  ASSERT_TRUE(queued) << "pipelined SETs waited for each other's commit (" << state << ")";
   EXPECT_EQ(kt::RecvFor(fd, want.size(), 10000), want);
   uint64_t n = commits() - commits0;
   EXPECT_GE(n, 1u);
@@ -169,6 +181,22 @@ TEST_F(RespDurableSetTest, PipelinedSetsOfOneConnectionShareCommits) {
   EXPECT_LE(n, 3u) << "pipelined sync SETs did not share commits";
   EXPECT_GE(Metric("kvtier_resp_durable_set_batches_total") - batches0, 1u);
   EXPECT_EQ(Metric("kvtier_resp_durable_sets_pending"), 0u);
+}
+
+// A SET's in-flight slot is free once its reply reached the client. The commit thread writes
+// a lone SET's "+OK" itself (the way back without a hand-off); the connection's bookkeeping
+// runs later, so a slot freed there could still be taken after the client had the reply, and
+// a client that then pipelines the tenant's whole limit (as the test above does after its
+// warm-up SET) would be refused one request.
+TEST_F(RespDurableSetTest, ASetsInflightSlotIsFreeWhenItsReplyArrives) {
+  int fd = Connect();
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_EQ(Roundtrip(fd, Cmd({"SET", "k", std::to_string(i)}), 5), "+OK\r\n");
+    ASSERT_EQ(tenant_->inflight.load(), 0u) << "SET " << i << "'s slot outlived its reply";
+  }
+  // The way under test: replies written by the commit thread (counted by the bookkeeping).
+  EXPECT_TRUE(
+      Eventually([&] { return Metric("kvtier_resp_durable_set_direct_replies_total") > 0; }));
 }
 
 // SETs of 8 connections while a commit is held: each connection's PING before its SETs is

@@ -74,7 +74,6 @@ struct Hold {
   size_t text_pos = 0;
   uint64_t charged_bytes = 0;  // counted in pending_bytes() until it resolves
   uint64_t start_us = 0;       // the SET's start, for its latency
-  InflightSlot slot;           // the tenant's in-flight slot, held until it resolves
   bool via_thread = false;     // handed to the put thread (RespDurableSets::Submit)
   bool done = false;
   Status result;
@@ -323,14 +322,18 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     h.text_pos = out_.size();
     h.charged_bytes = job->envelope.size() + job->name.size() + kHoldOverheadBytes;
     h.start_us = start_us;
-    h.slot = std::move(slot_);
     hold_bytes_ += h.charged_bytes;
     uint64_t id = h.id;
     holds_.push_back(std::move(h));
     ArmDirect();
+    // The tenant's in-flight slot is the SET's until it completes, and is freed before its
+    // reply can reach the client (DirectReply): a client that has every reply must not find
+    // its requests still counted against the tenant's in-flight limit.
+    auto slot = std::make_shared<InflightSlot>(std::move(slot_));
     bool put_here = shared_->durable_sets->Submit(
         std::move(job),
-        [self = shared_from_this(), id](const Status& st) -> RespDurableSets::Later {
+        [self = shared_from_this(), id, slot](const Status& st) -> RespDurableSets::Later {
+          *slot = InflightSlot();
           size_t sent = st.ok() ? self->DirectReply(id) : 0;
           // Runs on an I/O thread (with the other SETs of the commit): the strand, when idle,
           // runs SetDone right there.
@@ -425,7 +428,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       if (f.via_thread) --thread_sets_;
       shared_->metrics->RecordRequest(Op::kRespSet, code,
                                       DefaultSteadyClock().NowUs() - f.start_us);
-      holds_.pop_front();  // releases its in-flight slot
+      holds_.pop_front();
     }
     if (closed_) return;
     Account();

@@ -120,6 +120,8 @@ Status Membership::UpdateSelf(const MemberInfo& self) {
 void Membership::SessionLoop() {
   const std::string key = members_prefix_ + options_.self.node_id;
   const uint64_t renew_ms = options_.lease_ttl_s * 1000ull / 3;
+  // The last keepalive failed: the next one goes after retry_ms, not a renewal period later.
+  bool retry_keepalive = false;
   while (!stop_.load(std::memory_order_acquire)) {
     int64_t lease = lease_id_.load();
     if (lease == 0) {
@@ -158,7 +160,8 @@ void Membership::SessionLoop() {
       registered_.store(true);
       lease_confirmed_ms_.store(std::max<uint64_t>(sent_ms, 1));
     }
-    if (!SleepFor(renew_ms, /*wake_on_update=*/true)) return;
+    if (!retry_keepalive && !SleepFor(renew_ms, /*wake_on_update=*/true)) return;
+    retry_keepalive = false;
     if (self_dirty_.load()) continue;
     const uint64_t sent_ms = DefaultSteadyClock().NowMs();
     auto ttl = etcd_.LeaseKeepAlive(lease);
@@ -179,8 +182,10 @@ void Membership::SessionLoop() {
       continue;
     }
     reachable_.store(false);
-    // Retry sooner than a renewal period so a short outage does not cost the lease.
+    // Retry sooner than a renewal period so a short outage does not cost the lease (nor the
+    // GET copies, which are served only while a keepalive was sent within 2/3 of the TTL).
     if (!SleepFor(options_.retry_ms)) return;
+    retry_keepalive = true;
   }
 }
 

@@ -88,34 +88,37 @@ class ClusterE2eTest : public ::testing::Test {
   virtual uint64_t SsdCapacityBytes(int /*i*/) const { return 268435456; }
   // Node i's DRAM tier (4 MiB slab pages: 16 MiB holds units of at most 4 size classes).
   virtual uint64_t DramCapacityBytes(int /*i*/) const { return 16777216; }
+  // [cluster] lease_ttl_s: short, so that the failover tests see a stopped node leave soon.
+  virtual uint32_t LeaseTtlS() const { return 2; }
   // More [cluster] keys for node i ("key = value\n" lines); tests may add them.
   virtual std::string ExtraClusterConfig(int /*i*/) { return ""; }
 
   bool StartNode(int i) {
-    std::string cfg =
-        "[storage]\ndram_capacity_bytes = " + std::to_string(DramCapacityBytes(i)) +
-        "\nssd_capacity_bytes = " + std::to_string(SsdCapacityBytes(i)) +
-        "\n"
-        "ssd_segment_bytes = 16777216\ndurability = \"sync\"\n"
-        "[auth]\ntokens_file = \"" +
-        (dir_ / "tokens.toml").string() + "\"\nserver_secret_file = \"" +
-        (dir_ / "server_secret").string() +
-        "\"\n"
-        "[cluster]\nenabled = true\netcd_endpoints = [\"" +
-        etcd_->endpoint() +
-        "\"]\n"
-        "node_id = \"n" +
-        std::to_string(i) +
-        "\"\n"
-        "peer_listen = \"127.0.0.1:" +
-        std::to_string(peer_ports_[i]) +
-        "\"\n"
-        "failure_domain = \"rack" +
-        std::to_string(i) +
-        "\"\n"
-        "replicas = 2\nlease_ttl_s = 2\netcd_timeout_ms = 500\npeer_timeout_ms = 2000\n"
-        "credential_file = \"" +
-        (dir_ / "credential").string() + "\"\n" + ExtraClusterConfig(i);
+    std::string cfg = "[storage]\ndram_capacity_bytes = " + std::to_string(DramCapacityBytes(i)) +
+                      "\nssd_capacity_bytes = " + std::to_string(SsdCapacityBytes(i)) +
+                      "\n"
+                      "ssd_segment_bytes = 16777216\ndurability = \"sync\"\n"
+                      "[auth]\ntokens_file = \"" +
+                      (dir_ / "tokens.toml").string() + "\"\nserver_secret_file = \"" +
+                      (dir_ / "server_secret").string() +
+                      "\"\n"
+                      "[cluster]\nenabled = true\netcd_endpoints = [\"" +
+                      etcd_->endpoint() +
+                      "\"]\n"
+                      "node_id = \"n" +
+                      std::to_string(i) +
+                      "\"\n"
+                      "peer_listen = \"127.0.0.1:" +
+                      std::to_string(peer_ports_[i]) +
+                      "\"\n"
+                      "failure_domain = \"rack" +
+                      std::to_string(i) +
+                      "\"\n"
+                      "replicas = 2\nlease_ttl_s = " +
+                      std::to_string(LeaseTtlS()) +
+                      "\netcd_timeout_ms = 500\npeer_timeout_ms = 2000\n"
+                      "credential_file = \"" +
+                      (dir_ / "credential").string() + "\"\n" + ExtraClusterConfig(i);
     nodes_[i]->WriteConfig(cfg);
     return nodes_[i]->Start();
   }

@@ -167,6 +167,30 @@ TEST_F(EtcdTest, ANodeWhoseLeaseWasLostRegistersAgain) {
   EXPECT_NE(again->lease, kv->lease);
 }
 
+// A keepalive that failed (etcd did not answer in time) is retried after retry_ms, not a
+// renewal period (TTL/3) later: otherwise one slow etcd answer leaves the lease unconfirmed
+// past 2/3 of the TTL (every GET copy dropped) and, with a short TTL, lets it expire.
+TEST_F(EtcdTest, AFailedKeepaliveIsRetriedSoon) {
+  MembershipOptions o = Node("a");
+  o.lease_ttl_s = 12;  // renewals every 4 s
+  o.etcd.request_timeout_ms = 300;
+  auto a = Membership::Start(o);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(WaitFor([&] { return Has(**a, "a") && (*a)->Stats().lease_renewals >= 1; }, 10000));
+  // Right after a renewal: the next keepalive (4 s later) finds etcd stopped and fails.
+  const uint64_t renewed = (*a)->Stats().lease_renewals;
+  ASSERT_TRUE(WaitFor([&] { return (*a)->Stats().lease_renewals > renewed; }, 10000));
+  etcd_->Pause(true);
+  const bool failed = WaitFor([&] { return !(*a)->etcd_reachable(); }, 8000);
+  etcd_->Pause(false);
+  ASSERT_TRUE(failed) << "no keepalive failed while etcd was stopped";
+  const uint64_t before = (*a)->Stats().lease_renewals;
+  // The retry comes retry_ms (50 ms) after the failure; a renewal period would be 4 s.
+  EXPECT_TRUE(WaitFor([&] { return (*a)->Stats().lease_renewals > before; }, 2000))
+      << "the failed keepalive waited for the next renewal period";
+  EXPECT_EQ((*a)->Stats().registrations, 1u);
+}
+
 TEST_F(EtcdTest, EtcdDownKeepsTheLastViewAndSaysSo) {
   auto a = Membership::Start(Node("a"));
   ASSERT_TRUE(a.ok());

@@ -84,6 +84,11 @@ class EtcdProcess {
     pid_ = -1;
   }
 
+  // SIGSTOP (true) or SIGCONT (false): etcd takes connections but answers nothing meanwhile.
+  void Pause(bool paused) {
+    if (pid_ > 0) ::kill(pid_, paused ? SIGSTOP : SIGCONT);
+  }
+
   std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
 
  private:

@@ -163,8 +163,12 @@ class HostileTest : public ::testing::Test {
   }
 
   std::string Metrics() { return kt::HttpRequest(d_->http_port(), "GET", "/metrics"); }
+  // A counter's value, 0 when the series is absent (not yet counted); the page itself must
+  // have come, or an upper bound on a counter would pass on a missing page.
   uint64_t Counter(const std::string& series) {
     std::string m = Metrics();
+    EXPECT_NE(m.find("# TYPE kvtier_requests_total counter"), std::string::npos)
+        << "no /metrics page: " << m.substr(0, 200);
     size_t at = m.find(series + " ");
     if (at == std::string::npos) return 0;
     return std::stoull(m.substr(at + series.size() + 1));

@@ -239,8 +239,13 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
     parser_.set_max_frame_bytes(Unauthenticated() ? PreauthFrameBytes()
                                                   : shared_->options->max_frame_bytes);
   }
+  // The client is not reading its replies: the queue is at its limit, or a worker answered a
+  // value `retry` (ReserveReply: the connection's reply budget or the daemon-wide one) since
+  // the queue last drained. The second matters because the retry answers are small: the queue
+  // would stay under its limit while every further GET still read its values from the store,
+  // for nothing.
   bool ReplyQueueFull() const {
-    return wq_bytes_.load() >= shared_->options->reply_queue_bytes_max;
+    return wq_bytes_.load() >= shared_->options->reply_queue_bytes_max || reply_refused_.load();
   }
 
   // Called on a worker before it copies n value bytes into an inline reply. A connection
@@ -252,10 +257,12 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
     uint64_t outstanding = wq_bytes_.load() + building_bytes_.load();
     if (outstanding > 0 && outstanding + n > shared_->options->reply_queue_bytes_max) {
       shared_->metrics->Refuse(Refusal::kReplyQueue);
+      reply_refused_.store(true);  // take no more frames until the queue drains (WriteNext)
       return false;
     }
     if (outstanding > 0 && shared_->memory->Over()) {
       shared_->metrics->Refuse(Refusal::kMemory);
+      reply_refused_.store(true);
       return false;
     }
     building_bytes_.fetch_add(n);
@@ -351,6 +358,10 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
     if (wq_.empty()) {
       writing_ = false;
       write_busy_.store(false);
+      // Every reply, refused values' included, went through this queue and none is being
+      // built: the client has read them all. (Not while requests execute: the small replies
+      // of refused values are written while a big one is still being built.)
+      if (inflight_ == 0) reply_refused_.store(false);
       if (close_after_write_) {
         DoClose();
         return;
@@ -689,6 +700,9 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
   std::atomic<uint64_t> wq_bytes_{0};
   // Value bytes reserved by workers for replies not yet queued (ReserveReply).
   std::atomic<uint64_t> building_bytes_{0};
+  // A value was answered `retry` by ReserveReply (set by a worker); cleared on the strand when
+  // the write queue is empty and no request executes. ReplyQueueFull() while set.
+  std::atomic<bool> reply_refused_{false};
   uint64_t inflight_bytes_ = 0;      // frame bodies executing on workers
   uint64_t charged_bytes_ = 0;       // what this connection counts in shared_->memory
   bool reply_paused_ = false;        // counted once per pause

@@ -153,8 +153,12 @@ StatusOr<TensorFile> DecodeSafetensors(const uint8_t* data, size_t size) {
       int64_t elems = 1;
       for (int64_t d : t.shape) {
         if (d < 0 || d > (int64_t{1} << 40)) return Status::Corruption("safetensors: bad shape");
+        // Checked before multiplying: 2^40 * 2^40 overflows int64 (and used to wrap to a
+        // count that could match the data's size).
+        if (d != 0 && elems > (int64_t{1} << 40) / d) {
+          return Status::Corruption("safetensors: shape too big");
+        }
         elems *= d;
-        if (elems > (int64_t{1} << 40)) return Status::Corruption("safetensors: shape too big");
       }
       if (static_cast<uint64_t>(elems) * es != off[1] - off[0])
         return Status::Corruption("safetensors: size mismatch for " + it.key());

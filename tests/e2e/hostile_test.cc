@@ -163,12 +163,22 @@ class HostileTest : public ::testing::Test {
   }
 
   std::string Metrics() { return kt::HttpRequest(d_->http_port(), "GET", "/metrics"); }
-  uint64_t Refusals(const std::string& reason) {
+  // A counter's value, 0 when the series is absent (not yet counted); the page itself must
+  // have come, or an upper bound on a counter would pass on a missing page.
+  uint64_t Counter(const std::string& series) {
     std::string m = Metrics();
-    std::string k = "kvtier_connection_limit_refusals_total{reason=\"" + reason + "\"} ";
-    size_t at = m.find(k);
+    EXPECT_NE(m.find("# TYPE kvtier_requests_total counter"), std::string::npos)
+        << "no /metrics page: " << m.substr(0, 200);
+    size_t at = m.find(series + " ");
     if (at == std::string::npos) return 0;
-    return std::stoull(m.substr(at + k.size()));
+    return std::stoull(m.substr(at + series.size() + 1));
+  }
+  uint64_t Refusals(const std::string& reason) {
+    return Counter("kvtier_connection_limit_refusals_total{reason=\"" + reason + "\"}");
+  }
+  // kvtier_requests_total of one operation and status code (daemon-wide).
+  uint64_t Requests(const std::string& op, const std::string& code) {
+    return Counter("kvtier_requests_total{op=\"" + op + "\",code=\"" + code + "\"}");
   }
 
   std::filesystem::path dir_;
@@ -298,8 +308,14 @@ TEST_F(HostileTest, RepliesNeverReadStopTheReaderNotTheDaemon) {
   // The queue (4 MiB), one value beyond it and the store's copy, with allocator slack.
   ExpectHealthy(kReplyQueueBytes + (32u << 20));
   StopWellBehaved();
-  // The stalled connection is closed once idle (no byte moves, nothing executing).
-  EXPECT_TRUE(raw.ClosedWithin(kIdleMs * 3) || !d_->Alive());
+  // The stalled connection is closed once idle (no byte moves, nothing executing), its
+  // replies still unread: the test does not read them, which would let the writes move.
+  EXPECT_TRUE(raw.HungUpWithin(kIdleMs * 3) || !d_->Alive());
+  // Once a value was answered retry, the daemon took no more of the connection's requests:
+  // only GETs already executing then (at most kInflight, and one more taken in a race with
+  // the refusal) were answered retry, not the rest of the kUnreadGets, each of which would
+  // have read its 1 MiB value for nothing (about 197 without the pause).
+  EXPECT_LE(Requests("get", "retry"), kInflight + kInflight / 2);
   ExpectHealthy();
 }
 
@@ -488,7 +504,7 @@ TEST_F(HostileSmallBudgetTest, DaemonWideConnectionMemoryBudget) {
     int shrink = 4096;
     ::setsockopt(raw.fd(), SOL_SOCKET, SO_RCVBUF, &shrink, sizeof(shrink));
     std::vector<uint8_t> gets;
-    for (uint32_t i = 0; i < kInflight * 2; ++i) {
+    for (uint32_t i = 0; i < kInflight * 4; ++i) {
       auto f =
           wire::BuildFrame(static_cast<uint8_t>(Opcode::kGet), 0, 10 + i, kt::GetBody(KeyOf(4)));
       gets.insert(gets.end(), f.begin(), f.end());
@@ -500,7 +516,11 @@ TEST_F(HostileSmallBudgetTest, DaemonWideConnectionMemoryBudget) {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_GE(Refusals("memory"), 1u);
   ExpectHealthy();
-  for (auto& h : hogs) EXPECT_TRUE(h.ClosedWithin(kIdleMs * 3));
+  // A hog whose value was refused took no more of its GETs: about the kInflight executing
+  // then were answered retry (as above), not all 4 * kInflight it sent.
+  EXPECT_LE(Requests("get", "retry"), hogs.size() * (kInflight + kInflight / 2));
+  // Closed while idle, their replies unread (not read here: that would let the writes move).
+  for (auto& h : hogs) EXPECT_TRUE(h.HungUpWithin(kIdleMs * 3));
   StopWellBehaved();
   ExpectHealthy();
 }

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -114,6 +115,24 @@ class RawNative {
       char chunk[65536];
       ssize_t n = ::recv(fd_, chunk, sizeof(chunk), 0);
       if (n <= 0) return true;
+    }
+  }
+
+  // True when the daemon closes the connection within timeout_ms, seen without reading
+  // (a read would let a stalled reply move): on a Unix socket the peer's close shows as a
+  // hang-up even while replies are still queued to this end. Not for TCP, where the FIN comes
+  // after the unread data.
+  bool HungUpWithin(int timeout_ms) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      deadline - std::chrono::steady_clock::now())
+                                      .count());
+      if (left <= 0) return false;
+      pollfd p{fd_, POLLRDHUP, 0};
+      int r = ::poll(&p, 1, left);
+      if (r < 0 && errno == EINTR) continue;
+      return r == 1 && (p.revents & (POLLRDHUP | POLLHUP)) != 0;
     }
   }
 

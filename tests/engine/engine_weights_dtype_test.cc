@@ -243,6 +243,9 @@ TEST_F(HalfWeightsFile, MalformedFilesAreCorruptionNeverACrash) {
            {"shape bigger than data", R"({"x":{"dtype":"BF16","shape":[4],"data_offsets":[0,4]}})"},
            {"overflowing shape",
             R"({"x":{"dtype":"F16","shape":[1099511627776,1099511627776],"data_offsets":[0,4]}})"},
+           // 2^40 * 2^24 wraps a 64-bit count to 0, which matched the 0 bytes named.
+           {"wrapping shape",
+            R"({"x":{"dtype":"F16","shape":[1099511627776,16777216],"data_offsets":[0,0]}})"},
            {"negative dim", R"({"x":{"dtype":"F16","shape":[-2],"data_offsets":[0,4]}})"},
            {"unknown dtype", R"({"x":{"dtype":"F12","shape":[2],"data_offsets":[0,4]}})"},
            {"offsets not numbers", R"({"x":{"dtype":"F16","shape":[2],"data_offsets":"0,4"}})"},

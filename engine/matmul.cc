@@ -19,6 +19,11 @@ constexpr int kRowsPerBlock = 6;
 // Below this many multiply-adds (64 KiB of weights) a call runs on the caller alone: handing
 // work to a spinning worker costs about a microsecond, a decode GEMV of this size about six.
 constexpr int64_t kParallelMinWork = int64_t{1} << 14;
+// Up to this many multiply-adds a call is cut into one chunk per thread: a decode-sized product
+// takes a few microseconds, and each extra chunk is one more claim on a cache line the threads
+// pass between them (and a shorter run for the micro-kernel). Larger calls keep the pool's
+// default, so a late worker holds the caller up for a smaller piece.
+constexpr int64_t kOneChunkMaxWork = int64_t{1} << 19;
 
 }  // namespace
 
@@ -181,9 +186,10 @@ void MatMulWith(MatMulKernel k, ThreadPool* pool, const float* x, int rows, int 
             std::min(rows, static_cast<int>(e) * kRowsPerBlock), 0, panels);
     });
   } else {
-    pool->ParallelFor(panels, [&](int64_t b, int64_t e) {
-      block(0, rows, static_cast<int>(b), static_cast<int>(e));
-    });
+    pool->ParallelFor(
+        panels,
+        [&](int64_t b, int64_t e) { block(0, rows, static_cast<int>(b), static_cast<int>(e)); },
+        work <= kOneChunkMaxWork ? 1 : ThreadPool::kChunksPerThread);
   }
 }
 

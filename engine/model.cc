@@ -357,6 +357,7 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
   // requested before the first layer runs; each Engram layer waits just before it.
   std::vector<EngramPending*> claimed;
   KVTIER_RETURN_IF_ERROR(BeginEngramStep(*st, plan, step, &claimed));
+  const ThreadPool::Hold hold(pool_.get());  // no sleeping between this pass's sections
   for (int l = l_begin; l < l_end; ++l) {
     const LayerWeights& lw = layers_[l];
     if (c.IsEngramLayer(l)) {

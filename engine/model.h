@@ -275,6 +275,8 @@ class Engine {
 
   const EngineConfig& config() const { return config_; }
   int threads() const { return pool_->threads(); }
+  // Parallel sections this engine's pool handed to its workers so far (ThreadPool::dispatches).
+  int64_t pool_dispatches() const { return pool_->dispatches(); }
   void set_trace(StepTrace* trace) { trace_ = trace; }
   // Attaches (nullptr: detaches) an attention-input capture; not owned.
   void set_attn_capture(AttnInputCapture* capture) { capture_ = capture; }

@@ -335,59 +335,88 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
   const KvSourceCache* src = rt->src;
   const QuantFormat mfmt = QuantFormat::kFp4E4M3x16;
   const size_t mdb = kernels::DataBytes(mfmt, hd), msb = kernels::ScaleBytes(mfmt, hd);
-  std::atomic<bool> failed{false};
-  ForRange(pool, n, [&](int64_t b, int64_t e) {
-    std::vector<const float*> keys;
-    std::vector<float> logit, latent;
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t p = p0 + t;
-      keys.clear();
-      if (mode != LayerMode::kSwaOnly) {
-        const std::vector<int32_t>& sel = rt->topk[t];
-        latent.resize(sel.size() * hd);
-        for (size_t i = 0; i < sel.size(); ++i) {
-          const int64_t j = sel[i];
-          if (!kernels::Dequantize(mfmt, src->main_data.data() + j * mdb,
-                                   src->main_scales.data() + j * msb, 1, hd, latent.data() + i * hd,
-                                   kCacheReadBackend)
-                   .ok()) {
-            failed = true;
-            return;
-          }
-        }
-        for (size_t i = 0; i < sel.size(); ++i) keys.push_back(latent.data() + i * hd);
-      }
-      const int64_t lo = std::max(ring.valid_from, p - W + 1);
-      for (int64_t s = std::max<int64_t>(lo, 0); s <= p; ++s) {
-        if (s >= p0) {
-          keys.push_back(kv + (s - p0) * hd);
-        } else if (ring.Has(s)) {
-          keys.push_back(ring.values.data() + (s % W) * hd);
+  // Gathers token t's keys into keys (compressed entries dequantised into latent).
+  auto gather = [&](int64_t t, std::vector<const float*>* keys, std::vector<float>* latent) {
+    const int64_t p = p0 + t;
+    keys->clear();
+    if (mode != LayerMode::kSwaOnly) {
+      const std::vector<int32_t>& sel = rt->topk[t];
+      latent->resize(sel.size() * hd);
+      for (size_t i = 0; i < sel.size(); ++i) {
+        const int64_t j = sel[i];
+        if (!kernels::Dequantize(mfmt, src->main_data.data() + j * mdb,
+                                 src->main_scales.data() + j * msb, 1, hd, latent->data() + i * hd,
+                                 kCacheReadBackend)
+                 .ok()) {
+          return false;
         }
       }
-      logit.resize(keys.size());
-      for (int h = 0; h < H; ++h) {
-        const float* qh = q + (t * H + h) * hd;
-        const float sink = lw.sink[h];
-        float mx = sink;
-        for (size_t i = 0; i < keys.size(); ++i) {
-          logit[i] = Dot(qh, keys[i], hd) * scale;
-          mx = std::max(mx, logit[i]);
-        }
-        float den = std::exp(sink - mx);
-        for (size_t i = 0; i < keys.size(); ++i) {
-          logit[i] = std::exp(logit[i] - mx);
-          den += logit[i];
-        }
-        float* oh = o + (t * H + h) * hd;
-        for (int d = 0; d < hd; ++d) oh[d] = 0.0f;
-        for (size_t i = 0; i < keys.size(); ++i) {
-          Axpy(logit[i] / den, keys[i], hd, oh);
-        }
-        ApplyRope(oh + hd - rd, *lw.rope, p, true);  // inverse RoPE on the output
+      for (size_t i = 0; i < sel.size(); ++i) keys->push_back(latent->data() + i * hd);
+    }
+    const int64_t lo = std::max(ring.valid_from, p - W + 1);
+    for (int64_t s = std::max<int64_t>(lo, 0); s <= p; ++s) {
+      if (s >= p0) {
+        keys->push_back(kv + (s - p0) * hd);
+      } else if (ring.Has(s)) {
+        keys->push_back(ring.values.data() + (s % W) * hd);
       }
     }
-  });
+    return true;
+  };
+  // Head h of token t against its gathered keys; logit is scratch.
+  auto attend = [&](int64_t t, int h, const std::vector<const float*>& keys,
+                    std::vector<float>* logit) {
+    logit->resize(keys.size());
+    float* lg = logit->data();
+    const float* qh = q + (t * H + h) * hd;
+    const float sink = lw.sink[h];
+    float mx = sink;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      lg[i] = Dot(qh, keys[i], hd) * scale;
+      mx = std::max(mx, lg[i]);
+    }
+    float den = std::exp(sink - mx);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      lg[i] = std::exp(lg[i] - mx);
+      den += lg[i];
+    }
+    float* oh = o + (t * H + h) * hd;
+    for (int d = 0; d < hd; ++d) oh[d] = 0.0f;
+    for (size_t i = 0; i < keys.size(); ++i) Axpy(lg[i] / den, keys[i], hd, oh);
+    ApplyRope(oh + hd - rd, *lw.rope, p0 + t, true);  // inverse RoPE on the output
+  };
+  std::atomic<bool> failed{false};
+  if (pool != nullptr && pool->threads() > 1 && n < pool->threads()) {
+    // Fewer tokens than threads (decode): the keys are gathered once per token, then the
+    // threads take (token, head) pairs, one contiguous share each. A head's output is computed
+    // by the same code either way, so the bits do not depend on the split.
+    std::vector<std::vector<const float*>> keys(n);
+    std::vector<std::vector<float>> latent(n);
+    for (int64_t t = 0; t < n; ++t) {
+      if (!gather(t, &keys[t], &latent[t]))
+        return Status::Internal("engine: global KV entries could not be dequantised");
+    }
+    pool->ParallelFor(
+        static_cast<int64_t>(n) * H,
+        [&](int64_t b, int64_t e) {
+          std::vector<float> logit;
+          for (int64_t i = b; i < e; ++i)
+            attend(i / H, static_cast<int>(i % H), keys[i / H], &logit);
+        },
+        1);
+  } else {
+    ForRange(pool, n, [&](int64_t b, int64_t e) {
+      std::vector<const float*> keys;
+      std::vector<float> logit, latent;
+      for (int64_t t = b; t < e; ++t) {
+        if (!gather(t, &keys, &latent)) {
+          failed = true;
+          return;
+        }
+        for (int h = 0; h < H; ++h) attend(t, h, keys, &logit);
+      }
+    });
+  }
   if (failed) return Status::Internal("engine: global KV entries could not be dequantised");
 
   // Push these rows' SWA entries into the ring.

@@ -62,6 +62,7 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
   const bool across_sequences = threads > 1 && static_cast<int>(k) >= threads &&
                                 max_rows * threads <= total && trace_ == nullptr;
   std::vector<Status> core_status(k);
+  const ThreadPool::Hold hold(pool_.get());  // no sleeping between this pass's sections
   for (int l = 0; l < L; ++l) {
     const LayerWeights& lw = layers_[l];
     if (c.IsEngramLayer(l)) {

@@ -30,15 +30,8 @@ ThreadPool::ThreadPool(int threads) {
 ThreadPool::~ThreadPool() {
   stop_.store(true);
   gen_.fetch_add(1);
-  Wake();
+  gen_.notify_all();
   for (auto& t : workers_) t.join();
-}
-
-void ThreadPool::Wake() {
-  // A worker between its predicate check and its wait holds the mutex: taking it here means
-  // every sleeper either sees the new gen_ or is waiting and gets the notification.
-  { std::lock_guard<std::mutex> lock(sleep_mu_); }
-  sleep_cv_.notify_all();
 }
 
 void ThreadPool::RunChunks(uint32_t gen) {
@@ -71,18 +64,22 @@ void ThreadPool::WorkerLoop() {
   for (;;) {
     uint32_t g = gen_.load(std::memory_order_acquire);
     if (g == seen) {
-      const auto deadline = Clock::now() + std::chrono::microseconds(kSpinMicros);
+      const auto start = Clock::now();
       for (int i = 0; g == seen; ++i) {
         KVTIER_CPU_RELAX();
         g = gen_.load(std::memory_order_acquire);
-        if ((i & 63) == 63 && Clock::now() > deadline) break;
+        if ((i & 63) == 63) {
+          const int limit_us =
+              holds_.load(std::memory_order_relaxed) > 0 ? kHeldSpinMicros : kSpinMicros;
+          if (Clock::now() - start > std::chrono::microseconds(limit_us)) break;
+        }
       }
       if (g == seen) {
-        std::unique_lock<std::mutex> lock(sleep_mu_);
-        sleepers_.fetch_add(1);  // seq_cst: pairs with the caller's store of gen_, then load
-        sleep_cv_.wait(lock, [&] { return gen_.load() != seen || stop_.load(); });
+        // seq_cst increment, then load: either this load sees the caller's new gen_, or the
+        // caller's load of sleepers_ (after its store of gen_) sees this worker and notifies.
+        sleepers_.fetch_add(1);
+        while ((g = gen_.load()) == seen) gen_.wait(seen);  // returns once gen_ != seen
         sleepers_.fetch_sub(1);
-        g = gen_.load();
       }
     }
     if (stop_.load()) return;
@@ -91,14 +88,16 @@ void ThreadPool::WorkerLoop() {
   }
 }
 
-void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
+                             int chunks_per_thread) {
   if (n <= 0) return;
   if (workers_.empty() || n == 1) {
     fn(0, n);
     return;
   }
-  const uint64_t chunks =
-      static_cast<uint64_t>(std::min<int64_t>(n, int64_t{threads()} * kChunksPerThread));
+  const int64_t per_thread = std::clamp(chunks_per_thread, 1, kChunksPerThread);
+  const uint64_t chunks = static_cast<uint64_t>(std::min<int64_t>(n, threads() * per_thread));
+  ++dispatches_;
   // The previous call is fully done (done_ reached its chunk count), so no worker can still
   // claim from it: claim_ says its chunks are all taken.
   const uint32_t gen = gen_.load(std::memory_order_relaxed) + 1;
@@ -106,8 +105,8 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
   job_n_.store(n, std::memory_order_relaxed);
   done_.store(0, std::memory_order_relaxed);
   claim_.store(ClaimWord(gen, chunks, 0), std::memory_order_release);
-  gen_.store(gen);  // seq_cst: pairs with a worker's sleepers_ increment, then wait
-  if (sleepers_.load() > 0) Wake();
+  gen_.store(gen);  // seq_cst: pairs with a worker's sleepers_ increment, then load
+  if (sleepers_.load() > 0) gen_.notify_all();
   RunChunks(gen);
   // Only chunks some worker is running remain; wait for them.
   for (int i = 0; done_.load(std::memory_order_acquire) != static_cast<int64_t>(chunks); ++i) {

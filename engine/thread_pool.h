@@ -5,19 +5,23 @@
 // engine's loops compute each output element entirely inside one call with a fixed
 // operation order, so results are bit-identical for any thread count.
 //
-// Cost: a call is cut into at most kChunksPerThread chunks per thread, claimed with one atomic
-// compare-and-swap each, so a worker that is late (descheduled on a busy machine) never holds
-// the caller up: the caller claims the chunks nobody took and waits only for chunks already
-// running. Between calls workers spin for up to kSpinMicros, then sleep on a condition
-// variable; a call touches its mutex only when some worker sleeps.
-// Thread safety: ParallelFor may be called from one thread at a time (not re-entrant).
+// Cost: a call is cut into at most chunks_per_thread chunks per thread (kChunksPerThread unless
+// the caller asks for fewer: a call of a few microseconds, such as a decode step's matrix-vector
+// product, wants one chunk per thread), claimed with one compare-and-swap each, so a worker that
+// is late (descheduled on a busy machine) never holds the caller up: the caller claims the
+// chunks nobody took and waits only for chunks already running. The fields the caller writes,
+// the claim word and the completion count sit on separate cache lines, so a spinning worker does
+// not pull the claim word away from the threads claiming. Between calls workers spin for up to
+// kSpinMicros (kHeldSpinMicros while the caller holds the pool with a Hold, e.g. for the whole of
+// one token's pass over the layers), then sleep on a futex (std::atomic::wait); a call makes the
+// wake-up system call only when some worker sleeps.
+// Thread safety: ParallelFor may be called from one thread at a time (not re-entrant); Hold
+// belongs to that same thread.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -27,10 +31,14 @@ inline constexpr int kMaxThreads = 256;
 
 class ThreadPool {
  public:
-  // Chunks per thread a call is cut into (fewer when n is smaller).
+  // Chunks per thread a call is cut into by default (fewer when n is smaller).
   static constexpr int kChunksPerThread = 4;
   // How long an idle worker polls for the next call before it sleeps.
   static constexpr int kSpinMicros = 50;
+  // The same while a Hold is alive: the serial stretches between the parallel sections of one
+  // token (attention core, routing, the mHC mixes) stay well under this, so the workers never
+  // sleep inside a token, yet a caller blocked for longer (an Engram row fetch) frees the CPU.
+  static constexpr int kHeldSpinMicros = 1000;
 
   // threads <= 1: everything runs on the caller. Clamped to kMaxThreads.
   explicit ThreadPool(int threads);
@@ -39,27 +47,52 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
-  void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+  void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+    ParallelFor(n, fn, kChunksPerThread);
+  }
+  // As above, cut into at most chunks_per_thread (clamped to [1, kChunksPerThread]) chunks per
+  // thread.
+  void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
+                   int chunks_per_thread);
+
+  // Calls handed to the workers so far (calls that ran on the caller alone are not counted).
+  int64_t dispatches() const { return dispatches_; }
+
+  // While a Hold lives, idle workers spin up to kHeldSpinMicros instead of kSpinMicros before
+  // they sleep. Holds nest.
+  class Hold {
+   public:
+    explicit Hold(ThreadPool* pool) : pool_(pool) {
+      if (pool_ != nullptr) pool_->holds_.fetch_add(1, std::memory_order_relaxed);
+    }
+    ~Hold() {
+      if (pool_ != nullptr) pool_->holds_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+
+   private:
+    ThreadPool* pool_;
+  };
 
  private:
   void WorkerLoop();
   // Claims and runs chunks of call `gen` until none is left (or a newer call began).
   void RunChunks(uint32_t gen);
-  // Wakes every sleeping worker (after gen_ or stop_ changed).
-  void Wake();
 
   std::vector<std::thread> workers_;
-  // The current call: written by the caller before `claim_` opens it, read by a worker only
-  // after it claimed a chunk of that call (then they cannot change until the chunk is done).
+  int64_t dispatches_ = 0;  // the caller's thread only
+  // The current call, and gen_ that opens it: written by the caller, polled by idle workers
+  // (one line). job_ and job_n_ are read by a worker only after it claimed a chunk of that call
+  // (then they cannot change until the chunk is done).
+  alignas(64) std::atomic<uint32_t> gen_{0};  // bumped per call; idle workers wait on it
   std::atomic<const std::function<void(int64_t, int64_t)>*> job_{nullptr};
   std::atomic<int64_t> job_n_{0};
   // (generation << 32) | (chunks << 16) | next chunk: one word, so a claim names its call.
-  std::atomic<uint64_t> claim_{0};
-  std::atomic<int64_t> done_{0};  // chunks of the current call finished
-  std::atomic<uint32_t> gen_{0};  // bumped per call; idle workers wait on it
-  std::atomic<int> sleepers_{0};  // workers asleep (or about to be) on sleep_cv_
-  std::mutex sleep_mu_;
-  std::condition_variable sleep_cv_;
+  alignas(64) std::atomic<uint64_t> claim_{0};
+  alignas(64) std::atomic<int64_t> done_{0};  // chunks of the current call finished
+  alignas(64) std::atomic<int> sleepers_{0};  // workers asleep (or about to be) on gen_
+  std::atomic<int> holds_{0};
   std::atomic<bool> stop_{false};
 };
 

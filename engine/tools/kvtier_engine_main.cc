@@ -532,6 +532,7 @@ int RunBench(Args args) {
   auto t3 = Clock::now();
   if (!s.ok()) return Fail(s);
   // Decode from the CED state.
+  const int64_t dispatches0 = e.pool_dispatches();
   auto t4 = Clock::now();
   for (uint64_t i = 0; i < decode_tokens; ++i) {
     const int32_t next =
@@ -540,6 +541,8 @@ int RunBench(Args args) {
     if (!s.ok()) return Fail(s);
   }
   auto t5 = Clock::now();
+  const double dispatches_per_token =
+      static_cast<double>(e.pool_dispatches() - dispatches0) / static_cast<double>(decode_tokens);
   const double ced_s = Seconds(t0, t1), full_s = Seconds(t2, t3), dec_s = Seconds(t4, t5);
   const double ced_tps = prompt_tokens / ced_s, full_tps = prompt_tokens / full_s;
   const double dec_tps = decode_tokens / dec_s;
@@ -558,6 +561,7 @@ int RunBench(Args args) {
     j["ced_prefill_tokens_per_s"] = ced_tps;
     j["full_prefill_tokens_per_s"] = full_tps;
     j["decode_tokens_per_s"] = dec_tps;
+    j["decode_pool_dispatches_per_token"] = dispatches_per_token;
     j["ced_prefill_to_decode_cost_per_token"] = ced_ratio;
     j["full_prefill_to_decode_cost_per_token"] = full_ratio;
     j["ced_vs_full_prefill_speedup"] = full_s / ced_s;
@@ -571,7 +575,8 @@ int RunBench(Args args) {
                 static_cast<unsigned long long>(decode_tokens));
     std::printf("CED prefill   %10.1f tokens/s\n", ced_tps);
     std::printf("full prefill  %10.1f tokens/s   (peer: every layer over every token)\n", full_tps);
-    std::printf("decode        %10.1f tokens/s\n", dec_tps);
+    std::printf("decode        %10.1f tokens/s   (%.1f parallel sections per token)\n", dec_tps,
+                dispatches_per_token);
     std::printf(
         "prefill/decode cost per token: CED %.3f, full %.3f (CED is %.2fx the full "
         "forward)\n",

@@ -425,5 +425,64 @@ TEST(ThreadPool, SleepingWorkersWakeForTheNextCall) {
   }
 }
 
+// One chunk per thread (the decode-sized calls' split): every index still runs exactly once, on
+// back-to-back calls, and only calls handed to workers count as dispatches.
+TEST(ThreadPool, OneChunkPerThreadCoversEveryIndexOnceAndCountsDispatches) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    std::vector<std::atomic<int>> hits(40);
+    int64_t handed = 0;
+    for (int round = 0; round < 3000; ++round) {
+      const int64_t n = 1 + round % 37;
+      for (auto& h : hits) h.store(0, std::memory_order_relaxed);
+      pool.ParallelFor(
+          n,
+          [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1, std::memory_order_relaxed);
+          },
+          1);
+      if (threads > 1 && n > 1) ++handed;
+      for (int64_t i = 0; i < 40; ++i) {
+        ASSERT_EQ(hits[i].load(), i < n ? 1 : 0) << "threads " << threads << " round " << round;
+      }
+    }
+    EXPECT_EQ(pool.dispatches(), handed) << "threads " << threads;
+  }
+}
+
+// With a Hold alive, workers idle longer than kSpinMicros between calls (they sleep once past
+// kHeldSpinMicros) still take part in the next call, and calls stay correct; holds nest.
+TEST(ThreadPool, HeldPoolRunsCallsAcrossPauses) {
+  ThreadPool pool(3);
+  ThreadPool::Hold outer(&pool);
+  for (int round = 0; round < 6; ++round) {
+    ThreadPool::Hold inner(&pool);
+    const int pause_us =
+        round % 2 == 0 ? 2 * ThreadPool::kSpinMicros : 2 * ThreadPool::kHeldSpinMicros;
+    std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+    std::vector<int> hits(64, 0);
+    std::mutex mu;
+    std::set<std::thread::id> ids;
+    pool.ParallelFor(64, [&](int64_t b, int64_t e) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ids.insert(std::this_thread::get_id());
+      }
+      for (;;) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (ids.size() == 3) break;
+        }
+        if (std::chrono::steady_clock::now() > deadline) break;
+        std::this_thread::yield();
+      }
+      for (int64_t i = b; i < e; ++i) ++hits[i];
+    });
+    for (int h : hits) ASSERT_EQ(h, 1);
+    EXPECT_EQ(ids.size(), 3u) << "round " << round;
+  }
+}
+
 }  // namespace
 }  // namespace kvtier::engine

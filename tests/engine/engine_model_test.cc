@@ -259,6 +259,26 @@ TEST(EngineModel, IdenticalAcrossRunsAndThreadCounts) {
   }
 }
 
+// A decode step with 2 and 3 threads hands sections to the workers (the attention heads among
+// them) and with 1 thread none; the logits are the same bits either way (above).
+TEST(EngineModel, DecodeHandsSectionsToWorkersOnlyWithThreads) {
+  const auto prompt = Prompt(20, 5);
+  for (int threads : {1, 2, 3}) {
+    auto e = MakeEngine(threads);
+    SequenceState st = e->NewSequence();
+    std::vector<float> logits;
+    ASSERT_TRUE(e->PrefillCed(&st, prompt, &logits).ok());
+    const int64_t before = e->pool_dispatches();
+    ASSERT_TRUE(e->Decode(&st, Argmax(logits.data(), kV), &logits).ok());
+    const int64_t step = e->pool_dispatches() - before;
+    if (threads == 1) {
+      EXPECT_EQ(step, 0);
+    } else {
+      EXPECT_GE(step, 16) << "threads " << threads;  // at least the 16 layers' attention heads
+    }
+  }
+}
+
 TEST(EngineModel, SensibleInitialScales) {
   auto e = MakeEngine();
   SequenceState st = e->NewSequence();

@@ -8,13 +8,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <mutex>
 #include <random>
-#include <set>
 #include <string>
 #include <string_view>
 
@@ -55,16 +55,14 @@ inline constexpr size_t kFreePortRecentMax = 1024;
 inline uint16_t FreePort() {
   static std::mutex mu;
   static std::deque<uint16_t> recent;  // the last handed out, oldest first; protected by mu
-  static std::set<uint16_t> given;     // the ports in `recent`; protected by mu
   static std::mt19937 rng(std::random_device{}() ^ static_cast<uint32_t>(::getpid()));
   std::lock_guard<std::mutex> lock(mu);
+  auto given = [&](uint16_t port) {
+    return std::find(recent.begin(), recent.end(), port) != recent.end();
+  };
   auto hand_out = [&](uint16_t port) {
     recent.push_back(port);
-    given.insert(port);
-    if (recent.size() > kFreePortRecentMax) {
-      given.erase(recent.front());
-      recent.pop_front();
-    }
+    if (recent.size() > kFreePortRecentMax) recent.pop_front();
     return port;
   };
   unsigned ephemeral_low = 32768, ephemeral_high = 60999;
@@ -76,7 +74,7 @@ inline uint16_t FreePort() {
     std::uniform_int_distribution<unsigned> pick(kFreePortLow, ephemeral_low - 1);
     for (int i = 0; i < kFreePortTriesMax; ++i) {
       const auto port = static_cast<uint16_t>(pick(rng));
-      if (given.count(port) == 0 && PortBindable(port)) return hand_out(port);
+      if (!given(port) && PortBindable(port)) return hand_out(port);
     }
   }
   for (int i = 0; i < kFreePortTriesMax; ++i) {
@@ -90,7 +88,7 @@ inline uint16_t FreePort() {
     ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
     ::close(fd);
     const uint16_t port = ntohs(a.sin_port);
-    if (given.count(port) == 0) return hand_out(port);
+    if (!given(port)) return hand_out(port);
   }
   return 0;
 }

@@ -77,9 +77,7 @@ class RawNative {
           return r;
         }
       }
-      int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                      deadline - std::chrono::steady_clock::now())
-                                      .count());
+      int left = MsLeft(deadline);
       if (left <= 0) return std::nullopt;
       pollfd p{fd_, POLLIN, 0};
       if (::poll(&p, 1, left) <= 0) return std::nullopt;
@@ -106,9 +104,7 @@ class RawNative {
   bool ClosedWithin(int timeout_ms) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
-      int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                      deadline - std::chrono::steady_clock::now())
-                                      .count());
+      int left = MsLeft(deadline);
       if (left <= 0) return false;
       pollfd p{fd_, POLLIN, 0};
       if (::poll(&p, 1, left) <= 0) return false;
@@ -125,9 +121,7 @@ class RawNative {
   bool HungUpWithin(int timeout_ms) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
-      int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                      deadline - std::chrono::steady_clock::now())
-                                      .count());
+      int left = MsLeft(deadline);
       if (left <= 0) return false;
       pollfd p{fd_, POLLRDHUP, 0};
       int r = ::poll(&p, 1, left);
@@ -146,6 +140,13 @@ class RawNative {
   }
 
  private:
+  // Milliseconds from now until deadline (0 or less once it has passed).
+  static int MsLeft(std::chrono::steady_clock::time_point deadline) {
+    return static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                deadline - std::chrono::steady_clock::now())
+                                .count());
+  }
+
   int fd_ = -1;
   std::vector<uint8_t> buf_;
 };

@@ -394,6 +394,33 @@ TEST(ThreadPool, ManyShortCallsBackToBackRunEachIndexOnce) {
   }
 }
 
+// One ParallelFor of n indices in which each chunk waits (at most 10 s) until `want` distinct
+// threads are inside the call, so they all are only if every worker took part. Asserts that
+// each index ran exactly once; returns how many distinct threads ran chunks.
+size_t ThreadsInOneCall(ThreadPool* pool, int64_t n, size_t want) {
+  std::vector<int> hits(n, 0);
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  pool->ParallelFor(n, [&](int64_t b, int64_t e) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ids.insert(std::this_thread::get_id());
+    }
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (ids.size() == want) break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::yield();
+    }
+    for (int64_t i = b; i < e; ++i) ++hits[i];
+  });
+  for (int h : hits) EXPECT_EQ(h, 1);
+  return ids.size();
+}
+
 // Workers that went to sleep (idle past kSpinMicros) wake for the next call and take part:
 // each chunk waits (at most 10 s) until all three threads are inside the call, which happens
 // only if both sleeping workers were woken.
@@ -401,27 +428,7 @@ TEST(ThreadPool, SleepingWorkersWakeForTheNextCall) {
   ThreadPool pool(3);
   for (int round = 0; round < 5; ++round) {
     std::this_thread::sleep_for(std::chrono::microseconds(3 * ThreadPool::kSpinMicros));
-    std::vector<int> hits(100, 0);
-    std::mutex mu;
-    std::set<std::thread::id> ids;
-    pool.ParallelFor(100, [&](int64_t b, int64_t e) {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        ids.insert(std::this_thread::get_id());
-      }
-      for (;;) {
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          if (ids.size() == 3) break;
-        }
-        if (std::chrono::steady_clock::now() > deadline) break;
-        std::this_thread::yield();
-      }
-      for (int64_t i = b; i < e; ++i) ++hits[i];
-    });
-    for (int h : hits) ASSERT_EQ(h, 1);
-    EXPECT_EQ(ids.size(), 3u) << "round " << round;
+    EXPECT_EQ(ThreadsInOneCall(&pool, 100, 3), 3u) << "round " << round;
   }
 }
 
@@ -460,27 +467,7 @@ TEST(ThreadPool, HeldPoolRunsCallsAcrossPauses) {
     const int pause_us =
         round % 2 == 0 ? 2 * ThreadPool::kSpinMicros : 2 * ThreadPool::kHeldSpinMicros;
     std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
-    std::vector<int> hits(64, 0);
-    std::mutex mu;
-    std::set<std::thread::id> ids;
-    pool.ParallelFor(64, [&](int64_t b, int64_t e) {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        ids.insert(std::this_thread::get_id());
-      }
-      for (;;) {
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          if (ids.size() == 3) break;
-        }
-        if (std::chrono::steady_clock::now() > deadline) break;
-        std::this_thread::yield();
-      }
-      for (int64_t i = b; i < e; ++i) ++hits[i];
-    });
-    for (int h : hits) ASSERT_EQ(h, 1);
-    EXPECT_EQ(ids.size(), 3u) << "round " << round;
+    EXPECT_EQ(ThreadsInOneCall(&pool, 64, 3), 3u) << "round " << round;
   }
 }
 

@@ -36,8 +36,8 @@ test: build
 test-slow: build
 	@ctest --test-dir $(BUILD_DIR) -L slow --output-on-failure
 
-# Fresh golden vectors from reference/ (PyTorch, /usr/bin/python3) into a temporary directory,
-# then the engine's golden test against them.
+# Fresh golden vectors of the random init and the trained checkpoint from reference/ (PyTorch,
+# /usr/bin/python3) into a temporary directory, then the engine's golden test against them.
 test-reference: build
 	@./deploy/install-deps.sh --with-torch
 	@sh tests/engine/reference_live.sh /usr/bin/python3 $(BUILD_DIR)/tests/engine/kvtier_engine_golden_test

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The engine against the live PyTorch reference: writes fresh golden vectors of the random-init
-# checkpoint with reference/golden.py into a temporary directory, then runs the engine's golden
-# test on them (KVTIER_GOLDEN_DIR). Usage: reference_live.sh PYTHON GOLDEN_TEST_BINARY
+# checkpoint and of the shipped trained checkpoint with reference/golden.py into a temporary
+# directory, then runs the engine's golden test on them (KVTIER_GOLDEN_DIR). Usage: reference_live.sh PYTHON GOLDEN_TEST_BINARY
 # Run from the repository root (make test-reference does).
 set -eu
 python="$1"
@@ -10,4 +10,6 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/kvtier-reference.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 "$python" -c 'import torch' || { echo "reference_live: $python has no torch (install-deps.sh --with-torch)" >&2; exit 1; }
 "$python" -m reference.golden --out "$work"
+"$python" -m reference.golden --out "$work" --name trained \
+  --weights deploy/models/kvmini-trained.safetensors --config deploy/models/kvmini-trained.json
 KVTIER_GOLDEN_DIR="$work" "$test_bin"

@@ -137,6 +137,13 @@ void MatMul(ThreadPool* pool, const float* x, int rows, int in, const float* w,
 }
 
 void MatMulMany(ThreadPool* pool, const MatMulPart* parts, int n_parts) {
+  if (pool == nullptr || pool->threads() <= 1) {  // nothing to share: the plain calls
+    for (int i = 0; i < n_parts; ++i) {
+      const MatMulPart& p = parts[i];
+      MatMul(pool, p.x, p.rows, p.in, p.w, p.packed, p.out, p.y);
+    }
+    return;
+  }
   const MatMulKernel k = ActiveMatMulKernel();
   std::vector<MatMulPart> cpu;
   cpu.reserve(n_parts);

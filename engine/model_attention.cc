@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <utility>
 
 #include "engine/model_internal.h"
 
@@ -17,8 +16,8 @@ namespace kvtier::engine {
 
 namespace {
 using model_detail::ForRange;
+using model_detail::kAttnSplitMinWork;
 using model_detail::kCacheReadBackend;
-using model_detail::kCoreSplitMinWork;
 using model_detail::kIndexRowsPerPass;
 using model_detail::kQuantBackend;
 using model_detail::QuantFormat;
@@ -148,14 +147,9 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
   const QuantFormat ifmt = QuantFormat::kFp4Ue8m0x32;
   const size_t idb = kernels::DataBytes(ifmt, id), isb = kernels::ScaleBytes(ifmt, id);
   std::atomic<bool> failed{false};
-  // Fewer rows than threads (decode): the rows run on the caller one after another and the
-  // threads split each row's passes over the keys instead (a score is computed whole by one
-  // thread, so the bits do not depend on the split).
-  const bool split_keys = pool != nullptr && pool->threads() > 1 && n < pool->threads();
-  ForRange(split_keys ? nullptr : pool, n, [&](int64_t b, int64_t e) {
+  ForRange(pool, n, [&](int64_t b, int64_t e) {
     std::vector<float> score, keys(static_cast<size_t>(kIndexRowsPerPass) * id);
     std::vector<int32_t> eligible;
-    std::vector<std::pair<int64_t, int64_t>> passes;  // key rows [j0, j1) of one pass each
     for (int64_t t = b; t < e; ++t) {
       const int64_t p = p0 + t;
       const int64_t nv = std::min<int64_t>((p + 1) / m, src->entries());
@@ -164,19 +158,17 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
       const float* q = iq + t * IH * id;
       const float* w = wts + t * IH;
       eligible.clear();
-      passes.clear();
-      // Scores rows [j0, j1) (at most kIndexRowsPerPass), every head against each key; kbuf:
-      // kIndexRowsPerPass x id floats of scratch.
-      auto score_rows = [&](int64_t j0, int64_t j1, float* kbuf) {
+      // Scores rows [j0, j1) (at most kIndexRowsPerPass), every head against each key.
+      auto score_rows = [&](int64_t j0, int64_t j1) {
         if (!kernels::Dequantize(ifmt, src->index_data.data() + j0 * idb,
-                                 src->index_scales.data() + j0 * isb, j1 - j0, id, kbuf,
+                                 src->index_scales.data() + j0 * isb, j1 - j0, id, keys.data(),
                                  kCacheReadBackend)
                  .ok()) {
           failed = true;
           return;
         }
         for (int64_t j = j0; j < j1; ++j) {
-          const float* kj = kbuf + (j - j0) * id;
+          const float* kj = keys.data() + (j - j0) * id;
           float s = 0;
           int h = 0;
           for (; h + 4 <= IH; h += 4) {  // four heads per pass over the key (Dot4 == Dot)
@@ -193,23 +185,6 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
           score[j] = s;
         }
       };
-      // Scores every pass in `passes`: split over the pool when worth a hand-off.
-      auto score_passes = [&] {
-        int64_t rows = 0;
-        for (const auto& [j0, j1] : passes) rows += j1 - j0;
-        if (split_keys && rows * IH * id >= kCoreSplitMinWork) {
-          pool->ParallelFor(
-              static_cast<int64_t>(passes.size()),
-              [&](int64_t pb, int64_t pe) {
-                std::vector<float> kbuf(static_cast<size_t>(kIndexRowsPerPass) * id);
-                for (int64_t i = pb; i < pe; ++i)
-                  score_rows(passes[i].first, passes[i].second, kbuf.data());
-              },
-              1);
-        } else {
-          for (const auto& [j0, j1] : passes) score_rows(j0, j1, keys.data());
-        }
-      };
       const int bs = c.candidate_block_size;
       if (restrict) {
         const std::vector<uint8_t>& mask = rt->candidates[t];
@@ -218,16 +193,14 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
           if (!mask[bi]) continue;
           const int64_t j1 = std::min<int64_t>(nv, (bi + 1) * bs);
           for (int64_t j0 = bi * bs; j0 < j1; j0 += kIndexRowsPerPass)
-            passes.emplace_back(j0, std::min<int64_t>(j1, j0 + kIndexRowsPerPass));
+            score_rows(j0, std::min<int64_t>(j1, j0 + kIndexRowsPerPass));
           for (int64_t j = bi * bs; j < j1; ++j) eligible.push_back(static_cast<int32_t>(j));
         }
-        score_passes();
         rt->topk[t] = TopK(score, eligible, c.index_topk);
         continue;
       }
       for (int64_t j0 = 0; j0 < nv; j0 += kIndexRowsPerPass)
-        passes.emplace_back(j0, std::min<int64_t>(nv, j0 + kIndexRowsPerPass));
-      score_passes();
+        score_rows(j0, std::min<int64_t>(nv, j0 + kIndexRowsPerPass));
       if (is_candidate_source) {
         const int64_t nb = (nv + bs - 1) / bs;
         std::vector<float> bscore(nb, -INFINITY);
@@ -432,7 +405,7 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
     };
     int64_t work = 0;  // multiply-adds: a dot product and an axpy per head and key
     for (int64_t t = 0; t < n; ++t) work += static_cast<int64_t>(keys[t].size()) * H * 2 * hd;
-    if (work >= kCoreSplitMinWork) {
+    if (work >= kAttnSplitMinWork) {
       pool->ParallelFor(static_cast<int64_t>(n) * H, heads, 1);
     } else {
       heads(0, static_cast<int64_t>(n) * H);  // a hand-off would cost more than it saves

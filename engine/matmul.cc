@@ -193,4 +193,68 @@ void MatMulWith(MatMulKernel k, ThreadPool* pool, const float* x, int rows, int 
   }
 }
 
+void MatMulManyWith(MatMulKernel k, ThreadPool* pool, const MatMulPart* parts, int n_parts) {
+  if (n_parts <= 0) return;
+  const int threads = pool == nullptr ? 1 : pool->threads();
+  // Multiply-adds of the panels before part i (prefix) and in all; the most rows of a part.
+  std::vector<int64_t> start(n_parts + 1, 0);
+  int max_rows = 0;
+  for (int i = 0; i < n_parts; ++i) {
+    const MatMulPart& p = parts[i];
+    const int64_t panels = p.out > 0 ? (p.out + kMatMulPanelOutputs - 1) / kMatMulPanelOutputs : 0;
+    start[i + 1] =
+        start[i] + panels * kMatMulPanelOutputs * std::max(p.in, 0) * std::max(p.rows, 0);
+    max_rows = std::max(max_rows, p.rows);
+  }
+  const int64_t work = start[n_parts];
+  const int row_blocks = (max_rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  if (threads <= 1 || work < kParallelMinWork || row_blocks >= 2 * threads) {
+    // One part at a time, as separate calls would run (small: each on the caller; many rows:
+    // each split over row blocks).
+    for (int i = 0; i < n_parts; ++i) {
+      const MatMulPart& p = parts[i];
+      MatMulWith(k, work < kParallelMinWork ? nullptr : pool, p.x, p.rows, p.in, p.w, p.packed,
+                 p.out, p.y);
+    }
+    return;
+  }
+  for (int i = 0; i < n_parts; ++i) {  // no multiply-adds, but outputs (zeros) to write
+    const MatMulPart& p = parts[i];
+    if (start[i + 1] == start[i])
+      MatMulWith(k, nullptr, p.x, p.rows, p.in, p.w, p.packed, p.out, p.y);
+  }
+  // Chunk c takes the panels whose first multiply-add (counted over all parts' panels in
+  // order) falls in [c * work / chunks, (c + 1) * work / chunks).
+  const int64_t chunks =
+      static_cast<int64_t>(threads) * (work <= kOneChunkMaxWork ? 1 : ThreadPool::kChunksPerThread);
+  pool->ParallelFor(
+      chunks,
+      [&](int64_t cb, int64_t ce) {
+        for (int64_t c = cb; c < ce; ++c) {
+          for (int i = 0; i < n_parts; ++i) {
+            const MatMulPart& p = parts[i];
+            const int64_t cost = static_cast<int64_t>(kMatMulPanelOutputs) * p.in * p.rows;
+            if (cost <= 0 || p.out <= 0) continue;
+            const int64_t panels = (p.out + kMatMulPanelOutputs - 1) / kMatMulPanelOutputs;
+            // The first panel q with (start[i] + q * cost) * chunks >= cc * work.
+            auto first_panel = [&](int64_t cc) {
+              const int64_t need = cc * work - start[i] * chunks;
+              if (need <= 0) return int64_t{0};
+              return std::min(panels, (need + cost * chunks - 1) / (cost * chunks));
+            };
+            const int q0 = static_cast<int>(first_panel(c)),
+                      q1 = static_cast<int>(first_panel(c + 1));
+            if (q0 >= q1) continue;
+            if (k == MatMulKernel::kAvx2Fma) {
+              internal::MatMulAvx2Block(p.x, 0, p.rows, *p.packed, q0, q1, p.y);
+            } else {
+              ScalarBlock(p.x, 0, p.rows, p.in, p.w, q0 * kMatMulPanelOutputs,
+                          std::min(p.out, q1 * kMatMulPanelOutputs), p.out, p.y);
+            }
+          }
+        }
+      },
+      ThreadPool::kChunksPerThread);
+}
+
 }  // namespace kvtier::engine

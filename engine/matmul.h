@@ -88,6 +88,23 @@ class PackedWeightSet {
 void MatMulWith(MatMulKernel k, ThreadPool* pool, const float* x, int rows, int in, const float* w,
                 const PackedMatrix* packed, int out, float* y);
 
+// One product of a MatMulManyWith call: Y = X W^T for X [rows x in].
+struct MatMulPart {
+  const float* x = nullptr;
+  int rows = 0;
+  int in = 0;
+  const float* w = nullptr;
+  const PackedMatrix* packed = nullptr;  // as MatMulWith's
+  int out = 0;
+  float* y = nullptr;
+};
+// Every part's product, each bit-identical to its own MatMulWith (an output is still one fma
+// chain computed by one call). With few rows (decode) and enough work in all, the panels of
+// all parts are split over `pool` in one parallel section, cut by multiply-adds, so products
+// that share an input or are otherwise independent cost one hand-off instead of one each;
+// otherwise each part runs as MatMulWith would. No part may write what another part reads.
+void MatMulManyWith(MatMulKernel k, ThreadPool* pool, const MatMulPart* parts, int n_parts);
+
 namespace internal {
 // engine/matmul_avx2.cc (only called when the CPU has AVX2 and FMA): rows [r0, r1) of X times
 // panels [p0, p1) of `w`, written to Y (ldy = w.out()).

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <optional>
 
 #include "engine/model_internal.h"
 #include "kernels/quant.h"
@@ -192,6 +194,11 @@ void Engine::Mm(ThreadPool* pool, const float* x, int rows, int in, const float*
   MatMul(pool, x, rows, in, w, packed_.Find(w, in, out), out, y);
 }
 
+void Engine::MmMany(ThreadPool* pool, std::span<MatMulPart> parts) const {
+  for (MatMulPart& p : parts) p.packed = packed_.Find(p.w, p.in, p.out);
+  MatMulMany(pool, parts.data(), static_cast<int>(parts.size()));
+}
+
 void Engine::PackMatMulWeights() {
   const EngineConfig& c = config_;
   const int D = c.hidden_size, hd = c.head_dim, ql = c.q_lora_rank, H = c.num_attention_heads;
@@ -368,24 +375,37 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
     for (int s = 0; s < 2; ++s) {
       PreMix(n, x, pre, s == 0 ? lw.attn_norm : lw.ffn_norm, xn.data());
       if (s == 0 && capture_ != nullptr) capture_->Record(l, p0, n, hc, D, x, xn.data());
-      pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
+      auto mixes = [&](int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t) {
           HcMixes(x + t * hc * D, hc, D, lw.hc_fn[s], lw.hc_scale[s], lw.hc_base[s],
                   c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, next_pre.data() + t * hc,
                   post.data() + t * hc, comb.data() + t * hc * hc);
         }
-      });
+      };
+      // The mixes read only x and the sublayer only xn, so with fewer rows than threads (decode)
+      // the mixes run on a worker beside the sublayer instead of split over their few rows.
+      Status sub;
+      {
+        const std::function<void()> all_mixes = [&] { mixes(0, n); };
+        std::optional<ThreadPool::Side> side;
+        if (n < pool_->threads()) {
+          side.emplace(pool_.get(), &all_mixes);
+        } else {
+          pool_->ParallelFor(n, mixes);
+        }
+        if (s == 0) {
+          sub = Attention(l, st, p0, n, xn.data(), &rt, f.data());
+        } else {
+          Moe(l, n, xn.data(), f.data());
+        }
+      }  // joins the side task
+      KVTIER_RETURN_IF_ERROR(sub);
       if (trace_ != nullptr) {
         auto& tc = trace_->comb[2 * l + s];  // appended chunk by chunk
         for (int t = 0; t < n; ++t) {
           tc.emplace_back(comb.begin() + static_cast<int64_t>(t) * hc * hc,
                           comb.begin() + static_cast<int64_t>(t + 1) * hc * hc);
         }
-      }
-      if (s == 0) {
-        KVTIER_RETURN_IF_ERROR(Attention(l, st, p0, n, xn.data(), &rt, f.data()));
-      } else {
-        Moe(l, n, xn.data(), f.data());
       }
       MixSublayer(n, x, f.data(), post.data(), comb.data());
       std::memcpy(pre, next_pre.data(), next_pre.size() * 4);  // single-pass: pre for next

@@ -299,6 +299,9 @@ class Engine {
   // MatMul with W's packed copy from packed_ (no registry lock or lookup per call).
   void Mm(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out,
           float* y) const;
+  // MatMulMany (ops.h) of the parts, with each W's packed copy from packed_: products that are
+  // independent of each other (e.g. sharing an input) in one parallel section when small.
+  void MmMany(ThreadPool* pool, std::span<MatMulPart> parts) const;
   Status CheckTokens(std::span<const int32_t> tokens) const;
   void Embed(std::span<const int32_t> tokens, float* x, float* pre) const;
   void AppendChunks(int64_t p0, int64_t n, int l_begin, int l_end, std::vector<Step>* plan) const;

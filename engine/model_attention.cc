@@ -16,6 +16,7 @@ namespace kvtier::engine {
 
 namespace {
 using model_detail::ForRange;
+using model_detail::kAttnSplitMinWork;
 using model_detail::kCacheReadBackend;
 using model_detail::kIndexRowsPerPass;
 using model_detail::kQuantBackend;
@@ -62,12 +63,10 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
   const int rd = c.qk_rope_head_dim;
   const int rows = static_cast<int>(p0 + n - first);
   const float* xin = xa + (first - p0) * D;
-  std::vector<float> ckv(static_cast<size_t>(rows) * hd), cg;
-  Mm(pool, xin, rows, D, lw.c_wkv, hd, ckv.data());
-  if (m > 1) {
-    cg.resize(ckv.size());
-    Mm(pool, xin, rows, D, lw.c_wgate, hd, cg.data());
-  }
+  std::vector<float> ckv(static_cast<size_t>(rows) * hd), cg(m > 1 ? ckv.size() : 0);
+  MatMulPart proj[2] = {{xin, rows, D, lw.c_wkv, nullptr, hd, ckv.data()},
+                        {xin, rows, D, lw.c_wgate, nullptr, hd, cg.data()}};
+  MmMany(pool, std::span<MatMulPart>(proj, m > 1 ? 2 : 1));
   // Collect finished groups: latent (pre-RoPE, normalised) per entry.
   std::vector<float> latents;
   std::vector<int64_t> entry_ids;
@@ -238,14 +237,28 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
   const LayerWeights& lw = layers_[layer];
   const int D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim;
   const int rd = c.qk_rope_head_dim, ql = c.q_lora_rank;
+  const LayerMode mode = c.layer_modes[layer];
+  const bool indexed = mode == LayerMode::kFull || mode == LayerMode::kReindex;
+  const int IH = c.index_n_heads, id = c.index_head_dim;
   a->qr.resize(static_cast<size_t>(n) * ql);
   a->q.resize(static_cast<size_t>(n) * H * hd);
-  Mm(pool_.get(), xa, n, D, lw.wq_a, ql, a->qr.data());
+  a->kv.resize(static_cast<size_t>(n) * hd);
+  a->iq.resize(indexed ? static_cast<size_t>(n) * IH * id : 0);
+  a->wts.resize(indexed ? static_cast<size_t>(n) * IH : 0);
+  // The products of xa (q's low rank, the SWA entry, the indexer's head weights), then those of
+  // the normed low-rank q (q, the indexer's query): one call each, so a decode step hands each
+  // group to the threads once.
+  MatMulPart from_x[3] = {{xa, n, D, lw.wq_a, nullptr, ql, a->qr.data()},
+                          {xa, n, D, lw.wkv, nullptr, hd, a->kv.data()},
+                          {xa, n, D, lw.i_wproj, nullptr, IH, a->wts.data()}};
+  MmMany(pool_.get(), std::span<MatMulPart>(from_x, indexed ? 3 : 2));
   for (int t = 0; t < n; ++t) {
     float* qt = a->qr.data() + static_cast<int64_t>(t) * ql;
     RmsNorm(qt, lw.q_norm, ql, c.rms_norm_eps, qt);
   }
-  Mm(pool_.get(), a->qr.data(), n, ql, lw.wq_b, H * hd, a->q.data());
+  MatMulPart from_q[2] = {{a->qr.data(), n, ql, lw.wq_b, nullptr, H * hd, a->q.data()},
+                          {a->qr.data(), n, ql, lw.i_wq_b, nullptr, IH * id, a->iq.data()}};
+  MmMany(pool_.get(), std::span<MatMulPart>(from_q, indexed ? 2 : 1));
   for (int t = 0; t < n; ++t) {
     for (int h = 0; h < H; ++h) {
       ApplyRope(a->q.data() + (static_cast<int64_t>(t) * H + h) * hd + hd - rd, *lw.rope, pos[t],
@@ -253,8 +266,6 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
     }
   }
   // SWA entries of these rows: kv_norm(wkv x), RoPE, FP8 e4m3 + ue8m0/32 (and back).
-  a->kv.resize(static_cast<size_t>(n) * hd);
-  Mm(pool_.get(), xa, n, D, lw.wkv, hd, a->kv.data());
   for (int t = 0; t < n; ++t) {
     float* kt = a->kv.data() + static_cast<int64_t>(t) * hd;
     RmsNorm(kt, lw.kv_norm, hd, c.rms_norm_eps, kt);
@@ -267,25 +278,17 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
   KVTIER_RETURN_IF_ERROR(kernels::Dequantize(QuantFormat::kFp8Ue8m0x32, a->kv_data.data(),
                                              a->kv_scales.data(), n, hd, a->kv.data(),
                                              kQuantBackend));
-  // The indexer's query and head weights (Full and Reindex layers).
-  a->iq.clear();
-  a->wts.clear();
-  const LayerMode mode = c.layer_modes[layer];
-  if (mode == LayerMode::kFull || mode == LayerMode::kReindex) {
-    const int IH = c.index_n_heads, id = c.index_head_dim;
-    a->iq.resize(static_cast<size_t>(n) * IH * id);
-    a->wts.resize(static_cast<size_t>(n) * IH);
-    Mm(pool_.get(), a->qr.data(), n, ql, lw.i_wq_b, IH * id, a->iq.data());
+  // The indexer's query (Full and Reindex layers): RoPE, then the FP4 QAT of the reference
+  // (ue8m0 per 32).
+  if (indexed) {
     for (int t = 0; t < n; ++t) {
       for (int h = 0; h < IH; ++h) {
         ApplyRope(a->iq.data() + (static_cast<int64_t>(t) * IH + h) * id + id - rd, *lw.rope,
                   pos[t], false);
       }
     }
-    // FP4 QAT of the index query (ue8m0 per 32), as the reference does.
     KVTIER_RETURN_IF_ERROR(kernels::RoundTrip(QuantFormat::kFp4Ue8m0x32, a->iq.data(),
                                               static_cast<size_t>(n) * IH, id, kQuantBackend));
-    Mm(pool_.get(), xa, n, D, lw.i_wproj, IH, a->wts.data());
   }
   return Status::Ok();
 }
@@ -396,14 +399,17 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
       if (!gather(t, &keys[t], &latent[t]))
         return Status::Internal("engine: global KV entries could not be dequantised");
     }
-    pool->ParallelFor(
-        static_cast<int64_t>(n) * H,
-        [&](int64_t b, int64_t e) {
-          std::vector<float> logit;
-          for (int64_t i = b; i < e; ++i)
-            attend(i / H, static_cast<int>(i % H), keys[i / H], &logit);
-        },
-        1);
+    auto heads = [&](int64_t b, int64_t e) {
+      std::vector<float> logit;
+      for (int64_t i = b; i < e; ++i) attend(i / H, static_cast<int>(i % H), keys[i / H], &logit);
+    };
+    int64_t work = 0;  // multiply-adds: a dot product and an axpy per head and key
+    for (int64_t t = 0; t < n; ++t) work += static_cast<int64_t>(keys[t].size()) * H * 2 * hd;
+    if (work >= kAttnSplitMinWork) {
+      pool->ParallelFor(static_cast<int64_t>(n) * H, heads, 1);
+    } else {
+      heads(0, static_cast<int64_t>(n) * H);  // a hand-off would cost more than it saves
+    }
   } else {
     ForRange(pool, n, [&](int64_t b, int64_t e) {
       std::vector<const float*> keys;
@@ -439,18 +445,29 @@ void Engine::AttnOutput(int layer, int n, const float* o, float* out) {
   const LayerWeights& lw = layers_[layer];
   const int D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim;
   const int G = c.o_groups, ol = c.o_lora_rank, gin = (H / G) * hd;
-  std::vector<float> oa(static_cast<size_t>(n) * G * ol), tmp(static_cast<size_t>(n) * ol);
-  std::vector<float> og(static_cast<size_t>(n) * gin);
+  // Every group's inputs gathered (og: group-major), then all groups' products in one call.
+  std::vector<float> oa(static_cast<size_t>(n) * G * ol), tmp(static_cast<size_t>(n) * G * ol);
+  std::vector<float> og(static_cast<size_t>(n) * G * gin);
+  std::vector<MatMulPart> parts(G);
   for (int g = 0; g < G; ++g) {
+    float* ogg = og.data() + static_cast<int64_t>(g) * n * gin;
     for (int t = 0; t < n; ++t) {
-      std::memcpy(og.data() + static_cast<int64_t>(t) * gin,
+      std::memcpy(ogg + static_cast<int64_t>(t) * gin,
                   o + static_cast<int64_t>(t) * H * hd + static_cast<int64_t>(g) * gin, gin * 4);
     }
-    Mm(pool_.get(), og.data(), n, gin, lw.wo_a + static_cast<int64_t>(g) * ol * gin, ol,
-       tmp.data());
+    parts[g] = {ogg,
+                n,
+                gin,
+                lw.wo_a + static_cast<int64_t>(g) * ol * gin,
+                nullptr,
+                ol,
+                tmp.data() + static_cast<int64_t>(g) * n * ol};
+  }
+  MmMany(pool_.get(), parts);
+  for (int g = 0; g < G; ++g) {
     for (int t = 0; t < n; ++t) {
       std::memcpy(oa.data() + (static_cast<int64_t>(t) * G + g) * ol,
-                  tmp.data() + static_cast<int64_t>(t) * ol, ol * 4);
+                  tmp.data() + (static_cast<int64_t>(g) * n + t) * ol, ol * 4);
     }
   }
   Mm(pool_.get(), oa.data(), n, G * ol, lw.wo_b, D, out);

@@ -24,6 +24,10 @@ inline constexpr Backend kQuantBackend = Backend::kAuto;
 // Attention and the indexer dequantise the global KV they read with the vectorised codec
 // (AVX2 where the CPU has it; bit-identical to the reference, tests/kernels).
 inline constexpr Backend kCacheReadBackend = Backend::kAuto;
+// Smallest attention core (multiply-adds over every head and key of the call's rows) whose heads
+// are split over the threads when there are fewer rows than threads: below it (the trained
+// miniature's two heads of 64 against ~32 keys) the hand-off costs more than the heads.
+inline constexpr int64_t kAttnSplitMinWork = int64_t{1} << 14;
 // Index key rows dequantised per pass of the indexer (a 4 KiB buffer at index_head_dim 32).
 inline constexpr int64_t kIndexRowsPerPass = 32;
 

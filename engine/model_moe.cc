@@ -9,6 +9,31 @@ namespace kvtier::engine {
 
 namespace {
 using model_detail::TopK;
+
+// g <- silu(min(g, limit)) * clamp(u, -limit, limit), times row_weight[r] (when given) per row.
+void SwigluActivate(int rows, int inter, float limit, const float* row_weight, float* g,
+                    const float* u) {
+  for (int r = 0; r < rows; ++r) {
+    for (int i = 0; i < inter; ++i) {
+      const size_t k = static_cast<size_t>(r) * inter + i;
+      const float gi = std::min(g[k], limit);
+      const float ui = std::clamp(u[k], -limit, limit);
+      g[k] = Silu(gi) * ui;
+      if (row_weight) g[k] *= row_weight[r];  // router weight before w2
+    }
+  }
+}
+
+// out = the K routed outputs of each token, summed in slot order, plus the shared output.
+void CombineExperts(int n, int K, int D, const float* routed, const float* shared, float* out) {
+  for (int t = 0; t < n; ++t) {
+    for (int d = 0; d < D; ++d) {
+      float acc = routed[(static_cast<size_t>(t) * K) * D + d];
+      for (int k = 1; k < K; ++k) acc += routed[(static_cast<size_t>(t) * K + k) * D + d];
+      out[static_cast<size_t>(t) * D + d] = acc + shared[static_cast<size_t>(t) * D + d];
+    }
+  }
+}
 }  // namespace
 
 void Engine::Moe(int layer, int n, const float* xn, float* out) {
@@ -46,32 +71,70 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
     std::vector<float> g(static_cast<size_t>(rows) * inter), u(g.size());
     Mm(pool, x, rows, D, w1, inter, g.data());
     Mm(pool, x, rows, D, w3, inter, u.data());
-    for (int r = 0; r < rows; ++r) {
-      for (int i = 0; i < inter; ++i) {
-        const size_t k = static_cast<size_t>(r) * inter + i;
-        const float gi = std::min(g[k], limit);
-        const float ui = std::clamp(u[k], -limit, limit);
-        g[k] = Silu(gi) * ui;
-        if (row_weight) g[k] *= row_weight[r];  // router weight before w2
-      }
-    }
+    SwigluActivate(rows, inter, limit, row_weight, g.data(), u.data());
     Mm(pool, g.data(), rows, inter, w2, D, y);
   };
   // Routed experts, grouped by expert; each (token, slot) output lands in its own buffer.
-  // Few tokens (decode): few experts are active, so the experts run one after another with the
-  // threads inside each matmul; otherwise the threads take whole experts. MatMul's results do
-  // not depend on the pool, so neither do the outputs.
   std::vector<float> routed(static_cast<size_t>(n) * K * D);
-  const bool split_matmuls = static_cast<int64_t>(n) * K < 2 * pool_->threads();
-  ThreadPool* expert_pool = split_matmuls ? pool_.get() : nullptr;
-  auto over_experts = [&](const std::function<void(int64_t, int64_t)>& fn) {
-    if (split_matmuls) {
-      fn(0, E);
-    } else {
-      pool_->ParallelFor(E, fn);
+  std::vector<float> shared(static_cast<size_t>(n) * D, 0.0f);
+  if (static_cast<int64_t>(n) * K < 2 * pool_->threads()) {
+    // Few tokens (decode): few experts are active, so the threads split the products instead:
+    // every active expert's and the shared expert's gate and up products in one call, their
+    // down products in another (MmMany; each output as its own MatMul computes it).
+    std::vector<int32_t> active;
+    std::vector<std::vector<int64_t>> slots;
+    for (int32_t e = 0; e < E; ++e) {
+      std::vector<int64_t> sl;
+      for (int64_t i = 0; i < static_cast<int64_t>(n) * K; ++i) {
+        if (chosen[i] == e) sl.push_back(i);
+      }
+      if (sl.empty()) continue;
+      active.push_back(e);
+      slots.push_back(std::move(sl));
     }
-  };
-  over_experts([&](int64_t b, int64_t e_end) {
+    const int A = static_cast<int>(active.size()), Is = I * c.n_shared_experts;
+    const bool has_shared = lw.s_w1 != nullptr;
+    std::vector<std::vector<float>> xg(A), wg(A), g(A), u(A), yg(A);
+    std::vector<float> gs(has_shared ? static_cast<size_t>(n) * Is : 0), us(gs.size());
+    std::vector<MatMulPart> up, down;
+    for (int a = 0; a < A; ++a) {
+      const int rows = static_cast<int>(slots[a].size()), e = active[a];
+      xg[a].resize(static_cast<size_t>(rows) * D);
+      wg[a].resize(rows);
+      g[a].resize(static_cast<size_t>(rows) * I);
+      u[a].resize(g[a].size());
+      yg[a].resize(xg[a].size());
+      for (int r = 0; r < rows; ++r) {
+        std::memcpy(xg[a].data() + static_cast<int64_t>(r) * D, xn + (slots[a][r] / K) * D, D * 4);
+        wg[a][r] = weight[slots[a][r]];
+      }
+      up.push_back({xg[a].data(), rows, D, lw.w1[e], nullptr, I, g[a].data()});
+      up.push_back({xg[a].data(), rows, D, lw.w3[e], nullptr, I, u[a].data()});
+      down.push_back({g[a].data(), rows, I, lw.w2[e], nullptr, D, yg[a].data()});
+    }
+    if (has_shared) {
+      up.push_back({xn, n, D, lw.s_w1, nullptr, Is, gs.data()});
+      up.push_back({xn, n, D, lw.s_w3, nullptr, Is, us.data()});
+      down.push_back({gs.data(), n, Is, lw.s_w2, nullptr, D, shared.data()});
+    }
+    MmMany(pool_.get(), up);
+    for (int a = 0; a < A; ++a) {
+      SwigluActivate(static_cast<int>(slots[a].size()), I, limit, wg[a].data(), g[a].data(),
+                     u[a].data());
+    }
+    if (has_shared) SwigluActivate(n, Is, limit, nullptr, gs.data(), us.data());
+    MmMany(pool_.get(), down);
+    for (int a = 0; a < A; ++a) {
+      for (size_t r = 0; r < slots[a].size(); ++r) {
+        std::memcpy(routed.data() + slots[a][r] * D, yg[a].data() + r * D, D * 4);
+      }
+    }
+    CombineExperts(n, K, D, routed.data(), shared.data(), out);
+    return;
+  }
+  // Otherwise the threads take whole experts. MatMul's results do not depend on the pool, so
+  // neither do the outputs.
+  pool_->ParallelFor(E, [&](int64_t b, int64_t e_end) {
     for (int64_t e = b; e < e_end; ++e) {
       std::vector<int64_t> slots;
       for (int64_t i = 0; i < static_cast<int64_t>(n) * K; ++i) {
@@ -84,24 +147,17 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
         std::memcpy(xg.data() + static_cast<int64_t>(r) * D, xn + (slots[r] / K) * D, D * 4);
         wg[r] = weight[slots[r]];
       }
-      swiglu(xg.data(), rows, lw.w1[e], lw.w3[e], lw.w2[e], I, wg.data(), yg.data(), expert_pool);
+      swiglu(xg.data(), rows, lw.w1[e], lw.w3[e], lw.w2[e], I, wg.data(), yg.data(), nullptr);
       for (int r = 0; r < rows; ++r) {
         std::memcpy(routed.data() + slots[r] * D, yg.data() + static_cast<int64_t>(r) * D, D * 4);
       }
     }
   });
-  std::vector<float> shared(static_cast<size_t>(n) * D, 0.0f);
   if (lw.s_w1 != nullptr) {
     swiglu(xn, n, lw.s_w1, lw.s_w3, lw.s_w2, I * c.n_shared_experts, nullptr, shared.data(),
            pool_.get());
   }
-  for (int t = 0; t < n; ++t) {
-    for (int d = 0; d < D; ++d) {
-      float acc = routed[(static_cast<size_t>(t) * K) * D + d];
-      for (int k = 1; k < K; ++k) acc += routed[(static_cast<size_t>(t) * K + k) * D + d];
-      out[static_cast<size_t>(t) * D + d] = acc + shared[static_cast<size_t>(t) * D + d];
-    }
-  }
+  CombineExperts(n, K, D, routed.data(), shared.data(), out);
 }
 
 }  // namespace kvtier::engine

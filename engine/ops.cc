@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <numbers>
 
 #include "common/logging.h"
@@ -133,6 +134,43 @@ void MatMul(ThreadPool* pool, const float* x, int rows, int in, const float* w,
   }
 #endif
   MatMulCpu(pool, x, rows, in, w, packed_w, out, y);
+}
+
+void MatMulMany(ThreadPool* pool, const MatMulPart* parts, int n_parts) {
+  if (pool == nullptr || pool->threads() <= 1) {  // nothing to share: the plain calls
+    for (int i = 0; i < n_parts; ++i) {
+      const MatMulPart& p = parts[i];
+      MatMul(pool, p.x, p.rows, p.in, p.w, p.packed, p.out, p.y);
+    }
+    return;
+  }
+  const MatMulKernel k = ActiveMatMulKernel();
+  std::vector<MatMulPart> cpu;
+  cpu.reserve(n_parts);
+  std::vector<std::shared_ptr<const PackedMatrix>> found;  // registered copies, held for the call
+  std::vector<std::unique_ptr<PackedMatrix>> own;          // unregistered W: packed for this call
+  for (int i = 0; i < n_parts; ++i) {
+    MatMulPart p = parts[i];
+#if KVTIER_WITH_CUDA
+    if (CudaEligible(static_cast<int64_t>(p.rows) * p.out * p.in)) {
+      MatMul(pool, p.x, p.rows, p.in, p.w, p.packed, p.out, p.y);
+      continue;
+    }
+#endif
+    if (k == MatMulKernel::kScalar) {
+      p.packed = nullptr;
+    } else if (p.packed == nullptr) {
+      if (auto f = FindPackedWeight(p.w, p.in, p.out)) {
+        p.packed = f.get();
+        found.push_back(std::move(f));
+      } else {
+        own.push_back(std::make_unique<PackedMatrix>(p.w, p.in, p.out));
+        p.packed = own.back().get();
+      }
+    }
+    cpu.push_back(p);
+  }
+  MatMulManyWith(k, pool, cpu.data(), static_cast<int>(cpu.size()));
 }
 
 void RmsNorm(const float* x, const float* weight, int n, double eps, float* y) {

@@ -46,6 +46,11 @@ void MatMul(ThreadPool* pool, const float* x, int rows, int in, const float* w,
             const PackedMatrix* packed_w, int out, float* y);
 void MatMulCpu(ThreadPool* pool, const float* x, int rows, int in, const float* w,
                const PackedMatrix* packed_w, int out, float* y);
+// Several products in one call, each part's Y bit-identical to MatMul of that
+// part alone (a part's `packed` may be null: looked up or packed as MatMulCpu does). Parts the
+// CUDA path takes run through MatMul one by one; the rest run on the CPU together
+// (MatMulManyWith, engine/matmul.h: with few rows, one parallel section for all of them).
+void MatMulMany(ThreadPool* pool, const MatMulPart* parts, int n_parts);
 // Smallest rows*out*in sent to the GPU: below it the copies cost more than the CPU work.
 inline constexpr int64_t kCudaMatMulMinWork = int64_t{1} << 16;
 // Number of MatMul calls served by the CUDA path since process start (0 without CUDA).

@@ -56,6 +56,54 @@ void ThreadPool::RunChunks(uint32_t gen) {
   }
 }
 
+bool ThreadPool::RunSide() {
+  int s = kSidePosted;
+  if (side_state_.load(std::memory_order_relaxed) != kSidePosted ||
+      !side_state_.compare_exchange_strong(s, kSideTaken, std::memory_order_acq_rel,
+                                           std::memory_order_relaxed)) {
+    return false;
+  }
+  (*side_fn_.load(std::memory_order_relaxed))();
+  side_state_.store(kSideDone, std::memory_order_release);
+  return true;
+}
+
+uint32_t ThreadPool::Publish() {
+  const uint32_t gen = gen_.load(std::memory_order_relaxed) + 1;
+  gen_.store(gen);  // seq_cst: pairs with a worker's sleepers_ increment, then load
+  if (sleepers_.load() > 0) gen_.notify_all();
+  return gen;
+}
+
+ThreadPool::Side::Side(ThreadPool* pool, const std::function<void()>* fn) : pool_(pool) {
+  if (pool_ == nullptr || pool_->workers_.empty()) {
+    pool_ = nullptr;
+    (*fn)();
+    return;
+  }
+  ++pool_->dispatches_;
+  pool_->side_fn_.store(fn, std::memory_order_relaxed);
+  pool_->side_state_.store(kSidePosted, std::memory_order_release);
+  // A new generation wakes idle workers; its claim word is the previous call's (all taken), so
+  // a worker finds no chunk in it, only the side task.
+  pool_->Publish();
+}
+
+void ThreadPool::Side::Join() {
+  if (pool_ == nullptr) return;
+  if (!pool_->RunSide()) {  // a worker has it: wait until it is done
+    for (int i = 0; pool_->side_state_.load(std::memory_order_acquire) != kSideDone; ++i) {
+      if (i < 4096) {
+        KVTIER_CPU_RELAX();
+      } else {
+        std::this_thread::yield();  // the worker was descheduled mid-task
+      }
+    }
+  }
+  pool_->side_state_.store(kSideIdle, std::memory_order_relaxed);
+  pool_ = nullptr;
+}
+
 void ThreadPool::WorkerLoop() {
   using Clock = std::chrono::steady_clock;
   // The value at construction, not at thread start: a worker that starts late must still see
@@ -84,6 +132,7 @@ void ThreadPool::WorkerLoop() {
     }
     if (stop_.load()) return;
     seen = g;
+    RunSide();
     RunChunks(g);
   }
 }
@@ -105,8 +154,7 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
   job_n_.store(n, std::memory_order_relaxed);
   done_.store(0, std::memory_order_relaxed);
   claim_.store(ClaimWord(gen, chunks, 0), std::memory_order_release);
-  gen_.store(gen);  // seq_cst: pairs with a worker's sleepers_ increment, then load
-  if (sleepers_.load() > 0) gen_.notify_all();
+  Publish();
   RunChunks(gen);
   // Only chunks some worker is running remain; wait for them.
   for (int i = 0; done_.load(std::memory_order_acquire) != static_cast<int64_t>(chunks); ++i) {

@@ -15,8 +15,14 @@
 // kSpinMicros (kHeldSpinMicros while the caller holds the pool with a Hold, e.g. for the whole of
 // one token's pass over the layers), then sleep on a futex (std::atomic::wait); a call makes the
 // wake-up system call only when some worker sleeps.
+//
+// Side tasks: a Side runs one function on an idle worker while the caller goes on, so two
+// independent pieces of serial work (a decode step's mHC mixes beside its sublayer) overlap.
+// The caller's ParallelFor calls meanwhile proceed without that worker (the caller claims the
+// chunks it does not take); Join runs the function on the caller when no worker has taken it yet,
+// so a late worker never holds the caller up for longer than the function itself.
 // Thread safety: ParallelFor may be called from one thread at a time (not re-entrant); Hold
-// belongs to that same thread.
+// and Side belong to that same thread.
 #pragma once
 
 #include <atomic>
@@ -55,8 +61,26 @@ class ThreadPool {
   void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
                    int chunks_per_thread);
 
-  // Calls handed to the workers so far (calls that ran on the caller alone are not counted).
+  // Calls and side tasks handed to the workers so far (calls that ran on the caller alone are
+  // not counted).
   int64_t dispatches() const { return dispatches_; }
+
+  // One side task: fn runs on a worker (or on the caller, in Join, when none took it) while
+  // the caller continues. fn must not call the pool. At most one Side per pool is alive at a
+  // time. With a null pool or a pool of one thread, fn runs in the constructor. The destructor
+  // joins; fn and what it touches must outlive the Side.
+  class Side {
+   public:
+    Side(ThreadPool* pool, const std::function<void()>* fn);
+    ~Side() { Join(); }
+    Side(const Side&) = delete;
+    Side& operator=(const Side&) = delete;
+    // Returns once fn has run (at once after the first call).
+    void Join();
+
+   private:
+    ThreadPool* pool_;  // null once joined (or when fn ran in the constructor)
+  };
 
   // While a Hold lives, idle workers spin up to kHeldSpinMicros instead of kSpinMicros before
   // they sleep. Holds nest.
@@ -79,6 +103,10 @@ class ThreadPool {
   void WorkerLoop();
   // Claims and runs chunks of call `gen` until none is left (or a newer call began).
   void RunChunks(uint32_t gen);
+  // Runs the posted side task if nobody has taken it; true when this thread ran it.
+  bool RunSide();
+  // Bumps gen_ (the caller only) and wakes sleeping workers; returns the new generation.
+  uint32_t Publish();
 
   std::vector<std::thread> workers_;
   int64_t dispatches_ = 0;  // the caller's thread only
@@ -94,6 +122,11 @@ class ThreadPool {
   alignas(64) std::atomic<int> sleepers_{0};  // workers asleep (or about to be) on gen_
   std::atomic<int> holds_{0};
   std::atomic<bool> stop_{false};
+  // The side task: kSideIdle -> kSidePosted (caller) -> kSideTaken (one thread) -> kSideDone
+  // (that thread) -> kSideIdle (the caller's Join).
+  enum SideState : int { kSideIdle, kSidePosted, kSideTaken, kSideDone };
+  alignas(64) std::atomic<int> side_state_{kSideIdle};
+  std::atomic<const std::function<void()>*> side_fn_{nullptr};
 };
 
 }  // namespace kvtier::engine

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <set>
@@ -468,6 +469,72 @@ TEST(ThreadPool, HeldPoolRunsCallsAcrossPauses) {
         round % 2 == 0 ? 2 * ThreadPool::kSpinMicros : 2 * ThreadPool::kHeldSpinMicros;
     std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
     EXPECT_EQ(ThreadsInOneCall(&pool, 64, 3), 3u) << "round " << round;
+  }
+}
+
+// Side tasks: each runs exactly once per Side (on a worker, or on the caller at Join when no
+// worker took it), calls made meanwhile still run every index once, and a side task counts as a
+// dispatch only when the pool has workers.
+TEST(ThreadPool, SideTaskRunsOnceBesideTheCallersCalls) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    std::atomic<int> side_runs{0};
+    std::vector<std::atomic<int>> hits(24);
+    const std::function<void()> side = [&] { side_runs.fetch_add(1, std::memory_order_relaxed); };
+    for (int round = 0; round < 2000; ++round) {
+      const int64_t n = 1 + round % 23;
+      for (auto& h : hits) h.store(0, std::memory_order_relaxed);
+      {
+        ThreadPool::Side s(&pool, &side);
+        for (int call = 0; call < round % 3; ++call) {
+          pool.ParallelFor(
+              n,
+              [&](int64_t b, int64_t e) {
+                for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1, std::memory_order_relaxed);
+              },
+              1);
+        }
+        if (round % 2 == 0) {  // otherwise the destructor joins
+          s.Join();
+          ASSERT_EQ(side_runs.load(), round + 1) << "threads " << threads << " round " << round;
+        }
+      }
+      ASSERT_EQ(side_runs.load(), round + 1) << "threads " << threads << " round " << round;
+      for (int64_t i = 0; i < 24; ++i) {
+        ASSERT_EQ(hits[i].load(), i < n ? round % 3 : 0)
+            << "threads " << threads << " round " << round;
+      }
+    }
+    if (threads == 1) {
+      EXPECT_EQ(pool.dispatches(), 0);
+    }
+  }
+}
+
+// A side task is handed to a worker, asleep or spinning: the caller waits (at most 10 s) until
+// the task has run before it joins, so the task can only have run on a worker.
+TEST(ThreadPool, SideTaskRunsOnAWorkerWhileTheCallerWaits) {
+  ThreadPool pool(2);
+  for (int round = 0; round < 6; ++round) {
+    // Even rounds: the worker has gone to sleep; odd rounds: it is still spinning.
+    if (round % 2 == 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(3 * ThreadPool::kSpinMicros));
+    }
+    std::atomic<bool> ran{false};
+    std::thread::id ran_on;
+    const std::function<void()> side = [&] {
+      ran_on = std::this_thread::get_id();
+      ran.store(true, std::memory_order_release);
+    };
+    const int64_t before = pool.dispatches();
+    ThreadPool::Side s(&pool, &side);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!ran.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    s.Join();
+    EXPECT_NE(ran_on, std::this_thread::get_id()) << "round " << round;
+    EXPECT_EQ(pool.dispatches(), before + 1);
   }
 }
 

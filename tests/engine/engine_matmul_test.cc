@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string_view>
 #include <vector>
@@ -118,6 +119,71 @@ TEST(MatMul, ARowsResultDoesNotDependOnTheOtherRowsOrTheThreads) {
                        std::string(MatMulKernelName(k)) + " threads " + std::to_string(threads) +
                            " rows " + std::to_string(n));
       }
+    }
+  }
+}
+
+// MatMulManyWith: each part bit-identical to the contract for its own shape, whatever the
+// parts beside it, the kernel and the thread count (panels of all parts split over the threads
+// in one section when the rows are few; each part alone otherwise). Outputs start as NaN, so a
+// panel no chunk computed shows.
+TEST(MatMul, ManyPartsInOneCallEachComputeTheirOwnProduct) {
+  std::mt19937 rng(11);
+  struct Part {
+    int rows, in, out;
+  };
+  const std::vector<std::vector<Part>> calls = {
+      {{1, 256, 64}, {1, 256, 128}, {1, 256, 4}},                    // wq_a, wkv, index weights
+      {{1, 64, 1024}, {1, 64, 128}},                                 // wq_b, the index query
+      {{1, 512, 64}, {1, 512, 64}},                                  // wo_a's two groups
+      {{1, 256, 128}, {1, 256, 128}, {2, 256, 128}, {2, 256, 128}},  // gate/up, 1 and 2 rows
+      {{1, 7, 3}},                                                   // small: on the caller
+      {{3, 33, 97}, {1, 300, 17}, {2, 1, 200}, {1, 0, 5}, {1, 9, 0}},
+      {{40, 256, 128}, {40, 64, 33}},    // many rows: row blocks
+      {{1, 512, 1280}, {1, 128, 700}}};  // past one chunk per thread
+  for (size_t ci = 0; ci < calls.size(); ++ci) {
+    const std::vector<Part>& call = calls[ci];
+    std::vector<std::vector<float>> x, w, want;
+    std::vector<std::unique_ptr<PackedMatrix>> packed;
+    for (const Part& p : call) {
+      x.push_back(RandomFloats(static_cast<size_t>(p.rows) * p.in, &rng));
+      w.push_back(RandomFloats(static_cast<size_t>(p.out) * p.in, &rng));
+      want.push_back(Contract(x.back(), p.rows, p.in, w.back(), p.out));
+      packed.push_back(std::make_unique<PackedMatrix>(w.back().data(), p.in, p.out));
+    }
+    for (MatMulKernel k : {MatMulKernel::kScalar, MatMulKernel::kAvx2Fma}) {
+      if (!MatMulKernelAvailable(k)) continue;
+      for (int threads : {1, 2, 3, 8}) {
+        ThreadPool pool(threads);
+        std::vector<std::vector<float>> y;
+        std::vector<MatMulPart> parts;
+        for (size_t i = 0; i < call.size(); ++i) {
+          y.emplace_back(want[i].size(), std::nanf(""));
+          parts.push_back({x[i].data(), call[i].rows, call[i].in, w[i].data(),
+                           k == MatMulKernel::kScalar ? nullptr : packed[i].get(), call[i].out,
+                           y[i].data()});
+        }
+        MatMulManyWith(k, &pool, parts.data(), static_cast<int>(parts.size()));
+        for (size_t i = 0; i < call.size(); ++i) {
+          ExpectSameBits(want[i], y[i],
+                         std::string(MatMulKernelName(k)) + " call " + std::to_string(ci) +
+                             " part " + std::to_string(i) + " threads " + std::to_string(threads));
+        }
+      }
+    }
+    // The public entry (ops.h), W not registered: packed per call.
+    ThreadPool pool(2);
+    std::vector<std::vector<float>> y;
+    std::vector<MatMulPart> parts;
+    for (size_t i = 0; i < call.size(); ++i) {
+      y.emplace_back(want[i].size(), std::nanf(""));
+      parts.push_back(
+          {x[i].data(), call[i].rows, call[i].in, w[i].data(), nullptr, call[i].out, y[i].data()});
+    }
+    MatMulMany(&pool, parts.data(), static_cast<int>(parts.size()));
+    for (size_t i = 0; i < call.size(); ++i) {
+      ExpectSameBits(want[i], y[i],
+                     "MatMulMany call " + std::to_string(ci) + " part " + std::to_string(i));
     }
   }
 }

@@ -2,6 +2,7 @@
 // for every device I/O, paced by background_io_bytes_per_s.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "common/logging.h"
@@ -14,6 +15,8 @@ namespace {
 // Records relocated per lock hold while cleaning (bounds the pause a chunk causes; at most a
 // quarter of the smallest segment, so a chunk always fits in the active + a fresh segment).
 constexpr size_t kCleanChunkBytes = 256 << 10;
+// Zero-filling a new segment (ZeroFillSegment) writes it in chunks of this size.
+constexpr uint64_t kZeroFillChunkBytes = 4 << 20;
 // After a failed preparation or cleaning pass, the segment thread retries after this long.
 constexpr uint32_t kRetryMs = 100;
 // Pacing sleeps in slices of at most this long, so a waiting request lifts it promptly.
@@ -58,6 +61,7 @@ void SsdTier::Impl::PrepareSegment(std::unique_lock<std::mutex>& lock) {
   if (opened.ok()) {
     dev = std::move(*opened);
     st = dev->Allocate(0, o_.segment_bytes);
+    if (st.ok()) st = ZeroFillSegment(dev.get(), /*paced=*/true);
     if (st.ok()) st = env_->SyncDir();  // the new entry is durable before a commit names it
     if (!st.ok()) {
       dev.reset();
@@ -83,6 +87,22 @@ void SsdTier::Impl::PrepareSegment(std::unique_lock<std::mutex>& lock) {
   next_seg_ = std::move(seg);
   prepare_status_ = Status::Ok();
   room_cv_.notify_all();
+}
+
+Status SsdTier::Impl::ZeroFillSegment(BlockDevice* dev, bool paced) {
+  // A device of alignment 1 (memory) has no blocks whose first write costs a conversion.
+  if (o_.durability != Durability::kSync || !o_.zero_fill_segments || dev->Alignment() <= 1) {
+    return Status::Ok();
+  }
+  const uint64_t chunk = std::min<uint64_t>(kZeroFillChunkBytes, o_.segment_bytes);
+  AlignedBuffer zeros = AllocateAligned(chunk, ssd::kBlockBytes);
+  std::memset(zeros.get(), 0, chunk);
+  for (uint64_t off = 0; off < o_.segment_bytes; off += chunk) {
+    uint64_t n = std::min(chunk, o_.segment_bytes - off);
+    if (paced) PaceBackgroundIo(n);
+    KVTIER_RETURN_IF_ERROR(dev->Write(off, {zeros.get(), static_cast<size_t>(n)}));
+  }
+  return dev->Sync(true);
 }
 
 std::shared_ptr<Segment> SsdTier::Impl::PickVictimLocked() {

@@ -371,8 +371,16 @@ class SsdTier::Impl {
   // (over the segment limit, or one sparse segment per roll) with its own I/O budget
   // (background_io_bytes_per_s). Request paths wait for it only when no segment is prepared.
   void SegmentLoop();
-  // Creates and fallocates the next segment outside mu_ (lock held on entry and exit).
+  // Creates and fallocates the next segment outside mu_ (lock held on entry and exit); under
+  // kSync also writes it with zeros first (ZeroFillSegment).
   void PrepareSegment(std::unique_lock<std::mutex>& lock);
+  // Under kSync (and SsdOptions::zero_fill_segments): writes zeros over the whole new segment
+  // and fdatasyncs it, before any record is appended to it, so that a commit's records land in
+  // blocks already written and its fdatasync is a cache flush alone (no extent conversion, no
+  // inode write: docs/format/ssd.md, "Zero-filled segments"). paced: each chunk counts against
+  // background_io_bytes_per_s (the segment thread). Called outside mu_. No-op otherwise, and
+  // on devices of alignment 1 (memory).
+  Status ZeroFillSegment(BlockDevice* dev, bool paced);
   // The segment to clean now, or nullptr (under mu_).
   std::shared_ptr<Segment> PickVictimLocked();
   // Relocates the victim's live records (reads outside mu_, appends in chunks under it),

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -197,10 +198,11 @@ std::optional<Extents> FileExtents(const std::string& path) {
 }
 
 // Under kSync every segment is written with zeros before records land in it (the segment Open
-// starts and the ones the segment thread prepares), so a commit's fdatasync finds no extent
-// to convert; the records read back exactly, also after a reopen (the tail scan stops at the
-// zeros). With zero_fill_segments = false the segments stay fallocated (unwritten extents):
-// the control that shows the file system reports them, else the test is skipped.
+// starts and the ones the segment thread prepares, whose quarters wait for the active segment
+// to fill), so a commit's fdatasync finds no extent to convert; the records read back exactly, also
+// after a reopen (the tail scan stops at the zeros). With zero_fill_segments = false the segments
+// stay fallocated (unwritten extents): the control that shows the file system reports them, else
+// the test is skipped.
 TEST(SsdSegmentThreadTest, SyncSegmentsAreZeroFilledBeforeRecordsAreAppended) {
   // Extents of segments 1 and 2 after ~150 units (a roll into segment 2).
   auto run = [](bool zero_fill, Extents* seg1, Extents* seg2) {
@@ -210,12 +212,25 @@ TEST(SsdSegmentThreadTest, SyncSegmentsAreZeroFilledBeforeRecordsAreAppended) {
     o.durability = Durability::kSync;
     o.zero_fill_segments = zero_fill;
     constexpr int kUnits = 150;
+    std::string segs = dir.path() + "/segments/";
     {
       auto opened = SsdTier::Open(o);
       ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+      if (zero_fill) {
+        // Nothing appended yet: the segment thread zero-fills only the next segment's first
+        // quarter, the rest waits for the active segment to fill.
+        auto deadline = std::chrono::steady_clock::now() + kStuck;
+        while (!std::filesystem::exists(segs + ssd::SegmentName(2)) &&
+               std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        auto early = FileExtents(segs + ssd::SegmentName(2));
+        ASSERT_TRUE(early.has_value());
+        EXPECT_GE(early->unwritten_bytes, o.segment_bytes / 2);
+      }
       for (int i = 0; i < kUnits; ++i) ASSERT_TRUE(PutUnit(**opened, i, 1).ok()) << i;
       ASSERT_EQ((*opened)->GetStats().segments, 2u);
-      std::string segs = dir.path() + "/segments/";
       auto e1 = FileExtents(segs + ssd::SegmentName(1));
       auto e2 = FileExtents(segs + ssd::SegmentName(2));
       if (!e1 || !e2) GTEST_SKIP() << "no FIEMAP here";

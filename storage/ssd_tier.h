@@ -122,8 +122,8 @@ struct SsdOptions {
   // kSync only: every new segment is written with zeros (and fdatasynced) before records are
   // appended to it, by the segment thread (paced by background_io_bytes_per_s) or, for the
   // segment Open starts, by Open itself (256 MiB: ~0.4 s here). A commit's records then land
-  // in blocks already written, so its fdatasync is a cache flush alone: no unwritten-extent
-  // conversion, no inode write (docs/format/ssd.md, "Zero-filled segments"). Costs one extra
+  // in blocks already written: no unwritten-extent conversion (a kworker and a wake-up) at
+  // each write's completion (docs/format/ssd.md, "Zero-filled segments"). Costs one extra
   // write of each segment. false, and on devices of alignment 1 (memory): segments are only
   // fallocated (as under kBatched / kNone).
   bool zero_fill_segments = true;

@@ -376,8 +376,8 @@ class SsdTier::Impl {
   void PrepareSegment(std::unique_lock<std::mutex>& lock);
   // Under kSync (and SsdOptions::zero_fill_segments): writes zeros over the whole new segment
   // and fdatasyncs it, before any record is appended to it, so that a commit's records land in
-  // blocks already written and its fdatasync is a cache flush alone (no extent conversion, no
-  // inode write: docs/format/ssd.md, "Zero-filled segments"). No-op otherwise, and on devices
+  // blocks already written (no unwritten-extent conversion at each write's completion:
+  // docs/format/ssd.md, "Zero-filled segments"). No-op otherwise, and on devices
   // of alignment 1 (memory). lock null (Open): at once. lock given (the segment thread, mu_
   // released on entry and exit): each chunk (4 MiB, at most a quarter segment) waits until the
   // active segment's fill is at least 3/4 of the chunk's offset (so the segment is ready when the

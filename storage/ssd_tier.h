@@ -15,8 +15,9 @@
 //   when the segment count is over its limit, or (one per roll) when a sealed segment's live
 //   ratio falls below clean_live_ratio.
 // - Segment thread: no segment I/O runs under the tier lock. A background thread keeps the
-//   next segment prepared (created and fallocated), so a roll only swaps it in (no commit,
-//   no fallocate), and cleans: it reads the victim's live records outside the lock, paced by
+//   next segment prepared (created and fallocated; under kSync also zero-filled, see
+//   zero_fill_segments), so a roll only swaps it in (no commit, no fallocate), and cleans:
+//   it reads the victim's live records outside the lock, paced by
 //   background_io_bytes_per_s, relocates them in chunks of about 1 MiB per lock hold,
 //   commits through the group commit path, then deletes the segment. A put waits only when
 //   its record does not fit in the active segment and no segment is prepared (the tier is
@@ -118,6 +119,14 @@ struct SsdOptions {
   static constexpr uint32_t kDefaultCommitDelayUs = TierManagerOptions::kDefaultSsdCommitDelayUs;
   static constexpr uint32_t kMaxCommitDelayUs = 1000000;  // larger values are clamped
   uint32_t commit_delay_us = kDefaultCommitDelayUs;
+  // kSync only: every new segment is written with zeros (and fdatasynced) before records are
+  // appended to it, by the segment thread (paced by background_io_bytes_per_s) or, for the
+  // segment Open starts, by Open itself (256 MiB: ~0.4 s here). A commit's records then land
+  // in blocks already written: no unwritten-extent conversion (a kworker and a wake-up) at
+  // each write's completion (docs/format/ssd.md, "Zero-filled segments"). Costs one extra
+  // write of each segment. false, and on devices of alignment 1 (memory): segments are only
+  // fallocated (as under kBatched / kNone).
+  bool zero_fill_segments = true;
   // A sealed segment whose live bytes fall below this fraction is cleaned after the next roll.
   double clean_live_ratio = 0.25;
   // I/O budget of the segment thread's cleaning (bytes read + bytes relocated per second);

@@ -2,6 +2,7 @@
 // for every device I/O, paced by background_io_bytes_per_s.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "common/logging.h"
@@ -14,6 +15,9 @@ namespace {
 // Records relocated per lock hold while cleaning (bounds the pause a chunk causes; at most a
 // quarter of the smallest segment, so a chunk always fits in the active + a fresh segment).
 constexpr size_t kCleanChunkBytes = 256 << 10;
+// Zero-filling a new segment (ZeroFillSegment) writes it in chunks of this size (at most a
+// quarter of a segment).
+constexpr uint64_t kZeroFillChunkBytes = 4 << 20;
 // After a failed preparation or cleaning pass, the segment thread retries after this long.
 constexpr uint32_t kRetryMs = 100;
 // Pacing sleeps in slices of at most this long, so a waiting request lifts it promptly.
@@ -58,6 +62,7 @@ void SsdTier::Impl::PrepareSegment(std::unique_lock<std::mutex>& lock) {
   if (opened.ok()) {
     dev = std::move(*opened);
     st = dev->Allocate(0, o_.segment_bytes);
+    if (st.ok()) st = ZeroFillSegment(dev.get(), &lock);
     if (st.ok()) st = env_->SyncDir();  // the new entry is durable before a commit names it
     if (!st.ok()) {
       dev.reset();
@@ -68,6 +73,7 @@ void SsdTier::Impl::PrepareSegment(std::unique_lock<std::mutex>& lock) {
     st = opened.status();
   }
   lock.lock();
+  if (!st.ok() && seg_stop_.load()) return;  // closing (a zero-fill stops early): no error
   if (!st.ok()) {
     ++stats_.io_errors;
     if (prepare_status_.ok()) {
@@ -83,6 +89,40 @@ void SsdTier::Impl::PrepareSegment(std::unique_lock<std::mutex>& lock) {
   next_seg_ = std::move(seg);
   prepare_status_ = Status::Ok();
   room_cv_.notify_all();
+}
+
+Status SsdTier::Impl::ZeroFillSegment(BlockDevice* dev, std::unique_lock<std::mutex>* lock) {
+  // A device of alignment 1 (memory) has no blocks whose first write costs a conversion.
+  if (o_.durability != Durability::kSync || !o_.zero_fill_segments || dev->Alignment() <= 1) {
+    return Status::Ok();
+  }
+  const uint64_t chunk = std::max<uint64_t>(
+      std::min<uint64_t>(kZeroFillChunkBytes,
+                         o_.segment_bytes / 4 / ssd::kBlockBytes * ssd::kBlockBytes),
+      ssd::kBlockBytes);
+  AlignedBuffer zeros = AllocateAligned(chunk, ssd::kBlockBytes);
+  std::memset(zeros.get(), 0, chunk);
+  for (uint64_t off = 0; off < o_.segment_bytes; off += chunk) {
+    uint64_t n = std::min(chunk, o_.segment_bytes - off);
+    if (lock != nullptr) {
+      // The next segment's zeros keep pace with the active segment's fill (done by the time it
+      // is 3/4 full), so that they do not compete with commits for the device all at once;
+      // at full speed while a put waits for a segment.
+      lock->lock();
+      const uint64_t wake_at = (off * 3 + 3) / 4;  // the active segment's fill for this chunk
+      while (!seg_stop_.load() && room_waiters_.load() == 0 &&
+             buf_file_offset_ + buf_len_ < wake_at) {
+        zero_fill_wake_at_ = wake_at;  // AppendLocked wakes this thread there
+        seg_cv_.wait(*lock);
+      }
+      zero_fill_wake_at_ = 0;
+      lock->unlock();
+      if (seg_stop_.load()) return Status::Unavailable("closing");
+      PaceBackgroundIo(n);
+    }
+    KVTIER_RETURN_IF_ERROR(dev->Write(off, {zeros.get(), static_cast<size_t>(n)}));
+  }
+  return dev->Sync(true);
 }
 
 std::shared_ptr<Segment> SsdTier::Impl::PickVictimLocked() {

@@ -241,6 +241,7 @@ Status SsdTier::Impl::Open() {
   // Appends always continue in a fresh segment, so a torn tail is never scanned again.
   KVTIER_ASSIGN_OR_RETURN(auto dev, env_->Open(ssd::SegmentName(next_id), true));
   KVTIER_RETURN_IF_ERROR(dev->Allocate(0, o_.segment_bytes));
+  KVTIER_RETURN_IF_ERROR(ZeroFillSegment(dev.get(), nullptr));
   KVTIER_RETURN_IF_ERROR(env_->SyncDir());  // before a commit names the new segment
   active_ = std::make_shared<Segment>();
   active_->id = next_id;

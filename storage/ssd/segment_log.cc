@@ -104,6 +104,10 @@ Status SsdTier::Impl::AppendLocked(const Key& key, const RecordHeader& h,
   e->recompute_tokens = h.recompute_tokens;
   Insert(key, *e);
   PushPending({key, false, *e});
+  if (zero_fill_wake_at_ != 0 && buf_file_offset_ + buf_len_ >= zero_fill_wake_at_) {
+    zero_fill_wake_at_ = 0;
+    seg_cv_.notify_all();  // the segment thread may zero-fill its next chunk (ZeroFillSegment)
+  }
   return Status::Ok();
 }
 

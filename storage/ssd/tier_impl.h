@@ -371,8 +371,21 @@ class SsdTier::Impl {
   // (over the segment limit, or one sparse segment per roll) with its own I/O budget
   // (background_io_bytes_per_s). Request paths wait for it only when no segment is prepared.
   void SegmentLoop();
-  // Creates and fallocates the next segment outside mu_ (lock held on entry and exit).
+  // Creates and fallocates the next segment outside mu_ (lock held on entry and exit); under
+  // kSync also writes it with zeros first (ZeroFillSegment).
   void PrepareSegment(std::unique_lock<std::mutex>& lock);
+  // Under kSync (and SsdOptions::zero_fill_segments): writes zeros over the whole new segment
+  // and fdatasyncs it, before any record is appended to it, so that a commit's records land in
+  // blocks already written (no unwritten-extent conversion at each write's completion:
+  // docs/format/ssd.md, "Zero-filled segments"). No-op otherwise, and on devices
+  // of alignment 1 (memory). lock null (Open): at once. lock given (the segment thread, mu_
+  // released on entry and exit): each chunk (4 MiB, at most a quarter segment) waits until the
+  // active segment's fill is at least 3/4 of the chunk's offset (so the segment is ready when the
+  // active one is 3/4 full, and its zeros are spread over the active segment's life instead of
+  // competing with commits for the device all at once), then counts against
+  // background_io_bytes_per_s; no waiting while a put waits for a segment. Unavailable when the
+  // tier closes meanwhile.
+  Status ZeroFillSegment(BlockDevice* dev, std::unique_lock<std::mutex>* lock);
   // The segment to clean now, or nullptr (under mu_).
   std::shared_ptr<Segment> PickVictimLocked();
   // Relocates the victim's live records (reads outside mu_, appends in chunks under it),
@@ -501,7 +514,10 @@ class SsdTier::Impl {
   std::condition_variable room_cv_;    // a segment was prepared (with mu_)
   std::atomic<bool> seg_stop_{false};
   std::atomic<uint32_t> room_waiters_{0};  // requests waiting for a prepared segment
-  uint64_t bg_io_next_us_ = 0;             // segment thread only: pacing deadline
+  // Under mu_: the active segment's fill (bytes appended) at which AppendLocked wakes the
+  // segment thread waiting to zero-fill its next chunk (ZeroFillSegment); 0: none waits.
+  uint64_t zero_fill_wake_at_ = 0;
+  uint64_t bg_io_next_us_ = 0;  // segment thread only: pacing deadline
   std::thread segment_thread_;
 
   std::thread commit_thread_;

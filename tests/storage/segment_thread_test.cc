@@ -2,17 +2,27 @@
 // victim's records) run outside the tier lock. A gate env holds those device calls; the tests
 // check that gets and puts that fit in the active segment complete meanwhile, that a put that
 // needs a new segment waits for the prepared one (and gets still complete while it waits),
-// and that everything reads back exactly once the gate opens.
+// and that everything reads back exactly once the gate opens. Under kSync, new segments are
+// written with zeros before records are appended to them (no unwritten extents left).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/fiemap.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "storage/block_device.h"
+#include "storage/ssd_format.h"
 #include "storage/ssd_tier.h"
 #include "tests/storage/test_util.h"
 
@@ -158,6 +168,94 @@ Status PutUnit(SsdTier& ssd, int i, uint64_t version) {
   m.version = version;
   std::vector<Key> evicted;
   return ssd.Put(MakeKey(i), MakeValue(MakeKey(i), version, kUnitBytes), m, &evicted);
+}
+
+// A file's extents (FIEMAP): bytes mapped, and bytes in unwritten (fallocated, never written)
+// extents. nullopt when the file system does not answer FIEMAP.
+struct Extents {
+  uint64_t mapped_bytes = 0, unwritten_bytes = 0;
+};
+std::optional<Extents> FileExtents(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return std::nullopt;
+  constexpr uint32_t kMaxExtents = 512;
+  std::vector<uint8_t> buf(sizeof(fiemap) + kMaxExtents * sizeof(fiemap_extent));
+  auto* fm = reinterpret_cast<fiemap*>(buf.data());
+  fm->fm_start = 0;
+  fm->fm_length = FIEMAP_MAX_OFFSET;
+  fm->fm_flags = FIEMAP_FLAG_SYNC;
+  fm->fm_extent_count = kMaxExtents;
+  int rc = ::ioctl(fd, FS_IOC_FIEMAP, fm);
+  ::close(fd);
+  if (rc != 0 || fm->fm_mapped_extents >= kMaxExtents) return std::nullopt;
+  Extents e;
+  for (uint32_t i = 0; i < fm->fm_mapped_extents; ++i) {
+    const fiemap_extent& x = fm->fm_extents[i];
+    e.mapped_bytes += x.fe_length;
+    if (x.fe_flags & FIEMAP_EXTENT_UNWRITTEN) e.unwritten_bytes += x.fe_length;
+  }
+  return e;
+}
+
+// Under kSync every segment is written with zeros before records land in it (the segment Open
+// starts and the ones the segment thread prepares, whose quarters wait for the active segment
+// to fill), so a commit's fdatasync finds no extent to convert; the records read back exactly, also
+// after a reopen (the tail scan stops at the zeros). With zero_fill_segments = false the segments
+// stay fallocated (unwritten extents): the control that shows the file system reports them, else
+// the test is skipped.
+TEST(SsdSegmentThreadTest, SyncSegmentsAreZeroFilledBeforeRecordsAreAppended) {
+  // Extents of segments 1 and 2 after ~150 units (a roll into segment 2).
+  auto run = [](bool zero_fill, Extents* seg1, Extents* seg2) {
+    TempDir dir;
+    SsdOptions o = Options(dir.path(), nullptr, 16ull << 20);
+    o.dir_env.engine = IoEngine::kIoUring;
+    o.durability = Durability::kSync;
+    o.zero_fill_segments = zero_fill;
+    constexpr int kUnits = 150;
+    std::string segs = dir.path() + "/segments/";
+    {
+      auto opened = SsdTier::Open(o);
+      ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+      if (zero_fill) {
+        // Nothing appended yet: the segment thread zero-fills only the next segment's first
+        // quarter, the rest waits for the active segment to fill.
+        auto deadline = std::chrono::steady_clock::now() + kStuck;
+        while (!std::filesystem::exists(segs + ssd::SegmentName(2)) &&
+               std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        auto early = FileExtents(segs + ssd::SegmentName(2));
+        ASSERT_TRUE(early.has_value());
+        EXPECT_GE(early->unwritten_bytes, o.segment_bytes / 2);
+      }
+      for (int i = 0; i < kUnits; ++i) ASSERT_TRUE(PutUnit(**opened, i, 1).ok()) << i;
+      ASSERT_EQ((*opened)->GetStats().segments, 2u);
+      auto e1 = FileExtents(segs + ssd::SegmentName(1));
+      auto e2 = FileExtents(segs + ssd::SegmentName(2));
+      if (!e1 || !e2) GTEST_SKIP() << "no FIEMAP here";
+      *seg1 = *e1;
+      *seg2 = *e2;
+    }
+    auto reopened = SsdTier::Open(o);
+    ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+    std::vector<uint8_t> out;
+    for (int i = 0; i < kUnits; ++i) {
+      ASSERT_TRUE((*reopened)->Get(MakeKey(i), &out).ok()) << i;
+      ASSERT_EQ(out, MakeValue(MakeKey(i), 1, kUnitBytes)) << i;
+    }
+  };
+  Extents off1, off2;
+  run(false, &off1, &off2);
+  if (HasFatalFailure() || IsSkipped()) return;
+  if (off2.unwritten_bytes == 0) GTEST_SKIP() << "the file system reports no unwritten extents";
+  Extents on1, on2;
+  run(true, &on1, &on2);
+  if (HasFatalFailure() || IsSkipped()) return;
+  for (const Extents& e : {on1, on2}) {
+    EXPECT_EQ(e.unwritten_bytes, 0u);
+    EXPECT_GE(e.mapped_bytes, 1ull << 20);  // the whole segment
+  }
 }
 
 TEST(SsdSegmentThreadTest, PreparesTheNextSegmentOutsideTheLockAndPutsWaitOnlyWhenNoneIsReady) {

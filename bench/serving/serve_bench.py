@@ -6,7 +6,9 @@ measures, each against its peer in the same run:
 
   throughput  output tokens/s of R greedy completion requests run at concurrency C (C client
               threads, continuous batching in the server) against the same R requests one
-              after another on the same server; the ratio is the batching gain.
+              after another on the same server; the ratio is the batching gain, and cpu_ratio
+              the same ratio per CPU second of the server process (all its threads, spinning
+              engine workers included; steadier than wall time on a loaded machine).
   ttft        time to first token of a request that continues a long saved conversation
               (T tokens), resumed from kvtierd, against the same request on a server with the
               cache off (the whole prompt computed).
@@ -197,11 +199,12 @@ def throughput(build, workdir, args):
             server.post(b, stream=True)
         for c in args.concurrency:
             # The peer, measured right before: the same streamed requests one after another.
-            t0 = time.monotonic()
+            t0, cpu0 = time.monotonic(), server.cpu_seconds()
             seq_counts = [server.post(b, stream=True)[0]["completion_tokens"] for b in bodies]
-            seq_s = time.monotonic() - t0
+            seq_s, cpu1 = time.monotonic() - t0, server.cpu_seconds()
             seq_tokens = sum(seq_counts)
             out_tokens, s, short = run_concurrent(server, bodies, c)
+            cpu2 = server.cpu_seconds()
             row = {"bench": "throughput", "concurrency": c, "requests": len(bodies),
                    "output_tokens": out_tokens, "sequential_output_tokens": seq_tokens,
                    "short_sequential": sum(1 for n in seq_counts if n < args.max_tokens),
@@ -209,6 +212,8 @@ def throughput(build, workdir, args):
                    "tokens_per_s": round(out_tokens / s, 1),
                    "sequential_tokens_per_s": round(seq_tokens / seq_s, 1),
                    "ratio": round((out_tokens / s) / (seq_tokens / seq_s), 2),
+                   "cpu_ratio": round((out_tokens / max(cpu2 - cpu1, 1e-9)) /
+                                      (seq_tokens / max(cpu1 - cpu0, 1e-9)), 2),
                    "load": os.getloadavg()[0]}
             print(json.dumps(row), flush=True)
             rows.append(row)

@@ -18,6 +18,13 @@ namespace {
 constexpr int kP = kMatMulPanelOutputs;
 // Weight bytes a row block passes over before the next one starts (half of a 1 MiB L2).
 constexpr int64_t kPanelGroupBytes = 256 << 10;
+// Passes of 2-4 rows prefetch each panel this many k-steps (cache lines) ahead. Such a pass
+// keeps only 1-3 panel streams in flight, and on weights that come from DRAM (a routed expert
+// in a batched decode: a few rows each) it streamed 25-45 % slower than the 6 streams of a
+// 1-row pass; with the prefetch, 2 and 3 rows 16-20 % faster (docs/PERFORMANCE.md, "batching on
+// mini-v4.1"). The 1-row and 5-6-row passes are left as they were. A prefetch reads nothing
+// into a register, so the results are the same bits.
+constexpr int kPrefetchSteps = 32;
 static_assert(kP == 16, "a panel is two 8-float vectors");
 
 // Lanes [0, valid) set (valid in [0, 8]).
@@ -56,6 +63,10 @@ void Kernel(const float* x, int64_t ldx, int in, const float* w, int64_t wstride
     __m256 wv[NP][2];
 #pragma GCC unroll 6
     for (int p = 0; p < NP; ++p) {
+      if constexpr (MR >= 2 && MR <= 4) {
+        _mm_prefetch(reinterpret_cast<const char*>(wk + p * wstride + kPrefetchSteps * kP),
+                     _MM_HINT_T0);
+      }
       wv[p][0] = _mm256_load_ps(wk + p * wstride);
       wv[p][1] = _mm256_load_ps(wk + p * wstride + 8);
     }

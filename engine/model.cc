@@ -375,12 +375,10 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
     for (int s = 0; s < 2; ++s) {
       PreMix(n, x, pre, s == 0 ? lw.attn_norm : lw.ffn_norm, xn.data());
       if (s == 0 && capture_ != nullptr) capture_->Record(l, p0, n, hc, D, x, xn.data());
-      auto mixes = [&](int64_t b, int64_t e) {
-        for (int64_t t = b; t < e; ++t) {
-          HcMixes(x + t * hc * D, hc, D, lw.hc_fn[s], lw.hc_scale[s], lw.hc_base[s],
-                  c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, next_pre.data() + t * hc,
-                  post.data() + t * hc, comb.data() + t * hc * hc);
-        }
+      auto mixes = [&](int64_t b, int64_t e) {  // a range's rows share fn's reads
+        HcMixesRows(static_cast<int>(e - b), x + b * hc * D, hc, D, lw.hc_fn[s], lw.hc_scale[s],
+                    lw.hc_base[s], c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps,
+                    next_pre.data() + b * hc, post.data() + b * hc, comb.data() + b * hc * hc);
       };
       // The mixes read only x and the sublayer only xn, so with fewer rows than threads (decode)
       // the mixes run on a worker beside the sublayer instead of split over their few rows.

@@ -67,7 +67,9 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
     const LayerWeights& lw = layers_[l];
     if (c.IsEngramLayer(l)) {
       // Per sequence, claimed and taken before the next sequence's rows are requested, so the
-      // position-keyed Engram queue never holds two sequences' claims at once.
+      // position-keyed Engram queue never holds two sequences' claims at once; then applied to
+      // every row in one call (ApplyEngram is row by row; one pass over its weight).
+      EngramRowBatch all;
       for (size_t i = 0; i < k; ++i) {
         const int ni = static_cast<int>(off[i + 1] - off[i]);
         const std::vector<Step> one = {Step{p0[i], ni, l, l + 1}};
@@ -75,8 +77,14 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
         KVTIER_RETURN_IF_ERROR(BeginEngramStep(*states[i], one, 0, &claimed));
         EngramRowBatch rows;
         KVTIER_RETURN_IF_ERROR(TakeEngram(l, claimed[c.EngramSlot(l)], p0[i], ni, &rows));
-        KVTIER_RETURN_IF_ERROR(ApplyEngram(l, rows, ni, x.data() + off[i] * hc * D));
+        if (k == 1) {
+          all = std::move(rows);
+        } else {
+          all.data.insert(all.data.end(), rows.data.begin(), rows.data.end());
+          all.scales.insert(all.scales.end(), rows.scales.begin(), rows.scales.end());
+        }
       }
+      KVTIER_RETURN_IF_ERROR(ApplyEngram(l, all, n, x.data()));
     }
     for (int s = 0; s < 2; ++s) {
       PreMix(n, x.data(), pre.data(), s == 0 ? lw.attn_norm : lw.ffn_norm, xn.data());
@@ -85,12 +93,10 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
           captures[i]->Record(l, p0[i], static_cast<int>(off[i + 1] - off[i]), hc, D,
                               x.data() + off[i] * hc * D, xn.data() + off[i] * D);
       }
-      pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
-        for (int64_t t = b; t < e; ++t) {
-          HcMixes(x.data() + t * hc * D, hc, D, lw.hc_fn[s], lw.hc_scale[s], lw.hc_base[s],
-                  c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, next_pre.data() + t * hc,
-                  post.data() + t * hc, comb.data() + t * hc * hc);
-        }
+      pool_->ParallelFor(n, [&](int64_t b, int64_t e) {  // a range's rows share fn's reads
+        HcMixesRows(static_cast<int>(e - b), x.data() + b * hc * D, hc, D, lw.hc_fn[s],
+                    lw.hc_scale[s], lw.hc_base[s], c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps,
+                    next_pre.data() + b * hc, post.data() + b * hc, comb.data() + b * hc * hc);
       });
       if (trace_ != nullptr) {
         auto& tc = trace_->comb[2 * l + s];

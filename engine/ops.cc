@@ -230,24 +230,79 @@ float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 float Silu(float x) { return x * Sigmoid(x); }
 float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
-void HcMixes(const float* x, int hc, int dim, const float* fn, const float* scale,
-             const float* base, int iters, double hc_eps, double norm_eps, float* pre, float* post,
-             float* comb) {
-  const int n = hc * dim;
-  double ss = 0;
-  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-  const float r = static_cast<float>(1.0 / std::sqrt(ss / n + norm_eps));
-  const int m = (2 + hc) * hc;
-  float mixes[(2 + 16) * 16];
+namespace internal {
+// engine/hc_mix_avx2.cc (only called when the CPU has AVX2).
+void HcMixDotsAvx2(const float* fn, int m, const float* x, int rows, int n, float* out);
+}  // namespace internal
+
+bool HcMixDotsAvx2Available() {
+  static const bool avx2 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return avx2;
+}
+
+void HcMixDots(const float* fn, int m, const float* x, int rows, int n, float* out, bool avx2) {
+  if (avx2 && HcMixDotsAvx2Available()) {
+    internal::HcMixDotsAvx2(fn, m, x, rows, n, out);
+    return;
+  }
+  // Four rows of fn at a time (Dot4, Dot's sums) over every row of x.
   int i4 = 0;
   for (; i4 + 4 <= m; i4 += 4) {
-    const float* rows[4];
-    for (int q = 0; q < 4; ++q) rows[q] = fn + static_cast<int64_t>(i4 + q) * n;
-    float d[4];
-    Dot4(rows, x, n, d);
-    for (int q = 0; q < 4; ++q) mixes[i4 + q] = d[q] * r;
+    const float* f4[4];
+    for (int q = 0; q < 4; ++q) f4[q] = fn + static_cast<int64_t>(i4 + q) * n;
+    for (int t = 0; t < rows; ++t) {
+      float d[4];
+      Dot4(f4, x + static_cast<int64_t>(t) * n, n, d);
+      for (int q = 0; q < 4; ++q) out[static_cast<int64_t>(t) * m + i4 + q] = d[q];
+    }
   }
-  for (int i = i4; i < m; ++i) mixes[i] = Dot(fn + static_cast<int64_t>(i) * n, x, n) * r;
+  for (int i = i4; i < m; ++i) {
+    for (int t = 0; t < rows; ++t) {
+      out[static_cast<int64_t>(t) * m + i] =
+          Dot(fn + static_cast<int64_t>(i) * n, x + static_cast<int64_t>(t) * n, n);
+    }
+  }
+}
+
+namespace {
+
+// Rows per block of HcMixesRows: the block's mixes stay on the stack (hc <= 16).
+constexpr int kMixRowsPerBlock = 16;
+constexpr int kMaxMixes = (2 + 16) * 16;
+
+// rsqrt(mean(x_t^2) + norm_eps) of `rows` rows of n floats, four rows' serial double sums
+// side by side (each sum in element order, as a one-row loop adds).
+void MixScales(const float* x, int rows, int n, double norm_eps, float* r) {
+  int t = 0;
+  for (; t + 4 <= rows; t += 4) {
+    const float* x0 = x + static_cast<int64_t>(t) * n;
+    const float *x1 = x0 + n, *x2 = x1 + n, *x3 = x2 + n;
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int i = 0; i < n; ++i) {
+      s0 += static_cast<double>(x0[i]) * x0[i];
+      s1 += static_cast<double>(x1[i]) * x1[i];
+      s2 += static_cast<double>(x2[i]) * x2[i];
+      s3 += static_cast<double>(x3[i]) * x3[i];
+    }
+    r[t] = static_cast<float>(1.0 / std::sqrt(s0 / n + norm_eps));
+    r[t + 1] = static_cast<float>(1.0 / std::sqrt(s1 / n + norm_eps));
+    r[t + 2] = static_cast<float>(1.0 / std::sqrt(s2 / n + norm_eps));
+    r[t + 3] = static_cast<float>(1.0 / std::sqrt(s3 / n + norm_eps));
+  }
+  for (; t < rows; ++t) {
+    const float* xt = x + static_cast<int64_t>(t) * n;
+    double ss = 0;
+    for (int i = 0; i < n; ++i) ss += static_cast<double>(xt[i]) * xt[i];
+    r[t] = static_cast<float>(1.0 / std::sqrt(ss / n + norm_eps));
+  }
+}
+
+// pre, post and comb of one row from its scaled mixes (HcMixes after the products).
+void MixOutputs(const float* mixes, int hc, const float* scale, const float* base, int iters,
+                double hc_eps, float* pre, float* post, float* comb) {
   const float e = static_cast<float>(hc_eps);
   for (int i = 0; i < hc; ++i) pre[i] = Sigmoid(mixes[i] * scale[0] + base[i]) + e;
   for (int i = 0; i < hc; ++i) post[i] = 2.0f * Sigmoid(mixes[hc + i] * scale[1] + base[hc + i]);
@@ -312,6 +367,35 @@ void HcMixes(const float* x, int hc, int dim, const float* fn, const float* scal
     row_norm();
     col_norm();
   }
+}
+
+}  // namespace
+
+void HcMixesRows(int rows, const float* x, int hc, int dim, const float* fn, const float* scale,
+                 const float* base, int iters, double hc_eps, double norm_eps, float* pre,
+                 float* post, float* comb) {
+  const int n = hc * dim, m = (2 + hc) * hc;
+  float r[kMixRowsPerBlock];
+  float mixes[kMixRowsPerBlock * kMaxMixes];
+  for (int t0 = 0; t0 < rows; t0 += kMixRowsPerBlock) {
+    const int rb = std::min(kMixRowsPerBlock, rows - t0);
+    const float* xb = x + static_cast<int64_t>(t0) * n;
+    MixScales(xb, rb, n, norm_eps, r);
+    HcMixDots(fn, m, xb, rb, n, mixes, /*avx2=*/true);
+    for (int t = 0; t < rb; ++t) {
+      float* mt = mixes + static_cast<int64_t>(t) * m;
+      for (int i = 0; i < m; ++i) mt[i] *= r[t];
+      const int64_t row = t0 + t;
+      MixOutputs(mt, hc, scale, base, iters, hc_eps, pre + row * hc, post + row * hc,
+                 comb + row * hc * hc);
+    }
+  }
+}
+
+void HcMixes(const float* x, int hc, int dim, const float* fn, const float* scale,
+             const float* base, int iters, double hc_eps, double norm_eps, float* pre, float* post,
+             float* comb) {
+  HcMixesRows(1, x, hc, dim, fn, scale, base, iters, hc_eps, norm_eps, pre, post, comb);
 }
 
 }  // namespace kvtier::engine

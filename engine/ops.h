@@ -91,4 +91,21 @@ void HcMixes(const float* x, int hc, int dim, const float* fn, const float* scal
              const float* base, int iters, double hc_eps, double norm_eps, float* pre, float* post,
              float* comb);
 
+// HcMixes of `rows` rows at once: row t reads x + t*hc*dim and writes pre + t*hc,
+// post + t*hc and comb + t*hc*hc, bit for bit what `rows` HcMixes calls write. The mix
+// products of a block of rows are taken four rows of fn at a time over every row of the block,
+// so a block reads fn once rather than once per row (on AVX2 CPUs two rows of x per pass over
+// those four rows of fn, eight lanes wide, each product summed in Dot's order), and the rows'
+// mean squares (serial double sums) run side by side. HcMixes is this function with rows = 1.
+void HcMixesRows(int rows, const float* x, int hc, int dim, const float* fn, const float* scale,
+                 const float* base, int iters, double hc_eps, double norm_eps, float* pre,
+                 float* post, float* comb);
+
+// The mix products of HcMixesRows: out[t * m + i] = Dot(fn + i * n, x + t * n, n) for t < rows,
+// i < m, bit for bit (exposed for its differential test; `avx2` is ignored where the CPU lacks
+// AVX2).
+void HcMixDots(const float* fn, int m, const float* x, int rows, int n, float* out, bool avx2);
+// Whether this CPU runs HcMixDots' AVX2 kernel.
+bool HcMixDotsAvx2Available();
+
 }  // namespace kvtier::engine

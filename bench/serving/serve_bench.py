@@ -6,7 +6,9 @@ measures, each against its peer in the same run:
 
   throughput  output tokens/s of R greedy completion requests run at concurrency C (C client
               threads, continuous batching in the server) against the same R requests one
-              after another on the same server; the ratio is the batching gain.
+              after another on the same server; the ratio is the batching gain, and cpu_ratio
+              the same ratio per CPU second of the server process (all its threads, spinning
+              engine workers included; steadier than wall time on a loaded machine).
   ttft        time to first token of a request that continues a long saved conversation
               (T tokens), resumed from kvtierd, against the same request on a server with the
               cache off (the whole prompt computed).
@@ -25,6 +27,13 @@ Usage (from the repository root, after building kvtierd and kvtier-engine):
   /usr/bin/python3 bench/serving/serve_bench.py --build build/release \
       [--concurrency 1,4,16,32] [--requests 32] [--max-tokens 64] [--ttft-tokens 16384]
       [--gap-tokens 4096] [--gap-streams 4] [--spec [--spec-draft-len N]]
+      [--model W.safetensors --config C.json [--model-id NAME]] [--prompt-bytes N]
+
+--model/--config serve another model than the trained miniature (e.g. random weights of
+deploy/models/mini-v4.1.json from `kvtier-engine init`): its output is meaningless bytes, which
+is fine for throughput; the throughput rows count the requests that ended before max_tokens
+(eos or a stop string) in each pass (`short_sequential`, `short_concurrent`): greedy decoding
+gives both passes the same tokens, so the counts must agree.
 
 Prints one JSON object per measurement and a summary table. Deterministic requests (fixed
 prompts, temperature 0). Bounded: every request has a timeout; the servers are stopped at exit.
@@ -76,13 +85,16 @@ def text(n, seed):
 class Server:
     """A running `kvtier-engine serve` (stopped by stop())."""
 
+    # Flags every server gets: the model to serve (--model, --config, --model-id of main()).
+    model_flags = []
+
     def __init__(self, build, workdir, name, extra):
         self.port_file = os.path.join(workdir, name + ".port")
         if os.path.exists(self.port_file):
             os.remove(self.port_file)
         self.log = open(os.path.join(workdir, name + ".log"), "w")
         cmd = [os.path.join(build, "engine/kvtier-engine"), "serve", "--port", "0",
-               "--port-file", self.port_file] + extra
+               "--port-file", self.port_file] + Server.model_flags + extra
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
         for _ in range(600):
             if os.path.exists(self.port_file):
@@ -166,6 +178,11 @@ def start_daemon(build, workdir):
     raise RuntimeError("kvtierd did not start")
 
 
+def prompt_bytes(args, i):
+    """Prompt length of request i: --prompt-bytes, or 16 + 3i bytes when that is 0."""
+    return args.prompt_bytes if args.prompt_bytes else 16 + 3 * i
+
+
 def throughput(build, workdir, args):
     # Cache off: every pass does the same work (no unit is saved by one pass and found by the
     # next).
@@ -174,7 +191,7 @@ def throughput(build, workdir, args):
                                              "--threads", str(args.threads)])
     # Short prompts: the measurement is about decode steps (the prompts' prefill chunks are
     # the same work in both runs).
-    bodies = [{"model": "kvmini-trained", "prompt": text(16 + 3 * i, 1000 + i),
+    bodies = [{"model": args.model_id, "prompt": text(prompt_bytes(args, i), 1000 + i),
                "max_tokens": args.max_tokens, "temperature": 0} for i in range(args.requests)]
     rows = []
     try:
@@ -182,15 +199,21 @@ def throughput(build, workdir, args):
             server.post(b, stream=True)
         for c in args.concurrency:
             # The peer, measured right before: the same streamed requests one after another.
-            t0 = time.monotonic()
-            seq_tokens = sum(server.post(b, stream=True)[0]["completion_tokens"] for b in bodies)
-            seq_s = time.monotonic() - t0
-            out_tokens, s = run_concurrent(server, bodies, c)
+            t0, cpu0 = time.monotonic(), server.cpu_seconds()
+            seq_counts = [server.post(b, stream=True)[0]["completion_tokens"] for b in bodies]
+            seq_s, cpu1 = time.monotonic() - t0, server.cpu_seconds()
+            seq_tokens = sum(seq_counts)
+            out_tokens, s, short = run_concurrent(server, bodies, c)
+            cpu2 = server.cpu_seconds()
             row = {"bench": "throughput", "concurrency": c, "requests": len(bodies),
-                   "output_tokens": out_tokens, "seconds": round(s, 3),
+                   "output_tokens": out_tokens, "sequential_output_tokens": seq_tokens,
+                   "short_sequential": sum(1 for n in seq_counts if n < args.max_tokens),
+                   "short_concurrent": short, "seconds": round(s, 3),
                    "tokens_per_s": round(out_tokens / s, 1),
                    "sequential_tokens_per_s": round(seq_tokens / seq_s, 1),
                    "ratio": round((out_tokens / s) / (seq_tokens / seq_s), 2),
+                   "cpu_ratio": round((out_tokens / max(cpu2 - cpu1, 1e-9)) /
+                                      (seq_tokens / max(cpu1 - cpu0, 1e-9)), 2),
                    "load": os.getloadavg()[0]}
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -207,8 +230,9 @@ def metric(text, name):
 
 
 def run_concurrent(server, bodies, c):
-    """Runs bodies at concurrency c (streamed); returns (completion tokens, seconds)."""
-    tokens, lock, idx = [0], threading.Lock(), [0]
+    """Runs bodies at concurrency c (streamed); returns (completion tokens, seconds, requests
+    that ended before their max_tokens)."""
+    tokens, short, lock, idx = [0], [0], threading.Lock(), [0]
 
     def worker():
         while True:
@@ -220,6 +244,7 @@ def run_concurrent(server, bodies, c):
             u = server.post(b, stream=True)[0]
             with lock:
                 tokens[0] += u["completion_tokens"]
+                short[0] += u["completion_tokens"] < b["max_tokens"]
 
     t0 = time.monotonic()
     threads = [threading.Thread(target=worker) for _ in range(c)]
@@ -227,7 +252,7 @@ def run_concurrent(server, bodies, c):
         t.start()
     for t in threads:
         t.join()
-    return tokens[0], time.monotonic() - t0
+    return tokens[0], time.monotonic() - t0, short[0]
 
 
 def spec(build, workdir, args):
@@ -239,7 +264,7 @@ def spec(build, workdir, args):
         flags += ["--draft-len", str(args.spec_draft_len)]
     plain = Server(build, workdir, "spec_off", common)
     fast = Server(build, workdir, "spec_on", common + flags)
-    bodies = [{"model": "kvmini-trained", "prompt": text(16 + 3 * i, 1000 + i),
+    bodies = [{"model": args.model_id, "prompt": text(prompt_bytes(args, i), 1000 + i),
                "max_tokens": args.max_tokens, "temperature": 0} for i in range(args.requests)]
     rows = []
     try:
@@ -249,13 +274,13 @@ def spec(build, workdir, args):
         for i, c in enumerate(args.concurrency):
             def run_plain():
                 c0 = plain.cpu_seconds()
-                tokens, secs = run_concurrent(plain, bodies, c)
+                tokens, secs, _ = run_concurrent(plain, bodies, c)
                 return tokens, secs, plain.cpu_seconds() - c0
 
             def run_spec():
                 m0 = fast.metrics()
                 c0 = fast.cpu_seconds()
-                tokens, secs = run_concurrent(fast, bodies, c)
+                tokens, secs, _ = run_concurrent(fast, bodies, c)
                 return tokens, secs, fast.cpu_seconds() - c0, m0, fast.metrics()
 
             # Alternate which server goes first, so that neither always runs second (after
@@ -309,11 +334,11 @@ def ttft(build, workdir, sock, tokens, args):
               "0", "--max-tokens-max", "8", "--threads", str(args.threads),
               "--body-bytes-max", str(4 * tokens + 65536)]
     history = text(tokens, 7)
-    turn = {"model": "kvmini-trained", "prompt": history + " and then", "max_tokens": 1,
+    turn = {"model": args.model_id, "prompt": history + " and then", "max_tokens": 1,
             "temperature": 0}
     on = Server(build, workdir, "ttft_on", ["--socket", sock, "--guard", "fetch"] + common)
     try:
-        on.post({"model": "kvmini-trained", "prompt": history, "max_tokens": 1,
+        on.post({"model": args.model_id, "prompt": history, "max_tokens": 1,
                  "temperature": 0})  # the saved conversation
         usage_on, first_on, _ = on.post(turn, stream=True)
     finally:
@@ -340,11 +365,11 @@ def gap(build, workdir, args):
                                             "--kv-pool-tokens-max", str(8 * (g + 1024)),
                                             "--body-bytes-max", str(4 * g + 65536)])
     try:
-        server.post({"model": "kvmini-trained", "prompt": text(64, 1), "max_tokens": 4,
+        server.post({"model": args.model_id, "prompt": text(64, 1), "max_tokens": 4,
                      "temperature": 0})  # warm-up
         times = [[] for _ in range(args.gap_streams)]
         streams = [threading.Thread(target=server.stream_times, args=(
-            {"model": "kvmini-trained", "prompt": text(16 + 5 * i, 3000 + i),
+            {"model": args.model_id, "prompt": text(16 + 5 * i, 3000 + i),
              "max_tokens": args.gap_stream_tokens, "temperature": 0}, times[i]))
             for i in range(args.gap_streams)]
         for t in streams:
@@ -352,7 +377,7 @@ def gap(build, workdir, args):
         while min(len(t) for t in times) < 20:  # every stream is decoding
             time.sleep(0.005)
         t_arrive = time.monotonic()
-        usage, _, _ = server.post({"model": "kvmini-trained", "prompt": text(g, 9),
+        usage, _, _ = server.post({"model": args.model_id, "prompt": text(g, 9),
                                    "max_tokens": 1, "temperature": 0})
         t_done = time.monotonic()
         for t in streams:
@@ -389,6 +414,11 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--ttft-tokens", default="16384", help="comma list; empty skips")
     ap.add_argument("--threads", type=int, default=1, help="engine threads")
+    ap.add_argument("--model", default=None, help="weights (.safetensors); default: the server's")
+    ap.add_argument("--config", default=None, help="config.json of --model")
+    ap.add_argument("--model-id", default="kvmini-trained", help="model name sent and served")
+    ap.add_argument("--prompt-bytes", type=int, default=0,
+                    help="throughput prompts of this many bytes each (0: 16 + 3i for request i)")
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--spec", action="store_true",
                     help="measure --speculative against plain decoding")
@@ -400,10 +430,17 @@ def main():
     ap.add_argument("--gap-stream-tokens", type=int, default=600)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    if (args.model is None) != (args.config is None):
+        sys.exit("serve_bench: --model and --config go together")
+    if args.model is not None:
+        Server.model_flags = ["--model", args.model, "--config", args.config]
+    Server.model_flags += ["--model-id", args.model_id]
     if args.spec_draft_len is not None and not 0 <= args.spec_draft_len <= 15:
         sys.exit("serve_bench: --spec-draft-len in [0, 15]")
     if args.requests < 1 or args.requests > 256 or args.max_tokens < 1 or args.max_tokens > 1024:
         sys.exit("serve_bench: --requests in [1, 256], --max-tokens in [1, 1024]")
+    if not 0 <= args.prompt_bytes <= 4096:
+        sys.exit("serve_bench: --prompt-bytes in [0, 4096]")
     if not 0 <= args.gap_tokens <= 65536 or not 1 <= args.gap_streams <= 32 or \
             not 40 <= args.gap_stream_tokens <= 4096:
         sys.exit("serve_bench: --gap-tokens in [0, 65536], --gap-streams in [1, 32], "

@@ -328,6 +328,76 @@ TEST(Ops, HcMixesIsBitIdenticalToTheScalarSinkhorn) {
   }
 }
 
+// HcMixesRows takes the mix products of many rows at once (an AVX2 kernel, two rows of x by
+// four rows of fn per pass, or Dot4 over the rows): every product must be Dot's bits, for any
+// row count (pairs and an odd row), any number of fn rows (blocks of four and a tail) and any
+// length (8-wide steps and the tail), with and without the AVX2 kernel.
+TEST(Ops, HcMixDotsAreDotsBitForBit) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (int n : {0, 1, 7, 8, 9, 24, 31, 64, 70}) {
+    for (int m : {1, 3, 4, 6, 9, 24}) {
+      for (int rows : {1, 2, 3, 5}) {
+        std::vector<float> fn(static_cast<size_t>(m) * n), x(static_cast<size_t>(rows) * n);
+        for (float& f : fn) f = u(rng);
+        for (float& f : x) f = u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 30) - 15);
+        for (bool avx2 : {false, true}) {
+          std::vector<float> got(static_cast<size_t>(rows) * m, -1.0f);
+          HcMixDots(fn.data(), m, x.data(), rows, n, got.data(), avx2);
+          for (int t = 0; t < rows; ++t) {
+            for (int i = 0; i < m; ++i) {
+              const float want = Dot(fn.data() + static_cast<size_t>(i) * n,
+                                     x.data() + static_cast<size_t>(t) * n, n);
+              ASSERT_EQ(std::bit_cast<uint32_t>(got[static_cast<size_t>(t) * m + i]),
+                        std::bit_cast<uint32_t>(want))
+                  << "n " << n << " m " << m << " rows " << rows << " row " << t << " mix " << i
+                  << " avx2 " << avx2;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The rows of HcMixesRows are the scalar reference's rows, for row counts across its 16-row
+// blocks and its four-row mean-square groups, lengths with and without a tail.
+TEST(Ops, HcMixesRowsIsTheScalarReferenceRowByRow) {
+  std::mt19937 rng(19);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (int hc : {1, 3, 4, 5}) {
+    for (int dim : {7, 24}) {
+      for (int rows : {1, 2, 4, 5, 16, 17, 37}) {
+        const int n = hc * dim, m = (2 + hc) * hc;
+        std::vector<float> x(static_cast<size_t>(rows) * n), fn(static_cast<size_t>(m) * n),
+            base(m), scale = {0.7f, 1.3f, 2.1f};
+        for (float& f : x) f = g(rng);
+        for (float& f : fn) f = 0.2f * g(rng);
+        for (float& f : base) f = 0.5f * g(rng);
+        std::vector<float> pre(rows * hc), post(rows * hc), comb(rows * hc * hc);
+        HcMixesRows(rows, x.data(), hc, dim, fn.data(), scale.data(), base.data(), 20, 1e-6, 1e-20,
+                    pre.data(), post.data(), comb.data());
+        for (int t = 0; t < rows; ++t) {
+          std::vector<float> pre2(hc), post2(hc), comb2(hc * hc);
+          HcMixesScalar(x.data() + static_cast<size_t>(t) * n, hc, dim, fn.data(), scale.data(),
+                        base.data(), 20, 1e-6, 1e-20, pre2.data(), post2.data(), comb2.data());
+          for (int i = 0; i < hc; ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(pre[t * hc + i]), std::bit_cast<uint32_t>(pre2[i]))
+                << "hc " << hc << " dim " << dim << " rows " << rows << " row " << t;
+            ASSERT_EQ(std::bit_cast<uint32_t>(post[t * hc + i]), std::bit_cast<uint32_t>(post2[i]))
+                << "hc " << hc << " dim " << dim << " rows " << rows << " row " << t;
+          }
+          for (int i = 0; i < hc * hc; ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(comb[(t * hc) * hc + i]),
+                      std::bit_cast<uint32_t>(comb2[i]))
+                << "hc " << hc << " dim " << dim << " rows " << rows << " row " << t;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Rope, InverseUndoesForwardAndYarnStretchesLowFrequencies) {
   RopeParams p;
   p.theta = 160000;

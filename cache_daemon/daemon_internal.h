@@ -128,6 +128,8 @@ void StartHttpSession(Shared* shared, asio::generic::stream_protocol::socket soc
 // Closes a session after limits.idle_timeout_ms without a byte read or written and with no
 // request executing. Owned by a session, used on its strand only: Touch() on every read or
 // write completion, Arm() once at the start; busy() tells whether requests are executing.
+// busy() is sampled only when the deadline passes, so a session also calls Touch() when a
+// busy state that no read or write completion ends (a memory-gate hold) ends.
 class IdleWatch {
  public:
   template <typename Executor>

@@ -142,10 +142,8 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
     id_ = shared_->Register(shared_from_this());
     auto self = shared_from_this();
     idle_.Arm(
-        // Not idle: requests executing, or reads paused by the daemon-wide budget while the
-        // client has nothing left to read (the daemon, not the client, is holding it up).
-        IdleWatch::NowMs(), self,
-        [this] { return inflight_ > 0 || (memory_.paused() && wq_.empty()); },
+        // Not idle: requests executing, or reads held by the daemon-wide budget.
+        IdleWatch::NowMs(), self, [this] { return inflight_ > 0 || HeldByMemoryGate(); },
         [this] {
           if (closed_) return;
           shared_->metrics->Refuse(Refusal::kIdle);
@@ -198,7 +196,13 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
       return;
     }
     reply_paused_ = false;
+    const bool was_held = HeldByMemoryGate();
     if (!memory_.AllowsRead(shared_, [self = shared_from_this()] { self->MaybeRead(); })) return;
+    // The watch sees a hold only when its deadline passes: without this, a hold that ends
+    // just before the deadline closes, as idle, a connection that only the daemon kept
+    // waiting (seen with the host's CPUs saturated: a client's HELLO was held 1.49 s of a
+    // 1.5 s idle_timeout_ms, then its connection was closed before the read completed).
+    if (was_held) idle_.Touch(IdleWatch::NowMs());
     // Before authentication a read takes no more than one frame may hold.
     size_t want = rbuf_.size();
     if (Unauthenticated()) want = std::min<size_t>(want, PreauthFrameBytes());
@@ -228,6 +232,10 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
     MaybeRead();
     ArmFrameTimer();
   }
+
+  // Reads are paused by the daemon-wide budget while the client has nothing left to read:
+  // the daemon, not the client, is holding the connection up, so it is not idle.
+  bool HeldByMemoryGate() const { return memory_.paused() && wq_.empty(); }
 
   // Auth is on and this connection has not authenticated (yet, or after a failed AUTH).
   bool Unauthenticated() const { return tenant_ == nullptr; }

@@ -117,12 +117,9 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     if (ec) return DoClose();
     fd_ = sock_.native_handle();
     idle_.Arm(
-        // Not idle while reads are paused by the daemon-wide budget and nothing is left for the
-        // client to read (the daemon, not the client, is holding it up).
+        // Not idle: SETs pending, or reads held by the daemon-wide budget.
         IdleWatch::NowMs(), shared_from_this(),
-        [this] {
-          return !holds_.empty() || (memory_.paused() && pending_bytes() == 0 && wbuf_.empty());
-        },
+        [this] { return !holds_.empty() || HeldByMemoryGate(); },
         [this] {
           if (closed_) return;
           shared_->metrics->Refuse(Refusal::kIdle);
@@ -175,7 +172,11 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
       return;
     }
     Account();
+    const bool was_held = HeldByMemoryGate();
     if (!memory_.AllowsRead(shared_, [self = shared_from_this()] { self->Read(); })) return;
+    // The watch sees a hold only when its deadline passes: the idle clock starts when the
+    // hold ends (as in native_session.cc).
+    if (was_held) idle_.Touch(IdleWatch::NowMs());
     reading_ = true;
     // Wait for readability, then read without blocking: after a reply the next request has
     // usually not arrived yet, so asio's speculative recv in async_read_some would mostly
@@ -202,6 +203,11 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   }
 
   size_t pending_bytes() const { return out_.size() + body_bytes_ + hold_bytes_; }
+  // Reads are paused by the daemon-wide budget while nothing is left for the client to read:
+  // the daemon, not the client, is holding the connection up, so it is not idle.
+  bool HeldByMemoryGate() const {
+    return memory_.paused() && pending_bytes() == 0 && wbuf_.empty();
+  }
 
   // Runs buffered commands until the pending replies reach kMaxPendingReplyBytes (or
   // kPendingSetsMax SETs are pending), writes what is ready (the replies before the first

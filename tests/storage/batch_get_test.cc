@@ -414,6 +414,21 @@ TEST(SsdGetBatchTest, FailedCompletionsAreIoErrorsForTheirUnitsOnly) {
   EXPECT_EQ(faults.injected(), 3u);
 }
 
+// Flips one payload byte of record `index` of the 5000-byte units put first into a memory
+// env's first segment (records are 5128 B apart: a 128-byte header, then the payload; the
+// next segment is prepared ahead, empty).
+void FlipPayloadByte(DeviceEnv* env, int index) {
+  auto names = env->List();
+  ASSERT_TRUE(names.ok() && !names->empty());
+  auto dev = env->Open(*std::min_element(names->begin(), names->end()), false);
+  ASSERT_TRUE(dev.ok());
+  uint8_t b = 0;
+  const uint64_t at = 5128ull * index + 128 + 100;
+  ASSERT_TRUE((*dev)->Read(at, {&b, 1}).ok());
+  b ^= 0xff;
+  ASSERT_TRUE((*dev)->Write(at, {&b, 1}).ok());
+}
+
 TEST(SsdGetBatchTest, ACorruptedRecordIsQuarantinedAndTheOthersAreServed) {
   TempDir dir;
   auto env = NewMemEnv();
@@ -430,16 +445,8 @@ TEST(SsdGetBatchTest, ACorruptedRecordIsQuarantinedAndTheOthersAreServed) {
     ASSERT_TRUE(ssd.Put(MakeKey(i), MakeValue(MakeKey(i), 1, 5000), {}, nullptr).ok());
   }
   ASSERT_TRUE(ssd.Flush().ok());
-  // Flip a payload byte of the second record on the device (records are 5128 B apart).
-  auto names = env->List();
-  ASSERT_TRUE(names.ok() && !names->empty());
-  auto dev = env->Open(names->front(), false);
-  ASSERT_TRUE(dev.ok());
-  uint8_t b = 0;
-  uint64_t at = 5128 + 128 + 100;
-  ASSERT_TRUE((*dev)->Read(at, {&b, 1}).ok());
-  b ^= 0xff;
-  ASSERT_TRUE((*dev)->Write(at, {&b, 1}).ok());
+  // The second record's payload, in the first segment (not the one prepared ahead).
+  FlipPayloadByte(env.get(), 1);
   std::vector<Key> keys = {MakeKey(0), MakeKey(1), MakeKey(2)};
   std::vector<std::vector<uint8_t>> outs;
   std::vector<Status> results;
@@ -450,21 +457,6 @@ TEST(SsdGetBatchTest, ACorruptedRecordIsQuarantinedAndTheOthersAreServed) {
   EXPECT_EQ(outs[2], MakeValue(MakeKey(2), 1, 5000));
   EXPECT_FALSE(ssd.Contains(MakeKey(1)));  // quarantined
   EXPECT_EQ(ssd.GetStats().checksum_failures, 1u);
-}
-
-// Flips one payload byte of record `index` of the 5000-byte units put first into a memory
-// env's first segment (records are 5128 B apart: a 128-byte header, then the payload; the
-// next segment is prepared ahead, empty).
-void FlipPayloadByte(DeviceEnv* env, int index) {
-  auto names = env->List();
-  ASSERT_TRUE(names.ok() && !names->empty());
-  auto dev = env->Open(*std::min_element(names->begin(), names->end()), false);
-  ASSERT_TRUE(dev.ok());
-  uint8_t b = 0;
-  const uint64_t at = 5128ull * index + 128 + 100;
-  ASSERT_TRUE((*dev)->Read(at, {&b, 1}).ok());
-  b ^= 0xff;
-  ASSERT_TRUE((*dev)->Write(at, {&b, 1}).ok());
 }
 
 // The same through a Batch: the corrupted record is never viewed (its value is empty), it is

@@ -298,7 +298,10 @@ TEST(SsdDoubleBufferTest, SyncPutFailsWhenItsAsyncWriteFails) {
 TEST(SsdDoubleBufferTest, ACommitWritesItsOwnBufferOnTheCommittingThread) {
   TempDir dir;
   auto mem = NewMemEnv();
+  // Both envs outlive both tiers (declared before t): a tier's segment thread uses its env
+  // until the tier is destroyed.
   GateEnv gate(mem.get());
+  GateEnv gate2(mem.get());
   auto t = OpenTier(Options(dir.path(), &gate, Durability::kSync));
   ASSERT_NE(t, nullptr);
   int before = gate.passed();
@@ -307,7 +310,6 @@ TEST(SsdDoubleBufferTest, ACommitWritesItsOwnBufferOnTheCommittingThread) {
   EXPECT_EQ(gate.WritesFrom(std::this_thread::get_id()), 5);
   // Batched: buffers that fill up go to the writer thread; Flush writes the last one itself.
   t.reset();
-  GateEnv gate2(mem.get());
   t = OpenTier(Options(dir.path(), &gate2, Durability::kBatched));
   ASSERT_NE(t, nullptr);
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(PutUnit(t.get(), 100 + i).ok()) << i;

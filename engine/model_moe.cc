@@ -24,6 +24,35 @@ void SwigluActivate(int rows, int inter, float limit, const float* row_weight, f
   }
 }
 
+// The rows routed to one expert: the (token, slot) indices whose choice is `e`, in order, the
+// tokens' normed inputs gathered as rows and their router weights.
+struct ExpertRows {
+  std::vector<int64_t> slots;
+  std::vector<float> x, weight;
+  int rows() const { return static_cast<int>(slots.size()); }
+};
+ExpertRows GatherExpertRows(int32_t e, int64_t n_slots, int K, int D, const int32_t* chosen,
+                            const float* weight, const float* xn) {
+  ExpertRows g;
+  for (int64_t i = 0; i < n_slots; ++i) {
+    if (chosen[i] == e) g.slots.push_back(i);
+  }
+  g.x.resize(g.slots.size() * D);
+  g.weight.resize(g.slots.size());
+  for (size_t r = 0; r < g.slots.size(); ++r) {
+    std::memcpy(g.x.data() + r * D, xn + (g.slots[r] / K) * D, D * 4);
+    g.weight[r] = weight[g.slots[r]];
+  }
+  return g;
+}
+
+// Row r of y (the expert's outputs) to slot r's place in `routed` ([n * K x D]).
+void ScatterExpertRows(const ExpertRows& g, int D, const float* y, float* routed) {
+  for (size_t r = 0; r < g.slots.size(); ++r) {
+    std::memcpy(routed + g.slots[r] * D, y + r * D, D * 4);
+  }
+}
+
 // out = the K routed outputs of each token, summed in slot order, plus the shared output.
 void CombineExperts(int n, int K, int D, const float* routed, const float* shared, float* out) {
   for (int t = 0; t < n; ++t) {
@@ -82,34 +111,26 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
     // every active expert's and the shared expert's gate and up products in one call, their
     // down products in another (MmMany; each output as its own MatMul computes it).
     std::vector<int32_t> active;
-    std::vector<std::vector<int64_t>> slots;
+    std::vector<ExpertRows> groups;
     for (int32_t e = 0; e < E; ++e) {
-      std::vector<int64_t> sl;
-      for (int64_t i = 0; i < static_cast<int64_t>(n) * K; ++i) {
-        if (chosen[i] == e) sl.push_back(i);
-      }
-      if (sl.empty()) continue;
+      ExpertRows grp =
+          GatherExpertRows(e, static_cast<int64_t>(n) * K, K, D, chosen.data(), weight.data(), xn);
+      if (grp.slots.empty()) continue;
       active.push_back(e);
-      slots.push_back(std::move(sl));
+      groups.push_back(std::move(grp));
     }
     const int A = static_cast<int>(active.size()), Is = I * c.n_shared_experts;
     const bool has_shared = lw.s_w1 != nullptr;
-    std::vector<std::vector<float>> xg(A), wg(A), g(A), u(A), yg(A);
+    std::vector<std::vector<float>> g(A), u(A), yg(A);
     std::vector<float> gs(has_shared ? static_cast<size_t>(n) * Is : 0), us(gs.size());
     std::vector<MatMulPart> up, down;
     for (int a = 0; a < A; ++a) {
-      const int rows = static_cast<int>(slots[a].size()), e = active[a];
-      xg[a].resize(static_cast<size_t>(rows) * D);
-      wg[a].resize(rows);
+      const int rows = groups[a].rows(), e = active[a];
       g[a].resize(static_cast<size_t>(rows) * I);
       u[a].resize(g[a].size());
-      yg[a].resize(xg[a].size());
-      for (int r = 0; r < rows; ++r) {
-        std::memcpy(xg[a].data() + static_cast<int64_t>(r) * D, xn + (slots[a][r] / K) * D, D * 4);
-        wg[a][r] = weight[slots[a][r]];
-      }
-      up.push_back({xg[a].data(), rows, D, lw.w1[e], nullptr, I, g[a].data()});
-      up.push_back({xg[a].data(), rows, D, lw.w3[e], nullptr, I, u[a].data()});
+      yg[a].resize(groups[a].x.size());
+      up.push_back({groups[a].x.data(), rows, D, lw.w1[e], nullptr, I, g[a].data()});
+      up.push_back({groups[a].x.data(), rows, D, lw.w3[e], nullptr, I, u[a].data()});
       down.push_back({g[a].data(), rows, I, lw.w2[e], nullptr, D, yg[a].data()});
     }
     if (has_shared) {
@@ -119,16 +140,11 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
     }
     MmMany(pool_.get(), up);
     for (int a = 0; a < A; ++a) {
-      SwigluActivate(static_cast<int>(slots[a].size()), I, limit, wg[a].data(), g[a].data(),
-                     u[a].data());
+      SwigluActivate(groups[a].rows(), I, limit, groups[a].weight.data(), g[a].data(), u[a].data());
     }
     if (has_shared) SwigluActivate(n, Is, limit, nullptr, gs.data(), us.data());
     MmMany(pool_.get(), down);
-    for (int a = 0; a < A; ++a) {
-      for (size_t r = 0; r < slots[a].size(); ++r) {
-        std::memcpy(routed.data() + slots[a][r] * D, yg[a].data() + r * D, D * 4);
-      }
-    }
+    for (int a = 0; a < A; ++a) ScatterExpertRows(groups[a], D, yg[a].data(), routed.data());
     CombineExperts(n, K, D, routed.data(), shared.data(), out);
     return;
   }
@@ -136,21 +152,13 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
   // neither do the outputs.
   pool_->ParallelFor(E, [&](int64_t b, int64_t e_end) {
     for (int64_t e = b; e < e_end; ++e) {
-      std::vector<int64_t> slots;
-      for (int64_t i = 0; i < static_cast<int64_t>(n) * K; ++i) {
-        if (chosen[i] == e) slots.push_back(i);
-      }
-      if (slots.empty()) continue;
-      const int rows = static_cast<int>(slots.size());
-      std::vector<float> xg(static_cast<size_t>(rows) * D), wg(rows), yg(xg.size());
-      for (int r = 0; r < rows; ++r) {
-        std::memcpy(xg.data() + static_cast<int64_t>(r) * D, xn + (slots[r] / K) * D, D * 4);
-        wg[r] = weight[slots[r]];
-      }
-      swiglu(xg.data(), rows, lw.w1[e], lw.w3[e], lw.w2[e], I, wg.data(), yg.data(), nullptr);
-      for (int r = 0; r < rows; ++r) {
-        std::memcpy(routed.data() + slots[r] * D, yg.data() + static_cast<int64_t>(r) * D, D * 4);
-      }
+      const ExpertRows grp = GatherExpertRows(static_cast<int32_t>(e), static_cast<int64_t>(n) * K,
+                                              K, D, chosen.data(), weight.data(), xn);
+      if (grp.slots.empty()) continue;
+      std::vector<float> yg(grp.x.size());
+      swiglu(grp.x.data(), grp.rows(), lw.w1[e], lw.w3[e], lw.w2[e], I, grp.weight.data(),
+             yg.data(), nullptr);
+      ScatterExpertRows(grp, D, yg.data(), routed.data());
     }
   });
   if (lw.s_w1 != nullptr) {

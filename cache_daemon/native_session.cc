@@ -38,6 +38,13 @@ constexpr size_t kReadChunkBytes = 256 * 1024;
 // time forever. Both counted in kvtier_native_turns_restarted_total. docs/format/wire.md.
 constexpr size_t kTurnsPerConnectionMax = 1024;
 constexpr uint64_t kTurnAgeMsMax = 10 * 60 * 1000;
+// At SHM_ATTACH the region's first bytes, up to this many, are allocated (fallocate), so that
+// the first GETs on the connection write into pages the kernel has already zeroed: a
+// 16K-token resume's values (1.3 MB) into a fresh memfd took 0.43-0.68 ms, into allocated
+// pages 0.18-0.29 ms (docs/PERFORMANCE.md, "Resume fetch"). The client places a GET's values
+// from the start of the region when nothing else is leased. Bounded so that an idle
+// connection holds at most this much.
+constexpr uint64_t kShmAllocatedBytesMax = 4ull << 20;
 
 Op ToOp(uint8_t opcode) {
   switch (static_cast<Opcode>(opcode)) {
@@ -110,6 +117,11 @@ struct Job {
   storage::RequestTag request;
   // Set by the worker: value bytes of the reply it built, reserved with ReserveReply.
   uint64_t reserved_bytes = 0;
+  // Set by the worker before Execute: queues the reply (once) on the connection's strand. A
+  // GET calls it as soon as every value is placed, before the store's promotions into DRAM
+  // (Service::Get's `visited`); Execute then returns no bytes and the worker sends nothing.
+  std::function<void(std::vector<uint8_t>, StatusCode)> reply;
+  bool replied = false;
 };
 
 class NativeSession : public Session, public std::enable_shared_from_this<NativeSession> {
@@ -507,23 +519,32 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
         Job{std::move(frame), tenant_, unit_tokens_, shm_, shm_bytes_, shm_fd_, request});
     asio::post(*shared_->workers, [self = shared_from_this(), job = std::move(job), op, start_us,
                                    shared_slot, frame_bytes]() mutable {
+      // Queues the reply on the strand: once, from inside Execute (a GET, before its
+      // promotions) or after it. The request counts as finished from here (inflight, the
+      // tenant's slot); the worker may still be promoting what the GET read.
+      Job* const j = job.get();
+      j->reply = [&self, j, &shared_slot, op, start_us, frame_bytes](std::vector<uint8_t> out,
+                                                                     StatusCode code) {
+        j->replied = true;
+        const uint64_t reserved = j->reserved_bytes;
+        shared_slot.reset();
+        asio::post(self->strand_, [self, out = std::move(out), op, start_us, code, frame_bytes,
+                                   reserved]() mutable {
+          --self->inflight_;
+          self->inflight_bytes_ -= frame_bytes;
+          // The reply moves from "being built" to the write queue.
+          self->building_bytes_.fetch_sub(reserved);
+          self->shared_->memory->Release(reserved);
+          self->shared_->metrics->inflight.fetch_sub(1);
+          self->Reply(op, start_us, std::move(out), code);
+          self->busy_.fetch_sub(1);
+          self->MaybeRead();
+        });
+      };
       StatusCode code = StatusCode::kOk;
       std::vector<uint8_t> out = self->Execute(*job, &code);
-      const uint64_t reserved = job->reserved_bytes;
-      shared_slot.reset();
+      if (!j->replied) j->reply(std::move(out), code);
       job.reset();
-      asio::post(self->strand_,
-                 [self, out = std::move(out), op, start_us, code, frame_bytes, reserved]() mutable {
-                   --self->inflight_;
-                   self->inflight_bytes_ -= frame_bytes;
-                   // The reply moves from "being built" to the write queue.
-                   self->building_bytes_.fetch_sub(reserved);
-                   self->shared_->memory->Release(reserved);
-                   self->shared_->metrics->inflight.fetch_sub(1);
-                   self->Reply(op, start_us, std::move(out), code);
-                   self->busy_.fetch_sub(1);
-                   self->MaybeRead();
-                 });
     });
   }
 
@@ -625,6 +646,8 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
         if (fd >= 0) ::close(fd);
         st = Status::IOError("memfd_create/ftruncate/F_ADD_SEALS failed");
       } else {
+        // Best effort: a region whose pages could not be allocated now gets them on write.
+        (void)::fallocate(fd, 0, 0, static_cast<off_t>(std::min(bytes, kShmAllocatedBytesMax)));
         void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) {
           ::close(fd);
@@ -661,9 +684,11 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
 
   // Runs on a worker thread. Reads only the job and immutable session state (options), never
   // the strand's tenant_/unit_tokens_/shm_.
+  // Empty when the reply was already sent (job.replied).
   std::vector<uint8_t> Execute(Job& job, StatusCode* code) {
     std::vector<uint8_t> out;
     Status st = ExecuteInto(job, code, &out);
+    if (job.replied) return {};
     if (!st.ok()) {
       *code = st.code();
       return Response(job.frame.header, 0, st);
@@ -803,49 +828,62 @@ Status NativeSession::ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_
         shm_out.emplace(job.shm_fd, req.dst_offset, req.dst_capacity);
         shm_entries.reserve(req.keys.size());
       }
-      svc->Get(t, req.keys, unit_tokens, job.request,
-               [&](size_t, const Status& st, storage::Tier tier, std::span<const uint8_t> v) {
-                 StatusCode c = st.code();
-                 if (shm) {
-                   std::optional<ShmValueWriter::Slot> slot;
-                   if (c == StatusCode::kOk && !(slot = shm_out->Add(v))) {
-                     c = StatusCode::kRetry;  // no room left in the destination area
-                   }
-                   shm_entries.push_back({c, tier, static_cast<uint32_t>(v.size()),
-                                          slot ? slot->index : 0, slot ? slot->offset : 0});
-                   return;
-                 }
-                 if (st.ok() && w.buffer().size() + v.size() + 6 > max_frame) {
-                   c = StatusCode::kRetry;  // would exceed the frame limit
-                 }
-                 if (c == StatusCode::kOk && !ReserveReply(v.size(), &job)) {
-                   c = StatusCode::kRetry;  // the connection's replies are not being read
-                 }
-                 if (c != StatusCode::kOk && c != StatusCode::kNotFound) *code = c;
-                 w.U8(static_cast<uint8_t>(c));
-                 w.U8(static_cast<uint8_t>(tier));
-                 w.U32(c == StatusCode::kOk ? static_cast<uint32_t>(v.size()) : 0);
-                 if (c == StatusCode::kOk) w.Bytes(v);
-               });
-      if (shm) {
-        shm_out->Flush();
-        for (const ShmEntry& e : shm_entries) {
-          StatusCode c = e.code;
-          if (c == StatusCode::kOk && !shm_out->Written(e.slot)) {
-            c = StatusCode::kRetry;
-            shared_->metrics->shm_write_failures.fetch_add(1);  // counted per value
+      // Every key was visited: the values are placed (written into the region), the reply is
+      // complete and goes to the strand now; the store's promotions into DRAM follow on this
+      // worker, off the client's path (they re-check each unit under the store's lock, so a
+      // DELETE the client sends after this reply is never undone by them).
+      auto answer = [&] {
+        if (shm) {
+          shm_out->Flush();
+          for (const ShmEntry& e : shm_entries) {
+            StatusCode c = e.code;
+            if (c == StatusCode::kOk && !shm_out->Written(e.slot)) {
+              c = StatusCode::kRetry;
+              shared_->metrics->shm_write_failures.fetch_add(1);  // counted per value
+            }
+            if (c != StatusCode::kOk && c != StatusCode::kNotFound) *code = c;
+            w.U8(static_cast<uint8_t>(c));
+            w.U8(static_cast<uint8_t>(e.tier));
+            w.U32(c == StatusCode::kOk ? e.bytes : 0);
+            if (c == StatusCode::kOk) w.U64(e.offset);
           }
-          if (c != StatusCode::kOk && c != StatusCode::kNotFound) *code = c;
-          w.U8(static_cast<uint8_t>(c));
-          w.U8(static_cast<uint8_t>(e.tier));
-          w.U32(c == StatusCode::kOk ? e.bytes : 0);
-          if (c == StatusCode::kOk) w.U64(e.offset);
         }
-      }
-      *out = w.Take();
-      auto hdr = wire::EncodeHeader(h.opcode | wire::kResponseBit, reply_flags, h.request_id,
-                                    static_cast<uint32_t>(out->size() - wire::kHeaderBytes));
-      std::copy(hdr.begin(), hdr.end(), out->begin());
+        std::vector<uint8_t> reply = w.Take();
+        auto hdr = wire::EncodeHeader(h.opcode | wire::kResponseBit, reply_flags, h.request_id,
+                                      static_cast<uint32_t>(reply.size() - wire::kHeaderBytes));
+        std::copy(hdr.begin(), hdr.end(), reply.begin());
+        if (job.reply) {
+          job.reply(std::move(reply), *code);
+        } else {
+          *out = std::move(reply);
+        }
+      };
+      svc->Get(
+          t, req.keys, unit_tokens, job.request,
+          [&](size_t, const Status& st, storage::Tier tier, std::span<const uint8_t> v) {
+            StatusCode c = st.code();
+            if (shm) {
+              std::optional<ShmValueWriter::Slot> slot;
+              if (c == StatusCode::kOk && !(slot = shm_out->Add(v))) {
+                c = StatusCode::kRetry;  // no room left in the destination area
+              }
+              shm_entries.push_back({c, tier, static_cast<uint32_t>(v.size()),
+                                     slot ? slot->index : 0, slot ? slot->offset : 0});
+              return;
+            }
+            if (st.ok() && w.buffer().size() + v.size() + 6 > max_frame) {
+              c = StatusCode::kRetry;  // would exceed the frame limit
+            }
+            if (c == StatusCode::kOk && !ReserveReply(v.size(), &job)) {
+              c = StatusCode::kRetry;  // the connection's replies are not being read
+            }
+            if (c != StatusCode::kOk && c != StatusCode::kNotFound) *code = c;
+            w.U8(static_cast<uint8_t>(c));
+            w.U8(static_cast<uint8_t>(tier));
+            w.U32(c == StatusCode::kOk ? static_cast<uint32_t>(v.size()) : 0);
+            if (c == StatusCode::kOk) w.Bytes(v);
+          },
+          answer);
       return Status::Ok();
     }
     case Opcode::kPrefetch: {

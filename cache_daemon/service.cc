@@ -247,7 +247,8 @@ std::vector<StatusCode> Service::Put(const Tenant& t, const wire::PutRequest& ar
 void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens,
                   const storage::RequestTag& given,
                   const std::function<void(size_t, const Status&, storage::Tier,
-                                           std::span<const uint8_t>)>& visit) {
+                                           std::span<const uint8_t>)>& visit,
+                  const std::function<void()>& visited) {
   std::vector<storage::Key> keys(chain.size());
   for (size_t i = 0; i < chain.size(); ++i) keys[i] = Bind(t, chain[i]);
   // One batch read per kMaxBatch keys: the SSD reads of a batch are in flight together.
@@ -257,18 +258,22 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
   uint64_t bytes = 0;
   // One request for the policies however many batches it takes: the turn's, or its own.
   const storage::RequestTag request = given.id != 0 ? given : store_->BeginRequest();
+  bool visited_called = false;
   for (size_t first = 0; first < keys.size(); first += storage::kMaxBatch) {
     size_t n = std::min(storage::kMaxBatch, keys.size() - first);
     if (router_ == nullptr) {
       // One node: each value is visited where the store read it (an SSD unit in its batch's
-      // read region), so the visitor's copy is its only one.
+      // read region), so the visitor's copy is its only one. The last batch calls `visited`
+      // before its promotions.
+      const bool last = first + n >= keys.size();
       store_->GetBatchVisit(
           std::span<const storage::Key>(keys).subspan(first, n),
           [&](size_t j, const Status& st, storage::Tier tier, std::span<const uint8_t> v) {
             if (st.ok()) bytes += v.size();
             visit(first + j, st, tier, v);
           },
-          request);
+          request, last ? visited : nullptr);
+      if (last) visited_called = true;
       continue;
     }
     store_->GetBatch(std::span<const storage::Key>(keys).subspan(first, n), &values, &tiers,
@@ -299,6 +304,7 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
             st.ok() ? std::span<const uint8_t>(values[j]) : std::span<const uint8_t>());
     }
   }
+  if (visited && !visited_called) visited();  // no keys, or the cluster path
   Trace("get", t, keys, bytes, unit_tokens);
 }
 

@@ -145,11 +145,15 @@ class Service {
                               std::span<const PutItem> items, uint32_t unit_tokens,
                               const storage::RequestTag& request = {});
   // Calls visit(i, status, tier, value) for each key in order; value is valid only during
-  // the call. The batch is one request for the policies, as for Put.
+  // the call. The batch is one request for the policies, as for Put. visited, when set, is
+  // called once, after the last visit and before the last batch's promotions into DRAM
+  // (TierManager::GetBatchVisit's `visited`), so that the caller can answer before them;
+  // the promotions then finish before Get returns.
   void Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens,
            const storage::RequestTag& request,
            const std::function<void(size_t, const Status&, storage::Tier,
-                                    std::span<const uint8_t>)>& visit);
+                                    std::span<const uint8_t>)>& visit,
+           const std::function<void()>& visited = nullptr);
   void Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens,
            const std::function<void(size_t, const Status&, storage::Tier,
                                     std::span<const uint8_t>)>& visit) {

@@ -438,19 +438,52 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, Batch* batch, const Requ
                                    report_hits);
     }
   }
-  // One aligned region for every device read; each read covers its record's aligned span.
-  struct Span {
-    uint64_t start = 0, len = 0, region_off = 0;
-  };
-  std::vector<Span> spans(n);
-  uint64_t region_bytes = 0;
+  // The device reads, sorted by segment and offset for locality. Records whose aligned spans
+  // overlap or touch in one segment share a read (SsdOptions::batch_read_merge_bytes_max):
+  // read k covers [start, start + len) of its segment and holds units order[first, last).
+  // Sized once: each growth of these would take fresh heap pages (first-touch faults) in a
+  // just-started daemon.
+  std::vector<size_t> order;
+  order.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    if (!results[i].ok() || segs[i] == nullptr) continue;
-    uint64_t a = std::max<uint64_t>(segs[i]->dev->Alignment(), 1);
-    spans[i].start = entries[i].offset / a * a;
-    spans[i].len = AlignUp(entries[i].offset + entries[i].record_bytes, a) - spans[i].start;
-    spans[i].region_off = region_bytes;
-    region_bytes += AlignUp(spans[i].len, ssd::kBlockBytes);
+    if (results[i].ok() && segs[i] != nullptr) order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return segs[a]->id != segs[b]->id ? segs[a]->id < segs[b]->id
+                                      : entries[a].offset < entries[b].offset;
+  });
+  struct Read {
+    BlockDevice* dev = nullptr;
+    uint64_t start = 0, len = 0, region_off = 0;
+    size_t first = 0, last = 0;  // units order[first, last)
+  };
+  std::vector<Read> reads;
+  reads.reserve(order.size());
+  const uint64_t merge_max = o_.batch_read_merge_bytes_max;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const size_t i = order[k];
+    BlockDevice* dev = segs[i]->dev.get();
+    const uint64_t a = std::max<uint64_t>(dev->Alignment(), 1);
+    const uint64_t start = entries[i].offset / a * a;
+    const uint64_t end = AlignUp(entries[i].offset + entries[i].record_bytes, a);
+    if (!reads.empty()) {
+      Read& r = reads.back();
+      const uint64_t merged_end = std::max(r.start + r.len, end);
+      // Touching: on a device of alignment 1 the records' 8-byte padding lies between them.
+      if (r.dev == dev && start <= AlignUp(r.start + r.len, ssd::kRecordAlignBytes) &&
+          merged_end - r.start <= merge_max) {
+        r.len = merged_end - r.start;
+        r.last = k + 1;
+        continue;
+      }
+    }
+    reads.push_back({dev, start, end - start, 0, k, k + 1});
+  }
+  // One aligned region for every device read.
+  uint64_t region_bytes = 0;
+  for (Read& r : reads) {
+    r.region_off = region_bytes;
+    region_bytes += AlignUp(r.len, ssd::kBlockBytes);
   }
   uint8_t* region = region_bytes > 0 ? batch->Region(region_bytes) : nullptr;
   uint64_t hits = 0, bytes = 0;
@@ -484,48 +517,40 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, Batch* batch, const Requ
     bytes += entries[i].record_bytes;
   };
   // Every device read of the batch, whatever its segment, in one submission (io_uring: one
-  // ring, up to its queue depth in flight; SubmitAcross), in chunks of kMaxBatchIos; sorted by
-  // segment and offset for locality. Each unit is verified as its read completes, while the
-  // rest of the batch is still in flight.
-  // Sized once: each growth of these would take fresh heap pages (first-touch faults) in a
-  // just-started daemon.
-  std::vector<size_t> order;
-  order.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (results[i].ok() && segs[i] != nullptr) order.push_back(i);
-  }
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return segs[a]->id != segs[b]->id ? segs[a]->id < segs[b]->id
-                                      : entries[a].offset < entries[b].offset;
-  });
+  // ring, up to its queue depth in flight; SubmitAcross), in chunks of kMaxBatchIos. The units
+  // of a read are verified as it completes, while the rest of the batch is still in flight.
+  // A read's result is each of its units' (a failed read fails them all, never a verification
+  // of a buffer the device did not fill).
+  auto finish_read = [&](const Read& r, const Status& read_st) {
+    for (size_t k = r.first; k < r.last; ++k) {
+      const size_t i = order[k];
+      if (!read_st.ok()) {
+        finish(i, read_st, {});
+        continue;
+      }
+      finish(i, read_st,
+             {region + r.region_off + (entries[i].offset - r.start), entries[i].record_bytes});
+    }
+  };
   std::vector<DeviceIo> ios;
-  ios.reserve(std::min(order.size(), kMaxBatchIos));
-  for (size_t first = 0; first < order.size(); first += kMaxBatchIos) {
-    size_t last = std::min(order.size(), first + kMaxBatchIos);
+  ios.reserve(std::min(reads.size(), kMaxBatchIos));
+  for (size_t first = 0; first < reads.size(); first += kMaxBatchIos) {
+    size_t last = std::min(reads.size(), first + kMaxBatchIos);
     ios.clear();
     for (size_t k = first; k < last; ++k) {
-      size_t i = order[k];
-      ios.push_back({segs[i]->dev.get(),
-                     {IoRequest::Op::kRead,
-                      spans[i].start,
-                      region + spans[i].region_off,
-                      static_cast<size_t>(spans[i].len),
-                      {}}});
+      const Read& r = reads[k];
+      ios.push_back({r.dev, {IoRequest::Op::kRead, r.start, region + r.region_off, r.len, {}}});
     }
     std::vector<bool> done(last - first, false);
     Status st = env_->SubmitAcross(ios, [&](size_t k) {
-      size_t i = order[first + k];
       done[k] = true;
-      finish(i, ios[k].io.result,
-             {region + spans[i].region_off + (entries[i].offset - spans[i].start),
-              entries[i].record_bytes});
+      finish_read(reads[first + k], ios[k].io.result);
     });
     // A request the env never reported (a batch it refused whole) is an I/O error, never a
     // verification of a buffer the device did not fill.
     for (size_t k = 0; k < done.size(); ++k) {
-      if (!done[k]) {
-        finish(order[first + k], st.ok() ? Status::IOError("read not completed") : st, {});
-      }
+      if (!done[k])
+        finish_read(reads[first + k], st.ok() ? Status::IOError("read not completed") : st);
     }
   }
   for (size_t i = 0; i < n; ++i) {

@@ -132,6 +132,14 @@ struct SsdOptions {
   // I/O budget of the segment thread's cleaning (bytes read + bytes relocated per second);
   // lifted while a put waits for a segment. 0: unlimited.
   uint64_t background_io_bytes_per_s = 256ull << 20;
+  // A batch read (GetBatch) reads records that lie next to each other in a segment (their
+  // aligned spans overlap or touch) with one device read of at most this many bytes, instead
+  // of one read each: the units of a session, put together, are read in a few large requests,
+  // and a block two records share is read once. Reads nothing no unit of the batch needs
+  // (beyond the < 8 bytes of padding between records on a device of alignment 1); each record
+  // is still verified on its own, and a failed read fails each of its units. 0: one read per
+  // record.
+  uint64_t batch_read_merge_bytes_max = 128ull << 10;
   // Adaptive zstd: level, and the sample size used to decide.
   bool compression = true;
   int zstd_level = 1;

@@ -142,7 +142,7 @@ class TierManagerImpl final : public TierManager {
                 std::vector<Tier>* froms, std::vector<Status>* results,
                 const RequestTag& request) override;
   void GetBatchVisit(std::span<const Key> keys, const BatchVisitor& visit,
-                     const RequestTag& request) override;
+                     const RequestTag& request, const std::function<void()>& visited) override;
   RequestTag BeginRequest() override {
     return RequestTag{next_request_.fetch_add(1, std::memory_order_relaxed) + 1, clock_->NowUs()};
   }
@@ -261,9 +261,10 @@ class TierManagerImpl final : public TierManager {
   // The body of GetBatch and GetBatchVisit (at most kMaxBatch keys): visit(i, ...) for each
   // key in order, as GetBatchVisit's contract says. A value read by GetImpl (a memory-tier
   // hit, or a re-read) is written to *slot(i) and viewed there.
+  // visited: GetBatchVisit's (null from GetBatch).
   void GetBatchImpl(std::span<const Key> keys, const RequestTag& request,
                     const std::function<std::vector<uint8_t>*(size_t)>& slot,
-                    const BatchVisitor& visit);
+                    const BatchVisitor& visit, const std::function<void()>& visited = nullptr);
   void CountMiss(MissReason r) {
     switch (r) {
       case MissReason::kEvicted:
@@ -942,22 +943,24 @@ void TierManagerImpl::GetBatch(std::span<const Key> keys, std::vector<std::vecto
 }
 
 void TierManagerImpl::GetBatchVisit(std::span<const Key> keys, const BatchVisitor& visit,
-                                    const RequestTag& given) {
+                                    const RequestTag& given, const std::function<void()>& visited) {
   const RequestTag request = given.id != 0 ? given : BeginRequest();
   if (keys.size() > kMaxBatch) {
     for (size_t i = 0; i < keys.size(); ++i) {
       visit(i, Status::InvalidArgument("batch larger than kMaxBatch"), Tier::kNone, {});
     }
+    if (visited) visited();
     return;
   }
   std::vector<uint8_t> scratch;  // memory-tier values, one at a time: no allocation per key
   GetBatchImpl(
-      keys, request, [&](size_t) { return &scratch; }, visit);
+      keys, request, [&](size_t) { return &scratch; }, visit, visited);
 }
 
 void TierManagerImpl::GetBatchImpl(std::span<const Key> keys, const RequestTag& request,
                                    const std::function<std::vector<uint8_t>*(size_t)>& slot,
-                                   const BatchVisitor& visit) {
+                                   const BatchVisitor& visit,
+                                   const std::function<void()>& visited) {
   const size_t n = keys.size();
   // The SSD units are read in one batch first; then every key, in order, takes its path and
   // reports its hit to its tier's policy (memory: Get's path; SSD: ReportHit), and the SSD
@@ -1018,6 +1021,9 @@ void TierManagerImpl::GetBatchImpl(std::span<const Key> keys, const RequestTag& 
     visit(i, Status::Ok(), Tier::kSsd, read.value(j));
     promote.push_back(i);
   }
+  // Every key was visited: the caller may answer now (GetBatchVisit's `visited`). The
+  // promotions below re-check each unit under mu_, so a delete or put after this is honoured.
+  if (visited) visited();
   // The SSD hits are promoted after every hit of the batch was reported (in key order; the
   // simulator's order): a promotion's demotions then never evict a unit the batch has yet to
   // report. A unit the SSD evicted meanwhile is not promoted (PromoteLocked checks). Each is

@@ -323,14 +323,24 @@ class TierManager {
   // a memory-tier value that the next key reuses. Otherwise GetBatch's semantics: the same
   // reads, checksum quarantine, misses, promotions and policy calls, in the same order (the
   // promotions follow the last visit). More than kMaxBatch keys: every key is visited with
-  // InvalidArgument. The default runs GetBatch (for test doubles).
+  // InvalidArgument.
+  //
+  // visited, when set, is called once, after the last visit and before the promotions, on the
+  // calling thread with none of the manager's locks held: a caller may answer its client there
+  // (every hit is known and every value was visited) and leave the promotions, which then run
+  // before GetBatchVisit returns, off its reply's path. A promotion copies the value the batch
+  // verified and only when, under the manager's lock, the SSD still holds the version that was
+  // read and no put of the key is in flight: a unit deleted or replaced after `visited` (by
+  // this client or another) is never promoted. The default runs GetBatch (for test doubles).
   virtual void GetBatchVisit(std::span<const Key> keys, const BatchVisitor& visit,
-                             const RequestTag& request = {}) {
+                             const RequestTag& request = {},
+                             const std::function<void()>& visited = nullptr) {
     std::vector<std::vector<uint8_t>> outs;
     std::vector<Tier> froms;
     std::vector<Status> results;
     GetBatch(keys, &outs, &froms, &results, request);
     for (size_t i = 0; i < keys.size(); ++i) visit(i, results[i], froms[i], outs[i]);
+    if (visited) visited();
   }
 
   virtual LookupResult Lookup(std::span<const Key> chain) = 0;

@@ -2,9 +2,13 @@
 // native protocol (Unix + shared memory, TCP inline), tenants and auth, quota, bad input,
 // slow clients, RESP, HTTP admin, graceful shutdown. The real store is covered by tests/e2e.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <thread>
 
@@ -160,6 +164,96 @@ TEST_F(DaemonTest, NativeUnixSharedMemoryAndTcpInline) {
   }
   EXPECT_EQ(*unix_client->Delete(std::vector<wire::Key>{ChainKey(0), ChainKey(999)}), 1u);
   EXPECT_EQ(unix_client->Lookup(std::vector<wire::Key>{ChainKey(0)})->hit_count, 0u);
+}
+
+// A GET is answered as soon as every value is placed, before the store promotes what it read
+// (TierManager::GetBatchVisit's `visited`): the fake store holds its worker where a real one
+// promotes until the client has the reply, over shared memory and inline; every value is
+// exact and in key order. A daemon that answered after the promotions would keep the client
+// waiting until the hold gave up.
+TEST_F(DaemonTest, GetIsAnsweredBeforeTheStorePromotes) {
+  StartDaemon(false);
+  // One hold per GET; the store's hook stays set (replacing it could race with a worker still
+  // returning from it) and the holds outlive every GET.
+  struct Hold {
+    std::promise<void> got;
+    std::shared_future<void> got_f = got.get_future().share();
+    std::atomic<int> released{0}, gave_up{0};
+  };
+  std::vector<std::unique_ptr<Hold>> holds;
+  std::atomic<Hold*> hold{nullptr};
+  store_->after_visited = [&hold] {
+    Hold* h = hold.load();
+    if (h == nullptr) return;
+    if (h->got_f.wait_for(std::chrono::seconds(5)) == std::future_status::ready) {
+      h->released.fetch_add(1);
+    } else {
+      h->gave_up.fetch_add(1);
+    }
+  };
+  for (bool tcp : {false, true}) {
+    SCOPED_TRACE(tcp ? "inline (tcp)" : "shared memory");
+    auto c = Connect("", tcp);
+    ASSERT_NE(c, nullptr);
+    ASSERT_EQ(c->shm_attached(), !tcp);
+    const int base = tcp ? 100 : 0;
+    std::vector<std::vector<uint8_t>> values;
+    std::vector<PutUnit> units;
+    std::vector<wire::Key> keys;
+    for (int i = 0; i < 8; ++i) {
+      values.push_back(Value(base + i, 3000 + i));
+      keys.push_back(ChainKey(base + i));
+      units.push_back({keys.back(), i ? keys[i - 1] : wire::Key{}, values.back()});
+    }
+    auto put = c->Put(units, PutOptions{});
+    ASSERT_TRUE(put.ok()) << put.status().ToString();
+    holds.push_back(std::make_unique<Hold>());
+    Hold* h = holds.back().get();
+    hold.store(h);
+    std::vector<std::vector<uint8_t>> out;
+    std::vector<bool> found;
+    Status st = c->GetCopy(keys, &out, &found);
+    h->got.set_value();
+    for (int i = 0; i < 200 && h->released.load() + h->gave_up.load() == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    hold.store(nullptr);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(h->released.load(), 1);
+    EXPECT_EQ(h->gave_up.load(), 0) << "the reply waited for the store's promotions";
+    ASSERT_EQ(out.size(), keys.size());
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_TRUE(found[i]) << i;
+      EXPECT_EQ(out[i], values[i]) << i;
+    }
+  }
+}
+
+// SHM_ATTACH allocates the region's first 4 MiB (not more), so that the first GET on the
+// connection writes into pages the kernel has already zeroed. Both ends hold the same memfd
+// (this process is daemon and client): each of its descriptors here shows the allocation.
+TEST_F(DaemonTest, SharedMemoryPagesAreAllocatedAtAttach) {
+  StartDaemon(false);
+  ClientOptions co;
+  co.socket_path = o_.socket_path;
+  co.shm_bytes = 8u << 20;  // the daemon's shm_max_bytes
+  co.timeout_ms = 10000;
+  auto c = Client::Connect(co);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE((*c)->shm_attached());
+  int regions = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (ec || target.rfind("/memfd:kvtier-shm", 0) != 0) continue;
+    struct stat st {};
+    ASSERT_EQ(::stat(e.path().c_str(), &st), 0) << e.path();
+    EXPECT_EQ(st.st_size, 8 << 20);
+    EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, 4u << 20) << "not allocated at attach";
+    EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, 8u << 20) << "more than 4 MiB allocated";
+    ++regions;
+  }
+  EXPECT_GE(regions, 1);
 }
 
 TEST_F(DaemonTest, GetLargerThanSharedMemoryFallsBackInline) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -57,6 +58,15 @@ class FakeTierManager final : public storage::TierManager {
     }
     return r;
   }
+  // GetBatchVisit as the base class runs it (GetBatch, the visits, then `visited`), followed
+  // by after_visited when set: where a real store promotes what the batch read, so that a
+  // test can hold the store there and see what its caller did at `visited`.
+  void GetBatchVisit(std::span<const storage::Key> keys, const BatchVisitor& visit,
+                     const storage::RequestTag& request,
+                     const std::function<void()>& visited) override {
+    TierManager::GetBatchVisit(keys, visit, request, visited);
+    if (after_visited) after_visited();
+  }
   Status Prefetch(std::span<const storage::Key>) override { return Status::Ok(); }
   Status Pin(std::span<const storage::Key> keys, uint64_t) override {
     pinned += keys.size();
@@ -102,6 +112,7 @@ class FakeTierManager final : public storage::TierManager {
     return Status::Ok();
   }
 
+  std::function<void()> after_visited;  // set while no GET runs
   mutable std::mutex mu;
   std::map<storage::Key, Entry> map;
   std::map<storage::TenantId, uint64_t> quotas, used;

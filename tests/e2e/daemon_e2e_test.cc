@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <future>
 #include <map>
+#include <thread>
 
 #include "cache_daemon/client.h"
 #include "common/key_spec.h"
@@ -234,8 +236,36 @@ TEST_F(E2eTest, SsdUnitsAreExactOverShmAndSocketAndACorruptedRecordIsAMiss) {
     EXPECT_NE(m.find("\nkvtier_native_shm_write_failures_total 0\n"), std::string::npos);
     EXPECT_EQ(m.find("kvtier_requests_total{op=\"get\",code=\"retry\"}"), std::string::npos);
   };
+  // The daemon answers a GET before it promotes what the GET read (TierManager::
+  // GetBatchVisit's `visited`): wait until LOOKUP sees every good unit in DRAM (it promotes
+  // nothing itself) before asking for them from there.
+  auto wait_promoted = [&] {
+    ClientOptions o;
+    o.socket_path = d_->socket();
+    o.shm_bytes = 0;
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    std::vector<Key> good;
+    for (size_t i = 0; i < kUnits; ++i) {
+      if (i != kBad) good.push_back(chain[i]);
+    }
+    for (int tries = 0;; ++tries) {
+      bool all_dram = true;
+      for (size_t first = 0; first < good.size(); first += 200) {  // a store batch at most
+        const size_t n = std::min<size_t>(200, good.size() - first);
+        auto lk = (*c)->Lookup(std::vector<Key>(good.begin() + first, good.begin() + first + n));
+        ASSERT_TRUE(lk.ok()) << lk.status().ToString();
+        ASSERT_EQ(lk->hit_count, n);
+        all_dram = all_dram && std::ranges::all_of(lk->tiers, [](uint8_t t) { return t == 1; });
+      }
+      if (all_dram) return;
+      ASSERT_LT(tries, 1000) << "units never promoted to DRAM";
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
   ASSERT_TRUE(d_->Start());
   get_all(16u << 20, 2);  // from SSD, over shared memory (promoted to DRAM)
+  wait_promoted();
   get_all(0, 1);          // from DRAM, over the socket
   get_all(16u << 20, 1);  // from DRAM, over shared memory
   ASSERT_EQ(d_->Stop(SIGTERM), 0);

@@ -173,12 +173,13 @@ class CountingEnv final : public DeviceEnv {
     std::set<BlockDevice*> devices;
     for (const DeviceIo& d : batch) devices.insert(d.device);
     across_calls.fetch_add(1);
+    requests.fetch_add(static_cast<int>(batch.size()));
     size_t prev = max_devices.load();
     while (devices.size() > prev && !max_devices.compare_exchange_weak(prev, devices.size())) {
     }
     return DeviceEnv::SubmitAcross(batch, on_done);  // per device: reaches Dev::Submit below
   }
-  std::atomic<int> across_calls{0}, read_submits{0};
+  std::atomic<int> across_calls{0}, read_submits{0}, requests{0};
   std::atomic<size_t> max_devices{0};
 
  private:
@@ -344,8 +345,11 @@ TEST(DeviceEnvTest, OnDoneReportsEachRequestOnceOnTheMemoryEnv) {
 // A tier on io_uring files whose rings fail on demand (RingFaults), with kUnits units on the
 // device (flushed: a batch must read them).
 constexpr int kRingUnits = 8;
-std::unique_ptr<SsdTier> OpenRingFaultTier(const std::string& dir, RingFaults* faults) {
+// merge_max: SsdOptions::batch_read_merge_bytes_max (0: one device read per unit).
+std::unique_ptr<SsdTier> OpenRingFaultTier(const std::string& dir, RingFaults* faults,
+                                           uint64_t merge_max = 0) {
   SsdOptions o;
+  o.batch_read_merge_bytes_max = merge_max;
   o.dir = dir;
   o.dir_env.engine = IoEngine::kIoUring;
   o.dir_env.ring_faults = faults;
@@ -414,6 +418,91 @@ TEST(SsdGetBatchTest, FailedCompletionsAreIoErrorsForTheirUnitsOnly) {
   EXPECT_EQ(faults.injected(), 3u);
 }
 
+// Units that lie next to each other share a device read: a failed read is an I/O error for
+// every unit it held (never a verification of a buffer the device did not fill, never a
+// quarantine), and each is served by the next read.
+TEST(SsdGetBatchTest, AFailedMergedReadIsAnIoErrorForEachOfItsUnits) {
+  TempDir dir;
+  RingFaults faults;
+  auto ssd = OpenRingFaultTier(dir.path(), &faults, 128 << 10);  // 8 x 5 KB: one read
+  ASSERT_NE(ssd, nullptr);
+  faults.FailNextCompletions(1);
+  EXPECT_EQ(CheckBatchUnderRingFaults(*ssd), kRingUnits);
+  EXPECT_EQ(faults.injected(), 1u);
+}
+
+// Records that lie next to each other in a segment are read together, in reads of at most
+// batch_read_merge_bytes_max, each record still verified on its own: 60 units of 5216 B put
+// in a row come back bit-exact from far fewer device reads than units (0: one read each),
+// in key order whatever the order on the device, duplicates and misses included, and a
+// corrupted record inside a shared read is a miss while the units beside it are exact.
+void CheckMergedReads(DeviceEnv* base, const std::string& dir, uint64_t merge_max) {
+  {
+    SCOPED_TRACE(merge_max);
+    CountingEnv env(base);
+    SsdOptions o;
+    o.dir = dir;
+    o.env = &env;
+    o.capacity_bytes = 64ull << 20;
+    o.segment_bytes = 4ull << 20;
+    o.group_commit_ms = 3'600'000;
+    o.compression = false;
+    o.batch_read_merge_bytes_max = merge_max;
+    auto opened = SsdTier::Open(o);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    SsdTier& ssd = **opened;
+    constexpr int kUnits = 60;
+    constexpr int first_key = 1000;
+    auto value = [&](int i) { return MakeValue(MakeKey(first_key + i), 1, 5216 + i % 7); };
+    for (int i = 0; i < kUnits; ++i) {
+      ASSERT_TRUE(ssd.Put(MakeKey(first_key + i), value(i), {}, nullptr).ok());
+    }
+    ASSERT_TRUE(ssd.Flush().ok());
+    std::vector<Key> keys;
+    for (int i = kUnits - 1; i >= 0; --i) keys.push_back(MakeKey(first_key + i));  // reversed
+    keys.push_back(MakeKey(first_key + 5));                                        // a duplicate
+    keys.push_back(MakeKey(first_key + kUnits));                                   // never stored
+    const int requests0 = env.requests.load();
+    SsdTier::Batch batch;
+    ssd.GetBatch(keys, &batch);
+    const int reads = env.requests.load() - requests0;
+    ASSERT_EQ(batch.size(), keys.size());
+    for (int j = 0; j < kUnits; ++j) {
+      ASSERT_TRUE(batch.result(j).ok()) << j << " " << batch.result(j).ToString();
+      EXPECT_TRUE(std::ranges::equal(batch.value(j), value(kUnits - 1 - j))) << j;
+    }
+    ASSERT_TRUE(batch.result(kUnits).ok());
+    EXPECT_TRUE(std::ranges::equal(batch.value(kUnits), value(5)));
+    EXPECT_TRUE(batch.result(kUnits + 1).IsNotFound());
+    // 60 x ~5.3 KB = 321 KB in a row: at least 5 reads of at most 64 KiB, at most a few more.
+    if (merge_max == 0) {
+      EXPECT_EQ(reads, kUnits + 1);  // the duplicate is read again
+    } else {
+      EXPECT_GE(reads, 5);
+      EXPECT_LE(reads, 8);
+    }
+  }
+}
+
+TEST(SsdGetBatchTest, AdjacentRecordsShareReadsOnIoUringFiles) {
+  for (uint64_t merge_max : {uint64_t{0}, uint64_t{64} << 10}) {
+    TempDir dir;
+    DirEnvOptions d;
+    d.engine = IoEngine::kIoUring;
+    auto env = NewDirEnv(dir.path() + "/segments", d);
+    ASSERT_TRUE(env.ok()) << env.status().ToString();
+    CheckMergedReads(env->get(), dir.path(), merge_max);
+  }
+}
+
+TEST(SsdGetBatchTest, AdjacentRecordsShareReadsOnTheMemoryEnv) {
+  for (uint64_t merge_max : {uint64_t{0}, uint64_t{64} << 10}) {
+    TempDir dir;
+    auto env = NewMemEnv();
+    CheckMergedReads(env.get(), dir.path(), merge_max);
+  }
+}
+
 // Flips one payload byte of record `index` of the 5000-byte units put first into a memory
 // env's first segment (records are 5128 B apart: a 128-byte header, then the payload; the
 // next segment is prepared ahead, empty).
@@ -464,9 +553,10 @@ TEST(SsdGetBatchTest, ACorruptedRecordIsQuarantinedAndTheOthersAreServed) {
 TEST(SsdGetBatchTest, ACorruptedRecordIsNeverViewedInABatch) {
   TempDir dir;
   auto env = NewMemEnv();
+  CountingEnv counting(env.get());
   SsdOptions o;
   o.dir = dir.path();
-  o.env = env.get();
+  o.env = &counting;
   o.capacity_bytes = 64ull << 20;
   o.segment_bytes = 4ull << 20;
   auto opened = SsdTier::Open(o);
@@ -480,7 +570,9 @@ TEST(SsdGetBatchTest, ACorruptedRecordIsNeverViewedInABatch) {
   ASSERT_TRUE(ssd.Flush().ok());
   FlipPayloadByte(env.get(), 1);
   SsdTier::Batch batch;
+  const int requests0 = counting.requests.load();
   ssd.GetBatch(std::vector<Key>{MakeKey(0), MakeKey(1), MakeKey(2)}, &batch);
+  EXPECT_EQ(counting.requests.load() - requests0, 1);  // the three records share one read
   ASSERT_EQ(batch.size(), 3u);
   EXPECT_TRUE(batch.result(1).IsCorruption()) << batch.result(1).ToString();
   EXPECT_TRUE(batch.value(1).empty());
@@ -524,6 +616,79 @@ TEST(TierManagerGetBatchTest, ServesEveryTierAndReportsMisses) {
   std::vector<Key> too_many(kMaxBatch + 1, MakeKey(1));
   (*tm)->GetBatch(too_many, &outs, &froms, &results);
   EXPECT_TRUE(results[0].IsInvalidArgument());
+}
+
+// GetBatchVisit's `visited` (where the daemon answers its client) comes after the last visit
+// and before the promotions: inside it every key was visited and the SSD hits are still on
+// SSD only; when GetBatchVisit returns they are in DRAM, bit-exact (no promotion lost). A
+// unit deleted in `visited` (a client deleting right after its reply) is not brought back by
+// the promotion that follows, and a unit put again there keeps its new value.
+TEST(TierManagerGetBatchTest, VisitedComesBeforePromotionsThatHonourLaterDeletesAndPuts) {
+  TempDir dir;
+  auto env = NewMemEnv();
+  TierManagerOptions o;
+  o.data_dir = dir.path();
+  o.ssd_env = env.get();
+  o.dram_capacity_bytes = 8ull << 20;
+  o.slab_page_bytes = 1ull << 20;
+  o.ssd_capacity_bytes = 64ull << 20;
+  o.ssd_segment_bytes = 4ull << 20;
+  auto tm = TierManager::Open(o);
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  auto value = [](int i) { return MakeValue(MakeKey(i), 1, 5000); };
+  PutOptions on_ssd;
+  on_ssd.highest_tier = Tier::kSsd;
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE((*tm)->Put(MakeKey(i), value(i), on_ssd).ok());
+  ASSERT_TRUE((*tm)->Flush().ok());
+  auto tier_of = [&](int i) {
+    LookupResult r = (*tm)->Lookup(std::vector<Key>{MakeKey(i)});
+    return r.hit_count == 1 ? r.tiers[0] : Tier::kNone;
+  };
+  const std::vector<uint8_t> new_value = MakeValue(MakeKey(2), 2, 4000);
+  std::vector<Key> keys;
+  for (int i = 0; i < 6; ++i) keys.push_back(MakeKey(i));
+  size_t visits = 0;
+  int visited_calls = 0;
+  (*tm)->GetBatchVisit(
+      keys,
+      [&](size_t i, const Status& st, Tier from, std::span<const uint8_t> v) {
+        EXPECT_EQ(i, visits);
+        ++visits;
+        ASSERT_TRUE(st.ok()) << i << " " << st.ToString();
+        EXPECT_EQ(from, Tier::kSsd) << i;
+        EXPECT_TRUE(std::ranges::equal(v, value(static_cast<int>(i)))) << i;
+      },
+      RequestTag{},
+      [&] {
+        ++visited_calls;
+        EXPECT_EQ(visits, keys.size());
+        for (int i = 0; i < 6; ++i) EXPECT_EQ(tier_of(i), Tier::kSsd) << i << " promoted early";
+        ASSERT_TRUE((*tm)->Delete(MakeKey(1)).ok());
+        ASSERT_TRUE((*tm)->Put(MakeKey(2), new_value, on_ssd).ok());
+      });
+  EXPECT_EQ(visited_calls, 1);
+  for (int i : {0, 3, 4, 5}) {
+    EXPECT_EQ(tier_of(i), Tier::kDram) << i << " not promoted";
+    std::vector<uint8_t> out;
+    Tier from = Tier::kNone;
+    ASSERT_TRUE((*tm)->Get(MakeKey(i), &out, &from).ok()) << i;
+    EXPECT_EQ(from, Tier::kDram) << i;
+    EXPECT_EQ(out, value(i)) << i;
+  }
+  std::vector<uint8_t> out;
+  EXPECT_TRUE((*tm)->Get(MakeKey(1), &out).IsNotFound()) << "a deleted unit came back";
+  EXPECT_EQ(tier_of(1), Tier::kNone);
+  ASSERT_TRUE((*tm)->Get(MakeKey(2), &out).ok());
+  EXPECT_EQ(out, new_value) << "the old version was promoted over the new one";
+  // Without a batch to promote `visited` is still called once (every key a miss).
+  visited_calls = 0;
+  (*tm)->GetBatchVisit(
+      std::vector<Key>{MakeKey(98), MakeKey(99)},
+      [&](size_t, const Status& st, Tier, std::span<const uint8_t>) {
+        EXPECT_TRUE(st.IsNotFound());
+      },
+      RequestTag{}, [&] { ++visited_calls; });
+  EXPECT_EQ(visited_calls, 1);
 }
 
 // GetBatchVisit: one visit per key, in key order, with GetBatch's status, tier and value; SSD

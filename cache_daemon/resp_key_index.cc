@@ -76,12 +76,7 @@ Status RespKeyIndex::Persist(const std::string& path, bool sync_adds, uint64_t s
             if (t != keys_.end() && t->second.count(k) != 0) return;
             if (!AddLocked(tenant, k, name)) return;
             ++found;
-            Status logged = log_->Append({RespNameLog::Op::kAdd, tenant, k, name});
-            if (logged.ok()) {
-              appended_.fetch_add(1);
-            } else {
-              log_errors_.fetch_add(1);
-            }
+            (void)AppendLocked({RespNameLog::Op::kAdd, tenant, k, name});
           });
       KVTIER_RETURN_IF_ERROR(st);
     }
@@ -96,23 +91,44 @@ Status RespKeyIndex::Persist(const std::string& path, bool sync_adds, uint64_t s
     sync_cv_.wait(s, [this] { return !syncing_; });
     Status synced = log_->Sync();
     if (!synced.ok()) return synced;
-    synced_ = std::max(synced_, appended_.load());
+    synced_ = std::max(synced_, written_.load());
   }
   MaybeCompactLocked();
   if (sync_interval_ms > 0 && (!sync_adds || source_.end)) {
+    // The names ride in their units and a checkpoint follows within sync_interval_ms: adds
+    // can wait in memory for it (or for the next writer) instead of a write each.
+    buffer_adds_ = source_.end && source_.replay;
     syncer_ = std::thread([this, sync_interval_ms] { SyncEvery(sync_interval_ms); });
   }
   return Status::Ok();
 }
 
+Status RespKeyIndex::AppendLocked(const RespNameLog::Record& r) {
+  Status st = log_->Append(r);  // writes the buffered records first, in order
+  if (!st.ok()) {
+    log_errors_.fetch_add(1);
+    return st;
+  }
+  written_.store(appended_.fetch_add(1) + 1);
+  return st;
+}
+
+Status RespKeyIndex::WritePendingLocked() {
+  if (log_ == nullptr || log_->pending_records() == 0) return Status::Ok();
+  Status st = log_->WritePending();
+  if (!st.ok()) {
+    log_errors_.fetch_add(1);
+    return st;
+  }
+  written_.store(appended_.load());
+  return st;
+}
+
 void RespKeyIndex::CheckpointLocked(const storage::LogPosition& at) {
   if (log_ == nullptr || last_checkpoint_ == at) return;
+  // Append writes the buffered names first: every name added before `at` was read precedes it.
   RespNameLog::Record r{RespNameLog::Op::kCheckpoint, 0, {}, {}, at};
-  if (!log_->Append(r).ok()) {
-    log_errors_.fetch_add(1);
-    return;
-  }
-  appended_.fetch_add(1);
+  if (!AppendLocked(r).ok()) return;
   last_checkpoint_ = at;
   MaybeCompactLocked();
 }
@@ -158,11 +174,7 @@ void RespKeyIndex::RemoveTenantLocked(uint64_t tenant) {
 
 void RespKeyIndex::LogLocked(const RespNameLog::Record& r) {
   if (log_ == nullptr) return;
-  if (!log_->Append(r).ok()) {
-    log_errors_.fetch_add(1);
-    return;
-  }
-  appended_.fetch_add(1);
+  if (!AppendLocked(r).ok()) return;
   MaybeCompactLocked();
 }
 
@@ -192,6 +204,8 @@ void RespKeyIndex::CompactLocked() {
   });
   if (!st.ok()) log_errors_.fetch_add(1);
   if (st.ok() && end) last_checkpoint_ = end;
+  // The rewrite dropped the buffered records: it holds what they led to.
+  if (st.ok()) written_.store(appended_.load());
   std::lock_guard<std::mutex> s(sync_mu_);
   syncing_ = false;
   // The rewritten log holds every entry durably (a failed rewrite left the old log in use).
@@ -200,15 +214,21 @@ void RespKeyIndex::CompactLocked() {
 }
 
 Status RespKeyIndex::WaitSynced(uint64_t seq) {
+  if (written_.load() < seq) {
+    // Buffered: written first (mu_ before sync_mu_, as CompactLocked takes them).
+    std::lock_guard<std::mutex> lock(mu_);
+    KVTIER_RETURN_IF_ERROR(WritePendingLocked());
+    if (written_.load() < seq) return Status::IOError("resp name log: record not written");
+  }
   std::unique_lock<std::mutex> l(sync_mu_);
   while (synced_ < seq) {
     if (syncing_) {
       sync_cv_.wait(l);
       continue;
     }
-    // Leader: one fdatasync covers every record appended before it starts.
+    // Leader: one fdatasync covers every record written before it starts.
     syncing_ = true;
-    uint64_t target = appended_.load();
+    uint64_t target = written_.load();
     l.unlock();
     Status st = log_->Sync();
     l.lock();
@@ -240,12 +260,17 @@ Status RespKeyIndex::Add(uint64_t tenant, const storage::Key& k, std::string_vie
       wait = appended_.load();
     } else if (log_ != nullptr && keys.size() < keys_per_tenant_max_ &&
                bytes_ + name.size() + kEntryOverheadBytes <= name_bytes_max_) {
-      Status st = log_->Append({RespNameLog::Op::kAdd, tenant, k, name});
-      if (!st.ok()) {
-        log_errors_.fetch_add(1);
-        return st;
+      const RespNameLog::Record r{RespNameLog::Op::kAdd, tenant, k, name};
+      if (buffer_adds_) {
+        // Written with the next record, checkpoint or sync, or once kPendingBytesMax gather
+        // (Persist: the unit carries the name until then).
+        KVTIER_RETURN_IF_ERROR(log_->Buffer(r));
+        wait = appended_.fetch_add(1) + 1;
+        if (log_->pending_bytes() >= kPendingBytesMax) (void)WritePendingLocked();
+      } else {
+        KVTIER_RETURN_IF_ERROR(AppendLocked(r));
+        wait = appended_.load();
       }
-      wait = appended_.fetch_add(1) + 1;
       (void)AddLocked(tenant, k, name);
       MaybeCompactLocked();
     } else {

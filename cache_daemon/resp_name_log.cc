@@ -152,17 +152,25 @@ StatusOr<std::unique_ptr<RespNameLog>> RespNameLog::Open(
 
 RespNameLog::~RespNameLog() {
   if (fd_ >= 0) {
+    (void)WritePending();  // best effort: the records buffered last
     (void)::fdatasync(fd_);
     ::close(fd_);
   }
 }
 
-Status RespNameLog::Append(const Record& r) {
+Status RespNameLog::Buffer(const Record& r) {
   if (r.op == Op::kCheckpoint && version_ < 2) {
     return Status::InvalidArgument(path_ + ": a version 1 name log holds no checkpoints");
   }
   Encode(r, &scratch_);
-  Status st = WriteAll(fd_, scratch_.data(), scratch_.size(), file_bytes_, path_);
+  pending_ += scratch_;
+  ++pending_records_;
+  return Status::Ok();
+}
+
+Status RespNameLog::WritePending() {
+  if (pending_.empty()) return Status::Ok();
+  Status st = WriteAll(fd_, pending_.data(), pending_.size(), file_bytes_, path_);
   if (!st.ok()) {
     // Undo a partial write, so that a later append does not follow half a record.
     if (::ftruncate(fd_, static_cast<off_t>(file_bytes_)) != 0) {
@@ -170,8 +178,24 @@ Status RespNameLog::Append(const Record& r) {
     }
     return st;
   }
-  file_bytes_ += scratch_.size();
+  file_bytes_ += pending_.size();
+  pending_.clear();
+  if (pending_.capacity() > kPendingKeepBytes) std::string().swap(pending_);
+  pending_records_ = 0;
   return Status::Ok();
+}
+
+Status RespNameLog::Append(const Record& r) {
+  const size_t before = pending_.size();
+  const uint64_t before_records = pending_records_;
+  KVTIER_RETURN_IF_ERROR(Buffer(r));
+  Status st = WritePending();
+  if (!st.ok()) {
+    // r was not appended; what was buffered before it stays buffered.
+    pending_.resize(before);
+    pending_records_ = before_records;
+  }
+  return st;
 }
 
 Status RespNameLog::Sync() {
@@ -213,6 +237,9 @@ Status RespNameLog::Rewrite(
   fd_ = fd;
   file_bytes_ = written;
   version_ = kVersion;
+  // The rewrite replaces what was buffered too (the caller emits its current state).
+  pending_.clear();
+  pending_records_ = 0;
   return SyncDirOf(path_);
 }
 

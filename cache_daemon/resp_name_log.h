@@ -56,15 +56,29 @@ class RespNameLog {
   RespNameLog(const RespNameLog&) = delete;
   RespNameLog& operator=(const RespNameLog&) = delete;
 
-  // Appends one record (written, not synced). IOError leaves the file as it was.
-  // InvalidArgument: a kCheckpoint to a version 1 file (Rewrite it first).
+  // Appends one record (written, not synced), after the buffered ones (WritePending first).
+  // IOError leaves the file as it was and r not appended (the buffered records stay
+  // buffered). InvalidArgument: a kCheckpoint to a version 1 file (Rewrite it first).
   Status Append(const Record& r);
-  // fdatasync: every record appended before the call is durable when it returns OK.
+  // Buffers one record in memory, after the buffered ones, to be written by the next
+  // WritePending or Append (one write for many records). Nothing reaches the file, not even
+  // the page cache: a process crash loses the buffered records. InvalidArgument as Append.
+  Status Buffer(const Record& r);
+  // Writes every buffered record with one write (not synced), in order. IOError leaves the
+  // file as it was and the records buffered (a later call retries them).
+  Status WritePending();
+  // fdatasync: every record appended or written by WritePending before the call is durable
+  // when it returns OK (buffered ones are not).
   Status Sync();
   // Replaces the log by the records that each(emit) emits (kAdd only), durably (temporary
-  // file, fdatasync, rename, directory fsync). On error the old log stays in use.
+  // file, fdatasync, rename, directory fsync), and drops the buffered records (each emits
+  // the state they led to). On error the old log stays in use, the buffered records too.
   Status Rewrite(const std::function<void(const std::function<void(const Record&)>&)>& each);
 
+  // A buffer that grew beyond this is given back after it was written.
+  static constexpr size_t kPendingKeepBytes = 1 << 20;
+  uint64_t pending_bytes() const { return pending_.size(); }
+  uint64_t pending_records() const { return pending_records_; }
   uint64_t file_bytes() const { return file_bytes_; }
   uint32_t version() const { return version_; }  // of the file in use
   uint64_t dropped_bytes() const { return dropped_bytes_; }
@@ -79,6 +93,8 @@ class RespNameLog {
   uint64_t dropped_bytes_ = 0;
   uint32_t version_ = kVersion;
   std::string scratch_;
+  std::string pending_;  // buffered records, encoded (Buffer)
+  uint64_t pending_records_ = 0;
 };
 
 }  // namespace kvtier::daemon

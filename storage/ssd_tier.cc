@@ -155,9 +155,22 @@ constexpr size_t kCompressorKeepBytes = 4u << 20;
 
 struct ThreadCompressorHolder {
   ZSTD_CCtx* cctx = nullptr;
+  // The compressed bytes of the thread's last put (its payload until AppendLocked copied
+  // it) and the sample's: reused, so a put allocates no buffer; dropped above
+  // kCompressorKeepBytes like the context.
+  std::vector<uint8_t> out, sample;
   ~ThreadCompressorHolder() { ZSTD_freeCCtx(cctx); }
 };
 thread_local ThreadCompressorHolder t_compressor;
+
+// Makes *buf hold n bytes for zstd to write (contents unspecified), keeping its capacity;
+// memory over kCompressorKeepBytes left by an earlier large value is given back first.
+void SizeScratch(std::vector<uint8_t>* buf, size_t n) {
+  if (buf->capacity() > kCompressorKeepBytes && n <= kCompressorKeepBytes) {
+    std::vector<uint8_t>().swap(*buf);
+  }
+  buf->resize(n);
+}
 
 // The calling thread's context; null when it cannot be allocated (the put is then stored
 // uncompressed).
@@ -179,30 +192,30 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
       value.size() > UINT32_MAX / 2) {
     return Status::InvalidArgument("value larger than an ssd segment");
   }
-  // Adaptive compression, outside the lock. FP4 global KV is incompressible: skipped.
-  std::vector<uint8_t> compressed;
+  // Adaptive compression, outside the lock. FP4 global KV is incompressible: skipped; so are
+  // values below compression_min_bytes (docs/format/ssd.md "Compression").
   std::span<const uint8_t> payload = value;
   Codec codec = Codec::kNone;
   ZSTD_CCtx* cctx = nullptr;
-  if (o_.compression && meta.kind != policies::ObjectKind::kGlobalKv && value.size() >= 512 &&
+  if (o_.compression && meta.kind != policies::ObjectKind::kGlobalKv &&
+      value.size() >= std::max<uint64_t>(o_.compression_min_bytes, 1) &&
       (cctx = ThreadCompressor()) != nullptr) {
+    std::vector<uint8_t>& compressed = t_compressor.out;
     size_t sample = std::min<size_t>(value.size(), o_.compression_sample_bytes);
     // A value no larger than the sample is compressed once: the sample is the whole value.
     const bool whole = sample == value.size();
-    std::vector<uint8_t> tmp;
-    std::vector<uint8_t>& first = whole ? compressed : tmp;
-    first.resize(ZSTD_compressBound(sample));
+    std::vector<uint8_t>& first = whole ? compressed : t_compressor.sample;
+    SizeScratch(&first, ZSTD_compressBound(sample));
     size_t n =
         ZSTD_compressCCtx(cctx, first.data(), first.size(), value.data(), sample, o_.zstd_level);
     if (!ZSTD_isError(n) && n * 10 < sample * 9) {
       if (!whole) {
-        compressed.resize(ZSTD_compressBound(value.size()));
+        SizeScratch(&compressed, ZSTD_compressBound(value.size()));
         n = ZSTD_compressCCtx(cctx, compressed.data(), compressed.size(), value.data(),
                               value.size(), o_.zstd_level);
       }
       if (!ZSTD_isError(n) && n * 20 < value.size() * 19) {
-        compressed.resize(n);
-        payload = compressed;
+        payload = std::span<const uint8_t>(compressed.data(), n);
         codec = Codec::kZstd;
       }
     }

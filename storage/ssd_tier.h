@@ -144,6 +144,12 @@ struct SsdOptions {
   bool compression = true;
   int zstd_level = 1;
   uint32_t compression_sample_bytes = 4096;
+  // Values smaller than this are stored as they are (codec none), never compressed: below one
+  // 4 KiB block zstd saves at most part of one block of a larger write, and on a 1 KB durable
+  // SET it cost ~7 % of the daemon's CPU, its buffers another ~3 % (docs/PERFORMANCE.md
+  // "Durable SET: less work per SET"). 0 or 1: every value is a candidate.
+  static constexpr uint32_t kDefaultCompressionMinBytes = 4096;
+  uint32_t compression_min_bytes = kDefaultCompressionMinBytes;
   std::string eviction_policy = "lru";
   policies::PolicyParams policy_params;
   // kPrefix: the policy runs under policies::PrefixLayer (also after SetPolicy), told of each

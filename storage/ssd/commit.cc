@@ -19,8 +19,9 @@ Status SsdTier::Impl::PrepareLocked(CommitBatch* b) {
   b->write_seq_lo = prepared_seq_;
   b->write_seq_hi = enqueued_seq_;
   prepared_seq_ = enqueued_seq_;
-  b->ops = std::move(pending_);
-  pending_.clear();
+  b->ops.clear();
+  b->ops.swap(pending_);
+  pending_.swap(spare_ops_);  // empty; its capacity is a settled commit's (Settle)
   for (const PendingOp& op : b->ops) {
     if (op.is_delete && !op.eviction) b->sync_index = true;
   }
@@ -143,6 +144,18 @@ void SsdTier::Impl::Settle(CommitBatch* b, const Status& st, CommitStage stage) 
     KVTIER_LOG(kWarn) << "ssd commit failed at " << CommitStageName(stage) << ": "
                       << (st.ok() ? "a buffer write failed" : st.ToString());
   }
+  // Whatever happens below copies what it keeps: the vector goes back for pending_'s reuse.
+  struct Recycle {
+    Impl* impl;
+    std::vector<PendingOp>* ops;
+    ~Recycle() {
+      if (ops->capacity() > kSpareOpsKeep || ops->capacity() <= impl->spare_ops_.capacity()) {
+        return;
+      }
+      ops->clear();
+      impl->spare_ops_.swap(*ops);
+    }
+  } recycle{this, &b->ops};
   if (st.ok()) {
     ++stats_.commits;
     return;

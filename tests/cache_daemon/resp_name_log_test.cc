@@ -9,7 +9,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -302,6 +304,153 @@ TEST_F(RespNameLogTest, CheckpointsBoundWhatTheNextStartReadsFromTheStore) {
   EXPECT_EQ(store.replays.back(), store.end) << "Flush checkpointed at the end";
   EXPECT_FALSE(idx.Contains(1, K(50))) << "before the checkpoint: trusted to the log";
   EXPECT_EQ(idx.size(1), 6u);
+}
+
+std::string ReadFileBytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// The log's records in file order: "add <name>", "remove", "tenant", "checkpoint".
+std::vector<std::string> RecordsInOrder(const std::string& path) {
+  std::vector<std::string> out;
+  auto log = RespNameLog::Open(path, 1 << 20, [&](const RespNameLog::Record& r) {
+    switch (r.op) {
+      case RespNameLog::Op::kAdd:
+        out.push_back("add " + std::string(r.name));
+        break;
+      case RespNameLog::Op::kRemove:
+        out.push_back("remove");
+        break;
+      case RespNameLog::Op::kRemoveTenant:
+        out.push_back("tenant");
+        break;
+      case RespNameLog::Op::kCheckpoint:
+        out.push_back("checkpoint " + std::to_string(r.position.segment) + ":" +
+                      std::to_string(r.position.offset));
+        break;
+    }
+  });
+  EXPECT_TRUE(log.ok()) << log.status().ToString();
+  return out;
+}
+
+// Buffer keeps records in memory (the file does not change); WritePending writes them all in
+// order; Append writes the buffered ones before its own; Rewrite drops the buffered ones (it
+// writes the state they led to); the destructor writes what is still buffered.
+TEST_F(RespNameLogTest, BufferedRecordsAreWrittenInOrderBeforeTheNextAppend) {
+  {
+    auto log = RespNameLog::Open(Path(), 1 << 20, [](const RespNameLog::Record&) {});
+    ASSERT_TRUE(log.ok());
+    RespNameLog& l = **log;
+    const uint64_t empty = std::filesystem::file_size(Path());
+    ASSERT_TRUE(l.Buffer({RespNameLog::Op::kAdd, 1, K(1), "one"}).ok());
+    ASSERT_TRUE(l.Buffer({RespNameLog::Op::kAdd, 1, K(2), "two"}).ok());
+    EXPECT_EQ(l.pending_records(), 2u);
+    EXPECT_EQ(std::filesystem::file_size(Path()), empty) << "buffered, not written";
+    ASSERT_TRUE(l.Append({RespNameLog::Op::kRemove, 1, K(1), {}}).ok());
+    EXPECT_EQ(l.pending_records(), 0u);
+    EXPECT_EQ(std::filesystem::file_size(Path()), l.file_bytes());
+    EXPECT_EQ(RecordsInOrder(Path()), (std::vector<std::string>{"add one", "add two", "remove"}));
+    ASSERT_TRUE(l.Buffer({RespNameLog::Op::kAdd, 1, K(3), "three"}).ok());
+    ASSERT_TRUE(l.WritePending().ok());
+    ASSERT_TRUE(l.Buffer({RespNameLog::Op::kAdd, 1, K(4), "four"}).ok());
+    ASSERT_TRUE(l.Rewrite([](const std::function<void(const RespNameLog::Record&)>& emit) {
+                   emit({RespNameLog::Op::kAdd, 1, K(2), "two"});
+                 }).ok());
+    EXPECT_EQ(l.pending_records(), 0u);
+    EXPECT_EQ(RecordsInOrder(Path()), (std::vector<std::string>{"add two"}));
+    ASSERT_TRUE(l.Buffer({RespNameLog::Op::kAdd, 1, K(5), "five"}).ok());
+  }
+  EXPECT_EQ(RecordsInOrder(Path()), (std::vector<std::string>{"add two", "add five"}));
+}
+
+// Durability sync (a source and the background thread): Add buffers the name instead of
+// writing it, so a process killed then (kill -9: the file as it is, the buffer lost) leaves
+// the names only in the units; every one comes back from the store's records after the last
+// checkpoint.
+TEST_F(RespNameLogTest, BufferedNamesLostInACrashComeBackFromTheStoreRecords) {
+  FakeStoreLog store;
+  std::string crashed;
+  std::set<std::pair<uint64_t, std::string>> want;
+  {
+    RespKeyIndex idx(1 << 20, 1 << 30);
+    ASSERT_TRUE(idx.Persist(Path(), true, /*sync_interval_ms=*/3'600'000, store.Source()).ok());
+    const uint64_t persisted = std::filesystem::file_size(Path());
+    for (uint64_t i = 0; i < 10; ++i) {
+      std::string name = "k" + std::to_string(i);
+      uint64_t seq = 0;
+      ASSERT_TRUE(idx.Add(i % 2 + 1, K(i), name, nullptr, &seq).ok());  // name first,
+      store.Put(i % 2 + 1, K(i), name);                                 // then the unit
+      want.emplace(i % 2 + 1, name);
+    }
+    EXPECT_EQ(std::filesystem::file_size(Path()), persisted) << "adds are buffered";
+    crashed = ReadFileBytes(Path());  // what kill -9 leaves now
+  }
+  {
+    std::ofstream f(Path(), std::ios::binary | std::ios::trunc);
+    f << crashed;
+  }
+  RespKeyIndex idx(1 << 20, 1 << 30);
+  ASSERT_TRUE(idx.Persist(Path(), true, 0, store.Source()).ok());
+  EXPECT_EQ(Names(idx, {1, 2}), want);
+  EXPECT_EQ(idx.recovered_from_store(), 10u);
+}
+
+// Whether the log at path keeps the checkpoint rule: each checkpoint at position p comes after
+// the add of every name whose store record lies before p (else a crash right after it would
+// lose that name: it is read back from the store only from p on).
+void ExpectCheckpointsFollowTheirNames(const std::string& path, FakeStoreLog& store) {
+  const std::vector<std::string> recs = RecordsInOrder(path);
+  std::lock_guard<std::mutex> l(store.mu);
+  int checkpoints = 0;
+  for (size_t j = 0; j < recs.size(); ++j) {
+    if (recs[j].rfind("checkpoint ", 0) != 0) continue;
+    ++checkpoints;
+    for (const FakeStoreLog::Rec& r : store.recs) {
+      std::string at = std::to_string(r.pos.segment) + ":" + std::to_string(r.pos.offset);
+      unsigned seg = 0;
+      unsigned long long off = 0;
+      ASSERT_EQ(std::sscanf(recs[j].c_str(), "checkpoint %u:%llu", &seg, &off), 2);
+      if (!(r.pos < storage::LogPosition{seg, off})) continue;
+      auto add =
+          std::find(recs.begin(), recs.begin() + static_cast<std::ptrdiff_t>(j), "add " + r.name);
+      EXPECT_NE(add, recs.begin() + static_cast<std::ptrdiff_t>(j))
+          << r.name << " (record at " << at << ") after " << recs[j];
+    }
+  }
+  EXPECT_GE(checkpoints, 2);
+}
+
+// A checkpoint is never written ahead of a buffered name (whose record may lie before the
+// checkpoint's position, so it would not be read back from the store): the background thread's
+// checkpoints and Flush's come after every name added before their store position was read;
+// a long name's WaitDurable writes (and syncs) the buffered names.
+TEST_F(RespNameLogTest, CheckpointsFollowTheBufferedNames) {
+  FakeStoreLog store;
+  RespKeyIndex idx(1 << 20, 1 << 30);
+  ASSERT_TRUE(idx.Persist(Path(), true, /*sync_interval_ms=*/1, store.Source()).ok());
+  uint64_t seq = 0;
+  for (uint64_t i = 0; i < 6; ++i) {
+    ASSERT_TRUE(idx.Add(1, K(i), "n" + std::to_string(i), nullptr, &seq).ok());
+    store.Put(1, K(i), "n" + std::to_string(i));
+    std::this_thread::sleep_for(std::chrono::microseconds(300));
+  }
+  const uint64_t reads = store.EndReads();
+  for (int i = 0; i < 2000 && store.EndReads() < reads + 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GE(store.EndReads(), reads + 2) << "no background checkpoint";
+  ASSERT_TRUE(idx.Add(1, K(7), "n7", nullptr, &seq).ok());
+  store.Put(1, K(7), "n7");
+  ASSERT_TRUE(idx.Flush().ok());
+  ExpectCheckpointsFollowTheirNames(Path(), store);
+  EXPECT_EQ(RecordsInOrder(Path()).back().rfind("checkpoint ", 0), 0u) << "Flush's, last";
+  // A name that waits for the log (WaitDurable: a long name's put) is written first.
+  ASSERT_TRUE(idx.Add(1, K(8), "n8", nullptr, &seq).ok());
+  ASSERT_TRUE(idx.WaitDurable(seq).ok());
+  const std::vector<std::string> after = RecordsInOrder(Path());
+  EXPECT_NE(std::find(after.begin(), after.end(), "add n8"), after.end());
 }
 
 // resp-names.log as kvtierd before version 2 wrote it (main's binary: SET alpha, SET beta,

@@ -70,18 +70,22 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
   // Collect finished groups: latent (pre-RoPE, normalised) per entry.
   std::vector<float> latents;
   std::vector<int64_t> entry_ids;
+  latents.reserve(static_cast<size_t>(rows / m + 1) * hd);
   for (int r = 0; r < rows; ++r) {
     const int64_t p = first + r;
     const int slot = static_cast<int>(p % m);
-    std::vector<float> lat(hd);
-    if (m == 1) {
-      std::memcpy(lat.data(), ckv.data() + static_cast<int64_t>(r) * hd, hd * 4);
-    } else {
+    if (m > 1) {
       std::memcpy(k->kv_state.data() + static_cast<int64_t>(slot) * hd,
                   ckv.data() + static_cast<int64_t>(r) * hd, hd * 4);
       std::memcpy(k->score_state.data() + static_cast<int64_t>(slot) * hd,
                   cg.data() + static_cast<int64_t>(r) * hd, hd * 4);
       if (slot != m - 1) continue;
+    }
+    latents.resize(latents.size() + hd);  // this entry's latent, written in place
+    float* lat = latents.data() + latents.size() - hd;
+    if (m == 1) {
+      std::memcpy(lat, ckv.data() + static_cast<int64_t>(r) * hd, hd * 4);
+    } else {
       // Per-channel softmax over the m tokens of the group.
       for (int ch = 0; ch < hd; ++ch) {
         float mx = -INFINITY;
@@ -95,8 +99,7 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
         lat[ch] = num / den;
       }
     }
-    RmsNorm(lat.data(), lw.c_norm, hd, c.rms_norm_eps, lat.data());
-    latents.insert(latents.end(), lat.begin(), lat.end());
+    RmsNorm(lat, lw.c_norm, hd, c.rms_norm_eps, lat);
     entry_ids.push_back(p / m);
   }
   k->consumed = p0 + n;
@@ -148,7 +151,8 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
   const size_t idb = kernels::DataBytes(ifmt, id), isb = kernels::ScaleBytes(ifmt, id);
   std::atomic<bool> failed{false};
   ForRange(pool, n, [&](int64_t b, int64_t e) {
-    std::vector<float> score, keys(static_cast<size_t>(kIndexRowsPerPass) * id);
+    std::vector<float> score, keys(static_cast<size_t>(kIndexRowsPerPass) * id),
+        dots(static_cast<size_t>(kIndexRowsPerPass) * IH);
     std::vector<int32_t> eligible;
     for (int64_t t = b; t < e; ++t) {
       const int64_t p = p0 + t;
@@ -167,20 +171,14 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
           failed = true;
           return;
         }
+        // Every head against every key of the block (each a Dot), then the heads' sum in head
+        // order per key.
+        HcMixDots(q, IH, keys.data(), static_cast<int>(j1 - j0), id, dots.data(), /*avx2=*/true);
         for (int64_t j = j0; j < j1; ++j) {
-          const float* kj = keys.data() + (j - j0) * id;
+          const float* dj = dots.data() + (j - j0) * IH;
           float s = 0;
-          int h = 0;
-          for (; h + 4 <= IH; h += 4) {  // four heads per pass over the key (Dot4 == Dot)
-            const float* qs[4] = {q + static_cast<int64_t>(h) * id, q + (h + 1LL) * id,
-                                  q + (h + 2LL) * id, q + (h + 3LL) * id};
-            float dots[4];
-            Dot4(qs, kj, id, dots);
-            for (int u = 0; u < 4; ++u) s += std::max(dots[u], 0.0f) * (w[h + u] * wscale);
-          }
-          for (; h < IH; ++h) {
-            const float dot = Dot(q + static_cast<int64_t>(h) * id, kj, id);
-            s += std::max(dot, 0.0f) * (w[h] * wscale);  // ReLU before the head weight
+          for (int h = 0; h < IH; ++h) {
+            s += std::max(dj[h], 0.0f) * (w[h] * wscale);  // ReLU before the head weight
           }
           score[j] = s;
         }
@@ -332,79 +330,103 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
   }
 
   // Sparse attention over [selected compressed entries] + [SWA window], one latent as K and V.
-  // Per query token the keys are gathered once (compressed entries dequantised from their FP4
-  // bytes into a buffer, SWA keys read in place) and every head runs against them.
+  // Per query token the keys are gathered once into one buffer of rows (compressed entries
+  // dequantised from their FP4 bytes, SWA keys copied) and every head runs against them: the
+  // heads' logits in one HcMixDots (each a Dot), their weighted sums in one WeightedRowSums
+  // (each Axpy's sums), so every output is what one Dot and one Axpy per (head, key) gave.
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const KvSourceCache* src = rt->src;
   const QuantFormat mfmt = QuantFormat::kFp4E4M3x16;
   const size_t mdb = kernels::DataBytes(mfmt, hd), msb = kernels::ScaleBytes(mfmt, hd);
-  // Gathers token t's keys into keys (compressed entries dequantised into latent).
-  auto gather = [&](int64_t t, std::vector<const float*>* keys, std::vector<float>* latent) {
+  // Gathers token t's keys into rows of `keys`; returns their number, or -1 when an entry could
+  // not be dequantised.
+  auto gather = [&](int64_t t, std::vector<float>* keys) -> int64_t {
     const int64_t p = p0 + t;
-    keys->clear();
-    if (mode != LayerMode::kSwaOnly) {
-      const std::vector<int32_t>& sel = rt->topk[t];
-      latent->resize(sel.size() * hd);
-      for (size_t i = 0; i < sel.size(); ++i) {
-        const int64_t j = sel[i];
-        if (!kernels::Dequantize(mfmt, src->main_data.data() + j * mdb,
-                                 src->main_scales.data() + j * msb, 1, hd, latent->data() + i * hd,
-                                 kCacheReadBackend)
-                 .ok()) {
-          return false;
-        }
+    const int64_t lo = std::max<int64_t>(std::max(ring.valid_from, p - W + 1), 0);
+    const std::vector<int32_t>* sel = mode != LayerMode::kSwaOnly ? &rt->topk[t] : nullptr;
+    const int64_t n_sel = sel != nullptr ? static_cast<int64_t>(sel->size()) : 0;
+    keys->resize(static_cast<size_t>(n_sel + std::max<int64_t>(p - lo + 1, 0)) * hd);
+    // Selected entries (index order), a run of consecutive entries in one call.
+    for (int64_t i = 0; i < n_sel;) {
+      const int64_t j = (*sel)[i];
+      int64_t run = 1;
+      while (i + run < n_sel && (*sel)[i + run] == j + run) ++run;
+      if (!kernels::Dequantize(mfmt, src->main_data.data() + j * mdb,
+                               src->main_scales.data() + j * msb, run, hd,
+                               keys->data() + i * hd, kCacheReadBackend)
+               .ok()) {
+        return -1;
       }
-      for (size_t i = 0; i < sel.size(); ++i) keys->push_back(latent->data() + i * hd);
+      i += run;
     }
-    const int64_t lo = std::max(ring.valid_from, p - W + 1);
-    for (int64_t s = std::max<int64_t>(lo, 0); s <= p; ++s) {
+    int64_t nk = n_sel;
+    for (int64_t s = lo; s <= p; ++s) {
+      const float* key = nullptr;
       if (s >= p0) {
-        keys->push_back(kv + (s - p0) * hd);
+        key = kv + (s - p0) * hd;
       } else if (ring.Has(s)) {
-        keys->push_back(ring.values.data() + (s % W) * hd);
+        key = ring.values.data() + (s % W) * hd;
       }
+      if (key == nullptr) continue;
+      std::memcpy(keys->data() + nk * hd, key, static_cast<size_t>(hd) * 4);
+      ++nk;
     }
-    return true;
+    return nk;
   };
-  // Head h of token t against its gathered keys; logit is scratch.
-  auto attend = [&](int64_t t, int h, const std::vector<const float*>& keys,
-                    std::vector<float>* logit) {
-    logit->resize(keys.size());
-    float* lg = logit->data();
-    const float* qh = q + (t * H + h) * hd;
-    const float sink = lw.sink[h];
-    float mx = sink;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      lg[i] = Dot(qh, keys[i], hd) * scale;
-      mx = std::max(mx, lg[i]);
+  // Heads [h0, h1) of token t against its nk gathered keys; dots and w are scratch.
+  auto attend = [&](int64_t t, int h0, int h1, const float* keys, int64_t nk,
+                    std::vector<float>* dots, std::vector<float>* w) {
+    const int hn = h1 - h0, nki = static_cast<int>(nk);
+    dots->resize(static_cast<size_t>(nk) * hn);
+    w->resize(dots->size());
+    const float* qt = q + (t * H + h0) * hd;
+    HcMixDots(qt, hn, keys, nki, hd, dots->data(), /*avx2=*/true);  // dots[i * hn + h - h0]
+    for (int h = h0; h < h1; ++h) {
+      float* lg = w->data() + static_cast<int64_t>(h - h0) * nk;
+      const float* dh = dots->data() + (h - h0);
+      const float sink = lw.sink[h];
+      float mx = sink;
+      for (int64_t i = 0; i < nk; ++i) {
+        lg[i] = dh[i * hn] * scale;
+        mx = std::max(mx, lg[i]);
+      }
+      float den = std::exp(sink - mx);
+      for (int64_t i = 0; i < nk; ++i) {
+        lg[i] = std::exp(lg[i] - mx);
+        den += lg[i];
+      }
+      for (int64_t i = 0; i < nk; ++i) lg[i] = lg[i] / den;
     }
-    float den = std::exp(sink - mx);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      lg[i] = std::exp(lg[i] - mx);
-      den += lg[i];
+    float* ot = o + (t * H + h0) * hd;
+    WeightedRowSums(w->data(), hn, keys, nki, hd, ot, /*avx2=*/true);
+    for (int h = 0; h < hn; ++h) {
+      ApplyRope(ot + static_cast<int64_t>(h) * hd + hd - rd, *lw.rope, p0 + t,
+                true);  // inverse RoPE on the output
     }
-    float* oh = o + (t * H + h) * hd;
-    for (int d = 0; d < hd; ++d) oh[d] = 0.0f;
-    for (size_t i = 0; i < keys.size(); ++i) Axpy(lg[i] / den, keys[i], hd, oh);
-    ApplyRope(oh + hd - rd, *lw.rope, p0 + t, true);  // inverse RoPE on the output
   };
   std::atomic<bool> failed{false};
   if (pool != nullptr && pool->threads() > 1 && n < pool->threads()) {
     // Fewer tokens than threads (decode): the keys are gathered once per token, then the
     // threads take (token, head) pairs, one contiguous share each. A head's output is computed
     // by the same code either way, so the bits do not depend on the split.
-    std::vector<std::vector<const float*>> keys(n);
-    std::vector<std::vector<float>> latent(n);
+    std::vector<std::vector<float>> keys(n);
+    std::vector<int64_t> nk(n);
     for (int64_t t = 0; t < n; ++t) {
-      if (!gather(t, &keys[t], &latent[t]))
-        return Status::Internal("engine: global KV entries could not be dequantised");
+      nk[t] = gather(t, &keys[t]);
+      if (nk[t] < 0) return Status::Internal("engine: global KV entries could not be dequantised");
     }
     auto heads = [&](int64_t b, int64_t e) {
-      std::vector<float> logit;
-      for (int64_t i = b; i < e; ++i) attend(i / H, static_cast<int>(i % H), keys[i / H], &logit);
+      std::vector<float> dots, w;
+      for (int64_t i = b; i < e;) {  // the share's heads of one token at a time
+        const int64_t t = i / H;
+        const int h0 = static_cast<int>(i % H);
+        const int h1 = static_cast<int>(std::min<int64_t>(H, h0 + (e - i)));
+        attend(t, h0, h1, keys[t].data(), nk[t], &dots, &w);
+        i += h1 - h0;
+      }
     };
     int64_t work = 0;  // multiply-adds: a dot product and an axpy per head and key
-    for (int64_t t = 0; t < n; ++t) work += static_cast<int64_t>(keys[t].size()) * H * 2 * hd;
+    for (int64_t t = 0; t < n; ++t) work += nk[t] * H * 2 * hd;
     if (work >= kAttnSplitMinWork) {
       pool->ParallelFor(static_cast<int64_t>(n) * H, heads, 1);
     } else {
@@ -412,14 +434,14 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
     }
   } else {
     ForRange(pool, n, [&](int64_t b, int64_t e) {
-      std::vector<const float*> keys;
-      std::vector<float> logit, latent;
+      std::vector<float> keys, dots, w;
       for (int64_t t = b; t < e; ++t) {
-        if (!gather(t, &keys, &latent)) {
+        const int64_t nk = gather(t, &keys);
+        if (nk < 0) {
           failed = true;
           return;
         }
-        for (int h = 0; h < H; ++h) attend(t, h, keys, &logit);
+        attend(t, 0, H, keys.data(), nk, &dots, &w);
       }
     });
   }

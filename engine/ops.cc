@@ -233,6 +233,8 @@ float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 namespace internal {
 // engine/hc_mix_avx2.cc (only called when the CPU has AVX2).
 void HcMixDotsAvx2(const float* fn, int m, const float* x, int rows, int n, float* out);
+// engine/weighted_sum_avx2.cc (only called when the CPU has AVX2).
+void WeightedRowSumsAvx2(const float* w, int m, const float* x, int rows, int n, float* y);
 }  // namespace internal
 
 bool HcMixDotsAvx2Available() {
@@ -264,6 +266,21 @@ void HcMixDots(const float* fn, int m, const float* x, int rows, int n, float* o
       out[static_cast<int64_t>(t) * m + i] =
           Dot(fn + static_cast<int64_t>(i) * n, x + static_cast<int64_t>(t) * n, n);
     }
+  }
+}
+
+void WeightedRowSums(const float* w, int m, const float* x, int rows, int n, float* y,
+                     bool avx2) {
+  if (avx2 && HcMixDotsAvx2Available()) {
+    internal::WeightedRowSumsAvx2(w, m, x, rows, n, y);
+    return;
+  }
+  // The scalar reference: a zeroed row, then one Axpy per row of x, in order.
+  for (int r = 0; r < m; ++r) {
+    float* yr = y + static_cast<int64_t>(r) * n;
+    for (int d = 0; d < n; ++d) yr[d] = 0.0f;
+    for (int i = 0; i < rows; ++i)
+      Axpy(w[static_cast<int64_t>(r) * rows + i], x + static_cast<int64_t>(i) * n, n, yr);
   }
 }
 

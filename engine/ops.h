@@ -108,4 +108,12 @@ void HcMixDots(const float* fn, int m, const float* x, int rows, int n, float* o
 // Whether this CPU runs HcMixDots' AVX2 kernel.
 bool HcMixDotsAvx2Available();
 
+// y[r * n + d] = sum over i < rows of w[r * rows + i] * x[i * n + d] for r < m, d < n, bit for
+// bit what zeroing y's row r and then calling Axpy(w[r * rows + i], x + i * n, n, y + r * n) for
+// i = 0, 1, ..., rows - 1 writes (the attention's weighted sum of value rows, one row of w per
+// head). The AVX2 kernel keeps up to 64 elements of a row of y in registers over the whole loop
+// over i instead of loading and storing y once per row of x (`avx2` is ignored where the CPU lacks
+// AVX2; false runs the scalar reference). y must not overlap w or x.
+void WeightedRowSums(const float* w, int m, const float* x, int rows, int n, float* y, bool avx2);
+
 }  // namespace kvtier::engine

@@ -360,6 +360,39 @@ TEST(Ops, HcMixDotsAreDotsBitForBit) {
   }
 }
 
+// WeightedRowSums is, bit for bit, a zeroed row plus one Axpy per row of x in order, with and
+// without the AVX2 kernel: lengths across its 64- and 8-element chunks and its scalar tail, row
+// counts from none up, values spread over 30 binades so that a changed order of the sums shows.
+TEST(Ops, WeightedRowSumsAreAxpysBitForBit) {
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (int n : {0, 1, 7, 8, 9, 63, 64, 65, 72, 128, 131}) {
+    for (int m : {1, 2, 8}) {
+      for (int rows : {0, 1, 2, 5, 32}) {
+        std::vector<float> w(static_cast<size_t>(m) * rows), x(static_cast<size_t>(rows) * n);
+        for (float& f : w) f = u(rng);
+        for (float& f : x) f = u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 30) - 15);
+        std::vector<float> want(static_cast<size_t>(m) * n, 0.0f);
+        for (int r = 0; r < m; ++r) {
+          for (int i = 0; i < rows; ++i) {
+            Axpy(w[static_cast<size_t>(r) * rows + i], x.data() + static_cast<size_t>(i) * n, n,
+                 want.data() + static_cast<size_t>(r) * n);
+          }
+        }
+        for (bool avx2 : {false, true}) {
+          std::vector<float> got(static_cast<size_t>(m) * n, -1.0f);
+          WeightedRowSums(w.data(), m, x.data(), rows, n, got.data(), avx2);
+          for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+                << "n " << n << " m " << m << " rows " << rows << " element " << i << " avx2 "
+                << avx2;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The rows of HcMixesRows are the scalar reference's rows, for row counts across its 16-row
 // blocks and its four-row mean-square groups, lengths with and without a tail.
 TEST(Ops, HcMixesRowsIsTheScalarReferenceRowByRow) {

@@ -30,16 +30,24 @@ namespace model_detail {
 // result is returned in index order.
 std::vector<int32_t> TopK(const std::vector<float>& score, const std::vector<int32_t>& candidates,
                           int k) {
-  std::vector<int32_t> c = candidates;
+  // `better` is a strict total order on non-NaN scores (ties broken by index), so the k best are
+  // one set whichever selection algorithm finds them.
   auto better = [&](int32_t a, int32_t b) {
     if (score[a] != score[b]) return score[a] > score[b];
     return a < b;
   };
-  if (static_cast<int>(c.size()) > k) {
-    // `better` is a strict total order (ties broken by index), so the k best are one set
-    // whichever selection algorithm finds them.
-    std::nth_element(c.begin(), c.begin() + k, c.end(), better);
-    c.resize(k);
+  std::vector<int32_t> c;
+  if (static_cast<int>(candidates.size()) <= k) {
+    c = candidates;
+  } else if (k > 0) {
+    // One pass keeping the k best so far, best first: most candidates lose to the k-th at once.
+    c.reserve(static_cast<size_t>(k) + 1);
+    for (const int32_t x : candidates) {
+      if (static_cast<int>(c.size()) == k && !better(x, c.back())) continue;
+      c.push_back(x);
+      for (size_t i = c.size() - 1; i > 0 && better(c[i], c[i - 1]); --i) std::swap(c[i], c[i - 1]);
+      if (static_cast<int>(c.size()) > k) c.pop_back();
+    }
   }
   std::sort(c.begin(), c.end());
   return c;
@@ -257,17 +265,26 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
   MatMulPart from_q[2] = {{a->qr.data(), n, ql, lw.wq_b, nullptr, H * hd, a->q.data()},
                           {a->qr.data(), n, ql, lw.i_wq_b, nullptr, IH * id, a->iq.data()}};
   MmMany(pool_.get(), std::span<MatMulPart>(from_q, indexed ? 2 : 1));
+  // Each row's RoPE rotation once, for its q heads, its SWA entry and its indexer heads.
+  const int np = static_cast<int>(lw.rope->size());
+  std::vector<float> rc(static_cast<size_t>(n) * np), rs(rc.size());
   for (int t = 0; t < n; ++t) {
-    for (int h = 0; h < H; ++h) {
-      ApplyRope(a->q.data() + (static_cast<int64_t>(t) * H + h) * hd + hd - rd, *lw.rope, pos[t],
-                false);
-    }
+    RopeRotation(*lw.rope, pos[t], rc.data() + static_cast<int64_t>(t) * np,
+                 rs.data() + static_cast<int64_t>(t) * np);
+  }
+  auto rope = [&](float* x, int t) {
+    ApplyRopeRotation(x, rc.data() + static_cast<int64_t>(t) * np,
+                      rs.data() + static_cast<int64_t>(t) * np, np, false);
+  };
+  for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < H; ++h)
+      rope(a->q.data() + (static_cast<int64_t>(t) * H + h) * hd + hd - rd, t);
   }
   // SWA entries of these rows: kv_norm(wkv x), RoPE, FP8 e4m3 + ue8m0/32 (and back).
   for (int t = 0; t < n; ++t) {
     float* kt = a->kv.data() + static_cast<int64_t>(t) * hd;
     RmsNorm(kt, lw.kv_norm, hd, c.rms_norm_eps, kt);
-    ApplyRope(kt + hd - rd, *lw.rope, pos[t], false);
+    rope(kt + hd - rd, t);
   }
   a->kv_data.resize(static_cast<size_t>(n) * hd);
   a->kv_scales.resize(static_cast<size_t>(n) * hd / 32);
@@ -281,8 +298,7 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
   if (indexed) {
     for (int t = 0; t < n; ++t) {
       for (int h = 0; h < IH; ++h) {
-        ApplyRope(a->iq.data() + (static_cast<int64_t>(t) * IH + h) * id + id - rd, *lw.rope,
-                  pos[t], false);
+        rope(a->iq.data() + (static_cast<int64_t>(t) * IH + h) * id + id - rd, t);
       }
     }
     KVTIER_RETURN_IF_ERROR(kernels::RoundTrip(QuantFormat::kFp4Ue8m0x32, a->iq.data(),
@@ -352,8 +368,8 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
       int64_t run = 1;
       while (i + run < n_sel && (*sel)[i + run] == j + run) ++run;
       if (!kernels::Dequantize(mfmt, src->main_data.data() + j * mdb,
-                               src->main_scales.data() + j * msb, run, hd,
-                               keys->data() + i * hd, kCacheReadBackend)
+                               src->main_scales.data() + j * msb, run, hd, keys->data() + i * hd,
+                               kCacheReadBackend)
                .ok()) {
         return -1;
       }
@@ -373,9 +389,9 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
     }
     return nk;
   };
-  // Heads [h0, h1) of token t against its nk gathered keys; dots and w are scratch.
+  // Heads [h0, h1) of token t against its nk gathered keys; dots, w and rot are scratch.
   auto attend = [&](int64_t t, int h0, int h1, const float* keys, int64_t nk,
-                    std::vector<float>* dots, std::vector<float>* w) {
+                    std::vector<float>* dots, std::vector<float>* w, std::vector<float>* rot) {
     const int hn = h1 - h0, nki = static_cast<int>(nk);
     dots->resize(static_cast<size_t>(nk) * hn);
     w->resize(dots->size());
@@ -399,9 +415,12 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
     }
     float* ot = o + (t * H + h0) * hd;
     WeightedRowSums(w->data(), hn, keys, nki, hd, ot, /*avx2=*/true);
-    for (int h = 0; h < hn; ++h) {
-      ApplyRope(ot + static_cast<int64_t>(h) * hd + hd - rd, *lw.rope, p0 + t,
-                true);  // inverse RoPE on the output
+    const int np = static_cast<int>(lw.rope->size());
+    rot->resize(2 * static_cast<size_t>(np));
+    RopeRotation(*lw.rope, p0 + t, rot->data(), rot->data() + np);  // once for the heads
+    for (int h = 0; h < hn; ++h) {                                  // inverse RoPE on the output
+      ApplyRopeRotation(ot + static_cast<int64_t>(h) * hd + hd - rd, rot->data(), rot->data() + np,
+                        np, true);
     }
   };
   std::atomic<bool> failed{false};
@@ -416,12 +435,12 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
       if (nk[t] < 0) return Status::Internal("engine: global KV entries could not be dequantised");
     }
     auto heads = [&](int64_t b, int64_t e) {
-      std::vector<float> dots, w;
+      std::vector<float> dots, w, rot;
       for (int64_t i = b; i < e;) {  // the share's heads of one token at a time
         const int64_t t = i / H;
         const int h0 = static_cast<int>(i % H);
         const int h1 = static_cast<int>(std::min<int64_t>(H, h0 + (e - i)));
-        attend(t, h0, h1, keys[t].data(), nk[t], &dots, &w);
+        attend(t, h0, h1, keys[t].data(), nk[t], &dots, &w, &rot);
         i += h1 - h0;
       }
     };
@@ -434,14 +453,14 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
     }
   } else {
     ForRange(pool, n, [&](int64_t b, int64_t e) {
-      std::vector<float> keys, dots, w;
+      std::vector<float> keys, dots, w, rot;
       for (int64_t t = b; t < e; ++t) {
         const int64_t nk = gather(t, &keys);
         if (nk < 0) {
           failed = true;
           return;
         }
-        attend(t, 0, H, keys.data(), nk, &dots, &w);
+        attend(t, 0, H, keys.data(), nk, &dots, &w, &rot);
       }
     });
   }

@@ -226,6 +226,24 @@ void ApplyRope(float* x, const std::vector<double>& freqs, int64_t pos, bool inv
   }
 }
 
+void RopeRotation(const std::vector<double>& freqs, int64_t pos, float* c, float* s) {
+  for (size_t i = 0; i < freqs.size(); ++i) {
+    const double angle = static_cast<double>(pos) * freqs[i];
+    c[i] = static_cast<float>(std::cos(angle));
+    s[i] = static_cast<float>(std::sin(angle));
+  }
+}
+
+void ApplyRopeRotation(float* x, const float* c, const float* s, int pairs, bool inverse) {
+  for (int i = 0; i < pairs; ++i) {
+    // float(-sin) == -float(sin): rounding to nearest is symmetric, so this is ApplyRope's s.
+    const float si = inverse ? -s[i] : s[i];
+    const float a = x[2 * i], b = x[2 * i + 1];
+    x[2 * i] = a * c[i] - b * si;
+    x[2 * i + 1] = a * si + b * c[i];
+  }
+}
+
 float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 float Silu(float x) { return x * Sigmoid(x); }
 float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
@@ -269,8 +287,7 @@ void HcMixDots(const float* fn, int m, const float* x, int rows, int n, float* o
   }
 }
 
-void WeightedRowSums(const float* w, int m, const float* x, int rows, int n, float* y,
-                     bool avx2) {
+void WeightedRowSums(const float* w, int m, const float* x, int rows, int n, float* y, bool avx2) {
   if (avx2 && HcMixDotsAvx2Available()) {
     internal::WeightedRowSumsAvx2(w, m, x, rows, n, y);
     return;

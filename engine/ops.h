@@ -74,6 +74,12 @@ std::vector<double> RopeFrequencies(int rope_dim, const RopeParams& params);
 // Rotates adjacent pairs (x[2i], x[2i+1]) of x[0..2*freqs.size()) by angle pos*freq[i];
 // inverse rotates by -angle.
 void ApplyRope(float* x, const std::vector<double>& freqs, int64_t pos, bool inverse);
+// ApplyRope split in two, for many vectors rotated at one position: RopeRotation writes
+// c[i] = float(cos(pos * freqs[i])) and s[i] = float(sin(pos * freqs[i])) for i < freqs.size();
+// ApplyRopeRotation(x, c, s, freqs.size(), inverse) then writes, bit for bit, what
+// ApplyRope(x, freqs, pos, inverse) writes, without a cos and a sin per pair and call.
+void RopeRotation(const std::vector<double>& freqs, int64_t pos, float* c, float* s);
+void ApplyRopeRotation(float* x, const float* c, const float* s, int pairs, bool inverse);
 
 float Sigmoid(float x);
 float Silu(float x);

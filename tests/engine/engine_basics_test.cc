@@ -1,6 +1,7 @@
 // Engine building blocks: config loading, safetensors, tokenizer, numpy RNG port, mHC, pool.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <chrono>
@@ -14,6 +15,7 @@
 
 #include "engine/config.h"
 #include "engine/engram.h"
+#include "engine/model_internal.h"
 #include "engine/numpy_random.h"
 #include "engine/ops.h"
 #include "engine/safetensors.h"
@@ -446,6 +448,74 @@ TEST(Rope, InverseUndoesForwardAndYarnStretchesLowFrequencies) {
   ApplyRope(y, yarn, 1234, false);
   ApplyRope(y, yarn, 1234, true);
   for (int i = 0; i < 16; ++i) EXPECT_NEAR(y[i], x[i], 1e-4);
+}
+
+// A rotation taken once (RopeRotation) and applied (ApplyRopeRotation) is ApplyRope bit for bit,
+// forward and inverse, at positions from 0 to far past the YaRN window, plain and YaRN.
+TEST(Rope, RotationTakenOnceIsApplyRopeBitForBit) {
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  RopeParams p;
+  p.theta = 160000;
+  for (bool yarn : {false, true}) {
+    p.yarn = yarn;
+    p.factor = 16;
+    p.original_max_position = 512;
+    for (int dims : {2, 16, 64}) {
+      const std::vector<double> freqs = RopeFrequencies(dims, p);
+      const int np = static_cast<int>(freqs.size());
+      for (int64_t pos : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{513}, int64_t{70001}}) {
+        std::vector<float> c(np), s(np);
+        RopeRotation(freqs, pos, c.data(), s.data());
+        for (bool inverse : {false, true}) {
+          std::vector<float> want(dims), got(dims);
+          for (int i = 0; i < dims; ++i) want[i] = got[i] = u(rng);
+          ApplyRope(want.data(), freqs, pos, inverse);
+          ApplyRopeRotation(got.data(), c.data(), s.data(), np, inverse);
+          for (int i = 0; i < dims; ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+                << "yarn " << yarn << " dims " << dims << " pos " << pos << " inverse " << inverse
+                << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// TopK is the selection by std::nth_element it replaced (kept here as the reference): the same
+// indices for candidate lists shorter and longer than k, in any order, with many tied scores
+// (ties go to the lower index), infinities and k = 0.
+TEST(TopK, IsTheNthElementSelection) {
+  auto reference = [](const std::vector<float>& score, std::vector<int32_t> c, int k) {
+    auto better = [&](int32_t a, int32_t b) {
+      if (score[a] != score[b]) return score[a] > score[b];
+      return a < b;
+    };
+    if (static_cast<int>(c.size()) > k) {
+      std::nth_element(c.begin(), c.begin() + k, c.end(), better);
+      c.resize(k);
+    }
+    std::sort(c.begin(), c.end());
+    return c;
+  };
+  std::mt19937 rng(31);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int n = static_cast<int>(rng() % 300);
+    std::vector<float> score(n);
+    const int levels = 1 + static_cast<int>(rng() % 40);  // few levels: many ties
+    for (float& f : score) f = static_cast<float>(static_cast<int>(rng() % levels)) - 5.0f;
+    if (n > 0 && trial % 3 == 0) score[rng() % n] = INFINITY;
+    if (n > 0 && trial % 5 == 0) score[rng() % n] = -INFINITY;
+    std::vector<int32_t> cand;
+    for (int i = 0; i < n; ++i) {
+      if (rng() % 4 != 0) cand.push_back(i);
+    }
+    if (trial % 2 == 0) std::shuffle(cand.begin(), cand.end(), rng);
+    const int k = static_cast<int>(rng() % 70);
+    ASSERT_EQ(model_detail::TopK(score, cand, k), reference(score, cand, k))
+        << "trial " << trial << " n " << n << " k " << k;
+  }
 }
 
 TEST(Sampler, GreedyTopPAndSeededSamplingAreDeterministic) {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "engine/model_internal.h"
 
@@ -30,24 +31,16 @@ namespace model_detail {
 // result is returned in index order.
 std::vector<int32_t> TopK(const std::vector<float>& score, const std::vector<int32_t>& candidates,
                           int k) {
-  // `better` is a strict total order on non-NaN scores (ties broken by index), so the k best are
-  // one set whichever selection algorithm finds them.
+  std::vector<int32_t> c = candidates;
   auto better = [&](int32_t a, int32_t b) {
     if (score[a] != score[b]) return score[a] > score[b];
     return a < b;
   };
-  std::vector<int32_t> c;
-  if (static_cast<int>(candidates.size()) <= k) {
-    c = candidates;
-  } else if (k > 0) {
-    // One pass keeping the k best so far, best first: most candidates lose to the k-th at once.
-    c.reserve(static_cast<size_t>(k) + 1);
-    for (const int32_t x : candidates) {
-      if (static_cast<int>(c.size()) == k && !better(x, c.back())) continue;
-      c.push_back(x);
-      for (size_t i = c.size() - 1; i > 0 && better(c[i], c[i - 1]); --i) std::swap(c[i], c[i - 1]);
-      if (static_cast<int>(c.size()) > k) c.pop_back();
-    }
+  if (static_cast<int>(c.size()) > k) {
+    // `better` is a strict total order (ties broken by index), so the k best are one set
+    // whichever selection algorithm finds them.
+    std::nth_element(c.begin(), c.begin() + k, c.end(), better);
+    c.resize(k);
   }
   std::sort(c.begin(), c.end());
   return c;
@@ -56,7 +49,7 @@ std::vector<int32_t> TopK(const std::vector<float>& score, const std::vector<int
 }  // namespace model_detail
 
 Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
-                        ThreadPool* pool) {
+                        ThreadPool* pool, const float* ckv_rows, const float* cgate_rows) {
   const EngineConfig& c = config_;
   const LayerWeights& lw = layers_[layer];
   KvSourceCache* k = nullptr;
@@ -70,11 +63,20 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
   const int D = c.hidden_size, hd = c.head_dim, id = c.index_head_dim, m = k->ratio;
   const int rd = c.qk_rope_head_dim;
   const int rows = static_cast<int>(p0 + n - first);
-  const float* xin = xa + (first - p0) * D;
-  std::vector<float> ckv(static_cast<size_t>(rows) * hd), cg(m > 1 ? ckv.size() : 0);
-  MatMulPart proj[2] = {{xin, rows, D, lw.c_wkv, nullptr, hd, ckv.data()},
-                        {xin, rows, D, lw.c_wgate, nullptr, hd, cg.data()}};
-  MmMany(pool, std::span<MatMulPart>(proj, m > 1 ? 2 : 1));
+  // The projections of rows [first, p0 + n): given, or taken here.
+  std::vector<float> own_kv, own_gate;
+  const float* ckv = ckv_rows != nullptr ? ckv_rows + (first - p0) * hd : nullptr;
+  const float* cg = cgate_rows != nullptr ? cgate_rows + (first - p0) * hd : nullptr;
+  if (ckv == nullptr || (m > 1 && cg == nullptr)) {
+    const float* xin = xa + (first - p0) * D;
+    own_kv.resize(static_cast<size_t>(rows) * hd);
+    own_gate.resize(m > 1 ? own_kv.size() : 0);
+    MatMulPart proj[2] = {{xin, rows, D, lw.c_wkv, nullptr, hd, own_kv.data()},
+                          {xin, rows, D, lw.c_wgate, nullptr, hd, own_gate.data()}};
+    MmMany(pool, std::span<MatMulPart>(proj, m > 1 ? 2 : 1));
+    ckv = own_kv.data();
+    cg = own_gate.data();
+  }
   // Collect finished groups: latent (pre-RoPE, normalised) per entry.
   std::vector<float> latents;
   std::vector<int64_t> entry_ids;
@@ -84,15 +86,15 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
     const int slot = static_cast<int>(p % m);
     if (m > 1) {
       std::memcpy(k->kv_state.data() + static_cast<int64_t>(slot) * hd,
-                  ckv.data() + static_cast<int64_t>(r) * hd, hd * 4);
+                  ckv + static_cast<int64_t>(r) * hd, hd * 4);
       std::memcpy(k->score_state.data() + static_cast<int64_t>(slot) * hd,
-                  cg.data() + static_cast<int64_t>(r) * hd, hd * 4);
+                  cg + static_cast<int64_t>(r) * hd, hd * 4);
       if (slot != m - 1) continue;
     }
     latents.resize(latents.size() + hd);  // this entry's latent, written in place
     float* lat = latents.data() + latents.size() - hd;
     if (m == 1) {
-      std::memcpy(lat, ckv.data() + static_cast<int64_t>(r) * hd, hd * 4);
+      std::memcpy(lat, ckv + static_cast<int64_t>(r) * hd, hd * 4);
     } else {
       // Per-channel softmax over the m tokens of the group.
       for (int ch = 0; ch < hd; ++ch) {
@@ -160,7 +162,7 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
   std::atomic<bool> failed{false};
   ForRange(pool, n, [&](int64_t b, int64_t e) {
     std::vector<float> score, keys(static_cast<size_t>(kIndexRowsPerPass) * id),
-        dots(static_cast<size_t>(kIndexRowsPerPass) * IH);
+        dots(static_cast<size_t>(kIndexRowsPerPass) * IH), hw(IH);
     std::vector<int32_t> eligible;
     for (int64_t t = b; t < e; ++t) {
       const int64_t p = p0 + t;
@@ -168,7 +170,7 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
       if (nv <= 0) continue;
       score.assign(nv, 0.0f);
       const float* q = iq + t * IH * id;
-      const float* w = wts + t * IH;
+      for (int h = 0; h < IH; ++h) hw[h] = wts[t * IH + h] * wscale;  // each head's weight
       eligible.clear();
       // Scores rows [j0, j1) (at most kIndexRowsPerPass), every head against each key.
       auto score_rows = [&](int64_t j0, int64_t j1) {
@@ -186,7 +188,7 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
           const float* dj = dots.data() + (j - j0) * IH;
           float s = 0;
           for (int h = 0; h < IH; ++h) {
-            s += std::max(dj[h], 0.0f) * (w[h] * wscale);  // ReLU before the head weight
+            s += std::max(dj[h], 0.0f) * hw[h];  // ReLU before the head weight
           }
           score[j] = s;
         }
@@ -225,7 +227,8 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
         cand_visible[t] = nv;
         cand_pool[t] = pool_positions;
       }
-      for (int64_t j = 0; j < nv; ++j) eligible.push_back(static_cast<int32_t>(j));
+      eligible.resize(nv);
+      std::iota(eligible.begin(), eligible.end(), 0);
       rt->topk[t] = TopK(score, eligible, c.index_topk);
     }
   });
@@ -254,10 +257,17 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
   // The products of xa (q's low rank, the SWA entry, the indexer's head weights), then those of
   // the normed low-rank q (q, the indexer's query): one call each, so a decode step hands each
   // group to the threads once.
-  MatMulPart from_x[3] = {{xa, n, D, lw.wq_a, nullptr, ql, a->qr.data()},
-                          {xa, n, D, lw.wkv, nullptr, hd, a->kv.data()},
-                          {xa, n, D, lw.i_wproj, nullptr, IH, a->wts.data()}};
-  MmMany(pool_.get(), std::span<MatMulPart>(from_x, indexed ? 3 : 2));
+  // On a kFull layer also the compressor's (its weights once for all the sequences' rows).
+  const bool compress = mode == LayerMode::kFull && lw.c_wkv != nullptr;
+  const bool gated = compress && c.ratio(layer) > 1;
+  a->ckv.resize(compress ? static_cast<size_t>(n) * hd : 0);
+  a->cgate.resize(gated ? static_cast<size_t>(n) * hd : 0);
+  std::vector<MatMulPart> from_x = {{xa, n, D, lw.wq_a, nullptr, ql, a->qr.data()},
+                                    {xa, n, D, lw.wkv, nullptr, hd, a->kv.data()}};
+  if (indexed) from_x.push_back({xa, n, D, lw.i_wproj, nullptr, IH, a->wts.data()});
+  if (compress) from_x.push_back({xa, n, D, lw.c_wkv, nullptr, hd, a->ckv.data()});
+  if (gated) from_x.push_back({xa, n, D, lw.c_wgate, nullptr, hd, a->cgate.data()});
+  MmMany(pool_.get(), from_x);
   for (int t = 0; t < n; ++t) {
     float* qt = a->qr.data() + static_cast<int64_t>(t) * ql;
     RmsNorm(qt, lw.q_norm, ql, c.rms_norm_eps, qt);
@@ -325,7 +335,9 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
   // Compressed entries: sources write, then this layer (and later ones) read.
   if (mode != LayerMode::kSwaOnly) {
     if (mode == LayerMode::kFull) {
-      KVTIER_RETURN_IF_ERROR(Compress(layer, st, p0, n, xa, pool));
+      KVTIER_RETURN_IF_ERROR(Compress(layer, st, p0, n, xa, pool,
+                                      a.ckv.empty() ? nullptr : a.ckv.data() + row0 * hd,
+                                      a.cgate.empty() ? nullptr : a.cgate.data() + row0 * hd));
       for (KvSourceCache& k : st->kv) {
         if (k.layer == layer) rt->src = &k;
       }

@@ -32,8 +32,7 @@ inline constexpr int64_t kAttnSplitMinWork = int64_t{1} << 14;
 inline constexpr int64_t kIndexRowsPerPass = 32;
 
 // Top-k of scores over `candidates` (entry indices), ties broken by the lowest index; the
-// result is returned in index order. One pass over the candidates keeping the k best so far
-// (the same set as a selection by std::nth_element under that order, which it replaced).
+// result is returned in index order.
 std::vector<int32_t> TopK(const std::vector<float>& score, const std::vector<int32_t>& candidates,
                           int k);
 

@@ -1,7 +1,6 @@
 // Engine building blocks: config loading, safetensors, tokenizer, numpy RNG port, mHC, pool.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <chrono>
@@ -15,7 +14,6 @@
 
 #include "engine/config.h"
 #include "engine/engram.h"
-#include "engine/model_internal.h"
 #include "engine/numpy_random.h"
 #include "engine/ops.h"
 #include "engine/safetensors.h"
@@ -480,41 +478,6 @@ TEST(Rope, RotationTakenOnceIsApplyRopeBitForBit) {
         }
       }
     }
-  }
-}
-
-// TopK is the selection by std::nth_element it replaced (kept here as the reference): the same
-// indices for candidate lists shorter and longer than k, in any order, with many tied scores
-// (ties go to the lower index), infinities and k = 0.
-TEST(TopK, IsTheNthElementSelection) {
-  auto reference = [](const std::vector<float>& score, std::vector<int32_t> c, int k) {
-    auto better = [&](int32_t a, int32_t b) {
-      if (score[a] != score[b]) return score[a] > score[b];
-      return a < b;
-    };
-    if (static_cast<int>(c.size()) > k) {
-      std::nth_element(c.begin(), c.begin() + k, c.end(), better);
-      c.resize(k);
-    }
-    std::sort(c.begin(), c.end());
-    return c;
-  };
-  std::mt19937 rng(31);
-  for (int trial = 0; trial < 2000; ++trial) {
-    const int n = static_cast<int>(rng() % 300);
-    std::vector<float> score(n);
-    const int levels = 1 + static_cast<int>(rng() % 40);  // few levels: many ties
-    for (float& f : score) f = static_cast<float>(static_cast<int>(rng() % levels)) - 5.0f;
-    if (n > 0 && trial % 3 == 0) score[rng() % n] = INFINITY;
-    if (n > 0 && trial % 5 == 0) score[rng() % n] = -INFINITY;
-    std::vector<int32_t> cand;
-    for (int i = 0; i < n; ++i) {
-      if (rng() % 4 != 0) cand.push_back(i);
-    }
-    if (trial % 2 == 0) std::shuffle(cand.begin(), cand.end(), rng);
-    const int k = static_cast<int>(rng() % 70);
-    ASSERT_EQ(model_detail::TopK(score, cand, k), reference(score, cand, k))
-        << "trial " << trial << " n " << n << " k " << k;
   }
 }
 

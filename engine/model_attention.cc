@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 
 #include "engine/model_internal.h"
 
@@ -161,8 +160,7 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
   const size_t idb = kernels::DataBytes(ifmt, id), isb = kernels::ScaleBytes(ifmt, id);
   std::atomic<bool> failed{false};
   ForRange(pool, n, [&](int64_t b, int64_t e) {
-    std::vector<float> score, keys(static_cast<size_t>(kIndexRowsPerPass) * id),
-        dots(static_cast<size_t>(kIndexRowsPerPass) * IH), hw(IH);
+    std::vector<float> score, keys(static_cast<size_t>(kIndexRowsPerPass) * id);
     std::vector<int32_t> eligible;
     for (int64_t t = b; t < e; ++t) {
       const int64_t p = p0 + t;
@@ -170,7 +168,7 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
       if (nv <= 0) continue;
       score.assign(nv, 0.0f);
       const float* q = iq + t * IH * id;
-      for (int h = 0; h < IH; ++h) hw[h] = wts[t * IH + h] * wscale;  // each head's weight
+      const float* w = wts + t * IH;
       eligible.clear();
       // Scores rows [j0, j1) (at most kIndexRowsPerPass), every head against each key.
       auto score_rows = [&](int64_t j0, int64_t j1) {
@@ -181,14 +179,20 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
           failed = true;
           return;
         }
-        // Every head against every key of the block (each a Dot), then the heads' sum in head
-        // order per key.
-        HcMixDots(q, IH, keys.data(), static_cast<int>(j1 - j0), id, dots.data(), /*avx2=*/true);
         for (int64_t j = j0; j < j1; ++j) {
-          const float* dj = dots.data() + (j - j0) * IH;
+          const float* kj = keys.data() + (j - j0) * id;
           float s = 0;
-          for (int h = 0; h < IH; ++h) {
-            s += std::max(dj[h], 0.0f) * hw[h];  // ReLU before the head weight
+          int h = 0;
+          for (; h + 4 <= IH; h += 4) {  // four heads per pass over the key (Dot4 == Dot)
+            const float* qs[4] = {q + static_cast<int64_t>(h) * id, q + (h + 1LL) * id,
+                                  q + (h + 2LL) * id, q + (h + 3LL) * id};
+            float dots[4];
+            Dot4(qs, kj, id, dots);
+            for (int u = 0; u < 4; ++u) s += std::max(dots[u], 0.0f) * (w[h + u] * wscale);
+          }
+          for (; h < IH; ++h) {
+            const float dot = Dot(q + static_cast<int64_t>(h) * id, kj, id);
+            s += std::max(dot, 0.0f) * (w[h] * wscale);  // ReLU before the head weight
           }
           score[j] = s;
         }
@@ -227,8 +231,7 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
         cand_visible[t] = nv;
         cand_pool[t] = pool_positions;
       }
-      eligible.resize(nv);
-      std::iota(eligible.begin(), eligible.end(), 0);
+      for (int64_t j = 0; j < nv; ++j) eligible.push_back(static_cast<int32_t>(j));
       rt->topk[t] = TopK(score, eligible, c.index_topk);
     }
   });

@@ -298,10 +298,9 @@ void Engine::PreMix(int n, const float* x, const float* pre, const float* norm_w
   const int D = config_.hidden_size, hc = config_.hc_mult;
   for (int t = 0; t < n; ++t) {
     float* y = xn + static_cast<int64_t>(t) * D;
-    for (int d = 0; d < D; ++d) y[d] = 0.0f;
-    for (int i = 0; i < hc; ++i) {
-      Axpy(pre[t * hc + i], x + (static_cast<int64_t>(t) * hc + i) * D, D, y);
-    }
+    // y = sum over the streams i of pre[i] * x[i]: a zeroed row plus one Axpy per stream.
+    WeightedRowSums(pre + static_cast<int64_t>(t) * hc, 1, x + static_cast<int64_t>(t) * hc * D, hc,
+                    D, y, /*avx2=*/true);
     RmsNorm(y, norm_w, D, config_.rms_norm_eps, y);
   }
 }

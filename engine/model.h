@@ -336,6 +336,9 @@ class Engine {
   // top-k).
   struct AttnRows {
     std::vector<float> qr, q, kv, iq, wts;
+    // The compressor's projections of every row (n x head_dim; cgate only at ratio > 1) on a
+    // kFull layer, so that a batch reads the compressor's weights once, not once per sequence.
+    std::vector<float> ckv, cgate;
     std::vector<uint8_t> kv_data, kv_scales;
   };
   // The per-row part: rows of any sequences; pos[t]: row t's position.
@@ -349,8 +352,13 @@ class Engine {
                   const AttnRows& a, int64_t row0, Runtime* rt, ThreadPool* pool, float* o);
   // The per-row output projection of n rows of attention outputs.
   void AttnOutput(int layer, int n, const float* o, float* out);
+  // The compressor over n rows of `st` from p0 (xa: their normed inputs). ckv and cgate, when
+  // not null, are those rows' projections (AttnRows::ckv, cgate) and Compress does not project
+  // xa itself; the results are the same bits either way (MatMul does not depend on the row
+  // count).
   Status Compress(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
-                  ThreadPool* pool);
+                  ThreadPool* pool, const float* ckv_rows = nullptr,
+                  const float* cgate_rows = nullptr);
   Status SelectTopk(int layer, int64_t p0, int n, const float* iq, const float* wts, Runtime* rt,
                     ThreadPool* pool);
   void Moe(int layer, int n, const float* xn, float* out);

@@ -48,7 +48,7 @@ std::vector<int32_t> TopK(const std::vector<float>& score, const std::vector<int
 }  // namespace model_detail
 
 Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
-                        ThreadPool* pool) {
+                        ThreadPool* pool, const float* ckv_rows, const float* cgate_rows) {
   const EngineConfig& c = config_;
   const LayerWeights& lw = layers_[layer];
   KvSourceCache* k = nullptr;
@@ -62,26 +62,39 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
   const int D = c.hidden_size, hd = c.head_dim, id = c.index_head_dim, m = k->ratio;
   const int rd = c.qk_rope_head_dim;
   const int rows = static_cast<int>(p0 + n - first);
-  const float* xin = xa + (first - p0) * D;
-  std::vector<float> ckv(static_cast<size_t>(rows) * hd), cg(m > 1 ? ckv.size() : 0);
-  MatMulPart proj[2] = {{xin, rows, D, lw.c_wkv, nullptr, hd, ckv.data()},
-                        {xin, rows, D, lw.c_wgate, nullptr, hd, cg.data()}};
-  MmMany(pool, std::span<MatMulPart>(proj, m > 1 ? 2 : 1));
+  // The projections of rows [first, p0 + n): given, or taken here.
+  std::vector<float> own_kv, own_gate;
+  const float* ckv = ckv_rows != nullptr ? ckv_rows + (first - p0) * hd : nullptr;
+  const float* cg = cgate_rows != nullptr ? cgate_rows + (first - p0) * hd : nullptr;
+  if (ckv == nullptr || (m > 1 && cg == nullptr)) {
+    const float* xin = xa + (first - p0) * D;
+    own_kv.resize(static_cast<size_t>(rows) * hd);
+    own_gate.resize(m > 1 ? own_kv.size() : 0);
+    MatMulPart proj[2] = {{xin, rows, D, lw.c_wkv, nullptr, hd, own_kv.data()},
+                          {xin, rows, D, lw.c_wgate, nullptr, hd, own_gate.data()}};
+    MmMany(pool, std::span<MatMulPart>(proj, m > 1 ? 2 : 1));
+    ckv = own_kv.data();
+    cg = own_gate.data();
+  }
   // Collect finished groups: latent (pre-RoPE, normalised) per entry.
   std::vector<float> latents;
   std::vector<int64_t> entry_ids;
+  latents.reserve(static_cast<size_t>(rows / m + 1) * hd);
   for (int r = 0; r < rows; ++r) {
     const int64_t p = first + r;
     const int slot = static_cast<int>(p % m);
-    std::vector<float> lat(hd);
-    if (m == 1) {
-      std::memcpy(lat.data(), ckv.data() + static_cast<int64_t>(r) * hd, hd * 4);
-    } else {
+    if (m > 1) {
       std::memcpy(k->kv_state.data() + static_cast<int64_t>(slot) * hd,
-                  ckv.data() + static_cast<int64_t>(r) * hd, hd * 4);
+                  ckv + static_cast<int64_t>(r) * hd, hd * 4);
       std::memcpy(k->score_state.data() + static_cast<int64_t>(slot) * hd,
-                  cg.data() + static_cast<int64_t>(r) * hd, hd * 4);
+                  cg + static_cast<int64_t>(r) * hd, hd * 4);
       if (slot != m - 1) continue;
+    }
+    latents.resize(latents.size() + hd);  // this entry's latent, written in place
+    float* lat = latents.data() + latents.size() - hd;
+    if (m == 1) {
+      std::memcpy(lat, ckv + static_cast<int64_t>(r) * hd, hd * 4);
+    } else {
       // Per-channel softmax over the m tokens of the group.
       for (int ch = 0; ch < hd; ++ch) {
         float mx = -INFINITY;
@@ -95,8 +108,7 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
         lat[ch] = num / den;
       }
     }
-    RmsNorm(lat.data(), lw.c_norm, hd, c.rms_norm_eps, lat.data());
-    latents.insert(latents.end(), lat.begin(), lat.end());
+    RmsNorm(lat, lw.c_norm, hd, c.rms_norm_eps, lat);
     entry_ids.push_back(p / m);
   }
   k->consumed = p0 + n;
@@ -248,10 +260,17 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
   // The products of xa (q's low rank, the SWA entry, the indexer's head weights), then those of
   // the normed low-rank q (q, the indexer's query): one call each, so a decode step hands each
   // group to the threads once.
-  MatMulPart from_x[3] = {{xa, n, D, lw.wq_a, nullptr, ql, a->qr.data()},
-                          {xa, n, D, lw.wkv, nullptr, hd, a->kv.data()},
-                          {xa, n, D, lw.i_wproj, nullptr, IH, a->wts.data()}};
-  MmMany(pool_.get(), std::span<MatMulPart>(from_x, indexed ? 3 : 2));
+  // On a kFull layer also the compressor's (its weights once for all the sequences' rows).
+  const bool compress = mode == LayerMode::kFull && lw.c_wkv != nullptr;
+  const bool gated = compress && c.ratio(layer) > 1;
+  a->ckv.resize(compress ? static_cast<size_t>(n) * hd : 0);
+  a->cgate.resize(gated ? static_cast<size_t>(n) * hd : 0);
+  std::vector<MatMulPart> from_x = {{xa, n, D, lw.wq_a, nullptr, ql, a->qr.data()},
+                                    {xa, n, D, lw.wkv, nullptr, hd, a->kv.data()}};
+  if (indexed) from_x.push_back({xa, n, D, lw.i_wproj, nullptr, IH, a->wts.data()});
+  if (compress) from_x.push_back({xa, n, D, lw.c_wkv, nullptr, hd, a->ckv.data()});
+  if (gated) from_x.push_back({xa, n, D, lw.c_wgate, nullptr, hd, a->cgate.data()});
+  MmMany(pool_.get(), from_x);
   for (int t = 0; t < n; ++t) {
     float* qt = a->qr.data() + static_cast<int64_t>(t) * ql;
     RmsNorm(qt, lw.q_norm, ql, c.rms_norm_eps, qt);
@@ -259,17 +278,26 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
   MatMulPart from_q[2] = {{a->qr.data(), n, ql, lw.wq_b, nullptr, H * hd, a->q.data()},
                           {a->qr.data(), n, ql, lw.i_wq_b, nullptr, IH * id, a->iq.data()}};
   MmMany(pool_.get(), std::span<MatMulPart>(from_q, indexed ? 2 : 1));
+  // Each row's RoPE rotation once, for its q heads, its SWA entry and its indexer heads.
+  const int np = static_cast<int>(lw.rope->size());
+  std::vector<float> rc(static_cast<size_t>(n) * np), rs(rc.size());
   for (int t = 0; t < n; ++t) {
-    for (int h = 0; h < H; ++h) {
-      ApplyRope(a->q.data() + (static_cast<int64_t>(t) * H + h) * hd + hd - rd, *lw.rope, pos[t],
-                false);
-    }
+    RopeRotation(*lw.rope, pos[t], rc.data() + static_cast<int64_t>(t) * np,
+                 rs.data() + static_cast<int64_t>(t) * np);
+  }
+  auto rope = [&](float* x, int t) {
+    ApplyRopeRotation(x, rc.data() + static_cast<int64_t>(t) * np,
+                      rs.data() + static_cast<int64_t>(t) * np, np, false);
+  };
+  for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < H; ++h)
+      rope(a->q.data() + (static_cast<int64_t>(t) * H + h) * hd + hd - rd, t);
   }
   // SWA entries of these rows: kv_norm(wkv x), RoPE, FP8 e4m3 + ue8m0/32 (and back).
   for (int t = 0; t < n; ++t) {
     float* kt = a->kv.data() + static_cast<int64_t>(t) * hd;
     RmsNorm(kt, lw.kv_norm, hd, c.rms_norm_eps, kt);
-    ApplyRope(kt + hd - rd, *lw.rope, pos[t], false);
+    rope(kt + hd - rd, t);
   }
   a->kv_data.resize(static_cast<size_t>(n) * hd);
   a->kv_scales.resize(static_cast<size_t>(n) * hd / 32);
@@ -283,8 +311,7 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
   if (indexed) {
     for (int t = 0; t < n; ++t) {
       for (int h = 0; h < IH; ++h) {
-        ApplyRope(a->iq.data() + (static_cast<int64_t>(t) * IH + h) * id + id - rd, *lw.rope,
-                  pos[t], false);
+        rope(a->iq.data() + (static_cast<int64_t>(t) * IH + h) * id + id - rd, t);
       }
     }
     KVTIER_RETURN_IF_ERROR(kernels::RoundTrip(QuantFormat::kFp4Ue8m0x32, a->iq.data(),
@@ -311,7 +338,9 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
   // Compressed entries: sources write, then this layer (and later ones) read.
   if (mode != LayerMode::kSwaOnly) {
     if (mode == LayerMode::kFull) {
-      KVTIER_RETURN_IF_ERROR(Compress(layer, st, p0, n, xa, pool));
+      KVTIER_RETURN_IF_ERROR(Compress(layer, st, p0, n, xa, pool,
+                                      a.ckv.empty() ? nullptr : a.ckv.data() + row0 * hd,
+                                      a.cgate.empty() ? nullptr : a.cgate.data() + row0 * hd));
       for (KvSourceCache& k : st->kv) {
         if (k.layer == layer) rt->src = &k;
       }
@@ -332,79 +361,106 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
   }
 
   // Sparse attention over [selected compressed entries] + [SWA window], one latent as K and V.
-  // Per query token the keys are gathered once (compressed entries dequantised from their FP4
-  // bytes into a buffer, SWA keys read in place) and every head runs against them.
+  // Per query token the keys are gathered once into one buffer of rows (compressed entries
+  // dequantised from their FP4 bytes, SWA keys copied) and every head runs against them: the
+  // heads' logits in one HcMixDots (each a Dot), their weighted sums in one WeightedRowSums
+  // (each Axpy's sums), so every output is what one Dot and one Axpy per (head, key) gave.
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const KvSourceCache* src = rt->src;
   const QuantFormat mfmt = QuantFormat::kFp4E4M3x16;
   const size_t mdb = kernels::DataBytes(mfmt, hd), msb = kernels::ScaleBytes(mfmt, hd);
-  // Gathers token t's keys into keys (compressed entries dequantised into latent).
-  auto gather = [&](int64_t t, std::vector<const float*>* keys, std::vector<float>* latent) {
+  // Gathers token t's keys into rows of `keys`; returns their number, or -1 when an entry could
+  // not be dequantised.
+  auto gather = [&](int64_t t, std::vector<float>* keys) -> int64_t {
     const int64_t p = p0 + t;
-    keys->clear();
-    if (mode != LayerMode::kSwaOnly) {
-      const std::vector<int32_t>& sel = rt->topk[t];
-      latent->resize(sel.size() * hd);
-      for (size_t i = 0; i < sel.size(); ++i) {
-        const int64_t j = sel[i];
-        if (!kernels::Dequantize(mfmt, src->main_data.data() + j * mdb,
-                                 src->main_scales.data() + j * msb, 1, hd, latent->data() + i * hd,
-                                 kCacheReadBackend)
-                 .ok()) {
-          return false;
-        }
+    const int64_t lo = std::max<int64_t>(std::max(ring.valid_from, p - W + 1), 0);
+    const std::vector<int32_t>* sel = mode != LayerMode::kSwaOnly ? &rt->topk[t] : nullptr;
+    const int64_t n_sel = sel != nullptr ? static_cast<int64_t>(sel->size()) : 0;
+    keys->resize(static_cast<size_t>(n_sel + std::max<int64_t>(p - lo + 1, 0)) * hd);
+    // Selected entries (index order), a run of consecutive entries in one call.
+    for (int64_t i = 0; i < n_sel;) {
+      const int64_t j = (*sel)[i];
+      int64_t run = 1;
+      while (i + run < n_sel && (*sel)[i + run] == j + run) ++run;
+      if (!kernels::Dequantize(mfmt, src->main_data.data() + j * mdb,
+                               src->main_scales.data() + j * msb, run, hd, keys->data() + i * hd,
+                               kCacheReadBackend)
+               .ok()) {
+        return -1;
       }
-      for (size_t i = 0; i < sel.size(); ++i) keys->push_back(latent->data() + i * hd);
+      i += run;
     }
-    const int64_t lo = std::max(ring.valid_from, p - W + 1);
-    for (int64_t s = std::max<int64_t>(lo, 0); s <= p; ++s) {
+    int64_t nk = n_sel;
+    for (int64_t s = lo; s <= p; ++s) {
+      const float* key = nullptr;
       if (s >= p0) {
-        keys->push_back(kv + (s - p0) * hd);
+        key = kv + (s - p0) * hd;
       } else if (ring.Has(s)) {
-        keys->push_back(ring.values.data() + (s % W) * hd);
+        key = ring.values.data() + (s % W) * hd;
       }
+      if (key == nullptr) continue;
+      std::memcpy(keys->data() + nk * hd, key, static_cast<size_t>(hd) * 4);
+      ++nk;
     }
-    return true;
+    return nk;
   };
-  // Head h of token t against its gathered keys; logit is scratch.
-  auto attend = [&](int64_t t, int h, const std::vector<const float*>& keys,
-                    std::vector<float>* logit) {
-    logit->resize(keys.size());
-    float* lg = logit->data();
-    const float* qh = q + (t * H + h) * hd;
-    const float sink = lw.sink[h];
-    float mx = sink;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      lg[i] = Dot(qh, keys[i], hd) * scale;
-      mx = std::max(mx, lg[i]);
+  // Heads [h0, h1) of token t against its nk gathered keys; dots, w and rot are scratch.
+  auto attend = [&](int64_t t, int h0, int h1, const float* keys, int64_t nk,
+                    std::vector<float>* dots, std::vector<float>* w, std::vector<float>* rot) {
+    const int hn = h1 - h0, nki = static_cast<int>(nk);
+    dots->resize(static_cast<size_t>(nk) * hn);
+    w->resize(dots->size());
+    const float* qt = q + (t * H + h0) * hd;
+    HcMixDots(qt, hn, keys, nki, hd, dots->data(), /*avx2=*/true);  // dots[i * hn + h - h0]
+    for (int h = h0; h < h1; ++h) {
+      float* lg = w->data() + static_cast<int64_t>(h - h0) * nk;
+      const float* dh = dots->data() + (h - h0);
+      const float sink = lw.sink[h];
+      float mx = sink;
+      for (int64_t i = 0; i < nk; ++i) {
+        lg[i] = dh[i * hn] * scale;
+        mx = std::max(mx, lg[i]);
+      }
+      float den = std::exp(sink - mx);
+      for (int64_t i = 0; i < nk; ++i) {
+        lg[i] = std::exp(lg[i] - mx);
+        den += lg[i];
+      }
+      for (int64_t i = 0; i < nk; ++i) lg[i] = lg[i] / den;
     }
-    float den = std::exp(sink - mx);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      lg[i] = std::exp(lg[i] - mx);
-      den += lg[i];
+    float* ot = o + (t * H + h0) * hd;
+    WeightedRowSums(w->data(), hn, keys, nki, hd, ot, /*avx2=*/true);
+    const int np = static_cast<int>(lw.rope->size());
+    rot->resize(2 * static_cast<size_t>(np));
+    RopeRotation(*lw.rope, p0 + t, rot->data(), rot->data() + np);  // once for the heads
+    for (int h = 0; h < hn; ++h) {                                  // inverse RoPE on the output
+      ApplyRopeRotation(ot + static_cast<int64_t>(h) * hd + hd - rd, rot->data(), rot->data() + np,
+                        np, true);
     }
-    float* oh = o + (t * H + h) * hd;
-    for (int d = 0; d < hd; ++d) oh[d] = 0.0f;
-    for (size_t i = 0; i < keys.size(); ++i) Axpy(lg[i] / den, keys[i], hd, oh);
-    ApplyRope(oh + hd - rd, *lw.rope, p0 + t, true);  // inverse RoPE on the output
   };
   std::atomic<bool> failed{false};
   if (pool != nullptr && pool->threads() > 1 && n < pool->threads()) {
     // Fewer tokens than threads (decode): the keys are gathered once per token, then the
     // threads take (token, head) pairs, one contiguous share each. A head's output is computed
     // by the same code either way, so the bits do not depend on the split.
-    std::vector<std::vector<const float*>> keys(n);
-    std::vector<std::vector<float>> latent(n);
+    std::vector<std::vector<float>> keys(n);
+    std::vector<int64_t> nk(n);
     for (int64_t t = 0; t < n; ++t) {
-      if (!gather(t, &keys[t], &latent[t]))
-        return Status::Internal("engine: global KV entries could not be dequantised");
+      nk[t] = gather(t, &keys[t]);
+      if (nk[t] < 0) return Status::Internal("engine: global KV entries could not be dequantised");
     }
     auto heads = [&](int64_t b, int64_t e) {
-      std::vector<float> logit;
-      for (int64_t i = b; i < e; ++i) attend(i / H, static_cast<int>(i % H), keys[i / H], &logit);
+      std::vector<float> dots, w, rot;
+      for (int64_t i = b; i < e;) {  // the share's heads of one token at a time
+        const int64_t t = i / H;
+        const int h0 = static_cast<int>(i % H);
+        const int h1 = static_cast<int>(std::min<int64_t>(H, h0 + (e - i)));
+        attend(t, h0, h1, keys[t].data(), nk[t], &dots, &w, &rot);
+        i += h1 - h0;
+      }
     };
     int64_t work = 0;  // multiply-adds: a dot product and an axpy per head and key
-    for (int64_t t = 0; t < n; ++t) work += static_cast<int64_t>(keys[t].size()) * H * 2 * hd;
+    for (int64_t t = 0; t < n; ++t) work += nk[t] * H * 2 * hd;
     if (work >= kAttnSplitMinWork) {
       pool->ParallelFor(static_cast<int64_t>(n) * H, heads, 1);
     } else {
@@ -412,14 +468,14 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
     }
   } else {
     ForRange(pool, n, [&](int64_t b, int64_t e) {
-      std::vector<const float*> keys;
-      std::vector<float> logit, latent;
+      std::vector<float> keys, dots, w, rot;
       for (int64_t t = b; t < e; ++t) {
-        if (!gather(t, &keys, &latent)) {
+        const int64_t nk = gather(t, &keys);
+        if (nk < 0) {
           failed = true;
           return;
         }
-        for (int h = 0; h < H; ++h) attend(t, h, keys, &logit);
+        attend(t, 0, H, keys.data(), nk, &dots, &w, &rot);
       }
     });
   }

@@ -226,6 +226,24 @@ void ApplyRope(float* x, const std::vector<double>& freqs, int64_t pos, bool inv
   }
 }
 
+void RopeRotation(const std::vector<double>& freqs, int64_t pos, float* c, float* s) {
+  for (size_t i = 0; i < freqs.size(); ++i) {
+    const double angle = static_cast<double>(pos) * freqs[i];
+    c[i] = static_cast<float>(std::cos(angle));
+    s[i] = static_cast<float>(std::sin(angle));
+  }
+}
+
+void ApplyRopeRotation(float* x, const float* c, const float* s, int pairs, bool inverse) {
+  for (int i = 0; i < pairs; ++i) {
+    // float(-sin) == -float(sin): rounding to nearest is symmetric, so this is ApplyRope's s.
+    const float si = inverse ? -s[i] : s[i];
+    const float a = x[2 * i], b = x[2 * i + 1];
+    x[2 * i] = a * c[i] - b * si;
+    x[2 * i + 1] = a * si + b * c[i];
+  }
+}
+
 float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 float Silu(float x) { return x * Sigmoid(x); }
 float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
@@ -233,6 +251,8 @@ float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 namespace internal {
 // engine/hc_mix_avx2.cc (only called when the CPU has AVX2).
 void HcMixDotsAvx2(const float* fn, int m, const float* x, int rows, int n, float* out);
+// engine/weighted_sum_avx2.cc (only called when the CPU has AVX2).
+void WeightedRowSumsAvx2(const float* w, int m, const float* x, int rows, int n, float* y);
 }  // namespace internal
 
 bool HcMixDotsAvx2Available() {
@@ -264,6 +284,20 @@ void HcMixDots(const float* fn, int m, const float* x, int rows, int n, float* o
       out[static_cast<int64_t>(t) * m + i] =
           Dot(fn + static_cast<int64_t>(i) * n, x + static_cast<int64_t>(t) * n, n);
     }
+  }
+}
+
+void WeightedRowSums(const float* w, int m, const float* x, int rows, int n, float* y, bool avx2) {
+  if (avx2 && HcMixDotsAvx2Available()) {
+    internal::WeightedRowSumsAvx2(w, m, x, rows, n, y);
+    return;
+  }
+  // The scalar reference: a zeroed row, then one Axpy per row of x, in order.
+  for (int r = 0; r < m; ++r) {
+    float* yr = y + static_cast<int64_t>(r) * n;
+    for (int d = 0; d < n; ++d) yr[d] = 0.0f;
+    for (int i = 0; i < rows; ++i)
+      Axpy(w[static_cast<int64_t>(r) * rows + i], x + static_cast<int64_t>(i) * n, n, yr);
   }
 }
 

@@ -74,6 +74,12 @@ std::vector<double> RopeFrequencies(int rope_dim, const RopeParams& params);
 // Rotates adjacent pairs (x[2i], x[2i+1]) of x[0..2*freqs.size()) by angle pos*freq[i];
 // inverse rotates by -angle.
 void ApplyRope(float* x, const std::vector<double>& freqs, int64_t pos, bool inverse);
+// ApplyRope split in two, for many vectors rotated at one position: RopeRotation writes
+// c[i] = float(cos(pos * freqs[i])) and s[i] = float(sin(pos * freqs[i])) for i < freqs.size();
+// ApplyRopeRotation(x, c, s, freqs.size(), inverse) then writes, bit for bit, what
+// ApplyRope(x, freqs, pos, inverse) writes, without a cos and a sin per pair and call.
+void RopeRotation(const std::vector<double>& freqs, int64_t pos, float* c, float* s);
+void ApplyRopeRotation(float* x, const float* c, const float* s, int pairs, bool inverse);
 
 float Sigmoid(float x);
 float Silu(float x);
@@ -107,5 +113,13 @@ void HcMixesRows(int rows, const float* x, int hc, int dim, const float* fn, con
 void HcMixDots(const float* fn, int m, const float* x, int rows, int n, float* out, bool avx2);
 // Whether this CPU runs HcMixDots' AVX2 kernel.
 bool HcMixDotsAvx2Available();
+
+// y[r * n + d] = sum over i < rows of w[r * rows + i] * x[i * n + d] for r < m, d < n, bit for
+// bit what zeroing y's row r and then calling Axpy(w[r * rows + i], x + i * n, n, y + r * n) for
+// i = 0, 1, ..., rows - 1 writes (the attention's weighted sum of value rows, one row of w per
+// head). The AVX2 kernel keeps up to 64 elements of a row of y in registers over the whole loop
+// over i instead of loading and storing y once per row of x (`avx2` is ignored where the CPU lacks
+// AVX2; false runs the scalar reference). y must not overlap w or x.
+void WeightedRowSums(const float* w, int m, const float* x, int rows, int n, float* y, bool avx2);
 
 }  // namespace kvtier::engine

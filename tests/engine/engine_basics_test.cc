@@ -360,6 +360,39 @@ TEST(Ops, HcMixDotsAreDotsBitForBit) {
   }
 }
 
+// WeightedRowSums is, bit for bit, a zeroed row plus one Axpy per row of x in order, with and
+// without the AVX2 kernel: lengths across its 64- and 8-element chunks and its scalar tail, row
+// counts from none up, values spread over 30 binades so that a changed order of the sums shows.
+TEST(Ops, WeightedRowSumsAreAxpysBitForBit) {
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (int n : {0, 1, 7, 8, 9, 63, 64, 65, 72, 128, 131}) {
+    for (int m : {1, 2, 8}) {
+      for (int rows : {0, 1, 2, 5, 32}) {
+        std::vector<float> w(static_cast<size_t>(m) * rows), x(static_cast<size_t>(rows) * n);
+        for (float& f : w) f = u(rng);
+        for (float& f : x) f = u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 30) - 15);
+        std::vector<float> want(static_cast<size_t>(m) * n, 0.0f);
+        for (int r = 0; r < m; ++r) {
+          for (int i = 0; i < rows; ++i) {
+            Axpy(w[static_cast<size_t>(r) * rows + i], x.data() + static_cast<size_t>(i) * n, n,
+                 want.data() + static_cast<size_t>(r) * n);
+          }
+        }
+        for (bool avx2 : {false, true}) {
+          std::vector<float> got(static_cast<size_t>(m) * n, -1.0f);
+          WeightedRowSums(w.data(), m, x.data(), rows, n, got.data(), avx2);
+          for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+                << "n " << n << " m " << m << " rows " << rows << " element " << i << " avx2 "
+                << avx2;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The rows of HcMixesRows are the scalar reference's rows, for row counts across its 16-row
 // blocks and its four-row mean-square groups, lengths with and without a tail.
 TEST(Ops, HcMixesRowsIsTheScalarReferenceRowByRow) {
@@ -413,6 +446,39 @@ TEST(Rope, InverseUndoesForwardAndYarnStretchesLowFrequencies) {
   ApplyRope(y, yarn, 1234, false);
   ApplyRope(y, yarn, 1234, true);
   for (int i = 0; i < 16; ++i) EXPECT_NEAR(y[i], x[i], 1e-4);
+}
+
+// A rotation taken once (RopeRotation) and applied (ApplyRopeRotation) is ApplyRope bit for bit,
+// forward and inverse, at positions from 0 to far past the YaRN window, plain and YaRN.
+TEST(Rope, RotationTakenOnceIsApplyRopeBitForBit) {
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  RopeParams p;
+  p.theta = 160000;
+  for (bool yarn : {false, true}) {
+    p.yarn = yarn;
+    p.factor = 16;
+    p.original_max_position = 512;
+    for (int dims : {2, 16, 64}) {
+      const std::vector<double> freqs = RopeFrequencies(dims, p);
+      const int np = static_cast<int>(freqs.size());
+      for (int64_t pos : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{513}, int64_t{70001}}) {
+        std::vector<float> c(np), s(np);
+        RopeRotation(freqs, pos, c.data(), s.data());
+        for (bool inverse : {false, true}) {
+          std::vector<float> want(dims), got(dims);
+          for (int i = 0; i < dims; ++i) want[i] = got[i] = u(rng);
+          ApplyRope(want.data(), freqs, pos, inverse);
+          ApplyRopeRotation(got.data(), c.data(), s.data(), np, inverse);
+          for (int i = 0; i < dims; ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+                << "yarn " << yarn << " dims " << dims << " pos " << pos << " inverse " << inverse
+                << " element " << i;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(Sampler, GreedyTopPAndSeededSamplingAreDeterministic) {

@@ -11,16 +11,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "engine/v8_avx2.h"
+
 namespace kvtier::engine::internal {
 namespace {
-
-typedef float V8 __attribute__((vector_size(32)));
-
-inline V8 Load(const float* p) {
-  V8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
 
 template <int FR, int XR>
 void Block(const float* fn, int i0, const float* x, int t0, int n, float* out, int m) {
@@ -30,10 +24,10 @@ void Block(const float* fn, int i0, const float* x, int t0, int n, float* out, i
   for (; k + 8 <= n; k += 8) {
     V8 xv[XR];
 #pragma GCC unroll 4
-    for (int t = 0; t < XR; ++t) xv[t] = Load(x + static_cast<int64_t>(t0 + t) * n + k);
+    for (int t = 0; t < XR; ++t) xv[t] = LoadV8(x + static_cast<int64_t>(t0 + t) * n + k);
 #pragma GCC unroll 4
     for (int f = 0; f < FR; ++f) {
-      const V8 fv = Load(fn + static_cast<int64_t>(i0 + f) * n + k);
+      const V8 fv = LoadV8(fn + static_cast<int64_t>(i0 + f) * n + k);
 #pragma GCC unroll 4
       for (int t = 0; t < XR; ++t) {
         const V8 p = fv * xv[t];

@@ -10,16 +10,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "engine/v8_avx2.h"
+
 namespace kvtier::engine::internal {
 namespace {
-
-typedef float V8 __attribute__((vector_size(32)));
-
-inline V8 Load(const float* p) {
-  V8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
 
 // Elements [d, d + 8C) of y's row: C accumulators (C <= 12 keeps them in the 16 registers).
 template <int C>
@@ -31,7 +25,7 @@ void Chunk(const float* w, const float* x, int rows, int n, int d, float* y) {
     const float* xi = x + static_cast<int64_t>(i) * n + d;
 #pragma GCC unroll 12
     for (int c = 0; c < C; ++c) {
-      const V8 p = wv * Load(xi + 8 * c);
+      const V8 p = wv * LoadV8(xi + 8 * c);
       acc[c] += p;
     }
   }

@@ -586,6 +586,19 @@ TEST(SsdGetBatchTest, ACorruptedRecordIsNeverViewedInABatch) {
   EXPECT_EQ(ssd.GetStats().checksum_failures, 1u);
 }
 
+// A TierManager over `env` with 8 MiB of DRAM (1 MiB slab pages) and 64 MiB of SSD in 4 MiB
+// segments: room for every unit these tests put, in both tiers.
+TierManagerOptions SmallTiers(const std::string& dir, DeviceEnv* env) {
+  TierManagerOptions o;
+  o.data_dir = dir;
+  o.ssd_env = env;
+  o.dram_capacity_bytes = 8ull << 20;
+  o.slab_page_bytes = 1ull << 20;
+  o.ssd_capacity_bytes = 64ull << 20;
+  o.ssd_segment_bytes = 4ull << 20;
+  return o;
+}
+
 TEST(TierManagerGetBatchTest, ServesEveryTierAndReportsMisses) {
   TempDir dir;
   auto env = NewMemEnv();
@@ -626,14 +639,7 @@ TEST(TierManagerGetBatchTest, ServesEveryTierAndReportsMisses) {
 TEST(TierManagerGetBatchTest, VisitedComesBeforePromotionsThatHonourLaterDeletesAndPuts) {
   TempDir dir;
   auto env = NewMemEnv();
-  TierManagerOptions o;
-  o.data_dir = dir.path();
-  o.ssd_env = env.get();
-  o.dram_capacity_bytes = 8ull << 20;
-  o.slab_page_bytes = 1ull << 20;
-  o.ssd_capacity_bytes = 64ull << 20;
-  o.ssd_segment_bytes = 4ull << 20;
-  auto tm = TierManager::Open(o);
+  auto tm = TierManager::Open(SmallTiers(dir.path(), env.get()));
   ASSERT_TRUE(tm.ok()) << tm.status().ToString();
   auto value = [](int i) { return MakeValue(MakeKey(i), 1, 5000); };
   PutOptions on_ssd;
@@ -697,14 +703,7 @@ TEST(TierManagerGetBatchTest, VisitedComesBeforePromotionsThatHonourLaterDeletes
 TEST(TierManagerGetBatchTest, VisitSeesEachKeyOnceInOrderAndNeverACorruptedValue) {
   TempDir dir;
   auto env = NewMemEnv();
-  TierManagerOptions o;
-  o.data_dir = dir.path();
-  o.ssd_env = env.get();
-  o.dram_capacity_bytes = 8ull << 20;
-  o.slab_page_bytes = 1ull << 20;
-  o.ssd_capacity_bytes = 64ull << 20;
-  o.ssd_segment_bytes = 4ull << 20;
-  auto tm = TierManager::Open(o);
+  auto tm = TierManager::Open(SmallTiers(dir.path(), env.get()));
   ASSERT_TRUE(tm.ok()) << tm.status().ToString();
   auto value = [](int i) { return MakeValue(MakeKey(i), 1, 5000); };
   for (int i = 0; i < 6; ++i) {  // records 0..5 in put order, on SSD only

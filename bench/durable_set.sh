@@ -13,10 +13,11 @@
 #   (all its threads, /proc/<pid>/task/*/status) per SET over its rounds, and redis-server's
 #   CPU time per SET over its own.
 # Environment: KVTIER_BENCH_DIR (default: a new directory under ${TMPDIR:-/tmp}),
-#   KVTIER_IO_THREADS (kvtierd [server] io_threads, default 16, kept for comparable runs;
-#   SETs under sync no longer wait on an I/O thread: docs/RESP.md "Durable SETs under sync";
-#   kvtierd's own default is 2, which costs about half the context switches and a sixth less
-#   CPU per SET here: docs/PERFORMANCE.md "Durable SET: CPU per SET"),
+#   KVTIER_IO_THREADS (kvtierd [server] io_threads; unset: kvtierd's own default, 2, as
+#   redis-server runs with its own defaults. Rows in docs/PERFORMANCE.md before 2026-12-03 were
+#   taken with 16, from when a SET held an I/O thread until its commit; KVTIER_IO_THREADS=16
+#   reproduces them. SETs under sync no longer wait on an I/O thread: docs/RESP.md "Durable SETs
+#   under sync"; on 2 cores 16 threads cost twice the context switches per SET),
 #   KVTIER_COMMIT_DELAY_US (kvtierd [storage] ssd_commit_delay_us; unset: kvtierd's default).
 # Needs redis-server, redis-benchmark, curl and python3. Reports only; asserts nothing.
 set -euo pipefail
@@ -24,7 +25,7 @@ set -euo pipefail
 KVTIERD=${1:-build/release/cache_daemon/kvtierd}
 REQUESTS=${2:-20000}
 ROUNDS=${3:-3}
-IO_THREADS=${KVTIER_IO_THREADS:-16}
+IO_THREADS=${KVTIER_IO_THREADS:-}
 CLIENTS=16
 for tool in redis-server redis-benchmark curl python3; do
   command -v "$tool" >/dev/null || { echo "durable_set.sh: $tool not found" >&2; exit 2; }
@@ -61,7 +62,7 @@ REDIS_PORT=$(free_port)
 
 cat >"$DIR/kvtierd/kvtierd.toml" <<EOF
 [server]
-io_threads = $IO_THREADS
+${IO_THREADS:+io_threads = $IO_THREADS}
 worker_threads = 2
 http_port = $KV_HTTP
 [storage]
@@ -103,7 +104,7 @@ metric() {
 
 echo "== durable SET: redis-benchmark -n $REQUESTS -c $CLIENTS -P 1 -r 100000 -t set," \
   "$ROUNDS round(s), medians =="
-echo "kvtierd: durability=sync, io_threads=$IO_THREADS; redis-server: appendonly yes, appendfsync always"
+echo "kvtierd: durability=sync, io_threads=${IO_THREADS:-kvtierd default}; redis-server: appendonly yes, appendfsync always"
 echo "data under $DIR ($(df -PT "$DIR" | awk 'NR == 2 { print $2 }'))"
 printf '%-8s %14s %14s %8s %14s %14s %12s %16s\n' value "kvtierd ops/s" "redis ops/s" ratio \
   "kv sets/commit" "kv cpu us/set" "kv vcsw/set" "redis cpu us/set"

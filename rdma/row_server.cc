@@ -756,10 +756,14 @@ void RowServer::Stop() {
   auto state = state_;
   auto closed = std::make_shared<ClosedSignal>();
   std::future<void> done = closed->promise.get_future();
+  // `release` is moved into the handler, so its last reference goes with the handler: on the
+  // strand right after the handler ran (serialized with the sweep, which reads the timer that
+  // `release` frees), or with the io_context. A copy kept here could be the last one and free
+  // the timer on this thread while a sweep runs on the strand.
   auto release = std::make_shared<StrandObjectsRelease>(state_);
   // On the acceptor's strand (serialized with its accept handler and the sweep); each
   // session is closed on its own strand.
-  asio::post(*strand, [state, closed, release] {
+  asio::post(*strand, [state, closed, release = std::move(release)] {
     std::list<std::weak_ptr<RowServerSession>> sessions;
     {
       std::lock_guard<std::mutex> lock(state->mu);
@@ -772,7 +776,6 @@ void RowServer::Stop() {
     }
   });
   closed.reset();
-  release.reset();
   strand.reset();
   if (state_->own_io != nullptr) {
     done.wait();

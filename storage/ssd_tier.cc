@@ -537,12 +537,11 @@ void SsdTier::Impl::GetBatch(std::span<const Key> keys, Batch* batch, const Requ
   auto finish_read = [&](const Read& r, const Status& read_st) {
     for (size_t k = r.first; k < r.last; ++k) {
       const size_t i = order[k];
-      if (!read_st.ok()) {
-        finish(i, read_st, {});
-        continue;
+      std::span<const uint8_t> record;  // none when the read failed
+      if (read_st.ok()) {
+        record = {region + r.region_off + (entries[i].offset - r.start), entries[i].record_bytes};
       }
-      finish(i, read_st,
-             {region + r.region_off + (entries[i].offset - r.start), entries[i].record_bytes});
+      finish(i, read_st, record);
     }
   };
   std::vector<DeviceIo> ios;

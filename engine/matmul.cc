@@ -47,7 +47,14 @@ PackedMatrix::PackedMatrix(const float* w, int in, int out) : in_(in), out_(out)
 }
 
 const char* MatMulKernelName(MatMulKernel k) {
-  return k == MatMulKernel::kAvx2Fma ? "avx2_fma" : "scalar";
+  switch (k) {
+    case MatMulKernel::kAvx2Fma:
+      return "avx2_fma";
+    case MatMulKernel::kAvx512Fma:
+      return "avx512_fma";
+    default:
+      return "scalar";
+  }
 }
 
 // Defined here, not in matmul_avx2.cc, so that no AVX2 instruction runs before the check.
@@ -57,13 +64,18 @@ bool MatMulKernelAvailable(MatMulKernel k) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
   }();
-  return avx2_fma;
+  static const bool avx512 = avx2_fma && __builtin_cpu_supports("avx512f") != 0;
+  return k == MatMulKernel::kAvx2Fma ? avx2_fma : avx512;
 }
 
 MatMulKernel ActiveMatMulKernel() {
   static const MatMulKernel k = [] {
     const char* env = std::getenv("KVTIER_ENGINE_MATMUL");
-    if (env != nullptr && std::string_view(env) == "scalar") return MatMulKernel::kScalar;
+    const std::string_view v = env != nullptr ? env : "";
+    if (v == "scalar") return MatMulKernel::kScalar;
+    if (v != "avx2" && MatMulKernelAvailable(MatMulKernel::kAvx512Fma)) {
+      return MatMulKernel::kAvx512Fma;
+    }
     return MatMulKernelAvailable(MatMulKernel::kAvx2Fma) ? MatMulKernel::kAvx2Fma
                                                          : MatMulKernel::kScalar;
   }();
@@ -105,6 +117,18 @@ void ScalarBlock(const float* x, int r0, int r1, int in, const float* w, int o0,
       for (int k = 0; k < in; ++k) acc = std::fma(xt[k], wo[k], acc);
       y[static_cast<int64_t>(t) * out + o] = acc;
     }
+  }
+}
+
+// Rows [r0, r1) x panels [p0, p1) with a packed kernel (kAvx2Fma or kAvx512Fma). A 1-row
+// pass reads each weight once and is bound by reading them, not by the multiply-adds (a decode
+// GEMV streams them from memory): it stays on the AVX2 kernel, the same bits either way.
+void PackedBlock(MatMulKernel k, const float* x, int r0, int r1, const PackedMatrix& w, int p0,
+                 int p1, float* y) {
+  if (k == MatMulKernel::kAvx512Fma && r1 - r0 >= 2) {
+    internal::MatMulAvx512Block(x, r0, r1, w, p0, p1, y);
+  } else {
+    internal::MatMulAvx2Block(x, r0, r1, w, p0, p1, y);
   }
 }
 
@@ -164,8 +188,8 @@ void MatMulWith(MatMulKernel k, ThreadPool* pool, const float* x, int rows, int 
   const int panels = (out + kMatMulPanelOutputs - 1) / kMatMulPanelOutputs;
   // One block: rows [r0, r1) x panels [p0, p1).
   auto block = [&](int r0, int r1, int p0, int p1) {
-    if (k == MatMulKernel::kAvx2Fma) {
-      internal::MatMulAvx2Block(x, r0, r1, *packed, p0, p1, y);
+    if (k != MatMulKernel::kScalar) {
+      PackedBlock(k, x, r0, r1, *packed, p0, p1, y);
     } else {
       ScalarBlock(x, r0, r1, in, w, p0 * kMatMulPanelOutputs,
                   std::min(out, p1 * kMatMulPanelOutputs), out, y);
@@ -245,8 +269,8 @@ void MatMulManyWith(MatMulKernel k, ThreadPool* pool, const MatMulPart* parts, i
             const int q0 = static_cast<int>(first_panel(c)),
                       q1 = static_cast<int>(first_panel(c + 1));
             if (q0 >= q1) continue;
-            if (k == MatMulKernel::kAvx2Fma) {
-              internal::MatMulAvx2Block(p.x, 0, p.rows, *p.packed, q0, q1, p.y);
+            if (k != MatMulKernel::kScalar) {
+              PackedBlock(k, p.x, 0, p.rows, *p.packed, q0, q1, p.y);
             } else {
               ScalarBlock(p.x, 0, p.rows, p.in, p.w, q0 * kMatMulPanelOutputs,
                           std::min(p.out, q1 * kMatMulPanelOutputs), p.out, p.y);

@@ -6,11 +6,15 @@
 // else enters an output, so a result depends only on its own row of X and row of W: never on
 // how many rows a call has, how outputs are tiled, the vector width or the thread count.
 //
-// Kernels: kScalar (std::fma over the row-major W; the fallback, any CPU) and kAvx2Fma
+// Kernels: kScalar (std::fma over the row-major W; the fallback, any CPU), kAvx2Fma
 // (engine/matmul_avx2.cc: a register-tiled micro-kernel over a PackedMatrix, up to 6 rows x 16
-// outputs or 1 row x 96 outputs per pass). Both produce the same bits (tests/engine
-// engine_matmul_test.cc). The kernel is chosen once per process: kAvx2Fma when cpuid reports
-// AVX2 and FMA and the environment variable KVTIER_ENGINE_MATMUL is not "scalar".
+// outputs or 1 row x 96 outputs per pass) and kAvx512Fma (engine/matmul_avx512.cc: the same
+// over 512-bit registers, up to 8 rows x 48 or 4 rows x 96 outputs per pass, for passes of two
+// or more rows; 1-row passes, which stream their weights from memory, take the AVX2 kernel).
+// All produce the same bits (tests/engine engine_matmul_test.cc). The kernel is chosen once per
+// process from cpuid and the environment variable KVTIER_ENGINE_MATMUL: "scalar" takes kScalar,
+// "avx2" at most kAvx2Fma; otherwise the widest the CPU has (kAvx512Fma needs AVX-512F, AVX2
+// and FMA; kAvx2Fma AVX2 and FMA).
 //
 // Packed weights: MatMulCpu looks W up in a process-wide registry of packed copies
 // (RegisterPackedWeight, done by the Engine at bind time); an unregistered W is packed into a
@@ -55,7 +59,7 @@ class PackedMatrix {
   std::unique_ptr<float, Free> data_;
 };
 
-enum class MatMulKernel { kScalar, kAvx2Fma };
+enum class MatMulKernel { kScalar, kAvx2Fma, kAvx512Fma };
 const char* MatMulKernelName(MatMulKernel k);
 // True when this CPU can run `k` (kScalar always).
 bool MatMulKernelAvailable(MatMulKernel k);
@@ -110,6 +114,10 @@ namespace internal {
 // panels [p0, p1) of `w`, written to Y (ldy = w.out()).
 void MatMulAvx2Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
                      float* y);
+// engine/matmul_avx512.cc (only called when the CPU has AVX-512F, AVX2 and FMA): the same
+// arguments and results, bit for bit, over 512-bit registers.
+void MatMulAvx512Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
+                       float* y);
 }  // namespace internal
 
 }  // namespace kvtier::engine

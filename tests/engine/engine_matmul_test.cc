@@ -20,6 +20,9 @@
 namespace kvtier::engine {
 namespace {
 
+constexpr MatMulKernel kKernels[] = {MatMulKernel::kScalar, MatMulKernel::kAvx2Fma,
+                                     MatMulKernel::kAvx512Fma};
+
 std::vector<float> RandomFloats(size_t n, std::mt19937* rng) {
   // A wide dynamic range and both signs, so rounding order matters and differences show.
   std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
@@ -85,7 +88,7 @@ TEST(MatMul, EveryKernelComputesTheContractBitForBit) {
     const auto w = RandomFloats(static_cast<size_t>(s.out) * s.in, &rng);
     const auto want = Contract(x, s.rows, s.in, w, s.out);
     const PackedMatrix packed(w.data(), s.in, s.out);
-    for (MatMulKernel k : {MatMulKernel::kScalar, MatMulKernel::kAvx2Fma}) {
+    for (MatMulKernel k : kKernels) {
       if (!MatMulKernelAvailable(k)) continue;
       std::vector<float> y(want.size(), -1.0f);
       MatMulWith(k, nullptr, x.data(), s.rows, s.in, w.data(), &packed, s.out, y.data());
@@ -97,13 +100,53 @@ TEST(MatMul, EveryKernelComputesTheContractBitForBit) {
   }
 }
 
+// The AVX-512 block itself (MatMulWith sends it only passes of 2+ rows): every row count from 1
+// through two full 8-row passes and a tail, every panel count of a pass (1-6) and a partial last
+// panel, on row and panel ranges that do not start at 0, against the contract bit for bit.
+// Outputs outside the block must stay untouched.
+TEST(MatMul, Avx512BlockComputesTheContractOnEveryPassShape) {
+  if (!MatMulKernelAvailable(MatMulKernel::kAvx512Fma)) GTEST_SKIP() << "no AVX-512F";
+  std::mt19937 rng(512);
+  for (int in : {1, 3, 40, 257}) {
+    for (int out : {5, 16, 47, 96, 113, 200}) {
+      const int rows = 21;
+      const auto x = RandomFloats(static_cast<size_t>(rows) * in, &rng);
+      const auto w = RandomFloats(static_cast<size_t>(out) * in, &rng);
+      const auto want = Contract(x, rows, in, w, out);
+      const PackedMatrix packed(w.data(), in, out);
+      for (int r0 : {0, 2}) {
+        for (int r1 = r0 + 1; r1 <= rows; ++r1) {
+          for (int p0 : {0, 1}) {
+            if (p0 >= packed.panels()) continue;
+            const int p1 = packed.panels();
+            std::vector<float> y(want.size(), -1.0f);
+            internal::MatMulAvx512Block(x.data(), r0, r1, packed, p0, p1, y.data());
+            for (int t = 0; t < rows; ++t) {
+              for (int o = 0; o < out; ++o) {
+                const size_t i = static_cast<size_t>(t) * out + o;
+                const bool inside = t >= r0 && t < r1 && o >= p0 * kMatMulPanelOutputs;
+                uint32_t a, b;
+                const float expect = inside ? want[i] : -1.0f;
+                std::memcpy(&a, &expect, 4);
+                std::memcpy(&b, &y[i], 4);
+                ASSERT_EQ(a, b) << "in " << in << " out " << out << " rows [" << r0 << ", " << r1
+                                << ") panels from " << p0 << ": row " << t << " output " << o;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(MatMul, ARowsResultDoesNotDependOnTheOtherRowsOrTheThreads) {
   std::mt19937 rng(7);
   const int rows = 37, in = 256, out = 300;  // above the parallel threshold, both splits
   const auto x = RandomFloats(static_cast<size_t>(rows) * in, &rng);
   const auto w = RandomFloats(static_cast<size_t>(out) * in, &rng);
   const PackedMatrix packed(w.data(), in, out);
-  for (MatMulKernel k : {MatMulKernel::kScalar, MatMulKernel::kAvx2Fma}) {
+  for (MatMulKernel k : kKernels) {
     if (!MatMulKernelAvailable(k)) continue;
     std::vector<float> alone(static_cast<size_t>(rows) * out);
     for (int t = 0; t < rows; ++t) {
@@ -151,7 +194,7 @@ TEST(MatMul, ManyPartsInOneCallEachComputeTheirOwnProduct) {
       want.push_back(Contract(x.back(), p.rows, p.in, w.back(), p.out));
       packed.push_back(std::make_unique<PackedMatrix>(w.back().data(), p.in, p.out));
     }
-    for (MatMulKernel k : {MatMulKernel::kScalar, MatMulKernel::kAvx2Fma}) {
+    for (MatMulKernel k : kKernels) {
       if (!MatMulKernelAvailable(k)) continue;
       for (int threads : {1, 2, 3, 8}) {
         ThreadPool pool(threads);
@@ -257,6 +300,9 @@ TEST(MatMul, TheEnvironmentChoosesTheKernel) {
   const char* env = std::getenv("KVTIER_ENGINE_MATMUL");
   if (env != nullptr && std::string_view(env) == "scalar") {
     EXPECT_EQ(ActiveMatMulKernel(), MatMulKernel::kScalar);
+  } else if (MatMulKernelAvailable(MatMulKernel::kAvx512Fma) &&
+             !(env != nullptr && std::string_view(env) == "avx2")) {
+    EXPECT_EQ(ActiveMatMulKernel(), MatMulKernel::kAvx512Fma);
   } else {
     EXPECT_EQ(ActiveMatMulKernel(), MatMulKernelAvailable(MatMulKernel::kAvx2Fma)
                                         ? MatMulKernel::kAvx2Fma

@@ -23,8 +23,9 @@ namespace kvtier::daemon::internal {
 
 // How much of the thread's heap and stack the warm-up touches: a 256-unit GET from SSD takes
 // ~45 fresh heap pages on its worker (its batch's per-unit vectors, keys, entries) and a few
-// stack pages; both with room to spare. Memory: up to this much heap per worker stays in its
-// arena as free memory.
+// stack pages; both with room to spare. Memory: the heap stays in the thread's arena as free
+// memory (glibc keeps free memory up to its trim threshold in an arena); threads beyond
+// glibc's arena limit (8 per core) share arenas, so this is at most that many times 512 KiB.
 inline constexpr uint64_t kWarmHeapBytes = 512ull << 10;
 inline constexpr uint64_t kWarmHeapBlockBytes = 8ull << 10;  // below malloc's mmap threshold
 inline constexpr uint64_t kWarmStackBytes = 64ull << 10;

@@ -12,6 +12,7 @@
 
 #include "cache_daemon/daemon_internal.h"
 #include "cache_daemon/shm_writer.h"
+#include "cache_daemon/worker_warm.h"
 #include "common/clock.h"
 #include "common/logging.h"
 
@@ -119,6 +120,15 @@ class DaemonImpl final : public Daemon {
     shared_.start_us = DefaultSteadyClock().NowUs();
     shared_.request_shutdown = [this] { Shutdown(); };
     internal::WarmShmStage();  // the first GET over shared memory copies into warm pages
+    // Each worker's first SHA-256, stack and heap pages now, not inside the first request it
+    // runs (worker_warm.h).
+    const size_t warmed =
+        internal::RunOncePerThread(workers_, options.worker_threads, internal::WarmWorkerThread,
+                                   internal::kWarmWorkersTimeoutMs);
+    if (warmed < options.worker_threads) {
+      KVTIER_LOG(kWarn) << "only " << warmed << " of " << options.worker_threads
+                        << " worker threads warmed at startup";
+    }
     std::vector<std::pair<std::string, uint64_t>> names;
     for (const auto& t : tenants_->tenants()) names.emplace_back(t->name, t->id);
     metrics_.engram_fetch.SetTenants(names);

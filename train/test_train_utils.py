@@ -170,6 +170,37 @@ class DSparkTrainingRules(unittest.TestCase):
         self.assertEqual(sorted(got), sorted(ref))
         self.assertTrue(all(torch.equal(got[n], ref[n]) for n in ref))
 
+    def test_stop_after_writes_the_checkpoint_of_that_step(self):
+        import subprocess
+        import tempfile
+        import numpy as np
+        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+        with tempfile.TemporaryDirectory() as d:
+            rng = np.random.default_rng(0)
+            os.mkdir(os.path.join(d, "corpus"))
+            for name, n in (("train.txt", 4096), ("val.txt", 1024)):
+                rng.integers(32, 127, n, dtype=np.uint8).tofile(os.path.join(d, "corpus", name))
+            np.save(os.path.join(d, "self.npy"), rng.integers(3, 259, (3, 40)).astype(np.int16))
+
+            def run(out, *extra):
+                subprocess.run(
+                    [sys.executable, os.path.join(root, "train/train_dspark.py"),
+                     "--config", os.path.join(root, "deploy/models/kvmini-trained.json"),
+                     "--backbone", os.path.join(root, "deploy/models/kvmini-trained.safetensors"),
+                     "--corpus", os.path.join(d, "corpus"), "--out", os.path.join(d, out),
+                     "--batch", "2", "--seq", "32", "--anchors", "2", "--val-windows", "1",
+                     "--val-every", "1", "--warmup", "1", "--self-text",
+                     os.path.join(d, "self.npy"), "--self-frac", "0.5", *extra],
+                    check=True, capture_output=True)
+                with open(os.path.join(d, out), "rb") as f:
+                    return f.read()
+            full = run("full.safetensors", "--steps", "3")
+            with open(os.path.join(d, "full.safetensors.last"), "rb") as f:
+                at2 = f.read()  # the checkpoint at step 2 of 3
+            stopped = run("stop.safetensors", "--steps", "3", "--stop-after", "2")
+            self.assertEqual(stopped, at2)
+            self.assertNotEqual(stopped, full)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -113,8 +113,8 @@ train:
 # distils the shipped backbone's own distributions on corpus text (about 20 minutes on one
 # core; its output is the draft shipped before, sha256 pinned below); then the backbone's greedy
 # continuations of 2048 train-text prompts are generated with the engine (build/dspark/
-# self-text.npy, a few minutes); stage 2 (build/dspark2) continues stage 1's draft with half of
-# every batch taken from those continuations (what greedy speculation verifies). Copy
+# self-text.npy, a few minutes); stage 2 (build/dspark2) continues stage 1's draft with every
+# batch taken from those continuations (what greedy speculation verifies; about 5 minutes). Copy
 # build/dspark2/kvmini-trained-dspark.safetensors + .sha256 to deploy/models to ship it; the
 # logs end with the validation acceptance.
 DSPARK1_SHA256 := ef857df9bcd08b52a1173c9bf2ae517a9f26f491c95c158ef652b511bc3e36bc
@@ -136,6 +136,6 @@ train-dspark: build
 	  --backbone deploy/models/kvmini-trained.safetensors --corpus build/corpus \
 	  --out build/dspark2/kvmini-trained-dspark.safetensors \
 	  --init build/dspark/kvmini-trained-dspark.safetensors --init-sha256 $(DSPARK1_SHA256) \
-	  --self-text build/dspark/self-text.npy --self-frac 0.5 --steps 240 --batch 8 --seq 256 \
+	  --self-text build/dspark/self-text.npy --self-frac 1.0 --steps 240 --batch 8 --seq 256 \
 	  --anchors 64 --lr 1.5e-3 --lr-min 1e-4 --warmup 10 --seed 1 --threads 1 --val-every 60 \
 	  --val-windows 16

@@ -124,5 +124,83 @@ class TraineeRules(unittest.TestCase):
         self.assertTrue(torch.equal(self.model.p(5, "ffn.gate.bias"), ref.p(5, "ffn.gate.bias")))
 
 
+class DSparkTrainingRules(unittest.TestCase):
+    """train_dspark's self-distillation mix and its pinned --init."""
+
+    def setUp(self):
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            self.skipTest("torch not installed")
+
+    def test_mix_self_replaces_the_last_rows_deterministically(self):
+        import torch
+        import train_dspark as td
+        ids = torch.arange(4 * 6).view(4, 6)
+        self_ids = 100 + torch.arange(5 * 6).view(5, 6)
+        a = td.mix_self(ids.clone(), self_ids, 0, 7, 2)
+        self.assertTrue(torch.equal(a[:2], ids[:2]))  # corpus rows kept
+        for r in (2, 3):  # every replaced row is a whole self row
+            self.assertTrue(any(torch.equal(a[r], self_ids[k]) for k in range(5)))
+        self.assertTrue(torch.equal(a, td.mix_self(ids.clone(), self_ids, 0, 7, 2)))
+        steps = [td.mix_self(ids.clone(), self_ids, 0, s, 2)[2:].tolist() for s in range(8)]
+        self.assertGreater(len(set(map(str, steps))), 1)  # rows depend on the step
+        self.assertTrue(torch.equal(td.mix_self(ids.clone(), self_ids, 0, 7, 0), ids))
+
+    def test_init_draft_checks_the_pinned_sha256(self):
+        import json
+        import torch
+        import train_dspark as td
+        from reference.config import Config
+        from reference.dspark import DSpark, load
+        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+        path = os.path.join(root, "deploy/models/kvmini-trained-dspark.safetensors")
+        with open(os.path.join(root, "deploy/models/kvmini-trained.json")) as f:
+            cfg = Config(json.load(f))
+        bb = td.load_backbone(cfg, os.path.join(root, "deploy/models/kvmini-trained.safetensors"))
+        with open(path + ".sha256") as f:
+            digest = f.read().split()[0]
+        torch.manual_seed(0)
+        draft = DSpark(cfg, bb)
+        with self.assertRaises(ValueError):
+            td.init_draft(draft, path, "0" * 64)
+        td.init_draft(draft, path, digest)
+        ref = load(path, cfg, bb).engine_tensors()
+        got = draft.engine_tensors()
+        self.assertEqual(sorted(got), sorted(ref))
+        self.assertTrue(all(torch.equal(got[n], ref[n]) for n in ref))
+
+    def test_stop_after_writes_the_checkpoint_of_that_step(self):
+        import subprocess
+        import tempfile
+        import numpy as np
+        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+        with tempfile.TemporaryDirectory() as d:
+            rng = np.random.default_rng(0)
+            os.mkdir(os.path.join(d, "corpus"))
+            for name, n in (("train.txt", 4096), ("val.txt", 1024)):
+                rng.integers(32, 127, n, dtype=np.uint8).tofile(os.path.join(d, "corpus", name))
+            np.save(os.path.join(d, "self.npy"), rng.integers(3, 259, (3, 40)).astype(np.int16))
+
+            def run(out, *extra):
+                subprocess.run(
+                    [sys.executable, os.path.join(root, "train/train_dspark.py"),
+                     "--config", os.path.join(root, "deploy/models/kvmini-trained.json"),
+                     "--backbone", os.path.join(root, "deploy/models/kvmini-trained.safetensors"),
+                     "--corpus", os.path.join(d, "corpus"), "--out", os.path.join(d, out),
+                     "--batch", "2", "--seq", "32", "--anchors", "2", "--val-windows", "1",
+                     "--val-every", "1", "--warmup", "1", "--self-text",
+                     os.path.join(d, "self.npy"), "--self-frac", "0.5", *extra],
+                    check=True, capture_output=True)
+                with open(os.path.join(d, out), "rb") as f:
+                    return f.read()
+            full = run("full.safetensors", "--steps", "3")
+            with open(os.path.join(d, "full.safetensors.last"), "rb") as f:
+                at2 = f.read()  # the checkpoint at step 2 of 3
+            stopped = run("stop.safetensors", "--steps", "3", "--stop-after", "2")
+            self.assertEqual(stopped, at2)
+            self.assertNotEqual(stopped, full)
+
+
 if __name__ == "__main__":
     unittest.main()

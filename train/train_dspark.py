@@ -4,6 +4,7 @@
 Contract:
   train_dspark.py --config CFG --backbone W.safetensors --corpus DIR --out OUT.safetensors
                   [--steps N --batch B --seq T --anchors A --lr ... --seed S --threads 1]
+                  [--self-text SELF.npy --self-frac F] [--init D.safetensors --init-sha256 HEX]
 The backbone is frozen. Each step takes B windows of the train text (the windows of
 train/train.py: bos + T-1 bytes, batch k from numpy default_rng((seed, k))), runs the backbone
 once (no gradient) for its logits and the target layers' attention-input streams, and picks A
@@ -13,6 +14,12 @@ backbone's distribution at n + k (KL(teacher || draft), the Markov bias taking t
 at n + k as its previous token), and its confidence head towards 1[draft argmax == backbone
 argmax] (binary cross entropy on detached features, weight --conf-weight).
 
+Self-distillation (--self-text, written by train/gen_self_text.py): an int array [N, L >= T] of
+token ids, each row bos + a prompt cut from the TRAIN text + the backbone's greedy continuation
+(what greedy speculation verifies). With --self-frac F the last round(F * B) windows of every
+batch are replaced by rows of it, row indices from numpy default_rng((seed, step, 11)); the
+other windows, the anchors and the loss are unchanged (F = 0: exactly the corpus-only run).
+
 Validation (every --val-every steps and at the end): on --val-windows windows of val.txt, at
 fixed anchors, the draft proposes K tokens greedily (sequential Markov bias), the backbone
 verifies [ids[:n+1] + draft] in one pass, and the accepted length is the longest prefix equal
@@ -20,8 +27,15 @@ to the backbone's greedy tokens. Reported: mean accepted draft tokens per verifi
 tokens per verification (tau + 1, with the target's own next token), per-position acceptance
 and the mean predicted survival (product of confidences) beside the measured one.
 
+Stages: --init starts the draft from a previous stage's draft (its sha256 pinned by
+--init-sha256) instead of the seeded random init; the optimizer state starts fresh.
+
 Output: OUT (the engine's safetensors of the draft parameters, --dtype) + OUT.sha256, and
-OUT.log (one line per step and per validation). Deterministic for a given seed and threads.
+OUT.log (one line per step and per validation); OUT.last holds the draft at the latest
+validation before the end (a checkpoint, not the result). --stop-after N ends after step N
+with the learning-rate schedule of --steps; OUT is then written exactly as the checkpoint at
+step N would be (the same bytes as that run's OUT.last at a validation step N).
+Deterministic for a given seed and threads.
 """
 import argparse
 import hashlib
@@ -113,6 +127,25 @@ def validate(cfg, bb, draft, val_ids):
             "pred_tau": torch.cat(pred_surv).mean().item(), "verifications": int(acc.numel())}
 
 
+def mix_self(ids, self_ids, seed, step, n_self):
+    """Replaces the last n_self rows of ids [B, T] in place by rows of self_ids [N, T], chosen by
+    numpy default_rng((seed, step, 11)); n_self = 0 leaves ids unchanged."""
+    if n_self > 0:
+        rows = np.random.default_rng((seed, step, 11)).integers(0, self_ids.shape[0], size=n_self)
+        ids[ids.shape[0] - n_self:] = self_ids[torch.from_numpy(rows)]
+    return ids
+
+
+def init_draft(draft, path, want_sha256):
+    """Loads a previous stage's draft into draft; ValueError when the file's sha256 is not
+    want_sha256 (a stage's input is pinned) or a tensor is missing or misshapen."""
+    digest = sha256_file(path)
+    if digest != want_sha256:
+        raise ValueError("%s has sha256 %s, expected %s" % (path, digest, want_sha256 or "none"))
+    tensors, _ = safetensors_io.read(path)
+    draft.load_engine_tensors(tensors)
+
+
 def sha256_file(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -139,7 +172,21 @@ def main():
     ap.add_argument("--val-every", type=int, default=100)
     ap.add_argument("--val-windows", type=int, default=16)
     ap.add_argument("--dtype", default="F32", choices=["F32", "F16"])
+    ap.add_argument("--self-text", default=None,
+                    help="int array [N, L>=seq] of bos + train prompt + greedy continuation")
+    ap.add_argument("--self-frac", type=float, default=0.0,
+                    help="fraction of each batch's windows taken from --self-text")
+    ap.add_argument("--init", default=None,
+                    help="start from this draft safetensors (a previous stage's output)")
+    ap.add_argument("--init-sha256", default="",
+                    help="required with --init: the file's sha256 (a stage's input is pinned)")
+    ap.add_argument("--stop-after", type=int, default=0,
+                    help="end after this step (the schedule still spans --steps)")
     args = ap.parse_args()
+    if not 0 <= args.stop_after <= args.steps:
+        ap.error("--stop-after in [0, --steps]")
+    if not 0.0 <= args.self_frac <= 1.0 or (args.self_frac > 0) != (args.self_text is not None):
+        ap.error("--self-frac in [0, 1], > 0 exactly when --self-text is given")
 
     tune_malloc()
     torch.set_num_threads(args.threads)
@@ -149,9 +196,23 @@ def main():
     val_text = load_bytes(os.path.join(args.corpus, "val.txt"))
     T, B = args.seq, args.batch
     val_ids = windows(val_text, val_offsets(len(val_text), T, args.val_windows), T)[:, :T]
+    n_self = int(round(args.self_frac * B))
+    self_ids = None
+    if args.self_text is not None:
+        self_ids = np.load(args.self_text)
+        if self_ids.ndim != 2 or self_ids.shape[1] < T or self_ids.shape[0] < 1:
+            sys.exit("train_dspark: --self-text must be [N, L >= %d], got %s" % (T, self_ids.shape))
+        if self_ids.min() < 0 or self_ids.max() >= cfg.vocab_size:
+            sys.exit("train_dspark: --self-text has token ids outside the vocabulary")
+        self_ids = torch.from_numpy(self_ids[:, :T].astype(np.int64))
     bb = load_backbone(cfg, args.backbone)
     torch.manual_seed(args.seed)
     draft = DSpark(cfg, bb)
+    if args.init is not None:
+        try:
+            init_draft(draft, args.init, args.init_sha256)
+        except ValueError as e:
+            sys.exit("train_dspark: %s" % e)
     decay = [p for p in draft.parameters() if p.dim() >= 2]
     no_decay = [p for p in draft.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
@@ -167,8 +228,16 @@ def main():
     n_params = sum(p.numel() for p in draft.parameters())
     say("train_dspark: %s params %d steps %d batch %dx%d anchors %d dims %s" % (
         args.backbone, n_params, args.steps, B, T, args.anchors, dims(cfg)))
+    if self_ids is not None:
+        say("self-text %s: %d rows, %d of %d windows per batch" % (
+            args.self_text, self_ids.shape[0], n_self, B))
     t_start = time.time()
-    for step in range(args.steps):
+    if args.init is not None:  # the starting point, on the same validation
+        v = validate(cfg, bb, draft, val_ids)
+        say("val step 0 tau %.3f tokens_per_verify %.3f cond_accept %s pred_tau %.3f n %d" % (
+            v["tau"], v["tokens_per_verify"], v["cond_accept"], v["pred_tau"], v["verifications"]))
+    last = args.stop_after or args.steps
+    for step in range(last):
         t0 = time.time()
         if step < args.warmup:
             lr = args.lr * (step + 1) / args.warmup
@@ -178,6 +247,7 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         ids = windows(train_text, batch_offsets(args.seed, step, len(train_text), B, T), T)[:, :T]
+        mix_self(ids, self_ids, args.seed, step, n_self)
         t_logits, streams = teacher(bb, ids)
         rng = np.random.default_rng((args.seed, step, 7))
         anchors = torch.from_numpy(rng.integers(1, T - K + 1, size=(B, args.anchors)))
@@ -202,14 +272,21 @@ def main():
         say("step %d kl %.4f bce %.4f top1 %s lr %.2e gnorm %.2f %.2fs" % (
             step + 1, kl.item(), bce.item(), " ".join("%.2f" % v for v in hit.mean(0).tolist()), lr, gn.item(),
             time.time() - t0))
-        if (step + 1) % args.val_every == 0 or step + 1 == args.steps:
+        if (step + 1) % args.val_every == 0 or step + 1 == last:
             v = validate(cfg, bb, draft, val_ids)
             say("val step %d tau %.3f tokens_per_verify %.3f cond_accept %s pred_tau %.3f n %d" % (
                 step + 1, v["tau"], v["tokens_per_verify"], v["cond_accept"], v["pred_tau"],
                 v["verifications"]))
-    save(draft, args.out, dtype=args.dtype,
-         metadata={"trained_by": "train/train_dspark.py", "backbone": os.path.basename(
-             args.backbone), "seed": str(args.seed), "steps": str(args.steps)})
+            if step + 1 < args.steps:  # a usable checkpoint if the run is stopped early
+                save(draft, args.out + ".last", dtype=args.dtype,
+                     metadata={"trained_by": "train/train_dspark.py", "step": str(step + 1)})
+    if last < args.steps:  # stopped early: OUT is byte for byte the checkpoint at that step
+        meta = {"trained_by": "train/train_dspark.py", "step": str(last)}
+    else:
+        meta = {"trained_by": "train/train_dspark.py", "backbone": os.path.basename(args.backbone),
+                "seed": str(args.seed), "steps": str(args.steps), "self_frac": str(args.self_frac),
+                "init_sha256": args.init_sha256}
+    save(draft, args.out, dtype=args.dtype, metadata=meta)
     digest = sha256_file(args.out)
     with open(args.out + ".sha256", "w") as f:
         f.write("%s  %s\n" % (digest, os.path.basename(args.out)))

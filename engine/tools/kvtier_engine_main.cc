@@ -161,6 +161,10 @@ int RunGenerate(Args args) {
   flags.Uint("threads", &threads, "CPU threads (results do not depend on it)");
   flags.Bool("full", &full, "prefill with the full forward instead of CED");
   flags.Bool("ids", &ids, "also print the generated token ids");
+  bool bos = false;
+  flags.Bool("bos", &bos,
+             "prepend the bos token to the prompt (as kvtier_spec_bench and the training "
+             "windows do)");
   flags.String("save-socket", &save_socket, "PATH",
                "kvtierd Unix socket: save the session's units there (default: no save)");
   flags.String("token", &token, "TOKEN", "kvtierd auth token");
@@ -237,6 +241,7 @@ int RunGenerate(Args args) {
                                    e.config().dspark_noise_token_id);
   if (!tok.ok()) return Fail(tok.status());
   std::vector<int32_t> prompt = tok->Encode(text);
+  if (bos) prompt.insert(prompt.begin(), ByteTokenizer::kBos);
   SessionOptions so;
   so.save_interval_tokens = save_interval;
   so.keep_hot_state = !no_hot;

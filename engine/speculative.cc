@@ -233,7 +233,15 @@ bool DraftScheduler::ShouldDraft(int requests) {
     probing_ = false;
     return false;
   }
-  if (mean_survival_.empty() || Sps(R) <= 0) return true;  // no estimate yet
+  if (mean_survival_.empty()) return true;  // no survival estimate yet: a draft gives one
+  if (Sps(R) <= 0) {
+    // A plain step of R sequences was never timed (a batch size new to the table): run one,
+    // timed, before weighing drafts against it. Drafting instead would never time it, and
+    // every round of R sequences would draft for all of them.
+    probing_ = plain_probing_ = false;
+    time_next_undrafted_ = true;
+    return false;
+  }
   double tau = 1, best = 0;
   for (size_t k = 0; k <= mean_survival_.size() && R * (static_cast<int>(k) + 1) <= max_tokens();
        ++k) {

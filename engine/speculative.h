@@ -153,7 +153,10 @@ class DraftScheduler {
   // (empty when it did not draft: it gets 0; the rate counts one draft pass per non-empty one).
   std::vector<int> Choose(const std::vector<std::vector<float>>& confidences) const;
   // Whether the next round of `requests` sequences should draft; counts the rounds it says no.
-  // Never when requests >= max_tokens (the table has no room for a draft token).
+  // Never when requests >= max_tokens (the table has no room for a draft token). Always before
+  // any draft was recorded (survivals are measured by drafting). Not while a plain step of
+  // `requests` sequences was never timed: that round runs undrafted and its pass is timed
+  // (TimeUndrafted says yes next), so the comparison has both sides.
   bool ShouldDraft(int requests = 1);
   // Whether the last ShouldDraft that said yes was a probe (drafting did not pay then). A round
   // of several requests probes with one request's draft: the estimates need no more.

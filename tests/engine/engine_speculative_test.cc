@@ -987,6 +987,24 @@ TEST(Speculative, MeasureSpsRecordsEachSizesMedian) {
   for (int t = 1; t <= kMax; ++t) EXPECT_NEAR(s.Sps(t), 1000, 1e-6) << t;
 }
 
+// A batch size whose plain step was never timed (the table holds other sizes, as after
+// MeasureSpsBatch of a larger batch): its round runs undrafted and timed, and once that pass is
+// recorded the scheduler weighs drafts as for any size. Drafting instead never timed it, so
+// every round of that many sequences drafted for all of them.
+TEST(DraftScheduler, TimesAPlainStepOfANewBatchSizeBeforeDrafting) {
+  DraftScheduler s(12);
+  for (int t = 3; t <= 12; ++t) s.Record(t, 0.001);  // a flat verify cost: drafting pays
+  s.RecordDraft(0.0001, {0.9f, 0.9f, 0.9f, 0.9f, 0.9f});
+  EXPECT_TRUE(s.TimeUndrafted());  // the first undrafted pass (always timed)
+  EXPECT_TRUE(s.ShouldDraft(3));
+  EXPECT_FALSE(s.ShouldDraft(2));  // c(2) never measured: a plain step, timed
+  EXPECT_FALSE(s.probing());
+  EXPECT_TRUE(s.TimeUndrafted());
+  EXPECT_FALSE(s.ShouldDraft(2));  // still unmeasured (its sample was not recorded)
+  s.Record(2, 0.001);
+  EXPECT_TRUE(s.ShouldDraft(2));
+}
+
 // With as many requests as the table holds tokens there is no room for a draft token.
 TEST(DraftScheduler, NeverDraftsWithoutRoomInTheTable) {
   DraftScheduler s(4);

@@ -11,13 +11,12 @@
 #include <cstdint>
 
 #include "engine/matmul.h"
+#include "engine/matmul_passes.h"
 
 namespace kvtier::engine::internal {
 namespace {
 
 constexpr int kP = kMatMulPanelOutputs;
-// Weight bytes a row block passes over before the next one starts (half of a 1 MiB L2).
-constexpr int64_t kPanelGroupBytes = 256 << 10;
 // Passes of 2-4 rows prefetch each panel this many k-steps (cache lines) ahead. Such a pass
 // keeps only 1-3 panel streams in flight, and on weights that come from DRAM (a routed expert
 // in a batched decode: a few rows each) it streamed 25-45 % slower than the 6 streams of a
@@ -120,27 +119,7 @@ KernelFn Pick(int mr, int np) {
 
 void MatMulAvx2Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
                      float* y) {
-  const int in = w.in(), out = w.out();
-  const int64_t wstride = static_cast<int64_t>(in) * kP;
-  // Panels in groups of about kPanelGroupBytes (a multiple of 6 panels), each group stays in
-  // L2 while every row block passes over it.
-  const int64_t panel_bytes = std::max<int64_t>(1, wstride * static_cast<int64_t>(sizeof(float)));
-  const int group = std::max<int>(6, static_cast<int>(kPanelGroupBytes / panel_bytes) / 6 * 6);
-  for (int g0 = p0; g0 < p1; g0 += group) {
-    const int g1 = std::min(p1, g0 + group);
-    for (int r = r0; r < r1;) {
-      const int mr = std::min(6, r1 - r);
-      const int np_max = MaxPanels(mr);
-      for (int p = g0; p < g1;) {
-        const int np = std::min(np_max, g1 - p);
-        Pick(mr, np)(x + static_cast<int64_t>(r) * in, in, in, w.panel(p), wstride,
-                     y + static_cast<int64_t>(r) * out + static_cast<int64_t>(p) * kP, out,
-                     out - p * kP);
-        p += np;
-      }
-      r += mr;
-    }
-  }
+  RunPasses<6>(x, r0, r1, w, p0, p1, y, Pick, MaxPanels);
 }
 
 }  // namespace kvtier::engine::internal

@@ -16,15 +16,15 @@
 #include <cstdint>
 
 #include "engine/matmul.h"
+#include "engine/matmul_passes.h"
 
 namespace kvtier::engine::internal {
 namespace {
 
 constexpr int kP = kMatMulPanelOutputs;
 static_assert(kP == 16, "a panel is one 16-float vector");
-// As matmul_avx2.cc: weight bytes a row block passes over before the next one starts, and the
-// prefetch distance (k-steps, one cache line each) of passes of 2-4 rows.
-constexpr int64_t kPanelGroupBytes = 256 << 10;
+// As matmul_avx2.cc: the prefetch distance (k-steps, one cache line each) of passes of 2-4
+// rows.
 constexpr int kPrefetchSteps = 32;
 // Rows per pass at most.
 constexpr int kMaxRows = 8;
@@ -113,25 +113,7 @@ KernelFn Pick(int mr, int np) {
 
 void MatMulAvx512Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
                        float* y) {
-  const int in = w.in(), out = w.out();
-  const int64_t wstride = static_cast<int64_t>(in) * kP;
-  const int64_t panel_bytes = std::max<int64_t>(1, wstride * static_cast<int64_t>(sizeof(float)));
-  const int group = std::max<int>(6, static_cast<int>(kPanelGroupBytes / panel_bytes) / 6 * 6);
-  for (int g0 = p0; g0 < p1; g0 += group) {
-    const int g1 = std::min(p1, g0 + group);
-    for (int r = r0; r < r1;) {
-      const int mr = std::min(kMaxRows, r1 - r);
-      const int np_max = MaxPanels(mr);
-      for (int p = g0; p < g1;) {
-        const int np = std::min(np_max, g1 - p);
-        Pick(mr, np)(x + static_cast<int64_t>(r) * in, in, in, w.panel(p), wstride,
-                     y + static_cast<int64_t>(r) * out + static_cast<int64_t>(p) * kP, out,
-                     out - p * kP);
-        p += np;
-      }
-      r += mr;
-    }
-  }
+  RunPasses<kMaxRows>(x, r0, r1, w, p0, p1, y, Pick, MaxPanels);
 }
 
 }  // namespace kvtier::engine::internal

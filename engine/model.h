@@ -339,15 +339,18 @@ class Engine {
     // The compressor's projections of every row (n x head_dim; cgate only at ratio > 1) on a
     // kFull layer, so that a batch reads the compressor's weights once, not once per sequence.
     std::vector<float> ckv, cgate;
+    // Each row's RoPE rotation at its position (n x rope pairs: RopeRotation's c and s), for
+    // its q heads, its SWA entry, its indexer heads and AttnCore's inverse RoPE of its output.
+    std::vector<float> rope_c, rope_s;
     std::vector<uint8_t> kv_data, kv_scales;
   };
   // The per-row part: rows of any sequences; pos[t]: row t's position.
   Status AttnProject(int layer, int n, const float* xa, const int64_t* pos, AttnRows* a);
-  // The per-sequence part over n rows of `st` from p0, which are rows [row0, row0 + n) of `a`;
-  // writes their attention outputs (n x heads x head_dim) to o. Splits its loops over `pool`
-  // (null: runs on the caller, e.g. inside a loop over sequences). Touches only *st, *rt, o
-  // and (when set) the trace, so calls on different sequences may run in parallel when no trace
-  // is attached.
+  // The per-sequence part over n rows of `st` from p0, which are rows [row0, row0 + n) of `a`
+  // (given to AttnProject at positions p0 .. p0 + n - 1); writes their attention outputs (n x heads
+  // x head_dim) to o. Splits its loops over `pool` (null: runs on the caller, e.g. inside a loop
+  // over sequences). Touches only *st, *rt, o and (when set) the trace, so calls on different
+  // sequences may run in parallel when no trace is attached.
   Status AttnCore(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
                   const AttnRows& a, int64_t row0, Runtime* rt, ThreadPool* pool, float* o);
   // The per-row output projection of n rows of attention outputs.

@@ -278,16 +278,18 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
   MatMulPart from_q[2] = {{a->qr.data(), n, ql, lw.wq_b, nullptr, H * hd, a->q.data()},
                           {a->qr.data(), n, ql, lw.i_wq_b, nullptr, IH * id, a->iq.data()}};
   MmMany(pool_.get(), std::span<MatMulPart>(from_q, indexed ? 2 : 1));
-  // Each row's RoPE rotation once, for its q heads, its SWA entry and its indexer heads.
+  // Each row's RoPE rotation once, for its q heads, its SWA entry, its indexer heads (here) and
+  // the inverse RoPE of its attention output (AttnCore).
   const int np = static_cast<int>(lw.rope->size());
-  std::vector<float> rc(static_cast<size_t>(n) * np), rs(rc.size());
+  a->rope_c.resize(static_cast<size_t>(n) * np);
+  a->rope_s.resize(a->rope_c.size());
   for (int t = 0; t < n; ++t) {
-    RopeRotation(*lw.rope, pos[t], rc.data() + static_cast<int64_t>(t) * np,
-                 rs.data() + static_cast<int64_t>(t) * np);
+    RopeRotation(*lw.rope, pos[t], a->rope_c.data() + static_cast<int64_t>(t) * np,
+                 a->rope_s.data() + static_cast<int64_t>(t) * np);
   }
   auto rope = [&](float* x, int t) {
-    ApplyRopeRotation(x, rc.data() + static_cast<int64_t>(t) * np,
-                      rs.data() + static_cast<int64_t>(t) * np, np, false);
+    ApplyRopeRotation(x, a->rope_c.data() + static_cast<int64_t>(t) * np,
+                      a->rope_s.data() + static_cast<int64_t>(t) * np, np, false);
   };
   for (int t = 0; t < n; ++t) {
     for (int h = 0; h < H; ++h)
@@ -404,9 +406,9 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
     }
     return nk;
   };
-  // Heads [h0, h1) of token t against its nk gathered keys; dots, w and rot are scratch.
+  // Heads [h0, h1) of token t against its nk gathered keys; dots and w are scratch.
   auto attend = [&](int64_t t, int h0, int h1, const float* keys, int64_t nk,
-                    std::vector<float>* dots, std::vector<float>* w, std::vector<float>* rot) {
+                    std::vector<float>* dots, std::vector<float>* w) {
     const int hn = h1 - h0, nki = static_cast<int>(nk);
     dots->resize(static_cast<size_t>(nk) * hn);
     w->resize(dots->size());
@@ -430,13 +432,13 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
     }
     float* ot = o + (t * H + h0) * hd;
     WeightedRowSums(w->data(), hn, keys, nki, hd, ot, /*avx2=*/true);
+    // Inverse RoPE on the output, with the rotation AttnProject took for this row (row0 + t,
+    // at position p0 + t).
     const int np = static_cast<int>(lw.rope->size());
-    rot->resize(2 * static_cast<size_t>(np));
-    RopeRotation(*lw.rope, p0 + t, rot->data(), rot->data() + np);  // once for the heads
-    for (int h = 0; h < hn; ++h) {                                  // inverse RoPE on the output
-      ApplyRopeRotation(ot + static_cast<int64_t>(h) * hd + hd - rd, rot->data(), rot->data() + np,
-                        np, true);
-    }
+    const float* rc = a.rope_c.data() + (row0 + t) * np;
+    const float* rs = a.rope_s.data() + (row0 + t) * np;
+    for (int h = 0; h < hn; ++h)
+      ApplyRopeRotation(ot + static_cast<int64_t>(h) * hd + hd - rd, rc, rs, np, true);
   };
   std::atomic<bool> failed{false};
   if (pool != nullptr && pool->threads() > 1 && n < pool->threads()) {
@@ -450,12 +452,12 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
       if (nk[t] < 0) return Status::Internal("engine: global KV entries could not be dequantised");
     }
     auto heads = [&](int64_t b, int64_t e) {
-      std::vector<float> dots, w, rot;
+      std::vector<float> dots, w;
       for (int64_t i = b; i < e;) {  // the share's heads of one token at a time
         const int64_t t = i / H;
         const int h0 = static_cast<int>(i % H);
         const int h1 = static_cast<int>(std::min<int64_t>(H, h0 + (e - i)));
-        attend(t, h0, h1, keys[t].data(), nk[t], &dots, &w, &rot);
+        attend(t, h0, h1, keys[t].data(), nk[t], &dots, &w);
         i += h1 - h0;
       }
     };
@@ -468,14 +470,14 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
     }
   } else {
     ForRange(pool, n, [&](int64_t b, int64_t e) {
-      std::vector<float> keys, dots, w, rot;
+      std::vector<float> keys, dots, w;
       for (int64_t t = b; t < e; ++t) {
         const int64_t nk = gather(t, &keys);
         if (nk < 0) {
           failed = true;
           return;
         }
-        attend(t, 0, H, keys.data(), nk, &dots, &w, &rot);
+        attend(t, 0, H, keys.data(), nk, &dots, &w);
       }
     });
   }

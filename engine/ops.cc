@@ -215,28 +215,33 @@ std::vector<double> RopeFrequencies(int rope_dim, const RopeParams& p) {
   return f;
 }
 
+namespace {
+
+// Pair i's rotation at pos: cos and sin of pos * freq in double, each rounded to float once.
+inline void PairRotation(double freq, int64_t pos, float* c, float* s) {
+  const double angle = static_cast<double>(pos) * freq;
+  *c = static_cast<float>(std::cos(angle));
+  *s = static_cast<float>(std::sin(angle));
+}
+
+}  // namespace
+
 void ApplyRope(float* x, const std::vector<double>& freqs, int64_t pos, bool inverse) {
   for (size_t i = 0; i < freqs.size(); ++i) {
-    const double angle = static_cast<double>(pos) * freqs[i];
-    const float c = static_cast<float>(std::cos(angle));
-    const float s = static_cast<float>(inverse ? -std::sin(angle) : std::sin(angle));
-    const float a = x[2 * i], b = x[2 * i + 1];
-    x[2 * i] = a * c - b * s;
-    x[2 * i + 1] = a * s + b * c;
+    float c, s;
+    PairRotation(freqs[i], pos, &c, &s);
+    ApplyRopeRotation(x + 2 * i, &c, &s, 1, inverse);
   }
 }
 
 void RopeRotation(const std::vector<double>& freqs, int64_t pos, float* c, float* s) {
-  for (size_t i = 0; i < freqs.size(); ++i) {
-    const double angle = static_cast<double>(pos) * freqs[i];
-    c[i] = static_cast<float>(std::cos(angle));
-    s[i] = static_cast<float>(std::sin(angle));
-  }
+  for (size_t i = 0; i < freqs.size(); ++i) PairRotation(freqs[i], pos, c + i, s + i);
 }
 
 void ApplyRopeRotation(float* x, const float* c, const float* s, int pairs, bool inverse) {
   for (int i = 0; i < pairs; ++i) {
-    // float(-sin) == -float(sin): rounding to nearest is symmetric, so this is ApplyRope's s.
+    // The inverse rotates by -angle: float(-sin) == -float(sin), rounding to nearest being
+    // symmetric.
     const float si = inverse ? -s[i] : s[i];
     const float a = x[2 * i], b = x[2 * i + 1];
     x[2 * i] = a * c[i] - b * si;

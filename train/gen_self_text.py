@@ -41,31 +41,42 @@ def main():
         ap.error("--rows 1..%d, --prompt-bytes >= 1, --seq in [P+2, %d], --jobs 1..16" % (
             ROWS_MAX, SEQ_MAX))
     text = np.fromfile(os.path.join(args.corpus, "train.txt"), dtype=np.uint8)
+    if len(text) <= P:
+        sys.exit("gen_self_text: %s/train.txt has %d bytes, not more than --prompt-bytes %d" % (
+            args.corpus, len(text), P))
     offsets = np.random.default_rng((args.seed, 13)).integers(0, len(text) - P, size=N)
     out = np.zeros((N, T), dtype=np.int16)
-    tmp = tempfile.mkdtemp(prefix="gen_self_text.")
 
-    def one(r):
+    def one(r, tmp):
         prompt = text[offsets[r]:offsets[r] + P]
         pf = os.path.join(tmp, "p%d.txt" % r)
         prompt.tofile(pf)
         res = subprocess.run(
             [args.engine, "generate", "--model", args.model, "--config", args.config,
              "--prompt-file", pf, "--max-new", str(T - 1 - P), "--ids", "--bos", "--full",
-             "--threads", "1"], capture_output=True, check=True)
+             "--threads", "1"], capture_output=True)
         os.unlink(pf)
+        if res.returncode != 0:
+            raise RuntimeError("row %d: %s generate exited %d: %s" % (
+                r, args.engine, res.returncode, res.stderr.decode("latin-1").strip()[-500:]))
         ids = [int(v) for v in res.stdout.decode("latin-1").strip().split("\n")[-1].split()]
-        if len(ids) != T - 1 - P:
-            raise RuntimeError("row %d: %d ids, expected %d" % (r, len(ids), T - 1 - P))
+        if len(ids) != T - 1 - P or any(not 0 <= v <= np.iinfo(np.int16).max for v in ids):
+            raise RuntimeError("row %d: %d ids (expected %d) or one outside [0, %d]" % (
+                r, len(ids), T - 1 - P, np.iinfo(np.int16).max))
         out[r, 0] = BOS
         out[r, 1:P + 1] = prompt.astype(np.int16) + BYTE_BASE
         out[r, P + 1:] = ids
 
-    with ThreadPoolExecutor(args.jobs) as ex:
-        for i, _ in enumerate(ex.map(one, range(N))):
-            if (i + 1) % 256 == 0:
-                print("gen_self_text: %d / %d rows" % (i + 1, N), flush=True)
-    os.rmdir(tmp)
+    # The prompt files live in a directory removed however the run ends.
+    with tempfile.TemporaryDirectory(prefix="gen_self_text.") as tmp, \
+            ThreadPoolExecutor(args.jobs) as ex:
+        try:
+            for i, _ in enumerate(ex.map(lambda r: one(r, tmp), range(N))):
+                if (i + 1) % 256 == 0:
+                    print("gen_self_text: %d / %d rows" % (i + 1, N), flush=True)
+        except RuntimeError as e:
+            ex.shutdown(cancel_futures=True)  # the rows not started are not run
+            sys.exit("gen_self_text: %s" % e)
     np.save(args.out, out)
     print("gen_self_text: wrote %s %s" % (args.out, out.shape))
 

@@ -1,6 +1,7 @@
 // The engine's CUDA MatMul (engine/cuda/) against the CPU reference: bit-exact per element over
 // many shapes, and identical logits for a whole prompt with KVTIER_ENGINE_CUDA=0 and =1.
-// Both tests skip (GTEST_SKIP) when the build has no CUDA or no device is present.
+// Both tests skip (GTEST_SKIP) when the build has no CUDA or no device is present, and fail
+// instead when KVTIER_REQUIRE_CUDA=1 (tests/cuda_required.h; the GPU check sets it).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 
 #include "engine/ops.h"
 #include "engine_test_util.h"
+#include "tests/cuda_required.h"
 #if KVTIER_WITH_CUDA
 #include "engine/cuda/backend.h"
 #endif
@@ -19,12 +21,16 @@
 namespace kvtier::engine {
 namespace {
 
-// Skips the calling test unless the CUDA MatMul can run here.
-#define SKIP_WITHOUT_CUDA_DEVICE()                                                \
-  do {                                                                            \
-    if (!kCudaBuilt) GTEST_SKIP() << "built without CUDA (KVTIER_WITH_CUDA off)"; \
-    const Status dev = DeviceStatus();                                            \
-    if (!dev.ok()) GTEST_SKIP() << "no CUDA device: " << dev.ToString();          \
+// Skips the calling test unless the CUDA MatMul can run here (fails it under
+// KVTIER_REQUIRE_CUDA=1).
+#define SKIP_WITHOUT_CUDA_DEVICE()                                                             \
+  do {                                                                                         \
+    const Status dev = kCudaBuilt                                                              \
+                           ? DeviceStatus()                                                    \
+                           : Status::Unavailable("built without CUDA (KVTIER_WITH_CUDA off)"); \
+    if (!dev.ok() && ::kvtier::testing::CudaRequired())                                        \
+      GTEST_FAIL() << "KVTIER_REQUIRE_CUDA=1 but " << dev.ToString();                          \
+    if (!dev.ok()) GTEST_SKIP() << "no CUDA device: " << dev.ToString();                       \
   } while (0)
 
 #if KVTIER_WITH_CUDA

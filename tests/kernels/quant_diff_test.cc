@@ -11,6 +11,7 @@
 
 #include "kernels/internal/backends.h"
 #include "kernels/quant.h"
+#include "tests/cuda_required.h"
 #include "tests/kernels/quant_oracle.h"
 
 namespace kvtier::kernels {
@@ -72,6 +73,8 @@ class QuantDiffTest : public ::testing::TestWithParam<std::tuple<Backend, QuantF
       uint8_t d[32];
       uint8_t s[2];
       const Status st = Quantize(fmt_, x, 1, 32, d, s, Backend::kCuda);
+      if (::kvtier::testing::CudaRequired())
+        GTEST_FAIL() << "KVTIER_REQUIRE_CUDA=1 but " << st.ToString();
       GTEST_SKIP() << "CUDA backend unavailable: " << st.ToString();
     }
   }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/quant.h"
+#include "tests/cuda_required.h"
 #include "tests/kernels/quant_oracle.h"
 #include "tests/shared_dir.h"
 
@@ -70,7 +71,11 @@ TEST_F(Fp4VectorsTest, BlockCasesMatchOnEveryBackend) {
   const auto cases = Cases("block");
   ASSERT_GE(cases.size(), 200u);
   std::vector<Backend> backends = {Backend::kReference, Backend::kSimd};
-  if (BackendAvailable(Backend::kCuda)) backends.push_back(Backend::kCuda);
+  if (BackendAvailable(Backend::kCuda)) {
+    backends.push_back(Backend::kCuda);
+  } else {
+    EXPECT_FALSE(::kvtier::testing::CudaRequired()) << "KVTIER_REQUIRE_CUDA=1 but no CUDA backend";
+  }
   for (Backend backend : backends) {
     SCOPED_TRACE(testing::BackendName(backend));
     for (const auto& c : cases) {

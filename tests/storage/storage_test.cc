@@ -16,9 +16,11 @@
 #include "storage/block_device.h"
 #include "storage/fault_injection.h"
 #include "storage/key_util.h"
+#include "storage/memory_tier.h"
 #include "storage/ssd_format.h"
 #include "storage/ssd_tier.h"
 #include "storage/tier_manager.h"
+#include "tests/cuda_required.h"
 #include "tests/storage/test_util.h"
 
 namespace kvtier::storage {
@@ -1121,6 +1123,39 @@ TEST_F(TierManagerTest, SwaStateNeverReachesSsd) {
   LookupResult r = (*tm)->Lookup(chain);
   EXPECT_EQ(r.hit_count, 0u);
   EXPECT_EQ(r.first_miss, MissReason::kEvicted);
+}
+
+// The HBM and DRAM tiers' arenas: CUDA device and pinned memory when a GPU is usable, mmap
+// otherwise; bytes round-trip through either (cudaMemcpy on a GPU). Under
+// KVTIER_REQUIRE_CUDA=1 (the GPU check, deploy/gpu/check.sh) the CUDA arenas are required.
+TEST(MemoryTierArena, HbmAndDramRoundTripOnTheirArena) {
+  for (Tier tier : {Tier::kHbm, Tier::kDram}) {
+    for (bool use_cuda : {true, false}) {
+      SCOPED_TRACE(std::string(tier == Tier::kHbm ? "hbm" : "dram") +
+                   (use_cuda ? " use_cuda" : " host"));
+      MemoryTierOptions o;
+      o.tier = tier;
+      o.capacity_bytes = 16u << 20;
+      o.use_cuda = use_cuda;
+      auto t = MemoryTier::Create(o);
+      ASSERT_TRUE(t.ok()) << t.status().ToString();
+      const std::string kind = (*t)->arena_kind();
+      if (!use_cuda) {
+        EXPECT_EQ(kind, "mmap");
+      } else if (::kvtier::testing::CudaRequired()) {
+        EXPECT_EQ(kind, tier == Tier::kHbm ? "cuda-device" : "cuda-pinned");
+      } else {
+        EXPECT_TRUE(kind == "mmap" || kind == (tier == Tier::kHbm ? "cuda-device" : "cuda-pinned"))
+            << kind;
+      }
+      const Key key = MakeKey(7);
+      const std::vector<uint8_t> value = MakeValue(key, 1, 100003);  // not a multiple of any page
+      ASSERT_TRUE((*t)->Insert(key, value, MemMeta{}, true).ok());
+      std::vector<uint8_t> out;
+      ASSERT_TRUE((*t)->Read(key, &out).ok());
+      EXPECT_EQ(out, value);
+    }
+  }
 }
 
 }  // namespace

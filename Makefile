@@ -3,7 +3,8 @@
 #   make test   install deps, configure, build, run the default (fast) test suite
 # Other targets: build, test-slow (stress/crash/long fuzz, label `slow`), bench, format, clean,
 #   test-reference (the engine against the live PyTorch reference; installs python3-torch),
-#   test-sanitize (below; not part of `make test`), test-container (podman image of kvtierd).
+#   test-sanitize (below; not part of `make test`), test-container (podman image of kvtierd),
+#   gpu-pack (the GPU check's binaries, for a machine with a GPU: deploy/gpu/check.sh).
 # PRESET selects a CMakePresets.json preset (release, debug, nohw, asan, ubsan, tsan); preset
 # asan is AddressSanitizer and UndefinedBehaviorSanitizer in one build, ubsan is UBSan alone.
 
@@ -17,7 +18,7 @@ BUILD_DIR := build/$(PRESET)
 SANITIZERS ?= asan tsan
 
 .PHONY: all deps configure build test test-slow test-reference test-sanitize test-container
-.PHONY: demo bench format clean test-sanitize-asan test-sanitize-ubsan test-sanitize-tsan
+.PHONY: demo bench format clean test-sanitize-asan test-sanitize-ubsan test-sanitize-tsan gpu-pack
 
 all: build
 
@@ -52,6 +53,11 @@ test-sanitize-asan test-sanitize-ubsan test-sanitize-tsan: test-sanitize-%: deps
 test-container: deps
 	@$(MAKE) --no-print-directory build PRESET=nohw
 	@tests/deploy/container_test.sh
+
+# The CUDA tests and GPU benchmarks packed into build/gpu-pack for a GPU machine that lacks this
+# project's build dependencies; there, `deploy/gpu/check.sh` runs them (README "GPU check").
+gpu-pack: build
+	@deploy/gpu/pack.sh $(BUILD_DIR)
 
 demo: build
 	@$(BUILD_DIR)/cli/kvtier demo

@@ -14,10 +14,11 @@
 #   CPU time per SET over its own.
 # Environment: KVTIER_BENCH_DIR (default: a new directory under ${TMPDIR:-/tmp}),
 #   KVTIER_IO_THREADS (kvtierd [server] io_threads; unset: kvtierd's own default, 2, as
-#   redis-server runs with its own defaults. Rows in docs/PERFORMANCE.md before 2026-12-03 were
-#   taken with 16, from when a SET held an I/O thread until its commit; KVTIER_IO_THREADS=16
-#   reproduces them. SETs under sync no longer wait on an I/O thread: docs/RESP.md "Durable SETs
-#   under sync"; on 2 cores 16 threads cost twice the context switches per SET),
+#   redis-server runs with its own defaults. Rows in docs/performance/storage.md before
+#   2026-12-03 were taken with 16, from when a SET held an I/O thread until its commit;
+#   KVTIER_IO_THREADS=16 reproduces them. SETs under sync no longer wait on an I/O thread:
+#   docs/RESP.md "Durable SETs under sync"; on 2 cores 16 threads cost twice the context
+#   switches per SET),
 #   KVTIER_COMMIT_DELAY_US (kvtierd [storage] ssd_commit_delay_us; unset: kvtierd's default).
 # Needs redis-server, redis-benchmark, curl and python3. Reports only; asserts nothing.
 set -euo pipefail

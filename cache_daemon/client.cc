@@ -98,7 +98,7 @@ class ShmAllocator {
 // thread's next GET. The first user access to each 4 KiB page of a fresh mapping costs a page
 // fault, and in a virtual machine with shadow page tables about 5-10 us of CPU even after
 // MADV_POPULATE_READ; reading a 256-unit resume (1.4 MB) in place from a new connection's
-// region cost ~1.7 ms that way, its copy out with one pread ~0.1 ms (docs/PERFORMANCE.md,
+// region cost ~1.7 ms that way, its copy out with one pread ~0.1 ms (docs/performance/resume.md,
 // "Resume fetch: one write per GET, values copied out (helper shmget)"). Buffers larger than
 // kValuesCachedBytesMax are not kept.
 constexpr uint64_t kValuesCachedBytesMax = 32ull << 20;

@@ -41,7 +41,7 @@ constexpr uint64_t kTurnAgeMsMax = 10 * 60 * 1000;
 // At SHM_ATTACH the region's first bytes, up to this many, are allocated (fallocate), so that
 // the first GETs on the connection write into pages the kernel has already zeroed: a
 // 16K-token resume's values (1.3 MB) into a fresh memfd took 0.43-0.68 ms, into allocated
-// pages 0.18-0.29 ms (docs/PERFORMANCE.md, "Resume fetch"). The client places a GET's values
+// pages 0.18-0.29 ms (docs/performance/resume.md, "Resume fetch"). The client places a GET's values
 // from the start of the region when nothing else is leased. Bounded so that an idle
 // connection holds at most this much.
 constexpr uint64_t kShmAllocatedBytesMax = 4ull << 20;

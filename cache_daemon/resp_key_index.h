@@ -35,7 +35,7 @@
 //    no checkpoint is ever written before a buffered name (a name Added before its put lies
 //    before every checkpoint at or past its record), so every record after the last
 //    checkpoint is read back. (Measured: one pwrite per new name was ~3 % of a 1 KB durable
-//    SET's CPU, docs/PERFORMANCE.md "Durable SET: less work per SET".)
+//    SET's CPU, docs/performance/storage.md "Durable SET: less work per SET".)
 //  - entries of keys the store evicted or expired stay until a caller Remove()s them (the
 //    Service checks each listed key against the store and removes the gone ones).
 // The log is rewritten from the entries (compacted) when it exceeds both

@@ -1,7 +1,7 @@
 // The RESP (Redis protocol) connection. Commands run in arrival order on the connection's
 // strand; replies are written in the same order, so pipelining (redis-benchmark -P) works.
 //
-// Hot path (docs/PERFORMANCE.md "## Daemon"): the socket is read straight into the parser's
+// Hot path (docs/performance/daemon.md "## Daemon"): the socket is read straight into the parser's
 // buffer and commands are parsed as views into it; every reply of one read's worth of
 // pipelined commands is gathered and written with one writev, tried at once on the
 // non-blocking socket (asio's async_write only takes over when the socket buffer is full).

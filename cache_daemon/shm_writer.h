@@ -4,7 +4,7 @@
 // one pwrite), instead of one pwrite per value. The kernel copies through its own mapping of
 // the region's pages, so the daemon's mapping of the region is never touched by a GET (in a
 // virtual machine with shadow page tables each first touch of a 4 KiB page costs ~10 us;
-// docs/PERFORMANCE.md, "Resume fetch: per-unit CPU" and "one write per GET").
+// docs/performance/resume.md, "Resume fetch: per-unit CPU" and "one write per GET").
 //
 //   ShmValueWriter w(fd, dst_offset, dst_capacity);
 //   std::optional<ShmValueWriter::Slot> s = w.Add(value);  // nullopt: no room left (retry)

@@ -3,8 +3,8 @@
 // per-thread state, the thread's hashing context), its malloc arena (created and grown page by
 // page) and its stack's deeper pages all cost their first use inside that GET (a restarted
 // daemon's 256-unit GET from SSD took ~60 minor page faults on its worker, ~10 us each in a
-// virtual machine, and 0.3-0.6 ms to bind its keys against ~0.05 ms warm; docs/PERFORMANCE.md,
-// "Resume fetch: a warm worker").
+// virtual machine, and 0.3-0.6 ms to bind its keys against ~0.05 ms warm;
+// docs/performance/resume.md, "Resume fetch: a warm worker").
 //
 //   asio::thread_pool workers(n);
 //   RunOncePerThread(workers, n, WarmWorkerThread, kWarmWorkersTimeoutMs);  // at startup

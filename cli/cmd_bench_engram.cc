@@ -1,6 +1,6 @@
 // `kvtier bench engram`: remote Engram rows against local ones, and the row transport against
-// raw loopback TCP, each peer in the same process run (docs/PERFORMANCE.md, "Engram prefetch"
-// and "RDMA / Engram transport").
+// raw loopback TCP, each peer in the same process run (docs/performance/engram-prefetch.md, "Engram
+// prefetch" and "RDMA / Engram transport").
 //
 // engine part: the miniature engine's prefill and decode with Engram rows from a RowServer
 //   over loopback (RemoteEngramRowSource, transport chosen by MakeTransport kAuto: TCP here)

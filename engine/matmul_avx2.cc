@@ -20,9 +20,9 @@ constexpr int kP = kMatMulPanelOutputs;
 // Passes of 2-4 rows prefetch each panel this many k-steps (cache lines) ahead. Such a pass
 // keeps only 1-3 panel streams in flight, and on weights that come from DRAM (a routed expert
 // in a batched decode: a few rows each) it streamed 25-45 % slower than the 6 streams of a
-// 1-row pass; with the prefetch, 2 and 3 rows 16-20 % faster (docs/PERFORMANCE.md, "batching on
-// mini-v4.1"). The 1-row and 5-6-row passes are left as they were. A prefetch reads nothing
-// into a register, so the results are the same bits.
+// 1-row pass; with the prefetch, 2 and 3 rows 16-20 % faster (docs/performance/serving.md,
+// "batching on mini-v4.1"). The 1-row and 5-6-row passes are left as they were. A prefetch reads
+// nothing into a register, so the results are the same bits.
 constexpr int kPrefetchSteps = 32;
 static_assert(kP == 16, "a panel is two 8-float vectors");
 

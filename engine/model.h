@@ -136,7 +136,7 @@ struct KvSourceCache {
 
 // Growth of the global KV byte vectors: capacity at most size * 5/4 (plus the appended rows'
 // bytes), instead of std::vector's doubling, so the engine's memory per cached token stays near
-// the stored bytes (docs/PERFORMANCE.md, "Engine memory per cached token").
+// the stored bytes (docs/performance/engine.md, "Attention, indexer and memory per cached token").
 inline constexpr size_t kKvGrowthNum = 5, kKvGrowthDen = 4;
 // Appends `bytes` zero bytes to *v with that growth; returns the old size.
 size_t AppendKvBytes(std::vector<uint8_t>* v, size_t bytes);

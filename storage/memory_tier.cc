@@ -58,7 +58,7 @@ class Arena {
     // first touch of each 4 KiB page costs about 10 us of CPU in a virtual machine with
     // shadow page tables (this project's paravirtualised guest); within a huge page it is
     // one fault per 2 MiB
-    // (docs/PERFORMANCE.md, "Resume fetch: per-unit CPU"). Advisory: 4 KiB pages where THP
+    // (docs/performance/resume.md, "Resume fetch: per-unit CPU"). Advisory: 4 KiB pages where THP
     // is off or no huge page is free. The slack around the aligned range is unmapped.
     const uint64_t len = (bytes + 4095) & ~uint64_t{4095};
     void* p = ::mmap(nullptr, len + kHugePageBytes, PROT_READ | PROT_WRITE,
@@ -253,7 +253,7 @@ class MemoryTier::Impl {
     // The first slab pages handed out (pages go in arena order) are populated now, at open,
     // rather than by the first inserts: after a restart the first resume's promotions then
     // copy into pages the kernel has already zeroed (19% of kvtierd's CPU in the first
-    // 256-unit GET after a restart; docs/PERFORMANCE.md, "one write per GET").
+    // 256-unit GET after a restart; docs/performance/resume.md, "one write per GET").
     const uint64_t warm_pages = std::min<uint64_t>(kWarmSlabBytes / o_.slab_page_bytes,
                                                    o_.capacity_bytes / o_.slab_page_bytes);
     if (warm_pages > 0) {

@@ -36,7 +36,7 @@ thread_local CachedRegion t_region;
 // first thread whose own cache is empty or too small instead of a fresh region: the first
 // batch GET of a just-started daemon then reads into pages faulted in at startup, not into a
 // new huge page the kernel must zero first (18% of kvtierd's CPU in the first 256-unit GET
-// after a restart; docs/PERFORMANCE.md, "one write per GET").
+// after a restart; docs/performance/resume.md, "one write per GET").
 constexpr uint64_t kWarmRegionBytes = 4ull << 20;  // a 256-unit batch of records up to 16 KiB
 std::mutex g_warm_mu;
 CachedRegion g_warm;  // protected by g_warm_mu; empty once taken
@@ -149,8 +149,8 @@ namespace {
 
 // One zstd compression context per thread, reused across puts: ZSTD_compress would allocate and
 // initialise a fresh context (its tables) on every call, which dominated the CPU of small puts
-// (docs/PERFORMANCE.md "Durable SET: the way back"). Freed after a call left it holding more
-// than kCompressorKeepBytes (a large value), so each thread keeps at most that much.
+// (docs/performance/storage.md "Durable SET: the way back"). Freed after a call left it holding
+// more than kCompressorKeepBytes (a large value), so each thread keeps at most that much.
 constexpr size_t kCompressorKeepBytes = 4u << 20;
 
 struct ThreadCompressorHolder {

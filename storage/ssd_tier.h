@@ -102,7 +102,7 @@ struct SsdOptions {
   // [1, kMaxWriteBuffers]. 1 keeps one buffer, written by the writer thread while puts wait.
   // 4 (not 2): a group commit closes the buffer being filled early, and a putting thread that
   // misses a CPU for a few ms must still find a free buffer; with 2 the device queue drained
-  // at such moments (docs/PERFORMANCE.md, "Unit writes with four write buffers"). Under a
+  // at such moments (docs/performance/storage.md, "Unit writes with four write buffers"). Under a
   // saturated device an acknowledged kBatched put may wait in memory for the buffers ahead of
   // it, so the loss window of a crash grows by up to write_buffers x write_buffer_bytes of
   // device write time (8 MiB: ~13 ms at 650 MiB/s).
@@ -146,7 +146,7 @@ struct SsdOptions {
   uint32_t compression_sample_bytes = 4096;
   // Values smaller than this are stored as they are (codec none), never compressed: below one
   // 4 KiB block zstd saves at most part of one block of a larger write, and on a 1 KB durable
-  // SET it cost ~7 % of the daemon's CPU, its buffers another ~3 % (docs/PERFORMANCE.md
+  // SET it cost ~7 % of the daemon's CPU, its buffers another ~3 % (docs/performance/storage.md
   // "Durable SET: less work per SET"). 0 or 1: every value is a candidate.
   static constexpr uint32_t kDefaultCompressionMinBytes = 4096;
   uint32_t compression_min_bytes = kDefaultCompressionMinBytes;

@@ -1,4 +1,4 @@
-// Multi-row engine passes against single-row ones, measured in one run (docs/PERFORMANCE.md,
+// Multi-row engine passes against single-row ones, measured in one run (docs/performance/engine.md,
 // "Engine", "Batched passes"):
 //   1. decode batch: Engine::ForwardBatch of k sequences' next token (one row each) against the
 //      same k tokens run as k Engine::Decode calls; ratio = Decode time / ForwardBatch time

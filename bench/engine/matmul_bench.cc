@@ -1,4 +1,4 @@
-// The engine's MatMul against its peers, measured in one run (docs/PERFORMANCE.md ## Engine):
+// The engine's MatMul against its peers, measured in one run (docs/performance/engine.md):
 //   1. prefill: the engine's matmul on its own prefill shapes (mini-v4.1, 256-token chunk)
 //      against OpenBLAS sgemm on the same shapes and thread count; ratio = sgemm time / engine
 //      time (1.0: as fast as OpenBLAS);

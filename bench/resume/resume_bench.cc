@@ -1,4 +1,4 @@
-// Resume vs recompute, and the fidelity of bounded replay (docs/PERFORMANCE.md ## Resume).
+// Resume vs recompute, and the fidelity of bounded replay (docs/performance/resume.md).
 //
 //   kvtier_resume_bench speed    [--tokens 4096,16384] [--threads 2] [--recompute-runs 1]
 //                                [--restarts 3] [--fio-loops 20] [--dir DIR] [--model PREFIX]

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Benchmark of `kvtier-engine serve` (docs/PERFORMANCE.md, "Serving").
+"""Benchmark of `kvtier-engine serve` (docs/performance/serving.md, "Serving").
 
 Starts its own kvtierd and servers on 127.0.0.1 free ports and a temporary directory, and
 measures, each against its peer in the same run:

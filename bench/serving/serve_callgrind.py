@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Instruction count of `kvtier-engine serve` steps under callgrind (docs/PERFORMANCE.md,
+"""Instruction count of `kvtier-engine serve` steps under callgrind (docs/performance/serving.md,
 "Speculative serving: instructions per token").
 
 Starts the server under `valgrind --tool=callgrind`, collecting only inside

@@ -1,5 +1,5 @@
 // DSpark speculative decoding against plain decoding at several concurrencies
-// (docs/PERFORMANCE.md, "Speculative decoding (DSpark)"). Greedy generation of --max-new tokens
+// (docs/performance/speculative.md). Greedy generation of --max-new tokens
 // after each of --prompts prompts cut from --text (evenly spaced, --prompt-bytes each, bos
 // first). At concurrency C the prompts run in groups of C sequences: plain decoding steps all
 // live sequences in one Engine::ForwardBatch, speculative settings run

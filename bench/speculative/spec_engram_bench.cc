@@ -1,11 +1,11 @@
-// Remote Engram rows during speculative decoding (docs/PERFORMANCE.md, "Speculative decoding
-// (DSpark)", the Engram lead-time goal). The trained miniature and its DSpark draft decode
-// greedily, once with the engine's local Engram table and once with RemoteEngramRowSource
-// reading the same rows from a RowServer over loopback (ExportEngramTables of the same weights;
-// transport MakeTransport kAuto: TCP without an RDMA device). Settings: plain decoding (one
-// Decode per token) and SpeculativeDecoder rounds with fixed draft lengths, whose drafted
-// tokens' rows are requested as soon as the draft exists (Engine::PrefetchEngram). Per prompt
-// every setting runs local then remote, so load changes hit both alike. Reports per setting
+// Remote Engram rows during speculative decoding (docs/performance/speculative.md,
+// "Remote Engram lead time with speculation"; the Engram lead-time goal). The trained miniature and
+// its DSpark draft decode greedily, once with the engine's local Engram table and once with
+// RemoteEngramRowSource reading the same rows from a RowServer over loopback (ExportEngramTables of
+// the same weights; transport MakeTransport kAuto: TCP without an RDMA device). Settings: plain
+// decoding (one Decode per token) and SpeculativeDecoder rounds with fixed draft lengths, whose
+// drafted tokens' rows are requested as soon as the draft exists (Engine::PrefetchEngram). Per
+// prompt every setting runs local then remote, so load changes hit both alike. Reports per setting
 // the decode time's remote_vs_local overhead and the remote engine's Engram waits, stalls and
 // prefetches (decode phase only); exits 1 when a remote run emits other tokens than the local.
 //

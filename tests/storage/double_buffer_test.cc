@@ -497,8 +497,8 @@ TEST(SsdDoubleBufferTest, CleanerRelocatesRecordsOfBuffersInFlight) {
 // With the default number of write buffers, puts go on filling a third buffer while two are
 // in flight (here: held at the gate): a group commit that closes a partly filled buffer, or a
 // putting thread that missed a CPU for a while, does not leave the device queue waiting for a
-// free buffer (docs/PERFORMANCE.md, "Unit writes with four write buffers"). With 2 buffers the
-// put of unit 24 blocks until the gate opens.
+// free buffer (docs/performance/storage.md, "Unit writes with four write buffers"). With 2 buffers
+// the put of unit 24 blocks until the gate opens.
 TEST(SsdDoubleBufferTest, DefaultBuffersLetPutsFillAThirdBufferWhileTwoAreInFlight) {
   TempDir dir;
   auto mem = NewMemEnv();

@@ -1,0 +1,369 @@
+// TierManagerImpl: the TierManager of tier_manager.h, declared here for its three source
+// files (one concern each):
+//   tier_manager.cc        construction, placement, demotion and write-back, Put;
+//   tier_manager_read.cc   Get, GetBatch and promotion, Lookup, Prefetch, ListUnits;
+//   tier_manager_admin.cc  pins, Delete, DeleteTenant, policy switch, stats.
+// Internal to kvtier_storage: include only from those files.
+//
+// Concurrency design: one mutation lock (mu_) serialises everything that moves or changes
+// units (Put, Delete, demotion, promotion, pins, policy switch); reads (Get, Lookup) take only
+// the tiers' internal locks. Units move so that a concurrent reader never misses a unit that
+// is present: demotion writes the lower tier before removing the upper copy, a put writes its
+// new tier before removing stale copies, promotion copies (the SSD copy stays: inclusive).
+//
+// Durable writes (the contract in tier_manager.h): a put that goes to SSD (highest_tier ssd,
+// or written through under kBatched / kSync) runs in three steps: (1) under mu_: quota,
+// version, the key is marked as being written (writing_); (2) without mu_: the SSD put and,
+// under kSync, the wait for its commit, so concurrent writers share one commit; (3) under
+// mu_: memory placement, stale copies, accounting, unmark. While a key is marked, other
+// writers of that key (Put, Delete) wait for it, and demotion, write-back and promotion
+// leave it alone (they would move an older version past the newer one in flight). Deletes
+// remove under mu_ and wait for their commit without it. DeleteTenant first waits until no
+// put of the tenant is in step (2) and holds new ones back meanwhile.
+#pragma once
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include "common/logging.h"
+#include "storage/block_device.h"
+#include "storage/key_util.h"
+#include "storage/memory_tier.h"
+#include "storage/ssd_tier.h"
+#include "storage/tier_manager.h"
+
+namespace kvtier::storage::internal {
+
+// Remembers why recent keys left the cache, bounded (oldest forgotten first).
+class MissMemory {
+ public:
+  explicit MissMemory(size_t capacity) : capacity_(std::max<size_t>(capacity, 1)) {}
+  void Remember(const Key& k, MissReason r) {
+    std::lock_guard lock(mu_);
+    auto [it, inserted] = reasons_.insert_or_assign(k, r);
+    if (inserted) order_.push_back(k);
+    while (reasons_.size() > capacity_ && !order_.empty()) {
+      reasons_.erase(order_.front());
+      order_.pop_front();
+    }
+    // Keys forgotten via Forget leave stale entries in order_; keep it bounded too.
+    while (order_.size() > 2 * capacity_) order_.pop_front();
+  }
+  void Forget(const Key& k) {
+    std::lock_guard lock(mu_);
+    reasons_.erase(k);
+  }
+  MissReason Reason(const Key& k) const {
+    std::lock_guard lock(mu_);
+    auto it = reasons_.find(k);
+    return it == reasons_.end() ? MissReason::kNeverStored : it->second;
+  }
+
+ private:
+  size_t capacity_;
+  mutable std::mutex mu_;
+  std::unordered_map<Key, MissReason, KeyHash> reasons_;
+  std::deque<Key> order_;
+};
+
+struct DirEntry {
+  TenantId tenant = 0;
+  uint64_t bytes = 0;
+};
+
+class TierManagerImpl final : public TierManager {
+ public:
+  explicit TierManagerImpl(const TierManagerOptions& o)
+      : o_(o),
+        clock_(o.clock != nullptr ? o.clock : &DefaultSteadyClock()),
+        misses_(o.miss_memory_entries) {}
+
+  Status Init();
+
+  Status Put(const Key& key, std::span<const uint8_t> value, const PutOptions& options) override;
+  Status CompletePut(const DeferredCommit& deferred) override;
+  Status Get(const Key& key, std::vector<uint8_t>* out, Tier* from) override {
+    const RequestTag request = BeginRequest();
+    return GetImpl(key, out, from, ReadMode::kGet, request);
+  }
+  Status Peek(const Key& key, std::vector<uint8_t>* out, Tier* from) override {
+    return GetImpl(key, out, from, ReadMode::kPeek, RequestTag{});
+  }
+  void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
+                std::vector<Tier>* froms, std::vector<Status>* results,
+                const RequestTag& request) override;
+  void GetBatchVisit(std::span<const Key> keys, const BatchVisitor& visit,
+                     const RequestTag& request, const std::function<void()>& visited) override;
+  RequestTag BeginRequest() override {
+    return RequestTag{next_request_.fetch_add(1, std::memory_order_relaxed) + 1, clock_->NowUs()};
+  }
+  LookupResult Lookup(std::span<const Key> chain) override;
+  Status Prefetch(std::span<const Key> keys) override;
+  Status Pin(std::span<const Key> keys, uint64_t lease_ms) override;
+  Status Unpin(std::span<const Key> keys) override;
+  Status Delete(const Key& key) override;
+  Status DeleteTenant(TenantId tenant) override;
+  void SetTenantQuota(TenantId tenant, uint64_t quota_bytes) override {
+    std::lock_guard lock(mu_);
+    if (quota_bytes == 0) {
+      quotas_.erase(tenant);
+    } else {
+      quotas_[tenant] = quota_bytes;
+    }
+  }
+  Status SetPolicy(const std::string& eviction, const std::string& admission,
+                   const policies::PolicyParams& params) override;
+  Stats GetStats() const override;
+  void ListUnits(UnitCursor* cursor, size_t units_max, std::vector<UnitInfo>* out) override;
+  void SetChecksumFailureListener(std::function<void(const UnitInfo&)> listener) override {
+    std::lock_guard lock(listener_mu_);
+    on_checksum_failure_ = std::move(listener);
+  }
+  // Tells the listener (if any) about a unit quarantined for a checksum failure; sm is its
+  // record's meta. Not under mu_.
+  void ReportChecksumFailure(const Key& key, const SsdMeta& sm) {
+    std::function<void(const UnitInfo&)> listener;
+    {
+      std::lock_guard lock(listener_mu_);
+      listener = on_checksum_failure_;
+    }
+    if (!listener) return;
+    UnitInfo u;
+    u.key = key;
+    u.tenant = sm.tenant;
+    u.bytes = sm.raw_bytes;
+    u.kind = sm.kind;
+    std::memcpy(u.parent.data(), &sm.parent_id, sizeof(sm.parent_id));
+    u.recompute_tokens = sm.recompute_tokens;
+    const uint64_t expires_ms = FromUnix(sm.expires_unix_ms);
+    if (Expired(expires_ms)) return;  // nothing worth refetching
+    u.ttl_left_ms = expires_ms == 0 ? 0 : expires_ms - NowMs();
+    u.tier = Tier::kSsd;
+    u.allow_ssd = true;
+    listener(u);
+  }
+  Status Flush() override {
+    if (ssd_ == nullptr) return Status::Ok();
+    Status written_back;
+    {
+      std::lock_guard lock(mu_);
+      written_back = WriteBackLocked();
+    }
+    Status flushed = ssd_->Flush();
+    return written_back.ok() ? flushed : written_back;
+  }
+  std::optional<LogPosition> SsdLogEnd() override {
+    if (ssd_ == nullptr) return std::nullopt;
+    return ssd_->LogEnd();
+  }
+  Status ReplaySsdLog(const LogPosition& from, const LogRecordVisitor& visit) override {
+    if (ssd_ == nullptr) return Status::Ok();
+    return ssd_->Replay(from, visit);
+  }
+
+ private:
+  // Memory tiers in placement order (HBM first), null when disabled.
+  MemoryTier* MemTier(Tier t) const {
+    return t == Tier::kHbm ? hbm_.get() : t == Tier::kDram ? dram_.get() : nullptr;
+  }
+  uint64_t NowMs() const { return clock_->NowMs(); }
+  // Expiry conversions between the options clock (memory tiers) and unix ms (SSD, persisted).
+  uint64_t ToUnix(uint64_t expires_ms) const {
+    if (expires_ms == 0) return 0;
+    uint64_t now = NowMs();
+    uint64_t left = expires_ms > now ? expires_ms - now : 0;
+    return DefaultSystemClock().NowMs() + left;
+  }
+  uint64_t FromUnix(uint64_t expires_unix_ms) const {
+    if (expires_unix_ms == 0) return 0;
+    uint64_t now_unix = DefaultSystemClock().NowMs();
+    uint64_t left = expires_unix_ms > now_unix ? expires_unix_ms - now_unix : 0;
+    return NowMs() + std::max<uint64_t>(left, 1);
+  }
+  bool Expired(uint64_t expires_ms) const { return expires_ms != 0 && NowMs() >= expires_ms; }
+  bool ExpiredUnix(uint64_t expires_unix_ms) const {
+    return expires_unix_ms != 0 && DefaultSystemClock().NowMs() >= expires_unix_ms;
+  }
+  static SsdMeta ToSsd(const MemMeta& m, uint64_t expires_unix_ms) {
+    SsdMeta s;
+    s.tenant = m.tenant;
+    s.version = m.version;
+    s.kind = m.kind;
+    s.expires_unix_ms = expires_unix_ms;
+    s.parent_id = m.parent_id;
+    s.recompute_tokens = m.recompute_tokens;
+    return s;
+  }
+  policies::ObjectInfo InfoOf(const Key& k, const MemMeta& m) const {
+    policies::ObjectInfo info;
+    info.id = ObjectIdOf(k);
+    info.size_bytes = m.size_bytes;
+    info.parent_id = m.parent_id;
+    info.recompute_tokens = m.recompute_tokens;
+    info.kind = m.kind;
+    return info;
+  }
+
+  // How a read behaves: a client's Get (counted, promotes when the lock is free), a
+  // Prefetch (waits for the lock to promote) or a Peek (neither counts nor promotes).
+  enum class ReadMode { kGet, kPrefetch, kPeek };
+  Status GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from, ReadMode mode,
+                 const RequestTag& request);
+  // The body of GetBatch and GetBatchVisit (at most kMaxBatch keys): visit(i, ...) for each
+  // key in order, as GetBatchVisit's contract says. A value read by GetImpl (a memory-tier
+  // hit, or a re-read) is written to *slot(i) and viewed there.
+  // visited: GetBatchVisit's (null from GetBatch).
+  void GetBatchImpl(std::span<const Key> keys, const RequestTag& request,
+                    const std::function<std::vector<uint8_t>*(size_t)>& slot,
+                    const BatchVisitor& visit, const std::function<void()>& visited = nullptr);
+  void CountMiss(MissReason r) {
+    switch (r) {
+      case MissReason::kEvicted:
+        misses_evicted_.fetch_add(1);
+        break;
+      case MissReason::kExpired:
+        misses_expired_.fetch_add(1);
+        break;
+      case MissReason::kChecksumFailure:
+        misses_checksum_.fetch_add(1);
+        break;
+      case MissReason::kIoError:
+        misses_io_error_.fetch_add(1);
+        break;
+      default:
+        misses_never_stored_.fetch_add(1);
+    }
+  }
+  // Where the key is now (fastest tier), kNone if absent; *expired when present but past TTL.
+  Tier Locate(const Key& key, bool* expired) const;
+
+  // ---- under mu_ ----
+  // `request`: the policy calls' request (RequestTag); null for none (Flush's write-back).
+  Status PlaceLocked(const RequestTag* request, Tier tier, const Key& key,
+                     std::span<const uint8_t> value, const MemMeta& meta);
+  void DemoteLocked(const RequestTag* request, Tier tier, const Key& victim);
+  // Copies every unexpired memory-tier unit that may reach SSD (allow_ssd) and whose current
+  // version the SSD does not hold yet to the SSD tier, keeping the memory copy (inclusive).
+  // Flush uses it so that a graceful shutdown loses nothing acknowledged. It bypasses the
+  // admission policy: Flush's contract is durability for everything acknowledged.
+  Status WriteBackLocked();
+  // Removes the key from every tier; *ticket (when not null) becomes the SSD commit ticket
+  // of the removal (0: nothing removed from SSD), to pass to ssd_->WaitDurable without mu_.
+  void RemoveEverywhereLocked(const Key& key, uint64_t* ticket = nullptr);
+  // Waits (releasing mu_ meanwhile) until no put of the key is in its SSD step, and, when
+  // tenant is given, until no tenant delete of it is waiting.
+  void WaitForKeyLocked(std::unique_lock<std::mutex>& lock, const Key& key,
+                        const TenantId* tenant) {
+    key_cv_.wait(lock, [&] {
+      return !writing_.count(key) && (tenant == nullptr || !tenant_deletes_.count(*tenant));
+    });
+  }
+  bool WritingLocked(const Key& key) const { return writing_.count(key) != 0; }
+  // The end of a put (step 3, or the whole put when it does not go to SSD): removes stale
+  // copies of other versions, accounts. *stale_ticket: an SSD removal to wait for.
+  void FinishPutLocked(const Key& key, const MemMeta& meta, uint64_t* stale_ticket);
+  // Waits for an SSD commit ticket (kSync: commits; otherwise returns at once). No mu_ held.
+  Status WaitDurable(uint64_t ticket) {
+    if (ssd_ == nullptr || ticket == 0) return Status::Ok();
+    return ssd_->WaitDurable(ticket);
+  }
+  // An expired unit leaves every tier; while a put of the key is in flight only the memory
+  // copies go (they are older; the SSD may already hold the new version).
+  void ExpireLocked(const Key& key) {
+    if (WritingLocked(key)) {
+      if (hbm_) (void)hbm_->Remove(key);
+      if (dram_) (void)dram_->Remove(key);
+      return;
+    }
+    RemoveEverywhereLocked(key);
+    DroppedLocked(key, MissReason::kExpired);
+  }
+  // The unit left the cache (all tiers) for reason r: forget it in the directory.
+  void DroppedLocked(const Key& key, MissReason r);
+  bool PresentAnywhereLocked(const Key& key) const;
+  void ExpirePinsLocked();
+  bool PinnedLocked(const Key& key) const { return pins_.count(key) != 0; }
+  void SetTrackedEverywhereLocked(const Key& key, bool tracked) {
+    if (hbm_) hbm_->SetTracked(key, tracked);
+    if (dram_) dram_->SetTracked(key, tracked);
+    if (ssd_) ssd_->SetTracked(key, tracked);
+  }
+  void PromoteLocked(const RequestTag& request, const Key& key, std::span<const uint8_t> value,
+                     const SsdMeta& meta);
+
+  // Adds units reported by the SSD index load to the directory (if still present there),
+  // and forgets units the SSD tier lost to a failed write (miss reason io_error).
+  void DrainLoadedLocked() {
+    if (closing_ || ssd_ == nullptr) return;
+    std::vector<Loaded> batch;
+    std::vector<Key> lost;
+    {
+      std::lock_guard q(load_q_mu_);
+      batch.swap(load_q_);
+      lost.swap(lost_q_);
+    }
+    for (const Key& k : lost) DroppedLocked(k, MissReason::kIoError);
+    for (const Loaded& l : batch) {
+      uint64_t v = 0;
+      if (dir_.count(l.key) || !ssd_->Contains(l.key, &v) || v != l.version) continue;
+      dir_[l.key] = {l.tenant, l.bytes};
+      tenant_bytes_[l.tenant] += l.bytes;
+    }
+  }
+
+ public:
+  ~TierManagerImpl() override {
+    {
+      std::lock_guard lock(mu_);
+      closing_ = true;
+    }
+    ssd_.reset();  // joins the SSD index load before the members it reports to go away
+  }
+
+ private:
+  TierManagerOptions o_;
+  const Clock* clock_;
+  std::unique_ptr<MemoryTier> hbm_, dram_;
+  std::unique_ptr<SsdTier> ssd_;
+  MissMemory misses_;
+
+  std::mutex listener_mu_;  // guards on_checksum_failure_ only
+  std::function<void(const UnitInfo&)> on_checksum_failure_;
+  mutable std::mutex mu_;
+  std::unique_ptr<policies::AdmissionPolicy> admission_;
+  std::unordered_map<Key, DirEntry, KeyHash> dir_;
+  std::unordered_map<TenantId, uint64_t> tenant_bytes_;
+  std::unordered_map<TenantId, uint64_t> quotas_;
+  std::unordered_map<Key, uint64_t, KeyHash> pins_;  // key -> lease expiry (clock ms)
+  std::set<std::pair<uint64_t, Key>> pin_expiry_;
+  uint64_t version_ = 0;
+  uint64_t admissions_ = 0, admission_rejections_ = 0;
+  bool closing_ = false;
+  struct Loaded {
+    Key key;
+    TenantId tenant;
+    uint64_t version;
+    uint64_t bytes;
+  };
+  std::mutex load_q_mu_;        // after mu_ in lock order; taken alone by the SSD load thread
+  std::vector<Loaded> load_q_;  // bounded by the number of indexed units
+  std::vector<Key> lost_q_;     // under load_q_mu_; bounded by kLostQueueMax
+  static constexpr size_t kLostQueueMax = 1 << 16;
+  // Keys whose put is in its SSD step (-> tenant), and tenants with a DeleteTenant waiting
+  // for those to finish (-> number of waiting calls). Under mu_; key_cv_ signals changes.
+  std::unordered_map<Key, TenantId, KeyHash> writing_;
+  std::unordered_map<TenantId, int> tenant_deletes_;
+  std::condition_variable key_cv_;
+  std::atomic<uint64_t> next_request_{0};  // BeginRequest's ids
+  std::atomic<uint64_t> misses_never_stored_{0}, misses_evicted_{0}, misses_expired_{0},
+      misses_checksum_{0}, misses_io_error_{0}, io_errors_{0};
+};
+
+}  // namespace kvtier::storage::internal

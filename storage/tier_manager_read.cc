@@ -1,0 +1,338 @@
+// TierManager reads: Get, GetBatch and promotion, Lookup, Prefetch, ListUnits
+// (storage/tier_manager_impl.h).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+
+#include "common/logging.h"
+#include "storage/tier_manager_impl.h"
+
+namespace kvtier::storage::internal {
+
+void TierManagerImpl::ListUnits(UnitCursor* cursor, size_t units_max, std::vector<UnitInfo>* out) {
+  out->clear();
+  if (cursor->done) return;
+  units_max = std::clamp<size_t>(units_max, 1, kMaxBatch);
+  std::lock_guard lock(mu_);
+  DrainLoadedLocked();
+  if (cursor->buckets == 0) {
+    cursor->buckets = dir_.bucket_count();
+  } else if (cursor->buckets != dir_.bucket_count()) {
+    cursor->disturbed = true;  // bucket indices moved: finish this pass, the caller rescans
+    cursor->buckets = dir_.bucket_count();
+  }
+  // Whole buckets per page (a bucket holds ~1 key): a page may run a few keys over.
+  while (cursor->bucket < dir_.bucket_count() && out->size() < units_max) {
+    size_t b = cursor->bucket++;
+    for (auto it = dir_.begin(b); it != dir_.end(b); ++it) {
+      const Key& key = it->first;
+      if (WritingLocked(key)) continue;
+      UnitInfo u;
+      u.key = key;
+      u.tenant = it->second.tenant;
+      u.bytes = it->second.bytes;
+      MemMeta mm;
+      SsdMeta sm;
+      uint64_t expires_ms = 0;
+      if (hbm_ && hbm_->Contains(key, &mm)) {
+        u.tier = Tier::kHbm;
+      } else if (dram_ && dram_->Contains(key, &mm)) {
+        u.tier = Tier::kDram;
+      }
+      if (u.tier != Tier::kNone) {
+        u.kind = mm.kind;
+        std::memcpy(u.parent.data(), &mm.parent_id, sizeof(mm.parent_id));
+        u.recompute_tokens = mm.recompute_tokens;
+        u.allow_ssd = mm.allow_ssd;
+        expires_ms = mm.expires_ms;
+      } else if (ssd_ && ssd_->Contains(key, nullptr, &sm)) {
+        u.tier = Tier::kSsd;
+        u.kind = sm.kind;
+        std::memcpy(u.parent.data(), &sm.parent_id, sizeof(sm.parent_id));
+        u.recompute_tokens = sm.recompute_tokens;
+        expires_ms = FromUnix(sm.expires_unix_ms);
+      } else {
+        continue;
+      }
+      if (Expired(expires_ms)) continue;
+      u.ttl_left_ms = expires_ms == 0 ? 0 : expires_ms - NowMs();
+      out->push_back(u);
+    }
+  }
+  cursor->done = cursor->bucket >= dir_.bucket_count();
+}
+
+Tier TierManagerImpl::Locate(const Key& key, bool* expired) const {
+  *expired = false;
+  MemMeta m;
+  if (hbm_ && hbm_->Contains(key, &m)) {
+    *expired = Expired(m.expires_ms);
+    return Tier::kHbm;
+  }
+  if (dram_ && dram_->Contains(key, &m)) {
+    *expired = Expired(m.expires_ms);
+    return Tier::kDram;
+  }
+  if (ssd_ && ssd_->Contains(key)) return Tier::kSsd;  // expiry checked on read
+  return Tier::kNone;
+}
+
+Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from,
+                                ReadMode mode, const RequestTag& request) {
+  const bool peek = mode == ReadMode::kPeek;
+  out->clear();
+  auto expire = [&]() -> Status {
+    {
+      std::lock_guard lock(mu_);
+      ExpireLocked(key);
+    }
+    out->clear();
+    if (!peek) CountMiss(MissReason::kExpired);
+    return Status::NotFound("expired");
+  };
+  for (Tier t : {Tier::kHbm, Tier::kDram}) {
+    MemoryTier* mem = MemTier(t);
+    MemMeta m;
+    if (mem && mem->Read(key, out, &m, /*count=*/!peek, &request).ok()) {
+      if (Expired(m.expires_ms)) return expire();
+      if (from != nullptr) *from = t;
+      return Status::Ok();
+    }
+  }
+  if (ssd_) {
+    SsdMeta sm;
+    Status st = ssd_->Get(key, out, &sm, &request);
+    if (st.ok()) {
+      if (ExpiredUnix(sm.expires_unix_ms)) return expire();
+      if (from != nullptr) *from = Tier::kSsd;
+      if ((dram_ || hbm_) && !peek) {
+        std::unique_lock lock(mu_, std::defer_lock);
+        if (mode == ReadMode::kPrefetch) {
+          lock.lock();
+        } else {
+          (void)lock.try_lock();  // never make a reader wait for a writer to promote
+        }
+        if (lock.owns_lock()) PromoteLocked(request, key, *out, sm);
+      }
+      return Status::Ok();
+    }
+    out->clear();
+    if (st.IsCorruption()) {
+      {
+        std::lock_guard lock(mu_);
+        DroppedLocked(key, MissReason::kChecksumFailure);
+      }
+      if (!peek) CountMiss(MissReason::kChecksumFailure);
+      ReportChecksumFailure(key, sm);
+      return Status::NotFound("checksum failure: unit quarantined");
+    }
+    if (st.IsIOError()) {
+      io_errors_.fetch_add(1);
+      if (!peek) CountMiss(MissReason::kIoError);
+      return Status::NotFound("io_error: ssd read failed: " + st.message());
+    }
+  }
+  MissReason r = misses_.Reason(key);
+  if (!peek) CountMiss(r);
+  return Status::NotFound(MissReasonName(r));
+}
+
+void TierManagerImpl::GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
+                               std::vector<Tier>* froms, std::vector<Status>* results,
+                               const RequestTag& given) {
+  const RequestTag request = given.id != 0 ? given : BeginRequest();
+  const size_t n = keys.size();
+  outs->resize(n);
+  if (froms != nullptr) froms->assign(n, Tier::kNone);
+  if (n > kMaxBatch) {
+    results->assign(n, Status::InvalidArgument("batch larger than kMaxBatch"));
+    return;
+  }
+  results->assign(n, Status::Ok());
+  GetBatchImpl(
+      keys, request, [&](size_t i) { return &(*outs)[i]; },
+      [&](size_t i, const Status& st, Tier from, std::span<const uint8_t> value) {
+        (*results)[i] = st;
+        if (froms != nullptr) (*froms)[i] = from;
+        std::vector<uint8_t>& out = (*outs)[i];
+        if (value.data() != out.data() || value.size() != out.size()) {
+          out.assign(value.begin(), value.end());  // an SSD value (viewed in its read region)
+        }
+      });
+}
+
+void TierManagerImpl::GetBatchVisit(std::span<const Key> keys, const BatchVisitor& visit,
+                                    const RequestTag& given, const std::function<void()>& visited) {
+  const RequestTag request = given.id != 0 ? given : BeginRequest();
+  if (keys.size() > kMaxBatch) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      visit(i, Status::InvalidArgument("batch larger than kMaxBatch"), Tier::kNone, {});
+    }
+    if (visited) visited();
+    return;
+  }
+  std::vector<uint8_t> scratch;  // memory-tier values, one at a time: no allocation per key
+  GetBatchImpl(
+      keys, request, [&](size_t) { return &scratch; }, visit, visited);
+}
+
+void TierManagerImpl::GetBatchImpl(std::span<const Key> keys, const RequestTag& request,
+                                   const std::function<std::vector<uint8_t>*(size_t)>& slot,
+                                   const BatchVisitor& visit,
+                                   const std::function<void()>& visited) {
+  const size_t n = keys.size();
+  // The SSD units are read in one batch first; then every key, in order, takes its path and
+  // reports its hit to its tier's policy (memory: Get's path; SSD: ReportHit), and the SSD
+  // hits are promoted last, so that the policies see the batch as the simulator replays it.
+  std::vector<size_t> ssd_slot(n, SIZE_MAX);
+  std::vector<Key> ssd_keys;
+  ssd_keys.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    bool expired = false;
+    if (ssd_ && Locate(keys[i], &expired) == Tier::kSsd) {
+      ssd_slot[i] = ssd_keys.size();
+      ssd_keys.push_back(keys[i]);
+    }
+  }
+  // The SSD values stay in the batch's read region (verified there) until the promotions
+  // below have copied them: no vector per unit.
+  SsdTier::Batch read;
+  if (!ssd_keys.empty()) ssd_->GetBatch(ssd_keys, &read, &request, /*report_hits=*/false);
+  // A value GetImpl read into *slot(i): visited where it lies.
+  auto get = [&](size_t i) {
+    std::vector<uint8_t>* out = slot(i);
+    Tier from = Tier::kNone;
+    Status st = GetImpl(keys[i], out, &from, ReadMode::kGet, request);
+    visit(i, st, from, st.ok() ? std::span<const uint8_t>(*out) : std::span<const uint8_t>());
+  };
+  std::vector<size_t> promote;  // keys read from SSD, in order
+  promote.reserve(ssd_keys.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (ssd_slot[i] == SIZE_MAX) {
+      get(i);
+      continue;
+    }
+    const size_t j = ssd_slot[i];
+    const Key& key = keys[i];
+    const Status& st = read.result(j);
+    if (st.IsCorruption()) {  // quarantined by the SSD tier, as in Get
+      {
+        std::lock_guard lock(mu_);
+        DroppedLocked(key, MissReason::kChecksumFailure);
+      }
+      CountMiss(MissReason::kChecksumFailure);
+      ReportChecksumFailure(key, read.meta(j));
+      visit(i, Status::NotFound("checksum failure: unit quarantined"), Tier::kNone, {});
+      continue;
+    }
+    if (st.IsIOError()) {
+      io_errors_.fetch_add(1);
+      CountMiss(MissReason::kNeverStored);
+      visit(i, Status::NotFound("ssd read failed: " + st.message()), Tier::kNone, {});
+      continue;
+    }
+    if (!st.ok() || ExpiredUnix(read.meta(j).expires_unix_ms)) {
+      // Gone since Locate, or expired: Get's path (it re-reads, and accounts the miss).
+      get(i);
+      continue;
+    }
+    ssd_->ReportHit(key, &request);
+    visit(i, Status::Ok(), Tier::kSsd, read.value(j));
+    promote.push_back(i);
+  }
+  // Every key was visited: the caller may answer now (GetBatchVisit's `visited`). The
+  // promotions below re-check each unit under mu_, so a delete or put after this is honoured.
+  if (visited) visited();
+  // The SSD hits are promoted after every hit of the batch was reported (in key order; the
+  // simulator's order): a promotion's demotions then never evict a unit the batch has yet to
+  // report. A unit the SSD evicted meanwhile is not promoted (PromoteLocked checks). Each is
+  // copied once, from the read region into its memory-tier chunk.
+  if (promote.empty() || (!dram_ && !hbm_)) return;
+  std::unique_lock lock(mu_, std::try_to_lock);  // never make a reader wait to promote
+  if (!lock.owns_lock()) return;
+  // Under the prefix layer deepest first, as the simulator inserts a request's units.
+  if (o_.eviction_structure == policies::Structure::kPrefix) {
+    std::reverse(promote.begin(), promote.end());
+  }
+  for (size_t i : promote) {
+    PromoteLocked(request, keys[i], read.value(ssd_slot[i]), read.meta(ssd_slot[i]));
+  }
+  if (o_.eviction_structure != policies::Structure::kPrefix) return;
+  // As the simulator under the prefix layer: a unit of the batch whose predecessor in it the
+  // promotions evicted after all (the request outgrew what the layer gives back) leaves the
+  // tier, since a cached unit whose prefix is gone is of no use.
+  MemoryTier* mem = dram_ ? dram_.get() : hbm_.get();
+  for (size_t k = 1; k < n; ++k) {
+    if (WritingLocked(keys[k]) || !mem->Contains(keys[k]) || mem->Contains(keys[k - 1])) continue;
+    (void)mem->Remove(keys[k], &request);
+    DroppedLocked(keys[k], MissReason::kEvicted);  // unless another tier still holds it
+  }
+}
+
+void TierManagerImpl::PromoteLocked(const RequestTag& request, const Key& key,
+                                    std::span<const uint8_t> value, const SsdMeta& sm) {
+  if (WritingLocked(key)) return;  // a put of the key is in flight: it places the new version
+  uint64_t version = 0;
+  if (!ssd_->Contains(key, &version) || version != sm.version) return;  // changed meanwhile
+  if ((dram_ && dram_->Contains(key)) || (hbm_ && hbm_->Contains(key))) return;
+  MemMeta meta;
+  meta.tenant = sm.tenant;
+  meta.version = sm.version;
+  meta.kind = sm.kind;
+  meta.expires_ms = FromUnix(sm.expires_unix_ms);
+  meta.parent_id = sm.parent_id;
+  meta.recompute_tokens = sm.recompute_tokens;
+  meta.allow_ssd = true;
+  meta.size_bytes = static_cast<uint32_t>(value.size());
+  Tier target = dram_ ? Tier::kDram : Tier::kHbm;
+  MemoryTier* mem = MemTier(target);
+  if (value.size() > mem->max_value_bytes()) return;
+  mem->NoteMiss(key, value.size(), &request);
+  while (true) {
+    Status st = mem->Insert(key, value, meta, !PinnedLocked(key), &request);
+    if (st.ok() || !st.IsRejected()) return;
+    auto victim = mem->PickVictim(&request);
+    if (!victim) return;
+    DemoteLocked(&request, target, *victim);
+  }
+}
+
+LookupResult TierManagerImpl::Lookup(std::span<const Key> chain) {
+  LookupResult r;
+  size_t n = std::min(chain.size(), kMaxBatch);
+  for (size_t i = 0; i < n; ++i) {
+    bool expired = false;
+    // SSD expiry is enforced on Get, not here (reading the record's meta per key would cost
+    // an index read): a Lookup hit on an expired SSD unit can miss on the following Get.
+    Tier t = Locate(chain[i], &expired);
+    if (expired) {
+      std::lock_guard lock(mu_);
+      ExpireLocked(chain[i]);
+      t = Tier::kNone;
+    }
+    if (t == Tier::kNone) {
+      r.first_miss = misses_.Reason(chain[i]);
+      CountMiss(r.first_miss);
+      return r;
+    }
+    r.tiers.push_back(t);
+    ++r.hit_count;
+  }
+  return r;
+}
+
+Status TierManagerImpl::Prefetch(std::span<const Key> keys) {
+  if (keys.size() > kMaxBatch) return Status::InvalidArgument("batch larger than kMaxBatch");
+  const RequestTag request = BeginRequest();
+  std::vector<uint8_t> buf;
+  for (const Key& k : keys) {
+    bool expired = false;
+    if (Locate(k, &expired) != Tier::kSsd) continue;
+    Status st = GetImpl(k, &buf, nullptr, ReadMode::kPrefetch, request);
+    (void)st;  // a miss is skipped
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvtier::storage::internal

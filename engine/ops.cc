@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numbers>
 
@@ -247,6 +249,68 @@ void ApplyRopeRotation(float* x, const float* c, const float* s, int pairs, bool
     x[2 * i] = a * c[i] - b * si;
     x[2 * i + 1] = a * si + b * c[i];
   }
+}
+
+namespace {
+
+// An integer that orders (score, index) pairs as TopKByScore's order does: larger is better.
+// The score's bits made monotone (+0.0 and -0.0 both map to +0.0's) above, the index inverted
+// below.
+inline uint64_t TopKKey(float score, int32_t index) {
+  const uint32_t b = std::bit_cast<uint32_t>(score + 0.0f);  // -0.0 + 0.0 == +0.0
+  const uint32_t ord = (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
+  return (static_cast<uint64_t>(ord) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(index));
+}
+
+}  // namespace
+
+void TopKByScore(const float* score, const int32_t* candidates, int64_t n, int k,
+                 std::vector<int32_t>* out) {
+  out->clear();
+  if (n <= k) {
+    out->assign(candidates, candidates + n);
+    std::sort(out->begin(), out->end());
+    return;
+  }
+  if (k <= 0) return;
+  // A min-heap of the best k keys so far: its top is the worst of them.
+  uint64_t stack_heap[64];
+  std::vector<uint64_t> big;
+  uint64_t* heap = stack_heap;
+  if (k > 64) {
+    big.resize(static_cast<size_t>(k));
+    heap = big.data();
+  }
+  const auto greater = std::greater<uint64_t>();
+  for (int i = 0; i < k; ++i) heap[i] = TopKKey(score[candidates[i]], candidates[i]);
+  std::make_heap(heap, heap + k, greater);
+  for (int64_t i = k; i < n; ++i) {
+    const uint64_t key = TopKKey(score[candidates[i]], candidates[i]);
+    if (key <= heap[0]) continue;
+    std::pop_heap(heap, heap + k, greater);
+    heap[k - 1] = key;
+    std::push_heap(heap, heap + k, greater);
+  }
+  out->resize(static_cast<size_t>(k));
+  for (int i = 0; i < k; ++i)
+    (*out)[i] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(heap[i]));
+  std::sort(out->begin(), out->end());
+}
+
+void TopKByScoreReference(const float* score, const int32_t* candidates, int64_t n, int k,
+                          std::vector<int32_t>* out) {
+  out->assign(candidates, candidates + n);
+  auto better = [&](int32_t a, int32_t b) {
+    if (score[a] != score[b]) return score[a] > score[b];
+    return a < b;
+  };
+  if (n > k) {
+    // `better` is a strict total order (ties broken by index), so the k best are one set
+    // whichever selection algorithm finds them.
+    std::nth_element(out->begin(), out->begin() + k, out->end(), better);
+    out->resize(static_cast<size_t>(k));
+  }
+  std::sort(out->begin(), out->end());
 }
 
 float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }

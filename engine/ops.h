@@ -81,6 +81,17 @@ void ApplyRope(float* x, const std::vector<double>& freqs, int64_t pos, bool inv
 void RopeRotation(const std::vector<double>& freqs, int64_t pos, float* c, float* s);
 void ApplyRopeRotation(float* x, const float* c, const float* s, int pairs, bool inverse);
 
+// The k best of candidates[0..n) (indices into score) under "higher score first, ties to the
+// lower index" (a strict total order for scores without NaN; -0.0 and +0.0 tie), written to *out
+// in increasing index order; all of them when n <= k. TopKByScore keeps a k-entry heap of
+// (score, index) keys packed into one integer each, so most candidates cost one compare;
+// TopKByScoreReference is the std::nth_element selection it replaced. For scores without NaN
+// both write the same indices (the set of the k best is unique), tests/engine.
+void TopKByScore(const float* score, const int32_t* candidates, int64_t n, int k,
+                 std::vector<int32_t>* out);
+void TopKByScoreReference(const float* score, const int32_t* candidates, int64_t n, int k,
+                          std::vector<int32_t>* out);
+
 float Sigmoid(float x);
 float Silu(float x);
 float Softplus(float x);

@@ -310,8 +310,8 @@ void Engine::PreMix(int n, const float* x, const float* pre, const float* norm_w
     // y = sum over the streams i of pre[i] * x[i]: a zeroed row plus one Axpy per stream.
     WeightedRowSums(pre + static_cast<int64_t>(t) * hc, 1, x + static_cast<int64_t>(t) * hc * D, hc,
                     D, y, /*avx2=*/true);
-    RmsNorm(y, norm_w, D, config_.rms_norm_eps, y);
   }
+  RmsNormRows(xn, n, norm_w, D, config_.rms_norm_eps, xn);
 }
 
 void Engine::MixSublayer(int n, float* x, const float* f_out, const float* post,

@@ -195,16 +195,38 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
           failed = true;
           return;
         }
-        // dots[j * M + t * IH + h] = Dot(q of row t, head h; key j0 + j).
-        HcMixDots(q, M, keys.data(), nk, id, dots.data(), /*avx2=*/true);
-        for (int j = 0; j < nk; ++j) {
-          const float* dj = dots.data() + static_cast<int64_t>(j) * M;
-          for (int t = 0; t < gn; ++t) {
+        // dots[(t * IH + h) * nk + j] = Dot(key j0 + j; q of row t, head h), which is Dot(q, key)
+        // (the same products, summed in the same order).
+        HcMixDots(keys.data(), nk, q, M, id, dots.data(), /*avx2=*/true);
+        // s = 0, then per head in order s += ReLU(dot) * weight: four keys per vector step, each
+        // lane the scalar loop's products and sums (ReLU as std::max(dot, 0): -0.0 and NaN kept).
+        typedef float V4 __attribute__((vector_size(16)));
+        typedef int32_t I4 __attribute__((vector_size(16)));
+        const V4 zero = {0, 0, 0, 0};
+        for (int t = 0; t < gn; ++t) {
+          float* srow = scores.data() + static_cast<int64_t>(t) * nv_max + j0;
+          const float* dt = dots.data() + static_cast<int64_t>(t) * IH * nk;
+          const float* wt = hw.data() + static_cast<int64_t>(t) * IH;
+          int j = 0;
+          for (; j + 4 <= nk; j += 4) {
+            V4 s = zero;
+            for (int h = 0; h < IH; ++h) {
+              V4 d;
+              std::memcpy(&d, dt + static_cast<int64_t>(h) * nk + j, sizeof d);
+              const I4 neg = d < zero;
+              const V4 relu = reinterpret_cast<V4>(reinterpret_cast<I4>(d) & ~neg);
+              const V4 w = {wt[h], wt[h], wt[h], wt[h]};
+              const V4 p = relu * w;
+              s += p;
+            }
+            std::memcpy(srow + j, &s, sizeof s);
+          }
+          for (; j < nk; ++j) {
             float s = 0;
             for (int h = 0; h < IH; ++h) {
-              s += std::max(dj[t * IH + h], 0.0f) * hw[t * IH + h];  // ReLU before the weight
+              s += std::max(dt[static_cast<int64_t>(h) * nk + j], 0.0f) * wt[h];
             }
-            scores[static_cast<int64_t>(t) * nv_max + j0 + j] = s;
+            srow[j] = s;
           }
         }
       }
@@ -292,10 +314,7 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
   if (compress) from_x.push_back({xa, n, D, lw.c_wkv, lw.pk_c_wkv, hd, a->ckv.data()});
   if (gated) from_x.push_back({xa, n, D, lw.c_wgate, lw.pk_c_wgate, hd, a->cgate.data()});
   MmMany(pool_.get(), from_x);
-  for (int t = 0; t < n; ++t) {
-    float* qt = a->qr.data() + static_cast<int64_t>(t) * ql;
-    RmsNorm(qt, lw.q_norm, ql, c.rms_norm_eps, qt);
-  }
+  RmsNormRows(a->qr.data(), n, lw.q_norm, ql, c.rms_norm_eps, a->qr.data());
   MatMulPart from_q[2] = {{a->qr.data(), n, ql, lw.wq_b, lw.pk_wq_b, H * hd, a->q.data()},
                           {a->qr.data(), n, ql, lw.i_wq_b, lw.pk_i_wq_b, IH * id, a->iq.data()}};
   MmMany(pool_.get(), std::span<MatMulPart>(from_q, indexed ? 2 : 1));
@@ -317,11 +336,8 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
       rope(a->q.data() + (static_cast<int64_t>(t) * H + h) * hd + hd - rd, t);
   }
   // SWA entries of these rows: kv_norm(wkv x), RoPE, FP8 e4m3 + ue8m0/32 (and back).
-  for (int t = 0; t < n; ++t) {
-    float* kt = a->kv.data() + static_cast<int64_t>(t) * hd;
-    RmsNorm(kt, lw.kv_norm, hd, c.rms_norm_eps, kt);
-    rope(kt + hd - rd, t);
-  }
+  RmsNormRows(a->kv.data(), n, lw.kv_norm, hd, c.rms_norm_eps, a->kv.data());
+  for (int t = 0; t < n; ++t) rope(a->kv.data() + static_cast<int64_t>(t) * hd + hd - rd, t);
   a->kv_data.resize(static_cast<size_t>(n) * hd);
   a->kv_scales.resize(static_cast<size_t>(n) * hd / 32);
   KVTIER_RETURN_IF_ERROR(kernels::Quantize(QuantFormat::kFp8Ue8m0x32, a->kv.data(), n, hd,

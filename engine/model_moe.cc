@@ -30,18 +30,24 @@ struct ExpertRows {
   std::vector<float> x, weight;
   int rows() const { return static_cast<int>(slots.size()); }
 };
+// Fills *g (its buffers reused from expert to expert).
+void GatherExpertRowsInto(int32_t e, int64_t n_slots, int K, int D, const int32_t* chosen,
+                          const float* weight, const float* xn, ExpertRows* g) {
+  g->slots.clear();
+  for (int64_t i = 0; i < n_slots; ++i) {
+    if (chosen[i] == e) g->slots.push_back(i);
+  }
+  g->x.resize(g->slots.size() * D);
+  g->weight.resize(g->slots.size());
+  for (size_t r = 0; r < g->slots.size(); ++r) {
+    std::memcpy(g->x.data() + r * D, xn + (g->slots[r] / K) * D, D * 4);
+    g->weight[r] = weight[g->slots[r]];
+  }
+}
 ExpertRows GatherExpertRows(int32_t e, int64_t n_slots, int K, int D, const int32_t* chosen,
                             const float* weight, const float* xn) {
   ExpertRows g;
-  for (int64_t i = 0; i < n_slots; ++i) {
-    if (chosen[i] == e) g.slots.push_back(i);
-  }
-  g.x.resize(g.slots.size() * D);
-  g.weight.resize(g.slots.size());
-  for (size_t r = 0; r < g.slots.size(); ++r) {
-    std::memcpy(g.x.data() + r * D, xn + (g.slots[r] / K) * D, D * 4);
-    g.weight[r] = weight[g.slots[r]];
-  }
+  GatherExpertRowsInto(e, n_slots, K, D, chosen, weight, xn, &g);
   return g;
 }
 
@@ -94,11 +100,12 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
   if (trace_ != nullptr) {
     for (int32_t e : chosen) trace_->expert_tokens[layer][e] += 1;
   }
-  // The SwiGLU MLP of `rows` rows with w1, w3, w2 (pk: their packed copies).
+  // The SwiGLU MLP of `rows` rows with w1, w3, w2 (pk: their packed copies); g and u: scratch.
   auto swiglu = [&](const float* x, int rows, const float* const w[3],
                     const PackedMatrix* const pk[3], int inter, const float* row_weight, float* y,
-                    ThreadPool* pool) {
-    std::vector<float> g(static_cast<size_t>(rows) * inter), u(g.size());
+                    ThreadPool* pool, std::vector<float>& g, std::vector<float>& u) {
+    g.resize(static_cast<size_t>(rows) * inter);
+    u.resize(g.size());
     Mm(pool, x, rows, D, w[0], pk[0], inter, g.data());
     Mm(pool, x, rows, D, w[1], pk[1], inter, u.data());
     SwigluActivate(rows, inter, limit, row_weight, g.data(), u.data());
@@ -152,21 +159,24 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
   // Otherwise the threads take whole experts. MatMul's results do not depend on the pool, so
   // neither do the outputs.
   pool_->ParallelFor(E, [&](int64_t b, int64_t e_end) {
+    ExpertRows grp;  // the section's buffers, reused from expert to expert
+    std::vector<float> yg, g, u;
     for (int64_t e = b; e < e_end; ++e) {
-      const ExpertRows grp = GatherExpertRows(static_cast<int32_t>(e), static_cast<int64_t>(n) * K,
-                                              K, D, chosen.data(), weight.data(), xn);
+      GatherExpertRowsInto(static_cast<int32_t>(e), static_cast<int64_t>(n) * K, K, D,
+                           chosen.data(), weight.data(), xn, &grp);
       if (grp.slots.empty()) continue;
-      std::vector<float> yg(grp.x.size());
+      yg.resize(grp.x.size());
       const float* w[3] = {lw.w1[e], lw.w3[e], lw.w2[e]};
       const PackedMatrix* pk[3] = {lw.pk_w1[e], lw.pk_w3[e], lw.pk_w2[e]};
-      swiglu(grp.x.data(), grp.rows(), w, pk, I, grp.weight.data(), yg.data(), nullptr);
+      swiglu(grp.x.data(), grp.rows(), w, pk, I, grp.weight.data(), yg.data(), nullptr, g, u);
       ScatterExpertRows(grp, D, yg.data(), routed.data());
     }
   });
   if (lw.s_w1 != nullptr) {
     const float* w[3] = {lw.s_w1, lw.s_w3, lw.s_w2};
     const PackedMatrix* pk[3] = {lw.pk_s_w1, lw.pk_s_w3, lw.pk_s_w2};
-    swiglu(xn, n, w, pk, I * c.n_shared_experts, nullptr, shared.data(), pool_.get());
+    std::vector<float> g, u;
+    swiglu(xn, n, w, pk, I * c.n_shared_experts, nullptr, shared.data(), pool_.get(), g, u);
   }
   CombineExperts(n, K, D, routed.data(), shared.data(), out);
 }

@@ -396,13 +396,14 @@ TEST(Ops, WeightedRowSumsAreAxpysBitForBit) {
 }
 
 // The rows of HcMixesRows are the scalar reference's rows, for row counts across its 16-row
-// blocks and its four-row mean-square groups, lengths with and without a tail.
+// blocks, its eight-row mean-square groups and its Sinkhorn on four, three, two rows side by side
+// or one alone, lengths with and without a tail.
 TEST(Ops, HcMixesRowsIsTheScalarReferenceRowByRow) {
   std::mt19937 rng(19);
   std::normal_distribution<float> g(0.0f, 1.0f);
   for (int hc : {1, 3, 4, 5}) {
     for (int dim : {7, 24}) {
-      for (int rows : {1, 2, 4, 5, 16, 17, 37}) {
+      for (int rows : {1, 2, 3, 4, 5, 6, 7, 16, 17, 37}) {
         const int n = hc * dim, m = (2 + hc) * hc;
         std::vector<float> x(static_cast<size_t>(rows) * n), fn(static_cast<size_t>(m) * n),
             base(m), scale = {0.7f, 1.3f, 2.1f};
@@ -699,6 +700,35 @@ TEST(Ops, TopKByScoreIsTheReferenceSelection) {
         TopKByScore(score.data(), cand.data(), n, k, &got);
         TopKByScoreReference(score.data(), cand.data(), n, k, &want);
         ASSERT_EQ(got, want) << "n " << n << " k " << k << " trial " << trial;
+      }
+    }
+  }
+}
+
+// RmsNormRows is one RmsNorm per row, bit for bit: row counts across its groups of eight and
+// tail, with and without a weight, in place and not, values over many binades.
+TEST(Ops, RmsNormRowsIsRmsNormRowByRow) {
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (int n : {1, 7, 64}) {
+    for (int rows : {1, 3, 4, 5, 8, 9, 13}) {
+      std::vector<float> x(static_cast<size_t>(rows) * n), w(n);
+      for (float& f : x) f = u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 30) - 15);
+      for (float& f : w) f = u(rng);
+      for (const float* weight :
+           {static_cast<const float*>(nullptr), static_cast<const float*>(w.data())}) {
+        std::vector<float> want(x.size()), got(x.size()), in_place = x;
+        for (int t = 0; t < rows; ++t) {
+          RmsNorm(x.data() + static_cast<size_t>(t) * n, weight, n, 1e-20,
+                  want.data() + static_cast<size_t>(t) * n);
+        }
+        RmsNormRows(x.data(), rows, weight, n, 1e-20, got.data());
+        RmsNormRows(in_place.data(), rows, weight, n, 1e-20, in_place.data());
+        for (size_t i = 0; i < x.size(); ++i) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+              << "n " << n << " rows " << rows << " element " << i;
+          ASSERT_EQ(std::bit_cast<uint32_t>(in_place[i]), std::bit_cast<uint32_t>(want[i]));
+        }
       }
     }
   }

@@ -317,34 +317,36 @@ void Engine::PreMix(int n, const float* x, const float* pre, const float* norm_w
 void Engine::MixSublayer(int n, float* x, const float* f_out, const float* post,
                          const float* comb) const {
   const int D = config_.hidden_size, hc = config_.hc_mult;
-  std::vector<float> old(static_cast<size_t>(hc) * D);
+  // x[j][d] = post[j] * f[d] + sum over i in order of comb[i][j] * x_old[i][d]. Every stream's
+  // old elements at d (four d per vector step) are loaded before any new one is stored there, so
+  // the streams are updated in place; each element's products and sums are the scalar loop's.
+  typedef float V4 __attribute__((vector_size(16)));
   for (int t = 0; t < n; ++t) {
     float* xt = x + static_cast<int64_t>(t) * hc * D;
-    std::memcpy(old.data(), xt, old.size() * 4);
     const float* f = f_out + static_cast<int64_t>(t) * D;
     const float* cb = comb + static_cast<int64_t>(t) * hc * hc;
-    for (int j = 0; j < hc; ++j) {
-      float* out = xt + static_cast<int64_t>(j) * D;
-      const float pj = post[t * hc + j];
-      // Four d per vector step; each element's products and sums are the scalar loop's.
-      typedef float V4 __attribute__((vector_size(16)));
-      int d = 0;
-      for (; d + 4 <= D; d += 4) {
-        V4 fv, acc;
-        std::memcpy(&fv, f + d, sizeof fv);
-        acc = pj * fv;
+    const float* pt = post + static_cast<int64_t>(t) * hc;
+    int d = 0;
+    for (; d + 4 <= D; d += 4) {
+      V4 fv, ov[16];  // hc <= 16
+      std::memcpy(&fv, f + d, sizeof fv);
+      for (int i = 0; i < hc; ++i) std::memcpy(&ov[i], xt + static_cast<int64_t>(i) * D + d, 16);
+      for (int j = 0; j < hc; ++j) {
+        V4 acc = pt[j] * fv;
         for (int i = 0; i < hc; ++i) {
-          V4 ov;
-          std::memcpy(&ov, old.data() + static_cast<size_t>(i) * D + d, sizeof ov);
-          const V4 prod = cb[i * hc + j] * ov;
+          const V4 prod = cb[i * hc + j] * ov[i];
           acc += prod;
         }
-        std::memcpy(out + d, &acc, sizeof acc);
+        std::memcpy(xt + static_cast<int64_t>(j) * D + d, &acc, sizeof acc);
       }
-      for (; d < D; ++d) {
-        float acc = pj * f[d];
-        for (int i = 0; i < hc; ++i) acc += cb[i * hc + j] * old[static_cast<size_t>(i) * D + d];
-        out[d] = acc;
+    }
+    for (; d < D; ++d) {
+      float old[16];
+      for (int i = 0; i < hc; ++i) old[i] = xt[static_cast<int64_t>(i) * D + d];
+      for (int j = 0; j < hc; ++j) {
+        float acc = pt[j] * f[d];
+        for (int i = 0; i < hc; ++i) acc += cb[i * hc + j] * old[i];
+        xt[static_cast<int64_t>(j) * D + d] = acc;
       }
     }
   }

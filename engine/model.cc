@@ -189,13 +189,12 @@ Status Engine::Bind() {
   return Status::Ok();
 }
 
-void Engine::Mm(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out,
-                float* y) const {
-  MatMul(pool, x, rows, in, w, packed_.Find(w, in, out), out, y);
+void Engine::Mm(ThreadPool* pool, const float* x, int rows, int in, const float* w,
+                const PackedMatrix* pw, int out, float* y) const {
+  MatMul(pool, x, rows, in, w, pw, out, y);
 }
 
 void Engine::MmMany(ThreadPool* pool, std::span<MatMulPart> parts) const {
-  for (MatMulPart& p : parts) p.packed = packed_.Find(p.w, p.in, p.out);
   MatMulMany(pool, parts.data(), static_cast<int>(parts.size()));
 }
 
@@ -203,33 +202,43 @@ void Engine::PackMatMulWeights() {
   const EngineConfig& c = config_;
   const int D = c.hidden_size, hd = c.head_dim, ql = c.q_lora_rank, H = c.num_attention_heads;
   const int G = c.o_groups, ol = c.o_lora_rank, gin = (H / G) * hd, I = c.moe_intermediate_size;
-  auto pack = [&](const float* w, int in, int out) { packed_.Add(w, in, out); };
+  // The copy of (w, in, out), or null (absent matrix, scalar kernel).
+  auto pack = [&](const float* w, int in, int out) {
+    packed_.Add(w, in, out);
+    return packed_.Find(w, in, out);
+  };
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& lw = layers_[l];
-    pack(lw.wq_a, D, ql);
-    pack(lw.wq_b, ql, H * hd);
-    pack(lw.wkv, D, hd);
-    for (int g = 0; g < G; ++g) pack(lw.wo_a + static_cast<int64_t>(g) * ol * gin, gin, ol);
-    pack(lw.wo_b, G * ol, D);
-    pack(lw.c_wkv, D, hd);
-    pack(lw.c_wgate, D, hd);
-    pack(lw.i_wk, hd, c.index_head_dim);
-    pack(lw.i_wq_b, ql, c.index_n_heads * c.index_head_dim);
-    pack(lw.i_wproj, D, c.index_n_heads);
-    pack(lw.gate, D, c.n_routed_experts);
+    LayerWeights& lw = layers_[l];
+    lw.pk_wq_a = pack(lw.wq_a, D, ql);
+    lw.pk_wq_b = pack(lw.wq_b, ql, H * hd);
+    lw.pk_wkv = pack(lw.wkv, D, hd);
+    lw.pk_wo_a.resize(G);
+    for (int g = 0; g < G; ++g)
+      lw.pk_wo_a[g] = pack(lw.wo_a + static_cast<int64_t>(g) * ol * gin, gin, ol);
+    lw.pk_wo_b = pack(lw.wo_b, G * ol, D);
+    lw.pk_c_wkv = pack(lw.c_wkv, D, hd);
+    lw.pk_c_wgate = pack(lw.c_wgate, D, hd);
+    lw.pk_i_wk = pack(lw.i_wk, hd, c.index_head_dim);
+    lw.pk_i_wq_b = pack(lw.i_wq_b, ql, c.index_n_heads * c.index_head_dim);
+    lw.pk_i_wproj = pack(lw.i_wproj, D, c.index_n_heads);
+    lw.pk_gate = pack(lw.gate, D, c.n_routed_experts);
+    lw.pk_w1.resize(lw.w1.size());
+    lw.pk_w2.resize(lw.w1.size());
+    lw.pk_w3.resize(lw.w1.size());
     for (size_t e = 0; e < lw.w1.size(); ++e) {
-      pack(lw.w1[e], D, I);
-      pack(lw.w3[e], D, I);
-      pack(lw.w2[e], I, D);
+      lw.pk_w1[e] = pack(lw.w1[e], D, I);
+      lw.pk_w3[e] = pack(lw.w3[e], D, I);
+      lw.pk_w2[e] = pack(lw.w2[e], I, D);
     }
-    pack(lw.s_w1, D, I * c.n_shared_experts);
-    pack(lw.s_w3, D, I * c.n_shared_experts);
-    pack(lw.s_w2, I * c.n_shared_experts, D);
+    lw.pk_s_w1 = pack(lw.s_w1, D, I * c.n_shared_experts);
+    lw.pk_s_w3 = pack(lw.s_w3, D, I * c.n_shared_experts);
+    lw.pk_s_w2 = pack(lw.s_w2, I * c.n_shared_experts, D);
     if (lw.e_wkv != nullptr) {
-      pack(lw.e_wkv, engram_hash_->num_columns() * c.engram_head_dim, (c.hc_mult + 1) * D);
+      lw.pk_e_wkv =
+          pack(lw.e_wkv, engram_hash_->num_columns() * c.engram_head_dim, (c.hc_mult + 1) * D);
     }
   }
-  pack(head_w_, D, c.vocab_size);
+  head_pk_ = pack(head_w_, D, c.vocab_size);
 }
 
 SequenceState Engine::NewSequence() const {
@@ -301,41 +310,43 @@ void Engine::PreMix(int n, const float* x, const float* pre, const float* norm_w
     // y = sum over the streams i of pre[i] * x[i]: a zeroed row plus one Axpy per stream.
     WeightedRowSums(pre + static_cast<int64_t>(t) * hc, 1, x + static_cast<int64_t>(t) * hc * D, hc,
                     D, y, /*avx2=*/true);
-    RmsNorm(y, norm_w, D, config_.rms_norm_eps, y);
   }
+  RmsNormRows(xn, n, norm_w, D, config_.rms_norm_eps, xn);
 }
 
 void Engine::MixSublayer(int n, float* x, const float* f_out, const float* post,
                          const float* comb) const {
   const int D = config_.hidden_size, hc = config_.hc_mult;
-  std::vector<float> old(static_cast<size_t>(hc) * D);
+  // x[j][d] = post[j] * f[d] + sum over i in order of comb[i][j] * x_old[i][d]. Every stream's
+  // old elements at d (four d per vector step) are loaded before any new one is stored there, so
+  // the streams are updated in place; each element's products and sums are the scalar loop's.
+  typedef float V4 __attribute__((vector_size(16)));
   for (int t = 0; t < n; ++t) {
     float* xt = x + static_cast<int64_t>(t) * hc * D;
-    std::memcpy(old.data(), xt, old.size() * 4);
     const float* f = f_out + static_cast<int64_t>(t) * D;
     const float* cb = comb + static_cast<int64_t>(t) * hc * hc;
-    for (int j = 0; j < hc; ++j) {
-      float* out = xt + static_cast<int64_t>(j) * D;
-      const float pj = post[t * hc + j];
-      // Four d per vector step; each element's products and sums are the scalar loop's.
-      typedef float V4 __attribute__((vector_size(16)));
-      int d = 0;
-      for (; d + 4 <= D; d += 4) {
-        V4 fv, acc;
-        std::memcpy(&fv, f + d, sizeof fv);
-        acc = pj * fv;
+    const float* pt = post + static_cast<int64_t>(t) * hc;
+    int d = 0;
+    for (; d + 4 <= D; d += 4) {
+      V4 fv, ov[16];  // hc <= 16
+      std::memcpy(&fv, f + d, sizeof fv);
+      for (int i = 0; i < hc; ++i) std::memcpy(&ov[i], xt + static_cast<int64_t>(i) * D + d, 16);
+      for (int j = 0; j < hc; ++j) {
+        V4 acc = pt[j] * fv;
         for (int i = 0; i < hc; ++i) {
-          V4 ov;
-          std::memcpy(&ov, old.data() + static_cast<size_t>(i) * D + d, sizeof ov);
-          const V4 prod = cb[i * hc + j] * ov;
+          const V4 prod = cb[i * hc + j] * ov[i];
           acc += prod;
         }
-        std::memcpy(out + d, &acc, sizeof acc);
+        std::memcpy(xt + static_cast<int64_t>(j) * D + d, &acc, sizeof acc);
       }
-      for (; d < D; ++d) {
-        float acc = pj * f[d];
-        for (int i = 0; i < hc; ++i) acc += cb[i * hc + j] * old[static_cast<size_t>(i) * D + d];
-        out[d] = acc;
+    }
+    for (; d < D; ++d) {
+      float old[16];
+      for (int i = 0; i < hc; ++i) old[i] = xt[static_cast<int64_t>(i) * D + d];
+      for (int j = 0; j < hc; ++j) {
+        float acc = pt[j] * f[d];
+        for (int i = 0; i < hc; ++i) acc += cb[i * hc + j] * old[i];
+        xt[static_cast<int64_t>(j) * D + d] = acc;
       }
     }
   }
@@ -481,7 +492,7 @@ void Engine::Head(int n, const float* x, const float* pre, float* logits) {
   const int D = config_.hidden_size;
   std::vector<float> y(static_cast<size_t>(n) * D);
   PreMix(n, x, pre, norm_w_, y.data());
-  Mm(pool_.get(), y.data(), n, D, head_w_, config_.vocab_size, logits);
+  Mm(pool_.get(), y.data(), n, D, head_w_, head_pk_, config_.vocab_size, logits);
 }
 
 Status Engine::Forward(SequenceState* st, std::span<const int32_t> tokens, bool all_logits,

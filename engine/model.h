@@ -294,13 +294,16 @@ class Engine {
   Engine(const EngineConfig& config, std::shared_ptr<const ModelWeights> weights,
          const EngineOptions& options);
   Status Bind();
-  // Registers a packed copy of every weight matrix MatMul reads (engine/matmul.h).
+  // Registers a packed copy of every weight matrix MatMul reads (engine/matmul.h) and keeps a
+  // pointer to each beside its weight (LayerWeights::pk_*, head_pk_).
   void PackMatMulWeights();
-  // MatMul with W's packed copy from packed_ (no registry lock or lookup per call).
-  void Mm(ThreadPool* pool, const float* x, int rows, int in, const float* w, int out,
-          float* y) const;
-  // MatMulMany (ops.h) of the parts, with each W's packed copy from packed_: products that are
-  // independent of each other (e.g. sharing an input) in one parallel section when small.
+  // MatMul with W's packed copy `pw` as PackMatMulWeights resolved it (null: MatMul looks it up
+  // or packs), so that no call does a lookup.
+  void Mm(ThreadPool* pool, const float* x, int rows, int in, const float* w,
+          const PackedMatrix* pw, int out, float* y) const;
+  // MatMulMany (ops.h) of the parts, each with its `packed` copy as resolved at bind time:
+  // products that are independent of each other (e.g. sharing an input) in one parallel
+  // section when small.
   void MmMany(ThreadPool* pool, std::span<MatMulPart> parts) const;
   Status CheckTokens(std::span<const int32_t> tokens) const;
   void Embed(std::span<const int32_t> tokens, float* x, float* pre) const;
@@ -377,6 +380,7 @@ class Engine {
   std::vector<LayerWeights> layers_;
   std::vector<double> rope_main_, rope_compress_;
   const float *embed_w_ = nullptr, *norm_w_ = nullptr, *head_w_ = nullptr;  // bound once
+  const PackedMatrix* head_pk_ = nullptr;                                   // head_w_'s copy
   AttnRows attn_rows_;  // Attention's buffers, reused call to call
   std::unique_ptr<EngramHashing> engram_hash_;
   std::unique_ptr<LocalEngramRowSource> local_rows_;

@@ -21,31 +21,7 @@ using model_detail::kCacheReadBackend;
 using model_detail::kIndexRowsPerPass;
 using model_detail::kQuantBackend;
 using model_detail::QuantFormat;
-using model_detail::TopK;
 }  // namespace
-
-namespace model_detail {
-
-// Top-k of scores over `candidates` (entry indices), ties broken by the lowest index; the
-// result is returned in index order.
-std::vector<int32_t> TopK(const std::vector<float>& score, const std::vector<int32_t>& candidates,
-                          int k) {
-  std::vector<int32_t> c = candidates;
-  auto better = [&](int32_t a, int32_t b) {
-    if (score[a] != score[b]) return score[a] > score[b];
-    return a < b;
-  };
-  if (static_cast<int>(c.size()) > k) {
-    // `better` is a strict total order (ties broken by index), so the k best are one set
-    // whichever selection algorithm finds them.
-    std::nth_element(c.begin(), c.begin() + k, c.end(), better);
-    c.resize(k);
-  }
-  std::sort(c.begin(), c.end());
-  return c;
-}
-
-}  // namespace model_detail
 
 Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
                         ThreadPool* pool, const float* ckv_rows, const float* cgate_rows) {
@@ -70,8 +46,8 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
     const float* xin = xa + (first - p0) * D;
     own_kv.resize(static_cast<size_t>(rows) * hd);
     own_gate.resize(m > 1 ? own_kv.size() : 0);
-    MatMulPart proj[2] = {{xin, rows, D, lw.c_wkv, nullptr, hd, own_kv.data()},
-                          {xin, rows, D, lw.c_wgate, nullptr, hd, own_gate.data()}};
+    MatMulPart proj[2] = {{xin, rows, D, lw.c_wkv, lw.pk_c_wkv, hd, own_kv.data()},
+                          {xin, rows, D, lw.c_wgate, lw.pk_c_wgate, hd, own_gate.data()}};
     MmMany(pool, std::span<MatMulPart>(proj, m > 1 ? 2 : 1));
     ckv = own_kv.data();
     cg = own_gate.data();
@@ -118,7 +94,7 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
     return Status::Internal("engine: compressed entry out of order");
   // Indexer keys from the pre-RoPE latent: k = k_norm(wk(latent)), RoPE, FP4 (ue8m0 / 32).
   std::vector<float> ik(static_cast<size_t>(ne) * id);
-  Mm(pool, latents.data(), ne, hd, lw.i_wk, id, ik.data());
+  Mm(pool, latents.data(), ne, hd, lw.i_wk, lw.pk_i_wk, id, ik.data());
   for (int e = 0; e < ne; ++e) {
     float* kk = ik.data() + static_cast<int64_t>(e) * id;
     LayerNorm(kk, lw.i_kn_w, lw.i_kn_b, id, c.rms_norm_eps, kk);
@@ -151,91 +127,158 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
   const bool is_candidate_source = layer == c.candidate_source_layer_id;
   const bool restrict = c.layer_modes[layer] == LayerMode::kReindex &&
                         options_.use_candidate_pool && !rt->candidates.empty();
-  rt->topk.assign(n, {});
+  const int bs = c.candidate_block_size;
+  rt->topk.resize(n);
+  for (auto& v : rt->topk) v.clear();
   if (is_candidate_source) rt->candidates.assign(n, {});
-  std::vector<int64_t> cand_visible(n, 0), cand_pool(n, 0);
-  // Index keys are read as their FP4 bytes and dequantised (exactly) a block of rows at a
-  // time; a Reindex layer reads and scores only the rows of its candidate pool.
+  std::vector<int64_t> cand_visible(trace_ != nullptr ? n : 0, 0), cand_pool(cand_visible.size());
+  // Entries row t sees (nondecreasing in t).
+  auto visible = [&](int64_t t) { return std::min<int64_t>((p0 + t + 1) / m, src->entries()); };
+  // Index keys are read as their FP4 bytes and dequantised (exactly) a block of rows at a time;
+  // a Reindex layer reads and scores only the rows of its candidate pools. The rows of a group
+  // (one sequence's, e.g. a verify pass's) share every key they see: a block of keys is
+  // dequantised once and scored against all of the group's rows, and each row then reads its
+  // own visible (and, on a Reindex layer, eligible) entries. Every score is still the sum over
+  // the heads in order of ReLU(Dot(q_h, k)) * (w_h * wscale) (HcMixDots: Dot's bits).
   const QuantFormat ifmt = QuantFormat::kFp4Ue8m0x32;
   const size_t idb = kernels::DataBytes(ifmt, id), isb = kernels::ScaleBytes(ifmt, id);
   std::atomic<bool> failed{false};
-  ForRange(pool, n, [&](int64_t b, int64_t e) {
-    std::vector<float> score, keys(static_cast<size_t>(kIndexRowsPerPass) * id);
-    std::vector<int32_t> eligible;
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t p = p0 + t;
-      const int64_t nv = std::min<int64_t>((p + 1) / m, src->entries());
-      if (nv <= 0) continue;
-      score.assign(nv, 0.0f);
-      const float* q = iq + t * IH * id;
-      const float* w = wts + t * IH;
-      eligible.clear();
-      // Scores rows [j0, j1) (at most kIndexRowsPerPass), every head against each key.
-      auto score_rows = [&](int64_t j0, int64_t j1) {
+  for (int g0 = 0; g0 < n; g0 += model_detail::kIndexQueryRowsPerGroup) {
+    const int gn = std::min(model_detail::kIndexQueryRowsPerGroup, n - g0);
+    const int64_t nv_max = visible(g0 + gn - 1);
+    if (nv_max <= 0) continue;  // no row of the group sees an entry
+    const int M = gn * IH;      // query vectors of the group: row-major, heads within a row
+    // The runs of entries to score, [runs[2i], runs[2i + 1]), each at most kIndexRowsPerPass.
+    std::vector<int64_t>& runs = rt->index_runs;
+    runs.clear();
+    auto add_run = [&](int64_t j0, int64_t j1) {
+      for (; j0 < j1; j0 += kIndexRowsPerPass) {
+        runs.push_back(j0);
+        runs.push_back(std::min<int64_t>(j1, j0 + kIndexRowsPerPass));
+      }
+    };
+    if (restrict) {  // blocks in any of the group's candidate pools
+      const int64_t nb = (nv_max + bs - 1) / bs;
+      int64_t run0 = -1;
+      for (int64_t bi = 0; bi <= nb; ++bi) {
+        bool any = false;
+        for (int t = 0; bi < nb && t < gn && !any; ++t) {
+          const std::vector<uint8_t>& mask = rt->candidates[g0 + t];
+          any = bi < static_cast<int64_t>(mask.size()) && mask[bi] != 0;
+        }
+        if (any && run0 < 0) run0 = bi * bs;
+        if (!any && run0 >= 0) {
+          add_run(run0, std::min<int64_t>(nv_max, bi * bs));
+          run0 = -1;
+        }
+      }
+    } else {
+      add_run(0, nv_max);
+    }
+    std::vector<float>& hw = rt->index_head_weights;
+    hw.resize(static_cast<size_t>(M));
+    for (int i = 0; i < M; ++i) hw[i] = wts[static_cast<int64_t>(g0) * IH + i] * wscale;
+    std::vector<float>& scores = rt->index_scores;
+    scores.resize(static_cast<size_t>(gn) * nv_max);
+    const float* q = iq + static_cast<int64_t>(g0) * IH * id;
+    const int64_t n_runs = static_cast<int64_t>(runs.size() / 2);
+    ForRange(pool, n_runs, [&](int64_t b, int64_t e) {
+      std::vector<float> keys(static_cast<size_t>(kIndexRowsPerPass) * id),
+          dots(static_cast<size_t>(kIndexRowsPerPass) * M);
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t j0 = runs[2 * r], j1 = runs[2 * r + 1];
+        const int nk = static_cast<int>(j1 - j0);
         if (!kernels::Dequantize(ifmt, src->index_data.data() + j0 * idb,
-                                 src->index_scales.data() + j0 * isb, j1 - j0, id, keys.data(),
+                                 src->index_scales.data() + j0 * isb, nk, id, keys.data(),
                                  kCacheReadBackend)
                  .ok()) {
           failed = true;
           return;
         }
-        for (int64_t j = j0; j < j1; ++j) {
-          const float* kj = keys.data() + (j - j0) * id;
-          float s = 0;
-          int h = 0;
-          for (; h + 4 <= IH; h += 4) {  // four heads per pass over the key (Dot4 == Dot)
-            const float* qs[4] = {q + static_cast<int64_t>(h) * id, q + (h + 1LL) * id,
-                                  q + (h + 2LL) * id, q + (h + 3LL) * id};
-            float dots[4];
-            Dot4(qs, kj, id, dots);
-            for (int u = 0; u < 4; ++u) s += std::max(dots[u], 0.0f) * (w[h + u] * wscale);
+        // dots[(t * IH + h) * nk + j] = Dot(key j0 + j; q of row t, head h), which is Dot(q, key)
+        // (the same products, summed in the same order).
+        HcMixDots(keys.data(), nk, q, M, id, dots.data(), /*avx2=*/true);
+        // s = 0, then per head in order s += ReLU(dot) * weight: four keys per vector step, each
+        // lane the scalar loop's products and sums (ReLU as std::max(dot, 0): -0.0 and NaN kept).
+        typedef float V4 __attribute__((vector_size(16)));
+        typedef int32_t I4 __attribute__((vector_size(16)));
+        const V4 zero = {0, 0, 0, 0};
+        for (int t = 0; t < gn; ++t) {
+          float* srow = scores.data() + static_cast<int64_t>(t) * nv_max + j0;
+          const float* dt = dots.data() + static_cast<int64_t>(t) * IH * nk;
+          const float* wt = hw.data() + static_cast<int64_t>(t) * IH;
+          int j = 0;
+          for (; j + 4 <= nk; j += 4) {
+            V4 s = zero;
+            for (int h = 0; h < IH; ++h) {
+              V4 d;
+              std::memcpy(&d, dt + static_cast<int64_t>(h) * nk + j, sizeof d);
+              const I4 neg = d < zero;
+              const V4 relu = reinterpret_cast<V4>(reinterpret_cast<I4>(d) & ~neg);
+              const V4 w = {wt[h], wt[h], wt[h], wt[h]};
+              const V4 p = relu * w;
+              s += p;
+            }
+            std::memcpy(srow + j, &s, sizeof s);
           }
-          for (; h < IH; ++h) {
-            const float dot = Dot(q + static_cast<int64_t>(h) * id, kj, id);
-            s += std::max(dot, 0.0f) * (w[h] * wscale);  // ReLU before the head weight
+          for (; j < nk; ++j) {
+            float s = 0;
+            for (int h = 0; h < IH; ++h) {
+              s += std::max(dt[static_cast<int64_t>(h) * nk + j], 0.0f) * wt[h];
+            }
+            srow[j] = s;
           }
-          score[j] = s;
         }
-      };
-      const int bs = c.candidate_block_size;
-      if (restrict) {
-        const std::vector<uint8_t>& mask = rt->candidates[t];
-        const int64_t nb = std::min<int64_t>((nv + bs - 1) / bs, mask.size());
-        for (int64_t bi = 0; bi < nb; ++bi) {
-          if (!mask[bi]) continue;
-          const int64_t j1 = std::min<int64_t>(nv, (bi + 1) * bs);
-          for (int64_t j0 = bi * bs; j0 < j1; j0 += kIndexRowsPerPass)
-            score_rows(j0, std::min<int64_t>(j1, j0 + kIndexRowsPerPass));
-          for (int64_t j = bi * bs; j < j1; ++j) eligible.push_back(static_cast<int32_t>(j));
-        }
-        rt->topk[t] = TopK(score, eligible, c.index_topk);
-        continue;
       }
-      for (int64_t j0 = 0; j0 < nv; j0 += kIndexRowsPerPass)
-        score_rows(j0, std::min<int64_t>(nv, j0 + kIndexRowsPerPass));
-      if (is_candidate_source) {
-        const int64_t nb = (nv + bs - 1) / bs;
-        std::vector<float> bscore(nb, -INFINITY);
-        for (int64_t j = 0; j < nv; ++j) bscore[j / bs] = std::max(bscore[j / bs], score[j]);
-        bscore[nb - 1] = INFINITY;  // the block holding the newest position is pinned
-        std::vector<int32_t> blocks(nb);
-        for (int64_t i = 0; i < nb; ++i) blocks[i] = static_cast<int32_t>(i);
-        std::vector<int32_t> top = TopK(bscore, blocks, c.candidate_topk_blocks);
-        std::vector<uint8_t> mask(nb, 0);
-        int64_t pool_positions = 0;
-        for (int32_t bi : top) {
-          mask[bi] = 1;
-          pool_positions += std::min<int64_t>(bs, nv - static_cast<int64_t>(bi) * bs);
+    });
+    if (failed) return Status::Internal("engine: index keys could not be dequantised");
+    // Each row's selection over its own entries.
+    ForRange(pool, gn, [&](int64_t b, int64_t e) {
+      std::vector<int32_t> eligible;
+      for (int64_t ti = b; ti < e; ++ti) {
+        const int64_t t = g0 + ti;
+        const int64_t nv = visible(t);
+        if (nv <= 0) continue;
+        const float* score = scores.data() + ti * nv_max;
+        eligible.clear();
+        if (restrict) {
+          const std::vector<uint8_t>& mask = rt->candidates[t];
+          const int64_t nb = std::min<int64_t>((nv + bs - 1) / bs, mask.size());
+          for (int64_t bi = 0; bi < nb; ++bi) {
+            if (!mask[bi]) continue;
+            const int64_t j1 = std::min<int64_t>(nv, (bi + 1) * bs);
+            for (int64_t j = bi * bs; j < j1; ++j) eligible.push_back(static_cast<int32_t>(j));
+          }
+          TopKByScore(score, eligible.data(), static_cast<int64_t>(eligible.size()), c.index_topk,
+                      &rt->topk[t]);
+          continue;
         }
-        rt->candidates[t] = std::move(mask);
-        cand_visible[t] = nv;
-        cand_pool[t] = pool_positions;
+        if (is_candidate_source) {
+          const int64_t nb = (nv + bs - 1) / bs;
+          std::vector<float> bscore(nb, -INFINITY);
+          for (int64_t j = 0; j < nv; ++j) bscore[j / bs] = std::max(bscore[j / bs], score[j]);
+          bscore[nb - 1] = INFINITY;  // the block holding the newest position is pinned
+          std::vector<int32_t> blocks(nb), top;
+          for (int64_t i = 0; i < nb; ++i) blocks[i] = static_cast<int32_t>(i);
+          TopKByScore(bscore.data(), blocks.data(), nb, c.candidate_topk_blocks, &top);
+          std::vector<uint8_t> mask(nb, 0);
+          int64_t pool_positions = 0;
+          for (int32_t bi : top) {
+            mask[bi] = 1;
+            pool_positions += std::min<int64_t>(bs, nv - static_cast<int64_t>(bi) * bs);
+          }
+          rt->candidates[t] = std::move(mask);
+          if (trace_ != nullptr) {
+            cand_visible[t] = nv;
+            cand_pool[t] = pool_positions;
+          }
+        }
+        eligible.resize(static_cast<size_t>(nv));
+        for (int64_t j = 0; j < nv; ++j) eligible[j] = static_cast<int32_t>(j);
+        TopKByScore(score, eligible.data(), nv, c.index_topk, &rt->topk[t]);
       }
-      for (int64_t j = 0; j < nv; ++j) eligible.push_back(static_cast<int32_t>(j));
-      rt->topk[t] = TopK(score, eligible, c.index_topk);
-    }
-  });
-  if (failed) return Status::Internal("engine: index keys could not be dequantised");
+    });
+  }
   if (trace_ != nullptr && is_candidate_source) {  // appended chunk by chunk
     trace_->candidate_visible.insert(trace_->candidate_visible.end(), cand_visible.begin(),
                                      cand_visible.end());
@@ -265,18 +308,15 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
   const bool gated = compress && c.ratio(layer) > 1;
   a->ckv.resize(compress ? static_cast<size_t>(n) * hd : 0);
   a->cgate.resize(gated ? static_cast<size_t>(n) * hd : 0);
-  std::vector<MatMulPart> from_x = {{xa, n, D, lw.wq_a, nullptr, ql, a->qr.data()},
-                                    {xa, n, D, lw.wkv, nullptr, hd, a->kv.data()}};
-  if (indexed) from_x.push_back({xa, n, D, lw.i_wproj, nullptr, IH, a->wts.data()});
-  if (compress) from_x.push_back({xa, n, D, lw.c_wkv, nullptr, hd, a->ckv.data()});
-  if (gated) from_x.push_back({xa, n, D, lw.c_wgate, nullptr, hd, a->cgate.data()});
+  std::vector<MatMulPart> from_x = {{xa, n, D, lw.wq_a, lw.pk_wq_a, ql, a->qr.data()},
+                                    {xa, n, D, lw.wkv, lw.pk_wkv, hd, a->kv.data()}};
+  if (indexed) from_x.push_back({xa, n, D, lw.i_wproj, lw.pk_i_wproj, IH, a->wts.data()});
+  if (compress) from_x.push_back({xa, n, D, lw.c_wkv, lw.pk_c_wkv, hd, a->ckv.data()});
+  if (gated) from_x.push_back({xa, n, D, lw.c_wgate, lw.pk_c_wgate, hd, a->cgate.data()});
   MmMany(pool_.get(), from_x);
-  for (int t = 0; t < n; ++t) {
-    float* qt = a->qr.data() + static_cast<int64_t>(t) * ql;
-    RmsNorm(qt, lw.q_norm, ql, c.rms_norm_eps, qt);
-  }
-  MatMulPart from_q[2] = {{a->qr.data(), n, ql, lw.wq_b, nullptr, H * hd, a->q.data()},
-                          {a->qr.data(), n, ql, lw.i_wq_b, nullptr, IH * id, a->iq.data()}};
+  RmsNormRows(a->qr.data(), n, lw.q_norm, ql, c.rms_norm_eps, a->qr.data());
+  MatMulPart from_q[2] = {{a->qr.data(), n, ql, lw.wq_b, lw.pk_wq_b, H * hd, a->q.data()},
+                          {a->qr.data(), n, ql, lw.i_wq_b, lw.pk_i_wq_b, IH * id, a->iq.data()}};
   MmMany(pool_.get(), std::span<MatMulPart>(from_q, indexed ? 2 : 1));
   // Each row's RoPE rotation once, for its q heads, its SWA entry, its indexer heads (here) and
   // the inverse RoPE of its attention output (AttnCore).
@@ -296,11 +336,8 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
       rope(a->q.data() + (static_cast<int64_t>(t) * H + h) * hd + hd - rd, t);
   }
   // SWA entries of these rows: kv_norm(wkv x), RoPE, FP8 e4m3 + ue8m0/32 (and back).
-  for (int t = 0; t < n; ++t) {
-    float* kt = a->kv.data() + static_cast<int64_t>(t) * hd;
-    RmsNorm(kt, lw.kv_norm, hd, c.rms_norm_eps, kt);
-    rope(kt + hd - rd, t);
-  }
+  RmsNormRows(a->kv.data(), n, lw.kv_norm, hd, c.rms_norm_eps, a->kv.data());
+  for (int t = 0; t < n; ++t) rope(a->kv.data() + static_cast<int64_t>(t) * hd + hd - rd, t);
   a->kv_data.resize(static_cast<size_t>(n) * hd);
   a->kv_scales.resize(static_cast<size_t>(n) * hd / 32);
   KVTIER_RETURN_IF_ERROR(kernels::Quantize(QuantFormat::kFp8Ue8m0x32, a->kv.data(), n, hd,
@@ -517,7 +554,7 @@ void Engine::AttnOutput(int layer, int n, const float* o, float* out) {
                 n,
                 gin,
                 lw.wo_a + static_cast<int64_t>(g) * ol * gin,
-                nullptr,
+                lw.pk_wo_a[g],
                 ol,
                 tmp.data() + static_cast<int64_t>(g) * n * ol};
   }
@@ -528,7 +565,7 @@ void Engine::AttnOutput(int layer, int n, const float* o, float* out) {
                   tmp.data() + (static_cast<int64_t>(g) * n + t) * ol, ol * 4);
     }
   }
-  Mm(pool_.get(), oa.data(), n, G * ol, lw.wo_b, D, out);
+  Mm(pool_.get(), oa.data(), n, G * ol, lw.wo_b, lw.pk_wo_b, D, out);
 }
 
 Status Engine::Attention(int layer, SequenceState* st, int64_t p0, int n, const float* xa,

@@ -289,7 +289,7 @@ Status Engine::ApplyEngram(int layer, const EngramRowBatch& batch, int n, float*
                                              emb.data(), kQuantBackend));
   const int kvw = (hc + 1) * D;
   std::vector<float> kv(static_cast<size_t>(n) * kvw);
-  Mm(pool_.get(), emb.data(), n, C * ed, lw.e_wkv, kvw, kv.data());
+  Mm(pool_.get(), emb.data(), n, C * ed, lw.e_wkv, lw.pk_e_wkv, kvw, kv.data());
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
   std::vector<float> gates(static_cast<size_t>(n) * hc);
   pool_->ParallelFor(n, [&](int64_t b, int64_t e) {

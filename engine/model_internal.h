@@ -30,11 +30,9 @@ inline constexpr Backend kCacheReadBackend = Backend::kAuto;
 inline constexpr int64_t kAttnSplitMinWork = int64_t{1} << 14;
 // Index key rows dequantised per pass of the indexer (a 4 KiB buffer at index_head_dim 32).
 inline constexpr int64_t kIndexRowsPerPass = 32;
-
-// Top-k of scores over `candidates` (entry indices), ties broken by the lowest index; the
-// result is returned in index order.
-std::vector<int32_t> TopK(const std::vector<float>& score, const std::vector<int32_t>& candidates,
-                          int k);
+// Query rows of one sequence the indexer scores together (SelectTopk): each block of index keys
+// is dequantised once for all of them and multiplied with every row's heads in one HcMixDots.
+inline constexpr int kIndexQueryRowsPerGroup = 16;
 
 // fn(begin, end) over [0, n): split over `pool`, or in one call on the caller when pool is null
 // (a loop already running inside a pool's worker).
@@ -65,6 +63,15 @@ struct Engine::LayerWeights {
   const float *s_w1 = nullptr, *s_w2 = nullptr, *s_w3 = nullptr;
   const float *e_wkv = nullptr, *e_qn = nullptr, *e_kn = nullptr;
   const std::vector<double>* rope = nullptr;
+  // The packed copies of the matrices above (PackMatMulWeights; null where a matrix is absent or
+  // the scalar kernel runs), handed to MatMul so that no call looks its weight up.
+  const PackedMatrix *pk_wq_a = nullptr, *pk_wq_b = nullptr, *pk_wkv = nullptr, *pk_wo_b = nullptr;
+  const PackedMatrix *pk_c_wkv = nullptr, *pk_c_wgate = nullptr, *pk_i_wk = nullptr,
+                     *pk_i_wq_b = nullptr, *pk_i_wproj = nullptr;
+  const PackedMatrix *pk_gate = nullptr, *pk_s_w1 = nullptr, *pk_s_w2 = nullptr, *pk_s_w3 = nullptr,
+                     *pk_e_wkv = nullptr;
+  std::vector<const PackedMatrix*> pk_wo_a;  // per output group
+  std::vector<const PackedMatrix*> pk_w1, pk_w2, pk_w3;
 };
 
 // SharedAttentionRuntime (reference §2): one slot each, written by sources before the
@@ -73,6 +80,10 @@ struct Engine::Runtime {
   KvSourceCache* src = nullptr;
   std::vector<std::vector<int32_t>> topk;        // per batch token: entry indices
   std::vector<std::vector<uint8_t>> candidates;  // per batch token: block mask; empty: none
+  // SelectTopk's scratch, reused layer to layer: a row group's index scores (row-major, one row
+  // per query row over the group's visible entries), their head weights and the key runs scored.
+  std::vector<float> index_scores, index_head_weights;
+  std::vector<int64_t> index_runs;
 };
 
 // One batch of Engram rows the engine requested (own step or prefetch) and still holds.

@@ -8,7 +8,6 @@
 namespace kvtier::engine {
 
 namespace {
-using model_detail::TopK;
 
 // g <- silu(min(g, limit)) * clamp(u, -limit, limit), times row_weight[r] (when given) per row.
 void SwigluActivate(int rows, int inter, float limit, const float* row_weight, float* g,
@@ -31,18 +30,24 @@ struct ExpertRows {
   std::vector<float> x, weight;
   int rows() const { return static_cast<int>(slots.size()); }
 };
+// Fills *g (its buffers reused from expert to expert).
+void GatherExpertRowsInto(int32_t e, int64_t n_slots, int K, int D, const int32_t* chosen,
+                          const float* weight, const float* xn, ExpertRows* g) {
+  g->slots.clear();
+  for (int64_t i = 0; i < n_slots; ++i) {
+    if (chosen[i] == e) g->slots.push_back(i);
+  }
+  g->x.resize(g->slots.size() * D);
+  g->weight.resize(g->slots.size());
+  for (size_t r = 0; r < g->slots.size(); ++r) {
+    std::memcpy(g->x.data() + r * D, xn + (g->slots[r] / K) * D, D * 4);
+    g->weight[r] = weight[g->slots[r]];
+  }
+}
 ExpertRows GatherExpertRows(int32_t e, int64_t n_slots, int K, int D, const int32_t* chosen,
                             const float* weight, const float* xn) {
   ExpertRows g;
-  for (int64_t i = 0; i < n_slots; ++i) {
-    if (chosen[i] == e) g.slots.push_back(i);
-  }
-  g.x.resize(g.slots.size() * D);
-  g.weight.resize(g.slots.size());
-  for (size_t r = 0; r < g.slots.size(); ++r) {
-    std::memcpy(g.x.data() + r * D, xn + (g.slots[r] / K) * D, D * 4);
-    g.weight[r] = weight[g.slots[r]];
-  }
+  GatherExpertRowsInto(e, n_slots, K, D, chosen, weight, xn, &g);
   return g;
 }
 
@@ -72,18 +77,18 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
   const int I = c.moe_intermediate_size;
   const float limit = static_cast<float>(c.swiglu_limit);
   std::vector<float> logits(static_cast<size_t>(n) * E);
-  Mm(pool_.get(), xn, n, D, lw.gate, E, logits.data());
+  Mm(pool_.get(), xn, n, D, lw.gate, lw.pk_gate, E, logits.data());
   std::vector<int32_t> chosen(static_cast<size_t>(n) * K);
   std::vector<float> weight(static_cast<size_t>(n) * K);
+  std::vector<float> s(E), biased(E);
+  std::vector<int32_t> all(E), top;
+  for (int e = 0; e < E; ++e) all[e] = e;
   for (int t = 0; t < n; ++t) {
-    std::vector<float> s(E), biased(E);
     for (int e = 0; e < E; ++e) {
       s[e] = std::sqrt(Softplus(logits[static_cast<size_t>(t) * E + e]));
       biased[e] = s[e] + lw.gate_bias[e];  // the selection bias only picks experts
     }
-    std::vector<int32_t> all(E);
-    for (int e = 0; e < E; ++e) all[e] = e;
-    std::vector<int32_t> top = TopK(biased, all, K);  // index order
+    TopKByScore(biased.data(), all.data(), E, K, &top);  // index order
     float sum = 0;
     for (int k = 0; k < K; ++k) sum += s[top[k]];
     for (int k = 0; k < K; ++k) {
@@ -95,13 +100,16 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
   if (trace_ != nullptr) {
     for (int32_t e : chosen) trace_->expert_tokens[layer][e] += 1;
   }
-  auto swiglu = [&](const float* x, int rows, const float* w1, const float* w3, const float* w2,
-                    int inter, const float* row_weight, float* y, ThreadPool* pool) {
-    std::vector<float> g(static_cast<size_t>(rows) * inter), u(g.size());
-    Mm(pool, x, rows, D, w1, inter, g.data());
-    Mm(pool, x, rows, D, w3, inter, u.data());
+  // The SwiGLU MLP of `rows` rows with w1, w3, w2 (pk: their packed copies); g and u: scratch.
+  auto swiglu = [&](const float* x, int rows, const float* const w[3],
+                    const PackedMatrix* const pk[3], int inter, const float* row_weight, float* y,
+                    ThreadPool* pool, std::vector<float>& g, std::vector<float>& u) {
+    g.resize(static_cast<size_t>(rows) * inter);
+    u.resize(g.size());
+    Mm(pool, x, rows, D, w[0], pk[0], inter, g.data());
+    Mm(pool, x, rows, D, w[1], pk[1], inter, u.data());
     SwigluActivate(rows, inter, limit, row_weight, g.data(), u.data());
-    Mm(pool, g.data(), rows, inter, w2, D, y);
+    Mm(pool, g.data(), rows, inter, w[2], pk[2], D, y);
   };
   // Routed experts, grouped by expert; each (token, slot) output lands in its own buffer.
   std::vector<float> routed(static_cast<size_t>(n) * K * D);
@@ -129,14 +137,14 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
       g[a].resize(static_cast<size_t>(rows) * I);
       u[a].resize(g[a].size());
       yg[a].resize(groups[a].x.size());
-      up.push_back({groups[a].x.data(), rows, D, lw.w1[e], nullptr, I, g[a].data()});
-      up.push_back({groups[a].x.data(), rows, D, lw.w3[e], nullptr, I, u[a].data()});
-      down.push_back({g[a].data(), rows, I, lw.w2[e], nullptr, D, yg[a].data()});
+      up.push_back({groups[a].x.data(), rows, D, lw.w1[e], lw.pk_w1[e], I, g[a].data()});
+      up.push_back({groups[a].x.data(), rows, D, lw.w3[e], lw.pk_w3[e], I, u[a].data()});
+      down.push_back({g[a].data(), rows, I, lw.w2[e], lw.pk_w2[e], D, yg[a].data()});
     }
     if (has_shared) {
-      up.push_back({xn, n, D, lw.s_w1, nullptr, Is, gs.data()});
-      up.push_back({xn, n, D, lw.s_w3, nullptr, Is, us.data()});
-      down.push_back({gs.data(), n, Is, lw.s_w2, nullptr, D, shared.data()});
+      up.push_back({xn, n, D, lw.s_w1, lw.pk_s_w1, Is, gs.data()});
+      up.push_back({xn, n, D, lw.s_w3, lw.pk_s_w3, Is, us.data()});
+      down.push_back({gs.data(), n, Is, lw.s_w2, lw.pk_s_w2, D, shared.data()});
     }
     MmMany(pool_.get(), up);
     for (int a = 0; a < A; ++a) {
@@ -151,19 +159,24 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
   // Otherwise the threads take whole experts. MatMul's results do not depend on the pool, so
   // neither do the outputs.
   pool_->ParallelFor(E, [&](int64_t b, int64_t e_end) {
+    ExpertRows grp;  // the section's buffers, reused from expert to expert
+    std::vector<float> yg, g, u;
     for (int64_t e = b; e < e_end; ++e) {
-      const ExpertRows grp = GatherExpertRows(static_cast<int32_t>(e), static_cast<int64_t>(n) * K,
-                                              K, D, chosen.data(), weight.data(), xn);
+      GatherExpertRowsInto(static_cast<int32_t>(e), static_cast<int64_t>(n) * K, K, D,
+                           chosen.data(), weight.data(), xn, &grp);
       if (grp.slots.empty()) continue;
-      std::vector<float> yg(grp.x.size());
-      swiglu(grp.x.data(), grp.rows(), lw.w1[e], lw.w3[e], lw.w2[e], I, grp.weight.data(),
-             yg.data(), nullptr);
+      yg.resize(grp.x.size());
+      const float* w[3] = {lw.w1[e], lw.w3[e], lw.w2[e]};
+      const PackedMatrix* pk[3] = {lw.pk_w1[e], lw.pk_w3[e], lw.pk_w2[e]};
+      swiglu(grp.x.data(), grp.rows(), w, pk, I, grp.weight.data(), yg.data(), nullptr, g, u);
       ScatterExpertRows(grp, D, yg.data(), routed.data());
     }
   });
   if (lw.s_w1 != nullptr) {
-    swiglu(xn, n, lw.s_w1, lw.s_w3, lw.s_w2, I * c.n_shared_experts, nullptr, shared.data(),
-           pool_.get());
+    const float* w[3] = {lw.s_w1, lw.s_w3, lw.s_w2};
+    const PackedMatrix* pk[3] = {lw.pk_s_w1, lw.pk_s_w3, lw.pk_s_w2};
+    std::vector<float> g, u;
+    swiglu(xn, n, w, pk, I * c.n_shared_experts, nullptr, shared.data(), pool_.get(), g, u);
   }
   CombineExperts(n, K, D, routed.data(), shared.data(), out);
 }

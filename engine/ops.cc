@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numbers>
 
@@ -180,6 +182,72 @@ void RmsNorm(const float* x, const float* weight, int n, double eps, float* y) {
   for (int i = 0; i < n; ++i) y[i] = x[i] * r * (weight ? weight[i] : 1.0f);
 }
 
+namespace {
+
+// ss[u] = sum over i of double(x_u[i])^2 for the R rows x_u = x + u * n, each a serial sum in
+// element order (what a one-row loop adds), the R chains side by side.
+template <int R>
+void SumSquaresSideBySide(const float* x, int n, double* ss) {
+  double acc[R] = {};
+  for (int i = 0; i < n; ++i) {
+#pragma GCC unroll 8
+    for (int u = 0; u < R; ++u) {
+      const double v = x[static_cast<int64_t>(u) * n + i];
+      acc[u] += v * v;
+    }
+  }
+  for (int u = 0; u < R; ++u) ss[u] = acc[u];
+}
+
+// The sums of squares of `rows` rows, up to eight side by side.
+void SumSquaresRows(const float* x, int rows, int n, double* ss) {
+  for (int t = 0; t < rows; t += 8) {
+    const float* xt = x + static_cast<int64_t>(t) * n;
+    switch (std::min(8, rows - t)) {
+      case 8:
+        SumSquaresSideBySide<8>(xt, n, ss + t);
+        break;
+      case 7:
+        SumSquaresSideBySide<7>(xt, n, ss + t);
+        break;
+      case 6:
+        SumSquaresSideBySide<6>(xt, n, ss + t);
+        break;
+      case 5:
+        SumSquaresSideBySide<5>(xt, n, ss + t);
+        break;
+      case 4:
+        SumSquaresSideBySide<4>(xt, n, ss + t);
+        break;
+      case 3:
+        SumSquaresSideBySide<3>(xt, n, ss + t);
+        break;
+      case 2:
+        SumSquaresSideBySide<2>(xt, n, ss + t);
+        break;
+      default:
+        SumSquaresSideBySide<1>(xt, n, ss + t);
+        break;
+    }
+  }
+}
+
+}  // namespace
+
+void RmsNormRows(const float* x, int rows, const float* weight, int n, double eps, float* y) {
+  for (int t0 = 0; t0 < rows; t0 += 8) {
+    const int rb = std::min(8, rows - t0);
+    double ss[8];
+    SumSquaresRows(x + static_cast<int64_t>(t0) * n, rb, n, ss);
+    for (int u = 0; u < rb; ++u) {
+      const float r = static_cast<float>(1.0 / std::sqrt(ss[u] / n + eps));
+      const float* xu = x + static_cast<int64_t>(t0 + u) * n;
+      float* yu = y + static_cast<int64_t>(t0 + u) * n;
+      for (int i = 0; i < n; ++i) yu[i] = xu[i] * r * (weight ? weight[i] : 1.0f);
+    }
+  }
+}
+
 void LayerNorm(const float* x, const float* weight, const float* bias, int n, double eps,
                float* y) {
   double mean = 0;
@@ -249,6 +317,68 @@ void ApplyRopeRotation(float* x, const float* c, const float* s, int pairs, bool
   }
 }
 
+namespace {
+
+// An integer that orders (score, index) pairs as TopKByScore's order does: larger is better.
+// The score's bits made monotone (+0.0 and -0.0 both map to +0.0's) above, the index inverted
+// below.
+inline uint64_t TopKKey(float score, int32_t index) {
+  const uint32_t b = std::bit_cast<uint32_t>(score + 0.0f);  // -0.0 + 0.0 == +0.0
+  const uint32_t ord = (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
+  return (static_cast<uint64_t>(ord) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(index));
+}
+
+}  // namespace
+
+void TopKByScore(const float* score, const int32_t* candidates, int64_t n, int k,
+                 std::vector<int32_t>* out) {
+  out->clear();
+  if (n <= k) {
+    out->assign(candidates, candidates + n);
+    std::sort(out->begin(), out->end());
+    return;
+  }
+  if (k <= 0) return;
+  // A min-heap of the best k keys so far: its top is the worst of them.
+  uint64_t stack_heap[64];
+  std::vector<uint64_t> big;
+  uint64_t* heap = stack_heap;
+  if (k > 64) {
+    big.resize(static_cast<size_t>(k));
+    heap = big.data();
+  }
+  const auto greater = std::greater<uint64_t>();
+  for (int i = 0; i < k; ++i) heap[i] = TopKKey(score[candidates[i]], candidates[i]);
+  std::make_heap(heap, heap + k, greater);
+  for (int64_t i = k; i < n; ++i) {
+    const uint64_t key = TopKKey(score[candidates[i]], candidates[i]);
+    if (key <= heap[0]) continue;
+    std::pop_heap(heap, heap + k, greater);
+    heap[k - 1] = key;
+    std::push_heap(heap, heap + k, greater);
+  }
+  out->resize(static_cast<size_t>(k));
+  for (int i = 0; i < k; ++i)
+    (*out)[i] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(heap[i]));
+  std::sort(out->begin(), out->end());
+}
+
+void TopKByScoreReference(const float* score, const int32_t* candidates, int64_t n, int k,
+                          std::vector<int32_t>* out) {
+  out->assign(candidates, candidates + n);
+  auto better = [&](int32_t a, int32_t b) {
+    if (score[a] != score[b]) return score[a] > score[b];
+    return a < b;
+  };
+  if (n > k) {
+    // `better` is a strict total order (ties broken by index), so the k best are one set
+    // whichever selection algorithm finds them.
+    std::nth_element(out->begin(), out->begin() + k, out->end(), better);
+    out->resize(static_cast<size_t>(k));
+  }
+  std::sort(out->begin(), out->end());
+}
+
 float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 float Silu(float x) { return x * Sigmoid(x); }
 float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
@@ -312,30 +442,15 @@ namespace {
 constexpr int kMixRowsPerBlock = 16;
 constexpr int kMaxMixes = (2 + 16) * 16;
 
-// rsqrt(mean(x_t^2) + norm_eps) of `rows` rows of n floats, four rows' serial double sums
-// side by side (each sum in element order, as a one-row loop adds).
+// rsqrt(mean(x_t^2) + norm_eps) of `rows` rows of n floats, up to eight rows' serial double
+// sums side by side (each sum in element order, as a one-row loop adds).
 void MixScales(const float* x, int rows, int n, double norm_eps, float* r) {
-  int t = 0;
-  for (; t + 4 <= rows; t += 4) {
-    const float* x0 = x + static_cast<int64_t>(t) * n;
-    const float *x1 = x0 + n, *x2 = x1 + n, *x3 = x2 + n;
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (int i = 0; i < n; ++i) {
-      s0 += static_cast<double>(x0[i]) * x0[i];
-      s1 += static_cast<double>(x1[i]) * x1[i];
-      s2 += static_cast<double>(x2[i]) * x2[i];
-      s3 += static_cast<double>(x3[i]) * x3[i];
-    }
-    r[t] = static_cast<float>(1.0 / std::sqrt(s0 / n + norm_eps));
-    r[t + 1] = static_cast<float>(1.0 / std::sqrt(s1 / n + norm_eps));
-    r[t + 2] = static_cast<float>(1.0 / std::sqrt(s2 / n + norm_eps));
-    r[t + 3] = static_cast<float>(1.0 / std::sqrt(s3 / n + norm_eps));
-  }
-  for (; t < rows; ++t) {
-    const float* xt = x + static_cast<int64_t>(t) * n;
-    double ss = 0;
-    for (int i = 0; i < n; ++i) ss += static_cast<double>(xt[i]) * xt[i];
-    r[t] = static_cast<float>(1.0 / std::sqrt(ss / n + norm_eps));
+  for (int t0 = 0; t0 < rows; t0 += 8) {
+    const int rb = std::min(8, rows - t0);
+    double ss[8];
+    SumSquaresRows(x + static_cast<int64_t>(t0) * n, rb, n, ss);
+    for (int u = 0; u < rb; ++u)
+      r[t0 + u] = static_cast<float>(1.0 / std::sqrt(ss[u] / n + norm_eps));
   }
 }
 
@@ -408,6 +523,69 @@ void MixOutputs(const float* mixes, int hc, const float* scale, const float* bas
   }
 }
 
+// MixOutputs of `rows` (2..4) rows at once: mixes + t * m are row t's scaled mixes. pre, post
+// and each comb row's softmax are computed row by row as MixOutputs computes them; the Sinkhorn
+// normalisations, a serial chain of divisions per row, run on four rows side by side, lane t of
+// each vector being element (i, j) of row t's comb: every lane adds and divides what the
+// one-row loops add and divide, in the same order, so the bits are theirs, and the four rows'
+// chains overlap instead of waiting on one another.
+void MixOutputsLanes(const float* mixes, int m, int rows, int hc, const float* scale,
+                     const float* base, int iters, double hc_eps, float* pre, float* post,
+                     float* comb) {
+  typedef float V4 __attribute__((vector_size(16)));
+  constexpr int kLanes = 4;
+  const float e = static_cast<float>(hc_eps);
+  V4 c[16 * 16];  // hc <= 16; lanes past `rows` repeat row 0 (finite, never written out)
+  for (int l = 0; l < kLanes; ++l) {
+    const int t = l < rows ? l : 0;
+    const float* mx_t = mixes + static_cast<int64_t>(t) * m;
+    if (l == t) {
+      for (int i = 0; i < hc; ++i) pre[t * hc + i] = Sigmoid(mx_t[i] * scale[0] + base[i]) + e;
+      for (int i = 0; i < hc; ++i)
+        post[t * hc + i] = 2.0f * Sigmoid(mx_t[hc + i] * scale[1] + base[hc + i]);
+    }
+    for (int i = 0; i < hc; ++i) {
+      float row[16];
+      float mx = -INFINITY;
+      for (int j = 0; j < hc; ++j) {
+        row[j] = mx_t[2 * hc + i * hc + j] * scale[2] + base[2 * hc + i * hc + j];
+        mx = std::max(mx, row[j]);
+      }
+      float sum = 0;
+      for (int j = 0; j < hc; ++j) {
+        row[j] = std::exp(row[j] - mx);
+        sum += row[j];
+      }
+      for (int j = 0; j < hc; ++j) c[i * hc + j][l] = row[j] / sum + e;
+    }
+  }
+  const V4 ev = {e, e, e, e};
+  auto col_norm = [&] {
+    for (int j = 0; j < hc; ++j) {
+      V4 s = {0, 0, 0, 0};
+      for (int i = 0; i < hc; ++i) s += c[i * hc + j];
+      const V4 den = s + ev;
+      for (int i = 0; i < hc; ++i) c[i * hc + j] /= den;
+    }
+  };
+  auto row_norm = [&] {
+    for (int i = 0; i < hc; ++i) {
+      V4 s = {0, 0, 0, 0};
+      for (int j = 0; j < hc; ++j) s += c[i * hc + j];
+      const V4 den = s + ev;
+      for (int j = 0; j < hc; ++j) c[i * hc + j] /= den;
+    }
+  };
+  col_norm();
+  for (int it = 1; it < iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+  for (int t = 0; t < rows; ++t) {
+    for (int k = 0; k < hc * hc; ++k) comb[static_cast<int64_t>(t) * hc * hc + k] = c[k][t];
+  }
+}
+
 }  // namespace
 
 void HcMixesRows(int rows, const float* x, int hc, int dim, const float* fn, const float* scale,
@@ -424,9 +602,19 @@ void HcMixesRows(int rows, const float* x, int hc, int dim, const float* fn, con
     for (int t = 0; t < rb; ++t) {
       float* mt = mixes + static_cast<int64_t>(t) * m;
       for (int i = 0; i < m; ++i) mt[i] *= r[t];
+    }
+    // Four rows at a time side by side; a single row (decode) alone.
+    for (int t = 0; t < rb;) {
       const int64_t row = t0 + t;
-      MixOutputs(mt, hc, scale, base, iters, hc_eps, pre + row * hc, post + row * hc,
-                 comb + row * hc * hc);
+      const int lanes = std::min(4, rb - t);
+      if (lanes >= 2) {
+        MixOutputsLanes(mixes + static_cast<int64_t>(t) * m, m, lanes, hc, scale, base, iters,
+                        hc_eps, pre + row * hc, post + row * hc, comb + row * hc * hc);
+      } else {
+        MixOutputs(mixes + static_cast<int64_t>(t) * m, hc, scale, base, iters, hc_eps,
+                   pre + row * hc, post + row * hc, comb + row * hc * hc);
+      }
+      t += lanes;
     }
   }
 }

@@ -58,6 +58,10 @@ int64_t MatMulCudaCalls();
 
 // y = x * rsqrt(mean(x^2) + eps) * weight (weight may be null: no weight). In place allowed.
 void RmsNorm(const float* x, const float* weight, int n, double eps, float* y);
+// RmsNorm of `rows` rows of n floats (row t: x + t * n to y + t * n; in place allowed), bit for
+// bit what one RmsNorm per row writes: the rows' mean squares (serial double sums, a chain of
+// dependent adds each) run up to eight rows side by side.
+void RmsNormRows(const float* x, int rows, const float* weight, int n, double eps, float* y);
 // y = (x - mean) * rsqrt(var + eps) * weight + bias.
 void LayerNorm(const float* x, const float* weight, const float* bias, int n, double eps, float* y);
 
@@ -81,6 +85,17 @@ void ApplyRope(float* x, const std::vector<double>& freqs, int64_t pos, bool inv
 void RopeRotation(const std::vector<double>& freqs, int64_t pos, float* c, float* s);
 void ApplyRopeRotation(float* x, const float* c, const float* s, int pairs, bool inverse);
 
+// The k best of candidates[0..n) (indices into score) under "higher score first, ties to the
+// lower index" (a strict total order for scores without NaN; -0.0 and +0.0 tie), written to *out
+// in increasing index order; all of them when n <= k. TopKByScore keeps a k-entry heap of
+// (score, index) keys packed into one integer each, so most candidates cost one compare;
+// TopKByScoreReference is the std::nth_element selection it replaced. For scores without NaN
+// both write the same indices (the set of the k best is unique), tests/engine.
+void TopKByScore(const float* score, const int32_t* candidates, int64_t n, int k,
+                 std::vector<int32_t>* out);
+void TopKByScoreReference(const float* score, const int32_t* candidates, int64_t n, int k,
+                          std::vector<int32_t>* out);
+
 float Sigmoid(float x);
 float Silu(float x);
 float Softplus(float x);
@@ -101,8 +116,10 @@ void HcMixes(const float* x, int hc, int dim, const float* fn, const float* scal
 // post + t*hc and comb + t*hc*hc, bit for bit what `rows` HcMixes calls write. The mix
 // products of a block of rows are taken four rows of fn at a time over every row of the block,
 // so a block reads fn once rather than once per row (on AVX2 CPUs two rows of x per pass over
-// those four rows of fn, eight lanes wide, each product summed in Dot's order), and the rows'
-// mean squares (serial double sums) run side by side. HcMixes is this function with rows = 1.
+// those four rows of fn, eight lanes wide, each product summed in Dot's order), the rows' mean
+// squares (serial double sums) run side by side, and so do the Sinkhorn normalisations of up to
+// four rows (one vector lane per row, each lane's sums and divisions those of the one-row loop).
+// HcMixes is this function with rows = 1.
 void HcMixesRows(int rows, const float* x, int hc, int dim, const float* fn, const float* scale,
                  const float* base, int iters, double hc_eps, double norm_eps, float* pre,
                  float* post, float* comb);

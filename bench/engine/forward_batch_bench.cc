@@ -12,8 +12,11 @@
 //
 //   kvtier_bench_forward_batch [--config F] [--model F] [--threads 1,2] [--k 1,4,16,32]
 //       [--history 256] [--steps 8] [--rounds 5] [--verify-tokens 6] [--only-batched]
+//       [--only-verify]
 //
 // --only-batched runs only ForwardBatch (for a profiler: perf record -g -- ... --k 16).
+// --only-verify runs only the verify arm's Forward passes (no decode batches, no v x Decode arm,
+// hence no bit-for-bit check; for a profiler: perf record -g -- ... --only-verify).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -44,6 +47,7 @@ struct Flags {
   int rounds = 5;
   int verify_tokens = 6;
   bool only_batched = false;
+  bool only_verify = false;
 };
 
 std::vector<int> ParseList(const char* s) {
@@ -100,6 +104,8 @@ Flags Parse(int argc, char** argv) {
       f.verify_tokens = ParseInt(next(), 1, 256);
     } else if (a == "--only-batched") {
       f.only_batched = true;
+    } else if (a == "--only-verify") {
+      f.only_verify = true;
     } else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       std::exit(2);
@@ -250,6 +256,7 @@ void Verify(Engine* e, const Flags& f, int threads) {
       Check(e->Forward(&st, block, true, &all), "Forward");
       f_round.Add(m);
       if (round == 0 && s == 0) Digest(all);
+      if (f.only_verify) continue;
       st = base;
       m = Mark();
       for (int i = 0; i < v; ++i) {
@@ -266,6 +273,11 @@ void Verify(Engine* e, const Flags& f, int threads) {
     fwd.cpu = std::min(fwd.cpu, f_round.cpu);
     single.wall = std::min(single.wall, s_round.wall);
     single.cpu = std::min(single.cpu, s_round.cpu);
+  }
+  if (f.only_verify) {
+    std::printf("verify  threads=%d v=%-3d Forward %7.1f us/pass (cpu %7.1f)\n", threads, v,
+                fwd.wall / f.steps * 1e6, fwd.cpu / f.steps * 1e6);
+    return;
   }
   std::printf(
       "verify  threads=%d v=%-3d Forward %7.1f us/pass (cpu %7.1f)  %dx Decode %7.1f us (cpu "
@@ -288,7 +300,9 @@ int Main(int argc, char** argv) {
     o.threads = threads;
     auto e = Engine::Create(*config, weights, o);
     Check(e.status(), "engine");
-    for (int k : f.ks) DecodeBatch(e->get(), f, threads, k);
+    if (!f.only_verify) {
+      for (int k : f.ks) DecodeBatch(e->get(), f, threads, k);
+    }
     if (!f.only_batched) Verify(e->get(), f, threads);
   }
   std::printf("digest %016llx\n", static_cast<unsigned long long>(g_digest));

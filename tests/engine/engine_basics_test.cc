@@ -1,6 +1,7 @@
 // Engine building blocks: config loading, safetensors, tokenizer, numpy RNG port, mHC, pool.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <chrono>
@@ -329,15 +330,16 @@ TEST(Ops, HcMixesIsBitIdenticalToTheScalarSinkhorn) {
 }
 
 // HcMixesRows takes the mix products of many rows at once (an AVX2 kernel, two rows of x by
-// four rows of fn per pass, or Dot4 over the rows): every product must be Dot's bits, for any
-// row count (pairs and an odd row), any number of fn rows (blocks of four and a tail) and any
-// length (8-wide steps and the tail), with and without the AVX2 kernel.
+// four rows of fn per pass, four rows of x by a tail of two or one rows of fn, their eight or
+// four sums reduced side by side; or Dot4 over the rows): every product must be Dot's bits, for
+// any row count (passes of four, two and one), any number of fn rows (blocks of four and tails
+// of two and one) and any length (8-wide steps and the tail), with and without the AVX2 kernel.
 TEST(Ops, HcMixDotsAreDotsBitForBit) {
   std::mt19937 rng(17);
   std::uniform_real_distribution<float> u(-3.0f, 3.0f);
-  for (int n : {0, 1, 7, 8, 9, 24, 31, 64, 70}) {
-    for (int m : {1, 3, 4, 6, 9, 24}) {
-      for (int rows : {1, 2, 3, 5}) {
+  for (int n : {0, 1, 7, 8, 9, 24, 31, 32, 64, 70}) {
+    for (int m : {1, 2, 3, 4, 6, 7, 9, 24}) {
+      for (int rows : {1, 2, 3, 4, 5, 7, 9}) {
         std::vector<float> fn(static_cast<size_t>(m) * n), x(static_cast<size_t>(rows) * n);
         for (float& f : fn) f = u(rng);
         for (float& f : x) f = u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 30) - 15);
@@ -394,13 +396,14 @@ TEST(Ops, WeightedRowSumsAreAxpysBitForBit) {
 }
 
 // The rows of HcMixesRows are the scalar reference's rows, for row counts across its 16-row
-// blocks and its four-row mean-square groups, lengths with and without a tail.
+// blocks, its eight-row mean-square groups and its Sinkhorn on four, three, two rows side by side
+// or one alone, lengths with and without a tail.
 TEST(Ops, HcMixesRowsIsTheScalarReferenceRowByRow) {
   std::mt19937 rng(19);
   std::normal_distribution<float> g(0.0f, 1.0f);
   for (int hc : {1, 3, 4, 5}) {
     for (int dim : {7, 24}) {
-      for (int rows : {1, 2, 4, 5, 16, 17, 37}) {
+      for (int rows : {1, 2, 3, 4, 5, 6, 7, 16, 17, 37}) {
         const int n = hc * dim, m = (2 + hc) * hc;
         std::vector<float> x(static_cast<size_t>(rows) * n), fn(static_cast<size_t>(m) * n),
             base(m), scale = {0.7f, 1.3f, 2.1f};
@@ -675,4 +678,60 @@ TEST(ThreadPool, SideTaskRunsOnAWorkerWhileTheCallerWaits) {
 }
 
 }  // namespace
+// TopKByScore (a heap of packed keys) selects what the std::nth_element reference selects: the
+// same indices in the same order, over candidates in any order, with many ties (broken by the
+// lower index), -0.0 beside +0.0, infinities, k around the heap's stack size and n around k.
+TEST(Ops, TopKByScoreIsTheReferenceSelection) {
+  std::mt19937 rng(29);
+  const float values[] = {-INFINITY, -2.5f, -1.0f, -0.0f, 0.0f, 0.5f, 1.0f, 3.0f, INFINITY};
+  for (int n : {0, 1, 5, 16, 17, 63, 64, 65, 200, 1000}) {
+    for (int k : {0, 1, 3, 16, 64, 65, 100}) {
+      for (int trial = 0; trial < 4; ++trial) {
+        const int universe = n + static_cast<int>(rng() % 50);
+        std::vector<float> score(static_cast<size_t>(universe));
+        for (float& s : score) {
+          s = trial % 2 == 0 ? values[rng() % 9]
+                             : std::uniform_real_distribution<float>(-4.0f, 4.0f)(rng);
+        }
+        std::vector<int32_t> all(static_cast<size_t>(universe));
+        for (int i = 0; i < universe; ++i) all[i] = i;
+        std::shuffle(all.begin(), all.end(), rng);
+        std::vector<int32_t> cand(all.begin(), all.begin() + n), got = {-7}, want;
+        TopKByScore(score.data(), cand.data(), n, k, &got);
+        TopKByScoreReference(score.data(), cand.data(), n, k, &want);
+        ASSERT_EQ(got, want) << "n " << n << " k " << k << " trial " << trial;
+      }
+    }
+  }
+}
+
+// RmsNormRows is one RmsNorm per row, bit for bit: row counts across its groups of eight and
+// tail, with and without a weight, in place and not, values over many binades.
+TEST(Ops, RmsNormRowsIsRmsNormRowByRow) {
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (int n : {1, 7, 64}) {
+    for (int rows : {1, 3, 4, 5, 8, 9, 13}) {
+      std::vector<float> x(static_cast<size_t>(rows) * n), w(n);
+      for (float& f : x) f = u(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 30) - 15);
+      for (float& f : w) f = u(rng);
+      for (const float* weight :
+           {static_cast<const float*>(nullptr), static_cast<const float*>(w.data())}) {
+        std::vector<float> want(x.size()), got(x.size()), in_place = x;
+        for (int t = 0; t < rows; ++t) {
+          RmsNorm(x.data() + static_cast<size_t>(t) * n, weight, n, 1e-20,
+                  want.data() + static_cast<size_t>(t) * n);
+        }
+        RmsNormRows(x.data(), rows, weight, n, 1e-20, got.data());
+        RmsNormRows(in_place.data(), rows, weight, n, 1e-20, in_place.data());
+        for (size_t i = 0; i < x.size(); ++i) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+              << "n " << n << " rows " << rows << " element " << i;
+          ASSERT_EQ(std::bit_cast<uint32_t>(in_place[i]), std::bit_cast<uint32_t>(want[i]));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace kvtier::engine

@@ -259,6 +259,32 @@ TEST(EngineModel, IdenticalAcrossRunsAndThreadCounts) {
   }
 }
 
+// A verify pass (6 rows of one sequence) over a context whose index keys span several blocks of
+// the indexer (its rows score each block together, the blocks split over the threads) gives the
+// same bits with 1, 2 and 3 threads, and each of its rows equals a Decode of that token.
+TEST(EngineModel, VerifyPassOverManyIndexBlocksIsIdenticalAcrossThreadCounts) {
+  const auto prompt = Prompt(72, 5);
+  const auto block = Prompt(6, 6);
+  std::vector<std::vector<float>> results;
+  for (int threads : {1, 2, 3}) {
+    auto e = MakeEngine(threads);
+    SequenceState st = e->NewSequence();
+    std::vector<float> logits, all;
+    ASSERT_TRUE(e->Forward(&st, prompt, false, &logits).ok());
+    SequenceState single = st;
+    ASSERT_TRUE(e->Forward(&st, block, true, &all).ok());
+    for (size_t i = 0; i < block.size(); ++i) {
+      ASSERT_TRUE(e->Decode(&single, block[i], &logits).ok());
+      EXPECT_TRUE(BitEqual(logits.data(), all.data() + i * kV, kV))
+          << "threads " << threads << " row " << i;
+    }
+    results.push_back(all);
+  }
+  for (size_t i = 1; i < results.size(); ++i) {
+    EXPECT_TRUE(BitEqual(results[0].data(), results[i].data(), results[0].size())) << i;
+  }
+}
+
 // A decode step with 2 and 3 threads hands sections to the workers (the attention heads among
 // them) and with 1 thread none; the logits are the same bits either way (above).
 TEST(EngineModel, DecodeHandsSectionsToWorkersOnlyWithThreads) {

@@ -117,18 +117,23 @@ train:
 
 # The DSpark draft of the trained miniature (docs/ENGINE.md, "DSpark"): stage 1 (build/dspark)
 # distils the shipped backbone's own distributions on corpus text (about 20 minutes on one
-# core; its output is the draft shipped before, sha256 pinned below); then the backbone's greedy
-# continuations of 2048 train-text prompts are generated with the engine (build/dspark/
-# self-text.npy, a few minutes); stage 2 (build/dspark2) continues stage 1's draft with every
-# batch taken from those continuations (what greedy speculation verifies; about 5 minutes). Copy
-# build/dspark2/kvmini-trained-dspark.safetensors + .sha256 to deploy/models to ship it; the
+# core; its output is the draft shipped until 2026-12-03, sha256 pinned below); then the
+# backbone's greedy continuations of 2048 train-text prompts are generated with the engine
+# (build/dspark/self-text.npy, a few minutes); stage 2 (build/dspark2) continues stage 1's draft
+# with every batch taken from those continuations (what greedy speculation verifies; about 5
+# minutes; its output was shipped until session 16, pinned below); 6144 more continuations
+# (other prompts, seed 1: build/dspark/self-text-s1.npy, about 10 minutes) and stage 3
+# (build/dspark3) continues stage 2 on all 8192 with anchors only in the continuations and a
+# cross entropy towards the backbone's argmax beside the KL. Copy
+# build/dspark3/kvmini-trained-dspark.safetensors + .sha256 to deploy/models to ship it; the
 # logs end with the validation acceptance.
 DSPARK1_SHA256 := ef857df9bcd08b52a1173c9bf2ae517a9f26f491c95c158ef652b511bc3e36bc
+DSPARK2_SHA256 := 4085ff4e70fdff70496deebb32140627374ef3bf806613ac502c74359be603d2
 .PHONY: train-dspark
 train-dspark: build
 	@./deploy/install-deps.sh --with-train
 	@/usr/bin/python3 train/build_corpus.py --out build/corpus --compare train/corpus-manifest.json
-	@mkdir -p build/dspark build/dspark2
+	@mkdir -p build/dspark build/dspark2 build/dspark3
 	@nice -n 5 /usr/bin/python3 train/train_dspark.py --config deploy/models/kvmini-trained.json \
 	  --backbone deploy/models/kvmini-trained.safetensors --corpus build/corpus \
 	  --out build/dspark/kvmini-trained-dspark.safetensors --steps 300 --batch 8 --seq 256 \
@@ -144,4 +149,16 @@ train-dspark: build
 	  --init build/dspark/kvmini-trained-dspark.safetensors --init-sha256 $(DSPARK1_SHA256) \
 	  --self-text build/dspark/self-text.npy --self-frac 1.0 --steps 240 --batch 8 --seq 256 \
 	  --anchors 64 --lr 1.5e-3 --lr-min 1e-4 --warmup 10 --seed 1 --threads 1 --val-every 60 \
+	  --val-windows 16
+	@nice -n 5 /usr/bin/python3 train/gen_self_text.py --engine $(BUILD_DIR)/engine/kvtier-engine \
+	  --config deploy/models/kvmini-trained.json --model deploy/models/kvmini-trained.safetensors \
+	  --corpus build/corpus --out build/dspark/self-text-s1.npy --rows 6144 --prompt-bytes 96 \
+	  --seq 256 --seed 1 --jobs 2
+	@nice -n 5 /usr/bin/python3 train/train_dspark.py --config deploy/models/kvmini-trained.json \
+	  --backbone deploy/models/kvmini-trained.safetensors --corpus build/corpus \
+	  --out build/dspark3/kvmini-trained-dspark.safetensors \
+	  --init build/dspark2/kvmini-trained-dspark.safetensors --init-sha256 $(DSPARK2_SHA256) \
+	  --self-text build/dspark/self-text.npy --self-text build/dspark/self-text-s1.npy \
+	  --self-frac 1.0 --anchor-min 97 --hard-weight 1.0 --steps 480 --batch 8 --seq 256 \
+	  --anchors 64 --lr 1e-3 --lr-min 5e-5 --warmup 10 --seed 3 --threads 1 --val-every 120 \
 	  --val-windows 16

@@ -147,6 +147,61 @@ class DSparkTrainingRules(unittest.TestCase):
         self.assertGreater(len(set(map(str, steps))), 1)  # rows depend on the step
         self.assertTrue(torch.equal(td.mix_self(ids.clone(), self_ids, 0, 7, 0), ids))
 
+    def test_self_text_files_are_joined_in_order_and_checked(self):
+        import tempfile
+        import numpy as np
+        import train_dspark as td
+        with tempfile.TemporaryDirectory() as d:
+            a = np.arange(2 * 10, dtype=np.int16).reshape(2, 10)
+            b = 100 + np.arange(3 * 12, dtype=np.int16).reshape(3, 12)
+            pa, pb = os.path.join(d, "a.npy"), os.path.join(d, "b.npy")
+            np.save(pa, a)
+            np.save(pb, b)
+            got = td.load_self_text([pa, pb], 8, 512)
+            self.assertEqual(got.tolist(), a[:, :8].tolist() + b[:, :8].tolist())
+            self.assertEqual(td.load_self_text([pa], 8, 512).tolist(), a[:, :8].tolist())
+            with self.assertRaises(ValueError):  # a file shorter than seq
+                td.load_self_text([pb, pa], 11, 512)
+            with self.assertRaises(ValueError):  # an id outside the vocabulary
+                td.load_self_text([pa, pb], 8, 120)
+
+    def test_anchors_start_at_anchor_min_and_default_to_the_old_draws(self):
+        import numpy as np
+        import train_dspark as td
+        old = np.random.default_rng((3, 5, 7)).integers(1, 256 - 5 + 1, size=(8, 64))
+        self.assertEqual(td.draw_anchors(3, 5, 8, 64, 256, 5).tolist(), old.tolist())
+        a = td.draw_anchors(3, 5, 8, 64, 256, 5, anchor_min=97)
+        self.assertEqual(tuple(a.shape), (8, 64))
+        self.assertGreaterEqual(int(a.min()), 97)
+        self.assertLessEqual(int(a.max()), 256 - 5)
+        self.assertEqual(td.draw_anchors(3, 5, 8, 64, 256, 5, 97).tolist(), a.tolist())
+        edge = td.draw_anchors(0, 0, 2, 16, 32, 5, anchor_min=27)  # a single allowed position
+        self.assertEqual(set(edge.flatten().tolist()), {27})
+
+    def test_hard_weight_adds_the_cross_entropy_to_the_teacher_argmax(self):
+        import torch
+        import torch.nn.functional as F
+        import train_dspark as td
+        g = torch.Generator().manual_seed(0)
+        draft = torch.randn(3, 5, 7, generator=g)
+        teacher = torch.randn(3, 5, 7, generator=g)
+        loss0, kl0 = td.distill_loss(draft, teacher)
+        ref_kl = F.kl_div(torch.log_softmax(draft, -1), torch.log_softmax(teacher, -1),
+                          log_target=True, reduction="none").sum(-1).mean()
+        self.assertTrue(torch.allclose(kl0, ref_kl, atol=1e-6))
+        self.assertTrue(torch.equal(loss0, kl0))  # weight 0: the KL alone
+        loss, kl = td.distill_loss(draft, teacher, hard_weight=0.5)
+        self.assertTrue(torch.equal(kl, kl0))
+        ce = F.cross_entropy(draft.reshape(-1, 7), teacher.argmax(-1).reshape(-1))
+        self.assertTrue(torch.allclose(loss, kl0 + 0.5 * ce, atol=1e-6))
+        # The hard term pulls the draft's argmax to the teacher's even where the KL is 0.
+        same = teacher.clone().requires_grad_(True)
+        l2, k2 = td.distill_loss(same, teacher, hard_weight=1.0)
+        self.assertLess(float(k2), 1e-6)
+        l2.backward()
+        top = teacher.argmax(-1, keepdim=True)
+        self.assertTrue(bool((same.grad.gather(-1, top) < 0).all()))
+
     def test_init_draft_checks_the_pinned_sha256(self):
         import json
         import torch

@@ -5,6 +5,7 @@ Contract:
   train_dspark.py --config CFG --backbone W.safetensors --corpus DIR --out OUT.safetensors
                   [--steps N --batch B --seq T --anchors A --lr ... --seed S --threads 1]
                   [--self-text SELF.npy --self-frac F] [--init D.safetensors --init-sha256 HEX]
+                  [--hard-weight H] [--anchor-min M]
 The backbone is frozen. Each step takes B windows of the train text (the windows of
 train/train.py: bos + T-1 bytes, batch k from numpy default_rng((seed, k))), runs the backbone
 once (no gradient) for its logits and the target layers' attention-input streams, and picks A
@@ -12,13 +13,17 @@ anchor positions n per window (uniform in [1, T-K], the same rng). The draft blo
 [ids[n], noise x (K-1)] over the context main_x[n-W, n); its position k is trained towards the
 backbone's distribution at n + k (KL(teacher || draft), the Markov bias taking the real token
 at n + k as its previous token), and its confidence head towards 1[draft argmax == backbone
-argmax] (binary cross entropy on detached features, weight --conf-weight).
+argmax] (binary cross entropy on detached features, weight --conf-weight). --hard-weight H
+adds H times the cross entropy towards the backbone's argmax at n + k (greedy verification
+accepts exactly the argmax); --anchor-min M draws the anchors from [M, T-K] instead (M = 1 +
+prompt bytes: the self text's continuations, where greedy speculation drafts).
 
 Self-distillation (--self-text, written by train/gen_self_text.py): an int array [N, L >= T] of
 token ids, each row bos + a prompt cut from the TRAIN text + the backbone's greedy continuation
-(what greedy speculation verifies). With --self-frac F the last round(F * B) windows of every
-batch are replaced by rows of it, row indices from numpy default_rng((seed, step, 11)); the
-other windows, the anchors and the loss are unchanged (F = 0: exactly the corpus-only run).
+(what greedy speculation verifies); --self-text given again appends that file's rows. With
+--self-frac F the last round(F * B) windows of every batch are replaced by rows of it, row
+indices from numpy default_rng((seed, step, 11)); the other windows, the anchors and the loss
+are unchanged (F = 0: exactly the corpus-only run).
 
 Validation (every --val-every steps and at the end): on --val-windows windows of val.txt, at
 fixed anchors, the draft proposes K tokens greedily (sequential Markov bias), the backbone
@@ -127,6 +132,20 @@ def validate(cfg, bb, draft, val_ids):
             "pred_tau": torch.cat(pred_surv).mean().item(), "verifications": int(acc.numel())}
 
 
+def load_self_text(paths, seq, vocab):
+    """The rows of the --self-text files in order, cut to seq columns: int64 tensor [N, seq];
+    ValueError when a file is not [N >= 1, L >= seq] or holds an id outside [0, vocab)."""
+    parts = []
+    for path in paths:
+        a = np.load(path)
+        if a.ndim != 2 or a.shape[1] < seq or a.shape[0] < 1:
+            raise ValueError("--self-text %s must be [N, L >= %d], got %s" % (path, seq, a.shape))
+        if a.min() < 0 or a.max() >= vocab:
+            raise ValueError("--self-text %s has token ids outside the vocabulary" % path)
+        parts.append(a[:, :seq].astype(np.int64))
+    return torch.from_numpy(np.concatenate(parts, 0))
+
+
 def mix_self(ids, self_ids, seed, step, n_self):
     """Replaces the last n_self rows of ids [B, T] in place by rows of self_ids [N, T], chosen by
     numpy default_rng((seed, step, 11)); n_self = 0 leaves ids unchanged."""
@@ -134,6 +153,29 @@ def mix_self(ids, self_ids, seed, step, n_self):
         rows = np.random.default_rng((seed, step, 11)).integers(0, self_ids.shape[0], size=n_self)
         ids[ids.shape[0] - n_self:] = self_ids[torch.from_numpy(rows)]
     return ids
+
+
+def draw_anchors(seed, step, batch, count, seq, block, anchor_min=1):
+    """Anchor positions [batch, count] of a training step, uniform in [anchor_min, seq - block]
+    from numpy default_rng((seed, step, 7)) (anchor_min = 1: every position with a previous
+    token, the draws of the runs before --anchor-min)."""
+    rng = np.random.default_rng((seed, step, 7))
+    return torch.from_numpy(rng.integers(anchor_min, seq - block + 1, size=(batch, count)))
+
+
+def distill_loss(logits, t_logits, hard_weight=0.0):
+    """(loss, kl) of draft logits [N, K, V] against the backbone's t_logits [N, K, V]: the mean
+    KL(teacher || draft), plus hard_weight times the mean cross entropy of the draft towards
+    the teacher's argmax (what greedy verification accepts). hard_weight = 0: the KL alone,
+    the loss of the runs before --hard-weight, bit for bit."""
+    tp = torch.softmax(t_logits, -1)
+    lsm = torch.log_softmax(logits, -1)
+    kl = (tp * (torch.log_softmax(t_logits, -1) - lsm)).sum(-1).mean()
+    if hard_weight == 0.0:
+        return kl, kl
+    target = torch.argmax(t_logits, -1, keepdim=True)
+    ce = -torch.gather(lsm, -1, target).mean()
+    return kl + hard_weight * ce, kl
 
 
 def init_draft(draft, path, want_sha256):
@@ -172,19 +214,27 @@ def main():
     ap.add_argument("--val-every", type=int, default=100)
     ap.add_argument("--val-windows", type=int, default=16)
     ap.add_argument("--dtype", default="F32", choices=["F32", "F16"])
-    ap.add_argument("--self-text", default=None,
-                    help="int array [N, L>=seq] of bos + train prompt + greedy continuation")
+    ap.add_argument("--self-text", default=None, action="append",
+                    help="int array [N, L>=seq] of bos + train prompt + greedy continuation; "
+                    "repeated: the files' rows in order, as one array")
     ap.add_argument("--self-frac", type=float, default=0.0,
                     help="fraction of each batch's windows taken from --self-text")
     ap.add_argument("--init", default=None,
                     help="start from this draft safetensors (a previous stage's output)")
     ap.add_argument("--init-sha256", default="",
                     help="required with --init: the file's sha256 (a stage's input is pinned)")
+    ap.add_argument("--anchor-min", type=int, default=1,
+                    help="first anchor position (e.g. 1 + prompt bytes: anchors in the "
+                    "self text's continuations only)")
+    ap.add_argument("--hard-weight", type=float, default=0.0,
+                    help="weight of the cross entropy towards the backbone's argmax, beside the KL")
     ap.add_argument("--stop-after", type=int, default=0,
                     help="end after this step (the schedule still spans --steps)")
     args = ap.parse_args()
     if not 0 <= args.stop_after <= args.steps:
         ap.error("--stop-after in [0, --steps]")
+    if not 0.0 <= args.hard_weight <= 100.0:
+        ap.error("--hard-weight in [0, 100]")
     if not 0.0 <= args.self_frac <= 1.0 or (args.self_frac > 0) != (args.self_text is not None):
         ap.error("--self-frac in [0, 1], > 0 exactly when --self-text is given")
 
@@ -192,6 +242,8 @@ def main():
     torch.set_num_threads(args.threads)
     cfg = Config.from_json(args.config)
     K = cfg.raw["dspark_block_size"]
+    if not 1 <= args.anchor_min <= args.seq - K:
+        ap.error("--anchor-min in [1, --seq - dspark_block_size]")
     train_text = load_bytes(os.path.join(args.corpus, "train.txt"))
     val_text = load_bytes(os.path.join(args.corpus, "val.txt"))
     T, B = args.seq, args.batch
@@ -199,12 +251,10 @@ def main():
     n_self = int(round(args.self_frac * B))
     self_ids = None
     if args.self_text is not None:
-        self_ids = np.load(args.self_text)
-        if self_ids.ndim != 2 or self_ids.shape[1] < T or self_ids.shape[0] < 1:
-            sys.exit("train_dspark: --self-text must be [N, L >= %d], got %s" % (T, self_ids.shape))
-        if self_ids.min() < 0 or self_ids.max() >= cfg.vocab_size:
-            sys.exit("train_dspark: --self-text has token ids outside the vocabulary")
-        self_ids = torch.from_numpy(self_ids[:, :T].astype(np.int64))
+        try:
+            self_ids = load_self_text(args.self_text, T, cfg.vocab_size)
+        except ValueError as e:
+            sys.exit("train_dspark: %s" % e)
     bb = load_backbone(cfg, args.backbone)
     torch.manual_seed(args.seed)
     draft = DSpark(cfg, bb)
@@ -230,7 +280,7 @@ def main():
         args.backbone, n_params, args.steps, B, T, args.anchors, dims(cfg)))
     if self_ids is not None:
         say("self-text %s: %d rows, %d of %d windows per batch" % (
-            args.self_text, self_ids.shape[0], n_self, B))
+            " + ".join(args.self_text), self_ids.shape[0], n_self, B))
     t_start = time.time()
     if args.init is not None:  # the starting point, on the same validation
         v = validate(cfg, bb, draft, val_ids)
@@ -249,8 +299,7 @@ def main():
         ids = windows(train_text, batch_offsets(args.seed, step, len(train_text), B, T), T)[:, :T]
         mix_self(ids, self_ids, args.seed, step, n_self)
         t_logits, streams = teacher(bb, ids)
-        rng = np.random.default_rng((args.seed, step, 7))
-        anchors = torch.from_numpy(rng.integers(1, T - K + 1, size=(B, args.anchors)))
+        anchors = draw_anchors(args.seed, step, B, args.anchors, T, K, args.anchor_min)
         mx = draft.main_x(streams)
         blk = gather_blocks(cfg, mx, ids, anchors)
         h = draft.hidden(*blk)
@@ -259,12 +308,11 @@ def main():
         logits = draft.base_logits(h) + draft.markov(prev)
         V = logits.shape[-1]
         tl = torch.gather(t_logits, 1, tpos.unsqueeze(-1).expand(B, tpos.shape[1], V)).view(-1, K, V)
-        tp = torch.softmax(tl, -1)
-        kl = (tp * (torch.log_softmax(tl, -1) - torch.log_softmax(logits, -1))).sum(-1).mean()
+        loss, kl = distill_loss(logits, tl, args.hard_weight)
         hit = (torch.argmax(logits.detach(), -1) == torch.argmax(tl, -1)).float()
         conf = draft.confidence(h.detach(), prev)
         bce = F.binary_cross_entropy(conf.clamp(1e-6, 1 - 1e-6), hit)
-        loss = kl + args.conf_weight * bce
+        loss = loss + args.conf_weight * bce
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -286,6 +334,8 @@ def main():
         meta = {"trained_by": "train/train_dspark.py", "backbone": os.path.basename(args.backbone),
                 "seed": str(args.seed), "steps": str(args.steps), "self_frac": str(args.self_frac),
                 "init_sha256": args.init_sha256}
+        if args.hard_weight or args.anchor_min != 1:  # the earlier stages' metadata unchanged
+            meta.update({"hard_weight": str(args.hard_weight), "anchor_min": str(args.anchor_min)})
     save(draft, args.out, dtype=args.dtype, metadata=meta)
     digest = sha256_file(args.out)
     with open(args.out + ".sha256", "w") as f:

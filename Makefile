@@ -159,6 +159,6 @@ train-dspark: build
 	  --out build/dspark3/kvmini-trained-dspark.safetensors \
 	  --init build/dspark2/kvmini-trained-dspark.safetensors --init-sha256 $(DSPARK2_SHA256) \
 	  --self-text build/dspark/self-text.npy --self-text build/dspark/self-text-s1.npy \
-	  --self-frac 1.0 --anchor-min 97 --hard-weight 1.0 --steps 480 --batch 8 --seq 256 \
-	  --anchors 64 --lr 1e-3 --lr-min 5e-5 --warmup 10 --seed 3 --threads 1 --val-every 120 \
+	  --self-frac 1.0 --anchor-min 97 --hard-weight 1.0 --steps 960 --batch 8 --seq 256 \
+	  --anchors 64 --lr 1e-3 --lr-min 5e-5 --warmup 10 --seed 3 --threads 1 --val-every 240 \
 	  --val-windows 16

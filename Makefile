@@ -123,8 +123,9 @@ train:
 # with every batch taken from those continuations (what greedy speculation verifies; about 5
 # minutes; its output was shipped until session 16, pinned below); 6144 more continuations
 # (other prompts, seed 1: build/dspark/self-text-s1.npy, about 10 minutes) and stage 3
-# (build/dspark3) continues stage 2 on all 8192 with anchors only in the continuations and a
-# cross entropy towards the backbone's argmax beside the KL. Copy
+# (build/dspark3) continues stage 2 on all 8192 for 960 steps (about 15 minutes) with anchors
+# only in the continuations and a cross entropy towards the backbone's argmax beside the KL; its
+# output is the shipped draft (sha256 8e6a5948...). Copy
 # build/dspark3/kvmini-trained-dspark.safetensors + .sha256 to deploy/models to ship it; the
 # logs end with the validation acceptance.
 DSPARK1_SHA256 := ef857df9bcd08b52a1173c9bf2ae517a9f26f491c95c158ef652b511bc3e36bc

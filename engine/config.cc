@@ -106,7 +106,7 @@ Status EngineConfig::Validate() {
   if (index_head_dim <= 0 || index_head_dim % 32 != 0 || index_head_dim < qk_rope_head_dim)
     return bad("index_head_dim must be a multiple of 32 and >= qk_rope_head_dim");
   if (index_topk <= 0 || index_topk > 1 << 16) return bad("index_topk");
-  if (hc_mult <= 0 || hc_mult > 16) return bad("hc_mult");
+  if (hc_mult <= 0 || hc_mult > kHcMultMax) return bad("hc_mult");
   if (hc_sinkhorn_iters <= 0 || hc_sinkhorn_iters > 1000) return bad("hc_sinkhorn_iters");
   if (n_routed_experts <= 0 || n_routed_experts > kMaxExperts) return bad("n_routed_experts");
   if (num_experts_per_tok <= 0 || num_experts_per_tok > n_routed_experts)

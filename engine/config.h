@@ -34,6 +34,10 @@ struct RopeScalingConfig {
   double beta_slow = 1.0;
 };
 
+// The most mHC streams (hc_mult) a config may have: the mHC ops keep one value per stream
+// (and per stream pair) on the stack (engine/ops.cc, engine/model.cc MixSublayer).
+inline constexpr int kHcMultMax = 16;
+
 struct EngineConfig {
   int vocab_size = 0;
   int hidden_size = 0;

@@ -328,7 +328,7 @@ void Engine::MixSublayer(int n, float* x, const float* f_out, const float* post,
     const float* pt = post + static_cast<int64_t>(t) * hc;
     int d = 0;
     for (; d + 4 <= D; d += 4) {
-      V4 fv, ov[16];  // hc <= 16
+      V4 fv, ov[kHcMultMax];
       std::memcpy(&fv, f + d, sizeof fv);
       for (int i = 0; i < hc; ++i) std::memcpy(&ov[i], xt + static_cast<int64_t>(i) * D + d, 16);
       for (int j = 0; j < hc; ++j) {
@@ -341,7 +341,7 @@ void Engine::MixSublayer(int n, float* x, const float* f_out, const float* post,
       }
     }
     for (; d < D; ++d) {
-      float old[16];
+      float old[kHcMultMax];
       for (int i = 0; i < hc; ++i) old[i] = xt[static_cast<int64_t>(i) * D + d];
       for (int j = 0; j < hc; ++j) {
         float acc = pt[j] * f[d];

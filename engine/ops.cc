@@ -11,6 +11,7 @@
 #include <numbers>
 
 #include "common/logging.h"
+#include "engine/config.h"
 #include "engine/matmul.h"
 #if KVTIER_WITH_CUDA
 #include "engine/cuda/backend.h"
@@ -438,9 +439,9 @@ void WeightedRowSums(const float* w, int m, const float* x, int rows, int n, flo
 
 namespace {
 
-// Rows per block of HcMixesRows: the block's mixes stay on the stack (hc <= 16).
+// Rows per block of HcMixesRows: the block's mixes stay on the stack (hc <= kHcMultMax).
 constexpr int kMixRowsPerBlock = 16;
-constexpr int kMaxMixes = (2 + 16) * 16;
+constexpr int kMaxMixes = (2 + kHcMultMax) * kHcMultMax;
 
 // rsqrt(mean(x_t^2) + norm_eps) of `rows` rows of n floats, up to eight rows' serial double
 // sums side by side (each sum in element order, as a one-row loop adds).
@@ -535,7 +536,7 @@ void MixOutputsLanes(const float* mixes, int m, int rows, int hc, const float* s
   typedef float V4 __attribute__((vector_size(16)));
   constexpr int kLanes = 4;
   const float e = static_cast<float>(hc_eps);
-  V4 c[16 * 16];  // hc <= 16; lanes past `rows` repeat row 0 (finite, never written out)
+  V4 c[kHcMultMax * kHcMultMax];  // lanes past `rows` repeat row 0 (finite, never written out)
   for (int l = 0; l < kLanes; ++l) {
     const int t = l < rows ? l : 0;
     const float* mx_t = mixes + static_cast<int64_t>(t) * m;
@@ -545,7 +546,7 @@ void MixOutputsLanes(const float* mixes, int m, int rows, int hc, const float* s
         post[t * hc + i] = 2.0f * Sigmoid(mx_t[hc + i] * scale[1] + base[hc + i]);
     }
     for (int i = 0; i < hc; ++i) {
-      float row[16];
+      float row[kHcMultMax];
       float mx = -INFINITY;
       for (int j = 0; j < hc; ++j) {
         row[j] = mx_t[2 * hc + i * hc + j] * scale[2] + base[2 * hc + i * hc + j];

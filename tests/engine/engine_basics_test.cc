@@ -67,14 +67,16 @@ TEST(EngineConfig, AcceptsNestedTextConfigAndRejectsBadOnes) {
     return s.replace(at, from.size(), to);
   };
   // A kv source at a ratio-0 layer, a head_dim that is not a multiple of 32, a reuse layer
-  // before any index source, a bad scoring function: all InvalidArgument with a message.
+  // before any index source, a bad scoring function, more mHC streams than the ops' stack
+  // arrays hold: all InvalidArgument with a message.
   for (const auto& bad :
        {replace("\"kv_source_layer_ids\":[2,4,6,8]", "\"kv_source_layer_ids\":[1,4,6,8]"),
         replace("\"head_dim\":128", "\"head_dim\":100"),
         replace("\"index_source_layer_ids\":[2,4,6,8,10,12,14]",
                 "\"index_source_layer_ids\":[4,6,8,10,12,14]"),
         replace("\"sqrtsoftplus\"", "\"softmax\""),
-        replace("\"num_key_value_heads\":1", "\"num_key_value_heads\":2")}) {
+        replace("\"num_key_value_heads\":1", "\"num_key_value_heads\":2"),
+        replace("\"hc_mult\":4", "\"hc_mult\":" + std::to_string(kHcMultMax + 1))}) {
     auto c = ParseEngineConfig(bad);
     EXPECT_TRUE(c.status().IsInvalidArgument());
     EXPECT_FALSE(c.status().message().empty());

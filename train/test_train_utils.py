@@ -164,6 +164,18 @@ class DSparkTrainingRules(unittest.TestCase):
                 td.load_self_text([pb, pa], 11, 512)
             with self.assertRaises(ValueError):  # an id outside the vocabulary
                 td.load_self_text([pa, pb], 8, 120)
+            pf = os.path.join(d, "f.npy")
+            np.save(pf, a.astype(np.float32))
+            with self.assertRaises(ValueError):  # not token ids
+                td.load_self_text([pf], 8, 512)
+            limit = td.SELF_TEXT_ROWS_MAX
+            try:
+                td.SELF_TEXT_ROWS_MAX = 4  # a and b hold 5 rows together
+                with self.assertRaises(ValueError):
+                    td.load_self_text([pa, pb], 8, 512)
+                self.assertEqual(len(td.load_self_text([pb], 8, 512)), 3)
+            finally:
+                td.SELF_TEXT_ROWS_MAX = limit
 
     def test_anchors_start_at_anchor_min_and_default_to_the_old_draws(self):
         import numpy as np

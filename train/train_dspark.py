@@ -132,17 +132,28 @@ def validate(cfg, bb, draft, val_ids):
             "pred_tau": torch.cat(pred_surv).mean().item(), "verifications": int(acc.numel())}
 
 
+SELF_TEXT_ROWS_MAX = 1 << 18  # rows over all --self-text files (gen_self_text writes <= 2^16 each)
+
+
 def load_self_text(paths, seq, vocab):
     """The rows of the --self-text files in order, cut to seq columns: int64 tensor [N, seq];
-    ValueError when a file is not [N >= 1, L >= seq] or holds an id outside [0, vocab)."""
-    parts = []
+    ValueError when a file is not an integer array [N >= 1, L >= seq], holds an id outside
+    [0, vocab), or the files hold more than SELF_TEXT_ROWS_MAX rows together (each file's shape
+    and type are read from its header before its rows are)."""
+    parts, rows = [], 0
     for path in paths:
-        a = np.load(path)
+        a = np.load(path, mmap_mode="r")
         if a.ndim != 2 or a.shape[1] < seq or a.shape[0] < 1:
             raise ValueError("--self-text %s must be [N, L >= %d], got %s" % (path, seq, a.shape))
+        if not np.issubdtype(a.dtype, np.integer):
+            raise ValueError("--self-text %s must hold integer token ids, got %s" % (path, a.dtype))
+        rows += a.shape[0]
+        if rows > SELF_TEXT_ROWS_MAX:
+            raise ValueError("--self-text files hold more than %d rows" % SELF_TEXT_ROWS_MAX)
+        a = np.array(a[:, :seq])
         if a.min() < 0 or a.max() >= vocab:
             raise ValueError("--self-text %s has token ids outside the vocabulary" % path)
-        parts.append(a[:, :seq].astype(np.int64))
+        parts.append(a.astype(np.int64))
     return torch.from_numpy(np.concatenate(parts, 0))
 
 

@@ -42,6 +42,9 @@ class Relay : public std::enable_shared_from_this<Relay> {
     timer_.expires_after(std::chrono::milliseconds(state_->options.handshake_timeout_ms));
     timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
       if (ec || self->handshake_done_) return;
+      // Counted before the close: a client that sees its connection end sees the failure
+      // counted in /metrics too.
+      self->EndHandshake(/*ok=*/false);
       boost::system::error_code ignored;
       self->tls_.next_layer().close(ignored);  // the handshake handler sees the error
     });
@@ -51,16 +54,21 @@ class Relay : public std::enable_shared_from_this<Relay> {
   }
 
  private:
-  void OnHandshake(boost::system::error_code ec) {
+  // The handshake's end, counted once (by the timer when it timed out, else here).
+  void EndHandshake(bool ok) {
     handshake_done_ = true;
     state_->handshakes_in_progress.fetch_sub(1);
+    (ok ? state_->handshakes_ok : state_->handshakes_failed).fetch_add(1);
     timer_.cancel();
+  }
+
+  void OnHandshake(boost::system::error_code ec) {
+    if (handshake_done_) return Abort();  // timed out: the timer closed and counted it
+    EndHandshake(/*ok=*/!ec);
     if (ec) {
-      state_->handshakes_failed.fetch_add(1);
       KVTIER_LOG(kDebug) << "TLS handshake failed: " << ec.message();
       return Abort();
     }
-    state_->handshakes_ok.fetch_add(1);
     if (draining_ && draining_()) return Abort();
     Local::socket session_end(exec_);
     asio::local::connect_pair(plain_, session_end, ec);

@@ -1,0 +1,472 @@
+// The RESP connection's commands: dispatch (Execute), MULTI/EXEC, connection commands and
+// the data commands (resp_session_impl.h; keyspace commands are in resp_keyspace.h).
+#include <cctype>
+#include <charconv>
+#include <memory>
+
+#include "cache_daemon/resp_session_impl.h"
+#include "common/clock.h"
+
+namespace kvtier::daemon::internal {
+namespace {
+
+using namespace std::string_view_literals;
+
+std::string Upper(std::string_view s) {
+  std::string u(s);
+  for (char& c : u) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return u;
+}
+
+bool ParseI64(std::string_view s, int64_t* out) {
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+}  // namespace
+
+void RespSession::Execute(const std::vector<std::string_view>& argv) {
+  std::string cmd = Upper(argv[0]);
+  if (!holds_.empty() && !AsyncSet(cmd, argv)) return Stall(argv);
+  // One clock read per command: a command's latency runs from the end of the previous one
+  // in the same batch (which adds only this command's parse time), or from the batch start.
+  uint64_t start_us = clock_us_;
+  Op op = Op::kRespOther;
+  StatusCode code = StatusCode::kOk;
+  if (cmd == "GET"sv)
+    op = Op::kRespGet;
+  else if (cmd == "SET"sv)
+    op = Op::kRespSet;
+  else if (cmd == "MGET"sv)
+    op = Op::kRespMget;
+  else if (cmd == "MSET"sv)
+    op = Op::kRespMset;
+  else if (cmd == "DEL"sv)
+    op = Op::kRespDel;
+  else if (cmd == "EXISTS"sv)
+    op = Op::kRespExists;
+  else if (cmd == "EXPIRE"sv || cmd == "PEXPIRE"sv)
+    op = Op::kRespExpire;
+  else if (cmd == "TTL"sv || cmd == "PTTL"sv)
+    op = Op::kRespTtl;
+  if (cmd == "MULTI"sv || cmd == "EXEC"sv || cmd == "DISCARD"sv) {
+    code = Transaction(cmd, argv);
+  } else if (txn_.queuing() && cmd != "QUIT"sv) {
+    op = Op::kRespOther;  // counted under its own op when EXEC runs it
+    code = QueueCommand(cmd, argv);
+  } else if (cmd == "PING"sv || cmd == "QUIT"sv || cmd == "AUTH"sv || cmd == "HELLO"sv) {
+    code = Connection(cmd, argv);
+  } else if (tenant_ == nullptr) {
+    resp::AppendError("NOAUTH Authentication required.", &out_);
+    code = StatusCode::kPermissionDenied;
+  } else {
+    StatusOr<InflightSlot> slot = AcquireInflight(*tenant_);
+    if (!slot.ok()) {
+      shared_->metrics->tenant_inflight_rejections.fetch_add(1);
+      resp::AppendError("ERR tenant in-flight request limit reached", &out_);
+      code = StatusCode::kRejected;
+    } else {
+      slot_ = std::move(slot).value();  // a SET completed asynchronously keeps it
+      set_start_us_ = start_us;
+      code = Data(cmd, argv);
+      slot_ = InflightSlot();
+    }
+  }
+  clock_us_ = DefaultSteadyClock().NowUs();
+  if (deferred_) {
+    deferred_ = false;  // recorded when it completes (SetDone)
+    return;
+  }
+  shared_->metrics->RecordRequest(op, code, clock_us_ - start_us);
+}
+
+StatusCode RespSession::Transaction(const std::string& cmd,
+                                    const std::vector<std::string_view>& a) {
+  if (tenant_ == nullptr) {
+    resp::AppendError("NOAUTH Authentication required.", &out_);
+    return StatusCode::kPermissionDenied;
+  }
+  if (a.size() != 1) return WrongArgs(cmd);
+  if (cmd == "MULTI"sv) {
+    if (txn_.queuing()) {
+      resp::AppendError("ERR MULTI calls can not be nested", &out_);
+      return StatusCode::kInvalidArgument;
+    }
+    txn_.Begin();
+    resp::AppendSimple("OK", &out_);
+    return StatusCode::kOk;
+  }
+  if (!txn_.queuing()) {
+    resp::AppendError("ERR " + cmd + " without MULTI", &out_);
+    return StatusCode::kInvalidArgument;
+  }
+  if (cmd == "DISCARD"sv) {
+    txn_.Finish();
+    resp::AppendSimple("OK", &out_);
+    return StatusCode::kOk;
+  }
+  bool aborted = false;
+  size_t n = txn_.StartExec(&aborted);
+  if (aborted) {
+    resp::AppendError("EXECABORT Transaction discarded because of previous errors.", &out_);
+    return StatusCode::kInvalidArgument;
+  }
+  resp::AppendArrayHeader(n, &out_);
+  exec_next_ = 0;
+  if (n == 0) txn_.Finish();
+  return StatusCode::kOk;
+}
+
+StatusCode RespSession::QueueCommand(const std::string& cmd,
+                                     const std::vector<std::string_view>& a) {
+  int arity = resp::CommandArity(cmd);
+  if (arity == 0) {
+    txn_.Flag();
+    return UnknownCommand(a);
+  }
+  if (!resp::ArityAllows(arity, a.size())) {
+    txn_.Flag();
+    return WrongArgs(cmd);
+  }
+  if (cmd == "AUTH"sv || cmd == "HELLO"sv) {
+    txn_.Flag();
+    resp::AppendError("ERR Command not allowed inside a transaction", &out_);
+    return StatusCode::kInvalidArgument;
+  }
+  Status st = txn_.Queue(a);
+  if (!st.ok()) {
+    shared_->metrics->Refuse(Refusal::kRespMulti);
+    resp::AppendError("ERR " + st.message(), &out_);
+    return st.code();
+  }
+  resp::AppendSimple("QUEUED", &out_);
+  return StatusCode::kOk;
+}
+
+void RespSession::RunQueued() {
+  txn_.Command(exec_next_++, &exec_argv_);
+  Execute(exec_argv_);
+  if (exec_next_ == txn_.size()) txn_.Finish();
+}
+
+StatusCode RespSession::UnknownCommand(const std::vector<std::string_view>& a) {
+  std::string shown(a[0].substr(0, 128));
+  resp::AppendError("ERR unknown command '" + shown + "', with args beginning with: ", &out_);
+  return StatusCode::kInvalidArgument;
+}
+
+void RespSession::Null() {
+  if (proto_ == 3)
+    resp::AppendNull3(&out_);
+  else
+    resp::AppendNull(&out_);
+}
+
+internal::RespKeyspaceContext RespSession::Keyspace() {
+  return {shared_->service, tenant_, shared_->options, shared_->metrics, proto_, &out_};
+}
+
+StatusCode RespSession::WrongArgs(const std::string& cmd) {
+  std::string lower = cmd;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  resp::AppendError("ERR wrong number of arguments for '" + lower + "' command", &out_);
+  return StatusCode::kInvalidArgument;
+}
+
+StatusCode RespSession::StoreError(const Status& st) {
+  StoreErrorText(st, &out_);
+  return st.code();
+}
+
+void RespSession::StoreErrorText(const Status& st, std::string* out) {
+  if (st.IsRejected()) {
+    resp::AppendError("OOM command not allowed: " + st.message(), out);
+  } else {
+    resp::AppendError("ERR " + st.ToString(), out);
+  }
+}
+
+StatusCode RespSession::Authenticate(std::string_view token) {
+  StatusOr<const Tenant*> t = shared_->tenants->Authenticate(token);
+  if (!t.ok()) {
+    shared_->metrics->auth_failures.fetch_add(1);
+    if (++auth_failures_ >= kMaxAuthFailures) quit_ = true;
+    return StatusCode::kPermissionDenied;
+  }
+  if (*t != tenant_) {
+    if (!shared_->AcquireTenantConnection(*t)) return StatusCode::kRejected;
+    shared_->ReleaseTenantConnection(tenant_);
+  }
+  tenant_ = *t;
+  return StatusCode::kOk;
+}
+
+StatusCode RespSession::AuthError(StatusCode c) {
+  if (c == StatusCode::kRejected) {
+    resp::AppendError("ERR max number of clients reached (limits.tenant_connections_max)", &out_);
+  } else {
+    resp::AppendError("WRONGPASS invalid username-password pair or user is disabled.", &out_);
+  }
+  return c;
+}
+
+StatusCode RespSession::Connection(const std::string& cmd, const std::vector<std::string_view>& a) {
+  if (cmd == "PING"sv) {
+    if (a.size() > 2) return WrongArgs(cmd);
+    if (a.size() == 2)
+      resp::AppendBulk(a[1], &out_);
+    else
+      resp::AppendSimple("PONG", &out_);
+    return StatusCode::kOk;
+  }
+  if (cmd == "QUIT"sv) {
+    resp::AppendSimple("OK", &out_);
+    quit_ = true;
+    return StatusCode::kOk;
+  }
+  if (cmd == "AUTH"sv) {
+    if (a.size() != 2 && a.size() != 3) return WrongArgs(cmd);
+    if (!shared_->tenants->auth_enabled()) {
+      resp::AppendError(
+          "ERR AUTH <password> called without any password configured for the default user. "
+          "Are you sure your configuration is correct?",
+          &out_);
+      return StatusCode::kInvalidArgument;
+    }
+    StatusCode c = Authenticate(a.back());
+    if (c != StatusCode::kOk) return AuthError(c);
+    resp::AppendSimple("OK", &out_);
+    return StatusCode::kOk;
+  }
+  // HELLO [protover [AUTH username password] [SETNAME clientname]]
+  size_t i = 1;
+  int proto = proto_;
+  if (a.size() > 1) {
+    int64_t ver = 0;
+    if (!ParseI64(a[1], &ver)) {
+      resp::AppendError("ERR Protocol version is not an integer or out of range", &out_);
+      return StatusCode::kInvalidArgument;
+    }
+    if (ver != 2 && ver != 3) {
+      resp::AppendError("NOPROTO unsupported protocol version", &out_);
+      return StatusCode::kInvalidArgument;
+    }
+    proto = static_cast<int>(ver);
+    i = 2;
+  }
+  for (; i < a.size(); ++i) {
+    std::string opt = Upper(a[i]);
+    if (opt == "AUTH"sv && i + 2 < a.size()) {
+      if (shared_->tenants->auth_enabled()) {
+        StatusCode c = Authenticate(a[i + 2]);
+        if (c != StatusCode::kOk) return AuthError(c);
+      }
+      i += 2;
+    } else if (opt == "SETNAME"sv && i + 1 < a.size()) {
+      i += 1;
+    } else {
+      resp::AppendError("ERR Syntax error in HELLO option '" + std::string(a[i]) + "'", &out_);
+      return StatusCode::kInvalidArgument;
+    }
+  }
+  if (tenant_ == nullptr) {
+    resp::AppendError(
+        "NOAUTH HELLO must be called with the client already authenticated, "
+        "otherwise the HELLO <proto> AUTH <user> <pass> option can be used",
+        &out_);
+    return StatusCode::kPermissionDenied;
+  }
+  proto_ = proto;  // only once the HELLO succeeded, as Redis
+  if (proto_ == 3)
+    resp::AppendMapHeader(7, &out_);
+  else
+    resp::AppendArrayHeader(14, &out_);
+  const std::pair<const char*, std::string> fields[] = {
+      {"server", "kvtier"},   {"version", "7.0.0"}, {"proto", ""},  {"id", ""},
+      {"mode", "standalone"}, {"role", "master"},   {"modules", ""}};
+  for (const auto& [k, v] : fields) {
+    resp::AppendBulk(k, &out_);
+    if (std::string_view(k) == "proto")
+      resp::AppendInteger(proto_, &out_);
+    else if (std::string_view(k) == "id")
+      resp::AppendInteger(static_cast<int64_t>(id_), &out_);
+    else if (std::string_view(k) == "modules")
+      resp::AppendArrayHeader(0, &out_);
+    else
+      resp::AppendBulk(v, &out_);
+  }
+  return StatusCode::kOk;
+}
+
+StatusCode RespSession::Set(const std::vector<std::string_view>& a) {
+  uint64_t ttl_ms = 0;
+  if (a.size() > 3) {
+    StatusOr<resp::SetOptions> o =
+        resp::ParseSetOptions(std::span<const std::string_view>(a).subspan(3));
+    if (!o.ok()) {
+      resp::AppendError(o.status().message(), &out_);
+      return StatusCode::kInvalidArgument;
+    }
+    if (!o->plain()) return internal::RunRespConditionalSet(Keyspace(), a, *o);
+    ttl_ms = o->ttl_ms;
+  }
+  // Under sync the SET completes asynchronously (sharing commits with every SET pending),
+  // except inside EXEC, whose reply array is built in one go.
+  if (AsyncSet("SET", a)) {
+    auto job = std::make_unique<RespSetJob>();
+    Status st = shared_->service->RespSetStage(*tenant_, a[1], a[2], ttl_ms, &keys_, job.get());
+    if (!st.ok()) return StoreError(st);
+    SubmitSet(std::move(job), set_start_us_);
+    deferred_ = true;
+    return StatusCode::kOk;
+  }
+  Status st = shared_->service->RespSet(*tenant_, a[1], a[2], ttl_ms, &keys_);
+  if (!st.ok()) return StoreError(st);
+  resp::AppendSimple("OK", &out_);
+  return StatusCode::kOk;
+}
+
+StatusCode RespSession::Data(const std::string& cmd, const std::vector<std::string_view>& a) {
+  Service* svc = shared_->service;
+  const Tenant& t = *tenant_;
+  if (cmd == "GET"sv) {
+    if (a.size() != 2) return WrongArgs(cmd);
+    std::span<const uint8_t> v;
+    Status st = svc->RespGetRaw(t, a[1], &raw_, &v, &keys_);
+    if (st.IsNotFound()) {
+      Null();
+      return StatusCode::kNotFound;
+    }
+    if (!st.ok()) return StoreError(st);
+    AppendValue(v);
+    return StatusCode::kOk;
+  }
+  if (cmd == "SET"sv) {
+    if (a.size() < 3) return WrongArgs(cmd);
+    return Set(a);
+  }
+  if (cmd == "MGET"sv) {
+    if (a.size() < 2) return WrongArgs(cmd);
+    resp::AppendArrayHeader(a.size() - 1, &out_);
+    std::span<const uint8_t> v;
+    for (size_t i = 1; i < a.size(); ++i) {
+      if (svc->RespGetRaw(t, a[i], &raw_, &v, &keys_).ok())
+        AppendValue(v);
+      else
+        Null();
+    }
+    return StatusCode::kOk;
+  }
+  if (cmd == "MSET"sv) {
+    if (a.size() < 3 || a.size() % 2 == 0) return WrongArgs(cmd);
+    for (size_t i = 1; i + 1 < a.size(); i += 2) {
+      Status st = svc->RespSet(t, a[i], a[i + 1], 0, &keys_);
+      if (!st.ok()) return StoreError(st);
+    }
+    resp::AppendSimple("OK", &out_);
+    return StatusCode::kOk;
+  }
+  if (cmd == "EXISTS"sv || cmd == "DEL"sv || cmd == "UNLINK"sv) {
+    if (a.size() < 2) return WrongArgs(cmd);
+    int64_t n = 0;
+    for (size_t i = 1; i < a.size(); ++i) {
+      if (cmd == "EXISTS"sv) {
+        n += svc->RespExists(t, a[i]) ? 1 : 0;
+        continue;
+      }
+      // A delete whose commit failed (sync) is an error, never a silent 0.
+      Status st = svc->RespDel(t, a[i]);
+      if (!st.ok() && !st.IsNotFound()) return StoreError(st);
+      n += st.ok() ? 1 : 0;
+    }
+    resp::AppendInteger(n, &out_);
+    return StatusCode::kOk;
+  }
+  if (cmd == "EXPIRE"sv || cmd == "PEXPIRE"sv) {
+    if (a.size() != 3) return WrongArgs(cmd);
+    int64_t v = 0;
+    if (!ParseI64(a[2], &v)) {
+      resp::AppendError("ERR value is not an integer or out of range", &out_);
+      return StatusCode::kInvalidArgument;
+    }
+    if (v <= 0) {  // Redis: a non-positive expiry deletes the key
+      Status st = svc->RespDel(t, a[1]);
+      if (!st.ok() && !st.IsNotFound()) return StoreError(st);
+      resp::AppendInteger(st.ok() ? 1 : 0, &out_);
+      return StatusCode::kOk;
+    }
+    uint64_t ms = cmd == "EXPIRE"sv ? static_cast<uint64_t>(v) * 1000 : static_cast<uint64_t>(v);
+    Status st = svc->RespExpire(t, a[1], ms);
+    if (!st.ok() && !st.IsNotFound()) return StoreError(st);
+    resp::AppendInteger(st.ok() ? 1 : 0, &out_);
+    return StatusCode::kOk;
+  }
+  if (cmd == "TTL"sv || cmd == "PTTL"sv) {
+    if (a.size() != 2) return WrongArgs(cmd);
+    int64_t ms = svc->RespTtlMs(t, a[1]);
+    if (ms < 0 || cmd == "PTTL"sv)
+      resp::AppendInteger(ms, &out_);
+    else
+      resp::AppendInteger((ms + 999) / 1000, &out_);
+    return StatusCode::kOk;
+  }
+  if (cmd == "DBSIZE"sv) {
+    if (a.size() != 1) return WrongArgs(cmd);
+    resp::AppendInteger(static_cast<int64_t>(svc->RespDbSize(t)), &out_);
+    return StatusCode::kOk;
+  }
+  if (cmd == "FLUSHDB"sv || cmd == "FLUSHALL"sv) {
+    Status st = svc->RespFlush(t);
+    if (!st.ok()) return StoreError(st);
+    resp::AppendSimple("OK", &out_);
+    return StatusCode::kOk;
+  }
+  if (cmd == "INFO"sv) {
+    std::string info =
+        "# Server\r\nredis_version:7.0.0\r\nkvtier_version:0.1.0\r\n"
+        "redis_mode:standalone\r\nuptime_in_seconds:" +
+        std::to_string((DefaultSteadyClock().NowUs() - shared_->start_us) / 1000000) +
+        "\r\n# Clients\r\nconnected_clients:" +
+        std::to_string(shared_->metrics->connections_open.load()) +
+        "\r\n# Persistence\r\nloading:0\r\n# Keyspace\r\ndb0:keys=" +
+        std::to_string(svc->RespDbSize(t)) + ",expires=0,avg_ttl=0\r\n";
+    resp::AppendBulk(info, &out_);
+    return StatusCode::kOk;
+  }
+  if (cmd == "SELECT"sv) {
+    if (a.size() != 2) return WrongArgs(cmd);
+    if (a[1] != "0") {
+      resp::AppendError("ERR DB index is out of range", &out_);
+      return StatusCode::kInvalidArgument;
+    }
+    resp::AppendSimple("OK", &out_);
+    return StatusCode::kOk;
+  }
+  if (cmd == "CONFIG"sv && a.size() >= 2 && Upper(a[1]) == "GET"sv) {
+    // redis-benchmark reads "save" and "appendonly"; kvtier has no such settings.
+    if (proto_ == 3)
+      resp::AppendMapHeader(a.size() - 2, &out_);
+    else
+      resp::AppendArrayHeader(2 * (a.size() - 2), &out_);
+    for (size_t i = 2; i < a.size(); ++i) {
+      resp::AppendBulk(a[i], &out_);
+      resp::AppendBulk("", &out_);
+    }
+    return StatusCode::kOk;
+  }
+  if (cmd == "CLIENT"sv && a.size() >= 2 && Upper(a[1]) == "SETNAME"sv) {
+    resp::AppendSimple("OK", &out_);
+    return StatusCode::kOk;
+  }
+  if (cmd == "ECHO"sv) {
+    if (a.size() != 2) return WrongArgs(cmd);
+    resp::AppendBulk(a[1], &out_);
+    return StatusCode::kOk;
+  }
+  if (std::optional<StatusCode> c = internal::RunRespKeyspaceCommand(Keyspace(), cmd, a)) {
+    return *c;
+  }
+  return UnknownCommand(a);
+}
+
+}  // namespace kvtier::daemon::internal

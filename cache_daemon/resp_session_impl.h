@@ -1,0 +1,286 @@
+// Private to cache_daemon/: the RESP (Redis protocol) connection, one class over four files
+// split by concern:
+//   resp_session.cc           lifecycle, reads, the command loop (Process), the frame timer
+//   resp_session_write.cc     reply buffering and the writev of ready replies
+//   resp_session_sets.cc      SETs completed asynchronously under durability sync
+//   resp_session_commands.cc  command dispatch (Execute) and the commands themselves
+//
+// Commands run in arrival order on the connection's strand; replies are written in the same
+// order, so pipelining (redis-benchmark -P) works.
+//
+// Hot path (docs/performance/daemon.md "## Daemon"): the socket is read straight into the
+// parser's buffer and commands are parsed as views into it; every reply of one read's worth of
+// pipelined commands is gathered and written with one writev, tried at once on the
+// non-blocking socket (asio's async_write only takes over when the socket buffer is full).
+// GET values of kScatterMinBytes or more are not copied into the reply text: the buffer the
+// store filled is kept as a segment of that writev and recycled afterwards.
+//
+// Thread safety: every method runs on the connection's strand, except DirectReply (a commit
+// thread, under direct_mu_) and Close (any thread; it posts to the strand).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cache_daemon/daemon_internal.h"
+#include "cache_daemon/resp.h"
+#include "cache_daemon/resp_commands.h"
+#include "cache_daemon/resp_durable_sets.h"
+#include "cache_daemon/resp_keyspace.h"
+#include "cache_daemon/resp_transaction.h"
+
+namespace kvtier::daemon::internal {
+
+class RespSession : public Session, public std::enable_shared_from_this<RespSession> {
+ public:
+  using GenericSocket = asio::generic::stream_protocol::socket;
+
+  RespSession(Shared* shared, GenericSocket socket);
+  ~RespSession() override;
+
+  asio::strand<asio::io_context::executor_type>& executor() { return strand_; }
+  void Begin();
+  void Close() override;
+  bool Busy() const override { return busy_.load(); }
+
+ private:
+  // ---- Limits ----
+  static constexpr size_t kReadChunkBytes = 256 * 1024;
+  // Reply bytes (text and GET value segments together) buffered before the connection stops
+  // parsing and writes them out.
+  static constexpr size_t kMaxPendingReplyBytes = 8u << 20;
+  // GET values at least this large are written from the store's buffer instead of being copied.
+  static constexpr size_t kScatterMinBytes = 16u << 10;
+  // Recycled GET buffers kept per connection (sum of capacities).
+  static constexpr size_t kSpareBufferBytesMax = 2u << 20;
+  static constexpr int kMaxAuthFailures = 3;
+  // SETs of one connection pending at once (durability sync: RespDurableSets). Each also counts
+  // its stored bytes plus kHoldOverheadBytes against the connection's reply budget.
+  static constexpr size_t kPendingSetsMax = 1024;
+  static constexpr size_t kHoldOverheadBytes = 256;
+  // No pending SET's reply may be written by its commit (direct_id_).
+  static constexpr uint64_t kNoHold = ~uint64_t{0};
+
+  // A GET value written from the buffer the store filled: bytes[offset...] follow the reply
+  // text up to text_end.
+  struct Body {
+    size_t text_end = 0;
+    std::vector<uint8_t> bytes;
+    size_t offset = 0;
+  };
+
+  // The reply of a SET still pending (RespDurableSets): it goes at text_pos of the reply text,
+  // and nothing from there on is written before it.
+  struct Hold {
+    uint64_t id = 0;
+    size_t text_pos = 0;
+    uint64_t charged_bytes = 0;  // counted in pending_bytes() until it resolves
+    uint64_t start_us = 0;       // the SET's start, for its latency
+    bool via_thread = false;     // handed to the put thread (RespDurableSets::Submit)
+    bool done = false;
+    Status result;
+    size_t sent_bytes = 0;  // of its reply, already written by the commit thread (DirectReply)
+  };
+
+  // ---- Connection: lifecycle, reads, the command loop (resp_session.cc) ----
+
+  void DoClose();
+
+  // Before authentication (auth on) a command may be no larger than a pre-auth frame.
+  void SetCommandLimit();
+
+  // Reports what this connection holds to the daemon-wide budget.
+  void Account();
+
+  void Read();
+
+  void ReadReady();
+
+  size_t pending_bytes() const { return out_.size() + body_bytes_ + hold_bytes_; }
+  // Reads are paused by the daemon-wide budget while nothing is left for the client to read:
+  // the daemon, not the client, is holding the connection up, so it is not idle.
+  bool HeldByMemoryGate() const;
+
+  // Runs buffered commands until the pending replies reach kMaxPendingReplyBytes (or
+  // kPendingSetsMax SETs are pending), writes what is ready (the replies before the first
+  // pending SET), and repeats; then reads again. Returns early while an async write is in
+  // flight (its completion calls Process again), and while the budget is spent on pending
+  // SETs (their completion does).
+  void Process();
+
+  // Closes a connection whose buffered partial command has not completed within
+  // options.frame_timeout_ms (a slow client), checked while bytes stay buffered.
+  void ArmTimer();
+
+  // ---- Replies (resp_session_write.cc) ----
+
+  // Bytes of the pending reply that may be written now: everything before the first pending
+  // SET's reply; the GET segments inside them, and all their bytes.
+  size_t ready_text() const { return holds_.empty() ? out_.size() : holds_.front().text_pos; }
+  size_t ready_bodies() const;
+  size_t ready_bytes() const;
+
+  // Appends to *iov the reply text and its segments, skipping the first skip bytes.
+  static void Gather(std::string_view text, std::span<const Body> bodies, size_t skip,
+                     std::vector<asio::const_buffer>* iov);
+
+  // Takes the first `text` bytes of out_ and the first `nbodies` bodies out of the pending
+  // reply into *wtext / *wbodies (appended), re-basing what stays.
+  void TakeReady(size_t text, size_t nbodies, std::string* wtext, std::vector<Body>* wbodies);
+
+  // Writes the replies that are ready (ready_bytes()): one non-blocking writev, then asio's
+  // async_write for whatever the socket did not take. True: all written; false: an async
+  // write is in flight or the connection closed.
+  bool WriteNow();
+
+  // Empties *bodies, keeping their buffers for later GETs up to kSpareBufferBytesMax.
+  void Recycle(std::vector<Body>* bodies);
+
+  // Appends a bulk reply whose payload v lies inside raw_: small payloads are copied into
+  // the reply text, large ones become a segment (raw_ moves into it and is replaced by a
+  // spare buffer).
+  void AppendValue(std::span<const uint8_t> v);
+
+  // ---- SETs completed asynchronously (durability sync: RespDurableSets; resp_session_sets.cc)
+  //
+  // Plain SETs run one after another without waiting for each other (they share commits);
+  // any other command waits until the SETs before it have completed (Stall), so that it
+  // sees their effects (a GET after a SET of this connection reads the new value, a DEL
+  // after it deletes it) and its reply follows theirs.
+
+  // Whether this command (upper-case name cmd) would be a SET completed asynchronously.
+  bool AsyncSet(const std::string& cmd, const std::vector<std::string_view>& a) const;
+
+  // Keeps a copy of the command (argv views into the parser's buffer do not survive reads)
+  // to run once no SET is pending; counted in Account().
+  void Stall(const std::vector<std::string_view>& a);
+  void RunStalled();
+
+  // Hands a staged SET over; its reply is held at the current end of the reply text. The SET
+  // is put on this thread unless an earlier SET of this connection is still with the put
+  // thread (RespDurableSets::Submit keeps one caller's puts in order only then).
+  void SubmitSet(std::unique_ptr<RespSetJob> job, uint64_t start_us);
+
+  // ---- A lone pending SET's reply, written by its commit (the way back without a hand-off) ----
+  //
+  // When a pending SET's reply is the next thing this connection writes (nothing before it
+  // unwritten, no write in flight), the strand arms it (direct_id_); the commit thread that
+  // completes it writes "+OK" to the socket itself (DirectReply), without waiting for this
+  // strand, and SetDone then only does the bookkeeping. Order holds because the strand writes
+  // nothing past a pending SET (ready_bytes()), at most one SET is armed at a time, and the
+  // SETs before an armed one are either none or SETs whose "+OK" DirectReply wrote in full
+  // (sent_through_; their SetDone may not have run yet, as when a client's next SET arrives
+  // before it). An error reply, or a write the socket does not take, goes the usual way (the
+  // bytes written are skipped).
+
+  // On the strand: arms the first pending SET not yet answered on the wire when its reply is
+  // next there.
+  void ArmDirect();
+
+  // On the commit thread, for a SET that succeeded: writes its "+OK" if it is armed (once).
+  // Returns the bytes written (0: SetDone writes the reply).
+  size_t DirectReply(uint64_t id);
+
+  // A pending SET finished (sent_bytes of its reply already written by DirectReply): resolves
+  // the replies that are now complete, in order, and lets Process write them (and read on,
+  // when the budget was spent on pending SETs).
+  void SetDone(uint64_t id, const Status& st, size_t sent_bytes);
+
+  // ---- Commands (resp_session_commands.cc) ----
+
+  // Runs one command (argv[0] its name, any case), appending its reply; a command other than
+  // a plain SET waits (Stall) while SETs of this connection are pending.
+  void Execute(const std::vector<std::string_view>& argv);
+
+  // ---- MULTI / EXEC / DISCARD (resp_transaction.h) ----
+
+  StatusCode Transaction(const std::string& cmd, const std::vector<std::string_view>& a);
+
+  // A command after MULTI: checked like Redis does at queue time (known command, argument
+  // count) and queued; an error flags the transaction (EXEC answers EXECABORT).
+  StatusCode QueueCommand(const std::string& cmd, const std::vector<std::string_view>& a);
+
+  // Runs the next command of the EXEC in progress (its reply is one element of EXEC's array).
+  void RunQueued();
+
+  StatusCode UnknownCommand(const std::vector<std::string_view>& a);
+
+  void Null();
+
+  internal::RespKeyspaceContext Keyspace();
+
+  StatusCode WrongArgs(const std::string& cmd);
+
+  StatusCode StoreError(const Status& st);
+  static void StoreErrorText(const Status& st, std::string* out);
+
+  StatusCode Authenticate(std::string_view token);
+
+  StatusCode AuthError(StatusCode c);
+
+  StatusCode Connection(const std::string& cmd, const std::vector<std::string_view>& a);
+
+  // SET key value [options]: a plain SET (or one with only EX/PX) is written at once; NX, XX,
+  // GET and KEEPTTL need the current value (resp_keyspace.h).
+  StatusCode Set(const std::vector<std::string_view>& a);
+
+  StatusCode Data(const std::string& cmd, const std::vector<std::string_view>& a);
+
+  // ---- State ----
+
+  Shared* shared_;
+  // Every handler runs on strand_ (bound explicitly).
+  asio::strand<asio::io_context::executor_type> strand_;
+  GenericSocket sock_;  // TCP, or the plaintext end of a TLS relay (no_delay fails there)
+  asio::steady_timer timer_;
+  MemoryGate memory_;  // reads paused by the daemon-wide budget
+  IdleWatch idle_;
+  resp::RespParser parser_;
+  const size_t max_pending_bytes_;  // replies buffered before parsing stops and they are written
+  uint64_t charged_bytes_ = 0;      // what this connection counts in shared_->memory
+  std::vector<std::string_view> argv_;  // views into parser_'s buffer
+  // Pending replies: out_ is the text; each Body is a GET value written after
+  // out_[previous text_end, text_end). wbuf_ / wbodies_ are the ones an async write holds.
+  std::string out_, wbuf_;
+  std::vector<Body> bodies_, wbodies_;
+  size_t body_bytes_ = 0;             // payload bytes in bodies_
+  std::deque<Hold> holds_;            // pending SETs' replies, in request order
+  size_t thread_sets_ = 0;            // holds_ with via_thread
+  uint64_t armed_id_ = kNoHold;       // the hold ArmDirect last armed (strand's copy)
+  std::mutex direct_mu_;              // guards direct_id_, sent_through_, DirectReply's writes
+  uint64_t direct_id_ = kNoHold;      // the hold whose reply its commit may write
+  uint64_t sent_through_ = kNoHold;   // the last hold whose reply DirectReply wrote in full
+  int fd_ = -1;                       // sock_'s descriptor (DirectReply)
+  uint64_t next_hold_id_ = 0;         // id of the next Hold
+  size_t hold_bytes_ = 0;             // sum of holds_' charged_bytes
+  InflightSlot slot_;                 // the running command's tenant in-flight slot
+  uint64_t set_start_us_ = 0;         // the running command's start
+  bool deferred_ = false;             // the running command completes asynchronously
+  std::vector<std::string> stalled_;  // a command waiting for the pending SETs (Stall)
+  size_t stalled_bytes_ = 0;
+  std::vector<std::vector<uint8_t>> spare_;  // recycled GET buffers
+  size_t spare_bytes_ = 0;                   // sum of spare_ capacities
+  std::vector<uint8_t> raw_;                 // the buffer the next GET is read into
+  std::vector<asio::const_buffer> iov_;
+  RespKeyCache keys_;
+  resp::RespTransaction txn_;                // MULTI ... EXEC
+  size_t exec_next_ = 0;                     // the next queued command EXEC runs
+  std::vector<std::string_view> exec_argv_;  // views into txn_
+  int proto_ = 2;                            // RESP version (HELLO 2 / HELLO 3)
+  const Tenant* tenant_ = nullptr;
+  uint64_t id_ = 0;
+  uint64_t commands_ = 0;
+  uint64_t clock_us_ = 0;  // steady clock at the end of the last command (or batch start)
+  int auth_failures_ = 0;
+  bool reading_ = false, writing_ = false, closed_ = false, quit_ = false, timer_armed_ = false;
+  std::atomic<bool> busy_{false};
+};
+
+}  // namespace kvtier::daemon::internal

@@ -1,5 +1,6 @@
-// The native-protocol connection: frame splitting, auth, dispatch to workers, ordered
-// writes, shared memory, backpressure and the slow-client timer. See docs/format/wire.md.
+// The native-protocol connection on its strand: frame splitting, auth, turns, shared memory,
+// dispatch to workers, ordered writes, backpressure and the slow-client timer
+// (native_session_impl.h). See docs/format/wire.md.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -14,17 +15,13 @@
 #include <unordered_map>
 #include <utility>
 
-#include "cache_daemon/daemon_internal.h"
-#include "cache_daemon/shm_writer.h"
-#include "cache_daemon/wire.h"
+#include "cache_daemon/native_session_impl.h"
 #include "common/clock.h"
 #include "common/logging.h"
 
 namespace kvtier::daemon::internal {
+namespace native {
 namespace {
-
-using wire::Opcode;
-using GenericSocket = asio::generic::stream_protocol::socket;
 
 // After this many failed AUTH attempts a connection is closed.
 constexpr int kMaxAuthFailures = 3;
@@ -84,9 +81,11 @@ Op ToOp(uint8_t opcode) {
   return Op::kHello;
 }
 
+}  // namespace
+
 // Builds a response frame: header, status, then fill(w) when the status is OK.
 std::vector<uint8_t> Response(const wire::FrameHeader& req, uint16_t flags, const Status& st,
-                              const std::function<void(wire::Writer*)>& fill = nullptr) {
+                              const std::function<void(wire::Writer*)>& fill) {
   wire::Writer w;
   w.buffer().resize(wire::kHeaderBytes);
   wire::EncodeStatus(st, &w);
@@ -98,905 +97,509 @@ std::vector<uint8_t> Response(const wire::FrameHeader& req, uint16_t flags, cons
   return out;
 }
 
-struct OutMsg {
-  std::vector<uint8_t> bytes;
-  int fd = -1;  // sent with SCM_RIGHTS alongside the bytes (Unix sockets only)
-};
-
-// Everything a request needs from its connection, fixed when the frame is accepted: a
-// HELLO/AUTH/SHM_ATTACH that follows it on the strand cannot change what it runs as.
-struct Job {
-  wire::Frame frame;
-  const Tenant* tenant = nullptr;  // never null
-  uint32_t unit_tokens = 0;
-  uint8_t* shm = nullptr;  // the mapping (lives as long as the session); null when none
-  uint64_t shm_bytes = 0;
-  int shm_fd = -1;  // with shm: the region's memfd (session-owned, open while it lives)
-  // The request the call belongs to for the eviction policies: its turn's (kFlagTurn), else
-  // id 0 (the store makes the call a request of its own).
-  storage::RequestTag request;
-  // Set by the worker: value bytes of the reply it built, reserved with ReserveReply.
-  uint64_t reserved_bytes = 0;
-  // Set by the worker before Execute: queues the reply (once) on the connection's strand. A
-  // GET calls it as soon as every value is placed, before the store's promotions into DRAM
-  // (Service::Get's `visited`); Execute then returns no bytes and the worker sends nothing.
-  std::function<void(std::vector<uint8_t>, StatusCode)> reply;
-  bool replied = false;
-};
-
-class NativeSession : public Session, public std::enable_shared_from_this<NativeSession> {
- public:
-  NativeSession(Shared* shared, GenericSocket socket, bool is_unix)
-      : shared_(shared),
-        strand_(asio::make_strand(*shared->io)),
-        sock_(std::move(socket)),
-        is_unix_(is_unix),
-        parser_(shared->options->max_frame_bytes),
-        timer_(strand_),
-        memory_(strand_),
-        idle_(strand_, shared->options->idle_timeout_ms),
-        rbuf_(kFirstReadBytes) {
-    tenant_ = shared_->tenants->default_tenant();
-    SetFrameLimit();
-  }
-
-  ~NativeSession() override {
-    if (shm_ != nullptr) ::munmap(shm_, shm_bytes_);
-    if (shm_fd_ >= 0) ::close(shm_fd_);
-    shared_->ReleaseTenantConnection(tenant_);
-    shared_->memory->Adjust(&charged_bytes_, 0);
-    shared_->front_open[static_cast<size_t>(is_unix_ ? Front::kUnix : Front::kNativeTcp)].fetch_sub(
-        1);
-    shared_->metrics->connections_open.fetch_sub(1);
-  }
-
-  void Begin() {
-    id_ = shared_->Register(shared_from_this());
-    auto self = shared_from_this();
-    idle_.Arm(
-        // Not idle: requests executing, or reads held by the daemon-wide budget.
-        IdleWatch::NowMs(), self, [this] { return inflight_ > 0 || HeldByMemoryGate(); },
-        [this] {
-          if (closed_) return;
-          shared_->metrics->Refuse(Refusal::kIdle);
-          KVTIER_LOG(kInfo) << "closing idle native connection (limits.idle_timeout_ms)";
-          DoClose();
-        });
-    MaybeRead();
-  }
-
-  void Close() override {
-    asio::post(strand_, [self = shared_from_this()] { self->DoClose(); });
-  }
-  bool Busy() const override { return busy_.load() > 0 || write_busy_.load(); }
-  asio::strand<asio::io_context::executor_type>& executor() { return strand_; }
-
- private:
-  void DoClose() {
-    if (closed_) return;
-    closed_ = true;
-    boost::system::error_code ec;
-    timer_.cancel();
-    memory_.Cancel();
-    idle_.Cancel();
-    sock_.shutdown(asio::socket_base::shutdown_both, ec);
-    sock_.close(ec);
-    shared_->Unregister(id_);
-  }
-
-  void MaybeRead() {
-    if (closed_ || reading_ || close_after_write_) return;
-    if (shared_->draining.load()) {
-      if (inflight_ == 0 && wq_.empty()) DoClose();
-      return;
-    }
-    // Frames already buffered run first (they arrived before any new read). A reply that is
-    // written synchronously (SendWithFd) can call back into MaybeRead from inside
-    // ProcessFrames; processing_ keeps that nested call from starting a second read.
-    if (processing_) return;
-    processing_ = true;
-    bool open = ProcessFrames();
-    processing_ = false;
-    Account();
-    if (!open || reading_ || closed_) return;
-    if (inflight_ >= shared_->options->max_inflight_per_connection) return;  // backpressure
-    if (held_) return;  // a HELLO/AUTH waits for the requests before it
-    if (ReplyQueueFull()) {
-      // The client is not reading its replies: stop reading its requests (WriteNext resumes).
-      if (!reply_paused_) shared_->metrics->Refuse(Refusal::kReplyQueue);
-      reply_paused_ = true;
-      return;
-    }
-    reply_paused_ = false;
-    const bool was_held = HeldByMemoryGate();
-    if (!memory_.AllowsRead(shared_, [self = shared_from_this()] { self->MaybeRead(); })) return;
-    // The watch sees a hold only when its deadline passes: without this, a hold that ends
-    // just before the deadline closes, as idle, a connection that only the daemon kept
-    // waiting (seen with the host's CPUs saturated: a client's HELLO was held 1.49 s of a
-    // 1.5 s idle_timeout_ms, then its connection was closed before the read completed).
-    if (was_held) idle_.Touch(IdleWatch::NowMs());
-    // Before authentication a read takes no more than one frame may hold.
-    size_t want = rbuf_.size();
-    if (Unauthenticated()) want = std::min<size_t>(want, PreauthFrameBytes());
-    reading_ = true;
-    sock_.async_read_some(asio::buffer(rbuf_.data(), want),
-                          asio::bind_executor(strand_, [self = shared_from_this()](
-                                                           boost::system::error_code ec, size_t n) {
-                            self->OnRead(ec, n);
-                          }));
-  }
-
-  void OnRead(boost::system::error_code ec, size_t n) {
-    reading_ = false;
-    if (ec || closed_) {
-      if (ec && ec != asio::error::eof && ec != asio::error::operation_aborted) {
-        KVTIER_LOG(kInfo) << "native connection read error: " << ec.message();
-      }
-      DoClose();
-      return;
-    }
-    shared_->metrics->AddBytes(true, n);
-    idle_.Touch(IdleWatch::NowMs());
-    parser_.Append(std::span<const uint8_t>(rbuf_.data(), n));
-    if (n == rbuf_.size() && rbuf_.size() < kReadChunkBytes && !Unauthenticated()) {
-      rbuf_.resize(rbuf_.size() * 2);  // a busy connection reads in larger chunks
-    }
-    MaybeRead();
-    ArmFrameTimer();
-  }
-
-  // Reads are paused by the daemon-wide budget while the client has nothing left to read:
-  // the daemon, not the client, is holding the connection up, so it is not idle.
-  bool HeldByMemoryGate() const { return memory_.paused() && wq_.empty(); }
-
-  // Auth is on and this connection has not authenticated (yet, or after a failed AUTH).
-  bool Unauthenticated() const { return tenant_ == nullptr; }
-  uint64_t PreauthFrameBytes() const {
-    return std::min(shared_->options->preauth_frame_bytes_max, shared_->options->max_frame_bytes);
-  }
-  // Before authentication only a small frame is accepted, judged from its header.
-  void SetFrameLimit() {
-    parser_.set_max_frame_bytes(Unauthenticated() ? PreauthFrameBytes()
-                                                  : shared_->options->max_frame_bytes);
-  }
-  // The client is not reading its replies: the queue is at its limit, or a worker answered a
-  // value `retry` (ReserveReply: the connection's reply budget or the daemon-wide one) since
-  // the queue last drained. The second matters because the retry answers are small: the queue
-  // would stay under its limit while every further GET still read its values from the store,
-  // for nothing.
-  bool ReplyQueueFull() const {
-    return wq_bytes_.load() >= shared_->options->reply_queue_bytes_max || reply_refused_.load();
-  }
-
-  // Called on a worker before it copies n value bytes into an inline reply. A connection
-  // with no reply bytes queued or being built always gets its first value; beyond that the
-  // value must fit in reply_queue_bytes_max and the daemon-wide budget must not be spent.
-  // False: the value is answered `retry` (as when it would not fit in a frame), so a client
-  // that does not read its replies cannot make the workers build more of them.
-  bool ReserveReply(uint64_t n, Job* job) {
-    uint64_t outstanding = wq_bytes_.load() + building_bytes_.load();
-    if (outstanding > 0 && outstanding + n > shared_->options->reply_queue_bytes_max) {
-      shared_->metrics->Refuse(Refusal::kReplyQueue);
-      reply_refused_.store(true);  // take no more frames until the queue drains (WriteNext)
-      return false;
-    }
-    if (outstanding > 0 && shared_->memory->Over()) {
-      shared_->metrics->Refuse(Refusal::kMemory);
-      reply_refused_.store(true);
-      return false;
-    }
-    building_bytes_.fetch_add(n);
-    shared_->memory->Charge(n);
-    job->reserved_bytes += n;
-    return true;
-  }
-
-  // Reports what this connection holds to the daemon-wide budget.
-  void Account() {
-    uint64_t held = rbuf_.capacity() + parser_.buffered_bytes() + wq_bytes_.load() +
-                    inflight_bytes_ + (held_ ? held_->body.size() : 0);
-    shared_->memory->Adjust(&charged_bytes_, held);
-  }
-
-  // Starts the slow-client timer when a frame is incomplete.
-  void ArmFrameTimer() {
-    if (closed_ || timer_armed_ || !parser_.mid_frame()) return;
-    timer_armed_ = true;
-    uint64_t stamp = frames_completed_;
-    timer_.expires_after(std::chrono::milliseconds(shared_->options->frame_timeout_ms));
-    timer_.async_wait(asio::bind_executor(
-        strand_, [self = shared_from_this(), stamp](boost::system::error_code ec) {
-          self->timer_armed_ = false;
-          if (ec || self->closed_) return;
-          if (self->reading_ && self->parser_.mid_frame() && self->frames_completed_ == stamp) {
-            self->shared_->metrics->slow_client_disconnects.fetch_add(1);
-            KVTIER_LOG(kInfo) << "closing native connection: frame incomplete after "
-                              << self->shared_->options->frame_timeout_ms << " ms";
-            self->DoClose();
-            return;
-          }
-          self->ArmFrameTimer();
-        }));
-  }
-
-  static bool IsAuthFrame(const wire::FrameHeader& h) {
-    return h.opcode == static_cast<uint8_t>(Opcode::kHello) ||
-           h.opcode == static_cast<uint8_t>(Opcode::kAuth);
-  }
-
-  // Returns false when the connection is being closed. A HELLO/AUTH that arrives while
-  // requests are executing is held (and nothing after it is taken) until they finish, so each
-  // request runs as the tenant it was sent under (docs/format/wire.md "Authentication").
-  bool ProcessFrames() {
-    while (!closed_ && !close_after_write_ &&
-           inflight_ < shared_->options->max_inflight_per_connection && !ReplyQueueFull()) {
-      wire::Frame frame;
-      if (held_) {
-        if (inflight_ > 0) break;
-        frame = std::move(*held_);
-        held_.reset();
-      } else {
-        StatusOr<bool> got = parser_.Next(&frame);
-        if (!got.ok()) {
-          if (Unauthenticated()) shared_->metrics->Refuse(Refusal::kPreauthFrame);
-          OnMalformed(got.status());
-          return false;
-        }
-        if (!*got) break;
-        ++frames_completed_;
-        last_opcode_ = frame.header.opcode;
-        if (IsAuthFrame(frame.header) && inflight_ > 0) {
-          held_ = std::move(frame);
-          break;
-        }
-      }
-      HandleFrame(std::move(frame));
-      SetFrameLimit();
-    }
-    return !closed_ && !close_after_write_;
-  }
-
-  // Framing is lost: answer once (request id taken from the bad header when possible) and
-  // close after the write.
-  void OnMalformed(const Status& st) {
-    shared_->metrics->protocol_errors.fetch_add(1);
-    KVTIER_LOG(kInfo) << "closing native connection after " << frames_completed_
-                      << " frames (last opcode " << int{last_opcode_} << "): " << st.ToString();
-    wire::FrameHeader h;  // opcode 0, request id 0: the reply cannot name the bad request
-    Enqueue({Response(h, 0, st), -1});
-    close_after_write_ = true;
-  }
-
-  void Enqueue(OutMsg msg) {
-    wq_bytes_.fetch_add(msg.bytes.size());
-    wq_.push_back(std::move(msg));
-    if (!writing_) WriteNext();
-  }
-
-  void WriteNext() {
-    if (closed_) return;
-    if (wq_.empty()) {
-      writing_ = false;
-      write_busy_.store(false);
-      // Every reply, refused values' included, went through this queue and none is being
-      // built: the client has read them all. (Not while requests execute: the small replies
-      // of refused values are written while a big one is still being built.)
-      if (inflight_ == 0) reply_refused_.store(false);
-      if (close_after_write_) {
-        DoClose();
-        return;
-      }
-      MaybeRead();
-      return;
-    }
-    writing_ = true;
-    write_busy_.store(true);
-    if (wq_.front().fd >= 0) {
-      SendWithFd();
-      return;
-    }
-    asio::async_write(sock_, asio::buffer(wq_.front().bytes),
-                      asio::bind_executor(strand_, [self = shared_from_this()](
-                                                       boost::system::error_code ec, size_t n) {
-                        self->shared_->metrics->AddBytes(false, n);
-                        self->idle_.Touch(IdleWatch::NowMs());
-                        self->wq_bytes_.fetch_sub(self->wq_.front().bytes.size());
-                        self->wq_.pop_front();
-                        if (ec) {
-                          KVTIER_LOG(kInfo) << "native connection write error: " << ec.message();
-                          self->DoClose();
-                          return;
-                        }
-                        self->WriteNext();
-                      }));
-  }
-
-  // sendmsg with SCM_RIGHTS on the native descriptor; retries when the socket is full.
-  void SendWithFd() {
-    OutMsg& m = wq_.front();
-    struct msghdr msg {};
-    struct iovec iov {
-      m.bytes.data(), m.bytes.size()
-    };
-    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &m.fd, sizeof(int));
-    ssize_t n = ::sendmsg(sock_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      sock_.async_wait(
-          asio::socket_base::wait_write,
-          asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
-            if (ec) return self->DoClose();
-            self->SendWithFd();
-          }));
-      return;
-    }
-    if (n < 0) {
-      wq_bytes_.fetch_sub(m.bytes.size());
-      wq_.pop_front();
-      DoClose();
-      return;
-    }
-    shared_->metrics->AddBytes(false, static_cast<uint64_t>(n));
-    idle_.Touch(IdleWatch::NowMs());
-    // The descriptor went with the first byte; the rest of the frame is ordinary data.
-    m.fd = -1;
-    m.bytes.erase(m.bytes.begin(), m.bytes.begin() + n);
-    wq_bytes_.fetch_sub(static_cast<uint64_t>(n));
-    if (m.bytes.empty()) wq_.pop_front();
-    WriteNext();
-  }
-
-  void Reply(Op op, uint64_t start_us, std::vector<uint8_t> bytes, StatusCode code) {
-    shared_->metrics->RecordRequest(op, code, DefaultSteadyClock().NowUs() - start_us);
-    Enqueue({std::move(bytes), -1});
-  }
-
-  void HandleFrame(wire::Frame frame) {
-    const wire::FrameHeader& h = frame.header;
-    uint64_t start_us = DefaultSteadyClock().NowUs();
-    if (!wire::IsKnownOpcode(h.opcode)) {
-      shared_->metrics->protocol_errors.fetch_add(1);
-      Enqueue(
-          {Response(h, 0, Status::InvalidArgument("unknown opcode " + std::to_string(h.opcode))),
-           -1});
-      return;
-    }
-    Op op = ToOp(h.opcode);
-    auto opcode = static_cast<Opcode>(h.opcode);
-    if (opcode == Opcode::kHello || opcode == Opcode::kAuth) {
-      Status st = HandleAuth(frame);
-      std::vector<uint8_t> out = Response(h, 0, st, [&](wire::Writer* w) {
-        if (opcode == Opcode::kAuth) return;
-        wire::HelloResponse r;
-        r.authenticated = tenant_ != nullptr && shared_->tenants->auth_enabled();
-        r.max_frame_bytes = shared_->options->max_frame_bytes;
-        r.max_inflight = shared_->options->max_inflight_per_connection;
-        r.max_batch_keys = BatchLimit();
-        r.tenant_name = tenant_ != nullptr ? tenant_->name : "";
-        r.features = wire::kFeatureTurns;
-        wire::EncodeHelloResponse(r, w);
-      });
-      Reply(op, start_us, std::move(out), st.code());
-      if (auth_failures_ >= kMaxAuthFailures) close_after_write_ = true;
-      return;
-    }
-    if (tenant_ == nullptr) {
-      // Auth is on: a client that sends anything but HELLO/AUTH first is answered once and
-      // disconnected, so an unauthenticated peer cannot make the daemon hold its replies.
-      shared_->metrics->Refuse(Refusal::kUnauthenticated);
-      Reply(op, start_us,
-            Response(h, 0, Status::PermissionDenied("authentication required (HELLO/AUTH)")),
-            StatusCode::kPermissionDenied);
-      close_after_write_ = true;
-      return;
-    }
-    if (opcode == Opcode::kShmAttach) {
-      HandleShmAttach(frame, start_us);
-      return;
-    }
-    StatusOr<InflightSlot> slot = AcquireInflight(*tenant_);
-    if (!slot.ok()) {
-      shared_->metrics->tenant_inflight_rejections.fetch_add(1);
-      Reply(op, start_us, Response(h, 0, slot.status()), slot.status().code());
-      return;
-    }
-    ++inflight_;
-    const uint64_t frame_bytes = frame.body.size();
-    inflight_bytes_ += frame_bytes;
-    busy_.fetch_add(1);
-    shared_->metrics->inflight.fetch_add(1);
-    auto shared_slot = std::make_shared<InflightSlot>(std::move(slot).value());
-    const storage::RequestTag request = TurnRequest(frame);
-    auto job = std::make_shared<Job>(
-        Job{std::move(frame), tenant_, unit_tokens_, shm_, shm_bytes_, shm_fd_, request});
-    asio::post(*shared_->workers, [self = shared_from_this(), job = std::move(job), op, start_us,
-                                   shared_slot, frame_bytes]() mutable {
-      // Queues the reply on the strand: once, from inside Execute (a GET, before its
-      // promotions) or after it. The request counts as finished from here (inflight, the
-      // tenant's slot); the worker may still be promoting what the GET read.
-      Job* const j = job.get();
-      j->reply = [&self, j, &shared_slot, op, start_us, frame_bytes](std::vector<uint8_t> out,
-                                                                     StatusCode code) {
-        j->replied = true;
-        const uint64_t reserved = j->reserved_bytes;
-        shared_slot.reset();
-        asio::post(self->strand_, [self, out = std::move(out), op, start_us, code, frame_bytes,
-                                   reserved]() mutable {
-          --self->inflight_;
-          self->inflight_bytes_ -= frame_bytes;
-          // The reply moves from "being built" to the write queue.
-          self->building_bytes_.fetch_sub(reserved);
-          self->shared_->memory->Release(reserved);
-          self->shared_->metrics->inflight.fetch_sub(1);
-          self->Reply(op, start_us, std::move(out), code);
-          self->busy_.fetch_sub(1);
-          self->MaybeRead();
-        });
-      };
-      StatusCode code = StatusCode::kOk;
-      std::vector<uint8_t> out = self->Execute(*job, &code);
-      if (!j->replied) j->reply(std::move(out), code);
-      job.reset();
-    });
-  }
-
-  Status HandleAuth(const wire::Frame& frame) {
-    std::string token;
-    if (static_cast<Opcode>(frame.header.opcode) == Opcode::kHello) {
-      StatusOr<wire::HelloRequest> req = wire::DecodeHello(frame.body);
-      if (!req.ok()) return req.status();
-      unit_tokens_ = req->unit_tokens;
-      if (req->token.empty()) return Status::Ok();
-      token = req->token;
-    } else {
-      StatusOr<std::string> tok = wire::DecodeAuth(frame.body);
-      if (!tok.ok()) return tok.status();
-      token = *tok;
-    }
-    StatusOr<const Tenant*> t = shared_->tenants->Authenticate(token);
-    if (!t.ok()) {
-      ++auth_failures_;
-      shared_->metrics->auth_failures.fetch_add(1);
-      shared_->ReleaseTenantConnection(tenant_);
-      if (tenant_ != shared_->tenants->default_tenant()) ForgetTurns();
-      tenant_ = shared_->tenants->default_tenant();
-      return t.status();
-    }
-    if (*t != tenant_) {
-      if (!shared_->AcquireTenantConnection(*t)) {
-        return Status::Rejected("tenant " + (*t)->name +
-                                " is at limits.tenant_connections_max connections");
-      }
-      shared_->ReleaseTenantConnection(tenant_);
-      ForgetTurns();  // a turn never spans two tenants
-    }
-    tenant_ = *t;
-    return Status::Ok();
-  }
-
-  // On the strand, when a frame is taken: the request of its turn (wire::kFlagTurn), begun at
-  // the turn's first call; id 0 for a call without a valid turn (ExecuteInto rejects a bad
-  // one). The id is the store's own (TierManager::BeginRequest), never the client's number,
-  // which only names an entry of this connection's table: no value a client sends can join
-  // its calls to another connection's or another tenant's request.
-  storage::RequestTag TurnRequest(const wire::Frame& frame) {
-    if ((frame.header.flags & wire::kFlagTurn) == 0) return {};
-    std::span<const uint8_t> rest;
-    StatusOr<uint64_t> turn = wire::SplitTurn(frame.header.opcode, frame.body, &rest);
-    if (!turn.ok()) return {};
-    const uint64_t now_ms = DefaultSteadyClock().NowMs();
-    auto it = turns_.find(*turn);
-    if (it != turns_.end() && now_ms - it->second.started_ms <= kTurnAgeMsMax) {
-      return it->second.tag;
-    }
-    if (it != turns_.end()) {
-      shared_->metrics->native_turns_restarted.fetch_add(1);
-      turns_.erase(it);  // its entry in turn_order_ is skipped when it comes up
-    }
-    while (turns_.size() >= kTurnsPerConnectionMax && !turn_order_.empty()) {
-      const auto [old, started] = turn_order_.front();
-      turn_order_.pop_front();
-      auto o = turns_.find(old);
-      if (o != turns_.end() && o->second.started_ms == started) {
-        turns_.erase(o);
-        shared_->metrics->native_turns_restarted.fetch_add(1);
-      }
-    }
-    // Stale entries (erased or restarted turns) are dropped once the order outgrows the table.
-    while (turn_order_.size() >= 2 * kTurnsPerConnectionMax) turn_order_.pop_front();
-    const storage::RequestTag tag = shared_->service->store()->BeginRequest();
-    turns_[*turn] = TurnEntry{tag, now_ms};
-    turn_order_.emplace_back(*turn, now_ms);
-    return tag;
-  }
-  void ForgetTurns() {
-    turns_.clear();
-    turn_order_.clear();
-  }
-
-  void HandleShmAttach(const wire::Frame& frame, uint64_t start_us) {
-    const wire::FrameHeader& h = frame.header;
-    StatusOr<uint64_t> want = wire::DecodeShmAttach(frame.body);
-    Status st;
-    if (!want.ok())
-      st = want.status();
-    else if (!is_unix_)
-      st = Status::InvalidArgument("shared memory needs a Unix socket");
-    else if (shm_ != nullptr)
-      st = Status::InvalidArgument("shared memory already attached");
-    else if (*want == 0)
-      st = Status::InvalidArgument("shared memory size 0");
-    uint64_t bytes = 0;
-    if (st.ok()) {
-      bytes = std::min<uint64_t>(*want, shared_->options->shm_max_bytes);
-      bytes = (bytes + 4095) & ~uint64_t{4095};
-      // Sealed at its size: the client holds the same descriptor, and a region it could
-      // shrink would turn the daemon's next access into SIGBUS.
-      int fd = ::memfd_create("kvtier-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-      if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
-          ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-        if (fd >= 0) ::close(fd);
-        st = Status::IOError("memfd_create/ftruncate/F_ADD_SEALS failed");
-      } else {
-        // Best effort: a region whose pages could not be allocated now gets them on write.
-        (void)::fallocate(fd, 0, 0, static_cast<off_t>(std::min(bytes, kShmAllocatedBytesMax)));
-        void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) {
-          ::close(fd);
-          st = Status::IOError("mmap of shared memory failed");
-        } else {
-          shm_ = static_cast<uint8_t*>(p);
-          shm_bytes_ = bytes;
-          shm_fd_ = fd;
-        }
-      }
-    }
-    std::vector<uint8_t> out = Response(h, 0, st, [&](wire::Writer* w) { w->U64(bytes); });
-    shared_->metrics->RecordRequest(Op::kShmAttach, st.code(),
-                                    DefaultSteadyClock().NowUs() - start_us);
-    Enqueue({std::move(out), st.ok() ? shm_fd_ : -1});
-  }
-
-  // The advertised and enforced key limit of one batch (limits.max_batch_keys).
-  uint32_t BatchLimit() const {
-    return std::clamp<uint32_t>(shared_->options->max_batch_keys, 1, wire::kMaxBatchKeys);
-  }
-  // A batch over the limit is answered invalid_argument. The frame it came in was already
-  // consumed whole by the parser, so the connection stays framed and open.
-  Status CheckBatch(size_t keys) const {
-    if (keys <= BatchLimit()) return Status::Ok();
-    return Status::InvalidArgument("batch of " + std::to_string(keys) +
-                                   " keys exceeds max_batch_keys " + std::to_string(BatchLimit()));
-  }
-
-  // Bounds check of a client-supplied shared-memory range (overflow-safe).
-  static bool InShm(const Job& job, uint64_t offset, uint64_t bytes) {
-    return job.shm != nullptr && offset <= job.shm_bytes && bytes <= job.shm_bytes - offset;
-  }
-
-  // Runs on a worker thread. Reads only the job and immutable session state (options), never
-  // the strand's tenant_/unit_tokens_/shm_.
-  // Empty when the reply was already sent (job.replied).
-  std::vector<uint8_t> Execute(Job& job, StatusCode* code) {
-    std::vector<uint8_t> out;
-    Status st = ExecuteInto(job, code, &out);
-    if (job.replied) return {};
-    if (!st.ok()) {
-      *code = st.code();
-      return Response(job.frame.header, 0, st);
-    }
-    return out;
-  }
-
-  Status ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_t>* out);
-
-  Shared* shared_;
-  // Every handler of this connection runs on strand_ (bound explicitly, not inherited from
-  // the socket), so the strand-only state below is never touched by two threads at once.
-  asio::strand<asio::io_context::executor_type> strand_;
-  GenericSocket sock_;
-  bool is_unix_;
-  wire::FrameParser parser_;
-  asio::steady_timer timer_;
-  MemoryGate memory_;  // reads paused by the daemon-wide budget
-  IdleWatch idle_;
-  std::vector<uint8_t> rbuf_;
-  uint64_t id_ = 0;
-  // Strand-only state.
-  const Tenant* tenant_ = nullptr;
-  uint32_t unit_tokens_ = 0;
-  uint32_t inflight_ = 0;
-  // Turns of this connection (TurnRequest): turn id -> its request and the steady ms it began;
-  // turn_order_ lists (turn, began) oldest first, with stale pairs skipped.
-  struct TurnEntry {
-    storage::RequestTag tag;
-    uint64_t started_ms = 0;
-  };
-  std::unordered_map<uint64_t, TurnEntry> turns_;
-  std::deque<std::pair<uint64_t, uint64_t>> turn_order_;
-  int auth_failures_ = 0;
-  bool reading_ = false, writing_ = false, closed_ = false, close_after_write_ = false;
-  bool timer_armed_ = false;
-  bool processing_ = false;  // inside ProcessFrames (re-entrancy guard)
-  uint64_t frames_completed_ = 0;
-  uint8_t last_opcode_ = 0;
-  std::deque<OutMsg> wq_;
-  // Bytes of wq_ (limits.reply_queue_bytes_max); written on the strand, read by workers.
-  std::atomic<uint64_t> wq_bytes_{0};
-  // Value bytes reserved by workers for replies not yet queued (ReserveReply).
-  std::atomic<uint64_t> building_bytes_{0};
-  // A value was answered `retry` by ReserveReply (set by a worker); cleared on the strand when
-  // the write queue is empty and no request executes. ReplyQueueFull() while set.
-  std::atomic<bool> reply_refused_{false};
-  uint64_t inflight_bytes_ = 0;      // frame bodies executing on workers
-  uint64_t charged_bytes_ = 0;       // what this connection counts in shared_->memory
-  bool reply_paused_ = false;        // counted once per pause
-  std::optional<wire::Frame> held_;  // a HELLO/AUTH waiting for inflight_ == 0
-  std::atomic<int> busy_{0};
-  std::atomic<bool> write_busy_{false};  // mirrors writing_ for Busy() from other threads
-  // Shared memory: set once on the strand before any worker can use it.
-  uint8_t* shm_ = nullptr;
-  uint64_t shm_bytes_ = 0;
-  int shm_fd_ = -1;
-};
-
-Status NativeSession::ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_t>* out) {
-  const wire::Frame& f = job.frame;
-  const wire::FrameHeader& h = f.header;
-  Service* svc = shared_->service;
-  const Tenant& t = *job.tenant;
-  const uint32_t unit_tokens = job.unit_tokens;
-  uint8_t* const shm_base = job.shm;
-  bool shm = (h.flags & wire::kFlagShm) != 0;
-  if (shm && shm_base == nullptr) return Status::InvalidArgument("shm flag without SHM_ATTACH");
-  // The opcode's fields: after the turn id when the frame carries one (wire::kFlagTurn).
-  std::span<const uint8_t> body = f.body;
-  if ((h.flags & wire::kFlagTurn) != 0) {
-    KVTIER_RETURN_IF_ERROR(wire::SplitTurn(h.opcode, f.body, &body).status());
-  }
-  // Responses never carry the turn flag: their bodies have no turn id.
-  const auto reply_flags = static_cast<uint16_t>(h.flags & wire::kFlagShm);
-  uint32_t max_frame = static_cast<uint32_t>(
-      std::min<uint64_t>(shared_->options->max_frame_bytes, uint64_t{1} << 31));
-  switch (static_cast<Opcode>(h.opcode)) {
-    case Opcode::kLookup: {
-      KVTIER_ASSIGN_OR_RETURN(std::vector<wire::Key> keys, wire::DecodeKeys(body));
-      KVTIER_RETURN_IF_ERROR(CheckBatch(keys.size()));
-      wire::LookupReply r = svc->Lookup(t, keys, unit_tokens);
-      *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { wire::EncodeLookupReply(r, w); });
-      return Status::Ok();
-    }
-    case Opcode::kPut: {
-      KVTIER_ASSIGN_OR_RETURN(wire::PutRequest req, wire::DecodePut(body, shm));
-      KVTIER_RETURN_IF_ERROR(CheckBatch(req.units.size()));
-      std::vector<PutItem> items(req.units.size());
-      for (size_t i = 0; i < req.units.size(); ++i) {
-        const wire::PutUnit& u = req.units[i];
-        items[i].chain = u.key;
-        items[i].parent_chain = u.parent;
-        if (shm) {
-          if (!InShm(job, u.value_offset, u.value_bytes)) {
-            return Status::InvalidArgument("put value outside the shared-memory region");
-          }
-          items[i].value = std::span<const uint8_t>(shm_base + u.value_offset, u.value_bytes);
-        } else {
-          items[i].value = u.value;
-        }
-      }
-      std::vector<StatusCode> codes = svc->Put(t, req, items, unit_tokens, job.request);
-      for (StatusCode c : codes) {
-        if (c != StatusCode::kOk) *code = c;
-      }
-      *out = Response(h, reply_flags, Status::Ok(),
-                      [&](wire::Writer* w) { wire::EncodeCodes(codes, w); });
-      return Status::Ok();
-    }
-    case Opcode::kGet: {
-      KVTIER_ASSIGN_OR_RETURN(wire::GetRequest req, wire::DecodeGet(body, shm));
-      KVTIER_RETURN_IF_ERROR(CheckBatch(req.keys.size()));
-      if (shm && !InShm(job, req.dst_offset, req.dst_capacity)) {
-        return Status::InvalidArgument("get destination outside the shared-memory region");
-      }
-      wire::Writer w;
-      w.buffer().resize(wire::kHeaderBytes);
-      wire::EncodeStatus(Status::Ok(), &w);
-      w.U16(static_cast<uint16_t>(req.keys.size()));
-      // Over shared memory each value is staged and the staged values are written into the
-      // region with one pwrite (ShmValueWriter: the value's only copy before the kernel's,
-      // from where the store read it, an SSD unit's verified record in the batch's read
-      // region); the entries are encoded after the write, when it is known which values
-      // reached the region. A value the kernel refused to write is answered retry: the
-      // client asks again inline.
-      struct ShmEntry {
-        StatusCode code;
-        storage::Tier tier;
-        uint32_t bytes;
-        size_t slot;  // ShmValueWriter::Slot::index
-        uint64_t offset;
-      };
-      std::optional<ShmValueWriter> shm_out;
-      std::vector<ShmEntry> shm_entries;
-      if (shm) {
-        shm_out.emplace(job.shm_fd, req.dst_offset, req.dst_capacity);
-        shm_entries.reserve(req.keys.size());
-      }
-      // Every key was visited: the values are placed (written into the region), the reply is
-      // complete and goes to the strand now; the store's promotions into DRAM follow on this
-      // worker, off the client's path (they re-check each unit under the store's lock, so a
-      // DELETE the client sends after this reply is never undone by them).
-      auto answer = [&] {
-        if (shm) {
-          shm_out->Flush();
-          for (const ShmEntry& e : shm_entries) {
-            StatusCode c = e.code;
-            if (c == StatusCode::kOk && !shm_out->Written(e.slot)) {
-              c = StatusCode::kRetry;
-              shared_->metrics->shm_write_failures.fetch_add(1);  // counted per value
-            }
-            if (c != StatusCode::kOk && c != StatusCode::kNotFound) *code = c;
-            w.U8(static_cast<uint8_t>(c));
-            w.U8(static_cast<uint8_t>(e.tier));
-            w.U32(c == StatusCode::kOk ? e.bytes : 0);
-            if (c == StatusCode::kOk) w.U64(e.offset);
-          }
-        }
-        std::vector<uint8_t> reply = w.Take();
-        auto hdr = wire::EncodeHeader(h.opcode | wire::kResponseBit, reply_flags, h.request_id,
-                                      static_cast<uint32_t>(reply.size() - wire::kHeaderBytes));
-        std::copy(hdr.begin(), hdr.end(), reply.begin());
-        if (job.reply) {
-          job.reply(std::move(reply), *code);
-        } else {
-          *out = std::move(reply);
-        }
-      };
-      svc->Get(
-          t, req.keys, unit_tokens, job.request,
-          [&](size_t, const Status& st, storage::Tier tier, std::span<const uint8_t> v) {
-            StatusCode c = st.code();
-            if (shm) {
-              std::optional<ShmValueWriter::Slot> slot;
-              if (c == StatusCode::kOk && !(slot = shm_out->Add(v))) {
-                c = StatusCode::kRetry;  // no room left in the destination area
-              }
-              shm_entries.push_back({c, tier, static_cast<uint32_t>(v.size()),
-                                     slot ? slot->index : 0, slot ? slot->offset : 0});
-              return;
-            }
-            if (st.ok() && w.buffer().size() + v.size() + 6 > max_frame) {
-              c = StatusCode::kRetry;  // would exceed the frame limit
-            }
-            if (c == StatusCode::kOk && !ReserveReply(v.size(), &job)) {
-              c = StatusCode::kRetry;  // the connection's replies are not being read
-            }
-            if (c != StatusCode::kOk && c != StatusCode::kNotFound) *code = c;
-            w.U8(static_cast<uint8_t>(c));
-            w.U8(static_cast<uint8_t>(tier));
-            w.U32(c == StatusCode::kOk ? static_cast<uint32_t>(v.size()) : 0);
-            if (c == StatusCode::kOk) w.Bytes(v);
-          },
-          answer);
-      return Status::Ok();
-    }
-    case Opcode::kPrefetch: {
-      KVTIER_ASSIGN_OR_RETURN(std::vector<wire::Key> keys, wire::DecodeKeys(f.body));
-      KVTIER_RETURN_IF_ERROR(CheckBatch(keys.size()));
-      KVTIER_RETURN_IF_ERROR(svc->Prefetch(t, keys));
-      *out = Response(h, 0, Status::Ok());
-      return Status::Ok();
-    }
-    case Opcode::kPin: {
-      KVTIER_ASSIGN_OR_RETURN(wire::PinRequest req, wire::DecodePin(f.body));
-      KVTIER_RETURN_IF_ERROR(CheckBatch(req.keys.size()));
-      KVTIER_RETURN_IF_ERROR(svc->Pin(t, req.keys, req.lease_ms));
-      *out = Response(h, 0, Status::Ok());
-      return Status::Ok();
-    }
-    case Opcode::kUnpin: {
-      KVTIER_ASSIGN_OR_RETURN(std::vector<wire::Key> keys, wire::DecodeKeys(f.body));
-      KVTIER_RETURN_IF_ERROR(CheckBatch(keys.size()));
-      KVTIER_RETURN_IF_ERROR(svc->Unpin(t, keys));
-      *out = Response(h, 0, Status::Ok());
-      return Status::Ok();
-    }
-    case Opcode::kDelete: {
-      KVTIER_ASSIGN_OR_RETURN(wire::DeleteRequest req, wire::DecodeDelete(f.body));
-      KVTIER_RETURN_IF_ERROR(CheckBatch(req.keys.size()));
-      uint32_t deleted = 0;
-      if (req.scope == 1) {
-        KVTIER_RETURN_IF_ERROR(svc->DeleteTenant(t));
-      } else {
-        Status failed;
-        deleted = svc->Delete(t, req.keys, unit_tokens, &failed);
-        KVTIER_RETURN_IF_ERROR(failed);  // a delete that is not durable is not acknowledged
-      }
-      *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { w->U32(deleted); });
-      return Status::Ok();
-    }
-    case Opcode::kStats: {
-      std::string json = svc->StatsJson(&t);
-      *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { wire::EncodeText(json, w); });
-      return Status::Ok();
-    }
-    case Opcode::kPolicyGet: {
-      std::string json = svc->PolicyJson();
-      *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { wire::EncodeText(json, w); });
-      return Status::Ok();
-    }
-    case Opcode::kPolicySet: {
-      if (!t.admin) return Status::PermissionDenied("POLICY SET needs an admin tenant");
-      wire::Reader r(f.body);
-      KVTIER_ASSIGN_OR_RETURN(std::string body, wire::DecodeText(&r, 1 << 20));
-      KVTIER_RETURN_IF_ERROR(svc->SetPolicyJson(body));
-      std::string json = svc->PolicyJson();
-      KVTIER_LOG(kInfo) << "policy switched by tenant " << t.name << ": " << json;
-      *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { wire::EncodeText(json, w); });
-      return Status::Ok();
-    }
-    case Opcode::kDrain: {
-      if (!t.admin) return Status::PermissionDenied("DRAIN needs an admin tenant");
-      wire::Reader r(f.body);
-      uint8_t shutdown = 0;
-      if (!r.U8(&shutdown) || r.remaining() != 0) {
-        return Status::InvalidArgument("drain body is one byte");
-      }
-      shared_->ready.store(false);
-      KVTIER_RETURN_IF_ERROR(svc->store()->Flush());
-      if (shutdown != 0 && shared_->request_shutdown) shared_->request_shutdown();
-      *out = Response(h, 0, Status::Ok());
-      return Status::Ok();
-    }
-    case Opcode::kEngramGrant: {
-      KVTIER_ASSIGN_OR_RETURN(wire::EngramGrantRequest req, wire::DecodeEngramGrant(f.body));
-      EngramServing* engram = shared_->engram;
-      if (engram == nullptr) {
-        return Status::NotFound("Engram serving is not enabled on this daemon ([engram])");
-      }
-      KVTIER_ASSIGN_OR_RETURN(wire::EngramGrantResponse resp,
-                              engram->Grant(t.name, req.regions, req.ttl_ms));
-      resp.shards_toml = engram->shards_toml();
-      *out = Response(h, 0, Status::Ok(),
-                      [&](wire::Writer* w) { wire::EncodeEngramGrantResponse(resp, w); });
-      if (out->size() > shared_->options->max_frame_bytes) {
-        // The client could not read it: take the grants back rather than leave them unused.
-        engram->Revoke(t.name, resp.regions);
-        out->clear();
-        return Status::Rejected(
-            "engram grant reply exceeds limits.max_frame_bytes; ask for "
-            "fewer regions");
-      }
-      // Names and counts only: the tokens are secrets and appear nowhere but the reply.
-      KVTIER_LOG(kInfo) << "engram: " << resp.regions.size() << " grants for tenant " << t.name
-                        << ", ttl " << resp.ttl_ms << " ms";
-      return Status::Ok();
-    }
-    case Opcode::kEngramReport: {
-      KVTIER_ASSIGN_OR_RETURN(wire::EngramReport report, wire::DecodeEngramReport(f.body));
-      KVTIER_RETURN_IF_ERROR(shared_->metrics->engram_fetch.Add(t.id, report));
-      *out = Response(h, 0, Status::Ok());
-      return Status::Ok();
-    }
-    default:
-      break;
-  }
-  return Status::InvalidArgument("opcode not valid here");
+NativeSession::NativeSession(Shared* shared, GenericSocket socket, bool is_unix)
+    : shared_(shared),
+      strand_(asio::make_strand(*shared->io)),
+      sock_(std::move(socket)),
+      is_unix_(is_unix),
+      parser_(shared->options->max_frame_bytes),
+      timer_(strand_),
+      memory_(strand_),
+      idle_(strand_, shared->options->idle_timeout_ms),
+      rbuf_(kFirstReadBytes) {
+  tenant_ = shared_->tenants->default_tenant();
+  SetFrameLimit();
 }
 
-}  // namespace
+NativeSession::~NativeSession() {
+  if (shm_ != nullptr) ::munmap(shm_, shm_bytes_);
+  if (shm_fd_ >= 0) ::close(shm_fd_);
+  shared_->ReleaseTenantConnection(tenant_);
+  shared_->memory->Adjust(&charged_bytes_, 0);
+  shared_->front_open[static_cast<size_t>(is_unix_ ? Front::kUnix : Front::kNativeTcp)].fetch_sub(
+      1);
+  shared_->metrics->connections_open.fetch_sub(1);
+}
+
+void NativeSession::Begin() {
+  id_ = shared_->Register(shared_from_this());
+  auto self = shared_from_this();
+  idle_.Arm(
+      // Not idle: requests executing, or reads held by the daemon-wide budget.
+      IdleWatch::NowMs(), self, [this] { return inflight_ > 0 || HeldByMemoryGate(); },
+      [this] {
+        if (closed_) return;
+        shared_->metrics->Refuse(Refusal::kIdle);
+        KVTIER_LOG(kInfo) << "closing idle native connection (limits.idle_timeout_ms)";
+        DoClose();
+      });
+  MaybeRead();
+}
+
+void NativeSession::DoClose() {
+  if (closed_) return;
+  closed_ = true;
+  boost::system::error_code ec;
+  timer_.cancel();
+  memory_.Cancel();
+  idle_.Cancel();
+  sock_.shutdown(asio::socket_base::shutdown_both, ec);
+  sock_.close(ec);
+  shared_->Unregister(id_);
+}
+
+void NativeSession::MaybeRead() {
+  if (closed_ || reading_ || close_after_write_) return;
+  if (shared_->draining.load()) {
+    if (inflight_ == 0 && wq_.empty()) DoClose();
+    return;
+  }
+  // Frames already buffered run first (they arrived before any new read). A reply that is
+  // written synchronously (SendWithFd) can call back into MaybeRead from inside
+  // ProcessFrames; processing_ keeps that nested call from starting a second read.
+  if (processing_) return;
+  processing_ = true;
+  bool open = ProcessFrames();
+  processing_ = false;
+  Account();
+  if (!open || reading_ || closed_) return;
+  if (inflight_ >= shared_->options->max_inflight_per_connection) return;  // backpressure
+  if (held_) return;  // a HELLO/AUTH waits for the requests before it
+  if (ReplyQueueFull()) {
+    // The client is not reading its replies: stop reading its requests (WriteNext resumes).
+    if (!reply_paused_) shared_->metrics->Refuse(Refusal::kReplyQueue);
+    reply_paused_ = true;
+    return;
+  }
+  reply_paused_ = false;
+  const bool was_held = HeldByMemoryGate();
+  if (!memory_.AllowsRead(shared_, [self = shared_from_this()] { self->MaybeRead(); })) return;
+  // The watch sees a hold only when its deadline passes: without this, a hold that ends
+  // just before the deadline closes, as idle, a connection that only the daemon kept
+  // waiting (seen with the host's CPUs saturated: a client's HELLO was held 1.49 s of a
+  // 1.5 s idle_timeout_ms, then its connection was closed before the read completed).
+  if (was_held) idle_.Touch(IdleWatch::NowMs());
+  // Before authentication a read takes no more than one frame may hold.
+  size_t want = rbuf_.size();
+  if (Unauthenticated()) want = std::min<size_t>(want, PreauthFrameBytes());
+  reading_ = true;
+  sock_.async_read_some(
+      asio::buffer(rbuf_.data(), want),
+      asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec,
+                                                               size_t n) { self->OnRead(ec, n); }));
+}
+
+void NativeSession::OnRead(boost::system::error_code ec, size_t n) {
+  reading_ = false;
+  if (ec || closed_) {
+    if (ec && ec != asio::error::eof && ec != asio::error::operation_aborted) {
+      KVTIER_LOG(kInfo) << "native connection read error: " << ec.message();
+    }
+    DoClose();
+    return;
+  }
+  shared_->metrics->AddBytes(true, n);
+  idle_.Touch(IdleWatch::NowMs());
+  parser_.Append(std::span<const uint8_t>(rbuf_.data(), n));
+  if (n == rbuf_.size() && rbuf_.size() < kReadChunkBytes && !Unauthenticated()) {
+    rbuf_.resize(rbuf_.size() * 2);  // a busy connection reads in larger chunks
+  }
+  MaybeRead();
+  ArmFrameTimer();
+}
+
+bool NativeSession::Unauthenticated() const { return tenant_ == nullptr; }
+
+void NativeSession::SetFrameLimit() {
+  parser_.set_max_frame_bytes(Unauthenticated() ? PreauthFrameBytes()
+                                                : shared_->options->max_frame_bytes);
+}
+
+bool NativeSession::ReplyQueueFull() const {
+  return wq_bytes_.load() >= shared_->options->reply_queue_bytes_max || reply_refused_.load();
+}
+
+bool NativeSession::ReserveReply(uint64_t n, Job* job) {
+  uint64_t outstanding = wq_bytes_.load() + building_bytes_.load();
+  if (outstanding > 0 && outstanding + n > shared_->options->reply_queue_bytes_max) {
+    shared_->metrics->Refuse(Refusal::kReplyQueue);
+    reply_refused_.store(true);  // take no more frames until the queue drains (WriteNext)
+    return false;
+  }
+  if (outstanding > 0 && shared_->memory->Over()) {
+    shared_->metrics->Refuse(Refusal::kMemory);
+    reply_refused_.store(true);
+    return false;
+  }
+  building_bytes_.fetch_add(n);
+  shared_->memory->Charge(n);
+  job->reserved_bytes += n;
+  return true;
+}
+
+void NativeSession::Account() {
+  uint64_t held = rbuf_.capacity() + parser_.buffered_bytes() + wq_bytes_.load() + inflight_bytes_ +
+                  (held_ ? held_->body.size() : 0);
+  shared_->memory->Adjust(&charged_bytes_, held);
+}
+
+void NativeSession::ArmFrameTimer() {
+  if (closed_ || timer_armed_ || !parser_.mid_frame()) return;
+  timer_armed_ = true;
+  uint64_t stamp = frames_completed_;
+  timer_.expires_after(std::chrono::milliseconds(shared_->options->frame_timeout_ms));
+  timer_.async_wait(asio::bind_executor(
+      strand_, [self = shared_from_this(), stamp](boost::system::error_code ec) {
+        self->timer_armed_ = false;
+        if (ec || self->closed_) return;
+        if (self->reading_ && self->parser_.mid_frame() && self->frames_completed_ == stamp) {
+          self->shared_->metrics->slow_client_disconnects.fetch_add(1);
+          KVTIER_LOG(kInfo) << "closing native connection: frame incomplete after "
+                            << self->shared_->options->frame_timeout_ms << " ms";
+          self->DoClose();
+          return;
+        }
+        self->ArmFrameTimer();
+      }));
+}
+
+bool NativeSession::ProcessFrames() {
+  while (!closed_ && !close_after_write_ &&
+         inflight_ < shared_->options->max_inflight_per_connection && !ReplyQueueFull()) {
+    wire::Frame frame;
+    if (held_) {
+      if (inflight_ > 0) break;
+      frame = std::move(*held_);
+      held_.reset();
+    } else {
+      StatusOr<bool> got = parser_.Next(&frame);
+      if (!got.ok()) {
+        if (Unauthenticated()) shared_->metrics->Refuse(Refusal::kPreauthFrame);
+        OnMalformed(got.status());
+        return false;
+      }
+      if (!*got) break;
+      ++frames_completed_;
+      last_opcode_ = frame.header.opcode;
+      if (IsAuthFrame(frame.header) && inflight_ > 0) {
+        held_ = std::move(frame);
+        break;
+      }
+    }
+    HandleFrame(std::move(frame));
+    SetFrameLimit();
+  }
+  return !closed_ && !close_after_write_;
+}
+
+void NativeSession::OnMalformed(const Status& st) {
+  shared_->metrics->protocol_errors.fetch_add(1);
+  KVTIER_LOG(kInfo) << "closing native connection after " << frames_completed_
+                    << " frames (last opcode " << int{last_opcode_} << "): " << st.ToString();
+  wire::FrameHeader h;  // opcode 0, request id 0: the reply cannot name the bad request
+  Enqueue({Response(h, 0, st), -1});
+  close_after_write_ = true;
+}
+
+void NativeSession::Enqueue(OutMsg msg) {
+  wq_bytes_.fetch_add(msg.bytes.size());
+  wq_.push_back(std::move(msg));
+  if (!writing_) WriteNext();
+}
+
+void NativeSession::WriteNext() {
+  if (closed_) return;
+  if (wq_.empty()) {
+    writing_ = false;
+    write_busy_.store(false);
+    // Every reply, refused values' included, went through this queue and none is being
+    // built: the client has read them all. (Not while requests execute: the small replies
+    // of refused values are written while a big one is still being built.)
+    if (inflight_ == 0) reply_refused_.store(false);
+    if (close_after_write_) {
+      DoClose();
+      return;
+    }
+    MaybeRead();
+    return;
+  }
+  writing_ = true;
+  write_busy_.store(true);
+  if (wq_.front().fd >= 0) {
+    SendWithFd();
+    return;
+  }
+  asio::async_write(sock_, asio::buffer(wq_.front().bytes),
+                    asio::bind_executor(strand_, [self = shared_from_this()](
+                                                     boost::system::error_code ec, size_t n) {
+                      self->shared_->metrics->AddBytes(false, n);
+                      self->idle_.Touch(IdleWatch::NowMs());
+                      self->wq_bytes_.fetch_sub(self->wq_.front().bytes.size());
+                      self->wq_.pop_front();
+                      if (ec) {
+                        KVTIER_LOG(kInfo) << "native connection write error: " << ec.message();
+                        self->DoClose();
+                        return;
+                      }
+                      self->WriteNext();
+                    }));
+}
+
+void NativeSession::SendWithFd() {
+  OutMsg& m = wq_.front();
+  struct msghdr msg {};
+  struct iovec iov {
+    m.bytes.data(), m.bytes.size()
+  };
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &m.fd, sizeof(int));
+  ssize_t n = ::sendmsg(sock_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    sock_.async_wait(
+        asio::socket_base::wait_write,
+        asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+          if (ec) return self->DoClose();
+          self->SendWithFd();
+        }));
+    return;
+  }
+  if (n < 0) {
+    wq_bytes_.fetch_sub(m.bytes.size());
+    wq_.pop_front();
+    DoClose();
+    return;
+  }
+  shared_->metrics->AddBytes(false, static_cast<uint64_t>(n));
+  idle_.Touch(IdleWatch::NowMs());
+  // The descriptor went with the first byte; the rest of the frame is ordinary data.
+  m.fd = -1;
+  m.bytes.erase(m.bytes.begin(), m.bytes.begin() + n);
+  wq_bytes_.fetch_sub(static_cast<uint64_t>(n));
+  if (m.bytes.empty()) wq_.pop_front();
+  WriteNext();
+}
+
+void NativeSession::Reply(Op op, uint64_t start_us, std::vector<uint8_t> bytes, StatusCode code) {
+  shared_->metrics->RecordRequest(op, code, DefaultSteadyClock().NowUs() - start_us);
+  Enqueue({std::move(bytes), -1});
+}
+
+void NativeSession::HandleFrame(wire::Frame frame) {
+  const wire::FrameHeader& h = frame.header;
+  uint64_t start_us = DefaultSteadyClock().NowUs();
+  if (!wire::IsKnownOpcode(h.opcode)) {
+    shared_->metrics->protocol_errors.fetch_add(1);
+    Enqueue({Response(h, 0, Status::InvalidArgument("unknown opcode " + std::to_string(h.opcode))),
+             -1});
+    return;
+  }
+  Op op = ToOp(h.opcode);
+  auto opcode = static_cast<Opcode>(h.opcode);
+  if (opcode == Opcode::kHello || opcode == Opcode::kAuth) {
+    Status st = HandleAuth(frame);
+    std::vector<uint8_t> out = Response(h, 0, st, [&](wire::Writer* w) {
+      if (opcode == Opcode::kAuth) return;
+      wire::HelloResponse r;
+      r.authenticated = tenant_ != nullptr && shared_->tenants->auth_enabled();
+      r.max_frame_bytes = shared_->options->max_frame_bytes;
+      r.max_inflight = shared_->options->max_inflight_per_connection;
+      r.max_batch_keys = BatchLimit();
+      r.tenant_name = tenant_ != nullptr ? tenant_->name : "";
+      r.features = wire::kFeatureTurns;
+      wire::EncodeHelloResponse(r, w);
+    });
+    Reply(op, start_us, std::move(out), st.code());
+    if (auth_failures_ >= kMaxAuthFailures) close_after_write_ = true;
+    return;
+  }
+  if (tenant_ == nullptr) {
+    // Auth is on: a client that sends anything but HELLO/AUTH first is answered once and
+    // disconnected, so an unauthenticated peer cannot make the daemon hold its replies.
+    shared_->metrics->Refuse(Refusal::kUnauthenticated);
+    Reply(op, start_us,
+          Response(h, 0, Status::PermissionDenied("authentication required (HELLO/AUTH)")),
+          StatusCode::kPermissionDenied);
+    close_after_write_ = true;
+    return;
+  }
+  if (opcode == Opcode::kShmAttach) {
+    HandleShmAttach(frame, start_us);
+    return;
+  }
+  StatusOr<InflightSlot> slot = AcquireInflight(*tenant_);
+  if (!slot.ok()) {
+    shared_->metrics->tenant_inflight_rejections.fetch_add(1);
+    Reply(op, start_us, Response(h, 0, slot.status()), slot.status().code());
+    return;
+  }
+  ++inflight_;
+  const uint64_t frame_bytes = frame.body.size();
+  inflight_bytes_ += frame_bytes;
+  busy_.fetch_add(1);
+  shared_->metrics->inflight.fetch_add(1);
+  auto shared_slot = std::make_shared<InflightSlot>(std::move(slot).value());
+  const storage::RequestTag request = TurnRequest(frame);
+  auto job = std::make_shared<Job>(
+      Job{std::move(frame), tenant_, unit_tokens_, shm_, shm_bytes_, shm_fd_, request});
+  asio::post(*shared_->workers, [self = shared_from_this(), job = std::move(job), op, start_us,
+                                 shared_slot, frame_bytes]() mutable {
+    // Queues the reply on the strand: once, from inside Execute (a GET, before its
+    // promotions) or after it. The request counts as finished from here (inflight, the
+    // tenant's slot); the worker may still be promoting what the GET read.
+    Job* const j = job.get();
+    j->reply = [&self, j, &shared_slot, op, start_us, frame_bytes](std::vector<uint8_t> out,
+                                                                   StatusCode code) {
+      j->replied = true;
+      const uint64_t reserved = j->reserved_bytes;
+      shared_slot.reset();
+      asio::post(self->strand_,
+                 [self, out = std::move(out), op, start_us, code, frame_bytes, reserved]() mutable {
+                   --self->inflight_;
+                   self->inflight_bytes_ -= frame_bytes;
+                   // The reply moves from "being built" to the write queue.
+                   self->building_bytes_.fetch_sub(reserved);
+                   self->shared_->memory->Release(reserved);
+                   self->shared_->metrics->inflight.fetch_sub(1);
+                   self->Reply(op, start_us, std::move(out), code);
+                   self->busy_.fetch_sub(1);
+                   self->MaybeRead();
+                 });
+    };
+    StatusCode code = StatusCode::kOk;
+    std::vector<uint8_t> out = self->Execute(*job, &code);
+    if (!j->replied) j->reply(std::move(out), code);
+    job.reset();
+  });
+}
+
+Status NativeSession::HandleAuth(const wire::Frame& frame) {
+  std::string token;
+  if (static_cast<Opcode>(frame.header.opcode) == Opcode::kHello) {
+    StatusOr<wire::HelloRequest> req = wire::DecodeHello(frame.body);
+    if (!req.ok()) return req.status();
+    unit_tokens_ = req->unit_tokens;
+    if (req->token.empty()) return Status::Ok();
+    token = req->token;
+  } else {
+    StatusOr<std::string> tok = wire::DecodeAuth(frame.body);
+    if (!tok.ok()) return tok.status();
+    token = *tok;
+  }
+  StatusOr<const Tenant*> t = shared_->tenants->Authenticate(token);
+  if (!t.ok()) {
+    ++auth_failures_;
+    shared_->metrics->auth_failures.fetch_add(1);
+    shared_->ReleaseTenantConnection(tenant_);
+    if (tenant_ != shared_->tenants->default_tenant()) ForgetTurns();
+    tenant_ = shared_->tenants->default_tenant();
+    return t.status();
+  }
+  if (*t != tenant_) {
+    if (!shared_->AcquireTenantConnection(*t)) {
+      return Status::Rejected("tenant " + (*t)->name +
+                              " is at limits.tenant_connections_max connections");
+    }
+    shared_->ReleaseTenantConnection(tenant_);
+    ForgetTurns();  // a turn never spans two tenants
+  }
+  tenant_ = *t;
+  return Status::Ok();
+}
+
+storage::RequestTag NativeSession::TurnRequest(const wire::Frame& frame) {
+  if ((frame.header.flags & wire::kFlagTurn) == 0) return {};
+  std::span<const uint8_t> rest;
+  StatusOr<uint64_t> turn = wire::SplitTurn(frame.header.opcode, frame.body, &rest);
+  if (!turn.ok()) return {};
+  const uint64_t now_ms = DefaultSteadyClock().NowMs();
+  auto it = turns_.find(*turn);
+  if (it != turns_.end() && now_ms - it->second.started_ms <= kTurnAgeMsMax) {
+    return it->second.tag;
+  }
+  if (it != turns_.end()) {
+    shared_->metrics->native_turns_restarted.fetch_add(1);
+    turns_.erase(it);  // its entry in turn_order_ is skipped when it comes up
+  }
+  while (turns_.size() >= kTurnsPerConnectionMax && !turn_order_.empty()) {
+    const auto [old, started] = turn_order_.front();
+    turn_order_.pop_front();
+    auto o = turns_.find(old);
+    if (o != turns_.end() && o->second.started_ms == started) {
+      turns_.erase(o);
+      shared_->metrics->native_turns_restarted.fetch_add(1);
+    }
+  }
+  // Stale entries (erased or restarted turns) are dropped once the order outgrows the table.
+  while (turn_order_.size() >= 2 * kTurnsPerConnectionMax) turn_order_.pop_front();
+  const storage::RequestTag tag = shared_->service->store()->BeginRequest();
+  turns_[*turn] = TurnEntry{tag, now_ms};
+  turn_order_.emplace_back(*turn, now_ms);
+  return tag;
+}
+
+void NativeSession::ForgetTurns() {
+  turns_.clear();
+  turn_order_.clear();
+}
+
+void NativeSession::HandleShmAttach(const wire::Frame& frame, uint64_t start_us) {
+  const wire::FrameHeader& h = frame.header;
+  StatusOr<uint64_t> want = wire::DecodeShmAttach(frame.body);
+  Status st;
+  if (!want.ok())
+    st = want.status();
+  else if (!is_unix_)
+    st = Status::InvalidArgument("shared memory needs a Unix socket");
+  else if (shm_ != nullptr)
+    st = Status::InvalidArgument("shared memory already attached");
+  else if (*want == 0)
+    st = Status::InvalidArgument("shared memory size 0");
+  uint64_t bytes = 0;
+  if (st.ok()) {
+    bytes = std::min<uint64_t>(*want, shared_->options->shm_max_bytes);
+    bytes = (bytes + 4095) & ~uint64_t{4095};
+    // Sealed at its size: the client holds the same descriptor, and a region it could
+    // shrink would turn the daemon's next access into SIGBUS.
+    int fd = ::memfd_create("kvtier-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+        ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      if (fd >= 0) ::close(fd);
+      st = Status::IOError("memfd_create/ftruncate/F_ADD_SEALS failed");
+    } else {
+      // Best effort: a region whose pages could not be allocated now gets them on write.
+      (void)::fallocate(fd, 0, 0, static_cast<off_t>(std::min(bytes, kShmAllocatedBytesMax)));
+      void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) {
+        ::close(fd);
+        st = Status::IOError("mmap of shared memory failed");
+      } else {
+        shm_ = static_cast<uint8_t*>(p);
+        shm_bytes_ = bytes;
+        shm_fd_ = fd;
+      }
+    }
+  }
+  std::vector<uint8_t> out = Response(h, 0, st, [&](wire::Writer* w) { w->U64(bytes); });
+  shared_->metrics->RecordRequest(Op::kShmAttach, st.code(),
+                                  DefaultSteadyClock().NowUs() - start_us);
+  Enqueue({std::move(out), st.ok() ? shm_fd_ : -1});
+}
+
+}  // namespace native
 
 void StartNativeSession(Shared* shared, asio::generic::stream_protocol::socket socket,
                         bool is_unix) {
   shared->metrics->connections_open.fetch_add(1);
   shared->metrics->connections_total.fetch_add(1);
-  auto s = std::make_shared<NativeSession>(shared, std::move(socket), is_unix);
+  auto s = std::make_shared<native::NativeSession>(shared, std::move(socket), is_unix);
   asio::post(s->executor(), [s] { s->Begin(); });
 }
 

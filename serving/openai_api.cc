@@ -89,6 +89,72 @@ ApiError Stop(const json& j, const ApiLimits& limits, std::vector<std::string>* 
   return {};
 }
 
+// OpenAI fields that change what the model returns and that this server does not implement:
+// absent, null or their neutral value pass (a client that sends the defaults is served); any
+// other value is refused as "unsupported" naming the field, so that no client silently gets
+// less than it asked for. A value of the wrong type is "invalid_type", as for every field.
+ApiError Unhonoured(const json& j, bool chat) {
+  for (const char* field : {"presence_penalty", "frequency_penalty"}) {
+    auto it = j.find(field);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_number()) return WrongType(field, "a number", *it);
+    if (it->get<double>() != 0)
+      return InvalidRequest(std::string(field) + " is not supported", field, "unsupported");
+  }
+  if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return WrongType("logit_bias", "an object", *it);
+    if (!it->empty())
+      return InvalidRequest("logit_bias is not supported", "logit_bias", "unsupported");
+  }
+  if (auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return WrongType("response_format", "an object", *it);
+    auto type = it->find("type");
+    if (type == it->end() || !type->is_string() || *type != "text")
+      return InvalidRequest("only response_format {\"type\": \"text\"} is supported",
+                            "response_format", "unsupported");
+  }
+  // Tool calling: only its neutral settings (no tools: "none" or "auto" chooses none).
+  for (const char* field : {"tool_choice", "function_call"}) {
+    auto it = j.find(field);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_string() || (*it != "none" && *it != "auto"))
+      return InvalidRequest(
+          std::string(field) + " other than \"none\" or \"auto\" is not supported", field,
+          "unsupported");
+  }
+  if (auto it = j.find("functions"); it != j.end() && !it->is_null() && !it->empty())
+    return InvalidRequest("functions are not supported", "functions", "unsupported");
+  if (auto it = j.find("audio"); it != j.end() && !it->is_null())
+    return InvalidRequest("audio output is not supported", "audio", "unsupported");
+  if (auto it = j.find("modalities"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return WrongType("modalities", "an array", *it);
+    for (const json& m : *it) {
+      if (m != "text")
+        return InvalidRequest("only the \"text\" modality is supported", "modalities",
+                              "unsupported");
+    }
+  }
+  if (chat) {
+    if (auto it = j.find("top_logprobs"); it != j.end() && !it->is_null()) {
+      if (!it->is_number_integer()) return WrongType("top_logprobs", "an integer", *it);
+      if (it->get<int64_t>() != 0)
+        return InvalidRequest("logprobs are not supported", "top_logprobs", "unsupported");
+    }
+    return {};
+  }
+  if (auto it = j.find("best_of"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer()) return WrongType("best_of", "an integer", *it);
+    if (it->get<int64_t>() != 1)
+      return InvalidRequest("only best_of = 1 is supported", "best_of", "unsupported");
+  }
+  if (auto it = j.find("suffix"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return WrongType("suffix", "a string", *it);
+    if (!it->get_ref<const std::string&>().empty())
+      return InvalidRequest("suffix is not supported", "suffix", "unsupported");
+  }
+  return {};
+}
+
 }  // namespace
 
 ApiError InvalidRequest(std::string message, std::string param, std::string code) {
@@ -216,7 +282,7 @@ ApiError ParseCompletionRequest(std::string_view body, bool chat, const ApiLimit
   }
   if (auto it = j.find("tools"); it != j.end() && !it->is_null() && !it->empty())
     return InvalidRequest("tools are not supported", "tools", "unsupported");
-  return {};
+  return Unhonoured(j, chat);
 }
 
 }  // namespace kvtier::serving

@@ -89,6 +89,40 @@ TEST(OpenAiApi, RejectsWrongTypesAndRangesNamingTheField) {
        "messages[0].content", "unsupported_content"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{}]})", true, "tools",
        "unsupported"},
+      // Fields that change the output and are not implemented: refused, never ignored.
+      {R"({"model":"m","prompt":"p","presence_penalty":0.5})", false, "presence_penalty",
+       "unsupported"},
+      {R"({"model":"m","prompt":"p","frequency_penalty":-1})", false, "frequency_penalty",
+       "unsupported"},
+      {R"({"model":"m","prompt":"p","frequency_penalty":"0"})", false, "frequency_penalty",
+       "invalid_type"},
+      {R"({"model":"m","prompt":"p","logit_bias":{"65":100}})", false, "logit_bias", "unsupported"},
+      {R"({"model":"m","prompt":"p","logit_bias":[1]})", false, "logit_bias", "invalid_type"},
+      {R"({"model":"m","prompt":"p","best_of":3})", false, "best_of", "unsupported"},
+      {R"({"model":"m","prompt":"p","suffix":"end"})", false, "suffix", "unsupported"},
+      {R"({"model":"m","prompt":"p","suffix":7})", false, "suffix", "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2})", true,
+       "top_logprobs", "unsupported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true})", true,
+       "logprobs", "unsupported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],
+          "response_format":{"type":"json_object"}})",
+       true, "response_format", "unsupported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"response_format":"text"})", true,
+       "response_format", "invalid_type"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":"required"})", true,
+       "tool_choice", "unsupported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],
+          "tool_choice":{"type":"function","function":{"name":"f"}}})",
+       true, "tool_choice", "unsupported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"functions":[{"name":"f"}]})",
+       true, "functions", "unsupported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"function_call":{"name":"f"}})",
+       true, "function_call", "unsupported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"modalities":["text","audio"]})",
+       true, "modalities", "unsupported"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"audio":{"voice":"x"}})", true,
+       "audio", "unsupported"},
   };
   for (const Case& c : cases) {
     ApiError e = Parse(c.body, c.chat);
@@ -99,6 +133,21 @@ TEST(OpenAiApi, RejectsWrongTypesAndRangesNamingTheField) {
     EXPECT_EQ(j["error"]["type"], "invalid_request_error");
     EXPECT_EQ(j["error"]["param"].is_null(), c.param.empty());
   }
+}
+
+// The neutral values of the fields the server does not implement are what clients send by
+// default (or explicitly): they are served.
+TEST(OpenAiApi, AcceptsTheNeutralValuesOfFieldsItDoesNotImplement) {
+  EXPECT_TRUE(Parse(R"({"model":"m","prompt":"p","presence_penalty":0,"frequency_penalty":0.0,
+      "logit_bias":{},"best_of":1,"suffix":"","response_format":{"type":"text"},
+      "modalities":["text"],"audio":null,"functions":[],"function_call":"none"})",
+                    false)
+                  .ok());
+  EXPECT_TRUE(Parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+      "presence_penalty":null,"logit_bias":null,"top_logprobs":0,"logprobs":false,
+      "tool_choice":"auto","tools":[],"parallel_tool_calls":true,"suffix":"ignored in chat"})",
+                    true)
+                  .ok());
 }
 
 TEST(ChatTemplate, AnAssistantTurnExtendsThePromptThatProducedIt) {

@@ -49,6 +49,9 @@ StatusOr<std::unique_ptr<RowFetcher>> RowFetcher::Create(ShardMap map,
   if (options.batch_ops_max == 0 || options.rows_per_fetch_max == 0) {
     return Status::InvalidArgument("batch_ops_max and rows_per_fetch_max must be positive");
   }
+  if (options.wait_spin_us > kRowFetchWaitSpinMaxUs) {
+    return Status::InvalidArgument("wait_spin_us over kRowFetchWaitSpinMaxUs");
+  }
   std::unique_ptr<RowFetcher> f(new RowFetcher(std::move(map), options));
   for (size_t i = 0; i < shards.size(); ++i) {
     if (shards[i].transport == nullptr) return Status::InvalidArgument("null transport");
@@ -218,6 +221,25 @@ Status RowFetcher::Wait(const FetchHandle& f) {
   const uint64_t deadline_us = f->start_us + uint64_t{options_.fetch_timeout_ms} * 1000;
   bool stalled = false;
   Status result;
+  // The shards this fetch reads from (a fetch touches few; batches are in shard order).
+  std::vector<size_t> shards;
+  {
+    std::lock_guard<std::mutex> lock(f->mu);
+    if (f->waited) return Status::InvalidArgument("Wait() called twice on one fetch");
+    for (const Fetch::Batch& b : f->batches) {
+      if (shards.empty() || shards.back() != b.shard) shards.push_back(b.shard);
+    }
+  }
+  // Replies already in the sockets are complete rows: take them on this thread (the lock is
+  // not held: callbacks take it).
+  auto poll = [&] {
+    for (size_t s : shards) shards_[s].transport->Poll();
+  };
+  auto unfinished = [&] {
+    std::lock_guard<std::mutex> lock(f->mu);
+    return f->unfinished;
+  };
+  poll();
   {
     std::lock_guard<std::mutex> lock(f->mu);
     if (f->waited) return Status::InvalidArgument("Wait() called twice on one fetch");
@@ -228,6 +250,12 @@ Status RowFetcher::Wait(const FetchHandle& f) {
     }
     late_rows_.fetch_add(late);
     stalled = late > 0;
+  }
+  if (stalled && options_.wait_spin_us > 0) {
+    // Spin a moment, reading replies here, before blocking (a blocked waiter is woken by the
+    // transport's thread, which itself had to be woken: two hand-offs).
+    const uint64_t spin_end_us = t0 + options_.wait_spin_us;
+    while (unfinished() > 0 && DefaultSteadyClock().NowUs() < spin_end_us) poll();
   }
   while (true) {
     bool retry_round = false, any_unsubmitted = false;

@@ -683,6 +683,8 @@ Status RowServer::StartOn(asio::io_context& io) {
 }
 
 Status RowServer::Start() {
+  if (state_->options.busy_poll_us > kRowServerBusyPollMaxUs)
+    return Status::InvalidArgument("busy_poll_us over kRowServerBusyPollMaxUs");
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->started) return Status::InvalidArgument("row server already started");
@@ -693,7 +695,25 @@ Status RowServer::Start() {
   }
   KVTIER_RETURN_IF_ERROR(StartOn(*state_->own_io));
   asio::io_context* io = state_->own_io.get();
-  state_->thread = std::thread([io] { io->run(); });
+  const uint64_t busy_poll_us = state_->options.busy_poll_us;
+  state_->thread = std::thread([io, busy_poll_us] {
+    if (busy_poll_us == 0) {
+      io->run();
+      return;
+    }
+    // Busy polling: after each handler keep polling (non-blocking) for busy_poll_us before
+    // blocking, so a request arriving meanwhile needs no wake-up of this thread.
+    const Clock& clock = DefaultSteadyClock();
+    uint64_t last_us = clock.NowUs();
+    while (!io->stopped()) {
+      if (io->poll() > 0) {
+        last_us = clock.NowUs();
+      } else if (clock.NowUs() - last_us >= busy_poll_us) {
+        io->run_one();
+        last_us = clock.NowUs();
+      }
+    }
+  });
   return Status::Ok();
 }
 

@@ -1,5 +1,6 @@
 #include "rdma/row_fetcher.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <thread>
@@ -78,7 +79,10 @@ StatusOr<std::unique_ptr<RowFetcher>> RowFetcher::Create(ShardMap map,
 }
 
 Status RowFetcher::RegisterBuffer(uint8_t* data, size_t size_bytes) {
+  std::vector<const Transport*> done;  // shards may share a transport: register once with each
   for (ShardState& s : shards_) {
+    if (std::find(done.begin(), done.end(), s.transport.get()) != done.end()) continue;
+    done.push_back(s.transport.get());
     StatusOr<LocalBufferId> id = s.transport->RegisterLocalBuffer(data, size_bytes);
     if (!id.ok()) return id.status();
   }

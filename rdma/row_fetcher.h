@@ -71,9 +71,10 @@ struct RowFetchStats {
   uint64_t fetches_failed = 0;     // fetches that ended with an error
 };
 
-// One shard's connection: a transport to its server and the grant to open its region.
+// One shard's connection: a transport to its server and the grant to open its region. Several
+// fetchers may share one transport (one connection per row server: RemoteEngramRowSource).
 struct ShardConnection {
-  std::unique_ptr<Transport> transport;
+  std::shared_ptr<Transport> transport;
   RegionCredentials credentials;
 };
 
@@ -92,7 +93,7 @@ class RowFetcher {
   uint32_t row_stride_bytes() const { return row_stride_bytes_; }
   uint64_t row_count() const { return map_.row_count(); }
 
-  // Registers a destination buffer with every shard's transport.
+  // Registers a destination buffer with every shard's transport (once with a shared one).
   Status RegisterBuffer(uint8_t* data, size_t size_bytes);
 
   // Starts fetching `rows` into out[i * row_stride_bytes()]. Rows already in the hot cache
@@ -110,6 +111,7 @@ class RowFetcher {
   RowFetchStats stats() const;
   // The shard transports (e.g. for their counters); index = shard.
   Transport& transport(size_t shard) { return *shards_[shard].transport; }
+  size_t num_shards() const { return shards_.size(); }
 
  private:
   RowFetcher(ShardMap map, RowFetcherOptions options);
@@ -123,7 +125,7 @@ class RowFetcher {
   void Finish(const FetchHandle& f);
 
   struct ShardState {
-    std::unique_ptr<Transport> transport;
+    std::shared_ptr<Transport> transport;
     RegionInfo region;
   };
 

@@ -82,7 +82,8 @@ struct TcpTransport::Impl {
   // The I/O thread owns writing: a Flush is posted or a write is running. While set, frames
   // wait in the outbox for it (order); while clear, Submit() writes its frame itself.
   bool io_writes = false;
-  int fd = -1;  // the connected socket's descriptor (-1 when not connected)
+  uint32_t hold_depth = 0;  // HoldWrites() not yet released: frames stay in the outbox
+  int fd = -1;              // the connected socket's descriptor (-1 when not connected)
   uint64_t in_flight_ops = 0;
   std::vector<RegionEntry> regions;                // index = client RegionId
   std::map<uintptr_t, Buffer> buffers_by_address;  // start address -> buffer
@@ -210,10 +211,14 @@ struct TcpTransport::Impl {
   // the I/O thread is not writing, the calling thread writes the outbox itself (no hand-off:
   // a thread wake-up costs tens of microseconds on a loaded or virtualised host). Returns
   // true when the I/O thread must be asked to write the rest (Kick(gen) after unlocking).
+  // A read frame stays in the outbox while writes are held (HoldWrites); an open frame never
+  // does (a reconnect inside a held Submit waits for its reply), taking held frames with it.
   bool AppendLocked(std::unique_ptr<Pending> p, std::vector<uint8_t> frame) {
+    const bool may_hold = p->type == wire::FrameType::kRead;
     pending.push_back(std::move(p));
     outbox.push_back(std::move(frame));
-    if (io_writes) return false;  // it takes the outbox when its write completes
+    if (io_writes) return false;                   // it takes the outbox when its write completes
+    if (hold_depth > 0 && may_hold) return false;  // ReleaseWrites() sends it
     if (WriteOutboxLocked()) return false;
     io_writes = true;
     return true;
@@ -235,6 +240,7 @@ struct TcpTransport::Impl {
       msg.msg_iov = iov;
       msg.msg_iovlen = n;
       const ssize_t sent = ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      ++c.sends;
       if (sent < 0 && errno == EINTR) continue;
       if (sent <= 0) return false;  // full (EAGAIN) or broken: the I/O thread's write decides
       size_t left = static_cast<size_t>(sent), done = 0;
@@ -270,6 +276,7 @@ struct TcpTransport::Impl {
       io_writes = false;
       return false;
     }
+    if (!writing) ++c.sends;  // WriteNext writes them
     return true;
   }
 
@@ -800,6 +807,25 @@ Status TcpTransport::Submit(std::span<const ReadOp> ops, ReadCallback done) {
   }
   if (kick) d.Kick(gen);
   return Status::Ok();
+}
+
+void TcpTransport::HoldWrites() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  ++impl_->hold_depth;
+}
+
+void TcpTransport::ReleaseWrites() {
+  Impl& d = *impl_;
+  uint64_t gen = 0;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.hold_depth == 0 || --d.hold_depth > 0) return;
+    if (d.outbox.empty() || d.io_writes || !d.connected) return;
+    if (d.WriteOutboxLocked()) return;
+    d.io_writes = true;
+    gen = d.generation;
+  }
+  d.Kick(gen);
 }
 
 void TcpTransport::TEST_PauseIoReads(bool paused) {

@@ -47,6 +47,8 @@ class TcpTransport final : public Transport {
   Status Submit(std::span<const ReadOp> ops, ReadCallback done) override;
   // Reads and completes the replies already in the socket on the calling thread (never blocks).
   uint32_t Poll() override;
+  void HoldWrites() override;
+  void ReleaseWrites() override;
   // Test hook: while paused the I/O thread reads no replies (only Poll() callers do);
   // unpausing reads what arrived meanwhile.
   void TEST_PauseIoReads(bool paused);

@@ -101,6 +101,7 @@ struct TransportCounters {
   uint64_t connects = 0;             // successful (re)connects
   uint64_t disconnects = 0;          // connections lost or closed with reads in flight or not
   uint64_t batches_sent_inline = 0;  // batches whose frame Submit()'s caller wrote itself (TCP)
+  uint64_t sends = 0;                // write calls on the connection (TCP: sendmsg / writes)
 };
 
 class Transport {
@@ -139,6 +140,14 @@ class Transport {
   // completes nothing: the implementation's own thread does it all (verbs may poll its
   // completion queue here).
   virtual uint32_t Poll() { return 0; }
+
+  // Between HoldWrites() and ReleaseWrites() (counted: pairs may nest, also from several
+  // callers) Submit() queues its request instead of sending it; the outermost ReleaseWrites()
+  // sends everything queued at once (TCP: one sendmsg for several batches, e.g. both Engram
+  // layers' rows of a step). Meanwhile other threads' batches wait too: hold briefly. The
+  // default sends at once (verbs posts each batch's work requests as it is submitted).
+  virtual void HoldWrites() {}
+  virtual void ReleaseWrites() {}
 
   // Fails everything in flight with Unavailable and disconnects; Submit() afterwards
   // returns Unavailable. Idempotent; also done by the destructor.

@@ -138,9 +138,11 @@ int Main(int argc, char** argv) {
           b[s].row_ids.push_back(static_cast<int64_t>(rng() % kTableRows));
       }
       const auto t0 = Clock::now();
+      (*src)->HoldRequests(true);  // as the engine: a step's slots leave together
       for (int s = 0; s < static_cast<int>(slots); ++s) {
         if (Status st = (*src)->Request(&b[s]); !st.ok()) return Fail(st);
       }
+      (*src)->HoldRequests(false);
       Spin(lead);
       for (int s = 0; s < static_cast<int>(slots); ++s) {
         if (s == 1) Spin(gap_us);

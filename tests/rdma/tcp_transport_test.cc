@@ -761,5 +761,43 @@ TEST_F(TcpTransportTest, BusyPollingServerServesExactRowsAndStops) {
   EXPECT_TRUE(refused.Start().IsInvalidArgument());
 }
 
+// Batches submitted while writes are held leave together, in one send, when released
+// (nested holds: the outermost release sends), and complete with exact bytes.
+TEST_F(TcpTransportTest, HeldWritesLeaveTogetherInOneSend) {
+  auto t = Connect(server_->port());
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  std::vector<uint8_t> buf(3 * kStride, 0xee);
+  ASSERT_TRUE(t->RegisterLocalBuffer(buf.data(), buf.size()).ok());
+  const uint64_t sends_before = t->counters().sends;
+  std::atomic<int> done{0}, failed{0};
+  t->HoldWrites();
+  t->HoldWrites();
+  for (uint64_t b = 0; b < 3; ++b) {
+    ReadOp op{region->id, (100 + b) * kStride, kStride, buf.data() + b * kStride};
+    ASSERT_TRUE(t->Submit(std::span<const ReadOp>(&op, 1), [&](const Status& s) {
+                   if (!s.ok()) failed.fetch_add(1);
+                   done.fetch_add(1);
+                 }).ok());
+  }
+  t->ReleaseWrites();  // still held once
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(server_->counters().batches_served, 0u);
+  EXPECT_EQ(t->counters().sends, sends_before);
+  t->ReleaseWrites();
+  const uint64_t deadline_us = DefaultSteadyClock().NowUs() + 10'000'000;
+  while (done.load() < 3 && DefaultSteadyClock().NowUs() < deadline_us) t->Poll();
+  ASSERT_EQ(done.load(), 3);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(t->counters().sends, sends_before + 1);
+  for (uint64_t b = 0; b < 3; ++b) {
+    ASSERT_EQ(
+        std::memcmp(buf.data() + b * kStride, local_->rows().data() + (100 + b) * kStride, kStride),
+        0);
+  }
+  t->ReleaseWrites();  // unbalanced: ignored
+  ExpectRowsExact(*t, region->id, {9});
+}
+
 }  // namespace
 }  // namespace kvtier::rdma

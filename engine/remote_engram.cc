@@ -263,6 +263,7 @@ Status RemoteEngramRowSource::Wait(EngramRowBatch* batch) {
 }
 
 void RemoteEngramRowSource::HoldRequests(bool hold) {
+  if (!options_.hold_step_requests) return;
   if (held_.exchange(hold) == hold) return;  // already so (a Wait ended the bracket)
   for (rdma::Transport* t : transports_) {
     if (hold) {

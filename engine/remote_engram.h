@@ -78,6 +78,10 @@ struct RemoteEngramOptions {
   // connection per row server), so that HoldRequests can send a step's batches of all slots
   // in one message and one receive can take their replies. false: one transport per shard.
   bool share_connections = true;
+  // HoldRequests() holds the transports' writes, so that a step's batches of all slots leave
+  // in one send (one syscall less per step on the engine thread; the first slot's request
+  // leaves a few microseconds later). Off: HoldRequests has no effect.
+  bool hold_step_requests = false;
 };
 
 // What Connect needs: the shard map TOML (one `[[engram.l<layer>.shard]]` array per Engram
@@ -123,9 +127,10 @@ class RemoteEngramRowSource final : public EngramRowSource {
   int row_dim() const override { return row_dim_; }
   Status Request(EngramRowBatch* batch) override;
   Status Wait(EngramRowBatch* batch) override;
-  // Holds the writes of every shard transport (rdma::Transport::HoldWrites) while the engine
-  // requests a step's batches of all slots; released, they leave together (one send per row
-  // server when the slots share its connection).
+  // With options.hold_step_requests: holds the writes of every shard transport
+  // (rdma::Transport::HoldWrites) while the engine requests a step's batches of all slots;
+  // released, they leave together (one send per row server when the slots share its
+  // connection). Otherwise no effect.
   void HoldRequests(bool hold) override;
 
   RemoteEngramStats stats() const;

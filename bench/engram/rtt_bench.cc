@@ -115,6 +115,7 @@ int Main(int argc, char** argv) {
   }
   RemoteEngramOptions ro;
   ro.fetcher.hot_cache_bytes = 0;
+  ro.hold_step_requests = true;
   ro.fetcher.wait_spin_us = static_cast<uint32_t>(spin_us);
   auto src = RemoteEngramRowSource::Connect(static_cast<int>(kRowDim), rc, ro);
   if (!src.ok()) return Fail(src.status());

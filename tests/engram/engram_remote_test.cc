@@ -275,6 +275,7 @@ TEST_F(RemoteEngramTest, AStepsSlotsShareOneConnectionAndOneSend) {
     SCOPED_TRACE(share ? "shared" : "one connection per shard");
     RemoteEngramOptions o;
     o.share_connections = share;
+    o.hold_step_requests = true;
     RemoteEngramRowSource* remote = Connect(o);
     ASSERT_NE(remote, nullptr);
     std::vector<rdma::Transport*> transports;
@@ -320,6 +321,7 @@ TEST_F(RemoteEngramTest, AStepsSlotsShareOneConnectionAndOneSend) {
 // the rows arrive (never a wait on a request that was not sent).
 TEST_F(RemoteEngramTest, WaitInsideAHoldSendsTheKeptRequests) {
   RemoteEngramOptions o;
+  o.hold_step_requests = true;
   o.fetcher.fetch_timeout_ms = 3000;
   o.fetcher.retries_max = 0;
   RemoteEngramRowSource* remote = Connect(o);

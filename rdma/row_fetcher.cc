@@ -15,6 +15,9 @@ enum class BatchState : uint8_t { kUnsubmitted, kInFlight, kDone, kFailed };
 
 bool Retryable(const Status& s) { return s.IsIOError() || s.IsRetry(); }
 
+// A blocked Wait() wakes this often to complete arrived replies itself (Transport::Poll).
+constexpr int kWaitPollMs = 5;
+
 }  // namespace
 
 struct RowFetcher::Fetch {
@@ -259,7 +262,12 @@ Status RowFetcher::Wait(const FetchHandle& f) {
     // Spin a moment, reading replies here, before blocking (a blocked waiter is woken by the
     // transport's thread, which itself had to be woken: two hand-offs).
     const uint64_t spin_end_us = t0 + options_.wait_spin_us;
-    while (unfinished() > 0 && DefaultSteadyClock().NowUs() < spin_end_us) poll();
+    while (unfinished() > 0 && DefaultSteadyClock().NowUs() < spin_end_us) {
+      poll();
+      // A thread of equal real-time priority on this core (the row server's, the transport's)
+      // may be what the rows wait for.
+      std::this_thread::yield();
+    }
   }
   while (true) {
     bool retry_round = false, any_unsubmitted = false;
@@ -285,7 +293,12 @@ Status RowFetcher::Wait(const FetchHandle& f) {
         break;
       }
       if (!retry_round && !any_unsubmitted) {
-        f->cv.wait_for(lock, std::chrono::milliseconds(50));
+        f->cv.wait_for(lock, std::chrono::milliseconds(kWaitPollMs));
+        if (f->unfinished == 0) break;
+        // Then read what arrived here too: a transport thread starved of a core (real-time
+        // threads hold them all) must not hold this wait up by more than kWaitPollMs.
+        lock.unlock();
+        poll();
         continue;
       }
     }

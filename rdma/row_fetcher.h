@@ -103,7 +103,8 @@ class RowFetcher {
   // Waits for a started fetch; retries failed batches. Call once per handle. Replies already
   // received are completed on the calling thread first (Transport::Poll): a fetch whose rows
   // are all in the sockets is not a stall. Rows still on their way: spins up to wait_spin_us
-  // polling the shards' transports, then blocks.
+  // polling the shards' transports, then blocks (waking every 5 ms to poll again, so a
+  // transport thread starved of a core does not hold it up).
   Status Wait(const FetchHandle& fetch);
   // Start + Wait.
   Status FetchRows(std::span<const uint64_t> rows, uint8_t* out);

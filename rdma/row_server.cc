@@ -711,6 +711,11 @@ Status RowServer::Start() {
       } else if (clock.NowUs() - last_us >= busy_poll_us) {
         io->run_one();
         last_us = clock.NowUs();
+      } else {
+        // Let a thread of equal real-time priority on this core run (a waiter spinning for
+        // this server's reply, or the thread that is to send its request): without it a
+        // SCHED_FIFO server starves it for the whole window.
+        std::this_thread::yield();
       }
     }
   });

@@ -1,5 +1,6 @@
 #include "rdma/tcp_transport.h"
 
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -843,6 +844,14 @@ void TcpTransport::TEST_PauseIoReads(bool paused) {
       impl_->DrainOnIo(gen);
     });
   }
+}
+
+size_t TcpTransport::TEST_ReadableBytes() {
+  std::lock_guard<std::mutex> read_lock(impl_->read_mu);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  int n = 0;
+  if (impl_->fd < 0 || ::ioctl(impl_->fd, FIONREAD, &n) != 0) return 0;
+  return static_cast<size_t>(n);
 }
 
 uint32_t TcpTransport::Poll() {

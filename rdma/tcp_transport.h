@@ -52,6 +52,8 @@ class TcpTransport final : public Transport {
   // Test hook: while paused the I/O thread reads no replies (only Poll() callers do);
   // unpausing reads what arrived meanwhile.
   void TEST_PauseIoReads(bool paused);
+  // Test hook: bytes received on the connection and not yet read (FIONREAD; 0 if none).
+  size_t TEST_ReadableBytes();
   void Close() override;
   TransportCounters counters() const override;
   const char* name() const override { return "tcp"; }

@@ -288,13 +288,17 @@ TEST_F(RowFetcherTest, RowsAlreadyInTheSocketsAreTakenByWaitWithoutAStall) {
   ASSERT_TRUE(f->RegisterBuffer(out.data(), out.size()).ok());
   auto fetch = f->Start(rows, out.data());
   ASSERT_TRUE(fetch.ok());
-  // Both servers have answered (their counters move before the reply is written; the reply
-  // then crosses loopback within the same call).
-  for (int i = 0; i < 1000; ++i) {
-    if (servers_[0]->counters().batches_served + servers_[1]->counters().batches_served == 2) break;
+  // Both replies are in the client sockets (header + rows of each shard's batch).
+  const size_t reply_bytes[2] = {wire::kHeaderBytes + 3 * kStride,
+                                 wire::kHeaderBytes + 2 * kStride};
+  for (int i = 0; i < 5000; ++i) {
+    if (raw[0]->TEST_ReadableBytes() >= reply_bytes[0] &&
+        raw[1]->TEST_ReadableBytes() >= reply_bytes[1])
+      break;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(raw[0]->TEST_ReadableBytes(), reply_bytes[0]);
+  ASSERT_GE(raw[1]->TEST_ReadableBytes(), reply_bytes[1]);
   Status st = f->Wait(*fetch);
   ASSERT_TRUE(st.ok()) << st.ToString();
   ExpectRows(rows, out.data());
@@ -303,10 +307,10 @@ TEST_F(RowFetcherTest, RowsAlreadyInTheSocketsAreTakenByWaitWithoutAStall) {
   for (TcpTransport* t : raw) t->TEST_PauseIoReads(false);
 }
 
-// Rows still on their way: Wait() spins, completing the replies on its own thread, instead of
-// blocking until the transports' I/O threads complete them (paused here: without the spin the
-// fetch would time out).
-TEST_F(RowFetcherTest, LateRowsAreCompletedByTheSpinningWaiter) {
+// Rows still on their way: Wait() completes the replies on its own thread (spinning, then
+// blocked and waking to poll), not only through the transports' I/O threads (paused here:
+// otherwise the fetch would time out).
+TEST_F(RowFetcherTest, LateRowsAreCompletedByTheWaiterItself) {
   RowFetcherOptions o;
   o.hot_cache_bytes = 0;
   o.wait_spin_us = kRowFetchWaitSpinMaxUs;  // 100 ms: the replies come after 5

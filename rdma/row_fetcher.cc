@@ -17,6 +17,8 @@ bool Retryable(const Status& s) { return s.IsIOError() || s.IsRetry(); }
 
 // A blocked Wait() wakes this often to complete arrived replies itself (Transport::Poll).
 constexpr int kWaitPollMs = 5;
+// A spinning Wait() yields its core at most this often.
+constexpr uint64_t kSpinYieldUs = 50;
 
 }  // namespace
 
@@ -262,11 +264,16 @@ Status RowFetcher::Wait(const FetchHandle& f) {
     // Spin a moment, reading replies here, before blocking (a blocked waiter is woken by the
     // transport's thread, which itself had to be woken: two hand-offs).
     const uint64_t spin_end_us = t0 + options_.wait_spin_us;
-    while (unfinished() > 0 && DefaultSteadyClock().NowUs() < spin_end_us) {
+    uint64_t yielded_us = t0;
+    for (uint64_t now_us = t0; unfinished() > 0 && now_us < spin_end_us;
+         now_us = DefaultSteadyClock().NowUs()) {
       poll();
-      // A thread of equal real-time priority on this core (the row server's, the transport's)
-      // may be what the rows wait for.
-      std::this_thread::yield();
+      if (now_us - yielded_us >= kSpinYieldUs) {
+        // A thread of equal real-time priority on this core (the row server's, the
+        // transport's) may be what the rows wait for.
+        std::this_thread::yield();
+        yielded_us = now_us;
+      }
     }
   }
   while (true) {

@@ -105,7 +105,7 @@ struct RowServerOptions {
   // its sockets without blocking for this long before it sleeps, so that a request arriving
   // within it is read at once instead of after a wake-up of the thread (tens of microseconds
   // on a loaded or virtualised host, paid also by the sender). It keeps one core busy while
-  // requests come closer than this (yielding between polls, so that a thread of equal
+  // requests come closer than this (yielding every 200 us, so that a thread of equal
   // real-time priority on its core still runs). 0 (default): block at once. At most
   // kRowServerBusyPollMaxUs.
   uint64_t busy_poll_us = 0;

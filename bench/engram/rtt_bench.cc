@@ -8,7 +8,8 @@
 // p99), the stalls per wait and the step's CPU time per step (this thread, getrusage).
 //
 //   kvtier_engram_rtt_bench [--steps 2000 --rows 12 --leads 0,20,40,60,100 --gap-us 40
-//                            --slots 2 --server-busy-poll-us 0 --wait-spin-us 200]
+//                            --slots 2 --server-busy-poll-us 0 --wait-spin-us 200
+//                            --hold-requests 1]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -61,7 +62,8 @@ double Pct(std::vector<double> v, double p) {
 int Main(int argc, char** argv) {
   cli::FlagSet flags("kvtier_engram_rtt_bench", "remote Engram row batch round trips");
   std::string leads = "0,20,40,60,100";
-  uint64_t steps = 2000, rows = 12, gap_us = 40, slots = 2, busy_poll_us = 0, spin_us = 200;
+  uint64_t steps = 2000, rows = 12, gap_us = 40, slots = 2, busy_poll_us = 0, spin_us = 200,
+           hold = 1;
   flags.Uint("steps", &steps, "steps per lead");
   flags.Uint("rows", &rows, "rows per batch and slot");
   flags.String("leads", &leads, "LIST", "compute before the first wait, us (comma separated)");
@@ -69,11 +71,12 @@ int Main(int argc, char** argv) {
   flags.Uint("slots", &slots, "Engram slots requested per step (1 or 2)");
   flags.Uint("server-busy-poll-us", &busy_poll_us, "the row server's busy polling (0: off)");
   flags.Uint("wait-spin-us", &spin_us, "the fetcher's spin in Wait() before blocking");
+  flags.Uint("hold-requests", &hold, "1: a step's requests of both slots leave in one send");
   std::vector<std::string_view> args(argv + 1, argv + argc);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (steps == 0 || steps > kStepsMax || rows == 0 || rows > kRowsMax || gap_us > kLeadMax ||
       slots == 0 || slots > 2 || busy_poll_us > rdma::kRowServerBusyPollMaxUs ||
-      spin_us > rdma::kRowFetchWaitSpinMaxUs) {
+      spin_us > rdma::kRowFetchWaitSpinMaxUs || hold > 1) {
     std::fprintf(stderr, "kvtier_engram_rtt_bench: a flag is out of range (see --help)\n");
     return 2;
   }
@@ -115,7 +118,7 @@ int Main(int argc, char** argv) {
   }
   RemoteEngramOptions ro;
   ro.fetcher.hot_cache_bytes = 0;
-  ro.hold_step_requests = true;
+  ro.hold_step_requests = hold == 1;
   ro.fetcher.wait_spin_us = static_cast<uint32_t>(spin_us);
   auto src = RemoteEngramRowSource::Connect(static_cast<int>(kRowDim), rc, ro);
   if (!src.ok()) return Fail(src.status());

@@ -99,6 +99,12 @@ class EngramRowSource {
   // batch->stalled when it had to block. On an error data and scales are left empty (never
   // zero-filled). Called once per successful Request.
   virtual Status Wait(EngramRowBatch* batch) = 0;
+  // Brackets several Requests made together (the engine: every Engram layer's batch of one
+  // step): between HoldRequests(true) and HoldRequests(false) a source may keep the requests
+  // and send them together at the end (one message instead of one per layer). Pairs do not
+  // nest; a Wait inside the bracket ends it first (never waits on a kept request). Default:
+  // no effect.
+  virtual void HoldRequests(bool hold) { (void)hold; }
 };
 
 // Serves rows from tables held in memory (not owned: the tables must outlive the source).

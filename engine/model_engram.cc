@@ -108,6 +108,12 @@ Status Engine::EnsureEngram(const Step& s, std::span<const int32_t> toks, int64_
     }
     return false;
   };
+  // The step's batches of all Engram layers leave together (one message per row server).
+  struct Hold {
+    EngramRowSource* rows;
+    explicit Hold(EngramRowSource* r) : rows(r) { rows->HoldRequests(true); }
+    ~Hold() { rows->HoldRequests(false); }
+  } hold(rows_);
   for (int l = s.l_begin; l < s.l_end; ++l) {
     if (!c.IsEngramLayer(l)) continue;
     const int slot = c.EngramSlot(l);

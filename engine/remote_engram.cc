@@ -44,6 +44,11 @@ StatusOr<std::unique_ptr<RemoteEngramRowSource>> RemoteEngramRowSource::Create(
     slot->staging.resize(options.staging_rows_max * f->row_stride_bytes());
     KVTIER_RETURN_IF_ERROR(f->RegisterBuffer(slot->staging.data(), slot->staging.size()));
     slot->fetcher = std::move(f);
+    for (size_t i = 0; i < slot->fetcher->num_shards(); ++i) {
+      rdma::Transport* t = &slot->fetcher->transport(i);
+      if (std::find(src->transports_.begin(), src->transports_.end(), t) == src->transports_.end())
+        src->transports_.push_back(t);
+    }
     src->slots_.push_back(std::move(slot));
   }
   return src;
@@ -53,6 +58,7 @@ StatusOr<std::unique_ptr<RemoteEngramRowSource>> RemoteEngramRowSource::Connect(
     int row_dim, const RemoteEngramConfig& config, RemoteEngramOptions options) {
   if (config.layer_ids.empty()) return Status::InvalidArgument("remote engram: no layers");
   std::vector<std::unique_ptr<rdma::RowFetcher>> fetchers;
+  std::map<std::pair<std::string, uint16_t>, std::shared_ptr<rdma::Transport>> by_endpoint;
   for (int layer : config.layer_ids) {
     const std::string table = "engram.l" + std::to_string(layer);
     KVTIER_ASSIGN_OR_RETURN(rdma::ShardMap map,
@@ -63,9 +69,14 @@ StatusOr<std::unique_ptr<RemoteEngramRowSource>> RemoteEngramRowSource::Connect(
       if (tok == config.tokens.end())
         return Status::InvalidArgument("remote engram: no grant token for region " +
                                        spec.region_name);
-      KVTIER_ASSIGN_OR_RETURN(auto transport,
-                              rdma::MakeTransport(rdma::TcpEndpoint{spec.host, spec.port},
-                                                  options.transport, options.transport_kind));
+      std::shared_ptr<rdma::Transport>& shared = by_endpoint[{spec.host, spec.port}];
+      std::shared_ptr<rdma::Transport> transport = options.share_connections ? shared : nullptr;
+      if (transport == nullptr) {
+        KVTIER_ASSIGN_OR_RETURN(transport,
+                                rdma::MakeTransport(rdma::TcpEndpoint{spec.host, spec.port},
+                                                    options.transport, options.transport_kind));
+        if (options.share_connections) shared = transport;
+      }
       conns.push_back(rdma::ShardConnection{
           std::move(transport),
           rdma::RegionCredentials{spec.region_name, config.tenant, tok->second}});
@@ -192,6 +203,7 @@ Status RemoteEngramRowSource::Request(EngramRowBatch* batch) {
 Status RemoteEngramRowSource::Wait(EngramRowBatch* batch) {
   if (batch == nullptr || batch->slot < 0 || batch->slot >= num_slots())
     return Status::InvalidArgument("remote engram: bad slot");
+  HoldRequests(false);  // a request kept back would never arrive
   Slot& slot = *slots_[batch->slot];
   std::vector<rdma::RowFetcher::FetchHandle> fetches;
   Status status;
@@ -248,6 +260,18 @@ Status RemoteEngramRowSource::Wait(EngramRowBatch* batch) {
     return Annotate(status, batch->slot);
   }
   return Status::Ok();
+}
+
+void RemoteEngramRowSource::HoldRequests(bool hold) {
+  if (!options_.hold_step_requests) return;
+  if (held_.exchange(hold) == hold) return;  // already so (a Wait ended the bracket)
+  for (rdma::Transport* t : transports_) {
+    if (hold) {
+      t->HoldWrites();
+    } else {
+      t->ReleaseWrites();
+    }
+  }
 }
 
 RemoteEngramStats RemoteEngramRowSource::stats() const {

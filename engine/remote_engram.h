@@ -74,6 +74,14 @@ struct RemoteEngramOptions {
   // when this build has them, the host has an RDMA device and the row server accepts, else
   // TCP. Every shard decides on its own.
   rdma::TransportKind transport_kind = rdma::TransportKind::kAuto;
+  // Connect(): shards of different slots at one endpoint (host:port) share one transport (one
+  // connection per row server), so that HoldRequests can send a step's batches of all slots
+  // in one message and one receive can take their replies. false: one transport per shard.
+  bool share_connections = true;
+  // HoldRequests() holds the transports' writes, so that a step's batches of all slots leave
+  // in one send (one syscall less per step on the engine thread; the first slot's request
+  // leaves a few microseconds later). Off: HoldRequests has no effect.
+  bool hold_step_requests = false;
 };
 
 // What Connect needs: the shard map TOML (one `[[engram.l<layer>.shard]]` array per Engram
@@ -119,6 +127,11 @@ class RemoteEngramRowSource final : public EngramRowSource {
   int row_dim() const override { return row_dim_; }
   Status Request(EngramRowBatch* batch) override;
   Status Wait(EngramRowBatch* batch) override;
+  // With options.hold_step_requests: holds the writes of every shard transport
+  // (rdma::Transport::HoldWrites) while the engine requests a step's batches of all slots;
+  // released, they leave together (one send per row server when the slots share its
+  // connection). Otherwise no effect.
+  void HoldRequests(bool hold) override;
 
   RemoteEngramStats stats() const;
   // The slot's fetcher (its transports' counters, stats); slot in [0, num_slots()).
@@ -153,6 +166,8 @@ class RemoteEngramRowSource final : public EngramRowSource {
   int row_dim_;
   RemoteEngramOptions options_;
   std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<rdma::Transport*> transports_;  // every distinct shard transport (HoldRequests)
+  std::atomic<bool> held_{false};             // inside HoldRequests(true) .. (false)
   std::atomic<uint64_t> requests_{0}, rows_requested_{0}, waits_{0}, stalls_{0}, stall_us_{0},
       failures_{0}, rejected_{0}, in_flight_{0}, in_flight_max_{0};
 };

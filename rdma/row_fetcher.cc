@@ -1,5 +1,6 @@
 #include "rdma/row_fetcher.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <thread>
@@ -13,6 +14,11 @@ namespace {
 enum class BatchState : uint8_t { kUnsubmitted, kInFlight, kDone, kFailed };
 
 bool Retryable(const Status& s) { return s.IsIOError() || s.IsRetry(); }
+
+// A blocked Wait() wakes this often to complete arrived replies itself (Transport::Poll).
+constexpr int kWaitPollMs = 5;
+// A spinning Wait() yields its core at most this often.
+constexpr uint64_t kSpinYieldUs = 50;
 
 }  // namespace
 
@@ -49,6 +55,9 @@ StatusOr<std::unique_ptr<RowFetcher>> RowFetcher::Create(ShardMap map,
   if (options.batch_ops_max == 0 || options.rows_per_fetch_max == 0) {
     return Status::InvalidArgument("batch_ops_max and rows_per_fetch_max must be positive");
   }
+  if (options.wait_spin_us > kRowFetchWaitSpinMaxUs) {
+    return Status::InvalidArgument("wait_spin_us over kRowFetchWaitSpinMaxUs");
+  }
   std::unique_ptr<RowFetcher> f(new RowFetcher(std::move(map), options));
   for (size_t i = 0; i < shards.size(); ++i) {
     if (shards[i].transport == nullptr) return Status::InvalidArgument("null transport");
@@ -75,7 +84,10 @@ StatusOr<std::unique_ptr<RowFetcher>> RowFetcher::Create(ShardMap map,
 }
 
 Status RowFetcher::RegisterBuffer(uint8_t* data, size_t size_bytes) {
+  std::vector<const Transport*> done;  // shards may share a transport: register once with each
   for (ShardState& s : shards_) {
+    if (std::find(done.begin(), done.end(), s.transport.get()) != done.end()) continue;
+    done.push_back(s.transport.get());
     StatusOr<LocalBufferId> id = s.transport->RegisterLocalBuffer(data, size_bytes);
     if (!id.ok()) return id.status();
   }
@@ -218,6 +230,25 @@ Status RowFetcher::Wait(const FetchHandle& f) {
   const uint64_t deadline_us = f->start_us + uint64_t{options_.fetch_timeout_ms} * 1000;
   bool stalled = false;
   Status result;
+  // The shards this fetch reads from (a fetch touches few; batches are in shard order).
+  std::vector<size_t> shards;
+  {
+    std::lock_guard<std::mutex> lock(f->mu);
+    if (f->waited) return Status::InvalidArgument("Wait() called twice on one fetch");
+    for (const Fetch::Batch& b : f->batches) {
+      if (shards.empty() || shards.back() != b.shard) shards.push_back(b.shard);
+    }
+  }
+  // Replies already in the sockets are complete rows: take them on this thread (the lock is
+  // not held: callbacks take it).
+  auto poll = [&] {
+    for (size_t s : shards) shards_[s].transport->Poll();
+  };
+  auto unfinished = [&] {
+    std::lock_guard<std::mutex> lock(f->mu);
+    return f->unfinished;
+  };
+  poll();
   {
     std::lock_guard<std::mutex> lock(f->mu);
     if (f->waited) return Status::InvalidArgument("Wait() called twice on one fetch");
@@ -228,6 +259,22 @@ Status RowFetcher::Wait(const FetchHandle& f) {
     }
     late_rows_.fetch_add(late);
     stalled = late > 0;
+  }
+  if (stalled && options_.wait_spin_us > 0) {
+    // Spin a moment, reading replies here, before blocking (a blocked waiter is woken by the
+    // transport's thread, which itself had to be woken: two hand-offs).
+    const uint64_t spin_end_us = t0 + options_.wait_spin_us;
+    uint64_t yielded_us = t0;
+    for (uint64_t now_us = t0; unfinished() > 0 && now_us < spin_end_us;
+         now_us = DefaultSteadyClock().NowUs()) {
+      poll();
+      if (now_us - yielded_us >= kSpinYieldUs) {
+        // A thread of equal real-time priority on this core (the row server's, the
+        // transport's) may be what the rows wait for.
+        std::this_thread::yield();
+        yielded_us = now_us;
+      }
+    }
   }
   while (true) {
     bool retry_round = false, any_unsubmitted = false;
@@ -253,7 +300,12 @@ Status RowFetcher::Wait(const FetchHandle& f) {
         break;
       }
       if (!retry_round && !any_unsubmitted) {
-        f->cv.wait_for(lock, std::chrono::milliseconds(50));
+        f->cv.wait_for(lock, std::chrono::milliseconds(kWaitPollMs));
+        if (f->unfinished == 0) break;
+        // Then read what arrived here too: a transport thread starved of a core (real-time
+        // threads hold them all) must not hold this wait up by more than kWaitPollMs.
+        lock.unlock();
+        poll();
         continue;
       }
     }

@@ -33,6 +33,9 @@
 
 namespace kvtier::rdma {
 
+// Upper bound on RowFetcherOptions::wait_spin_us.
+inline constexpr uint32_t kRowFetchWaitSpinMaxUs = 100000;
+
 struct RowFetcherOptions {
   // Hot-row LRU cache size; 0 disables it.
   uint64_t hot_cache_bytes = 8ull << 20;
@@ -46,6 +49,11 @@ struct RowFetcherOptions {
   uint32_t rows_per_fetch_max = 1u << 16;
   // Wait() gives up (IOError) after this long in total, however the retries go.
   uint32_t fetch_timeout_ms = 30000;
+  // Wait() on rows not yet arrived first spins this long, completing replies on its own
+  // thread (Transport::Poll), before it blocks: a blocked waiter costs two thread wake-ups per
+  // batch (tens of microseconds each on a loaded or virtualised host). At most
+  // kRowFetchWaitSpinMaxUs; 0 blocks at once.
+  uint32_t wait_spin_us = 200;
 };
 
 // The fetcher's metrics (monotonic counters except reads_in_flight). For /metrics.
@@ -58,14 +66,15 @@ struct RowFetchStats {
   uint64_t reads_in_flight = 0;    // rows submitted and not completed (current)
   uint64_t late_rows = 0;          // rows not yet arrived when Wait() was called
   uint64_t stalls = 0;             // Wait() calls that had to block
-  uint64_t stall_us = 0;           // total time blocked in Wait()
+  uint64_t stall_us = 0;           // total time blocked (or spinning) in Wait()
   uint64_t retries = 0;            // batch attempts after a failure
   uint64_t fetches_failed = 0;     // fetches that ended with an error
 };
 
-// One shard's connection: a transport to its server and the grant to open its region.
+// One shard's connection: a transport to its server and the grant to open its region. Several
+// fetchers may share one transport (one connection per row server: RemoteEngramRowSource).
 struct ShardConnection {
-  std::unique_ptr<Transport> transport;
+  std::shared_ptr<Transport> transport;
   RegionCredentials credentials;
 };
 
@@ -84,14 +93,18 @@ class RowFetcher {
   uint32_t row_stride_bytes() const { return row_stride_bytes_; }
   uint64_t row_count() const { return map_.row_count(); }
 
-  // Registers a destination buffer with every shard's transport.
+  // Registers a destination buffer with every shard's transport (once with a shared one).
   Status RegisterBuffer(uint8_t* data, size_t size_bytes);
 
   // Starts fetching `rows` into out[i * row_stride_bytes()]. Rows already in the hot cache
   // or repeated in `rows` are not read. InvalidArgument for an empty or oversized request
   // or a row outside the table. Does not block on the network (except to reconnect).
   StatusOr<FetchHandle> Start(std::span<const uint64_t> rows, uint8_t* out);
-  // Waits for a started fetch; retries failed batches. Call once per handle.
+  // Waits for a started fetch; retries failed batches. Call once per handle. Replies already
+  // received are completed on the calling thread first (Transport::Poll): a fetch whose rows
+  // are all in the sockets is not a stall. Rows still on their way: spins up to wait_spin_us
+  // polling the shards' transports, then blocks (waking every 5 ms to poll again, so a
+  // transport thread starved of a core does not hold it up).
   Status Wait(const FetchHandle& fetch);
   // Start + Wait.
   Status FetchRows(std::span<const uint64_t> rows, uint8_t* out);
@@ -99,6 +112,7 @@ class RowFetcher {
   RowFetchStats stats() const;
   // The shard transports (e.g. for their counters); index = shard.
   Transport& transport(size_t shard) { return *shards_[shard].transport; }
+  size_t num_shards() const { return shards_.size(); }
 
  private:
   RowFetcher(ShardMap map, RowFetcherOptions options);
@@ -112,7 +126,7 @@ class RowFetcher {
   void Finish(const FetchHandle& f);
 
   struct ShardState {
-    std::unique_ptr<Transport> transport;
+    std::shared_ptr<Transport> transport;
     RegionInfo region;
   };
 

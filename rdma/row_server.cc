@@ -682,7 +682,14 @@ Status RowServer::StartOn(asio::io_context& io) {
   return Status::Ok();
 }
 
+namespace {
+// A busy-polling server thread yields its core at most this often.
+constexpr uint64_t kBusyPollYieldUs = 200;
+}  // namespace
+
 Status RowServer::Start() {
+  if (state_->options.busy_poll_us > kRowServerBusyPollMaxUs)
+    return Status::InvalidArgument("busy_poll_us over kRowServerBusyPollMaxUs");
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->started) return Status::InvalidArgument("row server already started");
@@ -693,7 +700,33 @@ Status RowServer::Start() {
   }
   KVTIER_RETURN_IF_ERROR(StartOn(*state_->own_io));
   asio::io_context* io = state_->own_io.get();
-  state_->thread = std::thread([io] { io->run(); });
+  const uint64_t busy_poll_us = state_->options.busy_poll_us;
+  state_->thread = std::thread([io, busy_poll_us] {
+    if (busy_poll_us == 0) {
+      io->run();
+      return;
+    }
+    // Busy polling: after each handler keep polling (non-blocking) for busy_poll_us before
+    // blocking, so a request arriving meanwhile needs no wake-up of this thread.
+    const Clock& clock = DefaultSteadyClock();
+    uint64_t last_us = clock.NowUs(), yielded_us = last_us;
+    while (!io->stopped()) {
+      const uint64_t now_us = clock.NowUs();
+      if (io->poll() > 0) {
+        last_us = now_us;
+      } else if (now_us - last_us >= busy_poll_us) {
+        io->run_one();
+        last_us = clock.NowUs();
+      } else if (now_us - yielded_us >= kBusyPollYieldUs) {
+        // Now and then let a thread of equal real-time priority on this core run (a waiter
+        // for this server's reply, or the thread that is to send its request): a SCHED_FIFO
+        // server that never yields starves it for the whole window. Not on every poll: the
+        // clients' transport threads would take every reply from the waiters spinning for it.
+        std::this_thread::yield();
+        yielded_us = now_us;
+      }
+    }
+  });
   return Status::Ok();
 }
 

@@ -60,6 +60,9 @@ class io_context;
 
 namespace kvtier::rdma {
 
+// Upper bound on RowServerOptions::busy_poll_us.
+inline constexpr uint64_t kRowServerBusyPollMaxUs = 1000000;
+
 struct RowServerOptions {
   // Loopback by default: exposing tables is an explicit choice.
   std::string bind_address = "127.0.0.1";
@@ -98,6 +101,14 @@ struct RowServerOptions {
   // revoked grant's registration is dropped: that is what invalidates its rkey on every
   // queue pair). Over it, VERBS_REGION answers Rejected.
   uint32_t verbs_registrations_max = 1024;
+  // Own-thread mode (Start()) only: after handling anything the server thread keeps polling
+  // its sockets without blocking for this long before it sleeps, so that a request arriving
+  // within it is read at once instead of after a wake-up of the thread (tens of microseconds
+  // on a loaded or virtualised host, paid also by the sender). It keeps one core busy while
+  // requests come closer than this (yielding every 200 us, so that a thread of equal
+  // real-time priority on its core still runs). 0 (default): block at once. At most
+  // kRowServerBusyPollMaxUs.
+  uint64_t busy_poll_us = 0;
   // Test hook: delay every read response by this many ms (makes reads "in flight").
   uint32_t TEST_response_delay_ms = 0;
   // Test hook: delay every OPEN reply by this many ms (a slow re-attach after a reconnect).

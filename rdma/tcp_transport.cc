@@ -1,7 +1,14 @@
 #include "rdma/tcp_transport.h"
 
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <atomic>
 #include <boost/asio.hpp>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <map>
@@ -72,7 +79,12 @@ struct TcpTransport::Impl {
   // pending and outbox grow together, under one lock: the frame of pending[i] is written
   // before that of pending[i + 1], so replies (answered in request order) match them.
   std::deque<std::unique_ptr<Pending>> pending;  // send order == reply order
-  std::vector<std::vector<uint8_t>> outbox;      // frames not yet handed to the I/O thread
+  std::vector<std::vector<uint8_t>> outbox;      // frames not yet written (or their unwritten tail)
+  // The I/O thread owns writing: a Flush is posted or a write is running. While set, frames
+  // wait in the outbox for it (order); while clear, Submit() writes its frame itself.
+  bool io_writes = false;
+  uint32_t hold_depth = 0;  // HoldWrites() not yet released: frames stay in the outbox
+  int fd = -1;              // the connected socket's descriptor (-1 when not connected)
   uint64_t in_flight_ops = 0;
   std::vector<RegionEntry> regions;                // index = client RegionId
   std::map<uintptr_t, Buffer> buffers_by_address;  // start address -> buffer
@@ -86,10 +98,58 @@ struct TcpTransport::Impl {
   std::vector<asio::const_buffer> write_buffers;
   bool writing = false;
   bool connecting = false;
+
+  // Reply reading: the I/O thread when the socket is readable, or a Poll() caller. One reader
+  // at a time (read_mu, taken before mu); everything below is guarded by read_mu.
+  std::mutex read_mu;
+  std::atomic<bool> io_reads_paused{false};  // TEST_PauseIoReads
+  enum class Stage { kHeader, kMessage, kData };
+  uint64_t read_gen = 0;  // the connection the state below belongs to
+  Stage stage = Stage::kHeader;
+  size_t stage_got = 0;      // bytes of the current stage's target already read
+  Pending* front = nullptr;  // the pending batch the reply being read answers
   std::array<uint8_t, wire::kHeaderBytes> reply_header{};
   wire::ResponseHeader reply;
   std::string reply_message;
   std::vector<uint8_t> staging;  // a multi-op reply, scattered into the destinations
+  // Bytes received ahead of the current stage (small replies arrive in one recv).
+  std::vector<uint8_t> rx = std::vector<uint8_t>(kRxBytes);
+  size_t rx_begin = 0, rx_end = 0;
+  static constexpr size_t kRxBytes = 16 << 10;
+  // A batch completed by a reader; its callback runs after read_mu is released.
+  struct Done {
+    std::unique_ptr<Pending> p;
+    Status status;
+  };
+  // Callbacks run in completion order, one at a time, by whichever reader finds none running
+  // (a reader that completed batches while another runs callbacks leaves its own to that one).
+  std::mutex cb_mu;
+  std::deque<Done> cb_queue;  // guarded by cb_mu
+  bool cb_running = false;    // guarded by cb_mu
+
+  // Queues completed batches for their callbacks; called under read_mu, so in wire order.
+  void QueueCallbacks(std::vector<Done>* done) {
+    if (done->empty()) return;
+    std::lock_guard<std::mutex> lock(cb_mu);
+    for (Done& d : *done) cb_queue.push_back(std::move(d));
+    done->clear();
+  }
+
+  // Runs queued callbacks unless another thread is running them (then it runs these too).
+  // Called under no transport lock (callbacks may Submit(), which may reconnect).
+  void RunCallbacks() {
+    std::unique_lock<std::mutex> lock(cb_mu);
+    if (cb_running) return;
+    cb_running = true;
+    while (!cb_queue.empty()) {
+      Done d = std::move(cb_queue.front());
+      cb_queue.pop_front();
+      lock.unlock();
+      Finish(*d.p, d.status);
+      lock.lock();
+    }
+    cb_running = false;
+  }
 
   bool OnIoThread() const { return std::this_thread::get_id() == io_thread_id; }
 
@@ -106,26 +166,34 @@ struct TcpTransport::Impl {
 
   // ---- I/O thread ----------------------------------------------------------------
   void FailAll(const Status& status) {
-    std::deque<std::unique_ptr<Pending>> failed;
+    std::vector<Done> failed;
     {
+      // No reader is inside the socket while it closes (a Poll() caller reads its fd).
+      std::lock_guard<std::mutex> read_lock(read_mu);
+      ResetReadLocked();
       std::lock_guard<std::mutex> lock(mu);
       if (connected) ++c.disconnects;
       connected = false;
       ready = false;
       ++generation;
-      failed.swap(pending);
+      for (auto& p : pending) failed.push_back(Done{std::move(p), status});
+      pending.clear();
       outbox.clear();
+      io_writes = false;
+      fd = -1;
       in_flight_ops = 0;
       c.batches_failed += failed.size();
       c.reads_in_flight = 0;
+      // Closed under read_mu: a reader that took the lock after this sees !connected.
+      boost::system::error_code ec;
+      socket.shutdown(tcp::socket::shutdown_both, ec);
+      socket.close(ec);
+      QueueCallbacks(&failed);  // after the batches already completed, still under read_mu
     }
-    boost::system::error_code ec;
-    socket.shutdown(tcp::socket::shutdown_both, ec);
-    socket.close(ec);
     write_queue.clear();
     writing_now.clear();
     writing = false;
-    for (auto& p : failed) Finish(*p, status);
+    RunCallbacks();
   }
 
   static void Finish(Pending& p, const Status& status) {
@@ -140,11 +208,52 @@ struct TcpTransport::Impl {
   }
 
   // Appends a request under `mu` (the caller holds it): its Pending and its frame go in
-  // together, so frames leave in the order of `pending` whichever thread submits. The
-  // caller then calls Kick(gen) after unlocking.
-  void AppendLocked(std::unique_ptr<Pending> p, std::vector<uint8_t> frame) {
+  // together, so frames leave in the order of `pending` whichever thread submits. Then, when
+  // the I/O thread is not writing, the calling thread writes the outbox itself (no hand-off:
+  // a thread wake-up costs tens of microseconds on a loaded or virtualised host). Returns
+  // true when the I/O thread must be asked to write the rest (Kick(gen) after unlocking).
+  // A read frame stays in the outbox while writes are held (HoldWrites); an open frame never
+  // does (a reconnect inside a held Submit waits for its reply), taking held frames with it.
+  bool AppendLocked(std::unique_ptr<Pending> p, std::vector<uint8_t> frame) {
+    const bool may_hold = p->type == wire::FrameType::kRead;
     pending.push_back(std::move(p));
     outbox.push_back(std::move(frame));
+    if (io_writes) return false;                   // it takes the outbox when its write completes
+    if (hold_depth > 0 && may_hold) return false;  // ReleaseWrites() sends it
+    if (WriteOutboxLocked()) return false;
+    io_writes = true;
+    return true;
+  }
+
+  // One non-blocking gathered send of the outbox on the caller's thread; what was written
+  // leaves the outbox. True when all of it was written. Caller holds mu; connected.
+  bool WriteOutboxLocked() {
+    if (fd < 0) return false;
+    constexpr size_t kIovMax = 64;
+    while (!outbox.empty()) {
+      iovec iov[kIovMax];
+      size_t n = 0;
+      for (; n < outbox.size() && n < kIovMax; ++n) {
+        iov[n].iov_base = outbox[n].data();
+        iov[n].iov_len = outbox[n].size();
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = n;
+      const ssize_t sent = ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      ++c.sends;
+      if (sent < 0 && errno == EINTR) continue;
+      if (sent <= 0) return false;  // full (EAGAIN) or broken: the I/O thread's write decides
+      size_t left = static_cast<size_t>(sent), done = 0;
+      while (done < outbox.size() && left >= outbox[done].size()) left -= outbox[done++].size();
+      outbox.erase(outbox.begin(), outbox.begin() + static_cast<std::ptrdiff_t>(done));
+      if (left > 0) {  // a frame went out in part: keep its tail
+        outbox.front().erase(outbox.front().begin(),
+                             outbox.front().begin() + static_cast<std::ptrdiff_t>(left));
+        return false;
+      }
+    }
+    return true;
   }
 
   // Asks the I/O thread to write what is in the outbox.
@@ -153,13 +262,23 @@ struct TcpTransport::Impl {
   }
 
   void Flush(uint64_t gen) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (gen != generation || !connected) return;  // those frames' batches already failed
-      for (auto& f : outbox) write_queue.push_back(std::move(f));
-      outbox.clear();
-    }
+    if (!TakeOutbox(gen)) return;
     WriteNext(gen);
+  }
+
+  // Moves the outbox to the write queue; when nothing is left to write, hands writing back
+  // to the submitting threads (io_writes = false) and returns false.
+  bool TakeOutbox(uint64_t gen) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (gen != generation || !connected) return false;  // those frames' batches already failed
+    for (auto& f : outbox) write_queue.push_back(std::move(f));
+    outbox.clear();
+    if (write_queue.empty() && !writing) {
+      io_writes = false;
+      return false;
+    }
+    if (!writing) ++c.sends;  // WriteNext writes them
+    return true;
   }
 
   // Writes every queued frame with one gathered write (in queue order), then the next lot.
@@ -176,7 +295,7 @@ struct TcpTransport::Impl {
                         if (ec)
                           return FailAll(Status::IOError("row server write: " + ec.message()));
                         writing_now.clear();
-                        WriteNext(gen);
+                        if (TakeOutbox(gen)) WriteNext(gen);
                       });
   }
 
@@ -185,92 +304,181 @@ struct TcpTransport::Impl {
     return gen == generation && connected;
   }
 
-  void ReadReplyHeader(uint64_t gen) {
-    asio::async_read(
-        socket, asio::buffer(reply_header),
-        [this, gen](const boost::system::error_code& ec, size_t) {
-          if (!Current(gen)) return;
-          if (ec) {
-            return FailAll(Status::IOError("connection to row server lost: " + ec.message()));
-          }
-          OnReplyHeader(gen);
-        });
+  // ---- reply reading (the I/O thread, or a Poll() caller) ----------------------------
+  void ResetReadLocked() {
+    stage = Stage::kHeader;
+    stage_got = 0;
+    front = nullptr;
+    rx_begin = rx_end = 0;
   }
 
-  void OnReplyHeader(uint64_t gen) {
-    if (Status st = wire::DecodeResponseHeader(reply_header.data(), &reply); !st.ok()) {
-      return FailAll(Status::IOError("bad reply from row server: " + st.message()));
+  // The current stage's destination and its size.
+  std::pair<uint8_t*, size_t> StageTarget() {
+    switch (stage) {
+      case Stage::kHeader:
+        return {reply_header.data(), reply_header.size()};
+      case Stage::kMessage:
+        return {reinterpret_cast<uint8_t*>(reply_message.data()), reply_message.size()};
+      case Stage::kData:
+        if (front->type == wire::FrameType::kOpen)
+          return {front->open_reply.data(), front->open_reply.size()};
+        if (front->dests.size() == 1)
+          return {static_cast<uint8_t*>(front->dests.front().data()), front->dests.front().size()};
+        // A multi-op reply is read into one staging buffer, then scattered.
+        return {staging.data(), staging.size()};
     }
-    Pending* front = nullptr;
+    return {nullptr, 0};
+  }
+
+  // The current stage's target is complete: move on. Completed batches go to *done. An error
+  // means the connection must be dropped. Caller holds read_mu.
+  Status AdvanceLocked(std::vector<Done>* done) {
+    switch (stage) {
+      case Stage::kHeader: {
+        if (Status st = wire::DecodeResponseHeader(reply_header.data(), &reply); !st.ok())
+          return Status::IOError("bad reply from row server: " + st.message());
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          front = pending.empty() ? nullptr : pending.front().get();
+        }
+        if (front == nullptr || front->request_id != reply.request_id ||
+            front->type != reply.type) {
+          return Status::IOError("row server reply does not match the oldest request");
+        }
+        if (reply.code == StatusCode::kOk && reply.data_bytes != front->data_bytes)
+          return Status::IOError("row server reply has the wrong data length");
+        reply_message.resize(reply.message_bytes);
+        stage = Stage::kMessage;
+        return Status::Ok();
+      }
+      case Stage::kMessage:
+        if (reply.code != StatusCode::kOk)
+          return CompleteLocked(Status(reply.code, reply_message), done);
+        if (front->type == wire::FrameType::kRead && front->dests.size() != 1)
+          staging.resize(front->data_bytes);
+        stage = Stage::kData;
+        return Status::Ok();
+      case Stage::kData:
+        if (front->type == wire::FrameType::kRead && front->dests.size() != 1)
+          asio::buffer_copy(front->dests, asio::buffer(staging));
+        return CompleteLocked(Status::Ok(), done);
+    }
+    return Status::Ok();
+  }
+
+  Status CompleteLocked(const Status& status, std::vector<Done>* done) {
+    Done d;
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (!pending.empty()) front = pending.front().get();
-    }
-    if (front == nullptr || front->request_id != reply.request_id || front->type != reply.type) {
-      return FailAll(Status::IOError("row server reply does not match the oldest request"));
-    }
-    if (reply.code == StatusCode::kOk && reply.data_bytes != front->data_bytes) {
-      return FailAll(Status::IOError("row server reply has the wrong data length"));
-    }
-    reply_message.resize(reply.message_bytes);
-    asio::async_read(socket, asio::buffer(reply_message),
-                     [this, gen, front](const boost::system::error_code& ec, size_t) {
-                       if (!Current(gen)) return;
-                       if (ec) return FailAll(Status::IOError("row server reply: " + ec.message()));
-                       if (reply.code != StatusCode::kOk) {
-                         return Complete(gen, Status(reply.code, reply_message));
-                       }
-                       ReadReplyData(gen, front);
-                     });
-  }
-
-  void ReadReplyData(uint64_t gen, Pending* front) {
-    auto on_data = [this, gen](const boost::system::error_code& ec, size_t) {
-      if (!Current(gen)) return;
-      if (ec) return FailAll(Status::IOError("row server reply: " + ec.message()));
-      Complete(gen, Status::Ok());
-    };
-    if (front->type == wire::FrameType::kOpen) {
-      asio::async_read(socket, asio::buffer(front->open_reply), on_data);
-    } else if (front->dests.size() == 1) {
-      asio::async_read(socket, asio::buffer(front->dests.front()), on_data);
-    } else {
-      // One read into a staging buffer, then scatter: one buffer per row would cost a
-      // readv per 64 rows (Boost.Asio's limit).
-      staging.resize(front->data_bytes);
-      asio::async_read(socket, asio::buffer(staging),
-                       [this, gen, front](const boost::system::error_code& ec, size_t) {
-                         if (!Current(gen)) return;
-                         if (ec)
-                           return FailAll(Status::IOError("row server reply: " + ec.message()));
-                         asio::buffer_copy(front->dests, asio::buffer(staging));
-                         Complete(gen, Status::Ok());
-                       });
-    }
-  }
-
-  void Complete(uint64_t gen, const Status& status) {
-    std::unique_ptr<Pending> done;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      done = std::move(pending.front());
+      d.p = std::move(pending.front());
       pending.pop_front();
-      in_flight_ops -= done->ops;
+      in_flight_ops -= d.p->ops;
       c.reads_in_flight = in_flight_ops;
       if (status.ok()) {
-        if (done->type == wire::FrameType::kRead) c.bytes_read += done->data_bytes;
+        if (d.p->type == wire::FrameType::kRead) c.bytes_read += d.p->data_bytes;
       } else {
         ++c.batches_failed;
       }
     }
-    Finish(*done, status);
-    if (status.IsRetry() && done->type == wire::FrameType::kRead) {
+    const bool retry = status.IsRetry() && d.p->type == wire::FrameType::kRead;
+    d.status = status;
+    done->push_back(std::move(d));
+    stage = Stage::kHeader;
+    front = nullptr;
+    if (retry) {
       // The server does not know a region id sent on this connection (docs/format/wire.md):
       // its view of the connection and ours differ. Drop it; the next Submit() reconnects
       // and re-opens every region, and the batch's owner retries (RowFetcher does).
-      return FailAll(Status::IOError("row server has not opened a region of this connection"));
+      return Status::IOError("row server has not opened a region of this connection");
     }
-    ReadReplyHeader(gen);
+    return Status::Ok();
+  }
+
+  // Reads replies until the socket has nothing more (never blocks) and completes them into
+  // *done. *gen_out: the connection read. With `until_idle` (a Poll() caller) it stops once no
+  // request is outstanding instead of reading on to EAGAIN (one syscall less per wait; the
+  // I/O thread, reading on readiness, also sees an idle connection's end). Caller holds
+  // read_mu.
+  Status DrainLocked(uint64_t* gen_out, std::vector<Done>* done, bool until_idle) {
+    int sock = -1;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!connected || fd < 0) return Status::Ok();
+      if (until_idle && pending.empty()) return Status::Ok();
+      sock = fd;
+      *gen_out = generation;
+    }
+    if (read_gen != *gen_out) {
+      ResetReadLocked();
+      read_gen = *gen_out;
+    }
+    while (true) {
+      auto [target, size] = StageTarget();
+      while (stage_got < size && rx_begin < rx_end) {
+        const size_t n = std::min(size - stage_got, rx_end - rx_begin);
+        std::memcpy(target + stage_got, rx.data() + rx_begin, n);
+        stage_got += n;
+        rx_begin += n;
+      }
+      if (stage_got == size) {
+        stage_got = 0;
+        KVTIER_RETURN_IF_ERROR(AdvanceLocked(done));
+        if (until_idle && stage == Stage::kHeader && rx_begin == rx_end) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (pending.empty()) return Status::Ok();
+        }
+        continue;
+      }
+      // Need bytes: a large remainder goes straight to its target, else through rx.
+      const bool direct = size - stage_got >= rx.size();
+      uint8_t* into = direct ? target + stage_got : rx.data();
+      const size_t want = direct ? size - stage_got : rx.size();
+      const ssize_t got = ::recv(sock, into, want, MSG_DONTWAIT);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Status::Ok();
+      if (got < 0)
+        return Status::IOError(std::string("connection to row server lost: ") +
+                               std::strerror(errno));
+      if (got == 0) return Status::IOError("connection to row server lost: end of stream");
+      if (direct) {
+        stage_got += static_cast<size_t>(got);
+      } else {
+        rx_begin = 0;
+        rx_end = static_cast<size_t>(got);
+      }
+    }
+  }
+
+  // Drains on the I/O thread; false when the connection was dropped.
+  bool DrainOnIo(uint64_t gen) {
+    if (io_reads_paused.load()) return Current(gen);
+    std::vector<Done> done;
+    Status st;
+    uint64_t read = gen;
+    {
+      std::lock_guard<std::mutex> read_lock(read_mu);
+      st = DrainLocked(&read, &done, false);
+      QueueCallbacks(&done);
+    }
+    RunCallbacks();
+    if (!st.ok()) {
+      if (Current(read)) FailAll(st);
+      return false;
+    }
+    return Current(gen);
+  }
+
+  // Waits (on the I/O thread) for the socket to become readable, drains it and waits again.
+  void ArmRead(uint64_t gen) {
+    socket.async_wait(tcp::socket::wait_read, [this, gen](const boost::system::error_code& ec) {
+      if (!Current(gen)) return;
+      if (ec) return FailAll(Status::IOError("connection to row server lost: " + ec.message()));
+      if (!DrainOnIo(gen)) return;
+      ArmRead(gen);
+      // Bytes that arrived after that drain but before the wait was armed raised their
+      // (edge-triggered) event with nothing waiting: read once more now that it is armed.
+      DrainOnIo(gen);
+    });
   }
 
   void Tick() {
@@ -321,9 +529,12 @@ struct TcpTransport::Impl {
               {
                 std::lock_guard<std::mutex> lock(mu);
                 connected = true;
+                fd = socket.native_handle();
+                io_writes = false;
                 gen = ++generation;
               }
-              ReadReplyHeader(gen);
+              ArmRead(gen);
+              DrainOnIo(gen);
             }
             result.set_value(cec);
           });
@@ -350,6 +561,7 @@ struct TcpTransport::Impl {
       }
     };
     uint64_t gen = 0;
+    bool kick = false;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!connected) return Status::IOError("not connected to row server");
@@ -358,9 +570,9 @@ struct TcpTransport::Impl {
       std::vector<uint8_t> frame = wire::BuildOpenRequest(
           p->request_id, wire::OpenRequest{cred.token, cred.region_name, cred.tenant});
       gen = generation;
-      AppendLocked(std::move(p), std::move(frame));
+      kick = AppendLocked(std::move(p), std::move(frame));
     }
-    Kick(gen);
+    if (kick) Kick(gen);
     return result.get_future().get();
   }
 
@@ -570,6 +782,7 @@ Status TcpTransport::Submit(std::span<const ReadOp> ops, ReadCallback done) {
   auto p = std::make_unique<Pending>();
   std::vector<wire::ReadOpWire> wire_ops;
   uint64_t gen = 0;
+  bool kick = false;
   std::vector<uint8_t> frame;
   {
     std::lock_guard<std::mutex> lock(d.mu);
@@ -587,12 +800,81 @@ Status TcpTransport::Submit(std::span<const ReadOp> ops, ReadCallback done) {
     d.in_flight_ops += p->ops;
     d.c.reads_in_flight = d.in_flight_ops;
     ++d.c.batches_submitted;
+    const size_t outbox_before = d.outbox.size();
     d.c.ops_submitted += p->ops;
     gen = d.generation;
-    d.AppendLocked(std::move(p), std::move(frame));
+    kick = d.AppendLocked(std::move(p), std::move(frame));
+    if (outbox_before == 0 && d.outbox.empty()) ++d.c.batches_sent_inline;
+  }
+  if (kick) d.Kick(gen);
+  return Status::Ok();
+}
+
+void TcpTransport::HoldWrites() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  ++impl_->hold_depth;
+}
+
+void TcpTransport::ReleaseWrites() {
+  Impl& d = *impl_;
+  uint64_t gen = 0;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.hold_depth == 0 || --d.hold_depth > 0) return;
+    if (d.outbox.empty() || d.io_writes || !d.connected) return;
+    if (d.WriteOutboxLocked()) return;
+    d.io_writes = true;
+    gen = d.generation;
   }
   d.Kick(gen);
-  return Status::Ok();
+}
+
+void TcpTransport::TEST_PauseIoReads(bool paused) {
+  impl_->io_reads_paused.store(paused);
+  // A drain already running on the I/O thread finishes before this returns.
+  if (paused) impl_->RunOnIo([] {});
+  if (!paused) {
+    // Replies that arrived while paused raised their edge already: read them now.
+    impl_->RunOnIo([this] {
+      uint64_t gen = 0;
+      {
+        std::lock_guard<std::mutex> lock(impl_->mu);
+        gen = impl_->generation;
+      }
+      impl_->DrainOnIo(gen);
+    });
+  }
+}
+
+size_t TcpTransport::TEST_ReadableBytes() {
+  std::lock_guard<std::mutex> read_lock(impl_->read_mu);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  int n = 0;
+  if (impl_->fd < 0 || ::ioctl(impl_->fd, FIONREAD, &n) != 0) return 0;
+  return static_cast<size_t>(n);
+}
+
+uint32_t TcpTransport::Poll() {
+  Impl& d = *impl_;
+  std::vector<Impl::Done> done;
+  size_t completed = 0;
+  Status st;
+  uint64_t gen = 0;
+  {
+    // The I/O thread is reading: it completes what arrived.
+    std::unique_lock<std::mutex> read_lock(d.read_mu, std::try_to_lock);
+    if (!read_lock.owns_lock()) return 0;
+    st = d.DrainLocked(&gen, &done, true);
+    completed = done.size();
+    d.QueueCallbacks(&done);
+  }
+  d.RunCallbacks();
+  if (!st.ok()) {
+    asio::post(d.io, [&d, gen, st] {
+      if (d.Current(gen)) d.FailAll(st);
+    });
+  }
+  return static_cast<uint32_t>(completed);
 }
 
 void TcpTransport::Close() {

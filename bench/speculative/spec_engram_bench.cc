@@ -15,7 +15,8 @@
 //
 //   kvtier_spec_engram_bench --config C --model M --draft D --text FILE
 //       [--prompts N --prompt-bytes B --max-new N --draft-lens 1,3,5 --threads 1
-//        --hot-cache-kib 0]
+//        --hot-cache-kib 0 --server-busy-poll-us 20000 --wait-spin-us 200 --share-connections 1
+//        --hold-requests 0]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -109,6 +110,9 @@ int Main(int argc, char** argv) {
                      "remote vs local Engram rows, plain and speculative decoding");
   std::string config, model, draft_path, text_path, lens = "1,3,5";
   uint64_t prompts = 8, prompt_bytes = 96, max_new = 96, threads = 1, hot_kib = 0;
+  // The row server's busy-polling window outlasts a local run (~10 ms): a shorter one lets it
+  // sleep during the local run, and the next remote run's first request waits for its wake-up.
+  uint64_t busy_poll_us = 20000, spin_us = 200, share = 1, hold = 0;
   flags.String("config", &config, "FILE", "model config.json", true);
   flags.String("model", &model, "FILE", "backbone weights", true);
   flags.String("draft", &draft_path, "FILE", "DSpark weights", true);
@@ -119,11 +123,17 @@ int Main(int argc, char** argv) {
   flags.String("draft-lens", &lens, "LIST", "fixed draft lengths (comma separated)");
   flags.Uint("threads", &threads, "engine threads");
   flags.Uint("hot-cache-kib", &hot_kib, "the row fetcher's hot-row cache (0: off)");
+  flags.Uint("server-busy-poll-us", &busy_poll_us, "the row server's busy polling (0: off)");
+  flags.Uint("wait-spin-us", &spin_us, "the row fetcher's spin in Wait() before it blocks");
+  flags.Uint("share-connections", &share, "1: one connection per row server for all slots");
+  flags.Uint("hold-requests", &hold, "1: a step's requests of all slots leave in one send");
   std::vector<std::string_view> args(argv + 1, argv + argc);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (prompts == 0 || prompts > kPromptsMax || max_new == 0 || max_new > kMaxNewMax ||
       prompt_bytes == 0 || prompt_bytes > kPromptBytesMax || threads == 0 ||
-      threads > kThreadsMax || hot_kib > kHotCacheKibMax) {
+      threads > kThreadsMax || hot_kib > kHotCacheKibMax ||
+      busy_poll_us > rdma::kRowServerBusyPollMaxUs || spin_us > rdma::kRowFetchWaitSpinMaxUs ||
+      share > 1 || hold > 1) {
     std::fprintf(stderr, "kvtier_spec_engram_bench: a flag is out of range (see --help)\n");
     return 2;
   }
@@ -154,7 +164,9 @@ int Main(int argc, char** argv) {
 
   // The row server with the tables of these weights.
   TempDir dir("kvtier-spec-engram-");
-  rdma::RowServer server(rdma::RowServerOptions{});
+  rdma::RowServerOptions so;
+  so.busy_poll_us = busy_poll_us;
+  rdma::RowServer server(so);
   if (Status s = server.Start(); !s.ok()) return Fail(s);
   EngramExportOptions eo;
   eo.out_dir = dir.path() + "/tables";
@@ -173,6 +185,9 @@ int Main(int argc, char** argv) {
   }
   RemoteEngramOptions ro;
   ro.fetcher.hot_cache_bytes = hot_kib << 10;
+  ro.fetcher.wait_spin_us = static_cast<uint32_t>(spin_us);
+  ro.share_connections = share == 1;
+  ro.hold_step_requests = hold == 1;
   auto remote = RemoteEngramRowSource::Connect(cfg->engram_head_dim, rc, ro);
   if (!remote.ok()) return Fail(remote.status());
   EngineOptions lo;
@@ -205,9 +220,12 @@ int Main(int argc, char** argv) {
     }
   }
   server.Stop();
-  std::printf("transport %s, threads %llu, hot cache %llu KiB, %llu prompts x %llu tokens\n",
-              (*remote)->transport_name(), (unsigned long long)threads, (unsigned long long)hot_kib,
-              (unsigned long long)prompts, (unsigned long long)max_new);
+  std::printf(
+      "transport %s, threads %llu, hot cache %llu KiB, server busy poll %llu us, wait spin %llu "
+      "us, shared connections %llu, hold requests %llu, %llu prompts x %llu tokens\n",
+      (*remote)->transport_name(), (unsigned long long)threads, (unsigned long long)hot_kib,
+      (unsigned long long)busy_poll_us, (unsigned long long)spin_us, (unsigned long long)share,
+      (unsigned long long)hold, (unsigned long long)prompts, (unsigned long long)max_new);
   std::printf("%-9s %10s %10s %9s %7s %7s %9s %9s %9s %9s %s\n", "setting", "local_tok/s",
               "remote_tok/s", "overhead", "waits", "stalls", "stall_ms", "pf_issued", "pf_consumed",
               "pf_discard", "accepted/ver");

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -260,6 +261,92 @@ TEST_F(RemoteEngramTest, EngineLogitsWithRemoteRowsEqualLocal) {
   EXPECT_EQ(st.waits, 10u);
   EXPECT_EQ(st.failures, 0u);
   EXPECT_GT(st.fetch.rows_read, 0u);
+}
+
+// The slots' shards at one row server share one connection, and a step's batches of both
+// Engram layers leave in one send (HoldRequests); without sharing, one send per layer. The
+// logits stay equal to the local table's either way.
+TEST_F(RemoteEngramTest, AStepsSlotsShareOneConnectionAndOneSend) {
+  const auto prompt = Prompt(40, 5);
+  std::vector<float> local_logits;
+  auto local = MakeEngine(nullptr);
+  ASSERT_TRUE(Run(local.get(), prompt, 4, &local_logits).ok());
+  for (bool share : {true, false}) {
+    SCOPED_TRACE(share ? "shared" : "one connection per shard");
+    RemoteEngramOptions o;
+    o.share_connections = share;
+    o.hold_step_requests = true;
+    RemoteEngramRowSource* remote = Connect(o);
+    ASSERT_NE(remote, nullptr);
+    std::vector<rdma::Transport*> transports;
+    for (int slot = 0; slot < remote->num_slots(); ++slot) {
+      for (size_t i = 0; i < remote->fetcher(slot).num_shards(); ++i) {
+        rdma::Transport* t = &remote->fetcher(slot).transport(i);
+        if (std::find(transports.begin(), transports.end(), t) == transports.end())
+          transports.push_back(t);
+      }
+    }
+    ASSERT_EQ(remote->num_slots(), 2);
+    ASSERT_EQ(remote->fetcher(0).num_shards(), static_cast<size_t>(kShards));  // one server
+    EXPECT_EQ(transports.size(), share ? 1u : 2u * kShards);
+    auto sends = [&] {
+      uint64_t n = 0;
+      for (rdma::Transport* t : transports) n += t->counters().sends;
+      return n;
+    };
+    auto e = MakeEngine(remote);
+    SequenceState st = e->NewSequence();
+    std::vector<float> logits, all;
+    ASSERT_TRUE(e->Forward(&st, prompt, true, &logits).ok());
+    all.insert(all.end(), logits.begin(), logits.end());
+    const uint64_t before = sends();
+    const std::vector<int32_t> next = Prompt(4, 99);
+    for (int i = 0; i < 4; ++i) {
+      Status s = e->Decode(&st, next[i], &logits);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    // Shared: one send per step. Otherwise one per shard with rows of the step (two or more).
+    if (share) {
+      EXPECT_EQ(sends() - before, 4u);
+    } else {
+      EXPECT_GE(sends() - before, 8u);
+    }
+    ASSERT_EQ(all.size(), local_logits.size());
+    EXPECT_EQ(std::memcmp(all.data(), local_logits.data(), all.size() * sizeof(float)), 0);
+  }
+}
+
+// A Wait inside a HoldRequests bracket ends the bracket first: the kept requests are sent and
+// the rows arrive (never a wait on a request that was not sent).
+TEST_F(RemoteEngramTest, WaitInsideAHoldSendsTheKeptRequests) {
+  RemoteEngramOptions o;
+  o.hold_step_requests = true;
+  o.fetcher.fetch_timeout_ms = 3000;
+  o.fetcher.retries_max = 0;
+  RemoteEngramRowSource* remote = Connect(o);
+  ASSERT_NE(remote, nullptr);
+  EngramRowBatch a, b;
+  a.slot = 0;
+  b.slot = 1;
+  a.row_ids = {1, 2, 3};
+  b.row_ids = {4, 5};
+  remote->HoldRequests(true);
+  ASSERT_TRUE(remote->Request(&a).ok());
+  ASSERT_TRUE(remote->Request(&b).ok());
+  Status s = remote->Wait(&a);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  s = remote->Wait(&b);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  remote->HoldRequests(false);  // already ended: no effect
+  EXPECT_EQ(a.data.size(), 3u * Config().engram_head_dim);
+  EXPECT_EQ(b.data.size(), 2u * Config().engram_head_dim);
+  EngramRowBatch c;
+  c.slot = 0;
+  c.row_ids = {7};
+  ASSERT_TRUE(remote->Request(&c).ok());  // not held: sent at once
+  ASSERT_TRUE(remote->Wait(&c).ok());
+  EXPECT_EQ(remote->stats().failures, 0u);
 }
 
 TEST_F(RemoteEngramTest, RowServerRestartedMidRunIsReconnected) {

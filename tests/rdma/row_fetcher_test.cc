@@ -59,15 +59,19 @@ class RowFetcherTest : public ::testing::Test {
     return t;
   }
 
+  // `raw` (optional) receives the shards' transports (owned by the fetcher).
   std::unique_ptr<RowFetcher> MakeFetcher(RowFetcherOptions o,
-                                          TransportOptions to = testing::FastOptions()) {
+                                          TransportOptions to = testing::FastOptions(),
+                                          std::vector<TcpTransport*>* raw = nullptr) {
     auto map = ShardMap::FromToml(ShardToml(), "engram.l1");
     EXPECT_TRUE(map.ok()) << map.status().ToString();
     std::vector<ShardConnection> conns;
     for (int s = 0; s < 2; ++s) {
       const ShardSpec& spec = map->shards()[s];
-      conns.push_back(ShardConnection{testing::Connect(spec.port, to),
-                                      RegionCredentials{Name(s), "tenant-a", tokens_[s]}});
+      auto t = testing::Connect(spec.port, to);
+      if (raw != nullptr) raw->push_back(t.get());
+      conns.push_back(
+          ShardConnection{std::move(t), RegionCredentials{Name(s), "tenant-a", tokens_[s]}});
     }
     auto f = RowFetcher::Create(std::move(*map), std::move(conns), o);
     EXPECT_TRUE(f.ok()) << f.status().ToString();
@@ -267,6 +271,90 @@ TEST_F(RowFetcherTest, CreateChecksShardsAgainstTheMap) {
   EXPECT_TRUE(RowFetcher::Create(std::move(*map), std::move(conns), RowFetcherOptions{})
                   .status()
                   .IsInvalidArgument());
+}
+
+// Rows whose replies are already in the sockets are not late: Wait() reads them on its own
+// thread (Transport::Poll) before it decides. The transports' I/O threads do not read here.
+TEST_F(RowFetcherTest, RowsAlreadyInTheSocketsAreTakenByWaitWithoutAStall) {
+  RowFetcherOptions o;
+  o.hot_cache_bytes = 0;
+  o.wait_spin_us = 0;
+  o.fetch_timeout_ms = 3000;
+  std::vector<TcpTransport*> raw;
+  auto f = MakeFetcher(o, testing::FastOptions(), &raw);
+  for (TcpTransport* t : raw) t->TEST_PauseIoReads(true);
+  std::vector<uint64_t> rows = {5, 6, 7, 5000, 6000, 5};
+  std::vector<uint8_t> out(rows.size() * kStride);
+  ASSERT_TRUE(f->RegisterBuffer(out.data(), out.size()).ok());
+  auto fetch = f->Start(rows, out.data());
+  ASSERT_TRUE(fetch.ok());
+  // Both replies are in the client sockets (header + rows of each shard's batch).
+  const size_t reply_bytes[2] = {wire::kHeaderBytes + 3 * kStride,
+                                 wire::kHeaderBytes + 2 * kStride};
+  for (int i = 0; i < 5000; ++i) {
+    if (raw[0]->TEST_ReadableBytes() >= reply_bytes[0] &&
+        raw[1]->TEST_ReadableBytes() >= reply_bytes[1])
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_GE(raw[0]->TEST_ReadableBytes(), reply_bytes[0]);
+  ASSERT_GE(raw[1]->TEST_ReadableBytes(), reply_bytes[1]);
+  Status st = f->Wait(*fetch);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ExpectRows(rows, out.data());
+  EXPECT_EQ(f->stats().late_rows, 0u);
+  EXPECT_EQ(f->stats().stalls, 0u);
+  for (TcpTransport* t : raw) t->TEST_PauseIoReads(false);
+}
+
+// Rows still on their way: Wait() completes the replies on its own thread (spinning, then
+// blocked and waking to poll), not only through the transports' I/O threads (paused here:
+// otherwise the fetch would time out).
+TEST_F(RowFetcherTest, LateRowsAreCompletedByTheWaiterItself) {
+  RowFetcherOptions o;
+  o.hot_cache_bytes = 0;
+  o.wait_spin_us = kRowFetchWaitSpinMaxUs;  // 100 ms: the replies come after 5
+  o.fetch_timeout_ms = 3000;
+  o.retries_max = 0;
+  for (int s = 0; s < 2; ++s) {
+    servers_[s]->Stop();
+    servers_[s].reset();
+  }
+  std::vector<TcpTransport*> raw;
+  // Restart both shards answering 5 ms late, on new ports.
+  for (int s = 0; s < 2; ++s) {
+    servers_[s] = std::make_unique<RowServer>(RowServerOptions{.TEST_response_delay_ms = 5});
+    ASSERT_TRUE(servers_[s]->RegisterTable(Name(s), paths_[s]).ok());
+    ASSERT_TRUE(servers_[s]->AddGrant(tokens_[s], Name(s), "tenant-a", 600000).ok());
+    ASSERT_TRUE(servers_[s]->Start().ok());
+  }
+  auto f = MakeFetcher(o, testing::FastOptions(), &raw);
+  for (TcpTransport* t : raw) t->TEST_PauseIoReads(true);
+  std::vector<uint8_t> out(4 * kStride);
+  ASSERT_TRUE(f->RegisterBuffer(out.data(), out.size()).ok());
+  for (int round = 0; round < 3; ++round) {
+    std::vector<uint64_t> rows = {uint64_t(round), 4000 + uint64_t(round), 2999, 3000};
+    auto fetch = f->Start(rows, out.data());
+    ASSERT_TRUE(fetch.ok());
+    Status st = f->Wait(*fetch);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ExpectRows(rows, out.data());
+  }
+  EXPECT_GE(f->stats().stalls, 1u);  // late (unless this thread was held up over 5 ms)
+  EXPECT_EQ(f->stats().fetches_failed, 0u);
+  for (TcpTransport* t : raw) t->TEST_PauseIoReads(false);
+  // A spin over the bound is refused.
+  RowFetcherOptions bad;
+  bad.wait_spin_us = kRowFetchWaitSpinMaxUs + 1;
+  auto map = ShardMap::FromToml(ShardToml(), "engram.l1");
+  ASSERT_TRUE(map.ok());
+  std::vector<ShardConnection> conns;
+  for (int s = 0; s < 2; ++s) {
+    conns.push_back(ShardConnection{testing::Connect(servers_[s]->port()),
+                                    RegionCredentials{Name(s), "tenant-a", tokens_[s]}});
+  }
+  EXPECT_TRUE(
+      RowFetcher::Create(std::move(*map), std::move(conns), bad).status().IsInvalidArgument());
 }
 
 }  // namespace

@@ -552,3 +552,252 @@ TEST_F(TcpTransportTest, MalformedFramesCloseTheConnectionAndServerStaysHealthy)
 
 }  // namespace
 }  // namespace kvtier::rdma
+
+namespace kvtier::rdma {
+namespace {
+
+// Submit() on an idle transport writes the frame on the calling thread (no hand-off to the
+// I/O thread): every batch of a sequence of synchronous reads is counted as sent inline.
+TEST_F(TcpTransportTest, SubmitOnAnIdleTransportWritesOnTheCallingThread) {
+  auto t = Connect(server_->port());
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  for (uint64_t i = 0; i < 20; ++i) ExpectRowsExact(*t, region->id, {i, kRows - 1 - i, 7 * i});
+  const TransportCounters c = t->counters();
+  EXPECT_EQ(c.batches_submitted, 20u);
+  EXPECT_EQ(c.batches_sent_inline, 20u);
+  EXPECT_EQ(c.batches_failed, 0u);
+}
+
+// Poll() reads replies and runs their callbacks on the calling thread: with the I/O thread's
+// reading paused, only Poll() completes them, exactly once each, with exact bytes.
+TEST_F(TcpTransportTest, PollCompletesRepliesOnTheCallingThread) {
+  auto t = Connect(server_->port());
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  t->TEST_PauseIoReads(true);
+  constexpr size_t kBatches = 8;
+  std::vector<uint8_t> buf(kBatches * 3 * kStride, 0xee);
+  ASSERT_TRUE(t->RegisterLocalBuffer(buf.data(), buf.size()).ok());
+  std::atomic<size_t> done{0}, foreign{0}, failed{0};
+  const std::thread::id me = std::this_thread::get_id();
+  auto row_of = [](size_t b, size_t i) { return (b * 613 + i * 29) % kRows; };
+  for (size_t b = 0; b < kBatches; ++b) {
+    // 1 op (read in place) or 3 (staged and scattered).
+    std::vector<ReadOp> ops;
+    for (size_t i = 0; i < (b % 2 == 0 ? 1u : 3u); ++i) {
+      ops.push_back(
+          ReadOp{region->id, row_of(b, i) * kStride, kStride, buf.data() + (b * 3 + i) * kStride});
+    }
+    ASSERT_TRUE(t->Submit(ops, [&](const Status& s) {
+                   if (std::this_thread::get_id() != me) foreign.fetch_add(1);
+                   if (!s.ok()) failed.fetch_add(1);
+                   done.fetch_add(1);
+                 }).ok());
+  }
+  uint64_t polled = 0;
+  const uint64_t deadline_us = DefaultSteadyClock().NowUs() + 10'000'000;
+  while (done.load() < kBatches && DefaultSteadyClock().NowUs() < deadline_us) polled += t->Poll();
+  ASSERT_EQ(done.load(), kBatches);
+  EXPECT_EQ(polled, kBatches);
+  EXPECT_EQ(foreign.load(), 0u);
+  EXPECT_EQ(failed.load(), 0u);
+  EXPECT_EQ(t->Poll(), 0u);  // nothing left
+  for (size_t b = 0; b < kBatches; ++b) {
+    for (size_t i = 0; i < (b % 2 == 0 ? 1u : 3u); ++i) {
+      ASSERT_EQ(std::memcmp(buf.data() + (b * 3 + i) * kStride,
+                            local_->rows().data() + row_of(b, i) * kStride, kStride),
+                0)
+          << "batch " << b << " op " << i;
+    }
+  }
+  // Unpaused, the I/O thread reads again (a synchronous read waits for it alone).
+  t->TEST_PauseIoReads(false);
+  ExpectRowsExact(*t, region->id, {1, 2, 3});
+  EXPECT_EQ(t->counters().reads_in_flight, 0u);
+}
+
+// Submitters, pollers and the I/O thread at once: every batch completes exactly once, with
+// exact bytes, and one submitter's callbacks run in its submission order (replies are read
+// by one reader at a time and their callbacks run in completion order).
+TEST_F(TcpTransportTest, PollersAndTheIoThreadCompleteEachBatchOnceInOrder) {
+  auto t = Connect(server_->port());
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  constexpr size_t kThreads = 3, kBatches = 40, kOpsMax = 4, kWindow = 4;
+  struct Submitter {
+    std::vector<uint8_t> buf;
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t outstanding = 0;
+    std::vector<size_t> completed;
+    std::vector<Status> failures;
+  };
+  std::vector<Submitter> subs(kThreads);
+  auto ops_of = [](size_t b) { return 1 + b % kOpsMax; };
+  auto row_of = [](size_t k, size_t b, size_t i) { return (k * 887 + b * 131 + i * 7) % kRows; };
+  for (Submitter& s : subs) {
+    s.buf.assign(kBatches * kOpsMax * kStride, 0xee);
+    ASSERT_TRUE(t->RegisterLocalBuffer(s.buf.data(), s.buf.size()).ok());
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> polled{0};
+  std::vector<std::thread> pollers;
+  for (int p = 0; p < 2; ++p) {
+    pollers.emplace_back([&] {
+      while (!stop.load()) polled.fetch_add(t->Poll());
+    });
+  }
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < kThreads; ++k) {
+    threads.emplace_back([&, k] {
+      Submitter& s = subs[k];
+      for (size_t b = 0; b < kBatches; ++b) {
+        std::vector<ReadOp> ops;
+        for (size_t i = 0; i < ops_of(b); ++i) {
+          ops.push_back(ReadOp{region->id, row_of(k, b, i) * kStride, kStride,
+                               s.buf.data() + (b * kOpsMax + i) * kStride});
+        }
+        {
+          std::unique_lock<std::mutex> lock(s.mu);
+          s.cv.wait(lock, [&] { return s.outstanding < kWindow; });
+          ++s.outstanding;
+        }
+        Status st = t->Submit(ops, [&s, b](const Status& result) {
+          std::lock_guard<std::mutex> lock(s.mu);
+          s.completed.push_back(b);
+          if (!result.ok()) s.failures.push_back(result);
+          --s.outstanding;
+          s.cv.notify_all();
+        });
+        if (!st.ok()) {
+          std::lock_guard<std::mutex> lock(s.mu);
+          s.failures.push_back(st);
+          --s.outstanding;
+        }
+      }
+      std::unique_lock<std::mutex> lock(s.mu);
+      s.cv.wait_for(lock, std::chrono::seconds(20), [&] { return s.outstanding == 0; });
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  stop.store(true);
+  for (std::thread& th : pollers) th.join();
+  for (size_t k = 0; k < kThreads; ++k) {
+    Submitter& s = subs[k];
+    std::lock_guard<std::mutex> lock(s.mu);
+    ASSERT_TRUE(s.failures.empty()) << "thread " << k << ": " << s.failures.front().ToString();
+    ASSERT_EQ(s.completed.size(), kBatches);
+    for (size_t b = 0; b < kBatches; ++b) ASSERT_EQ(s.completed[b], b) << "thread " << k;
+    for (size_t b = 0; b < kBatches; ++b) {
+      for (size_t i = 0; i < ops_of(b); ++i) {
+        ASSERT_EQ(std::memcmp(s.buf.data() + (b * kOpsMax + i) * kStride,
+                              local_->rows().data() + row_of(k, b, i) * kStride, kStride),
+                  0)
+            << "thread " << k << " batch " << b << " op " << i;
+      }
+    }
+  }
+  const TransportCounters c = t->counters();
+  EXPECT_EQ(c.batches_submitted, kThreads * kBatches);
+  EXPECT_EQ(c.batches_failed, 0u);
+  EXPECT_EQ(c.reads_in_flight, 0u);
+  EXPECT_EQ(c.disconnects, 0u);
+  EXPECT_LE(polled.load(), kThreads * kBatches);
+}
+
+// A server that closes the connection while a poller reads: the batches in flight fail with
+// IOError exactly once (never hang), and the next read reconnects.
+TEST_F(TcpTransportTest, PolledConnectionLossFailsBatchesOnceAndReconnects) {
+  RowServerOptions slow;
+  slow.TEST_response_delay_ms = 200;
+  const uint16_t port = server_->port();
+  server_->Stop();
+  StartServer(slow, port);
+  auto t = Connect(port);
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  t->TEST_PauseIoReads(true);
+  std::vector<uint8_t> buf(4 * kStride);
+  ASSERT_TRUE(t->RegisterLocalBuffer(buf.data(), buf.size()).ok());
+  std::atomic<int> done{0}, io_errors{0};
+  for (int b = 0; b < 4; ++b) {
+    ReadOp op{region->id, uint64_t(b) * kStride, kStride, buf.data() + b * kStride};
+    ASSERT_TRUE(t->Submit(std::span<const ReadOp>(&op, 1), [&](const Status& s) {
+                   if (s.IsIOError()) io_errors.fetch_add(1);
+                   done.fetch_add(1);
+                 }).ok());
+  }
+  server_->Stop();  // closes the connection before answering
+  const uint64_t deadline_us = DefaultSteadyClock().NowUs() + 10'000'000;
+  while (done.load() < 4 && DefaultSteadyClock().NowUs() < deadline_us) t->Poll();
+  ASSERT_EQ(done.load(), 4);
+  EXPECT_EQ(io_errors.load(), 4);
+  t->TEST_PauseIoReads(false);
+  StartServer(RowServerOptions{}, port);
+  ExpectRowsExact(*t, region->id, {5, 6});
+  EXPECT_EQ(t->counters().disconnects, 1u);
+}
+
+// A busy-polling server (own thread) serves the same bytes, also after idling past its
+// polling window, and stops; a window over the bound is refused.
+TEST_F(TcpTransportTest, BusyPollingServerServesExactRowsAndStops) {
+  const uint16_t port = server_->port();
+  server_->Stop();
+  RowServerOptions busy;
+  busy.busy_poll_us = 2000;
+  StartServer(busy, port);
+  auto t = Connect(port);
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  for (uint64_t i = 0; i < 10; ++i) ExpectRowsExact(*t, region->id, {i, 3 * i + 1});
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));  // past the window: it sleeps
+  ExpectRowsExact(*t, region->id, {kRows - 1});
+  EXPECT_EQ(server_->counters().batches_served, 11u);
+  server_->Stop();
+  RowServerOptions over;
+  over.busy_poll_us = kRowServerBusyPollMaxUs + 1;
+  RowServer refused(over);
+  EXPECT_TRUE(refused.Start().IsInvalidArgument());
+}
+
+// Batches submitted while writes are held leave together, in one send, when released
+// (nested holds: the outermost release sends), and complete with exact bytes.
+TEST_F(TcpTransportTest, HeldWritesLeaveTogetherInOneSend) {
+  auto t = Connect(server_->port());
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  std::vector<uint8_t> buf(3 * kStride, 0xee);
+  ASSERT_TRUE(t->RegisterLocalBuffer(buf.data(), buf.size()).ok());
+  const uint64_t sends_before = t->counters().sends;
+  std::atomic<int> done{0}, failed{0};
+  t->HoldWrites();
+  t->HoldWrites();
+  for (uint64_t b = 0; b < 3; ++b) {
+    ReadOp op{region->id, (100 + b) * kStride, kStride, buf.data() + b * kStride};
+    ASSERT_TRUE(t->Submit(std::span<const ReadOp>(&op, 1), [&](const Status& s) {
+                   if (!s.ok()) failed.fetch_add(1);
+                   done.fetch_add(1);
+                 }).ok());
+  }
+  t->ReleaseWrites();  // still held once
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(server_->counters().batches_served, 0u);
+  EXPECT_EQ(t->counters().sends, sends_before);
+  t->ReleaseWrites();
+  const uint64_t deadline_us = DefaultSteadyClock().NowUs() + 10'000'000;
+  while (done.load() < 3 && DefaultSteadyClock().NowUs() < deadline_us) t->Poll();
+  ASSERT_EQ(done.load(), 3);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(t->counters().sends, sends_before + 1);
+  for (uint64_t b = 0; b < 3; ++b) {
+    ASSERT_EQ(
+        std::memcmp(buf.data() + b * kStride, local_->rows().data() + (100 + b) * kStride, kStride),
+        0);
+  }
+  t->ReleaseWrites();  // unbalanced: ignored
+  ExpectRowsExact(*t, region->id, {9});
+}
+
+}  // namespace
+}  // namespace kvtier::rdma

@@ -547,7 +547,8 @@ void Scheduler::StepActive() {
     const double c0 = timed ? draft_scheduler_->Now() : 0;
     Status ds = engine_->ForwardBatch(states, spans, &logits, nullptr, caps);
     if (ds.ok() && timed)
-      draft_scheduler_->Record(static_cast<int>(undrafted_rows), draft_scheduler_->Now() - c0);
+      draft_scheduler_->RecordUndrafted(static_cast<int>(undrafted_rows),
+                                        draft_scheduler_->Now() - c0);
     tokens += static_cast<int64_t>(decoding.size()) + prefill_tokens;
     std::vector<int32_t> out;
     for (size_t i = 0; i < run.size(); ++i) {

@@ -164,19 +164,23 @@ CostClock CpuCostClock(const Engine& engine) {
 DraftScheduler::DraftScheduler(int max_tokens, CostClock clock)
     : clock_(clock ? std::move(clock) : CostClock(ThreadCpuSeconds)),
       cost_s_(std::max(1, max_tokens) + 1, 0.0),
+      samples_(cost_s_.size(), 0),
       probes_(std::max(1, max_tokens) + 1) {}
 
 void DraftScheduler::Record(int tokens, double seconds) {
   if (tokens < 1 || tokens >= static_cast<int>(cost_s_.size())) return;
   UpdateCost(&cost_s_[tokens], seconds);
+  if (seconds > 0 && std::isfinite(seconds))
+    samples_[tokens] = std::min(samples_[tokens] + 1, kTableMoveSamples);
 }
 
 void DraftScheduler::RecordUndrafted(int sequences, double seconds) {
   if (sequences < 1 || sequences >= static_cast<int>(cost_s_.size())) return;
   double& c = cost_s_[sequences];
   const double before = c;
-  UpdateCost(&c, seconds);
-  if (before <= 0 || c == before) return;  // the first sample of a size only sets it
+  Record(sequences, seconds);
+  // The first samples of a size mostly correct its own first one: they move it alone.
+  if (before <= 0 || c == before || samples_[sequences] < kTableMoveSamples) return;
   const double f = c / before;
   for (size_t t = 1; t < cost_s_.size(); ++t) {
     if (static_cast<int>(t) != sequences) cost_s_[t] *= f;  // 0 (never measured) stays 0

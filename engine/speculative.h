@@ -178,8 +178,10 @@ class DraftScheduler {
   // outside 1 .. max_tokens or seconds is not a positive finite number).
   void Record(int tokens, double seconds);
   // Records one undrafted pass (a plain decode row for each of `sequences` sequences) as
-  // Record, and moves every other measured entry by the same factor (not the first sample
-  // of a size: that sets its entry only).
+  // Record, and moves every other measured entry by the same factor once its own entry has
+  // kTableMoveSamples samples (before that they mostly correct its first one, a single pass
+  // that may have been an outlier: they move it alone).
+  static constexpr int kTableMoveSamples = 8;
   void RecordUndrafted(int sequences, double seconds);
   // Records one draft: its cost (see above; ignored unless > 0 and finite) and its
   // confidences (for the mean survivals; empty: the cost alone).
@@ -231,6 +233,7 @@ class DraftScheduler {
   };
   CostClock clock_;
   std::vector<double> cost_s_;  // c(t), index t: tokens per pass; 0 = never measured
+  std::vector<int> samples_;    // samples recorded per entry, at most kTableMoveSamples
   double draft_s_ = 0;
   uint64_t undrafted_passes_ = 0;      // TimeUndrafted calls
   std::vector<double> mean_survival_;  // per draft position; empty until a draft was recorded

@@ -313,7 +313,7 @@ bool DraftScheduler::ShouldDraft(int requests) {
     if (k > 0) tau += std::max(0.0, mean_survival_[k - 1]);
     best = std::max(best, R * tau * Rate(R * (static_cast<int>(k) + 1), R));
   }
-  const bool pays = best > R * Sps(R);
+  const bool pays = best > kPaysMargin * R * Sps(R);
   if (p.probing && !pays) p.interval = std::min(2 * p.interval, kProbeRoundsMax);
   if (p.plain_probing && pays) p.plain_interval = std::min(2 * p.plain_interval, kProbeRoundsMax);
   p.probing = p.plain_probing = false;
@@ -393,13 +393,15 @@ Status MeasureSpsBatch(Engine* e, std::span<const SequenceState> bases, int reps
   std::vector<std::vector<float>> logits;
   std::vector<std::vector<double>> cost(static_cast<size_t>(s->max_tokens()) + 1);
   for (int r = -1; r < reps; ++r) {  // r = -1: one warm-up pass, not recorded
-    for (int t = r < 0 ? s->max_tokens() : R; t <= s->max_tokens(); ++t) {
-      std::vector<SequenceState> st(bases.begin(), bases.end());
+    for (int t = r < 0 ? s->max_tokens() : 1; t <= s->max_tokens(); ++t) {
+      // t < R: a plain step of the first t sequences (the rounds after others finished).
+      const int seqs = std::min(t, R);
+      std::vector<SequenceState> st(bases.begin(), bases.begin() + seqs);
       std::vector<SequenceState*> ptrs;
-      std::vector<std::vector<int32_t>> toks(static_cast<size_t>(R));
+      std::vector<std::vector<int32_t>> toks(static_cast<size_t>(seqs));
       std::vector<std::span<const int32_t>> spans;
-      for (int i = 0; i < R; ++i) {
-        toks[i].assign(static_cast<size_t>(t / R + (i < t % R ? 1 : 0)), st[i].tokens.back());
+      for (int i = 0; i < seqs; ++i) {
+        toks[i].assign(static_cast<size_t>(t / seqs + (i < t % seqs ? 1 : 0)), st[i].tokens.back());
         ptrs.push_back(&st[i]);
         spans.emplace_back(toks[i]);
       }
@@ -409,7 +411,7 @@ Status MeasureSpsBatch(Engine* e, std::span<const SequenceState> bases, int reps
       if (r >= 0) cost[t].push_back(c1 - c0);
     }
   }
-  for (int t = R; t <= s->max_tokens() && reps > 0; ++t) s->Record(t, Median(&cost[t]));
+  for (int t = 1; t <= s->max_tokens() && reps > 0; ++t) s->Record(t, Median(&cost[t]));
   return Status::Ok();
 }
 

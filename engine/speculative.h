@@ -121,8 +121,10 @@ CostClock CpuCostClock(const Engine& engine);
 //   s_k = min(s_{k-1}, Calibrated(a_k)); with R requests and B candidates taken, the objective
 //   is (R + sum of their s) * rate(R + B); the B with the largest objective wins.
 //   ShouldDraft(R): whether drafting at all pays: the best objective with the running mean of
-//   past calibrated survivals (every request drafting the same k) beats R x SPS(R) (a plain
-//   decode step of the R sequences). Under saturation (verify cost growing with tokens, or a
+//   past calibrated survivals (every request drafting the same k) beats kPaysMargin x R x
+//   SPS(R) (a plain decode step of the R sequences; the margin, because estimates of single
+//   CPU-timed passes are off by a few percent: rounds of 4 that drafted on a predicted gain of
+//   0.5-2 % lost). Under saturation (verify cost growing with tokens, or a
 //   draft pass as costly as the tokens it saves) it stops drafting, down to none, and probes
 //   to keep its estimates current: after kProbeRounds rounds without drafting, then after
 //   twice as many each time a probe confirms that drafting does not pay, up to
@@ -140,6 +142,7 @@ class DraftScheduler {
  public:
   static constexpr int kProbeRounds = 32;
   static constexpr int kProbeRoundsMax = 1024;
+  static constexpr double kPaysMargin = 1.05;
   // Survival calibration: verified positions are filed by their a_k in kCalibrationBins equal
   // bins of [0, 1]; a bin's calibrated survival is (survived + kCalibrationPrior x centre) /
   // (verified + kCalibrationPrior): the head's own estimate until verifications outweigh it.
@@ -254,7 +257,10 @@ class DraftScheduler {
 Status MeasureSps(Engine* engine, const SequenceState& base, int reps, DraftScheduler* scheduler);
 // The same for rounds of bases.size() sequences: passes of every size R .. max_tokens through
 // Engine::ForwardBatch over copies of `bases` (the tokens spread evenly, earlier sequences
-// taking the remainder). InvalidArgument for no bases, an empty base or max_tokens < R.
+// taking the remainder), and plain steps of the first t < R of them (one token each: the
+// rounds left when sequences of the batch finished, whose first timed pass otherwise set
+// their entry alone, one sample however far off). InvalidArgument for no bases, an empty base or
+// max_tokens < R.
 Status MeasureSpsBatch(Engine* engine, std::span<const SequenceState> bases, int reps,
                        DraftScheduler* scheduler);
 

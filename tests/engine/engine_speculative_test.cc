@@ -1030,6 +1030,28 @@ TEST(Speculative, MeasureSpsRecordsEachSizesMedian) {
   for (int t = 1; t <= kMax; ++t) EXPECT_NEAR(s.Sps(t), 1000, 1e-6) << t;
 }
 
+// MeasureSpsBatch over R bases fills every size of the table: passes of R .. max tokens over
+// all R, and plain steps of the first 1 .. R - 1 (a clock that advances 1 ms per reading times
+// every pass at 1 ms). Then the rounds left when sequences of the batch finish have a measured
+// plain step (no round of them runs as a new batch size).
+TEST(Speculative, MeasureSpsBatchTimesPlainStepsOfFewerSequences) {
+  auto e = MakeEngine();
+  std::vector<SequenceState> bases;
+  std::vector<float> logits;
+  for (int i = 0; i < 3; ++i) {
+    bases.push_back(e->NewSequence());
+    ASSERT_TRUE(e->Forward(&bases.back(), Bytes(Texts()[i]), false, &logits).ok());
+  }
+  double now = 0;
+  DraftScheduler s(8, [&] { return now += 0.001; });
+  ASSERT_TRUE(MeasureSpsBatch(e.get(), bases, 2, &s).ok());
+  for (int t = 1; t <= 8; ++t) EXPECT_NEAR(s.Sps(t), 1000, 1e-6) << t;
+  s.RecordDraft(0.0001, {0.9f});
+  s.ShouldDraft(1);
+  s.ShouldDraft(2);
+  EXPECT_EQ(s.decisions().new_size, 0u);
+}
+
 // A batch size whose plain step was never timed (the table holds other sizes, as after
 // MeasureSpsBatch of a larger batch): its round runs undrafted and timed, and once that pass is
 // recorded the scheduler weighs drafts as for any size. Drafting instead never timed it, so
@@ -1132,6 +1154,18 @@ TEST(DraftScheduler, FirstDraftIsAProbe) {
   EXPECT_EQ(s.decisions().first, 1u);
   EXPECT_FALSE(s.ShouldDraft(24));  // no room
   EXPECT_EQ(s.decisions().full, 1u);
+}
+
+// Drafting must beat a plain step by kPaysMargin: a predicted gain of 3 % is within what the
+// estimates of single CPU-timed passes are off by, 7 % is not.
+TEST(DraftScheduler, DraftsOnlyWhenThePredictedGainExceedsTheMargin) {
+  for (const auto& [survival, drafts] : {std::pair{0.545f, false}, std::pair{0.6f, true}}) {
+    DraftScheduler s(2);
+    s.Record(1, 0.001);
+    s.Record(2, 0.0015);  // one draft token: (1 + a) per 1.5 ms against 1 per 1 ms
+    s.RecordDraft(0, {survival});
+    EXPECT_EQ(s.ShouldDraft(1), drafts) << survival;
+  }
 }
 
 // With as many requests as the table holds tokens there is no room for a draft token.

@@ -170,12 +170,13 @@ class DraftScheduler {
   double Now() const { return clock_(); }
   // Undrafted passes (plain decode rows: the most frequent pass, and the cheapest) are timed
   // one in kUndraftedTimedEvery: a CPU-clock read is a system call (about 1.7 us of CPU on
-  // the 2-core VM against 0.04 us for the wall clock's), and two per step would cost about
-  // 2 % of a one-row step. Whether to time the next undrafted pass: true at the first call
+  // the 2-core VM against 0.04 us for the wall clock's, and more in what it does to the
+  // passes after it): timing one pass in 16 cost about 2 % of plain decoding's CPU time at
+  // C = 1 and 4 (docs/performance/speculative.md), one in 128 about a quarter of a percent. Whether to time the next undrafted pass: true at the first call
   // and every kUndraftedTimedEvery-th after it. Draft passes and drafted verify passes are
   // always timed (they are rare when drafting does not pay, and the table needs them).
   // A plain probe's undrafted pass (below) is always timed.
-  static constexpr int kUndraftedTimedEvery = 16;
+  static constexpr int kUndraftedTimedEvery = 128;
   bool TimeUndrafted();
   // Records one verify pass of `tokens` tokens that cost `seconds` (ignored when tokens is
   // outside 1 .. max_tokens or seconds is not a positive finite number).

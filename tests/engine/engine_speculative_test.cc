@@ -1243,13 +1243,13 @@ TEST(DraftScheduler, APlainStepMovesTheWholeTable) {
 }
 
 // Undrafted passes are timed at the first call and one in kUndraftedTimedEvery after it.
-TEST(DraftScheduler, TimesOneUndraftedPassInSixteen) {
+TEST(DraftScheduler, TimesOneUndraftedPassIn128) {
   DraftScheduler s(4);
   std::vector<int> timed;
   for (int i = 0; i < 4 * DraftScheduler::kUndraftedTimedEvery; ++i) {
     if (s.TimeUndrafted()) timed.push_back(i);
   }
-  EXPECT_EQ(timed, (std::vector<int>{0, 16, 32, 48}));
+  EXPECT_EQ(timed, (std::vector<int>{0, 128, 256, 384}));
 }
 
 // The CPU clocks do not advance while the thread sleeps (a wall clock would: 200 ms), and do

@@ -342,13 +342,15 @@ bool DraftScheduler::ShouldDraft(int requests) {
   return false;
 }
 
-bool DraftScheduler::TimeUndrafted() {
+bool DraftScheduler::TimeUndrafted(int sequences) {
   if (time_next_undrafted_) {
     time_next_undrafted_ = false;
     undrafted_passes_ = 1;
     return true;
   }
-  return undrafted_passes_++ % kUndraftedTimedEvery == 0;
+  const bool early = sequences >= 1 && sequences < static_cast<int>(samples_.size()) &&
+                     samples_[sequences] < kTableMoveSamples;
+  return undrafted_passes_++ % (early ? kUndraftedTimedEveryEarly : kUndraftedTimedEvery) == 0;
 }
 
 namespace {
@@ -588,7 +590,7 @@ Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
     std::vector<float> logits;
     AttnInputCapture* cap = StepCapture(*st);
     engine_->set_attn_capture(cap);
-    const bool timed = scheduler_ != nullptr && scheduler_->TimeUndrafted();
+    const bool timed = scheduler_ != nullptr && scheduler_->TimeUndrafted(1);
     const auto t0 = Clock::now();
     const double c0 = timed ? scheduler_->Now() : 0;
     Status s = engine_->Forward(st, std::span<const int32_t>(&pending_, 1), false, &logits);
@@ -712,9 +714,10 @@ Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
       caps.push_back(decs[i]->StepCapture(*states[i]));
     }
     std::vector<std::vector<float>> last;
-    DraftScheduler* timer = lead->scheduler_ != nullptr && lead->scheduler_->TimeUndrafted()
-                                ? lead->scheduler_
-                                : nullptr;
+    DraftScheduler* timer =
+        lead->scheduler_ != nullptr && lead->scheduler_->TimeUndrafted(static_cast<int>(R))
+            ? lead->scheduler_
+            : nullptr;
     const auto t0 = Clock::now();
     const double c0 = timer != nullptr ? timer->Now() : 0;
     KVTIER_RETURN_IF_ERROR(engine->ForwardBatch(states, spans, &last, nullptr, caps));

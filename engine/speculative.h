@@ -172,12 +172,18 @@ class DraftScheduler {
   // one in kUndraftedTimedEvery: a CPU-clock read is a system call (about 1.7 us of CPU on
   // the 2-core VM against 0.04 us for the wall clock's, and more in what it does to the
   // passes after it): timing one pass in 16 cost about 2 % of plain decoding's CPU time at
-  // C = 1 and 4 (docs/performance/speculative.md), one in 128 about a quarter of a percent. Whether to time the next undrafted pass: true at the first call
-  // and every kUndraftedTimedEvery-th after it. Draft passes and drafted verify passes are
-  // always timed (they are rare when drafting does not pay, and the table needs them).
+  // C = 1 and 4 (docs/performance/speculative.md), one in 128 about a quarter of a percent.
+  // A size whose entry has fewer than kTableMoveSamples samples is timed one pass in
+  // kUndraftedTimedEveryEarly: its entry may be a start-up outlier (a median of 3 passes on a
+  // loaded machine: c(4) at 332 us against 285 us for c(5)), and at one in 128 it stayed so for
+  // a whole run, every round of 4 drafting on it. Whether to time the next undrafted pass: true at
+  // the first call and every kUndraftedTimedEvery-th after it. Draft passes and drafted verify
+  // passes are always timed (they are rare when drafting does not pay, and the table needs them).
   // A plain probe's undrafted pass (below) is always timed.
   static constexpr int kUndraftedTimedEvery = 128;
-  bool TimeUndrafted();
+  static constexpr int kUndraftedTimedEveryEarly = 16;
+  // sequences: the pass's rows (one per sequence).
+  bool TimeUndrafted(int sequences = 1);
   // Records one verify pass of `tokens` tokens that cost `seconds` (ignored when tokens is
   // outside 1 .. max_tokens or seconds is not a positive finite number).
   void Record(int tokens, double seconds);

@@ -1242,14 +1242,21 @@ TEST(DraftScheduler, APlainStepMovesTheWholeTable) {
   EXPECT_NEAR(s.Sps(4), 1000.0 / 16, 1000.0 / 16 * 0.01);
 }
 
-// Undrafted passes are timed at the first call and one in kUndraftedTimedEvery after it.
+// Undrafted passes are timed at the first call and one in kUndraftedTimedEvery after it; one in
+// kUndraftedTimedEveryEarly while their size's entry has fewer than kTableMoveSamples samples.
 TEST(DraftScheduler, TimesOneUndraftedPassIn128) {
   DraftScheduler s(4);
-  std::vector<int> timed;
+  for (int i = 0; i < DraftScheduler::kTableMoveSamples; ++i) s.Record(2, 0.001);
+  std::vector<int> timed, early;
   for (int i = 0; i < 4 * DraftScheduler::kUndraftedTimedEvery; ++i) {
-    if (s.TimeUndrafted()) timed.push_back(i);
+    if (s.TimeUndrafted(2)) timed.push_back(i);
   }
   EXPECT_EQ(timed, (std::vector<int>{0, 128, 256, 384}));
+  s.Record(3, 0.001);  // one sample only
+  for (int i = 0; i < 64; ++i) {
+    if (s.TimeUndrafted(3)) early.push_back(i);
+  }
+  EXPECT_EQ(early, (std::vector<int>{0, 16, 32, 48}));
 }
 
 // The CPU clocks do not advance while the thread sleeps (a wall clock would: 200 ms), and do
@@ -1318,8 +1325,9 @@ TEST(Speculative, SchedulerTimesPassesWithItsClock) {
   EXPECT_NEAR(sched.Sps(kBatch), 1000 / std::pow(2.0, 1.0 / 8.0), 1e-6);
   EXPECT_NEAR(sched.Sps(kBatch + 1), 1000, 1e-6);
   for (int i = 0; i < kBatch; ++i) got[i].insert(got[i].end(), outs[i].begin(), outs[i].end());
-  // Undrafted passes are timed one in kUndraftedTimedEvery: the next ones leave SPS(6) alone.
-  for (int r = 1; r < DraftScheduler::kUndraftedTimedEvery; ++r) {
+  // Undrafted passes of a size with few samples are timed one in kUndraftedTimedEveryEarly: the
+  // next ones leave SPS(6) alone.
+  for (int r = 1; r < DraftScheduler::kUndraftedTimedEveryEarly; ++r) {
     std::vector<std::vector<int32_t>> o1(kBatch);
     ASSERT_TRUE(SpeculativeDecoder::RoundBatch(ptrs, sptrs, &o1, false).ok());
     for (int i = 0; i < kBatch; ++i) got[i].insert(got[i].end(), o1[i].begin(), o1[i].end());

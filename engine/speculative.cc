@@ -163,21 +163,82 @@ CostClock CpuCostClock(const Engine& engine) {
 
 DraftScheduler::DraftScheduler(int max_tokens, CostClock clock)
     : clock_(clock ? std::move(clock) : CostClock(ThreadCpuSeconds)),
-      cost_s_(std::max(1, max_tokens) + 1, 0.0) {}
+      cost_s_(std::max(1, max_tokens) + 1, 0.0),
+      samples_(cost_s_.size(), 0),
+      probes_(std::max(1, max_tokens) + 1) {}
 
 void DraftScheduler::Record(int tokens, double seconds) {
   if (tokens < 1 || tokens >= static_cast<int>(cost_s_.size())) return;
   UpdateCost(&cost_s_[tokens], seconds);
+  if (seconds > 0 && std::isfinite(seconds))
+    samples_[tokens] = std::min(samples_[tokens] + 1, kTableMoveSamples);
+}
+
+void DraftScheduler::RecordUndrafted(int sequences, double seconds) {
+  if (sequences < 1 || sequences >= static_cast<int>(cost_s_.size())) return;
+  double& c = cost_s_[sequences];
+  const double before = c;
+  Record(sequences, seconds);
+  // The first samples of a size mostly correct its own first one: they move it alone.
+  if (before <= 0 || c == before || samples_[sequences] < kTableMoveSamples) return;
+  const double f = c / before;
+  for (size_t t = 1; t < cost_s_.size(); ++t) {
+    if (static_cast<int>(t) != sequences) cost_s_[t] *= f;  // 0 (never measured) stays 0
+  }
+}
+
+namespace {
+
+// a_1 .. a_K of one draft: the running products of its confidences clamped to [0, 1].
+std::vector<double> RawSurvivals(const std::vector<float>& conf) {
+  std::vector<double> a(conf.size());
+  double p = 1;
+  for (size_t k = 0; k < conf.size(); ++k)
+    a[k] = p *= std::clamp(static_cast<double>(conf[k]), 0.0, 1.0);
+  return a;
+}
+
+int CalibrationBin(double a) {
+  const int n = DraftScheduler::kCalibrationBins;
+  return std::clamp(static_cast<int>(a * n), 0, n - 1);
+}
+
+}  // namespace
+
+double DraftScheduler::Calibrated(double a) const {
+  a = std::clamp(a, 0.0, 1.0);
+  const int b = CalibrationBin(a);
+  return (survived_[b] + kCalibrationPrior * a) / (verified_[b] + kCalibrationPrior);
+}
+
+std::vector<double> DraftScheduler::Survivals(const std::vector<float>& conf, bool raw) const {
+  std::vector<double> s = RawSurvivals(conf);
+  if (raw) return s;
+  for (size_t k = 0; k < s.size(); ++k) s[k] = std::min(k > 0 ? s[k - 1] : 1.0, Calibrated(s[k]));
+  return s;
 }
 
 void DraftScheduler::RecordDraft(double seconds, const std::vector<float>& conf) {
   UpdateCost(&draft_s_, seconds);
   if (mean_survival_.size() < conf.size()) mean_survival_.resize(conf.size(), -1.0);
-  double a = 1;
-  for (size_t k = 0; k < conf.size(); ++k) {
-    a *= std::clamp(static_cast<double>(conf[k]), 0.0, 1.0);
+  const std::vector<double> s = Survivals(conf, false);
+  for (size_t k = 0; k < s.size(); ++k) {
     double& m = mean_survival_[k];
-    m = m < 0 ? a : m + (a - m) / 8.0;
+    m = m < 0 ? s[k] : m + (s[k] - m) / 8.0;
+  }
+}
+
+void DraftScheduler::RecordVerified(const std::vector<float>& conf, int verified, int accepted) {
+  if (accepted < 0 || accepted > verified || verified > static_cast<int>(conf.size())) return;
+  const std::vector<double> a = RawSurvivals(conf);
+  for (int k = 0; k < verified; ++k) {
+    const int b = CalibrationBin(a[k]);
+    verified_[b] += 1;
+    survived_[b] += k < accepted ? 1 : 0;
+    if (verified_[b] > kCalibrationWindow) {
+      verified_[b] /= 2;
+      survived_[b] /= 2;
+    }
   }
 }
 
@@ -192,7 +253,8 @@ double DraftScheduler::Rate(int tokens, int drafts) const {
   return 1.0 / (1.0 / sps + drafts * draft_s_);
 }
 
-std::vector<int> DraftScheduler::Choose(const std::vector<std::vector<float>>& conf) const {
+std::vector<int> DraftScheduler::Choose(const std::vector<std::vector<float>>& conf,
+                                        bool probe) const {
   const int R = static_cast<int>(conf.size());
   struct Cand {
     double a;
@@ -202,11 +264,7 @@ std::vector<int> DraftScheduler::Choose(const std::vector<std::vector<float>>& c
   int drafts = 0;
   for (int i = 0; i < R; ++i) {
     drafts += conf[i].empty() ? 0 : 1;
-    double a = 1;
-    for (float ck : conf[i]) {
-      a *= std::clamp(static_cast<double>(ck), 0.0, 1.0);
-      cands.push_back({a, i});
-    }
+    for (double a : Survivals(conf[i], probe)) cands.push_back({a, i});
   }
   // Descending survival; within a request a is non-increasing, so prefixes stay prefixes.
   std::stable_sort(cands.begin(), cands.end(),
@@ -229,17 +287,24 @@ std::vector<int> DraftScheduler::Choose(const std::vector<std::vector<float>>& c
 
 bool DraftScheduler::ShouldDraft(int requests) {
   const int R = std::max(1, requests);
+  probing_ = false;
   if (R >= max_tokens()) {
-    probing_ = false;
+    ++decisions_.full;
     return false;
   }
-  if (mean_survival_.empty()) return true;  // no survival estimate yet: a draft gives one
+  Probes& p = probes_[R];
+  if (mean_survival_.empty()) {  // no survival estimate yet: a draft gives one
+    ++decisions_.first;
+    probing_ = true;
+    return true;
+  }
   if (Sps(R) <= 0) {
     // A plain step of R sequences was never timed (a batch size new to the table): run one,
     // timed, before weighing drafts against it. Drafting instead would never time it, and
     // every round of R sequences would draft for all of them.
-    probing_ = plain_probing_ = false;
+    p.probing = p.plain_probing = false;
     time_next_undrafted_ = true;
+    ++decisions_.new_size;
     return false;
   }
   double tau = 1, best = 0;
@@ -248,38 +313,44 @@ bool DraftScheduler::ShouldDraft(int requests) {
     if (k > 0) tau += std::max(0.0, mean_survival_[k - 1]);
     best = std::max(best, R * tau * Rate(R * (static_cast<int>(k) + 1), R));
   }
-  const bool pays = best > R * Sps(R);
-  if (probing_ && !pays) probe_interval_ = std::min(2 * probe_interval_, kProbeRoundsMax);
-  if (plain_probing_ && pays) plain_interval_ = std::min(2 * plain_interval_, kProbeRoundsMax);
-  probing_ = plain_probing_ = false;
+  const bool pays = best > kPaysMargin * R * Sps(R);
+  if (p.probing && !pays) p.interval = std::min(2 * p.interval, kProbeRoundsMax);
+  if (p.plain_probing && pays) p.plain_interval = std::min(2 * p.plain_interval, kProbeRoundsMax);
+  p.probing = p.plain_probing = false;
   if (pays) {
-    probe_interval_ = kProbeRounds;
-    skipped_ = 0;
-    if (++drafting_ > plain_interval_) {  // a plain probe: re-measure the undrafted pass
-      drafting_ = 0;
-      plain_probing_ = true;
+    p.interval = kProbeRounds;
+    p.skipped = 0;
+    if (++p.drafting > p.plain_interval) {  // a plain probe: re-measure the undrafted pass
+      p.drafting = 0;
+      p.plain_probing = true;
       time_next_undrafted_ = true;
+      ++decisions_.plain_probes;
       return false;
     }
+    ++decisions_.pays;
     return true;
   }
-  plain_interval_ = kProbeRounds;
-  drafting_ = 0;
-  if (++skipped_ > probe_interval_) {
-    skipped_ = 0;
-    probing_ = true;
+  p.plain_interval = kProbeRounds;
+  p.drafting = 0;
+  if (++p.skipped > p.interval) {
+    p.skipped = 0;
+    p.probing = probing_ = true;
+    ++decisions_.probes;
     return true;
   }
+  ++decisions_.no;
   return false;
 }
 
-bool DraftScheduler::TimeUndrafted() {
+bool DraftScheduler::TimeUndrafted(int sequences) {
   if (time_next_undrafted_) {
     time_next_undrafted_ = false;
     undrafted_passes_ = 1;
     return true;
   }
-  return undrafted_passes_++ % kUndraftedTimedEvery == 0;
+  const bool early = sequences >= 1 && sequences < static_cast<int>(samples_.size()) &&
+                     samples_[sequences] < kTableMoveSamples;
+  return undrafted_passes_++ % (early ? kUndraftedTimedEveryEarly : kUndraftedTimedEvery) == 0;
 }
 
 namespace {
@@ -324,13 +395,15 @@ Status MeasureSpsBatch(Engine* e, std::span<const SequenceState> bases, int reps
   std::vector<std::vector<float>> logits;
   std::vector<std::vector<double>> cost(static_cast<size_t>(s->max_tokens()) + 1);
   for (int r = -1; r < reps; ++r) {  // r = -1: one warm-up pass, not recorded
-    for (int t = r < 0 ? s->max_tokens() : R; t <= s->max_tokens(); ++t) {
-      std::vector<SequenceState> st(bases.begin(), bases.end());
+    for (int t = r < 0 ? s->max_tokens() : 1; t <= s->max_tokens(); ++t) {
+      // t < R: a plain step of the first t sequences (the rounds after others finished).
+      const int seqs = std::min(t, R);
+      std::vector<SequenceState> st(bases.begin(), bases.begin() + seqs);
       std::vector<SequenceState*> ptrs;
-      std::vector<std::vector<int32_t>> toks(static_cast<size_t>(R));
+      std::vector<std::vector<int32_t>> toks(static_cast<size_t>(seqs));
       std::vector<std::span<const int32_t>> spans;
-      for (int i = 0; i < R; ++i) {
-        toks[i].assign(static_cast<size_t>(t / R + (i < t % R ? 1 : 0)), st[i].tokens.back());
+      for (int i = 0; i < seqs; ++i) {
+        toks[i].assign(static_cast<size_t>(t / seqs + (i < t % seqs ? 1 : 0)), st[i].tokens.back());
         ptrs.push_back(&st[i]);
         spans.emplace_back(toks[i]);
       }
@@ -340,7 +413,7 @@ Status MeasureSpsBatch(Engine* e, std::span<const SequenceState> bases, int reps
       if (r >= 0) cost[t].push_back(c1 - c0);
     }
   }
-  for (int t = R; t <= s->max_tokens() && reps > 0; ++t) s->Record(t, Median(&cost[t]));
+  for (int t = 1; t <= s->max_tokens() && reps > 0; ++t) s->Record(t, Median(&cost[t]));
   return Status::Ok();
 }
 
@@ -456,15 +529,14 @@ Status SpeculativeDecoder::DraftPhase(bool draft, DraftResult* d) {
   KVTIER_RETURN_IF_ERROR(FlushBacklog());
   const auto td = Clock::now();
   stats_.rollback_us += Micros(tb, td);  // the context update, as in Accept
-  const double c0 = scheduler_ != nullptr ? scheduler_->Now() : 0;
   KVTIER_RETURN_IF_ERROR(draft_->Draft(ctx_, pending_, sampler_->temperature(), u, d));
-  const double c1 = scheduler_ != nullptr ? scheduler_->Now() : 0;
   const auto te = Clock::now();
   stats_.draft_us += Micros(td, te);
   ++stats_.drafts;
   last_draft_tokens_ = d->tokens;
   last_draft_confidence_ = d->confidence;
-  if (scheduler_ != nullptr) scheduler_->RecordDraft(c1 - c0, d->confidence);
+  // The cost is recorded by the round (the drafting's whole cost outside the verify pass).
+  if (scheduler_ != nullptr) scheduler_->RecordDraft(0, d->confidence);
   return Status::Ok();
 }
 
@@ -518,7 +590,7 @@ Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
     std::vector<float> logits;
     AttnInputCapture* cap = StepCapture(*st);
     engine_->set_attn_capture(cap);
-    const bool timed = scheduler_ != nullptr && scheduler_->TimeUndrafted();
+    const bool timed = scheduler_ != nullptr && scheduler_->TimeUndrafted(1);
     const auto t0 = Clock::now();
     const double c0 = timed ? scheduler_->Now() : 0;
     Status s = engine_->Forward(st, std::span<const int32_t>(&pending_, 1), false, &logits);
@@ -527,15 +599,17 @@ Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
     engine_->set_attn_capture(nullptr);
     KVTIER_RETURN_IF_ERROR(s);
     stats_.verify_us += Micros(t0, t1);
-    if (timed) scheduler_->Record(1, c1 - c0);
+    if (timed) scheduler_->RecordUndrafted(1, c1 - c0);
     return FinishStep(st, logits, out);
   }
   DraftResult d;
+  const double cd = scheduler_ != nullptr ? scheduler_->Now() : 0;
   KVTIER_RETURN_IF_ERROR(DraftPhase(draft, &d));
   int B = 0;
   if (draft) {
     B = std::clamp(options_.draft_len, 0, K);
-    if (options_.scheduler && scheduler_ != nullptr) B = scheduler_->Choose({d.confidence})[0];
+    if (options_.scheduler && scheduler_ != nullptr)
+      B = scheduler_->Choose({d.confidence}, scheduler_->probing())[0];
   }
   std::vector<int32_t> verify = {pending_};
   verify.insert(verify.end(), d.tokens.begin(), d.tokens.begin() + B);
@@ -556,8 +630,12 @@ Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
   stats_.verify_us += Micros(t0, t1);
   engine_->set_attn_capture(nullptr);
   KVTIER_RETURN_IF_ERROR(s);
-  if (scheduler_ != nullptr) scheduler_->Record(B + 1, c1 - c0);
-  return Accept(st, d, B, n, logits.data(), capture_, out);
+  KVTIER_RETURN_IF_ERROR(Accept(st, d, B, n, logits.data(), capture_, out));
+  if (scheduler_ != nullptr) {
+    scheduler_->Record(B + 1, c1 - c0);
+    scheduler_->RecordDraft((c0 - cd) + (scheduler_->Now() - c1), {});
+  }
+  return Status::Ok();
 }
 
 bool SpeculativeDecoder::DraftsRound(std::span<SpeculativeDecoder* const> decs) {
@@ -636,15 +714,16 @@ Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
       caps.push_back(decs[i]->StepCapture(*states[i]));
     }
     std::vector<std::vector<float>> last;
-    DraftScheduler* timer = lead->scheduler_ != nullptr && lead->scheduler_->TimeUndrafted()
-                                ? lead->scheduler_
-                                : nullptr;
+    DraftScheduler* timer =
+        lead->scheduler_ != nullptr && lead->scheduler_->TimeUndrafted(static_cast<int>(R))
+            ? lead->scheduler_
+            : nullptr;
     const auto t0 = Clock::now();
     const double c0 = timer != nullptr ? timer->Now() : 0;
     KVTIER_RETURN_IF_ERROR(engine->ForwardBatch(states, spans, &last, nullptr, caps));
     const double c1 = timer != nullptr ? timer->Now() : 0;
     const auto t1 = Clock::now();
-    if (timer != nullptr) timer->Record(static_cast<int>(R), c1 - c0);
+    if (timer != nullptr) timer->RecordUndrafted(static_cast<int>(R), c1 - c0);
     for (size_t i = 0; i < R; ++i) {
       decs[i]->stats_.verify_us += Micros(t0, t1);
       KVTIER_RETURN_IF_ERROR(decs[i]->FinishStep(states[i], last[i], &(*outs)[i]));
@@ -657,19 +736,26 @@ Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
   const size_t probe = draft && sched != nullptr && sched->probing()
                            ? static_cast<size_t>(lead->stats_.rounds % R)
                            : R;
+  DraftScheduler* timer = lead->scheduler_;
+  // The drafting's cost outside the verify pass (context updates, draft passes, checkpoints,
+  // acceptance, rollbacks) is timed from here and after the verify pass, and recorded as the
+  // draft cost of each sequence that drafted.
+  const double cd = timer != nullptr ? timer->Now() : 0;
   std::vector<DraftResult> d(R);
   std::vector<int> B(R, 0);
+  int drafted = 0;
   for (size_t i = 0; i < R; ++i) {
     // Without the scheduler a decoder whose draft_len is 0 drafts nothing (its B is 0).
     const bool drafts =
         probe == R ? sched != nullptr || decs[i]->options_.draft_len > 0 : i == probe;
     KVTIER_RETURN_IF_ERROR(decs[i]->DraftPhase(drafts, &d[i]));
     if (!d[i].tokens.empty()) B[i] = std::clamp(decs[i]->options_.draft_len, 0, K);
+    drafted += d[i].tokens.empty() ? 0 : 1;
   }
   if (draft && sched != nullptr) {
     std::vector<std::vector<float>> conf(R);
     for (size_t i = 0; i < R; ++i) conf[i] = d[i].confidence;
-    B = sched->Choose(conf);
+    B = sched->Choose(conf, sched->probing());
   }
   std::vector<std::vector<int32_t>> verify(R);
   std::vector<std::span<const int32_t>> spans;
@@ -689,17 +775,19 @@ Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
     tokens += 1 + B[i];
   }
   std::vector<std::vector<float>> last, all;
-  DraftScheduler* timer = lead->scheduler_;
   const auto t0 = Clock::now();
   const double c0 = timer != nullptr ? timer->Now() : 0;
   KVTIER_RETURN_IF_ERROR(engine->ForwardBatch(states, spans, &last, &all, caps));
   const double c1 = timer != nullptr ? timer->Now() : 0;
   const auto t1 = Clock::now();
-  if (timer != nullptr) timer->Record(tokens, c1 - c0);
   for (size_t i = 0; i < R; ++i) {
     decs[i]->stats_.verify_us += Micros(t0, t1);
     KVTIER_RETURN_IF_ERROR(decs[i]->Accept(states[i], d[i], B[i], n[i], all[i].data(),
                                            decs[i]->capture_, &(*outs)[i]));
+  }
+  if (timer != nullptr) {
+    timer->Record(tokens, c1 - c0);
+    if (drafted > 0) timer->RecordDraft(((c0 - cd) + (timer->Now() - c1)) / drafted, {});
   }
   return Status::Ok();
 }
@@ -738,6 +826,7 @@ Status SpeculativeDecoder::Accept(SequenceState* st, const DraftResult& d, int B
     bonus = greedy ? sampler_->Sample(r) : sampler_->SampleFrom(sampler_->Probabilities(r));
   }
   const int64_t keep = n + 1 + a;
+  if (scheduler_ != nullptr && B > 0) scheduler_->RecordVerified(d.confidence, B, a);
   const auto tr = Clock::now();
   if (B > 0)
     KVTIER_RETURN_IF_ERROR(RollbackTo(engine_->config(), *weights_, cp_, capture_, keep, st));

@@ -543,11 +543,12 @@ void Scheduler::StepActive() {
     // with: its SPS table learns it (in the scheduler's clock, CPU time; one such pass in
     // DraftScheduler::kUndraftedTimedEvery, as a CPU-clock read costs a system call).
     const bool timed = !options_.draft_len && undrafted_rows > 0 && run.size() == undrafted_rows &&
-                       draft_scheduler_->TimeUndrafted();
+                       draft_scheduler_->TimeUndrafted(static_cast<int>(undrafted_rows));
     const double c0 = timed ? draft_scheduler_->Now() : 0;
     Status ds = engine_->ForwardBatch(states, spans, &logits, nullptr, caps);
     if (ds.ok() && timed)
-      draft_scheduler_->Record(static_cast<int>(undrafted_rows), draft_scheduler_->Now() - c0);
+      draft_scheduler_->RecordUndrafted(static_cast<int>(undrafted_rows),
+                                        draft_scheduler_->Now() - c0);
     tokens += static_cast<int64_t>(decoding.size()) + prefill_tokens;
     std::vector<int32_t> out;
     for (size_t i = 0; i < run.size(); ++i) {

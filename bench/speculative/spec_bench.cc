@@ -263,6 +263,15 @@ int Main(int argc, char** argv) {
                   r.mismatches ? "  OUTPUT DIFFERS FROM PLAIN" : "");
       ok = ok && r.mismatches == 0;
     }
+    // Why the scheduler drafted or not (DraftScheduler::Decisions, one per round of the live
+    // sequences of a group).
+    const DraftScheduler::Decisions& dd = scheduler.decisions();
+    std::printf(
+        "scheduler rounds: drafting pays %llu, probes %llu (+%llu first), no %llu, plain probes "
+        "%llu, new batch sizes %llu, no room %llu\n",
+        (unsigned long long)dd.pays, (unsigned long long)dd.probes, (unsigned long long)dd.first,
+        (unsigned long long)dd.no, (unsigned long long)dd.plain_probes,
+        (unsigned long long)dd.new_size, (unsigned long long)dd.full);
     std::fflush(stdout);
   }
   return ok ? 0 : 1;

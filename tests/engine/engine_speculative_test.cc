@@ -613,6 +613,49 @@ TEST(Speculative, BatchProbeDraftsForOneSequence) {
   EXPECT_EQ(drafts, 1u);
 }
 
+// Verified drafts feed the scheduler's calibration: after rounds that verify every drafted
+// token, the calibrated survival of each verified position's bin is what the rounds measured
+// (with the prior's weight), not the head's word.
+TEST(Speculative, RoundsRecordWhatVerificationMeasured) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  const int K = m.dconfig.block_size;
+  DraftScheduler sched(K + 1);
+  SpeculativeOptions o;
+  o.draft_len = K;  // fixed: every round verifies all K; the scheduler only records
+  Sampler greedy(0, 1, 0);
+  SpeculativeDecoder dec(e.get(), m.draft.get(), m.weights.get(), &sched, o, &greedy);
+  SequenceState st = e->NewSequence();
+  int32_t first = -1;
+  ASSERT_TRUE(dec.Start(&st, Bytes(Texts()[0]), &first).ok());
+  // Per calibration bin: verified positions and survived ones, counted here.
+  std::vector<double> verified(DraftScheduler::kCalibrationBins), survived(verified.size());
+  std::vector<int32_t> out;
+  for (int r = 0; r < 30; ++r) {
+    const uint64_t accepted = dec.stats().accepted;
+    ASSERT_TRUE(dec.Round(&st, &out).ok());
+    const int a = static_cast<int>(dec.stats().accepted - accepted);
+    double s = 1;
+    for (int k = 0; k < K; ++k) {
+      s *= std::clamp(static_cast<double>(dec.last_draft_confidence()[k]), 0.0, 1.0);
+      const int b = std::min(static_cast<int>(s * DraftScheduler::kCalibrationBins),
+                             DraftScheduler::kCalibrationBins - 1);
+      verified[b] += 1;
+      survived[b] += k < a ? 1 : 0;
+    }
+  }
+  int checked = 0;
+  for (size_t b = 0; b < verified.size(); ++b) {
+    if (verified[b] == 0) continue;
+    const double centre = (b + 0.5) / DraftScheduler::kCalibrationBins;
+    const double want = (survived[b] + DraftScheduler::kCalibrationPrior * centre) /
+                        (verified[b] + DraftScheduler::kCalibrationPrior);
+    EXPECT_NEAR(sched.Calibrated(centre), want, 1e-9) << "bin " << b;
+    ++checked;
+  }
+  EXPECT_GT(checked, 2);
+}
+
 // Sequences that switch between drafted and undrafted rounds (both ways, runs of each) emit
 // plain greedy's tokens with plain decoding's state after every round; undrafted rounds run
 // either as RoundBatch's own plain pass or inside a caller's ForwardBatch beside a prefill
@@ -987,6 +1030,28 @@ TEST(Speculative, MeasureSpsRecordsEachSizesMedian) {
   for (int t = 1; t <= kMax; ++t) EXPECT_NEAR(s.Sps(t), 1000, 1e-6) << t;
 }
 
+// MeasureSpsBatch over R bases fills every size of the table: passes of R .. max tokens over
+// all R, and plain steps of the first 1 .. R - 1 (a clock that advances 1 ms per reading times
+// every pass at 1 ms). Then the rounds left when sequences of the batch finish have a measured
+// plain step (no round of them runs as a new batch size).
+TEST(Speculative, MeasureSpsBatchTimesPlainStepsOfFewerSequences) {
+  auto e = MakeEngine();
+  std::vector<SequenceState> bases;
+  std::vector<float> logits;
+  for (int i = 0; i < 3; ++i) {
+    bases.push_back(e->NewSequence());
+    ASSERT_TRUE(e->Forward(&bases.back(), Bytes(Texts()[i]), false, &logits).ok());
+  }
+  double now = 0;
+  DraftScheduler s(8, [&] { return now += 0.001; });
+  ASSERT_TRUE(MeasureSpsBatch(e.get(), bases, 2, &s).ok());
+  for (int t = 1; t <= 8; ++t) EXPECT_NEAR(s.Sps(t), 1000, 1e-6) << t;
+  s.RecordDraft(0.0001, {0.9f});
+  s.ShouldDraft(1);
+  s.ShouldDraft(2);
+  EXPECT_EQ(s.decisions().new_size, 0u);
+}
+
 // A batch size whose plain step was never timed (the table holds other sizes, as after
 // MeasureSpsBatch of a larger batch): its round runs undrafted and timed, and once that pass is
 // recorded the scheduler weighs drafts as for any size. Drafting instead never timed it, so
@@ -1003,6 +1068,104 @@ TEST(DraftScheduler, TimesAPlainStepOfANewBatchSizeBeforeDrafting) {
   EXPECT_FALSE(s.ShouldDraft(2));  // still unmeasured (its sample was not recorded)
   s.Record(2, 0.001);
   EXPECT_TRUE(s.ShouldDraft(2));
+}
+
+// Survivals are calibrated by what verification measured: a head that claims 0.95 per
+// position but whose drafts are never accepted stops being believed, by ShouldDraft and
+// Choose alike; a head whose claims verification confirms keeps its word.
+TEST(DraftScheduler, CalibratesSurvivalsByWhatVerificationMeasured) {
+  const std::vector<float> conf = {0.93f, 0.93f, 0.93f, 0.93f, 0.93f};
+  auto make = [&] {
+    auto s = std::make_unique<DraftScheduler>(6);
+    for (int t = 1; t <= 6; ++t) s->Record(t, 0.001 * (1 + 0.25 * (t - 1)));
+    s->RecordDraft(0.0002, conf);
+    return s;
+  };
+  // The head's word alone: 5 tokens of 0.93, 0.86, ... pay (about 5.0 tokens per 2.45 ms).
+  auto believed = make();
+  EXPECT_TRUE(believed->ShouldDraft(1));
+  EXPECT_EQ(believed->Choose({conf})[0], 5);
+  EXPECT_DOUBLE_EQ(believed->Calibrated(0.93), 0.93);  // no verification yet: the prior
+  // Verified 5 tokens 40 times, none accepted: the calibrated survival of those bins falls to
+  // 4 x a / 44 (the prior's weight), so neither ShouldDraft nor Choose drafts any more.
+  auto refuted = make();
+  for (int i = 0; i < 40; ++i) refuted->RecordVerified(conf, 5, 0);
+  EXPECT_NEAR(refuted->Calibrated(0.93), 0.93 * 4 / 44, 1e-12);
+  EXPECT_EQ(refuted->Choose({conf})[0], 0);
+  for (int i = 0; i < 24; ++i) refuted->RecordDraft(0.0002, conf);  // the running mean follows
+  EXPECT_FALSE(refuted->ShouldDraft(1));
+  // A probe chooses with the head's own survivals (what it verifies is measured).
+  EXPECT_EQ(refuted->Choose({conf}, true)[0], 5);
+  // Every claim confirmed: nothing changes.
+  auto confirmed = make();
+  for (int i = 0; i < 40; ++i) confirmed->RecordVerified(conf, 5, 5);
+  EXPECT_GT(confirmed->Calibrated(0.93), 0.93);
+  EXPECT_TRUE(confirmed->ShouldDraft(1));
+  EXPECT_EQ(confirmed->Choose({conf})[0], 5);
+  // Position k counts as survived only below `accepted`; nonsense is ignored.
+  auto partial = make();
+  const double a2 = 0.93 * 0.93;
+  for (int i = 0; i < 40; ++i) partial->RecordVerified(conf, 2, 1);  // a_1 survived, a_2 not
+  EXPECT_NEAR(partial->Calibrated(0.93), (40 + 4 * 0.93) / 44, 1e-12);
+  EXPECT_NEAR(partial->Calibrated(a2), 4 * a2 / 44, 1e-12);
+  partial->RecordVerified(conf, 6, 0);   // more verified than drafted
+  partial->RecordVerified(conf, 2, 3);   // more accepted than verified
+  partial->RecordVerified(conf, 2, -1);  // negative
+  EXPECT_NEAR(partial->Calibrated(0.93), (40 + 4 * 0.93) / 44, 1e-12);
+  // Bins keep at most kCalibrationWindow verifications: the counts halve, the rate stays.
+  auto window = make();
+  for (int i = 0; i < 4000; ++i) window->RecordVerified(conf, 1, i % 2);
+  EXPECT_NEAR(window->Calibrated(0.93), 0.5, 0.01);
+}
+
+// The probe intervals are per batch size: rounds of one sequence where drafting pays (the last
+// sequence of a group) leave the backoff of rounds of four, where it does not, alone; with one
+// interval for all, each such round reset it (to 32 rounds, counted from that round).
+TEST(DraftScheduler, ProbesBackOffPerBatchSize) {
+  // Verify passes flat up to 6 tokens, then steeply rising: one sequence drafting 5 pays,
+  // four sequences drafting one each (8 tokens) do not.
+  DraftScheduler s(24);
+  for (int t = 1; t <= 24; ++t) s.Record(t, t <= 6 ? 0.001 : 0.001 * t);
+  s.RecordDraft(0.0001, {0.9f, 0.9f, 0.9f, 0.9f, 0.9f});
+  std::vector<int> probes;
+  for (int i = 1; i <= 32 + 1 + 64 + 1 + 128 + 1 + 20; ++i) {
+    if (i % 10 == 0) {
+      EXPECT_TRUE(s.ShouldDraft(1)) << i;  // the tail of a group: drafting pays
+      EXPECT_FALSE(s.probing());
+    }
+    if (s.ShouldDraft(4)) {
+      EXPECT_TRUE(s.probing());
+      probes.push_back(i);
+      s.RecordDraft(0.0001, {0.9f, 0.9f, 0.9f, 0.9f, 0.9f});
+    }
+  }
+  EXPECT_EQ(probes, (std::vector<int>{33, 98, 227}));
+  EXPECT_EQ(s.decisions().probes, 3u);
+  EXPECT_EQ(s.decisions().pays, 24u);
+  EXPECT_EQ(s.decisions().no, 32u + 64 + 128 + 20);
+}
+
+// Before any survival was measured the first round drafts, as a probe (one sequence of a
+// batch drafts, not all).
+TEST(DraftScheduler, FirstDraftIsAProbe) {
+  DraftScheduler s(24);
+  EXPECT_TRUE(s.ShouldDraft(4));
+  EXPECT_TRUE(s.probing());
+  EXPECT_EQ(s.decisions().first, 1u);
+  EXPECT_FALSE(s.ShouldDraft(24));  // no room
+  EXPECT_EQ(s.decisions().full, 1u);
+}
+
+// Drafting must beat a plain step by kPaysMargin: a predicted gain of 3 % is within what the
+// estimates of single CPU-timed passes are off by, 7 % is not.
+TEST(DraftScheduler, DraftsOnlyWhenThePredictedGainExceedsTheMargin) {
+  for (const auto& [survival, drafts] : {std::pair{0.545f, false}, std::pair{0.6f, true}}) {
+    DraftScheduler s(2);
+    s.Record(1, 0.001);
+    s.Record(2, 0.0015);  // one draft token: (1 + a) per 1.5 ms against 1 per 1 ms
+    s.RecordDraft(0, {survival});
+    EXPECT_EQ(s.ShouldDraft(1), drafts) << survival;
+  }
 }
 
 // With as many requests as the table holds tokens there is no room for a draft token.
@@ -1043,14 +1206,57 @@ TEST(DraftScheduler, OneSampleMovesAnEstimateByAtMostAnEighthOfADoubling) {
   EXPECT_NEAR(s.draft_seconds(), 0.001 * step, 1e-12);
 }
 
-// Undrafted passes are timed at the first call and one in kUndraftedTimedEvery after it.
-TEST(DraftScheduler, TimesOneUndraftedPassInSixteen) {
-  DraftScheduler s(4);
-  std::vector<int> timed;
-  for (int i = 0; i < 4 * DraftScheduler::kUndraftedTimedEvery; ++i) {
-    if (s.TimeUndrafted()) timed.push_back(i);
+// A plain step moves the whole table by the factor its own entry moved (the verify sizes drift
+// with it), once its size has kTableMoveSamples samples; a verify pass moves its own entry only;
+// the first samples of a size move it alone.
+// Without the common move, plain steps that grew 27 % over a run (more load, longer contexts)
+// left the verify sizes at the start's costs, and rounds of 4 drafted where it did not pay.
+TEST(DraftScheduler, APlainStepMovesTheWholeTable) {
+  const double step = std::pow(2.0, 1.0 / 8.0);
+  DraftScheduler s(8);
+  for (int t = 4; t <= 8; ++t) s.Record(t, 0.001 * t);
+  for (int i = 1; i < DraftScheduler::kTableMoveSamples; ++i) {
+    s.RecordUndrafted(4, 0.004);  // samples at the estimate: nothing moves
+    EXPECT_NEAR(s.Sps(5), 200, 1e-9);
   }
-  EXPECT_EQ(timed, (std::vector<int>{0, 16, 32, 48}));
+  s.RecordUndrafted(4, 0.008);  // twice the estimate: every entry up by one step
+  for (int t = 4; t <= 8; ++t) EXPECT_NEAR(s.Sps(t), 1000 / (t * step), 1e-9) << t;
+  EXPECT_EQ(s.Sps(2), 0);       // never measured: stays so
+  s.RecordUndrafted(2, 0.001);  // a new size: its entry set, the rest unchanged
+  EXPECT_NEAR(s.Sps(2), 1000, 1e-9);
+  EXPECT_NEAR(s.Sps(5), 1000 / (5 * step), 1e-9);
+  s.RecordUndrafted(2, 0.002);  // its second sample moves it alone
+  EXPECT_NEAR(s.Sps(2), 1000 / step, 1e-9);
+  EXPECT_NEAR(s.Sps(5), 1000 / (5 * step), 1e-9);
+  s.Record(6, 0.001);  // a verify pass: its own entry only
+  EXPECT_NEAR(s.Sps(6), 1000 / (6 * step) * step, 1e-9);
+  EXPECT_NEAR(s.Sps(5), 1000 / (5 * step), 1e-9);
+  for (double bad : {0.0, -1.0, std::nan("")}) s.RecordUndrafted(4, bad);  // ignored
+  s.RecordUndrafted(0, 0.001);
+  s.RecordUndrafted(9, 0.001);
+  EXPECT_NEAR(s.Sps(5), 1000 / (5 * step), 1e-9);
+  // Drifting together: after 40 plain steps at twice the cost, a verify size no pass ran is
+  // at twice its cost too, and drafting is weighed against the same drift.
+  for (int i = 0; i < 40; ++i) s.RecordUndrafted(4, 0.016);
+  EXPECT_NEAR(s.Sps(8) / s.Sps(4), 0.5, 1e-9);
+  EXPECT_NEAR(s.Sps(4), 1000.0 / 16, 1000.0 / 16 * 0.01);
+}
+
+// Undrafted passes are timed at the first call and one in kUndraftedTimedEvery after it; one in
+// kUndraftedTimedEveryEarly while their size's entry has fewer than kTableMoveSamples samples.
+TEST(DraftScheduler, TimesOneUndraftedPassIn128) {
+  DraftScheduler s(4);
+  for (int i = 0; i < DraftScheduler::kTableMoveSamples; ++i) s.Record(2, 0.001);
+  std::vector<int> timed, early;
+  for (int i = 0; i < 4 * DraftScheduler::kUndraftedTimedEvery; ++i) {
+    if (s.TimeUndrafted(2)) timed.push_back(i);
+  }
+  EXPECT_EQ(timed, (std::vector<int>{0, 128, 256, 384}));
+  s.Record(3, 0.001);  // one sample only
+  for (int i = 0; i < 64; ++i) {
+    if (s.TimeUndrafted(3)) early.push_back(i);
+  }
+  EXPECT_EQ(early, (std::vector<int>{0, 16, 32, 48}));
 }
 
 // The CPU clocks do not advance while the thread sleeps (a wall clock would: 200 ms), and do
@@ -1111,32 +1317,39 @@ TEST(Speculative, SchedulerTimesPassesWithItsClock) {
     ASSERT_TRUE(decs[i]->Start(&st[i], Bytes(Texts()[i]), &first).ok());
     got[i] = {first};
   }
-  // An undrafted round timed at 2 ms: SPS(6) moves down by 2^(1/8), the rest stays.
+  // An undrafted round timed at 2 ms: SPS(6) moves down by 2^(1/8), the rest stays (its size
+  // has fewer than kTableMoveSamples samples: APlainStepMovesTheWholeTable).
   step = 0.002;
   std::vector<std::vector<int32_t>> outs(kBatch);
   ASSERT_TRUE(SpeculativeDecoder::RoundBatch(ptrs, sptrs, &outs, false).ok());
   EXPECT_NEAR(sched.Sps(kBatch), 1000 / std::pow(2.0, 1.0 / 8.0), 1e-6);
   EXPECT_NEAR(sched.Sps(kBatch + 1), 1000, 1e-6);
   for (int i = 0; i < kBatch; ++i) got[i].insert(got[i].end(), outs[i].begin(), outs[i].end());
-  // Undrafted passes are timed one in kUndraftedTimedEvery: the next ones leave SPS(6) alone.
-  for (int r = 1; r < DraftScheduler::kUndraftedTimedEvery; ++r) {
+  // Undrafted passes of a size with few samples are timed one in kUndraftedTimedEveryEarly: the
+  // next ones leave SPS(6) alone.
+  for (int r = 1; r < DraftScheduler::kUndraftedTimedEveryEarly; ++r) {
     std::vector<std::vector<int32_t>> o1(kBatch);
     ASSERT_TRUE(SpeculativeDecoder::RoundBatch(ptrs, sptrs, &o1, false).ok());
     for (int i = 0; i < kBatch; ++i) got[i].insert(got[i].end(), o1[i].begin(), o1[i].end());
   }
   EXPECT_NEAR(sched.Sps(kBatch), 1000 / std::pow(2.0, 1.0 / 8.0), 1e-6);
   step = 0.001;
-  // The load-aware rounds: the first drafts for all six, then only probes, for one each.
+  // The load-aware rounds: the first (no survival measured yet) and the probes draft, for one
+  // sequence each.
   for (int r = 0; r < kRounds; ++r) {
     std::vector<std::vector<int32_t>> o2(kBatch);
     ASSERT_TRUE(SpeculativeDecoder::RoundBatch(ptrs, sptrs, &o2).ok());
     for (int i = 0; i < kBatch; ++i) got[i].insert(got[i].end(), o2[i].begin(), o2[i].end());
   }
-  EXPECT_NEAR(sched.draft_seconds(), 0.001, 1e-9);  // every draft pass timed at `step`
+  // A draft's cost: the round's time outside its verify pass, before it and after it, one
+  // `step` each.
+  EXPECT_NEAR(sched.draft_seconds(), 2 * step, 1e-9);
   uint64_t drafts = 0;
   for (const auto& d : decs) drafts += d->stats().drafts;
-  // Round 1 (no estimates): 6 draft passes; probes after 32 and then 64 undrafted rounds.
-  EXPECT_EQ(drafts, kBatch + 2u);
+  // Round 1 (no estimates): one draft pass; probes after 32 and then 64 undrafted rounds.
+  EXPECT_EQ(drafts, 1u + 2u);
+  EXPECT_EQ(sched.decisions().first, 1u);
+  EXPECT_EQ(sched.decisions().probes, 2u);
   for (int i = 0; i < kBatch; ++i) {
     std::vector<SequenceState> plain;
     PlainGreedy(e.get(), Bytes(Texts()[i]), static_cast<int>(got[i].size()), &want[i], &plain);

@@ -308,7 +308,10 @@ TEST(SsdDoubleBufferTest, ACommitWritesItsOwnBufferOnTheCommittingThread) {
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(PutUnit(t.get(), i).ok()) << i;
   EXPECT_EQ(gate.passed() - before, 5);  // one buffer write per commit
   EXPECT_EQ(gate.WritesFrom(std::this_thread::get_id()), 5);
-  // Batched: buffers that fill up go to the writer thread; Flush writes the last one itself.
+  // Batched: buffers that fill up go to the writer thread. Flush writes the last one itself
+  // when the writer is idle; a writer stream still running (its first buffer just completed)
+  // takes it instead, which this test cannot rule out under load (seen once in 300 runs with
+  // both cores busy): either way it is written exactly once.
   t.reset();
   t = OpenTier(Options(dir.path(), &gate2, Durability::kBatched));
   ASSERT_NE(t, nullptr);
@@ -316,7 +319,8 @@ TEST(SsdDoubleBufferTest, ACommitWritesItsOwnBufferOnTheCommittingThread) {
   ASSERT_TRUE(gate2.WaitPassed(1));
   EXPECT_EQ(gate2.WritesFrom(std::this_thread::get_id()), 0);  // the full buffer: the writer's
   ASSERT_TRUE(t->Flush().ok());
-  EXPECT_EQ(gate2.WritesFrom(std::this_thread::get_id()), 1);
+  EXPECT_EQ(gate2.passed(), 2);  // 12 records filled the first buffer, 8 wait in the second
+  EXPECT_LE(gate2.WritesFrom(std::this_thread::get_id()), 1);
   bool present = false;
   for (int i = 0; i < 20; ++i) {
     ASSERT_TRUE(ExactOrAbsent(t.get(), 100 + i, &present)) << i;

@@ -74,6 +74,92 @@ class TcpTransportTest : public ::testing::Test {
     ASSERT_TRUE(t.UnregisterLocalBuffer(*id).ok());
   }
 
+  // Several threads submit to `t` at once: thread k submits `batches` batches of 1..ops_max
+  // rows (row (k * row_seed + b * 131 + i * 7) % kRows for op i of batch b), at most `window`
+  // outstanding, all threads starting together, and waits for its batches. Then each callback
+  // ran exactly once, one thread's batches completed in its submission order, and every
+  // destination holds exactly its row; the transport counted them all, none failed.
+  struct SubmitterShape {
+    size_t threads, batches, ops_max, window, row_seed;
+  };
+  void ExpectConcurrentSubmittersExact(Transport& t, RegionId region, const SubmitterShape& shape) {
+    struct Submitter {
+      std::vector<uint8_t> buf;
+      std::mutex mu;
+      std::condition_variable cv;
+      size_t outstanding = 0;
+      std::vector<size_t> completed;  // batch numbers in completion order
+      std::vector<Status> failures;
+    };
+    std::vector<Submitter> subs(shape.threads);
+    // Batch b reads ops_of(b) rows: 1 (read in place) or several (staged, scattered).
+    auto ops_of = [&](size_t b) { return 1 + b % shape.ops_max; };
+    auto row_of = [&](size_t k, size_t b, size_t i) {
+      return (k * shape.row_seed + b * 131 + i * 7) % kRows;
+    };
+    for (Submitter& sub : subs) {
+      sub.buf.assign(shape.batches * shape.ops_max * kStride, 0xee);
+      ASSERT_TRUE(t.RegisterLocalBuffer(sub.buf.data(), sub.buf.size()).ok());
+    }
+    std::atomic<size_t> arrived{0};
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < shape.threads; ++k) {
+      threads.emplace_back([&, k] {
+        Submitter& sub = subs[k];
+        arrived.fetch_add(1);
+        while (arrived.load() < shape.threads) std::this_thread::yield();  // start together
+        for (size_t b = 0; b < shape.batches; ++b) {
+          std::vector<ReadOp> ops;
+          for (size_t i = 0; i < ops_of(b); ++i) {
+            ops.push_back(ReadOp{region, row_of(k, b, i) * kStride, kStride,
+                                 sub.buf.data() + (b * shape.ops_max + i) * kStride});
+          }
+          {
+            std::unique_lock<std::mutex> lock(sub.mu);
+            sub.cv.wait(lock, [&] { return sub.outstanding < shape.window; });
+            ++sub.outstanding;
+          }
+          Status st = t.Submit(ops, [&sub, b](const Status& result) {
+            std::lock_guard<std::mutex> lock(sub.mu);
+            sub.completed.push_back(b);
+            if (!result.ok()) sub.failures.push_back(result);
+            --sub.outstanding;
+            sub.cv.notify_all();
+          });
+          if (!st.ok()) {
+            std::lock_guard<std::mutex> lock(sub.mu);
+            sub.failures.push_back(st);
+            --sub.outstanding;
+          }
+        }
+        std::unique_lock<std::mutex> lock(sub.mu);
+        sub.cv.wait_for(lock, std::chrono::seconds(20), [&] { return sub.outstanding == 0; });
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    for (size_t k = 0; k < shape.threads; ++k) {
+      Submitter& sub = subs[k];
+      std::lock_guard<std::mutex> lock(sub.mu);
+      ASSERT_TRUE(sub.failures.empty())
+          << "thread " << k << ": " << sub.failures.front().ToString();
+      ASSERT_EQ(sub.completed.size(), shape.batches);
+      for (size_t b = 0; b < shape.batches; ++b) ASSERT_EQ(sub.completed[b], b) << "thread " << k;
+      for (size_t b = 0; b < shape.batches; ++b) {
+        for (size_t i = 0; i < ops_of(b); ++i) {
+          ASSERT_EQ(std::memcmp(sub.buf.data() + (b * shape.ops_max + i) * kStride,
+                                local_->rows().data() + row_of(k, b, i) * kStride, kStride),
+                    0)
+              << "thread " << k << " batch " << b << " op " << i;
+        }
+      }
+    }
+    const TransportCounters c = t.counters();
+    EXPECT_EQ(c.batches_submitted, shape.threads * shape.batches);
+    EXPECT_EQ(c.batches_failed, 0u);
+    EXPECT_EQ(c.reads_in_flight, 0u);
+    EXPECT_EQ(c.disconnects, 0u);
+  }
+
   TempDir dir_;
   std::string path_;
   std::shared_ptr<const MappedTable> local_;
@@ -310,82 +396,11 @@ TEST_F(TcpTransportTest, ConcurrentSubmittersGetExactBytesInSubmissionOrder) {
   auto t = Connect(server_->port());
   auto region = t->OpenRegion(creds_);
   ASSERT_TRUE(region.ok()) << region.status().ToString();
-  constexpr size_t kThreads = 4, kBatches = 48, kOpsMax = 6, kWindow = 6;
-  struct Submitter {
-    std::vector<uint8_t> buf;
-    std::mutex mu;
-    std::condition_variable cv;
-    size_t outstanding = 0;
-    std::vector<size_t> completed;  // batch numbers in completion order
-    std::vector<Status> failures;
-  };
-  std::vector<Submitter> subs(kThreads);
-  // Batch b of thread k reads ops(b) rows: 1 (read in place) or several (staged, scattered).
-  auto ops_of = [](size_t b) { return 1 + b % kOpsMax; };
-  auto row_of = [](size_t k, size_t b, size_t i) { return (k * 1009 + b * 131 + i * 7) % kRows; };
-  for (Submitter& s : subs) {
-    s.buf.assign(kBatches * kOpsMax * kStride, 0xee);
-    ASSERT_TRUE(t->RegisterLocalBuffer(s.buf.data(), s.buf.size()).ok());
-  }
-  std::atomic<size_t> arrived{0};
-  std::vector<std::thread> threads;
-  for (size_t k = 0; k < kThreads; ++k) {
-    threads.emplace_back([&, k] {
-      Submitter& s = subs[k];
-      arrived.fetch_add(1);
-      while (arrived.load() < kThreads) std::this_thread::yield();  // start together
-      for (size_t b = 0; b < kBatches; ++b) {
-        std::vector<ReadOp> ops;
-        for (size_t i = 0; i < ops_of(b); ++i) {
-          ops.push_back(ReadOp{region->id, row_of(k, b, i) * kStride, kStride,
-                               s.buf.data() + (b * kOpsMax + i) * kStride});
-        }
-        {
-          std::unique_lock<std::mutex> lock(s.mu);
-          s.cv.wait(lock, [&] { return s.outstanding < kWindow; });
-          ++s.outstanding;
-        }
-        Status st = t->Submit(ops, [&s, b](const Status& result) {
-          std::lock_guard<std::mutex> lock(s.mu);
-          s.completed.push_back(b);
-          if (!result.ok()) s.failures.push_back(result);
-          --s.outstanding;
-          s.cv.notify_all();
-        });
-        if (!st.ok()) {
-          std::lock_guard<std::mutex> lock(s.mu);
-          s.failures.push_back(st);
-          --s.outstanding;
-        }
-      }
-      std::unique_lock<std::mutex> lock(s.mu);
-      s.cv.wait_for(lock, std::chrono::seconds(20), [&] { return s.outstanding == 0; });
-    });
-  }
-  for (std::thread& th : threads) th.join();
-  for (size_t k = 0; k < kThreads; ++k) {
-    Submitter& s = subs[k];
-    std::lock_guard<std::mutex> lock(s.mu);
-    ASSERT_TRUE(s.failures.empty()) << "thread " << k << ": " << s.failures.front().ToString();
-    // Each callback ran exactly once, and one thread's batches completed in its order.
-    ASSERT_EQ(s.completed.size(), kBatches);
-    for (size_t b = 0; b < kBatches; ++b) ASSERT_EQ(s.completed[b], b) << "thread " << k;
-    for (size_t b = 0; b < kBatches; ++b) {
-      for (size_t i = 0; i < ops_of(b); ++i) {
-        ASSERT_EQ(std::memcmp(s.buf.data() + (b * kOpsMax + i) * kStride,
-                              local_->rows().data() + row_of(k, b, i) * kStride, kStride),
-                  0)
-            << "thread " << k << " batch " << b << " op " << i;
-      }
-    }
-  }
-  const TransportCounters c = t->counters();
-  EXPECT_EQ(c.batches_submitted, kThreads * kBatches);
-  EXPECT_EQ(c.batches_failed, 0u);
-  EXPECT_EQ(c.reads_in_flight, 0u);
-  EXPECT_EQ(c.connects, 1u);
-  EXPECT_EQ(c.disconnects, 0u);
-  EXPECT_EQ(server_->counters().batches_served, kThreads * kBatches);
+  constexpr SubmitterShape kShape{
+      .threads = 4, .batches = 48, .ops_max = 6, .window = 6, .row_seed = 1009};
+  ExpectConcurrentSubmittersExact(*t, region->id, kShape);
+  EXPECT_EQ(t->counters().connects, 1u);
+  EXPECT_EQ(server_->counters().batches_served, kShape.threads * kShape.batches);
 }
 
 // A reconnect is ready only when every region is re-opened: a read submitted meanwhile
@@ -624,22 +639,8 @@ TEST_F(TcpTransportTest, PollersAndTheIoThreadCompleteEachBatchOnceInOrder) {
   auto t = Connect(server_->port());
   auto region = t->OpenRegion(creds_);
   ASSERT_TRUE(region.ok()) << region.status().ToString();
-  constexpr size_t kThreads = 3, kBatches = 40, kOpsMax = 4, kWindow = 4;
-  struct Submitter {
-    std::vector<uint8_t> buf;
-    std::mutex mu;
-    std::condition_variable cv;
-    size_t outstanding = 0;
-    std::vector<size_t> completed;
-    std::vector<Status> failures;
-  };
-  std::vector<Submitter> subs(kThreads);
-  auto ops_of = [](size_t b) { return 1 + b % kOpsMax; };
-  auto row_of = [](size_t k, size_t b, size_t i) { return (k * 887 + b * 131 + i * 7) % kRows; };
-  for (Submitter& s : subs) {
-    s.buf.assign(kBatches * kOpsMax * kStride, 0xee);
-    ASSERT_TRUE(t->RegisterLocalBuffer(s.buf.data(), s.buf.size()).ok());
-  }
+  constexpr SubmitterShape kShape{
+      .threads = 3, .batches = 40, .ops_max = 4, .window = 4, .row_seed = 887};
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> polled{0};
   std::vector<std::thread> pollers;
@@ -648,62 +649,10 @@ TEST_F(TcpTransportTest, PollersAndTheIoThreadCompleteEachBatchOnceInOrder) {
       while (!stop.load()) polled.fetch_add(t->Poll());
     });
   }
-  std::vector<std::thread> threads;
-  for (size_t k = 0; k < kThreads; ++k) {
-    threads.emplace_back([&, k] {
-      Submitter& s = subs[k];
-      for (size_t b = 0; b < kBatches; ++b) {
-        std::vector<ReadOp> ops;
-        for (size_t i = 0; i < ops_of(b); ++i) {
-          ops.push_back(ReadOp{region->id, row_of(k, b, i) * kStride, kStride,
-                               s.buf.data() + (b * kOpsMax + i) * kStride});
-        }
-        {
-          std::unique_lock<std::mutex> lock(s.mu);
-          s.cv.wait(lock, [&] { return s.outstanding < kWindow; });
-          ++s.outstanding;
-        }
-        Status st = t->Submit(ops, [&s, b](const Status& result) {
-          std::lock_guard<std::mutex> lock(s.mu);
-          s.completed.push_back(b);
-          if (!result.ok()) s.failures.push_back(result);
-          --s.outstanding;
-          s.cv.notify_all();
-        });
-        if (!st.ok()) {
-          std::lock_guard<std::mutex> lock(s.mu);
-          s.failures.push_back(st);
-          --s.outstanding;
-        }
-      }
-      std::unique_lock<std::mutex> lock(s.mu);
-      s.cv.wait_for(lock, std::chrono::seconds(20), [&] { return s.outstanding == 0; });
-    });
-  }
-  for (std::thread& th : threads) th.join();
+  ExpectConcurrentSubmittersExact(*t, region->id, kShape);
   stop.store(true);
   for (std::thread& th : pollers) th.join();
-  for (size_t k = 0; k < kThreads; ++k) {
-    Submitter& s = subs[k];
-    std::lock_guard<std::mutex> lock(s.mu);
-    ASSERT_TRUE(s.failures.empty()) << "thread " << k << ": " << s.failures.front().ToString();
-    ASSERT_EQ(s.completed.size(), kBatches);
-    for (size_t b = 0; b < kBatches; ++b) ASSERT_EQ(s.completed[b], b) << "thread " << k;
-    for (size_t b = 0; b < kBatches; ++b) {
-      for (size_t i = 0; i < ops_of(b); ++i) {
-        ASSERT_EQ(std::memcmp(s.buf.data() + (b * kOpsMax + i) * kStride,
-                              local_->rows().data() + row_of(k, b, i) * kStride, kStride),
-                  0)
-            << "thread " << k << " batch " << b << " op " << i;
-      }
-    }
-  }
-  const TransportCounters c = t->counters();
-  EXPECT_EQ(c.batches_submitted, kThreads * kBatches);
-  EXPECT_EQ(c.batches_failed, 0u);
-  EXPECT_EQ(c.reads_in_flight, 0u);
-  EXPECT_EQ(c.disconnects, 0u);
-  EXPECT_LE(polled.load(), kThreads * kBatches);
+  EXPECT_LE(polled.load(), kShape.threads * kShape.batches);
 }
 
 // A server that closes the connection while a poller reads: the batches in flight fail with

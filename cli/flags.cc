@@ -39,15 +39,24 @@ bool ParseFiniteDouble(std::string_view text, double min, double max, double* ou
   return true;
 }
 
+namespace {
+bool ParseUintIn(std::string_view v, uint64_t min, uint64_t max, uint64_t* out) {
+  uint64_t value = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
+  if (v.empty() || ec != std::errc() || p != v.data() + v.size()) return false;
+  if (value < min || value > max) return false;
+  *out = value;
+  return true;
+}
+}  // namespace
+
 void FlagSet::AddUint(Flag f, uint64_t min, uint64_t max, std::function<void(uint64_t)> store) {
   if (min != 0 || max != UINT64_MAX) {
     f.range_text = std::to_string(min) + ".." + std::to_string(max);
   }
   f.set = [store, min, max](std::string_view v) {
     uint64_t value = 0;
-    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
-    if (ec != std::errc() || p != v.data() + v.size()) return false;
-    if (value < min || value > max) return false;
+    if (!ParseUintIn(v, min, max, &value)) return false;
     store(value);
     return true;
   };
@@ -198,6 +207,18 @@ std::vector<std::string> SplitComma(std::string_view text) {
     text.remove_prefix(comma + 1);
   }
   return out;
+}
+
+bool ParseUintList(std::string_view text, uint64_t min, uint64_t max, size_t items_max,
+                   std::vector<uint64_t>* out) {
+  out->clear();
+  if (text.empty() || text.back() == ',') return false;  // SplitComma drops a trailing empty item
+  for (const std::string& item : SplitComma(text)) {
+    uint64_t v = 0;
+    if (out->size() >= items_max || !ParseUintIn(item, min, max, &v)) return false;
+    out->push_back(v);
+  }
+  return true;
 }
 
 }  // namespace kvtier::cli

@@ -74,4 +74,9 @@ bool ParseFiniteDouble(std::string_view text, double min, double max, double* ou
 // Splits "a,b,c" into its parts (empty input gives none).
 std::vector<std::string> SplitComma(std::string_view text);
 
+// Parses "a,b,c": one to items_max integers, each in [min, max] with no sign, space or
+// trailing bytes; false (and *out unspecified) for anything else, an empty item included.
+bool ParseUintList(std::string_view text, uint64_t min, uint64_t max, size_t items_max,
+                   std::vector<uint64_t>* out);
+
 }  // namespace kvtier::cli

@@ -2,7 +2,7 @@
 // RemoteEngramRowSource -> RowFetcher -> TcpTransport -> loopback -> RowServer and back
 // (docs/performance/engram-transport.md, "Round trip of one row batch"). Like a decode step of
 // the miniature: each step Request()s one batch of `--rows` random rows per slot (two slots,
-// as the model's two Engram layers), computes `--lead-us` (a busy loop standing in for the
+// as the model's two Engram layers), computes each `--leads` value in turn (a busy loop for the
 // layers before the first Engram layer), Wait()s slot 0, computes `--gap-us`, Wait()s slot 1.
 // Per lead it reports the latency from Request to Wait's return when Wait blocked (p50, p90,
 // p99), the stalls per wait and the step's CPU time per step (this thread, getrusage).
@@ -16,7 +16,6 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +30,7 @@ namespace kvtier::engine {
 namespace {
 
 constexpr uint64_t kStepsMax = 1000000, kRowsMax = 4096, kLeadMax = 100000;
+constexpr size_t kLeadsMax = 16;            // --leads items
 constexpr uint64_t kTableRows = 12 * 1024;  // the miniature's table size per layer
 constexpr uint32_t kRowDim = 32;
 using Clock = std::chrono::steady_clock;
@@ -81,12 +81,10 @@ int Main(int argc, char** argv) {
     return 2;
   }
   std::vector<uint64_t> lead_list;
-  std::stringstream ls(leads);
-  for (std::string item; std::getline(ls, item, ',');) {
-    const uint64_t v = std::strtoull(item.c_str(), nullptr, 10);
-    if (v > kLeadMax || lead_list.size() >= 16) return Fail(Status::InvalidArgument("--leads"));
-    lead_list.push_back(v);
-  }
+  if (!cli::ParseUintList(leads, 0, kLeadMax, kLeadsMax, &lead_list))
+    return Fail(Status::InvalidArgument("--leads: 1 to " + std::to_string(kLeadsMax) +
+                                        " comma-separated integers in 0.." +
+                                        std::to_string(kLeadMax)));
   TempDir dir("kvtier-engram-rtt-");
   rdma::RowServerOptions so;
   so.busy_poll_us = busy_poll_us;

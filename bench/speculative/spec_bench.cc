@@ -20,7 +20,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,14 +62,12 @@ int Fail(const Status& s) {
 // Comma-separated integers in [lo, hi], at most kListMax of them.
 constexpr size_t kListMax = 16;
 bool ParseList(const std::string& text, int lo, int hi, std::vector<int>* out) {
-  std::stringstream ls(text);
-  for (std::string item; std::getline(ls, item, ',');) {
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < lo || v > hi || out->size() >= kListMax) return false;
-    out->push_back(static_cast<int>(v));
-  }
-  return !out->empty();
+  std::vector<uint64_t> v;
+  if (lo < 0 ||
+      !cli::ParseUintList(text, static_cast<uint64_t>(lo), static_cast<uint64_t>(hi), kListMax, &v))
+    return false;
+  out->assign(v.begin(), v.end());
+  return true;
 }
 
 void Add(const SpeculativeStats& ds, SpeculativeStats* to) {

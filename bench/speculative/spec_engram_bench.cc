@@ -22,7 +22,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -142,14 +141,10 @@ int Main(int argc, char** argv) {
   auto dc = LoadDSparkConfig(config, *cfg);
   if (!dc.ok()) return Fail(dc.status());
   std::vector<Setting> sets = {{"plain", -1}};
-  std::stringstream ls(lens);
-  for (std::string item; std::getline(ls, item, ',');) {
-    char* end = nullptr;
-    const long k = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || k < 0 || k > dc->block_size || sets.size() > kListMax)
-      return Fail(Status::InvalidArgument("bad --draft-lens"));
-    sets.push_back({"fixed " + item, static_cast<int>(k)});
-  }
+  std::vector<uint64_t> ks;
+  if (!cli::ParseUintList(lens, 0, static_cast<uint64_t>(dc->block_size), kListMax, &ks))
+    return Fail(Status::InvalidArgument("bad --draft-lens"));
+  for (uint64_t k : ks) sets.push_back({"fixed " + std::to_string(k), static_cast<int>(k)});
   auto w = LoadWeights(*cfg, model);
   if (!w.ok()) return Fail(w.status());
   auto weights = std::make_shared<const ModelWeights>(std::move(*w));

@@ -25,6 +25,19 @@ TEST(ParseFiniteDouble, RejectsNonFiniteMalformedAndOutOfRange) {
   EXPECT_EQ(v, 1.0);
 }
 
+TEST(ParseUintList, TakesBoundedItemsAndRefusesEverythingElse) {
+  std::vector<uint64_t> v;
+  EXPECT_TRUE(ParseUintList("0,20,100", 0, 100, 3, &v));
+  EXPECT_EQ(v, (std::vector<uint64_t>{0, 20, 100}));
+  EXPECT_TRUE(ParseUintList("7", 1, 7, 1, &v));
+  EXPECT_EQ(v, std::vector<uint64_t>{7});
+  for (const char* bad : {"", ",", "1,", ",1", "1,,2", "abc", "1,x", "-1", "+1", " 1", "1 ", "101",
+                          "0x10", "1,2,3,4", "18446744073709551616"}) {
+    EXPECT_FALSE(ParseUintList(bad, 0, 100, 3, &v)) << bad;
+  }
+  EXPECT_FALSE(ParseUintList("0", 1, 5, 3, &v));  // below min
+}
+
 // Runs `flags` on argv-style words; returns Parse's result.
 int ParseArgs(FlagSet& flags, std::vector<std::string_view> args) { return flags.Parse(args); }
 

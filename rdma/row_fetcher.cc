@@ -235,6 +235,7 @@ Status RowFetcher::Wait(const FetchHandle& f) {
   {
     std::lock_guard<std::mutex> lock(f->mu);
     if (f->waited) return Status::InvalidArgument("Wait() called twice on one fetch");
+    f->waited = true;
     for (const Fetch::Batch& b : f->batches) {
       if (shards.empty() || shards.back() != b.shard) shards.push_back(b.shard);
     }
@@ -251,8 +252,6 @@ Status RowFetcher::Wait(const FetchHandle& f) {
   poll();
   {
     std::lock_guard<std::mutex> lock(f->mu);
-    if (f->waited) return Status::InvalidArgument("Wait() called twice on one fetch");
-    f->waited = true;
     uint64_t late = 0;
     for (const Fetch::Batch& b : f->batches) {
       if (b.state != BatchState::kDone) late += b.ops.size();

@@ -89,7 +89,8 @@ TEST(OpenAiApi, RejectsWrongTypesAndRangesNamingTheField) {
        "messages[0].content", "unsupported_content"},
       {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{}]})", true, "tools",
        "unsupported"},
-      // Fields that change the output and are not implemented: refused, never ignored.
+      // Fields this server does not support, each of which would change the output: refused
+      // with "unsupported", never ignored (SERVING.md lists them).
       {R"({"model":"m","prompt":"p","presence_penalty":0.5})", false, "presence_penalty",
        "unsupported"},
       {R"({"model":"m","prompt":"p","frequency_penalty":-1})", false, "frequency_penalty",

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 namespace kvtier::storage {
 
@@ -84,6 +85,9 @@ class FaultDevice final : public BlockDevice {
 
   Status DoRead(IoRequest& r) {
     if (env_->crashed()) return Status::IOError("simulated crash");
+    if (int64_t us = env_->read_delay_us_.load(); us > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(us));
+    }
     if (env_->TakeArmed(env_->arm_eio_) || env_->Roll(env_->options_.read_eio_probability)) {
       env_->Record("EIO read " + state_->name + " @" + std::to_string(r.offset));
       return Status::IOError("injected EIO on read of " + state_->name);

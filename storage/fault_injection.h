@@ -14,7 +14,8 @@
 // - Injected faults, by probability per call (seeded, reproducible) or armed one-shot:
 //   EIO on read, ENOSPC on write, short read (Corruption), a bit flip in data returned by a
 //   read, EIO on Sync. PauseSyncs holds every Sync until released (for tests of commits
-//   that several writers share).
+//   that several writers share). SetReadDelay makes every read wait first (a slow device,
+//   for tests of what overtakes a reader, such as puts overtaking the segment cleaner).
 // - Every injection is logged: Log() returns the lines, and when log_path is set each line is
 //   also appended to that file at once (so the log survives the simulated crash).
 //
@@ -32,7 +33,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -119,6 +122,8 @@ class FaultInjectionEnv final : public DeviceEnv {
   int syncs_waiting() const;
   // While set, every write fails with ENOSPC.
   void SetNoSpace(bool no_space) { no_space_.store(no_space); }
+  // Every read request sleeps this long before it is served (0: none, the default).
+  void SetReadDelay(std::chrono::microseconds delay) { read_delay_us_.store(delay.count()); }
 
   // Drops unsynced writes (tearing the last one when configured) and fails all later I/O.
   void SimulateCrash();
@@ -138,6 +143,7 @@ class FaultInjectionEnv final : public DeviceEnv {
   // Blocks while syncs are paused; returns false after a crash.
   void WaitSyncsAllowed();
   std::atomic<bool> no_space_{false};
+  std::atomic<int64_t> read_delay_us_{0};
   std::atomic<bool> crashed_{false};
   FaultOptions options_;
   void NoteWrite(DeviceState* state);

@@ -254,7 +254,7 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
     }
     // The segment thread prepares the next segment ahead: a put waits here only when it
     // has not (the tier is full and cleaning, or the device failed).
-    if (!FitsActiveLocked(need) && next_seg_ == nullptr) {
+    if (!PutFitsActiveLocked(need) && next_seg_ == nullptr) {
       KVTIER_RETURN_IF_ERROR(WaitForRoomLocked(lock, need));
       continue;
     }
@@ -291,7 +291,7 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
   }
   h.seq = next_seq_++;
   IndexEntry e;
-  Status appended = AppendLocked(key, h, payload, &e);
+  Status appended = AppendLocked(key, h, payload, clean_reserve_bytes_, &e);
   call_now_us_ = 0;
   KVTIER_RETURN_IF_ERROR(appended);
   if (codec == Codec::kZstd) stats_.compressed_bytes_saved += value.size() - payload.size();

@@ -170,8 +170,17 @@ Status SsdTier::Impl::CleanSegment(const std::shared_ptr<Segment>& victim,
     Status st;
   };
   std::vector<Read> reads;
+  // Ends the reserve for the relocations (waiting puts may fit again).
+  auto end_reserve = [&] {
+    if (clean_reserve_bytes_ == 0) return;
+    clean_reserve_bytes_ = 0;
+    room_cv_.notify_all();
+  };
   for (size_t i = 0; i < live.size();) {
-    if (seg_stop_.load()) return Status::Ok();  // closing: the victim stays, intact
+    if (seg_stop_.load()) {
+      end_reserve();
+      return Status::Ok();  // closing: the victim stays, intact
+    }
     // A long clean must not starve puts of the next segment.
     if (next_seg_ == nullptr && segments_.size() <= MaxSegments()) PrepareSegment(lock);
     size_t end = i;
@@ -206,15 +215,25 @@ Status SsdTier::Impl::CleanSegment(const std::shared_ptr<Segment>& victim,
     }
     lock.lock();
     // Room for the chunk: puts may have filled the active segment and taken the prepared one
-    // meanwhile. The cleaner then prepares a segment itself (the on-disk count may exceed its
-    // limit by this one segment until the victim is deleted) rather than drop live units.
+    // meanwhile. The cleaner then prepares a segment itself rather than drop live units, but
+    // only while the files on disk stay within one of their limit (MaxSegments() + 1; a
+    // second relocation segment per chunk, or per clean, would let the count grow without
+    // bound while puts outrun the cleaner). From then on puts share that segment as the active
+    // one but leave room for the rest of the victim (clean_reserve_bytes_); what still does
+    // not fit (a failed preparation) is dropped below.
     uint64_t chunk_padded = 0;
     for (size_t j = i; j < end; ++j) {
       chunk_padded += AlignUp(live[j].second.record_bytes, ssd::kRecordAlignBytes);
     }
-    for (int attempt = 0; attempt < 2 && !FitsActiveLocked(chunk_padded) && next_seg_ == nullptr;
+    for (int attempt = 0; attempt < 2 && !FitsActiveLocked(chunk_padded) && next_seg_ == nullptr &&
+                          segments_.size() <= MaxSegments() + 1;
          ++attempt) {
       PrepareSegment(lock);
+      if (next_seg_ != nullptr && clean_reserve_bytes_ == 0) {
+        for (size_t j = i; j < live.size(); ++j) {
+          clean_reserve_bytes_ += AlignUp(live[j].second.record_bytes, ssd::kRecordAlignBytes);
+        }
+      }
     }
     for (size_t j = i; j < end; ++j) {
       const auto& [k, old] = live[j];
@@ -234,14 +253,17 @@ Status SsdTier::Impl::CleanSegment(const std::shared_ptr<Segment>& victim,
         continue;
       }
       IndexEntry e;
-      Status st =
-          AppendLocked(k, r.h, {r.rec.data() + ssd::kRecordHeaderBytes, r.h.stored_bytes}, &e);
+      Status st = AppendLocked(k, r.h, {r.rec.data() + ssd::kRecordHeaderBytes, r.h.stored_bytes},
+                               /*keep_free_bytes=*/0, &e);
       if (!st.ok()) {
         // No room to relocate: the unit is dropped, as an eviction.
         RemoveLocked(k);
         ++stats_.evictions;
         cleaner_dropped_.push_back(k);
-        if (!st.IsRejected()) return st;
+        if (!st.IsRejected()) {
+          end_reserve();
+          return st;
+        }
         continue;
       }
       stats_.relocated_bytes += old.record_bytes;
@@ -252,8 +274,10 @@ Status SsdTier::Impl::CleanSegment(const std::shared_ptr<Segment>& victim,
         moved->second.created_unix_ms = old.created_unix_ms;
       }
     }
+    clean_reserve_bytes_ -= std::min(clean_reserve_bytes_, chunk_padded);
     i = end;
   }
+  end_reserve();
   // Relocated entries must be durable, in the index too, before the old segment disappears
   // (outside the lock: the commit pipeline's own path, as the group commit).
   lock.unlock();

@@ -58,10 +58,11 @@ Status SsdTier::Impl::ReadRecord(const Segment& seg, uint64_t offset, uint32_t r
 }
 
 Status SsdTier::Impl::AppendLocked(const Key& key, const RecordHeader& h,
-                                   std::span<const uint8_t> payload, IndexEntry* e) {
+                                   std::span<const uint8_t> payload, uint64_t keep_free_bytes,
+                                   IndexEntry* e) {
   uint64_t rec = ssd::kRecordHeaderBytes + payload.size();
   uint64_t padded = AlignUp(rec, ssd::kRecordAlignBytes);
-  if (!FitsActiveLocked(padded)) KVTIER_RETURN_IF_ERROR(RollLocked());
+  if (!FitsActiveLocked(padded + keep_free_bytes)) KVTIER_RETURN_IF_ERROR(RollLocked());
   if (buf_len_ + padded > o_.write_buffer_bytes) WriteBufferLocked();
   uint64_t offset = buf_file_offset_ + buf_len_;
   if (padded > o_.write_buffer_bytes) {
@@ -314,7 +315,7 @@ Status SsdTier::Impl::RollLocked() {
 }
 
 Status SsdTier::Impl::WaitForRoomLocked(std::unique_lock<std::mutex>& lock, uint64_t padded) {
-  while (!FitsActiveLocked(padded) && next_seg_ == nullptr) {
+  while (!PutFitsActiveLocked(padded) && next_seg_ == nullptr) {
     if (!prepare_status_.ok()) return prepare_status_;
     ++room_waiters_;  // lifts the background I/O budget until a segment is prepared
     seg_cv_.notify_all();

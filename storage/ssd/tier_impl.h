@@ -282,10 +282,16 @@ class SsdTier::Impl {
   bool FitsActiveLocked(uint64_t padded) const {
     return AlignUp(buf_file_offset_ + buf_len_ + padded, ssd::kBlockBytes) <= o_.segment_bytes;
   }
-  // Appends to the active segment, rolling into the prepared segment when it does not fit;
-  // Rejected when it does not fit and no segment is prepared (never waits for one).
+  // The same for a put: the room the cleaner keeps for its relocations (clean_reserve_bytes_)
+  // is not a put's.
+  bool PutFitsActiveLocked(uint64_t padded) const {
+    return FitsActiveLocked(padded + clean_reserve_bytes_);
+  }
+  // Appends to the active segment, rolling into the prepared segment when it does not fit
+  // with keep_free_bytes left over (a put: clean_reserve_bytes_; the cleaner: 0); Rejected
+  // when it does not fit and no segment is prepared (never waits for one).
   Status AppendLocked(const Key& key, const RecordHeader& h, std::span<const uint8_t> payload,
-                      IndexEntry* e);
+                      uint64_t keep_free_bytes, IndexEntry* e);
   // Queues the buffer being filled (if not empty) for writing; never blocks. wake_writer:
   // false when the caller (a commit) writes it itself (WriteQueuedLocked), saving two thread
   // switches on the commit's critical path.
@@ -362,8 +368,9 @@ class SsdTier::Impl {
   // Seals the active segment and makes the prepared one active (no I/O, no commit: the next
   // commit covers the sealed segment's last buffer). Rejected when none is prepared.
   Status RollLocked();
-  // Waits (mu_ released) until a record of `padded` bytes fits in the active segment or a
-  // segment is prepared; the error of the last failed preparation otherwise.
+  // Waits (mu_ released) until a put's record of `padded` bytes fits in the active segment
+  // (PutFitsActiveLocked) or a segment is prepared; the error of the last failed preparation
+  // otherwise.
   Status WaitForRoomLocked(std::unique_lock<std::mutex>& lock, uint64_t padded);
 
   // ---- the segment thread (storage/ssd/cleaner.cc) ----
@@ -500,6 +507,11 @@ class SsdTier::Impl {
   // Units the cleaner dropped (unreadable, or no room to relocate): handed to the caller of
   // the next Put through its `evicted` list. Under mu_.
   std::vector<Key> cleaner_dropped_;
+  // Under mu_: once the cleaner has prepared a segment for its relocations (the files are at
+  // their limit + 1), the padded bytes of the victim's records it has still to copy; puts
+  // leave that much of the active segment free (and wait for room meanwhile), so that they
+  // cannot fill the segment under the cleaner and make it drop live units. 0 otherwise.
+  uint64_t clean_reserve_bytes_ = 0;
   uint64_t next_seq_ = 1;
   uint64_t max_version_ = 0;
   std::unique_ptr<policies::EvictionPolicy> policy_;
@@ -516,7 +528,8 @@ class SsdTier::Impl {
   Status prepare_status_;              // under mu_: the last preparation's outcome
   uint64_t threshold_cleans_ = 0;      // under mu_: sparse cleans allowed (one per roll)
   std::condition_variable seg_cv_;     // wakes the segment thread (with mu_)
-  std::condition_variable room_cv_;    // a segment was prepared (with mu_)
+  std::condition_variable
+      room_cv_;  // a segment was prepared, or a clean_reserve_bytes_ ended (with mu_)
   std::atomic<bool> seg_stop_{false};
   std::atomic<uint32_t> room_waiters_{0};  // requests waiting for a prepared segment
   // Under mu_: the active segment's fill (bytes appended) at which AppendLocked wakes the

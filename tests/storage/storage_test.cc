@@ -593,6 +593,75 @@ TEST_P(SsdTierTest, CapacityIsEnforcedBySegmentCleaning) {
   EXPECT_LE(names->size(), limit) << "the clean in progress never deleted its victim";
 }
 
+// The bound above while puts overtake the cleaner: with every read slowed, the cleaner copies
+// a victim's chunks slowly and puts fill the segments meanwhile. The cleaner may prepare one
+// segment for its relocations, never a second (before the fix it did, once per chunk that no
+// longer fit: S + 3 files here), and puts leave it room for the rest of the victim, so that it
+// drops nothing: every unit not deleted reads back exactly, and nothing was evicted (live
+// bytes stay under the eviction threshold; before the reserve, 14-17 units were dropped).
+TEST_P(SsdTierTest, PutsOvertakingASlowCleanKeepTheSegmentCountWithinOneOfTheLimit) {
+  FaultOptions fo;
+  fo.seed = 5;
+  FaultInjectionEnv fault(base_.get(), fo);
+  TierManagerOptions o = Options(Durability::kBatched, &fault);
+  o.ssd_capacity_bytes = 10ull << 20;
+  o.ssd_segment_bytes = 1ull << 20;
+  o.ssd_write_buffer_bytes = 128 << 10;
+  auto tm = Open(o);
+  ASSERT_NE(tm, nullptr);
+  const size_t limit = o.ssd_capacity_bytes / o.ssd_segment_bytes;
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> most_files{0};
+  std::thread watcher([&] {
+    while (!stop.load()) {
+      auto names = fault.List();
+      if (names.ok() && names->size() > most_files.load()) most_files.store(names->size());
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  });
+  fault.SetReadDelay(std::chrono::milliseconds(5));
+  constexpr int kUnits = 1000;  // ~20 MiB written into 10 MiB
+  // Deletes of random live units keep 290 live (5.7 MiB, under the eviction threshold of
+  // 6 MiB) spread over every segment, so that a victim holds more than one chunk of live
+  // records (the cleaner copies 256 KiB per lock hold).
+  std::mt19937 rng(7);
+  std::vector<int> live;
+  for (int i = 0; i < kUnits; ++i) {
+    Key k = MakeKey(i);
+    ASSERT_TRUE(tm->Put(k, MakeValue(k, 1, 20000), Ssd()).ok()) << i;
+    live.push_back(i);
+    if (live.size() > 290) {
+      size_t at = std::uniform_int_distribution<size_t>(0, live.size() - 1)(rng);
+      Status st = tm->Delete(MakeKey(live[at]));
+      ASSERT_TRUE(st.ok()) << "unit " << live[at] << ", live, is gone: " << st.ToString();
+      live[at] = live.back();
+      live.pop_back();
+    }
+  }
+  stop.store(true);
+  watcher.join();
+  fault.SetReadDelay(std::chrono::microseconds(0));
+  Stats s = tm->GetStats();
+  EXPECT_GT(s.segments_cleaned, 0u);
+  EXPECT_GT(s.ssd_relocated_bytes, 0u);
+  EXPECT_LE(most_files.load(), limit + 1);
+  EXPECT_EQ(s.ssd.evictions, 0u);
+  std::vector<bool> is_live(kUnits, false);
+  for (int i : live) is_live[static_cast<size_t>(i)] = true;
+  std::vector<uint8_t> out;
+  for (int i = 0; i < kUnits; ++i) {
+    Key k = MakeKey(i);
+    Status st = tm->Get(k, &out);
+    if (is_live[static_cast<size_t>(i)]) {
+      ASSERT_TRUE(st.ok()) << i << ": " << st.ToString();
+      ASSERT_EQ(out, MakeValue(k, 1, 20000)) << i;
+    } else {
+      EXPECT_TRUE(st.IsNotFound()) << i << ": " << st.ToString();
+    }
+  }
+  EXPECT_EQ(tm->GetStats().checksum_failures, 0u);
+}
+
 // ListUnits (the cluster repair scan's enumeration): pages of a few units list every unit
 // held in DRAM or only on SSD exactly once, with the metadata a copy elsewhere needs, and
 // nothing deleted or expired.

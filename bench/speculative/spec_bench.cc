@@ -6,13 +6,15 @@
 // SpeculativeDecoder::RoundBatch (drafts of all live sequences verified in one ForwardBatch);
 // a sequence leaves its group when it has its tokens. Per group every setting runs in turn
 // (plain, fixed draft lengths, the load-aware scheduler, whose SPS table is measured per
-// concurrency on the first group), so load changes hit all of them alike. Decode time only
-// (the prefill is the same for all). Checks that every speculative output equals plain
-// greedy's and exits 1 when one differs.
+// concurrency on the first group), so load changes hit all of them alike; the order rotates
+// by one setting per group, so that no setting always runs first or last. --plain-control
+// adds a second plain arm ("plain again"): its ratio to the first is the comparison's noise
+// floor. Decode time only (the prefill is the same for all). Checks that every speculative
+// output equals plain greedy's and exits 1 when one differs.
 //
 //   kvtier_spec_bench --config C --model M --draft D --text FILE
 //                     [--prompts N --prompt-bytes B --max-new N --draft-lens 1,3,5
-//                      --concurrency 1,4,16]
+//                      --concurrency 1,4,16 --plain-control]
 #include <time.h>
 
 #include <chrono>
@@ -48,7 +50,7 @@ double CpuSeconds() {
 
 struct Row {
   std::string name;
-  int draft_len = 0;  // -1: scheduler; -2: plain
+  int draft_len = 0;  // -1: scheduler; -2: plain; -3: plain again (--plain-control)
   double seconds = 0, cpu_seconds = 0;
   uint64_t tokens = 0, mismatches = 0;
   SpeculativeStats stats;
@@ -86,6 +88,7 @@ int Main(int argc, char** argv) {
   cli::FlagSet flags("kvtier_spec_bench", "DSpark speculative decoding vs plain greedy decoding");
   std::string config, model, draft_path, text_path, lens = "1,3,5", conc = "1,4,16";
   uint64_t prompts = 16, prompt_bytes = 96, max_new = 96;
+  bool plain_control = false;
   flags.String("config", &config, "FILE", "model config.json", true);
   flags.String("model", &model, "FILE", "backbone weights", true);
   flags.String("draft", &draft_path, "FILE", "DSpark weights", true);
@@ -97,6 +100,8 @@ int Main(int argc, char** argv) {
   flags.String("draft-lens", &lens, "LIST", "fixed draft lengths to compare (comma separated)");
   flags.String("concurrency", &conc, "LIST",
                "sequences decoded together (comma separated, each dividing --prompts)");
+  flags.Bool("plain-control", &plain_control,
+             "also run plain decoding a second time, as a setting of its own (the noise floor)");
   std::vector<std::string_view> args(argv + 1, argv + argc);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (prompts == 0 || prompts > kPromptsMax || max_new == 0 || max_new > kMaxNewMax ||
@@ -154,17 +159,20 @@ int Main(int argc, char** argv) {
     std::vector<Row> rows = {{"plain", -2}};
     for (int k : draft_lens) rows.push_back({"fixed " + std::to_string(k), k});
     rows.push_back({"scheduler", -1});
+    if (plain_control) rows.push_back({"plain again", -3});
     DraftScheduler scheduler(C * (dc->block_size + 1), CpuCostClock(e));
     bool measured = false;
     for (uint64_t g = 0; g < prompts / C; ++g) {
-      std::vector<std::vector<int32_t>> want(C);
-      for (Row& r : rows) {
+      std::vector<std::vector<std::vector<int32_t>>> outs(rows.size());  // per row, per sequence
+      for (size_t q = 0; q < rows.size(); ++q) {
+        const size_t ri = (q + g) % rows.size();
+        Row& r = rows[ri];
         std::vector<SequenceState> st;
         std::vector<std::vector<int32_t>> out(C);
         std::vector<Sampler> samplers(C, Sampler(0, 1, 0));
         std::vector<float> logits;
         Status s;
-        if (r.draft_len == -2) {
+        if (r.draft_len <= -2) {
           std::vector<std::vector<float>> last(C);
           for (int i = 0; i < C; ++i) {
             st.push_back(e.NewSequence());
@@ -187,7 +195,6 @@ int Main(int argc, char** argv) {
           }
           r.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
           r.cpu_seconds += CpuSeconds() - c0;
-          want = out;
         } else {
           SpeculativeOptions o;
           o.scheduler = r.draft_len < 0;
@@ -228,24 +235,29 @@ int Main(int argc, char** argv) {
           for (int i = 0; i < C; ++i) {
             out[i].resize(max_new);
             Add(decs[i]->stats(), &r.stats);
-            r.mismatches += out[i] != want[i] ? 1 : 0;
           }
         }
         r.tokens += static_cast<uint64_t>(C) * max_new;
+        outs[ri] = std::move(out);
+      }
+      for (size_t ri = 1; ri < rows.size(); ++ri) {  // rows[0] is plain
+        for (int i = 0; i < C; ++i) rows[ri].mismatches += outs[ri][i] != outs[0][i] ? 1 : 0;
       }
     }
     const double plain_tps = rows[0].tokens / rows[0].seconds;
     const double plain_cpu_tps = rows[0].tokens / rows[0].cpu_seconds;
     std::printf("concurrency %d (%llu prompts, %llu new tokens each)\n", C,
                 (unsigned long long)prompts, (unsigned long long)max_new);
-    std::printf("%-10s %9s %7s %9s %7s %12s %10s %9s %9s %9s %s\n", "setting", "tokens/s",
+    std::printf("%-11s %9s %7s %9s %7s %12s %10s %9s %9s %9s %s\n", "setting", "tokens/s",
                 "speedup", "cpu_tok/s", "cpu_x", "accepted/ver", "tokens/ver", "draft_ms",
                 "verify_ms", "rollbk_ms", "B chosen (sequence-rounds at B = 0..K)");
     for (const Row& r : rows) {
       const double tps = r.tokens / r.seconds, ctps = r.tokens / r.cpu_seconds;
-      if (r.draft_len == -2) {
-        std::printf("%-10s %9.1f %7.2f %9.1f %7.2f %12s %10s\n", r.name.c_str(), tps, 1.0, ctps,
-                    1.0, "-", "-");
+      if (r.draft_len <= -2) {
+        std::printf("%-11s %9.1f %7.2f %9.1f %7.2f %12s %10s%s\n", r.name.c_str(), tps,
+                    tps / plain_tps, ctps, ctps / plain_cpu_tps, "-", "-",
+                    r.mismatches ? "  OUTPUT DIFFERS FROM PLAIN" : "");
+        ok = ok && r.mismatches == 0;
         continue;
       }
       // Per sequence-round: a batched round counts once per sequence in it.
@@ -253,7 +265,7 @@ int Main(int argc, char** argv) {
       std::string chosen;
       for (size_t b = 0; b < r.stats.chosen_b.size(); ++b)
         chosen += (b ? "," : "") + std::to_string(r.stats.chosen_b[b]);
-      std::printf("%-10s %9.1f %7.2f %9.1f %7.2f %12.2f %10.2f %9.1f %9.1f %9.1f [%s]%s\n",
+      std::printf("%-11s %9.1f %7.2f %9.1f %7.2f %12.2f %10.2f %9.1f %9.1f %9.1f [%s]%s\n",
                   r.name.c_str(), tps, tps / plain_tps, ctps, ctps / plain_cpu_tps,
                   r.stats.accepted / n, r.stats.emitted / n, r.stats.draft_us / 1e3,
                   r.stats.verify_us / 1e3 / C, r.stats.rollback_us / 1e3, chosen.c_str(),

@@ -307,13 +307,7 @@ bool DraftScheduler::ShouldDraft(int requests) {
     ++decisions_.new_size;
     return false;
   }
-  double tau = 1, best = 0;
-  for (size_t k = 0; k <= mean_survival_.size() && R * (static_cast<int>(k) + 1) <= max_tokens();
-       ++k) {
-    if (k > 0) tau += std::max(0.0, mean_survival_[k - 1]);
-    best = std::max(best, R * tau * Rate(R * (static_cast<int>(k) + 1), R));
-  }
-  const bool pays = best > kPaysMargin * R * Sps(R);
+  const bool pays = Pays(R);
   if (p.probing && !pays) p.interval = std::min(2 * p.interval, kProbeRoundsMax);
   if (p.plain_probing && pays) p.plain_interval = std::min(2 * p.plain_interval, kProbeRoundsMax);
   p.probing = p.plain_probing = false;
@@ -340,6 +334,25 @@ bool DraftScheduler::ShouldDraft(int requests) {
   }
   ++decisions_.no;
   return false;
+}
+
+bool DraftScheduler::Pays(int R) const {
+  double tau = 1, best = 0;
+  for (size_t k = 0; k <= mean_survival_.size() && R * (static_cast<int>(k) + 1) <= max_tokens();
+       ++k) {
+    if (k > 0) tau += std::max(0.0, mean_survival_[k - 1]);
+    best = std::max(best, R * tau * Rate(R * (static_cast<int>(k) + 1), R));
+  }
+  return best > kPaysMargin * R * Sps(R);
+}
+
+bool DraftScheduler::MayDraftWithin(int requests, int rounds) const {
+  const int R = std::max(1, requests);
+  if (R >= max_tokens()) return false;                     // ShouldDraft: never (no room)
+  if (mean_survival_.empty() || Sps(R) <= 0) return true;  // the first draft, a new size
+  if (Pays(R)) return true;
+  // It does not pay: the next yes is the probe, at the call where skipped exceeds interval.
+  return probes_[R].skipped + rounds > probes_[R].interval;
 }
 
 bool DraftScheduler::TimeUndrafted(int sequences) {
@@ -630,7 +643,7 @@ Status SpeculativeDecoder::Round(SequenceState* st, std::vector<int32_t>* out) {
   stats_.verify_us += Micros(t0, t1);
   engine_->set_attn_capture(nullptr);
   KVTIER_RETURN_IF_ERROR(s);
-  KVTIER_RETURN_IF_ERROR(Accept(st, d, B, n, logits.data(), capture_, out));
+  KVTIER_RETURN_IF_ERROR(Accept(st, d, B, n, logits.data(), &capture_, out));
   if (scheduler_ != nullptr) {
     scheduler_->Record(B + 1, c1 - c0);
     scheduler_->RecordDraft((c0 - cd) + (scheduler_->Now() - c1), {});
@@ -649,8 +662,13 @@ bool SpeculativeDecoder::DraftsRound(std::span<SpeculativeDecoder* const> decs) 
   return false;
 }
 
-AttnInputCapture* SpeculativeDecoder::StepCapture(const SequenceState& st) {
+AttnInputCapture* SpeculativeDecoder::StepCapture(const SequenceState& st, int sequences) {
   step_n_ = static_cast<int64_t>(st.tokens.size());
+  const int lead = engine_->config().sliding_window + 1;  // the rows a draft's context keeps
+  step_captured_ = options_.scheduler && scheduler_ != nullptr
+                       ? scheduler_->MayDraftWithin(sequences, lead)
+                       : options_.draft_len > 0;
+  if (!step_captured_) return nullptr;
   step_capture_.from_pos = step_n_;
   return &step_capture_;
 }
@@ -664,7 +682,8 @@ Status SpeculativeDecoder::FinishStep(SequenceState* st, std::span<const float> 
         "speculative: FinishStep needs the StepCapture state extended by the pending token");
   const int64_t n = step_n_;
   step_n_ = -1;
-  return Accept(st, DraftResult{}, 0, n, logits.data(), step_capture_, out);
+  return Accept(st, DraftResult{}, 0, n, logits.data(), step_captured_ ? &step_capture_ : nullptr,
+                out);
 }
 
 Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
@@ -711,7 +730,7 @@ Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
     std::vector<AttnInputCapture*> caps;
     for (size_t i = 0; i < R; ++i) {
       spans.emplace_back(&decs[i]->pending_, 1);
-      caps.push_back(decs[i]->StepCapture(*states[i]));
+      caps.push_back(decs[i]->StepCapture(*states[i], static_cast<int>(R)));
     }
     std::vector<std::vector<float>> last;
     DraftScheduler* timer =
@@ -783,7 +802,7 @@ Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
   for (size_t i = 0; i < R; ++i) {
     decs[i]->stats_.verify_us += Micros(t0, t1);
     KVTIER_RETURN_IF_ERROR(decs[i]->Accept(states[i], d[i], B[i], n[i], all[i].data(),
-                                           decs[i]->capture_, &(*outs)[i]));
+                                           &decs[i]->capture_, &(*outs)[i]));
   }
   if (timer != nullptr) {
     timer->Record(tokens, c1 - c0);
@@ -793,7 +812,7 @@ Status SpeculativeDecoder::RoundBatch(std::span<SpeculativeDecoder* const> decs,
 }
 
 Status SpeculativeDecoder::Accept(SequenceState* st, const DraftResult& d, int B, int64_t n,
-                                  const float* logits, const AttnInputCapture& capture,
+                                  const float* logits, const AttnInputCapture* capture,
                                   std::vector<int32_t>* out) {
   const bool greedy = sampler_->greedy();
   const int V = engine_->config().vocab_size;
@@ -830,7 +849,12 @@ Status SpeculativeDecoder::Accept(SequenceState* st, const DraftResult& d, int B
   const auto tr = Clock::now();
   if (B > 0)
     KVTIER_RETURN_IF_ERROR(RollbackTo(engine_->config(), *weights_, cp_, capture_, keep, st));
-  KVTIER_RETURN_IF_ERROR(Defer(capture, n, keep - n));
+  if (capture != nullptr) {
+    KVTIER_RETURN_IF_ERROR(Defer(*capture, n, keep - n));
+  } else {
+    backlog_.Clear();
+    ctx_.Clear();
+  }
   stats_.rollback_us += Micros(tr, Clock::now());
   out->insert(out->end(), d.tokens.begin(), d.tokens.begin() + a);
   out->push_back(bonus);

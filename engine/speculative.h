@@ -220,6 +220,14 @@ class DraftScheduler {
   // that round runs undrafted and its pass is timed (TimeUndrafted says yes next), so the
   // comparison has both sides.
   bool ShouldDraft(int requests = 1);
+  // Whether one of the next `rounds` calls of ShouldDraft(requests) could say yes, the table
+  // and the survivals staying as they are: while drafting pays for that many sequences (or
+  // no survival or plain step is known yet) always; while it does not, only when a probe
+  // falls among them. False guarantees no for those calls unless a Record* call changes the
+  // estimates in between (then drafting may pay sooner: the caller drafts on a shorter
+  // context, which costs acceptance, never correctness). Undrafted rounds ask it to skip
+  // capturing the rows that only a later draft's context would read.
+  bool MayDraftWithin(int requests, int rounds) const;
   int max_tokens() const { return static_cast<int>(cost_s_.size()) - 1; }
   // Whether the last ShouldDraft that said yes was a probe (drafting did not pay then, or no
   // survival was measured yet). A round of several requests probes with one request's draft:
@@ -233,6 +241,8 @@ class DraftScheduler {
   // Survivals of one draft's positions (non-increasing), calibrated unless `raw`.
   std::vector<double> Survivals(const std::vector<float>& confidences, bool raw) const;
   // The probe counters of one batch size.
+  // Whether drafting pays for rounds of R sequences (ShouldDraft's test, above).
+  bool Pays(int R) const;
   struct Probes {
     int skipped = 0;  // rounds without drafting since the last probe
     int interval = kProbeRounds;
@@ -335,7 +345,13 @@ class SpeculativeDecoder {
   // TruncateRound then work as after a round. FinishStep: InvalidArgument (nothing changed)
   // unless the state is the one StepCapture saw extended by exactly pending(), and logits has
   // vocab_size floats.
-  AttnInputCapture* StepCapture(const SequenceState& state);
+  // `sequences`: the round's undrafted rows (the R its DraftsRound asked about). Returns
+  // nullptr instead (nothing to capture: pass no capture for this row, FinishStep keeps no
+  // rows) when no draft can come within the draft context's sliding_window + 1 rounds
+  // (DraftScheduler::MayDraftWithin; fixed draft_len 0: never): capturing the target layers'
+  // rows costs about 1 % of a decode step of the trained miniature, and a draft after a gap
+  // restarts its context from the rows captured since (fewer rows: lower acceptance only).
+  AttnInputCapture* StepCapture(const SequenceState& state, int sequences = 1);
   Status FinishStep(SequenceState* state, std::span<const float> logits, std::vector<int32_t>* out);
   // One round of several sequences, verified in one Engine::ForwardBatch pass: decoders[i]
   // (started) drives states[i] and appends its emitted tokens to (*outs)[i]. Every decoder must
@@ -381,9 +397,11 @@ class SpeculativeDecoder {
   // Defer keeps the target layers' rows of positions [from, from + count) from `capture`.
   Status Defer(const AttnInputCapture& capture, int64_t from, int64_t count);
   Status FlushBacklog();
-  // capture: the pass's capture of the state (capture_ or step_capture_).
+  // capture: the pass's capture of the state (capture_ or step_capture_); nullptr: an
+  // undrafted step that captured nothing (StepCapture), after which the draft's context
+  // restarts from the rows captured later (the backlog and the context are cleared).
   Status Accept(SequenceState* state, const DraftResult& d, int B, int64_t n, const float* logits,
-                const AttnInputCapture& capture, std::vector<int32_t>* out);
+                const AttnInputCapture* capture, std::vector<int32_t>* out);
   Engine* engine_;
   const DSpark* draft_;
   const ModelWeights* weights_;
@@ -396,6 +414,7 @@ class SpeculativeDecoder {
   // Undrafted rounds: the target layers only, from the run position (step_n_).
   AttnInputCapture step_capture_;
   int64_t step_n_ = -1;
+  bool step_captured_ = false;  // the last StepCapture returned step_capture_
   VerifyCheckpoint cp_;
   int32_t pending_ = -1;
   // The last round: tokens before it (-1: none since Start/Attach) and the verify rows of

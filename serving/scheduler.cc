@@ -527,7 +527,7 @@ void Scheduler::StepActive() {
       for (size_t i = 0; i < run.size(); ++i) {
         Seq* s = run[i];
         if (i < undrafted_rows) {
-          caps.push_back(s->spec->StepCapture(s->state));
+          caps.push_back(s->spec->StepCapture(s->state, static_cast<int>(undrafted_rows)));
           continue;
         }
         s->capture.from_pos =

@@ -613,6 +613,80 @@ TEST(Speculative, BatchProbeDraftsForOneSequence) {
   EXPECT_EQ(drafts, 1u);
 }
 
+// Undrafted rounds capture the target layers' rows only when a draft can come within the
+// context's W + 1 rounds (StepCapture, DraftScheduler::MayDraftWithin): here drafting never
+// pays, so only the W + 1 rounds before each probe capture. The probe after the gap drafts
+// exactly what a decoder that captured every round drafts at the same position (the draft
+// reads the context's last W rows; with a lead of W - 1 its confidences differ), and both emit
+// plain greedy's tokens. A decoder of fixed draft length 0 never captures.
+TEST(Speculative, UndraftedRoundsCaptureOnlyBeforeAProbe) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  const int K = m.dconfig.block_size;
+  const int lead = m.config.sliding_window + 1;
+  double now = 0;
+  DraftScheduler sched(K + 1, [&] { return now += 0.001; });
+  for (int t = 1; t <= sched.max_tokens(); ++t) sched.Record(t, 0.001 * t);
+  sched.RecordDraft(0.001, std::vector<float>(K, 0.5f));  // as costly as a step: never pays
+  SpeculativeOptions gated_o;
+  gated_o.scheduler = true;
+  SpeculativeOptions always_o;
+  always_o.draft_len = K;  // captures every round
+  SpeculativeOptions never_o;
+  never_o.draft_len = 0;
+  Sampler s1(0, 1, 0), s2(0, 1, 0), s3(0, 1, 0);
+  SpeculativeDecoder gated(e.get(), m.draft.get(), m.weights.get(), &sched, gated_o, &s1);
+  SpeculativeDecoder always(e.get(), m.draft.get(), m.weights.get(), nullptr, always_o, &s2);
+  SpeculativeDecoder never(e.get(), m.draft.get(), m.weights.get(), nullptr, never_o, &s3);
+  SequenceState gs = e->NewSequence(), as = e->NewSequence(), ns = e->NewSequence();
+  const std::vector<int32_t> prompt = Bytes(Texts()[0]);
+  int32_t first = -1;
+  ASSERT_TRUE(gated.Start(&gs, prompt, &first).ok());
+  ASSERT_TRUE(always.Start(&as, prompt, &first).ok());
+  ASSERT_TRUE(never.Start(&ns, prompt, &first).ok());
+  std::vector<int32_t> gout = {first}, aout = {first}, nout = {first};
+  const int rounds = DraftScheduler::kProbeRounds + 1;  // the last one is the first probe
+  std::vector<int> captured;
+  for (int r = 0; r < rounds; ++r) {
+    SpeculativeDecoder* g = &gated;
+    SequenceState* gp = &gs;
+    const bool draft = SpeculativeDecoder::DraftsRound({&g, 1});
+    ASSERT_EQ(draft, r == rounds - 1) << r;
+    if (!draft) {
+      AttnInputCapture* cap = gated.StepCapture(gs, 1);
+      if (cap != nullptr) captured.push_back(r);
+      EXPECT_EQ(never.StepCapture(ns, 1), nullptr) << r;
+    }
+    std::vector<std::vector<int32_t>> go(1), ao(1), no(1);
+    ASSERT_TRUE(SpeculativeDecoder::RoundBatch({&g, 1}, {&gp, 1}, &go, draft).ok()) << r;
+    SpeculativeDecoder* a = &always;
+    SequenceState* ap = &as;
+    ASSERT_TRUE(SpeculativeDecoder::RoundBatch({&a, 1}, {&ap, 1}, &ao, draft).ok()) << r;
+    SpeculativeDecoder* n = &never;
+    SequenceState* np = &ns;
+    if (!draft) {
+      ASSERT_TRUE(SpeculativeDecoder::RoundBatch({&n, 1}, {&np, 1}, &no, false).ok());
+    }
+    gout.insert(gout.end(), go[0].begin(), go[0].end());
+    aout.insert(aout.end(), ao[0].begin(), ao[0].end());
+    nout.insert(nout.end(), no[0].begin(), no[0].end());
+  }
+  std::vector<int> want_captured;
+  for (int r = rounds - 1 - lead; r < rounds - 1; ++r) want_captured.push_back(r);
+  EXPECT_EQ(captured, want_captured);
+  EXPECT_EQ(gated.stats().drafts, 1u);
+  EXPECT_EQ(always.stats().drafts, 1u);
+  EXPECT_EQ(gated.last_draft_tokens(), always.last_draft_tokens());
+  EXPECT_EQ(gated.last_draft_confidence(), always.last_draft_confidence());
+  std::vector<int32_t> want;
+  std::vector<SequenceState> plain;
+  PlainGreedy(e.get(), prompt, static_cast<int>(aout.size()), &want, &plain);
+  const size_t n = std::min(gout.size(), aout.size());
+  EXPECT_TRUE(std::equal(gout.begin(), gout.begin() + n, want.begin()));
+  EXPECT_TRUE(std::equal(aout.begin(), aout.begin() + n, want.begin()));
+  EXPECT_TRUE(std::equal(nout.begin(), nout.end(), want.begin()));
+}
+
 // Verified drafts feed the scheduler's calibration: after rounds that verify every drafted
 // token, the calibrated survival of each verified position's bin is what the rounds measured
 // (with the prior's weight), not the head's word.
@@ -1143,6 +1217,40 @@ TEST(DraftScheduler, ProbesBackOffPerBatchSize) {
   EXPECT_EQ(s.decisions().probes, 3u);
   EXPECT_EQ(s.decisions().pays, 24u);
   EXPECT_EQ(s.decisions().no, 32u + 64 + 128 + 20);
+}
+
+// MayDraftWithin(R, k) is exact while the estimates stay as they are: false only when none of
+// the next k ShouldDraft(R) calls says yes, true in the k calls before each probe (and always
+// while drafting pays); never with no room in the table.
+TEST(DraftScheduler, MayDraftWithinPredictsTheNextProbe) {
+  constexpr int kLead = 17;
+  DraftScheduler s(6);
+  for (int t = 1; t <= 6; ++t) s.Record(t, 0.001 * t);   // verify cost linear in tokens
+  s.RecordDraft(0.001, {0.5f, 0.5f, 0.5f, 0.5f, 0.5f});  // never pays
+  std::vector<bool> may, yes;
+  for (int i = 0; i < 32 + 1 + 64 + 1 + 128 + 1 + 40; ++i) {
+    may.push_back(s.MayDraftWithin(1, kLead));
+    yes.push_back(s.ShouldDraft(1));
+    if (yes.back()) s.RecordDraft(0.001, {0.5f, 0.5f, 0.5f, 0.5f, 0.5f});
+  }
+  int probes = 0;
+  for (size_t i = 0; i < may.size(); ++i) {
+    probes += yes[i] ? 1 : 0;
+    bool soon = false;  // a yes among calls i .. i + kLead - 1
+    for (size_t j = i; j < std::min(may.size(), i + kLead); ++j) soon = soon || yes[j];
+    if (i + kLead <= may.size()) {
+      EXPECT_EQ(may[i], soon) << i;
+    }
+  }
+  EXPECT_EQ(probes, 3);
+  EXPECT_FALSE(s.MayDraftWithin(6, kLead));  // R >= max_tokens: never drafts
+  DraftScheduler f(6);
+  for (int t = 1; t <= 6; ++t) f.Record(t, 0.001);
+  f.RecordDraft(0.0001, {0.9f, 0.9f, 0.9f, 0.9f, 0.9f});  // pays
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_TRUE(f.MayDraftWithin(1, 1)) << i;
+    f.ShouldDraft(1);
+  }
 }
 
 // Before any survival was measured the first round drafts, as a probe (one sequence of a

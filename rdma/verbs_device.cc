@@ -59,6 +59,13 @@ bool SetNonBlocking(int fd) {
   return flags >= 0 && fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
 }
 
+// ibv_reg_mr is a macro that ANDs its access argument with an enum of another type; passing
+// an ibv_access_flags constant straight in is deprecated enum arithmetic (an error for clang's
+// -Werror builds). An int parameter keeps the macro's arithmetic on int.
+ibv_mr* RegisterMr(ibv_pd* pd, void* data, size_t size_bytes, int access) {
+  return ibv_reg_mr(pd, data, size_bytes, access);
+}
+
 }  // namespace
 
 StatusOr<std::shared_ptr<VerbsZone>> VerbsZone::Open(const VerbsOptions& options) {
@@ -106,7 +113,7 @@ StatusOr<RemoteRegion> VerbsZone::RegisterRemoteReadable(const uint8_t* data, si
   if (data == nullptr || size_bytes == 0) return Status::InvalidArgument("empty region");
   // Read-only mapping: remote read only, no local write.
   ibv_mr* mr =
-      ibv_reg_mr(impl_->pd, const_cast<uint8_t*>(data), size_bytes, IBV_ACCESS_REMOTE_READ);
+      RegisterMr(impl_->pd, const_cast<uint8_t*>(data), size_bytes, IBV_ACCESS_REMOTE_READ);
   if (mr == nullptr) return VerbsError("ibv_reg_mr(remote read)");
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (!impl_->remote_mrs.emplace(mr->rkey, mr).second) {
@@ -131,7 +138,7 @@ Status VerbsZone::DeregisterRemote(uint32_t rkey) {
 
 StatusOr<uint32_t> VerbsZone::RegisterLocalWritable(uint8_t* data, size_t size_bytes) {
   if (data == nullptr || size_bytes == 0) return Status::InvalidArgument("empty buffer");
-  ibv_mr* mr = ibv_reg_mr(impl_->pd, data, size_bytes, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* mr = RegisterMr(impl_->pd, data, size_bytes, IBV_ACCESS_LOCAL_WRITE);
   if (mr == nullptr) return VerbsError("ibv_reg_mr(local write)");
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto [it, inserted] = impl_->mrs.emplace(reinterpret_cast<uintptr_t>(data), mr);

@@ -4,9 +4,15 @@
 // RemoteEngramRowSource reading the same rows from a RowServer over loopback (ExportEngramTables of
 // the same weights; transport MakeTransport kAuto: TCP without an RDMA device). Settings: plain
 // decoding (one Decode per token) and SpeculativeDecoder rounds with fixed draft lengths, whose
-// drafted tokens' rows are requested as soon as the draft exists (Engine::PrefetchEngram). Per
-// prompt every setting runs local then remote, so load changes hit both alike. Reports per setting
-// the decode time's remote_vs_local overhead and the remote engine's Engram waits, stalls and
+// drafted tokens' rows are requested as soon as the draft exists (Engine::PrefetchEngram).
+//
+// Per prompt every setting runs its arms (local, remote, and with --local-control a second local
+// run, "local again") back to back, in an order that rotates by one per prompt and setting, so
+// neither load changes nor running first favour an arm. "local again" against "local" is the
+// noise floor of the overhead column. Reports per setting the decode time's remote-vs-local
+// overhead (wall), the same in the engine's CPU time (`CpuCostClock`: the thread's own with
+// --threads 1; the transport's work on the engine thread and any slowdown of its compute show
+// there, time blocked or descheduled does not) and the remote engine's Engram waits, stalls and
 // prefetches (decode phase only); exits 1 when a remote run emits other tokens than the local.
 //
 // The shipped miniature's Engram tables are small (engram_vocab_size 1024: 12 primes above it
@@ -16,7 +22,7 @@
 //   kvtier_spec_engram_bench --config C --model M --draft D --text FILE
 //       [--prompts N --prompt-bytes B --max-new N --draft-lens 1,3,5 --threads 1
 //        --hot-cache-kib 0 --server-busy-poll-us 20000 --wait-spin-us 200 --share-connections 1
-//        --hold-requests 0]
+//        --hold-requests 0 --local-control 0]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -50,11 +56,14 @@ int Fail(const Status& s) {
   return 1;
 }
 
+// The arms of a setting, in the order of Setting's arrays.
+enum Arm { kLocal = 0, kRemote = 1, kLocalAgain = 2, kArms = 3 };
+
 struct Setting {
   std::string name;
-  int draft_len = -1;  // -1: plain decoding
-  double local_s = 0, remote_s = 0;
-  EngineStats remote;  // deltas over the decode phases
+  int draft_len = -1;                            // -1: plain decoding
+  double wall_s[kArms] = {}, cpu_s[kArms] = {};  // decode phases, summed over the prompts
+  EngineStats remote;                            // deltas over the decode phases
   uint64_t rounds = 0, accepted = 0, mismatches = 0;
 };
 
@@ -67,23 +76,26 @@ void AddDelta(const EngineStats& a, const EngineStats& b, EngineStats* to) {
   to->engram_prefetches_discarded += b.engram_prefetches_discarded - a.engram_prefetches_discarded;
 }
 
-// Greedy decoding of max_new tokens after `prompt` on `e`; the decode phase's wall time and
-// the engine's counters around it.
+// Greedy decoding of max_new tokens after `prompt` on `e`; adds the decode phase's wall time
+// to *seconds and its CPU time (`cpu`: the engine's CostClock) to *cpu_seconds, and the
+// engine's counters around it to *stats.
 Status Run(Engine* e, const DSpark& draft, const ModelWeights& w,
-           const std::vector<int32_t>& prompt, uint64_t max_new, Setting* set, double* seconds,
-           EngineStats* stats, std::vector<int32_t>* out) {
+           const std::vector<int32_t>& prompt, uint64_t max_new, const CostClock& cpu, Setting* set,
+           double* seconds, double* cpu_seconds, EngineStats* stats, std::vector<int32_t>* out) {
   SequenceState st = e->NewSequence();
   Sampler sampler(0, 1, 0);
   if (set->draft_len < 0) {
     std::vector<float> logits;
     KVTIER_RETURN_IF_ERROR(e->Forward(&st, prompt, false, &logits));
     const EngineStats before = e->stats();
+    const double c0 = cpu();
     const auto t0 = Clock::now();
     for (uint64_t i = 0; i < max_new; ++i) {
       out->push_back(sampler.Sample(logits));
       if (i + 1 < max_new) KVTIER_RETURN_IF_ERROR(e->Decode(&st, out->back(), &logits));
     }
     *seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    *cpu_seconds += cpu() - c0;
     AddDelta(before, e->stats(), stats);
     return Status::Ok();
   }
@@ -94,9 +106,11 @@ Status Run(Engine* e, const DSpark& draft, const ModelWeights& w,
   KVTIER_RETURN_IF_ERROR(dec.Start(&st, prompt, &first));
   out->push_back(first);
   const EngineStats before = e->stats();
+  const double c0 = cpu();
   const auto t0 = Clock::now();
   while (out->size() < max_new) KVTIER_RETURN_IF_ERROR(dec.Round(&st, out));
   *seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  *cpu_seconds += cpu() - c0;
   AddDelta(before, e->stats(), stats);
   out->resize(max_new);
   set->rounds += dec.stats().rounds;
@@ -111,7 +125,8 @@ int Main(int argc, char** argv) {
   uint64_t prompts = 8, prompt_bytes = 96, max_new = 96, threads = 1, hot_kib = 0;
   // The row server's busy-polling window outlasts a local run (~10 ms): a shorter one lets it
   // sleep during the local run, and the next remote run's first request waits for its wake-up.
-  uint64_t busy_poll_us = 20000, spin_us = 200, share = 1, hold = 0;
+  uint64_t busy_poll_us = 20000, spin_us = 200, share = 1, hold = 0, control = 0;
+  std::string only;
   flags.String("config", &config, "FILE", "model config.json", true);
   flags.String("model", &model, "FILE", "backbone weights", true);
   flags.String("draft", &draft_path, "FILE", "DSpark weights", true);
@@ -126,13 +141,17 @@ int Main(int argc, char** argv) {
   flags.Uint("wait-spin-us", &spin_us, "the row fetcher's spin in Wait() before it blocks");
   flags.Uint("share-connections", &share, "1: one connection per row server for all slots");
   flags.Uint("hold-requests", &hold, "1: a step's requests of all slots leave in one send");
+  flags.Uint("local-control", &control, "1: a second local arm (the overhead's noise floor)");
+  flags.String("only", &only, "ARM",
+               "run one arm, local or remote, and report its rates alone (for a profiler)");
   std::vector<std::string_view> args(argv + 1, argv + argc);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (prompts == 0 || prompts > kPromptsMax || max_new == 0 || max_new > kMaxNewMax ||
       prompt_bytes == 0 || prompt_bytes > kPromptBytesMax || threads == 0 ||
       threads > kThreadsMax || hot_kib > kHotCacheKibMax ||
       busy_poll_us > rdma::kRowServerBusyPollMaxUs || spin_us > rdma::kRowFetchWaitSpinMaxUs ||
-      share > 1 || hold > 1) {
+      share > 1 || hold > 1 || control > 1 ||
+      (!only.empty() && only != "local" && only != "remote")) {
     std::fprintf(stderr, "kvtier_spec_engram_bench: a flag is out of range (see --help)\n");
     return 2;
   }
@@ -195,49 +214,69 @@ int Main(int argc, char** argv) {
   if (!remote_engine.ok()) return Fail(remote_engine.status());
 
   const size_t stride = text.size() / prompts;
+  const int arms = !only.empty() ? 1 : control == 1 ? 3 : 2;
+  Engine* engines[kArms] = {local_engine->get(), remote_engine->get(), local_engine->get()};
   for (uint64_t p = 0; p < prompts; ++p) {
     std::vector<int32_t> prompt = {0};
     for (size_t i = 0; i < prompt_bytes; ++i)
       prompt.push_back(3 + static_cast<unsigned char>(text[p * stride + i]));
-    for (Setting& set : sets) {
-      std::vector<int32_t> a, b;
-      EngineStats ignored;
-      Status s = Run(local_engine->get(), **draft, *weights, prompt, max_new, &set, &set.local_s,
-                     &ignored, &a);
-      if (!s.ok()) return Fail(s);
+    for (size_t si = 0; si < sets.size(); ++si) {
+      Setting& set = sets[si];
+      std::vector<int32_t> out[kArms];
       const uint64_t rounds = set.rounds, accepted = set.accepted;
-      s = Run(remote_engine->get(), **draft, *weights, prompt, max_new, &set, &set.remote_s,
-              &set.remote, &b);
-      if (!s.ok()) return Fail(s);
-      set.rounds = rounds;  // counted once (the remote run's are the same)
-      set.accepted = accepted;
-      set.mismatches += a != b ? 1 : 0;
+      for (int j = 0; j < arms; ++j) {
+        const int arm = !only.empty()
+                            ? (only == "remote" ? kRemote : kLocal)
+                            : static_cast<int>((p + si + static_cast<uint64_t>(j)) % arms);
+        EngineStats ignored;
+        set.rounds = rounds;  // counted once: every arm runs the same rounds
+        set.accepted = accepted;
+        Status s = Run(engines[arm], **draft, *weights, prompt, max_new,
+                       CpuCostClock(*engines[arm]), &set, &set.wall_s[arm], &set.cpu_s[arm],
+                       arm == kRemote ? &set.remote : &ignored, &out[arm]);
+        if (!s.ok()) return Fail(s);
+      }
+      if (only.empty()) set.mismatches += out[kLocal] != out[kRemote] ? 1 : 0;
     }
   }
   server.Stop();
   std::printf(
       "transport %s, threads %llu, hot cache %llu KiB, server busy poll %llu us, wait spin %llu "
-      "us, shared connections %llu, hold requests %llu, %llu prompts x %llu tokens\n",
+      "us, shared connections %llu, hold requests %llu, %llu prompts x %llu tokens, arms "
+      "rotated%s\n",
       (*remote)->transport_name(), (unsigned long long)threads, (unsigned long long)hot_kib,
       (unsigned long long)busy_poll_us, (unsigned long long)spin_us, (unsigned long long)share,
-      (unsigned long long)hold, (unsigned long long)prompts, (unsigned long long)max_new);
-  std::printf("%-9s %10s %10s %9s %7s %7s %9s %9s %9s %9s %s\n", "setting", "local_tok/s",
-              "remote_tok/s", "overhead", "waits", "stalls", "stall_ms", "pf_issued", "pf_consumed",
-              "pf_discard", "accepted/ver");
-  bool ok = true;
+      (unsigned long long)hold, (unsigned long long)prompts, (unsigned long long)max_new,
+      arms == 3 ? ", local control" : "");
   const double tokens = static_cast<double>(prompts * max_new);
+  if (!only.empty()) {
+    const int arm = only == "remote" ? kRemote : kLocal;
+    std::printf("%-9s %10s %11s (%s arm only)\n", "setting", "tok/s", "cpu_us/tok", only.c_str());
+    for (const Setting& set : sets)
+      std::printf("%-9s %10.1f %11.2f\n", set.name.c_str(), tokens / set.wall_s[arm],
+                  set.cpu_s[arm] / tokens * 1e6);
+    return 0;
+  }
+  std::printf("%-9s %11s %12s %9s %9s %9s %7s %7s %9s %9s %11s %10s %s\n", "setting", "local_tok/s",
+              "remote_tok/s", "overhead", "cpu_ovh", "again_ovh", "waits", "stalls", "stall_ms",
+              "pf_issued", "pf_consumed", "pf_discard", "accepted/ver");
+  bool ok = true;
   for (const Setting& set : sets) {
     const EngineStats& r = set.remote;
-    char acc[32] = "-";
+    char acc[32] = "-", again[32] = "-";
     if (set.draft_len >= 0)
       std::snprintf(acc, sizeof(acc), "%.2f",
                     static_cast<double>(set.accepted) /
                         static_cast<double>(std::max<uint64_t>(1, set.rounds)));
-    std::printf("%-9s %10.1f %10.1f %9.3f %7llu %7llu %9.1f %9llu %9llu %9llu %s%s\n",
-                set.name.c_str(), tokens / set.local_s, tokens / set.remote_s,
-                set.remote_s / set.local_s - 1.0, (unsigned long long)r.engram_waits,
-                (unsigned long long)r.engram_stalls, r.engram_stall_us / 1e3,
-                (unsigned long long)r.engram_prefetches_issued,
+    if (arms == 3)
+      std::snprintf(again, sizeof(again), "%.3f",
+                    set.wall_s[kLocalAgain] / set.wall_s[kLocal] - 1.0);
+    std::printf("%-9s %11.1f %12.1f %9.3f %9.3f %9s %7llu %7llu %9.1f %9llu %11llu %10llu %s%s\n",
+                set.name.c_str(), tokens / set.wall_s[kLocal], tokens / set.wall_s[kRemote],
+                set.wall_s[kRemote] / set.wall_s[kLocal] - 1.0,
+                set.cpu_s[kRemote] / set.cpu_s[kLocal] - 1.0, again,
+                (unsigned long long)r.engram_waits, (unsigned long long)r.engram_stalls,
+                r.engram_stall_us / 1e3, (unsigned long long)r.engram_prefetches_issued,
                 (unsigned long long)r.engram_prefetches_consumed,
                 (unsigned long long)r.engram_prefetches_discarded, acc,
                 set.mismatches ? "  REMOTE TOKENS DIFFER" : "");

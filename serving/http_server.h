@@ -3,8 +3,10 @@
 // One thread per connection, at most connections_max at once (one more is answered 503 and
 // closed). Requests are parsed by Boost.Beast from bytes this class reads itself, under
 // header_bytes_max (431 over it) and body_bytes_max (413 over it); malformed requests get 400
-// and the connection is closed. A connection idle for idle_timeout_ms between or inside
-// requests is closed; a write that makes no progress for idle_timeout_ms closes it too.
+// and the connection is closed. A connection whose next request has not arrived in full
+// idle_timeout_ms after the server began waiting for it is closed, however steadily its bytes
+// trickle in (a slow sender cannot hold a slot); a write that makes no progress for
+// idle_timeout_ms closes it too.
 // Keep-alive and pipelined requests are served in order. Every refusal is counted in
 // ServingMetrics (kvtier_serve_http_rejected_total{limit=...}).
 //

@@ -121,7 +121,9 @@ int RunServe(std::span<const std::string_view> args) {
   flags.Uint("body-bytes-max", &ho.body_bytes_max, "HTTP request body bytes (413 over)", false,
              1024, 64 << 20);
   flags.Uint("idle-timeout-ms", &ho.idle_timeout_ms,
-             "close a connection idle (or writing without progress) this long", false, 10, 3600000);
+             "close a connection whose next request has not arrived in full this long (bytes "
+             "trickling in do not extend it), or whose reply makes no progress this long",
+             false, 10, 3600000);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (guard == "auto") {
     so.session.guard = engine::GuardMode::kAuto;

@@ -1,8 +1,8 @@
 // `kvtier-engine serve` end to end (label e2e): the real kvtierd (auth on, two tenants) and
 // the real server with an API keys file, spoken to over HTTP. Exact cache-hit usage across
 // turns, page-granular hits for A+B then A+C, tenant isolation, streaming with usage, clean
-// errors for hostile requests, a client that disconnects mid-stream, and 16 concurrent
-// streams whose greedy outputs equal the same requests run alone.
+// errors for hostile requests, slow and surplus connections bounded, a client that disconnects
+// mid-stream, and 16 concurrent streams whose greedy outputs equal the same requests run alone.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -298,6 +298,71 @@ TEST_F(ServeTest, MalformedRequestsGetCleanErrors) {
   HttpReply ok = Post("/v1/completions", Completion("hi", 2));
   EXPECT_EQ(ok.status, 200) << ok.body;
   EXPECT_EQ(Http(port, "GET", "/v1/models", "", kAlice).Json()["data"][0]["id"], "kvmini-trained");
+  EXPECT_EQ(s_->Stop(), 0);
+}
+
+// Hostile connections: clients that hold every connection slot by sending a request a byte at a
+// time (slowloris) are closed once their request has taken idle_timeout_ms, however steadily
+// they keep sending; a connection over connections_max meanwhile gets a 503 in OpenAI's error
+// shape and is closed; both refusals are counted, and afterwards the freed slots serve again.
+TEST_F(ServeTest, SlowAndSurplusConnectionsAreBounded) {
+  StartServer({"--connections-max", "3", "--idle-timeout-ms", "1500"});
+  const uint16_t port = s_->port();
+  constexpr int kSlow = 3;
+  std::vector<int> slow;
+  for (int i = 0; i < kSlow; ++i) {
+    const int fd = ConnectTcp(port);
+    ASSERT_GE(fd, 0);
+    const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
+    ASSERT_TRUE(SendAllRaw(fd, head.data(), head.size()));
+    slow.push_back(fd);
+  }
+  // The listen queue is FIFO and the accept loop takes connections in order: the three slow
+  // ones hold every slot before the next is accepted.
+  {  // One more connection: 503, OpenAI's error shape, then closed.
+    const int fd = ConnectTcp(port);
+    ASSERT_GE(fd, 0);
+    bool eof = false;
+    const HttpReply r = ParseReply(RecvFor(fd, 1 << 20, 10000, &eof));
+    ::close(fd);
+    EXPECT_TRUE(eof);
+    ASSERT_EQ(r.status, 503) << r.body;
+    const json j = r.Json();
+    ASSERT_TRUE(j.is_object()) << r.body;
+    EXPECT_EQ(j["error"]["code"], "connections_max") << r.body;
+  }
+  // The slow clients go on sending a header byte every 100 ms; each must be closed by the
+  // server (orderly close, or a reset because its last bytes were never read).
+  std::vector<bool> closed(kSlow, false);
+  int still_open = kSlow;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (still_open > 0 && std::chrono::steady_clock::now() < give_up) {
+    for (int i = 0; i < kSlow; ++i) {
+      if (closed[i]) continue;
+      char c;
+      const ssize_t k = ::recv(slow[i], &c, 1, MSG_DONTWAIT);
+      const bool gone = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
+                        ::send(slow[i], "x", 1, MSG_NOSIGNAL) < 0;
+      ASSERT_LE(k, 0) << "the server answered a request it never got in full";
+      if (gone) closed[i] = true, --still_open;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (int fd : slow) ::close(fd);
+  EXPECT_EQ(still_open, 0) << "slow clients kept their connections past idle_timeout_ms";
+  ASSERT_TRUE(s_->Alive());
+  // The slots are free again (a connection thread may still be ending: retry a 503 briefly);
+  // the refusals were counted.
+  HttpReply ok = Post("/v1/completions", Completion("hi", 2));
+  for (int i = 0; i < 100 && ok.status == 503; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ok = Post("/v1/completions", Completion("hi", 2));
+  }
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  const std::string text = Metrics();
+  EXPECT_EQ(Metric(text, "kvtier_serve_http_rejected_total{limit=\"idle_timeout_ms\"}"), kSlow)
+      << text;
+  EXPECT_GE(Metric(text, "kvtier_serve_http_rejected_total{limit=\"connections_max\"}"), 1) << text;
   EXPECT_EQ(s_->Stop(), 0);
 }
 

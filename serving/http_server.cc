@@ -158,6 +158,10 @@ void HttpServer::AcceptLoop() {
     if (fd < 0) continue;
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (options_.send_buffer_bytes > 0) {
+      const int bytes = static_cast<int>(options_.send_buffer_bytes);
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+    }
     {
       std::lock_guard l(mu_);
       if (open_.size() >= options_.connections_max) {

@@ -37,6 +37,11 @@ struct HttpOptions {
   uint64_t header_bytes_max = 16 << 10;
   uint64_t body_bytes_max = 1 << 20;
   uint64_t idle_timeout_ms = 30000;
+  // The kernel's send buffer of each connection (SO_SNDBUF; the kernel doubles it for its
+  // bookkeeping), bounding the reply bytes a client that reads nothing leaves queued in the
+  // kernel per connection. 0 = the kernel's default, which grows with the connection up to
+  // net.ipv4.tcp_wmem's maximum (4 MiB by default: 256 MiB over 64 stalled connections).
+  uint64_t send_buffer_bytes = 256 << 10;
 };
 
 struct HttpRequest {

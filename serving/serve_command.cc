@@ -124,6 +124,10 @@ int RunServe(std::span<const std::string_view> args) {
              "close a connection whose next request has not arrived in full this long (bytes "
              "trickling in do not extend it), or whose reply makes no progress this long",
              false, 10, 3600000);
+  flags.Uint("send-buffer-bytes", &ho.send_buffer_bytes,
+             "kernel send buffer per connection (SO_SNDBUF): what a client that reads nothing "
+             "leaves queued; 0 = the kernel's, growing to tcp_wmem's maximum",
+             false, 0, 64 << 20);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (guard == "auto") {
     so.session.guard = engine::GuardMode::kAuto;

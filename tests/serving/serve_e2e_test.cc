@@ -366,6 +366,51 @@ TEST_F(ServeTest, SlowAndSurplusConnectionsAreBounded) {
   EXPECT_EQ(s_->Stop(), 0);
 }
 
+// A client that asks for a long stream and then reads nothing: once the socket buffers are full
+// (the server's bounded by --send-buffer-bytes, small here so that they fill in a moment) its
+// writes make no progress, and after --idle-timeout-ms the connection is closed and the
+// generation cancelled (its sequence freed), as for a client that went away.
+TEST_F(ServeTest, AStalledReaderIsClosedAndItsSequenceFreed) {
+  // 60000 tokens take this model seconds (about 0.1 ms each, growing with the context): the
+  // generation is still running when the stalled writes time out.
+  StartServer({"--idle-sequences-max", "0", "--idle-timeout-ms", "300", "--send-buffer-bytes",
+               "16384", "--context-tokens-max", "65536", "--max-tokens-max", "60000"});
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  const int rcvbuf = 4096;  // a small window, so that the server's buffers fill early
+  ASSERT_EQ(::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)), 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(s_->port());
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  json body = Completion(Text(70, 8), 60000);
+  body["stream"] = true;
+  const std::string b = body.dump();
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                          std::string(kAlice) + "\r\nContent-Length: " + std::to_string(b.size()) +
+                          "\r\n\r\n" + b;
+  ASSERT_TRUE(SendAllRaw(fd, req.data(), req.size()));
+  std::string m;
+  for (int i = 0; i < 600; ++i) {  // up to 30 s
+    m = Metrics();
+    if (Metric(m, "kvtier_serve_disconnects_total") == 1 &&
+        Metric(m, "kvtier_serve_active_sequences") == 0)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(Metric(m, "kvtier_serve_disconnects_total"), 1) << m;
+  EXPECT_EQ(Metric(m, "kvtier_serve_active_sequences"), 0) << m;
+  EXPECT_EQ(Metric(m, "kvtier_serve_resident_tokens"), 0) << m;
+  EXPECT_LT(Metric(m, "kvtier_serve_completion_tokens_total{tenant=\"alice\"}"), 60000) << m;
+  // The server closed its side: what it had sent is readable, then the end of the stream.
+  bool eof = false;
+  RecvFor(fd, 64 << 20, 10000, &eof);
+  EXPECT_TRUE(eof);
+  ::close(fd);
+  EXPECT_EQ(Post("/v1/completions", Completion("still up", 2)).status, 200);
+}
+
 // A client that goes away mid-stream cancels its request: the sequence is freed.
 TEST_F(ServeTest, DisconnectMidStreamFreesTheSequence) {
   StartServer({"--idle-sequences-max", "0"});

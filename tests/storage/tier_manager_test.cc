@@ -1,0 +1,356 @@
+// TierManager placement over HBM, DRAM and SSD: demotion and promotion, peeks, flushes, miss
+// reasons, pins, tenants and quotas, policies at run time, SWA state kept off SSD; and the
+// memory tiers' arenas (CUDA or mmap).
+// Part of kvtier_storage_test (tests/storage/CMakeLists.txt).
+#include "storage/tier_manager.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "storage/block_device.h"
+#include "storage/memory_tier.h"
+#include "tests/cuda_required.h"
+#include "tests/storage/test_util.h"
+
+namespace kvtier::storage {
+namespace {
+
+using testing::MakeKey;
+using testing::MakeValue;
+using testing::TempDir;
+
+// ---------------------------------------------------------- TierManager ----
+
+class TierManagerTest : public ::testing::Test {
+ protected:
+  TierManagerOptions Options() {
+    TierManagerOptions o;
+    o.hbm_capacity_bytes = 0;
+    o.dram_capacity_bytes = 1ull << 20;
+    o.slab_page_bytes = 64 << 10;
+    o.ssd_capacity_bytes = 32ull << 20;
+    o.ssd_segment_bytes = 2ull << 20;
+    o.ssd_write_buffer_bytes = 256 << 10;
+    o.data_dir = dir_.path();
+    o.ssd_env = env_.get();
+    o.clock = &clock_;
+    return o;
+  }
+  TempDir dir_;
+  std::unique_ptr<DeviceEnv> env_ = NewMemEnv();
+  ManualClock clock_{1'000'000};
+};
+
+// Demotion through the admission policy: durability none (under batched / sync a DRAM put
+// is written through to SSD at once, see tests/storage/durability_test.cc).
+TEST_F(TierManagerTest, DramEvictionDemotesToSsdAndGetPromotes) {
+  TierManagerOptions o = Options();
+  o.durability = Durability::kNone;
+  auto tm = TierManager::Open(o);
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  constexpr int kUnits = 200;  // 200 x 20 KB = 4 MB into a 1 MB DRAM tier
+  for (int i = 0; i < kUnits; ++i) {
+    Key k = MakeKey(i);
+    ASSERT_TRUE((*tm)->Put(k, MakeValue(k, 1, 20000), {}).ok());
+  }
+  std::vector<Key> chain;
+  for (int i = 0; i < kUnits; ++i) chain.push_back(MakeKey(i));
+  LookupResult r = (*tm)->Lookup(chain);
+  ASSERT_EQ(r.hit_count, static_cast<size_t>(kUnits));
+  EXPECT_EQ(r.tiers.front(), Tier::kSsd);
+  EXPECT_EQ(r.tiers.back(), Tier::kDram);
+  Stats s = (*tm)->GetStats();
+  EXPECT_GT(s.dram.evictions, 0u);
+  EXPECT_GT(s.admissions, 0u);
+  EXPECT_LE(s.dram.used_bytes, 1ull << 20);
+  std::vector<uint8_t> out;
+  Tier from;
+  ASSERT_TRUE((*tm)->Get(chain[0], &out, &from).ok());
+  EXPECT_EQ(from, Tier::kSsd);
+  EXPECT_EQ(out, MakeValue(chain[0], 1, 20000));
+  ASSERT_TRUE((*tm)->Get(chain[0], &out, &from).ok());
+  EXPECT_EQ(from, Tier::kDram);  // promoted
+  // Prefetch promotes as well.
+  ASSERT_TRUE((*tm)->Prefetch(std::span<const Key>(chain.data() + 1, 1)).ok());
+  EXPECT_EQ((*tm)->Lookup(std::span<const Key>(chain.data() + 1, 1)).tiers[0], Tier::kDram);
+  // Overwrite: the stale SSD copy must not come back.
+  ASSERT_TRUE((*tm)->Put(chain[0], MakeValue(chain[0], 2, 20000), {}).ok());
+  for (int i = 100; i < kUnits; ++i) ASSERT_TRUE((*tm)->Get(chain[i], &out).ok());
+  ASSERT_TRUE((*tm)->Get(chain[0], &out).ok());
+  EXPECT_EQ(out, MakeValue(chain[0], 2, 20000));
+}
+
+// Peek (the cluster's repair reads) returns the value of an SSD unit without promoting it
+// and without counting a hit: DRAM holds exactly what it held before.
+TEST_F(TierManagerTest, PeekReadsSsdUnitsWithoutPromotingThem) {
+  auto tm = TierManager::Open(Options());
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  PutOptions ssd_only;
+  ssd_only.highest_tier = Tier::kSsd;
+  constexpr int kUnits = 10;
+  for (int i = 0; i < kUnits; ++i) {
+    ASSERT_TRUE((*tm)->Put(MakeKey(i), MakeValue(MakeKey(i), 1, 20000), ssd_only).ok());
+  }
+  Stats before = (*tm)->GetStats();
+  ASSERT_EQ(before.dram.objects, 0u);
+  std::vector<uint8_t> out;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i = 0; i < kUnits; ++i) {
+      Tier from = Tier::kNone;
+      ASSERT_TRUE((*tm)->Peek(MakeKey(i), &out, &from).ok());
+      EXPECT_EQ(from, Tier::kSsd);
+      EXPECT_EQ(out, MakeValue(MakeKey(i), 1, 20000));
+    }
+  }
+  EXPECT_TRUE((*tm)->Peek(MakeKey(kUnits), &out).IsNotFound());
+  Stats after = (*tm)->GetStats();
+  EXPECT_EQ(after.dram.objects, 0u);
+  EXPECT_EQ(after.dram.used_bytes, before.dram.used_bytes);
+  EXPECT_EQ(after.misses_never_stored, before.misses_never_stored);
+  // A client Get of the same unit does promote it (so the check above can fail).
+  ASSERT_TRUE((*tm)->Get(MakeKey(0), &out).ok());
+  ASSERT_TRUE((*tm)->Get(MakeKey(0), &out).ok());
+  EXPECT_EQ((*tm)->GetStats().dram.objects, 1u);
+}
+
+// Flush writes DRAM-only units back to SSD (keeping the DRAM copy), so a clean close and
+// reopen loses nothing acknowledged; SWA units (allow_ssd=false) stay out of SSD. Durability
+// none: the only mode in which DRAM puts are not written through at once.
+TEST_F(TierManagerTest, FlushWritesDramUnitsBackSoTheySurviveReopen) {
+  constexpr int kUnits = 20;  // 20 x 20 KB fits the 1 MB DRAM tier: nothing is demoted
+  PutOptions swa;
+  swa.kind = policies::ObjectKind::kSwa;
+  swa.allow_ssd = false;
+  TierManagerOptions o = Options();
+  o.durability = Durability::kNone;
+  {
+    auto tm = TierManager::Open(o);
+    ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+    for (int i = 0; i < kUnits; ++i) {
+      Key k = MakeKey(i);
+      ASSERT_TRUE((*tm)->Put(k, MakeValue(k, 1, 20000), {}).ok());
+    }
+    Key swa_key = MakeKey(1000);
+    ASSERT_TRUE((*tm)->Put(swa_key, MakeValue(swa_key, 1, 2000), swa).ok());
+    EXPECT_EQ((*tm)->GetStats().ssd.objects, 0u) << "nothing was demoted before the flush";
+    ASSERT_TRUE((*tm)->Flush().ok());
+    EXPECT_EQ((*tm)->GetStats().ssd.objects, static_cast<uint64_t>(kUnits));
+    std::vector<uint8_t> out;
+    Tier from = Tier::kNone;
+    ASSERT_TRUE((*tm)->Get(MakeKey(0), &out, &from).ok());
+    EXPECT_EQ(from, Tier::kDram) << "the DRAM copy is kept";
+    ASSERT_TRUE((*tm)->Flush().ok());  // idempotent: the same versions are not written twice
+    EXPECT_EQ((*tm)->GetStats().ssd.objects, static_cast<uint64_t>(kUnits));
+  }
+  auto tm = TierManager::Open(o);
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  std::vector<uint8_t> out;
+  for (int i = 0; i < kUnits; ++i) {
+    Key k = MakeKey(i);
+    Tier from = Tier::kNone;
+    ASSERT_TRUE((*tm)->Get(k, &out, &from).ok()) << i;
+    EXPECT_EQ(from, Tier::kSsd);
+    EXPECT_EQ(out, MakeValue(k, 1, 20000));
+  }
+  EXPECT_TRUE((*tm)->Get(MakeKey(1000), &out).IsNotFound()) << "SWA state never reaches SSD";
+}
+
+TEST_F(TierManagerTest, HbmDramSsdPlacement) {
+  TierManagerOptions o = Options();
+  o.hbm_capacity_bytes = 256 << 10;
+  o.dram_capacity_bytes = 512 << 10;
+  auto tm = TierManager::Open(o);
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  PutOptions p;
+  p.highest_tier = Tier::kHbm;
+  std::vector<Key> chain;
+  for (int i = 0; i < 80; ++i) {
+    chain.push_back(MakeKey(i));
+    ASSERT_TRUE((*tm)->Put(chain.back(), MakeValue(chain.back(), 1, 16000), p).ok());
+  }
+  LookupResult r = (*tm)->Lookup(chain);
+  ASSERT_EQ(r.hit_count, chain.size());
+  EXPECT_EQ(r.tiers.front(), Tier::kSsd);
+  EXPECT_EQ(r.tiers.back(), Tier::kHbm);
+  EXPECT_NE(std::find(r.tiers.begin(), r.tiers.end(), Tier::kDram), r.tiers.end());
+  std::vector<uint8_t> out;
+  for (const Key& k : chain) {
+    ASSERT_TRUE((*tm)->Get(k, &out).ok());
+    EXPECT_EQ(out, MakeValue(k, 1, 16000));
+  }
+  Stats s = (*tm)->GetStats();
+  EXPECT_GT(s.hbm.objects, 0u);
+  EXPECT_GT(s.hbm.evictions, 0u);
+}
+
+TEST_F(TierManagerTest, MissReasons) {
+  TierManagerOptions o = Options();
+  o.ssd_capacity_bytes = 0;  // DRAM only: evicted units are gone
+  auto tm = TierManager::Open(o);
+  ASSERT_TRUE(tm.ok());
+  Key never = MakeKey(999);
+  Key chain1[] = {never};
+  EXPECT_EQ((*tm)->Lookup(chain1).first_miss, MissReason::kNeverStored);
+  PutOptions ttl;
+  ttl.ttl_ms = 1000;
+  Key t = MakeKey(500);
+  ASSERT_TRUE((*tm)->Put(t, MakeValue(t, 1, 1000), ttl).ok());
+  Key chain2[] = {t};
+  EXPECT_EQ((*tm)->Lookup(chain2).hit_count, 1u);
+  clock_.AdvanceMs(1001);
+  LookupResult r = (*tm)->Lookup(chain2);
+  EXPECT_EQ(r.hit_count, 0u);
+  EXPECT_EQ(r.first_miss, MissReason::kExpired);
+  std::vector<uint8_t> out;
+  EXPECT_TRUE((*tm)->Get(t, &out).IsNotFound());
+  for (int i = 0; i < 200; ++i) {
+    Key k = MakeKey(i);
+    ASSERT_TRUE((*tm)->Put(k, MakeValue(k, 1, 20000), {}).ok());
+  }
+  Key chain3[] = {MakeKey(199), MakeKey(0)};
+  r = (*tm)->Lookup(chain3);
+  EXPECT_EQ(r.hit_count, 1u);
+  EXPECT_EQ(r.first_miss, MissReason::kEvicted);
+  EXPECT_GT((*tm)->GetStats().misses_evicted, 0u);
+  // Re-storing clears the reason; deleting makes it "never stored" again.
+  ASSERT_TRUE((*tm)->Put(MakeKey(0), MakeValue(MakeKey(0), 2, 100), {}).ok());
+  ASSERT_TRUE((*tm)->Delete(MakeKey(0)).ok());
+  EXPECT_TRUE((*tm)->Delete(MakeKey(0)).IsNotFound());
+  Key chain4[] = {MakeKey(0)};
+  EXPECT_EQ((*tm)->Lookup(chain4).first_miss, MissReason::kNeverStored);
+}
+
+TEST_F(TierManagerTest, PinnedUnitsSurviveUntilTheLeaseExpires) {
+  TierManagerOptions o = Options();
+  o.ssd_capacity_bytes = 0;
+  auto tm = TierManager::Open(o);
+  ASSERT_TRUE(tm.ok());
+  Key pinned[] = {MakeKey(1), MakeKey(2)};
+  for (const Key& k : pinned) ASSERT_TRUE((*tm)->Put(k, MakeValue(k, 1, 20000), {}).ok());
+  ASSERT_TRUE((*tm)->Pin(pinned, 5000).ok());
+  Key absent[] = {MakeKey(77)};
+  EXPECT_TRUE((*tm)->Pin(absent, 5000).IsNotFound());
+  for (int i = 10; i < 300; ++i) {
+    Key k = MakeKey(i);
+    ASSERT_TRUE((*tm)->Put(k, MakeValue(k, 1, 20000), {}).ok());
+  }
+  EXPECT_EQ((*tm)->Lookup(pinned).hit_count, 2u);
+  clock_.AdvanceMs(5001);  // the lease expires: evictable again
+  for (int i = 300; i < 600; ++i) {
+    Key k = MakeKey(i);
+    ASSERT_TRUE((*tm)->Put(k, MakeValue(k, 1, 20000), {}).ok());
+  }
+  EXPECT_EQ((*tm)->Lookup(pinned).hit_count, 0u);
+  // Unpin makes a unit evictable at once.
+  Key p2[] = {MakeKey(1000)};
+  ASSERT_TRUE((*tm)->Put(p2[0], MakeValue(p2[0], 1, 20000), {}).ok());
+  ASSERT_TRUE((*tm)->Pin(p2, 1'000'000).ok());
+  ASSERT_TRUE((*tm)->Unpin(p2).ok());
+  for (int i = 600; i < 900; ++i) {
+    Key k = MakeKey(i);
+    ASSERT_TRUE((*tm)->Put(k, MakeValue(k, 1, 20000), {}).ok());
+  }
+  EXPECT_EQ((*tm)->Lookup(p2).hit_count, 0u);
+}
+
+TEST_F(TierManagerTest, TenantsQuotasAndDeleteTenant) {
+  auto tm = TierManager::Open(Options());
+  ASSERT_TRUE(tm.ok());
+  PutOptions a, b;
+  a.tenant = 1;
+  b.tenant = 2;
+  (*tm)->SetTenantQuota(1, 50000);
+  Key k1 = MakeKey(1), k2 = MakeKey(2), k3 = MakeKey(3);
+  ASSERT_TRUE((*tm)->Put(k1, MakeValue(k1, 1, 30000), a).ok());
+  EXPECT_TRUE((*tm)->Put(k2, MakeValue(k2, 1, 30000), a).IsRejected());
+  ASSERT_TRUE((*tm)->Put(k1, MakeValue(k1, 2, 40000), a).ok());  // replacing counts once
+  ASSERT_TRUE((*tm)->Put(k3, MakeValue(k3, 1, 30000), b).ok());
+  Stats s = (*tm)->GetStats();
+  ASSERT_EQ(s.tenant_bytes.size(), 2u);
+  EXPECT_EQ(s.tenant_bytes[0], std::make_pair(TenantId{1}, uint64_t{40000}));
+  EXPECT_EQ(s.tenant_bytes[1], std::make_pair(TenantId{2}, uint64_t{30000}));
+  ASSERT_TRUE((*tm)->DeleteTenant(1).ok());
+  std::vector<uint8_t> out;
+  EXPECT_TRUE((*tm)->Get(k1, &out).IsNotFound());
+  ASSERT_TRUE((*tm)->Get(k3, &out).ok());
+  s = (*tm)->GetStats();
+  ASSERT_EQ(s.tenant_bytes.size(), 1u);
+  EXPECT_EQ(s.tenant_bytes[0].first, TenantId{2});
+  EXPECT_TRUE((*tm)->Put(k1, std::vector<uint8_t>(65ull << 20), a).IsInvalidArgument());
+}
+
+TEST_F(TierManagerTest, SetPolicyAtRunTime) {
+  auto tm = TierManager::Open(Options());
+  ASSERT_TRUE(tm.ok());
+  Key k = MakeKey(1);
+  ASSERT_TRUE((*tm)->Put(k, MakeValue(k, 1, 1000), {}).ok());
+  EXPECT_TRUE((*tm)->SetPolicy("no-such-policy", "admit-all", {}).IsInvalidArgument());
+  EXPECT_TRUE((*tm)->SetPolicy("lru", "no-such-admission", {}).IsInvalidArgument());
+  ASSERT_TRUE((*tm)->SetPolicy("lru", "admit-all", {}).ok());
+  for (int i = 2; i < 200; ++i) {
+    Key x = MakeKey(i);
+    ASSERT_TRUE((*tm)->Put(x, MakeValue(x, 1, 20000), {}).ok());
+  }
+  std::vector<uint8_t> out;
+  ASSERT_TRUE((*tm)->Get(k, &out).ok());  // demoted through the new policies, still served
+  EXPECT_EQ(out, MakeValue(k, 1, 1000));
+}
+
+TEST_F(TierManagerTest, SwaStateNeverReachesSsd) {
+  auto tm = TierManager::Open(Options());
+  ASSERT_TRUE(tm.ok());
+  PutOptions swa;
+  swa.kind = policies::ObjectKind::kSwa;
+  swa.allow_ssd = false;
+  Key s = MakeKey(1);
+  ASSERT_TRUE((*tm)->Put(s, MakeValue(s, 1, 20000), swa).ok());
+  for (int i = 2; i < 200; ++i) {
+    Key x = MakeKey(i);
+    ASSERT_TRUE((*tm)->Put(x, MakeValue(x, 1, 20000), {}).ok());
+  }
+  Key chain[] = {s};
+  LookupResult r = (*tm)->Lookup(chain);
+  EXPECT_EQ(r.hit_count, 0u);
+  EXPECT_EQ(r.first_miss, MissReason::kEvicted);
+}
+
+// The HBM and DRAM tiers' arenas: CUDA device and pinned memory when a GPU is usable, mmap
+// otherwise; bytes round-trip through either (cudaMemcpy on a GPU). Under
+// KVTIER_REQUIRE_CUDA=1 (the GPU check, deploy/gpu/check.sh) the CUDA arenas are required.
+TEST(MemoryTierArena, HbmAndDramRoundTripOnTheirArena) {
+  for (Tier tier : {Tier::kHbm, Tier::kDram}) {
+    for (bool use_cuda : {true, false}) {
+      SCOPED_TRACE(std::string(tier == Tier::kHbm ? "hbm" : "dram") +
+                   (use_cuda ? " use_cuda" : " host"));
+      MemoryTierOptions o;
+      o.tier = tier;
+      o.capacity_bytes = 16u << 20;
+      o.use_cuda = use_cuda;
+      auto t = MemoryTier::Create(o);
+      ASSERT_TRUE(t.ok()) << t.status().ToString();
+      const std::string kind = (*t)->arena_kind();
+      if (!use_cuda) {
+        EXPECT_EQ(kind, "mmap");
+      } else if (::kvtier::testing::CudaRequired()) {
+        EXPECT_EQ(kind, tier == Tier::kHbm ? "cuda-device" : "cuda-pinned");
+      } else {
+        EXPECT_TRUE(kind == "mmap" || kind == (tier == Tier::kHbm ? "cuda-device" : "cuda-pinned"))
+            << kind;
+      }
+      const Key key = MakeKey(7);
+      const std::vector<uint8_t> value = MakeValue(key, 1, 100003);  // not a multiple of any page
+      ASSERT_TRUE((*t)->Insert(key, value, MemMeta{}, true).ok());
+      std::vector<uint8_t> out;
+      ASSERT_TRUE((*t)->Read(key, &out).ok());
+      EXPECT_EQ(out, value);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::storage

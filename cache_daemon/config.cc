@@ -232,6 +232,9 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
       {"engram.grants_per_tenant_max",
        UintKey("engram.grants_per_tenant_max", &o.engram.grants_per_tenant_max)},
       {"engram.connections_max", UintKey("engram.connections_max", &o.engram.connections_max)},
+      {"engram.attach_timeout_ms",
+       UintKey("engram.attach_timeout_ms", &o.engram.attach_timeout_ms)},
+      {"engram.body_timeout_ms", UintKey("engram.body_timeout_ms", &o.engram.body_timeout_ms)},
       {"engram.regions_per_connection_max",
        UintKey("engram.regions_per_connection_max", &o.engram.regions_per_connection_max)},
       {"engram.batch_ops_max", UintKey("engram.batch_ops_max", &o.engram.batch_ops_max)},
@@ -456,6 +459,8 @@ Status FinalizeEngram(DaemonOptions* o) {
     return Bad("engram.grants_per_tenant_max", "1..grants_max");
   }
   if (e.connections_max == 0) return Bad("engram.connections_max", "at least 1");
+  if (e.attach_timeout_ms > 3600000) return Bad("engram.attach_timeout_ms", "at most 3600000");
+  if (e.body_timeout_ms > 3600000) return Bad("engram.body_timeout_ms", "at most 3600000");
   if (e.regions_per_connection_max == 0) {
     return Bad("engram.regions_per_connection_max", "at least 1");
   }

@@ -36,6 +36,8 @@ struct EngramServeOptions {
   uint32_t grants_per_tenant_max = 4096;  // live grants of one tenant
   // RowServerOptions limits.
   uint32_t connections_max = 256;
+  uint32_t attach_timeout_ms = 10000;  // a connection attaching no region this long is closed
+  uint32_t body_timeout_ms = 10000;    // a request body unfinished this long closes it
   uint32_t regions_per_connection_max = 64;
   uint32_t batch_ops_max = 1024;              // 1..4096 (rdma::wire::kBatchOpsMax)
   uint32_t read_bytes_max = 1u << 20;         // one read op, 1..1 MiB

@@ -36,6 +36,8 @@ EngramServing::EngramServing(const EngramServeOptions& options, const Clock* clo
   ro.bind_address = options_.listen_host == "localhost" ? "127.0.0.1" : options_.listen_host;
   ro.port = options_.listen_port;
   ro.connections_max = options_.connections_max;
+  ro.attach_timeout_ms = options_.attach_timeout_ms;
+  ro.body_timeout_ms = options_.body_timeout_ms;
   ro.regions_per_connection_max = options_.regions_per_connection_max;
   ro.batch_ops_max = options_.batch_ops_max;
   ro.read_bytes_max = options_.read_bytes_max;

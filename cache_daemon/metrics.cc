@@ -168,6 +168,13 @@ void DaemonMetrics::RenderEngram(const Extra& extra, void* page) const {
          "Engram row-server connections refused (engram.connections_max).", c.connections_refused},
         {"kvtier_engram_server_malformed_frames_total", "counter",
          "Engram row-server connections closed for a malformed frame.", c.malformed_frames},
+        {"kvtier_engram_server_unattached_closed_total", "counter",
+         "Engram row-server connections closed for opening no region (engram.attach_timeout_ms).",
+         c.unattached_closed},
+        {"kvtier_engram_server_bodies_timed_out_total", "counter",
+         "Engram row-server connections closed for an unfinished request body "
+         "(engram.body_timeout_ms).",
+         c.bodies_timed_out},
         {"kvtier_engram_server_batches_total", "counter", "Engram read batches served.",
          c.batches_served},
         {"kvtier_engram_server_ops_total", "counter", "Engram read ops (rows) served.",

@@ -73,7 +73,8 @@ struct RowServer::State {
 
   std::atomic<uint64_t> connections_accepted{0}, connections_active{0}, connections_refused{0},
       malformed_frames{0}, batches_served{0}, ops_served{0}, bytes_served{0}, permission_denied{0},
-      verbs_unavailable{0}, verbs_qps_created{0}, verbs_qps_cut{0}, verbs_registrations_cut{0};
+      verbs_unavailable{0}, verbs_qps_created{0}, verbs_qps_cut{0}, verbs_registrations_cut{0},
+      unattached_closed{0}, bodies_timed_out{0};
 
 #ifdef KVTIER_WITH_RDMA
   // Declared after the tables: zones (and their MRs of table rows) go first.
@@ -193,16 +194,31 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
       : socket_(std::move(socket)),
         timer_(socket_.get_executor()),
         verbs_timer_(socket_.get_executor()),
+        attach_timer_(socket_.get_executor()),
+        body_timer_(socket_.get_executor()),
         state_(std::move(state)) {}
   ~RowServerSession() { state_->connections_active.fetch_sub(1); }
 
-  void Start() { ReadHeader(); }
+  void Start() {
+    if (const uint32_t ms = state_->options.attach_timeout_ms; ms > 0) {
+      attach_timer_.expires_after(std::chrono::milliseconds(ms));
+      attach_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+        // Cancelled (closed, or a region attached), or attached since the wait ended.
+        if (ec || !self->attached_.empty() || !self->socket_.is_open()) return;
+        self->state_->unattached_closed.fetch_add(1);
+        self->Close();
+      });
+    }
+    ReadHeader();
+  }
   // The session's strand: Start() and Close() are called on it only.
   tcp::socket::executor_type executor() { return socket_.get_executor(); }
   void Close() {
     boost::system::error_code ec;
     timer_.cancel();
     verbs_timer_.cancel();
+    attach_timer_.cancel();
+    body_timer_.cancel();
 #ifdef KVTIER_WITH_RDMA
     qp_.reset();  // the connection is the queue pair's lease
 #endif
@@ -233,8 +249,22 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     }
     body_.resize(request_.body_bytes);
     auto self = shared_from_this();
+    const uint64_t frame = ++frames_;
+    if (const uint32_t ms = state_->options.body_timeout_ms; ms > 0 && !body_.empty()) {
+      body_timer_.expires_after(std::chrono::milliseconds(ms));
+      body_timer_.async_wait([self, frame](const boost::system::error_code& ec) {
+        // Cancelled, or this body arrived while the wait was ending (the read's handler ran
+        // first on this strand and moved body_frame_ on).
+        if (ec || self->body_frame_ != frame || !self->socket_.is_open()) return;
+        self->state_->bodies_timed_out.fetch_add(1);
+        self->Close();
+      });
+    }
+    body_frame_ = frame;
     asio::async_read(socket_, asio::buffer(body_),
                      [self](const boost::system::error_code& ec, size_t) {
+                       self->body_frame_ = 0;
+                       self->body_timer_.cancel();
                        if (ec) return self->Close();
                        self->OnBody();
                      });
@@ -375,6 +405,7 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
       return Reply(Status::Rejected("regions_per_connection_max reached"), {});
     }
     attached_[table->id] = Attached{table, req.token, req.tenant};
+    attach_timer_.cancel();
     const EngramTableHeader& h = table->header;
     wire::OpenReply reply{table->id,   h.row_stride_bytes, table->rows.size(),
                           h.row_begin, h.row_count,        h.row_dim};
@@ -491,6 +522,10 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
   tcp::socket socket_;
   asio::steady_timer timer_;
   asio::steady_timer verbs_timer_;
+  asio::steady_timer attach_timer_;  // attach_timeout_ms from Start()
+  asio::steady_timer body_timer_;    // body_timeout_ms from a header with a body
+  uint64_t frames_ = 0;              // headers read
+  uint64_t body_frame_ = 0;          // the frame whose body is being read; 0 = none
   std::shared_ptr<RowServer::State> state_;
   std::array<uint8_t, wire::kHeaderBytes> header_{};
   std::array<uint8_t, wire::kHeaderBytes> response_header_{};
@@ -830,7 +865,8 @@ RowServerCounters RowServer::counters() const {
       s.connections_accepted.load(), s.connections_active.load(), s.connections_refused.load(),
       s.malformed_frames.load(),     s.batches_served.load(),     s.ops_served.load(),
       s.bytes_served.load(),         s.permission_denied.load(),  s.verbs_unavailable.load(),
-      s.verbs_qps_created.load(),    s.verbs_qps_cut.load(),      s.verbs_registrations_cut.load()};
+      s.verbs_qps_created.load(),    s.verbs_qps_cut.load(),      s.verbs_registrations_cut.load(),
+      s.unattached_closed.load(),    s.bodies_timed_out.load()};
 }
 
 }  // namespace kvtier::rdma

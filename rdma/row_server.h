@@ -18,7 +18,9 @@
 // PermissionDenied; reads naming a region not opened on the connection get Retry (the
 // client's ids are another connection's); the connection stays up. A malformed frame (bad
 // magic, version, type, a length over the limits) closes that connection; the server and
-// other connections are unaffected. Tokens are never logged.
+// other connections are unaffected. A connection that attaches no region within
+// attach_timeout_ms of being accepted, or leaves a request's body unfinished for
+// body_timeout_ms, is closed too. Tokens are never logged.
 //
 // RDMA side channel (KVTIER_WITH_RDMA and a device only): after a kOpen, kVerbsConnect
 // creates an RC queue pair in the protection domain of the tenant's trust zone (one PD per
@@ -70,6 +72,15 @@ struct RowServerOptions {
   uint16_t port = 0;
   // Connections beyond this are accepted and closed at once.
   uint32_t connections_max = 256;
+  // A connection that has attached no region (no successful OPEN) this long after it was
+  // accepted is closed: connection slots are for clients holding grants, and one that
+  // connects and sends nothing (or half a frame) would otherwise hold its slot for ever.
+  // Attached connections may stay idle indefinitely (an engine between steps). 0 = never.
+  uint32_t attach_timeout_ms = 10000;
+  // A request whose header has arrived must have its whole body within this long, else the
+  // connection is closed (a client that announces a body and sends it slowly or never). 0 =
+  // never.
+  uint32_t body_timeout_ms = 10000;
   // Regions one connection may attach.
   uint32_t regions_per_connection_max = 64;
   // Ops in one read batch (at most wire::kBatchOpsMax); more is an InvalidArgument reply.
@@ -128,6 +139,8 @@ struct RowServerCounters {
   uint64_t verbs_qps_created = 0;
   uint64_t verbs_qps_cut = 0;            // queue pairs destroyed because a grant lapsed
   uint64_t verbs_registrations_cut = 0;  // grant MRs deregistered (revoked or expired)
+  uint64_t unattached_closed = 0;        // closed with no region attached after attach_timeout_ms
+  uint64_t bodies_timed_out = 0;         // closed with a body unfinished after body_timeout_ms
 };
 
 class RowServer {

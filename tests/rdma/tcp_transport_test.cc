@@ -3,7 +3,9 @@
 #include "rdma/tcp_transport.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
 
+#include <array>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <condition_variable>
@@ -535,6 +537,90 @@ bool ServerClosesAfter(uint16_t port, const std::vector<uint8_t>& bytes) {
   // A clean close: EOF (or reset) instead of a reply.
   asio::read(s, asio::buffer(&byte, 1), ec);
   return ec == asio::error::eof || ec == asio::error::connection_reset;
+}
+
+// Waits up to `timeout_ms` for the server to close `s` (EOF or reset); reads and drops what
+// the server sent before.
+bool ClosedByServerWithin(boost::asio::ip::tcp::socket& s, int timeout_ms) {
+  const int fd = s.native_handle();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    uint8_t buf[4096];
+    const ssize_t k = ::recv(fd, buf, sizeof(buf), 0);
+    if (k == 0 || (k < 0 && errno == ECONNRESET)) return true;
+  }
+  return false;
+}
+
+// Connection slots are for clients with grants: connections that attach no region are closed
+// after attach_timeout_ms (so four silent ones cannot hold four slots for ever), one that
+// leaves a request body unfinished after body_timeout_ms; an attached connection may idle.
+TEST_F(TcpTransportTest, SilentConnectionsAndStalledBodiesAreClosed) {
+  namespace asio = boost::asio;
+  RowServerOptions o;
+  o.connections_max = 4;
+  o.attach_timeout_ms = 300;
+  o.body_timeout_ms = 300;
+  StartServer(o, 0);
+  const uint16_t port = server_->port();
+  asio::io_context io;
+  const asio::ip::tcp::endpoint at(asio::ip::make_address("127.0.0.1"), port);
+  std::vector<asio::ip::tcp::socket> silent;
+  for (int i = 0; i < 4; ++i) {
+    silent.emplace_back(io);
+    boost::system::error_code ec;
+    silent.back().connect(at, ec);
+    ASSERT_FALSE(ec) << ec.message();
+  }
+  {  // The slots are taken: a fifth connection is closed at once.
+    asio::ip::tcp::socket fifth(io);
+    boost::system::error_code ec;
+    fifth.connect(at, ec);
+    ASSERT_FALSE(ec) << ec.message();
+    EXPECT_TRUE(ClosedByServerWithin(fifth, 5000));
+  }
+  EXPECT_GE(server_->counters().connections_refused, 1u);
+  for (auto& s : silent) EXPECT_TRUE(ClosedByServerWithin(s, 10000));
+  EXPECT_EQ(server_->counters().unattached_closed, 4u);
+
+  // A client with a grant gets a slot, and keeps it while idle past both timeouts.
+  auto t = Connect(port);
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  ExpectRowsExact(*t, region->id, {0, 1, kRows - 1});
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  ExpectRowsExact(*t, region->id, {2, 3});
+  EXPECT_EQ(t->counters().disconnects, 0u);
+
+  // An attached connection that announces a body and stops halfway is closed.
+  asio::ip::tcp::socket raw(io);
+  boost::system::error_code ec;
+  raw.connect(at, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  const std::vector<uint8_t> open =
+      wire::BuildOpenRequest(1, wire::OpenRequest{creds_.token, "engram.l1", "tenant-a"});
+  asio::write(raw, asio::buffer(open), ec);
+  ASSERT_FALSE(ec) << ec.message();
+  std::array<uint8_t, wire::kHeaderBytes> header{};
+  asio::read(raw, asio::buffer(header), ec);
+  ASSERT_FALSE(ec) << ec.message();
+  wire::ResponseHeader reply;
+  ASSERT_TRUE(wire::DecodeResponseHeader(header.data(), &reply).ok());
+  ASSERT_EQ(reply.code, StatusCode::kOk);
+  std::vector<uint8_t> rest(reply.message_bytes + reply.data_bytes);
+  asio::read(raw, asio::buffer(rest), ec);
+  ASSERT_FALSE(ec) << ec.message();
+  // Two ops (their body never arrives whole, so what they name does not matter).
+  const std::vector<wire::ReadOpWire> ops = {{1, kStride, 0}, {1, kStride, 0}};
+  const std::vector<uint8_t> read = wire::BuildReadRequest(2, ops);
+  asio::write(raw, asio::buffer(read.data(), wire::kHeaderBytes + 5), ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_TRUE(ClosedByServerWithin(raw, 10000));
+  EXPECT_EQ(server_->counters().bodies_timed_out, 1u);
+  EXPECT_EQ(server_->counters().unattached_closed, 4u);  // it had attached
+  ExpectRowsExact(*t, region->id, {4});                  // the server serves on
 }
 
 TEST_F(TcpTransportTest, MalformedFramesCloseTheConnectionAndServerStaysHealthy) {

@@ -44,7 +44,14 @@ struct RowFetcher::Fetch {
 RowFetcher::RowFetcher(ShardMap map, RowFetcherOptions options)
     : map_(std::move(map)), options_(options), cache_(0, 0) {}
 
-RowFetcher::~RowFetcher() = default;
+RowFetcher::~RowFetcher() {
+  for (ShardState& s : shards_) {
+    // No one else holds it: no one else can start holding it either.
+    if (s.transport.use_count() == 1) s.transport->Close();
+  }
+  std::unique_lock<std::mutex> lock(callbacks_mu_);
+  callbacks_cv_.wait(lock, [&] { return callbacks_outstanding_ == 0; });
+}
 
 StatusOr<std::unique_ptr<RowFetcher>> RowFetcher::Create(ShardMap map,
                                                          std::vector<ShardConnection> shards,
@@ -165,8 +172,18 @@ bool RowFetcher::SubmitPending(const FetchHandle& f) {
     }
     const uint64_t n = ops.size();
     reads_in_flight_.fetch_add(n);
+    {
+      std::lock_guard<std::mutex> lock(callbacks_mu_);
+      ++callbacks_outstanding_;
+    }
+    // Ends a callback (or a Submit that will not call it): the last use of this fetcher on
+    // that path. Notifies under the lock, so the destructor cannot return in between.
+    auto callback_done = [this] {
+      std::lock_guard<std::mutex> lock(callbacks_mu_);
+      if (--callbacks_outstanding_ == 0) callbacks_cv_.notify_all();
+    };
     // Submit outside f->mu: reconnecting waits for the I/O thread, whose callbacks take it.
-    Status st = transport->Submit(ops, [this, f, i, n](const Status& result) {
+    Status st = transport->Submit(ops, [this, f, i, n, callback_done](const Status& result) {
       reads_in_flight_.fetch_sub(n);
       {
         std::lock_guard<std::mutex> lock(f->mu);
@@ -184,8 +201,10 @@ bool RowFetcher::SubmitPending(const FetchHandle& f) {
       }
       // Room was made on a transport: push batches that were refused for flow control.
       if (result.ok()) PumpBacklog();
+      callback_done();
     });
     if (!st.ok()) {
+      callback_done();
       reads_in_flight_.fetch_sub(n);
       std::lock_guard<std::mutex> lock(f->mu);
       Fetch::Batch& b = f->batches[i];

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -88,6 +89,11 @@ class RowFetcher {
   static StatusOr<std::unique_ptr<RowFetcher>> Create(ShardMap map,
                                                       std::vector<ShardConnection> shards,
                                                       RowFetcherOptions options);
+  // Returns once no transport callback of this fetcher's batches is running or to come: the
+  // transports only this fetcher holds are closed first (their batches in flight fail at once);
+  // batches in flight on a transport another fetcher shares are waited for (at most its
+  // request_timeout_ms). Fetches not waited for are abandoned (their `out` must stay alive
+  // until then, as always).
   ~RowFetcher();
 
   uint32_t row_stride_bytes() const { return row_stride_bytes_; }
@@ -132,8 +138,14 @@ class RowFetcher {
 
   ShardMap map_;
   RowFetcherOptions options_;
-  // Fetches with flow-controlled (Rejected) batches, oldest first. Declared before shards_ so
-  // that it outlives the transports' final callbacks.
+  // Batches submitted whose callbacks have not returned yet. A callback goes on using this
+  // fetcher after it has woken the batch's Wait() (it pumps the backlog), so the destructor
+  // waits for none to be left (closing first the transports no other fetcher shares, which
+  // fails their batches in flight at once).
+  std::mutex callbacks_mu_;
+  std::condition_variable callbacks_cv_;
+  uint64_t callbacks_outstanding_ = 0;  // guarded by callbacks_mu_
+  // Fetches with flow-controlled (Rejected) batches, oldest first.
   std::mutex backlog_mu_;
   std::deque<std::weak_ptr<Fetch>> backlog_;  // guarded by backlog_mu_
   std::atomic<bool> pumping_{false};

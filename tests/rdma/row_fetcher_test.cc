@@ -3,8 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -355,6 +358,110 @@ TEST_F(RowFetcherTest, LateRowsAreCompletedByTheWaiterItself) {
   }
   EXPECT_TRUE(
       RowFetcher::Create(std::move(*map), std::move(conns), bad).status().IsInvalidArgument());
+}
+
+// A transport the test drives by hand: Submit keeps each callback for the test to call, refuses
+// one submission when told (flow control), and blocks while its gate is closed.
+class HandDrivenTransport final : public Transport {
+ public:
+  static constexpr uint64_t kRows = 64;
+  static constexpr uint32_t kStride = 64;
+  Status Connect() override { return Status::Ok(); }
+  Status Reconnect() override { return Status::Ok(); }
+  StatusOr<RegionInfo> OpenRegion(const RegionCredentials&) override {
+    return RegionInfo{1, kRows * kStride, kStride, 32, 0, kRows};
+  }
+  StatusOr<LocalBufferId> RegisterLocalBuffer(uint8_t*, size_t) override { return 1; }
+  Status UnregisterLocalBuffer(LocalBufferId) override { return Status::Ok(); }
+  Status Submit(std::span<const ReadOp>, ReadCallback done) override {
+    std::unique_lock<std::mutex> lock(mu);
+    ++submits;
+    cv.notify_all();
+    if (reject_next) {
+      reject_next = false;
+      return Status::Rejected("reads in flight");
+    }
+    cv.wait(lock, [&] { return !gate_closed; });
+    callbacks.push_back(std::move(done));
+    cv.notify_all();
+    return Status::Ok();
+  }
+  void Close() override {}
+  TransportCounters counters() const override { return {}; }
+  const char* name() const override { return "hand"; }
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int submits = 0;                      // guarded by mu
+  bool reject_next = false;             // guarded by mu
+  bool gate_closed = false;             // guarded by mu
+  std::vector<ReadCallback> callbacks;  // guarded by mu
+};
+
+// A batch's callback goes on using the fetcher after it has woken the batch's Wait(): it pumps
+// the backlog, here into a Submit that blocks. The fetcher's destructor must not return before
+// that callback has (it did: ASan found the callback writing a freed fetcher).
+TEST(RowFetcherLifetime, DestructorWaitsForACallbackThatWokeItsWait) {
+  auto transport = std::make_shared<HandDrivenTransport>();
+  auto map = ShardMap::Create({ShardSpec{0, HandDrivenTransport::kRows, "127.0.0.1", 1, "hand"}});
+  ASSERT_TRUE(map.ok()) << map.status().ToString();
+  std::vector<ShardConnection> conns = {{transport, RegionCredentials{"hand", "t", {}}}};
+  RowFetcherOptions o;
+  o.hot_cache_bytes = 0;
+  o.wait_spin_us = 0;
+  auto fetcher = RowFetcher::Create(std::move(*map), std::move(conns), o);
+  ASSERT_TRUE(fetcher.ok()) << fetcher.status().ToString();
+  std::vector<uint8_t> out(2 * HandDrivenTransport::kStride);
+  ASSERT_TRUE((*fetcher)->RegisterBuffer(out.data(), out.size()).ok());
+  const uint64_t row_a = 0, row_b = 1;
+  auto a = (*fetcher)->Start({&row_a, 1}, out.data());
+  ASSERT_TRUE(a.ok());
+  {
+    std::lock_guard<std::mutex> lock(transport->mu);
+    transport->reject_next = true;  // b goes to the backlog
+  }
+  auto b = (*fetcher)->Start({&row_b, 1}, out.data() + HandDrivenTransport::kStride);
+  ASSERT_TRUE(b.ok());
+  {
+    std::lock_guard<std::mutex> lock(transport->mu);
+    ASSERT_EQ(transport->callbacks.size(), 1u);
+    transport->gate_closed = true;  // b's next submission (from a's callback) blocks
+  }
+  ReadCallback done_a;
+  {
+    std::lock_guard<std::mutex> lock(transport->mu);
+    done_a = transport->callbacks[0];
+  }
+  std::thread io([&] { done_a(Status::Ok()); });  // wakes Wait(a), then pumps b: blocks
+  ASSERT_TRUE((*fetcher)->Wait(*a).ok());
+  {
+    std::unique_lock<std::mutex> lock(transport->mu);
+    ASSERT_TRUE(transport->cv.wait_for(lock, std::chrono::seconds(10),
+                                       [&] { return transport->submits == 3; }));
+  }
+  std::atomic<bool> destroyed{false};
+  std::thread destroy([&] {
+    fetcher->reset();
+    destroyed.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(destroyed.load()) << "the fetcher was destroyed under a running callback";
+  {
+    std::lock_guard<std::mutex> lock(transport->mu);
+    transport->gate_closed = false;
+    transport->cv.notify_all();
+  }
+  io.join();  // a's callback has returned; b's batch is in flight
+  EXPECT_FALSE(destroyed.load()) << "the fetcher was destroyed with a batch's callback to come";
+  ReadCallback done_b;
+  {
+    std::lock_guard<std::mutex> lock(transport->mu);
+    ASSERT_EQ(transport->callbacks.size(), 2u);
+    done_b = transport->callbacks[1];
+  }
+  done_b(Status::Unavailable("closed"));
+  destroy.join();
+  EXPECT_TRUE(destroyed.load());
 }
 
 }  // namespace

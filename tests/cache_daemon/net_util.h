@@ -165,7 +165,9 @@ inline std::string HttpRequest(uint16_t port, const std::string& method, const s
   std::string req = method + " " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n" +
                     headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   SendAllRaw(fd, req.data(), req.size());
-  std::string resp = RecvFor(fd, 1 << 24, 5000);
+  // Up to 30 s of silence: a request queued behind others (serve's admission) gets no byte
+  // until it runs, seconds later in a sanitizer build.
+  std::string resp = RecvFor(fd, 1 << 24, 30000);
   ::close(fd);
   return resp;
 }

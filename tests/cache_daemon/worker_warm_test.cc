@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/sanitizers.h"
+
 namespace kvtier::daemon::internal {
 namespace {
 
@@ -96,7 +98,7 @@ long FaultsOfAnAllocationBurst(void (*before)()) {
 // malloc arena, not one an exited thread of an earlier test left with pages in it. The child
 // exits with the burst's fault count (at most 100).
 TEST(WarmWorkerThreadDeathTest, LeavesHeapPagesForTheThreadsNextAllocations) {
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#if defined(KVTIER_TEST_TSAN) || defined(KVTIER_TEST_ASAN)
   // The sanitizers replace glibc's malloc (no per-thread arenas) and fault in shadow memory
   // beside every page touched: the fault counts measure their allocator, not this warm-up.
   GTEST_SKIP() << "glibc malloc's arenas are replaced by the sanitizer's allocator";

@@ -111,6 +111,31 @@ class ServeTest : public ::testing::Test {
     return Http(s_->port(), "POST", path, body.dump(), key);
   }
   std::string Metrics() { return Http(s_->port(), "GET", "/metrics").body; }
+  // A raw streaming completion request of alice's: `prompt_bytes` of text, `max_tokens`.
+  static std::string StreamRequest(size_t prompt_bytes, int max_tokens) {
+    json body = Completion(Text(prompt_bytes, 8), max_tokens);
+    body["stream"] = true;
+    const std::string b = body.dump();
+    return "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+           std::string(kAlice) + "\r\nContent-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b;
+  }
+  // Waits (up to `wait_ms`) for the one generation of the test to be cancelled as its client's
+  // (one disconnect counted, no sequence active), then checks that it freed its sequence
+  // before generating all of its `max_tokens`.
+  void ExpectOneCancelledAndFreed(int max_tokens, int wait_ms) {
+    std::string m;
+    for (int waited_ms = 0; waited_ms < wait_ms; waited_ms += 50) {
+      m = Metrics();
+      if (Metric(m, "kvtier_serve_disconnects_total") == 1 &&
+          Metric(m, "kvtier_serve_active_sequences") == 0)
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(Metric(m, "kvtier_serve_disconnects_total"), 1) << m;
+    EXPECT_EQ(Metric(m, "kvtier_serve_active_sequences"), 0) << m;
+    EXPECT_EQ(Metric(m, "kvtier_serve_resident_tokens"), 0) << m;
+    EXPECT_LT(Metric(m, "kvtier_serve_completion_tokens_total{tenant=\"alice\"}"), max_tokens) << m;
+  }
 
   std::filesystem::path dir_;
   std::unique_ptr<KvtierdProcess> d_;
@@ -384,25 +409,9 @@ TEST_F(ServeTest, AStalledReaderIsClosedAndItsSequenceFreed) {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = htons(s_->port());
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  json body = Completion(Text(70, 8), 60000);
-  body["stream"] = true;
-  const std::string b = body.dump();
-  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
-                          std::string(kAlice) + "\r\nContent-Length: " + std::to_string(b.size()) +
-                          "\r\n\r\n" + b;
+  const std::string req = StreamRequest(70, 60000);
   ASSERT_TRUE(SendAllRaw(fd, req.data(), req.size()));
-  std::string m;
-  for (int i = 0; i < 600; ++i) {  // up to 30 s
-    m = Metrics();
-    if (Metric(m, "kvtier_serve_disconnects_total") == 1 &&
-        Metric(m, "kvtier_serve_active_sequences") == 0)
-      break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  EXPECT_EQ(Metric(m, "kvtier_serve_disconnects_total"), 1) << m;
-  EXPECT_EQ(Metric(m, "kvtier_serve_active_sequences"), 0) << m;
-  EXPECT_EQ(Metric(m, "kvtier_serve_resident_tokens"), 0) << m;
-  EXPECT_LT(Metric(m, "kvtier_serve_completion_tokens_total{tenant=\"alice\"}"), 60000) << m;
+  ExpectOneCancelledAndFreed(60000, 30000);
   // The server closed its side: what it had sent is readable, then the end of the stream.
   bool eof = false;
   RecvFor(fd, 64 << 20, 10000, &eof);
@@ -416,28 +425,12 @@ TEST_F(ServeTest, DisconnectMidStreamFreesTheSequence) {
   StartServer({"--idle-sequences-max", "0"});
   int fd = ConnectTcp(s_->port());
   ASSERT_GE(fd, 0);
-  json body = Completion(Text(70, 8), 3000);
-  body["stream"] = true;
-  const std::string b = body.dump();
-  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
-                          std::string(kAlice) + "\r\nContent-Length: " + std::to_string(b.size()) +
-                          "\r\n\r\n" + b;
+  const std::string req = StreamRequest(70, 3000);
   ASSERT_TRUE(SendAllRaw(fd, req.data(), req.size()));
   std::string got = RecvFor(fd, 600, 10000);
   EXPECT_NE(got.find("data: "), std::string::npos);
   ::close(fd);
-  std::string m;
-  for (int i = 0; i < 200; ++i) {
-    m = Metrics();
-    if (Metric(m, "kvtier_serve_disconnects_total") == 1 &&
-        Metric(m, "kvtier_serve_active_sequences") == 0)
-      break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  EXPECT_EQ(Metric(m, "kvtier_serve_disconnects_total"), 1) << m;
-  EXPECT_EQ(Metric(m, "kvtier_serve_active_sequences"), 0) << m;
-  EXPECT_EQ(Metric(m, "kvtier_serve_resident_tokens"), 0) << m;
-  EXPECT_LT(Metric(m, "kvtier_serve_completion_tokens_total{tenant=\"alice\"}"), 3000);
+  ExpectOneCancelledAndFreed(3000, 10000);
   EXPECT_EQ(Post("/v1/completions", Completion("still up", 2)).status, 200);
 }
 

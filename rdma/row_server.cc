@@ -1,5 +1,6 @@
 #include "rdma/row_server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <chrono>
@@ -194,20 +195,20 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
       : socket_(std::move(socket)),
         timer_(socket_.get_executor()),
         verbs_timer_(socket_.get_executor()),
-        attach_timer_(socket_.get_executor()),
-        body_timer_(socket_.get_executor()),
+        watch_timer_(socket_.get_executor()),
         state_(std::move(state)) {}
   ~RowServerSession() { state_->connections_active.fetch_sub(1); }
 
   void Start() {
-    if (const uint32_t ms = state_->options.attach_timeout_ms; ms > 0) {
-      attach_timer_.expires_after(std::chrono::milliseconds(ms));
-      attach_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
-        // Cancelled (closed, or a region attached), or attached since the wait ended.
-        if (ec || !self->attached_.empty() || !self->socket_.is_open()) return;
-        self->state_->unattached_closed.fetch_add(1);
-        self->Close();
-      });
+    accepted_at_ = std::chrono::steady_clock::now();
+    const uint32_t attach_ms = state_->options.attach_timeout_ms;
+    const uint32_t body_ms = state_->options.body_timeout_ms;
+    const uint32_t shortest_ms = attach_ms == 0 ? body_ms
+                                 : body_ms == 0 ? attach_ms
+                                                : std::min(attach_ms, body_ms);
+    if (shortest_ms > 0) {
+      watch_period_ = std::chrono::milliseconds(std::max<uint32_t>(1, shortest_ms / 4));
+      Watch();
     }
     ReadHeader();
   }
@@ -217,8 +218,7 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     boost::system::error_code ec;
     timer_.cancel();
     verbs_timer_.cancel();
-    attach_timer_.cancel();
-    body_timer_.cancel();
+    watch_timer_.cancel();
 #ifdef KVTIER_WITH_RDMA
     qp_.reset();  // the connection is the queue pair's lease
 #endif
@@ -233,6 +233,31 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     wire::GrantToken token;
     std::string tenant;
   };
+
+  // Checks the connection's deadlines every watch_period_ (a quarter of the shortest timeout,
+  // so a deadline is enforced within a quarter more than it): no region attached
+  // attach_timeout_ms after accept, or a request body unfinished body_timeout_ms after its
+  // header, closes the connection. One timer per connection for its life, none per request
+  // (arming a timer per request would cost the row path timer-queue updates and system calls).
+  void Watch() {
+    watch_timer_.expires_after(watch_period_);
+    watch_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (ec || !self->socket_.is_open()) return;
+      const auto now = std::chrono::steady_clock::now();
+      const RowServerOptions& o = self->state_->options;
+      if (o.attach_timeout_ms > 0 && self->attached_.empty() &&
+          now - self->accepted_at_ >= std::chrono::milliseconds(o.attach_timeout_ms)) {
+        self->state_->unattached_closed.fetch_add(1);
+        return self->Close();
+      }
+      if (o.body_timeout_ms > 0 && self->reading_body_ &&
+          now - self->body_started_at_ >= std::chrono::milliseconds(o.body_timeout_ms)) {
+        self->state_->bodies_timed_out.fetch_add(1);
+        return self->Close();
+      }
+      self->Watch();
+    });
+  }
 
   void ReadHeader() {
     auto self = shared_from_this();
@@ -249,22 +274,11 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
     }
     body_.resize(request_.body_bytes);
     auto self = shared_from_this();
-    const uint64_t frame = ++frames_;
-    if (const uint32_t ms = state_->options.body_timeout_ms; ms > 0 && !body_.empty()) {
-      body_timer_.expires_after(std::chrono::milliseconds(ms));
-      body_timer_.async_wait([self, frame](const boost::system::error_code& ec) {
-        // Cancelled, or this body arrived while the wait was ending (the read's handler ran
-        // first on this strand and moved body_frame_ on).
-        if (ec || self->body_frame_ != frame || !self->socket_.is_open()) return;
-        self->state_->bodies_timed_out.fetch_add(1);
-        self->Close();
-      });
-    }
-    body_frame_ = frame;
+    reading_body_ = true;
+    body_started_at_ = std::chrono::steady_clock::now();
     asio::async_read(socket_, asio::buffer(body_),
                      [self](const boost::system::error_code& ec, size_t) {
-                       self->body_frame_ = 0;
-                       self->body_timer_.cancel();
+                       self->reading_body_ = false;
                        if (ec) return self->Close();
                        self->OnBody();
                      });
@@ -405,7 +419,6 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
       return Reply(Status::Rejected("regions_per_connection_max reached"), {});
     }
     attached_[table->id] = Attached{table, req.token, req.tenant};
-    attach_timer_.cancel();
     const EngramTableHeader& h = table->header;
     wire::OpenReply reply{table->id,   h.row_stride_bytes, table->rows.size(),
                           h.row_begin, h.row_count,        h.row_dim};
@@ -522,10 +535,11 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
   tcp::socket socket_;
   asio::steady_timer timer_;
   asio::steady_timer verbs_timer_;
-  asio::steady_timer attach_timer_;  // attach_timeout_ms from Start()
-  asio::steady_timer body_timer_;    // body_timeout_ms from a header with a body
-  uint64_t frames_ = 0;              // headers read
-  uint64_t body_frame_ = 0;          // the frame whose body is being read; 0 = none
+  asio::steady_timer watch_timer_;  // Watch(): the attach and body deadlines
+  std::chrono::steady_clock::duration watch_period_{};
+  std::chrono::steady_clock::time_point accepted_at_{};
+  std::chrono::steady_clock::time_point body_started_at_{};
+  bool reading_body_ = false;  // a request's body is being read (since body_started_at_)
   std::shared_ptr<RowServer::State> state_;
   std::array<uint8_t, wire::kHeaderBytes> header_{};
   std::array<uint8_t, wire::kHeaderBytes> response_header_{};

@@ -76,6 +76,8 @@ struct RowServerOptions {
   // accepted is closed: connection slots are for clients holding grants, and one that
   // connects and sends nothing (or half a frame) would otherwise hold its slot for ever.
   // Attached connections may stay idle indefinitely (an engine between steps). 0 = never.
+  // Both deadlines are checked by one timer per connection every quarter of the shorter one,
+  // so each is enforced within a quarter more than it.
   uint32_t attach_timeout_ms = 10000;
   // A request whose header has arrived must have its whole body within this long, else the
   // connection is closed (a client that announces a body and sends it slowly or never). 0 =

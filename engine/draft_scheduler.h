@@ -183,9 +183,9 @@ class DraftScheduler {
   double Rate(int tokens, int drafts) const;
   // Survivals of one draft's positions (non-increasing), calibrated unless `raw`.
   std::vector<double> Survivals(const std::vector<float>& confidences, bool raw) const;
-  // The probe counters of one batch size.
   // Whether drafting pays for rounds of R sequences (ShouldDraft's test, above).
   bool Pays(int R) const;
+  // The probe counters of one batch size.
   struct Probes {
     int skipped = 0;  // rounds without drafting since the last probe
     int interval = kProbeRounds;

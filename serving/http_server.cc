@@ -106,6 +106,8 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpOptions& optio
   if (options.connections_max == 0 || options.header_bytes_max == 0 ||
       options.body_bytes_max == 0 || options.idle_timeout_ms == 0)
     return Status::InvalidArgument("serve: HTTP limits must be > 0");
+  if (options.send_buffer_bytes > kSendBufferBytesMax)
+    return Status::InvalidArgument("serve: send_buffer_bytes over 64 MiB");
   addrinfo hints{};
   hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
   hints.ai_socktype = SOCK_STREAM;

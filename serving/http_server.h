@@ -30,6 +30,9 @@
 
 namespace kvtier::serving {
 
+// Upper bound on HttpOptions::send_buffer_bytes.
+inline constexpr uint64_t kSendBufferBytesMax = 64ull << 20;
+
 struct HttpOptions {
   std::string listen_host = "127.0.0.1";  // numeric address
   uint16_t port = 0;                      // 0 = any free port (see HttpServer::port())

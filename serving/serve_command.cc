@@ -127,7 +127,7 @@ int RunServe(std::span<const std::string_view> args) {
   flags.Uint("send-buffer-bytes", &ho.send_buffer_bytes,
              "kernel send buffer per connection (SO_SNDBUF): what a client that reads nothing "
              "leaves queued; 0 = the kernel's, growing to tcp_wmem's maximum",
-             false, 0, 64 << 20);
+             false, 0, kSendBufferBytesMax);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (guard == "auto") {
     so.session.guard = engine::GuardMode::kAuto;

@@ -59,12 +59,18 @@ int Fail(const Status& s) {
 // The arms of a setting, in the order of Setting's arrays.
 enum Arm { kLocal = 0, kRemote = 1, kLocalAgain = 2, kArms = 3 };
 
+// What one arm of a setting measured, summed over the prompts' decode phases.
+struct ArmTotals {
+  double wall_s = 0, cpu_s = 0;  // cpu_s: the engine's CostClock
+  EngineStats stats;             // the Engram counters' deltas
+  uint64_t rounds = 0, accepted = 0;
+};
+
 struct Setting {
   std::string name;
-  int draft_len = -1;                            // -1: plain decoding
-  double wall_s[kArms] = {}, cpu_s[kArms] = {};  // decode phases, summed over the prompts
-  EngineStats remote;                            // deltas over the decode phases
-  uint64_t rounds = 0, accepted = 0, mismatches = 0;
+  int draft_len = -1;  // -1: plain decoding
+  ArmTotals arm[kArms];
+  uint64_t mismatches = 0;  // prompts whose remote tokens differ from the local ones
 };
 
 void AddDelta(const EngineStats& a, const EngineStats& b, EngineStats* to) {
@@ -76,15 +82,15 @@ void AddDelta(const EngineStats& a, const EngineStats& b, EngineStats* to) {
   to->engram_prefetches_discarded += b.engram_prefetches_discarded - a.engram_prefetches_discarded;
 }
 
-// Greedy decoding of max_new tokens after `prompt` on `e`; adds the decode phase's wall time
-// to *seconds and its CPU time (`cpu`: the engine's CostClock) to *cpu_seconds, and the
-// engine's counters around it to *stats.
+// Greedy decoding of max_new tokens after `prompt` on `e` (plain when draft_len < 0); adds the
+// decode phase's wall and CPU time, the engine's counters around it and the rounds to *to.
 Status Run(Engine* e, const DSpark& draft, const ModelWeights& w,
-           const std::vector<int32_t>& prompt, uint64_t max_new, const CostClock& cpu, Setting* set,
-           double* seconds, double* cpu_seconds, EngineStats* stats, std::vector<int32_t>* out) {
+           const std::vector<int32_t>& prompt, uint64_t max_new, int draft_len, ArmTotals* to,
+           std::vector<int32_t>* out) {
   SequenceState st = e->NewSequence();
   Sampler sampler(0, 1, 0);
-  if (set->draft_len < 0) {
+  const CostClock cpu = CpuCostClock(*e);
+  if (draft_len < 0) {
     std::vector<float> logits;
     KVTIER_RETURN_IF_ERROR(e->Forward(&st, prompt, false, &logits));
     const EngineStats before = e->stats();
@@ -94,13 +100,13 @@ Status Run(Engine* e, const DSpark& draft, const ModelWeights& w,
       out->push_back(sampler.Sample(logits));
       if (i + 1 < max_new) KVTIER_RETURN_IF_ERROR(e->Decode(&st, out->back(), &logits));
     }
-    *seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-    *cpu_seconds += cpu() - c0;
-    AddDelta(before, e->stats(), stats);
+    to->wall_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    to->cpu_s += cpu() - c0;
+    AddDelta(before, e->stats(), &to->stats);
     return Status::Ok();
   }
   SpeculativeOptions o;
-  o.draft_len = set->draft_len;
+  o.draft_len = draft_len;
   SpeculativeDecoder dec(e, &draft, &w, nullptr, o, &sampler);
   int32_t first = -1;
   KVTIER_RETURN_IF_ERROR(dec.Start(&st, prompt, &first));
@@ -109,12 +115,12 @@ Status Run(Engine* e, const DSpark& draft, const ModelWeights& w,
   const double c0 = cpu();
   const auto t0 = Clock::now();
   while (out->size() < max_new) KVTIER_RETURN_IF_ERROR(dec.Round(&st, out));
-  *seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-  *cpu_seconds += cpu() - c0;
-  AddDelta(before, e->stats(), stats);
+  to->wall_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  to->cpu_s += cpu() - c0;
+  AddDelta(before, e->stats(), &to->stats);
   out->resize(max_new);
-  set->rounds += dec.stats().rounds;
-  set->accepted += dec.stats().accepted;
+  to->rounds += dec.stats().rounds;
+  to->accepted += dec.stats().accepted;
   return Status::Ok();
 }
 
@@ -223,17 +229,12 @@ int Main(int argc, char** argv) {
     for (size_t si = 0; si < sets.size(); ++si) {
       Setting& set = sets[si];
       std::vector<int32_t> out[kArms];
-      const uint64_t rounds = set.rounds, accepted = set.accepted;
       for (int j = 0; j < arms; ++j) {
         const int arm = !only.empty()
                             ? (only == "remote" ? kRemote : kLocal)
                             : static_cast<int>((p + si + static_cast<uint64_t>(j)) % arms);
-        EngineStats ignored;
-        set.rounds = rounds;  // counted once: every arm runs the same rounds
-        set.accepted = accepted;
-        Status s = Run(engines[arm], **draft, *weights, prompt, max_new,
-                       CpuCostClock(*engines[arm]), &set, &set.wall_s[arm], &set.cpu_s[arm],
-                       arm == kRemote ? &set.remote : &ignored, &out[arm]);
+        Status s = Run(engines[arm], **draft, *weights, prompt, max_new, set.draft_len,
+                       &set.arm[arm], &out[arm]);
         if (!s.ok()) return Fail(s);
       }
       if (only.empty()) set.mismatches += out[kLocal] != out[kRemote] ? 1 : 0;
@@ -253,8 +254,8 @@ int Main(int argc, char** argv) {
     const int arm = only == "remote" ? kRemote : kLocal;
     std::printf("%-9s %10s %11s (%s arm only)\n", "setting", "tok/s", "cpu_us/tok", only.c_str());
     for (const Setting& set : sets)
-      std::printf("%-9s %10.1f %11.2f\n", set.name.c_str(), tokens / set.wall_s[arm],
-                  set.cpu_s[arm] / tokens * 1e6);
+      std::printf("%-9s %10.1f %11.2f\n", set.name.c_str(), tokens / set.arm[arm].wall_s,
+                  set.arm[arm].cpu_s / tokens * 1e6);
     return 0;
   }
   std::printf("%-9s %11s %12s %9s %9s %9s %7s %7s %9s %9s %11s %10s %s\n", "setting", "local_tok/s",
@@ -262,19 +263,18 @@ int Main(int argc, char** argv) {
               "pf_issued", "pf_consumed", "pf_discard", "accepted/ver");
   bool ok = true;
   for (const Setting& set : sets) {
-    const EngineStats& r = set.remote;
+    const ArmTotals &local = set.arm[kLocal], &remote_arm = set.arm[kRemote];
+    const EngineStats& r = remote_arm.stats;
     char acc[32] = "-", again[32] = "-";
     if (set.draft_len >= 0)
       std::snprintf(acc, sizeof(acc), "%.2f",
-                    static_cast<double>(set.accepted) /
-                        static_cast<double>(std::max<uint64_t>(1, set.rounds)));
+                    static_cast<double>(local.accepted) /
+                        static_cast<double>(std::max<uint64_t>(1, local.rounds)));
     if (arms == 3)
-      std::snprintf(again, sizeof(again), "%.3f",
-                    set.wall_s[kLocalAgain] / set.wall_s[kLocal] - 1.0);
+      std::snprintf(again, sizeof(again), "%.3f", set.arm[kLocalAgain].wall_s / local.wall_s - 1.0);
     std::printf("%-9s %11.1f %12.1f %9.3f %9.3f %9s %7llu %7llu %9.1f %9llu %11llu %10llu %s%s\n",
-                set.name.c_str(), tokens / set.wall_s[kLocal], tokens / set.wall_s[kRemote],
-                set.wall_s[kRemote] / set.wall_s[kLocal] - 1.0,
-                set.cpu_s[kRemote] / set.cpu_s[kLocal] - 1.0, again,
+                set.name.c_str(), tokens / local.wall_s, tokens / remote_arm.wall_s,
+                remote_arm.wall_s / local.wall_s - 1.0, remote_arm.cpu_s / local.cpu_s - 1.0, again,
                 (unsigned long long)r.engram_waits, (unsigned long long)r.engram_stalls,
                 r.engram_stall_us / 1e3, (unsigned long long)r.engram_prefetches_issued,
                 (unsigned long long)r.engram_prefetches_consumed,

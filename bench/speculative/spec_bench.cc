@@ -14,7 +14,7 @@
 //
 //   kvtier_spec_bench --config C --model M --draft D --text FILE
 //                     [--prompts N --prompt-bytes B --max-new N --draft-lens 1,3,5
-//                      --concurrency 1,4,16 --plain-control]
+//                      --concurrency 1,4,16 --threads 1 --plain-control]
 #include <time.h>
 
 #include <chrono>
@@ -38,13 +38,15 @@ namespace {
 
 constexpr uint64_t kPromptsMax = 1000, kMaxNewMax = 4096, kPromptBytesMax = 4096;
 constexpr uint64_t kConcurrencyMax = 64;  // sequences per group
+constexpr uint64_t kThreadsMax = 64;
 constexpr size_t kTextBytesMax = 64u << 20;
 
-// CPU time of this thread (the engine runs on the caller's thread with threads = 1): on a shared
-// machine the wall clock also counts the time other processes hold the cores.
-double CpuSeconds() {
+// CPU time of the engine: this thread's with --threads 1 (the engine runs on the caller's
+// thread), the process's with more (the pool's workers too). On a shared machine the wall clock
+// also counts the time other processes hold the cores.
+double CpuSeconds(bool one_thread) {
   timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  clock_gettime(one_thread ? CLOCK_THREAD_CPUTIME_ID : CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
@@ -87,7 +89,7 @@ void Add(const SpeculativeStats& ds, SpeculativeStats* to) {
 int Main(int argc, char** argv) {
   cli::FlagSet flags("kvtier_spec_bench", "DSpark speculative decoding vs plain greedy decoding");
   std::string config, model, draft_path, text_path, lens = "1,3,5", conc = "1,4,16";
-  uint64_t prompts = 16, prompt_bytes = 96, max_new = 96;
+  uint64_t prompts = 16, prompt_bytes = 96, max_new = 96, threads = 1;
   bool plain_control = false;
   flags.String("config", &config, "FILE", "model config.json", true);
   flags.String("model", &model, "FILE", "backbone weights", true);
@@ -100,17 +102,19 @@ int Main(int argc, char** argv) {
   flags.String("draft-lens", &lens, "LIST", "fixed draft lengths to compare (comma separated)");
   flags.String("concurrency", &conc, "LIST",
                "sequences decoded together (comma separated, each dividing --prompts)");
+  flags.Uint("threads", &threads, "engine threads (the caller's included)");
   flags.Bool("plain-control", &plain_control,
              "also run plain decoding a second time, as a setting of its own (the noise floor)");
   std::vector<std::string_view> args(argv + 1, argv + argc);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (prompts == 0 || prompts > kPromptsMax || max_new == 0 || max_new > kMaxNewMax ||
-      prompt_bytes == 0 || prompt_bytes > kPromptBytesMax) {
+      prompt_bytes == 0 || prompt_bytes > kPromptBytesMax || threads == 0 ||
+      threads > kThreadsMax) {
     std::fprintf(stderr,
                  "kvtier_spec_bench: --prompts 1..%llu, --max-new 1..%llu, "
-                 "--prompt-bytes 1..%llu\n",
+                 "--prompt-bytes 1..%llu, --threads 1..%llu\n",
                  (unsigned long long)kPromptsMax, (unsigned long long)kMaxNewMax,
-                 (unsigned long long)kPromptBytesMax);
+                 (unsigned long long)kPromptBytesMax, (unsigned long long)kThreadsMax);
     return 2;
   }
   std::vector<int> concurrencies;
@@ -137,7 +141,9 @@ int Main(int argc, char** argv) {
   auto weights = std::make_shared<const ModelWeights>(std::move(*w));
   auto draft = DSpark::Load(*cfg, *dc, weights, draft_path);
   if (!draft.ok()) return Fail(draft.status());
-  auto eng = Engine::Create(*cfg, weights, EngineOptions{});
+  EngineOptions eo;
+  eo.threads = static_cast<int>(threads);
+  auto eng = Engine::Create(*cfg, weights, eo);
   if (!eng.ok()) return Fail(eng.status());
   Engine& e = **eng;
   std::ifstream in(text_path, std::ios::binary);
@@ -180,7 +186,7 @@ int Main(int argc, char** argv) {
               return Fail(s);
           }
           const auto t0 = Clock::now();
-          const double c0 = CpuSeconds();
+          const double c0 = CpuSeconds(threads == 1);
           for (uint64_t n = 0; n < max_new; ++n) {
             std::vector<int32_t> next(C);
             std::vector<SequenceState*> ptrs;
@@ -194,7 +200,7 @@ int Main(int argc, char** argv) {
             if (n + 1 < max_new && !(s = e.ForwardBatch(ptrs, spans, &last)).ok()) return Fail(s);
           }
           r.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-          r.cpu_seconds += CpuSeconds() - c0;
+          r.cpu_seconds += CpuSeconds(threads == 1) - c0;
         } else {
           SpeculativeOptions o;
           o.scheduler = r.draft_len < 0;
@@ -213,7 +219,7 @@ int Main(int argc, char** argv) {
             measured = true;
           }
           const auto t0 = Clock::now();
-          const double c0 = CpuSeconds();
+          const double c0 = CpuSeconds(threads == 1);
           for (;;) {
             std::vector<SpeculativeDecoder*> live;
             std::vector<SequenceState*> ptrs;
@@ -231,7 +237,7 @@ int Main(int argc, char** argv) {
               out[idx[j]].insert(out[idx[j]].end(), got[j].begin(), got[j].end());
           }
           r.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-          r.cpu_seconds += CpuSeconds() - c0;
+          r.cpu_seconds += CpuSeconds(threads == 1) - c0;
           for (int i = 0; i < C; ++i) {
             out[i].resize(max_new);
             Add(decs[i]->stats(), &r.stats);

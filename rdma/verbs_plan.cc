@@ -355,10 +355,13 @@ void EncodeRemoteRegion(const RemoteRegion& r, uint8_t out[kRemoteRegionBytes]) 
 
 Status DecodeRemoteRegion(std::span<const uint8_t> in, RemoteRegion* out) {
   if (in.size() != kRemoteRegionBytes) return Status::Corruption("remote region size");
-  out->addr = Get64(in.data());
-  out->rkey = Get32(in.data() + 8);
-  out->length_bytes = Get64(in.data() + 16);
-  if (out->length_bytes == 0) return Status::Corruption("empty remote region");
+  if (Get32(in.data() + 12) != 0) return Status::Corruption("reserved remote region bytes");
+  RemoteRegion r;
+  r.addr = Get64(in.data());
+  r.rkey = Get32(in.data() + 8);
+  r.length_bytes = Get64(in.data() + 16);
+  if (r.length_bytes == 0) return Status::Corruption("empty remote region");
+  *out = r;
   return Status::Ok();
 }
 

@@ -233,7 +233,10 @@ struct PathAttributes {
 // or when `local` itself is not a valid version-2 description.
 StatusOr<PathAttributes> NegotiatePath(const QpParams& local, const QpParams& peer);
 inline constexpr size_t kRemoteRegionBytes = wire::kRemoteRegionBytes;
+// The VERBS_REGION reply's data: u64 addr, u32 rkey, u32 reserved (0), u64 length_bytes.
 void EncodeRemoteRegion(const RemoteRegion& r, uint8_t out[kRemoteRegionBytes]);
+// Corruption (and `out` untouched) on any other size, a non-zero reserved field or an empty
+// region.
 Status DecodeRemoteRegion(std::span<const uint8_t> in, RemoteRegion* out);
 
 // ---- one memory registration per grant ---------------------------------------------------

@@ -91,6 +91,9 @@ Status DecodeResponseHeader(const uint8_t in[kHeaderBytes], ResponseHeader* out)
   if (in[16] > static_cast<uint8_t>(StatusCode::kInternal)) {
     return Status::Corruption("unknown status code");
   }
+  if (in[17] != 0 || Get32(in + 20) != 0) {
+    return Status::Corruption("reserved response bytes not zero");
+  }
   h.code = static_cast<StatusCode>(in[16]);
   h.message_bytes = Get16(in + 18);
   h.data_bytes = Get64(in + 24);
@@ -175,6 +178,7 @@ Status DecodeOpenReply(std::span<const uint8_t> in, OpenReply* out) {
   r.row_begin = Get64(in.data() + 16);
   r.row_count = Get64(in.data() + 24);
   r.row_dim = Get32(in.data() + 32);
+  if (Get32(in.data() + 36) != 0) return Status::Corruption("reserved open reply bytes not zero");
   *out = r;
   return Status::Ok();
 }

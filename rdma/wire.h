@@ -95,8 +95,8 @@ struct ResponseHeader {
   uint64_t data_bytes = 0;
 };
 
-// Header codecs. Decode* return Corruption on a bad magic, version or type, or a length
-// field above the ceilings above.
+// Header codecs. Decode* return Corruption on a bad magic, version or type, a non-zero
+// reserved field, or a length field above the ceilings above.
 void EncodeRequestHeader(const RequestHeader& h, uint8_t out[kHeaderBytes]);
 Status DecodeRequestHeader(const uint8_t in[kHeaderBytes], RequestHeader* out);
 void EncodeResponseHeader(const ResponseHeader& h, uint8_t out[kHeaderBytes]);
@@ -110,6 +110,7 @@ Status DecodeReadOps(std::span<const uint8_t> body, uint32_t op_count,
 std::vector<uint8_t> EncodeOpenRequest(const OpenRequest& req);
 Status DecodeOpenRequest(std::span<const uint8_t> body, OpenRequest* out);
 void EncodeOpenReply(const OpenReply& reply, uint8_t out[kOpenReplyBytes]);
+// Corruption on any size but kOpenReplyBytes or a non-zero reserved field.
 Status DecodeOpenReply(std::span<const uint8_t> in, OpenReply* out);
 
 // A whole request frame (header + body), as a client sends it.

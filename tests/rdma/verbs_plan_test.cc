@@ -226,6 +226,14 @@ TEST(VerbsPlanTest, SideChannelDecodersRejectHostileInput) {
   EXPECT_TRUE(DecodeRemoteRegion(std::span<const uint8_t>(rb, 23), &r2).IsCorruption());
   ASSERT_TRUE(DecodeRemoteRegion(rb, &r2).ok());
   EXPECT_EQ(r2.rkey, 7u);
+  for (size_t at = 12; at < 16; ++at) {  // the reserved u32 after the rkey
+    uint8_t bad[kRemoteRegionBytes];
+    std::memcpy(bad, rb, sizeof bad);
+    bad[at] = 1;
+    RemoteRegion untouched{1, 2, 3};
+    EXPECT_TRUE(DecodeRemoteRegion(bad, &untouched).IsCorruption()) << "byte " << at;
+    EXPECT_EQ(untouched.addr, 1u);  // nothing written on failure
+  }
   // The sizes the wire format fixes are the codecs' sizes.
   static_assert(kQpParamsBytes == wire::kQpParamsBytes);
   static_assert(kRemoteRegionBytes == wire::kRemoteRegionBytes);

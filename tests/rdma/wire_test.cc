@@ -88,6 +88,38 @@ TEST(WireTest, ResponseHeaderLimits) {
   EXPECT_TRUE(DecodeResponseHeader(buf, &back).IsCorruption());
 }
 
+// A reply has one spelling: each reserved byte (docs/format/wire.md: 0) set alone makes it
+// Corruption, as the request header's do (found by kvtier_row_wire_fuzz: a client accepted
+// them).
+TEST(WireTest, RepliesWithReservedBytesSetAreCorruption) {
+  ResponseHeader r;
+  r.type = FrameType::kOpen;
+  r.request_id = 9;
+  r.data_bytes = kOpenReplyBytes;
+  uint8_t good[kHeaderBytes];
+  EncodeResponseHeader(r, good);
+  ResponseHeader back;
+  ASSERT_TRUE(DecodeResponseHeader(good, &back).ok());
+  for (size_t at : {17, 20, 21, 22, 23}) {
+    uint8_t bad[kHeaderBytes];
+    std::memcpy(bad, good, sizeof bad);
+    bad[at] = 1;
+    EXPECT_TRUE(DecodeResponseHeader(bad, &back).IsCorruption()) << "byte " << at;
+  }
+  OpenReply o{3, 64, 4096, 0, 64, 16};
+  uint8_t ob[kOpenReplyBytes];
+  EncodeOpenReply(o, ob);
+  OpenReply ob_back;
+  ASSERT_TRUE(DecodeOpenReply(ob, &ob_back).ok());
+  EXPECT_EQ(ob_back.row_dim, 16u);
+  for (size_t at = 36; at < kOpenReplyBytes; ++at) {
+    uint8_t bad[kOpenReplyBytes];
+    std::memcpy(bad, ob, sizeof bad);
+    bad[at] = 0x80;
+    EXPECT_TRUE(DecodeOpenReply(bad, &ob_back).IsCorruption()) << "byte " << at;
+  }
+}
+
 TEST(WireTest, OpenBodyValidation) {
   OpenRequest out;
   std::vector<uint8_t> body(kOpenFixedBytes, 0);

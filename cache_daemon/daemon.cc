@@ -180,18 +180,10 @@ class DaemonImpl final : public Daemon {
       shared_.tls = tls_.get();
     }
     boost::system::error_code ec;
-    if (!options_.socket_path.empty()) {
-      if (SocketInUse(options_.socket_path)) {
-        return Status::IOError("another daemon is listening on " + options_.socket_path);
-      }
-      ::unlink(options_.socket_path.c_str());
-      unix_.emplace(io_);
-      unix_->open(Local(), ec);
-      if (!ec) unix_->bind(Local::endpoint(options_.socket_path), ec);
-      if (!ec) unix_->listen(asio::socket_base::max_listen_connections, ec);
-      if (ec) return Status::IOError("bind " + options_.socket_path + ": " + ec.message());
-      ::chmod(options_.socket_path.c_str(), 0660);
-      AcceptUnix();
+    // Before any port is bound: a second daemon on the same socket says so, not that a port
+    // is taken.
+    if (!options_.socket_path.empty() && SocketInUse(options_.socket_path)) {
+      return Status::IOError("another daemon is listening on " + options_.socket_path);
     }
     auto open_tcp = [&](uint16_t port, const std::string& address,
                         std::optional<Tcp::acceptor>* acc, const char* what) -> Status {
@@ -222,6 +214,24 @@ class DaemonImpl final : public Daemon {
     if (options_.cluster.enabled) {
       KVTIER_ASSIGN_OR_RETURN(cluster_, ClusterNode::Start(options_, &service_, tenants_.get()));
       shared_.cluster = cluster_.get();
+    }
+    // The Unix socket listens last: once it accepts, every other front is listening too (a
+    // client or a test that waits for it may use any front), and a front that failed to bind
+    // has failed the start before it ever accepted.
+    if (!options_.socket_path.empty()) {
+      // Checked again: another daemon may have taken the socket while the fronts above opened.
+      if (SocketInUse(options_.socket_path)) {
+        return Status::IOError("another daemon is listening on " + options_.socket_path);
+      }
+      ::unlink(options_.socket_path.c_str());
+      unix_.emplace(io_);
+      unix_->open(Local(), ec);
+      if (!ec) unix_->bind(Local::endpoint(options_.socket_path), ec);
+      socket_bound_ = !ec;  // the file is this daemon's from here
+      if (!ec) unix_->listen(asio::socket_base::max_listen_connections, ec);
+      if (ec) return Status::IOError("bind " + options_.socket_path + ": " + ec.message());
+      ::chmod(options_.socket_path.c_str(), 0660);
+      AcceptUnix();
     }
     if (native_tcp_) AcceptTcp(&*native_tcp_, Front::kNativeTcp);
     if (resp_) AcceptTcp(&*resp_, Front::kResp);
@@ -421,7 +431,7 @@ class DaemonImpl final : public Daemon {
         KVTIER_LOG(kError) << "trace close failed: " << ts.ToString();
       }
     }
-    if (!options_.socket_path.empty()) ::unlink(options_.socket_path.c_str());
+    if (socket_bound_) ::unlink(options_.socket_path.c_str());
     KVTIER_LOG(kInfo) << "shutdown complete: " << st.ToString();
     std::lock_guard<std::mutex> lock(mu_);
     final_status_ = st;
@@ -447,6 +457,9 @@ class DaemonImpl final : public Daemon {
   // with them the last session references, whose destructors use shared_ and metrics_.
   asio::io_context io_;
   std::optional<Local::acceptor> unix_;
+  // This daemon bound options_.socket_path (only then does its shutdown remove the file: a
+  // daemon refused because another serves that socket leaves it alone). Set by Listen().
+  bool socket_bound_ = false;
   std::optional<Tcp::acceptor> native_tcp_, resp_, http_;
   std::vector<std::thread> io_threads_;
 

@@ -194,7 +194,7 @@ class RowServer {
   uint16_t port() const;
   RowServerCounters counters() const;
 
-  struct State;  // implementation detail (row_server.cc)
+  struct State;  // implementation detail (row_server_impl.h)
 
  private:
   Status StartOn(boost::asio::io_context& io);

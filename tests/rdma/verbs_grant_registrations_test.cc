@@ -57,7 +57,7 @@ wire::GrantToken Token(uint8_t b) {
   return t;
 }
 
-// The row server's VERBS_REGION path (row_server.cc, State::RegionFor) over the fake HCA:
+// The row server's VERBS_REGION path (row_server_impl.h, State::RegionFor) over the fake HCA:
 // one PD per tenant, a registration per grant made on first use.
 class FakeRowServer {
  public:

@@ -1,7 +1,8 @@
 // HTTP admin front end on Boost.Beast: GET /metrics, /healthz, /readyz, GET /v1/stats,
 // GET|POST /v1/policy, GET /v1/whatif, and the dashboard page (GET / and /dashboard/*, files
 // embedded at build time; docs/DASHBOARD.md). One request at a time per connection,
-// keep-alive, bounded body and read time.
+// keep-alive, bounded header (16 KiB: 431), body (http_max_body_bytes: 413) and read time;
+// anything else the parser refuses is 400, then the connection closes.
 //
 // Authorization with auth on ("Authorization: Bearer <token>"; docs/CONFIG.md [auth]):
 //   - POST /v1/policy needs an admin tenant's token (401 without a valid token, 403 for a
@@ -100,7 +101,7 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
                              ec != beast::error::timeout && ec != asio::error::operation_aborted) {
                            self->shared_->metrics->protocol_errors.fetch_add(1);
                          }
-                         return self->DoClose();
+                         return self->RefuseOrClose(ec);
                        }
                        self->Handle(self->parser_->release());
                      });
@@ -122,6 +123,37 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
                         if (ec || !res->keep_alive()) return self->DoClose();
                         self->Read();
                       });
+  }
+
+  // A request the parser refused gets its status before the connection closes (431 over the
+  // header limit, 413 over http_max_body_bytes, 400 for anything malformed), so that a client
+  // or an operator with curl sees why; a timeout or a client that went away closes silently.
+  void RefuseOrClose(beast::error_code ec) {
+    http::status status = http::status::bad_request;
+    const char* why = "malformed HTTP request";
+    if (ec == http::error::header_limit) {
+      status = http::status::request_header_fields_too_large;
+      why = "request header too large";
+    } else if (ec == http::error::body_limit) {
+      status = http::status::payload_too_large;
+      why = "request body too large (http_max_body_bytes)";
+    } else if (ec.category() != http::make_error_code(http::error::bad_method).category() ||
+               ec == http::error::end_of_stream || ec == http::error::partial_message) {
+      return DoClose();
+    }
+    auto res = std::make_shared<http::response<http::string_body>>();
+    res->version(11);
+    res->keep_alive(false);
+    res->set(http::field::server, "kvtierd");
+    Text(res.get(), status, nlohmann::json{{"error", why}}.dump(), "application/json");
+    res->prepare_payload();
+    busy_.store(true);
+    stream_.expires_after(std::chrono::milliseconds(shared_->options->frame_timeout_ms));
+    http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code, size_t n) {
+      self->shared_->metrics->AddBytes(false, n);
+      self->busy_.store(false);
+      self->DoClose();
+    });
   }
 
   static void Text(http::response<http::string_body>* res, http::status s, std::string body,

@@ -539,6 +539,48 @@ TEST_F(E2eTest, RespWithRedisCliAndRedisBenchmark) {
   EXPECT_EQ(d_->Stop(), 0);
 }
 
+// The HTTP admin answers a request its parser refuses with the reason before it closes the
+// connection (it used to close silently): 431 over the header limit, 413 over
+// http_max_body_bytes (announced or chunked), 400 for anything malformed; each counted as a
+// protocol error, and the front serves the next client.
+TEST_F(E2eTest, AdminFrontAnswersTheRequestsItRefuses) {
+  d_->WriteConfig(Config());
+  ASSERT_TRUE(d_->Start()) << d_->Log();
+  struct Case {
+    std::string request, status;
+  };
+  std::string many_headers = "GET /healthz HTTP/1.1\r\n";
+  for (int i = 0; i < 4000; ++i) many_headers += "X-" + std::to_string(i) + ": y\r\n";
+  const std::vector<Case> cases = {
+      {many_headers + "\r\n", "HTTP/1.1 431 "},
+      {"GET /" + std::string(40000, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 431 "},
+      {"POST /v1/policy HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n{", "HTTP/1.1 413 "},
+      {"POST /v1/policy HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+       "ffffffffff\r\nabc",
+       "HTTP/1.1 413 "},
+      {"GET /healthz HTTP/9.9\r\n\r\n", "HTTP/1.1 400 "},
+      {std::string("\x01\x02 nonsense\r\n\r\n"), "HTTP/1.1 400 "},
+  };
+  for (const Case& k : cases) {
+    int fd = kt::ConnectTcp(d_->http_port());
+    ASSERT_GE(fd, 0);
+    kt::SendAllRaw(fd, k.request.data(), k.request.size());
+    bool closed = false;
+    const std::string reply = kt::RecvFor(fd, 1 << 16, 5000, &closed);
+    ::close(fd);
+    EXPECT_EQ(reply.substr(0, k.status.size()), k.status) << k.request.substr(0, 60);
+    EXPECT_NE(reply.find("Connection: close"), std::string::npos) << reply;
+    EXPECT_NE(reply.find("{\"error\":"), std::string::npos) << reply;
+    EXPECT_TRUE(closed) << k.request.substr(0, 60);
+  }
+  const std::string metrics = kt::HttpRequest(d_->http_port(), "GET", "/metrics");
+  EXPECT_NE(metrics.find("kvtier_protocol_errors_total " + std::to_string(cases.size())),
+            std::string::npos)
+      << metrics.substr(0, 2000);
+  EXPECT_NE(kt::HttpRequest(d_->http_port(), "GET", "/healthz").find("200 OK"), std::string::npos);
+  EXPECT_EQ(d_->Stop(), 0);
+}
+
 TEST_F(E2eTest, MetricsPassPromtoolAndBadInputLeavesDaemonHealthy) {
   d_->WriteConfig(Config());
   ASSERT_TRUE(d_->Start());

@@ -255,6 +255,9 @@ class RowServerSession : public std::enable_shared_from_this<RowServerSession> {
 
   void HandleRead();
   void Reply(const Status& status, std::vector<asio::const_buffer> data);
+  // Reply(OK, data), after delay_ms (a test hook's delay; 0: now). The connection closes if
+  // the timer is cancelled meanwhile.
+  void ReplyOkAfter(uint32_t delay_ms, std::vector<asio::const_buffer> data);
 
   tcp::socket socket_;
   asio::steady_timer timer_;

@@ -227,14 +227,7 @@ void RowServerSession::HandleOpen() {
   wire::EncodeOpenReply(reply, open_reply_.data());
   std::vector<asio::const_buffer> data = {
       asio::const_buffer(open_reply_.data(), open_reply_.size())};
-  const uint32_t delay_ms = state_->options.TEST_open_delay_ms;
-  if (delay_ms == 0) return Reply(Status::Ok(), std::move(data));
-  timer_.expires_after(std::chrono::milliseconds(delay_ms));
-  auto self = shared_from_this();
-  timer_.async_wait([self, data = std::move(data)](const boost::system::error_code& ec) mutable {
-    if (ec) return self->Close();
-    self->Reply(Status::Ok(), std::move(data));
-  });
+  ReplyOkAfter(state_->options.TEST_open_delay_ms, std::move(data));
 }
 
 Status RowServerSession::CheckRead(const std::vector<wire::ReadOpWire>& ops,
@@ -302,7 +295,10 @@ void RowServerSession::HandleRead() {
     }
     data.assign(1, asio::const_buffer(reply_data_.data(), reply_data_.size()));
   }
-  const uint32_t delay_ms = state_->options.TEST_response_delay_ms;
+  ReplyOkAfter(state_->options.TEST_response_delay_ms, std::move(data));
+}
+
+void RowServerSession::ReplyOkAfter(uint32_t delay_ms, std::vector<asio::const_buffer> data) {
   if (delay_ms == 0) return Reply(Status::Ok(), std::move(data));
   timer_.expires_after(std::chrono::milliseconds(delay_ms));
   auto self = shared_from_this();

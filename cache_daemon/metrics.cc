@@ -332,6 +332,10 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
   p.One("kvtier_ssd_relocated_bytes_total", "counter",
         "Bytes of live records the SSD cleaner wrote again (cleaning's write amplification).",
         s.ssd_relocated_bytes);
+  p.One("kvtier_ssd_disk_full_shrinks_total", "counter",
+        "Times the SSD tier hit ENOSPC preparing a segment and lowered its segment limit to what "
+        "the disk held.",
+        s.ssd_disk_full_shrinks);
   p.One("kvtier_ssd_queue_depth", "gauge", "SSD I/O requests outstanding.", s.ssd_queue_depth);
   if (extra.tenant_series)
     p.Family("kvtier_tenant_used_bytes", "gauge", "Bytes stored per tenant.");

@@ -22,9 +22,11 @@
 namespace kvtier::storage {
 namespace {
 
+constexpr std::string_view kNoSpacePrefix = "no space left on device (ENOSPC): ";
+
 Status ErrnoStatus(const std::string& what, int err) {
   std::string msg = what + ": " + std::strerror(err);
-  if (err == ENOSPC) return Status::IOError("no space left on device (ENOSPC): " + msg);
+  if (err == ENOSPC) return Status::IOError(std::string(kNoSpacePrefix) + msg);
   return Status::IOError(msg);
 }
 
@@ -766,6 +768,8 @@ StatusOr<std::unique_ptr<DeviceEnv>> NewDirEnv(const std::string& dir,
   }
   return std::unique_ptr<DeviceEnv>(new DirEnv(dir, options, std::move(pool)));
 }
+
+bool IsNoSpace(const Status& s) { return s.IsIOError() && s.message().starts_with(kNoSpacePrefix); }
 
 std::unique_ptr<DeviceEnv> NewMemEnv() { return std::make_unique<MemEnv>(); }
 

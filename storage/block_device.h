@@ -168,6 +168,10 @@ StatusOr<std::unique_ptr<DeviceEnv>> NewDirEnv(const std::string& dir,
 // Devices in process memory. Alignment 1. Contents live as long as the env.
 std::unique_ptr<DeviceEnv> NewMemEnv();
 
+// Whether `s` is a device's "no space left on device" (ENOSPC) error, as the file devices (and
+// FaultInjectionEnv) report it: IOError("no space left on device (ENOSPC): ...").
+bool IsNoSpace(const Status& s);
+
 // Allocates `length` bytes aligned to `alignment` (a power of two); freed with free().
 struct AlignedFree {
   void operator()(uint8_t* p) const;

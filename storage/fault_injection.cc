@@ -54,6 +54,14 @@ class FaultDevice final : public BlockDevice {
   }
   Status Allocate(uint64_t offset, uint64_t length) override {
     if (env_->crashed()) return Status::IOError("simulated crash");
+    if (const size_t files_max = env_->files_max_.load(); files_max > 0) {
+      auto names = env_->List();
+      if (names.ok() && names->size() > files_max) {
+        env_->Record("ENOSPC allocate " + state_->name);
+        return Status::IOError("no space left on device (ENOSPC): injected allocate of " +
+                               state_->name);
+      }
+    }
     return state_->base->Allocate(offset, length);
   }
   uint64_t Size() const override {

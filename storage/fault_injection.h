@@ -122,6 +122,10 @@ class FaultInjectionEnv final : public DeviceEnv {
   int syncs_waiting() const;
   // While set, every write fails with ENOSPC.
   void SetNoSpace(bool no_space) { no_space_.store(no_space); }
+  // A disk that holds `files` files: while it is non-zero, Allocate fails with ENOSPC when
+  // more files exist than that (the one being allocated counts; List()'s view: a removed file
+  // frees its space at once, as an unlinked file does). 0 (the default): no such limit.
+  void SetFilesMax(size_t files) { files_max_.store(files); }
   // Every read request sleeps this long before it is served (0: none, the default).
   void SetReadDelay(std::chrono::microseconds delay) { read_delay_us_.store(delay.count()); }
 
@@ -143,6 +147,7 @@ class FaultInjectionEnv final : public DeviceEnv {
   // Blocks while syncs are paused; returns false after a crash.
   void WaitSyncsAllowed();
   std::atomic<bool> no_space_{false};
+  std::atomic<size_t> files_max_{0};
   std::atomic<int64_t> read_delay_us_{0};
   std::atomic<bool> crashed_{false};
   FaultOptions options_;

@@ -188,6 +188,9 @@ struct SsdStats {
   uint64_t segments_cleaned = 0, commits = 0, recovered_records = 0, dropped_on_recovery = 0;
   // Bytes of live records the cleaner wrote again (its write amplification).
   uint64_t relocated_bytes = 0;
+  // Times preparing a segment hit ENOSPC and the tier lowered its segment limit to what the
+  // disk held (docs/format/ssd.md, "A disk smaller than capacity_bytes").
+  uint64_t disk_full_shrinks = 0;
   // fdatasync calls made by commits; failed commits and the stage of the latest failure.
   uint64_t syncs = 0, commit_failures = 0;
   // Commits (and Flushes) that synced the RocksDB index WAL: those holding a delete other

@@ -130,6 +130,7 @@ Stats TierManagerImpl::GetStats() const {
     s.compressed_bytes_saved = d.compressed_bytes_saved;
     s.segments_cleaned = d.segments_cleaned;
     s.ssd_relocated_bytes = d.relocated_bytes;
+    s.ssd_disk_full_shrinks = d.disk_full_shrinks;
     s.ssd_commits = d.commits;
     s.ssd_syncs = d.syncs;
     s.ssd_index_syncs = d.index_syncs;

@@ -74,6 +74,24 @@ void SsdTier::Impl::PrepareSegment(std::unique_lock<std::mutex>& lock) {
   }
   lock.lock();
   if (!st.ok() && seg_stop_.load()) return;  // closing (a zero-fill stops early): no error
+  if (!st.ok() && IsNoSpace(st) && segments_.size() >= 3) {
+    // The disk holds fewer segments than capacity_bytes allows: the tier shrinks to what it
+    // held (disk_segments_max_) and the cleaner makes room; waiting puts wait for it. A
+    // preparation at that limit (the cleaner's relocation segment) fails the same way and is
+    // no error either: what does not fit is evicted.
+    const size_t before = MaxSegments();
+    disk_segments_max_ = std::min(disk_segments_max_, segments_.size() - 1);
+    if (MaxSegments() < before) {
+      ++stats_.disk_full_shrinks;
+      KVTIER_LOG(kWarn) << "ssd segment " << id << " not prepared: " << st.ToString()
+                        << "; the disk holds " << segments_.size()
+                        << " segments: segment limit lowered from " << before << " to "
+                        << MaxSegments() << " until restart (capacity_bytes is larger than "
+                        << "the disk's free space)";
+    }
+    seg_cv_.notify_all();
+    return;
+  }
   if (!st.ok()) {
     ++stats_.io_errors;
     if (prepare_status_.ok()) {

@@ -125,7 +125,9 @@ class SsdTier::Impl {
   SsdStats GetStats() const {
     std::lock_guard lock(mu_);
     SsdStats s = stats_;
-    s.capacity_bytes = o_.capacity_bytes;
+    // What the tier holds now: capacity_bytes, or less once the disk proved smaller.
+    s.capacity_bytes =
+        std::min<uint64_t>(o_.capacity_bytes, (MaxSegments() + 1) * o_.segment_bytes);
     s.objects = map_.size();
     s.segments = segments_.size();
     s.live_bytes = 0;
@@ -188,8 +190,11 @@ class SsdTier::Impl {
   }
   // Under mu_: the time of hooks called inside a put (Evict, OnInsert): its request's.
   uint64_t PolicyNowLocked() const { return call_now_us_ != 0 ? call_now_us_ : NowUs(); }
+  // The segment limit: capacity_bytes' (the files stay within one of it: MaxSegments() + 1),
+  // or lower once the disk proved smaller (disk_segments_max_).
   size_t MaxSegments() const {
-    return std::max<size_t>(2, o_.capacity_bytes / o_.segment_bytes - 1);
+    return std::max<size_t>(
+        2, std::min<size_t>(o_.capacity_bytes / o_.segment_bytes - 1, disk_segments_max_));
   }
   uint64_t LiveLimit() const {
     return static_cast<uint64_t>(static_cast<double>((MaxSegments() - 1) * o_.segment_bytes) *
@@ -526,8 +531,15 @@ class SsdTier::Impl {
   // ---- segment thread ----
   std::shared_ptr<Segment> next_seg_;  // under mu_: prepared, not yet in segments_
   Status prepare_status_;              // under mu_: the last preparation's outcome
-  uint64_t threshold_cleans_ = 0;      // under mu_: sparse cleans allowed (one per roll)
-  std::condition_variable seg_cv_;     // wakes the segment thread (with mu_)
+  // Under mu_: a segment limit the disk imposed. When preparing one more segment fails with
+  // ENOSPC (a disk smaller than capacity_bytes, or filled by others), the limit drops to one
+  // below the segments there are, so that the files fit in what the disk held: the cleaner
+  // then reclaims the emptiest segment (relocating what fits, evicting the rest) and puts
+  // evict down to the lower LiveLimit(), instead of every put failing for good. It stays
+  // until the tier is reopened. SIZE_MAX: none.
+  size_t disk_segments_max_ = SIZE_MAX;
+  uint64_t threshold_cleans_ = 0;   // under mu_: sparse cleans allowed (one per roll)
+  std::condition_variable seg_cv_;  // wakes the segment thread (with mu_)
   std::condition_variable
       room_cv_;  // a segment was prepared, or a clean_reserve_bytes_ ended (with mu_)
   std::atomic<bool> seg_stop_{false};

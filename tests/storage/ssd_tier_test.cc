@@ -257,6 +257,59 @@ TEST_P(SsdTierTest, EnospcRejectsThePutAndLosesNothingElse) {
   ASSERT_TRUE(reopened->Get(MakeKey(5), &out).ok());
 }
 
+// A disk smaller than ssd_capacity_bytes: it holds 6 segment files where the capacity allows
+// 16. Preparing the 7th fails with ENOSPC; the tier lowers its segment limit to what the disk
+// held, the cleaner reclaims the emptiest segment and puts evict down to the lower limit. So
+// every put succeeds (before, every put failed for good once the disk was full, whatever was
+// deleted), the files stay within what the disk holds, and every unit reads back exactly or
+// is gone (evicted), never wrong; the tier reports the lower capacity.
+TEST_P(SsdTierTest, ADiskSmallerThanTheCapacityShrinksTheTierInsteadOfFailingEveryPut) {
+  FaultInjectionEnv fault(base_.get(), {});
+  constexpr size_t kDiskFiles = 6;
+  fault.SetFilesMax(kDiskFiles);
+  TierManagerOptions o = Options(Durability::kBatched, &fault);
+  o.ssd_capacity_bytes = 16ull << 20;
+  o.ssd_segment_bytes = 1ull << 20;
+  o.ssd_write_buffer_bytes = 128 << 10;
+  auto tm = Open(o);
+  ASSERT_NE(tm, nullptr);
+  constexpr int kUnits = 800;  // ~16 MiB written onto a disk of 6 MiB
+  for (int i = 0; i < kUnits; ++i) {
+    Key k = MakeKey(i);
+    Status st = tm->Put(k, MakeValue(k, 1, 20000), Ssd());
+    ASSERT_TRUE(st.ok()) << i << ": " << st.ToString();
+    if (i % 3 == 0 && i > 30) {
+      st = tm->Delete(MakeKey(i - 30));
+      EXPECT_TRUE(st.ok() || st.IsNotFound());
+    }
+  }
+  ASSERT_TRUE(tm->Flush().ok());
+  Stats s = tm->GetStats();
+  EXPECT_GE(s.ssd_disk_full_shrinks, 1u);
+  EXPECT_GT(s.ssd.evictions, 0u);
+  EXPECT_GT(s.segments_cleaned, 0u);
+  EXPECT_LE(s.ssd.capacity_bytes, kDiskFiles * o.ssd_segment_bytes);
+  auto files = fault.List();
+  ASSERT_TRUE(files.ok());
+  EXPECT_LE(files->size(), kDiskFiles);
+  std::vector<uint8_t> out;
+  int present = 0;
+  for (int i = 0; i < kUnits; ++i) {
+    Key k = MakeKey(i);
+    Status st = tm->Get(k, &out);
+    if (st.ok()) {
+      ++present;
+      ASSERT_EQ(out, MakeValue(k, 1, 20000)) << i;
+    } else {
+      ASSERT_TRUE(st.IsNotFound()) << i << ": " << st.ToString();
+    }
+  }
+  Key last = MakeKey(kUnits - 1);
+  ASSERT_TRUE(tm->Get(last, &out).ok());
+  EXPECT_GT(present, 50);
+  EXPECT_EQ(tm->GetStats().checksum_failures, 0u);
+}
+
 TEST_P(SsdTierTest, BitFlipIsAChecksumMissAndQuarantine) {
   FaultInjectionEnv fault(base_.get(), {});
   auto tm = Open(Options(Durability::kSync, &fault));

@@ -323,6 +323,10 @@ int RunSim(Args args) {
     std::fprintf(stderr, "kvtier sim: %s\n", trace.status().ToString().c_str());
     return 1;
   }
+  if (trace->requests.empty()) {  // a table of zeros would read as a result
+    std::fprintf(stderr, "kvtier sim: %s holds no requests\n", trace_path.c_str());
+    return 1;
+  }
   sim::UnitMapping mapping{.unit_tokens = static_cast<uint32_t>(unit_tokens),
                            .bytes_per_token = bytes_per_token};
   auto units_trace = sim::BuildUnitTrace(*trace, mapping);

@@ -53,6 +53,17 @@ TEST_F(SimFlags, SimRejectsCapacityFractionsOutsideZeroToOne) {
   EXPECT_EQ(ok.exit_code, 0) << ok.out;
 }
 
+// An empty trace is an error, not a table of zeros that reads as a result.
+TEST_F(SimFlags, AnEmptyTraceIsAnError) {
+  const std::string empty = (dir_ / "empty.jsonl").string();
+  std::FILE* f = std::fopen(empty.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  Result r = RunKvtier("sim --no-progress --trace " + empty);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("holds no requests"), std::string::npos) << r.out;
+}
+
 TEST_F(SimFlags, AFlagIsNotTakenAsAValue) {
   Result r = RunKvtier("sim --no-progress --trace --json");
   EXPECT_EQ(r.exit_code, 2) << r.out;

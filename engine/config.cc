@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/config_json.h"
+
 namespace kvtier::engine {
 
 namespace {
@@ -24,10 +26,10 @@ Status Get(const json& j, const char* key, T* out, bool required) {
     if (required) return Status::InvalidArgument(std::string("config: missing key ") + key);
     return Status::Ok();
   }
-  try {
-    *out = it->get<T>();
-  } catch (const json::exception& e) {
-    return Status::InvalidArgument(std::string("config: bad value for ") + key + ": " + e.what());
+  if (!internal::ReadJsonValue(*it, out)) {
+    return Status::InvalidArgument(std::string("config: bad value for ") + key + " (a JSON " +
+                                   it->type_name() +
+                                   ": wrong type, not an integer, or out of range)");
   }
   return Status::Ok();
 }

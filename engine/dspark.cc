@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "engine/config_json.h"
 #include "engine/ops.h"
 
 namespace kvtier::engine {
@@ -20,11 +21,9 @@ Status GetKey(const json& j, const char* key, T* out) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null())
     return Status::InvalidArgument(std::string("dspark config: missing key ") + key);
-  try {
-    *out = it->get<T>();
-  } catch (const json::exception& e) {
-    return Status::InvalidArgument(std::string("dspark config: bad value for ") + key);
-  }
+  if (!internal::ReadJsonValue(*it, out))
+    return Status::InvalidArgument(std::string("dspark config: bad value for ") + key +
+                                   " (wrong type, not an integer, or out of range)");
   return Status::Ok();
 }
 

@@ -186,6 +186,8 @@ TEST(DSparkConfigTest, RejectsHostileValues) {
   EXPECT_FALSE(with("dspark_target_layer_ids", "[]").ok());
   EXPECT_FALSE(with("dspark_markov_rank", "100000").ok());
   EXPECT_FALSE(with("dspark_block_size", "\"five\"").ok());
+  EXPECT_FALSE(with("dspark_block_size", "5.5").ok());         // not truncated to 5
+  EXPECT_FALSE(with("dspark_block_size", "4294967301").ok());  // not wrapped to 5
   EXPECT_FALSE(ParseDSparkConfig("{", c).ok());
   EXPECT_FALSE(ParseDSparkConfig("[]", c).ok());
 }

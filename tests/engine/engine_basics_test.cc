@@ -76,7 +76,14 @@ TEST(EngineConfig, AcceptsNestedTextConfigAndRejectsBadOnes) {
                 "\"index_source_layer_ids\":[4,6,8,10,12,14]"),
         replace("\"sqrtsoftplus\"", "\"softmax\""),
         replace("\"num_key_value_heads\":1", "\"num_key_value_heads\":2"),
-        replace("\"hc_mult\":4", "\"hc_mult\":" + std::to_string(kHcMultMax + 1))}) {
+        replace("\"hc_mult\":4", "\"hc_mult\":" + std::to_string(kHcMultMax + 1)),
+        // An integer key takes only a JSON integer in its type's range: 256.5 truncated and
+        // 2^32 + 256 wrapped to a valid 256 before; a bool key only true or false.
+        replace("\"hidden_size\":256", "\"hidden_size\":256.5"),
+        replace("\"hidden_size\":256", "\"hidden_size\":4294967552"),
+        replace("\"sliding_window\":16", "\"sliding_window\":-4294967280"),
+        replace("\"compress_ratios\":[0,0,2", "\"compress_ratios\":[0,0,2.0"),
+        replace("\"norm_topk_prob\":true", "\"norm_topk_prob\":1")}) {
     auto c = ParseEngineConfig(bad);
     EXPECT_TRUE(c.status().IsInvalidArgument());
     EXPECT_FALSE(c.status().message().empty());

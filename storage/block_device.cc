@@ -26,7 +26,7 @@ constexpr std::string_view kNoSpacePrefix = "no space left on device (ENOSPC): "
 
 Status ErrnoStatus(const std::string& what, int err) {
   std::string msg = what + ": " + std::strerror(err);
-  if (err == ENOSPC) return Status::IOError(std::string(kNoSpacePrefix) + msg);
+  if (err == ENOSPC) return NoSpaceError(msg);
   return Status::IOError(msg);
 }
 
@@ -767,6 +767,10 @@ StatusOr<std::unique_ptr<DeviceEnv>> NewDirEnv(const std::string& dir,
     }
   }
   return std::unique_ptr<DeviceEnv>(new DirEnv(dir, options, std::move(pool)));
+}
+
+Status NoSpaceError(const std::string& detail) {
+  return Status::IOError(std::string(kNoSpacePrefix) + detail);
 }
 
 bool IsNoSpace(const Status& s) { return s.IsIOError() && s.message().starts_with(kNoSpacePrefix); }

@@ -168,8 +168,11 @@ StatusOr<std::unique_ptr<DeviceEnv>> NewDirEnv(const std::string& dir,
 // Devices in process memory. Alignment 1. Contents live as long as the env.
 std::unique_ptr<DeviceEnv> NewMemEnv();
 
-// Whether `s` is a device's "no space left on device" (ENOSPC) error, as the file devices (and
-// FaultInjectionEnv) report it: IOError("no space left on device (ENOSPC): ...").
+// A device's "no space left on device" error: IOError("no space left on device (ENOSPC): " +
+// detail). Every device and env that runs out of space (the file devices, FaultInjectionEnv)
+// reports it this way, so that IsNoSpace recognises it.
+Status NoSpaceError(const std::string& detail);
+// Whether `s` is a NoSpaceError.
 bool IsNoSpace(const Status& s);
 
 // Allocates `length` bytes aligned to `alignment` (a power of two); freed with free().

@@ -58,8 +58,7 @@ class FaultDevice final : public BlockDevice {
       auto names = env_->List();
       if (names.ok() && names->size() > files_max) {
         env_->Record("ENOSPC allocate " + state_->name);
-        return Status::IOError("no space left on device (ENOSPC): injected allocate of " +
-                               state_->name);
+        return NoSpaceError("injected allocate of " + state_->name);
       }
     }
     return state_->base->Allocate(offset, length);
@@ -140,7 +139,7 @@ class FaultDevice final : public BlockDevice {
     if (env_->no_space_.load() || env_->TakeArmed(env_->arm_enospc_) ||
         env_->Roll(env_->options_.write_enospc_probability)) {
       env_->Record("ENOSPC write " + state_->name + " @" + std::to_string(r.offset));
-      return Status::IOError("no space left on device (ENOSPC): injected on " + state_->name);
+      return NoSpaceError("injected on " + state_->name);
     }
     std::lock_guard lock(state_->mu);
     state_->pending.push_back({r.offset, std::vector<uint8_t>(r.buffer, r.buffer + r.length)});

@@ -189,7 +189,8 @@ struct SsdStats {
   // Bytes of live records the cleaner wrote again (its write amplification).
   uint64_t relocated_bytes = 0;
   // Times preparing a segment hit ENOSPC and the tier lowered its segment limit to what the
-  // disk held (docs/format/ssd.md, "A disk smaller than capacity_bytes").
+  // disk held (docs/format/ssd.md, "Capacity and cleaning": a disk smaller than
+  // ssd_capacity_bytes).
   uint64_t disk_full_shrinks = 0;
   // fdatasync calls made by commits; failed commits and the stage of the latest failure.
   uint64_t syncs = 0, commit_failures = 0;

@@ -125,9 +125,12 @@ class SsdTier::Impl {
   SsdStats GetStats() const {
     std::lock_guard lock(mu_);
     SsdStats s = stats_;
-    // What the tier holds now: capacity_bytes, or less once the disk proved smaller.
+    // What the tier holds now: capacity_bytes, or the segments the disk held once it proved
+    // smaller.
     s.capacity_bytes =
-        std::min<uint64_t>(o_.capacity_bytes, (MaxSegments() + 1) * o_.segment_bytes);
+        disk_segments_max_ == SIZE_MAX
+            ? o_.capacity_bytes
+            : std::min<uint64_t>(o_.capacity_bytes, (MaxSegments() + 1) * o_.segment_bytes);
     s.objects = map_.size();
     s.segments = segments_.size();
     s.live_bytes = 0;

@@ -393,14 +393,8 @@ TEST_F(EngramDaemonTest, ShutdownWhileRowClientsReadAndHangUpIsClean) {
 // daemon's start is replaced (new ports, shards.toml rewritten) instead of failing the test.
 TEST_F(EngramDaemonTest, StartPicksNewPortsWhenTheRowPortIsTaken) {
   const uint16_t taken = port_;
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(taken);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << std::strerror(errno);
-  ASSERT_EQ(::listen(fd, 1), 0);
+  const int fd = kt::ListenTcp(taken);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
   Start();
   ::close(fd);
   ASSERT_NE(daemon_, nullptr);

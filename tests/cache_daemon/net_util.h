@@ -34,6 +34,23 @@ inline bool PortBindable(uint16_t port) {
   return ok;
 }
 
+// Holds a loopback TCP port: a socket bound (without SO_REUSEADDR) and listening on it, so that
+// a server starting on that port fails with "Address already in use". -1 when the port could
+// not be bound; close() the descriptor to free the port.
+inline int ListenTcp(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, 1) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // Lowest port FreePort() hands out (below it: well-known and registered services).
 inline constexpr uint16_t kFreePortLow = 10000;
 // Random candidates FreePort() tries before falling back to a kernel-chosen port.

@@ -1,9 +1,6 @@
 // End-to-end: the real kvtierd binary, on temporary sockets and ports, driven through the
 // client library, redis-cli / redis-benchmark, promtool and the kvtier CLI.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -118,14 +115,8 @@ class E2eTest : public ::testing::Test {
 // whose socket already accepted).
 TEST_F(E2eTest, AFailedStartLeavesNoSocketAndARefusedOneLeavesTheOthers) {
   d_->WriteConfig(Config());
-  int blocker = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(blocker, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(d_->resp_port());
-  ASSERT_EQ(::bind(blocker, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
-  ASSERT_EQ(::listen(blocker, 1), 0);
+  const int blocker = kt::ListenTcp(d_->resp_port());
+  ASSERT_GE(blocker, 0) << std::strerror(errno);
   EXPECT_FALSE(d_->Start());  // the daemon exited
   EXPECT_NE(d_->Log().find("bind resp"), std::string::npos) << d_->Log();
   EXPECT_FALSE(std::filesystem::exists(d_->socket()));

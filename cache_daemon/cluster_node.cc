@@ -488,6 +488,9 @@ std::string ClusterNode::RenderPrometheus() const {
           "Peer connections refused in the TLS handshake (no certificate, one of another CA, "
           "or plaintext), with cluster.peer_tls.",
           ps.tls_failures);
+  counter("kvtier_cluster_peer_accept_waits_total",
+          "Peer-front accepts that failed and paused accepting (no descriptor or memory left).",
+          ps.accept_waits);
   return os.str();
 }
 

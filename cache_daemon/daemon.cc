@@ -13,6 +13,7 @@
 #include "cache_daemon/daemon_internal.h"
 #include "cache_daemon/shm_writer.h"
 #include "cache_daemon/worker_warm.h"
+#include "common/accept_backoff.h"
 #include "common/clock.h"
 #include "common/logging.h"
 
@@ -191,7 +192,7 @@ class DaemonImpl final : public Daemon {
       auto addr = asio::ip::make_address(address == "localhost" ? "127.0.0.1" : address, ec);
       if (ec) return Status::InvalidArgument(std::string("bad ") + what + " address " + address);
       Tcp::endpoint ep(addr, port);
-      acc->emplace(io_);
+      acc->emplace(accept_strand_);
       (*acc)->open(ep.protocol(), ec);
       if (!ec) (*acc)->set_option(asio::socket_base::reuse_address(true), ec);
       if (!ec) (*acc)->bind(ep, ec);
@@ -224,7 +225,7 @@ class DaemonImpl final : public Daemon {
         return Status::IOError("another daemon is listening on " + options_.socket_path);
       }
       ::unlink(options_.socket_path.c_str());
-      unix_.emplace(io_);
+      unix_.emplace(accept_strand_);
       unix_->open(Local(), ec);
       if (!ec) unix_->bind(Local::endpoint(options_.socket_path), ec);
       socket_bound_ = !ec;  // the file is this daemon's from here
@@ -319,7 +320,12 @@ class DaemonImpl final : public Daemon {
     unix_->async_accept(asio::make_strand(io_), [this](boost::system::error_code ec,
                                                        Local::socket s) {
       if (ec == asio::error::operation_aborted || !unix_->is_open()) return;
-      if (!ec && Admit(Front::kUnix)) {
+      if (ec) {
+        AcceptAgainAfterFailure(Front::kUnix, ec, [this] { AcceptUnix(); });
+        return;
+      }
+      accept_backoff_[static_cast<size_t>(Front::kUnix)].Succeeded();
+      if (Admit(Front::kUnix)) {
         internal::StartNativeSession(&shared_, asio::generic::stream_protocol::socket(std::move(s)),
                                      /*is_unix=*/true);
       }
@@ -327,11 +333,33 @@ class DaemonImpl final : public Daemon {
     });
   }
 
+  // After a failed accept: accepts again at once when only that connection failed, else
+  // after the front's backoff (accept_backoff.h: a full descriptor table must not spin the
+  // I/O threads). `accept` runs unless the daemon is shutting down.
+  void AcceptAgainAfterFailure(Front front, boost::system::error_code ec,
+                               std::function<void()> accept) {
+    const auto wait = accept_backoff_[static_cast<size_t>(front)].Failed(ec.value());
+    if (wait.count() == 0) {
+      accept();
+      return;
+    }
+    metrics_.accept_waits.fetch_add(1);
+    auto timer = std::make_shared<asio::steady_timer>(accept_strand_, wait);
+    timer->async_wait([this, timer, accept = std::move(accept)](boost::system::error_code) {
+      if (!shared_.draining.load()) accept();
+    });
+  }
+
   void AcceptTcp(Tcp::acceptor* acc, Front front) {
     acc->async_accept(
         asio::make_strand(io_), [this, acc, front](boost::system::error_code ec, Tcp::socket s) {
           if (ec == asio::error::operation_aborted || !acc->is_open()) return;
-          if (!ec && Admit(front)) {
+          if (ec) {
+            AcceptAgainAfterFailure(front, ec, [this, acc, front] { AcceptTcp(acc, front); });
+            return;
+          }
+          accept_backoff_[static_cast<size_t>(front)].Succeeded();
+          if (Admit(front)) {
             if (UsesTls(front)) {
               // The session starts on the plaintext end once the handshake is done. Until
               // then the admission is held here: a handshake that fails or times out never
@@ -384,7 +412,7 @@ class DaemonImpl final : public Daemon {
     KVTIER_LOG(kInfo) << "shutting down: no new connections, finishing in-flight requests";
     shared_.draining.store(true);
     shared_.ready.store(false);
-    asio::post(io_, [this] {
+    asio::post(accept_strand_, [this] {
       boost::system::error_code ec;
       if (unix_) unix_->close(ec);
       if (native_tcp_) native_tcp_->close(ec);
@@ -456,11 +484,18 @@ class DaemonImpl final : public Daemon {
   // Declared after everything sessions touch: destroying io_ destroys pending handlers and
   // with them the last session references, whose destructors use shared_ and metrics_.
   asio::io_context io_;
+  // The acceptors' executor: their accept handlers, the backoff timers and the close at
+  // shutdown run one at a time (an acceptor is not safe to use from two threads at once).
+  asio::strand<asio::io_context::executor_type> accept_strand_ = asio::make_strand(io_);
   std::optional<Local::acceptor> unix_;
   // This daemon bound options_.socket_path (only then does its shutdown remove the file: a
   // daemon refused because another serves that socket leaves it alone). Set by Listen().
   bool socket_bound_ = false;
   std::optional<Tcp::acceptor> native_tcp_, resp_, http_;
+  // One per front, indexed by Front; used on accept_strand_ only.
+  AcceptBackoff accept_backoff_[static_cast<size_t>(Front::kCount)] = {
+      AcceptBackoff("kvtierd Unix socket"), AcceptBackoff("kvtierd native TCP front"),
+      AcceptBackoff("kvtierd RESP front"), AcceptBackoff("kvtierd HTTP front")};
   std::vector<std::thread> io_threads_;
 
   mutable std::mutex mu_;

@@ -18,6 +18,7 @@
 #include "cli/flags.h"
 #include "common/key_spec.h"
 #include "common/logging.h"
+#include "common/open_files.h"
 
 namespace {
 
@@ -29,6 +30,22 @@ int Fail(const Status& st) {
   return 1;
 }
 
+// Warns when the open-file limit is below the descriptors open now plus the connections the
+// limits allow: at the limit the fronts pause their accepts (common/accept_backoff.h) and new
+// clients wait in the listen backlog.
+void CheckOpenFilesLimit(const DaemonOptions& o, const OpenFilesLimit& limit) {
+  uint64_t connections = o.max_connections;
+  if (o.engram.enabled) connections += o.engram.connections_max;
+  if (o.cluster.enabled) connections += o.cluster.peer_connections_max;
+  const uint64_t open_now = OpenFilesNow();
+  if (limit.soft >= open_now + connections) return;
+  KVTIER_LOG(kWarn) << "the open-file limit (" << limit.soft << ", hard " << limit.hard
+                    << ") is below the " << open_now << " descriptors open now plus the "
+                    << connections
+                    << " connections the limits allow: at the limit the fronts pause accepting "
+                       "(kvtier_accept_waits_total); raise the limit (LimitNOFILE=, ulimit -n) "
+                       "or lower limits.max_connections";
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -139,6 +156,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
+  const OpenFilesLimit files_limit = RaiseOpenFilesLimit();
   if (o.storage.ssd_capacity_bytes > 0) {
     std::filesystem::create_directories(o.storage.data_dir, fec);
   }
@@ -147,6 +165,7 @@ int main(int argc, char** argv) {
   StatusOr<std::unique_ptr<Daemon>> d =
       Daemon::Start(o, std::move(store).value(), std::move(tenants), std::move(tracer));
   if (!d.ok()) return Fail(d.status());
+  CheckOpenFilesLimit(o, files_limit);
   std::fprintf(stderr, "kvtierd: ready\n");
 
   timespec tick{0, 100 * 1000 * 1000};

@@ -166,6 +166,10 @@ void DaemonMetrics::RenderEngram(const Extra& extra, void* page) const {
          c.connections_active},
         {"kvtier_engram_server_connections_refused_total", "counter",
          "Engram row-server connections refused (engram.connections_max).", c.connections_refused},
+        {"kvtier_engram_server_accept_waits_total", "counter",
+         "Engram row-server accepts that failed and paused accepting (no descriptor or memory "
+         "left).",
+         c.accept_waits},
         {"kvtier_engram_server_malformed_frames_total", "counter",
          "Engram row-server connections closed for a malformed frame.", c.malformed_frames},
         {"kvtier_engram_server_unattached_closed_total", "counter",
@@ -384,6 +388,9 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
         connections_total.load());
   p.One("kvtier_connections_rejected_total", "counter",
         "Connections closed at once (limit reached or draining).", connections_rejected.load());
+  p.One("kvtier_accept_waits_total", "counter",
+        "Failed accepts after which a front paused (no file descriptor or memory left).",
+        accept_waits.load());
   p.One("kvtier_protocol_errors_total", "counter", "Malformed, truncated or oversized input.",
         protocol_errors.load());
   p.One("kvtier_auth_failures_total", "counter", "Failed AUTH attempts.", auth_failures.load());

@@ -127,6 +127,9 @@ class DaemonMetrics {
   std::atomic<uint64_t> protocol_errors{0};       // malformed / oversized frames, bad RESP
   std::atomic<uint64_t> auth_failures{0};
   std::atomic<uint64_t> slow_client_disconnects{0};
+  // Failed accepts after which a front paused before accepting again (no descriptor or
+  // memory left: common/accept_backoff.h).
+  std::atomic<uint64_t> accept_waits{0};
   std::atomic<uint64_t> tenant_inflight_rejections{0};
   std::atomic<uint64_t> trace_records_dropped{0};
   // Native turn ids forgotten (a connection's table full) or past their age limit.

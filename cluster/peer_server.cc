@@ -110,8 +110,8 @@ void PeerServer::Stop() {
 }
 
 PeerServerStats PeerServer::stats() const {
-  return {connections_.load(), refused_.load(),    auth_failures_.load(),
-          requests_.load(),    bad_frames_.load(), tls_failures_.load()};
+  return {connections_.load(), refused_.load(),      auth_failures_.load(), requests_.load(),
+          bad_frames_.load(),  tls_failures_.load(), accept_waits_.load()};
 }
 
 void PeerServer::ReapFinished() {
@@ -136,7 +136,16 @@ void PeerServer::AcceptLoop() {
     pollfd p{listen_fd_, POLLIN, 0};
     if (::poll(&p, 1, 200) <= 0) continue;
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      // No descriptor or memory left: wait instead of spinning (common/accept_backoff.h).
+      const auto wait = accept_backoff_.Failed(errno);
+      if (wait.count() > 0) {
+        accept_waits_.fetch_add(1);
+        std::this_thread::sleep_for(wait);
+      }
+      continue;
+    }
+    accept_backoff_.Succeeded();
     // A response goes out as header then body: without NODELAY the body waits for the
     // peer's delayed ACK of the header (tens of ms per request).
     int one = 1;

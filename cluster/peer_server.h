@@ -31,6 +31,7 @@
 
 #include "cache_daemon/tls_client.h"
 #include "cluster/peer_wire.h"
+#include "common/accept_backoff.h"
 #include "common/status.h"
 
 namespace kvtier::cluster {
@@ -76,6 +77,7 @@ struct PeerServerOptions {
 struct PeerServerStats {
   uint64_t connections = 0, refused_over_max = 0, auth_failures = 0, requests = 0, bad_frames = 0;
   uint64_t tls_failures = 0;  // TLS handshakes that failed (no / bad certificate, plaintext)
+  uint64_t accept_waits = 0;  // failed accepts that paused accepting (no descriptor or memory)
 };
 
 class PeerServer {
@@ -109,7 +111,8 @@ class PeerServer {
   std::atomic<bool> stop_{false};
   std::atomic<uint32_t> active_{0};
   std::atomic<uint64_t> connections_{0}, refused_{0}, auth_failures_{0}, requests_{0},
-      bad_frames_{0}, tls_failures_{0};
+      bad_frames_{0}, tls_failures_{0}, accept_waits_{0};
+  AcceptBackoff accept_backoff_{"cluster peer front"};  // AcceptLoop's only
   std::thread acceptor_;
   std::mutex mu_;
   uint64_t next_worker_ = 0;

@@ -24,13 +24,26 @@ void Accept(std::shared_ptr<RowServer::State> state, asio::io_context* io) {
   tcp::acceptor* acceptor = state->acceptor.get();
   if (acceptor == nullptr) return;  // stopped (Stop() frees it on this strand)
   acceptor->async_accept(
-      asio::make_strand(*io), [state, io](const boost::system::error_code& ec, tcp::socket socket) {
+      asio::make_strand(*io), [state, io, acceptor_executor = acceptor->get_executor()](
+                                  const boost::system::error_code& ec, tcp::socket socket) {
         if (ec == asio::error::operation_aborted) return;
         {
           std::lock_guard<std::mutex> lock(state->mu);
           if (state->acceptor == nullptr || !state->acceptor->is_open()) return;
         }
-        if (!ec) {
+        if (ec) {
+          // No descriptor or memory left: wait on the acceptor's strand before accepting
+          // again instead of spinning (common/accept_backoff.h).
+          const auto wait = state->accept_backoff.Failed(ec.value());
+          if (wait.count() > 0) {
+            state->accept_waits.fetch_add(1);
+            auto timer = std::make_shared<asio::steady_timer>(acceptor_executor, wait);
+            timer->async_wait(
+                [state, io, timer](const boost::system::error_code&) { Accept(state, io); });
+            return;
+          }
+        } else {
+          state->accept_backoff.Succeeded();
           if (state->connections_active.load() >= state->options.connections_max) {
             state->connections_refused.fetch_add(1);
             boost::system::error_code ignored;
@@ -338,7 +351,7 @@ RowServerCounters RowServer::counters() const {
       s.malformed_frames.load(),     s.batches_served.load(),     s.ops_served.load(),
       s.bytes_served.load(),         s.permission_denied.load(),  s.verbs_unavailable.load(),
       s.verbs_qps_created.load(),    s.verbs_qps_cut.load(),      s.verbs_registrations_cut.load(),
-      s.unattached_closed.load(),    s.bodies_timed_out.load()};
+      s.unattached_closed.load(),    s.bodies_timed_out.load(),   s.accept_waits.load()};
 }
 
 }  // namespace kvtier::rdma

@@ -143,6 +143,7 @@ struct RowServerCounters {
   uint64_t verbs_registrations_cut = 0;  // grant MRs deregistered (revoked or expired)
   uint64_t unattached_closed = 0;        // closed with no region attached after attach_timeout_ms
   uint64_t bodies_timed_out = 0;         // closed with a body unfinished after body_timeout_ms
+  uint64_t accept_waits = 0;  // failed accepts that paused accepting (no descriptor or memory)
 };
 
 class RowServer {

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/accept_backoff.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "rdma/engram_table.h"
@@ -90,7 +91,8 @@ struct RowServer::State {
   std::atomic<uint64_t> connections_accepted{0}, connections_active{0}, connections_refused{0},
       malformed_frames{0}, batches_served{0}, ops_served{0}, bytes_served{0}, permission_denied{0},
       verbs_unavailable{0}, verbs_qps_created{0}, verbs_qps_cut{0}, verbs_registrations_cut{0},
-      unattached_closed{0}, bodies_timed_out{0};
+      unattached_closed{0}, bodies_timed_out{0}, accept_waits{0};
+  AcceptBackoff accept_backoff{"Engram row server"};  // used on the acceptor's strand only
 
 #ifdef KVTIER_WITH_RDMA
   // Declared after the tables: zones (and their MRs of table rows) go first.

@@ -157,7 +157,16 @@ void HttpServer::AcceptLoop() {
     pollfd p{listen_fd_, POLLIN, 0};
     if (::poll(&p, 1, kPollSliceMs) <= 0) continue;
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      // No descriptor or memory left: wait instead of spinning (common/accept_backoff.h).
+      const auto wait = accept_backoff_.Failed(errno);
+      if (wait.count() > 0) {
+        metrics_->AcceptWait();
+        std::this_thread::sleep_for(wait);
+      }
+      continue;
+    }
+    accept_backoff_.Succeeded();
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     if (options_.send_buffer_bytes > 0) {

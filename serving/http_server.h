@@ -25,6 +25,7 @@
 #include <string_view>
 #include <thread>
 
+#include "common/accept_backoff.h"
 #include "common/status.h"
 #include "serving/metrics.h"
 
@@ -91,6 +92,7 @@ class HttpServer {
   int listen_fd_ = -1;
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
+  AcceptBackoff accept_backoff_{"serve HTTP front"};  // AcceptLoop's only
   std::thread acceptor_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -71,6 +71,10 @@ void ServingMetrics::ConnectionsOpen(int64_t n) {
   std::lock_guard l(mu_);
   connections_open_ = n;
 }
+void ServingMetrics::AcceptWait() {
+  std::lock_guard l(mu_);
+  ++accept_waits_;
+}
 void ServingMetrics::RequestDone(const std::string& tenant, const Usage& u, double cost,
                                  const std::string& finish_reason) {
   std::lock_guard l(mu_);
@@ -164,6 +168,9 @@ std::string ServingMetrics::Render() const {
        "Connections or requests refused by an HTTP limit, by limit.");
   for (const auto& [why, n] : http_rejected_)
     o << "kvtier_serve_http_rejected_total{limit=\"" << Escape(why) << "\"} " << n << "\n";
+  Head(o, "kvtier_serve_accept_waits_total", "counter",
+       "Accepts that failed and paused the HTTP front (no file descriptor or memory left).");
+  o << "kvtier_serve_accept_waits_total " << accept_waits_ << "\n";
   Head(o, "kvtier_serve_connections_open", "gauge", "Open HTTP connections.");
   o << "kvtier_serve_connections_open " << connections_open_ << "\n";
   Head(o, "kvtier_serve_requests_finished_total", "counter",

@@ -34,6 +34,7 @@ class ServingMetrics {
   void HttpRequest(int status);               // every answered request, by status
   void HttpRejected(const std::string& why);  // connections_max, header_bytes_max, ...
   void ConnectionsOpen(int64_t n);
+  void AcceptWait();  // a failed accept paused the front (no descriptor or memory left)
 
   // A finished generation (stream or not): tokens, hits, cost, latencies.
   void RequestDone(const std::string& tenant, const Usage& usage, double cost,
@@ -68,6 +69,7 @@ class ServingMetrics {
   std::map<int, uint64_t> http_requests_;
   std::map<std::string, uint64_t> http_rejected_;
   int64_t connections_open_ = 0;
+  uint64_t accept_waits_ = 0;
   std::map<std::string, uint64_t> finish_;
   struct TenantCounters {
     uint64_t requests = 0, prompt = 0, cached = 0, miss = 0, completion = 0, step_tokens = 0;

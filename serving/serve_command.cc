@@ -10,6 +10,7 @@
 
 #include "cli/flags.h"
 #include "common/logging.h"
+#include "common/open_files.h"
 #include "engine/config.h"
 #include "engine/dspark.h"
 #include "engine/model.h"
@@ -197,6 +198,7 @@ int RunServe(std::span<const std::string_view> args) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
+  const OpenFilesLimit files_limit = RaiseOpenFilesLimit();
   ServingMetrics metrics;
   auto sched = Scheduler::Create(eng->get(), *weights, so, &metrics);
   if (!sched.ok()) return Fail(sched.status());
@@ -204,6 +206,15 @@ int RunServe(std::span<const std::string_view> args) {
   auto server = HttpServer::Start(
       ho, [&](const HttpRequest& r, HttpResponder* out) { front.Handle(r, out); }, &metrics);
   if (!server.ok()) return Fail(server.status());
+  // At the limit the front pauses its accepts (common/accept_backoff.h): say so at start.
+  if (const uint64_t open_now = OpenFilesNow(); files_limit.soft < open_now + ho.connections_max) {
+    KVTIER_LOG(kWarn) << "the open-file limit (" << files_limit.soft << ", hard "
+                      << files_limit.hard << ") is below the " << open_now
+                      << " descriptors open now plus --connections-max " << ho.connections_max
+                      << ": at the limit the front pauses accepting "
+                         "(kvtier_serve_accept_waits_total); raise the limit (ulimit -n) or "
+                         "lower --connections-max";
+  }
   std::fprintf(stderr,
                "kvtier-engine serve: listening on http://%s:%u model %s (%s), cache %s, "
                "auth %s, speculative %s\n",

@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kvtier::testing {
 
@@ -188,5 +189,72 @@ inline std::string HttpRequest(uint16_t port, const std::string& method, const s
   ::close(fd);
   return resp;
 }
+
+// Clients that have each sent one request and wait for its reply, some perhaps still in a
+// server's listen backlog (a full descriptor table). Closes them all when destroyed.
+class WaitingClients {
+ public:
+  // `fds`: connected sockets, each with its request sent; a reply must start with
+  // `reply_prefix`.
+  WaitingClients(std::vector<int> fds, std::string reply_prefix)
+      : fds_(std::move(fds)), answered_(fds_.size(), false), prefix_(std::move(reply_prefix)) {}
+  ~WaitingClients() {
+    for (int fd : fds_) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  WaitingClients(const WaitingClients&) = delete;
+  WaitingClients& operator=(const WaitingClients&) = delete;
+
+  // Reads the replies that arrive until none has for `quiet_ms`; returns how many clients
+  // have been answered so far.
+  size_t Collect(int quiet_ms) {
+    for (;;) {
+      std::vector<pollfd> polls;
+      for (size_t i = 0; i < fds_.size(); ++i) {
+        if (!answered_[i] && fds_[i] >= 0) polls.push_back({fds_[i], POLLIN, 0});
+      }
+      if (polls.empty() || ::poll(polls.data(), polls.size(), quiet_ms) <= 0) break;
+      for (const pollfd& p : polls) {
+        if (p.revents == 0) continue;
+        const auto i =
+            static_cast<size_t>(std::find(fds_.begin(), fds_.end(), p.fd) - fds_.begin());
+        const std::string reply = RecvFor(p.fd, prefix_.size(), 5000);  // may read more
+        if (reply.compare(0, prefix_.size(), prefix_) != 0) ++wrong_replies_;
+        answered_[i] = true;
+      }
+    }
+    return static_cast<size_t>(std::count(answered_.begin(), answered_.end(), true));
+  }
+  // Closes the answered clients (freeing the server's descriptors for the waiting ones).
+  void CloseAnswered() {
+    for (size_t i = 0; i < fds_.size(); ++i) {
+      if (answered_[i] && fds_[i] >= 0) {
+        ::close(fds_[i]);
+        fds_[i] = -1;
+      }
+    }
+  }
+  // Collects and closes the answered clients in rounds until every client was answered or
+  // a round of `quiet_ms` brought nothing new; returns how many were answered.
+  size_t CollectAllByClosing(int quiet_ms) {
+    size_t answered = Collect(quiet_ms);
+    for (size_t before = 0; answered < fds_.size() && answered > before;) {
+      before = answered;
+      CloseAnswered();
+      answered = Collect(quiet_ms);
+    }
+    return answered;
+  }
+  // Replies that did not start with the prefix (or were cut short).
+  size_t wrong_replies() const { return wrong_replies_; }
+  size_t size() const { return fds_.size(); }
+
+ private:
+  std::vector<int> fds_;
+  std::vector<bool> answered_;
+  std::string prefix_;
+  size_t wrong_replies_ = 0;
+};
 
 }  // namespace kvtier::testing

@@ -10,6 +10,7 @@
 #include "tests/cache_daemon/net_util.h"
 #include "tests/cluster/etcd_process.h"
 #include "tests/cluster/peer_pki.h"
+#include "tests/process_util.h"
 
 namespace kvtier::cluster {
 namespace {
@@ -113,6 +114,36 @@ TEST_F(PeerTransportTest, AWrongCredentialIsRefusedBothWays) {
   PeerClient c = Client(8);
   // The server's proof does not verify under our credential: we refuse it.
   EXPECT_TRUE(c.Lookup(endpoint_, std::vector<PeerKey>{K(1)}).status().IsPermissionDenied());
+}
+
+// A full descriptor table: the peer front's accept loop used to poll again at once after
+// EMFILE, the listening socket readable while connections wait in its backlog, so it spun a
+// core until a descriptor was freed. Now it pauses (common/accept_backoff.h) and counts it;
+// the waiting connections are accepted once descriptors are free. The server runs in this
+// process, so the test lowers its own open-file limit: the client sockets are made first
+// (connecting needs no new descriptor; accepting does).
+TEST_F(PeerTransportTest, AFullDescriptorTablePausesAcceptsInsteadOfSpinning) {
+  constexpr int kClients = 24;
+  testing::DescriptorStarvedClients clients(server_->port(), kClients, /*accepts_room=*/4);
+  ASSERT_EQ(clients.error(), "");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The server must be idle, not spinning: a spinning accept loop uses a whole core; this
+  // allows a quarter of one.
+  const double cpu_used = testing::SelfCpuSecondsOver(std::chrono::seconds(2));
+  const PeerServerStats full = server_->stats();
+  clients.RestoreLimit();
+  EXPECT_LT(cpu_used, 0.5) << "CPU seconds over 2 s with a full descriptor table";
+  EXPECT_LT(full.connections, static_cast<uint64_t>(kClients));
+  EXPECT_GT(full.accept_waits, 0u);
+
+  // With descriptors again, every waiting connection is accepted, and the server serves.
+  EXPECT_EQ(testing::PollUntilEqual([&] { return server_->stats().connections; },
+                                    uint64_t{kClients}, 10000),
+            uint64_t{kClients});
+  PeerClient c = Client(7);
+  auto tiers = c.Lookup(endpoint_, std::vector<PeerKey>{K(1)});
+  ASSERT_TRUE(tiers.ok()) << tiers.status().message();
+  EXPECT_EQ((*tiers)[0], kPeerTierAbsent);
 }
 
 TEST_F(PeerTransportTest, NothingBeforeAuth) {

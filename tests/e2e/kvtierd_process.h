@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tests/cache_daemon/net_util.h"
+#include "tests/process_util.h"
 
 extern char** environ;
 
@@ -51,6 +52,10 @@ class KvtierdProcess {
     }
   }
 
+  // Start() runs the daemon under an open-file limit of n (WithOpenFilesMax). 0: the limit
+  // this process has.
+  void set_open_files_max(uint64_t n) { open_files_max_ = n; }
+
   // Writes the config file used by Start().
   void WriteConfig(const std::string& toml) { std::ofstream(dir_ / "kvtierd.toml") << toml; }
 
@@ -68,6 +73,7 @@ class KvtierdProcess {
                                      "--http-port",
                                      std::to_string(http_port_)};
     args.insert(args.end(), extra.begin(), extra.end());
+    if (open_files_max_ > 0) WithOpenFilesMax(open_files_max_, &args);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -158,6 +164,7 @@ class KvtierdProcess {
   uint16_t resp_port_ = 0, http_port_ = 0;
   pid_t pid_ = -1;
   int exit_status_ = 0;
+  uint64_t open_files_max_ = 0;
 };
 
 }  // namespace kvtier::testing

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/clock.h"
+#include "tests/process_util.h"
 #include "tests/rdma/test_util.h"
 
 namespace kvtier::rdma {
@@ -552,6 +553,38 @@ bool ClosedByServerWithin(boost::asio::ip::tcp::socket& s, int timeout_ms) {
     if (k == 0 || (k < 0 && errno == ECONNRESET)) return true;
   }
   return false;
+}
+
+// A full descriptor table: the row server's accept used to be retried at once after EMFILE,
+// the listening socket readable while connections wait in its backlog, so its I/O thread
+// spun until a descriptor was freed. Now it pauses (common/accept_backoff.h) and counts it;
+// the waiting connections are accepted once descriptors are free. The server runs in this
+// process, so the test lowers its own open-file limit: the client sockets are made first
+// (connecting needs no new descriptor; accepting does).
+TEST_F(TcpTransportTest, AFullDescriptorTablePausesAcceptsInsteadOfSpinning) {
+  StartServer(RowServerOptions{}, 0);
+  constexpr int kClients = 24;
+  kvtier::testing::DescriptorStarvedClients clients(server_->port(), kClients, /*accepts_room=*/4);
+  ASSERT_EQ(clients.error(), "");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The server holds what it could accept and must be idle, not spinning: a spinning
+  // accept loop uses a whole core; this allows a quarter of one.
+  const double cpu_used = kvtier::testing::SelfCpuSecondsOver(std::chrono::seconds(2));
+  const RowServerCounters full = server_->counters();
+  clients.RestoreLimit();
+  EXPECT_LT(cpu_used, 0.5) << "CPU seconds over 2 s with a full descriptor table";
+  EXPECT_LT(full.connections_accepted, static_cast<uint64_t>(kClients));
+  EXPECT_GT(full.accept_waits, 0u);
+
+  // With descriptors again, every waiting connection is accepted, and the server serves.
+  EXPECT_EQ(
+      kvtier::testing::PollUntilEqual([&] { return server_->counters().connections_accepted; },
+                                      uint64_t{kClients}, 10000),
+      uint64_t{kClients});
+  auto t = Connect(server_->port());
+  auto region = t->OpenRegion(creds_);
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  ExpectRowsExact(*t, region->id, {0, kRows - 1});
 }
 
 // Connection slots are for clients with grants: connections that attach no region are closed

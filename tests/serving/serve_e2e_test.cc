@@ -326,6 +326,45 @@ TEST_F(ServeTest, MalformedRequestsGetCleanErrors) {
   EXPECT_EQ(s_->Stop(), 0);
 }
 
+// More clients than the server has file descriptors (its connection limit set above them).
+// The accept loop used to poll again at once after EMFILE, the listening socket readable
+// while connections wait in its backlog: a core spun until a descriptor was freed. Now the
+// front pauses (common/accept_backoff.h), counts it and warns once; the waiting clients are
+// served as descriptors free up.
+TEST_F(ServeTest, AFullDescriptorTablePausesAcceptsInsteadOfSpinning) {
+  constexpr uint64_t kOpenFilesMax = 64;
+  constexpr size_t kClients = kOpenFilesMax + 40;
+  s_->set_open_files_max(kOpenFilesMax);
+  StartServer({"--connections-max", "1000"});
+  const std::string request = "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                              std::string(kAlice) + "\r\n\r\n";
+  std::vector<int> clients;
+  for (size_t i = 0; i < kClients; ++i) {
+    const int fd = ConnectTcp(s_->port());
+    ASSERT_GE(fd, 0) << i << ": " << std::strerror(errno);
+    clients.push_back(fd);
+    ASSERT_TRUE(SendAllRaw(fd, request.data(), request.size()));
+  }
+  WaitingClients waiting(std::move(clients), "HTTP/1.1 200");
+  const size_t served_first = waiting.Collect(1000);
+  ASSERT_GT(served_first, 0u);
+  ASSERT_LT(served_first, kClients) << "the descriptor table never filled";
+
+  // The table is full and clients wait: the server must be idle, not spinning (a spinning
+  // accept loop used a whole core; this allows a quarter of one).
+  const double cpu_used = ProcessCpuSecondsOver(s_->pid(), std::chrono::seconds(2));
+  EXPECT_LT(cpu_used, 0.5) << "CPU seconds over 2 s with a full descriptor table";
+
+  EXPECT_EQ(waiting.CollectAllByClosing(500), kClients);
+  EXPECT_EQ(waiting.wrong_replies(), 0u);
+  EXPECT_GT(Metric(Metrics(), "kvtier_serve_accept_waits_total"), 0);
+  const std::string log = s_->Log();
+  EXPECT_NE(log.find("the open-file limit (64, hard 64) is below"), std::string::npos) << log;
+  EXPECT_NE(log.find("serve HTTP front: accept failed: Too many open files"), std::string::npos)
+      << log;
+  EXPECT_EQ(s_->Stop(), 0);
+}
+
 // Hostile connections: clients that hold every connection slot by sending a request a byte at a
 // time (slowloris) are closed once their request has taken idle_timeout_ms, however steadily
 // they keep sending; a connection over connections_max meanwhile gets a 503 in OpenAI's error

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tests/cache_daemon/net_util.h"
+#include "tests/process_util.h"
 
 extern char** environ;
 
@@ -37,6 +38,10 @@ class ServeProcess {
     }
   }
 
+  // Start() runs the server under an open-file limit of n (WithOpenFilesMax). 0: the limit
+  // this process has.
+  void set_open_files_max(uint64_t n) { open_files_max_ = n; }
+
   // Starts the server with `extra` flags and waits for its port file (false on exit/timeout).
   bool Start(const std::vector<std::string>& extra) {
     const std::string port_file = (dir_ / "serve.port").string();
@@ -44,6 +49,7 @@ class ServeProcess {
     std::vector<std::string> args = {KVTIER_ENGINE_PATH, "serve",  "--port", "0",
                                      "--port-file",      port_file};
     args.insert(args.end(), extra.begin(), extra.end());
+    if (open_files_max_ > 0) WithOpenFilesMax(open_files_max_, &args);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -92,11 +98,13 @@ class ServeProcess {
     return ss.str();
   }
   uint16_t port() const { return port_; }
+  pid_t pid() const { return pid_; }
 
  private:
   std::filesystem::path dir_;
   pid_t pid_ = -1;
   uint16_t port_ = 0;
+  uint64_t open_files_max_ = 0;
 };
 
 struct HttpReply {

@@ -1,0 +1,69 @@
+#include "common/accept_backoff.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/logging.h"
+
+namespace kvtier {
+
+bool AcceptBackoff::OnlyThatConnection(int err) {
+  switch (err) {
+    case EINTR:
+    case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+    case EWOULDBLOCK:
+#endif
+    case ECONNABORTED:
+    case EPROTO:
+    case EPERM:  // a firewall rule refused that connection
+    // Linux passes pending network errors of the new connection on as accept errors
+    // (accept(2), "Error handling"): retry as for EAGAIN.
+    case ENETDOWN:
+    case ENOPROTOOPT:
+    case EHOSTDOWN:
+    case ENONET:
+    case EHOSTUNREACH:
+    case EOPNOTSUPP:
+    case ENETUNREACH:
+      return true;
+    default:
+      return false;
+  }
+}
+
+AcceptBackoff::AcceptBackoff(std::string what, const Clock* clock)
+    : what_(std::move(what)), clock_(clock != nullptr ? clock : &DefaultSteadyClock()) {}
+
+std::chrono::milliseconds AcceptBackoff::Failed(int err) {
+  if (OnlyThatConnection(err)) return std::chrono::milliseconds(0);
+  ++run_failures_;
+  ++unwarned_failures_;
+  ++waits_total_;
+  wait_ = wait_.count() == 0 ? kFirstWait : std::min(wait_ * 2, kWaitMax);
+  const uint64_t now_ms = clock_->NowMs();
+  if (!run_warned_ && (!warned_ever_ || now_ms - last_warn_ms_ >= kWarnIntervalMs)) {
+    KVTIER_LOG(kWarn) << what_ << ": accept failed: " << std::strerror(err) << "; pausing accepts ("
+                      << kFirstWait.count() << " ms, doubling up to " << kWaitMax.count()
+                      << " ms) until one succeeds, connections wait in the listen backlog ("
+                      << unwarned_failures_ << " failed accepts since the last warning)";
+    run_warned_ = true;
+    warned_ever_ = true;
+    last_warn_ms_ = now_ms;
+    unwarned_failures_ = 0;
+  }
+  return wait_;
+}
+
+void AcceptBackoff::Succeeded() {
+  if (run_failures_ == 0) return;
+  if (run_warned_) {
+    KVTIER_LOG(kInfo) << what_ << ": accepting again after " << run_failures_ << " failed accepts";
+  }
+  run_failures_ = 0;
+  run_warned_ = false;
+  wait_ = std::chrono::milliseconds(0);
+}
+
+}  // namespace kvtier

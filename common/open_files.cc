@@ -1,0 +1,34 @@
+#include "common/open_files.h"
+
+#include <dirent.h>
+#include <sys/resource.h>
+
+namespace kvtier {
+
+namespace {
+uint64_t Limit(rlim_t v) { return v == RLIM_INFINITY ? UINT64_MAX : static_cast<uint64_t>(v); }
+}  // namespace
+
+OpenFilesLimit RaiseOpenFilesLimit() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return {};
+  if (r.rlim_cur != r.rlim_max) {
+    rlimit raised = r;
+    raised.rlim_cur = r.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) r = raised;
+  }
+  return {Limit(r.rlim_cur), Limit(r.rlim_max)};
+}
+
+uint64_t OpenFilesNow() {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return 0;
+  uint64_t n = 0;
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  ::closedir(d);
+  return n > 0 ? n - 1 : 0;  // not the directory's own descriptor
+}
+
+}  // namespace kvtier

@@ -1,0 +1,151 @@
+// Test helpers about processes: a resource limit to start the real binaries under, the CPU
+// time a process has used, and a server in this process starved of file descriptors.
+#pragma once
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/open_files.h"
+
+namespace kvtier::testing {
+
+// Makes `args` (a command line) run under an open-file limit of n, soft and hard (so the
+// program cannot raise it), through prlimit(1), which sets the limit and execs the program:
+// the spawned pid is the program's.
+inline void WithOpenFilesMax(uint64_t n, std::vector<std::string>* args) {
+  const std::string limit = std::to_string(n);
+  args->insert(args->begin(), {"/usr/bin/prlimit", "--nofile=" + limit + ":" + limit});
+}
+
+// CPU time (user + system) process `pid` has used, in seconds; -1 when unknown.
+inline double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');  // the command name may hold spaces and parentheses
+  if (paren == std::string::npos || paren + 2 > stat.size()) return -1;
+  std::istringstream fields(stat.substr(paren + 2));
+  std::string f;
+  uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {  // utime and stime: fields 14 and 15 (proc(5))
+    if (i == 14) utime = std::stoull(f);
+    if (i == 15) stime = std::stoull(f);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// CPU time (user + system) this process has used, in seconds; opens no file (so it works
+// while the process has no descriptor left).
+inline double SelfCpuSeconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+  };
+  return seconds(u.ru_utime) + seconds(u.ru_stime);
+}
+
+// CPU seconds process `pid` (ProcessCpuSeconds) or this process (SelfCpuSeconds) uses while
+// the calling thread sleeps for `period`.
+inline double ProcessCpuSecondsOver(pid_t pid, std::chrono::milliseconds period) {
+  const double before = ProcessCpuSeconds(pid);
+  std::this_thread::sleep_for(period);
+  return ProcessCpuSeconds(pid) - before;
+}
+inline double SelfCpuSecondsOver(std::chrono::milliseconds period) {
+  const double before = SelfCpuSeconds();
+  std::this_thread::sleep_for(period);
+  return SelfCpuSeconds() - before;
+}
+
+// Reads `read()` every 20 ms until it returns `want` or `timeout_ms` passed; returns the last
+// value read.
+template <typename Read>
+auto PollUntilEqual(Read read, decltype(read()) want, int timeout_ms) {
+  auto value = read();
+  for (int waited_ms = 0; value != want && waited_ms < timeout_ms; waited_ms += 20) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    value = read();
+  }
+  return value;
+}
+
+// Clients of a server in this process, connected while the process has room for only
+// `accepts_room` more descriptors, so that the rest wait in the server's listen backlog with
+// every accept failing (EMFILE). The sockets are made before the soft open-file limit is
+// lowered: connecting needs no new descriptor, accepting does. The limit is put back by
+// RestoreLimit() or the destructor; the destructor closes the clients. Nothing in this process
+// may open a file meanwhile (so the CPU time is measured with SelfCpuSeconds()).
+class DescriptorStarvedClients {
+ public:
+  DescriptorStarvedClients(uint16_t port, int clients, int accepts_room) {
+    for (int i = 0; i < clients; ++i) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) {
+        Fail("socket");
+        return;
+      }
+      fds_.push_back(fd);
+    }
+    if (::getrlimit(RLIMIT_NOFILE, &saved_) != 0) {
+      Fail("getrlimit");
+      return;
+    }
+    rlimit low = saved_;
+    low.rlim_cur = OpenFilesNow() + static_cast<uint64_t>(accepts_room);
+    if (::setrlimit(RLIMIT_NOFILE, &low) != 0) {
+      Fail("setrlimit");
+      return;
+    }
+    lowered_ = true;
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    at.sin_port = htons(port);
+    for (int fd : fds_) {
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)) != 0) {
+        Fail("connect");
+        return;
+      }
+    }
+  }
+  ~DescriptorStarvedClients() {
+    RestoreLimit();
+    for (int fd : fds_) ::close(fd);
+  }
+  DescriptorStarvedClients(const DescriptorStarvedClients&) = delete;
+  DescriptorStarvedClients& operator=(const DescriptorStarvedClients&) = delete;
+
+  void RestoreLimit() {
+    if (lowered_) ::setrlimit(RLIMIT_NOFILE, &saved_);
+    lowered_ = false;
+  }
+  // "" when every client connected; else the call that failed and why.
+  const std::string& error() const { return error_; }
+
+ private:
+  void Fail(const char* what) {
+    error_ = std::string(what) + ": " + std::strerror(errno);
+    RestoreLimit();
+  }
+  std::vector<int> fds_;
+  rlimit saved_{};
+  bool lowered_ = false;
+  std::string error_;
+};
+
+}  // namespace kvtier::testing

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -134,7 +135,11 @@ Status ClientImpl::Open() {
     }
     if (memfd >= 0) ::close(memfd);
   }
-  reader_ = std::thread([this] { ReadLoop(); });
+  try {
+    reader_ = std::thread([this] { ReadLoop(); });
+  } catch (const std::system_error& e) {  // memory or the thread limit ran out
+    return Status::Unavailable(std::string("cannot start the client's reader thread: ") + e.what());
+  }
   return Status::Ok();
 }
 

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 namespace kvtier::daemon {
@@ -234,7 +235,11 @@ class TlsTunnel::Impl {
     wake_r_ = wake[0];
     wake_w_ = wake[1];
     if (!SetNonBlocking(relay_fd_, true)) return Status::IOError("TLS: fcntl O_NONBLOCK");
-    thread_ = std::thread([this] { Run(); });
+    try {
+      thread_ = std::thread([this] { Run(); });
+    } catch (const std::system_error& e) {  // memory or the thread limit ran out
+      return Status::Unavailable(std::string("TLS: cannot start the relay thread: ") + e.what());
+    }
     return Status::Ok();
   }
 

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <system_error>
 
 #include "common/logging.h"
 
@@ -145,7 +146,6 @@ void PeerServer::AcceptLoop() {
       }
       continue;
     }
-    accept_backoff_.Succeeded();
     // A response goes out as header then body: without NODELAY the body waits for the
     // peer's delayed ACK of the header (tens of ms per request).
     int one = 1;
@@ -156,15 +156,30 @@ void PeerServer::AcceptLoop() {
       continue;
     }
     active_.fetch_add(1);
-    connections_.fetch_add(1);
-    std::lock_guard lock(mu_);
-    uint64_t id = next_worker_++;
-    workers_[id] = std::thread([this, fd, id] {
-      ServeConnection(fd);
+    std::unique_lock lock(mu_);
+    const uint64_t id = next_worker_++;
+    try {
+      workers_[id] = std::thread([this, fd, id] {
+        ServeConnection(fd);
+        active_.fetch_sub(1);
+        std::lock_guard l(mu_);
+        finished_.push_back(id);
+      });
+    } catch (const std::system_error& e) {
+      // No thread for it (memory or the thread limit ran out): closed (the peer retries or
+      // fails over), and accepts pause as after EMFILE; an exception here used to end kvtierd.
+      workers_.erase(id);
+      lock.unlock();
       active_.fetch_sub(1);
-      std::lock_guard l(mu_);
-      finished_.push_back(id);
-    });
+      ::close(fd);
+      accept_waits_.fetch_add(1);
+      std::this_thread::sleep_for(
+          accept_backoff_.Pause(e.code().value(), "starting a connection thread"));
+      continue;
+    }
+    lock.unlock();
+    connections_.fetch_add(1);
+    accept_backoff_.Succeeded();
   }
 }
 

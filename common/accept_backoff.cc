@@ -38,16 +38,22 @@ AcceptBackoff::AcceptBackoff(std::string what, const Clock* clock)
 
 std::chrono::milliseconds AcceptBackoff::Failed(int err) {
   if (OnlyThatConnection(err)) return std::chrono::milliseconds(0);
+  return Pause(err, "accept");
+}
+
+std::chrono::milliseconds AcceptBackoff::Pause(int err, const char* step) {
   ++run_failures_;
   ++unwarned_failures_;
   ++waits_total_;
   wait_ = wait_.count() == 0 ? kFirstWait : std::min(wait_ * 2, kWaitMax);
   const uint64_t now_ms = clock_->NowMs();
   if (!run_warned_ && (!warned_ever_ || now_ms - last_warn_ms_ >= kWarnIntervalMs)) {
-    KVTIER_LOG(kWarn) << what_ << ": accept failed: " << std::strerror(err) << "; pausing accepts ("
-                      << kFirstWait.count() << " ms, doubling up to " << kWaitMax.count()
-                      << " ms) until one succeeds, connections wait in the listen backlog ("
-                      << unwarned_failures_ << " failed accepts since the last warning)";
+    KVTIER_LOG(kWarn) << what_ << ": " << step << " failed: " << std::strerror(err)
+                      << "; pausing accepts (" << kFirstWait.count() << " ms, doubling up to "
+                      << kWaitMax.count()
+                      << " ms) until a connection is taken, the others wait in the listen "
+                         "backlog ("
+                      << unwarned_failures_ << " failures since the last warning)";
     run_warned_ = true;
     warned_ever_ = true;
     last_warn_ms_ = now_ms;
@@ -59,7 +65,7 @@ std::chrono::milliseconds AcceptBackoff::Failed(int err) {
 void AcceptBackoff::Succeeded() {
   if (run_failures_ == 0) return;
   if (run_warned_) {
-    KVTIER_LOG(kInfo) << what_ << ": accepting again after " << run_failures_ << " failed accepts";
+    KVTIER_LOG(kInfo) << what_ << ": accepting again after " << run_failures_ << " failures";
   }
   run_failures_ = 0;
   run_warned_ = false;

@@ -46,24 +46,28 @@ class AcceptBackoff {
   // network errors accept(2) passes on, EINTR, EAGAIN): accept again at once.
   std::chrono::milliseconds Failed(int err);
 
-  // Records an accepted connection: ends a run of failures.
+  // Records that `step` of taking a connection failed for want of a resource (errno `err`),
+  // e.g. starting its thread: always a pause, returned as by Failed().
+  std::chrono::milliseconds Pause(int err, const char* step);
+
+  // Records a connection accepted and started: ends a run of failures.
   void Succeeded();
 
   // True for the errors Failed() answers with zero.
   static bool OnlyThatConnection(int err);
 
-  // Failed accepts that waited, since construction.
+  // Failures that paused (Failed() or Pause()), since construction.
   uint64_t waits_total() const { return waits_total_; }
 
  private:
   std::string what_;
   const Clock* clock_;
   std::chrono::milliseconds wait_{0};  // the last wait of the current run; 0 outside a run
-  uint64_t run_failures_ = 0;          // failed accepts in the current run
+  uint64_t run_failures_ = 0;          // failures in the current run
   bool run_warned_ = false;            // the current run logged its warning
   bool warned_ever_ = false;
   uint64_t last_warn_ms_ = 0;       // clock_ time of the last warning
-  uint64_t unwarned_failures_ = 0;  // failed accepts since the last warning
+  uint64_t unwarned_failures_ = 0;  // failures since the last warning
   uint64_t waits_total_ = 0;
 };
 

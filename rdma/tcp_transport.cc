@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -62,11 +63,15 @@ StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(TcpEndpoint endpoin
   auto impl = std::make_unique<Impl>(std::move(endpoint), options);
   Impl* raw = impl.get();
   std::promise<void> started;
-  raw->thread = std::thread([raw, &started] {
-    raw->io_thread_id = std::this_thread::get_id();
-    started.set_value();
-    raw->io.run();
-  });
+  try {
+    raw->thread = std::thread([raw, &started] {
+      raw->io_thread_id = std::this_thread::get_id();
+      started.set_value();
+      raw->io.run();
+    });
+  } catch (const std::system_error& e) {  // memory or the thread limit ran out
+    return Status::Unavailable(std::string("cannot start the transport's I/O thread: ") + e.what());
+  }
   started.get_future().wait();
   asio::post(raw->io, [raw] { raw->Tick(); });
   return std::unique_ptr<TcpTransport>(new TcpTransport(std::move(impl)));

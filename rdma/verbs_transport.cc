@@ -9,6 +9,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -40,16 +41,21 @@ StatusOr<std::unique_ptr<VerbsTransport>> VerbsTransport::Create(
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl->wake_fd < 0) return Status::IOError("eventfd failed");
   Impl* raw = impl.get();
-  impl->side = std::make_unique<internal::SideChannel>([raw](uint64_t gen) {
-    std::lock_guard<std::mutex> lock(raw->mu);
-    raw->RequestFailureLocked(gen, Status::IOError("verbs side channel to row server lost"));
-  });
   std::promise<void> started;
-  raw->thread = std::thread([raw, &started] {
-    raw->completion_thread_id = std::this_thread::get_id();
-    started.set_value();
-    raw->CompletionLoop();
-  });
+  try {
+    impl->side = std::make_unique<internal::SideChannel>([raw](uint64_t gen) {
+      std::lock_guard<std::mutex> lock(raw->mu);
+      raw->RequestFailureLocked(gen, Status::IOError("verbs side channel to row server lost"));
+    });
+    raw->thread = std::thread([raw, &started] {
+      raw->completion_thread_id = std::this_thread::get_id();
+      started.set_value();
+      raw->CompletionLoop();
+    });
+  } catch (const std::system_error& e) {  // memory or the thread limit ran out
+    close(impl->wake_fd);                 // the side channel (if made) stops with impl
+    return Status::Unavailable(std::string("cannot start the transport's threads: ") + e.what());
+  }
   started.get_future().wait();
   return std::unique_ptr<VerbsTransport>(new VerbsTransport(std::move(impl)));
 }

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <system_error>
 
 #include "common/logging.h"
 #include "serving/openai_api.h"
@@ -166,28 +167,46 @@ void HttpServer::AcceptLoop() {
       }
       continue;
     }
-    accept_backoff_.Succeeded();
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     if (options_.send_buffer_bytes > 0) {
       const int bytes = static_cast<int>(options_.send_buffer_bytes);
       ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
     }
+    // A connection not served: a 503 in OpenAI's error shape, then closed.
+    auto refuse = [&](const char* message, const char* limit) {
+      metrics_->HttpRejected(limit);
+      Connection c(fd, 100);
+      c.keep_alive = false;
+      c.Reply(503, "application/json", ErrorJson(503, message, limit));
+      ::close(fd);
+    };
     {
       std::lock_guard l(mu_);
       if (open_.size() >= options_.connections_max) {
-        metrics_->HttpRejected("connections_max");
-        const std::string body = ErrorJson(503, "too many connections", "connections_max");
-        Connection c(fd, 100);
-        c.keep_alive = false;
-        c.Reply(503, "application/json", body);
-        ::close(fd);
+        refuse("too many connections", "connections_max");
         continue;
       }
       open_.insert(fd);
       metrics_->ConnectionsOpen(static_cast<int64_t>(open_.size()));
     }
-    std::thread([this, fd] { Serve(fd); }).detach();
+    try {
+      std::thread([this, fd] { Serve(fd); }).detach();
+    } catch (const std::system_error& e) {
+      // No thread for it (memory or the thread limit ran out): refused, and accepts pause as
+      // after EMFILE; an exception here used to end the process.
+      {
+        std::lock_guard l(mu_);
+        open_.erase(fd);
+        metrics_->ConnectionsOpen(static_cast<int64_t>(open_.size()));
+      }
+      refuse("the server cannot start a connection thread now", "threads");
+      metrics_->AcceptWait();
+      std::this_thread::sleep_for(
+          accept_backoff_.Pause(e.code().value(), "starting a connection thread"));
+      continue;
+    }
+    accept_backoff_.Succeeded();
   }
 }
 

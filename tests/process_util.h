@@ -24,12 +24,30 @@
 
 namespace kvtier::testing {
 
-// Makes `args` (a command line) run under an open-file limit of n, soft and hard (so the
-// program cannot raise it), through prlimit(1), which sets the limit and execs the program:
-// the spawned pid is the program's.
-inline void WithOpenFilesMax(uint64_t n, std::vector<std::string>* args) {
-  const std::string limit = std::to_string(n);
-  args->insert(args->begin(), {"/usr/bin/prlimit", "--nofile=" + limit + ":" + limit});
+// Resource limits to start a program under, soft and hard alike (so it cannot raise them),
+// through prlimit(1), which sets them and execs the program: the spawned pid is the program's.
+struct StartLimits {
+  uint64_t open_files_max = 0;           // RLIMIT_NOFILE; 0: unchanged
+  uint64_t address_space_bytes_max = 0;  // RLIMIT_AS; 0: unchanged
+
+  // Prefixes `args` (a command line) with the prlimit call, when a limit is set.
+  void Apply(std::vector<std::string>* args) const {
+    std::vector<std::string> prefix = {"/usr/bin/prlimit"};
+    auto both = [](uint64_t v) { return std::to_string(v) + ":" + std::to_string(v); };
+    if (open_files_max > 0) prefix.push_back("--nofile=" + both(open_files_max));
+    if (address_space_bytes_max > 0) prefix.push_back("--as=" + both(address_space_bytes_max));
+    if (prefix.size() > 1) args->insert(args->begin(), prefix.begin(), prefix.end());
+  }
+};
+
+// Virtual memory size of process `pid` (VmSize of /proc/PID/status) in bytes; 0 when unknown.
+inline uint64_t VmSizeBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmSize:", 0) == 0) return std::stoull(line.substr(7)) * 1024;
+  }
+  return 0;
 }
 
 // CPU time (user + system) process `pid` has used, in seconds; -1 when unknown.

@@ -1,6 +1,7 @@
 // The peer protocol end to end on loopback: mutual authentication over the cluster
 // credential, nothing before AUTH, and each operation against an in-memory handler.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <map>
 #include <mutex>
@@ -11,6 +12,7 @@
 #include "tests/cluster/etcd_process.h"
 #include "tests/cluster/peer_pki.h"
 #include "tests/process_util.h"
+#include "tests/sanitizers.h"
 
 namespace kvtier::cluster {
 namespace {
@@ -140,6 +142,59 @@ TEST_F(PeerTransportTest, AFullDescriptorTablePausesAcceptsInsteadOfSpinning) {
   EXPECT_EQ(testing::PollUntilEqual([&] { return server_->stats().connections; },
                                     uint64_t{kClients}, 10000),
             uint64_t{kClients});
+  PeerClient c = Client(7);
+  auto tiers = c.Lookup(endpoint_, std::vector<PeerKey>{K(1)});
+  ASSERT_TRUE(tiers.ok()) << tiers.status().message();
+  EXPECT_EQ((*tiers)[0], kPeerTierAbsent);
+}
+
+// A connection whose thread cannot be started (no address space left for its stack here; in a
+// container, the thread limit) used to end kvtierd: std::thread threw in the peer front's
+// accept loop. Now that connection is closed (the peer retries or fails over), accepts pause,
+// and the front serves again once a thread can start. The server runs in this process, so
+// the test lowers its own address-space limit to leave no room for a new stack; glibc reuses
+// up to 40 MiB of stacks of exited threads without new memory, so the first few connections
+// may still get a thread: enough clients that some cannot. Sanitizers reserve terabytes of
+// address space: skipped there.
+TEST_F(PeerTransportTest, AConnectionThreadThatCannotStartIsClosedNotFatal) {
+#if defined(KVTIER_TEST_TSAN) || defined(KVTIER_TEST_ASAN)
+  GTEST_SKIP() << "sanitizers reserve terabytes of address space: RLIMIT_AS cannot bound it";
+#endif
+  constexpr uint64_t kClients = 16;  // more than glibc's stack cache holds (40 MiB / 8 MiB)
+  std::vector<int> clients;
+  for (uint64_t i = 0; i < kClients; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    clients.push_back(fd);
+  }
+  const uint64_t vm_bytes = testing::VmSizeBytes(::getpid());
+  ASSERT_GT(vm_bytes, 0u);
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_AS, &saved), 0);
+  rlimit low = saved;
+  low.rlim_cur = vm_bytes + (1u << 20);  // small allocations, but no new thread stack
+  ASSERT_EQ(::setrlimit(RLIMIT_AS, &low), 0) << std::strerror(errno);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  at.sin_port = htons(server_->port());
+  for (int fd : clients) {
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0)
+        << std::strerror(errno);
+  }
+  // Every connection is taken: given a thread, or closed and counted as a pause.
+  const uint64_t taken = testing::PollUntilEqual(
+      [&] {
+        const PeerServerStats s = server_->stats();
+        return s.connections + s.accept_waits;
+      },
+      kClients, 10000);
+  const PeerServerStats starved = server_->stats();
+  ASSERT_EQ(::setrlimit(RLIMIT_AS, &saved), 0);
+  for (int fd : clients) ::close(fd);
+  EXPECT_EQ(taken, kClients);
+  EXPECT_GT(starved.accept_waits, 0u) << "every connection thread started: the limit did not bind";
+
   PeerClient c = Client(7);
   auto tiers = c.Lookup(endpoint_, std::vector<PeerKey>{K(1)});
   ASSERT_TRUE(tiers.ok()) << tiers.status().message();

@@ -46,6 +46,26 @@ TEST(AcceptBackoffTest, AFailureOfOneConnectionAcceptsAgainAtOnce) {
   EXPECT_EQ(b.Failed(EBADF), milliseconds(20));
 }
 
+// A later step of taking a connection (starting its thread) that fails for want of a resource
+// pauses too, even with an errno that Failed() would take as that connection's (EAGAIN from
+// pthread_create), and says which step failed.
+TEST(AcceptBackoffTest, AFailedLaterStepPausesAndIsNamed) {
+  ManualClock clock;
+  AcceptBackoff b("test front", &clock);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(b.Pause(EAGAIN, "starting a connection thread"), milliseconds(5));
+  EXPECT_EQ(b.Failed(EMFILE), milliseconds(10));
+  b.Succeeded();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(Count(log,
+                  "test front: starting a connection thread failed: Resource temporarily "
+                  "unavailable; pausing accepts"),
+            1u)
+      << log;
+  EXPECT_EQ(Count(log, "accepting again after 2 failures"), 1u) << log;
+  EXPECT_EQ(b.waits_total(), 2u);
+}
+
 TEST(AcceptBackoffTest, LogsAtMostAWarningAndARecoveryPerInterval) {
   ManualClock clock(1'000'000'000);
   AcceptBackoff b("test front", &clock);
@@ -61,7 +81,7 @@ TEST(AcceptBackoffTest, LogsAtMostAWarningAndARecoveryPerInterval) {
   }
   const std::string quiet = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(Count(quiet, "test front: accept failed: Too many open files"), 1u) << quiet;
-  EXPECT_EQ(Count(quiet, "test front: accepting again after 50 failed accepts"), 1u) << quiet;
+  EXPECT_EQ(Count(quiet, "test front: accepting again after 50 failures"), 1u) << quiet;
   EXPECT_EQ(Count(quiet, "accepting again"), 1u) << quiet;
 
   // An interval after the last warning, the next run warns again, counting every failure
@@ -72,8 +92,8 @@ TEST(AcceptBackoffTest, LogsAtMostAWarningAndARecoveryPerInterval) {
   b.Succeeded();
   const std::string again = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(Count(again, "accept failed: Too many open files in system"), 1u) << again;
-  EXPECT_EQ(Count(again, "(70 failed accepts since the last warning)"), 1u) << again;
-  EXPECT_EQ(Count(again, "accepting again after 1 failed accepts"), 1u) << again;
+  EXPECT_EQ(Count(again, "(70 failures since the last warning)"), 1u) << again;
+  EXPECT_EQ(Count(again, "accepting again after 1 failures"), 1u) << again;
 }
 
 }  // namespace

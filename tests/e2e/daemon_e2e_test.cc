@@ -145,7 +145,7 @@ TEST_F(E2eTest, AFullDescriptorTablePausesAcceptsInsteadOfSpinning) {
   constexpr uint64_t kOpenFilesMax = 96;
   constexpr size_t kClients = kOpenFilesMax + 40;
   d_->WriteConfig(Config());
-  d_->set_open_files_max(kOpenFilesMax);
+  d_->limits().open_files_max = kOpenFilesMax;
   ASSERT_TRUE(d_->Start()) << d_->Log();
   // Every client sends PING at once; the ones the daemon accepted answer.
   std::vector<int> clients;

@@ -52,9 +52,8 @@ class KvtierdProcess {
     }
   }
 
-  // Start() runs the daemon under an open-file limit of n (WithOpenFilesMax). 0: the limit
-  // this process has.
-  void set_open_files_max(uint64_t n) { open_files_max_ = n; }
+  // The limits Start() runs the daemon under (none by default).
+  StartLimits& limits() { return limits_; }
 
   // Writes the config file used by Start().
   void WriteConfig(const std::string& toml) { std::ofstream(dir_ / "kvtierd.toml") << toml; }
@@ -73,7 +72,7 @@ class KvtierdProcess {
                                      "--http-port",
                                      std::to_string(http_port_)};
     args.insert(args.end(), extra.begin(), extra.end());
-    if (open_files_max_ > 0) WithOpenFilesMax(open_files_max_, &args);
+    limits_.Apply(&args);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -164,7 +163,7 @@ class KvtierdProcess {
   uint16_t resp_port_ = 0, http_port_ = 0;
   pid_t pid_ = -1;
   int exit_status_ = 0;
-  uint64_t open_files_max_ = 0;
+  StartLimits limits_;
 };
 
 }  // namespace kvtier::testing

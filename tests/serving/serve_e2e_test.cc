@@ -16,6 +16,7 @@
 
 #include "common/key_spec.h"
 #include "tests/e2e/kvtierd_process.h"
+#include "tests/sanitizers.h"
 #include "tests/serving/prompt_text.h"
 #include "tests/serving/serve_process.h"
 
@@ -334,7 +335,7 @@ TEST_F(ServeTest, MalformedRequestsGetCleanErrors) {
 TEST_F(ServeTest, AFullDescriptorTablePausesAcceptsInsteadOfSpinning) {
   constexpr uint64_t kOpenFilesMax = 64;
   constexpr size_t kClients = kOpenFilesMax + 40;
-  s_->set_open_files_max(kOpenFilesMax);
+  s_->limits().open_files_max = kOpenFilesMax;
   StartServer({"--connections-max", "1000"});
   const std::string request = "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
                               std::string(kAlice) + "\r\n\r\n";
@@ -362,6 +363,66 @@ TEST_F(ServeTest, AFullDescriptorTablePausesAcceptsInsteadOfSpinning) {
   EXPECT_NE(log.find("the open-file limit (64, hard 64) is below"), std::string::npos) << log;
   EXPECT_NE(log.find("serve HTTP front: accept failed: Too many open files"), std::string::npos)
       << log;
+  EXPECT_EQ(s_->Stop(), 0);
+}
+
+// A connection whose thread cannot be started (here no address space is left for its stack;
+// in a container, the thread limit) used to end the server: std::thread threw in the accept
+// loop. Now that connection gets a 503 in OpenAI's error shape (code "threads"), accepts pause,
+// and the server serves again once connection threads have exited. The limit is the server's
+// own address space at rest plus room for a few thread stacks.
+TEST_F(ServeTest, AConnectionThreadThatCannotStartIsRefusedNotFatal) {
+#if defined(KVTIER_TEST_TSAN) || defined(KVTIER_TEST_ASAN)
+  GTEST_SKIP() << "sanitizers reserve terabytes of address space: RLIMIT_AS cannot bound it";
+#endif
+  StartServer();
+  const uint64_t at_rest = VmSizeBytes(s_->pid());
+  ASSERT_GT(at_rest, 0u);
+  ASSERT_EQ(s_->Stop(), 0);
+  s_->limits().address_space_bytes_max = at_rest + (56u << 20);  // ~6 stacks of 8 MiB
+  StartServer();
+  constexpr int kClients = 20;
+  const std::string request = "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                              std::string(kAlice) + "\r\n\r\n";
+  std::vector<int> clients;
+  for (int i = 0; i < kClients; ++i) {
+    const int fd = ConnectTcp(s_->port());
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    ASSERT_TRUE(SendAllRaw(fd, request.data(), request.size()));
+    clients.push_back(fd);
+  }
+  int ok = 0, refused = 0;
+  for (int fd : clients) {
+    // The first bytes within 10 s, then the rest (a kept-alive connection stays open).
+    std::string reply = RecvFor(fd, 1, 10000);
+    reply += RecvFor(fd, 1 << 16, 200);
+    const HttpReply r = ParseReply(reply);
+    if (r.status == 200) {
+      ++ok;
+    } else {
+      ASSERT_EQ(r.status, 503) << r.body;
+      EXPECT_EQ(r.Json()["error"]["code"], "threads") << r.body;
+      ++refused;
+    }
+  }
+  EXPECT_GT(ok, 0);
+  EXPECT_GT(refused, 0) << "every connection thread started: the limit did not bind";
+  for (int fd : clients) ::close(fd);
+  // The connection threads see their clients close and exit, giving their stacks back.
+  int served = 0;
+  for (int attempt = 0; attempt < 100 && served < 3; ++attempt) {
+    if (Http(s_->port(), "GET", "/v1/models", "", kAlice).status == 200) {
+      ++served;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  EXPECT_EQ(served, 3);
+  const std::string m = Metrics();
+  EXPECT_GE(Metric(m, "kvtier_serve_http_rejected_total{limit=\"threads\"}"), refused) << m;
+  EXPECT_GT(Metric(m, "kvtier_serve_accept_waits_total"), 0) << m;
+  EXPECT_NE(s_->Log().find("serve HTTP front: starting a connection thread failed"),
+            std::string::npos);
   EXPECT_EQ(s_->Stop(), 0);
 }
 

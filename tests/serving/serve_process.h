@@ -38,9 +38,8 @@ class ServeProcess {
     }
   }
 
-  // Start() runs the server under an open-file limit of n (WithOpenFilesMax). 0: the limit
-  // this process has.
-  void set_open_files_max(uint64_t n) { open_files_max_ = n; }
+  // The limits Start() runs the server under (none by default).
+  StartLimits& limits() { return limits_; }
 
   // Starts the server with `extra` flags and waits for its port file (false on exit/timeout).
   bool Start(const std::vector<std::string>& extra) {
@@ -49,7 +48,7 @@ class ServeProcess {
     std::vector<std::string> args = {KVTIER_ENGINE_PATH, "serve",  "--port", "0",
                                      "--port-file",      port_file};
     args.insert(args.end(), extra.begin(), extra.end());
-    if (open_files_max_ > 0) WithOpenFilesMax(open_files_max_, &args);
+    limits_.Apply(&args);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -104,7 +103,7 @@ class ServeProcess {
   std::filesystem::path dir_;
   pid_t pid_ = -1;
   uint16_t port_ = 0;
-  uint64_t open_files_max_ = 0;
+  StartLimits limits_;
 };
 
 struct HttpReply {

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -30,21 +31,23 @@ int Fail(const Status& st) {
   return 1;
 }
 
-// Warns when the open-file limit is below the descriptors open now plus the connections the
-// limits allow: at the limit the fronts pause their accepts (common/accept_backoff.h) and new
-// clients wait in the listen backlog.
+// Warns when the open-file limit is below the descriptors open now plus those the connections
+// the limits allow may hold: at the limit the fronts pause their accepts (common/accept_backoff.h)
+// and new clients wait in the listen backlog.
 void CheckOpenFilesLimit(const DaemonOptions& o, const OpenFilesLimit& limit) {
-  uint64_t connections = o.max_connections;
-  if (o.engram.enabled) connections += o.engram.connections_max;
-  if (o.cluster.enabled) connections += o.cluster.peer_connections_max;
+  uint64_t connection_fds = o.max_connections;
+  // A Unix connection may hold its shared-memory region's descriptor as well.
+  connection_fds += std::min(o.unix_connections_max, o.max_connections);
+  if (o.engram.enabled) connection_fds += o.engram.connections_max;
+  if (o.cluster.enabled) connection_fds += o.cluster.peer_connections_max;
   const uint64_t open_now = OpenFilesNow();
-  if (limit.soft >= open_now + connections) return;
-  KVTIER_LOG(kWarn) << "the open-file limit (" << limit.soft << ", hard " << limit.hard
-                    << ") is below the " << open_now << " descriptors open now plus the "
-                    << connections
-                    << " connections the limits allow: at the limit the fronts pause accepting "
-                       "(kvtier_accept_waits_total); raise the limit (LimitNOFILE=, ulimit -n) "
-                       "or lower limits.max_connections";
+  if (limit.soft >= open_now + connection_fds) return;
+  KVTIER_LOG(kWarn)
+      << "the open-file limit (" << limit.soft << ", hard " << limit.hard << ") is below the "
+      << open_now << " descriptors open now plus the " << connection_fds
+      << " that the connections the limits allow may hold: at the limit the fronts pause accepting "
+         "(kvtier_accept_waits_total); raise the limit (LimitNOFILE=, ulimit -n) "
+         "or lower limits.max_connections";
 }
 }  // namespace
 

@@ -26,6 +26,37 @@ bool ParseLogLevel(std::string_view text, LogLevel* out);
 // outside that range the number itself, so a line is never lost).
 std::string FormatUtcMillis(int64_t unix_ms);
 
+// Lets at most one line through per interval, counting those it holds back: for a warning
+// that a failure loop would otherwise repeat many times a second.
+//
+//   uint64_t held = 0;
+//   if (throttle_.Allow(now_ms, &held)) KVTIER_LOG(kWarn) << "..." << " (" << held << " more)";
+//
+// Not thread-safe: one per call site, used under that site's lock.
+class LogThrottle {
+ public:
+  explicit LogThrottle(uint64_t interval_ms) : interval_ms_(interval_ms) {}
+  // True when a line may go out at `now_ms` (any monotonic milliseconds); *held is then the
+  // lines held back since the last one let through.
+  bool Allow(uint64_t now_ms, uint64_t* held) {
+    if (passed_any_ && now_ms - last_ms_ < interval_ms_) {
+      ++held_;
+      return false;
+    }
+    *held = held_;
+    held_ = 0;
+    passed_any_ = true;
+    last_ms_ = now_ms;
+    return true;
+  }
+
+ private:
+  uint64_t interval_ms_;
+  bool passed_any_ = false;
+  uint64_t last_ms_ = 0;
+  uint64_t held_ = 0;
+};
+
 namespace internal {
 class LogLine {
  public:

@@ -42,7 +42,11 @@ void SsdTier::Impl::SegmentLoop() {
     if (victim != nullptr) {
       Status st = CleanSegment(victim, lock);
       if (!st.ok()) {
-        KVTIER_LOG(kWarn) << "ssd cleaning of segment " << victim->id << ": " << st.ToString();
+        uint64_t held = 0;
+        if (clean_failure_log_.Allow(NowUs() / 1000, &held)) {
+          KVTIER_LOG(kWarn) << "ssd cleaning of segment " << victim->id << ": " << st.ToString()
+                            << " (" << held << " more failed cleanings since the last such line)";
+        }
         seg_cv_.wait_for(lock, std::chrono::milliseconds(kRetryMs));
       }
       continue;

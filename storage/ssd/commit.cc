@@ -141,8 +141,12 @@ void SsdTier::Impl::Settle(CommitBatch* b, const Status& st, CommitStage stage) 
   if (stage != CommitStage::kNone) {
     ++stats_.commit_failures;
     stats_.last_failed_stage = stage;
-    KVTIER_LOG(kWarn) << "ssd commit failed at " << CommitStageName(stage) << ": "
-                      << (st.ok() ? "a buffer write failed" : st.ToString());
+    uint64_t held = 0;
+    if (commit_failure_log_.Allow(NowUs() / 1000, &held)) {
+      KVTIER_LOG(kWarn) << "ssd commit failed at " << CommitStageName(stage) << ": "
+                        << (st.ok() ? "a buffer write failed" : st.ToString()) << " (" << held
+                        << " more failed commits since the last such line)";
+    }
   }
   // Whatever happens below copies what it keeps: the vector goes back for pending_'s reuse.
   struct Recycle {
@@ -309,10 +313,8 @@ void SsdTier::Impl::CommitLoop() {
     cv_.wait_for(lock, std::chrono::milliseconds(std::max<uint32_t>(o_.group_commit_ms, 1)));
     if (stop_) break;
     lock.unlock();
-    Status st = Commit(kForceCommit);  // the fdatasync runs outside the tier lock
-    if (!st.ok()) {
-      KVTIER_LOG(kWarn) << "ssd group commit failed: " << st.ToString();
-    }
+    // The fdatasync runs outside the tier lock; Settle logs a failure (throttled).
+    (void)Commit(kForceCommit);
     lock.lock();
   }
 }

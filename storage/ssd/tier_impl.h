@@ -24,6 +24,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/logging.h"
 #include "storage/key_util.h"
 #include "storage/ssd_format.h"
 #include "storage/ssd_tier.h"
@@ -457,6 +458,9 @@ class SsdTier::Impl {
   std::unique_ptr<DeviceEnv> owned_env_;
   DeviceEnv* env_ = nullptr;
   std::unique_ptr<rocksdb::DB> db_;
+  // Failed commits and cleanings repeat every few ms while a disk stays full: one warning
+  // per second each (protected by mu_).
+  LogThrottle commit_failure_log_{1000}, clean_failure_log_{1000};
   rocksdb::ColumnFamilyHandle* index_cf_ = nullptr;
   rocksdb::ColumnFamilyHandle* meta_cf_ = nullptr;
   rocksdb::ColumnFamilyHandle* default_cf_ = nullptr;

@@ -35,6 +35,12 @@ if(KVTIER_SANITIZE)
     $<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,EXECUTABLE>:${PROJECT_BINARY_DIR}/sanitizer_defaults.cc>)
 endif()
 
+# UBSan builds (preset ubsan, asan, fuzz) say so to the tests (tests/sanitizers.h): GCC defines
+# no macro for it.
+if(KVTIER_SANITIZE MATCHES "undefined" OR CMAKE_CXX_FLAGS MATCHES "undefined")
+  target_compile_definitions(kvtier_build_flags INTERFACE KVTIER_SANITIZE_UNDEFINED=1)
+endif()
+
 # kvtier_library(NAME SOURCES a.cc b.cc [CUDA_SOURCES k.cu] [DEPS t1 t2] [PRIVATE_DEPS t3])
 # Declares library NAME (static). CUDA_SOURCES are compiled only when CUDA is enabled.
 function(kvtier_library name)

@@ -125,6 +125,7 @@ TEST_F(PeerTransportTest, AWrongCredentialIsRefusedBothWays) {
 // process, so the test lowers its own open-file limit: the client sockets are made first
 // (connecting needs no new descriptor; accepting does).
 TEST_F(PeerTransportTest, AFullDescriptorTablePausesAcceptsInsteadOfSpinning) {
+  KVTIER_SKIP_WITHOUT_DESCRIPTORS_UNDER_UBSAN();
   constexpr int kClients = 24;
   testing::DescriptorStarvedClients clients(server_->port(), kClients, /*accepts_room=*/4);
   ASSERT_EQ(clients.error(), "");

@@ -15,6 +15,7 @@
 #include "storage/tier_manager.h"
 #include "tests/e2e/kvtierd_process.h"
 #include "tests/process_util.h"
+#include "tests/sanitizers.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -142,6 +143,7 @@ TEST_F(E2eTest, AFailedStartLeavesNoSocketAndARefusedOneLeavesTheOthers) {
 // until a descriptor was freed. Now a front pauses (common/accept_backoff.h), counts it and
 // warns once; the waiting clients are served as descriptors free up, none lost.
 TEST_F(E2eTest, AFullDescriptorTablePausesAcceptsInsteadOfSpinning) {
+  KVTIER_SKIP_WITHOUT_DESCRIPTORS_UNDER_UBSAN();
   constexpr uint64_t kOpenFilesMax = 96;
   constexpr size_t kClients = kOpenFilesMax + 40;
   d_->WriteConfig(Config());

@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "tests/process_util.h"
 #include "tests/rdma/test_util.h"
+#include "tests/sanitizers.h"
 
 namespace kvtier::rdma {
 namespace {
@@ -562,6 +563,7 @@ bool ClosedByServerWithin(boost::asio::ip::tcp::socket& s, int timeout_ms) {
 // process, so the test lowers its own open-file limit: the client sockets are made first
 // (connecting needs no new descriptor; accepting does).
 TEST_F(TcpTransportTest, AFullDescriptorTablePausesAcceptsInsteadOfSpinning) {
+  KVTIER_SKIP_WITHOUT_DESCRIPTORS_UNDER_UBSAN();
   StartServer(RowServerOptions{}, 0);
   constexpr int kClients = 24;
   kvtier::testing::DescriptorStarvedClients clients(server_->port(), kClients, /*accepts_room=*/4);

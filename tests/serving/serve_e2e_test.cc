@@ -333,6 +333,7 @@ TEST_F(ServeTest, MalformedRequestsGetCleanErrors) {
 // front pauses (common/accept_backoff.h), counts it and warns once; the waiting clients are
 // served as descriptors free up.
 TEST_F(ServeTest, AFullDescriptorTablePausesAcceptsInsteadOfSpinning) {
+  KVTIER_SKIP_WITHOUT_DESCRIPTORS_UNDER_UBSAN();
   constexpr uint64_t kOpenFilesMax = 64;
   constexpr size_t kClients = kOpenFilesMax + 40;
   s_->limits().open_files_max = kOpenFilesMax;

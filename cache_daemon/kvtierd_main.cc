@@ -40,14 +40,8 @@ void CheckOpenFilesLimit(const DaemonOptions& o, const OpenFilesLimit& limit) {
   connection_fds += std::min(o.unix_connections_max, o.max_connections);
   if (o.engram.enabled) connection_fds += o.engram.connections_max;
   if (o.cluster.enabled) connection_fds += o.cluster.peer_connections_max;
-  const uint64_t open_now = OpenFilesNow();
-  if (limit.soft >= open_now + connection_fds) return;
-  KVTIER_LOG(kWarn)
-      << "the open-file limit (" << limit.soft << ", hard " << limit.hard << ") is below the "
-      << open_now << " descriptors open now plus the " << connection_fds
-      << " that the connections the limits allow may hold: at the limit the fronts pause accepting "
-         "(kvtier_accept_waits_total); raise the limit (LimitNOFILE=, ulimit -n) "
-         "or lower limits.max_connections";
+  WarnIfOpenFilesShort(limit, connection_fds, "kvtier_accept_waits_total",
+                       "lower limits.max_connections");
 }
 }  // namespace
 

@@ -4,8 +4,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include "common/logging.h"
-
 namespace kvtier {
 
 bool AcceptBackoff::OnlyThatConnection(int err) {
@@ -47,7 +45,8 @@ std::chrono::milliseconds AcceptBackoff::Pause(int err, const char* step) {
   ++waits_total_;
   wait_ = wait_.count() == 0 ? kFirstWait : std::min(wait_ * 2, kWaitMax);
   const uint64_t now_ms = clock_->NowMs();
-  if (!run_warned_ && (!warned_ever_ || now_ms - last_warn_ms_ >= kWarnIntervalMs)) {
+  uint64_t runs_held = 0;  // unused: the failures are counted, not the runs held back
+  if (!run_warned_ && warnings_.Allow(now_ms, &runs_held)) {
     KVTIER_LOG(kWarn) << what_ << ": " << step << " failed: " << std::strerror(err)
                       << "; pausing accepts (" << kFirstWait.count() << " ms, doubling up to "
                       << kWaitMax.count()
@@ -55,8 +54,6 @@ std::chrono::milliseconds AcceptBackoff::Pause(int err, const char* step) {
                          "backlog ("
                       << unwarned_failures_ << " failures since the last warning)";
     run_warned_ = true;
-    warned_ever_ = true;
-    last_warn_ms_ = now_ms;
     unwarned_failures_ = 0;
   }
   return wait_;

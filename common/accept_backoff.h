@@ -28,6 +28,7 @@
 #include <string>
 
 #include "common/clock.h"
+#include "common/logging.h"
 
 namespace kvtier {
 
@@ -62,12 +63,11 @@ class AcceptBackoff {
  private:
   std::string what_;
   const Clock* clock_;
-  std::chrono::milliseconds wait_{0};  // the last wait of the current run; 0 outside a run
-  uint64_t run_failures_ = 0;          // failures in the current run
-  bool run_warned_ = false;            // the current run logged its warning
-  bool warned_ever_ = false;
-  uint64_t last_warn_ms_ = 0;       // clock_ time of the last warning
-  uint64_t unwarned_failures_ = 0;  // failures since the last warning
+  std::chrono::milliseconds wait_{0};      // the last wait of the current run; 0 outside a run
+  uint64_t run_failures_ = 0;              // failures in the current run
+  bool run_warned_ = false;                // the current run logged its warning
+  LogThrottle warnings_{kWarnIntervalMs};  // spaces the runs' warnings
+  uint64_t unwarned_failures_ = 0;         // failures since the last warning
   uint64_t waits_total_ = 0;
 };
 

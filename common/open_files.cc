@@ -3,6 +3,8 @@
 #include <dirent.h>
 #include <sys/resource.h>
 
+#include "common/logging.h"
+
 namespace kvtier {
 
 namespace {
@@ -29,6 +31,18 @@ uint64_t OpenFilesNow() {
   }
   ::closedir(d);
   return n > 0 ? n - 1 : 0;  // not the directory's own descriptor
+}
+
+bool WarnIfOpenFilesShort(const OpenFilesLimit& limit, uint64_t connection_fds,
+                          std::string_view metric, std::string_view remedy) {
+  const uint64_t open_now = OpenFilesNow();
+  if (limit.soft >= open_now + connection_fds) return false;
+  KVTIER_LOG(kWarn) << "the open-file limit (" << limit.soft << ", hard " << limit.hard
+                    << ") is below the " << open_now << " descriptors open now plus the "
+                    << connection_fds << " that the connections the limits allow may hold: at "
+                    << "the limit the fronts pause accepting (" << metric
+                    << "); raise the limit (LimitNOFILE=, ulimit -n) or " << remedy;
+  return true;
 }
 
 }  // namespace kvtier

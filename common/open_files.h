@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 namespace kvtier {
 
@@ -21,5 +22,12 @@ OpenFilesLimit RaiseOpenFilesLimit();
 
 // Descriptors this process has open now (entries of /proc/self/fd); 0 when unknown.
 uint64_t OpenFilesNow();
+
+// Logs a warning when `limit` is below the descriptors open now plus `connection_fds` (those
+// the server's connection limits allow it to hold): at the limit its fronts pause their
+// accepts (common/accept_backoff.h), counted in `metric`; `remedy` says which limit to lower.
+// Returns whether it warned.
+bool WarnIfOpenFilesShort(const OpenFilesLimit& limit, uint64_t connection_fds,
+                          std::string_view metric, std::string_view remedy);
 
 }  // namespace kvtier

@@ -207,14 +207,8 @@ int RunServe(std::span<const std::string_view> args) {
       ho, [&](const HttpRequest& r, HttpResponder* out) { front.Handle(r, out); }, &metrics);
   if (!server.ok()) return Fail(server.status());
   // At the limit the front pauses its accepts (common/accept_backoff.h): say so at start.
-  if (const uint64_t open_now = OpenFilesNow(); files_limit.soft < open_now + ho.connections_max) {
-    KVTIER_LOG(kWarn) << "the open-file limit (" << files_limit.soft << ", hard "
-                      << files_limit.hard << ") is below the " << open_now
-                      << " descriptors open now plus --connections-max " << ho.connections_max
-                      << ": at the limit the front pauses accepting "
-                         "(kvtier_serve_accept_waits_total); raise the limit (ulimit -n) or "
-                         "lower --connections-max";
-  }
+  WarnIfOpenFilesShort(files_limit, ho.connections_max, "kvtier_serve_accept_waits_total",
+                       "lower --connections-max");
   std::fprintf(stderr,
                "kvtier-engine serve: listening on http://%s:%u model %s (%s), cache %s, "
                "auth %s, speculative %s\n",

@@ -48,6 +48,15 @@ class SsdTierTest : public ::testing::TestWithParam<EnvKind> {
     }
   }
 
+  // Options with 1 MiB segments and 128 KiB write buffers under `capacity_bytes`: a few
+  // segments' worth, so that segments roll and clean within a short test.
+  TierManagerOptions SmallSegmentOptions(Durability d, DeviceEnv* env, uint64_t capacity_bytes) {
+    TierManagerOptions o = Options(d, env);
+    o.ssd_capacity_bytes = capacity_bytes;
+    o.ssd_segment_bytes = 1ull << 20;
+    o.ssd_write_buffer_bytes = 128 << 10;
+    return o;
+  }
   TierManagerOptions Options(Durability d, DeviceEnv* env = nullptr) {
     TierManagerOptions o;
     o.dram_capacity_bytes = 0;
@@ -267,10 +276,7 @@ TEST_P(SsdTierTest, ADiskSmallerThanTheCapacityShrinksTheTierInsteadOfFailingEve
   FaultInjectionEnv fault(base_.get(), {});
   constexpr size_t kDiskFiles = 6;
   fault.SetFilesMax(kDiskFiles);
-  TierManagerOptions o = Options(Durability::kBatched, &fault);
-  o.ssd_capacity_bytes = 16ull << 20;
-  o.ssd_segment_bytes = 1ull << 20;
-  o.ssd_write_buffer_bytes = 128 << 10;
+  TierManagerOptions o = SmallSegmentOptions(Durability::kBatched, &fault, 16ull << 20);
   auto tm = Open(o);
   ASSERT_NE(tm, nullptr);
   constexpr int kUnits = 800;  // ~16 MiB written onto a disk of 6 MiB
@@ -434,10 +440,7 @@ TEST_P(SsdTierTest, SmallValuesAreStoredUncompressed) {
 }
 
 TEST_P(SsdTierTest, CapacityIsEnforcedBySegmentCleaning) {
-  TierManagerOptions o = Options(Durability::kBatched);
-  o.ssd_capacity_bytes = 6ull << 20;
-  o.ssd_segment_bytes = 1ull << 20;
-  o.ssd_write_buffer_bytes = 128 << 10;
+  TierManagerOptions o = SmallSegmentOptions(Durability::kBatched, nullptr, 6ull << 20);
   auto tm = Open(o);
   ASSERT_NE(tm, nullptr);
   constexpr int kUnits = 800;  // ~16 MiB written into 6 MiB
@@ -495,10 +498,7 @@ TEST_P(SsdTierTest, PutsOvertakingASlowCleanKeepTheSegmentCountWithinOneOfTheLim
   FaultOptions fo;
   fo.seed = 5;
   FaultInjectionEnv fault(base_.get(), fo);
-  TierManagerOptions o = Options(Durability::kBatched, &fault);
-  o.ssd_capacity_bytes = 10ull << 20;
-  o.ssd_segment_bytes = 1ull << 20;
-  o.ssd_write_buffer_bytes = 128 << 10;
+  TierManagerOptions o = SmallSegmentOptions(Durability::kBatched, &fault, 10ull << 20);
   auto tm = Open(o);
   ASSERT_NE(tm, nullptr);
   const size_t limit = o.ssd_capacity_bytes / o.ssd_segment_bytes;

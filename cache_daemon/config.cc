@@ -206,6 +206,8 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
        UintKey("storage.ssd_background_io_bytes_per_s", &o.storage.ssd_background_io_bytes_per_s)},
       {"storage.ssd_commit_delay_us",
        UintKey("storage.ssd_commit_delay_us", &o.storage.ssd_commit_delay_us)},
+      {"storage.ssd_disk_free_min_bytes",
+       UintKey("storage.ssd_disk_free_min_bytes", &o.storage.ssd_disk_free_min_bytes)},
       {"tls.cert_file", StringKey("tls.cert_file", &o.tls.cert_file)},
       {"tls.key_file", StringKey("tls.key_file", &o.tls.key_file)},
       {"tls.native", BoolKey("tls.native", &o.tls.native)},

@@ -340,6 +340,14 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
         "Times the SSD tier hit ENOSPC preparing a segment and lowered its segment limit to what "
         "the disk held.",
         s.ssd_disk_full_shrinks);
+  p.One("kvtier_ssd_disk_free_shrinks_total", "counter",
+        "Times the SSD data disk's free space fell below ssd_disk_free_min_bytes (room for the "
+        "index) and the SSD tier lowered its segment limit.",
+        s.ssd_disk_free_shrinks);
+  if (s.ssd_disk_free_bytes != UINT64_MAX) {
+    p.One("kvtier_ssd_disk_free_bytes", "gauge",
+          "Free bytes on the SSD tier's data disk at its last check.", s.ssd_disk_free_bytes);
+  }
   p.One("kvtier_ssd_queue_depth", "gauge", "SSD I/O requests outstanding.", s.ssd_queue_depth);
   if (extra.tenant_series)
     p.Family("kvtier_tenant_used_bytes", "gauge", "Bytes stored per tenant.");

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <liburing.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -120,6 +121,7 @@ class MemEnv final : public DeviceEnv {
     return Status::Ok();
   }
   Status SyncDir() override { return Status::Ok(); }  // nothing to lose in a memory env
+  StatusOr<uint64_t> FreeBytes() override { return kNoFreeSpaceLimit; }
   std::string Kind() const override { return "memory"; }
 
  private:
@@ -604,6 +606,11 @@ class DirEnv final : public DeviceEnv {
     ::close(fd);
     if (rc != 0) return ErrnoStatus("fsync directory " + dir_, err);
     return Status::Ok();
+  }
+  StatusOr<uint64_t> FreeBytes() override {
+    struct statvfs st {};
+    if (::statvfs(dir_.c_str(), &st) != 0) return ErrnoStatus("statvfs " + dir_, errno);
+    return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
   }
   Status RegisterBuffers(std::span<const std::span<uint8_t>> buffers) override {
     if (pool_ == nullptr) return Status::Ok();

@@ -136,6 +136,12 @@ class DeviceEnv {
   // Makes the creations and removals of devices so far durable (fsync of the directory).
   // Pure virtual so that a wrapping env cannot silently drop it.
   virtual Status SyncDir() = 0;
+  // Bytes free for this env's files on the file system that holds them (statvfs: blocks
+  // available to unprivileged writers x fragment size), shared with whatever else lives
+  // there (the SSD tier's RocksDB index, the RESP name log). kNoFreeSpaceLimit: the env has no
+  // such limit (memory). Pure virtual so that a wrapping env forwards it.
+  static constexpr uint64_t kNoFreeSpaceLimit = UINT64_MAX;
+  virtual StatusOr<uint64_t> FreeBytes() = 0;
   // Registers long-lived I/O buffers (io_uring fixed buffers); writes from inside a registered
   // buffer use IORING_OP_WRITE_FIXED. Optional: the default does nothing.
   virtual Status RegisterBuffers(std::span<const std::span<uint8_t>> buffers) {

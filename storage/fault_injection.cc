@@ -232,6 +232,19 @@ Status FaultInjectionEnv::Remove(const std::string& name) {
   return Status::Ok();
 }
 
+StatusOr<uint64_t> FaultInjectionEnv::FreeBytes() {
+  if (crashed()) return Status::IOError("simulated crash");
+  const uint64_t disk_bytes = disk_bytes_.load();
+  if (disk_bytes == 0) return base_->FreeBytes();
+  uint64_t used = other_bytes_.load();
+  KVTIER_ASSIGN_OR_RETURN(auto names, List());
+  for (const std::string& name : names) {
+    auto dev = base_->Open(name, false);
+    if (dev.ok()) used += (*dev)->Size();  // removed meanwhile: its space is free
+  }
+  return used >= disk_bytes ? 0 : disk_bytes - used;
+}
+
 Status FaultInjectionEnv::SyncDir() {
   if (crashed()) return Status::IOError("simulated crash");
   std::vector<std::string> removed;

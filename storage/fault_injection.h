@@ -108,6 +108,8 @@ class FaultInjectionEnv final : public DeviceEnv {
   StatusOr<std::vector<std::string>> List() override;
   Status Remove(const std::string& name) override;
   Status SyncDir() override;
+  // The base's, or the modelled disk's (SetDiskBytes).
+  StatusOr<uint64_t> FreeBytes() override;
   std::string Kind() const override { return "fault(" + base_->Kind() + ")"; }
 
   // One-shot faults: the next n matching calls fail.
@@ -126,6 +128,12 @@ class FaultInjectionEnv final : public DeviceEnv {
   // more files exist than that (the one being allocated counts; List()'s view: a removed file
   // frees its space at once, as an unlinked file does). 0 (the default): no such limit.
   void SetFilesMax(size_t files) { files_max_.store(files); }
+  // A disk of disk_bytes that this env's devices share with other files (other_bytes: the
+  // SSD tier's index, a name log): while disk_bytes is non-zero, FreeBytes() is disk_bytes
+  // less other_bytes and the size of every listed device (0 when they exceed it). 0 (the
+  // default): FreeBytes() is the base's. Only the report: writes are not refused by it.
+  void SetDiskBytes(uint64_t disk_bytes) { disk_bytes_.store(disk_bytes); }
+  void SetOtherBytes(uint64_t other_bytes) { other_bytes_.store(other_bytes); }
   // Every read request sleeps this long before it is served (0: none, the default).
   void SetReadDelay(std::chrono::microseconds delay) { read_delay_us_.store(delay.count()); }
 
@@ -148,6 +156,7 @@ class FaultInjectionEnv final : public DeviceEnv {
   void WaitSyncsAllowed();
   std::atomic<bool> no_space_{false};
   std::atomic<size_t> files_max_{0};
+  std::atomic<uint64_t> disk_bytes_{0}, other_bytes_{0};
   std::atomic<int64_t> read_delay_us_{0};
   std::atomic<bool> crashed_{false};
   FaultOptions options_;

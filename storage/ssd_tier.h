@@ -127,6 +127,24 @@ struct SsdOptions {
   // write of each segment. false, and on devices of alignment 1 (memory): segments are only
   // fallocated (as under kBatched / kNone).
   bool zero_fill_segments = true;
+  // Free space the tier leaves on its disk for the files beside its segments: the RocksDB
+  // index (its WAL, memtable flushes and compactions) and the RESP name log (and its rewrite),
+  // which grow with the keys while the segments stay fallocated. The segment thread prepares no
+  // segment that would leave less free (DeviceEnv::FreeBytes), and checks the disk every
+  // disk_check_ms: while less is free, the segment limit drops to one below the segments there
+  // are (the cleaner reclaims the emptiest, relocating what fits and evicting the rest, as
+  // after ENOSPC), one segment per check; it rises again by one per check once the floor plus
+  // two segments are free and 30 checks have passed since it was last lowered. The tier keeps at
+  // least 3 segment files: below that, preparing one fails (puts that need it fail with a no-space
+  // error). 0: no floor, and a disk that fills then meets the index (docs/format/ssd.md, "Free
+  // space for the index").
+  static constexpr uint64_t kDefaultDiskFreeMinBytes =
+      TierManagerOptions::kDefaultSsdDiskFreeMinBytes;
+  uint64_t disk_free_min_bytes = kDefaultDiskFreeMinBytes;
+  // How often the segment thread reads the disk's free space (with a floor only); clamped to
+  // [1, kMaxDiskCheckMs].
+  static constexpr uint32_t kMaxDiskCheckMs = 60'000;
+  uint32_t disk_check_ms = 1000;
   // A sealed segment whose live bytes fall below this fraction is cleaned after the next roll.
   double clean_live_ratio = 0.25;
   // I/O budget of the segment thread's cleaning (bytes read + bytes relocated per second);
@@ -192,6 +210,11 @@ struct SsdStats {
   // disk held (docs/format/ssd.md, "Capacity and cleaning": a disk smaller than
   // ssd_capacity_bytes).
   uint64_t disk_full_shrinks = 0;
+  // Times the disk's free space fell below disk_free_min_bytes and the tier lowered its segment
+  // limit (at a check, or instead of preparing a segment); the free space last read
+  // (DeviceEnv::kNoFreeSpaceLimit: not read, or no such limit).
+  uint64_t disk_free_shrinks = 0;
+  uint64_t disk_free_bytes = DeviceEnv::kNoFreeSpaceLimit;
   // fdatasync calls made by commits; failed commits and the stage of the latest failure.
   uint64_t syncs = 0, commit_failures = 0;
   // Commits (and Flushes) that synced the RocksDB index WAL: those holding a delete other

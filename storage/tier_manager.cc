@@ -95,6 +95,7 @@ Status TierManagerImpl::Init() {
     so.durability = o_.durability;
     so.group_commit_ms = o_.group_commit_ms;
     so.commit_delay_us = o_.ssd_commit_delay_us;
+    so.disk_free_min_bytes = o_.ssd_disk_free_min_bytes;
     so.eviction_policy = o_.eviction_policy;
     so.policy_params = o_.policy_params;
     so.structure = o_.eviction_structure;

@@ -144,6 +144,10 @@ struct TierManagerOptions {
   // (SsdOptions::commit_delay_us; at most SsdOptions::kMaxCommitDelayUs). 0: never waits.
   static constexpr uint32_t kDefaultSsdCommitDelayUs = 0;  // off: docs/CONFIG.md says why
   uint32_t ssd_commit_delay_us = kDefaultSsdCommitDelayUs;
+  // Free space the SSD tier leaves on its disk for its index and the files beside it
+  // (SsdOptions::disk_free_min_bytes; docs/format/ssd.md "Free space for the index"). 0: none.
+  static constexpr uint64_t kDefaultSsdDiskFreeMinBytes = 256ull << 20;
+  uint64_t ssd_disk_free_min_bytes = kDefaultSsdDiskFreeMinBytes;
   // Segment devices for the SSD tier; not owned. nullptr: files under data_dir/segments
   // (io_uring + O_DIRECT, POSIX fallback). Tests pass a memory or fault-injecting env.
   DeviceEnv* ssd_env = nullptr;
@@ -233,6 +237,10 @@ struct Stats {
   uint64_t compressed_bytes_saved = 0, segments_cleaned = 0, ssd_queue_depth = 0;
   uint64_t ssd_relocated_bytes = 0;    // SsdStats::relocated_bytes
   uint64_t ssd_disk_full_shrinks = 0;  // SsdStats::disk_full_shrinks
+  uint64_t ssd_disk_free_shrinks = 0;  // SsdStats::disk_free_shrinks
+  // SsdStats::disk_free_bytes (UINT64_MAX, DeviceEnv::kNoFreeSpaceLimit: unknown, or no SSD
+  // tier).
+  uint64_t ssd_disk_free_bytes = UINT64_MAX;
   std::vector<std::pair<TenantId, uint64_t>> tenant_bytes;
 };
 

@@ -131,6 +131,8 @@ Stats TierManagerImpl::GetStats() const {
     s.segments_cleaned = d.segments_cleaned;
     s.ssd_relocated_bytes = d.relocated_bytes;
     s.ssd_disk_full_shrinks = d.disk_full_shrinks;
+    s.ssd_disk_free_shrinks = d.disk_free_shrinks;
+    s.ssd_disk_free_bytes = d.disk_free_bytes;
     s.ssd_commits = d.commits;
     s.ssd_syncs = d.syncs;
     s.ssd_index_syncs = d.index_syncs;

@@ -38,6 +38,7 @@ void SsdTier::Impl::SegmentLoop() {
     }
     // 2. Cleaning: over the segment limit, or one sparse segment per roll. Deferred while
     // the index loads (live bytes are partial: cleaning would delete live data).
+    const std::chrono::milliseconds disk_check_in = WatchDiskFree(lock);
     std::shared_ptr<Segment> victim = PickVictimLocked();
     if (victim != nullptr) {
       Status st = CleanSegment(victim, lock);
@@ -51,7 +52,11 @@ void SsdTier::Impl::SegmentLoop() {
       }
       continue;
     }
-    seg_cv_.wait(lock);
+    if (disk_check_in == std::chrono::milliseconds::max()) {
+      seg_cv_.wait(lock);  // no floor (wait_for would overflow the clock)
+    } else {
+      seg_cv_.wait_for(lock, disk_check_in);
+    }
   }
 }
 
@@ -61,8 +66,11 @@ void SsdTier::Impl::PrepareSegment(std::unique_lock<std::mutex>& lock) {
   uint32_t id = active_->id + 1;
   lock.unlock();
   std::shared_ptr<BlockDevice> dev;
-  Status st;
-  auto opened = env_->Open(ssd::SegmentName(id), true);
+  uint64_t free_bytes = 0;
+  Status st = CheckRoomForSegment(&free_bytes);
+  const bool below_floor = !st.ok();
+  auto opened = below_floor ? StatusOr<std::shared_ptr<BlockDevice>>(st)
+                            : env_->Open(ssd::SegmentName(id), true);
   if (opened.ok()) {
     dev = std::move(*opened);
     st = dev->Allocate(0, o_.segment_bytes);
@@ -78,6 +86,18 @@ void SsdTier::Impl::PrepareSegment(std::unique_lock<std::mutex>& lock) {
   }
   lock.lock();
   if (!st.ok() && seg_stop_.load()) return;  // closing (a zero-fill stops early): no error
+  if (below_floor) {
+    // As at ENOSPC below, but the limit rises again once the index gives the space back. At
+    // the tier's smallest, waiting puts fail with the floor's error until the disk has room.
+    BelowFloorLocked(free_bytes > o_.segment_bytes ? free_bytes - o_.segment_bytes : 0,
+                     "would have, after preparing a segment,");
+    if (segments_.size() < 3) {
+      prepare_status_ = st;
+      room_cv_.notify_all();
+    }
+    seg_cv_.notify_all();
+    return;
+  }
   if (!st.ok() && IsNoSpace(st) && segments_.size() >= 3) {
     // The disk holds fewer segments than capacity_bytes allows: the tier shrinks to what it
     // held (disk_segments_max_) and the cleaner makes room; waiting puts wait for it. A

@@ -121,9 +121,21 @@ Status SsdTier::Impl::Open() {
   options.max_background_jobs = 2;
   options.keep_log_file_num = 4;
   options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  // The index shares the disk with the segments and must leave them most of it (a small tier
+  // on a small disk: docs/format/ssd.md, "Free space for the index"). The manifest grows in
+  // 1 MiB steps instead of 4; the WAL, preallocated at 1.1 memtables, is bounded below.
+  options.manifest_preallocation_size = 1ull << 20;
+  // Memtables: 16 MiB (a 4 GiB tier's), a 64th of a smaller tier's capacity, at least 1 MiB.
+  // The size bounds the WAL replayed after a crash (a clean close flushes it all).
+  const uint64_t memtable_bytes =
+      std::clamp<uint64_t>(o_.capacity_bytes / 64, 1ull << 20, 16ull << 20);
+  // The meta column family takes a small write per commit and would never fill its memtable:
+  // without this bound every WAL since its last flush stays on disk (a 48 MiB disk held 23 MiB
+  // of WALs beside 1 MiB of index tables). Past it, the column families holding the oldest WAL
+  // are flushed and the WAL deleted.
+  options.max_total_wal_size = 2 * memtable_bytes;
   rocksdb::ColumnFamilyOptions cf_options(options);
-  // Bounds the WAL replayed after a crash (a clean close flushes it all).
-  cf_options.write_buffer_size = 16ull << 20;
+  cf_options.write_buffer_size = memtable_bytes;
   rocksdb::BlockBasedTableOptions table;
   table.checksum = rocksdb::kXXH3;
   // Point reads serve keys the background load has not reached yet (and misses).
@@ -177,6 +189,15 @@ Status SsdTier::Impl::Open() {
     }
   }
   for (const auto& [id, seg] : segments_) open_bytes_bound_ += seg->dev->Size();
+  if (auto free = env_->FreeBytes();
+      o_.disk_free_min_bytes > 0 && free.ok() && *free != DeviceEnv::kNoFreeSpaceLimit &&
+      *free + open_bytes_bound_ <
+          ssd::SaturatingAdd(o_.disk_free_min_bytes, 3 * o_.segment_bytes)) {
+    KVTIER_LOG(kWarn) << "ssd disk has " << *free << " bytes free beside " << open_bytes_bound_
+                      << " bytes of segments: less than disk_free_min_bytes ("
+                      << o_.disk_free_min_bytes << ") and the tier's smallest size (3 segments of "
+                      << o_.segment_bytes << " bytes); puts will fail once the segments are full";
+  }
 
   // ---- the log past the last commit ----
   // durable_end names the segment that was active at the last commit and the end of what it

@@ -5,6 +5,7 @@
 //   storage/ssd/commit.cc       the group commit pipeline (prepare / execute / settle)
 //   storage/ssd/recovery.cc     Open (RocksDB, segments, tail scan) and close
 //   storage/ssd/cleaner.cc      segment cleaning (relocating live records)
+//   storage/ssd/disk_space.cc   the free-space floor left to the index (disk_free_min_bytes)
 //   storage/ssd/index.cc        the in-memory index: background load, point reads, policy
 // Nothing outside storage/ includes this header.
 #pragma once
@@ -12,6 +13,7 @@
 #include <rocksdb/db.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -36,6 +38,12 @@ using ssd::IndexEntry;
 using ssd::RecordHeader;
 
 namespace ssd {
+
+// a + b, or UINT64_MAX when the sum does not fit (a free-space floor near UINT64_MAX means
+// "never enough").
+inline uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
 
 inline rocksdb::Slice KeySlice(const Key& k) {
   return {reinterpret_cast<const char*>(k.data()), k.size()};
@@ -129,7 +137,7 @@ class SsdTier::Impl {
     // What the tier holds now: capacity_bytes, or the segments the disk held once it proved
     // smaller.
     s.capacity_bytes =
-        disk_segments_max_ == SIZE_MAX
+        disk_segments_max_ == SIZE_MAX && free_segments_max_ == SIZE_MAX
             ? o_.capacity_bytes
             : std::min<uint64_t>(o_.capacity_bytes, (MaxSegments() + 1) * o_.segment_bytes);
     s.objects = map_.size();
@@ -195,10 +203,12 @@ class SsdTier::Impl {
   // Under mu_: the time of hooks called inside a put (Evict, OnInsert): its request's.
   uint64_t PolicyNowLocked() const { return call_now_us_ != 0 ? call_now_us_ : NowUs(); }
   // The segment limit: capacity_bytes' (the files stay within one of it: MaxSegments() + 1),
-  // or lower once the disk proved smaller (disk_segments_max_).
+  // or lower once the disk proved smaller (disk_segments_max_) or while its free space is
+  // below the floor (free_segments_max_).
+  size_t CapacitySegments() const { return o_.capacity_bytes / o_.segment_bytes - 1; }
   size_t MaxSegments() const {
-    return std::max<size_t>(
-        2, std::min<size_t>(o_.capacity_bytes / o_.segment_bytes - 1, disk_segments_max_));
+    return std::max<size_t>(2,
+                            std::min({CapacitySegments(), disk_segments_max_, free_segments_max_}));
   }
   uint64_t LiveLimit() const {
     return static_cast<uint64_t>(static_cast<double>((MaxSegments() - 1) * o_.segment_bytes) *
@@ -404,6 +414,21 @@ class SsdTier::Impl {
   Status ZeroFillSegment(BlockDevice* dev, std::unique_lock<std::mutex>* lock);
   // The segment to clean now, or nullptr (under mu_).
   std::shared_ptr<Segment> PickVictimLocked();
+
+  // ---- the free-space floor (storage/ssd/disk_space.cc; SsdOptions::disk_free_min_bytes) ----
+  // Segment thread, lock held on entry and exit (released while it reads the disk): at most
+  // once per disk_check_ms, reads the free space and lowers free_segments_max_ while it is
+  // below the floor, or raises it by one once the floor plus two segments are free. Returns
+  // how long the thread may wait before calling again (forever without a floor).
+  std::chrono::milliseconds WatchDiskFree(std::unique_lock<std::mutex>& lock);
+  // Outside mu_: a NoSpaceError when creating one more segment would leave less than the
+  // floor free (OK without a floor, or when the free space cannot be read); *free_bytes is
+  // what was read.
+  Status CheckRoomForSegment(uint64_t* free_bytes);
+  // Under mu_: the free space is below the floor. Lowers free_segments_max_ to one below the
+  // segments there are (counted, logged); at the tier's smallest (3 segments) only logs. `when`
+  // completes "ssd disk <when> <free_bytes> bytes free" in the log line.
+  void BelowFloorLocked(uint64_t free_bytes, const char* when);
   // Relocates the victim's live records (reads outside mu_, appends in chunks under it),
   // commits, then deletes the segment. Lock held on entry and exit.
   Status CleanSegment(const std::shared_ptr<Segment>& victim, std::unique_lock<std::mutex>& lock);
@@ -545,6 +570,14 @@ class SsdTier::Impl {
   // evict down to the lower LiveLimit(), instead of every put failing for good. It stays
   // until the tier is reopened. SIZE_MAX: none.
   size_t disk_segments_max_ = SIZE_MAX;
+  // Under mu_: the segment limit the free-space floor imposes (disk_free_min_bytes; lowered
+  // and raised by WatchDiskFree and PrepareSegment). SIZE_MAX: none.
+  size_t free_segments_max_ = SIZE_MAX;
+  // Segment thread only: when WatchDiskFree reads the disk next (steady clock, not the
+  // policy clock, which tests stop).
+  std::chrono::steady_clock::time_point next_disk_check_{};
+  std::chrono::steady_clock::time_point floor_lowered_at_{};  // under mu_: last lowered
+  LogThrottle disk_floor_log_{60'000};                        // under mu_: the floor cannot be kept
   uint64_t threshold_cleans_ = 0;   // under mu_: sparse cleans allowed (one per roll)
   std::condition_variable seg_cv_;  // wakes the segment thread (with mu_)
   std::condition_variable

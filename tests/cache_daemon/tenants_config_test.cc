@@ -159,6 +159,23 @@ TEST(Config, SsdCommitDelayIsBoundedToOneSecond) {
   EXPECT_TRUE(ParseConfig("[storage]\nssd_commit_delay_us = -1\n").status().IsInvalidArgument());
 }
 
+// The free space left to the SSD index (docs/format/ssd.md, "Free space for the index"):
+// 256 MiB by default, any byte count, 0 turns it off; passed to the store.
+TEST(Config, SsdDiskFreeMinBytesDefaultsTo256MiBAndZeroTurnsItOff) {
+  auto def = ParseConfig("");
+  ASSERT_TRUE(def.ok());
+  EXPECT_EQ(def->storage.ssd_disk_free_min_bytes, 256ull << 20);
+  for (uint64_t bytes : {0ull, 8388608ull, 1ull << 40}) {
+    auto o = ParseConfig("[storage]\nssd_disk_free_min_bytes = " + std::to_string(bytes) + "\n");
+    ASSERT_TRUE(o.ok()) << bytes;
+    EXPECT_EQ(o->storage.ssd_disk_free_min_bytes, bytes);
+  }
+  EXPECT_TRUE(
+      ParseConfig("[storage]\nssd_disk_free_min_bytes = -1\n").status().IsInvalidArgument());
+  EXPECT_TRUE(
+      ParseConfig("[storage]\nssd_disk_free_min_bytes = \"256M\"\n").status().IsInvalidArgument());
+}
+
 // The prefix layer under every tier's policy (docs/POLICIES.md, "Structures"): off by default.
 TEST(Config, EvictionStructureIsPlainOrPrefix) {
   auto plain = ParseConfig("");

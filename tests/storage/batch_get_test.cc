@@ -168,6 +168,7 @@ class CountingEnv final : public DeviceEnv {
   StatusOr<std::vector<std::string>> List() override { return base_->List(); }
   Status Remove(const std::string& name) override { return base_->Remove(name); }
   Status SyncDir() override { return base_->SyncDir(); }
+  StatusOr<uint64_t> FreeBytes() override { return base_->FreeBytes(); }
   std::string Kind() const override { return "counting"; }
   Status SubmitAcross(std::span<DeviceIo> batch, const IoDoneFn& on_done) override {
     std::set<BlockDevice*> devices;

@@ -84,6 +84,7 @@ class GateEnv final : public DeviceEnv {
   StatusOr<std::vector<std::string>> List() override { return base_->List(); }
   Status Remove(const std::string& name) override { return base_->Remove(name); }
   Status SyncDir() override { return base_->SyncDir(); }
+  StatusOr<uint64_t> FreeBytes() override { return base_->FreeBytes(); }
   std::string Kind() const override { return "gate(" + base_->Kind() + ")"; }
 
  private:

@@ -196,6 +196,12 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
        UintKey("storage.dram_capacity_bytes", &o.storage.dram_capacity_bytes)},
       {"storage.ssd_capacity_bytes",
        UintKey("storage.ssd_capacity_bytes", &o.storage.ssd_capacity_bytes)},
+      {"storage.hbm_objects_max", UintKey("storage.hbm_objects_max", &o.storage.hbm_objects_max)},
+      {"storage.dram_objects_max",
+       UintKey("storage.dram_objects_max", &o.storage.dram_objects_max)},
+      {"storage.ssd_objects_max", UintKey("storage.ssd_objects_max", &o.storage.ssd_objects_max)},
+      {"storage.miss_memory_entries",
+       UintKey("storage.miss_memory_entries", &o.storage.miss_memory_entries)},
       {"storage.durability", StringKey("storage.durability", &durability)},
       {"storage.eviction_structure", StringKey("storage.eviction_structure", &eviction_structure)},
       {"storage.group_commit_ms", UintKey("storage.group_commit_ms", &o.storage.group_commit_ms)},
@@ -336,6 +342,9 @@ Status Finalize(DaemonOptions* o) {
     return Bad("limits.max_batch_keys", "1..4096");
   }
   if (o->idle_timeout_ms < 100) return Bad("limits.idle_timeout_ms", "at least 100");
+  if (o->storage.miss_memory_entries == 0 || o->storage.miss_memory_entries > (64u << 20)) {
+    return Bad("storage.miss_memory_entries", "1..67108864");
+  }
   if (o->storage.ssd_commit_delay_us > storage::SsdOptions::kMaxCommitDelayUs) {
     return Bad("storage.ssd_commit_delay_us", "0..1000000 (1 s)");
   }

@@ -289,6 +289,10 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
   p.Family("kvtier_tier_objects", "gauge", "Units held by a tier.");
   for (auto& [n, t] : tiers)
     p.Sample("kvtier_tier_objects", std::string("tier=\"") + n + "\"", t->objects);
+  p.Family("kvtier_tier_objects_max", "gauge",
+           "Units a tier may hold (storage.*_objects_max): beyond it a new unit evicts.");
+  for (auto& [n, t] : tiers)
+    p.Sample("kvtier_tier_objects_max", std::string("tier=\"") + n + "\"", t->objects_max);
   p.Family("kvtier_tier_evictions_total", "counter", "Units evicted from a tier.");
   for (auto& [n, t] : tiers)
     p.Sample("kvtier_tier_evictions_total", std::string("tier=\"") + n + "\"", t->evictions);

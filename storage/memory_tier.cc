@@ -284,6 +284,10 @@ class MemoryTier::Impl {
                 const RequestTag* request) {
     if (value.size() > o_.slab_page_bytes)
       return Status::InvalidArgument("value larger than a slab");
+    if (o_.objects_max > 0 && objects_.load(std::memory_order_relaxed) >= o_.objects_max &&
+        !Contains(key, nullptr)) {
+      return Status::Rejected("memory tier holds objects_max objects");
+    }
     int c = alloc_->ClassFor(std::max<uint64_t>(value.size(), 1));
     uint64_t off, first_use;
     {
@@ -303,6 +307,7 @@ class MemoryTier::Impl {
       Shard& s = ShardOf(key);
       std::lock_guard lock(s.mu);
       auto [it, inserted] = s.map.try_emplace(key, slot);
+      if (inserted) objects_.fetch_add(1, std::memory_order_relaxed);
       if (!inserted) {
         old = it->second;
         it->second = slot;
@@ -372,6 +377,7 @@ class MemoryTier::Impl {
       if (it == s.map.end()) return Status::NotFound("not in memory tier");
       slot = it->second;
       s.map.erase(it);
+      objects_.fetch_sub(1, std::memory_order_relaxed);
     }
     {
       std::lock_guard lock(alloc_mu_);
@@ -454,6 +460,7 @@ class MemoryTier::Impl {
   MemoryTierStats GetStats() const {
     MemoryTierStats st;
     st.capacity_bytes = o_.capacity_bytes;
+    st.objects_max = o_.objects_max;
     {
       std::lock_guard lock(alloc_mu_);
       st.used_bytes = used_bytes_;
@@ -510,6 +517,8 @@ class MemoryTier::Impl {
   mutable std::mutex alloc_mu_;
   std::unique_ptr<SlabAllocator> alloc_;
   uint64_t used_bytes_ = 0;
+  // Objects in the shards' maps (checked against objects_max before an insert allocates).
+  std::atomic<uint64_t> objects_{0};
   std::vector<Shard> shards_;
   std::mutex policy_mu_;
   std::unique_ptr<policies::EvictionPolicy> policy_;

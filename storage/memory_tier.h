@@ -44,6 +44,10 @@ struct MemoryTierOptions {
   // is present; otherwise, or when false, host memory from mmap.
   bool use_cuda = true;
   uint32_t shards = 16;  // clamped to [1, 256]
+  // Objects the tier may hold (0: no limit): an insert of a new key beyond it is Rejected as
+  // a full arena's is (the caller evicts and retries). Bounds the host memory of the
+  // bookkeeping (index, policy) that tiny values would grow past the arena's own size.
+  uint64_t objects_max = 0;
   std::string eviction_policy = "lru";
   policies::PolicyParams policy_params;
   // kPrefix: the policy runs under policies::PrefixLayer (also after SetPolicy), told of each
@@ -68,7 +72,7 @@ struct MemMeta {
 };
 
 struct MemoryTierStats {
-  uint64_t capacity_bytes = 0, used_bytes = 0, chunk_bytes = 0, objects = 0;
+  uint64_t capacity_bytes = 0, used_bytes = 0, chunk_bytes = 0, objects = 0, objects_max = 0;
   uint64_t hits = 0, evictions = 0, bytes_read = 0, bytes_written = 0;
 };
 
@@ -79,7 +83,8 @@ class MemoryTier {
 
   // Largest value this tier can hold.
   uint64_t max_value_bytes() const;
-  // Stores (or replaces) the value. Rejected: no free chunk of its class (evict and retry).
+  // Stores (or replaces) the value. Rejected: no free chunk of its class, or a new key while
+  // the tier holds objects_max objects (evict and retry).
   // tracked=false keeps it out of the eviction policy (pinned).
   // Every call that reaches the policy takes a RequestTag (tier_manager.h): OnRequest is called
   // when its id differs from the previous call's, and its now_us is the time of every hook;

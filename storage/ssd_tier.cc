@@ -245,7 +245,8 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
     uint64_t live = open_bytes_bound_;
     for (const auto& [id, seg] : segments_) live += seg->live_bytes;
     bool may_roll = buf_file_offset_ + buf_len_ + need + ssd::kBlockBytes > o_.segment_bytes;
-    return live + need > LiveLimit() || (may_roll && segments_.size() + 1 > MaxSegments());
+    return live + need > LiveLimit() || (may_roll && segments_.size() + 1 > MaxSegments()) ||
+           (o_.objects_max > 0 && map_.size() + 1 > o_.objects_max);
   };
   while (true) {
     if (!loaded_ && needs_full_state()) {
@@ -278,8 +279,13 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
   // Make room: the previous version of the key no longer counts; then evict by policy.
   uint64_t live = 0;
   for (const auto& [id, seg] : segments_) live += seg->live_bytes;
-  if (auto it = map_.find(key); it != map_.end()) live -= LiveCost(it->second);
-  while (live + need > LiveLimit()) {
+  const bool new_key = map_.find(key) == map_.end();
+  if (!new_key) live -= LiveCost(map_.find(key)->second);
+  auto over = [&] {
+    return live + need > LiveLimit() ||
+           (new_key && o_.objects_max > 0 && map_.size() >= o_.objects_max);
+  };
+  while (over()) {
     auto victim = EvictLocked();
     if (!victim) {
       call_now_us_ = 0;

@@ -145,6 +145,12 @@ struct SsdOptions {
   // [1, kMaxDiskCheckMs].
   static constexpr uint32_t kMaxDiskCheckMs = 60'000;
   uint32_t disk_check_ms = 1000;
+  // Objects the tier may hold (0: no limit): a put of a new key beyond it evicts by policy as
+  // a full tier does. Each object's entry in memory (index map, policy) costs host memory that
+  // a flood of tiny values would grow without bound (docs/CONFIG.md, ssd_objects_max). While
+  // the index loads, a put that could exceed it waits for the load, as one that could need
+  // cleaning does.
+  uint64_t objects_max = 0;
   // A sealed segment whose live bytes fall below this fraction is cleaned after the next roll.
   double clean_live_ratio = 0.25;
   // I/O budget of the segment thread's cleaning (bytes read + bytes relocated per second);
@@ -201,6 +207,7 @@ struct SsdMeta {
 
 struct SsdStats {
   uint64_t capacity_bytes = 0, live_bytes = 0, disk_bytes = 0, objects = 0, segments = 0;
+  uint64_t objects_max = 0;  // SsdOptions::objects_max
   uint64_t hits = 0, evictions = 0, bytes_read = 0, bytes_written = 0;
   uint64_t checksum_failures = 0, io_errors = 0, compressed_bytes_saved = 0;
   uint64_t segments_cleaned = 0, commits = 0, recovered_records = 0, dropped_on_recovery = 0;

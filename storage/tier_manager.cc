@@ -59,6 +59,18 @@ const char* CommitStageName(CommitStage stage) {
   return "unknown";
 }
 
+uint64_t TierManagerOptions::ObjectsMax(Tier tier) const {
+  const uint64_t configured = tier == Tier::kHbm    ? hbm_objects_max
+                              : tier == Tier::kDram ? dram_objects_max
+                                                    : ssd_objects_max;
+  if (configured != 0) return configured;
+  const uint64_t capacity = tier == Tier::kHbm    ? hbm_capacity_bytes
+                            : tier == Tier::kDram ? dram_capacity_bytes
+                                                  : ssd_capacity_bytes;
+  const uint64_t derived = std::max<uint64_t>(capacity / kDefaultBytesPerObject, 1);
+  return tier == Tier::kSsd ? std::min(derived, kDefaultSsdObjectsMax) : derived;
+}
+
 namespace internal {
 
 Status TierManagerImpl::Init() {
@@ -76,6 +88,7 @@ Status TierManagerImpl::Init() {
     mo.structure = o_.eviction_structure;
     mo.eviction_policy_factory = o_.eviction_policy_factory;
     mo.clock = clock_;
+    mo.objects_max = o_.ObjectsMax(t);
     return MemoryTier::Create(mo);
   };
   if (o_.hbm_capacity_bytes > 0) {
@@ -96,6 +109,7 @@ Status TierManagerImpl::Init() {
     so.group_commit_ms = o_.group_commit_ms;
     so.commit_delay_us = o_.ssd_commit_delay_us;
     so.disk_free_min_bytes = o_.ssd_disk_free_min_bytes;
+    so.objects_max = o_.ObjectsMax(Tier::kSsd);
     so.eviction_policy = o_.eviction_policy;
     so.policy_params = o_.policy_params;
     so.structure = o_.eviction_structure;

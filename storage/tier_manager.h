@@ -134,6 +134,20 @@ struct TierManagerOptions {
   // Time source for TTLs and leases; nullptr means DefaultSteadyClock().
   const Clock* clock = nullptr;
 
+  // Objects (units, RESP values) each tier may hold. Every object costs host memory for its
+  // bookkeeping beside its bytes (the tier's index entry and policy node, the manager's
+  // directory entry: docs/CONFIG.md gives the measured cost), which a flood of tiny values
+  // would otherwise grow far past the tiers' capacities. Beyond the limit a new object evicts
+  // by policy, as a full tier does. 0: one object per kDefaultBytesPerObject of the tier's
+  // capacity, and for the SSD tier at most kDefaultSsdObjectsMax (raise it with the RAM to
+  // hold a large SSD's index). ObjectsMax() gives the limit in force.
+  static constexpr uint64_t kDefaultBytesPerObject = 512;
+  static constexpr uint64_t kDefaultSsdObjectsMax = 8ull << 20;
+  uint64_t hbm_objects_max = 0;
+  uint64_t dram_objects_max = 0;
+  uint64_t ssd_objects_max = 0;
+  uint64_t ObjectsMax(Tier tier) const;
+
   // ---- added by the storage implementation (defaults keep the original behaviour) ----
   // SSD segment file size and write-buffer size (docs/format/ssd.md).
   uint64_t ssd_segment_bytes = 256ull << 20;
@@ -215,6 +229,7 @@ struct LookupResult {
 struct TierStats {
   uint64_t capacity_bytes = 0, used_bytes = 0, objects = 0;
   uint64_t hits = 0, evictions = 0, bytes_read = 0, bytes_written = 0;
+  uint64_t objects_max = 0;  // the tier's object limit (TierManagerOptions::*_objects_max)
 };
 
 struct Stats {

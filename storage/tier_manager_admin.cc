@@ -117,15 +117,15 @@ Stats TierManagerImpl::GetStats() const {
   auto fill = [](const MemoryTier* t, TierStats* out) {
     if (t == nullptr) return;
     MemoryTierStats m = t->GetStats();
-    *out = {m.capacity_bytes, m.used_bytes, m.objects,      m.hits,
-            m.evictions,      m.bytes_read, m.bytes_written};
+    *out = {m.capacity_bytes, m.used_bytes, m.objects,       m.hits,
+            m.evictions,      m.bytes_read, m.bytes_written, m.objects_max};
   };
   fill(hbm_.get(), &s.hbm);
   fill(dram_.get(), &s.dram);
   if (ssd_) {
     SsdStats d = ssd_->GetStats();
-    s.ssd = {d.capacity_bytes, d.live_bytes, d.objects,      d.hits,
-             d.evictions,      d.bytes_read, d.bytes_written};
+    s.ssd = {d.capacity_bytes, d.live_bytes, d.objects,       d.hits,
+             d.evictions,      d.bytes_read, d.bytes_written, d.objects_max};
     s.checksum_failures = d.checksum_failures;
     s.compressed_bytes_saved = d.compressed_bytes_saved;
     s.segments_cleaned = d.segments_cleaned;

@@ -141,6 +141,7 @@ class SsdTier::Impl {
             ? o_.capacity_bytes
             : std::min<uint64_t>(o_.capacity_bytes, (MaxSegments() + 1) * o_.segment_bytes);
     s.objects = map_.size();
+    s.objects_max = o_.objects_max;
     s.segments = segments_.size();
     s.live_bytes = 0;
     for (const auto& [id, seg] : segments_) s.live_bytes += seg->live_bytes;

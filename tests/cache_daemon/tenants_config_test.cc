@@ -176,6 +176,22 @@ TEST(Config, SsdDiskFreeMinBytesDefaultsTo256MiBAndZeroTurnsItOff) {
       ParseConfig("[storage]\nssd_disk_free_min_bytes = \"256M\"\n").status().IsInvalidArgument());
 }
 
+// Object limits per tier: absent keys leave 0 (the store derives them from the capacities),
+// given ones are passed through.
+TEST(Config, ObjectLimitsArePassedToTheStore) {
+  auto def = ParseConfig("");
+  ASSERT_TRUE(def.ok());
+  EXPECT_EQ(def->storage.dram_objects_max, 0u);
+  EXPECT_EQ(def->storage.ssd_objects_max, 0u);
+  auto o = ParseConfig(
+      "[storage]\nhbm_objects_max = 7\ndram_objects_max = 4096\nssd_objects_max = 100000\n");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->storage.hbm_objects_max, 7u);
+  EXPECT_EQ(o->storage.dram_objects_max, 4096u);
+  EXPECT_EQ(o->storage.ssd_objects_max, 100000u);
+  EXPECT_TRUE(ParseConfig("[storage]\nssd_objects_max = -3\n").status().IsInvalidArgument());
+}
+
 // The prefix layer under every tier's policy (docs/POLICIES.md, "Structures"): off by default.
 TEST(Config, EvictionStructureIsPlainOrPrefix) {
   auto plain = ParseConfig("");

@@ -142,6 +142,70 @@ TEST_F(E2eTest, AFailedStartLeavesNoSocketAndARefusedOneLeavesTheOthers) {
 // backlog, so the I/O threads spun (1.5 cores of this VM's 2, measured) and logged nothing
 // until a descriptor was freed. Now a front pauses (common/accept_backoff.h), counts it and
 // warns once; the waiting clients are served as descriptors free up, none lost.
+// A flood of tiny RESP values: every stored object costs the daemon host memory for its
+// bookkeeping (tier index entry, policy node, directory entry; ~900 B with both tiers,
+// measured) beyond its bytes, so before the object limits 1 M SETs of 16-byte values grew a
+// daemon with a 64 MiB DRAM tier to 950 MB. With dram_objects_max and ssd_objects_max the
+// tiers stop at their limits (a new object evicts by policy) and memory stops growing: the
+// second 100,000 SETs add less than 16 MiB (measured +2 to +7 MiB; without the limits +49 MiB),
+// the last key reads back, and the limits are exported. The other per-key memories are bounded
+// small here too (the miss reasons, miss_memory_entries; the RESP name index), as they are by
+// default at larger sizes.
+TEST_F(E2eTest, AFloodOfTinyValuesStopsAtTheObjectLimits) {
+  constexpr uint64_t kDramObjectsMax = 4096, kSsdObjectsMax = 8192;
+  d_->WriteConfig("[storage]\ndram_capacity_bytes = 8388608\ndram_objects_max = " +
+                  std::to_string(kDramObjectsMax) +
+                  "\nssd_capacity_bytes = 67108864\nssd_segment_bytes = 4194304\n"
+                  "ssd_objects_max = " +
+                  std::to_string(kSsdObjectsMax) +
+                  "\nmiss_memory_entries = 10000\ndurability = "
+                  "\"batched\"\n[limits]\nresp_key_index_bytes_max = 1048576\n");
+  ASSERT_TRUE(d_->Start()) << d_->Log();
+  const int fd = kt::ConnectTcp(d_->resp_port());
+  ASSERT_GE(fd, 0);
+  constexpr int kBatch = 1000;
+  int next = 0;
+  auto set_batch = [&] {
+    std::string out;
+    for (int i = 0; i < kBatch; ++i, ++next) {
+      const std::string key = "tiny:" + std::to_string(next);
+      out += "*3\r\n$3\r\nSET\r\n$" + std::to_string(key.size()) + "\r\n" + key +
+             "\r\n$16\r\n0123456789abcdef\r\n";
+    }
+    ASSERT_TRUE(kt::SendAllRaw(fd, out.data(), out.size()));
+    const std::string want(static_cast<size_t>(kBatch) * 5, ' ');
+    std::string got = kt::RecvFor(fd, want.size(), 10'000);
+    ASSERT_EQ(got.size(), want.size()) << got.substr(0, 200);
+    for (size_t at = 0; at < got.size(); at += 5) ASSERT_EQ(got.substr(at, 5), "+OK\r\n") << at;
+  };
+  for (int b = 0; b < 100; ++b) ASSERT_NO_FATAL_FAILURE(set_batch());
+  const uint64_t rss_at_100k = d_->RssBytes();
+  for (int b = 0; b < 100; ++b) ASSERT_NO_FATAL_FAILURE(set_batch());
+  const uint64_t rss_at_200k = d_->RssBytes();
+  std::fprintf(stderr, "kvtierd RSS %llu MiB after 100,000 SETs, %llu MiB after 200,000\n",
+               static_cast<unsigned long long>(rss_at_100k >> 20),
+               static_cast<unsigned long long>(rss_at_200k >> 20));
+  EXPECT_LT(rss_at_200k, rss_at_100k + (16u << 20))
+      << "RSS " << (rss_at_100k >> 20) << " MiB after 100,000 SETs, " << (rss_at_200k >> 20)
+      << " MiB after 200,000";
+  const std::string get = "*2\r\n$3\r\nGET\r\n$11\r\ntiny:199999\r\n";
+  ASSERT_TRUE(kt::SendAllRaw(fd, get.data(), get.size()));
+  EXPECT_EQ(kt::RecvFor(fd, 23, 5000), "$16\r\n0123456789abcdef\r\n");
+  ::close(fd);
+  const std::string metrics = kt::HttpRequest(d_->http_port(), "GET", "/metrics");
+  auto gauge = [&](const std::string& series) -> uint64_t {
+    const size_t at = metrics.find("\n" + series + " ");
+    EXPECT_NE(at, std::string::npos) << series;
+    return at == std::string::npos ? UINT64_MAX
+                                   : std::stoull(metrics.substr(at + series.size() + 2));
+  };
+  EXPECT_EQ(gauge("kvtier_tier_objects_max{tier=\"dram\"}"), kDramObjectsMax);
+  EXPECT_EQ(gauge("kvtier_tier_objects_max{tier=\"ssd\"}"), kSsdObjectsMax);
+  EXPECT_LE(gauge("kvtier_tier_objects{tier=\"dram\"}"), kDramObjectsMax);
+  EXPECT_LE(gauge("kvtier_tier_objects{tier=\"ssd\"}"), kSsdObjectsMax);
+  EXPECT_EQ(d_->Stop(), 0);
+}
+
 TEST_F(E2eTest, AFullDescriptorTablePausesAcceptsInsteadOfSpinning) {
   KVTIER_SKIP_WITHOUT_DESCRIPTORS_UNDER_UBSAN();
   constexpr uint64_t kOpenFilesMax = 96;

@@ -322,6 +322,80 @@ TEST_F(TierManagerTest, SwaStateNeverReachesSsd) {
 // The HBM and DRAM tiers' arenas: CUDA device and pinned memory when a GPU is usable, mmap
 // otherwise; bytes round-trip through either (cudaMemcpy on a GPU). Under
 // KVTIER_REQUIRE_CUDA=1 (the GPU check, deploy/gpu/check.sh) the CUDA arenas are required.
+// Object limits (TierManagerOptions::*_objects_max): each tier holds at most its limit of
+// objects whatever their size, a new object beyond it evicting by policy (the memory tier
+// demotes, the SSD tier drops), so tiny values cannot grow the bookkeeping without bound. The
+// newest units are the ones kept (LRU), each exact; the limits are reported.
+TEST_F(TierManagerTest, ObjectLimitsEvictByPolicyAndKeepTheNewestUnits) {
+  TierManagerOptions o = Options();
+  o.durability = Durability::kBatched;
+  o.dram_objects_max = 10;
+  o.ssd_objects_max = 40;
+  auto tm = TierManager::Open(o);
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  constexpr int kUnits = 200;  // 200 x 100 B: far below either tier's bytes
+  for (int i = 0; i < kUnits; ++i) {
+    Key k = MakeKey(i);
+    ASSERT_TRUE((*tm)->Put(k, MakeValue(k, 1, 100), {}).ok()) << i;
+    Stats s = (*tm)->GetStats();
+    ASSERT_LE(s.dram.objects, 10u) << i;
+    ASSERT_LE(s.ssd.objects, 40u) << i;
+  }
+  Stats s = (*tm)->GetStats();
+  EXPECT_EQ(s.dram.objects_max, 10u);
+  EXPECT_EQ(s.ssd.objects_max, 40u);
+  EXPECT_EQ(s.ssd.objects, 40u);
+  EXPECT_GE(s.ssd.evictions, static_cast<uint64_t>(kUnits - 40));
+  std::vector<uint8_t> out;
+  for (int i = kUnits - 40; i < kUnits; ++i) {
+    ASSERT_TRUE((*tm)->Get(MakeKey(i), &out).ok()) << i;
+    EXPECT_EQ(out, MakeValue(MakeKey(i), 1, 100)) << i;
+  }
+  EXPECT_TRUE((*tm)->Get(MakeKey(0), &out).IsNotFound());
+  // A unit put again is no new object: it replaces in place, evicting nothing.
+  const uint64_t evictions = (*tm)->GetStats().ssd.evictions;
+  ASSERT_TRUE((*tm)->Put(MakeKey(kUnits - 1), MakeValue(MakeKey(kUnits - 1), 2, 100), {}).ok());
+  EXPECT_EQ((*tm)->GetStats().ssd.evictions, evictions);
+}
+
+// The defaults: one object per 512 bytes of a tier's capacity, the SSD tier's at most 8 Mi.
+TEST(TierManagerOptionsTest, ObjectLimitDefaultsFollowTheCapacity) {
+  TierManagerOptions o;
+  o.hbm_capacity_bytes = 1ull << 20;
+  o.dram_capacity_bytes = 1ull << 30;
+  o.ssd_capacity_bytes = 1ull << 30;
+  EXPECT_EQ(o.ObjectsMax(Tier::kHbm), 2048u);
+  EXPECT_EQ(o.ObjectsMax(Tier::kDram), 2097152u);
+  EXPECT_EQ(o.ObjectsMax(Tier::kSsd), 2097152u);
+  o.ssd_capacity_bytes = 1ull << 40;
+  EXPECT_EQ(o.ObjectsMax(Tier::kSsd), TierManagerOptions::kDefaultSsdObjectsMax);
+  o.ssd_objects_max = 123;
+  o.dram_objects_max = 45;
+  EXPECT_EQ(o.ObjectsMax(Tier::kSsd), 123u);
+  EXPECT_EQ(o.ObjectsMax(Tier::kDram), 45u);
+}
+
+// The memory tier's side: a new key beyond objects_max is Rejected (the caller evicts and
+// retries, as for a full arena); replacing a key it holds is not; a removal makes room.
+TEST(MemoryTierObjects, ANewKeyBeyondTheLimitIsRejectedAReplaceIsNot) {
+  MemoryTierOptions o;
+  o.capacity_bytes = 4u << 20;
+  o.slab_page_bytes = 64u << 10;
+  o.use_cuda = false;
+  o.objects_max = 3;
+  auto t = MemoryTier::Create(o);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::vector<uint8_t> v(16, 1);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*t)->Insert(MakeKey(i), v, MemMeta{}, true).ok()) << i;
+  EXPECT_TRUE((*t)->Insert(MakeKey(3), v, MemMeta{}, true).IsRejected());
+  EXPECT_TRUE((*t)->Insert(MakeKey(1), std::vector<uint8_t>(32, 2), MemMeta{}, true).ok());
+  EXPECT_EQ((*t)->GetStats().objects, 3u);
+  EXPECT_EQ((*t)->GetStats().objects_max, 3u);
+  ASSERT_TRUE((*t)->Remove(MakeKey(0)).ok());
+  EXPECT_TRUE((*t)->Insert(MakeKey(3), v, MemMeta{}, true).ok());
+  EXPECT_EQ((*t)->GetStats().objects, 3u);
+}
+
 TEST(MemoryTierArena, HbmAndDramRoundTripOnTheirArena) {
   for (Tier tier : {Tier::kHbm, Tier::kDram}) {
     for (bool use_cuda : {true, false}) {

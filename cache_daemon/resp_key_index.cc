@@ -336,6 +336,15 @@ bool RespKeyIndex::Contains(uint64_t tenant, const storage::Key& k) const {
   return t != keys_.end() && t->second.count(k) != 0;
 }
 
+bool RespKeyIndex::AtLimit(uint64_t tenant, const storage::Key& k, size_t name_bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto t = keys_.find(tenant);
+  if (t != keys_.end() && t->second.count(k) != 0) return false;
+  const size_t held = t == keys_.end() ? 0 : t->second.size();
+  return held >= keys_per_tenant_max_ ||
+         bytes_ + name_bytes + kEntryOverheadBytes > name_bytes_max_;
+}
+
 uint64_t RespKeyIndex::bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return bytes_;

@@ -143,6 +143,10 @@ class RespKeyIndex {
 
   size_t size(uint64_t tenant) const;
   bool Contains(uint64_t tenant, const storage::Key& k) const;
+  // Whether Add(tenant, k, name of name_bytes) would now hit a limit: k is not indexed and the
+  // tenant holds keys_per_tenant_max entries, or the name would take the index past
+  // name_bytes_max.
+  bool AtLimit(uint64_t tenant, const storage::Key& k, size_t name_bytes) const;
   uint64_t bytes() const;       // charged bytes of all entries
   uint64_t unindexed() const;   // Add() calls that hit a limit
   uint64_t log_errors() const;  // log appends, syncs and rewrites that failed

@@ -4,9 +4,11 @@
 #include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "cache_daemon/cluster_copies.h"
 #include "cluster/router.h"
+#include "common/clock.h"
 #include "common/endian.h"
 #include "common/key_spec.h"
 
@@ -488,6 +490,7 @@ Status Service::RespSetStage(const Tenant& t, std::string_view key, std::string_
   // The name first (durable, when the index is persisted, before the unit can be): a unit that
   // survives a restart is listed after it (docs/RESP.md "Names across restarts").
   job->indexed = false;
+  if (resp_index_.AtLimit(t.id, job->key, key.size())) PruneRespNames(t);
   KVTIER_RETURN_IF_ERROR(resp_index_.Add(t.id, job->key, key, &job->indexed, &job->name_seq));
   // A name the unit carries is durable with it (one sync for both): the put need not wait
   // for the log's sync. The log still got it first (its checkpoints rely on that).
@@ -638,6 +641,35 @@ uint64_t Service::RespScan(const Tenant& t, uint64_t cursor, size_t count,
     if (RespExistsImpl(store_, e.key)) (void)resp_index_.Add(t.id, e.key, e.name);
   }
   return next;
+}
+
+void Service::PruneRespNames(const Tenant& t) {
+  const uint64_t now_ms = DefaultSteadyClock().NowMs();
+  if (now_ms < resp_prune_quiet_until_ms_.load(std::memory_order_relaxed)) return;
+  // A random start (positions are 1..2^63, RespKeyIndex): over many prunes every name is met.
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  const uint64_t cursor = rng() / 2 + 1;
+  std::vector<RespKeyIndex::Entry> entries;
+  (void)resp_index_.Scan(t.id, cursor, kRespPruneEntries, &entries);
+  if (entries.size() < kRespPruneEntries) {
+    std::vector<RespKeyIndex::Entry> wrapped;  // past the last name: go on from the first
+    (void)resp_index_.Scan(t.id, 0, kRespPruneEntries - entries.size(), &wrapped);
+    for (auto& e : wrapped) entries.push_back(std::move(e));
+  }
+  size_t dropped = 0;
+  for (const RespKeyIndex::Entry& e : entries) {
+    if (RespExistsImpl(store_, e.key)) continue;
+    resp_index_.Remove(t.id, e.key);
+    // A SET racing with this removal may have found the entry still there (RespScan).
+    if (RespExistsImpl(store_, e.key)) {
+      (void)resp_index_.Add(t.id, e.key, e.name);
+    } else {
+      ++dropped;
+    }
+  }
+  if (dropped == 0) {
+    resp_prune_quiet_until_ms_.store(now_ms + kRespPruneQuietMs, std::memory_order_relaxed);
+  }
 }
 
 Status Service::RespFlush(const Tenant& t) { return DeleteTenant(t); }

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -237,6 +238,16 @@ class Service {
   void Trace(const char* op, const Tenant& t, std::span<const storage::Key> keys, uint64_t bytes,
              uint32_t unit_tokens);
   std::mutex& KeyLock(const storage::Key& k);
+  // The RESP name index at a limit may be full of names whose units the store has since
+  // evicted or expired (a name is dropped only when a SCAN meets it), and a new SET's name
+  // would then go unindexed: SCAN, KEYS and DBSIZE would miss a key the store holds. Before
+  // that, RespSetStage has this check kRespPruneEntries of the tenant's names from a random
+  // position and drop the gone ones (as RespScan does, looking again after each removal); after
+  // a sample with none gone it rests for kRespPruneQuietMs (an index full of live names).
+  void PruneRespNames(const Tenant& t);
+  static constexpr size_t kRespPruneEntries = 256;
+  static constexpr uint64_t kRespPruneQuietMs = 1000;
+  std::atomic<uint64_t> resp_prune_quiet_until_ms_{0};
 
   storage::TierManager* store_;
   cluster::Router* router_ = nullptr;

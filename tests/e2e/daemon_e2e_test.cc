@@ -8,6 +8,7 @@
 #include <fstream>
 #include <future>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "cache_daemon/client.h"
@@ -203,6 +204,75 @@ TEST_F(E2eTest, AFloodOfTinyValuesStopsAtTheObjectLimits) {
   EXPECT_EQ(gauge("kvtier_tier_objects_max{tier=\"ssd\"}"), kSsdObjectsMax);
   EXPECT_LE(gauge("kvtier_tier_objects{tier=\"dram\"}"), kDramObjectsMax);
   EXPECT_LE(gauge("kvtier_tier_objects{tier=\"ssd\"}"), kSsdObjectsMax);
+  EXPECT_EQ(d_->Stop(), 0);
+}
+
+// Churn fills the RESP name index with names of evicted keys (a name is dropped only when a
+// SCAN meets it). Before, every later SET's name went unindexed once it was full: after 20,000
+// SETs of distinct keys into a store of 1,000 objects, DBSIZE said 0 and SCAN listed nothing
+// while GET served the last 1,000 keys. A SET whose name would go unindexed now first drops
+// the gone names of a sample of the tenant's, so DBSIZE counts and SCAN lists every key the
+// store holds.
+TEST_F(E2eTest, DbsizeAndScanFindEveryLiveKeyAfterChurnFillsTheNameIndex) {
+  constexpr int kObjectsMax = 1000, kKeys = 20000;
+  d_->WriteConfig(
+      "[storage]\ndram_capacity_bytes = 8388608\ndram_objects_max = 500\n"
+      "ssd_capacity_bytes = 67108864\nssd_segment_bytes = 4194304\nssd_objects_max = " +
+      std::to_string(kObjectsMax) +
+      "\ndurability = \"batched\"\n[limits]\nresp_key_index_bytes_max = 262144\n");
+  ASSERT_TRUE(d_->Start()) << d_->Log();
+  const int fd = kt::ConnectTcp(d_->resp_port());
+  ASSERT_GE(fd, 0);
+  for (int base = 0; base < kKeys; base += 1000) {
+    std::string out;
+    for (int i = base; i < base + 1000; ++i) {
+      const std::string key = "churn:" + std::to_string(i);
+      out += "*3\r\n$3\r\nSET\r\n$" + std::to_string(key.size()) + "\r\n" + key + "\r\n$1\r\nv\r\n";
+    }
+    ASSERT_TRUE(kt::SendAllRaw(fd, out.data(), out.size()));
+    ASSERT_EQ(kt::RecvFor(fd, 5000, 10'000).size(), 5000u) << base;
+  }
+  // The store holds the last kObjectsMax keys (LRU).
+  const std::string dbsize = "*1\r\n$6\r\nDBSIZE\r\n";
+  ASSERT_TRUE(kt::SendAllRaw(fd, dbsize.data(), dbsize.size()));
+  EXPECT_EQ(kt::RecvFor(fd, 7, 5000), ":" + std::to_string(kObjectsMax) + "\r\n");
+  // SCAN to the end: every live key, each once.
+  std::set<std::string> listed;
+  std::string cursor = "0";
+  for (int step = 0; step < 10000; ++step) {
+    const std::string scan = "*4\r\n$4\r\nSCAN\r\n$" + std::to_string(cursor.size()) + "\r\n" +
+                             cursor + "\r\n$5\r\nCOUNT\r\n$4\r\n1000\r\n";
+    ASSERT_TRUE(kt::SendAllRaw(fd, scan.data(), scan.size()));
+    // *2\r\n$<n>\r\n<cursor>\r\n*<k>\r\n then k bulk strings: read until the reply parses.
+    std::string reply;
+    std::vector<std::string> names;
+    for (int wait = 0; wait < 100; ++wait) {
+      reply += kt::RecvFor(fd, 1, 100);
+      reply += kt::RecvFor(fd, 1 << 20, 20);
+      std::vector<std::string> lines;
+      for (size_t at = 0; at < reply.size();) {
+        const size_t end = reply.find("\r\n", at);
+        if (end == std::string::npos) break;
+        lines.push_back(reply.substr(at, end - at));
+        at = end + 2;
+      }
+      if (lines.size() < 4) continue;
+      const size_t n = std::stoul(lines[3].substr(1));
+      if (lines.size() < 4 + 2 * n) continue;
+      cursor = lines[2];
+      names.clear();
+      for (size_t i = 0; i < n; ++i) names.push_back(lines[5 + 2 * i]);
+      break;
+    }
+    for (const std::string& n : names) EXPECT_TRUE(listed.insert(n).second) << n;
+    if (cursor == "0") break;
+  }
+  EXPECT_EQ(cursor, "0");
+  EXPECT_EQ(listed.size(), static_cast<size_t>(kObjectsMax));
+  for (int i = kKeys - kObjectsMax; i < kKeys; ++i) {
+    EXPECT_TRUE(listed.count("churn:" + std::to_string(i))) << i;
+  }
+  ::close(fd);
   EXPECT_EQ(d_->Stop(), 0);
 }
 

@@ -125,7 +125,7 @@ Status SsdTier::Impl::Open() {
   // on a small disk: docs/format/ssd.md, "Free space for the index"). The manifest grows in
   // 1 MiB steps instead of 4; the WAL, preallocated at 1.1 memtables, is bounded below.
   options.manifest_preallocation_size = 1ull << 20;
-  // Memtables: 16 MiB (a 4 GiB tier's), a 64th of a smaller tier's capacity, at least 1 MiB.
+  // Memtables: a 64th of the tier's capacity, within [1 MiB, 16 MiB] (16 MiB from 1 GiB up).
   // The size bounds the WAL replayed after a crash (a clean close flushes it all).
   const uint64_t memtable_bytes =
       std::clamp<uint64_t>(o_.capacity_bytes / 64, 1ull << 20, 16ull << 20);

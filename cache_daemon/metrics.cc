@@ -348,6 +348,10 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
         "Times the SSD data disk's free space fell below ssd_disk_free_min_bytes (room for the "
         "index) and the SSD tier lowered its segment limit.",
         s.ssd_disk_free_shrinks);
+  p.One("kvtier_ssd_disk_full_open_drops_total", "counter",
+        "Segments deleted at start (oldest first, their units dropped) because the disk had no "
+        "room for the fresh segment a start appends to.",
+        s.ssd_disk_full_open_drops);
   if (s.ssd_disk_free_bytes != UINT64_MAX) {
     p.One("kvtier_ssd_disk_free_bytes", "gauge",
           "Free bytes on the SSD tier's data disk at its last check.", s.ssd_disk_free_bytes);

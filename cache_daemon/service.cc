@@ -391,6 +391,7 @@ std::string Service::StatsJson(const Tenant* t) const {
   j["ssd_relocated_bytes"] = s.ssd_relocated_bytes;
   j["ssd_disk_full_shrinks"] = s.ssd_disk_full_shrinks;
   j["ssd_disk_free_shrinks"] = s.ssd_disk_free_shrinks;
+  j["ssd_disk_full_open_drops"] = s.ssd_disk_full_open_drops;
   if (s.ssd_disk_free_bytes != UINT64_MAX) j["ssd_disk_free_bytes"] = s.ssd_disk_free_bytes;
   j["ssd_queue_depth"] = s.ssd_queue_depth;
   j["ssd_commits"] = s.ssd_commits;

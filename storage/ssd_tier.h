@@ -221,6 +221,9 @@ struct SsdStats {
   // limit (at a check, or instead of preparing a segment); the free space last read
   // (DeviceEnv::kNoFreeSpaceLimit: not read, or no such limit).
   uint64_t disk_free_shrinks = 0;
+  // Segments Open deleted (oldest first, their units dropped) because the disk had no room
+  // for the fresh segment a start appends to (ENOSPC).
+  uint64_t disk_full_open_drops = 0;
   uint64_t disk_free_bytes = DeviceEnv::kNoFreeSpaceLimit;
   // fdatasync calls made by commits; failed commits and the stage of the latest failure.
   uint64_t syncs = 0, commit_failures = 0;

@@ -250,9 +250,10 @@ struct Stats {
   uint64_t admission_budget_bytes = 0, admission_budget_window_ms = 0;
   uint64_t admission_budget_spent_bytes = 0;
   uint64_t compressed_bytes_saved = 0, segments_cleaned = 0, ssd_queue_depth = 0;
-  uint64_t ssd_relocated_bytes = 0;    // SsdStats::relocated_bytes
-  uint64_t ssd_disk_full_shrinks = 0;  // SsdStats::disk_full_shrinks
-  uint64_t ssd_disk_free_shrinks = 0;  // SsdStats::disk_free_shrinks
+  uint64_t ssd_relocated_bytes = 0;       // SsdStats::relocated_bytes
+  uint64_t ssd_disk_full_shrinks = 0;     // SsdStats::disk_full_shrinks
+  uint64_t ssd_disk_free_shrinks = 0;     // SsdStats::disk_free_shrinks
+  uint64_t ssd_disk_full_open_drops = 0;  // SsdStats::disk_full_open_drops
   // SsdStats::disk_free_bytes (UINT64_MAX, DeviceEnv::kNoFreeSpaceLimit: unknown, or no SSD
   // tier).
   uint64_t ssd_disk_free_bytes = UINT64_MAX;

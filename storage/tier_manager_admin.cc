@@ -132,6 +132,7 @@ Stats TierManagerImpl::GetStats() const {
     s.ssd_relocated_bytes = d.relocated_bytes;
     s.ssd_disk_full_shrinks = d.disk_full_shrinks;
     s.ssd_disk_free_shrinks = d.disk_free_shrinks;
+    s.ssd_disk_full_open_drops = d.disk_full_open_drops;
     s.ssd_disk_free_bytes = d.disk_free_bytes;
     s.ssd_commits = d.commits;
     s.ssd_syncs = d.syncs;

@@ -205,10 +205,10 @@ Status SsdTier::Impl::Open() {
   // a commit) were written but not committed: they are scanned and re-indexed. Empty later
   // segments (prepared, never written) are removed.
   uint32_t next_id = 1;
+  uint32_t durable_seg = 0;
   std::vector<std::pair<Key, IndexEntry>> found;
   if (!segments_.empty()) {
     next_id = segments_.rbegin()->first + 1;
-    uint32_t durable_seg = 0;
     uint64_t durable_off = 0;
     std::string de;
     if (db_->Get({}, meta_cf_, "durable_end", &de).ok() && de.size() == 12) {
@@ -259,10 +259,27 @@ Status SsdTier::Impl::Open() {
     ++stats_.recovered_records;
   }
 
-  // Appends always continue in a fresh segment, so a torn tail is never scanned again.
-  KVTIER_ASSIGN_OR_RETURN(auto dev, env_->Open(ssd::SegmentName(next_id), true));
-  KVTIER_RETURN_IF_ERROR(dev->Allocate(0, o_.segment_bytes));
-  KVTIER_RETURN_IF_ERROR(ZeroFillSegment(dev.get(), nullptr));
+  // Appends always continue in a fresh segment, so a torn tail is never scanned again. On a
+  // disk too full for it (ENOSPC: the daemon stopped with its disk full), the oldest segment
+  // gives way rather than the start failing: its file is deleted and its units dropped (the
+  // index load drops the entries of a missing segment, counted in dropped_on_recovery), as
+  // long as no record re-indexed above lies in it (those lie from durable_seg on).
+  std::shared_ptr<BlockDevice> dev;
+  while (true) {
+    Status st = OpenFreshSegment(next_id, &dev);
+    if (st.ok()) break;
+    (void)env_->Remove(ssd::SegmentName(next_id));
+    if (!IsNoSpace(st) || segments_.empty() || segments_.begin()->first >= durable_seg) return st;
+    const uint32_t oldest = segments_.begin()->first;
+    const uint64_t oldest_bytes = segments_.begin()->second->dev->Size();
+    segments_.erase(segments_.begin());
+    KVTIER_RETURN_IF_ERROR(env_->Remove(ssd::SegmentName(oldest)));
+    open_bytes_bound_ -= std::min(open_bytes_bound_, oldest_bytes);
+    ++stats_.disk_full_open_drops;
+    KVTIER_LOG(kWarn) << "ssd segment " << next_id << " not created at start: " << st.ToString()
+                      << "; the oldest segment (" << oldest
+                      << ") was deleted to make room, its units dropped";
+  }
   KVTIER_RETURN_IF_ERROR(env_->SyncDir());  // before a commit names the new segment
   active_ = std::make_shared<Segment>();
   active_->id = next_id;
@@ -284,6 +301,14 @@ Status SsdTier::Impl::Open() {
     WaitForIndexLoad();
   }
   return Status::Ok();
+}
+
+Status SsdTier::Impl::OpenFreshSegment(uint32_t id, std::shared_ptr<BlockDevice>* dev) {
+  KVTIER_ASSIGN_OR_RETURN(*dev, env_->Open(ssd::SegmentName(id), true));
+  Status st = (*dev)->Allocate(0, o_.segment_bytes);
+  if (st.ok()) st = ZeroFillSegment(dev->get(), nullptr);
+  if (!st.ok()) dev->reset();
+  return st;
 }
 
 uint64_t SsdTier::Impl::WalkRecords(

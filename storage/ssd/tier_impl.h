@@ -413,6 +413,9 @@ class SsdTier::Impl {
   // background_io_bytes_per_s; no waiting while a put waits for a segment. Unavailable when the
   // tier closes meanwhile.
   Status ZeroFillSegment(BlockDevice* dev, std::unique_lock<std::mutex>* lock);
+  // Open: creates, fallocates and (kSync) zero-fills segment `id`; *dev is null on error (the
+  // caller removes the file).
+  Status OpenFreshSegment(uint32_t id, std::shared_ptr<BlockDevice>* dev);
   // The segment to clean now, or nullptr (under mu_).
   std::shared_ptr<Segment> PickVictimLocked();
 

@@ -192,6 +192,41 @@ TEST_F(DiskFloorTest, AtItsSmallestTheTierRefusesPutsUntilTheDiskHasRoom) {
   CheckUnits(**ssd, units);
 }
 
+// A daemon that stopped with its disk full must start again: a start appends to a fresh
+// segment, and before, its fallocate's ENOSPC failed the whole start ("opening the store: no
+// space left on device", found on a tmpfs filled to 2 MB free). Now the oldest segment gives
+// way: its file is deleted and its units are dropped (misses, never wrong), every other unit
+// reads back exactly, and the tier goes on within what the disk holds.
+TEST_F(DiskFloorTest, AStartOnAFullDiskDropsTheOldestSegmentInsteadOfFailing) {
+  constexpr int kUnits = 500;  // ~5 segments of 1 MiB
+  {
+    auto ssd = SsdTier::Open(Options(dir_.path(), &disk_, 0));
+    ASSERT_TRUE(ssd.ok()) << ssd.status().ToString();
+    for (int i = 0; i < kUnits; ++i) ASSERT_TRUE(PutUnit(**ssd, i).ok()) << i;
+    ASSERT_TRUE((*ssd)->Flush().ok());
+  }
+  auto files = disk_.List();
+  ASSERT_TRUE(files.ok());
+  const size_t held = files->size();
+  ASSERT_GE(held, 4u);
+  disk_.SetFilesMax(held);  // the disk is full: not one more segment
+  auto ssd = SsdTier::Open(Options(dir_.path(), &disk_, 0));
+  ASSERT_TRUE(ssd.ok()) << ssd.status().ToString();
+  (*ssd)->WaitForIndexLoad();
+  SsdStats s = (*ssd)->GetStats();
+  EXPECT_EQ(s.disk_full_open_drops, 1u);
+  EXPECT_GT(s.dropped_on_recovery, 0u);
+  const int present = CheckUnits(**ssd, kUnits);
+  EXPECT_EQ(present, kUnits - static_cast<int>(s.dropped_on_recovery));
+  EXPECT_GT(present, kUnits / 2);
+  std::vector<uint8_t> out;
+  SsdMeta meta;
+  EXPECT_TRUE((*ssd)->Get(MakeKey(0), &out, &meta).IsNotFound());  // in the oldest segment
+  EXPECT_TRUE((*ssd)->Get(MakeKey(kUnits - 1), &out, &meta).ok());
+  for (int i = kUnits; i < kUnits + 300; ++i) ASSERT_TRUE(PutUnit(**ssd, i).ok()) << i;
+  CheckUnits(**ssd, kUnits + 300);
+}
+
 // The index's own share of the disk stays bounded: its meta column family takes a small write
 // per commit and never fills a memtable, so without max_total_wal_size every WAL since the
 // start stayed on disk (a 48 MiB disk held 23 MiB of WALs beside 1 MiB of tables). 100,000

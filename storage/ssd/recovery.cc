@@ -14,6 +14,10 @@ namespace kvtier::storage {
 
 namespace {
 
+// Free bytes the RocksDB index needs to open (its OPTIONS file, a new manifest and WAL, a few
+// KiB written; preallocation beyond is best effort).
+constexpr uint64_t kIndexOpenMinBytes = 1ull << 20;
+
 constexpr const char* kFormatName = "kvtier-ssd-1";
 
 }  // namespace
@@ -114,6 +118,17 @@ Status SsdTier::Impl::Open() {
   writer_thread_ = std::thread([this] { WriterLoop(); });
 
   // ---- RocksDB index ----
+  // RocksDB 7.8 opening on a disk with no room for its new WAL and manifest ends the process
+  // with an assertion of its own (probed: a tmpfs filled to 0 bytes free); a start then fails
+  // with an error that says what to do instead.
+  if (auto free = env_->FreeBytes(); free.ok() && *free < kIndexOpenMinBytes) {
+    return NoSpaceError("the disk under " + o_.dir + " has " + std::to_string(*free) +
+                        " bytes free; the SSD index needs at least " +
+                        std::to_string(kIndexOpenMinBytes) +
+                        " to open (a new WAL and manifest): free space on that disk (the "
+                        "oldest segment files under " +
+                        o_.dir + "/segments may be deleted, their units are then lost)");
+  }
   rocksdb::Options options;
   options.create_if_missing = true;
   options.create_missing_column_families = true;

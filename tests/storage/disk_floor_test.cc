@@ -227,6 +227,29 @@ TEST_F(DiskFloorTest, AStartOnAFullDiskDropsTheOldestSegmentInsteadOfFailing) {
   CheckUnits(**ssd, kUnits + 300);
 }
 
+// With no room at all (probed: a tmpfs filled to 0 bytes free), RocksDB 7.8 opening the
+// index ended kvtierd with an assertion of its own. Open now fails first with a no-space error
+// that says what to free; once there is room the same store opens with every unit.
+TEST_F(DiskFloorTest, AStartWithNoRoomForTheIndexFailsWithAnErrorNotAnAbort) {
+  {
+    auto ssd = SsdTier::Open(Options(dir_.path(), &disk_, 0));
+    ASSERT_TRUE(ssd.ok()) << ssd.status().ToString();
+    for (int i = 0; i < 50; ++i) ASSERT_TRUE(PutUnit(**ssd, i).ok()) << i;
+  }
+  disk_.SetDiskBytes(64 * kMiB);
+  disk_.SetOtherBytes(64 * kMiB);  // full
+  auto refused = SsdTier::Open(Options(dir_.path(), &disk_, 0));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(IsNoSpace(refused.status())) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("needs at least"), std::string::npos)
+      << refused.status().ToString();
+  disk_.SetOtherBytes(0);
+  auto ssd = SsdTier::Open(Options(dir_.path(), &disk_, 0));
+  ASSERT_TRUE(ssd.ok()) << ssd.status().ToString();
+  (*ssd)->WaitForIndexLoad();
+  EXPECT_EQ(CheckUnits(**ssd, 50), 50);
+}
+
 // The index's own share of the disk stays bounded: its meta column family takes a small write
 // per commit and never fills a memtable, so without max_total_wal_size every WAL since the
 // start stayed on disk (a 48 MiB disk held 23 MiB of WALs beside 1 MiB of tables). 100,000

@@ -345,6 +345,19 @@ bool RespKeyIndex::AtLimit(uint64_t tenant, const storage::Key& k, size_t name_b
          bytes_ + name_bytes + kEntryOverheadBytes > name_bytes_max_;
 }
 
+std::optional<uint64_t> RespKeyIndex::LargestTenantBesides(uint64_t besides) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<uint64_t> largest;
+  size_t most = 0;
+  for (const auto& [tenant, keys] : keys_) {
+    if (tenant != besides && keys.size() > most) {
+      most = keys.size();
+      largest = tenant;
+    }
+  }
+  return largest;
+}
+
 uint64_t RespKeyIndex::bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return bytes_;

@@ -147,6 +147,9 @@ class RespKeyIndex {
   // tenant holds keys_per_tenant_max entries, or the name would take the index past
   // name_bytes_max.
   bool AtLimit(uint64_t tenant, const storage::Key& k, size_t name_bytes) const;
+  // The tenant other than `tenant` with the most entries (nullopt: none): the one whose names
+  // fill the byte limit if `tenant`'s do not.
+  std::optional<uint64_t> LargestTenantBesides(uint64_t tenant) const;
   uint64_t bytes() const;       // charged bytes of all entries
   uint64_t unindexed() const;   // Add() calls that hit a limit
   uint64_t log_errors() const;  // log appends, syncs and rewrites that failed

@@ -491,7 +491,7 @@ Status Service::RespSetStage(const Tenant& t, std::string_view key, std::string_
   // The name first (durable, when the index is persisted, before the unit can be): a unit that
   // survives a restart is listed after it (docs/RESP.md "Names across restarts").
   job->indexed = false;
-  if (resp_index_.AtLimit(t.id, job->key, key.size())) PruneRespNames(t);
+  if (resp_index_.AtLimit(t.id, job->key, key.size())) PruneRespNames(t, job->key, key.size());
   KVTIER_RETURN_IF_ERROR(resp_index_.Add(t.id, job->key, key, &job->indexed, &job->name_seq));
   // A name the unit carries is durable with it (one sync for both): the put need not wait
   // for the log's sync. The log still got it first (its checkpoints rely on that).
@@ -644,33 +644,42 @@ uint64_t Service::RespScan(const Tenant& t, uint64_t cursor, size_t count,
   return next;
 }
 
-void Service::PruneRespNames(const Tenant& t) {
+void Service::PruneRespNames(const Tenant& t, const storage::Key& k, size_t name_bytes) {
   const uint64_t now_ms = DefaultSteadyClock().NowMs();
   if (now_ms < resp_prune_quiet_until_ms_.load(std::memory_order_relaxed)) return;
+  size_t dropped = PruneRespNamesOf(t.id);
+  if (resp_index_.AtLimit(t.id, k, name_bytes)) {
+    // Still no room: the byte limit all tenants share, filled by another's gone names perhaps.
+    if (auto other = resp_index_.LargestTenantBesides(t.id)) dropped += PruneRespNamesOf(*other);
+  }
+  if (dropped == 0) {
+    resp_prune_quiet_until_ms_.store(now_ms + kRespPruneQuietMs, std::memory_order_relaxed);
+  }
+}
+
+size_t Service::PruneRespNamesOf(uint64_t tenant) {
   // A random start (positions are 1..2^63, RespKeyIndex): over many prunes every name is met.
   thread_local std::mt19937_64 rng{std::random_device{}()};
   const uint64_t cursor = rng() / 2 + 1;
   std::vector<RespKeyIndex::Entry> entries;
-  (void)resp_index_.Scan(t.id, cursor, kRespPruneEntries, &entries);
+  (void)resp_index_.Scan(tenant, cursor, kRespPruneEntries, &entries);
   if (entries.size() < kRespPruneEntries) {
     std::vector<RespKeyIndex::Entry> wrapped;  // past the last name: go on from the first
-    (void)resp_index_.Scan(t.id, 0, kRespPruneEntries - entries.size(), &wrapped);
+    (void)resp_index_.Scan(tenant, 0, kRespPruneEntries - entries.size(), &wrapped);
     for (auto& e : wrapped) entries.push_back(std::move(e));
   }
   size_t dropped = 0;
   for (const RespKeyIndex::Entry& e : entries) {
     if (RespExistsImpl(store_, e.key)) continue;
-    resp_index_.Remove(t.id, e.key);
+    resp_index_.Remove(tenant, e.key);
     // A SET racing with this removal may have found the entry still there (RespScan).
     if (RespExistsImpl(store_, e.key)) {
-      (void)resp_index_.Add(t.id, e.key, e.name);
+      (void)resp_index_.Add(tenant, e.key, e.name);
     } else {
       ++dropped;
     }
   }
-  if (dropped == 0) {
-    resp_prune_quiet_until_ms_.store(now_ms + kRespPruneQuietMs, std::memory_order_relaxed);
-  }
+  return dropped;
 }
 
 Status Service::RespFlush(const Tenant& t) { return DeleteTenant(t); }

@@ -242,9 +242,13 @@ class Service {
   // evicted or expired (a name is dropped only when a SCAN meets it), and a new SET's name
   // would then go unindexed: SCAN, KEYS and DBSIZE would miss a key the store holds. Before
   // that, RespSetStage has this check kRespPruneEntries of the tenant's names from a random
-  // position and drop the gone ones (as RespScan does, looking again after each removal); after
-  // a sample with none gone it rests for kRespPruneQuietMs (an index full of live names).
-  void PruneRespNames(const Tenant& t);
+  // position and drop the gone ones (as RespScan does, looking again after each removal), and
+  // when the name still would not fit, as many of the largest other tenant's (whose gone names
+  // may fill the byte limit all tenants share); after a call that dropped none it rests for
+  // kRespPruneQuietMs (an index full of live names).
+  void PruneRespNames(const Tenant& t, const storage::Key& k, size_t name_bytes);
+  // One sample of `tenant`'s names (above); returns how many were dropped.
+  size_t PruneRespNamesOf(uint64_t tenant);
   static constexpr size_t kRespPruneEntries = 256;
   static constexpr uint64_t kRespPruneQuietMs = 1000;
   std::atomic<uint64_t> resp_prune_quiet_until_ms_{0};

@@ -276,6 +276,60 @@ TEST_F(E2eTest, DbsizeAndScanFindEveryLiveKeyAfterChurnFillsTheNameIndex) {
   EXPECT_EQ(d_->Stop(), 0);
 }
 
+// The name index's byte limit is shared by all tenants: bob's churn fills it with names of
+// keys the store then evicts for alice's, and bob never SCANs. Alice's SETs must still be
+// indexed: when pruning her own names frees nothing, the largest tenant's (bob's) gone names
+// are pruned. Before, DBSIZE and SCAN of alice's missed most of her 1,000 live keys.
+TEST_F(E2eTest, OneTenantsGoneNamesDoNotCrowdOutAnothersLiveKeys) {
+  constexpr int kObjectsMax = 1000;
+  WriteTokens();
+  d_->WriteConfig("[auth]\ntokens_file = \"" + (dir_ / "tokens.toml").string() +
+                  "\"\n[storage]\ndram_capacity_bytes = 8388608\ndram_objects_max = 500\n"
+                  "ssd_capacity_bytes = 67108864\nssd_segment_bytes = 4194304\nssd_objects_max = " +
+                  std::to_string(kObjectsMax) +
+                  "\ndurability = \"batched\"\n[limits]\nresp_key_index_bytes_max = 262144\n");
+  ASSERT_TRUE(d_->Start()) << d_->Log();
+  auto connect = [&](const std::string& token) {
+    const int fd = kt::ConnectTcp(d_->resp_port());
+    EXPECT_GE(fd, 0);
+    const std::string auth =
+        "*2\r\n$4\r\nAUTH\r\n$" + std::to_string(token.size()) + "\r\n" + token + "\r\n";
+    EXPECT_TRUE(kt::SendAllRaw(fd, auth.data(), auth.size()));
+    EXPECT_EQ(kt::RecvFor(fd, 5, 5000), "+OK\r\n");
+    return fd;
+  };
+  auto set_keys = [&](int fd, const std::string& prefix, int count) {
+    for (int base = 0; base < count; base += 500) {
+      std::string out;
+      for (int i = base; i < base + 500; ++i) {
+        const std::string key = prefix + std::to_string(i);
+        out +=
+            "*3\r\n$3\r\nSET\r\n$" + std::to_string(key.size()) + "\r\n" + key + "\r\n$1\r\nv\r\n";
+      }
+      ASSERT_TRUE(kt::SendAllRaw(fd, out.data(), out.size()));
+      ASSERT_EQ(kt::RecvFor(fd, 2500, 10'000).size(), 2500u) << prefix << base;
+    }
+  };
+  const int bob = connect("bob-token"), alice = connect("alice-token");
+  ASSERT_NO_FATAL_FAILURE(set_keys(bob, "bob:", 3000));
+  ASSERT_NO_FATAL_FAILURE(set_keys(alice, "alice:", kObjectsMax));
+  // The store holds alice's 1,000 keys (the newest); her DBSIZE counts them all.
+  const std::string dbsize = "*1\r\n$6\r\nDBSIZE\r\n";
+  ASSERT_TRUE(kt::SendAllRaw(alice, dbsize.data(), dbsize.size()));
+  EXPECT_EQ(kt::RecvFor(alice, 7, 5000), ":" + std::to_string(kObjectsMax) + "\r\n");
+  if (HasFailure()) {
+    const std::string m = kt::HttpRequest(d_->http_port(), "GET", "/metrics");
+    for (const char* series : {"kvtier_resp_keys_unindexed_total ", "kvtier_tier_objects{tier=\"ssd\"} ",
+                               "kvtier_resp_key_index_bytes "}) {
+      const size_t at = m.find(std::string("\n") + series);
+      if (at != std::string::npos) std::fprintf(stderr, "%s\n", m.substr(at, 60).c_str());
+    }
+  }
+  ::close(alice);
+  ::close(bob);
+  EXPECT_EQ(d_->Stop(), 0);
+}
+
 TEST_F(E2eTest, AFullDescriptorTablePausesAcceptsInsteadOfSpinning) {
   KVTIER_SKIP_WITHOUT_DESCRIPTORS_UNDER_UBSAN();
   constexpr uint64_t kOpenFilesMax = 96;

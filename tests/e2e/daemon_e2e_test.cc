@@ -45,6 +45,29 @@ std::vector<uint8_t> UnitValue(const Key& k, size_t n) {
 
 constexpr size_t kUnitBytes = 57000;
 
+// Sends SET <prefix><i> <value> for i in [first, first + count) on a RESP connection,
+// pipelined 1,000 at a time, and checks that every one is answered +OK.
+void PipelinedSets(int fd, const std::string& prefix, int first, int count,
+                   const std::string& value) {
+  constexpr int kBatch = 1000;
+  for (int base = first; base < first + count; base += kBatch) {
+    const int end = std::min(first + count, base + kBatch);
+    std::string out;
+    for (int i = base; i < end; ++i) {
+      const std::string key = prefix + std::to_string(i);
+      out += "*3\r\n$3\r\nSET\r\n$" + std::to_string(key.size()) + "\r\n" + key + "\r\n$" +
+             std::to_string(value.size()) + "\r\n" + value + "\r\n";
+    }
+    ASSERT_TRUE(kt::SendAllRaw(fd, out.data(), out.size()));
+    const size_t want = static_cast<size_t>(end - base) * 5;
+    const std::string got = kt::RecvFor(fd, want, 10'000);
+    ASSERT_EQ(got.size(), want) << prefix << base << ": " << got.substr(0, 200);
+    for (size_t at = 0; at < got.size(); at += 5) {
+      ASSERT_EQ(got.substr(at, 5), "+OK\r\n") << prefix << base << " at " << at;
+    }
+  }
+}
+
 std::string Config(const std::string& extra = "") {
   return "[storage]\ndram_capacity_bytes = 16777216\nssd_capacity_bytes = 268435456\n"
          "ssd_segment_bytes = 16777216\n"
@@ -164,24 +187,9 @@ TEST_F(E2eTest, AFloodOfTinyValuesStopsAtTheObjectLimits) {
   ASSERT_TRUE(d_->Start()) << d_->Log();
   const int fd = kt::ConnectTcp(d_->resp_port());
   ASSERT_GE(fd, 0);
-  constexpr int kBatch = 1000;
-  int next = 0;
-  auto set_batch = [&] {
-    std::string out;
-    for (int i = 0; i < kBatch; ++i, ++next) {
-      const std::string key = "tiny:" + std::to_string(next);
-      out += "*3\r\n$3\r\nSET\r\n$" + std::to_string(key.size()) + "\r\n" + key +
-             "\r\n$16\r\n0123456789abcdef\r\n";
-    }
-    ASSERT_TRUE(kt::SendAllRaw(fd, out.data(), out.size()));
-    const std::string want(static_cast<size_t>(kBatch) * 5, ' ');
-    std::string got = kt::RecvFor(fd, want.size(), 10'000);
-    ASSERT_EQ(got.size(), want.size()) << got.substr(0, 200);
-    for (size_t at = 0; at < got.size(); at += 5) ASSERT_EQ(got.substr(at, 5), "+OK\r\n") << at;
-  };
-  for (int b = 0; b < 100; ++b) ASSERT_NO_FATAL_FAILURE(set_batch());
+  ASSERT_NO_FATAL_FAILURE(PipelinedSets(fd, "tiny:", 0, 100'000, "0123456789abcdef"));
   const uint64_t rss_at_100k = d_->RssBytes();
-  for (int b = 0; b < 100; ++b) ASSERT_NO_FATAL_FAILURE(set_batch());
+  ASSERT_NO_FATAL_FAILURE(PipelinedSets(fd, "tiny:", 100'000, 100'000, "0123456789abcdef"));
   const uint64_t rss_at_200k = d_->RssBytes();
   std::fprintf(stderr, "kvtierd RSS %llu MiB after 100,000 SETs, %llu MiB after 200,000\n",
                static_cast<unsigned long long>(rss_at_100k >> 20),
@@ -223,15 +231,7 @@ TEST_F(E2eTest, DbsizeAndScanFindEveryLiveKeyAfterChurnFillsTheNameIndex) {
   ASSERT_TRUE(d_->Start()) << d_->Log();
   const int fd = kt::ConnectTcp(d_->resp_port());
   ASSERT_GE(fd, 0);
-  for (int base = 0; base < kKeys; base += 1000) {
-    std::string out;
-    for (int i = base; i < base + 1000; ++i) {
-      const std::string key = "churn:" + std::to_string(i);
-      out += "*3\r\n$3\r\nSET\r\n$" + std::to_string(key.size()) + "\r\n" + key + "\r\n$1\r\nv\r\n";
-    }
-    ASSERT_TRUE(kt::SendAllRaw(fd, out.data(), out.size()));
-    ASSERT_EQ(kt::RecvFor(fd, 5000, 10'000).size(), 5000u) << base;
-  }
+  ASSERT_NO_FATAL_FAILURE(PipelinedSets(fd, "churn:", 0, kKeys, "v"));
   // The store holds the last kObjectsMax keys (LRU).
   const std::string dbsize = "*1\r\n$6\r\nDBSIZE\r\n";
   ASSERT_TRUE(kt::SendAllRaw(fd, dbsize.data(), dbsize.size()));
@@ -298,29 +298,18 @@ TEST_F(E2eTest, OneTenantsGoneNamesDoNotCrowdOutAnothersLiveKeys) {
     EXPECT_EQ(kt::RecvFor(fd, 5, 5000), "+OK\r\n");
     return fd;
   };
-  auto set_keys = [&](int fd, const std::string& prefix, int count) {
-    for (int base = 0; base < count; base += 500) {
-      std::string out;
-      for (int i = base; i < base + 500; ++i) {
-        const std::string key = prefix + std::to_string(i);
-        out +=
-            "*3\r\n$3\r\nSET\r\n$" + std::to_string(key.size()) + "\r\n" + key + "\r\n$1\r\nv\r\n";
-      }
-      ASSERT_TRUE(kt::SendAllRaw(fd, out.data(), out.size()));
-      ASSERT_EQ(kt::RecvFor(fd, 2500, 10'000).size(), 2500u) << prefix << base;
-    }
-  };
   const int bob = connect("bob-token"), alice = connect("alice-token");
-  ASSERT_NO_FATAL_FAILURE(set_keys(bob, "bob:", 3000));
-  ASSERT_NO_FATAL_FAILURE(set_keys(alice, "alice:", kObjectsMax));
+  ASSERT_NO_FATAL_FAILURE(PipelinedSets(bob, "bob:", 0, 3000, "v"));
+  ASSERT_NO_FATAL_FAILURE(PipelinedSets(alice, "alice:", 0, kObjectsMax, "v"));
   // The store holds alice's 1,000 keys (the newest); her DBSIZE counts them all.
   const std::string dbsize = "*1\r\n$6\r\nDBSIZE\r\n";
   ASSERT_TRUE(kt::SendAllRaw(alice, dbsize.data(), dbsize.size()));
   EXPECT_EQ(kt::RecvFor(alice, 7, 5000), ":" + std::to_string(kObjectsMax) + "\r\n");
   if (HasFailure()) {
     const std::string m = kt::HttpRequest(d_->http_port(), "GET", "/metrics");
-    for (const char* series : {"kvtier_resp_keys_unindexed_total ", "kvtier_tier_objects{tier=\"ssd\"} ",
-                               "kvtier_resp_key_index_bytes "}) {
+    for (const char* series :
+         {"kvtier_resp_keys_unindexed_total ", "kvtier_tier_objects{tier=\"ssd\"} ",
+          "kvtier_resp_key_index_bytes "}) {
       const size_t at = m.find(std::string("\n") + series);
       if (at != std::string::npos) std::fprintf(stderr, "%s\n", m.substr(at, 60).c_str());
     }

@@ -632,16 +632,19 @@ uint64_t Service::RespScan(const Tenant& t, uint64_t cursor, size_t count,
   uint64_t next = resp_index_.Scan(t.id, cursor, count, &entries);
   for (RespKeyIndex::Entry& e : entries) {
     if (want && !want(e.name)) continue;
-    if (RespExistsImpl(store_, e.key)) {
-      names->push_back(std::move(e.name));
-      continue;
-    }
-    resp_index_.Remove(t.id, e.key);
-    // A SET racing with this removal may have found the entry still there: look again, so a
-    // key the store holds is never left out of the index by this pruning.
-    if (RespExistsImpl(store_, e.key)) (void)resp_index_.Add(t.id, e.key, e.name);
+    if (!DropNameIfGone(t.id, e)) names->push_back(std::move(e.name));
   }
   return next;
+}
+
+bool Service::DropNameIfGone(uint64_t tenant, const RespKeyIndex::Entry& e) {
+  if (RespExistsImpl(store_, e.key)) return false;
+  resp_index_.Remove(tenant, e.key);
+  // A SET racing with this removal may have found the entry still there: look again, so a
+  // key the store holds is never left out of the index by this pruning.
+  if (!RespExistsImpl(store_, e.key)) return true;
+  (void)resp_index_.Add(tenant, e.key, e.name);
+  return false;
 }
 
 void Service::PruneRespNames(const Tenant& t, const storage::Key& k, size_t name_bytes) {
@@ -669,16 +672,7 @@ size_t Service::PruneRespNamesOf(uint64_t tenant) {
     for (auto& e : wrapped) entries.push_back(std::move(e));
   }
   size_t dropped = 0;
-  for (const RespKeyIndex::Entry& e : entries) {
-    if (RespExistsImpl(store_, e.key)) continue;
-    resp_index_.Remove(tenant, e.key);
-    // A SET racing with this removal may have found the entry still there (RespScan).
-    if (RespExistsImpl(store_, e.key)) {
-      (void)resp_index_.Add(tenant, e.key, e.name);
-    } else {
-      ++dropped;
-    }
-  }
+  for (const RespKeyIndex::Entry& e : entries) dropped += DropNameIfGone(tenant, e) ? 1 : 0;
   return dropped;
 }
 

@@ -249,6 +249,9 @@ class Service {
   void PruneRespNames(const Tenant& t, const storage::Key& k, size_t name_bytes);
   // One sample of `tenant`'s names (above); returns how many were dropped.
   size_t PruneRespNamesOf(uint64_t tenant);
+  // Drops e's name when the store no longer holds its unit and returns true; false (the name
+  // kept, or given back) when the store holds it, also when a SET put it back meanwhile.
+  bool DropNameIfGone(uint64_t tenant, const RespKeyIndex::Entry& e);
   static constexpr size_t kRespPruneEntries = 256;
   static constexpr uint64_t kRespPruneQuietMs = 1000;
   std::atomic<uint64_t> resp_prune_quiet_until_ms_{0};

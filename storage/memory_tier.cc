@@ -466,10 +466,7 @@ class MemoryTier::Impl {
       st.used_bytes = used_bytes_;
       st.chunk_bytes = alloc_->used();
     }
-    for (const Shard& s : shards_) {
-      std::lock_guard lock(s.mu);
-      st.objects += s.map.size();
-    }
+    st.objects = objects_.load(std::memory_order_relaxed);
     st.hits = hits_.load();
     st.evictions = evictions_.load();
     st.bytes_read = bytes_read_.load();
@@ -517,7 +514,8 @@ class MemoryTier::Impl {
   mutable std::mutex alloc_mu_;
   std::unique_ptr<SlabAllocator> alloc_;
   uint64_t used_bytes_ = 0;
-  // Objects in the shards' maps (checked against objects_max before an insert allocates).
+  // Objects in the shards' maps (checked against objects_max before an insert allocates;
+  // GetStats reports it).
   std::atomic<uint64_t> objects_{0};
   std::vector<Shard> shards_;
   std::mutex policy_mu_;

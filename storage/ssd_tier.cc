@@ -279,8 +279,9 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
   // Make room: the previous version of the key no longer counts; then evict by policy.
   uint64_t live = 0;
   for (const auto& [id, seg] : segments_) live += seg->live_bytes;
-  const bool new_key = map_.find(key) == map_.end();
-  if (!new_key) live -= LiveCost(map_.find(key)->second);
+  const auto held = map_.find(key);
+  const bool new_key = held == map_.end();
+  if (!new_key) live -= LiveCost(held->second);
   auto over = [&] {
     return live + need > LiveLimit() ||
            (new_key && o_.objects_max > 0 && map_.size() >= o_.objects_max);

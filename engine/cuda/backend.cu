@@ -132,9 +132,24 @@ Status EnsureStaging(float** buf, size_t* cap, size_t bytes) {
 
 }  // namespace
 
+const char* CudaMatMulKernelName(CudaMatMulKernel k) {
+  switch (k) {
+    case CudaMatMulKernel::kAuto:
+      return "auto";
+    case CudaMatMulKernel::kTile16:
+      return "tile16";
+    case CudaMatMulKernel::kRegTile64:
+      return "regtile64";
+    case CudaMatMulKernel::kFewRows:
+      return "fewrows";
+  }
+  return "?";
+}
+
 Status CudaMatMulDeviceStatus() { return kernels::CudaDeviceStatus(); }
 
-Status CudaMatMul(const float* x, int rows, int in, const float* w, int out, float* y) {
+Status CudaMatMul(const float* x, int rows, int in, const float* w, int out, float* y,
+                  CudaMatMulKernel kernel) {
   KVTIER_RETURN_IF_ERROR(CudaMatMulDeviceStatus());
   if (rows <= 0 || out <= 0) return Status::Ok();
   if (in < 0) return Status::InvalidArgument("negative inner dimension");
@@ -158,7 +173,7 @@ Status CudaMatMul(const float* x, int rows, int in, const float* w, int out, flo
     cudaError_t err =
         cudaMemcpy(s.d_x, x + static_cast<size_t>(t0) * in, xb, cudaMemcpyHostToDevice);
     if (err != cudaSuccess) return CudaError("memcpy", err);
-    err = LaunchMatMul(s.d_x, n, in, d_w, out, s.d_y, 0);
+    err = LaunchMatMul(s.d_x, n, in, d_w, out, s.d_y, 0, kernel);
     if (err != cudaSuccess) return CudaError("launch", err);
     err = cudaMemcpy(y + static_cast<size_t>(t0) * out, s.d_y, yb, cudaMemcpyDeviceToHost);
     if (err != cudaSuccess) return CudaError("memcpy", err);

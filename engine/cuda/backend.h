@@ -27,14 +27,20 @@ inline constexpr size_t kCudaActivationBytesMax = size_t{64} << 20;
 // Elements compared on every cache hit to detect a host buffer reused for other data.
 inline constexpr int kCudaWeightFingerprintSamples = 64;
 
+// The CUDA MatMul kernels (engine/cuda/matmul.cuh): all give the same bits; kAuto picks by shape.
+enum class CudaMatMulKernel { kAuto, kTile16, kRegTile64, kFewRows };
+const char* CudaMatMulKernelName(CudaMatMulKernel k);
+
 // Ok when a CUDA device is usable; Unavailable otherwise. Checked once, then cached.
 Status CudaMatMulDeviceStatus();
 
 // Y = X W^T in the order of engine/matmul.h, bit-identical to engine::MatMulCpu. Host pointers.
 // Returns Rejected (nothing written) when one weight matrix, or one row's activations, exceed
 // the limits above; Unavailable without a device; Internal on a CUDA error. On any error y is
-// unspecified and the caller must compute it on the CPU.
-Status CudaMatMul(const float* x, int rows, int in, const float* w, int out, float* y);
+// unspecified and the caller must compute it on the CPU. `kernel` chooses the kernel (tests and
+// benchmarks compare them; the engine takes kAuto).
+Status CudaMatMul(const float* x, int rows, int in, const float* w, int out, float* y,
+                  CudaMatMulKernel kernel = CudaMatMulKernel::kAuto);
 
 // Frees every cached device weight copy (e.g. before the host weights are freed).
 void CudaReleaseWeightCache();

@@ -57,28 +57,60 @@ TEST(EngineCuda, MatMulBitIdenticalToCpuOverShapes) {
   struct Shape {
     int rows, in, out;
   };
-  // Tails (in % 8 != 0), in < 8, single rows/columns, and shapes above the dispatch threshold.
-  std::vector<Shape> shapes = {{1, 1, 1},     {1, 7, 3},      {3, 8, 5},     {2, 9, 17},
-                               {5, 15, 33},   {1, 64, 64},    {4, 100, 257}, {7, 129, 31},
-                               {1, 1023, 65}, {16, 256, 513}, {33, 77, 300}, {2, 2049, 128}};
+  // Tails (in % 8 != 0), in < 8, single rows/columns, shapes above the dispatch threshold, and
+  // rows and outputs on either side of every kernel's tile edges (8, 16, 64).
+  std::vector<Shape> shapes = {{1, 1, 1},
+                               {1, 7, 3},
+                               {3, 8, 5},
+                               {2, 9, 17},
+                               {5, 15, 33},
+                               {1, 64, 64},
+                               {4, 100, 257},
+                               {7, 129, 31},
+                               {1, 1023, 65},
+                               {16, 256, 513},
+                               {33, 77, 300},
+                               {2, 2049, 128},
+                               {8, 31, 64},
+                               {9, 33, 65},
+                               {64, 16, 64},
+                               {65, 17, 63},
+                               {127, 40, 129},
+                               {130, 300, 70},
+                               {200, 257, 130},
+                               // kFewRows's (in % 4 == 0, rows <= 8): slices of 112, tails.
+                               {1, 4, 1},
+                               {5, 112, 33},
+                               {8, 116, 31},
+                               {1, 224, 64},
+                               {3, 452, 97},
+                               {1, 4096, 40},
+                               {6, 1000, 65}};
   for (int i = 0; i < 20; ++i) {
-    shapes.push_back({1 + static_cast<int>(rng() % 40), 1 + static_cast<int>(rng() % 600),
+    shapes.push_back({1 + static_cast<int>(rng() % 150), 1 + static_cast<int>(rng() % 600),
                       1 + static_cast<int>(rng() % 300)});
   }
+  const cuda::CudaMatMulKernel kernels[] = {
+      cuda::CudaMatMulKernel::kAuto, cuda::CudaMatMulKernel::kTile16,
+      cuda::CudaMatMulKernel::kRegTile64, cuda::CudaMatMulKernel::kFewRows};
   for (const Shape& s : shapes) {
     const auto x = RandomFloats(static_cast<size_t>(s.rows) * s.in, &rng);
     const auto w = RandomFloats(static_cast<size_t>(s.out) * s.in, &rng);
     std::vector<float> cpu(static_cast<size_t>(s.rows) * s.out, -1.0f);
-    std::vector<float> gpu(cpu.size(), -2.0f);
     MatMulCpu(nullptr, x.data(), s.rows, s.in, w.data(), s.out, cpu.data());
-    const Status st = cuda::CudaMatMul(x.data(), s.rows, s.in, w.data(), s.out, gpu.data());
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    for (size_t k = 0; k < cpu.size(); ++k) {
-      uint32_t a, b;
-      std::memcpy(&a, &cpu[k], 4);
-      std::memcpy(&b, &gpu[k], 4);
-      ASSERT_EQ(a, b) << "shape " << s.rows << "x" << s.in << "->" << s.out << " element " << k
-                      << ": cpu " << cpu[k] << " gpu " << gpu[k];
+    for (const cuda::CudaMatMulKernel kernel : kernels) {
+      std::vector<float> gpu(cpu.size(), -2.0f);
+      const Status st =
+          cuda::CudaMatMul(x.data(), s.rows, s.in, w.data(), s.out, gpu.data(), kernel);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      for (size_t k = 0; k < cpu.size(); ++k) {
+        uint32_t a, b;
+        std::memcpy(&a, &cpu[k], 4);
+        std::memcpy(&b, &gpu[k], 4);
+        ASSERT_EQ(a, b) << cuda::CudaMatMulKernelName(kernel) << " shape " << s.rows << "x" << s.in
+                        << "->" << s.out << " element " << k << ": cpu " << cpu[k] << " gpu "
+                        << gpu[k];
+      }
     }
   }
   // Same host buffer, new contents, same shape: the weight cache must notice and re-upload.

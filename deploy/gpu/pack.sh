@@ -29,7 +29,10 @@ BINARIES=(
   tests/storage/kvtier_storage_test
   engine/kvtier-engine
   bench/engine/kvtier_bench_forward_batch
+  bench/engine/kvtier_bench_cuda_matmul
   bench/resume/kvtier_resume_bench
+  bench/speculative/kvtier_spec_bench
+  bench/speculative/kvtier_spec_engram_bench
   cache_daemon/kvtierd
 )
 PACK_BYTES_MAX=$((44 << 20))  # the device tool carries 64 MiB in all, the checkout (~13 MB) included

@@ -187,6 +187,39 @@ struct DeviceShape {
   }
 };
 
+// Median times of cuBLAS (when loaded; else -1) and of three kernels on one shape, weights
+// rotating over d's copies; each kernel's output is first checked against the CPU chain.
+struct Timings {
+  double cublas_ms = -1;
+  double kernel_ms[3] = {0, 0, 0};
+};
+
+Timings Measure(const Cublas* cublas, const DeviceShape& d, const Shape& s,
+                const CudaMatMulKernel (&kernels)[3], double min_ms, bool* exact) {
+  Timings t;
+  if (cublas != nullptr) {
+    t.cublas_ms = MedianMs(
+        [&](int rep) {
+          if (!cublas->Run(d.x, s.rows, s.in, d.w[rep % d.w.size()], s.out, d.y)) {
+            std::fprintf(stderr, "cublasSgemm failed\n");
+            std::exit(2);
+          }
+        },
+        min_ms);
+  }
+  for (int i = 0; i < 3; ++i) {
+    auto launch = [&](int rep) {
+      CHECK_CUDA(LaunchMatMul(d.x, s.rows, s.in, d.w[rep % d.w.size()], s.out, d.y, 0, kernels[i]));
+    };
+    d.Poison(s);
+    launch(0);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    *exact = BitExact(d.host_x, d.host_w, s, d.y) && *exact;
+    t.kernel_ms[i] = MedianMs(launch, min_ms);
+  }
+  return t;
+}
+
 int Main(int argc, char** argv) {
   double min_ms = 200;
   bool quick = false;
@@ -230,9 +263,7 @@ int Main(int argc, char** argv) {
   if (!have_cublas) std::printf("cuBLAS not found: the peer columns read \"-\"\n");
 
   bool exact = true;
-  auto launch = [](const DeviceShape& d, const Shape& s, CudaMatMulKernel k, int rep) {
-    CHECK_CUDA(LaunchMatMul(d.x, s.rows, s.in, d.w[rep % d.w.size()], s.out, d.y, 0, k));
-  };
+  const Cublas* peer = have_cublas ? &cublas : nullptr;
 
   // 2. Prefill.
   std::printf("\nprefill: GFLOP/s, ratio = cuBLAS SGEMM time / kernel time\n");
@@ -242,27 +273,12 @@ int Main(int argc, char** argv) {
     if (quick && s.rows * int64_t{s.in} * s.out > (int64_t{1} << 30)) continue;
     DeviceShape d(s, 1);
     const double flop = 2.0 * s.rows * s.in * s.out;
-    double cublas_ms = -1;
-    if (have_cublas) {
-      cublas_ms = MedianMs(
-          [&](int) {
-            if (!cublas.Run(d.x, s.rows, s.in, d.w[0], s.out, d.y)) {
-              std::fprintf(stderr, "cublasSgemm failed\n");
-              std::exit(2);
-            }
-          },
-          min_ms);
-    }
-    double kernel_ms[3] = {0, 0, 0};
-    const CudaMatMulKernel kernels[3] = {CudaMatMulKernel::kTile16, CudaMatMulKernel::kRegTile64,
-                                         CudaMatMulKernel::kAuto};
-    for (int i = 0; i < 3; ++i) {
-      d.Poison(s);
-      launch(d, s, kernels[i], 0);
-      CHECK_CUDA(cudaDeviceSynchronize());
-      exact = BitExact(d.host_x, d.host_w, s, d.y) && exact;
-      kernel_ms[i] = MedianMs([&](int rep) { launch(d, s, kernels[i], rep); }, min_ms);
-    }
+    const Timings t =
+        Measure(peer, d, s,
+                {CudaMatMulKernel::kTile16, CudaMatMulKernel::kRegTile64, CudaMatMulKernel::kAuto},
+                min_ms, &exact);
+    const double cublas_ms = t.cublas_ms;
+    const double* kernel_ms = t.kernel_ms;
     auto gflops = [&](double ms) { return ms > 0 ? flop / (ms * 1e-3) / 1e9 : 0.0; };
     char c[32] = "-", r16[16] = "-", rreg[16] = "-";
     if (cublas_ms > 0) {
@@ -286,24 +302,12 @@ int Main(int argc, char** argv) {
     const int copies =
         mini ? 1 : std::max(1, static_cast<int>(2.0 * prop.l2CacheSize / wbytes) + 1);
     DeviceShape d(s, copies);
-    double cublas_ms = -1;
-    if (have_cublas) {
-      cublas_ms = MedianMs(
-          [&](int rep) {
-            if (!cublas.Run(d.x, s.rows, s.in, d.w[rep % d.w.size()], s.out, d.y)) std::exit(2);
-          },
-          min_ms);
-    }
-    double kernel_ms[3] = {0, 0, 0};
-    const CudaMatMulKernel kernels[3] = {CudaMatMulKernel::kTile16, CudaMatMulKernel::kFewRows,
-                                         CudaMatMulKernel::kAuto};
-    for (int i = 0; i < 3; ++i) {
-      d.Poison(s);
-      launch(d, s, kernels[i], 0);
-      CHECK_CUDA(cudaDeviceSynchronize());
-      exact = BitExact(d.host_x, d.host_w, s, d.y) && exact;
-      kernel_ms[i] = MedianMs([&](int rep) { launch(d, s, kernels[i], rep); }, min_ms);
-    }
+    const Timings t =
+        Measure(peer, d, s,
+                {CudaMatMulKernel::kTile16, CudaMatMulKernel::kFewRows, CudaMatMulKernel::kAuto},
+                min_ms, &exact);
+    const double cublas_ms = t.cublas_ms;
+    const double* kernel_ms = t.kernel_ms;
     auto gbs = [&](double ms) { return wbytes / (ms * 1e-3) / 1e9; };
     char c[32] = "-";
     if (cublas_ms > 0) std::snprintf(c, sizeof(c), "%.0f", gbs(cublas_ms));

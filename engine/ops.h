@@ -29,8 +29,9 @@ void Axpy(float a, const float* x, int n, float* y);
 // [out x in] row-major), summed as one fused multiply-add chain in k order (engine/matmul.h),
 // so a result never depends on the call's row count, the tiling or the thread count.
 // Runs the CUDA kernel (engine/cuda/matmul.cuh, bit-identical to MatMulCpu) when the build has
-// CUDA, a device is present (checked once), the environment variable KVTIER_ENGINE_CUDA is not
-// "0" (read on every call that qualifies) and rows*out*in >= kCudaMatMulMinWork; otherwise,
+// CUDA, a device is present (checked once), the environment variable KVTIER_ENGINE_CUDA is "1"
+// (read on every call that qualifies; off by default: the per-call copies make it slower than
+// the CPU on the miniature) and rows*out*in >= kCudaMatMulMinWork; otherwise,
 // and after any CUDA error (logged once, then the CUDA path stays off), runs MatMulCpu.
 // `w` must be a weight matrix that stays unchanged while cached on the device
 // (engine/cuda/backend.h); activations may change freely.

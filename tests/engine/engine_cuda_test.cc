@@ -1,6 +1,7 @@
 // The engine's CUDA MatMul (engine/cuda/) against the CPU reference: bit-exact per element over
-// many shapes, and identical logits for a whole prompt with KVTIER_ENGINE_CUDA=0 and =1.
-// Both tests skip (GTEST_SKIP) when the build has no CUDA or no device is present, and fail
+// many shapes, identical logits for a whole prompt with KVTIER_ENGINE_CUDA=0 and =1, and the
+// CUDA path off unless KVTIER_ENGINE_CUDA=1.
+// Every test skips (GTEST_SKIP) when the build has no CUDA or no device is present, and fails
 // instead when KVTIER_REQUIRE_CUDA=1 (tests/cuda_required.h; the GPU check sets it).
 #include <gtest/gtest.h>
 
@@ -144,6 +145,19 @@ std::vector<float> PromptLogits(const char* env) {
   EXPECT_TRUE(d.ok()) << d.ToString();
   logits.insert(logits.end(), step.begin(), step.end());
   return logits;
+}
+
+// The CUDA MatMul is opt-in (slower than the CPU on the miniature): without KVTIER_ENGINE_CUDA
+// set to "1" a whole prompt runs without one call of it.
+TEST(EngineCuda, OffUnlessAskedFor) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  unsetenv("KVTIER_ENGINE_CUDA");
+  auto e = testutil::MakeEngine();
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  const int64_t calls_before = MatMulCudaCalls();
+  ASSERT_TRUE(e->Forward(&st, testutil::Prompt(21), true, &logits).ok());
+  EXPECT_EQ(MatMulCudaCalls(), calls_before);
 }
 
 TEST(EngineCuda, PromptLogitsIdenticalWithAndWithoutCuda) {

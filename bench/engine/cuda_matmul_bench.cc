@@ -230,8 +230,11 @@ int Main(int argc, char** argv) {
     } else if (a == "--quick") {
       quick = true;
     } else {
-      std::fprintf(stderr, "usage: kvtier_bench_cuda_matmul [--min-ms M] [--quick]\n");
-      return 2;
+      std::fprintf(a == "--help" ? stdout : stderr,
+                   "usage: kvtier_bench_cuda_matmul [--min-ms M] [--quick]\n"
+                   "  --min-ms M  time each measurement for at least M ms (default 200)\n"
+                   "  --quick     skip the prefill shapes above 2^30 multiply-adds\n");
+      return a == "--help" ? 0 : 2;
     }
   }
   const Status dev = CudaMatMulDeviceStatus();

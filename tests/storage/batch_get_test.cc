@@ -527,6 +527,7 @@ void FlipPayloadByte(DeviceEnv* env, int index) {
     if (seen++ == index) break;
     at += ssd::AlignUp(ssd::RecordBytes(h), ssd::kRecordAlignBytes) - ssd::kRecordAlignBytes;
   }
+  ASSERT_LT(at + ssd::kRecordHeaderBytes + 100, seg.size());
   uint8_t b = seg[at + ssd::kRecordHeaderBytes + 100];
   b ^= 0xff;
   ASSERT_TRUE((*dev)->Write(at + ssd::kRecordHeaderBytes + 100, {&b, 1}).ok());

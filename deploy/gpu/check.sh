@@ -81,8 +81,10 @@ note "cpu: $(nproc) cores"
 
 # The binaries find sources, models and each other by the paths they were built with: restore
 # the build tree's layout here and, when this checkout lives elsewhere, link the old root to it.
+# No clobbering: where the build tree is already here (a run on the machine that packed it,
+# which pack.sh has just built), its own unstripped binaries stay.
 src_root=$(sed -n 's/^source_root //p' "$PACK/manifest")
-cp -a "$PACK/tree/." .
+cp -a -n "$PACK/tree/." .
 if [ "$src_root" != "$PWD" ]; then
   if [ -e "$src_root" ]; then
     echo "gpu check: $src_root exists and is not this checkout" >&2; exit 2

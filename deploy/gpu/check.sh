@@ -81,17 +81,17 @@ note "cpu: $(nproc) cores"
 
 # The binaries find sources, models and each other by the paths they were built with: restore
 # the build tree's layout here and, when this checkout lives elsewhere, link the old root to it.
-# No clobbering: where the build tree is already here (a run on the machine that packed it,
-# which pack.sh has just built), its own unstripped binaries stay.
+# Where the build tree itself is here (a run on the machine that packed it: pack.sh has just
+# built it), its own unstripped binaries are used and not overwritten by the stripped copies.
 src_root=$(sed -n 's/^source_root //p' "$PACK/manifest")
-cp -a -n "$PACK/tree/." .
+B=$(sed -n 's/^build_dir //p' "$PACK/manifest")
+[ -f "$B/CMakeCache.txt" ] || cp -a "$PACK/tree/." .
 if [ "$src_root" != "$PWD" ]; then
   if [ -e "$src_root" ]; then
     echo "gpu check: $src_root exists and is not this checkout" >&2; exit 2
   fi
   mkdir -p "$(dirname "$src_root")" && ln -s "$PWD" "$src_root"
 fi
-B=$(sed -n 's/^build_dir //p' "$PACK/manifest")
 export LD_LIBRARY_PATH=$PACK/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export KVTIER_SHARED_DIR=$PACK/shared
 [ "$REQUIRE_GPU" = 1 ] && export KVTIER_REQUIRE_CUDA=1

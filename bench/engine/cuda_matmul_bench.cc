@@ -176,6 +176,8 @@ struct DeviceShape {
       w.push_back(d);
     }
   }
+  DeviceShape(const DeviceShape&) = delete;  // owns its device buffers
+  DeviceShape& operator=(const DeviceShape&) = delete;
   ~DeviceShape() {
     for (float* d : w) (void)cudaFree(d);
     (void)cudaFree(x);
@@ -220,13 +222,22 @@ Timings Measure(const Cublas* cublas, const DeviceShape& d, const Shape& s,
   return t;
 }
 
+// Upper bound on --min-ms (a minute per measurement; the GPU check passes 100).
+constexpr double kMinMsMax = 60000;
+
 int Main(int argc, char** argv) {
   double min_ms = 200;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--min-ms" && i + 1 < argc) {
-      min_ms = std::atof(argv[++i]);
+      char* end = nullptr;
+      min_ms = std::strtod(argv[++i], &end);
+      if (end == argv[i] || *end != '\0' || !(min_ms > 0 && min_ms <= kMinMsMax)) {
+        std::fprintf(stderr, "kvtier_bench_cuda_matmul: --min-ms takes a number in (0, %.0f]\n",
+                     kMinMsMax);
+        return 2;
+      }
     } else if (a == "--quick") {
       quick = true;
     } else {

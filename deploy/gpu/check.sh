@@ -50,6 +50,9 @@ failed=0
 note() { echo "$*" | tee -a "$SUMMARY"; }
 # step NAME TIMEOUT_S COMMAND...: runs the command with its output in $OUT/NAME.log.
 BUDGET_S=${KVTIER_GPU_CHECK_BUDGET_S:-540}
+case "$BUDGET_S" in
+  '' | *[!0-9]*) echo "gpu check: KVTIER_GPU_CHECK_BUDGET_S must be whole seconds, not '$BUDGET_S'" >&2; exit 2 ;;
+esac
 step() {
   local name=$1 limit=$2
   shift 2

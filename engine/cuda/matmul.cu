@@ -213,14 +213,15 @@ cudaError_t LaunchMatMul(const float* x, int rows, int in, const float* w, int o
   if (kernel == CudaMatMulKernel::kAuto) {
     const int64_t blocks64 = ((static_cast<int64_t>(rows) + kBlockRows - 1) / kBlockRows) *
                              ((static_cast<int64_t>(out) + kBlockOutputs - 1) / kBlockOutputs);
-    if (rows <= kFewRowsAutoRows && FewRowsFits(x, in, w)) {
+    if (rows <= kFewRowsAutoRows) {
       kernel = CudaMatMulKernel::kFewRows;
+    } else if (rows >= kRegTileMinRows && blocks64 >= kRegTileMinBlocks) {
+      kernel = CudaMatMulKernel::kRegTile64;
     } else {
-      kernel = rows >= kRegTileMinRows && blocks64 >= kRegTileMinBlocks
-                   ? CudaMatMulKernel::kRegTile64
-                   : CudaMatMulKernel::kTile16;
+      kernel = CudaMatMulKernel::kTile16;
     }
   }
+  // kFewRows where it cannot run (unaligned rows) runs as kTile16, requested or chosen.
   if (kernel == CudaMatMulKernel::kFewRows && !FewRowsFits(x, in, w)) {
     kernel = CudaMatMulKernel::kTile16;
   }

@@ -519,18 +519,23 @@ void FlipPayloadByte(DeviceEnv* env, int index) {
   ASSERT_TRUE(dev.ok());
   std::vector<uint8_t> seg(size_t{64} << 10);  // the tests put at most 6 records of 5 KB
   ASSERT_TRUE((*dev)->Read(0, {seg.data(), seg.size()}).ok());
+  // Records start at kRecordAlignBytes boundaries; a valid header (its own checksum) is one.
   uint64_t at = 0;
-  for (int seen = 0;; at += ssd::kRecordAlignBytes) {
+  for (int seen = 0;;) {
     ASSERT_LE(at + ssd::kRecordHeaderBytes, seg.size()) << "record " << index << " not found";
     ssd::RecordHeader h;
-    if (!ssd::DecodeRecordHeader({seg.data() + at, ssd::kRecordHeaderBytes}, &h).ok()) continue;
-    if (seen++ == index) break;
-    at += ssd::AlignUp(ssd::RecordBytes(h), ssd::kRecordAlignBytes) - ssd::kRecordAlignBytes;
+    if (!ssd::DecodeRecordHeader({seg.data() + at, ssd::kRecordHeaderBytes}, &h).ok()) {
+      at += ssd::kRecordAlignBytes;
+    } else if (seen++ == index) {
+      break;
+    } else {
+      at += ssd::AlignUp(ssd::RecordBytes(h), ssd::kRecordAlignBytes);
+    }
   }
-  ASSERT_LT(at + ssd::kRecordHeaderBytes + 100, seg.size());
-  uint8_t b = seg[at + ssd::kRecordHeaderBytes + 100];
-  b ^= 0xff;
-  ASSERT_TRUE((*dev)->Write(at + ssd::kRecordHeaderBytes + 100, {&b, 1}).ok());
+  const uint64_t flip = at + ssd::kRecordHeaderBytes + 100;
+  ASSERT_LT(flip, seg.size());
+  uint8_t b = seg[flip] ^ 0xff;
+  ASSERT_TRUE((*dev)->Write(flip, {&b, 1}).ok());
 }
 
 TEST(SsdGetBatchTest, ACorruptedRecordIsQuarantinedAndTheOthersAreServed) {

@@ -54,6 +54,10 @@ std::string_view LayerModeName(LayerMode mode) {
   return "?";
 }
 
+std::string_view ExpertFormatName(ExpertFormat format) {
+  return format == ExpertFormat::kMxfp4 ? "mxfp4" : "f32";
+}
+
 bool EngineConfig::IsKvSource(int layer) const { return Contains(kv_source_layer_ids, layer); }
 bool EngineConfig::IsIndexSource(int layer) const {
   return Contains(index_source_layer_ids, layer);
@@ -118,6 +122,9 @@ Status EngineConfig::Validate() {
     return bad("moe_intermediate_size");
   if (scoring_func != "sqrtsoftplus") return bad("scoring_func must be sqrtsoftplus");
   if (!(swiglu_limit > 0)) return bad("swiglu_limit");
+  if (expert_format == ExpertFormat::kMxfp4 &&
+      (hidden_size % 32 != 0 || moe_intermediate_size % 32 != 0))
+    return bad("expert_format mxfp4 needs hidden_size and moe_intermediate_size multiples of 32");
 
   // Layer schedule (reference §2): sources and modes.
   layer_modes.assign(num_hidden_layers, LayerMode::kSwaOnly);
@@ -252,6 +259,16 @@ StatusOr<EngineConfig> ParseEngineConfig(std::string_view json_text) {
   KVTIER_RETURN_IF_ERROR(Get(j, "norm_topk_prob", &c.norm_topk_prob, false));
   KVTIER_RETURN_IF_ERROR(Get(j, "routed_scaling_factor", &c.routed_scaling_factor, false));
   KVTIER_RETURN_IF_ERROR(Get(j, "swiglu_limit", &c.swiglu_limit, false));
+  {
+    std::string format = "f32";
+    KVTIER_RETURN_IF_ERROR(Get(j, "expert_format", &format, false));
+    if (format == "mxfp4") {
+      c.expert_format = ExpertFormat::kMxfp4;
+    } else if (format != "f32") {
+      return Status::InvalidArgument("config: expert_format must be \"f32\" or \"mxfp4\", not \"" +
+                                     format.substr(0, 32) + "\"");
+    }
+  }
   KVTIER_RETURN_IF_ERROR(Get(j, "engram_layer_ids", &c.engram_layer_ids, false));
   KVTIER_RETURN_IF_ERROR(Get(j, "engram_max_ngram_size", &c.engram_max_ngram_size, false));
   KVTIER_RETURN_IF_ERROR(Get(j, "engram_n_heads", &c.engram_n_heads, false));

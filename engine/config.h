@@ -26,6 +26,15 @@ enum class LayerMode : uint8_t {
 };
 std::string_view LayerModeName(LayerMode mode);
 
+// How the routed experts' weights are defined (reference §8, "experts optionally in MXFP4").
+// kMxfp4: each routed expert matrix is its MXFP4 rounding (E2M1 codes, one UE8M0 scale per 32
+// inputs, kernels::RoundTrip(kFp4Ue8m0x32) of each row): the checkpoint's floats are rounded at
+// load, as quantisation-aware training defines them, and the products read the 4.25-bit codes.
+// The shared expert, the draft module's experts and every other matrix stay f32.
+enum class ExpertFormat : uint8_t { kF32, kMxfp4 };
+// "f32" / "mxfp4" (the JSON values of expert_format).
+std::string_view ExpertFormatName(ExpertFormat format);
+
 struct RopeScalingConfig {
   std::string type;  // "yarn" or "" (none)
   double factor = 1.0;
@@ -81,6 +90,9 @@ struct EngineConfig {
   bool norm_topk_prob = true;
   double routed_scaling_factor = 1.0;
   double swiglu_limit = 10.0;
+  // JSON "expert_format": "f32" (default) or "mxfp4" (needs hidden_size and
+  // moe_intermediate_size multiples of 32).
+  ExpertFormat expert_format = ExpertFormat::kF32;
 
   std::vector<int> engram_layer_ids;  // empty: no Engram
   int engram_max_ngram_size = 0;

@@ -8,6 +8,9 @@
 #include <new>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
+
+#include "kernels/quant.h"
 
 namespace kvtier::engine {
 
@@ -27,23 +30,91 @@ constexpr int64_t kOneChunkMaxWork = int64_t{1} << 19;
 
 }  // namespace
 
-void PackedMatrix::Free::operator()(float* p) const {
+void PackedMatrix::Free::operator()(uint8_t* p) const {
   ::operator delete(p, std::align_val_t(kPanelAlignBytes));
 }
 
-PackedMatrix::PackedMatrix(const float* w, int in, int out) : in_(in), out_(out) {
-  const size_t n = static_cast<size_t>(panels()) * in * kMatMulPanelOutputs;
-  data_.reset(static_cast<float*>(
+const char* PackedFormatName(PackedFormat f) { return f == PackedFormat::kMxfp4 ? "mxfp4" : "f32"; }
+
+PackedMatrix::PackedMatrix(const float* w, int in, int out, PackedFormat format)
+    : in_(in), out_(out), format_(PackedFormat::kF32) {
+  if (format == PackedFormat::kMxfp4 && PackMxfp4(w)) {
+    format_ = PackedFormat::kMxfp4;
+    return;
+  }
+  PackF32(w);
+}
+
+size_t PackedMatrix::bytes() const {
+  if (format_ == PackedFormat::kMxfp4) {
+    return static_cast<size_t>(panels()) * (in_ / kMxfp4BlockInputs) * kMxfp4BlockBytes;
+  }
+  return static_cast<size_t>(panels()) * panel_elems() * sizeof(float);
+}
+
+void PackedMatrix::PackF32(const float* w) {
+  const size_t n = static_cast<size_t>(panels()) * panel_elems();
+  data_.reset(static_cast<uint8_t*>(
       ::operator new(std::max<size_t>(n, 1) * sizeof(float), std::align_val_t(kPanelAlignBytes))));
   for (int p = 0; p < panels(); ++p) {
-    float* dst = data_.get() + static_cast<int64_t>(p) * in * kMatMulPanelOutputs;
+    float* dst = reinterpret_cast<float*>(data_.get()) + p * panel_elems();
     for (int j = 0; j < kMatMulPanelOutputs; ++j) {
       const int o = p * kMatMulPanelOutputs + j;
-      const float* src = w + static_cast<int64_t>(o) * in;
-      for (int k = 0; k < in; ++k)
-        dst[static_cast<int64_t>(k) * kMatMulPanelOutputs + j] = o < out ? src[k] : 0.0f;
+      const float* src = w + static_cast<int64_t>(o) * in_;
+      for (int k = 0; k < in_; ++k)
+        dst[static_cast<int64_t>(k) * kMatMulPanelOutputs + j] = o < out_ ? src[k] : 0.0f;
     }
   }
+}
+
+bool PackedMatrix::PackMxfp4(const float* w) {
+  if (in_ <= 0 || in_ % kMxfp4BlockInputs != 0 || out_ <= 0) return false;
+  const int blocks = in_ / kMxfp4BlockInputs;
+  // Every row's codes and scales, checked to decode to w's bits with normal scales.
+  const size_t row_codes = kernels::DataBytes(kernels::QuantFormat::kFp4Ue8m0x32, in_);
+  std::vector<uint8_t> codes(static_cast<size_t>(out_) * row_codes);
+  std::vector<uint8_t> scales(static_cast<size_t>(out_) * blocks);
+  std::vector<float> back(static_cast<size_t>(in_));
+  for (int o = 0; o < out_; ++o) {
+    const float* row = w + static_cast<int64_t>(o) * in_;
+    uint8_t* c = codes.data() + static_cast<size_t>(o) * row_codes;
+    uint8_t* s = scales.data() + static_cast<size_t>(o) * blocks;
+    if (!kernels::Quantize(kernels::QuantFormat::kFp4Ue8m0x32, row, 1, in_, c, s,
+                           kernels::Backend::kReference)
+             .ok() ||
+        !kernels::Dequantize(kernels::QuantFormat::kFp4Ue8m0x32, c, s, 1, in_, back.data(),
+                             kernels::Backend::kReference)
+             .ok() ||
+        std::memcmp(back.data(), row, static_cast<size_t>(in_) * sizeof(float)) != 0) {
+      return false;
+    }
+    for (int b = 0; b < blocks; ++b) {
+      if (s[b] == 0 || s[b] == 0xff) return false;  // 2^-127 is not normal; 0xff is NaN
+    }
+  }
+  const size_t panel_bytes = static_cast<size_t>(blocks) * kMxfp4BlockBytes;
+  data_.reset(static_cast<uint8_t*>(::operator new(std::max<size_t>(panels() * panel_bytes, 1),
+                                                   std::align_val_t(kPanelAlignBytes))));
+  for (int p = 0; p < panels(); ++p) {
+    for (int b = 0; b < blocks; ++b) {
+      uint8_t* dst = data_.get() + p * panel_bytes + static_cast<size_t>(b) * kMxfp4BlockBytes;
+      for (int j = 0; j < kMatMulPanelOutputs; ++j) {
+        const int o = p * kMatMulPanelOutputs + j;
+        dst[j] = o < out_ ? scales[static_cast<size_t>(o) * blocks + b] : 127;  // pad: 2^0
+        for (int g = 0; g < kMxfp4BlockInputs / kMxfp4GroupInputs; ++g) {
+          uint32_t word = 0;  // padding outputs: codes 0, which decode to +0
+          for (int t = 0; o < out_ && t < kMxfp4GroupInputs; ++t) {
+            // Input k's code: byte k / 2 of the row, the low nibble for even k.
+            const int k = b * kMxfp4BlockInputs + g * kMxfp4GroupInputs + t;
+            const uint8_t byte = codes[static_cast<size_t>(o) * row_codes + k / 2];
+            word |= static_cast<uint32_t>((byte >> (4 * (k & 1))) & 0xf) << (4 * t);
+          }
+          std::memcpy(dst + kMatMulPanelOutputs + (g * kMatMulPanelOutputs + j) * 4, &word, 4);
+        }
+      }
+    }
+  }
+  return true;
 }
 
 const char* MatMulKernelName(MatMulKernel k) {
@@ -87,12 +158,15 @@ namespace {
 struct Key {
   const float* w;
   int in, out;
-  bool operator==(const Key& o) const { return w == o.w && in == o.in && out == o.out; }
+  PackedFormat format;
+  bool operator==(const Key& o) const {
+    return w == o.w && in == o.in && out == o.out && format == o.format;
+  }
 };
 struct KeyHash {
   size_t operator()(const Key& k) const {
     return std::hash<const void*>()(k.w) ^ (static_cast<size_t>(k.in) * 1000003u) ^
-           static_cast<size_t>(k.out);
+           static_cast<size_t>(k.out) ^ (static_cast<size_t>(k.format) << 40);
   }
 };
 
@@ -125,6 +199,14 @@ void ScalarBlock(const float* x, int r0, int r1, int in, const float* w, int o0,
 // GEMV streams them from memory): it stays on the AVX2 kernel, the same bits either way.
 void PackedBlock(MatMulKernel k, const float* x, int r0, int r1, const PackedMatrix& w, int p0,
                  int p1, float* y) {
+  if (w.format() == PackedFormat::kMxfp4) {  // decoding is arithmetic: the widest kernel
+    if (k == MatMulKernel::kAvx512Fma) {
+      internal::MatMulMxfp4Avx512Block(x, r0, r1, w, p0, p1, y);
+    } else {
+      internal::MatMulMxfp4Avx2Block(x, r0, r1, w, p0, p1, y);
+    }
+    return;
+  }
   if (k == MatMulKernel::kAvx512Fma && r1 - r0 >= 2) {
     internal::MatMulAvx512Block(x, r0, r1, w, p0, p1, y);
   } else {
@@ -134,9 +216,9 @@ void PackedBlock(MatMulKernel k, const float* x, int r0, int r1, const PackedMat
 
 }  // namespace
 
-void PackedWeightSet::Add(const float* w, int in, int out) {
+void PackedWeightSet::Add(const float* w, int in, int out, PackedFormat format) {
   if (w == nullptr || ActiveMatMulKernel() == MatMulKernel::kScalar) return;
-  held_.push_back(RegisterPackedWeight(w, in, out));
+  held_.push_back(RegisterPackedWeight(w, in, out, format));
   by_weight_[w] = held_.back().get();
 }
 
@@ -146,9 +228,10 @@ const PackedMatrix* PackedWeightSet::Find(const float* w, int in, int out) const
   return it->second;
 }
 
-std::shared_ptr<const PackedMatrix> RegisterPackedWeight(const float* w, int in, int out) {
+std::shared_ptr<const PackedMatrix> RegisterPackedWeight(const float* w, int in, int out,
+                                                         PackedFormat format) {
   Registry& r = GetRegistry();
-  const Key key{w, in, out};
+  const Key key{w, in, out, format};
   {
     std::lock_guard<std::mutex> lock(r.mu);
     auto it = r.map.find(key);
@@ -158,7 +241,7 @@ std::shared_ptr<const PackedMatrix> RegisterPackedWeight(const float* w, int in,
   }
   // Pack outside the lock (it is the expensive part); a racing registration of the same key
   // keeps whichever copy reached the map first.
-  auto* raw = new PackedMatrix(w, in, out);
+  auto* raw = new PackedMatrix(w, in, out, format);
   std::shared_ptr<const PackedMatrix> p(raw, [key](const PackedMatrix* m) {
     Registry& reg = GetRegistry();
     {
@@ -178,7 +261,7 @@ std::shared_ptr<const PackedMatrix> RegisterPackedWeight(const float* w, int in,
 std::shared_ptr<const PackedMatrix> FindPackedWeight(const float* w, int in, int out) {
   Registry& r = GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.map.find(Key{w, in, out});
+  auto it = r.map.find(Key{w, in, out, PackedFormat::kF32});
   return it == r.map.end() ? nullptr : it->second.lock();
 }
 

@@ -16,6 +16,14 @@
 // "avx2" at most kAvx2Fma; otherwise the widest the CPU has (kAvx512Fma needs AVX-512F, AVX2
 // and FMA; kAvx2Fma AVX2 and FMA).
 //
+// MXFP4 weights: a W whose rows are MXFP4 values (E2M1 codes times one UE8M0 scale per 32
+// inputs, e.g. the output of kernels::RoundTrip(kFp4Ue8m0x32); the routed experts of a model
+// with expert_format "mxfp4") may be packed as its codes and scales, 4.25 bits per weight
+// instead of 32 (PackedFormat::kMxfp4). The kernels (engine/matmul_mxfp4_avx2.cc,
+// matmul_mxfp4_avx512.cc) decode each weight exactly (a table value times a power of two) and
+// feed it to the same fma chain, so the result is the same bits as the float W's; only the
+// bytes read differ.
+//
 // Packed weights: MatMulCpu looks W up in a process-wide registry of packed copies
 // (RegisterPackedWeight, done by the Engine at bind time); an unregistered W is packed into a
 // per-call buffer (correct, slower). A registered W must not change while registered.
@@ -34,29 +42,61 @@ namespace kvtier::engine {
 // Outputs per panel of a PackedMatrix (two 8-float AVX2 vectors).
 inline constexpr int kMatMulPanelOutputs = 16;
 
-// W ([out x in], row-major) in panels of kMatMulPanelOutputs outputs: panel p holds, for
-// k = 0..in-1, the 16 weights W[p*16 + j][k] (j = 0..15) contiguously; outputs past `out` in
-// the last panel are zero. Each panel starts 64-byte aligned.
+// Inputs per MXFP4 scale block, and the bytes of one block of a kMxfp4 panel: 16 scale codes
+// (one per output), then 4 groups of 8 inputs, each 16 little-endian 32-bit words, word j
+// holding output j's codes of the group's inputs 8g + t in bits [4t, 4t + 4) (t = 0..7). A
+// vector load of a group gives each output lane its next eight codes: one shift per input and
+// the lookup's own index masking pick them out.
+inline constexpr int kMxfp4BlockInputs = 32;
+inline constexpr int kMxfp4GroupInputs = 8;
+inline constexpr int kMxfp4BlockBytes =
+    kMatMulPanelOutputs + (kMxfp4BlockInputs / kMxfp4GroupInputs) * kMatMulPanelOutputs * 4;
+
+// How a PackedMatrix holds W.
+enum class PackedFormat : uint8_t {
+  kF32,    // the floats
+  kMxfp4,  // E2M1 codes and UE8M0 scales (see the file comment); in % 32 == 0
+};
+const char* PackedFormatName(PackedFormat f);
+
+// W ([out x in], row-major) in panels of kMatMulPanelOutputs outputs. kF32: panel p holds, for
+// k = 0..in-1, the 16 weights W[p*16 + j][k] (j = 0..15) contiguously. kMxfp4: panel p holds
+// in / 32 blocks of kMxfp4BlockBytes (layout above), block b covering inputs [32b, 32b + 32).
+// Outputs past `out` in the last panel are zero. Each panel starts 64-byte aligned (kF32) or
+// 16-byte aligned (kMxfp4).
 class PackedMatrix {
  public:
-  // Copies w. in >= 0, out >= 0.
-  PackedMatrix(const float* w, int in, int out);
+  // Copies w. in >= 0, out >= 0. Asked for kMxfp4, it packs w as MXFP4 only when that is exact:
+  // in % 32 == 0, every row block of 32 is a block of E2M1 values times a scale 2^(s - 127)
+  // with s in [1, 254] (a normal float), and decoding gives back w's bits; otherwise it holds
+  // kF32 (format() says which; the product is the same bits either way).
+  PackedMatrix(const float* w, int in, int out, PackedFormat format = PackedFormat::kF32);
   int in() const { return in_; }
   int out() const { return out_; }
+  PackedFormat format() const { return format_; }
   int panels() const { return (out_ + kMatMulPanelOutputs - 1) / kMatMulPanelOutputs; }
+  // kF32 only.
   const float* panel(int p) const {
-    return data_.get() + static_cast<int64_t>(p) * in_ * kMatMulPanelOutputs;
+    return reinterpret_cast<const float*>(data_.get()) + static_cast<int64_t>(p) * panel_elems();
   }
-  size_t bytes() const {
-    return static_cast<size_t>(panels()) * in_ * kMatMulPanelOutputs * sizeof(float);
+  // kMxfp4 only.
+  const uint8_t* mxfp4_panel(int p) const {
+    return data_.get() + static_cast<int64_t>(p) * (in_ / kMxfp4BlockInputs) * kMxfp4BlockBytes;
   }
+  size_t bytes() const;
 
  private:
   struct Free {
-    void operator()(float* p) const;
+    void operator()(uint8_t* p) const;
   };
+  int64_t panel_elems() const { return static_cast<int64_t>(in_) * kMatMulPanelOutputs; }
+  // Fills data_ with w's MXFP4 panels; false (data_ untouched) when that would not be exact.
+  bool PackMxfp4(const float* w);
+  void PackF32(const float* w);
+
   int in_, out_;
-  std::unique_ptr<float, Free> data_;
+  PackedFormat format_;
+  std::unique_ptr<uint8_t, Free> data_;
 };
 
 enum class MatMulKernel { kScalar, kAvx2Fma, kAvx512Fma };
@@ -66,11 +106,12 @@ bool MatMulKernelAvailable(MatMulKernel k);
 // The kernel MatMulCpu uses (see file comment; decided on the first call).
 MatMulKernel ActiveMatMulKernel();
 
-// Packs w ([out x in]) and registers the copy under (w, in, out) until the last returned
-// handle is dropped; registering a key again returns the existing copy. MatMulCpu with the
-// same (w, in, out) then uses it.
-std::shared_ptr<const PackedMatrix> RegisterPackedWeight(const float* w, int in, int out);
-// The registered copy of (w, in, out), or null.
+// Packs w ([out x in]) in `format` and registers the copy under (w, in, out, format) until
+// the last returned handle is dropped; registering a key again returns the existing copy.
+// MatMulCpu with the same (w, in, out) and no copy of its own then uses the kF32 one.
+std::shared_ptr<const PackedMatrix> RegisterPackedWeight(const float* w, int in, int out,
+                                                         PackedFormat format = PackedFormat::kF32);
+// The registered kF32 copy of (w, in, out), or null.
 std::shared_ptr<const PackedMatrix> FindPackedWeight(const float* w, int in, int out);
 
 // The packed copies of one model's weight matrices, found without the registry's lock: filled
@@ -78,7 +119,8 @@ std::shared_ptr<const PackedMatrix> FindPackedWeight(const float* w, int in, int
 // kernel is active (it reads W as it is) or for a null w.
 class PackedWeightSet {
  public:
-  void Add(const float* w, int in, int out);
+  // format: as RegisterPackedWeight's (kMxfp4 for a W of MXFP4 values).
+  void Add(const float* w, int in, int out, PackedFormat format = PackedFormat::kF32);
   // The copy added for (w, in, out), or null (MatMul then packs or looks up itself).
   const PackedMatrix* Find(const float* w, int in, int out) const;
 
@@ -118,6 +160,12 @@ void MatMulAvx2Block(const float* x, int r0, int r1, const PackedMatrix& w, int 
 // arguments and results, bit for bit, over 512-bit registers.
 void MatMulAvx512Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
                        float* y);
+// engine/matmul_mxfp4_avx2.cc and matmul_mxfp4_avx512.cc (the same CPU checks as above): the
+// same arguments for a kMxfp4 `w`, and the same bits as the kernels above on its float W.
+void MatMulMxfp4Avx2Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
+                          float* y);
+void MatMulMxfp4Avx512Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
+                            float* y);
 }  // namespace internal
 
 }  // namespace kvtier::engine

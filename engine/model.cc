@@ -159,6 +159,7 @@ Status Engine::Bind() {
     }
     lw.rope = c.ratio(l) > 0 ? &rope_compress_ : &rope_main_;
   }
+  if (c.expert_format == ExpertFormat::kMxfp4) KVTIER_RETURN_IF_ERROR(RoundRoutedExperts());
 
   if (!c.engram_layer_ids.empty()) {
     EngramHashParams p;
@@ -198,13 +199,46 @@ void Engine::MmMany(ThreadPool* pool, std::span<MatMulPart> parts) const {
   MatMulMany(pool, parts.data(), static_cast<int>(parts.size()));
 }
 
+Status Engine::RoundRoutedExperts() {
+  const EngineConfig& c = config_;
+  const int64_t D = c.hidden_size, I = c.moe_intermediate_size, per_matrix = D * I;
+  int64_t matrices = 0;
+  for (const LayerWeights& lw : layers_) {
+    for (size_t e = 0; e < lw.w1.size(); ++e) {
+      if (lw.w1[e] == nullptr || lw.w2[e] == nullptr || lw.w3[e] == nullptr)
+        return Status::InvalidArgument("engine: a routed expert's weights are missing");
+      matrices += 3;
+    }
+  }
+  expert_values_.resize(static_cast<size_t>(matrices * per_matrix));
+  float* next = expert_values_.data();
+  // Copies w ([rows x n]) to the next slot, rounds each row's blocks of 32 and repoints w there.
+  auto round = [&](const float*& w, int64_t rows, int64_t n) -> Status {
+    std::memcpy(next, w, static_cast<size_t>(rows * n) * sizeof(float));
+    KVTIER_RETURN_IF_ERROR(kernels::RoundTrip(kernels::QuantFormat::kFp4Ue8m0x32, next,
+                                              static_cast<size_t>(rows), static_cast<size_t>(n),
+                                              kernels::Backend::kReference));
+    w = next;
+    next += rows * n;
+    return Status::Ok();
+  };
+  for (LayerWeights& lw : layers_) {
+    for (size_t e = 0; e < lw.w1.size(); ++e) {
+      KVTIER_RETURN_IF_ERROR(round(lw.w1[e], I, D));
+      KVTIER_RETURN_IF_ERROR(round(lw.w3[e], I, D));
+      KVTIER_RETURN_IF_ERROR(round(lw.w2[e], D, I));
+    }
+  }
+  return Status::Ok();
+}
+
 void Engine::PackMatMulWeights() {
   const EngineConfig& c = config_;
   const int D = c.hidden_size, hd = c.head_dim, ql = c.q_lora_rank, H = c.num_attention_heads;
   const int G = c.o_groups, ol = c.o_lora_rank, gin = (H / G) * hd, I = c.moe_intermediate_size;
   // The copy of (w, in, out), or null (absent matrix, scalar kernel).
-  auto pack = [&](const float* w, int in, int out) {
-    packed_.Add(w, in, out);
+  auto pack = [&](const float* w, int in, int out, PackedFormat format = PackedFormat::kF32) {
+    packed_.Add(w, in, out, format);
     return packed_.Find(w, in, out);
   };
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -225,10 +259,13 @@ void Engine::PackMatMulWeights() {
     lw.pk_w1.resize(lw.w1.size());
     lw.pk_w2.resize(lw.w1.size());
     lw.pk_w3.resize(lw.w1.size());
+    // MXFP4 experts are packed as their codes (a copy holds kF32 where that is not exact).
+    const PackedFormat ef =
+        c.expert_format == ExpertFormat::kMxfp4 ? PackedFormat::kMxfp4 : PackedFormat::kF32;
     for (size_t e = 0; e < lw.w1.size(); ++e) {
-      lw.pk_w1[e] = pack(lw.w1[e], D, I);
-      lw.pk_w3[e] = pack(lw.w3[e], D, I);
-      lw.pk_w2[e] = pack(lw.w2[e], I, D);
+      lw.pk_w1[e] = pack(lw.w1[e], D, I, ef);
+      lw.pk_w3[e] = pack(lw.w3[e], D, I, ef);
+      lw.pk_w2[e] = pack(lw.w2[e], I, D, ef);
     }
     lw.pk_s_w1 = pack(lw.s_w1, D, I * c.n_shared_experts);
     lw.pk_s_w3 = pack(lw.s_w3, D, I * c.n_shared_experts);

@@ -19,7 +19,7 @@ _DEFAULTS = {
     "routed_scaling_factor": 1.0, "swiglu_limit": 10.0, "engram_layer_ids": [],
     "engram_max_ngram_size": 0, "engram_n_heads": 0, "engram_head_dim": 0,
     "engram_vocab_size": [], "engram_pad_token_id": 2, "engram_seed": 0,
-    "engram_compressed_vocab_size": 0, "dspark_noise_token_id": -1,
+    "engram_compressed_vocab_size": 0, "dspark_noise_token_id": -1, "expert_format": "f32",
 }
 _REQUIRED = [
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
@@ -39,6 +39,12 @@ class Config:
             setattr(self, k, j[k])
         for k, v in _DEFAULTS.items():
             setattr(self, k, j.get(k, v))
+        if self.expert_format not in ("f32", "mxfp4"):
+            raise ValueError('config: expert_format must be "f32" or "mxfp4"')
+        if self.expert_format == "mxfp4" and (self.hidden_size % 32 or
+                                              self.moe_intermediate_size % 32):
+            raise ValueError("config: expert_format mxfp4 needs hidden_size and "
+                             "moe_intermediate_size multiples of 32")
         L = self.num_hidden_layers
         if len(self.compress_ratios) < L:
             raise ValueError("config: compress_ratios shorter than num_hidden_layers")

@@ -3,6 +3,8 @@
   /usr/bin/python3 -m reference.golden                       # the random-init checkpoint
   /usr/bin/python3 -m reference.golden --name trained \\
       --weights deploy/models/X.safetensors --config deploy/models/X.json   # a trained one
+  /usr/bin/python3 -m reference.golden --name init7fp4 --short-only \
+      --config deploy/models/mini-v4.1-mxfp4.json        # MXFP4 experts: full and ced only
 
 Each run (re)writes the cases of one checkpoint, <name>_*.bin, and its entry in manifest.json
 (other checkpoints' entries are kept). A random-init checkpoint is named by (config, seed): the
@@ -118,6 +120,8 @@ def main(argv=None):
     ap.add_argument("--name", default="init7")
     ap.add_argument("--out", default="tests/engine/golden")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--short-only", action="store_true",
+                    help="only the full and ced cases (no long-context caches or states)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     cfg = Config.from_json(a.config)
@@ -151,6 +155,8 @@ def main(argv=None):
                 add_case(manifest, a.out, f"{a.name}_ced_{n}", a.name, "ced",
                          tokens[:n + DECODE_TAIL], n, ced, n - 1,
                          list(range(n - 1, n + DECODE_TAIL)))
+        if a.short_only:
+            break
         state_file = f"{a.name}_state_{T}.bin"
         model.capture = {}
         with torch.no_grad():

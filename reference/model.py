@@ -564,6 +564,10 @@ class MiniV41(torch.nn.Module):
         else:
             out = torch.zeros_like(x)
         w1, w3, w2 = (self.p(l, f"ffn.experts.{n}.weight") for n in ("w1", "w3", "w2"))
+        if c.expert_format == "mxfp4":
+            # Routed experts in MXFP4 (reference section 8): each row's blocks of 32 inputs
+            # rounded to E2M1 x UE8M0 (straight-through in training), as the engine does at load.
+            w1, w3, w2 = (quant.fake_quant(w, quant.FP4_UE8M0X32) for w in (w1, w3, w2))
         for e in range(c.n_routed_experts):
             tok, slot = (top == e).nonzero(as_tuple=True)
             if tok.numel() == 0:

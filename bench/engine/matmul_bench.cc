@@ -3,7 +3,12 @@
 //      against OpenBLAS sgemm on the same shapes and thread count; ratio = sgemm time / engine
 //      time (1.0: as fast as OpenBLAS);
 //   2. decode: GEMV (one row) over weights far larger than the caches against a streaming read
-//      of the same bytes; ratio = GEMV weight bytes/s / streaming read bytes/s.
+//      of the same bytes; ratio = GEMV weight bytes/s / streaming read bytes/s;
+//   3. routed experts: the products of mini-v4.1's 768 routed-expert matrices (16 layers x 16
+//      experts x w1, w3, w2; 96 MiB in f32) with 1, 2 and 3 rows each (a decode's and a batched
+//      pass's rows per expert), packed as f32 and as MXFP4 (expert_format "mxfp4", the same
+//      values: the same bits out), each against a streaming read of its own packed bytes;
+//      ratio = f32 time / MXFP4 time.
 //
 //   kvtier_bench_matmul [--threads N] [--min-ms M] [--gemv-mib S]
 //
@@ -28,6 +33,7 @@
 #include "engine/matmul.h"
 #include "engine/ops.h"
 #include "engine/thread_pool.h"
+#include "kernels/quant.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 extern "C" char* openblas_get_corename(void);
@@ -190,6 +196,78 @@ void Decode(int threads, double min_ms, size_t total_mib) {
               static_cast<unsigned long long>(sink & 0xff));
 }
 
+void Experts(int threads, double min_ms) {
+  constexpr int kLayers = 16, kExperts = 16, D = 256, I = 128;
+  ThreadPool pool(threads);
+  struct Matrix {
+    std::unique_ptr<PackedMatrix> f32, fp4;
+  };
+  std::vector<Matrix> m;
+  std::vector<const float*> f32_bufs;
+  std::vector<const float*> fp4_bufs;
+  size_t f32_bytes = 0, fp4_bytes = 0;
+  for (int i = 0; i < kLayers * kExperts * 3; ++i) {
+    const bool down = i % 3 == 2;  // w2: I -> D; w1, w3: D -> I
+    const int in = down ? I : D, out = down ? D : I;
+    auto w = Random(static_cast<size_t>(in) * out, 100 + i);
+    if (!kernels::RoundTrip(kernels::QuantFormat::kFp4Ue8m0x32, w.data(), out, in).ok()) {
+      std::fprintf(stderr, "RoundTrip failed\n");
+      std::exit(1);
+    }
+    Matrix mm{std::make_unique<PackedMatrix>(w.data(), in, out),
+              std::make_unique<PackedMatrix>(w.data(), in, out, PackedFormat::kMxfp4)};
+    if (mm.fp4->format() != PackedFormat::kMxfp4) {
+      std::fprintf(stderr, "an expert matrix did not pack as MXFP4\n");
+      std::exit(1);
+    }
+    f32_bytes += mm.f32->bytes();
+    fp4_bytes += mm.fp4->bytes();
+    f32_bufs.push_back(mm.f32->panel(0));
+    fp4_bufs.push_back(reinterpret_cast<const float*>(mm.fp4->mxfp4_panel(0)));
+    m.push_back(std::move(mm));
+  }
+  const MatMulKernel k = ActiveMatMulKernel();
+  std::printf(
+      "routed experts, %d thread(s), kernel %s: %zu matrices, f32 %.1f MiB, MXFP4 %.1f MiB\n",
+      threads, MatMulKernelName(k), m.size(), f32_bytes / 1048576.0, fp4_bytes / 1048576.0);
+  std::printf("%-5s %12s %12s %9s %16s %16s\n", "rows", "f32 us", "MXFP4 us", "f32/MXFP4",
+              "f32 / its read", "MXFP4 / its read");
+  uint64_t sink = 0;
+  const double t_read_f32 =
+      TimePerCall([&] { sink += StreamRead(f32_bufs, m[0].f32->bytes(), threads); }, min_ms);
+  // The MXFP4 matrices differ in size (w2's panels are 4 blocks, w1's 8): read each whole.
+  const double t_read_fp4 = TimePerCall(
+      [&] {
+        for (size_t i = 0; i < m.size(); ++i) {
+          const std::vector<const float*> one = {fp4_bufs[i]};
+          sink += StreamRead(one, m[i].fp4->bytes() / 16 * 16, 1);
+        }
+      },
+      min_ms);
+  for (int rows : {1, 2, 3}) {
+    const auto x = Random(static_cast<size_t>(rows) * D, 7);
+    std::vector<float> y(static_cast<size_t>(rows) * D), y4(y.size());
+    auto run = [&](bool fp4, std::vector<float>* out) {
+      for (const Matrix& mm : m) {
+        const PackedMatrix& p = fp4 ? *mm.fp4 : *mm.f32;
+        MatMulWith(k, &pool, x.data(), rows, p.in(), nullptr, &p, p.out(), out->data());
+      }
+    };
+    const double tf = TimePerCall([&] { run(false, &y); }, min_ms);
+    const double t4 = TimePerCall([&] { run(true, &y4); }, min_ms);
+    if (std::memcmp(y.data(), y4.data(), y.size() * sizeof(float)) != 0) {
+      std::fprintf(stderr, "MXFP4 and f32 products differ\n");
+      std::exit(1);
+    }
+    std::printf("%-5d %12.0f %12.0f %9.2f %16.2f %16.2f\n", rows, tf * 1e6, t4 * 1e6, tf / t4,
+                t_read_f32 / tf, t_read_fp4 / t4);
+  }
+  std::printf(
+      "(\"/ its read\": a streaming read of that format's packed bytes / the products; "
+      "checksum %llu)\n\n",
+      static_cast<unsigned long long>(sink & 0xff));
+}
+
 }  // namespace
 }  // namespace kvtier::engine
 
@@ -217,5 +295,6 @@ int main(int argc, char** argv) {
   }
   kvtier::engine::Prefill(threads, min_ms);
   kvtier::engine::Decode(threads, min_ms, gemv_mib);
+  kvtier::engine::Experts(threads, min_ms);
   return 0;
 }

@@ -15,6 +15,8 @@
 //   decode  state = the reference's caches after 597 / 574 tokens (FP4 global KV, the
 //           compressor's partial group, FP8 SWA rings); Decode of 3 tokens;
 //   replay  state = the reference's global KV only (an import); ReplayTail then Decode of 3.
+// Checkpoints: init7 (mini-v4.1's random init, seed 7), init7fp4 (the same with expert_format
+// "mxfp4"; full and ced cases only) and trained (the shipped checkpoint).
 //
 // Tolerances: the implementations sum in different orders, so activations differ by float32
 // rounding (~1e-6 relative). kDecodeTolerance (decode: 3 positions over the reference's caches)
@@ -33,6 +35,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -183,12 +186,16 @@ SequenceState StateFromReference(const Engine& e, const json& c, bool with_rings
 }
 
 // Every computed row's logits of `c` on the engine, from c["first_row"] on.
-std::vector<std::vector<float>> RunCase(const json& c, bool use_pool = true) {
+// expert_format: the checkpoint's config's, unless given (a test that the vectors see it).
+std::vector<std::vector<float>> RunCase(const json& c, bool use_pool = true,
+                                        std::optional<ExpertFormat> expert_format = {}) {
   const Checkpoint& ck = GetCheckpoint(c["checkpoint"].get<std::string>());
   EngineOptions o;
   o.threads = 2;
   o.use_candidate_pool = use_pool;
-  auto e = Engine::Create(ck.config, ck.weights, o);
+  EngineConfig config = ck.config;
+  if (expert_format) config.expert_format = *expert_format;
+  auto e = Engine::Create(config, ck.weights, o);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   if (!e.ok()) return {};
   const std::vector<int32_t> tokens = c["tokens"].get<std::vector<int32_t>>();
@@ -298,6 +305,24 @@ TEST(EngineGolden, TheVectorsDependOnTheCandidatePool) {
     EXPECT_GT(off.max_abs, 10 * Tolerance(c)) << c["name"];
   }
   EXPECT_GT(cases, 0);
+}
+
+// The MXFP4-expert vectors (checkpoint init7fp4, reference/golden.py --short-only) see the
+// format: the same weights with f32 experts are far outside the tolerance (measured 2.5-3.7).
+TEST(EngineGolden, TheMxfp4VectorsDependOnTheExpertFormat) {
+  int cases = 0;
+  for (const json& c : Manifest()["cases"]) {
+    if (GetCheckpoint(c["checkpoint"].get<std::string>()).config.expert_format !=
+        ExpertFormat::kMxfp4) {
+      continue;
+    }
+    ++cases;
+    const Diff f32 = Compare(c, RunCase(c, true, ExpertFormat::kF32));
+    std::printf("golden %s with f32 experts: max |logit diff| %.3g, argmax diffs %d\n",
+                c["name"].get<std::string>().c_str(), f32.max_abs, f32.argmax_diff);
+    EXPECT_GT(f32.max_abs, 10 * Tolerance(c)) << c["name"];
+  }
+  EXPECT_GT(cases, 0) << "no MXFP4-expert cases in the manifest";
 }
 
 }  // namespace

@@ -1,0 +1,235 @@
+// MatMul over MXFP4-packed weights (engine/matmul.h, PackedFormat::kMxfp4): the layout against
+// the quantiser's codes, both kernels against the contract's fma chain over the decoded W bit
+// for bit (every row count of their passes, partial panels, sub-ranges, the thread pool), the
+// fallback to kF32 wherever MXFP4 would not be exact, and the registry keeping the formats
+// apart. ctest also runs this binary with KVTIER_ENGINE_MATMUL=avx2 and =scalar.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/matmul.h"
+#include "engine/thread_pool.h"
+#include "kernels/quant.h"
+
+namespace kvtier::engine {
+namespace {
+
+constexpr auto kFmt = kernels::QuantFormat::kFp4Ue8m0x32;
+
+std::vector<float> RandomFloats(size_t n, std::mt19937* rng, int exp_lo = -8, int exp_hi = 8) {
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exp(exp_lo, exp_hi);
+  std::vector<float> v(n);
+  for (auto& f : v) f = std::ldexp(mant(*rng), exp(*rng));
+  return v;
+}
+
+// A W [out x in] of MXFP4 values: random rows rounded by the quantiser, with every code, signed
+// zeros, and blocks whose scales span 2^-120 .. 2^120.
+std::vector<float> Mxfp4Matrix(int out, int in, std::mt19937* rng) {
+  std::vector<float> w = RandomFloats(static_cast<size_t>(out) * in, rng);
+  std::uniform_int_distribution<int> block_exp(-120, 118);
+  for (size_t b = 0; b + 32 <= w.size(); b += 32) {
+    const int e = (b / 32) % 5 == 0 ? block_exp(*rng) : 0;  // some blocks far from 1
+    for (size_t i = b; i < b + 32; ++i) w[i] = std::ldexp(w[i], e);
+  }
+  if (!w.empty()) w[0] = -0.0f;
+  EXPECT_TRUE(kernels::RoundTrip(kFmt, w.data(), out, in, kernels::Backend::kReference).ok());
+  return w;
+}
+
+std::vector<float> Contract(const std::vector<float>& x, int rows, int in,
+                            const std::vector<float>& w, int out) {
+  std::vector<float> y(static_cast<size_t>(rows) * out);
+  for (int t = 0; t < rows; ++t) {
+    for (int o = 0; o < out; ++o) {
+      float acc = 0.0f;
+      for (int k = 0; k < in; ++k) {
+        acc = std::fma(x[static_cast<size_t>(t) * in + k], w[static_cast<size_t>(o) * in + k], acc);
+      }
+      y[static_cast<size_t>(t) * out + o] = acc;
+    }
+  }
+  return y;
+}
+
+uint32_t Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+void ExpectSameBits(const std::vector<float>& want, const std::vector<float>& got,
+                    const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(Bits(want[i]), Bits(got[i]))
+        << what << " element " << i << ": want " << want[i] << " got " << got[i];
+  }
+}
+
+TEST(MatMulMxfp4, PanelsHoldTheQuantisersCodesAndScales) {
+  std::mt19937 rng(1);
+  const int in = 96, out = 21;  // two panels, the second partial
+  const auto w = Mxfp4Matrix(out, in, &rng);
+  const PackedMatrix pm(w.data(), in, out, PackedFormat::kMxfp4);
+  ASSERT_EQ(pm.format(), PackedFormat::kMxfp4);
+  EXPECT_EQ(pm.bytes(), static_cast<size_t>(2 * 3 * kMxfp4BlockBytes));
+  EXPECT_EQ(kMxfp4BlockBytes, 16 + 16 * 16);
+  std::vector<uint8_t> codes(static_cast<size_t>(out) * in / 2),
+      scales(static_cast<size_t>(out) * 3);
+  ASSERT_TRUE(kernels::Quantize(kFmt, w.data(), out, in, codes.data(), scales.data(),
+                                kernels::Backend::kReference)
+                  .ok());
+  for (int o = 0; o < 32; ++o) {
+    const int p = o / 16, j = o % 16;
+    for (int b = 0; b < 3; ++b) {
+      const uint8_t* blk = pm.mxfp4_panel(p) + b * kMxfp4BlockBytes;
+      EXPECT_EQ(blk[j], o < out ? scales[o * 3 + b] : 127) << "scale of output " << o;
+      for (int k = b * 32; k < b * 32 + 32; ++k) {
+        // The quantiser's code of input k (byte k / 2 of the row, low nibble for even k), and
+        // where the panel keeps it: group (k % 32) / 8, word j, nibble k % 8.
+        const uint8_t byte = o < out ? codes[static_cast<size_t>(o) * in / 2 + k / 2] : 0;
+        const uint32_t want = (byte >> (4 * (k % 2))) & 0xf;
+        uint32_t word;
+        std::memcpy(&word, blk + 16 + ((k % 32) / 8 * 16 + j) * 4, 4);
+        EXPECT_EQ((word >> (4 * (k % 8))) & 0xf, want) << "output " << o << " input " << k;
+      }
+    }
+  }
+}
+
+TEST(MatMulMxfp4, EveryKernelComputesTheContractOverTheDecodedWeights) {
+  std::mt19937 rng(4);
+  ThreadPool pool(2);
+  for (int in : {32, 64, 96, 256}) {
+    for (int out : {1, 5, 16, 17, 33, 100, 128, 300}) {
+      for (int rows : {1, 2, 3, 4, 5, 8, 9, 13, 21}) {
+        const auto x = RandomFloats(static_cast<size_t>(rows) * in, &rng);
+        const auto w = Mxfp4Matrix(out, in, &rng);
+        const auto want = Contract(x, rows, in, w, out);
+        const PackedMatrix pm(w.data(), in, out, PackedFormat::kMxfp4);
+        ASSERT_EQ(pm.format(), PackedFormat::kMxfp4);
+        const std::string shape =
+            std::to_string(rows) + "x" + std::to_string(in) + "->" + std::to_string(out);
+        for (MatMulKernel k : {MatMulKernel::kAvx2Fma, MatMulKernel::kAvx512Fma}) {
+          if (!MatMulKernelAvailable(k)) continue;
+          for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+            std::vector<float> y(want.size(), -1.0f);
+            MatMulWith(k, p, x.data(), rows, in, w.data(), &pm, out, y.data());
+            ExpectSameBits(want, y, std::string(MatMulKernelName(k)) + " " + shape);
+          }
+          // As one part among others (the decode path's MatMulManyWith), and an f32 part beside.
+          const PackedMatrix pf(w.data(), in, out);
+          std::vector<float> y1(want.size(), -1.0f), y2(want.size(), -1.0f);
+          const MatMulPart parts[2] = {{x.data(), rows, in, w.data(), &pm, out, y1.data()},
+                                       {x.data(), rows, in, w.data(), &pf, out, y2.data()}};
+          MatMulManyWith(k, &pool, parts, 2);
+          ExpectSameBits(want, y1, std::string("many mxfp4 ") + MatMulKernelName(k) + " " + shape);
+          ExpectSameBits(want, y2, std::string("many f32 ") + MatMulKernelName(k) + " " + shape);
+        }
+      }
+    }
+  }
+}
+
+// The blocks themselves on row and panel ranges that do not start at 0: outputs outside the
+// block stay untouched.
+TEST(MatMulMxfp4, BlocksWriteExactlyTheirRowsAndPanels) {
+  std::mt19937 rng(9);
+  const int rows = 19, in = 64, out = 45;
+  const auto x = RandomFloats(static_cast<size_t>(rows) * in, &rng);
+  const auto w = Mxfp4Matrix(out, in, &rng);
+  const auto want = Contract(x, rows, in, w, out);
+  const PackedMatrix pm(w.data(), in, out, PackedFormat::kMxfp4);
+  ASSERT_EQ(pm.format(), PackedFormat::kMxfp4);
+  using BlockFn = void (*)(const float*, int, int, const PackedMatrix&, int, int, float*);
+  const struct {
+    MatMulKernel kernel;
+    BlockFn fn;
+  } blocks[] = {{MatMulKernel::kAvx2Fma, internal::MatMulMxfp4Avx2Block},
+                {MatMulKernel::kAvx512Fma, internal::MatMulMxfp4Avx512Block}};
+  for (const auto& b : blocks) {
+    if (!MatMulKernelAvailable(b.kernel)) continue;
+    for (int r0 : {0, 3}) {
+      for (int r1 = r0 + 1; r1 <= rows; ++r1) {
+        for (int p0 = 0; p0 < pm.panels(); ++p0) {
+          const int p1 = std::min(pm.panels(), p0 + 2);
+          std::vector<float> y(want.size(), -1.0f);
+          b.fn(x.data(), r0, r1, pm, p0, p1, y.data());
+          for (int t = 0; t < rows; ++t) {
+            for (int o = 0; o < out; ++o) {
+              const size_t i = static_cast<size_t>(t) * out + o;
+              const bool inside = t >= r0 && t < r1 && o >= p0 * 16 && o < p1 * 16;
+              ASSERT_EQ(Bits(y[i]), Bits(inside ? want[i] : -1.0f))
+                  << MatMulKernelName(b.kernel) << " rows [" << r0 << ", " << r1 << ") panels ["
+                  << p0 << ", " << p1 << "): row " << t << " output " << o;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(MatMulMxfp4, AWeightThatIsNotExactlyMxfp4IsPackedAsFloats) {
+  std::mt19937 rng(12);
+  const int rows = 3, out = 20;
+  struct Case {
+    std::string what;
+    int in;
+    std::vector<float> w;
+  };
+  std::vector<Case> cases;
+  cases.push_back(
+      {"in not a multiple of 32", 48, RandomFloats(static_cast<size_t>(out) * 48, &rng)});
+  cases.push_back({"plain floats", 64, RandomFloats(static_cast<size_t>(out) * 64, &rng)});
+  auto one_off = Mxfp4Matrix(out, 64, &rng);
+  one_off[77] = std::nextafter(one_off[77], 1e30f);  // one weight between two MXFP4 values
+  cases.push_back({"one weight off the grid", 64, one_off});
+  auto nan = Mxfp4Matrix(out, 64, &rng);
+  nan[5] = std::numeric_limits<float>::quiet_NaN();  // a NaN scale (0xff)
+  cases.push_back({"a NaN", 64, nan});
+  for (const Case& c : cases) {
+    const PackedMatrix pm(c.w.data(), c.in, out, PackedFormat::kMxfp4);
+    EXPECT_EQ(pm.format(), PackedFormat::kF32) << c.what;
+    if (std::isnan(c.w[5])) continue;  // NaN products: nothing to compare bit for bit
+    const auto x = RandomFloats(static_cast<size_t>(rows) * c.in, &rng);
+    const auto want = Contract(x, rows, c.in, c.w, out);
+    for (MatMulKernel k : {MatMulKernel::kAvx2Fma, MatMulKernel::kAvx512Fma}) {
+      if (!MatMulKernelAvailable(k)) continue;
+      std::vector<float> y(want.size(), -1.0f);
+      MatMulWith(k, nullptr, x.data(), rows, c.in, c.w.data(), &pm, out, y.data());
+      ExpectSameBits(want, y, c.what + " " + MatMulKernelName(k));
+    }
+  }
+}
+
+TEST(MatMulMxfp4, TheRegistryKeepsTheFormatsApart) {
+  if (ActiveMatMulKernel() == MatMulKernel::kScalar)
+    GTEST_SKIP() << "the scalar kernel packs nothing";
+  std::mt19937 rng(3);
+  const int in = 64, out = 32;
+  const auto w = Mxfp4Matrix(out, in, &rng);
+  auto f4 = RegisterPackedWeight(w.data(), in, out, PackedFormat::kMxfp4);
+  auto f32 = RegisterPackedWeight(w.data(), in, out);
+  EXPECT_NE(f4.get(), f32.get());
+  EXPECT_EQ(f4->format(), PackedFormat::kMxfp4);
+  EXPECT_EQ(f32->format(), PackedFormat::kF32);
+  EXPECT_EQ(FindPackedWeight(w.data(), in, out).get(), f32.get());  // MatMul's own lookup: f32
+  EXPECT_EQ(RegisterPackedWeight(w.data(), in, out, PackedFormat::kMxfp4).get(), f4.get());
+  EXPECT_LT(f4->bytes() * 7, f32->bytes());  // 4.25 bits a weight against 32
+  PackedWeightSet set;
+  set.Add(w.data(), in, out, PackedFormat::kMxfp4);
+  ASSERT_NE(set.Find(w.data(), in, out), nullptr);
+  EXPECT_EQ(set.Find(w.data(), in, out)->format(), PackedFormat::kMxfp4);
+}
+
+}  // namespace
+}  // namespace kvtier::engine

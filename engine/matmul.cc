@@ -80,10 +80,10 @@ bool PackedMatrix::PackMxfp4(const float* w) {
     uint8_t* c = codes.data() + static_cast<size_t>(o) * row_codes;
     uint8_t* s = scales.data() + static_cast<size_t>(o) * blocks;
     if (!kernels::Quantize(kernels::QuantFormat::kFp4Ue8m0x32, row, 1, in_, c, s,
-                           kernels::Backend::kReference)
+                           kernels::Backend::kAuto)
              .ok() ||
         !kernels::Dequantize(kernels::QuantFormat::kFp4Ue8m0x32, c, s, 1, in_, back.data(),
-                             kernels::Backend::kReference)
+                             kernels::Backend::kAuto)
              .ok() ||
         std::memcmp(back.data(), row, static_cast<size_t>(in_) * sizeof(float)) != 0) {
       return false;

@@ -217,7 +217,7 @@ Status Engine::RoundRoutedExperts() {
     std::memcpy(next, w, static_cast<size_t>(rows * n) * sizeof(float));
     KVTIER_RETURN_IF_ERROR(kernels::RoundTrip(kernels::QuantFormat::kFp4Ue8m0x32, next,
                                               static_cast<size_t>(rows), static_cast<size_t>(n),
-                                              kernels::Backend::kReference));
+                                              kernels::Backend::kAuto));
     w = next;
     next += rows * n;
     return Status::Ok();

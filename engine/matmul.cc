@@ -34,8 +34,6 @@ void PackedMatrix::Free::operator()(uint8_t* p) const {
   ::operator delete(p, std::align_val_t(kPanelAlignBytes));
 }
 
-const char* PackedFormatName(PackedFormat f) { return f == PackedFormat::kMxfp4 ? "mxfp4" : "f32"; }
-
 PackedMatrix::PackedMatrix(const float* w, int in, int out, PackedFormat format)
     : in_(in), out_(out), format_(PackedFormat::kF32) {
   if (format == PackedFormat::kMxfp4 && PackMxfp4(w)) {

@@ -57,7 +57,6 @@ enum class PackedFormat : uint8_t {
   kF32,    // the floats
   kMxfp4,  // E2M1 codes and UE8M0 scales (see the file comment); in % 32 == 0
 };
-const char* PackedFormatName(PackedFormat f);
 
 // W ([out x in], row-major) in panels of kMatMulPanelOutputs outputs. kF32: panel p holds, for
 // k = 0..in-1, the 16 weights W[p*16 + j][k] (j = 0..15) contiguously. kMxfp4: panel p holds

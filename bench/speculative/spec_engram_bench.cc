@@ -22,7 +22,7 @@
 //   kvtier_spec_engram_bench --config C --model M --draft D --text FILE
 //       [--prompts N --prompt-bytes B --max-new N --draft-lens 1,3,5 --threads 1
 //        --hot-cache-kib 0 --server-busy-poll-us 20000 --wait-spin-us 200 --share-connections 1
-//        --hold-requests 0 --local-control 0]
+//        --hold-requests 1 --local-control 0]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -131,7 +131,7 @@ int Main(int argc, char** argv) {
   uint64_t prompts = 8, prompt_bytes = 96, max_new = 96, threads = 1, hot_kib = 0;
   // The row server's busy-polling window outlasts a local run (~10 ms): a shorter one lets it
   // sleep during the local run, and the next remote run's first request waits for its wake-up.
-  uint64_t busy_poll_us = 20000, spin_us = 200, share = 1, hold = 0, control = 0;
+  uint64_t busy_poll_us = 20000, spin_us = 200, share = 1, hold = 1, control = 0;
   std::string only;
   flags.String("config", &config, "FILE", "model config.json", true);
   flags.String("model", &model, "FILE", "backbone weights", true);
@@ -146,7 +146,9 @@ int Main(int argc, char** argv) {
   flags.Uint("server-busy-poll-us", &busy_poll_us, "the row server's busy polling (0: off)");
   flags.Uint("wait-spin-us", &spin_us, "the row fetcher's spin in Wait() before it blocks");
   flags.Uint("share-connections", &share, "1: one connection per row server for all slots");
-  flags.Uint("hold-requests", &hold, "1: a step's requests of all slots leave in one send");
+  flags.Uint("hold-requests", &hold,
+             "1 (the engine's default): a step's requests of all slots leave in "
+             "one send; 0: one send per slot");
   flags.Uint("local-control", &control, "1: a second local arm (the overhead's noise floor)");
   flags.String("only", &only, "ARM",
                "run one arm, local or remote, and report its rates alone (for a profiler)");

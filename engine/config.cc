@@ -58,6 +58,10 @@ std::string_view ExpertFormatName(ExpertFormat format) {
   return format == ExpertFormat::kMxfp4 ? "mxfp4" : "f32";
 }
 
+std::string_view WeightFormatName(WeightFormat format) {
+  return format == WeightFormat::kFp8 ? "fp8" : "f32";
+}
+
 bool EngineConfig::IsKvSource(int layer) const { return Contains(kv_source_layer_ids, layer); }
 bool EngineConfig::IsIndexSource(int layer) const {
   return Contains(index_source_layer_ids, layer);
@@ -125,6 +129,12 @@ Status EngineConfig::Validate() {
   if (expert_format == ExpertFormat::kMxfp4 &&
       (hidden_size % 32 != 0 || moe_intermediate_size % 32 != 0))
     return bad("expert_format mxfp4 needs hidden_size and moe_intermediate_size multiples of 32");
+  if (weight_format == WeightFormat::kFp8 &&
+      (hidden_size % 32 != 0 || q_lora_rank % 32 != 0 || (o_groups * o_lora_rank) % 32 != 0 ||
+       (moe_intermediate_size * n_shared_experts) % 32 != 0 || engram_head_dim % 32 != 0))
+    return bad(
+        "weight_format fp8 needs hidden_size, q_lora_rank, o_groups x o_lora_rank, "
+        "moe_intermediate_size x n_shared_experts and engram_head_dim multiples of 32");
 
   // Layer schedule (reference §2): sources and modes.
   layer_modes.assign(num_hidden_layers, LayerMode::kSwaOnly);
@@ -266,6 +276,16 @@ StatusOr<EngineConfig> ParseEngineConfig(std::string_view json_text) {
       c.expert_format = ExpertFormat::kMxfp4;
     } else if (format != "f32") {
       return Status::InvalidArgument("config: expert_format must be \"f32\" or \"mxfp4\", not \"" +
+                                     format.substr(0, 32) + "\"");
+    }
+  }
+  {
+    std::string format = "f32";
+    KVTIER_RETURN_IF_ERROR(Get(j, "weight_format", &format, false));
+    if (format == "fp8") {
+      c.weight_format = WeightFormat::kFp8;
+    } else if (format != "f32") {
+      return Status::InvalidArgument("config: weight_format must be \"f32\" or \"fp8\", not \"" +
                                      format.substr(0, 32) + "\"");
     }
   }

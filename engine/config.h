@@ -35,6 +35,16 @@ enum class ExpertFormat : uint8_t { kF32, kMxfp4 };
 // "f32" / "mxfp4" (the JSON values of expert_format).
 std::string_view ExpertFormatName(ExpertFormat format);
 
+// How the dense projections' weights are defined (reference, "Quantisation": weights FP8 e4m3
+// with ue8m0 scales). kFp8: wq_a, wq_b, wkv, wo_b, the shared expert and the Engram projection
+// are each their FP8 rounding (E4M3 codes, one UE8M0 scale per 32 inputs of a row,
+// kernels::RoundTrip(kFp8Ue8m0x32); the real model's blocks are 32 x 32, these 1 x 32), rounded
+// at load, and the products read the 8.25-bit codes. The real model keeps the compressor, the
+// indexer and wo_a in bf16; here they, the router, the head and the embedding stay f32.
+enum class WeightFormat : uint8_t { kF32, kFp8 };
+// "f32" / "fp8" (the JSON values of weight_format).
+std::string_view WeightFormatName(WeightFormat format);
+
 struct RopeScalingConfig {
   std::string type;  // "yarn" or "" (none)
   double factor = 1.0;
@@ -93,6 +103,10 @@ struct EngineConfig {
   // JSON "expert_format": "f32" (default) or "mxfp4" (needs hidden_size and
   // moe_intermediate_size multiples of 32).
   ExpertFormat expert_format = ExpertFormat::kF32;
+  // JSON "weight_format": "f32" (default) or "fp8" (needs hidden_size, q_lora_rank,
+  // o_groups x o_lora_rank, moe_intermediate_size x n_shared_experts and engram_head_dim
+  // multiples of 32).
+  WeightFormat weight_format = WeightFormat::kF32;
 
   std::vector<int> engram_layer_ids;  // empty: no Engram
   int engram_max_ngram_size = 0;

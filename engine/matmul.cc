@@ -36,17 +36,12 @@ void PackedMatrix::Free::operator()(uint8_t* p) const {
 
 PackedMatrix::PackedMatrix(const float* w, int in, int out, PackedFormat format)
     : in_(in), out_(out), format_(PackedFormat::kF32) {
-  if (format == PackedFormat::kMxfp4 && PackMxfp4(w)) {
-    format_ = PackedFormat::kMxfp4;
-    return;
-  }
+  if (format != PackedFormat::kF32 && PackCoded(w, format)) return;
   PackF32(w);
 }
 
 size_t PackedMatrix::bytes() const {
-  if (format_ == PackedFormat::kMxfp4) {
-    return static_cast<size_t>(panels()) * (in_ / kMxfp4BlockInputs) * kMxfp4BlockBytes;
-  }
+  if (format_ != PackedFormat::kF32) return static_cast<size_t>(panels() * coded_panel_bytes());
   return static_cast<size_t>(panels()) * panel_elems() * sizeof(float);
 }
 
@@ -65,11 +60,20 @@ void PackedMatrix::PackF32(const float* w) {
   }
 }
 
-bool PackedMatrix::PackMxfp4(const float* w) {
-  if (in_ <= 0 || in_ % kMxfp4BlockInputs != 0 || out_ <= 0) return false;
-  const int blocks = in_ / kMxfp4BlockInputs;
-  // Every row's codes and scales, checked to decode to w's bits with normal scales.
-  const size_t row_codes = kernels::DataBytes(kernels::QuantFormat::kFp4Ue8m0x32, in_);
+bool PackedMatrix::PackCoded(const float* w, PackedFormat format) {
+  if (in_ <= 0 || in_ % kCodedBlockInputs != 0 || out_ <= 0) return false;
+  const bool fp8 = format == PackedFormat::kFp8;
+  const kernels::QuantFormat qf =
+      fp8 ? kernels::QuantFormat::kFp8Ue8m0x32 : kernels::QuantFormat::kFp4Ue8m0x32;
+  // The kernels' scale is 2^(s - 127) (MXFP4) or 2^(s - 7) (FP8: the E4M3 code's bits placed
+  // in a float's exponent and mantissa read 2^-120 of its value): both must be normal floats,
+  // s in [1, 254] and [0, 134].
+  const int s_min = fp8 ? 0 : 1, s_max = fp8 ? 134 : 254;
+  const int code_bits = fp8 ? 8 : 4;
+  const int group = fp8 ? kFp8GroupInputs : kMxfp4GroupInputs;
+  const int blocks = in_ / kCodedBlockInputs;
+  // Every row's codes and scales, checked to decode to w's bits with usable scales.
+  const size_t row_codes = kernels::DataBytes(qf, in_);
   std::vector<uint8_t> codes(static_cast<size_t>(out_) * row_codes);
   std::vector<uint8_t> scales(static_cast<size_t>(out_) * blocks);
   std::vector<float> back(static_cast<size_t>(in_));
@@ -77,35 +81,38 @@ bool PackedMatrix::PackMxfp4(const float* w) {
     const float* row = w + static_cast<int64_t>(o) * in_;
     uint8_t* c = codes.data() + static_cast<size_t>(o) * row_codes;
     uint8_t* s = scales.data() + static_cast<size_t>(o) * blocks;
-    if (!kernels::Quantize(kernels::QuantFormat::kFp4Ue8m0x32, row, 1, in_, c, s,
-                           kernels::Backend::kAuto)
-             .ok() ||
-        !kernels::Dequantize(kernels::QuantFormat::kFp4Ue8m0x32, c, s, 1, in_, back.data(),
-                             kernels::Backend::kAuto)
-             .ok() ||
+    if (!kernels::Quantize(qf, row, 1, in_, c, s, kernels::Backend::kAuto).ok() ||
+        !kernels::Dequantize(qf, c, s, 1, in_, back.data(), kernels::Backend::kAuto).ok() ||
         std::memcmp(back.data(), row, static_cast<size_t>(in_) * sizeof(float)) != 0) {
       return false;
     }
     for (int b = 0; b < blocks; ++b) {
-      if (s[b] == 0 || s[b] == 0xff) return false;  // 2^-127 is not normal; 0xff is NaN
+      if (s[b] < s_min || s[b] > s_max) return false;  // 0xff (NaN) included
+    }
+    for (size_t i = 0; fp8 && i < row_codes; ++i) {
+      if ((c[i] & 0x7f) == 0x7f) return false;  // E4M3 NaN: the kernels would read 480
     }
   }
-  const size_t panel_bytes = static_cast<size_t>(blocks) * kMxfp4BlockBytes;
+  format_ = format;
+  const size_t block_bytes = fp8 ? kFp8BlockBytes : kMxfp4BlockBytes;
+  const size_t panel_bytes = static_cast<size_t>(blocks) * block_bytes;
   data_.reset(static_cast<uint8_t*>(::operator new(std::max<size_t>(panels() * panel_bytes, 1),
                                                    std::align_val_t(kPanelAlignBytes))));
   for (int p = 0; p < panels(); ++p) {
     for (int b = 0; b < blocks; ++b) {
-      uint8_t* dst = data_.get() + p * panel_bytes + static_cast<size_t>(b) * kMxfp4BlockBytes;
+      uint8_t* dst = data_.get() + p * panel_bytes + static_cast<size_t>(b) * block_bytes;
       for (int j = 0; j < kMatMulPanelOutputs; ++j) {
         const int o = p * kMatMulPanelOutputs + j;
         dst[j] = o < out_ ? scales[static_cast<size_t>(o) * blocks + b] : 127;  // pad: 2^0
-        for (int g = 0; g < kMxfp4BlockInputs / kMxfp4GroupInputs; ++g) {
+        for (int g = 0; g < kCodedBlockInputs / group; ++g) {
           uint32_t word = 0;  // padding outputs: codes 0, which decode to +0
-          for (int t = 0; o < out_ && t < kMxfp4GroupInputs; ++t) {
-            // Input k's code: byte k / 2 of the row, the low nibble for even k.
-            const int k = b * kMxfp4BlockInputs + g * kMxfp4GroupInputs + t;
-            const uint8_t byte = codes[static_cast<size_t>(o) * row_codes + k / 2];
-            word |= static_cast<uint32_t>((byte >> (4 * (k & 1))) & 0xf) << (4 * t);
+          for (int t = 0; o < out_ && t < group; ++t) {
+            // Input k's code: byte k of the row (FP8), or the low (even k) or high nibble of
+            // byte k / 2 (MXFP4).
+            const int k = b * kCodedBlockInputs + g * group + t;
+            const uint8_t* row_c = codes.data() + static_cast<size_t>(o) * row_codes;
+            const uint32_t code = fp8 ? row_c[k] : (row_c[k / 2] >> (4 * (k & 1))) & 0xf;
+            word |= code << (code_bits * t);
           }
           std::memcpy(dst + kMatMulPanelOutputs + (g * kMatMulPanelOutputs + j) * 4, &word, 4);
         }
@@ -197,11 +204,20 @@ void ScalarBlock(const float* x, int r0, int r1, int in, const float* w, int o0,
 // GEMV streams them from memory): it stays on the AVX2 kernel, the same bits either way.
 void PackedBlock(MatMulKernel k, const float* x, int r0, int r1, const PackedMatrix& w, int p0,
                  int p1, float* y) {
-  if (w.format() == PackedFormat::kMxfp4) {  // decoding is arithmetic: the widest kernel
+  // Coded weights: decoding is arithmetic, so the widest kernel for every row count.
+  if (w.format() == PackedFormat::kMxfp4) {
     if (k == MatMulKernel::kAvx512Fma) {
       internal::MatMulMxfp4Avx512Block(x, r0, r1, w, p0, p1, y);
     } else {
       internal::MatMulMxfp4Avx2Block(x, r0, r1, w, p0, p1, y);
+    }
+    return;
+  }
+  if (w.format() == PackedFormat::kFp8) {
+    if (k == MatMulKernel::kAvx512Fma) {
+      internal::MatMulFp8Avx512Block(x, r0, r1, w, p0, p1, y);
+    } else {
+      internal::MatMulFp8Avx2Block(x, r0, r1, w, p0, p1, y);
     }
     return;
   }

@@ -16,13 +16,15 @@
 // "avx2" at most kAvx2Fma; otherwise the widest the CPU has (kAvx512Fma needs AVX-512F, AVX2
 // and FMA; kAvx2Fma AVX2 and FMA).
 //
-// MXFP4 weights: a W whose rows are MXFP4 values (E2M1 codes times one UE8M0 scale per 32
-// inputs, e.g. the output of kernels::RoundTrip(kFp4Ue8m0x32); the routed experts of a model
-// with expert_format "mxfp4") may be packed as its codes and scales, 4.25 bits per weight
-// instead of 32 (PackedFormat::kMxfp4). The kernels (engine/matmul_mxfp4_avx2.cc,
-// matmul_mxfp4_avx512.cc) decode each weight exactly (a table value times a power of two) and
-// feed it to the same fma chain, so the result is the same bits as the float W's; only the
-// bytes read differ.
+// Block-scaled weights: a W whose rows are MXFP4 values (E2M1 codes times one UE8M0 scale per
+// 32 inputs, e.g. kernels::RoundTrip(kFp4Ue8m0x32); the routed experts of a model with
+// expert_format "mxfp4") or FP8 values (E4M3 codes times one UE8M0 scale per 32 inputs,
+// kernels::RoundTrip(kFp8Ue8m0x32); the dense projections of a model with weight_format "fp8")
+// may be packed as its codes and scales, 4.25 or 8.25 bits per weight instead of 32
+// (PackedFormat::kMxfp4, kFp8). Their kernels (engine/matmul_mxfp4_avx2.cc,
+// matmul_mxfp4_avx512.cc, matmul_fp8_avx2.cc, matmul_fp8_avx512.cc) decode each weight exactly
+// (a code's value times a power of two) and feed it to the same fma chain, so the result is the
+// same bits as the float W's; only the bytes read differ.
 //
 // Packed weights: MatMulCpu looks W up in a process-wide registry of packed copies
 // (RegisterPackedWeight, done by the Engine at bind time); an unregistered W is packed into a
@@ -42,33 +44,38 @@ namespace kvtier::engine {
 // Outputs per panel of a PackedMatrix (two 8-float AVX2 vectors).
 inline constexpr int kMatMulPanelOutputs = 16;
 
-// Inputs per MXFP4 scale block, and the bytes of one block of a kMxfp4 panel: 16 scale codes
-// (one per output), then 4 groups of 8 inputs, each 16 little-endian 32-bit words, word j
-// holding output j's codes of the group's inputs 8g + t in bits [4t, 4t + 4) (t = 0..7). A
-// vector load of a group gives each output lane its next eight codes: one shift per input and
-// the lookup's own index masking pick them out.
-inline constexpr int kMxfp4BlockInputs = 32;
+// Inputs per scale block of the block-scaled formats, and the layout of one block of a coded
+// panel: 16 scale codes (one per output), then groups of inputs, each 16 little-endian 32-bit
+// words, word j holding output j's codes of the group's inputs in order from the low bits
+// (kMxfp4: 8 inputs of 4 bits per word, 4 groups; kFp8: 4 inputs of 8 bits, 8 groups). A vector
+// load of a group gives each output lane its next codes: one shift per input picks each out.
+inline constexpr int kCodedBlockInputs = 32;
 inline constexpr int kMxfp4GroupInputs = 8;
+inline constexpr int kFp8GroupInputs = 4;
 inline constexpr int kMxfp4BlockBytes =
-    kMatMulPanelOutputs + (kMxfp4BlockInputs / kMxfp4GroupInputs) * kMatMulPanelOutputs * 4;
+    kMatMulPanelOutputs + (kCodedBlockInputs / kMxfp4GroupInputs) * kMatMulPanelOutputs * 4;
+inline constexpr int kFp8BlockBytes =
+    kMatMulPanelOutputs + (kCodedBlockInputs / kFp8GroupInputs) * kMatMulPanelOutputs * 4;
 
 // How a PackedMatrix holds W.
 enum class PackedFormat : uint8_t {
   kF32,    // the floats
   kMxfp4,  // E2M1 codes and UE8M0 scales (see the file comment); in % 32 == 0
+  kFp8,    // E4M3 codes and UE8M0 scales; in % 32 == 0
 };
 
 // W ([out x in], row-major) in panels of kMatMulPanelOutputs outputs. kF32: panel p holds, for
-// k = 0..in-1, the 16 weights W[p*16 + j][k] (j = 0..15) contiguously. kMxfp4: panel p holds
-// in / 32 blocks of kMxfp4BlockBytes (layout above), block b covering inputs [32b, 32b + 32).
-// Outputs past `out` in the last panel are zero. Each panel starts 64-byte aligned (kF32) or
-// 16-byte aligned (kMxfp4).
+// k = 0..in-1, the 16 weights W[p*16 + j][k] (j = 0..15) contiguously. kMxfp4 / kFp8: panel p
+// holds in / 32 blocks of kMxfp4BlockBytes / kFp8BlockBytes (layout above), block b covering
+// inputs [32b, 32b + 32). Outputs past `out` in the last panel are zero. Each panel starts
+// 64-byte aligned (kF32) or 16-byte aligned (coded).
 class PackedMatrix {
  public:
-  // Copies w. in >= 0, out >= 0. Asked for kMxfp4, it packs w as MXFP4 only when that is exact:
-  // in % 32 == 0, every row block of 32 is a block of E2M1 values times a scale 2^(s - 127)
-  // with s in [1, 254] (a normal float), and decoding gives back w's bits; otherwise it holds
-  // kF32 (format() says which; the product is the same bits either way).
+  // Copies w. in >= 0, out >= 0. Asked for kMxfp4 (kFp8), it packs w so only when that is exact:
+  // in % 32 == 0, every row block of 32 is a block of E2M1 (E4M3) values times a scale
+  // 2^(s - 127) with s in [1, 254] ([0, 134]: the kernels' scale, 2^(s - 7), must be a normal
+  // float), and decoding gives back w's bits; otherwise it holds kF32 (format() says which; the
+  // product is the same bits either way).
   PackedMatrix(const float* w, int in, int out, PackedFormat format = PackedFormat::kF32);
   int in() const { return in_; }
   int out() const { return out_; }
@@ -78,9 +85,13 @@ class PackedMatrix {
   const float* panel(int p) const {
     return reinterpret_cast<const float*>(data_.get()) + static_cast<int64_t>(p) * panel_elems();
   }
-  // kMxfp4 only.
-  const uint8_t* mxfp4_panel(int p) const {
-    return data_.get() + static_cast<int64_t>(p) * (in_ / kMxfp4BlockInputs) * kMxfp4BlockBytes;
+  // kMxfp4 and kFp8 only.
+  const uint8_t* coded_panel(int p) const {
+    return data_.get() + static_cast<int64_t>(p) * coded_panel_bytes();
+  }
+  int64_t coded_panel_bytes() const {
+    return static_cast<int64_t>(in_ / kCodedBlockInputs) *
+           (format_ == PackedFormat::kFp8 ? kFp8BlockBytes : kMxfp4BlockBytes);
   }
   size_t bytes() const;
 
@@ -89,8 +100,9 @@ class PackedMatrix {
     void operator()(uint8_t* p) const;
   };
   int64_t panel_elems() const { return static_cast<int64_t>(in_) * kMatMulPanelOutputs; }
-  // Fills data_ with w's MXFP4 panels; false (data_ untouched) when that would not be exact.
-  bool PackMxfp4(const float* w);
+  // Fills data_ with w's kMxfp4 or kFp8 panels (format_ set); false (data_ untouched) when that
+  // would not be exact.
+  bool PackCoded(const float* w, PackedFormat format);
   void PackF32(const float* w);
 
   int in_, out_;
@@ -118,7 +130,7 @@ std::shared_ptr<const PackedMatrix> FindPackedWeight(const float* w, int in, int
 // kernel is active (it reads W as it is) or for a null w.
 class PackedWeightSet {
  public:
-  // format: as RegisterPackedWeight's (kMxfp4 for a W of MXFP4 values).
+  // format: as RegisterPackedWeight's (kMxfp4 / kFp8 for a W of MXFP4 / FP8 values).
   void Add(const float* w, int in, int out, PackedFormat format = PackedFormat::kF32);
   // The copy added for (w, in, out), or null (MatMul then packs or looks up itself).
   const PackedMatrix* Find(const float* w, int in, int out) const;
@@ -165,6 +177,11 @@ void MatMulMxfp4Avx2Block(const float* x, int r0, int r1, const PackedMatrix& w,
                           float* y);
 void MatMulMxfp4Avx512Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
                             float* y);
+// engine/matmul_fp8_avx2.cc and matmul_fp8_avx512.cc: the same for a kFp8 `w`.
+void MatMulFp8Avx2Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
+                        float* y);
+void MatMulFp8Avx512Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
+                          float* y);
 }  // namespace internal
 
 }  // namespace kvtier::engine

@@ -82,7 +82,7 @@ void Kernel(const float* x, int64_t ldx, int in, const uint8_t* w, int64_t wstri
 #pragma GCC unroll 2
     for (int q = 0; q < NP; ++q) acc[r][q][0] = acc[r][q][1] = _mm256_setzero_ps();
   }
-  const int blocks = in / kMxfp4BlockInputs;
+  const int blocks = in / kCodedBlockInputs;
   for (int b = 0; b < blocks; ++b) {
     __m256 scale[NP][2];
 #pragma GCC unroll 2
@@ -91,8 +91,8 @@ void Kernel(const float* x, int64_t ldx, int in, const uint8_t* w, int64_t wstri
       scale[q][0] = Scale(blk);
       scale[q][1] = Scale(blk + 8);
     }
-    const float* xb = x + static_cast<int64_t>(b) * kMxfp4BlockInputs;
-    for (int g = 0; g < kMxfp4BlockInputs / kMxfp4GroupInputs; ++g) {
+    const float* xb = x + static_cast<int64_t>(b) * kCodedBlockInputs;
+    for (int g = 0; g < kCodedBlockInputs / kMxfp4GroupInputs; ++g) {
       __m256i v[NP][2];
 #pragma GCC unroll 2
       for (int q = 0; q < NP; ++q) {
@@ -146,12 +146,12 @@ KernelFn Pick(int mr, int np) {
 void MatMulMxfp4Avx2Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
                           float* y) {
   const int in = w.in(), out = w.out();
-  const int64_t wstride = static_cast<int64_t>(in / kMxfp4BlockInputs) * kMxfp4BlockBytes;
+  const int64_t wstride = w.coded_panel_bytes();
   for (int r = r0; r < r1;) {  // row groups outside, panels inside (see the AVX-512 file)
     const int mr = std::min(kMaxRows, r1 - r);
     for (int p = p0; p < p1;) {
       const int np = std::min(MaxPanels(mr), p1 - p);
-      Pick(mr, np)(x + static_cast<int64_t>(r) * in, in, in, w.mxfp4_panel(p), wstride,
+      Pick(mr, np)(x + static_cast<int64_t>(r) * in, in, in, w.coded_panel(p), wstride,
                    y + static_cast<int64_t>(r) * out + static_cast<int64_t>(p) * kP, out,
                    out - p * kP);
       p += np;

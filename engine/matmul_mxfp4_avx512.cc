@@ -43,7 +43,7 @@ void Kernel(const float* x, int64_t ldx, int in, const uint8_t* w, int64_t wstri
 #pragma GCC unroll 8
     for (int q = 0; q < NP; ++q) acc[r][q] = _mm512_setzero_ps();
   }
-  const int blocks = in / kMxfp4BlockInputs;
+  const int blocks = in / kCodedBlockInputs;
   for (int b = 0; b < blocks; ++b) {
     __m512 scale[NP];
 #pragma GCC unroll 8
@@ -52,8 +52,8 @@ void Kernel(const float* x, int64_t ldx, int in, const uint8_t* w, int64_t wstri
       scale[q] = _mm512_castsi512_ps(_mm512_slli_epi32(
           _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk))), 23));
     }
-    const float* xb = x + static_cast<int64_t>(b) * kMxfp4BlockInputs;
-    for (int g = 0; g < kMxfp4BlockInputs / kMxfp4GroupInputs; ++g) {
+    const float* xb = x + static_cast<int64_t>(b) * kCodedBlockInputs;
+    for (int g = 0; g < kCodedBlockInputs / kMxfp4GroupInputs; ++g) {
       __m512i v[NP];
 #pragma GCC unroll 8
       for (int q = 0; q < NP; ++q) {
@@ -129,14 +129,14 @@ KernelFn Pick(int mr, int np) {
 void MatMulMxfp4Avx512Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
                             float* y) {
   const int in = w.in(), out = w.out();
-  const int64_t wstride = static_cast<int64_t>(in / kMxfp4BlockInputs) * kMxfp4BlockBytes;
+  const int64_t wstride = w.coded_panel_bytes();
   // Row groups outside, panels inside: a group's rows of X stay in L1 while it passes over the
   // panels (an expert's whole MXFP4 matrix is a few tens of KiB).
   for (int r = r0; r < r1;) {
     const int mr = std::min(kMaxRows, r1 - r);
     for (int p = p0; p < p1;) {
       const int np = std::min(MaxPanels(mr), p1 - p);
-      Pick(mr, np)(x + static_cast<int64_t>(r) * in, in, in, w.mxfp4_panel(p), wstride,
+      Pick(mr, np)(x + static_cast<int64_t>(r) * in, in, in, w.coded_panel(p), wstride,
                    y + static_cast<int64_t>(r) * out + static_cast<int64_t>(p) * kP, out,
                    out - p * kP);
       p += np;

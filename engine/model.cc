@@ -159,7 +159,6 @@ Status Engine::Bind() {
     }
     lw.rope = c.ratio(l) > 0 ? &rope_compress_ : &rope_main_;
   }
-  if (c.expert_format == ExpertFormat::kMxfp4) KVTIER_RETURN_IF_ERROR(RoundRoutedExperts());
 
   if (!c.engram_layer_ids.empty()) {
     EngramHashParams p;
@@ -186,6 +185,7 @@ Status Engine::Bind() {
       return Status::InvalidArgument("engine: engram row source has the wrong row_dim");
     engram_queue_.resize(c.engram_layer_ids.size());
   }
+  KVTIER_RETURN_IF_ERROR(RoundCodedWeights());
   PackMatMulWeights();
   return Status::Ok();
 }
@@ -199,35 +199,58 @@ void Engine::MmMany(ThreadPool* pool, std::span<MatMulPart> parts) const {
   MatMulMany(pool, parts.data(), static_cast<int>(parts.size()));
 }
 
-Status Engine::RoundRoutedExperts() {
+Status Engine::RoundCodedWeights() {
   const EngineConfig& c = config_;
-  const int64_t D = c.hidden_size, I = c.moe_intermediate_size, per_matrix = D * I;
-  int64_t matrices = 0;
-  for (const LayerWeights& lw : layers_) {
-    for (size_t e = 0; e < lw.w1.size(); ++e) {
-      if (lw.w1[e] == nullptr || lw.w2[e] == nullptr || lw.w3[e] == nullptr)
-        return Status::InvalidArgument("engine: a routed expert's weights are missing");
-      matrices += 3;
+  const int64_t D = c.hidden_size, I = c.moe_intermediate_size, Is = I * c.n_shared_experts;
+  const int64_t H = c.num_attention_heads, hd = c.head_dim, ql = c.q_lora_rank;
+  const int64_t Go = static_cast<int64_t>(c.o_groups) * c.o_lora_rank;
+  // Each matrix to round: where its pointer is, its rows (outputs) and inputs, its format.
+  struct Matrix {
+    const float** w;
+    int64_t rows, inputs;
+    kernels::QuantFormat format;
+  };
+  std::vector<Matrix> todo;
+  for (LayerWeights& lw : layers_) {
+    if (c.expert_format == ExpertFormat::kMxfp4) {
+      constexpr auto f = kernels::QuantFormat::kFp4Ue8m0x32;
+      for (size_t e = 0; e < lw.w1.size(); ++e) {
+        todo.push_back({&lw.w1[e], I, D, f});
+        todo.push_back({&lw.w3[e], I, D, f});
+        todo.push_back({&lw.w2[e], D, I, f});
+      }
+    }
+    if (c.weight_format == WeightFormat::kFp8) {
+      constexpr auto f = kernels::QuantFormat::kFp8Ue8m0x32;
+      todo.push_back({&lw.wq_a, ql, D, f});
+      todo.push_back({&lw.wq_b, H * hd, ql, f});
+      todo.push_back({&lw.wkv, hd, D, f});
+      todo.push_back({&lw.wo_b, D, Go, f});
+      if (lw.s_w1 != nullptr) {
+        todo.push_back({&lw.s_w1, Is, D, f});
+        todo.push_back({&lw.s_w3, Is, D, f});
+        todo.push_back({&lw.s_w2, D, Is, f});
+      }
+      if (lw.e_wkv != nullptr) {
+        todo.push_back({&lw.e_wkv, (c.hc_mult + 1) * D,
+                        static_cast<int64_t>(engram_hash_->num_columns()) * c.engram_head_dim, f});
+      }
     }
   }
-  expert_values_.resize(static_cast<size_t>(matrices * per_matrix));
-  float* next = expert_values_.data();
-  // Copies w ([rows x n]) to the next slot, rounds each row's blocks of 32 and repoints w there.
-  auto round = [&](const float*& w, int64_t rows, int64_t n) -> Status {
-    std::memcpy(next, w, static_cast<size_t>(rows * n) * sizeof(float));
-    KVTIER_RETURN_IF_ERROR(kernels::RoundTrip(kernels::QuantFormat::kFp4Ue8m0x32, next,
-                                              static_cast<size_t>(rows), static_cast<size_t>(n),
+  int64_t total = 0;
+  for (const Matrix& m : todo) {
+    if (*m.w == nullptr) return Status::InvalidArgument("engine: a weight to round is missing");
+    total += m.rows * m.inputs;
+  }
+  coded_values_.resize(static_cast<size_t>(total));
+  float* next = coded_values_.data();
+  for (const Matrix& m : todo) {  // copy, round each row's blocks of 32, repoint
+    std::memcpy(next, *m.w, static_cast<size_t>(m.rows * m.inputs) * sizeof(float));
+    KVTIER_RETURN_IF_ERROR(kernels::RoundTrip(m.format, next, static_cast<size_t>(m.rows),
+                                              static_cast<size_t>(m.inputs),
                                               kernels::Backend::kAuto));
-    w = next;
-    next += rows * n;
-    return Status::Ok();
-  };
-  for (LayerWeights& lw : layers_) {
-    for (size_t e = 0; e < lw.w1.size(); ++e) {
-      KVTIER_RETURN_IF_ERROR(round(lw.w1[e], I, D));
-      KVTIER_RETURN_IF_ERROR(round(lw.w3[e], I, D));
-      KVTIER_RETURN_IF_ERROR(round(lw.w2[e], D, I));
-    }
+    *m.w = next;
+    next += m.rows * m.inputs;
   }
   return Status::Ok();
 }
@@ -241,15 +264,21 @@ void Engine::PackMatMulWeights() {
     packed_.Add(w, in, out, format);
     return packed_.Find(w, in, out);
   };
+  // FP8 dense projections and MXFP4 experts are packed as their codes (a copy holds kF32 where
+  // that is not exact).
+  const PackedFormat wf =
+      c.weight_format == WeightFormat::kFp8 ? PackedFormat::kFp8 : PackedFormat::kF32;
+  const PackedFormat ef =
+      c.expert_format == ExpertFormat::kMxfp4 ? PackedFormat::kMxfp4 : PackedFormat::kF32;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     LayerWeights& lw = layers_[l];
-    lw.pk_wq_a = pack(lw.wq_a, D, ql);
-    lw.pk_wq_b = pack(lw.wq_b, ql, H * hd);
-    lw.pk_wkv = pack(lw.wkv, D, hd);
+    lw.pk_wq_a = pack(lw.wq_a, D, ql, wf);
+    lw.pk_wq_b = pack(lw.wq_b, ql, H * hd, wf);
+    lw.pk_wkv = pack(lw.wkv, D, hd, wf);
     lw.pk_wo_a.resize(G);
     for (int g = 0; g < G; ++g)
       lw.pk_wo_a[g] = pack(lw.wo_a + static_cast<int64_t>(g) * ol * gin, gin, ol);
-    lw.pk_wo_b = pack(lw.wo_b, G * ol, D);
+    lw.pk_wo_b = pack(lw.wo_b, G * ol, D, wf);
     lw.pk_c_wkv = pack(lw.c_wkv, D, hd);
     lw.pk_c_wgate = pack(lw.c_wgate, D, hd);
     lw.pk_i_wk = pack(lw.i_wk, hd, c.index_head_dim);
@@ -259,20 +288,17 @@ void Engine::PackMatMulWeights() {
     lw.pk_w1.resize(lw.w1.size());
     lw.pk_w2.resize(lw.w1.size());
     lw.pk_w3.resize(lw.w1.size());
-    // MXFP4 experts are packed as their codes (a copy holds kF32 where that is not exact).
-    const PackedFormat ef =
-        c.expert_format == ExpertFormat::kMxfp4 ? PackedFormat::kMxfp4 : PackedFormat::kF32;
     for (size_t e = 0; e < lw.w1.size(); ++e) {
       lw.pk_w1[e] = pack(lw.w1[e], D, I, ef);
       lw.pk_w3[e] = pack(lw.w3[e], D, I, ef);
       lw.pk_w2[e] = pack(lw.w2[e], I, D, ef);
     }
-    lw.pk_s_w1 = pack(lw.s_w1, D, I * c.n_shared_experts);
-    lw.pk_s_w3 = pack(lw.s_w3, D, I * c.n_shared_experts);
-    lw.pk_s_w2 = pack(lw.s_w2, I * c.n_shared_experts, D);
+    lw.pk_s_w1 = pack(lw.s_w1, D, I * c.n_shared_experts, wf);
+    lw.pk_s_w3 = pack(lw.s_w3, D, I * c.n_shared_experts, wf);
+    lw.pk_s_w2 = pack(lw.s_w2, I * c.n_shared_experts, D, wf);
     if (lw.e_wkv != nullptr) {
       lw.pk_e_wkv =
-          pack(lw.e_wkv, engram_hash_->num_columns() * c.engram_head_dim, (c.hc_mult + 1) * D);
+          pack(lw.e_wkv, engram_hash_->num_columns() * c.engram_head_dim, (c.hc_mult + 1) * D, wf);
     }
   }
   head_pk_ = pack(head_w_, D, c.vocab_size);

@@ -294,9 +294,10 @@ class Engine {
   Engine(const EngineConfig& config, std::shared_ptr<const ModelWeights> weights,
          const EngineOptions& options);
   Status Bind();
-  // expert_format mxfp4: copies every routed expert matrix into expert_values_, rounds each
-  // row to MXFP4 (kernels::RoundTrip) and points LayerWeights::w1/w2/w3 at the copies.
-  Status RoundRoutedExperts();
+  // expert_format mxfp4 and weight_format fp8: copies every matrix they cover into
+  // coded_values_, rounds each row's blocks of 32 (kernels::RoundTrip: MXFP4 for the routed
+  // experts, FP8 for the dense projections) and points LayerWeights at the copies.
+  Status RoundCodedWeights();
   // Registers a packed copy of every weight matrix MatMul reads (engine/matmul.h) and keeps a
   // pointer to each beside its weight (LayerWeights::pk_*, head_pk_).
   void PackMatMulWeights();
@@ -381,10 +382,11 @@ class Engine {
   std::unique_ptr<ThreadPool> pool_;
   PackedWeightSet packed_;  // every weight matrix Mm reads, packed at bind time
   std::vector<LayerWeights> layers_;
-  // expert_format mxfp4: the routed experts' weights as the model defines them (each row's
-  // MXFP4 rounding of the checkpoint's), which w1/w2/w3 point into; empty for f32. The products
-  // read their kMxfp4 packed copies; the scalar and CUDA MatMuls read these floats.
-  std::vector<float> expert_values_;
+  // The rounded weights as the model defines them (expert_format mxfp4: the routed experts;
+  // weight_format fp8: the dense projections; each row's rounding of the checkpoint's), which
+  // LayerWeights points into; empty when both formats are f32. The products read their packed
+  // codes; the scalar and CUDA MatMuls read these floats.
+  std::vector<float> coded_values_;
   std::vector<double> rope_main_, rope_compress_;
   const float *embed_w_ = nullptr, *norm_w_ = nullptr, *head_w_ = nullptr;  // bound once
   const PackedMatrix* head_pk_ = nullptr;                                   // head_w_'s copy

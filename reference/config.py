@@ -20,6 +20,7 @@ _DEFAULTS = {
     "engram_max_ngram_size": 0, "engram_n_heads": 0, "engram_head_dim": 0,
     "engram_vocab_size": [], "engram_pad_token_id": 2, "engram_seed": 0,
     "engram_compressed_vocab_size": 0, "dspark_noise_token_id": -1, "expert_format": "f32",
+    "weight_format": "f32",
 }
 _REQUIRED = [
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
@@ -45,6 +46,16 @@ class Config:
                                               self.moe_intermediate_size % 32):
             raise ValueError("config: expert_format mxfp4 needs hidden_size and "
                              "moe_intermediate_size multiples of 32")
+        if self.weight_format not in ("f32", "fp8"):
+            raise ValueError('config: weight_format must be "f32" or "fp8"')
+        if self.weight_format == "fp8" and any(
+                v % 32 for v in (self.hidden_size, self.q_lora_rank,
+                                 self.o_groups * self.o_lora_rank,
+                                 self.moe_intermediate_size * self.n_shared_experts,
+                                 self.engram_head_dim)):
+            raise ValueError("config: weight_format fp8 needs hidden_size, q_lora_rank, "
+                             "o_groups x o_lora_rank, moe_intermediate_size x n_shared_experts "
+                             "and engram_head_dim multiples of 32")
         L = self.num_hidden_layers
         if len(self.compress_ratios) < L:
             raise ValueError("config: compress_ratios shorter than num_hidden_layers")

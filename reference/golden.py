@@ -5,6 +5,8 @@
       --weights deploy/models/X.safetensors --config deploy/models/X.json   # a trained one
   /usr/bin/python3 -m reference.golden --name init7fp4 --short-only \
       --config deploy/models/mini-v4.1-mxfp4.json        # MXFP4 experts: full and ced only
+  /usr/bin/python3 -m reference.golden --name init9q --seed 9 --short-only \
+      --config deploy/models/mini-v4.1-fp8-mxfp4.json    # and FP8 projections
 
 Each run (re)writes the cases of one checkpoint, <name>_*.bin, and its entry in manifest.json
 (other checkpoints' entries are kept). A random-init checkpoint is named by (config, seed): the

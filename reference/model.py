@@ -260,8 +260,18 @@ class MiniV41(torch.nn.Module):
     def _get(self, key):
         return self.params[key] if key in self.params else getattr(self, key)
 
+    # The dense projections that weight_format "fp8" defines as their FP8 rounding (E4M3 with a
+    # UE8M0 scale per 32 inputs of a row), as the engine rounds them at load.
+    FP8_WEIGHTS = frozenset([
+        "attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_b.weight",
+        "ffn.shared_experts.w1.weight", "ffn.shared_experts.w3.weight",
+        "ffn.shared_experts.w2.weight", "engram.wkv.weight"])
+
     def p(self, l, suffix):
-        return self._get(f"layers__{l}__" + suffix.replace(".", "__"))
+        w = self._get(f"layers__{l}__" + suffix.replace(".", "__"))
+        if self.cfg.weight_format == "fp8" and suffix in self.FP8_WEIGHTS:
+            w = quant.fake_quant(w, quant.FP8_UE8M0X32)  # straight through in training
+        return w
 
     def _init_random(self):
         """Initial values for training (engine-like scales): uniform linear layers, ones for

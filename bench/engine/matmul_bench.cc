@@ -8,7 +8,9 @@
 //      experts x w1, w3, w2; 96 MiB in f32) with 1, 2 and 3 rows each (a decode's and a batched
 //      pass's rows per expert), packed as f32 and as MXFP4 (expert_format "mxfp4", the same
 //      values: the same bits out), each against a streaming read of its own packed bytes;
-//      ratio = f32 time / MXFP4 time.
+//      ratio = f32 time / MXFP4 time;
+//   4. dense projections: mini-v4.1's FP8 projections (weight_format "fp8": attention, shared
+//      expert, Engram; 24 MiB in f32) with 1 and 16 rows, packed as f32 and as FP8, the same way.
 //
 //   kvtier_bench_matmul [--threads N] [--min-ms M] [--gemv-mib S]
 //
@@ -196,76 +198,106 @@ void Decode(int threads, double min_ms, size_t total_mib) {
               static_cast<unsigned long long>(sink & 0xff));
 }
 
-void Experts(int threads, double min_ms) {
-  constexpr int kLayers = 16, kExperts = 16, D = 256, I = 128;
+// Products of `shapes` ({in, out} per matrix, cycled through as a model's pass would) packed as
+// f32 and as `format` (the same values: rounded first), with each of `row_counts` rows, each
+// against a streaming read of its own packed bytes.
+void CodedProducts(const char* title, const std::vector<std::pair<int, int>>& shapes,
+                   PackedFormat format, const std::vector<int>& row_counts, int threads,
+                   double min_ms) {
   ThreadPool pool(threads);
   struct Matrix {
-    std::unique_ptr<PackedMatrix> f32, fp4;
+    std::unique_ptr<PackedMatrix> f32, coded;
   };
   std::vector<Matrix> m;
-  std::vector<const float*> f32_bufs;
-  std::vector<const float*> fp4_bufs;
-  size_t f32_bytes = 0, fp4_bytes = 0;
-  for (int i = 0; i < kLayers * kExperts * 3; ++i) {
-    const bool down = i % 3 == 2;  // w2: I -> D; w1, w3: D -> I
-    const int in = down ? I : D, out = down ? D : I;
-    auto w = Random(static_cast<size_t>(in) * out, 100 + i);
-    if (!kernels::RoundTrip(kernels::QuantFormat::kFp4Ue8m0x32, w.data(), out, in).ok()) {
+  size_t f32_bytes = 0, coded_bytes = 0;
+  const kernels::QuantFormat qf = format == PackedFormat::kFp8 ? kernels::QuantFormat::kFp8Ue8m0x32
+                                                               : kernels::QuantFormat::kFp4Ue8m0x32;
+  int max_in = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto [in, out] = shapes[i];
+    max_in = std::max(max_in, in);
+    auto w = Random(static_cast<size_t>(in) * out, 100 + static_cast<uint32_t>(i));
+    if (!kernels::RoundTrip(qf, w.data(), out, in).ok()) {
       std::fprintf(stderr, "RoundTrip failed\n");
       std::exit(1);
     }
     Matrix mm{std::make_unique<PackedMatrix>(w.data(), in, out),
-              std::make_unique<PackedMatrix>(w.data(), in, out, PackedFormat::kMxfp4)};
-    if (mm.fp4->format() != PackedFormat::kMxfp4) {
-      std::fprintf(stderr, "an expert matrix did not pack as MXFP4\n");
+              std::make_unique<PackedMatrix>(w.data(), in, out, format)};
+    if (mm.coded->format() != format) {
+      std::fprintf(stderr, "a matrix did not pack in its format\n");
       std::exit(1);
     }
     f32_bytes += mm.f32->bytes();
-    fp4_bytes += mm.fp4->bytes();
-    f32_bufs.push_back(mm.f32->panel(0));
-    fp4_bufs.push_back(reinterpret_cast<const float*>(mm.fp4->mxfp4_panel(0)));
+    coded_bytes += mm.coded->bytes();
     m.push_back(std::move(mm));
   }
   const MatMulKernel k = ActiveMatMulKernel();
-  std::printf(
-      "routed experts, %d thread(s), kernel %s: %zu matrices, f32 %.1f MiB, MXFP4 %.1f MiB\n",
-      threads, MatMulKernelName(k), m.size(), f32_bytes / 1048576.0, fp4_bytes / 1048576.0);
-  std::printf("%-5s %12s %12s %9s %16s %16s\n", "rows", "f32 us", "MXFP4 us", "f32/MXFP4",
-              "f32 / its read", "MXFP4 / its read");
+  const char* name = format == PackedFormat::kFp8 ? "FP8" : "MXFP4";
+  std::printf("%s, %d thread(s), kernel %s: %zu matrices, f32 %.1f MiB, %s %.1f MiB\n", title,
+              threads, MatMulKernelName(k), m.size(), f32_bytes / 1048576.0, name,
+              coded_bytes / 1048576.0);
+  std::printf("%-5s %12s %10s %11s %16s %16s\n", "rows", "f32 us", "coded us", "f32/coded",
+              "f32 / its read", "coded / its read");
   uint64_t sink = 0;
-  const double t_read_f32 =
-      TimePerCall([&] { sink += StreamRead(f32_bufs, m[0].f32->bytes(), threads); }, min_ms);
-  // The MXFP4 matrices differ in size (w2's panels are 4 blocks, w1's 8): read each whole.
-  const double t_read_fp4 = TimePerCall(
-      [&] {
-        for (size_t i = 0; i < m.size(); ++i) {
-          const std::vector<const float*> one = {fp4_bufs[i]};
-          sink += StreamRead(one, m[i].fp4->bytes() / 16 * 16, 1);
-        }
-      },
-      min_ms);
-  for (int rows : {1, 2, 3}) {
-    const auto x = Random(static_cast<size_t>(rows) * D, 7);
-    std::vector<float> y(static_cast<size_t>(rows) * D), y4(y.size());
-    auto run = [&](bool fp4, std::vector<float>* out) {
+  // Each matrix's packed bytes read whole (sizes differ), one thread per call as the reads go.
+  auto read_all = [&](bool coded) {
+    for (const Matrix& mm : m) {
+      const PackedMatrix& p = coded ? *mm.coded : *mm.f32;
+      const std::vector<const float*> one = {
+          coded ? reinterpret_cast<const float*>(p.coded_panel(0)) : p.panel(0)};
+      sink += StreamRead(one, p.bytes() / 16 * 16, 1);
+    }
+  };
+  const double t_read_f32 = TimePerCall([&] { read_all(false); }, min_ms);
+  const double t_read_coded = TimePerCall([&] { read_all(true); }, min_ms);
+  for (int rows : row_counts) {
+    const auto x = Random(static_cast<size_t>(rows) * max_in, 7);
+    size_t max_out = 0;
+    for (const auto& [in, out] : shapes) max_out = std::max<size_t>(max_out, out);
+    std::vector<float> y(static_cast<size_t>(rows) * max_out), yc(y.size());
+    auto run = [&](bool coded, std::vector<float>* o) {
       for (const Matrix& mm : m) {
-        const PackedMatrix& p = fp4 ? *mm.fp4 : *mm.f32;
-        MatMulWith(k, &pool, x.data(), rows, p.in(), nullptr, &p, p.out(), out->data());
+        const PackedMatrix& p = coded ? *mm.coded : *mm.f32;
+        MatMulWith(k, &pool, x.data(), rows, p.in(), nullptr, &p, p.out(), o->data());
       }
     };
     const double tf = TimePerCall([&] { run(false, &y); }, min_ms);
-    const double t4 = TimePerCall([&] { run(true, &y4); }, min_ms);
-    if (std::memcmp(y.data(), y4.data(), y.size() * sizeof(float)) != 0) {
-      std::fprintf(stderr, "MXFP4 and f32 products differ\n");
+    const double tc = TimePerCall([&] { run(true, &yc); }, min_ms);
+    if (std::memcmp(y.data(), yc.data(), y.size() * sizeof(float)) != 0) {
+      std::fprintf(stderr, "%s and f32 products differ\n", name);
       std::exit(1);
     }
-    std::printf("%-5d %12.0f %12.0f %9.2f %16.2f %16.2f\n", rows, tf * 1e6, t4 * 1e6, tf / t4,
-                t_read_f32 / tf, t_read_fp4 / t4);
+    std::printf("%-5d %12.0f %10.0f %11.2f %16.2f %16.2f\n", rows, tf * 1e6, tc * 1e6, tf / tc,
+                t_read_f32 / tf, t_read_coded / tc);
   }
   std::printf(
       "(\"/ its read\": a streaming read of that format's packed bytes / the products; "
       "checksum %llu)\n\n",
       static_cast<unsigned long long>(sink & 0xff));
+}
+
+// mini-v4.1's routed experts: 16 layers x 16 experts x w1, w3 (256 -> 128), w2 (128 -> 256).
+void Experts(int threads, double min_ms) {
+  std::vector<std::pair<int, int>> shapes;
+  for (int i = 0; i < 16 * 16; ++i)
+    shapes.insert(shapes.end(), {{256, 128}, {256, 128}, {128, 256}});
+  CodedProducts("routed experts (expert_format mxfp4)", shapes, PackedFormat::kMxfp4, {1, 2, 3},
+                threads, min_ms);
+}
+
+// mini-v4.1's FP8 projections per layer (weight_format fp8): wq_a 256 -> 64, wq_b 64 -> 1024,
+// wkv 256 -> 128, wo_b 128 -> 256, the shared expert (256 -> 128 twice, 128 -> 256), and on
+// two of the 16 layers the Engram projection 384 -> 1280.
+void Projections(int threads, double min_ms) {
+  std::vector<std::pair<int, int>> shapes;
+  for (int l = 0; l < 16; ++l) {
+    shapes.insert(
+        shapes.end(),
+        {{256, 64}, {64, 1024}, {256, 128}, {128, 256}, {256, 128}, {256, 128}, {128, 256}});
+    if (l == 1 || l == 6) shapes.push_back({384, 1280});
+  }
+  CodedProducts("dense projections (weight_format fp8)", shapes, PackedFormat::kFp8, {1, 16},
+                threads, min_ms);
 }
 
 }  // namespace
@@ -296,5 +328,6 @@ int main(int argc, char** argv) {
   kvtier::engine::Prefill(threads, min_ms);
   kvtier::engine::Decode(threads, min_ms, gemv_mib);
   kvtier::engine::Experts(threads, min_ms);
+  kvtier::engine::Projections(threads, min_ms);
   return 0;
 }

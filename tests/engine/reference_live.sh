@@ -1,6 +1,7 @@
 #!/bin/sh
 # The engine against the live PyTorch reference: writes fresh golden vectors of the random-init
-# checkpoint (f32 experts, and MXFP4 experts for the short cases) and of the shipped trained
+# checkpoint (f32; MXFP4 experts, and those with FP8 projections, for the short cases) and of the
+# shipped trained
 # checkpoint with reference/golden.py into a temporary directory, then runs the engine's golden test on them (KVTIER_GOLDEN_DIR). Usage: reference_live.sh PYTHON GOLDEN_TEST_BINARY
 # Run from the repository root (make test-reference does).
 set -eu
@@ -14,4 +15,6 @@ trap 'rm -rf "$work"' EXIT
   --weights deploy/models/kvmini-trained.safetensors --config deploy/models/kvmini-trained.json
 "$python" -m reference.golden --out "$work" --name init7fp4 --short-only \
   --config deploy/models/mini-v4.1-mxfp4.json
+"$python" -m reference.golden --out "$work" --name init9q --seed 9 --short-only \
+  --config deploy/models/mini-v4.1-fp8-mxfp4.json
 KVTIER_GOLDEN_DIR="$work" "$test_bin"

@@ -1,8 +1,8 @@
-// expert_format "mxfp4" (engine/config.h): the config key and its limits, and an engine whose
-// routed experts are MXFP4 computes exactly what an f32 engine computes on the checkpoint with
-// those experts rounded (kernels::RoundTrip of each row), through prompts, decodes and batched
-// passes, while it reads the experts' 4.25-bit codes. ctest runs it also with the AVX2 and the
-// scalar MatMul.
+// expert_format "mxfp4" and weight_format "fp8" (engine/config.h): the config keys and their
+// limits, and an engine with MXFP4 routed experts or FP8 dense projections computes exactly what
+// an f32 engine computes on the checkpoint with those matrices rounded (kernels::RoundTrip of
+// each row), through prompts, decodes and batched passes, while it reads their codes. ctest
+// runs it also with the AVX2 and the scalar MatMul.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -57,25 +57,37 @@ TEST(Mxfp4Experts, TheConfigKeyTakesF32OrMxfp4) {
   EXPECT_TRUE(ParseEngineConfig(MiniJsonWith("48")).ok());  // f32 has no such limit
 }
 
-// TinyConfig's weights with every routed expert matrix rounded to MXFP4 row by row.
-std::shared_ptr<const ModelWeights> RoundedExperts(const ModelWeights& w) {
+// The checkpoint with the matrices a format covers rounded row by row: the routed experts to
+// MXFP4, or the dense projections to FP8 (engine/config.h lists them).
+bool CoveredByFp8(const std::string& name) {
+  for (const char* s : {".attn.wq_a.weight", ".attn.wq_b.weight", ".attn.wkv.weight",
+                        ".attn.wo_b.weight", ".ffn.shared_experts.", ".engram.wkv.weight"}) {
+    if (name.find(s) != std::string::npos) return true;
+  }
+  return false;
+}
+std::shared_ptr<const ModelWeights> Rounded(const ModelWeights& w, kernels::QuantFormat f) {
+  const bool fp8 = f == kernels::QuantFormat::kFp8Ue8m0x32;
   auto r = std::make_shared<ModelWeights>(w);
+  int rounded = 0;
   for (auto& [name, t] : r->file.tensors) {
-    if (name.find(".ffn.experts.") == std::string::npos) continue;
+    if (fp8 ? !CoveredByFp8(name) : name.find(".ffn.experts.") == std::string::npos) continue;
+    ++rounded;
     EXPECT_EQ(t.dtype, "F32");
     EXPECT_EQ(t.shape.size(), 2u);
-    EXPECT_TRUE(kernels::RoundTrip(kernels::QuantFormat::kFp4Ue8m0x32, t.f32(),
-                                   static_cast<size_t>(t.shape[0]), static_cast<size_t>(t.shape[1]),
-                                   kernels::Backend::kReference)
+    EXPECT_TRUE(kernels::RoundTrip(f, t.f32(), static_cast<size_t>(t.shape[0]),
+                                   static_cast<size_t>(t.shape[1]), kernels::Backend::kReference)
                     .ok());
   }
+  EXPECT_GT(rounded, 0);
   return r;
 }
 
 std::unique_ptr<Engine> Make(ExpertFormat format, std::shared_ptr<const ModelWeights> w,
-                             int threads) {
+                             int threads, WeightFormat weights = WeightFormat::kF32) {
   EngineConfig c = TinyConfig();
   c.expert_format = format;
+  c.weight_format = weights;
   EXPECT_TRUE(c.Validate().ok());
   EngineOptions o;
   o.threads = threads;
@@ -114,7 +126,7 @@ TEST(Mxfp4Experts, AnMxfp4EngineIsTheF32EngineOnTheRoundedExperts) {
   auto base = InitWeights(TinyConfig(), 3);
   ASSERT_TRUE(base.ok()) << base.status().ToString();
   auto original = std::make_shared<const ModelWeights>(std::move(*base));
-  auto rounded = RoundedExperts(*original);
+  auto rounded = Rounded(*original, kernels::QuantFormat::kFp4Ue8m0x32);
   const auto prompt = Prompt(40, 5);
   for (int threads : {1, 2}) {
     auto fp4 = Make(ExpertFormat::kMxfp4, original, threads);
@@ -130,11 +142,52 @@ TEST(Mxfp4Experts, AnMxfp4EngineIsTheF32EngineOnTheRoundedExperts) {
   }
 }
 
+TEST(Fp8Weights, AnFp8EngineIsTheF32EngineOnTheRoundedProjections) {
+  auto base = InitWeights(TinyConfig(), 3);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  auto original = std::make_shared<const ModelWeights>(std::move(*base));
+  auto rounded = Rounded(*original, kernels::QuantFormat::kFp8Ue8m0x32);
+  const auto prompt = Prompt(40, 5);
+  for (int threads : {1, 2}) {
+    auto fp8 = Make(ExpertFormat::kF32, original, threads, WeightFormat::kFp8);
+    auto on_rounded = Make(ExpertFormat::kF32, rounded, threads);
+    auto f32 = Make(ExpertFormat::kF32, original, threads);
+    ASSERT_TRUE(fp8 && on_rounded && f32);
+    const auto a = Generate(*fp8, prompt, 6);
+    EXPECT_TRUE(Same(a, Generate(*on_rounded, prompt, 6))) << "threads " << threads;
+    EXPECT_FALSE(Same(a, Generate(*f32, prompt, 6))) << "the format changed nothing";
+    // Both formats at once: the experts rounded too.
+    auto both = Make(ExpertFormat::kMxfp4, original, threads, WeightFormat::kFp8);
+    auto both_rounded =
+        Make(ExpertFormat::kF32, Rounded(*rounded, kernels::QuantFormat::kFp4Ue8m0x32), threads);
+    ASSERT_TRUE(both && both_rounded);
+    EXPECT_TRUE(Same(Generate(*both, prompt, 6), Generate(*both_rounded, prompt, 6)))
+        << "threads " << threads;
+  }
+}
+
+TEST(Fp8Weights, TheConfigKeyTakesF32OrFp8) {
+  auto plain = ParseEngineConfig(MiniJsonWith("128"));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->weight_format, WeightFormat::kF32);
+  auto fp8 = ParseEngineConfig(MiniJsonWith(R"(128, "weight_format":"fp8")"));
+  ASSERT_TRUE(fp8.ok()) << fp8.status().ToString();
+  EXPECT_EQ(fp8->weight_format, WeightFormat::kFp8);
+  EXPECT_EQ(WeightFormatName(fp8->weight_format), "fp8");
+  auto unknown = ParseEngineConfig(MiniJsonWith(R"(128, "weight_format":"bf16")"));
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("weight_format"), std::string::npos);
+  // FP8 blocks are 32 inputs: the shared expert's w2 takes moe_intermediate_size inputs.
+  auto ragged = ParseEngineConfig(MiniJsonWith(R"(48, "weight_format":"fp8")"));
+  ASSERT_FALSE(ragged.ok());
+  EXPECT_NE(ragged.status().message().find("multiples of 32"), std::string::npos);
+}
+
 TEST(Mxfp4Experts, ABatchedPassEqualsEachSequenceAlone) {
   auto base = InitWeights(TinyConfig(), 4);
   ASSERT_TRUE(base.ok());
   auto w = std::make_shared<const ModelWeights>(std::move(*base));
-  auto e = Make(ExpertFormat::kMxfp4, w, 2);
+  auto e = Make(ExpertFormat::kMxfp4, w, 2, WeightFormat::kFp8);
   ASSERT_TRUE(e);
   const int V = TinyConfig().vocab_size, k = 6;
   std::vector<SequenceState> states, alone;

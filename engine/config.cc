@@ -269,26 +269,22 @@ StatusOr<EngineConfig> ParseEngineConfig(std::string_view json_text) {
   KVTIER_RETURN_IF_ERROR(Get(j, "norm_topk_prob", &c.norm_topk_prob, false));
   KVTIER_RETURN_IF_ERROR(Get(j, "routed_scaling_factor", &c.routed_scaling_factor, false));
   KVTIER_RETURN_IF_ERROR(Get(j, "swiglu_limit", &c.swiglu_limit, false));
-  {
-    std::string format = "f32";
-    KVTIER_RETURN_IF_ERROR(Get(j, "expert_format", &format, false));
-    if (format == "mxfp4") {
-      c.expert_format = ExpertFormat::kMxfp4;
-    } else if (format != "f32") {
-      return Status::InvalidArgument("config: expert_format must be \"f32\" or \"mxfp4\", not \"" +
-                                     format.substr(0, 32) + "\"");
+  // A format key: "f32" (the default) or `coded`, which sets *is_coded.
+  auto format = [&](const char* key, const char* coded, bool* is_coded) -> Status {
+    std::string v = "f32";
+    KVTIER_RETURN_IF_ERROR(Get(j, key, &v, false));
+    *is_coded = v == coded;
+    if (!*is_coded && v != "f32") {
+      return Status::InvalidArgument(std::string("config: ") + key + " must be \"f32\" or \"" +
+                                     coded + "\", not \"" + v.substr(0, 32) + "\"");
     }
-  }
-  {
-    std::string format = "f32";
-    KVTIER_RETURN_IF_ERROR(Get(j, "weight_format", &format, false));
-    if (format == "fp8") {
-      c.weight_format = WeightFormat::kFp8;
-    } else if (format != "f32") {
-      return Status::InvalidArgument("config: weight_format must be \"f32\" or \"fp8\", not \"" +
-                                     format.substr(0, 32) + "\"");
-    }
-  }
+    return Status::Ok();
+  };
+  bool coded = false;
+  KVTIER_RETURN_IF_ERROR(format("expert_format", "mxfp4", &coded));
+  if (coded) c.expert_format = ExpertFormat::kMxfp4;
+  KVTIER_RETURN_IF_ERROR(format("weight_format", "fp8", &coded));
+  if (coded) c.weight_format = WeightFormat::kFp8;
   KVTIER_RETURN_IF_ERROR(Get(j, "engram_layer_ids", &c.engram_layer_ids, false));
   KVTIER_RETURN_IF_ERROR(Get(j, "engram_max_ngram_size", &c.engram_max_ngram_size, false));
   KVTIER_RETURN_IF_ERROR(Get(j, "engram_n_heads", &c.engram_n_heads, false));

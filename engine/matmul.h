@@ -21,8 +21,8 @@
 // expert_format "mxfp4") or FP8 values (E4M3 codes times one UE8M0 scale per 32 inputs,
 // kernels::RoundTrip(kFp8Ue8m0x32); the dense projections of a model with weight_format "fp8")
 // may be packed as its codes and scales, 4.25 or 8.25 bits per weight instead of 32
-// (PackedFormat::kMxfp4, kFp8). Their kernels (engine/matmul_mxfp4_avx2.cc,
-// matmul_mxfp4_avx512.cc, matmul_fp8_avx2.cc, matmul_fp8_avx512.cc) decode each weight exactly
+// (PackedFormat::kMxfp4, kFp8). Their kernels (engine/matmul_coded_avx2.cc,
+// matmul_coded_avx512.cc) decode each weight exactly
 // (a code's value times a power of two) and feed it to the same fma chain, so the result is the
 // same bits as the float W's; only the bytes read differ.
 //
@@ -171,13 +171,12 @@ void MatMulAvx2Block(const float* x, int r0, int r1, const PackedMatrix& w, int 
 // arguments and results, bit for bit, over 512-bit registers.
 void MatMulAvx512Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
                        float* y);
-// engine/matmul_mxfp4_avx2.cc and matmul_mxfp4_avx512.cc (the same CPU checks as above): the
-// same arguments for a kMxfp4 `w`, and the same bits as the kernels above on its float W.
+// engine/matmul_coded_avx2.cc and matmul_coded_avx512.cc (the same CPU checks as above): the
+// same arguments for a kMxfp4 (kFp8) `w`, and the same bits as the kernels above on its float W.
 void MatMulMxfp4Avx2Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
                           float* y);
 void MatMulMxfp4Avx512Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
                             float* y);
-// engine/matmul_fp8_avx2.cc and matmul_fp8_avx512.cc: the same for a kFp8 `w`.
 void MatMulFp8Avx2Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,
                         float* y);
 void MatMulFp8Avx512Block(const float* x, int r0, int r1, const PackedMatrix& w, int p0, int p1,

@@ -26,26 +26,6 @@ constexpr int kP = kMatMulPanelOutputs;
 constexpr int kPrefetchSteps = 32;
 static_assert(kP == 16, "a panel is two 8-float vectors");
 
-// Lanes [0, valid) set (valid in [0, 8]).
-__m256i LaneMask(int valid) {
-  alignas(32) static const int32_t kTable[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
-                                                 0,  0,  0,  0,  0,  0,  0,  0};
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kTable + 8 - valid));
-}
-
-// Stores the first min(valid, 16) of the 16 outputs lo:hi.
-inline void Store(float* dst, __m256 lo, __m256 hi, int valid) {
-  if (valid >= kP) {
-    _mm256_storeu_ps(dst, lo);
-    _mm256_storeu_ps(dst + 8, hi);
-  } else if (valid >= 8) {
-    _mm256_storeu_ps(dst, lo);
-    _mm256_maskstore_ps(dst + 8, LaneMask(valid - 8), hi);
-  } else {
-    _mm256_maskstore_ps(dst, LaneMask(valid), lo);
-  }
-}
-
 // x: MR rows of `in` floats, ldx apart; w: NP panels, wstride floats apart; y: MR rows, ldy
 // apart; valid: outputs of y's row that exist from this pass's first output on.
 template <int MR, int NP>
@@ -83,7 +63,7 @@ void Kernel(const float* x, int64_t ldx, int in, const float* w, int64_t wstride
   for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 6
     for (int p = 0; p < NP; ++p) {
-      Store(y + r * ldy + p * kP, acc[r][p][0], acc[r][p][1], valid - p * kP);
+      StoreAvx2(y + r * ldy + p * kP, acc[r][p][0], acc[r][p][1], valid - p * kP);
     }
   }
 }

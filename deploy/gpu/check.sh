@@ -152,6 +152,11 @@ for cuda in 0 1; do
     --model "$MINI" --threads "1,$threads" --k 1,16 --rounds 3 --steps 4 --history 256 \
     --verify-tokens 6
 done
+# The real model's weight formats on the host's cores (FP8 projections, MXFP4 experts: the
+# coded-panel kernels; docs/performance/engine.md, "FP8 projections").
+test_step forward_batch_coded 120 "$B/bench/engine/kvtier_bench_forward_batch" \
+  --config deploy/models/mini-v4.1-fp8-mxfp4.json --model "$MINI" --threads "1,$threads" \
+  --k 1,16 --rounds 3 --steps 4 --history 256 --verify-tokens 6
 # Batched passes must give the same bits with the CUDA MatMul as without it.
 d0=$(sed -n 's/^digest //p' "$OUT/forward_batch_cuda0.log")
 d1=$(sed -n 's/^digest //p' "$OUT/forward_batch_cuda1.log")

@@ -20,8 +20,9 @@
 # MatMul kernels against cuBLAS SGEMM and the copy bandwidth (kvtier_bench_cuda_matmul, whose
 # outputs must match the CPU chain bit for bit); prefill and
 # decode tokens/s of mini-v4.1 with KVTIER_ENGINE_CUDA=0 and 1 (1 and all threads); batched
-# decode and a 6-token verify pass, whose printed digests must agree with and without CUDA;
-# the resume of 16K- and 64K-token sessions against recompute with the CUDA MatMul on and off;
+# decode and a 6-token verify pass, whose printed digests must agree with and without CUDA, and
+# the same with FP8 projections and MXFP4 experts on the CPU (the coded-panel kernels); the
+# resume of 16K- and 64K-token sessions against recompute with the CUDA MatMul on and off;
 # then, on the host's cores, the server, speculative and remote-Engram benchmarks. stdout gets
 # the step table; summary.txt also the figures.
 #

@@ -264,8 +264,8 @@ TEST_F(RemoteEngramTest, EngineLogitsWithRemoteRowsEqualLocal) {
 }
 
 // The slots' shards at one row server share one connection, and a step's batches of both
-// Engram layers leave in one send (HoldRequests); without sharing, one send per layer. The
-// logits stay equal to the local table's either way.
+// Engram layers leave in one send (HoldRequests, on in the default options); without sharing,
+// one send per layer. The logits stay equal to the local table's either way.
 TEST_F(RemoteEngramTest, AStepsSlotsShareOneConnectionAndOneSend) {
   const auto prompt = Prompt(40, 5);
   std::vector<float> local_logits;
@@ -273,9 +273,8 @@ TEST_F(RemoteEngramTest, AStepsSlotsShareOneConnectionAndOneSend) {
   ASSERT_TRUE(Run(local.get(), prompt, 4, &local_logits).ok());
   for (bool share : {true, false}) {
     SCOPED_TRACE(share ? "shared" : "one connection per shard");
-    RemoteEngramOptions o;
+    RemoteEngramOptions o;  // hold_step_requests: the default
     o.share_connections = share;
-    o.hold_step_requests = true;
     RemoteEngramRowSource* remote = Connect(o);
     ASSERT_NE(remote, nullptr);
     std::vector<rdma::Transport*> transports;

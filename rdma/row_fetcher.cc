@@ -4,7 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <thread>
-#include <unordered_map>
+#include <vector>
 
 #include "common/clock.h"
 
@@ -101,6 +101,39 @@ Status RowFetcher::RegisterBuffer(uint8_t* data, size_t size_bytes) {
   return Status::Ok();
 }
 
+namespace {
+
+// The first index of each distinct row of one request: an open-addressing table of 2^k >= 2n
+// slots, reset per request without freeing (Start keeps one per thread).
+class FirstIndex {
+ public:
+  void Reset(size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n) cap <<= 1;
+    mask_ = cap - 1;
+    rows_.resize(cap);
+    index_plus1_.assign(cap, 0);
+  }
+  // The index `row` was first inserted with, or `i` after inserting it now.
+  size_t FindOrInsert(uint64_t row, size_t i) {
+    for (size_t h = ((row * 0x9e3779b97f4a7c15ull) >> 32) & mask_;; h = (h + 1) & mask_) {
+      if (index_plus1_[h] == 0) {
+        rows_[h] = row;
+        index_plus1_[h] = i + 1;
+        return i;
+      }
+      if (rows_[h] == row) return index_plus1_[h] - 1;
+    }
+  }
+
+ private:
+  size_t mask_ = 0;
+  std::vector<uint64_t> rows_;
+  std::vector<size_t> index_plus1_;  // 0: empty slot
+};
+
+}  // namespace
+
 StatusOr<RowFetcher::FetchHandle> RowFetcher::Start(std::span<const uint64_t> rows, uint8_t* out) {
   if (rows.empty() || rows.size() > options_.rows_per_fetch_max || out == nullptr) {
     return Status::InvalidArgument("fetch needs 1..rows_per_fetch_max rows and an output");
@@ -109,16 +142,20 @@ StatusOr<RowFetcher::FetchHandle> RowFetcher::Start(std::span<const uint64_t> ro
   f->out = out;
   f->start_us = DefaultSteadyClock().NowUs();
   const uint32_t stride = row_stride_bytes_;
-  std::unordered_map<uint64_t, size_t> first_index;
-  first_index.reserve(rows.size());
-  std::vector<std::vector<std::pair<uint64_t, size_t>>> misses(shards_.size());
+  // Per-thread scratch, reused from call to call: a request of a few dozen rows (an engine
+  // step's) allocated a hash node per row here, about as much time as the rest of Start.
+  thread_local FirstIndex first_index;
+  thread_local std::vector<std::vector<std::pair<uint64_t, size_t>>> misses;
+  first_index.Reset(rows.size());
+  misses.resize(shards_.size());
+  for (auto& m : misses) m.clear();
   uint64_t hits = 0;
   {
     std::lock_guard<std::mutex> lock(cache_mu_);
     for (size_t i = 0; i < rows.size(); ++i) {
-      auto [it, inserted] = first_index.emplace(rows[i], i);
-      if (!inserted) {
-        f->copies.emplace_back(i, it->second);
+      const size_t first = first_index.FindOrInsert(rows[i], i);
+      if (first != i) {
+        f->copies.emplace_back(i, first);
         continue;
       }
       StatusOr<size_t> shard = map_.ShardOf(rows[i]);
@@ -142,6 +179,8 @@ StatusOr<RowFetcher::FetchHandle> RowFetcher::Start(std::span<const uint64_t> ro
       Fetch::Batch batch;
       batch.shard = s;
       const size_t end = std::min(misses[s].size(), k + options_.batch_ops_max);
+      batch.ops.reserve(end - k);
+      batch.rows.reserve(end - k);
       for (size_t j = k; j < end; ++j) {
         const auto [row, index] = misses[s][j];
         batch.ops.push_back(

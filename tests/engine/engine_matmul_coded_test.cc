@@ -1,4 +1,4 @@
-// MatMul over coded weights (engine/matmul.h, GetParam().packed and kFp8), each test once per
+// MatMul over coded weights (engine/matmul.h, PackedFormat::kMxfp4 and kFp8), each test once per
 // format: the layout against the quantiser's codes, both kernels against the contract's fma
 // chain over the decoded W bit for bit (every row count of their passes, partial panels,
 // sub-ranges, the thread pool), the fallback to kF32 wherever the code would not be exact, and
@@ -17,9 +17,15 @@
 #include "engine/matmul.h"
 #include "engine/thread_pool.h"
 #include "kernels/quant.h"
+#include "matmul_test_util.h"
 
 namespace kvtier::engine {
 namespace {
+
+using testutil::Bits;
+using testutil::Contract;
+using testutil::ExpectSameBits;
+using testutil::RandomFloats;
 
 struct Format {
   PackedFormat packed;
@@ -32,14 +38,6 @@ constexpr Format kFp8{PackedFormat::kFp8, kernels::QuantFormat::kFp8Ue8m0x32, kF
                       kFp8GroupInputs, 8};
 
 class MatMulCoded : public ::testing::TestWithParam<Format> {};
-
-std::vector<float> RandomFloats(size_t n, std::mt19937* rng, int exp_lo = -8, int exp_hi = 8) {
-  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> exp(exp_lo, exp_hi);
-  std::vector<float> v(n);
-  for (auto& f : v) f = std::ldexp(mant(*rng), exp(*rng));
-  return v;
-}
 
 // A W [out x in] of the format's values: random rows rounded by the quantiser, with every code,
 // signed zeros, E4M3 subnormals, and blocks whose scales span 2^-110 .. 2^110 (MXFP4) or
@@ -54,36 +52,6 @@ std::vector<float> CodedMatrix(const Format& f, int out, int in, std::mt19937* r
   if (!w.empty()) w[0] = -0.0f;
   EXPECT_TRUE(kernels::RoundTrip(f.quant, w.data(), out, in, kernels::Backend::kReference).ok());
   return w;
-}
-
-std::vector<float> Contract(const std::vector<float>& x, int rows, int in,
-                            const std::vector<float>& w, int out) {
-  std::vector<float> y(static_cast<size_t>(rows) * out);
-  for (int t = 0; t < rows; ++t) {
-    for (int o = 0; o < out; ++o) {
-      float acc = 0.0f;
-      for (int k = 0; k < in; ++k) {
-        acc = std::fma(x[static_cast<size_t>(t) * in + k], w[static_cast<size_t>(o) * in + k], acc);
-      }
-      y[static_cast<size_t>(t) * out + o] = acc;
-    }
-  }
-  return y;
-}
-
-uint32_t Bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-
-void ExpectSameBits(const std::vector<float>& want, const std::vector<float>& got,
-                    const std::string& what) {
-  ASSERT_EQ(want.size(), got.size()) << what;
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_EQ(Bits(want[i]), Bits(got[i]))
-        << what << " element " << i << ": want " << want[i] << " got " << got[i];
-  }
 }
 
 TEST_P(MatMulCoded, PanelsHoldTheQuantisersCodesAndScales) {

@@ -16,48 +16,18 @@
 
 #include "engine/matmul.h"
 #include "engine/ops.h"
+#include "matmul_test_util.h"
 
 namespace kvtier::engine {
 namespace {
 
+using testutil::Bits;
+using testutil::Contract;
+using testutil::ExpectSameBits;
+using testutil::RandomFloats;
+
 constexpr MatMulKernel kKernels[] = {MatMulKernel::kScalar, MatMulKernel::kAvx2Fma,
                                      MatMulKernel::kAvx512Fma};
-
-std::vector<float> RandomFloats(size_t n, std::mt19937* rng) {
-  // A wide dynamic range and both signs, so rounding order matters and differences show.
-  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> exp(-8, 8);
-  std::vector<float> v(n);
-  for (auto& f : v) f = std::ldexp(mant(*rng), exp(*rng));
-  return v;
-}
-
-// The contract (engine/matmul.h), written out independently of the library.
-std::vector<float> Contract(const std::vector<float>& x, int rows, int in,
-                            const std::vector<float>& w, int out) {
-  std::vector<float> y(static_cast<size_t>(rows) * out);
-  for (int t = 0; t < rows; ++t) {
-    for (int o = 0; o < out; ++o) {
-      float acc = 0.0f;
-      for (int k = 0; k < in; ++k) {
-        acc = std::fma(x[static_cast<size_t>(t) * in + k], w[static_cast<size_t>(o) * in + k], acc);
-      }
-      y[static_cast<size_t>(t) * out + o] = acc;
-    }
-  }
-  return y;
-}
-
-void ExpectSameBits(const std::vector<float>& want, const std::vector<float>& got,
-                    const std::string& what) {
-  ASSERT_EQ(want.size(), got.size()) << what;
-  for (size_t i = 0; i < want.size(); ++i) {
-    uint32_t a, b;
-    std::memcpy(&a, &want[i], 4);
-    std::memcpy(&b, &got[i], 4);
-    ASSERT_EQ(a, b) << what << " element " << i << ": want " << want[i] << " got " << got[i];
-  }
-}
 
 struct Shape {
   int rows, in, out;

@@ -34,6 +34,11 @@ void PackedMatrix::Free::operator()(uint8_t* p) const {
   ::operator delete(p, std::align_val_t(kPanelAlignBytes));
 }
 
+kernels::QuantFormat CodedQuantFormat(PackedFormat format) {
+  return format == PackedFormat::kFp8 ? kernels::QuantFormat::kFp8Ue8m0x32
+                                      : kernels::QuantFormat::kFp4Ue8m0x32;
+}
+
 PackedMatrix::PackedMatrix(const float* w, int in, int out, PackedFormat format)
     : in_(in), out_(out), format_(PackedFormat::kF32) {
   if (format != PackedFormat::kF32 && PackCoded(w, format)) return;
@@ -63,8 +68,7 @@ void PackedMatrix::PackF32(const float* w) {
 bool PackedMatrix::PackCoded(const float* w, PackedFormat format) {
   if (in_ <= 0 || in_ % kCodedBlockInputs != 0 || out_ <= 0) return false;
   const bool fp8 = format == PackedFormat::kFp8;
-  const kernels::QuantFormat qf =
-      fp8 ? kernels::QuantFormat::kFp8Ue8m0x32 : kernels::QuantFormat::kFp4Ue8m0x32;
+  const kernels::QuantFormat qf = CodedQuantFormat(format);
   // The kernels' scale is 2^(s - 127) (MXFP4) or 2^(s - 7) (FP8: the E4M3 code's bits placed
   // in a float's exponent and mantissa read 2^-120 of its value): both must be normal floats,
   // s in [1, 254] and [0, 134].
@@ -205,21 +209,13 @@ void ScalarBlock(const float* x, int r0, int r1, int in, const float* w, int o0,
 void PackedBlock(MatMulKernel k, const float* x, int r0, int r1, const PackedMatrix& w, int p0,
                  int p1, float* y) {
   // Coded weights: decoding is arithmetic, so the widest kernel for every row count.
-  if (w.format() == PackedFormat::kMxfp4) {
-    if (k == MatMulKernel::kAvx512Fma) {
-      internal::MatMulMxfp4Avx512Block(x, r0, r1, w, p0, p1, y);
-    } else {
-      internal::MatMulMxfp4Avx2Block(x, r0, r1, w, p0, p1, y);
-    }
-    return;
-  }
-  if (w.format() == PackedFormat::kFp8) {
-    if (k == MatMulKernel::kAvx512Fma) {
-      internal::MatMulFp8Avx512Block(x, r0, r1, w, p0, p1, y);
-    } else {
-      internal::MatMulFp8Avx2Block(x, r0, r1, w, p0, p1, y);
-    }
-    return;
+  if (w.format() != PackedFormat::kF32) {
+    const bool fp8 = w.format() == PackedFormat::kFp8;
+    const auto block =
+        k == MatMulKernel::kAvx512Fma
+            ? (fp8 ? internal::MatMulFp8Avx512Block : internal::MatMulMxfp4Avx512Block)
+            : (fp8 ? internal::MatMulFp8Avx2Block : internal::MatMulMxfp4Avx2Block);
+    return block(x, r0, r1, w, p0, p1, y);
   }
   if (k == MatMulKernel::kAvx512Fma && r1 - r0 >= 2) {
     internal::MatMulAvx512Block(x, r0, r1, w, p0, p1, y);
@@ -240,6 +236,11 @@ const PackedMatrix* PackedWeightSet::Find(const float* w, int in, int out) const
   auto it = by_weight_.find(w);
   if (it == by_weight_.end() || it->second->in() != in || it->second->out() != out) return nullptr;
   return it->second;
+}
+
+size_t PackedWeightSet::Count(PackedFormat format) const {
+  return static_cast<size_t>(std::count_if(held_.begin(), held_.end(),
+                                           [&](const auto& p) { return p->format() == format; }));
 }
 
 std::shared_ptr<const PackedMatrix> RegisterPackedWeight(const float* w, int in, int out,

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "engine/thread_pool.h"
+#include "kernels/quant.h"
 
 namespace kvtier::engine {
 
@@ -63,6 +64,9 @@ enum class PackedFormat : uint8_t {
   kMxfp4,  // E2M1 codes and UE8M0 scales (see the file comment); in % 32 == 0
   kFp8,    // E4M3 codes and UE8M0 scales; in % 32 == 0
 };
+// The quantiser format (kernels/quant.h) whose codes a coded PackedFormat holds: kFp4Ue8m0x32
+// for kMxfp4, kFp8Ue8m0x32 for kFp8 (kF32: not called).
+kernels::QuantFormat CodedQuantFormat(PackedFormat format);
 
 // W ([out x in], row-major) in panels of kMatMulPanelOutputs outputs. kF32: panel p holds, for
 // k = 0..in-1, the 16 weights W[p*16 + j][k] (j = 0..15) contiguously. kMxfp4 / kFp8: panel p
@@ -134,6 +138,9 @@ class PackedWeightSet {
   void Add(const float* w, int in, int out, PackedFormat format = PackedFormat::kF32);
   // The copy added for (w, in, out), or null (MatMul then packs or looks up itself).
   const PackedMatrix* Find(const float* w, int in, int out) const;
+  // How many of the added copies hold `format` (a coded request may hold kF32: see
+  // PackedMatrix).
+  size_t Count(PackedFormat format) const;
 
  private:
   std::vector<std::shared_ptr<const PackedMatrix>> held_;  // registered while this set lives

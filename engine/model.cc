@@ -185,8 +185,8 @@ Status Engine::Bind() {
       return Status::InvalidArgument("engine: engram row source has the wrong row_dim");
     engram_queue_.resize(c.engram_layer_ids.size());
   }
-  KVTIER_RETURN_IF_ERROR(RoundCodedWeights());
-  PackMatMulWeights();
+  KVTIER_ASSIGN_OR_RETURN(const CodedFormats coded, RoundCodedWeights());
+  PackMatMulWeights(coded);
   return Status::Ok();
 }
 
@@ -199,7 +199,7 @@ void Engine::MmMany(ThreadPool* pool, std::span<MatMulPart> parts) const {
   MatMulMany(pool, parts.data(), static_cast<int>(parts.size()));
 }
 
-Status Engine::RoundCodedWeights() {
+StatusOr<Engine::CodedFormats> Engine::RoundCodedWeights() {
   const EngineConfig& c = config_;
   const int64_t D = c.hidden_size, I = c.moe_intermediate_size, Is = I * c.n_shared_experts;
   const int64_t H = c.num_attention_heads, hd = c.head_dim, ql = c.q_lora_rank;
@@ -208,77 +208,76 @@ Status Engine::RoundCodedWeights() {
   struct Matrix {
     const float** w;
     int64_t rows, inputs;
-    kernels::QuantFormat format;
+    PackedFormat format;
   };
-  std::vector<Matrix> todo;
+  std::vector<Matrix> to_round;
   for (LayerWeights& lw : layers_) {
     if (c.expert_format == ExpertFormat::kMxfp4) {
-      constexpr auto f = kernels::QuantFormat::kFp4Ue8m0x32;
+      constexpr auto f = PackedFormat::kMxfp4;
       for (size_t e = 0; e < lw.w1.size(); ++e) {
-        todo.push_back({&lw.w1[e], I, D, f});
-        todo.push_back({&lw.w3[e], I, D, f});
-        todo.push_back({&lw.w2[e], D, I, f});
+        to_round.push_back({&lw.w1[e], I, D, f});
+        to_round.push_back({&lw.w3[e], I, D, f});
+        to_round.push_back({&lw.w2[e], D, I, f});
       }
     }
     if (c.weight_format == WeightFormat::kFp8) {
-      constexpr auto f = kernels::QuantFormat::kFp8Ue8m0x32;
-      todo.push_back({&lw.wq_a, ql, D, f});
-      todo.push_back({&lw.wq_b, H * hd, ql, f});
-      todo.push_back({&lw.wkv, hd, D, f});
-      todo.push_back({&lw.wo_b, D, Go, f});
+      constexpr auto f = PackedFormat::kFp8;
+      to_round.push_back({&lw.wq_a, ql, D, f});
+      to_round.push_back({&lw.wq_b, H * hd, ql, f});
+      to_round.push_back({&lw.wkv, hd, D, f});
+      to_round.push_back({&lw.wo_b, D, Go, f});
       if (lw.s_w1 != nullptr) {
-        todo.push_back({&lw.s_w1, Is, D, f});
-        todo.push_back({&lw.s_w3, Is, D, f});
-        todo.push_back({&lw.s_w2, D, Is, f});
+        to_round.push_back({&lw.s_w1, Is, D, f});
+        to_round.push_back({&lw.s_w3, Is, D, f});
+        to_round.push_back({&lw.s_w2, D, Is, f});
       }
       if (lw.e_wkv != nullptr) {
-        todo.push_back({&lw.e_wkv, (c.hc_mult + 1) * D,
-                        static_cast<int64_t>(engram_hash_->num_columns()) * c.engram_head_dim, f});
+        to_round.push_back({&lw.e_wkv, (c.hc_mult + 1) * D,
+                            static_cast<int64_t>(engram_hash_->num_columns()) * c.engram_head_dim,
+                            f});
       }
     }
   }
   int64_t total = 0;
-  for (const Matrix& m : todo) {
+  for (const Matrix& m : to_round) {
     if (*m.w == nullptr) return Status::InvalidArgument("engine: a weight to round is missing");
     total += m.rows * m.inputs;
   }
   coded_values_.resize(static_cast<size_t>(total));
+  CodedFormats formats;
   float* next = coded_values_.data();
-  for (const Matrix& m : todo) {  // copy, round each row's blocks of 32, repoint
+  for (const Matrix& m : to_round) {  // copy, round each row's blocks of 32, repoint
     std::memcpy(next, *m.w, static_cast<size_t>(m.rows * m.inputs) * sizeof(float));
-    KVTIER_RETURN_IF_ERROR(kernels::RoundTrip(m.format, next, static_cast<size_t>(m.rows),
-                                              static_cast<size_t>(m.inputs),
-                                              kernels::Backend::kAuto));
+    KVTIER_RETURN_IF_ERROR(
+        kernels::RoundTrip(CodedQuantFormat(m.format), next, static_cast<size_t>(m.rows),
+                           static_cast<size_t>(m.inputs), kernels::Backend::kAuto));
     *m.w = next;
+    formats[next] = m.format;
     next += m.rows * m.inputs;
   }
-  return Status::Ok();
+  return formats;
 }
 
-void Engine::PackMatMulWeights() {
+void Engine::PackMatMulWeights(const CodedFormats& coded) {
   const EngineConfig& c = config_;
   const int D = c.hidden_size, hd = c.head_dim, ql = c.q_lora_rank, H = c.num_attention_heads;
   const int G = c.o_groups, ol = c.o_lora_rank, gin = (H / G) * hd, I = c.moe_intermediate_size;
-  // The copy of (w, in, out), or null (absent matrix, scalar kernel).
-  auto pack = [&](const float* w, int in, int out, PackedFormat format = PackedFormat::kF32) {
-    packed_.Add(w, in, out, format);
+  // The copy of (w, in, out), or null (absent matrix, scalar kernel). A rounded matrix is packed
+  // as its codes (a copy holds kF32 where that is not exact).
+  auto pack = [&](const float* w, int in, int out) {
+    const auto it = coded.find(w);
+    packed_.Add(w, in, out, it == coded.end() ? PackedFormat::kF32 : it->second);
     return packed_.Find(w, in, out);
   };
-  // FP8 dense projections and MXFP4 experts are packed as their codes (a copy holds kF32 where
-  // that is not exact).
-  const PackedFormat wf =
-      c.weight_format == WeightFormat::kFp8 ? PackedFormat::kFp8 : PackedFormat::kF32;
-  const PackedFormat ef =
-      c.expert_format == ExpertFormat::kMxfp4 ? PackedFormat::kMxfp4 : PackedFormat::kF32;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     LayerWeights& lw = layers_[l];
-    lw.pk_wq_a = pack(lw.wq_a, D, ql, wf);
-    lw.pk_wq_b = pack(lw.wq_b, ql, H * hd, wf);
-    lw.pk_wkv = pack(lw.wkv, D, hd, wf);
+    lw.pk_wq_a = pack(lw.wq_a, D, ql);
+    lw.pk_wq_b = pack(lw.wq_b, ql, H * hd);
+    lw.pk_wkv = pack(lw.wkv, D, hd);
     lw.pk_wo_a.resize(G);
     for (int g = 0; g < G; ++g)
       lw.pk_wo_a[g] = pack(lw.wo_a + static_cast<int64_t>(g) * ol * gin, gin, ol);
-    lw.pk_wo_b = pack(lw.wo_b, G * ol, D, wf);
+    lw.pk_wo_b = pack(lw.wo_b, G * ol, D);
     lw.pk_c_wkv = pack(lw.c_wkv, D, hd);
     lw.pk_c_wgate = pack(lw.c_wgate, D, hd);
     lw.pk_i_wk = pack(lw.i_wk, hd, c.index_head_dim);
@@ -289,16 +288,16 @@ void Engine::PackMatMulWeights() {
     lw.pk_w2.resize(lw.w1.size());
     lw.pk_w3.resize(lw.w1.size());
     for (size_t e = 0; e < lw.w1.size(); ++e) {
-      lw.pk_w1[e] = pack(lw.w1[e], D, I, ef);
-      lw.pk_w3[e] = pack(lw.w3[e], D, I, ef);
-      lw.pk_w2[e] = pack(lw.w2[e], I, D, ef);
+      lw.pk_w1[e] = pack(lw.w1[e], D, I);
+      lw.pk_w3[e] = pack(lw.w3[e], D, I);
+      lw.pk_w2[e] = pack(lw.w2[e], I, D);
     }
-    lw.pk_s_w1 = pack(lw.s_w1, D, I * c.n_shared_experts, wf);
-    lw.pk_s_w3 = pack(lw.s_w3, D, I * c.n_shared_experts, wf);
-    lw.pk_s_w2 = pack(lw.s_w2, I * c.n_shared_experts, D, wf);
+    lw.pk_s_w1 = pack(lw.s_w1, D, I * c.n_shared_experts);
+    lw.pk_s_w3 = pack(lw.s_w3, D, I * c.n_shared_experts);
+    lw.pk_s_w2 = pack(lw.s_w2, I * c.n_shared_experts, D);
     if (lw.e_wkv != nullptr) {
       lw.pk_e_wkv =
-          pack(lw.e_wkv, engram_hash_->num_columns() * c.engram_head_dim, (c.hc_mult + 1) * D, wf);
+          pack(lw.e_wkv, engram_hash_->num_columns() * c.engram_head_dim, (c.hc_mult + 1) * D);
     }
   }
   head_pk_ = pack(head_w_, D, c.vocab_size);

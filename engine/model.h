@@ -272,6 +272,9 @@ class Engine {
 
   // Counters; read between calls (not synchronised with a call in progress).
   const EngineStats& stats() const { return stats_; }
+  // How many weight matrices the products read packed in `format` (0 for all formats while the
+  // scalar kernel, which packs nothing, is active).
+  size_t PackedMatrices(PackedFormat format) const { return packed_.Count(format); }
 
   const EngineConfig& config() const { return config_; }
   int threads() const { return pool_->threads(); }
@@ -294,13 +297,17 @@ class Engine {
   Engine(const EngineConfig& config, std::shared_ptr<const ModelWeights> weights,
          const EngineOptions& options);
   Status Bind();
+  // The coded format of each rounded matrix, by its (new) weight pointer.
+  using CodedFormats = std::unordered_map<const float*, PackedFormat>;
   // expert_format mxfp4 and weight_format fp8: copies every matrix they cover into
   // coded_values_, rounds each row's blocks of 32 (kernels::RoundTrip: MXFP4 for the routed
-  // experts, FP8 for the dense projections) and points LayerWeights at the copies.
-  Status RoundCodedWeights();
-  // Registers a packed copy of every weight matrix MatMul reads (engine/matmul.h) and keeps a
-  // pointer to each beside its weight (LayerWeights::pk_*, head_pk_).
-  void PackMatMulWeights();
+  // experts, FP8 for the dense projections), points LayerWeights at the copies and returns
+  // their formats (the one list of which matrix is coded how).
+  StatusOr<CodedFormats> RoundCodedWeights();
+  // Registers a packed copy of every weight matrix MatMul reads (engine/matmul.h), in its coded
+  // format when `coded` has one, and keeps a pointer to each beside its weight
+  // (LayerWeights::pk_*, head_pk_).
+  void PackMatMulWeights(const CodedFormats& coded);
   // MatMul with W's packed copy `pw` as PackMatMulWeights resolved it (null: MatMul looks it up
   // or packs), so that no call does a lookup.
   void Mm(ThreadPool* pool, const float* x, int rows, int in, const float* w,

@@ -211,11 +211,12 @@ int RunServe(std::span<const std::string_view> args) {
                        "lower --connections-max");
   std::fprintf(stderr,
                "kvtier-engine serve: listening on http://%s:%u model %s (%s), cache %s, "
-               "auth %s, speculative %s, experts %s\n",
+               "auth %s, speculative %s, experts %s, projections %s\n",
                listen.c_str(), (*server)->port(), model_id.c_str(), model.c_str(),
                socket.empty() ? "off" : socket.c_str(), keys.auth_enabled() ? "on" : "off",
                speculative ? draft_path.c_str() : "off",
-               std::string(engine::ExpertFormatName(cfg->expert_format)).c_str());
+               std::string(engine::ExpertFormatName(cfg->expert_format)).c_str(),
+               std::string(engine::WeightFormatName(cfg->weight_format)).c_str());
   if (!port_file.empty()) {
     std::ofstream(port_file + ".tmp") << (*server)->port() << "\n";
     std::rename((port_file + ".tmp").c_str(), port_file.c_str());

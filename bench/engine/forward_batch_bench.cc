@@ -293,10 +293,12 @@ int Main(int argc, char** argv) {
   auto w = LoadWeights(*config, f.model);
   Check(w.status(), "weights");
   auto weights = std::make_shared<const ModelWeights>(std::move(*w));
-  std::printf("matmul kernel %s, experts %s, history %d tokens, %d steps, best of %d rounds\n",
-              MatMulKernelName(ActiveMatMulKernel()),
-              std::string(ExpertFormatName(config->expert_format)).c_str(), f.history, f.steps,
-              f.rounds);
+  std::printf(
+      "matmul kernel %s, experts %s, projections %s, history %d tokens, %d steps, best of %d "
+      "rounds\n",
+      MatMulKernelName(ActiveMatMulKernel()),
+      std::string(ExpertFormatName(config->expert_format)).c_str(),
+      std::string(WeightFormatName(config->weight_format)).c_str(), f.history, f.steps, f.rounds);
   for (int threads : f.threads) {
     EngineOptions o;
     o.threads = threads;

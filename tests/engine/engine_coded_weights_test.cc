@@ -183,6 +183,34 @@ TEST(Fp8Weights, TheConfigKeyTakesF32OrFp8) {
   EXPECT_NE(ragged.status().message().find("multiples of 32"), std::string::npos);
 }
 
+// The equivalence tests above cannot tell codes from floats (the same bits either way): the
+// products must read the codes, one packed copy per covered matrix (none while the scalar
+// kernel, which packs nothing, is active).
+TEST(CodedWeights, TheProductsReadEveryCoveredMatrixAsCodes) {
+  auto base = InitWeights(TinyConfig(), 3);
+  ASSERT_TRUE(base.ok());
+  auto w = std::make_shared<const ModelWeights>(std::move(*base));
+  const EngineConfig& c = TinyConfig();
+  const bool packs = ActiveMatMulKernel() != MatMulKernel::kScalar;
+  const size_t L = c.num_hidden_layers, experts = L * c.n_routed_experts * 3;
+  // wq_a, wq_b, wkv, wo_b and the shared expert's three per layer, the Engram projections.
+  const size_t projections = L * 7 + c.engram_layer_ids.size();
+  const struct {
+    ExpertFormat experts;
+    WeightFormat projections;
+    size_t mxfp4, fp8;
+  } cases[] = {{ExpertFormat::kF32, WeightFormat::kF32, 0, 0},
+               {ExpertFormat::kMxfp4, WeightFormat::kF32, experts, 0},
+               {ExpertFormat::kF32, WeightFormat::kFp8, 0, projections},
+               {ExpertFormat::kMxfp4, WeightFormat::kFp8, experts, projections}};
+  for (const auto& k : cases) {
+    auto e = Make(k.experts, w, 1, k.projections);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->PackedMatrices(PackedFormat::kMxfp4), packs ? k.mxfp4 : 0u);
+    EXPECT_EQ(e->PackedMatrices(PackedFormat::kFp8), packs ? k.fp8 : 0u);
+  }
+}
+
 TEST(Mxfp4Experts, ABatchedPassEqualsEachSequenceAlone) {
   auto base = InitWeights(TinyConfig(), 4);
   ASSERT_TRUE(base.ok());

@@ -177,6 +177,9 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
        UintKey("limits.resp_key_index_bytes_max", &o.resp_key_index_bytes_max)},
       {"limits.connection_memory_bytes_max",
        UintKey("limits.connection_memory_bytes_max", &o.connection_memory_bytes_max)},
+      {"limits.malloc_arenas_max", UintKey("limits.malloc_arenas_max", &o.malloc_arenas_max)},
+      {"limits.malloc_mmap_threshold_bytes",
+       UintKey("limits.malloc_mmap_threshold_bytes", &o.malloc_mmap_threshold_bytes)},
       {"limits.unix_connections_max",
        UintKey("limits.unix_connections_max", &o.unix_connections_max)},
       {"limits.native_tcp_connections_max",
@@ -371,6 +374,11 @@ Status Finalize(DaemonOptions* o) {
   }
   if (o->connection_memory_bytes_max < (1u << 20)) {
     return Bad("limits.connection_memory_bytes_max", "at least 1 MiB");
+  }
+  if (o->malloc_arenas_max > 1024) return Bad("limits.malloc_arenas_max", "0..1024");
+  if (o->malloc_mmap_threshold_bytes != 0 &&
+      (o->malloc_mmap_threshold_bytes < 4096 || o->malloc_mmap_threshold_bytes > (32u << 20))) {
+    return Bad("limits.malloc_mmap_threshold_bytes", "0, or 4096..33554432");
   }
   for (auto [key, v] :
        {std::pair{"limits.unix_connections_max", o->unix_connections_max},

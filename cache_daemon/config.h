@@ -110,7 +110,13 @@ struct DaemonOptions {
   uint64_t resp_keys_reply_bytes_max = 16u << 20;     // KEYS reply; beyond it an error (use SCAN)
   uint64_t resp_key_index_bytes_max = 256ull << 20;   // key names kept for SCAN/KEYS/DBSIZE
   uint64_t connection_memory_bytes_max = 1ull << 30;  // all connection buffers together
-  uint32_t unix_connections_max = 512;                // per front; max_connections caps the sum
+  // glibc malloc, set at start (docs/CONFIG.md, [limits]): the arenas (M_ARENA_MAX; 0 keeps
+  // glibc's 8 per core) and the size from which an allocation is a mapping of its own, returned
+  // to the system when freed (M_MMAP_THRESHOLD; 0 keeps glibc's, which rises to the largest
+  // such block freed, up to 32 MiB, after which those blocks come from heaps that keep pages).
+  uint32_t malloc_arenas_max = 2;
+  uint64_t malloc_mmap_threshold_bytes = 0;
+  uint32_t unix_connections_max = 512;  // per front; max_connections caps the sum
   uint32_t native_tcp_connections_max = 256;
   uint32_t resp_connections_max = 192;
   uint32_t http_connections_max = 64;

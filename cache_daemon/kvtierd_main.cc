@@ -2,6 +2,7 @@
 //
 // Signals: SIGTERM/SIGINT stop gracefully (stop accepting, finish in-flight requests, flush,
 // exit 0); SIGHUP reloads the [policy] table of the config file.
+#include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -42,6 +43,18 @@ void CheckOpenFilesLimit(const DaemonOptions& o, const OpenFilesLimit& limit) {
   if (o.cluster.enabled) connection_fds += o.cluster.peer_connections_max;
   WarnIfOpenFilesShort(limit, connection_fds, "kvtier_accept_waits_total",
                        "lower limits.max_connections");
+}
+// Before any thread starts, so that no thread has an arena beyond the limit.
+Status SetMallocLimits(const DaemonOptions& o) {
+  if (o.malloc_arenas_max > 0 &&
+      ::mallopt(M_ARENA_MAX, static_cast<int>(o.malloc_arenas_max)) != 1) {
+    return Status::Internal("mallopt(M_ARENA_MAX) refused limits.malloc_arenas_max");
+  }
+  if (o.malloc_mmap_threshold_bytes > 0 &&
+      ::mallopt(M_MMAP_THRESHOLD, static_cast<int>(o.malloc_mmap_threshold_bytes)) != 1) {
+    return Status::Internal("mallopt(M_MMAP_THRESHOLD) refused limits.malloc_mmap_threshold_bytes");
+  }
+  return Status::Ok();
 }
 }  // namespace
 
@@ -117,6 +130,7 @@ int main(int argc, char** argv) {
   if (http_port) o.http_port = static_cast<uint16_t>(*http_port);
   if (native_port) o.native_port = static_cast<uint16_t>(*native_port);
   if (Status st = Finalize(&o); !st.ok()) return Fail(config.empty() ? st : st.WithContext(config));
+  if (Status st = SetMallocLimits(o); !st.ok()) return Fail(st);
 
   std::error_code fec;
   std::filesystem::create_directories(o.data_dir, fec);

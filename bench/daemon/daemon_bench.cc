@@ -12,6 +12,7 @@
 //     memory and inline (no shared memory), against an in-process memcpy of the same bytes.
 //
 // Usage: kvtier_bench_daemon [requests_per_resp_run=20000] [native_mib=512] [rounds=1]
+//                            [kvtierd_config_fragment]
 // Needs redis-server and redis-benchmark on PATH. Reports only; asserts nothing.
 #include <signal.h>
 #include <spawn.h>
@@ -204,9 +205,10 @@ int main(int argc, char** argv) {
   auto dir = std::filesystem::temp_directory_path() / ("kvtier_bench_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   kt::KvtierdProcess d(dir / "kvtierd");
-  d.WriteConfig(
-      "[storage]\ndram_capacity_bytes = 4294967296\nssd_capacity_bytes = 0\n"
-      "[server]\nio_threads = 2\nworker_threads = 2\n");
+  // A fourth argument is a TOML fragment appended to kvtierd's config (an A/B of a setting).
+  d.WriteConfig(std::string("[storage]\ndram_capacity_bytes = 4294967296\nssd_capacity_bytes = 0\n"
+                            "[server]\nio_threads = 2\nworker_threads = 2\n") +
+                (argc > 4 ? argv[4] : ""));
   if (!d.Start()) {
     std::fprintf(stderr, "kvtierd did not start:\n%s\n", d.Log().c_str());
     return 1;

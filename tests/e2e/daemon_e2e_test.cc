@@ -161,20 +161,22 @@ TEST_F(E2eTest, AFailedStartLeavesNoSocketAndARefusedOneLeavesTheOthers) {
   EXPECT_EQ(d_->Stop(), 0);
 }
 
-// More RESP clients than the daemon has file descriptors. Its fronts used to accept again at
-// once after EMFILE: the listening socket stays readable while connections wait in its
-// backlog, so the I/O threads spun (1.5 cores of this VM's 2, measured) and logged nothing
-// until a descriptor was freed. Now a front pauses (common/accept_backoff.h), counts it and
-// warns once; the waiting clients are served as descriptors free up, none lost.
 // A flood of tiny RESP values: every stored object costs the daemon host memory for its
 // bookkeeping (tier index entry, policy node, directory entry; ~900 B with both tiers,
 // measured) beyond its bytes, so before the object limits 1 M SETs of 16-byte values grew a
 // daemon with a 64 MiB DRAM tier to 950 MB. With dram_objects_max and ssd_objects_max the
 // tiers stop at their limits (a new object evicts by policy) and memory stops growing: the
-// second 100,000 SETs add less than 16 MiB (measured +2 to +7 MiB; without the limits +49 MiB),
+// second and third 100,000 SETs add less than 16 MiB (measured +2 to +7 MiB after the second;
+// without the limits +49 MiB),
 // the last key reads back, and the limits are exported. The other per-key memories are bounded
 // small here too (the miss reasons, miss_memory_entries; the RESP name index), as they are by
-// default at larger sizes.
+// default at larger sizes. The allocator's own growth is kept out of the measure: glibc's
+// default arenas (8 per core) left RSS 66-91 MiB under I/O load and once failed this test in the
+// full suite (+21 MiB: memory one thread frees stays in that thread's arena); the default
+// limits.malloc_arenas_max = 2 still left steps of up to 12-16 MiB about once in 40 runs (the
+// SSD tier's pending-ops vector, megabytes under a slow commit, and RocksDB's 1 MiB WAL buffer,
+// carved from heaps once glibc's mmap threshold has risen); a fixed 1 MiB threshold gave
+// 54-59 MiB at every mark.
 TEST_F(E2eTest, AFloodOfTinyValuesStopsAtTheObjectLimits) {
   constexpr uint64_t kDramObjectsMax = 4096, kSsdObjectsMax = 8192;
   d_->WriteConfig("[storage]\ndram_capacity_bytes = 8388608\ndram_objects_max = " +
@@ -183,21 +185,32 @@ TEST_F(E2eTest, AFloodOfTinyValuesStopsAtTheObjectLimits) {
                   "ssd_objects_max = " +
                   std::to_string(kSsdObjectsMax) +
                   "\nmiss_memory_entries = 10000\ndurability = "
-                  "\"batched\"\n[limits]\nresp_key_index_bytes_max = 1048576\n");
+                  "\"batched\"\n[limits]\nresp_key_index_bytes_max = 1048576\n"
+                  "malloc_mmap_threshold_bytes = 1048576\n");
   ASSERT_TRUE(d_->Start()) << d_->Log();
   const int fd = kt::ConnectTcp(d_->resp_port());
   ASSERT_GE(fd, 0);
   ASSERT_NO_FATAL_FAILURE(PipelinedSets(fd, "tiny:", 0, 100'000, "0123456789abcdef"));
   const uint64_t rss_at_100k = d_->RssBytes();
-  ASSERT_NO_FATAL_FAILURE(PipelinedSets(fd, "tiny:", 100'000, 100'000, "0123456789abcdef"));
-  const uint64_t rss_at_200k = d_->RssBytes();
-  std::fprintf(stderr, "kvtierd RSS %llu MiB after 100,000 SETs, %llu MiB after 200,000\n",
+  // Growth shows at both later marks; a passing peak (a flush's buffers) at one does not fail.
+  uint64_t rss_later[2] = {};
+  for (int mark = 0; mark < 2; ++mark) {
+    ASSERT_NO_FATAL_FAILURE(
+        PipelinedSets(fd, "tiny:", 100'000 * (mark + 1), 100'000, "0123456789abcdef"));
+    rss_later[mark] = d_->RssBytes();
+  }
+  std::fprintf(stderr,
+               "kvtierd RSS %llu MiB after 100,000 SETs, %llu and %llu after 200,000 and 300,000\n",
                static_cast<unsigned long long>(rss_at_100k >> 20),
-               static_cast<unsigned long long>(rss_at_200k >> 20));
-  EXPECT_LT(rss_at_200k, rss_at_100k + (16u << 20))
-      << "RSS " << (rss_at_100k >> 20) << " MiB after 100,000 SETs, " << (rss_at_200k >> 20)
-      << " MiB after 200,000";
-  const std::string get = "*2\r\n$3\r\nGET\r\n$11\r\ntiny:199999\r\n";
+               static_cast<unsigned long long>(rss_later[0] >> 20),
+               static_cast<unsigned long long>(rss_later[1] >> 20));
+  EXPECT_LT(std::min(rss_later[0], rss_later[1]), rss_at_100k + (8u << 20))
+      << "RSS " << (rss_at_100k >> 20) << " MiB after 100,000 SETs, " << (rss_later[0] >> 20)
+      << " and " << (rss_later[1] >> 20) << " MiB after 200,000 and 300,000";
+  // limits.malloc_arenas_max = 2 (the default): the main arena and one more, however many
+  // threads allocated.
+  EXPECT_LE(d_->MallocThreadHeaps(), 1);
+  const std::string get = "*2\r\n$3\r\nGET\r\n$11\r\ntiny:299999\r\n";
   ASSERT_TRUE(kt::SendAllRaw(fd, get.data(), get.size()));
   EXPECT_EQ(kt::RecvFor(fd, 23, 5000), "$16\r\n0123456789abcdef\r\n");
   ::close(fd);
@@ -213,6 +226,46 @@ TEST_F(E2eTest, AFloodOfTinyValuesStopsAtTheObjectLimits) {
   EXPECT_LE(gauge("kvtier_tier_objects{tier=\"dram\"}"), kDramObjectsMax);
   EXPECT_LE(gauge("kvtier_tier_objects{tier=\"ssd\"}"), kSsdObjectsMax);
   EXPECT_EQ(d_->Stop(), 0);
+}
+
+// limits.malloc_arenas_max is the daemon's arena limit, 0 is glibc's own (more than one thread
+// heap once several threads allocate), and a malloc setting out of range is refused naming it.
+TEST_F(E2eTest, MallocArenasKeepToTheirLimit) {
+  for (const std::string bad : {"malloc_arenas_max = 5000", "malloc_mmap_threshold_bytes = 100",
+                                "malloc_mmap_threshold_bytes = 67108864"}) {
+    d_->WriteConfig(Config(bad + "\n"));
+    EXPECT_FALSE(d_->Start()) << bad;
+    EXPECT_NE(d_->Log().find("limits." + bad.substr(0, bad.find(' '))), std::string::npos)
+        << d_->Log();
+  }
+  for (const uint32_t arenas : {1u, 0u}) {
+    d_->WriteConfig(Config("malloc_arenas_max = " + std::to_string(arenas) + "\n"));
+    ASSERT_TRUE(d_->Start()) << d_->Log();
+    // Allocations on every thread: RESP on the I/O threads, native PUTs on the workers, SSD
+    // writes and index flushes on their own.
+    auto c = Connect();
+    ASSERT_TRUE(c);
+    std::vector<std::future<void>> puts;
+    for (uint32_t salt = 0; salt < 8; ++salt) {
+      puts.push_back(std::async(std::launch::async, [&, salt] {
+        auto own = Connect();
+        ASSERT_TRUE(own);
+        PutChain(own.get(), Chain(24, 100 + salt), 2);
+      }));
+    }
+    const int fd = kt::ConnectTcp(d_->resp_port());
+    ASSERT_GE(fd, 0);
+    ASSERT_NO_FATAL_FAILURE(PipelinedSets(fd, "arena:", 0, 20'000, std::string(100, 'v')));
+    ::close(fd);
+    for (auto& p : puts) p.get();
+    if (arenas == 1) {
+      EXPECT_EQ(d_->MallocThreadHeaps(), 0);
+    } else {
+      EXPECT_GT(d_->MallocThreadHeaps(), 0) << "glibc's limit made no thread arena";
+    }
+    c.reset();
+    EXPECT_EQ(d_->Stop(), 0);
+  }
 }
 
 // Churn fills the RESP name index with names of evicted keys (a name is dropped only when a
@@ -319,6 +372,11 @@ TEST_F(E2eTest, OneTenantsGoneNamesDoNotCrowdOutAnothersLiveKeys) {
   EXPECT_EQ(d_->Stop(), 0);
 }
 
+// More RESP clients than the daemon has file descriptors. Its fronts used to accept again at
+// once after EMFILE: the listening socket stays readable while connections wait in its
+// backlog, so the I/O threads spun (1.5 cores of this VM's 2, measured) and logged nothing
+// until a descriptor was freed. Now a front pauses (common/accept_backoff.h), counts it and
+// warns once; the waiting clients are served as descriptors free up, none lost.
 TEST_F(E2eTest, AFullDescriptorTablePausesAcceptsInsteadOfSpinning) {
   KVTIER_SKIP_WITHOUT_DESCRIPTORS_UNDER_UBSAN();
   constexpr uint64_t kOpenFilesMax = 96;

@@ -142,6 +142,37 @@ class KvtierdProcess {
   }
   // The raw wait status of a process Alive() found dead (WIFSIGNALED etc.).
   int exit_status() const { return exit_status_; }
+  // glibc malloc heaps of threads' arenas (each arena beyond the main one has at least one):
+  // mappings of /proc/PID/maps that start on a 64 MiB boundary (glibc's HEAP_MAX_SIZE on
+  // 64-bit) and span exactly 64 MiB as a read-write part and the reserved rest.
+  int MallocThreadHeaps() const {
+    constexpr uint64_t kHeapBytes = 64ull << 20;
+    std::ifstream in("/proc/" + std::to_string(pid_) + "/maps");
+    std::string line;
+    int heaps = 0;
+    uint64_t open_heap = 0, open_end = 0;  // a heap's read-write part, waiting for its rest
+    while (std::getline(in, line)) {
+      uint64_t start = 0, end = 0;
+      char perms[5] = {};
+      if (std::sscanf(line.c_str(), "%lx-%lx %4s", &start, &end, perms) != 3) continue;
+      const bool anonymous =
+          line.find('/') == std::string::npos && line.find('[') == std::string::npos;
+      if (open_heap != 0 && start == open_end && std::string(perms) == "---p" &&
+          end == open_heap + kHeapBytes) {
+        ++heaps;
+      } else if (anonymous && std::string(perms) == "rw-p" && start % kHeapBytes == 0 &&
+                 end == start + kHeapBytes) {
+        ++heaps;  // a heap grown to its whole reservation
+      }
+      open_heap = 0;
+      if (anonymous && std::string(perms) == "rw-p" && start % kHeapBytes == 0 &&
+          end < start + kHeapBytes) {
+        open_heap = start;
+        open_end = end;
+      }
+    }
+    return heaps;
+  }
   // Resident memory of the process (VmRSS of /proc/PID/status) in bytes; 0 when unknown.
   uint64_t RssBytes() const {
     std::ifstream in("/proc/" + std::to_string(pid_) + "/status");

@@ -16,6 +16,7 @@
 
 #include "common/logging.h"
 #include "storage/key_util.h"
+#include "storage/slab_allocator.h"
 
 namespace kvtier::storage {
 namespace {
@@ -147,87 +148,6 @@ class Arena {
   bool locked_ = false;
 };
 
-// Slab allocator over arena pages. Not thread-safe; guarded by MemoryTier's alloc mutex.
-class SlabAllocator {
- public:
-  SlabAllocator(uint64_t capacity, uint64_t page) : page_(page) {
-    uint64_t size = kMinChunkBytes;
-    while (size < page) {
-      classes_.push_back({size, {}});
-      size = std::max(size + kMinChunkBytes,
-                      (size * 5 / 4 + kMinChunkBytes - 1) / kMinChunkBytes * kMinChunkBytes);
-    }
-    classes_.push_back({page, {}});
-    uint64_t pages = capacity / page;
-    pages_.resize(pages);
-    populated_.assign(pages, false);
-    for (uint64_t i = pages; i > 0; --i) free_pages_.push_back(i - 1);
-  }
-  // Records that page p is populated already (its first use then populates nothing).
-  void MarkPopulated(uint64_t p) {
-    if (p < populated_.size()) populated_[p] = true;
-  }
-  int ClassFor(uint64_t size) const {
-    for (size_t i = 0; i < classes_.size(); ++i) {
-      if (classes_[i].chunk >= size) return static_cast<int>(i);
-    }
-    return -1;
-  }
-  uint64_t chunk_size(int c) const { return classes_[c].chunk; }
-  // Offset of a free chunk of class c, or nullopt. *first_use (may be null) is set to the
-  // arena offset of the chunk's page when the page is used for the first time (for the caller
-  // to populate it, outside its lock), else to UINT64_MAX.
-  std::optional<uint64_t> Allocate(int c, uint64_t* first_use = nullptr) {
-    auto& cls = classes_[c];
-    if (first_use != nullptr) *first_use = UINT64_MAX;
-    if (cls.free.empty()) {
-      if (free_pages_.empty()) return std::nullopt;
-      uint64_t p = free_pages_.back();
-      free_pages_.pop_back();
-      pages_[p] = {c, 0};
-      if (!populated_[p] && first_use != nullptr) *first_use = p * page_;
-      populated_[p] = true;
-      uint64_t n = page_ / cls.chunk;
-      for (uint64_t i = n; i > 0; --i) cls.free.push_back(p * page_ + (i - 1) * cls.chunk);
-    }
-    uint64_t off = cls.free.back();
-    cls.free.pop_back();
-    pages_[off / page_].live++;
-    used_ += cls.chunk;
-    return off;
-  }
-  void Free(int c, uint64_t off) {
-    auto& cls = classes_[c];
-    cls.free.push_back(off);
-    used_ -= cls.chunk;
-    uint64_t p = off / page_;
-    if (--pages_[p].live == 0) {
-      // The page is empty: give it back so any class can use it.
-      uint64_t lo = p * page_, hi = lo + page_;
-      std::erase_if(cls.free, [&](uint64_t o) { return o >= lo && o < hi; });
-      pages_[p].cls = -1;
-      free_pages_.push_back(p);
-    }
-  }
-  uint64_t used() const { return used_; }
-
- private:
-  struct Class {
-    uint64_t chunk;
-    std::vector<uint64_t> free;
-  };
-  struct Page {
-    int cls = -1;
-    uint64_t live = 0;
-  };
-  uint64_t page_;
-  std::vector<Class> classes_;
-  std::vector<Page> pages_;
-  std::vector<bool> populated_;  // per page: handed out before (populated by then)
-  std::vector<uint64_t> free_pages_;
-  uint64_t used_ = 0;
-};
-
 struct Slot {
   uint64_t offset = 0;
   int cls = 0;
@@ -249,7 +169,7 @@ class MemoryTier::Impl {
     o_.shards = std::clamp<uint32_t>(o_.shards, 1, kMaxShards);
     KVTIER_ASSIGN_OR_RETURN(arena_, Arena::Create(o_.tier, o_.capacity_bytes, o_.use_cuda,
                                                   o_.mlock && o_.tier == Tier::kDram));
-    alloc_ = std::make_unique<SlabAllocator>(o_.capacity_bytes, o_.slab_page_bytes);
+    alloc_ = std::make_unique<SlabAllocator>(o_.capacity_bytes, o_.slab_page_bytes, kMinChunkBytes);
     // The first slab pages handed out (pages go in arena order) are populated now, at open,
     // rather than by the first inserts: after a restart the first resume's promotions then
     // copy into pages the kernel has already zeroed (19% of kvtierd's CPU in the first

@@ -233,13 +233,12 @@ class MemoryTier::Impl {
         it->second = slot;
       }
     }
-    if (old) {
-      std::lock_guard lock(alloc_mu_);
-      alloc_->Free(old->cls, old->offset);
-      used_bytes_ -= old->meta.size_bytes;
-    }
     {
       std::lock_guard lock(alloc_mu_);
+      if (old) {
+        alloc_->Free(old->cls, old->offset);
+        used_bytes_ -= old->meta.size_bytes;
+      }
       used_bytes_ += value.size();
     }
     {

@@ -185,6 +185,7 @@ void TierManagerImpl::RemoveEverywhereLocked(const Key& key, uint64_t* ticket) {
 }
 
 void TierManagerImpl::ExpirePinsLocked() {
+  if (pin_expiry_.empty()) return;  // no clock read on every put when nothing is pinned
   uint64_t now = NowMs();
   while (!pin_expiry_.empty() && pin_expiry_.begin()->first <= now) {
     Key k = pin_expiry_.begin()->second;

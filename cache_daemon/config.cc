@@ -202,6 +202,7 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
       {"storage.hbm_objects_max", UintKey("storage.hbm_objects_max", &o.storage.hbm_objects_max)},
       {"storage.dram_objects_max",
        UintKey("storage.dram_objects_max", &o.storage.dram_objects_max)},
+      {"storage.dram_prefault", BoolKey("storage.dram_prefault", &o.storage.dram_prefault)},
       {"storage.ssd_objects_max", UintKey("storage.ssd_objects_max", &o.storage.ssd_objects_max)},
       {"storage.miss_memory_entries",
        UintKey("storage.miss_memory_entries", &o.storage.miss_memory_entries)},

@@ -174,11 +174,19 @@ class MemoryTier::Impl {
     // rather than by the first inserts: after a restart the first resume's promotions then
     // copy into pages the kernel has already zeroed (19% of kvtierd's CPU in the first
     // 256-unit GET after a restart; docs/performance/resume.md, "one write per GET").
-    const uint64_t warm_pages = std::min<uint64_t>(kWarmSlabBytes / o_.slab_page_bytes,
-                                                   o_.capacity_bytes / o_.slab_page_bytes);
+    const uint64_t pages = o_.capacity_bytes / o_.slab_page_bytes;
+    const uint64_t warm_pages =
+        o_.prefault ? pages : std::min<uint64_t>(kWarmSlabBytes / o_.slab_page_bytes, pages);
+    const uint64_t populate_start_us = clock_->NowUs();
     if (warm_pages > 0) {
       arena_->Populate(0, warm_pages * o_.slab_page_bytes);
       for (uint64_t p = 0; p < warm_pages; ++p) alloc_->MarkPopulated(p);
+    }
+    if (o_.prefault) {
+      KVTIER_LOG(kInfo) << TierName(o_.tier)
+                        << " tier: " << ((warm_pages * o_.slab_page_bytes) >> 20)
+                        << " MiB populated at open in "
+                        << (clock_->NowUs() - populate_start_us) / 1000 << " ms";
     }
     shards_ = std::vector<Shard>(o_.shards);
     if (o_.eviction_policy_factory) {

@@ -40,6 +40,10 @@ struct MemoryTierOptions {
   uint64_t slab_page_bytes = 4ull << 20;
   // DRAM: mlock the arena (failure is logged, not fatal). HBM: ignored.
   bool mlock = false;
+  // Host arenas: populate the whole arena at open instead of each slab page on its first use,
+  // so that inserts never pay the first touch (on a VM whose host backs freed memory again on
+  // the next touch, ~0.3 GB/s: docs/performance/daemon.md, "Native PUT: two speeds").
+  bool prefault = false;
   // Use CUDA memory (pinned host for DRAM, device for HBM) when compiled with CUDA and a GPU
   // is present; otherwise, or when false, host memory from mmap.
   bool use_cuda = true;

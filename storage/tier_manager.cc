@@ -83,6 +83,7 @@ Status TierManagerImpl::Init() {
     mo.capacity_bytes = cap;
     mo.slab_page_bytes = std::min(o_.slab_page_bytes, cap);
     mo.mlock = o_.dram_mlock;
+    mo.prefault = t == Tier::kDram && o_.dram_prefault;
     mo.eviction_policy = o_.eviction_policy;
     mo.policy_params = o_.policy_params;
     mo.structure = o_.eviction_structure;

@@ -168,6 +168,8 @@ struct TierManagerOptions {
   // DRAM/HBM slab page size: the largest value a memory tier can hold (larger values go to SSD).
   uint64_t slab_page_bytes = 4ull << 20;
   bool dram_mlock = false;
+  // Populate the DRAM arena at open (MemoryTierOptions::prefault; docs/CONFIG.md).
+  bool dram_prefault = false;
   // Keys remembered as evicted / expired / quarantined, so Lookup can name the miss reason.
   size_t miss_memory_entries = 1 << 20;
   // Pinned keys at most; Pin beyond this is Rejected.

@@ -205,10 +205,12 @@ int main(int argc, char** argv) {
   auto dir = std::filesystem::temp_directory_path() / ("kvtier_bench_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   kt::KvtierdProcess d(dir / "kvtierd");
-  // A fourth argument is a TOML fragment appended to kvtierd's config (an A/B of a setting).
-  d.WriteConfig(std::string("[storage]\ndram_capacity_bytes = 4294967296\nssd_capacity_bytes = 0\n"
-                            "[server]\nio_threads = 2\nworker_threads = 2\n") +
-                (argc > 4 ? argv[4] : ""));
+  // A fourth argument is a TOML fragment appended to kvtierd's config, after its [storage]
+  // table (an A/B of a setting: storage keys as they are, others under their own table).
+  d.WriteConfig(
+      std::string("[server]\nio_threads = 2\nworker_threads = 2\n"
+                  "[storage]\ndram_capacity_bytes = 4294967296\nssd_capacity_bytes = 0\n") +
+      (argc > 4 ? argv[4] : ""));
   if (!d.Start()) {
     std::fprintf(stderr, "kvtierd did not start:\n%s\n", d.Log().c_str());
     return 1;

@@ -329,7 +329,12 @@ StatusOr<DeleteRequest> DecodeDelete(std::span<const uint8_t> body) {
 }
 
 std::vector<uint8_t> EncodePut(const PutRequest& req, bool shm) {
+  // Sized once: an inline batch of 32 units of 57,000 bytes regrew a doubling buffer six times,
+  // each time into fresh pages (most of the client's CPU in an inline PUT).
+  size_t bytes = 18;
+  for (const PutUnit& u : req.units) bytes += 2 * sizeof(Key) + (shm ? 12 : 4 + u.value.size());
   Writer w;
+  w.buffer().reserve(bytes);
   w.U8(req.kind);
   w.U8(req.highest_tier);
   w.U8(req.allow_ssd);

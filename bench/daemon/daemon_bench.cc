@@ -9,7 +9,8 @@
 //     from /proc/<pid>/task/*/schedstat): throughput on a shared, loaded machine is noisy,
 //     CPU per request much less so.
 //  2. Native: the client library's PUT and GET throughput over the Unix socket with shared
-//     memory and inline (no shared memory), against an in-process memcpy of the same bytes.
+//     memory and inline (no shared memory), against an in-process memcpy of the same bytes,
+//     and the CPU seconds kvtierd (all threads) and this client spent in each phase.
 //
 // Usage: kvtier_bench_daemon [requests_per_resp_run=20000] [native_mib=512] [rounds=1]
 //                            [kvtierd_config_fragment]
@@ -136,9 +137,17 @@ pid_t StartRedis(uint16_t port, const std::string& dir) {
 
 struct NativeResult {
   double put_gbs = 0, get_gbs = 0;
+  double put_server_cpu_s = 0, put_client_cpu_s = 0, get_server_cpu_s = 0, get_client_cpu_s = 0;
 };
 
-NativeResult NativeRun(const std::string& socket, bool shm, size_t total_bytes) {
+// CPU seconds of this process (the client: the native phases run after redis-benchmark).
+double ClientCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+NativeResult NativeRun(const std::string& socket, pid_t kvtierd, bool shm, size_t total_bytes) {
   constexpr size_t kUnit = 57000, kBatch = 32;
   ClientOptions o;
   o.socket_path = socket;
@@ -156,6 +165,8 @@ NativeResult NativeRun(const std::string& socket, bool shm, size_t total_bytes) 
     std::memcpy(keys[i].data() + 1, &i, sizeof(i));
   }
   NativeResult r;
+  const uint64_t k0 = CpuNs(kvtierd);
+  const double c0 = ClientCpuSeconds();
   double t0 = Now();
   for (size_t i = 0; i < units; i += kBatch) {
     std::vector<PutUnit> batch;
@@ -164,6 +175,8 @@ NativeResult NativeRun(const std::string& socket, bool shm, size_t total_bytes) 
     if (!p.ok()) std::fprintf(stderr, "put: %s\n", p.status().ToString().c_str());
   }
   double t1 = Now();
+  const uint64_t k1 = CpuNs(kvtierd);
+  const double c1 = ClientCpuSeconds();
   uint64_t sum = 0;
   for (size_t i = 0; i < units; i += kBatch) {
     size_t n = std::min(kBatch, units - i);
@@ -174,6 +187,10 @@ NativeResult NativeRun(const std::string& socket, bool shm, size_t total_bytes) 
     if (!st.ok()) std::fprintf(stderr, "get: %s\n", st.ToString().c_str());
   }
   double t2 = Now();
+  r.put_server_cpu_s = static_cast<double>(k1 - k0) * 1e-9;
+  r.put_client_cpu_s = c1 - c0;
+  r.get_server_cpu_s = static_cast<double>(CpuNs(kvtierd) - k1) * 1e-9;
+  r.get_client_cpu_s = ClientCpuSeconds() - c1;
   if (sum == 0) std::fprintf(stderr, "get returned nothing\n");
   r.put_gbs = units * kUnit / (t1 - t0) / 1e9;
   r.get_gbs = units * kUnit / (t2 - t1) / 1e9;
@@ -265,8 +282,8 @@ int main(int argc, char** argv) {
   std::printf("\n== native client, Unix socket, 57000-byte units, batches of 32, %zu MiB ==\n",
               native_bytes >> 20);
   double mc = MemcpyGbs(native_bytes);
-  NativeResult shm = NativeRun(d.socket(), true, native_bytes);
-  NativeResult inl = NativeRun(d.socket(), false, native_bytes);
+  NativeResult shm = NativeRun(d.socket(), kvtierd, true, native_bytes);
+  NativeResult inl = NativeRun(d.socket(), kvtierd, false, native_bytes);
   std::printf("%-22s %10s %10s %14s %14s\n", "path", "put GB/s", "get GB/s", "put/memcpy",
               "get/memcpy");
   std::printf("%-22s %10.2f %10.2f %14s %14s\n", "memcpy (in-process)", mc, mc, "1.00", "1.00");
@@ -274,6 +291,13 @@ int main(int argc, char** argv) {
               shm.put_gbs / mc, shm.get_gbs / mc);
   std::printf("%-22s %10.2f %10.2f %14.3f %14.3f\n", "inline (no shm)", inl.put_gbs, inl.get_gbs,
               inl.put_gbs / mc, inl.get_gbs / mc);
+  std::printf("%-22s %14s %14s %14s %14s\n", "cpu seconds", "put kvtierd", "put client",
+              "get kvtierd", "get client");
+  for (const auto& [name, n] :
+       {std::pair{"shared memory", shm}, std::pair{"inline (no shm)", inl}}) {
+    std::printf("%-22s %14.3f %14.3f %14.3f %14.3f\n", name, n.put_server_cpu_s, n.put_client_cpu_s,
+                n.get_server_cpu_s, n.get_client_cpu_s);
+  }
   int rc = d.Stop();
   std::filesystem::remove_all(dir);
   return rc == 0 ? 0 : 1;

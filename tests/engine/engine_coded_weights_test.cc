@@ -122,48 +122,53 @@ bool Same(const std::vector<std::vector<float>>& a, const std::vector<std::vecto
   return true;
 }
 
-TEST(Mxfp4Experts, AnMxfp4EngineIsTheF32EngineOnTheRoundedExperts) {
-  auto base = InitWeights(TinyConfig(), 3);
-  ASSERT_TRUE(base.ok()) << base.status().ToString();
-  auto original = std::make_shared<const ModelWeights>(std::move(*base));
-  auto rounded = Rounded(*original, kernels::QuantFormat::kFp4Ue8m0x32);
+// An engine with the formats, on `original`, computes at 1 and 2 threads what an f32 engine
+// computes on `rounded`, and not what it computes on `original` (the formats change something).
+void ExpectTheF32EngineOn(const std::shared_ptr<const ModelWeights>& rounded,
+                          const std::shared_ptr<const ModelWeights>& original, ExpertFormat experts,
+                          WeightFormat projections) {
   const auto prompt = Prompt(40, 5);
   for (int threads : {1, 2}) {
-    auto fp4 = Make(ExpertFormat::kMxfp4, original, threads);
+    auto coded = Make(experts, original, threads, projections);
     auto on_rounded = Make(ExpertFormat::kF32, rounded, threads);
     auto f32 = Make(ExpertFormat::kF32, original, threads);
-    ASSERT_TRUE(fp4 && on_rounded && f32);
-    const auto a = Generate(*fp4, prompt, 6);
+    ASSERT_TRUE(coded && on_rounded && f32);
+    const auto a = Generate(*coded, prompt, 6);
     EXPECT_TRUE(Same(a, Generate(*on_rounded, prompt, 6))) << "threads " << threads;
     EXPECT_FALSE(Same(a, Generate(*f32, prompt, 6))) << "the format changed nothing";
-    // Rounding the rounded experts again changes nothing (MXFP4 values are fixed points).
+  }
+}
+
+std::shared_ptr<const ModelWeights> Initial(uint64_t seed) {
+  auto w = InitWeights(TinyConfig(), seed);
+  EXPECT_TRUE(w.ok()) << w.status().ToString();
+  return w.ok() ? std::make_shared<const ModelWeights>(std::move(*w)) : nullptr;
+}
+
+TEST(Mxfp4Experts, AnMxfp4EngineIsTheF32EngineOnTheRoundedExperts) {
+  auto original = Initial(3);
+  ASSERT_TRUE(original);
+  auto rounded = Rounded(*original, kernels::QuantFormat::kFp4Ue8m0x32);
+  ExpectTheF32EngineOn(rounded, original, ExpertFormat::kMxfp4, WeightFormat::kF32);
+  // Rounding the rounded experts again changes nothing (MXFP4 values are fixed points).
+  const auto prompt = Prompt(40, 5);
+  for (int threads : {1, 2}) {
     auto fp4_on_rounded = Make(ExpertFormat::kMxfp4, rounded, threads);
-    EXPECT_TRUE(Same(a, Generate(*fp4_on_rounded, prompt, 6))) << "threads " << threads;
+    auto on_rounded = Make(ExpertFormat::kF32, rounded, threads);
+    ASSERT_TRUE(fp4_on_rounded && on_rounded);
+    EXPECT_TRUE(Same(Generate(*fp4_on_rounded, prompt, 6), Generate(*on_rounded, prompt, 6)))
+        << "threads " << threads;
   }
 }
 
 TEST(Fp8Weights, AnFp8EngineIsTheF32EngineOnTheRoundedProjections) {
-  auto base = InitWeights(TinyConfig(), 3);
-  ASSERT_TRUE(base.ok()) << base.status().ToString();
-  auto original = std::make_shared<const ModelWeights>(std::move(*base));
+  auto original = Initial(3);
+  ASSERT_TRUE(original);
   auto rounded = Rounded(*original, kernels::QuantFormat::kFp8Ue8m0x32);
-  const auto prompt = Prompt(40, 5);
-  for (int threads : {1, 2}) {
-    auto fp8 = Make(ExpertFormat::kF32, original, threads, WeightFormat::kFp8);
-    auto on_rounded = Make(ExpertFormat::kF32, rounded, threads);
-    auto f32 = Make(ExpertFormat::kF32, original, threads);
-    ASSERT_TRUE(fp8 && on_rounded && f32);
-    const auto a = Generate(*fp8, prompt, 6);
-    EXPECT_TRUE(Same(a, Generate(*on_rounded, prompt, 6))) << "threads " << threads;
-    EXPECT_FALSE(Same(a, Generate(*f32, prompt, 6))) << "the format changed nothing";
-    // Both formats at once: the experts rounded too.
-    auto both = Make(ExpertFormat::kMxfp4, original, threads, WeightFormat::kFp8);
-    auto both_rounded =
-        Make(ExpertFormat::kF32, Rounded(*rounded, kernels::QuantFormat::kFp4Ue8m0x32), threads);
-    ASSERT_TRUE(both && both_rounded);
-    EXPECT_TRUE(Same(Generate(*both, prompt, 6), Generate(*both_rounded, prompt, 6)))
-        << "threads " << threads;
-  }
+  ExpectTheF32EngineOn(rounded, original, ExpertFormat::kF32, WeightFormat::kFp8);
+  // Both formats at once: the experts rounded too.
+  ExpectTheF32EngineOn(Rounded(*rounded, kernels::QuantFormat::kFp4Ue8m0x32), original,
+                       ExpertFormat::kMxfp4, WeightFormat::kFp8);
 }
 
 TEST(Fp8Weights, TheConfigKeyTakesF32OrFp8) {
@@ -187,9 +192,8 @@ TEST(Fp8Weights, TheConfigKeyTakesF32OrFp8) {
 // products must read the codes, one packed copy per covered matrix (none while the scalar
 // kernel, which packs nothing, is active).
 TEST(CodedWeights, TheProductsReadEveryCoveredMatrixAsCodes) {
-  auto base = InitWeights(TinyConfig(), 3);
-  ASSERT_TRUE(base.ok());
-  auto w = std::make_shared<const ModelWeights>(std::move(*base));
+  auto w = Initial(3);
+  ASSERT_TRUE(w);
   const EngineConfig& c = TinyConfig();
   const bool packs = ActiveMatMulKernel() != MatMulKernel::kScalar;
   const size_t L = c.num_hidden_layers, experts = L * c.n_routed_experts * 3;
@@ -212,9 +216,8 @@ TEST(CodedWeights, TheProductsReadEveryCoveredMatrixAsCodes) {
 }
 
 TEST(Mxfp4Experts, ABatchedPassEqualsEachSequenceAlone) {
-  auto base = InitWeights(TinyConfig(), 4);
-  ASSERT_TRUE(base.ok());
-  auto w = std::make_shared<const ModelWeights>(std::move(*base));
+  auto w = Initial(4);
+  ASSERT_TRUE(w);
   auto e = Make(ExpertFormat::kMxfp4, w, 2, WeightFormat::kFp8);
   ASSERT_TRUE(e);
   const int V = TinyConfig().vocab_size, k = 6;

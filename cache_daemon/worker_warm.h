@@ -41,8 +41,9 @@ size_t RunOncePerThread(boost::asio::thread_pool& pool, size_t threads,
                         const std::function<void()>& fn, uint64_t timeout_ms);
 
 // The calling thread's first SHA-256 (the key binding's context), kWarmStackBytes of its stack
-// and kWarmHeapBytes of its malloc arena (allocated in kWarmHeapBlockBytes blocks, touched and
-// freed: they stay in the arena as free pages for the thread's next allocations).
+// and kWarmHeapBytes of the malloc arena it uses (allocated in kWarmHeapBlockBytes blocks,
+// touched and freed: they stay in the arena as free pages for the next allocations; kvtierd's
+// threads share limits.malloc_arenas_max arenas).
 void WarmWorkerThread();
 
 }  // namespace kvtier::daemon::internal

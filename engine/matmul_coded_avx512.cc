@@ -19,9 +19,11 @@
 //
 // GCC 12's AVX-512 headers start widening, shift and permute intrinsics from a self-initialised
 // "undefined" vector, which -Wmaybe-uninitialized reports once inlined (GCC bug 105593); the
-// instructions overwrite every lane.
+// instructions overwrite every lane. (Clang has no such warning and would reject its name.)
+#if !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <algorithm>
@@ -181,4 +183,6 @@ void MatMulFp8Avx512Block(const float* x, int r0, int r1, const PackedMatrix& w,
 
 }  // namespace kvtier::engine::internal
 
+#if !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif

@@ -99,13 +99,19 @@ Status EngineConfig::Validate() {
     return bad("o_groups must divide num_attention_heads");
   if (o_lora_rank <= 0 || o_lora_rank > kMaxDim) return bad("o_lora_rank");
   if (sliding_window <= 0 || sliding_window > 1 << 16) return bad("sliding_window");
-  if (!(rms_norm_eps >= 0)) return bad("rms_norm_eps");
-  if (!(rope_theta > 0) || !(compress_rope_theta > 0)) return bad("rope theta");
+  // The floats bound where their formulas stay finite (ops.cc: a norm's eps, the RoPE
+  // frequencies' log(theta) divisor and log(beta), Sinkhorn's eps).
+  if (!(rms_norm_eps >= 0 && rms_norm_eps <= 1)) return bad("rms_norm_eps must be in [0,1]");
+  if (!(rope_theta > 1) || !(compress_rope_theta > 1))
+    return bad("rope_theta and compress_rope_theta must be > 1");
   if (!rope_scaling.type.empty() && rope_scaling.type != "yarn")
     return bad("rope_scaling.rope_type must be yarn");
   if (rope_scaling.type == "yarn" &&
-      (!(rope_scaling.factor >= 1) || rope_scaling.original_max_position_embeddings <= 0))
-    return bad("rope_scaling: factor >= 1 and original_max_position_embeddings > 0");
+      (!(rope_scaling.factor >= 1) || rope_scaling.original_max_position_embeddings <= 0 ||
+       !(rope_scaling.beta_fast > 0) || !(rope_scaling.beta_slow > 0)))
+    return bad(
+        "rope_scaling: factor >= 1, original_max_position_embeddings > 0, beta_fast > 0 and "
+        "beta_slow > 0");
   if (static_cast<int>(compress_ratios.size()) < num_hidden_layers)
     return bad("compress_ratios needs one entry per layer");
   compress_ratios.resize(num_hidden_layers);
@@ -118,6 +124,7 @@ Status EngineConfig::Validate() {
   if (index_topk <= 0 || index_topk > 1 << 16) return bad("index_topk");
   if (hc_mult <= 0 || hc_mult > kHcMultMax) return bad("hc_mult");
   if (hc_sinkhorn_iters <= 0 || hc_sinkhorn_iters > 1000) return bad("hc_sinkhorn_iters");
+  if (!(hc_eps >= 0 && hc_eps <= 1)) return bad("hc_eps must be in [0,1]");
   if (n_routed_experts <= 0 || n_routed_experts > kMaxExperts) return bad("n_routed_experts");
   if (num_experts_per_tok <= 0 || num_experts_per_tok > n_routed_experts)
     return bad("num_experts_per_tok");
@@ -126,6 +133,8 @@ Status EngineConfig::Validate() {
     return bad("moe_intermediate_size");
   if (scoring_func != "sqrtsoftplus") return bad("scoring_func must be sqrtsoftplus");
   if (!(swiglu_limit > 0)) return bad("swiglu_limit");
+  if (!(routed_scaling_factor > 0 && routed_scaling_factor <= 1000))
+    return bad("routed_scaling_factor must be in (0,1000]");
   if (expert_format == ExpertFormat::kMxfp4 &&
       (hidden_size % 32 != 0 || moe_intermediate_size % 32 != 0))
     return bad("expert_format mxfp4 needs hidden_size and moe_intermediate_size multiples of 32");

@@ -1,7 +1,9 @@
 #include "engine/weights.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "engine/engram.h"
 #include "kernels/quant.h"
@@ -134,8 +136,28 @@ const float* ModelWeights::F32(const std::string& name) const {
   return (t == nullptr || t->dtype != "F32") ? nullptr : t->f32();
 }
 
+uint64_t WeightBytes(const EngineConfig& c) {
+  uint64_t total = 0;
+  for (const WeightSpec& s : WeightSpecs(c)) {
+    uint64_t bytes = s.dtype == "F32" ? 4 : 1;
+    for (int64_t d : s.shape) {
+      if (d < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes))
+        return UINT64_MAX;
+    }
+    if (__builtin_add_overflow(total, bytes, &total)) return UINT64_MAX;
+  }
+  return total;
+}
+
 StatusOr<ModelWeights> InitWeights(const EngineConfig& c, uint64_t seed) {
   if (auto rows = EngramTableRows(c); !rows.ok()) return rows.status();
+  if (const uint64_t bytes = WeightBytes(c); bytes > kInitWeightsBytesMax) {
+    return Status::InvalidArgument(
+        "config: its parameters take " +
+        (bytes == UINT64_MAX ? std::string("more than 2^64") : std::to_string(bytes)) +
+        " bytes, over the " + std::to_string(kInitWeightsBytesMax) +
+        " that deterministic weights may take (kInitWeightsBytesMax)");
+  }
   ModelWeights w;
   w.file.metadata["format"] = "kvtier-engine";
   w.file.metadata["init_seed"] = std::to_string(seed);

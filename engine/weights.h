@@ -60,6 +60,17 @@ struct ModelWeights {
   const float* F32(const std::string& name) const;  // nullptr when absent or not F32
 };
 
+// Upper bound on the bytes InitWeights makes (4 GiB: a miniature's deterministic weights, not a
+// full model's). The per-field limits of EngineConfig::Validate still allow configs of
+// terabytes; without this bound such a config ran the machine out of memory.
+inline constexpr uint64_t kInitWeightsBytesMax = uint64_t{4} << 30;
+
+// Bytes the parameters of `config` take as stored (F32: 4 per element, FP8 codes and scales:
+// 1), WeightSpecs' sum; UINT64_MAX when that sum does not fit.
+uint64_t WeightBytes(const EngineConfig& config);
+
+// InvalidArgument for a config whose Engram tables cannot be sized or whose WeightBytes exceed
+// kInitWeightsBytesMax (the message names both), before anything is allocated.
 StatusOr<ModelWeights> InitWeights(const EngineConfig& config, uint64_t seed);
 // IOError when unreadable; Corruption for a malformed file; InvalidArgument (naming the
 // tensor) for a missing tensor, a wrong dtype or shape, or an infinity/NaN.

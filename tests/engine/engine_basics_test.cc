@@ -21,6 +21,8 @@
 #include "engine/sampler.h"
 #include "engine/thread_pool.h"
 #include "engine/tokenizer.h"
+#include "engine/weights.h"
+#include "engine_test_util.h"
 
 namespace kvtier::engine {
 namespace {
@@ -83,7 +85,15 @@ TEST(EngineConfig, AcceptsNestedTextConfigAndRejectsBadOnes) {
         replace("\"hidden_size\":256", "\"hidden_size\":4294967552"),
         replace("\"sliding_window\":16", "\"sliding_window\":-4294967280"),
         replace("\"compress_ratios\":[0,0,2", "\"compress_ratios\":[0,0,2.0"),
-        replace("\"norm_topk_prob\":true", "\"norm_topk_prob\":1")}) {
+        replace("\"norm_topk_prob\":true", "\"norm_topk_prob\":1"),
+        // Floats outside the range where their formulas stay finite (the engine config fuzzer
+        // found hc_eps = 1e206 accepted and every logit NaN): Sinkhorn's and the norms' eps,
+        // YaRN's log(theta) divisor and log(beta), the routed experts' scale.
+        replace("\"hc_eps\":1e-6", "\"hc_eps\":1e206"),
+        replace("\"rms_norm_eps\":1e-20", "\"rms_norm_eps\":2"),
+        replace("\"rope_theta\":10000", "\"rope_theta\":1"),
+        replace("\"beta_fast\":32", "\"beta_fast\":0"),
+        replace("\"routed_scaling_factor\":1.5", "\"routed_scaling_factor\":1e300")}) {
     auto c = ParseEngineConfig(bad);
     EXPECT_TRUE(c.status().IsInvalidArgument());
     EXPECT_FALSE(c.status().message().empty());
@@ -91,6 +101,27 @@ TEST(EngineConfig, AcceptsNestedTextConfigAndRejectsBadOnes) {
   EXPECT_TRUE(LoadEngineConfig("/nonexistent/config.json").status().IsIOError());
 }
 
+// Every width of this config is within Validate's per-field limits, and its parameters take
+// terabytes: InitWeights refuses it before allocating (it ended in std::bad_alloc, or in the
+// kernel's OOM killer, before the bound). The mini's own weights stay far below the bound.
+TEST(EngineConfig, InitWeightsRefusesAConfigOverItsByteBound) {
+  EngineConfig huge = testutil::MiniConfig();
+  huge.hidden_size = 65536;
+  huge.vocab_size = 1 << 22;
+  ASSERT_TRUE(huge.Validate().ok());
+  EXPECT_GT(WeightBytes(huge), kInitWeightsBytesMax);
+  auto w = InitWeights(huge, 1);
+  ASSERT_TRUE(w.status().IsInvalidArgument()) << w.status().ToString();
+  EXPECT_NE(w.status().message().find("kInitWeightsBytesMax"), std::string::npos);
+
+  const EngineConfig& mini = testutil::MiniConfig();
+  uint64_t stored = 0;
+  auto weights = InitWeights(mini, 1);
+  ASSERT_TRUE(weights.ok());
+  for (const auto& [name, t] : weights->file.tensors) stored += t.bytes.size();
+  EXPECT_EQ(WeightBytes(mini), stored);
+  EXPECT_LT(stored, kInitWeightsBytesMax);
+}
 TEST(Safetensors, RoundTripsAndRejectsCorruption) {
   TensorFile f;
   Tensor a;

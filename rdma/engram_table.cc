@@ -58,6 +58,11 @@ Status DecodeEngramTableHeader(std::span<const uint8_t> in, EngramTableHeader* o
   if (Get32(in.data() + 40) != kEngramTableHeaderBytes) {
     return Status::Corruption("unexpected header_bytes");
   }
+  // Bytes 44..63 are zero in version 1 (a later version may use them: refusing them now keeps
+  // one spelling per header, so such a file is never read as version 1 by mistake).
+  for (size_t i = 44; i < kEngramTableHeaderBytes; ++i) {
+    if (in[i] != 0) return Status::Corruption("engram header: reserved bytes are not zero");
+  }
   EngramTableHeader h;
   h.row_dim = Get32(in.data() + 12);
   h.row_begin = Get64(in.data() + 16);
@@ -73,6 +78,9 @@ Status DecodeEngramTableHeader(std::span<const uint8_t> in, EngramTableHeader* o
   }
   if (h.row_count == 0 || h.row_count > (uint64_t{1} << 40)) {
     return Status::InvalidArgument("row_count out of range");
+  }
+  if (h.row_begin > UINT64_MAX - h.row_count) {
+    return Status::InvalidArgument("row_begin + row_count overflows a row number");
   }
   *out = h;
   return Status::Ok();

@@ -52,7 +52,8 @@ constexpr uint32_t EngramRowBytes(uint32_t row_dim) {
 }
 
 void EncodeEngramTableHeader(const EngramTableHeader& h, uint8_t out[kEngramTableHeaderBytes]);
-// Corruption for a bad magic/version/header size, InvalidArgument for inconsistent fields.
+// Corruption for a bad magic/version/header size or a reserved byte (44..63) that is not zero,
+// InvalidArgument for inconsistent fields (rows past the last uint64 row number included).
 Status DecodeEngramTableHeader(std::span<const uint8_t> in, EngramTableHeader* out);
 
 // Deterministic content of global row `row` (codes never NaN, scales in [120, 134]):

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 
 #include "rdma/engram_table.h"
@@ -49,6 +50,33 @@ TEST(EngramTableTest, RejectsMissingTruncatedAndForeignFiles) {
   std::fwrite(junk.data(), 1, junk.size(), f);
   std::fclose(f);
   EXPECT_TRUE(MappedTable::Open(dir.File("junk")).status().IsCorruption());
+}
+
+// The header's bytes 44..63 are zero in version 1 and its rows end inside the uint64 row
+// numbers (both accepted before; the row transport's fuzzer found the first).
+TEST(EngramTableTest, HeaderRefusesReservedBytesAndRowsPastTheLastRowNumber) {
+  EngramTableHeader h;
+  h.row_dim = 32;
+  h.row_begin = 7;
+  h.row_count = 16;
+  h.row_stride_bytes = EngramRowBytes(32);
+  uint8_t bytes[kEngramTableHeaderBytes];
+  EncodeEngramTableHeader(h, bytes);
+  EngramTableHeader out;
+  ASSERT_TRUE(DecodeEngramTableHeader(bytes, &out).ok());
+  EXPECT_EQ(out.row_begin, 7u);
+  for (size_t i = 44; i < kEngramTableHeaderBytes; ++i) {
+    uint8_t bad[kEngramTableHeaderBytes];
+    std::memcpy(bad, bytes, sizeof bad);
+    bad[i] = 1;
+    EXPECT_TRUE(DecodeEngramTableHeader(bad, &out).IsCorruption()) << "byte " << i;
+  }
+  h.row_begin = UINT64_MAX - 15;
+  EncodeEngramTableHeader(h, bytes);
+  EXPECT_TRUE(DecodeEngramTableHeader(bytes, &out).IsInvalidArgument());
+  h.row_begin = UINT64_MAX - 16;
+  EncodeEngramTableHeader(h, bytes);
+  EXPECT_TRUE(DecodeEngramTableHeader(bytes, &out).ok());
 }
 
 TEST(ShardMapTest, LooksUpRowsAndValidatesCoverage) {

@@ -1,13 +1,15 @@
-// libFuzzer target: the Engram row transport's frame codecs (rdma/wire.h) and the verbs
-// side-channel bodies (rdma/verbs_plan.h) on arbitrary bytes. Both ends of that protocol read
-// bytes a peer sent: the row server a request, the engine's transport a reply.
+// libFuzzer target: the Engram row transport's frame codecs (rdma/wire.h), the verbs
+// side-channel bodies (rdma/verbs_plan.h) and the table file header (rdma/engram_table.h) on
+// arbitrary bytes. Both ends of that protocol read bytes a peer sent: the row server a
+// request, the engine's transport a reply; the row server also reads table files from disk.
 //
 // The first input byte picks the decoder, the rest is its input. Invariants, beyond no crash,
 // no out-of-bounds read (ASan) and no undefined behaviour (UBSan):
 //   - whatever decodes is canonical: encoding the decoded value gives back the input bytes
 //     (docs/format/wire.md: every reserved field is 0, so a frame has one spelling; a decoder
 //     that accepted a reserved byte it did not check would let two peers disagree about it);
-//   - a decoded request header is within the protocol's ceilings.
+//   - a decoded request header is within the protocol's ceilings; a decoded table header's
+//     rows fit in a uint64 row number.
 //
 //   cmake --preset fuzz && cmake --build --preset fuzz --target kvtier_row_wire_fuzz
 //   build/fuzz/tests/fuzz/kvtier_row_wire_fuzz -max_total_time=60
@@ -18,6 +20,7 @@
 #include <span>
 #include <vector>
 
+#include "rdma/engram_table.h"
 #include "rdma/verbs_plan.h"
 #include "rdma/wire.h"
 
@@ -98,6 +101,17 @@ void QpParams(std::span<const uint8_t> in) {
   Require(verbs::EncodeQpParams(p, out) == in.size() && Same(in, out));
 }
 
+// An Engram table file's header (rdma/engram_table.h): the row server reads it from disk.
+void TableHeader(std::span<const uint8_t> in) {
+  EngramTableHeader h;
+  if (!DecodeEngramTableHeader(in, &h).ok()) return;
+  Require(h.row_count >= 1 && h.row_begin + h.row_count > h.row_begin);
+  Require(h.row_stride_bytes >= EngramRowBytes(h.row_dim));
+  uint8_t out[kEngramTableHeaderBytes];
+  EncodeEngramTableHeader(h, out);
+  Require(Same(in.first(kEngramTableHeaderBytes), out));
+}
+
 void RemoteRegion(std::span<const uint8_t> in) {
   verbs::RemoteRegion r;
   if (!verbs::DecodeRemoteRegion(in, &r).ok()) return;
@@ -112,7 +126,7 @@ void RemoteRegion(std::span<const uint8_t> in) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::span<const uint8_t> in(data + 1, size - 1);
-  switch (data[0] % 8) {
+  switch (data[0] % 9) {
     case 0:
       RequestHeader(in);
       break;
@@ -134,8 +148,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 6:
       QpParams(in);
       break;
-    default:
+    case 7:
       RemoteRegion(in);
+      break;
+    default:
+      TableHeader(in);
       break;
   }
   return 0;

@@ -12,7 +12,8 @@ namespace kvtier::engine::tool {
 int RunInit(Args args) {
   cli::FlagSet flags(
       "kvtier-engine init",
-      "Make deterministic weights for a model config and write them as safetensors.");
+      "Make deterministic weights for a model config and write them as safetensors\n"
+      "(at most 4 GiB of them: kInitWeightsBytesMax, engine/weights.h).");
   std::string config, out;
   uint64_t seed = 0;
   flags.String("config", &config, "FILE", "model config.json (HF text_config keys)", true);

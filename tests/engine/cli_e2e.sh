@@ -21,6 +21,16 @@ fi
 if "$bin" init --config /nonexistent --out "$dir/x" 2>/dev/null; then
   echo "bad config accepted"; exit 1
 fi
+# A config within every per-field limit whose weights would take terabytes: refused, naming
+# the bound, before anything is allocated or written.
+sed -e 's/"hidden_size":[0-9]*/"hidden_size":65536/' -e 's/"vocab_size":[0-9]*/"vocab_size":4194304/' \
+  "$config" > "$dir/huge.json"
+set +e
+msg=$("$bin" init --config "$dir/huge.json" --out "$dir/huge.safetensors" 2>&1)
+rc=$?
+set -e
+[ "$rc" -eq 1 ] && echo "$msg" | grep -q kInitWeightsBytesMax && [ ! -e "$dir/huge.safetensors" ] \
+  || { echo "oversize init: rc $rc, '$msg'"; exit 1; }
 # fidelity: exact restore agrees 1.0 with KL 0 and a replay of the whole history too (JSON);
 # bad arguments exit 2 with a message before the weights load.
 head -c 200 "$config" > "$dir/text.txt"

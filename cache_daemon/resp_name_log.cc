@@ -111,6 +111,9 @@ StatusOr<std::unique_ptr<RespNameLog>> RespNameLog::Open(
     return Status::Corruption(path + ": not a RESP name log of version 1 or " +
                               std::to_string(kVersion));
   }
+  if (le::Get32(header + 12) != 0) {
+    return Status::Corruption(path + ": RESP name log header's reserved bytes are not zero");
+  }
   log->version_ = version;
   // The last op a record of this version may carry (version 1 has no checkpoints).
   const uint8_t op_max = static_cast<uint8_t>(version == 1 ? Op::kRemoveTenant : Op::kCheckpoint);

@@ -126,6 +126,29 @@ TEST_F(RespNameLogTest, ForeignFileIsRefused) {
   EXPECT_TRUE(st.IsCorruption()) << st.ToString();
 }
 
+// The header's bytes 12..15 are reserved and zero (docs/format/resp-names.md): a file with any
+// of them set is not a log this version wrote, and is refused like a foreign one.
+TEST_F(RespNameLogTest, HeaderWithReservedBytesSetIsRefused) {
+  {
+    auto idx = Open();
+    ASSERT_TRUE(idx->Add(1, K(1), "first").ok());
+  }
+  for (int at = 12; at < 16; ++at) {
+    std::fstream f(Path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(at);
+    f.put('\x01');
+    f.close();
+    RespKeyIndex idx(100, 1 << 20);
+    Status st = idx.Persist(Path(), true);
+    EXPECT_TRUE(st.IsCorruption()) << "byte " << at << ": " << st.ToString();
+    f.open(Path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(at);
+    f.put('\0');
+  }
+  auto idx = Open();
+  EXPECT_EQ(Names(*idx, {1}), (std::set<std::pair<uint64_t, std::string>>{{1, "first"}}));
+}
+
 TEST_F(RespNameLogTest, ReplayKeepsTheLimitsAndCountsTheRest) {
   {
     auto idx = Open();

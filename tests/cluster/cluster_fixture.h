@@ -61,6 +61,7 @@ class ClusterE2eTest : public ::testing::Test {
                                         << "token_sha256 = [\"" << HashHex("tok-bob") << "\"]\n";
     for (int i = 0; i < kNodes; ++i) {
       nodes_.push_back(std::make_unique<kt::KvtierdProcess>(dir_ / ("n" + std::to_string(i))));
+      nodes_.back()->set_own_process_group(true);  // the failover tests SIGSTOP nodes
       peer_ports_.push_back(kt::FreePort());
       ASSERT_TRUE(StartNode(i)) << nodes_[i]->Log();
     }

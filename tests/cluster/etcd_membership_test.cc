@@ -22,6 +22,7 @@ class EtcdTest : public ::testing::Test {
     if (!EtcdProcess::Installed()) GTEST_SKIP() << "no /usr/bin/etcd (deploy/install-deps.sh)";
     ASSERT_TRUE(dir_.ok());
     etcd_ = std::make_unique<EtcdProcess>(dir_.path());
+    etcd_->set_own_process_group(true);  // AFailedKeepaliveIsRetriedSoon pauses it
     ASSERT_TRUE(etcd_->Start()) << "etcd did not start";
   }
   EtcdOptions Options() const {

@@ -55,7 +55,14 @@ class EtcdProcess {
     std::string log = (dir_ / "etcd.log").string();
     posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    int rc = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    if (own_process_group_) {
+      posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+      posix_spawnattr_setpgroup(&attr, 0);
+    }
+    int rc = posix_spawn(&pid_, argv[0], &fa, &attr, argv.data(), environ);
+    posix_spawnattr_destroy(&attr);
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) {
       pid_ = -1;
@@ -84,7 +91,12 @@ class EtcdProcess {
     pid_ = -1;
   }
 
+  // Start() puts etcd in a process group of its own, as a test that pauses it needs
+  // (KvtierdProcess::set_own_process_group says why).
+  void set_own_process_group(bool on) { own_process_group_ = on; }
+
   // SIGSTOP (true) or SIGCONT (false): etcd takes connections but answers nothing meanwhile.
+  // Set set_own_process_group before Start() when pausing it.
   void Pause(bool paused) {
     if (pid_ > 0) ::kill(pid_, paused ? SIGSTOP : SIGCONT);
   }
@@ -95,6 +107,7 @@ class EtcdProcess {
   std::filesystem::path dir_;
   uint16_t client_port_ = 0, peer_port_ = 0;
   pid_t pid_ = -1;
+  bool own_process_group_ = false;
 };
 
 // Polls pred every 20 ms until it holds or timeout_ms passes; returns its last value.

@@ -1,9 +1,11 @@
-// Test helpers about processes: a resource limit to start the real binaries under, the CPU
-// time a process has used, and a server in this process starved of file descriptors.
+// Test helpers about processes: starting one (in a process group of its own when asked), a
+// resource limit to start the real binaries under, the CPU time a process has used, and a
+// server in this process starved of file descriptors.
 #pragma once
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -22,7 +24,28 @@
 
 #include "common/open_files.h"
 
+extern char** environ;
+
 namespace kvtier::testing {
+
+// posix_spawn of argv (argv[0] the program's path, null-terminated) with the file actions fa.
+// own_process_group puts the child in a process group of its own, which a test that stops it
+// with SIGSTOP needs: when the shell that started the suite exits (a suite run in the
+// background), the kernel hangs up a process group left without a parent outside it that
+// holds a stopped process (SIGHUP, then SIGCONT), which would continue the child mid-test. The
+// price: a terminal's Ctrl-C no longer reaches it. Returns posix_spawn's result.
+inline int Spawn(pid_t* pid, char* const argv[], const posix_spawn_file_actions_t* fa,
+                 bool own_process_group) {
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  if (own_process_group) {
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attr, 0);
+  }
+  const int rc = posix_spawn(pid, argv[0], fa, &attr, argv, environ);
+  posix_spawnattr_destroy(&attr);
+  return rc;
+}
 
 // Resource limits to start a program under, soft and hard alike (so it cannot raise them),
 // through prlimit(1), which sets them and execs the program: the spawned pid is the program's.

@@ -16,6 +16,7 @@
 
 #include "cluster/http_client.h"
 #include "tests/cache_daemon/net_util.h"
+#include "tests/process_util.h"
 
 extern char** environ;
 
@@ -55,14 +56,7 @@ class EtcdProcess {
     std::string log = (dir_ / "etcd.log").string();
     posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    if (own_process_group_) {
-      posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-      posix_spawnattr_setpgroup(&attr, 0);
-    }
-    int rc = posix_spawn(&pid_, argv[0], &fa, &attr, argv.data(), environ);
-    posix_spawnattr_destroy(&attr);
+    int rc = Spawn(&pid_, argv.data(), &fa, own_process_group_);
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) {
       pid_ = -1;
@@ -91,8 +85,8 @@ class EtcdProcess {
     pid_ = -1;
   }
 
-  // Start() puts etcd in a process group of its own, as a test that pauses it needs
-  // (KvtierdProcess::set_own_process_group says why).
+  // Start() puts etcd in a process group of its own, as a test that pauses it needs (Spawn,
+  // tests/process_util.h, says why).
   void set_own_process_group(bool on) { own_process_group_ = on; }
 
   // SIGSTOP (true) or SIGCONT (false): etcd takes connections but answers nothing meanwhile.

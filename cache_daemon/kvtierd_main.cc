@@ -21,6 +21,7 @@
 #include "common/key_spec.h"
 #include "common/logging.h"
 #include "common/open_files.h"
+#include "common/sanitizers.h"
 
 namespace {
 
@@ -44,25 +45,11 @@ void CheckOpenFilesLimit(const DaemonOptions& o, const OpenFilesLimit& limit) {
   WarnIfOpenFilesShort(limit, connection_fds, "kvtier_accept_waits_total",
                        "lower limits.max_connections");
 }
-// A sanitizer's build (AddressSanitizer, ThreadSanitizer, MemorySanitizer) replaces glibc's
-// malloc with the sanitizer's own allocator, which takes no mallopt settings (it answers 0).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kGlibcMalloc = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
-    __has_feature(memory_sanitizer)
-constexpr bool kGlibcMalloc = false;
-#else
-constexpr bool kGlibcMalloc = true;
-#endif
-#else
-constexpr bool kGlibcMalloc = true;
-#endif
-
 // Before any thread starts, so that no thread has an arena beyond the limit. Under a
-// sanitizer's allocator the settings do not apply: logged, not an error.
+// sanitizer's allocator (kSanitizerAllocator: it answers mallopt with 0) the settings do not
+// apply: logged, not an error.
 Status SetMallocLimits(const DaemonOptions& o) {
-  if (!kGlibcMalloc) {
+  if (kSanitizerAllocator) {
     if (o.malloc_arenas_max > 0 || o.malloc_mmap_threshold_bytes > 0) {
       KVTIER_LOG(kInfo) << "limits.malloc_arenas_max and limits.malloc_mmap_threshold_bytes not "
                            "applied: this build's sanitizer allocator takes no mallopt settings";

@@ -331,8 +331,12 @@ StatusOr<DeleteRequest> DecodeDelete(std::span<const uint8_t> body) {
 std::vector<uint8_t> EncodePut(const PutRequest& req, bool shm) {
   // Sized once: an inline batch of 32 units of 57,000 bytes regrew a doubling buffer six times,
   // each time into fresh pages (most of the client's CPU in an inline PUT).
-  size_t bytes = 18;
-  for (const PutUnit& u : req.units) bytes += 2 * sizeof(Key) + (shm ? 12 : 4 + u.value.size());
+  constexpr size_t kFixedBytes = 4 + 4 + 8 + 2;  // kind..reserved, recompute_tokens, ttl, count
+  constexpr size_t kShmValueBytes = 8 + 4;       // offset, length
+  size_t bytes = kFixedBytes;
+  for (const PutUnit& u : req.units) {
+    bytes += 2 * sizeof(Key) + (shm ? kShmValueBytes : 4 + u.value.size());
+  }
   Writer w;
   w.buffer().reserve(bytes);
   w.U8(req.kind);

@@ -18,8 +18,6 @@
 #include "tests/cache_daemon/net_util.h"
 #include "tests/process_util.h"
 
-extern char** environ;
-
 namespace kvtier::testing {
 
 inline constexpr const char* kEtcdPath = "/usr/bin/etcd";

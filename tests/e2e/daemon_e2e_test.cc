@@ -20,15 +20,6 @@
 
 namespace kvtier::daemon {
 
-// Under a sanitizer kvtierd's allocator is the sanitizer's: its resident memory and heaps
-// measure that allocator (ASan's quarantine alone holds up to 256 MiB), and kvtierd applies no
-// malloc settings (it logs so).
-#if defined(KVTIER_TEST_ASAN) || defined(KVTIER_TEST_TSAN)
-constexpr bool kGlibcMalloc = false;
-#else
-constexpr bool kGlibcMalloc = true;
-#endif
-
 namespace {
 
 namespace kt = kvtier::testing;
@@ -214,7 +205,9 @@ TEST_F(E2eTest, AFloodOfTinyValuesStopsAtTheObjectLimits) {
                static_cast<unsigned long long>(rss_at_100k >> 20),
                static_cast<unsigned long long>(rss_later[0] >> 20),
                static_cast<unsigned long long>(rss_later[1] >> 20));
-  if (kGlibcMalloc) {
+  // Under a sanitizer the daemon's resident memory and heaps are its allocator's (ASan's
+  // quarantine alone holds up to 256 MiB), and it applies no malloc settings (it logs so).
+  if (!kSanitizerAllocator) {
     EXPECT_LT(std::min(rss_later[0], rss_later[1]), rss_at_100k + (8u << 20))
         << "RSS " << (rss_at_100k >> 20) << " MiB after 100,000 SETs, " << (rss_later[0] >> 20)
         << " and " << (rss_later[1] >> 20) << " MiB after 200,000 and 300,000";
@@ -270,7 +263,7 @@ TEST_F(E2eTest, MallocArenasKeepToTheirLimit) {
     ASSERT_NO_FATAL_FAILURE(PipelinedSets(fd, "arena:", 0, 20'000, std::string(100, 'v')));
     ::close(fd);
     for (auto& p : puts) p.get();
-    if (!kGlibcMalloc) {
+    if (kSanitizerAllocator) {
       EXPECT_NE(d_->Log().find("not applied"), std::string::npos) << d_->Log();
     } else if (arenas == 1) {
       EXPECT_EQ(d_->MallocThreadHeaps(), 0);

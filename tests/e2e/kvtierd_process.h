@@ -19,8 +19,6 @@
 #include "tests/cache_daemon/net_util.h"
 #include "tests/process_util.h"
 
-extern char** environ;
-
 namespace kvtier::testing {
 
 // Runs a command through /bin/sh; returns its exit status and captures stdout+stderr.

@@ -27,8 +27,11 @@
 #include "engine/dspark.h"
 #include "engine/model.h"
 #include "engine/weights.h"
+#include "tests/fuzz/fuzz_require.h"
 
 namespace {
+
+using kvtier::fuzz::Require;
 
 using namespace kvtier::engine;
 
@@ -36,10 +39,6 @@ using namespace kvtier::engine;
 constexpr uint64_t kWeightBytesMax = 1'600'000;
 // Tokens of the prompt run through an accepted config (more than its window when it allows).
 constexpr int64_t kPromptTokensMax = 96;
-
-void Require(bool ok) {
-  if (!ok) std::abort();
-}
 
 void RequireLogits(const std::vector<float>& logits, const EngineConfig& c) {
   Require(logits.size() == static_cast<size_t>(c.vocab_size));
@@ -85,7 +84,8 @@ void Run(const EngineConfig& c) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto parsed = ParseEngineConfig(std::string_view(reinterpret_cast<const char*>(data), size));
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  auto parsed = ParseEngineConfig(text);
   if (!parsed.ok()) return 0;
   const EngineConfig& c = *parsed;
   Require(c.layer_modes.size() == static_cast<size_t>(c.num_hidden_layers));
@@ -93,7 +93,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Require(c.first_decoder_layer >= 0 && c.first_decoder_layer <= c.num_hidden_layers);
   Require(c.GlobalKvBytesPerToken() >= 0);
   Require(EngramTableRows(c).ok());
-  CheckDraftConfig(std::string_view(reinterpret_cast<const char*>(data), size), c);
+  CheckDraftConfig(text, c);
   for (const WeightSpec& s : WeightSpecs(c)) {
     for (int64_t d : s.shape) Require(d > 0);
   }

@@ -11,14 +11,13 @@
 
 #include "serving/chat_template.h"
 #include "serving/openai_api.h"
+#include "tests/fuzz/fuzz_require.h"
 
 using namespace kvtier::serving;
 
 namespace {
 
-void Check(bool ok) {
-  if (!ok) __builtin_trap();
-}
+using kvtier::fuzz::Require;
 
 bool EndsWith(std::string_view s, std::string_view tail) {
   return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
@@ -39,32 +38,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CompletionRequest r;
   const ApiError e = ParseCompletionRequest(body, chat, limits, &r);
   if (!e.ok()) {
-    Check(e.status == 400 && !e.message.empty() && !e.type.empty());
+    Require(e.status == 400 && !e.message.empty() && !e.type.empty());
     const nlohmann::json j = nlohmann::json::parse(e.ToJson(), nullptr, false);
-    Check(!j.is_discarded() && j.is_object() && j.size() == 1 && j.contains("error"));
+    Require(!j.is_discarded() && j.is_object() && j.size() == 1 && j.contains("error"));
     const nlohmann::json& err = j["error"];
-    Check(err.is_object() && err.contains("message") && err["message"].is_string() &&
-          err.contains("type") && err["type"].is_string() && err.contains("param") &&
-          (err["param"].is_null() || err["param"].is_string()) && err.contains("code") &&
-          (err["code"].is_null() || err["code"].is_string()));
+    Require(err.is_object() && err.contains("message") && err["message"].is_string() &&
+            err.contains("type") && err["type"].is_string() && err.contains("param") &&
+            (err["param"].is_null() || err["param"].is_string()) && err.contains("code") &&
+            (err["code"].is_null() || err["code"].is_string()));
     return 0;
   }
-  Check(r.chat == chat);
-  Check(r.model.size() <= limits.model_name_bytes_max);
+  Require(r.chat == chat);
+  Require(r.model.size() <= limits.model_name_bytes_max);
   if (chat) {
-    Check(!r.messages.empty() && r.messages.size() <= limits.messages_max && r.prompt.empty());
+    Require(!r.messages.empty() && r.messages.size() <= limits.messages_max && r.prompt.empty());
     for (const ChatMessage& m : r.messages) {
-      Check(m.role == "system" || m.role == "developer" || m.role == "user" ||
-            m.role == "assistant" || m.role == "tool");
+      Require(m.role == "system" || m.role == "developer" || m.role == "user" ||
+              m.role == "assistant" || m.role == "tool");
     }
-    Check(EndsWith(RenderChat(r.messages), kAssistantHeader));
+    Require(EndsWith(RenderChat(r.messages), kAssistantHeader));
   } else {
-    Check(r.messages.empty() && !r.prompt.empty());
+    Require(r.messages.empty() && !r.prompt.empty());
   }
-  if (r.max_tokens) Check(*r.max_tokens >= 1 && *r.max_tokens <= limits.max_tokens_max);
-  Check(r.temperature >= 0.0 && r.temperature <= 2.0);
-  Check(r.top_p > 0.0 && r.top_p <= 1.0);
-  Check(r.stop.size() <= limits.stop_sequences_max);
-  for (const std::string& s : r.stop) Check(!s.empty() && s.size() <= limits.stop_bytes_max);
+  if (r.max_tokens) Require(*r.max_tokens >= 1 && *r.max_tokens <= limits.max_tokens_max);
+  Require(r.temperature >= 0.0 && r.temperature <= 2.0);
+  Require(r.top_p > 0.0 && r.top_p <= 1.0);
+  Require(r.stop.size() <= limits.stop_sequences_max);
+  for (const std::string& s : r.stop) Require(!s.empty() && s.size() <= limits.stop_bytes_max);
   return 0;
 }

@@ -17,16 +17,15 @@
 #include <vector>
 
 #include "cluster/peer_wire.h"
+#include "tests/fuzz/fuzz_require.h"
 
 namespace {
+
+using kvtier::fuzz::Require;
 
 using namespace kvtier;
 using daemon::wire::Reader;
 using daemon::wire::Writer;
-
-void Require(bool ok) {
-  if (!ok) std::abort();
-}
 
 bool Equal(std::span<const uint8_t> a, const std::vector<uint8_t>& b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());

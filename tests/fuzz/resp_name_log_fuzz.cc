@@ -3,8 +3,8 @@
 // bad disk leaves in it must replay to a prefix of what was appended, never crash the daemon
 // or keep it from starting, and leave a log that takes appends again.
 //
-// The first input byte picks the mode; files live in a temporary directory (tmpfs when
-// /dev/shm exists: the log's fdatasync costs nothing there).
+// The first input byte picks the mode; the log lives in a TempDir (under $TMPDIR: run with
+// TMPDIR=/dev/shm, where the log's fdatasync on creation costs nothing).
 //   - structured (even first byte): bytes 1..5 give a cut offset (u16 LE; 0xffff: none), a
 //     byte to flip (u16 LE) and the flip's XOR mask (0: none); the rest is a script of
 //     records appended one by one (op, tenant, key byte, name), at most kRecordsMax. Then the
@@ -18,30 +18,33 @@
 //
 //   cmake --preset fuzz && cmake --build --preset fuzz --target kvtier_resp_name_log_fuzz
 //   build/fuzz/tests/fuzz/kvtier_resp_name_log_fuzz -max_total_time=60
-#include <fcntl.h>
-#include <unistd.h>
-
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cache_daemon/resp_name_log.h"
+#include "common/config.h"
+#include "common/temp_dir.h"
+#include "tests/fuzz/fuzz_require.h"
 
 namespace {
+
+using kvtier::fuzz::Require;
 
 using kvtier::daemon::RespNameLog;
 using Op = RespNameLog::Op;
 
 constexpr uint64_t kNameBytesMax = 40;
 constexpr size_t kRecordsMax = 64;
-
-void Require(bool ok) {
-  if (!ok) std::abort();
-}
+// A scripted log stays far below this; a raw input is at most libFuzzer's -max_len.
+constexpr size_t kLogBytesMax = 16 << 20;
 
 // A record with its name owned (Record's name is a view valid during the replay only).
 struct Owned {
@@ -59,29 +62,26 @@ Owned Own(const RespNameLog::Record& r) {
 
 RespNameLog::Record View(const Owned& o) { return {o.op, o.tenant, o.key, o.name, o.position}; }
 
+// The log's path, in a directory of its own for this process's runs (removed at exit).
 const std::string& LogPath() {
+  static const kvtier::TempDir dir("kvtier-name-log-fuzz-");
   static const std::string path = [] {
-    std::string base = std::filesystem::exists("/dev/shm") ? "/dev/shm" : "/tmp";
-    std::string tmpl = base + "/kvtier-name-log-fuzz-XXXXXX";
-    Require(::mkdtemp(tmpl.data()) != nullptr);
-    return tmpl + "/names.log";
+    Require(dir.ok());
+    return dir.File("names.log");
   }();
   return path;
 }
 
-std::vector<uint8_t> ReadFile(const std::string& path) {
-  std::vector<uint8_t> bytes(std::filesystem::file_size(path));
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  Require(fd >= 0 &&
-          ::pread(fd, bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size()));
-  ::close(fd);
-  return bytes;
+std::string ReadLog() {
+  auto bytes = kvtier::ReadFileBounded(LogPath(), kLogBytesMax);
+  Require(bytes.ok());
+  return std::move(*bytes);
 }
 
-void WriteFile(const std::string& path, const uint8_t* data, size_t size) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  Require(fd >= 0 && (size == 0 || ::pwrite(fd, data, size, 0) == static_cast<ssize_t>(size)));
-  ::close(fd);
+void WriteLog(std::string_view bytes) {
+  std::ofstream out(LogPath(), std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  Require(out.good());
 }
 
 kvtier::StatusOr<std::unique_ptr<RespNameLog>> Open(std::vector<Owned>* replayed) {
@@ -115,31 +115,40 @@ void Structured(const uint8_t* data, size_t size) {
     auto log = Open(&none);
     Require(log.ok() && none.empty());
     for (size_t i = 5; i + 3 <= size && appended.size() < kRecordsMax;) {
+      // A record from 3 script bytes (op and name length, tenant, key byte), then its name.
       Owned r{static_cast<Op>(1 + data[i] % 4), data[i + 1], {}, {}, {}};
       r.key[0] = data[i + 2];
       const size_t name = std::min<size_t>(data[i] / 4 % 16, size - i - 3);
-      if (r.op == Op::kAdd) r.name.assign(reinterpret_cast<const char*>(data + i + 3), name);
-      if (r.op == Op::kCheckpoint) r.position = {data[i + 1], data[i + 2]};
-      if (r.op != Op::kAdd && r.op != Op::kCheckpoint) r.tenant = data[i + 1];
-      if (r.op == Op::kCheckpoint) r.tenant = 0;
-      if (r.op == Op::kRemoveTenant || r.op == Op::kCheckpoint) r.key = {};
+      switch (r.op) {
+        case Op::kAdd:
+          r.name.assign(reinterpret_cast<const char*>(data + i + 3), name);
+          break;
+        case Op::kRemove:
+          break;
+        case Op::kRemoveTenant:
+          r.key = {};
+          break;
+        case Op::kCheckpoint:
+          r = {Op::kCheckpoint, 0, {}, {}, {data[i + 1], data[i + 2]}};
+          break;
+      }
       i += 3 + name;
       Require((*log)->Append(View(r)).ok());
       appended.push_back(r);
       ends.push_back((*log)->file_bytes());
     }
   }
-  std::vector<uint8_t> file = ReadFile(LogPath());
+  std::string file = ReadLog();
   size_t damage = file.size();  // the first byte the damage touched
   if (mask != 0 && flip < file.size()) {
-    file[flip] ^= mask;
+    file[flip] = static_cast<char>(file[flip] ^ mask);
     damage = flip;
   }
   if (cut != 0xffff && cut < file.size()) {
     file.resize(cut);
     damage = std::min(damage, cut);
   }
-  WriteFile(LogPath(), file.data(), file.size());
+  WriteLog(file);
   std::vector<Owned> replayed;
   auto log = Open(&replayed);
   if (!log.ok()) {
@@ -158,7 +167,7 @@ void Structured(const uint8_t* data, size_t size) {
 }
 
 void Raw(const uint8_t* data, size_t size) {
-  WriteFile(LogPath(), data, size);
+  WriteLog(std::string_view(reinterpret_cast<const char*>(data), size));
   std::vector<Owned> replayed;
   auto log = Open(&replayed);
   if (!log.ok()) {

@@ -23,14 +23,13 @@
 #include "rdma/engram_table.h"
 #include "rdma/verbs_plan.h"
 #include "rdma/wire.h"
+#include "tests/fuzz/fuzz_require.h"
 
 namespace {
 
-using namespace kvtier::rdma;
+using kvtier::fuzz::Require;
 
-void Require(bool ok) {
-  if (!ok) std::abort();
-}
+using namespace kvtier::rdma;
 
 bool Same(std::span<const uint8_t> a, const uint8_t* b) {
   return a.empty() || std::memcmp(a.data(), b, a.size()) == 0;

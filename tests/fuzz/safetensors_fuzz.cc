@@ -16,14 +16,13 @@
 #include <cstdlib>
 
 #include "engine/safetensors.h"
+#include "tests/fuzz/fuzz_require.h"
 
 namespace {
 
-using namespace kvtier::engine;
+using kvtier::fuzz::Require;
 
-void Require(bool ok) {
-  if (!ok) std::abort();
-}
+using namespace kvtier::engine;
 
 void CheckTensor(const std::string& name, const Tensor& t) {
   const int width = DtypeSize(t.dtype);

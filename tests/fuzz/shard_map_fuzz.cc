@@ -18,14 +18,13 @@
 #include <string_view>
 
 #include "rdma/shard_map.h"
+#include "tests/fuzz/fuzz_require.h"
 
 namespace {
 
-using kvtier::rdma::ShardMap;
+using kvtier::fuzz::Require;
 
-void Require(bool ok) {
-  if (!ok) std::abort();
-}
+using kvtier::rdma::ShardMap;
 
 void CheckMap(const ShardMap& m) {
   const auto& shards = m.shards();

@@ -10,30 +10,39 @@
 //   - an accepted trace expands to units whose per-reference and per-unit arrays agree in
 //     length and index only what exists;
 //   - a replay of at most kRefsMax references through a 3-unit DRAM tier and a 5-unit SSD tier
-//     accounts for every read reference exactly once (hit in DRAM, hit on SSD, or miss), and
-//     no more prefix tokens hit than were asked for.
+//     (every registered policy and Belady) accounts for every read reference exactly once (hit in
+//     DRAM, hit on SSD, or miss), and no more prefix tokens hit than were asked for.
 //
 //   cmake --preset fuzz && cmake --build --preset fuzz --target kvtier_trace_fuzz
 //   build/fuzz/tests/fuzz/kvtier_trace_fuzz -max_total_time=60 <corpus dir of trace lines>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <string_view>
+#include <vector>
 
+#include "policies/policy.h"
 #include "sim/simulator.h"
 #include "sim/trace.h"
+#include "tests/fuzz/fuzz_require.h"
 
 namespace {
+
+using kvtier::fuzz::Require;
 
 using namespace kvtier::sim;
 
 // References above which an accepted trace is only expanded, not replayed (keeps runs fast).
 constexpr size_t kRefsMax = 2000;
-constexpr const char* kPolicies[] = {"lru",   "fifo", "lfu", "arc",       "s3fifo",
-                                     "sieve", "gdsf", "ttl", "long-tail", "belady"};
-
-void Require(bool ok) {
-  if (!ok) std::abort();
+// Every registered eviction policy, and Belady (the simulator's own).
+const std::vector<std::string>& Policies() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n = kvtier::policies::EvictionPolicyNames();
+    n.push_back("belady");
+    return n;
+  }();
+  return names;
 }
 
 void CheckTrace(const Trace& t) {
@@ -80,7 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckUnits(*units);
   if (units->unit.size() > kRefsMax) return 0;
   SimOptions o;
-  o.policy = kPolicies[(pick >> 4) % std::size(kPolicies)];
+  o.policy = Policies()[(pick >> 4) % Policies().size()];
   o.structure = (pick & 0x80) != 0 ? Structure::kPrefix : Structure::kPlain;
   o.dram_capacity_units = 3;
   o.ssd_capacity_units = 5;

@@ -20,8 +20,6 @@
 #include "tests/cache_daemon/net_util.h"
 #include "tests/process_util.h"
 
-extern char** environ;
-
 namespace kvtier::testing {
 
 class ServeProcess {
@@ -56,7 +54,7 @@ class ServeProcess {
     posix_spawn_file_actions_init(&fa);
     const std::string log = (dir_ / "serve.log").string();
     posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    int rc = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ);
+    int rc = Spawn(&pid_, argv.data(), &fa, /*own_process_group=*/false);
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) return false;
     for (int i = 0; i < 600; ++i) {

@@ -1,64 +1,23 @@
 #include "cluster/etcd_client.h"
 
-#include <charconv>
 #include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cluster/base64.h"
+#include "cluster/etcd_reply.h"
 
 namespace kvtier::cluster {
-namespace {
 
 using json = nlohmann::json;
 
-// The gateway writes int64 fields as JSON strings; accept numbers too. Absent -> 0.
-StatusOr<int64_t> Int64Field(const json& object, const char* name) {
-  auto it = object.find(name);
-  if (it == object.end() || it->is_null()) return int64_t{0};
-  if (it->is_number_integer()) return it->get<int64_t>();
-  if (it->is_string()) {
-    const std::string& s = it->get_ref<const std::string&>();
-    int64_t v = 0;
-    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (ec == std::errc() && p == s.data() + s.size()) return v;
-  }
-  return Status::Corruption(std::string("etcd reply: field '") + name + "' is not an integer");
-}
+namespace {
 
-StatusOr<std::string> BytesField(const json& object, const char* name) {
-  auto it = object.find(name);
-  if (it == object.end() || it->is_null()) return std::string();
-  if (!it->is_string()) {
-    return Status::Corruption(std::string("etcd reply: field '") + name + "' is not a string");
-  }
-  return Base64Decode(it->get_ref<const std::string&>());
-}
-
-StatusOr<EtcdKeyValue> ParseKeyValue(const json& kv) {
-  if (!kv.is_object()) return Status::Corruption("etcd reply: kv is not an object");
-  EtcdKeyValue out;
-  KVTIER_ASSIGN_OR_RETURN(out.key, BytesField(kv, "key"));
-  KVTIER_ASSIGN_OR_RETURN(out.value, BytesField(kv, "value"));
-  KVTIER_ASSIGN_OR_RETURN(out.mod_revision, Int64Field(kv, "mod_revision"));
-  KVTIER_ASSIGN_OR_RETURN(out.lease, Int64Field(kv, "lease"));
-  return out;
-}
-
-StatusOr<json> ParseJson(std::string_view text) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Status::Corruption("etcd reply is not JSON");
-  return j;
-}
-
-// An {"error": ..., "code": N, "message": ...} reply as a Status (gRPC code 5 = NOT_FOUND).
-Status ErrorReply(const json& j) {
-  std::string message = j.value("message", j.value("error", std::string("unknown error")));
-  int code = j.value("code", 0);
-  if (code == 5 || message.find("not found") != std::string::npos) {
-    return Status::NotFound("etcd: " + message);
-  }
-  return Status::IOError("etcd: " + message);
+// A key etcd returned for a prefix range starts with the prefix; one that does not is a reply
+// etcd does not send (and callers strip the prefix off).
+Status UnderPrefix(std::string_view key, std::string_view prefix) {
+  if (key.starts_with(prefix)) return Status::Ok();
+  return Status::Corruption("etcd reply: a key outside the prefix asked for");
 }
 
 }  // namespace
@@ -106,8 +65,7 @@ StatusOr<std::string> EtcdClient::Call(std::string_view path, const std::string&
       last = Status::Unavailable("etcd " + ep.ToString() + ": " + r.status().message());
       continue;
     }
-    KVTIER_ASSIGN_OR_RETURN(json j, ParseJson(r->body));
-    if (r->status != 200 || j.contains("error")) return ErrorReply(j);
+    KVTIER_RETURN_IF_ERROR(etcd_reply::CheckUnary(r->status, r->body));
     return std::move(r->body);
   }
   return last;
@@ -125,18 +83,9 @@ StatusOr<EtcdRangeResult> EtcdClient::RangePrefix(std::string_view prefix, int64
   if (limit > 0) req["limit"] = std::to_string(limit);
   if (min_mod_revision > 0) req["min_mod_revision"] = std::to_string(min_mod_revision);
   KVTIER_ASSIGN_OR_RETURN(std::string text, Call("/v3/kv/range", req.dump()));
-  KVTIER_ASSIGN_OR_RETURN(json j, ParseJson(text));
-  EtcdRangeResult out;
-  if (!j.contains("header")) return Status::Corruption("etcd range reply without header");
-  KVTIER_ASSIGN_OR_RETURN(out.revision, Int64Field(j["header"], "revision"));
-  if (j.contains("kvs")) {
-    if (!j["kvs"].is_array()) return Status::Corruption("etcd range reply: kvs not an array");
-    for (const auto& kv : j["kvs"]) {
-      KVTIER_ASSIGN_OR_RETURN(EtcdKeyValue parsed, ParseKeyValue(kv));
-      out.kvs.push_back(std::move(parsed));
-    }
-  }
-  return out;
+  KVTIER_ASSIGN_OR_RETURN(EtcdRangeResult range, etcd_reply::Range(text));
+  for (const EtcdKeyValue& kv : range.kvs) KVTIER_RETURN_IF_ERROR(UnderPrefix(kv.key, prefix));
+  return range;
 }
 
 Status EtcdClient::PutMany(const std::vector<std::pair<std::string, std::string>>& kvs,
@@ -162,51 +111,35 @@ StatusOr<bool> EtcdClient::ReplaceIfUnchanged(std::string_view key, std::string_
   json req = {{"compare", json::array({compare})},
               {"success", json::array({{{"request_put", put}}})}};
   KVTIER_ASSIGN_OR_RETURN(std::string text, Call("/v3/kv/txn", req.dump()));
-  KVTIER_ASSIGN_OR_RETURN(json j, ParseJson(text));
-  auto it = j.find("succeeded");
-  return it != j.end() && it->is_boolean() && it->get<bool>();
+  return etcd_reply::TxnSucceeded(text);
 }
 
 StatusOr<EtcdKeyValue> EtcdClient::Get(std::string_view key) {
   json req = {{"key", Base64Encode(key)}};
   KVTIER_ASSIGN_OR_RETURN(std::string text, Call("/v3/kv/range", req.dump()));
-  KVTIER_ASSIGN_OR_RETURN(json j, ParseJson(text));
-  if (!j.contains("kvs") || !j["kvs"].is_array() || j["kvs"].empty()) {
-    return Status::NotFound("etcd: no key " + std::string(key));
-  }
-  return ParseKeyValue(j["kvs"][0]);
+  auto kv = etcd_reply::FirstKeyValue(text);
+  if (kv.status().IsNotFound()) return Status::NotFound("etcd: no key " + std::string(key));
+  if (kv.ok() && kv->key != key) return Status::Corruption("etcd range reply: another key");
+  return kv;
 }
 
 StatusOr<int64_t> EtcdClient::Delete(std::string_view key, std::string_view range_end) {
   json req = {{"key", Base64Encode(key)}};
   if (!range_end.empty()) req["range_end"] = Base64Encode(range_end);
   KVTIER_ASSIGN_OR_RETURN(std::string text, Call("/v3/kv/deleterange", req.dump()));
-  KVTIER_ASSIGN_OR_RETURN(json j, ParseJson(text));
-  return Int64Field(j, "deleted");
+  return etcd_reply::Deleted(text);
 }
 
 StatusOr<EtcdLease> EtcdClient::LeaseGrant(int64_t ttl_s) {
   json req = {{"TTL", std::to_string(ttl_s)}};
   KVTIER_ASSIGN_OR_RETURN(std::string text, Call("/v3/lease/grant", req.dump()));
-  KVTIER_ASSIGN_OR_RETURN(json j, ParseJson(text));
-  EtcdLease lease;
-  KVTIER_ASSIGN_OR_RETURN(lease.id, Int64Field(j, "ID"));
-  KVTIER_ASSIGN_OR_RETURN(lease.ttl_s, Int64Field(j, "TTL"));
-  if (lease.id == 0 || lease.ttl_s <= 0) return Status::Corruption("etcd lease grant: no lease");
-  return lease;
+  return etcd_reply::LeaseGranted(text);
 }
 
 StatusOr<int64_t> EtcdClient::LeaseKeepAlive(int64_t lease_id) {
-  // The gateway answers a one-message stream: {"result": {"ID": .., "TTL": ..}}; an expired
-  // lease comes back with TTL absent or 0.
   json req = {{"ID", std::to_string(lease_id)}};
   KVTIER_ASSIGN_OR_RETURN(std::string text, Call("/v3/lease/keepalive", req.dump()));
-  size_t eol = text.find('\n');
-  KVTIER_ASSIGN_OR_RETURN(json j, ParseJson(std::string_view(text).substr(0, eol)));
-  if (!j.contains("result") || !j["result"].is_object()) {
-    return Status::Corruption("etcd keepalive reply without result");
-  }
-  KVTIER_ASSIGN_OR_RETURN(int64_t ttl, Int64Field(j["result"], "TTL"));
+  KVTIER_ASSIGN_OR_RETURN(int64_t ttl, etcd_reply::KeepAliveTtl(text));
   if (ttl <= 0) return Status::NotFound("etcd lease " + std::to_string(lease_id) + " expired");
   return ttl;
 }
@@ -217,11 +150,9 @@ Status EtcdClient::LeaseRevoke(int64_t lease_id) {
 }
 
 StatusOr<int64_t> EtcdClient::LeaseTimeToLive(int64_t lease_id) {
-  // {"ID": .., "TTL": .., "grantedTTL": ..}; an expired or unknown lease has TTL -1.
   json req = {{"ID", std::to_string(lease_id)}};
   KVTIER_ASSIGN_OR_RETURN(std::string text, Call("/v3/lease/timetolive", req.dump()));
-  KVTIER_ASSIGN_OR_RETURN(json j, ParseJson(text));
-  KVTIER_ASSIGN_OR_RETURN(int64_t ttl, Int64Field(j, "TTL"));
+  KVTIER_ASSIGN_OR_RETURN(int64_t ttl, etcd_reply::TimeToLive(text));
   if (ttl < 0) return Status::NotFound("etcd lease " + std::to_string(lease_id) + " expired");
   return ttl;
 }
@@ -259,42 +190,22 @@ Status EtcdClient::Watch(std::string_view prefix, int64_t start_revision,
     if (pending.size() > options_.response_bytes_max) {
       return Status::Rejected("etcd watch message over response_bytes_max");
     }
-    size_t eol;
-    while ((eol = pending.find('\n')) != std::string::npos) {
-      std::string line = pending.substr(0, eol);
-      pending.erase(0, eol + 1);
+    // Every complete line, then what is left of the last one (one erase: a stream of many
+    // short lines costs linear time).
+    size_t begin = 0, eol;
+    while ((eol = pending.find('\n', begin)) != std::string::npos) {
+      std::string_view line(pending.data() + begin, eol - begin);
+      begin = eol + 1;
       if (line.empty() || line == "\r") continue;
-      KVTIER_ASSIGN_OR_RETURN(json j, ParseJson(line));
-      if (j.contains("error")) return ErrorReply(j);
-      if (!j.contains("result") || !j["result"].is_object()) {
-        return Status::Corruption("etcd watch message without result");
+      KVTIER_ASSIGN_OR_RETURN(EtcdWatchMessage message, etcd_reply::WatchMessage(line));
+      for (const EtcdEvent& e : message.events) {
+        KVTIER_RETURN_IF_ERROR(UnderPrefix(e.kv.key, prefix));
       }
-      const json& r = j["result"];
-      KVTIER_ASSIGN_OR_RETURN(int64_t compacted, Int64Field(r, "compact_revision"));
-      if (compacted > 0) {
-        return Status::Rejected("etcd watch: revision compacted at " + std::to_string(compacted));
+      if (!message.events.empty() || message.revision > 0) {
+        on_events(message.events, message.revision);
       }
-      if (r.value("canceled", false)) return Status::IOError("etcd watch canceled");
-      int64_t revision = 0;
-      if (r.contains("header")) {
-        KVTIER_ASSIGN_OR_RETURN(revision, Int64Field(r["header"], "revision"));
-      }
-      std::vector<EtcdEvent> events;
-      if (r.contains("events")) {
-        if (!r["events"].is_array()) return Status::Corruption("etcd watch: events not an array");
-        for (const auto& e : r["events"]) {
-          if (!e.is_object() || !e.contains("kv")) {
-            return Status::Corruption("etcd watch: event without kv");
-          }
-          EtcdEvent ev;
-          ev.type = e.value("type", std::string("PUT")) == "DELETE" ? EtcdEvent::Type::kDelete
-                                                                    : EtcdEvent::Type::kPut;
-          KVTIER_ASSIGN_OR_RETURN(ev.kv, ParseKeyValue(e["kv"]));
-          events.push_back(std::move(ev));
-        }
-      }
-      if (!events.empty() || revision > 0) on_events(events, revision);
     }
+    pending.erase(0, begin);
   }
   return Status::Ok();
 }

@@ -9,7 +9,7 @@
 // order), with a bounded deadline (EtcdOptions::request_timeout_ms). Errors: Unavailable when
 // no endpoint could be reached, NotFound for an expired / unknown lease, Corruption for a reply
 // that is not what etcd sends, Rejected for a reply over a limit, IOError for any other etcd
-// error (its message included).
+// error (its message included). Replies are read by cluster/etcd_reply.h.
 //
 // Thread safety: every method may be called concurrently (no shared mutable state).
 #pragma once
@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cluster/etcd_reply.h"
 #include "cluster/http_client.h"
 #include "common/status.h"
 
@@ -34,28 +35,6 @@ struct EtcdOptions {
 // InvalidArgument naming the bad endpoint or value.
 Status ValidateEtcdOptions(const EtcdOptions& options);
 
-struct EtcdKeyValue {
-  std::string key, value;
-  int64_t mod_revision = 0;
-  int64_t lease = 0;
-};
-
-struct EtcdRangeResult {
-  std::vector<EtcdKeyValue> kvs;
-  int64_t revision = 0;  // the store revision the range was read at
-};
-
-struct EtcdLease {
-  int64_t id = 0;
-  int64_t ttl_s = 0;
-};
-
-struct EtcdEvent {
-  enum class Type { kPut, kDelete };
-  Type type = Type::kPut;
-  EtcdKeyValue kv;  // for kDelete, key and mod_revision only
-};
-
 // The smallest key greater than every key starting with prefix ("\0" when none: all keys).
 std::string PrefixRangeEnd(std::string_view prefix);
 
@@ -67,14 +46,15 @@ class EtcdClient {
   // Writes key = value, attached to lease_id when it is not 0 (NotFound: lease expired).
   Status Put(std::string_view key, std::string_view value, int64_t lease_id = 0);
   // Every key starting with prefix, in key order, limited to limit keys (0: no limit), and
-  // to keys last modified at min_mod_revision or later (0: any).
+  // to keys last modified at min_mod_revision or later (0: any). A reply with a key that does
+  // not start with prefix is Corruption (so callers may strip the prefix off every key).
   StatusOr<EtcdRangeResult> RangePrefix(std::string_view prefix, int64_t limit = 0,
                                         int64_t min_mod_revision = 0);
   // Writes every (key, value) in one transaction (at most kTxnOpsMax), attached to lease_id
   // when it is not 0.
   static constexpr size_t kTxnOpsMax = 128;  // etcd's default --max-txn-ops
   Status PutMany(const std::vector<std::pair<std::string, std::string>>& kvs, int64_t lease_id = 0);
-  // One key; NotFound when absent.
+  // One key; NotFound when absent (Corruption when the reply names another key).
   StatusOr<EtcdKeyValue> Get(std::string_view key);
   // Replaces the value of an existing key, keeping its lease, only if the key was last
   // modified at mod_revision (a transaction). Returns false when the key changed or is gone.
@@ -92,7 +72,8 @@ class EtcdClient {
   StatusOr<int64_t> LeaseTimeToLive(int64_t lease_id);
 
   // Watches every key starting with prefix from start_revision (0: from now), calling
-  // on_events with each batch of events and the revision it brings the watcher to. Blocks until
+  // on_events with each batch of events and the revision it brings the watcher to (an event
+  // for a key outside prefix ends the watch: Corruption). Blocks until
   // *stop is true (checked at least every poll_ms; returns OK), the stream fails (IOError /
   // Unavailable) or the revision was compacted (Rejected: re-read with RangePrefix and watch
   // again). Messages are limited to response_bytes_max.

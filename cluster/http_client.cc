@@ -75,25 +75,6 @@ Status SendAll(int fd, std::string_view data, Clock::time_point deadline) {
   return Status::Ok();
 }
 
-bool IEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) !=
-        std::tolower(static_cast<unsigned char>(b[i]))) {
-      return false;
-    }
-  }
-  return true;
-}
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) {
-    s.remove_suffix(1);
-  }
-  return s;
-}
-
 }  // namespace
 
 std::string HttpEndpoint::ToString() const { return host + ":" + std::to_string(port); }
@@ -141,14 +122,14 @@ Status HttpStream::Fill(uint64_t wait_ms) {
     if (errno == EAGAIN || errno == EINTR) return Status::Retry("no data yet");
     return Status::IOError(std::string("recv: ") + std::strerror(errno));
   }
-  buf_.append(tmp, static_cast<size_t>(k));
+  parser_->Append(std::string_view(tmp, static_cast<size_t>(k)));
   return Status::Ok();
 }
 
 Status HttpStream::Open(const HttpEndpoint& endpoint, std::string_view path, std::string_view body,
                         const HttpLimits& limits, std::string_view method) {
-  limits_ = limits;
   auto deadline = Clock::now() + std::chrono::milliseconds(limits.timeout_ms);
+  parser_.emplace(limits.head_bytes_max, limits.chunk_bytes_max);
   KVTIER_ASSIGN_OR_RETURN(fd_, Connect(endpoint, deadline));
   const bool get = method == "GET";
   if (get) body = {};
@@ -159,127 +140,29 @@ Status HttpStream::Open(const HttpEndpoint& endpoint, std::string_view path, std
   req.append(body);
   KVTIER_RETURN_IF_ERROR(SendAll(fd_, req, deadline));
 
-  size_t head_end;
-  while ((head_end = buf_.find("\r\n\r\n")) == std::string::npos) {
-    if (buf_.size() > limits_.head_bytes_max) {
-      return Status::Rejected("response head over " + std::to_string(limits_.head_bytes_max) +
-                              " bytes");
-    }
+  for (;;) {
+    Status head = parser_->ParseHead();
+    if (head.ok()) break;
+    if (!head.IsRetry()) return head;
     if (MsLeft(deadline) == 0) return Status::Retry("response head: timed out");
     Status s = Fill(static_cast<uint64_t>(MsLeft(deadline)));
-    if (s.IsNotFound()) return Status::IOError("connection closed before the response head");
+    if (s.IsNotFound()) return parser_->Closed();
     if (!s.ok() && !s.IsRetry()) return s;
   }
-  if (head_end > limits_.head_bytes_max) {
-    return Status::Rejected("response head over " + std::to_string(limits_.head_bytes_max) +
-                            " bytes");
-  }
-  std::string_view head(buf_.data(), head_end);
-  size_t eol = head.find("\r\n");
-  std::string_view status_line = head.substr(0, eol);
-  if (!status_line.starts_with("HTTP/1.") || status_line.size() < 12 || status_line[8] != ' ') {
-    return Status::Corruption("bad status line");
-  }
-  auto [sp, sec] = std::from_chars(status_line.data() + 9, status_line.data() + 12, status_);
-  if (sec != std::errc() || sp != status_line.data() + 12 || status_ < 200 || status_ > 599) {
-    return Status::Corruption("bad status code");
-  }
-  bool have_length = false;
-  while (eol != std::string_view::npos) {
-    head.remove_prefix(eol + 2);
-    eol = head.find("\r\n");
-    std::string_view line = head.substr(0, eol);
-    size_t colon = line.find(':');
-    if (colon == std::string_view::npos) return Status::Corruption("bad header line");
-    std::string_view name = line.substr(0, colon), value = Trim(line.substr(colon + 1));
-    if (IEquals(name, "Transfer-Encoding")) {
-      if (!IEquals(value, "chunked")) return Status::Corruption("unsupported transfer coding");
-      chunked_ = true;
-    } else if (IEquals(name, "Content-Length")) {
-      auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), remaining_);
-      if (ec != std::errc() || p != value.data() + value.size()) {
-        return Status::Corruption("bad Content-Length");
-      }
-      have_length = true;
-    }
-  }
-  if (chunked_ && have_length) return Status::Corruption("both chunked and Content-Length");
-  until_eof_ = !chunked_ && !have_length;
-  buf_.erase(0, head_end + 4);
+  status_ = parser_->status();
   return Status::Ok();
 }
 
 Status HttpStream::Read(uint64_t wait_ms, std::string* out) {
-  if (done_) return Status::NotFound("body ended");
+  if (!parser_.has_value()) return Status::InvalidArgument("HttpStream::Read before Open");
   auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
-  size_t appended = 0;
   for (;;) {
-    // Consume what is buffered.
-    if (until_eof_) {
-      appended += buf_.size();
-      out->append(buf_);
-      buf_.clear();
-    } else if (!chunked_) {
-      size_t take = static_cast<size_t>(std::min<uint64_t>(remaining_, buf_.size()));
-      out->append(buf_, 0, take);
-      buf_.erase(0, take);
-      remaining_ -= take;
-      appended += take;
-      if (remaining_ == 0) {
-        done_ = true;
-        return Status::Ok();
-      }
-    } else {
-      bool progressed = true;
-      while (progressed) {
-        progressed = false;
-        if (in_chunk_) {
-          size_t take = static_cast<size_t>(std::min<uint64_t>(remaining_, buf_.size()));
-          out->append(buf_, 0, take);
-          buf_.erase(0, take);
-          remaining_ -= take;
-          appended += take;
-          if (remaining_ == 0 && buf_.size() >= 2) {
-            if (buf_.compare(0, 2, "\r\n") != 0) return Status::Corruption("bad chunk end");
-            buf_.erase(0, 2);
-            in_chunk_ = false;
-            progressed = true;
-          }
-        } else {
-          size_t eol = buf_.find("\r\n");
-          if (eol == std::string::npos) {
-            if (buf_.size() > 1024) return Status::Corruption("chunk size line too long");
-            break;
-          }
-          std::string_view line(buf_.data(), eol);
-          line = line.substr(0, line.find(';'));  // chunk extensions are ignored
-          uint64_t size = 0;
-          auto [p, ec] = std::from_chars(line.data(), line.data() + line.size(), size, 16);
-          if (ec != std::errc() || p != line.data() + line.size() || line.empty()) {
-            return Status::Corruption("bad chunk size");
-          }
-          if (size > limits_.chunk_bytes_max) {
-            return Status::Rejected("chunk over " + std::to_string(limits_.chunk_bytes_max) +
-                                    " bytes");
-          }
-          buf_.erase(0, eol + 2);
-          if (size == 0) {  // last chunk; trailers are not expected from etcd
-            done_ = true;
-            return appended > 0 ? Status::Ok() : Status::NotFound("body ended");
-          }
-          remaining_ = size;
-          in_chunk_ = true;
-          progressed = true;
-        }
-      }
-    }
-    if (appended > 0) return Status::Ok();
+    const size_t before = out->size();
+    KVTIER_RETURN_IF_ERROR(parser_->TakeBody(out));
+    if (out->size() > before) return Status::Ok();
+    if (parser_->done()) return Status::NotFound("body ended");
     Status s = Fill(static_cast<uint64_t>(MsLeft(deadline)));
-    if (s.IsNotFound()) {
-      done_ = true;
-      if (until_eof_) return Status::NotFound("body ended");
-      return Status::IOError("connection closed in the middle of the body");
-    }
+    if (s.IsNotFound()) return parser_->Closed();
     if (!s.ok()) return s;
   }
 }

@@ -5,16 +5,19 @@
 //   - HttpStream: send a request, then read the response body piece by piece as it arrives
 //     (etcd's /v3/watch answers a never-ending chunked body of JSON lines).
 //
-// Not a general client: no TLS, no redirects, no keep-alive, no 1xx responses.
+// Not a general client: no TLS, no redirects, no keep-alive, no 1xx responses. The response
+// is read by HttpResponseParser (http_response.h), which holds the framing rules.
 //
 // Thread safety: HttpPost is thread-safe (no shared state). An HttpStream is owned by one
 // thread.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
+#include "cluster/http_response.h"
 #include "common/status.h"
 
 namespace kvtier::cluster {
@@ -72,16 +75,10 @@ class HttpStream {
   Status Read(uint64_t wait_ms, std::string* out);
 
  private:
-  Status Fill(uint64_t wait_ms);  // reads more bytes into buf_
+  Status Fill(uint64_t wait_ms);  // reads more bytes into the parser
   int fd_ = -1;
   int status_ = 0;
-  HttpLimits limits_;
-  std::string buf_;  // received, not yet consumed
-  bool chunked_ = false;
-  bool until_eof_ = false;
-  uint64_t remaining_ = 0;  // body bytes left (Content-Length) or in the current chunk
-  bool in_chunk_ = false;   // chunked: inside a chunk's data
-  bool done_ = false;
+  std::optional<HttpResponseParser> parser_;  // set by Open
 };
 
 }  // namespace kvtier::cluster

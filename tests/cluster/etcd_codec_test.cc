@@ -128,6 +128,58 @@ TEST(HttpClientTest, HostileResponsesAreErrorsNotCrashes) {
   }
 }
 
+// A reply whose fields have the wrong JSON types (a hostile or misconfigured endpoint) is an
+// error Status, never an exception out of the client (which would end kvtierd).
+TEST(EtcdClientTest, MistypedRepliesAreErrorsNotExceptions) {
+  auto reply = [](const std::string& body) {
+    return "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  };
+  auto client = [](const ScriptedServer& s) {
+    return EtcdClient(EtcdOptions{.endpoints = {s.endpoint().ToString()}});
+  };
+  for (const char* body : {R"({"error": 1})", R"({"error": "x", "code": "5"})",
+                           R"({"error": "x", "message": ["m"]})", R"({"error": null})"}) {
+    ScriptedServer s(reply(body));
+    Status st = client(s).Put("k", "v");
+    EXPECT_TRUE(st.IsIOError()) << body << ": " << st.ToString();
+  }
+  // The same reply with the right types is still read as etcd meant it.
+  {
+    ScriptedServer s(
+        reply(R"({"error": "lease not found", "code": 5, "message": "lease not found"})"));
+    EXPECT_TRUE(client(s).Put("k", "v").IsNotFound());
+  }
+  // Keys outside the prefix asked for (callers strip the prefix off every key).
+  {
+    ScriptedServer s(reply(R"({"header": {"revision": "3"}, "kvs": [{"key": "eA=="}]})"));
+    EXPECT_TRUE(client(s).RangePrefix("/kvtier/members/").status().IsCorruption());
+  }
+  {
+    ScriptedServer s(reply(R"({"header": {"revision": "3"}, "kvs": [{"key": "eA=="}]})"));
+    EXPECT_TRUE(client(s).Get("y").status().IsCorruption());
+  }
+  const std::string header = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+  auto chunk = [](const std::string& line) {
+    char size[32];
+    std::snprintf(size, sizeof(size), "%zx\r\n", line.size() + 1);
+    return size + line + "\n\r\n";
+  };
+  const std::pair<const char*, StatusCode> lines[] = {
+      {R"({"result": {"canceled": "yes"}})", StatusCode::kCorruption},
+      {R"({"result": {"events": [{"type": 3, "kv": {"key": "YQ=="}}]}})", StatusCode::kCorruption},
+      {R"({"result": {"header": []}})", StatusCode::kCorruption},
+      {R"({"error": {"grpc_code": 1, "message": "canceled by the server"}})", StatusCode::kIOError},
+      {R"({"result": {"events": [{"kv": {"key": "eA=="}}]}})", StatusCode::kCorruption},
+  };
+  for (const auto& [line, code] : lines) {
+    ScriptedServer s(header + chunk(line) + "0\r\n\r\n");
+    std::atomic<bool> stop{false};
+    Status st = client(s).Watch(
+        "/p/", 0, [](const std::vector<EtcdEvent>&, int64_t) {}, &stop);
+    EXPECT_EQ(st.code(), code) << line << ": " << st.ToString();
+  }
+}
+
 TEST(HttpClientTest, NothingListeningIsAnErrorWithinTheDeadline) {
   HttpLimits limits;
   limits.timeout_ms = 500;

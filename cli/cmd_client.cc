@@ -12,6 +12,7 @@
 
 #include "cache_daemon/client.h"
 #include "cli/commands.h"
+#include "cli/daemon_reply.h"
 #include "cli/flags.h"
 #include "common/key_spec.h"
 
@@ -148,24 +149,9 @@ int RunStats(Args args) {
     std::printf("%s\n", s->c_str());
     return 0;
   }
-  nlohmann::json j = nlohmann::json::parse(*s, nullptr, false);
-  if (j.is_discarded()) return Fail(Status::Corruption("stats is not JSON"));
-  std::printf("%-5s %14s %14s %10s %12s %10s\n", "tier", "used_bytes", "capacity", "objects",
-              "hits", "evictions");
-  for (const char* t : {"hbm", "dram", "ssd"}) {
-    const auto& x = j["tiers"][t];
-    std::printf("%-5s %14llu %14llu %10llu %12llu %10llu\n", t, x.value("used_bytes", 0ull),
-                x.value("capacity_bytes", 0ull), x.value("objects", 0ull), x.value("hits", 0ull),
-                x.value("evictions", 0ull));
-  }
-  std::printf("misses: never_stored=%llu evicted=%llu expired=%llu checksum=%llu\n",
-              j["misses"].value("never_stored", 0ull), j["misses"].value("evicted", 0ull),
-              j["misses"].value("expired", 0ull), j["misses"].value("checksum_failure", 0ull));
-  std::printf("policy: eviction=%s admission=%s\n", j["policy"].value("eviction", "?").c_str(),
-              j["policy"].value("admission", "?").c_str());
-  for (const auto& [name, bytes] : j["tenant_bytes"].items()) {
-    std::printf("tenant %s: %llu bytes\n", name.c_str(), bytes.get<unsigned long long>());
-  }
+  auto text = FormatStats(*s);
+  if (!text.ok()) return Fail(text.status());
+  std::fputs(text->c_str(), stdout);
   return 0;
 }
 
@@ -383,15 +369,21 @@ int RunPolicy(Args args) {
       }
       body["params"] = p;
     }
-    r = (*c)->PolicySet(body.dump());
+    std::string text;
+    try {
+      text = body.dump();  // throws for text that is not UTF-8
+    } catch (const nlohmann::json::exception&) {
+      return Fail(Status::InvalidArgument("policy names and --params must be UTF-8"));
+    }
+    r = (*c)->PolicySet(text);
   }
   if (!r.ok()) return Fail(r.status());
   if (conn.json) {
     std::printf("%s\n", r->c_str());
   } else {
-    nlohmann::json j = nlohmann::json::parse(*r, nullptr, false);
-    std::printf("eviction=%s admission=%s params=%s\n", j.value("eviction", "?").c_str(),
-                j.value("admission", "?").c_str(), j["params"].dump().c_str());
+    auto text = FormatPolicy(*r);
+    if (!text.ok()) return Fail(text.status());
+    std::fputs(text->c_str(), stdout);
   }
   return 0;
 }

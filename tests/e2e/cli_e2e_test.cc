@@ -58,6 +58,12 @@ TEST_F(E2eTest, CliSmokeTest) {
   ASSERT_EQ(kt::RunShell(kv + "policy set --eviction fifo" + sock, &out), 0) << out;
   ASSERT_EQ(kt::RunShell(kv + "policy get --json" + sock, &out), 0) << out;
   EXPECT_NE(out.find("\"eviction\":\"fifo\""), std::string::npos) << out;
+  // Bytes that are not UTF-8 cannot go into the JSON body: a clear refusal, not an abort.
+  EXPECT_EQ(kt::RunShell(kv + "policy set --eviction \"$(printf '\\377')\"" + sock, &out), 1)
+      << out;
+  EXPECT_NE(out.find("must be UTF-8"), std::string::npos) << out;
+  ASSERT_EQ(kt::RunShell(kv + "policy get" + sock, &out), 0) << out;
+  EXPECT_NE(out.find("eviction=fifo"), std::string::npos) << out;
   EXPECT_NE(kt::RunShell(kv + "get-file --name nothing" + sock, &out), 0);
   ASSERT_EQ(kt::RunShell(kv + "drain --shutdown" + sock, &out), 0) << out;
   EXPECT_EQ(d_->WaitExit(30000), 0);

@@ -428,10 +428,15 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
   const int D = c.hidden_size, hc = c.hc_mult;
   const int64_t p0 = plan[step].p0;
   const int n = plan[step].n, l_begin = plan[step].l_begin, l_end = plan[step].l_end;
-  Runtime rt;
-  std::vector<float> xn(static_cast<size_t>(n) * D), f(static_cast<size_t>(n) * D);
-  std::vector<float> post(static_cast<size_t>(n) * hc), comb(static_cast<size_t>(n) * hc * hc),
-      next_pre(static_cast<size_t>(n) * hc);
+  // This thread's runtime and buffers, reused pass to pass (every element is written before
+  // it is read).
+  thread_local Runtime rt;
+  rt.Reset();
+  thread_local std::vector<float> xn_slot, f_slot, post_slot, comb_slot, next_pre_slot;
+  Scratch<float> xn(xn_slot, static_cast<size_t>(n) * D), f(f_slot, static_cast<size_t>(n) * D);
+  Scratch<float> post(post_slot, static_cast<size_t>(n) * hc),
+      comb(comb_slot, static_cast<size_t>(n) * hc * hc),
+      next_pre(next_pre_slot, static_cast<size_t>(n) * hc);
   // Prefetch: this step's Engram rows (unless already requested) and the lookahead's are
   // requested before the first layer runs; each Engram layer waits just before it.
   std::vector<EngramPending*> claimed;

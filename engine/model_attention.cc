@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "engine/model_internal.h"
+#include "engine/scratch.h"
 
 namespace kvtier::engine {
 
@@ -183,8 +184,9 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
     const float* q = iq + static_cast<int64_t>(g0) * IH * id;
     const int64_t n_runs = static_cast<int64_t>(runs.size() / 2);
     ForRange(pool, n_runs, [&](int64_t b, int64_t e) {
-      std::vector<float> keys(static_cast<size_t>(kIndexRowsPerPass) * id),
-          dots(static_cast<size_t>(kIndexRowsPerPass) * M);
+      thread_local std::vector<float> keys_slot, dots_slot;
+      Scratch<float> keys(keys_slot, static_cast<size_t>(kIndexRowsPerPass) * id),
+          dots(dots_slot, static_cast<size_t>(kIndexRowsPerPass) * M);
       for (int64_t r = b; r < e; ++r) {
         const int64_t j0 = runs[2 * r], j1 = runs[2 * r + 1];
         const int nk = static_cast<int>(j1 - j0);
@@ -234,7 +236,8 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
     if (failed) return Status::Internal("engine: index keys could not be dequantised");
     // Each row's selection over its own entries.
     ForRange(pool, gn, [&](int64_t b, int64_t e) {
-      std::vector<int32_t> eligible;
+      thread_local std::vector<int32_t> eligible, blocks, top;
+      thread_local std::vector<float> bscore;
       for (int64_t ti = b; ti < e; ++ti) {
         const int64_t t = g0 + ti;
         const int64_t nv = visible(t);
@@ -255,10 +258,10 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
         }
         if (is_candidate_source) {
           const int64_t nb = (nv + bs - 1) / bs;
-          std::vector<float> bscore(nb, -INFINITY);
+          bscore.assign(nb, -INFINITY);
           for (int64_t j = 0; j < nv; ++j) bscore[j / bs] = std::max(bscore[j / bs], score[j]);
           bscore[nb - 1] = INFINITY;  // the block holding the newest position is pinned
-          std::vector<int32_t> blocks(nb), top;
+          blocks.resize(nb);
           for (int64_t i = 0; i < nb; ++i) blocks[i] = static_cast<int32_t>(i);
           TopKByScore(bscore.data(), blocks.data(), nb, c.candidate_topk_blocks, &top);
           std::vector<uint8_t> mask(nb, 0);
@@ -277,6 +280,7 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
         for (int64_t j = 0; j < nv; ++j) eligible[j] = static_cast<int32_t>(j);
         TopKByScore(score, eligible.data(), nv, c.index_topk, &rt->topk[t]);
       }
+      TrimScratch(eligible), TrimScratch(blocks), TrimScratch(top), TrimScratch(bscore);
     });
   }
   if (trace_ != nullptr && is_candidate_source) {  // appended chunk by chunk
@@ -308,12 +312,13 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
   const bool gated = compress && c.ratio(layer) > 1;
   a->ckv.resize(compress ? static_cast<size_t>(n) * hd : 0);
   a->cgate.resize(gated ? static_cast<size_t>(n) * hd : 0);
-  std::vector<MatMulPart> from_x = {{xa, n, D, lw.wq_a, lw.pk_wq_a, ql, a->qr.data()},
-                                    {xa, n, D, lw.wkv, lw.pk_wkv, hd, a->kv.data()}};
-  if (indexed) from_x.push_back({xa, n, D, lw.i_wproj, lw.pk_i_wproj, IH, a->wts.data()});
-  if (compress) from_x.push_back({xa, n, D, lw.c_wkv, lw.pk_c_wkv, hd, a->ckv.data()});
-  if (gated) from_x.push_back({xa, n, D, lw.c_wgate, lw.pk_c_wgate, hd, a->cgate.data()});
-  MmMany(pool_.get(), from_x);
+  MatMulPart from_x[5] = {{xa, n, D, lw.wq_a, lw.pk_wq_a, ql, a->qr.data()},
+                          {xa, n, D, lw.wkv, lw.pk_wkv, hd, a->kv.data()}};
+  size_t n_from_x = 2;
+  if (indexed) from_x[n_from_x++] = {xa, n, D, lw.i_wproj, lw.pk_i_wproj, IH, a->wts.data()};
+  if (compress) from_x[n_from_x++] = {xa, n, D, lw.c_wkv, lw.pk_c_wkv, hd, a->ckv.data()};
+  if (gated) from_x[n_from_x++] = {xa, n, D, lw.c_wgate, lw.pk_c_wgate, hd, a->cgate.data()};
+  MmMany(pool_.get(), std::span<MatMulPart>(from_x, n_from_x));
   RmsNormRows(a->qr.data(), n, lw.q_norm, ql, c.rms_norm_eps, a->qr.data());
   MatMulPart from_q[2] = {{a->qr.data(), n, ql, lw.wq_b, lw.pk_wq_b, H * hd, a->q.data()},
                           {a->qr.data(), n, ql, lw.i_wq_b, lw.pk_i_wq_b, IH * id, a->iq.data()}};
@@ -489,7 +494,7 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
       if (nk[t] < 0) return Status::Internal("engine: global KV entries could not be dequantised");
     }
     auto heads = [&](int64_t b, int64_t e) {
-      std::vector<float> dots, w;
+      thread_local std::vector<float> dots, w;
       for (int64_t i = b; i < e;) {  // the share's heads of one token at a time
         const int64_t t = i / H;
         const int h0 = static_cast<int>(i % H);
@@ -497,6 +502,7 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
         attend(t, h0, h1, keys[t].data(), nk[t], &dots, &w);
         i += h1 - h0;
       }
+      TrimScratch(dots), TrimScratch(w);
     };
     int64_t work = 0;  // multiply-adds: a dot product and an axpy per head and key
     for (int64_t t = 0; t < n; ++t) work += nk[t] * H * 2 * hd;
@@ -507,7 +513,7 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
     }
   } else {
     ForRange(pool, n, [&](int64_t b, int64_t e) {
-      std::vector<float> keys, dots, w;
+      thread_local std::vector<float> keys, dots, w;  // reused call to call
       for (int64_t t = b; t < e; ++t) {
         const int64_t nk = gather(t, &keys);
         if (nk < 0) {
@@ -516,6 +522,7 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
         }
         attend(t, 0, H, keys.data(), nk, &dots, &w);
       }
+      TrimScratch(keys), TrimScratch(dots), TrimScratch(w);
     });
   }
   if (failed) return Status::Internal("engine: global KV entries could not be dequantised");
@@ -541,9 +548,11 @@ void Engine::AttnOutput(int layer, int n, const float* o, float* out) {
   const int D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim;
   const int G = c.o_groups, ol = c.o_lora_rank, gin = (H / G) * hd;
   // Every group's inputs gathered (og: group-major), then all groups' products in one call.
-  std::vector<float> oa(static_cast<size_t>(n) * G * ol), tmp(static_cast<size_t>(n) * G * ol);
-  std::vector<float> og(static_cast<size_t>(n) * G * gin);
-  std::vector<MatMulPart> parts(G);
+  thread_local std::vector<float> oa_slot, tmp_slot, og_slot;
+  thread_local std::vector<MatMulPart> parts;
+  Scratch<float> oa(oa_slot, static_cast<size_t>(n) * G * ol),
+      tmp(tmp_slot, static_cast<size_t>(n) * G * ol), og(og_slot, static_cast<size_t>(n) * G * gin);
+  parts.resize(G);
   for (int g = 0; g < G; ++g) {
     float* ogg = og.data() + static_cast<int64_t>(g) * n * gin;
     for (int t = 0; t < n; ++t) {
@@ -571,11 +580,13 @@ void Engine::AttnOutput(int layer, int n, const float* o, float* out) {
 Status Engine::Attention(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
                          Runtime* rt, float* out) {
   const EngineConfig& c = config_;
-  std::vector<int64_t> pos(n);
+  thread_local std::vector<int64_t> pos_slot;
+  thread_local std::vector<float> o_slot;
+  Scratch<int64_t> pos(pos_slot, static_cast<size_t>(n));
   for (int t = 0; t < n; ++t) pos[t] = p0 + t;
   AttnRows& a = attn_rows_;
   KVTIER_RETURN_IF_ERROR(AttnProject(layer, n, xa, pos.data(), &a));
-  std::vector<float> o(static_cast<size_t>(n) * c.num_attention_heads * c.head_dim);
+  Scratch<float> o(o_slot, static_cast<size_t>(n) * c.num_attention_heads * c.head_dim);
   KVTIER_RETURN_IF_ERROR(AttnCore(layer, st, p0, n, xa, a, 0, rt, pool_.get(), o.data()));
   AttnOutput(layer, n, o.data(), out);
   return Status::Ok();

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "engine/model_internal.h"
+#include "engine/scratch.h"
 
 namespace kvtier::engine {
 
@@ -39,20 +40,29 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
   for (AttnInputCapture* cap : captures) {
     if (cap != nullptr) cap->Clear();
   }
-  std::vector<float> x(static_cast<size_t>(total) * hc * D), pre(static_cast<size_t>(total) * hc);
+  // This thread's buffers, reused pass to pass (every element is written before it is read).
+  thread_local std::vector<float> x_slot, pre_slot, xn_slot, f_slot, post_slot, comb_slot,
+      next_pre_slot, o_slot;
+  thread_local std::vector<int64_t> pos_slot;
+  thread_local std::vector<Runtime> rt_slot;
+  std::vector<Runtime>& rt = rt_slot;  // this thread's, also inside the workers' lambdas
+  Scratch<float> x(x_slot, static_cast<size_t>(total) * hc * D),
+      pre(pre_slot, static_cast<size_t>(total) * hc);
   for (size_t i = 0; i < k; ++i) {
     p0[i] = static_cast<int64_t>(states[i]->tokens.size());
     states[i]->tokens.insert(states[i]->tokens.end(), tokens[i].begin(), tokens[i].end());
     Embed(tokens[i], x.data() + off[i] * hc * D, pre.data() + off[i] * hc);
   }
   const int n = static_cast<int>(total);
-  std::vector<Runtime> rt(k);
-  std::vector<float> xn(static_cast<size_t>(n) * D), f(static_cast<size_t>(n) * D);
-  std::vector<float> post(static_cast<size_t>(n) * hc), comb(static_cast<size_t>(n) * hc * hc),
-      next_pre(static_cast<size_t>(n) * hc);
+  rt.resize(k);
+  for (Runtime& r : rt) r.Reset();
+  Scratch<float> xn(xn_slot, static_cast<size_t>(n) * D), f(f_slot, static_cast<size_t>(n) * D);
+  Scratch<float> post(post_slot, static_cast<size_t>(n) * hc),
+      comb(comb_slot, static_cast<size_t>(n) * hc * hc),
+      next_pre(next_pre_slot, static_cast<size_t>(n) * hc);
   const int H = c.num_attention_heads, hd = c.head_dim;
-  std::vector<float> o(static_cast<size_t>(n) * H * hd);
-  std::vector<int64_t> pos(n);
+  Scratch<float> o(o_slot, static_cast<size_t>(n) * H * hd);
+  Scratch<int64_t> pos(pos_slot, static_cast<size_t>(n));
   int64_t max_rows = 0;
   for (size_t i = 0; i < k; ++i) {
     for (int64_t r = off[i]; r < off[i + 1]; ++r) pos[r] = p0[i] + (r - off[i]);

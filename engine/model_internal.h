@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "engine/scratch.h"
 #include "kernels/quant.h"
 
 namespace kvtier::engine {
@@ -84,6 +85,15 @@ struct Engine::Runtime {
   // per query row over the group's visible entries), their head weights and the key runs scored.
   std::vector<float> index_scores, index_head_weights;
   std::vector<int64_t> index_runs;
+
+  // A pass's start: as a new Runtime, keeping the scratch's capacity (the passes of a thread
+  // reuse one Runtime; a scratch that grew past kScratchKeepBytes is released).
+  void Reset() {
+    src = nullptr;
+    topk.clear();
+    candidates.clear();
+    TrimScratch(index_scores), TrimScratch(index_head_weights), TrimScratch(index_runs);
+  }
 };
 
 // One batch of Engram rows the engine requested (own step or prefetch) and still holds.

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "engine/model_internal.h"
+#include "engine/scratch.h"
 
 namespace kvtier::engine {
 
@@ -76,12 +77,14 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
   const int D = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
   const int I = c.moe_intermediate_size;
   const float limit = static_cast<float>(c.swiglu_limit);
-  std::vector<float> logits(static_cast<size_t>(n) * E);
+  thread_local std::vector<float> logits_slot, weight_slot, s_slot, biased_slot;
+  thread_local std::vector<int32_t> chosen_slot, all_slot, top;
+  Scratch<float> logits(logits_slot, static_cast<size_t>(n) * E);
   Mm(pool_.get(), xn, n, D, lw.gate, lw.pk_gate, E, logits.data());
-  std::vector<int32_t> chosen(static_cast<size_t>(n) * K);
-  std::vector<float> weight(static_cast<size_t>(n) * K);
-  std::vector<float> s(E), biased(E);
-  std::vector<int32_t> all(E), top;
+  Scratch<int32_t> chosen(chosen_slot, static_cast<size_t>(n) * K);
+  Scratch<float> weight(weight_slot, static_cast<size_t>(n) * K);
+  Scratch<float> s(s_slot, E), biased(biased_slot, E);
+  Scratch<int32_t> all(all_slot, E);
   for (int e = 0; e < E; ++e) all[e] = e;
   for (int t = 0; t < n; ++t) {
     for (int e = 0; e < E; ++e) {
@@ -112,8 +115,12 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
     Mm(pool, g.data(), rows, inter, w[2], pk[2], D, y);
   };
   // Routed experts, grouped by expert; each (token, slot) output lands in its own buffer.
-  std::vector<float> routed(static_cast<size_t>(n) * K * D);
-  std::vector<float> shared(static_cast<size_t>(n) * D, 0.0f);
+  // Every (token, slot) of `routed` is written by its expert; `shared` stays zero without a
+  // shared expert.
+  thread_local std::vector<float> routed_slot, shared_slot;
+  Scratch<float> routed(routed_slot, static_cast<size_t>(n) * K * D);
+  Scratch<float> shared(shared_slot, static_cast<size_t>(n) * D);
+  if (lw.s_w1 == nullptr) shared.fill(0.0f);
   if (static_cast<int64_t>(n) * K < 2 * pool_->threads()) {
     // Few tokens (decode): few experts are active, so the threads split the products instead:
     // every active expert's and the shared expert's gate and up products in one call, their
@@ -159,8 +166,9 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
   // Otherwise the threads take whole experts. MatMul's results do not depend on the pool, so
   // neither do the outputs.
   pool_->ParallelFor(E, [&](int64_t b, int64_t e_end) {
-    ExpertRows grp;  // the section's buffers, reused from expert to expert
-    std::vector<float> yg, g, u;
+    // The section's buffers, reused from expert to expert and from call to call.
+    thread_local ExpertRows grp;
+    thread_local std::vector<float> yg, g, u;
     for (int64_t e = b; e < e_end; ++e) {
       GatherExpertRowsInto(static_cast<int32_t>(e), static_cast<int64_t>(n) * K, K, D,
                            chosen.data(), weight.data(), xn, &grp);
@@ -171,12 +179,15 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
       swiglu(grp.x.data(), grp.rows(), w, pk, I, grp.weight.data(), yg.data(), nullptr, g, u);
       ScatterExpertRows(grp, D, yg.data(), routed.data());
     }
+    TrimScratch(grp.slots), TrimScratch(grp.x), TrimScratch(grp.weight);
+    TrimScratch(yg), TrimScratch(g), TrimScratch(u);
   });
   if (lw.s_w1 != nullptr) {
     const float* w[3] = {lw.s_w1, lw.s_w3, lw.s_w2};
     const PackedMatrix* pk[3] = {lw.pk_s_w1, lw.pk_s_w3, lw.pk_s_w2};
-    std::vector<float> g, u;
+    thread_local std::vector<float> g, u;
     swiglu(xn, n, w, pk, I * c.n_shared_experts, nullptr, shared.data(), pool_.get(), g, u);
+    TrimScratch(g), TrimScratch(u);
   }
   CombineExperts(n, K, D, routed.data(), shared.data(), out);
 }

@@ -37,7 +37,7 @@ inline constexpr int kIndexQueryRowsPerGroup = 16;
 
 // fn(begin, end) over [0, n): split over `pool`, or in one call on the caller when pool is null
 // (a loop already running inside a pool's worker).
-inline void ForRange(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+inline void ForRange(ThreadPool* pool, int64_t n, RangeFn fn) {
   if (n <= 0) return;
   if (pool == nullptr) {
     fn(0, n);

@@ -137,8 +137,7 @@ void ThreadPool::WorkerLoop() {
   }
 }
 
-void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
-                             int chunks_per_thread) {
+void ThreadPool::ParallelFor(int64_t n, RangeFn fn, int chunks_per_thread) {
   if (n <= 0) return;
   if (workers_.empty() || n == 1) {
     fn(0, n);

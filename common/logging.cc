@@ -75,6 +75,27 @@ std::string FormatUtcMillis(int64_t unix_ms) {
   return buf;
 }
 
+std::string SanitizeLogMessage(std::string_view message) {
+  const std::string_view kept = message.substr(0, kLogMessageBytesMax);
+  std::string out;
+  out.reserve(kept.size());
+  for (const char ch : kept) {
+    const auto c = static_cast<unsigned char>(ch);
+    if ((c < 0x20 && c != '\t') || c == 0x7f) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  if (message.size() > kept.size()) {
+    out += "... (" + std::to_string(message.size() - kept.size()) + " more bytes)";
+  }
+  return out;
+}
+
 namespace internal {
 
 LogLine::LogLine(LogLevel level, const char* file, int line) : level_(level) {
@@ -84,11 +105,14 @@ LogLine::LogLine(LogLevel level, const char* file, int line) : level_(level) {
   const char* base = std::strrchr(file, '/');
   stream_ << FormatUtcMillis(now_ms) << ' ' << LevelName(level_) << ' ' << (base ? base + 1 : file)
           << ':' << line << "] ";
+  prefix_bytes_ = stream_.str().size();
 }
 
 LogLine::~LogLine() {
-  stream_ << '\n';
-  const std::string text = stream_.str();
+  const std::string line = stream_.str();
+  std::string text = line.substr(0, prefix_bytes_);
+  text += SanitizeLogMessage(std::string_view(line).substr(prefix_bytes_));
+  text += '\n';
   ssize_t rc = ::write(STDERR_FILENO, text.data(), text.size());
   (void)rc;
 }

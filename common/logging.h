@@ -4,7 +4,10 @@
 //
 // A line is formatted as "<UTC time> <level> <file>:<line>] <message>\n", the time as RFC 3339
 // with milliseconds ("2026-12-01T16:10:00.123Z"), and written
-// with one write(2), so lines from concurrent threads never interleave. Messages below the
+// with one write(2), so lines from concurrent threads never interleave. A message is one line
+// whatever it holds: its control bytes are written as \xNN and it is cut at
+// kLogMessageBytesMax (SanitizeLogMessage), so bytes from a peer (an etcd key, a request
+// target) can neither forge log lines nor flood the log with one. Messages below the
 // process-wide level (SetLogLevel, default kInfo; env KVTIER_LOG_LEVEL=debug|info|warn|error)
 // cost one comparison. Never log secrets: auth tokens, tenant salts, RDMA keys.
 #pragma once
@@ -25,6 +28,12 @@ bool ParseLogLevel(std::string_view text, LogLevel* out);
 // "YYYY-MM-DDTHH:MM:SS.mmmZ" for milliseconds since the Unix epoch (UTC, years 1970..9999;
 // outside that range the number itself, so a line is never lost).
 std::string FormatUtcMillis(int64_t unix_ms);
+
+// The most bytes of one message a log line carries.
+inline constexpr size_t kLogMessageBytesMax = 4096;
+// A message as its log line writes it: at most kLogMessageBytesMax of its bytes, then
+// "... (N more bytes)"; every control byte (0x00-0x1f but tab, and 0x7f) as \xNN.
+std::string SanitizeLogMessage(std::string_view message);
 
 // Lets at most one line through per interval, counting those it holds back: for a warning
 // that a failure loop would otherwise repeat many times a second.
@@ -69,6 +78,7 @@ class LogLine {
  private:
   LogLevel level_;
   std::ostringstream stream_;
+  size_t prefix_bytes_ = 0;  // time, level and source: the rest is the message
 };
 }  // namespace internal
 

@@ -1,6 +1,11 @@
 #include "common/logging.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
 
 namespace kvtier {
 namespace {
@@ -30,6 +35,41 @@ TEST(LogThrottleTest, LetsOneLineThroughPerIntervalAndCountsTheRest) {
   EXPECT_FALSE(t.Allow(6999, &held));
   EXPECT_TRUE(t.Allow(8000, &held));
   EXPECT_EQ(held, 1u);
+}
+
+// Bytes from a peer cannot forge or split log lines, nor make one huge line.
+TEST(LoggingTest, MessagesAreOneLineOfBoundedLength) {
+  EXPECT_EQ(SanitizeLogMessage("plain text, tabs\tand UTF-8 \xc3\xa9"),
+            "plain text, tabs\tand UTF-8 \xc3\xa9");
+  EXPECT_EQ(SanitizeLogMessage(std::string("a\nb\r\x1b[31m\x7f\0z", 12)),
+            "a\\x0ab\\x0d\\x1b[31m\\x7f\\x00z");
+  const std::string big(kLogMessageBytesMax + 904, 'x');
+  EXPECT_EQ(SanitizeLogMessage(big),
+            std::string(kLogMessageBytesMax, 'x') + "... (904 more bytes)");
+  EXPECT_EQ(SanitizeLogMessage(std::string(kLogMessageBytesMax, 'y')),
+            std::string(kLogMessageBytesMax, 'y'));
+}
+
+// The same through KVTIER_LOG to stderr: a message with a forged second line is one line.
+TEST(LoggingTest, ALogLineWithANewlineInItsMessageStaysOneLine) {
+  std::FILE* capture = std::tmpfile();
+  ASSERT_NE(capture, nullptr);
+  std::fflush(stderr);
+  const int saved = ::dup(STDERR_FILENO);
+  ASSERT_GE(saved, 0);
+  ASSERT_GE(::dup2(::fileno(capture), STDERR_FILENO), 0);
+  KVTIER_LOG(kWarn) << "cluster: ignoring member record /kvtier/members/x\n"
+                    << "2026-12-04T00:00:00.000Z I forged.cc:1] all is well";
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  std::rewind(capture);
+  std::string out;
+  char buf[1024];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), capture)) > 0;) out.append(buf, n);
+  std::fclose(capture);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_NE(out.find("members/x\\x0a2026-12-04T00:00:00.000Z I forged.cc:1]"), std::string::npos)
+      << out;
 }
 
 }  // namespace

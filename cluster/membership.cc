@@ -6,6 +6,10 @@
 #include "common/logging.h"
 
 namespace kvtier::cluster {
+namespace {
+// A bad record's key as its warning shows it (a key may be as long as etcd allows).
+constexpr size_t kMemberKeyLoggedBytes = 128;
+}  // namespace
 
 Status ValidateMembershipOptions(const MembershipOptions& o) {
   KVTIER_RETURN_IF_ERROR(ValidateEtcdOptions(o.etcd));
@@ -194,9 +198,14 @@ void Membership::ApplyRecord(std::map<std::string, MemberInfo>* members, const E
   auto decoded = DecodeMember(kv.value);
   if (!decoded.ok() || decoded->node_id != id) {
     bad_records_.fetch_add(1);
-    KVTIER_LOG(kWarn) << "cluster: ignoring member record " << kv.key << ": "
-                      << (decoded.ok() ? "node id differs from its key"
-                                       : decoded.status().message());
+    uint64_t held = 0;
+    if (bad_record_log_.Allow(DefaultSteadyClock().NowMs(), &held)) {
+      KVTIER_LOG(kWarn) << "cluster: ignoring member record "
+                        << std::string_view(kv.key).substr(0, kMemberKeyLoggedBytes) << ": "
+                        << (decoded.ok() ? "node id differs from its key"
+                                         : decoded.status().message())
+                        << " (" << held << " more since the last such line)";
+    }
     return;
   }
   if (id == options_.self.node_id) {
@@ -261,7 +270,11 @@ void Membership::WatchLoop() {
         &stop_);
     if (stop_.load(std::memory_order_acquire)) return;
     NoteError();
-    KVTIER_LOG(kWarn) << "cluster: membership watch ended: " << s.message() << "; re-reading";
+    uint64_t held = 0;
+    if (watch_ended_log_.Allow(DefaultSteadyClock().NowMs(), &held)) {
+      KVTIER_LOG(kWarn) << "cluster: membership watch ended: " << s.message() << "; re-reading ("
+                        << held << " more since the last such line)";
+    }
     if (!SleepFor(options_.retry_ms)) return;
   }
 }

@@ -31,6 +31,7 @@
 
 #include "cluster/etcd_client.h"
 #include "cluster/member.h"
+#include "common/logging.h"
 #include "common/status.h"
 
 namespace kvtier::cluster {
@@ -123,6 +124,10 @@ class Membership {
   MemberInfo self_;  // guarded by mu_
   std::vector<std::function<void(const MemberView&)>> listeners_;
   std::thread session_, watcher_;
+  // The watcher's warnings (bad records, a broken watch): one line per kWarnIntervalMs, the
+  // rest counted, so that an etcd that keeps sending bad records cannot flood the log.
+  static constexpr uint64_t kWarnIntervalMs = 10'000;
+  LogThrottle bad_record_log_{kWarnIntervalMs}, watch_ended_log_{kWarnIntervalMs};
   bool stopped_ = false;
 };
 

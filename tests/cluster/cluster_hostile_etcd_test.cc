@@ -16,16 +16,22 @@
 #include <vector>
 
 #include "cache_daemon/client.h"
+#include "cluster/base64.h"
 #include "tests/cluster/cluster_fixture.h"
 
 namespace kvtier::cluster {
 namespace {
 
-// An HTTP server on a loopback port that answers each request, whatever its path, with the
-// next response of a fixed list (round robin), then closes the connection.
+// An HTTP server on a loopback port that answers each request with the next response of a
+// fixed list (round robin), then closes the connection; a request whose text holds every one
+// of `special_needles` gets `special_response` instead.
 class HostileEtcd {
  public:
-  explicit HostileEtcd(std::vector<std::string> responses) : responses_(std::move(responses)) {
+  HostileEtcd(std::vector<std::string> responses, std::vector<std::string> special_needles,
+              std::string special_response)
+      : responses_(std::move(responses)),
+        special_needles_(std::move(special_needles)),
+        special_response_(std::move(special_response)) {
     listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -52,8 +58,13 @@ class HostileEtcd {
       if (::poll(&p, 1, 50) != 1) continue;
       int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) continue;
-      ReadRequest(fd);
-      const std::string& r = responses_[served_.load() % responses_.size()];
+      const std::string request = ReadRequest(fd);
+      bool special = !special_needles_.empty();
+      for (const std::string& needle : special_needles_) {
+        special = special && request.find(needle) != std::string::npos;
+      }
+      const std::string& r =
+          special ? special_response_ : responses_[served_.load() % responses_.size()];
       kvtier::testing::SendAllRaw(fd, r.data(), r.size());
       served_.fetch_add(1);
       ::shutdown(fd, SHUT_RDWR);
@@ -61,15 +72,15 @@ class HostileEtcd {
     }
   }
   // The request's head and its Content-Length bytes of body (each wait at most 1 s).
-  static void ReadRequest(int fd) {
+  static std::string ReadRequest(int fd) {
     std::string in;
     size_t want = std::string::npos;
     char buf[4096];
     while (want == std::string::npos || in.size() < want) {
       pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 1000) != 1) return;
+      if (::poll(&p, 1, 1000) != 1) return in;
       ssize_t k = ::recv(fd, buf, sizeof(buf), 0);
-      if (k <= 0) return;
+      if (k <= 0) return in;
       in.append(buf, static_cast<size_t>(k));
       size_t head_end = in.find("\r\n\r\n");
       if (want == std::string::npos && head_end != std::string::npos) {
@@ -78,9 +89,12 @@ class HostileEtcd {
         want = head_end + 4 + length;
       }
     }
+    return in;
   }
 
   std::vector<std::string> responses_;
+  std::vector<std::string> special_needles_;
+  std::string special_response_;
   int listen_fd_ = -1;
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
@@ -121,7 +135,18 @@ TEST(ClusterHostileEtcdTest, ANodeStaysUpAndServesAgainstAnEtcdThatLies) {
       "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n{}",
       "SSH-2.0-OpenSSH_9.2\r\n",
   };
-  HostileEtcd etcd(responses);
+  // The membership's range of the members prefix always gets 50 records that are not JSON:
+  // 50 bad records per re-read (every 500 ms), which must not mean 50 warnings each time.
+  std::string bad_records = R"({"header": {"revision": "4"}, "kvs": [)";
+  for (int i = 0; i < 50; ++i) {
+    // "/kvtier/members/bad<i>" and "{not json", base64.
+    const std::string key = "/kvtier/members/bad" + std::to_string(i);
+    bad_records += std::string(i == 0 ? "" : ",") + R"({"key": ")" + Base64Encode(key) +
+                   R"(", "value": "e25vdCBqc29u", "mod_revision": "4"})";
+  }
+  bad_records += "]}";
+  HostileEtcd etcd(responses, {"POST /v3/kv/range ", Base64Encode("/kvtier/members/")},
+                   Json(bad_records));
 
   const auto dir =
       std::filesystem::temp_directory_path() / ("kvtier_hostile_etcd_" + std::to_string(getpid()));
@@ -148,7 +173,20 @@ TEST(ClusterHostileEtcdTest, ANodeStaysUpAndServesAgainstAnEtcdThatLies) {
   ASSERT_TRUE(node.Alive()) << "after " << etcd.served() << " replies\n" << node.Log();
   const std::string metrics = kvtier::testing::HttpRequest(node.http_port(), "GET", "/metrics");
   EXPECT_GE(Metric(metrics, "kvtier_cluster_etcd_errors_total"), 4.0) << metrics;
-  EXPECT_EQ(node.Log().find("terminate called"), std::string::npos) << node.Log();
+  const std::string log = node.Log();
+  EXPECT_EQ(log.find("terminate called"), std::string::npos) << log;
+  // The watcher's retries (every 500 ms here) are one warning per 10 s, not one per retry.
+  size_t watch_warnings = 0;
+  for (size_t at = 0; (at = log.find("membership watch ended", at)) != std::string::npos; ++at) {
+    ++watch_warnings;
+  }
+  EXPECT_LE(watch_warnings, 1u) << log;
+  size_t record_warnings = 0;
+  for (size_t at = 0; (at = log.find("ignoring member record", at)) != std::string::npos; ++at) {
+    ++record_warnings;
+  }
+  EXPECT_EQ(record_warnings, 1u) << log;
+  EXPECT_GE(Metric(metrics, "kvtier_cluster_bad_member_records_total"), 100.0) << metrics;
   // Both fronts still answer.
   auto c = daemon::Client::Connect(daemon::ClientOptions{.socket_path = node.socket()});
   ASSERT_TRUE(c.ok()) << c.status().ToString();

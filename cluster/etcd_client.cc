@@ -65,7 +65,12 @@ StatusOr<std::string> EtcdClient::Call(std::string_view path, const std::string&
       last = Status::Unavailable("etcd " + ep.ToString() + ": " + r.status().message());
       continue;
     }
-    KVTIER_RETURN_IF_ERROR(etcd_reply::CheckUnary(r->status, r->body));
+    Status reply = etcd_reply::CheckUnary(r->status, r->body);
+    if (reply.IsCorruption()) {  // not etcd speaking (a proxy's page, another service): next
+      last = Status::Unavailable("etcd " + ep.ToString() + ": " + reply.message());
+      continue;
+    }
+    KVTIER_RETURN_IF_ERROR(reply);
     return std::move(r->body);
   }
   return last;

@@ -5,11 +5,13 @@
 // bytes here; the client base64-encodes them on the wire. Tested against etcd 3.4
 // (tests/cluster/etcd_membership_test.cc starts a real one).
 //
-// Each call opens one connection to the first endpoint that answers (endpoints are tried in
-// order), with a bounded deadline (EtcdOptions::request_timeout_ms). Errors: Unavailable when
-// no endpoint could be reached, NotFound for an expired / unknown lease, Corruption for a reply
-// that is not what etcd sends, Rejected for a reply over a limit, IOError for any other etcd
-// error (its message included). Replies are read by cluster/etcd_reply.h.
+// Each call opens one connection to the first endpoint that answers as etcd does (endpoints are
+// tried in order; one that cannot be reached, answers malformed HTTP or a reply over a limit, or
+// answers with a body that is not a JSON object, is passed over), with a bounded deadline
+// (EtcdOptions::request_timeout_ms). Errors: Unavailable when no endpoint answered as etcd does,
+// NotFound for an expired / unknown lease, Corruption for a JSON reply of the wrong shape (a
+// field of another type, a key outside the prefix asked for), IOError for any other etcd error
+// (its message included); Watch as it says. Replies are read by cluster/etcd_reply.h.
 //
 // Thread safety: every method may be called concurrently (no shared mutable state).
 #pragma once

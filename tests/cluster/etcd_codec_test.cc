@@ -180,6 +180,31 @@ TEST(EtcdClientTest, MistypedRepliesAreErrorsNotExceptions) {
   }
 }
 
+// An endpoint that answers with something other than etcd (a proxy's error page) is passed over
+// for the next; when none answers as etcd does, the call is Unavailable.
+TEST(EtcdClientTest, AnEndpointThatIsNotEtcdIsPassedOver) {
+  const std::string page = "<html>502 Bad Gateway</html>";
+  const std::string not_etcd =
+      "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(page.size()) + "\r\n\r\n" + page;
+  const std::string put_reply = R"({"header": {"revision": "7"}})";
+  const std::string etcd =
+      "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(put_reply.size()) + "\r\n\r\n" +
+      put_reply;
+  {
+    ScriptedServer proxy(not_etcd), real(etcd);
+    EtcdClient c(
+        EtcdOptions{.endpoints = {proxy.endpoint().ToString(), real.endpoint().ToString()}});
+    EXPECT_TRUE(c.Put("k", "v").ok());
+  }
+  {
+    ScriptedServer proxy(not_etcd);
+    EtcdClient c(EtcdOptions{.endpoints = {proxy.endpoint().ToString()}});
+    Status s = c.Put("k", "v");
+    EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
+    EXPECT_NE(s.message().find("not JSON"), std::string::npos) << s.ToString();
+  }
+}
+
 TEST(HttpClientTest, NothingListeningIsAnErrorWithinTheDeadline) {
   HttpLimits limits;
   limits.timeout_ms = 500;

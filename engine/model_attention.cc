@@ -40,7 +40,12 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
   const int rd = c.qk_rope_head_dim;
   const int rows = static_cast<int>(p0 + n - first);
   // The projections of rows [first, p0 + n): given, or taken here.
-  std::vector<float> own_kv, own_gate;
+  // This thread's buffers, reused call to call (released on the way out past 1 MiB).
+  thread_local std::vector<float> own_kv, own_gate, latents;
+  thread_local std::vector<int64_t> entry_ids;
+  const ScopeExit trim([&] {
+    TrimScratch(own_kv), TrimScratch(own_gate), TrimScratch(latents), TrimScratch(entry_ids);
+  });
   const float* ckv = ckv_rows != nullptr ? ckv_rows + (first - p0) * hd : nullptr;
   const float* cg = cgate_rows != nullptr ? cgate_rows + (first - p0) * hd : nullptr;
   if (ckv == nullptr || (m > 1 && cg == nullptr)) {
@@ -54,8 +59,8 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
     cg = own_gate.data();
   }
   // Collect finished groups: latent (pre-RoPE, normalised) per entry.
-  std::vector<float> latents;
-  std::vector<int64_t> entry_ids;
+  latents.clear();
+  entry_ids.clear();
   latents.reserve(static_cast<size_t>(rows / m + 1) * hd);
   for (int r = 0; r < rows; ++r) {
     const int64_t p = first + r;
@@ -94,7 +99,8 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
   if (entry_ids[0] != k->entries())
     return Status::Internal("engine: compressed entry out of order");
   // Indexer keys from the pre-RoPE latent: k = k_norm(wk(latent)), RoPE, FP4 (ue8m0 / 32).
-  std::vector<float> ik(static_cast<size_t>(ne) * id);
+  thread_local std::vector<float> ik_slot;
+  Scratch<float> ik(ik_slot, static_cast<size_t>(ne) * id);
   Mm(pool, latents.data(), ne, hd, lw.i_wk, lw.pk_i_wk, id, ik.data());
   for (int e = 0; e < ne; ++e) {
     float* kk = ik.data() + static_cast<int64_t>(e) * id;
@@ -103,17 +109,17 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
     ApplyRope(latents.data() + static_cast<int64_t>(e) * hd + hd - rd, *lw.rope, entry_ids[e] * m,
               false);
   }
-  auto append = [&](QuantFormat fmt, const std::vector<float>& v, int dim,
-                    std::vector<uint8_t>* data, std::vector<uint8_t>* scales) -> Status {
+  auto append = [&](QuantFormat fmt, const float* v, int dim, std::vector<uint8_t>* data,
+                    std::vector<uint8_t>* scales) -> Status {
     const size_t d0 = AppendKvBytes(data, ne * kernels::DataBytes(fmt, dim));
     const size_t s0 = AppendKvBytes(scales, ne * kernels::ScaleBytes(fmt, dim));
-    return kernels::Quantize(fmt, v.data(), ne, dim, data->data() + d0, scales->data() + s0,
+    return kernels::Quantize(fmt, v, ne, dim, data->data() + d0, scales->data() + s0,
                              kQuantBackend);
   };
   KVTIER_RETURN_IF_ERROR(
-      append(QuantFormat::kFp4E4M3x16, latents, hd, &k->main_data, &k->main_scales));
+      append(QuantFormat::kFp4E4M3x16, latents.data(), hd, &k->main_data, &k->main_scales));
   KVTIER_RETURN_IF_ERROR(
-      append(QuantFormat::kFp4Ue8m0x32, ik, id, &k->index_data, &k->index_scales));
+      append(QuantFormat::kFp4Ue8m0x32, ik.data(), id, &k->index_data, &k->index_scales));
   k->n_entries += ne;
   return Status::Ok();
 }

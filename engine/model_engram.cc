@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/model_internal.h"
+#include "engine/scratch.h"
 
 namespace kvtier::engine {
 
@@ -289,17 +290,20 @@ Status Engine::ApplyEngram(int layer, const EngramRowBatch& batch, int n, float*
   if (batch.data.size() != static_cast<size_t>(n) * C * ed ||
       batch.scales.size() != static_cast<size_t>(n) * C * (ed / 32))
     return Status::Internal("engine: engram rows of the wrong size");
-  std::vector<float> emb(static_cast<size_t>(n) * C * ed);
+  // This thread's buffers, reused call to call (each is written whole before it is read).
+  thread_local std::vector<float> emb_slot, kv_slot, gates_slot;
+  Scratch<float> emb(emb_slot, static_cast<size_t>(n) * C * ed);
   KVTIER_RETURN_IF_ERROR(kernels::Dequantize(QuantFormat::kFp8Ue8m0x32, batch.data.data(),
                                              batch.scales.data(), static_cast<size_t>(n) * C, ed,
                                              emb.data(), kQuantBackend));
   const int kvw = (hc + 1) * D;
-  std::vector<float> kv(static_cast<size_t>(n) * kvw);
+  Scratch<float> kv(kv_slot, static_cast<size_t>(n) * kvw);
   Mm(pool_.get(), emb.data(), n, C * ed, lw.e_wkv, lw.pk_e_wkv, kvw, kv.data());
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
-  std::vector<float> gates(static_cast<size_t>(n) * hc);
+  Scratch<float> gates(gates_slot, static_cast<size_t>(n) * hc);
   pool_->ParallelFor(n, [&](int64_t b, int64_t e) {
-    std::vector<float> tmp(D);
+    thread_local std::vector<float> tmp_slot;
+    Scratch<float> tmp(tmp_slot, static_cast<size_t>(D));
     for (int64_t t = b; t < e; ++t) {
       const float* kvt = kv.data() + t * kvw;
       const float* value = kvt + static_cast<int64_t>(hc) * D;

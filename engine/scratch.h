@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 namespace kvtier::engine {
@@ -59,5 +60,21 @@ template <typename T>
 void TrimScratch(std::vector<T>& slot) {
   if (slot.capacity() * sizeof(T) > kScratchKeepBytes) std::vector<T>().swap(slot);
 }
+
+// Runs f when the scope ends (every return path): for trimming thread_local buffers that a
+// function grows piece by piece.
+//
+//   ScopeExit trim([&] { TrimScratch(latents), TrimScratch(entry_ids); });
+template <typename F>
+class ScopeExit {
+ public:
+  explicit ScopeExit(F f) : f_(std::move(f)) {}
+  ~ScopeExit() { f_(); }
+  ScopeExit(const ScopeExit&) = delete;
+  ScopeExit& operator=(const ScopeExit&) = delete;
+
+ private:
+  F f_;
+};
 
 }  // namespace kvtier::engine

@@ -1,5 +1,6 @@
 #include "cli/daemon_reply.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <initializer_list>
 #include <nlohmann/json.hpp>

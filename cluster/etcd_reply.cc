@@ -98,7 +98,7 @@ StatusOr<json> Object(std::string_view text) {
 // NOT_FOUND. Fields of unexpected types are passed over: the reply is an error either way.
 Status ErrorOf(const json& j) {
   const json* error = Field(j, "error");
-  std::string message = "unknown error";
+  std::string message;
   int64_t code = 0;
   for (const json* holder : {&j, error}) {
     if (holder == nullptr || !holder->is_object()) continue;
@@ -111,9 +111,9 @@ Status ErrorOf(const json& j) {
       }
     }
   }
-  if (message == "unknown error" && error != nullptr && error->is_string()) {
+  if (message.empty() && error != nullptr && error->is_string())
     message = error->get<std::string>();
-  }
+  if (message.empty()) message = "unknown error";
   if (code == 5 || message.find("not found") != std::string::npos) {
     return Status::NotFound("etcd: " + message);
   }

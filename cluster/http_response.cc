@@ -7,6 +7,7 @@
 namespace kvtier::cluster {
 namespace {
 
+// ASCII case-insensitive equality (Beast's iequals takes boost::string_view in Boost 1.74).
 bool IEquals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {

@@ -105,7 +105,7 @@ LogLine::LogLine(LogLevel level, const char* file, int line) : level_(level) {
   const char* base = std::strrchr(file, '/');
   stream_ << FormatUtcMillis(now_ms) << ' ' << LevelName(level_) << ' ' << (base ? base + 1 : file)
           << ':' << line << "] ";
-  prefix_bytes_ = stream_.str().size();
+  prefix_bytes_ = static_cast<size_t>(stream_.tellp());
 }
 
 LogLine::~LogLine() {

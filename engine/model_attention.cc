@@ -44,7 +44,10 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
   thread_local std::vector<float> own_kv, own_gate, latents;
   thread_local std::vector<int64_t> entry_ids;
   const ScopeExit trim([&] {
-    TrimScratch(own_kv), TrimScratch(own_gate), TrimScratch(latents), TrimScratch(entry_ids);
+    TrimScratch(own_kv);
+    TrimScratch(own_gate);
+    TrimScratch(latents);
+    TrimScratch(entry_ids);
   });
   const float* ckv = ckv_rows != nullptr ? ckv_rows + (first - p0) * hd : nullptr;
   const float* cg = cgate_rows != nullptr ? cgate_rows + (first - p0) * hd : nullptr;
@@ -286,7 +289,10 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
         for (int64_t j = 0; j < nv; ++j) eligible[j] = static_cast<int32_t>(j);
         TopKByScore(score, eligible.data(), nv, c.index_topk, &rt->topk[t]);
       }
-      TrimScratch(eligible), TrimScratch(blocks), TrimScratch(top), TrimScratch(bscore);
+      TrimScratch(eligible);
+      TrimScratch(blocks);
+      TrimScratch(top);
+      TrimScratch(bscore);
     });
   }
   if (trace_ != nullptr && is_candidate_source) {  // appended chunk by chunk
@@ -508,7 +514,8 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
         attend(t, h0, h1, keys[t].data(), nk[t], &dots, &w);
         i += h1 - h0;
       }
-      TrimScratch(dots), TrimScratch(w);
+      TrimScratch(dots);
+      TrimScratch(w);
     };
     int64_t work = 0;  // multiply-adds: a dot product and an axpy per head and key
     for (int64_t t = 0; t < n; ++t) work += nk[t] * H * 2 * hd;
@@ -528,7 +535,9 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
         }
         attend(t, 0, H, keys.data(), nk, &dots, &w);
       }
-      TrimScratch(keys), TrimScratch(dots), TrimScratch(w);
+      TrimScratch(keys);
+      TrimScratch(dots);
+      TrimScratch(w);
     });
   }
   if (failed) return Status::Internal("engine: global KV entries could not be dequantised");

@@ -92,7 +92,9 @@ struct Engine::Runtime {
     src = nullptr;
     topk.clear();
     candidates.clear();
-    TrimScratch(index_scores), TrimScratch(index_head_weights), TrimScratch(index_runs);
+    TrimScratch(index_scores);
+    TrimScratch(index_head_weights);
+    TrimScratch(index_runs);
   }
 };
 

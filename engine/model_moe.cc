@@ -179,15 +179,20 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
       swiglu(grp.x.data(), grp.rows(), w, pk, I, grp.weight.data(), yg.data(), nullptr, g, u);
       ScatterExpertRows(grp, D, yg.data(), routed.data());
     }
-    TrimScratch(grp.slots), TrimScratch(grp.x), TrimScratch(grp.weight);
-    TrimScratch(yg), TrimScratch(g), TrimScratch(u);
+    TrimScratch(grp.slots);
+    TrimScratch(grp.x);
+    TrimScratch(grp.weight);
+    TrimScratch(yg);
+    TrimScratch(g);
+    TrimScratch(u);
   });
   if (lw.s_w1 != nullptr) {
     const float* w[3] = {lw.s_w1, lw.s_w3, lw.s_w2};
     const PackedMatrix* pk[3] = {lw.pk_s_w1, lw.pk_s_w3, lw.pk_s_w2};
     thread_local std::vector<float> g, u;
     swiglu(xn, n, w, pk, I * c.n_shared_experts, nullptr, shared.data(), pool_.get(), g, u);
-    TrimScratch(g), TrimScratch(u);
+    TrimScratch(g);
+    TrimScratch(u);
   }
   CombineExperts(n, K, D, routed.data(), shared.data(), out);
 }

@@ -48,7 +48,6 @@ class Scratch {
   T* begin() { return slot_.data(); }
   T* end() { return slot_.data() + slot_.size(); }
   void fill(const T& value) { std::fill(slot_.begin(), slot_.end(), value); }
-  std::vector<T>& vector() { return slot_; }
 
  private:
   std::vector<T>& slot_;

@@ -1,5 +1,6 @@
 // `kvtier stats` / `kvtier policy` output from kvtierd's replies, and from replies of any other
-// shape (what answers at the socket is not trusted): an error or a "?", never an exception.
+// shape (what answers at the socket is not trusted): an error, or 0 / "?" for a field that is
+// absent or of another type, never an exception.
 #include "cli/daemon_reply.h"
 
 #include <gtest/gtest.h>
@@ -31,7 +32,7 @@ TEST(DaemonReplyTest, PrintsWhatKvtierdSends) {
   EXPECT_EQ(*policy, "eviction=s3fifo admission=second_hit params={\"a\":\"1\"}\n");
 }
 
-TEST(DaemonReplyTest, RepliesOfAnotherShapeAreErrorsOrPlaceholders) {
+TEST(DaemonReplyTest, RepliesOfAnotherShapeAreErrorsOrPrintedAsUnknown) {
   for (const char* reply : {"", "not json", "[]", "null", "7", "\"x\""}) {
     EXPECT_TRUE(FormatStats(reply).status().IsCorruption()) << reply;
     EXPECT_TRUE(FormatPolicy(reply).status().IsCorruption()) << reply;

@@ -9,6 +9,7 @@
 #include "cluster/etcd_client.h"
 #include "cluster/http_client.h"
 #include "tests/cache_daemon/net_util.h"
+#include "tests/cluster/scripted_http_server.h"
 
 namespace kvtier::cluster {
 namespace {
@@ -43,57 +44,26 @@ TEST(EtcdCodecTest, EndpointsAndPrefixRangeEnds) {
   EXPECT_EQ(PrefixRangeEnd(""), std::string(1, '\0'));
 }
 
-// Serves one scripted response to the first connection on a free loopback port.
-class ScriptedServer {
- public:
-  explicit ScriptedServer(std::string response) : response_(std::move(response)) {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    socklen_t len = sizeof(a);
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    ::listen(listen_fd_, 1);
-    thread_ = std::thread([this] {
-      int fd = ::accept(listen_fd_, nullptr, nullptr);
-      if (fd < 0) return;
-      testing::RecvFor(fd, 1, 2000);  // the request (not checked)
-      testing::SendAllRaw(fd, response_.data(), response_.size());
-      ::shutdown(fd, SHUT_WR);
-      testing::RecvFor(fd, 1, 2000);  // until the client closes
-      ::close(fd);
-    });
-  }
-  ~ScriptedServer() {
-    ::shutdown(listen_fd_, SHUT_RDWR);
-    thread_.join();
-    ::close(listen_fd_);
-  }
-  HttpEndpoint endpoint() const { return {"127.0.0.1", port_}; }
+using testing::HttpOk;
+using testing::HttpOkChunkedLine;
+using testing::ScriptedHttpServer;
 
- private:
-  std::string response_;
-  int listen_fd_;
-  uint16_t port_;
-  std::thread thread_;
-};
+HttpEndpoint Endpoint(const ScriptedHttpServer& s) { return *ParseHttpEndpoint(s.endpoint()); }
 
 TEST(HttpClientTest, ReadsChunkedAndLengthDelimitedBodies) {
   HttpLimits limits;
   {
-    ScriptedServer s(
+    ScriptedHttpServer s(
         "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
         "5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n");
-    auto r = HttpPost(s.endpoint(), "/x", "{}", limits);
+    auto r = HttpPost(Endpoint(s), "/x", "{}", limits);
     ASSERT_TRUE(r.ok()) << r.status().message();
     EXPECT_EQ(r->status, 200);
     EXPECT_EQ(r->body, "hello, world");
   }
   {
-    ScriptedServer s("HTTP/1.1 404 Not Found\r\nContent-Length: 3\r\n\r\nabcdef");
-    auto r = HttpPost(s.endpoint(), "/x", "{}", limits);
+    ScriptedHttpServer s("HTTP/1.1 404 Not Found\r\nContent-Length: 3\r\n\r\nabcdef");
+    auto r = HttpPost(Endpoint(s), "/x", "{}", limits);
     ASSERT_TRUE(r.ok()) << r.status().message();
     EXPECT_EQ(r->status, 404);
     EXPECT_EQ(r->body, "abc");
@@ -121,8 +91,8 @@ TEST(HttpClientTest, HostileResponsesAreErrorsNotCrashes) {
       {"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", StatusCode::kCorruption},
   };
   for (const auto& c : cases) {
-    ScriptedServer s(c.response);
-    auto r = HttpPost(s.endpoint(), "/x", "{}", limits);
+    ScriptedHttpServer s(c.response);
+    auto r = HttpPost(Endpoint(s), "/x", "{}", limits);
     ASSERT_FALSE(r.ok()) << c.response;
     EXPECT_EQ(r.status().code(), c.code) << c.response << ": " << r.status().message();
   }
@@ -131,39 +101,30 @@ TEST(HttpClientTest, HostileResponsesAreErrorsNotCrashes) {
 // A reply whose fields have the wrong JSON types (a hostile or misconfigured endpoint) is an
 // error Status, never an exception out of the client (which would end kvtierd).
 TEST(EtcdClientTest, MistypedRepliesAreErrorsNotExceptions) {
-  auto reply = [](const std::string& body) {
-    return "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  };
-  auto client = [](const ScriptedServer& s) {
-    return EtcdClient(EtcdOptions{.endpoints = {s.endpoint().ToString()}});
+  auto client = [](const ScriptedHttpServer& s) {
+    return EtcdClient(EtcdOptions{.endpoints = {s.endpoint()}});
   };
   for (const char* body : {R"({"error": 1})", R"({"error": "x", "code": "5"})",
                            R"({"error": "x", "message": ["m"]})", R"({"error": null})"}) {
-    ScriptedServer s(reply(body));
+    ScriptedHttpServer s(HttpOk(body));
     Status st = client(s).Put("k", "v");
     EXPECT_TRUE(st.IsIOError()) << body << ": " << st.ToString();
   }
   // The same reply with the right types is still read as etcd meant it.
   {
-    ScriptedServer s(
-        reply(R"({"error": "lease not found", "code": 5, "message": "lease not found"})"));
+    ScriptedHttpServer s(
+        HttpOk(R"({"error": "lease not found", "code": 5, "message": "lease not found"})"));
     EXPECT_TRUE(client(s).Put("k", "v").IsNotFound());
   }
   // Keys outside the prefix asked for (callers strip the prefix off every key).
   {
-    ScriptedServer s(reply(R"({"header": {"revision": "3"}, "kvs": [{"key": "eA=="}]})"));
+    ScriptedHttpServer s(HttpOk(R"({"header": {"revision": "3"}, "kvs": [{"key": "eA=="}]})"));
     EXPECT_TRUE(client(s).RangePrefix("/kvtier/members/").status().IsCorruption());
   }
   {
-    ScriptedServer s(reply(R"({"header": {"revision": "3"}, "kvs": [{"key": "eA=="}]})"));
+    ScriptedHttpServer s(HttpOk(R"({"header": {"revision": "3"}, "kvs": [{"key": "eA=="}]})"));
     EXPECT_TRUE(client(s).Get("y").status().IsCorruption());
   }
-  const std::string header = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
-  auto chunk = [](const std::string& line) {
-    char size[32];
-    std::snprintf(size, sizeof(size), "%zx\r\n", line.size() + 1);
-    return size + line + "\n\r\n";
-  };
   const std::pair<const char*, StatusCode> lines[] = {
       {R"({"result": {"canceled": "yes"}})", StatusCode::kCorruption},
       {R"({"result": {"events": [{"type": 3, "kv": {"key": "YQ=="}}]}})", StatusCode::kCorruption},
@@ -172,7 +133,7 @@ TEST(EtcdClientTest, MistypedRepliesAreErrorsNotExceptions) {
       {R"({"result": {"events": [{"kv": {"key": "eA=="}}]}})", StatusCode::kCorruption},
   };
   for (const auto& [line, code] : lines) {
-    ScriptedServer s(header + chunk(line) + "0\r\n\r\n");
+    ScriptedHttpServer s(HttpOkChunkedLine(line));
     std::atomic<bool> stop{false};
     Status st = client(s).Watch(
         "/p/", 0, [](const std::vector<EtcdEvent>&, int64_t) {}, &stop);
@@ -183,22 +144,16 @@ TEST(EtcdClientTest, MistypedRepliesAreErrorsNotExceptions) {
 // An endpoint that answers with something other than etcd (a proxy's error page) is passed over
 // for the next; when none answers as etcd does, the call is Unavailable.
 TEST(EtcdClientTest, AnEndpointThatIsNotEtcdIsPassedOver) {
-  const std::string page = "<html>502 Bad Gateway</html>";
-  const std::string not_etcd =
-      "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(page.size()) + "\r\n\r\n" + page;
-  const std::string put_reply = R"({"header": {"revision": "7"}})";
-  const std::string etcd =
-      "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(put_reply.size()) + "\r\n\r\n" +
-      put_reply;
+  const std::string not_etcd = HttpOk("<html>502 Bad Gateway</html>");
+  const std::string etcd = HttpOk(R"({"header": {"revision": "7"}})");
   {
-    ScriptedServer proxy(not_etcd), real(etcd);
-    EtcdClient c(
-        EtcdOptions{.endpoints = {proxy.endpoint().ToString(), real.endpoint().ToString()}});
+    ScriptedHttpServer proxy(not_etcd), real(etcd);
+    EtcdClient c(EtcdOptions{.endpoints = {proxy.endpoint(), real.endpoint()}});
     EXPECT_TRUE(c.Put("k", "v").ok());
   }
   {
-    ScriptedServer proxy(not_etcd);
-    EtcdClient c(EtcdOptions{.endpoints = {proxy.endpoint().ToString()}});
+    ScriptedHttpServer proxy(not_etcd);
+    EtcdClient c(EtcdOptions{.endpoints = {proxy.endpoint()}});
     Status s = c.Put("k", "v");
     EXPECT_TRUE(s.IsUnavailable()) << s.ToString();
     EXPECT_NE(s.message().find("not JSON"), std::string::npos) << s.ToString();

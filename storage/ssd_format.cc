@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstdio>
 #include <cstring>
+#include <string_view>
 
 #include "common/endian.h"
 
@@ -18,6 +19,13 @@ using le::Put16;
 using le::Put32;
 using le::Put64;
 static_assert(std::endian::native == std::endian::little, "kvtier assumes a little-endian host");
+
+bool AllZero(const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -49,6 +57,8 @@ Status DecodeRecordHeader(std::span<const uint8_t> in, RecordHeader* h) {
   if (Get32(p + 124) != XXH32(p, 124, 0)) return Status::Corruption("record header checksum");
   if (Get16(p + 4) != kRecordVersion) return Status::Corruption("unknown record version");
   if (p[6] > static_cast<uint8_t>(Codec::kZstd)) return Status::Corruption("unknown codec");
+  // Version 1 writes zeros there; a later format that uses them bumps the version.
+  if (!AllZero(p + 108, 16)) return Status::Corruption("record header reserved bytes set");
   h->codec = static_cast<Codec>(p[6]);
   h->kind = p[7];
   h->stored_bytes = Get32(p + 8);
@@ -102,6 +112,7 @@ Status DecodeIndexEntry(std::span<const uint8_t> in, IndexEntry* e) {
   if (p[0] != kIndexEntryVersion) return Status::Corruption("index entry version");
   if (Get32(p + 100) != XXH32(p, 100, 0)) return Status::Corruption("index entry checksum");
   if (p[1] > static_cast<uint8_t>(Codec::kZstd)) return Status::Corruption("index entry codec");
+  if (p[3] != 0) return Status::Corruption("index entry reserved byte set");
   e->codec = static_cast<Codec>(p[1]);
   e->kind = p[2];
   e->segment = Get32(p + 4);
@@ -129,11 +140,23 @@ std::string SegmentName(uint32_t id) {
 }
 
 bool ParseSegmentName(const std::string& name, uint32_t* id) {
-  unsigned v = 0;
-  char tail[8] = {};
-  if (name.size() != 16 || std::sscanf(name.c_str(), "seg-%8u.%3s", &v, tail) != 2) return false;
-  if (std::string(tail) != "kvs") return false;
-  *id = v;
+  // "seg-", 8 to 10 decimal digits, ".kvs", and no other spelling of the id: sscanf's "%8u"
+  // also took " 0000042" or "+0000042" (a second file for segment 42) and stopped at eight
+  // digits, so the 100,000,000th segment was not found again at start.
+  constexpr std::string_view kPrefix = "seg-", kSuffix = ".kvs";
+  constexpr size_t kDigitsMin = 8, kDigitsMax = 10;
+  if (name.size() < kPrefix.size() + kDigitsMin + kSuffix.size() ||
+      name.size() > kPrefix.size() + kDigitsMax + kSuffix.size()) {
+    return false;
+  }
+  if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return false;
+  uint64_t v = 0;
+  for (size_t i = kPrefix.size(); i < name.size() - kSuffix.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+    v = v * 10 + static_cast<uint64_t>(name[i] - '0');  // at most 10 digits: no overflow
+  }
+  if (v > kSegmentIdMax || name != SegmentName(static_cast<uint32_t>(v))) return false;
+  *id = static_cast<uint32_t>(v);
   return true;
 }
 

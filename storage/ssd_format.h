@@ -72,7 +72,13 @@ struct IndexEntry {
 std::string EncodeIndexEntry(const IndexEntry& e);
 Status DecodeIndexEntry(std::span<const uint8_t> in, IndexEntry* e);
 
-// Segment file name for an id: "seg-00000001.kvs"; ParseSegmentName is false for others.
+// Segment ids are 32-bit and only grow; the tier stops preparing segments after the last one
+// (docs/format/ssd.md, "Segment files").
+inline constexpr uint32_t kSegmentIdMax = UINT32_MAX;
+
+// Segment file name for an id: "seg-" and the id in decimal, zero-padded to eight digits (nine
+// or ten above 99,999,999), then ".kvs". ParseSegmentName is true exactly for the names
+// SegmentName gives (one name per id), and sets *id.
 std::string SegmentName(uint32_t id);
 bool ParseSegmentName(const std::string& name, uint32_t* id);
 

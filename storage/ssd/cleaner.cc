@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "common/logging.h"
@@ -63,6 +64,17 @@ void SsdTier::Impl::SegmentLoop() {
 void SsdTier::Impl::PrepareSegment(std::unique_lock<std::mutex>& lock) {
   // Only this thread creates segments after Open, and a roll only consumes the prepared one:
   // the next id is the active segment's + 1.
+  if (active_->id == ssd::kSegmentIdMax) {
+    // Ids do not wrap (recovery orders segments by id): the tier has written its last segment.
+    if (prepare_status_.ok()) {
+      prepare_status_ = Status::IOError("ssd segment ids exhausted (the last is " +
+                                        std::to_string(ssd::kSegmentIdMax) + ")");
+      KVTIER_LOG(kError) << prepare_status_.message()
+                         << ": no new segment; puts that need one fail (docs/format/ssd.md)";
+    }
+    room_cv_.notify_all();
+    return;
+  }
   uint32_t id = active_->id + 1;
   lock.unlock();
   std::shared_ptr<BlockDevice> dev;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "common/logging.h"
 #include "storage/ssd/tier_impl.h"
@@ -223,6 +224,12 @@ Status SsdTier::Impl::Open() {
   uint32_t durable_seg = 0;
   std::vector<std::pair<Key, IndexEntry>> found;
   if (!segments_.empty()) {
+    if (segments_.rbegin()->first == ssd::kSegmentIdMax) {
+      // Appends continue in a fresh segment, and ids do not wrap (segments are ordered by id).
+      return Status::IOError("ssd segment ids exhausted: segment " +
+                             std::to_string(ssd::kSegmentIdMax) +
+                             " exists, so no segment can follow it (docs/format/ssd.md)");
+    }
     next_id = segments_.rbegin()->first + 1;
     uint64_t durable_off = 0;
     std::string de;

@@ -129,15 +129,11 @@ Status ReadPolicyTable(const toml::table& policy, PolicySettings* out) {
   return Status::Ok();
 }
 
-}  // namespace
-
-StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
-  DaemonOptions o;
-  o.storage.ssd_capacity_bytes = 4ull << 30;
-  KVTIER_ASSIGN_OR_RETURN(toml::table root, ParseToml(text));
-  std::string durability = "batched";
-  std::string eviction_structure = "plain";
-  std::map<std::string, Setter> keys = {
+// The keys of every table but [policy] and [cluster] (read by their own functions), each
+// writing into o (durability and eviction_structure: the text, parsed after the file).
+std::map<std::string, Setter> KeyTable(DaemonOptions& o, std::string& durability,
+                                       std::string& eviction_structure) {
+  return {
       {"server.data_dir", StringKey("server.data_dir", &o.data_dir)},
       {"server.socket", StringKey("server.socket", &o.socket_path)},
       {"server.listen", StringKey("server.listen", &o.listen_address)},
@@ -261,6 +257,27 @@ StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
       {"engram.verbs_registrations_max",
        UintKey("engram.verbs_registrations_max", &o.engram.verbs_registrations_max)},
   };
+}
+
+}  // namespace
+
+std::vector<std::string> ConfigKeyNames() {
+  DaemonOptions o;
+  std::string durability, eviction_structure;
+  std::vector<std::string> names;
+  for (const auto& [name, setter] : KeyTable(o, durability, eviction_structure)) {
+    names.push_back(name);
+  }
+  return names;
+}
+
+StatusOr<DaemonOptions> ParseConfig(std::string_view text) {
+  DaemonOptions o;
+  o.storage.ssd_capacity_bytes = 4ull << 30;
+  KVTIER_ASSIGN_OR_RETURN(toml::table root, ParseToml(text));
+  std::string durability = "batched";
+  std::string eviction_structure = "plain";
+  const std::map<std::string, Setter> keys = KeyTable(o, durability, eviction_structure);
   for (const auto& [section, node] : root) {
     std::string sec(section.str());
     const toml::table* t = node.as_table();

@@ -155,6 +155,9 @@ struct DaemonOptions {
 // Unknown keys are errors, so a typo never silently changes nothing.
 StatusOr<DaemonOptions> LoadConfig(const std::string& path);
 StatusOr<DaemonOptions> ParseConfig(std::string_view toml_text);
+// "section.key" of every key ParseConfig reads outside [policy] and [cluster], sorted (the
+// shipped example's completeness is a test).
+std::vector<std::string> ConfigKeyNames();
 
 // Reads only the [policy] table of a config text (used on SIGHUP).
 struct PolicySettings {

@@ -115,10 +115,9 @@ struct SessionOptions {
   // kMaxTokensPerCall; 0 (default) = kDefaultReplayWindows * W. More than W lets every layer's
   // ring be rebuilt from queries that saw more context (docs/RESUME.md, "Fidelity").
   uint64_t replay_tokens = 0;
-  // The fastest tier a unit is put to (storage::Tier: 1 DRAM, 2 SSD). Default 2: kvtierd's
-  // store moves a DRAM unit to SSD only when DRAM evicts it, so units put to DRAM would not
-  // survive a daemon restart; put to SSD they are durable (per the daemon's durability mode)
-  // and the first GET promotes them to DRAM.
+  // The fastest tier a unit is put to (storage::Tier: 1 DRAM, 2 SSD). Default 2: put to SSD
+  // they are durable in every durability mode (a DRAM-placed put reaches SSD only on eviction
+  // or flush under `none`) and leave DRAM to what is read; the first GET promotes them.
   uint8_t unit_highest_tier = 2;
   // Units per PUT / GET call (the client also splits at the daemon's limit). Default 256.
   uint32_t max_units_per_call = 256;

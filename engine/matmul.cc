@@ -319,7 +319,9 @@ void MatMulManyWith(MatMulKernel k, ThreadPool* pool, const MatMulPart* parts, i
   if (n_parts <= 0) return;
   const int threads = pool == nullptr ? 1 : pool->threads();
   // Multiply-adds of the panels before part i (prefix) and in all; the most rows of a part.
-  std::vector<int64_t> start(n_parts + 1, 0);
+  thread_local std::vector<int64_t> start_slot;  // reused call to call; read by the workers
+  std::vector<int64_t>& start = start_slot;      // through this reference (engine/scratch.h)
+  start.assign(static_cast<size_t>(n_parts) + 1, 0);
   int max_rows = 0;
   for (int i = 0; i < n_parts; ++i) {
     const MatMulPart& p = parts[i];

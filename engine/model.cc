@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "engine/model_internal.h"
+#include "engine/scratch.h"
 #include "kernels/quant.h"
 
 namespace kvtier::engine {
@@ -439,13 +440,15 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
       next_pre(next_pre_slot, static_cast<size_t>(n) * hc);
   // Prefetch: this step's Engram rows (unless already requested) and the lookahead's are
   // requested before the first layer runs; each Engram layer waits just before it.
-  std::vector<EngramPending*> claimed;
+  thread_local std::vector<EngramPending*> claimed_slot;
+  std::vector<EngramPending*>& claimed = claimed_slot;  // BeginEngramStep assigns every element
   KVTIER_RETURN_IF_ERROR(BeginEngramStep(*st, plan, step, &claimed));
   const ThreadPool::Hold hold(pool_.get());  // no sleeping between this pass's sections
   for (int l = l_begin; l < l_end; ++l) {
     const LayerWeights& lw = layers_[l];
     if (c.IsEngramLayer(l)) {
-      EngramRowBatch rows;
+      thread_local EngramRowBatch rows_slot;  // its buffers trade places with the batch taken
+      EngramRowBatch& rows = rows_slot;
       KVTIER_RETURN_IF_ERROR(TakeEngram(l, claimed[c.EngramSlot(l)], p0, n, &rows));
       KVTIER_RETURN_IF_ERROR(ApplyEngram(l, rows, n, x));
     }
@@ -557,7 +560,8 @@ void Engine::ResetTrace() {
 
 void Engine::Head(int n, const float* x, const float* pre, float* logits) {
   const int D = config_.hidden_size;
-  std::vector<float> y(static_cast<size_t>(n) * D);
+  thread_local std::vector<float> y_slot;
+  Scratch<float> y(y_slot, static_cast<size_t>(n) * D);
   PreMix(n, x, pre, norm_w_, y.data());
   Mm(pool_.get(), y.data(), n, D, head_w_, head_pk_, config_.vocab_size, logits);
 }
@@ -572,12 +576,17 @@ Status Engine::Forward(SequenceState* st, std::span<const int32_t> tokens, bool 
   const int64_t p0 = static_cast<int64_t>(st->tokens.size());
   ResetTrace();
   st->tokens.insert(st->tokens.end(), tokens.begin(), tokens.end());
-  std::vector<Step> plan;
+  // The pass's buffers are this thread's, reused call to call (engine/scratch.h).
+  thread_local std::vector<Step> plan_slot;
+  std::vector<Step>& plan = plan_slot;
+  plan.clear();
   AppendChunks(p0, n, 0, c.num_hidden_layers, &plan);
   const int first = all_logits ? 0 : n - 1;
-  std::vector<float> out(static_cast<size_t>(n - first) * V);  // *logits only on success
+  thread_local std::vector<float> out_slot, x_slot, pre_slot;
+  Scratch<float> out(out_slot, static_cast<size_t>(n - first) * V);  // *logits only on success
   const int cmax = std::min(n, options_.prefill_chunk_tokens);
-  std::vector<float> x(static_cast<size_t>(cmax) * hc * D), pre(static_cast<size_t>(cmax) * hc);
+  Scratch<float> x(x_slot, static_cast<size_t>(cmax) * hc * D),
+      pre(pre_slot, static_cast<size_t>(cmax) * hc);
   for (size_t i = 0; i < plan.size(); ++i) {
     const int a = static_cast<int>(plan[i].p0 - p0), cn = plan[i].n;
     Embed(tokens.subspan(a, cn), x.data(), pre.data());
@@ -590,7 +599,9 @@ Status Engine::Forward(SequenceState* st, std::span<const int32_t> tokens, bool 
            out.data() + static_cast<int64_t>(lo - first) * V);
     }
   }
-  *logits = std::move(out);
+  // The filled slot becomes *logits and the caller's old buffer the slot: a caller that passes
+  // the same vector each step makes the two trade places without an allocation or a copy.
+  logits->swap(out_slot);
   return Status::Ok();
 }
 
@@ -651,7 +662,8 @@ Status Engine::ExtendCed(SequenceState* st, std::span<const int32_t> tokens,
     KVTIER_RETURN_IF_ERROR(BeginEngramStep(*st, plan, i, &claimed));
     std::vector<float> xd(xs(p0), xs(p0 + cn));
     if (c.IsEngramLayer(d)) {
-      EngramRowBatch rows;
+      thread_local EngramRowBatch rows_slot;  // its buffers trade places with the batch taken
+      EngramRowBatch& rows = rows_slot;
       KVTIER_RETURN_IF_ERROR(TakeEngram(d, claimed[c.EngramSlot(d)], p0, cn, &rows));
       KVTIER_RETURN_IF_ERROR(ApplyEngram(d, rows, cn, xd.data()));
     }

@@ -404,6 +404,12 @@ class Engine {
   // Per Engram slot: the batches requested and not yet consumed or discarded, in request
   // order (the order their Waits are made in).
   std::vector<std::deque<std::unique_ptr<EngramPending>>> engram_queue_;
+  // Batches waited and dropped, kept with their buffers for the next requests (at most
+  // kEngramFreeMax, each with at most kScratchKeepBytes of buffers), so that a steady decode
+  // step requests and takes its rows without allocating.
+  static constexpr size_t kEngramFreeMax = 16;
+  std::vector<std::unique_ptr<EngramPending>> engram_free_;
+  std::unique_ptr<EngramPending> NewEngramPending(int slot, int64_t p0, int n);
   EngineStats stats_;
   StepTrace* trace_ = nullptr;
   AttnInputCapture* capture_ = nullptr;

@@ -138,9 +138,8 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
   const bool restrict = c.layer_modes[layer] == LayerMode::kReindex &&
                         options_.use_candidate_pool && !rt->candidates.empty();
   const int bs = c.candidate_block_size;
-  rt->topk.resize(n);
-  for (auto& v : rt->topk) v.clear();
-  if (is_candidate_source) rt->candidates.assign(n, {});
+  rt->ResizeTopk(n);
+  if (is_candidate_source) rt->ResizeCandidates(n);
   std::vector<int64_t> cand_visible(trace_ != nullptr ? n : 0, 0), cand_pool(cand_visible.size());
   // Entries row t sees (nondecreasing in t).
   auto visible = [&](int64_t t) { return std::min<int64_t>((p0 + t + 1) / m, src->entries()); };
@@ -189,7 +188,7 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
     hw.resize(static_cast<size_t>(M));
     for (int i = 0; i < M; ++i) hw[i] = wts[static_cast<int64_t>(g0) * IH + i] * wscale;
     std::vector<float>& scores = rt->index_scores;
-    scores.resize(static_cast<size_t>(gn) * nv_max);
+    ResizeGeometric(scores, static_cast<size_t>(gn) * nv_max);
     const float* q = iq + static_cast<int64_t>(g0) * IH * id;
     const int64_t n_runs = static_cast<int64_t>(runs.size() / 2);
     ForRange(pool, n_runs, [&](int64_t b, int64_t e) {
@@ -267,25 +266,27 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
         }
         if (is_candidate_source) {
           const int64_t nb = (nv + bs - 1) / bs;
-          bscore.assign(nb, -INFINITY);
+          ResizeGeometric(bscore, static_cast<size_t>(nb));
+          std::fill(bscore.begin(), bscore.end(), -INFINITY);
           for (int64_t j = 0; j < nv; ++j) bscore[j / bs] = std::max(bscore[j / bs], score[j]);
           bscore[nb - 1] = INFINITY;  // the block holding the newest position is pinned
           blocks.resize(nb);
           for (int64_t i = 0; i < nb; ++i) blocks[i] = static_cast<int32_t>(i);
           TopKByScore(bscore.data(), blocks.data(), nb, c.candidate_topk_blocks, &top);
-          std::vector<uint8_t> mask(nb, 0);
+          std::vector<uint8_t>& mask = rt->candidates[t];
+          ResizeGeometric(mask, static_cast<size_t>(nb));  // a list from Refill: empty
+          std::fill(mask.begin(), mask.end(), uint8_t{0});
           int64_t pool_positions = 0;
           for (int32_t bi : top) {
             mask[bi] = 1;
             pool_positions += std::min<int64_t>(bs, nv - static_cast<int64_t>(bi) * bs);
           }
-          rt->candidates[t] = std::move(mask);
           if (trace_ != nullptr) {
             cand_visible[t] = nv;
             cand_pool[t] = pool_positions;
           }
         }
-        eligible.resize(static_cast<size_t>(nv));
+        ResizeGeometric(eligible, static_cast<size_t>(nv));
         for (int64_t j = 0; j < nv; ++j) eligible[j] = static_cast<int32_t>(j);
         TopKByScore(score, eligible.data(), nv, c.index_topk, &rt->topk[t]);
       }
@@ -400,7 +401,7 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
       for (KvSourceCache& k : st->kv) {
         if (k.layer == layer) rt->src = &k;
       }
-      if (layer != c.candidate_source_layer_id) rt->candidates.clear();
+      if (layer != c.candidate_source_layer_id) rt->ClearCandidates();
     }
     if (rt->src == nullptr || rt->src->layer != c.kv_source_of_layer[layer])
       return Status::Internal("engine: shared runtime has no kv source for this layer");
@@ -432,7 +433,7 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
     const int64_t lo = std::max<int64_t>(std::max(ring.valid_from, p - W + 1), 0);
     const std::vector<int32_t>* sel = mode != LayerMode::kSwaOnly ? &rt->topk[t] : nullptr;
     const int64_t n_sel = sel != nullptr ? static_cast<int64_t>(sel->size()) : 0;
-    keys->resize(static_cast<size_t>(n_sel + std::max<int64_t>(p - lo + 1, 0)) * hd);
+    ResizeGeometric(*keys, static_cast<size_t>(n_sel + std::max<int64_t>(p - lo + 1, 0)) * hd);
     // Selected entries (index order), a run of consecutive entries in one call.
     for (int64_t i = 0; i < n_sel;) {
       const int64_t j = (*sel)[i];
@@ -499,8 +500,15 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
     // Fewer tokens than threads (decode): the keys are gathered once per token, then the
     // threads take (token, head) pairs, one contiguous share each. A head's output is computed
     // by the same code either way, so the bits do not depend on the split.
-    std::vector<std::vector<float>> keys(n);
-    std::vector<int64_t> nk(n);
+    thread_local std::vector<std::vector<float>> keys_slot;  // reused call to call
+    thread_local std::vector<int64_t> nk_slot;
+    std::vector<std::vector<float>>& keys = keys_slot;  // the workers read them through these
+    std::vector<int64_t>& nk = nk_slot;
+    if (keys.size() < static_cast<size_t>(n)) keys.resize(n);
+    nk.resize(n);
+    ScopeExit trim([&] {
+      for (auto& k : keys) TrimScratch(k);
+    });
     for (int64_t t = 0; t < n; ++t) {
       nk[t] = gather(t, &keys[t]);
       if (nk[t] < 0) return Status::Internal("engine: global KV entries could not be dequantised");

@@ -21,7 +21,9 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
     return Status::InvalidArgument("engine: ForwardBatch needs no capture or one per state");
   const EngineConfig& c = config_;
   const int D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size, L = c.num_hidden_layers;
-  std::vector<int64_t> off(k + 1, 0), p0(k);
+  thread_local std::vector<int64_t> off_slot, p0_slot;  // reused pass to pass
+  Scratch<int64_t> off(off_slot, k + 1), p0(p0_slot, k);
+  off[0] = 0;
   for (size_t i = 0; i < k; ++i) {
     KVTIER_RETURN_IF_ERROR(CheckTokens(tokens[i]));
     if (tokens[i].size() > static_cast<size_t>(options_.prefill_chunk_tokens))
@@ -71,7 +73,9 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
   const int threads = pool_->threads();
   const bool across_sequences = threads > 1 && static_cast<int>(k) >= threads &&
                                 max_rows * threads <= total && trace_ == nullptr;
-  std::vector<Status> core_status(k);
+  thread_local std::vector<Status> core_status_slot;
+  std::vector<Status>& core_status = core_status_slot;
+  core_status.assign(k, Status::Ok());
   const ThreadPool::Hold hold(pool_.get());  // no sleeping between this pass's sections
   for (int l = 0; l < L; ++l) {
     const LayerWeights& lw = layers_[l];
@@ -79,16 +83,24 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
       // Per sequence, claimed and taken before the next sequence's rows are requested, so the
       // position-keyed Engram queue never holds two sequences' claims at once; then applied to
       // every row in one call (ApplyEngram is row by row; one pass over its weight).
-      EngramRowBatch all;
+      // The buffers are this thread's, reused pass to pass (TakeEngram trades them with the
+      // batches it takes).
+      thread_local EngramRowBatch all_slot, rows_slot;
+      thread_local std::vector<Step> one_slot;
+      thread_local std::vector<EngramPending*> claimed_slot;
+      EngramRowBatch &all = all_slot, &rows = rows_slot;
+      all.data.clear();
+      all.scales.clear();
       for (size_t i = 0; i < k; ++i) {
         const int ni = static_cast<int>(off[i + 1] - off[i]);
-        const std::vector<Step> one = {Step{p0[i], ni, l, l + 1}};
-        std::vector<EngramPending*> claimed;
+        std::vector<Step>& one = one_slot;
+        one.assign(1, Step{p0[i], ni, l, l + 1});
+        std::vector<EngramPending*>& claimed = claimed_slot;
         KVTIER_RETURN_IF_ERROR(BeginEngramStep(*states[i], one, 0, &claimed));
-        EngramRowBatch rows;
         KVTIER_RETURN_IF_ERROR(TakeEngram(l, claimed[c.EngramSlot(l)], p0[i], ni, &rows));
         if (k == 1) {
-          all = std::move(rows);
+          all.data.swap(rows.data);
+          all.scales.swap(rows.scales);
         } else {
           all.data.insert(all.data.end(), rows.data.begin(), rows.data.end());
           all.scales.insert(all.scales.end(), rows.scales.begin(), rows.scales.end());
@@ -152,7 +164,8 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
     return Status::Ok();
   }
   // The head over each sequence's last row only.
-  std::vector<float> xl(k * hc * D), pl(k * hc), out(k * V);
+  thread_local std::vector<float> xl_slot, pl_slot, out_slot;
+  Scratch<float> xl(xl_slot, k * hc * D), pl(pl_slot, k * hc), out(out_slot, k * V);
   for (size_t i = 0; i < k; ++i) {
     const int64_t r = off[i + 1] - 1;
     std::memcpy(xl.data() + i * hc * D, x.data() + r * hc * D, static_cast<size_t>(hc) * D * 4);

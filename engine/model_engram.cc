@@ -30,8 +30,11 @@ Status Engine::EngramRowIds(int slot, std::span<const int32_t> toks, int64_t tok
   const int64_t start = std::max<int64_t>(0, p0 - (config_.engram_max_ngram_size - 1));
   if (start < toks_p0 || p0 + n > toks_p0 + static_cast<int64_t>(toks.size()))
     return Status::Internal("engine: engram rows without their n-gram history");
-  std::vector<int64_t> t(toks.begin() + (start - toks_p0), toks.begin() + (p0 + n - toks_p0));
-  return engram_hash_->RowIds(slot, t, static_cast<size_t>(p0 - start), rows);
+  thread_local std::vector<int64_t> t;  // the tokens as int64, reused call to call
+  t.assign(toks.begin() + (start - toks_p0), toks.begin() + (p0 + n - toks_p0));
+  Status s = engram_hash_->RowIds(slot, t, static_cast<size_t>(p0 - start), rows);
+  TrimScratch(t);
+  return s;
 }
 
 void Engine::WaitEngram(EngramPending* e) {
@@ -54,11 +57,32 @@ void Engine::DiscardEngram(EngramPending* e) {
 }
 
 void Engine::ReapEngram(int slot) {
+  // Waited and dropped batches leave the queue (in order) for the free list, or are freed.
   auto& q = engram_queue_[slot];
-  q.erase(std::remove_if(
-              q.begin(), q.end(),
-              [](const std::unique_ptr<EngramPending>& e) { return e->discarded && e->waited; }),
-          q.end());
+  size_t kept = 0;
+  for (size_t i = 0; i < q.size(); ++i) {
+    if (!(q[i]->discarded && q[i]->waited)) {
+      if (kept != i) q[kept] = std::move(q[i]);
+      ++kept;
+    } else if (engram_free_.size() < kEngramFreeMax && q[i]->BufferBytes() <= kScratchKeepBytes) {
+      engram_free_.push_back(std::move(q[i]));
+    } else {
+      q[i].reset();
+    }
+  }
+  q.resize(kept);
+}
+
+std::unique_ptr<Engine::EngramPending> Engine::NewEngramPending(int slot, int64_t p0, int n) {
+  std::unique_ptr<EngramPending> e;
+  if (engram_free_.empty()) {
+    e = std::make_unique<EngramPending>();
+  } else {
+    e = std::move(engram_free_.back());
+    engram_free_.pop_back();
+  }
+  e->Reset(slot, p0, n);
+  return e;
 }
 
 Status Engine::RequestEngram(std::unique_ptr<EngramPending> e, bool own, EngramPending** out) {
@@ -118,7 +142,8 @@ Status Engine::EnsureEngram(const Step& s, std::span<const int32_t> toks, int64_
   for (int l = s.l_begin; l < s.l_end; ++l) {
     if (!c.IsEngramLayer(l)) continue;
     const int slot = c.EngramSlot(l);
-    std::vector<int64_t> ids;
+    thread_local std::vector<int64_t> ids_slot;  // copied into a new batch's row_ids
+    std::vector<int64_t>& ids = ids_slot;
     KVTIER_RETURN_IF_ERROR(EngramRowIds(slot, toks, toks_p0, s.p0, s.n, &ids));
     EngramPending* match = nullptr;
     for (auto& e : engram_queue_[slot]) {
@@ -136,12 +161,8 @@ Status Engine::EnsureEngram(const Step& s, std::span<const int32_t> toks, int64_
       if (own && (covers || e->end() <= s_end) && !planned(*e)) DiscardEngram(e.get());
     }
     if (match == nullptr) {
-      auto e = std::make_unique<EngramPending>();
-      e->slot = slot;
-      e->p0 = s.p0;
-      e->n = s.n;
-      e->batch.slot = slot;
-      e->batch.row_ids = std::move(ids);
+      auto e = NewEngramPending(slot, s.p0, s.n);
+      e->batch.row_ids.assign(ids.begin(), ids.end());
       Status r = RequestEngram(std::move(e), own, &match);
       if (!r.ok()) {
         return own ? r.WithContext("engram layer " + std::to_string(l) + " (slot " +
@@ -194,11 +215,7 @@ Status Engine::TakeEngram(int layer, EngramPending* e, int64_t p0, int n, Engram
     // fetcher's retries ran out): ask once more now, as this step's own read.
     ++stats_.engram_prefetches_failed;
     DiscardEngram(e);
-    auto again = std::make_unique<EngramPending>();
-    again->slot = slot;
-    again->p0 = p0;
-    again->n = n;
-    again->batch.slot = slot;
+    auto again = NewEngramPending(slot, p0, n);
     const size_t off = static_cast<size_t>(p0 - e->p0) * C;
     again->batch.row_ids.assign(e->batch.row_ids.begin() + off,
                                 e->batch.row_ids.begin() + off + static_cast<size_t>(n) * C);
@@ -221,9 +238,9 @@ Status Engine::TakeEngram(int layer, EngramPending* e, int64_t p0, int n, Engram
   e->used = true;
   e->claim_end = -1;
   const bool whole = e->p0 == p0 && e->n == n;
-  if (whole) {
-    out->data = std::move(e->batch.data);
-    out->scales = std::move(e->batch.scales);
+  if (whole) {  // out's old buffers go to e, which is reused for a later request
+    out->data.swap(e->batch.data);
+    out->scales.swap(e->batch.scales);
   } else {
     const size_t off = static_cast<size_t>(p0 - e->p0) * C;
     out->data.assign(e->batch.data.begin() + off * ed, e->batch.data.begin() + (off + rows) * ed);

@@ -90,11 +90,38 @@ struct Engine::Runtime {
   // reuse one Runtime; a scratch that grew past kScratchKeepBytes is released).
   void Reset() {
     src = nullptr;
-    topk.clear();
-    candidates.clear();
+    ClearTopk();
+    ClearCandidates();
     TrimScratch(index_scores);
     TrimScratch(index_head_weights);
     TrimScratch(index_runs);
+  }
+  // topk and candidates as n empty lists. Their lists' buffers are kept in spares between
+  // uses (a decode step would otherwise allocate them anew in every indexed layer).
+  void ResizeTopk(size_t n) { Refill(topk, spare_topk, n); }
+  void ResizeCandidates(size_t n) { Refill(candidates, spare_candidates, n); }
+  void ClearTopk() { Refill(topk, spare_topk, 0); }
+  void ClearCandidates() { Refill(candidates, spare_candidates, 0); }
+
+ private:
+  std::vector<std::vector<int32_t>> spare_topk;
+  std::vector<std::vector<uint8_t>> spare_candidates;
+
+  template <typename T>
+  static void Refill(std::vector<std::vector<T>>& lists, std::vector<std::vector<T>>& spare,
+                     size_t n) {
+    for (auto& v : lists) {
+      v.clear();
+      if (v.capacity() * sizeof(T) <= kScratchKeepBytes) spare.push_back(std::move(v));
+    }
+    lists.clear();
+    lists.resize(n);
+    // The last list given back is the last taken: a pass of the same n gives each row the
+    // buffer it had, sized for it.
+    for (size_t i = n; i-- > 0 && !spare.empty();) {
+      lists[i] = std::move(spare.back());
+      spare.pop_back();
+    }
   }
 };
 
@@ -111,5 +138,25 @@ struct Engine::EngramPending {
   bool used = false;       // served a step
   int64_t claim_end = -1;  // end of the running step that claimed it; -1: none
   int64_t end() const { return p0 + n; }
+
+  // As a new one for (slot, p0, n), keeping the batch's buffers' capacity (Engine reuses
+  // waited and dropped batches: engram_free_).
+  void Reset(int slot_in, int64_t p0_in, int n_in) {
+    slot = slot_in;
+    p0 = p0_in;
+    n = n_in;
+    batch.slot = slot_in;
+    batch.row_ids.clear();
+    batch.data.clear();
+    batch.scales.clear();
+    batch.stalled = false;
+    prefetch = waited = discarded = used = false;
+    status = Status::Ok();
+    claim_end = -1;
+  }
+  size_t BufferBytes() const {
+    return batch.row_ids.capacity() * sizeof(int64_t) + batch.data.capacity() +
+           batch.scales.capacity();
+  }
 };
 }  // namespace kvtier::engine

@@ -45,12 +45,6 @@ void GatherExpertRowsInto(int32_t e, int64_t n_slots, int K, int D, const int32_
     g->weight[r] = weight[g->slots[r]];
   }
 }
-ExpertRows GatherExpertRows(int32_t e, int64_t n_slots, int K, int D, const int32_t* chosen,
-                            const float* weight, const float* xn) {
-  ExpertRows g;
-  GatherExpertRowsInto(e, n_slots, K, D, chosen, weight, xn, &g);
-  return g;
-}
 
 // Row r of y (the expert's outputs) to slot r's place in `routed` ([n * K x D]).
 void ScatterExpertRows(const ExpertRows& g, int D, const float* y, float* routed) {
@@ -125,20 +119,52 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
     // Few tokens (decode): few experts are active, so the threads split the products instead:
     // every active expert's and the shared expert's gate and up products in one call, their
     // down products in another (MmMany; each output as its own MatMul computes it).
-    std::vector<int32_t> active;
-    std::vector<ExpertRows> groups;
+    // This thread's buffers, reused call to call: one group (and its products) per active
+    // expert, the first A of each list in use.
+    struct DecodeScratch {
+      std::vector<int32_t> active;
+      std::vector<ExpertRows> groups;
+      std::vector<std::vector<float>> g, u, yg;
+      std::vector<float> gs, us;
+      std::vector<MatMulPart> up, down;
+    };
+    thread_local DecodeScratch scratch;
+    DecodeScratch& s = scratch;
+    ScopeExit trim([&] {
+      for (ExpertRows& grp : s.groups) {
+        TrimScratch(grp.slots);
+        TrimScratch(grp.x);
+        TrimScratch(grp.weight);
+      }
+      for (auto* list : {&s.g, &s.u, &s.yg}) {
+        for (auto& v : *list) TrimScratch(v);
+      }
+      TrimScratch(s.gs);
+      TrimScratch(s.us);
+    });
+    std::vector<int32_t>& active = s.active;
+    std::vector<ExpertRows>& groups = s.groups;
+    active.clear();
+    if (groups.size() < static_cast<size_t>(E)) groups.resize(E);
     for (int32_t e = 0; e < E; ++e) {
-      ExpertRows grp =
-          GatherExpertRows(e, static_cast<int64_t>(n) * K, K, D, chosen.data(), weight.data(), xn);
+      ExpertRows& grp = groups[active.size()];
+      GatherExpertRowsInto(e, static_cast<int64_t>(n) * K, K, D, chosen.data(), weight.data(), xn,
+                           &grp);
       if (grp.slots.empty()) continue;
       active.push_back(e);
-      groups.push_back(std::move(grp));
     }
     const int A = static_cast<int>(active.size()), Is = I * c.n_shared_experts;
     const bool has_shared = lw.s_w1 != nullptr;
-    std::vector<std::vector<float>> g(A), u(A), yg(A);
-    std::vector<float> gs(has_shared ? static_cast<size_t>(n) * Is : 0), us(gs.size());
-    std::vector<MatMulPart> up, down;
+    std::vector<std::vector<float>>&g = s.g, &u = s.u, &yg = s.yg;
+    for (auto* list : {&g, &u, &yg}) {
+      if (list->size() < static_cast<size_t>(A)) list->resize(A);
+    }
+    std::vector<float>&gs = s.gs, &us = s.us;
+    gs.resize(has_shared ? static_cast<size_t>(n) * Is : 0);
+    us.resize(gs.size());
+    std::vector<MatMulPart>&up = s.up, &down = s.down;
+    up.clear();
+    down.clear();
     for (int a = 0; a < A; ++a) {
       const int rows = groups[a].rows(), e = active[a];
       g[a].resize(static_cast<size_t>(rows) * I);

@@ -150,8 +150,9 @@ void MatMulMany(ThreadPool* pool, const MatMulPart* parts, int n_parts) {
     return;
   }
   const MatMulKernel k = ActiveMatMulKernel();
-  std::vector<MatMulPart> cpu;
-  cpu.reserve(n_parts);
+  thread_local std::vector<MatMulPart> cpu_slot;  // reused call to call (a decode step's)
+  std::vector<MatMulPart>& cpu = cpu_slot;
+  cpu.clear();
   std::vector<std::shared_ptr<const PackedMatrix>> found;  // registered copies, held for the call
   std::vector<std::unique_ptr<PackedMatrix>> own;          // unregistered W: packed for this call
   for (int i = 0; i < n_parts; ++i) {

@@ -60,6 +60,16 @@ void TrimScratch(std::vector<T>& slot) {
   if (slot.capacity() * sizeof(T) > kScratchKeepBytes) std::vector<T>().swap(slot);
 }
 
+// Resizes v to n elements (new ones value-initialised), growing its capacity at least
+// geometrically. resize() grows from the current size and assign() to exactly n, so a buffer
+// that callers size alternately smaller and larger, or clear and refill, one element longer
+// each time (a sequence's visible entries), would otherwise go to the allocator at every step.
+template <typename T>
+void ResizeGeometric(std::vector<T>& v, size_t n) {
+  if (v.capacity() < n) v.reserve(std::max(n, 2 * v.capacity()));
+  v.resize(n);
+}
+
 // Runs f when the scope ends (every return path): for trimming thread_local buffers that a
 // function grows piece by piece.
 //

@@ -14,6 +14,8 @@ namespace {
 // RoundTrip quantises through a temporary buffer of at most this many elements at a time
 // (whole rows; a single row larger than this is processed alone).
 constexpr size_t kRoundTripChunkElemsMax = size_t{1} << 20;
+// RoundTrip's per-thread buffers are released after a call that grew them past this.
+constexpr size_t kRoundTripKeepBytes = size_t{64} << 10;
 
 bool KnownFormat(QuantFormat fmt) {
   return fmt == QuantFormat::kFp4E4M3x16 || fmt == QuantFormat::kFp4Ue8m0x32 ||
@@ -166,15 +168,24 @@ Status RoundTrip(QuantFormat fmt, float* x, size_t rows, size_t n, Backend backe
   if (Resolve(backend) == Backend::kCuda) KVTIER_RETURN_IF_ERROR(CudaUnavailable());
   const size_t chunk_rows = std::max<size_t>(1, kRoundTripChunkElemsMax / n);
   const size_t buffer_rows = std::min(rows, chunk_rows);
-  std::vector<uint8_t> data(buffer_rows * DataBytes(fmt, n));
-  std::vector<uint8_t> scales(buffer_rows * ScaleBytes(fmt, n));
-  for (size_t row = 0; row < rows; row += buffer_rows) {
+  // The coded bytes go through this thread's buffers, kept call to call (the engine rounds
+  // the indexer's queries of every layer on every pass) unless they grew past
+  // kRoundTripKeepBytes (rounding a weight matrix at load).
+  thread_local std::vector<uint8_t> data, scales;
+  data.resize(buffer_rows * DataBytes(fmt, n));
+  scales.resize(buffer_rows * ScaleBytes(fmt, n));
+  Status st;
+  for (size_t row = 0; row < rows && st.ok(); row += buffer_rows) {
     const size_t count = std::min(buffer_rows, rows - row);
     float* chunk = x + row * n;
-    KVTIER_RETURN_IF_ERROR(Quantize(fmt, chunk, count, n, data.data(), scales.data(), backend));
-    KVTIER_RETURN_IF_ERROR(Dequantize(fmt, data.data(), scales.data(), count, n, chunk, backend));
+    st = Quantize(fmt, chunk, count, n, data.data(), scales.data(), backend);
+    if (st.ok()) st = Dequantize(fmt, data.data(), scales.data(), count, n, chunk, backend);
   }
-  return Status::Ok();
+  if (data.capacity() + scales.capacity() > kRoundTripKeepBytes) {
+    std::vector<uint8_t>().swap(data);
+    std::vector<uint8_t>().swap(scales);
+  }
+  return st;
 }
 
 bool BackendAvailable(Backend backend) {

@@ -41,6 +41,11 @@ void* Allocate(std::size_t n, std::size_t align) {
 
 }  // namespace
 
+// The replacements pair with each other: every pointer they hand out comes from malloc or
+// posix_memalign, so free releases it (GCC's -Wmismatched-new-delete cannot see that).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
 void* operator new(std::size_t n) { return Allocate(n, 0); }
 void* operator new[](std::size_t n) { return Allocate(n, 0); }
 void* operator new(std::size_t n, std::align_val_t a) {

@@ -451,6 +451,7 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
       EngramRowBatch& rows = rows_slot;
       KVTIER_RETURN_IF_ERROR(TakeEngram(l, claimed[c.EngramSlot(l)], p0, n, &rows));
       KVTIER_RETURN_IF_ERROR(ApplyEngram(l, rows, n, x));
+      TrimEngramRows(rows);
     }
     for (int s = 0; s < 2; ++s) {
       PreMix(n, x, pre, s == 0 ? lw.attn_norm : lw.ffn_norm, xn.data());
@@ -666,6 +667,7 @@ Status Engine::ExtendCed(SequenceState* st, std::span<const int32_t> tokens,
       EngramRowBatch& rows = rows_slot;
       KVTIER_RETURN_IF_ERROR(TakeEngram(d, claimed[c.EngramSlot(d)], p0, cn, &rows));
       KVTIER_RETURN_IF_ERROR(ApplyEngram(d, rows, cn, xd.data()));
+      TrimEngramRows(rows);
     }
     std::vector<float> xa(static_cast<size_t>(cn) * D);
     PreMix(cn, xd.data(), pres(p0), layers_[d].attn_norm, xa.data());

@@ -107,6 +107,8 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
         }
       }
       KVTIER_RETURN_IF_ERROR(ApplyEngram(l, all, n, x.data()));
+      TrimEngramRows(all);
+      TrimEngramRows(rows);
     }
     for (int s = 0; s < 2; ++s) {
       PreMix(n, x.data(), pre.data(), s == 0 ? lw.attn_norm : lw.ffn_norm, xn.data());

@@ -125,6 +125,14 @@ struct Engine::Runtime {
   }
 };
 
+// For a thread's EngramRowBatch kept across passes: releases buffers a long prefill chunk grew
+// past kScratchKeepBytes.
+inline void TrimEngramRows(EngramRowBatch& b) {
+  TrimScratch(b.row_ids);
+  TrimScratch(b.data);
+  TrimScratch(b.scales);
+}
+
 // One batch of Engram rows the engine requested (own step or prefetch) and still holds.
 struct Engine::EngramPending {
   int slot = 0;

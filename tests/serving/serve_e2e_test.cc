@@ -618,23 +618,31 @@ TEST_F(ServeTest, LiveMetricsArePromtoolClean) {
 
 // Admission is round robin across tenants: with one sequence at a time and five of alice's
 // requests queued, bob's request is admitted right after alice's next one, not after all five.
+// Alice's first request runs long (4,000 tokens) so that the other five and bob's are all
+// queued behind it however slowly their threads start (with six requests of 200 tokens
+// started together, a loaded machine could finish the first before the sixth was queued).
 TEST_F(ServeTest, AdmissionIsRoundRobinAcrossTenants) {
   StartServer({"--active-sequences-max", "1", "--idle-sequences-max", "0"});
   std::mutex mu;
   std::vector<std::string> order;
-  auto run = [&](const std::string& who, const std::string& key, int i) {
-    HttpReply r = Post("/v1/completions", Completion(Text(20, 200 + i), 200), key);
+  auto run = [&](const std::string& who, const std::string& key, int i, int max_tokens) {
+    HttpReply r = Post("/v1/completions", Completion(Text(20, 200 + i), max_tokens), key);
     EXPECT_EQ(r.status, 200) << r.body;
     std::lock_guard l(mu);
     order.push_back(who);
   };
+  auto wait_for = [&](const char* metric, double value) {
+    for (int i = 0; i < 1000 && Metric(Metrics(), metric) != value; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return Metric(Metrics(), metric);
+  };
   std::vector<std::thread> threads;
-  for (int i = 0; i < 6; ++i) threads.emplace_back(run, "alice", kAlice, i);
-  // Wait until one of alice's runs and five wait.
-  for (int i = 0; i < 400 && Metric(Metrics(), "kvtier_serve_queue_depth") < 5; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_EQ(Metric(Metrics(), "kvtier_serve_queue_depth"), 5);
-  threads.emplace_back(run, "bob", kBob, 9);
+  threads.emplace_back(run, "alice", kAlice, 0, 4000);
+  ASSERT_EQ(wait_for("kvtier_serve_active_sequences", 1), 1);
+  for (int i = 1; i < 6; ++i) threads.emplace_back(run, "alice", kAlice, i, 20);
+  ASSERT_EQ(wait_for("kvtier_serve_queue_depth", 5), 5);
+  threads.emplace_back(run, "bob", kBob, 9, 20);
+  ASSERT_EQ(wait_for("kvtier_serve_queue_depth", 6), 6) << "alice's first request ended first";
   for (auto& t : threads) t.join();
   ASSERT_EQ(order.size(), 7u);
   const auto bob = std::find(order.begin(), order.end(), "bob") - order.begin();

@@ -47,8 +47,11 @@ uint64_t GetLe(const uint8_t* p, int bytes) {
 }
 
 constexpr uint8_t kHotMagic[4] = {'K', 'V', 'H', 'S'};
-constexpr uint16_t kHotVersion = 2;     // 1: no tail field (still decoded)
-constexpr size_t kHotHeaderBytes = 12;  // magic, version, reserved, logits_count
+constexpr uint8_t kHotIndexMagic[4] = {'K', 'V', 'H', 'I'};
+constexpr uint16_t kHotIndexVersion = 1;
+constexpr size_t kHotIndexHeaderBytes = 8;  // magic, version, count
+constexpr uint16_t kHotVersion = 2;         // 1: no tail field (still decoded)
+constexpr size_t kHotHeaderBytes = 12;      // magic, version, reserved, logits_count
 // Largest vocabulary a hot state may carry (sanity bound for decoding).
 constexpr uint32_t kHotLogitsLimit = 1u << 24;
 
@@ -94,6 +97,45 @@ Digest HotTailKey(const Digest& last_chain_key, std::span<const int32_t> tail) {
   for (int32_t t : tail) PutU32(&ids, static_cast<uint32_t>(t));
   AppendField(&pre, KeyField::kTokens, ids);
   return Sha256(pre);
+}
+
+Digest HotStateIndexKey(const Digest& last_chain_key) {
+  std::vector<uint8_t> pre;
+  AppendField(&pre, KeyField::kDomainTag, Bytes(kHotStateIndexKeyDomainTag));
+  AppendField(&pre, KeyField::kDigest, last_chain_key);
+  return Sha256(pre);
+}
+
+std::vector<uint8_t> EncodeHotStateIndex(std::span<const HotStateIndexEntry> entries) {
+  std::vector<uint8_t> out(kHotIndexMagic, kHotIndexMagic + 4);
+  PutU16(&out, kHotIndexVersion);
+  PutU16(&out, static_cast<uint16_t>(entries.size()));
+  for (const HotStateIndexEntry& e : entries) {
+    PutU16(&out, static_cast<uint16_t>(e.tail));
+    out.insert(out.end(), e.key.begin(), e.key.end());
+  }
+  return out;
+}
+
+StatusOr<std::vector<HotStateIndexEntry>> DecodeHotStateIndex(std::span<const uint8_t> b,
+                                                              uint32_t unit_tokens) {
+  constexpr size_t kEntryBytes = 2 + sizeof(Digest);
+  if (b.size() < kHotIndexHeaderBytes || std::memcmp(b.data(), kHotIndexMagic, 4) != 0)
+    return Status::Corruption("hot state index: bad magic or too short");
+  if (GetLe(b.data() + 4, 2) != kHotIndexVersion)
+    return Status::Corruption("hot state index: version");
+  const size_t count = GetLe(b.data() + 6, 2);
+  if (count > kHotStateIndexEntriesMax || b.size() != kHotIndexHeaderBytes + count * kEntryBytes)
+    return Status::Corruption("hot state index: entry count or size");
+  std::vector<HotStateIndexEntry> entries(count);
+  for (size_t i = 0; i < count; ++i) {
+    const uint8_t* p = b.data() + kHotIndexHeaderBytes + i * kEntryBytes;
+    entries[i].tail = static_cast<uint32_t>(GetLe(p, 2));
+    if (entries[i].tail >= unit_tokens)
+      return Status::Corruption("hot state index: tail past a page");
+    std::memcpy(entries[i].key.data(), p + 2, sizeof(Digest));
+  }
+  return entries;
 }
 
 std::vector<Digest> SessionChainKeys(const Digest& fingerprint, std::span<const int32_t> tokens,
@@ -351,18 +393,46 @@ Status SessionStore::Save(const SequenceState& state, std::span<const float> las
     ho.highest_tier = 1;  // DRAM
     ho.ttl_ms = options_.hot_state_ttl_ms;
     ho.turn = po.turn;
-    daemon::PutUnit u;
-    u.key = tail == 0 ? SwaBlobKey(cursor->chain[pages - 1])
-                      : HotTailKey(cursor->chain[pages - 1],
-                                   std::span<const int32_t>(state.tokens).subspan(pages * P));
-    u.value = hot;
+    const Digest& page = cursor->chain[pages - 1];
+    // The page's index gets this state first, before the others already listed (read first; an
+    // index that is missing or unreadable starts empty).
+    const Digest key =
+        tail == 0 ? SwaBlobKey(page)
+                  : HotTailKey(page, std::span<const int32_t>(state.tokens).subspan(pages * P));
+    std::vector<HotStateIndexEntry> entries = {{static_cast<uint32_t>(tail), key}};
+    {
+      const daemon::wire::Key ik = HotStateIndexKey(page);
+      std::vector<uint8_t> bytes;
+      const Status gs = client_->Get(std::span<const daemon::wire::Key>(&ik, 1), ho.turn,
+                                     [&](size_t, const daemon::GetItem& item) {
+                                       if (item.status.ok())
+                                         bytes.assign(item.value.begin(), item.value.end());
+                                     });
+      if (gs.ok() && !bytes.empty()) {
+        if (auto old = DecodeHotStateIndex(bytes, P); old.ok()) {
+          for (const HotStateIndexEntry& e : *old) {
+            if (e.key != key && entries.size() < kHotStateIndexEntriesMax) entries.push_back(e);
+          }
+        }
+      }
+    }
+    const std::vector<uint8_t> index = EncodeHotStateIndex(entries);
+    daemon::PutUnit u[2];  // values are views
+    u[0].key = key;
+    u[0].value = hot;
+    u[1].key = HotStateIndexKey(page);
+    u[1].value = index;
     KVTIER_ASSIGN_OR_RETURN(std::vector<Status> put,
-                            client_->Put(std::span<const daemon::PutUnit>(&u, 1), ho));
-    if (!put.empty() && put[0].ok()) {
+                            client_->Put(std::span<const daemon::PutUnit>(u, 2), ho));
+    if (put.size() == 2 && put[0].ok() && put[1].ok()) {
       ++stats_.hot_states_put;
       stats_.hot_state_bytes_put += hot.size();
-    } else if (!put.empty()) {
-      KVTIER_LOG(kWarn) << "session: hot state not stored: " << put[0].ToString();
+    } else {
+      for (const Status& p : put) {
+        if (!p.ok()) {
+          KVTIER_LOG(kWarn) << "session: hot state not stored: " << p.ToString();
+        }
+      }
     }
   }
   return Status::Ok();
@@ -429,24 +499,54 @@ bool SessionStore::RestoreHotState(std::span<const int32_t> tokens,
   const int64_t P = options_.unit_tokens;
   const int64_t at = r->units_used * P;  // the state's end: the used units
   const int64_t tail_max = std::min<int64_t>(P - 1, static_cast<int64_t>(tokens.size()) - at);
-  // Key j: the hot state ending j tokens past the used units (j = 0: at the boundary).
+  const Digest& page = chain[r->units_used - 1];
+  // The page's index: which hot states were kept past it (none: nothing to ask for).
+  std::vector<uint8_t> index;
+  const daemon::wire::Key ik = HotStateIndexKey(page);
+  Status gs = client_->Get(std::span<const daemon::wire::Key>(&ik, 1), r->turn,
+                           [&](size_t, const daemon::GetItem& item) {
+                             if (item.status.ok())
+                               index.assign(item.value.begin(), item.value.end());
+                           });
+  if (!gs.ok()) {
+    KVTIER_LOG(kWarn) << "session: hot state index GET failed: " << gs.ToString();
+    return false;
+  }
+  if (index.empty()) return false;
+  auto listed = DecodeHotStateIndex(index, static_cast<uint32_t>(P));
+  if (!listed.ok()) {
+    KVTIER_LOG(kWarn) << "session: hot state index unusable: " << listed.status().ToString();
+    return false;
+  }
+  // Of those, the ones this prompt continues with: tails[i] tokens past the page under keys[i]
+  // (0: at the boundary), in increasing length.
+  std::sort(
+      listed->begin(), listed->end(),
+      [](const HotStateIndexEntry& a, const HotStateIndexEntry& b) { return a.tail < b.tail; });
+  std::vector<int64_t> tails;
   std::vector<daemon::wire::Key> keys;
-  keys.push_back(SwaBlobKey(chain[r->units_used - 1]));
-  for (int64_t j = 1; j <= tail_max; ++j)
-    keys.push_back(HotTailKey(chain[r->units_used - 1], tokens.subspan(at, j)));
+  for (const HotStateIndexEntry& e : *listed) {
+    const int64_t j = e.tail;
+    if (j > tail_max) continue;
+    if (e.key != (j == 0 ? SwaBlobKey(page) : HotTailKey(page, tokens.subspan(at, j)))) continue;
+    tails.push_back(j);
+    keys.push_back(e.key);
+  }
+  if (keys.empty()) return false;
   std::vector<std::vector<uint8_t>> found(keys.size());
-  Status gs = client_->Get(keys, r->turn, [&](size_t j, const daemon::GetItem& item) {
-    if (item.status.ok() && j < found.size()) found[j].assign(item.value.begin(), item.value.end());
+  gs = client_->Get(keys, r->turn, [&](size_t i, const daemon::GetItem& item) {
+    if (item.status.ok() && i < found.size()) found[i].assign(item.value.begin(), item.value.end());
   });
   if (!gs.ok()) {
     KVTIER_LOG(kWarn) << "session: hot state GET failed: " << gs.ToString();
     return false;
   }
   const uint64_t vocab = static_cast<uint64_t>(engine_->config().vocab_size);
-  for (int64_t j = tail_max; j >= 0; --j) {  // the longest first
+  for (size_t i = keys.size(); i-- > 0;) {  // the longest first
+    const int64_t j = tails[i];
     // Checked before the import changes the state: a blob of another vocabulary is skipped.
-    if (found[j].size() < 12 || GetLe(found[j].data() + 8, 4) != vocab) continue;
-    auto logits = DecodeHotState(found[j], state, tokens.subspan(at, j));
+    if (found[i].size() < 12 || GetLe(found[i].data() + 8, 4) != vocab) continue;
+    auto logits = DecodeHotState(found[i], state, tokens.subspan(at, j));
     if (logits.ok()) {
       *last_logits = std::move(*logits);
       r->hot_state_restored = true;

@@ -10,12 +10,17 @@
 // (state_io.h ExportTail) under HotTailKey(last chain key, the r token ids). A resume within
 // the TTL then needs no replay and restores the session bit for bit.
 //
+// Each hot-state PUT also records its tail length in the page's index (HotStateIndexKey: read,
+// the bit set, PUT beside the blob; two savers racing on one page may lose a bit, which costs
+// that tail a replay, never a wrong restore).
+//
 // Resume: LOOKUP the chain of the tokens, GET the hit units (shared memory over the Unix
 // socket), ImportUnit each (verifying checksum, fingerprint and key); a unit that is missing
-// or fails verification ends the usable hit there. Then the hot states that could continue the
-// used units are probed in one GET (the page-aligned key and HotTailKey of each 1..P-1 next
-// prompt tokens) and the longest one found is imported (exact restore, the tail's tokens count
-// as restored), or the SWA rings are rebuilt by bounded replay
+// or fails verification ends the usable hit there. Then the page's hot-state index is read and
+// the hot states it lists that could continue the used units (the page-aligned key, and
+// HotTailKey of the next j prompt tokens for each listed j) are asked for in one GET; the
+// longest one found is imported (exact restore, the tail's tokens count as restored), or the
+// SWA rings are rebuilt by bounded replay
 // (Engine::ReplayTail: replay_start = hit - min(R, hit), R = replay_tokens >= W); the uncached
 // suffix is prefilled with the full forward in chunks. A guard compares the estimated cost of
 // that path (measured fetch seconds per unit per tier, measured forward seconds per token)
@@ -48,6 +53,8 @@ inline constexpr std::string_view kByteTokenizerId = "kvtier.byte-tokenizer.v1";
 inline constexpr std::string_view kSwaKeyDomainTag = "kvtier.swa";
 // Domain tag of the key of a hot state that ends mid-page (HotTailKey).
 inline constexpr std::string_view kHotTailKeyDomainTag = "kvtier.swa.tail";
+// Domain tag of the key of a page's hot-state index (HotStateIndexKey).
+inline constexpr std::string_view kHotStateIndexKeyDomainTag = "kvtier.swa.index";
 // Upper bound on the tokens of one session this module saves or resumes (sanity limit).
 inline constexpr size_t kMaxSessionTokens = size_t{1} << 22;
 // Tokens per forward call when prefilling an uncached suffix (bounds activation memory).
@@ -64,6 +71,29 @@ Digest SwaBlobKey(const Digest& last_chain_key);
 // SHA256(F(0x01,"kvtier.swa.tail"), F(0x03,last_chain_key), F(0x04,tail)): where the hot state
 // of a sequence that ends `tail` (1..unit_tokens-1 ids) past the unit `last_chain_key` is kept.
 Digest HotTailKey(const Digest& last_chain_key, std::span<const int32_t> tail);
+// SHA256(F(0x01,"kvtier.swa.index"), F(0x03,last_chain_key)): the index of the hot states kept
+// past the unit `last_chain_key`, so that a resume asks only for keys that were written (a GET
+// of a key never written is a miss in kvtierd's counters; asking for every tail length the
+// prompt allowed made up to 63 such misses per resume).
+Digest HotStateIndexKey(const Digest& last_chain_key);
+
+// One hot state kept past a page: its tail length (0: at the boundary) and its key
+// (SwaBlobKey or HotTailKey).
+struct HotStateIndexEntry {
+  uint32_t tail = 0;
+  Digest key{};
+  bool operator==(const HotStateIndexEntry&) const = default;
+};
+// The most recent entries an index keeps (branches of one page beyond it are forgotten, oldest
+// first: their resumes replay).
+inline constexpr size_t kHotStateIndexEntriesMax = 16;
+// A page's hot-state index, the most recent entry first, framed as
+//   "KVHI" u16 version(1) u16 count  count x (u16 tail, 32-byte key)
+// Decode: Corruption for damaged bytes, more than kHotStateIndexEntriesMax entries or a tail
+// of unit_tokens or more.
+std::vector<uint8_t> EncodeHotStateIndex(std::span<const HotStateIndexEntry> entries);
+StatusOr<std::vector<HotStateIndexEntry>> DecodeHotStateIndex(std::span<const uint8_t> bytes,
+                                                              uint32_t unit_tokens);
 
 // Hot state: the SWA rings blob (ExportSwaRings) plus the last token's logits, and for a state
 // that ends mid-page the partial page's tail blob (state_io.h ExportTail), framed as

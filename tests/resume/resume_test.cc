@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -252,6 +253,52 @@ TEST_F(ResumeTest, MidPageHotStateRestoresExactly) {
   EXPECT_EQ(rep3->restored_tokens, 64);
   EXPECT_EQ(rep3->replay_tokens, kDefaultReplayWindows * 16);
   EXPECT_EQ(r3.tokens.size(), 64u);
+}
+
+// kvtierd's misses over a resume that restores a hot state must be real ones. The resume used
+// to ask for the hot state of every tail length 1..63 the prompt allowed and the page-aligned
+// one in one GET, so restoring a state 36 tokens past its page (MidPageHotStateRestoresExactly's
+// session) counted 36 misses of keys never written (`never_stored`): the operator's hit ratio
+// and its alert read them as cache misses. Now the page's hot-state index names the tails kept:
+// no miss. Two tails kept past one page (a branch, 20 and 36 tokens, other ids) both restore.
+TEST_F(ResumeTest, HotStateRestoreAsksOnlyForKeysThatWereWritten) {
+  StartDaemon();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  SessionOptions o;
+  o.guard = GuardMode::kAlwaysFetch;
+  auto store = Store(c.get(), o);
+  const auto tokens = Prompt(100, 23);
+  std::vector<float> logits;
+  SaveSession(store.get(), tokens, &logits);
+  const std::vector<int32_t> branch = [&] {  // 84 tokens, other ids from 64 on
+    std::vector<int32_t> b(tokens.begin(), tokens.begin() + 84);
+    for (int32_t& t : std::span(b).subspan(64)) t = (t + 7) % 256;
+    return b;
+  }();
+  SaveSession(store.get(), branch, &logits);
+  EXPECT_EQ(store->stats().hot_states_put, 2u);
+
+  auto misses = [&] {
+    auto j = c->StatsJson();
+    EXPECT_TRUE(j.ok());
+    const nlohmann::json stats = nlohmann::json::parse(*j);
+    uint64_t sum = 0;
+    for (const auto& [reason, n] : stats.at("misses").items()) sum += n.get<uint64_t>();
+    return sum;
+  };
+  auto fresh = Store(c.get(), o);
+  for (const auto* prompt : {&tokens, &branch}) {
+    const uint64_t before = misses();
+    SequenceState r;
+    std::vector<float> rl;
+    auto rep = fresh->Resume(*prompt, &r, &rl);
+    ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+    EXPECT_TRUE(rep->hot_state_restored);
+    EXPECT_EQ(rep->hot_tail_tokens, static_cast<int64_t>(prompt->size()) - 64);
+    EXPECT_EQ(rep->replay_tokens, 0);
+    EXPECT_EQ(misses(), before) << "a resume that restored everything counted misses";
+  }
 }
 
 // (c): bounded replay equals the CED prefill with bounded ring rebuild, bit for bit, with and
@@ -552,6 +599,34 @@ TEST(HotState, RoundTripsAndRejectsDamage) {
   // A blob without a tail refuses expected tail tokens.
   const std::vector<int32_t> ids = {1, 2, 3};
   EXPECT_TRUE(DecodeHotState(blob, &other, ids).status().IsCorruption());
+}
+
+// The page's hot-state index: entries round-trip in order; damage, too many entries and a tail
+// past the page are refused.
+TEST(HotState, IndexRoundTripsAndRejectsDamage) {
+  std::vector<HotStateIndexEntry> entries;
+  for (uint32_t tail : {36u, 0u, 63u}) {
+    HotStateIndexEntry e;
+    e.tail = tail;
+    e.key.fill(static_cast<uint8_t>(tail + 1));
+    entries.push_back(e);
+  }
+  const auto bytes = EncodeHotStateIndex(entries);
+  auto back = DecodeHotStateIndex(bytes, 64);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, entries);
+  EXPECT_TRUE(DecodeHotStateIndex(bytes, 63).status().IsCorruption());  // tail 63 past the page
+  EXPECT_TRUE(
+      DecodeHotStateIndex(std::span(bytes).first(bytes.size() - 1), 64).status().IsCorruption());
+  for (size_t at : {size_t{0}, size_t{4}, size_t{6}}) {
+    auto bad = bytes;
+    bad[at] ^= 1;
+    EXPECT_TRUE(DecodeHotStateIndex(bad, 64).status().IsCorruption()) << at;
+  }
+  const std::vector<HotStateIndexEntry> too_many(kHotStateIndexEntriesMax + 1);
+  EXPECT_TRUE(DecodeHotStateIndex(EncodeHotStateIndex(too_many), 64).status().IsCorruption());
+  const std::vector<HotStateIndexEntry> most(kHotStateIndexEntriesMax);
+  EXPECT_TRUE(DecodeHotStateIndex(EncodeHotStateIndex(most), 64).ok());
 }
 
 // A state cut 41 tokens past a page (inside a ratio-2 source's compressor group): its tail

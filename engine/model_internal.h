@@ -34,6 +34,10 @@ inline constexpr int64_t kIndexRowsPerPass = 32;
 // Query rows of one sequence the indexer scores together (SelectTopk): each block of index keys
 // is dequantised once for all of them and multiplied with every row's heads in one HcMixDots.
 inline constexpr int kIndexQueryRowsPerGroup = 16;
+// Pools of at most this many threads run a sublayer's mHC mixes beside the sublayer whatever
+// the rows (RunLayers): the mixes are about an eighth of a pass, so one worker finishes them
+// within the others' share of the sublayer up to ~7 threads; 4 leaves room for other models.
+inline constexpr int kSideMixThreadsMax = 4;
 
 // fn(begin, end) over [0, n): split over `pool`, or in one call on the caller when pool is null
 // (a loop already running inside a pool's worker).

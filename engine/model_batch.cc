@@ -1,6 +1,8 @@
 // Engine::ForwardBatch: continuous batching of several sequences in one pass (model.h).
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <optional>
 
 #include "engine/model_internal.h"
 #include "engine/scratch.h"
@@ -117,21 +119,15 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
           captures[i]->Record(l, p0[i], static_cast<int>(off[i + 1] - off[i]), hc, D,
                               x.data() + off[i] * hc * D, xn.data() + off[i] * D);
       }
-      pool_->ParallelFor(n, [&](int64_t b, int64_t e) {  // a range's rows share fn's reads
+      auto mixes = [&](int64_t b, int64_t e) {  // a range's rows share fn's reads
         HcMixesRows(static_cast<int>(e - b), x.data() + b * hc * D, hc, D, lw.hc_fn[s],
                     lw.hc_scale[s], lw.hc_base[s], c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps,
                     next_pre.data() + b * hc, post.data() + b * hc, comb.data() + b * hc * hc);
-      });
-      if (trace_ != nullptr) {
-        auto& tc = trace_->comb[2 * l + s];
-        for (int t = 0; t < n; ++t) {
-          tc.emplace_back(comb.begin() + static_cast<int64_t>(t) * hc * hc,
-                          comb.begin() + static_cast<int64_t>(t + 1) * hc * hc);
-        }
-      }
-      if (s == 0) {
-        // Projections over every row at once; the per-sequence core on each sequence's rows,
-        // sequences spread over the threads when no sequence outweighs a thread's share.
+      };
+      // The attention sublayer: projections over every row at once; the per-sequence core on
+      // each sequence's rows, sequences spread over the threads when no sequence outweighs a
+      // thread's share.
+      auto attention = [&]() -> Status {
         KVTIER_RETURN_IF_ERROR(AttnProject(l, n, xn.data(), pos.data(), &attn_rows_));
         auto core = [&](size_t i, ThreadPool* pool) {
           return AttnCore(l, states[i], p0[i], static_cast<int>(off[i + 1] - off[i]),
@@ -147,8 +143,33 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
           for (size_t i = 0; i < k; ++i) KVTIER_RETURN_IF_ERROR(core(i, pool_.get()));
         }
         AttnOutput(l, n, o.data(), f.data());
-      } else {
-        Moe(l, n, xn.data(), f.data());
+        return Status::Ok();
+      };
+      // The mixes beside the sublayer on a worker, as in RunLayers (they read only x, the
+      // sublayer only xn).
+      Status sub;
+      {
+        const std::function<void()> all_mixes = [&] { mixes(0, n); };
+        std::optional<ThreadPool::Side> side;
+        const int threads = pool_->threads();
+        if (threads > 1 && (n < threads || threads <= model_detail::kSideMixThreadsMax)) {
+          side.emplace(pool_.get(), &all_mixes);
+        } else {
+          pool_->ParallelFor(n, mixes);
+        }
+        if (s == 0) {
+          sub = attention();
+        } else {
+          Moe(l, n, xn.data(), f.data());
+        }
+      }  // joins the side task
+      KVTIER_RETURN_IF_ERROR(sub);
+      if (trace_ != nullptr) {
+        auto& tc = trace_->comb[2 * l + s];
+        for (int t = 0; t < n; ++t) {
+          tc.emplace_back(comb.begin() + static_cast<int64_t>(t) * hc * hc,
+                          comb.begin() + static_cast<int64_t>(t + 1) * hc * hc);
+        }
       }
       MixSublayer(n, x.data(), f.data(), post.data(), comb.data());
       std::memcpy(pre.data(), next_pre.data(), next_pre.size() * 4);

@@ -6,8 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
-#include <optional>
 
 #include "engine/model_internal.h"
 #include "engine/scratch.h"
@@ -461,29 +459,12 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
                     lw.hc_base[s], c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps,
                     next_pre.data() + b * hc, post.data() + b * hc, comb.data() + b * hc * hc);
       };
-      // The mixes read only x and the sublayer only xn, so they can run on a worker beside the
-      // sublayer (which joins the sublayer's sections when done) instead of in a section of
-      // their own: with fewer rows than threads (decode), and with up to kSideMixThreadsMax
-      // threads at any row count (one section and its barrier less per sublayer: a 6-token
-      // verify pass 27 % faster with 2 threads, a 256-token one 5 %). With more threads the
-      // mixes of many rows on one worker would outlast the sublayer's share of the others.
-      Status sub;
-      {
-        const std::function<void()> all_mixes = [&] { mixes(0, n); };
-        std::optional<ThreadPool::Side> side;
-        const int threads = pool_->threads();
-        if (threads > 1 && (n < threads || threads <= model_detail::kSideMixThreadsMax)) {
-          side.emplace(pool_.get(), &all_mixes);
-        } else {
-          pool_->ParallelFor(n, mixes);
-        }
-        if (s == 0) {
-          sub = Attention(l, st, p0, n, xn.data(), &rt, f.data());
-        } else {
-          Moe(l, n, xn.data(), f.data());
-        }
-      }  // joins the side task
-      KVTIER_RETURN_IF_ERROR(sub);
+      KVTIER_RETURN_IF_ERROR(
+          model_detail::MixesBesideSublayer(pool_.get(), n, mixes, [&]() -> Status {
+            if (s == 0) return Attention(l, st, p0, n, xn.data(), &rt, f.data());
+            Moe(l, n, xn.data(), f.data());
+            return Status::Ok();
+          }));
       if (trace_ != nullptr) {
         auto& tc = trace_->comb[2 * l + s];  // appended chunk by chunk
         for (int t = 0; t < n; ++t) {

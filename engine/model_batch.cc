@@ -1,8 +1,6 @@
 // Engine::ForwardBatch: continuous batching of several sequences in one pass (model.h).
 #include <algorithm>
 #include <cstring>
-#include <functional>
-#include <optional>
 
 #include "engine/model_internal.h"
 #include "engine/scratch.h"
@@ -145,25 +143,12 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
         AttnOutput(l, n, o.data(), f.data());
         return Status::Ok();
       };
-      // The mixes beside the sublayer on a worker, as in RunLayers (they read only x, the
-      // sublayer only xn).
-      Status sub;
-      {
-        const std::function<void()> all_mixes = [&] { mixes(0, n); };
-        std::optional<ThreadPool::Side> side;
-        const int threads = pool_->threads();
-        if (threads > 1 && (n < threads || threads <= model_detail::kSideMixThreadsMax)) {
-          side.emplace(pool_.get(), &all_mixes);
-        } else {
-          pool_->ParallelFor(n, mixes);
-        }
-        if (s == 0) {
-          sub = attention();
-        } else {
-          Moe(l, n, xn.data(), f.data());
-        }
-      }  // joins the side task
-      KVTIER_RETURN_IF_ERROR(sub);
+      KVTIER_RETURN_IF_ERROR(
+          model_detail::MixesBesideSublayer(pool_.get(), n, mixes, [&]() -> Status {
+            if (s == 0) return attention();
+            Moe(l, n, xn.data(), f.data());
+            return Status::Ok();
+          }));
       if (trace_ != nullptr) {
         auto& tc = trace_->comb[2 * l + s];
         for (int t = 0; t < n; ++t) {

@@ -56,7 +56,7 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
     Embed(tokens[i], x.data() + off[i] * hc * D, pre.data() + off[i] * hc);
   }
   const int n = static_cast<int>(total);
-  rt.resize(k);
+  if (rt.size() < k) rt.resize(k);  // never shrunk: a smaller batch keeps the others' spares
   for (Runtime& r : rt) r.Reset();
   Scratch<float> xn(xn_slot, static_cast<size_t>(n) * D), f(f_slot, static_cast<size_t>(n) * D);
   Scratch<float> post(post_slot, static_cast<size_t>(n) * hc),

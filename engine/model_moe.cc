@@ -128,22 +128,21 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
       std::vector<float> gs, us;
       std::vector<MatMulPart> up, down;
     };
-    thread_local DecodeScratch scratch;
-    DecodeScratch& s = scratch;
+    thread_local DecodeScratch ds;  // (`s` is the router's scores above)
     ScopeExit trim([&] {
-      for (ExpertRows& grp : s.groups) {
+      for (ExpertRows& grp : ds.groups) {
         TrimScratch(grp.slots);
         TrimScratch(grp.x);
         TrimScratch(grp.weight);
       }
-      for (auto* list : {&s.g, &s.u, &s.yg}) {
+      for (auto* list : {&ds.g, &ds.u, &ds.yg}) {
         for (auto& v : *list) TrimScratch(v);
       }
-      TrimScratch(s.gs);
-      TrimScratch(s.us);
+      TrimScratch(ds.gs);
+      TrimScratch(ds.us);
     });
-    std::vector<int32_t>& active = s.active;
-    std::vector<ExpertRows>& groups = s.groups;
+    std::vector<int32_t>& active = ds.active;
+    std::vector<ExpertRows>& groups = ds.groups;
     active.clear();
     if (groups.size() < static_cast<size_t>(E)) groups.resize(E);
     for (int32_t e = 0; e < E; ++e) {
@@ -155,14 +154,14 @@ void Engine::Moe(int layer, int n, const float* xn, float* out) {
     }
     const int A = static_cast<int>(active.size()), Is = I * c.n_shared_experts;
     const bool has_shared = lw.s_w1 != nullptr;
-    std::vector<std::vector<float>>&g = s.g, &u = s.u, &yg = s.yg;
+    std::vector<std::vector<float>>&g = ds.g, &u = ds.u, &yg = ds.yg;
     for (auto* list : {&g, &u, &yg}) {
       if (list->size() < static_cast<size_t>(A)) list->resize(A);
     }
-    std::vector<float>&gs = s.gs, &us = s.us;
+    std::vector<float>&gs = ds.gs, &us = ds.us;
     gs.resize(has_shared ? static_cast<size_t>(n) * Is : 0);
     us.resize(gs.size());
-    std::vector<MatMulPart>&up = s.up, &down = s.down;
+    std::vector<MatMulPart>&up = ds.up, &down = ds.down;
     up.clear();
     down.clear();
     for (int a = 0; a < A; ++a) {

@@ -399,11 +399,11 @@ Status SessionStore::Save(const SequenceState& state, std::span<const float> las
     const Digest key =
         tail == 0 ? SwaBlobKey(page)
                   : HotTailKey(page, std::span<const int32_t>(state.tokens).subspan(pages * P));
+    const daemon::wire::Key index_key = HotStateIndexKey(page);
     std::vector<HotStateIndexEntry> entries = {{static_cast<uint32_t>(tail), key}};
     {
-      const daemon::wire::Key ik = HotStateIndexKey(page);
       std::vector<uint8_t> bytes;
-      const Status gs = client_->Get(std::span<const daemon::wire::Key>(&ik, 1), ho.turn,
+      const Status gs = client_->Get(std::span<const daemon::wire::Key>(&index_key, 1), ho.turn,
                                      [&](size_t, const daemon::GetItem& item) {
                                        if (item.status.ok())
                                          bytes.assign(item.value.begin(), item.value.end());
@@ -420,7 +420,7 @@ Status SessionStore::Save(const SequenceState& state, std::span<const float> las
     daemon::PutUnit u[2];  // values are views
     u[0].key = key;
     u[0].value = hot;
-    u[1].key = HotStateIndexKey(page);
+    u[1].key = index_key;
     u[1].value = index;
     KVTIER_ASSIGN_OR_RETURN(std::vector<Status> put,
                             client_->Put(std::span<const daemon::PutUnit>(u, 2), ho));

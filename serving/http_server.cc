@@ -24,6 +24,33 @@ namespace http = boost::beast::http;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kPollSliceMs = 200;  // how often blocked loops look at the stop flag
+// After refusing a request whose rest is still arriving, how long and how much of it is read
+// and dropped before the close: closing with unread bytes makes the kernel answer with a reset,
+// which can destroy the refusal before the client reads it.
+constexpr int64_t kLingerMs = 2000;
+constexpr size_t kLingerBytesMax = 4 << 20;
+
+// Ends the server's side of `fd` and drops what the client still sends, until it closes too,
+// kLingerMs pass, kLingerBytesMax arrive or `stop` is set.
+void LingerBeforeClose(int fd, const std::atomic<bool>& stop) {
+  ::shutdown(fd, SHUT_WR);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kLingerMs);
+  char sink[16384];
+  size_t dropped_bytes = 0;
+  while (!stop.load() && dropped_bytes < kLingerBytesMax) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          until - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) return;
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, kPollSliceMs)));
+    if (r < 0 && errno != EINTR) return;
+    if (r <= 0) continue;
+    const ssize_t n = ::recv(fd, sink, sizeof(sink), 0);
+    if (n <= 0) return;
+    dropped_bytes += static_cast<size_t>(n);
+  }
+}
 
 std::string ErrorJson(int status, const std::string& message, const char* code) {
   ApiError e;
@@ -230,6 +257,12 @@ void HttpServer::Serve(int fd) {
         buf.erase(0, used);
         if (ec == http::error::need_more) {
           if (used > 0) continue;
+          // The parser holds back a chunk-size line or a trailer until its end arrives, with
+          // no limit of its own: bytes it cannot consume are bounded here as a header is.
+          if (buf.size() > options_.header_bytes_max) {
+            refused = "header_bytes_max", refused_status = 400;
+            break;
+          }
         } else if (ec == http::error::header_limit) {
           refused = "header_bytes_max", refused_status = 431;
           break;
@@ -281,9 +314,12 @@ void HttpServer::Serve(int fd) {
       c.keep_alive = false;
       const std::string msg = refused_status == 431   ? "request header too large"
                               : refused_status == 413 ? "request body too large"
-                                                      : "malformed HTTP request";
+                              : std::string_view(refused) == "header_bytes_max"
+                                  ? "chunk-size line or trailer longer than the header limit"
+                                  : "malformed HTTP request";
       c.Reply(refused_status, "application/json", ErrorJson(refused_status, msg, refused));
       metrics_->HttpRequest(refused_status);
+      LingerBeforeClose(fd, stop_);
       break;
     }
     auto& msg = parser.get();

@@ -2,13 +2,14 @@
 //
 // One thread per connection, at most connections_max at once (one more is answered 503 and
 // closed). Requests are parsed by Boost.Beast from bytes this class reads itself, under
-// header_bytes_max (431 over it) and body_bytes_max (413 over it); malformed requests get 400
-// and the connection is closed. A connection whose next request has not arrived in full
-// idle_timeout_ms after the server began waiting for it is closed, however steadily its bytes
-// trickle in (a slow sender cannot hold a slot); a write that makes no progress for
-// idle_timeout_ms closes it too.
-// Keep-alive and pipelined requests are served in order. Every refusal is counted in
-// ServingMetrics (kvtier_serve_http_rejected_total{limit=...}).
+// header_bytes_max (431 over it) and body_bytes_max (413 over it); a chunked body's
+// chunk-size line or trailer is bounded by header_bytes_max too (400 over it); malformed
+// requests get 400 and the connection is closed (after a refusal the rest of the request is
+// read and dropped for up to 2 s, so the refusal is not lost to a reset). A connection whose next
+// request has not arrived in full idle_timeout_ms after the server began waiting for it is closed,
+// however steadily its bytes trickle in (a slow sender cannot hold a slot); a write that makes no
+// progress for idle_timeout_ms closes it too. Keep-alive and pipelined requests are served in
+// order. Every refusal is counted in ServingMetrics (kvtier_serve_http_rejected_total{limit=...}).
 //
 // Thread safety: Stop() may be called from any thread; the handler runs on connection
 // threads, several at once.

@@ -1,5 +1,6 @@
 #include "serving/openai_server.h"
 
+#include <chrono>
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -155,14 +156,21 @@ void OpenAiFrontend::Generate(const HttpRequest& req, bool chat, const Tenant* t
   }
   std::string text;
   GenerationEvent ev;
+  // A client that went away is noticed within a wait slice whether or not events arrive: a
+  // non-streaming request writes nothing until it ends, and its events may come faster than
+  // one a slice.
+  auto check_peer_at = std::chrono::steady_clock::now();
   while (true) {
-    if (!gen->Next(&ev, kWaitSliceMs)) {
+    const bool got = gen->Next(&ev, kWaitSliceMs);
+    const bool more = !got || ev.kind == GenerationEvent::Kind::kText;
+    if (const auto now = std::chrono::steady_clock::now(); more && (!got || now >= check_peer_at)) {
+      check_peer_at = now + std::chrono::milliseconds(kWaitSliceMs);
       if (out->PeerGone()) {
         gen->Cancel();
         return;
       }
-      continue;
     }
+    if (!got) continue;
     if (ev.kind == GenerationEvent::Kind::kText) {
       if (cr.stream) {
         if (!out->Chunk(chunk(ev.text, nullptr, false))) {

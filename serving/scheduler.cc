@@ -166,6 +166,7 @@ StatusOr<std::shared_ptr<Generation>> Scheduler::Submit(const Tenant* tenant,
   {
     std::lock_guard l(mu_);
     if (stop_) return Status::Unavailable("serve: shutting down");
+    if (queued_ >= options_.queue_depth_max) DropCancelledLocked();
     if (queued_ >= options_.queue_depth_max)
       return Status::Rejected("serve: " + std::to_string(queued_) +
                               " requests queued (queue_depth_max)");
@@ -178,10 +179,22 @@ StatusOr<std::shared_ptr<Generation>> Scheduler::Submit(const Tenant* tenant,
   return gen;
 }
 
+void Scheduler::DropCancelledLocked() {
+  for (auto t = turn_.begin(); t != turn_.end();) {
+    std::deque<Pending>& q = queues_[*t];
+    const size_t before = q.size();
+    std::erase_if(q, [](const Pending& p) { return p.gen->cancelled(); });
+    for (size_t i = q.size(); i < before; ++i) metrics_->Disconnect();
+    queued_ -= before - q.size();
+    t = q.empty() ? turn_.erase(t) : std::next(t);
+  }
+}
+
 engine::SessionStore* Scheduler::StoreFor(const Tenant* tenant) {
   if (options_.daemon_socket.empty()) return nullptr;
   TenantStore& ts = stores_[tenant];
   if (ts.store != nullptr) return ts.store.get();
+  if (ts.shared_namespace) return nullptr;
   // (Re)connect: a failed connection is dropped by SaveSeq and retried at the next request.
   daemon::ClientOptions co;
   co.socket_path = options_.daemon_socket;
@@ -192,6 +205,18 @@ engine::SessionStore* Scheduler::StoreFor(const Tenant* tenant) {
     KVTIER_LOG(kWarn) << "serve: tenant " << tenant->name
                       << ": kvtierd unreachable, serving without cache: "
                       << client.status().ToString();
+    return nullptr;
+  }
+  // kvtierd keeps units apart by its own tenant: one whose auth is off (every client its
+  // default tenant) or a token shared by two tenants would let one tenant's prompts hit the
+  // other's units. Such a tenant is served without the cache.
+  const std::string& ns = (*client)->hello().tenant_name;
+  if (auto [it, fresh] = daemon_tenants_.emplace(ns, tenant); !fresh && it->second != tenant) {
+    KVTIER_LOG(kError) << "serve: tenant " << tenant->name << " is kvtierd tenant \"" << ns
+                       << "\", as tenant " << it->second->name
+                       << " is: serving it without cache (give each tenant its own kvtierd "
+                          "token, and turn kvtierd's auth on)";
+    ts.shared_namespace = true;
     return nullptr;
   }
   auto store = engine::SessionStore::Create(engine_, client->get(), fingerprint_, options_.session);
@@ -251,6 +276,10 @@ void Scheduler::Admit() {
   // resumes delays the running sequences' next token by about one restore.
   std::map<const Tenant*, uint64_t> active_by_tenant;
   for (const auto& s : active_) ++active_by_tenant[s->tenant];
+  {
+    std::lock_guard l(mu_);
+    DropCancelledLocked();
+  }
   while (active_.size() < options_.active_sequences_max) {
     Pending p;
     {

@@ -198,6 +198,8 @@ class Scheduler {
   struct TenantStore {
     std::unique_ptr<daemon::Client> client;
     std::unique_ptr<engine::SessionStore> store;
+    // kvtierd named another tenant's namespace for this tenant's token: never cached.
+    bool shared_namespace = false;
   };
 
   Scheduler(engine::Engine* engine, const engine::ModelWeights* weights,
@@ -231,6 +233,9 @@ class Scheduler {
   void Fail(std::unique_ptr<Seq> seq, const Status& status);
   void SaveSeq(Seq* seq);
   engine::SessionStore* StoreFor(const Tenant* tenant);
+  // Removes queued requests whose client went away (each counted as a disconnect), so that
+  // they hold no place in queue_depth_max. Requires mu_.
+  void DropCancelledLocked();
   uint64_t PoolTokens() const;
   void PublishGauges();
 
@@ -250,6 +255,9 @@ class Scheduler {
 
   // Scheduler thread only.
   std::map<const Tenant*, TenantStore> stores_;
+  // kvtierd's tenant (HELLO's tenant name) of each tenant's store: two tenants of this server
+  // must never share one, or one's cache would serve the other's prompts.
+  std::map<std::string, const Tenant*> daemon_tenants_;
   std::vector<std::unique_ptr<Seq>> active_;
   std::deque<std::unique_ptr<Seq>> idle_;  // least recently used first
   struct TenantShare {

@@ -4,6 +4,7 @@
 // errors for hostile requests, slow and surplus connections bounded, a client that disconnects
 // mid-stream, and 16 concurrent streams whose greedy outputs equal the same requests run alone.
 #include <gtest/gtest.h>
+#include <poll.h>
 
 #include <algorithm>
 #include <atomic>
@@ -230,6 +231,31 @@ TEST_F(ServeTest, SharedPrefixHitsWholePagesAndTenantsAreIsolated) {
   // tokens, so the same prompt again is restored whole.
   u = Post("/v1/completions", Completion(a + c, 1)).Json()["usage"];
   EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], 210);
+}
+
+// Isolation rests on kvtierd telling the tenants apart: against a kvtierd with auth off (every
+// client its default tenant, whatever token it sends) the second tenant to connect is served
+// without the cache, so bob's prompt never hits alice's units.
+TEST_F(ServeTest, TenantsThatKvtierdDoesNotTellApartNeverShareACache) {
+  KvtierdProcess open(dir_ / "open");
+  open.WriteConfig(
+      "[storage]\ndram_capacity_bytes = 33554432\nssd_capacity_bytes = 268435456\n"
+      "ssd_segment_bytes = 16777216\n");
+  ASSERT_TRUE(open.Start()) << open.Log();
+  ASSERT_TRUE(s_->Start({"--socket", open.socket(), "--api-keys", (dir_ / "keys.json").string(),
+                         "--guard", "fetch", "--idle-sequences-max", "0"}))
+      << s_->Log();
+  const std::string a = Text(150, 3), b = Text(60, 4), c = Text(60, 5);
+  ASSERT_EQ(Post("/v1/completions", Completion(a + b, 1)).status, 200);
+  json u = Post("/v1/completions", Completion(a + c, 1)).Json()["usage"];
+  EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], 150 / kPage * kPage);  // alice's own
+  for (int i = 0; i < 2; ++i) {
+    json ub = Post("/v1/completions", Completion(a + c, 1), kBob).Json()["usage"];
+    EXPECT_EQ(ub["prompt_tokens_details"]["cached_tokens"], 0) << i;
+    EXPECT_EQ(ub["prompt_cache_miss_tokens"], 210) << i;
+  }
+  EXPECT_NE(s_->Log().find("serving it without cache"), std::string::npos) << s_->Log();
+  EXPECT_EQ(s_->Stop(), 0);
 }
 
 // A stream carries the same text as the non-streamed request, then a usage chunk with empty
@@ -533,6 +559,130 @@ TEST_F(ServeTest, DisconnectMidStreamFreesTheSequence) {
   ::close(fd);
   ExpectOneCancelledAndFreed(3000, 10000);
   EXPECT_EQ(Post("/v1/completions", Completion("still up", 2)).status, 200);
+}
+
+// A client that sends a non-streaming request and goes away cancels it too: the server writes
+// nothing until such a request ends, so it looks for the closed connection while tokens arrive.
+TEST_F(ServeTest, DisconnectDuringANonStreamingRequestFreesTheSequence) {
+  StartServer(
+      {"--idle-sequences-max", "0", "--context-tokens-max", "65536", "--max-tokens-max", "60000"});
+  const int fd = ConnectTcp(s_->port());
+  ASSERT_GE(fd, 0);
+  const std::string b = Completion(Text(70, 8), 60000).dump();
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                          std::string(kAlice) + "\r\nContent-Length: " + std::to_string(b.size()) +
+                          "\r\n\r\n" + b;
+  ASSERT_TRUE(SendAllRaw(fd, req.data(), req.size()));
+  for (int waited_ms = 0; waited_ms < 10000; waited_ms += 20) {  // until it generates
+    if (Metric(Metrics(), "kvtier_serve_active_sequences") == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::close(fd);
+  ExpectOneCancelledAndFreed(60000, 30000);
+  EXPECT_EQ(Post("/v1/completions", Completion("still up", 2)).status, 200);
+}
+
+// Requests whose clients went away while they waited for admission hold no place in the
+// queue: one client that sends requests and closes at once, while every sequence slot is busy,
+// does not turn every other tenant away with 429 queue_full.
+TEST_F(ServeTest, AbandonedQueuedRequestsDoNotFillTheQueue) {
+  StartServer({"--active-sequences-max", "1", "--queue-depth-max", "2", "--idle-sequences-max", "0",
+               "--context-tokens-max", "65536", "--max-tokens-max", "60000"});
+  // The one slot: a long stream.
+  const int busy = ConnectTcp(s_->port());
+  ASSERT_GE(busy, 0);
+  const std::string long_req = StreamRequest(70, 60000);
+  ASSERT_TRUE(SendAllRaw(busy, long_req.data(), long_req.size()));
+  ASSERT_NE(RecvFor(busy, 600, 10000).find("data: "), std::string::npos);
+  // Six requests queued and abandoned, one after another (each queued: its stream began).
+  const double open_before = Metric(Metrics(), "kvtier_serve_connections_open");
+  for (int i = 0; i < 6; ++i) {
+    const int fd = ConnectTcp(s_->port());
+    ASSERT_GE(fd, 0);
+    const std::string req = StreamRequest(70 + i, 10);
+    ASSERT_TRUE(SendAllRaw(fd, req.data(), req.size()));
+    const std::string got = RecvFor(fd, 12, 10000);
+    ::close(fd);
+    ASSERT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << "request " << i << ": " << got;
+    // Its connection thread saw the close and cancelled it.
+    for (int waited_ms = 0; waited_ms < 10000; waited_ms += 20) {
+      if (Metric(Metrics(), "kvtier_serve_connections_open") <= open_before) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  // Another tenant's request is queued, not refused.
+  const int fd = ConnectTcp(s_->port());
+  ASSERT_GE(fd, 0);
+  json body = Completion("bob's turn", 2);
+  body["stream"] = true;
+  const std::string b = body.dump();
+  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                          std::string(kBob) + "\r\nContent-Length: " + std::to_string(b.size()) +
+                          "\r\n\r\n" + b;
+  ASSERT_TRUE(SendAllRaw(fd, req.data(), req.size()));
+  const std::string got = RecvFor(fd, 12, 10000);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+  ::close(fd);
+  ::close(busy);
+  const std::string m = Metrics();
+  EXPECT_GE(Metric(m, "kvtier_serve_disconnects_total"), 4) << m;
+  EXPECT_LE(Metric(m, "kvtier_serve_queue_depth"), 2) << m;
+  ASSERT_TRUE(s_->Alive());
+}
+
+// A chunked request body is decoded under body_bytes_max, and what the parser holds back
+// while it waits for the end of a chunk-size line or of the trailers is bounded as a header
+// is: a line that never ends is refused once it passes header_bytes_max, not buffered until
+// the idle timeout.
+TEST_F(ServeTest, ChunkedBodiesAreDecodedAndTheirLinesBounded) {
+  StartServer({"--header-bytes-max", "4096", "--idle-timeout-ms", "20000"});
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                           std::string(kAlice) + "\r\nTransfer-Encoding: chunked\r\n\r\n";
+  {  // A well-formed chunked request, in two chunks.
+    const std::string b = Completion("hello", 2).dump();
+    const size_t half = b.size() / 2;
+    auto hex = [](size_t n) {
+      std::ostringstream o;
+      o << std::hex << n << "\r\n";
+      return o.str();
+    };
+    std::string close_head = head;
+    close_head.insert(close_head.size() - 2, "Connection: close\r\n");
+    const std::string req = close_head + hex(half) + b.substr(0, half) + "\r\n" +
+                            hex(b.size() - half) + b.substr(half) + "\r\n0\r\n\r\n";
+    const int fd = ConnectTcp(s_->port());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendAllRaw(fd, req.data(), req.size()));
+    const HttpReply r = ParseReply(RecvFor(fd, 1 << 20, 10000));
+    ::close(fd);
+    ASSERT_EQ(r.status, 200) << r.body;
+  }
+  // A chunk-size line, then a trailer, that never end: 1 MiB each, sent in pieces.
+  for (const std::string& start : {std::string("1;"), std::string("0\r\nX-T: ")}) {
+    const int fd = ConnectTcp(s_->port());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendAllRaw(fd, head.data(), head.size()));
+    ASSERT_TRUE(SendAllRaw(fd, start.data(), start.size()));
+    // Sent in pieces until the server answers (at most 1 MiB): the old server read on until
+    // its idle timeout and closed without a reply.
+    const std::string piece(4 << 10, 'a');
+    for (int i = 0; i < 256; ++i) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 20) > 0) break;
+      if (::send(fd, piece.data(), piece.size(), MSG_NOSIGNAL) < 0) break;
+    }
+    bool eof = false;
+    const HttpReply r = ParseReply(RecvFor(fd, 1 << 20, 10000, &eof));
+    ::close(fd);
+    EXPECT_EQ(r.status, 400) << start << ": " << r.body;
+    const json j = r.Json();
+    ASSERT_TRUE(j.is_object()) << r.body;
+    EXPECT_EQ(j["error"]["code"], "header_bytes_max") << r.body;
+  }
+  ASSERT_TRUE(s_->Alive());
+  EXPECT_EQ(Metric(Metrics(), "kvtier_serve_http_rejected_total{limit=\"header_bytes_max\"}"), 2);
+  EXPECT_EQ(Post("/v1/completions", Completion("still up", 2)).status, 200);
+  EXPECT_EQ(s_->Stop(), 0);
 }
 
 // 16 concurrent streams (two tenants) complete with correct usage, and each one's greedy

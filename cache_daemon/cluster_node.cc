@@ -402,7 +402,8 @@ std::string ClusterNode::RenderPrometheus() const {
             "Times every copy was dropped (lease not confirmed, new registration).", cs.drop_alls);
   }
   counter("kvtier_cluster_overwrite_tombstones_total",
-          "PUT keys a member that left the view owned, recorded as tombstones for its return.",
+          "PUT keys recorded as tombstones for members that may hold an older version (a "
+          "departed owner, an owner or copy keeper that did not acknowledge).",
           rs.overwrite_tombstones);
   counter("kvtier_cluster_copy_invalidations_total",
           "Copy drops a PUT sent to members that keep copies.", rs.copy_invalidations);

@@ -95,25 +95,34 @@ void Router::OnViewChange(const MemberView& view) {
   latest_ = std::make_shared<MemberView>(view);
 }
 
-void Router::RecordOverwriteForDeparted(const PeerKey& key, const MemberView& view) {
-  if (tombstones_ == nullptr) return;
+bool Router::DepartedOwns(const PeerKey& key, const MemberView& view) {
   std::vector<MemberInfo> with_departed;
   {
     std::lock_guard lock(mu_);
-    if (departed_.empty()) return;  // the common case: no copy of the view per PUT
+    if (departed_.empty()) return false;  // the common case: no copy of the view per PUT
     with_departed = view.members;
     for (const auto& d : departed_) with_departed.push_back(d.first);
   }
   // Placement is a pure function of (key, members): the departed member owns key again if
   // it comes back to the same membership, which is when its old version would be served.
-  bool departed_owner = false;
   for (size_t i : PlaceOwners(KeyView(key), with_departed, options_.replicas)) {
-    if (i >= view.members.size()) departed_owner = true;
+    if (i >= view.members.size()) return true;
   }
-  if (!departed_owner) return;
+  return false;
+}
+
+void Router::RecordStaleVersions(const PeerKey& key, const MemberView& view,
+                                 const std::vector<std::string>& stale) {
+  if (tombstones_ == nullptr) return;
+  if (stale.empty() && !DepartedOwns(key, view)) return;
+  auto is_stale = [&](const std::string& id) {
+    return std::find(stale.begin(), stale.end(), id) != stale.end();
+  };
   std::vector<std::string> applied_by;
-  for (const MemberInfo& m : view.members) applied_by.push_back(m.node_id);
-  if (view.Find(self_id()) < 0) applied_by.push_back(self_id());
+  for (const MemberInfo& m : view.members) {
+    if (!is_stale(m.node_id)) applied_by.push_back(m.node_id);
+  }
+  if (view.Find(self_id()) < 0 && !is_stale(self_id())) applied_by.push_back(self_id());
   overwrite_tombstones_.fetch_add(1);
   Status s = tombstones_->RecordKeys(std::span<const PeerKey>(&key, 1), applied_by);
   if (!s.ok()) peer_errors_.fetch_add(1);
@@ -239,20 +248,27 @@ Status Router::Put(const PeerPut& put, const std::optional<Status>& local) {
   auto view = View();
   std::vector<size_t> owners = Owners(put.key, *view);
   std::vector<std::function<Status()>> calls;
+  std::vector<const std::string*> called;  // the node of each call
   for (size_t i : owners) {
     const MemberInfo& m = view->members[i];
     if (m.node_id == self_id()) continue;
     forwarded_puts_.fetch_add(1);
     calls.emplace_back([this, ep = m.peer_endpoint, &put] { return peers_->Put(ep, put); });
+    called.push_back(&m.node_id);
   }
   const size_t remote_owners = calls.size();
   uint32_t acks = 0;
   Status first_error;
+  // Members that may still hold an older version of the key once this PUT returns: owners
+  // whose write failed (a timeout, a refused call, a node restarted within its lease) would
+  // serve it as a hit, even when enough others acknowledged (write_acks < replicas).
+  std::vector<std::string> stale;
   if (local.has_value()) {
     if (local->ok()) {
       ++acks;
     } else {
       first_error = *local;
+      stale.push_back(self_id());
     }
   }
   std::vector<Status> done = CallAll(pool_.get(), std::move(calls));
@@ -262,6 +278,7 @@ Status Router::Put(const PeerPut& put, const std::optional<Status>& local) {
     } else {
       forwarded_put_failures_.fetch_add(1);
       if (first_error.ok()) first_error = done[c];
+      stale.push_back(*called[c]);
     }
   }
   // Then members that keep GET copies (and do not own the key) drop theirs, once the owners
@@ -279,9 +296,18 @@ Status Router::Put(const PeerPut& put, const std::optional<Status>& local) {
         [this, ep = m.peer_endpoint, &one_key] { return peers_->DropCopies(ep, one_key); });
   }
   if (!keepers.empty()) {
-    InvalidatedCopies(put.key, *view, keepers, CallAll(pool_.get(), std::move(drops)), 0);
+    const std::vector<Status> dropped = CallAll(pool_.get(), std::move(drops));
+    bool missed = false;
+    for (size_t k = 0; k < keepers.size(); ++k) {
+      copy_invalidations_.fetch_add(1);
+      if (dropped[k].ok()) continue;
+      copy_invalidation_failures_.fetch_add(1);
+      missed = true;
+      stale.push_back(keepers[k]->node_id);
+    }
+    if (missed) peer_errors_.fetch_add(1);
   }
-  RecordOverwriteForDeparted(put.key, *view);
+  RecordStaleVersions(put.key, *view, stale);
   uint32_t live_owners = static_cast<uint32_t>(remote_owners) + (local.has_value() ? 1 : 0);
   uint32_t need =
       options_.write_acks == 0 ? live_owners : std::min(options_.write_acks, live_owners);
@@ -289,34 +315,6 @@ Status Router::Put(const PeerPut& put, const std::optional<Status>& local) {
   if (acks >= need) return Status::Ok();
   puts_short_.fetch_add(1);
   return first_error.ok() ? Status::Unavailable("no owner acknowledged the put") : first_error;
-}
-
-void Router::InvalidatedCopies(const PeerKey& key, const MemberView& view,
-                               const std::vector<const MemberInfo*>& keepers,
-                               const std::vector<Status>& done, size_t first) {
-  std::vector<std::string> missed;
-  for (size_t k = 0; k < keepers.size(); ++k) {
-    copy_invalidations_.fetch_add(1);
-    if (!done[first + k].ok()) missed.push_back(keepers[k]->node_id);
-  }
-  if (missed.empty()) return;
-  copy_invalidation_failures_.fetch_add(missed.size());
-  peer_errors_.fetch_add(1);
-  if (tombstones_ == nullptr) return;
-  // A keeper that did not answer drops its copy from the tombstone log (its next catch-up,
-  // about a second, or before it registers again); every other member is named as having
-  // applied it, so the owners keep the value just written.
-  std::vector<std::string> applied_by;
-  for (const MemberInfo& m : view.members) {
-    if (std::find(missed.begin(), missed.end(), m.node_id) == missed.end()) {
-      applied_by.push_back(m.node_id);
-    }
-  }
-  if (std::find(applied_by.begin(), applied_by.end(), self_id()) == applied_by.end()) {
-    applied_by.push_back(self_id());
-  }
-  Status s = tombstones_->RecordKeys(std::span<const PeerKey>(&key, 1), applied_by);
-  if (!s.ok()) peer_errors_.fetch_add(1);
 }
 
 void Router::NoteLocalDeletes(std::span<const PeerKey> keys) {

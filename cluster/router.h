@@ -69,7 +69,7 @@ struct RouterStats {
   uint64_t copy_invalidation_failures = 0;  // of those, unanswered (left to a tombstone)
   uint64_t peer_calls_refused = 0;          // over peer_call_threads + peer_call_queue_max
   uint64_t peer_calls_queued = 0;           // waiting for a thread now
-  uint64_t overwrite_tombstones = 0;        // PUT keys a departed member owned, recorded for it
+  uint64_t overwrite_tombstones = 0;        // PUT keys recorded for members with an older version
 };
 
 class Router {
@@ -112,16 +112,16 @@ class Router {
   // (node id, peer endpoint) of every other live member.
   std::vector<std::pair<std::string, std::string>> OtherMembers() const;
   void OnViewChange(const MemberView& view);
-  // A PUT replaces whatever version a member that left the view holds of key: when a
-  // remembered departed member would own key, records a tombstone of key naming every live
-  // member, so that member deletes its version before it serves again (docs/CLUSTER.md,
-  // "Overwrites while an owner is down").
-  void RecordOverwriteForDeparted(const PeerKey& key, const MemberView& view);
-  // Counts the copy invalidations of a PUT (done[first + k] answers keepers[k]) and records
-  // a tombstone of key for the keepers that did not answer.
-  void InvalidatedCopies(const PeerKey& key, const MemberView& view,
-                         const std::vector<const MemberInfo*>& keepers,
-                         const std::vector<Status>& done, size_t first);
+  // Whether a remembered departed member would own key (it would serve its old version if it
+  // came back to the same membership; docs/CLUSTER.md, "Overwrites while an owner is down").
+  bool DepartedOwns(const PeerKey& key, const MemberView& view);
+  // After a PUT of key: when `stale` (members that may still hold an older version: owners
+  // whose write failed, copy keepers that did not drop theirs) is not empty or a departed
+  // member owns key, records one tombstone of key naming every live member (and self) but
+  // those in `stale`, so each of them deletes its version at its next catch-up or before it
+  // registers again. One record per PUT: a later record of the same key replaces an earlier.
+  void RecordStaleVersions(const PeerKey& key, const MemberView& view,
+                           const std::vector<std::string>& stale);
 
   Membership* membership_;
   PeerClient* peers_;

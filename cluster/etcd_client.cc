@@ -168,6 +168,7 @@ Status EtcdClient::Watch(std::string_view prefix, int64_t start_revision,
   json create = {{"key", Base64Encode(prefix)},
                  {"range_end", Base64Encode(PrefixRangeEnd(prefix))}};
   if (start_revision > 0) create["start_revision"] = std::to_string(start_revision);
+  create["progress_notify"] = true;  // an etcd configured to send them keeps the watch alive
   std::string body = json{{"create_request", create}}.dump();
   HttpLimits limits;
   limits.timeout_ms = options_.request_timeout_ms;
@@ -187,8 +188,17 @@ Status EtcdClient::Watch(std::string_view prefix, int64_t start_revision,
   }
 
   std::string pending;
+  auto last_byte = std::chrono::steady_clock::now();
   while (!stop->load(std::memory_order_acquire)) {
+    const size_t before = pending.size();
     Status s = stream->Read(poll_ms, &pending);
+    const auto now = std::chrono::steady_clock::now();
+    if (pending.size() > before) last_byte = now;
+    if (options_.watch_silence_ms_max > 0 &&
+        now - last_byte > std::chrono::milliseconds(options_.watch_silence_ms_max)) {
+      return Status::Retry("etcd watch: no message for " +
+                           std::to_string(options_.watch_silence_ms_max) + " ms");
+    }
     if (s.IsRetry()) continue;
     if (s.IsNotFound()) return Status::IOError("etcd watch stream ended");
     if (!s.ok()) return s;

@@ -33,6 +33,12 @@ struct EtcdOptions {
   std::vector<std::string> endpoints;         // "host:port" or "http://host:port", at least one
   uint64_t request_timeout_ms = 2000;         // one unary call to one endpoint
   uint64_t response_bytes_max = 16ull << 20;  // one unary reply / one watch message
+  // A watch stream that brings no byte for this long is ended (Retry), so that a connection
+  // that died without a close (the etcd host lost, a NAT or firewall dropping the idle flow)
+  // cannot leave a watcher waiting for ever; the caller re-reads and watches again. etcd
+  // sends nothing on an idle watch (its progress notifications come every 10 minutes by
+  // default), so an idle cluster renews its watch this often. 0: never.
+  uint64_t watch_silence_ms_max = 30000;
 };
 // InvalidArgument naming the bad endpoint or value.
 Status ValidateEtcdOptions(const EtcdOptions& options);
@@ -77,8 +83,9 @@ class EtcdClient {
   // on_events with each batch of events and the revision it brings the watcher to (an event
   // for a key outside prefix ends the watch: Corruption). Blocks until
   // *stop is true (checked at least every poll_ms; returns OK), the stream fails (IOError /
-  // Unavailable) or the revision was compacted (Rejected: re-read with RangePrefix and watch
-  // again). Messages are limited to response_bytes_max.
+  // Unavailable), the revision was compacted (Rejected: re-read with RangePrefix and watch
+  // again) or no byte came for watch_silence_ms_max (Retry: watch again from the revision
+  // last delivered + 1). Messages are limited to response_bytes_max.
   using EventSink = std::function<void(const std::vector<EtcdEvent>& events, int64_t revision)>;
   Status Watch(std::string_view prefix, int64_t start_revision, const EventSink& on_events,
                const std::atomic<bool>* stop, uint64_t poll_ms = 200);

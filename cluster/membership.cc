@@ -269,6 +269,7 @@ void Membership::WatchLoop() {
         },
         &stop_);
     if (stop_.load(std::memory_order_acquire)) return;
+    if (s.IsRetry()) continue;  // a silent watch: re-read and watch again (not an error)
     NoteError();
     uint64_t held = 0;
     if (watch_ended_log_.Allow(DefaultSteadyClock().NowMs(), &held)) {

@@ -2,6 +2,8 @@
 // and the HTTP response reader against a scripted server (chunked bodies, limits).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 
@@ -139,6 +141,53 @@ TEST(EtcdClientTest, MistypedRepliesAreErrorsNotExceptions) {
         "/p/", 0, [](const std::vector<EtcdEvent>&, int64_t) {}, &stop);
     EXPECT_EQ(st.code(), code) << line << ": " << st.ToString();
   }
+}
+
+// A watch whose connection goes silent without closing (a dead etcd host, a NAT that dropped
+// the idle flow: the socket stays open, nothing arrives) is ended after watch_silence_ms_max
+// with Retry, so that the caller re-reads and watches again; the old client waited until stop.
+TEST(EtcdClientTest, ASilentWatchEndsWithRetry) {
+  const int listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  socklen_t len = sizeof(a);
+  ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ASSERT_EQ(::listen(listen_fd, 4), 0);
+  std::atomic<bool> done{false};
+  std::thread server([&] {
+    const int fd = ::accept(listen_fd, nullptr, nullptr);
+    if (fd < 0) return;
+    char buf[4096];
+    (void)::recv(fd, buf, sizeof(buf), 0);  // the watch request (its bytes do not matter)
+    const std::string created = R"({"result":{"header":{"revision":"5"},"created":true}})";
+    char size[32];
+    std::snprintf(size, sizeof(size), "%zx\r\n", created.size() + 1);
+    const std::string head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" +
+                             std::string(size) + created + "\n\r\n";
+    (void)::send(fd, head.data(), head.size(), MSG_NOSIGNAL);
+    while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ::close(fd);
+  });
+  EtcdOptions o{.endpoints = {"127.0.0.1:" + std::to_string(ntohs(a.sin_port))}};
+  o.watch_silence_ms_max = 300;
+  EtcdClient c(o);
+  std::atomic<bool> stop{false};
+  std::thread watchdog([&] {  // ends the old client's endless wait, so the test fails, not hangs
+    for (int i = 0; i < 2000 && !done.load(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    stop.store(true);
+  });
+  int messages = 0;
+  Status st = c.Watch(
+      "/p/", 0, [&](const std::vector<EtcdEvent>&, int64_t) { ++messages; }, &stop, 50);
+  done.store(true);
+  watchdog.join();
+  server.join();
+  ::close(listen_fd);
+  EXPECT_TRUE(st.IsRetry()) << st.ToString();
+  EXPECT_EQ(messages, 1);  // the created message came through first
 }
 
 // An endpoint that answers with something other than etcd (a proxy's error page) is passed over

@@ -192,6 +192,31 @@ TEST_F(EtcdTest, AFailedKeepaliveIsRetriedSoon) {
   EXPECT_EQ((*a)->Stats().registrations, 1u);
 }
 
+// A watch silent for watch_silence_ms_max is renewed from the revision it reached: no join or
+// leave is missed across renewals, and a renewal is not counted as an etcd error. With etcd
+// stopped (its connections open but silent) the view is kept; continued, it catches up.
+TEST_F(EtcdTest, SilentWatchesAreRenewedWithoutMissingChanges) {
+  MembershipOptions o = Node("a");
+  o.etcd.watch_silence_ms_max = 150;
+  auto a = Membership::Start(o);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(WaitFor([&] { return Has(**a, "a"); }, 5000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // several renewals
+  auto b = Membership::Start(Node("b"));
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(WaitFor([&] { return Has(**a, "b"); }, 5000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  (*b)->Stop(/*revoke=*/true);
+  EXPECT_TRUE(WaitFor([&] { return !Has(**a, "b"); }, 1500));
+  EXPECT_EQ((*a)->Stats().etcd_errors, 0u);
+  etcd_->Pause(true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  etcd_->Pause(false);
+  auto c = Membership::Start(Node("c"));
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(WaitFor([&] { return Has(**a, "c") && Has(**a, "a"); }, 8000));
+}
+
 TEST_F(EtcdTest, EtcdDownKeepsTheLastViewAndSaysSo) {
   auto a = Membership::Start(Node("a"));
   ASSERT_TRUE(a.ok());

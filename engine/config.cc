@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "engine/config_json.h"
 
@@ -319,10 +318,15 @@ StatusOr<EngineConfig> ParseEngineConfig(std::string_view json_text) {
 StatusOr<EngineConfig> LoadEngineConfig(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::IOError("cannot open config " + path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (!in.good() && !in.eof()) return Status::IOError("cannot read config " + path);
-  auto cfg = ParseEngineConfig(ss.str());
+  // At most one byte over the bound is read (--config /dev/zero ends).
+  std::string text(kEngineConfigBytesMax + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) return Status::IOError("cannot read config " + path);
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kEngineConfigBytesMax)
+    return Status::InvalidArgument("config: over kEngineConfigBytesMax (" +
+                                   std::to_string(kEngineConfigBytesMax) + " bytes): " + path);
+  auto cfg = ParseEngineConfig(text);
   if (!cfg.ok()) return cfg.status().WithContext(path);
   return cfg;
 }

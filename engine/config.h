@@ -8,6 +8,7 @@
 // Thread safety: an EngineConfig is an immutable value after loading.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -143,7 +144,10 @@ struct EngineConfig {
 
 // Parses config JSON text (top-level keys or a nested "text_config"). Validates.
 StatusOr<EngineConfig> ParseEngineConfig(std::string_view json_text);
-// Reads and parses a config.json file. IOError when unreadable.
+// Upper bound on a config file read by LoadEngineConfig (1 MiB; the configs are a few KB).
+inline constexpr size_t kEngineConfigBytesMax = 1 << 20;
+// Reads and parses a config.json file. IOError when unreadable; InvalidArgument when over
+// kEngineConfigBytesMax (only that much + 1 byte is read).
 StatusOr<EngineConfig> LoadEngineConfig(const std::string& path);
 
 }  // namespace kvtier::engine

@@ -1,6 +1,11 @@
 #include "engine/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -112,23 +117,34 @@ StatusOr<std::vector<uint8_t>> EncodeSafetensors(const TensorFile& file) {
   return out;
 }
 
-StatusOr<TensorFile> DecodeSafetensors(const uint8_t* data, size_t size) {
-  if (size < 8) return Status::Corruption("safetensors: shorter than 8 bytes");
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(data[i]) << (8 * i);
-  if (n > kMaxSafetensorsHeaderBytes || n > size - 8)
-    return Status::Corruption("safetensors: bad header length");
+namespace {
+
+// One tensor's header entry: its dtype, shape and byte range in the data region.
+struct HeaderEntry {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+
+struct Header {
+  std::vector<HeaderEntry> entries;
+  std::map<std::string, std::string> metadata;
+};
+
+// Parses the JSON header (`n` bytes at `text`) and checks every entry against a data region of
+// `data_size` bytes: known dtype, shape x element size equal to the range, ranges inside the
+// region and not overlapping. Corruption otherwise.
+StatusOr<Header> ParseHeader(const uint8_t* text, uint64_t n, uint64_t data_size) {
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(reinterpret_cast<const char*>(data + 8),
-                                   reinterpret_cast<const char*>(data + 8 + n));
+    header = nlohmann::json::parse(reinterpret_cast<const char*>(text),
+                                   reinterpret_cast<const char*>(text + n));
   } catch (const nlohmann::json::exception& e) {
     return Status::Corruption(std::string("safetensors: bad header JSON: ") + e.what());
   }
   if (!header.is_object()) return Status::Corruption("safetensors: header is not an object");
-  const uint64_t data_size = size - 8 - n;
-  const uint8_t* base = data + 8 + n;
-  TensorFile file;
+  Header h;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   try {
     for (auto it = header.begin(); it != header.end(); ++it) {
@@ -136,13 +152,14 @@ StatusOr<TensorFile> DecodeSafetensors(const uint8_t* data, size_t size) {
         if (!it->is_object()) return Status::Corruption("safetensors: bad __metadata__");
         for (auto m = it->begin(); m != it->end(); ++m) {
           if (!m->is_string()) return Status::Corruption("safetensors: metadata not a string");
-          file.metadata[m.key()] = m->get<std::string>();
+          h.metadata[m.key()] = m->get<std::string>();
         }
         continue;
       }
       const auto& e = it.value();
       if (!e.is_object()) return Status::Corruption("safetensors: bad entry " + it.key());
-      Tensor t;
+      HeaderEntry t;
+      t.name = it.key();
       t.dtype = e.at("dtype").get<std::string>();
       t.shape = e.at("shape").get<std::vector<int64_t>>();
       auto off = e.at("data_offsets").get<std::vector<uint64_t>>();
@@ -162,9 +179,10 @@ StatusOr<TensorFile> DecodeSafetensors(const uint8_t* data, size_t size) {
       }
       if (static_cast<uint64_t>(elems) * es != off[1] - off[0])
         return Status::Corruption("safetensors: size mismatch for " + it.key());
-      t.bytes.assign(base + off[0], base + off[1]);
+      t.begin = off[0];
+      t.end = off[1];
       ranges.emplace_back(off[0], off[1]);
-      file.tensors.emplace(it.key(), std::move(t));
+      h.entries.push_back(std::move(t));
     }
   } catch (const nlohmann::json::exception& e) {
     return Status::Corruption(std::string("safetensors: bad entry: ") + e.what());
@@ -173,6 +191,48 @@ StatusOr<TensorFile> DecodeSafetensors(const uint8_t* data, size_t size) {
   for (size_t i = 1; i < ranges.size(); ++i) {
     if (ranges[i].first < ranges[i - 1].second)
       return Status::Corruption("safetensors: overlapping tensors");
+  }
+  return h;
+}
+
+uint64_t HeaderLength(const uint8_t* first8) {
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(first8[i]) << (8 * i);
+  return n;
+}
+
+// Reads exactly `size` bytes at `offset` of fd; IOError naming `path` otherwise.
+Status PreadFull(int fd, uint8_t* out, uint64_t size, uint64_t offset, const std::string& path) {
+  while (size > 0) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(size, uint64_t{1} << 30));
+    const ssize_t got = ::pread(fd, out, want, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return Status::IOError("cannot read " + path);
+    out += got;
+    size -= static_cast<uint64_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<TensorFile> DecodeSafetensors(const uint8_t* data, size_t size) {
+  if (size < 8) return Status::Corruption("safetensors: shorter than 8 bytes");
+  const uint64_t n = HeaderLength(data);
+  if (n > kMaxSafetensorsHeaderBytes || n > size - 8)
+    return Status::Corruption("safetensors: bad header length");
+  const uint64_t data_size = size - 8 - n;
+  const uint8_t* base = data + 8 + n;
+  KVTIER_ASSIGN_OR_RETURN(Header h, ParseHeader(data + 8, n, data_size));
+  TensorFile file;
+  file.metadata = std::move(h.metadata);
+  for (HeaderEntry& e : h.entries) {
+    Tensor t;
+    t.dtype = std::move(e.dtype);
+    t.shape = std::move(e.shape);
+    t.bytes.assign(base + e.begin, base + e.end);
+    file.tensors.emplace(std::move(e.name), std::move(t));
   }
   return file;
 }
@@ -193,17 +253,55 @@ Status WriteSafetensors(const std::string& path, const TensorFile& file) {
   return Status::Ok();
 }
 
-StatusOr<TensorFile> ReadSafetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return Status::IOError("cannot open " + path);
-  std::streamsize size = in.tellg();
-  if (size < 0) return Status::IOError("cannot size " + path);
-  in.seekg(0);
-  std::vector<uint8_t> bytes(static_cast<size_t>(size));
-  if (size > 0 && !in.read(reinterpret_cast<char*>(bytes.data()), size))
-    return Status::IOError("cannot read " + path);
-  auto file = DecodeSafetensors(bytes.data(), bytes.size());
-  if (!file.ok()) return file.status().WithContext(path);
+StatusOr<TensorFile> ReadSafetensors(const std::string& path,
+                                     const SafetensorsReadOptions& options) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::IOError("cannot open " + path);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Status::IOError("cannot stat " + path);
+  // Only a regular file has a size to check before reading: a directory, a device (/dev/zero)
+  // or a pipe would be read without end or sized at random.
+  if (!S_ISREG(st.st_mode)) return Status::IOError("not a regular file: " + path);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) return Status::Corruption("safetensors: shorter than 8 bytes").WithContext(path);
+  uint8_t first8[8];
+  KVTIER_RETURN_IF_ERROR(PreadFull(fd, first8, 8, 0, path));
+  const uint64_t n = HeaderLength(first8);
+  if (n > kMaxSafetensorsHeaderBytes || n > size - 8)
+    return Status::Corruption("safetensors: bad header length").WithContext(path);
+  std::vector<uint8_t> text(static_cast<size_t>(n));
+  KVTIER_RETURN_IF_ERROR(PreadFull(fd, text.data(), n, 8, path));
+  auto h = ParseHeader(text.data(), n, size - 8 - n);
+  if (!h.ok()) return h.status().WithContext(path);
+  auto wanted = [&](const std::string& name) {
+    return options.only.empty() || options.only.contains(name);
+  };
+  // The bytes to read, against the bound, before anything is allocated for them.
+  uint64_t total = 0;
+  for (const HeaderEntry& e : h->entries) {
+    if (wanted(e.name)) total += e.end - e.begin;  // ranges do not overlap: no overflow
+  }
+  if (total > options.max_data_bytes) {
+    return Status::InvalidArgument("safetensors: the tensors to read take " +
+                                   std::to_string(total) + " bytes, over the " +
+                                   std::to_string(options.max_data_bytes) + " allowed")
+        .WithContext(path);
+  }
+  TensorFile file;
+  file.metadata = std::move(h->metadata);
+  for (HeaderEntry& e : h->entries) {
+    if (!wanted(e.name)) continue;
+    Tensor t;
+    t.dtype = std::move(e.dtype);
+    t.shape = std::move(e.shape);
+    t.bytes.resize(static_cast<size_t>(e.end - e.begin));
+    KVTIER_RETURN_IF_ERROR(PreadFull(fd, t.bytes.data(), t.bytes.size(), 8 + n + e.begin, path));
+    file.tensors.emplace(std::move(e.name), std::move(t));
+  }
   return file;
 }
 

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ namespace kvtier::engine {
 
 // Upper bound on the JSON header (the format's own reference limit is 100 MB).
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
+// Default upper bound on the tensor bytes ReadSafetensors reads (4 GiB, a miniature's weights;
+// the weight loader passes the bound its config needs instead, engine/weights.h).
+inline constexpr uint64_t kSafetensorsReadBytesMax = uint64_t{4} << 30;
 
 struct Tensor {
   std::string dtype;           // "F32", "U8", ...
@@ -59,6 +63,21 @@ StatusOr<std::vector<uint8_t>> EncodeSafetensors(const TensorFile& file);
 StatusOr<TensorFile> DecodeSafetensors(const uint8_t* data, size_t size);
 
 Status WriteSafetensors(const std::string& path, const TensorFile& file);
-StatusOr<TensorFile> ReadSafetensors(const std::string& path);
+
+struct SafetensorsReadOptions {
+  // Upper bound on the tensor bytes read (summed over the tensors read).
+  uint64_t max_data_bytes = kSafetensorsReadBytesMax;
+  // When not empty, only the tensors of these names are read; the others are checked in the
+  // header (dtype, shape, range) and left out of the result.
+  std::set<std::string> only;
+};
+
+// Reads the file at `path`, which must be a regular file, without reading more than the
+// header (at most kMaxSafetensorsHeaderBytes) and the tensors asked for. Checks as
+// DecodeSafetensors does. IOError when it cannot be opened or read or is not a regular file (a
+// directory, /dev/zero, a pipe); Corruption for a malformed file; InvalidArgument, before any
+// tensor is allocated, when the tensors to read take more than options.max_data_bytes.
+StatusOr<TensorFile> ReadSafetensors(const std::string& path,
+                                     const SafetensorsReadOptions& options = {});
 
 }  // namespace kvtier::engine

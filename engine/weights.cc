@@ -257,7 +257,12 @@ Status CheckWeights(const EngineConfig& c, const TensorFile& file) {
 }
 
 StatusOr<ModelWeights> LoadWeights(const EngineConfig& c, const std::string& path) {
-  KVTIER_ASSIGN_OR_RETURN(TensorFile f, ReadSafetensors(path));
+  // Only the specs' tensors are read, and at most the bytes they take as F32 (F16/BF16 take
+  // less): a file's size says nothing about what loading it allocates.
+  SafetensorsReadOptions ro;
+  ro.max_data_bytes = WeightBytes(c);
+  for (const WeightSpec& s : WeightSpecs(c)) ro.only.insert(s.name);
+  KVTIER_ASSIGN_OR_RETURN(TensorFile f, ReadSafetensors(path, ro));
   KVTIER_RETURN_IF_ERROR(CheckSpecs(c, f, /*widen=*/true).WithContext(path));
   for (const WeightSpec& s : WeightSpecs(c)) {
     Tensor& t = f.tensors.at(s.name);

@@ -4,8 +4,8 @@
 // "layers.<l>.attn.wq_a.weight", ...). InitWeights makes deterministic weights from a seed;
 // each tensor has its own stream (seed, name), so the result does not depend on the order in
 // which tensors are made. LoadWeights checks a safetensors file against the specs (every
-// tensor present, same dtype and shape; extra tensors are ignored). An F32 parameter may be
-// stored as F16 or BF16: it is widened to F32 exactly at load (so the weights, and
+// tensor present, same dtype and shape; extra tensors are ignored and not read). An F32 parameter
+// may be stored as F16 or BF16: it is widened to F32 exactly at load (so the weights, and
 // WeightsDigest, equal those of the F32 file with the same values); a non-finite element in
 // any float parameter is an error naming the tensor.
 //
@@ -72,8 +72,10 @@ uint64_t WeightBytes(const EngineConfig& config);
 // InvalidArgument for a config whose Engram tables cannot be sized or whose WeightBytes exceed
 // kInitWeightsBytesMax (the message names both), before anything is allocated.
 StatusOr<ModelWeights> InitWeights(const EngineConfig& config, uint64_t seed);
-// IOError when unreadable; Corruption for a malformed file; InvalidArgument (naming the
-// tensor) for a missing tensor, a wrong dtype or shape, or an infinity/NaN.
+// Reads only the header and the spec'd tensors (at most WeightBytes(config) bytes of them), so
+// what it allocates is bounded by the config, not by the file. IOError when unreadable or not
+// a regular file; Corruption for a malformed file; InvalidArgument (naming the tensor) for a
+// missing tensor, a wrong dtype or shape, or an infinity/NaN.
 StatusOr<ModelWeights> LoadWeights(const EngineConfig& config, const std::string& path);
 // Checks file against the specs exactly (dtype included: F32 specs need F32 tensors).
 Status CheckWeights(const EngineConfig& config, const TensorFile& file);

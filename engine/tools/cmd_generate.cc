@@ -3,10 +3,8 @@
 // DSpark speculative decoding.
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -89,11 +87,9 @@ int RunGenerate(Args args) {
                  static_cast<unsigned long long>(kMaxNewTokensLimit), kMaxThreads);
     return 2;
   }
-  std::ifstream in(prompt_file, std::ios::binary);
-  if (!in) return Fail(Status::IOError("cannot open " + prompt_file));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  auto read = ReadFileHead(prompt_file, kMaxPromptBytes);
+  if (!read.ok()) return Fail(read.status());
+  const std::string text = std::move(*read);
   if (text.empty() || text.size() > kMaxPromptBytes) {
     std::fprintf(stderr, "kvtier-engine generate: the prompt must have 1..%llu bytes\n",
                  static_cast<unsigned long long>(kMaxPromptBytes));

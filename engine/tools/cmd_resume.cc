@@ -1,10 +1,8 @@
 // kvtier-engine resume: resume a saved session from kvtierd and continue decoding greedily.
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -83,12 +81,10 @@ int RunResume(Args args) {
     if (!ids.ok()) return Fail(ids.status());
     tokens = std::move(*ids);
   } else {
-    std::ifstream in(prompt_file, std::ios::binary);
-    if (!in) return Fail(Status::IOError("cannot open " + prompt_file));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (ss.str().size() > kMaxPromptBytes) return Fail(Status::InvalidArgument("prompt too long"));
-    tokens = tok->Encode(ss.str());
+    auto text = ReadFileHead(prompt_file, kMaxPromptBytes);
+    if (!text.ok()) return Fail(text.status());
+    if (text->size() > kMaxPromptBytes) return Fail(Status::InvalidArgument("prompt too long"));
+    tokens = tok->Encode(*text);
   }
   auto saver = ConnectStore(&e, *weights, socket, token, so);
   if (!saver.ok()) return Fail(saver.status());

@@ -226,7 +226,12 @@ class SessionStore {
                                                         const Digest& fingerprint,
                                                         const SessionOptions& options);
 
-  // CED prefill of an empty state, timed into the cost model.
+  // CED prefill of an empty state, timed into the cost model. Takes up to kMaxSessionTokens
+  // tokens: past kMaxTokensPerCall it runs Engine::PrefillCed of the first
+  // 1..kMaxTokensPerCall tokens and ExtendCed of kMaxTokensPerCall tokens at a time, which
+  // equals one PrefillCed of all the tokens bit for bit while W < kMaxTokensPerCall (with
+  // W = kMaxTokensPerCall, the config limit, the decoder rings continue across calls as the
+  // full forward's do). Errors as PrefillCed.
   Status Prefill(SequenceState* state, std::span<const int32_t> tokens,
                  std::vector<float>* last_logits);
   // Full forward of `tokens` appended to `state` (chunked prefill of a turn), timed.

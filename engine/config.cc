@@ -1,6 +1,7 @@
 #include "engine/config.h"
 
 #include <algorithm>
+#include <charconv>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -79,6 +80,107 @@ double EngineConfig::GlobalKvBytesPerToken() const {
     total += static_cast<double>(MainEntryBytes() + IndexEntryBytes()) / compress_ratios[s];
   }
   return total;
+}
+
+namespace {
+
+// Appends ";key=value" to *out: integers in decimal, floats as the shortest text that reads
+// back to the same double, strings as <bytes>:<text> (so no value can run into the next key),
+// lists as [a,b,...].
+class DescriptionWriter {
+ public:
+  explicit DescriptionWriter(std::string* out) : out_(out) {}
+  void Int(std::string_view key, int64_t v) { Key(key) += std::to_string(v); }
+  void Float(std::string_view key, double v) {
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof(buf), v);
+    Key(key).append(buf, r.ptr);
+  }
+  void Text(std::string_view key, std::string_view v) {
+    Key(key) += std::to_string(v.size()) + ":";
+    *out_ += v;
+  }
+  template <typename T>
+  void List(std::string_view key, const std::vector<T>& v) {
+    std::string& o = Key(key);
+    o += '[';
+    for (size_t i = 0; i < v.size(); ++i) o += (i ? "," : "") + std::to_string(v[i]);
+    o += ']';
+  }
+
+ private:
+  std::string& Key(std::string_view key) {
+    *out_ += ';';
+    *out_ += key;
+    *out_ += '=';
+    return *out_;
+  }
+  std::string* out_;
+};
+
+}  // namespace
+
+std::string EngineConfig::CanonicalDescription() const {
+  std::string out = "kvtier.engine_config.v1";
+  DescriptionWriter w(&out);
+  w.Int("vocab_size", vocab_size);
+  w.Int("hidden_size", hidden_size);
+  w.Int("num_hidden_layers", num_hidden_layers);
+  w.Int("num_attention_heads", num_attention_heads);
+  w.Int("num_key_value_heads", num_key_value_heads);
+  w.Int("head_dim", head_dim);
+  w.Int("qk_rope_head_dim", qk_rope_head_dim);
+  w.Int("q_lora_rank", q_lora_rank);
+  w.Int("o_lora_rank", o_lora_rank);
+  w.Int("o_groups", o_groups);
+  w.Int("sliding_window", sliding_window);
+  w.Float("rms_norm_eps", rms_norm_eps);
+  w.Float("rope_theta", rope_theta);
+  w.Float("compress_rope_theta", compress_rope_theta);
+  w.Text("rope_scaling.type", rope_scaling.type);
+  w.Float("rope_scaling.factor", rope_scaling.factor);
+  w.Int("rope_scaling.original_max_position_embeddings",
+        rope_scaling.original_max_position_embeddings);
+  w.Float("rope_scaling.beta_fast", rope_scaling.beta_fast);
+  w.Float("rope_scaling.beta_slow", rope_scaling.beta_slow);
+  w.Int("max_position_embeddings", max_position_embeddings);
+  // One entry per layer: entries past the layers (DSpark's) change nothing the engine computes.
+  const size_t layers = static_cast<size_t>(std::max(num_hidden_layers, 0));
+  w.List("compress_ratios",
+         std::vector<int>(compress_ratios.begin(),
+                          compress_ratios.begin() + std::min(layers, compress_ratios.size())));
+  w.List("kv_source_layer_ids", kv_source_layer_ids);
+  w.List("index_source_layer_ids", index_source_layer_ids);
+  w.Int("index_n_heads", index_n_heads);
+  w.Int("index_head_dim", index_head_dim);
+  w.Int("index_topk", index_topk);
+  w.Int("candidate_source_layer_id", candidate_source_layer_id);
+  w.Int("candidate_topk_blocks", candidate_topk_blocks);
+  w.Int("candidate_block_size", candidate_block_size);
+  w.Int("hc_mult", hc_mult);
+  w.Int("hc_sinkhorn_iters", hc_sinkhorn_iters);
+  w.Float("hc_eps", hc_eps);
+  w.Int("n_routed_experts", n_routed_experts);
+  w.Int("n_shared_experts", n_shared_experts);
+  w.Int("num_experts_per_tok", num_experts_per_tok);
+  w.Int("moe_intermediate_size", moe_intermediate_size);
+  w.Text("scoring_func", scoring_func);
+  w.Text("topk_method", topk_method);
+  w.Int("norm_topk_prob", norm_topk_prob ? 1 : 0);
+  w.Float("routed_scaling_factor", routed_scaling_factor);
+  w.Float("swiglu_limit", swiglu_limit);
+  w.Text("expert_format", ExpertFormatName(expert_format));
+  w.Text("weight_format", WeightFormatName(weight_format));
+  w.List("engram_layer_ids", engram_layer_ids);
+  w.Int("engram_max_ngram_size", engram_max_ngram_size);
+  w.Int("engram_n_heads", engram_n_heads);
+  w.Int("engram_head_dim", engram_head_dim);
+  w.List("engram_vocab_size", engram_vocab_size);
+  w.Int("engram_pad_token_id", engram_pad_token_id);
+  w.Int("engram_seed", engram_seed);
+  w.Int("engram_compressed_vocab_size", engram_compressed_vocab_size);
+  w.Int("dspark_noise_token_id", dspark_noise_token_id);
+  return out;
 }
 
 Status EngineConfig::Validate() {

@@ -140,6 +140,13 @@ struct EngineConfig {
 
   // Checks every invariant the engine relies on and fills the derived fields.
   Status Validate();
+
+  // Canonical text of every field above the derived ones (compress_ratios: one entry per
+  // layer): "kvtier.engine_config.v1;vocab_size=512;...;dspark_noise_token_id=511". Equal
+  // texts mean configs that compute the same from the same weights; the model fingerprint
+  // hashes it (engine/session.h EngineModelFingerprint). A field added to EngineConfig must be
+  // added here (test EngineConfig.CanonicalDescriptionCoversEveryKey).
+  std::string CanonicalDescription() const;
 };
 
 // Parses config JSON text (top-level keys or a nested "text_config"). Validates.

@@ -76,10 +76,19 @@ Digest WeightsDigest(const ModelWeights& weights) {
   return Sha256(pre);
 }
 
+Digest EngineModelDigest(const EngineConfig& config, const ModelWeights& weights) {
+  std::vector<uint8_t> pre;
+  AppendField(&pre, KeyField::kDomainTag, Bytes(kEngineModelDomainTag));
+  AppendField(&pre, KeyField::kDigest, WeightsDigest(weights));
+  AppendField(&pre, KeyField::kText, Bytes(config.CanonicalDescription()));
+  return Sha256(pre);
+}
+
 StatusOr<Digest> EngineModelFingerprint(const EngineConfig& config, const ModelWeights& weights,
                                         uint32_t unit_tokens) {
   KVTIER_ASSIGN_OR_RETURN(KvLayout layout, EngineKvLayout(config, unit_tokens));
-  return ModelFingerprint(layout.CanonicalDescription(), WeightsDigest(weights), kByteTokenizerId);
+  return ModelFingerprint(layout.CanonicalDescription(), EngineModelDigest(config, weights),
+                          kByteTokenizerId);
 }
 
 Digest SwaBlobKey(const Digest& last_chain_key) {

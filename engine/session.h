@@ -60,9 +60,20 @@ inline constexpr size_t kMaxSessionTokens = size_t{1} << 22;
 // Tokens per forward call when prefilling an uncached suffix (bounds activation memory).
 inline constexpr size_t kSuffixChunkTokens = 2048;
 
+// Domain tag of EngineModelDigest.
+inline constexpr std::string_view kEngineModelDomainTag = "kvtier.engine_model";
 // SHA-256 over every tensor in name order: F(name), F(dtype), shape (i64 LE), bytes.
 Digest WeightsDigest(const ModelWeights& weights);
-// ModelFingerprint(EngineKvLayout(config, unit_tokens) description, WeightsDigest, tokenizer).
+// What the engine computes with: SHA256(F(0x01,"kvtier.engine_model"), F(0x03,WeightsDigest),
+// F(0x05,config.CanonicalDescription())). The file's tensors alone do not say it: the config
+// rounds them at load (expert_format, weight_format) and sets every other number the forward
+// pass uses (rope_theta, rms_norm_eps, index_topk, ...).
+Digest EngineModelDigest(const EngineConfig& config, const ModelWeights& weights);
+// ModelFingerprint(EngineKvLayout(config, unit_tokens) description, EngineModelDigest,
+// tokenizer) (docs/format/key-spec.md §2): units and hot states saved under one config are
+// never restored under another, even over the same weights file. The Engram rows are bound as
+// the weights' tables; a remote row source (EngineOptions::engram_rows) must serve rows exported
+// from the same weights file (`kvtier engram build`), which nothing verifies.
 StatusOr<Digest> EngineModelFingerprint(const EngineConfig& config, const ModelWeights& weights,
                                         uint32_t unit_tokens);
 // SHA256(F(0x01,"kvtier.swa"), F(0x03,last_chain_key)): where the hot state of a sequence

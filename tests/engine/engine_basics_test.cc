@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <functional>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "engine/ops.h"
 #include "engine/safetensors.h"
 #include "engine/sampler.h"
+#include "engine/session.h"
 #include "engine/thread_pool.h"
 #include "engine/tokenizer.h"
 #include "engine/weights.h"
@@ -99,6 +101,125 @@ TEST(EngineConfig, AcceptsNestedTextConfigAndRejectsBadOnes) {
     EXPECT_FALSE(c.status().message().empty());
   }
   EXPECT_TRUE(LoadEngineConfig("/nonexistent/config.json").status().IsIOError());
+}
+
+// The model fingerprint hashes CanonicalDescription (engine/session.h EngineModelFingerprint):
+// a key the parser reads that does not change it lets two configs that compute different KV
+// from one weights file share cache keys (expert_format mxfp4 and f32 did: the fingerprint
+// bound only the KV layout and the file's tensors). Each key of the mini config, and each
+// optional key, is changed to another valid value: the description changes, and so does the
+// fingerprint over the same weights. DSpark's keys and compress_ratios entries past the layers
+// change nothing the engine computes: the description stays.
+TEST(EngineConfig, CanonicalDescriptionCoversEveryKey) {
+  std::FILE* f = std::fopen(KVTIER_MINI_CONFIG, "rb");
+  ASSERT_NE(f, nullptr);
+  std::string text;
+  char buf[4096];
+  size_t got;
+  while ((got = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, got);
+  std::fclose(f);
+  const nlohmann::json mini = nlohmann::json::parse(text);
+  auto base = ParseEngineConfig(text);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  const std::string base_text = base->CanonicalDescription();
+  const ModelWeights weights;  // one set for all: only the config varies
+  auto base_fp = EngineModelFingerprint(*base, weights, 64);
+  ASSERT_TRUE(base_fp.ok());
+  using nlohmann::json;
+  json yarn = mini["rope_scaling"];
+  auto with = [&](const char* key, json v) {
+    json y = yarn;
+    y[key] = std::move(v);
+    return y;
+  };
+  const std::vector<std::pair<std::string, json>> edits = {
+      {"vocab_size", 520},
+      {"hidden_size", 288},
+      {"num_hidden_layers", 17},
+      {"num_attention_heads", 4},
+      {"head_dim", 96},
+      {"qk_rope_head_dim", 32},
+      {"q_lora_rank", 96},
+      {"o_lora_rank", 96},
+      {"o_groups", 4},
+      {"sliding_window", 32},
+      {"rms_norm_eps", 1e-6},
+      {"rope_theta", 20000},
+      {"compress_rope_theta", 80000},
+      {"rope_scaling", nullptr},
+      {"rope_scaling", with("factor", 8)},
+      {"rope_scaling", with("original_max_position_embeddings", 256)},
+      {"rope_scaling", with("beta_fast", 16)},
+      {"rope_scaling", with("beta_slow", 2)},
+      {"max_position_embeddings", 8192},
+      {"compress_ratios", json::array({0, 0, 4, 4, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0})},
+      {"kv_source_layer_ids", json::array({2, 4, 8})},
+      {"index_source_layer_ids", json::array({2, 4, 6, 8, 10, 12})},
+      {"index_n_heads", 2},
+      {"index_head_dim", 64},
+      {"index_topk", 8},
+      {"candidate_source_layer_id", -1},
+      {"candidate_topk_blocks", 32},
+      {"candidate_block_size", 16},
+      {"hc_mult", 2},
+      {"hc_sinkhorn_iters", 10},
+      {"hc_eps", 1e-5},
+      {"n_routed_experts", 8},
+      {"n_shared_experts", 2},
+      {"num_experts_per_tok", 3},
+      {"moe_intermediate_size", 96},
+      {"topk_method", "greedy"},
+      {"norm_topk_prob", false},
+      {"routed_scaling_factor", 2.5},
+      {"swiglu_limit", 7.0},
+      {"expert_format", "mxfp4"},
+      {"weight_format", "fp8"},
+      {"engram_layer_ids", json::array({1, 5})},
+      {"engram_max_ngram_size", 3},
+      {"engram_n_heads", 2},
+      {"engram_head_dim", 64},
+      {"engram_vocab_size", 8000},
+      {"engram_pad_token_id", 3},
+      {"engram_seed", 5},
+      {"engram_compressed_vocab_size", 256},
+      {"dspark_noise_token_id", 510},
+  };
+  // Keys with a single valid value (Validate), and keys the engine does not read.
+  const std::set<std::string> one_value = {"num_key_value_heads", "scoring_func"};
+  const std::set<std::string> not_engine = {
+      "num_nextn_predict_layers", "dspark_block_size",       "dspark_target_layer_ids",
+      "dspark_markov_rank",       "dspark_n_routed_experts", "dspark_num_experts_per_tok"};
+  std::set<std::string> edited;
+  for (const auto& [key, value] : edits) {
+    json j = mini;
+    if (value.is_null()) {
+      j.erase(key);
+    } else {
+      j[key] = value;
+    }
+    auto c = ParseEngineConfig(j.dump());
+    ASSERT_TRUE(c.ok()) << key << ": " << c.status().ToString();
+    EXPECT_NE(c->CanonicalDescription(), base_text) << key;
+    auto fp = EngineModelFingerprint(*c, weights, 64);
+    ASSERT_TRUE(fp.ok()) << key;
+    EXPECT_NE(*fp, *base_fp) << key;
+    edited.insert(key);
+  }
+  for (auto it = mini.begin(); it != mini.end(); ++it) {
+    EXPECT_TRUE(edited.contains(it.key()) || one_value.contains(it.key()) ||
+                not_engine.contains(it.key()))
+        << "key " << it.key() << " is not checked";
+  }
+  for (const std::string& key : not_engine) {
+    json j = mini;
+    j[key] = key == "dspark_target_layer_ids" ? json::array({12, 13, 14}) : json(2);
+    auto c = ParseEngineConfig(j.dump());
+    ASSERT_TRUE(c.ok()) << key << ": " << c.status().ToString();
+    EXPECT_EQ(c->CanonicalDescription(), base_text) << key;
+  }
+  json j = mini;
+  j["compress_ratios"].push_back(1);  // past the layers
+  EXPECT_EQ(ParseEngineConfig(j.dump())->CanonicalDescription(), base_text);
 }
 
 // Every width of this config is within Validate's per-field limits, and its parameters take

@@ -160,7 +160,8 @@ Status MeasureSample(Engine* engine, const Digest& fingerprint, const UnitPayloa
       KVTIER_ASSIGN_OR_RETURN(auto unit, ExportUnit(layout, id, a, page));
       units.push_back(std::move(unit));
     }
-    hot[cut] = EncodeHotState(a, std::span<const float>(rows_a[cut].data(), V));
+    hot[cut] = EncodeHotState(a, std::span<const float>(rows_a[cut].data(), V),
+                              HotStateIdentity{fingerprint, SwaBlobKey(chain[cut / P - 1])});
   }
   a = SequenceState{};  // release (a)'s state before the restores
 
@@ -199,7 +200,10 @@ Status MeasureSample(Engine* engine, const Digest& fingerprint, const UnitPayloa
     std::vector<float> rows;
     // (b) exact restore.
     KVTIER_RETURN_IF_ERROR(import(h, &st));
-    KVTIER_ASSIGN_OR_RETURN(std::vector<float> hot_logits, DecodeHotState(hot.at(h), &st));
+    KVTIER_ASSIGN_OR_RETURN(
+        std::vector<float> hot_logits,
+        DecodeHotState(hot.at(h), HotStateIdentity{fingerprint, SwaBlobKey(chain[h / P - 1])},
+                       &st));
     ++report->hot_states_imported;
     KVTIER_RETURN_IF_ERROR(continue_from(h, &st, hot_logits, &rows));
     t[1].Add(ra, rows, next, V);

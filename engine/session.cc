@@ -50,8 +50,9 @@ constexpr uint8_t kHotMagic[4] = {'K', 'V', 'H', 'S'};
 constexpr uint8_t kHotIndexMagic[4] = {'K', 'V', 'H', 'I'};
 constexpr uint16_t kHotIndexVersion = 1;
 constexpr size_t kHotIndexHeaderBytes = 8;  // magic, version, count
-constexpr uint16_t kHotVersion = 2;         // 1: no tail field (still decoded)
-constexpr size_t kHotHeaderBytes = 12;      // magic, version, reserved, logits_count
+constexpr uint16_t kHotVersion = 3;  // 1, 2: not bound to a key (refused: the resume replays)
+// magic, version, reserved, logits_count, model fingerprint, key
+constexpr size_t kHotHeaderBytes = 12 + 2 * sizeof(Digest);
 // Largest vocabulary a hot state may carry (sanity bound for decoding).
 constexpr uint32_t kHotLogitsLimit = 1u << 24;
 
@@ -154,11 +155,14 @@ std::vector<Digest> SessionChainKeys(const Digest& fingerprint, std::span<const 
 }
 
 std::vector<uint8_t> EncodeHotState(const SequenceState& state, std::span<const float> logits,
+                                    const HotStateIdentity& identity,
                                     std::span<const uint8_t> tail) {
   std::vector<uint8_t> out(kHotMagic, kHotMagic + 4);
   PutU16(&out, kHotVersion);
   PutU16(&out, 0);
   PutU32(&out, static_cast<uint32_t>(logits.size()));
+  out.insert(out.end(), identity.model_fingerprint.begin(), identity.model_fingerprint.end());
+  out.insert(out.end(), identity.key.begin(), identity.key.end());
   const size_t at = out.size();
   out.resize(at + logits.size() * 4);
   std::memcpy(out.data() + at, logits.data(), logits.size() * 4);  // little-endian host
@@ -171,30 +175,34 @@ std::vector<uint8_t> EncodeHotState(const SequenceState& state, std::span<const 
   return out;
 }
 
-StatusOr<std::vector<float>> DecodeHotState(std::span<const uint8_t> b, SequenceState* state,
+StatusOr<std::vector<float>> DecodeHotState(std::span<const uint8_t> b,
+                                            const HotStateIdentity& expected, SequenceState* state,
                                             std::span<const int32_t> tail_tokens) {
-  if (b.size() < kHotHeaderBytes + 16 || std::memcmp(b.data(), kHotMagic, 4) != 0)
+  if (b.size() < 12 || std::memcmp(b.data(), kHotMagic, 4) != 0)
     return Status::Corruption("hot state: bad magic or too short");
+  const uint64_t version = GetLe(b.data() + 4, 2);
+  if (version == 1 || version == 2)
+    return Status::Corruption("hot state: version " + std::to_string(version) +
+                              " is not bound to its key and model");
+  if (version != kHotVersion) return Status::Corruption("hot state: version");
+  if (b.size() < kHotHeaderBytes + 24) return Status::Corruption("hot state: too short");
   if (GetLe(b.data() + b.size() - 8, 8) != Xxh3_64(b.data(), b.size() - 8))
     return Status::Corruption("hot state: checksum mismatch");
-  const uint64_t version = GetLe(b.data() + 4, 2);
-  if (version != 1 && version != kHotVersion) return Status::Corruption("hot state: version");
+  if (std::memcmp(b.data() + 12, expected.model_fingerprint.data(), sizeof(Digest)) != 0)
+    return Status::Corruption("hot state: model fingerprint does not match");
+  if (std::memcmp(b.data() + 12 + sizeof(Digest), expected.key.data(), sizeof(Digest)) != 0)
+    return Status::Corruption("hot state: stored under another key");
   const uint64_t n = GetLe(b.data() + 8, 4);
   if (n > kHotLogitsLimit) return Status::Corruption("hot state: logits count");
   const uint64_t swa_at = kHotHeaderBytes + n * 4;
   if (swa_at + 16 > b.size()) return Status::Corruption("hot state: truncated");
   const uint64_t swa_len = GetLe(b.data() + swa_at, 8);
   const uint64_t room = b.size() - swa_at - 16;  // bytes between the swa length and checksum
-  std::span<const uint8_t> tail;
-  if (version == 1) {
-    if (swa_len != room) return Status::Corruption("hot state: length");
-  } else {
-    if (swa_len > room || room - swa_len < 8) return Status::Corruption("hot state: length");
-    const uint64_t tail_at = swa_at + 8 + swa_len;
-    const uint64_t tail_len = GetLe(b.data() + tail_at, 8);
-    if (tail_len != room - swa_len - 8) return Status::Corruption("hot state: tail length");
-    tail = b.subspan(tail_at + 8, tail_len);
-  }
+  if (swa_len > room || room - swa_len < 8) return Status::Corruption("hot state: length");
+  const uint64_t tail_at = swa_at + 8 + swa_len;
+  const uint64_t tail_len = GetLe(b.data() + tail_at, 8);
+  if (tail_len != room - swa_len - 8) return Status::Corruption("hot state: tail length");
+  const std::span<const uint8_t> tail = b.subspan(tail_at + 8, tail_len);
   if (tail.empty() != tail_tokens.empty())
     return Status::Corruption("hot state: tail does not match the expected tokens");
   std::vector<float> logits(n);
@@ -406,19 +414,20 @@ Status SessionStore::Save(const SequenceState& state, std::span<const float> las
       }
       tail_blob = std::move(t).value();
     }
-    const std::vector<uint8_t> hot = EncodeHotState(state, last_logits, tail_blob);
+    const Digest& page = cursor->chain[pages - 1];
+    const Digest key =
+        tail == 0 ? SwaBlobKey(page)
+                  : HotTailKey(page, std::span<const int32_t>(state.tokens).subspan(pages * P));
+    const std::vector<uint8_t> hot =
+        EncodeHotState(state, last_logits, HotStateIdentity{fingerprint_, key}, tail_blob);
     daemon::PutOptions ho;
     ho.kind = 1;  // policies::ObjectKind::kSwa
     ho.allow_ssd = false;
     ho.highest_tier = 1;  // DRAM
     ho.ttl_ms = options_.hot_state_ttl_ms;
     ho.turn = po.turn;
-    const Digest& page = cursor->chain[pages - 1];
     // The page's index gets this state first, before the others already listed (read first; an
     // index that is missing or unreadable starts empty).
-    const Digest key =
-        tail == 0 ? SwaBlobKey(page)
-                  : HotTailKey(page, std::span<const int32_t>(state.tokens).subspan(pages * P));
     const daemon::wire::Key index_key = HotStateIndexKey(page);
     std::vector<HotStateIndexEntry> entries = {{static_cast<uint32_t>(tail), key}};
     {
@@ -566,7 +575,8 @@ bool SessionStore::RestoreHotState(std::span<const int32_t> tokens,
     const int64_t j = tails[i];
     // Checked before the import changes the state: a blob of another vocabulary is skipped.
     if (found[i].size() < 12 || GetLe(found[i].data() + 8, 4) != vocab) continue;
-    auto logits = DecodeHotState(found[i], state, tokens.subspan(at, j));
+    auto logits = DecodeHotState(found[i], HotStateIdentity{fingerprint_, keys[i]}, state,
+                                 tokens.subspan(at, j));
     if (logits.ok()) {
       *last_logits = std::move(*logits);
       r->hot_state_restored = true;

@@ -106,17 +106,30 @@ std::vector<uint8_t> EncodeHotStateIndex(std::span<const HotStateIndexEntry> ent
 StatusOr<std::vector<HotStateIndexEntry>> DecodeHotStateIndex(std::span<const uint8_t> bytes,
                                                               uint32_t unit_tokens);
 
+// Where a hot state belongs: the model fingerprint and the key it is kept under (SwaBlobKey or
+// HotTailKey, which cover the chain key of the whole prefix and the tail's ids).
+struct HotStateIdentity {
+  Digest model_fingerprint{};
+  Digest key{};
+};
+
 // Hot state: the SWA rings blob (ExportSwaRings) plus the last token's logits, and for a state
 // that ends mid-page the partial page's tail blob (state_io.h ExportTail), framed as
-//   "KVHS" u16 version(2) u16 0  u32 logits_count  logits f32 LE  u64 swa_bytes  swa blob
-//   u64 tail_bytes  tail blob (0 bytes: ends at a page boundary)  u64 xxh3-64 of all before it.
-// Version 1 (no tail field) is still decoded. `tail`: ExportTail of the state, or empty.
+//   "KVHS" u16 version(3) u16 0  u32 logits_count  model_fingerprint[32]  key[32]
+//   logits f32 LE  u64 swa_bytes  swa blob  u64 tail_bytes  tail blob (0 bytes: ends at a
+//   page boundary)  u64 xxh3-64 of all before it.
+// `tail`: ExportTail of the state, or empty; `identity`: where the blob will be kept.
 std::vector<uint8_t> EncodeHotState(const SequenceState& state, std::span<const float> logits,
+                                    const HotStateIdentity& identity,
                                     std::span<const uint8_t> tail = {});
 // Imports the tail (whose ids must equal `tail_tokens`; a blob without a tail needs it empty)
-// and the rings into `state` and returns the logits. Corruption for damaged bytes or other tail
-// ids; the state is unchanged on any error.
-StatusOr<std::vector<float>> DecodeHotState(std::span<const uint8_t> bytes, SequenceState* state,
+// and the rings into `state` and returns the logits. Corruption for damaged bytes, a blob
+// written for another identity than `expected` (a daemon that answers a GET with another key's
+// value: the rings and logits of another prefix would pass every shape check), other tail ids,
+// or versions 1 and 2 (not bound to a key: a resume replays instead); the state is unchanged on
+// any error.
+StatusOr<std::vector<float>> DecodeHotState(std::span<const uint8_t> bytes,
+                                            const HotStateIdentity& expected, SequenceState* state,
                                             std::span<const int32_t> tail_tokens = {});
 
 // The default bounded-replay length, in sliding windows (SessionOptions::replay_tokens = 0

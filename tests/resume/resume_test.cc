@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cache_daemon/client.h"
+#include "common/checksum.h"
 #include "common/key_spec.h"
 #include "engine/session.h"
 #include "engine/state_io.h"
@@ -299,6 +300,59 @@ TEST_F(ResumeTest, HotStateRestoreAsksOnlyForKeysThatWereWritten) {
     EXPECT_EQ(rep->replay_tokens, 0);
     EXPECT_EQ(misses(), before) << "a resume that restored everything counted misses";
   }
+}
+
+// A hot state the daemon returns under another page's key (a daemon bug, or a hostile daemon)
+// is refused and the resume replays: session A's blob, PUT under session B's hot-state key
+// (same length, same shapes: every check but the binding passes), used to be restored for B as
+// an exact restore, so B decoded from A's rings and logits. Now B's resume equals its bounded
+// replay reference bit for bit.
+TEST_F(ResumeTest, HotStateUnderAnotherKeyIsRefused) {
+  StartDaemon();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  SessionOptions o;
+  o.guard = GuardMode::kAlwaysFetch;
+  auto store = Store(c.get(), o);
+  const auto a = Prompt(128, 41), b = Prompt(128, 42);
+  std::vector<float> logits;
+  SaveSession(store.get(), a, &logits);
+  SaveSession(store.get(), b, &logits);
+  auto fp = EngineModelFingerprint(MiniConfig(), *MiniWeights(), o.unit_tokens);
+  ASSERT_TRUE(fp.ok());
+  const Digest key_a = SwaBlobKey(SessionChainKeys(*fp, a, o.unit_tokens).back());
+  const Digest key_b = SwaBlobKey(SessionChainKeys(*fp, b, o.unit_tokens).back());
+  std::vector<uint8_t> blob_a;
+  ASSERT_TRUE(c->Get(std::span<const daemon::wire::Key>(&key_a, 1), 0,
+                     [&](size_t, const daemon::GetItem& item) {
+                       ASSERT_TRUE(item.status.ok()) << item.status.ToString();
+                       blob_a.assign(item.value.begin(), item.value.end());
+                     })
+                  .ok());
+  ASSERT_FALSE(blob_a.empty());
+  daemon::PutUnit u;
+  u.key = key_b;
+  u.value = blob_a;
+  daemon::PutOptions po;
+  po.kind = 1;  // SWA, DRAM only, as Save puts it
+  po.allow_ssd = false;
+  po.highest_tier = 1;
+  po.ttl_ms = o.hot_state_ttl_ms;
+  auto put = c->Put(std::span<const daemon::PutUnit>(&u, 1), po);
+  ASSERT_TRUE(put.ok() && put->size() == 1 && (*put)[0].ok());
+
+  SequenceState ref_st;
+  const auto ref =
+      Continue(engine_.get(), &ref_st, CedWithBoundedRings(engine_.get(), b, b.size(), &ref_st), 8);
+  auto fresh = Store(c.get(), o);
+  SequenceState r;
+  std::vector<float> rl;
+  auto rep = fresh->Resume(b, &r, &rl);
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  EXPECT_EQ(rep->units_used, 2);
+  EXPECT_FALSE(rep->hot_state_restored);
+  EXPECT_EQ(rep->replay_tokens, kDefaultReplayWindows * 16);
+  EXPECT_TRUE(SameLogits(Continue(engine_.get(), &r, rl, 8), ref));
 }
 
 // (c): bounded replay equals the CED prefill with bounded ring rebuild, bit for bit, with and
@@ -621,25 +675,50 @@ TEST_F(ResumeTest, RecomputePastOneEngineCallIsTheCedPrefill) {
   EXPECT_TRUE(SameLogits(Continue(e->get(), &r, rl, 4), Continue(e->get(), &ref, ref_logits, 4)));
 }
 
+// An identity for the HotState tests: fingerprint and key filled with `fill`.
+HotStateIdentity TestIdentity(uint8_t fill) {
+  HotStateIdentity id;
+  id.model_fingerprint.fill(fill);
+  id.key.fill(static_cast<uint8_t>(fill + 1));
+  return id;
+}
+
 TEST(HotState, RoundTripsAndRejectsDamage) {
   auto e = MakeEngine();
   SequenceState st = e->NewSequence();
   std::vector<float> logits;
   ASSERT_TRUE(e->PrefillCed(&st, Prompt(64, 90), &logits).ok());
-  const auto blob = EncodeHotState(st, logits);
+  const HotStateIdentity id = TestIdentity(7);
+  const auto blob = EncodeHotState(st, logits, id);
   SequenceState other = st;
-  auto back = DecodeHotState(blob, &other);
+  auto back = DecodeHotState(blob, id, &other);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(*back, logits);
-  for (size_t at : {size_t{0}, size_t{20}, blob.size() / 2, blob.size() - 1}) {
+  for (size_t at : {size_t{0}, size_t{20}, size_t{50}, blob.size() / 2, blob.size() - 1}) {
     auto bad = blob;
     bad[at] ^= 0x40;
-    EXPECT_TRUE(DecodeHotState(bad, &other).status().IsCorruption()) << at;
+    EXPECT_TRUE(DecodeHotState(bad, id, &other).status().IsCorruption()) << at;
   }
-  EXPECT_TRUE(DecodeHotState(std::span(blob).first(10), &other).status().IsCorruption());
+  EXPECT_TRUE(DecodeHotState(std::span(blob).first(10), id, &other).status().IsCorruption());
   // A blob without a tail refuses expected tail tokens.
   const std::vector<int32_t> ids = {1, 2, 3};
-  EXPECT_TRUE(DecodeHotState(blob, &other, ids).status().IsCorruption());
+  EXPECT_TRUE(DecodeHotState(blob, id, &other, ids).status().IsCorruption());
+  // Another key or another model: refused, though every shape matches.
+  HotStateIdentity other_key = id, other_model = id;
+  other_key.key[31] ^= 1;
+  other_model.model_fingerprint[0] ^= 1;
+  EXPECT_TRUE(DecodeHotState(blob, other_key, &other).status().IsCorruption());
+  EXPECT_TRUE(DecodeHotState(blob, other_model, &other).status().IsCorruption());
+  // Version 2 (no identity, written before the binding), well formed: refused.
+  std::vector<uint8_t> v2 = blob;
+  v2[4] = 2;
+  v2.resize(v2.size() - 8);                         // the checksum
+  v2.erase(v2.begin() + 12, v2.begin() + 12 + 64);  // the identity
+  const uint64_t sum = Xxh3_64(v2.data(), v2.size());
+  for (int i = 0; i < 8; ++i) v2.push_back(static_cast<uint8_t>(sum >> (8 * i)));
+  auto old = DecodeHotState(v2, id, &other);
+  ASSERT_TRUE(old.status().IsCorruption());
+  EXPECT_NE(old.status().message().find("version 2"), std::string::npos) << old.status().ToString();
 }
 
 // The page's hot-state index: entries round-trip in order; damage, too many entries and a tail
@@ -682,7 +761,8 @@ TEST(HotState, TailRoundTripsAndRejectsDamage) {
   auto tail = ExportTail(st, 64);
   ASSERT_TRUE(tail.ok()) << tail.status().ToString();
   EXPECT_TRUE(ExportTail(st, 63).status().IsInvalidArgument());
-  const auto blob = EncodeHotState(st, logits, *tail);
+  const HotStateIdentity id = TestIdentity(9);
+  const auto blob = EncodeHotState(st, logits, id, *tail);
   auto layout = EngineKvLayout(MiniConfig(), 64);
   ASSERT_TRUE(layout.ok());
   const UnitPayloadLayout pl = UnitPayloadLayout::For(*layout);
@@ -694,18 +774,19 @@ TEST(HotState, TailRoundTripsAndRejectsDamage) {
   // Refusals first: each leaves r as it was (one page, no rings).
   std::vector<int32_t> wrong(ids.begin(), ids.end());
   wrong[5] ^= 1;
-  EXPECT_TRUE(DecodeHotState(blob, &r, wrong).status().IsCorruption());
-  EXPECT_TRUE(DecodeHotState(blob, &r, ids.first(40)).status().IsCorruption());
-  EXPECT_TRUE(DecodeHotState(blob, &r).status().IsCorruption());  // a tail nobody expected
+  EXPECT_TRUE(DecodeHotState(blob, id, &r, wrong).status().IsCorruption());
+  EXPECT_TRUE(DecodeHotState(blob, id, &r, ids.first(40)).status().IsCorruption());
+  EXPECT_TRUE(DecodeHotState(blob, id, &r).status().IsCorruption());  // a tail nobody expected
+  EXPECT_TRUE(DecodeHotState(blob, TestIdentity(10), &r, ids).status().IsCorruption());
   for (size_t at : {size_t{0}, blob.size() / 3, blob.size() - 100, blob.size() - 1}) {
     auto bad = blob;
     bad[at] ^= 0x10;
-    EXPECT_TRUE(DecodeHotState(bad, &r, ids).status().IsCorruption()) << at;
+    EXPECT_TRUE(DecodeHotState(bad, id, &r, ids).status().IsCorruption()) << at;
   }
   SequenceState empty = e->NewSequence();
   EXPECT_TRUE(ImportTail(*tail, ids, &empty).IsInvalidArgument());
   ASSERT_EQ(r.tokens.size(), 64u);
-  auto back = DecodeHotState(blob, &r, ids);
+  auto back = DecodeHotState(blob, id, &r, ids);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(*back, logits);
   ASSERT_EQ(r.tokens, st.tokens);

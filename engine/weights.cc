@@ -266,6 +266,19 @@ StatusOr<ModelWeights> LoadWeights(const EngineConfig& c, const std::string& pat
   KVTIER_RETURN_IF_ERROR(CheckSpecs(c, f, /*widen=*/true).WithContext(path));
   for (const WeightSpec& s : WeightSpecs(c)) {
     Tensor& t = f.tensors.at(s.name);
+    if (s.dtype == "F8_E4M3" || s.dtype == "F8_E8M0") {
+      // The FP8 codes that mean NaN (neither format has infinities): e4m3fn S.1111.111, and
+      // the ue8m0 scale 0xff (kernels/quant.h), which dequantise whole rows to NaN.
+      const bool e4m3 = s.dtype == "F8_E4M3";
+      for (size_t i = 0; i < t.bytes.size(); ++i) {
+        if (e4m3 ? (t.bytes[i] & 0x7f) == 0x7f : t.bytes[i] == 0xff)
+          return Status::InvalidArgument("weights: " + s.name + " element " + std::to_string(i) +
+                                         " is NaN (" + s.dtype + " code " +
+                                         std::to_string(t.bytes[i]) + ")")
+              .WithContext(path);
+      }
+      continue;
+    }
     if (s.dtype != "F32") continue;
     KVTIER_RETURN_IF_ERROR(ConvertToF32(s.name, &t).WithContext(path));
     const float* v = t.f32();

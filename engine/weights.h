@@ -7,7 +7,8 @@
 // tensor present, same dtype and shape; extra tensors are ignored and not read). An F32 parameter
 // may be stored as F16 or BF16: it is widened to F32 exactly at load (so the weights, and
 // WeightsDigest, equal those of the F32 file with the same values); a non-finite element in
-// any float parameter is an error naming the tensor.
+// any float parameter is an error naming the tensor, FP8 codes included (an F8_E4M3 code
+// S.1111.111 or an F8_E8M0 scale 0xff is NaN).
 //
 // Initial scales (no trained weights can be downloaded here) keep activations in range and
 // make gates behave like a trained network's: linear layers U(+-sqrt(3/fan_in)) (unit output

@@ -191,6 +191,13 @@ TEST_F(HalfWeightsFile, HostileTensorsFailNamingTheTensor) {
        [&](TensorFile* f) { set16(&f->tensors.at(m.bf16_name), 0, 0x7f80); }},
       {"f32 nan", m.f32_name, "NaN",
        [&](TensorFile* f) { f->tensors.at(m.f32_name).f32()[0] = NAN; }},
+      // FP8 codes that mean NaN used to load: only F32 specs were checked for finiteness.
+      {"e4m3 nan", m.engram_name, "NaN",
+       [&](TensorFile* f) { f->tensors.at(m.engram_name).bytes[3] = 0xff; }},
+      {"e4m3 positive nan", m.engram_name, "NaN",
+       [&](TensorFile* f) { f->tensors.at(m.engram_name).bytes[0] = 0x7f; }},
+      {"e8m0 nan scale", m.engram_name + "_scale", "NaN",
+       [&](TensorFile* f) { f->tensors.at(m.engram_name + "_scale").bytes[1] = 0xff; }},
       {"wrong dtype", m.f32_name, "dtype I32, expected F32",
        [&](TensorFile* f) { f->tensors.at(m.f32_name).dtype = "I32"; }},
       {"half for an fp8 table", m.engram_name, "expected F8_E4M3",

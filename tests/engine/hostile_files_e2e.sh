@@ -4,7 +4,7 @@
 # Each exits with a message and its error code (1; 2 for generate's over-long prompt, a usage
 # error), and reads no more than the limit: the old whole-file reads died of std::bad_alloc (SIGABRT) or
 # read /dev/zero until out of memory. A real weights file extended to 1 TiB by a sparse tail
-# still loads: only the header and the config's tensors are read.
+# still loads: only the header and the config's tensors are read. FP8 NaN codes are refused.
 # Args: <kvtier-engine> <source dir> <work dir>.
 set -eu
 bin=$1 src=$2 dir=$3
@@ -42,6 +42,21 @@ expect 1 'prompt too long' eng resume --model "$model" --config "$config" \
 expect 1 'kEngineConfigBytesMax' eng generate --model "$model" --config /dev/zero \
   --prompt-file "$dir/prompt.txt"
 expect 1 'not a regular file' gen --model "$model" --speculative --draft "$dir/dir.safetensors"
+# An FP8 byte that means NaN (an Engram table's F8_E8M0 scale 0xff, its F8_E4M3 code 0x7f):
+# refused naming the tensor (only F32 tensors were checked for finiteness, and these loaded).
+n=$(od -An -t u8 -N 8 "$model" | tr -d ' ')
+poison() {  # poison <tensor> <octal byte> <out>: the tensor's first byte replaced
+  entry=$(dd if="$model" bs=4096 skip=8 count=$(( (n + 8) / 4096 + 1 )) iflag=skip_bytes \
+          2>/dev/null | head -c "$n" | grep -o "\"$1\":{[^}]*}")
+  off=$(echo "$entry" | sed 's/.*"data_offsets":\[\([0-9]*\),.*/\1/')
+  [ -n "$off" ] || { echo "no offset for $1"; exit 1; }
+  cp "$model" "$3"
+  printf "\\$2" | dd of="$3" bs=1 seek=$((8 + n + off)) conv=notrunc 2>/dev/null
+}
+poison layers.1.engram.table_scale 377 "$dir/nan_scale.safetensors"
+expect 1 'layers.1.engram.table_scale element 0 is NaN' gen --model "$dir/nan_scale.safetensors"
+poison layers.1.engram.table 177 "$dir/nan_code.safetensors"
+expect 1 'layers.1.engram.table element 0 is NaN' gen --model "$dir/nan_code.safetensors"
 # The real weights with a 1 TiB sparse tail: the same continuation as the file itself.
 cp "$model" "$dir/tail.safetensors"
 truncate -s 1T "$dir/tail.safetensors"

@@ -477,15 +477,21 @@ Status SessionStore::MaybeSave(const SequenceState& state, std::span<const float
   return Save(state, last_logits, cursor);
 }
 
-Status SessionStore::CalibrateCed(std::span<const int32_t> tokens) {
-  // A short CED prefill on a scratch state: the engine's own speed on this machine.
+Status SessionStore::Calibrate(std::span<const int32_t> tokens, bool ced) {
+  // A short CED prefill or full forward on a scratch state: the engine's own speed on this
+  // machine.
   constexpr size_t kCalibrationTokens = 32;
   SequenceState scratch = engine_->NewSequence();
   std::vector<float> logits;
   const size_t n = std::min(kCalibrationTokens, tokens.size());
   const auto t0 = Clock::now();
-  KVTIER_RETURN_IF_ERROR(engine_->PrefillCed(&scratch, tokens.first(n), &logits));
-  cost_.ObserveCed(static_cast<int64_t>(n), Since(t0));
+  if (ced) {
+    KVTIER_RETURN_IF_ERROR(engine_->PrefillCed(&scratch, tokens.first(n), &logits));
+    cost_.ObserveCed(static_cast<int64_t>(n), Since(t0));
+  } else {
+    KVTIER_RETURN_IF_ERROR(engine_->Forward(&scratch, tokens.first(n), false, &logits));
+    cost_.ObserveForward(static_cast<int64_t>(n), Since(t0));
+  }
   return Status::Ok();
 }
 
@@ -646,9 +652,15 @@ StatusOr<ResumeReport> SessionStore::ResumeOrRestore(std::span<const int32_t> to
     return r;
   }
 
-  // 2. The guard, before any fetch: estimated fetch + replay + suffix vs CED of everything.
-  if (options_.guard == GuardMode::kAuto && !cost_.has_ced()) {
-    KVTIER_RETURN_IF_ERROR(CalibrateCed(tokens));
+  // 2. The guard, before any fetch: estimated fetch + replay + suffix vs CED of everything
+  // (Resume) or a full forward of everything (Restore). Restore computes nothing with CED and
+  // calibrates the full forward: a config that CED cannot run (Engine::ExtendCed) restores.
+  if (options_.guard == GuardMode::kAuto) {
+    if (prefill && !cost_.has_ced()) {
+      KVTIER_RETURN_IF_ERROR(Calibrate(tokens, /*ced=*/true));
+    } else if (!prefill && !cost_.has_forward()) {
+      KVTIER_RETURN_IF_ERROR(Calibrate(tokens, /*ced=*/false));
+    }
   }
   auto estimate = [&](int64_t used_units, const std::vector<uint8_t>& tiers) {
     double s = 0;

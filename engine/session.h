@@ -285,7 +285,8 @@ class SessionStore {
   // empty logits, for a miss or when the guard found a full forward of every token cheaper,
   // report.recomputed) and the caller runs the rest with the full forward (Engine::Forward /
   // ForwardBatch, e.g. in chunks beside other sequences). The guard compares the resume with a
-  // full forward of every token, not a CED prefill. Errors as Resume.
+  // full forward of every token, not a CED prefill, and nothing here runs CED: a config that
+  // CED cannot run (Engine::ExtendCed: the decoder's kv source) restores too. Errors as Resume.
   StatusOr<ResumeReport> Restore(std::span<const int32_t> tokens, SequenceState* state,
                                  std::vector<float>* last_logits);
 
@@ -304,7 +305,9 @@ class SessionStore {
   // An empty state; with `prefill` also the CED prefill of every token.
   Status Recompute(std::span<const int32_t> tokens, SequenceState* state,
                    std::vector<float>* last_logits, ResumeReport* report, bool prefill);
-  Status CalibrateCed(std::span<const int32_t> tokens);
+  // Times a CED prefill (ced) or a full forward of the first 32 tokens on a scratch state into
+  // the cost model.
+  Status Calibrate(std::span<const int32_t> tokens, bool ced);
   // Resume (prefill = true: the rest computed here, CED for a recompute) or Restore (false).
   StatusOr<ResumeReport> ResumeOrRestore(std::span<const int32_t> tokens, SequenceState* state,
                                          std::vector<float>* last_logits, bool prefill);

@@ -753,6 +753,41 @@ TEST_F(ServeTest, FullPoolSwapsIdleSequencesOutAndResumesThem) {
   EXPECT_LE(Metric(m, "kvtier_serve_resident_tokens"), 600);
 }
 
+// A config the engine runs but CED does not (a second kv source in the decoder half, layer 6 of
+// the trained miniature's schedule): serve computes with the full forward only, yet with
+// `--guard auto` a cache hit first calibrated the guard with a CED prefill
+// (SessionStore::CalibrateCed), which such a config refuses, so every request that hit kvtierd
+// failed with "CED needs one decoder kv source", and the CED speed was never set to stop it.
+// Restore's guard compares full forwards, and calibrates that.
+TEST_F(ServeTest, AutoGuardRestoresWithAConfigWithoutCed) {
+  std::string text;
+  {
+    std::ifstream in(std::string(KVTIER_SOURCE_DIR) + "/deploy/models/kvmini-trained.json");
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string from = "\"kv_source_layer_ids\":[2,4]";
+  const size_t at = text.find(from);
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, from.size(), "\"kv_source_layer_ids\":[2,4,6]");
+  const std::string config = (dir_ / "noced.json").string();
+  const std::string model = (dir_ / "noced.safetensors").string();
+  std::ofstream(config) << text;
+  std::string out;
+  ASSERT_EQ(RunShell(std::string(KVTIER_ENGINE_PATH) + " init --config " + config +
+                         " --seed 3 --out " + model,
+                     &out),
+            0)
+      << out;
+  StartServer({"--model", model, "--config", config, "--idle-sequences-max", "0"}, "auto");
+  const std::string prompt = Text(200, 12);
+  HttpReply r1 = Post("/v1/completions", Completion(prompt, 4));
+  ASSERT_EQ(r1.status, 200) << r1.body;
+  HttpReply r2 = Post("/v1/completions", Completion(prompt, 4));
+  ASSERT_EQ(r2.status, 200) << r2.body;
+  EXPECT_GE(r2.Json()["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 3 * kPage);
+  EXPECT_EQ(Metric(Metrics(), "kvtier_serve_resume_hits_total"), 1);
+}
+
 // The live /metrics page passes `promtool check metrics` after real traffic.
 TEST_F(ServeTest, LiveMetricsArePromtoolClean) {
   if (RunShell("command -v promtool") != 0) GTEST_SKIP() << "no promtool";

@@ -629,6 +629,9 @@ Status SsdTier::SetPolicy(const std::string& eviction, const policies::PolicyPar
 void SsdTier::ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) const {
   impl_->ForEach(fn);
 }
+void SsdTier::ForEachUnsyncedEviction(const std::function<void(const Key&, TenantId)>& fn) const {
+  impl_->ForEachUnsyncedEviction(fn);
+}
 void SsdTier::WaitForIndexLoad() const { impl_->WaitForIndexLoad(); }
 Status SsdTier::Flush() { return impl_->Flush(); }
 LogPosition SsdTier::LogEnd() const { return impl_->LogEnd(); }

@@ -55,9 +55,11 @@
 //   CommitStage (stats, log): after kBufferWrite / kSync its data is forgotten, after
 //   kIndexWrite (data durable) its index operations are retried at the next commit.
 // - Deletes: Remove takes the entry out of memory at once and commits an index delete with
-//   the next commit. A commit records durable_end (the end of everything appended before
-//   it); the recovery tail scan starts there, so it never re-indexes a record whose delete,
-//   or whose newer version, was committed.
+//   the next commit. An eviction's index delete does not sync the index (a power failure may
+//   bring an evicted unit back, intact); a Remove of a key so evicted, before a synced index
+//   write covered its delete, records a delete that does. A commit records durable_end (the end of
+//   everything appended before it); the recovery tail scan starts there, so it never re-indexes a
+//   record whose delete, or whose newer version, was committed.
 // - Segment files: the segment directory is fsynced after a segment is created (before any
 //   commit names it) and after one is deleted (DeviceEnv::SyncDir).
 // - Async write errors (EIO, ENOSPC): the records of the failed buffer are dropped (never
@@ -228,7 +230,8 @@ struct SsdStats {
   // fdatasync calls made by commits; failed commits and the stage of the latest failure.
   uint64_t syncs = 0, commit_failures = 0;
   // Commits (and Flushes) that synced the RocksDB index WAL: those holding a delete other
-  // than an eviction, Flush, recovery, close, and the cleaner's before a segment deletion.
+  // than an eviction, Flush, recovery, close, the cleaner's before a segment deletion, and
+  // the one after 16384 evictions wait unsynced (SsdTier::Remove).
   uint64_t index_syncs = 0;
   // kSync puts that commits covered (commit_writers / commits: writers per commit); commits
   // whose leader waited for more writers (SsdOptions::commit_delay_us), the microseconds it
@@ -331,7 +334,10 @@ class SsdTier {
   // *meta (may be null) receives the indexed metadata (raw_bytes included).
   bool Contains(const Key& key, uint64_t* version = nullptr, SsdMeta* meta = nullptr) const;
   // NotFound if absent. The removal is durable at the next commit (never commits itself);
-  // *ticket (may be null) receives the commit ticket for WaitDurable.
+  // *ticket (may be null) receives the commit ticket for WaitDurable. A key the tier evicted
+  // whose eviction delete no synced index write covers yet (durability other than kNone) is
+  // not absent: a power failure may lose that delete and bring the unit back. Remove then
+  // records a delete of its own, which syncs the index with its commit, and returns OK.
   Status Remove(const Key& key, uint64_t* ticket = nullptr);
   // kSync: commits everything up to the ticket (sharing a commit with concurrent callers)
   // and returns the outcome of the commit that covered it. kBatched / kNone: returns OK at
@@ -345,6 +351,10 @@ class SsdTier {
   // Calls fn for every live object (under the tier lock: fn must not call back). Waits for
   // the background index load first.
   void ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) const;
+  // Calls fn for each key that Remove would find evicted with its delete not yet synced (see
+  // Remove), with the unit's tenant (under the tier lock: fn must not call back). Bounded: a
+  // commit syncs the index once 16384 such evictions are waiting.
+  void ForEachUnsyncedEviction(const std::function<void(const Key&, TenantId)>& fn) const;
   // Blocks until the background index load has finished: every entry is in memory and has
   // been reported to on_index_load (the last batch too), and the deferred cleaning ran.
   void WaitForIndexLoad() const;

@@ -175,7 +175,9 @@ void TierManagerImpl::DroppedLocked(const Key& key, MissReason r) {
 void TierManagerImpl::RemoveEverywhereLocked(const Key& key, uint64_t* ticket) {
   if (hbm_) (void)hbm_->Remove(key);
   if (dram_) (void)dram_->Remove(key);
-  if (ssd_ && ssd_->Contains(key)) {
+  if (ssd_) {
+    // Also when the SSD tier evicted it by an index delete not synced yet (SsdTier::Remove):
+    // a power failure must not bring back what this removes.
     uint64_t t = 0;
     Status st = ssd_->Remove(key, &t);
     if (st.ok() && ticket != nullptr) *ticket = std::max(*ticket, t);
@@ -444,10 +446,11 @@ void TierManagerImpl::FinishPutLocked(const Key& key, const MemMeta& meta, uint6
   if (hbm_ && hbm_->Contains(key, &m) && m.version != meta.version) (void)hbm_->Remove(key);
   if (dram_ && dram_->Contains(key, &m) && m.version != meta.version) (void)dram_->Remove(key);
   uint64_t v = 0;
-  if (ssd_ && ssd_->Contains(key, &v) && v != meta.version) {
-    // Its removal is committed under the mode, so a crash never brings the old value back.
+  if (ssd_ && !(ssd_->Contains(key, &v) && v == meta.version)) {
+    // Its removal is committed under the mode, so a crash never brings the old value back;
+    // also an old value the SSD tier evicted by an index delete not synced yet (Remove).
     Status st = ssd_->Remove(key, stale_ticket);
-    (void)st;  // NotFound: removed meanwhile
+    (void)st;  // NotFound: none there
   }
   // Account.
   auto [it, inserted] = dir_.try_emplace(key, DirEntry{meta.tenant, meta.size_bytes});

@@ -31,8 +31,9 @@
 // memory-only by request (SWA hot state) and never durable; kNone writes memory-placed
 // puts to SSD only on demotion or Flush. Capacity eviction and TTL expiry end a unit's
 // life as always (a unit the SSD tier evicts while a memory tier holds it is served from
-// memory until evicted there, but no longer survives a restart). Without an SSD tier
-// nothing is durable.
+// memory until evicted there, but no longer survives a restart; a power failure may bring
+// an evicted unit back, intact, unless it was deleted since: a delete of a unit the SSD
+// tier evicted commits an index delete of its own). Without an SSD tier nothing is durable.
 // Concurrent kSync writers share commits (one fdatasync + one index write for all the
 // puts and deletes that arrive while the previous commit runs): the SSD write and the wait
 // for its commit run outside TierManager's own lock. Writes of one key are serialised.
@@ -383,8 +384,10 @@ class TierManager {
   virtual Status Pin(std::span<const Key> keys, uint64_t lease_ms) = 0;
   virtual Status Unpin(std::span<const Key> keys) = 0;
 
-  // NotFound if absent. IOError: the removal is done in memory but its commit failed (kSync;
-  // the index delete is retried at the next commit).
+  // NotFound if absent (a unit the SSD tier evicted, also from every other tier, is absent;
+  // its index delete is then committed as a Delete's, so it never comes back after a power
+  // failure). IOError: the removal is done in memory but its commit failed (kSync; the index
+  // delete is retried at the next commit).
   virtual Status Delete(const Key& key) = 0;
   // Removes every unit of the tenant from every tier and index (under kSync: one commit for
   // all of them before it returns). IOError as for Delete.

@@ -49,17 +49,22 @@ Status TierManagerImpl::Unpin(std::span<const Key> keys) {
 
 Status TierManagerImpl::Delete(const Key& key) {
   uint64_t ticket = 0;
+  bool present = false;
   {
     std::unique_lock lock(mu_);
     WaitForKeyLocked(lock, key, nullptr);  // a put of the key in flight finishes first
     DrainLoadedLocked();
-    if (!PresentAnywhereLocked(key)) return Status::NotFound("no such unit");
+    present = PresentAnywhereLocked(key);
+    // Absent too: the SSD index may still hold a unit its tier evicted (the eviction's delete
+    // not synced yet): after this Delete it must not come back either (RemoveEverywhereLocked).
     RemoveEverywhereLocked(key, &ticket);
-    DroppedLocked(key, MissReason::kNeverStored);
+    if (present) DroppedLocked(key, MissReason::kNeverStored);
   }
   // kSync: the index delete is committed before the delete is acknowledged (shared with
   // concurrent writers' commits).
-  return WaitDurable(ticket);
+  Status st = WaitDurable(ticket);
+  if (!st.ok() || present) return st;
+  return Status::NotFound("no such unit");
 }
 
 Status TierManagerImpl::DeleteTenant(TenantId tenant) {
@@ -83,6 +88,11 @@ Status TierManagerImpl::DeleteTenant(TenantId tenant) {
     if (ssd_) {
       ssd_->ForEach([&](const Key& k, const SsdMeta& m) {
         if (m.tenant == tenant && !dir_.count(k)) keys.push_back(k);
+      });
+      // Units the SSD tier evicted (gone from every tier, or still in memory) whose index
+      // delete is not synced yet: a power failure must not bring them back either.
+      ssd_->ForEachUnsyncedEviction([&](const Key& k, TenantId t) {
+        if (t == tenant && !dir_.count(k)) keys.push_back(k);
       });
     }
     for (const Key& k : keys) {

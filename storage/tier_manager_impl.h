@@ -256,6 +256,8 @@ class TierManagerImpl final : public TierManager {
   Status WriteBackLocked();
   // Removes the key from every tier; *ticket (when not null) becomes the SSD commit ticket
   // of the removal (0: nothing removed from SSD), to pass to ssd_->WaitDurable without mu_.
+  // A key the SSD tier evicted by an index delete not synced yet gets a delete that syncs
+  // (SsdTier::Remove): a power failure never brings back a unit this removed.
   void RemoveEverywhereLocked(const Key& key, uint64_t* ticket = nullptr);
   // Waits (releasing mu_ meanwhile) until no put of the key is in its SSD step, and, when
   // tenant is given, until no tenant delete of it is waiting.

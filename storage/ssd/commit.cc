@@ -25,6 +25,8 @@ Status SsdTier::Impl::PrepareLocked(CommitBatch* b) {
   for (const PendingOp& op : b->ops) {
     if (op.is_delete && !op.eviction) b->sync_index = true;
   }
+  if (sync_index_next_) b->sync_index = true;  // too many unsynced evictions
+  sync_index_next_ = false;
   b->last_ticket = pending_ticket_;
   b->first_ticket = pending_ticket_ - b->ops.size() + 1;
   b->sync_segs = std::move(unsynced_segs_);
@@ -162,6 +164,7 @@ void SsdTier::Impl::Settle(CommitBatch* b, const Status& st, CommitStage stage) 
   } recycle{this, &b->ops};
   if (st.ok()) {
     ++stats_.commits;
+    if (b->sync_index && o_.durability != Durability::kNone) IndexSyncedLocked(b->last_ticket);
     return;
   }
   ++stats_.io_errors;
@@ -270,11 +273,17 @@ Status SsdTier::Impl::Commit(uint64_t ticket, bool sync_index) {
     KVTIER_RETURN_IF_ERROR(PrepareLocked(&b));
   }
   if (b.empty) {
+    const uint64_t written = pending_ticket_;  // every op up to it is in RocksDB
     lock.unlock();
     if (!sync_index || o_.durability == Durability::kNone) return Status::Ok();
     // Nothing pending, but earlier commits may have left the index unsynced.
     index_syncs_.fetch_add(1);
-    return FromRocks(db_->SyncWAL(), "index sync");
+    Status st = FromRocks(db_->SyncWAL(), "index sync");
+    if (st.ok()) {
+      lock.lock();
+      IndexSyncedLocked(written);
+    }
+    return st;
   }
   b.sync_index = b.sync_index || sync_index;
   lock.unlock();

@@ -100,8 +100,16 @@ class SsdTier::Impl {
   }
   Status Remove(const Key& key, uint64_t* ticket) {
     std::unique_lock lock(mu_);
-    if (FindLocked(key, lock) == map_.end()) return Status::NotFound("not in ssd tier");
-    RemoveLocked(key);
+    if (FindLocked(key, lock) == map_.end()) {
+      // Evicted, but the index may still hold it (unsynced_evictions_): a delete of its own,
+      // not an eviction, so that its commit syncs the index.
+      auto ev = unsynced_evictions_.find(key);
+      if (ev == unsynced_evictions_.end()) return Status::NotFound("not in ssd tier");
+      unsynced_evictions_.erase(ev);
+      PushPending({key, true, {}});
+    } else {
+      RemoveLocked(key);
+    }
     if (ticket != nullptr) *ticket = pending_ticket_;
     return Status::Ok();
   }
@@ -119,6 +127,10 @@ class SsdTier::Impl {
     std::unique_lock lock(mu_);
     load_cv_.wait(lock, [&] { return load_finished_; });
     for (const auto& [k, e] : map_) fn(k, MetaOf(e));
+  }
+  void ForEachUnsyncedEviction(const std::function<void(const Key&, TenantId)>& fn) {
+    std::lock_guard lock(mu_);
+    for (const auto& [k, ev] : unsynced_evictions_) fn(k, ev.tenant);
   }
   void WaitForIndexLoad() {
     std::unique_lock lock(mu_);
@@ -235,6 +247,8 @@ class SsdTier::Impl {
     const bool relocated = it != map_.end() && it->second.seq == e.seq;
     if (it != map_.end()) RemoveLocked(k, /*log_delete=*/false, false, /*keep_policy=*/relocated);
     map_.emplace(k, e);
+    // Any later removal syncs the index, or is an eviction that records itself again.
+    if (!unsynced_evictions_.empty()) unsynced_evictions_.erase(k);
     auto seg = segments_.find(e.segment);
     if (seg != segments_.end()) seg->second->live_bytes += LiveCost(e);
     if (!relocated) Track(k, e);
@@ -247,11 +261,29 @@ class SsdTier::Impl {
     auto seg = segments_.find(it->second.segment);
     if (seg != segments_.end()) seg->second->live_bytes -= LiveCost(it->second);
     if (!keep_policy) Untrack(k);
+    const TenantId tenant = it->second.tenant;
     map_.erase(it);
     dirty_access_.erase(k);
     // While the background load runs, the loader must not bring the key back.
     if (!loaded_) tombstones_.insert(k);
-    if (log_delete) PushPending({k, true, {}, eviction});
+    if (!log_delete) return;
+    PushPending({k, true, {}, eviction});
+    if (eviction && o_.durability != Durability::kNone) NoteUnsyncedEvictionLocked(k, tenant);
+  }
+  // Under mu_: the eviction delete of k (pending_ticket_) is not synced yet (unsynced_evictions_).
+  void NoteUnsyncedEvictionLocked(const Key& k, TenantId tenant) {
+    unsynced_evictions_[k] = {pending_ticket_, tenant};
+    unsynced_eviction_order_.emplace_back(pending_ticket_, k);
+    if (unsynced_eviction_order_.size() >= kMaxUnsyncedEvictions) sync_index_next_ = true;
+  }
+  // Under mu_: a synced RocksDB write covered every index operation up to `ticket`.
+  void IndexSyncedLocked(uint64_t ticket) {
+    while (!unsynced_eviction_order_.empty() && unsynced_eviction_order_.front().first <= ticket) {
+      const auto& [t, k] = unsynced_eviction_order_.front();
+      auto it = unsynced_evictions_.find(k);
+      if (it != unsynced_evictions_.end() && it->second.ticket == t) unsynced_evictions_.erase(it);
+      unsynced_eviction_order_.pop_front();
+    }
   }
   void PushPending(PendingOp op) {
     pending_.push_back(std::move(op));
@@ -545,6 +577,23 @@ class SsdTier::Impl {
   static constexpr size_t kSpareOpsKeep = 4096;
   std::vector<PendingOp> spare_ops_;
   uint64_t pending_ticket_ = 0;  // ops ever pushed to pending_
+  // Under mu_ (durability other than kNone): keys removed by an eviction whose index delete no
+  // synced RocksDB write covers yet, with that delete's ticket and the unit's tenant. A power
+  // failure may lose such a delete and bring the intact unit back, which a cache may do, but
+  // not once the caller deleted the unit (TierManager's Delete while DRAM still served it):
+  // Remove of such a key records a delete of its own, which syncs the index with its commit.
+  // An entry goes when a synced commit covers its ticket (IndexSyncedLocked) or the key is put
+  // again. unsynced_eviction_order_: (ticket, key) in ticket order, entries of keys since put
+  // again or removed included; from kMaxUnsyncedEvictions of them on, the next commit syncs
+  // the index (sync_index_next_), so both stay bounded by that plus the evictions of a commit.
+  struct UnsyncedEviction {
+    uint64_t ticket;
+    TenantId tenant;
+  };
+  static constexpr size_t kMaxUnsyncedEvictions = 16384;
+  std::unordered_map<Key, UnsyncedEviction, KeyHash> unsynced_evictions_;
+  std::deque<std::pair<uint64_t, Key>> unsynced_eviction_order_;
+  bool sync_index_next_ = false;
   // Units the cleaner dropped (unreadable, or no room to relocate): handed to the caller of
   // the next Put through its `evicted` list. Under mu_.
   std::vector<Key> cleaner_dropped_;

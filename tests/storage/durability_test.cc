@@ -255,6 +255,112 @@ TEST_P(DeleteDurabilityTest, DeletedKeysStayDeletedAfterCrashAndRecovery) {
   EXPECT_EQ(VersionOf(tm.get(), 10), 3u);
 }
 
+// A delete of a unit the SSD tier had evicted stays deleted after a power failure. An
+// eviction's index delete is not synced (a power failure may lose it and bring back an intact
+// unit, which a cache may do), so the SSD index may still hold a unit that DRAM serves, or that
+// is gone from every tier. Before, Delete, DeleteTenant and the removal of the SSD copy that a
+// memory-only put replaced found nothing on SSD and committed nothing: the deleted (or
+// replaced) value came back after the crash. The crash keeps the RocksDB index as of its last
+// synced write (the image is taken at the Flush, and again only if a later commit synced the
+// index): what a power failure leaves of writes RocksDB did not sync. Each way of deleting
+// runs alone (a synced delete of one unit would also sync the eviction deletes of the others).
+TEST_P(DeleteDurabilityTest, DeleteOfAUnitTheSsdEvictedStaysDeletedAfterACrash) {
+  const Durability d = GetParam();
+  enum class Way { kDelete, kDeleteAbsent, kDeleteTenant, kDeleteTenantAbsent, kMemoryOnlyPut };
+  for (Way way : {Way::kDelete, Way::kDeleteAbsent, Way::kDeleteTenant, Way::kDeleteTenantAbsent,
+                  Way::kMemoryOnlyPut}) {
+    SCOPED_TRACE("way " + std::to_string(static_cast<int>(way)));
+    TempDir dir, image;
+    std::unique_ptr<DeviceEnv> base = NewMemEnv();
+    PutOptions tenant2;
+    tenant2.tenant = 2;
+    PutOptions ssd;
+    ssd.highest_tier = Tier::kSsd;
+    PutOptions ssd_tenant2 = ssd;
+    ssd_tenant2.tenant = 2;
+    uint64_t marker = 0;
+    {
+      FaultInjectionEnv fault(base.get(), {});
+      TierManagerOptions o = Options(d, &fault);
+      o.data_dir = dir.path();
+      o.ssd_objects_max = 2;  // evictions without capacity pressure (no cleaning, no roll)
+      if (d == Durability::kBatched) o.group_commit_ms = 2;
+      auto tm = Open(o);
+      ASSERT_NE(tm, nullptr);
+      // Unit 1: in DRAM and written through to SSD, or on SSD only; tenant 2's for a tenant
+      // delete.
+      const bool absent = way == Way::kDeleteAbsent || way == Way::kDeleteTenantAbsent;
+      const bool tenant = way == Way::kDeleteTenant || way == Way::kDeleteTenantAbsent;
+      ASSERT_TRUE(
+          PutVersion(tm.get(), 1, 1,
+                     absent ? (tenant ? ssd_tenant2 : ssd) : (tenant ? tenant2 : PutOptions{}))
+              .ok());
+      ASSERT_TRUE(tm->Flush().ok());  // the index holds unit 1, synced: the image
+      auto take_image = [&] {
+        std::error_code ec;
+        std::filesystem::remove_all(image.path() + "/index", ec);
+        std::filesystem::copy(dir.path() + "/index", image.path() + "/index",
+                              std::filesystem::copy_options::recursive, ec);
+        ASSERT_FALSE(ec) << ec.message();
+      };
+      take_image();
+      const uint64_t index_syncs = tm->GetStats().ssd_index_syncs;
+      // Two SSD puts of new keys evict unit 1 from SSD (LRU; the index delete is not synced).
+      ASSERT_TRUE(PutVersion(tm.get(), 100, 1, ssd).ok());
+      ASSERT_TRUE(PutVersion(tm.get(), 101, 1, ssd).ok());
+      Stats s = tm->GetStats();
+      ASSERT_EQ(s.ssd.evictions, 1u);
+      ASSERT_EQ(s.ssd.objects, 2u);
+      std::vector<Key> chain{MakeKey(1)};
+      if (absent) {
+        ASSERT_EQ(tm->Lookup(chain).hit_count, 0u) << "evicted from every tier";
+      } else {
+        ASSERT_EQ(tm->Lookup(chain).tiers.at(0), Tier::kDram) << "DRAM keeps the unit";
+      }
+      switch (way) {
+        case Way::kDelete:
+          ASSERT_TRUE(tm->Delete(MakeKey(1)).ok());
+          break;
+        case Way::kDeleteAbsent:  // NotFound, but it must not come back either
+          ASSERT_TRUE(tm->Delete(MakeKey(1)).IsNotFound());
+          break;
+        case Way::kDeleteTenant:
+        case Way::kDeleteTenantAbsent:
+          ASSERT_TRUE(tm->DeleteTenant(2).ok());
+          break;
+        case Way::kMemoryOnlyPut: {
+          PutOptions memory_only;
+          memory_only.kind = policies::ObjectKind::kSwa;
+          memory_only.allow_ssd = false;
+          ASSERT_TRUE(PutVersion(tm.get(), 1, 2, memory_only).ok());
+          EXPECT_EQ(VersionOf(tm.get(), 1), 2u);
+          break;
+        }
+      }
+      if (d == Durability::kBatched) {
+        // Two group commits (not Flush, which syncs the index anyway): the second started
+        // after the delete. An overwrite of an SSD unit gives them something to write.
+        uint64_t c0 = tm->GetStats().ssd_commits;
+        ASSERT_TRUE(Eventually([&] {
+          EXPECT_TRUE(PutVersion(tm.get(), 100, 1 + ++marker, ssd).ok());
+          return tm->GetStats().ssd_commits >= c0 + 2;
+        }));
+      }
+      if (tm->GetStats().ssd_index_syncs != index_syncs) take_image();
+      fault.SimulateCrash();
+    }
+    TierManagerOptions o = Options(d, base.get());
+    o.data_dir = image.path();
+    auto tm = Open(o);
+    ASSERT_NE(tm, nullptr);
+    EXPECT_EQ(VersionOf(tm.get(), 1), 0u) << "the deleted (or replaced) value came back";
+    EXPECT_EQ(VersionOf(tm.get(), 101), 1u) << "lost unit 101";
+    // The marker's overwrites: batched may lose those of its last window, never the unit.
+    const uint64_t v100 = VersionOf(tm.get(), 100);
+    EXPECT_TRUE(v100 >= 1 && v100 <= 1 + marker) << "unit 100 at version " << v100;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, DeleteDurabilityTest,
                          ::testing::Values(Durability::kSync, Durability::kBatched),
                          [](const auto& info) {
@@ -429,6 +535,68 @@ TEST_F(DurabilityTest, SsdTierForgetsWhatAFailedSyncOrWriteMayHaveLost) {
   EXPECT_EQ((*ssd)->GetStats().commit_failures, 2u);
   ASSERT_TRUE((*ssd)->Put(c, MakeValue(c, 1, 3000), meta, nullptr).ok());
   EXPECT_TRUE((*ssd)->Contains(c));
+}
+
+// The SSD tier remembers the keys it evicted until a synced index write covers their eviction
+// deletes: Remove of such a key records a delete that syncs the index (once), a synced commit
+// forgets them, and a put of the key again does too. Bounded: the commit after 16384
+// evictions wait syncs the index although it holds no other delete.
+TEST_F(DurabilityTest, SsdTierRemembersUnsyncedEvictionsForRemove) {
+  SsdOptions o;
+  o.dir = dir_.path();
+  o.env = base_.get();
+  o.capacity_bytes = 16ull << 20;
+  o.segment_bytes = 1ull << 20;
+  o.write_buffer_bytes = 64 << 10;
+  o.durability = Durability::kSync;
+  o.group_commit_ms = 3'600'000;
+  o.objects_max = 1;  // every put of a new key evicts the last one
+  auto opened = SsdTier::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  SsdTier& ssd = **opened;
+  auto unsynced = [&] {
+    std::map<Key, TenantId> m;
+    ssd.ForEachUnsyncedEviction([&](const Key& k, TenantId t) { m[k] = t; });
+    return m;
+  };
+  auto put = [&](int i, TenantId tenant) {
+    Key k = MakeKey(i);
+    SsdMeta meta;
+    meta.tenant = tenant;
+    meta.version = 1;
+    std::vector<Key> evicted;
+    EXPECT_TRUE(ssd.Put(k, MakeValue(k, 1, 100), meta, &evicted).ok());
+    return evicted;
+  };
+  Key a = MakeKey(1), b = MakeKey(2), c = MakeKey(3);
+  put(1, 7);
+  ASSERT_EQ(put(2, 8), std::vector<Key>{a});
+  EXPECT_EQ(unsynced(), (std::map<Key, TenantId>{{a, 7}}));
+  EXPECT_FALSE(ssd.Contains(a));
+  uint64_t syncs = ssd.GetStats().index_syncs;
+  uint64_t ticket = 0;
+  ASSERT_TRUE(ssd.Remove(a, &ticket).ok()) << "an unsynced eviction is not absent";
+  EXPECT_GT(ticket, 0u);
+  EXPECT_TRUE(ssd.Remove(a).IsNotFound()) << "its delete is recorded once";
+  ASSERT_TRUE(ssd.WaitDurable(ticket).ok());
+  EXPECT_EQ(ssd.GetStats().index_syncs, syncs + 1) << "the delete synced the index";
+  EXPECT_TRUE(unsynced().empty());
+  // A synced commit (Flush) forgets the evictions it covers.
+  ASSERT_EQ(put(3, 9), std::vector<Key>{b});
+  ASSERT_EQ(unsynced().size(), 1u);
+  ASSERT_TRUE(ssd.Flush().ok());
+  EXPECT_TRUE(unsynced().empty());
+  EXPECT_TRUE(ssd.Remove(b).IsNotFound());
+  // A key put again is no unsynced eviction (its next removal syncs, or evicts it again).
+  ASSERT_EQ(put(1, 7), std::vector<Key>{c});
+  ASSERT_EQ(put(3, 9), std::vector<Key>{a});
+  EXPECT_EQ(unsynced(), (std::map<Key, TenantId>{{a, 7}})) << "c's eviction went with its put";
+  // The bound: evictions alone make a commit sync the index once 16384 of them wait.
+  syncs = ssd.GetStats().index_syncs;
+  constexpr int kEvictions = 16384 + 16;
+  for (int i = 0; i < kEvictions; ++i) ASSERT_EQ(put(1000 + i, 1).size(), 1u);
+  EXPECT_GE(ssd.GetStats().index_syncs, syncs + 1) << "the unsynced evictions were not bounded";
+  EXPECT_LT(unsynced().size(), 16384u);
 }
 
 // SSD I/O errors are io_error misses, not never_stored: a failed read (Get) and a unit lost

@@ -321,6 +321,9 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
         s.ssd_index_syncs);
   p.One("kvtier_ssd_commit_failures_total", "counter", "SSD commits that failed.",
         s.ssd_commit_failures);
+  p.One("kvtier_ssd_index_load_failed", "gauge",
+        "1 when the SSD index failed to load at start: puts that need room fail until a restart.",
+        uint64_t{s.ssd_index_load_failed ? 1u : 0u});
   p.One("kvtier_ssd_commit_writers_total", "counter",
         "sync puts covered by SSD commits (divided by commits: writers per commit).",
         s.ssd_commit_writers);

@@ -398,6 +398,7 @@ std::string Service::StatsJson(const Tenant* t) const {
   j["ssd_syncs"] = s.ssd_syncs;
   j["ssd_commit_failures"] = s.ssd_commit_failures;
   j["ssd_last_failed_stage"] = storage::CommitStageName(s.ssd_last_failed_stage);
+  j["ssd_index_load_failed"] = s.ssd_index_load_failed;
   nlohmann::json tb = nlohmann::json::object();
   for (const auto& [id, bytes] : s.tenant_bytes) {
     const Tenant* owner = tenants_->FindById(id);

@@ -250,6 +250,8 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
   };
   while (true) {
     if (!loaded_ && needs_full_state()) {
+      // A failed load never ends: live bytes stay unknown, so no room can be made.
+      if (!load_status_.ok()) return load_status_.WithContext("ssd put needs room");
       load_cv_.wait(lock, [&] { return load_finished_; });
       continue;
     }
@@ -626,13 +628,13 @@ void SsdTier::SetTracked(const Key& key, bool tracked) { impl_->SetTracked(key, 
 Status SsdTier::SetPolicy(const std::string& eviction, const policies::PolicyParams& params) {
   return impl_->SetPolicy(eviction, params);
 }
-void SsdTier::ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) const {
-  impl_->ForEach(fn);
+Status SsdTier::ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) const {
+  return impl_->ForEach(fn);
 }
 void SsdTier::ForEachUnsyncedEviction(const std::function<void(const Key&, TenantId)>& fn) const {
   impl_->ForEachUnsyncedEviction(fn);
 }
-void SsdTier::WaitForIndexLoad() const { impl_->WaitForIndexLoad(); }
+Status SsdTier::WaitForIndexLoad() const { return impl_->WaitForIndexLoad(); }
 Status SsdTier::Flush() { return impl_->Flush(); }
 LogPosition SsdTier::LogEnd() const { return impl_->LogEnd(); }
 Status SsdTier::Replay(const LogPosition& from, const LogRecordVisitor& visit) {

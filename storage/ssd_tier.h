@@ -34,7 +34,13 @@
 //   RocksDB by a point read (Get, Contains, Remove, Put), with the same checks; keys removed
 //   meanwhile are never brought back. Capacity during the load: a Put that could need eviction or
 //   segment cleaning (live bytes bounded by the bytes on disk at Open) waits for the load; cleaning
-//   is deferred to its end; EvictOne evicts among loaded entries. Close cancels the load.
+//   is deferred to its end; EvictOne evicts among loaded entries. Close cancels the load. A
+//   load that fails (the index unreadable past some entry: an I/O error, a corrupt table) is
+//   logged and ends in that error: unloaded entries are still served by point reads, but live
+//   bytes stay unknown until a restart loads the index, so cleaning never runs and a Put that
+//   could need room fails with the load's error ("ssd index load failed: ..."), as do
+//   ForEach and WaitForIndexLoad; SsdStats::index_load_failed says so. Open fails instead when
+//   it must wait for the load (an index without the counters of this format's later versions).
 // - Double buffering: there are write_buffers write buffers. A full buffer (or the one a
 //   commit closes) is handed to a writer thread, which submits it as up to 4 writes at once;
 //   the putting thread goes on filling the next free buffer meanwhile, and waits (tier lock
@@ -238,8 +244,10 @@ struct SsdStats {
   // waited in all, and the waits that ended at the bound rather than when all had joined.
   uint64_t commit_writers = 0, commit_delays = 0, commit_delay_us = 0, commit_delay_timeouts = 0;
   CommitStage last_failed_stage = CommitStage::kNone;
-  // Background index load: done, and how long after Open it finished.
+  // Background index load: done, and how long after Open it finished. index_load_failed: it
+  // failed (logged): no room can be made until a restart loads the index (class comment).
   bool index_loaded = false;
+  bool index_load_failed = false;
   uint64_t index_load_ms = 0;
 };
 
@@ -349,15 +357,17 @@ class SsdTier {
   void SetTracked(const Key& key, bool tracked);
   Status SetPolicy(const std::string& eviction, const policies::PolicyParams& params);
   // Calls fn for every live object (under the tier lock: fn must not call back). Waits for
-  // the background index load first.
-  void ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) const;
+  // the background index load first; when it failed, calls fn for the loaded objects only
+  // and returns the load's error.
+  Status ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) const;
   // Calls fn for each key that Remove would find evicted with its delete not yet synced (see
   // Remove), with the unit's tenant (under the tier lock: fn must not call back). Bounded: a
   // commit syncs the index once 16384 such evictions are waiting.
   void ForEachUnsyncedEviction(const std::function<void(const Key&, TenantId)>& fn) const;
   // Blocks until the background index load has finished: every entry is in memory and has
-  // been reported to on_index_load (the last batch too), and the deferred cleaning ran.
-  void WaitForIndexLoad() const;
+  // been reported to on_index_load (the last batch too), and the deferred cleaning ran; or
+  // until it failed: returns its error then (the class comment, "Open does NOT load").
+  Status WaitForIndexLoad() const;
   // Writes the buffer, syncs, commits the index.
   Status Flush();
   // TierManager::SsdLogEnd / ReplaySsdLog (tier_manager.h): the append position, and a walk

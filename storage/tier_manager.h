@@ -248,6 +248,9 @@ struct Stats {
   uint64_t ssd_commit_writers = 0, ssd_commit_delays = 0, ssd_commit_delay_us = 0;
   uint64_t ssd_commit_delay_timeouts = 0;
   CommitStage ssd_last_failed_stage = CommitStage::kNone;
+  // SsdStats::index_load_failed: the SSD index failed to load after a restart; puts that need
+  // room fail until the index is repaired and the daemon restarted.
+  bool ssd_index_load_failed = false;
   uint64_t admissions = 0, admission_rejections = 0, checksum_failures = 0, io_errors = 0;
   // The admission policy's byte budget (AdmissionPolicy::Budget); all 0 when it has none.
   uint64_t admission_budget_bytes = 0, admission_budget_window_ms = 0;
@@ -390,7 +393,8 @@ class TierManager {
   // delete is retried at the next commit).
   virtual Status Delete(const Key& key) = 0;
   // Removes every unit of the tenant from every tier and index (under kSync: one commit for
-  // all of them before it returns). IOError as for Delete.
+  // all of them before it returns). IOError as for Delete. The error of a failed SSD index
+  // load (Stats::ssd_index_load_failed; nothing deleted: the units cannot all be found).
   virtual Status DeleteTenant(TenantId tenant) = 0;
   // Sets the per-tenant byte quota (0: unlimited).
   virtual void SetTenantQuota(TenantId tenant, uint64_t quota_bytes) = 0;

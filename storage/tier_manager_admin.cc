@@ -69,8 +69,12 @@ Status TierManagerImpl::Delete(const Key& key) {
 
 Status TierManagerImpl::DeleteTenant(TenantId tenant) {
   // Every SSD unit of the tenant must be found, also those the background index load has
-  // not reported yet: wait for the load (without mu_: the load never waits for mu_).
-  if (ssd_) ssd_->WaitForIndexLoad();
+  // not reported yet: wait for the load (without mu_: the load never waits for mu_). After a
+  // failed load they cannot all be found: nothing is deleted.
+  if (ssd_) {
+    KVTIER_RETURN_IF_ERROR(ssd_->WaitForIndexLoad().WithContext(
+        "delete tenant " + std::to_string(tenant) + ": its SSD units cannot all be found"));
+  }
   uint64_t ticket = 0;
   {
     std::unique_lock lock(mu_);
@@ -86,7 +90,8 @@ Status TierManagerImpl::DeleteTenant(TenantId tenant) {
       if (d.tenant == tenant) keys.push_back(k);
     }
     if (ssd_) {
-      ssd_->ForEach([&](const Key& k, const SsdMeta& m) {
+      // OK: the load finished above.
+      (void)ssd_->ForEach([&](const Key& k, const SsdMeta& m) {
         if (m.tenant == tenant && !dir_.count(k)) keys.push_back(k);
       });
       // Units the SSD tier evicted (gone from every tier, or still in memory) whose index
@@ -153,6 +158,7 @@ Stats TierManagerImpl::GetStats() const {
     s.ssd_commit_delay_timeouts = d.commit_delay_timeouts;
     s.ssd_commit_failures = d.commit_failures;
     s.ssd_last_failed_stage = d.last_failed_stage;
+    s.ssd_index_load_failed = d.index_load_failed;
   }
   s.misses_never_stored = misses_never_stored_.load();
   s.misses_evicted = misses_evicted_.load();

@@ -72,11 +72,33 @@ void SsdTier::Impl::LoadIndex() {
     if (o_.on_index_load && !inserted.empty()) o_.on_index_load(inserted);
   }
   if (!iter_status.ok()) {
-    // Entries past the failure stay reachable by point reads (FindLocked keeps working
-    // only while loading), so a failed scan keeps the tier in loading mode: logged, loud.
-    KVTIER_LOG(kError) << "ssd index load stopped: " << iter_status.ToString()
-                       << "; unloaded entries are served by point reads";
-    return;
+    // Entries past the failure stay reachable by point reads (FindLocked keeps working only
+    // while loading), so a failed scan keeps the tier in loading mode, with the deferred
+    // cleaning never run: live bytes stay unknown. The load ends in its error (waiters wake
+    // and see it: a put that needs room fails, and so do ForEach and WaitForIndexLoad).
+    KVTIER_LOG(kError) << "ssd index load failed: " << iter_status.ToString()
+                       << "; unloaded entries are served by point reads, but no room can be "
+                          "made (no eviction beyond the loaded entries, no cleaning) until a "
+                          "restart loads the index";
+    {
+      std::lock_guard lock(mu_);
+      load_status_ = iter_status.WithContext("ssd index load failed");
+      load_finished_ = true;
+      load_cv_.notify_all();
+    }
+    // Entries met by point reads from now on are still reported, by this thread, until close.
+    std::vector<std::pair<Key, SsdMeta>> point;
+    while (true) {
+      {
+        std::unique_lock lock(mu_);
+        load_cv_.wait(lock, [&] { return stop_load_.load() || !point_loaded_.empty(); });
+        if (stop_load_.load()) return;
+        point.swap(point_loaded_);
+        point_loaded_.clear();
+      }
+      if (o_.on_index_load) o_.on_index_load(point);
+      point.clear();
+    }
   }
   if (!done) return;  // cancelled by close
   std::lock_guard lock(mu_);
@@ -109,8 +131,11 @@ std::unordered_map<Key, IndexEntry, KeyHash>::iterator SsdTier::Impl::FindLocked
   next_seq_ = std::max(next_seq_, e.seq + 1);
   Insert(key, e);
   // Reported by the load thread with its next batch (never from here: the caller may hold
-  // locks of its own).
-  if (o_.on_index_load) point_loaded_.emplace_back(key, MetaOf(e));
+  // locks of its own); after a failed load, as they come.
+  if (o_.on_index_load) {
+    point_loaded_.emplace_back(key, MetaOf(e));
+    if (load_finished_) load_cv_.notify_all();
+  }
   return map_.find(key);
 }
 

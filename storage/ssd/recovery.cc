@@ -38,7 +38,11 @@ SsdTier::Impl::~Impl() {
   cv_.notify_all();
   if (commit_thread_.joinable()) commit_thread_.join();
   // Cancel the background load: what it did not reach stays in RocksDB, untouched.
-  stop_load_.store(true);
+  {
+    std::lock_guard lock(mu_);
+    stop_load_.store(true);
+  }
+  load_cv_.notify_all();  // a failed load's thread waits there for point reads to report
   if (load_thread_.joinable()) load_thread_.join();
   load_iter_.reset();
   if (db_ != nullptr) {
@@ -319,8 +323,9 @@ Status SsdTier::Impl::Open() {
   segment_thread_ = std::thread([this] { SegmentLoop(); });
   if (!have_counters) {
     // An index written before the counters existed: versions and sequence numbers are only
-    // known after the full load, so wait for it (once; the next commit persists them).
-    WaitForIndexLoad();
+    // known after the full load, so wait for it (once; the next commit persists them). A
+    // failed load fails Open: the versions it would hand out are unknown.
+    KVTIER_RETURN_IF_ERROR(WaitForIndexLoad());
   }
   return Status::Ok();
 }

@@ -123,18 +123,20 @@ class SsdTier::Impl {
   }
   void SetTracked(const Key& key, bool tracked);
   Status SetPolicy(const std::string& eviction, const policies::PolicyParams& params);
-  void ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) {
+  Status ForEach(const std::function<void(const Key&, const SsdMeta&)>& fn) {
     std::unique_lock lock(mu_);
     load_cv_.wait(lock, [&] { return load_finished_; });
     for (const auto& [k, e] : map_) fn(k, MetaOf(e));
+    return load_status_;
   }
   void ForEachUnsyncedEviction(const std::function<void(const Key&, TenantId)>& fn) {
     std::lock_guard lock(mu_);
     for (const auto& [k, ev] : unsynced_evictions_) fn(k, ev.tenant);
   }
-  void WaitForIndexLoad() {
+  Status WaitForIndexLoad() {
     std::unique_lock lock(mu_);
     load_cv_.wait(lock, [&] { return load_finished_; });
+    return load_status_;
   }
   Status Flush() { return Commit(kForceCommit, /*sync_index=*/true); }
   LogPosition LogEnd() const {
@@ -160,7 +162,8 @@ class SsdTier::Impl {
     s.disk_bytes = segments_.size() * o_.segment_bytes;
     s.syncs = syncs_.load();
     s.index_syncs = index_syncs_.load();
-    s.index_loaded = load_finished_;
+    s.index_loaded = load_finished_ && load_status_.ok();
+    s.index_load_failed = !load_status_.ok();
     return s;
   }
   uint64_t max_version() const {
@@ -684,9 +687,12 @@ class SsdTier::Impl {
   std::atomic<bool> stop_load_{false};
   std::condition_variable load_cv_;
   // Under mu_. loaded_: every entry is in map_ (point reads stop). load_finished_: also
-  // reported to on_index_load and the deferred cleaning done; what waiters wait for.
+  // reported to on_index_load and the deferred cleaning done, or the load failed
+  // (load_status_: its error; loaded_ then stays false for good); what waiters wait for.
+  // load_cv_ also wakes the load thread after a failed load (point reads to report, close).
   bool loaded_ = false;
   bool load_finished_ = false;
+  Status load_status_;
   std::unordered_set<Key, KeyHash> tombstones_;  // removed since Open, while loading
   // Segments scanned at Open (past the last commit) and the valid end the scan found in each.
   std::map<uint32_t, uint64_t> recovered_ends_;

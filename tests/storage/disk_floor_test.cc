@@ -212,7 +212,7 @@ TEST_F(DiskFloorTest, AStartOnAFullDiskDropsTheOldestSegmentInsteadOfFailing) {
   disk_.SetFilesMax(held);  // the disk is full: not one more segment
   auto ssd = SsdTier::Open(Options(dir_.path(), &disk_, 0));
   ASSERT_TRUE(ssd.ok()) << ssd.status().ToString();
-  (*ssd)->WaitForIndexLoad();
+  ASSERT_TRUE((*ssd)->WaitForIndexLoad().ok());
   SsdStats s = (*ssd)->GetStats();
   EXPECT_EQ(s.disk_full_open_drops, 1u);
   EXPECT_GT(s.dropped_on_recovery, 0u);
@@ -246,7 +246,7 @@ TEST_F(DiskFloorTest, AStartWithNoRoomForTheIndexFailsWithAnErrorNotAnAbort) {
   disk_.SetOtherBytes(0);
   auto ssd = SsdTier::Open(Options(dir_.path(), &disk_, 0));
   ASSERT_TRUE(ssd.ok()) << ssd.status().ToString();
-  (*ssd)->WaitForIndexLoad();
+  ASSERT_TRUE((*ssd)->WaitForIndexLoad().ok());
   EXPECT_EQ(CheckUnits(**ssd, 50), 50);
 }
 

@@ -422,7 +422,7 @@ TEST(SsdDoubleBufferTest, ManyBuffersRoundTripAcrossSegmentRolls) {
   t.reset();
   auto r = OpenTier(o);
   ASSERT_NE(r, nullptr);
-  r->WaitForIndexLoad();
+  ASSERT_TRUE(r->WaitForIndexLoad().ok());
   EXPECT_EQ(r->GetStats().objects, 1000u);
   for (int i = 0; i < 1000; i += 3) {
     bool present = false;

@@ -260,7 +260,7 @@ void CheckWriterLosesOnlyFailedBuffers(bool fail_submission) {
   }
   auto reopened = SsdTier::Open(o);
   ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
-  (*reopened)->WaitForIndexLoad();
+  ASSERT_TRUE((*reopened)->WaitForIndexLoad().ok());
   for (int i = 0; i < kUnits; ++i) {
     Key k = MakeKey(i);
     std::vector<uint8_t> v;

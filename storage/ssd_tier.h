@@ -58,8 +58,10 @@
 //   kSync leader may wait (commit_delay_us, tier lock released) for the writers it expects. Every
 //   put and removal gets a commit ticket; WaitDurable(ticket) commits up to it (kSync) so that
 //   callers can release their own locks first and share the commit. A failed commit carries its
-//   CommitStage (stats, log): after kBufferWrite / kSync its data is forgotten, after
-//   kIndexWrite (data durable) its index operations are retried at the next commit.
+//   CommitStage (stats, log): after kBufferWrite / kSync its data is forgotten (reported to
+//   on_write_lost), after kIndexWrite (data durable) its index operations are retried at the
+//   next commit. A relocation by the cleaner whose write or sync failed is not forgotten: its
+//   entry goes back to the (durable) record it copied, and the victim segment stays.
 // - Deletes: Remove takes the entry out of memory at once and commits an index delete with
 //   the next commit. An eviction's index delete does not sync the index (a power failure may
 //   bring an evicted unit back, intact); a Remove of a key so evicted, before a synced index
@@ -196,9 +198,9 @@ struct SsdOptions {
   // that a caller of this tier may hold while calling it (use try_lock / a queue), and must
   // not call back into the tier. Empty: not called.
   std::function<void(std::span<const std::pair<Key, SsdMeta>>)> on_index_load;
-  // Called with the keys whose records were lost to a failed buffer write (never indexed),
-  // with the tier lock held: must only take locks of its own and not call back. Empty: not
-  // called.
+  // Called with the keys whose records were lost to a failed buffer write or commit sync
+  // (forgotten, never served again; also kBatched puts already acknowledged), with the tier
+  // lock held: must only take locks of its own and not call back. Empty: not called.
   std::function<void(std::span<const Key>)> on_write_lost;
 };
 

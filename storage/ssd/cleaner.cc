@@ -307,8 +307,11 @@ Status SsdTier::Impl::CleanSegment(const std::shared_ptr<Segment>& victim,
         continue;
       }
       IndexEntry e;
+      const IndexEntry source = it->second;
       Status st = AppendLocked(k, r.h, {r.rec.data() + ssd::kRecordHeaderBytes, r.h.stored_bytes},
                                /*keep_free_bytes=*/0, &e);
+      // Until its commit settles: a failed write or sync of the copy puts the entry back here.
+      if (st.ok()) relocated_from_[k] = source;
       if (!st.ok()) {
         // No room to relocate: the unit is dropped, as an eviction.
         RemoveLocked(k);
@@ -339,7 +342,11 @@ Status SsdTier::Impl::CleanSegment(const std::shared_ptr<Segment>& victim,
   lock.lock();
   KVTIER_RETURN_IF_ERROR(st);
   if (victim->live_bytes != 0) {
-    return Status::Internal("segment still holds live records after cleaning");
+    // A relocation's write or sync failed (in this commit or an earlier one): its units went
+    // back to the victim, which stays until a clean succeeds.
+    return Status::IOError("segment " + std::to_string(victim->id) +
+                           " still holds live records after cleaning (a relocation's write "
+                           "failed): it is kept and cleaned again");
   }
   segments_.erase(victim->id);
   ++stats_.segments_cleaned;

@@ -162,29 +162,49 @@ void SsdTier::Impl::Settle(CommitBatch* b, const Status& st, CommitStage stage) 
       impl->spare_ops_.swap(*ops);
     }
   } recycle{this, &b->ops};
+  // The data reached the device unless the sync failed (records of a failed buffer write were
+  // dropped by ReapLocked above).
+  if (stage != CommitStage::kSync) {
+    durable_pos_ = std::max(durable_pos_, {b->durable_segment, b->durable_end});
+  }
+  // A relocation settles with its commit: kept for a retry only when its index write failed.
+  auto settle_relocation = [&](const PendingOp& op) {
+    if (relocated_from_.empty() || op.is_delete) return;
+    auto r = relocated_from_.find(op.key);
+    if (r != relocated_from_.end() && r->second.seq == op.entry.seq) relocated_from_.erase(r);
+  };
   if (st.ok()) {
     ++stats_.commits;
     if (b->sync_index && o_.durability != Durability::kNone) IndexSyncedLocked(b->last_ticket);
+    for (const auto& op : b->ops) settle_relocation(op);
     return;
   }
   ++stats_.io_errors;
   // Ops are retried at the next commit only while they are still the key's newest state
   // (another commit may have run since Execute: a stale op must not overwrite a newer one).
   // After an index-write failure the data is durable (the sync succeeded) and ops are kept;
-  // after a sync failure the data may not be: its entries are forgotten.
+  // after a sync failure the data may not be: its entries are forgotten and reported lost,
+  // except relocations, which go back to their durable source (UndoFailedWriteLocked).
   bool data_durable = stage == CommitStage::kIndexWrite;
   std::vector<PendingOp> retry;
+  std::vector<Key> lost;
   for (auto& op : b->ops) {
     auto it = map_.find(op.key);
-    bool current = it != map_.end() && it->second.seq == op.entry.seq;
+    // The very record this op wrote (a relocation moved since, or put back, is another).
+    bool current = it != map_.end() && it->second.seq == op.entry.seq &&
+                   it->second.segment == op.entry.segment && it->second.offset == op.entry.offset;
     if (op.is_delete) {
       if (it == map_.end()) retry.push_back(op);
     } else if (current && data_durable) {
       retry.push_back(op);
     } else if (current) {
-      RemoveLocked(op.key);  // the data may not be durable: forget the entry
+      if (UndoFailedWriteLocked(op.key)) lost.push_back(op.key);
+    } else {
+      settle_relocation(op);
     }
   }
+  // Logged with the commit's failure above (throttled: a failing disk fails every commit).
+  if (o_.on_write_lost && !lost.empty()) o_.on_write_lost(lost);
   pending_.insert(pending_.begin(), retry.begin(), retry.end());
   pending_ticket_ += retry.size();
   for (const auto& seg : b->sync_segs) {

@@ -180,7 +180,7 @@ void SsdTier::Impl::ReapLocked() {
   }
   for (const Lost& l : lost) {
     // The records never reached the device: forget them (their index entries are left out
-    // of the commit that covers this write, see Execute).
+    // of the commit that covers this write, see Execute); relocations go back to their victim.
     ++stats_.io_errors;
     std::vector<Key> keys;
     for (const auto& [k, e] : map_) {
@@ -188,11 +188,30 @@ void SsdTier::Impl::ReapLocked() {
         keys.push_back(k);
       }
     }
-    for (const Key& k : keys) RemoveLocked(k);
+    std::erase_if(keys, [&](const Key& k) { return !UndoFailedWriteLocked(k); });
     if (o_.on_write_lost && !keys.empty()) o_.on_write_lost(keys);
     KVTIER_LOG(kWarn) << "ssd buffer write failed (segment " << l.seg->id << " @" << l.offset
                       << ", " << keys.size() << " units dropped): " << l.status.ToString();
   }
+}
+
+bool SsdTier::Impl::UndoFailedWriteLocked(const Key& k) {
+  auto it = map_.find(k);
+  if (it == map_.end()) return false;
+  auto from = relocated_from_.find(k);
+  if (from != relocated_from_.end() && from->second.seq == it->second.seq) {
+    IndexEntry source = from->second;
+    relocated_from_.erase(from);
+    if (segments_.count(source.segment) && DurableLocked(source)) {
+      // The relocation's index put is never written: RocksDB still names the source.
+      source.hit_count = it->second.hit_count;
+      source.last_access_unix_ms = it->second.last_access_unix_ms;
+      Insert(k, source);
+      return false;
+    }
+  }
+  RemoveLocked(k);
+  return true;
 }
 
 void SsdTier::Impl::WriterLoop() {

@@ -353,8 +353,21 @@ class SsdTier::Impl {
   void WriteBufferLocked(bool wake_writer = true);
   // Makes a buffer the one being filled, waiting (mu_ held) for the writer when all are busy.
   void AcquireBufferLocked();
-  // Frees the buffers the writer has finished; drops the entries of failed ones.
+  // Frees the buffers the writer has finished; drops the entries of failed ones (a relocation
+  // goes back to its victim instead: UndoFailedWriteLocked), reported to on_write_lost.
   void ReapLocked();
+  // Under mu_: k's current entry names a record whose write (buffer write or fdatasync)
+  // failed. A relocation whose source record is durable (relocated_from_, DurableLocked) goes
+  // back to it: the victim keeps the unit (and its live bytes, so it is not deleted). Anything
+  // else is forgotten (its removal committed like a delete); returns true then: the unit is
+  // lost, for the caller to report (on_write_lost).
+  bool UndoFailedWriteLocked(const Key& k);
+  // Under mu_: the record of e reached the device with a commit's sync (DurableLocked: it ends
+  // at or before durable_pos_).
+  bool DurableLocked(const IndexEntry& e) const {
+    return e.segment < durable_pos_.first ||
+           (e.segment == durable_pos_.first && e.offset + e.record_bytes <= durable_pos_.second);
+  }
   void WriterLoop();
   // Writes the queued buffers, up to the one with write_seq last_seq, as one stream of
   // chunks (DeviceEnv::Stream: kWriteDepth chunks in flight, the next one handed over as
@@ -597,6 +610,14 @@ class SsdTier::Impl {
   std::unordered_map<Key, UnsyncedEviction, KeyHash> unsynced_evictions_;
   std::deque<std::pair<uint64_t, Key>> unsynced_eviction_order_;
   bool sync_index_next_ = false;
+  // Under mu_: relocations not committed yet: key -> its entry before the cleaner moved it
+  // (same seq). When the relocation's write or sync fails, the entry goes back there
+  // (UndoFailedWriteLocked); an entry goes when the relocation's commit settles. Bounded by
+  // the records of the clean in progress (its commit settles them all before the next clean).
+  std::unordered_map<Key, IndexEntry, KeyHash> relocated_from_;
+  // Under mu_: (segment, offset) that the last commit whose data reached the device covered
+  // (its durable_end; fdatasynced unless kNone): every record ending before it is durable.
+  std::pair<uint32_t, uint64_t> durable_pos_{0, 0};
   // Units the cleaner dropped (unreadable, or no room to relocate): handed to the caller of
   // the next Put through its `evicted` list. Under mu_.
   std::vector<Key> cleaner_dropped_;

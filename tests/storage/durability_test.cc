@@ -599,6 +599,87 @@ TEST_F(DurabilityTest, SsdTierRemembersUnsyncedEvictionsForRemove) {
   EXPECT_LT(unsynced().size(), 16384u);
 }
 
+// A commit of the cleaner's relocations that fails (its fdatasync, or the write of the buffer
+// holding them) must not cost the units it was moving: their records in the victim segment
+// are durable, so the entries go back there and the victim stays until a clean succeeds.
+// Before, the failed commit forgot the relocated entries like fresh puts (a sync failure) or
+// dropped them as lost writes (a buffer failure), the victim then held no live bytes and the
+// next clean deleted it: long-durable units were lost because a write elsewhere failed. A
+// batched put the failed commit covered is lost, and is reported so (io_error, and no longer
+// in the tenant's bytes): before, a failed fdatasync forgot it silently.
+class RelocationFailureTest : public DurabilityTest,
+                              public ::testing::WithParamInterface<bool /*sync fails*/> {};
+
+TEST_P(RelocationFailureTest, AFailedRelocationCommitKeepsTheUnitsInTheVictim) {
+  const bool sync_fails = GetParam();
+  constexpr size_t kUnitBytes = 20000;  // not compressed (global KV): 20128-byte records
+  constexpr uint64_t kSegmentBytes = 1ull << 20;
+  FaultInjectionEnv fault(base_.get(), {});
+  TierManagerOptions o = Options(Durability::kBatched, &fault);
+  o.ssd_write_buffer_bytes = 256 << 10;  // the clean's relocations and the put share a buffer
+  auto tm = Open(o);
+  ASSERT_NE(tm, nullptr);
+  PutOptions ssd;
+  ssd.highest_tier = Tier::kSsd;
+  // Segment 1: units 0..29, then all but 0..2 deleted: sparse, the next roll cleans it.
+  for (int i = 0; i < 30; ++i) ASSERT_TRUE(PutVersion(tm.get(), i, 1, ssd, kUnitBytes).ok());
+  ASSERT_TRUE(tm->Flush().ok());
+  for (int i = 3; i < 30; ++i) ASSERT_TRUE(tm->Delete(MakeKey(i)).ok());
+  // Overwrites of one filler unit (each flushed: nothing pending) until the next record rolls
+  // the segment; then the fault is armed and unit 600 rolls it.
+  auto next_rolls = [&] {
+    LogPosition end = *tm->SsdLogEnd();
+    return ((end.offset + kUnitBytes + 128 + 4095) / 4096) * 4096 > kSegmentBytes;
+  };
+  const uint32_t first_segment = tm->SsdLogEnd()->segment;
+  uint64_t filler = 0;
+  for (int n = 0; !next_rolls(); ++n) {
+    ASSERT_LT(n, 100);
+    ASSERT_TRUE(PutVersion(tm.get(), 500, ++filler, ssd, kUnitBytes).ok());
+    ASSERT_TRUE(tm->Flush().ok());
+  }
+  if (sync_fails) {
+    fault.FailNextSyncs(1);
+  } else {
+    fault.FailNextWrites(1);
+  }
+  ASSERT_TRUE(PutVersion(tm.get(), 600, 1, ssd, kUnitBytes).ok());  // batched: acknowledged
+  ASSERT_EQ(tm->SsdLogEnd()->segment, first_segment + 1) << "unit 600 did not roll";
+  // The segment thread cleans segment 1 into the active segment and commits: that fails.
+  ASSERT_TRUE(Eventually([&] { return tm->GetStats().ssd_commit_failures >= 1; }));
+  EXPECT_EQ(tm->GetStats().ssd_last_failed_stage,
+            sync_fails ? CommitStage::kSync : CommitStage::kBufferWrite);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(VersionOf(tm.get(), i), 1u) << "lost relocated unit " << i;
+  EXPECT_EQ(VersionOf(tm.get(), 500), filler) << "lost the relocated filler";
+  std::vector<Key> chain{MakeKey(600)};
+  LookupResult r = tm->Lookup(chain);
+  EXPECT_EQ(r.hit_count, 0u) << "a put whose commit failed is not served";
+  EXPECT_EQ(r.first_miss, MissReason::kIoError) << MissReasonName(r.first_miss);
+  Stats s = tm->GetStats();
+  ASSERT_EQ(s.tenant_bytes.size(), 1u);
+  EXPECT_EQ(s.tenant_bytes[0].second, 4 * kUnitBytes) << "the lost unit is still accounted";
+  EXPECT_EQ(s.segments_cleaned, 0u) << "the victim went although its units did not move";
+  // The next roll cleans segment 1 again, now with success: the victim goes, the units stay.
+  for (int n = 0; tm->SsdLogEnd()->segment == first_segment + 1; ++n) {
+    ASSERT_LT(n, 100);
+    ASSERT_TRUE(PutVersion(tm.get(), 500, ++filler, ssd, kUnitBytes).ok());
+    ASSERT_TRUE(tm->Flush().ok());
+  }
+  ASSERT_TRUE(Eventually([&] { return tm->GetStats().segments_cleaned >= 1; }));
+  ASSERT_TRUE(tm->Flush().ok());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(VersionOf(tm.get(), i), 1u) << "lost unit " << i;
+  Crash(fault);
+  tm.reset();
+  auto after = Reopen(Durability::kBatched);
+  ASSERT_NE(after, nullptr);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(VersionOf(after.get(), i), 1u) << "lost unit " << i;
+  EXPECT_EQ(VersionOf(after.get(), 500), filler);
+  for (int i = 3; i < 30; ++i) EXPECT_EQ(VersionOf(after.get(), i), 0u) << "resurrected " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Failures, RelocationFailureTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Sync" : "BufferWrite"; });
+
 // SSD I/O errors are io_error misses, not never_stored: a failed read (Get) and a unit lost
 // to a failed buffer write (Lookup's first_miss).
 TEST_F(DurabilityTest, IoErrorsAreTheirOwnMissReason) {

@@ -278,12 +278,16 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
   }
   call_now_us_ = EnterLocked(request);
   policy_->OnMiss(ObjectIdOf(key), call_now_us_);
-  // Make room: the previous version of the key no longer counts; then evict by policy.
-  uint64_t live = 0;
-  for (const auto& [id, seg] : segments_) live += seg->live_bytes;
-  const auto held = map_.find(key);
-  const bool new_key = held == map_.end();
-  if (!new_key) live -= LiveCost(held->second);
+  // Make room: the previous version of the key no longer counts (unless the policy evicted
+  // it meanwhile: then it is gone); then evict by policy.
+  auto live_but_held = [&] {
+    uint64_t live = 0;
+    for (const auto& [id, seg] : segments_) live += seg->live_bytes;
+    if (auto held = map_.find(key); held != map_.end()) live -= LiveCost(held->second);
+    return live;
+  };
+  uint64_t live = live_but_held();
+  const bool new_key = !map_.count(key);
   auto over = [&] {
     return live + need > LiveLimit() ||
            (new_key && o_.objects_max > 0 && map_.size() >= o_.objects_max);
@@ -295,8 +299,7 @@ Status SsdTier::Impl::Put(const Key& key, std::span<const uint8_t> value, const 
       return Status::Rejected("ssd tier full (pinned objects fill it)");
     }
     if (evicted != nullptr) evicted->push_back(*victim);
-    live = 0;
-    for (const auto& [id, seg] : segments_) live += seg->live_bytes;
+    live = live_but_held();
   }
   h.seq = next_seq_++;
   IndexEntry e;

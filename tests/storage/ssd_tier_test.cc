@@ -695,6 +695,50 @@ TEST_P(SsdTierTest, ListUnitsPagesThroughEveryUnitOnce) {
   }
 }
 
+// An overwrite near capacity evicts only what the new version needs beyond the room its old
+// version leaves. The live bytes were recomputed after each eviction with the old version
+// counted again: the put evicted one unit too many, and when that unit was pinned it was
+// refused ("ssd tier full") although it fitted after the first eviction.
+TEST(SsdTierOverwriteTest, AnOverwriteNearCapacityEvictsOnlyWhatItNeeds) {
+  constexpr size_t kUnitBytes = 100'000;  // global KV: stored as is, 100128-byte records
+  for (bool pinned : {false, true}) {
+    SCOPED_TRACE(pinned ? "others pinned" : "none pinned");
+    TempDir dir;
+    auto env = NewMemEnv();
+    SsdOptions o;
+    o.dir = dir.path();
+    o.env = env.get();
+    o.capacity_bytes = 3ull << 20;  // live limit (3 - 2) x 1 MiB x 0.75 = 786432 bytes
+    o.segment_bytes = 1ull << 20;
+    o.durability = Durability::kBatched;
+    o.group_commit_ms = 3'600'000;
+    auto opened = SsdTier::Open(o);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    SsdTier& ssd = **opened;
+    auto put = [&](int i, size_t bytes, std::vector<Key>* evicted) {
+      SsdMeta meta;
+      meta.version = 1;
+      return ssd.Put(MakeKey(i), MakeValue(MakeKey(i), 1, bytes), meta, evicted);
+    };
+    // Units 1..6, then 0 (the most recent): 7 x 100128 = 700896 live bytes.
+    std::vector<Key> evicted;
+    for (int i : {1, 2, 3, 4, 5, 6, 0}) ASSERT_TRUE(put(i, kUnitBytes, &evicted).ok()) << i;
+    ASSERT_TRUE(evicted.empty());
+    if (pinned) {
+      for (int i : {0, 2, 3, 4, 5, 6}) ssd.SetTracked(MakeKey(i), false);  // only 1 evictable
+    }
+    // Unit 0 at 200 KB: 700896 - 100128 + 200128 = 800896 > 786432: one eviction (unit 1,
+    // the least recent) makes room: 700768.
+    Status st = put(0, 2 * kUnitBytes, &evicted);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(evicted, std::vector<Key>{MakeKey(1)});
+    SsdStats s = ssd.GetStats();
+    EXPECT_EQ(s.evictions, 1u);
+    EXPECT_EQ(s.objects, 6u);
+    EXPECT_EQ(s.live_bytes, 700768u);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Envs, SsdTierTest, ::testing::Values(EnvKind::kMemory, EnvKind::kIoUring),
                          [](const auto& info) {
                            return info.param == EnvKind::kMemory ? "Memory" : "IoUring";

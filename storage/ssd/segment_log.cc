@@ -62,7 +62,7 @@ Status SsdTier::Impl::AppendLocked(const Key& key, const RecordHeader& h,
                                    IndexEntry* e) {
   uint64_t rec = ssd::kRecordHeaderBytes + payload.size();
   uint64_t padded = AlignUp(rec, ssd::kRecordAlignBytes);
-  if (!FitsActiveLocked(padded + keep_free_bytes)) KVTIER_RETURN_IF_ERROR(RollLocked());
+  if (!FitsActiveLocked(padded, keep_free_bytes)) KVTIER_RETURN_IF_ERROR(RollLocked());
   if (buf_len_ + padded > o_.write_buffer_bytes) WriteBufferLocked();
   uint64_t offset = buf_file_offset_ + buf_len_;
   if (padded > o_.write_buffer_bytes) {

@@ -333,14 +333,21 @@ class SsdTier::Impl {
     }
     return nullptr;
   }
-  // True when a record of `padded` bytes fits in the active segment after what is buffered.
-  bool FitsActiveLocked(uint64_t padded) const {
-    return AlignUp(buf_file_offset_ + buf_len_ + padded, ssd::kBlockBytes) <= o_.segment_bytes;
+  // True when a record of `padded` bytes fits in the active segment after what is buffered,
+  // with keep_free_bytes left after it, as AppendLocked writes it: a record that does not fit
+  // in the write buffer goes after the buffer written out, which is padded to a block first
+  // (buf_file_offset_ is block-aligned, and so is every write's length).
+  bool FitsActiveLocked(uint64_t padded, uint64_t keep_free_bytes = 0) const {
+    uint64_t start = buf_file_offset_ + buf_len_;
+    if (buf_len_ + padded > o_.write_buffer_bytes) {
+      start = buf_file_offset_ + AlignUp(buf_len_, ssd::kBlockBytes);
+    }
+    return AlignUp(start + padded + keep_free_bytes, ssd::kBlockBytes) <= o_.segment_bytes;
   }
   // The same for a put: the room the cleaner keeps for its relocations (clean_reserve_bytes_)
   // is not a put's.
   bool PutFitsActiveLocked(uint64_t padded) const {
-    return FitsActiveLocked(padded + clean_reserve_bytes_);
+    return FitsActiveLocked(padded, clean_reserve_bytes_);
   }
   // Appends to the active segment, rolling into the prepared segment when it does not fit
   // with keep_free_bytes left over (a put: clean_reserve_bytes_; the cleaner: 0); Rejected

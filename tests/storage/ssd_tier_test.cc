@@ -739,6 +739,59 @@ TEST(SsdTierOverwriteTest, AnOverwriteNearCapacityEvictsOnlyWhatItNeeds) {
   }
 }
 
+// No segment grows past segment_bytes. The room check took the record as appended right
+// after the bytes in the write buffer (rounded up to a block once), but a record that does not
+// fit in the buffer goes after the buffer written out, padded to a block: each rounded up on
+// its own, up to one block more. With 8 KiB buffers, 5000-byte records and a buffer start
+// 4 KiB off the 8 KiB grid (a commit padded it), the last record went up to 4 KiB past the
+// fallocated end (the file grew: more disk than the capacity allows, an extent beyond the
+// zero-filled segment).
+TEST(SsdTierSegmentEndTest, NoWriteGoesPastTheSegmentEnd) {
+  constexpr uint64_t kSegmentBytes = 1ull << 20;
+  TempDir dir;
+  auto env = NewMemEnv();
+  SsdOptions o;
+  o.dir = dir.path();
+  o.env = env.get();
+  o.capacity_bytes = 16ull << 20;
+  o.segment_bytes = kSegmentBytes;
+  o.write_buffer_bytes = 8 << 10;
+  o.durability = Durability::kBatched;
+  o.group_commit_ms = 3'600'000;
+  auto opened = SsdTier::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  SsdTier& ssd = **opened;
+  auto put = [&](int i, size_t bytes) {
+    SsdMeta meta;
+    meta.version = 1;  // global KV: stored as is, a record of 128 + bytes
+    return ssd.Put(MakeKey(i), MakeValue(MakeKey(i), 1, bytes), meta, nullptr);
+  };
+  ASSERT_TRUE(put(0, 1000 - 128).ok());
+  ASSERT_TRUE(ssd.Flush().ok());  // the buffer is written padded to 4 KiB: appends go on at 4096
+  const uint32_t first = ssd.LogEnd().segment;
+  for (int i = 1; ssd.LogEnd().segment == first; ++i) {
+    ASSERT_LT(i, 1000);
+    ASSERT_TRUE(put(i, 5000 - 128).ok()) << i;
+  }
+  ASSERT_TRUE(ssd.Flush().ok());
+  auto names = env->List();
+  ASSERT_TRUE(names.ok());
+  for (const std::string& name : *names) {
+    auto dev = env->Open(name, false);
+    ASSERT_TRUE(dev.ok()) << name;
+    EXPECT_LE((*dev)->Size(), kSegmentBytes) << name << " grew past its segment size";
+  }
+  // Every unit reads back.
+  std::vector<uint8_t> out;
+  ASSERT_TRUE(ssd.Get(MakeKey(0), &out).ok());
+  for (int i = 1; i < 200; ++i) {
+    Status st = ssd.Get(MakeKey(i), &out);
+    if (st.IsNotFound()) break;
+    ASSERT_TRUE(st.ok()) << i << ": " << st.ToString();
+    EXPECT_EQ(out, MakeValue(MakeKey(i), 1, 5000 - 128)) << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Envs, SsdTierTest, ::testing::Values(EnvKind::kMemory, EnvKind::kIoUring),
                          [](const auto& info) {
                            return info.param == EnvKind::kMemory ? "Memory" : "IoUring";

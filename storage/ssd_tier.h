@@ -51,7 +51,8 @@
 //   every buffer handed over before it, fdatasyncs, and writes the index entries of the
 //   records whose write succeeded (puts and gets continue meanwhile); index writes are
 //   applied in commit order. The data fdatasync is a commit's only sync unless the batch holds
-//   a delete other than an eviction (or Flush, open, close, cleaning ask): the index of a put
+//   a delete other than an eviction or covers a failed buffer write (whose hole would stop the
+//   tail scan), or Flush, open, close, cleaning ask: the index of a put
 //   is rebuilt by the tail scan when a power failure loses its unsynced RocksDB write
 //   (docs/format/ssd.md, "One synced write per commit"). The committing thread writes the
 //   buffer it closes itself. Concurrent kSync puts share one commit; before it commits, a
@@ -238,8 +239,8 @@ struct SsdStats {
   // fdatasync calls made by commits; failed commits and the stage of the latest failure.
   uint64_t syncs = 0, commit_failures = 0;
   // Commits (and Flushes) that synced the RocksDB index WAL: those holding a delete other
-  // than an eviction, Flush, recovery, close, the cleaner's before a segment deletion, and
-  // the one after 16384 evictions wait unsynced (SsdTier::Remove).
+  // than an eviction, or covering a failed buffer write, Flush, recovery, close, the cleaner's
+  // before a segment deletion, and the one after 16384 evictions wait unsynced (Remove).
   uint64_t index_syncs = 0;
   // kSync puts that commits covered (commit_writers / commits: writers per commit); commits
   // whose leader waited for more writers (SsdOptions::commit_delay_us), the microseconds it

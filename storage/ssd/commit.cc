@@ -106,7 +106,9 @@ Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status, Commit
       // The data sync above is the commit's only sync unless the batch must not be lost
       // from the index (CommitBatch): Open's tail scan recovers the rest from the segments.
       rocksdb::WriteOptions wo;
-      wo.sync = durable && b.sync_index;
+      // A failed buffer write left a hole in its segment, where the recovery tail scan stops:
+      // durable_end must be durable past it before any later put relies on that scan.
+      wo.sync = durable && (b.sync_index || !failed.empty());
       st = FromRocks(db_->Write(wo, &wb), "index write");
       if (st.ok() && wo.sync) index_syncs_.fetch_add(1);
     }
@@ -180,6 +182,8 @@ void SsdTier::Impl::Settle(CommitBatch* b, const Status& st, CommitStage stage) 
     return;
   }
   ++stats_.io_errors;
+  // The retry of a failed index write syncs (the batch may have had to: a hole to cover).
+  if (stage == CommitStage::kIndexWrite) sync_index_next_ = true;
   // Ops are retried at the next commit only while they are still the key's newest state
   // (another commit may have run since Execute: a stale op must not overwrite a newer one).
   // After an index-write failure the data is durable (the sync succeeded) and ops are kept;

@@ -399,8 +399,9 @@ class SsdTier::Impl {
   // cstate_mu_.
   //
   // One synced write per commit: the RocksDB write is synced only when the batch holds a
-  // delete other than an eviction, or the caller asks (sync_index: Flush, recovery, close,
-  // the cleaner before it deletes a segment). Otherwise the fdatasync of the data is the
+  // delete other than an eviction or covers a failed buffer write (a hole where the tail scan
+  // stops), or the caller asks (sync_index: Flush, recovery, close, the cleaner before it
+  // deletes a segment; sync_index_next_). Otherwise the fdatasync of the data is the
   // commit's only sync: RocksDB recovers a prefix of its writes after a power failure, so the
   // durable_end it keeps is the one of an earlier commit, and Open's tail scan from there
   // re-indexes every record written since (same seq: relocated copies replace the old entry).

@@ -170,10 +170,14 @@ void SsdTier::Impl::Settle(CommitBatch* b, const Status& st, CommitStage stage) 
     durable_pos_ = std::max(durable_pos_, {b->durable_segment, b->durable_end});
   }
   // A relocation settles with its commit: kept for a retry only when its index write failed.
+  // (The put of the record it copied, same seq, is at the source: that op settles nothing.)
   auto settle_relocation = [&](const PendingOp& op) {
     if (relocated_from_.empty() || op.is_delete) return;
     auto r = relocated_from_.find(op.key);
-    if (r != relocated_from_.end() && r->second.seq == op.entry.seq) relocated_from_.erase(r);
+    if (r != relocated_from_.end() && r->second.seq == op.entry.seq &&
+        (r->second.segment != op.entry.segment || r->second.offset != op.entry.offset)) {
+      relocated_from_.erase(r);
+    }
   };
   if (st.ok()) {
     ++stats_.commits;

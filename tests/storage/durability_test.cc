@@ -751,6 +751,79 @@ TEST_F(DurabilityTest, SyncPutsAfterAFailedBufferWriteSurviveAPowerFailure) {
   }
 }
 
+// The same when the cleaner moves a record whose own put is still being committed: that put's
+// commit succeeding must not settle the relocation (both carry the record's seq). Here the
+// put's commit is held at its fdatasync while the cleaner copies the record and waits to
+// commit; then the put's commit ends and the relocation's buffer write fails. Before, the
+// put's commit forgot where the relocation came from, and the unit was dropped as lost.
+TEST_F(DurabilityTest, ARelocationOfARecordStillBeingCommittedSurvivesItsFailedWrite) {
+  constexpr size_t kUnitBytes = 20000;  // 20128-byte records
+  constexpr uint64_t kSegmentBytes = 1ull << 20;
+  FaultInjectionEnv fault(base_.get(), {});
+  SsdOptions o;
+  o.dir = dir_.path();
+  o.env = &fault;
+  o.capacity_bytes = 16ull << 20;
+  o.segment_bytes = kSegmentBytes;
+  o.write_buffer_bytes = 256 << 10;
+  o.durability = Durability::kBatched;
+  o.group_commit_ms = 3'600'000;
+  auto opened = SsdTier::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  SsdTier& ssd = **opened;
+  SsdMeta meta;
+  meta.version = 1;
+  auto put = [&](int i) {
+    return ssd.Put(MakeKey(i), MakeValue(MakeKey(i), 1, kUnitBytes), meta, nullptr);
+  };
+  // Segment 1: unit 0 stays, 1..29 go; then overwrites of a filler until only one more record
+  // fits before the segment end.
+  for (int i = 0; i < 30; ++i) ASSERT_TRUE(put(i).ok());
+  ASSERT_TRUE(ssd.Flush().ok());
+  for (int i = 1; i < 30; ++i) ASSERT_TRUE(ssd.Remove(MakeKey(i)).ok());
+  auto fits = [&](int records) {
+    return ((ssd.LogEnd().offset + records * (kUnitBytes + 128) + 4095) / 4096) * 4096 <=
+           kSegmentBytes;
+  };
+  for (int n = 0; fits(2); ++n) {
+    ASSERT_LT(n, 100);
+    ASSERT_TRUE(put(500).ok());
+    ASSERT_TRUE(ssd.Flush().ok());
+  }
+  ASSERT_TRUE(fits(1));
+  const uint32_t first = ssd.LogEnd().segment;
+  // Unit 7's put, committed by a Flush held at its fdatasync.
+  fault.PauseSyncs(true);
+  ASSERT_TRUE(put(7).ok());
+  std::thread flush([&] { EXPECT_TRUE(ssd.Flush().ok()); });
+  struct Release {  // a failing assertion must not leave the flush blocked
+    FaultInjectionEnv& fault;
+    std::thread& flush;
+    ~Release() {
+      fault.PauseSyncs(false);
+      if (flush.joinable()) flush.join();
+    }
+  } release{fault, flush};
+  ASSERT_TRUE(Eventually([&] { return fault.syncs_waiting() == 1; }));
+  // The filler rolls the segment; the cleaner moves units 0 and 7 (segment 1 is sparse) and
+  // waits for the commit in flight.
+  ASSERT_TRUE(put(500).ok());
+  ASSERT_EQ(ssd.LogEnd().segment, first + 1);
+  ASSERT_TRUE(Eventually([&] { return ssd.GetStats().relocated_bytes >= 2 * (kUnitBytes + 128); }));
+  fault.FailNextWrites(1);  // the relocations' buffer, written by the cleaner's commit
+  fault.PauseSyncs(false);
+  flush.join();
+  ASSERT_TRUE(Eventually([&] { return ssd.GetStats().commit_failures >= 1; }));
+  EXPECT_EQ(ssd.GetStats().last_failed_stage, CommitStage::kBufferWrite);
+  std::vector<uint8_t> out;
+  for (int i : {0, 7}) {
+    Status st = ssd.Get(MakeKey(i), &out);
+    ASSERT_TRUE(st.ok()) << "lost unit " << i << ": " << st.ToString();
+    EXPECT_EQ(out, MakeValue(MakeKey(i), 1, kUnitBytes)) << i;
+  }
+  EXPECT_EQ(ssd.GetStats().segments_cleaned, 0u);
+}
+
 // SSD I/O errors are io_error misses, not never_stored: a failed read (Get) and a unit lost
 // to a failed buffer write (Lookup's first_miss).
 TEST_F(DurabilityTest, IoErrorsAreTheirOwnMissReason) {

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -39,6 +40,12 @@ bool SendAll(int fd, std::span<const uint8_t> data, uint64_t timeout_ms) {
     ::poll(&p, 1, static_cast<int>(left.count()));
   }
   return true;
+}
+
+// A timeout as a duration that can be added to Clock::now() (a larger one waits a year).
+std::chrono::milliseconds Clamped(uint64_t ms) {
+  constexpr uint64_t kYearMs = 365ull * 24 * 3600 * 1000;
+  return std::chrono::milliseconds(std::min(ms, kYearMs));
 }
 
 void Respond(int fd, uint8_t opcode, uint64_t request_id, Writer* w, uint64_t timeout_ms,
@@ -206,7 +213,17 @@ void PeerServer::Serve(int fd) {
   PeerNonce client_nonce{}, server_nonce{};
   bool hello_done = false;
   std::string peer_node;  // from HELLO
+  const auto frame_timeout = Clamped(options_.frame_timeout_ms);
+  const auto idle_timeout = Clamped(options_.idle_timeout_ms);
+  // HELLO and AUTH must both be done by then: an unauthenticated peer holds a connection slot
+  // for frame_timeout_ms at most, however it spaces its bytes.
+  const auto handshake_deadline = Clock::now() + frame_timeout;
   auto last_activity = Clock::now();
+  // When the first bytes of the frame being read arrived (in_frame: some have). The frame must
+  // be whole by frame_started + frame_timeout_ms, checked whether or not more bytes arrive: a
+  // peer trickling a byte at a time used to keep a started frame open indefinitely.
+  bool in_frame = false;
+  Clock::time_point frame_started;
   std::vector<uint8_t> buf(64 << 10);
   while (!stop_.load()) {
     Frame frame;
@@ -216,22 +233,24 @@ void PeerServer::Serve(int fd) {
       return;
     }
     if (!*next) {
+      const auto now = Clock::now();
+      if (parser.mid_frame() && !in_frame) frame_started = now;
+      in_frame = parser.mid_frame();
+      auto deadline = in_frame ? frame_started + frame_timeout : last_activity + idle_timeout;
+      if (!authenticated) deadline = std::min(deadline, handshake_deadline);
+      if (now >= deadline) return;
+      // Wake at the deadline at the latest (and every 200 ms for stop_).
+      const auto wait = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
       pollfd p{fd, POLLIN, 0};
-      int n = ::poll(&p, 1, 200);
-      auto idle_ms =
-          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_activity)
-              .count();
-      uint64_t limit = parser.mid_frame() ? options_.frame_timeout_ms : options_.idle_timeout_ms;
-      if (n <= 0) {
-        if (static_cast<uint64_t>(idle_ms) > limit) return;
-        continue;
-      }
+      int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(wait.count(), 200)));
+      if (n <= 0) continue;
       ssize_t k = ::recv(fd, buf.data(), buf.size(), 0);
       if (k <= 0) return;
       parser.Append(std::span<const uint8_t>(buf.data(), static_cast<size_t>(k)));
-      if (!parser.mid_frame()) last_activity = Clock::now();
       continue;
     }
+    // A whole frame: bytes already buffered beyond it start the next one, timed from now.
+    in_frame = false;
     last_activity = Clock::now();
     const uint8_t op = frame.header.opcode;
     Writer w;

@@ -3,10 +3,13 @@
 // (cluster/peer_wire.h) and hands their storage-key operations to a PeerHandler.
 //
 // One thread per connection (peer connections are few: a pool per peer node), at most
-// connections_max at once (more are closed at once, counted); a connection idle for
-// idle_timeout_ms, or whose started frame does not complete within frame_timeout_ms, is
-// closed. Frames are limited to kPeerPreauthFrameBytesMax before AUTH and frame_bytes_max
-// after.
+// connections_max at once (more are closed at once, counted). A connection is closed when:
+//   - it has not completed HELLO and AUTH within frame_timeout_ms of the start of Serve (after
+//     the TLS handshake, which has its own deadline), however it spaces its bytes;
+//   - a started frame is not whole frame_timeout_ms after its first byte arrived, whether or
+//     not more bytes keep arriving (a peer trickling bytes cannot hold a slot);
+//   - it is authenticated and idle (no frame in progress) for idle_timeout_ms.
+// Frames are limited to kPeerPreauthFrameBytesMax before AUTH and frame_bytes_max after.
 //
 // With tls set (mutual TLS, [cluster] peer_tls), each connection's thread first completes a
 // TLS handshake (daemon::TlsTunnel::Accept, bounded by tls->handshake_timeout_ms) that

@@ -234,6 +234,158 @@ TEST_F(PeerTransportTest, NothingBeforeAuth) {
   EXPECT_EQ(server_->stats().auth_failures, 2u);
 }
 
+// Deadlines on the peer front. A peer that trickled a frame a byte at a time (each byte within
+// the server's 200 ms poll) used to keep that frame open indefinitely: the frame deadline was
+// checked only when nothing arrived for a whole poll, and not measured from the frame's first
+// byte. 64 such connections (peer_connections_max) locked every real peer out. Now a started
+// frame that is not whole frame_timeout_ms after its first byte closes the connection, before
+// or after AUTH, and HELLO + AUTH must be done frame_timeout_ms after the connection started
+// (not idle_timeout_ms). Each case takes about frame_timeout_ms (300 ms here); the bound it
+// checks against is 10 s, far beyond any deadline, so a slow host does not fail it.
+class PeerDeadlineTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kFrameTimeoutMs = 300;
+  static constexpr int kGiveUpMs = 10000;  // the old code never closed these
+
+  void SetUp() override {
+    PeerServerOptions o;
+    o.credential = Credential(7);
+    o.frame_timeout_ms = kFrameTimeoutMs;
+    o.idle_timeout_ms = 60000;
+    auto s = PeerServer::Start(o, &handler_);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    server_ = std::move(*s);
+  }
+
+  // True when the server has closed fd (EOF or reset), waiting up to wait_ms.
+  static bool ClosedWithin(int fd, int wait_ms) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, wait_ms) <= 0) return false;
+    char c;
+    ssize_t k = ::recv(fd, &c, 1, MSG_DONTWAIT);
+    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+  }
+
+  // Sends bytes one at a time, 50 ms apart, until the server closes the connection. Returns
+  // how many were sent by then; -1 when it was still open after kGiveUpMs (or every byte was
+  // sent).
+  static int TrickleUntilClosed(int fd, std::span<const uint8_t> bytes) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(kGiveUpMs);
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      if (std::chrono::steady_clock::now() > give_up) return -1;
+      if (::send(fd, &bytes[i], 1, MSG_NOSIGNAL) != 1) return static_cast<int>(i);
+      if (ClosedWithin(fd, 50)) return static_cast<int>(i + 1);
+    }
+    return -1;
+  }
+
+  // Connects and authenticates by hand (HELLO, AUTH); -1 on failure.
+  int ConnectAuthenticated() {
+    int fd = testing::ConnectTcp(server_->port());
+    if (fd < 0) return -1;
+    PeerNonce client_nonce{};
+    client_nonce.fill(3);
+    daemon::wire::Writer node_id;
+    PutText("raw", &node_id);
+    std::vector<uint8_t> hello(client_nonce.size() + node_id.buffer().size());
+    std::memcpy(hello.data(), client_nonce.data(), client_nonce.size());
+    std::memcpy(hello.data() + client_nonce.size(), node_id.buffer().data(),
+                node_id.buffer().size());
+    auto frame = daemon::wire::BuildFrame(static_cast<uint8_t>(PeerOp::kHello), 0, 1, hello);
+    constexpr size_t kStatusBytes = 3;  // an OK status
+    const size_t reply_bytes = daemon::wire::kHeaderBytes + kStatusBytes + 64;
+    std::string reply;
+    if (testing::SendAllRaw(fd, frame.data(), frame.size())) {
+      reply = testing::RecvFor(fd, reply_bytes, 3000);
+    }
+    if (reply.size() != reply_bytes) {
+      ::close(fd);
+      return -1;
+    }
+    PeerNonce server_nonce{};
+    std::memcpy(server_nonce.data(), reply.data() + daemon::wire::kHeaderBytes + kStatusBytes, 32);
+    PeerProof proof = PeerAuthProof(Credential(7), kClientProofLabel, server_nonce, client_nonce);
+    frame = daemon::wire::BuildFrame(static_cast<uint8_t>(PeerOp::kAuth), 0, 2, proof);
+    const size_t auth_reply_bytes = daemon::wire::kHeaderBytes + kStatusBytes;
+    reply.clear();
+    if (testing::SendAllRaw(fd, frame.data(), frame.size())) {
+      reply = testing::RecvFor(fd, auth_reply_bytes, 3000);
+    }
+    if (reply.size() != auth_reply_bytes || reply[daemon::wire::kHeaderBytes] != 0) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  }
+
+  // A LOOKUP of `keys` keys (K(1) each time).
+  static std::vector<uint8_t> LookupFrame(uint64_t request_id, size_t keys = 1) {
+    daemon::wire::Writer w;
+    PutKeys(std::vector<PeerKey>(keys, K(1)), &w);
+    return daemon::wire::BuildFrame(static_cast<uint8_t>(PeerOp::kLookup), 0, request_id,
+                                    w.buffer());
+  }
+
+  MapHandler handler_;
+  std::unique_ptr<PeerServer> server_;
+};
+
+TEST_F(PeerDeadlineTest, ATrickledFrameBeforeAuthIsClosed) {
+  int fd = testing::ConnectTcp(server_->port());
+  ASSERT_GE(fd, 0);
+  // A pre-auth frame as large as allowed: 4 KiB at 50 ms a byte would take minutes.
+  std::vector<uint8_t> hello(kPeerPreauthFrameBytesMax - daemon::wire::kHeaderBytes, 1);
+  auto frame = daemon::wire::BuildFrame(static_cast<uint8_t>(PeerOp::kHello), 0, 1, hello);
+  const int sent = TrickleUntilClosed(fd, frame);
+  ::close(fd);
+  EXPECT_GT(sent, 0) << "not closed within " << kGiveUpMs << " ms of trickled bytes";
+}
+
+TEST_F(PeerDeadlineTest, ATrickledFrameAfterAuthIsClosed) {
+  int fd = ConnectAuthenticated();
+  ASSERT_GE(fd, 0);
+  auto frame = LookupFrame(3, /*keys=*/64);  // 2 KiB: minutes at 50 ms a byte
+  const int sent = TrickleUntilClosed(fd, frame);
+  ::close(fd);
+  EXPECT_GT(sent, 0) << "not closed within " << kGiveUpMs << " ms of trickled bytes";
+  EXPECT_LT(sent, static_cast<int>(frame.size()));
+}
+
+TEST_F(PeerDeadlineTest, AHandshakeNotDoneInTimeIsClosed) {
+  // Nothing sent at all.
+  int fd = testing::ConnectTcp(server_->port());
+  ASSERT_GE(fd, 0);
+  EXPECT_TRUE(ClosedWithin(fd, kGiveUpMs)) << "a silent unauthenticated connection stayed open";
+  ::close(fd);
+  // A whole HELLO, answered, then no AUTH.
+  fd = testing::ConnectTcp(server_->port());
+  ASSERT_GE(fd, 0);
+  std::vector<uint8_t> hello(32, 1);
+  hello.push_back(0);
+  hello.push_back(0);
+  auto frame = daemon::wire::BuildFrame(static_cast<uint8_t>(PeerOp::kHello), 0, 1, hello);
+  ASSERT_TRUE(testing::SendAllRaw(fd, frame.data(), frame.size()));
+  const size_t reply_bytes = daemon::wire::kHeaderBytes + 3 + 64;
+  ASSERT_EQ(testing::RecvFor(fd, reply_bytes, 3000).size(), reply_bytes);
+  EXPECT_TRUE(ClosedWithin(fd, kGiveUpMs)) << "HELLO without AUTH stayed open";
+  ::close(fd);
+}
+
+// The handshake deadline ends at AUTH: an authenticated connection idle for longer than
+// frame_timeout_ms (within idle_timeout_ms) still serves whole frames.
+TEST_F(PeerDeadlineTest, AnAuthenticatedConnectionMayIdleBetweenFrames) {
+  int fd = ConnectAuthenticated();
+  ASSERT_GE(fd, 0);
+  EXPECT_FALSE(ClosedWithin(fd, static_cast<int>(3 * kFrameTimeoutMs)));
+  auto frame = LookupFrame(3);
+  ASSERT_TRUE(testing::SendAllRaw(fd, frame.data(), frame.size()));
+  const size_t reply_bytes = daemon::wire::kHeaderBytes + 3 + 4 + 1;
+  std::string reply = testing::RecvFor(fd, reply_bytes, 3000);
+  ::close(fd);
+  ASSERT_EQ(reply.size(), reply_bytes);
+  EXPECT_EQ(static_cast<uint8_t>(reply.back()), kPeerTierAbsent);
+}
+
 // A GET response never exceeds the frame limit: a value that does not fit after others is
 // Retry (ask again), one that could never fit is Rejected, never a frame over the limit.
 TEST(PeerTransportLimitTest, GetResponsesStayWithinTheFrameLimit) {

@@ -329,7 +329,13 @@ void PeerServer::Execute(const Frame& frame, const std::string& peer_node, Write
       if (!GetKeys(&r, &keys) || r.remaining() != 0) return bad("malformed peer GET");
       daemon::wire::EncodeStatus(Status::Ok(), w);
       w->U32(static_cast<uint32_t>(keys.size()));
-      const uint64_t budget = options_.frame_bytes_max - daemon::wire::kHeaderBytes - 4096;
+      // The whole body (status, count and entries, all in w) within the frame limit. It used
+      // to keep a further 4096 bytes spare, which wrapped around for a limit of 4096..4111
+      // (the configuration allows 4096): every value was then sent, in a response over the
+      // limit that the caller refused.
+      const uint64_t budget = options_.frame_bytes_max > daemon::wire::kHeaderBytes
+                                  ? options_.frame_bytes_max - daemon::wire::kHeaderBytes
+                                  : 0;
       std::vector<uint8_t> value;
       bool any_value = false;
       for (const PeerKey& k : keys) {

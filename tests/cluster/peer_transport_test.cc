@@ -424,6 +424,41 @@ TEST(PeerTransportLimitTest, GetResponsesStayWithinTheFrameLimit) {
   EXPECT_EQ(again->values[0], small);
 }
 
+// The smallest frame limit the configuration allows (limits.max_frame_bytes = 4096, and up
+// to 4111): the GET budget used to subtract 16 + 4096 bytes from it and wrap around, so every
+// value went into one response over the limit, which the caller refused (Corruption). Now
+// values that fit are sent, the rest are Retry / Rejected as for any limit.
+TEST(PeerTransportLimitTest, GetResponsesStayWithinTheSmallestFrameLimit) {
+  for (uint64_t limit : {uint64_t{4096}, uint64_t{4111}}) {
+    SCOPED_TRACE(limit);
+    MapHandler handler;
+    PeerServerOptions o;
+    o.credential = Credential(7);
+    o.frame_bytes_max = limit;
+    auto server = PeerServer::Start(o, &handler);
+    ASSERT_TRUE(server.ok());
+    std::string ep = "127.0.0.1:" + std::to_string((*server)->port());
+    PeerClient c(
+        PeerClientOptions{.node_id = "n1", .credential = Credential(7), .frame_bytes_max = limit});
+    std::vector<uint8_t> half(2100, 1), whole(limit, 2);  // two halves do not fit
+    ASSERT_TRUE(handler.Put(PeerPut{.tenant = "alice", .key = K(1), .value = half}).ok());
+    ASSERT_TRUE(handler.Put(PeerPut{.tenant = "alice", .key = K(2), .value = half}).ok());
+    ASSERT_TRUE(handler.Put(PeerPut{.tenant = "alice", .key = K(3), .value = whole}).ok());
+    auto got = c.Get(ep, std::vector<PeerKey>{K(1), K(2)});
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    EXPECT_TRUE(got->statuses[0].ok());
+    EXPECT_EQ(got->values[0], half);
+    EXPECT_TRUE(got->statuses[1].IsRetry());
+    auto again = c.Get(ep, std::vector<PeerKey>{K(2)});
+    ASSERT_TRUE(again.ok()) << again.status().message();
+    EXPECT_TRUE(again->statuses[0].ok());
+    EXPECT_EQ(again->values[0], half);
+    auto alone = c.Get(ep, std::vector<PeerKey>{K(3)});
+    ASSERT_TRUE(alone.ok()) << alone.status().message();
+    EXPECT_TRUE(alone->statuses[0].IsRejected());
+  }
+}
+
 // Mutual TLS on the peer front: a peer of the same CA with the credential gets through; a
 // peer whose certificate is of another CA, one without TLS, and one that does not trust our
 // CA are refused in the handshake; inside TLS the credential is still required.

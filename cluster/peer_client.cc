@@ -42,6 +42,21 @@ struct PeerClient::Conn {
     if (fd >= 0) ::close(fd);
   }
 
+  // How the last RoundTrip failed, for PeerClient::Call's one retry on a pooled connection.
+  // unsent: the peer closed or reset the connection before the whole request was handed to
+  // the kernel (so it never read a whole request); closed_before_reply: it closed or reset
+  // it (EOF, ECONNRESET, EPIPE) before any byte of the reply arrived (it may or may not have
+  // executed the request).
+  bool unsent = false;
+  bool closed_before_reply = false;
+
+  // False when the peer has closed or reset this idle connection (EOF or an error pending) or
+  // sent something unasked (out of step): it cannot carry a request.
+  bool IdleAndOpen() const {
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) == 0;
+  }
+
   Status Send(std::span<const uint8_t> data, uint64_t deadline_ms) {
     while (!data.empty()) {
       ssize_t k = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -50,6 +65,7 @@ struct PeerClient::Conn {
         continue;
       }
       if (k < 0 && errno != EAGAIN && errno != EINTR) {
+        if (errno == EPIPE || errno == ECONNRESET) unsent = true;
         return Status::Unavailable(std::string("peer send: ") + std::strerror(errno));
       }
       pollfd p{fd, POLLOUT, 0};
@@ -58,7 +74,9 @@ struct PeerClient::Conn {
     return Status::Ok();
   }
 
-  Status Recv(uint8_t* out, size_t n, uint64_t deadline_ms) {
+  // reply_start: out is the start of the reply (nothing of it has arrived yet).
+  Status Recv(uint8_t* out, size_t n, uint64_t deadline_ms, bool reply_start = false) {
+    const uint8_t* const start = out;
     while (n > 0) {
       ssize_t k = ::recv(fd, out, n, MSG_DONTWAIT);
       if (k > 0) {
@@ -66,7 +84,11 @@ struct PeerClient::Conn {
         n -= static_cast<size_t>(k);
         continue;
       }
-      if (k == 0) return Status::Unavailable("peer closed the connection");
+      if (k == 0 || errno == ECONNRESET) {
+        closed_before_reply = reply_start && out == start;
+        return Status::Unavailable(k == 0 ? std::string("peer closed the connection")
+                                          : std::string("peer recv: ") + std::strerror(errno));
+      }
       if (errno != EAGAIN && errno != EINTR) {
         return Status::Unavailable(std::string("peer recv: ") + std::strerror(errno));
       }
@@ -80,12 +102,13 @@ struct PeerClient::Conn {
   StatusOr<std::vector<uint8_t>> RoundTrip(PeerOp op, std::span<const uint8_t> body,
                                            uint64_t deadline_ms, uint64_t frame_bytes_max) {
     uint64_t id = next_id++;
+    unsent = closed_before_reply = false;
     auto header = daemon::wire::EncodeHeader(static_cast<uint8_t>(op), 0, id,
                                              static_cast<uint32_t>(body.size()));
     KVTIER_RETURN_IF_ERROR(Send(header, deadline_ms));
     KVTIER_RETURN_IF_ERROR(Send(body, deadline_ms));
     std::array<uint8_t, daemon::wire::kHeaderBytes> rh{};
-    KVTIER_RETURN_IF_ERROR(Recv(rh.data(), rh.size(), deadline_ms));
+    KVTIER_RETURN_IF_ERROR(Recv(rh.data(), rh.size(), deadline_ms, /*reply_start=*/true));
     auto decoded = daemon::wire::DecodeHeader(rh, frame_bytes_max);
     if (!decoded.ok()) return Status::Corruption("peer response: " + decoded.status().message());
     if (decoded->opcode != (static_cast<uint8_t>(op) | daemon::wire::kResponseBit) ||
@@ -180,22 +203,54 @@ StatusOr<std::unique_ptr<PeerClient::Conn>> PeerClient::Connect(const std::strin
   return conn;
 }
 
-StatusOr<std::vector<uint8_t>> PeerClient::Call(const std::string& endpoint, PeerOp op,
-                                                std::span<const uint8_t> body) {
-  uint64_t deadline = NowMs() + options_.timeout_ms;
+namespace {
+
+// Operations whose repetition changes nothing another call could have done meanwhile: reads,
+// staging (a new record per call) and dropping GET copies. A PUT, DELETE or DELETE_TENANT
+// repeated after the peer executed it could undo a write or delete that landed in between.
+bool SafeToRepeat(PeerOp op) {
+  return op == PeerOp::kLookup || op == PeerOp::kGet || op == PeerOp::kGetStaged ||
+         op == PeerOp::kDropCopies;
+}
+
+}  // namespace
+
+std::unique_ptr<PeerClient::Conn> PeerClient::TakeIdle(const std::string& endpoint) {
+  std::vector<std::unique_ptr<Conn>> closed;  // closed outside mu_
   std::unique_ptr<Conn> conn;
   {
     std::lock_guard lock(mu_);
     auto& idle = idle_[endpoint];
-    if (!idle.empty()) {
-      conn = std::move(idle.back());
+    while (!idle.empty() && conn == nullptr) {
+      std::unique_ptr<Conn> c = std::move(idle.back());
       idle.pop_back();
+      if (c->IdleAndOpen()) {
+        conn = std::move(c);
+      } else {
+        closed.push_back(std::move(c));
+      }
     }
   }
-  if (conn == nullptr) {
+  return conn;
+}
+
+StatusOr<std::vector<uint8_t>> PeerClient::Call(const std::string& endpoint, PeerOp op,
+                                                std::span<const uint8_t> body) {
+  uint64_t deadline = NowMs() + options_.timeout_ms;
+  std::unique_ptr<Conn> conn = TakeIdle(endpoint);
+  const bool pooled = conn != nullptr;
+  if (!pooled) {
     KVTIER_ASSIGN_OR_RETURN(conn, Connect(endpoint, deadline));
   }
   auto reply = conn->RoundTrip(op, body, deadline, options_.frame_bytes_max);
+  // A pooled connection the peer closed (its idle timeout) just as we sent: once more on a
+  // new connection, when the peer cannot have executed the request (it never had all of it)
+  // or executing it twice is harmless. Never after a byte of the reply, never on a new one.
+  if (!reply.ok() && pooled && (conn->unsent || (conn->closed_before_reply && SafeToRepeat(op)))) {
+    conn.reset();
+    KVTIER_ASSIGN_OR_RETURN(conn, Connect(endpoint, deadline));
+    reply = conn->RoundTrip(op, body, deadline, options_.frame_bytes_max);
+  }
   // A peer's own error status leaves the connection in step; transport failures do not.
   bool reusable = reply.ok() || (!reply.status().IsUnavailable() && !reply.status().IsCorruption());
   if (reusable) {

@@ -2,9 +2,14 @@
 // of authenticated connections per peer endpoint.
 //
 // Every call has a deadline (timeout_ms, connect + handshake + request + response). A
-// connection that fails in any way is dropped, never reused; a call is not retried here
-// (the router decides). Errors: Unavailable (cannot connect / connection lost / timeout),
-// PermissionDenied (the peer refused our credential, or failed to prove it holds it),
+// connection that fails in any way is dropped, never reused. An idle pooled connection the
+// peer has closed meanwhile (its idle timeout) is found closed before it is used, and
+// dropped. A call is not retried here (the router decides), with one exception: a call on a
+// pooled connection that the peer closed or reset before any byte of the reply is made once
+// more on a new connection when the peer cannot have received the whole request, or when the
+// operation is safe to repeat (LOOKUP, GET, GET_STAGED, DROP_COPIES; never a PUT, DELETE or
+// DELETE_TENANT that was sent whole). Errors: Unavailable (cannot connect / connection lost /
+// timeout), PermissionDenied (the peer refused our credential, or failed to prove it holds it),
 // Corruption (malformed response), or the peer's own status.
 //
 // With tls set ([cluster] peer_tls), each new connection completes a TLS handshake
@@ -75,6 +80,9 @@ class PeerClient {
   StatusOr<std::vector<uint8_t>> Call(const std::string& endpoint, PeerOp op,
                                       std::span<const uint8_t> body);
   StatusOr<std::unique_ptr<Conn>> Connect(const std::string& endpoint, uint64_t deadline_ms);
+  // A pooled connection to endpoint the peer has not closed meanwhile (those found closed are
+  // dropped); null when there is none.
+  std::unique_ptr<Conn> TakeIdle(const std::string& endpoint);
 
   PeerClientOptions options_;
   std::mutex mu_;

@@ -119,7 +119,7 @@ void PeerServer::Stop() {
 
 PeerServerStats PeerServer::stats() const {
   return {connections_.load(), refused_.load(),      auth_failures_.load(), requests_.load(),
-          bad_frames_.load(),  tls_failures_.load(), accept_waits_.load()};
+          bad_frames_.load(),  tls_failures_.load(), accept_waits_.load(),  active_.load()};
 }
 
 void PeerServer::ReapFinished() {

@@ -79,8 +79,9 @@ struct PeerServerOptions {
 
 struct PeerServerStats {
   uint64_t connections = 0, refused_over_max = 0, auth_failures = 0, requests = 0, bad_frames = 0;
-  uint64_t tls_failures = 0;  // TLS handshakes that failed (no / bad certificate, plaintext)
-  uint64_t accept_waits = 0;  // failed accepts that paused accepting (no descriptor or memory)
+  uint64_t tls_failures = 0;      // TLS handshakes that failed (no / bad certificate, plaintext)
+  uint64_t accept_waits = 0;      // failed accepts that paused accepting (no descriptor or memory)
+  uint64_t open_connections = 0;  // gauge: connections being served now (closed ones are not)
 };
 
 class PeerServer {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -33,6 +34,7 @@ class MapHandler : public PeerHandler {
     return Status::Ok();
   }
   Status Put(const PeerPut& put) override {
+    puts.fetch_add(1);
     if (put.tenant != "alice") return Status::Rejected("unknown tenant");
     std::lock_guard lock(mu_);
     map_[put.key].assign(put.value.begin(), put.value.end());
@@ -49,6 +51,7 @@ class MapHandler : public PeerHandler {
     if (tenant == "alice") map_.clear();
     return Status::Ok();
   }
+  std::atomic<int> puts{0};  // PUTs executed, refused ones included
 
  private:
   std::mutex mu_;
@@ -457,6 +460,221 @@ TEST(PeerTransportLimitTest, GetResponsesStayWithinTheSmallestFrameLimit) {
     ASSERT_TRUE(alone.ok()) << alone.status().message();
     EXPECT_TRUE(alone->statuses[0].IsRejected());
   }
+}
+
+// A TCP relay in front of a PeerServer that can drop one reply: armed, it relays the next
+// whole request frame a client sends on a connection relayed before it was armed, waits for
+// the server's reply, discards it and closes both sides. To the client that is a peer that
+// closed a pooled connection after reading (and executing) a request, before any byte of
+// the reply: the race of an idle timeout with a request, or a peer that died.
+class ReplyDroppingRelay {
+ public:
+  explicit ReplyDroppingRelay(uint16_t upstream_port) : upstream_port_(upstream_port) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+        ::listen(listen_fd_, 16) == 0 &&
+        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      port_ = ntohs(a.sin_port);
+    }
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~ReplyDroppingRelay() {
+    stop_ = true;
+    acceptor_.join();
+    for (auto& t : pumps_) t.join();
+    ::close(listen_fd_);
+  }
+  uint16_t port() const { return port_; }
+  // Connections accepted so far are eligible; the first of them to send a request next has
+  // its reply dropped.
+  void DropNextReply() {
+    eligible_below_ = accepted_.load();
+    armed_ = true;
+  }
+  int replies_dropped() const { return dropped_.load(); }
+  // Every connection accepted so far gets a FIN (shutdown of the client side for writing)
+  // and relays nothing more; what its client sends is read and discarded, so the client's
+  // sends succeed and only its reads see the close. Returns once all of them have it: what a
+  // peer's idle timeout looks like over a network, where a send after the FIN is not reset
+  // before the call reads.
+  void HalfCloseAll() {
+    const int n = accepted_.load();
+    half_close_below_ = n;
+    testing::PollUntilEqual([&] { return half_closed_.load() >= n; }, true, 10000);
+  }
+
+ private:
+  void AcceptLoop() {
+    while (!stop_) {
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      int client = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (client < 0) continue;
+      int upstream = testing::ConnectTcp(upstream_port_);
+      if (upstream < 0) {
+        ::close(client);
+        continue;
+      }
+      const int id = accepted_.fetch_add(1);
+      pumps_.emplace_back([this, client, upstream, id] { Pump(client, upstream, id); });
+    }
+  }
+  // Relays both ways until either side closes or stop_.
+  void Pump(int client, int upstream, int id) {
+    std::vector<uint8_t> request;  // an armed connection's request, until it is whole
+    bool cutting = false, half_closed = false;
+    char buf[65536];
+    while (!stop_) {
+      if (!half_closed && id < half_close_below_.load()) {
+        ::shutdown(client, SHUT_WR);
+        half_closed = true;
+        half_closed_.fetch_add(1);
+      }
+      pollfd p[2] = {{client, POLLIN, 0}, {upstream, POLLIN, 0}};
+      if (::poll(p, 2, 50) <= 0) continue;
+      if (half_closed) {
+        if (p[0].revents != 0 && ::recv(client, buf, sizeof(buf), 0) <= 0) break;
+        if (p[1].revents != 0 && ::recv(upstream, buf, sizeof(buf), 0) <= 0) break;
+        continue;
+      }
+      if (p[0].revents != 0) {
+        ssize_t k = ::recv(client, buf, sizeof(buf), 0);
+        if (k <= 0) break;
+        if (!cutting && id < eligible_below_.load() && armed_.exchange(false)) cutting = true;
+        if (!cutting) {
+          if (!testing::SendAllRaw(upstream, buf, static_cast<size_t>(k))) break;
+          continue;
+        }
+        request.insert(request.end(), buf, buf + k);
+        if (request.size() < daemon::wire::kHeaderBytes) continue;
+        uint32_t length = 0;  // the header's length field: the frame's bytes after it
+        std::memcpy(&length, request.data(), sizeof(length));
+        if (request.size() < length + sizeof(length)) continue;
+        testing::SendAllRaw(upstream, request.data(), request.size());
+        testing::RecvFor(upstream, 1, 5000);  // the reply has started: the request ran
+        dropped_.fetch_add(1);
+        break;
+      }
+      if (p[1].revents != 0) {
+        ssize_t k = ::recv(upstream, buf, sizeof(buf), 0);
+        if (k <= 0 || !testing::SendAllRaw(client, buf, static_cast<size_t>(k))) break;
+      }
+    }
+    ::close(client);
+    ::close(upstream);
+  }
+
+  uint16_t upstream_port_;
+  uint16_t port_ = 0;
+  int listen_fd_ = -1;
+  std::atomic<bool> stop_{false}, armed_{false};
+  std::atomic<int> accepted_{0}, eligible_below_{0}, dropped_{0};
+  std::atomic<int> half_close_below_{0}, half_closed_{0};
+  std::thread acceptor_;
+  std::vector<std::thread> pumps_;  // AcceptLoop's; joined after it
+};
+
+// Pooled connections the peer closed for idleness (idle_timeout_ms, 300 s by default). The
+// client used to send the next call on one of them: the call failed (Unavailable, "peer
+// closed the connection"), not retried, for each pooled connection, after every lull. Now a
+// pooled connection found closed is dropped before use, and every operation succeeds on a new
+// one. Each operation waits out its own lull, after a LOOKUP that left one connection pooled.
+TEST(PeerClientPoolTest, EveryOperationSucceedsAfterThePeerClosedItsIdleConnection) {
+  MapHandler handler;
+  PeerServerOptions o;
+  o.credential = Credential(7);
+  o.idle_timeout_ms = 50;
+  auto server = PeerServer::Start(o, &handler);
+  ASSERT_TRUE(server.ok());
+  const std::string ep = "127.0.0.1:" + std::to_string((*server)->port());
+  PeerClient c(PeerClientOptions{.node_id = "n1", .credential = Credential(7)});
+  std::vector<uint8_t> value(1000, 5);
+  PeerPut put{.tenant = "alice", .key = K(1), .value = value};
+  const std::vector<PeerKey> keys = {K(1)};
+  // Each returns the call's status; run after a lull, on a pool holding one closed connection.
+  const std::vector<std::pair<const char*, std::function<Status()>>> calls = {
+      {"PUT", [&] { return c.Put(ep, put); }},
+      {"LOOKUP", [&] { return c.Lookup(ep, keys).status(); }},
+      {"GET", [&] { return c.Get(ep, keys).status(); }},
+      {"DROP_COPIES", [&] { return c.DropCopies(ep, keys); }},
+      {"DELETE", [&] { return c.Delete(ep, keys).status(); }},
+      {"DELETE_TENANT", [&] { return c.DeleteTenant(ep, "alice"); }},
+  };
+  ASSERT_TRUE(c.Put(ep, put).ok());
+  for (const auto& [name, call] : calls) {
+    ASSERT_TRUE(c.Lookup(ep, keys).ok());  // the pool holds a connection
+    // The lull: the server closed the pooled connection (its thread has returned).
+    ASSERT_EQ(testing::PollUntilEqual([&] { return (*server)->stats().open_connections; },
+                                      uint64_t{0}, 10000),
+              0u);
+    Status s = call();
+    EXPECT_TRUE(s.ok()) << name << " after a lull: " << s.message();
+  }
+  EXPECT_EQ(handler.puts.load(), 2);
+}
+
+// A pooled connection the peer closed (FIN) where the client's sends still succeed (the peer
+// reads and discards them, as a send after a FIN is not reset before the call reads on a
+// network): the close is found before the connection is used, so even a PUT, which is never
+// repeated once sent, succeeds on a new connection.
+TEST(PeerClientPoolTest, APooledConnectionThePeerClosedIsFoundClosedBeforeUse) {
+  MapHandler handler;
+  PeerServerOptions o;
+  o.credential = Credential(7);
+  auto server = PeerServer::Start(o, &handler);
+  ASSERT_TRUE(server.ok());
+  ReplyDroppingRelay relay((*server)->port());
+  ASSERT_NE(relay.port(), 0);
+  const std::string ep = "127.0.0.1:" + std::to_string(relay.port());
+  PeerClient c(PeerClientOptions{.node_id = "n1", .credential = Credential(7)});
+  std::vector<uint8_t> value(1000, 5);
+  PeerPut put{.tenant = "alice", .key = K(1), .value = value};
+  ASSERT_TRUE(c.Put(ep, put).ok());  // the pool's connection, through the relay
+  relay.HalfCloseAll();
+  Status s = c.Put(ep, put);
+  EXPECT_TRUE(s.ok()) << "PUT on a pooled connection the peer had closed: " << s.message();
+  EXPECT_EQ(handler.puts.load(), 2);
+}
+
+// A pooled connection closed after the request was sent, before any byte of the reply: a
+// call that is safe to repeat (LOOKUP, GET, GET_STAGED, DROP_COPIES) is made once more on a
+// new connection; a PUT is not (the peer may have executed it, as here: repeating it could
+// undo a write that landed in between), and fails as Unavailable for the router to handle.
+TEST(PeerClientPoolTest, OnlyCallsSafeToRepeatAreRepeatedAfterTheRequestWasSent) {
+  MapHandler handler;
+  PeerServerOptions o;
+  o.credential = Credential(7);
+  auto server = PeerServer::Start(o, &handler);
+  ASSERT_TRUE(server.ok());
+  ReplyDroppingRelay relay((*server)->port());
+  ASSERT_NE(relay.port(), 0);
+  const std::string ep = "127.0.0.1:" + std::to_string(relay.port());
+  PeerClient c(PeerClientOptions{.node_id = "n1", .credential = Credential(7)});
+  std::vector<uint8_t> value(1000, 5);
+  PeerPut put{.tenant = "alice", .key = K(1), .value = value};
+  const std::vector<PeerKey> keys = {K(1)};
+  ASSERT_TRUE(c.Put(ep, put).ok());  // the pool's connection, through the relay
+
+  relay.DropNextReply();
+  auto tiers = c.Lookup(ep, keys);
+  EXPECT_EQ(relay.replies_dropped(), 1);
+  ASSERT_TRUE(tiers.ok()) << "LOOKUP not repeated: " << tiers.status().message();
+  EXPECT_EQ((*tiers)[0], 1);
+
+  relay.DropNextReply();
+  auto got = c.Get(ep, keys);
+  EXPECT_EQ(relay.replies_dropped(), 2);
+  ASSERT_TRUE(got.ok()) << "GET not repeated: " << got.status().message();
+  EXPECT_EQ(got->values[0], value);
+
+  relay.DropNextReply();
+  EXPECT_TRUE(c.Put(ep, put).IsUnavailable());
+  EXPECT_EQ(relay.replies_dropped(), 3);
+  EXPECT_EQ(handler.puts.load(), 2) << "a PUT the peer executed was sent again";
 }
 
 // Mutual TLS on the peer front: a peer of the same CA with the credential gets through; a

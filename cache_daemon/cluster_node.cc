@@ -225,10 +225,9 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
   mo.before_register = [t = node->tombstones_.get(), handler] {
     // Copies made under a previous lease may have missed a delete or an overwrite.
     if (ClusterCopies* c = handler->copies(); c != nullptr) c->DropAll();
-    Status s = t->CatchUp();
-    if (!s.ok()) {
-      KVTIER_LOG(kWarn) << "cluster: tombstone catch-up: " << s.message();
-    }
+    // Until every delete this node missed is applied it does not register: as an owner in
+    // the view it would serve units deleted or overwritten meanwhile (Membership retries).
+    return t->CatchUp();
   };
   mo.key_prefix = c.key_prefix;
   mo.lease_ttl_s = c.lease_ttl_s;
@@ -347,6 +346,9 @@ std::string ClusterNode::RenderPrometheus() const {
   gauge("kvtier_cluster_members", "Live members in this node's view.", view->members.size());
   counter("kvtier_cluster_registrations_total", "Registrations in etcd (1 + re-registrations).",
           ms.registrations);
+  counter("kvtier_cluster_registrations_held_back_total",
+          "Registrations not made because the tombstone catch-up before them failed (retried).",
+          ms.registrations_held_back);
   counter("kvtier_cluster_etcd_errors_total", "Failed etcd requests and broken watches.",
           ms.etcd_errors);
   counter("kvtier_cluster_bad_member_records_total", "Member records that failed validation.",

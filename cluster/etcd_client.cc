@@ -82,15 +82,45 @@ Status EtcdClient::Put(std::string_view key, std::string_view value, int64_t lea
   return Call("/v3/kv/put", req.dump()).status();
 }
 
-StatusOr<EtcdRangeResult> EtcdClient::RangePrefix(std::string_view prefix, int64_t limit,
-                                                  int64_t min_mod_revision) {
-  json req = {{"key", Base64Encode(prefix)}, {"range_end", Base64Encode(PrefixRangeEnd(prefix))}};
+StatusOr<EtcdRangeResult> EtcdClient::Range(std::string_view prefix, std::string_view key,
+                                            std::string_view range_end, int64_t limit,
+                                            int64_t min_mod_revision, int64_t revision) {
+  json req = {{"key", Base64Encode(key)}, {"range_end", Base64Encode(range_end)}};
   if (limit > 0) req["limit"] = std::to_string(limit);
   if (min_mod_revision > 0) req["min_mod_revision"] = std::to_string(min_mod_revision);
+  if (revision > 0) req["revision"] = std::to_string(revision);
   KVTIER_ASSIGN_OR_RETURN(std::string text, Call("/v3/kv/range", req.dump()));
   KVTIER_ASSIGN_OR_RETURN(EtcdRangeResult range, etcd_reply::Range(text));
   for (const EtcdKeyValue& kv : range.kvs) KVTIER_RETURN_IF_ERROR(UnderPrefix(kv.key, prefix));
   return range;
+}
+
+StatusOr<EtcdRangeResult> EtcdClient::RangePrefix(std::string_view prefix, int64_t limit,
+                                                  int64_t min_mod_revision) {
+  return Range(prefix, prefix, PrefixRangeEnd(prefix), limit, min_mod_revision, 0);
+}
+
+StatusOr<int64_t> EtcdClient::RangePrefixPaged(std::string_view prefix, int64_t page_keys,
+                                               int64_t min_mod_revision, int64_t revision,
+                                               const PageSink& on_page) {
+  if (page_keys <= 0) return Status::InvalidArgument("etcd paged range: page_keys must be > 0");
+  const std::string end = PrefixRangeEnd(prefix);
+  std::string from(prefix);
+  for (;;) {
+    KVTIER_ASSIGN_OR_RETURN(EtcdRangeResult page,
+                            Range(prefix, from, end, page_keys, min_mod_revision, revision));
+    if (revision == 0) revision = page.revision;  // the snapshot every later page reads
+    if (!page.kvs.empty()) KVTIER_RETURN_IF_ERROR(on_page(page.kvs));
+    // "more" without a key to continue after would loop forever: a reply etcd does not send.
+    if (!page.more) return revision;
+    if (page.kvs.empty()) return Status::Corruption("etcd range reply: more, but no key");
+    if (page.kvs.back().key < from) {
+      return Status::Corruption("etcd range reply: a key before the page asked for");
+    }
+    // The next page starts just after this one's last key (keys come in key order).
+    from = page.kvs.back().key;
+    from.push_back('\0');
+  }
 }
 
 Status EtcdClient::PutMany(const std::vector<std::pair<std::string, std::string>>& kvs,

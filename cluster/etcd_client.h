@@ -58,6 +58,18 @@ class EtcdClient {
   // not start with prefix is Corruption (so callers may strip the prefix off every key).
   StatusOr<EtcdRangeResult> RangePrefix(std::string_view prefix, int64_t limit = 0,
                                         int64_t min_mod_revision = 0);
+  // The same keys, read page_keys at a time (one request each, so no reply holds more than
+  // one page: a whole prefix may not fit response_bytes_max) as etcd's own clients page: each
+  // next page starts after the last key of the one before, and every page is read at the
+  // revision of the first (or at `revision` when it is not 0), so the pages are one
+  // consistent snapshot. on_page gets each non-empty page's key-values in key order; an error
+  // it returns ends the read. Returns the revision read at. A failed page (or that revision
+  // compacted between pages: etcd's error) fails the read, after on_page saw the pages
+  // before it.
+  using PageSink = std::function<Status(const std::vector<EtcdKeyValue>& page)>;
+  StatusOr<int64_t> RangePrefixPaged(std::string_view prefix, int64_t page_keys,
+                                     int64_t min_mod_revision, int64_t revision,
+                                     const PageSink& on_page);
   // Writes every (key, value) in one transaction (at most kTxnOpsMax), attached to lease_id
   // when it is not 0.
   static constexpr size_t kTxnOpsMax = 128;  // etcd's default --max-txn-ops
@@ -95,6 +107,10 @@ class EtcdClient {
  private:
   // POSTs a JSON body to path on the first endpoint that answers; returns the JSON reply text.
   StatusOr<std::string> Call(std::string_view path, const std::string& body);
+  // One range request over [key, range_end) under prefix (every key checked to start with it).
+  StatusOr<EtcdRangeResult> Range(std::string_view prefix, std::string_view key,
+                                  std::string_view range_end, int64_t limit,
+                                  int64_t min_mod_revision, int64_t revision);
   EtcdOptions options_;
   std::vector<HttpEndpoint> endpoints_;
 };

@@ -155,6 +155,7 @@ StatusOr<EtcdRangeResult> Range(std::string_view body) {
   EtcdRangeResult out;
   KVTIER_ASSIGN_OR_RETURN(out.revision, Int64Field(*header, "revision"));
   KVTIER_ASSIGN_OR_RETURN(out.kvs, KeyValues(j));
+  KVTIER_ASSIGN_OR_RETURN(out.more, BoolField(j, "more"));
   return out;
 }
 

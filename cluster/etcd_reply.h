@@ -35,6 +35,7 @@ struct EtcdKeyValue {
 struct EtcdRangeResult {
   std::vector<EtcdKeyValue> kvs;
   int64_t revision = 0;  // the store revision the range was read at
+  bool more = false;     // more keys matched than the request's limit let through
 };
 
 struct EtcdLease {
@@ -63,8 +64,8 @@ namespace etcd_reply {
 // the body is not a JSON object.
 Status CheckUnary(int http_status, std::string_view body);
 
-// /v3/kv/range: the key-values in reply order and the header's revision (Corruption without a
-// header).
+// /v3/kv/range: the key-values in reply order, the header's revision and "more" (Corruption
+// without a header).
 StatusOr<EtcdRangeResult> Range(std::string_view body);
 // /v3/kv/range for one key: its key-value; NotFound when the reply has none.
 StatusOr<EtcdKeyValue> FirstKeyValue(std::string_view body);

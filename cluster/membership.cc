@@ -99,6 +99,7 @@ MembershipStats Membership::Stats() const {
   s.etcd_errors = errors_.load();
   s.bad_records = bad_records_.load();
   s.dropped_over_max = dropped_.load();
+  s.registrations_held_back = held_back_.load();
   return s;
 }
 
@@ -126,9 +127,31 @@ void Membership::SessionLoop() {
   const uint64_t renew_ms = options_.lease_ttl_s * 1000ull / 3;
   // The last keepalive failed: the next one goes after retry_ms, not a renewal period later.
   bool retry_keepalive = false;
+  uint32_t hook_failures = 0;  // before_register failures in a row
   while (!stop_.load(std::memory_order_acquire)) {
     int64_t lease = lease_id_.load();
     if (lease == 0) {
+      // Before the lease, so that a long hook (a big tombstone backlog) does not eat its TTL.
+      if (options_.before_register) {
+        Status hook = options_.before_register();
+        if (!hook.ok()) {
+          held_back_.fetch_add(1);
+          reachable_.store(!hook.IsUnavailable());
+          const uint64_t wait_ms =
+              std::min(options_.retry_ms << std::min<uint32_t>(hook_failures, 16),
+                       std::max(options_.retry_ms, kRegisterRetryMsMax));
+          ++hook_failures;
+          uint64_t held = 0;
+          if (held_back_log_.Allow(DefaultSteadyClock().NowMs(), &held)) {
+            KVTIER_LOG(kWarn) << "cluster: not registering " << options_.self.node_id << ": "
+                              << hook.message() << "; trying again in " << wait_ms << " ms ("
+                              << held << " more failures since the last such line)";
+          }
+          if (!SleepFor(wait_ms)) return;
+          continue;
+        }
+        hook_failures = 0;
+      }
       auto granted = etcd_.LeaseGrant(options_.lease_ttl_s);
       if (!granted.ok()) {
         NoteError();
@@ -136,7 +159,6 @@ void Membership::SessionLoop() {
         if (!SleepFor(options_.retry_ms)) return;
         continue;
       }
-      if (options_.before_register) options_.before_register();
       lease = granted->id;
       lease_id_.store(lease);
       self_dirty_.store(true);

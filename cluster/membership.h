@@ -6,9 +6,10 @@
 // view: that is the only failure detector.
 //
 // Two threads:
-//   - session: grants the lease, writes the record, refreshes the lease every ttl/3; when the
-//     lease is found expired it registers again under a new lease (a node that was stopped
-//     rejoins by itself);
+//   - session: runs before_register, grants the lease, writes the record, refreshes the lease
+//     every ttl/3; when the lease is found expired it registers again under a new lease (a
+//     node that was stopped rejoins by itself); while before_register fails it does not
+//     register at all;
 //   - watcher: reads <prefix>members/ and then watches it from the next revision, so the
 //     view follows every join and leave; on a broken stream it re-reads and watches again.
 // While etcd is unreachable both retry every retry_ms and the last view is kept (a node keeps
@@ -36,6 +37,9 @@
 
 namespace kvtier::cluster {
 
+// The longest wait between two failed before_register hooks (retry_ms when that is longer).
+inline constexpr uint64_t kRegisterRetryMsMax = 10'000;
+
 struct MembershipOptions {
   EtcdOptions etcd;
   std::string key_prefix = "/kvtier/";  // shared by every node of one cluster
@@ -43,9 +47,12 @@ struct MembershipOptions {
   uint32_t lease_ttl_s = 10;    // 2..3600; a silent node is gone after this long
   uint64_t retry_ms = 500;      // etcd unreachable: try again after this long
   uint32_t members_max = 1024;  // records beyond it are ignored (and counted)
-  // Called on the session thread before every (re)registration, e.g. to apply the deletes
-  // this node missed while it was gone (cluster/tombstones.h). May be empty.
-  std::function<void()> before_register;
+  // Called on the session thread before every (re)registration, before the lease is granted,
+  // e.g. to apply the deletes this node missed while it was gone (cluster/tombstones.h). An
+  // error holds the registration back: the node stays out of the view (peers do not route to
+  // it) and the hook is called again after retry_ms, doubling up to
+  // kRegisterRetryMsMax, until it succeeds. May be empty.
+  std::function<Status()> before_register;
 };
 Status ValidateMembershipOptions(const MembershipOptions& options);
 
@@ -64,8 +71,9 @@ struct MembershipStats {
   uint64_t lease_renewals = 0;
   uint64_t registrations = 0;  // 1 + re-registrations after a lost lease
   uint64_t etcd_errors = 0;
-  uint64_t bad_records = 0;       // member records that failed DecodeMember
-  uint64_t dropped_over_max = 0;  // records beyond members_max
+  uint64_t bad_records = 0;              // member records that failed DecodeMember
+  uint64_t dropped_over_max = 0;         // records beyond members_max
+  uint64_t registrations_held_back = 0;  // before_register failures (no registration then)
 };
 
 class Membership {
@@ -114,7 +122,8 @@ class Membership {
   std::atomic<bool> reachable_{false};
   std::atomic<bool> registered_{false};
   std::atomic<bool> self_dirty_{false};
-  std::atomic<uint64_t> renewals_{0}, registrations_{0}, errors_{0}, bad_records_{0}, dropped_{0};
+  std::atomic<uint64_t> renewals_{0}, registrations_{0}, errors_{0}, bad_records_{0}, dropped_{0},
+      held_back_{0};
   std::atomic<int64_t> lease_id_{0};
   std::atomic<uint64_t> lease_confirmed_ms_{0};
 
@@ -128,6 +137,7 @@ class Membership {
   // rest counted, so that an etcd that keeps sending bad records cannot flood the log.
   static constexpr uint64_t kWarnIntervalMs = 10'000;
   LogThrottle bad_record_log_{kWarnIntervalMs}, watch_ended_log_{kWarnIntervalMs};
+  LogThrottle held_back_log_{kWarnIntervalMs};  // the session thread's
   bool stopped_ = false;
 };
 

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/clock.h"
 #include "common/logging.h"
 
 namespace kvtier::cluster {
@@ -126,36 +127,42 @@ void TombstoneLog::PersistRevision(int64_t revision) {
 
 Status TombstoneLog::CatchUp() {
   std::lock_guard lock(mu_);
-  int64_t from = applied_revision_.load() + 1;
+  const int64_t from = applied_revision_.load() + 1;
   const std::string tomb_prefix = options_.key_prefix + "tombstones/";
   const std::string tenant_prefix = options_.key_prefix + "tenant_deletes/";
-  auto tombs = etcd_->RangePrefix(tomb_prefix, 0, from);
-  if (!tombs.ok()) {
+  auto apply_keys = [&](const std::vector<EtcdKeyValue>& page) {
+    std::vector<PeerKey> keys;
+    for (const auto& kv : page) {
+      PeerKey k{};
+      if (AppliedBy(kv.value, options_.node_id)) continue;
+      if (!FromHex(std::string_view(kv.key).substr(tomb_prefix.size()), &k)) continue;
+      keys.push_back(k);
+    }
+    if (!keys.empty()) {
+      apply_keys_(keys);
+      applied_.fetch_add(keys.size());
+    }
+    return Status::Ok();
+  };
+  auto apply_tenants = [&](const std::vector<EtcdKeyValue>& page) {
+    for (const auto& kv : page) {
+      if (AppliedBy(kv.value, options_.node_id)) continue;
+      apply_tenant_(std::string_view(kv.key).substr(tenant_prefix.size()));
+      tenants_applied_.fetch_add(1);
+    }
+    return Status::Ok();
+  };
+  // Both prefixes at one revision: every record up to it is applied when this returns OK.
+  auto revision = etcd_->RangePrefixPaged(tomb_prefix, options_.page_keys, from, 0, apply_keys);
+  if (revision.ok()) {
+    revision =
+        etcd_->RangePrefixPaged(tenant_prefix, options_.page_keys, from, *revision, apply_tenants);
+  }
+  if (!revision.ok()) {
     errors_.fetch_add(1);
-    return tombs.status();
+    return revision.status().WithContext("tombstone catch-up");
   }
-  auto tenants = etcd_->RangePrefix(tenant_prefix, 0, from);
-  if (!tenants.ok()) {
-    errors_.fetch_add(1);
-    return tenants.status();
-  }
-  std::vector<PeerKey> keys;
-  for (const auto& kv : tombs->kvs) {
-    PeerKey k{};
-    if (AppliedBy(kv.value, options_.node_id)) continue;
-    if (!FromHex(std::string_view(kv.key).substr(tomb_prefix.size()), &k)) continue;
-    keys.push_back(k);
-  }
-  if (!keys.empty()) {
-    apply_keys_(keys);
-    applied_.fetch_add(keys.size());
-  }
-  for (const auto& kv : tenants->kvs) {
-    if (AppliedBy(kv.value, options_.node_id)) continue;
-    apply_tenant_(std::string_view(kv.key).substr(tenant_prefix.size()));
-    tenants_applied_.fetch_add(1);
-  }
-  PersistRevision(std::min(tombs->revision, tenants->revision));
+  PersistRevision(*revision);
   return Status::Ok();
 }
 
@@ -164,7 +171,13 @@ void TombstoneLog::StartPolling() {
     std::unique_lock lock(stop_mu_);
     while (!stop_) {
       lock.unlock();
-      (void)CatchUp();
+      Status s = CatchUp();
+      uint64_t held = 0;
+      if (!s.ok() && poll_failed_log_.Allow(DefaultSteadyClock().NowMs(), &held)) {
+        KVTIER_LOG(kWarn) << "cluster: " << s.message() << " (" << held
+                          << " more failures since the last such line; retried every "
+                          << options_.poll_ms << " ms)";
+      }
       lock.lock();
       stop_cv_.wait_for(lock, std::chrono::milliseconds(options_.poll_ms), [&] { return stop_; });
     }

@@ -8,10 +8,14 @@
 // 0.9..1 x ttl_s). Every node follows the log: it reads the records modified after the last
 // revision it applied (min_mod_revision), applies those whose applied_by does not name it
 // (deletes the keys / the tenant from its own store) and persists the revision in state_file,
-// so a node restarted after a kill -9 applies what it missed. CatchUp runs before every
-// (re)registration in etcd (Membership's before_register hook), so a node that was stopped
-// past its lease deletes what it missed before peers route to it again; a poll thread catches
-// up every poll_ms while it runs.
+// so a node restarted after a kill -9 applies what it missed. The records are read page_keys
+// at a time, every page at one etcd revision (EtcdClient::RangePrefixPaged): a backlog of any
+// size is read in replies within EtcdOptions::response_bytes_max (one unpaginated read of
+// tens of thousands of tombstones used to be refused, and the catch-up failed every time).
+// CatchUp runs before every (re)registration in etcd (Membership's before_register hook),
+// and a node does not register until it succeeds, so a node that was stopped past its lease
+// deletes what it missed before peers route to it again; a poll thread catches up every
+// poll_ms while it runs (a failing poll is counted in errors and logged, throttled).
 //
 // Not guaranteed: a node down longer than ttl_s misses the tombstones that expired meanwhile.
 //
@@ -30,6 +34,7 @@
 
 #include "cluster/etcd_client.h"
 #include "cluster/peer_wire.h"
+#include "common/logging.h"
 
 namespace kvtier::cluster {
 
@@ -39,6 +44,9 @@ struct TombstoneOptions {
   uint32_t ttl_s = 86400;  // how long a tombstone is kept
   std::string state_file;  // the last applied revision; "" keeps it in memory only
   uint64_t poll_ms = 1000;
+  // Records per etcd read. A record is its key (about 90 bytes) and the node ids that applied
+  // it, base64 in JSON: 256 of them stay far below EtcdOptions::response_bytes_max.
+  int64_t page_keys = 256;
 };
 
 struct TombstoneStats {
@@ -58,7 +66,9 @@ class TombstoneLog {
   Status RecordKeys(std::span<const PeerKey> keys, const std::vector<std::string>& applied_by);
   Status RecordTenant(std::string_view tenant, const std::vector<std::string>& applied_by);
 
-  // Applies every record newer than the last applied revision that does not name this node.
+  // Applies every record newer than the last applied revision that does not name this node,
+  // page by page; the revision is persisted only once every page was applied (an error leaves
+  // it, so the next call reads those records again: applying a delete twice is harmless).
   Status CatchUp();
 
   void StartPolling();
@@ -81,6 +91,7 @@ class TombstoneLog {
   std::chrono::steady_clock::time_point lease_granted_;
   std::atomic<int64_t> applied_revision_{0};
   std::atomic<uint64_t> recorded_{0}, applied_{0}, tenants_applied_{0}, errors_{0};
+  LogThrottle poll_failed_log_{10'000};  // the poll thread's only
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stop_ = false;

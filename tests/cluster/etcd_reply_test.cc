@@ -28,9 +28,16 @@ TEST(EtcdReplyTest, ReadsWhatEtcdSends) {
   EXPECT_EQ(range->kvs[0], (EtcdKeyValue{"a", "b", 2, 0}));
   EXPECT_EQ(range->kvs[1], (EtcdKeyValue{"c", "", 4, 7587899355078471176}));
 
+  EXPECT_FALSE(range->more);
+  // A limited range with keys left over (what a paged read continues after).
+  auto page = Range(Reply(R"("kvs":[{"key":"YQ==","mod_revision":"2"}],"more":true,"count":"3")"));
+  ASSERT_TRUE(page.ok()) << page.status().ToString();
+  EXPECT_TRUE(page->more);
+
   auto empty = Range(Reply(""));
   ASSERT_TRUE(empty.ok());
   EXPECT_TRUE(empty->kvs.empty());
+  EXPECT_FALSE(empty->more);
   EXPECT_TRUE(FirstKeyValue(Reply("")).status().IsNotFound());
   EXPECT_EQ(FirstKeyValue(Reply(R"("kvs":[{"key":"YQ==","value":"Yg=="}])"))->value, "b");
 
@@ -110,6 +117,7 @@ TEST(EtcdReplyTest, RepliesOfTheWrongShapeAreCorruption) {
       R"({"header":{},"kvs":[{"key":7}]})",                // bytes not a string
       R"({"header":{},"kvs":[{"key":"YQ="}]})",            // not base64
       R"({"header":{},"kvs":[{"lease":true}]})",           // not an integer
+      R"({"header":{},"more":"true"})",                    // not a boolean
   };
   for (const char* body : ranges) {
     EXPECT_TRUE(Range(body).status().IsCorruption()) << body;

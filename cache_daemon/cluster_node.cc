@@ -18,13 +18,22 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   StoreHandler(Service* service, const TenantRegistry* tenants, cluster::RecentDeletes* recent)
       : service_(service), store_(service->store()), tenants_(tenants), recent_(recent) {}
 
+  // A key held here only as a GET copy (cluster_copies.h) is reported absent: a copy is not a
+  // replica (DRAM only, expiring, never repaired from), so a peer's repair scan must not count
+  // it as held. It used to: a node that became an owner of units it held as copies (after a
+  // join, a loss or a drain) kept only the copies, and a previous owner then dropped its
+  // replica; once the copy expired the unit had one replica fewer, or none. Reported absent,
+  // the unit's sender copies the replica here, and that PUT replaces the copy (Put: Forget).
+  // Reads: a GET that reaches this node is still served from the copy; a client LOOKUP
+  // through another node finds the unit at the owners (current and previous) holding replicas.
   std::vector<uint8_t> Lookup(std::span<const cluster::PeerKey> keys) override {
     std::vector<uint8_t> tiers;
     tiers.reserve(keys.size());
+    ClusterCopies* c = copies();
     for (const auto& k : keys) {
       storage::LookupResult r = store_->Lookup(std::span<const storage::Key>(&k, 1));
-      tiers.push_back(r.hit_count == 1 && !r.tiers.empty() ? static_cast<uint8_t>(r.tiers[0])
-                                                           : cluster::kPeerTierAbsent);
+      const bool held = r.hit_count == 1 && !r.tiers.empty() && (c == nullptr || !c->IsCopy(k));
+      tiers.push_back(held ? static_cast<uint8_t>(r.tiers[0]) : cluster::kPeerTierAbsent);
     }
     return tiers;
   }

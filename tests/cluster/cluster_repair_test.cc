@@ -8,7 +8,9 @@
 //     every unit ends on exactly its 2 owners;
 //   - `kvtier cluster drain n2`: every unit leaves n2 for 2 other nodes, and status shows it;
 //   - repair reads of SSD units do not promote them into the senders' DRAM;
-//   - a replica whose copy fails its checksum is rewritten from another owner.
+//   - a replica whose copy fails its checksum is rewritten from another owner;
+//   - a GET copy on a node that becomes the unit's owner is replaced by a replica, and is
+//     never counted as one (a drained node does not drop its replica for it).
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
@@ -343,6 +345,63 @@ TEST_F(ClusterRepairTest, DrainMovesEveryUnitOffTheNode) {
   EXPECT_EQ(Kvtier("cluster drain n9 " + etcd, &out), 1) << out;
   ASSERT_EQ(Kvtier("cluster drain n2 --undo " + etcd, &out), 0) << out;
   EXPECT_NE(out.find("no longer draining"), std::string::npos) << out;
+}
+
+// Nodes that keep GET copies ([cluster] get_copy_bytes_max), with copies that expire soon.
+class ClusterRepairCopiesTest : public ClusterRepairTest {
+ protected:
+  static constexpr uint64_t kCopyTtlMs = 3000;
+  std::string ExtraClusterConfig(int /*i*/) override {
+    return "get_copy_bytes_max = 8388608\nget_copy_ttl_ms = " + std::to_string(kCopyTtlMs) + "\n";
+  }
+  // Copies are served only while the lease is confirmed within 2/3 of its TTL: 6 s leaves
+  // room for a stalled keepalive (as in ClusterCopiesTest).
+  uint32_t LeaseTtlS() const override { return 6; }
+  uint64_t DramCapacityBytes(int /*i*/) const override { return 268435456; }
+};
+
+// A node that becomes an owner of units it holds only as GET copies (DRAM only, expiring)
+// gets real replicas: a peer LOOKUP does not count a copy as held. It used to: n1 read every
+// unit (keeping copies of those n0 and n2 owned), n2 was drained so that n1 became their
+// owner, and n2 then saw both owners "hold" them, dropped its replica, and nobody sent n1 a
+// replica: once the copies expired those units had one replica left (and a node that keeps
+// no copies of its own loses them for good).
+TEST_F(ClusterRepairCopiesTest, AGetCopyOnANewOwnerDoesNotStandInForAReplica) {
+  auto c = Connect(0, "tok-alice");
+  ASSERT_NE(c, nullptr);
+  auto want = PutSession(c.get(), "copyowner");
+  auto chain = Chain("copyowner");
+  auto keys = StorageKeys(chain);
+  // n1 reads the whole session: it keeps a copy of each unit it does not own.
+  auto r1 = Connect(1, "tok-alice");
+  ASSERT_NE(r1, nullptr);
+  std::vector<std::vector<uint8_t>> got;
+  std::vector<bool> found;
+  ASSERT_TRUE(r1->GetCopy(chain, &got, &found).ok());
+  for (int k = 0; k < kUnits; ++k) ASSERT_TRUE(found[k] && got[k] == want[k]) << "unit " << k;
+  ASSERT_GT(Metric(Metrics(1), "kvtier_cluster_copy_units"), 0) << "n1 kept no copy";
+
+  // Drain n2: n0 and n1 own every unit now, n1 holding some of them only as copies.
+  std::string out;
+  ASSERT_EQ(Kvtier("cluster drain n2 --etcd http://" + etcd_->endpoint(), &out), 0) << out;
+  ASSERT_TRUE(kt::WaitFor(
+      [&] {
+        auto on2 = Held(keys, {2})[2];
+        return std::none_of(on2.begin(), on2.end(), [](bool b) { return b; }) &&
+               EveryKeyOn(keys, {0, 1}, 2);
+      },
+      15000))
+      << "units left on the draining node, or not on both owners";
+  ASSERT_TRUE(kt::WaitFor([&] { return Settled(0) && Settled(1) && Settled(2); }, 10000));
+  // n1's copies became replicas (a repair copy replaces a GET copy).
+  EXPECT_EQ(Metric(Metrics(1), "kvtier_cluster_copy_units"), 0)
+      << "n1 still holds copies of units it owns";
+  // Past the copies' TTL every unit is still on both owners, and read whole through each.
+  std::this_thread::sleep_for(std::chrono::milliseconds(kCopyTtlMs + 500));
+  EXPECT_TRUE(EveryKeyOn(keys, {0, 1}, 2)) << "units on one owner only after the copies expired";
+  auto c1 = Connect(1, "tok-alice");
+  ASSERT_NE(c1, nullptr);
+  ExpectWholeSession(c1.get(), "copyowner", want, 1);
 }
 
 }  // namespace

@@ -39,6 +39,9 @@ struct RowFetcher::Fetch {
   uint8_t* out = nullptr;
   uint64_t start_us = 0;
   bool waited = false;
+  // Wait() gave up on it (a failed batch, the timeout): nothing of it is submitted any more,
+  // though it may still be on the backlog or held by PumpBacklog. Guarded by mu.
+  bool abandoned = false;
 };
 
 RowFetcher::RowFetcher(ShardMap map, RowFetcherOptions options)
@@ -201,6 +204,7 @@ bool RowFetcher::SubmitPending(const FetchHandle& f) {
     std::span<const ReadOp> ops;
     {
       std::lock_guard<std::mutex> lock(f->mu);
+      if (f->abandoned) return true;
       while (i < f->batches.size() && f->batches[i].state != BatchState::kUnsubmitted) ++i;
       if (i == f->batches.size()) return true;
       Fetch::Batch& b = f->batches[i];
@@ -382,14 +386,35 @@ Status RowFetcher::Wait(const FetchHandle& f) {
     stall_us_.fetch_add(DefaultSteadyClock().NowUs() - t0);
   }
   if (!result.ok()) {
-    // Let batches still in flight finish before the caller may reuse `out`.
-    std::unique_lock<std::mutex> lock(f->mu);
-    f->cv.wait_for(lock, std::chrono::milliseconds(options_.fetch_timeout_ms), [&] {
-      for (const Fetch::Batch& b : f->batches) {
-        if (b.state == BatchState::kInFlight) return false;
+    {
+      std::unique_lock<std::mutex> lock(f->mu);
+      // The caller may reuse `out` once this returns (another request's slice of a staging
+      // ring): no batch of this fetch may be submitted from now on. A batch left unsubmitted
+      // (refused for flow control, or marked for a retry) used to stay on the backlog, and the
+      // next completion's PumpBacklog submitted it into that reused memory, whose new owner
+      // then put the stray row into the hot-row cache under its own row id.
+      f->abandoned = true;
+      for (Fetch::Batch& b : f->batches) {
+        if (b.state == BatchState::kUnsubmitted) {
+          b.state = BatchState::kFailed;
+          b.last = result;
+        }
       }
-      return true;
-    });
+      // Let batches still in flight finish before the caller may reuse `out`.
+      f->cv.wait_for(lock, std::chrono::milliseconds(options_.fetch_timeout_ms), [&] {
+        for (const Fetch::Batch& b : f->batches) {
+          if (b.state == BatchState::kInFlight) return false;
+        }
+        return true;
+      });
+    }
+    {
+      std::lock_guard<std::mutex> lock(backlog_mu_);
+      std::erase_if(backlog_, [&](const std::weak_ptr<Fetch>& w) {
+        const FetchHandle held = w.lock();
+        return held == nullptr || held == f;
+      });
+    }
     fetches_failed_.fetch_add(1);
     return result;
   }

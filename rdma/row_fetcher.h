@@ -106,10 +106,13 @@ class RowFetcher {
   // or repeated in `rows` are not read. InvalidArgument for an empty or oversized request
   // or a row outside the table. Does not block on the network (except to reconnect).
   StatusOr<FetchHandle> Start(std::span<const uint64_t> rows, uint8_t* out);
-  // Waits for a started fetch; retries failed batches. Call once per handle. Replies already
-  // received are completed on the calling thread first (Transport::Poll): a fetch whose rows
-  // are all in the sockets is not a stall. Rows still on their way: spins up to wait_spin_us
-  // polling the shards' transports, then blocks (waking every 5 ms to poll again, so a
+  // Waits for a started fetch; retries failed batches. Call once per handle. On an error
+  // (a batch failed for good, or fetch_timeout_ms passed) the fetch is abandoned: no more of
+  // its batches is submitted, those in flight are waited for (up to fetch_timeout_ms more),
+  // and `out` is the caller's again when this returns, even while the handle is still held.
+  // Replies already received are completed on the calling thread first (Transport::Poll): a
+  // fetch whose rows are all in the sockets is not a stall. Rows still on their way: spins up to
+  // wait_spin_us polling the shards' transports, then blocks (waking every 5 ms to poll again, so a
   // transport thread starved of a core does not hold it up).
   Status Wait(const FetchHandle& fetch);
   // Start + Wait.

@@ -373,18 +373,26 @@ class HandDrivenTransport final : public Transport {
   }
   StatusOr<LocalBufferId> RegisterLocalBuffer(uint8_t*, size_t) override { return 1; }
   Status UnregisterLocalBuffer(LocalBufferId) override { return Status::Ok(); }
-  Status Submit(std::span<const ReadOp>, ReadCallback done) override {
+  Status Submit(std::span<const ReadOp> ops, ReadCallback done) override {
     std::unique_lock<std::mutex> lock(mu);
     ++submits;
     cv.notify_all();
-    if (reject_next) {
+    if (reject_next || reject_all) {
       reject_next = false;
       return Status::Rejected("reads in flight");
     }
     cv.wait(lock, [&] { return !gate_closed; });
     callbacks.push_back(std::move(done));
+    submitted.emplace_back(ops.begin(), ops.end());
     cv.notify_all();
     return Status::Ok();
+  }
+  // Writes row r's bytes (every byte r + 1) for each op of submission i, as a read would.
+  void Land(size_t i) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const ReadOp& op : submitted[i]) {
+      std::memset(op.dest, static_cast<int>(op.offset_bytes / kStride + 1), op.length_bytes);
+    }
   }
   void Close() override {}
   TransportCounters counters() const override { return {}; }
@@ -392,10 +400,12 @@ class HandDrivenTransport final : public Transport {
 
   std::mutex mu;
   std::condition_variable cv;
-  int submits = 0;                      // guarded by mu
-  bool reject_next = false;             // guarded by mu
-  bool gate_closed = false;             // guarded by mu
-  std::vector<ReadCallback> callbacks;  // guarded by mu
+  int submits = 0;                             // guarded by mu
+  bool reject_next = false;                    // guarded by mu
+  bool reject_all = false;                     // guarded by mu: every submission refused
+  bool gate_closed = false;                    // guarded by mu
+  std::vector<ReadCallback> callbacks;         // guarded by mu
+  std::vector<std::vector<ReadOp>> submitted;  // guarded by mu; one per callback
 };
 
 // A batch's callback goes on using the fetcher after it has woken the batch's Wait(): it pumps
@@ -462,6 +472,76 @@ TEST(RowFetcherLifetime, DestructorWaitsForACallbackThatWokeItsWait) {
   done_b(Status::Unavailable("closed"));
   destroy.join();
   EXPECT_TRUE(destroyed.load());
+}
+
+// A fetch whose Wait() failed (here: timed out while every submission was refused for flow
+// control) is abandoned: its batch left on the backlog is never submitted. It used to be: the
+// next completion pumped the backlog and submitted it into `out`, which the caller had by
+// then handed to another fetch (a reused slice of a staging ring); the stray row landed
+// there, and that fetch put it into the hot-row cache under its own row id, to be served for
+// that row ever after.
+TEST(RowFetcherLifetime, AFailedFetchSubmitsNothingAfterItsWait) {
+  auto transport = std::make_shared<HandDrivenTransport>();
+  auto map = ShardMap::Create({ShardSpec{0, HandDrivenTransport::kRows, "127.0.0.1", 1, "hand"}});
+  ASSERT_TRUE(map.ok()) << map.status().ToString();
+  std::vector<ShardConnection> conns = {{transport, RegionCredentials{"hand", "t", {}}}};
+  RowFetcherOptions o;
+  o.wait_spin_us = 0;
+  o.fetch_timeout_ms = 50;
+  auto fetcher = RowFetcher::Create(std::move(*map), std::move(conns), o);
+  ASSERT_TRUE(fetcher.ok()) << fetcher.status().ToString();
+  constexpr uint32_t kStride = HandDrivenTransport::kStride;
+  std::vector<uint8_t> slice(kStride), other(kStride);
+  ASSERT_TRUE((*fetcher)->RegisterBuffer(slice.data(), slice.size()).ok());
+  ASSERT_TRUE((*fetcher)->RegisterBuffer(other.data(), other.size()).ok());
+  const uint64_t row_a = 5, row_b = 7;
+  {
+    std::lock_guard<std::mutex> lock(transport->mu);
+    transport->reject_all = true;
+  }
+  auto a = (*fetcher)->Start({&row_a, 1}, slice.data());
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE((*fetcher)->Wait(*a).IsIOError());  // timed out, its batch never taken
+  // The handle is still held (as RemoteEngramRowSource holds its fetches until it returns);
+  // the slice goes to another fetch.
+  {
+    std::lock_guard<std::mutex> lock(transport->mu);
+    transport->reject_all = false;
+  }
+  auto b = (*fetcher)->Start({&row_b, 1}, slice.data());
+  ASSERT_TRUE(b.ok());
+  ReadCallback done_b;
+  {
+    std::lock_guard<std::mutex> lock(transport->mu);
+    ASSERT_EQ(transport->callbacks.size(), 1u);
+    done_b = transport->callbacks[0];
+  }
+  transport->Land(0);
+  done_b(Status::Ok());  // pumps the backlog
+  size_t submitted = 0;
+  {
+    std::lock_guard<std::mutex> lock(transport->mu);
+    submitted = transport->callbacks.size();
+  }
+  EXPECT_EQ(submitted, 1u) << "the abandoned fetch's batch was submitted after its Wait()";
+  // What the stray read does next: it lands in the slice, then b completes.
+  for (size_t i = 1; i < submitted; ++i) {
+    ReadCallback done;
+    {
+      std::lock_guard<std::mutex> lock(transport->mu);
+      done = transport->callbacks[i];
+    }
+    transport->Land(i);
+    done(Status::Ok());
+  }
+  ASSERT_TRUE((*fetcher)->Wait(*b).ok());
+  EXPECT_EQ(slice, std::vector<uint8_t>(kStride, row_b + 1)) << "row 7's slice holds row 5";
+  // Row 7 again: a hot-cache hit, with row 7's bytes.
+  auto c = (*fetcher)->Start({&row_b, 1}, other.data());
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE((*fetcher)->Wait(*c).ok());
+  EXPECT_EQ((*fetcher)->stats().hot_cache_hits, 1u);
+  EXPECT_EQ(other, std::vector<uint8_t>(kStride, row_b + 1)) << "the hot cache serves row 5";
 }
 
 }  // namespace

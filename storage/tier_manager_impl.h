@@ -143,8 +143,7 @@ class TierManagerImpl final : public TierManager {
     std::memcpy(u.parent.data(), &sm.parent_id, sizeof(sm.parent_id));
     u.recompute_tokens = sm.recompute_tokens;
     const uint64_t expires_ms = FromUnix(sm.expires_unix_ms);
-    if (Expired(expires_ms)) return;  // nothing worth refetching
-    u.ttl_left_ms = expires_ms == 0 ? 0 : expires_ms - NowMs();
+    if (!TtlLeftMs(expires_ms, &u.ttl_left_ms)) return;  // expired: nothing worth refetching
     u.tier = Tier::kSsd;
     u.allow_ssd = true;
     listener(u);
@@ -188,6 +187,17 @@ class TierManagerImpl final : public TierManager {
     return NowMs() + std::max<uint64_t>(left, 1);
   }
   bool Expired(uint64_t expires_ms) const { return expires_ms != 0 && NowMs() >= expires_ms; }
+  // The time a unit expiring at expires_ms has left (0: it never expires), from one reading
+  // of the clock; false when it has expired. Two readings (Expired, then NowMs) could straddle
+  // the expiry and give 0, which a copy of the unit reads as "never expires".
+  bool TtlLeftMs(uint64_t expires_ms, uint64_t* left_ms) const {
+    *left_ms = 0;
+    if (expires_ms == 0) return true;
+    const uint64_t now = NowMs();
+    if (now >= expires_ms) return false;
+    *left_ms = expires_ms - now;
+    return true;
+  }
   bool ExpiredUnix(uint64_t expires_unix_ms) const {
     return expires_unix_ms != 0 && DefaultSystemClock().NowMs() >= expires_unix_ms;
   }

@@ -55,8 +55,7 @@ void TierManagerImpl::ListUnits(UnitCursor* cursor, size_t units_max, std::vecto
       } else {
         continue;
       }
-      if (Expired(expires_ms)) continue;
-      u.ttl_left_ms = expires_ms == 0 ? 0 : expires_ms - NowMs();
+      if (!TtlLeftMs(expires_ms, &u.ttl_left_ms)) continue;
       out->push_back(u);
     }
   }

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -83,6 +84,50 @@ TEST_F(TierManagerTest, DramEvictionDemotesToSsdAndGetPromotes) {
   for (int i = 100; i < kUnits; ++i) ASSERT_TRUE((*tm)->Get(chain[i], &out).ok());
   ASSERT_TRUE((*tm)->Get(chain[0], &out).ok());
   EXPECT_EQ(out, MakeValue(chain[0], 2, 20000));
+}
+
+// A clock that moves 1 ms every time it is read: any two readings differ.
+class TickingClock final : public Clock {
+ public:
+  explicit TickingClock(uint64_t start_us) : now_us_(start_us) {}
+  uint64_t NowUs() const override { return now_us_.fetch_add(1000); }
+  void SetUs(uint64_t now_us) { now_us_.store(now_us); }
+
+ private:
+  mutable std::atomic<uint64_t> now_us_;
+};
+
+// ListUnits reports a unit's time left from one reading of the clock: with two (expired?,
+// then time left) a unit listed at its expiry was reported with 0 ms left, "never expires",
+// and a repair or refetch copy of it lived for ever. Every listing is tried here at each
+// time around the unit's expiry; the unit is either left out or has 1..ttl ms left.
+TEST_F(TierManagerTest, ListedUnitsNeverOutliveTheirTtl) {
+  TickingClock clock(1'000'000);
+  TierManagerOptions o = Options();
+  o.durability = Durability::kNone;
+  o.clock = &clock;
+  auto tm = TierManager::Open(o);
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  constexpr uint64_t kTtlMs = 20;
+  clock.SetUs(1'000'000);
+  const Key k = MakeKey(7);
+  PutOptions p;
+  p.ttl_ms = kTtlMs;
+  ASSERT_TRUE((*tm)->Put(k, MakeValue(k, 1, 100), p).ok());
+  int listed = 0;
+  for (uint64_t at_ms = 1005; at_ms < 1000 + kTtlMs + 10; ++at_ms) {  // past the put's readings
+    clock.SetUs(at_ms * 1000);
+    UnitCursor cursor;
+    std::vector<UnitInfo> page;
+    while (!cursor.done) (*tm)->ListUnits(&cursor, 16, &page);
+    for (const UnitInfo& u : page) {
+      ASSERT_EQ(u.key, k);
+      ++listed;
+      EXPECT_GE(u.ttl_left_ms, 1u) << "listed at " << at_ms << " ms as never expiring";
+      EXPECT_LE(u.ttl_left_ms, kTtlMs) << "listed at " << at_ms << " ms";
+    }
+  }
+  EXPECT_GT(listed, 0);
 }
 
 // Peek (the cluster's repair reads) returns the value of an SSD unit without promoting it

@@ -177,7 +177,8 @@ class DaemonImpl final : public Daemon {
     }
     // Certificate and key are loaded before any listener opens: a bad [tls] fails the start.
     if (options_.tls.any()) {
-      KVTIER_ASSIGN_OR_RETURN(tls_, TlsFront::Create(options_.tls));
+      KVTIER_ASSIGN_OR_RETURN(tls_, TlsFront::Create(options_.tls,
+                                                     /*write_stall_ms=*/options_.idle_timeout_ms));
       shared_.tls = tls_.get();
     }
     boost::system::error_code ec;
@@ -298,7 +299,12 @@ class DaemonImpl final : public Daemon {
     bool taken = false;
   };
 
-  // Counts the connection in its front on success; the session uncounts it when it ends.
+  // An admitted connection's count (Admit took its place in front_open).
+  std::shared_ptr<internal::ConnectionCount> Counted(Front front) {
+    return std::make_shared<internal::ConnectionCount>(&shared_, front);
+  }
+
+  // Counts the connection in its front on success; its ConnectionCount (Counted) uncounts it.
   bool Admit(Front front) {
     if (shared_.draining.load() || metrics_.connections_open.load() >= options_.max_connections) {
       metrics_.connections_rejected.fetch_add(1);
@@ -327,7 +333,7 @@ class DaemonImpl final : public Daemon {
       accept_backoff_[static_cast<size_t>(Front::kUnix)].Succeeded();
       if (Admit(Front::kUnix)) {
         internal::StartNativeSession(&shared_, asio::generic::stream_protocol::socket(std::move(s)),
-                                     /*is_unix=*/true);
+                                     /*is_unix=*/true, Counted(Front::kUnix));
       }
       AcceptUnix();
     });
@@ -351,37 +357,42 @@ class DaemonImpl final : public Daemon {
   }
 
   void AcceptTcp(Tcp::acceptor* acc, Front front) {
-    acc->async_accept(
-        asio::make_strand(io_), [this, acc, front](boost::system::error_code ec, Tcp::socket s) {
-          if (ec == asio::error::operation_aborted || !acc->is_open()) return;
-          if (ec) {
-            AcceptAgainAfterFailure(front, ec, [this, acc, front] { AcceptTcp(acc, front); });
-            return;
-          }
-          accept_backoff_[static_cast<size_t>(front)].Succeeded();
-          if (Admit(front)) {
-            if (UsesTls(front)) {
-              // The session starts on the plaintext end once the handshake is done. Until
-              // then the admission is held here: a handshake that fails or times out never
-              // starts a session, so the front's count is given back when `admission` dies.
-              auto admission = std::make_shared<AdmissionHold>(&shared_, front);
-              tls_->Accept(
-                  std::move(s), [this] { return shared_.draining.load(); },
-                  [this, front, admission](TlsFront::GenericSocket plain) {
-                    admission->taken = true;  // the session uncounts it from now on
-                    StartFront(front, std::move(plain));
-                  });
-            } else if (front == Front::kNativeTcp) {
-              boost::system::error_code ignored;
-              s.set_option(Tcp::no_delay(true), ignored);
-              internal::StartNativeSession(
-                  &shared_, asio::generic::stream_protocol::socket(std::move(s)), false);
-            } else {
-              StartFront(front, asio::generic::stream_protocol::socket(std::move(s)));
-            }
-          }
-          AcceptTcp(acc, front);
-        });
+    acc->async_accept(asio::make_strand(io_), [this, acc, front](boost::system::error_code ec,
+                                                                 Tcp::socket s) {
+      if (ec == asio::error::operation_aborted || !acc->is_open()) return;
+      if (ec) {
+        AcceptAgainAfterFailure(front, ec, [this, acc, front] { AcceptTcp(acc, front); });
+        return;
+      }
+      accept_backoff_[static_cast<size_t>(front)].Succeeded();
+      if (Admit(front)) {
+        if (UsesTls(front)) {
+          // The session starts on the plaintext end once the handshake is done. Until
+          // then the admission is held here: a handshake that fails or times out never
+          // starts a session, so the front's count is given back when `admission` dies.
+          // From then on the session and the relay share the connection's count, given
+          // back when both are gone (the relay can outlive the session).
+          auto admission = std::make_shared<AdmissionHold>(&shared_, front);
+          tls_->Accept(
+              std::move(s), [this] { return shared_.draining.load(); },
+              [this, front, admission](TlsFront::GenericSocket plain) {
+                admission->taken = true;
+                std::shared_ptr<internal::ConnectionCount> count = Counted(front);
+                StartFront(front, std::move(plain), count);
+                return std::shared_ptr<void>(std::move(count));
+              });
+        } else if (front == Front::kNativeTcp) {
+          boost::system::error_code ignored;
+          s.set_option(Tcp::no_delay(true), ignored);
+          internal::StartNativeSession(&shared_,
+                                       asio::generic::stream_protocol::socket(std::move(s)),
+                                       /*is_unix=*/false, Counted(front));
+        } else {
+          StartFront(front, asio::generic::stream_protocol::socket(std::move(s)), Counted(front));
+        }
+      }
+      AcceptTcp(acc, front);
+    });
   }
 
   bool UsesTls(Front front) const {
@@ -389,13 +400,14 @@ class DaemonImpl final : public Daemon {
            : front == Front::kResp    ? options_.tls.resp
                                       : options_.tls.http;
   }
-  void StartFront(Front front, asio::generic::stream_protocol::socket s) {
+  void StartFront(Front front, asio::generic::stream_protocol::socket s,
+                  std::shared_ptr<internal::ConnectionCount> count) {
     if (front == Front::kNativeTcp) {
-      internal::StartNativeSession(&shared_, std::move(s), /*is_unix=*/false);
+      internal::StartNativeSession(&shared_, std::move(s), /*is_unix=*/false, std::move(count));
     } else if (front == Front::kResp) {
-      internal::StartRespSession(&shared_, std::move(s));
+      internal::StartRespSession(&shared_, std::move(s), std::move(count));
     } else {
-      internal::StartHttpSession(&shared_, std::move(s));
+      internal::StartHttpSession(&shared_, std::move(s), std::move(count));
     }
   }
 

@@ -82,7 +82,8 @@ struct Shared {
   // Plain RESP SETs completed asynchronously: set under durability sync with an SSD tier
   // (resp_durable_sets.h), null otherwise (SETs then run on the connection's strand).
   RespDurableSets* durable_sets = nullptr;
-  // Connections open per front (incremented at admission, decremented by the session).
+  // Connections open per front (incremented at admission, decremented when the connection's
+  // ConnectionCount is destroyed).
   std::array<std::atomic<uint32_t>, static_cast<size_t>(Front::kCount)> front_open{};
   const TlsFront* tls = nullptr;   // null when no front uses TLS
   const WhatIf* whatif = nullptr;  // null when no trace window is recorded
@@ -116,14 +117,39 @@ struct Shared {
   std::map<uint64_t, uint32_t> tenant_conns;  // tenant id -> connections; by tenant_conns_mu
 };
 
-// Each takes a connected socket and runs the session until the peer or the daemon closes it.
-// The caller has counted it in shared->front_open[front]; the session uncounts it when it ends.
-// The socket is a TCP connection, or for a TLS front the plaintext end of the TLS relay's
-// socketpair (tls_front.h); nothing in a session depends on which.
-void StartNativeSession(Shared* shared, asio::generic::stream_protocol::socket socket,
-                        bool is_unix);
-void StartRespSession(Shared* shared, asio::generic::stream_protocol::socket socket);
-void StartHttpSession(Shared* shared, asio::generic::stream_protocol::socket socket);
+// One connection's place in the counts its front's admission checks: shared->front_open[front]
+// (taken by the caller at admission, handed over here) and metrics->connections_open (taken
+// here). Both are given back when the last owner lets go: the session, and on a TLS front
+// also the relay, which can outlive its session while it writes the session's last replies
+// to the client (tls_front.h). Thread-safe.
+class ConnectionCount {
+ public:
+  ConnectionCount(Shared* shared, Front front) : shared_(shared), front_(front) {
+    shared_->metrics->connections_open.fetch_add(1);
+    shared_->metrics->connections_total.fetch_add(1);
+  }
+  ~ConnectionCount() {
+    shared_->front_open[static_cast<size_t>(front_)].fetch_sub(1);
+    shared_->metrics->connections_open.fetch_sub(1);
+  }
+  ConnectionCount(const ConnectionCount&) = delete;
+  ConnectionCount& operator=(const ConnectionCount&) = delete;
+
+ private:
+  Shared* const shared_;
+  const Front front_;
+};
+
+// Each takes a connected socket and runs the session until the peer or the daemon closes it;
+// the session holds `count` (made by the caller after admission) until it ends. The socket is
+// a TCP connection, or for a TLS front the plaintext end of the TLS relay's socketpair
+// (tls_front.h); nothing in a session depends on which.
+void StartNativeSession(Shared* shared, asio::generic::stream_protocol::socket socket, bool is_unix,
+                        std::shared_ptr<ConnectionCount> count);
+void StartRespSession(Shared* shared, asio::generic::stream_protocol::socket socket,
+                      std::shared_ptr<ConnectionCount> count);
+void StartHttpSession(Shared* shared, asio::generic::stream_protocol::socket socket,
+                      std::shared_ptr<ConnectionCount> count);
 
 // Closes a session after limits.idle_timeout_ms without a byte read or written and with no
 // request executing. Owned by a session, used on its strand only: Touch() on every read or

@@ -44,11 +44,8 @@ struct Caller {
 
 class HttpSession : public Session, public std::enable_shared_from_this<HttpSession> {
  public:
-  HttpSession(Shared* shared, GenericSocket socket) : shared_(shared), stream_(std::move(socket)) {}
-  ~HttpSession() override {
-    shared_->front_open[static_cast<size_t>(Front::kHttp)].fetch_sub(1);
-    shared_->metrics->connections_open.fetch_sub(1);
-  }
+  HttpSession(Shared* shared, GenericSocket socket, std::shared_ptr<ConnectionCount> count)
+      : shared_(shared), count_(std::move(count)), stream_(std::move(socket)) {}
 
   Stream::executor_type executor() { return stream_.get_executor(); }
   void Begin() {
@@ -292,6 +289,7 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
   }
 
   Shared* shared_;
+  std::shared_ptr<ConnectionCount> count_;  // released when the session is destroyed
   Stream stream_;
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -302,10 +300,9 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
 
 }  // namespace
 
-void StartHttpSession(Shared* shared, GenericSocket socket) {
-  shared->metrics->connections_open.fetch_add(1);
-  shared->metrics->connections_total.fetch_add(1);
-  auto s = std::make_shared<HttpSession>(shared, std::move(socket));
+void StartHttpSession(Shared* shared, GenericSocket socket,
+                      std::shared_ptr<ConnectionCount> count) {
+  auto s = std::make_shared<HttpSession>(shared, std::move(socket), std::move(count));
   asio::post(s->executor(), [s] { s->Begin(); });
 }
 

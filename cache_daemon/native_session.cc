@@ -97,8 +97,10 @@ std::vector<uint8_t> Response(const wire::FrameHeader& req, uint16_t flags, cons
   return out;
 }
 
-NativeSession::NativeSession(Shared* shared, GenericSocket socket, bool is_unix)
+NativeSession::NativeSession(Shared* shared, GenericSocket socket, bool is_unix,
+                             std::shared_ptr<ConnectionCount> count)
     : shared_(shared),
+      count_(std::move(count)),
       strand_(asio::make_strand(*shared->io)),
       sock_(std::move(socket)),
       is_unix_(is_unix),
@@ -116,9 +118,6 @@ NativeSession::~NativeSession() {
   if (shm_fd_ >= 0) ::close(shm_fd_);
   shared_->ReleaseTenantConnection(tenant_);
   shared_->memory->Adjust(&charged_bytes_, 0);
-  shared_->front_open[static_cast<size_t>(is_unix_ ? Front::kUnix : Front::kNativeTcp)].fetch_sub(
-      1);
-  shared_->metrics->connections_open.fetch_sub(1);
 }
 
 void NativeSession::Begin() {
@@ -595,11 +594,10 @@ void NativeSession::HandleShmAttach(const wire::Frame& frame, uint64_t start_us)
 
 }  // namespace native
 
-void StartNativeSession(Shared* shared, asio::generic::stream_protocol::socket socket,
-                        bool is_unix) {
-  shared->metrics->connections_open.fetch_add(1);
-  shared->metrics->connections_total.fetch_add(1);
-  auto s = std::make_shared<native::NativeSession>(shared, std::move(socket), is_unix);
+void StartNativeSession(Shared* shared, asio::generic::stream_protocol::socket socket, bool is_unix,
+                        std::shared_ptr<ConnectionCount> count) {
+  auto s =
+      std::make_shared<native::NativeSession>(shared, std::move(socket), is_unix, std::move(count));
   asio::post(s->executor(), [s] { s->Begin(); });
 }
 

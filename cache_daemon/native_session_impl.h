@@ -57,7 +57,8 @@ struct Job {
 
 class NativeSession : public Session, public std::enable_shared_from_this<NativeSession> {
  public:
-  NativeSession(Shared* shared, GenericSocket socket, bool is_unix);
+  NativeSession(Shared* shared, GenericSocket socket, bool is_unix,
+                std::shared_ptr<ConnectionCount> count);
 
   ~NativeSession() override;
 
@@ -167,6 +168,7 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
   // ---- State ----
 
   Shared* shared_;
+  std::shared_ptr<ConnectionCount> count_;  // released when the session is destroyed
   // Every handler of this connection runs on strand_ (bound explicitly, not inherited from
   // the socket), so the strand-only state below is never touched by two threads at once.
   asio::strand<asio::io_context::executor_type> strand_;

@@ -10,8 +10,10 @@ namespace kvtier::daemon::internal {
 
 using Tcp = asio::ip::tcp;
 
-RespSession::RespSession(Shared* shared, GenericSocket socket)
+RespSession::RespSession(Shared* shared, GenericSocket socket,
+                         std::shared_ptr<ConnectionCount> count)
     : shared_(shared),
+      count_(std::move(count)),
       strand_(asio::make_strand(*shared->io)),
       sock_(std::move(socket)),
       timer_(strand_),
@@ -32,8 +34,6 @@ RespSession::RespSession(Shared* shared, GenericSocket socket)
 RespSession::~RespSession() {
   shared_->ReleaseTenantConnection(tenant_);
   shared_->memory->Adjust(&charged_bytes_, 0);
-  shared_->front_open[static_cast<size_t>(Front::kResp)].fetch_sub(1);
-  shared_->metrics->connections_open.fetch_sub(1);
 }
 
 void RespSession::Begin() {
@@ -201,10 +201,9 @@ void RespSession::ArmTimer() {
       }));
 }
 
-void StartRespSession(Shared* shared, asio::generic::stream_protocol::socket socket) {
-  shared->metrics->connections_open.fetch_add(1);
-  shared->metrics->connections_total.fetch_add(1);
-  auto s = std::make_shared<RespSession>(shared, std::move(socket));
+void StartRespSession(Shared* shared, asio::generic::stream_protocol::socket socket,
+                      std::shared_ptr<ConnectionCount> count) {
+  auto s = std::make_shared<RespSession>(shared, std::move(socket), std::move(count));
   asio::post(s->executor(), [s] { s->Begin(); });
 }
 

@@ -42,7 +42,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
  public:
   using GenericSocket = asio::generic::stream_protocol::socket;
 
-  RespSession(Shared* shared, GenericSocket socket);
+  RespSession(Shared* shared, GenericSocket socket, std::shared_ptr<ConnectionCount> count);
   ~RespSession() override;
 
   asio::strand<asio::io_context::executor_type>& executor() { return strand_; }
@@ -236,6 +236,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   // ---- State ----
 
   Shared* shared_;
+  std::shared_ptr<ConnectionCount> count_;  // released when the session is destroyed
   // Every handler runs on strand_ (bound explicitly).
   asio::strand<asio::io_context::executor_type> strand_;
   GenericSocket sock_;  // TCP, or the plaintext end of a TLS relay (no_delay fails there)

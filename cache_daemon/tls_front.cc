@@ -30,7 +30,8 @@ class Relay : public std::enable_shared_from_this<Relay> {
         exec_(socket.get_executor()),
         tls_(std::move(socket), state_->ctx),
         plain_(exec_),
-        timer_(exec_) {}
+        timer_(exec_),
+        stall_timer_(exec_) {}
 
   ~Relay() {
     if (relaying_) state_->relays_open.fetch_sub(1);
@@ -80,13 +81,14 @@ class Relay : public std::enable_shared_from_this<Relay> {
     state_->relays_open.fetch_add(1);
     up_.reset(new uint8_t[TlsFront::kRelayChunkBytes]);
     down_.reset(new uint8_t[TlsFront::kRelayChunkBytes]);
-    start_(TlsFront::GenericSocket(std::move(session_end)));
+    session_hold_ = start_(TlsFront::GenericSocket(std::move(session_end)));
     start_ = nullptr;
     PumpUp();
     PumpDown();
   }
 
-  // Client -> session.
+  // Client -> session. A write to the session is not timed: the session has its own limits
+  // (idle, slow client) and closes its end, which fails the write.
   void PumpUp() {
     if (closing_) return MaybeCloseNotify();
     up_busy_ = true;
@@ -100,7 +102,8 @@ class Relay : public std::enable_shared_from_this<Relay> {
                                return self->Abort();
                              }
                              // The client ended its stream: the session reads EOF, finishes and
-                             // closes.
+                             // closes, and the down pump then closes the relay (or the stall
+                             // timer does, if the client reads no more).
                              boost::system::error_code ignored;
                              self->plain_.shutdown(asio::socket_base::shutdown_send, ignored);
                              return;
@@ -109,27 +112,69 @@ class Relay : public std::enable_shared_from_this<Relay> {
                            asio::async_write(self->plain_, asio::buffer(self->up_.get(), n),
                                              [self](boost::system::error_code wec, size_t) {
                                                self->up_busy_ = false;
-                                               // The session closed its end: the down pump sees it
-                                               // too.
-                                               if (wec) return self->BeginClose();
+                                               if (wec) return self->OnSessionGone();
                                                self->PumpUp();
                                              });
                          });
   }
 
-  // Session -> client.
+  // Session -> client, one async_write_some at a time so that every piece written counts as
+  // progress for the stall timer.
   void PumpDown() {
     plain_.async_read_some(asio::buffer(down_.get(), TlsFront::kRelayChunkBytes),
                            [self = shared_from_this()](boost::system::error_code ec, size_t n) {
-                             if (ec)
-                               return self->BeginClose();  // the session closed the connection
-                             asio::async_write(self->tls_, asio::buffer(self->down_.get(), n),
-                                               [self](boost::system::error_code wec, size_t) {
-                                                 if (wec)
-                                                   return self->Abort();  // the client is gone
-                                                 self->PumpDown();
-                                               });
+                             // (closing_: the relay closed the session's end after this read
+                             // completed.)
+                             if (ec || self->closing_) return self->OnSessionGone();
+                             self->WriteDown(0, n);
                            });
+  }
+
+  void WriteDown(size_t done, size_t n) {
+    if (aborted_) return;
+    if (done == n) {
+      down_busy_ = false;
+      return PumpDown();
+    }
+    down_busy_ = true;
+    down_progress_ms_ = NowMs();
+    ArmStallTimer();
+    tls_.async_write_some(
+        asio::buffer(down_.get() + done, n - done),
+        [self = shared_from_this(), done, n](boost::system::error_code ec, size_t written) {
+          if (ec) return self->Abort();  // the client is gone
+          self->WriteDown(done + written, n);
+        });
+  }
+
+  // A write to the client that makes no progress for the front's idle timeout closes the
+  // relay: a client that stopped reading would otherwise hold it (and its session's
+  // descriptors) forever, since no read of either side completes while the write waits.
+  void ArmStallTimer() {
+    if (stall_armed_) return;
+    stall_armed_ = true;
+    const uint64_t now = NowMs();
+    const uint64_t due = down_progress_ms_ + state_->write_stall_ms;
+    stall_timer_.expires_after(std::chrono::milliseconds(due > now ? due - now : 0));
+    stall_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      self->stall_armed_ = false;
+      if (ec || self->aborted_ || !self->down_busy_) return;
+      if (NowMs() >= self->down_progress_ms_ + self->state_->write_stall_ms) {
+        KVTIER_LOG(kInfo) << "closing TLS connection: the client read nothing for "
+                          << self->state_->write_stall_ms << " ms (limits.idle_timeout_ms)";
+        self->state_->relays_stalled.fetch_add(1);
+        return self->Abort();
+      }
+      self->ArmStallTimer();
+    });
+  }
+
+  // The session closed its end (a read or write of it failed). With a write to the client
+  // in progress the down pump still owns the TLS stream: it reads the session's EOF once the
+  // write ends (or the stall timer closes the relay); else the relay closes now.
+  void OnSessionGone() {
+    if (down_busy_) return;
+    BeginClose();
   }
 
   // The session is done: stop reading from the client, then send close_notify.
@@ -158,26 +203,38 @@ class Relay : public std::enable_shared_from_this<Relay> {
     });
   }
 
+  // Closes both sides at once; the handlers still pending complete with errors and release
+  // the relay, and with it session_hold_.
   void Abort() {
     if (aborted_) return;
     aborted_ = true;
     boost::system::error_code ignored;
     timer_.cancel();
+    stall_timer_.cancel();
     plain_.close(ignored);
     tls_.next_layer().shutdown(asio::socket_base::shutdown_both, ignored);
     tls_.next_layer().close(ignored);
   }
 
+  static uint64_t NowMs() {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::steady_clock::now().time_since_epoch())
+                                     .count());
+  }
+
   std::shared_ptr<TlsFront::State> state_;
   Tcp::socket::executor_type exec_;
   ssl::stream<Tcp::socket> tls_;
-  Local::socket plain_;  // the relay's end of the socketpair
-  asio::steady_timer timer_;
+  Local::socket plain_;             // the relay's end of the socketpair
+  asio::steady_timer timer_;        // handshake timeout, then the close_notify wait
+  asio::steady_timer stall_timer_;  // a write to the client that makes no progress
   std::function<bool()> draining_;
   TlsFront::StartSession start_;
+  std::shared_ptr<void> session_hold_;    // from start_: kept until the relay is destroyed
   std::unique_ptr<uint8_t[]> up_, down_;  // kRelayChunkBytes each, allocated after handshake
-  bool handshake_done_ = false, relaying_ = false, up_busy_ = false;
-  bool closing_ = false, notify_started_ = false, aborted_ = false;
+  uint64_t down_progress_ms_ = 0;         // when a write to the client last progressed
+  bool handshake_done_ = false, relaying_ = false, up_busy_ = false, down_busy_ = false;
+  bool stall_armed_ = false, closing_ = false, notify_started_ = false, aborted_ = false;
 };
 
 Status CheckReadable(const std::string& key, const std::string& path) {
@@ -189,11 +246,13 @@ Status CheckReadable(const std::string& key, const std::string& path) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<TlsFront>> TlsFront::Create(const TlsServeOptions& options) {
+StatusOr<std::unique_ptr<TlsFront>> TlsFront::Create(const TlsServeOptions& options,
+                                                     uint64_t write_stall_ms) {
   KVTIER_RETURN_IF_ERROR(CheckReadable("tls.cert_file", options.cert_file));
   KVTIER_RETURN_IF_ERROR(CheckReadable("tls.key_file", options.key_file));
   std::unique_ptr<TlsFront> f(new TlsFront());
   f->state_->options = options;
+  f->state_->write_stall_ms = write_stall_ms;
   ssl::context& ctx = f->state_->ctx;
   boost::system::error_code ec;
   ctx.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
@@ -247,6 +306,7 @@ TlsFront::Counters TlsFront::counters() const {
   c.handshakes_rejected = state_->handshakes_rejected.load();
   c.handshakes_in_progress = state_->handshakes_in_progress.load();
   c.relays_open = state_->relays_open.load();
+  c.relays_stalled = state_->relays_stalled.load();
   return c;
 }
 
@@ -265,7 +325,11 @@ std::string TlsFront::RenderPrometheus() const {
      << "kvtier_tls_handshakes_in_progress " << c.handshakes_in_progress << "\n"
      << "# HELP kvtier_tls_connections_open TLS connections relaying to a session now.\n"
      << "# TYPE kvtier_tls_connections_open gauge\n"
-     << "kvtier_tls_connections_open " << c.relays_open << "\n";
+     << "kvtier_tls_connections_open " << c.relays_open << "\n"
+     << "# HELP kvtier_tls_write_stalls_total TLS connections closed because the client read "
+        "nothing of a reply for limits.idle_timeout_ms.\n"
+     << "# TYPE kvtier_tls_write_stalls_total counter\n"
+     << "kvtier_tls_write_stalls_total " << c.relays_stalled << "\n";
   return os.str();
 }
 

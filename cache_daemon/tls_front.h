@@ -11,9 +11,17 @@
 // has been written. The Unix-socket / shared-memory path never goes through it.
 //
 // Close: when the client ends the TLS stream the session's socket is shut down for writing
-// (the session reads EOF and closes); when the session closes its socket, the relay cancels
-// its TLS read, sends close_notify (waiting at most kCloseNotifyWaitMs for the peer's) and
-// closes the TCP connection.
+// (the session reads EOF and closes); when the session closes its socket, the relay first
+// writes to the client what the session wrote before closing, then cancels its TLS read,
+// sends close_notify (waiting at most kCloseNotifyWaitMs for the peer's) and closes the TCP
+// connection. A write to the client that makes no progress for write_stall_ms (the daemon's
+// limits.idle_timeout_ms) closes both sides at once: a client that stops reading cannot hold
+// a relay after its session has ended. A read or write error on the TLS side closes both
+// sides at once too.
+//
+// Connection count: StartSession returns a handle that the relay keeps until it is destroyed
+// (the daemon keeps the connection counted against its limits until both the session and the
+// relay are gone).
 //
 // Certificate and key are PEM files read once at Create (a certificate chain file: leaf
 // first). TLS 1.2 is the minimum version. Client certificates are not requested.
@@ -41,7 +49,8 @@ class TlsFront {
  public:
   using GenericSocket = boost::asio::generic::stream_protocol::socket;
   // Receives the plaintext end for the front's session. Runs on the connection's strand.
-  using StartSession = std::function<void(GenericSocket)>;
+  // Returns a handle the relay holds until it is destroyed (may be null).
+  using StartSession = std::function<std::shared_ptr<void>(GenericSocket)>;
 
   // Relay buffer per direction and connection.
   static constexpr size_t kRelayChunkBytes = 64 * 1024;
@@ -50,8 +59,10 @@ class TlsFront {
 
   // Loads and checks the certificate and key: InvalidArgument naming the file and OpenSSL's
   // reason for an unreadable or malformed file, or a key that does not match the certificate.
-  // Uses cert_file, key_file, handshake_timeout_ms and handshakes_max.
-  static StatusOr<std::unique_ptr<TlsFront>> Create(const TlsServeOptions& options);
+  // Uses cert_file, key_file, handshake_timeout_ms and handshakes_max. A relay whose write to
+  // the client makes no progress for write_stall_ms is closed.
+  static StatusOr<std::unique_ptr<TlsFront>> Create(const TlsServeOptions& options,
+                                                    uint64_t write_stall_ms);
 
   // Takes an accepted TCP connection (its executor should be a strand). After a successful
   // handshake, start(plaintext socket) is called unless draining() is true by then; on a
@@ -66,6 +77,7 @@ class TlsFront {
     uint64_t handshakes_rejected = 0;  // over handshakes_max
     uint64_t handshakes_in_progress = 0;
     uint64_t relays_open = 0;
+    uint64_t relays_stalled = 0;  // closed: a write to the client stalled for write_stall_ms
   };
   Counters counters() const;
   // Prometheus text of the counters (kvtier_tls_* families), appended to /metrics.
@@ -74,9 +86,10 @@ class TlsFront {
   // For the relay (tls_front.cc).
   struct State {
     TlsServeOptions options;
+    uint64_t write_stall_ms = 0;
     boost::asio::ssl::context ctx{boost::asio::ssl::context::tls_server};
     std::atomic<uint64_t> handshakes_ok{0}, handshakes_failed{0}, handshakes_rejected{0};
-    std::atomic<uint64_t> handshakes_in_progress{0}, relays_open{0};
+    std::atomic<uint64_t> handshakes_in_progress{0}, relays_open{0}, relays_stalled{0};
   };
 
  private:

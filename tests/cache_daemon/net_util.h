@@ -121,8 +121,12 @@ inline bool AddressInUse(std::string_view message) {
   return message.find("Address already in use") != std::string_view::npos;
 }
 
-inline int ConnectTcp(uint16_t port) {
+// A TCP connection to 127.0.0.1:port, or -1. rcvbuf_bytes > 0 sets SO_RCVBUF before the
+// connect (so the window the peer sees stays that small).
+inline int ConnectTcp(uint16_t port, int rcvbuf_bytes = 0) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (rcvbuf_bytes > 0)
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf_bytes, sizeof(rcvbuf_bytes));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);

@@ -309,14 +309,14 @@ TEST(SecurityTls, CreateChecksCertificateAndKey) {
   TlsServeOptions o;
   o.cert_file = pki.cert_file;
   o.key_file = pki.key_file;
-  EXPECT_TRUE(TlsFront::Create(o).ok());
+  EXPECT_TRUE(TlsFront::Create(o, /*write_stall_ms=*/1000).ok());
   o.cert_file = d.File("missing.pem");
-  auto st = TlsFront::Create(o);
+  auto st = TlsFront::Create(o, /*write_stall_ms=*/1000);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.status().message().find("tls.cert_file"), std::string::npos);
   o.cert_file = pki.cert_file;
   o.key_file = other.key_file;  // another certificate's key
-  st = TlsFront::Create(o);
+  st = TlsFront::Create(o, /*write_stall_ms=*/1000);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.status().message().find("private key of the certificate in " + pki.cert_file),
             std::string::npos)
@@ -324,7 +324,7 @@ TEST(SecurityTls, CreateChecksCertificateAndKey) {
   std::ofstream(d.File("junk.pem")) << "-----BEGIN CERTIFICATE-----\nAAAA\n";
   o.cert_file = d.File("junk.pem");
   o.key_file = pki.key_file;
-  st = TlsFront::Create(o);
+  st = TlsFront::Create(o, /*write_stall_ms=*/1000);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.status().message().find("not a PEM certificate chain"), std::string::npos)
       << st.status().ToString();

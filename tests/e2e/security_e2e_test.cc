@@ -260,6 +260,99 @@ TEST_F(SecurityE2eTest, PlaintextToTlsPortsIsRefusedAndTheDaemonStaysUp) {
   EXPECT_EQ(d_->Stop(), 0);
 }
 
+// Descriptors kvtierd holds now (/proc/PID/fd), or -1.
+int OpenFds(pid_t pid) {
+  std::error_code ec;
+  std::filesystem::directory_iterator it("/proc/" + std::to_string(pid) + "/fd", ec);
+  if (ec) return -1;
+  int n = 0;
+  for (const auto& entry : it) {
+    (void)entry;
+    ++n;
+  }
+  return n;
+}
+
+// Clients that complete the TLS handshake with a tiny receive buffer, ask for far more than
+// the buffers between them and the session hold (pipelined GETs of a 1 MiB value), then never
+// read or send again. Before the fix the relay waited forever in its write to the client: when
+// the session closed as idle nobody noticed, and each such client kept a TCP descriptor, the
+// relay's socketpair end, an SSL object and the relay buffers for good (uncounted by the
+// front), until accepts failed for want of descriptors. Now a write to the client that makes
+// no progress for limits.idle_timeout_ms closes the relay, and the daemon's descriptors come
+// back to their baseline.
+TEST_F(SecurityE2eTest, StalledTlsClientsAreClosedAndTheirDescriptorsFreed) {
+  constexpr int kStalledClients = 8;
+  constexpr int kGetsPerClient = 24;   // 24 MiB of replies each
+  constexpr int kRcvbufBytes = 4096;   // the kernel doubles it; still a few KiB
+  constexpr int kFdSlack = 4;          // descriptors the daemon may open meanwhile (logs, probes)
+  constexpr int kFdWaitMsMax = 60000;  // generous: a loaded host; the fix takes ~2 s here
+  ASSERT_TRUE(StartWithNative(Storage() + TlsConfig() + "[limits]\nidle_timeout_ms = 1000\n"));
+  // The 1 MiB value, SET over TLS.
+  {
+    std::string error;
+    auto c = kt::TlsTestConn::Connect(d_->resp_port(), pki_.ca_file, &error);
+    ASSERT_NE(c, nullptr) << error;
+    const std::string value(1 << 20, 'v');
+    ASSERT_TRUE(c->Send("*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n$" + std::to_string(value.size()) +
+                        "\r\n" + value + "\r\n"));
+    ASSERT_EQ(c->RecvUntil("\r\n"), "+OK\r\n");
+  }
+  // Baseline: the start's plaintext probes and the SET's connection are gone (only the
+  // /metrics request itself relays).
+  std::string m;
+  for (int i = 0; i < 500; ++i) {
+    m = kt::HttpsRequest(d_->http_port(), pki_.ca_file, "GET", "/metrics");
+    if (Sample(m, "kvtier_tls_handshakes_in_progress") == 0 &&
+        Sample(m, "kvtier_tls_connections_open") == 1) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(Sample(m, "kvtier_tls_connections_open"), 1) << m;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const int baseline_fds = OpenFds(d_->pid());
+  ASSERT_GT(baseline_fds, 0);
+
+  std::string gets;
+  for (int i = 0; i < kGetsPerClient; ++i) gets += "GET big\r\n";
+  std::vector<std::unique_ptr<kt::TlsTestConn>> stalled;
+  for (int i = 0; i < kStalledClients; ++i) {
+    std::string error;
+    auto c = kt::TlsTestConn::Connect(d_->resp_port(), pki_.ca_file, &error, 5000, kRcvbufBytes);
+    ASSERT_NE(c, nullptr) << error;
+    ASSERT_TRUE(c->Send(gets));
+    stalled.push_back(std::move(c));  // open, never read again
+  }
+  // The sessions close as idle and the relays' writes stall: every descriptor comes back, and
+  // the connections leave the counts (a session ends a moment after its relay closed).
+  const std::string kRespOpen = "kvtier_front_connections_open{front=\"resp\"}";
+  int fds = OpenFds(d_->pid());
+  m.clear();
+  for (int waited = 0; waited < kFdWaitMsMax; waited += 100) {
+    fds = OpenFds(d_->pid());
+    if (fds <= baseline_fds + kFdSlack) {
+      m = kt::HttpsRequest(d_->http_port(), pki_.ca_file, "GET", "/metrics");
+      if (Sample(m, kRespOpen) == 0 && Sample(m, "kvtier_tls_connections_open") == 1) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_LE(fds, baseline_fds + kFdSlack)
+      << "baseline " << baseline_fds << " descriptors; " << kStalledClients << " stalled clients";
+  if (m.empty()) m = kt::HttpsRequest(d_->http_port(), pki_.ca_file, "GET", "/metrics");
+  EXPECT_EQ(Sample(m, "kvtier_tls_connections_open"), 1) << m;  // the request's own
+  EXPECT_EQ(Sample(m, "kvtier_tls_write_stalls_total"), kStalledClients) << m;
+  EXPECT_EQ(Sample(m, kRespOpen), 0) << m;
+  // A new TLS client is served.
+  std::string error;
+  auto c = kt::TlsTestConn::Connect(d_->resp_port(), pki_.ca_file, &error);
+  ASSERT_NE(c, nullptr) << error;
+  ASSERT_TRUE(c->Send("PING\r\n"));
+  EXPECT_EQ(c->RecvUntil("\r\n"), "+PONG\r\n");
+  stalled.clear();
+  EXPECT_EQ(d_->Stop(), 0);
+}
+
 TEST_F(SecurityE2eTest, NonLoopbackFrontWithoutTlsIsRefusedAtStart) {
   const std::string auth = "[auth]\ntokens_file = \"" + TokensFile() + "\"\n";
   std::string log = StartMustFail(Storage() + auth, {"--resp-listen", "0.0.0.0"});

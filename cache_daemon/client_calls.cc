@@ -327,8 +327,7 @@ Status ClientImpl::GetChunk(std::span<const wire::Key> keys, size_t base, uint64
     item.tier = e.tier;
     if (e.code == StatusCode::kOk) {
       if (shm) {
-        if (e.value_offset < lease->offset ||
-            e.value_offset + e.value_bytes > lease->offset + lease->bytes) {
+        if (!InsideArea(e.value_offset, e.value_bytes, lease->offset, lease->bytes)) {
           return Status::Corruption("get value outside the destination area");
         }
         const uint8_t* v =

@@ -80,9 +80,10 @@ bool ClientImpl::CopyOutValues(const std::vector<wire::GetEntry>& entries, const
                                ValuesBuffer* out) {
   uint64_t end = lease.offset;
   for (const wire::GetEntry& e : entries) {
-    if (e.code != StatusCode::kOk || e.value_offset < lease.offset) continue;
-    const uint64_t rel = e.value_offset - lease.offset;
-    if (rel > lease.bytes || e.value_bytes > lease.bytes - rel) continue;
+    if (e.code != StatusCode::kOk ||
+        !InsideArea(e.value_offset, e.value_bytes, lease.offset, lease.bytes)) {
+      continue;  // GetChunk fails the call on it
+    }
     end = std::max(end, e.value_offset + e.value_bytes);
   }
   const uint64_t bytes = end - lease.offset;

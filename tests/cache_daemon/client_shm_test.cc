@@ -2,7 +2,8 @@
 // that timed out is not handed to another request until the daemon's reply arrives (the daemon
 // may still be writing into it), and is reused after; GET values the daemon wrote into the
 // region reach the visitor exact wherever in the range they lie (the client copies them out
-// of the region's file), and one outside the range fails the call.
+// of the region's file), and one outside the range (or whose end wraps past 2^64) fails the
+// call.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -40,6 +41,11 @@ std::vector<uint8_t> Value(const wire::Key& key, size_t i) {
 }
 // A key whose value the fake places past the end of the GET's destination range.
 constexpr uint8_t kOutsideKey = 0xEE;
+// A key whose value the fake answers at offset 2^64 - 0x100, 0x200 bytes long: offset + length
+// wraps to 0x100, inside any range by a check that adds them.
+constexpr uint8_t kWrappingKey = 0xEF;
+constexpr uint64_t kWrappingOffset = ~uint64_t{0} - 0xFF;
+constexpr uint32_t kWrappingBytes = 0x200;
 
 // Answers HELLO and SHM_ATTACH; records every GET's destination range. Holding: answers the
 // first two GETs only when a LOOKUP arrives (after the client gave up on them), then the
@@ -113,13 +119,20 @@ class FakeDaemon {
   void ServeValues(const wire::FrameHeader& req, const wire::GetRequest& get) {
     const size_t n = get.keys.size();
     std::vector<uint64_t> offsets(n);
+    std::vector<uint32_t> bytes(n);
     uint64_t end = get.dst_offset + get.dst_capacity;
     for (size_t i = 0; i < n; ++i) {  // reverse order, packed against the range's end
+      bytes[i] = static_cast<uint32_t>(Bytes(i));
       end -= Bytes(i);
       offsets[i] = end;
     }
     for (size_t i = 0; i < n; ++i) {
       if (get.keys[i][0] == kOutsideKey) offsets[i] = get.dst_offset + get.dst_capacity;
+      if (get.keys[i][0] == kWrappingKey) {
+        offsets[i] = kWrappingOffset;
+        bytes[i] = kWrappingBytes;
+        continue;  // nothing written: no file holds that offset
+      }
       const std::vector<uint8_t> v = Value(get.keys[i], i);
       ASSERT_EQ(::pwrite(memfd_, v.data(), v.size(), static_cast<off_t>(offsets[i])),
                 static_cast<ssize_t>(v.size()));
@@ -129,7 +142,7 @@ class FakeDaemon {
       for (size_t i = 0; i < n; ++i) {
         w->U8(static_cast<uint8_t>(StatusCode::kOk));
         w->U8(2);
-        w->U32(static_cast<uint32_t>(Bytes(i)));
+        w->U32(bytes[i]);
         w->U64(offsets[i]);
       }
     });
@@ -298,6 +311,37 @@ TEST(ClientShmTest, AValueOutsideTheRangeFailsTheGet) {
   Status st = (*c)->Get(keys, [&](size_t, const GetItem&) { ++visited; });
   EXPECT_TRUE(st.IsCorruption()) << st.ToString();
   EXPECT_EQ(visited, 1u) << "the value before the bad one is visited, none after";
+}
+
+// A value whose offset + length wraps past 2^64 passed the bounds check (the sum landed inside
+// the range) and the visitor got a pointer ~2^64 bytes off the region. Now: Corruption, and
+// no visitor sees it.
+TEST(ClientShmTest, AValueWhoseEndWrapsFailsTheGet) {
+  const std::string path = SocketPath("kvtier_client_shm_wrap_");
+  FakeDaemon fake(path, FakeDaemon::Mode::kServing);
+  ClientOptions o;
+  o.socket_path = path;
+  o.shm_bytes = 1u << 20;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE((*c)->shm_attached());
+  // Alone, and after a good value (the client then copies the good ones out of the file).
+  for (bool after_good : {false, true}) {
+    std::vector<wire::Key> keys(after_good ? 3 : 1);
+    keys[0][0] = kWrappingKey;
+    if (after_good) {
+      keys[0][0] = 1;
+      keys[1][0] = kWrappingKey;
+      keys[2][0] = 3;
+    }
+    std::vector<size_t> visited;
+    Status st = (*c)->Get(keys, [&](size_t i, const GetItem& g) {
+      visited.push_back(i);
+      EXPECT_NE(g.value.size(), kWrappingBytes) << "the wrapping value reached the visitor";
+    });
+    EXPECT_TRUE(st.IsCorruption()) << st.ToString();
+    EXPECT_EQ(visited, after_good ? std::vector<size_t>{0} : std::vector<size_t>{});
+  }
 }
 
 }  // namespace

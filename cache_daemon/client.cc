@@ -4,11 +4,13 @@
 #include "cache_daemon/client.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -41,6 +43,27 @@ Status SendAll(int fd, std::span<const uint8_t> bytes, size_t* sent_out) {
     off += static_cast<size_t>(n);
   }
   if (sent_out != nullptr) *sent_out = off;
+  return Status::Ok();
+}
+
+// The region SHM_ATTACH passed must be what the daemon says (docs/format/wire.md, "Shared
+// memory"): a file of at least `granted` bytes, sealed against shrinking. Mapped at `granted`
+// over a shorter file, the client's first access past the file's end (a PUT's memcpy) dies of
+// SIGBUS. Corruption when it is not.
+static Status CheckShmRegion(int fd, uint64_t granted) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    return Status::IOError(std::string("fstat of the shared-memory region: ") +
+                           std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode) || st.st_size < 0 || static_cast<uint64_t>(st.st_size) < granted) {
+    return Status::Corruption("shared-memory region of " + std::to_string(st.st_size) +
+                              " bytes, granted " + std::to_string(granted));
+  }
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return Status::Corruption("shared-memory region not sealed against shrinking");
+  }
   return Status::Ok();
 }
 
@@ -123,14 +146,26 @@ Status ClientImpl::Open() {
     wire::Reader sr(sf.body);
     Status ss;
     KVTIER_RETURN_IF_ERROR(wire::DecodeStatus(&sr, &ss));
+    // Without a usable region the connection carries values over the socket (shm_status()
+    // says why).
     uint64_t granted = 0;
-    if (ss.ok() && sr.U64(&granted) && memfd >= 0 && granted > 0) {
+    if (!ss.ok()) {
+      shm_status_ = ss;
+    } else if (!sr.U64(&granted) || memfd < 0 || granted == 0) {
+      shm_status_ = Status::Corruption("SHM_ATTACH reply without a region");
+    } else {
+      shm_status_ = CheckShmRegion(memfd, granted);
+    }
+    if (shm_status_.ok()) {
       void* p = ::mmap(nullptr, granted, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
       if (p != MAP_FAILED) {
         shm_ = static_cast<uint8_t*>(p);
         shm_bytes_ = granted;
         alloc_.Reset(granted);
         shm_fd_ = std::exchange(memfd, -1);  // kept: GET values are read out of it (pread)
+      } else {
+        shm_status_ = Status::IOError(std::string("mmap of the shared-memory region: ") +
+                                      std::strerror(errno));
       }
     }
     if (memfd >= 0) ::close(memfd);

@@ -103,6 +103,12 @@ class Client {
 
   virtual const wire::HelloResponse& hello() const = 0;
   virtual bool shm_attached() const = 0;
+  // Ok when the shared-memory region is attached, or was not asked for (TCP, shm_bytes = 0,
+  // no token against an auth daemon). Otherwise why the connection carries values over the
+  // socket instead: the daemon's SHM_ATTACH status, Corruption for a region that is not what
+  // the daemon said (a file shorter than granted, not sealed against shrinking), IOError when
+  // the mapping failed. Not an error of the connection: every call works without the region.
+  virtual Status shm_status() const = 0;
 
   // A fresh turn id (never 0). One engine turn (its LOOKUP, GET and PUT) passes the same id
   // to each call, so that the daemon's eviction policies see the turn as one request

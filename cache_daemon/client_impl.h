@@ -114,6 +114,7 @@ class ClientImpl final : public Client {
 
   const wire::HelloResponse& hello() const override { return hello_; }
   bool shm_attached() const override { return shm_ != nullptr; }
+  Status shm_status() const override { return shm_status_; }
 
   uint64_t NewTurn() override { return next_turn_.fetch_add(1, std::memory_order_relaxed); }
 
@@ -214,7 +215,8 @@ class ClientImpl final : public Client {
   std::atomic<uint64_t> next_turn_{1};  // NewTurn's ids
   uint8_t* shm_ = nullptr;
   uint64_t shm_bytes_ = 0;
-  int shm_fd_ = -1;  // the region's memfd (with shm_): GET values are read out of it
+  int shm_fd_ = -1;    // the region's memfd (with shm_): GET values are read out of it
+  Status shm_status_;  // why shm_ is null after SHM_ATTACH (Ok when attached or not asked)
   ShmAllocator alloc_;
 };
 

@@ -3,7 +3,8 @@
 // may still be writing into it), and is reused after; GET values the daemon wrote into the
 // region reach the visitor exact wherever in the range they lie (the client copies them out
 // of the region's file), and one outside the range (or whose end wraps past 2^64) fails the
-// call.
+// call; a region shorter than the daemon said, or not sealed against shrinking, is not mapped.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -47,16 +48,31 @@ constexpr uint8_t kWrappingKey = 0xEF;
 constexpr uint64_t kWrappingOffset = ~uint64_t{0} - 0xFF;
 constexpr uint32_t kWrappingBytes = 0x200;
 
-// Answers HELLO and SHM_ATTACH; records every GET's destination range. Holding: answers the
-// first two GETs only when a LOOKUP arrives (after the client gave up on them), then the
-// LOOKUP, then every later GET at once, each key a miss. Serving: answers every GET at once,
-// each key found, its value (Value) written into the region in reverse key order, the last
-// one ending at the range's end.
+// The shared-memory region the fake passes at SHM_ATTACH: a memfd of file_bytes, answered as
+// granted_bytes, sealed against resizing as kvtierd's is (docs/format/wire.md) when `sealed`.
+// The default is a bit larger than granted: a value placed past the range still lands in the
+// file.
+struct Region {
+  uint64_t file_bytes = 2u << 20;
+  uint64_t granted_bytes = 1u << 20;
+  bool sealed = true;
+};
+
+// Answers HELLO and SHM_ATTACH (with `region`); records every GET's destination range.
+// Holding: answers the first two GETs only when a LOOKUP arrives (after the client gave up on
+// them), then the LOOKUP, then every later GET at once, each key a miss. Serving: answers every
+// GET at once, each key found, its value (Value) written into the region in reverse key order,
+// the last one ending at the range's end. Either mode answers a PUT with every unit stored and
+// records it.
 class FakeDaemon {
  public:
   enum class Mode { kHolding, kServing };
-  explicit FakeDaemon(std::string path, Mode mode = Mode::kHolding)
-      : path_(std::move(path)), mode_(mode) {
+  struct Put {
+    bool shm = false;
+    std::vector<std::vector<uint8_t>> inline_values;  // empty with shm
+  };
+  explicit FakeDaemon(std::string path, Mode mode = Mode::kHolding, Region region = {})
+      : path_(std::move(path)), mode_(mode), region_(region) {
     listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
     sockaddr_un a{};
     a.sun_family = AF_UNIX;
@@ -78,6 +94,10 @@ class FakeDaemon {
   std::vector<Range> gets() {
     std::lock_guard<std::mutex> lock(mu_);
     return gets_;
+  }
+  std::vector<Put> puts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return puts_;
   }
 
  private:
@@ -176,12 +196,34 @@ class FakeDaemon {
           });
           break;
         case Opcode::kShmAttach: {
-          // The region is a bit larger than granted: a value placed past the range still
-          // lands in the file.
-          memfd_ = ::memfd_create("fake-shm", MFD_CLOEXEC);
-          ASSERT_EQ(::ftruncate(memfd_, 2u << 20), 0);
+          memfd_ = ::memfd_create("fake-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+          ASSERT_EQ(::ftruncate(memfd_, static_cast<off_t>(region_.file_bytes)), 0);
+          if (region_.sealed) {
+            ASSERT_EQ(::fcntl(memfd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+          }
           Reply(
-              f.header, [](wire::Writer* w) { w->U64(1u << 20); }, memfd_);
+              f.header, [this](wire::Writer* w) { w->U64(region_.granted_bytes); }, memfd_);
+          break;
+        }
+        case Opcode::kPut: {
+          const bool shm = (f.header.flags & wire::kFlagShm) != 0;
+          auto req = wire::DecodePut(f.body, shm);
+          ASSERT_TRUE(req.ok()) << req.status().ToString();
+          Put put;
+          put.shm = shm;
+          for (const auto& u : req->units) {
+            if (!shm) put.inline_values.emplace_back(u.value.begin(), u.value.end());
+          }
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            puts_.push_back(std::move(put));
+          }
+          Reply(f.header, [&](wire::Writer* w) {
+            w->U16(static_cast<uint16_t>(req->units.size()));
+            for (size_t i = 0; i < req->units.size(); ++i) {
+              w->U8(static_cast<uint8_t>(StatusCode::kOk));
+            }
+          });
           break;
         }
         case Opcode::kGet: {
@@ -217,10 +259,12 @@ class FakeDaemon {
 
   std::string path_;
   Mode mode_;
+  Region region_;
   int listen_fd_ = -1, conn_fd_ = -1, memfd_ = -1;
   std::thread thread_;
   std::mutex mu_;
   std::vector<Range> gets_;  // protected by mu_
+  std::vector<Put> puts_;    // protected by mu_
 };
 
 bool Overlap(const Range& a, const Range& b) {
@@ -324,7 +368,7 @@ TEST(ClientShmTest, AValueWhoseEndWrapsFailsTheGet) {
   o.shm_bytes = 1u << 20;
   auto c = Client::Connect(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  ASSERT_TRUE((*c)->shm_attached());
+  ASSERT_TRUE((*c)->shm_attached()) << (*c)->shm_status().ToString();
   // Alone, and after a good value (the client then copies the good ones out of the file).
   for (bool after_good : {false, true}) {
     std::vector<wire::Key> keys(after_good ? 3 : 1);
@@ -342,6 +386,57 @@ TEST(ClientShmTest, AValueWhoseEndWrapsFailsTheGet) {
     EXPECT_TRUE(st.IsCorruption()) << st.ToString();
     EXPECT_EQ(visited, after_good ? std::vector<size_t>{0} : std::vector<size_t>{});
   }
+}
+
+// The daemon's SHM_ATTACH reply is checked against the descriptor before the client maps it:
+// a region shorter than granted (a 4 KiB memfd answered as 1 GiB: mapped at 1 GiB, the next
+// PUT's copy into it died of SIGBUS) or one that could still be shrunk is refused with
+// Corruption, and the connection carries values over the socket.
+TEST(ClientShmTest, ARegionThatIsNotWhatTheDaemonSaidIsRefused) {
+  const Region kRegions[] = {
+      {.file_bytes = 4096, .granted_bytes = 1ull << 30, .sealed = true},
+      {.file_bytes = 2u << 20, .granted_bytes = 1u << 20, .sealed = false},
+  };
+  for (const Region& region : kRegions) {
+    SCOPED_TRACE("file " + std::to_string(region.file_bytes) + " bytes, granted " +
+                 std::to_string(region.granted_bytes) + (region.sealed ? ", sealed" : ""));
+    const std::string path = SocketPath("kvtier_client_shm_region_");
+    FakeDaemon fake(path, FakeDaemon::Mode::kServing, region);
+    ClientOptions o;
+    o.socket_path = path;
+    o.shm_bytes = region.granted_bytes;
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_TRUE((*c)->shm_status().IsCorruption()) << (*c)->shm_status().ToString();
+    ASSERT_FALSE((*c)->shm_attached()) << "a region that is not what the daemon said was mapped";
+    // 64 KiB: past the 4 KiB file's end, had it been mapped.
+    std::vector<uint8_t> value(64u << 10);
+    for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<uint8_t>(i * 7);
+    std::vector<PutUnit> units = {{wire::Key{}, wire::Key{}, value}};
+    auto r = (*c)->Put(units, PutOptions{});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->size(), 1u);
+    EXPECT_TRUE((*r)[0].ok()) << (*r)[0].ToString();
+    std::vector<FakeDaemon::Put> puts = fake.puts();
+    ASSERT_EQ(puts.size(), 1u);
+    EXPECT_FALSE(puts[0].shm);
+    ASSERT_EQ(puts[0].inline_values.size(), 1u);
+    EXPECT_EQ(puts[0].inline_values[0], value);
+  }
+}
+
+// The region kvtierd's way (sealed, at least as large as granted) is mapped.
+TEST(ClientShmTest, ASealedRegionOfTheGrantedSizeIsAttached) {
+  const std::string path = SocketPath("kvtier_client_shm_sealed_");
+  FakeDaemon fake(path, FakeDaemon::Mode::kServing,
+                  {.file_bytes = 1u << 20, .granted_bytes = 1u << 20, .sealed = true});
+  ClientOptions o;
+  o.socket_path = path;
+  o.shm_bytes = 1u << 20;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE((*c)->shm_attached());
+  EXPECT_TRUE((*c)->shm_status().ok()) << (*c)->shm_status().ToString();
 }
 
 }  // namespace

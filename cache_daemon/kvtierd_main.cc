@@ -69,6 +69,17 @@ Status SetMallocLimits(const DaemonOptions& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Blocked before any thread starts (the trace writer's, the store's, the fronts'), so that
+  // every thread inherits the mask and only the main thread takes them, with sigtimedwait. A
+  // thread started earlier could take one whose default action ends the process: no drain,
+  // no flush. A signal arriving during startup waits, pending, for the loop below.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
   std::vector<std::string_view> args(argv + 1, argv + argc);
   std::string config, data_dir, socket, listen, tokens, trace, hash_token, log_level;
   std::string native_listen, resp_listen, http_listen, cluster_node_id, cluster_advertise;
@@ -168,13 +179,6 @@ int main(int argc, char** argv) {
     tracer = std::move(t).value();
   }
 
-  // Block the signals in every thread; the main thread takes them with sigtimedwait.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
   const OpenFilesLimit files_limit = RaiseOpenFilesLimit();

@@ -751,6 +751,41 @@ TEST_F(E2eTest, PolicySwitchAtRunTimeAndOnSighup) {
   EXPECT_EQ(d_->Stop(), 0);
 }
 
+// With a trace writer (a thread of its own started before the daemon), bursts of SIGHUP and
+// then SIGTERM are all taken by the main thread: every reload is a reload, and SIGTERM drains
+// and exits 0. A thread started before kvtierd blocked its signals could take one whose
+// default action ends the process, with no drain and no flush: the main thread holds
+// SIGHUP blocked while it reloads, so a burst used to land on the trace thread.
+TEST_F(E2eTest, SignalBurstsWithATraceWriterReloadAndDrain) {
+  d_->WriteConfig(Config());
+  ASSERT_TRUE(d_->Start({"--trace", (dir_ / "trace.zst").string()}));
+  for (int burst = 0; burst < 50 && d_->Alive(); ++burst) {
+    for (int i = 0; i < 50; ++i) d_->Signal(SIGHUP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(d_->Alive()) << "kvtierd died, killed by signal "
+                           << (WIFSIGNALED(d_->exit_status()) ? WTERMSIG(d_->exit_status()) : 0);
+  // The bursts' reloads have run (at least one); the daemon still answers.
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->PolicyGet().ok());
+  c.reset();
+  // SIGTERM again and again while the daemon drains (the main thread no longer waits for
+  // signals then): each later one must stay pending, not end the drain.
+  int exit_code = -2;
+  for (int i = 0; i < 30000 && exit_code == -2; ++i) {
+    d_->Signal(SIGTERM);
+    if (!d_->Alive()) {
+      exit_code = WIFEXITED(d_->exit_status()) ? WEXITSTATUS(d_->exit_status()) : -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(exit_code, 0) << "wait status " << d_->exit_status();
+  const std::string log = d_->Log();
+  EXPECT_NE(log.find("SIGHUP: policy reloaded"), std::string::npos);
+  EXPECT_NE(log.find("shutdown complete"), std::string::npos);
+}
+
 TEST_F(E2eTest, GracefulShutdownLosesNothingAcknowledged) {
   d_->WriteConfig(Config());
   ASSERT_TRUE(d_->Start());

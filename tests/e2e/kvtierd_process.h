@@ -122,7 +122,10 @@ class KvtierdProcess {
     pid_ = -1;
     return -1;
   }
-  void Signal(int sig) { ::kill(pid_, sig); }
+  // Sends sig to the daemon; nothing once it has exited (kill(-1) would signal every process).
+  void Signal(int sig) {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
 
   std::string Log() const {
     std::ifstream in(dir_ / "kvtierd.log");

@@ -118,7 +118,18 @@ bool GlobMatch(std::string_view p, std::string_view s) {
   return pi == p.size();
 }
 
-StatusOr<SetOptions> ParseSetOptions(std::span<const std::string_view> a) {
+bool RelativeExpiryMs(int64_t v, bool seconds, uint64_t now_unix_ms, int64_t* ttl_ms) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  if (seconds && (v > kMax / 1000 || v < kMin / 1000)) return false;
+  const int64_t ms = seconds ? v * 1000 : v;
+  if (now_unix_ms > static_cast<uint64_t>(kMax)) return false;
+  if (ms > kMax - static_cast<int64_t>(now_unix_ms)) return false;
+  *ttl_ms = ms;
+  return true;
+}
+
+StatusOr<SetOptions> ParseSetOptions(std::span<const std::string_view> a, uint64_t now_unix_ms) {
   SetOptions o;
   bool has_expiry = false;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -138,11 +149,11 @@ StatusOr<SetOptions> ParseSetOptions(std::span<const std::string_view> a) {
       if (!ParseI64(a[i + 1], &v)) {
         return Status::InvalidArgument("ERR value is not an integer or out of range");
       }
-      bool seconds = EqualsUpper(opt, "EX"sv);
-      if (v <= 0 || (seconds && v > std::numeric_limits<int64_t>::max() / 1000)) {
+      int64_t ms = 0;
+      if (v <= 0 || !RelativeExpiryMs(v, EqualsUpper(opt, "EX"sv), now_unix_ms, &ms)) {
         return Status::InvalidArgument("ERR invalid expire time in 'set' command");
       }
-      o.ttl_ms = static_cast<uint64_t>(v) * (seconds ? 1000 : 1);
+      o.ttl_ms = static_cast<uint64_t>(ms);
       has_expiry = true;
       ++i;
     } else {

@@ -31,6 +31,13 @@ bool ArityAllows(int arity, size_t argc);
 // recursion, so no pattern can exhaust the stack).
 bool GlobMatch(std::string_view pattern, std::string_view s);
 
+// Redis's bound on a relative expiry (EXPIRE, PEXPIRE, SET EX/PX): `v` seconds (`seconds`
+// true) or milliseconds as milliseconds in *ttl_ms, which may be zero or negative (already
+// expired). False when the milliseconds, or the absolute expiry now_unix_ms + *ttl_ms, do not
+// fit a signed 64-bit integer: the command must answer "ERR invalid expire time in '<cmd>'
+// command", never wrap (a wrapped expiry had the key expire at once, its reply a success).
+bool RelativeExpiryMs(int64_t v, bool seconds, uint64_t now_unix_ms, int64_t* ttl_ms);
+
 // SET key value [NX | XX] [GET] [EX seconds | PX milliseconds | KEEPTTL].
 struct SetOptions {
   enum class Cond : uint8_t { kAlways, kIfAbsent, kIfPresent };  // -, NX, XX
@@ -41,11 +48,12 @@ struct SetOptions {
   // True when the SET needs nothing but a write (no condition, no read of the old value).
   bool plain() const { return cond == Cond::kAlways && !keep_ttl && !get; }
 };
-// Parses the options after "SET key value". InvalidArgument with Redis's message:
-// "ERR syntax error" (unknown or conflicting option, missing operand), "ERR value is not an
-// integer or out of range", "ERR invalid expire time in 'set' command" (<= 0, or a
-// millisecond count that overflows int64).
-StatusOr<SetOptions> ParseSetOptions(std::span<const std::string_view> options);
+// Parses the options after "SET key value" at the time now_unix_ms. InvalidArgument with
+// Redis's message: "ERR syntax error" (unknown or conflicting option, missing operand), "ERR
+// value is not an integer or out of range", "ERR invalid expire time in 'set' command" (<= 0,
+// or an expiry RelativeExpiryMs refuses).
+StatusOr<SetOptions> ParseSetOptions(std::span<const std::string_view> options,
+                                     uint64_t now_unix_ms);
 
 // SCAN cursor [MATCH pattern] [COUNT count] [TYPE type].
 struct ScanOptions {

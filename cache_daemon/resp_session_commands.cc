@@ -301,8 +301,8 @@ StatusCode RespSession::Connection(const std::string& cmd, const std::vector<std
 StatusCode RespSession::Set(const std::vector<std::string_view>& a) {
   uint64_t ttl_ms = 0;
   if (a.size() > 3) {
-    StatusOr<resp::SetOptions> o =
-        resp::ParseSetOptions(std::span<const std::string_view>(a).subspan(3));
+    StatusOr<resp::SetOptions> o = resp::ParseSetOptions(
+        std::span<const std::string_view>(a).subspan(3), DefaultSystemClock().NowMs());
     if (!o.ok()) {
       resp::AppendError(o.status().message(), &out_);
       return StatusCode::kInvalidArgument;
@@ -389,14 +389,18 @@ StatusCode RespSession::Data(const std::string& cmd, const std::vector<std::stri
       resp::AppendError("ERR value is not an integer or out of range", &out_);
       return StatusCode::kInvalidArgument;
     }
-    if (v <= 0) {  // Redis: a non-positive expiry deletes the key
+    int64_t ms = 0;
+    if (!resp::RelativeExpiryMs(v, cmd == "EXPIRE"sv, DefaultSystemClock().NowMs(), &ms)) {
+      resp::AppendError("ERR invalid expire time in '" + resp::LowerName(cmd) + "' command", &out_);
+      return StatusCode::kInvalidArgument;
+    }
+    if (ms <= 0) {  // Redis: a non-positive expiry deletes the key
       Status st = svc->RespDel(t, a[1]);
       if (!st.ok() && !st.IsNotFound()) return StoreError(st);
       resp::AppendInteger(st.ok() ? 1 : 0, &out_);
       return StatusCode::kOk;
     }
-    uint64_t ms = cmd == "EXPIRE"sv ? static_cast<uint64_t>(v) * 1000 : static_cast<uint64_t>(v);
-    Status st = svc->RespExpire(t, a[1], ms);
+    Status st = svc->RespExpire(t, a[1], static_cast<uint64_t>(ms));
     if (!st.ok() && !st.IsNotFound()) return StoreError(st);
     resp::AppendInteger(st.ok() ? 1 : 0, &out_);
     return StatusCode::kOk;
@@ -406,8 +410,8 @@ StatusCode RespSession::Data(const std::string& cmd, const std::vector<std::stri
     int64_t ms = svc->RespTtlMs(t, a[1]);
     if (ms < 0 || cmd == "PTTL"sv)
       resp::AppendInteger(ms, &out_);
-    else
-      resp::AppendInteger((ms + 999) / 1000, &out_);
+    else  // seconds rounded up, without overflowing at INT64_MAX
+      resp::AppendInteger(ms / 1000 + (ms % 1000 != 0 ? 1 : 0), &out_);
     return StatusCode::kOk;
   }
   if (cmd == "DBSIZE"sv) {

@@ -22,8 +22,8 @@ bool RespSession::AsyncSet(const std::string& cmd, const std::vector<std::string
     return false;
   }
   if (a.size() == 3) return true;
-  StatusOr<resp::SetOptions> o =
-      resp::ParseSetOptions(std::span<const std::string_view>(a).subspan(3));
+  StatusOr<resp::SetOptions> o = resp::ParseSetOptions(
+      std::span<const std::string_view>(a).subspan(3), DefaultSystemClock().NowMs());
   return o.ok() && o->plain();
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -496,7 +497,12 @@ Status Service::RespSetStage(const Tenant& t, std::string_view key, std::string_
   KVTIER_RETURN_IF_ERROR(resp_index_.Add(t.id, job->key, key, &job->indexed, &job->name_seq));
   // A name the unit carries is durable with it (one sync for both): the put need not wait
   // for the log's sync. The log still got it first (its checkpoints rely on that).
-  if (EncodeEnvelope(key, value, ttl_ms ? UnixNowMs() + ttl_ms : 0, &job->envelope)) {
+  uint64_t expire_at = 0;
+  if (ttl_ms != 0) {
+    const uint64_t now = UnixNowMs();
+    expire_at = now + std::min(ttl_ms, std::numeric_limits<uint64_t>::max() - now);
+  }
+  if (EncodeEnvelope(key, value, expire_at, &job->envelope)) {
     job->name_seq = 0;
   }
   return Status::Ok();
@@ -581,7 +587,8 @@ int64_t Service::RespTtlMs(const Tenant& t, std::string_view key) {
   if (expire_at == 0) return -1;
   uint64_t now = UnixNowMs();
   if (expire_at <= now) return -2;
-  return static_cast<int64_t>(expire_at - now);
+  return static_cast<int64_t>(
+      std::min<uint64_t>(expire_at - now, std::numeric_limits<int64_t>::max()));
 }
 
 uint64_t Service::RespDbSize(const Tenant& t) {

@@ -179,6 +179,8 @@ class Service {
   PolicySettings policy() const;
 
   // ---- RESP ----
+  // ttl_ms: 0 none; an expiry past the clock's range is kept as the farthest (never wrapped
+  // into the past). The RESP commands refuse those first (resp::RelativeExpiryMs).
   Status RespSet(const Tenant& t, std::string_view key, std::string_view value, uint64_t ttl_ms,
                  RespKeyCache* cache = nullptr);
   // RespSet in three steps (RespSet runs them back to back). RespSetStage binds the key,
@@ -218,7 +220,7 @@ class Service {
   uint64_t RespScan(const Tenant& t, uint64_t cursor, size_t count,
                     const std::function<bool(std::string_view)>& want,
                     std::vector<std::string>* names);
-  // -2 absent, -1 no expiry, else remaining ms.
+  // -2 absent, -1 no expiry, else remaining ms (at most INT64_MAX).
   int64_t RespTtlMs(const Tenant& t, std::string_view key);
   uint64_t RespDbSize(const Tenant& t);
   Status RespFlush(const Tenant& t);

@@ -345,7 +345,7 @@ Status TierManagerImpl::Put(const Key& key, std::span<const uint8_t> value,
     meta.tenant = options.tenant;
     meta.version = ++version_;
     meta.kind = options.kind;
-    meta.expires_ms = options.ttl_ms == 0 ? 0 : NowMs() + options.ttl_ms;
+    meta.expires_ms = options.ttl_ms == 0 ? 0 : AddSaturating(NowMs(), options.ttl_ms);
     meta.parent_id = ObjectIdOf(options.parent);
     meta.recompute_tokens = options.recompute_tokens;
     meta.allow_ssd = options.allow_ssd;

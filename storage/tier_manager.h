@@ -204,7 +204,7 @@ struct PutOptions {
   // The previous unit in the chain (all zeros for the first unit).
   Key parent{};
   uint32_t recompute_tokens = 0;
-  // 0: no expiry.
+  // 0: no expiry. Any value: one past the clock's range expires never (not at once).
   uint64_t ttl_ms = 0;
   // The fastest tier this value may be placed in.
   Tier highest_tier = Tier::kDram;

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -173,18 +174,24 @@ class TierManagerImpl final : public TierManager {
     return t == Tier::kHbm ? hbm_.get() : t == Tier::kDram ? dram_.get() : nullptr;
   }
   uint64_t NowMs() const { return clock_->NowMs(); }
+  // a + b, or UINT64_MAX where that overflows: an expiry past the clock's range stays the
+  // farthest one instead of wrapping into the past (a client's ttl_ms is any u64).
+  static uint64_t AddSaturating(uint64_t a, uint64_t b) {
+    return b > std::numeric_limits<uint64_t>::max() - a ? std::numeric_limits<uint64_t>::max()
+                                                        : a + b;
+  }
   // Expiry conversions between the options clock (memory tiers) and unix ms (SSD, persisted).
   uint64_t ToUnix(uint64_t expires_ms) const {
     if (expires_ms == 0) return 0;
     uint64_t now = NowMs();
     uint64_t left = expires_ms > now ? expires_ms - now : 0;
-    return DefaultSystemClock().NowMs() + left;
+    return AddSaturating(DefaultSystemClock().NowMs(), left);
   }
   uint64_t FromUnix(uint64_t expires_unix_ms) const {
     if (expires_unix_ms == 0) return 0;
     uint64_t now_unix = DefaultSystemClock().NowMs();
     uint64_t left = expires_unix_ms > now_unix ? expires_unix_ms - now_unix : 0;
-    return NowMs() + std::max<uint64_t>(left, 1);
+    return AddSaturating(NowMs(), std::max<uint64_t>(left, 1));
   }
   bool Expired(uint64_t expires_ms) const { return expires_ms != 0 && NowMs() >= expires_ms; }
   // The time a unit expiring at expires_ms has left (0: it never expires), from one reading

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -79,7 +80,8 @@ TEST(RespGlob, PathologicalPatternIsBoundedAndCorrect) {
 }
 
 TEST(RespSetOptions, GrammarAndRedisErrors) {
-  auto parse = [](SV v) { return resp::ParseSetOptions(v); };
+  constexpr uint64_t kNowMs = 1'700'000'000'000;  // a unix time in ms (2023)
+  auto parse = [](SV v) { return resp::ParseSetOptions(v, kNowMs); };
   auto o = parse({});
   ASSERT_TRUE(o.ok());
   EXPECT_TRUE(o->plain());
@@ -113,6 +115,40 @@ TEST(RespSetOptions, GrammarAndRedisErrors) {
   EXPECT_EQ(err({"PX", "-5"}), "ERR invalid expire time in 'set' command");
   // Seconds that overflow as milliseconds are refused, never wrapped.
   EXPECT_EQ(err({"EX", "9223372036854775807"}), "ERR invalid expire time in 'set' command");
+  // So is an expiry whose absolute time (now + ttl) overflows int64, as in Redis.
+  EXPECT_EQ(err({"PX", "9223372036854775807"}), "ERR invalid expire time in 'set' command");
+  EXPECT_EQ(err({"EX", "9223372036854775"}), "ERR invalid expire time in 'set' command");
+  const int64_t last_ms = std::numeric_limits<int64_t>::max() - static_cast<int64_t>(kNowMs);
+  EXPECT_EQ(err({"PX", std::to_string(last_ms + 1)}), "ERR invalid expire time in 'set' command");
+  o = parse({"PX", std::to_string(last_ms)});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->ttl_ms, static_cast<uint64_t>(last_ms));
+}
+
+TEST(RespExpiry, RelativeExpiryIsRefusedWhereItWouldOverflow) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  constexpr uint64_t kNowMs = 1'700'000'000'000;
+  int64_t ms = 7;
+  EXPECT_TRUE(resp::RelativeExpiryMs(5, true, kNowMs, &ms));
+  EXPECT_EQ(ms, 5000);
+  EXPECT_TRUE(resp::RelativeExpiryMs(5, false, kNowMs, &ms));
+  EXPECT_EQ(ms, 5);
+  EXPECT_TRUE(resp::RelativeExpiryMs(-3, true, kNowMs, &ms));  // already expired: allowed
+  EXPECT_EQ(ms, -3000);
+  EXPECT_TRUE(resp::RelativeExpiryMs(kMin, false, kNowMs, &ms));
+  EXPECT_EQ(ms, kMin);
+  ms = 7;
+  // 18446744073709552 s is 2^64 ms and a little: it used to wrap to 448 ms.
+  EXPECT_FALSE(resp::RelativeExpiryMs(18446744073709552, true, kNowMs, &ms));
+  EXPECT_FALSE(resp::RelativeExpiryMs(kMax / 1000 + 1, true, 0, &ms));
+  EXPECT_FALSE(resp::RelativeExpiryMs(kMin / 1000 - 1, true, 0, &ms));
+  EXPECT_FALSE(resp::RelativeExpiryMs(kMax, false, 1, &ms));
+  EXPECT_FALSE(resp::RelativeExpiryMs(kMax - static_cast<int64_t>(kNowMs) + 1, false, kNowMs, &ms));
+  EXPECT_EQ(ms, 7) << "*ttl_ms is left alone when refused";
+  EXPECT_TRUE(resp::RelativeExpiryMs(kMax - static_cast<int64_t>(kNowMs), false, kNowMs, &ms));
+  EXPECT_EQ(ms, kMax - static_cast<int64_t>(kNowMs));
+  EXPECT_TRUE(resp::RelativeExpiryMs(kMax / 1000, true, 0, &ms));
 }
 
 TEST(RespScanOptions, GrammarClampAndErrors) {

@@ -10,10 +10,15 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <initializer_list>
+#include <limits>
 #include <thread>
 
 #include "cache_daemon/client.h"
 #include "common/key_spec.h"
+#include "tests/cache_daemon/resp_wire_util.h"
 #include "tests/e2e/kvtierd_process.h"
 #include "tests/e2e/raw_native.h"
 #include "tests/sanitizers.h"
@@ -404,6 +409,76 @@ TEST_F(HostileTest, OversizedRespCommandsAreRefusedFromTheirHeader) {
   ::close(fd);
   EXPECT_GE(Refusals("resp_command"), 2u);
   StopWellBehaved();
+  ExpectHealthy();
+}
+
+// Sends one RESP command and returns its reply: a simple string, error, integer or bulk
+// string (what arrived by the timeout, when incomplete).
+std::string RespAsk(int fd, const std::string& command) {
+  if (!kt::SendAllRaw(fd, command.data(), command.size())) return "";
+  std::string reply;
+  for (;;) {
+    const size_t eol = reply.find("\r\n");
+    if (eol != std::string::npos) {
+      if (reply[0] != '$') return reply;
+      const long long n = std::atoll(reply.c_str() + 1);
+      if (n < 0 || reply.size() >= eol + 2 + static_cast<size_t>(n) + 2) return reply;
+    }
+    std::string more = kt::RecvFor(fd, 1, 3000);
+    if (more.empty()) return reply;
+    reply += more;
+  }
+}
+
+// An expiry whose milliseconds, or whose absolute time, do not fit int64 is refused with
+// Redis's error, never wrapped: EXPIRE k 18446744073709552 (2^64 ms and a little) used to
+// answer :1 and expire the key 448 ms later; SET PX 9223372036854775807 was taken and its
+// TTL overflowed. A native PUT's ttl_ms is any u64: one past the clock's range never
+// expires (it used to wrap into the past: the unit expired at once).
+TEST_F(HostileTest, ExpiriesPastTheClockAreRefusedOrKeptNeverWrapped) {
+  int fd = kt::ConnectTcp(d_->resp_port());
+  auto ask = [&](std::initializer_list<std::string_view> args) {
+    return RespAsk(fd, kt::Cmd(args));
+  };
+  ASSERT_EQ(ask({"AUTH", "alice-token"}), "+OK\r\n");
+  ASSERT_EQ(ask({"SET", "k", "v"}), "+OK\r\n");
+  const std::string expire_err = "-ERR invalid expire time in 'expire' command\r\n";
+  const std::string pexpire_err = "-ERR invalid expire time in 'pexpire' command\r\n";
+  const std::string set_err = "-ERR invalid expire time in 'set' command\r\n";
+  EXPECT_EQ(ask({"EXPIRE", "k", "18446744073709552"}), expire_err);
+  EXPECT_EQ(ask({"EXPIRE", "k", "9223372036854775"}), expire_err);
+  EXPECT_EQ(ask({"EXPIRE", "k", "-9223372036854775808"}), expire_err);
+  EXPECT_EQ(ask({"PEXPIRE", "k", "9223372036854775807"}), pexpire_err);
+  EXPECT_EQ(ask({"SET", "k2", "v", "PX", "9223372036854775807"}), set_err);
+  EXPECT_EQ(ask({"SET", "k2", "v", "EX", "9223372036854775"}), set_err);
+  // The refused commands changed nothing: k is there without an expiry, k2 absent.
+  EXPECT_EQ(ask({"GET", "k"}), "$1\r\nv\r\n");
+  EXPECT_EQ(ask({"TTL", "k"}), ":-1\r\n");
+  EXPECT_EQ(ask({"EXISTS", "k2"}), ":0\r\n");
+  // A far expiry that fits is taken, and TTL rounds it without overflowing.
+  EXPECT_EQ(ask({"EXPIRE", "k", "100000000000"}), ":1\r\n");
+  EXPECT_EQ(ask({"TTL", "k"}), ":100000000000\r\n");
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  // The latest expiry Redis takes, less a minute for the clocks' difference.
+  const std::string far_ms = std::to_string(std::numeric_limits<int64_t>::max() - now_ms - 60000);
+  EXPECT_EQ(ask({"SET", "k3", "v", "PX", far_ms}), "+OK\r\n");
+  std::string ttl = ask({"TTL", "k3"});
+  EXPECT_EQ(ttl.substr(0, 7), ":922337") << ttl;
+  EXPECT_EQ(ask({"GET", "k3"}), "$1\r\nv\r\n");
+  ::close(fd);
+
+  auto alice = Connect("alice-token");
+  ASSERT_NE(alice, nullptr);
+  PutOptions forever;
+  forever.ttl_ms = std::numeric_limits<uint64_t>::max();
+  auto put = alice->Put(std::vector<PutUnit>{{KeyOf(9), {}, std::vector<uint8_t>(64, 9)}}, forever);
+  ASSERT_TRUE(put.ok()) << put.status().ToString();
+  ASSERT_TRUE((*put)[0].ok()) << (*put)[0].ToString();
+  auto hit = alice->Lookup(std::vector<Key>{KeyOf(9)});
+  ASSERT_TRUE(hit.ok());
+  EXPECT_EQ(hit->hit_count, 1u) << "a ttl_ms past the clock's range expired the unit at once";
   ExpectHealthy();
 }
 

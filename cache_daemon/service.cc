@@ -55,6 +55,11 @@ bool EncodeEnvelope(std::string_view name, std::string_view value, uint64_t expi
   return named;
 }
 
+// Nesting a policy body may have (objects and arrays, the body itself the first level):
+// nlohmann parses iteratively but dump() recurses, so ~500K nested arrays in a 1 MiB body
+// overflowed the stack of the thread that re-serialized them.
+constexpr int kPolicyJsonDepthMax = 16;
+
 bool DecodeEnvelope(const std::vector<uint8_t>& v, uint64_t* expire_at_ms, size_t* payload_at) {
   return DecodeRespEnvelope(v, expire_at_ms, payload_at);
 }
@@ -437,7 +442,22 @@ Status Service::SetPolicy(const PolicySettings& p) {
 }
 
 Status Service::SetPolicyJson(std::string_view text) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  // Containers deeper than the limit are discarded as they are parsed (the parser keeps
+  // only a flag per open container), and the body refused.
+  bool too_deep = false;
+  nlohmann::json j = nlohmann::json::parse(
+      text,
+      [&too_deep](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
+        const bool opens = event == nlohmann::json::parse_event_t::object_start ||
+                           event == nlohmann::json::parse_event_t::array_start;
+        if (opens && depth >= kPolicyJsonDepthMax) too_deep = true;
+        return !(opens && depth >= kPolicyJsonDepthMax);
+      },
+      /*allow_exceptions=*/false);
+  if (too_deep) {
+    return Status::InvalidArgument("policy body nests deeper than " +
+                                   std::to_string(kPolicyJsonDepthMax) + " levels");
+  }
   if (j.is_discarded() || !j.is_object()) {
     return Status::InvalidArgument("policy body must be a JSON object");
   }

@@ -173,7 +173,8 @@ class Service {
   std::string StatsJson(const Tenant* t) const;
   std::string PolicyJson() const;
   // Body: {"eviction": "...", "admission": "...", "params": {"k": "v"}, "seed": N}; absent
-  // fields keep their current value. InvalidArgument for bad JSON or unknown policy.
+  // fields keep their current value. InvalidArgument for bad JSON, objects or arrays nested
+  // more than 16 levels deep (the body is the first), or an unknown policy.
   Status SetPolicyJson(std::string_view json);
   Status SetPolicy(const PolicySettings& p);
   PolicySettings policy() const;

@@ -786,6 +786,45 @@ TEST_F(E2eTest, SignalBurstsWithATraceWriterReloadAndDrain) {
   EXPECT_NE(log.find("shutdown complete"), std::string::npos);
 }
 
+// A policy body nested deeper than 16 levels is refused (400 over HTTP, InvalidArgument over
+// the native POLICY_SET) and the daemon stays up. Half a million nested arrays in a body under
+// http_max_body_bytes used to crash it: re-serializing them (json::dump) recursed once per
+// level and overflowed the stack.
+TEST_F(E2eTest, DeeplyNestedPolicyBodiesAreRefusedNotACrash) {
+  d_->WriteConfig(Config());
+  ASSERT_TRUE(d_->Start());
+  constexpr size_t kLevels = 500000;
+  const std::string deep =
+      "{\"params\":{\"a\":" + std::string(kLevels, '[') + std::string(kLevels, ']') + "}}";
+  std::string r = kt::HttpRequest(d_->http_port(), "POST", "/v1/policy", deep);
+  EXPECT_NE(r.find("400 Bad Request"), std::string::npos) << r.substr(0, 200);
+  EXPECT_NE(r.find("nests deeper than 16 levels"), std::string::npos) << r.substr(0, 200);
+  ASSERT_TRUE(d_->Alive()) << "kvtierd died, wait status " << d_->exit_status();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  auto native = c->PolicySet(deep);
+  EXPECT_TRUE(native.status().IsInvalidArgument()) << native.status().ToString();
+  ASSERT_TRUE(d_->Alive()) << "kvtierd died, wait status " << d_->exit_status();
+  // Objects count as arrays do; 16 levels (the body the first) are still read.
+  std::string objects = "{\"params\":";
+  for (int i = 0; i < 20; ++i) objects += "{\"k\":";
+  objects += "1" + std::string(21, '}') + "}";
+  EXPECT_NE(c->PolicySet(objects).status().message().find("nests deeper"), std::string::npos);
+  auto nested = [](size_t arrays) {
+    return "{\"eviction\":\"fifo\",\"x\":" + std::string(arrays, '[') + std::string(arrays, ']') +
+           "}";
+  };
+  EXPECT_NE(c->PolicySet(nested(16)).status().message().find("nests deeper"), std::string::npos);
+  auto limit = c->PolicySet(nested(15));
+  EXPECT_TRUE(limit.status().IsInvalidArgument());
+  EXPECT_NE(limit.status().message().find("unknown policy field 'x'"), std::string::npos)
+      << limit.status().ToString();
+  auto fifo = c->PolicySet("{\"eviction\":\"fifo\",\"params\":{}}");
+  ASSERT_TRUE(fifo.ok()) << fifo.status().ToString();
+  EXPECT_NE(fifo->find("\"eviction\":\"fifo\""), std::string::npos);
+  EXPECT_EQ(d_->Stop(), 0);
+}
+
 TEST_F(E2eTest, GracefulShutdownLosesNothingAcknowledged) {
   d_->WriteConfig(Config());
   ASSERT_TRUE(d_->Start());

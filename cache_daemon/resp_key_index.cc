@@ -306,19 +306,20 @@ Status RespKeyIndex::Flush() {
   return WaitSynced(appended_.load());
 }
 
-uint64_t RespKeyIndex::Scan(uint64_t tenant, uint64_t cursor, size_t count,
-                            std::vector<Entry>* out) const {
+uint64_t RespKeyIndex::Scan(uint64_t tenant, uint64_t cursor, size_t count, std::vector<Entry>* out,
+                            uint64_t names_bytes_max) const {
   out->clear();
   std::lock_guard<std::mutex> lock(mu_);
   auto t = keys_.find(tenant);
   if (t == keys_.end()) return 0;
   const std::map<storage::Key, std::string>& keys = t->second;
   auto it = cursor == 0 ? keys.begin() : keys.lower_bound(FirstKeyAt(cursor));
-  uint64_t last = 0;
+  uint64_t last = 0, names_bytes = 0;
   for (; it != keys.end(); ++it) {
     uint64_t pos = CursorOf(it->first);
-    if (out->size() >= count && pos != last) return pos;
+    if ((out->size() >= count || names_bytes >= names_bytes_max) && pos != last) return pos;
     out->push_back(Entry{it->first, it->second});
+    names_bytes += it->second.size();
     last = pos;
   }
   return 0;

@@ -50,6 +50,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -136,9 +137,11 @@ class RespKeyIndex {
   uint64_t recovered_from_store() const { return recovered_from_store_.load(); }
 
   // Copies into *out (cleared) the entries at positions [cursor, next) in order: at least
-  // `count` entries unless the tenant's keys run out first (a few more when entries share
-  // the last position), and returns next, or 0 when no entry is left.
-  uint64_t Scan(uint64_t tenant, uint64_t cursor, size_t count, std::vector<Entry>* out) const;
+  // `count` entries unless the tenant's keys run out first, or their names reach
+  // names_bytes_max first (a few more when entries share the last position), and returns
+  // next, or 0 when no entry is left. At least one position is taken when any is left.
+  uint64_t Scan(uint64_t tenant, uint64_t cursor, size_t count, std::vector<Entry>* out,
+                uint64_t names_bytes_max = std::numeric_limits<uint64_t>::max()) const;
   static uint64_t CursorOf(const storage::Key& k);
 
   size_t size(uint64_t tenant) const;

@@ -42,7 +42,8 @@ StatusCode Scan(const RespKeyspaceContext& c, const std::vector<std::string_view
   auto want = [&](std::string_view name) {
     return !o->only_other_type && (!o->has_pattern || resp::GlobMatch(o->pattern, name));
   };
-  uint64_t next = c.service->RespScan(*c.tenant, o->cursor, o->count, want, &names);
+  uint64_t next =
+      c.service->RespScan(*c.tenant, o->cursor, o->count, want, &names, c.reply_bytes_max);
   resp::AppendArrayHeader(2, c.out);
   resp::AppendBulk(std::to_string(next), c.out);
   resp::AppendArrayHeader(names.size(), c.out);

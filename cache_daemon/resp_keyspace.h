@@ -27,6 +27,9 @@ struct RespKeyspaceContext {
   DaemonMetrics* metrics;
   int proto;         // 2 or 3 (HELLO): how nulls are written
   std::string* out;  // replies are appended here
+  // The connection's reply budget: a SCAN lists names up to about this many bytes (one more
+  // name at most), fewer than COUNT asks when they are long.
+  uint64_t reply_bytes_max;
 };
 
 // Runs `cmd` (upper case) when it is SETNX, SCAN, KEYS or TYPE and returns its status code;

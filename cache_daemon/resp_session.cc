@@ -84,7 +84,7 @@ void RespSession::SetCommandLimit() {
 
 void RespSession::Account() {
   uint64_t held = parser_.capacity_bytes() + pending_bytes() + wbuf_.size() + spare_bytes_ +
-                  txn_.held_bytes() + stalled_bytes_;
+                  txn_.held_bytes() + stalled_bytes_ + mget_keys_bytes_;
   for (const Body& b : wbodies_) held += b.bytes.size();
   shared_->memory->Adjust(&charged_bytes_, held);
 }
@@ -138,6 +138,10 @@ void RespSession::Process() {
     bool fatal = false;
     clock_us_ = DefaultSteadyClock().NowUs();
     while (pending_bytes() < max_pending_bytes_ && holds_.size() < kPendingSetsMax && !quit_) {
+      if (!mget_keys_.empty()) {  // an MGET's rest runs before anything later
+        ContinueMget();
+        continue;
+      }
       if (!stalled_.empty()) {  // waits for the pending SETs, then runs first
         if (!holds_.empty()) break;
         RunStalled();

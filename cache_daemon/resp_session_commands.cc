@@ -163,7 +163,13 @@ void RespSession::Null() {
 }
 
 internal::RespKeyspaceContext RespSession::Keyspace() {
-  return {shared_->service, tenant_, shared_->options, shared_->metrics, proto_, &out_};
+  return {.service = shared_->service,
+          .tenant = tenant_,
+          .options = shared_->options,
+          .metrics = shared_->metrics,
+          .proto = proto_,
+          .out = &out_,
+          .reply_bytes_max = max_pending_bytes_};
 }
 
 StatusCode RespSession::WrongArgs(const std::string& cmd) {
@@ -326,6 +332,26 @@ StatusCode RespSession::Set(const std::vector<std::string_view>& a) {
   return StatusCode::kOk;
 }
 
+void RespSession::MgetOne(std::string_view key) {
+  std::span<const uint8_t> v;
+  if (shared_->service->RespGetRaw(*tenant_, key, &raw_, &v, &keys_).ok())
+    AppendValue(v);
+  else
+    Null();
+}
+
+void RespSession::ContinueMget() {
+  while (mget_next_ < mget_keys_.size() && pending_bytes() < max_pending_bytes_) {
+    MgetOne(mget_keys_[mget_next_++]);
+  }
+  if (mget_next_ < mget_keys_.size()) return;
+  std::vector<std::string>().swap(mget_keys_);
+  mget_keys_bytes_ = 0;
+  mget_slot_ = InflightSlot();
+  clock_us_ = DefaultSteadyClock().NowUs();
+  shared_->metrics->RecordRequest(Op::kRespMget, StatusCode::kOk, clock_us_ - mget_start_us_);
+}
+
 StatusCode RespSession::Data(const std::string& cmd, const std::vector<std::string_view>& a) {
   Service* svc = shared_->service;
   const Tenant& t = *tenant_;
@@ -348,12 +374,16 @@ StatusCode RespSession::Data(const std::string& cmd, const std::vector<std::stri
   if (cmd == "MGET"sv) {
     if (a.size() < 2) return WrongArgs(cmd);
     resp::AppendArrayHeader(a.size() - 1, &out_);
-    std::span<const uint8_t> v;
-    for (size_t i = 1; i < a.size(); ++i) {
-      if (svc->RespGetRaw(t, a[i], &raw_, &v, &keys_).ok())
-        AppendValue(v);
-      else
-        Null();
+    size_t i = 1;
+    for (; i < a.size() && pending_bytes() < max_pending_bytes_; ++i) MgetOne(a[i]);
+    if (i < a.size()) {  // the rest once the replies before it are written (ContinueMget)
+      mget_keys_.assign(a.begin() + static_cast<ptrdiff_t>(i), a.end());
+      mget_next_ = 0;
+      mget_keys_bytes_ = 0;
+      for (const std::string& k : mget_keys_) mget_keys_bytes_ += k.size() + sizeof(std::string);
+      mget_start_us_ = set_start_us_;
+      mget_slot_ = std::move(slot_);
+      deferred_ = true;
     }
     return StatusCode::kOk;
   }

@@ -233,6 +233,19 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
 
   StatusCode Data(const std::string& cmd, const std::vector<std::string_view>& a);
 
+  // ---- MGET under the reply budget ----
+  //
+  // An MGET answers its keys while the pending replies stay under max_pending_bytes_; the
+  // keys left then are copied (mget_keys_) and answered by ContinueMget, which Process runs
+  // before anything else of this connection once the replies before them are written. So
+  // one MGET's reply holds at most the budget and one value however many keys it names (an
+  // MGET of one 1 MiB key 65,535 times used to build 64 GiB in one go).
+
+  // Appends the reply element of one key (its value, or a null).
+  void MgetOne(std::string_view key);
+  // Answers the MGET's next keys while the budget allows; records the request when done.
+  void ContinueMget();
+
   // ---- State ----
 
   Shared* shared_;
@@ -266,6 +279,11 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   bool deferred_ = false;             // the running command completes asynchronously
   std::vector<std::string> stalled_;  // a command waiting for the pending SETs (Stall)
   size_t stalled_bytes_ = 0;
+  std::vector<std::string> mget_keys_;       // an MGET's keys ContinueMget answers (empty: none)
+  size_t mget_next_ = 0;                     // the next of them
+  size_t mget_keys_bytes_ = 0;               // their bytes, counted in Account()
+  uint64_t mget_start_us_ = 0;               // the MGET's start, for its latency
+  InflightSlot mget_slot_;                   // its tenant in-flight slot, held until it is done
   std::vector<std::vector<uint8_t>> spare_;  // recycled GET buffers
   size_t spare_bytes_ = 0;                   // sum of spare_ capacities
   std::vector<uint8_t> raw_;                 // the buffer the next GET is read into

@@ -654,10 +654,10 @@ Status Service::RespSetIf(const Tenant& t, std::string_view key, std::string_vie
 
 uint64_t Service::RespScan(const Tenant& t, uint64_t cursor, size_t count,
                            const std::function<bool(std::string_view)>& want,
-                           std::vector<std::string>* names) {
+                           std::vector<std::string>* names, uint64_t names_bytes_max) {
   names->clear();
   std::vector<RespKeyIndex::Entry> entries;
-  uint64_t next = resp_index_.Scan(t.id, cursor, count, &entries);
+  uint64_t next = resp_index_.Scan(t.id, cursor, count, &entries, names_bytes_max);
   for (RespKeyIndex::Entry& e : entries) {
     if (want && !want(e.name)) continue;
     if (!DropNameIfGone(t.id, e)) names->push_back(std::move(e.name));

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -218,9 +219,11 @@ class Service {
   // appends to *names (cleared) the keys at positions [cursor, next) for which want(name)
   // holds and that the store still holds (entries of evicted or expired keys are dropped
   // from the index on the way); examines about `count` entries; returns next (0: done).
+  // Stops early, as RespKeyIndex::Scan does, once the names examined reach names_bytes_max.
   uint64_t RespScan(const Tenant& t, uint64_t cursor, size_t count,
                     const std::function<bool(std::string_view)>& want,
-                    std::vector<std::string>* names);
+                    std::vector<std::string>* names,
+                    uint64_t names_bytes_max = std::numeric_limits<uint64_t>::max());
   // -2 absent, -1 no expiry, else remaining ms (at most INT64_MAX).
   int64_t RespTtlMs(const Tenant& t, std::string_view key);
   uint64_t RespDbSize(const Tenant& t);

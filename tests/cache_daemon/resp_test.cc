@@ -223,7 +223,9 @@ TEST(RespKeyCache, BindsExactlyAsWithoutCacheAndNeverAcrossTenants) {
 // The RESP port of an in-process daemon over the fake store.
 class RespFrontTest : public ::testing::Test {
  protected:
-  void Start(bool auth, uint32_t max_args = 64, uint64_t max_value_bytes = 1u << 20) {
+  // reply_queue_bytes: limits.reply_queue_bytes_max (0: the default).
+  void Start(bool auth, uint32_t max_args = 64, uint64_t max_value_bytes = 1u << 20,
+             uint64_t reply_queue_bytes = 0) {
     static int counter = 0;
     dir_ = std::filesystem::temp_directory_path() /
            ("kvresp" + std::to_string(getpid()) + "_" + std::to_string(counter++));
@@ -236,6 +238,7 @@ class RespFrontTest : public ::testing::Test {
     o_.http_port = kt::FreePort();
     o_.resp_max_args = max_args;
     o_.storage.max_value_bytes = max_value_bytes;
+    if (reply_queue_bytes != 0) o_.reply_queue_bytes_max = reply_queue_bytes;
     std::vector<uint8_t> secret(32, 9);
     std::unique_ptr<TenantRegistry> tenants;
     if (auth) {
@@ -317,6 +320,38 @@ TEST_F(RespFrontTest, PipelinedRepliesAreByteExact) {
                                     got.begin();
   // The connection still works afterwards (buffers recycled, nothing left over).
   EXPECT_EQ(Roundtrip(Cmd({"GET", "b"}), big.size() + 10), Bulk(big));
+}
+
+// An MGET whose reply is many times the connection's reply budget (64 KiB here) is answered
+// in parts as the earlier ones are written: byte-exact and in order with the commands
+// pipelined before and after it, also inside MULTI/EXEC.
+TEST_F(RespFrontTest, MgetOverTheReplyBudgetIsAnsweredInOrder) {
+  Start(false, /*max_args=*/64, /*max_value_bytes=*/1u << 20, /*reply_queue_bytes=*/64u << 10);
+  const std::string big = Pattern(200 * 1000, 4), small = Pattern(100, 5);
+  std::string sets = Cmd({"SET", "b", big}) + Cmd({"SET", "s", small});
+  EXPECT_EQ(Roundtrip(sets, 10), "+OK\r\n+OK\r\n");
+  std::vector<std::string_view> mget = {"MGET"};
+  std::string elements;
+  for (int i = 0; i < 20; ++i) {
+    mget.insert(mget.end(), {"b", "nope", "s"});
+    elements += Bulk(big) + "$-1\r\n" + Bulk(small);
+  }
+  std::string mget_cmd = "*" + std::to_string(mget.size()) + "\r\n";
+  for (std::string_view a : mget) mget_cmd += Bulk(a);
+  const std::string mget_reply = "*60\r\n" + elements;
+  std::string cmds, expect;
+  for (int round = 0; round < 3; ++round) {
+    cmds += Cmd({"GET", "s"}) + mget_cmd + Cmd({"GET", "s"}) + "MULTI\r\n" + mget_cmd +
+            Cmd({"GET", "b"}) + mget_cmd + "EXEC\r\nPING\r\n";
+    expect += Bulk(small) + mget_reply + Bulk(small) + "+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n" +
+              "*3\r\n" + mget_reply + Bulk(big) + mget_reply + "+PONG\r\n";
+  }
+  std::string got = Roundtrip(cmds, expect.size());
+  ASSERT_EQ(got.size(), expect.size());
+  EXPECT_TRUE(got == expect) << "first difference at byte "
+                             << std::mismatch(got.begin(), got.end(), expect.begin()).first -
+                                    got.begin();
+  EXPECT_EQ(Roundtrip(Cmd({"GET", "s"}), Bulk(small).size()), Bulk(small));
 }
 
 TEST_F(RespFrontTest, LimitsStillApplyInsideAPipeline) {

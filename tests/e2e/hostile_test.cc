@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <limits>
+#include <set>
 #include <thread>
 
 #include "cache_daemon/client.h"
@@ -479,6 +480,142 @@ TEST_F(HostileTest, ExpiriesPastTheClockAreRefusedOrKeptNeverWrapped) {
   auto hit = alice->Lookup(std::vector<Key>{KeyOf(9)});
   ASSERT_TRUE(hit.ok());
   EXPECT_EQ(hit->hit_count, 1u) << "a ttl_ms past the clock's range expired the unit at once";
+  ExpectHealthy();
+}
+
+// Reads a whole RESP reply stream of `total` bytes from fd, checking each byte against
+// expected(offset) as it arrives (nothing is kept); false on a mismatch, timeout or EOF.
+template <typename Expected>
+bool RespStreamMatches(int fd, uint64_t total, Expected expected, std::string* why) {
+  uint64_t at = 0;
+  std::vector<char> buf(1u << 20);
+  while (at < total) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 10000) <= 0) {
+      *why = "timeout at byte " + std::to_string(at);
+      return false;
+    }
+    ssize_t k = ::recv(fd, buf.data(), std::min<uint64_t>(buf.size(), total - at), 0);
+    if (k <= 0) {
+      *why = "closed at byte " + std::to_string(at);
+      return false;
+    }
+    for (ssize_t i = 0; i < k; ++i, ++at) {
+      if (buf[static_cast<size_t>(i)] != expected(at)) {
+        *why = "mismatch at byte " + std::to_string(at);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// MGET of one 1 MiB value named many times: the reply is built under the connection's reply
+// budget while the client does not read (the daemon's RSS stays within it), then streamed
+// whole and in order as the client reads. Each MGET used to build its entire reply at once:
+// 65,535 keys of 1 MiB made 64 GiB in one command.
+TEST_F(HostileTest, MgetOfABigValueManyTimesStaysWithinTheReplyBudget) {
+  constexpr int kKeys = 300;  // 300 MiB of reply: over the RSS allowance many times
+  StartWellBehaved();
+  int fd = kt::ConnectTcp(d_->resp_port());
+  ASSERT_EQ(RespAsk(fd, kt::Cmd({"AUTH", "alice-token"})), "+OK\r\n");
+  std::string value(kBigValueBytes, 'x');
+  for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<char>('a' + i % 23);
+  ASSERT_EQ(RespAsk(fd, kt::Cmd({"SET", "big", value})), "+OK\r\n");
+  std::string mget = "*" + std::to_string(kKeys + 1) + "\r\n$4\r\nMGET\r\n";
+  for (int i = 0; i < kKeys; ++i) mget += "$3\r\nbig\r\n";
+  mget += kt::Cmd({"PING"});
+  ASSERT_TRUE(kt::SendAllRaw(fd, mget.data(), mget.size()));
+  // Not reading yet (well within idle_timeout_ms, after which a connection whose replies do
+  // not move is closed).
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The reply budget (4 MiB), one value beyond it and the store's copy, with allocator slack.
+  ExpectHealthy(kReplyQueueBytes + (32u << 20));
+  const std::string head = "*" + std::to_string(kKeys) + "\r\n";
+  const std::string element = kt::Bulk(value);
+  const std::string tail = "+PONG\r\n";
+  const uint64_t body = static_cast<uint64_t>(kKeys) * element.size();
+  std::string why;
+  EXPECT_TRUE(RespStreamMatches(
+      fd, head.size() + body + tail.size(),
+      [&](uint64_t at) {
+        if (at < head.size()) return head[at];
+        at -= head.size();
+        if (at < body) return element[at % element.size()];
+        return tail[at - body];
+      },
+      &why))
+      << why;
+  // Its peak, which the sample above may have missed (it can precede the MGET): the budget,
+  // one value, the store's copy and slack, never the whole reply.
+  EXPECT_LE(d_->PeakRssBytes(), rss_before_ + (kReplyQueueBytes + (32u << 20)) * kRssGrowthScale)
+      << "peak RSS " << (d_->PeakRssBytes() >> 20) << " MiB, before " << (rss_before_ >> 20)
+      << " MiB";
+  // Counted once, when its last part was built.
+  EXPECT_EQ(Requests("resp_mget", "ok"), 1u);
+  ::close(fd);
+  StopWellBehaved();
+  ExpectHealthy();
+}
+
+// SCAN with a COUNT that takes in names longer than the reply budget together answers fewer
+// names per call (COUNT is a hint), and a full iteration still lists every key once.
+TEST_F(HostileTest, ScanOfLongNamesStaysWithinTheReplyBudget) {
+  constexpr int kNames = 64;
+  constexpr size_t kNameBytes = 100u << 10;  // 6.4 MiB of names, over the 4 MiB budget
+  int fd = kt::ConnectTcp(d_->resp_port());
+  ASSERT_EQ(RespAsk(fd, kt::Cmd({"AUTH", "alice-token"})), "+OK\r\n");
+  std::set<std::string> want;
+  for (int i = 0; i < kNames; ++i) {
+    std::string name(kNameBytes, static_cast<char>('a' + i % 26));
+    name.replace(0, 8, std::to_string(10000000 + i));
+    ASSERT_EQ(RespAsk(fd, kt::Cmd({"SET", name, "v"})), "+OK\r\n");
+    want.insert(name);
+  }
+  std::set<std::string> got;
+  std::string cursor = "0";
+  int calls = 0;
+  do {
+    ASSERT_TRUE(kt::SendAllRaw(fd, kt::Cmd({"SCAN", cursor, "COUNT", "10000"}).data(),
+                               kt::Cmd({"SCAN", cursor, "COUNT", "10000"}).size()));
+    // *2\r\n $len\r\n cursor\r\n *n\r\n then n bulk names.
+    std::string r;
+    auto need = [&](size_t bytes) {
+      if (r.size() < bytes) r += kt::RecvFor(fd, bytes - r.size(), 10000);
+      return r.size() >= bytes;
+    };
+    auto line = [&](size_t from) {
+      size_t eol = std::string::npos;
+      while ((eol = r.find("\r\n", from)) == std::string::npos && need(r.size() + 1)) {
+      }
+      return eol;
+    };
+    size_t at = line(0);
+    ASSERT_NE(at, std::string::npos);
+    ASSERT_EQ(r.substr(0, at), "*2");
+    size_t eol = line(at + 2);
+    const size_t cursor_len = std::stoul(r.substr(at + 3, eol - at - 3));
+    ASSERT_TRUE(need(eol + 2 + cursor_len + 2));
+    cursor = r.substr(eol + 2, cursor_len);
+    at = eol + 2 + cursor_len + 2;
+    eol = line(at);
+    const size_t n = std::stoul(r.substr(at + 1, eol - at - 1));
+    at = eol + 2;
+    uint64_t names_bytes = 0;
+    for (size_t i = 0; i < n; ++i) {
+      eol = line(at);
+      const size_t len = std::stoul(r.substr(at + 1, eol - at - 1));
+      ASSERT_TRUE(need(eol + 2 + len + 2));
+      got.insert(r.substr(eol + 2, len));
+      names_bytes += len;
+      at = eol + 2 + len + 2;
+    }
+    EXPECT_LE(names_bytes, kReplyQueueBytes + kNameBytes) << "one SCAN reply over the budget";
+    ++calls;
+  } while (cursor != "0" && calls < 1000);
+  EXPECT_EQ(got, want);
+  EXPECT_GE(calls, 2);
+  ::close(fd);
   ExpectHealthy();
 }
 

@@ -1,5 +1,7 @@
 #include "cache_daemon/cluster_copies.h"
 
+#include <algorithm>
+
 #include "common/clock.h"
 
 namespace kvtier::daemon {
@@ -67,7 +69,7 @@ void ClusterCopies::CheckHits(std::span<const storage::Key> keys, std::vector<St
 
 void ClusterCopies::Keep(storage::TenantId tenant, std::string_view tenant_name,
                          const storage::Key& key, std::span<const uint8_t> value,
-                         uint64_t fetch_started) {
+                         uint64_t fetch_started, std::optional<uint64_t> ttl_left_ms) {
   if (options_.bytes_max == 0) return;
   std::lock_guard lock(mu_);
   const uint64_t now = DefaultSteadyClock().NowMs();
@@ -83,6 +85,17 @@ void ClusterCopies::Keep(storage::TenantId tenant, std::string_view tenant_name,
     fenced_.fetch_add(1);
     return;
   }
+  // The owner read the unit after fetch_started: counted from there, the copy ends no later
+  // than the unit does.
+  uint64_t ttl_ms = options_.ttl_ms;
+  if (ttl_left_ms.has_value() && *ttl_left_ms > 0) {
+    const uint64_t elapsed = now - fetch_started;
+    if (*ttl_left_ms <= elapsed) {
+      fenced_.fetch_add(1);
+      return;
+    }
+    ttl_ms = std::min(ttl_ms, *ttl_left_ms - elapsed);
+  }
   DropLocked(key, /*delete_unit=*/false);  // replaced below
   while (bytes_ + value.size() > options_.bytes_max && !order_.empty()) {
     auto [seq, oldest] = order_.front();
@@ -92,7 +105,7 @@ void ClusterCopies::Keep(storage::TenantId tenant, std::string_view tenant_name,
   }
   storage::PutOptions po;
   po.tenant = tenant;
-  po.ttl_ms = options_.ttl_ms;
+  po.ttl_ms = ttl_ms;
   po.highest_tier = storage::Tier::kDram;
   po.allow_ssd = false;  // DRAM only: evicted means dropped
   if (!store_->Put(key, value, po).ok()) {
@@ -100,8 +113,8 @@ void ClusterCopies::Keep(storage::TenantId tenant, std::string_view tenant_name,
     return;
   }
   const uint64_t seq = next_seq_++;
-  copies_[key] = Entry{
-      .bytes = value.size(), .expires_ms = now + options_.ttl_ms, .seq = seq, .tenant = tenant};
+  copies_[key] =
+      Entry{.bytes = value.size(), .expires_ms = now + ttl_ms, .seq = seq, .tenant = tenant};
   order_.emplace_back(seq, key);
   bytes_ += value.size();
   kept_.fetch_add(1);

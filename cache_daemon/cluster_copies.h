@@ -4,8 +4,9 @@
 //
 // A copy is a store unit like any other (DRAM only: allow_ssd false, so the DRAM tier's
 // budget and policy govern it and it is dropped, never demoted, when evicted; TTL
-// get_copy_ttl_ms), listed here with its size so that copies stay under bytes_max (oldest
-// dropped first) and can all be dropped at once.
+// get_copy_ttl_ms, or less: never past the unit's own TTL as its owner reported it), listed
+// here with its size so that copies stay under bytes_max (oldest dropped first) and can all
+// be dropped at once.
 //
 // Coherence: a copy must never be served after its unit was deleted or replaced. Rules:
 //   - Deletes and tenant deletes reach every live member (router fan-out, tombstones); each
@@ -31,6 +32,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <unordered_map>
@@ -68,9 +70,14 @@ class ClusterCopies {
   // (lease fence, expired) is dropped and becomes NotFound; a copy served is counted.
   void CheckHits(std::span<const storage::Key> keys, std::vector<Status>* results);
   // Keeps value (fetched from an owner since fetch_started) as a copy of key, unless the
-  // fence, the lease or bytes_max forbids it.
+  // fence, the lease or bytes_max forbids it. ttl_left_ms: the unit's remaining TTL as the
+  // owner reported it (0: none; nullopt: not told, an owner older than the peer protocol's
+  // TTL trailer): the copy expires get_copy_ttl_ms after now or ttl_left_ms after
+  // fetch_started, whichever is first (never after the unit), and a unit whose TTL has run
+  // out by now is not kept.
   void Keep(storage::TenantId tenant, std::string_view tenant_name, const storage::Key& key,
-            std::span<const uint8_t> value, uint64_t fetch_started);
+            std::span<const uint8_t> value, uint64_t fetch_started,
+            std::optional<uint64_t> ttl_left_ms = std::nullopt);
   // key was just stored here by its owner's write (a client or peer PUT): not a copy.
   void Forget(const storage::Key& key);
   // The keys were deleted or replaced: notes them (fence) and drops the copies held.

@@ -38,7 +38,14 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
     return tiers;
   }
   Status Get(const cluster::PeerKey& key, std::vector<uint8_t>* value) override {
-    Status s = store_->Get(key, value);
+    uint64_t ttl_left_ms = 0;
+    return GetWithTtl(key, value, &ttl_left_ms);
+  }
+  // The TTL left is the stored unit's: a copy held here was stored with its own (shorter or
+  // equal) TTL.
+  Status GetWithTtl(const cluster::PeerKey& key, std::vector<uint8_t>* value,
+                    uint64_t* ttl_left_ms) override {
+    Status s = store_->GetWithTtl(key, value, ttl_left_ms);
     if (ClusterCopies* c = copies(); c != nullptr && s.ok()) {
       std::vector<Status> one = {s};
       c->CheckHits(std::span<const storage::Key>(&key, 1), &one);  // a fenced copy: a miss
@@ -82,9 +89,9 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   StatusOr<cluster::StagedReply> GetStaged(const std::string& reader_node,
                                            std::span<const cluster::PeerKey> keys) override {
     if (staging_ == nullptr) return cluster::PeerHandler::GetStaged(reader_node, keys);
-    return staging_->Stage(
-        reader_node, keys,
-        [this](const cluster::PeerKey& k, std::vector<uint8_t>* v) { return Get(k, v); });
+    return staging_->Stage(reader_node, keys,
+                           [this](const cluster::PeerKey& k, std::vector<uint8_t>* v,
+                                  uint64_t* ttl_left_ms) { return GetWithTtl(k, v, ttl_left_ms); });
   }
   // Set before the peer front starts (never changed after).
   void SetStaging(cluster::StagingServer* staging) { staging_ = staging; }

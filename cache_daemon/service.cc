@@ -298,11 +298,14 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
     }
     if (any) {
       const uint64_t fetch_started = copies_ != nullptr ? ClusterCopies::BeginFetch() : 0;
-      router_->GetRemote(batch, want, &results, &values);
+      std::vector<std::optional<uint64_t>> ttl_left_ms(n);
+      router_->GetRemote(batch, want, &results, &values, &ttl_left_ms);
       for (size_t j = 0; j < n; ++j) {
         if (!want[j] || !results[j].ok()) continue;
         tiers[j] = storage::Tier::kSsd;  // beyond this node
-        if (copies_ != nullptr) copies_->Keep(t.id, t.name, batch[j], values[j], fetch_started);
+        if (copies_ != nullptr) {
+          copies_->Keep(t.id, t.name, batch[j], values[j], fetch_started, ttl_left_ms[j]);
+        }
       }
     }
     for (size_t j = 0; j < n; ++j) {

@@ -100,10 +100,11 @@ struct PeerClient::Conn {
 
   // One request/response; returns the body after the status prefix, or the status.
   StatusOr<std::vector<uint8_t>> RoundTrip(PeerOp op, std::span<const uint8_t> body,
-                                           uint64_t deadline_ms, uint64_t frame_bytes_max) {
+                                           uint64_t deadline_ms, uint64_t frame_bytes_max,
+                                           uint16_t flags = 0) {
     uint64_t id = next_id++;
     unsent = closed_before_reply = false;
-    auto header = daemon::wire::EncodeHeader(static_cast<uint8_t>(op), 0, id,
+    auto header = daemon::wire::EncodeHeader(static_cast<uint8_t>(op), flags, id,
                                              static_cast<uint32_t>(body.size()));
     KVTIER_RETURN_IF_ERROR(Send(header, deadline_ms));
     KVTIER_RETURN_IF_ERROR(Send(body, deadline_ms));
@@ -235,21 +236,21 @@ std::unique_ptr<PeerClient::Conn> PeerClient::TakeIdle(const std::string& endpoi
 }
 
 StatusOr<std::vector<uint8_t>> PeerClient::Call(const std::string& endpoint, PeerOp op,
-                                                std::span<const uint8_t> body) {
+                                                std::span<const uint8_t> body, uint16_t flags) {
   uint64_t deadline = NowMs() + options_.timeout_ms;
   std::unique_ptr<Conn> conn = TakeIdle(endpoint);
   const bool pooled = conn != nullptr;
   if (!pooled) {
     KVTIER_ASSIGN_OR_RETURN(conn, Connect(endpoint, deadline));
   }
-  auto reply = conn->RoundTrip(op, body, deadline, options_.frame_bytes_max);
+  auto reply = conn->RoundTrip(op, body, deadline, options_.frame_bytes_max, flags);
   // A pooled connection the peer closed (its idle timeout) just as we sent: once more on a
   // new connection, when the peer cannot have executed the request (it never had all of it)
   // or executing it twice is harmless. Never after a byte of the reply, never on a new one.
   if (!reply.ok() && pooled && (conn->unsent || (conn->closed_before_reply && SafeToRepeat(op)))) {
     conn.reset();
     KVTIER_ASSIGN_OR_RETURN(conn, Connect(endpoint, deadline));
-    reply = conn->RoundTrip(op, body, deadline, options_.frame_bytes_max);
+    reply = conn->RoundTrip(op, body, deadline, options_.frame_bytes_max, flags);
   }
   // A peer's own error status leaves the connection in step; transport failures do not.
   bool reusable = reply.ok() || (!reply.status().IsUnavailable() && !reply.status().IsCorruption());
@@ -283,13 +284,15 @@ StatusOr<PeerClient::GetResult> PeerClient::Get(const std::string& endpoint,
                                                 std::span<const PeerKey> keys) {
   Writer w;
   PutKeys(keys, &w);
-  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> body, Call(endpoint, PeerOp::kGet, w.buffer()));
+  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> body,
+                          Call(endpoint, PeerOp::kGet, w.buffer(), kPeerFlagTtl));
   Reader r(body);
   uint32_t n = 0;
   if (!r.U32(&n) || n != keys.size()) return Status::Corruption("peer GET reply");
   GetResult out;
   out.statuses.resize(n);
   out.values.resize(n);
+  out.ttl_left_ms.resize(n);
   for (uint32_t i = 0; i < n; ++i) {
     uint8_t code = 0;
     uint32_t len = 0;
@@ -301,6 +304,12 @@ StatusOr<PeerClient::GetResult> PeerClient::Get(const std::string& endpoint,
     out.statuses[i] = code == 0 ? Status::Ok() : Status(static_cast<StatusCode>(code), "peer");
     out.values[i].assign(bytes.begin(), bytes.end());
   }
+  bool present = false;
+  std::vector<uint64_t> ttls;
+  KVTIER_RETURN_IF_ERROR(DecodeTtlTrailer(&r, n, &present, &ttls));
+  for (size_t i = 0; i < ttls.size(); ++i) {
+    if (out.statuses[i].ok()) out.ttl_left_ms[i] = ttls[i];
+  }
   return out;
 }
 
@@ -309,8 +318,8 @@ StatusOr<StagedReply> PeerClient::GetStaged(const std::string& endpoint,
   Writer w;
   PutKeys(keys, &w);
   KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> body,
-                          Call(endpoint, PeerOp::kGetStaged, w.buffer()));
-  return DecodeStagedReply(body, keys.size());
+                          Call(endpoint, PeerOp::kGetStaged, w.buffer(), kPeerFlagTtl));
+  return DecodeStagedReply(body, keys.size(), /*ttl_asked=*/true);
 }
 
 Status PeerClient::Put(const std::string& endpoint, const PeerPut& put) {

@@ -54,10 +54,13 @@ class PeerClient {
 
   // Tier per key (kPeerTierAbsent when the peer does not hold it).
   StatusOr<std::vector<uint8_t>> Lookup(const std::string& endpoint, std::span<const PeerKey> keys);
-  // One status and value per key (a value the peer could not fit is Retry: ask again).
+  // One status and value per key (a value the peer could not fit is Retry: ask again), and
+  // the remaining TTL of each found unit as the peer reported it (0: none; nullopt: the peer
+  // is older than the TTL trailer, peer_wire.h).
   struct GetResult {
     std::vector<Status> statuses;
     std::vector<std::vector<uint8_t>> values;
+    std::vector<std::optional<uint64_t>> ttl_left_ms;
   };
   StatusOr<GetResult> Get(const std::string& endpoint, std::span<const PeerKey> keys);
   // Asks the peer to stage keys in its staging region (GET_STAGED; cluster/staged_fetch.h).
@@ -78,7 +81,7 @@ class PeerClient {
   StatusOr<std::vector<uint8_t>> ByteReplyPerKey(const std::string& endpoint, PeerOp op,
                                                  std::span<const PeerKey> keys, const char* what);
   StatusOr<std::vector<uint8_t>> Call(const std::string& endpoint, PeerOp op,
-                                      std::span<const uint8_t> body);
+                                      std::span<const uint8_t> body, uint16_t flags = 0);
   StatusOr<std::unique_ptr<Conn>> Connect(const std::string& endpoint, uint64_t deadline_ms);
   // A pooled connection to endpoint the peer has not closed meanwhile (those found closed are
   // dropped); null when there is none.

@@ -327,29 +327,35 @@ void PeerServer::Execute(const Frame& frame, const std::string& peer_node, Write
     }
     case PeerOp::kGet: {
       if (!GetKeys(&r, &keys) || r.remaining() != 0) return bad("malformed peer GET");
+      const bool with_ttl = (frame.header.flags & kPeerFlagTtl) != 0;
       daemon::wire::EncodeStatus(Status::Ok(), w);
       w->U32(static_cast<uint32_t>(keys.size()));
-      // The whole body (status, count and entries, all in w) within the frame limit. It used
-      // to keep a further 4096 bytes spare, which wrapped around for a limit of 4096..4111
-      // (the configuration allows 4096): every value was then sent, in a response over the
-      // limit that the caller refused.
-      const uint64_t budget = options_.frame_bytes_max > daemon::wire::kHeaderBytes
-                                  ? options_.frame_bytes_max - daemon::wire::kHeaderBytes
-                                  : 0;
+      // The whole body (status, count and entries, all in w, then the TTL trailer when asked
+      // for) within the frame limit. It used to keep a further 4096 bytes spare, which wrapped
+      // around for a limit of 4096..4111 (the configuration allows 4096): every value was then
+      // sent, in a response over the limit that the caller refused.
+      const uint64_t reserved =
+          daemon::wire::kHeaderBytes + (with_ttl ? PeerTtlTrailerBytes(keys.size()) : 0);
+      const uint64_t budget =
+          options_.frame_bytes_max > reserved ? options_.frame_bytes_max - reserved : 0;
       std::vector<uint8_t> value;
+      std::vector<uint64_t> ttls(keys.size(), 0);
       bool any_value = false;
-      for (const PeerKey& k : keys) {
-        Status s = handler_->Get(k, &value);
+      for (size_t i = 0; i < keys.size(); ++i) {
+        const PeerKey& k = keys[i];
+        Status s = handler_->GetWithTtl(k, &value, &ttls[i]);
         if (s.ok() && w->buffer().size() + 5 + value.size() > budget) {
           // Retry: ask again in a later response; Rejected: it would never fit in one.
           s = any_value ? Status::Retry("response full")
                         : Status::Rejected("value larger than the peer response limit");
         }
         any_value = any_value || s.ok();
+        if (!s.ok()) ttls[i] = 0;
         w->U8(static_cast<uint8_t>(s.code()));
         w->U32(s.ok() ? static_cast<uint32_t>(value.size()) : 0);
         if (s.ok()) w->Bytes(std::span<const uint8_t>(value));
       }
+      if (with_ttl) EncodeTtlTrailer(ttls, w);
       return;
     }
     case PeerOp::kPut: {
@@ -380,7 +386,7 @@ void PeerServer::Execute(const Frame& frame, const std::string& peer_node, Write
       if (!GetKeys(&r, &keys) || r.remaining() != 0) return bad("malformed peer GET_STAGED");
       auto staged = handler_->GetStaged(peer_node, keys);
       daemon::wire::EncodeStatus(staged.status(), w);
-      if (staged.ok()) EncodeStagedReply(*staged, w);
+      if (staged.ok()) EncodeStagedReply(*staged, w, (frame.header.flags & kPeerFlagTtl) != 0);
       return;
     }
     case PeerOp::kDropCopies: {

@@ -45,6 +45,13 @@ class PeerHandler {
   // Tier of each key held here (kPeerTierAbsent when not).
   virtual std::vector<uint8_t> Lookup(std::span<const PeerKey> keys) = 0;
   virtual Status Get(const PeerKey& key, std::vector<uint8_t>* value) = 0;
+  // Get, and *ttl_left_ms the unit's remaining TTL (0: none) for the TTL trailer
+  // (peer_wire.h). The default (handlers that keep no TTLs) reports 0.
+  virtual Status GetWithTtl(const PeerKey& key, std::vector<uint8_t>* value,
+                            uint64_t* ttl_left_ms) {
+    *ttl_left_ms = 0;
+    return Get(key, value);
+  }
   virtual Status Put(const PeerPut& put) = 0;
   // One flag per key: 1 when it existed here.
   virtual StatusOr<std::vector<uint8_t>> Delete(std::span<const PeerKey> keys) = 0;

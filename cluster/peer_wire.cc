@@ -87,7 +87,25 @@ StatusOr<PeerPut> DecodePeerPut(std::span<const uint8_t> body) {
   return p;
 }
 
-void EncodeStagedReply(const StagedReply& reply, Writer* w) {
+void EncodeTtlTrailer(std::span<const uint64_t> ttl_left_ms, Writer* w) {
+  w->U32(static_cast<uint32_t>(ttl_left_ms.size()));
+  for (uint64_t t : ttl_left_ms) w->U64(t);
+}
+
+Status DecodeTtlTrailer(Reader* r, size_t keys, bool* present, std::vector<uint64_t>* ttl_left_ms) {
+  ttl_left_ms->clear();
+  *present = r->remaining() != 0;
+  if (!*present) return Status::Ok();
+  uint32_t n = 0;
+  if (!r->U32(&n) || n != keys || r->remaining() != 8 * uint64_t{n}) {
+    return Status::Corruption("peer reply: malformed TTL trailer");
+  }
+  ttl_left_ms->resize(n);
+  for (uint64_t& t : *ttl_left_ms) (void)r->U64(&t);
+  return Status::Ok();
+}
+
+void EncodeStagedReply(const StagedReply& reply, Writer* w, bool with_ttl) {
   w->U16(reply.region_port);
   PutText(reply.region_name, w);
   w->Bytes(std::span<const uint8_t>(reply.token));
@@ -99,9 +117,16 @@ void EncodeStagedReply(const StagedReply& reply, Writer* w) {
     w->U64(u.generation);
     w->U64(u.checksum);
   }
+  if (with_ttl) {
+    std::vector<uint64_t> ttls;
+    ttls.reserve(reply.units.size());
+    for (const StagedUnit& u : reply.units) ttls.push_back(u.ttl_left_ms);
+    EncodeTtlTrailer(ttls, w);
+  }
 }
 
-StatusOr<StagedReply> DecodeStagedReply(std::span<const uint8_t> body, size_t keys) {
+StatusOr<StagedReply> DecodeStagedReply(std::span<const uint8_t> body, size_t keys,
+                                        bool ttl_asked) {
   Reader r(body);
   StagedReply out;
   std::span<const uint8_t> token;
@@ -123,6 +148,11 @@ StatusOr<StagedReply> DecodeStagedReply(std::span<const uint8_t> body, size_t ke
     if (u.code == StatusCode::kOk && u.length_bytes < kStagedRecordHeaderBytes) {
       return Status::Corruption("peer GET_STAGED: record shorter than its header");
     }
+  }
+  if (ttl_asked) {
+    std::vector<uint64_t> ttls;
+    KVTIER_RETURN_IF_ERROR(DecodeTtlTrailer(&r, out.units.size(), &out.ttl_known, &ttls));
+    for (size_t i = 0; i < ttls.size(); ++i) out.units[i].ttl_left_ms = ttls[i];
   }
   if (r.remaining() != 0) return Status::Corruption("peer GET_STAGED reply: trailing bytes");
   return out;

@@ -34,6 +34,12 @@
 //                  other: not staged, ask with GET)
 // (text = u16 length + bytes, at most kPeerTextBytesMax.)
 //
+// Remaining TTLs: a GET or GET_STAGED request with kPeerFlagTtl in its header flags asks for
+// each unit's remaining TTL. A node that knows the flag appends a TTL trailer to the reply,
+// after the entries: u32 n, n x u64 ttl_left_ms (0: no expiry, or the unit was not found). A
+// node older than the flag ignores it and appends nothing (and an older requester never sets
+// it, so no reply it reads has a trailer): the requester then does not know the TTLs.
+//
 // Thread safety: pure functions.
 #pragma once
 
@@ -71,6 +77,16 @@ inline constexpr uint64_t kPeerPreauthFrameBytesMax = 4096;
 inline constexpr size_t kCredentialBytesMin = 32;
 inline constexpr size_t kCredentialBytesMax = 4096;
 inline constexpr uint8_t kPeerTierAbsent = 255;
+// Header flag of a GET / GET_STAGED request: append the TTL trailer (above).
+inline constexpr uint16_t kPeerFlagTtl = 1;
+// Bytes of a TTL trailer for n keys.
+inline constexpr uint64_t PeerTtlTrailerBytes(size_t n) { return 4 + 8 * uint64_t{n}; }
+void EncodeTtlTrailer(std::span<const uint64_t> ttl_left_ms, daemon::wire::Writer* w);
+// Reads a TTL trailer for `keys` units at r's position, which must end the body. Sets
+// *present false (and leaves *ttl_left_ms empty) when nothing is left: an older node.
+// Corruption for a trailer that is short, names another count, or is followed by more.
+Status DecodeTtlTrailer(daemon::wire::Reader* r, size_t keys, bool* present,
+                        std::vector<uint64_t>* ttl_left_ms);
 
 // HMAC-SHA256(credential, label | a | b).
 PeerProof PeerAuthProof(std::span<const uint8_t> credential, std::string_view label,
@@ -117,6 +133,8 @@ struct StagedUnit {
   uint32_t length_bytes = 0;  // the whole record: header + value
   uint64_t generation = 0;
   uint64_t checksum = 0;  // xxh3-64 of the value
+  // The unit's remaining TTL (0: none). Travels in the TTL trailer, not in the entry.
+  uint64_t ttl_left_ms = 0;
 };
 // A GET_STAGED reply: the staging region (on the owner's host, at region_port) with the
 // grant the owner issued to the caller's node, and one StagedUnit per key.
@@ -125,11 +143,14 @@ struct StagedReply {
   std::string region_name;
   std::array<uint8_t, 16> token{};  // a secret: never logged
   std::vector<StagedUnit> units;
+  bool ttl_known = false;  // decoded: the reply had a TTL trailer (units' ttl_left_ms are set)
 };
-// The body after the OK status.
-void EncodeStagedReply(const StagedReply& reply, daemon::wire::Writer* w);
+// The body after the OK status; with_ttl appends the TTL trailer (of units' ttl_left_ms).
+void EncodeStagedReply(const StagedReply& reply, daemon::wire::Writer* w, bool with_ttl = false);
 // Corruption for a truncated or over-long body, a count other than `keys`, a code outside
-// StatusCode, or a staged record shorter than its header.
-StatusOr<StagedReply> DecodeStagedReply(std::span<const uint8_t> body, size_t keys);
+// StatusCode, or a staged record shorter than its header. ttl_asked: the request set
+// kPeerFlagTtl, so a TTL trailer may follow the entries (ttl_known tells whether it did).
+StatusOr<StagedReply> DecodeStagedReply(std::span<const uint8_t> body, size_t keys,
+                                        bool ttl_asked = false);
 
 }  // namespace kvtier::cluster

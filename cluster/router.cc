@@ -203,7 +203,8 @@ void Router::LookupRemote(std::span<const PeerKey> keys, std::vector<uint8_t>* t
 }
 
 void Router::GetRemote(std::span<const PeerKey> keys, const std::vector<bool>& want,
-                       std::vector<Status>* statuses, std::vector<std::vector<uint8_t>>* values) {
+                       std::vector<Status>* statuses, std::vector<std::vector<uint8_t>>* values,
+                       std::vector<std::optional<uint64_t>>* ttl_left_ms) {
   auto view = View();
   // Each wanted key goes to its peers in order of preference; a round asks every key's next
   // peer, all peers in parallel, until every key is found or its peers are exhausted.
@@ -234,6 +235,9 @@ void Router::GetRemote(std::span<const PeerKey> keys, const std::vector<bool>& w
         if (r->statuses[j].ok()) {
           (*statuses)[i] = Status::Ok();
           (*values)[i] = std::move(r->values[j]);
+          if (ttl_left_ms != nullptr && j < r->ttl_left_ms.size()) {
+            (*ttl_left_ms)[i] = r->ttl_left_ms[j];
+          }
           remote_get_hits_.fetch_add(1);
           remote_get_bytes_.fetch_add((*values)[i].size());
         } else if (r->statuses[j].IsRetry()) {

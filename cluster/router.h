@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -87,9 +88,12 @@ class Router {
 
   // tiers[i] == kPeerTierAbsent marks a key to ask about; filled in place from peers.
   void LookupRemote(std::span<const PeerKey> keys, std::vector<uint8_t>* tiers);
-  // want[i] marks a key to fetch; statuses[i] / values[i] are filled for those.
+  // want[i] marks a key to fetch; statuses[i] / values[i] are filled for those, and with
+  // ttl_left_ms (sized as keys; may be null) the remaining TTL of each unit found as the peer
+  // that answered reported it (0: none; nullopt: that peer is older than the TTL trailer).
   void GetRemote(std::span<const PeerKey> keys, const std::vector<bool>& want,
-                 std::vector<Status>* statuses, std::vector<std::vector<uint8_t>>* values);
+                 std::vector<Status>* statuses, std::vector<std::vector<uint8_t>>* values,
+                 std::vector<std::optional<uint64_t>>* ttl_left_ms = nullptr);
   // Forwards put to the key's remote owners; local is the local store's result (nullopt
   // when this node is not an owner). Returns OK when enough owners acknowledged.
   Status Put(const PeerPut& put, const std::optional<Status>& local);

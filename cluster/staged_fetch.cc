@@ -111,6 +111,7 @@ StatusOr<PeerClient::GetResult> StagedFetcher::Get(const std::string& endpoint,
   PeerClient::GetResult out;
   out.statuses.assign(keys.size(), Status::Unavailable("not fetched"));
   out.values.resize(keys.size());
+  out.ttl_left_ms.resize(keys.size());
   std::vector<size_t> fallback;  // indices fetched by plain GET at the end
 
   StatusOr<StagedReply> reply = peers_->GetStaged(endpoint, keys);
@@ -194,6 +195,7 @@ StatusOr<PeerClient::GetResult> StagedFetcher::Get(const std::string& endpoint,
         }
         out.statuses[i] = Status::Ok();
         out.values[i].assign(value->begin(), value->end());
+        if (reply->ttl_known) out.ttl_left_ms[i] = u.ttl_left_ms;
         units_.fetch_add(1);
         bytes_.fetch_add(value->size());
       }
@@ -214,6 +216,7 @@ StatusOr<PeerClient::GetResult> StagedFetcher::Get(const std::string& endpoint,
       }
       out.statuses[i] = plain->statuses[j];
       out.values[i] = std::move(plain->values[j]);
+      out.ttl_left_ms[i] = plain->ttl_left_ms[j];
     }
   }
   return out;

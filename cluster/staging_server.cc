@@ -72,13 +72,15 @@ StatusOr<StagedReply> StagingServer::Stage(const std::string& reader_node,
   std::vector<uint8_t> value;
   for (size_t i = 0; i < keys.size(); ++i) {
     StagedUnit& u = reply.units[i];
-    Status s = get(keys[i], &value);
+    uint64_t ttl_left_ms = 0;
+    Status s = get(keys[i], &value, &ttl_left_ms);
     if (!s.ok()) {
       u.code = s.code();
       continue;
     }
     StatusOr<StagedUnit> staged = ring_->Stage(value);
     u = staged.ok() ? *staged : StagedUnit{.code = staged.status().code()};
+    if (staged.ok()) u.ttl_left_ms = ttl_left_ms;
   }
   return reply;
 }

@@ -64,8 +64,9 @@ class StagingServer {
   ~StagingServer();  // Stop()
   void Stop();
 
-  // How a unit is read from the local store (NotFound: absent).
-  using GetFn = std::function<Status(const PeerKey&, std::vector<uint8_t>*)>;
+  // How a unit is read from the local store (NotFound: absent), with its remaining TTL (0:
+  // none), which the reply's unit carries (StagedUnit::ttl_left_ms).
+  using GetFn = std::function<Status(const PeerKey&, std::vector<uint8_t>*, uint64_t*)>;
   // Stages every key `get` finds; code NotFound for absent keys, the error (not staged) for
   // other failures, Rejected for a unit larger than the ring.
   StatusOr<StagedReply> Stage(const std::string& reader_node, std::span<const PeerKey> keys,

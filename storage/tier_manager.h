@@ -315,6 +315,14 @@ class TierManager {
   // NotFound on a miss (including checksum failure).
   virtual Status Get(const Key& key, std::vector<uint8_t>* out, Tier* from = nullptr) = 0;
 
+  // Get that also sets *ttl_left_ms to the unit's remaining TTL at the read (0: it has none),
+  // for a copy of it elsewhere that must not outlive it (the cluster's GET copies). The
+  // default (test doubles) reports 0.
+  virtual Status GetWithTtl(const Key& key, std::vector<uint8_t>* out, uint64_t* ttl_left_ms) {
+    *ttl_left_ms = 0;
+    return Get(key, out);
+  }
+
   // Get for internal copies (the cluster's repair scan): the same value and errors, but no
   // memory-tier hit or miss is counted, the policies are not told, and an SSD unit is not
   // promoted to DRAM (a scan over every unit must not displace what clients use); the SSD

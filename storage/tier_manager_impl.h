@@ -97,6 +97,10 @@ class TierManagerImpl final : public TierManager {
   Status Peek(const Key& key, std::vector<uint8_t>* out, Tier* from) override {
     return GetImpl(key, out, from, ReadMode::kPeek, RequestTag{});
   }
+  Status GetWithTtl(const Key& key, std::vector<uint8_t>* out, uint64_t* ttl_left_ms) override {
+    const RequestTag request = BeginRequest();
+    return GetImpl(key, out, nullptr, ReadMode::kGet, request, ttl_left_ms);
+  }
   void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
                 std::vector<Tier>* froms, std::vector<Status>* results,
                 const RequestTag& request) override;
@@ -231,8 +235,15 @@ class TierManagerImpl final : public TierManager {
   // How a read behaves: a client's Get (counted, promotes when the lock is free), a
   // Prefetch (waits for the lock to promote) or a Peek (neither counts nor promotes).
   enum class ReadMode { kGet, kPrefetch, kPeek };
+  // ttl_left_ms (may be null): the unit's remaining TTL on a hit (0: none).
   Status GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from, ReadMode mode,
-                 const RequestTag& request);
+                 const RequestTag& request, uint64_t* ttl_left_ms = nullptr);
+  // What is left of a TTL that ends at expires_ms (options clock; 0: never): 0 for none.
+  uint64_t TtlLeftMs(uint64_t expires_ms) const {
+    if (expires_ms == 0) return 0;
+    const uint64_t now = NowMs();
+    return expires_ms > now ? expires_ms - now : 1;
+  }
   // The body of GetBatch and GetBatchVisit (at most kMaxBatch keys): visit(i, ...) for each
   // key in order, as GetBatchVisit's contract says. A value read by GetImpl (a memory-tier
   // hit, or a re-read) is written to *slot(i) and viewed there.

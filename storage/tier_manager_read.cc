@@ -78,7 +78,7 @@ Tier TierManagerImpl::Locate(const Key& key, bool* expired) const {
 }
 
 Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from,
-                                ReadMode mode, const RequestTag& request) {
+                                ReadMode mode, const RequestTag& request, uint64_t* ttl_left_ms) {
   const bool peek = mode == ReadMode::kPeek;
   out->clear();
   auto expire = [&]() -> Status {
@@ -96,6 +96,7 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
     if (mem && mem->Read(key, out, &m, /*count=*/!peek, &request).ok()) {
       if (Expired(m.expires_ms)) return expire();
       if (from != nullptr) *from = t;
+      if (ttl_left_ms != nullptr) *ttl_left_ms = TtlLeftMs(m.expires_ms);
       return Status::Ok();
     }
   }
@@ -105,6 +106,7 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
     if (st.ok()) {
       if (ExpiredUnix(sm.expires_unix_ms)) return expire();
       if (from != nullptr) *from = Tier::kSsd;
+      if (ttl_left_ms != nullptr) *ttl_left_ms = TtlLeftMs(FromUnix(sm.expires_unix_ms));
       if ((dram_ || hbm_) && !peek) {
         std::unique_lock lock(mu_, std::defer_lock);
         if (mode == ReadMode::kPrefetch) {

@@ -148,5 +148,26 @@ TEST_F(ClusterCopiesTest, AnOverwriteNeverReturnsTheOldValue) {
   EXPECT_GT(Metric(Metrics(0), "kvtier_cluster_copy_invalidations_total"), 0);
 }
 
+// A unit's own TTL bounds its copies. The peer GET reply used to carry no TTL, so a non-owner
+// kept what it fetched for get_copy_ttl_ms (60 s) and served it long after the unit's owners
+// answered "expired".
+TEST_F(ClusterCopiesTest, ACopyExpiresWithItsUnit) {
+  constexpr uint64_t kTtlMs = 6000;  // the first read below must come well before it
+  auto writer = Connect(0, "tok-alice");
+  ASSERT_NE(writer, nullptr);
+  daemon::PutOptions po;
+  po.ttl_ms = kTtlMs;
+  auto want = PutSession(writer.get(), "ttl", po);
+  // The owners stored the units before the PUT returned: they expire by kTtlMs from here.
+  const auto put_done = std::chrono::steady_clock::now();
+  auto reader = Connect(1, "tok-alice");
+  ASSERT_NE(reader, nullptr);
+  ASSERT_EQ(GetAndCheck(reader.get(), "ttl", want), kUnits) << CopyCounters(1);
+  ASSERT_GT(Metric(Metrics(1), "kvtier_cluster_copy_units"), 0) << CopyCounters(1);
+  std::this_thread::sleep_until(put_done + std::chrono::milliseconds(kTtlMs + 500));
+  EXPECT_EQ(GetAndCheck(reader.get(), "ttl", want), 0)
+      << "a copy outlived its unit; " << CopyCounters(1);
+}
+
 }  // namespace
 }  // namespace kvtier::cluster

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <array>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "cluster/peer_client.h"
 #include "cluster/peer_server.h"
@@ -33,11 +36,20 @@ class MapHandler : public PeerHandler {
     *value = it->second;
     return Status::Ok();
   }
+  Status GetWithTtl(const PeerKey& key, std::vector<uint8_t>* value,
+                    uint64_t* ttl_left_ms) override {
+    {
+      std::lock_guard lock(mu_);
+      *ttl_left_ms = ttls_.contains(key) ? ttls_[key] : 0;
+    }
+    return Get(key, value);
+  }
   Status Put(const PeerPut& put) override {
     puts.fetch_add(1);
     if (put.tenant != "alice") return Status::Rejected("unknown tenant");
     std::lock_guard lock(mu_);
     map_[put.key].assign(put.value.begin(), put.value.end());
+    if (put.ttl_ms > 0) ttls_[put.key] = put.ttl_ms;  // as if read the moment it was stored
     return Status::Ok();
   }
   StatusOr<std::vector<uint8_t>> Delete(std::span<const PeerKey> keys) override {
@@ -56,6 +68,7 @@ class MapHandler : public PeerHandler {
  private:
   std::mutex mu_;
   std::map<PeerKey, std::vector<uint8_t>> map_;
+  std::map<PeerKey, uint64_t> ttls_;  // remaining TTL per key
 };
 
 std::vector<uint8_t> Credential(uint8_t fill) { return std::vector<uint8_t>(32, fill); }
@@ -387,6 +400,104 @@ TEST_F(PeerDeadlineTest, AnAuthenticatedConnectionMayIdleBetweenFrames) {
   ::close(fd);
   ASSERT_EQ(reply.size(), reply_bytes);
   EXPECT_EQ(static_cast<uint8_t>(reply.back()), kPeerTierAbsent);
+}
+
+// An authenticated raw connection to the peer front (HELLO / AUTH done), or -1.
+int AuthenticatedRawPeer(uint16_t port, const std::vector<uint8_t>& credential) {
+  int fd = testing::ConnectTcp(port);
+  if (fd < 0) return -1;
+  PeerNonce client_nonce{};
+  client_nonce.fill(9);
+  std::vector<uint8_t> hello(client_nonce.begin(), client_nonce.end());
+  hello.push_back(0);  // node id: empty text
+  hello.push_back(0);
+  auto frame = daemon::wire::BuildFrame(static_cast<uint8_t>(PeerOp::kHello), 0, 1, hello);
+  if (!testing::SendAllRaw(fd, frame.data(), frame.size())) return -1;
+  // Header, status (code + empty message), server nonce, server proof.
+  const std::string reply = testing::RecvFor(fd, daemon::wire::kHeaderBytes + 3 + 64, 3000);
+  if (reply.size() != daemon::wire::kHeaderBytes + 3 + 64) return -1;
+  PeerNonce server_nonce{};
+  std::memcpy(server_nonce.data(), reply.data() + daemon::wire::kHeaderBytes + 3, 32);
+  const PeerProof proof = PeerAuthProof(credential, kClientProofLabel, server_nonce, client_nonce);
+  frame = daemon::wire::BuildFrame(static_cast<uint8_t>(PeerOp::kAuth), 0, 2,
+                                   std::vector<uint8_t>(proof.begin(), proof.end()));
+  if (!testing::SendAllRaw(fd, frame.data(), frame.size())) return -1;
+  if (testing::RecvFor(fd, daemon::wire::kHeaderBytes + 3, 3000).size() !=
+      daemon::wire::kHeaderBytes + 3) {
+    return -1;
+  }
+  return fd;
+}
+
+// GET replies carry each unit's remaining TTL to a requester that asks (kPeerFlagTtl, as
+// PeerClient does): a GET copy must not outlive its unit (docs/CLUSTER.md, "Copies"). A request
+// without the flag (an older node) gets the reply it always did, byte for byte, and a reply
+// without the trailer (an older owner) decodes as TTLs not known.
+TEST_F(PeerTransportTest, GetRepliesCarryTheRemainingTtlToARequesterThatAsks) {
+  PeerClient c = Client(7);
+  std::vector<uint8_t> value(1000, 5);
+  PeerPut put;
+  put.tenant = "alice";
+  put.key = K(1);
+  put.value = value;
+  put.ttl_ms = 2000;
+  ASSERT_TRUE(c.Put(endpoint_, put).ok());
+  put.key = K(3);
+  put.ttl_ms = 0;
+  ASSERT_TRUE(c.Put(endpoint_, put).ok());
+  const std::vector<PeerKey> keys = {K(1), K(2), K(3)};
+  auto got = c.Get(endpoint_, keys);
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  ASSERT_EQ(got->ttl_left_ms.size(), 3u);
+  EXPECT_EQ(got->ttl_left_ms[0], std::optional<uint64_t>(2000));
+  EXPECT_FALSE(got->ttl_left_ms[1].has_value());               // not found
+  EXPECT_EQ(got->ttl_left_ms[2], std::optional<uint64_t>(0));  // no expiry
+
+  // Without the flag: status, u32 n, n entries, nothing after.
+  int fd = AuthenticatedRawPeer(server_->port(), Credential(7));
+  ASSERT_GE(fd, 0);
+  daemon::wire::Writer w;
+  PutKeys(keys, &w);
+  for (uint16_t flags : {uint16_t{0}, kPeerFlagTtl}) {
+    auto frame = daemon::wire::BuildFrame(static_cast<uint8_t>(PeerOp::kGet), flags, 3, w.buffer());
+    ASSERT_TRUE(testing::SendAllRaw(fd, frame.data(), frame.size()));
+    const uint64_t entries = 3 + 4 + (1 + 4 + value.size()) + (1 + 4) + (1 + 4 + value.size());
+    const uint64_t want = entries + (flags != 0 ? PeerTtlTrailerBytes(keys.size()) : 0);
+    const std::string reply = testing::RecvFor(fd, daemon::wire::kHeaderBytes + want, 3000);
+    ASSERT_EQ(reply.size(), daemon::wire::kHeaderBytes + want) << "flags " << flags;
+    std::array<uint8_t, daemon::wire::kHeaderBytes> h{};
+    std::memcpy(h.data(), reply.data(), h.size());
+    auto header = daemon::wire::DecodeHeader(h, 1u << 20);
+    ASSERT_TRUE(header.ok());
+    EXPECT_EQ(header->body_bytes(), want) << "flags " << flags;
+    // The body as an older requester reads it, then the trailer as this one does.
+    daemon::wire::Reader r(std::span<const uint8_t>(
+        reinterpret_cast<const uint8_t*>(reply.data()) + daemon::wire::kHeaderBytes + 3, want - 3));
+    uint32_t n = 0;
+    ASSERT_TRUE(r.U32(&n));
+    for (uint32_t i = 0; i < n; ++i) {
+      uint8_t code = 0;
+      uint32_t len = 0;
+      std::span<const uint8_t> bytes;
+      ASSERT_TRUE(r.U8(&code) && r.U32(&len) && r.Bytes(len, &bytes));
+    }
+    bool present = true;
+    std::vector<uint64_t> ttls;
+    ASSERT_TRUE(DecodeTtlTrailer(&r, keys.size(), &present, &ttls).ok());
+    EXPECT_EQ(present, flags != 0);
+    if (present) {
+      EXPECT_EQ(ttls, (std::vector<uint64_t>{2000, 0, 0}));
+    }
+  }
+  ::close(fd);
+  // A malformed trailer is Corruption.
+  daemon::wire::Writer bad;
+  bad.U32(3);
+  bad.U64(1);
+  daemon::wire::Reader br(bad.buffer());
+  bool present = false;
+  std::vector<uint64_t> ttls;
+  EXPECT_TRUE(DecodeTtlTrailer(&br, 3, &present, &ttls).IsCorruption());
 }
 
 // A GET response never exceeds the frame limit: a value that does not fit after others is

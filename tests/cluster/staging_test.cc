@@ -130,12 +130,13 @@ class StagingServerTest : public ::testing::Test {
     return k;
   }
   StatusOr<StagedReply> Stage(const std::string& reader, std::vector<PeerKey> keys) {
-    return server_->Stage(reader, keys, [this](const PeerKey& k, std::vector<uint8_t>* v) {
-      auto it = values_.find(k);
-      if (it == values_.end()) return Status::NotFound("absent");
-      *v = it->second;
-      return Status::Ok();
-    });
+    return server_->Stage(reader, keys,
+                          [this](const PeerKey& k, std::vector<uint8_t>* v, uint64_t*) {
+                            auto it = values_.find(k);
+                            if (it == values_.end()) return Status::NotFound("absent");
+                            *v = it->second;
+                            return Status::Ok();
+                          });
   }
   std::unique_ptr<rdma::TcpTransport> Transport(uint16_t port) {
     auto t = rdma::TcpTransport::Create(
@@ -267,6 +268,16 @@ class StagingHandler : public PeerHandler {
     *value = it->second;
     return Status::Ok();
   }
+  // The unit's TTL from `ttls` (0 when not listed).
+  Status GetWithTtl(const PeerKey& key, std::vector<uint8_t>* value,
+                    uint64_t* ttl_left_ms) override {
+    {
+      std::lock_guard lock(mu);
+      auto it = ttls.find(key);
+      *ttl_left_ms = it == ttls.end() ? 0 : it->second;
+    }
+    return Get(key, value);
+  }
   Status Put(const PeerPut&) override { return Status::Ok(); }
   StatusOr<std::vector<uint8_t>> Delete(std::span<const PeerKey> keys) override {
     return std::vector<uint8_t>(keys.size(), 0);
@@ -274,8 +285,10 @@ class StagingHandler : public PeerHandler {
   Status DeleteTenant(std::string_view) override { return Status::Ok(); }
   StatusOr<StagedReply> GetStaged(const std::string& reader,
                                   std::span<const PeerKey> keys) override {
-    auto reply = staging_->Stage(
-        reader, keys, [this](const PeerKey& k, std::vector<uint8_t>* v) { return Get(k, v); });
+    auto reply = staging_->Stage(reader, keys,
+                                 [this](const PeerKey& k, std::vector<uint8_t>* v, uint64_t* ttl) {
+                                   return GetWithTtl(k, v, ttl);
+                                 });
     if (reply.ok() && clobber) {
       // As if other readers' records had come round over these before the read.
       for (const StagedUnit& u : reply->units) {
@@ -286,6 +299,7 @@ class StagingHandler : public PeerHandler {
   }
   std::mutex mu;
   std::map<PeerKey, std::vector<uint8_t>> map;
+  std::map<PeerKey, uint64_t> ttls;  // remaining TTL per key (by mu)
   bool clobber = false;
 
  private:
@@ -346,6 +360,33 @@ TEST_F(StagedFetcherTest, UnitsArriveOverTheRegionExactly) {
   EXPECT_EQ(s.units, 19u);
   EXPECT_EQ(s.fallback_units, 0u);
   EXPECT_GT(staging_->stats().region.bytes_served, 0u);
+}
+
+// Each unit's remaining TTL reaches the reader with it, over the region (the GET_STAGED
+// reply's TTL trailer) and over the plain GET it falls back to; a unit without one reports 0,
+// an absent one nothing.
+TEST_F(StagedFetcherTest, UnitsCarryTheirRemainingTtl) {
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    if (i % 2 == 0) handler_->ttls[keys_[i]] = 1000 + i;
+  }
+  for (bool clobber : {false, true}) {
+    SCOPED_TRACE(clobber ? "fallen back to GET" : "over the region");
+    handler_->clobber = clobber;
+    auto r = fetcher_->Get(endpoint_, keys_);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    ExpectExact(*r);
+    ASSERT_EQ(r->ttl_left_ms.size(), keys_.size());
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      if (!handler_->map.contains(keys_[i])) {
+        EXPECT_FALSE(r->ttl_left_ms[i].has_value()) << i;
+        continue;
+      }
+      ASSERT_TRUE(r->ttl_left_ms[i].has_value()) << i;
+      EXPECT_EQ(*r->ttl_left_ms[i], i % 2 == 0 ? 1000 + i : 0) << i;
+    }
+  }
+  EXPECT_GT(fetcher_->stats().units, 0u);
+  EXPECT_GT(fetcher_->stats().fallback_units, 0u);
 }
 
 TEST_F(StagedFetcherTest, AReusedSlotFallsBackToGetAndStaysExact) {

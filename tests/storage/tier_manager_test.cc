@@ -270,6 +270,39 @@ TEST_F(TierManagerTest, MissReasons) {
   EXPECT_EQ((*tm)->Lookup(chain4).first_miss, MissReason::kNeverStored);
 }
 
+// GetWithTtl reports what is left of a unit's TTL (a cluster GET copy must not outlive the
+// unit): counted down on the store's clock in DRAM, from the record's expiry on SSD; 0 for a
+// unit without one.
+TEST_F(TierManagerTest, GetWithTtlReportsTheTimeLeft) {
+  auto tm = TierManager::Open(Options());
+  ASSERT_TRUE(tm.ok());
+  PutOptions ttl;
+  ttl.ttl_ms = 5000;
+  Key t = MakeKey(1), forever = MakeKey(2), on_ssd = MakeKey(3);
+  ASSERT_TRUE((*tm)->Put(t, MakeValue(t, 1, 1000), ttl).ok());
+  ASSERT_TRUE((*tm)->Put(forever, MakeValue(forever, 1, 1000), {}).ok());
+  PutOptions ssd = ttl;
+  ssd.ttl_ms = 600'000;
+  ssd.highest_tier = Tier::kSsd;
+  ASSERT_TRUE((*tm)->Put(on_ssd, MakeValue(on_ssd, 1, 1000), ssd).ok());
+  clock_.AdvanceMs(1200);
+  std::vector<uint8_t> out;
+  uint64_t left = 0;
+  ASSERT_TRUE((*tm)->GetWithTtl(t, &out, &left).ok());
+  EXPECT_EQ(out, MakeValue(t, 1, 1000));
+  EXPECT_EQ(left, 3800u);
+  left = 7;
+  ASSERT_TRUE((*tm)->GetWithTtl(forever, &out, &left).ok());
+  EXPECT_EQ(left, 0u);
+  ASSERT_EQ((*tm)->Lookup(std::span<const Key>(&on_ssd, 1)).tiers[0], Tier::kSsd);
+  ASSERT_TRUE((*tm)->GetWithTtl(on_ssd, &out, &left).ok());
+  EXPECT_EQ(out, MakeValue(on_ssd, 1, 1000));
+  EXPECT_GT(left, 0u);
+  EXPECT_LE(left, 600'000u);
+  clock_.AdvanceMs(3800);
+  EXPECT_TRUE((*tm)->GetWithTtl(t, &out, &left).IsNotFound());
+}
+
 TEST_F(TierManagerTest, PinnedUnitsSurviveUntilTheLeaseExpires) {
   TierManagerOptions o = Options();
   o.ssd_capacity_bytes = 0;

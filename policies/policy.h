@@ -17,6 +17,8 @@
 //   OnRemove(id)            the object left for another reason (delete, expiry, checksum
 //                           failure, pinned: a pinned object is removed from its policy and
 //                           re-inserted on unpin, so that Evict never returns a pinned object)
+//   OnGiveBack(info)        (optional) the owner keeps an object Evict just returned, which
+//                           goes back as it was (the prefix layer's held units and leaf swaps)
 // Calling OnAccess/OnRemove with an id the policy does not track is a no-op.
 #pragma once
 
@@ -80,6 +82,18 @@ class EvictionPolicy {
   // Chooses a victim among tracked objects, stops tracking it and returns it; nullopt when
   // nothing is tracked.
   virtual std::optional<ObjectId> Evict(uint64_t now_us) = 0;
+  // The owner keeps an object that Evict returned after all (a prefix layer keeps a unit the
+  // running request holds, or one with cached children: policies/prefix_layer/prefix_layer.h).
+  // Only for an id returned by one of the Evict calls since the policy's last call other than
+  // Evict and OnGiveBack, once per such return. The policy tracks it again with the state it had
+  // before that Evict (its list or class, hit count or frequency) and undoes what the eviction
+  // recorded about it: no ghost entry is left and no reuse is counted, and a ghost-hit hint from
+  // OnMiss stays for the OnInsert it was given for. Where it goes in the eviction order is the
+  // policy's: recency-ordered policies put it at their newest end (as an insert at now_us);
+  // long-tail, whose order is each unit's entry time into its class, where it was. `info` is
+  // what the object was inserted with. Default: OnInsert(info, now_us), exact for a policy that
+  // keeps nothing per object but its place (LRU, FIFO, SIEVE, TTL, Belady).
+  virtual void OnGiveBack(const ObjectInfo& info, uint64_t now_us) { OnInsert(info, now_us); }
 
   // Objects currently tracked.
   virtual size_t Size() const = 0;

@@ -27,6 +27,11 @@ bool ArcPolicy::TEST_InGhost(ObjectId id) const {
   return slot != internal::kNil && (slab_[slot].list == kB1 || slab_[slot].list == kB2);
 }
 
+bool ArcPolicy::TEST_InT2(ObjectId id) const {
+  uint32_t slot = slab_.Find(id);
+  return slot != internal::kNil && slab_[slot].list == kT2;
+}
+
 void ArcPolicy::Drop(uint32_t slot) {
   ListOf(slab_[slot].list).Unlink(slab_, slot);
   slab_.Free(slot);
@@ -46,6 +51,7 @@ void ArcPolicy::AdaptOnGhostHit(uint32_t slot) {
 }
 
 void ArcPolicy::OnMiss(ObjectId id, uint64_t /*now_us*/) {
+  evicted_.Clear();
   in_b1_ = in_b2_ = pending_replace_ = false;
   uint32_t slot = slab_.Find(id);
   if (slot == internal::kNil) return;
@@ -56,6 +62,7 @@ void ArcPolicy::OnMiss(ObjectId id, uint64_t /*now_us*/) {
 }
 
 void ArcPolicy::OnInsert(const ObjectInfo& info, uint64_t now_us) {
+  evicted_.Clear();
   uint32_t slot = slab_.Find(info.id);
   if (slot != internal::kNil) {
     uint8_t list = slab_[slot].list;
@@ -70,6 +77,7 @@ void ArcPolicy::OnInsert(const ObjectInfo& info, uint64_t now_us) {
 }
 
 void ArcPolicy::OnAccess(ObjectId id, uint64_t /*now_us*/) {
+  evicted_.Clear();
   uint32_t slot = slab_.Find(id);
   if (slot == internal::kNil) return;
   auto& node = slab_[slot];
@@ -83,6 +91,7 @@ void ArcPolicy::OnAccess(ObjectId id, uint64_t /*now_us*/) {
 }
 
 void ArcPolicy::OnRemove(ObjectId id) {
+  evicted_.Clear();
   uint32_t slot = slab_.Find(id);
   if (slot != internal::kNil) Drop(slot);
 }
@@ -102,6 +111,7 @@ ObjectId ArcPolicy::Replace() {
   }
   slab_[slot].list = ghost;
   ListOf(ghost).PushFront(slab_, slot);
+  evicted_.Add(slab_[slot].id, ghost == kB1 ? kT1 : kT2);
   return slab_[slot].id;
 }
 
@@ -122,11 +132,24 @@ std::optional<ObjectId> ArcPolicy::Evict(uint64_t /*now_us*/) {
     uint32_t slot = t1_.tail;  // T1 alone fills the cache: evict without a ghost
     ObjectId victim = slab_[slot].id;
     Drop(slot);
+    evicted_.Add(victim, kT1);
     return victim;
   }
   // Case B.
   if (t1_.size + t2_.size + b1_.size + b2_.size >= 2 * c && !b2_.empty()) Drop(b2_.tail);
   return Replace();
+}
+
+void ArcPolicy::OnGiveBack(const ObjectInfo& info, uint64_t /*now_us*/) {
+  const std::optional<uint8_t> list = evicted_.Take(info.id);
+  uint32_t slot = slab_.Find(info.id);
+  if (slot != internal::kNil) {
+    if (slab_[slot].list == kT1 || slab_[slot].list == kT2) return;  // cached: nothing to undo
+    Drop(slot);                                                      // the ghost its eviction left
+  }
+  slot = slab_.Alloc(info.id);
+  slab_[slot].list = list.value_or(kT1);
+  ListOf(slab_[slot].list).PushFront(slab_, slot);
 }
 
 }  // namespace kvtier::policies

@@ -18,9 +18,19 @@ void GdsfPolicy::Place(Entry& e, ObjectId id) {
 }
 
 void GdsfPolicy::OnInsert(const ObjectInfo& info, uint64_t now_us) {
+  evicted_.Clear();
   if (entries_.count(info.id) != 0) return OnAccess(info.id, now_us);
+  Insert(info, 1);
+}
+
+void GdsfPolicy::OnGiveBack(const ObjectInfo& info, uint64_t /*now_us*/) {
+  if (entries_.count(info.id) != 0) return;
+  Insert(info, evicted_.Take(info.id).value_or(1));
+}
+
+void GdsfPolicy::Insert(const ObjectInfo& info, uint64_t count) {
   Entry e;
-  e.count = 1;
+  e.count = count;
   double cost = info.recompute_tokens > 0 ? info.recompute_tokens : options_.default_cost;
   double size = info.size_bytes > 0 ? static_cast<double>(info.size_bytes) : 1.0;
   e.cost_per_byte = cost / size;
@@ -29,6 +39,7 @@ void GdsfPolicy::OnInsert(const ObjectInfo& info, uint64_t now_us) {
 }
 
 void GdsfPolicy::OnAccess(ObjectId id, uint64_t /*now_us*/) {
+  evicted_.Clear();
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
   order_.erase(it->second.key);
@@ -37,6 +48,7 @@ void GdsfPolicy::OnAccess(ObjectId id, uint64_t /*now_us*/) {
 }
 
 void GdsfPolicy::OnRemove(ObjectId id) {
+  evicted_.Clear();
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
   order_.erase(it->second.key);
@@ -47,7 +59,9 @@ std::optional<ObjectId> GdsfPolicy::Evict(uint64_t /*now_us*/) {
   if (order_.empty()) return std::nullopt;
   auto [h, seq, victim] = *order_.begin();
   order_.erase(order_.begin());
-  entries_.erase(victim);
+  auto it = entries_.find(victim);
+  evicted_.Add(victim, it->second.count);
+  entries_.erase(it);
   inflation_ = h;
   return victim;
 }

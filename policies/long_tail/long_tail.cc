@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <map>
 
 #include "policies/internal/params.h"
 
@@ -98,7 +100,7 @@ void LongTailPolicy::OnCapacity(uint64_t capacity_objects) { capacity_ = capacit
 
 // Inserts `slot` into class `cls` in entry-time order; among equal entry times, before the
 // others (so the most recently inserted, i.e. deepest, unit of a burst is nearest the old end).
-void LongTailPolicy::Link(uint32_t slot, uint8_t cls, uint64_t entry_us) {
+void LongTailPolicy::Link(uint32_t slot, uint8_t cls, uint64_t entry_us, const uint32_t* at) {
   ClassList& l = lists_[cls];
   auto& n = slab_[slot];
   n.data.cls = cls;
@@ -120,7 +122,14 @@ void LongTailPolicy::Link(uint32_t slot, uint8_t cls, uint64_t entry_us) {
       l.last = slot;
     }
   };
-  if (l.last == kNil || entry_us > slab_[l.last].data.entry_us) {
+  if (at != nullptr) {
+    insert_before(*at);
+    if (n.next == kNil) {
+      if (n.prev == kNil || slab_[n.prev].data.entry_us != entry_us) l.young_first = slot;
+    } else if (n.next == l.young_first && slab_[n.next].data.entry_us == entry_us) {
+      l.young_first = slot;
+    }
+  } else if (l.last == kNil || entry_us > slab_[l.last].data.entry_us) {
     insert_before(kNil);
     l.young_first = slot;
   } else if (entry_us == slab_[l.last].data.entry_us) {
@@ -171,6 +180,7 @@ void LongTailPolicy::Unlink(uint32_t slot) {
 // just before starts a new request; the previous request's last unit, if it was never hit,
 // moves to the leaf class (its own reuse is rare: it is usually the partial last block).
 void LongTailPolicy::OnRequest(uint64_t now_us) {
+  EndEvictions();
   if (options_.leaf_class) {
     // The request's leaves: touched units that are no touched unit's parent. Bounded by the
     // request's size (quadratic only in the number of leaves, one for a prefix chain).
@@ -234,7 +244,8 @@ bool LongTailPolicy::Sampled(ObjectId id) const {
 
 // Fixed-size SHARDS: the entry with the largest hash leaves and the threshold drops to its
 // hash, so no id at or above it is sampled again. Its observation is censored now.
-void LongTailPolicy::DropLargestSample(uint64_t now_us) {
+void LongTailPolicy::DropLargestSample(uint64_t now_us, Evicted* undo) {
+  const uint64_t threshold_before = sample_threshold_;
   while (!sampled_heap_.empty()) {
     std::pop_heap(sampled_heap_.begin(), sampled_heap_.end());
     const auto [hash, id] = sampled_heap_.back();
@@ -242,8 +253,20 @@ void LongTailPolicy::DropLargestSample(uint64_t now_us) {
     sample_threshold_ = std::min(sample_threshold_, hash);
     auto it = sampled_.find(id);
     if (it == sampled_.end() || Hash(id) != hash) continue;  // stale: re-referenced since
-    Censor(it->second.cls, now_us - std::min(now_us, it->second.entry_us),
-           it->second.weight * Decayed(it->second.epoch));
+    const uint64_t age = now_us - std::min(now_us, it->second.entry_us);
+    const double weight = it->second.weight * Decayed(it->second.epoch);
+    Censor(it->second.cls, age, weight);
+    if (undo != nullptr) {
+      undo->drop = Evicted::SampleDrop{
+          .valid = true,
+          .id = id,
+          .ghost = it->second,
+          .censored_weight = options_.censoring ? weight : 0.0,
+          .bucket = Bucket(age),
+          .threshold_before = threshold_before,
+          .threshold_after = sample_threshold_,
+      };
+    }
     sampled_.erase(it);
     return;
   }
@@ -326,8 +349,10 @@ void LongTailPolicy::Relearn() {
   ++epoch_;
 }
 
-void LongTailPolicy::Remember(ObjectId id, const Payload& p, uint64_t now_us) {
+void LongTailPolicy::Remember(ObjectId id, const Payload& p, uint64_t now_us, Evicted* undo) {
   const uint64_t age = now_us - std::min(now_us, p.entry_us);
+  undo->bucket = Bucket(age);
+  if (options_.censoring) undo->censored_weight = Decayed(p.epoch);
   Censor(p.cls, age, Decayed(p.epoch));  // its observation as a cached unit ends unreused
   if (Sampled(id)) {
     // It goes on being observed as a sampled ghost, standing for 1/rate evicted units.
@@ -336,9 +361,10 @@ void LongTailPolicy::Remember(ObjectId id, const Payload& p, uint64_t now_us) {
                          : kTwo64 / static_cast<double>(std::max<uint64_t>(sample_threshold_, 1));
     sampled_[id] = SampledGhost{p.entry_us, w, p.hits, p.cls, epoch_};
     resumed_[p.cls][Bucket(age)] += w;
+    undo->sampled_weight = w;
     sampled_heap_.emplace_back(Hash(id), id);
     std::push_heap(sampled_heap_.begin(), sampled_heap_.end());
-    while (sampled_.size() > options_.sampled_ghosts_max) DropLargestSample(now_us);
+    while (sampled_.size() > options_.sampled_ghosts_max) DropLargestSample(now_us, undo);
     if (sampled_heap_.size() > 2 * options_.sampled_ghosts_max + 16) {
       // Stale heap entries (ids re-referenced since): rebuild from the table. Bounded.
       sampled_heap_.clear();
@@ -354,10 +380,17 @@ void LongTailPolicy::Remember(ObjectId id, const Payload& p, uint64_t now_us) {
   if (limit == 0) return;
   ghosts_[id] = Ghost{p.entry_us, p.hits, p.cls};
   ghost_order_.push_back(id);
+  undo->ghost = true;
   // Bounded by `limit`; a stale order entry (the ghost was re-referenced) erases nothing live
   // because the ghost was already erased then, unless re-evicted, which only refreshes it late.
   while (ghost_order_.size() > limit) {
-    ghosts_.erase(ghost_order_.front());
+    const ObjectId front = ghost_order_.front();
+    if (auto g = ghosts_.find(front); g != ghosts_.end()) {
+      undo->trimmed = Evicted::Trimmed{true, front, true, g->second};
+      ghosts_.erase(g);
+    } else {
+      undo->trimmed = Evicted::Trimmed{true, front, false, {}};
+    }
     ghost_order_.pop_front();
   }
 }
@@ -369,6 +402,11 @@ double LongTailPolicy::CostFactor(const Payload& p) const {
 }
 
 void LongTailPolicy::OnInsert(const ObjectInfo& info, uint64_t now_us) {
+  EndEvictions();
+  Insert(info, now_us);
+}
+
+void LongTailPolicy::Insert(const ObjectInfo& info, uint64_t now_us) {
   if (Contains(info.id)) {
     OnAccess(info.id, now_us);
     return;
@@ -441,6 +479,7 @@ void LongTailPolicy::OnInsert(const ObjectInfo& info, uint64_t now_us) {
 }
 
 void LongTailPolicy::OnAccess(ObjectId id, uint64_t now_us) {
+  EndEvictions();
   uint32_t s = slab_.Find(id);
   if (s == kNil) return;
   if (explicit_requests_) now_us = request_us_;
@@ -458,6 +497,7 @@ void LongTailPolicy::OnAccess(ObjectId id, uint64_t now_us) {
 }
 
 void LongTailPolicy::OnRemove(ObjectId id) {
+  EndEvictions();
   uint32_t s = slab_.Find(id);
   if (s == kNil) return;
   const Payload& p = slab_[s].data;
@@ -488,12 +528,153 @@ std::optional<ObjectId> LongTailPolicy::Evict(uint64_t now_us) {
   if (best == kNil) return std::nullopt;
   const ObjectId id = slab_[best].id;
   const Payload p = slab_[best].data;
+  // A victim is the first unit of its burst (the oldest or the youngest burst of its class);
+  // the unit before it was, when any, the previous victim of these Evict calls from the same
+  // burst, after which OnGiveBack puts it back.
+  Evicted undo{.p = p, .epoch = epoch_};
+  if (const RunVictim& last = run_last_[p.cls]; last.valid && last.entry_us == p.entry_us) {
+    undo.prev = last.id;
+    undo.has_prev = true;
+  }
+  run_last_[p.cls] = RunVictim{true, id, p.entry_us};
+  undo.run_index = run_evictions_++;
   last_now_us_ = std::max(last_now_us_, now_us);
   Unlink(best);
   slab_.Free(best);
-  Remember(id, p, now_us);
+  Remember(id, p, now_us, &undo);
   CountEvent();
+  evicted_.Add(id, undo);
   return id;
+}
+
+void LongTailPolicy::OnGiveBack(const ObjectInfo& info, uint64_t now_us) {
+  if (Contains(info.id)) return;
+  const std::optional<Evicted> e = evicted_.Take(info.id);
+  if (!e) {
+    // No record (not a victim of the last Evict calls): a new unit, but not a ghost hit.
+    ghosts_.erase(info.id);
+    sampled_.erase(info.id);
+    Insert(info, now_us);
+    return;
+  }
+  const ObjectId id = info.id;
+  const uint8_t cls = e->p.cls;
+  // Counts added at the eviction have decayed by every relearn since.
+  const double decayed = std::pow(options_.decay, static_cast<double>(epoch_ - e->epoch));
+  auto take_back = [&](double& count, double weight) {
+    count = std::max(0.0, count - weight * decayed);
+  };
+  if (e->censored_weight > 0) take_back(censored_[cls][e->bucket], e->censored_weight);
+  if (e->sampled_weight > 0) {
+    // Its sampled ghost: still in the table, or dropped by the bound at once (then censored).
+    if (auto it = sampled_.find(id); it != sampled_.end()) {
+      take_back(resumed_[cls][e->bucket], e->sampled_weight);
+      sampled_.erase(it);  // its heap entry is now stale, as after a re-reference
+    } else if (e->drop.valid && e->drop.id == id) {
+      take_back(resumed_[cls][e->bucket], e->sampled_weight);
+    }
+  }
+  if (const Evicted::SampleDrop& d = e->drop; d.valid) {
+    // The full table let go of its largest-hash sample for this one. Taken back exactly when
+    // no later eviction dropped another since; else the lower rate stays (SHARDS's rate only
+    // falls), and so does the dropped sample (the bound holds).
+    take_back(censored_[d.ghost.cls][d.bucket], d.censored_weight);
+    if (sample_threshold_ == d.threshold_after) {
+      sample_threshold_ = d.threshold_before;
+      if (d.id != id && sampled_.size() < options_.sampled_ghosts_max) {
+        sampled_.emplace(d.id, d.ghost);
+        sampled_heap_.emplace_back(Hash(d.id), d.id);
+        std::push_heap(sampled_heap_.begin(), sampled_heap_.end());
+      }
+    }
+  }
+  if (e->ghost) {
+    ghosts_.erase(id);
+    // Its order entry is among the last ones pushed (one per eviction since); bounded search.
+    auto it = ghost_order_.end();
+    for (size_t steps = 0; it != ghost_order_.begin() && steps < decltype(evicted_)::kMax;
+         ++steps) {
+      if (*--it == id) {
+        ghost_order_.erase(it);
+        break;
+      }
+    }
+    // The oldest ghost the bound let go of for it comes back (the table keeps its size).
+    // Front entries taken back by other give-backs of these evictions keep their order (an
+    // earlier eviction trimmed an older entry).
+    if (const Evicted::Trimmed& t = e->trimmed; t.valid) {
+      auto pos =
+          std::lower_bound(run_trims_restored_.begin(), run_trims_restored_.end(), e->run_index);
+      const size_t at = std::min<size_t>(pos - run_trims_restored_.begin(), ghost_order_.size());
+      run_trims_restored_.insert(pos, e->run_index);
+      ghost_order_.insert(ghost_order_.begin() + static_cast<std::ptrdiff_t>(at), t.id);
+      if (t.had_ghost) ghosts_.emplace(t.id, t.ghost);
+    }
+  }
+  if (epoch_ == e->epoch && events_since_learn_ > 0) --events_since_learn_;
+  // Back right after the unit that was before it in its burst when that one is cached (given
+  // back already), else first in its burst, where it was taken from.
+  uint32_t after = e->has_prev ? slab_.Find(e->prev) : kNil;
+  if (after != kNil &&
+      (slab_[after].data.cls != cls || slab_[after].data.entry_us != e->p.entry_us)) {
+    after = kNil;
+  }
+  const uint32_t s = slab_.Alloc(id);
+  slab_[s].data = e->p;
+  uint32_t at = after != kNil ? slab_[after].next : kNil;  // goes before it (kNil: last)
+  Link(s, cls, e->p.entry_us, after != kNil ? &at : nullptr);
+  slab_[s].data.epoch = e->p.epoch;  // Link stamps the current epoch
+}
+
+void LongTailPolicy::EndEvictions() {
+  evicted_.Clear();
+  run_last_ = {};
+  run_evictions_ = 0;
+  run_trims_restored_.clear();
+}
+
+std::string LongTailPolicy::TEST_StateDigest() const {
+  std::string out;
+  auto add = [&](const char* fmt, auto... args) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), fmt, args...);
+    out += buf;
+  };
+  for (size_t c = 0; c < kClasses; ++c) {
+    const ClassList& l = lists_[c];
+    add("class %zu size %llu young %llu:", c, static_cast<unsigned long long>(l.size),
+        static_cast<unsigned long long>(l.young_first == kNil ? 0 : slab_[l.young_first].id));
+    for (uint32_t s = l.first; s != kNil; s = slab_[s].next) {
+      const Payload& p = slab_[s].data;
+      add(" %llu@%llu/h%u/p%llu/e%u", static_cast<unsigned long long>(slab_[s].id),
+          static_cast<unsigned long long>(p.entry_us), p.hits,
+          static_cast<unsigned long long>(p.parent), p.epoch);
+    }
+    out += "\n";
+    for (const auto* counts : {&reuses_[c], &censored_[c], &resumed_[c]}) {
+      for (double x : *counts) add(" %.9g", x);
+      out += "\n";
+    }
+    add("entries %.9g\n", entries_[c]);
+  }
+  std::map<ObjectId, Ghost> ghosts(ghosts_.begin(), ghosts_.end());
+  for (const auto& [id, g] : ghosts) {
+    add("ghost %llu %llu %u %u\n", static_cast<unsigned long long>(id),
+        static_cast<unsigned long long>(g.entry_us), g.hits, g.cls);
+  }
+  out += "order";
+  for (ObjectId id : ghost_order_) add(" %llu", static_cast<unsigned long long>(id));
+  out += "\n";
+  std::map<ObjectId, SampledGhost> sampled(sampled_.begin(), sampled_.end());
+  for (const auto& [id, g] : sampled) {
+    add("sampled %llu %llu %.9g %u %u %u\n", static_cast<unsigned long long>(id),
+        static_cast<unsigned long long>(g.entry_us), g.weight, g.hits, g.cls, g.epoch);
+  }
+  add("threshold %llu events %llu epoch %u admit %.9g capacity %llu\n",
+      static_cast<unsigned long long>(sample_threshold_),
+      static_cast<unsigned long long>(events_since_learn_), epoch_, admit_weight_,
+      static_cast<unsigned long long>(capacity_));
+  return out;
 }
 
 }  // namespace kvtier::policies

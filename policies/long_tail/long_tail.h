@@ -31,6 +31,12 @@
 //  * Cost: value *= ((recompute_tokens / size_bytes) / mean over inserts)^cost_exponent for
 //    the compared candidates (units of unknown cost count as the mean).
 //
+//  * OnGiveBack (a prefix layer keeps a victim): the unit goes back where it was, with its class,
+//    hit count and entry time, and its eviction is undone in the model (no ghost, no sampled
+//    ghost, no censored observation, the oldest exact ghost the bound let go of comes back), so
+//    a kept unit counts no reuse and its age stays true. A full sampled-ghost table's drop (and
+//    lower rate) is taken back only when no eviction since has dropped another.
+//
 // Parameters (PolicyParams, all optional; defaults in LongTailOptions).
 // Deterministic: no randomness at all (PolicyParams::seed is accepted and unused).
 // Thread safety: none (see policy.h).
@@ -39,9 +45,11 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "policies/internal/evicted_log.h"
 #include "policies/internal/slab_list.h"
 #include "policies/policy.h"
 
@@ -112,6 +120,7 @@ class LongTailPolicy final : public EvictionPolicy {
   // unit of a request that hit a non-root unit" (the guess from parent links is off).
   void OnRequest(uint64_t now_us) override;
   std::optional<ObjectId> Evict(uint64_t now_us) override;
+  void OnGiveBack(const ObjectInfo& info, uint64_t now_us) override;
   size_t Size() const override { return slab_.Live(); }
   bool Contains(ObjectId id) const override { return slab_.Find(id) != internal::kNil; }
 
@@ -123,6 +132,9 @@ class LongTailPolicy final : public EvictionPolicy {
   double TEST_AdmitWeight() const { return admit_weight_; }
   size_t TEST_ClassOf(ObjectId id) const;
   void TEST_Relearn() { Relearn(); }
+  // Everything the policy's decisions depend on, as text (two policies that print the same
+  // decide the same), but the sampled-ghost heap's stale entries.
+  std::string TEST_StateDigest() const;
 
  private:
   struct Payload {
@@ -140,33 +152,12 @@ class LongTailPolicy final : public EvictionPolicy {
     uint32_t first = internal::kNil, last = internal::kNil, young_first = internal::kNil;
     uint64_t size = 0;
   };
+
   struct Ghost {
     uint64_t entry_us = 0;
     uint8_t hits = 0;
     uint8_t cls = 0;
   };
-
-  size_t Bucket(uint64_t age_us) const;
-  void Link(uint32_t slot, uint8_t cls, uint64_t entry_us);
-  void Unlink(uint32_t slot);
-  void NoteRequestBoundary(ObjectId parent_of_current, ObjectId current);
-  void MoveToLeafClass(ObjectId id);
-  void CountReuse(uint8_t cls, uint64_t age_us, double weight);
-  double Decayed(uint32_t since_epoch) const;
-  void CountEvent();
-  void Relearn();
-  void Remember(ObjectId id, const Payload& p, uint64_t now_us);
-  bool Sampled(ObjectId id) const;
-  void Censor(uint8_t cls, uint64_t age_us, double weight);
-  void DropLargestSample(uint64_t now_us);
-  double CostFactor(const Payload& p) const;
-  uint8_t HitClass(uint8_t hits) const;
-
-  LongTailOptions options_;
-  Slab slab_;
-  std::array<ClassList, kClasses> lists_{};
-  std::unordered_map<ObjectId, Ghost> ghosts_;
-  std::deque<ObjectId> ghost_order_;
   // Sampled ghosts: id -> entry; by hash for the fixed-size threshold drop.
   struct SampledGhost {
     uint64_t entry_us = 0;
@@ -175,6 +166,57 @@ class LongTailPolicy final : public EvictionPolicy {
     uint8_t cls = 0;
     uint32_t epoch = 0;  // relearns done when it was sampled
   };
+  // What an eviction changed, for OnGiveBack to undo.
+  struct Evicted {
+    Payload p;          // as it was cached
+    ObjectId prev = 0;  // the unit before it in its burst (same class, entry time)
+    bool has_prev = false;
+    uint32_t epoch = 0;          // relearns done at the eviction
+    double censored_weight = 0;  // added to censored_[p.cls][bucket]
+    double sampled_weight = 0;   // a sampled ghost of this weight, added to resumed_
+    size_t bucket = 0;           // its age bucket at the eviction
+    bool ghost = false;          // an exact ghost entry was added
+    uint32_t run_index = 0;      // its place among the consecutive evictions
+    struct Trimmed {  // the oldest exact ghost order entry let go for it (the last, if several)
+      bool valid = false;
+      ObjectId id = 0;
+      bool had_ghost = false;
+      Ghost ghost;
+    } trimmed;
+    struct SampleDrop {  // the sample the full table let go of for it
+      bool valid = false;
+      ObjectId id = 0;
+      SampledGhost ghost;
+      double censored_weight = 0;
+      size_t bucket = 0;
+      uint64_t threshold_before = 0, threshold_after = 0;
+    } drop;
+  };
+
+  size_t Bucket(uint64_t age_us) const;
+  // In entry-time order; `at` (when given) the unit to go just before (kNil: last), a place in
+  // that order (OnGiveBack's: right after its burst neighbour).
+  void Link(uint32_t slot, uint8_t cls, uint64_t entry_us, const uint32_t* at = nullptr);
+  void Unlink(uint32_t slot);
+  void NoteRequestBoundary(ObjectId parent_of_current, ObjectId current);
+  void MoveToLeafClass(ObjectId id);
+  void CountReuse(uint8_t cls, uint64_t age_us, double weight);
+  double Decayed(uint32_t since_epoch) const;
+  void CountEvent();
+  void Relearn();
+  void Insert(const ObjectInfo& info, uint64_t now_us);  // OnInsert, keeping evicted_
+  void Remember(ObjectId id, const Payload& p, uint64_t now_us, Evicted* undo);
+  bool Sampled(ObjectId id) const;
+  void Censor(uint8_t cls, uint64_t age_us, double weight);
+  void DropLargestSample(uint64_t now_us, Evicted* undo);
+  double CostFactor(const Payload& p) const;
+  uint8_t HitClass(uint8_t hits) const;
+
+  LongTailOptions options_;
+  Slab slab_;
+  std::array<ClassList, kClasses> lists_{};
+  std::unordered_map<ObjectId, Ghost> ghosts_;
+  std::deque<ObjectId> ghost_order_;
   std::unordered_map<ObjectId, SampledGhost> sampled_;
   std::vector<std::pair<uint64_t, ObjectId>> sampled_heap_;  // max-heap by hash
   uint64_t sample_threshold_ = 0;  // ids with Hash(id) < threshold are sampled
@@ -201,6 +243,18 @@ class LongTailPolicy final : public EvictionPolicy {
   uint64_t last_now_us_ = 0;  // latest time seen (OnRemove has none)
   double cost_sum_ = 0;
   uint64_t cost_known_ = 0;
+  // For OnGiveBack, since the last call other than Evict and OnGiveBack: what each eviction
+  // changed, and per class the last victim (its burst's next victim goes after it).
+  void EndEvictions();
+  internal::EvictedLog<Evicted> evicted_;
+  struct RunVictim {
+    bool valid = false;
+    ObjectId id = 0;
+    uint64_t entry_us = 0;
+  };
+  std::array<RunVictim, kClasses> run_last_{};
+  uint32_t run_evictions_ = 0;                // evictions so far
+  std::vector<uint32_t> run_trims_restored_;  // run indices whose trimmed ghost came back
 };
 
 }  // namespace kvtier::policies

@@ -99,44 +99,48 @@ void PrefixLayer::Forget(ObjectId id) {
 }
 
 void PrefixLayer::GiveBack(ObjectId id, uint64_t now_us) {
-  inner_->OnRemove(id);  // forgets any ghost entry the eviction left
   auto it = info_.find(id);
-  if (it != info_.end()) inner_->OnInsert(it->second, now_us);
+  if (it != info_.end()) inner_->OnGiveBack(it->second, now_us);
 }
 
 std::optional<ObjectId> PrefixLayer::Evict(uint64_t now_us) {
   Flush();
-  // Bounded: each round gives back one held unit, at most `rounds` rounds.
+  // Held victims are set aside (out of the inner policy, so it cannot choose one twice) until a
+  // victim to evict is found, then given back, in the order chosen. Bounded: at most `rounds`.
   const size_t rounds = std::max(held_.size(), std::min(units_hint_, kHeldUnitsMax));
-  size_t given_back = 0;
+  std::vector<ObjectId> set_aside;
+  std::optional<ObjectId> victim;
   while (true) {
-    std::optional<ObjectId> victim = inner_->Evict(now_us);
-    if (!victim) return std::nullopt;
-    if (!info_.count(*victim)) return victim;  // not inserted through the layer
-    if (held_.count(*victim) && given_back < rounds) {
-      ++given_back;
-      ++held_given_back_;
-      GiveBack(*victim, now_us);
-      continue;
-    }
-    // Leaf first: walk down the tracked children. Only a walk back to the victim can cycle
-    // (every unit has one parent), and every step visits a different tracked unit.
-    ObjectId leaf = *victim;
-    for (size_t steps = 0; steps < info_.size(); ++steps) {
-      auto c = children_.lower_bound({leaf, 0});
-      if (c == children_.end() || c->first != leaf || c->second == *victim) break;
-      leaf = c->second;
-    }
-    if (leaf == *victim) {
-      Forget(*victim);
-      return victim;
-    }
-    ++leaf_swaps_;
-    inner_->OnRemove(leaf);
-    Forget(leaf);
-    GiveBack(*victim, now_us);
-    return leaf;
+    victim = inner_->Evict(now_us);
+    if (!victim || !info_.count(*victim)) break;  // none; or not inserted through the layer
+    if (!held_.count(*victim) || set_aside.size() >= rounds) break;
+    set_aside.push_back(*victim);
   }
+  if (!victim && !set_aside.empty()) {
+    // Every tracked unit is held: the first one chosen goes all the same.
+    victim = set_aside.front();
+    set_aside.erase(set_aside.begin());
+  }
+  held_given_back_ += set_aside.size();
+  for (ObjectId id : set_aside) GiveBack(id, now_us);
+  if (!victim || !info_.count(*victim)) return victim;
+  // Leaf first: walk down the tracked children. Only a walk back to the victim can cycle
+  // (every unit has one parent), and every step visits a different tracked unit.
+  ObjectId leaf = *victim;
+  for (size_t steps = 0; steps < info_.size(); ++steps) {
+    auto c = children_.lower_bound({leaf, 0});
+    if (c == children_.end() || c->first != leaf || c->second == *victim) break;
+    leaf = c->second;
+  }
+  if (leaf == *victim) {
+    Forget(*victim);
+    return victim;
+  }
+  ++leaf_swaps_;
+  GiveBack(*victim, now_us);
+  inner_->OnRemove(leaf);
+  Forget(leaf);
+  return leaf;
 }
 
 }  // namespace kvtier::policies

@@ -14,15 +14,18 @@
 //     inner policy sees them deepest first and a chain's root is its most recently used unit.
 //  2. The running request is held. The units a request touched (OnAccess, OnMiss, OnInsert
 //     since its BeginRequest; at most kHeldUnitsMax of them) are held: a victim among them is
-//     given back to the inner policy (OnRemove, then OnInsert at Evict's time) and Evict asks
-//     again, at most as many times per Evict as the request holds units (or as BeginRequest's
-//     units_hint, when larger); then the victim goes all the same. A request resumed after others
+//     set aside (the inner policy cannot choose it again) and Evict asks again, at most as many
+//     times per Evict as the request holds units (or as BeginRequest's units_hint, when larger);
+//     then the victim goes all the same (when the inner policy has nothing left, the first unit
+//     set aside goes). The units set aside are then given back, in the order chosen
+//     (EvictionPolicy::OnGiveBack: each goes back as it was, its eviction undone: no ghost, and
+//     an OnMiss hint stays for the unit it was given for). A request resumed after others
 //     (interleaved sessions; the owner calls BeginRequest with its key again) holds what it touched
 //     before, for the last kHeldRequestsMax requests.
 //  3. Leaf first. When the victim (after rule 2) has tracked children, the layer walks down to
 //     a unit without tracked children (taking at each step the tracked child with the smallest
-//     id), evicts that one instead (inner OnRemove) and gives the victim back (OnRemove, then
-//     OnInsert). So a tier whose units are inserted parents first stays closed under prefixes.
+//     id), gives the victim back (OnGiveBack, after rule 2's) and evicts the leaf instead (inner
+//     OnRemove). So a tier whose units are inserted parents first stays closed under prefixes.
 //     Parent links come from ObjectInfo::parent_id; a cycle (a hostile client's parents) ends
 //     the walk where it would revisit the victim.
 //
@@ -86,7 +89,8 @@ class PrefixLayer final : public EvictionPolicy {
   bool Contains(ObjectId id) const override { return inner_->Contains(id); }
 
   EvictionPolicy* inner() { return inner_.get(); }
-  // Victims replaced by a leaf below them (rule 3), and held victims given back (rule 2).
+  // Victims replaced by a leaf below them (rule 3), and held victims set aside and given back
+  // (rule 2).
   uint64_t leaf_swaps() const { return leaf_swaps_; }
   uint64_t held_given_back() const { return held_given_back_; }
 
@@ -94,7 +98,7 @@ class PrefixLayer final : public EvictionPolicy {
   void Flush();
   void Hold(ObjectId id);
   void Forget(ObjectId id);
-  // The inner policy forgot `id` and takes it back as a new insert at now_us.
+  // The inner policy's Evict returned `id`, which stays: OnGiveBack.
   void GiveBack(ObjectId id, uint64_t now_us);
 
   std::unique_ptr<EvictionPolicy> inner_;

@@ -55,6 +55,7 @@ void S3FifoPolicy::Push(uint32_t slot, uint8_t list) {
 }
 
 void S3FifoPolicy::OnMiss(ObjectId id, uint64_t /*now_us*/) {
+  evicted_.Clear();
   hit_on_ghost_ = false;
   uint32_t slot = slab_.Find(id);
   if (slot != internal::kNil && slab_[slot].list == kGhost) {
@@ -64,6 +65,7 @@ void S3FifoPolicy::OnMiss(ObjectId id, uint64_t /*now_us*/) {
 }
 
 void S3FifoPolicy::OnInsert(const ObjectInfo& info, uint64_t now_us) {
+  evicted_.Clear();
   uint32_t slot = slab_.Find(info.id);
   if (slot != internal::kNil) {
     if (slab_[slot].list != kGhost) return OnAccess(info.id, now_us);
@@ -81,6 +83,7 @@ void S3FifoPolicy::OnInsert(const ObjectInfo& info, uint64_t now_us) {
 }
 
 void S3FifoPolicy::OnAccess(ObjectId id, uint64_t /*now_us*/) {
+  evicted_.Clear();
   uint32_t slot = slab_.Find(id);
   if (slot == internal::kNil || slab_[slot].list == kGhost) return;
   auto& f = slab_[slot].data.freq;
@@ -88,6 +91,7 @@ void S3FifoPolicy::OnAccess(ObjectId id, uint64_t /*now_us*/) {
 }
 
 void S3FifoPolicy::OnRemove(ObjectId id) {
+  evicted_.Clear();
   uint32_t slot = slab_.Find(id);
   if (slot != internal::kNil) Drop(slot);
 }
@@ -110,6 +114,7 @@ ObjectId S3FifoPolicy::EvictSmall() {
       continue;
     }
     ObjectId victim = slab_[slot].id;
+    evicted_.Add(victim, Evicted{kSmall, slab_[slot].data.freq});
     slab_.Free(slot);
     AddGhost(victim);
     return victim;
@@ -129,6 +134,7 @@ ObjectId S3FifoPolicy::EvictMain() {
     }
     ObjectId victim = slab_[slot].id;
     Drop(slot);
+    evicted_.Add(victim, Evicted{kMain, 0});
     return victim;
   }
 }
@@ -142,6 +148,18 @@ std::optional<ObjectId> S3FifoPolicy::Evict(uint64_t /*now_us*/) {
   }
   if (small_.empty()) return EvictMain();
   return EvictSmall();
+}
+
+void S3FifoPolicy::OnGiveBack(const ObjectInfo& info, uint64_t /*now_us*/) {
+  const std::optional<Evicted> e = evicted_.Take(info.id);
+  uint32_t slot = slab_.Find(info.id);
+  if (slot != internal::kNil) {
+    if (slab_[slot].list != kGhost) return;  // cached: nothing to undo
+    Drop(slot);                              // the ghost its eviction left
+  }
+  slot = slab_.Alloc(info.id);
+  slab_[slot].data.freq = e ? e->freq : 0;
+  Push(slot, e ? e->list : static_cast<uint8_t>(kSmall));
 }
 
 }  // namespace kvtier::policies

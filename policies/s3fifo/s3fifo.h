@@ -12,9 +12,12 @@
 // one libCacheSim revision: until the first eviction, inserts go to main once small is full
 // (with threshold 1 that is the policy kvtier shipped before; kept for comparison).
 // Capacity from OnCapacity(), else inferred at the first Evict.
+// OnGiveBack: the victim goes back to the head of the queue it left with the counter it had,
+// its ghost entry dropped; a pending ghost-hit hint (OnMiss) stays for the next OnInsert.
 // Thread safety: none (see policy.h).
 #pragma once
 
+#include "policies/internal/evicted_log.h"
 #include "policies/internal/slab_list.h"
 #include "policies/policy.h"
 
@@ -39,6 +42,7 @@ class S3FifoPolicy final : public EvictionPolicy {
   void OnMiss(ObjectId id, uint64_t now_us) override;
   void OnCapacity(uint64_t capacity_objects) override;
   std::optional<ObjectId> Evict(uint64_t now_us) override;
+  void OnGiveBack(const ObjectInfo& info, uint64_t now_us) override;
   size_t Size() const override { return small_.size + main_.size; }
   bool Contains(ObjectId id) const override;
 
@@ -63,6 +67,11 @@ class S3FifoPolicy final : public EvictionPolicy {
   uint64_t capacity_ = 0, small_capacity_ = 0, main_capacity_ = 0, ghost_capacity_ = 0;
   bool has_evicted_ = false;
   bool hit_on_ghost_ = false;
+  struct Evicted {
+    uint8_t list = kSmall;
+    uint32_t freq = 0;
+  };
+  internal::EvictedLog<Evicted> evicted_;  // for OnGiveBack
 };
 
 }  // namespace kvtier::policies

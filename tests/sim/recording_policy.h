@@ -49,6 +49,15 @@ class RecordingPolicy final : public EvictionPolicy {
     Log("remove " + Id(id));
     inner_->OnRemove(Map(id));
   }
+  void OnGiveBack(const ObjectInfo& info, uint64_t now_us) override {
+    Log("giveback " + Id(info.id) + " t " + T(now_us));
+    ObjectInfo i = info;
+    i.id = Map(info.id);
+    i.parent_id = Map(info.parent_id);
+    i.recompute_tokens = 0;
+    i.size_bytes = 4096;
+    inner_->OnGiveBack(i, now_us);
+  }
   void OnMiss(ObjectId id, uint64_t now_us) override {
     Log("miss " + Id(id) + " t " + T(now_us));
     inner_->OnMiss(Map(id), now_us);
@@ -122,10 +131,12 @@ inline std::vector<std::string> SimRun(const MakeInner& make, uint64_t capacity_
   return log;
 }
 
-// The units a tier holds after the calls in `log` reached its (inner) policy: inserts add,
-// removals and Evict's answers take away (a prefix layer's give-back is an evict, a remove and
-// an insert of the same unit). *victims (when not null) gets every unit that left the tier by
-// eviction, in order: an Evict answer not given back, or the leaf a layer evicted instead.
+// The units a tier holds after the calls in `log` reached its (inner) policy: inserts and
+// give-backs add, removals and Evict's answers take away. *victims (when not null) gets every
+// unit that left the tier by eviction, in order: an Evict answer not given back, or the leaf a
+// layer evicted instead. A prefix layer's Evict is inner Evicts, then the give-backs of the held
+// victims it set aside, in the order chosen; a leaf swap gives the victim back last and removes
+// the leaf right after ("evict v ... giveback v, remove leaf").
 inline std::set<std::string> Cached(const std::vector<std::string>& log,
                                     std::vector<std::string>* victims = nullptr) {
   std::set<std::string> cached;
@@ -136,7 +147,7 @@ inline std::set<std::string> Cached(const std::vector<std::string>& log,
   };
   for (size_t i = 0; i < log.size(); ++i) {
     const std::string& l = log[i];
-    if (l.starts_with("insert ")) {
+    if (l.starts_with("insert ") || l.starts_with("giveback ")) {
       cached.insert(word(l, 1));
     } else if (l.starts_with("remove ")) {
       cached.erase(word(l, 1));
@@ -144,13 +155,17 @@ inline std::set<std::string> Cached(const std::vector<std::string>& log,
       const std::string v = l.substr(l.rfind(' ') + 1);
       cached.erase(v);
       if (victims == nullptr) continue;
-      auto at = [&](size_t k) { return i + k < log.size() ? log[i + k] : std::string(); };
-      if (at(1) == "remove " + v && at(2).starts_with("insert " + v + " ")) continue;  // held
-      if (at(1).starts_with("remove ") && at(2) == "remove " + v &&
-          at(3).starts_with("insert " + v + " ")) {
-        victims->push_back(word(at(1), 1));  // the leaf below v
-      } else {
+      // Its give-back, if any, follows among the same Evict's evicts and give-backs.
+      size_t j = i + 1;
+      while (j < log.size() && log[j].starts_with("evict ") && !log[j].ends_with(" " + v)) ++j;
+      while (j < log.size() && log[j].starts_with("giveback ") &&
+             !log[j].starts_with("giveback " + v + " ")) {
+        ++j;
+      }
+      if (j == log.size() || !log[j].starts_with("giveback " + v + " ")) {
         victims->push_back(v);
+      } else if (j + 1 < log.size() && log[j + 1].starts_with("remove ")) {
+        victims->push_back(word(log[j + 1], 1));  // the leaf below v
       }
     }
   }

@@ -91,7 +91,8 @@ struct LongTailOptions {
   // removed, a sampled ghost dropped, or still cached / sampled at relearn time) is censored
   // at its age then, instead of being counted as never reused.
   // Off by default: frozen by the tuning protocol in docs/POLICIES.md (it lost 0.014 of
-  // summed prefix-token hit ratio on the tuning part); on, it is what the test checks.
+  // summed prefix-token hit ratio on the tuning part; re-run after the prefix layer's
+  // give-back fix it gains 0.008, defaults left as frozen); on, it is what the test checks.
   bool censoring = false;
   // Admission that adapts to capacity from ghost-hit feedback: the value of never-hit units
   // (fresh, extension) is multiplied by a weight w in [1/64, 64]; a ghost hit on a unit evicted

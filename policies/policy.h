@@ -128,7 +128,7 @@ class AdmissionPolicy {
 // are InvalidArgument, so a typo never silently changes nothing. A key scoped as
 // "policy:key" (e.g. "write-budget:bytes_per_day") reaches only the named policy, so one set
 // of parameters can configure an eviction and an admission policy together; plain keys reach
-// every policy they are given to.
+// every policy they are given to. A scope that names no policy is InvalidArgument too.
 struct PolicyParams {
   std::vector<std::pair<std::string, std::string>> values;
   uint64_t seed = 42;

@@ -67,8 +67,20 @@ const std::vector<AdmissionEntry>& AdmissionTable() {
   return table;
 }
 
+bool IsPolicyName(std::string_view name) {
+  for (const auto& e : EvictionTable()) {
+    if (name == e.name) return true;
+  }
+  for (const auto& e : AdmissionTable()) {
+    if (name == e.name) return true;
+  }
+  return false;
+}
+
 // Keys scoped as "policy:key" reach only that policy (as "key"); plain keys reach every policy.
-PolicyParams ParamsFor(std::string_view name, const PolicyParams& params) {
+// A scope that names no policy is InvalidArgument naming the key: no policy would read it, so a
+// typo ("write_budget:bytes_per_day") would otherwise change nothing and report success.
+StatusOr<PolicyParams> ParamsFor(std::string_view name, const PolicyParams& params) {
   PolicyParams out;
   out.seed = params.seed;
   out.keys_read = params.keys_read;
@@ -76,8 +88,14 @@ PolicyParams ParamsFor(std::string_view name, const PolicyParams& params) {
     const size_t colon = key.find(':');
     if (colon == std::string::npos) {
       out.values.emplace_back(key, value);
-    } else if (std::string_view(key).substr(0, colon) == name) {
+      continue;
+    }
+    const std::string_view scope = std::string_view(key).substr(0, colon);
+    if (scope == name) {
       out.values.emplace_back(key.substr(colon + 1), value);
+    } else if (!IsPolicyName(scope)) {
+      return Status::InvalidArgument("parameter '" + key + "': '" + std::string(scope) +
+                                     "' is not a policy");
     }
   }
   return out;
@@ -88,7 +106,9 @@ PolicyParams ParamsFor(std::string_view name, const PolicyParams& params) {
 StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name,
                                                              const PolicyParams& params) {
   for (const auto& e : EvictionTable()) {
-    if (name == e.name) return e.make(ParamsFor(name, params));
+    if (name != e.name) continue;
+    KVTIER_ASSIGN_OR_RETURN(PolicyParams own, ParamsFor(name, params));
+    return e.make(own);
   }
   return Status::InvalidArgument("unknown eviction policy '" + std::string(name) + "'");
 }
@@ -96,7 +116,9 @@ StatusOr<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view na
 StatusOr<std::unique_ptr<AdmissionPolicy>> MakeAdmissionPolicy(std::string_view name,
                                                                const PolicyParams& params) {
   for (const auto& e : AdmissionTable()) {
-    if (name == e.name) return e.make(ParamsFor(name, params));
+    if (name != e.name) continue;
+    KVTIER_ASSIGN_OR_RETURN(PolicyParams own, ParamsFor(name, params));
+    return e.make(own);
   }
   return Status::InvalidArgument("unknown admission policy '" + std::string(name) + "'");
 }

@@ -825,6 +825,35 @@ TEST_F(E2eTest, DeeplyNestedPolicyBodiesAreRefusedNotACrash) {
   EXPECT_EQ(d_->Stop(), 0);
 }
 
+// A parameter scoped to a name that is no policy (a typo: write_budget for write-budget) is
+// refused over HTTP (400 naming the key) and the native protocol (`kvtier policy set`), and
+// the policy stays as it was; before, every policy skipped the key, the daemon answered 200
+// and the default budget stayed in force.
+TEST_F(E2eTest, PolicySetRefusesAScopeThatNamesNoPolicy) {
+  d_->WriteConfig(Config());
+  ASSERT_TRUE(d_->Start());
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  const std::string before = *c->PolicyGet();
+  const std::string typo =
+      "{\"admission\":\"write-budget\",\"params\":{\"write_budget:bytes_per_day\":\"4096\"}}";
+  const std::string r = kt::HttpRequest(d_->http_port(), "POST", "/v1/policy", typo);
+  EXPECT_NE(r.find("HTTP/1.1 400 "), std::string::npos) << r;
+  EXPECT_NE(r.find("write_budget:bytes_per_day"), std::string::npos) << r;
+  const auto native = c->PolicySet(typo);
+  EXPECT_TRUE(native.status().IsInvalidArgument()) << native.status().ToString();
+  EXPECT_NE(native.status().ToString().find("write_budget:bytes_per_day"), std::string::npos);
+  EXPECT_EQ(*c->PolicyGet(), before);
+  // Spelt right, the same request takes effect.
+  const std::string good =
+      "{\"admission\":\"write-budget\",\"params\":{\"write-budget:bytes_per_day\":\"4096\"}}";
+  const std::string ok = kt::HttpRequest(d_->http_port(), "POST", "/v1/policy", good);
+  EXPECT_NE(ok.find("200 OK"), std::string::npos) << ok;
+  EXPECT_NE(c->PolicyGet()->find("\"write-budget:bytes_per_day\":\"4096\""), std::string::npos)
+      << *c->PolicyGet();
+  EXPECT_EQ(d_->Stop(), 0);
+}
+
 TEST_F(E2eTest, GracefulShutdownLosesNothingAcknowledged) {
   d_->WriteConfig(Config());
   ASSERT_TRUE(d_->Start());

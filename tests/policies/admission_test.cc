@@ -75,6 +75,25 @@ TEST(Registry, ScopedParametersReachOnlyTheirPolicy) {
   EXPECT_FALSE(MakeEvictionPolicy("lru", plain).ok());
 }
 
+// A scope that names no policy is an error naming the key, for both kinds: no policy would
+// read it (before, every factory skipped it and the misspelt setting silently did nothing).
+TEST(Registry, AScopeThatNamesNoPolicyIsAnError) {
+  PolicyParams typo;
+  typo.values = {{"write_budget:bytes_per_day", "4096"}};
+  for (auto status : {MakeEvictionPolicy("lru", typo).status(),
+                      MakeAdmissionPolicy("write-budget", typo).status(),
+                      MakeAdmissionPolicy("admit-all", typo).status()}) {
+    EXPECT_TRUE(status.IsInvalidArgument()) << status.ToString();
+    EXPECT_NE(status.ToString().find("write_budget:bytes_per_day"), std::string::npos)
+        << status.ToString();
+  }
+  // A known policy that is not the one made is no error (one set configures both kinds).
+  PolicyParams other;
+  other.values = {{"long-tail:decay", "0.5"}};
+  EXPECT_TRUE(MakeEvictionPolicy("lru", other).ok());
+  EXPECT_TRUE(MakeAdmissionPolicy("admit-all", other).ok());
+}
+
 TEST(Registry, EveryAdvertisedPolicyConstructs) {
   for (const auto& name : EvictionPolicyNames()) {
     auto p = MakeEvictionPolicy(name);

@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -45,6 +46,30 @@ Setter StringKey(const std::string& key, std::string* out) {
     std::optional<std::string> v = n.value<std::string>();
     if (!v) return Bad(key, "expected a string");
     *out = *v;
+    return Status::Ok();
+  };
+}
+
+// A list of host names (ASCII letters, digits, '-', '.'), lower-cased.
+Setter HostNamesKey(const std::string& key, std::vector<std::string>* out) {
+  return [key, out](const toml::node& n) -> Status {
+    const toml::array* a = n.as_array();
+    if (a == nullptr) return Bad(key, "expected an array of host names");
+    constexpr size_t kNamesMax = 64, kNameBytesMax = 253;
+    if (a->size() > kNamesMax) return Bad(key, "at most 64 names");
+    out->clear();
+    for (const toml::node& e : *a) {
+      std::optional<std::string> v = e.value<std::string>();
+      if (!v || v->empty() || v->size() > kNameBytesMax) return Bad(key, "expected host names");
+      std::string name;
+      for (char c : *v) {
+        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '.') {
+          return Bad(key, "'" + *v + "' is not a host name (no port, no scheme)");
+        }
+        name += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      }
+      out->push_back(std::move(name));
+    }
     return Status::Ok();
   };
 }
@@ -143,6 +168,8 @@ std::map<std::string, Setter> KeyTable(DaemonOptions& o, std::string& durability
       {"server.native_port", UintKey("server.native_port", &o.native_port)},
       {"server.resp_port", UintKey("server.resp_port", &o.resp_port)},
       {"server.http_port", UintKey("server.http_port", &o.http_port)},
+      {"server.http_allowed_hosts",
+       HostNamesKey("server.http_allowed_hosts", &o.http_allowed_hosts)},
       {"server.io_threads", UintKey("server.io_threads", &o.io_threads)},
       {"server.worker_threads", UintKey("server.worker_threads", &o.worker_threads)},
       {"limits.max_frame_bytes", UintKey("limits.max_frame_bytes", &o.max_frame_bytes)},

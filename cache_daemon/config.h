@@ -80,8 +80,11 @@ struct DaemonOptions {
   uint16_t native_port = 0;               // native protocol over TCP; 0 disables
   uint16_t resp_port = 6380;              // RESP front end; 0 disables
   uint16_t http_port = 9180;              // HTTP admin (/metrics); 0 disables
-  uint32_t io_threads = 2;                // Asio I/O threads (RESP and HTTP run here)
-  uint32_t worker_threads = 4;            // native-protocol request executors
+  // Host names (besides IP literals and localhost) the HTTP admin front answers under while
+  // auth is off: a request whose Host header names another is refused (DNS rebinding).
+  std::vector<std::string> http_allowed_hosts;
+  uint32_t io_threads = 2;      // Asio I/O threads (RESP and HTTP run here)
+  uint32_t worker_threads = 4;  // native-protocol request executors
 
   // [limits]
   uint64_t max_frame_bytes = (64ull << 20) + (1ull << 20);  // one native frame, header included

@@ -14,6 +14,26 @@
 //   - a malformed Authorization header or an unknown token is answered 401 and counted in
 //     kvtier_auth_failures_total, never silently downgraded.
 // With auth off (loopback only) every request is the admin tenant "default".
+//
+// Browsers (docs/CONFIG.md "The HTTP admin front and browsers"). A web page the operator opens
+// can send requests to this port; two kinds are refused before any route:
+//   - DNS rebinding, with auth off: a page whose host name was re-pointed at 127.0.0.1 is
+//     same-origin with this port and could read /v1/stats and /metrics or POST; its Host
+//     header still names that host. Auth off, a Host header that is not an IP literal,
+//     `localhost` or a name in [server] http_allowed_hosts is refused (403), any method (as
+//     etcd's --host-whitelist, Rails' HostAuthorization). A request without Host (not a
+//     browser) passes. Auth on, what answers without a token is aggregate, and a page cannot
+//     attach a token by itself, so Host is not checked.
+//   - Cross-origin writes: a page on any site may POST a "simple" request (text/plain, no
+//     preflight, mode no-cors) here. Every request but GET/HEAD/OPTIONS must come from this
+//     origin (Sec-Fetch-Site same-origin or none; without it, an Origin header naming this Host;
+//     Go's net/http CrossOriginProtection), else 403; and must carry Content-Type:
+//     application/json, else 415: a cross-origin page can only send that after a CORS
+//     preflight, which this server never grants. curl and kvtier send neither Origin nor
+//     Sec-Fetch-Site and pass (with the Content-Type).
+#include <arpa/inet.h>
+
+#include <algorithm>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cctype>
@@ -41,6 +61,73 @@ struct Caller {
   bool invalid = false;            // a malformed header or an unknown token
   bool admin() const { return tenant != nullptr && tenant->admin; }
 };
+
+bool EqualsNoCase(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) !=
+        std::tolower(static_cast<unsigned char>(b[i]))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string_view View(beast::string_view v) { return std::string_view(v.data(), v.size()); }
+
+std::string_view HeaderValue(const http::request<http::string_body>& req, http::field f) {
+  auto it = req.find(f);
+  return it == req.end() ? std::string_view() : View(it->value());
+}
+
+// The host of a Host header value ("name", "name:port", "[v6]", "[v6]:port"), lower-cased;
+// "" when malformed.
+std::string HostOf(std::string_view value) {
+  std::string_view host = value;
+  if (!host.empty() && host.front() == '[') {
+    const size_t end = host.find(']');
+    if (end == std::string_view::npos) return "";
+    host = host.substr(0, end + 1);
+  } else if (const size_t colon = host.rfind(':'); colon != std::string_view::npos) {
+    host = host.substr(0, colon);
+  }
+  std::string out(host);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+bool IsIpLiteral(const std::string& host) {
+  unsigned char addr[16];
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    return ::inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), addr) == 1;
+  }
+  return ::inet_pton(AF_INET, host.c_str(), addr) == 1;
+}
+
+// Whether a request that may change state comes from this origin, as far as a browser says:
+// Sec-Fetch-Site (every current browser), else Origin against Host; a request with neither
+// is not from a browser's page.
+bool SameOrigin(const http::request<http::string_body>& req) {
+  if (auto it = req.find("Sec-Fetch-Site"); it != req.end()) {
+    const std::string_view site = View(it->value());
+    return EqualsNoCase(site, "same-origin") || EqualsNoCase(site, "none");
+  }
+  auto origin = req.find(http::field::origin);
+  if (origin == req.end()) return true;
+  const std::string_view o = View(origin->value());
+  const size_t scheme = o.find("://");
+  const std::string_view host = HeaderValue(req, http::field::host);
+  return scheme != std::string_view::npos && !host.empty() &&
+         EqualsNoCase(o.substr(scheme + 3), host);
+}
+
+// Content-Type application/json, parameters (charset) allowed.
+bool JsonContentType(const http::request<http::string_body>& req) {
+  std::string_view type = HeaderValue(req, http::field::content_type);
+  type = type.substr(0, type.find(';'));
+  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.remove_suffix(1);
+  return EqualsNoCase(type, "application/json");
+}
 
 class HttpSession : public Session, public std::enable_shared_from_this<HttpSession> {
  public:
@@ -187,6 +274,49 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
          "application/json");
   }
 
+  // Auth off: the Host header names this server (an IP literal, localhost, or a name in
+  // http_allowed_hosts), or is absent (not a browser). See the file comment.
+  bool HostAllowed(const http::request<http::string_body>& req) const {
+    if (shared_->tenants->auth_enabled()) return true;
+    auto it = req.find(http::field::host);
+    if (it == req.end()) return true;
+    const std::string host = HostOf(View(it->value()));
+    if (host.empty()) return false;
+    if (host == "localhost" || IsIpLiteral(host)) return true;
+    const std::vector<std::string>& names = shared_->options->http_allowed_hosts;
+    return std::find(names.begin(), names.end(), host) != names.end();
+  }
+
+  // The browser protections (file comment); true when `res` holds the refusal.
+  bool RefusedForBrowsers(const http::request<http::string_body>& req,
+                          http::response<http::string_body>* res) {
+    if (!HostAllowed(req)) {
+      Text(res, http::status::forbidden,
+           nlohmann::json{{"error",
+                           "Host header names no address of this server (auth off: an IP "
+                           "address, localhost, or a name in [server] http_allowed_hosts)"}}
+               .dump(),
+           "application/json");
+      return true;
+    }
+    const http::verb m = req.method();
+    if (m == http::verb::get || m == http::verb::head || m == http::verb::options) return false;
+    if (!SameOrigin(req)) {
+      Text(res, http::status::forbidden,
+           "{\"error\":\"cross-origin request refused (Origin / Sec-Fetch-Site)\"}",
+           "application/json");
+      return true;
+    }
+    if (!JsonContentType(req)) {
+      Text(res, http::status::unsupported_media_type,
+           "{\"error\":\"a request that changes state must send Content-Type: "
+           "application/json\"}",
+           "application/json");
+      return true;
+    }
+    return false;
+  }
+
   // /v1/stats for this caller: everything for an admin, the caller's own bytes for another
   // tenant, no tenant_bytes without a token.
   std::string StatsFor(const Caller& caller) const {
@@ -230,6 +360,7 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
       query = target.substr(q + 1);
       target = target.substr(0, q);
     }
+    if (RefusedForBrowsers(req, res)) return;
     Service* svc = shared_->service;
     bool get = req.method() == http::verb::get;
     if (get) {

@@ -726,10 +726,13 @@ TEST_F(DaemonTest, HttpAdmin) {
   EXPECT_NE(kt::HttpRequest(o_.http_port, "GET", "/readyz").find("200 OK"), std::string::npos);
   std::string stats = kt::HttpRequest(o_.http_port, "GET", "/v1/stats");
   EXPECT_NE(stats.find("\"tiers\""), std::string::npos);
-  std::string p = kt::HttpRequest(o_.http_port, "POST", "/v1/policy", "{\"eviction\":\"fifo\"}");
+  std::string p = kt::HttpRequest(o_.http_port, "POST", "/v1/policy", "{\"eviction\":\"fifo\"}",
+                                  "Content-Type: application/json\r\n");
   EXPECT_NE(p.find("200 OK"), std::string::npos) << p;
   EXPECT_EQ(store_->policy, "fifo/admit-all");
-  EXPECT_NE(kt::HttpRequest(o_.http_port, "POST", "/v1/policy", "{bad").find("400"),
+  EXPECT_NE(kt::HttpRequest(o_.http_port, "POST", "/v1/policy", "{bad",
+                            "Content-Type: application/json\r\n")
+                .find("400"),
             std::string::npos);
   EXPECT_NE(kt::HttpRequest(o_.http_port, "GET", "/nope").find("404"), std::string::npos);
   // Drain: flush, not ready, still serving until shutdown.

@@ -67,6 +67,20 @@ TEST(SecurityConfig, ParsesPerFrontAddressesAndTls) {
   EXPECT_FALSE(ParseConfig("[tls]\ncertfile = \"/c.pem\"\n").ok());
 }
 
+// [server] http_allowed_hosts: bare host names, lower-cased; a port, a scheme or a wildcard
+// is an error (the check compares names exactly).
+TEST(SecurityConfig, HttpAllowedHostsAreBareNames) {
+  auto o = ParseConfig("[server]\nhttp_allowed_hosts = [\"Kvtier-Box\", \"kv.example.org\"]\n");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->http_allowed_hosts, (std::vector<std::string>{"kvtier-box", "kv.example.org"}));
+  EXPECT_TRUE(ParseConfig("").value().http_allowed_hosts.empty());
+  for (const char* bad :
+       {"[\"kv:9180\"]", "[\"http://kv\"]", "[\"*\"]", "[\"\"]", "\"kv\"", "[1]"}) {
+    EXPECT_FALSE(ParseConfig(std::string("[server]\nhttp_allowed_hosts = ") + bad + "\n").ok())
+        << bad;
+  }
+}
+
 TEST(SecurityConfig, AdminFrontStaysOnLoopbackByDefault) {
   DaemonOptions o = Base();
   o.listen_address = "127.0.0.2";

@@ -69,6 +69,9 @@ void PipelinedSets(int fd, const std::string& prefix, int first, int count,
   }
 }
 
+// The header a request that changes state must send (http_admin.cc: browsers).
+const std::string kJson = "Content-Type: application/json\r\n";
+
 std::string Config(const std::string& extra = "") {
   return "[storage]\ndram_capacity_bytes = 16777216\nssd_capacity_bytes = 268435456\n"
          "ssd_segment_bytes = 16777216\n"
@@ -745,7 +748,8 @@ TEST_F(E2eTest, PolicySwitchAtRunTimeAndOnSighup) {
   }
   EXPECT_TRUE(switched);
   // HTTP admin POST.
-  std::string r = kt::HttpRequest(d_->http_port(), "POST", "/v1/policy", "{\"eviction\":\"lru\"}");
+  std::string r =
+      kt::HttpRequest(d_->http_port(), "POST", "/v1/policy", "{\"eviction\":\"lru\"}", kJson);
   EXPECT_NE(r.find("200 OK"), std::string::npos) << r;
   EXPECT_NE(c->PolicyGet()->find("\"eviction\":\"lru\""), std::string::npos);
   EXPECT_EQ(d_->Stop(), 0);
@@ -837,7 +841,7 @@ TEST_F(E2eTest, PolicySetRefusesAScopeThatNamesNoPolicy) {
   const std::string before = *c->PolicyGet();
   const std::string typo =
       "{\"admission\":\"write-budget\",\"params\":{\"write_budget:bytes_per_day\":\"4096\"}}";
-  const std::string r = kt::HttpRequest(d_->http_port(), "POST", "/v1/policy", typo);
+  const std::string r = kt::HttpRequest(d_->http_port(), "POST", "/v1/policy", typo, kJson);
   EXPECT_NE(r.find("HTTP/1.1 400 "), std::string::npos) << r;
   EXPECT_NE(r.find("write_budget:bytes_per_day"), std::string::npos) << r;
   const auto native = c->PolicySet(typo);
@@ -847,10 +851,99 @@ TEST_F(E2eTest, PolicySetRefusesAScopeThatNamesNoPolicy) {
   // Spelt right, the same request takes effect.
   const std::string good =
       "{\"admission\":\"write-budget\",\"params\":{\"write-budget:bytes_per_day\":\"4096\"}}";
-  const std::string ok = kt::HttpRequest(d_->http_port(), "POST", "/v1/policy", good);
+  const std::string ok = kt::HttpRequest(d_->http_port(), "POST", "/v1/policy", good, kJson);
   EXPECT_NE(ok.find("200 OK"), std::string::npos) << ok;
   EXPECT_NE(c->PolicyGet()->find("\"write-budget:bytes_per_day\":\"4096\""), std::string::npos)
       << *c->PolicyGet();
+  EXPECT_EQ(d_->Stop(), 0);
+}
+
+// One HTTP request as written (its own Host header, or none); the whole response.
+std::string RawHttp(uint16_t port, const std::string& request) {
+  const int fd = kt::ConnectTcp(port);
+  if (fd < 0) return "";
+  kt::SendAllRaw(fd, request.data(), request.size());
+  std::string reply = kt::RecvFor(fd, 1 << 20, 10000);
+  ::close(fd);
+  return reply;
+}
+
+// With auth off the admin front serves anyone on this host, a browser's pages included. What
+// a page on another site could do before (kvtierd answered all of it): POST a policy switch as
+// a "simple" request (fetch mode no-cors, Content-Type text/plain, no preflight); and, having
+// re-pointed its own host name at 127.0.0.1 (DNS rebinding), read /v1/stats and /metrics and
+// POST as "same origin". Now: a write must carry Content-Type: application/json (415) and come
+// from this origin by Sec-Fetch-Site or Origin (403); any request whose Host names neither an
+// IP address, localhost nor [server] http_allowed_hosts is refused (403). curl-like requests
+// (no Origin, no Sec-Fetch-Site, no Host at all), the dashboard's own same-origin requests and
+// a configured name still work.
+TEST_F(E2eTest, AdminFrontRefusesCrossSiteAndRebindingRequests) {
+  d_->WriteConfig(Config("[server]\nhttp_allowed_hosts = [\"Kvtier.Internal\"]\n"));
+  ASSERT_TRUE(d_->Start()) << d_->Log();
+  const uint16_t port = d_->http_port();
+  const std::string here = "127.0.0.1:" + std::to_string(port);
+  auto post = [&](const std::string& host, const std::string& headers) {
+    const std::string body = "{\"eviction\":\"fifo\"}";
+    return RawHttp(port, "POST /v1/policy HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n" +
+                             headers + "Content-Length: " + std::to_string(body.size()) +
+                             "\r\n\r\n" + body);
+  };
+  auto status = [](const std::string& reply) { return reply.substr(0, 13); };
+  auto eviction = [&]() {
+    const std::string p = kt::HttpRequest(port, "GET", "/v1/policy");
+    const size_t at = p.find("\"eviction\":\"") + 12;
+    return p.substr(at, p.find('"', at) - at);
+  };
+  const std::string before = eviction();
+  ASSERT_EQ(before, "lru");
+  // A cross-site page's no-cors POST: text/plain, its own Origin, Sec-Fetch-Site cross-site.
+  EXPECT_EQ(status(post(here,
+                        "Content-Type: text/plain;charset=UTF-8\r\n"
+                        "Origin: https://evil.example\r\nSec-Fetch-Site: cross-site\r\n")),
+            "HTTP/1.1 403 ");
+  // The same from an older browser (Origin only), or with a JSON type it could not send
+  // without a preflight: refused all the same.
+  EXPECT_EQ(status(post(here, "Content-Type: text/plain\r\nOrigin: https://evil.example\r\n")),
+            "HTTP/1.1 403 ");
+  EXPECT_EQ(
+      status(post(here, kJson + "Origin: http://evil.example:" + std::to_string(port) + "\r\n")),
+      "HTTP/1.1 403 ");
+  EXPECT_EQ(status(post(here, kJson + "Sec-Fetch-Site: same-site\r\n")), "HTTP/1.1 403 ");
+  EXPECT_EQ(status(post(here, kJson + "Origin: null\r\n")), "HTTP/1.1 403 ");
+  // Not declared JSON (curl -d without -H): 415.
+  EXPECT_EQ(status(post(here, "")), "HTTP/1.1 415 ");
+  EXPECT_EQ(status(post(here, "Content-Type: application/x-www-form-urlencoded\r\n")),
+            "HTTP/1.1 415 ");
+  // DNS rebinding: same-origin by the browser's account, but Host names the page's host.
+  EXPECT_EQ(status(post("rebound.example:" + std::to_string(port),
+                        kJson + "Sec-Fetch-Site: same-origin\r\n")),
+            "HTTP/1.1 403 ");
+  for (const char* path : {"/v1/stats", "/metrics", "/v1/policy", "/", "/healthz"}) {
+    const std::string r =
+        RawHttp(port, std::string("GET ") + path + " HTTP/1.1\r\nHost: rebound.example:" +
+                          std::to_string(port) + "\r\nConnection: close\r\n\r\n");
+    EXPECT_EQ(status(r), "HTTP/1.1 403 ") << path;
+    EXPECT_EQ(r.find("kvtier_"), std::string::npos) << path;
+    EXPECT_EQ(r.find("\"tiers\""), std::string::npos) << path;
+  }
+  EXPECT_EQ(eviction(), before);
+  // Allowed: an IP literal (v4, v6), localhost, a configured name (any case), no Host at all.
+  for (const std::string& host : std::vector<std::string>{
+           here, "[::1]:" + std::to_string(port), "localhost", "LOCALHOST:" + std::to_string(port),
+           "kvtier.internal", "KVTIER.internal:" + std::to_string(port)}) {
+    const std::string r =
+        RawHttp(port, "GET /v1/stats HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n");
+    EXPECT_EQ(status(r), "HTTP/1.1 200 ") << host;
+  }
+  EXPECT_EQ(status(RawHttp(port, "GET /metrics HTTP/1.0\r\n\r\n")), "HTTP/1.0 200 ");
+  // The dashboard's own POST (same origin, JSON), and curl's (no Origin, JSON) switch.
+  EXPECT_EQ(
+      status(post(here, kJson + "Origin: http://" + here + "\r\nSec-Fetch-Site: same-origin\r\n")),
+      "HTTP/1.1 200 ");
+  EXPECT_EQ(eviction(), "fifo");
+  EXPECT_EQ(status(post("localhost:" + std::to_string(port),
+                        "Content-Type: Application/JSON; charset=utf-8\r\n")),
+            "HTTP/1.1 200 ");
   EXPECT_EQ(d_->Stop(), 0);
 }
 

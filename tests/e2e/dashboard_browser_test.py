@@ -12,12 +12,19 @@ interval; drives RESP SET/GET traffic from a thread; opens http://127.0.0.1:PORT
   * the policy switch is refused without a token (401) and with a non-admin token (403),
     shown on the page, GET /v1/policy unchanged; and works with the admin token,
   * the cluster panel reads GET /v1/cluster and says this single node is not clustered,
-  * a screenshot is written to OUTPUT_DIR/dashboard.png.
+  * a screenshot is written to OUTPUT_DIR/dashboard.png;
+then, against a second kvtierd with auth off (every request is the admin tenant), that a page
+on another site cannot switch the policy with a no-cors POST (text/plain, no preflight), that
+a page whose host name resolves to 127.0.0.1 (DNS rebinding: Chromium's --host-resolver-rules)
+cannot read /v1/stats or load the dashboard, and that the dashboard opened at 127.0.0.1 works
+there and switches the policy (docs/CONFIG.md, "The HTTP admin front and browsers").
 Prints how long each phase took (to see where the time goes on a loaded machine).
 Exits 0 on success; prints what failed otherwise. Every wait is bounded.
 """
 
+import functools
 import hashlib
+import http.server
 import json
 import os
 import shutil
@@ -138,7 +145,8 @@ def main():
         opts = webdriver.ChromeOptions()
         opts.binary_location = "/usr/bin/chromium"
         for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                  "--window-size=1400,1400", "--user-data-dir=" + os.path.join(work, "chrome")):
+                  "--window-size=1400,1400", "--user-data-dir=" + os.path.join(work, "chrome"),
+                  "--host-resolver-rules=MAP rebound.test 127.0.0.1"):
             opts.add_argument(a)
         phase("kvtierd up")
         driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
@@ -203,6 +211,9 @@ def main():
         shot = os.path.join(out_dir, "dashboard.png")
         driver.save_screenshot(shot)
         assert os.path.getsize(shot) > 10000, "screenshot too small"
+        phase("screenshot written")
+        check_cross_site(driver, kvtierd, work, out_dir)
+        phase("cross-site and rebinding requests refused (auth off)")
         print("dashboard_browser_test: ok; screenshot %s" % shot)
         return 0
     except AssertionError as e:
@@ -224,6 +235,66 @@ def main():
             daemon.wait()
         log.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+ATTACK_PAGE = """<!doctype html><title>attack</title><script>
+fetch("http://127.0.0.1:%d/v1/policy",
+      {method: "POST", mode: "no-cors", body: '{"eviction":"fifo"}'})
+  .then(() => { document.title = "sent"; }, (e) => { document.title = "error " + e; });
+</script>"""
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def check_cross_site(driver, kvtierd, work, out_dir):
+    """The browser protections against an auth-off kvtierd, in the same Chromium."""
+    http_port = free_port()
+    pages = os.path.join(work, "attacker")
+    os.makedirs(pages)
+    with open(os.path.join(pages, "attack.html"), "w") as f:
+        f.write(ATTACK_PAGE % http_port)
+    attacker = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=pages))
+    threading.Thread(target=attacker.serve_forever, daemon=True).start()
+    log = open(os.path.join(out_dir, "kvtierd-auth-off.log"), "w")
+    daemon = subprocess.Popen(
+        [kvtierd, "--data-dir", os.path.join(work, "data-auth-off"), "--socket", "off",
+         "--http-port", str(http_port), "--resp-port", "0"],
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for("auth-off kvtierd /healthz", lambda: _healthy(http_port))
+        assert http_json(http_port, "/v1/policy")["eviction"] == "lru"
+        # Another site (localhost is not the same site as 127.0.0.1): the POST is sent (the
+        # browser does not stop a no-cors request), kvtierd must refuse it.
+        driver.get("http://localhost:%d/attack.html" % attacker.server_address[1])
+        wait_for("the attack page's POST", lambda: driver.title != "attack")
+        assert driver.title == "sent", driver.title
+        assert http_json(http_port, "/v1/policy")["eviction"] == "lru", "a cross-site POST " \
+            "switched the policy"
+        # DNS rebinding: rebound.test resolves to 127.0.0.1, the page is same-origin with it.
+        for path in ("/v1/stats", "/metrics", "/"):
+            driver.get("http://rebound.test:%d%s" % (http_port, path))
+            text = driver.find_element(By.TAG_NAME, "body").text
+            assert "Host header" in text and "tiers" not in text and "kvtier_" not in text, \
+                "rebound page read %s: %s" % (path, text[:200])
+        # The dashboard itself, from 127.0.0.1: its policy form switches (same origin, JSON).
+        driver.get("http://127.0.0.1:%d/" % http_port)
+        Select(driver.find_element(By.ID, "policy-eviction")).select_by_visible_text("fifo")
+        driver.find_element(By.ID, "policy-submit").click()
+        wait_for("the dashboard's own switch",
+                 lambda: http_json(http_port, "/v1/policy")["eviction"] == "fifo")
+    finally:
+        attacker.shutdown()
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        log.close()
 
 
 def _healthy(port):

@@ -110,6 +110,14 @@ class AdmissionPolicy {
   virtual bool Admit(const ObjectInfo& info, uint64_t now_us) = 0;
   // A hit or a miss on an object that the policy may want to count (second-hit admission).
   virtual void OnLookup(ObjectId id, uint64_t now_us) { (void)id, (void)now_us; }
+  // Called once on a policy that replaces `previous` at run time (a policy set or reload that
+  // changed the admission policy's name or parameters), before any other call: it takes over
+  // what of previous's state still means the same to it. write-budget: the bytes previous
+  // spent in its current window (any policy with a Budget), charged to this one's current
+  // window; second-hit: previous's lookup counts, when previous is second-hit. Default: nothing.
+  virtual void CarryOver(const AdmissionPolicy& previous, uint64_t now_us) {
+    (void)previous, (void)now_us;
+  }
 
   // The byte budget of a policy that limits bytes admitted per window (write-budget), as of
   // now_us: bytes allowed per window, the window, and bytes spent in the window containing
@@ -148,5 +156,8 @@ std::vector<std::string> EvictionPolicyNames();
 // unknown name).
 std::vector<std::string> EvictionPolicyParamKeys(std::string_view name);
 std::vector<std::string> AdmissionPolicyNames();
+// Whether policy `name` made with `a` and made with `b` is configured the same: the same seed
+// and the same parameters reaching it (plain keys and keys scoped to it), in any order.
+bool SameParamsFor(std::string_view name, const PolicyParams& a, const PolicyParams& b);
 
 }  // namespace kvtier::policies

@@ -1,4 +1,5 @@
 // Factories for every built-in policy. Add a policy: include its header, add a row.
+#include <algorithm>
 #include <functional>
 
 #include "policies/admit_all/admit_all.h"
@@ -135,6 +136,23 @@ std::vector<std::string> EvictionPolicyParamKeys(std::string_view name) {
   probe.keys_read = &keys;
   (void)MakeEvictionPolicy(name, probe);  // defaults only: cannot fail for a known name
   return keys;
+}
+
+bool SameParamsFor(std::string_view name, const PolicyParams& a, const PolicyParams& b) {
+  auto reaching = [&](const PolicyParams& p) {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& [key, value] : p.values) {
+      const size_t colon = key.find(':');
+      if (colon == std::string::npos) {
+        out.emplace_back(key, value);
+      } else if (std::string_view(key).substr(0, colon) == name) {
+        out.emplace_back(key.substr(colon + 1), value);
+      }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  return a.seed == b.seed && reaching(a) == reaching(b);
 }
 
 std::vector<std::string> AdmissionPolicyNames() {

@@ -281,7 +281,12 @@ class MemoryTier::Impl {
     {
       std::lock_guard lock(policy_mu_);
       auto it = id_to_key_.find(ObjectIdOf(key));
-      if (it != id_to_key_.end() && it->second == key) policy_->OnAccess(it->first, Enter(request));
+      if (it != id_to_key_.end() && it->second.key == key) {
+        const uint64_t now_us = Enter(request);
+        policy_->OnAccess(it->first, now_us);
+        it->second.touch_us = now_us;
+        it->second.touch_seq = ++touch_seq_;
+      }
     }
     return Status::Ok();
   }
@@ -338,7 +343,7 @@ class MemoryTier::Impl {
       if (!id) return std::nullopt;
       auto it = id_to_key_.find(*id);
       if (it == id_to_key_.end()) continue;
-      Key k = it->second;
+      Key k = it->second.key;
       id_to_key_.erase(it);
       evictions_.fetch_add(1, std::memory_order_relaxed);
       return k;
@@ -363,13 +368,32 @@ class MemoryTier::Impl {
     std::vector<std::pair<Key, MemMeta>> all;
     ForEach([&](const Key& k, const MemMeta& m) { all.emplace_back(k, m); });
     std::lock_guard lock(policy_mu_);
+    // The new policy learns the units in the order the old one last heard of each (an insert
+    // or a hit), each at that time: a recency order carries over (it used to be the shards'
+    // hash order, all at one time). A unit the old policy did not track (inserted since the
+    // snapshot's shard was read) comes first, at now.
+    struct Entry {
+      uint64_t touch_seq, touch_us;
+      const Key* key;
+      const MemMeta* meta;
+    };
+    std::vector<Entry> order;
+    order.reserve(all.size());
+    const uint64_t now_us = clock_->NowUs();
+    for (const auto& [k, m] : all) {
+      if (untracked_.count(k)) continue;
+      auto it = id_to_key_.find(ObjectIdOf(k));
+      const bool known = it != id_to_key_.end() && it->second.key == k;
+      order.push_back(
+          {known ? it->second.touch_seq : 0, known ? it->second.touch_us : now_us, &k, &m});
+    }
+    std::sort(order.begin(), order.end(),
+              [](const Entry& a, const Entry& b) { return a.touch_seq < b.touch_seq; });
     policy_ = policies::WithStructure(std::move(policy), o_.structure, &layer_);
     capacity_told_ = false;
     current_request_ = 0;
     id_to_key_.clear();
-    for (const auto& [k, m] : all) {
-      if (!untracked_.count(k)) Track(k, m, clock_->NowUs());
-    }
+    for (const Entry& e : order) Track(*e.key, *e.meta, e.touch_us);
     return Status::Ok();
   }
 
@@ -421,8 +445,8 @@ class MemoryTier::Impl {
     return request->now_us;
   }
   void Track(const Key& k, const MemMeta& m, uint64_t now_us) {
-    auto [it, inserted] = id_to_key_.emplace(ObjectIdOf(k), k);
-    if (!inserted && it->second != k) return;  // id collision: leave untracked
+    auto [it, inserted] = id_to_key_.emplace(ObjectIdOf(k), Tracked{k, now_us, ++touch_seq_});
+    if (!inserted && it->second.key != k) return;  // id collision: leave untracked
     policies::ObjectInfo info;
     info.id = ObjectIdOf(k);
     info.size_bytes = m.size_bytes;
@@ -433,7 +457,7 @@ class MemoryTier::Impl {
   }
   void Untrack(const Key& k) {
     auto it = id_to_key_.find(ObjectIdOf(k));
-    if (it == id_to_key_.end() || it->second != k) return;
+    if (it == id_to_key_.end() || it->second.key != k) return;
     policy_->OnRemove(it->first);
     id_to_key_.erase(it);
   }
@@ -448,7 +472,15 @@ class MemoryTier::Impl {
   std::mutex policy_mu_;
   std::unique_ptr<policies::EvictionPolicy> policy_;
   policies::PrefixLayer* layer_ = nullptr;  // policy_ itself under Structure::kPrefix
-  std::unordered_map<policies::ObjectId, Key> id_to_key_;
+  // A tracked unit: its key, and when the policy last heard of it (an insert or a hit; the time
+  // its hook got, and a sequence number), for SetPolicy to re-track in that order.
+  struct Tracked {
+    Key key;
+    uint64_t touch_us = 0;
+    uint64_t touch_seq = 0;
+  };
+  std::unordered_map<policies::ObjectId, Tracked> id_to_key_;
+  uint64_t touch_seq_ = 0;
   std::unordered_set<Key, KeyHash> untracked_;
   bool capacity_told_ = false;    // OnCapacity given to this policy instance
   uint64_t current_request_ = 0;  // id of the request the policy was last told of

@@ -110,6 +110,9 @@ class MemoryTier {
   // Removes it). nullopt when nothing is evictable.
   std::optional<Key> PickVictim(const RequestTag* request = nullptr);
   void SetTracked(const Key& key, bool tracked);
+  // Replaces the eviction policy; the new one is told of every tracked unit in the order the
+  // old one last heard of it (an insert or a hit), with that hook's time. InvalidArgument for
+  // an unknown name or parameter (nothing changes).
   Status SetPolicy(const std::string& eviction, const policies::PolicyParams& params);
   // Calls fn for each object (a snapshot taken shard by shard).
   void ForEach(const std::function<void(const Key&, const MemMeta&)>& fn) const;

@@ -407,7 +407,12 @@ class TierManager {
   // Sets the per-tenant byte quota (0: unlimited).
   virtual void SetTenantQuota(TenantId tenant, uint64_t quota_bytes) = 0;
 
-  // Switches the eviction / admission policy at run time (objects are re-registered).
+  // Switches the eviction / admission policy at run time. A policy whose name and parameters
+  // (those reaching it: policies::SameParamsFor) are unchanged is kept as it is, state and
+  // order. A changed eviction policy is told of each tier's units again, the memory tiers' in
+  // the order of their last insert or hit, the SSD tier's by last access; a changed admission
+  // policy takes over what applies of the old one's state (AdmissionPolicy::CarryOver).
+  // InvalidArgument for an unknown name or parameter (nothing changes).
   virtual Status SetPolicy(const std::string& eviction, const std::string& admission,
                            const policies::PolicyParams& params) = 0;
 

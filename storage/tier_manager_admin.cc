@@ -118,12 +118,25 @@ Status TierManagerImpl::SetPolicy(const std::string& eviction, const std::string
   KVTIER_ASSIGN_OR_RETURN(auto adm, policies::MakeAdmissionPolicy(admission, params));
   KVTIER_RETURN_IF_ERROR(policies::MakeEvictionPolicy(eviction, params).status());
   std::lock_guard lock(mu_);
-  admission_ = std::move(adm);
-  if (hbm_) KVTIER_RETURN_IF_ERROR(hbm_->SetPolicy(eviction, params));
-  if (dram_) KVTIER_RETURN_IF_ERROR(dram_->SetPolicy(eviction, params));
-  if (ssd_) KVTIER_RETURN_IF_ERROR(ssd_->SetPolicy(eviction, params));
+  // A policy whose name and parameters are unchanged keeps its instance and state (a reload
+  // that changes nothing must not refill a write budget, forget second-hit counts or reorder
+  // the tiers); a changed admission policy takes over what still applies (CarryOver). Tiers
+  // made by a test's factory are always switched to the named policy.
+  if (admission != o_.admission_policy ||
+      !policies::SameParamsFor(admission, params, o_.policy_params)) {
+    adm->CarryOver(*admission_, clock_->NowUs());
+    admission_ = std::move(adm);
+  }
+  if (eviction != o_.eviction_policy ||
+      !policies::SameParamsFor(eviction, params, o_.policy_params) || o_.eviction_policy_factory ||
+      o_.ssd_eviction_policy_factory) {
+    if (hbm_) KVTIER_RETURN_IF_ERROR(hbm_->SetPolicy(eviction, params));
+    if (dram_) KVTIER_RETURN_IF_ERROR(dram_->SetPolicy(eviction, params));
+    if (ssd_) KVTIER_RETURN_IF_ERROR(ssd_->SetPolicy(eviction, params));
+  }
   o_.eviction_policy = eviction;
   o_.admission_policy = admission;
+  o_.policy_params = params;
   return Status::Ok();
 }
 

@@ -32,4 +32,19 @@ bool SecondHitPolicy::Admit(const ObjectInfo& info, uint64_t /*now_us*/) {
   return it != counts_.end() && it->second >= options_.hits_required;
 }
 
+void SecondHitPolicy::CarryOver(const AdmissionPolicy& previous, uint64_t /*now_us*/) {
+  const auto* p = dynamic_cast<const SecondHitPolicy*>(&previous);
+  if (p == nullptr) return;
+  counts_.clear();
+  order_.clear();
+  const size_t skip = p->order_.size() > options_.max_tracked
+                          ? p->order_.size() - static_cast<size_t>(options_.max_tracked)
+                          : 0;
+  for (size_t i = skip; i < p->order_.size(); ++i) {
+    const ObjectId id = p->order_[i];
+    counts_.emplace(id, p->counts_.at(id));
+    order_.push_back(id);
+  }
+}
+
 }  // namespace kvtier::policies

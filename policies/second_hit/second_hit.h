@@ -25,6 +25,8 @@ class SecondHitPolicy final : public AdmissionPolicy {
   std::string_view Name() const override { return "second-hit"; }
   bool Admit(const ObjectInfo& info, uint64_t now_us) override;
   void OnLookup(ObjectId id, uint64_t now_us) override;
+  // From a second-hit `previous`: its counts (the newest max_tracked of them).
+  void CarryOver(const AdmissionPolicy& previous, uint64_t now_us) override;
 
   size_t TEST_Tracked() const { return counts_.size(); }
 

@@ -19,7 +19,10 @@ bool WriteBudgetPolicy::Admit(const ObjectInfo& info, uint64_t now_us) {
     window_ = window;
     spent_bytes_ = 0;
   }
-  if (info.size_bytes > options_.bytes_per_day - spent_bytes_) return false;
+  if (spent_bytes_ > options_.bytes_per_day ||
+      info.size_bytes > options_.bytes_per_day - spent_bytes_) {
+    return false;
+  }
   spent_bytes_ += info.size_bytes;
   return true;
 }
@@ -29,6 +32,13 @@ std::optional<AdmissionPolicy::ByteBudget> WriteBudgetPolicy::Budget(uint64_t no
   return ByteBudget{.bytes_per_window = options_.bytes_per_day,
                     .window_ms = options_.window_ms,
                     .spent_bytes = same_window ? spent_bytes_ : 0};
+}
+
+void WriteBudgetPolicy::CarryOver(const AdmissionPolicy& previous, uint64_t now_us) {
+  const std::optional<ByteBudget> b = previous.Budget(now_us);
+  if (!b) return;
+  window_ = now_us / (options_.window_ms * 1000);
+  spent_bytes_ = b->spent_bytes;
 }
 
 }  // namespace kvtier::policies

@@ -858,6 +858,45 @@ TEST_F(E2eTest, PolicySetRefusesAScopeThatNamesNoPolicy) {
   EXPECT_EQ(d_->Stop(), 0);
 }
 
+// A SIGHUP or a policy set that changes nothing keeps the SSD write budget spent so far
+// (kvtier_admission_budget_spent_bytes); before, each rebuilt write-budget with 0 spent, so
+// reloading often let the SSD take more than bytes_per_day. A new cap keeps it too.
+TEST_F(E2eTest, ReloadingTheSamePolicyKeepsTheWriteBudgetSpent) {
+  const std::string policy =
+      "[policy]\nadmission = \"write-budget\"\n[policy.params]\n"
+      "\"write-budget:bytes_per_day\" = 1000000000\n";
+  d_->WriteConfig(Config(policy));
+  ASSERT_TRUE(d_->Start()) << d_->Log();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  PutChain(c.get(), Chain(20, 1), /*tier=*/2);  // placed on SSD: through admission
+  auto spent = [&]() {
+    const std::string m = kt::HttpRequest(d_->http_port(), "GET", "/metrics");
+    const std::string name = "\nkvtier_admission_budget_spent_bytes ";
+    const size_t at = m.find(name);
+    return at == std::string::npos ? -1.0 : std::stod(m.substr(at + name.size()));
+  };
+  const double before = spent();
+  ASSERT_GT(before, 0) << kt::HttpRequest(d_->http_port(), "GET", "/metrics");
+  d_->Signal(SIGHUP);  // the same file
+  for (int i = 0; i < 100 && d_->Log().find("SIGHUP: policy reloaded") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_NE(d_->Log().find("SIGHUP: policy reloaded"), std::string::npos) << d_->Log();
+  EXPECT_EQ(spent(), before);
+  auto same = c->PolicySet(
+      "{\"admission\":\"write-budget\",\"params\":{\"write-budget:bytes_per_day\":\"1000000000\"}"
+      "}");
+  ASSERT_TRUE(same.ok()) << same.status().ToString();
+  EXPECT_EQ(spent(), before);
+  auto bigger = c->PolicySet(
+      "{\"admission\":\"write-budget\",\"params\":{\"write-budget:bytes_per_day\":\"2000000000\"}"
+      "}");
+  ASSERT_TRUE(bigger.ok()) << bigger.status().ToString();
+  EXPECT_EQ(spent(), before);
+  EXPECT_EQ(d_->Stop(), 0);
+}
+
 // One HTTP request as written (its own Host header, or none); the whole response.
 std::string RawHttp(uint16_t port, const std::string& request) {
   const int fd = kt::ConnectTcp(port);

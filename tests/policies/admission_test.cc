@@ -60,6 +60,61 @@ TEST(WriteBudget, PoliciesWithoutABudgetReportNone) {
   }
 }
 
+// A write-budget that replaces another (new cap) keeps what the old one spent today, and one
+// that starts over the new cap admits nothing until the next window (the unsigned
+// "cap - spent" would otherwise wrap and admit everything).
+TEST(WriteBudget, CarryOverKeepsTodaysSpentBytes) {
+  WriteBudgetPolicy old({.bytes_per_day = 1000});
+  EXPECT_TRUE(old.Admit({.id = 1, .size_bytes = 700}, 10));
+  WriteBudgetPolicy bigger({.bytes_per_day = 2000});
+  bigger.CarryOver(old, 20);
+  EXPECT_EQ(bigger.Budget(20)->spent_bytes, 700u);
+  EXPECT_FALSE(bigger.Admit({.id = 2, .size_bytes = 1301}, 30));
+  EXPECT_TRUE(bigger.Admit({.id = 2, .size_bytes = 1300}, 30));
+  WriteBudgetPolicy smaller({.bytes_per_day = 500});
+  smaller.CarryOver(old, 40);
+  EXPECT_FALSE(smaller.Admit({.id = 3, .size_bytes = 1}, 50));
+  EXPECT_TRUE(smaller.Admit({.id = 3, .size_bytes = 1}, kDayUs));  // a new day
+  // From a policy without a budget: nothing was metered, the budget is whole.
+  SecondHitPolicy none;
+  WriteBudgetPolicy fresh({.bytes_per_day = 1000});
+  fresh.CarryOver(none, 60);
+  EXPECT_EQ(fresh.Budget(60)->spent_bytes, 0u);
+}
+
+// A second-hit that replaces another (new hits_required or table size) keeps the counts, the
+// newest ones when its table is smaller.
+TEST(SecondHit, CarryOverKeepsTheCounts) {
+  SecondHitPolicy old;
+  for (ObjectId id = 1; id <= 5; ++id) {
+    old.OnLookup(id, id);
+    old.OnLookup(id, id);
+  }
+  SecondHitPolicy next({.hits_required = 2, .max_tracked = 3});
+  next.CarryOver(old, 10);
+  EXPECT_EQ(next.TEST_Tracked(), 3u);
+  EXPECT_FALSE(next.Admit({.id = 2}, 10));  // among the oldest two: forgotten
+  EXPECT_TRUE(next.Admit({.id = 3}, 10));
+  EXPECT_TRUE(next.Admit({.id = 5}, 10));
+  WriteBudgetPolicy other;
+  SecondHitPolicy fresh;
+  fresh.CarryOver(other, 10);
+  EXPECT_EQ(fresh.TEST_Tracked(), 0u);
+}
+
+TEST(Registry, SameParamsForComparesWhatReachesThePolicy) {
+  PolicyParams a, b;
+  a.values = {{"write-budget:bytes_per_day", "10"}, {"long-tail:decay", "0.5"}};
+  b.values = {{"long-tail:decay", "0.8"}, {"write-budget:bytes_per_day", "10"}};
+  EXPECT_TRUE(SameParamsFor("write-budget", a, b));  // order and other scopes do not matter
+  EXPECT_FALSE(SameParamsFor("long-tail", a, b));
+  b.values = {{"write-budget:bytes_per_day", "10"}, {"bytes_per_day", "10"}};
+  EXPECT_FALSE(SameParamsFor("write-budget", a, b));  // a plain key reaches it
+  b = a;
+  b.seed = a.seed + 1;
+  EXPECT_FALSE(SameParamsFor("lru", a, b));
+}
+
 TEST(Registry, ScopedParametersReachOnlyTheirPolicy) {
   PolicyParams both;
   both.values = {{"write-budget:bytes_per_day", "4096"}, {"write-budget:window_ms", "1000"}};

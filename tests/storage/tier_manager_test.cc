@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -377,6 +378,89 @@ TEST_F(TierManagerTest, SetPolicyAtRunTime) {
   std::vector<uint8_t> out;
   ASSERT_TRUE((*tm)->Get(k, &out).ok());  // demoted through the new policies, still served
   EXPECT_EQ(out, MakeValue(k, 1, 1000));
+}
+
+// A policy set (or SIGHUP) that changes nothing keeps the admission policy's state: the
+// write budget spent today stays spent (before, every reload built a new write-budget with 0
+// spent, so frequent reloads let the SSD take more than bytes_per_day). A changed cap keeps
+// today's spending too; a switch away from write-budget and back starts over (documented:
+// nothing meters in between).
+TEST_F(TierManagerTest, APolicySetThatChangesNothingKeepsTheWriteBudgetSpent) {
+  TierManagerOptions o = Options();
+  o.durability = Durability::kNone;
+  o.admission_policy = "write-budget";
+  o.policy_params.values = {{"write-budget:bytes_per_day", "100000000"}};
+  auto tm = TierManager::Open(o);
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  for (int i = 0; i < 100; ++i) {  // 2 MB into a 1 MB DRAM tier: demotions are admitted
+    Key k = MakeKey(i);
+    ASSERT_TRUE((*tm)->Put(k, MakeValue(k, 1, 20000), {}).ok());
+  }
+  const uint64_t spent = (*tm)->GetStats().admission_budget_spent_bytes;
+  ASSERT_GT(spent, 0u);
+  ASSERT_TRUE((*tm)->SetPolicy("lru", "write-budget", o.policy_params).ok());
+  EXPECT_EQ((*tm)->GetStats().admission_budget_spent_bytes, spent);
+  policies::PolicyParams reordered = o.policy_params;  // the same settings, another order
+  reordered.values.insert(reordered.values.begin(), {"long-tail:decay", "0.5"});
+  ASSERT_TRUE((*tm)->SetPolicy("lru", "write-budget", reordered).ok());
+  EXPECT_EQ((*tm)->GetStats().admission_budget_spent_bytes, spent);
+  policies::PolicyParams bigger;
+  bigger.values = {{"write-budget:bytes_per_day", "200000000"}};
+  ASSERT_TRUE((*tm)->SetPolicy("lru", "write-budget", bigger).ok());
+  EXPECT_EQ((*tm)->GetStats().admission_budget_bytes, 200000000u);
+  EXPECT_EQ((*tm)->GetStats().admission_budget_spent_bytes, spent);
+  ASSERT_TRUE((*tm)->SetPolicy("lru", "admit-all", bigger).ok());
+  ASSERT_TRUE((*tm)->SetPolicy("lru", "write-budget", bigger).ok());
+  EXPECT_EQ((*tm)->GetStats().admission_budget_spent_bytes, 0u);
+}
+
+// A policy set keeps DRAM's recency order: unchanged, the policy is not touched at all;
+// switched (lru -> fifo), the new policy learns the units in the order of their last insert or
+// hit. Before, every set re-registered the units in the shards' hash order, all at one time,
+// so the next evictions went in hash order. DRAM holds the newest C units; they are read in
+// an order unlike their insert order; then C/2 new units demote the C/2 read first.
+TEST_F(TierManagerTest, APolicySetKeepsDramInLastTouchOrder) {
+  for (const std::string eviction : {"lru", "fifo"}) {
+    TierManagerOptions o = Options();
+    o.durability = Durability::kNone;
+    o.data_dir = dir_.path() + "/" + eviction;
+    std::filesystem::create_directories(o.data_dir);
+    auto tm = TierManager::Open(o);
+    ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+    int next = 0;
+    auto put = [&]() {
+      Key k = MakeKey(next++);
+      ASSERT_TRUE((*tm)->Put(k, MakeValue(k, 1, 20000), {}).ok());
+    };
+    auto in_dram = [&](int i) {
+      Key k = MakeKey(i);
+      LookupResult r = (*tm)->Lookup(std::span<const Key>(&k, 1));
+      return r.hit_count == 1 && r.tiers[0] == Tier::kDram;
+    };
+    for (int i = 0; i < 100; ++i) put();
+    std::vector<int> resident;
+    for (int i = 0; i < next; ++i) {
+      if (in_dram(i)) resident.push_back(i);
+    }
+    ASSERT_GE(resident.size(), 8u) << eviction;
+    // Read in an order unlike the insert order: odd positions first, then even, each reversed.
+    std::vector<int> reads;
+    for (size_t i = resident.size(); i-- > 0;) {
+      if (i % 2 == 1) reads.push_back(resident[i]);
+    }
+    for (size_t i = resident.size(); i-- > 0;) {
+      if (i % 2 == 0) reads.push_back(resident[i]);
+    }
+    std::vector<uint8_t> out;
+    for (int i : reads) ASSERT_TRUE((*tm)->Get(MakeKey(i), &out).ok());
+    ASSERT_TRUE((*tm)->SetPolicy(eviction, "admit-all", {}).ok());
+    const size_t half = resident.size() / 2;
+    for (size_t i = 0; i < half; ++i) put();
+    for (size_t i = 0; i < reads.size(); ++i) {
+      EXPECT_EQ(in_dram(reads[i]), i >= half)
+          << eviction << ": unit " << reads[i] << ", read " << i << " of " << reads.size();
+    }
+  }
 }
 
 TEST_F(TierManagerTest, SwaStateNeverReachesSsd) {

@@ -197,7 +197,9 @@ void RespSession::ArmTimer() {
       strand_, [self = shared_from_this(), stamp](boost::system::error_code ec) {
         self->timer_armed_ = false;
         if (ec || self->closed_) return;
-        if (self->parser_.buffered_bytes() > 0 && self->commands_ == stamp) {
+        // Only while the connection waits for the client's bytes: a command that waits behind
+        // the replies before it (an MGET's parts written to a slow reader) is not late.
+        if (self->reading_ && self->parser_.buffered_bytes() > 0 && self->commands_ == stamp) {
           self->shared_->metrics->slow_client_disconnects.fetch_add(1);
           return self->DoClose();
         }

@@ -116,7 +116,8 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   void Process();
 
   // Closes a connection whose buffered partial command has not completed within
-  // options.frame_timeout_ms (a slow client), checked while bytes stay buffered.
+  // options.frame_timeout_ms (a slow client), checked while bytes stay buffered and the
+  // connection waits to read more.
   void ArmTimer();
 
   // ---- Replies (resp_session_write.cc) ----

@@ -485,11 +485,14 @@ TEST_F(HostileTest, ExpiriesPastTheClockAreRefusedOrKeptNeverWrapped) {
 
 // Reads a whole RESP reply stream of `total` bytes from fd, checking each byte against
 // expected(offset) as it arrives (nothing is kept); false on a mismatch, timeout or EOF.
+// pause_ms > 0: a slow reader, pausing that long after each read of at most 1 MiB.
 template <typename Expected>
-bool RespStreamMatches(int fd, uint64_t total, Expected expected, std::string* why) {
+bool RespStreamMatches(int fd, uint64_t total, Expected expected, std::string* why,
+                       int pause_ms = 0) {
   uint64_t at = 0;
   std::vector<char> buf(1u << 20);
   while (at < total) {
+    if (pause_ms > 0 && at > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, 10000) <= 0) {
       *why = "timeout at byte " + std::to_string(at);
@@ -555,6 +558,42 @@ TEST_F(HostileTest, MgetOfABigValueManyTimesStaysWithinTheReplyBudget) {
   EXPECT_EQ(Requests("resp_mget", "ok"), 1u);
   ::close(fd);
   StopWellBehaved();
+  ExpectHealthy();
+}
+
+// A client that reads a long MGET reply slowly but steadily keeps its connection while its
+// next command waits in the daemon's buffer: frame_timeout_ms (1 s here) is for a command
+// whose bytes do not come, not for one waiting behind the reply before it. (The timer armed
+// while the SET's megabyte arrived used to close the connection a second into the MGET.)
+TEST_F(HostileTest, ASlowSteadyReaderOfALongMgetIsNotCutOff) {
+  // Read at about 10 MiB/s: 5 s, the daemon still building parts 2 s in (its 4 MiB budget
+  // and the sockets' buffers hold only the next few).
+  constexpr int kKeys = 50;
+  int fd = kt::ConnectTcp(d_->resp_port());
+  ASSERT_EQ(RespAsk(fd, kt::Cmd({"AUTH", "alice-token"})), "+OK\r\n");
+  std::string value(kBigValueBytes, 'x');
+  for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<char>('a' + i % 19);
+  ASSERT_EQ(RespAsk(fd, kt::Cmd({"SET", "big", value})), "+OK\r\n");
+  std::string mget = "*" + std::to_string(kKeys + 1) + "\r\n$4\r\nMGET\r\n";
+  for (int i = 0; i < kKeys; ++i) mget += "$3\r\nbig\r\n";
+  mget += kt::Cmd({"PING"});
+  ASSERT_TRUE(kt::SendAllRaw(fd, mget.data(), mget.size()));
+  const std::string head = "*" + std::to_string(kKeys) + "\r\n";
+  const std::string element = kt::Bulk(value);
+  const std::string tail = "+PONG\r\n";
+  const uint64_t body = static_cast<uint64_t>(kKeys) * element.size();
+  std::string why;
+  EXPECT_TRUE(RespStreamMatches(
+      fd, head.size() + body + tail.size(),
+      [&](uint64_t at) {
+        if (at < head.size()) return head[at];
+        at -= head.size();
+        if (at < body) return element[at % element.size()];
+        return tail[at - body];
+      },
+      &why, /*pause_ms=*/100))
+      << why;
+  ::close(fd);
   ExpectHealthy();
 }
 

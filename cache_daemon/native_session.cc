@@ -148,7 +148,14 @@ void NativeSession::DoClose() {
 }
 
 void NativeSession::MaybeRead() {
-  if (closed_ || reading_ || close_after_write_) return;
+  if (closed_) return;
+  if (reading_ || close_after_write_) {
+    // A request finished or a reply was written while a read waits: what the connection
+    // holds shrank, and an idle connection must not stay charged for it (its old charge
+    // could hold every connection's reads paused until it was closed as idle).
+    Account();
+    return;
+  }
   if (shared_->draining.load()) {
     if (inflight_ == 0 && wq_.empty()) DoClose();
     return;

@@ -98,7 +98,7 @@ class HostileTest : public ::testing::Test {
         "\"\n"
         "[storage]\ndram_capacity_bytes = 16777216\nssd_capacity_bytes = 0\n"
         "[limits]\nframe_timeout_ms = " +
-        std::to_string(kFrameTimeoutMs) + "\nidle_timeout_ms = " + std::to_string(kIdleMs) +
+        std::to_string(kFrameTimeoutMs) + "\nidle_timeout_ms = " + std::to_string(idle_ms_) +
         "\nreply_queue_bytes_max = " + std::to_string(kReplyQueueBytes) +
         "\nmax_inflight_per_connection = " + std::to_string(kInflight) +
         "\npreauth_frame_bytes_max = 4096\nresp_command_bytes_max = 2097152\n"
@@ -107,7 +107,7 @@ class HostileTest : public ::testing::Test {
         "\nunix_connections_max = 64\nnative_tcp_connections_max = 8\n"
         "resp_connections_max = " +
         std::to_string(kRespConnections) + "\nhttp_connections_max = 8\ntenant_connections_max = " +
-        std::to_string(kTenantConnections) + "\n");
+        std::to_string(kTenantConnections) + "\n" + extra_limits_);
     ASSERT_TRUE(d_->Start());
     bob_ = Connect("bob-token");
     ASSERT_NE(bob_, nullptr);
@@ -193,6 +193,13 @@ class HostileTest : public ::testing::Test {
     if (at == std::string::npos) return 0;
     return std::stoull(m.substr(at + series.size() + 1));
   }
+  // A gauge's value (a series without labels: its line, not its HELP line).
+  uint64_t Gauge(const std::string& name) {
+    std::string m = Metrics();
+    size_t at = m.find("\n" + name + " ");
+    EXPECT_NE(at, std::string::npos) << "no " << name << " on /metrics";
+    return at == std::string::npos ? 0 : std::stoull(m.substr(at + name.size() + 2));
+  }
   uint64_t Refusals(const std::string& reason) {
     return Counter("kvtier_connection_limit_refusals_total{reason=\"" + reason + "\"}");
   }
@@ -205,6 +212,8 @@ class HostileTest : public ::testing::Test {
   std::unique_ptr<kt::KvtierdProcess> d_;
   uint16_t native_port_ = 0;
   uint64_t memory_bytes_ = kConnectionMemoryBytes;  // limits.connection_memory_bytes_max
+  int idle_ms_ = kIdleMs;                           // limits.idle_timeout_ms
+  std::string extra_limits_;                        // more [limits] lines
   std::unique_ptr<Client> bob_;
   uint64_t rss_before_ = 0;
   std::thread well_;
@@ -804,6 +813,48 @@ TEST_F(HostileSmallBudgetTest, DaemonWideConnectionMemoryBudget) {
   // Closed while idle, their replies unread (not read here: that would let the writes move).
   for (auto& h : hogs) EXPECT_TRUE(h.HungUpWithin(kIdleMs * 3));
   StopWellBehaved();
+  ExpectHealthy();
+}
+
+class HostileIdleBuffersTest : public HostileTest {
+ protected:
+  HostileIdleBuffersTest() {
+    idle_ms_ = 60000;  // the connections stay open, idle, while the daemon is measured
+  }
+};
+
+// A native connection that sent one large request and went idle is charged nothing for it
+// once it is answered. The charge was recomputed only before a read, and the connection
+// already waited in one: it stayed charged the frame's 24 MiB while idle, and three such
+// connections held the 64 MiB connection_memory_bytes_max spent, pausing every connection's
+// reads (the well-behaved tenant's requests timed out) until they were closed as idle.
+TEST_F(HostileIdleBuffersTest, AnIdleConnectionIsNotChargedForItsFinishedRequest) {
+  StartWellBehaved();
+  std::vector<kt::RawNative> natives;
+  const std::vector<uint8_t> junk(24u << 20, 0xee);  // not a key list: answered at once
+  for (int c = 0; c < 3; ++c) {
+    auto raw = kt::RawNative::Unix(d_->socket());
+    ASSERT_TRUE(raw.Hello("alice-token"));
+    ASSERT_TRUE(raw.SendFrame(Opcode::kLookup, 7, junk));
+    auto r = raw.Read(10000);
+    ASSERT_TRUE(r.has_value()) << "connection " << c;
+    EXPECT_EQ(r->code, StatusCode::kInvalidArgument);
+    natives.push_back(std::move(raw));
+  }
+  // The three idle connections hold a read buffer each, nothing of their frames. (Waits for
+  // the strands to finish the replies' bookkeeping: the deadline only bounds a charge that
+  // never ends.)
+  uint64_t charged = Gauge("kvtier_connection_buffer_bytes");
+  for (int i = 0; i < 300 && charged > (8u << 20); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    charged = Gauge("kvtier_connection_buffer_bytes");
+  }
+  EXPECT_LE(charged, 8u << 20) << "idle connections still charged " << (charged >> 20) << " MiB";
+  auto fresh = Connect("alice-token");
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_TRUE(fresh->Lookup(std::vector<Key>{KeyOf(1)}).ok());
+  StopWellBehaved();
+  natives.clear();
   ExpectHealthy();
 }
 

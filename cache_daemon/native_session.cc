@@ -244,7 +244,7 @@ bool NativeSession::ReserveReply(uint64_t n, Job* job) {
 }
 
 void NativeSession::Account() {
-  uint64_t held = rbuf_.capacity() + parser_.buffered_bytes() + wq_bytes_.load() + inflight_bytes_ +
+  uint64_t held = rbuf_.capacity() + parser_.capacity_bytes() + wq_bytes_.load() + inflight_bytes_ +
                   (held_ ? held_->body.size() : 0);
   shared_->memory->Adjust(&charged_bytes_, held);
 }

@@ -83,8 +83,9 @@ void RespSession::SetCommandLimit() {
 }
 
 void RespSession::Account() {
-  uint64_t held = parser_.capacity_bytes() + pending_bytes() + wbuf_.size() + spare_bytes_ +
-                  txn_.held_bytes() + stalled_bytes_ + mget_keys_bytes_;
+  uint64_t held = parser_.capacity_bytes() + out_.capacity() + body_bytes_ + hold_bytes_ +
+                  wbuf_.capacity() + raw_.capacity() + spare_bytes_ + txn_.held_bytes() +
+                  stalled_bytes_ + mget_keys_bytes_;
   for (const Body& b : wbodies_) held += b.bytes.size();
   shared_->memory->Adjust(&charged_bytes_, held);
 }
@@ -125,6 +126,12 @@ void RespSession::ReadReady() {
   idle_.Touch(IdleWatch::NowMs());
   parser_.Commit(n);
   Process();
+}
+
+void RespSession::ReleaseIdleBuffers() {
+  if (out_.empty() && out_.capacity() > kKeepReplyBufferBytes) std::string().swap(out_);
+  if (!writing_ && wbuf_.capacity() > kKeepReplyBufferBytes) std::string().swap(wbuf_);
+  if (raw_.capacity() > kSpareBufferBytesMax) std::vector<uint8_t>().swap(raw_);
 }
 
 bool RespSession::HeldByMemoryGate() const {
@@ -182,6 +189,7 @@ void RespSession::Process() {
         !stalled_.empty()) {
       return;
     }
+    ReleaseIdleBuffers();
     if (parser_.buffered_bytes() > 0) ArmTimer();
     Read();
     return;

@@ -60,6 +60,9 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   static constexpr size_t kScatterMinBytes = 16u << 10;
   // Recycled GET buffers kept per connection (sum of capacities).
   static constexpr size_t kSpareBufferBytesMax = 2u << 20;
+  // Reply text buffers (out_, wbuf_) larger than this are freed once drained, before the
+  // connection waits for its next read (ReleaseIdleBuffers).
+  static constexpr size_t kKeepReplyBufferBytes = 1u << 20;
   static constexpr int kMaxAuthFailures = 3;
   // SETs of one connection pending at once (durability sync: RespDurableSets). Each also counts
   // its stored bytes plus kHoldOverheadBytes against the connection's reply budget.
@@ -96,8 +99,13 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   // Before authentication (auth on) a command may be no larger than a pre-auth frame.
   void SetCommandLimit();
 
-  // Reports what this connection holds to the daemon-wide budget.
+  // Reports what this connection holds to the daemon-wide budget: the capacities of its
+  // buffers, not only the bytes in them.
   void Account();
+
+  // Frees drained buffers a large command or reply grew (above kKeepReplyBufferBytes; raw_
+  // above kSpareBufferBytesMax), so that an idle connection holds little.
+  void ReleaseIdleBuffers();
 
   void Read();
 

@@ -141,6 +141,15 @@ StatusOr<bool> FrameParser::Next(Frame* out) {
   const uint8_t* body = buffer_.data() + consumed_ + kHeaderBytes;
   out->body.assign(body, body + h->body_bytes());
   consumed_ += total;
+  if (consumed_ == buffer_.size()) {  // drained: reuse from the start, or free a large buffer
+    if (buffer_.capacity() > kKeepBufferBytes) {
+      std::vector<uint8_t>().swap(buffer_);
+    } else {
+      buffer_.clear();
+    }
+    consumed_ = 0;
+    return true;
+  }
   // Compact once the consumed prefix dominates, so the buffer stays bounded by one frame.
   if (consumed_ > (1u << 16) && consumed_ * 2 > buffer_.size()) {
     buffer_.erase(buffer_.begin(), buffer_.begin() + static_cast<ptrdiff_t>(consumed_));

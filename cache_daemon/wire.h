@@ -121,6 +121,10 @@ struct Frame {
 // framing is lost and the only safe reaction is to close the connection.
 class FrameParser {
  public:
+  // A drained buffer whose capacity grew beyond this (a large frame) is freed rather than
+  // kept for the next frame, as resp::RespParser does.
+  static constexpr size_t kKeepBufferBytes = 4u << 20;
+
   explicit FrameParser(uint64_t max_frame_bytes) : max_frame_bytes_(max_frame_bytes) {}
   // Changes the limit for headers not yet decoded (a connection lowers it before
   // authentication, so an unauthenticated peer cannot announce a large frame).
@@ -128,10 +132,14 @@ class FrameParser {
 
   void Append(std::span<const uint8_t> bytes);
   // True and fills *out when a whole frame is buffered; false when more bytes are needed.
-  // InvalidArgument when the stream is malformed.
+  // InvalidArgument when the stream is malformed. A frame that leaves the buffer drained
+  // frees it when its capacity is over kKeepBufferBytes.
   StatusOr<bool> Next(Frame* out);
   // Bytes buffered that do not yet form a complete frame.
   size_t buffered_bytes() const { return buffer_.size() - consumed_; }
+  // Bytes allocated for the buffer: what the connection holds, also while idle (at most
+  // kKeepBufferBytes once drained).
+  size_t capacity_bytes() const { return buffer_.capacity(); }
   // True while a frame has started but is not complete.
   bool mid_frame() const { return buffered_bytes() > 0; }
 

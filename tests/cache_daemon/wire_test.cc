@@ -62,6 +62,50 @@ TEST(WireParser, SplitsFramesFedByteByByte) {
   EXPECT_FALSE(p.mid_frame());
 }
 
+// A large frame's buffer is freed once the frame leaves the parser drained: an idle connection
+// that once sent a 64 MiB frame used to keep 64-128 MiB that its accounting (buffered_bytes,
+// 0 by then) did not see. Small frames keep their buffer for the next one.
+TEST(WireParser, ALargeFramesBufferIsFreedWhenDrained) {
+  FrameParser p(64u << 20);
+  const std::vector<uint8_t> big_body(16u << 20, 0x5a);
+  const auto big = BuildFrame(static_cast<uint8_t>(Opcode::kPut), 0, 1, big_body);
+  const std::vector<uint8_t> no_keys = {0, 0};
+  const auto small = BuildFrame(static_cast<uint8_t>(Opcode::kLookup), 0, 2, no_keys);
+  Frame f;
+  for (size_t at = 0; at < big.size(); at += 256u << 10) {  // in read-sized chunks
+    const size_t n = std::min<size_t>(256u << 10, big.size() - at);
+    p.Append(std::span<const uint8_t>(big.data() + at, n));
+    if (at + n < big.size()) {
+      ASSERT_FALSE(*p.Next(&f));
+      EXPECT_GE(p.capacity_bytes(), p.buffered_bytes());
+    }
+  }
+  EXPECT_GE(p.capacity_bytes(), big.size());
+  ASSERT_TRUE(*p.Next(&f));
+  EXPECT_EQ(f.body, big_body);
+  EXPECT_EQ(p.buffered_bytes(), 0u);
+  EXPECT_LE(p.capacity_bytes(), FrameParser::kKeepBufferBytes);
+  // A large frame followed by part of the next keeps its buffer (the next one is arriving).
+  p.Append(big);
+  p.Append(std::span<const uint8_t>(small.data(), 5));
+  ASSERT_TRUE(*p.Next(&f));
+  EXPECT_EQ(p.buffered_bytes(), 5u);
+  p.Append(std::span<const uint8_t>(small.data() + 5, small.size() - 5));
+  ASSERT_TRUE(*p.Next(&f));
+  EXPECT_EQ(f.header.request_id, 2u);
+  EXPECT_LE(p.capacity_bytes(), FrameParser::kKeepBufferBytes);
+  // Small frames reuse one buffer.
+  p.Append(small);
+  ASSERT_TRUE(*p.Next(&f));
+  const size_t kept = p.capacity_bytes();
+  EXPECT_GT(kept, 0u);
+  for (int i = 0; i < 100; ++i) {
+    p.Append(small);
+    ASSERT_TRUE(*p.Next(&f));
+    EXPECT_EQ(p.capacity_bytes(), kept);
+  }
+}
+
 TEST(WireParser, OversizedFramePoisonsTheStream) {
   FrameParser p(1024);
   auto h = EncodeHeader(1, 0, 7, 4096);

@@ -820,6 +820,9 @@ class HostileIdleBuffersTest : public HostileTest {
  protected:
   HostileIdleBuffersTest() {
     idle_ms_ = 60000;  // the connections stay open, idle, while the daemon is measured
+    // Freed buffers leave the RSS at once (glibc's own threshold would keep some in its
+    // heaps), so that the RSS shows what the daemon holds; KEYS may answer 40 MiB.
+    extra_limits_ = "malloc_mmap_threshold_bytes = 1048576\nresp_keys_reply_bytes_max = 67108864\n";
   }
 };
 
@@ -856,6 +859,76 @@ TEST_F(HostileIdleBuffersTest, AnIdleConnectionIsNotChargedForItsFinishedRequest
   StopWellBehaved();
   natives.clear();
   ExpectHealthy();
+}
+
+// Connections that each once sent a large native frame or got a large RESP reply, then went
+// idle, hold no more than small buffers: the parser's frame buffer and the reply text buffers
+// are freed when they drain (what a connection keeps is charged to
+// connection_memory_bytes_max by capacity). They used to keep their largest size forever,
+// uncounted (an idle connection's buffered bytes are 0): 768 connections that once sent a
+// 64 MiB frame held 48-96 GiB outside the budget.
+TEST_F(HostileIdleBuffersTest, IdleConnectionsKeepNoLargeBuffers) {
+  constexpr size_t kFrameBodyBytes = 24u << 20;
+  constexpr int kNames = 400;
+  constexpr size_t kNameBytes = 100u << 10;  // KEYS answers 40 MiB
+  // The names are in the key index (RSS the daemon keeps): stored before the baseline.
+  {
+    int fd = kt::ConnectTcp(d_->resp_port());
+    ASSERT_EQ(RespAsk(fd, kt::Cmd({"AUTH", "alice-token"})), "+OK\r\n");
+    for (int i = 0; i < kNames; ++i) {
+      std::string name(kNameBytes, static_cast<char>('a' + i % 26));
+      name.replace(0, 8, std::to_string(10000000 + i));
+      ASSERT_EQ(RespAsk(fd, kt::Cmd({"SET", name, "v"})), "+OK\r\n");
+    }
+    ::close(fd);
+  }
+  const uint64_t rss_base = d_->RssBytes();
+  StartWellBehaved();
+  // Each tenant may hold kTenantConnections (6): bob 5 native connections besides bob_,
+  // alice (whose names they are) 6 RESP connections.
+  // Native: a LOOKUP frame of 24 MiB whose body is not a key list, answered InvalidArgument;
+  // the connection stays open.
+  std::vector<kt::RawNative> natives;
+  std::vector<uint8_t> junk(kFrameBodyBytes, 0xee);
+  for (int c = 0; c < 5; ++c) {
+    auto raw = kt::RawNative::Unix(d_->socket());
+    ASSERT_TRUE(raw.Hello("bob-token"));
+    ASSERT_TRUE(raw.SendFrame(Opcode::kLookup, 7, junk));
+    auto r = raw.Read(10000);
+    ASSERT_TRUE(r.has_value()) << "connection " << c;
+    EXPECT_EQ(r->code, StatusCode::kInvalidArgument);
+    natives.push_back(std::move(raw));
+  }
+  // RESP: KEYS * answers every name, 40 MiB, on each of 6 connections.
+  std::vector<int> resps;
+  uint64_t keys_reply_bytes = 0;
+  for (int c = 0; c < kTenantConnections; ++c) {
+    int fd = kt::ConnectTcp(d_->resp_port());
+    ASSERT_EQ(RespAsk(fd, kt::Cmd({"AUTH", "alice-token"})), "+OK\r\n");
+    const std::string keys = kt::Cmd({"KEYS", "*"});
+    ASSERT_TRUE(kt::SendAllRaw(fd, keys.data(), keys.size()));
+    const std::string head = "*" + std::to_string(kNames) + "\r\n";
+    const uint64_t want =
+        head.size() + static_cast<uint64_t>(kNames) * kt::Bulk(std::string(kNameBytes, 'x')).size();
+    std::string got = kt::RecvFor(fd, want, 10000);
+    ASSERT_EQ(got.size(), want) << got.substr(0, 100);
+    EXPECT_EQ(got.substr(0, head.size()), head);
+    keys_reply_bytes += got.size();
+    resps.push_back(fd);
+  }
+  EXPECT_GT(keys_reply_bytes, 200u << 20);
+  // Every connection idle now. Allowed: the connection budget and slack over the baseline,
+  // not a frame or a reply per connection (5 x 24 MiB and 6 x 40 MiB).
+  StopWellBehaved();
+  const uint64_t rss = d_->RssBytes();
+  std::fprintf(stderr, "kvtierd RSS %llu MiB with the idle connections (baseline %llu MiB)\n",
+               static_cast<unsigned long long>(rss >> 20),
+               static_cast<unsigned long long>(rss_base >> 20));
+  EXPECT_LE(rss, rss_base + kRssGrowthMaxBytes * kRssGrowthScale)
+      << "RSS " << (rss >> 20) << " MiB, baseline " << (rss_base >> 20) << " MiB";
+  for (int fd : resps) ::close(fd);
+  natives.clear();
+  ExpectHealthy(kRssGrowthMaxBytes + (rss_base - rss_before_));
 }
 
 }  // namespace

@@ -63,18 +63,46 @@ void RespParser::Append(std::span<const uint8_t> bytes) {
   Commit(bytes.size());
 }
 
-size_t RespParser::FindLineEnd(size_t pos) const {
-  size_t limit = std::min(end_, pos + limits_.max_inline_bytes + 2);
-  const char* base = buf_.get();
-  size_t i = pos;
-  while (i + 1 < limit) {
-    const void* cr = std::memchr(base + i, '\r', limit - 1 - i);
-    if (cr == nullptr) break;
-    i = static_cast<size_t>(static_cast<const char*>(cr) - base);
-    if (base[i + 1] == '\n') return i;
-    ++i;
+size_t RespParser::FindLineEnd(size_t pos, bool newline_only) {
+  if (pos - consumed_ != line_at_) {
+    line_at_ = pos - consumed_;
+    line_searched_ = 0;
   }
+  const size_t limit = std::min(end_, pos + limits_.max_inline_bytes + (newline_only ? 1 : 2));
+  const char* base = buf_.get();
+  const size_t from = pos + line_searched_;
+  size_t found = std::string::npos;
+  size_t i = from;
+  if (newline_only) {
+    const void* nl = i < limit ? std::memchr(base + i, '\n', limit - i) : nullptr;
+    if (nl != nullptr) found = static_cast<size_t>(static_cast<const char*>(nl) - base);
+  } else {
+    while (i + 1 < limit) {
+      const void* cr = std::memchr(base + i, '\r', limit - 1 - i);
+      if (cr == nullptr) break;
+      i = static_cast<size_t>(static_cast<const char*>(cr) - base);
+      if (base[i + 1] == '\n') {
+        found = i;
+        break;
+      }
+      ++i;
+    }
+  }
+  if (found != std::string::npos) {
+    parse_steps_ += found + 1 - from;
+    return found;
+  }
+  // Nothing before clear_end ends the line (with "\r\n", the last byte may start an end).
+  const size_t clear_end = newline_only ? limit : std::max(limit, pos + 1) - 1;
+  parse_steps_ += limit > from ? limit - from : 0;
+  line_searched_ = std::max(clear_end, from) - pos;
   return std::string::npos;
+}
+
+void RespParser::ForgetPartial() {
+  partial_ = Partial{};
+  line_at_ = kNoLine;
+  line_searched_ = 0;
 }
 
 StatusOr<bool> RespParser::Next(std::vector<std::string>* argv) {
@@ -99,71 +127,102 @@ StatusOr<bool> RespParser::Next(std::vector<std::string_view>* argv) {
     return false;
   }
   consumed_ += *used;
+  ForgetPartial();
   return true;
 }
 
 StatusOr<size_t> RespParser::ParseMultibulk(std::vector<std::string_view>* argv) {
   const std::string_view in = data();
-  size_t pos = consumed_;
   const size_t max_command = limits_.max_command_bytes;
-  size_t eol = FindLineEnd(pos);
-  if (eol == std::string::npos) {
-    if (in.size() - pos > limits_.max_inline_bytes) {
-      return ProtocolError("too big mbulk count string");
-    }
-    if (in.size() - pos > max_command) return CommandTooBig(max_command);
-    return size_t{0};
-  }
-  int64_t count = 0;
-  if (!ParseInt(in.substr(pos + 1, eol - pos - 1), &count)) {
-    return ProtocolError("invalid multibulk length");
-  }
-  if (count > static_cast<int64_t>(limits_.max_args)) {
-    return ProtocolError("invalid multibulk length");
-  }
-  pos = eol + 2;
-  if (count <= 0) return pos - consumed_;  // "*0" / "*-1": an empty command, skipped
-  argv->reserve(static_cast<size_t>(std::min<int64_t>(count, 1024)));
-  for (int64_t i = 0; i < count; ++i) {
-    if (pos >= in.size()) return size_t{0};
-    if (in[pos] != '$') {
-      return ProtocolError(std::string("expected '$', got '") + in[pos] + "'");
-    }
-    eol = FindLineEnd(pos);
+  if (partial_.count == 0) {  // the "*N" line
+    const size_t pos = consumed_;
+    const size_t eol = FindLineEnd(pos);
     if (eol == std::string::npos) {
       if (in.size() - pos > limits_.max_inline_bytes) {
-        return ProtocolError("too big bulk count string");
+        return ProtocolError("too big mbulk count string");
       }
-      if (in.size() - consumed_ > max_command) return CommandTooBig(max_command);
+      if (in.size() - pos > max_command) return CommandTooBig(max_command);
       return size_t{0};
     }
-    int64_t len = 0;
-    if (!ParseInt(in.substr(pos + 1, eol - pos - 1), &len) || len < 0 ||
-        static_cast<uint64_t>(len) > limits_.max_bulk_bytes) {
-      return ProtocolError("invalid bulk length");
+    int64_t count = 0;
+    if (!ParseInt(in.substr(pos + 1, eol - pos - 1), &count)) {
+      return ProtocolError("invalid multibulk length");
     }
-    pos = eol + 2;
-    size_t n = static_cast<size_t>(len);
-    // Judged from the header: the argument's bytes need not arrive to be refused.
-    if (pos - consumed_ > max_command || n + 2 > max_command - (pos - consumed_)) {
-      return CommandTooBig(max_command);
+    if (count > static_cast<int64_t>(limits_.max_args)) {
+      return ProtocolError("invalid multibulk length");
     }
-    if (in.size() - pos < n + 2) return size_t{0};
-    if (in[pos + n] != '\r' || in[pos + n + 1] != '\n') {
+    const size_t first = eol + 2 - consumed_;
+    if (count <= 0) return first;  // "*0" / "*-1": an empty command, skipped
+    partial_ = Partial{.count = count, .first = first, .pos = first};
+  }
+  // Resumes at the first argument not yet complete: those before it were checked already.
+  // A command parsed in one go (the usual case) hands out its views on the way; one resumed
+  // collects them at the end (CollectArguments).
+  const bool in_one_go = partial_.done == 0 && partial_.arg_bytes < 0;
+  if (in_one_go) argv->reserve(static_cast<size_t>(std::min<int64_t>(partial_.count, 1024)));
+  while (partial_.done < partial_.count) {
+    if (partial_.arg_bytes < 0) {  // its "$N" line
+      const size_t pos = consumed_ + partial_.pos;
+      if (pos >= in.size()) return size_t{0};
+      if (in[pos] != '$') {
+        return ProtocolError(std::string("expected '$', got '") + in[pos] + "'");
+      }
+      const size_t eol = FindLineEnd(pos);
+      if (eol == std::string::npos) {
+        if (in.size() - pos > limits_.max_inline_bytes) {
+          return ProtocolError("too big bulk count string");
+        }
+        if (in.size() - consumed_ > max_command) return CommandTooBig(max_command);
+        return size_t{0};
+      }
+      int64_t len = 0;
+      if (!ParseInt(in.substr(pos + 1, eol - pos - 1), &len) || len < 0 ||
+          static_cast<uint64_t>(len) > limits_.max_bulk_bytes) {
+        return ProtocolError("invalid bulk length");
+      }
+      ++parse_steps_;
+      const size_t at = eol + 2 - consumed_;
+      const size_t n = static_cast<size_t>(len);
+      // Judged from the header: the argument's bytes need not arrive to be refused.
+      if (at > max_command || n + 2 > max_command - at) return CommandTooBig(max_command);
+      partial_.arg_bytes = len;
+      partial_.arg_at = at;
+    }
+    const size_t at = consumed_ + partial_.arg_at;
+    const size_t n = static_cast<size_t>(partial_.arg_bytes);
+    if (in.size() - at < n + 2) return size_t{0};
+    if (in[at + n] != '\r' || in[at + n + 1] != '\n') {
       return ProtocolError("bulk string not terminated by CRLF");
     }
-    argv->push_back(in.substr(pos, n));
-    pos += n + 2;
+    if (in_one_go) argv->push_back(in.substr(at, n));
+    ++partial_.done;
+    partial_.pos = at + n + 2 - consumed_;
+    partial_.arg_bytes = -1;
   }
-  return pos - consumed_;
+  if (!in_one_go) CollectArguments(argv);
+  return partial_.pos;
+}
+
+void RespParser::CollectArguments(std::vector<std::string_view>* argv) {
+  const std::string_view in = data();
+  argv->reserve(static_cast<size_t>(std::min<int64_t>(partial_.count, 1024)));
+  size_t pos = consumed_ + partial_.first;
+  for (int64_t i = 0; i < partial_.count; ++i) {
+    // "$<digits>\r\n", checked when it was read: its first '\r' ends it.
+    const size_t eol = in.find('\r', pos + 1);
+    size_t n = 0;
+    std::from_chars(in.data() + pos + 1, in.data() + eol, n);
+    parse_steps_ += eol - pos + 1;
+    argv->push_back(in.substr(eol + 2, n));
+    pos = eol + 2 + n + 2;
+  }
 }
 
 StatusOr<size_t> RespParser::ParseInline(std::vector<std::string_view>* argv) {
   const std::string_view in = data();
-  size_t pos = consumed_;
-  size_t limit = std::min(in.size(), pos + limits_.max_inline_bytes + 1);
-  size_t nl = in.find('\n', pos);
-  if (nl == std::string::npos || nl >= limit) {
+  const size_t pos = consumed_;
+  const size_t nl = FindLineEnd(pos, /*newline_only=*/true);
+  if (nl == std::string::npos) {
     if (in.size() - pos > limits_.max_inline_bytes) {
       return ProtocolError("too big inline request");
     }

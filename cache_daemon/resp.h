@@ -11,7 +11,9 @@
 // not copied between the socket and the store's envelope. Views stay valid until the next
 // Append / PrepareWrite call; the buffer never holds more than one incomplete command plus one
 // read (the session stops reading while replies are pending), and is released when it drains
-// if it grew beyond kKeepBufferBytes.
+// if it grew beyond kKeepBufferBytes. An incomplete command's parse resumes where it stopped
+// (the arguments already complete, the bytes of a line already searched), so the work is
+// linear in the input however it is split into reads.
 //
 // Thread safety: a RespParser belongs to one connection and is not thread-safe. The encoders
 // are pure functions.
@@ -71,14 +73,36 @@ class RespParser {
   size_t buffered_bytes() const { return end_ - consumed_; }
   // Bytes allocated for the buffer (what the connection holds while idle).
   size_t capacity_bytes() const { return capacity_; }
+  // The parser's work so far, for tests: bytes searched for line ends, plus one per argument
+  // header read and one per argument handed out. Linear in the input bytes however they are
+  // split into Append calls.
+  uint64_t parse_steps() const { return parse_steps_; }
 
  private:
+  // A multibulk command not yet complete (count > 0): its parse resumes at pos.
+  struct Partial {
+    int64_t count = 0;       // its argument count
+    int64_t done = 0;        // arguments complete
+    size_t first = 0;        // where the first argument's header starts, relative to consumed_
+    size_t pos = 0;          // where the next argument's header starts, relative to consumed_
+    int64_t arg_bytes = -1;  // the next argument's length once its header is read, else -1
+    size_t arg_at = 0;       // where its bytes start, relative to consumed_
+  };
+  static constexpr size_t kNoLine = static_cast<size_t>(-1);
+
   std::string_view data() const { return std::string_view(buf_.get(), end_); }
   // Parses at data()[consumed_...]; returns bytes used (0: incomplete) or an error.
   StatusOr<size_t> ParseMultibulk(std::vector<std::string_view>* argv);
   StatusOr<size_t> ParseInline(std::vector<std::string_view>* argv);
-  // Finds "\r\n" from pos within max_inline_bytes; npos when absent.
-  size_t FindLineEnd(size_t pos) const;
+  // Views of a resumed multibulk command's arguments, once it is complete (their headers
+  // were checked as they arrived).
+  void CollectArguments(std::vector<std::string_view>* argv);
+  // Finds `terminator` ("\r\n", or "\n" alone) from pos within max_inline_bytes (+2 for
+  // "\r\n"); npos when absent. A search that fails remembers how far it got, and the next
+  // search of the same line resumes there.
+  size_t FindLineEnd(size_t pos, bool newline_only = false);
+  // A command was taken: the next one starts afresh.
+  void ForgetPartial();
 
   RespLimits limits_;
   std::unique_ptr<char[]> buf_;  // [0, end_) holds data; [consumed_, end_) is unparsed
@@ -86,6 +110,10 @@ class RespParser {
   size_t end_ = 0;
   size_t consumed_ = 0;
   Status failed_;
+  Partial partial_;
+  size_t line_at_ = kNoLine;  // the line last searched, relative to consumed_
+  size_t line_searched_ = 0;  // its bytes known to hold no line end (from its start)
+  uint64_t parse_steps_ = 0;
 };
 
 // ---- reply encoders (append to *out) ----

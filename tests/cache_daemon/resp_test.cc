@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
+#include <random>
 #include <thread>
 
 #include "cache_daemon/daemon.h"
@@ -41,6 +43,119 @@ TEST(RespParser, MultibulkAcrossArbitrarySplits) {
     EXPECT_EQ(cmds[1], (Argv{"PING"}));
     EXPECT_EQ(p.buffered_bytes(), 0u);
   }
+}
+
+// What a parser yields for a stream fed in pieces of the given sizes (cycled), calling Next
+// after each piece until it has nothing more: the commands, then "error: <status>" if it
+// failed.
+std::vector<Argv> ParseInPieces(const std::string& wire, const std::vector<size_t>& pieces,
+                                RespLimits limits) {
+  RespParser p(limits);
+  std::vector<Argv> out;
+  Argv a;
+  size_t at = 0;
+  for (size_t i = 0; at < wire.size(); ++i) {
+    const size_t n = std::min(pieces[i % pieces.size()], wire.size() - at);
+    p.Append(std::string_view(wire).substr(at, n));
+    at += n;
+    for (;;) {
+      StatusOr<bool> got = p.Next(&a);
+      if (!got.ok()) {
+        out.push_back(Argv{"error: " + got.status().ToString()});
+        return out;
+      }
+      if (!*got) break;
+      out.push_back(a);
+    }
+  }
+  return out;
+}
+
+// The commands a stream yields, and the error that ends it, do not depend on how its bytes
+// are split into reads (the parse of an incomplete command resumes where it stopped).
+TEST(RespParser, OutcomeDoesNotDependOnHowBytesAreSplit) {
+  std::mt19937 rng(20261205);
+  const RespLimits limits{
+      .max_args = 12, .max_bulk_bytes = 300, .max_inline_bytes = 64, .max_command_bytes = 2000};
+  auto arg = [&] {
+    std::string s(rng() % 3 == 0 ? rng() % 300 : rng() % 12, 'x');
+    for (char& c : s) c = "ab\r\n\0$*"[rng() % 7];
+    return s;
+  };
+  for (int round = 0; round < 300; ++round) {
+    std::string wire;
+    const int commands = 1 + static_cast<int>(rng() % 8);
+    for (int c = 0; c < commands; ++c) {
+      switch (rng() % 6) {
+        case 0:  // inline
+          wire += "SET  k" + std::to_string(rng() % 100) + " v\t" + std::string(rng() % 40, 'w') +
+                  (rng() % 2 ? "\r\n" : "\n");
+          break;
+        case 1:  // empty multibulk
+          wire += rng() % 2 ? "*0\r\n" : "*-1\r\n";
+          break;
+        default: {
+          const size_t n = 1 + rng() % 12;
+          wire += "*" + std::to_string(n) + "\r\n";
+          for (size_t i = 0; i < n; ++i) {
+            std::string v = arg();
+            // Leading zeros in a length are valid and make long header lines.
+            wire += "$" + std::string(rng() % 4 == 0 ? rng() % 40 : 0, '0') +
+                    std::to_string(v.size()) + "\r\n" + v + "\r\n";
+          }
+        }
+      }
+    }
+    if (rng() % 3 == 0) {  // then a protocol error or a limit, sometimes
+      const char* bad[] = {
+          "*x\r\n",
+          "*1\r\nX3\r\n",
+          "*13\r\n",
+          "*1\r\n$301\r\n",
+          "*1\r\n$3\r\nabcXY",
+          "*2\r\n$1999\r\n",
+          "PING PING PING PING PING PING PING PING PING PING PING PING PING\n",
+          "*1\r\n$00000000000000000000000000000000000000000000000000000000000001\r\n"};
+      wire += bad[rng() % std::size(bad)];
+    }
+    const std::vector<Argv> whole = ParseInPieces(wire, {wire.size()}, limits);
+    EXPECT_EQ(ParseInPieces(wire, {1}, limits), whole) << "round " << round;
+    EXPECT_EQ(ParseInPieces(wire, {2, 1, 3}, limits), whole) << "round " << round;
+    std::vector<size_t> random;
+    for (int i = 0; i < 16; ++i) random.push_back(1 + rng() % 64);
+    EXPECT_EQ(ParseInPieces(wire, random, limits), whole) << "round " << round;
+  }
+}
+
+// The parser's work is linear in its input however the input is split: an incomplete
+// command resumes at its first unfinished argument, and a line's search where the last one
+// stopped. A command of 65,536 empty arguments sent one argument per read used to be
+// re-parsed from its start on every read (2^31 argument headers for 393 KB); a long line or
+// a long length header sent a byte at a time was searched again from its start.
+TEST(RespParser, WorkIsLinearHoweverACommandIsSplit) {
+  auto steps = [](const std::string& wire, size_t piece) {
+    RespParser p;
+    Argv a;
+    size_t commands = 0;
+    for (size_t at = 0; at < wire.size(); at += piece) {
+      p.Append(std::string_view(wire).substr(at, piece));
+      StatusOr<bool> got = p.Next(&a);
+      EXPECT_TRUE(got.ok()) << got.status().ToString();
+      commands += got.ok() && *got ? 1 : 0;
+    }
+    EXPECT_EQ(commands, 1u);
+    EXPECT_EQ(p.buffered_bytes(), 0u);
+    return p.parse_steps();
+  };
+  std::string many = "*65536\r\n";
+  for (int i = 0; i < 65536; ++i) many += "$0\r\n\r\n";
+  EXPECT_LE(steps(many, 6), 4 * many.size());
+  EXPECT_LE(steps(many, 1), 4 * many.size());
+  const std::string line = "SET k " + std::string(60000, 'v') + "\r\n";
+  EXPECT_LE(steps(line, 1), 4 * line.size());
+  const std::string long_header =
+      "*1\r\n$" + std::string(60000, '0') + "100000\r\n" + std::string(100000, 'b') + "\r\n";
+  EXPECT_LE(steps(long_header, 1), 4 * long_header.size());
 }
 
 TEST(RespParser, InlineCommands) {

@@ -55,7 +55,7 @@ Status NativeSession::ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_
     case Opcode::kLookup: {
       KVTIER_ASSIGN_OR_RETURN(std::vector<wire::Key> keys, wire::DecodeKeys(body));
       KVTIER_RETURN_IF_ERROR(CheckBatch(keys.size()));
-      wire::LookupReply r = svc->Lookup(t, keys, unit_tokens);
+      wire::LookupReply r = svc->Lookup(t, keys, unit_tokens, job.request);
       *out = Response(h, 0, Status::Ok(), [&](wire::Writer* w) { wire::EncodeLookupReply(r, w); });
       return Status::Ok();
     }

@@ -144,7 +144,7 @@ storage::Key Service::BindResp(const Tenant& t, std::string_view key, RespKeyCac
 }
 
 void Service::Trace(const char* op, const Tenant& t, std::span<const storage::Key> keys,
-                    uint64_t bytes, uint32_t unit_tokens) {
+                    uint64_t bytes, uint32_t unit_tokens, uint64_t request) {
   if (trace_ == nullptr) return;
   TraceRecord r;
   r.op = op;
@@ -153,16 +153,18 @@ void Service::Trace(const char* op, const Tenant& t, std::span<const storage::Ke
   for (const storage::Key& k : keys) r.ids.push_back(KeyId(k));
   r.bytes = bytes;
   r.unit_tokens = unit_tokens;
+  r.request = request;
   uint64_t before = trace_->dropped();
   trace_->Record(std::move(r));
   if (trace_->dropped() != before) metrics_->trace_records_dropped.fetch_add(1);
 }
 
 wire::LookupReply Service::Lookup(const Tenant& t, std::span<const wire::Key> chain,
-                                  uint32_t unit_tokens) {
+                                  uint32_t unit_tokens, const storage::RequestTag& request) {
   std::vector<storage::Key> keys(chain.size());
   for (size_t i = 0; i < chain.size(); ++i) keys[i] = Bind(t, chain[i]);
   storage::LookupResult r = store_->Lookup(keys);
+  const uint64_t local_hits = std::min(r.hit_count, keys.size()), local_bytes = r.hit_bytes;
   if (router_ != nullptr && r.hit_count < keys.size()) {
     // The longest prefix held anywhere: keys past the local prefix are asked of their owners.
     std::vector<uint8_t> tiers(keys.size(), cluster::kPeerTierAbsent);
@@ -184,7 +186,11 @@ wire::LookupReply Service::Lookup(const Tenant& t, std::span<const wire::Key> ch
           hits < keys.size() ? storage::MissReason::kNeverStored : storage::MissReason::kNone;
     }
   }
-  Trace("lookup", t, keys, 0, unit_tokens);
+  // The bytes the units would have (docs/format/trace.md): the local hits' own, and their mean
+  // for each other unit (0 when nothing hit here: the sizes are unknown until the PUT).
+  const uint64_t bytes =
+      local_hits == 0 ? 0 : local_bytes + (keys.size() - local_hits) * (local_bytes / local_hits);
+  Trace("lookup", t, keys, bytes, unit_tokens, request.id);
   wire::LookupReply reply;
   reply.hit_count = static_cast<uint32_t>(std::min(r.hit_count, chain.size()));
   for (uint32_t i = 0; i < reply.hit_count; ++i) {
@@ -248,7 +254,7 @@ std::vector<StatusCode> Service::Put(const Tenant& t, const wire::PutRequest& ar
     }
   }
   if (!keys.empty())
-    Trace("put", t, keys, bytes, unit_tokens ? unit_tokens : args.recompute_tokens);
+    Trace("put", t, keys, bytes, unit_tokens ? unit_tokens : args.recompute_tokens, request.id);
   return codes;
 }
 
@@ -267,6 +273,14 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
   // One request for the policies however many batches it takes: the turn's, or its own.
   const storage::RequestTag request = given.id != 0 ? given : store_->BeginRequest();
   bool visited_called = false;
+  // Traced before the reply (with `visited`), so that the trace has the GET before the
+  // client's next call: the replay then touches the policies in the order the tiers did.
+  bool traced = false;
+  const std::function<void()> reply = [&]() {
+    if (!traced) Trace("get", t, keys, bytes, unit_tokens, request.id);
+    traced = true;
+    if (visited) visited();
+  };
   for (size_t first = 0; first < keys.size(); first += storage::kMaxBatch) {
     size_t n = std::min(storage::kMaxBatch, keys.size() - first);
     if (router_ == nullptr) {
@@ -280,7 +294,7 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
             if (st.ok()) bytes += v.size();
             visit(first + j, st, tier, v);
           },
-          request, last ? visited : nullptr);
+          request, last ? reply : nullptr);
       if (last) visited_called = true;
       continue;
     }
@@ -315,8 +329,7 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
             st.ok() ? std::span<const uint8_t>(values[j]) : std::span<const uint8_t>());
     }
   }
-  if (visited && !visited_called) visited();  // no keys, or the cluster path
-  Trace("get", t, keys, bytes, unit_tokens);
+  if (!visited_called) reply();  // no keys, or the cluster path
 }
 
 Status Service::Prefetch(const Tenant& t, std::span<const wire::Key> chain) {

@@ -139,7 +139,9 @@ class Service {
   // cache may be null (no memo).
   storage::Key BindResp(const Tenant& t, std::string_view key, RespKeyCache* cache = nullptr) const;
 
-  wire::LookupReply Lookup(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens);
+  // `request`: the turn's (RequestTag), for the trace only (a lookup touches no policy).
+  wire::LookupReply Lookup(const Tenant& t, std::span<const wire::Key> chain, uint32_t unit_tokens,
+                           const storage::RequestTag& request = {});
   // One status per unit; a unit whose parent is all zeros has no parent. The batch is one
   // request for the eviction policies: `request` (a native turn's), or a new one when its id
   // is 0 (storage::RequestTag).
@@ -241,8 +243,9 @@ class Service {
   const TenantRegistry& tenants() const { return *tenants_; }
 
  private:
+  // request: the storage request's id (0: none), so a turn's records replay as one request.
   void Trace(const char* op, const Tenant& t, std::span<const storage::Key> keys, uint64_t bytes,
-             uint32_t unit_tokens);
+             uint32_t unit_tokens, uint64_t request = 0);
   std::mutex& KeyLock(const storage::Key& k);
   // The RESP name index at a limit may be full of names whose units the store has since
   // evicted or expired (a name is dropped only when a SCAN meets it), and a new SET's name

@@ -49,7 +49,9 @@ std::string TraceWriter::FormatLine(const TraceRecord& r) {
     s += std::to_string(r.ids[i]);
   }
   s += "],\"bytes\":" + std::to_string(r.bytes) +
-       ",\"unit_tokens\":" + std::to_string(r.unit_tokens) + "}";
+       ",\"unit_tokens\":" + std::to_string(r.unit_tokens);
+  if (r.request != 0) s += ",\"request\":" + std::to_string(r.request);
+  s += '}';
   return s;
 }
 

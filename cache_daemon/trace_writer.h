@@ -1,7 +1,9 @@
 // Records the request stream in the trace format that `kvtier sim` replays
 // (docs/format/trace.md): zstd-compressed JSON Lines, one request per line:
 //   {"ts_ms":<u64 ms since trace start>,"op":"lookup"|"get"|"put"|"delete","tenant":<u32>,
-//    "ids":[<u64>...],"bytes":<u64>,"unit_tokens":<u32>}
+//    "ids":[<u64>...],"bytes":<u64>,"unit_tokens":<u32>[,"request":<u64>]}
+// "request" (when not 0): the storage request (storage::RequestTag id) the call belonged to;
+// an engine turn's LOOKUP, GET and PUT share it, so the simulator replays them as one.
 // ids are storage-key ids in prefix order (first 8 bytes of the storage key, little-endian),
 // so traces carry no key material beyond that policy id.
 //
@@ -35,6 +37,7 @@ struct TraceRecord {
   std::vector<uint64_t> ids;
   uint64_t bytes = 0;
   uint32_t unit_tokens = 0;
+  uint64_t request = 0;  // storage::RequestTag id; 0: none (written only when not 0)
 };
 
 class TraceWriter {

@@ -1,8 +1,10 @@
 #include "sim/simulator.h"
 
 #include <algorithm>
+#include <deque>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "policies/belady/belady.h"
 
@@ -38,6 +40,8 @@ class Builder {
       out_->parent.push_back(parent);
       out_->size_bytes.push_back(size_bytes);
       out_->unit_tokens.push_back(whole_tokens);
+    } else if (out_->size_bytes[it->second] == 0) {
+      out_->size_bytes[it->second] = size_bytes;  // first named by a record that knew no size
     }
     out_->unit.push_back(it->second);
     out_->tokens.push_back(tokens);
@@ -261,6 +265,12 @@ class Replay {
   void InsertInto(Tier& tier, uint32_t u, bool demote_victims);
   void Demote(ObjectId victim);
   void RunPrefixRequest(const UnitTrace::Request& r);
+  // A kvtier "lookup": its references are counted (hits, misses, prefix tokens) from what the
+  // tiers hold, and no policy is told anything, as the live Lookup touches no policy.
+  void CountLookup(const UnitTrace::Request& r);
+  // A "get" of a request whose lookup already counted the references: only the policies hear
+  // of it (hits, SSD hits promoted); a miss does nothing (the request's put inserts it).
+  void TouchLookedUp(const UnitTrace::Request& r);
 
   const UnitTrace& trace_;
   const SimOptions& options_;
@@ -273,8 +283,59 @@ class Replay {
   uint64_t request_key_ = 0, ssd_request_ = 0;
   size_t request_units_ = 0;       // a request without an id: its units (PrefixLayer's units_hint)
   std::vector<uint32_t> promote_;  // kPlain: SSD hits of the record, promoted at its end
+  // Requests (ids) that had a lookup record, the newest kLookedUpMax: a record of one of them
+  // may come after other requests' records (concurrent clients), not only right after it.
+  static constexpr size_t kLookedUpMax = 65536;
+  std::unordered_set<uint64_t> looked_up_;
+  std::deque<uint64_t> looked_up_order_;
   SimResult res_;
 };
+
+void Replay::CountLookup(const UnitTrace::Request& r) {
+  bool prefix_alive = true;
+  for (uint32_t k = 0; k < r.num_refs; ++k) {
+    const uint32_t t = r.first_ref + k;
+    const ObjectId id = trace_.unit[t] + 1ull;
+    ++res_.read_refs;
+    admission_->OnLookup(id, now_us_);
+    res_.input_tokens += trace_.tokens[t];
+    // The live Lookup answers the leading hits only: from the first miss on, every unit is a
+    // miss to the engine (it recomputes and puts them), cached or not.
+    if (prefix_alive && dram_.policy->Contains(id)) {
+      ++res_.dram_hits;
+    } else if (prefix_alive && ssd_.capacity > 0 && ssd_.policy->Contains(id)) {
+      ++res_.ssd_hits;
+    } else {
+      prefix_alive = false;
+      ++res_.misses;
+      continue;
+    }
+    res_.prefix_hit_tokens += trace_.tokens[t];
+  }
+}
+
+void Replay::TouchLookedUp(const UnitTrace::Request& r) {
+  for (uint32_t k = 0; k < r.num_refs; ++k) {
+    const uint32_t t = r.first_ref + k;
+    const uint32_t u = trace_.unit[t];
+    Refer(u, trace_.next_ref[t]);
+    if (dram_.policy->Contains(u + 1ull)) {
+      dram_.policy->OnAccess(u + 1ull, now_us_);
+    } else if (ssd_.capacity > 0 && ssd_.policy->Contains(u + 1ull)) {
+      Ssd()->OnAccess(u + 1ull, now_us_);
+      promote_.push_back(u);
+    }
+  }
+  // Promoted after the record's hits, as the live tiers promote a batch GET's SSD hits (under
+  // the prefix layer deepest first, as it inserts).
+  if (options_.structure == Structure::kPrefix) std::reverse(promote_.begin(), promote_.end());
+  for (uint32_t u : promote_) {
+    if (ssd_.policy->Contains(u + 1ull) && !dram_.policy->Contains(u + 1ull)) {
+      InsertInto(dram_, u, true);
+    }
+  }
+  promote_.clear();
+}
 
 void Replay::InsertInto(Tier& tier, uint32_t u, bool demote_victims) {
   if (tier.capacity == 0) return;
@@ -317,6 +378,29 @@ SimResult Replay::Run() {
       Begin(dram_);
     }
     last_request = r.request;
+    if (r.op == TraceOp::kLookup ||
+        (r.op == TraceOp::kGet && r.request != 0 && looked_up_.count(r.request) != 0)) {
+      if (options_.progress) {
+        for (uint32_t k = 0; k < r.num_refs; ++k) {
+          if (++done % progress_step == 0) {
+            options_.progress(static_cast<double>(done) / static_cast<double>(total));
+          }
+        }
+      }
+      if (r.op == TraceOp::kLookup) {
+        CountLookup(r);
+        if (r.request != 0 && looked_up_.insert(r.request).second) {
+          looked_up_order_.push_back(r.request);
+          if (looked_up_order_.size() > kLookedUpMax) {
+            looked_up_.erase(looked_up_order_.front());
+            looked_up_order_.pop_front();
+          }
+        }
+      } else {
+        TouchLookedUp(r);
+      }
+      continue;
+    }
     if (options_.structure == Structure::kPrefix && r.op != TraceOp::kDelete &&
         r.op != TraceOp::kPut) {
       if (options_.progress) {

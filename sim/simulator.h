@@ -4,10 +4,17 @@
 //
 // Replay semantics (chosen so that one unit per trace block reproduces libCacheSim):
 //  * Requests in file order, then their units in prefix order. A read (Mooncake requests,
-//    kvtier "lookup"/"get") of a unit is a DRAM hit, an SSD hit (the unit is promoted into
-//    DRAM and keeps its SSD copy) or a miss (the unit is inserted into DRAM, the engine having
+//    kvtier "get") of a unit is a DRAM hit, an SSD hit (the unit is promoted into DRAM and
+//    keeps its SSD copy) or a miss (the unit is inserted into DRAM, the engine having
 //    recomputed it). kvtier "put" inserts units not cached (no hit/miss counted); "delete"
 //    removes them from both tiers.
+//  * kvtier "lookup" counts its units as reads (hits, misses, prefix tokens: what the tiers
+//    hold) and tells no policy anything, as the live Lookup. A "get" of the same request after
+//    a lookup (an engine turn: LOOKUP N, GET the H hits, PUT the N-H misses) counts nothing
+//    again: it reports its hits to the policies and promotes its SSD hits, and a miss does
+//    nothing (the turn's put inserts it). So a turn is N references, H hits and N-H misses.
+//  * A kvtier unit's size is bytes / ids of the first record naming it with bytes > 0 (a lookup
+//    that hit nothing records 0: the sizes are unknown until the put).
 //  * Every request begins with OnRequest(its time) on the DRAM policy, and on the SSD policy
 //    before the request's first call reaching it (as the live SSD tier). Records of a kvtier
 //    trace that share a request id (TraceRequest::request: an engine turn's LOOKUP/GET/PUT)

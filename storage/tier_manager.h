@@ -227,6 +227,8 @@ struct LookupResult {
   std::vector<Tier> tiers;
   // Why key[hit_count] missed (kNone when everything hit).
   MissReason first_miss = MissReason::kNone;
+  // Value bytes of the hit units (their stored values; 0 when nothing hit).
+  uint64_t hit_bytes = 0;
 };
 
 struct TierStats {

@@ -270,7 +270,8 @@ class TierManagerImpl final : public TierManager {
     }
   }
   // Where the key is now (fastest tier), kNone if absent; *expired when present but past TTL.
-  Tier Locate(const Key& key, bool* expired) const;
+  // *bytes (when not null): the value's bytes where it was found.
+  Tier Locate(const Key& key, bool* expired, uint64_t* bytes = nullptr) const;
 
   // ---- under mu_ ----
   // `request`: the policy calls' request (RequestTag); null for none (Flush's write-back).

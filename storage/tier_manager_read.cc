@@ -62,18 +62,24 @@ void TierManagerImpl::ListUnits(UnitCursor* cursor, size_t units_max, std::vecto
   cursor->done = cursor->bucket >= dir_.bucket_count();
 }
 
-Tier TierManagerImpl::Locate(const Key& key, bool* expired) const {
+Tier TierManagerImpl::Locate(const Key& key, bool* expired, uint64_t* bytes) const {
   *expired = false;
   MemMeta m;
   if (hbm_ && hbm_->Contains(key, &m)) {
     *expired = Expired(m.expires_ms);
+    if (bytes != nullptr) *bytes = m.size_bytes;
     return Tier::kHbm;
   }
   if (dram_ && dram_->Contains(key, &m)) {
     *expired = Expired(m.expires_ms);
+    if (bytes != nullptr) *bytes = m.size_bytes;
     return Tier::kDram;
   }
-  if (ssd_ && ssd_->Contains(key)) return Tier::kSsd;  // expiry checked on read
+  SsdMeta sm;
+  if (ssd_ && ssd_->Contains(key, nullptr, bytes != nullptr ? &sm : nullptr)) {
+    if (bytes != nullptr) *bytes = sm.raw_bytes;
+    return Tier::kSsd;  // expiry checked on read
+  }
   return Tier::kNone;
 }
 
@@ -306,7 +312,8 @@ LookupResult TierManagerImpl::Lookup(std::span<const Key> chain) {
     bool expired = false;
     // SSD expiry is enforced on Get, not here (reading the record's meta per key would cost
     // an index read): a Lookup hit on an expired SSD unit can miss on the following Get.
-    Tier t = Locate(chain[i], &expired);
+    uint64_t bytes = 0;
+    Tier t = Locate(chain[i], &expired, &bytes);
     if (expired) {
       std::lock_guard lock(mu_);
       ExpireLocked(chain[i]);
@@ -319,6 +326,7 @@ LookupResult TierManagerImpl::Lookup(std::span<const Key> chain) {
     }
     r.tiers.push_back(t);
     ++r.hit_count;
+    r.hit_bytes += bytes;
   }
   return r;
 }

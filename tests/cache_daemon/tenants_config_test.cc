@@ -298,6 +298,10 @@ TEST(Trace, WritesZstdJsonLines) {
   EXPECT_EQ(TraceWriter::FormatLine(TraceRecord{5, "lookup", 1, {7, 8}, 0, 16}),
             "{\"ts_ms\":5,\"op\":\"lookup\",\"tenant\":1,\"ids\":[7,8],\"bytes\":0,"
             "\"unit_tokens\":16}");
+  // A record of a request (an engine turn's): its id, so the simulator replays it as one.
+  EXPECT_EQ(TraceWriter::FormatLine(TraceRecord{5, "get", 1, {7}, 4096, 16, 9}),
+            "{\"ts_ms\":5,\"op\":\"get\",\"tenant\":1,\"ids\":[7],\"bytes\":4096,"
+            "\"unit_tokens\":16,\"request\":9}");
   std::filesystem::remove(path);
 }
 

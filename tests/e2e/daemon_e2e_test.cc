@@ -800,7 +800,7 @@ TEST_F(E2eTest, DeeplyNestedPolicyBodiesAreRefusedNotACrash) {
   constexpr size_t kLevels = 500000;
   const std::string deep =
       "{\"params\":{\"a\":" + std::string(kLevels, '[') + std::string(kLevels, ']') + "}}";
-  std::string r = kt::HttpRequest(d_->http_port(), "POST", "/v1/policy", deep);
+  std::string r = kt::HttpRequest(d_->http_port(), "POST", "/v1/policy", deep, kJson);
   EXPECT_NE(r.find("400 Bad Request"), std::string::npos) << r.substr(0, 200);
   EXPECT_NE(r.find("nests deeper than 16 levels"), std::string::npos) << r.substr(0, 200);
   ASSERT_TRUE(d_->Alive()) << "kvtierd died, wait status " << d_->exit_status();

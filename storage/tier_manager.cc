@@ -150,6 +150,15 @@ bool TierManagerImpl::PresentAnywhereLocked(const Key& key) const {
          (ssd_ && ssd_->Contains(key));
 }
 
+bool TierManagerImpl::LiveLocked(const Key& key) const {
+  // The fastest tier holding it decides, as for a read (Locate).
+  MemMeta m;
+  if (hbm_ && hbm_->Contains(key, &m)) return !Expired(m.expires_ms);
+  if (dram_ && dram_->Contains(key, &m)) return !Expired(m.expires_ms);
+  SsdMeta sm;
+  return ssd_ && ssd_->Contains(key, nullptr, &sm) && !ExpiredUnix(sm.expires_unix_ms);
+}
+
 void TierManagerImpl::DroppedLocked(const Key& key, MissReason r) {
   if (PresentAnywhereLocked(key)) return;
   auto it = dir_.find(key);
@@ -311,6 +320,7 @@ Status TierManagerImpl::WriteBackLocked() {
 
 Status TierManagerImpl::Put(const Key& key, std::span<const uint8_t> value,
                             const PutOptions& options) {
+  if (options.held != nullptr) *options.held = false;
   if (value.size() > o_.max_value_bytes) {
     return Status::InvalidArgument("value of " + std::to_string(value.size()) +
                                    " bytes exceeds max_value_bytes");
@@ -332,6 +342,10 @@ Status TierManagerImpl::Put(const Key& key, std::span<const uint8_t> value,
     WaitForKeyLocked(lock, key, &options.tenant);
     DrainLoadedLocked();
     ExpirePinsLocked();
+    if (options.if_absent && LiveLocked(key)) {
+      if (options.held != nullptr) *options.held = true;
+      return Status::Rejected("put if absent: the store holds the key");
+    }
     uint64_t old_bytes = 0;
     if (auto it = dir_.find(key); it != dir_.end() && it->second.tenant == options.tenant) {
       old_bytes = it->second.bytes;

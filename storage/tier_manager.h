@@ -212,6 +212,15 @@ struct PutOptions {
   bool allow_ssd = true;
   // The request this put belongs to (a native batch PUT, or an engine turn); id 0: its own.
   RequestTag request;
+  // Put only if absent: the unit is written only when the store holds no live unit of the
+  // key (in any tier, unexpired; a put of the key in flight is waited for first, and then
+  // counts). The check and the write are one step under the manager's lock, so a write that
+  // got there first is never replaced. When a unit is held, nothing changes and Put returns
+  // Rejected with *held set to true (held may be null). *held is false after every other
+  // outcome. For copies that must not replace a newer write: the cluster's repair copies,
+  // GET copies and checksum refetches (docs/CLUSTER.md).
+  bool if_absent = false;
+  bool* held = nullptr;
   // Not null: the put does not wait for its SSD commit (kSync). It returns once the unit is
   // appended to the SSD tier and placed (readers may see it before it is durable) and fills
   // *defer_commit; the put is durable, and may be acknowledged, only once
@@ -299,7 +308,8 @@ class TierManager {
   // Opens (recovering the SSD tier when data_dir holds one). Hits are served right after.
   static StatusOr<std::unique_ptr<TierManager>> Open(const TierManagerOptions& options);
 
-  // Rejected: no tier has room even after eviction, or the tenant is over quota.
+  // Rejected: no tier has room even after eviction, the tenant is over quota, or (with
+  // PutOptions::if_absent) the store holds the key.
   // IOError: the SSD write or its commit failed; the key then holds no value (an earlier
   // version is removed too, so a failed overwrite never leaves a stale value behind).
   virtual Status Put(const Key& key, std::span<const uint8_t> value, const PutOptions& options) = 0;

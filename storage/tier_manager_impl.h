@@ -319,6 +319,8 @@ class TierManagerImpl final : public TierManager {
   // The unit left the cache (all tiers) for reason r: forget it in the directory.
   void DroppedLocked(const Key& key, MissReason r);
   bool PresentAnywhereLocked(const Key& key) const;
+  // Present in some tier and unexpired (PutOptions::if_absent).
+  bool LiveLocked(const Key& key) const;
   void ExpirePinsLocked();
   bool PinnedLocked(const Key& key) const { return pins_.count(key) != 0; }
   void SetTrackedEverywhereLocked(const Key& key, bool tracked) {

@@ -23,6 +23,8 @@ class FakeTierManager final : public storage::TierManager {
   Status Put(const storage::Key& key, std::span<const uint8_t> value,
              const storage::PutOptions& o) override {
     std::lock_guard<std::mutex> lock(mu);
+    if (o.held != nullptr) *o.held = map.contains(key) && o.if_absent;
+    if (o.if_absent && map.contains(key)) return Status::Rejected("put if absent: held");
     uint64_t quota = quotas.count(o.tenant) ? quotas[o.tenant] : 0;
     if (quota != 0 && used[o.tenant] + value.size() > quota) {
       return Status::Rejected("tenant over quota");

@@ -1,6 +1,6 @@
 // TierManager placement over HBM, DRAM and SSD: demotion and promotion, peeks, flushes, miss
-// reasons, pins, tenants and quotas, policies at run time, SWA state kept off SSD; and the
-// memory tiers' arenas (CUDA or mmap).
+// reasons, pins, tenants and quotas, conditional puts (if absent), policies at run time, SWA
+// state kept off SSD; and the memory tiers' arenas (CUDA or mmap).
 // Part of kvtier_storage_test (tests/storage/CMakeLists.txt).
 #include "storage/tier_manager.h"
 
@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "storage/block_device.h"
@@ -302,6 +303,87 @@ TEST_F(TierManagerTest, GetWithTtlReportsTheTimeLeft) {
   EXPECT_LE(left, 600'000u);
   clock_.AdvanceMs(3800);
   EXPECT_TRUE((*tm)->GetWithTtl(t, &out, &left).IsNotFound());
+}
+
+// PutOptions::if_absent: a conditional put never replaces a live unit of the key, in any
+// tier (the cluster's repair copies, GET copies and refetches rely on it: a newer write that
+// got there first wins); it writes when the key is absent, expired or deleted.
+TEST_F(TierManagerTest, PutIfAbsentNeverReplacesALiveUnit) {
+  TierManagerOptions o = Options();
+  o.durability = Durability::kNone;  // DRAM puts stay in DRAM, SSD puts on SSD only
+  auto tm = TierManager::Open(o);
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  std::vector<uint8_t> out;
+  bool held = true;
+  PutOptions cond;
+  cond.if_absent = true;
+  cond.held = &held;
+
+  // Absent: written, not held.
+  Key a = MakeKey(1);
+  ASSERT_TRUE((*tm)->Put(a, MakeValue(a, 1, 1000), cond).ok());
+  EXPECT_FALSE(held);
+  ASSERT_TRUE((*tm)->Get(a, &out).ok());
+  EXPECT_EQ(out, MakeValue(a, 1, 1000));
+
+  // A newer plain put got there first (DRAM, then SSD only): the older copy is refused.
+  ASSERT_TRUE((*tm)->Put(a, MakeValue(a, 2, 1000), {}).ok());
+  EXPECT_TRUE((*tm)->Put(a, MakeValue(a, 1, 1000), cond).IsRejected());
+  EXPECT_TRUE(held);
+  ASSERT_TRUE((*tm)->Get(a, &out).ok());
+  EXPECT_EQ(out, MakeValue(a, 2, 1000)) << "a conditional put replaced a held unit (DRAM)";
+  Key s = MakeKey(2);
+  PutOptions ssd;
+  ssd.highest_tier = Tier::kSsd;
+  ASSERT_TRUE((*tm)->Put(s, MakeValue(s, 2, 5000), ssd).ok());
+  ASSERT_EQ((*tm)->Lookup(std::span<const Key>(&s, 1)).tiers[0], Tier::kSsd);
+  EXPECT_TRUE((*tm)->Put(s, MakeValue(s, 1, 5000), cond).IsRejected());
+  EXPECT_TRUE(held);
+  ASSERT_TRUE((*tm)->Get(s, &out).ok());
+  EXPECT_EQ(out, MakeValue(s, 2, 5000)) << "a conditional put replaced a held unit (SSD)";
+
+  // Deleted or expired: written again.
+  ASSERT_TRUE((*tm)->Delete(a).ok());
+  ASSERT_TRUE((*tm)->Put(a, MakeValue(a, 3, 1000), cond).ok());
+  EXPECT_FALSE(held);
+  ASSERT_TRUE((*tm)->Get(a, &out).ok());
+  EXPECT_EQ(out, MakeValue(a, 3, 1000));
+  Key t = MakeKey(3);
+  PutOptions ttl;
+  ttl.ttl_ms = 1000;
+  ASSERT_TRUE((*tm)->Put(t, MakeValue(t, 1, 1000), ttl).ok());
+  clock_.AdvanceMs(1001);
+  ASSERT_TRUE((*tm)->Put(t, MakeValue(t, 2, 1000), cond).ok());
+  EXPECT_FALSE(held);
+  ASSERT_TRUE((*tm)->Get(t, &out).ok());
+  EXPECT_EQ(out, MakeValue(t, 2, 1000));
+
+  // Every other outcome leaves held false.
+  held = true;
+  EXPECT_TRUE((*tm)->Put(MakeKey(4), std::vector<uint8_t>(65ull << 20), cond).IsInvalidArgument());
+  EXPECT_FALSE(held);
+}
+
+// Racing a plain put of the newer value with a conditional put of an older one, on a fresh
+// key each round: whichever runs first, the newer value is what the store keeps.
+TEST_F(TierManagerTest, PutIfAbsentRacingAPlainPutLeavesTheNewerValue) {
+  TierManagerOptions o = Options();  // batched: puts go through the SSD step outside the lock
+  auto tm = TierManager::Open(o);
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  constexpr int kRounds = 200;
+  for (int i = 0; i < kRounds; ++i) {
+    Key k = MakeKey(100 + i);
+    std::thread older([&] {
+      PutOptions cond;
+      cond.if_absent = true;
+      (void)(*tm)->Put(k, MakeValue(k, 1, 3000), cond);
+    });
+    ASSERT_TRUE((*tm)->Put(k, MakeValue(k, 2, 3000), {}).ok());
+    older.join();
+    std::vector<uint8_t> out;
+    ASSERT_TRUE((*tm)->Get(k, &out).ok());
+    ASSERT_EQ(out, MakeValue(k, 2, 3000)) << "round " << i << ": the older value won";
+  }
 }
 
 TEST_F(TierManagerTest, PinnedUnitsSurviveUntilTheLeaseExpires) {

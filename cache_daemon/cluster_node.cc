@@ -23,7 +23,8 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   // it as held. It used to: a node that became an owner of units it held as copies (after a
   // join, a loss or a drain) kept only the copies, and a previous owner then dropped its
   // replica; once the copy expired the unit had one replica fewer, or none. Reported absent,
-  // the unit's sender copies the replica here, and that PUT replaces the copy (Put: Forget).
+  // the unit's sender copies the replica here, and that PUT replaces the copy (Put: the copy
+  // is dropped first).
   // Reads: a GET that reaches this node is still served from the copy; a client LOOKUP
   // through another node finds the unit at the owners (current and previous) holding replicas.
   std::vector<uint8_t> Lookup(std::span<const cluster::PeerKey> keys) override {
@@ -53,7 +54,7 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
     }
     return s;
   }
-  Status Put(const cluster::PeerPut& put) override {
+  Status Put(const cluster::PeerPut& put, bool* held) override {
     const Tenant* t = FindTenant(put.tenant);
     if (t == nullptr) return Status::Rejected("peer PUT: unknown tenant " + put.tenant);
     if (put.repair && recent_->RefusesRepair(put.key, put.tenant)) {
@@ -67,10 +68,32 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
     po.ttl_ms = put.ttl_ms;
     po.highest_tier = static_cast<storage::Tier>(put.highest_tier);
     po.allow_ssd = put.allow_ssd != 0;
+    ClusterCopies* c = copies();
+    if (!put.repair) {
+      // A client's write through another node: replaces what is here, an owner's unit now. Not
+      // a copy before the put (a repair copy meanwhile then never takes this write for a GET
+      // copy and drops it, below) nor after it (a GET copy kept in between, overwritten).
+      if (c != nullptr) c->Forget(put.key);
+      Status s = store_->Put(put.key, put.value, po);
+      if (c != nullptr) c->Forget(put.key);
+      return s;
+    }
+    // A repair copy: the sender read its unit before this call, and a client PUT of a newer
+    // value may have reached this node since the sender's LOOKUP. Put only if absent: a unit
+    // held here is kept (the newer value wins) and the sender counts it as held. A GET copy is
+    // not a replica (Lookup reports it absent): it leaves first, and the replica replaces it.
+    if (c != nullptr && c->IsCopy(put.key)) c->Drop(std::span<const storage::Key>(&put.key, 1));
+    po.if_absent = true;
+    po.held = held;
     Status s = store_->Put(put.key, put.value, po);
-    if (ClusterCopies* c = copies(); c != nullptr) c->Forget(put.key);  // an owner's unit now
+    if (*held) {
+      superseded_.fetch_add(1);
+      return Status::Ok();
+    }
     return s;
   }
+  // Repair copies not stored because this node already held the unit.
+  uint64_t superseded() const { return superseded_.load(); }
   StatusOr<std::vector<uint8_t>> Delete(std::span<const cluster::PeerKey> keys) override {
     std::vector<uint8_t> existed(keys.size(), 0);
     recent_->NoteKeys(keys);  // before the delete: a repair copy landing after it is refused
@@ -123,6 +146,7 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   cluster::RecentDeletes* recent_;
   std::atomic<ClusterCopies*> copies_{nullptr};
   cluster::StagingServer* staging_ = nullptr;
+  std::atomic<uint64_t> superseded_{0};
 };
 
 // "verbs" needs libibverbs in this build and an RDMA device on this host.
@@ -398,6 +422,10 @@ std::string ClusterNode::RenderPrometheus() const {
   counter("kvtier_cluster_repair_refused_deleted_total",
           "Repair copies refused because this node deleted the unit (or its tenant) moments ago.",
           recent_deletes_->refused());
+  counter("kvtier_cluster_repair_copies_superseded_total",
+          "Repair copies not stored because this node already held the unit (written since the "
+          "sender's LOOKUP, by a newer PUT: it is kept).",
+          handler_->superseded());
   if (copies_ != nullptr) {
     CopyStats cs = copies_->stats();
     gauge("kvtier_cluster_copy_bytes",

@@ -219,12 +219,17 @@ bool ClusterRepair::Scan() {
         for (size_t j = 0; j < owners[i].size(); ++j) {
           if (held[i][j] == 1 || unreachable[owners[i][j]]) continue;
           if (!Pace(value.size())) return true;
-          Status s = peers_->Put(view->members[owners[i][j]].peer_endpoint, put);
+          // The owner stores the copy only if it holds no unit of the key: a newer PUT that
+          // reached it since its LOOKUP (after our read) stays, and it reports the unit held.
+          bool kept = false;
+          Status s = peers_->Put(view->members[owners[i][j]].peer_endpoint, put, &kept);
           if (s.ok()) {
-            held[i][j] = 1;
-            copied_to.push_back(j);
-            units_.fetch_add(1);
-            bytes_.fetch_add(value.size());
+            held[i][j] = 1;  // it holds a version: ours, or the newer one it kept
+            if (!kept) {
+              copied_to.push_back(j);
+              units_.fetch_add(1);
+              bytes_.fetch_add(value.size());
+            }
           } else {
             copy_failures_.fetch_add(1);
             left_work = true;

@@ -13,9 +13,11 @@
 //      per owner per page), then for each unit an owner lacks, the designated sender copies
 //      it (peer PUT) to those owners, paced to bytes_per_s. The designated sender is the
 //      first owner, in rendezvous rank, that holds the unit; when no owner holds it, every
-//      holder sends (the copies are idempotent). A held unit this node does not own is
-//      dropped from the local store once every current owner holds it (confirmed by LOOKUP
-//      or by an acknowledged copy); never earlier, so a read finds it here meanwhile.
+//      holder sends (the copies are idempotent). An owner stores a copy only if it holds no
+//      unit of the key (a newer PUT that reached it after our read stays; PeerHandler::Put)
+//      and then reports it held. A held unit this node does not own is dropped from the local
+//      store once every current owner holds it (confirmed by LOOKUP or by an acknowledged
+//      copy, stored or held); never earlier, so a read finds it here meanwhile.
 // A unit is read for its copy with TierManager::Peek: no hit counted, an SSD unit stays on SSD.
 // Only native units are repaired (ObjectKind kGlobalKv and kSwa): RESP blobs are per node.
 // Memory: one page of keys and one value at a time. Nothing runs while this node is not in

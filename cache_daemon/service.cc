@@ -229,8 +229,12 @@ std::vector<StatusCode> Service::Put(const Tenant& t, const wire::PutRequest& ar
       std::optional<Status> local;
       const bool owner = router_->OwnsLocally(k);
       if (owner) {
+        // The owner's unit now, not a copy: forgotten before the put (a repair copy meanwhile
+        // never takes this write for a GET copy and drops it) and after it (a GET copy kept
+        // in between, overwritten by this put).
+        if (copies_ != nullptr) copies_->Forget(k);
         local = store_->Put(k, it.value, po);
-        if (copies_ != nullptr) copies_->Forget(k);  // the owner's unit now, not a copy
+        if (copies_ != nullptr) copies_->Forget(k);
       }
       cluster::PeerPut put;
       put.kind = args.kind;

@@ -322,8 +322,13 @@ StatusOr<StagedReply> PeerClient::GetStaged(const std::string& endpoint,
   return DecodeStagedReply(body, keys.size(), /*ttl_asked=*/true);
 }
 
-Status PeerClient::Put(const std::string& endpoint, const PeerPut& put) {
-  return Call(endpoint, PeerOp::kPut, EncodePeerPut(put)).status();
+Status PeerClient::Put(const std::string& endpoint, const PeerPut& put, bool* held) {
+  if (held != nullptr) *held = false;
+  auto body = Call(endpoint, PeerOp::kPut, EncodePeerPut(put));
+  if (!body.ok()) return body.status();
+  // The held byte follows a repair copy's OK; a node older than it sends none (it stored).
+  if (held != nullptr && put.repair && !body->empty() && (*body)[0] == 1) *held = true;
+  return Status::Ok();
 }
 
 StatusOr<std::vector<uint8_t>> PeerClient::Delete(const std::string& endpoint,

@@ -65,7 +65,9 @@ class PeerClient {
   StatusOr<GetResult> Get(const std::string& endpoint, std::span<const PeerKey> keys);
   // Asks the peer to stage keys in its staging region (GET_STAGED; cluster/staged_fetch.h).
   StatusOr<StagedReply> GetStaged(const std::string& endpoint, std::span<const PeerKey> keys);
-  Status Put(const std::string& endpoint, const PeerPut& put);
+  // OK when the peer stored the unit or, for a repair copy (put.repair), already held one of
+  // the key and kept it: then *held (may be null; false otherwise) is set.
+  Status Put(const std::string& endpoint, const PeerPut& put, bool* held = nullptr);
   // One flag per key: 1 when it existed at the peer.
   StatusOr<std::vector<uint8_t>> Delete(const std::string& endpoint, std::span<const PeerKey> keys);
   Status DeleteTenant(const std::string& endpoint, std::string_view tenant);

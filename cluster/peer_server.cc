@@ -361,7 +361,10 @@ void PeerServer::Execute(const Frame& frame, const std::string& peer_node, Write
     case PeerOp::kPut: {
       auto put = DecodePeerPut(frame.body);
       if (!put.ok()) return bad(put.status().message());
-      daemon::wire::EncodeStatus(handler_->Put(*put), w);
+      bool held = false;
+      Status s = handler_->Put(*put, &held);
+      daemon::wire::EncodeStatus(s, w);
+      if (s.ok() && put->repair) w->U8(held ? 1 : 0);
       return;
     }
     case PeerOp::kDelete: {

@@ -52,7 +52,12 @@ class PeerHandler {
     *ttl_left_ms = 0;
     return Get(key, value);
   }
-  virtual Status Put(const PeerPut& put) = 0;
+  // Stores put.value under put.key. A repair copy (put.repair) is stored only if this node
+  // holds no unit of the key (the sender read it before the call, and a newer write may have
+  // reached this node since): when one is held it is kept, nothing is stored, *held is set
+  // and the result is OK (this node holds a version, the newest it has seen). *held (never
+  // null, false on entry) is left false otherwise.
+  virtual Status Put(const PeerPut& put, bool* held) = 0;
   // One flag per key: 1 when it existed here.
   virtual StatusOr<std::vector<uint8_t>> Delete(std::span<const PeerKey> keys) = 0;
   virtual Status DeleteTenant(std::string_view tenant) = 0;

@@ -20,7 +20,9 @@
 //                  (a value that does not fit after others is kRetry, no bytes: ask again;
 //                  one that would not fit alone is kRejected)
 //   PUT            u8 kind, u8 highest_tier, u8 allow_ssd, u32 recompute_tokens, u64 ttl_ms,
-//                  text tenant, key, parent key, u32 len, bytes   -> status
+//                  text tenant, key, parent key, u32 len, bytes   -> status, and after an OK
+//                  status of a repair copy u8 held (1: the peer already held the key and kept
+//                  its unit, nothing stored; a reply without it, from an older node: stored)
 //   DELETE         u32 n, n keys               -> status, u32 n, n x u8 (1: it existed)
 //   DELETE_TENANT  text tenant                 -> status
 //   DROP_COPIES    u32 n, n keys               -> status (the peer drops its GET copies of
@@ -108,8 +110,9 @@ struct PeerPut {
   uint8_t highest_tier = 1;
   uint8_t allow_ssd = 1;
   // A copy made by the repair scan (ClusterRepair), not a client's write: the receiver refuses
-  // it for a key or tenant it deleted within RecentDeletes' window. On the wire: bit 1 of the
-  // allow_ssd byte (bit 0 is allow_ssd).
+  // it for a key or tenant it deleted within RecentDeletes' window, and stores it only if it
+  // holds no unit of the key (a newer write got there first: it stays). On the wire: bit 1 of
+  // the allow_ssd byte (bit 0 is allow_ssd).
   bool repair = false;
   uint32_t recompute_tokens = 0;
   uint64_t ttl_ms = 0;

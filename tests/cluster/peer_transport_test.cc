@@ -44,13 +44,22 @@ class MapHandler : public PeerHandler {
     }
     return Get(key, value);
   }
-  Status Put(const PeerPut& put) override {
+  Status Put(const PeerPut& put, bool* held) override {
     puts.fetch_add(1);
     if (put.tenant != "alice") return Status::Rejected("unknown tenant");
     std::lock_guard lock(mu_);
+    if (put.repair && map_.contains(put.key)) {  // a repair copy is put only if absent
+      *held = true;
+      return Status::Ok();
+    }
     map_[put.key].assign(put.value.begin(), put.value.end());
     if (put.ttl_ms > 0) ttls_[put.key] = put.ttl_ms;  // as if read the moment it was stored
     return Status::Ok();
+  }
+  // Direct puts of the tests (not over the wire).
+  Status Put(const PeerPut& put) {
+    bool held = false;
+    return Put(put, &held);
   }
   StatusOr<std::vector<uint8_t>> Delete(std::span<const PeerKey> keys) override {
     std::lock_guard lock(mu_);
@@ -126,6 +135,34 @@ TEST_F(PeerTransportTest, OperationsRoundTrip) {
   EXPECT_EQ(*deleted, (std::vector<uint8_t>{1, 0}));
   EXPECT_TRUE(c.DeleteTenant(endpoint_, "alice").ok());
   EXPECT_EQ(server_->stats().auth_failures, 0u);
+}
+
+// A repair copy of a key the peer already holds is answered OK with the held flag (the peer
+// kept its unit, nothing stored), so the sender can tell it from a copy it stored; a client
+// PUT and a repair copy of an absent key report nothing held.
+TEST_F(PeerTransportTest, ARepairCopyOfAHeldKeyIsReportedHeld) {
+  PeerClient c = Client(7);
+  std::vector<uint8_t> newer(1000, 2), older(1000, 1);
+  PeerPut put;
+  put.tenant = "alice";
+  put.key = K(1);
+  put.value = newer;
+  bool held = true;
+  ASSERT_TRUE(c.Put(endpoint_, put, &held).ok());
+  EXPECT_FALSE(held);
+  put.value = older;
+  put.repair = true;
+  ASSERT_TRUE(c.Put(endpoint_, put, &held).ok());
+  EXPECT_TRUE(held);
+  auto got = c.Get(endpoint_, std::vector<PeerKey>{K(1)});
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->values[0], newer) << "a repair copy replaced a held unit";
+  put.key = K(2);
+  ASSERT_TRUE(c.Put(endpoint_, put, &held).ok());
+  EXPECT_FALSE(held);
+  got = c.Get(endpoint_, std::vector<PeerKey>{K(2)});
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->values[0], older);
 }
 
 TEST_F(PeerTransportTest, AWrongCredentialIsRefusedBothWays) {

@@ -62,7 +62,7 @@ class HoldingHandler : public PeerHandler {
     *value = it->second;
     return Status::Ok();
   }
-  Status Put(const PeerPut&) override { return Status::Rejected("not in this test"); }
+  Status Put(const PeerPut&, bool*) override { return Status::Rejected("not in this test"); }
   StatusOr<std::vector<uint8_t>> Delete(std::span<const PeerKey> keys) override {
     return std::vector<uint8_t>(keys.size(), 0);
   }

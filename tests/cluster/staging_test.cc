@@ -278,7 +278,7 @@ class StagingHandler : public PeerHandler {
     }
     return Get(key, value);
   }
-  Status Put(const PeerPut&) override { return Status::Ok(); }
+  Status Put(const PeerPut&, bool*) override { return Status::Ok(); }
   StatusOr<std::vector<uint8_t>> Delete(std::span<const PeerKey> keys) override {
     return std::vector<uint8_t>(keys.size(), 0);
   }

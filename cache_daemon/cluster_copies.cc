@@ -96,7 +96,6 @@ void ClusterCopies::Keep(storage::TenantId tenant, std::string_view tenant_name,
     }
     ttl_ms = std::min(ttl_ms, *ttl_left_ms - elapsed);
   }
-  DropLocked(key, /*delete_unit=*/false);  // replaced below
   while (bytes_ + value.size() > options_.bytes_max && !order_.empty()) {
     auto [seq, oldest] = order_.front();
     order_.pop_front();
@@ -108,10 +107,14 @@ void ClusterCopies::Keep(storage::TenantId tenant, std::string_view tenant_name,
   po.ttl_ms = ttl_ms;
   po.highest_tier = storage::Tier::kDram;
   po.allow_ssd = false;  // DRAM only: evicted means dropped
+  // Only if absent: a unit the store holds (an owner's write that got here after the fetch
+  // read the owners, or a copy another GET kept) is newer or the same, and stays.
+  po.if_absent = true;
   if (!store_->Put(key, value, po).ok()) {
     fenced_.fetch_add(1);
     return;
   }
+  DropLocked(key, /*delete_unit=*/false);  // a listed copy the store no longer held
   const uint64_t seq = next_seq_++;
   copies_[key] =
       Entry{.bytes = value.size(), .expires_ms = now + ttl_ms, .seq = seq, .tenant = tenant};

@@ -18,7 +18,8 @@
 //     or tenant the node's RecentDeletes noted (a delete, 10 s), or whose key or tenant Drop /
 //     DropTenant noted at or after the fetch began (an overwrite's drop follows the owners'
 //     write, so a later fetch read the new value). Keep runs under the same lock as Drop, so
-//     a Keep that passed the fence is dropped by the Drop that follows.
+//     a Keep that passed the fence is dropped by the Drop that follows. Keep puts only if
+//     the store holds no unit of the key, so a copy never replaces a unit written here.
 //   - Lease: copies are kept and served only while this node's etcd lease is confirmed
 //     (Membership::lease_confirmed_ms within 2/3 of lease_ttl_s) under the registration they
 //     were made in. Otherwise every copy is dropped: a node stopped, partitioned or cut off
@@ -70,11 +71,13 @@ class ClusterCopies {
   // (lease fence, expired) is dropped and becomes NotFound; a copy served is counted.
   void CheckHits(std::span<const storage::Key> keys, std::vector<Status>* results);
   // Keeps value (fetched from an owner since fetch_started) as a copy of key, unless the
-  // fence, the lease or bytes_max forbids it. ttl_left_ms: the unit's remaining TTL as the
-  // owner reported it (0: none; nullopt: not told, an owner older than the peer protocol's
-  // TTL trailer): the copy expires get_copy_ttl_ms after now or ttl_left_ms after
-  // fetch_started, whichever is first (never after the unit), and a unit whose TTL has run
-  // out by now is not kept.
+  // fence, the lease or bytes_max forbids it, or the store holds a unit of the key (put only
+  // if absent: whatever is there was written after the fetch began, or is a copy already).
+  // Call it only for keys this node does not own (docs/CLUSTER.md, "Versions"). ttl_left_ms:
+  // the unit's remaining TTL as the owner reported it (0: none; nullopt: not told, an owner
+  // older than the peer protocol's TTL trailer): the copy expires get_copy_ttl_ms after now or
+  // ttl_left_ms after fetch_started, whichever is first (never after the unit), and a unit
+  // whose TTL has run out by now is not kept.
   void Keep(storage::TenantId tenant, std::string_view tenant_name, const storage::Key& key,
             std::span<const uint8_t> value, uint64_t fetch_started,
             std::optional<uint64_t> ttl_left_ms = std::nullopt);

@@ -321,7 +321,10 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
       for (size_t j = 0; j < n; ++j) {
         if (!want[j] || !results[j].ok()) continue;
         tiers[j] = storage::Tier::kSsd;  // beyond this node
-        if (copies_ != nullptr) {
+        // Copies only on a non-owner: an owner that lacks a unit gets its replica from repair,
+        // and its own store takes PUTs of the key, which a copy of the older value fetched
+        // before such a PUT must never replace (docs/CLUSTER.md, "Versions").
+        if (copies_ != nullptr && !router_->OwnsLocally(batch[j])) {
           copies_->Keep(t.id, t.name, batch[j], values[j], fetch_started, ttl_left_ms[j]);
         }
       }

@@ -506,6 +506,9 @@ std::string ClusterNode::RenderPrometheus() const {
           "Quarantined units no other owner could supply, or whose rewrite failed.", rf.failed);
   counter("kvtier_cluster_checksum_refetch_dropped_total",
           "Quarantined units not refetched: more than 1024 waiting.", rf.dropped);
+  counter("kvtier_cluster_checksum_refetch_superseded_total",
+          "Refetched units not put back: a newer PUT had written the unit here meanwhile.",
+          rf.superseded);
   RepairStats rp = repair_->stats();
   gauge("kvtier_cluster_under_replicated_units",
         "Units this node must copy (it is their designated sender) that an owner still lacks, "

@@ -39,7 +39,7 @@ void ClusterRefetch::Report(const storage::UnitInfo& unit) {
 }
 
 RefetchStats ClusterRefetch::stats() const {
-  return {refetched_.load(), failed_.load(), dropped_.load(), skipped_.load()};
+  return {refetched_.load(), failed_.load(), dropped_.load(), skipped_.load(), superseded_.load()};
 }
 
 void ClusterRefetch::Run() {
@@ -92,11 +92,21 @@ void ClusterRefetch::Refetch(const storage::UnitInfo& u) {
   po.ttl_ms = u.ttl_left_ms;
   po.highest_tier = u.tier == storage::Tier::kNone ? storage::Tier::kSsd : u.tier;
   po.allow_ssd = u.allow_ssd;
+  // Only if absent: the other owner may have read the fetched value just before a client
+  // PUT of a newer value reached it, and that PUT may have reached this node since; a unit
+  // written here meanwhile is that newer value, and stays (docs/CLUSTER.md, "Versions").
+  bool held = false;
+  po.if_absent = true;
+  po.held = &held;
   if (deleted()) {
     skipped_.fetch_add(1);
     return;
   }
   Status put = store_->Put(u.key, values[0], po);
+  if (held) {
+    superseded_.fetch_add(1);
+    return;
+  }
   if (!put.ok()) {
     failed_.fetch_add(1);
     KVTIER_LOG(kWarn) << "cluster: rewriting a unit after a checksum failure: " << put.message();

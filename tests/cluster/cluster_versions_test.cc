@@ -3,7 +3,8 @@
 // writes a copy it read earlier, or keeps a replica it no longer owns, is checked against a
 // PUT of a newer value that lands in between:
 //   - a repair (hand-over) copy paced to arrive after the newer PUT reached the new owner;
-//   - a GET copy fetched by an owner (or a non-owner) while a newer PUT reached it.
+//   - a GET copy fetched by an owner (or a non-owner) while a newer PUT reached it;
+//   - a checksum refetch fetched while a newer PUT reached the refetching owner.
 // The first against real processes: etcd and kvtierd with R = 2
 // (tests/cluster/cluster_fixture.h); which node holds which version is read from each node's
 // own store over the peer protocol (a peer GET is answered from the local store only). The
@@ -18,6 +19,7 @@
 #include <thread>
 
 #include "cache_daemon/cluster_copies.h"
+#include "cache_daemon/cluster_refetch.h"
 #include "cache_daemon/metrics.h"
 #include "cache_daemon/service.h"
 #include "cache_daemon/tenants.h"
@@ -441,6 +443,34 @@ TEST_F(NodeVersionsTest, AGetCopyNeverReplacesAUnitWrittenWhileItWasFetched) {
   EXPECT_EQ(HeldByY(chain), Bytes(2)) << "a GET copy replaced a unit written meanwhile";
   EXPECT_FALSE(copies_->IsCopy(key));
   EXPECT_EQ(copies_->stats().fenced, 1u);
+}
+
+// Path: a checksum refetch. y owns the key and its replica was quarantined; the refetch
+// fetches the old value from the other owner while a PUT of the new value through y lands.
+// The refetch used to put the old value back over the new one; now it is put only if absent
+// and counted as superseded.
+TEST_F(NodeVersionsTest, ARefetchFetchedBeforeAPutNeverReplacesIt) {
+  std::vector<HookPeer*> others;
+  Key chain = ChainOwnedByY(true, 0, &others);
+  ASSERT_EQ(others.size(), 1u);
+  const PeerKey key = service_->Bind(*tenant_, chain);
+  others[0]->Set(key, Bytes(1));
+  others[0]->BeforeNextGetAnswers([&] { PutThroughY(chain, Bytes(2)); });
+  daemon::ClusterRefetch refetch(store_.get(), tenants_.get(), router_.get(), &recent_,
+                                 daemon::RefetchOptions{});
+  refetch.Start();
+  refetch.Report(storage::UnitInfo{.key = key, .tenant = tenant_->id, .tier = storage::Tier::kSsd});
+  ASSERT_TRUE(kt::WaitFor(
+      [&] {
+        daemon::RefetchStats s = refetch.stats();
+        return s.refetched + s.failed + s.skipped + s.superseded > 0;
+      },
+      5000));
+  refetch.Stop();
+  EXPECT_EQ(HeldByY(chain), Bytes(2)) << "the refetch put the old value back over the PUT";
+  EXPECT_EQ(GetThroughY(chain), Bytes(2));
+  EXPECT_EQ(refetch.stats().superseded, 1u);
+  EXPECT_EQ(refetch.stats().refetched + refetch.stats().failed, 0u);
 }
 
 }  // namespace

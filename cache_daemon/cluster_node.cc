@@ -122,6 +122,16 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
     if (ClusterCopies* c = copies(); c != nullptr) c->Drop(keys);
     return Status::Ok();
   }
+  // Not a delete of the keys (nothing noted: this node may own them again and take repair
+  // copies at once), only of the older versions held here.
+  Status DropOlder(std::span<const cluster::PeerKey> keys) override {
+    if (ClusterCopies* c = copies(); c != nullptr) c->Drop(keys);
+    for (const cluster::PeerKey& k : keys) {
+      Status s = store_->Delete(k);
+      if (!s.ok() && !s.IsNotFound()) return s;
+    }
+    return Status::Ok();
+  }
   // Set once the copies exist (they need membership, which starts after the peer front).
   void SetCopies(ClusterCopies* copies) { copies_.store(copies, std::memory_order_release); }
   ClusterCopies* copies() const { return copies_.load(std::memory_order_acquire); }
@@ -449,8 +459,15 @@ std::string ClusterNode::RenderPrometheus() const {
   }
   counter("kvtier_cluster_overwrite_tombstones_total",
           "PUT keys recorded as tombstones for members that may hold an older version (a "
-          "departed owner, an owner or copy keeper that did not acknowledge).",
+          "departed owner, an owner, previous owner or copy keeper that did not acknowledge).",
           rs.overwrite_tombstones);
+  counter("kvtier_cluster_previous_owner_drops_total",
+          "Older-version drops (DROP_OLDER) a PUT sent to members that owned its key under the "
+          "previous view and no longer do (they may hold it until their hand-over).",
+          rs.previous_owner_drops);
+  counter("kvtier_cluster_previous_owner_drop_failures_total",
+          "Previous-owner drops a member did not answer (recorded as tombstones).",
+          rs.previous_owner_drop_failures);
   counter("kvtier_cluster_copy_invalidations_total",
           "Copy drops a PUT sent to members that keep copies.", rs.copy_invalidations);
   counter("kvtier_cluster_copy_invalidation_failures_total",

@@ -247,9 +247,14 @@ std::vector<StatusCode> Service::Put(const Tenant& t, const wire::PutRequest& ar
       put.parent = po.parent;
       put.value = it.value;
       st = router_->Put(put, local);
-      // Replaced: this node's copy is never served again (dropped once the owners answered,
-      // so a fetch that starts later reads the new value; cluster_copies.h).
-      if (!owner && copies_ != nullptr) copies_->Drop(std::span<const storage::Key>(&k, 1));
+      if (!owner) {
+        // Replaced: this node's copy is never served again (dropped once the owners answered,
+        // so a fetch that starts later reads the new value; cluster_copies.h), nor its replica
+        // of a key it owned before a membership change and has not handed over yet: the PUT
+        // went to the current owners only (docs/CLUSTER.md, "Versions").
+        if (copies_ != nullptr) copies_->Drop(std::span<const storage::Key>(&k, 1));
+        (void)store_->Delete(k);  // NotFound: nothing held
+      }
     }
     codes.push_back(st.code());
     if (st.ok()) {

@@ -342,6 +342,12 @@ Status PeerClient::DropCopies(const std::string& endpoint, std::span<const PeerK
   return Call(endpoint, PeerOp::kDropCopies, w.buffer()).status();
 }
 
+Status PeerClient::DropOlder(const std::string& endpoint, std::span<const PeerKey> keys) {
+  Writer w;
+  PutKeys(keys, &w);
+  return Call(endpoint, PeerOp::kDropOlder, w.buffer()).status();
+}
+
 Status PeerClient::DeleteTenant(const std::string& endpoint, std::string_view tenant) {
   Writer w;
   PutText(tenant, &w);

@@ -73,6 +73,9 @@ class PeerClient {
   Status DeleteTenant(const std::string& endpoint, std::string_view tenant);
   // The peer drops its GET copies of keys (a PUT replaced them); OK when it did.
   Status DropCopies(const std::string& endpoint, std::span<const PeerKey> keys);
+  // The peer deletes its units and copies of keys, older versions of what a PUT wrote to
+  // their current owners (DROP_OLDER); OK when it did.
+  Status DropOlder(const std::string& endpoint, std::span<const PeerKey> keys);
 
  private:
   struct Conn;

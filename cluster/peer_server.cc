@@ -397,6 +397,11 @@ void PeerServer::Execute(const Frame& frame, const std::string& peer_node, Write
       daemon::wire::EncodeStatus(handler_->DropCopies(keys), w);
       return;
     }
+    case PeerOp::kDropOlder: {
+      if (!GetKeys(&r, &keys) || r.remaining() != 0) return bad("malformed peer DROP_OLDER");
+      daemon::wire::EncodeStatus(handler_->DropOlder(keys), w);
+      return;
+    }
     default:
       return bad("unknown peer opcode");
   }

@@ -67,6 +67,15 @@ class PeerHandler {
     (void)keys;
     return Status::Ok();
   }
+  // Deletes what this node holds of keys (its units and GET copies) because a newer version
+  // of each was written to its current owners, which this node is not (DROP_OLDER;
+  // docs/CLUSTER.md, "Versions"): no delete is noted (RecentDeletes), no tombstone recorded.
+  // The default is for handlers that hold no units: Unavailable (the writer then records a
+  // tombstone for this node).
+  virtual Status DropOlder(std::span<const PeerKey> keys) {
+    (void)keys;
+    return Status::Unavailable("this node cannot drop older versions");
+  }
   // GET_STAGED from the node that named itself reader_node in HELLO (it proved it holds the
   // cluster credential): stages the held keys for a one-sided read (cluster/staging_server.h).
   // The default is for handlers without a staging region: the caller falls back to GET.

@@ -8,7 +8,7 @@ namespace kvtier::cluster {
 using daemon::wire::Reader;
 using daemon::wire::Writer;
 
-bool IsPeerOp(uint8_t opcode) { return opcode >= 0x60 && opcode <= 0x68; }
+bool IsPeerOp(uint8_t opcode) { return opcode >= 0x60 && opcode <= 0x69; }
 
 PeerProof PeerAuthProof(std::span<const uint8_t> credential, std::string_view label,
                         const PeerNonce& a, const PeerNonce& b) {

@@ -27,6 +27,10 @@
 //   DELETE_TENANT  text tenant                 -> status
 //   DROP_COPIES    u32 n, n keys               -> status (the peer drops its GET copies of
 //                  the keys, never a unit it holds as an owner; docs/CLUSTER.md, "Copies")
+//   DROP_OLDER     u32 n, n keys               -> status (the peer deletes what it holds of
+//                  the keys, its units and its GET copies: a newer version was written to the
+//                  keys' current owners, which it is not. Unlike DELETE it notes no delete,
+//                  so repair copies of the keys are not refused; docs/CLUSTER.md, "Versions")
 //   GET_STAGED     u32 n, n keys               -> status, u16 region_port, text region,
 //                  16-byte grant token, u32 n, n x {u8 code, u64 offset, u32 length,
 //                  u64 generation, u64 checksum}
@@ -71,6 +75,7 @@ enum class PeerOp : uint8_t {
   kDeleteTenant = 0x66,
   kDropCopies = 0x67,
   kGetStaged = 0x68,
+  kDropOlder = 0x69,
 };
 bool IsPeerOp(uint8_t opcode);
 

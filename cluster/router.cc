@@ -250,7 +250,16 @@ void Router::GetRemote(std::span<const PeerKey> keys, const std::vector<bool>& w
 
 Status Router::Put(const PeerPut& put, const std::optional<Status>& local) {
   auto view = View();
+  std::shared_ptr<const MemberView> previous;
+  {
+    std::lock_guard lock(mu_);
+    previous = previous_;
+  }
   std::vector<size_t> owners = Owners(put.key, *view);
+  auto owns_now = [&](const std::string& id) {
+    return std::any_of(owners.begin(), owners.end(),
+                       [&](size_t o) { return view->members[o].node_id == id; });
+  };
   std::vector<std::function<Status()>> calls;
   std::vector<const std::string*> called;  // the node of each call
   for (size_t i : owners) {
@@ -261,6 +270,28 @@ Status Router::Put(const PeerPut& put, const std::optional<Status>& local) {
     called.push_back(&m.node_id);
   }
   const size_t remote_owners = calls.size();
+  // Members that owned the key under the previous view and no longer do (a join moved it to
+  // the newcomer, or they are draining) may still hold the older version until the repair
+  // scan hands it over, and would serve it to a GET through them: they drop it (DROP_OLDER),
+  // in the same fan-out as the owners' writes. A GET copy one of them keeps of a value it
+  // fetches meanwhile is dropped with the other keepers' copies below, once the owners
+  // answered. One that does not answer is stale (a tombstone below). This node's own older
+  // version is the caller's (Service::Put deletes it); a member that left the view is
+  // DepartedOwns' business.
+  std::vector<PeerKey> one_key = {put.key};
+  std::vector<const std::string*> previous_owners;
+  if (previous != nullptr) {
+    for (size_t i : Owners(put.key, *previous)) {
+      const std::string& id = previous->members[i].node_id;
+      const int live = view->Find(id);
+      if (id == self_id() || live < 0 || owns_now(id)) continue;
+      const MemberInfo& m = view->members[static_cast<size_t>(live)];
+      previous_owner_drops_.fetch_add(1);
+      calls.emplace_back(
+          [this, ep = m.peer_endpoint, &one_key] { return peers_->DropOlder(ep, one_key); });
+      previous_owners.push_back(&m.node_id);
+    }
+  }
   uint32_t acks = 0;
   Status first_error;
   // Members that may still hold an older version of the key once this PUT returns: owners
@@ -285,12 +316,17 @@ Status Router::Put(const PeerPut& put, const std::optional<Status>& local) {
       stale.push_back(*called[c]);
     }
   }
+  for (size_t d = 0; d < previous_owners.size(); ++d) {
+    if (done[remote_owners + d].ok()) continue;
+    previous_owner_drop_failures_.fetch_add(1);
+    peer_errors_.fetch_add(1);
+    stale.push_back(*previous_owners[d]);
+  }
   // Then members that keep GET copies (and do not own the key) drop theirs, once the owners
   // answered: a keeper's fetch that starts after its drop reads the new value, one that
   // started before is not kept (docs/CLUSTER.md, "Copies").
   std::vector<const MemberInfo*> keepers;
   std::vector<std::function<Status()>> drops;
-  std::vector<PeerKey> one_key = {put.key};
   for (size_t i = 0; i < view->members.size(); ++i) {
     const MemberInfo& m = view->members[i];
     if (!m.keeps_copies || m.node_id == self_id()) continue;
@@ -395,6 +431,8 @@ RouterStats Router::stats() const {
   s.peer_calls_refused = pool_->refused();
   s.peer_calls_queued = pool_->queued();
   s.overwrite_tombstones = overwrite_tombstones_.load();
+  s.previous_owner_drops = previous_owner_drops_.load();
+  s.previous_owner_drop_failures = previous_owner_drop_failures_.load();
   return s;
 }
 

@@ -8,10 +8,13 @@
 //           one call per peer per batch, in parallel); with options.staged, each call moves
 //           the bytes through the peer's staging region (cluster/staged_fetch.h).
 //   PUT     written to every owner (the local store when this node is one); acknowledged
-//           when write_acks of them acknowledged (0: all live owners), at least one.
+//           when write_acks of them acknowledged (0: all live owners), at least one. In the
+//           same fan-out the key's owners under the previous view that own it no longer are
+//           told to drop their (older) version (DROP_OLDER; docs/CLUSTER.md, "Versions").
 //           Then members that keep GET copies (MemberInfo::keeps_copies) and do not own
-//           the key are told to drop their copy (all at once); one that does not answer gets a
-//           tombstone naming every other member (docs/CLUSTER.md, "Copies").
+//           the key are told to drop their copy (all at once); one that does not answer, like a
+//           previous owner that does not, gets a tombstone naming every other member
+//           (docs/CLUSTER.md, "Copies").
 //   DELETE  sent to every live member (a unit may sit on a previous owner); a tenant delete
 //           likewise.
 // Peer calls run at once, all peers in parallel, on a fixed pool of peer_call_threads with
@@ -66,11 +69,13 @@ struct RouterStats {
   uint64_t remote_gets = 0, remote_get_hits = 0, remote_get_bytes = 0;
   uint64_t forwarded_puts = 0, forwarded_put_failures = 0, puts_short_of_acks = 0;
   uint64_t peer_errors = 0;
-  uint64_t copy_invalidations = 0;          // deletes of a PUT's key sent to copy keepers
-  uint64_t copy_invalidation_failures = 0;  // of those, unanswered (left to a tombstone)
-  uint64_t peer_calls_refused = 0;          // over peer_call_threads + peer_call_queue_max
-  uint64_t peer_calls_queued = 0;           // waiting for a thread now
-  uint64_t overwrite_tombstones = 0;        // PUT keys recorded for members with an older version
+  uint64_t copy_invalidations = 0;            // deletes of a PUT's key sent to copy keepers
+  uint64_t copy_invalidation_failures = 0;    // of those, unanswered (left to a tombstone)
+  uint64_t peer_calls_refused = 0;            // over peer_call_threads + peer_call_queue_max
+  uint64_t peer_calls_queued = 0;             // waiting for a thread now
+  uint64_t overwrite_tombstones = 0;          // PUT keys recorded for members with an older version
+  uint64_t previous_owner_drops = 0;          // DROP_OLDERs of a PUT's key to its previous owners
+  uint64_t previous_owner_drop_failures = 0;  // of those, unanswered (left to a tombstone)
 };
 
 class Router {
@@ -94,8 +99,10 @@ class Router {
   void GetRemote(std::span<const PeerKey> keys, const std::vector<bool>& want,
                  std::vector<Status>* statuses, std::vector<std::vector<uint8_t>>* values,
                  std::vector<std::optional<uint64_t>>* ttl_left_ms = nullptr);
-  // Forwards put to the key's remote owners; local is the local store's result (nullopt
-  // when this node is not an owner). Returns OK when enough owners acknowledged.
+  // Forwards put to the key's remote owners and drops the older version at its previous
+  // owners that no longer own it (DROP_OLDER; not at this node: a caller that is not an
+  // owner deletes its own version); local is the local store's result (nullopt when this
+  // node is not an owner). Returns OK when enough owners acknowledged.
   Status Put(const PeerPut& put, const std::optional<Status>& local);
   // Deletes keys on every other live member; sets (*existed)[i] when one of them held key i.
   // Then records tombstones naming the members that applied the delete (this node
@@ -120,7 +127,8 @@ class Router {
   // came back to the same membership; docs/CLUSTER.md, "Overwrites while an owner is down").
   bool DepartedOwns(const PeerKey& key, const MemberView& view);
   // After a PUT of key: when `stale` (members that may still hold an older version: owners
-  // whose write failed, copy keepers that did not drop theirs) is not empty or a departed
+  // whose write failed, previous owners that did not delete theirs, copy keepers that did
+  // not drop theirs) is not empty or a departed
   // member owns key, records one tombstone of key naming every live member (and self) but
   // those in `stale`, so each of them deletes its version at its next catch-up or before it
   // registers again. One record per PUT: a later record of the same key replaces an earlier.
@@ -140,7 +148,8 @@ class Router {
   std::atomic<uint64_t> overwrite_tombstones_{0};
   std::atomic<uint64_t> remote_lookups_{0}, remote_lookup_hits_{0}, remote_gets_{0},
       remote_get_hits_{0}, remote_get_bytes_{0}, forwarded_puts_{0}, forwarded_put_failures_{0},
-      puts_short_{0}, peer_errors_{0}, copy_invalidations_{0}, copy_invalidation_failures_{0};
+      puts_short_{0}, peer_errors_{0}, copy_invalidations_{0}, copy_invalidation_failures_{0},
+      previous_owner_drops_{0}, previous_owner_drop_failures_{0};
   std::unique_ptr<PeerCallPool> pool_;  // last member: its threads stop first
 };
 

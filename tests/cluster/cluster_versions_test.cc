@@ -3,6 +3,8 @@
 // writes a copy it read earlier, or keeps a replica it no longer owns, is checked against a
 // PUT of a newer value that lands in between:
 //   - a repair (hand-over) copy paced to arrive after the newer PUT reached the new owner;
+//   - a node that lost ownership to a joining node while still holding its replica, read
+//     through that node after the newer PUT went to the current owners only;
 //   - a GET copy fetched by an owner (or a non-owner) while a newer PUT reached it;
 //   - a checksum refetch fetched while a newer PUT reached the refetching owner.
 // The first against real processes: etcd and kvtierd with R = 2
@@ -97,14 +99,21 @@ class ClusterVersionsTest : public ClusterE2eTest {
     return keys;
   }
   void PutAll(int node, const std::vector<Key>& keys, int version) {
+    std::vector<size_t> all;
+    for (size_t i = 0; i < keys.size(); ++i) all.push_back(i);
+    PutSome(node, keys, all, version);
+  }
+  // Units `which` of keys (unit i's value is Value(i, version)) through node.
+  void PutSome(int node, const std::vector<Key>& keys, const std::vector<size_t>& which,
+               int version) {
     auto c = Connect(node, "tok-alice");
     ASSERT_NE(c, nullptr);
     std::vector<std::vector<uint8_t>> values;
-    std::vector<PutUnit> units(keys.size());
-    for (size_t i = 0; i < keys.size(); ++i) values.push_back(Value(static_cast<int>(i), version));
-    for (size_t i = 0; i < keys.size(); ++i) {
-      units[i].key = keys[i];
-      units[i].value = values[i];
+    std::vector<PutUnit> units(which.size());
+    for (size_t i : which) values.push_back(Value(static_cast<int>(i), version));
+    for (size_t u = 0; u < which.size(); ++u) {
+      units[u].key = keys[which[u]];
+      units[u].value = values[u];
     }
     auto st = c->Put(units, daemon::PutOptions{});
     ASSERT_TRUE(st.ok()) << st.status().message();
@@ -195,6 +204,45 @@ TEST_F(ClusterVersionsTest, AHandOverCopyReadBeforeANewerPutNeverReplacesIt) {
   }
   EXPECT_GE(Metric(Metrics(3), "kvtier_cluster_repair_copies_superseded_total"), 1)
       << "no late copy reached n3 (the interleaving did not happen)";
+}
+
+// Path: a node that lost ownership keeps serving its old replica. n0 and n1 own the units; n3
+// joins and takes n1's share, and n1 keeps its replicas until they are handed over (n0 sends
+// one unit per 4 s here). A PUT of new values goes to the current owners only (n0, n3): a
+// GET through n1 found its old replica and served it. Now the PUT drops the older version at
+// the previous owners that own the key no longer (DROP_OLDER; half the units are put
+// through n2), and a node that is not an owner deletes its own when a PUT goes through it
+// (the other half through n1).
+TEST_F(ClusterVersionsTest, APreviousOwnerNeverServesItsReplicaAfterANewerPut) {
+  auto keys = KeysMoving({0, 1}, {0, 3}, 4);
+  ASSERT_EQ(keys.size(), 4u);
+  PutAll(2, keys, 1);
+  ASSERT_TRUE(JoinNodeThree()) << nodes_[3]->Log();
+  int still_on_n1 = 0;
+  for (size_t i = 0; i < keys.size(); ++i) still_on_n1 += HeldVersion(1, keys, i, 1, 2) == 1;
+  ASSERT_GE(still_on_n1, 2) << "n1 handed its units over before the PUT (the case did not arise)";
+  PutSome(2, keys, {0, 1}, 2);
+  PutSome(1, keys, {2, 3}, 2);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_NE(HeldVersion(1, keys, i, 1, 2), 1)
+        << "n1 still holds the old version of unit " << i << " after the PUT";
+  }
+  for (int n = 0; n < 4; ++n) {
+    std::vector<int> served = ServedVersions(n, keys, 1, 2);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_EQ(served[i], 2) << "a GET through n" << n << " of unit " << i;
+    }
+  }
+  EXPECT_GE(Metric(Metrics(2), "kvtier_cluster_previous_owner_drops_total"), 2);
+  // The hand-over ends with the new values on the owners.
+  ASSERT_TRUE(
+      kt::WaitFor([&] { return Settled(0) && Settled(1) && Settled(2) && Settled(3); }, 30000));
+  for (int n = 0; n < 4; ++n) {
+    std::vector<int> served = ServedVersions(n, keys, 1, 2);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_EQ(served[i], 2) << "after the hand-over, a GET through n" << n << " of unit " << i;
+    }
+  }
 }
 
 // ---- In process: one node's Service, router, copies and store; two peers ----

@@ -67,6 +67,11 @@ class MapHandler : public PeerHandler {
     for (const auto& k : keys) existed.push_back(static_cast<uint8_t>(map_.erase(k)));
     return existed;
   }
+  Status DropOlder(std::span<const PeerKey> keys) override {
+    std::lock_guard lock(mu_);
+    for (const auto& k : keys) map_.erase(k);
+    return Status::Ok();
+  }
   Status DeleteTenant(std::string_view tenant) override {
     std::lock_guard lock(mu_);
     if (tenant == "alice") map_.clear();
@@ -130,9 +135,14 @@ TEST_F(PeerTransportTest, OperationsRoundTrip) {
   EXPECT_TRUE(got->statuses[0].ok());
   EXPECT_EQ(got->values[0], value);
   EXPECT_TRUE(got->statuses[1].IsNotFound());
+  ASSERT_TRUE(c.DropOlder(endpoint_, std::vector<PeerKey>{K(2)}).ok());  // held nothing
   auto deleted = c.Delete(endpoint_, keys);
   ASSERT_TRUE(deleted.ok());
   EXPECT_EQ(*deleted, (std::vector<uint8_t>{1, 0}));
+  put.tenant = "alice";
+  ASSERT_TRUE(c.Put(endpoint_, put).ok());
+  ASSERT_TRUE(c.DropOlder(endpoint_, std::vector<PeerKey>{K(1)}).ok());
+  EXPECT_EQ((*c.Lookup(endpoint_, std::vector<PeerKey>{K(1)}))[0], kPeerTierAbsent);
   EXPECT_TRUE(c.DeleteTenant(endpoint_, "alice").ok());
   EXPECT_EQ(server_->stats().auth_failures, 0u);
 }
@@ -749,6 +759,7 @@ TEST(PeerClientPoolTest, EveryOperationSucceedsAfterThePeerClosedItsIdleConnecti
       {"LOOKUP", [&] { return c.Lookup(ep, keys).status(); }},
       {"GET", [&] { return c.Get(ep, keys).status(); }},
       {"DROP_COPIES", [&] { return c.DropCopies(ep, keys); }},
+      {"DROP_OLDER", [&] { return c.DropOlder(ep, keys); }},
       {"DELETE", [&] { return c.Delete(ep, keys).status(); }},
       {"DELETE_TENANT", [&] { return c.DeleteTenant(ep, "alice"); }},
   };

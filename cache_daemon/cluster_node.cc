@@ -68,6 +68,11 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
     po.ttl_ms = put.ttl_ms;
     po.highest_tier = static_cast<storage::Tier>(put.highest_tier);
     po.allow_ssd = put.allow_ssd != 0;
+    // A writer whose view takes this node for an owner when its own does not: until the
+    // repair scan moves the unit, GETs here ask its owners first (Router::MayHoldUnowned).
+    if (cluster::Router* r = router(); r != nullptr && !r->OwnsLocally(put.key)) {
+      r->NoteUnownedWrite();
+    }
     ClusterCopies* c = copies();
     if (!put.repair) {
       // A client's write through another node: replaces what is here, an owner's unit now. Not
@@ -135,6 +140,9 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   // Set once the copies exist (they need membership, which starts after the peer front).
   void SetCopies(ClusterCopies* copies) { copies_.store(copies, std::memory_order_release); }
   ClusterCopies* copies() const { return copies_.load(std::memory_order_acquire); }
+  // Set once the router exists (it needs membership, which starts after the peer front).
+  void SetRouter(cluster::Router* router) { router_.store(router, std::memory_order_release); }
+  cluster::Router* router() const { return router_.load(std::memory_order_acquire); }
   Status DeleteTenant(std::string_view tenant) override {
     const Tenant* t = FindTenant(tenant);
     if (t == nullptr) return Status::NotFound("peer DELETE_TENANT: unknown tenant");
@@ -155,6 +163,7 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   const TenantRegistry* tenants_;
   cluster::RecentDeletes* recent_;
   std::atomic<ClusterCopies*> copies_{nullptr};
+  std::atomic<cluster::Router*> router_{nullptr};
   cluster::StagingServer* staging_ = nullptr;
   std::atomic<uint64_t> superseded_{0};
 };
@@ -319,6 +328,7 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
                              .staged = node->staged_fetcher_.get()},
       node->tombstones_.get());
   node->tombstones_->StartPolling();
+  handler->SetRouter(node->router_.get());
   service->SetRouter(node->router_.get());
   if (c.get_copy_bytes_max > 0) {
     node->copies_ = std::make_unique<ClusterCopies>(
@@ -468,6 +478,10 @@ std::string ClusterNode::RenderPrometheus() const {
   counter("kvtier_cluster_previous_owner_drop_failures_total",
           "Previous-owner drops a member did not answer (recorded as tombstones).",
           rs.previous_owner_drop_failures);
+  gauge("kvtier_cluster_unowned_check_active",
+        "1 while GETs through this node ask the owners before serving a unit it holds but does "
+        "not own (after a membership change, until the repair scan handed every such unit over).",
+        router_->MayHoldUnowned() ? 1 : 0);
   counter("kvtier_cluster_copy_invalidations_total",
           "Copy drops a PUT sent to members that keep copies.", rs.copy_invalidations);
   counter("kvtier_cluster_copy_invalidation_failures_total",

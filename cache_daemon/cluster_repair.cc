@@ -93,6 +93,8 @@ void ClusterRepair::Run() {
 }
 
 bool ClusterRepair::Scan() {
+  // Read before the view: a change after it advances the epoch, so this scan cannot clear it.
+  const uint64_t unowned_epoch = router_->UnownedEpoch();
   auto view = router_->View();
   const std::string& self = router_->self_id();
   if (view->Find(self) < 0) return true;  // not in our own view: etcd down or not registered
@@ -272,6 +274,11 @@ bool ClusterRepair::Scan() {
     }
   }
   if (cursor.disturbed) left_work = true;  // the directory rehashed: scan once more
+  // A whole scan under the current view left no unit this node does not own: GETs through
+  // it may serve its units without asking their owners first (Router::MayHoldUnowned).
+  if (cursor.done && !cursor.disturbed && !stopping() && moves_.load() == 0) {
+    router_->NoteNoUnownedSince(unowned_epoch);
+  }
   active_.store(false);
   return left_work;
 }

@@ -18,6 +18,8 @@
 //      and then reports it held. A held unit this node does not own is dropped from the local
 //      store once every current owner holds it (confirmed by LOOKUP or by an acknowledged
 //      copy, stored or held); never earlier, so a read finds it here meanwhile.
+// A scan under the current view that leaves no unit this node does not own tells the router
+// (Router::NoteNoUnownedSince), so GETs stop asking owners before serving local units.
 // A unit is read for its copy with TierManager::Peek: no hit counted, an SSD unit stays on SSD.
 // Only native units are repaired (ObjectKind kGlobalKv and kSwa): RESP blobs are per node.
 // Memory: one page of keys and one value at a time. Nothing runs while this node is not in

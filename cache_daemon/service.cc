@@ -312,6 +312,24 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
     const auto batch = std::span<const storage::Key>(keys).subspan(first, n);
     // A copy that may not be served now (cluster_copies.h) is a miss, fetched again.
     if (copies_ != nullptr) copies_->CheckHits(batch, &results);
+    // A unit held here that this node does not own (not a copy: a replica not handed over yet
+    // after a membership change) may be older than its owners': a PUT goes to the current
+    // owners. While the router says such units may be here, their owners are asked first and
+    // the local unit is served only when none of them has the key (docs/CLUSTER.md,
+    // "Versions"). Otherwise no per-key cost.
+    std::vector<bool> set_aside(n, false);
+    std::vector<std::pair<std::vector<uint8_t>, storage::Tier>> aside;  // in index order
+    if (router_->MayHoldUnowned()) {
+      for (size_t j = 0; j < n; ++j) {
+        if (!results[j].ok() || (copies_ != nullptr && copies_->IsCopy(batch[j])) ||
+            router_->OwnsLocally(batch[j])) {
+          continue;
+        }
+        set_aside[j] = true;
+        aside.emplace_back(std::move(values[j]), tiers[j]);
+        results[j] = Status::NotFound("held here, not owned: its owners are asked first");
+      }
+    }
     // Units this node does not hold are fetched from the peers that do.
     std::vector<bool> want(n, false);
     bool any = false;
@@ -329,10 +347,18 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
         // Copies only on a non-owner: an owner that lacks a unit gets its replica from repair,
         // and its own store takes PUTs of the key, which a copy of the older value fetched
         // before such a PUT must never replace (docs/CLUSTER.md, "Versions").
-        if (copies_ != nullptr && !router_->OwnsLocally(batch[j])) {
+        if (copies_ != nullptr && !set_aside[j] && !router_->OwnsLocally(batch[j])) {
           copies_->Keep(t.id, t.name, batch[j], values[j], fetch_started, ttl_left_ms[j]);
         }
       }
+    }
+    for (size_t j = 0, a = 0; j < n; ++j) {
+      if (!set_aside[j]) continue;
+      auto& [value, tier] = aside[a++];
+      if (results[j].ok()) continue;  // an owner's
+      results[j] = Status::Ok();      // no owner has it yet: the hand-over is still to come
+      values[j] = std::move(value);
+      tiers[j] = tier;
     }
     for (size_t j = 0; j < n; ++j) {
       const Status& st = results[j];

@@ -93,6 +93,7 @@ void Router::OnViewChange(const MemberView& view) {
   });
   previous_ = latest_;
   latest_ = std::make_shared<MemberView>(view);
+  unowned_epoch_.fetch_add(1);  // units held here may have changed owners
 }
 
 bool Router::DepartedOwns(const PeerKey& key, const MemberView& view) {

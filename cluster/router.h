@@ -6,7 +6,8 @@
 //           parallel; a key counts as present when any peer holds it.
 //   GET     values the local store misses are fetched from the peers that hold them (again
 //           one call per peer per batch, in parallel); with options.staged, each call moves
-//           the bytes through the peer's staging region (cluster/staged_fetch.h).
+//           the bytes through the peer's staging region (cluster/staged_fetch.h). While
+//           MayHoldUnowned, the Service also asks for units it holds but does not own.
 //   PUT     written to every owner (the local store when this node is one); acknowledged
 //           when write_acks of them acknowledged (0: all live owners), at least one. In the
 //           same fan-out the key's owners under the previous view that own it no longer are
@@ -115,6 +116,23 @@ class Router {
   // The same for a whole tenant; with tombstones, OK once the tombstone is recorded.
   Status DeleteTenantRemote(std::string_view tenant);
 
+  // Whether this node may hold units it does not own under the current view: replicas not
+  // yet handed over after a membership change (a PUT goes to the current owners only, so
+  // such a replica may be older than theirs), or units a peer wrote here taking this node
+  // for an owner. While true, a GET through this node asks the owners first before serving
+  // such a unit from its own store (Service::Get; docs/CLUSTER.md, "Versions"). True at
+  // start (a restarted node may hold anything) and after every view change or NoteUnownedWrite
+  // until the repair scan reports a whole scan that left none (NoteNoUnownedSince). One
+  // atomic load.
+  bool MayHoldUnowned() const { return unowned_epoch_.load() != settled_epoch_.load(); }
+  // A unit of a key this node does not own is about to be written here (a peer's PUT).
+  void NoteUnownedWrite() { unowned_epoch_.fetch_add(1); }
+  // The repair scan: UnownedEpoch() before it reads the view it scans under; after a whole
+  // scan that left no unit this node does not own, NoteNoUnownedSince(that epoch). A view
+  // change or an unowned write meanwhile advanced the epoch: MayHoldUnowned stays true.
+  uint64_t UnownedEpoch() const { return unowned_epoch_.load(); }
+  void NoteNoUnownedSince(uint64_t epoch) { settled_epoch_.store(epoch); }
+
   RouterStats stats() const;
 
  private:
@@ -146,6 +164,8 @@ class Router {
   // or when they are back.
   std::vector<std::pair<MemberInfo, std::chrono::steady_clock::time_point>> departed_;
   std::atomic<uint64_t> overwrite_tombstones_{0};
+  // MayHoldUnowned: bumped by every view change and unowned write; settled by the repair scan.
+  std::atomic<uint64_t> unowned_epoch_{1}, settled_epoch_{0};
   std::atomic<uint64_t> remote_lookups_{0}, remote_lookup_hits_{0}, remote_gets_{0},
       remote_get_hits_{0}, remote_get_bytes_{0}, forwarded_puts_{0}, forwarded_put_failures_{0},
       puts_short_{0}, peer_errors_{0}, copy_invalidations_{0}, copy_invalidation_failures_{0},

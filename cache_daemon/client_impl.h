@@ -71,14 +71,7 @@ struct ValuesBuffer {
 ValuesBuffer TakeValuesBuffer(uint64_t bytes);
 void ReturnValuesBuffer(ValuesBuffer b);
 
-// True when [offset, offset + bytes) lies inside [area_offset, area_offset + area_bytes).
-// Computed without overflow: offsets and lengths in a reply come from the daemon, and a sum
-// that wraps would pass a naive end check.
-inline bool InsideArea(uint64_t offset, uint64_t bytes, uint64_t area_offset, uint64_t area_bytes) {
-  if (offset < area_offset) return false;
-  const uint64_t rel = offset - area_offset;
-  return rel <= area_bytes && bytes <= area_bytes - rel;
-}
+using wire::InsideArea;
 
 // A shared-memory allocation released on destruction.
 struct ShmLease {

@@ -42,7 +42,8 @@ class ConnectionMemory {
   explicit ConnectionMemory(uint64_t limit_bytes) : limit_bytes_(limit_bytes) {}
   // Moves *charged to now_bytes, updating the total by the difference.
   void Adjust(uint64_t* charged, uint64_t now_bytes) {
-    if (now_bytes >= *charged) {
+    if (now_bytes == *charged) return;  // the common case: no shared write
+    if (now_bytes > *charged) {
       used_.fetch_add(now_bytes - *charged);
     } else {
       used_.fetch_sub(*charged - now_bytes);

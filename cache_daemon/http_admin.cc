@@ -62,17 +62,6 @@ struct Caller {
   bool admin() const { return tenant != nullptr && tenant->admin; }
 };
 
-bool EqualsNoCase(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) !=
-        std::tolower(static_cast<unsigned char>(b[i]))) {
-      return false;
-    }
-  }
-  return true;
-}
-
 std::string_view View(beast::string_view v) { return std::string_view(v.data(), v.size()); }
 
 std::string_view HeaderValue(const http::request<http::string_body>& req, http::field f) {
@@ -104,13 +93,19 @@ bool IsIpLiteral(const std::string& host) {
   return ::inet_pton(AF_INET, host.c_str(), addr) == 1;
 }
 
+// Case-insensitive equality (Beast's, over std::string_view).
+bool IEquals(std::string_view a, std::string_view b) {
+  return boost::beast::iequals(boost::beast::string_view(a.data(), a.size()),
+                               boost::beast::string_view(b.data(), b.size()));
+}
+
 // Whether a request that may change state comes from this origin, as far as a browser says:
 // Sec-Fetch-Site (every current browser), else Origin against Host; a request with neither
 // is not from a browser's page.
 bool SameOrigin(const http::request<http::string_body>& req) {
   if (auto it = req.find("Sec-Fetch-Site"); it != req.end()) {
     const std::string_view site = View(it->value());
-    return EqualsNoCase(site, "same-origin") || EqualsNoCase(site, "none");
+    return IEquals(site, "same-origin") || IEquals(site, "none");
   }
   auto origin = req.find(http::field::origin);
   if (origin == req.end()) return true;
@@ -118,7 +113,7 @@ bool SameOrigin(const http::request<http::string_body>& req) {
   const size_t scheme = o.find("://");
   const std::string_view host = HeaderValue(req, http::field::host);
   return scheme != std::string_view::npos && !host.empty() &&
-         EqualsNoCase(o.substr(scheme + 3), host);
+         IEquals(o.substr(scheme + 3), host);
 }
 
 // Content-Type application/json, parameters (charset) allowed.
@@ -126,7 +121,7 @@ bool JsonContentType(const http::request<http::string_body>& req) {
   std::string_view type = HeaderValue(req, http::field::content_type);
   type = type.substr(0, type.find(';'));
   while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.remove_suffix(1);
-  return EqualsNoCase(type, "application/json");
+  return IEquals(type, "application/json");
 }
 
 class HttpSession : public Session, public std::enable_shared_from_this<HttpSession> {

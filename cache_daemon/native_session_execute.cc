@@ -19,7 +19,7 @@ Status NativeSession::CheckBatch(size_t keys) const {
 }
 
 bool NativeSession::InShm(const Job& job, uint64_t offset, uint64_t bytes) {
-  return job.shm != nullptr && offset <= job.shm_bytes && bytes <= job.shm_bytes - offset;
+  return job.shm != nullptr && wire::InsideArea(offset, bytes, 0, job.shm_bytes);
 }
 
 std::vector<uint8_t> NativeSession::Execute(Job& job, StatusCode* code) {

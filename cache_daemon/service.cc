@@ -253,7 +253,8 @@ std::vector<StatusCode> Service::Put(const Tenant& t, const wire::PutRequest& ar
         // of a key it owned before a membership change and has not handed over yet: the PUT
         // went to the current owners only (docs/CLUSTER.md, "Versions").
         if (copies_ != nullptr) copies_->Drop(std::span<const storage::Key>(&k, 1));
-        (void)store_->Delete(k);  // NotFound: nothing held
+        // Such a replica exists only while MayHoldUnowned (copies are dropped just above).
+        if (router_->MayHoldUnowned()) (void)store_->Delete(k);  // NotFound: nothing held
       }
     }
     codes.push_back(st.code());

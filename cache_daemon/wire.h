@@ -395,4 +395,13 @@ inline constexpr std::array<const char*, 2> kEngramTransports = {"tcp", "verbs"}
 std::vector<uint8_t> BuildFrame(uint8_t opcode, uint16_t flags, uint64_t request_id,
                                 std::span<const uint8_t> body);
 
+// True when [offset, offset + bytes) lies inside [area_offset, area_offset + area_bytes).
+// Computed without overflow: offsets and lengths in a frame come from the other side, and a
+// sum that wraps would pass a naive end check. Shared-memory ranges on both sides use it.
+inline bool InsideArea(uint64_t offset, uint64_t bytes, uint64_t area_offset, uint64_t area_bytes) {
+  if (offset < area_offset) return false;
+  const uint64_t rel = offset - area_offset;
+  return rel <= area_bytes && bytes <= area_bytes - rel;
+}
+
 }  // namespace kvtier::daemon::wire

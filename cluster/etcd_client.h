@@ -96,8 +96,9 @@ class EtcdClient {
   // for a key outside prefix ends the watch: Corruption). Blocks until
   // *stop is true (checked at least every poll_ms; returns OK), the stream fails (IOError /
   // Unavailable), the revision was compacted (Rejected: re-read with RangePrefix and watch
-  // again) or no byte came for watch_silence_ms_max (Retry: watch again from the revision
-  // last delivered + 1). Messages are limited to response_bytes_max.
+  // again) or no byte came for watch_silence_ms_max (Retry: watch again, from the revision
+  // last delivered + 1 or after a fresh RangePrefix, as Membership does). Messages are
+  // limited to response_bytes_max.
   using EventSink = std::function<void(const std::vector<EtcdEvent>& events, int64_t revision)>;
   Status Watch(std::string_view prefix, int64_t start_revision, const EventSink& on_events,
                const std::atomic<bool>* stop, uint64_t poll_ms = 200);

@@ -100,6 +100,7 @@ MembershipStats Membership::Stats() const {
   s.bad_records = bad_records_.load();
   s.dropped_over_max = dropped_.load();
   s.registrations_held_back = held_back_.load();
+  s.watch_renewals = watch_renewals_.load();
   return s;
 }
 
@@ -291,7 +292,10 @@ void Membership::WatchLoop() {
         },
         &stop_);
     if (stop_.load(std::memory_order_acquire)) return;
-    if (s.IsRetry()) continue;  // a silent watch: re-read and watch again (not an error)
+    if (s.IsRetry()) {  // a silent watch: re-read (a few records) and watch again; not an error
+      watch_renewals_.fetch_add(1);
+      continue;
+    }
     NoteError();
     uint64_t held = 0;
     if (watch_ended_log_.Allow(DefaultSteadyClock().NowMs(), &held)) {

@@ -74,6 +74,7 @@ struct MembershipStats {
   uint64_t bad_records = 0;              // member records that failed DecodeMember
   uint64_t dropped_over_max = 0;         // records beyond members_max
   uint64_t registrations_held_back = 0;  // before_register failures (no registration then)
+  uint64_t watch_renewals = 0;           // watches ended for silence and started again (not errors)
 };
 
 class Membership {
@@ -123,7 +124,7 @@ class Membership {
   std::atomic<bool> registered_{false};
   std::atomic<bool> self_dirty_{false};
   std::atomic<uint64_t> renewals_{0}, registrations_{0}, errors_{0}, bad_records_{0}, dropped_{0},
-      held_back_{0};
+      held_back_{0}, watch_renewals_{0};
   std::atomic<int64_t> lease_id_{0};
   std::atomic<uint64_t> lease_confirmed_ms_{0};
 

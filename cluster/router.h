@@ -14,8 +14,8 @@
 //           told to drop their (older) version (DROP_OLDER; docs/CLUSTER.md, "Versions").
 //           Then members that keep GET copies (MemberInfo::keeps_copies) and do not own
 //           the key are told to drop their copy (all at once); one that does not answer, like a
-//           previous owner that does not, gets a tombstone naming every other member
-//           (docs/CLUSTER.md, "Copies").
+//           previous owner that does not and an owner whose write failed, gets a tombstone
+//           naming every other member (docs/CLUSTER.md, "Copies").
 //   DELETE  sent to every live member (a unit may sit on a previous owner); a tenant delete
 //           likewise.
 // Peer calls run at once, all peers in parallel, on a fixed pool of peer_call_threads with

@@ -45,8 +45,10 @@ struct TombstoneOptions {
   std::string state_file;  // the last applied revision; "" keeps it in memory only
   uint64_t poll_ms = 1000;
   // Records per etcd read. A record is its key (about 90 bytes) and the node ids that applied
-  // it, base64 in JSON: 256 of them stay far below EtcdOptions::response_bytes_max.
-  int64_t page_keys = 256;
+  // it, base64 in JSON (~300 bytes): 8192 of them (~2.5 MB) stay far below
+  // EtcdOptions::response_bytes_max. Large, because the catch-up filters by mod revision,
+  // and etcd then reads the whole rest of the range for every page before it truncates.
+  int64_t page_keys = 8192;
 };
 
 struct TombstoneStats {

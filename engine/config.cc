@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/config.h"
 #include "engine/config_json.h"
 
 namespace kvtier::engine {
@@ -418,17 +419,14 @@ StatusOr<EngineConfig> ParseEngineConfig(std::string_view json_text) {
 }
 
 StatusOr<EngineConfig> LoadEngineConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::IOError("cannot open config " + path);
-  // At most one byte over the bound is read (--config /dev/zero ends).
-  std::string text(kEngineConfigBytesMax + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (in.bad()) return Status::IOError("cannot read config " + path);
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > kEngineConfigBytesMax)
+  // Read under the bound (--config /dev/zero ends).
+  auto text = ReadFileBounded(path, kEngineConfigBytesMax);
+  if (!text.ok()) {
+    if (!text.status().IsInvalidArgument()) return text.status();
     return Status::InvalidArgument("config: over kEngineConfigBytesMax (" +
                                    std::to_string(kEngineConfigBytesMax) + " bytes): " + path);
-  auto cfg = ParseEngineConfig(text);
+  }
+  auto cfg = ParseEngineConfig(*text);
   if (!cfg.ok()) return cfg.status().WithContext(path);
   return cfg;
 }

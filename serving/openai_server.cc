@@ -162,8 +162,9 @@ void OpenAiFrontend::Generate(const HttpRequest& req, bool chat, const Tenant* t
   auto check_peer_at = std::chrono::steady_clock::now();
   while (true) {
     const bool got = gen->Next(&ev, kWaitSliceMs);
-    const bool more = !got || ev.kind == GenerationEvent::Kind::kText;
-    if (const auto now = std::chrono::steady_clock::now(); more && (!got || now >= check_peer_at)) {
+    // (A stream's failed write catches its client; a non-streamed request writes nothing.)
+    if (const auto now = std::chrono::steady_clock::now();
+        !got || (!cr.stream && ev.kind == GenerationEvent::Kind::kText && now >= check_peer_at)) {
       check_peer_at = now + std::chrono::milliseconds(kWaitSliceMs);
       if (out->PeerGone()) {
         gen->Cancel();

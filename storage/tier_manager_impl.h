@@ -238,12 +238,6 @@ class TierManagerImpl final : public TierManager {
   // ttl_left_ms (may be null): the unit's remaining TTL on a hit (0: none).
   Status GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from, ReadMode mode,
                  const RequestTag& request, uint64_t* ttl_left_ms = nullptr);
-  // What is left of a TTL that ends at expires_ms (options clock; 0: never): 0 for none.
-  uint64_t TtlLeftMs(uint64_t expires_ms) const {
-    if (expires_ms == 0) return 0;
-    const uint64_t now = NowMs();
-    return expires_ms > now ? expires_ms - now : 1;
-  }
   // The body of GetBatch and GetBatchVisit (at most kMaxBatch keys): visit(i, ...) for each
   // key in order, as GetBatchVisit's contract says. A value read by GetImpl (a memory-tier
   // hit, or a re-read) is written to *slot(i) and viewed there.

@@ -100,9 +100,10 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
     MemoryTier* mem = MemTier(t);
     MemMeta m;
     if (mem && mem->Read(key, out, &m, /*count=*/!peek, &request).ok()) {
-      if (Expired(m.expires_ms)) return expire();
+      uint64_t left_ms = 0;
+      if (!TtlLeftMs(m.expires_ms, &left_ms)) return expire();
       if (from != nullptr) *from = t;
-      if (ttl_left_ms != nullptr) *ttl_left_ms = TtlLeftMs(m.expires_ms);
+      if (ttl_left_ms != nullptr) *ttl_left_ms = left_ms;
       return Status::Ok();
     }
   }
@@ -110,9 +111,11 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
     SsdMeta sm;
     Status st = ssd_->Get(key, out, &sm, &request);
     if (st.ok()) {
-      if (ExpiredUnix(sm.expires_unix_ms)) return expire();
+      uint64_t left_ms = 0;
+      if (ExpiredUnix(sm.expires_unix_ms) || !TtlLeftMs(FromUnix(sm.expires_unix_ms), &left_ms))
+        return expire();
       if (from != nullptr) *from = Tier::kSsd;
-      if (ttl_left_ms != nullptr) *ttl_left_ms = TtlLeftMs(FromUnix(sm.expires_unix_ms));
+      if (ttl_left_ms != nullptr) *ttl_left_ms = left_ms;
       if ((dram_ || hbm_) && !peek) {
         std::unique_lock lock(mu_, std::defer_lock);
         if (mode == ReadMode::kPrefetch) {

@@ -87,14 +87,14 @@ int RunGenerate(Args args) {
                  static_cast<unsigned long long>(kMaxNewTokensLimit), kMaxThreads);
     return 2;
   }
-  auto read = ReadFileHead(prompt_file, kMaxPromptBytes);
-  if (!read.ok()) return Fail(read.status());
-  const std::string text = std::move(*read);
-  if (text.empty() || text.size() > kMaxPromptBytes) {
+  auto read = ReadFileBounded(prompt_file, kMaxPromptBytes);
+  if (!read.ok() && !read.status().IsInvalidArgument()) return Fail(read.status());
+  if (!read.ok() || read->empty()) {  // InvalidArgument: over kMaxPromptBytes
     std::fprintf(stderr, "kvtier-engine generate: the prompt must have 1..%llu bytes\n",
                  static_cast<unsigned long long>(kMaxPromptBytes));
     return 2;
   }
+  const std::string text = std::move(*read);
   // Remote Engram rows (declared before the engine: they must outlive it).
   std::unique_ptr<daemon::Client> engram_daemon;
   std::unique_ptr<RemoteEngramRowSource> engram_rows;

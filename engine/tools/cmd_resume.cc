@@ -81,9 +81,12 @@ int RunResume(Args args) {
     if (!ids.ok()) return Fail(ids.status());
     tokens = std::move(*ids);
   } else {
-    auto text = ReadFileHead(prompt_file, kMaxPromptBytes);
-    if (!text.ok()) return Fail(text.status());
-    if (text->size() > kMaxPromptBytes) return Fail(Status::InvalidArgument("prompt too long"));
+    auto text = ReadFileBounded(prompt_file, kMaxPromptBytes);
+    if (!text.ok()) {
+      return Fail(text.status().IsInvalidArgument()
+                      ? Status::InvalidArgument("prompt too long: " + text.status().message())
+                      : text.status());
+    }
     tokens = tok->Encode(*text);
   }
   auto saver = ConnectStore(&e, *weights, socket, token, so);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cache_daemon/client.h"
+#include "common/config.h"
 #include "common/status.h"
 #include "engine/engram.h"
 #include "engine/model.h"
@@ -61,11 +62,6 @@ struct Saver {
 // store there for `engine` with these weights.
 StatusOr<Saver> ConnectStore(Engine* engine, const ModelWeights& weights, const std::string& socket,
                              const std::string& token, const SessionOptions& options);
-
-// The first max_bytes + 1 bytes of the file at `path` (all of it when shorter): one byte more
-// than a limit tells a file over it from one at it without reading the rest (a prompt file of
-// /dev/zero ends). IOError when it cannot be opened or read.
-StatusOr<std::string> ReadFileHead(const std::string& path, uint64_t max_bytes);
 
 // A token id file (generate --tokens-out, resume --tokens-file): ids separated by spaces.
 Status WriteIds(const std::string& path, std::span<const int32_t> ids);

@@ -54,16 +54,6 @@ StatusOr<Saver> ConnectStore(Engine* engine, const ModelWeights& weights, const 
   return s;
 }
 
-StatusOr<std::string> ReadFileHead(const std::string& path, uint64_t max_bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::IOError("cannot open " + path);
-  std::string text(static_cast<size_t>(max_bytes + 1), '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (in.bad()) return Status::IOError("cannot read " + path);
-  text.resize(static_cast<size_t>(in.gcount()));
-  return text;
-}
-
 Status WriteIds(const std::string& path, std::span<const int32_t> ids) {
   std::ofstream out(path);
   if (!out) return Status::IOError("cannot write " + path);

@@ -8,6 +8,26 @@
 namespace kvtier::cluster {
 namespace {
 
+// Units of `chain` read through `c` that still carry their bytes from `old_values` (stale),
+// and units not found at all (missing).
+struct StaleCount {
+  int stale = 0;
+  int missing = 0;
+};
+StaleCount CountStale(Client* c, const std::vector<Key>& chain,
+                      const std::vector<std::vector<uint8_t>>& old_values) {
+  std::vector<std::vector<uint8_t>> got;
+  std::vector<bool> found;
+  StaleCount n;
+  EXPECT_TRUE(c->GetCopy(chain, &got, &found).ok());
+  if (found.size() != chain.size()) return StaleCount{0, static_cast<int>(chain.size())};
+  for (size_t i = 0; i < chain.size(); ++i) {
+    if (!found[i]) ++n.missing;
+    if (found[i] && got[i] == old_values[i]) ++n.stale;
+  }
+  return n;
+}
+
 // Puts new random bytes (of the old sizes, from `seed`) under every key of `chain`, through
 // `writer`; every put must be acknowledged.
 void OverwriteSession(Client* writer, const std::vector<Key>& chain,
@@ -156,13 +176,7 @@ TEST_F(ClusterE2eTest, OwnerStoppedPastItsLeaseServesNoOverwrittenBytes) {
   for (int node = 0; node < kNodes; ++node) {
     auto c = Connect(node, "tok-alice");
     ASSERT_NE(c, nullptr);
-    std::vector<std::vector<uint8_t>> got;
-    std::vector<bool> found;
-    ASSERT_TRUE(c->GetCopy(chain, &got, &found).ok());
-    int stale = 0;
-    for (int i = 0; i < kUnits; ++i) {
-      if (found[i] && got[i] == old_values[i]) ++stale;
-    }
+    const int stale = CountStale(c.get(), chain, old_values).stale;
     EXPECT_EQ(stale, 0) << "node " << node << " serves " << stale << " of " << kUnits
                         << " units with their bytes from before the overwrite";
   }
@@ -202,14 +216,7 @@ TEST_F(ClusterPartialAcksTest, AnOwnerThatMissedAnAcknowledgedPutServesNoOlderVe
   for (int node = 0; node < kNodes; ++node) {
     auto c = Connect(node, "tok-alice");
     ASSERT_NE(c, nullptr);
-    std::vector<std::vector<uint8_t>> got;
-    std::vector<bool> found;
-    ASSERT_TRUE(c->GetCopy(chain, &got, &found).ok());
-    int stale = 0, missing = 0;
-    for (int i = 0; i < kUnits; ++i) {
-      if (!found[i]) ++missing;
-      if (found[i] && got[i] == old_values[i]) ++stale;
-    }
+    const auto [stale, missing] = CountStale(c.get(), chain, old_values);
     EXPECT_EQ(stale, 0) << "node " << node << " serves " << stale << " of " << kUnits
                         << " units with their bytes from before the acknowledged overwrite";
     EXPECT_EQ(missing, 0) << "node " << node;

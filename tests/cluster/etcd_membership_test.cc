@@ -209,6 +209,7 @@ TEST_F(EtcdTest, SilentWatchesAreRenewedWithoutMissingChanges) {
   (*b)->Stop(/*revoke=*/true);
   EXPECT_TRUE(WaitFor([&] { return !Has(**a, "b"); }, 1500));
   EXPECT_EQ((*a)->Stats().etcd_errors, 0u);
+  EXPECT_GE((*a)->Stats().watch_renewals, 2u);  // the silences were renewals
   etcd_->Pause(true);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   etcd_->Pause(false);

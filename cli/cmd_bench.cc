@@ -31,6 +31,7 @@
 #include "cli/fio.h"
 #include "cli/flags.h"
 #include "common/clock.h"
+#include "common/json_text.h"
 #include "storage/block_device.h"
 #include "storage/memory_tier.h"
 #include "storage/ssd_format.h"
@@ -338,7 +339,7 @@ int BenchStorage(Args args) {
     j["write_putter_cpu_share"] = r.write_cpu_share;
     j["write_putter_runqueue_share"] = r.write_runqueue_share;
     j["notes"] = r.notes;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", JsonText(j, 2).c_str());
   } else {
     std::printf("unit %llu B, %llu MiB written, dir %s\n",
                 static_cast<unsigned long long>(unit_bytes), static_cast<unsigned long long>(mb),

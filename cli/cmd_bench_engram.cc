@@ -41,6 +41,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "common/json_text.h"
 #include "common/shipped_models.h"
 #include "common/temp_dir.h"
 #include "engine/config.h"
@@ -520,13 +521,13 @@ int BenchEngram(Args args) {
     if (int rc = TransportPart(tf, work_dir, &j); rc != 0) return rc;
   }
   if (json) {
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", JsonText(j, 2).c_str());
     return 0;
   }
   for (auto part = j.begin(); part != j.end(); ++part) {
     std::printf("%s:\n", part.key().c_str());
     for (auto it = part.value().begin(); it != part.value().end(); ++it)
-      std::printf("  %-28s %s\n", it.key().c_str(), it.value().dump().c_str());
+      std::printf("  %-28s %s\n", it.key().c_str(), JsonText(it.value()).c_str());
   }
   return 0;
 }

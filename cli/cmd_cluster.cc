@@ -26,6 +26,7 @@
 #include "cluster/member.h"
 #include "cluster/membership.h"
 #include "cluster/placement.h"
+#include "common/json_text.h"
 #include "common/key_spec.h"
 
 namespace kvtier::cli {
@@ -272,8 +273,8 @@ int RunStatus(Args args) {
       }
       j["members"].push_back(std::move(m));
     }
-    // Key bytes are hostile: dump with invalid UTF-8 replaced, never thrown on.
-    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    // Key bytes are hostile: JsonText replaces invalid UTF-8 rather than throwing.
+    std::printf("%s\n", JsonText(j, 2).c_str());
     return 0;
   }
   std::printf("etcd %s  prefix %s  revision %lld  replicas %llu\n", etcd.c_str(), prefix.c_str(),

@@ -37,6 +37,7 @@
 #include "cli/cmd_demo_trained.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "common/json_text.h"
 #include "common/shipped_models.h"
 #include "common/temp_dir.h"
 #include "engine/agent_text.h"
@@ -336,7 +337,7 @@ Status RunScenario(const std::string& kvtierd, const DemoModel& model,
     j["recompute_kl_mean"] = rfid.kl_mean;
     j["resume_stats"] = nlohmann::ordered_json::parse(resumer->StatsJson());
     j["total_s"] = Since(t_all);
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", JsonText(j, 2).c_str());
   } else {
     std::printf("\n== agent resume on %s (%zu tokens, %llu turns) ==\n", model_name.c_str(),
                 tokens.size(), static_cast<unsigned long long>(turn));

@@ -31,6 +31,7 @@
 #include "cache_daemon/client.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "common/json_text.h"
 #include "engine/config.h"
 #include "engine/engram_export.h"
 #include "engine/weights.h"
@@ -87,7 +88,7 @@ int RunBuild(Args args) {
                             {"row_begin", f.row_begin},
                             {"row_end", f.row_end},
                             {"bytes", f.bytes}});
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", JsonText(j, 2).c_str());
   } else {
     for (const auto& f : r->files)
       std::printf("%s  rows [%llu, %llu)  %llu bytes  %s\n", f.region.c_str(),
@@ -202,13 +203,13 @@ int RunGrant(Args args) {
     if (with_tokens) j["shards_toml"] = g->shards_toml;
     return j;
   };
-  if (!token_file.empty() && !WriteSecretFile(token_file, to_json(true).dump(2) + "\n")) {
+  if (!token_file.empty() && !WriteSecretFile(token_file, JsonText(to_json(true), 2) + "\n")) {
     std::fprintf(stderr, "kvtier engram grant: cannot write %s: %s\n", token_file.c_str(),
                  std::strerror(errno));
     return 1;
   }
   if (json) {
-    std::printf("%s\n", to_json(print_tokens).dump(2).c_str());
+    std::printf("%s\n", JsonText(to_json(print_tokens), 2).c_str());
     return 0;
   }
   std::printf("endpoint %s  tenant %s  ttl %llu ms\n", g->endpoint.c_str(), g->tenant.c_str(),

@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "common/json_text.h"
 #include "common/kv_layout.h"
 #include "common/shipped_models.h"
 #include "common/unit_format.h"
@@ -119,7 +120,7 @@ int RunLayout(Args args) {
     return 1;
   }
   if (json) {
-    std::printf("%s\n", LayoutJson(*layout, config).dump(2).c_str());
+    std::printf("%s\n", JsonText(LayoutJson(*layout, config), 2).c_str());
   } else {
     PrintHuman(*layout, config);
   }

@@ -7,6 +7,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "common/json_text.h"
+
 namespace kvtier::sim {
 namespace {
 
@@ -188,7 +190,7 @@ std::string FormatClusterJson(const std::vector<ClusterSimResult>& rows, const s
                        {"requests_per_host", r.requests_per_host},
                        {"busiest_host_over_mean", Imbalance(r)}});
   }
-  return out.dump(2) + "\n";
+  return JsonText(out, 2) + "\n";
 }
 
 }  // namespace kvtier::sim

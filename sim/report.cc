@@ -6,6 +6,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.h"
+
 namespace kvtier::sim {
 namespace {
 
@@ -73,7 +75,7 @@ std::string FormatJson(const std::vector<ReportRow>& rows, const std::string& tr
     j["cost_with_cache_usd"] = r.cost_with_cache_usd;
     results.push_back(std::move(j));
   }
-  return out.dump(2) + "\n";
+  return JsonText(out, 2) + "\n";
 }
 
 std::string FormatText(const std::vector<ReportRow>& rows) {

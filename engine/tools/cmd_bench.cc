@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/flags.h"
+#include "common/json_text.h"
 #include "engine/model.h"
 #include "engine/tools/commands.h"
 
@@ -89,7 +90,7 @@ int RunBench(Args args) {
     j["global_kv_bytes_per_token"] = kv_per_token;
     j["stored_bytes_per_token"] = stored_per_token;
     j["fixed_state_bytes"] = mem.fixed_bytes;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", JsonText(j, 2).c_str());
   } else {
     std::printf("threads %d, prompt %llu tokens, decode %llu tokens\n", e.threads(),
                 static_cast<unsigned long long>(prompt_tokens),

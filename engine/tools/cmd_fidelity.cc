@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/flags.h"
+#include "common/json_text.h"
 #include "engine/config.h"
 #include "engine/fidelity.h"
 #include "engine/model.h"
@@ -170,7 +171,7 @@ int RunFidelity(Args args) {
     j["hot_states_imported"] = rep->hot_states_imported;
     j["replayed_tokens"] = rep->replayed_tokens;
     j["seconds"] = seconds;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", JsonText(j, 2).c_str());
     return 0;
   }
   std::printf(

@@ -70,6 +70,24 @@ TEST_F(SimFlags, AFlagIsNotTakenAsAValue) {
   EXPECT_NE(r.out.find("'--trace' needs a value"), std::string::npos) << r.out;
 }
 
+// A trace whose file name is not UTF-8 (Linux paths are bytes): --json reports it with U+FFFD
+// for the bad byte, as the single and cluster reports both do, instead of aborting.
+TEST_F(SimFlags, JsonReportNamesATraceWhosePathIsNotUtf8) {
+  const std::string odd = (dir_ / "trace\xff.jsonl").string();
+  std::filesystem::copy_file(trace_, odd);
+  const std::string replaced = "trace\xef\xbf\xbd.jsonl";  // U+FFFD in UTF-8
+  Result r = RunKvtier("sim --no-progress --json --capacity-fraction 0.1 --policy lru --trace '" +
+                       odd + "'");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find(replaced), std::string::npos) << r.out;
+  Result cluster = RunKvtier(
+      "sim --no-progress --json --capacity-fraction 0.1 --policy lru "
+      "--cluster-hosts 2 --trace '" +
+      odd + "'");
+  EXPECT_EQ(cluster.exit_code, 0) << cluster.out;
+  EXPECT_NE(cluster.out.find(replaced), std::string::npos) << cluster.out;
+}
+
 TEST_F(SimFlags, ParamsCanBeScopedToOnePolicy) {
   const std::string base = "sim --no-progress --json --trace " + trace_ +
                            " --capacity-fraction 0.1 --policy lru,long-tail";

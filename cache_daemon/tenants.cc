@@ -52,6 +52,7 @@ std::unique_ptr<TenantRegistry> TenantRegistry::Open(std::span<const uint8_t> se
   t->admin = true;
   t->inflight_max = default_inflight_max;
   t->salt = TenantSalt(server_secret, t->name);
+  reg->by_id_.emplace(t->id, t.get());
   reg->tenants_.push_back(std::move(t));
   return reg;
 }
@@ -123,6 +124,7 @@ StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Parse(
       t->token_sha256.push_back(*d);
     }
     t->salt = TenantSalt(server_secret, t->name);
+    reg->by_id_.emplace(t->id, t.get());
     reg->tenants_.push_back(std::move(t));
   }
   return reg;
@@ -159,10 +161,8 @@ StatusOr<const Tenant*> TenantRegistry::Authenticate(std::string_view token) con
 }
 
 const Tenant* TenantRegistry::FindById(uint64_t id) const {
-  for (const auto& t : tenants_) {
-    if (t->id == id) return t.get();
-  }
-  return nullptr;
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : it->second;
 }
 
 StatusOr<std::vector<uint8_t>> LoadOrCreateServerSecret(const std::string& path) {

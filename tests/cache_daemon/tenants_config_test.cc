@@ -53,6 +53,23 @@ TEST(Tenants, AuthenticatesHashedTokens) {
   EXPECT_FALSE((*reg)->Authenticate(HashHex("tok-a")).ok());
 }
 
+// FindById answers for every tenant of a tokens file and of the auth-off registry, and
+// nullptr for an id nobody has.
+TEST(Tenants, FindsEveryTenantById) {
+  auto reg = TenantRegistry::Parse(TwoTenants(), Secret(1));
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  ASSERT_NE((*reg)->FindById(1), nullptr);
+  EXPECT_EQ((*reg)->FindById(1)->name, "alice");
+  ASSERT_NE((*reg)->FindById(2), nullptr);
+  EXPECT_EQ((*reg)->FindById(2)->name, "bob");
+  EXPECT_EQ((*reg)->FindById(0), nullptr);
+  EXPECT_EQ((*reg)->FindById(3), nullptr);
+  auto off = TenantRegistry::Open(Secret(1), 8);
+  ASSERT_NE(off->FindById(0), nullptr);
+  EXPECT_EQ(off->FindById(0), off->default_tenant());
+  EXPECT_EQ(off->FindById(1), nullptr);
+}
+
 TEST(Tenants, SaltIsDerivedFromSecretAndName) {
   auto r1 = TenantRegistry::Parse(TwoTenants(), Secret(1));
   auto r1b = TenantRegistry::Parse(TwoTenants(), Secret(1));

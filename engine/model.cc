@@ -76,6 +76,12 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
     return Status::InvalidArgument("engine: engram_prefetch_batches_max out of range");
   EngineConfig c = config;
   KVTIER_RETURN_IF_ERROR(c.Validate());
+  if (options.prompt_piece_tokens != static_cast<int>(kMaxTokensPerCall) &&
+      (options.prompt_piece_tokens <= c.sliding_window ||
+       static_cast<size_t>(options.prompt_piece_tokens) > kMaxTokensPerCall))
+    return Status::InvalidArgument(
+        "engine: prompt_piece_tokens must be more than sliding_window and at most "
+        "kMaxTokensPerCall");
   KVTIER_RETURN_IF_ERROR(CheckWeights(c, weights->file));
   std::unique_ptr<Engine> e(new Engine(c, std::move(weights), options));
   e->pool_ = std::make_unique<ThreadPool>(options.threads);
@@ -326,10 +332,13 @@ SequenceState Engine::NewSequence() const {
   return st;
 }
 
-Status Engine::CheckTokens(std::span<const int32_t> tokens) const {
+Status Engine::CheckTokens(std::span<const int32_t> tokens, size_t tokens_max) const {
   if (tokens.empty()) return Status::InvalidArgument("engine: no tokens");
-  if (tokens.size() > kMaxTokensPerCall)
-    return Status::InvalidArgument("engine: more than kMaxTokensPerCall tokens in one call");
+  if (tokens.size() > tokens_max) {
+    return Status::InvalidArgument(tokens_max == kMaxTokensPerCall
+                                       ? "engine: more than kMaxTokensPerCall tokens in one call"
+                                       : "engine: more than kMaxPromptTokens tokens in one call");
+  }
   for (int32_t t : tokens) {
     if (t < 0 || t >= config_.vocab_size)
       return Status::InvalidArgument("engine: token id outside the vocabulary");
@@ -553,15 +562,33 @@ void Engine::Head(int n, const float* x, const float* pre, float* logits) {
   Mm(pool_.get(), y.data(), n, D, head_w_, head_pk_, config_.vocab_size, logits);
 }
 
+template <typename Run>
+Status Engine::InPieces(std::span<const int32_t> tokens, const Run& run) const {
+  const size_t piece = static_cast<size_t>(options_.prompt_piece_tokens);
+  const size_t first = (tokens.size() - 1) % piece + 1;
+  KVTIER_RETURN_IF_ERROR(run(tokens.first(first)));
+  for (size_t at = first; at < tokens.size(); at += piece) {
+    KVTIER_RETURN_IF_ERROR(run(tokens.subspan(at, piece)));
+  }
+  return Status::Ok();
+}
+
 Status Engine::Forward(SequenceState* st, std::span<const int32_t> tokens, bool all_logits,
                        std::vector<float>* logits) {
-  KVTIER_RETURN_IF_ERROR(CheckTokens(tokens));
+  KVTIER_RETURN_IF_ERROR(CheckTokens(tokens, all_logits ? kMaxTokensPerCall : kMaxPromptTokens));
   KVTIER_RETURN_IF_ERROR(CheckExtendable(*st));
+  ResetTrace();
+  return InPieces(tokens, [&](std::span<const int32_t> piece) {
+    return ForwardPiece(st, piece, all_logits, logits);
+  });
+}
+
+Status Engine::ForwardPiece(SequenceState* st, std::span<const int32_t> tokens, bool all_logits,
+                            std::vector<float>* logits) {
   const EngineConfig& c = config_;
   const int n = static_cast<int>(tokens.size());
   const int D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
   const int64_t p0 = static_cast<int64_t>(st->tokens.size());
-  ResetTrace();
   st->tokens.insert(st->tokens.end(), tokens.begin(), tokens.end());
   // The pass's buffers are this thread's, reused call to call (engine/scratch.h).
   thread_local std::vector<Step> plan_slot;
@@ -598,7 +625,7 @@ Status Engine::Decode(SequenceState* st, int32_t token, std::vector<float>* logi
 
 Status Engine::PrefillCed(SequenceState* st, std::span<const int32_t> tokens,
                           std::vector<float>* last_logits) {
-  KVTIER_RETURN_IF_ERROR(CheckTokens(tokens));
+  KVTIER_RETURN_IF_ERROR(CheckTokens(tokens, kMaxPromptTokens));
   KVTIER_RETURN_IF_ERROR(CheckExtendable(*st));
   if (!st->tokens.empty())
     return Status::InvalidArgument("engine: CED prefill needs an empty state");
@@ -607,7 +634,7 @@ Status Engine::PrefillCed(SequenceState* st, std::span<const int32_t> tokens,
 
 Status Engine::ExtendCed(SequenceState* st, std::span<const int32_t> tokens,
                          std::vector<float>* last_logits) {
-  KVTIER_RETURN_IF_ERROR(CheckTokens(tokens));
+  KVTIER_RETURN_IF_ERROR(CheckTokens(tokens, kMaxPromptTokens));
   KVTIER_RETURN_IF_ERROR(CheckExtendable(*st));
   const EngineConfig& c = config_;
   const int d = c.first_decoder_layer, L = c.num_hidden_layers;
@@ -617,6 +644,15 @@ Status Engine::ExtendCed(SequenceState* st, std::span<const int32_t> tokens,
     if (c.IsKvSource(l)) return Status::InvalidArgument("engine: CED needs one decoder kv source");
   }
   ResetTrace();
+  return InPieces(tokens, [&](std::span<const int32_t> piece) {
+    return ExtendCedPiece(st, piece, last_logits);
+  });
+}
+
+Status Engine::ExtendCedPiece(SequenceState* st, std::span<const int32_t> tokens,
+                              std::vector<float>* last_logits) {
+  const EngineConfig& c = config_;
+  const int d = c.first_decoder_layer, L = c.num_hidden_layers;
   const int n = static_cast<int>(tokens.size());
   const int64_t n0 = static_cast<int64_t>(st->tokens.size());
   const int D = c.hidden_size, hc = c.hc_mult;

@@ -40,6 +40,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -55,8 +56,13 @@
 
 namespace kvtier::engine {
 
-// Upper bound on tokens in one Forward / PrefillCed call.
+// Upper bound on tokens in one call whose memory grows with it: Forward with all_logits,
+// ForwardBatch, ReplayTail's replay, PrefetchEngram's hint.
 inline constexpr size_t kMaxTokensPerCall = 1 << 16;
+// Upper bound on tokens in one PrefillCed, ExtendCed or Forward without all_logits (a prompt).
+// Past EngineOptions::prompt_piece_tokens they run in pieces of at most that many tokens, with
+// the same results bit for bit, so their activations stay those of one piece.
+inline constexpr size_t kMaxPromptTokens = size_t{1} << 22;
 // Upper bounds on EngineOptions::engram_lookahead_chunks and engram_prefetch_batches_max.
 inline constexpr int kMaxEngramLookaheadChunks = 8;
 inline constexpr int kMaxEngramPrefetchBatches = 256;
@@ -81,6 +87,11 @@ struct EngineOptions {
   // engine holds at once, in [1, kMaxEngramPrefetchBatches]; a prefetch over it is refused
   // (the step then requests its rows itself). Default 16.
   int engram_prefetch_batches_max = 16;
+  // Most tokens PrefillCed, ExtendCed and Forward without all_logits run at once; a longer call
+  // runs in pieces (results do not depend on it). A CED piece holds its tokens' activations
+  // (piece x hc_mult x hidden_size floats). In (sliding_window, kMaxTokensPerCall], or
+  // kMaxTokensPerCall whatever the window. Default kMaxTokensPerCall.
+  int prompt_piece_tokens = static_cast<int>(kMaxTokensPerCall);
 };
 
 // What the engine saw of Engram row reads (monotonic counters). A prefetch is a batch
@@ -213,8 +224,9 @@ class Engine {
 
   // All layers over `tokens` appended to `state`. logits: every new token's row
   // (all_logits) or only the last one's, each vocab_size floats. InvalidArgument for ids
-  // outside the vocabulary, an empty or oversize call, or a state this engine cannot extend
-  // (then the state is unchanged). Any other error leaves the state unusable: discard it.
+  // outside the vocabulary, an empty call, more than kMaxTokensPerCall tokens with all_logits
+  // or kMaxPromptTokens without, or a state this engine cannot extend (then the state is
+  // unchanged). Any other error leaves the state unusable: discard it.
   Status Forward(SequenceState* state, std::span<const int32_t> tokens, bool all_logits,
                  std::vector<float>* logits);
   Status Decode(SequenceState* state, int32_t token, std::vector<float>* logits);
@@ -238,7 +250,8 @@ class Engine {
                       std::vector<std::vector<float>>* last_logits,
                       std::vector<std::vector<float>>* all_logits = nullptr,
                       std::span<AttnInputCapture* const> captures = {});
-  // CED prefill of an empty state; last_logits: the last token's logits.
+  // CED prefill of an empty state; last_logits: the last token's logits. Up to
+  // kMaxPromptTokens tokens: past options.prompt_piece_tokens, ExtendCed's pieces (see there).
   Status PrefillCed(SequenceState* state, std::span<const int32_t> tokens,
                     std::vector<float>* last_logits);
   // CED extend: appends a turn to a state (empty or not) the CED way. The encoder and layer d's
@@ -246,8 +259,13 @@ class Engine {
   // of them. n <= W: the decoder rings continue, so the result equals Forward(state, tokens)
   // bit for bit (and the full forward of the whole text while it is at most W tokens). n > W:
   // the decoder rings restart at the last W tokens, so extending PrefillCed(A) by B equals
-  // PrefillCed(A + B) bit for bit. PrefillCed(s, t) is ExtendCed of an empty state. Errors as
-  // Forward; the decoder must have a single KV source at its first layer (as PrefillCed).
+  // PrefillCed(A + B) bit for bit. PrefillCed(s, t) is ExtendCed of an empty state. Up to
+  // kMaxPromptTokens tokens: past P = options.prompt_piece_tokens it extends by the first 1..P
+  // of them, then by P at a time; each later piece holds more than W tokens, so it restarts the
+  // rings at its last W and the result is that of one call bit for bit (with
+  // W = P = kMaxTokensPerCall, the config's limit, the rings continue across pieces, as the
+  // full forward's do). Errors as Forward without all_logits; the decoder must have a single
+  // KV source at its first layer (as PrefillCed).
   Status ExtendCed(SequenceState* state, std::span<const int32_t> tokens,
                    std::vector<float>* last_logits);
   // Bounded replay after an import (see file comment); last_logits: the last token's.
@@ -316,7 +334,19 @@ class Engine {
   // products that are independent of each other (e.g. sharing an input) in one parallel
   // section when small.
   void MmMany(ThreadPool* pool, std::span<MatMulPart> parts) const;
-  Status CheckTokens(std::span<const int32_t> tokens) const;
+  // InvalidArgument for no tokens, more than tokens_max, or an id outside the vocabulary.
+  Status CheckTokens(std::span<const int32_t> tokens, size_t tokens_max = kMaxTokensPerCall) const;
+  // Runs run(piece) over `tokens` in pieces: the first of 1..P tokens, every later one of
+  // P = options_.prompt_piece_tokens (ExtendCed needs each later piece to hold more than W
+  // tokens; Forward's results do not depend on the split).
+  // (A template: no std::function, so a decode step allocates nothing for it; model.cc.)
+  template <typename Run>
+  Status InPieces(std::span<const int32_t> tokens, const Run& run) const;
+  // Forward / ExtendCed of at most prompt_piece_tokens checked tokens, without ResetTrace.
+  Status ForwardPiece(SequenceState* state, std::span<const int32_t> tokens, bool all_logits,
+                      std::vector<float>* logits);
+  Status ExtendCedPiece(SequenceState* state, std::span<const int32_t> tokens,
+                        std::vector<float>* last_logits);
   void Embed(std::span<const int32_t> tokens, float* x, float* pre) const;
   void AppendChunks(int64_t p0, int64_t n, int l_begin, int l_end, std::vector<Step>* plan) const;
   // Runs plan[step] (after requesting its Engram rows and the lookahead's).

@@ -318,16 +318,7 @@ Status SessionStore::Prefill(SequenceState* state, std::span<const int32_t> toke
   if (tokens.size() > kMaxSessionTokens)
     return Status::InvalidArgument("session: more than kMaxSessionTokens tokens");
   const auto t0 = Clock::now();
-  // The engine takes at most kMaxTokensPerCall tokens per call: the first call prefills
-  // 1..kMaxTokensPerCall tokens, every later one extends by exactly kMaxTokensPerCall. An
-  // extension of more than W tokens restarts the decoder rings at its last W tokens, which
-  // makes the result PrefillCed of all the tokens bit for bit (model.h ExtendCed).
-  const size_t first = tokens.empty() ? 0 : (tokens.size() - 1) % kMaxTokensPerCall + 1;
-  KVTIER_RETURN_IF_ERROR(engine_->PrefillCed(state, tokens.first(first), last_logits));
-  for (size_t at = first; at < tokens.size(); at += kMaxTokensPerCall) {
-    KVTIER_RETURN_IF_ERROR(
-        engine_->ExtendCed(state, tokens.subspan(at, kMaxTokensPerCall), last_logits));
-  }
+  KVTIER_RETURN_IF_ERROR(engine_->PrefillCed(state, tokens, last_logits));
   cost_.ObserveCed(static_cast<int64_t>(tokens.size()), Since(t0));
   return Status::Ok();
 }

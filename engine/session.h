@@ -55,8 +55,9 @@ inline constexpr std::string_view kSwaKeyDomainTag = "kvtier.swa";
 inline constexpr std::string_view kHotTailKeyDomainTag = "kvtier.swa.tail";
 // Domain tag of the key of a page's hot-state index (HotStateIndexKey).
 inline constexpr std::string_view kHotStateIndexKeyDomainTag = "kvtier.swa.index";
-// Upper bound on the tokens of one session this module saves or resumes (sanity limit).
-inline constexpr size_t kMaxSessionTokens = size_t{1} << 22;
+// Upper bound on the tokens of one session this module saves or resumes (sanity limit): what
+// one Engine::PrefillCed takes, since a resume that recomputes is one.
+inline constexpr size_t kMaxSessionTokens = kMaxPromptTokens;
 // Tokens per forward call when prefilling an uncached suffix (bounds activation memory).
 inline constexpr size_t kSuffixChunkTokens = 2048;
 
@@ -250,12 +251,8 @@ class SessionStore {
                                                         const Digest& fingerprint,
                                                         const SessionOptions& options);
 
-  // CED prefill of an empty state, timed into the cost model. Takes up to kMaxSessionTokens
-  // tokens: past kMaxTokensPerCall it runs Engine::PrefillCed of the first
-  // 1..kMaxTokensPerCall tokens and ExtendCed of kMaxTokensPerCall tokens at a time, which
-  // equals one PrefillCed of all the tokens bit for bit while W < kMaxTokensPerCall (with
-  // W = kMaxTokensPerCall, the config limit, the decoder rings continue across calls as the
-  // full forward's do). Errors as PrefillCed.
+  // CED prefill of an empty state (Engine::PrefillCed, up to kMaxSessionTokens tokens), timed
+  // into the cost model. Errors as PrefillCed.
   Status Prefill(SequenceState* state, std::span<const int32_t> tokens,
                  std::vector<float>* last_logits);
   // Full forward of `tokens` appended to `state` (chunked prefill of a turn), timed.

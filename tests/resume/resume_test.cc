@@ -634,14 +634,15 @@ TEST_F(ResumeTest, GuardRecomputesWhenFetchIsSlower) {
   EXPECT_EQ(fresh->stats().guard_fetch, 1u);
 }
 
-// A resume that recomputes more than kMaxTokensPerCall tokens (here: nothing was saved, a
-// miss) used to fail with InvalidArgument: Recompute ran one PrefillCed over every token, which
-// the engine refuses past kMaxTokensPerCall, although Resume takes up to kMaxSessionTokens and
-// promises that a miss degrades to a CED prefill. Now the prefill runs in calls, and its result
-// is the CED prefill of every token: bit for bit what PrefillCed + ExtendCed split elsewhere
-// computes (ExtendCed's contract), not a full forward of the rest. The trained miniature (8
-// layers of width 64, W = 16) keeps the two prefills of 66,536 tokens to seconds.
-TEST_F(ResumeTest, RecomputePastOneEngineCallIsTheCedPrefill) {
+// A resume that recomputes more than the engine runs in one piece (here: nothing was saved, a
+// miss) used to fail with InvalidArgument past kMaxTokensPerCall: Recompute ran one PrefillCed
+// over every token, which the engine refused, although Resume takes up to kMaxSessionTokens and
+// promises that a miss degrades to a CED prefill. PrefillCed now runs such a prompt in pieces
+// (engine/model.h, EngineOptions::prompt_piece_tokens), and the resume's result is the CED
+// prefill of every token: bit for bit what one piece computes, not a full forward of the rest.
+// Pieces of 1,000 tokens keep it to a second; the real binary runs 65,600 tokens at the default
+// piece in tests/resume/resume_cli_e2e.sh.
+TEST_F(ResumeTest, RecomputeInEnginePiecesIsTheCedPrefill) {
   StartDaemon();
   auto c = Connect();
   ASSERT_NE(c, nullptr);
@@ -653,6 +654,7 @@ TEST_F(ResumeTest, RecomputePastOneEngineCallIsTheCedPrefill) {
   auto weights = std::make_shared<const ModelWeights>(std::move(*w));
   EngineOptions eo;
   eo.threads = 2;
+  eo.prompt_piece_tokens = 1000;
   auto e = Engine::Create(*cfg, weights, eo);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   SessionOptions o;
@@ -660,18 +662,20 @@ TEST_F(ResumeTest, RecomputePastOneEngineCallIsTheCedPrefill) {
   ASSERT_TRUE(fp.ok());
   auto store = SessionStore::Create(e->get(), c.get(), *fp, o);
   ASSERT_TRUE(store.ok()) << store.status().ToString();
-  const auto tokens = Prompt(static_cast<int>(kMaxTokensPerCall) + 1000, 91);
+  const auto tokens = Prompt(3500, 91);
   SequenceState r;
   std::vector<float> rl;
   auto rep = (*store)->Resume(tokens, &r, &rl);
   ASSERT_TRUE(rep.ok()) << rep.status().ToString();
   EXPECT_TRUE(rep->recomputed) << rep->decision;
   EXPECT_EQ(r.tokens.size(), tokens.size());
-  // The reference, split at 30,000 (both calls hold more than W tokens).
-  SequenceState ref = (*e)->NewSequence();
+  // The reference: one CED prefill of every token, in one piece.
+  eo.prompt_piece_tokens = static_cast<int>(kMaxTokensPerCall);
+  auto whole = Engine::Create(*cfg, weights, eo);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  SequenceState ref = (*whole)->NewSequence();
   std::vector<float> ref_logits;
-  ASSERT_TRUE((*e)->PrefillCed(&ref, std::span(tokens).first(30000), &ref_logits).ok());
-  ASSERT_TRUE((*e)->ExtendCed(&ref, std::span(tokens).subspan(30000), &ref_logits).ok());
+  ASSERT_TRUE((*whole)->PrefillCed(&ref, tokens, &ref_logits).ok());
   EXPECT_TRUE(SameLogits(Continue(e->get(), &r, rl, 4), Continue(e->get(), &ref, ref_logits, 4)));
 }
 

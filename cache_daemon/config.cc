@@ -213,6 +213,9 @@ std::map<std::string, Setter> KeyTable(DaemonOptions& o, std::string& durability
        UintKey("limits.http_connections_max", &o.http_connections_max)},
       {"limits.tenant_connections_max",
        UintKey("limits.tenant_connections_max", &o.tenant_connections_max)},
+      {"limits.auth_timeout_ms", UintKey("limits.auth_timeout_ms", &o.auth_timeout_ms)},
+      {"limits.unauthenticated_connections_max",
+       UintKey("limits.unauthenticated_connections_max", &o.unauthenticated_connections_max)},
       {"auth.tokens_file", StringKey("auth.tokens_file", &o.tokens_file)},
       {"auth.server_secret_file", StringKey("auth.server_secret_file", &o.server_secret_file)},
       {"auth.default_inflight_max", UintKey("auth.default_inflight_max", &o.default_inflight_max)},
@@ -432,6 +435,12 @@ Status Finalize(DaemonOptions* o) {
         std::pair{"limits.http_connections_max", o->http_connections_max},
         std::pair{"limits.tenant_connections_max", o->tenant_connections_max}}) {
     if (v == 0) return Bad(key, "at least 1");
+  }
+  if (o->auth_timeout_ms < 100 || o->auth_timeout_ms > 3600000) {
+    return Bad("limits.auth_timeout_ms", "100..3600000 (one hour)");
+  }
+  if (o->unauthenticated_connections_max == 0 || o->unauthenticated_connections_max > 65536) {
+    return Bad("limits.unauthenticated_connections_max", "1..65536");
   }
   if (o->socket_path.size() >= 108) {
     return Bad("server.socket", "path longer than 107 bytes (sun_path limit)");

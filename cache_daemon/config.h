@@ -124,6 +124,14 @@ struct DaemonOptions {
   uint32_t resp_connections_max = 192;
   uint32_t http_connections_max = 64;
   uint32_t tenant_connections_max = 256;  // connections authenticated as one tenant (auth on)
+  // Before authentication (auth on; the fronts that authenticate with HELLO/AUTH: Unix, native
+  // TCP, RESP, TLS or not). A connection counts as unauthenticated from its accept until its
+  // first successful HELLO/AUTH (a native one that loses its tenant to a failed HELLO/AUTH
+  // counts again); the HTTP admin front authenticates each request and is not counted.
+  uint64_t auth_timeout_ms = 10000;  // not authenticated this long after accept: closed
+  // Unauthenticated connections per front; beyond it a new connection is closed at accept, so
+  // clients that never authenticate cannot take the slots of *_connections_max.
+  uint32_t unauthenticated_connections_max = 64;
 
   // [auth]
   std::string tokens_file;               // "" -> auth off (loopback / Unix only)

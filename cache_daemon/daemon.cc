@@ -7,6 +7,7 @@
 
 #include <condition_variable>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -47,6 +48,24 @@ void Shared::ReleaseTenantConnection(const Tenant* t) {
   if (--it->second == 0) tenant_conns.erase(it);
 }
 
+bool Shared::FrontAuthenticates(Front front) const {
+  return tenants->auth_enabled() && front != Front::kHttp;
+}
+
+bool Shared::AcquireUnauthenticated(Front front) {
+  auto& open = unauthenticated_open[static_cast<size_t>(front)];
+  if (open.fetch_add(1) >= options->unauthenticated_connections_max) {
+    open.fetch_sub(1);
+    metrics->Refuse(Refusal::kUnauthenticatedConnections);
+    return false;
+  }
+  return true;
+}
+
+void Shared::ReleaseUnauthenticated(Front front) {
+  unauthenticated_open[static_cast<size_t>(front)].fetch_sub(1);
+}
+
 std::string RenderMetrics(Shared* shared, bool tenant_series) {
   DaemonMetrics::Extra extra;
   extra.tenant_series = tenant_series;
@@ -68,6 +87,10 @@ std::string RenderMetrics(Shared* shared, bool tenant_series) {
   for (size_t f = 0; f < shared->front_open.size(); ++f) {
     extra.front_connections.emplace_back(FrontName(static_cast<Front>(f)),
                                          shared->front_open[f].load());
+  }
+  for (Front f : {Front::kUnix, Front::kNativeTcp, Front::kResp}) {
+    extra.unauthenticated_connections.emplace_back(
+        FrontName(f), shared->unauthenticated_open[static_cast<size_t>(f)].load());
   }
   std::string page = shared->metrics->RenderPrometheus(shared->service->store()->GetStats(), extra);
   if (shared->tls != nullptr) page += shared->tls->RenderPrometheus();
@@ -290,25 +313,31 @@ class DaemonImpl final : public Daemon {
  private:
   // A front's admission (Admit) not yet handed to a session; given back unless taken.
   struct AdmissionHold {
-    AdmissionHold(Shared* shared, Front front) : shared(shared), front(front) {}
+    AdmissionHold(Shared* shared, const internal::Admission& admission)
+        : shared(shared), admission(admission) {}
     ~AdmissionHold() {
-      if (!taken) shared->front_open[static_cast<size_t>(front)].fetch_sub(1);
+      if (taken) return;
+      shared->front_open[static_cast<size_t>(admission.front)].fetch_sub(1);
+      if (admission.unauthenticated) shared->ReleaseUnauthenticated(admission.front);
     }
     Shared* shared;
-    Front front;
+    internal::Admission admission;
     bool taken = false;
   };
 
-  // An admitted connection's count (Admit took its place in front_open).
-  std::shared_ptr<internal::ConnectionCount> Counted(Front front) {
-    return std::make_shared<internal::ConnectionCount>(&shared_, front);
+  // An admitted connection's count (Admit took its places).
+  std::shared_ptr<internal::ConnectionCount> Counted(const internal::Admission& admission) {
+    return std::make_shared<internal::ConnectionCount>(&shared_, admission);
   }
 
-  // Counts the connection in its front on success; its ConnectionCount (Counted) uncounts it.
-  bool Admit(Front front) {
+  // Counts the connection in its front, and with auth on in the front's unauthenticated
+  // connections, on success; its ConnectionCount (Counted) uncounts it. nullopt: the
+  // connection is to be closed at once (counted in connections_rejected and, for a limit of
+  // [limits], in its refusal reason).
+  std::optional<internal::Admission> Admit(Front front) {
     if (shared_.draining.load() || metrics_.connections_open.load() >= options_.max_connections) {
       metrics_.connections_rejected.fetch_add(1);
-      return false;
+      return std::nullopt;
     }
     const uint32_t limits[] = {options_.unix_connections_max, options_.native_tcp_connections_max,
                                options_.resp_connections_max, options_.http_connections_max};
@@ -317,9 +346,20 @@ class DaemonImpl final : public Daemon {
       open.fetch_sub(1);
       metrics_.connections_rejected.fetch_add(1);
       metrics_.Refuse(Refusal::kFrontConnections);
-      return false;
+      return std::nullopt;
     }
-    return true;
+    internal::Admission admission{
+        .front = front, .unauthenticated = false, .accepted_ms = internal::IdleWatch::NowMs()};
+    if (shared_.FrontAuthenticates(front)) {
+      // Unauthenticated until its first successful HELLO/AUTH (the session's deadline).
+      if (!shared_.AcquireUnauthenticated(front)) {
+        open.fetch_sub(1);
+        metrics_.connections_rejected.fetch_add(1);
+        return std::nullopt;
+      }
+      admission.unauthenticated = true;
+    }
+    return admission;
   }
 
   void AcceptUnix() {
@@ -331,9 +371,9 @@ class DaemonImpl final : public Daemon {
         return;
       }
       accept_backoff_[static_cast<size_t>(Front::kUnix)].Succeeded();
-      if (Admit(Front::kUnix)) {
+      if (std::optional<internal::Admission> admission = Admit(Front::kUnix)) {
         internal::StartNativeSession(&shared_, asio::generic::stream_protocol::socket(std::move(s)),
-                                     /*is_unix=*/true, Counted(Front::kUnix));
+                                     /*is_unix=*/true, Counted(*admission));
       }
       AcceptUnix();
     });
@@ -365,19 +405,22 @@ class DaemonImpl final : public Daemon {
         return;
       }
       accept_backoff_[static_cast<size_t>(front)].Succeeded();
-      if (Admit(front)) {
+      if (std::optional<internal::Admission> admitted = Admit(front)) {
         if (UsesTls(front)) {
           // The session starts on the plaintext end once the handshake is done. Until
           // then the admission is held here: a handshake that fails or times out never
           // starts a session, so the front's count is given back when `admission` dies.
           // From then on the session and the relay share the connection's count, given
           // back when both are gone (the relay can outlive the session).
-          auto admission = std::make_shared<AdmissionHold>(&shared_, front);
+          // The handshake counts against the front's unauthenticated connections and the
+          // authentication deadline runs from the TCP accept (as PostgreSQL's
+          // authentication_timeout includes its SSL handshake).
+          auto admission = std::make_shared<AdmissionHold>(&shared_, *admitted);
           tls_->Accept(
               std::move(s), [this] { return shared_.draining.load(); },
               [this, front, admission](TlsFront::GenericSocket plain) {
                 admission->taken = true;
-                std::shared_ptr<internal::ConnectionCount> count = Counted(front);
+                std::shared_ptr<internal::ConnectionCount> count = Counted(admission->admission);
                 StartFront(front, std::move(plain), count);
                 return std::shared_ptr<void>(std::move(count));
               });
@@ -386,9 +429,10 @@ class DaemonImpl final : public Daemon {
           s.set_option(Tcp::no_delay(true), ignored);
           internal::StartNativeSession(&shared_,
                                        asio::generic::stream_protocol::socket(std::move(s)),
-                                       /*is_unix=*/false, Counted(front));
+                                       /*is_unix=*/false, Counted(*admitted));
         } else {
-          StartFront(front, asio::generic::stream_protocol::socket(std::move(s)), Counted(front));
+          StartFront(front, asio::generic::stream_protocol::socket(std::move(s)),
+                     Counted(*admitted));
         }
       }
       AcceptTcp(acc, front);

@@ -116,29 +116,76 @@ struct Shared {
 
   std::mutex tenant_conns_mu;
   std::map<uint64_t, uint32_t> tenant_conns;  // tenant id -> connections; by tenant_conns_mu
+
+  // True when a connection on `front` must authenticate before it is served: auth on, and
+  // a front whose connections authenticate with HELLO/AUTH (not HTTP, whose requests each
+  // carry their own token and are answered without one too).
+  bool FrontAuthenticates(Front front) const;
+  // Takes a place among the front's unauthenticated connections
+  // (limits.unauthenticated_connections_max); false, counted as a refusal, at the limit.
+  bool AcquireUnauthenticated(Front front);
+  void ReleaseUnauthenticated(Front front);
+  // Connections per front holding such a place (kvtier_unauthenticated_connections_open).
+  std::array<std::atomic<uint32_t>, static_cast<size_t>(Front::kCount)> unauthenticated_open{};
+};
+
+// What a front's admission gave a connection at accept (the daemon's Admit).
+struct Admission {
+  Front front = Front::kUnix;
+  // Holds a place in shared->unauthenticated_open[front] (FrontAuthenticates(front)).
+  bool unauthenticated = false;
+  uint64_t accepted_ms = 0;  // steady clock (IdleWatch::NowMs) at accept
 };
 
 // One connection's place in the counts its front's admission checks: shared->front_open[front]
-// (taken by the caller at admission, handed over here) and metrics->connections_open (taken
-// here). Both are given back when the last owner lets go: the session, and on a TLS front
-// also the relay, which can outlive its session while it writes the session's last replies
-// to the client (tls_front.h). Thread-safe.
+// and, until the connection authenticates, shared->unauthenticated_open[front] (both taken by
+// the caller at admission and handed over here), and metrics->connections_open (taken here).
+// All are given back when the last owner lets go: the session, and on a TLS front also the
+// relay, which can outlive its session while it writes the session's last replies to the
+// client (tls_front.h); so a connection closed unauthenticated counts as unauthenticated
+// until it is gone. The unauthenticated place is given back earlier by Authenticated().
+// Thread-safe.
 class ConnectionCount {
  public:
-  ConnectionCount(Shared* shared, Front front) : shared_(shared), front_(front) {
+  ConnectionCount(Shared* shared, const Admission& admission)
+      : shared_(shared),
+        front_(admission.front),
+        accepted_ms_(admission.accepted_ms),
+        unauthenticated_(admission.unauthenticated) {
     shared_->metrics->connections_open.fetch_add(1);
     shared_->metrics->connections_total.fetch_add(1);
   }
   ~ConnectionCount() {
+    if (unauthenticated_.exchange(false)) shared_->ReleaseUnauthenticated(front_);
     shared_->front_open[static_cast<size_t>(front_)].fetch_sub(1);
     shared_->metrics->connections_open.fetch_sub(1);
   }
   ConnectionCount(const ConnectionCount&) = delete;
   ConnectionCount& operator=(const ConnectionCount&) = delete;
 
+  // True while the connection holds an unauthenticated place: it must authenticate by
+  // AuthDeadlineMs().
+  bool unauthenticated() const { return unauthenticated_.load(); }
+  // When an unauthenticated connection is closed: limits.auth_timeout_ms after its accept.
+  uint64_t AuthDeadlineMs() const { return accepted_ms_ + shared_->options->auth_timeout_ms; }
+  // The connection authenticated: its unauthenticated place is given back (no-op when none).
+  void Authenticated() {
+    if (unauthenticated_.exchange(false)) shared_->ReleaseUnauthenticated(front_);
+  }
+  // The connection lost its tenant (native: a failed HELLO/AUTH after a successful one, auth
+  // on): it takes an unauthenticated place again. False (counted) at the front's limit.
+  bool Deauthenticated() {
+    if (unauthenticated_.load()) return true;
+    if (!shared_->AcquireUnauthenticated(front_)) return false;
+    unauthenticated_.store(true);
+    return true;
+  }
+
  private:
   Shared* const shared_;
   const Front front_;
+  const uint64_t accepted_ms_;
+  std::atomic<bool> unauthenticated_;
 };
 
 // Each takes a connected socket and runs the session until the peer or the daemon closes it;
@@ -185,6 +232,39 @@ class IdleWatch {
   asio::steady_timer timer_;
   const uint64_t timeout_ms_;
   uint64_t last_ms_ = 0;
+};
+
+// Closes a connection that has not authenticated by its deadline (limits.auth_timeout_ms, auth
+// on), whatever it sends meanwhile: bytes that keep the idle watch and the frame timer content
+// (HELLOs without a token, refused commands, PINGs) do not move it. Owned by a session, used on
+// its strand only: Arm() when the connection starts unauthenticated (or becomes so again),
+// Disarm() when it authenticates or closes. on_late runs on the timer's executor, once per Arm.
+class AuthDeadline {
+ public:
+  template <typename Executor>
+  explicit AuthDeadline(const Executor& ex) : timer_(ex) {}
+  // deadline_ms on IdleWatch::NowMs()'s clock; replaces an earlier Arm.
+  template <typename KeepAlive, typename OnLate>
+  void Arm(uint64_t deadline_ms, KeepAlive keep_alive, OnLate on_late) {
+    deadline_ms_ = deadline_ms;
+    const uint64_t now_ms = IdleWatch::NowMs();
+    timer_.expires_after(
+        std::chrono::milliseconds(deadline_ms > now_ms ? deadline_ms - now_ms : 0));
+    timer_.async_wait([this, keep_alive, on_late, deadline_ms](boost::system::error_code ec) {
+      // A wait that completed before a Disarm or a later Arm cancelled it is stale.
+      if (ec || deadline_ms_ != deadline_ms) return;
+      deadline_ms_ = 0;
+      on_late();
+    });
+  }
+  void Disarm() {
+    deadline_ms_ = 0;
+    timer_.cancel();
+  }
+
+ private:
+  asio::steady_timer timer_;
+  uint64_t deadline_ms_ = 0;  // 0: not armed
 };
 
 // Holds a session's reads while limits.connection_memory_bytes_max is spent (the daemon-wide

@@ -6,10 +6,18 @@
 namespace kvtier::daemon {
 
 const char* RefusalName(Refusal r) {
-  static constexpr const char* kNames[] = {
-      "front_connections", "tenant_connections", "preauth_frame", "unauthenticated",
-      "resp_command",      "reply_queue",        "memory",        "idle",
-      "resp_multi",        "resp_keys"};
+  static constexpr const char* kNames[] = {"front_connections",
+                                           "tenant_connections",
+                                           "preauth_frame",
+                                           "unauthenticated",
+                                           "resp_command",
+                                           "reply_queue",
+                                           "memory",
+                                           "idle",
+                                           "resp_multi",
+                                           "resp_keys",
+                                           "unauthenticated_connections",
+                                           "auth_timeout"};
   static_assert(std::size(kNames) == static_cast<size_t>(Refusal::kCount));
   return kNames[static_cast<size_t>(r)];
 }
@@ -439,6 +447,14 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
     p.Family("kvtier_front_connections_open", "gauge", "Client connections open per front.");
     for (const auto& [front, n] : extra.front_connections) {
       p.Sample("kvtier_front_connections_open", "front=\"" + front + "\"", n);
+    }
+  }
+  if (!extra.unauthenticated_connections.empty()) {
+    p.Family("kvtier_unauthenticated_connections_open", "gauge",
+             "Client connections accepted and not yet authenticated, per front (auth on; "
+             "limits.unauthenticated_connections_max).");
+    for (const auto& [front, n] : extra.unauthenticated_connections) {
+      p.Sample("kvtier_unauthenticated_connections_open", "front=\"" + front + "\"", n);
     }
   }
   p.One("kvtier_tenant_inflight_rejections_total", "counter",

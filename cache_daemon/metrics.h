@@ -66,6 +66,9 @@ enum class Refusal : uint8_t {
   kIdle,        // closed after idle_timeout_ms without traffic
   kRespMulti,   // a command queued after MULTI over resp_multi_commands_max / _bytes_max
   kRespKeys,    // a KEYS reply over resp_keys_reply_bytes_max
+  // Auth on, before authentication (docs/CONFIG.md "Connection limits"):
+  kUnauthenticatedConnections,  // accept over unauthenticated_connections_max (front's)
+  kAuthTimeout,                 // closed: not authenticated within auth_timeout_ms of accept
   kCount
 };
 const char* RefusalName(Refusal r);
@@ -166,6 +169,9 @@ class DaemonMetrics {
     uint64_t resp_key_log_errors = 0;      // RespKeyIndex::log_errors()
     // Open connections per front: (front name, count).
     std::vector<std::pair<std::string, uint64_t>> front_connections;
+    // Connections not yet authenticated per front that authenticates with HELLO/AUTH:
+    // (front name, count); 0 with auth off.
+    std::vector<std::pair<std::string, uint64_t>> unauthenticated_connections;
   };
   // The whole /metrics page: daemon counters plus the storage snapshot.
   std::string RenderPrometheus(const storage::Stats& s, const Extra& extra) const;

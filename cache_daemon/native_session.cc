@@ -108,6 +108,7 @@ NativeSession::NativeSession(Shared* shared, GenericSocket socket, bool is_unix,
       timer_(strand_),
       memory_(strand_),
       idle_(strand_, shared->options->idle_timeout_ms),
+      auth_deadline_(strand_),
       rbuf_(kFirstReadBytes) {
   tenant_ = shared_->tenants->default_tenant();
   SetFrameLimit();
@@ -132,7 +133,32 @@ void NativeSession::Begin() {
         KVTIER_LOG(kInfo) << "closing idle native connection (limits.idle_timeout_ms)";
         DoClose();
       });
+  if (count_->unauthenticated()) ArmAuthDeadline(count_->AuthDeadlineMs());
   MaybeRead();
+}
+
+void NativeSession::ArmAuthDeadline(uint64_t deadline_ms) {
+  auth_deadline_.Arm(deadline_ms, shared_from_this(), [this] {
+    if (closed_ || !Unauthenticated()) return;
+    shared_->metrics->Refuse(Refusal::kAuthTimeout);
+    KVTIER_LOG(kInfo) << "closing native connection: not authenticated within "
+                      << shared_->options->auth_timeout_ms << " ms (limits.auth_timeout_ms)";
+    DoClose();
+  });
+}
+
+void NativeSession::AfterAuth(const Tenant* before) {
+  if (!shared_->tenants->auth_enabled() || (before == nullptr) == (tenant_ == nullptr)) return;
+  if (tenant_ != nullptr) {
+    count_->Authenticated();
+    auth_deadline_.Disarm();
+    return;
+  }
+  if (!count_->Deauthenticated()) {
+    close_after_write_ = true;  // refused: the front's unauthenticated places are taken
+    return;
+  }
+  ArmAuthDeadline(IdleWatch::NowMs() + shared_->options->auth_timeout_ms);
 }
 
 void NativeSession::DoClose() {
@@ -142,6 +168,7 @@ void NativeSession::DoClose() {
   timer_.cancel();
   memory_.Cancel();
   idle_.Cancel();
+  auth_deadline_.Disarm();
   sock_.shutdown(asio::socket_base::shutdown_both, ec);
   sock_.close(ec);
   shared_->Unregister(id_);
@@ -410,7 +437,9 @@ void NativeSession::HandleFrame(wire::Frame frame) {
   Op op = ToOp(h.opcode);
   auto opcode = static_cast<Opcode>(h.opcode);
   if (opcode == Opcode::kHello || opcode == Opcode::kAuth) {
+    const Tenant* const before = tenant_;
     Status st = HandleAuth(frame);
+    AfterAuth(before);
     std::vector<uint8_t> out = Response(h, 0, st, [&](wire::Writer* w) {
       if (opcode == Opcode::kAuth) return;
       wire::HelloResponse r;

@@ -83,6 +83,13 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
 
   // Auth is on and this connection has not authenticated (yet, or after a failed AUTH).
   bool Unauthenticated() const;
+  // After a HELLO/AUTH that found the connection as tenant `before`: an authenticated
+  // connection gives its unauthenticated place back and its deadline is disarmed; one that
+  // lost its tenant takes a place again (closed after the reply when its front has none
+  // left) and must authenticate within limits.auth_timeout_ms from now.
+  void AfterAuth(const Tenant* before);
+  // Closes the connection at deadline_ms unless it has authenticated by then.
+  void ArmAuthDeadline(uint64_t deadline_ms);
   uint64_t PreauthFrameBytes() const {
     return std::min(shared_->options->preauth_frame_bytes_max, shared_->options->max_frame_bytes);
   }
@@ -178,6 +185,7 @@ class NativeSession : public Session, public std::enable_shared_from_this<Native
   asio::steady_timer timer_;
   MemoryGate memory_;  // reads paused by the daemon-wide budget
   IdleWatch idle_;
+  AuthDeadline auth_deadline_;  // armed while unauthenticated with auth on
   std::vector<uint8_t> rbuf_;
   uint64_t id_ = 0;
   // Strand-only state.

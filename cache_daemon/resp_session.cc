@@ -19,6 +19,7 @@ RespSession::RespSession(Shared* shared, GenericSocket socket,
       timer_(strand_),
       memory_(strand_),
       idle_(strand_, shared->options->idle_timeout_ms),
+      auth_deadline_(strand_),
       parser_(resp::RespLimits{.max_args = shared->options->resp_max_args,
                                .max_bulk_bytes = shared->options->storage.max_value_bytes,
                                .max_inline_bytes = 64u << 10,
@@ -53,6 +54,15 @@ void RespSession::Begin() {
         shared_->metrics->Refuse(Refusal::kIdle);
         DoClose();
       });
+  // A failed AUTH leaves a RESP connection's tenant as it was (as Redis), so only the first
+  // successful one (Authenticate) disarms this.
+  if (count_->unauthenticated()) {
+    auth_deadline_.Arm(count_->AuthDeadlineMs(), shared_from_this(), [this] {
+      if (closed_ || tenant_ != nullptr) return;
+      shared_->metrics->Refuse(Refusal::kAuthTimeout);
+      DoClose();
+    });
+  }
   Read();
 }
 
@@ -72,6 +82,7 @@ void RespSession::DoClose() {
   timer_.cancel();
   memory_.Cancel();
   idle_.Cancel();
+  auth_deadline_.Disarm();
   sock_.shutdown(asio::socket_base::shutdown_both, ec);
   sock_.close(ec);
   shared_->Unregister(id_);

@@ -203,6 +203,10 @@ StatusCode RespSession::Authenticate(std::string_view token) {
     if (!shared_->AcquireTenantConnection(*t)) return StatusCode::kRejected;
     shared_->ReleaseTenantConnection(tenant_);
   }
+  if (tenant_ == nullptr) {  // the first success: no longer unauthenticated
+    count_->Authenticated();
+    auth_deadline_.Disarm();
+  }
   tenant_ = *t;
   return StatusCode::kOk;
 }

@@ -265,6 +265,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   asio::steady_timer timer_;
   MemoryGate memory_;  // reads paused by the daemon-wide budget
   IdleWatch idle_;
+  AuthDeadline auth_deadline_;  // armed while unauthenticated with auth on
   resp::RespParser parser_;
   const size_t max_pending_bytes_;  // replies buffered before parsing stops and they are written
   uint64_t charged_bytes_ = 0;      // what this connection counts in shared_->memory

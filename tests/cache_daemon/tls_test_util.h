@@ -9,10 +9,14 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -166,6 +170,30 @@ class TlsTestConn {
       out.append(buf, static_cast<size_t>(n));
     }
     return out;
+  }
+  // True when the server ends the connection (close_notify, EOF or reset) within timeout_ms;
+  // what arrives meanwhile is read and dropped.
+  bool ClosedWithin(int timeout_ms) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    char buf[16384];
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            deadline - std::chrono::steady_clock::now())
+                            .count();
+      if (SSL_pending(ssl_) == 0) {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(left, 0))) <= 0) {
+          if (left <= 0) return false;
+          continue;
+        }
+      }
+      int n = SSL_read(ssl_, buf, sizeof(buf));
+      if (n > 0) continue;
+      int e = SSL_get_error(ssl_, n);
+      if (e == SSL_ERROR_WANT_READ) continue;
+      if (e == SSL_ERROR_SYSCALL && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      return true;
+    }
   }
   // Reads until the text contains `until` (or end of stream / timeout).
   std::string RecvUntil(const std::string& until) {

@@ -1,0 +1,539 @@
+// Connections that never authenticate, against the real kvtierd binary (docs/CONFIG.md
+// "Connection limits": limits.auth_timeout_ms and limits.unauthenticated_connections_max).
+// With auth on, a connection on a front that authenticates with HELLO/AUTH (Unix, native TCP,
+// RESP, each with TLS or not) is closed when it has not authenticated within auth_timeout_ms
+// of its accept, whatever it sends meanwhile; each such front holds at most
+// unauthenticated_connections_max of them, more are closed at accept; the count is given back
+// on every path (authentication, close, error, timeout, failed handshake). With auth off
+// nothing of this applies. The HTTP admin front (per-request tokens) is not counted.
+//
+// Deadlines are upper bounds only: the tests poll until a connection is closed and fail after
+// many times the configured timeout, never on a connection closed early.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache_daemon/client.h"
+#include "common/key_spec.h"
+#include "tests/cache_daemon/tls_test_util.h"
+#include "tests/e2e/kvtierd_process.h"
+#include "tests/e2e/raw_native.h"
+
+namespace kvtier::daemon {
+namespace {
+
+namespace kt = kvtier::testing;
+using wire::Key;
+using wire::Opcode;
+
+// The deadline of the deadline tests; they wait at most kCloseWaitMs for a close.
+constexpr int kAuthTimeoutMs = 1000;
+constexpr int kCloseWaitMs = 10 * kAuthTimeoutMs;
+// Long enough that no connection of a test is closed for these reasons meanwhile.
+constexpr int kLongMs = 120000;
+// limits.unauthenticated_connections_max of the tests (per front).
+constexpr int kUnauthenticatedMax = 4;
+// A refused connection is closed at accept: the client sees its end at once; this is the
+// (generous) wait for it.
+constexpr int kRefusedWaitMs = 5000;
+
+std::string HashHex(std::string_view token) {
+  return ToHex(Sha256(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
+}
+
+Key TestKey(uint32_t i) {
+  std::string s = "preauth-e2e-" + std::to_string(i);
+  return Sha256(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size()));
+}
+
+// True once the peer has ended fd (EOF or reset) within timeout_ms (0: by now); what arrives
+// meanwhile is read and dropped.
+bool FdClosedWithin(int fd, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const auto left = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                               deadline - std::chrono::steady_clock::now())
+                                               .count());
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left)) > 0) {
+      char buf[4096];
+      ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return true;
+      continue;  // replies: read on
+    }
+    if (left == 0) return false;
+  }
+}
+
+// True while fd is open at the peer: nothing says it ended (pending bytes are left unread).
+bool FdOpen(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 0) <= 0) return true;
+  char c;
+  ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n > 0 || (n < 0 && errno == EAGAIN);
+}
+
+// A RESP command and the start of its reply (the first reply line), or "" on close/timeout.
+std::string RespCall(int fd, const std::string& command) {
+  if (!kt::SendAllRaw(fd, command.data(), command.size())) return "";
+  std::string out;
+  while (out.find("\r\n") == std::string::npos) {
+    std::string got = kt::RecvFor(fd, 1, 5000);
+    if (got.empty()) return "";
+    out += got;
+  }
+  return out;
+}
+
+class PreauthE2eTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { ::signal(SIGPIPE, SIG_IGN); }
+
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kvtier_preauth_" + std::to_string(getpid()) + "_" + info->name());
+    std::filesystem::remove_all(dir_);
+    d_ = std::make_unique<kt::KvtierdProcess>(dir_);
+    native_port_ = kt::FreePort();
+  }
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "---- kvtierd log ----\n%s\n", d_->Log().c_str());
+    d_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // Starts kvtierd with the native TCP port, [limits] `limits` (idle and frame timeouts long
+  // unless given), auth on (tenants alice and bob) unless `auth` is false, and `more` tables.
+  // Waits until every TCP front accepts and no probe connection is counted any more.
+  bool StartDaemon(const std::string& limits, bool auth = true, const std::string& more = "") {
+    std::string config =
+        "[storage]\ndram_capacity_bytes = 16777216\nssd_capacity_bytes = 0\n[limits]\n"
+        "idle_timeout_ms = " +
+        std::to_string(kLongMs) + "\nframe_timeout_ms = " + std::to_string(kLongMs) + "\n" +
+        limits + "\n";
+    if (auth) {
+      std::string tokens = (dir_ / "tokens.toml").string();
+      std::ofstream(tokens) << "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\""
+                            << HashHex("alice-token") << "\"]\n"
+                            << "[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\""
+                            << HashHex("bob-token") << "\"]\n";
+      config += "[auth]\ntokens_file = \"" + tokens + "\"\n";
+    }
+    d_->WriteConfig(config + more);
+    if (!d_->Start({"--native-port", std::to_string(native_port_)})) return false;
+    for (uint16_t port : {native_port_, d_->resp_port(), d_->http_port()}) {
+      int fd = -1;
+      for (int i = 0; i < 200 && fd < 0; ++i) {
+        fd = kt::ConnectTcp(port);
+        if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      if (fd < 0) return false;
+      ::close(fd);
+    }
+    return UnauthenticatedBecome(0, 0, 0);
+  }
+
+  std::string Metrics() {
+    std::string page = kt::HttpRequest(d_->http_port(), "GET", "/metrics");
+    EXPECT_NE(page.find("# TYPE kvtier_requests_total counter"), std::string::npos)
+        << "no /metrics page: " << page.substr(0, 200);
+    return page;
+  }
+  // The value of a series ("name{labels}") on the /metrics page, -1 when absent.
+  int64_t Sample(const std::string& series) {
+    std::string page = Metrics();
+    size_t at = page.find("\n" + series + " ");
+    if (at == std::string::npos) return -1;
+    return std::stoll(page.substr(at + series.size() + 2));
+  }
+  int64_t Unauthenticated(const std::string& front) {
+    return Sample("kvtier_unauthenticated_connections_open{front=\"" + front + "\"}");
+  }
+  int64_t Refusals(const std::string& reason) {
+    return Sample("kvtier_connection_limit_refusals_total{reason=\"" + reason + "\"}");
+  }
+  // Polls the unauthenticated gauges until they read (unix, native_tcp, resp); false (with
+  // the last readings reported) after kCloseWaitMs.
+  bool UnauthenticatedBecome(int64_t unix_n, int64_t tcp_n, int64_t resp_n) {
+    int64_t got[3] = {-1, -1, -1};
+    for (int waited_ms = 0; waited_ms < kCloseWaitMs; waited_ms += 20) {
+      got[0] = Unauthenticated("unix");
+      got[1] = Unauthenticated("native_tcp");
+      got[2] = Unauthenticated("resp");
+      if (got[0] == unix_n && got[1] == tcp_n && got[2] == resp_n) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ADD_FAILURE() << "unauthenticated connections (unix, native_tcp, resp): " << got[0] << ", "
+                  << got[1] << ", " << got[2] << "; want " << unix_n << ", " << tcp_n << ", "
+                  << resp_n;
+    return false;
+  }
+
+  std::unique_ptr<Client> ConnectUnix(const std::string& token) {
+    ClientOptions o;
+    o.socket_path = d_->socket();
+    o.token = token;
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+  StatusOr<std::unique_ptr<Client>> ConnectNativeTcp(const std::string& token, bool tls = false) {
+    ClientOptions o;
+    o.tcp_host = "127.0.0.1";
+    o.tcp_port = native_port_;
+    o.tls = tls;
+    o.tls_ca_file = pki_.ca_file;
+    o.token = token;
+    o.timeout_ms = 5000;
+    return Client::Connect(o);
+  }
+  // A native connection of `token` (Unix or TCP) works: a LOOKUP is answered.
+  static void ExpectServed(Client* c) {
+    ASSERT_NE(c, nullptr);
+    auto r = c->Lookup(std::vector<Key>{TestKey(1)});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+  }
+  // A raw native connection authenticated as alice answers a LOOKUP.
+  static void ExpectRawServed(kt::RawNative* raw, uint64_t id) {
+    const Key key = TestKey(1);
+    ASSERT_TRUE(
+        raw->SendFrame(Opcode::kLookup, id, wire::EncodeKeys(std::span<const Key>(&key, 1))));
+    auto r = raw->Read();
+    ASSERT_TRUE(r.has_value()) << "no LOOKUP reply";
+    EXPECT_EQ(r->code, StatusCode::kOk);
+  }
+
+  std::string TlsTables() {
+    EXPECT_TRUE(kt::MakeTestPki(dir_ / "pki", &pki_));
+    return "[tls]\ncert_file = \"" + pki_.cert_file + "\"\nkey_file = \"" + pki_.key_file +
+           "\"\nnative = true\nresp = true\nhandshake_timeout_ms = " + std::to_string(kLongMs) +
+           "\n";
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<kt::KvtierdProcess> d_;
+  uint16_t native_port_ = 0;
+  kt::TestPki pki_;
+};
+
+std::string Limits(int auth_timeout_ms, int unauthenticated_max = kUnauthenticatedMax) {
+  return "auth_timeout_ms = " + std::to_string(auth_timeout_ms) +
+         "\nunauthenticated_connections_max = " + std::to_string(unauthenticated_max) + "\n";
+}
+
+// Every front that authenticates with HELLO/AUTH closes a connection that has not done so
+// within auth_timeout_ms: one that sends nothing, one that keeps sending what is answered
+// without authentication (a HELLO without a token, PING, a refused GET), one that lost its
+// tenant to a failed AUTH. Authenticated connections and an idle HTTP keep-alive connection
+// stay open past the deadline and are served.
+TEST_F(PreauthE2eTest, ConnectionsThatDoNotAuthenticateAreClosedAtTheDeadline) {
+  ASSERT_TRUE(StartDaemon(Limits(kAuthTimeoutMs)));
+  const int64_t timeouts_before = Refusals("auth_timeout");
+  // Authenticated first: the one pair of each kind that must stay.
+  auto unix_auth = kt::RawNative::Unix(d_->socket());
+  auto tcp_auth = kt::RawNative::Tcp(native_port_);
+  ASSERT_TRUE(unix_auth.Hello("alice-token"));
+  ASSERT_TRUE(tcp_auth.Hello("alice-token"));
+  int resp_auth = kt::ConnectTcp(d_->resp_port());
+  ASSERT_EQ(RespCall(resp_auth, "AUTH alice-token\r\n"), "+OK\r\n");
+  int http_idle = kt::ConnectTcp(d_->http_port());
+  std::string get = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_TRUE(kt::SendAllRaw(http_idle, get.data(), get.size()));
+  // To be closed.
+  auto unix_silent = kt::RawNative::Unix(d_->socket());
+  auto tcp_silent = kt::RawNative::Tcp(native_port_);
+  int resp_silent = kt::ConnectTcp(d_->resp_port());
+  auto unix_trickle = kt::RawNative::Unix(d_->socket());
+  auto tcp_trickle = kt::RawNative::Tcp(native_port_);
+  int resp_trickle = kt::ConnectTcp(d_->resp_port());
+  auto unix_lost = kt::RawNative::Unix(d_->socket());
+  ASSERT_TRUE(unix_lost.Hello("bob-token"));
+  ASSERT_TRUE(unix_lost.SendFrame(Opcode::kAuth, 2, wire::EncodeAuth("not-a-token")));
+  auto lost_reply = unix_lost.Read();
+  ASSERT_TRUE(lost_reply.has_value());
+  ASSERT_EQ(lost_reply->code, StatusCode::kPermissionDenied);
+  const int closing_fds[] = {unix_silent.fd(), tcp_silent.fd(), resp_silent,   unix_trickle.fd(),
+                             tcp_trickle.fd(), resp_trickle,    unix_lost.fd()};
+  const char* names[] = {"silent unix",
+                         "silent native tcp",
+                         "silent resp",
+                         "trickle unix",
+                         "trickle native tcp",
+                         "trickle resp",
+                         "unix after a failed AUTH"};
+  constexpr size_t kClosing = std::size(closing_fds);
+  std::vector<bool> closed(kClosing, false);
+  const wire::HelloRequest no_token;
+  const auto hello = wire::EncodeHello(no_token);
+  const auto start = std::chrono::steady_clock::now();
+  for (uint64_t round = 0;; ++round) {
+    // Trickle: a HELLO without a token (answered OK, still unauthenticated), PING and a GET
+    // answered NOAUTH; each keeps idle_timeout_ms and frame_timeout_ms from closing.
+    if (!closed[3]) (void)unix_trickle.SendFrame(Opcode::kHello, 100 + round, hello);
+    if (!closed[4]) (void)tcp_trickle.SendFrame(Opcode::kHello, 100 + round, hello);
+    if (!closed[5]) {
+      const std::string cmd = round % 2 == 0 ? "PING\r\n" : "GET k\r\n";
+      (void)kt::SendAllRaw(resp_trickle, cmd.data(), cmd.size());
+    }
+    for (size_t i = 0; i < kClosing; ++i) {
+      if (!closed[i]) closed[i] = FdClosedWithin(closing_fds[i], 0);
+    }
+    if (std::all_of(closed.begin(), closed.end(), [](bool c) { return c; })) break;
+    if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(kCloseWaitMs)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (size_t i = 0; i < kClosing; ++i) {
+    EXPECT_TRUE(closed[i]) << names[i] << " still open " << kCloseWaitMs << " ms after accept";
+  }
+  EXPECT_GE(Refusals("auth_timeout") - timeouts_before, static_cast<int64_t>(kClosing));
+  // Past the deadline of every connection above: the authenticated ones are served.
+  ExpectRawServed(&unix_auth, 50);
+  ExpectRawServed(&tcp_auth, 50);
+  EXPECT_EQ(RespCall(resp_auth, "SET k v\r\n"), "+OK\r\n");
+  EXPECT_TRUE(FdOpen(http_idle)) << "the HTTP front has no authentication deadline";
+  EXPECT_TRUE(UnauthenticatedBecome(0, 0, 0));
+  for (int fd : {resp_auth, http_idle, resp_silent, resp_trickle}) ::close(fd);
+}
+
+// A front holds at most unauthenticated_connections_max connections that have not
+// authenticated: the one beyond is closed at accept (counted), while authenticated
+// connections, the other fronts and a tenant's new connections there keep working. Once the
+// held ones authenticate, or close, the front accepts again.
+TEST_F(PreauthE2eTest, UnauthenticatedConnectionsAreCappedPerFront) {
+  ASSERT_TRUE(StartDaemon(Limits(kLongMs) + "resp_connections_max = 64\n"));
+  const int64_t refused_before = Refusals("unauthenticated_connections");
+  int resp_alice = kt::ConnectTcp(d_->resp_port());
+  ASSERT_EQ(RespCall(resp_alice, "AUTH alice-token\r\n"), "+OK\r\n");
+  std::vector<int> held;
+  for (int i = 0; i < kUnauthenticatedMax; ++i) held.push_back(kt::ConnectTcp(d_->resp_port()));
+  ASSERT_TRUE(UnauthenticatedBecome(0, 0, kUnauthenticatedMax));
+  // The next one is closed at once; so is a tenant's on this front until a place is free.
+  int extra = kt::ConnectTcp(d_->resp_port());
+  EXPECT_TRUE(FdClosedWithin(extra, kRefusedWaitMs)) << "a connection over the cap was accepted";
+  ::close(extra);
+  EXPECT_EQ(Refusals("unauthenticated_connections") - refused_before, 1);
+  // Authenticated: served; other fronts: a tenant connects and works.
+  EXPECT_EQ(RespCall(resp_alice, "SET k1 v1\r\n"), "+OK\r\n");
+  EXPECT_EQ(RespCall(resp_alice, "GET k1\r\n"), "$2\r\nv1\r\n");
+  ExpectServed(ConnectUnix("bob-token").get());
+  auto tcp_bob = ConnectNativeTcp("bob-token");
+  ASSERT_TRUE(tcp_bob.ok()) << tcp_bob.status().ToString();
+  ExpectServed(tcp_bob->get());
+  // The /metrics page with the new family at non-zero values passes promtool.
+  std::string page = Metrics();
+  size_t body = page.find("\r\n\r\n");
+  ASSERT_NE(body, std::string::npos);
+  std::ofstream(dir_ / "metrics.txt") << page.substr(body + 4);
+  std::string out;
+  EXPECT_EQ(kt::RunShell("promtool check metrics < " + (dir_ / "metrics.txt").string(), &out), 0)
+      << out;
+  // The held ones authenticate: their places are free and the front accepts again.
+  for (int fd : held) EXPECT_EQ(RespCall(fd, "AUTH bob-token\r\n"), "+OK\r\n");
+  ASSERT_TRUE(UnauthenticatedBecome(0, 0, 0));
+  int again = kt::ConnectTcp(d_->resp_port());
+  EXPECT_EQ(RespCall(again, "PING\r\n"), "+PONG\r\n");
+  EXPECT_EQ(RespCall(again, "AUTH alice-token\r\n"), "+OK\r\n");
+  ::close(again);
+  for (int fd : held) EXPECT_EQ(RespCall(fd, "GET k1\r\n"), "$-1\r\n") << "bob's keyspace";
+  // The native TCP front the same way, released by closing this time.
+  std::vector<kt::RawNative> natives;
+  for (int i = 0; i < kUnauthenticatedMax; ++i) natives.push_back(kt::RawNative::Tcp(native_port_));
+  ASSERT_TRUE(UnauthenticatedBecome(0, kUnauthenticatedMax, 0));
+  auto over = kt::RawNative::Tcp(native_port_);
+  EXPECT_TRUE(over.ClosedWithin(kRefusedWaitMs)) << "a connection over the cap was accepted";
+  EXPECT_EQ(Refusals("unauthenticated_connections") - refused_before, 2);
+  ExpectServed(ConnectUnix("alice-token").get());
+  natives.clear();
+  ASSERT_TRUE(UnauthenticatedBecome(0, 0, 0));
+  auto fresh = kt::RawNative::Tcp(native_port_);
+  EXPECT_TRUE(fresh.Hello("alice-token"));
+  ExpectRawServed(&fresh, 7);
+  for (int fd : held) ::close(fd);
+  ::close(resp_alice);
+}
+
+// The count is given back on every path, many times over: a close before any byte, a
+// successful HELLO/AUTH, a refused request (native: answered, then closed), framing errors,
+// three failed AUTHs, a tenant lost to a failed AUTH then closed, and the deadline. With
+// places leaking, the fronts would refuse connections after a few rounds.
+TEST_F(PreauthE2eTest, TheUnauthenticatedCountIsGivenBackOnEveryPath) {
+  ASSERT_TRUE(StartDaemon(Limits(kAuthTimeoutMs)));
+  constexpr int kRounds = 3 * kUnauthenticatedMax;
+  const auto bad_auth = wire::EncodeAuth("not-a-token");
+  const auto lookup_body = wire::EncodeKeys({});
+  for (int round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    for (bool tcp : {false, true}) {
+      auto open = [&] {
+        return tcp ? kt::RawNative::Tcp(native_port_) : kt::RawNative::Unix(d_->socket());
+      };
+      {
+        auto c = open();  // closed before any byte
+      }
+      {
+        auto c = open();
+        ASSERT_TRUE(c.Hello("alice-token"));
+        ExpectRawServed(&c, 2);
+      }
+      {
+        auto c = open();
+        ASSERT_TRUE(c.SendFrame(Opcode::kLookup, 2, lookup_body));
+        EXPECT_TRUE(c.ClosedWithin(kCloseWaitMs)) << "a request before HELLO closes";
+      }
+      {
+        auto c = open();  // a header announcing more than preauth_frame_bytes_max
+        ASSERT_TRUE(
+            c.Send(wire::EncodeHeader(static_cast<uint8_t>(Opcode::kHello), 0, 1, 1u << 30)));
+        EXPECT_TRUE(c.ClosedWithin(kCloseWaitMs)) << "an oversized frame before HELLO closes";
+      }
+      {
+        auto c = open();
+        for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(c.SendFrame(Opcode::kAuth, i, bad_auth));
+        EXPECT_TRUE(c.ClosedWithin(kCloseWaitMs)) << "three failed AUTHs close";
+      }
+      {
+        auto c = open();
+        ASSERT_TRUE(c.Hello("alice-token"));
+        ASSERT_TRUE(c.SendFrame(Opcode::kAuth, 3, bad_auth));
+        ASSERT_TRUE(c.Read().has_value());
+      }
+    }
+    int r = kt::ConnectTcp(d_->resp_port());
+    ::close(r);
+    r = kt::ConnectTcp(d_->resp_port());
+    EXPECT_EQ(RespCall(r, "AUTH alice-token\r\n"), "+OK\r\n");
+    ::close(r);
+    r = kt::ConnectTcp(d_->resp_port());
+    const std::string too_big = "*2\r\n$3\r\nGET\r\n$1000000\r\n";  // over preauth_frame_bytes_max
+    ASSERT_TRUE(kt::SendAllRaw(r, too_big.data(), too_big.size()));
+    EXPECT_TRUE(FdClosedWithin(r, kCloseWaitMs)) << "an oversized command before AUTH closes";
+    ::close(r);
+    r = kt::ConnectTcp(d_->resp_port());
+    EXPECT_EQ(RespCall(r, "AUTH x\r\n").substr(0, 10), "-WRONGPASS");
+    EXPECT_EQ(RespCall(r, "AUTH y\r\n").substr(0, 10), "-WRONGPASS");
+    EXPECT_EQ(RespCall(r, "AUTH z\r\n").substr(0, 10), "-WRONGPASS");
+    EXPECT_TRUE(FdClosedWithin(r, kCloseWaitMs)) << "three failed AUTHs close";
+    ::close(r);
+    // Every place of the round is given back (the last closes are seen by the daemon a
+    // moment later).
+    ASSERT_TRUE(UnauthenticatedBecome(0, 0, 0));
+  }
+  // The deadline path: a full set of silent connections on each front, closed by it.
+  std::vector<int> silent;
+  for (int i = 0; i < kUnauthenticatedMax; ++i) {
+    silent.push_back(kt::ConnectUnix(d_->socket()));
+    silent.push_back(kt::ConnectTcp(native_port_));
+    silent.push_back(kt::ConnectTcp(d_->resp_port()));
+  }
+  for (int fd : silent) EXPECT_TRUE(FdClosedWithin(fd, kCloseWaitMs));
+  for (int fd : silent) ::close(fd);
+  EXPECT_TRUE(UnauthenticatedBecome(0, 0, 0));
+  EXPECT_EQ(Refusals("unauthenticated_connections"), 0);
+  // Every front still takes a full set and authenticates it.
+  std::vector<kt::RawNative> natives;
+  for (int i = 0; i < kUnauthenticatedMax; ++i) {
+    natives.push_back(kt::RawNative::Unix(d_->socket()));
+    natives.push_back(kt::RawNative::Tcp(native_port_));
+  }
+  for (auto& c : natives) EXPECT_TRUE(c.Hello("alice-token"));
+  EXPECT_TRUE(UnauthenticatedBecome(0, 0, 0));
+}
+
+// TLS fronts: a connection counts as unauthenticated from its TCP accept, through the
+// handshake, until its HELLO/AUTH, and is closed by the same deadline; a handshake in progress
+// takes a place (more are closed at accept), and a failed handshake gives it back.
+TEST_F(PreauthE2eTest, TlsConnectionsCountFromTheirAcceptAndMeetTheSameDeadline) {
+  ASSERT_TRUE(StartDaemon(Limits(kAuthTimeoutMs), true, TlsTables()));
+  std::string error;
+  auto resp_auth = kt::TlsTestConn::Connect(d_->resp_port(), pki_.ca_file, &error);
+  ASSERT_NE(resp_auth, nullptr) << error;
+  ASSERT_TRUE(resp_auth->Send("AUTH alice-token\r\n"));
+  ASSERT_EQ(resp_auth->RecvUntil("\r\n"), "+OK\r\n");
+  auto native_auth = ConnectNativeTcp("bob-token", /*tls=*/true);
+  ASSERT_TRUE(native_auth.ok()) << native_auth.status().ToString();
+  auto resp_silent = kt::TlsTestConn::Connect(d_->resp_port(), pki_.ca_file, &error);
+  ASSERT_NE(resp_silent, nullptr) << error;
+  auto native_silent = kt::TlsTestConn::Connect(native_port_, pki_.ca_file, &error);
+  ASSERT_NE(native_silent, nullptr) << error;
+  auto resp_trickle = kt::TlsTestConn::Connect(d_->resp_port(), pki_.ca_file, &error);
+  ASSERT_NE(resp_trickle, nullptr) << error;
+  bool trickle_closed = false;
+  for (int waited_ms = 0; waited_ms < kCloseWaitMs && !trickle_closed; waited_ms += 100) {
+    trickle_closed = !resp_trickle->Send("PING\r\n") || resp_trickle->ClosedWithin(100);
+  }
+  EXPECT_TRUE(trickle_closed) << "a TLS RESP connection sending PINGs was not closed";
+  EXPECT_TRUE(resp_silent->ClosedWithin(kCloseWaitMs)) << "silent TLS RESP";
+  EXPECT_TRUE(native_silent->ClosedWithin(kCloseWaitMs)) << "silent TLS native";
+  ASSERT_TRUE(resp_auth->Send("SET k v\r\n"));
+  EXPECT_EQ(resp_auth->RecvUntil("\r\n"), "+OK\r\n");
+  ExpectServed(native_auth->get());
+  resp_silent.reset();
+  native_silent.reset();
+  resp_trickle.reset();
+  ASSERT_TRUE(UnauthenticatedBecome(0, 0, 0));
+  // Handshakes that never start (kLongMs handshake timeout) hold the places.
+  std::vector<int> handshaking;
+  for (int i = 0; i < kUnauthenticatedMax; ++i) {
+    handshaking.push_back(kt::ConnectTcp(d_->resp_port()));
+  }
+  ASSERT_TRUE(UnauthenticatedBecome(0, 0, kUnauthenticatedMax));
+  int extra = kt::ConnectTcp(d_->resp_port());
+  EXPECT_TRUE(FdClosedWithin(extra, kRefusedWaitMs)) << "a handshake over the cap was accepted";
+  ::close(extra);
+  EXPECT_EQ(Refusals("unauthenticated_connections"), 1);
+  // Failed handshakes (plaintext to the TLS port) give their places back.
+  for (int fd : handshaking) {
+    ASSERT_TRUE(kt::SendAllRaw(fd, "PING\r\n", 6));
+    EXPECT_TRUE(FdClosedWithin(fd, kCloseWaitMs));
+    ::close(fd);
+  }
+  ASSERT_TRUE(UnauthenticatedBecome(0, 0, 0));
+  for (int round = 0; round < 2 * kUnauthenticatedMax; ++round) {
+    auto c = kt::TlsTestConn::Connect(d_->resp_port(), pki_.ca_file, &error);
+    ASSERT_NE(c, nullptr) << error;
+    ASSERT_TRUE(c->Send("AUTH alice-token\r\n"));
+    EXPECT_EQ(c->RecvUntil("\r\n"), "+OK\r\n");
+  }
+  EXPECT_TRUE(UnauthenticatedBecome(0, 0, 0));
+}
+
+// Auth off: every connection is authenticated at accept. A tiny deadline and cap change
+// nothing: connections beyond the cap are accepted, silent ones stay open past many times the
+// deadline and are served; nothing is counted.
+TEST_F(PreauthE2eTest, WithAuthOffNothingChanges) {
+  constexpr int kTinyTimeoutMs = 200;
+  ASSERT_TRUE(StartDaemon(Limits(kTinyTimeoutMs, 1), /*auth=*/false));
+  std::vector<kt::RawNative> natives;
+  std::vector<int> resp;
+  for (int i = 0; i < 3; ++i) {
+    natives.push_back(kt::RawNative::Unix(d_->socket()));
+    natives.push_back(kt::RawNative::Tcp(native_port_));
+    resp.push_back(kt::ConnectTcp(d_->resp_port()));
+  }
+  EXPECT_EQ(Unauthenticated("unix"), 0);
+  EXPECT_EQ(Unauthenticated("native_tcp"), 0);
+  EXPECT_EQ(Unauthenticated("resp"), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(10 * kTinyTimeoutMs));
+  uint64_t id = 1;
+  for (auto& c : natives) ExpectRawServed(&c, ++id);  // no HELLO needed with auth off
+  for (int fd : resp) EXPECT_EQ(RespCall(fd, "SET k v\r\n"), "+OK\r\n");
+  EXPECT_EQ(Refusals("auth_timeout"), 0);
+  EXPECT_EQ(Refusals("unauthenticated_connections"), 0);
+  for (int fd : resp) ::close(fd);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon

@@ -117,7 +117,7 @@ class PreauthE2eTest : public ::testing::Test {
 
   // Starts kvtierd with the native TCP port, [limits] `limits` (idle and frame timeouts long
   // unless given), auth on (tenants alice and bob) unless `auth` is false, and `more` tables.
-  // Waits until every TCP front accepts and no probe connection is counted any more.
+  // Waits until no probe connection is counted any more.
   bool StartDaemon(const std::string& limits, bool auth = true, const std::string& more = "") {
     std::string config =
         "[storage]\ndram_capacity_bytes = 16777216\nssd_capacity_bytes = 0\n[limits]\n"
@@ -133,17 +133,9 @@ class PreauthE2eTest : public ::testing::Test {
       config += "[auth]\ntokens_file = \"" + tokens + "\"\n";
     }
     d_->WriteConfig(config + more);
+    // Once the Unix socket accepts every TCP front listens (kvtierd binds the socket last).
     if (!d_->Start({"--native-port", std::to_string(native_port_)})) return false;
-    for (uint16_t port : {native_port_, d_->resp_port(), d_->http_port()}) {
-      int fd = -1;
-      for (int i = 0; i < 200 && fd < 0; ++i) {
-        fd = kt::ConnectTcp(port);
-        if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      if (fd < 0) return false;
-      ::close(fd);
-    }
-    return UnauthenticatedBecome(0, 0, 0);
+    return UnauthenticatedBecome(0, 0, 0);  // Start()'s probe of the socket is gone
   }
 
   std::string Metrics() {
@@ -361,6 +353,24 @@ TEST_F(PreauthE2eTest, UnauthenticatedConnectionsAreCappedPerFront) {
   auto fresh = kt::RawNative::Tcp(native_port_);
   EXPECT_TRUE(fresh.Hello("alice-token"));
   ExpectRawServed(&fresh, 7);
+  // A native connection that loses its tenant while its front is full is closed after the
+  // reply: it cannot stay unauthenticated beyond the cap.
+  auto unix_alice = kt::RawNative::Unix(d_->socket());
+  ASSERT_TRUE(unix_alice.Hello("alice-token"));
+  std::vector<kt::RawNative> unix_held;
+  for (int i = 0; i < kUnauthenticatedMax; ++i) {
+    unix_held.push_back(kt::RawNative::Unix(d_->socket()));
+  }
+  ASSERT_TRUE(UnauthenticatedBecome(kUnauthenticatedMax, 0, 0));
+  ASSERT_TRUE(unix_alice.SendFrame(Opcode::kAuth, 9, wire::EncodeAuth("not-a-token")));
+  auto denied = unix_alice.Read();
+  ASSERT_TRUE(denied.has_value());
+  EXPECT_EQ(denied->code, StatusCode::kPermissionDenied);
+  EXPECT_TRUE(unix_alice.ClosedWithin(kRefusedWaitMs))
+      << "a connection that lost its tenant stayed open beyond the cap";
+  EXPECT_EQ(Refusals("unauthenticated_connections") - refused_before, 3);
+  unix_held.clear();
+  EXPECT_TRUE(UnauthenticatedBecome(0, 0, 0));
   for (int fd : held) ::close(fd);
   ::close(resp_alice);
 }

@@ -19,7 +19,8 @@
 // With an SSD tier present, every acknowledged write, whatever tier it was placed in, and
 // every acknowledged delete (Delete, DeleteTenant) is durable under the mode in force:
 //   kSync:    Put / Delete / DeleteTenant return OK only after the data (or the removal) and
-//             its index entry are on disk.
+//             its index entry are on disk (a put or delete whose commit is deferred,
+//             PutOptions::defer_commit or DeleteDeferred: CompletePut returns OK only then).
 //   kBatched: a crash loses at most the writes and deletes acknowledged in the last
 //             group_commit_ms; everything acknowledged before that survives.
 //   kNone:    a pure cache: a crash may lose anything (a graceful Flush still writes back).
@@ -177,11 +178,12 @@ struct TierManagerOptions {
   size_t max_pinned = 1 << 20;
 };
 
-// What a put with a deferred commit (PutOptions::defer_commit) leaves for CompletePut.
+// What a put with a deferred commit (PutOptions::defer_commit), or a DeleteDeferred, leaves
+// for CompletePut.
 struct DeferredCommit {
   uint64_t ticket = 0;  // the SSD commit ticket; 0: nothing to wait for
   Key key{};
-  uint64_t version = 0;  // the put's version; 0: no put to undo on failure
+  uint64_t version = 0;  // the put's version; 0: no put to undo on failure (a delete)
 };
 
 // A place in the SSD tier's append-only log (docs/format/ssd.md): segment id, then byte offset
@@ -313,11 +315,13 @@ class TierManager {
   // IOError: the SSD write or its commit failed; the key then holds no value (an earlier
   // version is removed too, so a failed overwrite never leaves a stale value behind).
   virtual Status Put(const Key& key, std::span<const uint8_t> value, const PutOptions& options) = 0;
-  // Finishes a put made with PutOptions::defer_commit: under kSync commits up to its ticket
-  // (sharing the commit with every other put and delete pending) and returns that commit's
-  // outcome for the put. IOError: the put is not durable; its unit is removed from every tier
-  // unless a newer put of the key replaced it (Put's IOError contract). Must not be called
-  // with a lock a put may wait for. The default (test doubles, which never defer) returns OK.
+  // Finishes a put made with PutOptions::defer_commit, or a DeleteDeferred: under kSync
+  // commits up to its ticket (sharing the commit with every other put and delete pending) and
+  // returns that commit's outcome for it. IOError for a put: the put is not durable; its unit
+  // is removed from every tier unless a newer put of the key replaced it (Put's IOError
+  // contract). IOError for a delete: as Delete's (the removal stands in memory; its index
+  // delete is retried at the next commit). Must not be called with a lock a put may wait for.
+  // The default (test doubles, which never defer) returns OK.
   virtual Status CompletePut(const DeferredCommit& deferred) {
     (void)deferred;
     return Status::Ok();
@@ -412,6 +416,15 @@ class TierManager {
   // failure). IOError: the removal is done in memory but its commit failed (kSync; the index
   // delete is retried at the next commit).
   virtual Status Delete(const Key& key) = 0;
+  // Delete without waiting for its commit, so that one commit covers many deletes (and puts):
+  // removes the unit as Delete does and fills *deferred, whatever it returns (OK, or NotFound
+  // when absent: an index delete may still have to be committed). The delete is durable, and
+  // may be acknowledged, only once CompletePut(*deferred) returned OK. The default (test
+  // doubles) runs Delete and leaves nothing to complete.
+  virtual Status DeleteDeferred(const Key& key, DeferredCommit* deferred) {
+    *deferred = DeferredCommit{};
+    return Delete(key);
+  }
   // Removes every unit of the tenant from every tier and index (under kSync: one commit for
   // all of them before it returns). IOError as for Delete. The error of a failed SSD index
   // load (Stats::ssd_index_load_failed; nothing deleted: the units cannot all be found).

@@ -48,6 +48,15 @@ Status TierManagerImpl::Unpin(std::span<const Key> keys) {
 }
 
 Status TierManagerImpl::Delete(const Key& key) {
+  DeferredCommit deferred;
+  Status st = DeleteDeferred(key, &deferred);
+  // kSync: the index delete is committed before the delete is acknowledged (shared with
+  // concurrent writers' commits).
+  Status committed = CompletePut(deferred);
+  return committed.ok() ? st : committed;
+}
+
+Status TierManagerImpl::DeleteDeferred(const Key& key, DeferredCommit* deferred) {
   uint64_t ticket = 0;
   bool present = false;
   {
@@ -60,11 +69,9 @@ Status TierManagerImpl::Delete(const Key& key) {
     RemoveEverywhereLocked(key, &ticket);
     if (present) DroppedLocked(key, MissReason::kNeverStored);
   }
-  // kSync: the index delete is committed before the delete is acknowledged (shared with
-  // concurrent writers' commits).
-  Status st = WaitDurable(ticket);
-  if (!st.ok() || present) return st;
-  return Status::NotFound("no such unit");
+  // Version 0: a failed commit has no put to undo (CompletePut only waits).
+  *deferred = DeferredCommit{ticket, key, 0};
+  return present ? Status::Ok() : Status::NotFound("no such unit");
 }
 
 Status TierManagerImpl::DeleteTenant(TenantId tenant) {

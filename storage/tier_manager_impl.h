@@ -114,6 +114,7 @@ class TierManagerImpl final : public TierManager {
   Status Pin(std::span<const Key> keys, uint64_t lease_ms) override;
   Status Unpin(std::span<const Key> keys) override;
   Status Delete(const Key& key) override;
+  Status DeleteDeferred(const Key& key, DeferredCommit* deferred) override;
   Status DeleteTenant(TenantId tenant) override;
   void SetTenantQuota(TenantId tenant, uint64_t quota_bytes) override {
     std::lock_guard lock(mu_);

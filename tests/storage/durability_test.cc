@@ -430,6 +430,46 @@ TEST_F(DurabilityTest, ConcurrentSyncWritersShareCommits) {
   for (int i = 0; i < kThreads; ++i) EXPECT_EQ(VersionOf(after.get(), i), 0u) << i;
 }
 
+// Puts with a deferred commit (PutOptions::defer_commit) and DeleteDeferred under sync, as the
+// RESP front's MSET and multi-key DEL use them: none of them commits by itself, the first
+// CompletePut commits all of them (one commit for 32 puts, one for 17 deletes; the others
+// find their tickets covered), and after a crash every completed put is there and every
+// completed delete stays gone. A delete of a key never stored is NotFound and still leaves a
+// DeferredCommit to complete.
+TEST_F(DurabilityTest, DeferredPutsAndDeletesShareOneCommitAndSurviveACrash) {
+  constexpr int kKeys = 32;
+  FaultInjectionEnv fault(base_.get(), {});
+  auto tm = Open(Options(Durability::kSync, &fault));
+  ASSERT_NE(tm, nullptr);
+  uint64_t commits0 = tm->GetStats().ssd_commits;
+  std::vector<DeferredCommit> puts(kKeys);
+  for (int i = 0; i < kKeys; ++i) {
+    PutOptions p;
+    p.defer_commit = &puts[i];
+    ASSERT_TRUE(PutVersion(tm.get(), i, 1, p).ok()) << i;
+  }
+  EXPECT_EQ(tm->GetStats().ssd_commits, commits0) << "a deferred put committed by itself";
+  for (const DeferredCommit& d : puts) ASSERT_TRUE(tm->CompletePut(d).ok());
+  EXPECT_EQ(tm->GetStats().ssd_commits - commits0, 1u);
+
+  commits0 = tm->GetStats().ssd_commits;
+  std::vector<DeferredCommit> dels(kKeys / 2 + 1);
+  for (int i = 0; i < kKeys / 2; ++i) EXPECT_TRUE(tm->DeleteDeferred(MakeKey(i), &dels[i]).ok());
+  EXPECT_TRUE(tm->DeleteDeferred(MakeKey(1000), &dels[kKeys / 2]).IsNotFound());
+  EXPECT_EQ(tm->GetStats().ssd_commits, commits0) << "a deferred delete committed by itself";
+  for (int i = 0; i < kKeys / 2; ++i) EXPECT_EQ(VersionOf(tm.get(), i), 0u) << i;
+  for (const DeferredCommit& d : dels) ASSERT_TRUE(tm->CompletePut(d).ok());
+  EXPECT_EQ(tm->GetStats().ssd_commits - commits0, 1u);
+
+  Crash(fault);
+  tm.reset();
+  auto after = Reopen(Durability::kSync);
+  ASSERT_NE(after, nullptr);
+  for (int i = 0; i < kKeys; ++i) {
+    EXPECT_EQ(VersionOf(after.get(), i), i < kKeys / 2 ? 0u : 1u) << i;
+  }
+}
+
 // Puts, deletes and gets of the same keys from several threads under sync: every Get sees a
 // whole acknowledged version, and after the threads stop, a crash changes nothing.
 TEST_F(DurabilityTest, ConcurrentPutsDeletesAndGetsOfOneKeySetAreExactAfterACrash) {

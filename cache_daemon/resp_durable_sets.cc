@@ -14,33 +14,60 @@ RespDurableSets::RespDurableSets(Service* service, DaemonMetrics* metrics, Post 
 RespDurableSets::~RespDurableSets() { Stop(); }
 
 bool RespDurableSets::Submit(std::unique_ptr<RespSetJob> job, Done done, bool put_here) {
-  put_here = put_here && job->name_seq == 0;
+  return SubmitItems(std::span<std::unique_ptr<RespSetJob>>(&job, 1), std::move(done), put_here);
+}
+
+bool RespDurableSets::Submit(std::vector<std::unique_ptr<RespSetJob>> jobs, Done done,
+                             bool put_here) {
+  return SubmitItems(jobs, std::move(done), put_here);
+}
+
+bool RespDurableSets::SubmitItems(std::span<std::unique_ptr<RespSetJob>> jobs, Done done,
+                                  bool put_here) {
+  const size_t n = jobs.size();
+  for (const std::unique_ptr<RespSetJob>& job : jobs) put_here = put_here && job->name_seq == 0;
+  // Appends the group to *to in one piece (under mu_); done goes with its first item.
+  auto append = [&](std::vector<Item>* to) {
+    for (size_t i = 0; i < n; ++i) {
+      to->push_back(Item{std::move(jobs[i]), i == 0 ? std::move(done) : Done(), i == 0 ? n : 0});
+    }
+  };
   bool stopped = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopped = stop_;
     if (!stopped) {
-      metrics_->resp_durable_sets_pending.fetch_add(1);
+      metrics_->resp_durable_sets_pending.fetch_add(n);
       if (!put_here) {
-        queue_.push_back(Item{std::move(job), std::move(done)});
-        if (queue_.size() == 1) cv_.notify_one();
+        const bool was_empty = queue_.empty();
+        append(&queue_);
+        if (was_empty) cv_.notify_one();
         return false;
       }
-      ++putting_here_;  // the commit thread does not stop before this put is handed over
+      ++putting_here_;  // the commit thread does not stop before these puts are handed over
     }
   }
   if (stopped) {
     if (Later later = done(Status::Unavailable("kvtierd is shutting down"))) later();
     return false;
   }
-  // The name rides in the unit: nothing to wait for before the put, so the put thread's
-  // hand-off (a wake-up on every SET's way) is skipped.
-  Status st = service_->RespSetPut(job.get());
+  // The names ride in the units: nothing to wait for before the puts, so the put thread's
+  // hand-off (a wake-up on every SET's way) is skipped. A group stops at its first failed
+  // put: the SETs from there on take its error.
+  size_t failed_at = n;
+  Status failure;
+  for (size_t i = 0; i < n && failed_at == n; ++i) {
+    Status st = service_->RespSetPut(jobs[i].get());
+    if (!st.ok()) {
+      failed_at = i;
+      failure = std::move(st);
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     --putting_here_;
-    put_.push_back(Item{std::move(job), std::move(done)});
-    put_status_.push_back(std::move(st));
+    append(&put_);
+    for (size_t i = 0; i < n; ++i) put_status_.push_back(i < failed_at ? Status::Ok() : failure);
   }
   put_cv_.notify_one();
   return true;
@@ -91,10 +118,22 @@ void RespDurableSets::PutBatch(std::vector<Item>* batch, std::vector<Status>* st
   uint64_t name_seq = 0;
   for (const Item& it : *batch) name_seq = std::max(name_seq, it.job->name_seq);
   Status names = service_->resp_index().WaitDurable(name_seq);
-  // The puts, without waiting for their commit.
+  // The puts, without waiting for their commit; a group's SETs after a failed one are not
+  // put and take its error.
+  size_t group_end = 0;
+  Status group_failure;
   for (size_t i = 0; i < batch->size(); ++i) {
+    if (i >= group_end) {
+      group_end = i + std::max<size_t>((*batch)[i].members, 1);
+      group_failure = Status::Ok();
+    }
+    if (!group_failure.ok()) {
+      (*st)[i] = group_failure;
+      continue;
+    }
     RespSetJob* job = (*batch)[i].job.get();
     (*st)[i] = names.ok() || job->name_seq == 0 ? service_->RespSetPut(job) : names;
+    if (!(*st)[i].ok()) group_failure = (*st)[i];
   }
 }
 
@@ -117,9 +156,14 @@ void RespDurableSets::CommitLoop() {
     for (size_t i = 0; i < batch.size(); ++i) {
       if (st[i].ok()) st[i] = service_->RespSetComplete(batch[i].job.get());
     }
-    for (size_t i = 0; i < batch.size(); ++i) {
-      metrics_->resp_durable_sets_pending.fetch_sub(1);
-      if (Later l = batch[i].done(st[i])) later.push_back(std::move(l));
+    // One done per SET or group, with the group's first error in order (OK: all durable).
+    for (size_t i = 0; i < batch.size();) {
+      const size_t n = std::max<size_t>(batch[i].members, 1);
+      size_t result = i;
+      while (result + 1 < i + n && st[result].ok()) ++result;
+      metrics_->resp_durable_sets_pending.fetch_sub(n);
+      if (Later l = batch[i].done(st[result])) later.push_back(std::move(l));
+      i += n;
     }
     RunLater(&later);
     batch.clear();

@@ -15,8 +15,14 @@
 // SET: done(OK) only after the name, the data and its index are on disk, with one fdatasync
 // for all of them (the name is in the unit: docs/RESP.md "Names across restarts").
 //
+// An MSET is submitted as one group of SETs with one done (Submit with several jobs): they are
+// put in order and handed on together, so the commit that completes the first of them
+// completes them all, and done reports the group once, after every one of them completed.
+//
 // Errors: a batch whose name sync fails fails the SETs that logged a name in it (nothing
-// written); a put or commit error fails that SET with it (Put's IOError contract).
+// written); a put or commit error fails that SET with it (Put's IOError contract). A group
+// fails with its first error in order; after a failed put its later SETs are not put (the
+// MSET's keys before it are written, those after it are not, as Service::RespMset does).
 // Limits: nothing here is unbounded by itself; each connection bounds what it submits (its
 // pending SETs count against its reply budget with their envelope bytes, docs/RESP.md).
 //
@@ -31,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -64,14 +71,25 @@ class RespDurableSets {
   // not run), so that one caller's puts stay in submission order. Returns whether the SET was
   // put here. After Stop: done(Unavailable) at once, on the caller's thread; returns false.
   bool Submit(std::unique_ptr<RespSetJob> job, Done done, bool put_here = false);
+  // Submit for the SETs of one MSET (jobs not empty, each staged; at most the RESP parser's
+  // argument limit): done is called once, after all of them completed, with the first error
+  // among them in order (OK: every one is durable). put_here applies to all of them, and only
+  // when every unit carries its name. Returns whether they were put here.
+  bool Submit(std::vector<std::unique_ptr<RespSetJob>> jobs, Done done, bool put_here = false);
   // Runs every SET submitted so far, then stops the thread. Idempotent.
   void Stop();
 
  private:
   struct Item {
     std::unique_ptr<RespSetJob> job;
-    Done done;
+    Done done;  // empty for a group's later members
+    // Items this one's done reports: 1 for a SET, the group's size for an MSET's first SET,
+    // 0 for its later SETs (which follow it, in order, in queue_ and put_ and in every batch:
+    // a group is always moved in one piece, under mu_).
+    size_t members = 1;
   };
+  // Both Submits: jobs form one group when there are several.
+  bool SubmitItems(std::span<std::unique_ptr<RespSetJob>> jobs, Done done, bool put_here);
   void PutLoop();
   void CommitLoop();
   // The put thread's part of a batch: names, then puts; each item's status into *st.

@@ -393,26 +393,40 @@ StatusCode RespSession::Data(const std::string& cmd, const std::vector<std::stri
   }
   if (cmd == "MSET"sv) {
     if (a.size() < 3 || a.size() % 2 == 0) return WrongArgs(cmd);
-    for (size_t i = 1; i + 1 < a.size(); i += 2) {
-      Status st = svc->RespSet(t, a[i], a[i + 1], 0, &keys_);
-      if (!st.ok()) return StoreError(st);
+    const std::span<const std::string_view> kv = std::span<const std::string_view>(a).subspan(1);
+    // All keys of one MSET share one commit (Service::RespMset); under sync the MSET completes
+    // asynchronously as a plain SET does (one group of SETs: RespDurableSets), except inside
+    // EXEC.
+    if (AsyncSet(cmd, a)) {
+      std::vector<std::unique_ptr<RespSetJob>> jobs;
+      jobs.reserve(kv.size() / 2);
+      for (size_t i = 0; i + 1 < kv.size(); i += 2) {
+        jobs.push_back(std::make_unique<RespSetJob>());
+        Status st = svc->RespSetStage(t, kv[i], kv[i + 1], 0, &keys_, jobs.back().get());
+        if (!st.ok()) return StoreError(st);  // nothing put
+      }
+      SubmitMset(std::move(jobs), set_start_us_);
+      deferred_ = true;
+      return StatusCode::kOk;
     }
+    Status st = svc->RespMset(t, kv, &keys_);
+    if (!st.ok()) return StoreError(st);
     resp::AppendSimple("OK", &out_);
     return StatusCode::kOk;
   }
-  if (cmd == "EXISTS"sv || cmd == "DEL"sv || cmd == "UNLINK"sv) {
+  if (cmd == "EXISTS"sv) {
     if (a.size() < 2) return WrongArgs(cmd);
     int64_t n = 0;
-    for (size_t i = 1; i < a.size(); ++i) {
-      if (cmd == "EXISTS"sv) {
-        n += svc->RespExists(t, a[i]) ? 1 : 0;
-        continue;
-      }
-      // A delete whose commit failed (sync) is an error, never a silent 0.
-      Status st = svc->RespDel(t, a[i]);
-      if (!st.ok() && !st.IsNotFound()) return StoreError(st);
-      n += st.ok() ? 1 : 0;
-    }
+    for (size_t i = 1; i < a.size(); ++i) n += svc->RespExists(t, a[i]) ? 1 : 0;
+    resp::AppendInteger(n, &out_);
+    return StatusCode::kOk;
+  }
+  if (cmd == "DEL"sv || cmd == "UNLINK"sv) {
+    if (a.size() < 2) return WrongArgs(cmd);
+    // All removals share one commit (sync); a failed commit is an error, never a silent 0.
+    int64_t n = 0;
+    Status st = svc->RespDelMany(t, std::span<const std::string_view>(a).subspan(1), &n);
+    if (!st.ok()) return StoreError(st);
     resp::AppendInteger(n, &out_);
     return StatusCode::kOk;
   }

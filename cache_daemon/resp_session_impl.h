@@ -64,8 +64,9 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   // connection waits for its next read (ReleaseIdleBuffers).
   static constexpr size_t kKeepReplyBufferBytes = 1u << 20;
   static constexpr int kMaxAuthFailures = 3;
-  // SETs of one connection pending at once (durability sync: RespDurableSets). Each also counts
-  // its stored bytes plus kHoldOverheadBytes against the connection's reply budget.
+  // SETs (and MSETs) of one connection pending at once (durability sync: RespDurableSets). Each
+  // also counts its stored bytes plus kHoldOverheadBytes per key against the connection's reply
+  // budget.
   static constexpr size_t kPendingSetsMax = 1024;
   static constexpr size_t kHoldOverheadBytes = 256;
   // No pending SET's reply may be written by its commit (direct_id_).
@@ -79,10 +80,11 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     size_t offset = 0;
   };
 
-  // The reply of a SET still pending (RespDurableSets): it goes at text_pos of the reply text,
-  // and nothing from there on is written before it.
+  // The reply of a SET (or MSET: the same "+OK") still pending (RespDurableSets): it goes at
+  // text_pos of the reply text, and nothing from there on is written before it.
   struct Hold {
     uint64_t id = 0;
+    Op op = Op::kRespSet;  // the command, for its latency
     size_t text_pos = 0;
     uint64_t charged_bytes = 0;  // counted in pending_bytes() until it resolves
     uint64_t start_us = 0;       // the SET's start, for its latency
@@ -159,12 +161,14 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
 
   // ---- SETs completed asynchronously (durability sync: RespDurableSets; resp_session_sets.cc)
   //
-  // Plain SETs run one after another without waiting for each other (they share commits);
-  // any other command waits until the SETs before it have completed (Stall), so that it
-  // sees their effects (a GET after a SET of this connection reads the new value, a DEL
-  // after it deletes it) and its reply follows theirs.
+  // Plain SETs and MSETs run one after another without waiting for each other (they share
+  // commits; an MSET's keys are one group that one commit completes); any other command waits
+  // until the SETs before it have completed (Stall), so that it sees their effects (a GET
+  // after a SET of this connection reads the new value, a DEL after it deletes it) and its
+  // reply follows theirs.
 
-  // Whether this command (upper-case name cmd) would be a SET completed asynchronously.
+  // Whether this command (upper-case name cmd) would be a SET or an MSET completed
+  // asynchronously.
   bool AsyncSet(const std::string& cmd, const std::vector<std::string_view>& a) const;
 
   // Keeps a copy of the command (argv views into the parser's buffer do not survive reads)
@@ -176,6 +180,14 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   // is put on this thread unless an earlier SET of this connection is still with the put
   // thread (RespDurableSets::Submit keeps one caller's puts in order only then).
   void SubmitSet(std::unique_ptr<RespSetJob> job, uint64_t start_us);
+  // The same for the staged SETs of one MSET (in order), with one reply held for all of them.
+  void SubmitMset(std::vector<std::unique_ptr<RespSetJob>> jobs, uint64_t start_us);
+  // SubmitSet's parts: a new hold at the current end of the reply text (its id), and the
+  // done that resolves it (taking the running command's in-flight slot).
+  uint64_t AddHold(uint64_t charged_bytes, uint64_t start_us, Op op);
+  RespDurableSets::Done HoldDone(uint64_t id);
+  // After a Submit: whether it went to the put thread (the hold is still the last one).
+  void SubmittedVia(bool put_here);
 
   // ---- A lone pending SET's reply, written by its commit (the way back without a hand-off) ----
   //

@@ -17,10 +17,12 @@ constexpr std::string_view kOkReply = "+OK\r\n";
 }  // namespace
 
 bool RespSession::AsyncSet(const std::string& cmd, const std::vector<std::string_view>& a) const {
-  if (shared_->durable_sets == nullptr || tenant_ == nullptr || cmd != "SET"sv || a.size() < 3 ||
-      txn_.queuing() || txn_.executing()) {
+  if (shared_->durable_sets == nullptr || tenant_ == nullptr || a.size() < 3 || txn_.queuing() ||
+      txn_.executing()) {
     return false;
   }
+  if (cmd == "MSET"sv) return a.size() % 2 == 1;
+  if (cmd != "SET"sv) return false;
   if (a.size() == 3) return true;
   StatusOr<resp::SetOptions> o = resp::ParseSetOptions(
       std::span<const std::string_view>(a).subspan(3), DefaultSystemClock().NowMs());
@@ -45,36 +47,56 @@ void RespSession::RunStalled() {
 }
 
 void RespSession::SubmitSet(std::unique_ptr<RespSetJob> job, uint64_t start_us) {
+  const uint64_t charged = job->envelope.size() + job->name.size() + kHoldOverheadBytes;
+  const uint64_t id = AddHold(charged, start_us, Op::kRespSet);
+  SubmittedVia(shared_->durable_sets->Submit(std::move(job), HoldDone(id),
+                                             /*put_here=*/thread_sets_ == 0));
+}
+
+void RespSession::SubmitMset(std::vector<std::unique_ptr<RespSetJob>> jobs, uint64_t start_us) {
+  uint64_t charged = 0;
+  for (const std::unique_ptr<RespSetJob>& job : jobs) {
+    charged += job->envelope.size() + job->name.size() + kHoldOverheadBytes;
+  }
+  const uint64_t id = AddHold(charged, start_us, Op::kRespMset);
+  SubmittedVia(shared_->durable_sets->Submit(std::move(jobs), HoldDone(id),
+                                             /*put_here=*/thread_sets_ == 0));
+}
+
+uint64_t RespSession::AddHold(uint64_t charged_bytes, uint64_t start_us, Op op) {
   Hold h;
   h.id = next_hold_id_++;
+  h.op = op;
   h.text_pos = out_.size();
-  h.charged_bytes = job->envelope.size() + job->name.size() + kHoldOverheadBytes;
+  h.charged_bytes = charged_bytes;
   h.start_us = start_us;
   hold_bytes_ += h.charged_bytes;
-  uint64_t id = h.id;
   holds_.push_back(std::move(h));
   ArmDirect();
+  return holds_.back().id;
+}
+
+RespDurableSets::Done RespSession::HoldDone(uint64_t id) {
   // The tenant's in-flight slot is the SET's until it completes, and is freed before its
   // reply can reach the client (DirectReply): a client that has every reply must not find
   // its requests still counted against the tenant's in-flight limit.
   auto slot = std::make_shared<InflightSlot>(std::move(slot_));
-  bool put_here = shared_->durable_sets->Submit(
-      std::move(job),
-      [self = shared_from_this(), id, slot](const Status& st) -> RespDurableSets::Later {
-        *slot = InflightSlot();
-        size_t sent = st.ok() ? self->DirectReply(id) : 0;
-        // Runs on an I/O thread (with the other SETs of the commit): the strand, when idle,
-        // runs SetDone right there.
-        return [self, id, st, sent] {
-          asio::dispatch(self->strand_, [self, id, st, sent] { self->SetDone(id, st, sent); });
-        };
-      },
-      /*put_here=*/thread_sets_ == 0);
-  if (!put_here) {
-    // SetDone runs on this strand, so the hold is still the last one.
-    holds_.back().via_thread = true;
-    ++thread_sets_;
-  }
+  return [self = shared_from_this(), id, slot](const Status& st) -> RespDurableSets::Later {
+    *slot = InflightSlot();
+    size_t sent = st.ok() ? self->DirectReply(id) : 0;
+    // Runs on an I/O thread (with the other SETs of the commit): the strand, when idle,
+    // runs SetDone right there.
+    return [self, id, st, sent] {
+      asio::dispatch(self->strand_, [self, id, st, sent] { self->SetDone(id, st, sent); });
+    };
+  };
+}
+
+void RespSession::SubmittedVia(bool put_here) {
+  if (put_here) return;
+  // SetDone runs on this strand, so the hold is still the last one.
+  holds_.back().via_thread = true;
+  ++thread_sets_;
 }
 
 void RespSession::ArmDirect() {
@@ -135,7 +157,7 @@ void RespSession::SetDone(uint64_t id, const Status& st, size_t sent_bytes) {
     }
     hold_bytes_ -= f.charged_bytes;
     if (f.via_thread) --thread_sets_;
-    shared_->metrics->RecordRequest(Op::kRespSet, code, DefaultSteadyClock().NowUs() - f.start_us);
+    shared_->metrics->RecordRequest(f.op, code, DefaultSteadyClock().NowUs() - f.start_us);
     holds_.pop_front();
   }
   if (closed_) return;

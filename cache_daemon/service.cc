@@ -608,6 +608,29 @@ Status Service::RespSetComplete(RespSetJob* job) {
   return st;
 }
 
+Status Service::RespMset(const Tenant& t, std::span<const std::string_view> kv,
+                         RespKeyCache* cache) {
+  std::vector<RespSetJob> jobs(kv.size() / 2);
+  uint64_t name_seq = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    KVTIER_RETURN_IF_ERROR(RespSetStage(t, kv[2 * i], kv[2 * i + 1], 0, cache, &jobs[i]));
+    name_seq = std::max(name_seq, jobs[i].name_seq);
+  }
+  KVTIER_RETURN_IF_ERROR(resp_index_.WaitDurable(name_seq));
+  Status st;
+  size_t put = 0;
+  while (put < jobs.size() && st.ok()) {
+    st = RespSetPut(&jobs[put]);
+    if (st.ok()) ++put;
+  }
+  // Every put that succeeded is completed, also after a failure: the reply waits for them.
+  for (size_t i = 0; i < put; ++i) {
+    Status done = RespSetComplete(&jobs[i]);
+    if (st.ok()) st = done;
+  }
+  return st;
+}
+
 Status Service::RespGetRaw(const Tenant& t, std::string_view key, std::vector<uint8_t>* raw,
                            std::span<const uint8_t>* value, RespKeyCache* cache) {
   storage::Key k = BindResp(t, key, cache);
@@ -644,6 +667,25 @@ Status Service::RespDel(const Tenant& t, std::string_view key) {
   storage::Key k = BindResp(t, key);
   resp_index_.Remove(t.id, k);
   return store_->Delete(k);
+}
+
+Status Service::RespDelMany(const Tenant& t, std::span<const std::string_view> keys,
+                            int64_t* deleted) {
+  *deleted = 0;
+  std::vector<storage::DeferredCommit> commits(keys.size());
+  Status st;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    storage::Key k = BindResp(t, keys[i]);
+    resp_index_.Remove(t.id, k);
+    Status removed = store_->DeleteDeferred(k, &commits[i]);
+    if (removed.ok()) ++*deleted;
+    if (!removed.ok() && !removed.IsNotFound() && st.ok()) st = removed;
+  }
+  for (const storage::DeferredCommit& c : commits) {
+    Status done = store_->CompletePut(c);
+    if (st.ok()) st = done;
+  }
+  return st;
 }
 
 Status Service::RespExpire(const Tenant& t, std::string_view key, uint64_t ttl_ms) {

@@ -198,6 +198,14 @@ class Service {
                       uint64_t ttl_ms, RespKeyCache* cache, RespSetJob* job);
   Status RespSetPut(RespSetJob* job);
   Status RespSetComplete(RespSetJob* job);
+  // MSET: a RespSet of each pair of kv (key, value, key, value, ...; an even count, at most
+  // the RESP parser's argument limit), with one name-log wait and one SSD commit for all of
+  // them: every pair is staged, then put, then completed (the first completion commits them
+  // all). OK only when every pair is durable. An error stops it: a failed stage writes
+  // nothing; a failed put leaves the pairs before it written (and completed) and the rest
+  // unwritten; a failed commit fails every put it covered, whose values are then removed
+  // (RespSetComplete, Put's IOError contract). Returns the first error.
+  Status RespMset(const Tenant& t, std::span<const std::string_view> kv, RespKeyCache* cache);
   // NotFound on a miss or an expired value.
   Status RespGet(const Tenant& t, std::string_view key, std::string* value);
   // As RespGet, without copying the payload: *raw receives the stored envelope (its capacity
@@ -207,6 +215,12 @@ class Service {
   bool RespExists(const Tenant& t, std::string_view key);
   // NotFound when absent.
   Status RespDel(const Tenant& t, std::string_view key);
+  // DEL / UNLINK of several keys with one SSD commit for all the removals (under sync:
+  // TierManager::DeleteDeferred for each, then their completions, the first of which commits
+  // them all); *deleted: how many of them existed (a key named twice counts once). OK only
+  // when every removal is durable; else the first error (a failed commit: as RespDel's, the
+  // keys stay removed in memory and their index deletes are retried at the next commit).
+  Status RespDelMany(const Tenant& t, std::span<const std::string_view> keys, int64_t* deleted);
   // SET with options (resp::SetOptions): reads the current value and writes only when the
   // NX/XX condition holds (*written tells), keeping its expiry under KEEPTTL; when o.get,
   // *old receives the previous value (nullopt: none). The read and the write hold a striped

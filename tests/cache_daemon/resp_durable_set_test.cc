@@ -4,6 +4,7 @@
 // all get queued behind the held commit and then share one or two commits (counted by the
 // store's commit counter, not by time); replies keep request order, and a command after a SET
 // sees that SET's effect; a failed commit answers the SET with an error and leaves no value.
+// The same for MSET (its keys one group: one commit, one reply) and a DEL of several keys.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -36,6 +37,13 @@ std::string Value(size_t n, int seed) {
   const std::string tag = std::to_string(seed) + ":";
   v.replace(0, std::min(n, tag.size()), tag, 0, std::min(n, tag.size()));
   return v;
+}
+
+// A command of any number of arguments.
+std::string CmdOf(const std::vector<std::string>& args) {
+  std::string s = "*" + std::to_string(args.size()) + "\r\n";
+  for (const std::string& a : args) s += "$" + std::to_string(a.size()) + "\r\n" + a + "\r\n";
+  return s;
 }
 
 // Polls until done holds, at most 10 s (the test then fails instead of hanging).
@@ -247,7 +255,7 @@ TEST_F(RespDurableSetTest, SetsOfManyConnectionsShareCommits) {
 
 // A pipeline mixing SETs with other commands, on several connections at once, repeated: the
 // replies are byte-exact and in request order, and every command after a SET sees it (GET
-// reads it, DEL deletes it, EXEC runs after it).
+// reads it, DEL deletes it, EXEC runs after it); an MSET's reply and effect likewise.
 TEST_F(RespDurableSetTest, RepliesKeepRequestOrder) {
   constexpr int kConns = 4, kRounds = 20;
   std::vector<std::thread> threads;
@@ -258,16 +266,19 @@ TEST_F(RespDurableSetTest, RepliesKeepRequestOrder) {
       const std::string p = "c" + std::to_string(c) + ":";
       for (int r = 0; r < kRounds && failures[c].empty(); ++r) {
         const std::string big = Value(20000, r + c), v1 = std::to_string(r), v2 = Value(10, r);
-        std::string cmds =
-            Cmd({"SET", p + "a", v1}) + Cmd({"GET", p + "a"}) + Cmd({"SET", p + "a", v2}) +
-            Cmd({"SET", p + "b", big}) + Cmd({"GET", p + "a"}) + Cmd({"GET", p + "b"}) +
-            Cmd({"DEL", p + "a"}) + Cmd({"GET", p + "a"}) +
-            Cmd({"SET", p + "c", "x", "PX", "60000"}) + Cmd({"MULTI"}) + Cmd({"SET", p + "c", v1}) +
-            Cmd({"GET", p + "c"}) + Cmd({"EXEC"}) + Cmd({"SET", p + "d", "x", "BAD"}) +
-            Cmd({"SET", p + "e", v1}) + Cmd({"PING"}) + Cmd({"SET", p + "e", v2}) + Cmd({"QUIT"});
+        std::string cmds = Cmd({"SET", p + "a", v1}) + Cmd({"GET", p + "a"}) +
+                           Cmd({"SET", p + "a", v2}) + Cmd({"SET", p + "b", big}) +
+                           Cmd({"GET", p + "a"}) + Cmd({"GET", p + "b"}) + Cmd({"DEL", p + "a"}) +
+                           Cmd({"GET", p + "a"}) + Cmd({"SET", p + "c", "x", "PX", "60000"}) +
+                           Cmd({"MULTI"}) + Cmd({"SET", p + "c", v1}) + Cmd({"GET", p + "c"}) +
+                           Cmd({"EXEC"}) + Cmd({"SET", p + "d", "x", "BAD"}) +
+                           Cmd({"SET", p + "e", v1}) + Cmd({"PING"}) + Cmd({"SET", p + "e", v2}) +
+                           Cmd({"MSET", p + "f", v1, p + "g", big}) + Cmd({"GET", p + "g"}) +
+                           Cmd({"DEL", p + "f", p + "g", p + "a"}) + Cmd({"QUIT"});
         std::string want = "+OK\r\n" + Bulk(v1) + "+OK\r\n+OK\r\n" + Bulk(v2) + Bulk(big) +
                            ":1\r\n$-1\r\n+OK\r\n+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n" +
-                           Bulk(v1) + "-ERR syntax error\r\n+OK\r\n+PONG\r\n+OK\r\n+OK\r\n";
+                           Bulk(v1) + "-ERR syntax error\r\n+OK\r\n+PONG\r\n+OK\r\n+OK\r\n" +
+                           Bulk(big) + ":2\r\n+OK\r\n";
         int conn = r == 0 ? fd : kt::ConnectTcp(o_.resp_port);
         std::string got;
         if (kt::SendAllRaw(conn, cmds.data(), cmds.size())) got = kt::RecvFor(conn, 1 << 20, 10000);
@@ -299,6 +310,106 @@ TEST_F(RespDurableSetTest, FailedCommitAnswersTheSetWithAnErrorAndKeepsNoValue) 
   fd = Connect();
   EXPECT_EQ(Roundtrip(fd, Cmd({"SET", "k", "again"}) + Cmd({"GET", "k"}), 5 + 11),
             "+OK\r\n" + Bulk("again"));
+}
+
+// 8 MSETs of 16 keys each pipelined on one connection while the first commit's fdatasync is
+// held: every MSET is taken and put without waiting for a commit (all 128 keys pending and
+// stored), and once released they share one more commit (two in all). One commit per key
+// would be 128; one per MSET, 8 (an MSET used to run on the connection's strand, a commit
+// per key, so the second MSET waited behind the held sync). A GET after them reads the last
+// MSET's value and the replies keep request order.
+TEST_F(RespDurableSetTest, PipelinedMsetsShareCommits) {
+  constexpr int kMsets = 8, kKeys = 16;
+  int fd = Connect();
+  const uint64_t before_warm = commits();
+  ASSERT_EQ(Roundtrip(fd, Cmd({"SET", "warm", "x"}), 5), "+OK\r\n");
+  ASSERT_TRUE(WarmCommitCounted(before_warm));
+  const uint64_t commits0 = commits();
+  fault_.PauseSyncs(true);
+  std::string cmds, want;
+  for (int m = 0; m < kMsets; ++m) {
+    std::vector<std::string> args = {"MSET"};
+    for (int k = 0; k < kKeys; ++k) {
+      args.push_back("m" + std::to_string(k));
+      args.push_back(Value(500, m * kKeys + k));
+    }
+    cmds += CmdOf(args);
+    want += "+OK\r\n";
+  }
+  cmds += Cmd({"GET", "m3"});
+  want += Bulk(Value(500, (kMsets - 1) * kKeys + 3));
+  ASSERT_TRUE(kt::SendAllRaw(fd, cmds.data(), cmds.size()));
+  bool queued = Eventually([&] {
+    if (fault_.syncs_waiting() != 1 ||
+        Metric("kvtier_resp_durable_sets_pending") != uint64_t{kMsets * kKeys}) {
+      return false;
+    }
+    for (int k = 0; k < kKeys; ++k) {  // the last MSET put (puts run in order)
+      if (!Stored("m" + std::to_string(k), Value(500, (kMsets - 1) * kKeys + k))) return false;
+    }
+    return true;
+  });
+  const std::string state = queued ? "" : PendingState();
+  fault_.PauseSyncs(false);
+  ASSERT_TRUE(queued) << "pipelined MSETs waited for each other's commit (" << state << ")";
+  EXPECT_EQ(kt::RecvFor(fd, want.size(), 10000), want);
+  const uint64_t n = commits() - commits0;
+  EXPECT_GE(n, 1u);
+  EXPECT_LE(n, 2u) << "the keys of pipelined sync MSETs did not share commits";
+  EXPECT_EQ(Metric("kvtier_resp_durable_sets_pending"), 0u);
+}
+
+// An MSET whose commit fails is answered with one error, and none of its keys keeps a value:
+// every put the failed commit covered is removed, as a lone SET's failed overwrite is (the
+// store's IOError contract). (An MSET used to stop at its first key's failed commit and
+// leave the old values of the keys after it.) The connection goes on.
+TEST_F(RespDurableSetTest, FailedCommitFailsTheWholeMsetAndKeepsNoValue) {
+  constexpr int kKeys = 8;
+  int fd = Connect();
+  std::vector<std::string> set = {"MSET"}, put = {"MSET"}, get = {"MGET"};
+  std::string nils = "*" + std::to_string(kKeys) + "\r\n", olds = nils;
+  for (int k = 0; k < kKeys; ++k) {
+    const std::string key = "f" + std::to_string(k);
+    set.insert(set.end(), {key, "old" + std::to_string(k)});
+    put.insert(put.end(), {key, "new" + std::to_string(k)});
+    get.push_back(key);
+    nils += "$-1\r\n";
+    olds += Bulk("old" + std::to_string(k));
+  }
+  ASSERT_EQ(Roundtrip(fd, CmdOf(set) + CmdOf(get), 5 + olds.size()), "+OK\r\n" + olds);
+  fault_.FailNextSyncs(1);
+  // QUIT: the reply ends where the connection does.
+  std::string got = Roundtrip(fd, CmdOf(put) + CmdOf(get) + Cmd({"QUIT"}), 1 << 16);
+  ASSERT_GE(got.size(), 5u + nils.size() + 5u) << got;
+  EXPECT_EQ(got.substr(0, 5), "-ERR ") << got;
+  // One error reply, then the MGET's nulls and QUIT's +OK.
+  EXPECT_EQ(got.substr(got.find("\r\n") + 2), nils + "+OK\r\n") << got;
+  fd = Connect();
+  EXPECT_EQ(Roundtrip(fd, CmdOf(put) + Cmd({"GET", "f7"}), 5 + Bulk("new7").size()),
+            "+OK\r\n" + Bulk("new7"));
+}
+
+// A DEL of several keys is one commit (each key's removal used to commit by itself), counts
+// the keys that existed, and the keys are gone.
+TEST_F(RespDurableSetTest, DelOfSeveralKeysIsOneCommit) {
+  constexpr int kKeys = 32;
+  int fd = Connect();
+  std::vector<std::string> set = {"MSET"}, del = {"DEL"};
+  for (int k = 0; k < kKeys; ++k) {
+    set.insert(set.end(), {"d" + std::to_string(k), Value(300, k)});
+    del.push_back("d" + std::to_string(k));
+  }
+  del.push_back("never-set");
+  const uint64_t before_set = commits();
+  ASSERT_EQ(Roundtrip(fd, CmdOf(set), 5), "+OK\r\n");
+  ASSERT_TRUE(WarmCommitCounted(before_set));
+  const uint64_t commits0 = commits();
+  const std::string want = ":" + std::to_string(kKeys) + "\r\n";
+  ASSERT_EQ(Roundtrip(fd, CmdOf(del), want.size()), want);
+  ASSERT_TRUE(Eventually([&] { return commits() > commits0; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a second commit would show
+  EXPECT_EQ(commits() - commits0, 1u) << "the deletes of one DEL did not share a commit";
+  for (int k = 0; k < kKeys; ++k) EXPECT_FALSE(Stored("d" + std::to_string(k), Value(300, k)));
 }
 
 // A lone pending SET's "+OK" is written by the commit that completes it (no hand-off back to
@@ -367,6 +478,27 @@ TEST_F(RespDurableSetTest, SetsBehindALongNameStayInOrder) {
     want += Bulk(Value(64, 5));
     ASSERT_EQ(Roundtrip(fd, cmds, want.size()), want) << round;
     EXPECT_TRUE(Stored(key, Value(64, 5))) << round;
+  }
+}
+
+// An MSET naming a key too long to ride in its unit goes through the put thread as one group
+// (its batch waits for the name log's sync); the connection's SETs after it follow it there
+// instead of being put at once, so everything is put in request order: a SET of the MSET's
+// short key right after it wins (put ahead of the MSET, it would be overwritten by it).
+TEST_F(RespDurableSetTest, MsetsBehindALongNameStayInOrder) {
+  const std::string name(kRespCarriedNameBytesMax + 100, 'n');
+  for (int round = 0; round < 5; ++round) {
+    int fd = Connect();
+    const std::string key = name + std::to_string(round), other = "o" + std::to_string(round);
+    const std::string cmds = CmdOf({"MSET", other, Value(64, 10), key, Value(64, 0)}) +
+                             CmdOf({"SET", other, Value(64, 11)}) + CmdOf({"GET", other}) +
+                             CmdOf({"MSET", key, Value(64, 1), other, Value(64, 12)}) +
+                             CmdOf({"SET", other, Value(64, 13)}) + CmdOf({"GET", other}) +
+                             CmdOf({"GET", key});
+    const std::string want = "+OK\r\n+OK\r\n" + Bulk(Value(64, 11)) + "+OK\r\n+OK\r\n" +
+                             Bulk(Value(64, 13)) + Bulk(Value(64, 1));
+    ASSERT_EQ(Roundtrip(fd, cmds, want.size()), want) << round;
+    EXPECT_TRUE(Stored(key, Value(64, 1))) << round;
   }
 }
 

@@ -19,7 +19,12 @@
 #   KVTIER_IO_THREADS=16 reproduces them. SETs under sync no longer wait on an I/O thread:
 #   docs/RESP.md "Durable SETs under sync"; on 2 cores 16 threads cost twice the context
 #   switches per SET),
-#   KVTIER_COMMIT_DELAY_US (kvtierd [storage] ssd_commit_delay_us; unset: kvtierd's default).
+#   KVTIER_COMMIT_DELAY_US (kvtierd [storage] ssd_commit_delay_us; unset: kvtierd's default),
+#   KVTIER_MSET_KEYS (N > 0: after the SETs, MSETs of N keys with 1,024-byte values, the same
+#   redis-benchmark command against each server, 16 clients, random keys, KVTIER_MSET_REQUESTS
+#   MSETs per round, default 500; printed as MSETs/s, their ratio and kvtierd's keys per SSD
+#   commit. Unset: no MSET run),
+#   KVTIER_SET_SIZES (the SET value sizes; default "1024 57000"; "" runs no SETs).
 # Needs redis-server, redis-benchmark, curl and python3. Reports only; asserts nothing.
 set -euo pipefail
 
@@ -27,6 +32,9 @@ KVTIERD=${1:-build/release/cache_daemon/kvtierd}
 REQUESTS=${2:-20000}
 ROUNDS=${3:-3}
 IO_THREADS=${KVTIER_IO_THREADS:-}
+MSET_KEYS=${KVTIER_MSET_KEYS:-0}
+MSET_REQUESTS=${KVTIER_MSET_REQUESTS:-500}
+SET_SIZES=${KVTIER_SET_SIZES-1024 57000}
 CLIENTS=16
 for tool in redis-server redis-benchmark curl python3; do
   command -v "$tool" >/dev/null || { echo "durable_set.sh: $tool not found" >&2; exit 2; }
@@ -109,7 +117,7 @@ echo "kvtierd: durability=sync, io_threads=${IO_THREADS:-kvtierd default}; redis
 echo "data under $DIR ($(df -PT "$DIR" | awk 'NR == 2 { print $2 }'))"
 printf '%-8s %14s %14s %8s %14s %14s %12s %16s\n' value "kvtierd ops/s" "redis ops/s" ratio \
   "kv sets/commit" "kv cpu us/set" "kv vcsw/set" "redis cpu us/set"
-for bytes in 1024 57000; do
+for bytes in $SET_SIZES; do
   kv=()
   rv=()
   commits0=$(metric kvtier_ssd_commits_total || echo 0)
@@ -138,3 +146,30 @@ for bytes in 1024 57000; do
         (c > 0 ? n / c : 0), cpu / n, csw / n, rcpu / n
     }'
 done
+
+# MSETs of MSET_KEYS keys (each key out of 100k at random per request, 1,024-byte values).
+((MSET_KEYS > 0)) || exit 0
+value=$(head -c 1024 /dev/zero | tr '\0' v)
+mset_args=()
+for i in $(seq 1 "$MSET_KEYS"); do mset_args+=("m$i:__rand_int__" "$value"); done
+mset_ops() {
+  redis-benchmark -p "$1" -n "$MSET_REQUESTS" -c "$CLIENTS" -P 1 -r 100000 --csv MSET \
+    "${mset_args[@]}" | awk -F'"' 'NR == 2 { print $4 }'
+}
+echo "== durable MSET of $MSET_KEYS keys x 1024 bytes: redis-benchmark -n $MSET_REQUESTS" \
+  "-c $CLIENTS -P 1 -r 100000 MSET ..., $ROUNDS round(s), medians =="
+printf '%-8s %14s %14s %8s %14s\n' keys "kvtierd mset/s" "redis mset/s" ratio "kv keys/commit"
+kv=()
+rv=()
+commits0=$(metric kvtier_ssd_commits_total || echo 0)
+for _ in $(seq 1 "$ROUNDS"); do
+  kv+=("$(mset_ops "$KV_PORT")")
+  rv+=("$(mset_ops "$REDIS_PORT")")
+done
+commits1=$(metric kvtier_ssd_commits_total || echo 0)
+k=$(printf '%s\n' "${kv[@]}" | median)
+r=$(printf '%s\n' "${rv[@]}" | median)
+awk -v n="$MSET_KEYS" -v k="$k" -v r="$r" -v keys="$((MSET_REQUESTS * ROUNDS * MSET_KEYS))" \
+  -v c="$((commits1 - commits0))" 'BEGIN {
+    printf "%-8s %14.0f %14.0f %8.2f %14.1f\n", n, k, r, (r > 0 ? k / r : 0), (c > 0 ? keys / c : 0)
+  }'

@@ -108,8 +108,17 @@ class AdmissionPolicy {
   // Called once per candidate write; true admits it. A policy with a byte budget charges
   // size_bytes when it answers true.
   virtual bool Admit(const ObjectInfo& info, uint64_t now_us) = 0;
-  // A hit or a miss on an object that the policy may want to count (second-hit admission).
+  // One reference to an object by a client, hit or miss, that the policy may want to count
+  // (second-hit admission). Owners call it once per reference of a unit: the simulator at each
+  // read reference; the live store (storage/tier_manager_impl.h) for each key a client reads
+  // (Get, GetBatch: hit or miss) and, in a Lookup, for the keys from the first miss to the end
+  // of the chain (those the engine recomputes and puts; the hits before it are read next, and
+  // those reads count). Called only when CountsLookups() is true, so a policy that counts must
+  // say so.
   virtual void OnLookup(ObjectId id, uint64_t now_us) { (void)id, (void)now_us; }
+  // Whether OnLookup does anything. An owner skips the OnLookup calls (and the locking they
+  // need) of a policy that returns false. Constant for the policy's lifetime. Default: false.
+  virtual bool CountsLookups() const { return false; }
   // Called once on a policy that replaces `previous` at run time (a policy set or reload that
   // changed the admission policy's name or parameters), before any other call: it takes over
   // what of previous's state still means the same to it. write-budget: the bytes previous

@@ -8,7 +8,8 @@ StatusOr<std::unique_ptr<AdmissionPolicy>> SecondHitPolicy::Make(const PolicyPar
   SecondHitOptions o;
   internal::ParamReader r("second-hit", params);
   KVTIER_RETURN_IF_ERROR(r.Uint("hits_required", &o.hits_required, 1, 1000));
-  KVTIER_RETURN_IF_ERROR(r.Uint("max_tracked", &o.max_tracked, 1, 1ull << 32));
+  KVTIER_RETURN_IF_ERROR(
+      r.Uint("max_tracked", &o.max_tracked, 1, SecondHitOptions::kMaxTrackedMax));
   KVTIER_RETURN_IF_ERROR(r.Finish());
   return std::unique_ptr<AdmissionPolicy>(new SecondHitPolicy(o));
 }

@@ -1,9 +1,12 @@
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <algorithm>
+#include <string>
 
 #include "policies/second_hit/second_hit.h"
 #include "policies/write_budget/write_budget.h"
+#include "tests/sanitizers.h"
 
 namespace kvtier::policies {
 namespace {
@@ -25,6 +28,45 @@ TEST(SecondHit, TrackingTableIsBounded) {
   EXPECT_EQ(p.TEST_Tracked(), 3u);
   p.OnLookup(1, 11);  // 1 was forgotten: this is its first lookup again
   EXPECT_FALSE(p.Admit({.id = 1}, 11));
+}
+
+// max_tracked is bounded by what a daemon can afford (before, up to 1<<32 ids: a table of
+// hundreds of GiB), and a full table costs at most kBytesPerTrackedId bytes per id, as the
+// header and docs/POLICIES.md say (the heap in use, measured while ids are forgotten).
+TEST(SecondHit, TableSizeIsBoundedAndCostsItsDocumentedBytesPerId) {
+  auto params = [](uint64_t max_tracked) {
+    PolicyParams p;
+    p.values = {{"max_tracked", std::to_string(max_tracked)}};
+    return p;
+  };
+  EXPECT_TRUE(MakeAdmissionPolicy("second-hit", params(SecondHitOptions::kMaxTrackedMax)).ok());
+  EXPECT_TRUE(MakeAdmissionPolicy("second-hit", params(SecondHitOptions::kMaxTrackedMax + 1))
+                  .status()
+                  .IsInvalidArgument());
+  EXPECT_TRUE(
+      MakeAdmissionPolicy("second-hit", params(uint64_t{1} << 32)).status().IsInvalidArgument());
+#if defined(KVTIER_TEST_ASAN) || defined(KVTIER_TEST_TSAN)
+  GTEST_SKIP() << "the sanitizer's allocator does not report the heap in use to mallinfo2";
+#else
+  constexpr uint64_t kIds = 1 << 18;
+  const size_t before = mallinfo2().uordblks;
+  SecondHitPolicy p({.hits_required = 2, .max_tracked = kIds});
+  for (ObjectId id = 1; id <= 2 * kIds; ++id) p.OnLookup(id * 0x9e3779b97f4a7c15ull, id);
+  ASSERT_EQ(p.TEST_Tracked(), kIds);
+  const size_t after = mallinfo2().uordblks;
+  ASSERT_GT(after, before);
+  EXPECT_LE((after - before) / kIds, SecondHitOptions::kBytesPerTrackedId);
+#endif
+}
+
+// The live store counts references (and takes the lock that needs) only for a policy that
+// says it counts them: second-hit must, and the others need not.
+TEST(SecondHit, OnlySecondHitCountsLookups) {
+  for (const auto& name : AdmissionPolicyNames()) {
+    auto p = MakeAdmissionPolicy(name);
+    ASSERT_TRUE(p.ok()) << name;
+    EXPECT_EQ((*p)->CountsLookups(), name == "second-hit") << name;
+  }
 }
 
 TEST(WriteBudget, RefusesBeyondTheBudgetAndRefillsPerDay) {

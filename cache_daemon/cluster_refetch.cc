@@ -70,7 +70,7 @@ void ClusterRefetch::Refetch(const storage::UnitInfo& u) {
   }
   auto deleted = [&] { return recent_ != nullptr && recent_->RefusesRepair(u.key, tenant->name); };
   // Already back (a client put it again, or an earlier report of the same unit was served).
-  if (deleted() || store_->Lookup(std::span<const storage::Key>(&u.key, 1)).hit_count == 1) {
+  if (deleted() || store_->Probe(std::span<const storage::Key>(&u.key, 1)).hit_count == 1) {
     skipped_.fetch_add(1);
     return;
   }

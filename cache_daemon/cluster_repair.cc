@@ -242,7 +242,7 @@ bool ClusterRepair::Scan() {
         // repair never brings a deleted unit back. Unsure (etcd unreachable): undo as well.
         if (copied_to.size() > 0 &&
             (!caught_up(/*force=*/false) ||
-             store_->Lookup(std::span<const storage::Key>(&u.key, 1)).hit_count == 0)) {
+             store_->Probe(std::span<const storage::Key>(&u.key, 1)).hit_count == 0)) {
           for (size_t j : copied_to) {
             (void)peers_->Delete(view->members[owners[i][j]].peer_endpoint,
                                  std::span<const cluster::PeerKey>(&u.key, 1));

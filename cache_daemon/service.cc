@@ -172,7 +172,7 @@ wire::LookupReply Service::Lookup(const Tenant& t, std::span<const wire::Key> ch
       tiers[i] = static_cast<uint8_t>(r.tiers[i]);
     }
     for (size_t i = r.hit_count; i < keys.size(); ++i) {
-      storage::LookupResult one = store_->Lookup(std::span<const storage::Key>(&keys[i], 1));
+      storage::LookupResult one = store_->Probe(std::span<const storage::Key>(&keys[i], 1));
       if (one.hit_count == 1) tiers[i] = static_cast<uint8_t>(one.tiers[0]);
     }
     router_->LookupRemote(keys, &tiers);
@@ -652,8 +652,9 @@ Status Service::RespGet(const Tenant& t, std::string_view key, std::string* valu
   return Status::Ok();
 }
 
+// An internal check (SCAN's name pruning), not a client's reference: Probe.
 static bool RespExistsImpl(storage::TierManager* store, const storage::Key& k) {
-  storage::LookupResult r = store->Lookup(std::span<const storage::Key>(&k, 1));
+  storage::LookupResult r = store->Probe(std::span<const storage::Key>(&k, 1));
   return r.hit_count == 1;
 }
 

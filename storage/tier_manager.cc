@@ -77,6 +77,7 @@ Status TierManagerImpl::Init() {
   if (o_.max_value_bytes == 0) return Status::InvalidArgument("max_value_bytes is 0");
   KVTIER_ASSIGN_OR_RETURN(admission_,
                           policies::MakeAdmissionPolicy(o_.admission_policy, o_.policy_params));
+  counts_lookups_.store(admission_->CountsLookups(), std::memory_order_relaxed);
   auto make_mem = [&](Tier t, uint64_t cap) -> StatusOr<std::unique_ptr<MemoryTier>> {
     MemoryTierOptions mo;
     mo.tier = t;
@@ -276,7 +277,7 @@ void TierManagerImpl::DemoteLocked(const RequestTag* request, Tier tier, const K
     uint64_t version = 0;
     if (ssd_->Contains(victim, &version) && version == meta.version) {
       placed = true;  // the SSD already holds this version (inclusive after a promotion)
-    } else if (admission_->Admit(InfoOf(victim, meta), clock_->NowUs())) {
+    } else if (AdmitLocked(InfoOf(victim, meta))) {
       ++admissions_;
       placed = PlaceLocked(request, Tier::kSsd, victim, bytes, meta).ok();
     } else {
@@ -366,8 +367,7 @@ Status TierManagerImpl::Put(const Key& key, std::span<const uint8_t> value,
     meta.size_bytes = static_cast<uint32_t>(value.size());
     if (start == Tier::kSsd) {
       if (!ssd_) return Status::Rejected("no ssd tier");
-      policies::ObjectInfo info = InfoOf(key, meta);
-      if (!admission_->Admit(info, clock_->NowUs())) {
+      if (!AdmitLocked(InfoOf(key, meta))) {
         ++admission_rejections_;
         return Status::Rejected("admission policy refused the unit");
       }

@@ -398,7 +398,16 @@ class TierManager {
     if (visited) visited();
   }
 
+  // Lookup of a chain (at most kMaxBatch keys are looked at). With an admission policy that
+  // counts references (second-hit: AdmissionPolicy::OnLookup), a client's Lookup counts one
+  // for each key from the first miss to the end of the chain (the keys the engine recomputes
+  // and puts); the hits before it count when they are read (Get, GetWithTtl, GetBatch,
+  // GetBatchVisit count each key, hit or miss; Peek and Prefetch do not).
   virtual LookupResult Lookup(std::span<const Key> chain) = 0;
+  // Lookup for internal checks (the cluster's per-key look-ups after a chain's Lookup, repair
+  // and refetch checks): the same answer, but no reference is counted for the admission
+  // policy, since none of them is a client's. The default (test doubles) is Lookup.
+  virtual LookupResult Probe(std::span<const Key> chain) { return Lookup(chain); }
 
   // A new request: a fresh id and the clock's time now. Pass it to the Put and GetBatch calls
   // of one native batch, or of one engine turn (LOOKUP, GET, PUT). Never returns id 0 from a

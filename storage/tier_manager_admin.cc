@@ -131,8 +131,10 @@ Status TierManagerImpl::SetPolicy(const std::string& eviction, const std::string
   // made by a test's factory are always switched to the named policy.
   if (admission != o_.admission_policy ||
       !policies::SameParamsFor(admission, params, o_.policy_params)) {
+    std::lock_guard admission_lock(admission_mu_);  // readers count without mu_
     adm->CarryOver(*admission_, clock_->NowUs());
     admission_ = std::move(adm);
+    counts_lookups_.store(admission_->CountsLookups(), std::memory_order_relaxed);
   }
   if (eviction != o_.eviction_policy ||
       !policies::SameParamsFor(eviction, params, o_.policy_params) || o_.eviction_policy_factory ||
@@ -190,8 +192,12 @@ Stats TierManagerImpl::GetStats() const {
   const_cast<TierManagerImpl*>(this)->DrainLoadedLocked();
   s.admissions = admissions_;
   s.admission_rejections = admission_rejections_;
-  if (std::optional<policies::AdmissionPolicy::ByteBudget> b =
-          admission_->Budget(clock_->NowUs())) {
+  std::optional<policies::AdmissionPolicy::ByteBudget> budget;
+  {
+    std::lock_guard admission_lock(admission_mu_);
+    budget = admission_->Budget(clock_->NowUs());
+  }
+  if (const std::optional<policies::AdmissionPolicy::ByteBudget>& b = budget) {
     s.admission_budget_bytes = b->bytes_per_window;
     s.admission_budget_window_ms = b->window_ms;
     s.admission_budget_spent_bytes = b->spent_bytes;

@@ -7,7 +7,8 @@
 //
 // Concurrency design: one mutation lock (mu_) serialises everything that moves or changes
 // units (Put, Delete, demotion, promotion, pins, policy switch); reads (Get, Lookup) take only
-// the tiers' internal locks. Units move so that a concurrent reader never misses a unit that
+// the tiers' internal locks (and, when the admission policy counts lookups, admission_mu_:
+// see CountReferences). Units move so that a concurrent reader never misses a unit that
 // is present: demotion writes the lower tier before removing the upper copy, a put writes its
 // new tier before removing stale copies, promotion copies (the SSD copy stays: inclusive).
 //
@@ -23,6 +24,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -92,6 +94,7 @@ class TierManagerImpl final : public TierManager {
   Status CompletePut(const DeferredCommit& deferred) override;
   Status Get(const Key& key, std::vector<uint8_t>* out, Tier* from) override {
     const RequestTag request = BeginRequest();
+    CountReferences(std::span<const Key>(&key, 1), request.now_us);
     return GetImpl(key, out, from, ReadMode::kGet, request);
   }
   Status Peek(const Key& key, std::vector<uint8_t>* out, Tier* from) override {
@@ -99,6 +102,7 @@ class TierManagerImpl final : public TierManager {
   }
   Status GetWithTtl(const Key& key, std::vector<uint8_t>* out, uint64_t* ttl_left_ms) override {
     const RequestTag request = BeginRequest();
+    CountReferences(std::span<const Key>(&key, 1), request.now_us);
     return GetImpl(key, out, nullptr, ReadMode::kGet, request, ttl_left_ms);
   }
   void GetBatch(std::span<const Key> keys, std::vector<std::vector<uint8_t>>* outs,
@@ -109,7 +113,8 @@ class TierManagerImpl final : public TierManager {
   RequestTag BeginRequest() override {
     return RequestTag{next_request_.fetch_add(1, std::memory_order_relaxed) + 1, clock_->NowUs()};
   }
-  LookupResult Lookup(std::span<const Key> chain) override;
+  LookupResult Lookup(std::span<const Key> chain) override { return LookupImpl(chain, true); }
+  LookupResult Probe(std::span<const Key> chain) override { return LookupImpl(chain, false); }
   Status Prefetch(std::span<const Key> keys) override;
   Status Pin(std::span<const Key> keys, uint64_t lease_ms) override;
   Status Unpin(std::span<const Key> keys) override;
@@ -232,6 +237,24 @@ class TierManagerImpl final : public TierManager {
     info.kind = m.kind;
     return info;
   }
+
+  // Tells the admission policy of one reference to each key (AdmissionPolicy::OnLookup), when
+  // it counts references; otherwise returns at once, taking no lock. Not under mu_ (a reader
+  // must not wait for a writer's work under mu_): under admission_mu_ alone, held for the
+  // keys' OnLookup calls only (at most kMaxBatch of them, each O(1)).
+  void CountReferences(std::span<const Key> keys, uint64_t now_us) {
+    if (keys.empty() || !counts_lookups_.load(std::memory_order_relaxed)) return;
+    std::lock_guard lock(admission_mu_);
+    for (const Key& k : keys) admission_->OnLookup(ObjectIdOf(k), now_us);
+  }
+  // Admission of a demotion or SSD put (under mu_; takes admission_mu_ for the call).
+  bool AdmitLocked(const policies::ObjectInfo& info) {
+    std::lock_guard lock(admission_mu_);
+    return admission_->Admit(info, clock_->NowUs());
+  }
+  // Lookup and Probe: count_references says whether the keys from the first miss on are
+  // counted for the admission policy (CountReferences).
+  LookupResult LookupImpl(std::span<const Key> chain, bool count_references);
 
   // How a read behaves: a client's Get (counted, promotes when the lock is free), a
   // Prefetch (waits for the lock to promote) or a Peek (neither counts nor promotes).
@@ -365,7 +388,20 @@ class TierManagerImpl final : public TierManager {
   std::mutex listener_mu_;  // guards on_checksum_failure_ only
   std::function<void(const UnitInfo&)> on_checksum_failure_;
   mutable std::mutex mu_;
+  // The admission policy. Locking contract: the pointer is replaced (SetPolicy) only under
+  // both mu_ and admission_mu_, and every call into the policy holds admission_mu_: writers
+  // (Admit, CarryOver, Budget) under mu_ as well, readers (OnLookup, CountReferences) without
+  // mu_. Lock order: mu_, then admission_mu_; nothing else is taken under admission_mu_, and it
+  // is held for policy calls only (each O(1), but CarryOver at a policy switch, which copies at
+  // most second-hit's max_tracked counts). So a reader that counts waits at most for a policy
+  // call, never for a writer's work under mu_ (placement, demotions, Flush's write-back), and
+  // a policy's state is never touched by two threads at once (policies are not thread-safe).
+  // counts_lookups_ caches admission_->CountsLookups(), written under both locks: a reader that
+  // reads false takes no lock at all (a reference racing a switch to a counting policy may go
+  // uncounted, as one just before the switch would).
+  mutable std::mutex admission_mu_;
   std::unique_ptr<policies::AdmissionPolicy> admission_;
+  std::atomic<bool> counts_lookups_{false};
   std::unordered_map<Key, DirEntry, KeyHash> dir_;
   std::unordered_map<TenantId, uint64_t> tenant_bytes_;
   std::unordered_map<TenantId, uint64_t> quotas_;

@@ -192,6 +192,9 @@ void TierManagerImpl::GetBatchImpl(std::span<const Key> keys, const RequestTag& 
                                    const BatchVisitor& visit,
                                    const std::function<void()>& visited) {
   const size_t n = keys.size();
+  // Every key is a client's reference, hit or miss: counted before the reads, so before the
+  // promotions' demotions ask the admission policy (the simulator's order).
+  CountReferences(keys, request.now_us);
   // The SSD units are read in one batch first; then every key, in order, takes its path and
   // reports its hit to its tier's policy (memory: Get's path; SSD: ReportHit), and the SSD
   // hits are promoted last, so that the policies see the batch as the simulator replays it.
@@ -308,7 +311,7 @@ void TierManagerImpl::PromoteLocked(const RequestTag& request, const Key& key,
   }
 }
 
-LookupResult TierManagerImpl::Lookup(std::span<const Key> chain) {
+LookupResult TierManagerImpl::LookupImpl(std::span<const Key> chain, bool count_references) {
   LookupResult r;
   size_t n = std::min(chain.size(), kMaxBatch);
   for (size_t i = 0; i < n; ++i) {
@@ -325,6 +328,9 @@ LookupResult TierManagerImpl::Lookup(std::span<const Key> chain) {
     if (t == Tier::kNone) {
       r.first_miss = misses_.Reason(chain[i]);
       CountMiss(r.first_miss);
+      // The engine recomputes and puts the keys from here on: each is referenced now. (The
+      // hits before it are read next, and those reads count them.)
+      if (count_references) CountReferences(chain.subspan(i, n - i), clock_->NowUs());
       return r;
     }
     r.tiers.push_back(t);

@@ -6,7 +6,10 @@
 
 #include <atomic>
 #include <random>
+#include <span>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "storage/block_device.h"
 #include "storage/tier_manager.h"
@@ -118,6 +121,132 @@ TEST(ConcurrencyTest, MixedOpsOverDramAndSsdMemoryEnv) {
 TEST(ConcurrencyTest, MixedOpsOverDramAndSsdIoUring) {
   testing::TempDir dir;
   RunMixed(nullptr, dir.path(), 800, Durability::kBatched);
+}
+
+// second-hit admission counts every client read and every lookup past its first miss on the
+// reader's thread, without the store's mutation lock, while demotions ask the same policy to
+// admit (under that lock) and policy sets replace it (carrying its counts over). Readers
+// (Get, GetWithTtl, GetBatch, GetBatchVisit, Lookup), writers whose puts demote through the
+// policy, and a thread cycling the admission policy (second-hit with small tables, so ids are
+// forgotten all the time; admit-all, which counts nothing) run together: every read is a value
+// some thread wrote, and demotions are admitted. Run it under ThreadSanitizer too.
+TEST(ConcurrencyTest, SecondHitCountsWhileDemotionsAdmitAndPoliciesSwitch) {
+  testing::TempDir dir;
+  auto env = NewMemEnv();
+  TierManagerOptions o;
+  o.dram_capacity_bytes = 1ull << 20;
+  o.slab_page_bytes = 64 << 10;
+  o.ssd_capacity_bytes = 16ull << 20;
+  o.ssd_segment_bytes = 1ull << 20;
+  o.ssd_write_buffer_bytes = 128 << 10;
+  o.data_dir = dir.path();
+  o.ssd_env = env.get();
+  o.durability = Durability::kNone;  // demotions go through the admission policy
+  o.admission_policy = "second-hit";
+  o.policy_params.values = {{"second-hit:max_tracked", "64"}};
+  auto opened = TierManager::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  TierManager* tm = opened->get();
+
+  constexpr int kReaders = 4, kWriters = 2, kOps = 1500, kKeys = 256;
+  std::atomic<uint64_t> next_version{1};
+  std::atomic<uint64_t> bad{0}, hits{0};
+  std::atomic<bool> done{false};
+  auto check = [&](const Key& k, const Status& st, std::span<const uint8_t> value) {
+    if (st.ok()) {
+      hits.fetch_add(1);
+      uint64_t v = 0;
+      if (!CheckValue(k, std::vector<uint8_t>(value.begin(), value.end()), &v) ||
+          v >= next_version.load()) {
+        bad.fetch_add(1);
+      }
+    } else if (!st.IsNotFound()) {
+      bad.fetch_add(1);
+    }
+  };
+  for (int i = 0; i < kKeys; ++i) {  // every key has a value before the storm
+    const Key k = MakeKey(i, 9);
+    ASSERT_TRUE(tm->Put(k, MakeValue(k, next_version.fetch_add(1), 3000), {}).ok());
+  }
+  std::atomic<int> writing{kWriters};
+  auto reader = [&](int id) {
+    std::mt19937_64 rng(2000 + id);
+    std::vector<uint8_t> out;
+    for (int n = 0; n < kOps || writing.load() > 0; ++n) {  // as long as the writers write
+      const int i = static_cast<int>(rng() % kKeys);
+      const Key k = MakeKey(i, 9);
+      Key keys[4];
+      for (int j = 0; j < 4; ++j) keys[j] = MakeKey((i + j) % kKeys, 9);
+      switch (rng() % 5) {
+        case 0: {
+          const Status st = tm->Get(k, &out);
+          check(k, st, out);
+          break;
+        }
+        case 1: {
+          uint64_t ttl_left_ms = 0;
+          const Status st = tm->GetWithTtl(k, &out, &ttl_left_ms);
+          check(k, st, out);
+          break;
+        }
+        case 2: {
+          std::vector<std::vector<uint8_t>> outs;
+          std::vector<Status> results;
+          tm->GetBatch(keys, &outs, nullptr, &results);
+          for (int j = 0; j < 4; ++j) check(keys[j], results[j], outs[j]);
+          break;
+        }
+        case 3:
+          tm->GetBatchVisit(keys, [&](size_t j, const Status& st, Tier, auto value) {
+            check(keys[j], st, value);
+          });
+          break;
+        default: {
+          LookupResult r = tm->Lookup(keys);
+          if (r.hit_count > 4 || r.tiers.size() != r.hit_count) bad.fetch_add(1);
+        }
+      }
+    }
+  };
+  auto writer = [&](int id) {
+    std::mt19937_64 rng(3000 + id);
+    for (int n = 0; n < kOps; ++n) {
+      const Key k = MakeKey(static_cast<int>(rng() % kKeys), 9);
+      const uint64_t v = next_version.fetch_add(1);
+      if (!tm->Put(k, MakeValue(k, v, 3000 + rng() % 30000), {}).ok()) bad.fetch_add(1);
+    }
+    writing.fetch_sub(1);
+  };
+  std::thread switcher([&] {
+    int n = 0;
+    while (!done.load()) {
+      policies::PolicyParams params;
+      std::string admission = "second-hit";
+      switch (n++ % 3) {
+        case 0:
+          params.values = {{"second-hit:max_tracked", "128"}, {"second-hit:hits_required", "3"}};
+          break;
+        case 1:
+          admission = "admit-all";
+          break;
+        default:
+          params.values = {{"second-hit:max_tracked", "64"}};
+      }
+      if (!tm->SetPolicy("lru", admission, params).ok()) bad.fetch_add(1);
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kReaders; ++t) threads.emplace_back(reader, t);
+  for (int t = 0; t < kWriters; ++t) threads.emplace_back(writer, t);
+  for (auto& t : threads) t.join();
+  done.store(true);
+  switcher.join();
+  EXPECT_EQ(bad.load(), 0u);
+  EXPECT_GT(hits.load(), 0u);
+  const Stats s = tm->GetStats();
+  EXPECT_GT(s.admissions, 0u);
+  EXPECT_GT(s.admission_rejections, 0u);
 }
 
 }  // namespace

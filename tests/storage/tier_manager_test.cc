@@ -497,6 +497,124 @@ TEST_F(TierManagerTest, APolicySetThatChangesNothingKeepsTheWriteBudgetSpent) {
   EXPECT_EQ((*tm)->GetStats().admission_budget_spent_bytes, 0u);
 }
 
+// second-hit admission counts the references the live store sees (AdmissionPolicy::OnLookup),
+// one per reference of a unit as the simulator counts them: a Lookup counts the keys from its
+// first miss to the end of the chain (the engine recomputes and PUTs those), and each client
+// read (Get, GetWithTtl, GetBatch, GetBatchVisit; hit or miss) counts its keys; Peek, Prefetch
+// and the hits of a Lookup (the GET that follows counts them) do not. Before, the live store
+// never called OnLookup, so second-hit admitted nothing to SSD, whatever was read.
+// DRAM is then flooded with units nobody looked up, so every earlier unit is demoted through
+// the policy; Peek (which counts nothing) tells which ones the SSD took.
+TEST_F(TierManagerTest, SecondHitAdmitsUnitsReferencedTwice) {
+  TierManagerOptions o = Options();
+  o.durability = Durability::kNone;  // demotions go through the admission policy
+  o.admission_policy = "second-hit";
+  auto tm = TierManager::Open(o);
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  TierManager& t = **tm;
+  auto put = [&](const Key& k) { ASSERT_TRUE(t.Put(k, MakeValue(k, 1, 20000), {}).ok()); };
+  auto lookup = [&](std::vector<Key> chain) { return t.Lookup(chain); };
+  std::vector<uint8_t> out;
+  // a: two engine turns (LOOKUP miss + PUT, then LOOKUP hit + GET): two references.
+  const Key a = MakeKey(1);
+  EXPECT_EQ(lookup({a}).hit_count, 0u);
+  put(a);
+  EXPECT_EQ(lookup({a}).hit_count, 1u);
+  ASSERT_TRUE(t.Get(a, &out).ok());
+  // b: one turn only.
+  const Key b = MakeKey(2);
+  EXPECT_EQ(lookup({b}).hit_count, 0u);
+  put(b);
+  // c: put without a lookup, then read by GetBatch and by GetBatchVisit: two references.
+  const Key c = MakeKey(3);
+  put(c);
+  {
+    std::vector<std::vector<uint8_t>> outs;
+    std::vector<Status> results;
+    t.GetBatch(std::vector<Key>{c}, &outs, nullptr, &results);
+    ASSERT_TRUE(results[0].ok());
+    int visits = 0;
+    t.GetBatchVisit(std::vector<Key>{c}, [&](size_t, const Status& st, Tier, auto) {
+      EXPECT_TRUE(st.ok());
+      ++visits;
+    });
+    EXPECT_EQ(visits, 1);
+  }
+  // d: peeked, prefetched and looked up as a hit, again and again: no reference counted.
+  const Key d = MakeKey(4);
+  put(d);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(t.Peek(d, &out).ok());
+    ASSERT_TRUE(t.Prefetch(std::vector<Key>{d}).ok());
+    EXPECT_EQ(lookup({d}).hit_count, 1u);
+  }
+  // e: a GetWithTtl and a Get that missed (before its put) count: two references.
+  const Key e = MakeKey(5);
+  EXPECT_TRUE(t.Get(e, &out).IsNotFound());
+  put(e);
+  uint64_t ttl_left_ms = 0;
+  ASSERT_TRUE(t.GetWithTtl(e, &out, &ttl_left_ms).ok());
+  // f, g: one lookup of [f, missing, g] counts missing and g (from the first miss on), not the
+  // hit f before it; a Get of each adds one.
+  const Key f = MakeKey(6), missing = MakeKey(7), g = MakeKey(8);
+  put(f);
+  put(g);
+  EXPECT_EQ(lookup({f, missing, g}).hit_count, 1u);
+  ASSERT_TRUE(t.Get(f, &out).ok());
+  ASSERT_TRUE(t.Get(g, &out).ok());
+  EXPECT_EQ(t.GetStats().ssd.objects, 0u);
+
+  // 200 x 20 KB of units nobody looked up into the 1 MB DRAM tier: everything above leaves
+  // DRAM through the admission policy; the fillers themselves are refused.
+  for (int i = 100; i < 300; ++i) put(MakeKey(i));
+  auto on_ssd = [&](const Key& k) {
+    Tier from = Tier::kNone;
+    return t.Peek(k, &out, &from).ok() && from == Tier::kSsd;
+  };
+  EXPECT_TRUE(on_ssd(a)) << "looked up twice";
+  EXPECT_FALSE(on_ssd(b)) << "looked up once";
+  EXPECT_TRUE(on_ssd(c)) << "read twice by batches";
+  EXPECT_FALSE(on_ssd(d)) << "peeks, prefetches and lookup hits count nothing";
+  EXPECT_TRUE(on_ssd(e)) << "a missed Get and a GetWithTtl";
+  EXPECT_FALSE(on_ssd(f)) << "a lookup hit before the first miss and one Get";
+  EXPECT_TRUE(on_ssd(g)) << "after the first miss, and one Get";
+  EXPECT_FALSE(on_ssd(MakeKey(100)));
+  const Stats s = t.GetStats();
+  EXPECT_EQ(s.admissions, 4u);
+  EXPECT_GT(s.admission_rejections, 100u);
+}
+
+// A policy set that switches to second-hit starts the counting at once, and one that switches
+// away stops it (TierManagerImpl keeps whether its admission policy counts lookups).
+TEST_F(TierManagerTest, SecondHitSetAtRunTimeCountsFromThen) {
+  TierManagerOptions o = Options();
+  o.durability = Durability::kNone;
+  auto tm = TierManager::Open(o);  // admit-all
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  TierManager& t = **tm;
+  policies::PolicyParams once;
+  once.values = {{"second-hit:hits_required", "1"}};
+  ASSERT_TRUE(t.SetPolicy("lru", "second-hit", once).ok());
+  std::vector<uint8_t> out;
+  const Key read = MakeKey(1), unread = MakeKey(2);
+  ASSERT_TRUE(t.Put(read, MakeValue(read, 1, 20000), {}).ok());
+  ASSERT_TRUE(t.Put(unread, MakeValue(unread, 1, 20000), {}).ok());
+  ASSERT_TRUE(t.Get(read, &out).ok());
+  for (int i = 100; i < 300; ++i) {
+    ASSERT_TRUE(t.Put(MakeKey(i), MakeValue(MakeKey(i), 1, 20000), {}).ok());
+  }
+  Tier from = Tier::kNone;
+  EXPECT_TRUE(t.Peek(read, &out, &from).ok() && from == Tier::kSsd);
+  EXPECT_TRUE(t.Peek(unread, &out).IsNotFound());
+  EXPECT_EQ(t.GetStats().admissions, 1u);
+  // Back to admit-all: every demotion is admitted again.
+  ASSERT_TRUE(t.SetPolicy("lru", "admit-all", {}).ok());
+  for (int i = 300; i < 400; ++i) {
+    ASSERT_TRUE(t.Put(MakeKey(i), MakeValue(MakeKey(i), 1, 20000), {}).ok());
+  }
+  EXPECT_GT(t.GetStats().admissions, 50u);
+}
+
 // A policy set keeps DRAM's recency order: unchanged, the policy is not touched at all;
 // switched (lru -> fifo), the new policy learns the units in the order of their last insert or
 // hit. Before, every set re-registered the units in the shards' hash order, all at one time,

@@ -278,9 +278,9 @@ class Replay {
   std::unique_ptr<AdmissionPolicy> admission_;
   std::vector<uint8_t> outcome_;  // kPrefix: per ref of a request
   uint64_t now_us_ = 0;
-  // The running request (its trace id, or a fresh key for a record without one) and the last
-  // one the SSD policy was told of (Ssd()).
-  uint64_t request_key_ = 0, ssd_request_ = 0;
+  // The running request (its trace id, or a fresh key for a record without one, never 0) and
+  // the last one the DRAM policy (Run) and the SSD policy (Ssd()) were told of; 0: none yet.
+  uint64_t request_key_ = 0, dram_request_ = 0, ssd_request_ = 0;
   size_t request_units_ = 0;       // a request without an id: its units (PrefixLayer's units_hint)
   std::vector<uint32_t> promote_;  // kPlain: SSD hits of the record, promoted at its end
   // Requests (ids) that had a lookup record, the newest kLookedUpMax: a record of one of them
@@ -375,9 +375,17 @@ SimResult Replay::Run() {
       request_key_ = r.request != 0 ? r.request : (uint64_t{1} << 63) + res_.requests;
       const bool read = r.op == TraceOp::kGet || r.op == TraceOp::kLookup;
       request_units_ = r.request == 0 && read ? r.num_refs : 0;
-      Begin(dram_);
     }
     last_request = r.request;
+    // A lookup record touches no policy (CountLookup), as the live Lookup touches none: the
+    // DRAM policy is told of a request at a record that is not a lookup whenever the last
+    // request it was told of is another, as a live memory tier tells its policy whenever the
+    // request of a call that reaches it differs from the previous one's. (Told at lookups, a
+    // turn whose LOOKUP ran between another turn's GET and PUT made that PUT a new request.)
+    if (r.op != TraceOp::kLookup && dram_request_ != request_key_) {
+      Begin(dram_);
+      dram_request_ = request_key_;
+    }
     if (r.op == TraceOp::kLookup ||
         (r.op == TraceOp::kGet && r.request != 0 && looked_up_.count(r.request) != 0)) {
       if (options_.progress) {

@@ -51,11 +51,16 @@ struct Turn {
 };
 
 // An SSD tier under the DRAM tier (durability none: a put reaches SSD only when demoted, as in
-// the simulator): units of value_bytes, segments in memory, the index under dir.
+// the simulator): units of value_bytes, segments in memory, the index under dir, demotions
+// through the admission policy `admission`. record_lookups: each turn's trace starts with a
+// "lookup" record of its whole chain, as kvtierd records a LOOKUP (the simulator then counts
+// the turn's references there, and its GET only touches the policies).
 struct LiveSsd {
   uint64_t value_bytes = 0;
   uint64_t capacity_bytes = 0;
   std::string dir;
+  std::string admission = "admit-all";
+  bool record_lookups = false;
 };
 
 struct Replayed {
@@ -94,6 +99,7 @@ void LiveRun(const MakeInner& make, uint64_t capacity_units, int sessions, int t
     o.ssd_env = run->env.get();
     o.data_dir = ssd->dir;
     o.durability = storage::Durability::kNone;
+    o.admission_policy = ssd->admission;
     o.ssd_eviction_policy_factory = [&]() -> std::unique_ptr<EvictionPolicy> {
       return std::make_unique<RecordingPolicy>(make(), &run->ssd_log, &run->dense);
     };
@@ -141,6 +147,18 @@ void LiveRun(const MakeInner& make, uint64_t capacity_units, int sessions, int t
     p.request = ++requests;
     const storage::LookupResult lk = tm->Lookup(chain[s]);
     p.first_put = lk.hit_count;
+    if (ssd != nullptr && ssd->record_lookups) {
+      TraceRequest look{.ts_ms = ts_ms, .op = TraceOp::kLookup, .request = p.request};
+      look.first_id = static_cast<uint32_t>(run->trace.ids.size());
+      for (const storage::Key& k : chain[s]) {  // the simulator numbers units from here on
+        run->trace.ids.push_back(storage::ObjectIdOf(k));
+        note(storage::ObjectIdOf(k));
+      }
+      look.num_ids = static_cast<uint32_t>(chain[s].size());
+      look.bytes = kValueBytes * look.num_ids;
+      look.unit_tokens = 64;
+      run->trace.requests.push_back(look);
+    }
     TraceRequest get{.ts_ms = ts_ms, .op = TraceOp::kGet, .request = p.request};
     if (lk.hit_count > 0) {
       std::vector<storage::Key> keys(chain[s].begin(), chain[s].begin() + lk.hit_count);
@@ -266,6 +284,55 @@ TEST_P(LiveVsSim, SsdTierSameHookSequence) {
       ASSERT_EQ(live.log[i], sim[i]) << "seed " << seed << " call " << i;
     }
     ASSERT_EQ(live.log.size(), sim.size()) << "seed " << seed;
+  }
+}
+
+// second-hit admission: the live store counts a unit's references as the simulator does (a
+// LOOKUP counts the keys from its first miss on, which the turn PUTs; the turn's GET counts the
+// hits), so with the turns' lookups in the trace the SSD admits the same demotions in both and
+// both tiers' policies again see the same calls. admit-all with lookup records as well: a
+// lookup touches no policy, in the simulator as in the live store (no OnRequest for a turn
+// that only looked up before other sessions ran). Before, the live store never counted a
+// reference and admitted nothing to SSD, and the simulator told the DRAM policy of a request
+// at its lookup record.
+TEST_P(LiveVsSim, SsdTierWithLookupsSameHookSequence) {
+  const uint64_t dram_units = 16, ssd_units = 23;  // as SsdTierSameHookSequence
+  for (const std::string admission : {"admit-all", "second-hit"}) {
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                      ("kvtier_live_ssd_lookups_" + std::to_string(::getpid()) +
+                                       "_" + GetParam() + "_" + admission);
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    LiveSsd ssd{.value_bytes = 128u << 10,
+                .capacity_bytes = 6u << 20,
+                .dir = dir.string(),
+                .admission = admission,
+                .record_lookups = true};
+    Replayed live;
+    LiveRun(Named(GetParam()), dram_units, /*sessions=*/6, /*turns=*/10, /*interleave=*/true, 1,
+            &live, &ssd);
+    ASSERT_FALSE(HasFatalFailure());
+    const storage::Stats stats = live.tm->GetStats();
+    std::vector<std::string> sim_ssd;
+    const std::vector<std::string> sim = SimRun(Named(GetParam()), dram_units, live.trace,
+                                                ssd_units, &sim_ssd, Structure::kPlain, admission);
+    live.tm.reset();
+    std::filesystem::remove_all(dir);
+    // The check has teeth: demotions were admitted, and (second-hit) others refused.
+    EXPECT_GT(stats.admissions, 10u) << admission;
+    if (admission == "second-hit") {
+      EXPECT_GT(stats.admission_rejections, 10u);
+    } else {
+      EXPECT_EQ(stats.admission_rejections, 0u);
+    }
+    for (size_t i = 0; i < std::min(sim_ssd.size(), live.ssd_log.size()); ++i) {
+      ASSERT_EQ(live.ssd_log[i], sim_ssd[i]) << admission << " ssd call " << i;
+    }
+    ASSERT_EQ(live.ssd_log.size(), sim_ssd.size()) << admission;
+    for (size_t i = 0; i < std::min(sim.size(), live.log.size()); ++i) {
+      ASSERT_EQ(live.log[i], sim[i]) << admission << " call " << i;
+    }
+    ASSERT_EQ(live.log.size(), sim.size()) << admission;
   }
 }
 

@@ -106,11 +106,12 @@ using MakeInner = std::function<std::unique_ptr<EvictionPolicy>()>;
 // The hook log of `trace` replayed by the simulator (plain structure, or `structure`: the
 // recording policy is then the prefix layer's inner policy) with a DRAM tier of
 // capacity_units and a recording policy around make(); with ssd_units > 0 also an SSD tier
-// of that many units (admit-all) whose policy's calls go to *ssd_log.
+// of that many units, admitted by the policy `admission`, whose policy's calls go to *ssd_log.
 inline std::vector<std::string> SimRun(const MakeInner& make, uint64_t capacity_units,
                                        const Trace& trace, uint64_t ssd_units = 0,
                                        std::vector<std::string>* ssd_log = nullptr,
-                                       Structure structure = Structure::kPlain) {
+                                       Structure structure = Structure::kPlain,
+                                       const std::string& admission = "admit-all") {
   std::vector<std::string> log;
   auto units = BuildUnitTrace(trace);
   EXPECT_TRUE(units.ok()) << units.status().ToString();
@@ -122,6 +123,7 @@ inline std::vector<std::string> SimRun(const MakeInner& make, uint64_t capacity_
   };
   if (ssd_units > 0) {
     o.ssd_capacity_units = ssd_units;
+    o.admission = admission;
     o.ssd_policy_factory = [&]() -> std::unique_ptr<EvictionPolicy> {
       return std::make_unique<RecordingPolicy>(make(), ssd_log, nullptr);
     };

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "common/logging.h"
 #include "storage/tier_manager_impl.h"
@@ -122,7 +123,9 @@ Status TierManagerImpl::Init() {
     so.on_index_load = [this](std::span<const std::pair<Key, SsdMeta>> loaded) {
       {
         std::lock_guard q(load_q_mu_);
-        for (const auto& [k, m] : loaded) load_q_.push_back({k, m.tenant, m.version, m.raw_bytes});
+        for (const auto& [k, m] : loaded) {
+          load_q_.push_back({k, m.tenant, m.version, m.raw_bytes, m.expires_unix_ms});
+        }
       }
       std::unique_lock lock(mu_, std::try_to_lock);  // never wait: mu_ may wait for the load
       if (lock.owns_lock()) DrainLoadedLocked();
@@ -160,10 +163,44 @@ bool TierManagerImpl::LiveLocked(const Key& key) const {
   return ssd_ && ssd_->Contains(key, nullptr, &sm) && !ExpiredUnix(sm.expires_unix_ms);
 }
 
+uint64_t TierManagerImpl::TierExpiryLocked(const Key& key) const {
+  MemMeta m;
+  if (hbm_ && hbm_->Contains(key, &m)) return m.expires_ms;
+  if (dram_ && dram_->Contains(key, &m)) return m.expires_ms;
+  SsdMeta sm;
+  if (ssd_ && ssd_->Contains(key, nullptr, &sm)) return FromUnix(sm.expires_unix_ms);
+  return 0;
+}
+
+void TierManagerImpl::ReclaimExpiredLocked(TenantId tenant) {
+  auto t = expiring_.find(tenant);
+  if (t == expiring_.end()) return;
+  const uint64_t now = NowMs();
+  std::vector<Key> due;  // copied first: expiring a unit changes the index
+  for (auto it = t->second.begin();
+       it != t->second.end() && it->first <= now && due.size() < kQuotaReclaimUnitsMax; ++it) {
+    due.push_back(it->second);
+  }
+  for (const Key& k : due) {
+    if (WritingLocked(k)) continue;  // the put in flight replaces its entry
+    if (!LiveLocked(k)) {
+      ExpireLocked(k);  // leaves the directory and the index (DroppedLocked)
+      continue;
+    }
+    // A tier holds it unexpired: the index moves to the expiry that tier has.
+    auto d = dir_.find(k);
+    if (d == dir_.end()) continue;
+    UnindexExpiryLocked(k, d->second);
+    d->second.expires_ms = TierExpiryLocked(k);
+    IndexExpiryLocked(k, d->second);
+  }
+}
+
 void TierManagerImpl::DroppedLocked(const Key& key, MissReason r) {
   if (PresentAnywhereLocked(key)) return;
   auto it = dir_.find(key);
   if (it != dir_.end()) {
+    UnindexExpiryLocked(key, it->second);
     auto t = tenant_bytes_.find(it->second.tenant);
     if (t != tenant_bytes_.end()) {
       t->second -= std::min(t->second, it->second.bytes);
@@ -347,14 +384,21 @@ Status TierManagerImpl::Put(const Key& key, std::span<const uint8_t> value,
       if (options.held != nullptr) *options.held = true;
       return Status::Rejected("put if absent: the store holds the key");
     }
-    uint64_t old_bytes = 0;
-    if (auto it = dir_.find(key); it != dir_.end() && it->second.tenant == options.tenant) {
-      old_bytes = it->second.bytes;
-    }
     if (auto q = quotas_.find(options.tenant); q != quotas_.end()) {
-      uint64_t used = tenant_bytes_.count(options.tenant) ? tenant_bytes_[options.tenant] : 0;
-      if (used - std::min(used, old_bytes) + value.size() > q->second) {
-        return Status::Rejected("tenant over its byte quota");
+      auto over_quota = [&] {
+        uint64_t old_bytes = 0;  // the version this put replaces counts once
+        if (auto it = dir_.find(key); it != dir_.end() && it->second.tenant == options.tenant) {
+          old_bytes = it->second.bytes;
+        }
+        auto u = tenant_bytes_.find(options.tenant);
+        const uint64_t used = u != tenant_bytes_.end() ? u->second : 0;
+        return used - std::min(used, old_bytes) + value.size() > q->second;
+      };
+      if (over_quota()) {
+        // Units whose TTL passed still count until something expires them: this put does,
+        // for its tenant (bounded: ReclaimExpiredLocked), before it is refused.
+        ReclaimExpiredLocked(options.tenant);
+        if (over_quota()) return Status::Rejected("tenant over its byte quota");
       }
     }
     meta.tenant = options.tenant;
@@ -467,12 +511,15 @@ void TierManagerImpl::FinishPutLocked(const Key& key, const MemMeta& meta, uint6
     (void)st;  // NotFound: none there
   }
   // Account.
-  auto [it, inserted] = dir_.try_emplace(key, DirEntry{meta.tenant, meta.size_bytes});
+  const DirEntry entry{meta.tenant, meta.size_bytes, meta.expires_ms};
+  auto [it, inserted] = dir_.try_emplace(key, entry);
   if (!inserted) {
     auto& tb = tenant_bytes_[it->second.tenant];
     tb -= std::min(tb, it->second.bytes);
-    it->second = DirEntry{meta.tenant, meta.size_bytes};
+    UnindexExpiryLocked(key, it->second);
+    it->second = entry;
   }
+  IndexExpiryLocked(key, entry);
   tenant_bytes_[meta.tenant] += meta.size_bytes;
   misses_.Forget(key);
 }

@@ -96,6 +96,9 @@ enum class CommitStage : uint8_t {
 const char* CommitStageName(CommitStage stage);  // "none", "buffer_write", "sync", "index_write"
 
 inline constexpr size_t kMaxBatch = 4096;
+// A put that its tenant's quota refuses first reclaims the tenant's expired units, examining at
+// most this many of them (TierManager::SetTenantQuota).
+inline constexpr size_t kQuotaReclaimUnitsMax = 1024;
 
 // One request as the eviction policies see it (policies::EvictionPolicy::OnRequest): every
 // policy call made for calls that carry the same id belongs to one request with one time,
@@ -276,6 +279,8 @@ struct Stats {
   // SsdStats::disk_free_bytes (UINT64_MAX, DeviceEnv::kNoFreeSpaceLimit: unknown, or no SSD
   // tier).
   uint64_t ssd_disk_free_bytes = UINT64_MAX;
+  // Value bytes per tenant, units whose TTL has passed included until they are expired
+  // (SetTenantQuota).
   std::vector<std::pair<TenantId, uint64_t>> tenant_bytes;
 };
 
@@ -438,7 +443,12 @@ class TierManager {
   // all of them before it returns). IOError as for Delete. The error of a failed SSD index
   // load (Stats::ssd_index_load_failed; nothing deleted: the units cannot all be found).
   virtual Status DeleteTenant(TenantId tenant) = 0;
-  // Sets the per-tenant byte quota (0: unlimited).
+  // Sets the per-tenant byte quota (0: unlimited): the value bytes of the tenant's units
+  // (Stats::tenant_bytes). A put that would take the tenant past it is Rejected. A unit whose
+  // TTL has passed counts until something expires it: a read of it, its eviction, or a put of
+  // the tenant that the quota would refuse, which first expires the tenant's units whose TTL
+  // has passed (soonest first, at most kQuotaReclaimUnitsMax of them per put; such a put is
+  // refused only if it is still over the quota afterwards, and the next one goes on).
   virtual void SetTenantQuota(TenantId tenant, uint64_t quota_bytes) = 0;
 
   // Switches the eviction / admission policy at run time. A policy whose name and parameters

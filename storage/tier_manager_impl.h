@@ -79,6 +79,9 @@ class MissMemory {
 struct DirEntry {
   TenantId tenant = 0;
   uint64_t bytes = 0;
+  // When the unit expires (options clock ms, as MemMeta::expires_ms); 0: never. Where the
+  // unit sits in its tenant's expiry index (TierManagerImpl::expiring_).
+  uint64_t expires_ms = 0;
 };
 
 class TierManagerImpl final : public TierManager {
@@ -336,6 +339,33 @@ class TierManagerImpl final : public TierManager {
   }
   // The unit left the cache (all tiers) for reason r: forget it in the directory.
   void DroppedLocked(const Key& key, MissReason r);
+  // Directory entries that expire are kept in their tenant's expiry index as well (expiring_):
+  // IndexExpiryLocked after an entry is added or changed, UnindexExpiryLocked before it is
+  // changed or erased, so that the index holds exactly the directory's expiring entries.
+  void IndexExpiryLocked(const Key& key, const DirEntry& e) {
+    // UINT64_MAX: a TTL past the clock's range, which never expires (PutOptions::ttl_ms).
+    if (e.expires_ms != 0 && e.expires_ms != UINT64_MAX) {
+      expiring_[e.tenant].emplace(e.expires_ms, key);
+    }
+  }
+  void UnindexExpiryLocked(const Key& key, const DirEntry& e) {
+    if (e.expires_ms == 0) return;
+    auto t = expiring_.find(e.tenant);
+    if (t == expiring_.end()) return;
+    t->second.erase({e.expires_ms, key});
+    if (t->second.empty()) expiring_.erase(t);
+  }
+  // A put of `tenant` that its quota refuses calls this first: the tenant's units whose TTL
+  // has passed (by its expiry index, soonest first) leave every tier, as a read would expire
+  // them, and stop counting against the quota. Examines at most kQuotaReclaimUnitsMax index
+  // entries per call. An entry whose unit a tier still holds unexpired (the SSD keeps expiry
+  // in unix time: the two clocks may disagree by a little) moves to that expiry instead, and
+  // a unit with a put in flight is left to that put (which replaces its entry); so every other
+  // examined entry leaves the due part of the index, and successive calls make progress.
+  void ReclaimExpiredLocked(TenantId tenant);
+  // The expiry (options clock ms; 0: never) of the unit as the fastest tier holding it has
+  // it; 0 too when no tier holds it.
+  uint64_t TierExpiryLocked(const Key& key) const;
   bool PresentAnywhereLocked(const Key& key) const;
   // Present in some tier and unexpired (PutOptions::if_absent).
   bool LiveLocked(const Key& key) const;
@@ -364,7 +394,9 @@ class TierManagerImpl final : public TierManager {
     for (const Loaded& l : batch) {
       uint64_t v = 0;
       if (dir_.count(l.key) || !ssd_->Contains(l.key, &v) || v != l.version) continue;
-      dir_[l.key] = {l.tenant, l.bytes};
+      const DirEntry e{l.tenant, l.bytes, FromUnix(l.expires_unix_ms)};
+      dir_[l.key] = e;
+      IndexExpiryLocked(l.key, e);
       tenant_bytes_[l.tenant] += l.bytes;
     }
   }
@@ -403,6 +435,10 @@ class TierManagerImpl final : public TierManager {
   std::unique_ptr<policies::AdmissionPolicy> admission_;
   std::atomic<bool> counts_lookups_{false};
   std::unordered_map<Key, DirEntry, KeyHash> dir_;
+  // Per tenant, its directory entries that expire, as (expires_ms, key), soonest first: what
+  // a put over its quota reclaims (ReclaimExpiredLocked). One entry per unit with a TTL
+  // (about 80 bytes of heap each), so bounded as dir_ is, by the tiers' object limits.
+  std::unordered_map<TenantId, std::set<std::pair<uint64_t, Key>>> expiring_;
   std::unordered_map<TenantId, uint64_t> tenant_bytes_;
   std::unordered_map<TenantId, uint64_t> quotas_;
   std::unordered_map<Key, uint64_t, KeyHash> pins_;  // key -> lease expiry (clock ms)
@@ -415,6 +451,7 @@ class TierManagerImpl final : public TierManager {
     TenantId tenant;
     uint64_t version;
     uint64_t bytes;
+    uint64_t expires_unix_ms;  // SsdMeta's; 0: never
   };
   std::mutex load_q_mu_;        // after mu_ in lock order; taken alone by the SSD load thread
   std::vector<Loaded> load_q_;  // bounded by the number of indexed units

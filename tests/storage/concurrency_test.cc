@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "storage/block_device.h"
 #include "storage/tier_manager.h"
 #include "tests/storage/test_util.h"
@@ -247,6 +248,98 @@ TEST(ConcurrencyTest, SecondHitCountsWhileDemotionsAdmitAndPoliciesSwitch) {
   const Stats s = tm->GetStats();
   EXPECT_GT(s.admissions, 0u);
   EXPECT_GT(s.admission_rejections, 0u);
+}
+
+// A quota that its tenant's expired units fill is reclaimed by the puts it would refuse
+// (SetTenantQuota), while puts of the same keys run their SSD step outside the lock (batched:
+// every put is written through), reads expire units of their own, deletes remove some, and the
+// clock moves. Every call returns what its contract allows, and afterwards, with every TTL
+// passed, one put of the whole quota fits: nothing expired still counts, and nothing was
+// subtracted twice (the tenant then holds exactly that put). Run it under ThreadSanitizer too.
+TEST(ConcurrencyTest, QuotaReclaimWhilePutsReadsAndDeletesRun) {
+  testing::TempDir dir;
+  auto env = NewMemEnv();
+  ManualClock clock(1'000'000);
+  TierManagerOptions o;
+  o.dram_capacity_bytes = 4ull << 20;
+  o.slab_page_bytes = 64 << 10;
+  o.ssd_capacity_bytes = 16ull << 20;
+  o.ssd_segment_bytes = 1ull << 20;
+  o.ssd_write_buffer_bytes = 128 << 10;
+  o.data_dir = dir.path();
+  o.ssd_env = env.get();
+  o.durability = Durability::kBatched;
+  o.group_commit_ms = 2;
+  o.clock = &clock;
+  auto opened = TierManager::Open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  TierManager* tm = opened->get();
+  constexpr uint64_t kQuota = 200000;
+  constexpr int kThreads = 4, kOps = 1500, kKeys = 128;
+  tm->SetTenantQuota(1, kQuota);
+
+  std::atomic<uint64_t> next_version{1};
+  std::atomic<uint64_t> bad{0}, puts{0}, refused{0};
+  auto worker = [&](int id) {
+    std::mt19937_64 rng(4000 + id);
+    std::vector<uint8_t> out;
+    PutOptions p;
+    p.tenant = 1;
+    for (int n = 0; n < kOps; ++n) {
+      const Key k = MakeKey(static_cast<int>(rng() % kKeys), 11);
+      switch (rng() % 8) {
+        case 0:
+        case 1:
+        case 2: {
+          p.ttl_ms = 1 + rng() % 20;
+          const Status st =
+              tm->Put(k, MakeValue(k, next_version.fetch_add(1), 2000 + rng() % 8000), p);
+          if (st.ok()) {
+            puts.fetch_add(1);
+          } else if (st.IsRejected()) {
+            refused.fetch_add(1);
+          } else {
+            bad.fetch_add(1);
+          }
+          break;
+        }
+        case 3:
+        case 4: {
+          const Status st = tm->Get(k, &out);
+          uint64_t v = 0;
+          if (st.ok() ? !CheckValue(k, out, &v) : !st.IsNotFound()) bad.fetch_add(1);
+          break;
+        }
+        case 5: {
+          const Status st = tm->Delete(k);
+          if (!st.ok() && !st.IsNotFound()) bad.fetch_add(1);
+          break;
+        }
+        case 6: {
+          Key chain[2] = {k, MakeKey(static_cast<int>(rng() % kKeys), 11)};
+          (void)tm->Lookup(chain);
+          break;
+        }
+        default:
+          clock.AdvanceUs(1000);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0u);
+  EXPECT_GT(puts.load(), 100u);
+  EXPECT_GT(refused.load(), 0u) << "the quota was reached";
+
+  clock.AdvanceUs(1'000'000);  // every TTL has passed
+  const Key whole = MakeKey(kKeys + 1, 11);
+  PutOptions p;
+  p.tenant = 1;
+  ASSERT_TRUE(tm->Put(whole, MakeValue(whole, next_version.fetch_add(1), kQuota), p).ok());
+  const Stats s = tm->GetStats();
+  ASSERT_EQ(s.tenant_bytes.size(), 1u);
+  EXPECT_EQ(s.tenant_bytes[0], std::make_pair(TenantId{1}, kQuota));
 }
 
 }  // namespace

@@ -446,6 +446,133 @@ TEST_F(TierManagerTest, TenantsQuotasAndDeleteTenant) {
   EXPECT_TRUE((*tm)->Put(k1, std::vector<uint8_t>(65ull << 20), a).IsInvalidArgument());
 }
 
+// A unit whose TTL has passed no longer counts against its tenant's quota once the quota
+// refuses a put: the put first reclaims the tenant's expired units. Before, expiry was only
+// enforced when something read the unit, so a tenant whose short-lived units nobody read
+// again had its puts refused for ever by a quota full of dead bytes.
+TEST_F(TierManagerTest, ExpiredUnitsStopChargingTheirTenantsQuota) {
+  auto tm = TierManager::Open(Options());
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  TierManager& t = **tm;
+  auto bytes_of = [&](TenantId tenant) {
+    for (const auto& [id, bytes] : t.GetStats().tenant_bytes) {
+      if (id == tenant) return bytes;
+    }
+    return uint64_t{0};
+  };
+  t.SetTenantQuota(1, 100000);
+  t.SetTenantQuota(2, 100000);
+  PutOptions short_lived, other;
+  short_lived.tenant = 1;
+  short_lived.ttl_ms = 1000;
+  other.tenant = 2;
+  other.ttl_ms = 1000;
+  for (int i = 0; i < 3; ++i) {  // 90,000 of tenant 1's 100,000 bytes, expiring in 1 s
+    const Key k = MakeKey(i);
+    ASSERT_TRUE(t.Put(k, MakeValue(k, 1, 30000), short_lived).ok());
+  }
+  const Key kept = MakeKey(10), o = MakeKey(20);
+  ASSERT_TRUE(t.Put(o, MakeValue(o, 1, 30000), other).ok());  // another tenant's, expiring too
+  PutOptions forever;
+  forever.tenant = 1;
+  // A unit put with a TTL and then again without one: it never expires.
+  ASSERT_TRUE(t.Put(MakeKey(2), MakeValue(MakeKey(2), 2, 5000), short_lived).ok());
+  ASSERT_TRUE(t.Put(MakeKey(2), MakeValue(MakeKey(2), 3, 5000), forever).ok());
+  EXPECT_EQ(bytes_of(1), 65000u);
+  ASSERT_TRUE(t.Put(kept, MakeValue(kept, 1, 30000), forever).ok());  // 95,000
+  const Key next = MakeKey(30);
+  EXPECT_TRUE(t.Put(next, MakeValue(next, 1, 30000), short_lived).IsRejected()) << "over quota";
+
+  clock_.AdvanceUs(2'000'000);  // everything with a TTL has expired; nobody reads it
+  EXPECT_EQ(bytes_of(1), 95000u) << "expired units still count until a put needs the room";
+  ASSERT_TRUE(t.Put(next, MakeValue(next, 1, 30000), short_lived).ok());
+  EXPECT_EQ(bytes_of(1), 65000u) << "the two expired units were reclaimed; kept, 2 and next";
+  EXPECT_EQ(bytes_of(2), 30000u) << "another tenant's expired unit is left to its reads";
+  std::vector<uint8_t> out;
+  EXPECT_TRUE(t.Get(MakeKey(0), &out).IsNotFound());
+  EXPECT_EQ(t.Lookup(std::vector<Key>{MakeKey(1)}).first_miss, MissReason::kExpired);
+  ASSERT_TRUE(t.Get(MakeKey(2), &out).ok());
+  EXPECT_EQ(out, MakeValue(MakeKey(2), 3, 5000));
+  ASSERT_TRUE(t.Get(kept, &out).ok());
+  // The reclaim is bounded per put (kQuotaReclaimUnitsMax units examined): a put that needs
+  // more expired units than that is refused, and the next put goes on where it stopped.
+  t.SetTenantQuota(3, (kQuotaReclaimUnitsMax + 100) * 100);  // the tiny units fill it
+  PutOptions tiny;
+  tiny.tenant = 3;
+  tiny.ttl_ms = 1000;
+  for (size_t i = 0; i < kQuotaReclaimUnitsMax + 100; ++i) {
+    const Key k = MakeKey(1000 + i);
+    ASSERT_TRUE(t.Put(k, MakeValue(k, 1, 100), tiny).ok()) << i;
+  }
+  clock_.AdvanceUs(2'000'000);
+  const Key big = MakeKey(999);
+  PutOptions whole;
+  whole.tenant = 3;
+  EXPECT_TRUE(t.Put(big, MakeValue(big, 1, kQuotaReclaimUnitsMax * 100 + 50), whole).IsRejected());
+  EXPECT_EQ(bytes_of(3), 10000u) << "the first put reclaimed kQuotaReclaimUnitsMax units";
+  ASSERT_TRUE(t.Put(big, MakeValue(big, 1, kQuotaReclaimUnitsMax * 100 + 50), whole).ok());
+  EXPECT_EQ(bytes_of(3), kQuotaReclaimUnitsMax * 100 + 50);
+  // The reclaim expires only what a read would: an SSD unit keeps its expiry in unix time,
+  // which the manual clock does not move, so a read still serves it and it stays (its entry
+  // moves to that expiry); the DRAM unit beside it, expired by the manual clock, goes.
+  t.SetTenantQuota(4, 60000);
+  PutOptions on_ssd;
+  on_ssd.tenant = 4;
+  on_ssd.ttl_ms = 1000;
+  on_ssd.highest_tier = Tier::kSsd;
+  PutOptions in_dram = on_ssd;
+  in_dram.highest_tier = Tier::kDram;
+  const Key s4 = MakeKey(40), m4 = MakeKey(41), n4 = MakeKey(42);
+  ASSERT_TRUE(t.Put(s4, MakeValue(s4, 1, 30000), on_ssd).ok());
+  ASSERT_TRUE(t.Put(m4, MakeValue(m4, 1, 30000), in_dram).ok());
+  clock_.AdvanceUs(2'000'000);
+  ASSERT_TRUE(t.Put(n4, MakeValue(n4, 1, 30000), in_dram).ok());
+  EXPECT_EQ(bytes_of(4), 60000u);
+  Tier from = Tier::kNone;
+  ASSERT_TRUE(t.Get(s4, &out, &from).ok()) << "still live for a read: not reclaimed";
+  EXPECT_EQ(from, Tier::kSsd);
+  EXPECT_TRUE(t.Get(m4, &out).IsNotFound());
+}
+
+// The same for units the SSD index loads at a warm restart: they enter their tenant's expiry
+// index with their stored expiry. Real clocks: the SSD keeps expiry in unix time.
+TEST_F(TierManagerTest, ExpiredUnitsLoadedAtRestartStopChargingTheirTenantsQuota) {
+  TierManagerOptions o = Options();
+  o.clock = nullptr;  // the steady clock, which moves with the SSD's unix time
+  auto bytes_of = [](TierManager& t, TenantId tenant) {
+    for (const auto& [id, bytes] : t.GetStats().tenant_bytes) {
+      if (id == tenant) return bytes;
+    }
+    return uint64_t{0};
+  };
+  PutOptions short_lived;
+  short_lived.tenant = 1;
+  short_lived.ttl_ms = 1000;
+  short_lived.highest_tier = Tier::kSsd;
+  {
+    auto tm = TierManager::Open(o);
+    ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+    for (int i = 0; i < 3; ++i) {
+      const Key k = MakeKey(i);
+      ASSERT_TRUE((*tm)->Put(k, MakeValue(k, 1, 30000), short_lived).ok());
+    }
+    ASSERT_TRUE((*tm)->Flush().ok());
+  }
+  auto tm = TierManager::Open(o);
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  TierManager& t = **tm;
+  t.SetTenantQuota(1, 100000);
+  // The index loads in the background; the units count once it is done.
+  for (int i = 0; i < 500 && bytes_of(t, 1) != 90000u; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_EQ(bytes_of(t, 1), 90000u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // past their TTL
+  const Key next = MakeKey(10);
+  ASSERT_TRUE(t.Put(next, MakeValue(next, 1, 30000), short_lived).ok());
+  EXPECT_EQ(bytes_of(t, 1), 30000u);
+}
+
 TEST_F(TierManagerTest, SetPolicyAtRunTime) {
   auto tm = TierManager::Open(Options());
   ASSERT_TRUE(tm.ok());

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -78,7 +79,8 @@ class LiveDaemon {
     so.clock = &clock_;
     so.eviction_structure = structure;
     so.eviction_policy_factory = [this, make]() -> std::unique_ptr<EvictionPolicy> {
-      return std::make_unique<RecordingPolicy>(make(), &log_, &dense_, /*assign_new=*/true);
+      return std::make_unique<RecordingPolicy>(make(), &log_, &dense_, /*assign_new=*/true,
+                                               &record_mu_);
     };
     if (ssd != nullptr) {
       env_ = storage::NewMemEnv();
@@ -90,7 +92,8 @@ class LiveDaemon {
       so.durability = storage::Durability::kNone;
       so.admission_policy = ssd->admission;
       so.ssd_eviction_policy_factory = [this, make]() -> std::unique_ptr<EvictionPolicy> {
-        return std::make_unique<RecordingPolicy>(make(), &ssd_log_, &dense_, /*assign_new=*/true);
+        return std::make_unique<RecordingPolicy>(make(), &ssd_log_, &dense_, /*assign_new=*/true,
+                                                 &record_mu_);
       };
     }
     auto store = storage::TierManager::Open(so);
@@ -142,12 +145,20 @@ class LiveDaemon {
     return c.ok() ? std::move(c).value() : nullptr;
   }
   ManualClock& clock() { return clock_; }
-  const std::vector<std::string>& log() const { return log_; }
-  const std::vector<std::string>& ssd_log() const { return ssd_log_; }
+  // Copies, taken under record_mu_: a GET's promotions may still run after its reply.
+  std::vector<std::string> log() const {
+    std::lock_guard<std::mutex> lock(record_mu_);
+    return log_;
+  }
+  std::vector<std::string> ssd_log() const {
+    std::lock_guard<std::mutex> lock(record_mu_);
+    return ssd_log_;
+  }
   storage::Stats stats() const { return store_->GetStats(); }
   // Numbers the unit of chain key k (authentication off: the default tenant's), if it has no
   // number yet, as the simulator numbers units: in the order the trace first names them.
   void Note(const Key& k) {
+    std::lock_guard<std::mutex> lock(record_mu_);
     dense_.try_emplace(storage::ObjectIdOf(StorageKey(salt_, k)), dense_.size() + 1);
   }
 
@@ -156,6 +167,9 @@ class LiveDaemon {
   ManualClock clock_{0};
   std::unique_ptr<storage::DeviceEnv> env_;  // the SSD tier's segments: outlives the daemon
   storage::TierManager* store_ = nullptr;    // owned by daemon_
+  // Guards log_, ssd_log_ and dense_: the DRAM and SSD tiers' recording policies run on the
+  // daemon's threads under the tiers' own locks, and Note on the test's.
+  mutable std::mutex record_mu_;
   std::vector<std::string> log_, ssd_log_;
   Digest salt_{};  // the default tenant's (authentication off)
   std::unordered_map<ObjectId, ObjectId> dense_;

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -26,11 +27,15 @@ using policies::ObjectInfo;
 // `map` (live storage ids -> the simulator's dense ids; null: unchanged). With assign_new, an
 // id not in `map` gets the next dense id (1, 2, ...) when the policy first sees it, which is
 // the simulator's numbering (first use) when the live run meets units in trace order.
+// `mu` (may be null): held for every use of *map and *log, for a map and logs that other
+// threads use too (kvtierd's tiers call their policies under locks of their own, and the test
+// numbers units as it runs).
 class RecordingPolicy final : public EvictionPolicy {
  public:
   RecordingPolicy(std::unique_ptr<EvictionPolicy> inner, std::vector<std::string>* log,
-                  std::unordered_map<ObjectId, ObjectId>* map, bool assign_new = false)
-      : inner_(std::move(inner)), log_(log), map_(map), assign_new_(assign_new) {}
+                  std::unordered_map<ObjectId, ObjectId>* map, bool assign_new = false,
+                  std::mutex* mu = nullptr)
+      : inner_(std::move(inner)), log_(log), map_(map), assign_new_(assign_new), mu_(mu) {}
   std::string_view Name() const override { return "recording"; }
   void OnInsert(const ObjectInfo& info, uint64_t now_us) override {
     Log("insert " + Id(info.id) + " parent " + Id(info.parent_id) + " t " + T(now_us));
@@ -74,6 +79,7 @@ class RecordingPolicy final : public EvictionPolicy {
     std::optional<ObjectId> v = inner_->Evict(now_us);
     Log("evict t " + T(now_us) + " -> " + (v ? std::to_string(*v) : "none"));
     if (v && map_ != nullptr) {
+      std::unique_lock<std::mutex> lock = Lock();
       for (const auto& [live, dense] : *map_) {
         if (dense == *v) return live;
       }
@@ -84,8 +90,12 @@ class RecordingPolicy final : public EvictionPolicy {
   bool Contains(ObjectId id) const override { return inner_->Contains(Map(id)); }
 
  private:
+  std::unique_lock<std::mutex> Lock() const {
+    return mu_ != nullptr ? std::unique_lock<std::mutex>(*mu_) : std::unique_lock<std::mutex>();
+  }
   ObjectId Map(ObjectId id) const {
     if (map_ == nullptr || id == policies::kNoParent) return id;
+    std::unique_lock<std::mutex> lock = Lock();
     auto it = map_->find(id);
     if (it != map_->end()) return it->second;
     if (!assign_new_) return id;
@@ -93,12 +103,16 @@ class RecordingPolicy final : public EvictionPolicy {
   }
   std::string Id(ObjectId id) const { return std::to_string(Map(id)); }
   static std::string T(uint64_t us) { return std::to_string(us); }
-  void Log(std::string line) { log_->push_back(std::move(line)); }
+  void Log(std::string line) {
+    std::unique_lock<std::mutex> lock = Lock();
+    log_->push_back(std::move(line));
+  }
 
   std::unique_ptr<EvictionPolicy> inner_;
   std::vector<std::string>* log_;
   std::unordered_map<ObjectId, ObjectId>* map_;
   bool assign_new_;
+  std::mutex* mu_;
 };
 
 using MakeInner = std::function<std::unique_ptr<EvictionPolicy>()>;

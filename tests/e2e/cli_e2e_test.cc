@@ -2,26 +2,17 @@
 #include <gtest/gtest.h>
 
 #include "tests/e2e/kvtierd_process.h"
+#include "tests/e2e/kvtierd_test.h"
 
 namespace kvtier::daemon {
 namespace {
 
 namespace kt = kvtier::testing;
 
-class E2eTest : public ::testing::Test {
+class E2eTest : public kt::KvtierdTest {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("kvtier_cli_e2e_" + std::to_string(getpid()));
-    std::filesystem::remove_all(dir_);
-    d_ = std::make_unique<kt::KvtierdProcess>(dir_);
-  }
-  void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "---- kvtierd log ----\n%s\n", d_->Log().c_str());
-    d_.reset();
-    std::filesystem::remove_all(dir_);
-  }
-  std::filesystem::path dir_;
-  std::unique_ptr<kt::KvtierdProcess> d_;
+  E2eTest() : KvtierdTest("kvtier_cli_e2e") {}
+  void SetUp() override { KvtierdTest::SetUp(); }
 };
 
 std::string Config() {

@@ -15,6 +15,7 @@
 #include "common/key_spec.h"
 #include "storage/tier_manager.h"
 #include "tests/e2e/kvtierd_process.h"
+#include "tests/e2e/kvtierd_test.h"
 #include "tests/process_util.h"
 #include "tests/sanitizers.h"
 
@@ -79,20 +80,10 @@ std::string Config(const std::string& extra = "") {
          extra;
 }
 
-class E2eTest : public ::testing::Test {
+class E2eTest : public kt::KvtierdTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = std::filesystem::temp_directory_path() /
-           ("kvtier_e2e_" + std::to_string(getpid()) + "_" + info->name());
-    std::filesystem::remove_all(dir_);
-    d_ = std::make_unique<kt::KvtierdProcess>(dir_);
-  }
-  void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "---- kvtierd log ----\n%s\n", d_->Log().c_str());
-    d_.reset();
-    std::filesystem::remove_all(dir_);
-  }
+  E2eTest() : KvtierdTest("kvtier_e2e") {}
+  void SetUp() override { KvtierdTest::SetUp(); }
   std::unique_ptr<Client> Connect(const std::string& token = "") {
     ClientOptions o;
     o.socket_path = d_->socket();
@@ -132,9 +123,6 @@ class E2eTest : public ::testing::Test {
         << "[[tenant]]\nname = \"bob\"\nid = 2\nadmin = true\ntoken_sha256 = [\""
         << HashHex("bob-token") << "\"]\n";
   }
-
-  std::filesystem::path dir_;
-  std::unique_ptr<kt::KvtierdProcess> d_;
 };
 
 // A start that fails leaves no socket behind, and a second daemon refused because another

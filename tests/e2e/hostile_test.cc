@@ -21,6 +21,7 @@
 #include "common/key_spec.h"
 #include "tests/cache_daemon/resp_wire_util.h"
 #include "tests/e2e/kvtierd_process.h"
+#include "tests/e2e/kvtierd_test.h"
 #include "tests/e2e/raw_native.h"
 #include "tests/sanitizers.h"
 
@@ -77,14 +78,11 @@ Key KeyOf(uint32_t salt) {
   return k;
 }
 
-class HostileTest : public ::testing::Test {
+class HostileTest : public kt::KvtierdTest {
  protected:
+  HostileTest() : KvtierdTest("kvtier_hostile") {}
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = std::filesystem::temp_directory_path() /
-           ("kvtier_hostile_" + std::to_string(getpid()) + "_" + info->name());
-    std::filesystem::remove_all(dir_);
-    d_ = std::make_unique<kt::KvtierdProcess>(dir_);
+    KvtierdTest::SetUp();
     std::ofstream(dir_ / "tokens.toml")
         << "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" << HashHex("alice-token")
         << "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\"" << HashHex("bob-token")
@@ -115,10 +113,8 @@ class HostileTest : public ::testing::Test {
   }
   void TearDown() override {
     StopWellBehaved();
-    if (HasFailure()) std::fprintf(stderr, "---- kvtierd log ----\n%s\n", d_->Log().c_str());
     bob_.reset();
-    d_.reset();
-    std::filesystem::remove_all(dir_);
+    KvtierdTest::TearDown();
   }
 
   std::unique_ptr<Client> Connect(const std::string& token, uint64_t shm_bytes = 4u << 20) {
@@ -208,8 +204,6 @@ class HostileTest : public ::testing::Test {
     return Counter("kvtier_requests_total{op=\"" + op + "\",code=\"" + code + "\"}");
   }
 
-  std::filesystem::path dir_;
-  std::unique_ptr<kt::KvtierdProcess> d_;
   uint16_t native_port_ = 0;
   uint64_t memory_bytes_ = kConnectionMemoryBytes;  // limits.connection_memory_bytes_max
   int idle_ms_ = kIdleMs;                           // limits.idle_timeout_ms

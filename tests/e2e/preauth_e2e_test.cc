@@ -27,6 +27,7 @@
 #include "common/key_spec.h"
 #include "tests/cache_daemon/tls_test_util.h"
 #include "tests/e2e/kvtierd_process.h"
+#include "tests/e2e/kvtierd_test.h"
 #include "tests/e2e/raw_native.h"
 
 namespace kvtier::daemon {
@@ -97,22 +98,14 @@ std::string RespCall(int fd, const std::string& command) {
   return out;
 }
 
-class PreauthE2eTest : public ::testing::Test {
+class PreauthE2eTest : public kt::KvtierdTest {
  protected:
+  PreauthE2eTest() : KvtierdTest("kvtier_preauth") {}
   static void SetUpTestSuite() { ::signal(SIGPIPE, SIG_IGN); }
 
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = std::filesystem::temp_directory_path() /
-           ("kvtier_preauth_" + std::to_string(getpid()) + "_" + info->name());
-    std::filesystem::remove_all(dir_);
-    d_ = std::make_unique<kt::KvtierdProcess>(dir_);
+    KvtierdTest::SetUp();
     native_port_ = kt::FreePort();
-  }
-  void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "---- kvtierd log ----\n%s\n", d_->Log().c_str());
-    d_.reset();
-    std::filesystem::remove_all(dir_);
   }
 
   // Starts kvtierd with the native TCP port, [limits] `limits` (idle and frame timeouts long
@@ -215,8 +208,6 @@ class PreauthE2eTest : public ::testing::Test {
            "\n";
   }
 
-  std::filesystem::path dir_;
-  std::unique_ptr<kt::KvtierdProcess> d_;
   uint16_t native_port_ = 0;
   kt::TestPki pki_;
 };

@@ -21,6 +21,7 @@
 
 #include "tests/crash/resp_client.h"
 #include "tests/e2e/kvtierd_process.h"
+#include "tests/e2e/kvtierd_test.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -36,21 +37,15 @@ std::string Value(int key, int round) {
   return "v" + std::to_string(key) + ":" + std::to_string(round) + ":" + std::string(1000, 'x');
 }
 
-class RespMultiKeySyncTest : public ::testing::Test {
+class RespMultiKeySyncTest : public kt::KvtierdTest {
  protected:
+  RespMultiKeySyncTest() : KvtierdTest("kvtier_resp_multikey") {}
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("kvtier_resp_multikey_" + std::to_string(getpid()));
-    std::filesystem::remove_all(dir_);
-    d_ = std::make_unique<kt::KvtierdProcess>(dir_);
+    KvtierdTest::SetUp();
     d_->WriteConfig(
         "[storage]\ndram_capacity_bytes = 8388608\nssd_capacity_bytes = 134217728\n"
         "ssd_segment_bytes = 4194304\ndurability = \"sync\"\ngroup_commit_ms = 3600000\n");
     ASSERT_TRUE(d_->Start()) << d_->Log();
-  }
-  void TearDown() override {
-    d_.reset();
-    std::filesystem::remove_all(dir_);
   }
 
   std::unique_ptr<RespClient> Connect() {
@@ -107,9 +102,6 @@ class RespMultiKeySyncTest : public ::testing::Test {
     for (int k = first; k < first + n; k += step) args.push_back("key:" + std::to_string(k));
     return args;
   }
-
-  std::filesystem::path dir_;
-  std::unique_ptr<kt::KvtierdProcess> d_;
 };
 
 // One MSET of 200 keys is one commit (it used to be 200: one per key).

@@ -14,6 +14,7 @@
 #include "common/key_spec.h"
 #include "tests/crash/resp_client.h"
 #include "tests/e2e/kvtierd_process.h"
+#include "tests/e2e/kvtierd_test.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -32,13 +33,11 @@ std::string HashHex(std::string_view token) {
       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
 }
 
-class RespNamesRestartTest : public ::testing::Test {
+class RespNamesRestartTest : public kt::KvtierdTest {
  protected:
+  RespNamesRestartTest() : KvtierdTest("kvtier_resp_names") {}
   void SetUp() override {
-    dir_ =
-        std::filesystem::temp_directory_path() / ("kvtier_resp_names_" + std::to_string(getpid()));
-    std::filesystem::remove_all(dir_);
-    d_ = std::make_unique<kt::KvtierdProcess>(dir_);
+    KvtierdTest::SetUp();
     std::ofstream(dir_ / "tokens.toml")
         << "[[tenant]]\nname = \"a\"\nid = 1\ntoken_sha256 = [\"" << HashHex("token-a") << "\"]\n"
         << "[[tenant]]\nname = \"b\"\nid = 2\ntoken_sha256 = [\"" << HashHex("token-b") << "\"]\n";
@@ -52,10 +51,6 @@ class RespNamesRestartTest : public ::testing::Test {
                     "ssd_capacity_bytes = 134217728\nssd_segment_bytes = 4194304\n"
                     "durability = \"" +
                     durability + "\"\n");
-  }
-  void TearDown() override {
-    d_.reset();
-    std::filesystem::remove_all(dir_);
   }
 
   std::unique_ptr<RespClient> Connect(const std::string& token) {
@@ -127,9 +122,6 @@ class RespNamesRestartTest : public ::testing::Test {
     Ok(c, {"SET", k, v});
     expect->insert(k);
   }
-
-  std::filesystem::path dir_;
-  std::unique_ptr<kt::KvtierdProcess> d_;
 };
 
 TEST_F(RespNamesRestartTest, ScanListsExactlyTheSurvivingKeysAfterRestartAndKill) {

@@ -11,6 +11,7 @@
 #include "common/key_spec.h"
 #include "tests/cache_daemon/tls_test_util.h"
 #include "tests/e2e/kvtierd_process.h"
+#include "tests/e2e/kvtierd_test.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -41,20 +42,12 @@ bool HaveCommand(const std::string& probe) {
   return kt::RunShell(probe + " > /dev/null 2>&1") == 0;
 }
 
-class SecurityE2eTest : public ::testing::Test {
+class SecurityE2eTest : public kt::KvtierdTest {
  protected:
+  SecurityE2eTest() : KvtierdTest("kvtier_sec") {}
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = std::filesystem::temp_directory_path() /
-           ("kvtier_sec_" + std::to_string(getpid()) + "_" + info->name());
-    std::filesystem::remove_all(dir_);
-    d_ = std::make_unique<kt::KvtierdProcess>(dir_);
+    KvtierdTest::SetUp();
     native_port_ = kt::FreePort();
-  }
-  void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "---- kvtierd log ----\n%s\n", d_->Log().c_str());
-    d_.reset();
-    std::filesystem::remove_all(dir_);
   }
 
   // alice is admin, bob is not.
@@ -136,8 +129,6 @@ class SecurityE2eTest : public ::testing::Test {
     return d_->Log();
   }
 
-  std::filesystem::path dir_;
-  std::unique_ptr<kt::KvtierdProcess> d_;
   uint16_t native_port_ = 0;
   kt::TestPki pki_;
 };

@@ -23,6 +23,7 @@
 #include "engine/session.h"
 #include "engine/state_io.h"
 #include "tests/e2e/kvtierd_process.h"
+#include "tests/e2e/kvtierd_test.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace kvtier::engine {
@@ -82,20 +83,12 @@ std::string HashHex(std::string_view token) {
       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
 }
 
-class ResumeTest : public ::testing::Test {
+class ResumeTest : public kt::KvtierdTest {
  protected:
+  ResumeTest() : KvtierdTest("kvtier_resume") {}
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = std::filesystem::temp_directory_path() /
-           ("kvtier_resume_" + std::to_string(getpid()) + "_" + info->name());
-    std::filesystem::remove_all(dir_);
-    d_ = std::make_unique<kt::KvtierdProcess>(dir_);
+    KvtierdTest::SetUp();
     engine_ = MakeEngine();
-  }
-  void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "---- kvtierd log ----\n%s\n", d_->Log().c_str());
-    d_.reset();
-    std::filesystem::remove_all(dir_);
   }
   void StartDaemon(const std::string& extra = "") {
     d_->WriteConfig(
@@ -132,8 +125,6 @@ class ResumeTest : public ::testing::Test {
     return st;
   }
 
-  std::filesystem::path dir_;
-  std::unique_ptr<kt::KvtierdProcess> d_;
   std::unique_ptr<Engine> engine_;
 };
 

@@ -118,10 +118,7 @@ int main(int argc, char** argv) {
   if (int rc = flags.Parse(args); rc >= 0) return rc;
 
   if (!hash_token.empty()) {
-    std::printf("%s\n",
-                ToHex(Sha256(std::span<const uint8_t>(
-                          reinterpret_cast<const uint8_t*>(hash_token.data()), hash_token.size())))
-                    .c_str());
+    std::printf("%s\n", TokenSha256Hex(hash_token).c_str());
     return 0;
   }
   if (!log_level.empty()) {

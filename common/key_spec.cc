@@ -359,6 +359,11 @@ Digest Sha256(std::span<const uint8_t> bytes) {
   return h.Final();
 }
 
+std::string TokenSha256Hex(std::string_view token) {
+  return ToHex(Sha256(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
+}
+
 std::string ToHex(std::span<const uint8_t> bytes) {
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string out(2 * bytes.size(), '0');

@@ -131,6 +131,9 @@ Digest Sha256(std::span<const uint8_t> bytes);
 
 // Lowercase hex (64 characters for a digest).
 std::string ToHex(std::span<const uint8_t> bytes);
+// ToHex(Sha256(token's bytes)): how a tokens file names a bearer token (token_sha256;
+// `kvtierd --hash-token`).
+std::string TokenSha256Hex(std::string_view token);
 // Parses exactly 64 hex characters (either case). InvalidArgument otherwise.
 StatusOr<Digest> DigestFromHex(std::string_view hex);
 // Parses an even number of hex characters. InvalidArgument otherwise.

@@ -24,11 +24,6 @@ namespace {
 using kvtier::testing::FakeTierManager;
 namespace kt = kvtier::testing;
 
-std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 wire::Key ChainKey(int i) {
   wire::Key k{};
   k[0] = static_cast<uint8_t>(i);
@@ -64,10 +59,10 @@ class DaemonTest : public ::testing::Test {
     if (auth) {
       std::string text =
           "[[tenant]]\nname = \"alice\"\nid = 1\nquota_bytes = 100000\ntoken_sha256 = [\"" +
-          HashHex("tok-alice") +
+          TokenSha256Hex("tok-alice") +
           "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\n"
           "admin = true\ntoken_sha256 = [\"" +
-          HashHex("tok-bob") + "\"]\n";
+          TokenSha256Hex("tok-bob") + "\"]\n";
       auto t = TenantRegistry::Parse(text, secret);
       ASSERT_TRUE(t.ok());
       tenants = std::move(t).value();

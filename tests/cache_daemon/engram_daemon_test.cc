@@ -41,11 +41,6 @@ namespace kt = kvtier::testing;
 constexpr uint32_t kRowDim = 64;  // stride EngramRowBytes(64) = 66 bytes
 constexpr uint64_t kSeed = 7;
 
-std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
@@ -143,8 +138,8 @@ class EngramDaemonTest : public ::testing::Test {
     KVTIER_RETURN_IF_ERROR(Finalize(&o));
     std::vector<uint8_t> secret(32, 9);
     std::string text = "[[tenant]]\nname = \"alice\"\nid = 1\nadmin = true\ntoken_sha256 = [\"" +
-                       HashHex("tok-alice") + "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\n" +
-                       "token_sha256 = [\"" + HashHex("tok-bob") + "\"]\n";
+                       TokenSha256Hex("tok-alice") + "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\n" +
+                       "token_sha256 = [\"" + TokenSha256Hex("tok-bob") + "\"]\n";
     KVTIER_ASSIGN_OR_RETURN(auto tenants, TenantRegistry::Parse(text, secret));
     return Daemon::Start(o, std::make_unique<kt::FakeTierManager>(), std::move(tenants), nullptr);
   }

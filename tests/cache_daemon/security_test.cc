@@ -21,11 +21,6 @@ namespace {
 
 namespace kt = kvtier::testing;
 
-std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 class TempDir {
  public:
   TempDir() {
@@ -163,7 +158,8 @@ TEST(SecurityConfig, RefusesBadAddressesAndTlsLimits) {
 std::string Tenant(const std::string& name, int id, const std::vector<std::string>& tokens) {
   std::string t =
       "[[tenant]]\nname = \"" + name + "\"\nid = " + std::to_string(id) + "\ntoken_sha256 = [";
-  for (size_t i = 0; i < tokens.size(); ++i) t += (i ? ", \"" : "\"") + HashHex(tokens[i]) + "\"";
+  for (size_t i = 0; i < tokens.size(); ++i)
+    t += (i ? ", \"" : "\"") + TokenSha256Hex(tokens[i]) + "\"";
   return t + "]\n";
 }
 

@@ -18,19 +18,14 @@
 namespace kvtier::daemon {
 namespace {
 
-std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 std::vector<uint8_t> Secret(uint8_t b) { return std::vector<uint8_t>(32, b); }
 
 std::string TwoTenants() {
-  return "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" + HashHex("tok-a") + "\", \"" +
-         HashHex("tok-a2") +
+  return "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" + TokenSha256Hex("tok-a") +
+         "\", \"" + TokenSha256Hex("tok-a2") +
          "\"]\nquota_bytes = 1000\ninflight_max = 2\n\n"
          "[[tenant]]\nname = \"bob\"\nid = 2\nadmin = true\ntoken_sha256 = [\"" +
-         HashHex("tok-b") + "\"]\n";
+         TokenSha256Hex("tok-b") + "\"]\n";
 }
 
 TEST(Tenants, AuthenticatesHashedTokens) {
@@ -50,7 +45,7 @@ TEST(Tenants, AuthenticatesHashedTokens) {
   EXPECT_TRUE((*reg)->Authenticate("tok-c").status().IsPermissionDenied());
   EXPECT_TRUE((*reg)->Authenticate("").status().IsPermissionDenied());
   // The digest itself is not a token.
-  EXPECT_FALSE((*reg)->Authenticate(HashHex("tok-a")).ok());
+  EXPECT_FALSE((*reg)->Authenticate(TokenSha256Hex("tok-a")).ok());
 }
 
 // FindById answers for every tenant of a tokens file and of the auth-off registry, and
@@ -87,9 +82,9 @@ TEST(Tenants, RejectsBadFiles) {
       "",
       "[[tenant]]\nname = \"a\"\nid = 1\n",
       "[[tenant]]\nname = \"a\"\nid = 1\ntoken_sha256 = [\"zz\"]\n",
-      "[[tenant]]\nname = \"a\"\nid = 0\ntoken_sha256 = [\"" + HashHex("x") + "\"]\n",
-      TwoTenants() + "[[tenant]]\nname = \"alice\"\nid = 3\ntoken_sha256 = [\"" + HashHex("y") +
-          "\"]\n",
+      "[[tenant]]\nname = \"a\"\nid = 0\ntoken_sha256 = [\"" + TokenSha256Hex("x") + "\"]\n",
+      TwoTenants() + "[[tenant]]\nname = \"alice\"\nid = 3\ntoken_sha256 = [\"" +
+          TokenSha256Hex("y") + "\"]\n",
       "[[tenant\n"};
   for (const std::string& text : bad) {
     EXPECT_TRUE(TenantRegistry::Parse(text, Secret(1)).status().IsInvalidArgument()) << text;

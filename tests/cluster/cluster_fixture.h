@@ -23,11 +23,6 @@ using daemon::wire::Key;
 constexpr int kNodes = 3;
 constexpr int kUnits = 24;
 
-inline std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 inline Key ChainKey(const std::string& session, int i) {
   std::string s = "cluster-e2e-" + session + "-" + std::to_string(i);
   return Sha256(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size()));
@@ -55,10 +50,11 @@ class ClusterE2eTest : public ::testing::Test {
     // credential (peer authentication). Both distinct, both 32+ bytes.
     std::ofstream(dir_ / "server_secret", std::ios::binary) << std::string(32, 's');
     std::ofstream(dir_ / "credential", std::ios::binary) << std::string(40, 'c');
-    std::ofstream(dir_ / "tokens.toml") << "[[tenant]]\nname = \"alice\"\nid = 1\n"
-                                        << "token_sha256 = [\"" << HashHex("tok-alice") << "\"]\n"
-                                        << "[[tenant]]\nname = \"bob\"\nid = 2\n"
-                                        << "token_sha256 = [\"" << HashHex("tok-bob") << "\"]\n";
+    std::ofstream(dir_ / "tokens.toml")
+        << "[[tenant]]\nname = \"alice\"\nid = 1\n"
+        << "token_sha256 = [\"" << TokenSha256Hex("tok-alice") << "\"]\n"
+        << "[[tenant]]\nname = \"bob\"\nid = 2\n"
+        << "token_sha256 = [\"" << TokenSha256Hex("tok-bob") << "\"]\n";
     for (int i = 0; i < kNodes; ++i) {
       nodes_.push_back(std::make_unique<kt::KvtierdProcess>(dir_ / ("n" + std::to_string(i))));
       nodes_.back()->set_own_process_group(true);  // the failover tests SIGSTOP nodes

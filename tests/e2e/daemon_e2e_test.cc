@@ -26,11 +26,6 @@ namespace {
 namespace kt = kvtier::testing;
 using wire::Key;
 
-std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 // A chain of n unit keys built with the real key spec (model fingerprint + tokens).
 std::vector<Key> Chain(int n, uint32_t salt_token) {
   Digest fp = ModelFingerprint("e2e-layout", Digest{}, "e2e-tokenizer");
@@ -119,9 +114,9 @@ class E2eTest : public kt::KvtierdTest {
   void WriteTokens(uint64_t alice_quota = 0) {
     std::ofstream(dir_ / "tokens.toml")
         << "[[tenant]]\nname = \"alice\"\nid = 1\nquota_bytes = " << alice_quota
-        << "\ntoken_sha256 = [\"" << HashHex("alice-token") << "\"]\n"
+        << "\ntoken_sha256 = [\"" << TokenSha256Hex("alice-token") << "\"]\n"
         << "[[tenant]]\nname = \"bob\"\nid = 2\nadmin = true\ntoken_sha256 = [\""
-        << HashHex("bob-token") << "\"]\n";
+        << TokenSha256Hex("bob-token") << "\"]\n";
   }
 };
 

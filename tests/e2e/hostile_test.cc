@@ -65,11 +65,6 @@ constexpr uint64_t kRssGrowthScale = 2;
 constexpr uint64_t kRssGrowthScale = 1;
 #endif
 
-std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 // A distinct key per salt (the salt's bytes lead it).
 Key KeyOf(uint32_t salt) {
   Key k{};
@@ -84,9 +79,10 @@ class HostileTest : public kt::KvtierdTest {
   void SetUp() override {
     KvtierdTest::SetUp();
     std::ofstream(dir_ / "tokens.toml")
-        << "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" << HashHex("alice-token")
-        << "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\"" << HashHex("bob-token")
-        << "\"]\n";
+        << "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\""
+        << TokenSha256Hex("alice-token")
+        << "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\""
+        << TokenSha256Hex("bob-token") << "\"]\n";
     native_port_ = kt::FreePort();
     d_->WriteConfig(
         "[server]\nnative_port = " + std::to_string(native_port_) +

@@ -48,11 +48,6 @@ constexpr int kUnauthenticatedMax = 4;
 // (generous) wait for it.
 constexpr int kRefusedWaitMs = 5000;
 
-std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 Key TestKey(uint32_t i) {
   std::string s = "preauth-e2e-" + std::to_string(i);
   return Sha256(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size()));
@@ -120,9 +115,9 @@ class PreauthE2eTest : public kt::KvtierdTest {
     if (auth) {
       std::string tokens = (dir_ / "tokens.toml").string();
       std::ofstream(tokens) << "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\""
-                            << HashHex("alice-token") << "\"]\n"
+                            << TokenSha256Hex("alice-token") << "\"]\n"
                             << "[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\""
-                            << HashHex("bob-token") << "\"]\n";
+                            << TokenSha256Hex("bob-token") << "\"]\n";
       config += "[auth]\ntokens_file = \"" + tokens + "\"\n";
     }
     d_->WriteConfig(config + more);

@@ -17,11 +17,6 @@ namespace {
 
 namespace kt = kvtier::testing;
 
-std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 TEST(RespClientsE2e, RedisPyAsAKvCacheConnector) {
   if (kt::RunShell("/usr/bin/python3 -c 'import redis'") != 0) {
     GTEST_SKIP() << "python3-redis missing (deploy/install-deps.sh installs it)";
@@ -30,9 +25,10 @@ TEST(RespClientsE2e, RedisPyAsAKvCacheConnector) {
       std::filesystem::temp_directory_path() / ("kvtier_resp_py_" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   kt::KvtierdProcess d(dir);
-  std::ofstream(dir / "tokens.toml")
-      << "[[tenant]]\nname = \"a\"\nid = 1\ntoken_sha256 = [\"" << HashHex("token-a") << "\"]\n"
-      << "[[tenant]]\nname = \"b\"\nid = 2\ntoken_sha256 = [\"" << HashHex("token-b") << "\"]\n";
+  std::ofstream(dir / "tokens.toml") << "[[tenant]]\nname = \"a\"\nid = 1\ntoken_sha256 = [\""
+                                     << TokenSha256Hex("token-a") << "\"]\n"
+                                     << "[[tenant]]\nname = \"b\"\nid = 2\ntoken_sha256 = [\""
+                                     << TokenSha256Hex("token-b") << "\"]\n";
   // The script's limits: keep in step with the constants at the top of resp_redis_py.py.
   d.WriteConfig(
       "[storage]\ndram_capacity_bytes = 67108864\nssd_capacity_bytes = 268435456\n"

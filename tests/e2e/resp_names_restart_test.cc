@@ -28,19 +28,15 @@ constexpr int kTimeoutMs = 20000;
 // 4 KiB values: the 256 KiB DRAM tier holds only the last few dozen.
 std::string Value(const std::string& k) { return "value-of-" + k + std::string(4000, '.'); }
 
-std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 class RespNamesRestartTest : public kt::KvtierdTest {
  protected:
   RespNamesRestartTest() : KvtierdTest("kvtier_resp_names") {}
   void SetUp() override {
     KvtierdTest::SetUp();
-    std::ofstream(dir_ / "tokens.toml")
-        << "[[tenant]]\nname = \"a\"\nid = 1\ntoken_sha256 = [\"" << HashHex("token-a") << "\"]\n"
-        << "[[tenant]]\nname = \"b\"\nid = 2\ntoken_sha256 = [\"" << HashHex("token-b") << "\"]\n";
+    std::ofstream(dir_ / "tokens.toml") << "[[tenant]]\nname = \"a\"\nid = 1\ntoken_sha256 = [\""
+                                        << TokenSha256Hex("token-a") << "\"]\n"
+                                        << "[[tenant]]\nname = \"b\"\nid = 2\ntoken_sha256 = [\""
+                                        << TokenSha256Hex("token-b") << "\"]\n";
     Configure("sync");
     ASSERT_TRUE(d_->Start()) << d_->Log();
   }

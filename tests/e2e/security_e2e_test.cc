@@ -21,11 +21,6 @@ using wire::Key;
 
 constexpr size_t kValueBytes = 57000;
 
-std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 Key TestKey(uint32_t i) {
   std::string s = "security-e2e-" + std::to_string(i);
   return Sha256(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size()));
@@ -51,10 +46,10 @@ class SecurityE2eTest : public kt::KvtierdTest {
   }
 
   // alice is admin, bob is not.
-  std::string TokensFile(const std::string& bob_digest = HashHex("tok-bob")) {
+  std::string TokensFile(const std::string& bob_digest = TokenSha256Hex("tok-bob")) {
     std::string path = (dir_ / "tokens.toml").string();
     std::ofstream(path) << "[[tenant]]\nname = \"alice\"\nid = 1\nadmin = true\n"
-                        << "token_sha256 = [\"" << HashHex("tok-alice") << "\"]\n"
+                        << "token_sha256 = [\"" << TokenSha256Hex("tok-alice") << "\"]\n"
                         << "[[tenant]]\nname = \"bob\"\nid = 2\n"
                         << "token_sha256 = [\"" << bob_digest << "\"]\n";
     return path;
@@ -437,7 +432,7 @@ TEST_F(SecurityE2eTest, TenantFiguresOnHttpOnlyWithAnAdminToken) {
 
 TEST_F(SecurityE2eTest, DuplicateTokenDigestsAreRefused) {
   std::string log = StartMustFail(Storage() + "[auth]\ntokens_file = \"" +
-                                  TokensFile(HashHex("tok-alice")) + "\"\n");
+                                  TokensFile(TokenSha256Hex("tok-alice")) + "\"\n");
   EXPECT_NE(log.find("tenants alice and bob share a token_sha256"), std::string::npos) << log;
 }
 

@@ -29,11 +29,6 @@ constexpr int kSequences = 200;
 #endif
 constexpr int kStepsMax = 24;
 
-std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 class Fuzzer {
  public:
   Fuzzer(uint64_t seed, const std::string& socket, uint16_t tcp_port)
@@ -228,9 +223,9 @@ TEST(SessionFuzzTest, DaemonSurvivesRandomFrameSequences) {
   std::filesystem::remove_all(dir);
   kt::KvtierdProcess d(dir);
   std::ofstream(dir / "tokens.toml")
-      << "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" << HashHex("alice-token")
-      << "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\"" << HashHex("bob-token")
-      << "\"]\n";
+      << "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" << TokenSha256Hex("alice-token")
+      << "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\""
+      << TokenSha256Hex("bob-token") << "\"]\n";
   uint16_t native_port = kt::FreePort();
   d.WriteConfig("[server]\nnative_port = " + std::to_string(native_port) +
                 "\n[auth]\ntokens_file = \"" + (dir / "tokens.toml").string() +

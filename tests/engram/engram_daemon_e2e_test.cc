@@ -52,11 +52,6 @@ StatusOr<std::vector<float>> RunEngine(EngramRowSource* rows) {
   return all;
 }
 
-std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 TEST(EngramDaemonE2eTest, EngineReadsRowsGrantedByKvtierdAndReportsOnMetrics) {
   TempDir dir("kvtier-engram-e2e-");
   ASSERT_TRUE(dir.ok());
@@ -83,7 +78,7 @@ TEST(EngramDaemonE2eTest, EngineReadsRowsGrantedByKvtierdAndReportsOnMetrics) {
   ASSERT_TRUE(daemon::Finalize(&o).ok());
   auto tenants = daemon::TenantRegistry::Parse(
       "[[tenant]]\nname = \"agents\"\nid = 1\nadmin = true\ntoken_sha256 = [\"" +
-          HashHex("tok-agents") + "\"]\n",
+          TokenSha256Hex("tok-agents") + "\"]\n",
       std::vector<uint8_t>(32, 3));
   ASSERT_TRUE(tenants.ok()) << tenants.status().ToString();
   auto d = daemon::Daemon::Start(o, std::make_unique<kt::FakeTierManager>(), std::move(*tenants),

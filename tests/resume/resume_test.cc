@@ -78,11 +78,6 @@ std::vector<float> CedWithBoundedRings(Engine* e, std::span<const int32_t> token
   return logits;
 }
 
-std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 class ResumeTest : public kt::KvtierdTest {
  protected:
   ResumeTest() : KvtierdTest("kvtier_resume") {}
@@ -562,9 +557,9 @@ TEST_F(ResumeTest, CorruptUnitOnSsdGivesShorterHitNeverWrongOutput) {
 // Another tenant's resume of the same tokens misses (and recomputes correctly); the owner hits.
 TEST_F(ResumeTest, OtherTenantMisses) {
   std::ofstream(dir_ / "tokens.toml")
-      << "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" << HashHex("alice-token")
-      << "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\"" << HashHex("bob-token")
-      << "\"]\n";
+      << "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" << TokenSha256Hex("alice-token")
+      << "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\""
+      << TokenSha256Hex("bob-token") << "\"]\n";
   StartDaemon("[auth]\ntokens_file = \"" + (dir_ / "tokens.toml").string() + "\"\n");
   const auto tokens = Prompt(128, 71);
   SessionOptions o;

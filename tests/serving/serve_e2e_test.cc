@@ -29,11 +29,6 @@ constexpr int64_t kPage = 64;
 constexpr char kAlice[] = "sk-alice-0123456789";
 constexpr char kBob[] = "sk-bob-0123456789";
 
-std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 // Deterministic printable text of `n` bytes.
 std::string Text(size_t n, uint32_t seed) { return kvtier::testing::PromptText(n, seed); }
 
@@ -75,9 +70,10 @@ class ServeTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
     d_ = std::make_unique<KvtierdProcess>(dir_ / "d");
     std::ofstream(dir_ / "tokens.toml")
-        << "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" << HashHex("alice-token")
-        << "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\"" << HashHex("bob-token")
-        << "\"]\n";
+        << "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\""
+        << TokenSha256Hex("alice-token")
+        << "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\""
+        << TokenSha256Hex("bob-token") << "\"]\n";
     d_->WriteConfig(
         "[storage]\ndram_capacity_bytes = 33554432\nssd_capacity_bytes = 268435456\n"
         "ssd_segment_bytes = 16777216\n[auth]\ntokens_file = \"" +

@@ -47,11 +47,6 @@ Key ChainKey(uint64_t id) {
   return k;
 }
 
-std::string HashHex(std::string_view token) {
-  return ToHex(Sha256(
-      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(token.data()), token.size())));
-}
-
 // An SSD tier for LiveDaemon: capacity_bytes in segments of segment_bytes (in memory),
 // demotions through the admission policy `admission` (durability none: a put reaches SSD only
 // when DRAM demotes it, as in the simulator).
@@ -109,9 +104,9 @@ class LiveDaemon {
     std::unique_ptr<daemon::TenantRegistry> tenants;
     if (auth) {
       auto t = daemon::TenantRegistry::Parse(
-          "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" + HashHex("tok-alice") +
-              "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\"" + HashHex("tok-bob") +
-              "\"]\n",
+          "[[tenant]]\nname = \"alice\"\nid = 1\ntoken_sha256 = [\"" + TokenSha256Hex("tok-alice") +
+              "\"]\n[[tenant]]\nname = \"bob\"\nid = 2\ntoken_sha256 = [\"" +
+              TokenSha256Hex("tok-bob") + "\"]\n",
           secret);
       EXPECT_TRUE(t.ok());
       tenants = std::move(t).value();

@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <memory>
 #include <random>
+#include <vector>
 
 #include "cache_daemon/client.h"
+#include "cluster/peer_client.h"
 #include "common/key_spec.h"
 #include "tests/cluster/etcd_process.h"
 #include "tests/e2e/kvtierd_process.h"
@@ -37,6 +40,13 @@ inline double Metric(const std::string& page, const std::string& name) {
 
 class ClusterE2eTest : public ::testing::Test {
  protected:
+  // The cluster credential every node of the fixture shares (its file `credential`).
+  static std::vector<uint8_t> Credential() { return std::vector<uint8_t>(40, 'c'); }
+  // A peer client that talks to the nodes as peer "test", with the shared credential.
+  static std::unique_ptr<PeerClient> TestPeerClient() {
+    return std::make_unique<PeerClient>(
+        PeerClientOptions{.node_id = "test", .credential = Credential(), .timeout_ms = 2000});
+  }
   void SetUp() override {
     if (!kt::EtcdProcess::Installed()) GTEST_SKIP() << "no /usr/bin/etcd (deploy/install-deps.sh)";
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
@@ -49,7 +59,9 @@ class ClusterE2eTest : public ::testing::Test {
     // Shared by every node: the server secret (tenant salts must agree) and the cluster
     // credential (peer authentication). Both distinct, both 32+ bytes.
     std::ofstream(dir_ / "server_secret", std::ios::binary) << std::string(32, 's');
-    std::ofstream(dir_ / "credential", std::ios::binary) << std::string(40, 'c');
+    const std::vector<uint8_t> credential = Credential();
+    std::ofstream(dir_ / "credential", std::ios::binary)
+        << std::string(credential.begin(), credential.end());
     std::ofstream(dir_ / "tokens.toml")
         << "[[tenant]]\nname = \"alice\"\nid = 1\n"
         << "token_sha256 = [\"" << TokenSha256Hex("tok-alice") << "\"]\n"

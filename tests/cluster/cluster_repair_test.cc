@@ -30,8 +30,7 @@ class ClusterRepairTest : public ClusterE2eTest {
   void SetUp() override {
     ClusterE2eTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    peers_ = std::make_unique<PeerClient>(PeerClientOptions{
-        .node_id = "test", .credential = std::vector<uint8_t>(40, 'c'), .timeout_ms = 2000});
+    peers_ = TestPeerClient();
   }
 
   std::string Peer(int i) const { return "127.0.0.1:" + std::to_string(peer_ports_[i]); }

@@ -55,8 +55,7 @@ class ClusterVersionsTest : public ClusterE2eTest {
   void SetUp() override {
     ClusterE2eTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    peers_ = std::make_unique<PeerClient>(PeerClientOptions{
-        .node_id = "test", .credential = std::vector<uint8_t>(40, 'c'), .timeout_ms = 2000});
+    peers_ = TestPeerClient();
   }
   // Repair copies paced to one unit per 4 s: a hand-over of a few units takes seconds.
   std::string ExtraClusterConfig(int /*i*/) override {

@@ -115,6 +115,17 @@ def wait_for(what, cond):
     raise AssertionError("timed out after %d s waiting for: %s" % (WAIT_S, what))
 
 
+def stop_daemon(daemon, log):
+    """SIGTERM (a drain), SIGKILL after 30 s; then closes its log."""
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        daemon.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait()
+    log.close()
+
+
 def main():
     kvtierd, out_dir = sys.argv[1], sys.argv[2]
     os.makedirs(out_dir, exist_ok=True)
@@ -227,13 +238,7 @@ def main():
             loader.join(timeout=10)
         if driver is not None:
             driver.quit()
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-        log.close()
+        stop_daemon(daemon, log)
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -288,13 +293,7 @@ def check_cross_site(driver, kvtierd, work, out_dir):
                  lambda: http_json(http_port, "/v1/policy")["eviction"] == "fifo")
     finally:
         attacker.shutdown()
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-        log.close()
+        stop_daemon(daemon, log)
 
 
 def _healthy(port):

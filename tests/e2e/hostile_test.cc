@@ -512,6 +512,32 @@ bool RespStreamMatches(int fd, uint64_t total, Expected expected, std::string* w
   return true;
 }
 
+// `MGET big big ... big` (keys times) followed by a PING, in one write.
+std::string MgetThenPing(int keys) {
+  std::string cmd = "*" + std::to_string(keys + 1) + "\r\n$4\r\nMGET\r\n";
+  for (int i = 0; i < keys; ++i) cmd += "$3\r\nbig\r\n";
+  return cmd + kt::Cmd({"PING"});
+}
+
+// Reads MgetThenPing(keys)'s replies from fd (RespStreamMatches, pausing pause_ms between
+// reads): `value` keys times, then +PONG.
+bool MgetRepliesMatch(int fd, const std::string& value, int keys, std::string* why,
+                      int pause_ms = 0) {
+  const std::string head = "*" + std::to_string(keys) + "\r\n";
+  const std::string element = kt::Bulk(value);
+  const std::string tail = "+PONG\r\n";
+  const uint64_t body = static_cast<uint64_t>(keys) * element.size();
+  return RespStreamMatches(
+      fd, head.size() + body + tail.size(),
+      [&](uint64_t at) {
+        if (at < head.size()) return head[at];
+        at -= head.size();
+        if (at < body) return element[at % element.size()];
+        return tail[at - body];
+      },
+      why, pause_ms);
+}
+
 // MGET of one 1 MiB value named many times: the reply is built under the connection's reply
 // budget while the client does not read (the daemon's RSS stays within it), then streamed
 // whole and in order as the client reads. Each MGET used to build its entire reply at once:
@@ -524,30 +550,15 @@ TEST_F(HostileTest, MgetOfABigValueManyTimesStaysWithinTheReplyBudget) {
   std::string value(kBigValueBytes, 'x');
   for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<char>('a' + i % 23);
   ASSERT_EQ(RespAsk(fd, kt::Cmd({"SET", "big", value})), "+OK\r\n");
-  std::string mget = "*" + std::to_string(kKeys + 1) + "\r\n$4\r\nMGET\r\n";
-  for (int i = 0; i < kKeys; ++i) mget += "$3\r\nbig\r\n";
-  mget += kt::Cmd({"PING"});
+  const std::string mget = MgetThenPing(kKeys);
   ASSERT_TRUE(kt::SendAllRaw(fd, mget.data(), mget.size()));
   // Not reading yet (well within idle_timeout_ms, after which a connection whose replies do
   // not move is closed).
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   // The reply budget (4 MiB), one value beyond it and the store's copy, with allocator slack.
   ExpectHealthy(kReplyQueueBytes + (32u << 20));
-  const std::string head = "*" + std::to_string(kKeys) + "\r\n";
-  const std::string element = kt::Bulk(value);
-  const std::string tail = "+PONG\r\n";
-  const uint64_t body = static_cast<uint64_t>(kKeys) * element.size();
   std::string why;
-  EXPECT_TRUE(RespStreamMatches(
-      fd, head.size() + body + tail.size(),
-      [&](uint64_t at) {
-        if (at < head.size()) return head[at];
-        at -= head.size();
-        if (at < body) return element[at % element.size()];
-        return tail[at - body];
-      },
-      &why))
-      << why;
+  EXPECT_TRUE(MgetRepliesMatch(fd, value, kKeys, &why)) << why;
   // Its peak, which the sample above may have missed (it can precede the MGET): the budget,
   // one value, the store's copy and slack, never the whole reply.
   EXPECT_LE(d_->PeakRssBytes(), rss_before_ + (kReplyQueueBytes + (32u << 20)) * kRssGrowthScale)
@@ -573,25 +584,10 @@ TEST_F(HostileTest, ASlowSteadyReaderOfALongMgetIsNotCutOff) {
   std::string value(kBigValueBytes, 'x');
   for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<char>('a' + i % 19);
   ASSERT_EQ(RespAsk(fd, kt::Cmd({"SET", "big", value})), "+OK\r\n");
-  std::string mget = "*" + std::to_string(kKeys + 1) + "\r\n$4\r\nMGET\r\n";
-  for (int i = 0; i < kKeys; ++i) mget += "$3\r\nbig\r\n";
-  mget += kt::Cmd({"PING"});
+  const std::string mget = MgetThenPing(kKeys);
   ASSERT_TRUE(kt::SendAllRaw(fd, mget.data(), mget.size()));
-  const std::string head = "*" + std::to_string(kKeys) + "\r\n";
-  const std::string element = kt::Bulk(value);
-  const std::string tail = "+PONG\r\n";
-  const uint64_t body = static_cast<uint64_t>(kKeys) * element.size();
   std::string why;
-  EXPECT_TRUE(RespStreamMatches(
-      fd, head.size() + body + tail.size(),
-      [&](uint64_t at) {
-        if (at < head.size()) return head[at];
-        at -= head.size();
-        if (at < body) return element[at % element.size()];
-        return tail[at - body];
-      },
-      &why, /*pause_ms=*/100))
-      << why;
+  EXPECT_TRUE(MgetRepliesMatch(fd, value, kKeys, &why, /*pause_ms=*/100)) << why;
   ::close(fd);
   ExpectHealthy();
 }

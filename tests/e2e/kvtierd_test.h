@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "cache_daemon/client.h"
 #include "tests/e2e/kvtierd_process.h"
 
 namespace kvtier::testing {
@@ -33,6 +34,17 @@ class KvtierdTest : public ::testing::Test {
     }
     d_.reset();
     std::filesystem::remove_all(dir_);
+  }
+
+  // A client of d_'s unix socket that says HELLO with `token` ("": none); nullptr, with a
+  // test failure, when it cannot connect.
+  std::unique_ptr<daemon::Client> ConnectUnix(const std::string& token) const {
+    daemon::ClientOptions o;
+    o.socket_path = d_->socket();
+    o.token = token;
+    auto c = daemon::Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
   }
 
   std::filesystem::path dir_;

@@ -162,14 +162,6 @@ class PreauthE2eTest : public kt::KvtierdTest {
     return false;
   }
 
-  std::unique_ptr<Client> ConnectUnix(const std::string& token) {
-    ClientOptions o;
-    o.socket_path = d_->socket();
-    o.token = token;
-    auto c = Client::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    return c.ok() ? std::move(c).value() : nullptr;
-  }
   StatusOr<std::unique_ptr<Client>> ConnectNativeTcp(const std::string& token, bool tls = false) {
     ClientOptions o;
     o.tcp_host = "127.0.0.1";

@@ -96,15 +96,6 @@ class SecurityE2eTest : public kt::KvtierdTest {
     return Client::Connect(o);
   }
 
-  std::unique_ptr<Client> ConnectUnix(const std::string& token) {
-    ClientOptions o;
-    o.socket_path = d_->socket();
-    o.token = token;
-    auto c = Client::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    return c.ok() ? std::move(c).value() : nullptr;
-  }
-
   static void PutOne(Client* c, const Key& k, const std::vector<uint8_t>& value, uint8_t tier = 1) {
     PutOptions po;
     po.highest_tier = tier;

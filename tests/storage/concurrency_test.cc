@@ -23,7 +23,8 @@ using testing::CheckValue;
 using testing::MakeKey;
 using testing::MakeValue;
 
-void RunMixed(DeviceEnv* env, const std::string& dir, int ops_per_thread, Durability d) {
+// The tiers of these tests: 1 MiB of DRAM over a 16 MiB SSD tier of 1 MiB segments in `env`.
+TierManagerOptions SmallTiers(DeviceEnv* env, const std::string& dir, Durability d) {
   TierManagerOptions o;
   o.dram_capacity_bytes = 1ull << 20;
   o.slab_page_bytes = 64 << 10;
@@ -33,6 +34,11 @@ void RunMixed(DeviceEnv* env, const std::string& dir, int ops_per_thread, Durabi
   o.data_dir = dir;
   o.ssd_env = env;
   o.durability = d;
+  return o;
+}
+
+void RunMixed(DeviceEnv* env, const std::string& dir, int ops_per_thread, Durability d) {
+  TierManagerOptions o = SmallTiers(env, dir, d);
   o.group_commit_ms = 2;
   auto opened = TierManager::Open(o);
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
@@ -134,15 +140,8 @@ TEST(ConcurrencyTest, MixedOpsOverDramAndSsdIoUring) {
 TEST(ConcurrencyTest, SecondHitCountsWhileDemotionsAdmitAndPoliciesSwitch) {
   testing::TempDir dir;
   auto env = NewMemEnv();
-  TierManagerOptions o;
-  o.dram_capacity_bytes = 1ull << 20;
-  o.slab_page_bytes = 64 << 10;
-  o.ssd_capacity_bytes = 16ull << 20;
-  o.ssd_segment_bytes = 1ull << 20;
-  o.ssd_write_buffer_bytes = 128 << 10;
-  o.data_dir = dir.path();
-  o.ssd_env = env.get();
-  o.durability = Durability::kNone;  // demotions go through the admission policy
+  // Durability none: demotions go through the admission policy.
+  TierManagerOptions o = SmallTiers(env.get(), dir.path(), Durability::kNone);
   o.admission_policy = "second-hit";
   o.policy_params.values = {{"second-hit:max_tracked", "64"}};
   auto opened = TierManager::Open(o);
@@ -260,15 +259,8 @@ TEST(ConcurrencyTest, QuotaReclaimWhilePutsReadsAndDeletesRun) {
   testing::TempDir dir;
   auto env = NewMemEnv();
   ManualClock clock(1'000'000);
-  TierManagerOptions o;
+  TierManagerOptions o = SmallTiers(env.get(), dir.path(), Durability::kBatched);
   o.dram_capacity_bytes = 4ull << 20;
-  o.slab_page_bytes = 64 << 10;
-  o.ssd_capacity_bytes = 16ull << 20;
-  o.ssd_segment_bytes = 1ull << 20;
-  o.ssd_write_buffer_bytes = 128 << 10;
-  o.data_dir = dir.path();
-  o.ssd_env = env.get();
-  o.durability = Durability::kBatched;
   o.group_commit_ms = 2;
   o.clock = &clock;
   auto opened = TierManager::Open(o);

@@ -471,14 +471,16 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
         shm_write_failures.load());
   p.One("kvtier_inflight_requests", "gauge", "Native requests executing now.", inflight.load());
   p.One("kvtier_resp_durable_set_batches_total", "counter",
-        "Batches of RESP SETs completed under durability sync (one SSD commit each at most).",
+        "Batches of RESP SETs and DELs completed under durability sync (one SSD commit each at "
+        "most).",
         resp_durable_set_batches.load());
   p.One("kvtier_resp_durable_sets_pending", "gauge",
-        "RESP SETs under durability sync waiting for their batch's commit.",
+        "RESP SETs (each key of an MSET) and DELs under durability sync waiting for their "
+        "batch's commit.",
         resp_durable_sets_pending.load());
   p.One("kvtier_resp_durable_set_direct_replies_total", "counter",
-        "RESP SET replies under durability sync written by the thread that completed their "
-        "commit (the SET was the next reply of its connection).",
+        "RESP SET and DEL replies under durability sync written by the thread that completed "
+        "their commit (the command was the next reply of its connection).",
         resp_durable_set_direct_replies.load());
   p.One("kvtier_ready", "gauge", "1 when serving, 0 while draining.",
         uint64_t{extra.ready ? 1u : 0u});

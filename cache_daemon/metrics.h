@@ -140,8 +140,9 @@ class DaemonMetrics {
   // GET values the kernel refused to write into a connection's shared memory (answered retry).
   std::atomic<uint64_t> shm_write_failures{0};
   std::atomic<uint64_t> inflight{0};
-  // RESP SETs completed asynchronously under durability sync (resp_durable_sets.h): batches
-  // completed (each one SSD commit at most) and SETs submitted, not done yet.
+  // RESP SETs, MSETs and DELs completed asynchronously under durability sync
+  // (resp_durable_sets.h): batches completed (each one SSD commit at most) and SETs (each key
+  // of an MSET) and DELs submitted, not done yet.
   std::atomic<uint64_t> resp_durable_set_batches{0};
   std::atomic<uint64_t> resp_durable_sets_pending{0};
   // Their replies written by the commit thread itself (resp_session.cc, DirectReply).

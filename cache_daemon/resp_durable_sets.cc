@@ -29,7 +29,8 @@ bool RespDurableSets::SubmitItems(std::span<std::unique_ptr<RespSetJob>> jobs, D
   // Appends the group to *to in one piece (under mu_); done goes with its first item.
   auto append = [&](std::vector<Item>* to) {
     for (size_t i = 0; i < n; ++i) {
-      to->push_back(Item{std::move(jobs[i]), i == 0 ? std::move(done) : Done(), i == 0 ? n : 0});
+      to->push_back(
+          Item{std::move(jobs[i]), {}, i == 0 ? std::move(done) : Done(), i == 0 ? n : 0});
     }
   };
   bool stopped = false;
@@ -71,6 +72,20 @@ bool RespDurableSets::SubmitItems(std::span<std::unique_ptr<RespSetJob>> jobs, D
   }
   put_cv_.notify_one();
   return true;
+}
+
+void RespDurableSets::SubmitRemovals(std::vector<storage::DeferredCommit> commits, Done done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stop_) {
+      metrics_->resp_durable_sets_pending.fetch_add(1);
+      put_.push_back(Item{nullptr, std::move(commits), std::move(done), 1});
+      put_status_.push_back(Status::Ok());
+      put_cv_.notify_one();
+      return;
+    }
+  }
+  if (Later later = done(service_->RespDelComplete(commits))) later();
 }
 
 void RespDurableSets::Stop() {
@@ -154,7 +169,9 @@ void RespDurableSets::CommitLoop() {
     metrics_->resp_durable_set_batches.fetch_add(1);
     // The first completion commits every put so far; the others find their ticket covered.
     for (size_t i = 0; i < batch.size(); ++i) {
-      if (st[i].ok()) st[i] = service_->RespSetComplete(batch[i].job.get());
+      if (!st[i].ok()) continue;
+      st[i] = batch[i].job ? service_->RespSetComplete(batch[i].job.get())
+                           : service_->RespDelComplete(batch[i].removals);
     }
     // One done per SET or group, with the group's first error in order (OK: all durable).
     for (size_t i = 0; i < batch.size();) {

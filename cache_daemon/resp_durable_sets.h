@@ -19,6 +19,12 @@
 // put in order and handed on together, so the commit that completes the first of them
 // completes them all, and done reports the group once, after every one of them completed.
 //
+// A DEL (or UNLINK) is handed over already made: the connection removes its keys itself
+// (Service::RespDelStage; in memory, at once) and submits the commits they wait for
+// (SubmitRemovals); the commit thread completes them with the SETs of its batch, so DELs too
+// share one commit with everything pending, and done reports the DEL once all its removals are
+// durable.
+//
 // Errors: a batch whose name sync fails fails the SETs that logged a name in it (nothing
 // written); a put or commit error fails that SET with it (Put's IOError contract). A group
 // fails with its first error in order; after a failed put its later SETs are not put (the
@@ -76,12 +82,19 @@ class RespDurableSets {
   // among them in order (OK: every one is durable). put_here applies to all of them, and only
   // when every unit carries its name. Returns whether they were put here.
   bool Submit(std::vector<std::unique_ptr<RespSetJob>> jobs, Done done, bool put_here = false);
+  // Completes removals already made (Service::RespDelStage's commits, not empty) with the next
+  // commit and calls done once with the outcome (Service::RespDelComplete's). Never puts
+  // anything, so it keeps a caller's order only when none of the caller's earlier SETs is
+  // still with the put thread (as put_here above). After Stop: completes them on the caller's
+  // thread (a removal already made must still be committed) and calls done there.
+  void SubmitRemovals(std::vector<storage::DeferredCommit> commits, Done done);
   // Runs every SET submitted so far, then stops the thread. Idempotent.
   void Stop();
 
  private:
   struct Item {
-    std::unique_ptr<RespSetJob> job;
+    std::unique_ptr<RespSetJob> job;  // null: a DEL's removals (SubmitRemovals)
+    std::vector<storage::DeferredCommit> removals;
     Done done;  // empty for a group's later members
     // Items this one's done reports: 1 for a SET, the group's size for an MSET's first SET,
     // 0 for its later SETs (which follow it, in order, in queue_ and put_ and in every batch:

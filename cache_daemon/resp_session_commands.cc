@@ -27,7 +27,7 @@ bool ParseI64(std::string_view s, int64_t* out) {
 
 void RespSession::Execute(const std::vector<std::string_view>& argv) {
   std::string cmd = Upper(argv[0]);
-  if (!holds_.empty() && !AsyncSet(cmd, argv)) return Stall(argv);
+  if (!holds_.empty() && !AsyncWrite(cmd, argv)) return Stall(argv);
   // One clock read per command: a command's latency runs from the end of the previous one
   // in the same batch (which adds only this command's parse time), or from the batch start.
   uint64_t start_us = clock_us_;
@@ -322,7 +322,7 @@ StatusCode RespSession::Set(const std::vector<std::string_view>& a) {
   }
   // Under sync the SET completes asynchronously (sharing commits with every SET pending),
   // except inside EXEC, whose reply array is built in one go.
-  if (AsyncSet("SET", a)) {
+  if (AsyncWrite("SET", a)) {
     auto job = std::make_unique<RespSetJob>();
     Status st = shared_->service->RespSetStage(*tenant_, a[1], a[2], ttl_ms, &keys_, job.get());
     if (!st.ok()) return StoreError(st);
@@ -397,7 +397,7 @@ StatusCode RespSession::Data(const std::string& cmd, const std::vector<std::stri
     // All keys of one MSET share one commit (Service::RespMset); under sync the MSET completes
     // asynchronously as a plain SET does (one group of SETs: RespDurableSets), except inside
     // EXEC.
-    if (AsyncSet(cmd, a)) {
+    if (AsyncWrite(cmd, a)) {
       std::vector<std::unique_ptr<RespSetJob>> jobs;
       jobs.reserve(kv.size() / 2);
       for (size_t i = 0; i + 1 < kv.size(); i += 2) {
@@ -423,6 +423,9 @@ StatusCode RespSession::Data(const std::string& cmd, const std::vector<std::stri
   }
   if (cmd == "DEL"sv || cmd == "UNLINK"sv) {
     if (a.size() < 2) return WrongArgs(cmd);
+    // Under sync the DEL completes asynchronously, its removals' commit shared with every
+    // write pending (SubmitDel), except inside EXEC.
+    if (AsyncWrite(cmd, a)) return SubmitDel(cmd, a);
     // All removals share one commit (sync); a failed commit is an error, never a silent 0.
     int64_t n = 0;
     Status st = svc->RespDelMany(t, std::span<const std::string_view>(a).subspan(1), &n);

@@ -80,8 +80,8 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     size_t offset = 0;
   };
 
-  // The reply of a SET (or MSET: the same "+OK") still pending (RespDurableSets): it goes at
-  // text_pos of the reply text, and nothing from there on is written before it.
+  // The reply of a SET, MSET or DEL still pending (RespDurableSets): it goes at text_pos of
+  // the reply text, and nothing from there on is written before it.
   struct Hold {
     uint64_t id = 0;
     Op op = Op::kRespSet;  // the command, for its latency
@@ -92,6 +92,9 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
     bool done = false;
     Status result;
     size_t sent_bytes = 0;  // of its reply, already written by the commit thread (DirectReply)
+    // The reply when it succeeds: "+OK\r\n" (SET, MSET) or a DEL's count (":n\r\n"; known when
+    // the DEL ran, sent once its removals are durable). Short: no allocation.
+    std::string ok_reply;
   };
 
   // ---- Connection: lifecycle, reads, the command loop (resp_session.cc) ----
@@ -159,17 +162,19 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   // spare buffer).
   void AppendValue(std::span<const uint8_t> v);
 
-  // ---- SETs completed asynchronously (durability sync: RespDurableSets; resp_session_sets.cc)
+  // ---- Writes completed asynchronously (durability sync: RespDurableSets; resp_session_sets.cc)
   //
-  // Plain SETs and MSETs run one after another without waiting for each other (they share
-  // commits; an MSET's keys are one group that one commit completes); any other command waits
-  // until the SETs before it have completed (Stall), so that it sees their effects (a GET
-  // after a SET of this connection reads the new value, a DEL after it deletes it) and its
-  // reply follows theirs.
+  // Plain SETs, MSETs and DELs run one after another without waiting for each other (they
+  // share commits; an MSET's keys are one group that one commit completes; a DEL's removals are
+  // made when it runs and only their commit is waited for); any other command waits until the
+  // writes before it have completed (Stall), so that it sees their effects (a GET after a SET
+  // of this connection reads the new value) and its reply follows theirs. A DEL runs ahead of
+  // pending SETs only when none of them is still with the put thread (thread_sets_ == 0): its
+  // removals are made on this thread, so every earlier SET must have been put already.
 
-  // Whether this command (upper-case name cmd) would be a SET or an MSET completed
+  // Whether this command (upper-case name cmd) would be a SET, MSET or DEL/UNLINK completed
   // asynchronously.
-  bool AsyncSet(const std::string& cmd, const std::vector<std::string_view>& a) const;
+  bool AsyncWrite(const std::string& cmd, const std::vector<std::string_view>& a) const;
 
   // Keeps a copy of the command (argv views into the parser's buffer do not survive reads)
   // to run once no SET is pending; counted in Account().
@@ -182,10 +187,14 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   void SubmitSet(std::unique_ptr<RespSetJob> job, uint64_t start_us);
   // The same for the staged SETs of one MSET (in order), with one reply held for all of them.
   void SubmitMset(std::vector<std::unique_ptr<RespSetJob>> jobs, uint64_t start_us);
-  // SubmitSet's parts: a new hold at the current end of the reply text (its id), and the
-  // done that resolves it (taking the running command's in-flight slot).
-  uint64_t AddHold(uint64_t charged_bytes, uint64_t start_us, Op op);
-  RespDurableSets::Done HoldDone(uint64_t id);
+  // Removes the keys of a DEL/UNLINK (a[1..]) now and, when a commit must make that durable,
+  // holds its count until it is (RespDurableSets::SubmitRemovals); otherwise answers at once.
+  StatusCode SubmitDel(const std::string& cmd, const std::vector<std::string_view>& a);
+  // SubmitSet's parts: a new hold at the current end of the reply text (its id), whose reply
+  // is ok_reply when it succeeds, and the done that resolves it (taking the running command's
+  // in-flight slot).
+  uint64_t AddHold(uint64_t charged_bytes, uint64_t start_us, Op op, std::string_view ok_reply);
+  RespDurableSets::Done HoldDone(uint64_t id, std::string_view ok_reply);
   // After a Submit: whether it went to the put thread (the hold is still the last one).
   void SubmittedVia(bool put_here);
 
@@ -205,9 +214,9 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   // next there.
   void ArmDirect();
 
-  // On the commit thread, for a SET that succeeded: writes its "+OK" if it is armed (once).
-  // Returns the bytes written (0: SetDone writes the reply).
-  size_t DirectReply(uint64_t id);
+  // On the commit thread, for a write that succeeded: writes its reply (the hold's ok_reply)
+  // if it is armed (once). Returns the bytes written (0: SetDone writes the reply).
+  size_t DirectReply(uint64_t id, std::string_view reply);
 
   // A pending SET finished (sent_bytes of its reply already written by DirectReply): resolves
   // the replies that are now complete, in order, and lets Process write them (and read on,
@@ -217,7 +226,7 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   // ---- Commands (resp_session_commands.cc) ----
 
   // Runs one command (argv[0] its name, any case), appending its reply; a command other than
-  // a plain SET waits (Stall) while SETs of this connection are pending.
+  // a plain SET, MSET or DEL waits (Stall) while writes of this connection are pending.
   void Execute(const std::vector<std::string_view>& argv);
 
   // ---- MULTI / EXEC / DISCARD (resp_transaction.h) ----

@@ -1,9 +1,12 @@
-// SETs of a RESP connection completed asynchronously under durability sync (RespDurableSets),
-// and the lone pending SET's reply written by its commit (resp_session_impl.h).
+// Writes (SET, MSET, DEL) of a RESP connection completed asynchronously under durability sync
+// (RespDurableSets), and a lone pending write's reply written by its commit
+// (resp_session_impl.h).
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "cache_daemon/resp_session_impl.h"
 #include "common/clock.h"
@@ -16,11 +19,13 @@ constexpr std::string_view kOkReply = "+OK\r\n";
 
 }  // namespace
 
-bool RespSession::AsyncSet(const std::string& cmd, const std::vector<std::string_view>& a) const {
-  if (shared_->durable_sets == nullptr || tenant_ == nullptr || a.size() < 3 || txn_.queuing() ||
+bool RespSession::AsyncWrite(const std::string& cmd, const std::vector<std::string_view>& a) const {
+  if (shared_->durable_sets == nullptr || tenant_ == nullptr || txn_.queuing() ||
       txn_.executing()) {
     return false;
   }
+  if (cmd == "DEL"sv || cmd == "UNLINK"sv) return a.size() >= 2 && thread_sets_ == 0;
+  if (a.size() < 3) return false;
   if (cmd == "MSET"sv) return a.size() % 2 == 1;
   if (cmd != "SET"sv) return false;
   if (a.size() == 3) return true;
@@ -48,8 +53,8 @@ void RespSession::RunStalled() {
 
 void RespSession::SubmitSet(std::unique_ptr<RespSetJob> job, uint64_t start_us) {
   const uint64_t charged = job->envelope.size() + job->name.size() + kHoldOverheadBytes;
-  const uint64_t id = AddHold(charged, start_us, Op::kRespSet);
-  SubmittedVia(shared_->durable_sets->Submit(std::move(job), HoldDone(id),
+  const uint64_t id = AddHold(charged, start_us, Op::kRespSet, kOkReply);
+  SubmittedVia(shared_->durable_sets->Submit(std::move(job), HoldDone(id, kOkReply),
                                              /*put_here=*/thread_sets_ == 0));
 }
 
@@ -58,32 +63,63 @@ void RespSession::SubmitMset(std::vector<std::unique_ptr<RespSetJob>> jobs, uint
   for (const std::unique_ptr<RespSetJob>& job : jobs) {
     charged += job->envelope.size() + job->name.size() + kHoldOverheadBytes;
   }
-  const uint64_t id = AddHold(charged, start_us, Op::kRespMset);
-  SubmittedVia(shared_->durable_sets->Submit(std::move(jobs), HoldDone(id),
+  const uint64_t id = AddHold(charged, start_us, Op::kRespMset, kOkReply);
+  SubmittedVia(shared_->durable_sets->Submit(std::move(jobs), HoldDone(id, kOkReply),
                                              /*put_here=*/thread_sets_ == 0));
 }
 
-uint64_t RespSession::AddHold(uint64_t charged_bytes, uint64_t start_us, Op op) {
+StatusCode RespSession::SubmitDel(const std::string& cmd, const std::vector<std::string_view>& a) {
+  Service* svc = shared_->service;
+  std::vector<storage::DeferredCommit> commits;
+  int64_t deleted = 0;
+  Status st = svc->RespDelStage(*tenant_, std::span<const std::string_view>(a).subspan(1), &deleted,
+                                &commits);
+  if (!st.ok()) {
+    // A removal failed (rare: the SSD index could not be read): the others still wait for
+    // their commit here, then the error is the reply, as RespDelMany does.
+    (void)svc->RespDelComplete(commits);
+    return StoreError(st);
+  }
+  // A removal with ticket 0 has nothing to wait for (CompletePut returns at once).
+  std::erase_if(commits, [](const storage::DeferredCommit& c) { return c.ticket == 0; });
+  std::string reply;
+  resp::AppendInteger(deleted, &reply);
+  if (commits.empty()) {  // nothing to commit (no key was there): the count is final
+    out_ += reply;
+    return StatusCode::kOk;
+  }
+  const uint64_t charged = kHoldOverheadBytes + commits.size() * sizeof(storage::DeferredCommit);
+  const uint64_t id =
+      AddHold(charged, set_start_us_, cmd == "DEL"sv ? Op::kRespDel : Op::kRespOther, reply);
+  shared_->durable_sets->SubmitRemovals(std::move(commits), HoldDone(id, reply));
+  deferred_ = true;
+  return StatusCode::kOk;
+}
+
+uint64_t RespSession::AddHold(uint64_t charged_bytes, uint64_t start_us, Op op,
+                              std::string_view ok_reply) {
   Hold h;
   h.id = next_hold_id_++;
   h.op = op;
   h.text_pos = out_.size();
   h.charged_bytes = charged_bytes;
   h.start_us = start_us;
+  h.ok_reply = ok_reply;
   hold_bytes_ += h.charged_bytes;
   holds_.push_back(std::move(h));
   ArmDirect();
   return holds_.back().id;
 }
 
-RespDurableSets::Done RespSession::HoldDone(uint64_t id) {
+RespDurableSets::Done RespSession::HoldDone(uint64_t id, std::string_view ok_reply) {
   // The tenant's in-flight slot is the SET's until it completes, and is freed before its
   // reply can reach the client (DirectReply): a client that has every reply must not find
   // its requests still counted against the tenant's in-flight limit.
   auto slot = std::make_shared<InflightSlot>(std::move(slot_));
-  return [self = shared_from_this(), id, slot](const Status& st) -> RespDurableSets::Later {
+  return [self = shared_from_this(), id, slot,
+          reply = std::string(ok_reply)](const Status& st) -> RespDurableSets::Later {
     *slot = InflightSlot();
-    size_t sent = st.ok() ? self->DirectReply(id) : 0;
+    size_t sent = st.ok() ? self->DirectReply(id, reply) : 0;
     // Runs on an I/O thread (with the other SETs of the commit): the strand, when idle,
     // runs SetDone right there.
     return [self, id, st, sent] {
@@ -117,12 +153,12 @@ void RespSession::ArmDirect() {
   direct_id_ = h.id;
 }
 
-size_t RespSession::DirectReply(uint64_t id) {
+size_t RespSession::DirectReply(uint64_t id, std::string_view reply) {
   std::lock_guard<std::mutex> lock(direct_mu_);
   if (direct_id_ != id) return 0;
   direct_id_ = kNoHold;
-  ssize_t n = ::send(fd_, kOkReply.data(), kOkReply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-  if (n == static_cast<ssize_t>(kOkReply.size())) sent_through_ = id;
+  ssize_t n = ::send(fd_, reply.data(), reply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (n == static_cast<ssize_t>(reply.size())) sent_through_ = id;
   return n > 0 ? static_cast<size_t>(n) : 0;
 }
 
@@ -138,13 +174,13 @@ void RespSession::SetDone(uint64_t id, const Status& st, size_t sent_bytes) {
     std::string reply;
     StatusCode code = StatusCode::kOk;
     if (f.result.ok()) {
-      resp::AppendSimple("OK", &reply);
+      reply = f.ok_reply;
     } else {
       code = f.result.code();
       StoreErrorText(f.result, &reply);
     }
     if (f.sent_bytes > 0) {
-      // Only an armed SET's "+OK" is written by its commit, and the reply text is that.
+      // Only an armed write's ok_reply is written by its commit, and the reply text is that.
       reply.erase(0, std::min(f.sent_bytes, reply.size()));
       shared_->metrics->AddBytes(false, f.sent_bytes);
       shared_->metrics->resp_durable_set_direct_replies.fetch_add(1);

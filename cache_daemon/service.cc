@@ -672,16 +672,29 @@ Status Service::RespDel(const Tenant& t, std::string_view key) {
 
 Status Service::RespDelMany(const Tenant& t, std::span<const std::string_view> keys,
                             int64_t* deleted) {
+  std::vector<storage::DeferredCommit> commits;
+  Status st = RespDelStage(t, keys, deleted, &commits);
+  Status done = RespDelComplete(commits);  // also after a failed removal: the others wait
+  return st.ok() ? done : st;
+}
+
+Status Service::RespDelStage(const Tenant& t, std::span<const std::string_view> keys,
+                             int64_t* deleted, std::vector<storage::DeferredCommit>* commits) {
   *deleted = 0;
-  std::vector<storage::DeferredCommit> commits(keys.size());
+  commits->assign(keys.size(), storage::DeferredCommit{});
   Status st;
   for (size_t i = 0; i < keys.size(); ++i) {
     storage::Key k = BindResp(t, keys[i]);
     resp_index_.Remove(t.id, k);
-    Status removed = store_->DeleteDeferred(k, &commits[i]);
+    Status removed = store_->DeleteDeferred(k, &(*commits)[i]);
     if (removed.ok()) ++*deleted;
     if (!removed.ok() && !removed.IsNotFound() && st.ok()) st = removed;
   }
+  return st;
+}
+
+Status Service::RespDelComplete(std::span<const storage::DeferredCommit> commits) {
+  Status st;
   for (const storage::DeferredCommit& c : commits) {
     Status done = store_->CompletePut(c);
     if (st.ok()) st = done;

@@ -221,6 +221,14 @@ class Service {
   // when every removal is durable; else the first error (a failed commit: as RespDel's, the
   // keys stay removed in memory and their index deletes are retried at the next commit).
   Status RespDelMany(const Tenant& t, std::span<const std::string_view> keys, int64_t* deleted);
+  // RespDelMany's two halves, for a DEL completed asynchronously (RespDurableSets): the
+  // removals, made now (in memory, and visible to every reader at once), each leaving the
+  // commit it waits for in *commits (one per key, in order); then, later and on any thread,
+  // their completion. Stage returns the first error other than NotFound (a removal that could
+  // not be made); Complete returns OK only when every removal is durable.
+  Status RespDelStage(const Tenant& t, std::span<const std::string_view> keys, int64_t* deleted,
+                      std::vector<storage::DeferredCommit>* commits);
+  Status RespDelComplete(std::span<const storage::DeferredCommit> commits);
   // SET with options (resp::SetOptions): reads the current value and writes only when the
   // NX/XX condition holds (*written tells), keeping its expiry under KEEPTTL; when o.get,
   // *old receives the previous value (nullopt: none). The read and the write hold a striped

@@ -4,7 +4,8 @@
 // all get queued behind the held commit and then share one or two commits (counted by the
 // store's commit counter, not by time); replies keep request order, and a command after a SET
 // sees that SET's effect; a failed commit answers the SET with an error and leaves no value.
-// The same for MSET (its keys one group: one commit, one reply) and a DEL of several keys.
+// The same for MSET (its keys one group: one commit, one reply), a DEL of several keys, and
+// DELs pipelined behind a held commit.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -410,6 +411,52 @@ TEST_F(RespDurableSetTest, DelOfSeveralKeysIsOneCommit) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a second commit would show
   EXPECT_EQ(commits() - commits0, 1u) << "the deletes of one DEL did not share a commit";
   for (int k = 0; k < kKeys; ++k) EXPECT_FALSE(Stored("d" + std::to_string(k), Value(300, k)));
+}
+
+// 32 one-key DELs pipelined behind a SET whose commit's fdatasync is held: every DEL runs
+// (its key removed) without waiting for a commit, all of them pending with the SET, and once
+// released they share one more commit (two in all; one per DEL would be 33). Their counts come
+// back in request order, an absent key's among them, and a GET after them finds nothing.
+TEST_F(RespDurableSetTest, PipelinedDelsBehindAHeldCommitShareTheNextOne) {
+  constexpr int kKeys = 32;
+  int fd = Connect();
+  std::vector<std::string> set = {"MSET"};
+  for (int k = 0; k < kKeys; ++k) set.insert(set.end(), {"p" + std::to_string(k), Value(300, k)});
+  const uint64_t before_set = commits();
+  ASSERT_EQ(Roundtrip(fd, CmdOf(set), 5), "+OK\r\n");
+  ASSERT_TRUE(WarmCommitCounted(before_set));
+  const uint64_t commits0 = commits();
+  fault_.PauseSyncs(true);
+  std::string cmds = Cmd({"SET", "held", "x"}), want = "+OK\r\n";
+  for (int k = 0; k < kKeys; ++k) {
+    cmds += Cmd({"DEL", "p" + std::to_string(k)});
+    want += ":1\r\n";
+    if (k == kKeys / 2) {
+      cmds += Cmd({"DEL", "never-set"});
+      want += ":0\r\n";
+    }
+  }
+  cmds += Cmd({"GET", "p0"});
+  want += "$-1\r\n";
+  ASSERT_TRUE(kt::SendAllRaw(fd, cmds.data(), cmds.size()));
+  bool queued = Eventually([&] {
+    if (fault_.syncs_waiting() != 1 ||
+        Metric("kvtier_resp_durable_sets_pending") != uint64_t{kKeys + 1}) {
+      return false;
+    }
+    for (int k = 0; k < kKeys; ++k) {
+      if (Stored("p" + std::to_string(k), Value(300, k))) return false;
+    }
+    return true;
+  });
+  const std::string state = queued ? "" : PendingState();
+  fault_.PauseSyncs(false);
+  ASSERT_TRUE(queued) << "pipelined DELs waited for each other's commit (" << state << ")";
+  EXPECT_EQ(kt::RecvFor(fd, want.size(), 10000), want);
+  const uint64_t n = commits() - commits0;
+  EXPECT_GE(n, 1u);
+  EXPECT_LE(n, 2u) << "pipelined sync DELs did not share commits";
+  EXPECT_EQ(Metric("kvtier_resp_durable_sets_pending"), 0u);
 }
 
 // A lone pending SET's "+OK" is written by the commit that completes it (no hand-off back to

@@ -1,6 +1,6 @@
-// A minimal blocking RESP2 client for the crash driver: one command at a time over one TCP
-// connection, binary-safe bulk strings. The replies it reads are bounded (bulk strings of at
-// most kRespBulkBytesMax, arrays of at most kRespArrayElemsMax elements, nesting of at most
+// A minimal blocking RESP2 client for the crash driver: one command at a time (or one pipeline)
+// over one TCP connection, binary-safe bulk strings. The replies it reads are bounded (bulk strings
+// of at most kRespBulkBytesMax, arrays of at most kRespArrayElemsMax elements, nesting of at most
 // 2 levels); anything else is a Corruption error.
 //
 // Errors: IOError when the connection fails, closes or a reply does not arrive within
@@ -48,17 +48,38 @@ class RespClient {
   RespClient& operator=(const RespClient&) = delete;
 
   StatusOr<RespReply> Call(const std::vector<std::string_view>& args) {
-    std::string req = "*" + std::to_string(args.size()) + "\r\n";
-    for (std::string_view a : args) {
-      req += "$" + std::to_string(a.size()) + "\r\n";
-      req.append(a);
-      req += "\r\n";
-    }
+    std::string req;
+    Encode(args, &req);
     if (!testing::SendAllRaw(fd_, req.data(), req.size())) return Status::IOError("send failed");
     return ReadReply(0);
   }
 
+  // Sends every command in one write (a pipeline), then reads one reply per command.
+  StatusOr<std::vector<RespReply>> Pipeline(const std::vector<std::vector<std::string>>& cmds) {
+    std::string req;
+    for (const std::vector<std::string>& c : cmds) {
+      Encode(std::vector<std::string_view>(c.begin(), c.end()), &req);
+    }
+    if (!testing::SendAllRaw(fd_, req.data(), req.size())) return Status::IOError("send failed");
+    std::vector<RespReply> replies;
+    for (size_t i = 0; i < cmds.size(); ++i) {
+      StatusOr<RespReply> r = ReadReply(0);
+      if (!r.ok()) return r.status();
+      replies.push_back(std::move(r).value());
+    }
+    return replies;
+  }
+
  private:
+  static void Encode(const std::vector<std::string_view>& args, std::string* req) {
+    *req += "*" + std::to_string(args.size()) + "\r\n";
+    for (std::string_view a : args) {
+      *req += "$" + std::to_string(a.size()) + "\r\n";
+      req->append(a);
+      *req += "\r\n";
+    }
+  }
+
   RespClient(int fd, int timeout_ms) : fd_(fd), timeout_ms_(timeout_ms) {}
 
   Status Fill() {

@@ -1,8 +1,9 @@
 // End-to-end, the real kvtierd under durability "sync": the keys of one multi-key RESP command
-// (MSET, DEL / UNLINK of several keys) share one durable commit, and the reply waits for it
-// (docs/RESP.md "Durable SETs under sync"). Commits are counted by the daemon's own
-// kvtier_ssd_commits_total on /metrics, never timed. After an acknowledged MSET or DEL and
-// kill -9, a restart serves exactly what was acknowledged.
+// (MSET, DEL / UNLINK of several keys) share one durable commit, and the reply waits for it;
+// DELs pipelined on one connection share commits too, and their replies keep request order
+// among pending SETs (docs/RESP.md "Durable SETs and DELs under sync"). Commits are counted by the
+// daemon's own kvtier_ssd_commits_total on /metrics, never timed. After an acknowledged MSET or
+// DEL and kill -9, a restart serves exactly what was acknowledged.
 //
 // The timed group commit is off (group_commit_ms: one hour), so every commit is a request's,
 // and a put or delete that no commit covered stays in the process (the SSD tier's write
@@ -81,6 +82,14 @@ class RespMultiKeySyncTest : public kt::KvtierdTest {
     const uint64_t before = Commits();
     EXPECT_EQ(Call(c, {"SET", "warm", "x"}).str, "OK");
     return SettledCommits(before + 1);
+  }
+
+  // Sends cmds as one pipeline and returns the replies (empty on an error, reported).
+  static std::vector<RespReply> Pipeline(RespClient* c,
+                                         const std::vector<std::vector<std::string>>& cmds) {
+    auto r = c->Pipeline(cmds);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? std::move(r).value() : std::vector<RespReply>{};
   }
 
   void Kill9AndRestart() {
@@ -190,6 +199,105 @@ TEST_F(RespMultiKeySyncTest, AcknowledgedDelOfManyKeysSurvivesKill9) {
   EXPECT_EQ(back, 0) << "deleted keys came back after kill -9";
   EXPECT_EQ(lost, 0) << "keys not deleted lost their values";
   EXPECT_EQ(Call(c.get(), {"DBSIZE"}).integer, kKeys / 2);
+}
+
+// 64 one-key DELs pipelined in one write share commits: each removal is made when its DEL
+// runs, and the DELs run on without waiting for each other's commit (it used to be one commit
+// per DEL: 64). Each reply still counts its own key, an absent key's DEL among them too.
+TEST_F(RespMultiKeySyncTest, PipelinedDelsShareCommits) {
+  constexpr int kKeys = 64;
+  auto c = Connect();
+  ASSERT_TRUE(c);
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(Call(c.get(), Mset(0, kKeys, round)).str, "OK");
+    const uint64_t commits0 = Warm(c.get());
+    std::vector<std::vector<std::string>> dels;
+    for (int k = 0; k < kKeys; ++k) {
+      dels.push_back({k % 2 == 0 ? "DEL" : "UNLINK", "key:" + std::to_string(k)});
+      if (k == kKeys / 2) dels.push_back({"DEL", "absent"});
+    }
+    const std::vector<RespReply> r = Pipeline(c.get(), dels);
+    ASSERT_EQ(r.size(), dels.size());
+    for (size_t i = 0; i < r.size(); ++i) {
+      ASSERT_EQ(r[i].type, RespReply::Type::kInteger) << i << ": " << r[i].str;
+      EXPECT_EQ(r[i].integer, dels[i][1] == "absent" ? 0 : 1) << i;
+    }
+    // A DEL whose commit is its own makes 64; a few commits can cover all of them (the first
+    // DEL's commit may start before the others are read).
+    const uint64_t commits = SettledCommits(commits0 + 1) - commits0;
+    EXPECT_GE(commits, 1u) << "round " << round;
+    EXPECT_LE(commits, uint64_t{kKeys / 8}) << "round " << round;
+  }
+}
+
+// DELs pipelined among pending SETs see the SETs before them and their replies keep request
+// order: a SET's key deleted right after it, deleted again (0), set again and read back, a
+// key too long to ride in its unit (its SET goes through the put thread, so the DEL behind it
+// waits until it is put), an MSET then an UNLINK of its keys.
+TEST_F(RespMultiKeySyncTest, PipelinedDelsKeepOrderAmongPendingSets) {
+  const std::string long_key(5000, 'L');
+  auto c = Connect();
+  ASSERT_TRUE(c);
+  for (int round = 0; round < 3; ++round) {
+    const std::vector<std::vector<std::string>> cmds = {
+        {"SET", "a", Value(1, round)},   // +OK
+        {"DEL", "a"},                    // :1
+        {"DEL", "a"},                    // :0
+        {"SET", "a", Value(2, round)},   // +OK
+        {"SET", long_key, "l"},          // +OK (the put thread)
+        {"DEL", long_key, "a", "b"},     // :2
+        {"GET", "a"},                    // nil
+        {"MSET", "a", "x", "b", "y"},    // +OK
+        {"UNLINK", "b", "a", "c"},       // :2
+        {"EXISTS", "a", "b", long_key},  // :0
+    };
+    const std::vector<RespReply> r = Pipeline(c.get(), cmds);
+    ASSERT_EQ(r.size(), cmds.size());
+    using T = RespReply::Type;
+    const std::vector<std::pair<T, int64_t>> want = {
+        {T::kSimple, 0},  {T::kInteger, 1}, {T::kInteger, 0}, {T::kSimple, 0},  {T::kSimple, 0},
+        {T::kInteger, 2}, {T::kNil, 0},     {T::kSimple, 0},  {T::kInteger, 2}, {T::kInteger, 0}};
+    for (size_t i = 0; i < r.size(); ++i) {
+      EXPECT_EQ(r[i].type, want[i].first)
+          << "round " << round << ", reply " << i << ": " << r[i].str;
+      if (want[i].first == T::kInteger) {
+        EXPECT_EQ(r[i].integer, want[i].second) << i;
+      } else if (want[i].first == T::kSimple) {
+        EXPECT_EQ(r[i].str, "OK") << i;
+      }
+    }
+  }
+}
+
+// Acknowledged DELs pipelined one key each (every other key of 200) survive kill -9: each
+// reply was sent only once its removal was durable.
+TEST_F(RespMultiKeySyncTest, AcknowledgedPipelinedDelsSurviveKill9) {
+  constexpr int kKeys = 200;
+  {
+    auto c = Connect();
+    ASSERT_TRUE(c);
+    ASSERT_EQ(Call(c.get(), Mset(0, kKeys, 5)).str, "OK");
+    std::vector<std::vector<std::string>> dels;
+    for (int k = 0; k < kKeys; k += 2) dels.push_back({"DEL", "key:" + std::to_string(k)});
+    const std::vector<RespReply> r = Pipeline(c.get(), dels);
+    ASSERT_EQ(r.size(), dels.size());
+    for (const RespReply& one : r) ASSERT_EQ(one.integer, 1) << one.str;
+  }
+  Kill9AndRestart();
+  auto c = Connect();
+  ASSERT_TRUE(c);
+  const RespReply got = Call(c.get(), Keys("MGET", 0, kKeys));
+  ASSERT_EQ(got.elems.size(), size_t{kKeys});
+  int back = 0, lost = 0;
+  for (int k = 0; k < kKeys; ++k) {
+    if (k % 2 == 0) {
+      back += got.elems[k].type != RespReply::Type::kNil;
+    } else {
+      lost += got.elems[k].str != Value(k, 5);
+    }
+  }
+  EXPECT_EQ(back, 0) << "deleted keys came back after kill -9";
+  EXPECT_EQ(lost, 0) << "keys not deleted lost their values";
 }
 
 }  // namespace

@@ -51,16 +51,6 @@ json Completion(const std::string& prompt, int max_tokens) {
           {"temperature", 0}};
 }
 
-// A metric's value from /metrics text (first line starting with `name` + space or `{`).
-double Metric(const std::string& text, const std::string& series) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
-  }
-  return -1;
-}
-
 class ServeTest : public ::testing::Test {
  protected:
   void SetUp() override {

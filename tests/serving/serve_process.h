@@ -157,4 +157,15 @@ inline HttpReply Http(uint16_t port, const std::string& method, const std::strin
   return ParseReply(HttpRequest(port, method, path, body, headers));
 }
 
+// The value of one series (`name` or `name{labels}`, exactly as printed) in Prometheus text
+// such as /metrics; -1 when absent.
+inline double Metric(const std::string& text, const std::string& series) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  }
+  return -1;
+}
+
 }  // namespace kvtier::testing

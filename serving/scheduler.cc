@@ -229,6 +229,17 @@ engine::SessionStore* Scheduler::StoreFor(const Tenant* tenant) {
   return ts.store.get();
 }
 
+bool Scheduler::DaemonHoldsMore(const Tenant* tenant, const std::vector<int32_t>& prompt,
+                                size_t resident_tokens) {
+  const size_t unit = options_.session.unit_tokens;
+  if (prompt.size() / unit * unit <= resident_tokens) return false;
+  if (StoreFor(tenant) == nullptr) return false;
+  const std::vector<Digest> chain = engine::SessionChainKeys(
+      fingerprint_, std::span<const int32_t>(prompt), static_cast<uint32_t>(unit));
+  auto hit = stores_[tenant].client->Lookup(chain);
+  return hit.ok() && std::min<size_t>(hit->hit_count, chain.size()) * unit > resident_tokens;
+}
+
 uint64_t Scheduler::PoolTokens() const {
   uint64_t n = 0;
   for (const auto& s : active_) n += s->reserved;
@@ -347,6 +358,11 @@ Status Scheduler::Start(Seq* seq, Pending& p, bool* fetched) {
     if ((*it)->tenant != seq->tenant || toks.empty() || toks.size() > prompt.size()) continue;
     if (!std::equal(toks.begin(), toks.end(), prompt.begin())) continue;
     if (best == idle_.end() || toks.size() > (*best)->state.tokens.size()) best = it;
+  }
+  // A shorter resident sequence must not hide a longer hit in kvtierd (a later turn of the
+  // conversation swapped out while an earlier one, or a repeat of it, stayed resident).
+  if (best != idle_.end() && DaemonHoldsMore(seq->tenant, prompt, (*best)->state.tokens.size())) {
+    best = idle_.end();
   }
   std::unique_ptr<Seq> resident;
   if (best != idle_.end()) {

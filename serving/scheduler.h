@@ -233,6 +233,11 @@ class Scheduler {
   void Fail(std::unique_ptr<Seq> seq, const Status& status);
   void SaveSeq(Seq* seq);
   engine::SessionStore* StoreFor(const Tenant* tenant);
+  // Whether kvtierd holds more whole pages of `prompt` than the `resident_tokens` of a resident
+  // sequence cover (one LOOKUP, only when the prompt has whole pages past them); false without
+  // a store or when the lookup fails.
+  bool DaemonHoldsMore(const Tenant* tenant, const std::vector<int32_t>& prompt,
+                       size_t resident_tokens);
   // Removes queued requests whose client went away (each counted as a disconnect), so that
   // they hold no place in queue_depth_max. Requires mu_.
   void DropCancelledLocked();

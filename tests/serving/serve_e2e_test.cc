@@ -183,6 +183,29 @@ TEST_F(ServeTest, SecondTurnRestoresFirstTurnExactly) {
   EXPECT_NEAR(Metric(m, "kvtier_serve_cost_total{tenant=\"alice\"}"), cost, 1e-12);
 }
 
+// A resident sequence shorter than what kvtierd holds for the prompt does not hide the longer
+// hit: turn 1 of a conversation stays resident (a repeat of it keeps a copy idle) while turn 2
+// is swapped out; turn 3 restores turn 2 from kvtierd, not turn 1 from memory.
+TEST_F(ServeTest, AShortResidentSequenceDoesNotHideALongerDaemonHit) {
+  StartServer({"--idle-sequences-max", "2"});
+  const std::string p1 = Text(100, 13);
+  json j1 = Post("/v1/completions", Completion(p1, 4)).Json();
+  const std::string out1 = j1["choices"][0]["text"];
+  ASSERT_EQ(out1.size(), 4u);
+  const std::string p2 = p1 + out1 + Text(150, 14);
+  json j2 = Post("/v1/completions", Completion(p2, 1)).Json();  // continues turn 1
+  ASSERT_EQ(j2["usage"]["prompt_tokens_details"]["cached_tokens"], 103);
+  // Turn 1 again (a resident copy of its 103 tokens), then another request: turn 2, least
+  // recently used of the three idle sequences, is swapped out; turn 1's copy stays.
+  ASSERT_EQ(Post("/v1/completions", Completion(p1, 4)).status, 200);
+  ASSERT_EQ(Post("/v1/completions", Completion(Text(30, 15), 1)).status, 200);
+  json u3 = Post("/v1/completions", Completion(p2 + "h and more", 1)).Json()["usage"];
+  EXPECT_EQ(u3["prompt_tokens_details"]["cached_tokens"], 254);  // turn 2's 254 tokens
+  const std::string m = Metrics();
+  EXPECT_EQ(Metric(m, "kvtier_serve_hot_state_restores_total"), 1);
+  EXPECT_EQ(Metric(m, "kvtier_serve_swap_outs_total"), 1);
+}
+
 // With the finished sequence kept resident, the next turn continues it: every token of
 // turn 1 that is in the engine counts, page-aligned or not.
 TEST_F(ServeTest, ResidentContinuationHitsEveryForwardedToken) {

@@ -7,6 +7,7 @@ per case and times ROUNDS commands of each case, waiting for each reply:
   pipeline  64 SETs of the same sizes sent in one write (one pipeline)
   set       one SET of 1,024 bytes
   del       DEL of 64 keys (an untimed MSET of them before each)
+  pipedel   64 one-key DELs sent in one write (the same untimed MSET before each)
 It prints milliseconds per command and SSD commits per command (kvtier_ssd_commits_total on
 /metrics; for del the untimed MSETs' commits are left out). With --strace each daemon runs
 under `strace -f -c -e trace=fdatasync,fsync` and the fdatasync and fsync calls per command
@@ -61,6 +62,8 @@ CASES = {
                  b"+OK\r\n" * KEYS, None),
     "set": (lambda r: cmd("SET", "one", value(0, r)), b"+OK\r\n", None),
     "del": (lambda r: cmd("DEL", *["m%d" % k for k in range(KEYS)]), b":%d\r\n" % KEYS, mset),
+    "pipedel": (lambda r: b"".join(cmd("DEL", "m%d" % k) for k in range(KEYS)), b":1\r\n" * KEYS,
+                mset),
     "idle": None,
 }
 
@@ -160,7 +163,7 @@ def main():
                                                                   kvtierd))
     print("%-9s %10s %12s %s" % ("case", "ms/cmd", "commits/cmd",
                                  "fdatasync/cmd fsync/cmd" if strace else ""))
-    for name in ("mset", "pipeline", "set", "del"):
+    for name in ("mset", "pipeline", "set", "del", "pipedel"):
         ms, commits, calls = run(kvtierd, name, rounds, strace)
         extra = ""
         if strace:

@@ -216,6 +216,12 @@ std::map<std::string, Setter> KeyTable(DaemonOptions& o, std::string& durability
       {"limits.auth_timeout_ms", UintKey("limits.auth_timeout_ms", &o.auth_timeout_ms)},
       {"limits.unauthenticated_connections_max",
        UintKey("limits.unauthenticated_connections_max", &o.unauthenticated_connections_max)},
+      {"limits.unauthenticated_connections_per_source_max",
+       UintKey("limits.unauthenticated_connections_per_source_max",
+               &o.unauthenticated_connections_per_source_max)},
+      {"limits.unauthenticated_source_ipv6_prefix_bits",
+       UintKey("limits.unauthenticated_source_ipv6_prefix_bits",
+               &o.unauthenticated_source_ipv6_prefix_bits)},
       {"auth.tokens_file", StringKey("auth.tokens_file", &o.tokens_file)},
       {"auth.server_secret_file", StringKey("auth.server_secret_file", &o.server_secret_file)},
       {"auth.default_inflight_max", UintKey("auth.default_inflight_max", &o.default_inflight_max)},
@@ -441,6 +447,20 @@ Status Finalize(DaemonOptions* o) {
   }
   if (o->unauthenticated_connections_max == 0 || o->unauthenticated_connections_max > 65536) {
     return Bad("limits.unauthenticated_connections_max", "1..65536");
+  }
+  if (o->unauthenticated_connections_per_source_max == 0) {
+    o->unauthenticated_connections_per_source_max = std::min(
+        DaemonOptions::kUnauthenticatedPerSourceDefault, o->unauthenticated_connections_max);
+  }
+  if (o->unauthenticated_connections_per_source_max > o->unauthenticated_connections_max) {
+    return Bad("limits.unauthenticated_connections_per_source_max",
+               "1..limits.unauthenticated_connections_max (" +
+                   std::to_string(o->unauthenticated_connections_max) +
+                   "): one source may hold at most every unauthenticated place of a front");
+  }
+  if (o->unauthenticated_source_ipv6_prefix_bits < 16 ||
+      o->unauthenticated_source_ipv6_prefix_bits > 128) {
+    return Bad("limits.unauthenticated_source_ipv6_prefix_bits", "16..128");
   }
   if (o->socket_path.size() >= 108) {
     return Bad("server.socket", "path longer than 107 bytes (sun_path limit)");

@@ -132,6 +132,16 @@ struct DaemonOptions {
   // Unauthenticated connections per front; beyond it a new connection is closed at accept, so
   // clients that never authenticate cannot take the slots of *_connections_max.
   uint32_t unauthenticated_connections_max = 64;
+  // Of those, per source on the TCP fronts (native TCP, RESP; TLS or not), so that one client
+  // reconnecting as fast as it is closed cannot keep all of them (cache_daemon/source_limit.h):
+  // 1..unauthenticated_connections_max; 0 (unset) -> Finalize() sets
+  // min(kUnauthenticatedPerSourceDefault, unauthenticated_connections_max). Not on the Unix
+  // socket (no source address; its clients are local, admitted by the socket's permissions).
+  static constexpr uint32_t kUnauthenticatedPerSourceDefault = 8;
+  uint32_t unauthenticated_connections_per_source_max = 0;
+  // The bits of an IPv6 peer address that name its source (16..128): 64, as one host owns a
+  // /64. An IPv4 source is its whole address; an IPv4-mapped IPv6 peer is its IPv4 address.
+  uint32_t unauthenticated_source_ipv6_prefix_bits = 64;
 
   // [auth]
   std::string tokens_file;               // "" -> auth off (loopback / Unix only)

@@ -52,18 +52,33 @@ bool Shared::FrontAuthenticates(Front front) const {
   return tenants->auth_enabled() && front != Front::kHttp;
 }
 
-bool Shared::AcquireUnauthenticated(Front front) {
+std::optional<SourceKey> Shared::SourceOf(Front front, const asio::ip::address& peer) const {
+  if (!FrontAuthenticates(front) ||
+      unauthenticated_sources[static_cast<size_t>(front)] == nullptr) {
+    return std::nullopt;
+  }
+  return SourceKeyOf(peer, options->unauthenticated_source_ipv6_prefix_bits);
+}
+
+bool Shared::AcquireUnauthenticated(Front front, const std::optional<SourceKey>& source) {
+  SourcePlaces* per_source = unauthenticated_sources[static_cast<size_t>(front)].get();
+  if (source && !per_source->Acquire(*source, IdleWatch::NowMs())) {
+    metrics->Refuse(Refusal::kUnauthenticatedPerSource);
+    return false;
+  }
   auto& open = unauthenticated_open[static_cast<size_t>(front)];
   if (open.fetch_add(1) >= options->unauthenticated_connections_max) {
     open.fetch_sub(1);
+    if (source) per_source->Release(*source);
     metrics->Refuse(Refusal::kUnauthenticatedConnections);
     return false;
   }
   return true;
 }
 
-void Shared::ReleaseUnauthenticated(Front front) {
+void Shared::ReleaseUnauthenticated(Front front, const std::optional<SourceKey>& source) {
   unauthenticated_open[static_cast<size_t>(front)].fetch_sub(1);
+  if (source) unauthenticated_sources[static_cast<size_t>(front)]->Release(*source);
 }
 
 std::string RenderMetrics(Shared* shared, bool tenant_series) {
@@ -91,6 +106,13 @@ std::string RenderMetrics(Shared* shared, bool tenant_series) {
   for (Front f : {Front::kUnix, Front::kNativeTcp, Front::kResp}) {
     extra.unauthenticated_connections.emplace_back(
         FrontName(f), shared->unauthenticated_open[static_cast<size_t>(f)].load());
+  }
+  for (Front f : {Front::kNativeTcp, Front::kResp}) {
+    const SourcePlaces* places = shared->unauthenticated_sources[static_cast<size_t>(f)].get();
+    if (places == nullptr) continue;
+    const SourcePlaces::Gauges g = places->gauges();
+    extra.unauthenticated_sources.push_back(
+        {.front = FrontName(f), .sources = g.sources, .top_places = g.top_places});
   }
   std::string page = shared->metrics->RenderPrometheus(shared->service->store()->GetStats(), extra);
   if (shared->tls != nullptr) page += shared->tls->RenderPrometheus();
@@ -143,6 +165,12 @@ class DaemonImpl final : public Daemon {
     shared_.workers = &workers_;
     shared_.start_us = DefaultSteadyClock().NowUs();
     shared_.request_shutdown = [this] { Shutdown(); };
+    shared_.unauthenticated_sources[static_cast<size_t>(Front::kNativeTcp)] =
+        std::make_unique<SourcePlaces>("kvtierd native TCP front",
+                                       options_.unauthenticated_connections_per_source_max);
+    shared_.unauthenticated_sources[static_cast<size_t>(Front::kResp)] =
+        std::make_unique<SourcePlaces>("kvtierd RESP front",
+                                       options_.unauthenticated_connections_per_source_max);
     internal::WarmShmStage();  // the first GET over shared memory copies into warm pages
     // Each worker's first SHA-256, stack and heap pages now, not inside the first request it
     // runs (worker_warm.h).
@@ -318,7 +346,9 @@ class DaemonImpl final : public Daemon {
     ~AdmissionHold() {
       if (taken) return;
       shared->front_open[static_cast<size_t>(admission.front)].fetch_sub(1);
-      if (admission.unauthenticated) shared->ReleaseUnauthenticated(admission.front);
+      if (admission.unauthenticated) {
+        shared->ReleaseUnauthenticated(admission.front, admission.source);
+      }
     }
     Shared* shared;
     internal::Admission admission;
@@ -331,10 +361,12 @@ class DaemonImpl final : public Daemon {
   }
 
   // Counts the connection in its front, and with auth on in the front's unauthenticated
-  // connections, on success; its ConnectionCount (Counted) uncounts it. nullopt: the
-  // connection is to be closed at once (counted in connections_rejected and, for a limit of
-  // [limits], in its refusal reason).
-  std::optional<internal::Admission> Admit(Front front) {
+  // connections (and their places of `source`, a TCP connection's: Shared::SourceOf), on
+  // success; its ConnectionCount (Counted) uncounts it. nullopt: the connection is to be closed
+  // at once (counted in connections_rejected and, for a limit of [limits], in its refusal
+  // reason).
+  std::optional<internal::Admission> Admit(Front front,
+                                           const std::optional<SourceKey>& source = std::nullopt) {
     if (shared_.draining.load() || metrics_.connections_open.load() >= options_.max_connections) {
       metrics_.connections_rejected.fetch_add(1);
       return std::nullopt;
@@ -348,11 +380,13 @@ class DaemonImpl final : public Daemon {
       metrics_.Refuse(Refusal::kFrontConnections);
       return std::nullopt;
     }
-    internal::Admission admission{
-        .front = front, .unauthenticated = false, .accepted_ms = internal::IdleWatch::NowMs()};
+    internal::Admission admission{.front = front,
+                                  .unauthenticated = false,
+                                  .source = source,
+                                  .accepted_ms = internal::IdleWatch::NowMs()};
     if (shared_.FrontAuthenticates(front)) {
       // Unauthenticated until its first successful HELLO/AUTH (the session's deadline).
-      if (!shared_.AcquireUnauthenticated(front)) {
+      if (!shared_.AcquireUnauthenticated(front, source)) {
         open.fetch_sub(1);
         metrics_.connections_rejected.fetch_add(1);
         return std::nullopt;
@@ -405,7 +439,17 @@ class DaemonImpl final : public Daemon {
         return;
       }
       accept_backoff_[static_cast<size_t>(front)].Succeeded();
-      if (std::optional<internal::Admission> admitted = Admit(front)) {
+      // The peer's address, for the per-source limits; a connection whose peer is already
+      // gone (ENOTCONN) has none and is closed as any refused one.
+      boost::system::error_code peer_ec;
+      const Tcp::endpoint peer = s.remote_endpoint(peer_ec);
+      if (peer_ec) {
+        metrics_.connections_rejected.fetch_add(1);
+        AcceptTcp(acc, front);
+        return;
+      }
+      if (std::optional<internal::Admission> admitted =
+              Admit(front, shared_.SourceOf(front, peer.address()))) {
         if (UsesTls(front)) {
           // The session starts on the plaintext end once the handshake is done. Until
           // then the admission is held here: a handshake that fails or times out never

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "cache_daemon/cluster_node.h"
 #include "cache_daemon/config.h"
@@ -20,6 +21,7 @@
 #include "cache_daemon/metrics.h"
 #include "cache_daemon/resp_durable_sets.h"
 #include "cache_daemon/service.h"
+#include "cache_daemon/source_limit.h"
 #include "cache_daemon/tenants.h"
 #include "cache_daemon/tls_front.h"
 #include "cache_daemon/whatif.h"
@@ -122,24 +124,40 @@ struct Shared {
   // carry their own token and are answered without one too).
   bool FrontAuthenticates(Front front) const;
   // Takes a place among the front's unauthenticated connections
-  // (limits.unauthenticated_connections_max); false, counted as a refusal, at the limit.
-  bool AcquireUnauthenticated(Front front);
-  void ReleaseUnauthenticated(Front front);
+  // (limits.unauthenticated_connections_max) and, for a connection with a source (a TCP
+  // front's: SourceOf), one of its source's places there
+  // (limits.unauthenticated_connections_per_source_max); false, counted as a refusal of the
+  // limit reached, when either is at its limit (the source's is checked first, so a source at
+  // its limit takes nothing of the front's). Release gives back both; `source` must be the
+  // one the place was taken with.
+  bool AcquireUnauthenticated(Front front, const std::optional<SourceKey>& source);
+  void ReleaseUnauthenticated(Front front, const std::optional<SourceKey>& source);
+  // The source a TCP front's connection from `peer` counts under: nullopt where the front
+  // does not count them (FrontAuthenticates false, or the Unix socket).
+  std::optional<SourceKey> SourceOf(Front front, const asio::ip::address& peer) const;
   // Connections per front holding such a place (kvtier_unauthenticated_connections_open).
   std::array<std::atomic<uint32_t>, static_cast<size_t>(Front::kCount)> unauthenticated_open{};
+  // Their places per source on the TCP fronts that authenticate with HELLO/AUTH (native TCP,
+  // RESP); null for the Unix socket and the HTTP front. Set before the fronts accept; with
+  // auth off they stay empty (SourceOf gives no source).
+  std::array<std::unique_ptr<SourcePlaces>, static_cast<size_t>(Front::kCount)>
+      unauthenticated_sources{};
 };
 
 // What a front's admission gave a connection at accept (the daemon's Admit).
 struct Admission {
   Front front = Front::kUnix;
-  // Holds a place in shared->unauthenticated_open[front] (FrontAuthenticates(front)).
+  // Holds a place in shared->unauthenticated_open[front] (FrontAuthenticates(front)), and
+  // with a source one in shared->unauthenticated_sources[front] too.
   bool unauthenticated = false;
-  uint64_t accepted_ms = 0;  // steady clock (IdleWatch::NowMs) at accept
+  std::optional<SourceKey> source;  // a TCP front's (Shared::SourceOf)
+  uint64_t accepted_ms = 0;         // steady clock (IdleWatch::NowMs) at accept
 };
 
 // One connection's place in the counts its front's admission checks: shared->front_open[front]
-// and, until the connection authenticates, shared->unauthenticated_open[front] (both taken by
-// the caller at admission and handed over here), and metrics->connections_open (taken here).
+// and, until the connection authenticates, shared->unauthenticated_open[front] and its
+// source's place (all taken by the caller at admission and handed over here), and
+// metrics->connections_open (taken here).
 // All are given back when the last owner lets go: the session, and on a TLS front also the
 // relay, which can outlive its session while it writes the session's last replies to the
 // client (tls_front.h); so a connection closed unauthenticated counts as unauthenticated
@@ -151,12 +169,13 @@ class ConnectionCount {
       : shared_(shared),
         front_(admission.front),
         accepted_ms_(admission.accepted_ms),
+        source_(admission.source),
         unauthenticated_(admission.unauthenticated) {
     shared_->metrics->connections_open.fetch_add(1);
     shared_->metrics->connections_total.fetch_add(1);
   }
   ~ConnectionCount() {
-    if (unauthenticated_.exchange(false)) shared_->ReleaseUnauthenticated(front_);
+    if (unauthenticated_.exchange(false)) shared_->ReleaseUnauthenticated(front_, source_);
     shared_->front_open[static_cast<size_t>(front_)].fetch_sub(1);
     shared_->metrics->connections_open.fetch_sub(1);
   }
@@ -170,13 +189,14 @@ class ConnectionCount {
   uint64_t AuthDeadlineMs() const { return accepted_ms_ + shared_->options->auth_timeout_ms; }
   // The connection authenticated: its unauthenticated place is given back (no-op when none).
   void Authenticated() {
-    if (unauthenticated_.exchange(false)) shared_->ReleaseUnauthenticated(front_);
+    if (unauthenticated_.exchange(false)) shared_->ReleaseUnauthenticated(front_, source_);
   }
   // The connection lost its tenant (native: a failed HELLO/AUTH after a successful one, auth
-  // on): it takes an unauthenticated place again. False (counted) at the front's limit.
+  // on): it takes an unauthenticated place again. False (counted) at the front's limit or
+  // its source's.
   bool Deauthenticated() {
     if (unauthenticated_.load()) return true;
-    if (!shared_->AcquireUnauthenticated(front_)) return false;
+    if (!shared_->AcquireUnauthenticated(front_, source_)) return false;
     unauthenticated_.store(true);
     return true;
   }
@@ -185,6 +205,7 @@ class ConnectionCount {
   Shared* const shared_;
   const Front front_;
   const uint64_t accepted_ms_;
+  const std::optional<SourceKey> source_;
   std::atomic<bool> unauthenticated_;
 };
 

@@ -17,7 +17,8 @@ const char* RefusalName(Refusal r) {
                                            "resp_multi",
                                            "resp_keys",
                                            "unauthenticated_connections",
-                                           "auth_timeout"};
+                                           "auth_timeout",
+                                           "unauthenticated_per_source"};
   static_assert(std::size(kNames) == static_cast<size_t>(Refusal::kCount));
   return kNames[static_cast<size_t>(r)];
 }
@@ -455,6 +456,21 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
              "limits.unauthenticated_connections_max).");
     for (const auto& [front, n] : extra.unauthenticated_connections) {
       p.Sample("kvtier_unauthenticated_connections_open", "front=\"" + front + "\"", n);
+    }
+  }
+  if (!extra.unauthenticated_sources.empty()) {
+    p.Family("kvtier_unauthenticated_sources", "gauge",
+             "Source addresses (IPv4 address, IPv6 prefix) holding unauthenticated connections, "
+             "per TCP front (auth on).");
+    for (const auto& g : extra.unauthenticated_sources) {
+      p.Sample("kvtier_unauthenticated_sources", "front=\"" + g.front + "\"", g.sources);
+    }
+    p.Family("kvtier_unauthenticated_top_source_connections", "gauge",
+             "The most unauthenticated connections one source holds, per TCP front (auth on; "
+             "limits.unauthenticated_connections_per_source_max).");
+    for (const auto& g : extra.unauthenticated_sources) {
+      p.Sample("kvtier_unauthenticated_top_source_connections", "front=\"" + g.front + "\"",
+               g.top_places);
     }
   }
   p.One("kvtier_tenant_inflight_rejections_total", "counter",

@@ -69,6 +69,7 @@ enum class Refusal : uint8_t {
   // Auth on, before authentication (docs/CONFIG.md "Connection limits"):
   kUnauthenticatedConnections,  // accept over unauthenticated_connections_max (front's)
   kAuthTimeout,                 // closed: not authenticated within auth_timeout_ms of accept
+  kUnauthenticatedPerSource,    // accept over unauthenticated_connections_per_source_max
   kCount
 };
 const char* RefusalName(Refusal r);
@@ -173,6 +174,12 @@ class DaemonMetrics {
     // Connections not yet authenticated per front that authenticates with HELLO/AUTH:
     // (front name, count); 0 with auth off.
     std::vector<std::pair<std::string, uint64_t>> unauthenticated_connections;
+    // Per TCP front that counts them per source (auth on): (front name, SourcePlaces gauges).
+    struct SourceGauges {
+      std::string front;
+      uint64_t sources = 0, top_places = 0;
+    };
+    std::vector<SourceGauges> unauthenticated_sources;
   };
   // The whole /metrics page: daemon counters plus the storage snapshot.
   std::string RenderPrometheus(const storage::Stats& s, const Extra& extra) const;

@@ -122,11 +122,22 @@ inline bool AddressInUse(std::string_view message) {
 }
 
 // A TCP connection to 127.0.0.1:port, or -1. rcvbuf_bytes > 0 sets SO_RCVBUF before the
-// connect (so the window the peer sees stays that small).
-inline int ConnectTcp(uint16_t port, int rcvbuf_bytes = 0) {
+// connect (so the window the peer sees stays that small). from_ip (an IPv4 address of this
+// host, e.g. 127.0.0.2: all of 127/8 is loopback on Linux) is the connection's source address
+// (nullptr: the kernel's choice, 127.0.0.1).
+inline int ConnectTcp(uint16_t port, int rcvbuf_bytes = 0, const char* from_ip = nullptr) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (rcvbuf_bytes > 0)
     ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf_bytes, sizeof(rcvbuf_bytes));
+  if (from_ip != nullptr) {
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    if (::inet_pton(AF_INET, from_ip, &from.sin_addr) != 1 ||
+        ::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0) {
+      ::close(fd);
+      return -1;
+    }
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);

@@ -120,14 +120,14 @@ inline bool MakeTestPki(const std::filesystem::path& dir, TestPki* out) {
 
 // A blocking TLS connection to 127.0.0.1:port that verifies the server against ca_file and
 // the name 127.0.0.1. Every read waits at most timeout_ms. rcvbuf_bytes > 0: the TCP
-// receive buffer is that small (ConnectTcp).
+// receive buffer is that small; from_ip: the source address (both as ConnectTcp).
 class TlsTestConn {
  public:
   static std::unique_ptr<TlsTestConn> Connect(uint16_t port, const std::string& ca_file,
                                               std::string* error, int timeout_ms = 5000,
-                                              int rcvbuf_bytes = 0) {
+                                              int rcvbuf_bytes = 0, const char* from_ip = nullptr) {
     auto c = std::unique_ptr<TlsTestConn>(new TlsTestConn());
-    c->fd_ = ConnectTcp(port, rcvbuf_bytes);
+    c->fd_ = ConnectTcp(port, rcvbuf_bytes, from_ip);
     if (c->fd_ < 0) {
       *error = "connect failed";
       return nullptr;

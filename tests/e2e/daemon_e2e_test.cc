@@ -1142,9 +1142,10 @@ TEST_F(E2eTest, MetricsPassPromtoolAndBadInputLeavesDaemonHealthy) {
   EXPECT_NE(metrics.find("kvtier_tier_hits_total{tier=\"dram\"}"), std::string::npos);
   EXPECT_NE(metrics.find("kvtier_slow_client_disconnects_total 1"), std::string::npos);
   // The connection-limit refusals: one family, a bounded reason label, every reason present.
-  for (const char* reason : {"front_connections", "tenant_connections", "preauth_frame",
-                             "unauthenticated", "resp_command", "reply_queue", "memory", "idle",
-                             "unauthenticated_connections", "auth_timeout"}) {
+  for (const char* reason :
+       {"front_connections", "tenant_connections", "preauth_frame", "unauthenticated",
+        "resp_command", "reply_queue", "memory", "idle", "unauthenticated_connections",
+        "auth_timeout", "unauthenticated_per_source"}) {
     EXPECT_NE(metrics.find(std::string("kvtier_connection_limit_refusals_total{reason=\"") +
                            reason + "\"}"),
               std::string::npos)
@@ -1154,6 +1155,7 @@ TEST_F(E2eTest, MetricsPassPromtoolAndBadInputLeavesDaemonHealthy) {
   EXPECT_NE(metrics.find("kvtier_front_connections_open{front=\"unix\"}"), std::string::npos);
   EXPECT_NE(metrics.find("kvtier_unauthenticated_connections_open{front=\"resp\"} 0"),
             std::string::npos);
+  EXPECT_NE(metrics.find("kvtier_unauthenticated_sources{front=\"resp\"} 0"), std::string::npos);
   // No key material in labels: no 64-hex strings anywhere.
   EXPECT_EQ(metrics.find(ToHex(Chain(1, 8)[0])), std::string::npos);
   EXPECT_NE(kt::HttpRequest(d_->http_port(), "GET", "/readyz").find("200 OK"), std::string::npos);

@@ -4,7 +4,10 @@
 // RESP, each with TLS or not) is closed when it has not authenticated within auth_timeout_ms
 // of its accept, whatever it sends meanwhile; each such front holds at most
 // unauthenticated_connections_max of them, more are closed at accept; the count is given back
-// on every path (authentication, close, error, timeout, failed handshake). With auth off
+// on every path (authentication, close, error, timeout, failed handshake). On the TCP fronts
+// one source address holds at most unauthenticated_connections_per_source_max of those places,
+// so a client reconnecting as fast as it is closed cannot keep other hosts out (the tests use
+// other loopback addresses, 127.0.0.2 and 127.0.0.3, as the other hosts). With auth off
 // nothing of this applies. The HTTP admin front (per-request tokens) is not counted.
 //
 // Deadlines are upper bounds only: the tests poll until a connection is closed and fail after
@@ -47,6 +50,10 @@ constexpr int kUnauthenticatedMax = 4;
 // A refused connection is closed at accept: the client sees its end at once; this is the
 // (generous) wait for it.
 constexpr int kRefusedWaitMs = 5000;
+// Source addresses of the per-source tests: the flooding client and two other hosts.
+constexpr const char* kFlooder = "127.0.0.1";
+constexpr const char* kOtherHost = "127.0.0.2";
+constexpr const char* kThirdHost = "127.0.0.3";
 
 Key TestKey(uint32_t i) {
   std::string s = "preauth-e2e-" + std::to_string(i);
@@ -91,6 +98,33 @@ std::string RespCall(int fd, const std::string& command) {
     out += got;
   }
   return out;
+}
+
+// Waits until `closed_want` of fds have been ended by the peer (at most kRefusedWaitMs), closes
+// those and returns the others, still open.
+std::vector<int> OpenOnesOnceClosed(const std::vector<int>& fds, size_t closed_want) {
+  std::vector<bool> closed(fds.size(), false);
+  size_t closed_n = 0;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(kRefusedWaitMs);
+  while (closed_n < closed_want && std::chrono::steady_clock::now() < deadline) {
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!closed[i] && FdClosedWithin(fds[i], 0)) {
+        closed[i] = true;
+        ++closed_n;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::vector<int> open;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (closed[i]) {
+      ::close(fds[i]);
+    } else {
+      open.push_back(fds[i]);
+    }
+  }
+  return open;
 }
 
 class PreauthE2eTest : public kt::KvtierdTest {
@@ -159,6 +193,40 @@ class PreauthE2eTest : public kt::KvtierdTest {
     ADD_FAILURE() << "unauthenticated connections (unix, native_tcp, resp): " << got[0] << ", "
                   << got[1] << ", " << got[2] << "; want " << unix_n << ", " << tcp_n << ", "
                   << resp_n;
+    return false;
+  }
+
+  // The per-source gauges of a TCP front ("native_tcp", "resp"): sources holding
+  // unauthenticated connections, and the most one of them holds.
+  int64_t Sources(const std::string& front) {
+    return Sample("kvtier_unauthenticated_sources{front=\"" + front + "\"}");
+  }
+  int64_t TopSource(const std::string& front) {
+    return Sample("kvtier_unauthenticated_top_source_connections{front=\"" + front + "\"}");
+  }
+  // Polls until the front's per-source gauges read (sources, top); false (with the last
+  // readings reported) after kCloseWaitMs.
+  bool SourcesBecome(const std::string& front, int64_t sources, int64_t top) {
+    int64_t got[2] = {-1, -1};
+    for (int waited_ms = 0; waited_ms < kCloseWaitMs; waited_ms += 20) {
+      got[0] = Sources(front);
+      got[1] = TopSource(front);
+      if (got[0] == sources && got[1] == top) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ADD_FAILURE() << front << " sources, top source: " << got[0] << ", " << got[1] << "; want "
+                  << sources << ", " << top;
+    return false;
+  }
+  // Polls until a refusal counter reads `want`; false (reported) after kCloseWaitMs.
+  bool RefusalsBecome(const std::string& reason, int64_t want) {
+    int64_t got = -1;
+    for (int waited_ms = 0; waited_ms < kCloseWaitMs; waited_ms += 20) {
+      got = Refusals(reason);
+      if (got == want) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ADD_FAILURE() << "refusals " << reason << ": " << got << "; want " << want;
     return false;
   }
 
@@ -290,8 +358,9 @@ TEST_F(PreauthE2eTest, UnauthenticatedConnectionsAreCappedPerFront) {
   std::vector<int> held;
   for (int i = 0; i < kUnauthenticatedMax; ++i) held.push_back(kt::ConnectTcp(d_->resp_port()));
   ASSERT_TRUE(UnauthenticatedBecome(0, 0, kUnauthenticatedMax));
-  // The next one is closed at once; so is a tenant's on this front until a place is free.
-  int extra = kt::ConnectTcp(d_->resp_port());
+  // The next one, from another host (this one holds its source's share too), is closed at
+  // once; so is a tenant's on this front until a place is free.
+  int extra = kt::ConnectTcp(d_->resp_port(), 0, kOtherHost);
   EXPECT_TRUE(FdClosedWithin(extra, kRefusedWaitMs)) << "a connection over the cap was accepted";
   ::close(extra);
   EXPECT_EQ(Refusals("unauthenticated_connections") - refused_before, 1);
@@ -322,7 +391,7 @@ TEST_F(PreauthE2eTest, UnauthenticatedConnectionsAreCappedPerFront) {
   std::vector<kt::RawNative> natives;
   for (int i = 0; i < kUnauthenticatedMax; ++i) natives.push_back(kt::RawNative::Tcp(native_port_));
   ASSERT_TRUE(UnauthenticatedBecome(0, kUnauthenticatedMax, 0));
-  auto over = kt::RawNative::Tcp(native_port_);
+  auto over = kt::RawNative::Tcp(native_port_, kOtherHost);
   EXPECT_TRUE(over.ClosedWithin(kRefusedWaitMs)) << "a connection over the cap was accepted";
   EXPECT_EQ(Refusals("unauthenticated_connections") - refused_before, 2);
   ExpectServed(ConnectUnix("alice-token").get());
@@ -355,7 +424,9 @@ TEST_F(PreauthE2eTest, UnauthenticatedConnectionsAreCappedPerFront) {
 
 // The count is given back on every path, many times over: a close before any byte, a
 // successful HELLO/AUTH, a refused request (native: answered, then closed), framing errors,
-// three failed AUTHs, a tenant lost to a failed AUTH then closed, and the deadline. With
+// three failed AUTHs, a tenant lost to a failed AUTH then closed, and the deadline. The TCP
+// fronts' per-source places too (every connection here is from 127.0.0.1, whose share is the
+// whole front: min(8, kUnauthenticatedMax)): their gauges read no source after each round. With
 // places leaking, the fronts would refuse connections after a few rounds.
 TEST_F(PreauthE2eTest, TheUnauthenticatedCountIsGivenBackOnEveryPath) {
   ASSERT_TRUE(StartDaemon(Limits(kAuthTimeoutMs)));
@@ -416,8 +487,10 @@ TEST_F(PreauthE2eTest, TheUnauthenticatedCountIsGivenBackOnEveryPath) {
     EXPECT_TRUE(FdClosedWithin(r, kCloseWaitMs)) << "three failed AUTHs close";
     ::close(r);
     // Every place of the round is given back (the last closes are seen by the daemon a
-    // moment later).
+    // moment later), its source's places too.
     ASSERT_TRUE(UnauthenticatedBecome(0, 0, 0));
+    ASSERT_TRUE(SourcesBecome("native_tcp", 0, 0));
+    ASSERT_TRUE(SourcesBecome("resp", 0, 0));
   }
   // The deadline path: a full set of silent connections on each front, closed by it.
   std::vector<int> silent;
@@ -429,7 +502,10 @@ TEST_F(PreauthE2eTest, TheUnauthenticatedCountIsGivenBackOnEveryPath) {
   for (int fd : silent) EXPECT_TRUE(FdClosedWithin(fd, kCloseWaitMs));
   for (int fd : silent) ::close(fd);
   EXPECT_TRUE(UnauthenticatedBecome(0, 0, 0));
+  EXPECT_TRUE(SourcesBecome("native_tcp", 0, 0));
+  EXPECT_TRUE(SourcesBecome("resp", 0, 0));
   EXPECT_EQ(Refusals("unauthenticated_connections"), 0);
+  EXPECT_EQ(Refusals("unauthenticated_per_source"), 0);
   // Every front still takes a full set and authenticates it.
   std::vector<kt::RawNative> natives;
   for (int i = 0; i < kUnauthenticatedMax; ++i) {
@@ -438,6 +514,15 @@ TEST_F(PreauthE2eTest, TheUnauthenticatedCountIsGivenBackOnEveryPath) {
   }
   for (auto& c : natives) EXPECT_TRUE(c.Hello("alice-token"));
   EXPECT_TRUE(UnauthenticatedBecome(0, 0, 0));
+  EXPECT_TRUE(SourcesBecome("native_tcp", 0, 0));
+  // RESP (one source, as every connection of this test) takes a full set too.
+  std::vector<int> resp;
+  for (int i = 0; i < kUnauthenticatedMax; ++i) resp.push_back(kt::ConnectTcp(d_->resp_port()));
+  for (int fd : resp) EXPECT_EQ(RespCall(fd, "AUTH alice-token\r\n"), "+OK\r\n");
+  EXPECT_TRUE(UnauthenticatedBecome(0, 0, 0));
+  EXPECT_TRUE(SourcesBecome("resp", 0, 0));
+  EXPECT_EQ(Refusals("unauthenticated_per_source"), 0);
+  for (int fd : resp) ::close(fd);
 }
 
 // TLS fronts: a connection counts as unauthenticated from its TCP accept, through the
@@ -483,7 +568,7 @@ TEST_F(PreauthE2eTest, TlsConnectionsCountFromTheirAcceptAndMeetTheSameDeadline)
     handshaking.push_back(kt::ConnectTcp(d_->resp_port()));
   }
   ASSERT_TRUE(UnauthenticatedBecome(0, 0, kUnauthenticatedMax));
-  int extra = kt::ConnectTcp(d_->resp_port());
+  int extra = kt::ConnectTcp(d_->resp_port(), 0, kOtherHost);
   EXPECT_TRUE(FdClosedWithin(extra, kRefusedWaitMs)) << "a handshake over the cap was accepted";
   ::close(extra);
   EXPECT_EQ(Refusals("unauthenticated_connections"), 1);
@@ -501,6 +586,178 @@ TEST_F(PreauthE2eTest, TlsConnectionsCountFromTheirAcceptAndMeetTheSameDeadline)
     EXPECT_EQ(c->RecvUntil("\r\n"), "+OK\r\n");
   }
   EXPECT_TRUE(UnauthenticatedBecome(0, 0, 0));
+}
+
+std::string PerSourceLimits(int front_max, int per_source_max) {
+  return Limits(kLongMs, front_max) +
+         "unauthenticated_connections_per_source_max = " + std::to_string(per_source_max) + "\n";
+}
+
+// One source that opens connections as fast as it can, and never authenticates, holds at most
+// unauthenticated_connections_per_source_max of a TCP front's unauthenticated places: its
+// others are closed at accept (counted as unauthenticated_per_source and in
+// kvtier_connections_rejected_total), while clients of other hosts get in and authenticate.
+// A place is given back when its connection authenticates, and when the front's own cap
+// refuses a connection after its source's place was taken.
+TEST_F(PreauthE2eTest, OneSourceCannotKeepOtherHostsOutOfATcpFront) {
+  constexpr int kFrontMax = 8;
+  constexpr int kPerSource = 3;
+  constexpr int kFlood = 4 * kFrontMax;  // connections the flooder opens at once
+  ASSERT_TRUE(StartDaemon(PerSourceLimits(kFrontMax, kPerSource)));
+  const int64_t rejected_before = Sample("kvtier_connections_rejected_total");
+  // RESP: the flood keeps kPerSource places, the rest are closed at accept.
+  std::vector<int> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    flood.push_back(kt::ConnectTcp(d_->resp_port(), 0, kFlooder));
+    ASSERT_GE(flood.back(), 0);
+  }
+  ASSERT_TRUE(RefusalsBecome("unauthenticated_per_source", kFlood - kPerSource));
+  std::vector<int> resp_held = OpenOnesOnceClosed(flood, kFlood - kPerSource);
+  EXPECT_EQ(resp_held.size(), static_cast<size_t>(kPerSource));
+  ASSERT_TRUE(UnauthenticatedBecome(0, 0, kPerSource));
+  ASSERT_TRUE(SourcesBecome("resp", 1, kPerSource));
+  EXPECT_EQ(Sample("kvtier_connections_rejected_total") - rejected_before, kFlood - kPerSource);
+  EXPECT_EQ(Refusals("unauthenticated_connections"), 0) << "the front's cap was never reached";
+  // The refusals are logged naming the source, not one line each (at most one per 10 s).
+  const std::string log = d_->Log();
+  const std::string line = "RESP front: closed a connection at accept: its source 127.0.0.1 ";
+  size_t lines = 0;
+  for (size_t at = log.find(line); at != std::string::npos; at = log.find(line, at + 1)) ++lines;
+  EXPECT_GE(lines, 1u);
+  EXPECT_LE(lines, 3u) << "a line per refusal: " << kFlood - kPerSource << " refusals";
+  // Another host gets in and works.
+  int other = kt::ConnectTcp(d_->resp_port(), 0, kOtherHost);
+  ASSERT_GE(other, 0);
+  EXPECT_EQ(RespCall(other, "PING\r\n"), "+PONG\r\n");
+  EXPECT_EQ(RespCall(other, "AUTH alice-token\r\n"), "+OK\r\n");
+  EXPECT_EQ(RespCall(other, "SET k1 v1\r\n"), "+OK\r\n");
+  EXPECT_EQ(RespCall(other, "GET k1\r\n"), "$2\r\nv1\r\n");
+  ::close(other);
+  // A held connection that authenticates gives its source's place back: exactly one more of
+  // the flooder's is accepted, the next is closed.
+  EXPECT_EQ(RespCall(resp_held[0], "AUTH bob-token\r\n"), "+OK\r\n");
+  ASSERT_TRUE(SourcesBecome("resp", 1, kPerSource - 1));
+  resp_held.push_back(kt::ConnectTcp(d_->resp_port(), 0, kFlooder));
+  EXPECT_EQ(RespCall(resp_held.back(), "PING\r\n"), "+PONG\r\n");
+  int over = kt::ConnectTcp(d_->resp_port(), 0, kFlooder);
+  EXPECT_TRUE(FdClosedWithin(over, kRefusedWaitMs)) << "a connection over the source's cap";
+  ::close(over);
+  EXPECT_EQ(Refusals("unauthenticated_per_source"), kFlood - kPerSource + 1);
+  // Fill the front from two more hosts: the third host takes kPerSource, the other host the
+  // last places. The other host's next connection is refused by the front's cap after its
+  // source's place was taken; that place is given back (its top stays at what it holds).
+  std::vector<int> third, second;
+  for (int i = 0; i < kPerSource; ++i)
+    third.push_back(kt::ConnectTcp(d_->resp_port(), 0, kThirdHost));
+  constexpr int kSecondHolds = kFrontMax - 2 * kPerSource;
+  static_assert(kSecondHolds > 0 && kSecondHolds < kPerSource);
+  for (int i = 0; i < kSecondHolds; ++i) {
+    second.push_back(kt::ConnectTcp(d_->resp_port(), 0, kOtherHost));
+  }
+  ASSERT_TRUE(UnauthenticatedBecome(0, 0, kFrontMax));
+  ASSERT_TRUE(SourcesBecome("resp", 3, kPerSource));
+  int front_full = kt::ConnectTcp(d_->resp_port(), 0, kOtherHost);
+  EXPECT_TRUE(FdClosedWithin(front_full, kRefusedWaitMs)) << "a connection over the front's cap";
+  ::close(front_full);
+  EXPECT_EQ(Refusals("unauthenticated_connections"), 1);
+  for (int fd : resp_held) ::close(fd);
+  for (int fd : third) ::close(fd);
+  ASSERT_TRUE(UnauthenticatedBecome(0, 0, kSecondHolds));
+  ASSERT_TRUE(SourcesBecome("resp", 1, kSecondHolds));
+  // The other host holds kSecondHolds: exactly kPerSource - kSecondHolds more get in.
+  for (int i = kSecondHolds; i < kPerSource; ++i) {
+    second.push_back(kt::ConnectTcp(d_->resp_port(), 0, kOtherHost));
+    EXPECT_EQ(RespCall(second.back(), "PING\r\n"), "+PONG\r\n");
+  }
+  over = kt::ConnectTcp(d_->resp_port(), 0, kOtherHost);
+  EXPECT_TRUE(FdClosedWithin(over, kRefusedWaitMs)) << "the refused place was not given back";
+  ::close(over);
+  for (int fd : second) ::close(fd);
+  ASSERT_TRUE(UnauthenticatedBecome(0, 0, 0));
+  ASSERT_TRUE(SourcesBecome("resp", 0, 0));
+
+  // Native TCP: the same flood, and another host's tenant is served.
+  const int64_t per_source_before = Refusals("unauthenticated_per_source");
+  std::vector<int> native_flood;
+  for (int i = 0; i < kFlood; ++i) {
+    native_flood.push_back(kt::ConnectTcp(native_port_, 0, kFlooder));
+    ASSERT_GE(native_flood.back(), 0);
+  }
+  ASSERT_TRUE(
+      RefusalsBecome("unauthenticated_per_source", per_source_before + kFlood - kPerSource));
+  std::vector<int> native_held = OpenOnesOnceClosed(native_flood, kFlood - kPerSource);
+  EXPECT_EQ(native_held.size(), static_cast<size_t>(kPerSource));
+  ASSERT_TRUE(UnauthenticatedBecome(0, kPerSource, 0));
+  ASSERT_TRUE(SourcesBecome("native_tcp", 1, kPerSource));
+  auto tenant = kt::RawNative::Tcp(native_port_, kOtherHost);
+  ASSERT_TRUE(tenant.ok());
+  EXPECT_TRUE(tenant.Hello("alice-token"));
+  ExpectRawServed(&tenant, 3);
+  // Nothing the flooder held was closed meanwhile (none was refused twice).
+  for (int fd : native_held) EXPECT_TRUE(FdOpen(fd));
+  // RESP: the flood, one over after an AUTH, one over the front's cap, one over at the end.
+  EXPECT_EQ(Sample("kvtier_connections_rejected_total") - rejected_before,
+            2 * (kFlood - kPerSource) + 3);
+  for (int fd : native_held) ::close(fd);
+  EXPECT_TRUE(UnauthenticatedBecome(0, 0, 0));
+  EXPECT_TRUE(SourcesBecome("native_tcp", 0, 0));
+}
+
+// TLS fronts: a handshake in progress holds its source's place from the TCP accept, so the
+// source's next connection is closed at accept while another host's completes its handshake
+// and authenticates; a failed handshake gives the source's place back.
+TEST_F(PreauthE2eTest, TlsHandshakesInProgressCountPerSource) {
+  constexpr int kFrontMax = 8;
+  constexpr int kPerSource = 3;
+  ASSERT_TRUE(StartDaemon(PerSourceLimits(kFrontMax, kPerSource), true, TlsTables()));
+  int64_t refused = 0;
+  for (bool resp : {true, false}) {
+    const uint16_t port = resp ? d_->resp_port() : native_port_;
+    const std::string front = resp ? "resp" : "native_tcp";
+    SCOPED_TRACE(front);
+    for (int round = 0; round < 2; ++round) {  // the second: every place was given back
+      // Handshakes that never start (kLongMs handshake timeout) hold the source's places.
+      std::vector<int> handshaking;
+      for (int i = 0; i < kPerSource; ++i) {
+        handshaking.push_back(kt::ConnectTcp(port, 0, kFlooder));
+      }
+      ASSERT_TRUE(SourcesBecome(front, 1, kPerSource));
+      int extra = kt::ConnectTcp(port, 0, kFlooder);
+      EXPECT_TRUE(FdClosedWithin(extra, kRefusedWaitMs)) << "a handshake over the source's cap";
+      ::close(extra);
+      EXPECT_EQ(Refusals("unauthenticated_per_source"), ++refused);
+      // Another host completes its handshake and authenticates.
+      std::string error;
+      auto other = kt::TlsTestConn::Connect(port, pki_.ca_file, &error, 5000, 0, kOtherHost);
+      ASSERT_NE(other, nullptr) << error;
+      if (resp) {
+        ASSERT_TRUE(other->Send("AUTH alice-token\r\n"));
+        EXPECT_EQ(other->RecvUntil("\r\n"), "+OK\r\n");
+        ASSERT_TRUE(other->Send("SET k v\r\n"));
+        EXPECT_EQ(other->RecvUntil("\r\n"), "+OK\r\n");
+      } else {
+        wire::HelloRequest hello;
+        hello.token = "alice-token";
+        const auto frame =
+            wire::BuildFrame(static_cast<uint8_t>(Opcode::kHello), 0, 1, wire::EncodeHello(hello));
+        ASSERT_TRUE(other->Send(std::string(frame.begin(), frame.end())));
+        const std::string reply = other->Recv(wire::kHeaderBytes + 1);
+        ASSERT_GT(reply.size(), wire::kHeaderBytes) << "no HELLO reply";
+        EXPECT_EQ(static_cast<StatusCode>(reply[wire::kHeaderBytes]), StatusCode::kOk);
+      }
+      ASSERT_TRUE(SourcesBecome(front, 1, kPerSource)) << "the other host authenticated";
+      other.reset();
+      // Failed handshakes (plaintext to the TLS port) give the places back.
+      for (int fd : handshaking) {
+        ASSERT_TRUE(kt::SendAllRaw(fd, "PING\r\n", 6));
+        EXPECT_TRUE(FdClosedWithin(fd, kCloseWaitMs));
+        ::close(fd);
+      }
+      ASSERT_TRUE(SourcesBecome(front, 0, 0));
+    }
+  }
+  EXPECT_TRUE(UnauthenticatedBecome(0, 0, 0));
+  EXPECT_EQ(Refusals("unauthenticated_connections"), 0);
 }
 
 // Auth off: every connection is authenticated at accept. A tiny deadline and cap change
@@ -525,6 +782,10 @@ TEST_F(PreauthE2eTest, WithAuthOffNothingChanges) {
   for (int fd : resp) EXPECT_EQ(RespCall(fd, "SET k v\r\n"), "+OK\r\n");
   EXPECT_EQ(Refusals("auth_timeout"), 0);
   EXPECT_EQ(Refusals("unauthenticated_connections"), 0);
+  // Three per front from one source, over the per-source cap (min(8, 1) = 1): not counted.
+  EXPECT_EQ(Refusals("unauthenticated_per_source"), 0);
+  EXPECT_EQ(Sources("native_tcp"), 0);
+  EXPECT_EQ(Sources("resp"), 0);
   for (int fd : resp) ::close(fd);
 }
 

@@ -42,7 +42,10 @@ class RawNative {
   ~RawNative() { Close(); }
 
   static RawNative Unix(const std::string& path) { return RawNative(ConnectUnix(path)); }
-  static RawNative Tcp(uint16_t port) { return RawNative(ConnectTcp(port)); }
+  // from_ip: the connection's source address (ConnectTcp).
+  static RawNative Tcp(uint16_t port, const char* from_ip = nullptr) {
+    return RawNative(ConnectTcp(port, 0, from_ip));
+  }
 
   bool ok() const { return fd_ >= 0; }
   int fd() const { return fd_; }

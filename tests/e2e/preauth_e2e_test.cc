@@ -13,6 +13,7 @@
 // Deadlines are upper bounds only: the tests poll until a connection is closed and fail after
 // many times the configured timeout, never on a connection closed early.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -758,6 +759,46 @@ TEST_F(PreauthE2eTest, TlsHandshakesInProgressCountPerSource) {
   }
   EXPECT_TRUE(UnauthenticatedBecome(0, 0, 0));
   EXPECT_EQ(Refusals("unauthenticated_connections"), 0);
+}
+
+// True when this host can bind an IPv6 socket (a dual-stack listener needs one).
+bool Ipv6Available() {
+  int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// A dual-stack front (resp_listen = "::", which with auth on needs TLS) sees IPv4 clients as
+// IPv4-mapped IPv6 addresses (::ffff:127.0.0.1): each counts as its IPv4 address, so 127.0.0.1
+// and 127.0.0.2 are two sources there as on an IPv4 front, and the log names 127.0.0.1.
+TEST_F(PreauthE2eTest, ADualStackFrontCountsMappedClientsAsTheirIpv4Address) {
+  if (!Ipv6Available()) GTEST_SKIP() << "no IPv6 on this host";
+  constexpr int kPerSource = 3;
+  ASSERT_TRUE(StartDaemon(PerSourceLimits(8, kPerSource), true,
+                          "[server]\nresp_listen = \"::\"\n" + TlsTables()));
+  std::vector<int> handshaking;
+  for (int i = 0; i < kPerSource; ++i) {
+    handshaking.push_back(kt::ConnectTcp(d_->resp_port(), 0, kFlooder));
+  }
+  ASSERT_TRUE(SourcesBecome("resp", 1, kPerSource));
+  int extra = kt::ConnectTcp(d_->resp_port(), 0, kFlooder);
+  EXPECT_TRUE(FdClosedWithin(extra, kRefusedWaitMs)) << "a handshake over the source's cap";
+  ::close(extra);
+  ASSERT_TRUE(RefusalsBecome("unauthenticated_per_source", 1));
+  EXPECT_NE(d_->Log().find("RESP front: closed a connection at accept: its source 127.0.0.1 "),
+            std::string::npos);
+  std::string error;
+  auto other = kt::TlsTestConn::Connect(d_->resp_port(), pki_.ca_file, &error, 5000, 0, kOtherHost);
+  ASSERT_NE(other, nullptr) << error;
+  ASSERT_TRUE(other->Send("AUTH alice-token\r\n"));
+  EXPECT_EQ(other->RecvUntil("\r\n"), "+OK\r\n");
+  for (int fd : handshaking) ::close(fd);
+  EXPECT_TRUE(SourcesBecome("resp", 0, 0));
 }
 
 // Auth off: every connection is authenticated at accept. A tiny deadline and cap change

@@ -84,7 +84,7 @@ StatusCode RespSession::SubmitDel(const std::string& cmd, const std::vector<std:
   std::erase_if(commits, [](const storage::DeferredCommit& c) { return c.ticket == 0; });
   std::string reply;
   resp::AppendInteger(deleted, &reply);
-  if (commits.empty()) {  // nothing to commit (no key was there): the count is final
+  if (commits.empty()) {  // no removal left anything to commit: the count is final
     out_ += reply;
     return StatusCode::kOk;
   }

@@ -5,6 +5,7 @@
 #include "cluster/etcd_client.h"
 #include "cluster/http_client.h"
 #include "cluster/member.h"
+#include "common/toml_integer.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -15,7 +16,7 @@ Status Bad(const std::string& key, const std::string& why) {
 
 template <typename T>
 Status ReadUint(const toml::node& n, const std::string& key, T* out) {
-  std::optional<int64_t> v = n.value<int64_t>();
+  std::optional<int64_t> v = TomlInteger(n);
   if (!v || *v < 0 || static_cast<uint64_t>(*v) > std::numeric_limits<T>::max()) {
     return Bad(key, "expected a non-negative integer");
   }

@@ -14,6 +14,7 @@
 
 #include "cache_daemon/cluster_config_toml.h"
 #include "common/config.h"
+#include "common/toml_integer.h"
 #include "policies/policy.h"
 #include "rdma/shard_map.h"
 #include "rdma/verbs_plan.h"
@@ -32,7 +33,7 @@ Status Bad(const std::string& key, const std::string& why) {
 template <typename T>
 Setter UintKey(const std::string& key, T* out) {
   return [key, out](const toml::node& n) -> Status {
-    std::optional<int64_t> v = n.value<int64_t>();
+    std::optional<int64_t> v = TomlInteger(n);
     if (!v || *v < 0 || static_cast<uint64_t>(*v) > std::numeric_limits<T>::max()) {
       return Bad(key, "expected a non-negative integer that fits");
     }
@@ -116,7 +117,7 @@ Status ReadPolicyTable(const toml::table& policy, PolicySettings* out) {
       if (!s) return Bad("policy." + key, "expected a string");
       (key == "eviction" ? out->eviction : out->admission) = *s;
     } else if (key == "seed") {
-      std::optional<int64_t> s = v.value<int64_t>();
+      std::optional<int64_t> s = TomlInteger(v);
       if (!s || *s < 0) return Bad("policy.seed", "expected a non-negative integer");
       out->params.seed = static_cast<uint64_t>(*s);
     } else if (key == "params") {
@@ -127,7 +128,7 @@ Status ReadPolicyTable(const toml::table& policy, PolicySettings* out) {
         std::string text;
         if (auto s = pv.value<std::string>()) {
           text = *s;
-        } else if (auto i = pv.value<int64_t>()) {
+        } else if (auto i = TomlInteger(pv)) {
           text = std::to_string(*i);
         } else if (auto d = pv.value<double>()) {
           std::ostringstream os;

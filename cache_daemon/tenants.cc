@@ -13,6 +13,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/toml_integer.h"
+
 namespace kvtier::daemon {
 namespace {
 constexpr size_t kServerSecretBytes = 32;
@@ -83,7 +85,7 @@ StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Parse(
     if (tt == nullptr) return Status::InvalidArgument("tokens file: [[tenant]] must be a table");
     auto t = std::make_unique<Tenant>();
     std::optional<std::string> name = (*tt)["name"].value<std::string>();
-    std::optional<int64_t> id = (*tt)["id"].value<int64_t>();
+    std::optional<int64_t> id = TomlInteger((*tt)["id"]);
     if (!name || name->empty() || !id || *id <= 0) {
       return Status::InvalidArgument("tokens file: each tenant needs a name and an id >= 1");
     }

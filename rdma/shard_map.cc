@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <charconv>
 
+#include "common/toml_integer.h"
+
 namespace kvtier::rdma {
 
 Status ShardMap::ParseEndpoint(std::string_view text, std::string* host, uint16_t* port) {
@@ -68,8 +70,8 @@ StatusOr<ShardMap> ShardMap::FromToml(std::string_view toml_text, std::string_vi
       return Status::InvalidArgument("shard map TOML: " + key + " entry not a table");
     auto region = (*t)["region"].value<std::string>();
     auto endpoint = (*t)["endpoint"].value<std::string>();
-    auto begin = (*t)["row_begin"].value<int64_t>();
-    auto end = (*t)["row_end"].value<int64_t>();
+    auto begin = TomlInteger((*t)["row_begin"]);
+    auto end = TomlInteger((*t)["row_end"]);
     if (!region || !endpoint || !begin || !end || *begin < 0 || *end < 0) {
       return Status::InvalidArgument("shard map TOML: each " + key +
                                      " needs region, endpoint, row_begin >= 0, row_end >= 0");

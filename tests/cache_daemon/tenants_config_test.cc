@@ -150,6 +150,34 @@ TEST(Config, ParsesEveryTableAndRejectsUnknownKeys) {
   EXPECT_TRUE(ParseConfig("[server\n").status().IsInvalidArgument());
 }
 
+// An integer key given a float: a whole number in int64_t's range is taken (toml++'s own
+// conversion accepts it), a fraction is refused, and so is a float beyond the range, checked
+// before any cast (toml++'s value<int64_t>() cast it first: undefined behaviour, fatal in the
+// asan preset's UBSan; found by kvtier_daemon_config_fuzz). Every reader of the daemon's
+// config and of its tokens file: limits, the policy seed and params, [cluster], tenant ids.
+TEST(Config, IntegerKeysTakeWholeFloatsAndRefuseTheRest) {
+  auto whole = ParseConfig("[server]\nio_threads = 3.0\n");
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  EXPECT_EQ(whole->io_threads, 3u);
+  for (const std::string v : {"2.5", "1e92", "-1e92", "9.3e18", "inf", "-inf", "nan"}) {
+    EXPECT_TRUE(ParseConfig("[server]\nio_threads = " + v + "\n").status().IsInvalidArgument())
+        << v;
+    EXPECT_TRUE(ParseConfig("[policy]\nseed = " + v + "\n").status().IsInvalidArgument()) << v;
+    EXPECT_TRUE(ParseConfig("[cluster]\nreplicas = " + v + "\n").status().IsInvalidArgument()) << v;
+    EXPECT_TRUE(TenantRegistry::Parse("[[tenant]]\nname = \"a\"\nid = " + v +
+                                          "\ntoken_sha256 = [\"" + TokenSha256Hex("x") + "\"]\n",
+                                      Secret(1))
+                    .status()
+                    .IsInvalidArgument())
+        << v;
+  }
+  // A policy parameter is passed on as text: a float stays a float.
+  auto param = ParseConfig("[policy.params]\nttl_ms = 1e92\n");
+  ASSERT_TRUE(param.ok()) << param.status().ToString();
+  ASSERT_EQ(param->storage.policy_params.values.size(), 1u);
+  EXPECT_EQ(param->storage.policy_params.values[0].second, "1e+92");
+}
+
 // The sync commit delay (docs/format/ssd.md, "Commit delay"): default, parsed, bounded.
 TEST(Config, SsdCommitDelayIsBoundedToOneSecond) {
   auto def = ParseConfig("");

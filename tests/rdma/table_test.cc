@@ -124,6 +124,21 @@ row_end = 4096
                   .IsInvalidArgument());
 }
 
+// Row bounds given as floats beyond int64_t's range are refused, checked before any cast (see
+// common/toml_integer.h); a whole float in range is taken as toml++ takes it.
+TEST(ShardMapTest, RowBoundsRefuseFloatsOutOfRange) {
+  auto shard = [](const std::string& end) {
+    return "[[x.shard]]\nregion = \"a\"\nendpoint = \"h:1\"\nrow_begin = 0\nrow_end = " + end +
+           "\n";
+  };
+  auto whole = ShardMap::FromToml(shard("5.0"), "x");
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  EXPECT_EQ(whole->row_count(), 5u);
+  for (const char* v : {"1e92", "-1e92", "inf", "nan", "4.5"}) {
+    EXPECT_TRUE(ShardMap::FromToml(shard(v), "x").status().IsInvalidArgument()) << v;
+  }
+}
+
 TEST(HotRowCacheTest, LruBoundedByBytes) {
   HotRowCache cache(3 * 8, 8);  // three rows of 8 bytes
   uint8_t row[8], out[8];

@@ -90,7 +90,11 @@ class ClusterE2eTest : public ::testing::Test {
     }
     nodes_.clear();
     etcd_.reset();
-    std::filesystem::remove_all(dir_);
+    if (HasFailure() && keep_dir_on_failure_) {
+      std::fprintf(stderr, "kept the nodes' data and logs in %s\n", dir_.c_str());
+    } else {
+      std::filesystem::remove_all(dir_);
+    }
   }
 
   // Node i's SSD capacity (its placement weight with the 16 MiB of DRAM); tests may vary it.
@@ -133,6 +137,15 @@ class ClusterE2eTest : public ::testing::Test {
   }
 
   std::string Metrics(int i) { return kt::HttpRequest(nodes_[i]->http_port(), "GET", "/metrics"); }
+
+  // Node i's repair is settled: no scan running, nothing short, nothing left to move. Node i
+  // must be running (a stopped node's /metrics never answers).
+  bool RepairSettled(int i) {
+    std::string m = Metrics(i);
+    return Metric(m, "kvtier_cluster_repair_active") == 0 &&
+           Metric(m, "kvtier_cluster_under_replicated_units") == 0 &&
+           Metric(m, "kvtier_cluster_moves_in_progress") == 0;
+  }
 
   std::unique_ptr<Client> Connect(int i, const std::string& token) {
     auto c = Client::Connect(ClientOptions{.socket_path = nodes_[i]->socket(), .token = token});
@@ -186,6 +199,8 @@ class ClusterE2eTest : public ::testing::Test {
   std::unique_ptr<kt::EtcdProcess> etcd_;
   std::vector<std::unique_ptr<kt::KvtierdProcess>> nodes_;
   std::vector<uint16_t> peer_ports_;
+  // A failed test leaves dir_ (etcd's and every node's data and logs) in place when set.
+  bool keep_dir_on_failure_ = false;
 };
 
 }  // namespace kvtier::cluster

@@ -72,13 +72,6 @@ class ClusterRepairTest : public ClusterE2eTest {
     auto copies = Copies(keys, nodes);
     return std::all_of(copies.begin(), copies.end(), [&](int c) { return c == want; });
   }
-  // A node's repair is settled: no scan running, nothing short, nothing left to move.
-  bool Settled(int n) {
-    std::string m = Metrics(n);
-    return Metric(m, "kvtier_cluster_repair_active") == 0 &&
-           Metric(m, "kvtier_cluster_under_replicated_units") == 0 &&
-           Metric(m, "kvtier_cluster_moves_in_progress") == 0;
-  }
   // Every key is held by exactly its 2 owners among nodes 0..n-1 (all of the fixture's size).
   bool OnlyOnOwners(const std::vector<PeerKey>& keys, int n) {
     std::vector<MemberInfo> members;
@@ -132,7 +125,7 @@ TEST_F(ClusterRepairTest, KillNineRestoresTwoCopiesOnTheSurvivors) {
       },
       15000))
       << "units still on one node only";
-  ASSERT_TRUE(kt::WaitFor([&] { return Settled(0) && Settled(1); }, 10000));
+  ASSERT_TRUE(kt::WaitFor([&] { return RepairSettled(0) && RepairSettled(1); }, 10000));
   double copied = Metric(Metrics(0), "kvtier_cluster_repair_units_total") +
                   Metric(Metrics(1), "kvtier_cluster_repair_units_total");
   EXPECT_GE(copied, static_cast<double>(std::count(copies_on_n2.begin(), copies_on_n2.end(), true)))
@@ -195,8 +188,9 @@ TEST_F(ClusterRepairTest, JoiningNodeTakesItsShareWithNoMiss) {
   // Every unit ends on exactly its 2 owners (the old non-owner dropped it after n3 confirmed).
   ASSERT_TRUE(kt::WaitFor([&] { return OnlyOnOwners(keys, 4); }, 15000))
       << "units not on exactly their owners";
-  ASSERT_TRUE(
-      kt::WaitFor([&] { return Settled(0) && Settled(1) && Settled(2) && Settled(3); }, 10000));
+  ASSERT_TRUE(kt::WaitFor(
+      [&] { return RepairSettled(0) && RepairSettled(1) && RepairSettled(2) && RepairSettled(3); },
+      10000));
   auto n3 = Held(keys, {3})[3];
   EXPECT_GT(std::count(n3.begin(), n3.end(), true), 0) << "n3 took no share";
   // Keep reading a little after the move, then stop.
@@ -225,8 +219,9 @@ TEST_F(ClusterRepairTest, RepairCopiesLeaveSsdUnitsOutOfTheSendersDram) {
   ASSERT_TRUE(StartNode(3)) << nodes_[3]->Log();
   ASSERT_TRUE(kt::WaitFor([&] { return OnlyOnOwners(keys, 4); }, 15000))
       << "units not on exactly their owners";
-  ASSERT_TRUE(
-      kt::WaitFor([&] { return Settled(0) && Settled(1) && Settled(2) && Settled(3); }, 10000));
+  ASSERT_TRUE(kt::WaitFor(
+      [&] { return RepairSettled(0) && RepairSettled(1) && RepairSettled(2) && RepairSettled(3); },
+      10000));
   double copied = 0;
   for (int i = 0; i < kNodes; ++i) {
     EXPECT_EQ(DramObjects(i), 0) << "node " << i << " promoted units it only copied";
@@ -327,7 +322,8 @@ TEST_F(ClusterRepairTest, DrainMovesEveryUnitOffTheNode) {
       },
       15000))
       << "units left on the draining node, or not on both others";
-  ASSERT_TRUE(kt::WaitFor([&] { return Settled(0) && Settled(1) && Settled(2); }, 10000));
+  ASSERT_TRUE(
+      kt::WaitFor([&] { return RepairSettled(0) && RepairSettled(1) && RepairSettled(2); }, 10000));
   EXPECT_GT(Metric(Metrics(2), "kvtier_cluster_repair_dropped_units_total"), 0);
   // The draining node still answers reads (from its peers now), and status says draining.
   auto c2 = Connect(2, "tok-alice");
@@ -391,7 +387,8 @@ TEST_F(ClusterRepairCopiesTest, AGetCopyOnANewOwnerDoesNotStandInForAReplica) {
       },
       15000))
       << "units left on the draining node, or not on both owners";
-  ASSERT_TRUE(kt::WaitFor([&] { return Settled(0) && Settled(1) && Settled(2); }, 10000));
+  ASSERT_TRUE(
+      kt::WaitFor([&] { return RepairSettled(0) && RepairSettled(1) && RepairSettled(2); }, 10000));
   // n1's copies became replicas (a repair copy replaces a GET copy).
   EXPECT_EQ(Metric(Metrics(1), "kvtier_cluster_copy_units"), 0)
       << "n1 still holds copies of units it owns";

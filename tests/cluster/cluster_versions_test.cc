@@ -146,12 +146,6 @@ class ClusterVersionsTest : public ClusterE2eTest {
     }
     return out;
   }
-  bool Settled(int n) {
-    std::string m = Metrics(n);
-    return Metric(m, "kvtier_cluster_repair_active") == 0 &&
-           Metric(m, "kvtier_cluster_under_replicated_units") == 0 &&
-           Metric(m, "kvtier_cluster_moves_in_progress") == 0;
-  }
   bool JoinNodeThree() {
     nodes_.push_back(std::make_unique<kt::KvtierdProcess>(dir_ / "n3"));
     peer_ports_.push_back(kt::FreePort());
@@ -187,8 +181,9 @@ TEST_F(ClusterVersionsTest, AHandOverCopyReadBeforeANewerPutNeverReplacesIt) {
       [&] { return Metric(Metrics(0), "kvtier_cluster_repair_units_total") >= 1; }, 10000));
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   PutAll(2, keys, 2);  // acknowledged by both current owners, n0 and n3
-  ASSERT_TRUE(
-      kt::WaitFor([&] { return Settled(0) && Settled(1) && Settled(2) && Settled(3); }, 30000));
+  ASSERT_TRUE(kt::WaitFor(
+      [&] { return RepairSettled(0) && RepairSettled(1) && RepairSettled(2) && RepairSettled(3); },
+      30000));
   for (size_t i = 0; i < keys.size(); ++i) {
     for (int n = 0; n < 4; ++n) {
       int held = HeldVersion(n, keys, i, 1, 2);
@@ -240,7 +235,7 @@ TEST_F(ClusterVersionsTest, APreviousOwnerNeverServesItsReplicaAfterANewerPut) {
   ASSERT_TRUE(kt::WaitFor(
       [&] {
         for (int n = 0; n < 4; ++n) {
-          if (!Settled(n) || Metric(Metrics(n), "kvtier_cluster_unowned_check_active") != 0) {
+          if (!RepairSettled(n) || Metric(Metrics(n), "kvtier_cluster_unowned_check_active") != 0) {
             return false;
           }
         }

@@ -27,7 +27,9 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   // is dropped first).
   // Reads: a GET that reaches this node is still served from the copy; a client LOOKUP
   // through another node finds the unit at the owners (current and previous) holding replicas.
+  // Before its first tombstone catch-up (Serving) every key is reported absent.
   std::vector<uint8_t> Lookup(std::span<const cluster::PeerKey> keys) override {
+    if (!Serving()) return std::vector<uint8_t>(keys.size(), cluster::kPeerTierAbsent);
     std::vector<uint8_t> tiers;
     tiers.reserve(keys.size());
     ClusterCopies* c = copies();
@@ -46,6 +48,7 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   // equal) TTL.
   Status GetWithTtl(const cluster::PeerKey& key, std::vector<uint8_t>* value,
                     uint64_t* ttl_left_ms) override {
+    if (!Serving()) return NotCaughtUp();
     Status s = store_->GetWithTtl(key, value, ttl_left_ms);
     if (ClusterCopies* c = copies(); c != nullptr && s.ok()) {
       std::vector<Status> one = {s};
@@ -54,7 +57,10 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
     }
     return s;
   }
+  // Refused before the first tombstone catch-up: a delete applied by it would remove what
+  // was written here (the writer's PUT fails, a repair copy is retried).
   Status Put(const cluster::PeerPut& put, bool* held) override {
+    if (!Serving()) return NotCaughtUp();
     const Tenant* t = FindTenant(put.tenant);
     if (t == nullptr) return Status::Rejected("peer PUT: unknown tenant " + put.tenant);
     if (put.repair && recent_->RefusesRepair(put.key, put.tenant)) {
@@ -116,6 +122,7 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   }
   StatusOr<cluster::StagedReply> GetStaged(const std::string& reader_node,
                                            std::span<const cluster::PeerKey> keys) override {
+    if (!Serving()) return NotCaughtUp();
     if (staging_ == nullptr) return cluster::PeerHandler::GetStaged(reader_node, keys);
     return staging_->Stage(reader_node, keys,
                            [this](const cluster::PeerKey& k, std::vector<uint8_t>* v,
@@ -140,6 +147,21 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   // Set once the copies exist (they need membership, which starts after the peer front).
   void SetCopies(ClusterCopies* copies) { copies_.store(copies, std::memory_order_release); }
   ClusterCopies* copies() const { return copies_.load(std::memory_order_acquire); }
+  // Set once the tombstone log exists (it is made after the peer front starts). A node killed
+  // and restarted within its lease is still in its peers' views, and they route to it as soon
+  // as its peer front listens: until its first catch-up on the log it would serve units
+  // deleted or overwritten while it was down. So until then it answers no read and takes no
+  // write from a peer (deletes and drops are always applied): GETs are Unavailable (the
+  // reader asks the key's next owner), LOOKUPs absent, PUTs refused.
+  void SetTombstones(const cluster::TombstoneLog* log) {
+    tombstones_.store(log, std::memory_order_release);
+  }
+  bool Serving() const {
+    const cluster::TombstoneLog* log = tombstones_.load(std::memory_order_acquire);
+    return log != nullptr && log->caught_up();
+  }
+  // Peer calls refused because this node had not caught up on the tombstone log yet.
+  uint64_t refused_before_catch_up() const { return refused_before_catch_up_.load(); }
   // Set once the router exists (it needs membership, which starts after the peer front).
   void SetRouter(cluster::Router* router) { router_.store(router, std::memory_order_release); }
   cluster::Router* router() const { return router_.load(std::memory_order_acquire); }
@@ -164,8 +186,14 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   cluster::RecentDeletes* recent_;
   std::atomic<ClusterCopies*> copies_{nullptr};
   std::atomic<cluster::Router*> router_{nullptr};
+  Status NotCaughtUp() {
+    refused_before_catch_up_.fetch_add(1);
+    return Status::Unavailable("not caught up on the tombstone log since this node started");
+  }
   cluster::StagingServer* staging_ = nullptr;
   std::atomic<uint64_t> superseded_{0};
+  std::atomic<const cluster::TombstoneLog*> tombstones_{nullptr};
+  std::atomic<uint64_t> refused_before_catch_up_{0};
 };
 
 // "verbs" needs libibverbs in this build and an RDMA device on this host.
@@ -278,6 +306,7 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
                                 .state_file = options.data_dir + "/cluster_tombstone_revision"},
       [handler](std::span<const cluster::PeerKey> keys) { (void)handler->Delete(keys); },
       [handler](std::string_view tenant) { (void)handler->DeleteTenant(tenant); });
+  handler->SetTombstones(node->tombstones_.get());
 
   cluster::MembershipOptions mo;
   mo.etcd = eo;
@@ -439,6 +468,9 @@ std::string ClusterNode::RenderPrometheus() const {
   counter("kvtier_cluster_tenant_deletes_applied_total",
           "Tenant deletes this node missed and applied from the log.", ts.tenant_deletes_applied);
   counter("kvtier_cluster_peer_requests_total", "Requests served to peers.", ps.requests);
+  counter("kvtier_cluster_peer_refused_before_catch_up_total",
+          "Peer reads and writes refused before this node's first tombstone catch-up.",
+          handler_->refused_before_catch_up());
   counter("kvtier_cluster_repair_refused_deleted_total",
           "Repair copies refused because this node deleted the unit (or its tenant) moments ago.",
           recent_deletes_->refused());

@@ -163,6 +163,7 @@ Status TombstoneLog::CatchUp() {
     return revision.status().WithContext("tombstone catch-up");
   }
   PersistRevision(*revision);
+  caught_up_.store(true, std::memory_order_release);
   return Status::Ok();
 }
 

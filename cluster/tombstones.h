@@ -72,6 +72,10 @@ class TombstoneLog {
   // page by page; the revision is persisted only once every page was applied (an error leaves
   // it, so the next call reads those records again: applying a delete twice is harmless).
   Status CatchUp();
+  // True once a CatchUp of this log has succeeded: every delete recorded before this node
+  // (re)started has been applied to its store. Until then the node holds what it held when it
+  // stopped, deleted and overwritten units included, and must serve no peer from it.
+  bool caught_up() const { return caught_up_.load(std::memory_order_acquire); }
 
   void StartPolling();
   void Stop();
@@ -92,6 +96,7 @@ class TombstoneLog {
   int64_t lease_id_ = 0;
   std::chrono::steady_clock::time_point lease_granted_;
   std::atomic<int64_t> applied_revision_{0};
+  std::atomic<bool> caught_up_{false};
   std::atomic<uint64_t> recorded_{0}, applied_{0}, tenants_applied_{0}, errors_{0};
   LogThrottle poll_failed_log_{10'000};  // the poll thread's only
   std::mutex stop_mu_;

@@ -55,6 +55,7 @@ class ClusterE2eTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     etcd_ = std::make_unique<kt::EtcdProcess>(dir_ / "etcd");
+    etcd_->set_own_process_group(true);  // tests may pause it
     ASSERT_TRUE(etcd_->Start()) << "etcd did not start";
     // Shared by every node: the server secret (tenant salts must agree) and the cluster
     // credential (peer authentication). Both distinct, both 32+ bytes.

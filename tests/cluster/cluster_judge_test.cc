@@ -447,93 +447,104 @@ TEST_F(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
     }
     return o;
   };
-  for (const Fault fault : faults) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200 + rng() % 800));
-    settled_.back().to = Tick();
-    if (fault == kJoin) {
-      const int n = static_cast<int>(live.size());
-      Window join{.from = Tick(), .what = "join n" + std::to_string(n)};
-      Event("start n" + std::to_string(n) + " (join)");
-      ASSERT_TRUE(StartNode(n)) << nodes_[n]->Log();
-      live.push_back(n);
-      live_nodes_.store(static_cast<int>(live.size()));
-      ASSERT_TRUE(kt::WaitFor([&] { return MembersAre(live, live.size()); }, kWaitMs));
-      join.to = Tick();
-      joins_.push_back(join);
-      ASSERT_NO_FATAL_FAILURE(settle("join"));
-      continue;
-    }
-    const int t = live[rng() % live.size()];
-    const std::string name = "n" + std::to_string(t);
-    Window rec{.from = Tick(), .node = t};
-    Window join{.node = t};
-    if (fault == kKillLate || fault == kKillFast) {
-      // kill -9; restart on the data directory after the lease ran out (0) or at once (1).
-      Event("kill -9 " + name);
-      nodes_[t]->Stop(SIGKILL);
-      if (fault == kKillLate) {
+  // The nemesis; a failed wait ends it, and what the clients saw until then is still judged.
+  auto nemesis = [&] {
+    for (const Fault fault : faults) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200 + rng() % 800));
+      settled_.back().to = Tick();
+      if (fault == kJoin) {
+        const int n = static_cast<int>(live.size());
+        Window join{.from = Tick(), .what = "join n" + std::to_string(n)};
+        Event("start n" + std::to_string(n) + " (join)");
+        ASSERT_TRUE(StartNode(n)) << nodes_[n]->Log();
+        live.push_back(n);
+        live_nodes_.store(static_cast<int>(live.size()));
+        ASSERT_TRUE(kt::WaitFor([&] { return MembersAre(live, live.size()); }, kWaitMs));
+        join.to = Tick();
+        joins_.push_back(join);
+        ASSERT_NO_FATAL_FAILURE(settle("join"));
+        continue;
+      }
+      const int t = live[rng() % live.size()];
+      const std::string name = "n" + std::to_string(t);
+      Window rec{.from = Tick(), .node = t};
+      Window join{.node = t};
+      if (fault == kKillLate || fault == kKillFast) {
+        // kill -9; restart on the data directory after the lease ran out (0) or at once (1).
+        Event("kill -9 " + name);
+        nodes_[t]->Stop(SIGKILL);
+        if (fault == kKillLate) {
+          ASSERT_TRUE(kt::WaitFor([&] { return MembersAre(others(t), live.size() - 1); }, kWaitMs));
+          Event(name + " left the view");
+          ASSERT_TRUE(kt::WaitFor([&] { return ClusterSettled(others(t)); }, kWaitMs));
+          Event("survivors settled");
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 500));
+        }
+        join.from = Tick();
+        Event("restart " + name);
+        ASSERT_TRUE(StartNode(t)) << nodes_[t]->Log();
+        node_epoch_[t].fetch_add(1);
+      } else if (fault == kStopCont) {
+        // SIGSTOP past the lease, then SIGCONT.
+        const double regs = Metric(Metrics(t), "kvtier_cluster_registrations_total");
+        Event("SIGSTOP " + name);
+        nodes_[t]->Signal(SIGSTOP);
+        ASSERT_TRUE(kt::WaitFor([&] { return MembersAre(others(t), live.size() - 1); }, kWaitMs));
+        Event(name + " left the view");
+        std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 1000));
+        join.from = Tick();
+        Event("SIGCONT " + name);
+        nodes_[t]->Signal(SIGCONT);
+        ASSERT_TRUE(kt::WaitFor(
+            [&] { return Metric(Metrics(t), "kvtier_cluster_registrations_total") > regs; },
+            kWaitMs));
+      } else {
+        // A graceful stop (the node leaves at once), then a start: a rejoin with its data.
+        Event("SIGTERM " + name);
+        ASSERT_EQ(nodes_[t]->Stop(SIGTERM), 0) << nodes_[t]->Log();
         ASSERT_TRUE(kt::WaitFor([&] { return MembersAre(others(t), live.size() - 1); }, kWaitMs));
         Event(name + " left the view");
         ASSERT_TRUE(kt::WaitFor([&] { return ClusterSettled(others(t)); }, kWaitMs));
         Event("survivors settled");
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 500));
+        join.from = Tick();
+        Event("start " + name);
+        ASSERT_TRUE(StartNode(t)) << nodes_[t]->Log();
+        node_epoch_[t].fetch_add(1);
       }
-      join.from = Tick();
-      Event("restart " + name);
-      ASSERT_TRUE(StartNode(t)) << nodes_[t]->Log();
-      node_epoch_[t].fetch_add(1);
-    } else if (fault == kStopCont) {
-      // SIGSTOP past the lease, then SIGCONT.
-      const double regs = Metric(Metrics(t), "kvtier_cluster_registrations_total");
-      Event("SIGSTOP " + name);
-      nodes_[t]->Signal(SIGSTOP);
-      ASSERT_TRUE(kt::WaitFor([&] { return MembersAre(others(t), live.size() - 1); }, kWaitMs));
-      Event(name + " left the view");
-      std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 1000));
-      join.from = Tick();
-      Event("SIGCONT " + name);
-      nodes_[t]->Signal(SIGCONT);
       ASSERT_TRUE(kt::WaitFor(
-          [&] { return Metric(Metrics(t), "kvtier_cluster_registrations_total") > regs; },
+          [&] {
+            return Metric(Metrics(t), "kvtier_cluster_registrations_total") >= 1 &&
+                   MembersAre(live, live.size());
+          },
           kWaitMs));
-    } else {
-      // A graceful stop (the node leaves at once), then a start: a rejoin with its data.
-      Event("SIGTERM " + name);
-      ASSERT_EQ(nodes_[t]->Stop(SIGTERM), 0) << nodes_[t]->Log();
-      ASSERT_TRUE(kt::WaitFor([&] { return MembersAre(others(t), live.size() - 1); }, kWaitMs));
-      Event(name + " left the view");
-      ASSERT_TRUE(kt::WaitFor([&] { return ClusterSettled(others(t)); }, kWaitMs));
-      Event("survivors settled");
-      join.from = Tick();
-      Event("start " + name);
-      ASSERT_TRUE(StartNode(t)) << nodes_[t]->Log();
-      node_epoch_[t].fetch_add(1);
+      rec.to = join.to = Tick();
+      Event(name + " registered, every node sees " + std::to_string(live.size()) + " members");
+      recovering_.push_back(rec);
+      joins_.push_back(join);
+      ASSERT_NO_FATAL_FAILURE(settle(name));
     }
-    ASSERT_TRUE(kt::WaitFor(
-        [&] {
-          return Metric(Metrics(t), "kvtier_cluster_registrations_total") >= 1 &&
-                 MembersAre(live, live.size());
-        },
-        kWaitMs));
-    rec.to = join.to = Tick();
-    Event(name + " registered, every node sees " + std::to_string(live.size()) + " members");
-    recovering_.push_back(rec);
-    joins_.push_back(join);
-    ASSERT_NO_FATAL_FAILURE(settle(name));
-  }
+  };
+  nemesis();
   stop_.store(true);
   for (auto& t : clients) t.join();
   settled_.back().to = Tick();
 
   // Every node up and settled; every key read through every node.
-  ASSERT_TRUE(kt::WaitFor([&] { return ClusterSettled(live); }, kWaitMs));
+  auto final_settled = [&] {
+    ASSERT_TRUE(kt::WaitFor([&] { return ClusterSettled(live); }, kWaitMs)) << "final settle";
+  };
+  if (!HasFatalFailure()) final_settled();
   std::vector<ReadOp> final_reads;
   for (int n : live) {
+    if (HasFatalFailure()) break;
     for (int w = 0; w < kWriters; ++w) {
       auto c = Client::Connect(
           ClientOptions{.socket_path = nodes_[n]->socket(), .token = kTokens[w % 2]});
-      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      if (!c.ok()) {
+        ADD_FAILURE() << "n" << n << ": " << c.status().ToString();
+        continue;
+      }
       std::vector<Key> keys;
       std::vector<ReadOp> batch;
       for (int k = 0; k < kKeysPerWriter; ++k) {

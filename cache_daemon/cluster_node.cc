@@ -307,6 +307,16 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
       [handler](std::span<const cluster::PeerKey> keys) { (void)handler->Delete(keys); },
       [handler](std::string_view tenant) { (void)handler->DeleteTenant(tenant); });
   handler->SetTombstones(node->tombstones_.get());
+  // A node restarted on its data directory may hold units deleted or overwritten while it was
+  // down. The daemon accepts its clients only after this Start returns, so one catch-up now
+  // keeps them (and peers) from reading those. When etcd does not answer, the node starts
+  // anyway: its membership catches up before it registers, and its local clients may read
+  // such units until then (docs/CLUSTER.md, "Not guaranteed").
+  if (Status first = node->tombstones_->CatchUp(); !first.ok()) {
+    KVTIER_LOG(kWarn) << "cluster: no tombstone catch-up at start (" << first.message()
+                      << "): local clients are served from what this node holds until the "
+                         "membership's catch-up succeeds";
+  }
 
   cluster::MembershipOptions mo;
   mo.etcd = eo;

@@ -95,15 +95,21 @@ TEST_F(ClusterE2eTest, EtcdDownNodesKeepServingAndSaySo) {
 class ClusterRestartWithinLeaseTest : public ClusterE2eTest {
  protected:
   uint32_t LeaseTtlS() const override { return 30; }
+  // A session put through n0, then n2 killed (within its lease: still in the views) and the
+  // session deleted through n0 (n2 refused: recorded in the tombstone log); *gone: its chain.
+  void DeleteWhileN2IsDown(std::vector<Key>* gone) {
+    auto writer = Connect(0, "tok-alice");
+    ASSERT_NE(writer, nullptr);
+    PutSession(writer.get(), "gone");
+    *gone = Chain("gone");
+    nodes_[2]->Stop(SIGKILL);
+    ASSERT_TRUE(writer->Delete(*gone).ok());
+  }
 };
 
 TEST_F(ClusterRestartWithinLeaseTest, ARestartedOwnerServesPeersNoUnitDeletedWhileItWasDown) {
-  auto writer = Connect(0, "tok-alice");
-  ASSERT_NE(writer, nullptr);
-  PutSession(writer.get(), "gone");
-  auto gone = Chain("gone");
-  nodes_[2]->Stop(SIGKILL);
-  ASSERT_TRUE(writer->Delete(gone).ok());  // n2 refused: recorded in the tombstone log
+  std::vector<Key> gone;
+  ASSERT_NO_FATAL_FAILURE(DeleteWhileN2IsDown(&gone));
 
   etcd_->Pause(true);
   ASSERT_TRUE(StartNode(2)) << nodes_[2]->Log();
@@ -131,12 +137,8 @@ TEST_F(ClusterRestartWithinLeaseTest, ARestartedOwnerServesPeersNoUnitDeletedWhi
 // Before, its clients were accepted while the membership's first catch-up was still running
 // (docs/CLUSTER.md, "Not guaranteed" still names that window when etcd does not answer).
 TEST_F(ClusterRestartWithinLeaseTest, ARestartedOwnerServesItsOwnClientsNoUnitDeletedMeanwhile) {
-  auto writer = Connect(0, "tok-alice");
-  ASSERT_NE(writer, nullptr);
-  PutSession(writer.get(), "gone");
-  auto gone = Chain("gone");
-  nodes_[2]->Stop(SIGKILL);
-  ASSERT_TRUE(writer->Delete(gone).ok());  // n2 refused: recorded in the tombstone log
+  std::vector<Key> gone;
+  ASSERT_NO_FATAL_FAILURE(DeleteWhileN2IsDown(&gone));
   ASSERT_TRUE(StartNode(2)) << nodes_[2]->Log();
   // Applied before its socket accepted (StartNode returns once it does).
   EXPECT_GT(Metric(Metrics(2), "kvtier_cluster_tombstones_applied_total"), 0);

@@ -97,6 +97,26 @@ class RespMultiKeySyncTest : public kt::KvtierdTest {
     ASSERT_TRUE(d_->Start()) << d_->Log();
   }
 
+  // After a restart: of keys [0, n), the even ones (deleted) are absent and the odd ones hold
+  // their values of `round`; DBSIZE counts the odd ones.
+  void ExpectEvenKeysDeleted(int n, int round) {
+    auto c = Connect();
+    ASSERT_TRUE(c);
+    const RespReply got = Call(c.get(), Keys("MGET", 0, n));
+    ASSERT_EQ(got.elems.size(), size_t(n));
+    int back = 0, lost = 0;
+    for (int k = 0; k < n; ++k) {
+      if (k % 2 == 0) {
+        back += got.elems[k].type != RespReply::Type::kNil;
+      } else {
+        lost += got.elems[k].str != Value(k, round);
+      }
+    }
+    EXPECT_EQ(back, 0) << "deleted keys came back after kill -9";
+    EXPECT_EQ(lost, 0) << "keys not deleted lost their values";
+    EXPECT_EQ(Call(c.get(), {"DBSIZE"}).integer, n / 2);
+  }
+
   // MSET of keys [first, first + n) with their values of `round`.
   static std::vector<std::string> Mset(int first, int n, int round) {
     std::vector<std::string> args = {"MSET"};
@@ -184,21 +204,7 @@ TEST_F(RespMultiKeySyncTest, AcknowledgedDelOfManyKeysSurvivesKill9) {
     ASSERT_EQ(r.integer, kKeys / 2);
   }
   Kill9AndRestart();
-  auto c = Connect();
-  ASSERT_TRUE(c);
-  const RespReply got = Call(c.get(), Keys("MGET", 0, kKeys));
-  ASSERT_EQ(got.elems.size(), size_t{kKeys});
-  int back = 0, lost = 0;
-  for (int k = 0; k < kKeys; ++k) {
-    if (k % 2 == 0) {
-      back += got.elems[k].type != RespReply::Type::kNil;
-    } else {
-      lost += got.elems[k].str != Value(k, 7);
-    }
-  }
-  EXPECT_EQ(back, 0) << "deleted keys came back after kill -9";
-  EXPECT_EQ(lost, 0) << "keys not deleted lost their values";
-  EXPECT_EQ(Call(c.get(), {"DBSIZE"}).integer, kKeys / 2);
+  ExpectEvenKeysDeleted(kKeys, 7);
 }
 
 // 64 one-key DELs pipelined in one write share commits: each removal is made when its DEL
@@ -284,20 +290,7 @@ TEST_F(RespMultiKeySyncTest, AcknowledgedPipelinedDelsSurviveKill9) {
     for (const RespReply& one : r) ASSERT_EQ(one.integer, 1) << one.str;
   }
   Kill9AndRestart();
-  auto c = Connect();
-  ASSERT_TRUE(c);
-  const RespReply got = Call(c.get(), Keys("MGET", 0, kKeys));
-  ASSERT_EQ(got.elems.size(), size_t{kKeys});
-  int back = 0, lost = 0;
-  for (int k = 0; k < kKeys; ++k) {
-    if (k % 2 == 0) {
-      back += got.elems[k].type != RespReply::Type::kNil;
-    } else {
-      lost += got.elems[k].str != Value(k, 5);
-    }
-  }
-  EXPECT_EQ(back, 0) << "deleted keys came back after kill -9";
-  EXPECT_EQ(lost, 0) << "keys not deleted lost their values";
+  ExpectEvenKeysDeleted(kKeys, 5);
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include "cache_daemon/client.h"
 #include "tests/cache_daemon/net_util.h"
 #include "tests/e2e/kvtierd_process.h"
+#include "tests/e2e/redis_server.h"
 
 namespace kt = kvtier::testing;
 using namespace kvtier::daemon;
@@ -99,40 +100,6 @@ double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
-pid_t StartRedis(uint16_t port, const std::string& dir) {
-  std::vector<std::string> args = {"redis-server",
-                                   "--port",
-                                   std::to_string(port),
-                                   "--bind",
-                                   "127.0.0.1",
-                                   "--save",
-                                   "",
-                                   "--appendonly",
-                                   "no",
-                                   "--dir",
-                                   dir,
-                                   "--protected-mode",
-                                   "yes"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  if (posix_spawnp(&pid, "redis-server", &fa, nullptr, argv.data(), environ) != 0) pid = -1;
-  posix_spawn_file_actions_destroy(&fa);
-  for (int i = 0; i < 200 && pid > 0; ++i) {
-    int fd = kt::ConnectTcp(port);
-    if (fd >= 0) {
-      ::close(fd);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  return pid;
 }
 
 struct NativeResult {
@@ -233,7 +200,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   uint16_t redis_port = kt::FreePort();
-  pid_t redis = StartRedis(redis_port, dir.string());
+  pid_t redis = kt::StartRedisServer(redis_port, dir.string());
   pid_t kvtierd = PidWithArg(d.socket());
   std::printf(
       "== RESP: redis-benchmark -n %d -c 16 -P 16 -t set,get (one key: every GET hits), "
@@ -276,8 +243,7 @@ int main(int argc, char** argv) {
   std::printf("%-8s %18s %18s %8s\n", "value", "kvtierd cpu us/op", "redis cpu us/op", "ratio");
   for (const std::string& l : cpu_lines) std::printf("%s\n", l.c_str());
   if (redis > 0) {
-    ::kill(redis, SIGTERM);
-    ::waitpid(redis, nullptr, 0);
+    kt::StopRedisServer(redis);
   }
   std::printf("\n== native client, Unix socket, 57000-byte units, batches of 32, %zu MiB ==\n",
               native_bytes >> 20);

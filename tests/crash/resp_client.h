@@ -47,23 +47,28 @@ class RespClient {
   RespClient(const RespClient&) = delete;
   RespClient& operator=(const RespClient&) = delete;
 
-  StatusOr<RespReply> Call(const std::vector<std::string_view>& args) {
+  // Sends one command and reads its reply. With raw non-null, *raw is set to the reply's bytes
+  // exactly as they came (its RESP encoding), for a byte-for-byte comparison.
+  StatusOr<RespReply> Call(const std::vector<std::string_view>& args, std::string* raw = nullptr) {
     std::string req;
     Encode(args, &req);
     if (!testing::SendAllRaw(fd_, req.data(), req.size())) return Status::IOError("send failed");
-    return ReadReply(0);
+    return ReadTopReply(raw);
   }
 
-  // Sends every command in one write (a pipeline), then reads one reply per command.
-  StatusOr<std::vector<RespReply>> Pipeline(const std::vector<std::vector<std::string>>& cmds) {
+  // Sends every command in one write (a pipeline), then reads one reply per command. With raw
+  // non-null, *raw gets each reply's bytes as they came, one string per command.
+  StatusOr<std::vector<RespReply>> Pipeline(const std::vector<std::vector<std::string>>& cmds,
+                                            std::vector<std::string>* raw = nullptr) {
     std::string req;
     for (const std::vector<std::string>& c : cmds) {
       Encode(std::vector<std::string_view>(c.begin(), c.end()), &req);
     }
     if (!testing::SendAllRaw(fd_, req.data(), req.size())) return Status::IOError("send failed");
     std::vector<RespReply> replies;
+    if (raw != nullptr) raw->assign(cmds.size(), std::string());
     for (size_t i = 0; i < cmds.size(); ++i) {
-      StatusOr<RespReply> r = ReadReply(0);
+      StatusOr<RespReply> r = ReadTopReply(raw != nullptr ? &(*raw)[i] : nullptr);
       if (!r.ok()) return r.status();
       replies.push_back(std::move(r).value());
     }
@@ -81,6 +86,15 @@ class RespClient {
   }
 
   RespClient(int fd, int timeout_ms) : fd_(fd), timeout_ms_(timeout_ms) {}
+
+  // One reply; its bytes go to *raw when raw is non-null.
+  StatusOr<RespReply> ReadTopReply(std::string* raw) {
+    if (raw != nullptr) raw->clear();
+    raw_ = raw;
+    StatusOr<RespReply> r = ReadReply(0);
+    raw_ = nullptr;
+    return r;
+  }
 
   Status Fill() {
     if (pos_ > 0 && pos_ == buf_.size()) {
@@ -103,6 +117,7 @@ class RespClient {
       size_t eol = buf_.find("\r\n", pos_);
       if (eol != std::string::npos) {
         std::string line = buf_.substr(pos_, eol - pos_);
+        if (raw_ != nullptr) raw_->append(buf_, pos_, eol + 2 - pos_);
         pos_ = eol + 2;
         return line;
       }
@@ -145,6 +160,7 @@ class RespClient {
         if (buf_.compare(pos_ + static_cast<size_t>(n), 2, "\r\n") != 0)
           return Status::Corruption("RESP bulk not terminated");
         r.str = buf_.substr(pos_, static_cast<size_t>(n));
+        if (raw_ != nullptr) raw_->append(buf_, pos_, need);
         pos_ += need;
         return r;
       }
@@ -170,6 +186,7 @@ class RespClient {
   int timeout_ms_;
   std::string buf_;
   size_t pos_ = 0;
+  std::string* raw_ = nullptr;  // where the reply being read copies its bytes, if anywhere
 };
 
 }  // namespace kvtier::crash

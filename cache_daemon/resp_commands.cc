@@ -19,12 +19,6 @@ bool EqualsUpper(std::string_view s, std::string_view upper) {
   return true;
 }
 
-bool ParseI64(std::string_view s, int64_t* out) {
-  if (s.empty()) return false;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
-  return ec == std::errc() && p == s.data() + s.size();
-}
-
 bool ParseU64(std::string_view s, uint64_t* out) {
   if (s.empty()) return false;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
@@ -53,10 +47,13 @@ bool MatchElement(std::string_view p, size_t* i, unsigned char c) {
         ++j;
         break;
       } else if (j + 2 < n && p[j + 1] == '-') {
-        auto lo = static_cast<unsigned char>(p[j]);
-        auto hi = static_cast<unsigned char>(p[j + 2]);
+        // Redis compares a range's bytes as (signed) char, as x86-64 builds have it: 0x80..0xff
+        // sort below 0x00, so [\xff-b] holds \xff and 0x00..'b', not 'b'..\xff.
+        auto lo = static_cast<signed char>(p[j]);
+        auto hi = static_cast<signed char>(p[j + 2]);
         if (lo > hi) std::swap(lo, hi);
-        match |= c >= lo && c <= hi;
+        const auto sc = static_cast<signed char>(c);
+        match |= sc >= lo && sc <= hi;
         j += 3;
       } else {
         match |= static_cast<unsigned char>(p[j]) == c;
@@ -74,16 +71,41 @@ bool MatchElement(std::string_view p, size_t* i, unsigned char c) {
 
 int CommandArity(std::string_view name) {
   static constexpr std::pair<std::string_view, int> kArity[] = {
-      {"GET", 2},     {"SET", -3},     {"SETNX", 3},     {"MGET", -2}, {"MSET", -3},
-      {"DEL", -2},    {"UNLINK", -2},  {"EXISTS", -2},   {"TYPE", 2},  {"EXPIRE", 3},
-      {"PEXPIRE", 3}, {"TTL", 2},      {"PTTL", 2},      {"SCAN", -2}, {"KEYS", 2},
-      {"DBSIZE", 1},  {"FLUSHDB", -1}, {"FLUSHALL", -1}, {"INFO", -1}, {"SELECT", 2},
-      {"CONFIG", -2}, {"CLIENT", -2},  {"PING", -1},     {"ECHO", 2},  {"QUIT", -1},
-      {"AUTH", -2},   {"HELLO", -1},   {"MULTI", 1},     {"EXEC", 1},  {"DISCARD", 1}};
+      {"GET", 2},      {"SET", -3},     {"SETNX", 3},     {"MGET", -2}, {"MSET", -3},
+      {"DEL", -2},     {"UNLINK", -2},  {"EXISTS", -2},   {"TYPE", 2},  {"EXPIRE", -3},
+      {"PEXPIRE", -3}, {"TTL", 2},      {"PTTL", 2},      {"SCAN", -2}, {"KEYS", 2},
+      {"DBSIZE", 1},   {"FLUSHDB", -1}, {"FLUSHALL", -1}, {"INFO", -1}, {"SELECT", 2},
+      {"CONFIG", -2},  {"CLIENT", -2},  {"PING", -1},     {"ECHO", 2},  {"QUIT", -1},
+      {"AUTH", -2},    {"HELLO", -1},   {"MULTI", 1},     {"EXEC", 1},  {"DISCARD", 1}};
   for (const auto& [n, a] : kArity) {
     if (n == name) return a;
   }
   return 0;
+}
+
+bool ParseRedisInt64(std::string_view s, int64_t* out) {
+  const std::string_view digits = !s.empty() && s[0] == '-' ? s.substr(1) : s;
+  if (digits.empty() || digits[0] < '0' || digits[0] > '9') return false;
+  if (digits[0] == '0' && s != "0") return false;  // "007", "-0"
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+std::string UnknownCommandMessage(std::span<const std::string_view> argv) {
+  constexpr size_t kShownBytesMax = 128;
+  auto c_string = [](std::string_view s, size_t max) {
+    return s.substr(0, std::min(s.find('\0'), max));
+  };
+  std::string args;
+  for (size_t i = 1; i < argv.size() && args.size() < kShownBytesMax; ++i) {
+    const std::string_view shown = c_string(argv[i], kShownBytesMax - args.size());
+    args += '\'';
+    args += shown;
+    args += "' ";
+  }
+  std::string msg = "ERR unknown command '";
+  if (!argv.empty()) msg += c_string(argv[0], kShownBytesMax);
+  return msg + "', with args beginning with: " + args;
 }
 
 bool ArityAllows(int arity, size_t argc) {
@@ -131,36 +153,70 @@ bool RelativeExpiryMs(int64_t v, bool seconds, uint64_t now_unix_ms, int64_t* tt
 
 StatusOr<SetOptions> ParseSetOptions(std::span<const std::string_view> a, uint64_t now_unix_ms) {
   SetOptions o;
-  bool has_expiry = false;
+  bool ex = false, px = false;
+  std::string_view operand;  // the last EX / PX operand
   for (size_t i = 0; i < a.size(); ++i) {
     std::string_view opt = a[i];
-    if (EqualsUpper(opt, "NX"sv) || EqualsUpper(opt, "XX"sv)) {
-      if (o.cond != SetOptions::Cond::kAlways) return Syntax();
-      o.cond =
-          EqualsUpper(opt, "NX"sv) ? SetOptions::Cond::kIfAbsent : SetOptions::Cond::kIfPresent;
+    const bool has_next = i + 1 < a.size();
+    if (EqualsUpper(opt, "NX"sv) && o.cond != SetOptions::Cond::kIfPresent) {
+      o.cond = SetOptions::Cond::kIfAbsent;
+    } else if (EqualsUpper(opt, "XX"sv) && o.cond != SetOptions::Cond::kIfAbsent) {
+      o.cond = SetOptions::Cond::kIfPresent;
     } else if (EqualsUpper(opt, "GET"sv)) {
       o.get = true;
-    } else if (EqualsUpper(opt, "KEEPTTL"sv)) {
-      if (has_expiry) return Syntax();
-      o.keep_ttl = has_expiry = true;
-    } else if (EqualsUpper(opt, "EX"sv) || EqualsUpper(opt, "PX"sv)) {
-      if (has_expiry || i + 1 >= a.size()) return Syntax();
-      int64_t v = 0;
-      if (!ParseI64(a[i + 1], &v)) {
-        return Status::InvalidArgument("ERR value is not an integer or out of range");
-      }
-      int64_t ms = 0;
-      if (v <= 0 || !RelativeExpiryMs(v, EqualsUpper(opt, "EX"sv), now_unix_ms, &ms)) {
-        return Status::InvalidArgument("ERR invalid expire time in 'set' command");
-      }
-      o.ttl_ms = static_cast<uint64_t>(ms);
-      has_expiry = true;
-      ++i;
+    } else if (EqualsUpper(opt, "KEEPTTL"sv) && !ex && !px) {
+      o.keep_ttl = true;
+    } else if (EqualsUpper(opt, "EX"sv) && !o.keep_ttl && !px && has_next) {
+      ex = true;
+      operand = a[++i];
+    } else if (EqualsUpper(opt, "PX"sv) && !o.keep_ttl && !ex && has_next) {
+      px = true;
+      operand = a[++i];
     } else {
       return Syntax();
     }
   }
+  if (ex || px) {
+    int64_t v = 0;
+    if (!ParseRedisInt64(operand, &v)) {
+      return Status::InvalidArgument("ERR value is not an integer or out of range");
+    }
+    int64_t ms = 0;
+    if (v <= 0 || !RelativeExpiryMs(v, ex, now_unix_ms, &ms)) {
+      return Status::InvalidArgument("ERR invalid expire time in 'set' command");
+    }
+    o.ttl_ms = static_cast<uint64_t>(ms);
+  }
   return o;
+}
+
+Status CheckExpireOptions(std::span<const std::string_view> options) {
+  bool nx = false, xx = false, gt = false, lt = false;
+  for (std::string_view opt : options) {
+    if (EqualsUpper(opt, "NX"sv)) {
+      nx = true;
+    } else if (EqualsUpper(opt, "XX"sv)) {
+      xx = true;
+    } else if (EqualsUpper(opt, "GT"sv)) {
+      gt = true;
+    } else if (EqualsUpper(opt, "LT"sv)) {
+      lt = true;
+    } else {  // Redis formats the option as a C string: up to its first NUL byte
+      return Status::InvalidArgument("ERR Unsupported option " +
+                                     std::string(opt.substr(0, opt.find('\0'))));
+    }
+  }
+  if (nx && (xx || gt || lt)) {
+    return Status::InvalidArgument(
+        "ERR NX and XX, GT or LT options at the same time are not compatible");
+  }
+  if (gt && lt) {
+    return Status::InvalidArgument("ERR GT and LT options at the same time are not compatible");
+  }
+  if (nx || xx || gt || lt) {
+    return Status::InvalidArgument("ERR EXPIRE options NX, XX, GT and LT are not supported");
+  }
+  return Status::Ok();
 }
 
 StatusOr<ScanOptions> ParseScanOptions(std::span<const std::string_view> a, size_t count_max) {
@@ -176,7 +232,7 @@ StatusOr<ScanOptions> ParseScanOptions(std::span<const std::string_view> a, size
       o.has_pattern = true;
     } else if (EqualsUpper(opt, "COUNT"sv)) {
       int64_t v = 0;
-      if (!ParseI64(arg, &v)) {
+      if (!ParseRedisInt64(arg, &v)) {
         return Status::InvalidArgument("ERR value is not an integer or out of range");
       }
       if (v < 1) return Syntax();

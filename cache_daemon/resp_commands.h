@@ -26,10 +26,22 @@ int CommandArity(std::string_view upper_name);
 bool ArityAllows(int arity, size_t argc);
 
 // Redis's glob (stringmatchlen, case-sensitive): `*` any run, `?` one byte, `[abc]`, `[^a]`,
-// `[a-z]` (reversed ranges allowed), `\x` the byte x (also inside brackets); an unterminated
+// `[a-z]` (reversed ranges allowed; bytes compared as signed char, as in Redis on x86-64, so
+// 0x80..0xff come before 0x00), `\x` the byte x (also inside brackets); an unterminated
 // `[` ends at the end of the pattern. Runs in O(|pattern| * |s|) time and O(1) space (no
 // recursion, so no pattern can exhaust the stack).
 bool GlobMatch(std::string_view pattern, std::string_view s);
+
+// Redis's integer syntax (string2ll, what every integer argument of Redis is read with): an
+// optional '-', then decimal digits without a leading zero ("0" alone is zero), in the int64
+// range. No '+', no spaces, no "-0", no "007". False when `s` is anything else.
+bool ParseRedisInt64(std::string_view s, int64_t* out);
+
+// The message Redis answers a command it does not know (argv[0] is its name): "ERR unknown
+// command '<name>', with args beginning with: '<arg>' '<arg>' ", the name cut at 128 bytes and
+// arguments added while the list is under 128 bytes, each cut so that the list stays within
+// 128; every part ends at its first NUL byte (Redis formats them as C strings).
+std::string UnknownCommandMessage(std::span<const std::string_view> argv);
 
 // Redis's bound on a relative expiry (EXPIRE, PEXPIRE, SET EX/PX): `v` seconds (`seconds`
 // true) or milliseconds as milliseconds in *ttl_ms, which may be zero or negative (already
@@ -37,6 +49,12 @@ bool GlobMatch(std::string_view pattern, std::string_view s);
 // fit a signed 64-bit integer: the command must answer "ERR invalid expire time in '<cmd>'
 // command", never wrap (a wrapped expiry had the key expire at once, its reply a success).
 bool RelativeExpiryMs(int64_t v, bool seconds, uint64_t now_unix_ms, int64_t* ttl_ms);
+
+// The options after "EXPIRE key n" (or PEXPIRE), judged as Redis 7 does, in its order: an
+// unknown word is "ERR Unsupported option <word>", NX with XX/GT/LT and GT with LT are "ERR ...
+// not compatible". kvtier implements none of NX, XX, GT, LT: Ok only when there are no options,
+// else "ERR EXPIRE options NX, XX, GT and LT are not supported" (docs/RESP.md).
+Status CheckExpireOptions(std::span<const std::string_view> options);
 
 // SET key value [NX | XX] [GET] [EX seconds | PX milliseconds | KEEPTTL].
 struct SetOptions {
@@ -48,10 +66,13 @@ struct SetOptions {
   // True when the SET needs nothing but a write (no condition, no read of the old value).
   bool plain() const { return cond == Cond::kAlways && !keep_ttl && !get; }
 };
-// Parses the options after "SET key value" at the time now_unix_ms. InvalidArgument with
-// Redis's message: "ERR syntax error" (unknown or conflicting option, missing operand), "ERR
-// value is not an integer or out of range", "ERR invalid expire time in 'set' command" (<= 0,
-// or an expiry RelativeExpiryMs refuses).
+// Parses the options after "SET key value" at the time now_unix_ms, as Redis 7 does: all
+// options first, then the expiry's operand. A repeated NX, XX, GET, KEEPTTL, EX or PX is
+// allowed (the last EX / PX operand counts); NX with XX, KEEPTTL with EX/PX and EX with PX are
+// not. InvalidArgument with Redis's message: "ERR syntax error" (unknown or conflicting
+// option, missing operand; found before any operand is judged), "ERR value is not an integer
+// or out of range" (ParseRedisInt64), "ERR invalid expire time in 'set' command" (<= 0, or an
+// expiry RelativeExpiryMs refuses).
 StatusOr<SetOptions> ParseSetOptions(std::span<const std::string_view> options,
                                      uint64_t now_unix_ms);
 

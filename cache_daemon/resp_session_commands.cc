@@ -1,7 +1,7 @@
 // The RESP connection's commands: dispatch (Execute), MULTI/EXEC, connection commands and
 // the data commands (resp_session_impl.h; keyspace commands are in resp_keyspace.h).
 #include <cctype>
-#include <charconv>
+#include <cstdint>
 #include <memory>
 
 #include "cache_daemon/resp_session_impl.h"
@@ -16,11 +16,6 @@ std::string Upper(std::string_view s) {
   std::string u(s);
   for (char& c : u) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return u;
-}
-
-bool ParseI64(std::string_view s, int64_t* out) {
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
-  return ec == std::errc() && p == s.data() + s.size();
 }
 
 }  // namespace
@@ -86,7 +81,18 @@ StatusCode RespSession::Transaction(const std::string& cmd,
     resp::AppendError("NOAUTH Authentication required.", &out_);
     return StatusCode::kPermissionDenied;
   }
-  if (a.size() != 1) return WrongArgs(cmd);
+  if (a.size() != 1) {
+    if (cmd == "EXEC"sv) {  // Redis: a malformed EXEC discards the transaction
+      txn_.Finish();
+      resp::AppendError(
+          "EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' "
+          "command",
+          &out_);
+      return StatusCode::kInvalidArgument;
+    }
+    if (txn_.queuing()) txn_.Flag();  // as any command refused at queue time
+    return WrongArgs(cmd);
+  }
   if (cmd == "MULTI"sv) {
     if (txn_.queuing()) {
       resp::AppendError("ERR MULTI calls can not be nested", &out_);
@@ -150,8 +156,7 @@ void RespSession::RunQueued() {
 }
 
 StatusCode RespSession::UnknownCommand(const std::vector<std::string_view>& a) {
-  std::string shown(a[0].substr(0, 128));
-  resp::AppendError("ERR unknown command '" + shown + "', with args beginning with: ", &out_);
+  resp::AppendError(resp::UnknownCommandMessage(a), &out_);
   return StatusCode::kInvalidArgument;
 }
 
@@ -235,7 +240,11 @@ StatusCode RespSession::Connection(const std::string& cmd, const std::vector<std
     return StatusCode::kOk;
   }
   if (cmd == "AUTH"sv) {
-    if (a.size() != 2 && a.size() != 3) return WrongArgs(cmd);
+    if (a.size() < 2) return WrongArgs(cmd);
+    if (a.size() > 3) {  // Redis: AUTH [user] password, more is a syntax error
+      resp::AppendError("ERR syntax error", &out_);
+      return StatusCode::kInvalidArgument;
+    }
     if (!shared_->tenants->auth_enabled()) {
       resp::AppendError(
           "ERR AUTH <password> called without any password configured for the default user. "
@@ -253,7 +262,7 @@ StatusCode RespSession::Connection(const std::string& cmd, const std::vector<std
   int proto = proto_;
   if (a.size() > 1) {
     int64_t ver = 0;
-    if (!ParseI64(a[1], &ver)) {
+    if (!resp::ParseRedisInt64(a[1], &ver)) {
       resp::AppendError("ERR Protocol version is not an integer or out of range", &out_);
       return StatusCode::kInvalidArgument;
     }
@@ -434,9 +443,14 @@ StatusCode RespSession::Data(const std::string& cmd, const std::vector<std::stri
     return StatusCode::kOk;
   }
   if (cmd == "EXPIRE"sv || cmd == "PEXPIRE"sv) {
-    if (a.size() != 3) return WrongArgs(cmd);
+    if (a.size() < 3) return WrongArgs(cmd);
+    if (Status st = resp::CheckExpireOptions(std::span<const std::string_view>(a).subspan(3));
+        !st.ok()) {
+      resp::AppendError(st.message(), &out_);
+      return StatusCode::kInvalidArgument;
+    }
     int64_t v = 0;
-    if (!ParseI64(a[2], &v)) {
+    if (!resp::ParseRedisInt64(a[2], &v)) {
       resp::AppendError("ERR value is not an integer or out of range", &out_);
       return StatusCode::kInvalidArgument;
     }
@@ -461,8 +475,8 @@ StatusCode RespSession::Data(const std::string& cmd, const std::vector<std::stri
     int64_t ms = svc->RespTtlMs(t, a[1]);
     if (ms < 0 || cmd == "PTTL"sv)
       resp::AppendInteger(ms, &out_);
-    else  // seconds rounded up, without overflowing at INT64_MAX
-      resp::AppendInteger(ms / 1000 + (ms % 1000 != 0 ? 1 : 0), &out_);
+    else  // seconds rounded to the nearest, as Redis, without overflowing at INT64_MAX
+      resp::AppendInteger(ms / 1000 + (ms % 1000 >= 500 ? 1 : 0), &out_);
     return StatusCode::kOk;
   }
   if (cmd == "DBSIZE"sv) {
@@ -471,6 +485,11 @@ StatusCode RespSession::Data(const std::string& cmd, const std::vector<std::stri
     return StatusCode::kOk;
   }
   if (cmd == "FLUSHDB"sv || cmd == "FLUSHALL"sv) {
+    // Redis 7: FLUSHDB [ASYNC | SYNC]; kvtier's flush is the same either way.
+    if (a.size() > 2 || (a.size() == 2 && Upper(a[1]) != "ASYNC"sv && Upper(a[1]) != "SYNC"sv)) {
+      resp::AppendError("ERR syntax error", &out_);
+      return StatusCode::kInvalidArgument;
+    }
     Status st = svc->RespFlush(t);
     if (!st.ok()) return StoreError(st);
     resp::AppendSimple("OK", &out_);
@@ -490,7 +509,17 @@ StatusCode RespSession::Data(const std::string& cmd, const std::vector<std::stri
   }
   if (cmd == "SELECT"sv) {
     if (a.size() != 2) return WrongArgs(cmd);
-    if (a[1] != "0") {
+    int64_t db = 0;  // Redis's checks, in its order; kvtier has database 0 only
+    if (!resp::ParseRedisInt64(a[1], &db)) {
+      resp::AppendError("ERR value is not an integer or out of range", &out_);
+      return StatusCode::kInvalidArgument;
+    }
+    if (db < INT32_MIN || db > INT32_MAX) {
+      resp::AppendError("ERR value is out of range, value must between -2147483648 and 2147483647",
+                        &out_);
+      return StatusCode::kInvalidArgument;
+    }
+    if (db != 0) {
       resp::AppendError("ERR DB index is out of range", &out_);
       return StatusCode::kInvalidArgument;
     }

@@ -679,6 +679,25 @@ TEST_F(DaemonTest, RespCommands) {
   want = "+string\r\n+none\r\n*1\r\n$1\r\nm\r\n";
   EXPECT_EQ(reply("TYPE m\r\nTYPE nope\r\nKEYS m\r\n", want), want);
   EXPECT_EQ(Resp(fd, "DEL m\r\n"), ":1\r\n");
+  // Redis 7's texts where kvtierd had its own (found by kvtier_resp_differential_test): TTL
+  // rounds to the nearest second (1.4 s left is 1, not 2); the unknown command's arguments;
+  // SELECT's integer check; FLUSHDB's ASYNC|SYNC; AUTH with too many arguments; a malformed
+  // EXEC discards the transaction; a malformed DISCARD inside MULTI aborts it.
+  EXPECT_EQ(Resp(fd, "SET r v PX 1400\r\nTTL r\r\n"), "+OK\r\n:1\r\n");
+  EXPECT_EQ(Resp(fd, "BOGUS a b\r\n"),
+            "-ERR unknown command 'BOGUS', with args beginning with: 'a' 'b' \r\n");
+  EXPECT_EQ(Resp(fd, "SELECT 00\r\n"), "-ERR value is not an integer or out of range\r\n");
+  EXPECT_EQ(Resp(fd, "FLUSHDB bogus\r\n"), "-ERR syntax error\r\n");
+  EXPECT_EQ(Resp(fd, "AUTH a b c\r\n"), "-ERR syntax error\r\n");
+  EXPECT_EQ(Resp(fd, "EXPIRE r 10 BOGUS\r\n"), "-ERR Unsupported option BOGUS\r\n");
+  want =
+      "+OK\r\n+QUEUED\r\n-EXECABORT Transaction discarded because of: wrong number of "
+      "arguments for 'exec' command\r\n-ERR EXEC without MULTI\r\n";
+  EXPECT_EQ(reply("MULTI\r\nPING\r\nEXEC x\r\nEXEC\r\n", want), want);
+  want =
+      "+OK\r\n-ERR wrong number of arguments for 'discard' command\r\n"
+      "-EXECABORT Transaction discarded because of previous errors.\r\n";
+  EXPECT_EQ(reply("MULTI\r\nDISCARD x\r\nEXEC\r\n", want), want);
   EXPECT_EQ(Resp(fd, "FLUSHDB\r\n"), "+OK\r\n");
   EXPECT_EQ(Resp(fd, "DBSIZE\r\n"), ":0\r\n");
   // Pipelined: replies in order.

@@ -54,6 +54,12 @@ TEST(RespGlob, RedisSemantics) {
       {"[\\]]", "]", true},
       {"[\\-]", "-", true},
       {"[abc", "b", true},  // unterminated bracket ends at the pattern's end
+      // Range bytes compare as signed char, as Redis's stringmatchlen on x86-64: \xff is -1.
+      {"[\xff-b]", "A", true},
+      {"[\xff-b]", "\xff", true},
+      {"[\xff-b]", "c", false},
+      {"[a-\x80]", "b", false},
+      {"[a-\x80]", "\xc0", true},
       {"a[", "a", false},
       {"\\", "\\", true},  // a lone trailing backslash is literal
       {"*a*b*c*", "xxaxxbxxcxx", true},
@@ -104,7 +110,22 @@ TEST(RespSetOptions, GrammarAndRedisErrors) {
     return r.ok() ? std::string("ok") : r.status().message();
   };
   EXPECT_EQ(err({"NX", "XX"}), "ERR syntax error");
-  EXPECT_EQ(err({"NX", "NX"}), "ERR syntax error");
+  // Redis 7 allows a repeated option; the last EX / PX operand counts, and every option is
+  // judged before the operand (these were errors, or the operand's error, here).
+  EXPECT_EQ(err({"NX", "NX"}), "ok");
+  EXPECT_EQ(err({"KEEPTTL", "KEEPTTL", "GET", "GET"}), "ok");
+  o = parse({"EX", "ten", "EX", "3"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->ttl_ms, 3000u);
+  EXPECT_EQ(err({"EX", "ten", "FOO"}), "ERR syntax error");
+  EXPECT_EQ(err({"EX", "0", "XX", "NX"}), "ERR syntax error");
+  EXPECT_EQ(err({"XX", "NX"}), "ERR syntax error");
+  EXPECT_EQ(err({"EX", "1", "KEEPTTL"}), "ERR syntax error");
+  EXPECT_EQ(err({"PX", "1", "EX", "1"}), "ERR syntax error");
+  // Redis's integer syntax: no leading zero, no '+', no "-0".
+  EXPECT_EQ(err({"EX", "007"}), "ERR value is not an integer or out of range");
+  EXPECT_EQ(err({"PX", "+5"}), "ERR value is not an integer or out of range");
+  EXPECT_EQ(err({"PX", "-0"}), "ERR value is not an integer or out of range");
   EXPECT_EQ(err({"EX", "1", "PX", "1"}), "ERR syntax error");
   EXPECT_EQ(err({"KEEPTTL", "EX", "1"}), "ERR syntax error");
   EXPECT_EQ(err({"EX"}), "ERR syntax error");
@@ -123,6 +144,52 @@ TEST(RespSetOptions, GrammarAndRedisErrors) {
   o = parse({"PX", std::to_string(last_ms)});
   ASSERT_TRUE(o.ok());
   EXPECT_EQ(o->ttl_ms, static_cast<uint64_t>(last_ms));
+}
+
+TEST(RespInteger, RedisSyntaxOnly) {
+  int64_t v = 7;
+  EXPECT_TRUE(resp::ParseRedisInt64("0", &v));
+  EXPECT_EQ(v, 0);
+  EXPECT_TRUE(resp::ParseRedisInt64("-12", &v));
+  EXPECT_EQ(v, -12);
+  EXPECT_TRUE(resp::ParseRedisInt64("9223372036854775807", &v));
+  EXPECT_EQ(v, std::numeric_limits<int64_t>::max());
+  EXPECT_TRUE(resp::ParseRedisInt64("-9223372036854775808", &v));
+  EXPECT_EQ(v, std::numeric_limits<int64_t>::min());
+  for (std::string_view bad : {"", "-", "007", "00", "-0", "-01", "+5", " 5", "5 ", "1.5", "0x1",
+                               "9223372036854775808", "-9223372036854775809", "1e3"}) {
+    EXPECT_FALSE(resp::ParseRedisInt64(bad, &v)) << bad;
+  }
+}
+
+TEST(RespExpireOptions, RedisErrorsThenNotSupported) {
+  auto err = [](SV v) {
+    Status st = resp::CheckExpireOptions(v);
+    return st.ok() ? std::string("ok") : st.message();
+  };
+  EXPECT_EQ(err({}), "ok");
+  EXPECT_EQ(err({"BOGUS"}), "ERR Unsupported option BOGUS");
+  EXPECT_EQ(err({std::string_view("a\0b", 3)}), "ERR Unsupported option a");
+  EXPECT_EQ(err({"nx", "BOGUS"}), "ERR Unsupported option BOGUS");
+  EXPECT_EQ(err({"NX", "xx"}),
+            "ERR NX and XX, GT or LT options at the same time are not compatible");
+  EXPECT_EQ(err({"gt", "LT"}), "ERR GT and LT options at the same time are not compatible");
+  EXPECT_EQ(err({"GT"}), "ERR EXPIRE options NX, XX, GT and LT are not supported");
+}
+
+TEST(RespUnknownCommand, RedisMessage) {
+  auto msg = [](SV v) { return resp::UnknownCommandMessage(v); };
+  EXPECT_EQ(msg({"FOO"}), "ERR unknown command 'FOO', with args beginning with: ");
+  EXPECT_EQ(msg({"foo", "a", ""}), "ERR unknown command 'foo', with args beginning with: 'a' '' ");
+  // C strings: each part ends at its first NUL.
+  EXPECT_EQ(msg({std::string_view("f\0o", 3), std::string_view("x\0y", 3)}),
+            "ERR unknown command 'f', with args beginning with: 'x' ");
+  // The name is cut at 128 bytes; arguments are added while the list is under 128 bytes, each
+  // cut to what is left of the 128.
+  const std::string name(200, 'n'), a(100, 'a'), b(100, 'b');
+  EXPECT_EQ(msg({name, a, b, "c"}), "ERR unknown command '" + std::string(128, 'n') +
+                                        "', with args beginning with: '" + a + "' '" +
+                                        std::string(25, 'b') + "' ");
 }
 
 TEST(RespExpiry, RelativeExpiryIsRefusedWhereItWouldOverflow) {
@@ -174,6 +241,7 @@ TEST(RespScanOptions, GrammarClampAndErrors) {
   EXPECT_EQ(err({"SCAN", "0", "COUNT", "0"}), "ERR syntax error");
   EXPECT_EQ(err({"SCAN", "0", "COUNT", "-3"}), "ERR syntax error");
   EXPECT_EQ(err({"SCAN", "0", "COUNT", "many"}), "ERR value is not an integer or out of range");
+  EXPECT_EQ(err({"SCAN", "0", "COUNT", "010"}), "ERR value is not an integer or out of range");
   EXPECT_EQ(err({"SCAN", "0", "MATCH"}), "ERR syntax error");
   EXPECT_EQ(err({"SCAN", "0", "LIMIT", "3"}), "ERR syntax error");
 }

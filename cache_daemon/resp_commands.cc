@@ -114,6 +114,9 @@ bool ArityAllows(int arity, size_t argc) {
 }
 
 bool GlobMatch(std::string_view p, std::string_view s) {
+  // Redis's stringmatchlen matches nothing against an empty string but the empty pattern (its
+  // loop runs while both have bytes left); KEYS / SCAN MATCH "*" list "" by their own shortcut.
+  if (s.empty()) return p.empty();
   size_t pi = 0, si = 0;
   // The last '*' seen: the pattern position after it and the string position it resumes at.
   size_t star_p = std::string_view::npos, star_s = 0;

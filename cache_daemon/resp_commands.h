@@ -30,6 +30,8 @@ bool ArityAllows(int arity, size_t argc);
 // 0x80..0xff come before 0x00), `\x` the byte x (also inside brackets); an unterminated
 // `[` ends at the end of the pattern. Runs in O(|pattern| * |s|) time and O(1) space (no
 // recursion, so no pattern can exhaust the stack).
+// As in Redis, the empty string matches only the empty pattern (not even "*": KEYS and SCAN
+// treat the pattern "*" as "every key" before they match).
 bool GlobMatch(std::string_view pattern, std::string_view s);
 
 // Redis's integer syntax (string2ll, what every integer argument of Redis is read with): an

@@ -39,8 +39,10 @@ StatusCode Scan(const RespKeyspaceContext& c, const std::vector<std::string_view
   StatusOr<resp::ScanOptions> o = resp::ParseScanOptions(a, c.options->resp_scan_count_max);
   if (!o.ok()) return Error(c, o.status());
   std::vector<std::string> names;
+  // "*" is every key before any matching, as in Redis (GlobMatch("*", "") is false).
+  const bool every = !o->has_pattern || o->pattern == "*";
   auto want = [&](std::string_view name) {
-    return !o->only_other_type && (!o->has_pattern || resp::GlobMatch(o->pattern, name));
+    return !o->only_other_type && (every || resp::GlobMatch(o->pattern, name));
   };
   uint64_t next =
       c.service->RespScan(*c.tenant, o->cursor, o->count, want, &names, c.reply_bytes_max);
@@ -56,7 +58,10 @@ StatusCode Keys(const RespKeyspaceContext& c, std::string_view pattern) {
   uint64_t limit = c.options->resp_keys_reply_bytes_max;
   std::vector<std::string> all, step;
   uint64_t bytes = 0, cursor = 0;
-  auto want = [&](std::string_view name) { return resp::GlobMatch(pattern, name); };
+  // "*" is every key before any matching, as in Redis (GlobMatch("*", "") is false).
+  auto want = [&](std::string_view name) {
+    return pattern == "*" || resp::GlobMatch(pattern, name);
+  };
   do {
     cursor = c.service->RespScan(*c.tenant, cursor, kKeysStepEntries, want, &step);
     for (std::string& n : step) {

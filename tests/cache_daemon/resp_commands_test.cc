@@ -30,7 +30,9 @@ TEST(RespGlob, RedisSemantics) {
     bool match;
   };
   const Case cases[] = {
-      {"*", "", true},
+      {"*", "", false},  // Redis: "" matches only ""; KEYS/SCAN list it for "*" themselves
+      {"**", "", false},
+      {"?*", "", false},
       {"*", "abc", true},
       {"", "", true},
       {"", "a", false},

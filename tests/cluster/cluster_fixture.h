@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -50,8 +51,10 @@ class ClusterE2eTest : public ::testing::Test {
   void SetUp() override {
     if (!kt::EtcdProcess::Installed()) GTEST_SKIP() << "no /usr/bin/etcd (deploy/install-deps.sh)";
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = info->name();  // "Case/Param" for a parameterized test: one directory
+    std::replace(name.begin(), name.end(), '/', '_');
     dir_ = std::filesystem::temp_directory_path() /
-           ("kvtier_cluster_" + std::to_string(getpid()) + "_" + info->name());
+           ("kvtier_cluster_" + std::to_string(getpid()) + "_" + name);
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     etcd_ = std::make_unique<kt::EtcdProcess>(dir_ / "etcd");

@@ -10,7 +10,18 @@
 // and restarts it on its data directory after its lease ran out or within it, stops one
 // (SIGSTOP) past its lease and continues it, stops one gracefully (it leaves) and starts it
 // again, and starts a fourth node (a join); after each fault it waits until every node agrees
-// on the members and its repair is settled. At the end every key is read through every node.
+// on the members and its repair is settled. At the end every key is read and looked up
+// through every node.
+//
+// Clients also LOOKUP chains of their tenant's keys through random nodes, each followed by a
+// GET of the same chain through the same node, and every LOOKUP's hit count is judged too
+// (JudgeLookup). The test runs twice: without GET copies, and with them on every node
+// ([cluster] get_copy_bytes_max; docs/CLUSTER.md, "Copies"): n0's small and short-lived, so
+// that copies are evicted and expire all the time, the others' large and long-lived, so that
+// a node stopped past its lease comes back holding copies of keys overwritten meanwhile.
+// The judge's rules for hits apply to a hit on a copy unchanged: the docs allow a copy no
+// window of staleness beyond those the rules already allow ("GET copies and watch lag": a
+// write during a (re)join does not raise the floor).
 //
 // The judge's rules (docs/CLUSTER.md) are listed where they are applied, in Judge below.
 // Every op is stamped with a global tick taken before it is sent and after its reply arrived;
@@ -42,12 +53,26 @@ constexpr int kFaults = 5;
 #endif
 constexpr int kWriters = 4;         // writer w is tenant w % 2; writers w and w ^ 1 share keys
 constexpr int kKeysPerWriter = 10;  // per writer: small, so that keys are written often
-constexpr int kNodesMax = 4;        // the fixture's three and one that joins
+// Keys [kHotKeys, kKeysPerWriter) get one write in 10, and one of their writes in 40 is a
+// DELETE: seconds between writes and over a minute between deletes, so that GET copies of
+// them are kept (a node keeps no copy of a key deleted there in the last 10 s, "Copies",
+// rule 3), served, and then dropped by a write (or a delete now and then). The hot keys'
+// copies are mostly refused for their deletes: they race the fence.
+constexpr int kHotKeys = 5;
+constexpr int kNodesMax = 4;  // the fixture's three and one that joins
 constexpr uint32_t kValueBytesMin = 256;
 constexpr uint32_t kValueBytesMax = 20000;
 constexpr int kViolationsShownMax = 12;
 constexpr size_t kHistoryShownMax = 24;
-constexpr int kWaitMs = 20000;  // any one wait of the nemesis (generous: a loaded 2-core VM)
+constexpr int kWaitMs = 20000;     // any one wait of the nemesis (generous: a loaded 2-core VM)
+constexpr int kLookupKeysMax = 5;  // a LOOKUP's chain: 1..5 consecutive keys of one writer
+// GET copies (the second run). n0: room for a few values only and the shortest TTL the
+// config takes, so that its copies are dropped for room and expire again and again. The
+// others: room for every key and a TTL longer than a run, so that copies stay until a write
+// drops them, and a node continued after a SIGSTOP past its lease still holds copies of keys
+// overwritten meanwhile: only the lease rule ("Copies", rule 4) keeps it from serving them.
+constexpr uint64_t kCopyBytesSmallMax = 65536, kCopyBytesLargeMax = 4194304;
+constexpr uint64_t kCopyTtlShortMs = 1000, kCopyTtlLongMs = 600000;
 
 const char* const kTokens[2] = {"tok-alice", "tok-bob"};
 
@@ -130,6 +155,21 @@ struct ReadOp {
   bool final_read = false;
 };
 
+// A LOOKUP of `count` keys of a writer, [first_key, first_key + count), and the GET of the
+// same chain through the same node that followed it (judged as ReadOps, and here against
+// the LOOKUP's answer).
+struct LookupOp {
+  int writer = 0, first_key = 0, count = 0;
+  uint64_t send = 0, ack = 0;  // the LOOKUP's
+  uint64_t get_ack = 0;        // the GET's reply (0: no GET followed)
+  int node = 0;
+  bool ok = false;
+  size_t hit_count = 0;
+  std::string error;
+  std::vector<ReadOp::Result> get;  // the GET's result of each key of the chain
+  bool final_read = false;
+};
+
 // Ticks [from, to] (to = UINT64_MAX while open) for a node (-1: every node).
 struct Window {
   uint64_t from = 0, to = UINT64_MAX;
@@ -143,11 +183,29 @@ struct Writer {
   std::vector<WriteOp> history[kKeysPerWriter];
 };
 
-class ClusterJudgeTest : public ClusterE2eTest {
+// The parameter: whether every node keeps GET copies.
+class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInterface<bool> {
  protected:
   ClusterJudgeTest() { keep_dir_on_failure_ = true; }
-  // Room for every size class in DRAM: no unit is evicted, so a miss is a loss.
+  // Room for every size class in DRAM: no unit is evicted, so a miss is a loss (a copy is
+  // dropped by get_copy_bytes_max long before DRAM runs short).
   uint64_t DramCapacityBytes(int /*i*/) const override { return 134217728; }
+  std::string ExtraClusterConfig(int i) override {
+    if (!GetParam()) return "";
+    return "get_copy_bytes_max = " +
+           std::to_string(i == 0 ? kCopyBytesSmallMax : kCopyBytesLargeMax) +
+           "\nget_copy_ttl_ms = " + std::to_string(i == 0 ? kCopyTtlShortMs : kCopyTtlLongMs) +
+           "\n";
+  }
+  // Adds node n's copy counters to copy_stats_ (call before its process ends, and at the end).
+  void CountCopies(int n) {
+    if (!GetParam()) return;
+    const std::string m = Metrics(n);
+    const char* const names[4] = {
+        "kvtier_cluster_copy_kept_total", "kvtier_cluster_copy_hits_total",
+        "kvtier_cluster_copy_dropped_total", "kvtier_cluster_copy_fenced_total"};
+    for (int i = 0; i < 4; ++i) copy_stats_[i] += std::max(0.0, Metric(m, names[i]));
+  }
 
   // Every started node alive, agreeing on `live` members, registered, its repair settled.
   bool ClusterSettled(const std::vector<int>& live) {
@@ -177,7 +235,8 @@ class ClusterJudgeTest : public ClusterE2eTest {
   }
 
   // One client thread: writer w's ops until stop.
-  void ClientLoop(int w, uint64_t seed, std::vector<ReadOp>* reads) {
+  void ClientLoop(int w, uint64_t seed, std::vector<ReadOp>* reads,
+                  std::vector<LookupOp>* lookups) {
     std::mt19937_64 rng(seed);
     const int tenant = w % 2;
     std::unique_ptr<Client> clients[kNodesMax];
@@ -197,13 +256,18 @@ class ClusterJudgeTest : public ClusterE2eTest {
       return clients[n].get();
     };
     while (!stop_.load()) {
-      const int n = static_cast<int>(rng() % static_cast<uint64_t>(live_nodes_.load()));
+      int n = static_cast<int>(rng() % static_cast<uint64_t>(live_nodes_.load()));
+      // Not through a node the nemesis stopped (its calls would wait for its SIGCONT, and
+      // soon every client with them): the others keep the traffic going meanwhile.
+      if (paused_[n].load()) n = (n + 1) % live_nodes_.load();
       const int dice = static_cast<int>(rng() % 100);
       if (dice < 45) {
-        const int k = static_cast<int>(rng() % kKeysPerWriter);
+        const int k = rng() % 10 != 0
+                          ? static_cast<int>(rng() % kHotKeys)
+                          : kHotKeys + static_cast<int>(rng() % (kKeysPerWriter - kHotKeys));
         auto& h = writers_[w].history[k];
         WriteOp op;
-        op.put = dice < 35;
+        op.put = k < kHotKeys ? dice < 35 : rng() % 40 != 0;
         op.node = n;
         const Key key = WriterKey(w, k);
         std::vector<uint8_t> value;
@@ -245,6 +309,19 @@ class ClusterJudgeTest : public ClusterE2eTest {
         h.push_back(std::move(op));
         continue;
       }
+      if (dice < 55) {
+        // A LOOKUP of a chain of this tenant's keys, then a GET of it through the same node.
+        LookupOp l;
+        l.writer = tenant + 2 * static_cast<int>(rng() % (kWriters / 2));
+        l.first_key = static_cast<int>(rng() % kKeysPerWriter);
+        l.count =
+            1 + static_cast<int>(rng() % std::min(kLookupKeysMax, kKeysPerWriter - l.first_key));
+        l.node = n;
+        LookupThenGet(client(n), &l, reads);
+        if (l.error.find("io_error") != std::string::npos) clients[n].reset();
+        lookups->push_back(std::move(l));
+        continue;
+      }
       // A GET of 1..4 keys of this tenant's writers (this one included).
       const int count = 1 + static_cast<int>(rng() % 4);
       std::vector<Key> keys;
@@ -265,6 +342,39 @@ class ClusterJudgeTest : public ClusterE2eTest {
       }
       reads->insert(reads->end(), batch.begin(), batch.end());
     }
+  }
+
+  // LOOKUPs l's chain through c (null: not connected), then, if that answered and reads is
+  // not null, GETs it through c; fills in l and appends the GET's ops to reads.
+  static void LookupThenGet(Client* c, LookupOp* l, std::vector<ReadOp>* reads) {
+    std::vector<Key> keys;
+    std::vector<ReadOp> batch;
+    for (int k = l->first_key; k < l->first_key + l->count; ++k) {
+      keys.push_back(WriterKey(l->writer, k));
+      batch.push_back(
+          ReadOp{.writer = l->writer, .key = k, .node = l->node, .final_read = l->final_read});
+    }
+    l->send = Tick();
+    if (c == nullptr) {
+      l->error = "connect failed";
+    } else {
+      auto hit = c->Lookup(keys);
+      if (hit.ok()) {
+        l->ok = true;
+        l->hit_count = hit->hit_count;
+      } else {
+        l->error = hit.status().ToString();
+      }
+    }
+    l->ack = Tick();
+    if (!l->ok || reads == nullptr) return;
+    ReadBatch(c, keys, &batch);
+    l->get_ack = batch.front().ack;
+    for (const ReadOp& r : batch) {
+      l->get.push_back(r.result);
+      if (r.result == ReadOp::kError && l->error.empty()) l->error = r.error;
+    }
+    reads->insert(reads->end(), batch.begin(), batch.end());
   }
 
   // GETs `keys` through c (null: not connected) and fills in each op's result and ticks.
@@ -310,42 +420,69 @@ class ClusterJudgeTest : public ClusterE2eTest {
     return out.str();
   }
 
+  // A read through `node` between its fault and its registration (its catch-up on the
+  // tombstone log before it registers): docs/CLUSTER.md, "Not guaranteed": "local clients of
+  // a node that was just continued can read a deleted unit until its first catch-up". The
+  // same holds for a node restarted after its lease or a graceful stop (deletes sent while it
+  // is out of the views reach it with that catch-up), not for one restarted within its lease
+  // (it catches up before it accepts a client), and for overwrites (the overwrite tombstone
+  // of "PUT").
+  bool Recovering(int node, uint64_t send, uint64_t ack) const {
+    for (const Window& w : recovering_) {
+      if (w.node == node && w.Overlaps(send, ack)) return true;
+    }
+    return false;
+  }
+  bool Settled(uint64_t send, uint64_t ack) const {
+    for (const Window& w : settled_) {
+      if (w.Covers(send, ack)) return true;
+    }
+    return false;
+  }
+  // The floor of a read sent at tick `send`: the index of the last write of h acknowledged
+  // before it (-1: none). A write sent while a node (re)joined may have been routed by a view
+  // that had not seen it yet ("Not guaranteed": "a newcomer that already holds a hand-over
+  // copy of the key then keeps the older value until the key is written again"; "GET copies
+  // and watch lag": a PUT does not tell a keeper its view has not seen rejoin, which serves
+  // its old copy until the TTL): it does not raise the floor.
+  int Floor(const std::vector<WriteOp>& h, uint64_t send) const {
+    for (int v = static_cast<int>(h.size()) - 1; v >= 0; --v) {
+      const WriteOp& op = h[static_cast<size_t>(v)];
+      if (!op.acked || op.ack >= send) continue;
+      bool weak = false;
+      for (const Window& w : joins_) weak = weak || w.Overlaps(op.send, op.ack);
+      if (!weak) return v;
+    }
+    return -1;
+  }
+  // Whether a write of h after the floor was sent before tick `ack` (acknowledged or not:
+  // a failed write may have reached some nodes); puts_only: PUTs only.
+  static bool LaterWrites(const std::vector<WriteOp>& h, int floor, uint64_t ack,
+                          bool puts_only = false) {
+    for (size_t v = static_cast<size_t>(floor + 1); v < h.size(); ++v) {
+      if (h[v].send < ack && (h[v].put || !puts_only)) return true;
+    }
+    return false;
+  }
+  // Whether a write of h was in flight at some point of ticks (from, to): sent before `to`
+  // and not acknowledged before `from`.
+  static bool WriteDuring(const std::vector<WriteOp>& h, uint64_t from, uint64_t to) {
+    for (const WriteOp& op : h) {
+      if (op.send < to && (!op.acked || op.ack > from)) return true;
+    }
+    return false;
+  }
+
   // Returns the reason `r` breaks a rule, or "" when the docs allow it.
   std::string Judge(const ReadOp& r) const {
     const auto& h = writers_[r.writer].history[r.key];
     const int tenant = r.writer % 2;
-    // A GET through a node between its fault and its registration (its catch-up on the
-    // tombstone log before it registers): docs/CLUSTER.md, "Not guaranteed": "local clients of
-    // a node that was just continued can read a deleted unit until its first catch-up". The
-    // same holds for a node restarted after its lease or a graceful stop (deletes sent while it
-    // is out of the views reach it with that catch-up), not for one restarted within its lease
-    // (it catches up before it accepts a client), and for overwrites (the overwrite tombstone
-    // of "PUT").
-    bool recovering = false;
-    for (const Window& w : recovering_) {
-      recovering = recovering || (w.node == r.node && w.Overlaps(r.send, r.ack));
-    }
-    bool settled = r.final_read;
-    for (const Window& w : settled_) settled = settled || w.Covers(r.send, r.ack);
-    // The floor: the last write acknowledged before the GET was sent. A write sent while a
-    // node (re)joined may have been routed by a view that had not seen it yet ("Not
-    // guaranteed": "a newcomer that already holds a hand-over copy of the key then keeps the
-    // older value until the key is written again"): it does not raise the floor.
-    int floor = -1;
-    for (int v = static_cast<int>(h.size()) - 1; v >= 0; --v) {
-      const WriteOp& op = h[static_cast<size_t>(v)];
-      if (!op.acked || op.ack >= r.send) continue;
-      bool weak = false;
-      for (const Window& w : joins_) weak = weak || w.Overlaps(op.send, op.ack);
-      if (weak) continue;
-      floor = v;
-      break;
-    }
-    // Writes that may have happened before the reply: sent before the GET's reply came.
-    bool later_writes = false;
-    for (size_t v = static_cast<size_t>(floor + 1); v < h.size(); ++v) {
-      later_writes = later_writes || h[v].send < r.ack;
-    }
+    const bool recovering = Recovering(r.node, r.send, r.ack);
+    const bool settled = r.final_read || Settled(r.send, r.ack);
+    // The floor: the last write acknowledged before the GET was sent, and whether writes sent
+    // after it may have happened before the reply.
+    const int floor = Floor(h, r.send);
+    const bool later_writes = LaterWrites(h, floor, r.ack);
     if (r.result == ReadOp::kError) {
       // "Failure model": a call to a node being killed or stopped fails; a GET through a live
       // node tries the next owner. Outside a fault, an error is a defect.
@@ -390,17 +527,89 @@ class ClusterJudgeTest : public ClusterE2eTest {
     return "";
   }
 
+  // Returns the reason LOOKUP `l` (and the GET that followed it) breaks a rule, or "".
+  std::string JudgeLookup(const LookupOp& l) const {
+    const bool settled = l.final_read || Settled(l.send, l.ack);
+    const bool recovering = Recovering(l.node, l.send, l.ack);
+    if (!l.ok) {
+      // "Failure model", as for a GET: outside a fault an error is a defect.
+      return settled ? "LOOKUP error outside any fault: " + l.error : "";
+    }
+    if (l.hit_count > static_cast<size_t>(l.count)) return "a hit count past the chain";
+    // A LOOKUP's hit count is the number of leading units of the chain held by this node or
+    // by their owners under the current or previous view (Router: "the answer is the longest
+    // prefix held anywhere"); a GET copy counts ("The next GET (or LOOKUP) of the unit is a
+    // local hit"). So each unit counted must have been there at some moment of the call:
+    // put before the reply, and not deleted by a DELETE acknowledged before the LOOKUP was
+    // sent unless a PUT was sent after it ("a DELETE ... removes the units from every live
+    // node"; Copies, rule 1: every path drops the copies). The exceptions are those of the
+    // GET: a node's local clients before its first catch-up (Recovering) and writes during a
+    // join (Floor). "LOOKUP and copies" allows a LOOKUP to count a copy without the lease
+    // check, which is still a copy of a unit not deleted (rule 1 drops it on every path).
+    for (size_t i = 0; i < l.hit_count; ++i) {
+      const int k = l.first_key + static_cast<int>(i);
+      const auto& h = writers_[l.writer].history[k];
+      if (!std::any_of(h.begin(), h.end(),
+                       [&](const WriteOp& op) { return op.put && op.send < l.ack; })) {
+        return "counted key " + std::to_string(k) + ", never put before the reply";
+      }
+      if (recovering) continue;
+      const int floor = Floor(h, l.send);
+      if (floor >= 0 && !h[static_cast<size_t>(floor)].put &&
+          !LaterWrites(h, floor, l.ack, /*puts_only=*/true)) {
+        return "counted key " + std::to_string(k) + ", deleted (v" + std::to_string(floor) +
+               ") before the LOOKUP was sent";
+      }
+    }
+    if (!settled || recovering) return "";
+    // Not lower than the acknowledged, undeleted prefix ("Guaranteed (tested)": "A unit put
+    // through any node is found by LOOKUP ... through every node"; with one fault at a time
+    // and R restored, "while the cluster is settled no acknowledged unit is missed"): the
+    // leading keys whose last write acknowledged before the LOOKUP was sent is a PUT, with no
+    // write sent after it before the reply.
+    size_t present = 0;
+    for (int k = l.first_key; k < l.first_key + l.count; ++k) {
+      const auto& h = writers_[l.writer].history[k];
+      const int floor = Floor(h, l.send);
+      if (floor < 0 || !h[static_cast<size_t>(floor)].put || LaterWrites(h, floor, l.ack)) break;
+      ++present;
+    }
+    if (l.hit_count < present) {
+      return "hit count " + std::to_string(l.hit_count) + ", below the " + std::to_string(present) +
+             " leading keys acknowledged and not deleted";
+    }
+    // What the LOOKUP counted, the GET that followed serves, when no write of the key was in
+    // flight from the LOOKUP to the GET's reply and the cluster stayed settled: each unit
+    // counted was held by this node or an owner, the GET asks the same (Router: GET), no DRAM
+    // eviction here, and "LOOKUP and copies" lets the GET miss a counted copy only when its
+    // owners "no longer have it", which takes a write.
+    if (l.get_ack == 0 || !(l.final_read || Settled(l.send, l.get_ack)) ||
+        Recovering(l.node, l.send, l.get_ack)) {
+      return "";
+    }
+    for (size_t i = 0; i < l.hit_count && i < l.get.size(); ++i) {
+      const int k = l.first_key + static_cast<int>(i);
+      if (WriteDuring(writers_[l.writer].history[k], l.send, l.get_ack)) continue;
+      if (l.get[i] == ReadOp::kMiss) {
+        return "counted key " + std::to_string(k) + ", which the GET that followed missed";
+      }
+    }
+    return "";
+  }
+
   std::atomic<bool> stop_{false};
   std::atomic<int> node_epoch_[kNodesMax] = {};  // bumped by every (re)start of a node
   std::atomic<int> live_nodes_{kNodes};          // clients use nodes [0, live_nodes_)
+  std::atomic<bool> paused_[kNodesMax] = {};     // SIGSTOPped: clients go elsewhere
   Writer writers_[kWriters];
   std::vector<Window> recovering_, joins_, settled_;
   std::vector<Window> faults_;
   std::mutex events_mu_;
   std::ostringstream events_;
+  double copy_stats_[4] = {};  // copies kept, GET hits on copies, dropped, fenced (all nodes)
 };
 
-TEST_F(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
+TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
   const uint64_t seed = Seed();
   SCOPED_TRACE("KVTIER_JUDGE_SEED=" + std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -413,10 +622,11 @@ TEST_F(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
   settled_.push_back(Window{.from = 0});
 
   std::vector<std::vector<ReadOp>> reads(kWriters);
+  std::vector<std::vector<LookupOp>> lookups(kWriters);
   std::vector<std::thread> clients;
   for (int w = 0; w < kWriters; ++w) {
     clients.emplace_back(
-        [&, w] { ClientLoop(w, seed * 1000 + static_cast<uint64_t>(w), &reads[w]); });
+        [&, w] { ClientLoop(w, seed * 1000 + static_cast<uint64_t>(w), &reads[w], &lookups[w]); });
   }
   struct Joiner {
     std::atomic<bool>* stop;
@@ -473,6 +683,7 @@ TEST_F(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
       Window join{.node = t};
       if (fault == kKillLate || fault == kKillFast) {
         // kill -9; restart on the data directory after the lease ran out (0) or at once (1).
+        CountCopies(t);
         Event("kill -9 " + name);
         nodes_[t]->Stop(SIGKILL);
         if (fault == kKillLate) {
@@ -491,18 +702,24 @@ TEST_F(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
         // SIGSTOP past the lease, then SIGCONT.
         const double regs = Metric(Metrics(t), "kvtier_cluster_registrations_total");
         Event("SIGSTOP " + name);
+        paused_[t].store(true);
         nodes_[t]->Signal(SIGSTOP);
         ASSERT_TRUE(kt::WaitFor([&] { return MembersAre(others(t), live.size() - 1); }, kWaitMs));
         Event(name + " left the view");
-        std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 1000));
+        // With copies, out of the views a second longer, with traffic through the others:
+        // writes it is not told about (its copies then hold older values: "Copies", rule 4).
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds((GetParam() ? 1000 : 0) + rng() % 1000));
         join.from = Tick();
         Event("SIGCONT " + name);
         nodes_[t]->Signal(SIGCONT);
+        paused_[t].store(false);
         ASSERT_TRUE(kt::WaitFor(
             [&] { return Metric(Metrics(t), "kvtier_cluster_registrations_total") > regs; },
             kWaitMs));
       } else {
         // A graceful stop (the node leaves at once), then a start: a rejoin with its data.
+        CountCopies(t);
         Event("SIGTERM " + name);
         ASSERT_EQ(nodes_[t]->Stop(SIGTERM), 0) << nodes_[t]->Log();
         ASSERT_TRUE(kt::WaitFor([&] { return MembersAre(others(t), live.size() - 1); }, kWaitMs));
@@ -542,6 +759,7 @@ TEST_F(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
   };
   if (!HasFatalFailure()) final_settled();
   std::vector<ReadOp> final_reads;
+  std::vector<LookupOp> final_lookups;
   for (int n : live) {
     if (HasFatalFailure()) break;
     for (int w = 0; w < kWriters; ++w) {
@@ -551,15 +769,19 @@ TEST_F(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
         ADD_FAILURE() << "n" << n << ": " << c.status().ToString();
         continue;
       }
-      std::vector<Key> keys;
-      std::vector<ReadOp> batch;
+      // The whole chain (LOOKUP, then GET), then each key alone (LOOKUP only).
+      LookupOp whole{.writer = w, .count = kKeysPerWriter, .node = n, .final_read = true};
+      LookupThenGet(c->get(), &whole, &final_reads);
+      if (!whole.ok) ADD_FAILURE() << "final LOOKUP via n" << n << ": " << whole.error;
+      final_lookups.push_back(std::move(whole));
       for (int k = 0; k < kKeysPerWriter; ++k) {
-        keys.push_back(WriterKey(w, k));
-        batch.push_back(ReadOp{.writer = w, .key = k, .node = n, .final_read = true});
+        LookupOp one{.writer = w, .first_key = k, .count = 1, .node = n, .final_read = true};
+        LookupThenGet(c->get(), &one, nullptr);
+        if (!one.ok) ADD_FAILURE() << "final LOOKUP via n" << n << ": " << one.error;
+        final_lookups.push_back(std::move(one));
       }
-      ReadBatch(c->get(), keys, &batch);
-      final_reads.insert(final_reads.end(), batch.begin(), batch.end());
     }
+    CountCopies(n);
   }
   for (int n : live) EXPECT_TRUE(nodes_[n]->Alive()) << "n" << n << " died";
 
@@ -600,19 +822,57 @@ TEST_F(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
                   << why << "\n"
                   << History(r->writer, r->key, r->ack);
   }
+  int lookup_count = 0, lookup_units = 0, lookup_hits = 0, lookup_violations = 0;
+  std::vector<const LookupOp*> all_lookups;
+  for (const auto& v : lookups) {
+    for (const auto& l : v) all_lookups.push_back(&l);
+  }
+  for (const auto& l : final_lookups) all_lookups.push_back(&l);
+  for (const LookupOp* l : all_lookups) {
+    ++lookup_count;
+    lookup_units += l->count;
+    lookup_hits += static_cast<int>(l->hit_count);
+    const std::string why = JudgeLookup(*l);
+    if (why.empty()) continue;
+    if (++lookup_violations > kViolationsShownMax) continue;
+    std::ostringstream histories;
+    for (int k = l->first_key; k < l->first_key + l->count; ++k) {
+      histories << "  key " << k << ":\n" << History(l->writer, k, std::max(l->ack, l->get_ack));
+    }
+    ADD_FAILURE() << (l->final_read ? "final " : "") << "LOOKUP of writer " << l->writer << " keys "
+                  << l->first_key << ".." << l->first_key + l->count - 1 << " via n" << l->node
+                  << " ticks " << l->send << ".." << l->ack << " (GET reply " << l->get_ack
+                  << "): hit count " << l->hit_count << ": " << why << "\n"
+                  << histories.str();
+  }
   std::printf(
-      "judge seed %lu: %d PUTs (%d acked), %d DELETEs (%d acked), %zu GETs of a key: %d hits, %d "
-      "misses, %d errors; %d violations\n",
-      static_cast<unsigned long>(seed), puts, puts_acked, deletes, deletes_acked, all.size(), hits,
-      misses, errors, violations);
+      "judge seed %lu copies %s: %d PUTs (%d acked), %d DELETEs (%d acked), %zu GETs of a key: %d "
+      "hits, %d misses, %d errors; %d LOOKUPs of %d keys counted %d; copies kept %.0f, hit "
+      "%.0f, dropped %.0f, fenced %.0f; %d GET and %d LOOKUP violations\n",
+      static_cast<unsigned long>(seed), GetParam() ? "on" : "off", puts, puts_acked, deletes,
+      deletes_acked, all.size(), hits, misses, errors, lookup_count, lookup_units, lookup_hits,
+      copy_stats_[0], copy_stats_[1], copy_stats_[2], copy_stats_[3], violations,
+      lookup_violations);
   if (HasFailure()) {
     std::lock_guard lock(events_mu_);
     std::fprintf(stderr, "nemesis (KVTIER_JUDGE_SEED=%lu):\n%s", static_cast<unsigned long>(seed),
                  events_.str().c_str());
   }
   EXPECT_EQ(violations, 0);
+  EXPECT_EQ(lookup_violations, 0);
   EXPECT_EQ(write_errors_settled, 0);
+  if (GetParam() && !HasFatalFailure()) {
+    // The run exercised copies: kept, served, and dropped (for room, by TTL or a write).
+    EXPECT_GT(copy_stats_[0], 0) << "no copy kept";
+    EXPECT_GT(copy_stats_[1], 0) << "no GET served from a copy";
+    EXPECT_GT(copy_stats_[2], 0) << "no copy dropped";
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Copies, ClusterJudgeTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? std::string("GetCopies") : std::string("NoCopies");
+                         });
 
 }  // namespace
 }  // namespace kvtier::cluster

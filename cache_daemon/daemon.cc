@@ -52,12 +52,9 @@ bool Shared::FrontAuthenticates(Front front) const {
   return tenants->auth_enabled() && front != Front::kHttp;
 }
 
-std::optional<SourceKey> Shared::SourceOf(Front front, const asio::ip::address& peer) const {
-  if (!FrontAuthenticates(front) ||
-      unauthenticated_sources[static_cast<size_t>(front)] == nullptr) {
-    return std::nullopt;
-  }
-  return SourceKeyOf(peer, options->unauthenticated_source_ipv6_prefix_bits);
+bool Shared::CountsSources(Front front) const {
+  return FrontAuthenticates(front) &&
+         unauthenticated_sources[static_cast<size_t>(front)] != nullptr;
 }
 
 bool Shared::AcquireUnauthenticated(Front front, const std::optional<SourceKey>& source) {
@@ -361,7 +358,7 @@ class DaemonImpl final : public Daemon {
   }
 
   // Counts the connection in its front, and with auth on in the front's unauthenticated
-  // connections (and their places of `source`, a TCP connection's: Shared::SourceOf), on
+  // connections (and their places of `source`, a TCP connection's, where Shared::CountsSources), on
   // success; its ConnectionCount (Counted) uncounts it. nullopt: the connection is to be closed
   // at once (counted in connections_rejected and, for a limit of [limits], in its refusal
   // reason).
@@ -439,17 +436,21 @@ class DaemonImpl final : public Daemon {
         return;
       }
       accept_backoff_[static_cast<size_t>(front)].Succeeded();
-      // The peer's address, for the per-source limits; a connection whose peer is already
-      // gone (ENOTCONN) has none and is closed as any refused one.
-      boost::system::error_code peer_ec;
-      const Tcp::endpoint peer = s.remote_endpoint(peer_ec);
-      if (peer_ec) {
-        metrics_.connections_rejected.fetch_add(1);
-        AcceptTcp(acc, front);
-        return;
+      // The peer's address, only where the per-source limits count it (one getpeername per
+      // accept); a connection whose peer is already gone (ENOTCONN) has none and is closed as
+      // any refused one.
+      std::optional<SourceKey> source;
+      if (shared_.CountsSources(front)) {
+        boost::system::error_code peer_ec;
+        const Tcp::endpoint peer = s.remote_endpoint(peer_ec);
+        if (peer_ec) {
+          metrics_.connections_rejected.fetch_add(1);
+          AcceptTcp(acc, front);
+          return;
+        }
+        source = SourceKeyOf(peer.address(), options_.unauthenticated_source_ipv6_prefix_bits);
       }
-      if (std::optional<internal::Admission> admitted =
-              Admit(front, shared_.SourceOf(front, peer.address()))) {
+      if (std::optional<internal::Admission> admitted = Admit(front, source)) {
         if (UsesTls(front)) {
           // The session starts on the plaintext end once the handshake is done. Until
           // then the admission is held here: a handshake that fails or times out never

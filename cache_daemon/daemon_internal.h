@@ -125,21 +125,22 @@ struct Shared {
   bool FrontAuthenticates(Front front) const;
   // Takes a place among the front's unauthenticated connections
   // (limits.unauthenticated_connections_max) and, for a connection with a source (a TCP
-  // front's: SourceOf), one of its source's places there
+  // front's, where CountsSources), one of its source's places there
   // (limits.unauthenticated_connections_per_source_max); false, counted as a refusal of the
   // limit reached, when either is at its limit (the source's is checked first, so a source at
   // its limit takes nothing of the front's). Release gives back both; `source` must be the
   // one the place was taken with.
   bool AcquireUnauthenticated(Front front, const std::optional<SourceKey>& source);
   void ReleaseUnauthenticated(Front front, const std::optional<SourceKey>& source);
-  // The source a TCP front's connection from `peer` counts under: nullopt where the front
-  // does not count them (FrontAuthenticates false, or the Unix socket).
-  std::optional<SourceKey> SourceOf(Front front, const asio::ip::address& peer) const;
+  // Whether `front` counts its connections per source (SourceKeyOf of the peer's address): a
+  // TCP front that authenticates (FrontAuthenticates); not the Unix socket or HTTP, nor with
+  // auth off.
+  bool CountsSources(Front front) const;
   // Connections per front holding such a place (kvtier_unauthenticated_connections_open).
   std::array<std::atomic<uint32_t>, static_cast<size_t>(Front::kCount)> unauthenticated_open{};
   // Their places per source on the TCP fronts that authenticate with HELLO/AUTH (native TCP,
   // RESP); null for the Unix socket and the HTTP front. Set before the fronts accept; with
-  // auth off they stay empty (SourceOf gives no source).
+  // auth off they stay empty (CountsSources is false).
   std::array<std::unique_ptr<SourcePlaces>, static_cast<size_t>(Front::kCount)>
       unauthenticated_sources{};
 };
@@ -150,7 +151,7 @@ struct Admission {
   // Holds a place in shared->unauthenticated_open[front] (FrontAuthenticates(front)), and
   // with a source one in shared->unauthenticated_sources[front] too.
   bool unauthenticated = false;
-  std::optional<SourceKey> source;  // a TCP front's (Shared::SourceOf)
+  std::optional<SourceKey> source;  // a TCP front's, where Shared::CountsSources
   uint64_t accepted_ms = 0;         // steady clock (IdleWatch::NowMs) at accept
 };
 

@@ -71,6 +71,8 @@ Status ReadClusterTable(const toml::table& table, ClusterServeOptions* o) {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->etcd_timeout_ms));
     } else if (key == "peer_timeout_ms") {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_timeout_ms));
+    } else if (key == "peer_probe_interval_ms") {
+      KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_probe_interval_ms));
     } else if (key == "tombstone_ttl_s") {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->tombstone_ttl_s));
     } else if (key == "draining") {
@@ -166,6 +168,10 @@ Status FinalizeCluster(ClusterServeOptions* o, bool auth_enabled) {
   }
   if (o->peer_timeout_ms < 10 || o->peer_timeout_ms > 600000) {
     return Bad("peer_timeout_ms", "10..600000");
+  }
+  if (o->peer_probe_interval_ms != 0 &&
+      (o->peer_probe_interval_ms < 10 || o->peer_probe_interval_ms > 60000)) {
+    return Bad("peer_probe_interval_ms", "0 (off) or 10..60000");
   }
   if (o->tombstone_ttl_s < 60 || o->tombstone_ttl_s > (1u << 31)) {
     return Bad("tombstone_ttl_s", "60..2147483648");

@@ -21,11 +21,14 @@ struct ClusterServeOptions {
   std::string peer_advertise;                  // what peers dial; "" -> peer_listen
   std::string failure_domain;                  // rack / zone label; "" = a domain of its own
   uint32_t replicas = 2;                       // owners per unit (R), 1..16
-  uint32_t write_acks = 0;             // owners that must acknowledge a PUT; 0: all live owners
-  std::string credential_file;         // shared secret of the cluster (>= 32 bytes), mode 0600
-  uint32_t lease_ttl_s = 10;           // a silent node is gone after this long, 2..3600
-  uint64_t etcd_timeout_ms = 2000;     // one etcd request
-  uint64_t peer_timeout_ms = 2000;     // one peer request, connect included
+  uint32_t write_acks = 0;          // owners that must acknowledge a PUT; 0: all live owners
+  std::string credential_file;      // shared secret of the cluster (>= 32 bytes), mode 0600
+  uint32_t lease_ttl_s = 10;        // a silent node is gone after this long, 2..3600
+  uint64_t etcd_timeout_ms = 2000;  // one etcd request
+  uint64_t peer_timeout_ms = 2000;  // one peer request, connect included
+  // A peer whose call timed out is probed this often; meanwhile calls to it fail at once
+  // (cluster/peer_health.h). 0: off (every call waits peer_timeout_ms). 0 or 10..60000.
+  uint64_t peer_probe_interval_ms = 500;
   uint32_t peer_connections_max = 64;  // inbound peer connections at once
   uint32_t peer_call_threads = 16;     // outbound peer calls in flight at once, 1..1024
   uint32_t peer_call_queue_max = 256;  // more waiting for a thread; past it refused, 0..65536

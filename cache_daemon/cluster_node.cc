@@ -289,6 +289,7 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
       cluster::PeerClientOptions{.node_id = c.node_id,
                                  .credential = credential,
                                  .timeout_ms = c.peer_timeout_ms,
+                                 .probe_interval_ms = c.peer_probe_interval_ms,
                                  .frame_bytes_max = options.max_frame_bytes,
                                  .tls = client_tls});
 
@@ -464,6 +465,23 @@ std::string ClusterNode::RenderPrometheus() const {
   counter("kvtier_cluster_puts_short_of_acks_total",
           "PUTs answered with an error for lack of owner acknowledgements.", rs.puts_short_of_acks);
   counter("kvtier_cluster_peer_errors_total", "Failed calls to peers.", rs.peer_errors);
+  const cluster::PeerHealthStats hs = client_->health_stats();
+  gauge("kvtier_cluster_peer_suspects",
+        "Peers whose last call timed out and that no probe has heard from since: calls to them "
+        "fail at once.",
+        hs.suspects);
+  counter("kvtier_cluster_peer_suspicions_total", "Peers marked suspect after a call timed out.",
+          hs.suspicions);
+  counter("kvtier_cluster_peer_calls_failed_fast_total",
+          "Calls to a suspect peer failed at once instead of waiting peer_timeout_ms.",
+          hs.failed_fast);
+  counter("kvtier_cluster_peer_probes_total", "Probes of suspect peers.", hs.probes);
+  counter("kvtier_cluster_peer_probes_failed_total", "Probes of suspect peers that timed out.",
+          hs.probes_failed);
+  counter("kvtier_cluster_peer_recoveries_total",
+          "Suspect peers cleared by an answer (a probe or a call in flight).", hs.recoveries);
+  counter("kvtier_cluster_peer_suspicions_forgotten_total",
+          "Suspect peers forgotten because no call asked for them.", hs.forgotten);
   counter("kvtier_cluster_peer_calls_refused_total",
           "Calls to peers not made: every call thread busy and cluster.peer_call_queue_max "
           "waiting.",

@@ -128,8 +128,13 @@ struct PeerClient::Conn {
   }
 };
 
-PeerClient::PeerClient(PeerClientOptions options) : options_(std::move(options)) {}
-PeerClient::~PeerClient() = default;
+PeerClient::PeerClient(PeerClientOptions options) : options_(std::move(options)) {
+  health_ = std::make_unique<PeerHealth>(
+      PeerHealthOptions{.probe_interval_ms = options_.probe_interval_ms},
+      [this](const std::string& endpoint) { return Probe(endpoint); });
+}
+
+PeerClient::~PeerClient() { health_.reset(); }  // its probers first
 
 StatusOr<std::unique_ptr<PeerClient::Conn>> PeerClient::Connect(const std::string& endpoint,
                                                                 uint64_t deadline_ms) {
@@ -237,7 +242,26 @@ std::unique_ptr<PeerClient::Conn> PeerClient::TakeIdle(const std::string& endpoi
 
 StatusOr<std::vector<uint8_t>> PeerClient::Call(const std::string& endpoint, PeerOp op,
                                                 std::span<const uint8_t> body, uint16_t flags) {
-  uint64_t deadline = NowMs() + options_.timeout_ms;
+  uint64_t suspect_for_ms = 0;
+  if (!health_->Admit(endpoint, &suspect_for_ms)) {
+    return Status::Unavailable("peer " + endpoint + " is not answering (a call timed out " +
+                               std::to_string(suspect_for_ms) + " ms ago; probing)");
+  }
+  const uint64_t deadline = NowMs() + options_.timeout_ms;
+  auto reply = CallOnce(endpoint, op, body, flags, deadline);
+  // Failed at the deadline: no answer in time. Anything else is an answer (a refused
+  // connection fails at once and needs no suspicion to be fast).
+  if (!reply.ok() && reply.status().IsUnavailable() && NowMs() >= deadline) {
+    health_->TimedOut(endpoint);
+  } else {
+    health_->Answered(endpoint);
+  }
+  return reply;
+}
+
+StatusOr<std::vector<uint8_t>> PeerClient::CallOnce(const std::string& endpoint, PeerOp op,
+                                                    std::span<const uint8_t> body, uint16_t flags,
+                                                    uint64_t deadline) {
   std::unique_ptr<Conn> conn = TakeIdle(endpoint);
   const bool pooled = conn != nullptr;
   if (!pooled) {
@@ -254,12 +278,24 @@ StatusOr<std::vector<uint8_t>> PeerClient::Call(const std::string& endpoint, Pee
   }
   // A peer's own error status leaves the connection in step; transport failures do not.
   bool reusable = reply.ok() || (!reply.status().IsUnavailable() && !reply.status().IsCorruption());
-  if (reusable) {
-    std::lock_guard lock(mu_);
-    auto& idle = idle_[endpoint];
-    if (idle.size() < options_.idle_connections_per_peer_max) idle.push_back(std::move(conn));
-  }
+  if (reusable) KeepIdle(endpoint, std::move(conn));
   return reply;
+}
+
+void PeerClient::KeepIdle(const std::string& endpoint, std::unique_ptr<Conn> conn) {
+  std::lock_guard lock(mu_);
+  auto& idle = idle_[endpoint];
+  if (idle.size() < options_.idle_connections_per_peer_max) idle.push_back(std::move(conn));
+}
+
+bool PeerClient::Probe(const std::string& endpoint) {
+  const uint64_t deadline = NowMs() + options_.timeout_ms;
+  auto conn = Connect(endpoint, deadline);
+  if (conn.ok()) {
+    KeepIdle(endpoint, std::move(*conn));
+    return true;
+  }
+  return !(conn.status().IsUnavailable() && NowMs() >= deadline);
 }
 
 StatusOr<std::vector<uint8_t>> PeerClient::ByteReplyPerKey(const std::string& endpoint, PeerOp op,

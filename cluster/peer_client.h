@@ -19,6 +19,11 @@
 // certificate did not verify) or Unavailable; a peer that refuses our certificate closes
 // the connection, which fails the call as Unavailable.
 //
+// A call that times out marks its endpoint suspect (cluster/peer_health.h): until a
+// background probe (a new authenticated connection, kept for the next call) or a call still
+// in flight gets an answer, calls to it fail at once with Unavailable instead of each waiting
+// timeout_ms. probe_interval_ms 0 turns this off.
+//
 // Thread safety: every method may be called concurrently.
 #pragma once
 
@@ -32,6 +37,7 @@
 #include <vector>
 
 #include "cache_daemon/tls_client.h"
+#include "cluster/peer_health.h"
 #include "cluster/peer_wire.h"
 #include "common/status.h"
 
@@ -41,6 +47,7 @@ struct PeerClientOptions {
   std::string node_id;  // ours, sent in HELLO (for the peer's logs)
   std::vector<uint8_t> credential;
   uint64_t timeout_ms = 2000;
+  uint64_t probe_interval_ms = 500;  // between probes of a suspect endpoint; 0: no suspicion
   uint32_t idle_connections_per_peer_max = 8;
   uint64_t frame_bytes_max = (64ull << 20) + (1ull << 20);  // one response
   // nullopt: plain TCP. server_name is ignored (each endpoint's host is verified).
@@ -77,6 +84,8 @@ class PeerClient {
   // their current owners (DROP_OLDER); OK when it did.
   Status DropOlder(const std::string& endpoint, std::span<const PeerKey> keys);
 
+  PeerHealthStats health_stats() const { return health_->stats(); }
+
  private:
   struct Conn;
   // Sends one request and returns the response body after an OK status (the status
@@ -85,8 +94,16 @@ class PeerClient {
   // Corruption(what) when the reply is short or names another count.
   StatusOr<std::vector<uint8_t>> ByteReplyPerKey(const std::string& endpoint, PeerOp op,
                                                  std::span<const PeerKey> keys, const char* what);
+  // Call through the endpoint's health: fails at once while it is suspect, and marks it so
+  // when the call times out.
   StatusOr<std::vector<uint8_t>> Call(const std::string& endpoint, PeerOp op,
                                       std::span<const uint8_t> body, uint16_t flags = 0);
+  StatusOr<std::vector<uint8_t>> CallOnce(const std::string& endpoint, PeerOp op,
+                                          std::span<const uint8_t> body, uint16_t flags,
+                                          uint64_t deadline_ms);
+  // PeerHealth's probe: opens and authenticates a connection by the deadline and keeps it.
+  bool Probe(const std::string& endpoint);
+  void KeepIdle(const std::string& endpoint, std::unique_ptr<Conn> conn);
   StatusOr<std::unique_ptr<Conn>> Connect(const std::string& endpoint, uint64_t deadline_ms);
   // A pooled connection to endpoint the peer has not closed meanwhile (those found closed are
   // dropped); null when there is none.
@@ -95,6 +112,7 @@ class PeerClient {
   PeerClientOptions options_;
   std::mutex mu_;
   std::map<std::string, std::vector<std::unique_ptr<Conn>>> idle_;  // guarded by mu_
+  std::unique_ptr<PeerHealth> health_;  // last: its probers use the members above
 };
 
 }  // namespace kvtier::cluster

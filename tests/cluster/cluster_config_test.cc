@@ -41,6 +41,12 @@ TEST(ClusterConfigTest, AGoodSectionParses) {
   EXPECT_EQ(c.repair_bytes_per_s, 64ull << 20);  // defaults of the repair scan
   EXPECT_EQ(c.repair_retry_ms, 1000u);
   EXPECT_EQ(c.repair_interval_s, 300u);
+  EXPECT_EQ(c.peer_probe_interval_ms, 500u);
+  for (uint64_t ms : {0, 10, 60000}) {  // 0: off
+    auto p = Load(std::string(kGood) + "peer_probe_interval_ms = " + std::to_string(ms) + "\n");
+    ASSERT_TRUE(p.ok()) << ms << ": " << p.status().ToString();
+    EXPECT_EQ(p->cluster.peer_probe_interval_ms, ms);
+  }
   // Absent section: off, and nothing else required.
   auto plain = Load("");
   ASSERT_TRUE(plain.ok());
@@ -72,6 +78,10 @@ TEST(ClusterConfigTest, BadValuesNameTheirKey) {
        "cluster.get_copy_bytes_max"},
       {"replicas = 3", "replicas = 3\nget_copy_ttl_ms = 999", "cluster.get_copy_ttl_ms"},
       {"replicas = 3", "replicas = 3\nget_copy_ttl_ms = 3600001", "cluster.get_copy_ttl_ms"},
+      {"replicas = 3", "replicas = 3\npeer_probe_interval_ms = 9",
+       "cluster.peer_probe_interval_ms"},
+      {"replicas = 3", "replicas = 3\npeer_probe_interval_ms = 60001",
+       "cluster.peer_probe_interval_ms"},
   };
   for (const auto& c : cases) {
     std::string text = kGood;

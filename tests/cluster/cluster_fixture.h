@@ -107,6 +107,8 @@ class ClusterE2eTest : public ::testing::Test {
   virtual uint64_t DramCapacityBytes(int /*i*/) const { return 16777216; }
   // [cluster] lease_ttl_s: short, so that the failover tests see a stopped node leave soon.
   virtual uint32_t LeaseTtlS() const { return 2; }
+  // [cluster] peer_timeout_ms.
+  virtual uint64_t PeerTimeoutMs() const { return 2000; }
   // More [cluster] keys for node i ("key = value\n" lines); tests may add them.
   virtual std::string ExtraClusterConfig(int /*i*/) { return ""; }
 
@@ -132,8 +134,9 @@ class ClusterE2eTest : public ::testing::Test {
                       std::to_string(i) +
                       "\"\n"
                       "replicas = 2\nlease_ttl_s = " +
-                      std::to_string(LeaseTtlS()) +
-                      "\netcd_timeout_ms = 500\npeer_timeout_ms = 2000\n"
+                      std::to_string(LeaseTtlS()) + "\netcd_timeout_ms = 500\npeer_timeout_ms = " +
+                      std::to_string(PeerTimeoutMs()) +
+                      "\n"
                       "credential_file = \"" +
                       (dir_ / "credential").string() + "\"\n" + ExtraClusterConfig(i);
     nodes_[i]->WriteConfig(cfg);

@@ -1,7 +1,9 @@
-// A minimal blocking RESP2 client for the crash driver: one command at a time (or one pipeline)
-// over one TCP connection, binary-safe bulk strings. The replies it reads are bounded (bulk strings
-// of at most kRespBulkBytesMax, arrays of at most kRespArrayElemsMax elements, nesting of at most
-// 2 levels); anything else is a Corruption error.
+// A minimal blocking RESP client for the crash driver and the RESP tests: one command at a time
+// (or one pipeline) over one TCP connection, binary-safe bulk strings. It reads RESP2 replies and
+// the RESP3 types a server sends after HELLO 3 (null, boolean, double, big number, verbatim
+// string, blob error, map, set; not push or attribute). The replies it reads are bounded (bulk
+// strings of at most kRespBulkBytesMax, aggregates of at most kRespArrayElemsMax elements, nesting
+// of at most 2 levels); anything else is a Corruption error.
 //
 // Errors: IOError when the connection fails, closes or a reply does not arrive within
 // timeout_ms; after any error the client is unusable (make a new one).
@@ -29,9 +31,28 @@ inline constexpr size_t kRespArrayElemsMax = 65536;
 inline constexpr size_t kRespLineBytesMax = 64u << 10;
 
 struct RespReply {
-  enum class Type { kSimple, kError, kInteger, kBulk, kNil, kArray };
+  // kNil is RESP2's null bulk string or array ("$-1", "*-1"); the RESP3 types follow kArray:
+  // kNull "_", kBool "#t"/"#f" (integer 1/0), kDouble "," and kBigNumber "(" (their text in
+  // str), kVerbatim "=" (str with its "txt:" prefix), kBlobError "!", kMap "%" (elems holds
+  // key, value, key, value...), kSet "~".
+  enum class Type {
+    kSimple,
+    kError,
+    kInteger,
+    kBulk,
+    kNil,
+    kArray,
+    kNull,
+    kBool,
+    kDouble,
+    kBigNumber,
+    kVerbatim,
+    kBlobError,
+    kMap,
+    kSet
+  };
   Type type = Type::kNil;
-  std::string str;  // simple, error, bulk
+  std::string str;  // simple, error, bulk, double, big number, verbatim, blob error
   int64_t integer = 0;
   std::vector<RespReply> elems;
 };
@@ -149,12 +170,17 @@ class RespClient {
         r.type = RespReply::Type::kInteger;
         if (!ParseI64(rest, &r.integer)) return Status::Corruption("bad RESP integer");
         return r;
-      case '$': {
+      case '$':
+      case '=':
+      case '!': {
         int64_t n = 0;
-        if (!ParseI64(rest, &n) || n < -1 || n > static_cast<int64_t>(kRespBulkBytesMax))
+        if (!ParseI64(rest, &n) || n < -1 || n > static_cast<int64_t>(kRespBulkBytesMax) ||
+            (n == -1 && line[0] != '$'))
           return Status::Corruption("bad RESP bulk length");
         if (n == -1) return r;  // kNil
-        r.type = RespReply::Type::kBulk;
+        r.type = line[0] == '$'   ? RespReply::Type::kBulk
+                 : line[0] == '=' ? RespReply::Type::kVerbatim
+                                  : RespReply::Type::kBlobError;
         size_t need = static_cast<size_t>(n) + 2;
         while (buf_.size() - pos_ < need) KVTIER_RETURN_IF_ERROR(Fill());
         if (buf_.compare(pos_ + static_cast<size_t>(n), 2, "\r\n") != 0)
@@ -164,13 +190,33 @@ class RespClient {
         pos_ += need;
         return r;
       }
-      case '*': {
+      case '_':
+        if (!rest.empty()) return Status::Corruption("bad RESP3 null");
+        r.type = RespReply::Type::kNull;
+        return r;
+      case '#':
+        if (rest != "t" && rest != "f") return Status::Corruption("bad RESP3 boolean");
+        r.type = RespReply::Type::kBool;
+        r.integer = rest == "t" ? 1 : 0;
+        return r;
+      case ',':
+      case '(':
+        r.type = line[0] == ',' ? RespReply::Type::kDouble : RespReply::Type::kBigNumber;
+        r.str = rest;
+        return r;
+      case '*':
+      case '~':
+      case '%': {
         int64_t n = 0;
-        if (!ParseI64(rest, &n) || n < -1 || n > static_cast<int64_t>(kRespArrayElemsMax))
+        if (!ParseI64(rest, &n) || n < -1 || n > static_cast<int64_t>(kRespArrayElemsMax) ||
+            (n == -1 && line[0] != '*'))
           return Status::Corruption("bad RESP array length");
         if (n == -1) return r;
         if (depth >= 2) return Status::Corruption("RESP arrays nested too deep");
-        r.type = RespReply::Type::kArray;
+        r.type = line[0] == '*'   ? RespReply::Type::kArray
+                 : line[0] == '~' ? RespReply::Type::kSet
+                                  : RespReply::Type::kMap;
+        if (line[0] == '%') n *= 2;  // a map's n pairs
         for (int64_t i = 0; i < n; ++i) {
           KVTIER_ASSIGN_OR_RETURN(RespReply e, ReadReply(depth + 1));
           r.elems.push_back(std::move(e));

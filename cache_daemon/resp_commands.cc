@@ -255,4 +255,8 @@ std::string LowerName(std::string_view name) {
   return s;
 }
 
+bool ValidClientName(std::string_view name) {
+  return std::all_of(name.begin(), name.end(), [](char c) { return c >= '!' && c <= '~'; });
+}
+
 }  // namespace kvtier::daemon::resp

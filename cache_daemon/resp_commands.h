@@ -94,4 +94,11 @@ StatusOr<ScanOptions> ParseScanOptions(std::span<const std::string_view> argv, s
 // The command name as Redis quotes it in errors (lower case), at most 128 bytes.
 std::string LowerName(std::string_view name);
 
+// Whether Redis accepts `name` as a client name (CLIENT SETNAME, HELLO ... SETNAME): bytes '!'
+// to '~' only, as Redis 7 checks (a space, a control byte or a byte over 0x7e is refused); the
+// empty name is allowed (it clears the name).
+bool ValidClientName(std::string_view name);
+inline constexpr std::string_view kInvalidClientNameError =
+    "ERR Client names cannot contain spaces, newlines or special characters.";
+
 }  // namespace kvtier::daemon::resp

@@ -282,6 +282,12 @@ StatusCode RespSession::Connection(const std::string& cmd, const std::vector<std
       }
       i += 2;
     } else if (opt == "SETNAME"sv && i + 1 < a.size()) {
+      // Judged where it stands, as Redis 7: after an AUTH before it (which holds), before the
+      // options after it; the HELLO then fails and the protocol stays.
+      if (!resp::ValidClientName(a[i + 1])) {
+        resp::AppendError(resp::kInvalidClientNameError, &out_);
+        return StatusCode::kInvalidArgument;
+      }
       i += 1;
     } else {
       resp::AppendError("ERR Syntax error in HELLO option '" + std::string(a[i]) + "'", &out_);
@@ -290,8 +296,9 @@ StatusCode RespSession::Connection(const std::string& cmd, const std::vector<std
   }
   if (tenant_ == nullptr) {
     resp::AppendError(
-        "NOAUTH HELLO must be called with the client already authenticated, "
-        "otherwise the HELLO <proto> AUTH <user> <pass> option can be used",
+        "NOAUTH HELLO must be called with the client already authenticated, otherwise the "
+        "HELLO AUTH <user> <pass> option can be used to authenticate the client and select "
+        "the RESP protocol version at the same time",
         &out_);
     return StatusCode::kPermissionDenied;
   }
@@ -539,6 +546,11 @@ StatusCode RespSession::Data(const std::string& cmd, const std::vector<std::stri
     return StatusCode::kOk;
   }
   if (cmd == "CLIENT"sv && a.size() >= 2 && Upper(a[1]) == "SETNAME"sv) {
+    if (a.size() != 3) return WrongArgs("client|setname");
+    if (!resp::ValidClientName(a[2])) {
+      resp::AppendError(resp::kInvalidClientNameError, &out_);
+      return StatusCode::kInvalidArgument;
+    }
     resp::AppendSimple("OK", &out_);
     return StatusCode::kOk;
   }

@@ -661,6 +661,21 @@ TEST_F(DaemonTest, RespCommands) {
   hello = RespUntil(fd, "HELLO 2\r\nGET missing\r\n", "$-1\r\n");
   EXPECT_EQ(hello.substr(0, 5), "*14\r\n") << hello;
   EXPECT_NE(hello.find("$5\r\nproto\r\n:2\r\n"), std::string::npos) << hello;
+  // A client name Redis refuses fails the HELLO, whose protocol then stays (RESP2 here), and
+  // CLIENT SETNAME alike (found by kvtier_resp_differential_test: kvtierd ignored the name).
+  const std::string bad_name =
+      "-ERR Client names cannot contain spaces, newlines or special characters.\r\n";
+  EXPECT_EQ(RespUntil(fd,
+                      "*4\r\n$5\r\nHELLO\r\n$1\r\n3\r\n$7\r\nSETNAME\r\n$3\r\na b\r\n"
+                      "GET missing\r\n",
+                      "$-1\r\n"),
+            bad_name + "$-1\r\n");
+  EXPECT_EQ(RespUntil(fd, "HELLO 3 SETNAME ok SETNAME \x7f\r\nGET missing\r\n", "$-1\r\n"),
+            bad_name + "$-1\r\n");
+  EXPECT_EQ(Resp(fd, "CLIENT SETNAME \x01\r\n"), bad_name);
+  EXPECT_EQ(Resp(fd, "CLIENT SETNAME\r\n"),
+            "-ERR wrong number of arguments for 'client|setname' command\r\n");
+  EXPECT_EQ(Resp(fd, "CLIENT SETNAME cl-1\r\n"), "+OK\r\n");
   // MULTI / EXEC / DISCARD and the conditional SETs (resp_redis_py.py covers them in depth).
   auto reply = [&](const std::string& cmd, const std::string& want) {
     kt::SendAllRaw(fd, cmd.data(), cmd.size());
@@ -717,6 +732,11 @@ TEST_F(DaemonTest, RespAuthWithTenants) {
   int a = kt::ConnectTcp(o_.resp_port);
   int b = kt::ConnectTcp(o_.resp_port);
   EXPECT_EQ(Resp(a, "GET k\r\n").substr(0, 7), "-NOAUTH");
+  // Redis 7's whole text (kvtierd's was cut short; found by kvtier_resp_differential_test).
+  EXPECT_EQ(Resp(a, "HELLO 3\r\n"),
+            "-NOAUTH HELLO must be called with the client already authenticated, otherwise the "
+            "HELLO AUTH <user> <pass> option can be used to authenticate the client and select "
+            "the RESP protocol version at the same time\r\n");
   EXPECT_EQ(Resp(a, "AUTH wrong\r\n").substr(0, 10), "-WRONGPASS");
   EXPECT_EQ(Resp(a, "AUTH tok-alice\r\n"), "+OK\r\n");
   EXPECT_EQ(Resp(b, "AUTH default tok-bob\r\n"), "+OK\r\n");

@@ -194,6 +194,18 @@ TEST(RespUnknownCommand, RedisMessage) {
                                         std::string(25, 'b') + "' ");
 }
 
+// Redis 7 refuses a client name with a byte outside '!'..'~' (found by the differential test:
+// kvtierd accepted any name, so HELLO 3 SETNAME "a b" switched to RESP3 where Redis refuses).
+TEST(RespClientName, RedisCharacters) {
+  EXPECT_TRUE(resp::ValidClientName(""));
+  EXPECT_TRUE(resp::ValidClientName("cl-1"));
+  EXPECT_TRUE(resp::ValidClientName("!~"));
+  for (std::string_view bad : {"a b", "x\r\ny", "tab\t", "\x7f", "\xff", "\x20"}) {
+    EXPECT_FALSE(resp::ValidClientName(bad)) << bad;
+  }
+  EXPECT_FALSE(resp::ValidClientName(std::string_view("a\0b", 3)));
+}
+
 TEST(RespExpiry, RelativeExpiryIsRefusedWhereItWouldOverflow) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   constexpr int64_t kMin = std::numeric_limits<int64_t>::min();

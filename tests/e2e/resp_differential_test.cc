@@ -12,7 +12,26 @@
 // MULTI/EXEC/DISCARD, PING/ECHO, unknown commands, wrong arity, commands kvtierd does not
 // support (only "both answer an error" is checked), random name case, pipelined batches.
 //
-// Default run (label e2e): a few seeds of a few hundred commands per durability.
+// - RESP3: a connection opens with AUTH, HELLO 3 AUTH or HELLO 2 AUTH (or first a HELLO
+//   refused for want of AUTH), and the sequence switches it with HELLO 3 / HELLO 2 and sends
+//   HELLO's wrong forms (NOPROTO, versions that are not integers, AUTH or SETNAME without
+//   their operands, client names Redis refuses, a wrong token once). Every reply of a RESP3
+//   connection is compared byte for byte like any other (nulls "_", EXEC's array, MGET's
+//   missing keys, SET NX/XX unmet, SET GET); of a HELLO that succeeds only its type (map or
+//   array) is compared, its fields are kvtier's own (docs/RESP.md).
+// - Several connections: a seed runs one, two or three connections to each server, every step
+//   on one of them in the generated order (sent, its replies read, then the next step), so
+//   writes of one are read by the others, a MULTI of one queues while others write and its
+//   EXEC must see the state at EXEC time, and expiries set on one are read on another.
+// - SCAN: its cursor and order are kvtier's own (docs/RESP.md), so a SCAN iteration (COUNT
+//   1..20, MATCH or not, TYPE or not) is checked by property against redis-server's KEYS of the
+//   same pattern, read on an extra connection before every SCAN call: every name a call lists
+//   exists then; a name that existed for the whole iteration is listed; an iteration with no
+//   step in between lists exactly redis's KEYS, each name once. An iteration runs all at once
+//   or one SCAN call after each of the following steps (of any connection). SCAN's errors are
+//   compared byte for byte.
+//
+// Default run (label e2e): a few seeds of a few hundred steps per durability.
 // KVTIER_RESP_DIFF_SLOW (label slow): many more. KVTIER_RESP_DIFF_SEED=<n> in the environment
 // replays one seed. A divergence prints the seed, the command's index, the command and both
 // replies, and a reproducer shrunk from the sequence (replayed against both servers).
@@ -24,8 +43,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,7 +64,36 @@ namespace kt = kvtier::testing;
 using crash::RespClient;
 using crash::RespReply;
 using Cmd = std::vector<std::string>;
-using Step = std::vector<Cmd>;  // one command, or a pipeline of several
+
+// One step: a command, or a pipeline of several, sent on one connection (of each server); or a
+// SCAN iteration (one command, kScanIteration).
+struct Step {
+  size_t conn = 0;
+  std::vector<Cmd> cmds;
+};
+
+// A step's command that is not sent as it is: a SCAN iteration of kvtierd, checked by
+// property (ScanRun). Its operands: COUNT, TYPE ("" for none), "all" (every call at once) or
+// "interleaved" (one call after each later step), then MATCH's pattern where it has one.
+constexpr char kScanIteration[] = "<SCAN iteration>";
+bool IsScanIteration(const Cmd& c) { return !c.empty() && c[0] == kScanIteration; }
+
+// How a connection opens (both servers alike): AUTH, HELLO 3 AUTH, HELLO 2 AUTH, or a HELLO 3
+// without AUTH (refused, its error compared) then HELLO 3 AUTH.
+enum class Opening { kAuth, kHello3Auth, kHello2Auth, kRefusedHelloThenHello3Auth };
+const char* OpenName(Opening o) {
+  switch (o) {
+    case Opening::kAuth:
+      return "AUTH";
+    case Opening::kHello3Auth:
+      return "HELLO 3 AUTH";
+    case Opening::kHello2Auth:
+      return "HELLO 2 AUTH";
+    case Opening::kRefusedHelloThenHello3Auth:
+      return "HELLO 3 (refused: no AUTH), HELLO 3 AUTH";
+  }
+  return "";
+}
 
 #ifdef KVTIER_RESP_DIFF_SLOW
 constexpr int kSeeds = 200;
@@ -57,6 +108,8 @@ constexpr int kPipelineCommandsMax = 24;
 constexpr int kReplyTimeoutMs = 20000;
 // Replays the shrinking of a divergence may spend.
 constexpr int kShrinkReplaysMax = 400;
+// SCAN calls one iteration may take before it counts as never ending.
+constexpr size_t kScanCallsMax = 2000;
 constexpr char kToken[] = "resp-diff-token";
 
 std::string Upper(std::string_view s) {
@@ -93,9 +146,17 @@ std::string Shown(const Cmd& c) {
   return out;
 }
 
-// The RESP2 encoding of a parsed reply (a nil is "$-1"): how EXEC's elements are compared
-// once one of them needed a normalisation.
+// The encoding of a parsed reply, as the server sent it (RESP2 or RESP3): how EXEC's
+// elements are compared once one of them needed a normalisation.
 std::string Encode(const RespReply& r) {
+  auto aggregate = [&](char type, size_t n) {
+    std::string out = type + std::to_string(n) + "\r\n";
+    for (const RespReply& e : r.elems) out += Encode(e);
+    return out;
+  };
+  auto blob = [&](char type) {
+    return type + std::to_string(r.str.size()) + "\r\n" + r.str + "\r\n";
+  };
   switch (r.type) {
     case RespReply::Type::kSimple:
       return "+" + r.str + "\r\n";
@@ -104,14 +165,27 @@ std::string Encode(const RespReply& r) {
     case RespReply::Type::kInteger:
       return ":" + std::to_string(r.integer) + "\r\n";
     case RespReply::Type::kBulk:
-      return "$" + std::to_string(r.str.size()) + "\r\n" + r.str + "\r\n";
+      return blob('$');
     case RespReply::Type::kNil:
       return "$-1\r\n";
-    case RespReply::Type::kArray: {
-      std::string out = "*" + std::to_string(r.elems.size()) + "\r\n";
-      for (const RespReply& e : r.elems) out += Encode(e);
-      return out;
-    }
+    case RespReply::Type::kArray:
+      return aggregate('*', r.elems.size());
+    case RespReply::Type::kNull:
+      return "_\r\n";
+    case RespReply::Type::kBool:
+      return r.integer != 0 ? "#t\r\n" : "#f\r\n";
+    case RespReply::Type::kDouble:
+      return "," + r.str + "\r\n";
+    case RespReply::Type::kBigNumber:
+      return "(" + r.str + "\r\n";
+    case RespReply::Type::kVerbatim:
+      return blob('=');
+    case RespReply::Type::kBlobError:
+      return blob('!');
+    case RespReply::Type::kMap:
+      return aggregate('%', r.elems.size() / 2);
+    case RespReply::Type::kSet:
+      return aggregate('~', r.elems.size());
   }
   return "";
 }
@@ -119,17 +193,23 @@ std::string Encode(const RespReply& r) {
 // ---- The differences docs/RESP.md allows, and the only place they are normalised ----------
 //
 // docs/RESP.md "Differences from Redis" lists them; the generator sends only the commands of
-// rows it can compare (not HELLO, INFO, CONFIG GET, SCAN, EXAT/PXAT with a valid time, EXPIRE
-// NX|XX|GT|LT, AUTH inside MULTI, AUTH with another user name).
+// rows it can compare (not INFO, CONFIG GET, EXAT/PXAT with a valid time, EXPIRE NX|XX|GT|LT,
+// AUTH or HELLO inside MULTI, AUTH with another user name, a SCAN cursor Redis reads with
+// strtoul and kvtier refuses, such as "-1" or "", a connection's third failed AUTH, after which
+// kvtierd closes it).
 //
-//  rule         | commands                        | compared                      | docs
-//  ttl-timing   | TTL, PTTL                       | -2/-1 exactly; >= 0 as "some" | RESP.md
-//  "Differences from Redis", last paragraph (the two servers read their clocks at different
-//  moments; the generator's expiries are >= 100 s, so none passes during a run) keys-order   | KEYS
-//  | the names as a sorted list    | RESP.md "Differences from Redis": order of KEYS / SCAN names
-//  unsupported  | INCR, HGET, LPUSH, GETDEL,      | both are errors               | RESP.md
-//  "Differences from Redis": commands of other types; SET ... EXAT/PXAT
-//               | WATCH, OBJECT, SET .. EXAT/PXAT |                               |
+// ttl-timing: TTL, PTTL compared as -2, -1 exactly, >= 0 as "some expiry" (docs: "Differences
+//   from Redis", last paragraph: the two servers read their clocks at different moments; the
+//   generator's expiries are >= 100 s, so none passes during a run).
+// keys-order: KEYS compared as the sorted list of its names (docs: order of KEYS / SCAN names).
+// unsupported: INCR, HGET, LPUSH, GETDEL, WATCH, OBJECT, SET .. EXAT/PXAT: both are errors
+//   (docs: commands of other types; SET ... EXAT/PXAT).
+// hello-fields: a HELLO both accept: the same reply type (a map in RESP3, an array in RESP2),
+//   not its fields (docs: HELLO, INFO, CONFIG GET answer kvtier's own fields); a refused
+//   HELLO is compared byte for byte.
+// scan-order: a SCAN that lists names is not compared with Redis's at all: the generator sends
+//   valid SCANs only as a SCAN iteration of kvtierd, checked by property (ScanRun; docs: order
+//   of KEYS / SCAN names, SCAN cursor). Refused SCANs are compared byte for byte.
 //
 // Elements of an EXEC reply are compared under the rule of the command queued at their place.
 struct AllowedDifference {
@@ -140,6 +220,8 @@ constexpr AllowedDifference kAllowedDifferences[] = {
     {"ttl-timing", "docs/RESP.md \"Differences from Redis\": TTL compared as -2/-1/some"},
     {"keys-order", "docs/RESP.md \"Differences from Redis\": order of KEYS names"},
     {"unsupported", "docs/RESP.md \"Differences from Redis\": commands of other types"},
+    {"hello-fields", "docs/RESP.md \"Differences from Redis\": HELLO's fields are kvtier's"},
+    {"scan-order", "docs/RESP.md \"Differences from Redis\": SCAN cursor and order (ScanRun)"},
 };
 
 // Commands kvtierd does not implement, generated only so that both must answer an error.
@@ -173,6 +255,9 @@ const char* Allowed(const Cmd& c, const RespReply& kv, const RespReply& rd,
                       (kv.integer == rd.integer || (kv.integer >= 0 && rd.integer >= 0));
     return same ? kAllowedDifferences[0].rule : nullptr;
   }
+  if (n == "HELLO" && kv.type != T::kError && rd.type != T::kError) {
+    return kv.type == rd.type ? kAllowedDifferences[3].rule : nullptr;
+  }
   if (n == "KEYS" && c.size() == 2 && kv.type == T::kArray && rd.type == T::kArray) {
     std::vector<std::string> a, b;
     for (const RespReply& e : kv.elems) a.push_back(Encode(e));
@@ -199,40 +284,65 @@ const char* Allowed(const Cmd& c, const RespReply& kv, const RespReply& rd,
 // Random commands over a small key space; the same seed gives the same commands.
 class Generator {
  public:
+  // A seed runs one, two or three connections (each server alike), each opened one of the
+  // ways of Opening.
   explicit Generator(uint64_t seed) : rng_(seed) {
     std::string all(256, '\0');
     for (int i = 0; i < 256; ++i) all[static_cast<size_t>(i)] = static_cast<char>(i);
     keys_ = {"a", "b", "c", "key:1", "A", "", std::string("\0\r\n\xff", 4), all};
+    static const Opening kOpens[] = {Opening::kAuth,
+                                     Opening::kAuth,
+                                     Opening::kAuth,
+                                     Opening::kHello3Auth,
+                                     Opening::kHello3Auth,
+                                     Opening::kHello2Auth,
+                                     Opening::kRefusedHelloThenHello3Auth};
+    for (uint32_t n = 1 + Pick(3); n > 0; --n) opens_.push_back(kOpens[Pick(7)]);
+    multi_.assign(opens_.size(), false);
+    wrong_token_.assign(opens_.size(), false);
   }
 
   const std::vector<std::string>& keys() const { return keys_; }
+  const std::vector<Opening>& opens() const { return opens_; }
 
-  // One step: a lone command (most) or a pipeline of 2..kPipelineCommandsMax.
+  // One step on a random connection: a lone command (most), a pipeline of
+  // 2..kPipelineCommandsMax, or (3 %, on a connection with no transaction open) a SCAN
+  // iteration.
   Step NextStep() {
     Step s;
+    s.conn = Pick(static_cast<uint32_t>(opens_.size()));
+    if (Pick(100) < 3 && !multi_[s.conn]) {
+      s.cmds.push_back(ScanIteration());
+      return s;
+    }
     const int n = Pick(10) < 7 ? 1 : 2 + static_cast<int>(Pick(kPipelineCommandsMax - 1));
     for (int i = 0; i < n; ++i) {
-      s.push_back(Next());
-      // Where a transaction is open, as Redis's rules put it (Pair::Track): MULTI opens one;
+      s.cmds.push_back(Next(s.conn));
+      // Where a transaction is open, as Redis's rules put it (Conns::Track): MULTI opens one;
       // EXEC (of any arity: a malformed one discards it) and DISCARD close it.
-      const std::string name = Upper(s.back()[0]);
-      if (name == "MULTI" && s.back().size() == 1) multi_ = true;
-      if (name == "EXEC" || (name == "DISCARD" && s.back().size() == 1)) multi_ = false;
+      const std::string name = Upper(s.cmds.back()[0]);
+      if (name == "MULTI" && s.cmds.back().size() == 1) multi_[s.conn] = true;
+      if (name == "EXEC" || (name == "DISCARD" && s.cmds.back().size() == 1)) {
+        multi_[s.conn] = false;
+      }
     }
     return s;
   }
 
-  // A random command. Inside a transaction no AUTH (with a token): kvtierd refuses it there,
-  // Redis 7 queues it (docs/RESP.md "Transactions": AUTH/HELLO are not allowed), and the
-  // transaction's outcome would then differ.
-  Cmd Next() {
-    Cmd c = Any();
-    if (multi_ && Upper(c[0]) == "AUTH" && c.size() > 1) return {Name("GET"), Key()};
+  // A random command for connection `conn`. Inside a transaction no AUTH (with a token) and
+  // no HELLO: kvtierd refuses them there, Redis 7 queues them (docs/RESP.md "Transactions":
+  // AUTH/HELLO are not allowed), and the transaction's outcome would then differ.
+  Cmd Next(size_t conn) {
+    Cmd c = Any(conn);
+    const std::string n = Upper(c[0]);
+    if (multi_[conn] && ((n == "AUTH" && c.size() > 1) || n == "HELLO")) {
+      return {Name("GET"), Key()};
+    }
     return c;
   }
 
  private:
-  Cmd Any() {
+  Cmd Any(size_t conn) {
     const uint32_t p = Pick(100);
     if (p < 12) return {Name("GET"), Key()};
     if (p < 28) return Set();
@@ -276,6 +386,9 @@ class Generator {
     }
     if (p < 92) return Pick(2) ? Cmd{Name("AUTH"), kToken} : Cmd{Name("AUTH"), "default", kToken};
     if (p < 95) return UnsupportedCommand();
+    if (p < 97) return Hello(conn);
+    if (p < 98) return RefusedScan();
+    if (p < 99) return {Name("CLIENT"), Name("SETNAME"), ClientName()};
     return {Name("GET"), Key()};
   }
 
@@ -445,102 +558,356 @@ class Generator {
     }
   }
 
+  // HELLO: switching to RESP3 and back (most), with AUTH, and its refused forms.
+  Cmd Hello(size_t conn) {
+    const uint32_t p = Pick(16);
+    if (p < 5) return {Name("HELLO"), "3"};
+    if (p < 8) return {Name("HELLO"), "2"};
+    if (p < 9) return {Name("HELLO")};
+    if (p < 10) {  // NOPROTO, or not an integer
+      static const char* kVersions[] = {"4", "1",   "0",  "-1", "abc",
+                                        "",  "3.0", "03", "+3", "9223372036854775808"};
+      return {Name("HELLO"), kVersions[Pick(10)]};
+    }
+    const std::string v = Pick(3) != 0 ? "3" : "2";
+    if (p < 12) {
+      Cmd c = {Name("HELLO"), v, Name("AUTH"), "default", kToken};
+      if (Pick(3) == 0) {  // a client name, after or before AUTH
+        const auto at = Pick(2) != 0 ? c.end() : c.begin() + 2;
+        c.insert(at, {Name("SETNAME"), "cl-1"});
+      }
+      return c;
+    }
+    if (p < 13) {  // an option without its operands, or an unknown one
+      static const Cmd kWrong[] = {{"AUTH"},
+                                   {"AUTH", "default"},
+                                   {"SETNAME"},
+                                   {"FOO"},
+                                   {"AUTH", "default", kToken, "SETNAME"},
+                                   {"SETNAME", "x", "AUTH", "default"}};
+      Cmd c = {Name("HELLO"), v};
+      for (const std::string& w : kWrong[Pick(6)]) c.push_back(w);
+      if (Pick(6) == 0) c.erase(c.begin() + 1);  // no version: "AUTH" is not an integer
+      return c;
+    }
+    if (p < 15) {  // client names, some of which Redis refuses (spaces, control bytes)
+      Cmd c = {Name("HELLO"), v, Name("SETNAME"), ClientName()};
+      if (Pick(4) == 0) c.insert(c.begin() + 2, {Name("SETNAME"), "first"});
+      return c;
+    }
+    // A wrong token, at most once per connection: kvtierd closes a connection at its third
+    // failed AUTH (docs/RESP.md), redis-server does not.
+    if (wrong_token_[conn]) return {Name("HELLO"), v};
+    wrong_token_[conn] = true;
+    return {Name("HELLO"), v, Name("AUTH"), "default", "wrong-token"};
+  }
+
+  // A client name, some of which Redis refuses (spaces, control bytes, bytes over '~').
+  std::string ClientName() {
+    static const char* kNames[] = {"cl-1", "", "a b", "x\r\ny", "\xff", "~!", "tab\t", "\x7f"};
+    return kNames[Pick(8)];
+  }
+
+  // A SCAN both must refuse (compared byte for byte): a cursor both refuse, or a bad option.
+  // Not a cursor Redis reads with strtoul and kvtier refuses ("-1", "", "+5": docs/RESP.md).
+  Cmd RefusedScan() {
+    static const char* kCursors[] = {"abc", "1x", " 5", "0x10", "99999999999999999999"};
+    static const Cmd kOptions[] = {{"COUNT", "0"},
+                                   {"COUNT", "-1"},
+                                   {"COUNT", "abc"},
+                                   {"COUNT", "007"},
+                                   {"COUNT", ""},
+                                   {"MATCH"},
+                                   {"COUNT"},
+                                   {"TYPE"},
+                                   {"BOGUS", "x"},
+                                   {"MATCH", "*", "COUNT", "0"},
+                                   {"COUNT", "5", "MATCH"}};
+    constexpr uint32_t kOptionCount = sizeof(kOptions) / sizeof(kOptions[0]);
+    Cmd c = {Name("SCAN")};
+    const uint32_t p = Pick(3);
+    c.push_back(p == 0 ? kCursors[Pick(5)] : "0");
+    if (p != 0 || Pick(2) == 0) {
+      for (const std::string& w : kOptions[Pick(kOptionCount)]) c.push_back(w);
+    }
+    return c;
+  }
+
+  // A SCAN iteration (kScanIteration): COUNT 1..20, TYPE none, string or another, MATCH or
+  // not, all at once or interleaved with the steps that follow.
+  Cmd ScanIteration() {
+    static const char* kTypes[] = {"", "", "", "string", "STRING", "hash", "none"};
+    const bool all = Pick(2) != 0;
+    // An interleaved one mostly with a small COUNT, so that steps run between its calls.
+    const uint32_t count = all || Pick(4) == 0 ? 1 + Pick(20) : 1 + Pick(3);
+    Cmd c = {kScanIteration, std::to_string(count), kTypes[Pick(7)], all ? "all" : "interleaved"};
+    if (Pick(2) == 0) c.push_back(Pattern());
+    return c;
+  }
+
   std::mt19937_64 rng_;
   std::vector<std::string> keys_;
-  bool multi_ = false;  // a transaction is open after the commands generated so far
+  std::vector<Opening> opens_;
+  std::vector<bool> multi_;        // per connection: a transaction is open after the steps so far
+  std::vector<bool> wrong_token_;  // per connection: a wrong token was generated
 };
 
 // ---- Running a sequence against both servers --------------------------------------------
 
-// One connection to each server, authenticated, and the transaction state the replies imply.
-class Pair {
+// What the run exercised, printed at its end (the replays of a shrinking are not counted).
+struct Coverage {
+  size_t commands = 0;
+  size_t resp3_commands = 0;     // sent on a connection in RESP3
+  size_t execs_interleaved = 0;  // EXECs run after another connection's step while they queued
+  size_t scans = 0;              // SCAN iterations checked
+  size_t scans_interleaved = 0;  // of them, with steps between their calls
+  size_t scan_calls = 0;
+};
+
+// A SCAN iteration of kvtierd in progress on one connection (a kScanIteration step), and what
+// it must list: redis-server's KEYS of its pattern (those of its TYPE, where it has one), read
+// before each call.
+struct ScanRun {
+  size_t conn = 0;
+  Cmd marker;  // the step's command: COUNT, TYPE, "all"/"interleaved"[, MATCH's pattern]
+  std::string cursor = "0";
+  size_t calls = 0;
+  bool steps_between = false;         // a step ran between two of its calls
+  std::set<std::string> always;       // the names that matched at every call so far
+  std::map<std::string, int> listed;  // the names its calls listed, and how often
+
+  bool all() const { return marker[3] == "all"; }
+  const std::string& count() const { return marker[1]; }
+  const std::string& type() const { return marker[2]; }
+  bool has_pattern() const { return marker.size() > 4; }
+  std::string pattern() const { return has_pattern() ? marker[4] : "*"; }
+};
+
+// How a SCAN iteration step reads in a reproducer.
+std::string ShownScan(const Cmd& m) {
+  std::string out = "SCAN iteration COUNT " + m[1];
+  if (!m[2].empty()) out += " TYPE " + m[2];
+  if (m.size() > 4) out += " MATCH \"" + Shown(m[4]) + "\"";
+  return out + (m[3] == "all" ? " (every call at once)" : " (a call after each later step)");
+}
+
+std::string ShownSet(const std::set<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "\"" : ", \"") + Shown(n) + "\"";
+  return "{" + out + "}";
+}
+
+// The connections to each server, opened as Opening says, the transaction state and protocol
+// version their replies imply, and one more connection to redis-server that reads its key
+// space for the SCAN checks (never in a transaction).
+class Conns {
  public:
-  // Connects and authenticates both; false (with a test failure) when either fails.
-  bool Open(uint16_t kv_port, uint16_t redis_port) {
-    auto kv = RespClient::Connect(kv_port, kReplyTimeoutMs);
-    auto rd = RespClient::Connect(redis_port, kReplyTimeoutMs);
-    if (!kv.ok() || !rd.ok()) {
-      ADD_FAILURE() << "connect: " << (kv.ok() ? rd.status() : kv.status()).ToString();
-      return false;
-    }
-    kv_ = std::move(kv).value();
-    rd_ = std::move(rd).value();
-    in_multi_ = false;
-    queued_.clear();
-    for (RespClient* c : {kv_.get(), rd_.get()}) {
-      auto r = c->Call({"AUTH", kToken});
-      if (!r.ok() || r->type != RespReply::Type::kSimple) {
-        ADD_FAILURE() << "AUTH failed: " << (r.ok() ? r->str : r.status().ToString());
-        return false;
+  // Connects and opens every connection; "" or why it failed (a refused HELLO whose replies
+  // differ is a divergence too).
+  std::string Open(uint16_t kv_port, uint16_t redis_port, const std::vector<Opening>& opens) {
+    conns_.clear();
+    for (size_t i = 0; i < opens.size(); ++i) {
+      const Opening o = opens[i];
+      auto kv = RespClient::Connect(kv_port, kReplyTimeoutMs);
+      auto rd = RespClient::Connect(redis_port, kReplyTimeoutMs);
+      if (!kv.ok() || !rd.ok()) {
+        return "connect: " + (kv.ok() ? rd.status() : kv.status()).ToString();
       }
+      Conn c;
+      c.kv = std::move(kv).value();
+      c.rd = std::move(rd).value();
+      std::vector<Cmd> cmds;
+      if (o == Opening::kRefusedHelloThenHello3Auth) cmds.push_back({"HELLO", "3"});
+      if (o == Opening::kAuth) {
+        cmds.push_back({"AUTH", kToken});
+      } else {
+        cmds.push_back({"HELLO", o == Opening::kHello2Auth ? "2" : "3", "AUTH", "default", kToken});
+      }
+      c.proto = o == Opening::kAuth || o == Opening::kHello2Auth ? 2 : 3;
+      std::vector<std::string> kv_raw, rd_raw;
+      auto kr = c.kv->Pipeline(cmds, &kv_raw);
+      auto rr = c.rd->Pipeline(cmds, &rd_raw);
+      if (!kr.ok() || !rr.ok()) {
+        return "opening connection " + std::to_string(i) + ": no reply: kvtierd " +
+               kr.status().ToString() + ", redis " + rr.status().ToString();
+      }
+      for (size_t k = 0; k < cmds.size(); ++k) {
+        const bool last = k + 1 == cmds.size();
+        const bool agree =
+            last ? (*kr)[k].type != RespReply::Type::kError && (*kr)[k].type == (*rr)[k].type
+                 : kv_raw[k] == rd_raw[k];
+        if (!agree) {
+          return "opening connection " + std::to_string(i) + " (" + OpenName(o) +
+                 "), command: " + Shown(cmds[k]) + "\n  kvtierd: \"" + Shown(kv_raw[k]) +
+                 "\"\n  redis:   \"" + Shown(rd_raw[k]) + "\"";
+        }
+      }
+      conns_.push_back(std::move(c));
     }
-    return true;
+    auto obs = RespClient::Connect(redis_port, kReplyTimeoutMs);
+    if (!obs.ok()) return "connect: " + obs.status().ToString();
+    observer_ = std::move(obs).value();
+    auto r = observer_->Call({"AUTH", kToken});
+    if (!r.ok() || r->type != RespReply::Type::kSimple) return "observer's AUTH failed";
+    return "";
   }
 
-  // Sends one step to both servers and compares every reply. Returns "" when all agree (or
-  // differ as kAllowedDifferences allows), else a description of the first divergence, with
-  // *at the index of the diverging command within the step.
-  std::string Run(const Step& step, size_t* at) {
+  // Sends one step to both servers on its connection and compares every reply. Returns ""
+  // when all agree (or differ as kAllowedDifferences allows), else a description of the
+  // first divergence, with *at the index of the diverging command within the step.
+  std::string Run(const Step& step, size_t* at, Coverage* cov) {
+    Conn& c = conns_[step.conn];
     std::vector<std::string> kv_raw, rd_raw;
-    auto kv = kv_->Pipeline(step, &kv_raw);
-    auto rd = rd_->Pipeline(step, &rd_raw);
+    auto kv = c.kv->Pipeline(step.cmds, &kv_raw);
+    auto rd = c.rd->Pipeline(step.cmds, &rd_raw);
     if (!kv.ok() || !rd.ok()) {
       *at = 0;
-      return "no reply: kvtierd " + kv.status().ToString() + ", redis " + rd.status().ToString();
+      return "no reply on connection " + std::to_string(step.conn) + ": kvtierd " +
+             kv.status().ToString() + ", redis " + rd.status().ToString();
     }
-    for (size_t i = 0; i < step.size(); ++i) {
-      const Cmd& c = step[i];
-      if (kv_raw[i] != rd_raw[i] && Allowed(c, (*kv)[i], (*rd)[i], queued_) == nullptr) {
+    for (size_t j = 0; j < conns_.size(); ++j) {
+      if (j != step.conn && conns_[j].in_multi) conns_[j].interleaved = true;
+    }
+    for (size_t i = 0; i < step.cmds.size(); ++i) {
+      const Cmd& cmd = step.cmds[i];
+      if (kv_raw[i] != rd_raw[i] && Allowed(cmd, (*kv)[i], (*rd)[i], c.queued) == nullptr) {
         *at = i;
-        return "command: " + Shown(c) + "\n  kvtierd: \"" + Shown(kv_raw[i]) + "\"\n  redis:   \"" +
-               Shown(rd_raw[i]) + "\"";
+        return "connection " + std::to_string(step.conn) + " (RESP" + std::to_string(c.proto) +
+               "), command: " + Shown(cmd) + "\n  kvtierd: \"" + Shown(kv_raw[i]) +
+               "\"\n  redis:   \"" + Shown(rd_raw[i]) + "\"";
       }
-      Track(c, (*rd)[i]);
+      if (cov != nullptr) {
+        ++cov->commands;
+        if (c.proto == 3) ++cov->resp3_commands;
+      }
+      Track(&c, cmd, (*rd)[i], cov);
     }
     return "";
   }
 
-  bool in_multi() const { return in_multi_; }
+  size_t size() const { return conns_.size(); }
+  bool in_multi(size_t conn) const { return conns_[conn].in_multi; }
+
+  // One SCAN call of an iteration on kvtierd, checked against redis-server's key space now:
+  // every name it lists matches and exists. "" or what went wrong.
+  std::string ScanCall(ScanRun* s) {
+    std::set<std::string> now;
+    if (std::string why = Matching(*s, &now); !why.empty()) return why;
+    if (s->calls == 0) {
+      s->always = now;
+    } else {
+      std::erase_if(s->always, [&](const std::string& n) { return now.count(n) == 0; });
+    }
+    Cmd cmd = {"SCAN", s->cursor};
+    if (s->has_pattern()) cmd.insert(cmd.end(), {"MATCH", s->pattern()});
+    cmd.insert(cmd.end(), {"COUNT", s->count()});
+    if (!s->type().empty()) cmd.insert(cmd.end(), {"TYPE", s->type()});
+    std::string raw;
+    auto r = conns_[s->conn].kv->Call(std::vector<std::string_view>(cmd.begin(), cmd.end()), &raw);
+    if (!r.ok()) return "no reply to " + Shown(cmd) + ": " + r.status().ToString();
+    using T = RespReply::Type;
+    bool shaped = r->type == T::kArray && r->elems.size() == 2 && r->elems[0].type == T::kBulk &&
+                  !r->elems[0].str.empty() && r->elems[1].type == T::kArray &&
+                  std::all_of(r->elems[0].str.begin(), r->elems[0].str.end(),
+                              [](char ch) { return ch >= '0' && ch <= '9'; });
+    for (size_t i = 0; shaped && i < r->elems[1].elems.size(); ++i) {
+      shaped = r->elems[1].elems[i].type == T::kBulk;
+    }
+    if (!shaped) return "call " + Shown(cmd) + " answered \"" + Shown(raw) + "\"";
+    for (const RespReply& e : r->elems[1].elems) {
+      if (now.count(e.str) == 0) {
+        return "call " + std::to_string(s->calls + 1) + ", " + Shown(cmd) + ", listed \"" +
+               Shown(e.str) +
+               "\", which redis-server does not hold (matching) then: " + ShownSet(now);
+      }
+      ++s->listed[e.str];
+    }
+    s->cursor = r->elems[0].str;
+    if (++s->calls >= kScanCallsMax && s->cursor != "0") {
+      return "no end after " + std::to_string(s->calls) + " calls (cursor " + s->cursor + ")";
+    }
+    return "";
+  }
 
  private:
-  // Follows MULTI / EXEC / DISCARD from Redis's replies (the reference), so that an EXEC's
-  // elements pair with the commands it queued. A malformed EXEC ends the transaction too
-  // (Redis discards it: "EXECABORT Transaction discarded because of: wrong number ...").
-  void Track(const Cmd& c, const RespReply& r) {
-    const std::string n = Upper(c[0]);
-    if (!in_multi_) {
+  struct Conn {
+    std::unique_ptr<RespClient> kv, rd;
+    int proto = 2;
+    bool in_multi = false;
+    bool interleaved = false;  // another connection ran a step while the transaction queued
+    std::vector<Cmd> queued;
+  };
+
+  // Follows MULTI / EXEC / DISCARD and HELLO from Redis's replies (the reference), so that an
+  // EXEC's elements pair with the commands it queued. A malformed EXEC ends the transaction
+  // too (Redis discards it: "EXECABORT Transaction discarded because of: wrong number ...").
+  static void Track(Conn* c, const Cmd& cmd, const RespReply& r, Coverage* cov) {
+    const std::string n = Upper(cmd[0]);
+    if (!c->in_multi) {
       if (n == "MULTI" && r.type == RespReply::Type::kSimple) {
-        in_multi_ = true;
-        queued_.clear();
+        c->in_multi = true;
+        c->interleaved = false;
+        c->queued.clear();
+      }
+      if (n == "HELLO" && cmd.size() > 1 && r.type != RespReply::Type::kError) {
+        c->proto = cmd[1] == "3" ? 3 : 2;
       }
       return;
     }
-    if (n == "EXEC" || (n == "DISCARD" && c.size() == 1)) {
-      in_multi_ = false;
-      queued_.clear();
+    if (n == "EXEC" || (n == "DISCARD" && cmd.size() == 1)) {
+      if (n == "EXEC" && r.type == RespReply::Type::kArray && c->interleaved && cov != nullptr) {
+        ++cov->execs_interleaved;
+      }
+      c->in_multi = false;
+      c->queued.clear();
     } else if (r.type == RespReply::Type::kSimple && r.str == "QUEUED") {
-      queued_.push_back(c);
+      c->queued.push_back(cmd);
     }
   }
 
-  std::unique_ptr<RespClient> kv_, rd_;
-  bool in_multi_ = false;
-  std::vector<Cmd> queued_;
+  // redis-server's names matching the iteration's pattern (and TYPE), read now.
+  std::string Matching(const ScanRun& s, std::set<std::string>* out) {
+    auto keys = observer_->Call({"KEYS", s.pattern()});
+    if (!keys.ok() || keys->type != RespReply::Type::kArray) return "redis-server's KEYS failed";
+    std::vector<Cmd> types;
+    for (const RespReply& e : keys->elems) {
+      if (s.type().empty()) {
+        out->insert(e.str);
+      } else {
+        types.push_back({"TYPE", e.str});
+      }
+    }
+    if (types.empty()) return "";
+    auto t = observer_->Pipeline(types);
+    if (!t.ok()) return "redis-server's TYPE failed";
+    for (size_t i = 0; i < types.size(); ++i) {
+      if (Upper((*t)[i].str) == Upper(s.type())) out->insert(types[i][1]);
+    }
+    return "";
+  }
+
+  std::vector<Conn> conns_;
+  std::unique_ptr<RespClient> observer_;
 };
 
-// The commands that bring both servers to the same empty state, then a full comparison of
-// what every key holds: the end of every sequence and of every replay.
-std::vector<Step> Epilogue(const std::vector<std::string>& keys, bool in_multi) {
-  std::vector<Step> steps;
-  if (in_multi) steps.push_back({{"DISCARD"}});
-  Cmd mget = {"MGET"}, exists = {"EXISTS"};
-  for (const std::string& k : keys) {
-    mget.push_back(k);
-    exists.push_back(k);
-    steps.push_back({{"TYPE", k}, {"PTTL", k}});
+// What a finished SCAN iteration must have listed: every name that matched at every call
+// (existed for the whole iteration), and with no step between its calls, each name once.
+std::string ScanCheck(const ScanRun& s) {
+  for (const std::string& n : s.always) {
+    if (s.listed.count(n) == 0) {
+      return "never listed \"" + Shown(n) + "\", which existed (matching) at each of its " +
+             std::to_string(s.calls) + " calls";
+    }
   }
-  steps.push_back({mget, exists, {"DBSIZE"}, {"KEYS", "*"}});
-  return steps;
+  if (!s.steps_between) {
+    for (const auto& [n, times] : s.listed) {
+      if (times > 1) {
+        return "listed \"" + Shown(n) + "\" " + std::to_string(times) +
+               " times, with no step between its calls";
+      }
+    }
+  }
+  return "";
 }
 
 class RespDifferentialTest : public kt::KvtierdTest,
@@ -578,45 +945,115 @@ class RespDifferentialTest : public kt::KvtierdTest,
     KvtierdTest::TearDown();
   }
 
-  // Where a replay diverged: the step, the command's index within it, the command, and what
-  // the two servers answered. An empty `why`: every reply agreed.
+  // Where a replay diverged: the step, the command's index within it, the command (a SCAN
+  // iteration's kScanIteration command), and what went wrong. An empty `why`: all agreed.
   struct Divergence {
     std::string why;
     size_t step = 0, cmd = 0;
     Cmd command;
   };
 
+  // Advances the SCAN iterations in progress: one call each (an "all" one: every call), or
+  // with to_end every call; a finished one is checked and dropped. An iteration whose
+  // connection queues a transaction waits. "" or what went wrong, *which its command.
+  static std::string Advance(Conns* c, std::vector<ScanRun>* scans, bool to_end, Cmd* which,
+                             Coverage* cov) {
+    for (auto it = scans->begin(); it != scans->end();) {
+      ScanRun& s = *it;
+      std::string why;
+      bool done = false;
+      while (!c->in_multi(s.conn)) {
+        why = c->ScanCall(&s);
+        if (!why.empty()) break;
+        if (s.cursor == "0") {
+          why = ScanCheck(s);
+          done = true;
+          break;
+        }
+        if (!to_end && !s.all()) break;
+      }
+      if (!why.empty()) {
+        *which = s.marker;
+        return "connection " + std::to_string(s.conn) + ", " + ShownScan(s.marker) + ": " + why;
+      }
+      if (!done) {
+        ++it;
+        continue;
+      }
+      if (cov != nullptr) {
+        ++cov->scans;
+        cov->scans_interleaved += s.steps_between ? 1 : 0;
+        cov->scan_calls += s.calls;
+      }
+      it = scans->erase(it);
+    }
+    return "";
+  }
+
   // Runs steps from an emptied key space on fresh connections, then compares the whole key
-  // space (Epilogue).
-  Divergence Replay(const std::vector<Step>& steps, const std::vector<std::string>& keys) {
+  // space (after DISCARDs of open transactions and the end of SCAN iterations in progress).
+  Divergence Replay(const std::vector<Opening>& opens, const std::vector<Step>& steps,
+                    const std::vector<std::string>& keys, Coverage* cov = nullptr) {
     Divergence d;
-    Pair p;
-    if (!p.Open(d_->resp_port(), redis_port_)) {
-      d.why = "connect failed";
-      return d;
-    }
-    const Step flush = {{"FLUSHALL"}};
-    d.why = p.Run(flush, &d.cmd);
+    Conns c;
+    d.why = c.Open(d_->resp_port(), redis_port_, opens);
     if (!d.why.empty()) {
-      d.command = flush[0];
+      d.command = {"<opening the connections>"};
       return d;
     }
+    const Step flush = {0, {{"FLUSHALL"}}};
+    d.why = c.Run(flush, &d.cmd, nullptr);
+    if (!d.why.empty()) {
+      d.command = flush.cmds[0];
+      return d;
+    }
+    std::vector<ScanRun> scans;  // in progress, at most one per connection
+    auto run = [&](const Step& s, size_t index) {
+      for (ScanRun& r : scans) r.steps_between = true;
+      if (IsScanIteration(s.cmds[0])) {
+        // A connection's next iteration starts once its last one has ended.
+        if (std::none_of(scans.begin(), scans.end(),
+                         [&](const ScanRun& r) { return r.conn == s.conn; })) {
+          scans.push_back(ScanRun{.conn = s.conn, .marker = s.cmds[0]});
+        }
+      } else {
+        d.why = c.Run(s, &d.cmd, cov);
+        if (!d.why.empty()) {
+          d.step = index;
+          d.command = s.cmds[d.cmd];
+          return false;
+        }
+      }
+      d.why = Advance(&c, &scans, false, &d.command, cov);
+      d.step = index;
+      d.cmd = 0;
+      return d.why.empty();
+    };
     for (size_t i = 0; i < steps.size(); ++i) {
-      d.why = p.Run(steps[i], &d.cmd);
-      if (!d.why.empty()) {
-        d.step = i;
-        d.command = steps[i][d.cmd];
-        return d;
+      if (!run(steps[i], i)) return d;
+    }
+    // The end: every transaction discarded, every iteration run to its end, then the key space
+    // compared on the first connection and DBSIZE on each.
+    for (size_t k = 0; k < c.size(); ++k) {
+      if (c.in_multi(k) && !run({k, {{"DISCARD"}}}, steps.size())) break;
+    }
+    if (d.why.empty()) d.why = Advance(&c, &scans, true, &d.command, cov);
+    if (d.why.empty()) {
+      std::vector<Step> end;
+      Cmd mget = {"MGET"}, exists = {"EXISTS"};
+      for (const std::string& k : keys) {
+        mget.push_back(k);
+        exists.push_back(k);
+        end.push_back({0, {{"TYPE", k}, {"PTTL", k}}});
+      }
+      end.push_back({0, {mget, exists, {"DBSIZE"}, {"KEYS", "*"}}});
+      for (size_t k = 1; k < c.size(); ++k) end.push_back({k, {{"DBSIZE"}}});
+      for (const Step& s : end) {
+        if (!run(s, steps.size())) break;
       }
     }
-    for (const Step& s : Epilogue(keys, p.in_multi())) {
-      d.why = p.Run(s, &d.cmd);
-      if (!d.why.empty()) {
-        d.step = steps.size();
-        d.command = s[d.cmd];
-        d.why = "after the sequence, " + d.why;
-        return d;
-      }
+    if (!d.why.empty()) {
+      if (d.step == steps.size()) d.why = "after the sequence, " + d.why;
     }
     return d;
   }
@@ -624,32 +1061,37 @@ class RespDifferentialTest : public kt::KvtierdTest,
   // The smallest sub-sequence of steps (commands removed one chunk at a time, then one by
   // one) that still diverges, within kShrinkReplaysMax replays.
   // The divergence must stay at the same command (`command`), not move to another one.
-  std::vector<Step> Shrink(std::vector<Step> steps, const std::vector<std::string>& keys,
-                           const Cmd& command) {
+  std::vector<Step> Shrink(const std::vector<Opening>& opens, std::vector<Step> steps,
+                           const std::vector<std::string>& keys, const Cmd& command) {
     int replays = 0;
     auto diverges = [&](const std::vector<Step>& s) {
       ++replays;
-      Divergence d = Replay(s, keys);
+      Divergence d = Replay(opens, s, keys);
       return !d.why.empty() && d.command == command;
     };
-    // Flatten into single commands, keeping each command's step so pipelines stay pipelines.
-    std::vector<std::pair<size_t, Cmd>> flat;
+    // Flatten into single commands, keeping each command's step (and its connection) so
+    // pipelines stay pipelines.
+    struct Flat {
+      size_t step, conn;
+      Cmd cmd;
+    };
+    std::vector<Flat> flat;
     for (size_t i = 0; i < steps.size(); ++i) {
-      for (const Cmd& c : steps[i]) flat.emplace_back(i, c);
+      for (const Cmd& c : steps[i].cmds) flat.push_back({i, steps[i].conn, c});
     }
-    auto rebuild = [](const std::vector<std::pair<size_t, Cmd>>& f) {
+    auto rebuild = [](const std::vector<Flat>& f) {
       std::vector<Step> out;
       size_t last = SIZE_MAX;
-      for (const auto& [step, c] : f) {
-        if (step != last) out.emplace_back();
-        out.back().push_back(c);
-        last = step;
+      for (const Flat& e : f) {
+        if (e.step != last) out.push_back({e.conn, {}});
+        out.back().cmds.push_back(e.cmd);
+        last = e.step;
       }
       return out;
     };
     for (size_t chunk = std::max<size_t>(flat.size() / 2, 1); chunk >= 1; chunk /= 2) {
       for (size_t start = 0; start < flat.size() && replays < kShrinkReplaysMax;) {
-        std::vector<std::pair<size_t, Cmd>> cut = flat;
+        std::vector<Flat> cut = flat;
         cut.erase(cut.begin() + static_cast<ptrdiff_t>(start),
                   cut.begin() + static_cast<ptrdiff_t>(std::min(start + chunk, cut.size())));
         if (diverges(rebuild(cut))) {
@@ -674,34 +1116,44 @@ TEST_P(RespDifferentialTest, EveryReplyIsRedisOrAnAllowedDifference) {
   } else {
     for (int i = 0; i < kSeeds; ++i) seeds.push_back(kFirstSeed + static_cast<uint64_t>(i));
   }
-  size_t commands = 0;
+  Coverage cov;
   for (uint64_t seed : seeds) {
     Generator g(seed);
     std::vector<Step> steps;
     for (int i = 0; i < kStepsPerSeed; ++i) steps.push_back(g.NextStep());
-    const Divergence d = Replay(steps, g.keys());
-    for (const Step& s : steps) commands += s.size();
+    const Divergence d = Replay(g.opens(), steps, g.keys(), &cov);
     if (d.why.empty()) continue;
     size_t index = 0;  // the diverging command's index in the whole sequence
-    for (size_t i = 0; i < d.step && i < steps.size(); ++i) index += steps[i].size();
+    for (size_t i = 0; i < d.step && i < steps.size(); ++i) index += steps[i].cmds.size();
     index += d.cmd;
     std::vector<Step> prefix(
         steps.begin(), steps.begin() + static_cast<ptrdiff_t>(std::min(d.step + 1, steps.size())));
-    std::string repro;
-    for (const Step& s : Shrink(prefix, g.keys(), d.command)) {
-      for (size_t i = 0; i < s.size(); ++i) {
-        repro += (i == 0 ? "  " : "  | ") + Shown(s[i]) + "\n";
+    std::string opened, repro;
+    for (size_t i = 0; i < g.opens().size(); ++i) {
+      opened += (i == 0 ? "" : "; ") + std::string("c") + std::to_string(i) + ": " +
+                OpenName(g.opens()[i]);
+    }
+    const std::vector<Step> shrunk = Shrink(g.opens(), prefix, g.keys(), d.command);
+    for (const Step& s : shrunk) {
+      for (size_t i = 0; i < s.cmds.size(); ++i) {
+        repro += (i == 0 ? "  c" + std::to_string(s.conn) + ": " : "      | ") +
+                 (IsScanIteration(s.cmds[i]) ? ShownScan(s.cmds[i]) : Shown(s.cmds[i])) + "\n";
       }
     }
     ADD_FAILURE() << "durability " << GetParam() << ", seed " << seed << " (replay with "
                   << "KVTIER_RESP_DIFF_SEED=" << seed << "), command " << index << ":\n  " << d.why
-                  << "\nshrunk reproducer (after FLUSHALL and AUTH; \"|\" marks a "
-                  << "command pipelined with the one before; the key space is then compared):\n"
-                  << repro;
+                  << "\nshrunk reproducer (after FLUSHALL; connections opened with " << opened
+                  << "; \"cN:\" is the connection a step is sent on, \"|\" marks a command "
+                  << "pipelined with the one before; the key space is then compared):\n"
+                  << repro << "which diverges with:\n  " << Replay(g.opens(), shrunk, g.keys()).why;
     return;
   }
-  std::printf("durability %s: %zu seeds, %zu commands, every reply agreed\n", GetParam(),
-              seeds.size(), commands);
+  std::printf(
+      "durability %s: %zu seeds, %zu commands (%zu on RESP3 connections), %zu EXECs after "
+      "another connection's steps, %zu SCAN iterations (%zu interleaved, %zu calls), every "
+      "reply agreed\n",
+      GetParam(), seeds.size(), cov.commands, cov.resp3_commands, cov.execs_interleaved, cov.scans,
+      cov.scans_interleaved, cov.scan_calls);
 }
 
 INSTANTIATE_TEST_SUITE_P(Durability, RespDifferentialTest, ::testing::Values("default", "sync"),

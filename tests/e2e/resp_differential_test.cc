@@ -15,10 +15,10 @@
 // - RESP3: a connection opens with AUTH, HELLO 3 AUTH or HELLO 2 AUTH (or first a HELLO
 //   refused for want of AUTH), and the sequence switches it with HELLO 3 / HELLO 2 and sends
 //   HELLO's wrong forms (NOPROTO, versions that are not integers, AUTH or SETNAME without
-//   their operands, client names Redis refuses, a wrong token once). Every reply of a RESP3
-//   connection is compared byte for byte like any other (nulls "_", EXEC's array, MGET's
-//   missing keys, SET NX/XX unmet, SET GET); of a HELLO that succeeds only its type (map or
-//   array) is compared, its fields are kvtier's own (docs/RESP.md).
+//   their operands, client names Redis refuses, also by CLIENT SETNAME, a wrong token once).
+//   Every reply of a RESP3 connection is compared byte for byte like any other (nulls "_",
+//   EXEC's array, MGET's missing keys, SET NX/XX unmet, SET GET); of a HELLO that succeeds
+//   only its type (map or array) is compared, its fields are kvtier's own (docs/RESP.md).
 // - Several connections: a seed runs one, two or three connections to each server, every step
 //   on one of them in the generated order (sent, its replies read, then the next step), so
 //   writes of one are read by the others, a MULTI of one queues while others write and its
@@ -26,15 +26,16 @@
 // - SCAN: its cursor and order are kvtier's own (docs/RESP.md), so a SCAN iteration (COUNT
 //   1..20, MATCH or not, TYPE or not) is checked by property against redis-server's KEYS of the
 //   same pattern, read on an extra connection before every SCAN call: every name a call lists
-//   exists then; a name that existed for the whole iteration is listed; an iteration with no
-//   step in between lists exactly redis's KEYS, each name once. An iteration runs all at once
-//   or one SCAN call after each of the following steps (of any connection). SCAN's errors are
-//   compared byte for byte.
+//   exists then; a name that existed for the whole iteration (at each of its calls: the key
+//   space is read between steps) is listed; an iteration with no step in between lists
+//   exactly redis's KEYS, each name once. An iteration runs all at once or one SCAN call after
+//   each of the following steps (of any connection). SCAN's errors are compared byte for byte.
 //
 // Default run (label e2e): a few seeds of a few hundred steps per durability.
 // KVTIER_RESP_DIFF_SLOW (label slow): many more. KVTIER_RESP_DIFF_SEED=<n> in the environment
 // replays one seed. A divergence prints the seed, the command's index, the command and both
-// replies, and a reproducer shrunk from the sequence (replayed against both servers).
+// replies, and a reproducer shrunk from the sequence (replayed against both servers) with the
+// divergence the reproducer itself shows.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -3,6 +3,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "cache_daemon/metrics.h"
 #include "cluster/http_client.h"
 #include "common/config.h"
 #include "common/logging.h"
@@ -11,6 +12,12 @@
 #endif
 
 namespace kvtier::daemon {
+namespace {
+
+// Series of kvtier_cluster_peer_suspect_seconds on one page at most.
+constexpr size_t kSuspectSeriesMax = 64;
+
+}  // namespace
 
 // Serves peers from the local store only: a peer's request is never forwarded again.
 class ClusterNode::StoreHandler : public cluster::PeerHandler {
@@ -472,6 +479,15 @@ std::string ClusterNode::RenderPrometheus() const {
         hs.suspects);
   counter("kvtier_cluster_peer_suspicions_total", "Peers marked suspect after a call timed out.",
           hs.suspicions);
+  // One sample per suspect peer, so that an alert or `kvtier cluster status` names it.
+  os << "# HELP kvtier_cluster_peer_suspect_seconds Seconds since a call to this peer timed "
+        "out, for each peer suspect now (at most "
+     << kSuspectSeriesMax
+     << ", in endpoint order).\n# TYPE kvtier_cluster_peer_suspect_seconds gauge\n";
+  for (const auto& [endpoint, ms] : client_->suspects(kSuspectSeriesMax)) {
+    os << "kvtier_cluster_peer_suspect_seconds{peer=\"" << EscapeLabel(endpoint) << "\"} "
+       << static_cast<double>(ms) / 1000.0 << "\n";
+  }
   counter("kvtier_cluster_peer_calls_failed_fast_total",
           "Calls to a suspect peer failed at once instead of waiting peer_timeout_ms.",
           hs.failed_fast);

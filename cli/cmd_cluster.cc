@@ -18,6 +18,7 @@
 #include <future>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/flags.h"
@@ -40,6 +41,8 @@ constexpr int64_t kMembersListedMax = 1024;
 constexpr size_t kHealthQueriesParallelMax = 32;
 // A member's /metrics page read at most (hostile input: a member is only as trusted as etcd).
 constexpr uint64_t kMetricsPageBytesMax = 4ull << 20;
+// Suspect peers read from one member's page at most (kvtierd exports at most 64).
+constexpr size_t kSuspectsPerMemberMax = 64;
 
 // What a member's admin front says about it: /readyz and the repair gauges of /metrics.
 struct Health {
@@ -47,6 +50,9 @@ struct Health {
   bool ready = false;    // /readyz answered 200
   std::string error;     // why it could not be asked ("" when it answered)
   double under_replicated = -1, moves = -1, done = -1, active = -1;  // -1: not exported
+  // Peer endpoints this member suspects (kvtier_cluster_peer_suspect_seconds: a call to the
+  // peer timed out and nothing has answered since), at most kSuspectsPerMemberMax.
+  std::vector<std::string> suspects;
   // Share of the current repair scan's work done: done / (done + under + moves); 1 when idle.
   double Progress() const {
     double total = std::max(done, 0.0) + std::max(under_replicated, 0.0) + std::max(moves, 0.0);
@@ -63,6 +69,34 @@ double MetricValue(const std::string& page, const std::string& name) {
   char* end = nullptr;
   double v = std::strtod(begin, &end);
   return end == begin || !(v >= 0) ? -1 : v;
+}
+
+// The peer label of every `kvtier_cluster_peer_suspect_seconds{peer="..."}` sample of a page
+// (label escapes \\, \" and \n undone), at most kSuspectsPerMemberMax; a malformed sample is
+// skipped.
+std::vector<std::string> SuspectPeers(const std::string& page) {
+  static const std::string kNeedle = "\nkvtier_cluster_peer_suspect_seconds{peer=\"";
+  std::vector<std::string> out;
+  for (size_t at = page.find(kNeedle);
+       at != std::string::npos && out.size() < kSuspectsPerMemberMax;
+       at = page.find(kNeedle, at + 1)) {
+    std::string peer;
+    bool closed = false;
+    for (size_t i = at + kNeedle.size(); i < page.size() && page[i] != '\n'; ++i) {
+      if (page[i] == '"') {
+        closed = true;
+        break;
+      }
+      if (page[i] == '\\' && i + 1 < page.size()) {
+        ++i;
+        peer += page[i] == 'n' ? '\n' : page[i];
+      } else {
+        peer += page[i];
+      }
+    }
+    if (closed) out.push_back(std::move(peer));
+  }
+  return out;
 }
 
 Health QueryHealth(const std::string& admin_endpoint, uint64_t timeout_ms) {
@@ -91,6 +125,7 @@ Health QueryHealth(const std::string& admin_endpoint, uint64_t timeout_ms) {
   h.moves = MetricValue(page, "kvtier_cluster_moves_in_progress");
   h.done = MetricValue(page, "kvtier_cluster_repair_done_units");
   h.active = MetricValue(page, "kvtier_cluster_repair_active");
+  h.suspects = SuspectPeers(page);
   return h;
 }
 
@@ -148,7 +183,11 @@ int RunStatus(Args args) {
           "the admin endpoint in its record (GET /readyz: ready, NOT-READY or unreachable) and "
           "its repair state read from its /metrics: UNDER (units it must copy that an owner "
           "still lacks), MOVES (units it holds but no longer owns) and a progress bar of its "
-          "current repair scan. Exit 1 when etcd cannot be read.");
+          "current repair scan. SUSPECTED counts the other members whose last call to this "
+          "member's peer endpoint timed out with no answer since (their "
+          "kvtier_cluster_peer_suspect_seconds): a member that is ready but suspected does not "
+          "answer its peers (a partition between nodes, a hung peer front). Exit 1 when etcd "
+          "cannot be read.");
   std::string etcd, prefix = "/kvtier/";
   uint64_t replicas = 2, timeout_ms = 2000, health_timeout_ms = 500;
   bool json = false, no_health = false;
@@ -221,6 +260,17 @@ int RunStatus(Args args) {
   auto share = [&](const MemberRow& r) {
     return slots == 0 ? 0.0 : static_cast<double>(r.owner_slots) / static_cast<double>(slots);
   };
+  // Other members that suspect r's peer endpoint (-1: no member's page was read).
+  auto suspected_by = [&](const MemberRow& r) {
+    int64_t n = -1;
+    for (const MemberRow& o : rows) {
+      if (&o == &r || !o.decode.ok() || !o.health.error.empty() || !o.health.queried) continue;
+      n = std::max<int64_t>(n, 0);
+      const auto& s = o.health.suspects;
+      if (std::find(s.begin(), s.end(), r.info.peer_endpoint) != s.end()) ++n;
+    }
+    return n;
+  };
 
   if (json) {
     nlohmann::ordered_json j;
@@ -269,6 +319,9 @@ int RunStatus(Args args) {
         health["repair_active"] =
             h.active >= 0 ? nlohmann::ordered_json(h.active > 0) : nlohmann::ordered_json();
         health["repair_progress"] = h.Progress();
+        health["suspects"] = h.suspects;
+        const int64_t by = suspected_by(r);
+        health["suspected_by"] = by >= 0 ? nlohmann::ordered_json(by) : nlohmann::ordered_json();
         m["health"] = std::move(health);
       }
       j["members"].push_back(std::move(m));
@@ -279,9 +332,9 @@ int RunStatus(Args args) {
   }
   std::printf("etcd %s  prefix %s  revision %lld  replicas %llu\n", etcd.c_str(), prefix.c_str(),
               static_cast<long long>(range->revision), static_cast<unsigned long long>(replicas));
-  std::printf("%-20s %-22s %-12s %12s %14s %-8s %9s %7s %-11s %7s %7s %s\n", "NODE", "PEER",
+  std::printf("%-20s %-22s %-12s %12s %14s %-8s %9s %7s %-11s %9s %7s %7s %s\n", "NODE", "PEER",
               "DOMAIN", "DRAM_BYTES", "SSD_BYTES", "DRAINING", "LEASE_S", "SHARE", "HEALTH",
-              "UNDER", "MOVES", "REPAIR");
+              "SUSPECTED", "UNDER", "MOVES", "REPAIR");
   uint64_t total_under = 0, total_moves = 0;
   size_t good = 0;
   for (const MemberRow& r : rows) {
@@ -298,13 +351,15 @@ int RunStatus(Args args) {
     if (h.active > 0) bar += " scanning";
     if (h.under_replicated > 0) total_under += static_cast<uint64_t>(h.under_replicated);
     if (h.moves > 0) total_moves += static_cast<uint64_t>(h.moves);
-    std::printf("%-20s %-22s %-12s %12llu %14llu %-8s %9s %7.4f %-11s %7s %7s %s\n",
+    const int64_t by = no_health ? -1 : suspected_by(r);
+    const std::string suspected = by >= 0 ? std::to_string(by) : "-";
+    std::printf("%-20s %-22s %-12s %12llu %14llu %-8s %9s %7.4f %-11s %9s %7s %7s %s\n",
                 r.info.node_id.c_str(), r.info.peer_endpoint.c_str(),
                 r.info.failure_domain.empty() ? "-" : r.info.failure_domain.c_str(),
                 static_cast<unsigned long long>(r.info.dram_bytes),
                 static_cast<unsigned long long>(r.info.ssd_bytes), r.info.draining ? "yes" : "no",
-                ttl.c_str(), share(r), health.c_str(), count(h.under_replicated).c_str(),
-                count(h.moves).c_str(), bar.c_str());
+                ttl.c_str(), share(r), health.c_str(), suspected.c_str(),
+                count(h.under_replicated).c_str(), count(h.moves).c_str(), bar.c_str());
   }
   if (truncated) {
     std::printf("more than %lld records: the first %lld (in key order) shown\n",

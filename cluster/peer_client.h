@@ -85,6 +85,10 @@ class PeerClient {
   Status DropOlder(const std::string& endpoint, std::span<const PeerKey> keys);
 
   PeerHealthStats health_stats() const { return health_->stats(); }
+  // Endpoints whose calls fail at once now, and ms since their call timed out (PeerHealth).
+  std::vector<std::pair<std::string, uint64_t>> suspects(size_t max_endpoints) const {
+    return health_->Suspects(max_endpoints);
+  }
 
  private:
   struct Conn;

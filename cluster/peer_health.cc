@@ -1,5 +1,6 @@
 #include "cluster/peer_health.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace kvtier::cluster {
@@ -108,6 +109,19 @@ void PeerHealth::ProbeLoop(const std::string& endpoint, uint64_t generation) {
     cv_.wait_for(lock, std::chrono::milliseconds(options_.probe_interval_ms),
                  [&] { return stop_ || !CurrentLocked(endpoint, generation); });
   }
+}
+
+std::vector<std::pair<std::string, uint64_t>> PeerHealth::Suspects(size_t max_endpoints) const {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  if (suspect_count_.load(std::memory_order_acquire) == 0) return out;
+  const uint64_t now = NowMs();
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [endpoint, s] : suspects_) out.emplace_back(endpoint, now - s.since_ms);
+  }
+  std::sort(out.begin(), out.end());
+  if (out.size() > max_endpoints) out.resize(max_endpoints);
+  return out;
 }
 
 PeerHealthStats PeerHealth::stats() const {

@@ -37,6 +37,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace kvtier::cluster {
@@ -81,6 +82,9 @@ class PeerHealth {
 
   bool enabled() const { return options_.probe_interval_ms > 0; }
   PeerHealthStats stats() const;
+  // The endpoints suspect now, in endpoint order, with how long ago each call timed out (ms);
+  // at most max_endpoints of them.
+  std::vector<std::pair<std::string, uint64_t>> Suspects(size_t max_endpoints) const;
 
  private:
   struct Suspect {

@@ -3,6 +3,8 @@
 // listed in text and JSON; ownership shares sum to 1 and follow the capacity weights; etcd down
 // or bad flags give a clear error and a non-zero exit. Also: a cluster node's live /metrics
 // passes `promtool check metrics`.
+#include <signal.h>
+
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -159,6 +161,70 @@ TEST_F(ClusterStatusTest, AdminV1ClusterShowsTheViewAndEveryClusterSeries) {
   std::string bad = kt::HttpRequest(nodes_[1]->http_port(), "GET", "/v1/cluster", "",
                                     "Authorization: Bearer nope\r\n");
   EXPECT_NE(bad.find(" 401 "), std::string::npos) << bad;
+}
+
+// A member that stops answering its peers while it keeps its place in etcd (SIGSTOP within a
+// 30 s lease): the node that called it suspects it, exports the peer by name
+// (kvtier_cluster_peer_suspect_seconds{peer}), and `kvtier cluster status` counts it under
+// SUSPECTED on the stopped member's row (text and JSON).
+class ClusterStatusSuspectTest : public ClusterStatusTest {
+ protected:
+  uint32_t LeaseTtlS() const override { return 30; }
+};
+
+TEST_F(ClusterStatusSuspectTest, AMemberItsPeersCannotReachIsCountedAsSuspected) {
+  const std::string n2_peer = "127.0.0.1:" + std::to_string(peer_ports_[2]);
+  std::string out;
+  // Node i's HEALTH and SUSPECTED columns (the 9th and 10th) of the text in `out`.
+  auto columns = [&](int i) {
+    size_t at = out.find("\nn" + std::to_string(i) + " ");
+    if (at == std::string::npos) return std::string("no row");
+    std::istringstream line(out.substr(at + 1, out.find('\n', at + 1) - at - 1));
+    std::vector<std::string> words;
+    for (std::string w; line >> w;) words.push_back(w);
+    return words.size() < 10 ? std::string("short row") : words[8] + " " + words[9];
+  };
+  ASSERT_EQ(Kvtier("cluster status " + EtcdFlag(), &out), 0) << out;
+  ASSERT_NE(out.find("SUSPECTED"), std::string::npos) << out;
+  for (int i = 0; i < kNodes; ++i) EXPECT_EQ(columns(i), "ready 0") << out;
+
+  nodes_[2]->Signal(SIGSTOP);
+  // A session through n0: the units n2 owns are sent to it, and the first call times out
+  // (those PUTs fail: every owner must acknowledge).
+  auto writer = Connect(0, "tok-alice");
+  ASSERT_NE(writer, nullptr);
+  std::vector<uint8_t> value(1000, 'v');
+  std::vector<PutUnit> units;
+  for (const Key& k : Chain("suspect")) units.push_back(PutUnit{.key = k, .value = value});
+  ASSERT_TRUE(writer->Put(units, {}).ok());
+  const std::string page = Metrics(0);
+  EXPECT_EQ(Metric(page, "kvtier_cluster_peer_suspects"), 1) << page;
+  EXPECT_NE(page.find("\nkvtier_cluster_peer_suspect_seconds{peer=\"" + n2_peer + "\"} "),
+            std::string::npos)
+      << page;
+  if (kt::RunShell("command -v promtool") == 0) {  // the labelled series is well formed
+    const std::string path = (dir_ / "metrics.txt").string();
+    std::ofstream(path) << page.substr(page.find("\r\n\r\n") + 4);
+    EXPECT_EQ(kt::RunShell("promtool check metrics < " + path, &out), 0) << out;
+  }
+
+  ASSERT_EQ(Kvtier("cluster status " + EtcdFlag(), &out), 0) << out;
+  // n2's admin front is stopped too (unreachable); n0 suspects it (n1 may too, if a repair
+  // scan of its own called n2 meanwhile); n0 and n1 answer their peers.
+  const std::string n2_columns = columns(2);
+  EXPECT_TRUE(n2_columns == "unreachable 1" || n2_columns == "unreachable 2") << out;
+  EXPECT_EQ(columns(0), "ready 0") << out;
+  EXPECT_EQ(columns(1), "ready 0") << out;
+  ASSERT_EQ(Kvtier("cluster status --json " + EtcdFlag(), &out), 0) << out;
+  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  ASSERT_EQ(j["members"].size(), static_cast<size_t>(kNodes)) << out;
+  EXPECT_EQ(j["members"][0]["health"]["suspects"], nlohmann::json::array({n2_peer})) << out;
+  const int n1_suspects_n2 = j["members"][1]["health"]["suspects"].size() == 1 ? 1 : 0;
+  EXPECT_EQ(j["members"][2]["health"]["suspected_by"], 1 + n1_suspects_n2) << out;
+  EXPECT_EQ(j["members"][0]["health"]["suspected_by"], 0) << out;
+  EXPECT_EQ(j["members"][1]["health"]["suspected_by"], 0) << out;
+  nodes_[2]->Signal(SIGCONT);
 }
 
 }  // namespace

@@ -150,6 +150,13 @@ TEST(PeerHealthTest, SuspectsAreBoundedAndOffMeansNoSuspicion) {
     EXPECT_TRUE(health.Admit("c:1"));
     EXPECT_EQ(health.stats().not_suspected, 1u);
     EXPECT_EQ(health.stats().suspects, 2u);
+    auto listed = health.Suspects(8);  // in endpoint order, with their ages
+    ASSERT_EQ(listed.size(), 2u);
+    EXPECT_EQ(listed[0].first, "a:1");
+    EXPECT_EQ(listed[1].first, "b:1");
+    EXPECT_LT(listed[0].second, 10000u);
+    ASSERT_EQ(health.Suspects(1).size(), 1u);
+    EXPECT_EQ(health.Suspects(1)[0].first, "a:1");
   }  // joins its probers, which wait out their interval no longer
   PeerHealth off(PeerHealthOptions{.probe_interval_ms = 0}, probe.Fn());
   off.TimedOut("a:1");

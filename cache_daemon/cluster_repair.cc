@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <map>
 
 #include "common/logging.h"
@@ -143,6 +144,8 @@ bool ClusterRepair::Scan() {
       active_.store(false);
       return true;
     }
+    // Before the listing: a unit's TTL left, counted from here, ends no later than the unit.
+    const uint64_t listed_ms = NowUs() / 1000;
     store_->ListUnits(&cursor, options_.page_units, &page);
     std::erase_if(page,
                   [&](const storage::UnitInfo& u) { return !Repairable(u) || IsCopy(u.key); });
@@ -211,16 +214,30 @@ bool ClusterRepair::Scan() {
         put.highest_tier = static_cast<uint8_t>(storage::Tier::kDram);
         put.allow_ssd = u.allow_ssd ? 1 : 0;
         put.recompute_tokens = u.recompute_tokens;
-        put.ttl_ms = u.ttl_left_ms;
         put.tenant = tenant->name;
         put.key = u.key;
         put.parent = u.parent;
         put.value = value;
         put.repair = true;
         std::vector<size_t> copied_to;
-        for (size_t j = 0; j < owners[i].size(); ++j) {
+        bool expired = false;
+        for (size_t j = 0; j < owners[i].size() && !expired; ++j) {
           if (held[i][j] == 1 || unreachable[owners[i][j]]) continue;
           if (!Pace(value.size())) return true;
+          // The TTL the unit has left now, not when it was listed: the copy is stored on
+          // arrival, and a copy carrying the listed TTL outlived its unit by the wait for the
+          // pace and the copies before it (seconds; ClusterRepairPacedTest). It outlives
+          // it by its transit at most. A unit that expired meanwhile is not copied: its
+          // owners hold nothing to restore.
+          if (u.ttl_left_ms != 0) {
+            const uint64_t ends_ms = u.ttl_left_ms > UINT64_MAX - listed_ms
+                                         ? UINT64_MAX  // never (a TTL past the clock's range)
+                                         : listed_ms + u.ttl_left_ms;
+            const uint64_t now_ms = NowUs() / 1000;
+            expired = now_ms >= ends_ms;
+            if (expired) break;
+            put.ttl_ms = ends_ms - now_ms;
+          }
           // The owner stores the copy only if it holds no unit of the key: a newer PUT that
           // reached it since its LOOKUP (after our read) stays, and it reports the unit held.
           bool kept = false;
@@ -248,6 +265,11 @@ bool ClusterRepair::Scan() {
                                  std::span<const cluster::PeerKey>(&u.key, 1));
           }
           under_.fetch_sub(1);
+          continue;
+        }
+        if (expired) {  // nothing left to restore or hand over (a copy made first expires too)
+          under_.fetch_sub(1);
+          if (!mine && moves_.load() > 0) moves_.fetch_sub(1);
           continue;
         }
         if (std::all_of(held[i].begin(), held[i].end(), [](int8_t h) { return h == 1; })) {

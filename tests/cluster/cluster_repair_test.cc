@@ -10,7 +10,9 @@
 //   - repair reads of SSD units do not promote them into the senders' DRAM;
 //   - a replica whose copy fails its checksum is rewritten from another owner;
 //   - a GET copy on a node that becomes the unit's owner is replaced by a replica, and is
-//     never counted as one (a drained node does not drop its replica for it).
+//     never counted as one (a drained node does not drop its replica for it);
+//   - a repair copy paced to leave seconds after the scan listed its unit never outlives the
+//     unit's TTL.
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
@@ -398,6 +400,74 @@ TEST_F(ClusterRepairCopiesTest, AGetCopyOnANewOwnerDoesNotStandInForAReplica) {
   auto c1 = Connect(1, "tok-alice");
   ASSERT_NE(c1, nullptr);
   ExpectWholeSession(c1.get(), "copyowner", want, 1);
+}
+
+// Repair copies paced to one 4 KiB unit per second per sender: a hand-over of a dozen units
+// takes seconds.
+class ClusterRepairPacedTest : public ClusterRepairTest {
+ protected:
+  static constexpr size_t kPacedUnitBytes = 4096;
+  std::string ExtraClusterConfig(int /*i*/) override {
+    return "repair_bytes_per_s = " + std::to_string(kPacedUnitBytes) + "\n";
+  }
+};
+
+// A repair copy never outlives its unit. 24 units with a TTL of 4 s are put, and n3 joins at
+// once: its share (about half the units) is copied to it paced, one unit per second per
+// sender, so the last copies leave seconds after the scan listed them, some after the units
+// expired. From the TTL on (plus 300 ms for the clocks' granularity and a copy's transit) no
+// node's own store may hold any of them. A copy used to carry the TTL its unit had left when
+// the scan listed it, not when it was sent: each copy outlived its unit by its wait for the
+// pace (n3 held units for seconds past their TTL).
+TEST_F(ClusterRepairPacedTest, ARepairCopyNeverOutlivesItsUnit) {
+  constexpr uint64_t kTtlMs = 4000;
+  constexpr int kPacedUnits = 24;
+  auto c = Connect(0, "tok-alice");
+  ASSERT_NE(c, nullptr);
+  std::vector<Key> chain;
+  std::vector<std::vector<uint8_t>> values(kPacedUnits);
+  std::vector<PutUnit> units(kPacedUnits);
+  for (int i = 0; i < kPacedUnits; ++i) {
+    chain.push_back(ChainKey("ttl", i));
+    values[i].assign(kPacedUnitBytes, static_cast<uint8_t>(i));
+    units[i].key = chain[i];
+    units[i].value = values[i];
+  }
+  const auto put_sent = std::chrono::steady_clock::now();
+  auto st = c->Put(units, daemon::PutOptions{.ttl_ms = kTtlMs});
+  ASSERT_TRUE(st.ok()) << st.status().message();
+  for (const auto& s : *st) ASSERT_TRUE(s.ok()) << s.message();
+  const auto expired = put_sent + std::chrono::milliseconds(kTtlMs + 300);
+  const auto keys = StorageKeys(chain);
+
+  nodes_.push_back(std::make_unique<kt::KvtierdProcess>(dir_ / "n3"));
+  peer_ports_.push_back(kt::FreePort());
+  ASSERT_TRUE(StartNode(3)) << nodes_[3]->Log();
+  ASSERT_LT(std::chrono::steady_clock::now(), put_sent + std::chrono::milliseconds(kTtlMs / 2))
+      << "n3 started too late for the test to mean anything (a loaded machine?)";
+  // Every node's store, until every scan is settled and at least 4 s past the TTL.
+  std::this_thread::sleep_until(expired);
+  int held_after_ttl = 0;
+  for (int round = 0; round < 40; ++round) {
+    for (const auto& [n, h] : Held(keys, {0, 1, 2, 3})) {
+      for (size_t k = 0; k < keys.size(); ++k) {
+        if (h[k]) {
+          ++held_after_ttl;
+          ADD_FAILURE() << "n" << n << " holds unit " << k << " "
+                        << std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::steady_clock::now() - put_sent)
+                               .count()
+                        << " ms after its PUT was sent, its TTL " << kTtlMs << " ms";
+        }
+      }
+    }
+    if (held_after_ttl > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GT(Metric(Metrics(0), "kvtier_cluster_members"), 3) << "n3 never joined";
+  double copied = 0;
+  for (int n = 0; n < 4; ++n) copied += Metric(Metrics(n), "kvtier_cluster_repair_units_total");
+  EXPECT_GT(copied, 0) << "no unit copied to n3 before its TTL: the test checked nothing";
 }
 
 }  // namespace

@@ -87,6 +87,14 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
       r->NoteUnownedWrite();
     }
     ClusterCopies* c = copies();
+    // Checked again once the unit is here: a view change since the check above may have taken
+    // the key from this node after a repair scan under the new view listed the store (and
+    // found no unit it does not own), as for a client's PUT (Service::Put).
+    auto note_unowned = [&] {
+      if (cluster::Router* r = router(); r != nullptr && !r->OwnsLocally(put.key)) {
+        r->NoteUnownedWrite();
+      }
+    };
     if (!put.repair) {
       // A client's write through another node: replaces what is here, an owner's unit now. Not
       // a copy before the put (a repair copy meanwhile then never takes this write for a GET
@@ -94,6 +102,7 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
       if (c != nullptr) c->Forget(put.key);
       Status s = store_->Put(put.key, put.value, po);
       if (c != nullptr) c->Forget(put.key);
+      note_unowned();
       return s;
     }
     // A repair copy: the sender read its unit before this call, and a client PUT of a newer
@@ -104,6 +113,7 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
     po.if_absent = true;
     po.held = held;
     Status s = store_->Put(put.key, put.value, po);
+    note_unowned();
     if (*held) {
       superseded_.fetch_add(1);
       return Status::Ok();

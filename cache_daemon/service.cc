@@ -235,6 +235,12 @@ std::vector<StatusCode> Service::Put(const Tenant& t, const wire::PutRequest& ar
         if (copies_ != nullptr) copies_->Forget(k);
         local = store_->Put(k, it.value, po);
         if (copies_ != nullptr) copies_->Forget(k);
+        // A view change since OwnsLocally may have taken the key from this node, and a repair
+        // scan under the new view that listed the store before this write landed may have
+        // reported no unit here that it does not own: this one would then stay unnoticed (a
+        // newer PUT through here would not delete it, a GET here would serve it without asking
+        // its owners). Checked after the write: a scan that starts later lists it.
+        if (!router_->OwnsLocally(k)) router_->NoteUnownedWrite();
       }
       cluster::PeerPut put;
       put.kind = args.kind;

@@ -3,15 +3,18 @@
 //
 // Client threads write (PUT, DELETE) keys of their own, so that the full history of every key
 // is known, and read (GET) the keys of every writer of their tenant, each call through a
-// random node. The two tenants' writers use the same chain keys: a read that crosses tenants
-// decodes as the other tenant's value. Every value is self-describing (tenant, writer, key,
-// version, length, checksum) and rebuilt bit for bit by the judge, so a read is attributed to
-// exactly one PUT ever sent. Meanwhile a nemesis, one fault at a time, kills a node (kill -9)
-// and restarts it on its data directory after its lease ran out or within it, stops one
-// (SIGSTOP) past its lease and continues it, stops one gracefully (it leaves) and starts it
-// again, and starts a fourth node (a join); after each fault it waits until every node agrees
-// on the members and its repair is settled. At the end every key is read and looked up
-// through every node.
+// random node. One PUT in four has a TTL of 0.3 to 3 s (the peer protocol carries it: owners,
+// repair copies and GET copies must all let the unit go with it), and a thread of its own
+// deletes a random tenant's every unit (the native client's DeleteAll: the router's fan-out
+// to every live member and the tombstone log) through a random node every 4 to 9 s. The two
+// tenants' writers use the same chain keys: a read that crosses tenants decodes as the other
+// tenant's value. Every value is self-describing (tenant, writer, key, version, length, checksum)
+// and rebuilt bit for bit by the judge, so a read is attributed to exactly one PUT ever sent.
+// Meanwhile a nemesis, one fault at a time, kills a node (kill -9) and restarts it on its data
+// directory after its lease ran out or within it, stops one (SIGSTOP) past its lease and continues
+// it, stops one gracefully (it leaves) and starts it again, and starts a fourth node (a join);
+// after each fault it waits until every node agrees on the members and its repair is settled. At
+// the end every key is read and looked up through every node.
 //
 // Clients also LOOKUP chains of their tenant's keys through random nodes, each followed by a
 // GET of the same chain through the same node, and every LOOKUP's hit count is judged too
@@ -25,7 +28,11 @@
 //
 // The judge's rules (docs/CLUSTER.md) are listed where they are applied, in Judge below.
 // Every op is stamped with a global tick taken before it is sent and after its reply arrived;
-// the nemesis stamps its events with the same ticks. No rule depends on wall-clock time.
+// the nemesis and the tenant deleter stamp their events with the same ticks. Only the TTL
+// rules depend on time: the steady clock (the one the daemons' stores expire units by) read
+// before the send and after the reply, with a margin (kTtlMarginMs): a unit is never served
+// once its TTL from its PUT's reply has run out, and a miss is a loss only while its TTL from
+// its PUT's send can not have run out.
 //
 // Default run (label e2e): a few faults. KVTIER_CLUSTER_JUDGE_SLOW (label slow): many.
 // KVTIER_JUDGE_SEED=<n> in the environment runs another seed; a failure prints its seed, the
@@ -73,6 +80,29 @@ constexpr int kLookupKeysMax = 5;  // a LOOKUP's chain: 1..5 consecutive keys of
 // overwritten meanwhile: only the lease rule ("Copies", rule 4) keeps it from serving them.
 constexpr uint64_t kCopyBytesSmallMax = 65536, kCopyBytesLargeMax = 4194304;
 constexpr uint64_t kCopyTtlShortMs = 1000, kCopyTtlLongMs = 600000;
+// TTL units: one PUT in kTtlPutsOneIn has a TTL of kTtlMinMs..kTtlMaxMs (the hot keys are
+// mostly overwritten first, the others expire between their writes, and their GET copies,
+// 600 s on n1..n3, must go with them: "Copies", rule 5).
+constexpr int kTtlPutsOneIn = 4;
+constexpr uint64_t kTtlMinMs = 300, kTtlMaxMs = 3000;
+// The TTL rules are the judge's only rules in time: a unit's TTL runs on its owner's store
+// clock, the steady clock (CLOCK_MONOTONIC) this test reads too. Its owners write it between
+// the PUT's send and its reply, so it expires between send_ms + ttl and ack_ms + ttl. The
+// margin covers the rest, all of it small: both clocks read in whole milliseconds (1 ms each
+// side), a unit recovered from SSD after a restart keeps its expiry in wall-clock ms and
+// converts it back (two clock readings), and a repair copy carries the TTL its unit has left
+// when it is sent and is stored on arrival, so it outlives the unit by its transit
+// (docs/CLUSTER.md, "Repair": a loopback peer call, milliseconds even on a loaded VM).
+constexpr int64_t kTtlMarginMs = 50;
+// Tenant deletes (the native client's delete of every unit of its tenant, through a random
+// node): a thread of their own, one every kTenantDeleteGapMinMs..MaxMs, of a random tenant.
+// Rare: each wipes a tenant's whole state, and a node refuses repair copies and GET copies of
+// a tenant it deleted in the last 10 s ("Deletes and repair", rule 1; "Copies", rule 3).
+#ifdef KVTIER_CLUSTER_JUDGE_SLOW
+constexpr int kTenantDeleteGapMinMs = 3000, kTenantDeleteGapMaxMs = 9000;
+#else
+constexpr int kTenantDeleteGapMinMs = 4000, kTenantDeleteGapMaxMs = 9000;
+#endif
 
 const char* const kTokens[2] = {"tok-alice", "tok-bob"};
 
@@ -84,6 +114,12 @@ uint64_t Seed() {
 // The global clock of the judge: strictly increasing, shared by clients and the nemesis.
 std::atomic<uint64_t> g_tick{0};
 uint64_t Tick() { return g_tick.fetch_add(1) + 1; }
+// The steady clock in ms, for the TTL rules only (kTtlMarginMs).
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 Key WriterKey(int writer, int k) { return ChainKey("judge-w" + std::to_string(writer / 2), k); }
 
@@ -139,7 +175,9 @@ std::optional<ValueId> DecodeValue(std::span<const uint8_t> bytes) {
 struct WriteOp {
   bool put = false;
   uint32_t length_bytes = 0;
-  uint64_t send = 0, ack = 0;  // ticks before sending, after the reply
+  uint64_t ttl_ms = 0;              // a PUT's TTL (0: none)
+  uint64_t send = 0, ack = 0;       // ticks before sending, after the reply
+  int64_t send_ms = 0, ack_ms = 0;  // steady ms before sending, after the reply (TTL rules)
   bool acked = false;
   int node = 0;
   std::string error;
@@ -148,6 +186,7 @@ struct WriteOp {
 struct ReadOp {
   int writer = 0, key = 0;  // whose key (the reader's tenant is the writer's)
   uint64_t send = 0, ack = 0;
+  int64_t send_ms = 0, ack_ms = 0;
   int node = 0;
   enum Result { kHit, kMiss, kError } result = kMiss;
   std::optional<ValueId> value;  // a hit that decodes; nullopt for a hit that does not
@@ -162,12 +201,23 @@ struct LookupOp {
   int writer = 0, first_key = 0, count = 0;
   uint64_t send = 0, ack = 0;  // the LOOKUP's
   uint64_t get_ack = 0;        // the GET's reply (0: no GET followed)
+  int64_t send_ms = 0, ack_ms = 0, get_ack_ms = 0;
   int node = 0;
   bool ok = false;
   size_t hit_count = 0;
   std::string error;
   std::vector<ReadOp::Result> get;  // the GET's result of each key of the chain
   bool final_read = false;
+};
+
+// A delete of every unit of a tenant (Client::DeleteAll) through a node.
+struct TenantDeleteOp {
+  int tenant = 0;
+  uint64_t send = 0, ack = 0;
+  int64_t send_ms = 0;
+  bool acked = false;
+  int node = 0;
+  std::string error;
 };
 
 // Ticks [from, to] (to = UINT64_MAX while open) for a node (-1: every node).
@@ -274,21 +324,23 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
         if (op.put) {
           op.length_bytes =
               kValueBytesMin + static_cast<uint32_t>(rng() % (kValueBytesMax - kValueBytesMin));
+          if (rng() % kTtlPutsOneIn == 0) op.ttl_ms = kTtlMinMs + rng() % (kTtlMaxMs - kTtlMinMs);
           value = BuildValue(ValueId{.tenant = static_cast<uint32_t>(tenant) + 1,
                                      .writer = static_cast<uint32_t>(w),
                                      .key = static_cast<uint32_t>(k),
                                      .version = h.size(),
                                      .length_bytes = op.length_bytes});
         }
-        op.send = Tick();
         Client* c = client(n);
+        op.send = Tick();
+        op.send_ms = SteadyMs();
         if (c == nullptr) {
           op.error = "connect failed";
         } else if (op.put) {
           PutUnit u;
           u.key = key;
           u.value = value;
-          auto st = c->Put(std::span<const PutUnit>(&u, 1), {});
+          auto st = c->Put(std::span<const PutUnit>(&u, 1), {.ttl_ms = op.ttl_ms});
           if (!st.ok()) {
             op.error = st.status().ToString();
           } else if (!(*st)[0].ok()) {
@@ -304,6 +356,7 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
             op.error = st.status().ToString();
           }
         }
+        op.ack_ms = SteadyMs();
         op.ack = Tick();
         if (!op.acked && op.error.find("io_error") != std::string::npos) clients[n].reset();
         h.push_back(std::move(op));
@@ -344,6 +397,58 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
     }
   }
 
+  // The tenant deleter: until stop, every kTenantDeleteGapMinMs..MaxMs, deletes every unit of
+  // a random tenant through a random node (not one the nemesis stopped, as the clients do).
+  void TenantDeleterLoop(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::unique_ptr<Client> clients[2][kNodesMax];
+    int epochs[kNodesMax] = {};
+    while (!stop_.load()) {
+      const auto until =
+          std::chrono::steady_clock::now() +
+          std::chrono::milliseconds(kTenantDeleteGapMinMs +
+                                    rng() % (kTenantDeleteGapMaxMs - kTenantDeleteGapMinMs));
+      while (!stop_.load() && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      if (stop_.load()) return;
+      TenantDeleteOp d;
+      d.tenant = static_cast<int>(rng() % 2);
+      int n = static_cast<int>(rng() % static_cast<uint64_t>(live_nodes_.load()));
+      if (paused_[n].load()) n = (n + 1) % live_nodes_.load();
+      d.node = n;
+      const int epoch = node_epoch_[n].load();
+      if (epochs[n] != epoch) {
+        clients[0][n].reset();
+        clients[1][n].reset();
+      }
+      epochs[n] = epoch;
+      auto& c = clients[d.tenant][n];
+      if (c == nullptr) {
+        auto made = Client::Connect(ClientOptions{.socket_path = nodes_[n]->socket(),
+                                                  .token = kTokens[d.tenant],
+                                                  .shm_bytes = 0,
+                                                  .timeout_ms = 60000});
+        if (made.ok()) c = std::move(*made);
+      }
+      d.send = Tick();
+      d.send_ms = SteadyMs();
+      if (c == nullptr) {
+        d.error = "connect failed";
+      } else if (Status st = c->DeleteAll(); st.ok()) {
+        d.acked = true;
+      } else {
+        d.error = st.ToString();
+        c.reset();
+      }
+      d.ack = Tick();
+      Event("tenant delete of tenant " + std::to_string(d.tenant) + " via n" + std::to_string(n) +
+            " ticks " + std::to_string(d.send) + ".." + std::to_string(d.ack) +
+            (d.acked ? " acked" : " FAILED " + d.error));
+      tenant_deletes_.push_back(std::move(d));
+    }
+  }
+
   // LOOKUPs l's chain through c (null: not connected), then, if that answered and reads is
   // not null, GETs it through c; fills in l and appends the GET's ops to reads.
   static void LookupThenGet(Client* c, LookupOp* l, std::vector<ReadOp>* reads) {
@@ -355,6 +460,7 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
           ReadOp{.writer = l->writer, .key = k, .node = l->node, .final_read = l->final_read});
     }
     l->send = Tick();
+    l->send_ms = SteadyMs();
     if (c == nullptr) {
       l->error = "connect failed";
     } else {
@@ -366,10 +472,12 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
         l->error = hit.status().ToString();
       }
     }
+    l->ack_ms = SteadyMs();
     l->ack = Tick();
     if (!l->ok || reads == nullptr) return;
     ReadBatch(c, keys, &batch);
     l->get_ack = batch.front().ack;
+    l->get_ack_ms = batch.front().ack_ms;
     for (const ReadOp& r : batch) {
       l->get.push_back(r.result);
       if (r.result == ReadOp::kError && l->error.empty()) l->error = r.error;
@@ -380,6 +488,7 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
   // GETs `keys` through c (null: not connected) and fills in each op's result and ticks.
   static void ReadBatch(Client* c, const std::vector<Key>& keys, std::vector<ReadOp>* batch) {
     const uint64_t send = Tick();
+    const int64_t send_ms = SteadyMs();
     Status st = Status::IOError("connect failed");
     if (c != nullptr) {
       st = c->Get(keys, [&](size_t i, const daemon::GetItem& g) {
@@ -395,10 +504,13 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
         }
       });
     }
+    const int64_t ack_ms = SteadyMs();
     const uint64_t ack = Tick();
     for (auto& r : *batch) {
       r.send = send;
       r.ack = ack;
+      r.send_ms = send_ms;
+      r.ack_ms = ack_ms;
       if (!st.ok()) {
         r.result = ReadOp::kError;
         r.error = st.ToString();
@@ -412,10 +524,23 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
     const auto& h = writers_[w].history[k];
     size_t end = 0;
     while (end < h.size() && h[end].send < until) ++end;
-    for (size_t v = end > kHistoryShownMax ? end - kHistoryShownMax : 0; v < end; ++v) {
+    const size_t begin = end > kHistoryShownMax ? end - kHistoryShownMax : 0;
+    for (size_t v = begin; v < end; ++v) {
       const WriteOp& op = h[v];
       out << "    v" << v << " " << (op.put ? "PUT" : "DELETE") << " via n" << op.node << " ticks "
-          << op.send << ".." << op.ack << (op.acked ? " acked" : " FAILED " + op.error) << "\n";
+          << op.send << ".." << op.ack;
+      if (op.ttl_ms != 0) {
+        out << " ttl " << op.ttl_ms << " ms (sent at " << op.send_ms - t0_ms_ << " ms, reply at "
+            << op.ack_ms - t0_ms_ << " ms)";
+      }
+      out << (op.acked ? " acked" : " FAILED " + op.error) << "\n";
+    }
+    // The tenant deletes of its tenant sent from the first write shown on.
+    const uint64_t from = begin < end ? h[begin].send : 0;
+    for (const TenantDeleteOp& d : tenant_deletes_) {
+      if (d.tenant != w % 2 || d.send < from || d.send >= until) continue;
+      out << "    TENANT DELETE via n" << d.node << " ticks " << d.send << ".." << d.ack
+          << (d.acked ? " acked" : " FAILED " + d.error) << "\n";
     }
     return out.str();
   }
@@ -473,6 +598,53 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
     return false;
   }
 
+  // Tenant deletes ("Guaranteed (tested)": "A DELETE or tenant DELETE through any node removes
+  // the units from every live node"; Router: applied locally, sent to every live member, then
+  // recorded in the tombstone log; "Copies", rule 1: every path drops the tenant's copies).
+  // A tenant delete surely removed PUT p when p was acknowledged before the delete was sent;
+  // a PUT in flight meanwhile may land before or after it. Why a read sent at tick `send`
+  // may not see p ("" when it may): a tenant delete acknowledged before it was sent surely
+  // removed p. A tenant delete sent while a node (re)joined does not count, as a write then
+  // does not raise the floor (Floor): a fan-out by a view that has not seen the newcomer
+  // misses it, which applies the tombstone only at its next catch-up.
+  std::string WipedBefore(int tenant, const WriteOp& p, uint64_t send) const {
+    for (const TenantDeleteOp& d : tenant_deletes_) {
+      if (d.tenant != tenant || !d.acked || d.ack >= send || !p.acked || p.ack >= d.send) {
+        continue;
+      }
+      bool weak = false;
+      for (const Window& w : joins_) weak = weak || w.Overlaps(d.send, d.ack);
+      if (weak) continue;
+      return "removed by the tenant delete of ticks " + std::to_string(d.send) + ".." +
+             std::to_string(d.ack);
+    }
+    return "";
+  }
+  // Whether a tenant delete may have removed PUT f before tick `ack`: sent before it and not
+  // acknowledged before f was sent (a delete that failed may have reached any node, when).
+  bool TenantDeleteAfter(int tenant, const WriteOp& f, uint64_t ack) const {
+    for (const TenantDeleteOp& d : tenant_deletes_) {
+      if (d.tenant == tenant && d.send < ack && (!d.acked || d.ack > f.send)) return true;
+    }
+    return false;
+  }
+  // Whether a tenant delete was in flight at some point of ticks (from, to).
+  bool TenantDeleteDuring(int tenant, uint64_t from, uint64_t to) const {
+    for (const TenantDeleteOp& d : tenant_deletes_) {
+      if (d.tenant == tenant && d.send < to && (!d.acked || d.ack > from)) return true;
+    }
+    return false;
+  }
+  // TTL units (kTtlMarginMs): p surely expired on every node by steady ms `at` (its owners
+  // wrote it before p.ack_ms; a copy of it never outlives it: "Copies", rule 5; a repair copy
+  // carries the TTL left), or may have expired somewhere by then (written after p.send_ms).
+  static bool SurelyExpired(const WriteOp& p, int64_t at) {
+    return p.ttl_ms != 0 && at > p.ack_ms + static_cast<int64_t>(p.ttl_ms) + kTtlMarginMs;
+  }
+  static bool MayHaveExpired(const WriteOp& p, int64_t at) {
+    return p.ttl_ms != 0 && at + kTtlMarginMs >= p.send_ms + static_cast<int64_t>(p.ttl_ms);
+  }
+
   // Returns the reason `r` breaks a rule, or "" when the docs allow it.
   std::string Judge(const ReadOp& r) const {
     const auto& h = writers_[r.writer].history[r.key];
@@ -492,9 +664,11 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
       // A cache may miss, except what "Guaranteed (tested)" promises: with one node down at
       // a time and R restored after each fault, every acknowledged unit is read through every
       // node (kill -9 under writes, R = 2, write_acks = 0, sync; a stopped node "still serves
-      // the rest"). Judged only while the cluster is settled.
+      // the rest"). Judged only while the cluster is settled. Not a unit a tenant delete may
+      // have removed before the reply, nor one whose TTL may have run out by then.
       if (settled && !recovering && floor >= 0 && h[static_cast<size_t>(floor)].put &&
-          !later_writes) {
+          !later_writes && !TenantDeleteAfter(tenant, h[static_cast<size_t>(floor)], r.ack) &&
+          !MayHaveExpired(h[static_cast<size_t>(floor)], r.ack_ms)) {
         return "miss of v" + std::to_string(floor) + ", acknowledged before the GET was sent";
       }
       return "";
@@ -512,6 +686,15 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
         h[id.version].length_bytes != id.length_bytes || h[id.version].send > r.ack) {
       return "a hit with v" + std::to_string(id.version) + ", never put before the reply";
     }
+    // A TTL unit is served only while its TTL can not have run out (kTtlMarginMs), wherever it
+    // is held (its owners, a repair copy, a GET copy: "Copies", rule 5), and a recovering node
+    // is no exception: expiry is each store's own.
+    if (const WriteOp& p = h[id.version]; SurelyExpired(p, r.send_ms)) {
+      return "a hit with v" + std::to_string(id.version) + ", whose TTL of " +
+             std::to_string(p.ttl_ms) + " ms ran out " +
+             std::to_string(r.send_ms - p.ack_ms - static_cast<int64_t>(p.ttl_ms)) +
+             " ms before the GET was sent (at " + std::to_string(r.send_ms - t0_ms_) + " ms)";
+    }
     if (recovering) return "";
     // Not older than the floor ("Versions": an older value never replaces or is served after a
     // newer acknowledged PUT), and nothing after an acknowledged DELETE ("a DELETE ... removes
@@ -523,6 +706,10 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
     }
     if (floor >= 0 && static_cast<int>(id.version) == floor && !h[id.version].put) {
       return "impossible";  // a DELETE has no value
+    }
+    // Nothing a tenant delete acknowledged before the GET was sent removed.
+    if (const std::string why = WipedBefore(tenant, h[id.version], r.send); !why.empty()) {
+      return "a hit with v" + std::to_string(id.version) + ", " + why;
     }
     return "";
   }
@@ -546,6 +733,11 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
     // GET: a node's local clients before its first catch-up (Recovering) and writes during a
     // join (Floor). "LOOKUP and copies" allows a LOOKUP to count a copy without the lease
     // check, which is still a copy of a unit not deleted (rule 1 drops it on every path).
+    // Likewise a unit a tenant delete acknowledged before the LOOKUP was sent surely removed
+    // (WipedBefore) is not counted, and a TTL unit is counted only while its TTL can not have
+    // run out: some PUT of the key sent before the reply, not older than the floor, neither
+    // removed by a tenant delete nor expired, must be there to count.
+    const int tenant = l.writer % 2;
     for (size_t i = 0; i < l.hit_count; ++i) {
       const int k = l.first_key + static_cast<int>(i);
       const auto& h = writers_[l.writer].history[k];
@@ -553,13 +745,28 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
                        [&](const WriteOp& op) { return op.put && op.send < l.ack; })) {
         return "counted key " + std::to_string(k) + ", never put before the reply";
       }
-      if (recovering) continue;
-      const int floor = Floor(h, l.send);
+      const int floor = recovering ? -1 : Floor(h, l.send);
       if (floor >= 0 && !h[static_cast<size_t>(floor)].put &&
           !LaterWrites(h, floor, l.ack, /*puts_only=*/true)) {
         return "counted key " + std::to_string(k) + ", deleted (v" + std::to_string(floor) +
                ") before the LOOKUP was sent";
       }
+      std::string why;  // why the last version that could count does not
+      bool held = false;
+      for (size_t v = static_cast<size_t>(std::max(floor, 0)); v < h.size() && !held; ++v) {
+        if (!h[v].put || h[v].send >= l.ack) continue;
+        if (SurelyExpired(h[v], l.send_ms)) {
+          why = "v" + std::to_string(v) + "'s TTL of " + std::to_string(h[v].ttl_ms) +
+                " ms ran out before the LOOKUP was sent (at " + std::to_string(l.send_ms - t0_ms_) +
+                " ms)";
+        } else if (std::string wiped = recovering ? "" : WipedBefore(tenant, h[v], l.send);
+                   !wiped.empty()) {
+          why = "v" + std::to_string(v) + " " + wiped;
+        } else {
+          held = true;
+        }
+      }
+      if (!held) return "counted key " + std::to_string(k) + ", but " + why;
     }
     if (!settled || recovering) return "";
     // Not lower than the acknowledged, undeleted prefix ("Guaranteed (tested)": "A unit put
@@ -567,11 +774,16 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
     // and R restored, "while the cluster is settled no acknowledged unit is missed"): the
     // leading keys whose last write acknowledged before the LOOKUP was sent is a PUT, with no
     // write sent after it before the reply.
+    // Nor one a tenant delete may have removed, or whose TTL may have run out, before the reply.
     size_t present = 0;
     for (int k = l.first_key; k < l.first_key + l.count; ++k) {
       const auto& h = writers_[l.writer].history[k];
       const int floor = Floor(h, l.send);
-      if (floor < 0 || !h[static_cast<size_t>(floor)].put || LaterWrites(h, floor, l.ack)) break;
+      if (floor < 0 || !h[static_cast<size_t>(floor)].put || LaterWrites(h, floor, l.ack) ||
+          TenantDeleteAfter(tenant, h[static_cast<size_t>(floor)], l.ack) ||
+          MayHaveExpired(h[static_cast<size_t>(floor)], l.ack_ms)) {
+        break;
+      }
       ++present;
     }
     if (l.hit_count < present) {
@@ -587,9 +799,18 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
         Recovering(l.node, l.send, l.get_ack)) {
       return "";
     }
+    // Nor a tenant delete in between, nor a TTL that may run out before the GET's reply.
+    if (TenantDeleteDuring(tenant, l.send, l.get_ack)) return "";
     for (size_t i = 0; i < l.hit_count && i < l.get.size(); ++i) {
       const int k = l.first_key + static_cast<int>(i);
-      if (WriteDuring(writers_[l.writer].history[k], l.send, l.get_ack)) continue;
+      const auto& h = writers_[l.writer].history[k];
+      if (WriteDuring(h, l.send, l.get_ack)) continue;
+      const int floor = Floor(h, l.send);
+      bool may_expire = false;
+      for (size_t v = static_cast<size_t>(std::max(floor, 0)); v < h.size(); ++v) {
+        may_expire = may_expire || (h[v].put && MayHaveExpired(h[v], l.get_ack_ms));
+      }
+      if (may_expire) continue;
       if (l.get[i] == ReadOp::kMiss) {
         return "counted key " + std::to_string(k) + ", which the GET that followed missed";
       }
@@ -597,11 +818,13 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
     return "";
   }
 
+  const int64_t t0_ms_ = SteadyMs();  // the test's start, to show steady ms in messages
   std::atomic<bool> stop_{false};
   std::atomic<int> node_epoch_[kNodesMax] = {};  // bumped by every (re)start of a node
   std::atomic<int> live_nodes_{kNodes};          // clients use nodes [0, live_nodes_)
   std::atomic<bool> paused_[kNodesMax] = {};     // SIGSTOPped: clients go elsewhere
   Writer writers_[kWriters];
+  std::vector<TenantDeleteOp> tenant_deletes_;  // the tenant deleter's (read once it ended)
   std::vector<Window> recovering_, joins_, settled_;
   std::vector<Window> faults_;
   std::mutex events_mu_;
@@ -628,6 +851,7 @@ TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
     clients.emplace_back(
         [&, w] { ClientLoop(w, seed * 1000 + static_cast<uint64_t>(w), &reads[w], &lookups[w]); });
   }
+  clients.emplace_back([&] { TenantDeleterLoop(seed * 1000 + kWriters); });
   struct Joiner {
     std::atomic<bool>* stop;
     std::vector<std::thread>* threads;
@@ -804,6 +1028,23 @@ TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
       }
     }
   }
+  int tenant_deletes_acked = 0, ttl_puts = 0;
+  for (const TenantDeleteOp& d : tenant_deletes_) {
+    tenant_deletes_acked += d.acked;
+    bool settled = false;
+    for (const Window& s : settled_) settled = settled || s.Covers(d.send, d.ack);
+    // "Failure model": a tenant delete is recorded for the members it did not reach; outside
+    // a fault it reaches every one of them.
+    if (!d.acked && settled && ++write_errors_settled <= kViolationsShownMax) {
+      ADD_FAILURE() << "a tenant delete of tenant " << d.tenant << " via n" << d.node
+                    << " failed outside any fault: " << d.error;
+    }
+  }
+  for (const Writer& wr : writers_) {
+    for (const auto& h : wr.history) {
+      for (const WriteOp& op : h) ttl_puts += op.ttl_ms != 0;
+    }
+  }
   int hits = 0, misses = 0, errors = 0, violations = 0;
   std::vector<const ReadOp*> all;
   for (const auto& v : reads) {
@@ -818,8 +1059,8 @@ TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
     if (why.empty()) continue;
     if (++violations > kViolationsShownMax) continue;
     ADD_FAILURE() << (r->final_read ? "final " : "") << "GET of writer " << r->writer << " key "
-                  << r->key << " via n" << r->node << " ticks " << r->send << ".." << r->ack << ": "
-                  << why << "\n"
+                  << r->key << " via n" << r->node << " ticks " << r->send << ".." << r->ack << " ("
+                  << r->send_ms - t0_ms_ << ".." << r->ack_ms - t0_ms_ << " ms): " << why << "\n"
                   << History(r->writer, r->key, r->ack);
   }
   int lookup_count = 0, lookup_units = 0, lookup_hits = 0, lookup_violations = 0;
@@ -841,18 +1082,20 @@ TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
     }
     ADD_FAILURE() << (l->final_read ? "final " : "") << "LOOKUP of writer " << l->writer << " keys "
                   << l->first_key << ".." << l->first_key + l->count - 1 << " via n" << l->node
-                  << " ticks " << l->send << ".." << l->ack << " (GET reply " << l->get_ack
-                  << "): hit count " << l->hit_count << ": " << why << "\n"
+                  << " ticks " << l->send << ".." << l->ack << " (" << l->send_ms - t0_ms_ << ".."
+                  << l->ack_ms - t0_ms_ << " ms; GET reply " << l->get_ack << "): hit count "
+                  << l->hit_count << ": " << why << "\n"
                   << histories.str();
   }
   std::printf(
-      "judge seed %lu copies %s: %d PUTs (%d acked), %d DELETEs (%d acked), %zu GETs of a key: %d "
-      "hits, %d misses, %d errors; %d LOOKUPs of %d keys counted %d; copies kept %.0f, hit "
-      "%.0f, dropped %.0f, fenced %.0f; %d GET and %d LOOKUP violations\n",
-      static_cast<unsigned long>(seed), GetParam() ? "on" : "off", puts, puts_acked, deletes,
-      deletes_acked, all.size(), hits, misses, errors, lookup_count, lookup_units, lookup_hits,
-      copy_stats_[0], copy_stats_[1], copy_stats_[2], copy_stats_[3], violations,
-      lookup_violations);
+      "judge seed %lu copies %s: %d PUTs (%d acked, %d with a TTL), %d DELETEs (%d acked), %zu "
+      "tenant deletes (%d acked), %zu GETs of a key: %d hits, %d misses, %d errors; %d LOOKUPs "
+      "of %d keys counted %d; copies kept %.0f, hit %.0f, dropped %.0f, fenced %.0f; %d GET and "
+      "%d LOOKUP violations\n",
+      static_cast<unsigned long>(seed), GetParam() ? "on" : "off", puts, puts_acked, ttl_puts,
+      deletes, deletes_acked, tenant_deletes_.size(), tenant_deletes_acked, all.size(), hits,
+      misses, errors, lookup_count, lookup_units, lookup_hits, copy_stats_[0], copy_stats_[1],
+      copy_stats_[2], copy_stats_[3], violations, lookup_violations);
   if (HasFailure()) {
     std::lock_guard lock(events_mu_);
     std::fprintf(stderr, "nemesis (KVTIER_JUDGE_SEED=%lu):\n%s", static_cast<unsigned long>(seed),

@@ -277,6 +277,24 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
     }
     return true;
   }
+  // What keeps `live` from settling, per node (for a failed wait's message).
+  std::string SettleState(const std::vector<int>& live) {
+    std::ostringstream out;
+    const char* const names[] = {"kvtier_cluster_members",
+                                 "kvtier_cluster_registrations_total",
+                                 "kvtier_cluster_repair_active",
+                                 "kvtier_cluster_under_replicated_units",
+                                 "kvtier_cluster_moves_in_progress",
+                                 "kvtier_cluster_repair_scans_total",
+                                 "kvtier_cluster_repair_copy_failures_total",
+                                 "kvtier_cluster_repair_refused_deleted_total"};
+    for (int n : live) {
+      out << "\n  n" << n << (nodes_[n]->Alive() ? "" : " (dead)");
+      const std::string m = Metrics(n);
+      for (const char* name : names) out << " " << (name + 14) << "=" << Metric(m, name);
+    }
+    return out.str();
+  }
   bool MembersAre(const std::vector<int>& at, size_t count) {
     for (int n : at) {
       if (Metric(Metrics(n), "kvtier_cluster_members") != static_cast<double>(count)) return false;
@@ -877,7 +895,7 @@ TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
   }
   auto settle = [&](const std::string& after) {
     ASSERT_TRUE(kt::WaitFor([&] { return ClusterSettled(live); }, kWaitMs))
-        << "not settled after " << after;
+        << "not settled after " << after << SettleState(live);
     settled_.push_back(Window{.from = Tick()});
     Event("settled after " + after);
   };
@@ -918,7 +936,8 @@ TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
         if (fault == kKillLate) {
           ASSERT_TRUE(kt::WaitFor([&] { return MembersAre(others(t), live.size() - 1); }, kWaitMs));
           Event(name + " left the view");
-          ASSERT_TRUE(kt::WaitFor([&] { return ClusterSettled(others(t)); }, kWaitMs));
+          ASSERT_TRUE(kt::WaitFor([&] { return ClusterSettled(others(t)); }, kWaitMs))
+              << SettleState(others(t));
           Event("survivors settled");
         } else {
           std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 500));
@@ -953,7 +972,8 @@ TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
         ASSERT_EQ(nodes_[t]->Stop(SIGTERM), 0) << nodes_[t]->Log();
         ASSERT_TRUE(kt::WaitFor([&] { return MembersAre(others(t), live.size() - 1); }, kWaitMs));
         Event(name + " left the view");
-        ASSERT_TRUE(kt::WaitFor([&] { return ClusterSettled(others(t)); }, kWaitMs));
+        ASSERT_TRUE(kt::WaitFor([&] { return ClusterSettled(others(t)); }, kWaitMs))
+            << SettleState(others(t));
         Event("survivors settled");
         join.from = Tick();
         Event("start " + name);

@@ -47,7 +47,7 @@ struct PeerClientOptions {
   std::string node_id;  // ours, sent in HELLO (for the peer's logs)
   std::vector<uint8_t> credential;
   uint64_t timeout_ms = 2000;
-  uint64_t probe_interval_ms = 500;  // between probes of a suspect endpoint; 0: no suspicion
+  uint64_t probe_interval_ms = 0;  // between probes of a suspect endpoint; 0: no suspicion
   uint32_t idle_connections_per_peer_max = 8;
   uint64_t frame_bytes_max = (64ull << 20) + (1ull << 20);  // one response
   // nullopt: plain TCP. server_name is ignored (each endpoint's host is verified).

@@ -170,6 +170,7 @@ TEST_F(ClusterStatusTest, AdminV1ClusterShowsTheViewAndEveryClusterSeries) {
 class ClusterStatusSuspectTest : public ClusterStatusTest {
  protected:
   uint32_t LeaseTtlS() const override { return 30; }
+  std::string ExtraClusterConfig(int /*i*/) override { return "peer_probe_interval_ms = 500\n"; }
 };
 
 TEST_F(ClusterStatusSuspectTest, AMemberItsPeersCannotReachIsCountedAsSuspected) {

@@ -16,7 +16,7 @@ class ClusterStoppedPeerTest : public ClusterE2eTest {
  protected:
   // write_acks 1: a PUT whose other owner is the stopped node is still acknowledged.
   std::string ExtraClusterConfig(int /*i*/) override {
-    return "get_copy_bytes_max = 8388608\nwrite_acks = 1\n";
+    return "get_copy_bytes_max = 8388608\nwrite_acks = 1\npeer_probe_interval_ms = 500\n";
   }
   // Long enough that the stopped node stays in every view for the whole test.
   uint32_t LeaseTtlS() const override { return 30; }
@@ -112,12 +112,13 @@ TEST_F(ClusterStoppedPeerTest, OneTimeoutThenCallsToTheStoppedPeerFailAtOnce) {
   }
 }
 
-// With the prober off ([cluster] peer_probe_interval_ms = 0) nothing is suspected: each call
-// waits its own timeout, as before (a short timeout here keeps the case short).
+// With the prober off (no [cluster] peer_probe_interval_ms: the default) nothing is suspected: each
+// call waits its own timeout, as before (a short timeout here keeps the case short).
 class ClusterNoProbeTest : public ClusterStoppedPeerTest {
  protected:
-  std::string ExtraClusterConfig(int i) override {
-    return ClusterStoppedPeerTest::ExtraClusterConfig(i) + "peer_probe_interval_ms = 0\n";
+  // No peer_probe_interval_ms: off, the default.
+  std::string ExtraClusterConfig(int /*i*/) override {
+    return "get_copy_bytes_max = 8388608\nwrite_acks = 1\n";
   }
   uint64_t PeerTimeoutMs() const override { return 600; }
 };

@@ -35,7 +35,9 @@
 // once its TTL from its PUT's reply has run out, and a miss is a loss only while its TTL from
 // its PUT's send can not have run out.
 //
-// Default run (label e2e): a few faults. KVTIER_CLUSTER_JUDGE_SLOW (label slow): many.
+// Default run (label e2e): a few faults, no TTL units, no tenant deletes. KVTIER_CLUSTER_JUDGE_SLOW
+// (label slow): many faults and tenant deletes (KVTIER_JUDGE_TENANT_DELETES=1 adds them to a
+// default run).
 // KVTIER_JUDGE_SEED=<n> in the environment runs another seed; a failure prints its seed, the
 // history of every key it judged wrong and the nemesis's events, and keeps the nodes' logs.
 #include <signal.h>
@@ -104,11 +106,30 @@ constexpr int64_t kTtlMarginMs = 50;
 // node): a thread of their own, one every kTenantDeleteGapMinMs..MaxMs, of a random tenant.
 // Rare: each wipes a tenant's whole state, and a node refuses repair copies and GET copies of
 // a tenant it deleted in the last 10 s ("Deletes and repair", rule 1; "Copies", rule 3).
-#ifdef KVTIER_CLUSTER_JUDGE_SLOW
+// Only in the long run (or with KVTIER_JUDGE_TENANT_DELETES=1): after a tenant delete near a
+// fault, repair can take over a minute to settle (the refusals above, the scan's retry
+// backoff; docs/CLUSTER.md, "Not guaranteed"), and the short run in `make test` would time
+// out waiting for it in about one run in twelve (session 32: seeds 401, 419) without judging
+// any reply wrong.
 constexpr int kTenantDeleteGapMinMs = 3000, kTenantDeleteGapMaxMs = 9000;
+// TTL units likewise (KVTIER_JUDGE_TTL=1 adds them to a default run): with them the short run
+// also timed out waiting for repair to settle (a move reported for a minute, seed 501).
+bool TtlUnits() {
+#ifdef KVTIER_CLUSTER_JUDGE_SLOW
+  return true;
 #else
-constexpr int kTenantDeleteGapMinMs = 4000, kTenantDeleteGapMaxMs = 9000;
+  const char* e = std::getenv("KVTIER_JUDGE_TTL");
+  return e != nullptr && std::string(e) == "1";
 #endif
+}
+bool TenantDeletes() {
+#ifdef KVTIER_CLUSTER_JUDGE_SLOW
+  return true;
+#else
+  const char* e = std::getenv("KVTIER_JUDGE_TENANT_DELETES");
+  return e != nullptr && std::string(e) == "1";
+#endif
+}
 
 const char* const kTokens[2] = {"tok-alice", "tok-bob"};
 
@@ -311,6 +332,7 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
   // One client thread: writer w's ops until stop.
   void ClientLoop(int w, uint64_t seed, std::vector<ReadOp>* reads,
                   std::vector<LookupOp>* lookups) {
+    const bool ttl_units = TtlUnits();
     std::mt19937_64 rng(seed);
     const int tenant = w % 2;
     std::unique_ptr<Client> clients[kNodesMax];
@@ -348,7 +370,8 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
         if (op.put) {
           op.length_bytes =
               kValueBytesMin + static_cast<uint32_t>(rng() % (kValueBytesMax - kValueBytesMin));
-          if (rng() % kTtlPutsOneIn == 0) op.ttl_ms = kTtlMinMs + rng() % (kTtlMaxMs - kTtlMinMs);
+          if (ttl_units && rng() % kTtlPutsOneIn == 0)
+            op.ttl_ms = kTtlMinMs + rng() % (kTtlMaxMs - kTtlMinMs);
           value = BuildValue(ValueId{.tenant = static_cast<uint32_t>(tenant) + 1,
                                      .writer = static_cast<uint32_t>(w),
                                      .key = static_cast<uint32_t>(k),
@@ -881,7 +904,7 @@ TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
     clients.emplace_back(
         [&, w] { ClientLoop(w, seed * 1000 + static_cast<uint64_t>(w), &reads[w], &lookups[w]); });
   }
-  clients.emplace_back([&] { TenantDeleterLoop(seed * 1000 + kWriters); });
+  if (TenantDeletes()) clients.emplace_back([&] { TenantDeleterLoop(seed * 1000 + kWriters); });
   struct Joiner {
     std::atomic<bool>* stop;
     std::vector<std::thread>* threads;

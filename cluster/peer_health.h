@@ -24,6 +24,11 @@
 // Only a timeout raises suspicion: a refused connection or a reset fails at once anyway, and
 // a peer's own error status is an answer.
 //
+// The cost: until a probe reaches a peer that runs again, its calls still fail, and what a
+// failed call leaves (a PUT's copy keeper told by tombstone instead of DROP_COPIES) lasts
+// until that peer's next catch-up. kvtierd turns this on only with [cluster]
+// peer_probe_interval_ms (docs/CLUSTER.md, "Not guaranteed": "A suspect copy keeper").
+//
 // Thread safety: every method may be called concurrently. The destructor stops and joins the
 // probe threads (a probe in flight runs to its deadline).
 #pragma once

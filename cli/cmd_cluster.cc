@@ -16,7 +16,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -261,15 +263,26 @@ int RunStatus(Args args) {
     return slots == 0 ? 0.0 : static_cast<double>(r.owner_slots) / static_cast<double>(slots);
   };
   // Other members that suspect r's peer endpoint (-1: no member's page was read).
-  auto suspected_by = [&](const MemberRow& r) {
-    int64_t n = -1;
-    for (const MemberRow& o : rows) {
-      if (&o == &r || !o.decode.ok() || !o.health.error.empty() || !o.health.queried) continue;
-      n = std::max<int64_t>(n, 0);
-      const auto& s = o.health.suspects;
-      if (std::find(s.begin(), s.end(), r.info.peer_endpoint) != s.end()) ++n;
+  // Other members that suspect r's peer endpoint (-1: no other member's page was read), from
+  // one pass over every page read: endpoint -> members naming it.
+  auto page_read = [](const MemberRow& o) {
+    return o.decode.ok() && o.health.queried && o.health.error.empty();
+  };
+  std::map<std::string, int64_t> suspected_count;
+  int64_t pages_read = 0;
+  for (const MemberRow& o : rows) {
+    if (!page_read(o)) continue;
+    ++pages_read;
+    // Once per member (a page naming a peer twice counts once), never itself.
+    const std::set<std::string> named(o.health.suspects.begin(), o.health.suspects.end());
+    for (const std::string& peer : named) {
+      if (peer != o.info.peer_endpoint) ++suspected_count[peer];
     }
-    return n;
+  }
+  auto suspected_by = [&](const MemberRow& r) -> int64_t {
+    if (pages_read - (page_read(r) ? 1 : 0) == 0) return -1;
+    auto it = suspected_count.find(r.info.peer_endpoint);
+    return it == suspected_count.end() ? 0 : it->second;
   };
 
   if (json) {

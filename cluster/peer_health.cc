@@ -3,14 +3,12 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/clock.h"
+
 namespace kvtier::cluster {
 namespace {
 
-uint64_t NowMs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
+uint64_t NowMs() { return SteadyClock().NowMs(); }
 
 }  // namespace
 

@@ -1,5 +1,6 @@
 #include "cache_daemon/cluster_refetch.h"
 
+#include "common/clock.h"
 #include "common/logging.h"
 
 namespace kvtier::daemon {
@@ -33,7 +34,7 @@ void ClusterRefetch::Report(const storage::UnitInfo& unit) {
       dropped_.fetch_add(1);
       return;
     }
-    queue_.push_back(unit);
+    queue_.push_back({unit, DefaultSteadyClock().NowMs()});
   }
   cv_.notify_one();
 }
@@ -44,7 +45,7 @@ RefetchStats ClusterRefetch::stats() const {
 
 void ClusterRefetch::Run() {
   for (;;) {
-    storage::UnitInfo unit;
+    Reported unit;
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
@@ -56,7 +57,8 @@ void ClusterRefetch::Run() {
   }
 }
 
-void ClusterRefetch::Refetch(const storage::UnitInfo& u) {
+void ClusterRefetch::Refetch(const Reported& reported) {
+  const storage::UnitInfo& u = reported.unit;
   const Tenant* tenant = nullptr;
   for (const auto& t : tenants_->tenants()) {
     if (t->id == u.tenant) tenant = t.get();
@@ -89,7 +91,14 @@ void ClusterRefetch::Refetch(const storage::UnitInfo& u) {
   po.kind = u.kind;
   po.parent = u.parent;
   po.recompute_tokens = u.recompute_tokens;
-  po.ttl_ms = u.ttl_left_ms;
+  if (u.ttl_left_ms > 0) {  // what the lost record had left, counted from its report
+    const uint64_t elapsed = DefaultSteadyClock().NowMs() - reported.reported_ms;
+    if (elapsed >= u.ttl_left_ms) {
+      skipped_.fetch_add(1);
+      return;
+    }
+    po.ttl_ms = u.ttl_left_ms - elapsed;
+  }
   po.highest_tier = u.tier == storage::Tier::kNone ? storage::Tier::kSsd : u.tier;
   po.allow_ssd = u.allow_ssd;
   // Only if absent: the other owner may have read the fetched value just before a client

@@ -12,9 +12,12 @@
 // while this node owns the unit (a non-owner's copy is the repair scan's business), and a
 // unit deleted here moments ago (RecentDeletes, the rule that guards repair copies) is not
 // brought back: checked before the put and again after it (a delete that landed between
-// the fetch and the put is applied again). The put is made only if the store holds no unit
-// of the key (PutOptions::if_absent): a client PUT of a newer value that reached this node
-// while the fetch was in flight stays, and the fetched value is dropped (counted).
+// the fetch and the put is applied again). The rewrite carries the TTL the lost record had
+// left when it was reported, less the time since (the queue wait, the fetch): it never
+// outlives the unit it replaces, and a unit that expired meanwhile is not put back. The put is made
+// only if the store holds no unit of the key (PutOptions::if_absent): a client PUT of a newer value
+// that reached this node while the fetch was in flight stays, and the fetched value is dropped
+// (counted).
 //
 // Reports wait in a queue of at most queue_max units (more are dropped and counted; the
 // repair scan's anti-entropy pass still restores R for them). One thread.
@@ -44,7 +47,8 @@ struct RefetchStats {
   uint64_t refetched = 0;   // units rewritten here from another owner
   uint64_t failed = 0;      // no other owner had it, or the local put failed
   uint64_t dropped = 0;     // reports over queue_max
-  uint64_t skipped = 0;     // not native, tenant gone, not an owner, deleted, already back
+  uint64_t skipped = 0;     // not native, tenant gone, not an owner, deleted, already back,
+                            // expired before the put
   uint64_t superseded = 0;  // fetched, not put: a unit was written here meanwhile (kept)
 };
 
@@ -62,7 +66,11 @@ class ClusterRefetch {
 
  private:
   void Run();
-  void Refetch(const storage::UnitInfo& unit);
+  struct Reported {
+    storage::UnitInfo unit;
+    uint64_t reported_ms = 0;  // steady clock, when the store reported it
+  };
+  void Refetch(const Reported& reported);
 
   storage::TierManager* store_;
   const TenantRegistry* tenants_;
@@ -71,8 +79,8 @@ class ClusterRefetch {
   RefetchOptions options_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<storage::UnitInfo> queue_;  // guarded by mu_
-  bool stop_ = false;                    // guarded by mu_
+  std::deque<Reported> queue_;  // guarded by mu_
+  bool stop_ = false;           // guarded by mu_
   std::thread thread_;
   std::atomic<uint64_t> refetched_{0}, failed_{0}, dropped_{0}, skipped_{0}, superseded_{0};
 };

@@ -36,6 +36,7 @@
 #include "storage/block_device.h"
 #include "storage/tier_manager.h"
 #include "tests/cluster/cluster_fixture.h"
+#include "tests/cluster/node_fixture.h"
 
 namespace kvtier::cluster {
 namespace {
@@ -253,66 +254,6 @@ TEST_F(ClusterVersionsTest, APreviousOwnerNeverServesItsReplicaAfterANewerPut) {
 
 // ---- In process: one node's Service, router, copies and store; two peers ----
 
-// An in-memory peer. Its next GET runs a hook after reading the value and before answering
-// with it (what a PUT landing between a fetch's read and its reply looks like to the reader).
-class HookPeer : public PeerHandler {
- public:
-  void Set(const PeerKey& k, std::vector<uint8_t> v) {
-    std::lock_guard lock(mu_);
-    map_[k] = std::move(v);
-  }
-  std::vector<uint8_t> Held(const PeerKey& k) {
-    std::lock_guard lock(mu_);
-    auto it = map_.find(k);
-    return it == map_.end() ? std::vector<uint8_t>() : it->second;
-  }
-  void BeforeNextGetAnswers(std::function<void()> hook) {
-    std::lock_guard lock(mu_);
-    hook_ = std::move(hook);
-  }
-  std::vector<uint8_t> Lookup(std::span<const PeerKey> keys) override {
-    std::lock_guard lock(mu_);
-    std::vector<uint8_t> out;
-    for (const auto& k : keys) out.push_back(map_.contains(k) ? 1 : kPeerTierAbsent);
-    return out;
-  }
-  Status Get(const PeerKey& key, std::vector<uint8_t>* value) override {
-    std::function<void()> hook;
-    {
-      std::lock_guard lock(mu_);
-      auto it = map_.find(key);
-      if (it == map_.end()) return Status::NotFound("absent");
-      *value = it->second;
-      hook.swap(hook_);
-    }
-    if (hook) hook();  // without mu_: the hook's PUT reaches this peer too
-    return Status::Ok();
-  }
-  Status Put(const PeerPut& put, bool* held) override {
-    std::lock_guard lock(mu_);
-    if (put.repair && map_.contains(put.key)) {
-      *held = true;
-      return Status::Ok();
-    }
-    map_[put.key].assign(put.value.begin(), put.value.end());
-    return Status::Ok();
-  }
-  StatusOr<std::vector<uint8_t>> Delete(std::span<const PeerKey> keys) override {
-    std::lock_guard lock(mu_);
-    std::vector<uint8_t> existed;
-    for (const auto& k : keys) existed.push_back(static_cast<uint8_t>(map_.erase(k)));
-    return existed;
-  }
-  Status DeleteTenant(std::string_view) override { return Status::Ok(); }
-
- private:
-  std::mutex mu_;
-  std::map<PeerKey, std::vector<uint8_t>> map_;
-  std::function<void()> hook_;
-};
-
-std::vector<uint8_t> Bytes(uint8_t fill) { return std::vector<uint8_t>(3000, fill); }
-
 // A store that runs a hook (once) just before its next Put, and is otherwise `inner`: what a
 // membership change landing between a PUT's ownership decision and its local write looks like.
 class HookedStore final : public storage::TierManager {
@@ -359,139 +300,7 @@ class HookedStore final : public storage::TierManager {
   std::function<void()> hook_;
 };
 
-// Node "y" (no peer front: nobody calls it here) and peers "a", "b", R = 2, in one etcd.
-class NodeVersionsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!kt::EtcdProcess::Installed()) GTEST_SKIP() << "no /usr/bin/etcd (deploy/install-deps.sh)";
-    ASSERT_TRUE(dir_.ok());
-    etcd_ = std::make_unique<kt::EtcdProcess>(dir_.path());
-    ASSERT_TRUE(etcd_->Start()) << "etcd did not start";
-    for (auto [id, h] : {std::pair{"a", &peer_a_}, std::pair{"b", &peer_b_}}) {
-      PeerServerOptions so;
-      so.credential = credential_;
-      auto s = PeerServer::Start(so, h);
-      ASSERT_TRUE(s.ok()) << s.status().message();
-      std::string ep = "127.0.0.1:" + std::to_string((*s)->port());
-      by_node_[id] = h;
-      servers_.push_back(std::move(*s));
-      members_.push_back(Member(id, ep));
-    }
-    members_.push_back(Member("y", "127.0.0.1:1"));
-    self_ = members_.back().get();
-    ASSERT_TRUE(kt::WaitFor(
-        [&] { return self_->View()->members.size() == 3 && self_->lease_confirmed_ms() != 0; },
-        10000));
-    storage::TierManagerOptions so;  // DRAM and an SSD tier (on a memory device)
-    so.dram_capacity_bytes = 64ull << 20;
-    so.ssd_capacity_bytes = 64ull << 20;
-    so.ssd_segment_bytes = 4ull << 20;
-    so.data_dir = dir_.path();  // the index (RocksDB) is on disk
-    so.ssd_env = env_.get();
-    auto store = storage::TierManager::Open(so);
-    ASSERT_TRUE(store.ok()) << store.status().message();
-    store_ = std::move(*store);
-    tenants_ = daemon::TenantRegistry::Open(std::vector<uint8_t>(32, 7), 1024);
-    tenant_ = tenants_->default_tenant();
-    client_ = std::make_unique<PeerClient>(
-        PeerClientOptions{.node_id = "y", .credential = credential_, .timeout_ms = 5000});
-    router_ = std::make_unique<Router>(self_, client_.get(),
-                                       RouterOptions{.replicas = 2, .recent_deletes = &recent_});
-    service_ = std::make_unique<daemon::Service>(store_.get(), tenants_.get(), &metrics_, nullptr,
-                                                 daemon::PolicySettings{});
-    service_->SetRouter(router_.get());
-    copies_ = std::make_unique<daemon::ClusterCopies>(store_.get(), self_, &recent_,
-                                                      daemon::CopyOptions{.bytes_max = 1ull << 20});
-    service_->SetClusterCopies(copies_.get());
-  }
-  void TearDown() override {
-    // Members first: the router listens to y's membership until it is stopped.
-    for (auto& m : members_) {
-      if (m != nullptr) m->Stop(/*revoke=*/true);
-    }
-    service_.reset();
-    router_.reset();
-  }
-  std::unique_ptr<Membership> Member(const std::string& id, const std::string& endpoint) {
-    MembershipOptions o;
-    o.etcd.endpoints = {etcd_->endpoint()};
-    o.etcd.request_timeout_ms = 1000;
-    o.key_prefix = "/v/";
-    o.self.node_id = id;
-    o.self.peer_endpoint = endpoint;
-    o.self.dram_bytes = 1ull << 30;
-    o.self.keeps_copies = true;
-    o.lease_ttl_s = 10;
-    o.retry_ms = 50;
-    auto m = Membership::Start(o);
-    EXPECT_TRUE(m.ok());
-    return m.ok() ? std::move(*m) : nullptr;
-  }
-  // The nth chain key that node y owns (or does not), and its other owner(s).
-  Key ChainOwnedByY(bool y_owns, int nth, std::vector<HookPeer*>* others) {
-    auto view = router_->View();
-    for (int i = 0; i < 10000; ++i) {
-      Key chain = ChainKey("node-versions", i);
-      std::vector<HookPeer*> peers;
-      bool owns = false;
-      for (size_t o : router_->Owners(service_->Bind(*tenant_, chain), *view)) {
-        const std::string& id = view->members[o].node_id;
-        if (id == "y") {
-          owns = true;
-        } else {
-          peers.push_back(by_node_[id]);
-        }
-      }
-      if (owns == y_owns && nth-- == 0) {
-        *others = peers;
-        return chain;
-      }
-    }
-    ADD_FAILURE() << "no such key";
-    return Key{};
-  }
-  void PutThroughY(const Key& chain, const std::vector<uint8_t>& value) {
-    daemon::PutItem item{.chain = chain, .value = value};
-    auto codes = service_->Put(*tenant_, daemon::wire::PutRequest{},
-                               std::span<const daemon::PutItem>(&item, 1), 0);
-    ASSERT_EQ(codes.size(), 1u);
-    ASSERT_EQ(codes[0], StatusCode::kOk);
-  }
-  // What a GET through y returns (empty: a miss).
-  std::vector<uint8_t> GetThroughY(const Key& chain) {
-    std::vector<uint8_t> out;
-    service_->Get(*tenant_, std::span<const Key>(&chain, 1), 0,
-                  [&](size_t, const Status& st, storage::Tier, std::span<const uint8_t> v) {
-                    if (st.ok()) out.assign(v.begin(), v.end());
-                  });
-    return out;
-  }
-  // What y's own store holds (empty: nothing).
-  std::vector<uint8_t> HeldByY(const Key& chain) {
-    std::vector<uint8_t> out;
-    if (!store_->Get(service_->Bind(*tenant_, chain), &out).ok()) out.clear();
-    return out;
-  }
-
-  TempDir dir_{"kvtier-node-versions-"};
-  std::unique_ptr<kt::EtcdProcess> etcd_;
-  const std::vector<uint8_t> credential_ = std::vector<uint8_t>(32, 7);
-  HookPeer peer_a_, peer_b_;
-  std::map<std::string, HookPeer*> by_node_;
-  std::vector<std::unique_ptr<PeerServer>> servers_;
-  std::vector<std::unique_ptr<Membership>> members_;
-  Membership* self_ = nullptr;
-  RecentDeletes recent_{RecentDeletesOptions{}};
-  std::unique_ptr<storage::DeviceEnv> env_ = storage::NewMemEnv();
-  std::unique_ptr<storage::TierManager> store_;
-  std::unique_ptr<daemon::TenantRegistry> tenants_;
-  const daemon::Tenant* tenant_ = nullptr;
-  daemon::DaemonMetrics metrics_;
-  std::unique_ptr<PeerClient> client_;
-  std::unique_ptr<Router> router_;
-  std::unique_ptr<daemon::Service> service_;
-  std::unique_ptr<daemon::ClusterCopies> copies_;
-};
+class NodeVersionsTest : public NodeFixture {};
 
 // Path: a GET copy on an owner. y owns the key but lacks it (a new owner before its repair
 // copy, or after a checksum quarantine); a GET through y fetches the old value from the other
@@ -571,6 +380,44 @@ TEST_F(NodeVersionsTest, ARefetchFetchedBeforeAPutNeverReplacesIt) {
   EXPECT_EQ(GetThroughY(chain), Bytes(2));
   EXPECT_EQ(refetch.stats().superseded, 1u);
   EXPECT_EQ(refetch.stats().refetched + refetch.stats().failed, 0u);
+}
+
+// Not a version, but the same path: the rewrite carries the TTL the lost record had left when
+// the store reported it, less the time the refetch took, so it never outlives the unit it
+// replaces; a unit that expired meanwhile is not put back. It used to carry the TTL left at
+// the report: here 1,500 ms after a fetch that took 600 ms.
+TEST_F(NodeVersionsTest, ARefetchedUnitNeverOutlivesTheRecordItReplaces) {
+  std::vector<HookPeer*> others;
+  Key chain = ChainOwnedByY(true, 0, &others);
+  ASSERT_EQ(others.size(), 1u);
+  const PeerKey key = service_->Bind(*tenant_, chain);
+  others[0]->Set(key, Bytes(1));
+  constexpr uint64_t kTtlLeftMs = 1500, kFetchMs = 600;
+  others[0]->BeforeNextGetAnswers(
+      [&] { std::this_thread::sleep_for(std::chrono::milliseconds(kFetchMs)); });
+  daemon::ClusterRefetch refetch(store_.get(), tenants_.get(), router_.get(), &recent_,
+                                 daemon::RefetchOptions{});
+  refetch.Start();
+  refetch.Report(storage::UnitInfo{
+      .key = key, .tenant = tenant_->id, .ttl_left_ms = kTtlLeftMs, .tier = storage::Tier::kSsd});
+  ASSERT_TRUE(kt::WaitFor([&] { return refetch.stats().refetched == 1; }, 5000));
+  std::vector<uint8_t> held;
+  uint64_t ttl_left_ms = 0;
+  ASSERT_TRUE(store_->GetWithTtl(key, &held, &ttl_left_ms).ok());
+  EXPECT_EQ(held, Bytes(1));
+  EXPECT_GT(ttl_left_ms, 0u) << "the rewrite lost its TTL";
+  EXPECT_LE(ttl_left_ms, kTtlLeftMs - kFetchMs) << "the rewrite outlives the lost record";
+
+  // A fetch slower than the TTL left: nothing is put back.
+  ASSERT_TRUE(store_->Delete(key).ok());
+  others[0]->BeforeNextGetAnswers(
+      [&] { std::this_thread::sleep_for(std::chrono::milliseconds(kFetchMs)); });
+  refetch.Report(storage::UnitInfo{
+      .key = key, .tenant = tenant_->id, .ttl_left_ms = kFetchMs / 2, .tier = storage::Tier::kSsd});
+  ASSERT_TRUE(kt::WaitFor([&] { return refetch.stats().skipped == 1; }, 5000));
+  refetch.Stop();
+  EXPECT_TRUE(HeldByY(chain).empty()) << "an expired unit was put back";
+  EXPECT_EQ(refetch.stats().refetched, 1u);
 }
 
 // Path: a node that no longer owns a unit serves its old replica. y holds a replica of a key

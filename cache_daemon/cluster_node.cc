@@ -71,7 +71,9 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
     const Tenant* t = FindTenant(put.tenant);
     if (t == nullptr) return Status::Rejected("peer PUT: unknown tenant " + put.tenant);
     if (put.repair && recent_->RefusesRepair(put.key, put.tenant)) {
-      return Status::Rejected("peer PUT: repair copy of a unit deleted here moments ago");
+      // Retry, not Rejected: nothing is wrong with the copy, it is early. The sender rescans
+      // within RepairOptions::waiting_retry_max_ms instead of backing off as from a failure.
+      return Status::Retry("peer PUT: repair copy of a unit deleted here moments ago");
     }
     storage::PutOptions po;
     po.tenant = t->id;

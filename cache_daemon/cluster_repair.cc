@@ -82,23 +82,30 @@ void ClusterRepair::Run() {
       if (stop_) return;
       triggered_ = false;
     }
-    bool left_work = Scan();
+    const ScanResult result = Scan();
     scans_.fetch_add(1);
     // Work left over again and again (an owner full or unreachable): back off, doubling up
-    // to the full-scan interval, so a stuck copy does not cost a scan every retry_ms.
-    retries = left_work ? std::min(retries + 1, 20) : 0;
+    // to the full-scan interval, so a stuck copy does not cost a scan every retry_ms. Work
+    // that only waits (a refusal window, another holder's copy) is looked at again soon
+    // after the wait can have ended.
+    retries = result != ScanResult::kDone ? std::min(retries + 1, 20) : 0;
     uint64_t wait_ms = options_.interval_s * 1000;
-    if (left_work) wait_ms = std::min(wait_ms, options_.retry_ms << (retries - 1));
+    if (result != ScanResult::kDone) {
+      wait_ms = std::min(wait_ms, options_.retry_ms << (retries - 1));
+    }
+    if (result == ScanResult::kWaiting) {
+      wait_ms = std::min(wait_ms, options_.waiting_retry_max_ms);
+    }
     if (!WaitFor(wait_ms)) return;
   }
 }
 
-bool ClusterRepair::Scan() {
+ClusterRepair::ScanResult ClusterRepair::Scan() {
   // Read before the view: a change after it advances the epoch, so this scan cannot clear it.
   const uint64_t unowned_epoch = router_->UnownedEpoch();
   auto view = router_->View();
   const std::string& self = router_->self_id();
-  if (view->Find(self) < 0) return true;  // not in our own view: etcd down or not registered
+  if (view->Find(self) < 0) return ScanResult::kLeftWork;  // etcd down or not registered
   active_.store(true);
   under_.store(0);
   done_.store(0);
@@ -124,7 +131,13 @@ bool ClusterRepair::Scan() {
   moves_.store(moves);
 
   // Pass 2: per page, ask the owners, copy what they lack, hand over what is not ours.
-  bool left_work = false;
+  bool left_work = false;  // something failed
+  bool waiting = false;    // a copy refused for a recent delete, or another holder's to make
+  // Held units this node does not own still here after pass 2 looked at them: the moves
+  // gauge once the scan ends. Pass 1's count alone stayed up until the next scan (up to
+  // interval_s away when this one left nothing to do) for every unit deleted or expired
+  // between the two passes (the cluster judge: a move reported for a minute, none held).
+  uint64_t moves_left = 0;
   cursor = storage::UnitCursor();
   std::vector<uint8_t> value;
   // The deletes this node missed are applied (tombstone catch-up) at most kCatchUpMaxAgeUs
@@ -142,7 +155,7 @@ bool ClusterRepair::Scan() {
   while (!cursor.done && !stopping()) {
     if (!caught_up(/*force=*/true)) {
       active_.store(false);
-      return true;
+      return ScanResult::kLeftWork;
     }
     // Before the listing: a unit's TTL left, counted from here, ends no later than the unit.
     const uint64_t listed_ms = NowUs() / 1000;
@@ -182,7 +195,10 @@ bool ClusterRepair::Scan() {
     }
     for (size_t i = 0; i < page.size() && !stopping(); ++i) {
       const storage::UnitInfo& u = page[i];
-      if (owners[i].empty()) continue;  // every member draining: keep it, nowhere to go
+      if (owners[i].empty()) {  // every member draining: keep it, nowhere to go
+        ++moves_left;
+        continue;
+      }
       bool mine = self_owns(owners[i]);
       // The first owner (rank order) that holds it sends; with none, every holder does.
       int first_holder = -1;
@@ -200,7 +216,7 @@ bool ClusterRepair::Scan() {
         }
         if (!caught_up(/*force=*/false)) {
           active_.store(false);
-          return true;
+          return ScanResult::kLeftWork;
         }
         Status read = tenant == nullptr ? Status::NotFound("tenant no longer configured")
                                         : store_->Peek(u.key, &value);
@@ -223,7 +239,7 @@ bool ClusterRepair::Scan() {
         bool expired = false;
         for (size_t j = 0; j < owners[i].size() && !expired; ++j) {
           if (held[i][j] == 1 || unreachable[owners[i][j]]) continue;
-          if (!Pace(value.size())) return true;
+          if (!Pace(value.size())) return ScanResult::kLeftWork;
           // The TTL the unit has left now, not when it was listed: the copy is stored on
           // arrival, and a copy carrying the listed TTL outlived its unit by the wait for the
           // pace and the copies before it (seconds; ClusterRepairPacedTest). It outlives
@@ -251,7 +267,9 @@ bool ClusterRepair::Scan() {
             }
           } else {
             copy_failures_.fetch_add(1);
-            left_work = true;
+            // Retry: the owner deleted the unit or its tenant moments ago and takes the copy
+            // when its refusal window ends (PeerHandler::Put).
+            (s.IsRetry() ? waiting : left_work) = true;
           }
         }
         // A delete (of the unit or its tenant) that ran while we copied reached this node
@@ -265,6 +283,7 @@ bool ClusterRepair::Scan() {
                                  std::span<const cluster::PeerKey>(&u.key, 1));
           }
           under_.fetch_sub(1);
+          if (!mine && moves_.load() > 0) moves_.fetch_sub(1);
           continue;
         }
         if (expired) {  // nothing left to restore or hand over (a copy made first expires too)
@@ -277,7 +296,7 @@ bool ClusterRepair::Scan() {
           if (mine) done_.fetch_add(1);
         }
       } else if (lacking) {
-        left_work = true;  // another holder sends; a hand-over waits for its copy
+        waiting = true;  // another holder sends; a hand-over waits for its copy
       }
       if (mine) continue;
       if (std::all_of(held[i].begin(), held[i].end(), [](int8_t h) { return h == 1; })) {
@@ -289,20 +308,23 @@ bool ClusterRepair::Scan() {
           if (moves_.load() > 0) moves_.fetch_sub(1);
         } else {
           left_work = true;
+          ++moves_left;
         }
       } else {
-        left_work = true;
+        waiting = true;  // an owner still lacks it: a failure above says so, or a copy to come
+        ++moves_left;
       }
     }
   }
-  if (cursor.disturbed) left_work = true;  // the directory rehashed: scan once more
+  if (cursor.disturbed) waiting = true;  // the directory rehashed: scan once more
+  if (cursor.done && !stopping()) moves_.store(moves_left);
   // A whole scan under the current view left no unit this node does not own: GETs through
   // it may serve its units without asking their owners first (Router::MayHoldUnowned).
   if (cursor.done && !cursor.disturbed && !stopping() && moves_.load() == 0) {
     router_->NoteNoUnownedSince(unowned_epoch);
   }
   active_.store(false);
-  return left_work;
+  return left_work ? ScanResult::kLeftWork : waiting ? ScanResult::kWaiting : ScanResult::kDone;
 }
 
 RepairStats ClusterRepair::stats() const {

@@ -2,13 +2,20 @@
 // change (docs/CLUSTER.md, "Repair"). One thread per node.
 //
 // A scan runs after every change of the membership view (a node lost, joined or draining),
-// again retry_ms after a scan that left work (a copy that failed, a hand-over not yet
-// confirmed; doubling while work is left over scan after scan, up to interval_s), and
-// every interval_s regardless (anti-entropy). A scan pages through the
+// again retry_ms after a scan that left work (doubling while work is left over scan after
+// scan), and every interval_s regardless (anti-entropy). Work left because something failed
+// (a LOOKUP or copy that failed, a drop that failed, not in our own view) backs off up to
+// interval_s: a stuck copy does not cost a scan every retry_ms. Work left only waiting (a
+// copy an owner refused because it deleted the unit or its tenant moments ago, which it takes
+// once its refusal window ends; a hand-over waiting for another holder's copy) backs off up
+// to waiting_retry_max_ms: the scan after the wait ends finds it done, rather than one up
+// to interval_s later while the moves gauge still reports it. A scan pages through the
 // units this node holds (TierManager::ListUnits, page_units at a time: the store's lock is
 // held for one page only) in two passes:
 //   1. local only: counts the held units this node does not own under the view (the moves
-//      still to do, kvtier_cluster_moves_in_progress);
+//      still to do, kvtier_cluster_moves_in_progress; a scan that reaches its end sets the
+//      gauge again to those still held then, so one deleted meanwhile is not reported until
+//      the next scan);
 //   2. per page: asks every remote owner of the page's units which it holds (one peer LOOKUP
 //      per owner per page), then for each unit an owner lacks, the designated sender copies
 //      it (peer PUT) to those owners, paced to bytes_per_s. The designated sender is the
@@ -49,6 +56,10 @@ struct RepairOptions {
   uint32_t page_units = 256;           // units per page (store lock hold, LOOKUP batch)
   uint64_t retry_ms = 1000;            // rescan after a scan that left work
   uint64_t interval_s = 300;           // full rescan period even without a change
+  // Longest back-off when the work left is only waiting (above). The owners' refusal window
+  // (cluster::RecentDeletesOptions::window_ms): a refused copy is taken at most this long
+  // after the refusal ends.
+  uint64_t waiting_retry_max_ms = 10'000;
   // Applies the deletes this node missed (TombstoneLog::CatchUp): before each page, and
   // before and after any copy when the last call is over 200 ms old, so a node back from a
   // pause never copies a unit deleted meanwhile back to its owners (or undoes the copy). An
@@ -86,8 +97,12 @@ class ClusterRepair {
 
  private:
   void Run();
-  // One whole scan; true when it left work (a retry is due).
-  bool Scan();
+  enum class ScanResult {
+    kDone,      // nothing left
+    kWaiting,   // left work only waiting: refused copies, hand-overs awaiting another's copy
+    kLeftWork,  // something failed
+  };
+  ScanResult Scan();
   bool IsCopy(const storage::Key& key) const { return options_.is_copy && options_.is_copy(key); }
   // Sleeps until the budget allows `bytes` more; false when stopping.
   bool Pace(uint64_t bytes);

@@ -254,52 +254,6 @@ TEST_F(ClusterVersionsTest, APreviousOwnerNeverServesItsReplicaAfterANewerPut) {
 
 // ---- In process: one node's Service, router, copies and store; two peers ----
 
-// A store that runs a hook (once) just before its next Put, and is otherwise `inner`: what a
-// membership change landing between a PUT's ownership decision and its local write looks like.
-class HookedStore final : public storage::TierManager {
- public:
-  explicit HookedStore(storage::TierManager* inner) : inner_(inner) {}
-  void BeforeNextPut(std::function<void()> hook) { hook_ = std::move(hook); }
-  Status Put(const storage::Key& key, std::span<const uint8_t> value,
-             const storage::PutOptions& o) override {
-    std::function<void()> hook;
-    hook.swap(hook_);
-    if (hook) hook();
-    return inner_->Put(key, value, o);
-  }
-  Status Get(const storage::Key& k, std::vector<uint8_t>* out, storage::Tier* from) override {
-    return inner_->Get(k, out, from);
-  }
-  Status GetWithTtl(const storage::Key& k, std::vector<uint8_t>* out, uint64_t* ttl) override {
-    return inner_->GetWithTtl(k, out, ttl);
-  }
-  void GetBatch(std::span<const storage::Key> keys, std::vector<std::vector<uint8_t>>* outs,
-                std::vector<storage::Tier>* froms, std::vector<Status>* results,
-                const storage::RequestTag& request) override {
-    inner_->GetBatch(keys, outs, froms, results, request);
-  }
-  storage::LookupResult Lookup(std::span<const storage::Key> chain) override {
-    return inner_->Lookup(chain);
-  }
-  storage::RequestTag BeginRequest() override { return inner_->BeginRequest(); }
-  Status Prefetch(std::span<const storage::Key> k) override { return inner_->Prefetch(k); }
-  Status Pin(std::span<const storage::Key> k, uint64_t ms) override { return inner_->Pin(k, ms); }
-  Status Unpin(std::span<const storage::Key> k) override { return inner_->Unpin(k); }
-  Status Delete(const storage::Key& k) override { return inner_->Delete(k); }
-  Status DeleteTenant(storage::TenantId t) override { return inner_->DeleteTenant(t); }
-  void SetTenantQuota(storage::TenantId t, uint64_t q) override { inner_->SetTenantQuota(t, q); }
-  Status SetPolicy(const std::string& e, const std::string& a,
-                   const policies::PolicyParams& p) override {
-    return inner_->SetPolicy(e, a, p);
-  }
-  storage::Stats GetStats() const override { return inner_->GetStats(); }
-  Status Flush() override { return inner_->Flush(); }
-
- private:
-  storage::TierManager* inner_;
-  std::function<void()> hook_;
-};
-
 class NodeVersionsTest : public NodeFixture {};
 
 // Path: a GET copy on an owner. y owns the key but lacks it (a new owner before its repair

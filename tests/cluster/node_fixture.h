@@ -115,6 +115,83 @@ class HookPeer : public PeerHandler {
 
 inline std::vector<uint8_t> Bytes(uint8_t fill) { return std::vector<uint8_t>(3000, fill); }
 
+// A store that runs a hook (once) just before its next Put, or before the nth listing from
+// now that starts a scan (ListUnits with a fresh cursor), and is otherwise `inner`: what a
+// membership change landing between a PUT's ownership decision and its local write looks
+// like, or a delete landing between a repair scan's two passes.
+class HookedStore final : public storage::TierManager {
+ public:
+  explicit HookedStore(storage::TierManager* inner) : inner_(inner) {}
+  void BeforeNextPut(std::function<void()> hook) {
+    std::lock_guard lock(mu_);
+    hook_ = std::move(hook);
+  }
+  void BeforeFreshListing(int nth, std::function<void()> hook) {
+    std::lock_guard lock(mu_);
+    listing_hook_ = std::move(hook);
+    listings_left_ = nth;
+  }
+  Status Put(const storage::Key& key, std::span<const uint8_t> value,
+             const storage::PutOptions& o) override {
+    std::function<void()> hook;
+    {
+      std::lock_guard lock(mu_);
+      hook.swap(hook_);
+    }
+    if (hook) hook();
+    return inner_->Put(key, value, o);
+  }
+  void ListUnits(storage::UnitCursor* cursor, size_t units_max,
+                 std::vector<storage::UnitInfo>* out) override {
+    std::function<void()> hook;
+    if (cursor->bucket == 0 && cursor->buckets == 0 && !cursor->done) {
+      std::lock_guard lock(mu_);
+      if (listing_hook_ && --listings_left_ == 0) hook.swap(listing_hook_);
+    }
+    if (hook) hook();
+    inner_->ListUnits(cursor, units_max, out);
+  }
+  Status Peek(const storage::Key& k, std::vector<uint8_t>* out, storage::Tier* from) override {
+    return inner_->Peek(k, out, from);
+  }
+  storage::LookupResult Probe(std::span<const storage::Key> chain) override {
+    return inner_->Probe(chain);
+  }
+  Status Get(const storage::Key& k, std::vector<uint8_t>* out, storage::Tier* from) override {
+    return inner_->Get(k, out, from);
+  }
+  Status GetWithTtl(const storage::Key& k, std::vector<uint8_t>* out, uint64_t* ttl) override {
+    return inner_->GetWithTtl(k, out, ttl);
+  }
+  void GetBatch(std::span<const storage::Key> keys, std::vector<std::vector<uint8_t>>* outs,
+                std::vector<storage::Tier>* froms, std::vector<Status>* results,
+                const storage::RequestTag& request) override {
+    inner_->GetBatch(keys, outs, froms, results, request);
+  }
+  storage::LookupResult Lookup(std::span<const storage::Key> chain) override {
+    return inner_->Lookup(chain);
+  }
+  storage::RequestTag BeginRequest() override { return inner_->BeginRequest(); }
+  Status Prefetch(std::span<const storage::Key> k) override { return inner_->Prefetch(k); }
+  Status Pin(std::span<const storage::Key> k, uint64_t ms) override { return inner_->Pin(k, ms); }
+  Status Unpin(std::span<const storage::Key> k) override { return inner_->Unpin(k); }
+  Status Delete(const storage::Key& k) override { return inner_->Delete(k); }
+  Status DeleteTenant(storage::TenantId t) override { return inner_->DeleteTenant(t); }
+  void SetTenantQuota(storage::TenantId t, uint64_t q) override { inner_->SetTenantQuota(t, q); }
+  Status SetPolicy(const std::string& e, const std::string& a,
+                   const policies::PolicyParams& p) override {
+    return inner_->SetPolicy(e, a, p);
+  }
+  storage::Stats GetStats() const override { return inner_->GetStats(); }
+  Status Flush() override { return inner_->Flush(); }
+
+ private:
+  storage::TierManager* inner_;
+  std::mutex mu_;
+  std::function<void()> hook_, listing_hook_;  // guarded by mu_
+  int listings_left_ = 0;                      // guarded by mu_
+};
+
 // Node "y" (no peer front: nobody calls it here) and peers "a", "b", R = 2, in one etcd.
 class NodeFixture : public ::testing::Test {
  protected:

@@ -113,6 +113,80 @@ bool ArityAllows(int arity, size_t argc) {
   return argc >= static_cast<size_t>(-arity);
 }
 
+namespace {
+
+struct Subcommand {
+  std::string_view name, sub;
+  int arity;
+};
+constexpr Subcommand kSubcommands[] = {
+    {"CLIENT", "SETNAME", 3},
+    {"CLIENT", "HELP", 2},
+    {"CONFIG", "GET", -3},
+    {"CONFIG", "HELP", 2},
+};
+
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string Upper(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+}  // namespace
+
+bool HasSubcommands(std::string_view name) { return name == "CLIENT" || name == "CONFIG"; }
+
+int SubcommandArity(std::string_view name, std::string_view sub) {
+  for (const Subcommand& s : kSubcommands) {
+    if (s.name == name && s.sub == sub) return s.arity;
+  }
+  return 0;
+}
+
+std::string SubcommandError(std::span<const std::string_view> argv) {
+  const std::string name = Upper(argv[0]);
+  const std::string sub = Upper(argv[1]);
+  const int arity = SubcommandArity(name, sub);
+  if (arity == 0) {
+    // Redis: "%.128s" of the subcommand as given (up to a NUL byte), the command in upper case.
+    constexpr size_t kShownBytesMax = 128;
+    const std::string_view shown = argv[1].substr(0, std::min(argv[1].find('\0'), kShownBytesMax));
+    return "ERR unknown subcommand '" + std::string(shown) + "'. Try " + name + " HELP.";
+  }
+  if (!ArityAllows(arity, argv.size())) {
+    return "ERR wrong number of arguments for '" + Lower(name) + "|" + Lower(sub) + "' command";
+  }
+  return "";
+}
+
+std::span<const std::string_view> SubcommandHelp(std::string_view name) {
+  static constexpr std::string_view kClient[] = {
+      "CLIENT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+      "SETNAME <name>",
+      "    Assign the name <name> to the current connection (accepted, not kept: kvtier lists",
+      "    no clients).",
+      "HELP",
+      "    Print this help.",
+  };
+  static constexpr std::string_view kConfig[] = {
+      "CONFIG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+      "GET <parameter> [<parameter> ...]",
+      "    Return each parameter with an empty value: kvtier has no Redis settings (its own",
+      "    are in its TOML config).",
+      "HELP",
+      "    Print this help.",
+  };
+  if (name == "CLIENT") return kClient;
+  if (name == "CONFIG") return kConfig;
+  return {};
+}
+
 bool GlobMatch(std::string_view p, std::string_view s) {
   // Redis's stringmatchlen matches nothing against an empty string but the empty pattern (its
   // loop runs while both have bytes left); KEYS / SCAN MATCH "*" list "" by their own shortcut.

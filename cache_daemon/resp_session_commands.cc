@@ -139,6 +139,14 @@ StatusCode RespSession::QueueCommand(const std::string& cmd,
     resp::AppendError("ERR Command not allowed inside a transaction", &out_);
     return StatusCode::kInvalidArgument;
   }
+  if (resp::HasSubcommands(cmd)) {  // Redis checks a subcommand's name and arity when queuing
+    std::string error = resp::SubcommandError(a);
+    if (!error.empty()) {
+      txn_.Flag();
+      resp::AppendError(error, &out_);
+      return StatusCode::kInvalidArgument;
+    }
+  }
   Status st = txn_.Queue(a);
   if (!st.ok()) {
     shared_->metrics->Refuse(Refusal::kRespMulti);
@@ -175,6 +183,40 @@ internal::RespKeyspaceContext RespSession::Keyspace() {
           .proto = proto_,
           .out = &out_,
           .reply_bytes_max = max_pending_bytes_};
+}
+
+StatusCode RespSession::Subcommand(const std::string& cmd, const std::vector<std::string_view>& a) {
+  if (a.size() < 2) return WrongArgs(cmd);
+  if (std::string error = resp::SubcommandError(a); !error.empty()) {
+    resp::AppendError(error, &out_);
+    return StatusCode::kInvalidArgument;
+  }
+  const std::string sub = Upper(a[1]);
+  if (sub == "HELP"sv) {
+    std::span<const std::string_view> lines = resp::SubcommandHelp(cmd);
+    resp::AppendArrayHeader(lines.size(), &out_);
+    for (std::string_view line : lines) resp::AppendSimple(line, &out_);
+    return StatusCode::kOk;
+  }
+  if (cmd == "CONFIG"sv) {  // GET
+    // redis-benchmark reads "save" and "appendonly"; kvtier has no such settings.
+    if (proto_ == 3)
+      resp::AppendMapHeader(a.size() - 2, &out_);
+    else
+      resp::AppendArrayHeader(2 * (a.size() - 2), &out_);
+    for (size_t i = 2; i < a.size(); ++i) {
+      resp::AppendBulk(a[i], &out_);
+      resp::AppendBulk("", &out_);
+    }
+    return StatusCode::kOk;
+  }
+  // CLIENT SETNAME
+  if (!resp::ValidClientName(a[2])) {
+    resp::AppendError(resp::kInvalidClientNameError, &out_);
+    return StatusCode::kInvalidArgument;
+  }
+  resp::AppendSimple("OK", &out_);
+  return StatusCode::kOk;
 }
 
 StatusCode RespSession::WrongArgs(const std::string& cmd) {
@@ -533,27 +575,7 @@ StatusCode RespSession::Data(const std::string& cmd, const std::vector<std::stri
     resp::AppendSimple("OK", &out_);
     return StatusCode::kOk;
   }
-  if (cmd == "CONFIG"sv && a.size() >= 2 && Upper(a[1]) == "GET"sv) {
-    // redis-benchmark reads "save" and "appendonly"; kvtier has no such settings.
-    if (proto_ == 3)
-      resp::AppendMapHeader(a.size() - 2, &out_);
-    else
-      resp::AppendArrayHeader(2 * (a.size() - 2), &out_);
-    for (size_t i = 2; i < a.size(); ++i) {
-      resp::AppendBulk(a[i], &out_);
-      resp::AppendBulk("", &out_);
-    }
-    return StatusCode::kOk;
-  }
-  if (cmd == "CLIENT"sv && a.size() >= 2 && Upper(a[1]) == "SETNAME"sv) {
-    if (a.size() != 3) return WrongArgs("client|setname");
-    if (!resp::ValidClientName(a[2])) {
-      resp::AppendError(resp::kInvalidClientNameError, &out_);
-      return StatusCode::kInvalidArgument;
-    }
-    resp::AppendSimple("OK", &out_);
-    return StatusCode::kOk;
-  }
+  if (resp::HasSubcommands(cmd)) return Subcommand(cmd, a);
   if (cmd == "ECHO"sv) {
     if (a.size() != 2) return WrongArgs(cmd);
     resp::AppendBulk(a[1], &out_);

@@ -246,6 +246,10 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
 
   internal::RespKeyspaceContext Keyspace();
 
+  // CLIENT and CONFIG (resp::HasSubcommands): the subcommand named by a[1], or Redis's
+  // refusal of it.
+  StatusCode Subcommand(const std::string& cmd, const std::vector<std::string_view>& a);
+
   StatusCode WrongArgs(const std::string& cmd);
 
   StatusCode StoreError(const Status& st);

@@ -676,6 +676,20 @@ TEST_F(DaemonTest, RespCommands) {
   EXPECT_EQ(Resp(fd, "CLIENT SETNAME\r\n"),
             "-ERR wrong number of arguments for 'client|setname' command\r\n");
   EXPECT_EQ(Resp(fd, "CLIENT SETNAME cl-1\r\n"), "+OK\r\n");
+  EXPECT_EQ(Resp(fd, "CLIENT\r\n"), "-ERR wrong number of arguments for 'client' command\r\n");
+  EXPECT_EQ(Resp(fd, "client nosuch\r\n"),
+            "-ERR unknown subcommand 'nosuch'. Try CLIENT HELP.\r\n");
+  EXPECT_EQ(Resp(fd, "CONFIG GET\r\n"),
+            "-ERR wrong number of arguments for 'config|get' command\r\n");
+  EXPECT_EQ(Resp(fd, "CONFIG GET save\r\n"), "*2\r\n$4\r\nsave\r\n$0\r\n\r\n");
+  // A subcommand Redis refuses when MULTI queues it discards the transaction, as in Redis (it
+  // used to be queued, and EXEC ran the rest).
+  const std::string refused_in_multi =
+      "+OK\r\n+QUEUED\r\n-ERR wrong number of arguments for 'client|setname' command\r\n"
+      "-EXECABORT Transaction discarded because of previous errors.\r\n";
+  kt::SendAllRaw(fd, "MULTI\r\nSET sub 1\r\nCLIENT SETNAME\r\nEXEC\r\n", 40);
+  EXPECT_EQ(kt::RecvFor(fd, refused_in_multi.size(), 3000), refused_in_multi);
+  EXPECT_EQ(Resp(fd, "EXISTS sub\r\n"), ":0\r\n");
   // MULTI / EXEC / DISCARD and the conditional SETs (resp_redis_py.py covers them in depth).
   auto reply = [&](const std::string& cmd, const std::string& want) {
     kt::SendAllRaw(fd, cmd.data(), cmd.size());

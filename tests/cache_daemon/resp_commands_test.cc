@@ -271,6 +271,36 @@ TEST(RespArity, KnownCommandsAndCounts) {
   EXPECT_EQ(resp::CommandArity("get"), 0);  // the caller upper-cases
 }
 
+// CLIENT and CONFIG: Redis 7.0's refusals of an unknown subcommand and of a subcommand's
+// argument count, word for word (redis-server 7.0.15; kvtier_resp_differential_test compares
+// them live, in and out of MULTI).
+TEST(RespSubcommands, RedisRefusals) {
+  auto error = [](SV v) { return resp::SubcommandError(v); };
+  EXPECT_EQ(error({"CLIENT", "SETNAME", "cl-1"}), "");
+  EXPECT_EQ(error({"client", "setname", "cl-1"}), "");
+  EXPECT_EQ(error({"CONFIG", "GET", "save"}), "");
+  EXPECT_EQ(error({"CONFIG", "get", "save", "appendonly"}), "");
+  EXPECT_EQ(error({"CLIENT", "help"}), "");
+  EXPECT_EQ(error({"CLIENT", "SETNAME"}),
+            "ERR wrong number of arguments for 'client|setname' command");
+  EXPECT_EQ(error({"Client", "SetName", "a", "b"}),
+            "ERR wrong number of arguments for 'client|setname' command");
+  EXPECT_EQ(error({"config", "GET"}), "ERR wrong number of arguments for 'config|get' command");
+  EXPECT_EQ(error({"CONFIG", "HELP", "x"}),
+            "ERR wrong number of arguments for 'config|help' command");
+  // The subcommand as given, up to its first NUL and 128 bytes; the command in upper case.
+  EXPECT_EQ(error({"client", "foo"}), "ERR unknown subcommand 'foo'. Try CLIENT HELP.");
+  EXPECT_EQ(error({"config", "Set", "a", "b"}), "ERR unknown subcommand 'Set'. Try CONFIG HELP.");
+  EXPECT_EQ(error({"CLIENT", std::string_view("x\0y", 3)}),
+            "ERR unknown subcommand 'x'. Try CLIENT HELP.");
+  EXPECT_EQ(error({"CLIENT", std::string(200, 's')}),
+            "ERR unknown subcommand '" + std::string(128, 's') + "'. Try CLIENT HELP.");
+  EXPECT_TRUE(resp::HasSubcommands("CLIENT"));
+  EXPECT_FALSE(resp::HasSubcommands("GET"));
+  EXPECT_EQ(resp::SubcommandHelp("CLIENT").front().substr(0, 19), "CLIENT <subcommand>");
+  EXPECT_TRUE(resp::SubcommandHelp("GET").empty());
+}
+
 TEST(RespTransaction, QueuesCopiesAndReplaysInOrder) {
   resp::RespTransaction t({.commands_max = 10, .bytes_max = 1 << 20});
   EXPECT_FALSE(t.queuing());

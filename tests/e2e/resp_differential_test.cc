@@ -389,7 +389,7 @@ class Generator {
     if (p < 95) return UnsupportedCommand();
     if (p < 97) return Hello(conn);
     if (p < 98) return RefusedScan();
-    if (p < 99) return {Name("CLIENT"), Name("SETNAME"), ClientName()};
+    if (p < 99) return SubcommandCall();
     return {Name("GET"), Key()};
   }
 
@@ -604,6 +604,27 @@ class Generator {
   }
 
   // A client name, some of which Redis refuses (spaces, control bytes, bytes over '~').
+  // CLIENT and CONFIG: SETNAME mostly, else calls both refuse (a subcommand neither
+  // implements, a wrong argument count), which inside MULTI discard the transaction. Not HELP
+  // (each lists its own subcommands), CONFIG GET of a parameter (kvtier's own fields) or a
+  // subcommand Redis has and kvtier does not (docs/RESP.md).
+  Cmd SubcommandCall() {
+    switch (Pick(10)) {
+      case 0:
+        return {Name(Pick(2) ? "CLIENT" : "CONFIG")};
+      case 1:
+        return {Name("CLIENT"), Name("SETNAME")};
+      case 2:
+        return {Name("CLIENT"), Name("SETNAME"), ClientName(), Arg()};
+      case 3:
+        return {Name(Pick(2) ? "CLIENT" : "CONFIG"), Pick(2) ? "nosuch" : "B O G U S"};
+      case 4:
+        return {Name("CONFIG"), Name("GET")};
+      default:
+        return {Name("CLIENT"), Name("SETNAME"), ClientName()};
+    }
+  }
+
   std::string ClientName() {
     static const char* kNames[] = {"cl-1", "", "a b", "x\r\ny", "\xff", "~!", "tab\t", "\x7f"};
     return kNames[Pick(8)];

@@ -1,5 +1,6 @@
 #include "cache_daemon/cluster_node.h"
 
+#include <algorithm>
 #include <iterator>
 #include <sstream>
 
@@ -175,9 +176,15 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   void SetTombstones(const cluster::TombstoneLog* log) {
     tombstones_.store(log, std::memory_order_release);
   }
+  // Set before the tombstone log: after a pause of this process (SIGSTOP, a stalled VM) the
+  // same holds until the deletes that timed out on it are applied (cluster/pause_guard.h).
+  void SetPauseGuard(const cluster::PauseGuard* guard) {
+    pause_guard_.store(guard, std::memory_order_release);
+  }
   bool Serving() const {
     const cluster::TombstoneLog* log = tombstones_.load(std::memory_order_acquire);
-    return log != nullptr && log->caught_up();
+    const cluster::PauseGuard* guard = pause_guard_.load(std::memory_order_acquire);
+    return log != nullptr && log->caught_up() && (guard == nullptr || guard->Current());
   }
   // Peer calls refused because this node had not caught up on the tombstone log yet.
   uint64_t refused_before_catch_up() const { return refused_before_catch_up_.load(); }
@@ -207,11 +214,13 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   std::atomic<cluster::Router*> router_{nullptr};
   Status NotCaughtUp() {
     refused_before_catch_up_.fetch_add(1);
-    return Status::Unavailable("not caught up on the tombstone log since this node started");
+    return Status::Unavailable(
+        "not caught up on the tombstone log since this node started or was paused");
   }
   cluster::StagingServer* staging_ = nullptr;
   std::atomic<uint64_t> superseded_{0};
   std::atomic<const cluster::TombstoneLog*> tombstones_{nullptr};
+  std::atomic<const cluster::PauseGuard*> pause_guard_{nullptr};
   std::atomic<uint64_t> refused_before_catch_up_{0};
 };
 
@@ -326,6 +335,12 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
                                 .state_file = options.data_dir + "/cluster_tombstone_revision"},
       [handler](std::span<const cluster::PeerKey> keys) { (void)handler->Delete(keys); },
       [handler](std::string_view tenant) { (void)handler->DeleteTenant(tenant); });
+  node->pause_guard_ = std::make_unique<cluster::PauseGuard>(
+      cluster::PauseGuardOptions{.pause_ms = std::max<uint64_t>(c.peer_timeout_ms / 2, 1),
+                                 .hold_ms = c.peer_timeout_ms + c.etcd_timeout_ms},
+      [t = node->tombstones_.get()] { return t->CatchUp(); });
+  node->pause_guard_->Start();
+  handler->SetPauseGuard(node->pause_guard_.get());
   handler->SetTombstones(node->tombstones_.get());
   // A node restarted on its data directory may hold units deleted or overwritten while it was
   // down. The daemon accepts its clients only after this Start returns, so one catch-up now
@@ -430,6 +445,7 @@ void ClusterNode::Stop() {
     refetch_->Stop();
   }
   if (repair_) repair_->Stop();
+  if (pause_guard_) pause_guard_->Stop();
   if (tombstones_) tombstones_->Stop();
   if (membership_) membership_->Stop(/*revoke=*/true);
   if (server_) server_->Stop();
@@ -525,8 +541,17 @@ std::string ClusterNode::RenderPrometheus() const {
           "Tenant deletes this node missed and applied from the log.", ts.tenant_deletes_applied);
   counter("kvtier_cluster_peer_requests_total", "Requests served to peers.", ps.requests);
   counter("kvtier_cluster_peer_refused_before_catch_up_total",
-          "Peer reads and writes refused before this node's first tombstone catch-up.",
+          "Peer reads and writes refused before this node's first tombstone catch-up, or after "
+          "a pause of this process until the catch-up that follows it.",
           handler_->refused_before_catch_up());
+  cluster::PauseGuardStats pg = pause_guard_->stats();
+  counter("kvtier_cluster_pauses_total",
+          "Times this process did not run for over peer_timeout_ms / 2 (SIGSTOP, a stalled VM "
+          "or host).",
+          pg.pauses);
+  gauge("kvtier_cluster_peer_answers_held",
+        "1 while this node answers no peer read after a pause, until its tombstone catch-up.",
+        pg.held);
   counter("kvtier_cluster_repair_refused_deleted_total",
           "Repair copies refused because this node deleted the unit (or its tenant) moments ago.",
           recent_deletes_->refused());

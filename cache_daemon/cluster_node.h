@@ -24,6 +24,7 @@
 #include "cache_daemon/service.h"
 #include "cache_daemon/tenants.h"
 #include "cluster/membership.h"
+#include "cluster/pause_guard.h"
 #include "cluster/peer_client.h"
 #include "cluster/peer_server.h"
 #include "cluster/recent_deletes.h"
@@ -69,6 +70,7 @@ class ClusterNode {
   std::unique_ptr<cluster::PeerClient> client_;
   std::unique_ptr<cluster::EtcdClient> etcd_;  // for the tombstone log
   std::unique_ptr<cluster::TombstoneLog> tombstones_;
+  std::unique_ptr<cluster::PauseGuard> pause_guard_;  // catches up on tombstones_
   std::unique_ptr<cluster::Membership> membership_;
   std::unique_ptr<cluster::Router> router_;
   std::unique_ptr<ClusterCopies> copies_;  // [cluster] get_copy_bytes_max > 0

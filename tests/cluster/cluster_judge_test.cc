@@ -280,13 +280,15 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
     for (int i = 0; i < 4; ++i) copy_stats_[i] += std::max(0.0, Metric(m, names[i]));
   }
 
-  // Every started node alive, agreeing on `live` members, registered, its repair settled.
+  // Every started node alive, agreeing on `live` members, registered, answering its peers
+  // (not holding them after a pause: docs/CLUSTER.md, "Tombstones"), its repair settled.
   bool ClusterSettled(const std::vector<int>& live) {
     for (int n : live) {
       if (!nodes_[n]->Alive()) return false;
       const std::string m = Metrics(n);
       if (Metric(m, "kvtier_cluster_members") != static_cast<double>(live.size()) ||
-          Metric(m, "kvtier_cluster_registrations_total") < 1) {
+          Metric(m, "kvtier_cluster_registrations_total") < 1 ||
+          Metric(m, "kvtier_cluster_peer_answers_held") != 0) {
         return false;
       }
     }
@@ -300,6 +302,7 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
     std::ostringstream out;
     const char* const names[] = {"kvtier_cluster_members",
                                  "kvtier_cluster_registrations_total",
+                                 "kvtier_cluster_peer_answers_held",
                                  "kvtier_cluster_repair_active",
                                  "kvtier_cluster_under_replicated_units",
                                  "kvtier_cluster_moves_in_progress",

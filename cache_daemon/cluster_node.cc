@@ -341,6 +341,7 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
       [t = node->tombstones_.get()] { return t->CatchUp(); });
   node->pause_guard_->Start();
   handler->SetPauseGuard(node->pause_guard_.get());
+  service->SetPauseGuard(node->pause_guard_.get());
   handler->SetTombstones(node->tombstones_.get());
   // A node restarted on its data directory may hold units deleted or overwritten while it was
   // down. The daemon accepts its clients only after this Start returns, so one catch-up now

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "cache_daemon/cluster_copies.h"
+#include "cluster/pause_guard.h"
 #include "cluster/router.h"
 #include "common/clock.h"
 #include "common/endian.h"
@@ -159,11 +160,17 @@ void Service::Trace(const char* op, const Tenant& t, std::span<const storage::Ke
   if (trace_->dropped() != before) metrics_->trace_records_dropped.fetch_add(1);
 }
 
+bool Service::LocalStoreHeld() const {
+  return router_ != nullptr && pause_guard_ != nullptr && !pause_guard_->Current();
+}
+
 wire::LookupReply Service::Lookup(const Tenant& t, std::span<const wire::Key> chain,
                                   uint32_t unit_tokens, const storage::RequestTag& request) {
   std::vector<storage::Key> keys(chain.size());
   for (size_t i = 0; i < chain.size(); ++i) keys[i] = Bind(t, chain[i]);
-  storage::LookupResult r = store_->Lookup(keys);
+  // Held after a pause: nothing counted from the local store, every key asked of its peers.
+  const bool held = LocalStoreHeld();
+  storage::LookupResult r = held ? storage::LookupResult{} : store_->Lookup(keys);
   const uint64_t local_hits = std::min(r.hit_count, keys.size()), local_bytes = r.hit_bytes;
   if (router_ != nullptr && r.hit_count < keys.size()) {
     // The longest prefix held anywhere: keys past the local prefix are asked of their owners.
@@ -171,7 +178,7 @@ wire::LookupReply Service::Lookup(const Tenant& t, std::span<const wire::Key> ch
     for (size_t i = 0; i < r.hit_count && i < r.tiers.size(); ++i) {
       tiers[i] = static_cast<uint8_t>(r.tiers[i]);
     }
-    for (size_t i = r.hit_count; i < keys.size(); ++i) {
+    for (size_t i = r.hit_count; i < keys.size() && !held; ++i) {
       storage::LookupResult one = store_->Probe(std::span<const storage::Key>(&keys[i], 1));
       if (one.hit_count == 1) tiers[i] = static_cast<uint8_t>(one.tiers[0]);
     }
@@ -319,6 +326,13 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
     const auto batch = std::span<const storage::Key>(keys).subspan(first, n);
     // A copy that may not be served now (cluster_copies.h) is a miss, fetched again.
     if (copies_ != nullptr) copies_->CheckHits(batch, &results);
+    // Held after a pause: the local store may hold units deleted meanwhile (SetPauseGuard);
+    // each hit is a miss here, read from the key's other owners (a miss if none has it).
+    if (LocalStoreHeld()) {
+      for (Status& st : results) {
+        if (st.ok()) st = Status::NotFound("held after a pause: read from the other owners");
+      }
+    }
     // A unit held here that this node does not own (not a copy: a replica not handed over yet
     // after a membership change) may be older than its owners': a PUT goes to the current
     // owners. While the router says such units may be here, their owners are asked first and

@@ -41,6 +41,7 @@
 #include "storage/tier_manager.h"
 
 namespace kvtier::cluster {
+class PauseGuard;
 class Router;
 }
 
@@ -132,6 +133,12 @@ class Service {
   // With SetRouter: units a GET fetched from peers are kept as copies (cluster_copies.h)
   // and served locally; PUT and DELETE drop them. Null (the default): no copies.
   void SetClusterCopies(ClusterCopies* copies) { copies_ = copies; }
+  // With SetRouter: after a pause of this process (cluster/pause_guard.h) the store may hold
+  // units deleted meanwhile until the deletes that timed out on it are applied; while the
+  // guard holds, a LOOKUP and a GET of this node's clients count and read nothing from the
+  // local store and ask the keys' other owners instead (docs/CLUSTER.md, "Tombstones").
+  // Null (the default): the local store is always read.
+  void SetPauseGuard(const cluster::PauseGuard* guard) { pause_guard_ = guard; }
   // The local part of DeleteTenant, for a peer's request (no forwarding).
   Status DeleteTenantLocal(const Tenant& t);
 
@@ -265,6 +272,7 @@ class Service {
   const TenantRegistry& tenants() const { return *tenants_; }
 
  private:
+  bool LocalStoreHeld() const;  // SetPauseGuard's guard holds
   // request: the storage request's id (0: none), so a turn's records replay as one request.
   void Trace(const char* op, const Tenant& t, std::span<const storage::Key> keys, uint64_t bytes,
              uint32_t unit_tokens, uint64_t request = 0);
@@ -290,6 +298,7 @@ class Service {
   storage::TierManager* store_;
   cluster::Router* router_ = nullptr;
   ClusterCopies* copies_ = nullptr;
+  const cluster::PauseGuard* pause_guard_ = nullptr;
   const TenantRegistry* tenants_;
   DaemonMetrics* metrics_;
   TraceWriter* trace_;

@@ -190,5 +190,37 @@ TEST_F(ClusterRestartWithinLeaseTest, AnOwnerContinuedAfterAStopServesPeersNoUni
   EXPECT_EQ(reader->Lookup(chain)->hit_count, 0u);
 }
 
+// The same stop seen by the stopped node's own clients: their GET and LOOKUP, sent while it is
+// stopped and read when it runs again, used to be answered from its store until its next
+// catch-up (up to a second later). While its pause guard holds, they are asked of the keys'
+// other owners instead.
+TEST_F(ClusterRestartWithinLeaseTest, AnOwnerContinuedAfterAStopServesItsOwnClientsNoDeletedUnit) {
+  auto writer = Connect(0, "tok-alice");
+  ASSERT_NE(writer, nullptr);
+  PutSession(writer.get(), "paused-local");
+  const std::vector<Key> chain = Chain("paused-local");
+  auto local = Connect(2, "tok-alice");  // connected before the stop
+  ASSERT_NE(local, nullptr);
+  nodes_[2]->Signal(SIGSTOP);
+  ASSERT_TRUE(writer->Delete(chain).ok());
+  std::vector<std::vector<uint8_t>> got;
+  std::vector<bool> found;
+  Status read = Status::Internal("not read");
+  StatusOr<daemon::LookupResult> looked = Status::Internal("not looked up");
+  std::thread client([&] {
+    read = local->GetCopy(chain, &got, &found);
+    looked = local->Lookup(chain);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  nodes_[2]->Signal(SIGCONT);
+  client.join();
+  ASSERT_TRUE(read.ok()) << read.message();
+  EXPECT_EQ(std::count(found.begin(), found.end(), true), 0)
+      << "n2 served its own client units deleted while it was stopped";
+  ASSERT_TRUE(looked.ok()) << looked.status().message();
+  EXPECT_EQ(looked->hit_count, 0u) << "n2 counted units deleted while it was stopped";
+  EXPECT_EQ(Metric(Metrics(2), "kvtier_cluster_pauses_total"), 1);
+}
+
 }  // namespace
 }  // namespace kvtier::cluster

@@ -86,9 +86,9 @@ TEST_F(ClusterStoppedPeerTest, OneTimeoutThenCallsToTheStoppedPeerFailAtOnce) {
   ASSERT_TRUE(st.ok() && (*st)[0].ok());
   EXPECT_EQ(Metric(Metrics(0), "kvtier_cluster_peer_calls_failed_fast_total"), fast_before);
 
-  // n2 drops what the tombstones name at its next catch-up (about a second, "Not
-  // guaranteed": a continued node's local clients until then); then every node serves the
-  // new bytes of every unit.
+  // n2 drops what the tombstones name at its catch-up (until then, after its pause, it reads
+  // nothing from its store: docs/CLUSTER.md, "Tombstones"); every node serves the new bytes
+  // of every unit.
   auto read_all = [&](int node, int* stale, int* wrong) {
     auto c = Connect(node, "tok-alice");
     if (c == nullptr) return false;

@@ -551,7 +551,8 @@ std::string ClusterNode::RenderPrometheus() const {
           "or host).",
           pg.pauses);
   gauge("kvtier_cluster_peer_answers_held",
-        "1 while this node answers no peer read after a pause, until its tombstone catch-up.",
+        "1 while this node serves no read from its store (to peers or its native clients) "
+        "after a pause, until its tombstone catch-up.",
         pg.held);
   counter("kvtier_cluster_repair_refused_deleted_total",
           "Repair copies refused because this node deleted the unit (or its tenant) moments ago.",

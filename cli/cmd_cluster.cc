@@ -52,6 +52,9 @@ struct Health {
   bool ready = false;    // /readyz answered 200
   std::string error;     // why it could not be asked ("" when it answered)
   double under_replicated = -1, moves = -1, done = -1, active = -1;  // -1: not exported
+  // kvtier_cluster_peer_answers_held: 1 while the member serves no read from its store after
+  // a pause of its process, until its tombstone catch-up (-1: not exported).
+  double held = -1;
   // Peer endpoints this member suspects (kvtier_cluster_peer_suspect_seconds: a call to the
   // peer timed out and nothing has answered since), at most kSuspectsPerMemberMax.
   std::vector<std::string> suspects;
@@ -124,6 +127,7 @@ Health QueryHealth(const std::string& admin_endpoint, uint64_t timeout_ms) {
   if (!metrics.ok() || metrics->status != 200) return h;  // health known, repair state not
   const std::string page = "\n" + metrics->body;
   h.under_replicated = MetricValue(page, "kvtier_cluster_under_replicated_units");
+  h.held = MetricValue(page, "kvtier_cluster_peer_answers_held");
   h.moves = MetricValue(page, "kvtier_cluster_moves_in_progress");
   h.done = MetricValue(page, "kvtier_cluster_repair_done_units");
   h.active = MetricValue(page, "kvtier_cluster_repair_active");
@@ -183,6 +187,8 @@ int RunStatus(Args args) {
           " fixed synthetic keys with --replicas owners each; a member's share is its owner "
           "slots over all owner slots, so the shares sum to 1. Each member's health is asked of "
           "the admin endpoint in its record (GET /readyz: ready, NOT-READY or unreachable) and "
+          "HELD when it is ready but serves no read from its store after a pause of its process, "
+          "until it caught up on deletes it may have missed; "
           "its repair state read from its /metrics: UNDER (units it must copy that an owner "
           "still lacks), MOVES (units it holds but no longer owns) and a progress bar of its "
           "current repair scan. SUSPECTED counts the other members whose last call to this "
@@ -324,6 +330,8 @@ int RunStatus(Args args) {
         nlohmann::ordered_json health;
         health["ready"] =
             h.error.empty() ? nlohmann::ordered_json(h.ready) : nlohmann::ordered_json();
+        health["answers_held"] =
+            h.held >= 0 ? nlohmann::ordered_json(h.held > 0) : nlohmann::ordered_json();
         health["error"] =
             h.error.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(h.error);
         health["under_replicated_units"] = num(h.under_replicated);
@@ -357,8 +365,9 @@ int RunStatus(Args args) {
     const Health& h = r.health;
     std::string health = no_health || !h.queried ? "-"
                          : !h.error.empty()      ? "unreachable"
-                         : h.ready               ? "ready"
-                                                 : "NOT-READY";
+                         : !h.ready              ? "NOT-READY"
+                         : h.held > 0            ? "HELD"
+                                                 : "ready";
     auto count = [](double v) { return v >= 0 ? std::to_string(static_cast<uint64_t>(v)) : "-"; };
     std::string bar = h.under_replicated >= 0 || h.moves >= 0 ? ProgressBar(h.Progress()) : "-";
     if (h.active > 0) bar += " scanning";

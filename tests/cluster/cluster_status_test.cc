@@ -225,7 +225,25 @@ TEST_F(ClusterStatusSuspectTest, AMemberItsPeersCannotReachIsCountedAsSuspected)
   EXPECT_EQ(j["members"][2]["health"]["suspected_by"], 1 + n1_suspects_n2) << out;
   EXPECT_EQ(j["members"][0]["health"]["suspected_by"], 0) << out;
   EXPECT_EQ(j["members"][1]["health"]["suspected_by"], 0) << out;
+
+  // Continued after seconds stopped, n2 holds its store's answers until it caught up on the
+  // deletes it may have missed (docs/CLUSTER.md, "Tombstones": peer_timeout_ms +
+  // etcd_timeout_ms, 4 s here): HELD, then ready.
   nodes_[2]->Signal(SIGCONT);
+  ASSERT_EQ(Kvtier("cluster status " + EtcdFlag(), &out), 0) << out;
+  EXPECT_EQ(columns(2).substr(0, 5), "HELD ") << out;
+  ASSERT_EQ(Kvtier("cluster status --json " + EtcdFlag(), &out), 0) << out;
+  j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["members"][2]["health"]["answers_held"], true) << out;
+  EXPECT_EQ(j["members"][0]["health"]["answers_held"], false) << out;
+  ASSERT_TRUE(kt::WaitFor(
+      [&] {
+        return Kvtier("cluster status " + EtcdFlag(), &out) == 0 &&
+               columns(2).substr(0, 6) == "ready ";
+      },
+      20000))
+      << out;
 }
 
 }  // namespace

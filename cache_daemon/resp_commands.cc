@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <iterator>
 #include <limits>
 #include <utility>
 
@@ -91,20 +92,27 @@ bool ParseRedisInt64(std::string_view s, int64_t* out) {
   return ec == std::errc() && p == s.data() + s.size();
 }
 
+namespace {
+
+// How Redis quotes a client's bytes in an error ("%.*s" of a C string): up to the first NUL
+// and at most max bytes.
+std::string_view CString(std::string_view s, size_t max) {
+  return s.substr(0, std::min(s.find('\0'), max));
+}
+constexpr size_t kShownBytesMax = 128;
+
+}  // namespace
+
 std::string UnknownCommandMessage(std::span<const std::string_view> argv) {
-  constexpr size_t kShownBytesMax = 128;
-  auto c_string = [](std::string_view s, size_t max) {
-    return s.substr(0, std::min(s.find('\0'), max));
-  };
   std::string args;
   for (size_t i = 1; i < argv.size() && args.size() < kShownBytesMax; ++i) {
-    const std::string_view shown = c_string(argv[i], kShownBytesMax - args.size());
+    const std::string_view shown = CString(argv[i], kShownBytesMax - args.size());
     args += '\'';
     args += shown;
     args += "' ";
   }
   std::string msg = "ERR unknown command '";
-  if (!argv.empty()) msg += c_string(argv[0], kShownBytesMax);
+  if (!argv.empty()) msg += CString(argv[0], kShownBytesMax);
   return msg + "', with args beginning with: " + args;
 }
 
@@ -116,7 +124,7 @@ bool ArityAllows(int arity, size_t argc) {
 namespace {
 
 struct Subcommand {
-  std::string_view name, sub;
+  std::string_view name, sub;  // upper case
   int arity;
 };
 constexpr Subcommand kSubcommands[] = {
@@ -126,41 +134,37 @@ constexpr Subcommand kSubcommands[] = {
     {"CONFIG", "HELP", 2},
 };
 
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
+bool EqualsIgnoringCase(std::string_view upper, std::string_view s) {
+  return upper.size() == s.size() &&
+         std::equal(upper.begin(), upper.end(), s.begin(), [](char u, char c) {
+           return u == static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+         });
 }
 
-std::string Upper(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return out;
+// upper_name's subcommand `sub` (any case); null when this front end does not implement it.
+const Subcommand* FindSubcommand(std::string_view upper_name, std::string_view sub) {
+  for (const Subcommand& s : kSubcommands) {
+    if (s.name == upper_name && EqualsIgnoringCase(s.sub, sub)) return &s;
+  }
+  return nullptr;
 }
 
 }  // namespace
 
-bool HasSubcommands(std::string_view name) { return name == "CLIENT" || name == "CONFIG"; }
-
-int SubcommandArity(std::string_view name, std::string_view sub) {
-  for (const Subcommand& s : kSubcommands) {
-    if (s.name == name && s.sub == sub) return s.arity;
-  }
-  return 0;
+bool HasSubcommands(std::string_view name) {
+  return std::any_of(std::begin(kSubcommands), std::end(kSubcommands),
+                     [&](const Subcommand& s) { return s.name == name; });
 }
 
-std::string SubcommandError(std::span<const std::string_view> argv) {
-  const std::string name = Upper(argv[0]);
-  const std::string sub = Upper(argv[1]);
-  const int arity = SubcommandArity(name, sub);
-  if (arity == 0) {
-    // Redis: "%.128s" of the subcommand as given (up to a NUL byte), the command in upper case.
-    constexpr size_t kShownBytesMax = 128;
-    const std::string_view shown = argv[1].substr(0, std::min(argv[1].find('\0'), kShownBytesMax));
-    return "ERR unknown subcommand '" + std::string(shown) + "'. Try " + name + " HELP.";
+std::string SubcommandError(std::string_view upper_name, std::span<const std::string_view> argv) {
+  const Subcommand* s = FindSubcommand(upper_name, argv[1]);
+  if (s == nullptr) {  // Redis: the subcommand as given, the command in upper case
+    return "ERR unknown subcommand '" + std::string(CString(argv[1], kShownBytesMax)) + "'. Try " +
+           std::string(upper_name) + " HELP.";
   }
-  if (!ArityAllows(arity, argv.size())) {
-    return "ERR wrong number of arguments for '" + Lower(name) + "|" + Lower(sub) + "' command";
+  if (!ArityAllows(s->arity, argv.size())) {
+    return "ERR wrong number of arguments for '" + LowerName(s->name) + "|" + LowerName(s->sub) +
+           "' command";
   }
   return "";
 }

@@ -25,16 +25,14 @@ int CommandArity(std::string_view upper_name);
 // True when argc arguments (including the name) fit `arity` (non-zero).
 bool ArityAllows(int arity, size_t argc);
 // The commands with subcommands this front end implements (CLIENT, CONFIG; name in upper
-// case), and a subcommand's Redis-style arity (command and subcommand included; 0: this front
-// end does not implement it).
+// case). Their subcommands and Redis-style arities are a table in resp_commands.cc.
 bool HasSubcommands(std::string_view upper_name);
-int SubcommandArity(std::string_view upper_name, std::string_view upper_sub);
-// Redis's refusal of argv (argv[0] one of HasSubcommands, argv.size() >= 2) when its
-// subcommand is not implemented or its argument count does not fit ("ERR unknown subcommand
-// 'x'. Try CLIENT HELP.", "ERR wrong number of arguments for 'client|setname' command");
-// empty when argv is a well-formed call. Checked when a command runs and when MULTI queues it
-// (a refused one discards the transaction at EXEC, as in Redis).
-std::string SubcommandError(std::span<const std::string_view> argv);
+// Redis's refusal of argv (its command upper_name, one of HasSubcommands; argv.size() >= 2)
+// when its subcommand is not implemented ("ERR unknown subcommand 'x'. Try CLIENT HELP.") or
+// its argument count does not fit ("ERR wrong number of arguments for 'client|setname'
+// command"); empty when argv is a well-formed call. Checked when a command runs and when MULTI
+// queues it (a refused one discards the transaction at EXEC, as in Redis).
+std::string SubcommandError(std::string_view upper_name, std::span<const std::string_view> argv);
 // The reply lines of `<name> HELP` (simple strings, Redis's layout: usage, then each
 // subcommand and its description).
 std::span<const std::string_view> SubcommandHelp(std::string_view upper_name);

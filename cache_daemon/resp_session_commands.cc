@@ -140,7 +140,7 @@ StatusCode RespSession::QueueCommand(const std::string& cmd,
     return StatusCode::kInvalidArgument;
   }
   if (resp::HasSubcommands(cmd)) {  // Redis checks a subcommand's name and arity when queuing
-    std::string error = resp::SubcommandError(a);
+    std::string error = resp::SubcommandError(cmd, a);
     if (!error.empty()) {
       txn_.Flag();
       resp::AppendError(error, &out_);
@@ -187,7 +187,7 @@ internal::RespKeyspaceContext RespSession::Keyspace() {
 
 StatusCode RespSession::Subcommand(const std::string& cmd, const std::vector<std::string_view>& a) {
   if (a.size() < 2) return WrongArgs(cmd);
-  if (std::string error = resp::SubcommandError(a); !error.empty()) {
+  if (std::string error = resp::SubcommandError(cmd, a); !error.empty()) {
     resp::AppendError(error, &out_);
     return StatusCode::kInvalidArgument;
   }

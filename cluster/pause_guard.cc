@@ -41,13 +41,12 @@ void PauseGuard::Stop() {
 }
 
 bool PauseGuard::Current() const {
-  if (held_.load(std::memory_order_acquire)) return false;
   const uint64_t last = last_tick_ms_.load(std::memory_order_acquire);
   const uint64_t now = clock_->NowMs();
   // The tick thread has not run for pause_ms: this process is (or was just) paused, and the
   // thread that will notice it has not yet.
   if (now > last && now - last > options_.pause_ms) return false;
-  // A tick between the first check and the read of last_tick_ms_ may have set a hold.
+  // Read after last_tick_ms_: a tick that noticed a pause set the hold before it moved it.
   return !held_.load(std::memory_order_acquire);
 }
 
@@ -64,8 +63,9 @@ void PauseGuard::Tick() {
     pauses_.fetch_add(1, std::memory_order_relaxed);
     last_pause_ms_.store(now - last, std::memory_order_relaxed);
     KVTIER_LOG(kWarn) << "cluster: this process did not run for " << now - last
-                      << " ms; its peers get no answer from its store for " << options_.hold_ms
-                      << " ms and until a tombstone catch-up after that succeeds";
+                      << " ms; no read is served from its store (to peers or its clients) for "
+                      << options_.hold_ms << " ms and until a tombstone catch-up after that "
+                      << "succeeds";
   }
   last_tick_ms_.store(now, std::memory_order_release);
 }

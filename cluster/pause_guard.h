@@ -1,5 +1,5 @@
-// PauseGuard: holds this node's answers to its peers after the process did not run for a
-// while (docs/CLUSTER.md, "Tombstones").
+// PauseGuard: holds the reads this node serves from its store, to its peers and to its own
+// native clients, after the process did not run for a while (docs/CLUSTER.md, "Tombstones").
 //
 // A node stopped while still in its peers' views (SIGSTOP, a stalled VM, a starved host)
 // misses the deletes sent to it meanwhile: the deleting node's call times out
@@ -7,7 +7,8 @@
 // acknowledges the delete. A peer GET sent to the stopped node after that acknowledgement
 // waits in its socket, and when the node ran again it used to be answered from the store the
 // delete never reached, until the next tombstone catch-up (up to a second later; the cluster
-// judge, seed 646: a GET returned the value a DELETE acknowledged before it removed).
+// judge, seed 646: a GET returned the value a DELETE acknowledged before it removed). Its own
+// clients' requests, queued the same way, likewise.
 //
 // One thread ticks every tick_ms. A gap of more than pause_ms between two ticks, or since the
 // last tick when Current() is asked (the tick thread has not run since the process did), is a
@@ -60,8 +61,8 @@ class PauseGuard {
   void Start();  // the tick thread and the catch-up thread
   void Stop();
 
-  // True when this node may answer its peers from its store: no pause since the last tick
-  // (which is at most about tick_ms old), and none held.
+  // True when this node may serve reads from its store (ClusterNode's peer handler, Service's
+  // GET and LOOKUP): no pause since the last tick (at most about tick_ms old), none held.
   bool Current() const;
   PauseGuardStats stats() const;
 

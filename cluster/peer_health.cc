@@ -8,7 +8,7 @@
 namespace kvtier::cluster {
 namespace {
 
-uint64_t NowMs() { return SteadyClock().NowMs(); }
+uint64_t NowMs() { return DefaultSteadyClock().NowMs(); }
 
 }  // namespace
 

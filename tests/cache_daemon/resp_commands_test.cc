@@ -275,7 +275,12 @@ TEST(RespArity, KnownCommandsAndCounts) {
 // argument count, word for word (redis-server 7.0.15; kvtier_resp_differential_test compares
 // them live, in and out of MULTI).
 TEST(RespSubcommands, RedisRefusals) {
-  auto error = [](SV v) { return resp::SubcommandError(v); };
+  // The caller passes the command upper-cased (as the session does).
+  auto error = [](SV v) {
+    std::string upper(v[0]);
+    for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return resp::SubcommandError(upper, v);
+  };
   EXPECT_EQ(error({"CLIENT", "SETNAME", "cl-1"}), "");
   EXPECT_EQ(error({"client", "setname", "cl-1"}), "");
   EXPECT_EQ(error({"CONFIG", "GET", "save"}), "");

@@ -94,15 +94,18 @@ std::string DefaultDraftPath(const std::string& model_path) {
   return path + "-dspark.safetensors";
 }
 
-const float* DraftContext::Row(int64_t pos) const {
+const float* DraftContext::Entry(int64_t pos) const {
   const int64_t first = end_ - static_cast<int64_t>(rows_.size());
   if (pos < first || pos >= end_) return nullptr;
   return rows_[static_cast<size_t>(pos - first)].data();
 }
 
+const float* DraftContext::Row(int64_t pos) const { return Entry(pos); }
+
 void DraftContext::Clear() {
   rows_.clear();
   end_ = 0;
+  owner_ = nullptr;
 }
 
 void DSpark::Mm(const float* x, int rows, int in, const float* w, int out, float* y) const {
@@ -221,11 +224,14 @@ Status DSpark::Observe(const AttnInputCapture& cap, int64_t from, int64_t count,
       return Status::InvalidArgument("dspark: the capture lacks the observed positions");
     src[i] = cap.stream_mean[s].data() + (from - f) * D;
   }
+  if (!ctx->rows_.empty() && ctx->owner_ != this)
+    return Status::InvalidArgument("dspark: the context was observed by another draft");
   if (from != ctx->end_) {
     if (!ctx->rows_.empty() && from < ctx->end_)
       return Status::InvalidArgument("dspark: observed positions overlap the context");
     ctx->rows_.clear();
   }
+  ctx->owner_ = this;
   // Only the last `keep` rows can stay; they are projected in one MatMul (a row's result does
   // not depend on the rows beside it, ops.h: the same bits as one call per row).
   const int64_t keep = config_.sliding_window + 1;
@@ -239,41 +245,94 @@ Status DSpark::Observe(const AttnInputCapture& cap, int64_t from, int64_t count,
   }
   std::vector<float> proj(static_cast<size_t>(rows * D));
   if (rows > 0) Mm(cat.data(), static_cast<int>(rows), NT * D, proj_, D, proj.data());
+  // main_x of every row, then each block's latent and key of all rows (one MatMul per block:
+  // a row's result does not depend on the rows beside it, so these are the bits a draft pass
+  // computing them itself would get).
+  const int hd = config_.head_dim, rd = config_.qk_rope_head_dim;
+  const int64_t entry = D + static_cast<int64_t>(blocks_.size()) * 2 * hd;
+  std::vector<float> mx(static_cast<size_t>(rows * D)), xin(static_cast<size_t>(rows * D)),
+      lat(static_cast<size_t>(rows * hd));
+  std::vector<std::vector<float>> fresh(static_cast<size_t>(rows), std::vector<float>(entry));
+  const int R = static_cast<int>(rows), pairs = static_cast<int>(rope_.size());
+  const double eps = config_.rms_norm_eps;
+  RmsNormRows(proj.data(), R, proj_norm_, D, eps, mx.data());
+  // Each row's rotation, shared by its keys in every block.
+  std::vector<float> rc(static_cast<size_t>(rows) * pairs), rs(rc.size());
   for (int64_t t = 0; t < rows; ++t) {
-    std::vector<float> row(D);
-    RmsNorm(proj.data() + t * D, proj_norm_, D, config_.rms_norm_eps, row.data());
-    ctx->rows_.push_back(std::move(row));
+    std::memcpy(fresh[t].data(), mx.data() + t * D, D * 4);
+    RopeRotation(rope_, from + skip + t, rc.data() + t * pairs, rs.data() + t * pairs);
+  }
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    const Block& bl = blocks_[b];
+    RmsNormRows(mx.data(), R, bl.attn_norm, D, eps, xin.data());
+    if (rows > 0) Mm(xin.data(), R, D, bl.wkv, hd, lat.data());
+    RmsNormRows(lat.data(), R, bl.kv_norm, hd, eps, lat.data());
+    for (int64_t t = 0; t < rows; ++t) {
+      float* li = fresh[t].data() + D + static_cast<int64_t>(b) * 2 * hd;
+      float* ki = li + hd;
+      std::memcpy(li, lat.data() + t * hd, hd * 4);
+      std::memcpy(ki, li, hd * 4);
+      ApplyRopeRotation(ki + hd - rd, rc.data() + t * pairs, rs.data() + t * pairs, pairs, false);
+    }
+  }
+  for (int64_t t = 0; t < rows; ++t) {
+    ctx->rows_.push_back(std::move(fresh[t]));
     if (static_cast<int64_t>(ctx->rows_.size()) > keep) ctx->rows_.pop_front();
   }
   ctx->end_ = from + count;
   return Status::Ok();
 }
 
-void DSpark::Moe(const Block& b, const float* x, float* out) const {
+void DSpark::MoeRows(const Block& b, const float* x, int rows, float* out) const {
   const int D = config_.hidden_size, I = config_.moe_intermediate_size, E = dc_.n_routed_experts;
   const float lim = static_cast<float>(config_.swiglu_limit);
-  std::vector<float> s(E);
-  Mm(x, 1, D, b.gate, E, s.data());
-  int top = 0;
-  for (int e = 0; e < E; ++e) {
-    s[e] = std::sqrt(Softplus(s[e]));
-    if (s[e] > s[top]) top = e;
-  }
-  auto swiglu = [&](const float* w1, const float* w3, const float* w2, float weight, bool weighted,
-                    float* y) {
-    std::vector<float> g(I), u(I);
-    Mm(x, 1, D, w1, I, g.data());
-    Mm(x, 1, D, w3, I, u.data());
-    for (int i = 0; i < I; ++i) {
-      g[i] = Silu(std::min(g[i], lim)) * std::clamp(u[i], -lim, lim);
-      if (weighted) g[i] = g[i] * weight;
+  std::vector<float> s(static_cast<size_t>(rows) * E);
+  Mm(x, rows, D, b.gate, E, s.data());
+  std::vector<int> top(rows, 0);
+  for (int t = 0; t < rows; ++t) {
+    float* st = s.data() + static_cast<int64_t>(t) * E;
+    for (int e = 0; e < E; ++e) {
+      st[e] = std::sqrt(Softplus(st[e]));
+      if (st[e] > st[top[t]]) top[t] = e;
     }
-    Mm(g.data(), 1, I, w2, D, y);
+  }
+  // SwiGLU of n rows of xs through one expert into y; weights: a factor per row, or none.
+  std::vector<float> g(static_cast<size_t>(rows) * I), u(g.size());
+  auto swiglu = [&](const float* xs, int n, const float* w1, const float* w3, const float* w2,
+                    const float* weights, float* y) {
+    Mm(xs, n, D, w1, I, g.data());
+    Mm(xs, n, D, w3, I, u.data());
+    for (int t = 0; t < n; ++t) {
+      for (int i = 0; i < I; ++i) {
+        float& gi = g[static_cast<size_t>(t) * I + i];
+        gi = Silu(std::min(gi, lim)) * std::clamp(u[static_cast<size_t>(t) * I + i], -lim, lim);
+        if (weights != nullptr) gi = gi * weights[t];
+      }
+    }
+    Mm(g.data(), n, I, w2, D, y);
   };
-  std::vector<float> routed(D);
-  swiglu(b.s_w1, b.s_w3, b.s_w2, 1.0f, false, out);
-  swiglu(b.w1[top], b.w3[top], b.w2[top], s[top], true, routed.data());
-  for (int d = 0; d < D; ++d) out[d] += routed[d];
+  swiglu(x, rows, b.s_w1, b.s_w3, b.s_w2, nullptr, out);
+  std::vector<float> xs(static_cast<size_t>(rows) * D), ys(xs.size()), ws(rows);
+  std::vector<int> members;
+  for (int e = 0; e < E; ++e) {
+    members.clear();
+    for (int t = 0; t < rows; ++t) {
+      if (top[t] == e) members.push_back(t);
+    }
+    if (members.empty()) continue;
+    const int n = static_cast<int>(members.size());
+    for (int j = 0; j < n; ++j) {
+      std::memcpy(xs.data() + static_cast<int64_t>(j) * D, x + static_cast<int64_t>(members[j]) * D,
+                  D * 4);
+      ws[j] = s[static_cast<size_t>(members[j]) * E + e];
+    }
+    swiglu(xs.data(), n, b.w1[e], b.w3[e], b.w2[e], ws.data(), ys.data());
+    for (int j = 0; j < n; ++j) {
+      float* o = out + static_cast<int64_t>(members[j]) * D;
+      const float* y = ys.data() + static_cast<int64_t>(j) * D;
+      for (int d = 0; d < D; ++d) o[d] += y[d];
+    }
+  }
 }
 
 Status DSpark::Draft(const DraftContext& ctx, int32_t last, double temperature,
@@ -286,18 +345,17 @@ Status DSpark::Draft(const DraftContext& ctx, int32_t last, double temperature,
   if (last < 0 || last >= V) return Status::InvalidArgument("dspark: token outside the vocabulary");
   if (temperature > 0 && static_cast<int>(uniforms.size()) < K)
     return Status::InvalidArgument("dspark: sampling needs one uniform per draft position");
+  if (ctx.size() > 0 && ctx.owner_ != this)
+    return Status::InvalidArgument("dspark: the context was observed by another draft");
   const int64_t n = ctx.end();
-  // Context slots: positions n-W .. n-1 that the context holds.
-  std::vector<int64_t> kpos;
+  // Context slots: positions n-W .. n-1 that the context holds (their latents and keys were
+  // computed when they were observed).
   std::vector<const float*> crow;
   for (int64_t p = n - W; p < n; ++p) {
-    const float* row = p >= 0 ? ctx.Row(p) : nullptr;
-    if (row == nullptr) continue;
-    kpos.push_back(p);
-    crow.push_back(row);
+    const float* row = p >= 0 ? ctx.Entry(p) : nullptr;
+    if (row != nullptr) crow.push_back(row);
   }
-  const int C = static_cast<int>(kpos.size());
-  for (int k = 0; k < K; ++k) kpos.push_back(n + k);
+  const int C = static_cast<int>(crow.size());
   const int NK = C + K;
   std::vector<float> h(static_cast<size_t>(K) * D);
   for (int k = 0; k < K; ++k) {
@@ -306,54 +364,67 @@ Status DSpark::Draft(const DraftContext& ctx, int32_t last, double temperature,
       h[k * D + d] = embed_[static_cast<int64_t>(tok) * D + d] + block_pos_[k * D + d];
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<float> xin(static_cast<size_t>(NK) * D), lat(static_cast<size_t>(NK) * hd),
-      keys(static_cast<size_t>(NK) * hd), q(static_cast<size_t>(K) * H * hd),
-      o(static_cast<size_t>(K) * H * hd), f(static_cast<size_t>(K) * D), xn(D), logit(NK);
-  for (const Block& b : blocks_) {
-    // Normalised inputs: the context's main_x rows, then the block's states.
-    for (int i = 0; i < C; ++i) RmsNorm(crow[i], b.attn_norm, D, eps, xin.data() + i * D);
-    for (int k = 0; k < K; ++k)
-      RmsNorm(h.data() + k * D, b.attn_norm, D, eps, xin.data() + (C + k) * D);
-    Mm(xin.data() + static_cast<int64_t>(C) * D, K, D, b.wq, H * hd, q.data());
-    Mm(xin.data(), NK, D, b.wkv, hd, lat.data());
-    for (int i = 0; i < NK; ++i) {
-      float* li = lat.data() + static_cast<int64_t>(i) * hd;
-      RmsNorm(li, b.kv_norm, hd, eps, li);
-      std::memcpy(keys.data() + static_cast<int64_t>(i) * hd, li, hd * 4);
-      ApplyRope(keys.data() + static_cast<int64_t>(i) * hd + hd - rd, rope_, kpos[i], false);
+  std::vector<float> xin(static_cast<size_t>(K) * D), lat(static_cast<size_t>(K) * hd),
+      q(static_cast<size_t>(K) * H * hd), o(static_cast<size_t>(K) * H * hd),
+      f(static_cast<size_t>(K) * D), xn(static_cast<size_t>(K) * D),
+      logit(static_cast<size_t>(K) * H * NK);
+  // Every key and latent the block positions attend to, contiguous: the context's, then the
+  // block's own.
+  std::vector<float> kall(static_cast<size_t>(NK) * hd), lall(kall.size());
+  // The block positions' rotations, shared by their queries and keys in every block.
+  const int pairs = static_cast<int>(rope_.size());
+  std::vector<float> rc(static_cast<size_t>(K) * pairs), rs(rc.size());
+  for (int k = 0; k < K; ++k)
+    RopeRotation(rope_, n + k, rc.data() + k * pairs, rs.data() + k * pairs);
+  for (size_t bi = 0; bi < blocks_.size(); ++bi) {
+    const Block& b = blocks_[bi];
+    // The block's states: normalised, projected to queries and to latents and keys; the
+    // context's latents and keys come from the context.
+    RmsNormRows(h.data(), K, b.attn_norm, D, eps, xin.data());
+    Mm(xin.data(), K, D, b.wq, H * hd, q.data());
+    Mm(xin.data(), K, D, b.wkv, hd, lat.data());
+    for (int i = 0; i < C; ++i) {
+      const float* li = crow[i] + D + static_cast<int64_t>(bi) * 2 * hd;
+      std::memcpy(lall.data() + static_cast<int64_t>(i) * hd, li, hd * 4);
+      std::memcpy(kall.data() + static_cast<int64_t>(i) * hd, li + hd, hd * 4);
     }
+    RmsNormRows(lat.data(), K, b.kv_norm, hd, eps, lat.data());
     for (int k = 0; k < K; ++k) {
+      float* li = lall.data() + static_cast<int64_t>(C + k) * hd;
+      float* ki = kall.data() + static_cast<int64_t>(C + k) * hd;
+      std::memcpy(li, lat.data() + static_cast<int64_t>(k) * hd, hd * 4);
+      std::memcpy(ki, li, hd * 4);
+      ApplyRopeRotation(ki + hd - rd, rc.data() + k * pairs, rs.data() + k * pairs, pairs, false);
       for (int hh = 0; hh < H; ++hh) {
         float* qk = q.data() + (static_cast<int64_t>(k) * H + hh) * hd;
-        ApplyRope(qk + hd - rd, rope_, n + k, false);
-        float mx = -INFINITY;
-        for (int i = 0; i < NK; ++i) {
-          logit[i] = Dot(qk, keys.data() + static_cast<int64_t>(i) * hd, hd) * scale;
-          mx = std::max(mx, logit[i]);
-        }
-        float den = 0.0f;
-        for (int i = 0; i < NK; ++i) {
-          logit[i] = std::exp(logit[i] - mx);
-          den += logit[i];
-        }
-        float* ok = o.data() + (static_cast<int64_t>(k) * H + hh) * hd;
-        for (int d = 0; d < hd; ++d) ok[d] = 0.0f;
-        for (int i = 0; i < NK; ++i) {
-          const float p = logit[i] / den;
-          const float* li = lat.data() + static_cast<int64_t>(i) * hd;
-          Axpy(p, li, hd, ok);
-        }
+        ApplyRopeRotation(qk + hd - rd, rc.data() + k * pairs, rs.data() + k * pairs, pairs, false);
       }
     }
+    // Scores of every query (K x H rows of q) against every key (Dot's sums, bit for bit), a
+    // softmax per query, and the weighted sums of the latents (Axpys in key order, bit for bit).
+    HcMixDots(kall.data(), NK, q.data(), K * H, hd, logit.data(), /*avx2=*/true);
+    for (int t = 0; t < K * H; ++t) {
+      float* lt = logit.data() + static_cast<int64_t>(t) * NK;
+      float mx = -INFINITY;
+      for (int i = 0; i < NK; ++i) {
+        lt[i] = lt[i] * scale;
+        mx = std::max(mx, lt[i]);
+      }
+      float den = 0.0f;
+      for (int i = 0; i < NK; ++i) {
+        lt[i] = std::exp(lt[i] - mx);
+        den += lt[i];
+      }
+      for (int i = 0; i < NK; ++i) lt[i] = lt[i] / den;
+    }
+    WeightedRowSums(logit.data(), K * H, lall.data(), NK, hd, o.data(), /*avx2=*/true);
     Mm(o.data(), K, H * hd, b.wo, D, f.data());
     for (size_t i = 0; i < h.size(); ++i) h[i] += f[i];
-    for (int k = 0; k < K; ++k) {
-      RmsNorm(h.data() + k * D, b.ffn_norm, D, eps, xn.data());
-      Moe(b, xn.data(), f.data());
-      for (int d = 0; d < D; ++d) h[k * D + d] += f[d];
-    }
+    RmsNormRows(h.data(), K, b.ffn_norm, D, eps, xn.data());
+    MoeRows(b, xn.data(), K, f.data());
+    for (size_t i = 0; i < h.size(); ++i) h[i] += f[i];
   }
-  for (int k = 0; k < K; ++k) RmsNorm(h.data() + k * D, norm_, D, eps, h.data() + k * D);
+  RmsNormRows(h.data(), K, norm_, D, eps, h.data());
   std::vector<float> base(static_cast<size_t>(K) * V), bias(V), feat(D + r);
   Mm(h.data(), K, D, head_, V, base.data());
   out->tokens.assign(K, 0);
@@ -368,7 +439,7 @@ Status DSpark::Draft(const DraftContext& ctx, int32_t last, double temperature,
     std::memcpy(feat.data(), h.data() + k * D, D * 4);
     std::memcpy(feat.data() + D, me, r * 4);
     out->confidence[k] = Sigmoid(Dot(feat.data(), conf_w_, D + r) + conf_b_[0]);
-    int32_t tok = static_cast<int32_t>(std::max_element(lg.begin(), lg.end()) - lg.begin());
+    int32_t tok = static_cast<int32_t>(ArgMax(lg.data(), V));
     if (temperature > 0) {
       const double mx = lg[tok];
       std::vector<double> p(V);

@@ -55,18 +55,27 @@ StatusOr<DSparkConfig> LoadDSparkConfig(const std::string& path, const EngineCon
 // "-dspark.safetensors" (appended when the path has no such suffix).
 std::string DefaultDraftPath(const std::string& model_path);
 
+class DSpark;
+
 // The recent main_x rows of one sequence: positions [end() - size, end()), at most W + 1.
+// Beside each row the draft keeps what every draft pass would compute again from it: per
+// draft block, the row's attention latent (the values) and its RoPE'd copy (the keys). They
+// depend on the DSpark's weights, so a context belongs to the DSpark that observed it (Draft
+// refuses another's).
 class DraftContext {
  public:
   int64_t end() const { return end_; }
   size_t size() const { return rows_.size(); }
-  // Row of `pos` or nullptr when not held.
+  // main_x of `pos` (hidden_size floats) or nullptr when not held.
   const float* Row(int64_t pos) const;
   void Clear();
 
  private:
   friend class DSpark;
+  // Row of `pos`: main_x, then per block b the latent and the key (head_dim each).
+  const float* Entry(int64_t pos) const;
   int64_t end_ = 0;
+  const DSpark* owner_ = nullptr;  // the DSpark whose weights made the latents; null: empty
   std::deque<std::vector<float>> rows_;
 };
 
@@ -109,7 +118,9 @@ class DSpark {
     const float *s_w1, *s_w3, *s_w2;
   };
   DSpark() = default;
-  void Moe(const Block& b, const float* x, float* out) const;
+  // The draft blocks' FFN over `rows` rows of x (D each) into out (D each): the shared expert
+  // and each row's top-1 routed expert, every expert's rows in one MatMul.
+  void MoeRows(const Block& b, const float* x, int rows, float* out) const;
 
   EngineConfig config_;
   DSparkConfig dc_;

@@ -30,6 +30,26 @@ float Dot(const float* a, const float* b, int n) {
   return s;
 }
 
+int64_t ArgMax(const float* x, int64_t n) {
+  // std::max_element keeps x[0] while nothing compares above it: a NaN there is never left.
+  if (n <= 1 || x[0] != x[0]) return 0;
+  // The largest value, NaNs passed over (a compare with a NaN is false), in eight lanes with
+  // no branch; then the first element equal to it, which is std::max_element's (it moves only
+  // to a strictly greater value; -0 and +0 compare equal, so the first zero of either sign).
+  float best[8] = {x[0], x[0], x[0], x[0], x[0], x[0], x[0], x[0]};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) best[k] = x[i + k] > best[k] ? x[i + k] : best[k];
+  }
+  for (; i < n; ++i) best[0] = x[i] > best[0] ? x[i] : best[0];
+  float m = best[0];
+  for (int k = 1; k < 8; ++k) m = best[k] > m ? best[k] : m;
+  for (i = 0; i < n; ++i) {
+    if (x[i] == m) return i;
+  }
+  return 0;  // not reached: m is one of x's non-NaN values
+}
+
 void Dot4(const float* const a[4], const float* b, int n, float out[4]) {
   // Four Dots sharing the loads of b; lane k of vector half h is Dot's acc[4h + k] for one of
   // the four a's, so each result is summed exactly as Dot sums it.

@@ -20,6 +20,11 @@ float Dot(const float* a, const float* b, int n);
 // out[r] = Dot(a[r], b, n) for r < 4, bit for bit, sharing the loads of b.
 void Dot4(const float* const a[4], const float* b, int n, float out[4]);
 
+// The index std::max_element(x, x + n) returns (n > 0): the first maximum, where a NaN at
+// index 0 wins and any other NaN is passed over. The largest value in eight branch-free lanes,
+// then the first element equal to it (std::max_element is one serial compare-and-move chain).
+int64_t ArgMax(const float* x, int64_t n);
+
 // y[i] += a * x[i] for i < n, each element rounded as the product and then the sum (no fused
 // multiply-add: this file is built without FMA), four elements per vector step; bit-identical to
 // the scalar loop. x and y must not overlap.

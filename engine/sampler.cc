@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "engine/ops.h"
+
 namespace kvtier::engine {
 
 double Sampler::NextUniform() {
@@ -43,7 +45,7 @@ int32_t Sampler::Sample(std::span<const float> logits) {
   const int n = static_cast<int>(logits.size());
   if (n == 0) return -1;
   if (temperature_ <= 0) {
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    return static_cast<int32_t>(ArgMax(logits.data(), n));
   }
   std::vector<double> p;
   std::vector<int32_t> order;
@@ -63,7 +65,7 @@ std::vector<double> Sampler::Probabilities(std::span<const float> logits) const 
   std::vector<double> out(n, 0.0);
   if (n == 0) return out;
   if (temperature_ <= 0) {
-    out[std::max_element(logits.begin(), logits.end()) - logits.begin()] = 1.0;
+    out[ArgMax(logits.data(), n)] = 1.0;
     return out;
   }
   std::vector<double> p;

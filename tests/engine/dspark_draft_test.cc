@@ -93,6 +93,69 @@ TEST(DSparkGolden, DraftMatchesReference) {
   EXPECT_LT(sworst, 0.05f);
 }
 
+// The context keeps each row's per-block latents and keys (computed once, when the row is
+// observed): a draft after rows observed one at a time, or a few at a time, is the same bit for
+// bit as one after all of them observed at once.
+TEST(DSparkContext, LatentsDoNotDependOnHowTheRowsWereObserved) {
+  const Trained& m = Model();
+  auto e = MakeEngine();
+  SequenceState st = e->NewSequence();
+  AttnInputCapture cap;
+  cap.layers = m.dconfig.target_layer_ids;
+  e->set_attn_capture(&cap);
+  std::vector<float> out;
+  const std::vector<int32_t> tokens = Bytes(Texts()[0]);
+  ASSERT_GT(tokens.size(), 40u);
+  ASSERT_TRUE(e->Forward(&st, tokens, false, &out).ok());
+  e->set_attn_capture(nullptr);
+  const int64_t n = static_cast<int64_t>(tokens.size()) - 1;  // the last token is `last`
+  DraftContext whole, singles, pairs;
+  ASSERT_TRUE(m.draft->Observe(cap, 0, n, &whole).ok());
+  for (int64_t p = 0; p < n; ++p) ASSERT_TRUE(m.draft->Observe(cap, p, 1, &singles).ok());
+  for (int64_t p = 0; p < n; p += 3)
+    ASSERT_TRUE(m.draft->Observe(cap, p, std::min<int64_t>(3, n - p), &pairs).ok());
+  DraftResult a, b, c;
+  ASSERT_TRUE(m.draft->Draft(whole, tokens.back(), 0, {}, &a).ok());
+  ASSERT_TRUE(m.draft->Draft(singles, tokens.back(), 0, {}, &b).ok());
+  ASSERT_TRUE(m.draft->Draft(pairs, tokens.back(), 0, {}, &c).ok());
+  for (const DraftResult* r : {&b, &c}) {
+    EXPECT_EQ(r->tokens, a.tokens);
+    ASSERT_EQ(r->logits.size(), a.logits.size());
+    for (size_t k = 0; k < a.logits.size(); ++k) {
+      EXPECT_EQ(std::memcmp(r->logits[k].data(), a.logits[k].data(), a.logits[k].size() * 4), 0)
+          << "position " << k;
+    }
+    EXPECT_EQ(std::memcmp(r->confidence.data(), a.confidence.data(), a.confidence.size() * 4), 0);
+  }
+}
+
+// A context's latents come from the weights of the draft that observed it: another draft (even
+// one loaded from the same file) refuses to draft from it or to extend it.
+TEST(DSparkContext, AnotherDraftRefusesTheContext) {
+  const Trained& m = Model();
+  auto other = DSpark::Load(m.config, m.dconfig, m.weights,
+                            Src("deploy/models/kvmini-trained-dspark.safetensors"));
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  AttnInputCapture cap;
+  cap.layers = m.dconfig.target_layer_ids;
+  cap.Clear();
+  const int D = m.config.hidden_size;
+  for (size_t i = 0; i < cap.layers.size(); ++i) {
+    cap.first_pos[i] = 0;
+    cap.stream_mean[i].assign(static_cast<size_t>(8) * D, 0.25f);
+  }
+  DraftContext ctx;
+  ASSERT_TRUE(m.draft->Observe(cap, 0, 4, &ctx).ok());
+  DraftResult r;
+  EXPECT_EQ((*other)->Draft(ctx, 7, 0, {}, &r).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*other)->Observe(cap, 4, 4, &ctx).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(m.draft->Draft(ctx, 7, 0, {}, &r).ok());
+  // Cleared, the context is anyone's.
+  ctx.Clear();
+  EXPECT_TRUE((*other)->Observe(cap, 0, 4, &ctx).ok());
+  EXPECT_TRUE((*other)->Draft(ctx, 7, 0, {}, &r).ok());
+}
+
 // from_pos bounds a long prefill's capture to its tail, with the same rows as a full capture.
 TEST(AttnInputCapture, FromPosKeepsOnlyTheTail) {
   const Trained& m = Model();

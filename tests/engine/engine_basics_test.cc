@@ -395,6 +395,40 @@ TEST(Ops, AxpyIsBitIdenticalToTheScalarLoop) {
 
 // The mHC mixes and the indexer score four dot products per pass with Dot4: each must be the
 // bits of Dot, for every length (8-wide steps and the tail).
+// ArgMax is std::max_element's index on every input: ties (values from a small set), NaNs
+// (at index 0 and elsewhere), infinities, and every length up to a few lanes past 8.
+TEST(Ops, ArgMaxIsMaxElement) {
+  std::mt19937 rng(7);
+  const float special[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1.0f, -1.0f, 2.5f};
+  int checked = 0;
+  for (int n : {1, 2, 7, 8, 9, 15, 16, 17, 31, 64, 100, 512}) {
+    for (int trial = 0; trial < 300; ++trial) {
+      std::vector<float> x(n);
+      for (float& v : x) {
+        const unsigned r = rng() % 16;
+        v = r < 8 ? special[r] : static_cast<float>(static_cast<int>(rng() % 5) - 2);
+      }
+      if (trial % 3 == 0) x[0] = NAN;
+      if (trial % 5 == 0) std::fill(x.begin(), x.end(), -INFINITY);
+      if (trial % 7 == 0) x[rng() % n] = NAN;
+      ASSERT_EQ(ArgMax(x.data(), n), std::max_element(x.begin(), x.end()) - x.begin())
+          << "n " << n << " trial " << trial;
+      ++checked;
+    }
+  }
+  // Distinct values: the maximum in every position.
+  for (int n : {9, 512}) {
+    for (int at = 0; at < n; ++at) {
+      std::vector<float> x(n);
+      for (int i = 0; i < n; ++i) x[i] = static_cast<float>(i % 13) * 0.25f;
+      x[at] = 100.0f;
+      ASSERT_EQ(ArgMax(x.data(), n), at);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 12 * 300 + 9 + 512);
+}
+
 TEST(Ops, Dot4IsBitIdenticalToDot) {
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> u(-3.0f, 3.0f);

@@ -379,8 +379,9 @@ StatusCode RespSession::Set(const std::vector<std::string_view>& a) {
     ttl_ms = o->ttl_ms;
   }
   // Under sync the SET completes asynchronously (sharing commits with every SET pending),
-  // except inside EXEC, whose reply array is built in one go.
-  if (AsyncWrite("SET", a)) {
+  // except inside EXEC, whose reply array is built in one go. (Its options, parsed above,
+  // are plain here: what AsyncWrite would parse again.)
+  if (AsyncWritable()) {
     auto job = std::make_unique<RespSetJob>();
     Status st = shared_->service->RespSetStage(*tenant_, a[1], a[2], ttl_ms, &keys_, job.get());
     if (!st.ok()) return StoreError(st);

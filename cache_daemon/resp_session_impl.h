@@ -175,6 +175,9 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
   // Whether this command (upper-case name cmd) would be a SET, MSET or DEL/UNLINK completed
   // asynchronously.
   bool AsyncWrite(const std::string& cmd, const std::vector<std::string_view>& a) const;
+  // This session's writes may complete asynchronously (durability sync, a tenant, no MULTI
+  // queuing or EXEC): AsyncWrite's part that does not depend on the command.
+  bool AsyncWritable() const;
 
   // Keeps a copy of the command (argv views into the parser's buffer do not survive reads)
   // to run once no SET is pending; counted in Account().

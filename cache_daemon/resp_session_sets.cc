@@ -19,11 +19,13 @@ constexpr std::string_view kOkReply = "+OK\r\n";
 
 }  // namespace
 
+bool RespSession::AsyncWritable() const {
+  return shared_->durable_sets != nullptr && tenant_ != nullptr && !txn_.queuing() &&
+         !txn_.executing();
+}
+
 bool RespSession::AsyncWrite(const std::string& cmd, const std::vector<std::string_view>& a) const {
-  if (shared_->durable_sets == nullptr || tenant_ == nullptr || txn_.queuing() ||
-      txn_.executing()) {
-    return false;
-  }
+  if (!AsyncWritable()) return false;
   if (cmd == "DEL"sv || cmd == "UNLINK"sv) return a.size() >= 2 && thread_sets_ == 0;
   if (a.size() < 3) return false;
   if (cmd == "MSET"sv) return a.size() % 2 == 1;

@@ -335,9 +335,15 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
                                 .state_file = options.data_dir + "/cluster_tombstone_revision"},
       [handler](std::span<const cluster::PeerKey> keys) { (void)handler->Delete(keys); },
       [handler](std::string_view tenant) { (void)handler->DeleteTenant(tenant); });
+  // The hold covers every tombstone written for a call this node missed while paused: calls
+  // that timed out on it (peer_timeout_ms), and, with suspicion on, calls that failed at once
+  // because a peer still suspected it, which go on until that peer's next probe reaches it
+  // (at most peer_probe_interval_ms after it runs again); each tombstone is written within
+  // etcd_timeout_ms after its call failed.
   node->pause_guard_ = std::make_unique<cluster::PauseGuard>(
-      cluster::PauseGuardOptions{.pause_ms = std::max<uint64_t>(c.peer_timeout_ms / 2, 1),
-                                 .hold_ms = c.peer_timeout_ms + c.etcd_timeout_ms},
+      cluster::PauseGuardOptions{
+          .pause_ms = std::max<uint64_t>(c.peer_timeout_ms / 2, 1),
+          .hold_ms = std::max(c.peer_timeout_ms, c.peer_probe_interval_ms) + c.etcd_timeout_ms},
       [t = node->tombstones_.get()] { return t->CatchUp(); });
   node->pause_guard_->Start();
   handler->SetPauseGuard(node->pause_guard_.get());

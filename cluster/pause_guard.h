@@ -18,6 +18,10 @@
 // the tombstones of every delete that timed out on the pause: their calls timed out before
 // the node ran again or while it got to them (peer_timeout_ms), and their records were
 // written within etcd_timeout_ms after that (or failed, and the delete was not acknowledged).
+// With peer suspicion on (cluster/peer_health.h) a peer that suspects this node fails its
+// calls here at once, tombstones instead, until its next probe reaches the node, which is at
+// most peer_probe_interval_ms after the node runs again: kvtierd's hold_ms is the longer of
+// the two plus etcd_timeout_ms.
 // pause_ms is below peer_timeout_ms: a shorter pause cannot have made a delete time out
 // unless the node then took longer than peer_timeout_ms - pause_ms to get to it.
 //
@@ -39,7 +43,7 @@ namespace kvtier::cluster {
 struct PauseGuardOptions {
   uint64_t tick_ms = 50;
   uint64_t pause_ms = 1000;  // [cluster] peer_timeout_ms / 2
-  uint64_t hold_ms = 4000;   // [cluster] peer_timeout_ms + etcd_timeout_ms
+  uint64_t hold_ms = 4000;   // max(peer_timeout_ms, peer_probe_interval_ms) + etcd_timeout_ms
   uint64_t retry_ms = 500;   // after a failed catch-up
 };
 

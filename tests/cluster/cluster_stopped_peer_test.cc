@@ -7,6 +7,10 @@
 // catch-up applies the tombstones, and every node serves the new bytes.
 #include <signal.h>
 
+#include <chrono>
+#include <random>
+#include <thread>
+
 #include "tests/cluster/cluster_fixture.h"
 
 namespace kvtier::cluster {
@@ -109,6 +113,94 @@ TEST_F(ClusterStoppedPeerTest, OneTimeoutThenCallsToTheStoppedPeerFailAtOnce) {
     ASSERT_TRUE(read_all(node, &stale, &wrong));
     EXPECT_EQ(stale, 0) << "node " << node;
     EXPECT_EQ(wrong, 0) << "node " << node;
+  }
+}
+
+// A copy keeper continued while a writer still suspects it: the writer's probes come every
+// peer_probe_interval_ms (3 s here, longer than peer_timeout_ms), so for up to 3 s after the
+// keeper runs again its PUTs fail their calls to it at once and leave tombstones instead. The
+// keeper holds its store's answers after the pause until then (peer_probe_interval_ms +
+// etcd_timeout_ms; peer_timeout_ms + etcd_timeout_ms, 1 s here, would end the hold first and
+// its clients would read the copies those PUTs replaced until its next catch-up).
+class ClusterSuspectKeeperTest : public ClusterStoppedPeerTest {
+ protected:
+  std::string ExtraClusterConfig(int /*i*/) override {
+    return "get_copy_bytes_max = 8388608\nwrite_acks = 1\npeer_probe_interval_ms = 3000\n";
+  }
+  uint64_t PeerTimeoutMs() const override { return 500; }
+};
+
+TEST_F(ClusterSuspectKeeperTest, AKeeperContinuedWhileSuspectServesItsClientsNoReplacedCopy) {
+  auto writer = Connect(0, "tok-alice");
+  ASSERT_NE(writer, nullptr);
+  auto old_values = PutSession(writer.get(), "keeper");
+  const std::vector<Key> chain = Chain("keeper");
+  ASSERT_GE(chain.size(), 4u);
+  {
+    auto reader = Connect(2, "tok-alice");
+    ASSERT_NE(reader, nullptr);
+    std::vector<std::vector<uint8_t>> got;
+    std::vector<bool> found;
+    ASSERT_TRUE(reader->GetCopy(chain, &got, &found).ok());
+    ASSERT_GT(Metric(Metrics(2), "kvtier_cluster_copy_units"), 0);
+  }
+  std::mt19937 rng(11);
+  auto put_new = [&](size_t i, std::vector<uint8_t>* value) {
+    value->resize(old_values[i].size());
+    for (auto& b : *value) b = static_cast<uint8_t>(rng());
+    PutUnit unit{.key = chain[i], .value = *value};
+    auto st = writer->Put(std::span<const PutUnit>(&unit, 1), {});
+    return st.ok() && (*st)[0].ok();
+  };
+  std::vector<std::vector<uint8_t>> new_values(chain.size());
+  nodes_[2]->Signal(SIGSTOP);
+  // The first PUT's call to n2 times out: n0 suspects n2 and probes it at once; that probe
+  // times out too, and the next comes 3 s later.
+  ASSERT_TRUE(put_new(0, &new_values[0]));
+  ASSERT_TRUE(kt::WaitFor(
+      [&] { return Metric(Metrics(0), "kvtier_cluster_peer_probes_failed_total") >= 1; }, 5000));
+  nodes_[2]->Signal(SIGCONT);
+  // Past the hold that peer_timeout_ms + etcd_timeout_ms would give (and its catch-up).
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  auto own = Connect(2, "tok-alice");
+  ASSERT_NE(own, nullptr);
+  int fast = 0, stale = 0;
+  for (size_t i = 1; i < chain.size(); ++i) {
+    const double before = Metric(Metrics(0), "kvtier_cluster_peer_calls_failed_fast_total");
+    ASSERT_TRUE(put_new(i, &new_values[i])) << "unit " << i;
+    if (Metric(Metrics(0), "kvtier_cluster_peer_calls_failed_fast_total") == before) break;
+    ++fast;  // n2 never heard of this PUT: only a tombstone names the key
+    std::vector<std::vector<uint8_t>> got;
+    std::vector<bool> found;
+    ASSERT_TRUE(own->GetCopy(std::span<const Key>(&chain[i], 1), &got, &found).ok());
+    if (found[0] && got[0] == old_values[i]) ++stale;
+  }
+  EXPECT_GE(fast, 2) << "the PUTs after the continue did not find n2 suspect";
+  EXPECT_EQ(stale, 0) << "of " << fast << " units overwritten while n0 suspected n2, n2 served "
+                      << stale << " from the copies the overwrites replaced";
+  // Once the probe reaches n2 and n2 caught up, every node serves the new bytes.
+  for (size_t i = 0; i < chain.size(); ++i) {
+    if (new_values[i].empty()) {
+      ASSERT_TRUE(put_new(i, &new_values[i]));
+    }
+  }
+  ASSERT_TRUE(
+      kt::WaitFor([&] { return Metric(Metrics(0), "kvtier_cluster_peer_suspects") == 0; }, 15000));
+  for (int node = 0; node < kNodes; ++node) {
+    auto c = Connect(node, "tok-alice");
+    ASSERT_NE(c, nullptr);
+    ASSERT_TRUE(kt::WaitFor(
+        [&] {
+          std::vector<std::vector<uint8_t>> got;
+          std::vector<bool> found;
+          if (!c->GetCopy(chain, &got, &found).ok()) return false;
+          for (size_t i = 0; i < chain.size(); ++i) {
+            if (!found[i] || got[i] != new_values[i]) return false;
+          }
+          return true;
+        },
+        15000))
+        << "node " << node << " does not serve the new bytes";
   }
 }
 

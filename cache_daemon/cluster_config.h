@@ -27,10 +27,8 @@ struct ClusterServeOptions {
   uint64_t etcd_timeout_ms = 2000;  // one etcd request
   uint64_t peer_timeout_ms = 2000;  // one peer request, connect included
   // A peer whose call timed out is probed this often; meanwhile calls to it fail at once
-  // (cluster/peer_health.h). 0: off, the default (every call waits peer_timeout_ms; on, a
-  // continued copy keeper can serve an older copy a moment longer: docs/CLUSTER.md).
-  // 0 or 10..60000.
-  uint64_t peer_probe_interval_ms = 0;
+  // (cluster/peer_health.h). 0: off (every call waits peer_timeout_ms). 0 or 10..60000.
+  uint64_t peer_probe_interval_ms = 500;
   uint32_t peer_connections_max = 64;  // inbound peer connections at once
   uint32_t peer_call_threads = 16;     // outbound peer calls in flight at once, 1..1024
   uint32_t peer_call_queue_max = 256;  // more waiting for a thread; past it refused, 0..65536

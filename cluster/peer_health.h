@@ -26,8 +26,9 @@
 //
 // The cost: until a probe reaches a peer that runs again, its calls still fail, and what a
 // failed call leaves (a PUT's copy keeper told by tombstone instead of DROP_COPIES) lasts
-// until that peer's next catch-up. kvtierd turns this on only with [cluster]
-// peer_probe_interval_ms (docs/CLUSTER.md, "Not guaranteed": "A suspect copy keeper").
+// until that peer's next catch-up; a peer continued after a stop holds its reads until then
+// (cluster/pause_guard.h: its hold is at least one probe interval). kvtierd's [cluster]
+// peer_probe_interval_ms (500 ms by default; 0: off).
 //
 // Thread safety: every method may be called concurrently. The destructor stops and joins the
 // probe threads (a probe in flight runs to its deadline).

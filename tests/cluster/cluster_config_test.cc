@@ -41,8 +41,8 @@ TEST(ClusterConfigTest, AGoodSectionParses) {
   EXPECT_EQ(c.repair_bytes_per_s, 64ull << 20);  // defaults of the repair scan
   EXPECT_EQ(c.repair_retry_ms, 1000u);
   EXPECT_EQ(c.repair_interval_s, 300u);
-  EXPECT_EQ(c.peer_probe_interval_ms, 0u);  // off unless asked for (docs/CLUSTER.md)
-  for (uint64_t ms : {0, 10, 60000}) {      // 0: off
+  EXPECT_EQ(c.peer_probe_interval_ms, 500u);  // suspicion on (docs/CLUSTER.md)
+  for (uint64_t ms : {0, 10, 60000}) {        // 0: off
     auto p = Load(std::string(kGood) + "peer_probe_interval_ms = " + std::to_string(ms) + "\n");
     ASSERT_TRUE(p.ok()) << ms << ": " << p.status().ToString();
     EXPECT_EQ(p->cluster.peer_probe_interval_ms, ms);

@@ -40,7 +40,8 @@
 // leave them out, to tell their failures from others').
 // KVTIER_JUDGE_SEED=<n> in the environment runs another seed; a failure prints its seed, the
 // history of every key it judged wrong and the nemesis's events, and keeps the nodes' logs.
-// KVTIER_JUDGE_PEER_PROBE_MS=<ms> turns peer suspicion on ([cluster] peer_probe_interval_ms).
+// KVTIER_JUDGE_PEER_PROBE_MS=<ms> sets [cluster] peer_probe_interval_ms (peer suspicion; 0 turns
+// it off; kvtierd's default, 500 ms, otherwise).
 #include <signal.h>
 
 #include <algorithm>
@@ -260,8 +261,7 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
   // dropped by get_copy_bytes_max long before DRAM runs short).
   uint64_t DramCapacityBytes(int /*i*/) const override { return 134217728; }
   std::string ExtraClusterConfig(int i) override {
-    // KVTIER_JUDGE_PEER_PROBE_MS=<ms>: peer suspicion on (off by default: docs/CLUSTER.md,
-    // "A suspect copy keeper" says what the judge finds with it).
+    // KVTIER_JUDGE_PEER_PROBE_MS=<ms>: another probe interval for peer suspicion (0: off).
     std::string config;
     if (const char* probe = std::getenv("KVTIER_JUDGE_PEER_PROBE_MS"); probe != nullptr) {
       config =
@@ -273,10 +273,13 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
            "\nget_copy_ttl_ms = " + std::to_string(i == 0 ? kCopyTtlShortMs : kCopyTtlLongMs) +
            "\n";
   }
-  // Adds node n's copy counters to copy_stats_ (call before its process ends, and at the end).
-  void CountCopies(int n) {
-    if (!GetParam()) return;
+  // Adds node n's copy counters to copy_stats_ and its suspicion counters to suspicion_stats_
+  // (call before its process ends, and at the end).
+  void CountNodeStats(int n) {
     const std::string m = Metrics(n);
+    suspicion_stats_[0] += std::max(0.0, Metric(m, "kvtier_cluster_peer_suspicions_total"));
+    suspicion_stats_[1] += std::max(0.0, Metric(m, "kvtier_cluster_peer_calls_failed_fast_total"));
+    if (!GetParam()) return;
     const char* const names[4] = {
         "kvtier_cluster_copy_kept_total", "kvtier_cluster_copy_hits_total",
         "kvtier_cluster_copy_dropped_total", "kvtier_cluster_copy_fenced_total"};
@@ -883,7 +886,8 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
   std::vector<Window> faults_;
   std::mutex events_mu_;
   std::ostringstream events_;
-  double copy_stats_[4] = {};  // copies kept, GET hits on copies, dropped, fenced (all nodes)
+  double copy_stats_[4] = {};       // copies kept, GET hits on copies, dropped, fenced (all nodes)
+  double suspicion_stats_[2] = {};  // peers suspected, calls failed at once (all nodes)
 };
 
 TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
@@ -966,7 +970,7 @@ TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
       Window join{.node = t};
       if (fault == kKillLate || fault == kKillFast) {
         // kill -9; restart on the data directory after the lease ran out (0) or at once (1).
-        CountCopies(t);
+        CountNodeStats(t);
         Event("kill -9 " + name);
         nodes_[t]->Stop(SIGKILL);
         if (fault == kKillLate) {
@@ -1003,7 +1007,7 @@ TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
             kWaitMs));
       } else {
         // A graceful stop (the node leaves at once), then a start: a rejoin with its data.
-        CountCopies(t);
+        CountNodeStats(t);
         Event("SIGTERM " + name);
         ASSERT_EQ(nodes_[t]->Stop(SIGTERM), 0) << nodes_[t]->Log();
         ASSERT_TRUE(kt::WaitFor([&] { return MembersAre(others(t), live.size() - 1); }, kWaitMs));
@@ -1068,7 +1072,7 @@ TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
         final_lookups.push_back(std::move(one));
       }
     }
-    CountCopies(n);
+    CountNodeStats(n);
   }
   for (int n : live) EXPECT_TRUE(nodes_[n]->Alive()) << "n" << n << " died";
 
@@ -1153,12 +1157,13 @@ TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
   std::printf(
       "judge seed %lu copies %s: %d PUTs (%d acked, %d with a TTL), %d DELETEs (%d acked), %zu "
       "tenant deletes (%d acked), %zu GETs of a key: %d hits, %d misses, %d errors; %d LOOKUPs "
-      "of %d keys counted %d; copies kept %.0f, hit %.0f, dropped %.0f, fenced %.0f; %d GET and "
-      "%d LOOKUP violations\n",
+      "of %d keys counted %d; copies kept %.0f, hit %.0f, dropped %.0f, fenced %.0f; peers "
+      "suspected %.0f, calls failed at once %.0f; %d GET and %d LOOKUP violations\n",
       static_cast<unsigned long>(seed), GetParam() ? "on" : "off", puts, puts_acked, ttl_puts,
       deletes, deletes_acked, tenant_deletes_.size(), tenant_deletes_acked, all.size(), hits,
       misses, errors, lookup_count, lookup_units, lookup_hits, copy_stats_[0], copy_stats_[1],
-      copy_stats_[2], copy_stats_[3], violations, lookup_violations);
+      copy_stats_[2], copy_stats_[3], suspicion_stats_[0], suspicion_stats_[1], violations,
+      lookup_violations);
   if (HasFailure()) {
     std::lock_guard lock(events_mu_);
     std::fprintf(stderr, "nemesis (KVTIER_JUDGE_SEED=%lu):\n%s", static_cast<unsigned long>(seed),

@@ -204,13 +204,12 @@ TEST_F(ClusterSuspectKeeperTest, AKeeperContinuedWhileSuspectServesItsClientsNoR
   }
 }
 
-// With the prober off (no [cluster] peer_probe_interval_ms: the default) nothing is suspected: each
-// call waits its own timeout, as before (a short timeout here keeps the case short).
+// With the prober off ([cluster] peer_probe_interval_ms = 0) nothing is suspected: each call
+// waits its own timeout (a short timeout here keeps the case short).
 class ClusterNoProbeTest : public ClusterStoppedPeerTest {
  protected:
-  // No peer_probe_interval_ms: off, the default.
   std::string ExtraClusterConfig(int /*i*/) override {
-    return "get_copy_bytes_max = 8388608\nwrite_acks = 1\n";
+    return "get_copy_bytes_max = 8388608\nwrite_acks = 1\npeer_probe_interval_ms = 0\n";
   }
   uint64_t PeerTimeoutMs() const override { return 600; }
 };

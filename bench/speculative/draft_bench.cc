@@ -14,12 +14,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "bench/speculative/spec_model.h"
 #include "cli/flags.h"
 #include "engine/dspark.h"
 #include "engine/model.h"
@@ -30,7 +30,6 @@ namespace {
 
 constexpr uint64_t kPromptsMax = 1000, kRoundsMax = 1000, kAcceptMax = 16, kRepeatMax = 100;
 constexpr uint64_t kPromptBytesMax = 4096;
-constexpr size_t kTextBytesMax = 64u << 20;
 
 int Fail(const Status& s) {
   std::fprintf(stderr, "kvtier_bench_draft: %s\n", s.ToString().c_str());
@@ -71,25 +70,18 @@ int Main(int argc, char** argv) {
                  (unsigned long long)kPromptBytesMax);
     return 2;
   }
-  auto cfg = LoadEngineConfig(config);
-  if (!cfg.ok()) return Fail(cfg.status());
-  auto dc = LoadDSparkConfig(config, *cfg);
-  if (!dc.ok()) return Fail(dc.status());
-  auto w = LoadWeights(*cfg, model);
-  if (!w.ok()) return Fail(w.status());
-  auto weights = std::make_shared<const ModelWeights>(std::move(*w));
-  auto draft = DSpark::Load(*cfg, *dc, weights, draft_path);
-  if (!draft.ok()) return Fail(draft.status());
+  auto m = LoadSpecModel(config, model, draft_path);
+  if (!m.ok()) return Fail(m.status());
+  const EngineConfig* cfg = &m->config;
+  const DSpark* draft = m->draft.get();
   EngineOptions eo;
   eo.threads = 1;
-  auto eng = Engine::Create(*cfg, weights, eo);
+  auto eng = Engine::Create(*cfg, m->weights, eo);
   if (!eng.ok()) return Fail(eng.status());
   Engine& e = **eng;
-  std::ifstream in(text_path, std::ios::binary);
-  if (!in) return Fail(Status::IOError("cannot open " + text_path));
-  std::string text(kTextBytesMax, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
+  auto read = ReadSpecText(text_path);
+  if (!read.ok()) return Fail(read.status());
+  const std::string& text = *read;
   const uint64_t len = prompt_bytes + rounds * accept + 1;
   if (text.size() < len * prompts) return Fail(Status::InvalidArgument("text too short"));
   const size_t stride = text.size() / prompts;
@@ -102,7 +94,7 @@ int Main(int argc, char** argv) {
     toks[p] = {0};
     for (size_t i = 0; i < len; ++i)
       toks[p].push_back(3 + static_cast<unsigned char>(text[p * stride + i]));
-    caps[p].layers = (*draft)->target_layers();
+    caps[p].layers = draft->target_layers();
     caps[p].record_normed = false;
     SequenceState st = e.NewSequence();
     std::vector<float> logits;
@@ -124,16 +116,16 @@ int Main(int argc, char** argv) {
     for (uint64_t p = 0; p < prompts; ++p) {
       const int64_t n0 = static_cast<int64_t>(prompt_bytes) + 1;
       DraftContext ctx;
-      Status s = (*draft)->Observe(caps[p], n0 - W, W, &ctx);
+      Status s = draft->Observe(caps[p], n0 - W, W, &ctx);
       if (!s.ok()) return Fail(s);
       DraftResult r;
       for (uint64_t k = 0; k < rounds; ++k) {
         const int64_t from = n0 + static_cast<int64_t>(k * accept);
         const auto t0 = Clock::now();
-        s = (*draft)->Observe(caps[p], from, static_cast<int64_t>(accept), &ctx);
+        s = draft->Observe(caps[p], from, static_cast<int64_t>(accept), &ctx);
         const auto t1 = Clock::now();
         if (!s.ok()) return Fail(s);
-        s = (*draft)->Draft(ctx, toks[p][static_cast<size_t>(ctx.end())], 0, {}, &r);
+        s = draft->Draft(ctx, toks[p][static_cast<size_t>(ctx.end())], 0, {}, &r);
         const auto t2 = Clock::now();
         if (!s.ok()) return Fail(s);
         observe_us += us(t0, t1);

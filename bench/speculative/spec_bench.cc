@@ -20,12 +20,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "bench/speculative/spec_model.h"
 #include "cli/flags.h"
 #include "engine/dspark.h"
 #include "engine/model.h"
@@ -39,7 +39,6 @@ namespace {
 constexpr uint64_t kPromptsMax = 1000, kMaxNewMax = 4096, kPromptBytesMax = 4096;
 constexpr uint64_t kConcurrencyMax = 64;  // sequences per group
 constexpr uint64_t kThreadsMax = 64;
-constexpr size_t kTextBytesMax = 64u << 20;
 
 // CPU time of the engine: this thread's with --threads 1 (the engine runs on the caller's
 // thread), the process's with more (the pool's workers too). On a shared machine the wall clock
@@ -129,28 +128,23 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  auto cfg = LoadEngineConfig(config);
-  if (!cfg.ok()) return Fail(cfg.status());
-  auto dc = LoadDSparkConfig(config, *cfg);
-  if (!dc.ok()) return Fail(dc.status());
+  auto m = LoadSpecModel(config, model, draft_path);
+  if (!m.ok()) return Fail(m.status());
+  const EngineConfig* cfg = &m->config;
+  const DSparkConfig* dc = &m->dconfig;
+  const std::shared_ptr<const ModelWeights>& weights = m->weights;
+  std::unique_ptr<DSpark>* draft = &m->draft;
   std::vector<int> draft_lens;
   if (!ParseList(lens, 0, dc->block_size, &draft_lens))
     return Fail(Status::InvalidArgument("bad --draft-lens"));
-  auto w = LoadWeights(*cfg, model);
-  if (!w.ok()) return Fail(w.status());
-  auto weights = std::make_shared<const ModelWeights>(std::move(*w));
-  auto draft = DSpark::Load(*cfg, *dc, weights, draft_path);
-  if (!draft.ok()) return Fail(draft.status());
   EngineOptions eo;
   eo.threads = static_cast<int>(threads);
   auto eng = Engine::Create(*cfg, weights, eo);
   if (!eng.ok()) return Fail(eng.status());
   Engine& e = **eng;
-  std::ifstream in(text_path, std::ios::binary);
-  if (!in) return Fail(Status::IOError("cannot open " + text_path));
-  std::string text(kTextBytesMax, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
+  auto read = ReadSpecText(text_path);
+  if (!read.ok()) return Fail(read.status());
+  const std::string& text = *read;
   if (text.size() < prompt_bytes * prompts) return Fail(Status::InvalidArgument("text too short"));
   const size_t stride = text.size() / prompts;
   auto prompt_of = [&](uint64_t p) {

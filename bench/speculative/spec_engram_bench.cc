@@ -26,12 +26,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "bench/speculative/spec_model.h"
 #include "cli/flags.h"
 #include "common/temp_dir.h"
 #include "engine/dspark.h"
@@ -48,7 +48,7 @@ namespace {
 
 constexpr uint64_t kPromptsMax = 1000, kMaxNewMax = 4096, kPromptBytesMax = 4096;
 constexpr uint64_t kThreadsMax = 64, kHotCacheKibMax = 1 << 20;
-constexpr size_t kTextBytesMax = 64u << 20, kListMax = 16;
+constexpr size_t kListMax = 16;
 using Clock = std::chrono::steady_clock;
 
 int Fail(const Status& s) {
@@ -163,25 +163,20 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "kvtier_spec_engram_bench: a flag is out of range (see --help)\n");
     return 2;
   }
-  auto cfg = LoadEngineConfig(config);
-  if (!cfg.ok()) return Fail(cfg.status());
-  auto dc = LoadDSparkConfig(config, *cfg);
-  if (!dc.ok()) return Fail(dc.status());
+  auto m = LoadSpecModel(config, model, draft_path);
+  if (!m.ok()) return Fail(m.status());
+  const EngineConfig* cfg = &m->config;
+  const DSparkConfig* dc = &m->dconfig;
+  const std::shared_ptr<const ModelWeights>& weights = m->weights;
+  std::unique_ptr<DSpark>* draft = &m->draft;
   std::vector<Setting> sets = {{"plain", -1}};
   std::vector<uint64_t> ks;
   if (!cli::ParseUintList(lens, 0, static_cast<uint64_t>(dc->block_size), kListMax, &ks))
     return Fail(Status::InvalidArgument("bad --draft-lens"));
   for (uint64_t k : ks) sets.push_back({"fixed " + std::to_string(k), static_cast<int>(k)});
-  auto w = LoadWeights(*cfg, model);
-  if (!w.ok()) return Fail(w.status());
-  auto weights = std::make_shared<const ModelWeights>(std::move(*w));
-  auto draft = DSpark::Load(*cfg, *dc, weights, draft_path);
-  if (!draft.ok()) return Fail(draft.status());
-  std::ifstream in(text_path, std::ios::binary);
-  if (!in) return Fail(Status::IOError("cannot open " + text_path));
-  std::string text(kTextBytesMax, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
+  auto read = ReadSpecText(text_path);
+  if (!read.ok()) return Fail(read.status());
+  const std::string& text = *read;
   if (text.size() < prompt_bytes * prompts) return Fail(Status::InvalidArgument("text too short"));
 
   // The row server with the tables of these weights.

@@ -220,6 +220,8 @@ std::map<std::string, Setter> KeyTable(DaemonOptions& o, std::string& durability
       {"limits.unauthenticated_connections_per_source_max",
        UintKey("limits.unauthenticated_connections_per_source_max",
                &o.unauthenticated_connections_per_source_max)},
+      {"limits.http_connections_per_source_max",
+       UintKey("limits.http_connections_per_source_max", &o.http_connections_per_source_max)},
       {"limits.unauthenticated_source_ipv6_prefix_bits",
        UintKey("limits.unauthenticated_source_ipv6_prefix_bits",
                &o.unauthenticated_source_ipv6_prefix_bits)},
@@ -458,6 +460,15 @@ Status Finalize(DaemonOptions* o) {
                "1..limits.unauthenticated_connections_max (" +
                    std::to_string(o->unauthenticated_connections_max) +
                    "): one source may hold at most every unauthenticated place of a front");
+  }
+  if (o->http_connections_per_source_max == 0) {
+    o->http_connections_per_source_max =
+        std::min(DaemonOptions::kHttpPerSourceDefault, o->http_connections_max);
+  }
+  if (o->http_connections_per_source_max > o->http_connections_max) {
+    return Bad("limits.http_connections_per_source_max",
+               "1..limits.http_connections_max (" + std::to_string(o->http_connections_max) +
+                   "): one source may hold at most every place of the front");
   }
   if (o->unauthenticated_source_ipv6_prefix_bits < 16 ||
       o->unauthenticated_source_ipv6_prefix_bits > 128) {

@@ -142,6 +142,13 @@ struct DaemonOptions {
   // The bits of an IPv6 peer address that name its source (16..128): 64, as one host owns a
   // /64. An IPv4 source is its whole address; an IPv4-mapped IPv6 peer is its IPv4 address.
   uint32_t unauthenticated_source_ipv6_prefix_bits = 64;
+  // Connections on the HTTP admin front per source (auth on; sources as above), so that one
+  // host holding idle connections cannot take every place of http_connections_max and with
+  // them /readyz and /metrics from the probes and scrapers: 1..http_connections_max; 0
+  // (unset) -> min(kHttpPerSourceDefault, http_connections_max). With auth off kvtierd serves
+  // only loopback, one source, and this is not applied.
+  static constexpr uint32_t kHttpPerSourceDefault = 16;
+  uint32_t http_connections_per_source_max = 0;
 
   // [auth]
   std::string tokens_file;               // "" -> auth off (loopback / Unix only)

@@ -111,6 +111,11 @@ std::string RenderMetrics(Shared* shared, bool tenant_series) {
     extra.unauthenticated_sources.push_back(
         {.front = FrontName(f), .sources = g.sources, .top_places = g.top_places});
   }
+  if (shared->http_sources != nullptr) {
+    const SourcePlaces::Gauges g = shared->http_sources->gauges();
+    extra.http_sources = DaemonMetrics::Extra::SourceGauges{
+        .front = FrontName(Front::kHttp), .sources = g.sources, .top_places = g.top_places};
+  }
   std::string page = shared->metrics->RenderPrometheus(shared->service->store()->GetStats(), extra);
   if (shared->tls != nullptr) page += shared->tls->RenderPrometheus();
   if (shared->cluster != nullptr) page += shared->cluster->RenderPrometheus();
@@ -168,6 +173,10 @@ class DaemonImpl final : public Daemon {
     shared_.unauthenticated_sources[static_cast<size_t>(Front::kResp)] =
         std::make_unique<SourcePlaces>("kvtierd RESP front",
                                        options_.unauthenticated_connections_per_source_max);
+    if (tenants_->auth_enabled()) {
+      shared_.http_sources = std::make_unique<SourcePlaces>(
+          "kvtierd HTTP front", options_.http_connections_per_source_max);
+    }
     internal::WarmShmStage();  // the first GET over shared memory copies into warm pages
     // Each worker's first SHA-256, stack and heap pages now, not inside the first request it
     // runs (worker_warm.h).
@@ -346,6 +355,7 @@ class DaemonImpl final : public Daemon {
       if (admission.unauthenticated) {
         shared->ReleaseUnauthenticated(admission.front, admission.source);
       }
+      if (admission.http_source_place) shared->http_sources->Release(*admission.source);
     }
     Shared* shared;
     internal::Admission admission;
@@ -358,8 +368,9 @@ class DaemonImpl final : public Daemon {
   }
 
   // Counts the connection in its front, and with auth on in the front's unauthenticated
-  // connections (and their places of `source`, a TCP connection's, where Shared::CountsSources), on
-  // success; its ConnectionCount (Counted) uncounts it. nullopt: the connection is to be closed
+  // connections (and their places of `source`, a TCP connection's, where Shared::CountsSources),
+  // or on the HTTP front in its source's places (Shared::http_sources), on success; its
+  // ConnectionCount (Counted) uncounts it. nullopt: the connection is to be closed
   // at once (counted in connections_rejected and, for a limit of [limits], in its refusal
   // reason).
   std::optional<internal::Admission> Admit(Front front,
@@ -381,6 +392,16 @@ class DaemonImpl final : public Daemon {
                                   .unauthenticated = false,
                                   .source = source,
                                   .accepted_ms = internal::IdleWatch::NowMs()};
+    if (front == Front::kHttp && source && shared_.http_sources != nullptr) {
+      // One of its source's places for the connection's whole life.
+      if (!shared_.http_sources->Acquire(*source, admission.accepted_ms)) {
+        open.fetch_sub(1);
+        metrics_.connections_rejected.fetch_add(1);
+        metrics_.Refuse(Refusal::kHttpPerSource);
+        return std::nullopt;
+      }
+      admission.http_source_place = true;
+    }
     if (shared_.FrontAuthenticates(front)) {
       // Unauthenticated until its first successful HELLO/AUTH (the session's deadline).
       if (!shared_.AcquireUnauthenticated(front, source)) {
@@ -440,7 +461,8 @@ class DaemonImpl final : public Daemon {
       // accept); a connection whose peer is already gone (ENOTCONN) has none and is closed as
       // any refused one.
       std::optional<SourceKey> source;
-      if (shared_.CountsSources(front)) {
+      if (shared_.CountsSources(front) ||
+          (front == Front::kHttp && shared_.http_sources != nullptr)) {
         boost::system::error_code peer_ec;
         const Tcp::endpoint peer = s.remote_endpoint(peer_ec);
         if (peer_ec) {

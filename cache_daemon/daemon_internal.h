@@ -143,6 +143,10 @@ struct Shared {
   // auth off they stay empty (CountsSources is false).
   std::array<std::unique_ptr<SourcePlaces>, static_cast<size_t>(Front::kCount)>
       unauthenticated_sources{};
+  // The HTTP admin front's connections per source (limits.http_connections_per_source_max),
+  // whole lifetimes (HTTP has no connection-level authentication); null with auth off. Set
+  // before the fronts accept.
+  std::unique_ptr<SourcePlaces> http_sources;
 };
 
 // What a front's admission gave a connection at accept (the daemon's Admit).
@@ -151,8 +155,11 @@ struct Admission {
   // Holds a place in shared->unauthenticated_open[front] (FrontAuthenticates(front)), and
   // with a source one in shared->unauthenticated_sources[front] too.
   bool unauthenticated = false;
-  std::optional<SourceKey> source;  // a TCP front's, where Shared::CountsSources
+  std::optional<SourceKey> source;  // a TCP front's, where Shared::CountsSources or HTTP's
   uint64_t accepted_ms = 0;         // steady clock (IdleWatch::NowMs) at accept
+  // Holds a place of `source` in shared->http_sources (the HTTP front, auth on), given back
+  // with the connection.
+  bool http_source_place = false;
 };
 
 // One connection's place in the counts its front's admission checks: shared->front_open[front]
@@ -171,12 +178,14 @@ class ConnectionCount {
         front_(admission.front),
         accepted_ms_(admission.accepted_ms),
         source_(admission.source),
+        http_source_place_(admission.http_source_place),
         unauthenticated_(admission.unauthenticated) {
     shared_->metrics->connections_open.fetch_add(1);
     shared_->metrics->connections_total.fetch_add(1);
   }
   ~ConnectionCount() {
     if (unauthenticated_.exchange(false)) shared_->ReleaseUnauthenticated(front_, source_);
+    if (http_source_place_) shared_->http_sources->Release(*source_);
     shared_->front_open[static_cast<size_t>(front_)].fetch_sub(1);
     shared_->metrics->connections_open.fetch_sub(1);
   }
@@ -207,6 +216,7 @@ class ConnectionCount {
   const Front front_;
   const uint64_t accepted_ms_;
   const std::optional<SourceKey> source_;
+  const bool http_source_place_;
   std::atomic<bool> unauthenticated_;
 };
 

@@ -18,7 +18,8 @@ const char* RefusalName(Refusal r) {
                                            "resp_keys",
                                            "unauthenticated_connections",
                                            "auth_timeout",
-                                           "unauthenticated_per_source"};
+                                           "unauthenticated_per_source",
+                                           "http_per_source"};
   static_assert(std::size(kNames) == static_cast<size_t>(Refusal::kCount));
   return kNames[static_cast<size_t>(r)];
 }
@@ -472,6 +473,16 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
       p.Sample("kvtier_unauthenticated_top_source_connections", "front=\"" + g.front + "\"",
                g.top_places);
     }
+  }
+  if (extra.http_sources) {
+    p.One("kvtier_http_sources", "gauge",
+          "Source addresses (IPv4 address, IPv6 prefix) holding HTTP admin front connections "
+          "(auth on).",
+          extra.http_sources->sources);
+    p.One("kvtier_http_top_source_connections", "gauge",
+          "The most HTTP admin front connections one source holds (auth on; "
+          "limits.http_connections_per_source_max).",
+          extra.http_sources->top_places);
   }
   p.One("kvtier_tenant_inflight_rejections_total", "counter",
         "Requests refused by a tenant's in-flight limit.", tenant_inflight_rejections.load());

@@ -70,6 +70,7 @@ enum class Refusal : uint8_t {
   kUnauthenticatedConnections,  // accept over unauthenticated_connections_max (front's)
   kAuthTimeout,                 // closed: not authenticated within auth_timeout_ms of accept
   kUnauthenticatedPerSource,    // accept over unauthenticated_connections_per_source_max
+  kHttpPerSource,               // HTTP accept over http_connections_per_source_max
   kCount
 };
 const char* RefusalName(Refusal r);
@@ -180,6 +181,8 @@ class DaemonMetrics {
       uint64_t sources = 0, top_places = 0;
     };
     std::vector<SourceGauges> unauthenticated_sources;
+    // The HTTP front's per-source places (auth on); absent with auth off.
+    std::optional<SourceGauges> http_sources;
   };
   // The whole /metrics page: daemon counters plus the storage snapshot.
   std::string RenderPrometheus(const storage::Stats& s, const Extra& extra) const;

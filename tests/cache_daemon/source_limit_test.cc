@@ -130,6 +130,14 @@ TEST(SourceLimitConfig, DefaultIsEightOrTheFrontsCapWhenSmaller) {
       "unauthenticated_source_ipv6_prefix_bits = 16\n");
   ASSERT_TRUE(one.ok()) << one.status().ToString();
   EXPECT_EQ(one->unauthenticated_connections_per_source_max, 1u);
+  // The HTTP front's: 16, or its front's cap when smaller.
+  EXPECT_EQ(d->http_connections_per_source_max, 16u);
+  auto http_small = Limits("http_connections_max = 10\n");
+  ASSERT_TRUE(http_small.ok()) << http_small.status().ToString();
+  EXPECT_EQ(http_small->http_connections_per_source_max, 10u);
+  auto http_set = Limits("http_connections_per_source_max = 2\n");
+  ASSERT_TRUE(http_set.ok()) << http_set.status().ToString();
+  EXPECT_EQ(http_set->http_connections_per_source_max, 2u);
 }
 
 TEST(SourceLimitConfig, EachBadValueIsRefusedNamingTheKey) {
@@ -143,6 +151,8 @@ TEST(SourceLimitConfig, EachBadValueIsRefusedNamingTheKey) {
        "limits.unauthenticated_connections_per_source_max", "unauthenticated_connections_max (4)"},
       {"unauthenticated_connections_per_source_max = -1\n",
        "limits.unauthenticated_connections_per_source_max", "non-negative"},
+      {"http_connections_per_source_max = 65\n", "limits.http_connections_per_source_max",
+       "http_connections_max (64)"},
       {"unauthenticated_source_ipv6_prefix_bits = 15\n",
        "limits.unauthenticated_source_ipv6_prefix_bits", "16..128"},
       {"unauthenticated_source_ipv6_prefix_bits = 129\n",

@@ -8,7 +8,9 @@
 // one source address holds at most unauthenticated_connections_per_source_max of those places,
 // so a client reconnecting as fast as it is closed cannot keep other hosts out (the tests use
 // other loopback addresses, 127.0.0.2 and 127.0.0.3, as the other hosts). With auth off
-// nothing of this applies. The HTTP admin front (per-request tokens) is not counted.
+// nothing of this applies. The HTTP admin front (per-request tokens) is not counted as
+// unauthenticated; with auth on one source holds at most http_connections_per_source_max of its
+// connections.
 //
 // Deadlines are upper bounds only: the tests poll until a connection is closed and fail after
 // many times the configured timeout, never on a connection closed early.
@@ -804,6 +806,74 @@ TEST_F(PreauthE2eTest, ADualStackFrontCountsMappedClientsAsTheirIpv4Address) {
 // Auth off: every connection is authenticated at accept. A tiny deadline and cap change
 // nothing: connections beyond the cap are accepted, silent ones stay open past many times the
 // deadline and are served; nothing is counted.
+// The HTTP admin front (auth on): one source holds at most http_connections_per_source_max
+// connections, whole lifetimes (requests there carry their own tokens; /readyz and /metrics
+// need none), so a host holding idle connections cannot take the probes' and scrapers' places.
+// Its further connections are closed at accept (reason http_per_source) while another host's
+// requests are answered; a place is given back when its connection closes.
+TEST_F(PreauthE2eTest, OneSourceCannotTakeTheHttpFront) {
+  constexpr int kFrontMax = 8, kPerSource = 3, kFlood = 4 * kFrontMax;
+  ASSERT_TRUE(StartDaemon("http_connections_max = " + std::to_string(kFrontMax) +
+                          "\nhttp_connections_per_source_max = " + std::to_string(kPerSource) +
+                          "\n"));
+  // The flooder is 127.0.0.2 here: the test reads /metrics from 127.0.0.1.
+  const char* flooder = kOtherHost;
+  std::vector<int> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    flood.push_back(kt::ConnectTcp(d_->http_port(), 0, flooder));
+    ASSERT_GE(flood.back(), 0);
+  }
+  ASSERT_TRUE(RefusalsBecome("http_per_source", kFlood - kPerSource));
+  std::vector<int> held = OpenOnesOnceClosed(flood, kFlood - kPerSource);
+  EXPECT_EQ(held.size(), static_cast<size_t>(kPerSource));
+  EXPECT_EQ(Refusals("front_connections"), 0) << "the front's cap was never reached";
+  // The reader's own connection is the second source while the page is rendered.
+  EXPECT_EQ(Sample("kvtier_http_sources"), 2);
+  EXPECT_EQ(Sample("kvtier_http_top_source_connections"), kPerSource);
+  const std::string ready = kt::HttpRequest(d_->http_port(), "GET", "/readyz");
+  EXPECT_EQ(ready.rfind("HTTP/1.1 200", 0), 0u) << ready.substr(0, 200);
+  // The held connections are served (one request each, keep-alive).
+  for (int fd : held) {
+    const std::string req = "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    ASSERT_TRUE(kt::SendAllRaw(fd, req.data(), req.size()));
+    EXPECT_EQ(kt::RecvFor(fd, 12, 5000).rfind("HTTP/1.1 200", 0), 0u);
+  }
+  int over = kt::ConnectTcp(d_->http_port(), 0, flooder);
+  EXPECT_TRUE(FdClosedWithin(over, kRefusedWaitMs)) << "a connection over the source's cap";
+  ::close(over);
+  EXPECT_EQ(Refusals("http_per_source"), kFlood - kPerSource + 1);
+  // Closed, the places come back: the source gets kPerSource connections again.
+  for (int fd : held) ::close(fd);
+  bool back = false;
+  for (int waited_ms = 0; waited_ms < kCloseWaitMs && !back; waited_ms += 20) {
+    back = Sample("kvtier_http_top_source_connections") == 1;  // the reader alone
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(back) << "the closed connections' places were not given back";
+  held.clear();
+  for (int i = 0; i < kPerSource; ++i) held.push_back(kt::ConnectTcp(d_->http_port(), 0, flooder));
+  for (int fd : held) {
+    const std::string req = "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    ASSERT_TRUE(kt::SendAllRaw(fd, req.data(), req.size()));
+    EXPECT_EQ(kt::RecvFor(fd, 12, 5000).rfind("HTTP/1.1 200", 0), 0u);
+  }
+  EXPECT_EQ(Refusals("http_per_source"), kFlood - kPerSource + 1);
+  for (int fd : held) ::close(fd);
+}
+
+// With auth off kvtierd serves loopback only, one source: the HTTP front's per-source cap is
+// not applied (its gauges are absent), only http_connections_max.
+TEST_F(PreauthE2eTest, WithAuthOffTheHttpFrontHasNoPerSourceCap) {
+  ASSERT_TRUE(StartDaemon("http_connections_per_source_max = 2\n", /*auth=*/false));
+  std::vector<int> idle;
+  for (int i = 0; i < 5; ++i) idle.push_back(kt::ConnectTcp(d_->http_port()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (int fd : idle) EXPECT_TRUE(FdOpen(fd));
+  EXPECT_EQ(Refusals("http_per_source"), 0);
+  EXPECT_EQ(Sample("kvtier_http_sources"), -1);
+  for (int fd : idle) ::close(fd);
+}
+
 TEST_F(PreauthE2eTest, WithAuthOffNothingChanges) {
   constexpr int kTinyTimeoutMs = 200;
   ASSERT_TRUE(StartDaemon(Limits(kTinyTimeoutMs, 1), /*auth=*/false));

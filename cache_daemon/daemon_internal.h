@@ -164,7 +164,8 @@ struct Admission {
 
 // One connection's place in the counts its front's admission checks: shared->front_open[front]
 // and, until the connection authenticates, shared->unauthenticated_open[front] and its
-// source's place (all taken by the caller at admission and handed over here), and
+// source's place, or on the HTTP front (auth on) its source's place in shared->http_sources
+// for its whole life (all taken by the caller at admission and handed over here), and
 // metrics->connections_open (taken here).
 // All are given back when the last owner lets go: the session, and on a TLS front also the
 // relay, which can outlive its session while it writes the session's last replies to the

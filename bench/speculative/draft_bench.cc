@@ -43,14 +43,11 @@ void Mix(uint64_t* h, const void* p, size_t n) {
 }
 
 int Main(int argc, char** argv) {
-  std::string config, model, draft_path, text_path;
+  SpecPaths paths;
   uint64_t prompts = 16, prompt_bytes = 96, rounds = 24, accept = 4, repeat = 3;
   bool no_peer = false;
   cli::FlagSet flags("kvtier_bench_draft", "the DSpark draft pass against a backbone decode step");
-  flags.String("config", &config, "FILE", "model config.json", true);
-  flags.String("model", &model, "FILE", "backbone weights", true);
-  flags.String("draft", &draft_path, "FILE", "DSpark weights", true);
-  flags.String("text", &text_path, "FILE", "text to cut prompts from", true);
+  AddSpecPathFlags(&flags, &paths);
   flags.Uint("prompts", &prompts, "prompts");
   flags.Uint("prompt-bytes", &prompt_bytes, "bytes per prompt");
   flags.Uint("rounds", &rounds, "draft passes per prompt");
@@ -70,7 +67,7 @@ int Main(int argc, char** argv) {
                  (unsigned long long)kPromptBytesMax);
     return 2;
   }
-  auto m = LoadSpecModel(config, model, draft_path);
+  auto m = LoadSpecModel(paths);
   if (!m.ok()) return Fail(m.status());
   const EngineConfig* cfg = &m->config;
   const DSpark* draft = m->draft.get();
@@ -79,7 +76,7 @@ int Main(int argc, char** argv) {
   auto eng = Engine::Create(*cfg, m->weights, eo);
   if (!eng.ok()) return Fail(eng.status());
   Engine& e = **eng;
-  auto read = ReadSpecText(text_path);
+  auto read = ReadSpecText(paths.text);
   if (!read.ok()) return Fail(read.status());
   const std::string& text = *read;
   const uint64_t len = prompt_bytes + rounds * accept + 1;

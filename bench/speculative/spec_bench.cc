@@ -87,14 +87,11 @@ void Add(const SpeculativeStats& ds, SpeculativeStats* to) {
 
 int Main(int argc, char** argv) {
   cli::FlagSet flags("kvtier_spec_bench", "DSpark speculative decoding vs plain greedy decoding");
-  std::string config, model, draft_path, text_path, lens = "1,3,5", conc = "1,4,16";
+  SpecPaths paths;
+  std::string lens = "1,3,5", conc = "1,4,16";
   uint64_t prompts = 16, prompt_bytes = 96, max_new = 96, threads = 1;
   bool plain_control = false;
-  flags.String("config", &config, "FILE", "model config.json", true);
-  flags.String("model", &model, "FILE", "backbone weights", true);
-  flags.String("draft", &draft_path, "FILE", "DSpark weights", true);
-  flags.String("text", &text_path, "FILE", "text to cut prompts from (e.g. build/corpus/val.txt)",
-               true);
+  AddSpecPathFlags(&flags, &paths);
   flags.Uint("prompts", &prompts, "prompts");
   flags.Uint("prompt-bytes", &prompt_bytes, "bytes per prompt");
   flags.Uint("max-new", &max_new, "tokens generated per prompt and setting");
@@ -128,7 +125,7 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  auto m = LoadSpecModel(config, model, draft_path);
+  auto m = LoadSpecModel(paths);
   if (!m.ok()) return Fail(m.status());
   const EngineConfig* cfg = &m->config;
   const DSparkConfig* dc = &m->dconfig;
@@ -142,7 +139,7 @@ int Main(int argc, char** argv) {
   auto eng = Engine::Create(*cfg, weights, eo);
   if (!eng.ok()) return Fail(eng.status());
   Engine& e = **eng;
-  auto read = ReadSpecText(text_path);
+  auto read = ReadSpecText(paths.text);
   if (!read.ok()) return Fail(read.status());
   const std::string& text = *read;
   if (text.size() < prompt_bytes * prompts) return Fail(Status::InvalidArgument("text too short"));

@@ -127,16 +127,14 @@ Status Run(Engine* e, const DSpark& draft, const ModelWeights& w,
 int Main(int argc, char** argv) {
   cli::FlagSet flags("kvtier_spec_engram_bench",
                      "remote vs local Engram rows, plain and speculative decoding");
-  std::string config, model, draft_path, text_path, lens = "1,3,5";
+  SpecPaths paths;
+  std::string lens = "1,3,5";
   uint64_t prompts = 8, prompt_bytes = 96, max_new = 96, threads = 1, hot_kib = 0;
   // The row server's busy-polling window outlasts a local run (~10 ms): a shorter one lets it
   // sleep during the local run, and the next remote run's first request waits for its wake-up.
   uint64_t busy_poll_us = 20000, spin_us = 200, share = 1, hold = 1, control = 0;
   std::string only;
-  flags.String("config", &config, "FILE", "model config.json", true);
-  flags.String("model", &model, "FILE", "backbone weights", true);
-  flags.String("draft", &draft_path, "FILE", "DSpark weights", true);
-  flags.String("text", &text_path, "FILE", "text to cut prompts from", true);
+  AddSpecPathFlags(&flags, &paths);
   flags.Uint("prompts", &prompts, "prompts");
   flags.Uint("prompt-bytes", &prompt_bytes, "bytes per prompt");
   flags.Uint("max-new", &max_new, "tokens generated per prompt and setting");
@@ -163,7 +161,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "kvtier_spec_engram_bench: a flag is out of range (see --help)\n");
     return 2;
   }
-  auto m = LoadSpecModel(config, model, draft_path);
+  auto m = LoadSpecModel(paths);
   if (!m.ok()) return Fail(m.status());
   const EngineConfig* cfg = &m->config;
   const DSparkConfig* dc = &m->dconfig;
@@ -174,7 +172,7 @@ int Main(int argc, char** argv) {
   if (!cli::ParseUintList(lens, 0, static_cast<uint64_t>(dc->block_size), kListMax, &ks))
     return Fail(Status::InvalidArgument("bad --draft-lens"));
   for (uint64_t k : ks) sets.push_back({"fixed " + std::to_string(k), static_cast<int>(k)});
-  auto read = ReadSpecText(text_path);
+  auto read = ReadSpecText(paths.text);
   if (!read.ok()) return Fail(read.status());
   const std::string& text = *read;
   if (text.size() < prompt_bytes * prompts) return Fail(Status::InvalidArgument("text too short"));

@@ -5,14 +5,21 @@
 
 namespace kvtier::engine {
 
-StatusOr<SpecModel> LoadSpecModel(const std::string& config, const std::string& model,
-                                  const std::string& draft) {
+void AddSpecPathFlags(cli::FlagSet* flags, SpecPaths* paths) {
+  flags->String("config", &paths->config, "FILE", "model config.json", true);
+  flags->String("model", &paths->model, "FILE", "backbone weights", true);
+  flags->String("draft", &paths->draft, "FILE", "DSpark weights", true);
+  flags->String("text", &paths->text, "FILE",
+                "text to cut prompts from (e.g. build/corpus/val.txt)", true);
+}
+
+StatusOr<SpecModel> LoadSpecModel(const SpecPaths& paths) {
   SpecModel m;
-  KVTIER_ASSIGN_OR_RETURN(m.config, LoadEngineConfig(config));
-  KVTIER_ASSIGN_OR_RETURN(m.dconfig, LoadDSparkConfig(config, m.config));
-  KVTIER_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(m.config, model));
+  KVTIER_ASSIGN_OR_RETURN(m.config, LoadEngineConfig(paths.config));
+  KVTIER_ASSIGN_OR_RETURN(m.dconfig, LoadDSparkConfig(paths.config, m.config));
+  KVTIER_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(m.config, paths.model));
   m.weights = std::make_shared<const ModelWeights>(std::move(w));
-  KVTIER_ASSIGN_OR_RETURN(m.draft, DSpark::Load(m.config, m.dconfig, m.weights, draft));
+  KVTIER_ASSIGN_OR_RETURN(m.draft, DSpark::Load(m.config, m.dconfig, m.weights, paths.draft));
   return m;
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/flags.h"
 #include "common/status.h"
 #include "engine/config.h"
 #include "engine/dspark.h"
@@ -24,10 +25,16 @@ struct SpecModel {
   std::unique_ptr<DSpark> draft;
 };
 
-// config: the model's config.json (its dspark_* keys too); model: the backbone's weights;
-// draft: the DSpark weights. The first error, naming its file.
-StatusOr<SpecModel> LoadSpecModel(const std::string& config, const std::string& model,
-                                  const std::string& draft);
+// Where they are: the model's config.json (its dspark_* keys too), the backbone's weights,
+// the DSpark weights, the text.
+struct SpecPaths {
+  std::string config, model, draft, text;
+};
+// --config, --model, --draft and --text, all required.
+void AddSpecPathFlags(cli::FlagSet* flags, SpecPaths* paths);
+
+// The first error, naming its file.
+StatusOr<SpecModel> LoadSpecModel(const SpecPaths& paths);
 
 // The first kSpecTextBytesMax bytes of the file at path.
 StatusOr<std::string> ReadSpecText(const std::string& path);

@@ -108,6 +108,12 @@ void DraftContext::Clear() {
   owner_ = nullptr;
 }
 
+uint64_t DSpark::held_bytes() const {
+  uint64_t n = 0;
+  for (const auto& [name, t] : file_.tensors) n += t.bytes.size();
+  return n;
+}
+
 void DSpark::Mm(const float* x, int rows, int in, const float* w, int out, float* y) const {
   MatMul(pool_.get(), x, rows, in, w, packed_.Find(w, in, out), out, y);
 }
@@ -124,62 +130,84 @@ StatusOr<std::unique_ptr<DSpark>> DSpark::Load(const EngineConfig& c, const DSpa
   d->head_ = d->backbone_->F32("head.weight");
   if (d->embed_ == nullptr || d->head_ == nullptr)
     return Status::InvalidArgument("dspark: backbone has no F32 embed/head");
-  KVTIER_ASSIGN_OR_RETURN(d->file_, ReadSafetensors(path));
   const int64_t D = c.hidden_size, V = c.vocab_size, H = c.num_attention_heads, hd = c.head_dim;
   const int64_t K = dc.block_size, r = dc.markov_rank, I = c.moe_intermediate_size;
   const int64_t NT = static_cast<int64_t>(dc.target_layer_ids.size());
-  auto get = [&](const std::string& name, std::vector<int64_t> shape, const float** out) -> Status {
-    auto it = d->file_.tensors.find(name);
-    if (it == d->file_.tensors.end())
-      return Status::InvalidArgument("dspark weights: missing " + name).WithContext(path);
-    Tensor& t = it->second;
-    if (t.shape != shape)
-      return Status::InvalidArgument("dspark weights: " + name + " has the wrong shape")
-          .WithContext(path);
-    KVTIER_RETURN_IF_ERROR(ConvertToF32(name, &t).WithContext(path));
-    if (t.dtype != "F32")
-      return Status::InvalidArgument("dspark weights: " + name + " is not a float tensor")
-          .WithContext(path);
-    for (int64_t i = 0, n = t.NumElements(); i < n; ++i) {
-      if (!std::isfinite(t.f32()[i]))
-        return Status::InvalidArgument("dspark weights: " + name + " has a non-finite element")
-            .WithContext(path);
-    }
-    *out = t.f32();
-    return Status::Ok();
+  // Every tensor the draft reads, with its shape and where its pointer goes; only these are
+  // read from the file (others are checked in its header and skipped).
+  struct Want {
+    std::string name;
+    std::vector<int64_t> shape;
+    const float** out;
   };
-  KVTIER_RETURN_IF_ERROR(get("dspark.proj.weight", {D, NT * D}, &d->proj_));
-  KVTIER_RETURN_IF_ERROR(get("dspark.proj_norm.weight", {D}, &d->proj_norm_));
-  KVTIER_RETURN_IF_ERROR(get("dspark.block_pos", {K, D}, &d->block_pos_));
+  std::vector<Want> want;
+  auto add = [&](std::string name, std::vector<int64_t> shape, const float** out) {
+    want.push_back(Want{std::move(name), std::move(shape), out});
+  };
+  add("dspark.proj.weight", {D, NT * D}, &d->proj_);
+  add("dspark.proj_norm.weight", {D}, &d->proj_norm_);
+  add("dspark.block_pos", {K, D}, &d->block_pos_);
+  d->blocks_.resize(dc.n_blocks);  // not resized again: the pointers below stay valid
   for (int b = 0; b < dc.n_blocks; ++b) {
     const std::string p = "dspark.blocks." + std::to_string(b) + ".";
-    Block bl{};
-    KVTIER_RETURN_IF_ERROR(get(p + "attn_norm.weight", {D}, &bl.attn_norm));
-    KVTIER_RETURN_IF_ERROR(get(p + "wq.weight", {H * hd, D}, &bl.wq));
-    KVTIER_RETURN_IF_ERROR(get(p + "wkv.weight", {hd, D}, &bl.wkv));
-    KVTIER_RETURN_IF_ERROR(get(p + "kv_norm.weight", {hd}, &bl.kv_norm));
-    KVTIER_RETURN_IF_ERROR(get(p + "wo.weight", {D, H * hd}, &bl.wo));
-    KVTIER_RETURN_IF_ERROR(get(p + "ffn_norm.weight", {D}, &bl.ffn_norm));
-    KVTIER_RETURN_IF_ERROR(get(p + "gate.weight", {dc.n_routed_experts, D}, &bl.gate));
+    Block& bl = d->blocks_[b];
+    add(p + "attn_norm.weight", {D}, &bl.attn_norm);
+    add(p + "wq.weight", {H * hd, D}, &bl.wq);
+    add(p + "wkv.weight", {hd, D}, &bl.wkv);
+    add(p + "kv_norm.weight", {hd}, &bl.kv_norm);
+    add(p + "wo.weight", {D, H * hd}, &bl.wo);
+    add(p + "ffn_norm.weight", {D}, &bl.ffn_norm);
+    add(p + "gate.weight", {dc.n_routed_experts, D}, &bl.gate);
     bl.w1.resize(dc.n_routed_experts);
     bl.w3.resize(dc.n_routed_experts);
     bl.w2.resize(dc.n_routed_experts);
     for (int e = 0; e < dc.n_routed_experts; ++e) {
       const std::string ep = p + "experts." + std::to_string(e) + ".";
-      KVTIER_RETURN_IF_ERROR(get(ep + "w1.weight", {I, D}, &bl.w1[e]));
-      KVTIER_RETURN_IF_ERROR(get(ep + "w3.weight", {I, D}, &bl.w3[e]));
-      KVTIER_RETURN_IF_ERROR(get(ep + "w2.weight", {D, I}, &bl.w2[e]));
+      add(ep + "w1.weight", {I, D}, &bl.w1[e]);
+      add(ep + "w3.weight", {I, D}, &bl.w3[e]);
+      add(ep + "w2.weight", {D, I}, &bl.w2[e]);
     }
-    KVTIER_RETURN_IF_ERROR(get(p + "shared.w1.weight", {I, D}, &bl.s_w1));
-    KVTIER_RETURN_IF_ERROR(get(p + "shared.w3.weight", {I, D}, &bl.s_w3));
-    KVTIER_RETURN_IF_ERROR(get(p + "shared.w2.weight", {D, I}, &bl.s_w2));
-    d->blocks_.push_back(std::move(bl));
+    add(p + "shared.w1.weight", {I, D}, &bl.s_w1);
+    add(p + "shared.w3.weight", {I, D}, &bl.s_w3);
+    add(p + "shared.w2.weight", {D, I}, &bl.s_w2);
   }
-  KVTIER_RETURN_IF_ERROR(get("dspark.norm.weight", {D}, &d->norm_));
-  KVTIER_RETURN_IF_ERROR(get("dspark.markov_embed", {V, r}, &d->markov_embed_));
-  KVTIER_RETURN_IF_ERROR(get("dspark.markov_head", {V, r}, &d->markov_head_));
-  KVTIER_RETURN_IF_ERROR(get("dspark.conf.weight", {1, D + r}, &d->conf_w_));
-  KVTIER_RETURN_IF_ERROR(get("dspark.conf.bias", {1}, &d->conf_b_));
+  add("dspark.norm.weight", {D}, &d->norm_);
+  add("dspark.markov_embed", {V, r}, &d->markov_embed_);
+  add("dspark.markov_head", {V, r}, &d->markov_head_);
+  add("dspark.conf.weight", {1, D + r}, &d->conf_w_);
+  add("dspark.conf.bias", {1}, &d->conf_b_);
+  // Only these are read, and no more bytes than they take as F32 (the widest dtype accepted):
+  // a file whose other tensors are large costs nothing to load.
+  SafetensorsReadOptions ro;
+  ro.max_data_bytes = 0;
+  for (const Want& w : want) {
+    ro.only.insert(w.name);
+    uint64_t elements = 1;
+    for (int64_t n : w.shape) elements *= static_cast<uint64_t>(n);
+    ro.max_data_bytes += 4 * elements;
+  }
+  KVTIER_ASSIGN_OR_RETURN(d->file_, ReadSafetensors(path, ro));
+  auto get = [&](const Want& w) -> Status {
+    auto it = d->file_.tensors.find(w.name);
+    if (it == d->file_.tensors.end())
+      return Status::InvalidArgument("dspark weights: missing " + w.name).WithContext(path);
+    Tensor& t = it->second;
+    if (t.shape != w.shape)
+      return Status::InvalidArgument("dspark weights: " + w.name + " has the wrong shape")
+          .WithContext(path);
+    KVTIER_RETURN_IF_ERROR(ConvertToF32(w.name, &t).WithContext(path));
+    if (t.dtype != "F32")
+      return Status::InvalidArgument("dspark weights: " + w.name + " is not a float tensor")
+          .WithContext(path);
+    for (int64_t i = 0, n = t.NumElements(); i < n; ++i) {
+      if (!std::isfinite(t.f32()[i]))
+        return Status::InvalidArgument("dspark weights: " + w.name + " has a non-finite element")
+            .WithContext(path);
+    }
+    *w.out = t.f32();
+    return Status::Ok();
+  };
+  for (const Want& w : want) KVTIER_RETURN_IF_ERROR(get(w));
   d->rope_ = RopeFrequencies(c.qk_rope_head_dim, RopeParamsFor(c, c.rope_theta));
   d->pool_ = std::make_unique<ThreadPool>(1);
   // Packed copies of every matrix the draft multiplies by, held as long as the DSpark: without

@@ -12,7 +12,9 @@
 // computed and the token is chosen (greedy, or sampled from softmax(logits / temperature)).
 //
 // Weights: a safetensors file of the draft's own tensors (names "dspark.*", F32/F16/BF16, F16
-// widened exactly); embed.weight and head.weight come from the backbone's ModelWeights.
+// widened exactly); only those are read, and no more bytes than their shapes take as F32 (any
+// other tensor in the file is checked in its header and skipped); embed.weight and
+// head.weight come from the backbone's ModelWeights.
 // Thread safety: a DSpark is immutable after Load and may be shared; a DraftContext belongs to
 // one caller.
 #pragma once
@@ -95,6 +97,8 @@ class DSpark {
                                                 const std::string& path);
 
   const DSparkConfig& dconfig() const { return dc_; }
+  // Bytes of the draft's own tensors held (as F32), read from its file.
+  uint64_t held_bytes() const;
   // The layers a capture must list for Observe (the target layers).
   const std::vector<int>& target_layers() const { return dc_.target_layer_ids; }
 

@@ -274,5 +274,52 @@ TEST(DSparkLoad, RejectsMissingOrMisshapenTensors) {
   EXPECT_FALSE(DSpark::Load(m.config, m.dconfig, m.weights, dir + "/nan.safetensors").ok());
 }
 
+// Only the draft's own tensors are read, and no more bytes than they take: a file that also
+// holds a large tensor of something else loads as fast as the draft alone (before, every tensor
+// was read, up to 4 GiB); one of its own tensors larger than its shape says is refused.
+TEST(DSparkLoad, ReadsOnlyItsOwnTensors) {
+  const Trained& m = Model();
+  auto f = ReadSafetensors(Src("deploy/models/kvmini-trained-dspark.safetensors"));
+  ASSERT_TRUE(f.ok());
+  const std::string dir = ::testing::TempDir();
+  TensorFile more = *f;
+  Tensor big;
+  big.dtype = "F32";
+  big.shape = {4 << 20};  // 16 MiB, more than the draft's own bytes
+  big.bytes.assign(static_cast<size_t>(16) << 20, 0);
+  more.tensors["other.unused"] = std::move(big);
+  ASSERT_TRUE(WriteSafetensors(dir + "/more.safetensors", more).ok());
+  auto d = DSpark::Load(m.config, m.dconfig, m.weights, dir + "/more.safetensors");
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ((*d)->held_bytes(), m.draft->held_bytes()) << "the extra tensor was read";
+  EXPECT_LT(m.draft->held_bytes(), uint64_t{2} << 20);
+  // The same draft as the shipped file's.
+  AttnInputCapture cap;
+  cap.layers = m.dconfig.target_layer_ids;
+  cap.Clear();
+  for (size_t i = 0; i < cap.layers.size(); ++i) {
+    cap.first_pos[i] = 0;
+    cap.stream_mean[i].assign(static_cast<size_t>(8) * m.config.hidden_size, 0.25f);
+  }
+  DraftContext a, b;
+  ASSERT_TRUE(m.draft->Observe(cap, 0, 8, &a).ok());
+  ASSERT_TRUE((*d)->Observe(cap, 0, 8, &b).ok());
+  DraftResult ra, rb;
+  ASSERT_TRUE(m.draft->Draft(a, 7, 0, {}, &ra).ok());
+  ASSERT_TRUE((*d)->Draft(b, 7, 0, {}, &rb).ok());
+  EXPECT_EQ(ra.tokens, rb.tokens);
+  EXPECT_EQ(ra.logits, rb.logits);
+  // One of its own tensors declared larger than its shape: refused before it is read (the
+  // bytes allowed are what the draft's shapes take), not after.
+  TensorFile inflated = *f;
+  Tensor& bias = inflated.tensors["dspark.conf.bias"];
+  bias.shape = {4 << 20};
+  bias.bytes.assign(static_cast<size_t>(16) << 20, 0);
+  ASSERT_TRUE(WriteSafetensors(dir + "/inflated.safetensors", inflated).ok());
+  auto bad = DSpark::Load(m.config, m.dconfig, m.weights, dir + "/inflated.safetensors");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("allowed"), std::string::npos) << bad.status().ToString();
+}
+
 }  // namespace
 }  // namespace kvtier::engine

@@ -134,17 +134,10 @@ constexpr Subcommand kSubcommands[] = {
     {"CONFIG", "HELP", 2},
 };
 
-bool EqualsIgnoringCase(std::string_view upper, std::string_view s) {
-  return upper.size() == s.size() &&
-         std::equal(upper.begin(), upper.end(), s.begin(), [](char u, char c) {
-           return u == static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-         });
-}
-
-// upper_name's subcommand `sub` (any case); null when this front end does not implement it.
+// upper_name's subcommand `sub` (any case); null when it is not in kSubcommands.
 const Subcommand* FindSubcommand(std::string_view upper_name, std::string_view sub) {
   for (const Subcommand& s : kSubcommands) {
-    if (s.name == upper_name && EqualsIgnoringCase(s.sub, sub)) return &s;
+    if (s.name == upper_name && EqualsUpper(sub, s.sub)) return &s;
   }
   return nullptr;
 }

@@ -28,9 +28,10 @@ bool ArityAllows(int arity, size_t argc);
 // case). Their subcommands and Redis-style arities are a table in resp_commands.cc.
 bool HasSubcommands(std::string_view upper_name);
 // Redis's refusal of argv (its command upper_name, one of HasSubcommands; argv.size() >= 2)
-// when its subcommand is not implemented ("ERR unknown subcommand 'x'. Try CLIENT HELP.") or
-// its argument count does not fit ("ERR wrong number of arguments for 'client|setname'
-// command"); empty when argv is a well-formed call. Checked when a command runs and when MULTI
+// when its subcommand is not one of the table's (CLIENT SETNAME and HELP, CONFIG GET and HELP;
+// every other, Redis's "ERR unknown subcommand 'x'. Try CLIENT HELP.") or its argument count
+// does not fit ("ERR wrong number of arguments for 'client|setname' command"); empty when
+// argv is a well-formed call. Checked when a command runs and when MULTI
 // queues it (a refused one discards the transaction at EXEC, as in Redis).
 std::string SubcommandError(std::string_view upper_name, std::span<const std::string_view> argv);
 // The reply lines of `<name> HELP` (simple strings, Redis's layout: usage, then each

@@ -321,17 +321,18 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
       if (last) visited_called = true;
       continue;
     }
-    store_->GetBatch(std::span<const storage::Key>(keys).subspan(first, n), &values, &tiers,
-                     &results, request);
     const auto batch = std::span<const storage::Key>(keys).subspan(first, n);
-    // A copy that may not be served now (cluster_copies.h) is a miss, fetched again.
-    if (copies_ != nullptr) copies_->CheckHits(batch, &results);
-    // Held after a pause: the local store may hold units deleted meanwhile (SetPauseGuard);
-    // each hit is a miss here, read from the key's other owners (a miss if none has it).
     if (LocalStoreHeld()) {
-      for (Status& st : results) {
-        if (st.ok()) st = Status::NotFound("held after a pause: read from the other owners");
-      }
+      // Held after a pause: the local store may hold units deleted meanwhile (SetPauseGuard).
+      // It is not read (nor its policies touched): every key is a miss here, read from its
+      // other owners (a miss if none has it).
+      values.assign(n, {});
+      tiers.assign(n, storage::Tier::kNone);
+      results.assign(n, Status::NotFound("held after a pause: read from the other owners"));
+    } else {
+      store_->GetBatch(batch, &values, &tiers, &results, request);
+      // A copy that may not be served now (cluster_copies.h) is a miss, fetched again.
+      if (copies_ != nullptr) copies_->CheckHits(batch, &results);
     }
     // A unit held here that this node does not own (not a copy: a replica not handed over yet
     // after a membership change) may be older than its owners': a PUT goes to the current

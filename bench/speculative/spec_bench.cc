@@ -127,16 +127,13 @@ int Main(int argc, char** argv) {
   }
   auto m = LoadSpecModel(paths);
   if (!m.ok()) return Fail(m.status());
-  const EngineConfig* cfg = &m->config;
-  const DSparkConfig* dc = &m->dconfig;
-  const std::shared_ptr<const ModelWeights>& weights = m->weights;
-  std::unique_ptr<DSpark>* draft = &m->draft;
+  const SpecModel& sm = *m;
   std::vector<int> draft_lens;
-  if (!ParseList(lens, 0, dc->block_size, &draft_lens))
+  if (!ParseList(lens, 0, sm.dconfig.block_size, &draft_lens))
     return Fail(Status::InvalidArgument("bad --draft-lens"));
   EngineOptions eo;
   eo.threads = static_cast<int>(threads);
-  auto eng = Engine::Create(*cfg, weights, eo);
+  auto eng = Engine::Create(sm.config, sm.weights, eo);
   if (!eng.ok()) return Fail(eng.status());
   Engine& e = **eng;
   auto read = ReadSpecText(paths.text);
@@ -157,7 +154,7 @@ int Main(int argc, char** argv) {
     for (int k : draft_lens) rows.push_back({"fixed " + std::to_string(k), k});
     rows.push_back({"scheduler", -1});
     if (plain_control) rows.push_back({"plain again", -3});
-    DraftScheduler scheduler(C * (dc->block_size + 1), CpuCostClock(e));
+    DraftScheduler scheduler(C * (sm.dconfig.block_size + 1), CpuCostClock(e));
     bool measured = false;
     for (uint64_t g = 0; g < prompts / C; ++g) {
       std::vector<std::vector<std::vector<int32_t>>> outs(rows.size());  // per row, per sequence
@@ -198,8 +195,8 @@ int Main(int argc, char** argv) {
           o.draft_len = std::max(0, r.draft_len);
           std::vector<std::unique_ptr<SpeculativeDecoder>> decs;
           for (int i = 0; i < C; ++i) {
-            decs.push_back(std::make_unique<SpeculativeDecoder>(&e, draft->get(), weights.get(),
-                                                                &scheduler, o, &samplers[i]));
+            decs.push_back(std::make_unique<SpeculativeDecoder>(
+                &e, sm.draft.get(), sm.weights.get(), &scheduler, o, &samplers[i]));
             st.push_back(e.NewSequence());
             int32_t first = -1;
             if (!(s = decs[i]->Start(&st[i], prompt_of(g * C + i), &first)).ok()) return Fail(s);

@@ -163,13 +163,10 @@ int Main(int argc, char** argv) {
   }
   auto m = LoadSpecModel(paths);
   if (!m.ok()) return Fail(m.status());
-  const EngineConfig* cfg = &m->config;
-  const DSparkConfig* dc = &m->dconfig;
-  const std::shared_ptr<const ModelWeights>& weights = m->weights;
-  std::unique_ptr<DSpark>* draft = &m->draft;
+  const SpecModel& sm = *m;
   std::vector<Setting> sets = {{"plain", -1}};
   std::vector<uint64_t> ks;
-  if (!cli::ParseUintList(lens, 0, static_cast<uint64_t>(dc->block_size), kListMax, &ks))
+  if (!cli::ParseUintList(lens, 0, static_cast<uint64_t>(sm.dconfig.block_size), kListMax, &ks))
     return Fail(Status::InvalidArgument("bad --draft-lens"));
   for (uint64_t k : ks) sets.push_back({"fixed " + std::to_string(k), static_cast<int>(k)});
   auto read = ReadSpecText(paths.text);
@@ -186,11 +183,11 @@ int Main(int argc, char** argv) {
   EngramExportOptions eo;
   eo.out_dir = dir.path() + "/tables";
   eo.endpoints = {"127.0.0.1:" + std::to_string(server.port())};
-  auto ex = ExportEngramTables(*cfg, *weights, eo);
+  auto ex = ExportEngramTables(sm.config, *sm.weights, eo);
   if (!ex.ok()) return Fail(ex.status());
   RemoteEngramConfig rc;
   rc.shard_map_toml = ex->shard_map_toml;
-  rc.layer_ids = cfg->engram_layer_ids;
+  rc.layer_ids = sm.config.engram_layer_ids;
   rc.tenant = "bench";
   for (const auto& file : ex->files) {
     if (Status s = server.RegisterTable(file.region, file.path); !s.ok()) return Fail(s);
@@ -203,15 +200,15 @@ int Main(int argc, char** argv) {
   ro.fetcher.wait_spin_us = static_cast<uint32_t>(spin_us);
   ro.share_connections = share == 1;
   ro.hold_step_requests = hold == 1;
-  auto remote = RemoteEngramRowSource::Connect(cfg->engram_head_dim, rc, ro);
+  auto remote = RemoteEngramRowSource::Connect(sm.config.engram_head_dim, rc, ro);
   if (!remote.ok()) return Fail(remote.status());
   EngineOptions lo;
   lo.threads = static_cast<int>(threads);
-  auto local_engine = Engine::Create(*cfg, weights, lo);
+  auto local_engine = Engine::Create(sm.config, sm.weights, lo);
   if (!local_engine.ok()) return Fail(local_engine.status());
   EngineOptions reo = lo;
   reo.engram_rows = remote->get();
-  auto remote_engine = Engine::Create(*cfg, weights, reo);
+  auto remote_engine = Engine::Create(sm.config, sm.weights, reo);
   if (!remote_engine.ok()) return Fail(remote_engine.status());
 
   const size_t stride = text.size() / prompts;
@@ -228,7 +225,7 @@ int Main(int argc, char** argv) {
         const int arm = !only.empty()
                             ? (only == "remote" ? kRemote : kLocal)
                             : static_cast<int>((p + si + static_cast<uint64_t>(j)) % arms);
-        Status s = Run(engines[arm], **draft, *weights, prompt, max_new, set.draft_len,
+        Status s = Run(engines[arm], *sm.draft, *sm.weights, prompt, max_new, set.draft_len,
                        &set.arm[arm], &out[arm]);
         if (!s.ok()) return Fail(s);
       }

@@ -265,8 +265,12 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
     // KVTIER_JUDGE_PEER_PROBE_MS=<ms>: another probe interval for peer suspicion (0: off).
     std::string config;
     if (const char* probe = std::getenv("KVTIER_JUDGE_PEER_PROBE_MS"); probe != nullptr) {
-      config =
-          "peer_probe_interval_ms = " + std::to_string(std::strtoull(probe, nullptr, 10)) + "\n";
+      char* end = nullptr;
+      const unsigned long long ms = std::strtoull(probe, &end, 10);
+      if (*probe == '\0' || *end != '\0' || ms > 60000) {
+        ADD_FAILURE() << "KVTIER_JUDGE_PEER_PROBE_MS=" << probe << ": 0 or 10..60000 expected";
+      }
+      config = "peer_probe_interval_ms = " + std::to_string(ms) + "\n";
     }
     if (!GetParam()) return config;
     return config + "get_copy_bytes_max = " +

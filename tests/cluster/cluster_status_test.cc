@@ -227,8 +227,8 @@ TEST_F(ClusterStatusSuspectTest, AMemberItsPeersCannotReachIsCountedAsSuspected)
   EXPECT_EQ(j["members"][1]["health"]["suspected_by"], 0) << out;
 
   // Continued after seconds stopped, n2 holds its store's answers until it caught up on the
-  // deletes it may have missed (docs/CLUSTER.md, "Tombstones": peer_timeout_ms +
-  // etcd_timeout_ms, 4 s here): HELD, then ready.
+  // deletes it may have missed (docs/CLUSTER.md, "Tombstones": max(peer_timeout_ms,
+  // peer_probe_interval_ms) + etcd_timeout_ms, 4 s here): HELD, then ready.
   nodes_[2]->Signal(SIGCONT);
   ASSERT_EQ(Kvtier("cluster status " + EtcdFlag(), &out), 0) << out;
   EXPECT_EQ(columns(2).substr(0, 5), "HELD ") << out;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 
+#include "common/clock.h"
 #include "common/logging.h"
 
 namespace kvtier::daemon {
@@ -240,11 +241,12 @@ ClusterRepair::ScanResult ClusterRepair::Scan() {
         for (size_t j = 0; j < owners[i].size() && !expired; ++j) {
           if (held[i][j] == 1 || unreachable[owners[i][j]]) continue;
           if (!Pace(value.size())) return ScanResult::kLeftWork;
-          // The TTL the unit has left now, not when it was listed: the copy is stored on
-          // arrival, and a copy carrying the listed TTL outlived its unit by the wait for the
-          // pace and the copies before it (seconds; ClusterRepairPacedTest). It outlives
-          // it by its transit at most. A unit that expired meanwhile is not copied: its
-          // owners hold nothing to restore.
+          // The TTL the unit has left now, not when it was listed: a copy carrying the
+          // listed TTL outlived its unit by the wait for the pace and the copies before it
+          // (seconds; ClusterRepairPacedTest). And the moment the unit ends, by the Unix
+          // clock: the owner counts the TTL from the copy's arrival, so without it the copy
+          // outlived its unit by its transit (hundreds of ms on a loaded machine). A unit
+          // that expired meanwhile is not copied: its owners hold nothing to restore.
           if (u.ttl_left_ms != 0) {
             const uint64_t ends_ms = u.ttl_left_ms > UINT64_MAX - listed_ms
                                          ? UINT64_MAX  // never (a TTL past the clock's range)
@@ -253,14 +255,21 @@ ClusterRepair::ScanResult ClusterRepair::Scan() {
             expired = now_ms >= ends_ms;
             if (expired) break;
             put.ttl_ms = ends_ms - now_ms;
+            const uint64_t unix_ms = DefaultSystemClock().NowMs();
+            put.expires_at_unix_ms =
+                put.ttl_ms > UINT64_MAX - unix_ms ? UINT64_MAX : unix_ms + put.ttl_ms;
           }
           // The owner stores the copy only if it holds no unit of the key: a newer PUT that
           // reached it since its LOOKUP (after our read) stays, and it reports the unit held.
-          bool kept = false;
-          Status s = peers_->Put(view->members[owners[i][j]].peer_endpoint, put, &kept);
+          cluster::PeerPutOutcome outcome = cluster::PeerPutOutcome::kStored;
+          Status s = peers_->Put(view->members[owners[i][j]].peer_endpoint, put, &outcome);
+          if (s.ok() && outcome == cluster::PeerPutOutcome::kExpired) {
+            expired = true;  // by the owner's clock: nothing stored there, nothing to restore
+            break;
+          }
           if (s.ok()) {
             held[i][j] = 1;  // it holds a version: ours, or the newer one it kept
-            if (!kept) {
+            if (outcome == cluster::PeerPutOutcome::kStored) {
               copied_to.push_back(j);
               units_.fetch_add(1);
               bytes_.fetch_add(value.size());

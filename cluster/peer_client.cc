@@ -358,12 +358,22 @@ StatusOr<StagedReply> PeerClient::GetStaged(const std::string& endpoint,
   return DecodeStagedReply(body, keys.size(), /*ttl_asked=*/true);
 }
 
-Status PeerClient::Put(const std::string& endpoint, const PeerPut& put, bool* held) {
-  if (held != nullptr) *held = false;
-  auto body = Call(endpoint, PeerOp::kPut, EncodePeerPut(put));
+Status PeerClient::Put(const std::string& endpoint, const PeerPut& put, PeerPutOutcome* outcome) {
+  if (outcome != nullptr) *outcome = PeerPutOutcome::kStored;
+  auto body = Call(endpoint, PeerOp::kPut, EncodePeerPut(put), PeerPutFlags(put));
+  if (!body.ok() && body.status().IsInvalidArgument() && put.expires_at_unix_ms != 0) {
+    PeerPut without = put;  // a node older than the expiry (peer_wire.h)
+    without.expires_at_unix_ms = 0;
+    body = Call(endpoint, PeerOp::kPut, EncodePeerPut(without), PeerPutFlags(without));
+  }
   if (!body.ok()) return body.status();
   // The held byte follows a repair copy's OK; a node older than it sends none (it stored).
-  if (held != nullptr && put.repair && !body->empty() && (*body)[0] == 1) *held = true;
+  if (outcome != nullptr && put.repair && !body->empty()) {
+    if ((*body)[0] == static_cast<uint8_t>(PeerPutOutcome::kHeld)) *outcome = PeerPutOutcome::kHeld;
+    if ((*body)[0] == static_cast<uint8_t>(PeerPutOutcome::kExpired)) {
+      *outcome = PeerPutOutcome::kExpired;
+    }
+  }
   return Status::Ok();
 }
 

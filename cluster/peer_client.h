@@ -73,8 +73,11 @@ class PeerClient {
   // Asks the peer to stage keys in its staging region (GET_STAGED; cluster/staged_fetch.h).
   StatusOr<StagedReply> GetStaged(const std::string& endpoint, std::span<const PeerKey> keys);
   // OK when the peer stored the unit or, for a repair copy (put.repair), already held one of
-  // the key and kept it: then *held (may be null; false otherwise) is set.
-  Status Put(const std::string& endpoint, const PeerPut& put, bool* held = nullptr);
+  // the key and kept it, or found the copy's unit expired on arrival (put.expires_at_unix_ms):
+  // *outcome (may be null) says which. A peer older than the expiry refuses a put that
+  // carries one as malformed: it is sent once more without (the peer counts ttl_ms from its
+  // arrival).
+  Status Put(const std::string& endpoint, const PeerPut& put, PeerPutOutcome* outcome = nullptr);
   // One flag per key: 1 when it existed at the peer.
   StatusOr<std::vector<uint8_t>> Delete(const std::string& endpoint, std::span<const PeerKey> keys);
   Status DeleteTenant(const std::string& endpoint, std::string_view tenant);

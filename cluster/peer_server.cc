@@ -359,12 +359,25 @@ void PeerServer::Execute(const Frame& frame, const std::string& peer_node, Write
       return;
     }
     case PeerOp::kPut: {
-      auto put = DecodePeerPut(frame.body);
+      auto put = DecodePeerPut(frame.body, frame.header.flags);
       if (!put.ok()) return bad(put.status().message());
+      if (put->expires_at_unix_ms != 0) {
+        // Counted from now, the copy ends no later than its unit by this node's clock.
+        const kvtier::Clock& unix_clock =
+            options_.unix_clock != nullptr ? *options_.unix_clock : DefaultSystemClock();
+        put->ttl_ms = PeerPutTtlMs(*put, unix_clock.NowMs());
+        if (put->ttl_ms == 0) {  // its unit has expired: nothing to store or restore
+          daemon::wire::EncodeStatus(Status::Ok(), w);
+          w->U8(static_cast<uint8_t>(PeerPutOutcome::kExpired));
+          return;
+        }
+      }
       bool held = false;
       Status s = handler_->Put(*put, &held);
       daemon::wire::EncodeStatus(s, w);
-      if (s.ok() && put->repair) w->U8(held ? 1 : 0);
+      if (s.ok() && put->repair) {
+        w->U8(static_cast<uint8_t>(held ? PeerPutOutcome::kHeld : PeerPutOutcome::kStored));
+      }
       return;
     }
     case PeerOp::kDelete: {

@@ -35,6 +35,7 @@
 #include "cache_daemon/tls_client.h"
 #include "cluster/peer_wire.h"
 #include "common/accept_backoff.h"
+#include "common/clock.h"
 #include "common/status.h"
 
 namespace kvtier::cluster {
@@ -96,6 +97,9 @@ struct PeerServerOptions {
   uint64_t frame_timeout_ms = 10000;
   uint64_t frame_bytes_max = (64ull << 20) + (1ull << 20);
   std::optional<daemon::TlsAcceptOptions> tls;  // nullopt: plain TCP
+  // Unix time, for the expiry a repair copy carries (peer_wire.h, kPeerFlagExpiresAt); null:
+  // the system clock. Tests set one that runs ahead or behind.
+  const kvtier::Clock* unix_clock = nullptr;
 };
 
 struct PeerServerStats {

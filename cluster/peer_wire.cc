@@ -3,6 +3,8 @@
 #include <openssl/crypto.h>
 #include <openssl/hmac.h>
 
+#include <algorithm>
+
 namespace kvtier::cluster {
 
 using daemon::wire::Reader;
@@ -66,17 +68,19 @@ std::vector<uint8_t> EncodePeerPut(const PeerPut& p) {
   w.KeyBytes(p.parent);
   w.U32(static_cast<uint32_t>(p.value.size()));
   w.Bytes(p.value);
+  if (p.expires_at_unix_ms != 0) w.U64(p.expires_at_unix_ms);
   return w.Take();
 }
 
-StatusOr<PeerPut> DecodePeerPut(std::span<const uint8_t> body) {
+StatusOr<PeerPut> DecodePeerPut(std::span<const uint8_t> body, uint16_t flags) {
   Reader r(body);
   PeerPut p;
   uint32_t n = 0;
+  const bool expiry = (flags & kPeerFlagExpiresAt) != 0;
   if (!r.U8(&p.kind) || !r.U8(&p.highest_tier) || !r.U8(&p.allow_ssd) ||
       !r.U32(&p.recompute_tokens) || !r.U64(&p.ttl_ms) || !GetText(&r, &p.tenant) ||
       !r.KeyBytes(&p.key) || !r.KeyBytes(&p.parent) || !r.U32(&n) || !r.Bytes(n, &p.value) ||
-      r.remaining() != 0) {
+      (expiry && !r.U64(&p.expires_at_unix_ms)) || r.remaining() != 0) {
     return Status::InvalidArgument("malformed peer PUT");
   }
   if (p.kind > 2 || p.highest_tier > 2 || p.allow_ssd > 3) {
@@ -84,7 +88,16 @@ StatusOr<PeerPut> DecodePeerPut(std::span<const uint8_t> body) {
   }
   p.repair = (p.allow_ssd & 2) != 0;
   p.allow_ssd &= 1;
+  if (expiry && (!p.repair || p.ttl_ms == 0 || p.expires_at_unix_ms == 0)) {
+    return Status::InvalidArgument("peer PUT: an expiry on a copy that is not a repair with a TTL");
+  }
   return p;
+}
+
+uint64_t PeerPutTtlMs(const PeerPut& put, uint64_t now_unix_ms) {
+  if (put.expires_at_unix_ms == 0) return put.ttl_ms;
+  if (now_unix_ms >= put.expires_at_unix_ms) return 0;
+  return std::min(put.ttl_ms, put.expires_at_unix_ms - now_unix_ms);
 }
 
 void EncodeTtlTrailer(std::span<const uint64_t> ttl_left_ms, Writer* w) {

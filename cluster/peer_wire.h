@@ -22,7 +22,9 @@
 //   PUT            u8 kind, u8 highest_tier, u8 allow_ssd, u32 recompute_tokens, u64 ttl_ms,
 //                  text tenant, key, parent key, u32 len, bytes   -> status, and after an OK
 //                  status of a repair copy u8 held (1: the peer already held the key and kept
-//                  its unit, nothing stored; a reply without it, from an older node: stored)
+//                  its unit, nothing stored; 2: the copy's unit had expired by the peer's
+//                  clock when it arrived, nothing stored; a reply without it, from an older
+//                  node: stored)
 //   DELETE         u32 n, n keys               -> status, u32 n, n x u8 (1: it existed)
 //   DELETE_TENANT  text tenant                 -> status
 //   DROP_COPIES    u32 n, n keys               -> status (the peer drops its GET copies of
@@ -45,6 +47,15 @@
 // after the entries: u32 n, n x u64 ttl_left_ms (0: no expiry, or the unit was not found). A
 // node older than the flag ignores it and appends nothing (and an older requester never sets
 // it, so no reply it reads has a trailer): the requester then does not know the TTLs.
+//
+// Expiry of a repair copy: a PUT with kPeerFlagExpiresAt in its header flags (a repair copy
+// of a unit with a TTL only) ends its body, after the value, with u64 expires_at_unix_ms: the
+// moment the sender's unit expires, in Unix milliseconds by the sender's clock. The receiver
+// keeps the copy until the earlier of that moment by its own clock and ttl_ms from the copy's
+// arrival, so a copy outlives its unit by at most the smaller of its transit and the two
+// clocks' offset (docs/CLUSTER.md, "Repair"); one that arrives after the moment is not stored
+// (held byte 2). A node older than the flag refuses the body as malformed (InvalidArgument):
+// the sender then sends the copy once more without it (PeerClient::Put).
 //
 // Thread safety: pure functions.
 #pragma once
@@ -86,6 +97,14 @@ inline constexpr size_t kCredentialBytesMax = 4096;
 inline constexpr uint8_t kPeerTierAbsent = 255;
 // Header flag of a GET / GET_STAGED request: append the TTL trailer (above).
 inline constexpr uint16_t kPeerFlagTtl = 1;
+// Header flag of a PUT: the body ends with the copy's expiry (above).
+inline constexpr uint16_t kPeerFlagExpiresAt = 2;
+// The held byte after an OK status of a repair copy.
+enum class PeerPutOutcome : uint8_t {
+  kStored = 0,   // the copy is stored (also what a reply without the byte means)
+  kHeld = 1,     // the peer held a unit of the key and kept it; nothing stored
+  kExpired = 2,  // the copy's unit had expired by the peer's clock on arrival; nothing stored
+};
 // Bytes of a TTL trailer for n keys.
 inline constexpr uint64_t PeerTtlTrailerBytes(size_t n) { return 4 + 8 * uint64_t{n}; }
 void EncodeTtlTrailer(std::span<const uint64_t> ttl_left_ms, daemon::wire::Writer* w);
@@ -121,14 +140,26 @@ struct PeerPut {
   bool repair = false;
   uint32_t recompute_tokens = 0;
   uint64_t ttl_ms = 0;
+  // A repair copy of a unit with a TTL: when the sender's unit expires, in Unix ms by the
+  // sender's clock (0: not sent). Sent with kPeerFlagExpiresAt (EncodePeerPut's caller sets
+  // the flag: PeerPutFlags).
+  uint64_t expires_at_unix_ms = 0;
   std::string tenant;
   PeerKey key{};
   PeerKey parent{};
   std::span<const uint8_t> value;  // points into the decoded body / caller's bytes
 };
 std::vector<uint8_t> EncodePeerPut(const PeerPut& put);
-// InvalidArgument for a truncated or over-long body.
-StatusOr<PeerPut> DecodePeerPut(std::span<const uint8_t> body);
+// The header flags EncodePeerPut's body needs.
+inline uint16_t PeerPutFlags(const PeerPut& put) {
+  return put.expires_at_unix_ms != 0 ? kPeerFlagExpiresAt : 0;
+}
+// InvalidArgument for a truncated or over-long body, and for an expiry on anything but a
+// repair copy with a TTL. flags: the request header's.
+StatusOr<PeerPut> DecodePeerPut(std::span<const uint8_t> body, uint16_t flags = 0);
+// The TTL a copy stored at now_unix_ms keeps: put.ttl_ms, or less when put's expiry comes
+// first; 0 when the expiry has passed (nothing to store). put.ttl_ms for a put without one.
+uint64_t PeerPutTtlMs(const PeerPut& put, uint64_t now_unix_ms);
 
 // Bytes before a staged value in its record (cluster/staging_ring.h).
 inline constexpr uint32_t kStagedRecordHeaderBytes = 32;

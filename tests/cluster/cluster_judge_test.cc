@@ -100,10 +100,10 @@ constexpr uint64_t kTtlMinMs = 300, kTtlMaxMs = 3000;
 // the PUT's send and its reply, so it expires between send_ms + ttl and ack_ms + ttl. The
 // margin covers the rest, all of it small: both clocks read in whole milliseconds (1 ms each
 // side), a unit recovered from SSD after a restart keeps its expiry in wall-clock ms and
-// converts it back (two clock readings), and a repair copy carries the TTL its unit has left
-// when it is sent and is stored on arrival, so it outlives the unit by its transit
-// (docs/CLUSTER.md, "Repair": a loopback peer call, milliseconds on a loaded VM; about 300 ms
-// when both long cases ran beside other suites on 2 cores, so the judge runs alone).
+// converts it back (two clock readings), and a repair copy names the Unix millisecond its
+// unit ends, which its owner keeps to by the same machine's clock (docs/CLUSTER.md, "Repair";
+// it used to count the TTL from the copy's arrival and outlived its unit by its transit,
+// about 300 ms once when both long cases ran beside other suites on 2 cores).
 constexpr int64_t kTtlMarginMs = 50;
 // Tenant deletes (the native client's delete of every unit of its tenant, through a random
 // node): a thread of their own, one every kTenantDeleteGapMinMs..MaxMs, of a random tenant.

@@ -84,9 +84,19 @@ class HookPeer : public PeerHandler {
     if (hook) hook();  // without mu_: the hook's PUT reaches this peer too
     return Status::Ok();
   }
+  // The TTL and expiry of the last repair copy this peer's handler was given (after its
+  // server counted the TTL from the expiry: peer_wire.h, kPeerFlagExpiresAt).
+  std::pair<uint64_t, uint64_t> last_repair_ttl_and_expiry() {
+    std::lock_guard lock(mu_);
+    return {last_repair_ttl_ms_, last_repair_expires_at_unix_ms_};
+  }
   Status Put(const PeerPut& put, bool* held) override {
     std::lock_guard lock(mu_);
-    if (put.repair) ++repair_puts_;
+    if (put.repair) {
+      ++repair_puts_;
+      last_repair_ttl_ms_ = put.ttl_ms;
+      last_repair_expires_at_unix_ms_ = put.expires_at_unix_ms;
+    }
     if (put.repair && DefaultSteadyClock().NowMs() < refuse_repair_until_ms_) {
       return Status::Retry("repair copy of a unit deleted here moments ago");
     }
@@ -111,6 +121,7 @@ class HookPeer : public PeerHandler {
   std::function<void()> hook_;
   uint64_t refuse_repair_until_ms_ = 0;
   uint64_t lookups_ = 0, repair_puts_ = 0;
+  uint64_t last_repair_ttl_ms_ = 0, last_repair_expires_at_unix_ms_ = 0;
 };
 
 inline std::vector<uint8_t> Bytes(uint8_t fill) { return std::vector<uint8_t>(3000, fill); }
@@ -203,6 +214,7 @@ class NodeFixture : public ::testing::Test {
     for (auto [id, h] : {std::pair{"a", &peer_a_}, std::pair{"b", &peer_b_}}) {
       PeerServerOptions so;
       so.credential = credential_;
+      so.unix_clock = peer_unix_clock_;
       auto s = PeerServer::Start(so, h);
       ASSERT_TRUE(s.ok()) << s.status().message();
       std::string ep = "127.0.0.1:" + std::to_string((*s)->port());
@@ -310,6 +322,7 @@ class NodeFixture : public ::testing::Test {
   std::unique_ptr<kt::EtcdProcess> etcd_;
   const std::vector<uint8_t> credential_ = std::vector<uint8_t>(32, 7);
   HookPeer peer_a_, peer_b_;
+  const Clock* peer_unix_clock_ = nullptr;  // a and b's Unix clock (null: the system's)
   std::map<std::string, HookPeer*> by_node_;
   std::vector<std::unique_ptr<PeerServer>> servers_;
   std::vector<std::unique_ptr<Membership>> members_;

@@ -47,6 +47,9 @@ class MapHandler : public PeerHandler {
   Status Put(const PeerPut& put, bool* held) override {
     puts.fetch_add(1);
     if (put.tenant != "alice") return Status::Rejected("unknown tenant");
+    if (older_than_expiry && put.expires_at_unix_ms != 0) {  // as such a node's decoder does
+      return Status::InvalidArgument("malformed peer PUT");
+    }
     std::lock_guard lock(mu_);
     if (put.repair && map_.contains(put.key)) {  // a repair copy is put only if absent
       *held = true;
@@ -78,6 +81,8 @@ class MapHandler : public PeerHandler {
     return Status::Ok();
   }
   std::atomic<int> puts{0};  // PUTs executed, refused ones included
+  // Answers a put carrying an expiry (kPeerFlagExpiresAt) as a node older than it does.
+  std::atomic<bool> older_than_expiry{false};
 
  private:
   std::mutex mu_;
@@ -157,19 +162,19 @@ TEST_F(PeerTransportTest, ARepairCopyOfAHeldKeyIsReportedHeld) {
   put.tenant = "alice";
   put.key = K(1);
   put.value = newer;
-  bool held = true;
-  ASSERT_TRUE(c.Put(endpoint_, put, &held).ok());
-  EXPECT_FALSE(held);
+  PeerPutOutcome outcome = PeerPutOutcome::kHeld;
+  ASSERT_TRUE(c.Put(endpoint_, put, &outcome).ok());
+  EXPECT_EQ(outcome, PeerPutOutcome::kStored);
   put.value = older;
   put.repair = true;
-  ASSERT_TRUE(c.Put(endpoint_, put, &held).ok());
-  EXPECT_TRUE(held);
+  ASSERT_TRUE(c.Put(endpoint_, put, &outcome).ok());
+  EXPECT_EQ(outcome, PeerPutOutcome::kHeld);
   auto got = c.Get(endpoint_, std::vector<PeerKey>{K(1)});
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->values[0], newer) << "a repair copy replaced a held unit";
   put.key = K(2);
-  ASSERT_TRUE(c.Put(endpoint_, put, &held).ok());
-  EXPECT_FALSE(held);
+  ASSERT_TRUE(c.Put(endpoint_, put, &outcome).ok());
+  EXPECT_EQ(outcome, PeerPutOutcome::kStored);
   got = c.Get(endpoint_, std::vector<PeerKey>{K(2)});
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->values[0], older);
@@ -545,6 +550,153 @@ TEST_F(PeerTransportTest, GetRepliesCarryTheRemainingTtlToARequesterThatAsks) {
   bool present = false;
   std::vector<uint64_t> ttls;
   EXPECT_TRUE(DecodeTtlTrailer(&br, 3, &present, &ttls).IsCorruption());
+}
+
+// Unix time off the system clock by a fixed amount: a node whose clock runs ahead or behind.
+class OffsetClock final : public Clock {
+ public:
+  explicit OffsetClock(int64_t offset_ms) : offset_us_(offset_ms * 1000) {}
+  uint64_t NowUs() const override {
+    return static_cast<uint64_t>(static_cast<int64_t>(DefaultSystemClock().NowUs()) + offset_us_);
+  }
+
+ private:
+  int64_t offset_us_;
+};
+
+uint64_t UnixMs() { return DefaultSystemClock().NowMs(); }
+
+// The TTL the peer kept for key: what its GET reports (MapHandler keeps what it was given).
+uint64_t KeptTtlMs(PeerClient* c, const std::string& endpoint, const PeerKey& key) {
+  auto got = c->Get(endpoint, std::vector<PeerKey>{key});
+  EXPECT_TRUE(got.ok() && got->statuses[0].ok()) << "not stored";
+  if (!got.ok() || got->ttl_left_ms.empty() || !got->ttl_left_ms[0].has_value()) return 0;
+  return *got->ttl_left_ms[0];
+}
+
+// A repair copy that carries its unit's expiry keeps it by the receiver's clock, whatever the
+// TTL it was sent with says: the copy of a unit that ends 400 ms from now, sent with a TTL of
+// 60 s (as if its frame had spent the difference in transit), keeps at most 400 ms; one whose
+// unit has ended is not stored and is answered expired. Without the expiry the receiver
+// counted the TTL from the copy's arrival, and the copy outlived its unit by its transit.
+TEST_F(PeerTransportTest, ARepairCopyEndsWhenItsUnitDoesByTheReceiversClock) {
+  PeerClient c = Client(7);
+  std::vector<uint8_t> value(1000, 4);
+  PeerPut put;
+  put.tenant = "alice";
+  put.key = K(1);
+  put.value = value;
+  put.repair = true;
+  put.ttl_ms = 60000;
+  put.expires_at_unix_ms = UnixMs() + 400;
+  PeerPutOutcome outcome = PeerPutOutcome::kHeld;
+  ASSERT_TRUE(c.Put(endpoint_, put, &outcome).ok());
+  EXPECT_EQ(outcome, PeerPutOutcome::kStored);
+  const uint64_t kept = KeptTtlMs(&c, endpoint_, K(1));
+  EXPECT_GT(kept, 0u);
+  EXPECT_LE(kept, 400u) << "the copy outlives its unit";
+
+  const int puts = handler_.puts.load();
+  put.key = K(2);
+  put.expires_at_unix_ms = UnixMs() - 1;
+  ASSERT_TRUE(c.Put(endpoint_, put, &outcome).ok());
+  EXPECT_EQ(outcome, PeerPutOutcome::kExpired);
+  EXPECT_EQ(handler_.puts.load(), puts) << "a copy of an expired unit reached the store";
+  EXPECT_EQ((*c.Lookup(endpoint_, std::vector<PeerKey>{K(2)}))[0], kPeerTierAbsent);
+}
+
+// The clocks of two nodes disagree. A receiver whose clock runs 10 s behind still keeps the
+// copy no longer than the TTL it was sent with (counted from arrival: the copy outlives its
+// unit by its transit at most); one whose clock runs 10 s ahead finds a unit with 5 s left
+// expired, and stores nothing (a miss, never a unit served past its TTL).
+TEST(PeerTransportClockTest, TheTtlBoundsACopyWhenTheClocksDisagree) {
+  MapHandler handler;
+  for (int64_t offset_ms : {int64_t{-10000}, int64_t{10000}}) {
+    OffsetClock clock(offset_ms);
+    PeerServerOptions o;
+    o.credential = Credential(7);
+    o.unix_clock = &clock;
+    auto server = PeerServer::Start(o, &handler);
+    ASSERT_TRUE(server.ok()) << server.status().message();
+    const std::string endpoint = "127.0.0.1:" + std::to_string((*server)->port());
+    PeerClient c(PeerClientOptions{.node_id = "n1", .credential = Credential(7)});
+    std::vector<uint8_t> value(100, 1);
+    PeerPut put;
+    put.tenant = "alice";
+    put.key = K(offset_ms < 0 ? 1 : 2);
+    put.value = value;
+    put.repair = true;
+    put.ttl_ms = 5000;
+    put.expires_at_unix_ms = UnixMs() + 5000;
+    PeerPutOutcome outcome = PeerPutOutcome::kHeld;
+    ASSERT_TRUE(c.Put(endpoint, put, &outcome).ok());
+    if (offset_ms < 0) {
+      EXPECT_EQ(outcome, PeerPutOutcome::kStored);
+      EXPECT_EQ(KeptTtlMs(&c, endpoint, put.key), 5000u);
+    } else {
+      EXPECT_EQ(outcome, PeerPutOutcome::kExpired);
+      EXPECT_EQ((*c.Lookup(endpoint, std::vector<PeerKey>{put.key}))[0], kPeerTierAbsent);
+    }
+    (*server)->Stop();
+  }
+}
+
+// A node older than the expiry refuses a put that carries one as malformed; the sender sends
+// the copy once more without it, and it is stored with the TTL it was sent with.
+TEST_F(PeerTransportTest, ANodeOlderThanTheExpiryGetsTheCopyWithoutIt) {
+  handler_.older_than_expiry = true;
+  PeerClient c = Client(7);
+  std::vector<uint8_t> value(100, 3);
+  PeerPut put;
+  put.tenant = "alice";
+  put.key = K(1);
+  put.value = value;
+  put.repair = true;
+  put.ttl_ms = 3000;
+  put.expires_at_unix_ms = UnixMs() + 3000;
+  PeerPutOutcome outcome = PeerPutOutcome::kHeld;
+  ASSERT_TRUE(c.Put(endpoint_, put, &outcome).ok());
+  EXPECT_EQ(outcome, PeerPutOutcome::kStored);
+  EXPECT_EQ(handler_.puts.load(), 2) << "sent once with the expiry, once without";
+  EXPECT_EQ(KeptTtlMs(&c, endpoint_, K(1)), 3000u);
+}
+
+// The expiry is a repair copy's, of a unit with a TTL: on anything else the body is refused.
+TEST(PeerWireTest, AnExpiryOnlyEndsARepairCopyWithATtl) {
+  std::vector<uint8_t> value(10, 1);
+  PeerPut put;
+  put.tenant = "alice";
+  put.value = value;
+  put.repair = true;
+  put.ttl_ms = 1000;
+  put.expires_at_unix_ms = 123456;
+  auto body = EncodePeerPut(put);
+  auto back = DecodePeerPut(body, PeerPutFlags(put));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->expires_at_unix_ms, 123456u);
+  EXPECT_EQ(back->ttl_ms, 1000u);
+  EXPECT_TRUE(DecodePeerPut(body, 0).status().IsInvalidArgument()) << "a trailer unflagged";
+  put.expires_at_unix_ms = 0;
+  EXPECT_TRUE(DecodePeerPut(EncodePeerPut(put), kPeerFlagExpiresAt).status().IsInvalidArgument())
+      << "a flag without the trailer";
+  PeerPut client_put = put;
+  client_put.expires_at_unix_ms = 123456;
+  client_put.repair = false;
+  EXPECT_TRUE(
+      DecodePeerPut(EncodePeerPut(client_put), kPeerFlagExpiresAt).status().IsInvalidArgument())
+      << "a client PUT with an expiry";
+  PeerPut no_ttl = put;
+  no_ttl.expires_at_unix_ms = 123456;
+  no_ttl.ttl_ms = 0;
+  EXPECT_TRUE(DecodePeerPut(EncodePeerPut(no_ttl), kPeerFlagExpiresAt).status().IsInvalidArgument())
+      << "an expiry without a TTL";
+  // What the receiver keeps: the TTL, or less when the expiry comes first; 0 after it.
+  put.expires_at_unix_ms = 10000;
+  EXPECT_EQ(PeerPutTtlMs(put, 9500), 500u);
+  EXPECT_EQ(PeerPutTtlMs(put, 8000), 1000u);
+  EXPECT_EQ(PeerPutTtlMs(put, 10000), 0u);
+  put.expires_at_unix_ms = 0;
+  EXPECT_EQ(PeerPutTtlMs(put, 10000), 1000u);
 }
 
 // A GET response never exceeds the frame limit: a value that does not fit after others is

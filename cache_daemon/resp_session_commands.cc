@@ -12,6 +12,9 @@ namespace {
 
 using namespace std::string_view_literals;
 
+constexpr std::string_view kExecAbortWrongArgs =
+    "EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command";
+
 std::string Upper(std::string_view s) {
   std::string u(s);
   for (char& c : u) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -44,16 +47,15 @@ void RespSession::Execute(const std::vector<std::string_view>& argv) {
     op = Op::kRespExpire;
   else if (cmd == "TTL"sv || cmd == "PTTL"sv)
     op = Op::kRespTtl;
-  if (cmd == "MULTI"sv || cmd == "EXEC"sv || cmd == "DISCARD"sv) {
+  if (tenant_ == nullptr && cmd != "AUTH"sv && cmd != "HELLO"sv && cmd != "QUIT"sv) {
+    code = Unauthenticated(cmd, argv);
+  } else if (cmd == "MULTI"sv || cmd == "EXEC"sv || cmd == "DISCARD"sv) {
     code = Transaction(cmd, argv);
   } else if (txn_.queuing() && cmd != "QUIT"sv) {
     op = Op::kRespOther;  // counted under its own op when EXEC runs it
     code = QueueCommand(cmd, argv);
   } else if (cmd == "PING"sv || cmd == "QUIT"sv || cmd == "AUTH"sv || cmd == "HELLO"sv) {
     code = Connection(cmd, argv);
-  } else if (tenant_ == nullptr) {
-    resp::AppendError("NOAUTH Authentication required.", &out_);
-    code = StatusCode::kPermissionDenied;
   } else {
     StatusOr<InflightSlot> slot = AcquireInflight(*tenant_);
     if (!slot.ok()) {
@@ -75,19 +77,37 @@ void RespSession::Execute(const std::vector<std::string_view>& argv) {
   shared_->metrics->RecordRequest(op, code, clock_us_ - start_us);
 }
 
-StatusCode RespSession::Transaction(const std::string& cmd,
-                                    const std::vector<std::string_view>& a) {
-  if (tenant_ == nullptr) {
-    resp::AppendError("NOAUTH Authentication required.", &out_);
+StatusCode RespSession::Unauthenticated(const std::string& cmd,
+                                        const std::vector<std::string_view>& a) {
+  const int arity = resp::CommandArity(cmd);
+  if (arity == 0) return UnknownCommand(a);
+  if (cmd == "EXEC"sv) {  // Redis: any refusal of an EXEC discards the (absent) transaction
+    if (!resp::ArityAllows(arity, a.size())) {
+      resp::AppendError(kExecAbortWrongArgs, &out_);
+      return StatusCode::kInvalidArgument;
+    }
+    resp::AppendError("EXECABORT Transaction discarded because of: NOAUTH Authentication required.",
+                      &out_);
     return StatusCode::kPermissionDenied;
   }
+  if (!resp::ArityAllows(arity, a.size())) return WrongArgs(cmd);
+  if (resp::HasSubcommands(cmd)) {
+    std::string error = resp::SubcommandError(cmd, a);
+    if (!error.empty()) {
+      resp::AppendError(error, &out_);
+      return StatusCode::kInvalidArgument;
+    }
+  }
+  resp::AppendError("NOAUTH Authentication required.", &out_);
+  return StatusCode::kPermissionDenied;
+}
+
+StatusCode RespSession::Transaction(const std::string& cmd,
+                                    const std::vector<std::string_view>& a) {
   if (a.size() != 1) {
     if (cmd == "EXEC"sv) {  // Redis: a malformed EXEC discards the transaction
       txn_.Finish();
-      resp::AppendError(
-          "EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' "
-          "command",
-          &out_);
+      resp::AppendError(kExecAbortWrongArgs, &out_);
       return StatusCode::kInvalidArgument;
     }
     if (txn_.queuing()) txn_.Flag();  // as any command refused at queue time

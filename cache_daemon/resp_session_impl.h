@@ -234,6 +234,10 @@ class RespSession : public Session, public std::enable_shared_from_this<RespSess
 
   // ---- MULTI / EXEC / DISCARD (resp_transaction.h) ----
 
+  // A command other than AUTH, HELLO and QUIT before authentication (auth on): refused, after
+  // the checks Redis makes first, in its order (the name, its argument count, a subcommand's
+  // name and count), so every error a client sees before AUTH is Redis's.
+  StatusCode Unauthenticated(const std::string& cmd, const std::vector<std::string_view>& a);
   StatusCode Transaction(const std::string& cmd, const std::vector<std::string_view>& a);
 
   // A command after MULTI: checked like Redis does at queue time (known command, argument

@@ -39,6 +39,10 @@
 namespace kvtier::daemon {
 namespace {
 
+// What a RESP connection that has not authenticated gets for a PING (as from Redis with
+// requirepass): the answer that it is served, not yet a tenant's.
+constexpr char kNoAuth[] = "-NOAUTH Authentication required.\r\n";
+
 namespace kt = kvtier::testing;
 using wire::Key;
 using wire::Opcode;
@@ -386,7 +390,7 @@ TEST_F(PreauthE2eTest, UnauthenticatedConnectionsAreCappedPerFront) {
   for (int fd : held) EXPECT_EQ(RespCall(fd, "AUTH bob-token\r\n"), "+OK\r\n");
   ASSERT_TRUE(UnauthenticatedBecome(0, 0, 0));
   int again = kt::ConnectTcp(d_->resp_port());
-  EXPECT_EQ(RespCall(again, "PING\r\n"), "+PONG\r\n");
+  EXPECT_EQ(RespCall(again, "PING\r\n"), kNoAuth);
   EXPECT_EQ(RespCall(again, "AUTH alice-token\r\n"), "+OK\r\n");
   ::close(again);
   for (int fd : held) EXPECT_EQ(RespCall(fd, "GET k1\r\n"), "$-1\r\n") << "bob's keyspace";
@@ -631,7 +635,7 @@ TEST_F(PreauthE2eTest, OneSourceCannotKeepOtherHostsOutOfATcpFront) {
   // Another host gets in and works.
   int other = kt::ConnectTcp(d_->resp_port(), 0, kOtherHost);
   ASSERT_GE(other, 0);
-  EXPECT_EQ(RespCall(other, "PING\r\n"), "+PONG\r\n");
+  EXPECT_EQ(RespCall(other, "PING\r\n"), kNoAuth);
   EXPECT_EQ(RespCall(other, "AUTH alice-token\r\n"), "+OK\r\n");
   EXPECT_EQ(RespCall(other, "SET k1 v1\r\n"), "+OK\r\n");
   EXPECT_EQ(RespCall(other, "GET k1\r\n"), "$2\r\nv1\r\n");
@@ -641,7 +645,7 @@ TEST_F(PreauthE2eTest, OneSourceCannotKeepOtherHostsOutOfATcpFront) {
   EXPECT_EQ(RespCall(resp_held[0], "AUTH bob-token\r\n"), "+OK\r\n");
   ASSERT_TRUE(SourcesBecome("resp", 1, kPerSource - 1));
   resp_held.push_back(kt::ConnectTcp(d_->resp_port(), 0, kFlooder));
-  EXPECT_EQ(RespCall(resp_held.back(), "PING\r\n"), "+PONG\r\n");
+  EXPECT_EQ(RespCall(resp_held.back(), "PING\r\n"), kNoAuth);
   int over = kt::ConnectTcp(d_->resp_port(), 0, kFlooder);
   EXPECT_TRUE(FdClosedWithin(over, kRefusedWaitMs)) << "a connection over the source's cap";
   ::close(over);
@@ -670,7 +674,7 @@ TEST_F(PreauthE2eTest, OneSourceCannotKeepOtherHostsOutOfATcpFront) {
   // The other host holds kSecondHolds: exactly kPerSource - kSecondHolds more get in.
   for (int i = kSecondHolds; i < kPerSource; ++i) {
     second.push_back(kt::ConnectTcp(d_->resp_port(), 0, kOtherHost));
-    EXPECT_EQ(RespCall(second.back(), "PING\r\n"), "+PONG\r\n");
+    EXPECT_EQ(RespCall(second.back(), "PING\r\n"), kNoAuth);
   }
   over = kt::ConnectTcp(d_->resp_port(), 0, kOtherHost);
   EXPECT_TRUE(FdClosedWithin(over, kRefusedWaitMs)) << "the refused place was not given back";

@@ -19,6 +19,9 @@
 //   Every reply of a RESP3 connection is compared byte for byte like any other (nulls "_",
 //   EXEC's array, MGET's missing keys, SET NX/XX unmet, SET GET); of a HELLO that succeeds
 //   only its type (map or array) is compared, its fields are kvtier's own (docs/RESP.md).
+// - Before AUTH: a connection may open by pipelining every command of CommandsBeforeAuth
+//   (each command kvtierd knows, wrong arities, unknown (sub)commands, MULTI/EXEC) before its
+//   AUTH, every reply compared byte for byte: only AUTH, HELLO and QUIT are served.
 // - Several connections: a seed runs one, two or three connections to each server, every step
 //   on one of them in the generated order (sent, its replies read, then the next step), so
 //   writes of one are read by the others, a MULTI of one queues while others write and its
@@ -81,9 +84,63 @@ bool IsScanIteration(const Cmd& c) { return !c.empty() && c[0] == kScanIteration
 
 // How a connection opens (both servers alike): AUTH, HELLO 3 AUTH, HELLO 2 AUTH, or a HELLO 3
 // without AUTH (refused, its error compared) then HELLO 3 AUTH.
-enum class Opening { kAuth, kHello3Auth, kHello2Auth, kRefusedHelloThenHello3Auth };
+// kCommandsBeforeAuth: every command of kCommandsBeforeAuth pipelined before AUTH, each reply
+// compared byte for byte (a connection that has not authenticated is refused everything but
+// AUTH, HELLO and QUIT, and its state must not change).
+enum class Opening {
+  kAuth,
+  kHello3Auth,
+  kHello2Auth,
+  kRefusedHelloThenHello3Auth,
+  kCommandsBeforeAuth
+};
+const std::vector<Cmd>& CommandsBeforeAuth() {
+  static const std::vector<Cmd> kCmds = {{"PING"},
+                                         {"ECHO", "x"},
+                                         {"GET", "a"},
+                                         {"get", "a"},
+                                         {"SET", "a", "1"},
+                                         {"SET", "a", "1", "NX", "GET", "PX", "100"},
+                                         {"SET", "a"},
+                                         {"SETNX", "a", "1"},
+                                         {"MSET", "a", "1", "b", "2"},
+                                         {"MGET", "a", "b"},
+                                         {"DEL", "a"},
+                                         {"UNLINK", "a"},
+                                         {"EXISTS", "a"},
+                                         {"TYPE", "a"},
+                                         {"EXPIRE", "a", "10"},
+                                         {"PEXPIRE", "a", "x"},
+                                         {"TTL", "a"},
+                                         {"PTTL", "a"},
+                                         {"DBSIZE"},
+                                         {"KEYS", "*"},
+                                         {"SCAN", "0"},
+                                         {"SCAN", "x", "COUNT", "0"},
+                                         {"SELECT", "0"},
+                                         {"SELECT", "1"},
+                                         {"FLUSHDB"},
+                                         {"FLUSHALL", "ASYNC"},
+                                         {"MULTI"},
+                                         {"SET", "b", "2"},
+                                         {"EXEC"},
+                                         {"DISCARD"},
+                                         {"INFO"},
+                                         {"CONFIG", "GET", "x"},
+                                         {"CONFIG", "HELP"},
+                                         {"CLIENT", "SETNAME", "n"},
+                                         {"client", "help"},
+                                         {"CLIENT", "NOSUCH"},
+                                         {"nosuchcommand", "a"},
+                                         {"AUTH"},
+                                         {"HELLO", "x"},
+                                         {"HELLO", "3", "SETNAME", "n"}};
+  return kCmds;
+}
 const char* OpenName(Opening o) {
   switch (o) {
+    case Opening::kCommandsBeforeAuth:
+      return "commands before AUTH, then AUTH";
     case Opening::kAuth:
       return "AUTH";
     case Opening::kHello3Auth:
@@ -298,7 +355,9 @@ class Generator {
                                      Opening::kHello3Auth,
                                      Opening::kHello2Auth,
                                      Opening::kRefusedHelloThenHello3Auth};
-    for (uint32_t n = 1 + Pick(3); n > 0; --n) opens_.push_back(kOpens[Pick(7)]);
+    for (uint32_t n = 1 + Pick(3); n > 0; --n) {
+      opens_.push_back(Pick(8) == 0 ? Opening::kCommandsBeforeAuth : kOpens[Pick(7)]);
+    }
     multi_.assign(opens_.size(), false);
     wrong_token_.assign(opens_.size(), false);
   }
@@ -740,12 +799,15 @@ class Conns {
       c.rd = std::move(rd).value();
       std::vector<Cmd> cmds;
       if (o == Opening::kRefusedHelloThenHello3Auth) cmds.push_back({"HELLO", "3"});
-      if (o == Opening::kAuth) {
+      if (o == Opening::kCommandsBeforeAuth) cmds = CommandsBeforeAuth();
+      if (o == Opening::kAuth || o == Opening::kCommandsBeforeAuth) {
         cmds.push_back({"AUTH", kToken});
       } else {
         cmds.push_back({"HELLO", o == Opening::kHello2Auth ? "2" : "3", "AUTH", "default", kToken});
       }
-      c.proto = o == Opening::kAuth || o == Opening::kHello2Auth ? 2 : 3;
+      c.proto =
+          o == Opening::kAuth || o == Opening::kHello2Auth || o == Opening::kCommandsBeforeAuth ? 2
+                                                                                                : 3;
       std::vector<std::string> kv_raw, rd_raw;
       auto kr = c.kv->Pipeline(cmds, &kv_raw);
       auto rr = c.rd->Pipeline(cmds, &rd_raw);

@@ -425,7 +425,8 @@ class TierManager {
   virtual Status Pin(std::span<const Key> keys, uint64_t lease_ms) = 0;
   virtual Status Unpin(std::span<const Key> keys) = 0;
 
-  // NotFound if absent (a unit the SSD tier evicted, also from every other tier, is absent;
+  // NotFound if absent (a unit past its TTL is absent, and removed all the same; a unit the
+  // SSD tier evicted, also from every other tier, is absent;
   // its index delete is then committed as a Delete's, so it never comes back after a power
   // failure). IOError: the removal is done in memory but its commit failed (kSync; the index
   // delete is retried at the next commit).

@@ -58,12 +58,13 @@ Status TierManagerImpl::Delete(const Key& key) {
 
 Status TierManagerImpl::DeleteDeferred(const Key& key, DeferredCommit* deferred) {
   uint64_t ticket = 0;
-  bool present = false;
+  bool present = false, live = false;
   {
     std::unique_lock lock(mu_);
     WaitForKeyLocked(lock, key, nullptr);  // a put of the key in flight finishes first
     DrainLoadedLocked();
     present = PresentAnywhereLocked(key);
+    live = present && LiveLocked(key);  // one past its TTL is removed, but was not there
     // Absent too: the SSD index may still hold a unit its tier evicted (the eviction's delete
     // not synced yet): after this Delete it must not come back either (RemoveEverywhereLocked).
     RemoveEverywhereLocked(key, &ticket);
@@ -71,7 +72,7 @@ Status TierManagerImpl::DeleteDeferred(const Key& key, DeferredCommit* deferred)
   }
   // Version 0: a failed commit has no put to undo (CompletePut only waits).
   *deferred = DeferredCommit{ticket, key, 0};
-  return present ? Status::Ok() : Status::NotFound("no such unit");
+  return live ? Status::Ok() : Status::NotFound("no such unit");
 }
 
 Status TierManagerImpl::DeleteTenant(TenantId tenant) {

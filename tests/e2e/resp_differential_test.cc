@@ -19,6 +19,10 @@
 //   Every reply of a RESP3 connection is compared byte for byte like any other (nulls "_",
 //   EXEC's array, MGET's missing keys, SET NX/XX unmet, SET GET); of a HELLO that succeeds
 //   only its type (map or array) is compared, its fields are kvtier's own (docs/RESP.md).
+// - Expiries: now and then a step gives keys expiries of a few milliseconds (SET ... PX,
+//   PEXPIRE) and the run sleeps until they have expired on both servers (kExpiryWait), so
+//   every later command meets expired keys: GET, EXISTS, TTL, DEL, SET NX/XX, KEYS, SCAN and
+//   DBSIZE must treat them as Redis does (it found DEL counting an expired key as deleted).
 // - Before AUTH: a connection may open by pipelining every command of CommandsBeforeAuth
 //   (each command kvtierd knows, wrong arities, unknown (sub)commands, MULTI/EXEC) before its
 //   AUTH, every reply compared byte for byte: only AUTH, HELLO and QUIT are served.
@@ -43,6 +47,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -54,6 +59,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "common/key_spec.h"
@@ -81,6 +87,17 @@ struct Step {
 // "interleaved" (one call after each later step), then MATCH's pattern where it has one.
 constexpr char kScanIteration[] = "<SCAN iteration>";
 bool IsScanIteration(const Cmd& c) { return !c.empty() && c[0] == kScanIteration; }
+
+// The last command of an expiry step (Generator::ExpiryStep), not sent: once the step's
+// commands (each giving a key an expiry of at most kShortExpiryMsMax) are answered by both
+// servers, the run sleeps kExpiryWaitMs, so every such key has expired on both before the next
+// step reads anything. Then every key is read once on redis-server (Conns::TouchOnRedis),
+// which deletes those it finds expired: Redis's DBSIZE counts expired keys it has not met yet
+// (until its active expiry samples them), kvtierd's does not.
+constexpr char kExpiryWait[] = "<expiry wait>";
+bool IsExpiryWait(const Cmd& c) { return !c.empty() && c[0] == kExpiryWait; }
+constexpr uint32_t kShortExpiryMsMax = 30;
+constexpr int kExpiryWaitMs = 100;
 
 // How a connection opens (both servers alike): AUTH, HELLO 3 AUTH, HELLO 2 AUTH, or a HELLO 3
 // without AUTH (refused, its error compared) then HELLO 3 AUTH.
@@ -153,12 +170,16 @@ const char* OpenName(Opening o) {
   return "";
 }
 
+// Expiry steps per 1,000 steps (each sleeps kExpiryWaitMs): the slow run's are fewer, so its
+// 300,000 steps per durability sleep about two minutes.
 #ifdef KVTIER_RESP_DIFF_SLOW
 constexpr int kSeeds = 200;
 constexpr int kStepsPerSeed = 1500;
+constexpr uint32_t kExpiryStepsPerMille = 4;
 #else
 constexpr int kSeeds = 12;
 constexpr int kStepsPerSeed = 400;
+constexpr uint32_t kExpiryStepsPerMille = 20;
 #endif
 // The default run's seeds are kFirstSeed, kFirstSeed + 1, ...: the same commands every run.
 constexpr uint64_t kFirstSeed = 20260301;
@@ -375,6 +396,7 @@ class Generator {
       s.cmds.push_back(ScanIteration());
       return s;
     }
+    if (Pick(1000) < kExpiryStepsPerMille && !multi_[s.conn]) return ExpiryStep(s.conn);
     const int n = Pick(10) < 7 ? 1 : 2 + static_cast<int>(Pick(kPipelineCommandsMax - 1));
     for (int i = 0; i < n; ++i) {
       s.cmds.push_back(Next(s.conn));
@@ -386,6 +408,27 @@ class Generator {
         multi_[s.conn] = false;
       }
     }
+    return s;
+  }
+
+  // One to three commands giving keys expiries of 1..kShortExpiryMsMax ms (SET ... PX, with
+  // NX, XX or GET at times, and PEXPIRE), then kExpiryWait: keys expire between two steps, never
+  // while one reads them. Only on a connection with no transaction open.
+  Step ExpiryStep(size_t conn) {
+    Step s;
+    s.conn = conn;
+    for (uint32_t n = 1 + Pick(3); n > 0; --n) {
+      const std::string ms = std::to_string(1 + Pick(kShortExpiryMsMax));
+      if (Pick(3) == 0) {
+        s.cmds.push_back({Name("PEXPIRE"), Key(), ms});
+        continue;
+      }
+      Cmd c = {Name("SET"), Key(), Value(), Name("PX"), ms};
+      static const char* kOptions[] = {"NX", "XX", "GET"};
+      if (Pick(3) == 0) c.push_back(Name(kOptions[Pick(3)]));
+      s.cmds.push_back(std::move(c));
+    }
+    s.cmds.push_back({kExpiryWait});
     return s;
   }
 
@@ -743,6 +786,7 @@ struct Coverage {
   size_t scans = 0;              // SCAN iterations checked
   size_t scans_interleaved = 0;  // of them, with steps between their calls
   size_t scan_calls = 0;
+  size_t expiry_waits = 0;  // expiry steps: keys expired between two steps
 };
 
 // A SCAN iteration of kvtierd in progress on one connection (a kScanIteration step), and what
@@ -834,6 +878,15 @@ class Conns {
     auto r = observer_->Call({"AUTH", kToken});
     if (!r.ok() || r->type != RespReply::Type::kSimple) return "observer's AUTH failed";
     return "";
+  }
+
+  // Reads every key once on redis-server (EXISTS, which deletes a key it finds expired): ""
+  // or what failed.
+  std::string TouchOnRedis(const std::vector<std::string>& keys) {
+    std::vector<Cmd> touch;
+    for (const std::string& k : keys) touch.push_back({"EXISTS", k});
+    auto r = observer_->Pipeline(touch);
+    return r.ok() ? "" : "redis-server's EXISTS failed: " + r.status().ToString();
   }
 
   // Sends one step to both servers on its connection and compares every reply. Returns ""
@@ -1100,6 +1153,23 @@ class RespDifferentialTest : public kt::KvtierdTest,
                          [&](const ScanRun& r) { return r.conn == s.conn; })) {
           scans.push_back(ScanRun{.conn = s.conn, .marker = s.cmds[0]});
         }
+      } else if (IsExpiryWait(s.cmds.back())) {
+        Step sent = s;
+        sent.cmds.pop_back();
+        d.why = c.Run(sent, &d.cmd, cov);
+        if (!d.why.empty()) {
+          d.step = index;
+          d.command = s.cmds[d.cmd];
+          return false;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(kExpiryWaitMs));
+        d.why = c.TouchOnRedis(keys);
+        if (!d.why.empty()) {
+          d.step = index;
+          d.command = s.cmds.back();
+          return false;
+        }
+        if (cov != nullptr) ++cov->expiry_waits;
       } else {
         d.why = c.Run(s, &d.cmd, cov);
         if (!d.why.empty()) {
@@ -1154,21 +1224,26 @@ class RespDifferentialTest : public kt::KvtierdTest,
       return !d.why.empty() && d.command == command;
     };
     // Flatten into single commands, keeping each command's step (and its connection) so
-    // pipelines stay pipelines.
+    // pipelines stay pipelines. An expiry step stays whole: without its wait, its keys would
+    // expire while later steps read them.
     struct Flat {
       size_t step, conn;
-      Cmd cmd;
+      std::vector<Cmd> cmds;
     };
     std::vector<Flat> flat;
     for (size_t i = 0; i < steps.size(); ++i) {
-      for (const Cmd& c : steps[i].cmds) flat.push_back({i, steps[i].conn, c});
+      if (IsExpiryWait(steps[i].cmds.back())) {
+        flat.push_back({i, steps[i].conn, steps[i].cmds});
+        continue;
+      }
+      for (const Cmd& c : steps[i].cmds) flat.push_back({i, steps[i].conn, {c}});
     }
     auto rebuild = [](const std::vector<Flat>& f) {
       std::vector<Step> out;
       size_t last = SIZE_MAX;
       for (const Flat& e : f) {
         if (e.step != last) out.push_back({e.conn, {}});
-        out.back().cmds.push_back(e.cmd);
+        out.back().cmds.insert(out.back().cmds.end(), e.cmds.begin(), e.cmds.end());
         last = e.step;
       }
       return out;
@@ -1234,10 +1309,10 @@ TEST_P(RespDifferentialTest, EveryReplyIsRedisOrAnAllowedDifference) {
   }
   std::printf(
       "durability %s: %zu seeds, %zu commands (%zu on RESP3 connections), %zu EXECs after "
-      "another connection's steps, %zu SCAN iterations (%zu interleaved, %zu calls), every "
-      "reply agreed\n",
+      "another connection's steps, %zu SCAN iterations (%zu interleaved, %zu calls), %zu "
+      "waits for short expiries, every reply agreed\n",
       GetParam(), seeds.size(), cov.commands, cov.resp3_commands, cov.execs_interleaved, cov.scans,
-      cov.scans_interleaved, cov.scan_calls);
+      cov.scans_interleaved, cov.scan_calls, cov.expiry_waits);
 }
 
 INSTANTIATE_TEST_SUITE_P(Durability, RespDifferentialTest, ::testing::Values("default", "sync"),

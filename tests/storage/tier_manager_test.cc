@@ -272,6 +272,37 @@ TEST_F(TierManagerTest, MissReasons) {
   EXPECT_EQ((*tm)->Lookup(chain4).first_miss, MissReason::kNeverStored);
 }
 
+// A unit whose TTL has run out is absent for a Delete too: NotFound (it is removed all the
+// same), as for a read. Delete used to answer OK for it, so a RESP DEL counted an expired key
+// as deleted (Redis counts it not; the differential test found it).
+TEST_F(TierManagerTest, DeletingAnExpiredUnitFindsNothing) {
+  auto tm = TierManager::Open(Options());
+  ASSERT_TRUE(tm.ok());
+  PutOptions ttl;
+  ttl.ttl_ms = 1000;
+  PutOptions ssd = ttl;  // an SSD record's expiry is Unix time: it runs on the real clock
+  ssd.ttl_ms = 20;
+  ssd.highest_tier = Tier::kSsd;
+  const Key in_dram = MakeKey(1), on_ssd = MakeKey(2), live = MakeKey(3);
+  ASSERT_TRUE((*tm)->Put(in_dram, MakeValue(in_dram, 1, 1000), ttl).ok());
+  ASSERT_TRUE((*tm)->Put(on_ssd, MakeValue(on_ssd, 1, 1000), ssd).ok());
+  PutOptions longer = ttl;
+  longer.ttl_ms = 5000;
+  ASSERT_TRUE((*tm)->Put(live, MakeValue(live, 1, 1000), longer).ok());
+  clock_.AdvanceMs(1001);
+  std::this_thread::sleep_for(std::chrono::milliseconds(40));
+  EXPECT_TRUE((*tm)->Delete(in_dram).IsNotFound());
+  EXPECT_TRUE((*tm)->Delete(on_ssd).IsNotFound());
+  DeferredCommit deferred;
+  EXPECT_TRUE((*tm)->DeleteDeferred(live, &deferred).ok()) << "a unit with TTL left";
+  EXPECT_TRUE((*tm)->CompletePut(deferred).ok());
+  for (const Key& k : {in_dram, on_ssd, live}) {
+    std::vector<uint8_t> out;
+    EXPECT_TRUE((*tm)->Get(k, &out).IsNotFound());
+    EXPECT_TRUE((*tm)->Delete(k).IsNotFound()) << "removed by the first delete";
+  }
+}
+
 // GetWithTtl reports what is left of a unit's TTL (a cluster GET copy must not outlive the
 // unit): counted down on the store's clock in DRAM, from the record's expiry on SSD; 0 for a
 // unit without one.

@@ -413,17 +413,22 @@ class Generator {
 
   // One to three commands giving keys expiries of 1..kShortExpiryMsMax ms (SET ... PX, with
   // NX, XX or GET at times, and PEXPIRE), then kExpiryWait: keys expire between two steps, never
-  // while one reads them. Only on a connection with no transaction open.
+  // while one reads them. Each on a key of its own: a command after another of the same key
+  // would find it expired or not depending on how fast each server ran the pipeline. Only on a
+  // connection with no transaction open.
   Step ExpiryStep(size_t conn) {
     Step s;
     s.conn = conn;
+    std::set<std::string> used;
     for (uint32_t n = 1 + Pick(3); n > 0; --n) {
+      const std::string key = Key();
+      if (!used.insert(key).second) continue;
       const std::string ms = std::to_string(1 + Pick(kShortExpiryMsMax));
       if (Pick(3) == 0) {
-        s.cmds.push_back({Name("PEXPIRE"), Key(), ms});
+        s.cmds.push_back({Name("PEXPIRE"), key, ms});
         continue;
       }
-      Cmd c = {Name("SET"), Key(), Value(), Name("PX"), ms};
+      Cmd c = {Name("SET"), key, Value(), Name("PX"), ms};
       static const char* kOptions[] = {"NX", "XX", "GET"};
       if (Pick(3) == 0) c.push_back(Name(kOptions[Pick(3)]));
       s.cmds.push_back(std::move(c));

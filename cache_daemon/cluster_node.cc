@@ -684,6 +684,10 @@ std::string ClusterNode::RenderPrometheus() const {
           rp.copy_failures_total);
   counter("kvtier_cluster_repair_lookup_failures_total",
           "Repair LOOKUPs of a page that an owner did not answer.", rp.lookup_failures_total);
+  counter("kvtier_cluster_repair_expired_at_owner_total",
+          "Copies of TTL units an owner did not store: by its clock the unit had ended (many: "
+          "its clock runs ahead of this node's).",
+          rp.expired_at_owner_total);
   counter("kvtier_cluster_peer_auth_failures_total",
           "Peer connections refused for a bad or missing cluster credential.", ps.auth_failures);
   counter("kvtier_cluster_peer_tls_failures_total",

@@ -264,6 +264,7 @@ ClusterRepair::ScanResult ClusterRepair::Scan() {
           cluster::PeerPutOutcome outcome = cluster::PeerPutOutcome::kStored;
           Status s = peers_->Put(view->members[owners[i][j]].peer_endpoint, put, &outcome);
           if (s.ok() && outcome == cluster::PeerPutOutcome::kExpired) {
+            expired_at_owner_.fetch_add(1);
             expired = true;  // by the owner's clock: nothing stored there, nothing to restore
             break;
           }
@@ -348,6 +349,7 @@ RepairStats ClusterRepair::stats() const {
   s.scans_total = scans_.load();
   s.copy_failures_total = copy_failures_.load();
   s.lookup_failures_total = lookup_failures_.load();
+  s.expired_at_owner_total = expired_at_owner_.load();
   return s;
 }
 

@@ -80,6 +80,10 @@ struct RepairStats {
   uint64_t units_total = 0, bytes_total = 0;  // copies acknowledged by an owner
   uint64_t dropped_total = 0;                 // held units dropped after their hand-over
   uint64_t scans_total = 0, copy_failures_total = 0, lookup_failures_total = 0;
+  // Copies of TTL units an owner did not store because, by its clock, the unit had ended
+  // (cluster/peer_wire.h, kPeerFlagExpiresAt): a few where units expire in transit; many
+  // point at an owner's clock running ahead of this node's.
+  uint64_t expired_at_owner_total = 0;
 };
 
 class ClusterRepair {
@@ -123,7 +127,7 @@ class ClusterRepair {
   std::atomic<uint64_t> under_{0}, moves_{0}, done_{0};
   std::atomic<bool> active_{false};
   std::atomic<uint64_t> units_{0}, bytes_{0}, dropped_{0}, scans_{0}, copy_failures_{0},
-      lookup_failures_{0};
+      lookup_failures_{0}, expired_at_owner_{0};
 };
 
 }  // namespace kvtier::daemon

@@ -62,6 +62,7 @@ TEST_F(RepairExpiryTest, ACopyNamesTheMomentItsUnitEnds) {
   EXPECT_GT(ttl_ms, 0u);
   EXPECT_LE(ttl_ms, kTtlMs);
   EXPECT_EQ(repair.stats().units_total, 1u);
+  EXPECT_EQ(repair.stats().expired_at_owner_total, 0u);
 }
 
 // A Unix clock 60 s ahead of the system clock (a and b's).
@@ -97,6 +98,7 @@ TEST_F(RepairExpiryAheadTest, AnOwnerWhoseClockSaysTheUnitEndedStoresNothing) {
   EXPECT_TRUE(p->Held(key).empty()) << "p stored a copy of a unit that had ended by its clock";
   EXPECT_EQ(p->repair_puts(), 0u) << "the copy reached p's store";
   EXPECT_EQ(stats.units_total, 0u) << "y counted a copy that was not made";
+  EXPECT_EQ(stats.expired_at_owner_total, 1u);
   EXPECT_EQ(stats.under_replicated, 0u);
   EXPECT_EQ(HeldByY(chain), Bytes(5));
 }

@@ -6,8 +6,7 @@
 //
 // In process (tests/cluster/node_fixture.h): node y's store, router, peer client and repair
 // scan with a real etcd, and two in-memory peers behind real peer servers.
-#include <chrono>
-#include <thread>
+#include <memory>
 
 #include "cache_daemon/cluster_repair.h"
 #include "common/clock.h"
@@ -20,49 +19,57 @@ constexpr uint64_t kTtlMs = 20000;
 
 class RepairExpiryTest : public NodeFixture {
  protected:
-  daemon::RepairOptions Options() const {
-    daemon::RepairOptions o;
-    o.retry_ms = 50;
-    o.interval_s = 300;
-    return o;
-  }
-  // Puts a unit with kTtlMs into y's store; returns its key and (through *put_unix_ms) the
-  // Unix time just before the put.
-  PeerKey PutIntoYWithTtl(const Key& chain, uint64_t* put_unix_ms) {
-    const PeerKey key = service_->Bind(*tenant_, chain);
+  // A unit y holds with kTtlMs, of a key y owns with one other owner, p, which lacks it; put
+  // between put_unix_ms and put_done_unix_ms (Unix time).
+  struct TtlUnit {
+    Key chain;
+    PeerKey key;
+    HookPeer* p = nullptr;
+    uint64_t put_unix_ms = 0, put_done_unix_ms = 0;
+  };
+  TtlUnit PutTtlUnitOneOwnerLacks() {
+    TtlUnit u;
+    std::vector<HookPeer*> others;
+    u.chain = ChainOwnedByY(true, 0, &others);
+    EXPECT_EQ(others.size(), 1u);
+    u.p = others.empty() ? nullptr : others[0];
+    u.key = service_->Bind(*tenant_, u.chain);
     storage::PutOptions po;
     po.tenant = tenant_->id;
     po.ttl_ms = kTtlMs;
-    *put_unix_ms = DefaultSystemClock().NowMs();
-    EXPECT_TRUE(store_->Put(key, Bytes(5), po).ok());
-    return key;
+    u.put_unix_ms = DefaultSystemClock().NowMs();
+    EXPECT_TRUE(store_->Put(u.key, Bytes(5), po).ok());
+    u.put_done_unix_ms = DefaultSystemClock().NowMs();
+    return u;
+  }
+  std::unique_ptr<daemon::ClusterRepair> StartRepair() {
+    daemon::RepairOptions o;
+    o.retry_ms = 50;
+    o.interval_s = 300;
+    auto repair = std::make_unique<daemon::ClusterRepair>(store_.get(), tenants_.get(),
+                                                          router_.get(), client_.get(), o);
+    repair->Start();
+    return repair;
   }
 };
 
 // y owns a unit with peer p, which lacks it. y's copy names the moment the unit ends: not
 // after the unit's own end (its PUT plus the TTL), and p keeps it no longer.
 TEST_F(RepairExpiryTest, ACopyNamesTheMomentItsUnitEnds) {
-  std::vector<HookPeer*> others;
-  const Key chain = ChainOwnedByY(true, 0, &others);
-  ASSERT_EQ(others.size(), 1u);
-  HookPeer* p = others[0];
-  uint64_t put_unix_ms = 0;
-  const PeerKey key = PutIntoYWithTtl(chain, &put_unix_ms);
-  const uint64_t put_done_unix_ms = DefaultSystemClock().NowMs();
-  daemon::ClusterRepair repair(store_.get(), tenants_.get(), router_.get(), client_.get(),
-                               Options());
-  repair.Start();
-  ASSERT_TRUE(kt::WaitFor([&] { return !p->Held(key).empty(); }, 20000)) << "never copied";
-  repair.Stop();
-  const auto [ttl_ms, expires_at_unix_ms] = p->last_repair_ttl_and_expiry();
+  const TtlUnit u = PutTtlUnitOneOwnerLacks();
+  ASSERT_NE(u.p, nullptr);
+  auto repair = StartRepair();
+  ASSERT_TRUE(kt::WaitFor([&] { return !u.p->Held(u.key).empty(); }, 20000)) << "never copied";
+  repair->Stop();
+  const auto [ttl_ms, expires_at_unix_ms] = u.p->last_repair_ttl_and_expiry();
   ASSERT_NE(expires_at_unix_ms, 0u) << "the copy carried no expiry";
   // The store reports whole milliseconds left (rounded down), the clocks tick in them: 2 ms.
-  EXPECT_LE(expires_at_unix_ms, put_done_unix_ms + kTtlMs + 2) << "the copy outlives its unit";
-  EXPECT_GE(expires_at_unix_ms + 1000, put_unix_ms + kTtlMs) << "the copy ends far too early";
+  EXPECT_LE(expires_at_unix_ms, u.put_done_unix_ms + kTtlMs + 2) << "the copy outlives its unit";
+  EXPECT_GE(expires_at_unix_ms + 1000, u.put_unix_ms + kTtlMs) << "the copy ends far too early";
   EXPECT_GT(ttl_ms, 0u);
   EXPECT_LE(ttl_ms, kTtlMs);
-  EXPECT_EQ(repair.stats().units_total, 1u);
-  EXPECT_EQ(repair.stats().expired_at_owner_total, 0u);
+  EXPECT_EQ(repair->stats().units_total, 1u);
+  EXPECT_EQ(repair->stats().expired_at_owner_total, 0u);
 }
 
 // A Unix clock 60 s ahead of the system clock (a and b's).
@@ -81,26 +88,20 @@ class RepairExpiryAheadTest : public RepairExpiryTest {
 // nothing and answers so, and y counts no copy made (a miss there, never a unit past its TTL).
 // y keeps its own unit.
 TEST_F(RepairExpiryAheadTest, AnOwnerWhoseClockSaysTheUnitEndedStoresNothing) {
-  std::vector<HookPeer*> others;
-  const Key chain = ChainOwnedByY(true, 0, &others);
-  ASSERT_EQ(others.size(), 1u);
-  HookPeer* p = others[0];
-  uint64_t put_unix_ms = 0;
-  const PeerKey key = PutIntoYWithTtl(chain, &put_unix_ms);
-  const uint64_t lookups_before = p->lookups();
-  daemon::ClusterRepair repair(store_.get(), tenants_.get(), router_.get(), client_.get(),
-                               Options());
-  repair.Start();
-  ASSERT_TRUE(kt::WaitFor([&] { return repair.stats().scans_total >= 1; }, 20000));
-  const daemon::RepairStats stats = repair.stats();
-  repair.Stop();
-  EXPECT_GT(p->lookups(), lookups_before) << "the scan never asked p: it checked nothing";
-  EXPECT_TRUE(p->Held(key).empty()) << "p stored a copy of a unit that had ended by its clock";
-  EXPECT_EQ(p->repair_puts(), 0u) << "the copy reached p's store";
+  const TtlUnit u = PutTtlUnitOneOwnerLacks();
+  ASSERT_NE(u.p, nullptr);
+  const uint64_t lookups_before = u.p->lookups();
+  auto repair = StartRepair();
+  ASSERT_TRUE(kt::WaitFor([&] { return repair->stats().scans_total >= 1; }, 20000));
+  const daemon::RepairStats stats = repair->stats();
+  repair->Stop();
+  EXPECT_GT(u.p->lookups(), lookups_before) << "the scan never asked p: it checked nothing";
+  EXPECT_TRUE(u.p->Held(u.key).empty()) << "p stored a copy of a unit that had ended by its clock";
+  EXPECT_EQ(u.p->repair_puts(), 0u) << "the copy reached p's store";
   EXPECT_EQ(stats.units_total, 0u) << "y counted a copy that was not made";
   EXPECT_EQ(stats.expired_at_owner_total, 1u);
   EXPECT_EQ(stats.under_replicated, 0u);
-  EXPECT_EQ(HeldByY(chain), Bytes(5));
+  EXPECT_EQ(HeldByY(u.chain), Bytes(5));
 }
 
 }  // namespace

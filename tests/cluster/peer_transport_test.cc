@@ -574,6 +574,19 @@ uint64_t KeptTtlMs(PeerClient* c, const std::string& endpoint, const PeerKey& ke
   return *got->ttl_left_ms[0];
 }
 
+// A repair copy of tenant alice's unit `key` with `ttl_ms` and the expiry expires_at_unix_ms.
+PeerPut RepairCopy(uint8_t key, std::span<const uint8_t> value, uint64_t ttl_ms,
+                   uint64_t expires_at_unix_ms) {
+  PeerPut put;
+  put.tenant = "alice";
+  put.key = K(key);
+  put.value = value;
+  put.repair = true;
+  put.ttl_ms = ttl_ms;
+  put.expires_at_unix_ms = expires_at_unix_ms;
+  return put;
+}
+
 // A repair copy that carries its unit's expiry keeps it by the receiver's clock, whatever the
 // TTL it was sent with says: the copy of a unit that ends 400 ms from now, sent with a TTL of
 // 60 s (as if its frame had spent the difference in transit), keeps at most 400 ms; one whose
@@ -582,13 +595,7 @@ uint64_t KeptTtlMs(PeerClient* c, const std::string& endpoint, const PeerKey& ke
 TEST_F(PeerTransportTest, ARepairCopyEndsWhenItsUnitDoesByTheReceiversClock) {
   PeerClient c = Client(7);
   std::vector<uint8_t> value(1000, 4);
-  PeerPut put;
-  put.tenant = "alice";
-  put.key = K(1);
-  put.value = value;
-  put.repair = true;
-  put.ttl_ms = 60000;
-  put.expires_at_unix_ms = UnixMs() + 400;
+  PeerPut put = RepairCopy(1, value, 60000, UnixMs() + 400);
   PeerPutOutcome outcome = PeerPutOutcome::kHeld;
   ASSERT_TRUE(c.Put(endpoint_, put, &outcome).ok());
   EXPECT_EQ(outcome, PeerPutOutcome::kStored);
@@ -621,13 +628,7 @@ TEST(PeerTransportClockTest, TheTtlBoundsACopyWhenTheClocksDisagree) {
     const std::string endpoint = "127.0.0.1:" + std::to_string((*server)->port());
     PeerClient c(PeerClientOptions{.node_id = "n1", .credential = Credential(7)});
     std::vector<uint8_t> value(100, 1);
-    PeerPut put;
-    put.tenant = "alice";
-    put.key = K(offset_ms < 0 ? 1 : 2);
-    put.value = value;
-    put.repair = true;
-    put.ttl_ms = 5000;
-    put.expires_at_unix_ms = UnixMs() + 5000;
+    const PeerPut put = RepairCopy(offset_ms < 0 ? 1 : 2, value, 5000, UnixMs() + 5000);
     PeerPutOutcome outcome = PeerPutOutcome::kHeld;
     ASSERT_TRUE(c.Put(endpoint, put, &outcome).ok());
     if (offset_ms < 0) {
@@ -647,13 +648,7 @@ TEST_F(PeerTransportTest, ANodeOlderThanTheExpiryGetsTheCopyWithoutIt) {
   handler_.older_than_expiry = true;
   PeerClient c = Client(7);
   std::vector<uint8_t> value(100, 3);
-  PeerPut put;
-  put.tenant = "alice";
-  put.key = K(1);
-  put.value = value;
-  put.repair = true;
-  put.ttl_ms = 3000;
-  put.expires_at_unix_ms = UnixMs() + 3000;
+  const PeerPut put = RepairCopy(1, value, 3000, UnixMs() + 3000);
   PeerPutOutcome outcome = PeerPutOutcome::kHeld;
   ASSERT_TRUE(c.Put(endpoint_, put, &outcome).ok());
   EXPECT_EQ(outcome, PeerPutOutcome::kStored);
@@ -664,12 +659,7 @@ TEST_F(PeerTransportTest, ANodeOlderThanTheExpiryGetsTheCopyWithoutIt) {
 // The expiry is a repair copy's, of a unit with a TTL: on anything else the body is refused.
 TEST(PeerWireTest, AnExpiryOnlyEndsARepairCopyWithATtl) {
   std::vector<uint8_t> value(10, 1);
-  PeerPut put;
-  put.tenant = "alice";
-  put.value = value;
-  put.repair = true;
-  put.ttl_ms = 1000;
-  put.expires_at_unix_ms = 123456;
+  PeerPut put = RepairCopy(0, value, 1000, 123456);
   auto body = EncodePeerPut(put);
   auto back = DecodePeerPut(body, PeerPutFlags(put));
   ASSERT_TRUE(back.ok()) << back.status().message();

@@ -546,6 +546,9 @@ std::string ClusterNode::RenderPrometheus() const {
           "Deletes this node missed and applied from tombstones.", ts.applied);
   counter("kvtier_cluster_tenant_deletes_applied_total",
           "Tenant deletes this node missed and applied from the log.", ts.tenant_deletes_applied);
+  counter("kvtier_cluster_tombstone_watch_wakeups_total",
+          "Catch-ups started at once because the log's watch saw a delete this node missed.",
+          ts.watch_wakeups);
   counter("kvtier_cluster_peer_requests_total", "Requests served to peers.", ps.requests);
   counter("kvtier_cluster_peer_refused_before_catch_up_total",
           "Peer reads and writes refused before this node's first tombstone catch-up, or after "

@@ -11,6 +11,9 @@
 namespace kvtier::cluster {
 namespace {
 
+// How often the watch thread looks whether the first catch-up is done.
+constexpr uint64_t kWatchStartWaitMs = 20;
+
 std::string Hex(const PeerKey& k) {
   static const char* d = "0123456789abcdef";
   std::string out;
@@ -171,6 +174,7 @@ void TombstoneLog::StartPolling() {
   poller_ = std::thread([this] {
     std::unique_lock lock(stop_mu_);
     while (!stop_) {
+      wake_ = false;  // a record seen from here on wakes the next wait
       lock.unlock();
       Status s = CatchUp();
       uint64_t held = 0;
@@ -180,9 +184,60 @@ void TombstoneLog::StartPolling() {
                           << options_.poll_ms << " ms)";
       }
       lock.lock();
-      stop_cv_.wait_for(lock, std::chrono::milliseconds(options_.poll_ms), [&] { return stop_; });
+      stop_cv_.wait_for(lock, std::chrono::milliseconds(options_.poll_ms),
+                        [&] { return stop_ || wake_; });
     }
   });
+  watcher_ = std::thread([this] { WatchLoop(); });
+}
+
+void TombstoneLog::WatchLoop() {
+  const std::string tomb_prefix = options_.key_prefix + "tombstones/";
+  const std::string tenant_prefix = options_.key_prefix + "tenant_deletes/";
+  // The revision to watch from: the one after the first catch-up's, then after the last one a
+  // watch delivered, so a record put between a catch-up (or a watch that ended) and the next
+  // watch is seen too. 0: from now (after a compaction took the revision away).
+  int64_t from = -1;  // not known before the first catch-up
+  auto wait_ms = [&](uint64_t ms) {
+    std::unique_lock lock(stop_mu_);
+    stop_cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return stop_; });
+  };
+  while (!watch_stop_.load(std::memory_order_acquire)) {
+    if (from < 0) {
+      if (!caught_up()) {
+        wait_ms(kWatchStartWaitMs);
+        continue;
+      }
+      from = applied_revision_.load() + 1;
+    }
+    Status s = etcd_->Watch(
+        options_.key_prefix, from,
+        [&](const std::vector<EtcdEvent>& events, int64_t revision) {
+          if (revision > 0) from = revision + 1;
+          for (const EtcdEvent& e : events) {
+            if (e.type != EtcdEvent::Type::kPut) continue;
+            const std::string_view key = e.kv.key;
+            if (!key.starts_with(tomb_prefix) && !key.starts_with(tenant_prefix)) continue;
+            if (AppliedBy(e.kv.value, options_.node_id)) continue;
+            {
+              std::lock_guard lock(stop_mu_);
+              wake_ = true;
+            }
+            stop_cv_.notify_all();
+            watch_wakeups_.fetch_add(1);
+            return;  // one wake-up per batch: the catch-up reads every record anyway
+          }
+        },
+        &watch_stop_);
+    if (watch_stop_.load(std::memory_order_acquire) || s.IsRetry()) continue;  // silent: again
+    if (s.IsRejected()) from = 0;  // compacted: from now on (the poll applies the rest)
+    uint64_t held = 0;
+    if (watch_ended_log_.Allow(DefaultSteadyClock().NowMs(), &held)) {
+      KVTIER_LOG(kWarn) << "cluster: tombstone watch ended: " << s.message() << " (" << held
+                        << " more since the last such line; the poll applies records meanwhile)";
+    }
+    wait_ms(options_.poll_ms);
+  }
 }
 
 void TombstoneLog::Stop() {
@@ -190,13 +245,15 @@ void TombstoneLog::Stop() {
     std::lock_guard lock(stop_mu_);
     stop_ = true;
   }
+  watch_stop_.store(true, std::memory_order_release);
   stop_cv_.notify_all();
   if (poller_.joinable()) poller_.join();
+  if (watcher_.joinable()) watcher_.join();
 }
 
 TombstoneStats TombstoneLog::stats() const {
-  return {recorded_.load(), applied_.load(), tenants_applied_.load(), errors_.load(),
-          applied_revision_.load()};
+  return {recorded_.load(), applied_.load(),          tenants_applied_.load(),
+          errors_.load(),   applied_revision_.load(), watch_wakeups_.load()};
 }
 
 }  // namespace kvtier::cluster

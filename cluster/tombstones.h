@@ -15,7 +15,13 @@
 // CatchUp runs before every (re)registration in etcd (Membership's before_register hook),
 // and a node does not register until it succeeds, so a node that was stopped past its lease
 // deletes what it missed before peers route to it again; a poll thread catches up every
-// poll_ms while it runs (a failing poll is counted in errors and logged, throttled).
+// poll_ms while it runs (a failing poll is counted in errors and logged, throttled), and at
+// once when a watch on the log sees a record put that does not name this node (a delete it
+// missed, recorded moments ago: applied within milliseconds, not up to poll_ms later; the
+// records that name it, every delete it acknowledged, wake nothing). The watch starts from the
+// revision after the first catch-up's and goes on from the last one it delivered, so no record
+// falls between; it only wakes the poll, and while it cannot run (etcd unreachable, the
+// revision compacted) the poll applies records as before.
 //
 // Not guaranteed: a node down longer than ttl_s misses the tombstones that expired meanwhile.
 //
@@ -54,6 +60,7 @@ struct TombstoneOptions {
 struct TombstoneStats {
   uint64_t recorded = 0, applied = 0, tenant_deletes_applied = 0, errors = 0;
   int64_t applied_revision = 0;
+  uint64_t watch_wakeups = 0;  // records seen by the watch that woke the poll
 };
 
 class TombstoneLog {
@@ -77,6 +84,7 @@ class TombstoneLog {
   // stopped, deleted and overwritten units included, and must serve no peer from it.
   bool caught_up() const { return caught_up_.load(std::memory_order_acquire); }
 
+  // Starts the poll thread and the watch that wakes it.
   void StartPolling();
   void Stop();
   TombstoneStats stats() const;
@@ -87,6 +95,10 @@ class TombstoneLog {
   // an error and forgets an expired lease on failure. mu_ held.
   Status PutUnderLease(const std::vector<std::pair<std::string, std::string>>& kvs);
   void PersistRevision(int64_t revision);
+  // The watch thread: once the first catch-up is done, watches the log's records from its
+  // revision on, and wakes the poll for one that does not name this node; watches again after
+  // a silent or failed watch.
+  void WatchLoop();
 
   EtcdClient* etcd_;
   TombstoneOptions options_;
@@ -99,10 +111,14 @@ class TombstoneLog {
   std::atomic<bool> caught_up_{false};
   std::atomic<uint64_t> recorded_{0}, applied_{0}, tenants_applied_{0}, errors_{0};
   LogThrottle poll_failed_log_{10'000};  // the poll thread's only
+  std::atomic<uint64_t> watch_wakeups_{0};
+  LogThrottle watch_ended_log_{10'000};  // the watch thread's only
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
-  bool stop_ = false;
-  std::thread poller_;
+  bool stop_ = false;  // guarded by stop_mu_
+  bool wake_ = false;  // guarded by stop_mu_: the watch saw a record for this node
+  std::atomic<bool> watch_stop_{false};
+  std::thread poller_, watcher_;
 };
 
 }  // namespace kvtier::cluster

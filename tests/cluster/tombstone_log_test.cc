@@ -64,6 +64,50 @@ class TombstoneLogTest : public ::testing::Test {
   std::unique_ptr<EtcdProcess> etcd_;
 };
 
+// A delete recorded without this node is applied at once, not at the next poll: node "r"
+// polls every 60 s, and after its first catch-up "w" records a delete only w applied, then a
+// delete that names r too, then a tenant delete without r. r applies the first and the tenant
+// delete within seconds (the watch wakes its poll), and the one naming r wakes nothing. Before
+// the watch, r applied them only at its next poll, a second later by default.
+TEST_F(TombstoneLogTest, ADeleteRecordedWithoutThisNodeIsAppliedAtOnce) {
+  EtcdClient etcd(Options());
+  std::mutex mu;
+  std::set<PeerKey> applied;
+  std::set<std::string> tenants;
+  TombstoneLog reader(
+      &etcd, TombstoneOptions{.key_prefix = "/t/", .node_id = "r", .ttl_s = 600, .poll_ms = 60000},
+      [&](std::span<const PeerKey> keys) {
+        std::lock_guard lock(mu);
+        applied.insert(keys.begin(), keys.end());
+      },
+      [&](std::string_view tenant) {
+        std::lock_guard lock(mu);
+        tenants.insert(std::string(tenant));
+      });
+  reader.StartPolling();
+  ASSERT_TRUE(WaitFor([&] { return reader.caught_up(); }, 10000));
+  TombstoneLog writer(
+      &etcd, TombstoneOptions{.key_prefix = "/t/", .node_id = "w", .ttl_s = 600},
+      [](std::span<const PeerKey>) {}, [](std::string_view) {});
+  const std::vector<PeerKey> missed = {K(1)}, acknowledged = {K(2)};
+  ASSERT_TRUE(writer.RecordKeys(acknowledged, {"w", "r"}).ok());
+  ASSERT_TRUE(writer.RecordKeys(missed, {"w"}).ok());
+  ASSERT_TRUE(writer.RecordTenant("bob", {"w"}).ok());
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        std::lock_guard lock(mu);
+        return applied.contains(K(1)) && tenants.contains("bob");
+      },
+      5000))
+      << "the missed deletes waited for the poll";
+  {
+    std::lock_guard lock(mu);
+    EXPECT_FALSE(applied.contains(K(2))) << "a delete r acknowledged was applied again";
+  }
+  EXPECT_GE(reader.stats().watch_wakeups, 1u);
+  reader.Stop();
+}
+
 // A whole-backlog read used to be one unpaginated range: past EtcdOptions::response_bytes_max
 // (16 MiB: about 60 000 tombstones) the reply was refused and every catch-up failed. Here the
 // limit is small instead of the backlog large.

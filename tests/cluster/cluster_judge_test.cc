@@ -697,7 +697,8 @@ class ClusterJudgeTest : public ClusterE2eTest, public ::testing::WithParamInter
   }
   // TTL units (kTtlMarginMs): p surely expired on every node by steady ms `at` (its owners
   // wrote it before p.ack_ms; a copy of it never outlives it: "Copies", rule 5; a repair copy
-  // carries the TTL left), or may have expired somewhere by then (written after p.send_ms).
+  // carries the TTL left and the Unix millisecond its unit ends), or may have expired
+  // somewhere by then (written after p.send_ms).
   static bool SurelyExpired(const WriteOp& p, int64_t at) {
     return p.ttl_ms != 0 && at > p.ack_ms + static_cast<int64_t>(p.ttl_ms) + kTtlMarginMs;
   }

@@ -12,6 +12,10 @@ namespace {
 
 using namespace std::string_view_literals;
 
+// With auth off, the one user an AUTH or HELLO AUTH may name: Redis's "default", which
+// without requirepass takes any password (any other user does not exist there).
+bool RedisDefaultUser(std::string_view user) { return user == "default"sv; }
+
 constexpr std::string_view kExecAbortWrongArgs =
     "EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command";
 
@@ -308,6 +312,13 @@ StatusCode RespSession::Connection(const std::string& cmd, const std::vector<std
       return StatusCode::kInvalidArgument;
     }
     if (!shared_->tenants->auth_enabled()) {
+      // As Redis without requirepass: its user "default" takes any password; a lone password
+      // is a mistake; any other user does not exist.
+      if (a.size() == 3) {
+        if (!RedisDefaultUser(a[1])) return AuthError(StatusCode::kPermissionDenied);
+        resp::AppendSimple("OK", &out_);
+        return StatusCode::kOk;
+      }
       resp::AppendError(
           "ERR AUTH <password> called without any password configured for the default user. "
           "Are you sure your configuration is correct?",
@@ -341,6 +352,8 @@ StatusCode RespSession::Connection(const std::string& cmd, const std::vector<std
       if (shared_->tenants->auth_enabled()) {
         StatusCode c = Authenticate(a[i + 2]);
         if (c != StatusCode::kOk) return AuthError(c);
+      } else if (!RedisDefaultUser(a[i + 1])) {
+        return AuthError(StatusCode::kPermissionDenied);
       }
       i += 2;
     } else if (opt == "SETNAME"sv && i + 1 < a.size()) {

@@ -653,6 +653,14 @@ TEST_F(DaemonTest, RespCommands) {
   EXPECT_EQ(Resp(fd, "GET\r\n"), "-ERR wrong number of arguments for 'get' command\r\n");
   EXPECT_EQ(Resp(fd, "SET k v EX -1\r\n"), "-ERR invalid expire time in 'set' command\r\n");
   EXPECT_EQ(Resp(fd, "AUTH x\r\n").substr(0, 5), "-ERR ");
+  // Auth off, as Redis without requirepass: its user "default" takes any password, and no
+  // other user exists.
+  const std::string wrongpass =
+      "-WRONGPASS invalid username-password pair or user is disabled.\r\n";
+  EXPECT_EQ(Resp(fd, "AUTH default x\r\n"), "+OK\r\n");
+  EXPECT_EQ(Resp(fd, "AUTH alice x\r\n"), wrongpass);
+  EXPECT_EQ(Resp(fd, "HELLO 2 AUTH alice x\r\n"), wrongpass);
+  EXPECT_EQ(Resp(fd, "HELLO 2 AUTH default x\r\n").substr(0, 3), "*14") << "HELLO's reply";
   EXPECT_EQ(Resp(fd, "HELLO 4\r\n").substr(0, 8), "-NOPROTO");
   // RESP3: a map for HELLO, "_" for null; HELLO 2 switches back.
   std::string hello = RespUntil(fd, "HELLO 3\r\nGET missing\r\n", "_\r\n");

@@ -4,7 +4,8 @@
 // allows are normalised in one place, kAllowedDifferences / Allowed() below, each citing the
 // docs. kvtierd runs with auth on (redis-server with the same token as requirepass, so one
 // AUTH works on both) under its default durability and under "sync", whose SETs, MSETs and
-// DELs complete on another code path (docs/RESP.md "Durable SETs and DELs under sync").
+// DELs complete on another code path (docs/RESP.md "Durable SETs and DELs under sync"), and
+// with auth off (redis-server without requirepass: its user default takes any password).
 //
 // The generator works on a small key space (binary keys, the empty key) so commands collide:
 // GET, SET with every option combination and invalid ones, SETNX, MSET, MGET, DEL/UNLINK,
@@ -364,8 +365,10 @@ const char* Allowed(const Cmd& c, const RespReply& kv, const RespReply& rd,
 class Generator {
  public:
   // A seed runs one, two or three connections (each server alike), each opened one of the
-  // ways of Opening.
-  explicit Generator(uint64_t seed) : rng_(seed) {
+  // ways of Opening. With auth_off (neither server asks for a password) a connection opens
+  // with AUTH or HELLO ... AUTH (user default takes any password on both): a HELLO without
+  // AUTH is not refused there, and commands before AUTH run, so neither opening compares.
+  explicit Generator(uint64_t seed, bool auth_off = false) : rng_(seed) {
     std::string all(256, '\0');
     for (int i = 0; i < 256; ++i) all[static_cast<size_t>(i)] = static_cast<char>(i);
     keys_ = {"a", "b", "c", "key:1", "A", "", std::string("\0\r\n\xff", 4), all};
@@ -378,6 +381,10 @@ class Generator {
                                      Opening::kRefusedHelloThenHello3Auth};
     for (uint32_t n = 1 + Pick(3); n > 0; --n) {
       opens_.push_back(Pick(8) == 0 ? Opening::kCommandsBeforeAuth : kOpens[Pick(7)]);
+      if (auth_off && opens_.back() == Opening::kRefusedHelloThenHello3Auth) {
+        opens_.back() = Opening::kHello3Auth;
+      }
+      if (auth_off && opens_.back() == Opening::kCommandsBeforeAuth) opens_.back() = Opening::kAuth;
     }
     multi_.assign(opens_.size(), false);
     wrong_token_.assign(opens_.size(), false);
@@ -834,7 +841,8 @@ class Conns {
  public:
   // Connects and opens every connection; "" or why it failed (a refused HELLO whose replies
   // differ is a divergence too).
-  std::string Open(uint16_t kv_port, uint16_t redis_port, const std::vector<Opening>& opens) {
+  std::string Open(uint16_t kv_port, uint16_t redis_port, const std::vector<Opening>& opens,
+                   bool auth_off) {
     conns_.clear();
     for (size_t i = 0; i < opens.size(); ++i) {
       const Opening o = opens[i];
@@ -850,7 +858,8 @@ class Conns {
       if (o == Opening::kRefusedHelloThenHello3Auth) cmds.push_back({"HELLO", "3"});
       if (o == Opening::kCommandsBeforeAuth) cmds = CommandsBeforeAuth();
       if (o == Opening::kAuth || o == Opening::kCommandsBeforeAuth) {
-        cmds.push_back({"AUTH", kToken});
+        // Without a password on either server a lone one is an error: user default takes any.
+        cmds.push_back(auth_off ? Cmd{"AUTH", "default", kToken} : Cmd{"AUTH", kToken});
       } else {
         cmds.push_back({"HELLO", o == Opening::kHello2Auth ? "2" : "3", "AUTH", "default", kToken});
       }
@@ -880,7 +889,7 @@ class Conns {
     auto obs = RespClient::Connect(redis_port, kReplyTimeoutMs);
     if (!obs.ok()) return "connect: " + obs.status().ToString();
     observer_ = std::move(obs).value();
-    auto r = observer_->Call({"AUTH", kToken});
+    auto r = observer_->Call({"AUTH", "default", kToken});
     if (!r.ok() || r->type != RespReply::Type::kSimple) return "observer's AUTH failed";
     return "";
   }
@@ -1066,20 +1075,25 @@ class RespDifferentialTest : public kt::KvtierdTest,
     std::ofstream(dir_ / "tokens.toml")
         << "[[tenant]]\nname = \"diff\"\nid = 1\n"
         << "token_sha256 = [\"" << TokenSha256Hex(kToken) << "\"]\n";
-    const std::string durability = GetParam();
+    const std::string durability = auth_off() ? "default" : GetParam();
     d_->WriteConfig(
         "[storage]\ndram_capacity_bytes = 67108864\nssd_capacity_bytes = 134217728\n"
         "ssd_segment_bytes = 4194304\n" +
         (durability == "default" ? std::string() : "durability = \"" + durability + "\"\n") +
-        "[auth]\ntokens_file = \"" + (dir_ / "tokens.toml").string() + "\"\n");
+        (auth_off() ? std::string()
+                    : "[auth]\ntokens_file = \"" + (dir_ / "tokens.toml").string() + "\"\n"));
     ASSERT_TRUE(d_->Start()) << d_->Log();
     std::filesystem::create_directories(dir_ / "redis");
     redis_port_ = kt::FreePort();
     // One database: kvtierd has only db 0, so SELECT 1 is out of range on both.
-    redis_ = kt::StartRedisServer(redis_port_, (dir_ / "redis").string(),
-                                  {"--requirepass", kToken, "--databases", "1"});
+    std::vector<std::string> args = {"--databases", "1"};
+    if (!auth_off()) args.insert(args.end(), {"--requirepass", kToken});
+    redis_ = kt::StartRedisServer(redis_port_, (dir_ / "redis").string(), args);
     ASSERT_GT(redis_, 0) << "redis-server did not start on port " << redis_port_;
   }
+
+  // The parameter "auth_off": neither server asks for a password (default durability).
+  static bool auth_off() { return std::string_view(GetParam()) == "auth_off"; }
 
   void TearDown() override {
     kt::StopRedisServer(redis_);
@@ -1138,7 +1152,7 @@ class RespDifferentialTest : public kt::KvtierdTest,
                     const std::vector<std::string>& keys, Coverage* cov = nullptr) {
     Divergence d;
     Conns c;
-    d.why = c.Open(d_->resp_port(), redis_port_, opens);
+    d.why = c.Open(d_->resp_port(), redis_port_, opens, auth_off());
     if (!d.why.empty()) {
       d.command = {"<opening the connections>"};
       return d;
@@ -1282,7 +1296,7 @@ TEST_P(RespDifferentialTest, EveryReplyIsRedisOrAnAllowedDifference) {
   }
   Coverage cov;
   for (uint64_t seed : seeds) {
-    Generator g(seed);
+    Generator g(seed, auth_off());
     std::vector<Step> steps;
     for (int i = 0; i < kStepsPerSeed; ++i) steps.push_back(g.NextStep());
     const Divergence d = Replay(g.opens(), steps, g.keys(), &cov);
@@ -1320,7 +1334,8 @@ TEST_P(RespDifferentialTest, EveryReplyIsRedisOrAnAllowedDifference) {
       cov.scans_interleaved, cov.scan_calls, cov.expiry_waits);
 }
 
-INSTANTIATE_TEST_SUITE_P(Durability, RespDifferentialTest, ::testing::Values("default", "sync"),
+INSTANTIATE_TEST_SUITE_P(Durability, RespDifferentialTest,
+                         ::testing::Values("default", "sync", "auth_off"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
                            return std::string(i.param);
                          });

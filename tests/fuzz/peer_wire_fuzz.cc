@@ -2,13 +2,16 @@
 // bytes. A node decodes what another node sent: a PUT body on the peer front, a GET_STAGED
 // reply on the caller's side, key lists and texts in both.
 //
-// The first input byte picks the decoder (and, for GET_STAGED, the key count the caller
-// asked for), the rest is its input. Invariants, beyond no crash, no out-of-bounds read (ASan)
+// The first input byte picks the decoder (and, for a PUT, whether its header carries
+// kPeerFlagExpiresAt; for GET_STAGED, the key count the caller asked for), the rest is its
+// input. Invariants, beyond no crash, no out-of-bounds read (ASan)
 // and no undefined behaviour (UBSan): whatever decodes is canonical (encoding the decoded value
 // gives back the input bytes) and within the protocol's limits.
 //
 //   cmake --preset fuzz && cmake --build --preset fuzz --target kvtier_peer_wire_fuzz
-//   build/fuzz/tests/fuzz/kvtier_peer_wire_fuzz -max_total_time=60
+//   build/fuzz/tests/fuzz/kvtier_peer_wire_fuzz -max_total_time=60 <corpus dir> \
+//       tests/fuzz/seeds/peer_wire
+// (seeds: a client PUT, and a repair copy with an expiry behind its first byte 3)
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -31,12 +34,25 @@ bool Equal(std::span<const uint8_t> a, const std::vector<uint8_t>& b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
 }
 
-void Put(std::span<const uint8_t> in) {
-  auto put = cluster::DecodePeerPut(in);
+// flags: the request header's (kPeerFlagExpiresAt or not). An expiry decodes only on a repair
+// copy with a TTL, and the TTL its receiver keeps is never longer than the one sent, and 0
+// exactly once the expiry has passed.
+void Put(std::span<const uint8_t> in, uint16_t flags) {
+  auto put = cluster::DecodePeerPut(in, flags);
   if (!put.ok()) return;
   Require(put->kind <= 2 && put->highest_tier <= 2 && put->allow_ssd <= 1);
   Require(put->tenant.size() <= cluster::kPeerTextBytesMax);
+  Require(cluster::PeerPutFlags(*put) == flags);
   Require(Equal(in, cluster::EncodePeerPut(*put)));
+  if (put->expires_at_unix_ms == 0) return;
+  Require(put->repair && put->ttl_ms != 0);
+  const uint64_t e = put->expires_at_unix_ms;
+  for (uint64_t now : {uint64_t{0}, e - 1, e, e + 1, UINT64_MAX}) {
+    const uint64_t kept = cluster::PeerPutTtlMs(*put, now);
+    Require(kept <= put->ttl_ms);
+    Require((kept == 0) == (now >= e));
+    Require(kept == 0 || now + kept <= e);
+  }
 }
 
 void Staged(std::span<const uint8_t> in, size_t keys) {
@@ -80,7 +96,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::span<const uint8_t> in(data + 1, size - 1);
   switch (data[0] % 3) {
     case 0:
-      Put(in);
+      Put(in, data[0] / 3 % 2 != 0 ? cluster::kPeerFlagExpiresAt : uint16_t{0});
       break;
     case 1:
       Staged(in, data[0] / 3 % 8);

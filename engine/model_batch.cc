@@ -160,8 +160,10 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
       std::memcpy(pre.data(), next_pre.data(), next_pre.size() * 4);
     }
   }
+  // This thread's logits buffer, reused pass to pass (Head writes every element).
+  thread_local std::vector<float> out_slot;
   if (all_logits != nullptr) {  // the head over every row; the last rows are among them
-    std::vector<float> out(static_cast<size_t>(n) * V);
+    Scratch<float> out(out_slot, static_cast<size_t>(n) * V);
     Head(n, x.data(), pre.data(), out.data());
     all_logits->resize(k);
     last_logits->resize(k);
@@ -172,7 +174,7 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
     return Status::Ok();
   }
   // The head over each sequence's last row only.
-  thread_local std::vector<float> xl_slot, pl_slot, out_slot;
+  thread_local std::vector<float> xl_slot, pl_slot;
   Scratch<float> xl(xl_slot, k * hc * D), pl(pl_slot, k * hc), out(out_slot, k * V);
   for (size_t i = 0; i < k; ++i) {
     const int64_t r = off[i + 1] - 1;

@@ -14,10 +14,11 @@ namespace kvtier::engine {
 
 namespace {
 
-// Logits rows a round reuses on its thread (ForwardBatch overwrites each row): going to the
-// allocator for them every round cost about 1 % of an undrafted round at C = 4 on the trained
-// miniature. Released when they grew past kScratchKeepBytes, as a Scratch is (a real
-// vocabulary's row is half a megabyte).
+// Logits rows a round reuses on its thread (ForwardBatch overwrites each row), as the plain
+// decode loop reuses its own: fresh ones every round were the one difference from it a profile
+// could point at (at most about 1 % of an undrafted round at C = 4 on the trained miniature;
+// docs/performance/speculative.md). Released when they grew past kScratchKeepBytes, as a
+// Scratch is (a real vocabulary's row is half a megabyte).
 struct ReusedRows {
   explicit ReusedRows(std::vector<std::vector<float>>& slot) : rows(slot) {}
   ~ReusedRows() {

@@ -329,6 +329,10 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
   p.One("kvtier_ssd_index_syncs_total", "counter",
         "SSD commits that also synced the index WAL (deletes, flush, cleaning).",
         s.ssd_index_syncs);
+  p.One("kvtier_ssd_index_reopens_total", "counter",
+        "Failed SSD index writes after which the index was closed and opened again (RocksDB "
+        "refuses every write after a failed WAL sync until then).",
+        s.ssd_index_reopens);
   p.One("kvtier_ssd_commit_failures_total", "counter", "SSD commits that failed.",
         s.ssd_commit_failures);
   p.One("kvtier_ssd_index_load_failed", "gauge",

@@ -104,6 +104,9 @@ struct SsdOptions {
   std::string dir;
   // Segment devices; not owned. nullptr: a DirEnv over dir + "/segments".
   DeviceEnv* env = nullptr;
+  // The index's RocksDB Env; not owned. nullptr: RocksDB's default (tests pass one whose
+  // write-ahead log fails its syncs on demand).
+  rocksdb::Env* index_env = nullptr;
   DirEnvOptions dir_env;
   // Bytes on disk the tier may use (segments); at least 3 segments' worth.
   uint64_t capacity_bytes = 4ull << 30;
@@ -242,6 +245,9 @@ struct SsdStats {
   // than an eviction, or covering a failed buffer write, Flush, recovery, close, the cleaner's
   // before a segment deletion, and the one after 16384 evictions wait unsynced (Remove).
   uint64_t index_syncs = 0;
+  // Failed index writes after which the index was closed and opened again (RocksDB refuses
+  // every write after a failed WAL sync until then).
+  uint64_t index_reopens = 0;
   // kSync puts that commits covered (commit_writers / commits: writers per commit); commits
   // whose leader waited for more writers (SsdOptions::commit_delay_us), the microseconds it
   // waited in all, and the waits that ended at the bound rather than when all had joined.

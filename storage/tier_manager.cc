@@ -104,6 +104,7 @@ Status TierManagerImpl::Init() {
     SsdOptions so;
     so.dir = o_.data_dir;
     so.env = o_.ssd_env;
+    so.index_env = o_.ssd_index_env;
     so.capacity_bytes = o_.ssd_capacity_bytes;
     so.segment_bytes = o_.ssd_segment_bytes;
     so.write_buffer_bytes = o_.ssd_write_buffer_bytes;

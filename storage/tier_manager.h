@@ -58,6 +58,10 @@
 #include "policies/policy.h"
 #include "policies/prefix_layer/prefix_layer.h"
 
+namespace rocksdb {
+class Env;
+}  // namespace rocksdb
+
 namespace kvtier::storage {
 
 class DeviceEnv;  // storage/block_device.h
@@ -170,6 +174,8 @@ struct TierManagerOptions {
   // Segment devices for the SSD tier; not owned. nullptr: files under data_dir/segments
   // (io_uring + O_DIRECT, POSIX fallback). Tests pass a memory or fault-injecting env.
   DeviceEnv* ssd_env = nullptr;
+  // The SSD index's RocksDB Env (SsdOptions::index_env); not owned. nullptr: RocksDB's default.
+  rocksdb::Env* ssd_index_env = nullptr;
   // DRAM/HBM slab page size: the largest value a memory tier can hold (larger values go to SSD).
   uint64_t slab_page_bytes = 4ull << 20;
   bool dram_mlock = false;
@@ -260,6 +266,8 @@ struct Stats {
   uint64_t ssd_commits = 0, ssd_syncs = 0, ssd_commit_failures = 0;
   // SSD commits that also synced the index WAL (SsdStats::index_syncs).
   uint64_t ssd_index_syncs = 0;
+  // Failed index writes after which the SSD index was reopened (SsdStats::index_reopens).
+  uint64_t ssd_index_reopens = 0;
   // SsdStats::commit_writers, commit_delays, commit_delay_us, commit_delay_timeouts.
   uint64_t ssd_commit_writers = 0, ssd_commit_delays = 0, ssd_commit_delay_us = 0;
   uint64_t ssd_commit_delay_timeouts = 0;
@@ -267,6 +275,8 @@ struct Stats {
   // SsdStats::index_load_failed: the SSD index failed to load after a restart; puts that need
   // room fail until the index is repaired and the daemon restarted.
   bool ssd_index_load_failed = false;
+  // SsdStats::index_loaded: the SSD index's background load has finished.
+  bool ssd_index_loaded = false;
   uint64_t admissions = 0, admission_rejections = 0, checksum_failures = 0, io_errors = 0;
   // The admission policy's byte budget (AdmissionPolicy::Budget); all 0 when it has none.
   uint64_t admission_budget_bytes = 0, admission_budget_window_ms = 0;

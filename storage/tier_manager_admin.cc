@@ -175,6 +175,7 @@ Stats TierManagerImpl::GetStats() const {
     s.ssd_commits = d.commits;
     s.ssd_syncs = d.syncs;
     s.ssd_index_syncs = d.index_syncs;
+    s.ssd_index_reopens = d.index_reopens;
     s.ssd_commit_writers = d.commit_writers;
     s.ssd_commit_delays = d.commit_delays;
     s.ssd_commit_delay_us = d.commit_delay_us;
@@ -182,6 +183,7 @@ Stats TierManagerImpl::GetStats() const {
     s.ssd_commit_failures = d.commit_failures;
     s.ssd_last_failed_stage = d.last_failed_stage;
     s.ssd_index_load_failed = d.index_load_failed;
+    s.ssd_index_loaded = d.index_loaded;
   }
   s.misses_never_stored = misses_never_stored_.load();
   s.misses_evicted = misses_evicted_.load();

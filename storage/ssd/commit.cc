@@ -111,6 +111,19 @@ Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status, Commit
       wo.sync = durable && (b.sync_index || !failed.empty());
       st = FromRocks(db_->Write(wo, &wb), "index write");
       if (st.ok() && wo.sync) index_syncs_.fetch_add(1);
+      if (!st.ok()) {
+        // RocksDB refuses every write after a failed write-ahead-log sync (its background
+        // error) and does not resume from it in place: without a reopen, one transient EIO
+        // under the index failed every later commit until a restart. This commit still
+        // fails (its ops are retried by the next, with a sync); when the reopen fails too,
+        // the next failed commit tries again.
+        Status reopened = ReopenIndexDb();
+        if (reopened.ok()) {
+          index_reopens_.fetch_add(1);
+        } else {
+          KVTIER_LOG(kWarn) << "ssd index: reopening after a failed write: " << reopened.ToString();
+        }
+      }
     }
     if (!st.ok()) *stage = CommitStage::kIndexWrite;
   }

@@ -134,43 +134,7 @@ Status SsdTier::Impl::Open() {
                         "oldest segment files under " +
                         o_.dir + "/segments may be deleted, their units are then lost)");
   }
-  rocksdb::Options options;
-  options.create_if_missing = true;
-  options.create_missing_column_families = true;
-  options.paranoid_checks = true;
-  options.max_background_jobs = 2;
-  options.keep_log_file_num = 4;
-  options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
-  // The index shares the disk with the segments and must leave them most of it (a small tier
-  // on a small disk: docs/format/ssd.md, "Free space for the index"). The manifest grows in
-  // 1 MiB steps instead of 4; the WAL, preallocated at 1.1 memtables, is bounded below.
-  options.manifest_preallocation_size = 1ull << 20;
-  // Memtables: a 64th of the tier's capacity, within [1 MiB, 16 MiB] (16 MiB from 1 GiB up).
-  // The size bounds the WAL replayed after a crash (a clean close flushes it all).
-  const uint64_t memtable_bytes =
-      std::clamp<uint64_t>(o_.capacity_bytes / 64, 1ull << 20, 16ull << 20);
-  // The meta column family takes a small write per commit and would never fill its memtable:
-  // without this bound every WAL since its last flush stays on disk (a 48 MiB disk held 23 MiB
-  // of WALs beside 1 MiB of index tables). Past it, the column families holding the oldest WAL
-  // are flushed and the WAL deleted.
-  options.max_total_wal_size = 2 * memtable_bytes;
-  rocksdb::ColumnFamilyOptions cf_options(options);
-  cf_options.write_buffer_size = memtable_bytes;
-  rocksdb::BlockBasedTableOptions table;
-  table.checksum = rocksdb::kXXH3;
-  // Point reads serve keys the background load has not reached yet (and misses).
-  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
-  cf_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
-  std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
-      {rocksdb::kDefaultColumnFamilyName, cf_options}, {"index", cf_options}, {"meta", cf_options}};
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* raw = nullptr;
-  KVTIER_RETURN_IF_ERROR(
-      FromRocks(rocksdb::DB::Open(options, o_.dir + "/index", cfs, &handles, &raw), "open index"));
-  db_.reset(raw);
-  default_cf_ = handles[0];
-  index_cf_ = handles[1];
-  meta_cf_ = handles[2];
+  KVTIER_RETURN_IF_ERROR(OpenIndexDb());
 
   std::string format;
   rocksdb::Status s = db_->Get({}, meta_cf_, "format", &format);
@@ -328,6 +292,67 @@ Status SsdTier::Impl::Open() {
     KVTIER_RETURN_IF_ERROR(WaitForIndexLoad());
   }
   return Status::Ok();
+}
+
+Status SsdTier::Impl::OpenIndexDb() {
+  rocksdb::Options options;
+  if (o_.index_env != nullptr) options.env = o_.index_env;
+  options.create_if_missing = true;
+  options.create_missing_column_families = true;
+  options.paranoid_checks = true;
+  options.max_background_jobs = 2;
+  options.keep_log_file_num = 4;
+  options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  // The index shares the disk with the segments and must leave them most of it (a small tier
+  // on a small disk: docs/format/ssd.md, "Free space for the index"). The manifest grows in
+  // 1 MiB steps instead of 4; the WAL, preallocated at 1.1 memtables, is bounded below.
+  options.manifest_preallocation_size = 1ull << 20;
+  // Memtables: a 64th of the tier's capacity, within [1 MiB, 16 MiB] (16 MiB from 1 GiB up).
+  // The size bounds the WAL replayed after a crash (a clean close flushes it all).
+  const uint64_t memtable_bytes =
+      std::clamp<uint64_t>(o_.capacity_bytes / 64, 1ull << 20, 16ull << 20);
+  // The meta column family takes a small write per commit and would never fill its memtable:
+  // without this bound every WAL since its last flush stays on disk (a 48 MiB disk held 23 MiB
+  // of WALs beside 1 MiB of index tables). Past it, the column families holding the oldest WAL
+  // are flushed and the WAL deleted.
+  options.max_total_wal_size = 2 * memtable_bytes;
+  rocksdb::ColumnFamilyOptions cf_options(options);
+  cf_options.write_buffer_size = memtable_bytes;
+  rocksdb::BlockBasedTableOptions table;
+  table.checksum = rocksdb::kXXH3;
+  // Point reads serve keys the background load has not reached yet (and misses).
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  cf_options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+      {rocksdb::kDefaultColumnFamilyName, cf_options}, {"index", cf_options}, {"meta", cf_options}};
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  KVTIER_RETURN_IF_ERROR(
+      FromRocks(rocksdb::DB::Open(options, o_.dir + "/index", cfs, &handles, &raw), "open index"));
+  db_.reset(raw);
+  default_cf_ = handles[0];
+  index_cf_ = handles[1];
+  meta_cf_ = handles[2];
+  return Status::Ok();
+}
+
+Status SsdTier::Impl::ReopenIndexDb() {
+  {
+    std::lock_guard lock(mu_);
+    // Until the load finished, point reads (FindLocked) and the load's iterator use the DB
+    // outside every lock this commit holds.
+    if (!loaded_ || !load_finished_) {
+      return Status::Unavailable("ssd index: not reopened while the index still loads");
+    }
+  }
+  load_iter_.reset();  // finished with (the load is done): it holds the DB's column families
+  for (auto* h : {index_cf_, meta_cf_, default_cf_}) {
+    if (h != nullptr) db_->DestroyColumnFamilyHandle(h).PermitUncheckedError();
+  }
+  index_cf_ = meta_cf_ = default_cf_ = nullptr;
+  db_->Close().PermitUncheckedError();  // its background error: what the reopen clears
+  db_.reset();
+  return OpenIndexDb();
 }
 
 Status SsdTier::Impl::OpenFreshSegment(uint32_t id, std::shared_ptr<BlockDevice>* dev) {

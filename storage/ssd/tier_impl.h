@@ -162,6 +162,7 @@ class SsdTier::Impl {
     s.disk_bytes = segments_.size() * o_.segment_bytes;
     s.syncs = syncs_.load();
     s.index_syncs = index_syncs_.load();
+    s.index_reopens = index_reopens_.load();
     s.index_loaded = load_finished_ && load_status_.ok();
     s.index_load_failed = !load_status_.ok();
     return s;
@@ -471,6 +472,12 @@ class SsdTier::Impl {
   Status ZeroFillSegment(BlockDevice* dev, std::unique_lock<std::mutex>* lock);
   // Open: creates, fallocates and (kSync) zero-fills segment `id`; *dev is null on error (the
   // caller removes the file).
+  // Opens the RocksDB index (db_ and its column family handles) under o_.dir + "/index".
+  Status OpenIndexDb();
+  // Closes the index and opens it again: what clears RocksDB's background error after a failed
+  // WAL sync. Only with commit_mu_ held (no other commit uses db_) and once the load finished
+  // (no point read or load iterator uses it); Unavailable before.
+  Status ReopenIndexDb();
   Status OpenFreshSegment(uint32_t id, std::shared_ptr<BlockDevice>* dev);
   // The segment to clean now, or nullptr (under mu_).
   std::shared_ptr<Segment> PickVictimLocked();
@@ -706,9 +713,10 @@ class SsdTier::Impl {
     Status status;
   };
   static constexpr size_t kMaxFailedRanges = 64;
-  std::deque<FailedRange> failed_;        // under cstate_mu_
-  std::atomic<uint64_t> syncs_{0};        // fdatasync calls by commits
-  std::atomic<uint64_t> index_syncs_{0};  // commits that synced the RocksDB WAL
+  std::deque<FailedRange> failed_;          // under cstate_mu_
+  std::atomic<uint64_t> syncs_{0};          // fdatasync calls by commits
+  std::atomic<uint64_t> index_syncs_{0};    // commits that synced the RocksDB WAL
+  std::atomic<uint64_t> index_reopens_{0};  // reopened after a failed index write
 
   // ---- background index load (warm restart) ----
   std::unique_ptr<rocksdb::Iterator> load_iter_;  // implicit snapshot taken at Open

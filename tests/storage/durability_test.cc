@@ -4,6 +4,8 @@
 // are simulated with FaultInjectionEnv over a memory env: unsynced writes and unsynced
 // directory entries are dropped, and the tier is reopened over the surviving state.
 #include <gtest/gtest.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
 
 #include <atomic>
 #include <chrono>
@@ -545,6 +547,91 @@ TEST_F(DurabilityTest, FailedCommitCarriesItsStage) {
   EXPECT_EQ(VersionOf(after.get(), 3), 1u);
   EXPECT_EQ(VersionOf(after.get(), 1), 0u);
   EXPECT_EQ(VersionOf(after.get(), 2), 0u);
+}
+
+// The index's file system with faults on demand: the next n syncs of its write-ahead log fail
+// (EIO), as a transient error of the disk under the index would.
+class WalSyncFaults : public rocksdb::FileSystemWrapper {
+ public:
+  WalSyncFaults() : rocksdb::FileSystemWrapper(rocksdb::FileSystem::Default()) {}
+  const char* Name() const override { return "WalSyncFaults"; }
+  void FailNextWalSyncs(int n) { fail_.store(n); }
+  int failed() const { return failed_.load(); }
+  rocksdb::IOStatus NewWritableFile(const std::string& name, const rocksdb::FileOptions& o,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* file,
+                                    rocksdb::IODebugContext* dbg) override {
+    rocksdb::IOStatus s = target()->NewWritableFile(name, o, file, dbg);
+    if (s.ok() && name.ends_with(".log")) *file = std::make_unique<Wal>(std::move(*file), this);
+    return s;
+  }
+
+ private:
+  class Wal : public rocksdb::FSWritableFileOwnerWrapper {
+   public:
+    Wal(std::unique_ptr<rocksdb::FSWritableFile>&& f, WalSyncFaults* fs)
+        : rocksdb::FSWritableFileOwnerWrapper(std::move(f)), fs_(fs) {}
+    rocksdb::IOStatus Sync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* d) override {
+      return fs_->Take() ? Injected() : target()->Sync(o, d);
+    }
+    rocksdb::IOStatus Fsync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* d) override {
+      return fs_->Take() ? Injected() : target()->Fsync(o, d);
+    }
+
+   private:
+    static rocksdb::IOStatus Injected() {
+      return rocksdb::IOStatus::IOError("injected EIO on the index's WAL sync");
+    }
+    WalSyncFaults* fs_;
+  };
+  bool Take() {
+    int n = fail_.load();
+    while (n > 0 && !fail_.compare_exchange_weak(n, n - 1)) {
+    }
+    if (n <= 0) return false;
+    failed_.fetch_add(1);
+    return true;
+  }
+  std::atomic<int> fail_{0}, failed_{0};
+};
+
+// One failed sync of the index's write-ahead log (a transient EIO under the index) fails the
+// commit it belongs to, and only that one: RocksDB refuses every write after a failed WAL sync
+// (its background error; DB::Resume returns the same error), and the tier used to leave it so,
+// failing every later commit until a restart. Now it reopens the index. The delete whose commit
+// failed stays applied in memory and its index delete is retried: after a crash it is still gone,
+// and a put after the failure survives.
+TEST_F(DurabilityTest, AFailedIndexSyncFailsOneCommitNotEveryLaterOne) {
+  auto faults = std::make_shared<WalSyncFaults>();
+  std::unique_ptr<rocksdb::Env> index_env = rocksdb::NewCompositeEnv(faults);
+  FaultInjectionEnv fault(base_.get(), {});
+  TierManagerOptions o = Options(Durability::kSync, &fault);
+  o.ssd_index_env = index_env.get();
+  auto tm = Open(o);
+  ASSERT_NE(tm, nullptr);
+  // The index is reopened only once its background load is done (until then point reads use
+  // it outside the commit's locks).
+  ASSERT_TRUE(Eventually([&] { return tm->GetStats().ssd_index_loaded; }));
+  ASSERT_TRUE(PutVersion(tm.get(), 1, 1).ok());
+  ASSERT_TRUE(PutVersion(tm.get(), 2, 1).ok());
+  faults->FailNextWalSyncs(1);
+  Status del = tm->Delete(MakeKey(1));
+  EXPECT_TRUE(del.IsIOError()) << del.ToString();
+  EXPECT_EQ(faults->failed(), 1) << "the delete's commit did not sync the index";
+  EXPECT_EQ(VersionOf(tm.get(), 1), 0u) << "the delete stands in memory";
+  Stats s = tm->GetStats();
+  EXPECT_EQ(s.ssd_last_failed_stage, CommitStage::kIndexWrite);
+  EXPECT_EQ(s.ssd_index_reopens, 1u);
+  for (int i = 3; i < 6; ++i) {
+    Status put = PutVersion(tm.get(), i, 1);
+    EXPECT_TRUE(put.ok()) << "commit after the failed index sync: " << put.ToString();
+  }
+  Crash(fault);
+  tm.reset();
+  auto after = Reopen(Durability::kSync);
+  ASSERT_NE(after, nullptr);
+  EXPECT_EQ(VersionOf(after.get(), 1), 0u) << "the delete came back after the crash";
+  EXPECT_EQ(VersionOf(after.get(), 2), 1u);
+  for (int i = 3; i < 6; ++i) EXPECT_EQ(VersionOf(after.get(), i), 1u) << "unit " << i;
 }
 
 // The SSD tier itself: a put whose fdatasync failed is forgotten (its data may not be on

@@ -111,7 +111,7 @@ Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status, Commit
       wo.sync = durable && (b.sync_index || !failed.empty());
       st = FromRocks(db_->Write(wo, &wb), "index write");
       if (st.ok() && wo.sync) index_syncs_.fetch_add(1);
-      if (!st.ok()) {
+      if (!st.ok() && !b.mu_held) {
         // RocksDB refuses every write after a failed write-ahead-log sync (its background
         // error) and does not resume from it in place: without a reopen, one transient EIO
         // under the index failed every later commit until a restart. This commit still
@@ -349,6 +349,7 @@ Status SsdTier::Impl::CommitLocked(Status* write_status) {
   KVTIER_RETURN_IF_ERROR(PrepareLocked(&b));
   if (b.empty) return Status::Ok();
   b.sync_index = true;  // recovery and close: the index as of now survives a power failure
+  b.mu_held = true;
   Status write_st;
   CommitStage stage = CommitStage::kNone;
   Status st = Execute(b, &write_st, &stage);

@@ -417,6 +417,9 @@ class SsdTier::Impl {
     // Buffers handed to the writer in (write_seq_lo, write_seq_hi] belong to this commit.
     uint64_t write_seq_lo = 0, write_seq_hi = 0;
     uint64_t writers = 0;  // kSync puts this commit covers (sync_puts_ - prepared_puts_)
+    // Run with mu_ held (CommitLocked: recovery, close): a failed index write does not reopen
+    // the index (ReopenIndexDb takes mu_; the tier is starting or closing anyway).
+    bool mu_held = false;
   };
   static constexpr uint64_t kForceCommit = UINT64_MAX;
   Status PrepareLocked(CommitBatch* b);
@@ -475,8 +478,9 @@ class SsdTier::Impl {
   // Opens the RocksDB index (db_ and its column family handles) under o_.dir + "/index".
   Status OpenIndexDb();
   // Closes the index and opens it again: what clears RocksDB's background error after a failed
-  // WAL sync. Only with commit_mu_ held (no other commit uses db_) and once the load finished
-  // (no point read or load iterator uses it); Unavailable before.
+  // WAL sync. Only with commit_mu_ held and mu_ not (no other commit uses db_; it takes mu_ to
+  // look at the load) and once the load finished (no point read or load iterator uses it);
+  // Unavailable before.
   Status ReopenIndexDb();
   Status OpenFreshSegment(uint32_t id, std::shared_ptr<BlockDevice>* dev);
   // The segment to clean now, or nullptr (under mu_).

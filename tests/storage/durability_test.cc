@@ -634,6 +634,36 @@ TEST_F(DurabilityTest, AFailedIndexSyncFailsOneCommitNotEveryLaterOne) {
   for (int i = 3; i < 6; ++i) EXPECT_EQ(VersionOf(after.get(), i), 1u) << "unit " << i;
 }
 
+// A failed index sync in the commit a close makes (batched puts still pending) ends the close
+// with the error logged; it does not reopen the index (that commit runs with the tier's lock
+// held, which the reopen takes: the close used to hang there).
+TEST_F(DurabilityTest, AFailedIndexSyncWhileClosingEndsTheClose) {
+  auto faults = std::make_shared<WalSyncFaults>();
+  std::unique_ptr<rocksdb::Env> index_env = rocksdb::NewCompositeEnv(faults);
+  TierManagerOptions o = Options(Durability::kBatched, base_.get());
+  o.ssd_index_env = index_env.get();
+  auto tm = Open(o);
+  ASSERT_NE(tm, nullptr);
+  ASSERT_TRUE(Eventually([&] { return tm->GetStats().ssd_index_loaded; }));
+  PutOptions ssd;
+  ssd.highest_tier = Tier::kSsd;
+  for (int i = 1; i < 4; ++i) ASSERT_TRUE(PutVersion(tm.get(), i, 1, ssd).ok());
+  faults->FailNextWalSyncs(1);
+  std::atomic<bool> closed{false};
+  std::thread closer([&] {
+    tm.reset();
+    closed = true;
+  });
+  const bool ended = Eventually([&] { return closed.load(); });
+  EXPECT_TRUE(ended) << "the close hung on its failed index sync";
+  if (!ended) {
+    closer.detach();  // the process ends with the test binary
+    return;
+  }
+  closer.join();
+  EXPECT_EQ(faults->failed(), 1) << "the close's commit did not sync the index";
+}
+
 // The SSD tier itself: a put whose fdatasync failed is forgotten (its data may not be on
 // disk), a put whose buffer write failed too; the stage is typed.
 TEST_F(DurabilityTest, SsdTierForgetsWhatAFailedSyncOrWriteMayHaveLost) {

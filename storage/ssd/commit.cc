@@ -82,6 +82,13 @@ Status SsdTier::Impl::Execute(const CommitBatch& b, Status* write_status, Commit
       }
     }
   }
+  if (st.ok() && db_ == nullptr) {
+    // A reopen after a failed index write failed to open it: again now (not with mu_ held).
+    st = b.mu_held ? Status::IOError("ssd index: not open (reopening it failed)")
+                   : OpenIndexDb().WithContext("ssd index: opening it again");
+    if (st.ok()) index_reopens_.fetch_add(1);
+    if (!st.ok()) *stage = CommitStage::kIndexWrite;
+  }
   if (st.ok()) {
     rocksdb::WriteBatch wb;
     for (const auto& op : b.ops) {
@@ -318,6 +325,7 @@ Status SsdTier::Impl::Commit(uint64_t ticket, bool sync_index) {
     lock.unlock();
     if (!sync_index || o_.durability == Durability::kNone) return Status::Ok();
     // Nothing pending, but earlier commits may have left the index unsynced.
+    if (db_ == nullptr) return Status::IOError("ssd index: not open (reopening it failed)");
     index_syncs_.fetch_add(1);
     Status st = FromRocks(db_->SyncWAL(), "index sync");
     if (st.ok()) {

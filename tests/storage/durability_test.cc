@@ -556,10 +556,15 @@ class WalSyncFaults : public rocksdb::FileSystemWrapper {
   WalSyncFaults() : rocksdb::FileSystemWrapper(rocksdb::FileSystem::Default()) {}
   const char* Name() const override { return "WalSyncFaults"; }
   void FailNextWalSyncs(int n) { fail_.store(n); }
+  // The next n write-ahead logs RocksDB creates fail to open (an index that cannot reopen).
+  void FailNextWalOpens(int n) { fail_opens_.store(n); }
   int failed() const { return failed_.load(); }
   rocksdb::IOStatus NewWritableFile(const std::string& name, const rocksdb::FileOptions& o,
                                     std::unique_ptr<rocksdb::FSWritableFile>* file,
                                     rocksdb::IODebugContext* dbg) override {
+    if (name.ends_with(".log") && Take(&fail_opens_)) {
+      return rocksdb::IOStatus::IOError("injected EIO creating the index's WAL");
+    }
     rocksdb::IOStatus s = target()->NewWritableFile(name, o, file, dbg);
     if (s.ok() && name.ends_with(".log")) *file = std::make_unique<Wal>(std::move(*file), this);
     return s;
@@ -571,10 +576,10 @@ class WalSyncFaults : public rocksdb::FileSystemWrapper {
     Wal(std::unique_ptr<rocksdb::FSWritableFile>&& f, WalSyncFaults* fs)
         : rocksdb::FSWritableFileOwnerWrapper(std::move(f)), fs_(fs) {}
     rocksdb::IOStatus Sync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* d) override {
-      return fs_->Take() ? Injected() : target()->Sync(o, d);
+      return fs_->Take(&fs_->fail_) ? Injected() : target()->Sync(o, d);
     }
     rocksdb::IOStatus Fsync(const rocksdb::IOOptions& o, rocksdb::IODebugContext* d) override {
-      return fs_->Take() ? Injected() : target()->Fsync(o, d);
+      return fs_->Take(&fs_->fail_) ? Injected() : target()->Fsync(o, d);
     }
 
    private:
@@ -583,15 +588,15 @@ class WalSyncFaults : public rocksdb::FileSystemWrapper {
     }
     WalSyncFaults* fs_;
   };
-  bool Take() {
-    int n = fail_.load();
-    while (n > 0 && !fail_.compare_exchange_weak(n, n - 1)) {
+  bool Take(std::atomic<int>* armed) {
+    int n = armed->load();
+    while (n > 0 && !armed->compare_exchange_weak(n, n - 1)) {
     }
     if (n <= 0) return false;
     failed_.fetch_add(1);
     return true;
   }
-  std::atomic<int> fail_{0}, failed_{0};
+  std::atomic<int> fail_{0}, fail_opens_{0}, failed_{0};
 };
 
 // One failed sync of the index's write-ahead log (a transient EIO under the index) fails the
@@ -632,6 +637,35 @@ TEST_F(DurabilityTest, AFailedIndexSyncFailsOneCommitNotEveryLaterOne) {
   EXPECT_EQ(VersionOf(after.get(), 1), 0u) << "the delete came back after the crash";
   EXPECT_EQ(VersionOf(after.get(), 2), 1u);
   for (int i = 3; i < 6; ++i) EXPECT_EQ(VersionOf(after.get(), i), 1u) << "unit " << i;
+}
+
+// The reopen after a failed index sync fails too (the index cannot create its new WAL): that
+// commit fails, the index stays closed, and the next commit opens it again and succeeds.
+TEST_F(DurabilityTest, AReopenThatFailsIsMadeAgainByTheNextCommit) {
+  auto faults = std::make_shared<WalSyncFaults>();
+  std::unique_ptr<rocksdb::Env> index_env = rocksdb::NewCompositeEnv(faults);
+  FaultInjectionEnv fault(base_.get(), {});
+  TierManagerOptions o = Options(Durability::kSync, &fault);
+  o.ssd_index_env = index_env.get();
+  auto tm = Open(o);
+  ASSERT_NE(tm, nullptr);
+  ASSERT_TRUE(Eventually([&] { return tm->GetStats().ssd_index_loaded; }));
+  ASSERT_TRUE(PutVersion(tm.get(), 1, 1).ok());
+  faults->FailNextWalSyncs(1);
+  faults->FailNextWalOpens(1);
+  EXPECT_TRUE(tm->Delete(MakeKey(1)).IsIOError());
+  EXPECT_EQ(faults->failed(), 2) << "the sync and the reopen's WAL";
+  EXPECT_EQ(tm->GetStats().ssd_index_reopens, 0u);
+  Status put = PutVersion(tm.get(), 2, 1);
+  EXPECT_TRUE(put.ok()) << "the commit after a failed reopen: " << put.ToString();
+  EXPECT_EQ(tm->GetStats().ssd_index_reopens, 1u);
+  EXPECT_TRUE(tm->Flush().ok());
+  Crash(fault);
+  tm.reset();
+  auto after = Reopen(Durability::kSync);
+  ASSERT_NE(after, nullptr);
+  EXPECT_EQ(VersionOf(after.get(), 1), 0u) << "the delete came back after the crash";
+  EXPECT_EQ(VersionOf(after.get(), 2), 1u);
 }
 
 // A failed index sync in the commit a close makes (batched puts still pending) ends the close

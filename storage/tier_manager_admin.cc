@@ -63,8 +63,10 @@ Status TierManagerImpl::DeleteDeferred(const Key& key, DeferredCommit* deferred)
     std::unique_lock lock(mu_);
     WaitForKeyLocked(lock, key, nullptr);  // a put of the key in flight finishes first
     DrainLoadedLocked();
-    present = PresentAnywhereLocked(key);
-    live = present && LiveLocked(key);  // one past its TTL is removed, but was not there
+    // One past its TTL is removed, but was not there. Live implies present: one lookup for
+    // the usual delete of a live unit.
+    live = LiveLocked(key);
+    present = live || PresentAnywhereLocked(key);
     // Absent too: the SSD index may still hold a unit its tier evicted (the eviction's delete
     // not synced yet): after this Delete it must not come back either (RemoveEverywhereLocked).
     RemoveEverywhereLocked(key, &ticket);

@@ -599,29 +599,41 @@ class WalSyncFaults : public rocksdb::FileSystemWrapper {
   std::atomic<int> fail_{0}, fail_opens_{0}, failed_{0};
 };
 
+// A tier whose index goes through WalSyncFaults.
+class IndexFaultTest : public DurabilityTest {
+ protected:
+  // Opens the tier over env with the faulty index, once its background load has finished
+  // (the index is reopened only then: until it, point reads use it outside the commit's locks).
+  std::unique_ptr<TierManager> OpenWithIndexFaults(Durability d, DeviceEnv* env) {
+    TierManagerOptions o = Options(d, env);
+    o.ssd_index_env = index_env_.get();
+    auto tm = Open(o);
+    EXPECT_NE(tm, nullptr);
+    if (tm != nullptr) {
+      EXPECT_TRUE(Eventually([&] { return tm->GetStats().ssd_index_loaded; }));
+    }
+    return tm;
+  }
+  std::shared_ptr<WalSyncFaults> faults_ = std::make_shared<WalSyncFaults>();
+  std::unique_ptr<rocksdb::Env> index_env_ = rocksdb::NewCompositeEnv(faults_);
+};
+
 // One failed sync of the index's write-ahead log (a transient EIO under the index) fails the
 // commit it belongs to, and only that one: RocksDB refuses every write after a failed WAL sync
 // (its background error; DB::Resume returns the same error), and the tier used to leave it so,
 // failing every later commit until a restart. Now it reopens the index. The delete whose commit
 // failed stays applied in memory and its index delete is retried: after a crash it is still gone,
 // and a put after the failure survives.
-TEST_F(DurabilityTest, AFailedIndexSyncFailsOneCommitNotEveryLaterOne) {
-  auto faults = std::make_shared<WalSyncFaults>();
-  std::unique_ptr<rocksdb::Env> index_env = rocksdb::NewCompositeEnv(faults);
+TEST_F(IndexFaultTest, AFailedIndexSyncFailsOneCommitNotEveryLaterOne) {
   FaultInjectionEnv fault(base_.get(), {});
-  TierManagerOptions o = Options(Durability::kSync, &fault);
-  o.ssd_index_env = index_env.get();
-  auto tm = Open(o);
+  auto tm = OpenWithIndexFaults(Durability::kSync, &fault);
   ASSERT_NE(tm, nullptr);
-  // The index is reopened only once its background load is done (until then point reads use
-  // it outside the commit's locks).
-  ASSERT_TRUE(Eventually([&] { return tm->GetStats().ssd_index_loaded; }));
   ASSERT_TRUE(PutVersion(tm.get(), 1, 1).ok());
   ASSERT_TRUE(PutVersion(tm.get(), 2, 1).ok());
-  faults->FailNextWalSyncs(1);
+  faults_->FailNextWalSyncs(1);
   Status del = tm->Delete(MakeKey(1));
   EXPECT_TRUE(del.IsIOError()) << del.ToString();
-  EXPECT_EQ(faults->failed(), 1) << "the delete's commit did not sync the index";
+  EXPECT_EQ(faults_->failed(), 1) << "the delete's commit did not sync the index";
   EXPECT_EQ(VersionOf(tm.get(), 1), 0u) << "the delete stands in memory";
   Stats s = tm->GetStats();
   EXPECT_EQ(s.ssd_last_failed_stage, CommitStage::kIndexWrite);
@@ -641,20 +653,15 @@ TEST_F(DurabilityTest, AFailedIndexSyncFailsOneCommitNotEveryLaterOne) {
 
 // The reopen after a failed index sync fails too (the index cannot create its new WAL): that
 // commit fails, the index stays closed, and the next commit opens it again and succeeds.
-TEST_F(DurabilityTest, AReopenThatFailsIsMadeAgainByTheNextCommit) {
-  auto faults = std::make_shared<WalSyncFaults>();
-  std::unique_ptr<rocksdb::Env> index_env = rocksdb::NewCompositeEnv(faults);
+TEST_F(IndexFaultTest, AReopenThatFailsIsMadeAgainByTheNextCommit) {
   FaultInjectionEnv fault(base_.get(), {});
-  TierManagerOptions o = Options(Durability::kSync, &fault);
-  o.ssd_index_env = index_env.get();
-  auto tm = Open(o);
+  auto tm = OpenWithIndexFaults(Durability::kSync, &fault);
   ASSERT_NE(tm, nullptr);
-  ASSERT_TRUE(Eventually([&] { return tm->GetStats().ssd_index_loaded; }));
   ASSERT_TRUE(PutVersion(tm.get(), 1, 1).ok());
-  faults->FailNextWalSyncs(1);
-  faults->FailNextWalOpens(1);
+  faults_->FailNextWalSyncs(1);
+  faults_->FailNextWalOpens(1);
   EXPECT_TRUE(tm->Delete(MakeKey(1)).IsIOError());
-  EXPECT_EQ(faults->failed(), 2) << "the sync and the reopen's WAL";
+  EXPECT_EQ(faults_->failed(), 2) << "the sync and the reopen's WAL";
   EXPECT_EQ(tm->GetStats().ssd_index_reopens, 0u);
   Status put = PutVersion(tm.get(), 2, 1);
   EXPECT_TRUE(put.ok()) << "the commit after a failed reopen: " << put.ToString();
@@ -671,18 +678,13 @@ TEST_F(DurabilityTest, AReopenThatFailsIsMadeAgainByTheNextCommit) {
 // A failed index sync in the commit a close makes (batched puts still pending) ends the close
 // with the error logged; it does not reopen the index (that commit runs with the tier's lock
 // held, which the reopen takes: the close used to hang there).
-TEST_F(DurabilityTest, AFailedIndexSyncWhileClosingEndsTheClose) {
-  auto faults = std::make_shared<WalSyncFaults>();
-  std::unique_ptr<rocksdb::Env> index_env = rocksdb::NewCompositeEnv(faults);
-  TierManagerOptions o = Options(Durability::kBatched, base_.get());
-  o.ssd_index_env = index_env.get();
-  auto tm = Open(o);
+TEST_F(IndexFaultTest, AFailedIndexSyncWhileClosingEndsTheClose) {
+  auto tm = OpenWithIndexFaults(Durability::kBatched, base_.get());
   ASSERT_NE(tm, nullptr);
-  ASSERT_TRUE(Eventually([&] { return tm->GetStats().ssd_index_loaded; }));
   PutOptions ssd;
   ssd.highest_tier = Tier::kSsd;
   for (int i = 1; i < 4; ++i) ASSERT_TRUE(PutVersion(tm.get(), i, 1, ssd).ok());
-  faults->FailNextWalSyncs(1);
+  faults_->FailNextWalSyncs(1);
   std::atomic<bool> closed{false};
   std::thread closer([&] {
     tm.reset();
@@ -695,7 +697,7 @@ TEST_F(DurabilityTest, AFailedIndexSyncWhileClosingEndsTheClose) {
     return;
   }
   closer.join();
-  EXPECT_EQ(faults->failed(), 1) << "the close's commit did not sync the index";
+  EXPECT_EQ(faults_->failed(), 1) << "the close's commit did not sync the index";
 }
 
 // The SSD tier itself: a put whose fdatasync failed is forgotten (its data may not be on

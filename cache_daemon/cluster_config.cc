@@ -73,6 +73,8 @@ Status ReadClusterTable(const toml::table& table, ClusterServeOptions* o) {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_timeout_ms));
     } else if (key == "peer_probe_interval_ms") {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->peer_probe_interval_ms));
+    } else if (key == "clock_sample_interval_ms") {
+      KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->clock_sample_interval_ms));
     } else if (key == "tombstone_ttl_s") {
       KVTIER_RETURN_IF_ERROR(ReadUint(v, key, &o->tombstone_ttl_s));
     } else if (key == "draining") {
@@ -172,6 +174,10 @@ Status FinalizeCluster(ClusterServeOptions* o, bool auth_enabled) {
   if (o->peer_probe_interval_ms != 0 &&
       (o->peer_probe_interval_ms < 10 || o->peer_probe_interval_ms > 60000)) {
     return Bad("peer_probe_interval_ms", "0 (off) or 10..60000");
+  }
+  if (o->clock_sample_interval_ms != 0 &&
+      (o->clock_sample_interval_ms < 1000 || o->clock_sample_interval_ms > 3600000)) {
+    return Bad("clock_sample_interval_ms", "0 (off) or 1000..3600000");
   }
   if (o->tombstone_ttl_s < 60 || o->tombstone_ttl_s > (1u << 31)) {
     return Bad("tombstone_ttl_s", "60..2147483648");

@@ -29,6 +29,9 @@ struct ClusterServeOptions {
   // A peer whose call timed out is probed this often; meanwhile calls to it fail at once
   // (cluster/peer_health.h). 0: off (every call waits peer_timeout_ms). 0 or 10..60000.
   uint64_t peer_probe_interval_ms = 500;
+  // Every member's clock is asked for this often, and its offset from ours shown on /metrics
+  // (cluster/peer_clocks.h). 0: off. 0 or 1000..3600000.
+  uint64_t clock_sample_interval_ms = 10000;
   uint32_t peer_connections_max = 64;  // inbound peer connections at once
   uint32_t peer_call_threads = 16;     // outbound peer calls in flight at once, 1..1024
   uint32_t peer_call_queue_max = 256;  // more waiting for a thread; past it refused, 0..65536

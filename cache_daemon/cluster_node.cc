@@ -1,6 +1,7 @@
 #include "cache_daemon/cluster_node.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <iterator>
 #include <sstream>
 
@@ -17,6 +18,15 @@ namespace {
 
 // Series of kvtier_cluster_peer_suspect_seconds on one page at most.
 constexpr size_t kSuspectSeriesMax = 64;
+// Peers named by kvtier_cluster_peer_clock_offset_seconds at most.
+constexpr size_t kClockSeriesMax = 64;
+
+// Microseconds as seconds with every digit ("-60.001234").
+std::string MicrosAsSeconds(int64_t us) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6f", static_cast<double>(us) / 1e6);
+  return buf;
+}
 
 }  // namespace
 
@@ -436,6 +446,19 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
   node->refetch_->Start();
   service->store()->SetChecksumFailureListener(
       [r = node->refetch_.get()](const storage::UnitInfo& u) { r->Report(u); });
+  node->clocks_ = std::make_unique<cluster::PeerClocks>(
+      cluster::PeerClockOptions{.interval_ms = c.clock_sample_interval_ms},
+      [m = node->membership_.get(), self = c.node_id] {
+        std::vector<cluster::PeerClocks::Peer> peers;
+        for (const cluster::MemberInfo& info : m->View()->members) {
+          if (info.node_id != self) peers.push_back({info.node_id, info.peer_endpoint});
+        }
+        return peers;
+      },
+      [client = node->client_.get()](const std::string& endpoint) {
+        return client->Clock(endpoint);
+      });
+  node->clocks_->Start();
   KVTIER_LOG(kInfo) << "cluster: node " << c.node_id << " peer front " << c.peer_host << ":"
                     << node->server_->port() << " etcd " << c.etcd_endpoints.front() << " replicas "
                     << c.replicas;
@@ -447,6 +470,7 @@ ClusterNode::~ClusterNode() { Stop(); }
 void ClusterNode::Stop() {
   if (stopped_) return;
   stopped_ = true;
+  if (clocks_) clocks_->Stop();
   if (refetch_) {
     service_->store()->SetChecksumFailureListener(nullptr);
     refetch_->Stop();
@@ -523,6 +547,33 @@ std::string ClusterNode::RenderPrometheus() const {
     os << "kvtier_cluster_peer_suspect_seconds{peer=\"" << EscapeLabel(endpoint) << "\"} "
        << static_cast<double>(ms) / 1000.0 << "\n";
   }
+  // One sample per member whose clock answered lately (cluster/peer_clocks.h), and the
+  // largest offset for an alert.
+  const std::vector<cluster::PeerClockReading> clocks = clocks_->Readings(kClockSeriesMax);
+  os << "# HELP kvtier_cluster_peer_clock_offset_seconds The peer's clock minus this node's, "
+        "from its last answer (within half the round trip; at most "
+     << kClockSeriesMax
+     << " peers, in node order).\n# TYPE kvtier_cluster_peer_clock_offset_seconds gauge\n";
+  int64_t offset_abs_max_us = 0;
+  for (const cluster::PeerClockReading& r : clocks) {
+    os << "kvtier_cluster_peer_clock_offset_seconds{peer=\"" << EscapeLabel(r.node_id) << "\"} "
+       << MicrosAsSeconds(r.offset_us) << "\n";
+    offset_abs_max_us = std::max(offset_abs_max_us, r.offset_us < 0 ? -r.offset_us : r.offset_us);
+  }
+  os << "# HELP kvtier_cluster_peer_clock_offset_abs_max_seconds The largest clock offset, "
+        "either way, between this node and a peer that answered lately (0: none answered).\n"
+        "# TYPE kvtier_cluster_peer_clock_offset_abs_max_seconds gauge\n"
+        "kvtier_cluster_peer_clock_offset_abs_max_seconds "
+     << MicrosAsSeconds(offset_abs_max_us) << "\n";
+  const cluster::PeerClockStats cks = clocks_->stats();
+  counter("kvtier_cluster_peer_clock_samples_total", "Peer clocks read (CLOCK answered).",
+          cks.samples);
+  counter("kvtier_cluster_peer_clock_failures_total",
+          "Peer clock reads that got no answer (timeout, suspect peer, malformed reply).",
+          cks.failures);
+  counter("kvtier_cluster_peer_clock_unsupported_total",
+          "Peer clock reads answered by a node older than CLOCK (asked again after 10 min).",
+          cks.unsupported);
   counter("kvtier_cluster_peer_calls_failed_fast_total",
           "Calls to a suspect peer failed at once instead of waiting peer_timeout_ms.",
           hs.failed_fast);

@@ -5,9 +5,10 @@
 // Start order: the staging region (with peer_data_transport "tcp_region" or "verbs"), peer front
 // (so peers can reach us once we are listed), then membership, then the router is handed to the
 // Service, then the repair scan (cluster_repair.h) starts; it runs again on every membership
-// change; then the checksum-failure refetch (cluster_refetch.h) is attached to the store. Stop:
-// detach and end the refetch, end the repair scan, leave etcd (lease revoked), then close the peer
-// front. etcd unreachable at start is not an error: the node serves what it holds and keeps trying
+// change; then the checksum-failure refetch (cluster_refetch.h) is attached to the store, then the
+// peer clock sampler (cluster/peer_clocks.h) starts. Stop: end the clock sampler, detach and end
+// the refetch, end the repair scan, leave etcd (lease revoked), then close the peer front. etcd
+// unreachable at start is not an error: the node serves what it holds and keeps trying
 // (etcd_reachable() false, shown on /readyz and /metrics).
 //
 // Thread safety: Start/Stop from one thread; the rest from any.
@@ -26,6 +27,7 @@
 #include "cluster/membership.h"
 #include "cluster/pause_guard.h"
 #include "cluster/peer_client.h"
+#include "cluster/peer_clocks.h"
 #include "cluster/peer_server.h"
 #include "cluster/recent_deletes.h"
 #include "cluster/router.h"
@@ -78,6 +80,8 @@ class ClusterNode {
   // Rewrites units quarantined here for a checksum failure from another owner; fed by the
   // store's listener, which Stop removes first.
   std::unique_ptr<ClusterRefetch> refetch_;
+  // Asks every member for its clock ([cluster] clock_sample_interval_ms), for /metrics.
+  std::unique_ptr<cluster::PeerClocks> clocks_;
   Service* service_ = nullptr;
   bool stopped_ = false;
 };

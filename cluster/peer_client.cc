@@ -394,6 +394,25 @@ Status PeerClient::DropOlder(const std::string& endpoint, std::span<const PeerKe
   return Call(endpoint, PeerOp::kDropOlder, w.buffer()).status();
 }
 
+StatusOr<PeerClient::ClockSample> PeerClient::Clock(const std::string& endpoint) {
+  const kvtier::Clock& unix_clock =
+      options_.unix_clock != nullptr ? *options_.unix_clock : DefaultSystemClock();
+  const kvtier::Clock& steady = DefaultSteadyClock();
+  std::optional<ClockSample> best;
+  for (int exchange = 0; exchange < 2; ++exchange) {
+    const uint64_t unix0_us = unix_clock.NowUs(), steady0_us = steady.NowUs();
+    auto reply = Call(endpoint, PeerOp::kClock, {});
+    const uint64_t rtt_us = steady.NowUs() - steady0_us;
+    if (!reply.ok()) return reply.status();
+    KVTIER_ASSIGN_OR_RETURN(uint64_t peer_us, DecodeClockReply(*reply));
+    const uint64_t ours_us = unix0_us + rtt_us / 2;
+    // Two's complement difference: Unix microseconds stay far below 2^63.
+    const auto offset_us = static_cast<int64_t>(peer_us - ours_us);
+    if (!best || rtt_us < best->rtt_us) best = ClockSample{offset_us, rtt_us};
+  }
+  return *best;
+}
+
 Status PeerClient::DeleteTenant(const std::string& endpoint, std::string_view tenant) {
   Writer w;
   PutText(tenant, &w);

@@ -39,6 +39,7 @@
 #include "cache_daemon/tls_client.h"
 #include "cluster/peer_health.h"
 #include "cluster/peer_wire.h"
+#include "common/clock.h"
 #include "common/status.h"
 
 namespace kvtier::cluster {
@@ -50,6 +51,8 @@ struct PeerClientOptions {
   uint64_t probe_interval_ms = 0;  // between probes of a suspect endpoint; 0: no suspicion
   uint32_t idle_connections_per_peer_max = 8;
   uint64_t frame_bytes_max = (64ull << 20) + (1ull << 20);  // one response
+  // Unix time, for Clock's samples; null: the system clock. Tests set one that runs ahead.
+  const kvtier::Clock* unix_clock = nullptr;
   // nullopt: plain TCP. server_name is ignored (each endpoint's host is verified).
   std::optional<daemon::TlsClientOptions> tls;
 };
@@ -86,6 +89,16 @@ class PeerClient {
   // The peer deletes its units and copies of keys, older versions of what a PUT wrote to
   // their current owners (DROP_OLDER); OK when it did.
   Status DropOlder(const std::string& endpoint, std::span<const PeerKey> keys);
+
+  // How far the peer's clock is from ours (CLOCK, peer_wire.h): offset_us = the peer's Unix
+  // time minus ours at the moment it answered, estimated as NTP does from one exchange (ours
+  // at the exchange's midpoint), so within +- rtt_us / 2. Two exchanges, the shorter kept: the
+  // first may include opening a connection. A peer older than CLOCK answers InvalidArgument.
+  struct ClockSample {
+    int64_t offset_us = 0;
+    uint64_t rtt_us = 0;
+  };
+  StatusOr<ClockSample> Clock(const std::string& endpoint);
 
   PeerHealthStats health_stats() const { return health_->stats(); }
   // Endpoints whose calls fail at once now, and ms since their call timed out (PeerHealth).

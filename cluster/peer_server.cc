@@ -415,6 +415,14 @@ void PeerServer::Execute(const Frame& frame, const std::string& peer_node, Write
       daemon::wire::EncodeStatus(handler_->DropOlder(keys), w);
       return;
     }
+    case PeerOp::kClock: {
+      if (r.remaining() != 0) return bad("malformed peer CLOCK");
+      const kvtier::Clock& unix_clock =
+          options_.unix_clock != nullptr ? *options_.unix_clock : DefaultSystemClock();
+      daemon::wire::EncodeStatus(Status::Ok(), w);
+      w->U64(unix_clock.NowUs());
+      return;
+    }
     default:
       return bad("unknown peer opcode");
   }

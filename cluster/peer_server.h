@@ -97,8 +97,8 @@ struct PeerServerOptions {
   uint64_t frame_timeout_ms = 10000;
   uint64_t frame_bytes_max = (64ull << 20) + (1ull << 20);
   std::optional<daemon::TlsAcceptOptions> tls;  // nullopt: plain TCP
-  // Unix time, for the expiry a repair copy carries (peer_wire.h, kPeerFlagExpiresAt); null:
-  // the system clock. Tests set one that runs ahead or behind.
+  // Unix time, for the expiry a repair copy carries (peer_wire.h, kPeerFlagExpiresAt) and the
+  // CLOCK reply; null: the system clock. Tests set one that runs ahead or behind.
   const kvtier::Clock* unix_clock = nullptr;
 };
 

@@ -10,7 +10,7 @@ namespace kvtier::cluster {
 using daemon::wire::Reader;
 using daemon::wire::Writer;
 
-bool IsPeerOp(uint8_t opcode) { return opcode >= 0x60 && opcode <= 0x69; }
+bool IsPeerOp(uint8_t opcode) { return opcode >= 0x60 && opcode <= 0x6A; }
 
 PeerProof PeerAuthProof(std::span<const uint8_t> credential, std::string_view label,
                         const PeerNonce& a, const PeerNonce& b) {
@@ -116,6 +116,15 @@ Status DecodeTtlTrailer(Reader* r, size_t keys, bool* present, std::vector<uint6
   ttl_left_ms->resize(n);
   for (uint64_t& t : *ttl_left_ms) (void)r->U64(&t);
   return Status::Ok();
+}
+
+StatusOr<uint64_t> DecodeClockReply(std::span<const uint8_t> body) {
+  Reader r(body);
+  uint64_t unix_us = 0;
+  if (!r.U64(&unix_us) || r.remaining() != 0) {
+    return Status::Corruption("peer CLOCK reply: not one u64");
+  }
+  return unix_us;
 }
 
 void EncodeStagedReply(const StagedReply& reply, Writer* w, bool with_ttl) {

@@ -40,6 +40,9 @@
 //                  record; the caller reads it over rdma::Transport: docs/CLUSTER.md, "Bulk
 //                  data over the region transport". code 0: staged; NotFound: absent; any
 //                  other: not staged, ask with GET)
+//   CLOCK          (empty)                     -> status, u64 unix_us (the peer's clock when it
+//                  answered, Unix microseconds; cluster/peer_clocks.h. A node older than
+//                  CLOCK answers InvalidArgument "unknown peer opcode")
 // (text = u16 length + bytes, at most kPeerTextBytesMax.)
 //
 // Remaining TTLs: a GET or GET_STAGED request with kPeerFlagTtl in its header flags asks for
@@ -87,6 +90,7 @@ enum class PeerOp : uint8_t {
   kDropCopies = 0x67,
   kGetStaged = 0x68,
   kDropOlder = 0x69,
+  kClock = 0x6A,
 };
 bool IsPeerOp(uint8_t opcode);
 
@@ -160,6 +164,10 @@ StatusOr<PeerPut> DecodePeerPut(std::span<const uint8_t> body, uint16_t flags = 
 // The TTL a copy stored at now_unix_ms keeps: put.ttl_ms, or less when put's expiry comes
 // first; 0 when the expiry has passed (nothing to store). put.ttl_ms for a put without one.
 uint64_t PeerPutTtlMs(const PeerPut& put, uint64_t now_unix_ms);
+
+// The body of a CLOCK reply after its OK status: the peer's Unix time in microseconds.
+// Corruption for a body that is short or longer than the u64.
+StatusOr<uint64_t> DecodeClockReply(std::span<const uint8_t> body);
 
 // Bytes before a staged value in its record (cluster/staging_ring.h).
 inline constexpr uint32_t kStagedRecordHeaderBytes = 32;

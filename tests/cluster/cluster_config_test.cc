@@ -47,6 +47,12 @@ TEST(ClusterConfigTest, AGoodSectionParses) {
     ASSERT_TRUE(p.ok()) << ms << ": " << p.status().ToString();
     EXPECT_EQ(p->cluster.peer_probe_interval_ms, ms);
   }
+  EXPECT_EQ(c.clock_sample_interval_ms, 10000u);  // peers' clocks read (cluster/peer_clocks.h)
+  for (uint64_t ms : {0, 1000, 3600000}) {        // 0: off
+    auto p = Load(std::string(kGood) + "clock_sample_interval_ms = " + std::to_string(ms) + "\n");
+    ASSERT_TRUE(p.ok()) << ms << ": " << p.status().ToString();
+    EXPECT_EQ(p->cluster.clock_sample_interval_ms, ms);
+  }
   // Absent section: off, and nothing else required.
   auto plain = Load("");
   ASSERT_TRUE(plain.ok());
@@ -82,6 +88,10 @@ TEST(ClusterConfigTest, BadValuesNameTheirKey) {
        "cluster.peer_probe_interval_ms"},
       {"replicas = 3", "replicas = 3\npeer_probe_interval_ms = 60001",
        "cluster.peer_probe_interval_ms"},
+      {"replicas = 3", "replicas = 3\nclock_sample_interval_ms = 999",
+       "cluster.clock_sample_interval_ms"},
+      {"replicas = 3", "replicas = 3\nclock_sample_interval_ms = 3600001",
+       "cluster.clock_sample_interval_ms"},
   };
   for (const auto& c : cases) {
     std::string text = kGood;

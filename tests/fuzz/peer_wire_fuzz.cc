@@ -1,12 +1,12 @@
 // libFuzzer target: the cluster peer protocol's body codecs (cluster/peer_wire.h) on arbitrary
 // bytes. A node decodes what another node sent: a PUT body on the peer front, a GET_STAGED
-// reply on the caller's side, key lists and texts in both.
+// or CLOCK reply on the caller's side, key lists and texts in both.
 //
 // The first input byte picks the decoder (and, for a PUT, whether its header carries
-// kPeerFlagExpiresAt; for GET_STAGED, the key count the caller asked for), the rest is its
-// input. Invariants, beyond no crash, no out-of-bounds read (ASan)
-// and no undefined behaviour (UBSan): whatever decodes is canonical (encoding the decoded value
-// gives back the input bytes) and within the protocol's limits.
+// kPeerFlagExpiresAt; for GET_STAGED, the key count the caller asked for; texts and key lists
+// share their input with the CLOCK reply), the rest is its input. Invariants, beyond no crash, no
+// out-of-bounds read (ASan) and no undefined behaviour (UBSan): whatever decodes is canonical
+// (encoding the decoded value gives back the input bytes) and within the protocol's limits.
 //
 //   cmake --preset fuzz && cmake --build --preset fuzz --target kvtier_peer_wire_fuzz
 //   build/fuzz/tests/fuzz/kvtier_peer_wire_fuzz -max_total_time=60 <corpus dir> \
@@ -89,6 +89,15 @@ void TextsAndKeys(std::span<const uint8_t> in) {
   Require(Equal(in.first(consumed), w.Take()));
 }
 
+// A CLOCK reply: decodes only as exactly one u64, which encodes back to the input.
+void ClockReply(std::span<const uint8_t> in) {
+  auto unix_us = cluster::DecodeClockReply(in);
+  if (!unix_us.ok()) return;
+  Writer w;
+  w.U64(*unix_us);
+  Require(Equal(in, w.Take()));
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -103,6 +112,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     default:
       TextsAndKeys(in);
+      ClockReply(in);
       break;
   }
   return 0;

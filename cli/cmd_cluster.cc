@@ -13,13 +13,16 @@
 //
 // Exit codes: 0 printed, 1 etcd unreachable or answered an error, 2 bad flags.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/commands.h"
@@ -43,8 +46,10 @@ constexpr int64_t kMembersListedMax = 1024;
 constexpr size_t kHealthQueriesParallelMax = 32;
 // A member's /metrics page read at most (hostile input: a member is only as trusted as etcd).
 constexpr uint64_t kMetricsPageBytesMax = 4ull << 20;
-// Suspect peers read from one member's page at most (kvtierd exports at most 64).
+// Suspect peers, and peers' clock offsets, read from one member's page at most (kvtierd
+// exports at most 64 of each).
 constexpr size_t kSuspectsPerMemberMax = 64;
+constexpr size_t kClocksPerMemberMax = 64;
 
 // What a member's admin front says about it: /readyz and the repair gauges of /metrics.
 struct Health {
@@ -58,6 +63,9 @@ struct Health {
   // Peer endpoints this member suspects (kvtier_cluster_peer_suspect_seconds: a call to the
   // peer timed out and nothing has answered since), at most kSuspectsPerMemberMax.
   std::vector<std::string> suspects;
+  // Each peer's clock minus this member's, in seconds, by peer node id
+  // (kvtier_cluster_peer_clock_offset_seconds), at most kClocksPerMemberMax.
+  std::map<std::string, double> clock_offsets_s;
   // Share of the current repair scan's work done: done / (done + under + moves); 1 when idle.
   double Progress() const {
     double total = std::max(done, 0.0) + std::max(under_replicated, 0.0) + std::max(moves, 0.0);
@@ -76,18 +84,19 @@ double MetricValue(const std::string& page, const std::string& name) {
   return end == begin || !(v >= 0) ? -1 : v;
 }
 
-// The peer label of every `kvtier_cluster_peer_suspect_seconds{peer="..."}` sample of a page
-// (label escapes \\, \" and \n undone), at most kSuspectsPerMemberMax; a malformed sample is
-// skipped.
-std::vector<std::string> SuspectPeers(const std::string& page) {
-  static const std::string kNeedle = "\nkvtier_cluster_peer_suspect_seconds{peer=\"";
-  std::vector<std::string> out;
-  for (size_t at = page.find(kNeedle);
-       at != std::string::npos && out.size() < kSuspectsPerMemberMax;
-       at = page.find(kNeedle, at + 1)) {
+// The peer label and value of every `<name>{peer="..."} <value>` sample of a page (label
+// escapes \\, \" and \n undone), at most max; a malformed sample (no closing quote, no
+// finite value) is skipped.
+std::vector<std::pair<std::string, double>> PeerSamples(const std::string& page,
+                                                        const std::string& name, size_t max) {
+  const std::string needle = "\n" + name + "{peer=\"";
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t at = page.find(needle); at != std::string::npos && out.size() < max;
+       at = page.find(needle, at + 1)) {
     std::string peer;
+    size_t i = at + needle.size();
     bool closed = false;
-    for (size_t i = at + kNeedle.size(); i < page.size() && page[i] != '\n'; ++i) {
+    for (; i < page.size() && page[i] != '\n'; ++i) {
       if (page[i] == '"') {
         closed = true;
         break;
@@ -99,7 +108,12 @@ std::vector<std::string> SuspectPeers(const std::string& page) {
         peer += page[i];
       }
     }
-    if (closed) out.push_back(std::move(peer));
+    if (!closed || page.compare(i, 3, "\"} ") != 0) continue;
+    const char* begin = page.c_str() + i + 3;
+    char* end = nullptr;
+    const double v = std::strtod(begin, &end);
+    if (end == begin || !std::isfinite(v)) continue;
+    out.emplace_back(std::move(peer), v);
   }
   return out;
 }
@@ -131,7 +145,14 @@ Health QueryHealth(const std::string& admin_endpoint, uint64_t timeout_ms) {
   h.moves = MetricValue(page, "kvtier_cluster_moves_in_progress");
   h.done = MetricValue(page, "kvtier_cluster_repair_done_units");
   h.active = MetricValue(page, "kvtier_cluster_repair_active");
-  h.suspects = SuspectPeers(page);
+  for (auto& [peer, seconds] :
+       PeerSamples(page, "kvtier_cluster_peer_suspect_seconds", kSuspectsPerMemberMax)) {
+    h.suspects.push_back(std::move(peer));
+  }
+  for (auto& [peer, seconds] :
+       PeerSamples(page, "kvtier_cluster_peer_clock_offset_seconds", kClocksPerMemberMax)) {
+    h.clock_offsets_s.emplace(std::move(peer), seconds);
+  }
   return h;
 }
 
@@ -194,8 +215,10 @@ int RunStatus(Args args) {
           "current repair scan. SUSPECTED counts the other members whose last call to this "
           "member's peer endpoint timed out with no answer since (their "
           "kvtier_cluster_peer_suspect_seconds): a member that is ready but suspected does not "
-          "answer its peers (a partition between nodes, a hung peer front). Exit 1 when etcd "
-          "cannot be read.");
+          "answer its peers (a partition between nodes, a hung peer front). CLOCK_S is the "
+          "member's clock minus its closest peer's, in seconds, from the clock offsets the other "
+          "members export (kvtier_cluster_peer_clock_offset_seconds): a member whose clock is off "
+          "shows it there. Exit 1 when etcd cannot be read.");
   std::string etcd, prefix = "/kvtier/";
   uint64_t replicas = 2, timeout_ms = 2000, health_timeout_ms = 500;
   bool json = false, no_health = false;
@@ -268,7 +291,6 @@ int RunStatus(Args args) {
   auto share = [&](const MemberRow& r) {
     return slots == 0 ? 0.0 : static_cast<double>(r.owner_slots) / static_cast<double>(slots);
   };
-  // Other members that suspect r's peer endpoint (-1: no member's page was read).
   // Other members that suspect r's peer endpoint (-1: no other member's page was read), from
   // one pass over every page read: endpoint -> members naming it.
   auto page_read = [](const MemberRow& o) {
@@ -289,6 +311,21 @@ int RunStatus(Args args) {
     if (pages_read - (page_read(r) ? 1 : 0) == 0) return -1;
     auto it = suspected_count.find(r.info.peer_endpoint);
     return it == suspected_count.end() ? 0 : it->second;
+  };
+  // r's clock minus its closest peer's, in seconds: of the offsets other members read for r
+  // (their kvtier_cluster_peer_clock_offset_seconds{peer=r}, peer's clock minus theirs), the
+  // one nearest 0. A member whose clock is off is off against every other, so its value is
+  // large; with two or more members whose clocks agree, theirs stay near 0. nullopt: no other
+  // member's page named r.
+  auto clock_offset = [&](const MemberRow& r) -> std::optional<double> {
+    std::optional<double> best;
+    for (const MemberRow& o : rows) {
+      if (&o == &r || !page_read(o)) continue;
+      auto it = o.health.clock_offsets_s.find(r.info.node_id);
+      if (it == o.health.clock_offsets_s.end()) continue;
+      if (!best || std::abs(it->second) < std::abs(*best)) best = it->second;
+    }
+    return best;
   };
 
   if (json) {
@@ -343,6 +380,10 @@ int RunStatus(Args args) {
         health["suspects"] = h.suspects;
         const int64_t by = suspected_by(r);
         health["suspected_by"] = by >= 0 ? nlohmann::ordered_json(by) : nlohmann::ordered_json();
+        const std::optional<double> clock = clock_offset(r);
+        health["clock_offset_s"] =
+            clock ? nlohmann::ordered_json(*clock) : nlohmann::ordered_json();
+        health["peer_clock_offsets_s"] = nlohmann::ordered_json(h.clock_offsets_s);
         m["health"] = std::move(health);
       }
       j["members"].push_back(std::move(m));
@@ -353,9 +394,9 @@ int RunStatus(Args args) {
   }
   std::printf("etcd %s  prefix %s  revision %lld  replicas %llu\n", etcd.c_str(), prefix.c_str(),
               static_cast<long long>(range->revision), static_cast<unsigned long long>(replicas));
-  std::printf("%-20s %-22s %-12s %12s %14s %-8s %9s %7s %-11s %9s %7s %7s %s\n", "NODE", "PEER",
+  std::printf("%-20s %-22s %-12s %12s %14s %-8s %9s %7s %-11s %9s %9s %7s %7s %s\n", "NODE", "PEER",
               "DOMAIN", "DRAM_BYTES", "SSD_BYTES", "DRAINING", "LEASE_S", "SHARE", "HEALTH",
-              "SUSPECTED", "UNDER", "MOVES", "REPAIR");
+              "SUSPECTED", "CLOCK_S", "UNDER", "MOVES", "REPAIR");
   uint64_t total_under = 0, total_moves = 0;
   size_t good = 0;
   for (const MemberRow& r : rows) {
@@ -375,12 +416,15 @@ int RunStatus(Args args) {
     if (h.moves > 0) total_moves += static_cast<uint64_t>(h.moves);
     const int64_t by = no_health ? -1 : suspected_by(r);
     const std::string suspected = by >= 0 ? std::to_string(by) : "-";
-    std::printf("%-20s %-22s %-12s %12llu %14llu %-8s %9s %7.4f %-11s %9s %7s %7s %s\n",
+    const std::optional<double> offset = no_health ? std::nullopt : clock_offset(r);
+    char clock[32] = "-";
+    if (offset) std::snprintf(clock, sizeof clock, "%+.3f", *offset);
+    std::printf("%-20s %-22s %-12s %12llu %14llu %-8s %9s %7.4f %-11s %9s %9s %7s %7s %s\n",
                 r.info.node_id.c_str(), r.info.peer_endpoint.c_str(),
                 r.info.failure_domain.empty() ? "-" : r.info.failure_domain.c_str(),
                 static_cast<unsigned long long>(r.info.dram_bytes),
                 static_cast<unsigned long long>(r.info.ssd_bytes), r.info.draining ? "yes" : "no",
-                ttl.c_str(), share(r), health.c_str(), suspected.c_str(),
+                ttl.c_str(), share(r), health.c_str(), suspected.c_str(), clock,
                 count(h.under_replicated).c_str(), count(h.moves).c_str(), bar.c_str());
   }
   if (truncated) {

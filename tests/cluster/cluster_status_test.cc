@@ -9,7 +9,10 @@
 #include <set>
 #include <sstream>
 
+#include "cluster/etcd_client.h"
+#include "cluster/member.h"
 #include "tests/cluster/cluster_fixture.h"
+#include "tests/cluster/scripted_http_server.h"
 
 namespace kvtier::cluster {
 namespace {
@@ -210,6 +213,96 @@ TEST_F(ClusterClockTest, EveryNodeShowsItsPeersClockOffsets) {
       EXPECT_EQ(kt::RunShell("promtool check metrics < " + path, &out), 0) << out;
     }
   }
+}
+
+// `kvtier cluster status` shows each member's clock against its closest peer's (CLOCK_S, JSON
+// clock_offset_s) and, in JSON, the offsets the member read (peer_clock_offsets_s).
+TEST_F(ClusterClockTest, StatusShowsEachMembersClockOffset) {
+  ASSERT_TRUE(kt::WaitFor(
+      [&] {
+        for (int i = 0; i < kNodes; ++i) {
+          if (Metric(Metrics(i), "kvtier_cluster_peer_clock_samples_total") < kNodes - 1)
+            return false;
+        }
+        return true;
+      },
+      15000));
+  std::string out;
+  ASSERT_EQ(Kvtier("cluster status " + EtcdFlag(), &out), 0) << out;
+  ASSERT_NE(out.find(" CLOCK_S "), std::string::npos) << out;
+  for (int i = 0; i < kNodes; ++i) {
+    size_t at = out.find("\nn" + std::to_string(i) + " ");
+    ASSERT_NE(at, std::string::npos) << out;
+    std::istringstream line(out.substr(at + 1, out.find('\n', at + 1) - at - 1));
+    std::vector<std::string> words;
+    for (std::string w; line >> w;) words.push_back(w);
+    ASSERT_GE(words.size(), 11u) << out;
+    EXPECT_LT(std::abs(std::stod(words[10])), 0.5) << out;
+  }
+  ASSERT_EQ(Kvtier("cluster status --json " + EtcdFlag(), &out), 0) << out;
+  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  for (int i = 0; i < kNodes; ++i) {
+    const auto& h = j["members"][i]["health"];
+    ASSERT_TRUE(h["clock_offset_s"].is_number()) << out;
+    EXPECT_LT(std::abs(h["clock_offset_s"].get<double>()), 0.5) << out;
+    EXPECT_EQ(h["peer_clock_offsets_s"].size(), static_cast<size_t>(kNodes - 1)) << out;
+    EXPECT_FALSE(h["peer_clock_offsets_s"].contains("n" + std::to_string(i))) << out;
+  }
+}
+
+// The odd clock out, with members whose admin fronts are scripted: c's clock runs 3.2 s behind
+// a's and b's, so c's peers read it at about -3.2 s and c reads them at +3.2 s. c's row shows
+// -3.2 (its clock minus its closest peer's); a's and b's show their small offset against each
+// other, not c's. A member whose page names no offsets, and a malformed sample, read as none.
+TEST_F(ClusterClockTest, StatusNamesTheMemberWhoseClockIsOff) {
+  using kvtier::testing::HttpOk;
+  using kvtier::testing::ScriptedHttpServer;
+  auto page = [](const std::string& samples) {
+    return HttpOk("# TYPE kvtier_cluster_peer_clock_offset_seconds gauge\n" + samples);
+  };
+  ScriptedHttpServer a({HttpOk("ready\n")}, {"GET /metrics"},
+                       page("kvtier_cluster_peer_clock_offset_seconds{peer=\"b\"} 0.004000\n"
+                            "kvtier_cluster_peer_clock_offset_seconds{peer=\"c\"} -3.200000\n"));
+  ScriptedHttpServer b({HttpOk("ready\n")}, {"GET /metrics"},
+                       page("kvtier_cluster_peer_clock_offset_seconds{peer=\"a\"} -0.004000\n"
+                            "kvtier_cluster_peer_clock_offset_seconds{peer=\"c\"} -3.196000\n"
+                            "kvtier_cluster_peer_clock_offset_seconds{peer=\"d\"} nan\n"
+                            "kvtier_cluster_peer_clock_offset_seconds{peer=\"d} 9\n"));
+  ScriptedHttpServer c({HttpOk("ready\n")}, {"GET /metrics"},
+                       page("kvtier_cluster_peer_clock_offset_seconds{peer=\"a\"} 3.200000\n"
+                            "kvtier_cluster_peer_clock_offset_seconds{peer=\"b\"} 3.196000\n"));
+  ScriptedHttpServer d({HttpOk("ready\n")}, {"GET /metrics"}, page(""));
+  EtcdClient etcd(EtcdOptions{.endpoints = {etcd_->endpoint()}});
+  for (auto [id, server] :
+       {std::pair{"a", &a}, std::pair{"b", &b}, std::pair{"c", &c}, std::pair{"d", &d}}) {
+    MemberInfo m;
+    m.node_id = id;
+    m.peer_endpoint = "127.0.0.1:1";
+    m.admin_endpoint = server->endpoint();
+    m.dram_bytes = 1ull << 30;
+    ASSERT_TRUE(etcd.Put(std::string("/fake/members/") + id, EncodeMember(m)).ok());
+  }
+  std::string out;
+  ASSERT_EQ(Kvtier("cluster status --json --prefix /fake/ " + EtcdFlag(), &out), 0) << out;
+  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  ASSERT_EQ(j["members"].size(), 4u) << out;
+  auto offset = [&](int i) { return j["members"][i]["health"]["clock_offset_s"]; };
+  EXPECT_DOUBLE_EQ(offset(0).get<double>(), -0.004) << out;  // a, as b reads it
+  EXPECT_DOUBLE_EQ(offset(1).get<double>(), 0.004) << out;   // b, as a reads it
+  EXPECT_DOUBLE_EQ(offset(2).get<double>(), -3.196) << out;  // c: its closest peer, b
+  EXPECT_TRUE(offset(3).is_null()) << "no page names d (b's nan and unclosed label are skipped)";
+  EXPECT_EQ(j["members"][1]["health"]["peer_clock_offsets_s"].size(), 2u) << out;
+  ASSERT_EQ(Kvtier("cluster status --prefix /fake/ " + EtcdFlag(), &out), 0) << out;
+  EXPECT_NE(out.find(" -3.196 "), std::string::npos) << out;
+  const size_t d_row = out.find("\nd ");
+  ASSERT_NE(d_row, std::string::npos) << out;
+  std::istringstream line(out.substr(d_row + 1, out.find('\n', d_row + 1) - d_row - 1));
+  std::vector<std::string> words;
+  for (std::string w; line >> w;) words.push_back(w);
+  ASSERT_GE(words.size(), 11u) << out;
+  EXPECT_EQ(words[10], "-") << out;
 }
 
 // A member that stops answering its peers while it keeps its place in etcd (SIGSTOP within a

@@ -21,6 +21,7 @@
 #include "storage/tier_manager.h"
 #include "tests/cache_daemon/net_util.h"
 #include "tests/cache_daemon/resp_wire_util.h"
+#include "tests/storage/wal_sync_faults.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -79,6 +80,7 @@ class RespDurableSetTest : public ::testing::Test {
     std::filesystem::create_directories(o_.storage.data_dir);
     storage::TierManagerOptions so = o_.storage;
     so.ssd_env = &fault_;
+    so.ssd_index_env = index_env_.get();
     auto tm = storage::TierManager::Open(so);
     ASSERT_TRUE(tm.ok()) << tm.status().ToString();
     store_ = tm->get();
@@ -142,6 +144,10 @@ class RespDurableSetTest : public ::testing::Test {
   TempDir dir_;
   std::unique_ptr<storage::DeviceEnv> base_ = storage::NewMemEnv();
   storage::FaultInjectionEnv fault_{base_.get(), {}};
+  // The SSD index's file system: its write-ahead log's syncs fail on demand.
+  std::shared_ptr<kvtier::testing::WalSyncFaults> index_faults_ =
+      std::make_shared<kvtier::testing::WalSyncFaults>();
+  std::unique_ptr<rocksdb::Env> index_env_ = rocksdb::NewCompositeEnv(index_faults_);
   std::vector<uint8_t> secret_ = std::vector<uint8_t>(32, 7);
   DaemonOptions o_;
   storage::TierManager* store_ = nullptr;  // owned by daemon_
@@ -311,6 +317,39 @@ TEST_F(RespDurableSetTest, FailedCommitAnswersTheSetWithAnErrorAndKeepsNoValue) 
   fd = Connect();
   EXPECT_EQ(Roundtrip(fd, Cmd({"SET", "k", "again"}) + Cmd({"GET", "k"}), 5 + 11),
             "+OK\r\n" + Bulk("again"));
+}
+
+// A DEL whose commit fails (a DEL writes the index only: its write-ahead log's sync fails) is
+// answered with an error, never a count: the removal stands in memory (docs/format/ssd.md,
+// "Failed commits": retried by the next commit), so the key reads as absent, and the
+// connection and the daemon go on (a later DEL counts nothing, a SET succeeds). Both paths:
+// the DEL completed by the commit queue, and the one inside EXEC (run on the strand).
+TEST_F(RespDurableSetTest, FailedCommitAnswersTheDelWithAnError) {
+  ASSERT_TRUE(Eventually([&] { return store_->GetStats().ssd_index_loaded; }));
+  int fd = Connect();
+  ASSERT_EQ(Roundtrip(fd, Cmd({"MSET", "k", "v", "m", "w"}), 5), "+OK\r\n");
+  index_faults_->FailNextWalSyncs(1);
+  std::string got = Roundtrip(
+      fd, Cmd({"DEL", "k"}) + Cmd({"GET", "k"}) + Cmd({"DEL", "k"}) + Cmd({"QUIT"}), 1 << 16);
+  ASSERT_GE(got.size(), 15u) << got;
+  EXPECT_EQ(got.substr(0, 5), "-ERR ") << got;
+  EXPECT_EQ(got.substr(got.find("\r\n") + 2), "$-1\r\n:0\r\n+OK\r\n") << got;
+  EXPECT_EQ(index_faults_->failed(), 1);
+
+  fd = Connect();
+  index_faults_->FailNextWalSyncs(1);
+  got = Roundtrip(
+      fd, Cmd({"MULTI"}) + Cmd({"DEL", "m"}) + Cmd({"EXEC"}) + Cmd({"GET", "m"}) + Cmd({"QUIT"}),
+      1 << 16);
+  const std::string queued = "+OK\r\n+QUEUED\r\n*1\r\n";
+  ASSERT_EQ(got.substr(0, queued.size()), queued) << got;
+  EXPECT_EQ(got.substr(queued.size(), 5), "-ERR ") << got;
+  EXPECT_EQ(got.substr(got.size() - 10), "$-1\r\n+OK\r\n") << got;
+  EXPECT_EQ(index_faults_->failed(), 2);
+  fd = Connect();
+  EXPECT_EQ(Roundtrip(fd, Cmd({"SET", "k", "again"}) + Cmd({"GET", "k"}), 5 + 11),
+            "+OK\r\n" + Bulk("again"));
+  EXPECT_EQ(store_->GetStats().ssd_index_reopens, 2u);
 }
 
 // 8 MSETs of 16 keys each pipelined on one connection while the first commit's fdatasync is

@@ -66,6 +66,10 @@ void PeerClocks::SampleRound() {
   }
   // Asked without the lock: a call waits at most the peer timeout, and Readings must not.
   for (const Peer& p : ask) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+    }
     auto sample = sample_(p.endpoint);
     std::lock_guard<std::mutex> lock(mu_);
     Entry& e = entries_[p.node_id];

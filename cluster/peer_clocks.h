@@ -3,11 +3,11 @@
 // The cluster compares Unix times across nodes in one place: a repair copy of a unit with a
 // TTL carries the moment its unit ends by the sender's clock, and the owner keeps it until
 // that moment by its own (peer_wire.h, kPeerFlagExpiresAt). So a copy outlives its unit by at
-// most the two clocks' offset, and an owner whose clock runs ahead refuses copies of units
-// that have not ended (kvtier_cluster_repair_expired_at_owner_total counts those refusals, not
-// the offset). This measures the offset itself, as etcd's peer prober reports its peers'
-// clock drift: every interval_ms a thread asks each other member of the view for its clock
-// (PeerClient::Clock, CLOCK: the offset within +- half the round trip) and keeps the last
+// most the smaller of its transit and the two clocks' offset, and an owner whose clock runs
+// ahead refuses copies of units that have not ended (kvtier_cluster_repair_expired_at_owner_total
+// counts those refusals, not the offset). This measures the offset itself, as etcd's peer prober
+// reports its peers' clock drift: every interval_ms a thread asks each other member of the view for
+// its clock (PeerClient::Clock, CLOCK: the offset within +- half the round trip) and keeps the last
 // answer per member.
 //
 // A member that left the view is forgotten; one whose last answer is older than
@@ -17,7 +17,8 @@
 // members are asked per round (the first in node_id order).
 //
 // Thread safety: SampleRound, Readings and stats from any thread (rounds do not overlap:
-// one at a time); Start/Stop from one thread.
+// one at a time); Start/Stop from one thread. Stop waits for the call in flight (at most the
+// peer timeout) and asks no further member.
 #pragma once
 
 #include <condition_variable>

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -169,6 +170,42 @@ TEST(PeerClocksTest, TheThreadAsksAtStartAndStopsOnStop) {
   off.Start();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(s.Asked("e1"), asked) << "interval 0 starts no thread";
+}
+
+// Stop during a round waits for the call in flight and asks no further member (a round over
+// many silent peers would otherwise hold a node's shutdown for a timeout each).
+TEST(PeerClocksTest, StopEndsARoundAfterTheCallInFlight) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false, release = false;
+  std::atomic<int> asked{0};
+  PeerClocks clocks(
+      PeerClockOptions{.interval_ms = 1000},
+      [] {
+        return std::vector<PeerClocks::Peer>{{"a", "ea"}, {"b", "eb"}, {"c", "ec"}};
+      },
+      [&](const std::string&) -> StatusOr<PeerClient::ClockSample> {
+        ++asked;
+        std::unique_lock<std::mutex> lock(mu);
+        entered = true;
+        cv.notify_all();
+        cv.wait(lock, [&] { return release; });
+        return Offset(1);
+      });
+  clocks.Start();
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return entered; }));
+  }
+  std::thread stopper([&] { clocks.Stop(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // Stop is waiting on the call
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  stopper.join();
+  EXPECT_EQ(asked.load(), 1) << "members asked after Stop";
 }
 
 std::vector<uint8_t> Credential() { return std::vector<uint8_t>(32, 9); }

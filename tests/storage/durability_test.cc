@@ -604,6 +604,34 @@ TEST_F(IndexFaultTest, AFailedIndexSyncFailsOneCommitNotEveryLaterOne) {
   for (int i = 3; i < 6; ++i) EXPECT_EQ(VersionOf(after.get(), i), 1u) << "unit " << i;
 }
 
+// The disk under the index is full for one append to its write-ahead log (ENOSPC, which
+// RocksDB keeps as a background error as it keeps EIO): that commit fails, and the next ones
+// succeed once the index is reopened. The failed put holds no value (TierManager::Put: the key
+// then holds none), neither at once nor after a crash, which keeps the puts after it.
+TEST_F(IndexFaultTest, AFullDiskUnderTheIndexFailsOneCommitNotEveryLaterOne) {
+  FaultInjectionEnv fault(base_.get(), {});
+  auto tm = OpenWithIndexFaults(Durability::kSync, &fault);
+  ASSERT_NE(tm, nullptr);
+  ASSERT_TRUE(PutVersion(tm.get(), 1, 1).ok());
+  faults_->FailNextWalAppendsNoSpace(1);
+  Status put = PutVersion(tm.get(), 2, 1);
+  EXPECT_TRUE(put.IsIOError()) << put.ToString();
+  EXPECT_EQ(faults_->failed(), 1) << "the put's commit did not append to the index's WAL";
+  EXPECT_EQ(VersionOf(tm.get(), 2), 0u) << "a put answered with an error holds a value";
+  for (int i = 3; i < 6; ++i) {
+    Status later = PutVersion(tm.get(), i, 1);
+    EXPECT_TRUE(later.ok()) << "commit after the full disk: " << later.ToString();
+  }
+  EXPECT_EQ(tm->GetStats().ssd_index_reopens, 1u);
+  Crash(fault);
+  tm.reset();
+  auto after = Reopen(Durability::kSync);
+  ASSERT_NE(after, nullptr);
+  EXPECT_EQ(VersionOf(after.get(), 1), 1u);
+  EXPECT_EQ(VersionOf(after.get(), 2), 0u) << "the failed put came back after the crash";
+  for (int i = 3; i < 6; ++i) EXPECT_EQ(VersionOf(after.get(), i), 1u) << "unit " << i;
+}
+
 // The reopen after a failed index sync fails too (the index cannot create its new WAL): that
 // commit fails, the index stays closed, and the next commit opens it again and succeeds.
 TEST_F(IndexFaultTest, AReopenThatFailsIsMadeAgainByTheNextCommit) {

@@ -450,7 +450,10 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
       cluster::PeerClockOptions{.interval_ms = c.clock_sample_interval_ms},
       [m = node->membership_.get(), self = c.node_id] {
         std::vector<cluster::PeerClocks::Peer> peers;
-        for (const cluster::MemberInfo& info : m->View()->members) {
+        // Held while read: a range-for over View()->members would destroy the temporary
+        // shared_ptr at once, and a view change could free the members mid-loop.
+        const std::shared_ptr<const cluster::MemberView> view = m->View();
+        for (const cluster::MemberInfo& info : view->members) {
           if (info.node_id != self) peers.push_back({info.node_id, info.peer_endpoint});
         }
         return peers;

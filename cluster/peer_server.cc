@@ -363,9 +363,7 @@ void PeerServer::Execute(const Frame& frame, const std::string& peer_node, Write
       if (!put.ok()) return bad(put.status().message());
       if (put->expires_at_unix_ms != 0) {
         // Counted from now, the copy ends no later than its unit by this node's clock.
-        const kvtier::Clock& unix_clock =
-            options_.unix_clock != nullptr ? *options_.unix_clock : DefaultSystemClock();
-        put->ttl_ms = PeerPutTtlMs(*put, unix_clock.NowMs());
+        put->ttl_ms = PeerPutTtlMs(*put, UnixClock().NowMs());
         if (put->ttl_ms == 0) {  // its unit has expired: nothing to store or restore
           daemon::wire::EncodeStatus(Status::Ok(), w);
           w->U8(static_cast<uint8_t>(PeerPutOutcome::kExpired));
@@ -417,10 +415,8 @@ void PeerServer::Execute(const Frame& frame, const std::string& peer_node, Write
     }
     case PeerOp::kClock: {
       if (r.remaining() != 0) return bad("malformed peer CLOCK");
-      const kvtier::Clock& unix_clock =
-          options_.unix_clock != nullptr ? *options_.unix_clock : DefaultSystemClock();
       daemon::wire::EncodeStatus(Status::Ok(), w);
-      w->U64(unix_clock.NowUs());
+      w->U64(UnixClock().NowUs());
       return;
     }
     default:

@@ -132,6 +132,10 @@ class PeerServer {
   // peer_node: the node id the peer gave in HELLO.
   void Execute(const daemon::wire::Frame& frame, const std::string& peer_node,
                daemon::wire::Writer* w);
+  // options_.unix_clock, or the system clock.
+  const kvtier::Clock& UnixClock() const {
+    return options_.unix_clock != nullptr ? *options_.unix_clock : DefaultSystemClock();
+  }
 
   PeerServerOptions options_;
   PeerHandler* handler_;

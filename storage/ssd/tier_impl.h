@@ -473,8 +473,6 @@ class SsdTier::Impl {
   // background_io_bytes_per_s; no waiting while a put waits for a segment. Unavailable when the
   // tier closes meanwhile.
   Status ZeroFillSegment(BlockDevice* dev, std::unique_lock<std::mutex>* lock);
-  // Open: creates, fallocates and (kSync) zero-fills segment `id`; *dev is null on error (the
-  // caller removes the file).
   // Opens the RocksDB index (db_ and its column family handles) under o_.dir + "/index".
   Status OpenIndexDb();
   // Closes the index and opens it again: what clears RocksDB's background error after a failed
@@ -482,6 +480,8 @@ class SsdTier::Impl {
   // look at the load) and once the load finished (no point read or load iterator uses it);
   // Unavailable before.
   Status ReopenIndexDb();
+  // Open: creates, fallocates and (kSync) zero-fills segment `id`; *dev is null on error (the
+  // caller removes the file).
   Status OpenFreshSegment(uint32_t id, std::shared_ptr<BlockDevice>* dev);
   // The segment to clean now, or nullptr (under mu_).
   std::shared_ptr<Segment> PickVictimLocked();

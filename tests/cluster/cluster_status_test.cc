@@ -28,6 +28,15 @@ class ClusterStatusTest : public ClusterE2eTest {
     return kt::RunShell(std::string(KVTIER_PATH) + " " + args, out);
   }
   std::string EtcdFlag() const { return "--etcd http://" + etcd_->endpoint(); }
+  // The words of node's row in the text `kvtier cluster status` printed (empty: no row).
+  static std::vector<std::string> RowWords(const std::string& out, const std::string& node) {
+    const size_t at = out.find("\n" + node + " ");
+    std::vector<std::string> words;
+    if (at == std::string::npos) return words;
+    std::istringstream line(out.substr(at + 1, out.find('\n', at + 1) - at - 1));
+    for (std::string w; line >> w;) words.push_back(w);
+    return words;
+  }
 };
 
 TEST_F(ClusterStatusTest, TextListsEveryMember) {
@@ -231,11 +240,7 @@ TEST_F(ClusterClockTest, StatusShowsEachMembersClockOffset) {
   ASSERT_EQ(Kvtier("cluster status " + EtcdFlag(), &out), 0) << out;
   ASSERT_NE(out.find(" CLOCK_S "), std::string::npos) << out;
   for (int i = 0; i < kNodes; ++i) {
-    size_t at = out.find("\nn" + std::to_string(i) + " ");
-    ASSERT_NE(at, std::string::npos) << out;
-    std::istringstream line(out.substr(at + 1, out.find('\n', at + 1) - at - 1));
-    std::vector<std::string> words;
-    for (std::string w; line >> w;) words.push_back(w);
+    const std::vector<std::string> words = RowWords(out, "n" + std::to_string(i));
     ASSERT_GE(words.size(), 11u) << out;
     EXPECT_LT(std::abs(std::stod(words[10])), 0.5) << out;
   }
@@ -296,11 +301,7 @@ TEST_F(ClusterClockTest, StatusNamesTheMemberWhoseClockIsOff) {
   EXPECT_EQ(j["members"][1]["health"]["peer_clock_offsets_s"].size(), 2u) << out;
   ASSERT_EQ(Kvtier("cluster status --prefix /fake/ " + EtcdFlag(), &out), 0) << out;
   EXPECT_NE(out.find(" -3.196 "), std::string::npos) << out;
-  const size_t d_row = out.find("\nd ");
-  ASSERT_NE(d_row, std::string::npos) << out;
-  std::istringstream line(out.substr(d_row + 1, out.find('\n', d_row + 1) - d_row - 1));
-  std::vector<std::string> words;
-  for (std::string w; line >> w;) words.push_back(w);
+  const std::vector<std::string> words = RowWords(out, "d");
   ASSERT_GE(words.size(), 11u) << out;
   EXPECT_EQ(words[10], "-") << out;
 }
@@ -320,11 +321,8 @@ TEST_F(ClusterStatusSuspectTest, AMemberItsPeersCannotReachIsCountedAsSuspected)
   std::string out;
   // Node i's HEALTH and SUSPECTED columns (the 9th and 10th) of the text in `out`.
   auto columns = [&](int i) {
-    size_t at = out.find("\nn" + std::to_string(i) + " ");
-    if (at == std::string::npos) return std::string("no row");
-    std::istringstream line(out.substr(at + 1, out.find('\n', at + 1) - at - 1));
-    std::vector<std::string> words;
-    for (std::string w; line >> w;) words.push_back(w);
+    const std::vector<std::string> words = RowWords(out, "n" + std::to_string(i));
+    if (words.empty()) return std::string("no row");
     return words.size() < 10 ? std::string("short row") : words[8] + " " + words[9];
   };
   ASSERT_EQ(Kvtier("cluster status " + EtcdFlag(), &out), 0) << out;

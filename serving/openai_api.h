@@ -46,6 +46,12 @@ struct ApiLimits {
   uint64_t stop_bytes_max = 64;     // bytes of one stop string
   uint64_t messages_max = 1024;     // entries of `messages`
   uint64_t model_name_bytes_max = 256;
+  // The body's JSON shape, checked before it is built into a tree: a tree costs up to about
+  // 75 times its text (1 MiB of "[" is about 75 MB of nested arrays, one per connection
+  // thread), so a deeper or larger body is refused unbuilt. A request that nests a message's
+  // text parts is 4 levels deep and holds a few values per message.
+  uint64_t json_depth_max = 64;      // open arrays and objects at once
+  uint64_t json_values_max = 65536;  // values of every kind, containers included
 };
 
 struct CompletionRequest {

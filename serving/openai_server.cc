@@ -93,8 +93,11 @@ void OpenAiFrontend::Handle(const HttpRequest& req, HttpResponder* out) {
 void OpenAiFrontend::Generate(const HttpRequest& req, bool chat, const Tenant* tenant,
                               HttpResponder* out) {
   CompletionRequest cr;
-  if (ApiError e = ParseCompletionRequest(req.body, chat, limits_, &cr); !e.ok())
+  if (ApiError e = ParseCompletionRequest(req.body, chat, limits_, &cr); !e.ok()) {
+    // The body's JSON shape limits are the front's, as body_bytes_max is.
+    if (e.code == "json_depth_max" || e.code == "json_values_max") metrics_->HttpRejected(e.code);
     return ReplyError(out, e);
+  }
   if (cr.model != model_id_) {
     ApiError e =
         Error(404, "invalid_request_error",

@@ -372,6 +372,68 @@ TEST_F(ServeTest, MalformedRequestsGetCleanErrors) {
   EXPECT_EQ(s_->Stop(), 0);
 }
 
+// Bodies within --body-bytes-max whose JSON would cost far more than their bytes as a tree:
+// 1 MiB of "[" was about 75 MB of nested arrays, built on each connection's thread at once, so
+// 32 such requests took the server from 20 MB to about 2.4 GB (60 of them to 4.1 GB). Now the
+// body's shape is checked first (ApiLimits::json_depth_max, json_values_max) and nothing is
+// built: each is refused with 400 naming the limit, the server's peak stays within a few body
+// sizes per connection, and it serves the next request.
+TEST_F(ServeTest, DeepAndWideBodiesAreRefusedBeforeTheyAreBuilt) {
+#if defined(KVTIER_TEST_TSAN) || defined(KVTIER_TEST_ASAN)
+  constexpr uint64_t kScale = 2;  // shadow memory, red zones and the quarantine of freed blocks
+#else
+  constexpr uint64_t kScale = 1;
+#endif
+  StartServer();
+  const uint16_t port = s_->port();
+  ASSERT_EQ(Post("/v1/completions", Completion("hi", 2)).status, 200);
+  const uint64_t before = s_->PeakRssBytes();
+  ASSERT_GT(before, 0u);
+  constexpr size_t kBodyBytes = (1 << 20) - 64;  // under the default --body-bytes-max
+  constexpr int kClients = 32;
+  const std::string head = R"({"model":"kvmini-trained","messages":)";
+  std::string deep = head + std::string(kBodyBytes - head.size(), '[');
+  std::string wide = head + "[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1,\"x\":[";
+  while (wide.size() + 4 < kBodyBytes) wide += "[],";
+  wide += "1]}";
+  for (const auto& [body, code] :
+       {std::pair{&deep, "json_depth_max"}, {&wide, "json_values_max"}}) {
+    const std::string req =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: "
+        "close\r\nAuthorization: Bearer " +
+        std::string(kAlice) + "\r\nContent-Length: " + std::to_string(body->size()) + "\r\n\r\n" +
+        *body;
+    // Every request but its last byte first, so that the server holds them all at once.
+    std::vector<int> fds;
+    for (int i = 0; i < kClients; ++i) {
+      const int fd = ConnectTcp(port);
+      ASSERT_GE(fd, 0);
+      ASSERT_TRUE(SendAllRaw(fd, req.data(), req.size() - 1));
+      fds.push_back(fd);
+    }
+    for (int fd : fds) ASSERT_TRUE(SendAllRaw(fd, req.data() + req.size() - 1, 1));
+    for (int fd : fds) {
+      const std::string raw = RecvFor(fd, 1 << 16, 30000);
+      ::close(fd);
+      EXPECT_NE(raw.find("\r\n\r\n"), std::string::npos) << raw.substr(0, 200);
+      EXPECT_EQ(raw.substr(0, 12), "HTTP/1.1 400") << raw.substr(0, 200);
+      EXPECT_NE(raw.find(std::string("\"code\":\"") + code + "\""), std::string::npos)
+          << raw.substr(0, 300);
+    }
+  }
+  ASSERT_TRUE(s_->Alive());
+  const uint64_t peak = s_->PeakRssBytes();
+  EXPECT_LE(peak, before + (256u << 20) * kScale)
+      << "peak RSS " << (peak >> 20) << " MiB, before " << (before >> 20) << " MiB";
+  EXPECT_EQ(Post("/v1/completions", Completion("hi", 2)).status, 200);
+  const std::string text = Metrics();
+  EXPECT_EQ(Metric(text, "kvtier_serve_http_rejected_total{limit=\"json_depth_max\"}"), kClients)
+      << text;
+  EXPECT_EQ(Metric(text, "kvtier_serve_http_rejected_total{limit=\"json_values_max\"}"), kClients)
+      << text;
+  EXPECT_EQ(s_->Stop(), 0);
+}
+
 // More clients than the server has file descriptors (its connection limit set above them).
 // The accept loop used to poll again at once after EMFILE, the listening socket readable
 // while connections wait in its backlog: a core spun until a descriptor was freed. Now the

@@ -136,6 +136,50 @@ TEST(OpenAiApi, RejectsWrongTypesAndRangesNamingTheField) {
   }
 }
 
+// A body's JSON shape is bounded before it is built into a tree (each value of the tree costs
+// tens of bytes; 1 MiB of "[" is about 75 MB of nested arrays): json_depth_max open containers
+// at once and json_values_max values of every kind, wherever they are (an unknown field's too).
+// At each limit the request parses; one more level or value is refused, naming the limit.
+TEST(OpenAiApi, RefusesBodiesDeeperOrLargerThanItsJsonLimits) {
+  ApiLimits limits;
+  limits.json_depth_max = 8;
+  limits.json_values_max = 40;
+  auto parse = [&](const std::string& body) {
+    CompletionRequest r;
+    return ParseCompletionRequest(body, true, limits, &r);
+  };
+  // The top object, "messages" and one message are 3 levels; "x"'s arrays sit `levels` deep under
+  // the top object.
+  auto nested = [](int levels) {
+    return R"({"model":"m","messages":[{"role":"user","content":"hi"}],"x":)" +
+           std::string(levels, '[') + std::string(levels, ']') + "}";
+  };
+  EXPECT_TRUE(parse(nested(7)).ok()) << parse(nested(7)).ToJson();
+  ApiError e = parse(nested(8));
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "json_depth_max") << e.ToJson();
+  // An unclosed body deeper than the limit is refused for its depth before it is found invalid.
+  EXPECT_EQ(parse(R"({"model":"m","x":)" + std::string(100000, '[')).code, "json_depth_max");
+  // 6 values (the object, "model", "messages", a message, its two strings), "x" and its items.
+  auto wide = [](int items) {
+    std::string b = R"({"model":"m","messages":[{"role":"user","content":"hi"}],"x":[)";
+    for (int i = 0; i < items; ++i) b += i ? ",1" : "1";
+    return b + "]}";
+  };
+  EXPECT_TRUE(parse(wide(33)).ok()) << parse(wide(33)).ToJson();
+  e = parse(wide(34));
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "json_values_max") << e.ToJson();
+  // Invalid JSON within the limits is still reported as such.
+  EXPECT_EQ(parse(R"({"model":"m",)").code, "invalid_json");
+  // The defaults hold a request of 1024 messages with text parts.
+  std::string big = R"({"model":"m","messages":[)";
+  for (int i = 0; i < 1024; ++i)
+    big += std::string(i ? "," : "") +
+           R"({"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]})";
+  EXPECT_TRUE(Parse(big + "]}", true).ok());
+}
+
 // The neutral values of the fields the server does not implement are what clients send by
 // default (or explicitly): they are served.
 TEST(OpenAiApi, AcceptsTheNeutralValuesOfFieldsItDoesNotImplement) {

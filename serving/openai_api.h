@@ -2,7 +2,8 @@
 //
 // ParseCompletionRequest turns the JSON body of POST /v1/completions (chat = false) or
 // POST /v1/chat/completions (chat = true) into a typed CompletionRequest, checking every known
-// field's type and range. Unknown fields are ignored (clients send many optional ones), except
+// field's type and range (and first, without building anything, the body's JSON depth and
+// value count: ApiLimits). Unknown fields are ignored (clients send many optional ones), except
 // the few whose non-default values this server cannot honour (n != 1, logprobs, tools, ...),
 // which are rejected so a client never silently gets less than it asked for.
 //

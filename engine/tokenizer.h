@@ -26,6 +26,8 @@ class ByteTokenizer {
   static StatusOr<ByteTokenizer> Create(int vocab_size, int pad_id, int noise_id);
 
   std::vector<int32_t> Encode(std::string_view text) const;
+  // Encode(text).size() without building the ids: one token per byte.
+  static size_t TokenCount(std::string_view text) { return text.size(); }
   // Bytes for byte ids; "<|bos|>", "<|eos|>", "<|pad|>", "<|noise|>", "<|id:N|>" otherwise.
   std::string Decode(const std::vector<int32_t>& ids) const;
   int vocab_size() const { return vocab_size_; }

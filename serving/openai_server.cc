@@ -106,8 +106,14 @@ void OpenAiFrontend::Generate(const HttpRequest& req, bool chat, const Tenant* t
     e.param = "model";
     return ReplyError(out, e);
   }
+  const std::string prompt_text = chat ? RenderChat(cr.messages) : std::move(cr.prompt);
+  cr.messages = {};  // rendered into prompt_text
+  // A prompt over the context is refused before its ids (4 bytes per token) are built.
+  if (Status st = scheduler_->CheckPromptTokens(tokenizer_.TokenCount(prompt_text)); !st.ok())
+    return ReplyError(
+        out, InvalidRequest(st.message(), chat ? "messages" : "prompt", "context_length_exceeded"));
   GenerationParams p;
-  p.prompt = tokenizer_.Encode(chat ? RenderChat(cr.messages) : cr.prompt);
+  p.prompt = tokenizer_.Encode(prompt_text);
   p.max_tokens = cr.max_tokens.value_or(0);
   p.temperature = cr.temperature;
   p.top_p = cr.top_p;

@@ -153,13 +153,18 @@ void Scheduler::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-StatusOr<std::shared_ptr<Generation>> Scheduler::Submit(const Tenant* tenant,
-                                                        GenerationParams params) {
-  if (params.prompt.empty() || params.prompt.size() >= options_.context_tokens_max)
-    return Status::InvalidArgument("prompt of " + std::to_string(params.prompt.size()) +
+Status Scheduler::CheckPromptTokens(uint64_t prompt_tokens) const {
+  if (prompt_tokens == 0 || prompt_tokens >= options_.context_tokens_max)
+    return Status::InvalidArgument("prompt of " + std::to_string(prompt_tokens) +
                                    " tokens; this server's context is " +
                                    std::to_string(options_.context_tokens_max) +
                                    " tokens (prompt + at least one completion token)");
+  return Status::Ok();
+}
+
+StatusOr<std::shared_ptr<Generation>> Scheduler::Submit(const Tenant* tenant,
+                                                        GenerationParams params) {
+  KVTIER_RETURN_IF_ERROR(CheckPromptTokens(params.prompt.size()));
   const uint64_t room = options_.context_tokens_max - params.prompt.size();
   if (params.max_tokens == 0 || params.max_tokens > room) params.max_tokens = room;
   auto gen = std::make_shared<Generation>();

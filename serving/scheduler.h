@@ -182,6 +182,9 @@ class Scheduler {
   // Queues a generation for `tenant` (not owned; must outlive the scheduler). Rejected when
   // the queue is full, InvalidArgument for a prompt over the context, Unavailable after Stop.
   StatusOr<std::shared_ptr<Generation>> Submit(const Tenant* tenant, GenerationParams params);
+  // Submit's context check alone: InvalidArgument unless 0 < prompt_tokens <
+  // context_tokens_max (a caller that can count a prompt's tokens before building them).
+  Status CheckPromptTokens(uint64_t prompt_tokens) const;
   // Ends the thread; queued and active requests get a 503 error event.
   void Stop();
 

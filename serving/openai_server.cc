@@ -114,7 +114,10 @@ void OpenAiFrontend::Generate(const HttpRequest& req, bool chat, const Tenant* t
         out, InvalidRequest(st.message(), chat ? "messages" : "prompt", "context_length_exceeded"));
   GenerationParams p;
   p.prompt = tokenizer_.Encode(prompt_text);
-  p.max_tokens = cr.max_tokens.value_or(0);
+  // Without max_tokens a request gets --max-tokens-max (as DeepSeek's API defaults to its
+  // 4096), or the context left if less: the limit bounds every request, not only those that
+  // name a max_tokens.
+  p.max_tokens = cr.max_tokens.value_or(limits_.max_tokens_max);
   p.temperature = cr.temperature;
   p.top_p = cr.top_p;
   p.seed = cr.seed.value_or(seed_counter_.fetch_add(0x9e3779b97f4a7c15ULL));

@@ -114,7 +114,9 @@ int RunServe(std::span<const std::string_view> args) {
   flags.Uint("prefill-chunk-tokens", &so.prefill_chunk_tokens,
              "largest prefill chunk of one prompt in one step", false, 1,
              engine::kMaxTokensPerCall);
-  flags.Uint("max-tokens-max", &al.max_tokens_max, "largest max_tokens a request may ask for",
+  flags.Uint("max-tokens-max", &al.max_tokens_max,
+             "largest max_tokens a request may ask for; also what one without max_tokens gets "
+             "(or the context left, if less)",
              false, 1, 1 << 20);
   flags.Uint("connections-max", &ho.connections_max, "open HTTP connections", false, 1, 65536);
   flags.Uint("header-bytes-max", &ho.header_bytes_max, "HTTP request header bytes (431 over)",

@@ -11,7 +11,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -369,6 +371,161 @@ TEST_F(ServeTest, MalformedRequestsGetCleanErrors) {
   HttpReply ok = Post("/v1/completions", Completion("hi", 2));
   EXPECT_EQ(ok.status, 200) << ok.body;
   EXPECT_EQ(Http(port, "GET", "/v1/models", "", kAlice).Json()["data"][0]["id"], "kvmini-trained");
+  EXPECT_EQ(s_->Stop(), 0);
+}
+
+// Requests built from the API's own field names with values of every JSON type, nested a few
+// levels, some of them cut short or with one byte changed (a fixed seed): every reply is a
+// completion (JSON, or a stream ending in [DONE]) whose usage adds up, or an error in OpenAI's
+// four-field shape with status 400 or 404, and the server answers every one and stays up. A
+// field read without its type checked (a string where a number is expected, an object where an
+// array is) would throw inside the handler and cut the connection or answer 500.
+TEST_F(ServeTest, RandomRequestsGetCompletionsOrCleanErrors) {
+  StartServer({"--max-tokens-max", "2", "--context-tokens-max", "512"});
+  const uint16_t port = s_->port();
+  std::mt19937_64 rng(37);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  const std::vector<std::string> fields = {"model",
+                                           "messages",
+                                           "prompt",
+                                           "role",
+                                           "content",
+                                           "type",
+                                           "text",
+                                           "max_tokens",
+                                           "max_completion_tokens",
+                                           "temperature",
+                                           "top_p",
+                                           "seed",
+                                           "stop",
+                                           "stream",
+                                           "stream_options",
+                                           "include_usage",
+                                           "n",
+                                           "logprobs",
+                                           "top_logprobs",
+                                           "echo",
+                                           "best_of",
+                                           "suffix",
+                                           "presence_penalty",
+                                           "frequency_penalty",
+                                           "logit_bias",
+                                           "response_format",
+                                           "tools",
+                                           "functions",
+                                           "tool_choice",
+                                           "function_call",
+                                           "audio",
+                                           "modalities",
+                                           "name"};
+  const std::vector<json> scalars = {nullptr,
+                                     true,
+                                     false,
+                                     0,
+                                     1,
+                                     -1,
+                                     2,
+                                     7,
+                                     INT64_MAX,
+                                     INT64_MIN,
+                                     UINT64_MAX,
+                                     0.5,
+                                     -0.0,
+                                     1e308,
+                                     "",
+                                     "a",
+                                     "user",
+                                     "assistant",
+                                     "system",
+                                     "tool",
+                                     "developer",
+                                     "text",
+                                     "auto",
+                                     "none",
+                                     "kvmini-trained",
+                                     "hi there",
+                                     std::string(70, 'x'),
+                                     "\xc3\xa9t\xc3\xa9"};
+  std::function<json(int)> value = [&](int depth) -> json {
+    const size_t k = pick(depth < 3 ? 10 : 6);
+    if (k < 6) return scalars[pick(scalars.size())];
+    if (k < 8) {
+      json a = json::array();
+      for (size_t i = pick(4); i > 0; --i) a.push_back(value(depth + 1));
+      return a;
+    }
+    json o = json::object();
+    for (size_t i = pick(4); i > 0; --i) o[fields[pick(fields.size())]] = value(depth + 1);
+    return o;
+  };
+  constexpr int kRequests = 300;
+  int completions = 0, errors = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    json body = {{"model", "kvmini-trained"}};
+    if (pick(2) == 0) {
+      json msgs = json::array();
+      for (size_t m = pick(3); m > 0; --m) {
+        msgs.push_back({{"role", pick(4) == 0 ? value(2) : json("user")},
+                        {"content", pick(3) == 0 ? value(2) : json(Text(pick(40) + 1, i))}});
+      }
+      body["messages"] = msgs;
+    } else {
+      body["prompt"] = pick(3) == 0 ? value(1) : json(Text(pick(40) + 1, i));
+    }
+    for (size_t f = pick(5); f > 0; --f) body[fields[pick(fields.size())]] = value(1);
+    std::string text = body.dump();
+    if (const size_t cut = pick(12); cut == 0) {
+      text.resize(pick(text.size() + 1));
+    } else if (cut == 1) {
+      text[pick(text.size())] = static_cast<char>(rng());
+    }
+    const std::string path = pick(2) == 0 ? "/v1/chat/completions" : "/v1/completions";
+    const HttpReply r = Http(port, "POST", path, text, kAlice);
+    const std::string what = std::to_string(r.status) + " for " + path + " " + text;
+    ASSERT_TRUE(r.status == 200 || r.status == 400 || r.status == 404) << what << "\n" << r.body;
+    if (r.status != 200) {
+      ++errors;
+      const json j = r.Json();
+      ASSERT_TRUE(j.is_object() && j.size() == 1 && j.contains("error")) << what << r.body;
+      const json& e = j["error"];
+      ASSERT_TRUE(e.is_object() && e.size() == 4) << what << r.body;
+      EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty()) << what;
+      EXPECT_TRUE(e["type"].is_string()) << what;
+      EXPECT_TRUE(e["param"].is_string() || e["param"].is_null()) << what;
+      EXPECT_TRUE(e["code"].is_string() || e["code"].is_null()) << what;
+      continue;
+    }
+    ++completions;
+    json usage;
+    if (r.headers.find("text/event-stream") != std::string::npos) {
+      const std::vector<json> events = r.Events();
+      ASSERT_FALSE(events.empty()) << what;
+      EXPECT_EQ(events.back(), "[DONE]") << what << r.body;
+      for (const json& ev : events) {
+        if (ev.is_object() && ev.contains("usage") && ev["usage"].is_object()) usage = ev["usage"];
+      }
+      if (usage.is_null()) continue;  // usage is sent only with stream_options.include_usage
+    } else {
+      const json j = r.Json();
+      ASSERT_TRUE(j.is_object() && j["usage"].is_object()) << what << r.body;
+      usage = j["usage"];
+    }
+    const int64_t prompt = usage["prompt_tokens"], completion = usage["completion_tokens"];
+    const int64_t cached = usage["prompt_tokens_details"]["cached_tokens"];
+    EXPECT_GE(prompt, 1) << what;
+    EXPECT_LE(completion, 2) << what;
+    EXPECT_LE(cached, prompt) << what;
+    EXPECT_EQ(usage["prompt_cache_hit_tokens"], cached) << what;
+    EXPECT_EQ(usage["prompt_cache_hit_tokens"].get<int64_t>() +
+                  usage["prompt_cache_miss_tokens"].get<int64_t>(),
+              prompt)
+        << what;
+    EXPECT_EQ(usage["total_tokens"], prompt + completion) << what;
+  }
+  // The generator reaches both kinds of reply.
+  EXPECT_GT(completions, kRequests / 20);
+  EXPECT_GT(errors, kRequests / 4);
+  ASSERT_TRUE(s_->Alive());
   EXPECT_EQ(s_->Stop(), 0);
 }
 

@@ -75,10 +75,12 @@ Tier TierManagerImpl::Locate(const Key& key, bool* expired, uint64_t* bytes) con
     if (bytes != nullptr) *bytes = m.size_bytes;
     return Tier::kDram;
   }
+  // The SSD tier's index is in memory: its entry names the expiry (Unix ms) at no read.
   SsdMeta sm;
-  if (ssd_ && ssd_->Contains(key, nullptr, bytes != nullptr ? &sm : nullptr)) {
+  if (ssd_ && ssd_->Contains(key, nullptr, &sm)) {
+    *expired = ExpiredUnix(sm.expires_unix_ms);
     if (bytes != nullptr) *bytes = sm.raw_bytes;
-    return Tier::kSsd;  // expiry checked on read
+    return Tier::kSsd;
   }
   return Tier::kNone;
 }
@@ -315,9 +317,10 @@ LookupResult TierManagerImpl::LookupImpl(std::span<const Key> chain, bool count_
   LookupResult r;
   size_t n = std::min(chain.size(), kMaxBatch);
   for (size_t i = 0; i < n; ++i) {
+    // An expired unit is a miss in every tier, SSD included (until session 37 an SSD unit's
+    // expiry was checked only when it was read: a Lookup after a restart, with the units on
+    // SSD, counted units whose TTL had run out and the Get that followed missed them).
     bool expired = false;
-    // SSD expiry is enforced on Get, not here (reading the record's meta per key would cost
-    // an index read): a Lookup hit on an expired SSD unit can miss on the following Get.
     uint64_t bytes = 0;
     Tier t = Locate(chain[i], &expired, &bytes);
     if (expired) {

@@ -413,7 +413,9 @@ class TierManager {
     if (visited) visited();
   }
 
-  // Lookup of a chain (at most kMaxBatch keys are looked at). With an admission policy that
+  // Lookup of a chain (at most kMaxBatch keys are looked at): the leading units held and not
+  // past their TTL, in whichever tier (an expired one is removed and is a miss, reason
+  // kExpired, as a Get would find it). With an admission policy that
   // counts references (second-hit: AdmissionPolicy::OnLookup), a client's Lookup counts one
   // for each key from the first miss to the end of the chain (the keys the engine recomputes
   // and puts); the hits before it count when they are read (Get, GetWithTtl, GetBatch,

@@ -12,6 +12,7 @@
 #include "cluster/router.h"
 #include "common/clock.h"
 #include "common/endian.h"
+#include "common/json_limits.h"
 #include "common/key_spec.h"
 
 namespace kvtier::daemon {
@@ -518,22 +519,14 @@ Status Service::SetPolicy(const PolicySettings& p) {
 }
 
 Status Service::SetPolicyJson(std::string_view text) {
-  // Containers deeper than the limit are discarded as they are parsed (the parser keeps
-  // only a flag per open container), and the body refused.
-  bool too_deep = false;
-  nlohmann::json j = nlohmann::json::parse(
-      text,
-      [&too_deep](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
-        const bool opens = event == nlohmann::json::parse_event_t::object_start ||
-                           event == nlohmann::json::parse_event_t::array_start;
-        if (opens && depth >= kPolicyJsonDepthMax) too_deep = true;
-        return !(opens && depth >= kPolicyJsonDepthMax);
-      },
-      /*allow_exceptions=*/false);
-  if (too_deep) {
+  // Checked before the tree is built (common/json_limits.h).
+  if (JsonWithinLimits<nlohmann::json>(text, kPolicyJsonDepthMax,
+                                       std::numeric_limits<uint64_t>::max()) !=
+      JsonLimitBreach::kNone) {
     return Status::InvalidArgument("policy body nests deeper than " +
                                    std::to_string(kPolicyJsonDepthMax) + " levels");
   }
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return Status::InvalidArgument("policy body must be a JSON object");
   }

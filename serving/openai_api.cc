@@ -3,6 +3,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "common/json_limits.h"
+
 namespace kvtier::serving {
 namespace {
 
@@ -155,50 +157,6 @@ ApiError Unhonoured(const json& j, bool chat) {
   return {};
 }
 
-// A SAX pass over the body that builds nothing and stops at the first container deeper than
-// depth_max or the first value past values_max (strings are read one at a time, as the
-// parser's own token).
-class ShapeCheck final : public nlohmann::json_sax<json> {
- public:
-  ShapeCheck(uint64_t depth_max, uint64_t values_max)
-      : depth_max_(depth_max), values_max_(values_max) {}
-  bool too_deep() const { return too_deep_; }
-  bool too_many() const { return too_many_; }
-
-  bool null() override { return Value(); }
-  bool boolean(bool) override { return Value(); }
-  bool number_integer(number_integer_t) override { return Value(); }
-  bool number_unsigned(number_unsigned_t) override { return Value(); }
-  bool number_float(number_float_t, const string_t&) override { return Value(); }
-  bool string(string_t&) override { return Value(); }
-  bool binary(binary_t&) override { return Value(); }
-  bool start_object(std::size_t) override { return Open(); }
-  bool key(string_t&) override { return true; }
-  bool end_object() override { return Close(); }
-  bool start_array(std::size_t) override { return Open(); }
-  bool end_array() override { return Close(); }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
-    return false;  // the tree's parse reports it
-  }
-
- private:
-  bool Value() {
-    too_many_ = ++values_ > values_max_;
-    return !too_many_;
-  }
-  bool Open() {
-    too_deep_ = ++depth_ > depth_max_;
-    return !too_deep_ && Value();
-  }
-  bool Close() {
-    --depth_;
-    return true;
-  }
-  const uint64_t depth_max_, values_max_;
-  uint64_t depth_ = 0, values_ = 0;
-  bool too_deep_ = false, too_many_ = false;
-};
-
 }  // namespace
 
 ApiError InvalidRequest(std::string message, std::string param, std::string code) {
@@ -221,13 +179,13 @@ ApiError ParseCompletionRequest(std::string_view body, bool chat, const ApiLimit
                                 CompletionRequest* out) {
   *out = CompletionRequest{};
   out->chat = chat;
-  ShapeCheck shape(limits.json_depth_max, limits.json_values_max);
-  (void)json::sax_parse(body, &shape);
-  if (shape.too_deep())
+  const JsonLimitBreach breach =
+      JsonWithinLimits<json>(body, limits.json_depth_max, limits.json_values_max);
+  if (breach == JsonLimitBreach::kDepth)
     return InvalidRequest("the body nests arrays and objects deeper than " +
                               std::to_string(limits.json_depth_max) + " levels",
                           "", "json_depth_max");
-  if (shape.too_many())
+  if (breach == JsonLimitBreach::kValues)
     return InvalidRequest(
         "the body holds more than " + std::to_string(limits.json_values_max) + " JSON values", "",
         "json_values_max");

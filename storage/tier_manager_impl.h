@@ -290,8 +290,8 @@ class TierManagerImpl final : public TierManager {
         misses_never_stored_.fetch_add(1);
     }
   }
-  // Where the key is now (fastest tier), kNone if absent; *expired when present but past TTL
-  // (in any tier).
+  // Where the key is now (fastest tier), kNone if absent; *expired (when not null) when present
+  // but past TTL, in any tier.
   // *bytes (when not null): the value's bytes where it was found.
   Tier Locate(const Key& key, bool* expired, uint64_t* bytes = nullptr) const;
 

@@ -63,22 +63,20 @@ void TierManagerImpl::ListUnits(UnitCursor* cursor, size_t units_max, std::vecto
 }
 
 Tier TierManagerImpl::Locate(const Key& key, bool* expired, uint64_t* bytes) const {
-  *expired = false;
+  if (expired != nullptr) *expired = false;
   MemMeta m;
-  if (hbm_ && hbm_->Contains(key, &m)) {
-    *expired = Expired(m.expires_ms);
+  for (Tier t : {Tier::kHbm, Tier::kDram}) {
+    const MemoryTier* mem = MemTier(t);
+    if (mem == nullptr || !mem->Contains(key, &m)) continue;
+    if (expired != nullptr) *expired = Expired(m.expires_ms);
     if (bytes != nullptr) *bytes = m.size_bytes;
-    return Tier::kHbm;
-  }
-  if (dram_ && dram_->Contains(key, &m)) {
-    *expired = Expired(m.expires_ms);
-    if (bytes != nullptr) *bytes = m.size_bytes;
-    return Tier::kDram;
+    return t;
   }
   // The SSD tier's index is in memory: its entry names the expiry (Unix ms) at no read.
   SsdMeta sm;
-  if (ssd_ && ssd_->Contains(key, nullptr, &sm)) {
-    *expired = ExpiredUnix(sm.expires_unix_ms);
+  const bool meta = expired != nullptr || bytes != nullptr;
+  if (ssd_ && ssd_->Contains(key, nullptr, meta ? &sm : nullptr)) {
+    if (expired != nullptr) *expired = ExpiredUnix(sm.expires_unix_ms);
     if (bytes != nullptr) *bytes = sm.raw_bytes;
     return Tier::kSsd;
   }
@@ -204,8 +202,7 @@ void TierManagerImpl::GetBatchImpl(std::span<const Key> keys, const RequestTag& 
   std::vector<Key> ssd_keys;
   ssd_keys.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    bool expired = false;
-    if (ssd_ && Locate(keys[i], &expired) == Tier::kSsd) {
+    if (ssd_ && Locate(keys[i], /*expired=*/nullptr) == Tier::kSsd) {  // expiry: on read
       ssd_slot[i] = ssd_keys.size();
       ssd_keys.push_back(keys[i]);
     }
@@ -348,8 +345,7 @@ Status TierManagerImpl::Prefetch(std::span<const Key> keys) {
   const RequestTag request = BeginRequest();
   std::vector<uint8_t> buf;
   for (const Key& k : keys) {
-    bool expired = false;
-    if (Locate(k, &expired) != Tier::kSsd) continue;
+    if (Locate(k, /*expired=*/nullptr) != Tier::kSsd) continue;  // GetImpl checks expiry
     Status st = GetImpl(k, &buf, nullptr, ReadMode::kPrefetch, request);
     (void)st;  // a miss is skipped
   }

@@ -1,6 +1,6 @@
 // Test helpers about processes: starting one (in a process group of its own when asked), a
-// resource limit to start the real binaries under, the CPU time a process has used, and a
-// server in this process starved of file descriptors.
+// resource limit to start the real binaries under, the CPU time and memory a process has used,
+// and a server in this process starved of file descriptors.
 #pragma once
 
 #include <arpa/inet.h>
@@ -69,6 +69,17 @@ inline uint64_t VmSizeBytes(pid_t pid) {
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind("VmSize:", 0) == 0) return std::stoull(line.substr(7)) * 1024;
+  }
+  return 0;
+}
+
+// A field of /proc/PID/status given in kB ("VmRSS:", "VmHWM:": field includes its colon), in
+// bytes; 0 when unknown.
+inline uint64_t ProcessStatusBytes(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field, 0) == 0) return std::stoull(line.substr(field.size())) * 1024;
   }
   return 0;
 }

@@ -182,10 +182,10 @@ class KvtierdProcess {
     return heaps;
   }
   // Resident memory of the process (VmRSS of /proc/PID/status) in bytes; 0 when unknown.
-  uint64_t RssBytes() const { return StatusBytes("VmRSS:"); }
+  uint64_t RssBytes() const { return ProcessStatusBytes(pid_, "VmRSS:"); }
   // The most resident memory the process has had since it started (VmHWM), in bytes; 0 when
   // unknown. Catches a peak that a sample of RssBytes() taken at the wrong moment misses.
-  uint64_t PeakRssBytes() const { return StatusBytes("VmHWM:"); }
+  uint64_t PeakRssBytes() const { return ProcessStatusBytes(pid_, "VmHWM:"); }
 
   const std::string& socket() const { return socket_; }
   uint16_t resp_port() const { return resp_port_; }
@@ -193,16 +193,6 @@ class KvtierdProcess {
   const std::filesystem::path& dir() const { return dir_; }
 
  private:
-  // A field of /proc/PID/status given in kB (field includes its colon), in bytes.
-  uint64_t StatusBytes(const std::string& field) const {
-    std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.rfind(field, 0) == 0) return std::stoull(line.substr(field.size())) * 1024;
-    }
-    return 0;
-  }
-
   std::filesystem::path dir_;
   std::string socket_;
   uint16_t resp_port_ = 0, http_port_ = 0;

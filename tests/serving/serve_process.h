@@ -98,14 +98,7 @@ class ServeProcess {
   pid_t pid() const { return pid_; }
   // The most resident memory the server has had since it started (VmHWM of /proc/PID/status),
   // in bytes; 0 when unknown.
-  uint64_t PeakRssBytes() const {
-    std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-    }
-    return 0;
-  }
+  uint64_t PeakRssBytes() const { return ProcessStatusBytes(pid_, "VmHWM:"); }
 
  private:
   std::filesystem::path dir_;

@@ -1,5 +1,9 @@
 #include "cache_daemon/cluster_refetch.h"
 
+#include <algorithm>
+#include <optional>
+#include <vector>
+
 #include "common/clock.h"
 #include "common/logging.h"
 
@@ -78,8 +82,9 @@ void ClusterRefetch::Refetch(const Reported& reported) {
   }
   std::vector<Status> statuses(1, Status::NotFound("not fetched"));
   std::vector<std::vector<uint8_t>> values(1);
+  std::vector<std::optional<uint64_t>> fetched_ttl_ms(1);
   router_->GetRemote(std::span<const storage::Key>(&u.key, 1), std::vector<bool>{true}, &statuses,
-                     &values);
+                     &values, &fetched_ttl_ms);
   if (!statuses[0].ok()) {
     failed_.fetch_add(1);
     KVTIER_LOG(kWarn) << "cluster: no other owner holds a unit quarantined here for a checksum "
@@ -98,6 +103,12 @@ void ClusterRefetch::Refetch(const Reported& reported) {
       return;
     }
     po.ttl_ms = u.ttl_left_ms - elapsed;
+  }
+  // And no later than the version fetched, which may be newer than the lost record (a PUT
+  // the other owner took first): its TTL, counted from the fetch (0: none). A peer older
+  // than the TTL trailer reports none (nullopt).
+  if (fetched_ttl_ms[0].has_value() && *fetched_ttl_ms[0] != 0) {
+    po.ttl_ms = po.ttl_ms == 0 ? *fetched_ttl_ms[0] : std::min(po.ttl_ms, *fetched_ttl_ms[0]);
   }
   po.highest_tier = u.tier == storage::Tier::kNone ? storage::Tier::kSsd : u.tier;
   po.allow_ssd = u.allow_ssd;

@@ -14,10 +14,12 @@
 // brought back: checked before the put and again after it (a delete that landed between
 // the fetch and the put is applied again). The rewrite carries the TTL the lost record had
 // left when it was reported, less the time since (the queue wait, the fetch): it never
-// outlives the unit it replaces, and a unit that expired meanwhile is not put back. The put is made
-// only if the store holds no unit of the key (PutOptions::if_absent): a client PUT of a newer value
-// that reached this node while the fetch was in flight stays, and the fetched value is dropped
-// (counted).
+// outlives the unit it replaces, and a unit that expired meanwhile is not put back. Nor does
+// it outlive the version fetched (a newer one than the lost record, if the other owner took a
+// PUT first): the TTL that owner reported, when shorter or when the record had none. The put is
+// made only if the store holds no unit of the key (PutOptions::if_absent): a client PUT of a newer
+// value that reached this node while the fetch was in flight stays, and the fetched value is
+// dropped (counted).
 //
 // Reports wait in a queue of at most queue_max units (more are dropped and counted; the
 // repair scan's anti-entropy pass still restores R for them). One thread.

@@ -158,8 +158,6 @@ ClusterRepair::ScanResult ClusterRepair::Scan() {
       active_.store(false);
       return ScanResult::kLeftWork;
     }
-    // Before the listing: a unit's TTL left, counted from here, ends no later than the unit.
-    const uint64_t listed_ms = NowUs() / 1000;
     store_->ListUnits(&cursor, options_.page_units, &page);
     std::erase_if(page,
                   [&](const storage::UnitInfo& u) { return !Repairable(u) || IsCopy(u.key); });
@@ -211,29 +209,35 @@ ClusterRepair::ScanResult ClusterRepair::Scan() {
       bool lacking = std::any_of(held[i].begin(), held[i].end(), [](int8_t h) { return h != 1; });
       if (lacking && sender) {
         under_.fetch_add(1);
-        const Tenant* tenant = nullptr;
-        for (const auto& t : tenants_->tenants()) {
-          if (t->id == u.tenant) tenant = t.get();
-        }
         if (!caught_up(/*force=*/false)) {
           active_.store(false);
           return ScanResult::kLeftWork;
         }
-        Status read = tenant == nullptr ? Status::NotFound("tenant no longer configured")
-                                        : store_->Peek(u.key, &value);
-        if (!read.ok()) {  // gone meanwhile (deleted, evicted) or its tenant is: nothing to do
+        // The copy is of the version read here, with its metadata and TTL, not the listing's:
+        // a PUT since the listing replaced the value (and its TTL), and a copy of the new value
+        // with an old "no expiry" outlived it for good (the cluster judge, seed 1023).
+        // Before the read: the TTL left, counted from here, ends no later than the unit.
+        const uint64_t read_ms = NowUs() / 1000;
+        storage::UnitInfo r;
+        Status read = store_->Peek(u.key, &value, &r);
+        const Tenant* tenant = nullptr;
+        for (const auto& t : tenants_->tenants()) {
+          if (read.ok() && t->id == r.tenant) tenant = t.get();
+        }
+        // Gone meanwhile (deleted, evicted), its tenant is, or it is not a replica now.
+        if (!read.ok() || tenant == nullptr || !Repairable(r)) {
           under_.fetch_sub(1);
           if (!mine && moves_.load() > 0) moves_.fetch_sub(1);
           continue;
         }
         cluster::PeerPut put;
-        put.kind = static_cast<uint8_t>(u.kind);
+        put.kind = static_cast<uint8_t>(r.kind);
         put.highest_tier = static_cast<uint8_t>(storage::Tier::kDram);
-        put.allow_ssd = u.allow_ssd ? 1 : 0;
-        put.recompute_tokens = u.recompute_tokens;
+        put.allow_ssd = r.allow_ssd ? 1 : 0;
+        put.recompute_tokens = r.recompute_tokens;
         put.tenant = tenant->name;
         put.key = u.key;
-        put.parent = u.parent;
+        put.parent = r.parent;
         put.value = value;
         put.repair = true;
         std::vector<size_t> copied_to;
@@ -241,16 +245,16 @@ ClusterRepair::ScanResult ClusterRepair::Scan() {
         for (size_t j = 0; j < owners[i].size() && !expired; ++j) {
           if (held[i][j] == 1 || unreachable[owners[i][j]]) continue;
           if (!Pace(value.size())) return ScanResult::kLeftWork;
-          // The TTL the unit has left now, not when it was listed: a copy carrying the
-          // listed TTL outlived its unit by the wait for the pace and the copies before it
+          // The TTL the unit has left now, not when it was read: a copy carrying the
+          // read TTL outlived its unit by the wait for the pace and the copies before it
           // (seconds; ClusterRepairPacedTest). And the moment the unit ends, by the Unix
           // clock: the owner counts the TTL from the copy's arrival, so without it the copy
           // outlived its unit by its transit (hundreds of ms on a loaded machine). A unit
           // that expired meanwhile is not copied: its owners hold nothing to restore.
-          if (u.ttl_left_ms != 0) {
-            const uint64_t ends_ms = u.ttl_left_ms > UINT64_MAX - listed_ms
+          if (r.ttl_left_ms != 0) {
+            const uint64_t ends_ms = r.ttl_left_ms > UINT64_MAX - read_ms
                                          ? UINT64_MAX  // never (a TTL past the clock's range)
-                                         : listed_ms + u.ttl_left_ms;
+                                         : read_ms + r.ttl_left_ms;
             const uint64_t now_ms = NowUs() / 1000;
             expired = now_ms >= ends_ms;
             if (expired) break;

@@ -358,9 +358,16 @@ class TierManager {
   // memory-tier hit or miss is counted, the policies are not told, and an SSD unit is not
   // promoted to DRAM (a scan over every unit must not displace what clients use); the SSD
   // tier still counts its read. A checksum failure still quarantines the unit (NotFound).
-  // The default (test doubles) is Get.
-  virtual Status Peek(const Key& key, std::vector<uint8_t>* out, Tier* from = nullptr) {
-    return Get(key, out, from);
+  // On a hit *info (may be null) describes the version read, as ListUnits would (its tier
+  // the one read, ttl_left_ms counted at the read): a copy of the value must carry these, not
+  // a listing's from before the read, which may describe an older version (a PUT between the
+  // two replaces the value and its TTL). The default (test doubles) is Get, describing only
+  // the key, the tier and the size (no expiry).
+  virtual Status Peek(const Key& key, std::vector<uint8_t>* out, UnitInfo* info = nullptr) {
+    Tier from = Tier::kNone;
+    Status s = Get(key, out, &from);
+    if (s.ok() && info != nullptr) *info = UnitInfo{.key = key, .bytes = out->size(), .tier = from};
+    return s;
   }
 
   // Get for a batch of keys, each with Get's semantics (results[i], (*outs)[i], (*froms)[i]

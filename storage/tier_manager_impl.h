@@ -100,8 +100,8 @@ class TierManagerImpl final : public TierManager {
     CountReferences(std::span<const Key>(&key, 1), request.now_us);
     return GetImpl(key, out, from, ReadMode::kGet, request);
   }
-  Status Peek(const Key& key, std::vector<uint8_t>* out, Tier* from) override {
-    return GetImpl(key, out, from, ReadMode::kPeek, RequestTag{});
+  Status Peek(const Key& key, std::vector<uint8_t>* out, UnitInfo* info) override {
+    return GetImpl(key, out, nullptr, ReadMode::kPeek, RequestTag{}, nullptr, info);
   }
   Status GetWithTtl(const Key& key, std::vector<uint8_t>* out, uint64_t* ttl_left_ms) override {
     const RequestTag request = BeginRequest();
@@ -262,9 +262,11 @@ class TierManagerImpl final : public TierManager {
   // How a read behaves: a client's Get (counted, promotes when the lock is free), a
   // Prefetch (waits for the lock to promote) or a Peek (neither counts nor promotes).
   enum class ReadMode { kGet, kPrefetch, kPeek };
-  // ttl_left_ms (may be null): the unit's remaining TTL on a hit (0: none).
+  // ttl_left_ms (may be null): the unit's remaining TTL on a hit (0: none). info (may be
+  // null): the version read, described as ListUnits would (Peek's contract).
   Status GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from, ReadMode mode,
-                 const RequestTag& request, uint64_t* ttl_left_ms = nullptr);
+                 const RequestTag& request, uint64_t* ttl_left_ms = nullptr,
+                 UnitInfo* info = nullptr);
   // The body of GetBatch and GetBatchVisit (at most kMaxBatch keys): visit(i, ...) for each
   // key in order, as GetBatchVisit's contract says. A value read by GetImpl (a memory-tier
   // hit, or a re-read) is written to *slot(i) and viewed there.

@@ -9,6 +9,28 @@
 #include "storage/tier_manager_impl.h"
 
 namespace kvtier::storage::internal {
+namespace {
+
+// What a copy of a unit needs besides its bytes and TTL, from the tier that holds it.
+void Describe(const MemMeta& m, Tier tier, UnitInfo* u) {
+  u->tenant = m.tenant;
+  u->kind = m.kind;
+  std::memcpy(u->parent.data(), &m.parent_id, sizeof(m.parent_id));
+  u->recompute_tokens = m.recompute_tokens;
+  u->allow_ssd = m.allow_ssd;
+  u->tier = tier;
+}
+
+void Describe(const SsdMeta& m, UnitInfo* u) {
+  u->tenant = m.tenant;
+  u->kind = m.kind;
+  std::memcpy(u->parent.data(), &m.parent_id, sizeof(m.parent_id));
+  u->recompute_tokens = m.recompute_tokens;
+  u->allow_ssd = true;
+  u->tier = Tier::kSsd;
+}
+
+}  // namespace
 
 void TierManagerImpl::ListUnits(UnitCursor* cursor, size_t units_max, std::vector<UnitInfo>* out) {
   out->clear();
@@ -29,32 +51,24 @@ void TierManagerImpl::ListUnits(UnitCursor* cursor, size_t units_max, std::vecto
       const Key& key = it->first;
       if (WritingLocked(key)) continue;
       UnitInfo u;
-      u.key = key;
-      u.tenant = it->second.tenant;
-      u.bytes = it->second.bytes;
       MemMeta mm;
       SsdMeta sm;
       uint64_t expires_ms = 0;
       if (hbm_ && hbm_->Contains(key, &mm)) {
-        u.tier = Tier::kHbm;
+        Describe(mm, Tier::kHbm, &u);
+        expires_ms = mm.expires_ms;
       } else if (dram_ && dram_->Contains(key, &mm)) {
-        u.tier = Tier::kDram;
-      }
-      if (u.tier != Tier::kNone) {
-        u.kind = mm.kind;
-        std::memcpy(u.parent.data(), &mm.parent_id, sizeof(mm.parent_id));
-        u.recompute_tokens = mm.recompute_tokens;
-        u.allow_ssd = mm.allow_ssd;
+        Describe(mm, Tier::kDram, &u);
         expires_ms = mm.expires_ms;
       } else if (ssd_ && ssd_->Contains(key, nullptr, &sm)) {
-        u.tier = Tier::kSsd;
-        u.kind = sm.kind;
-        std::memcpy(u.parent.data(), &sm.parent_id, sizeof(sm.parent_id));
-        u.recompute_tokens = sm.recompute_tokens;
+        Describe(sm, &u);
         expires_ms = FromUnix(sm.expires_unix_ms);
       } else {
         continue;
       }
+      u.key = key;
+      u.tenant = it->second.tenant;
+      u.bytes = it->second.bytes;
       if (!TtlLeftMs(expires_ms, &u.ttl_left_ms)) continue;
       out->push_back(u);
     }
@@ -84,7 +98,8 @@ Tier TierManagerImpl::Locate(const Key& key, bool* expired, uint64_t* bytes) con
 }
 
 Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier* from,
-                                ReadMode mode, const RequestTag& request, uint64_t* ttl_left_ms) {
+                                ReadMode mode, const RequestTag& request, uint64_t* ttl_left_ms,
+                                UnitInfo* info) {
   const bool peek = mode == ReadMode::kPeek;
   out->clear();
   auto expire = [&]() -> Status {
@@ -104,6 +119,10 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
       if (!TtlLeftMs(m.expires_ms, &left_ms)) return expire();
       if (from != nullptr) *from = t;
       if (ttl_left_ms != nullptr) *ttl_left_ms = left_ms;
+      if (info != nullptr) {
+        *info = UnitInfo{.key = key, .bytes = out->size(), .ttl_left_ms = left_ms};
+        Describe(m, t, info);
+      }
       return Status::Ok();
     }
   }
@@ -116,6 +135,10 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
         return expire();
       if (from != nullptr) *from = Tier::kSsd;
       if (ttl_left_ms != nullptr) *ttl_left_ms = left_ms;
+      if (info != nullptr) {
+        *info = UnitInfo{.key = key, .bytes = out->size(), .ttl_left_ms = left_ms};
+        Describe(sm, info);
+      }
       if ((dram_ || hbm_) && !peek) {
         std::unique_lock lock(mu_, std::defer_lock);
         if (mode == ReadMode::kPrefetch) {

@@ -6,6 +6,7 @@
 //
 // In process (tests/cluster/node_fixture.h): node y's store, router, peer client and repair
 // scan with a real etcd, and two in-memory peers behind real peer servers.
+#include <atomic>
 #include <memory>
 
 #include "cache_daemon/cluster_repair.h"
@@ -70,6 +71,40 @@ TEST_F(RepairExpiryTest, ACopyNamesTheMomentItsUnitEnds) {
   EXPECT_LE(ttl_ms, kTtlMs);
   EXPECT_EQ(repair->stats().units_total, 1u);
   EXPECT_EQ(repair->stats().expired_at_owner_total, 0u);
+}
+
+// The copy carries the TTL of the version it copies. The scan lists y's units, asks the owners
+// which ones they hold, then reads each unit it sends; here a PUT between the LOOKUP and the
+// read replaced v1 (no TTL) with v2 (a TTL). The copy used to carry v2's bytes with the
+// listing's "no expiry", and p kept v2 for good: the cluster judge (seed 1023) saw a TTL unit
+// served 1.26 s past its TTL through every node.
+TEST_F(RepairExpiryTest, ACopyCarriesTheTtlOfTheVersionItCopiesNotTheListings) {
+  std::vector<HookPeer*> others;
+  const Key chain = ChainOwnedByY(true, 0, &others);
+  ASSERT_EQ(others.size(), 1u);
+  HookPeer* p = others[0];
+  const PeerKey key = service_->Bind(*tenant_, chain);
+  storage::PutOptions v1;
+  v1.tenant = tenant_->id;
+  ASSERT_TRUE(store_->Put(key, Bytes(1), v1).ok());
+  std::atomic<uint64_t> put_done_unix_ms{0};
+  p->BeforeNextLookupAnswers([&] {  // after the listing, before the read
+    storage::PutOptions v2 = v1;
+    v2.ttl_ms = kTtlMs;
+    EXPECT_TRUE(store_->Put(key, Bytes(2), v2).ok());
+    put_done_unix_ms.store(DefaultSystemClock().NowMs());
+  });
+  auto repair = StartRepair();
+  ASSERT_TRUE(kt::WaitFor([&] { return !p->Held(key).empty(); }, 20000)) << "never copied";
+  repair->Stop();
+  ASSERT_NE(put_done_unix_ms.load(), 0u) << "the hook never ran: the race was not staged";
+  EXPECT_EQ(p->Held(key), Bytes(2));
+  const auto [ttl_ms, expires_at_unix_ms] = p->last_repair_ttl_and_expiry();
+  EXPECT_NE(ttl_ms, 0u) << "v2 was copied as never expiring";
+  EXPECT_LE(ttl_ms, kTtlMs);
+  EXPECT_NE(expires_at_unix_ms, 0u) << "the copy carried no expiry";
+  EXPECT_LE(expires_at_unix_ms, put_done_unix_ms.load() + kTtlMs + 2)
+      << "the copy outlives its unit";
 }
 
 // A Unix clock 60 s ahead of the system clock (a and b's).

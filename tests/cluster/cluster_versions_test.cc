@@ -374,6 +374,31 @@ TEST_F(NodeVersionsTest, ARefetchedUnitNeverOutlivesTheRecordItReplaces) {
   EXPECT_EQ(refetch.stats().refetched, 1u);
 }
 
+// The same path, with a newer version at the other owner: the lost record (v1) had no TTL and
+// the other owner holds v2, put since with a TTL. The rewrite of v2 used to carry v1's "no
+// expiry" and outlived v2 for good (found reading the code after the repair scan's copy of
+// the same kind, RepairExpiryTest.ACopyCarriesTheTtlOfTheVersionItCopiesNotTheListings).
+TEST_F(NodeVersionsTest, ARefetchedNewerVersionKeepsItsOwnTtl) {
+  std::vector<HookPeer*> others;
+  Key chain = ChainOwnedByY(true, 0, &others);
+  ASSERT_EQ(others.size(), 1u);
+  const PeerKey key = service_->Bind(*tenant_, chain);
+  constexpr uint64_t kTtlMs = 20000;
+  others[0]->Set(key, Bytes(2), kTtlMs);
+  daemon::ClusterRefetch refetch(store_.get(), tenants_.get(), router_.get(), &recent_,
+                                 daemon::RefetchOptions{});
+  refetch.Start();
+  refetch.Report(storage::UnitInfo{.key = key, .tenant = tenant_->id, .tier = storage::Tier::kSsd});
+  ASSERT_TRUE(kt::WaitFor([&] { return refetch.stats().refetched == 1; }, 5000));
+  refetch.Stop();
+  std::vector<uint8_t> held;
+  uint64_t ttl_left_ms = 0;
+  ASSERT_TRUE(store_->GetWithTtl(key, &held, &ttl_left_ms).ok());
+  EXPECT_EQ(held, Bytes(2));
+  EXPECT_GT(ttl_left_ms, 0u) << "the rewrite of v2 never expires";
+  EXPECT_LE(ttl_left_ms, kTtlMs);
+}
+
 // Path: a node that no longer owns a unit serves its old replica. y holds a replica of a key
 // it does not own (its hand-over to the owners is still to come) and the owners hold a newer
 // value that y was not told about (a writer whose previous view did not have y as an owner,

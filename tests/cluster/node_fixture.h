@@ -52,9 +52,11 @@ class HookPeer : public PeerHandler {
     std::lock_guard lock(mu_);
     return repair_puts_;
   }
-  void Set(const PeerKey& k, std::vector<uint8_t> v) {
+  // Holds v under k; GETs report ttl_left_ms as it is (no clock runs here; 0: none).
+  void Set(const PeerKey& k, std::vector<uint8_t> v, uint64_t ttl_left_ms = 0) {
     std::lock_guard lock(mu_);
     map_[k] = std::move(v);
+    ttls_[k] = ttl_left_ms;
   }
   std::vector<uint8_t> Held(const PeerKey& k) {
     std::lock_guard lock(mu_);
@@ -65,7 +67,18 @@ class HookPeer : public PeerHandler {
     std::lock_guard lock(mu_);
     hook_ = std::move(hook);
   }
+  // Runs hook (once) just before this peer's next LOOKUP answers.
+  void BeforeNextLookupAnswers(std::function<void()> hook) {
+    std::lock_guard lock(mu_);
+    lookup_hook_ = std::move(hook);
+  }
   std::vector<uint8_t> Lookup(std::span<const PeerKey> keys) override {
+    std::function<void()> hook;
+    {
+      std::lock_guard lock(mu_);
+      hook.swap(lookup_hook_);
+    }
+    if (hook) hook();  // without mu_, as Get's
     std::lock_guard lock(mu_);
     ++lookups_;
     std::vector<uint8_t> out;
@@ -83,6 +96,15 @@ class HookPeer : public PeerHandler {
     }
     if (hook) hook();  // without mu_: the hook's PUT reaches this peer too
     return Status::Ok();
+  }
+  Status GetWithTtl(const PeerKey& key, std::vector<uint8_t>* value,
+                    uint64_t* ttl_left_ms) override {
+    {
+      std::lock_guard lock(mu_);
+      auto it = ttls_.find(key);
+      *ttl_left_ms = it == ttls_.end() ? 0 : it->second;
+    }
+    return Get(key, value);
   }
   // The TTL and expiry of the last repair copy this peer's handler was given (after its
   // server counted the TTL from the expiry: peer_wire.h, kPeerFlagExpiresAt).
@@ -105,6 +127,7 @@ class HookPeer : public PeerHandler {
       return Status::Ok();
     }
     map_[put.key].assign(put.value.begin(), put.value.end());
+    ttls_[put.key] = put.ttl_ms;
     return Status::Ok();
   }
   StatusOr<std::vector<uint8_t>> Delete(std::span<const PeerKey> keys) override {
@@ -118,7 +141,8 @@ class HookPeer : public PeerHandler {
  private:
   std::mutex mu_;
   std::map<PeerKey, std::vector<uint8_t>> map_;
-  std::function<void()> hook_;
+  std::map<PeerKey, uint64_t> ttls_;  // as given, never counted down
+  std::function<void()> hook_, lookup_hook_;
   uint64_t refuse_repair_until_ms_ = 0;
   uint64_t lookups_ = 0, repair_puts_ = 0;
   uint64_t last_repair_ttl_ms_ = 0, last_repair_expires_at_unix_ms_ = 0;
@@ -162,8 +186,8 @@ class HookedStore final : public storage::TierManager {
     if (hook) hook();
     inner_->ListUnits(cursor, units_max, out);
   }
-  Status Peek(const storage::Key& k, std::vector<uint8_t>* out, storage::Tier* from) override {
-    return inner_->Peek(k, out, from);
+  Status Peek(const storage::Key& k, std::vector<uint8_t>* out, storage::UnitInfo* info) override {
+    return inner_->Peek(k, out, info);
   }
   storage::LookupResult Probe(std::span<const storage::Key> chain) override {
     return inner_->Probe(chain);

@@ -30,11 +30,10 @@ class RepairExpiryTest : public NodeFixture {
   };
   TtlUnit PutTtlUnitOneOwnerLacks() {
     TtlUnit u;
-    std::vector<HookPeer*> others;
-    u.chain = ChainOwnedByY(true, 0, &others);
-    EXPECT_EQ(others.size(), 1u);
-    u.p = others.empty() ? nullptr : others[0];
-    u.key = service_->Bind(*tenant_, u.chain);
+    const OwnedWithOne o = OwnedByYAndOnePeer();
+    u.chain = o.chain;
+    u.key = o.key;
+    u.p = o.other;
     storage::PutOptions po;
     po.tenant = tenant_->id;
     po.ttl_ms = kTtlMs;
@@ -79,11 +78,8 @@ TEST_F(RepairExpiryTest, ACopyNamesTheMomentItsUnitEnds) {
 // listing's "no expiry", and p kept v2 for good: the cluster judge (seed 1023) saw a TTL unit
 // served 1.26 s past its TTL through every node.
 TEST_F(RepairExpiryTest, ACopyCarriesTheTtlOfTheVersionItCopiesNotTheListings) {
-  std::vector<HookPeer*> others;
-  const Key chain = ChainOwnedByY(true, 0, &others);
-  ASSERT_EQ(others.size(), 1u);
-  HookPeer* p = others[0];
-  const PeerKey key = service_->Bind(*tenant_, chain);
+  const auto [chain, key, p] = OwnedByYAndOnePeer();
+  ASSERT_NE(p, nullptr);
   storage::PutOptions v1;
   v1.tenant = tenant_->id;
   ASSERT_TRUE(store_->Put(key, Bytes(1), v1).ok());

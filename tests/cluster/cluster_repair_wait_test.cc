@@ -43,11 +43,8 @@ class RepairWaitTest : public NodeFixture {
 // y owns the key with peer p; p refuses y's repair copy for 3.3 s (it deleted the unit
 // moments ago), then takes it.
 TEST_F(RepairWaitTest, ACopyRefusedForARecentDeleteIsTakenSoonAfterTheRefusalEnds) {
-  std::vector<HookPeer*> others;
-  const Key chain = ChainOwnedByY(true, 0, &others);
-  ASSERT_EQ(others.size(), 1u);
-  HookPeer* p = others[0];
-  const PeerKey key = service_->Bind(*tenant_, chain);
+  const auto [chain, key, p] = OwnedByYAndOnePeer();
+  ASSERT_NE(p, nullptr);
   PutIntoY(key, Bytes(5));
   const uint64_t refusal_ends_ms = DefaultSteadyClock().NowMs() + kWaitMs;
   p->RefuseRepairUntil(refusal_ends_ms);

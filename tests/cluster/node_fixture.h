@@ -319,6 +319,21 @@ class NodeFixture : public ::testing::Test {
     ADD_FAILURE() << "no such key";
     return Key{};
   }
+  // A chain key y owns with exactly one other owner: the chain, its key as bound, that peer.
+  struct OwnedWithOne {
+    Key chain;
+    PeerKey key;
+    HookPeer* other = nullptr;  // null (and a failure added) when there is not exactly one
+  };
+  OwnedWithOne OwnedByYAndOnePeer() {
+    std::vector<HookPeer*> others;
+    OwnedWithOne o;
+    o.chain = ChainOwnedByY(true, 0, &others);
+    o.key = service_->Bind(*tenant_, o.chain);
+    EXPECT_EQ(others.size(), 1u);
+    if (others.size() == 1) o.other = others[0];
+    return o;
+  }
   void PutThroughY(const Key& chain, const std::vector<uint8_t>& value) {
     daemon::PutItem item{.chain = chain, .value = value};
     auto codes = service_->Put(*tenant_, daemon::wire::PutRequest{},

@@ -2,7 +2,7 @@
 // worker threads for native requests, and the listeners:
 //   native protocol  Unix socket (shared-memory bulk data) and optional TCP (inline data)
 //   RESP             TCP, Redis-compatible subset
-//   HTTP admin       TCP, /metrics /healthz /readyz /v1/stats /v1/policy (Boost.Beast)
+//   HTTP admin       TCP, /metrics /healthz /readyz /v1/stats /v1/policy /v1/unit (Boost.Beast)
 //
 // Lifecycle: Start() binds every listener or fails (IOError naming the endpoint). Shutdown()
 // begins a graceful stop: listeners close, connections stop reading new requests, requests

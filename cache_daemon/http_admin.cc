@@ -1,8 +1,8 @@
 // HTTP admin front end on Boost.Beast: GET /metrics, /healthz, /readyz, GET /v1/stats,
-// GET|POST /v1/policy, GET /v1/whatif, and the dashboard page (GET / and /dashboard/*, files
-// embedded at build time; docs/DASHBOARD.md). One request at a time per connection,
-// keep-alive, bounded header (16 KiB: 431), body (http_max_body_bytes: 413) and read time;
-// anything else the parser refuses is 400, then the connection closes.
+// GET|POST /v1/policy, GET /v1/whatif, GET /v1/unit, and the dashboard page (GET / and
+// /dashboard/*, files embedded at build time; docs/DASHBOARD.md). One request at a time per
+// connection, keep-alive, bounded header (16 KiB: 431), body (http_max_body_bytes: 413) and read
+// time; anything else the parser refuses is 400, then the connection closes.
 //
 // Authorization with auth on ("Authorization: Bearer <token>"; docs/CONFIG.md [auth]):
 //   - POST /v1/policy needs an admin tenant's token (401 without a valid token, 403 for a
@@ -11,6 +11,8 @@
 //     tenant label, the tenant_bytes object) only to an admin token; /v1/stats shows a
 //     non-admin tenant its own bytes; without a token both show aggregate figures only;
 //   - GET /v1/whatif (aggregate curves) and the page's files answer everyone;
+//   - GET /v1/unit?key=<64 hex> describes the caller's own unit of that chain key (401
+//     without a valid token); only an admin may add &tenant=<name> for another tenant's (403);
 //   - a malformed Authorization header or an unknown token is answered 401 and counted in
 //     kvtier_auth_failures_total, never silently downgraded.
 // With auth off (loopback only) every request is the admin tenant "default".
@@ -44,6 +46,7 @@
 #include "cache_daemon/daemon_internal.h"
 #include "cache_daemon/dashboard_assets.h"
 #include "common/clock.h"
+#include "common/key_spec.h"
 
 namespace kvtier::daemon::internal {
 namespace {
@@ -112,8 +115,7 @@ bool SameOrigin(const http::request<http::string_body>& req) {
   const std::string_view o = View(origin->value());
   const size_t scheme = o.find("://");
   const std::string_view host = HeaderValue(req, http::field::host);
-  return scheme != std::string_view::npos && !host.empty() &&
-         IEquals(o.substr(scheme + 3), host);
+  return scheme != std::string_view::npos && !host.empty() && IEquals(o.substr(scheme + 3), host);
 }
 
 // Content-Type application/json, parameters (charset) allowed.
@@ -349,6 +351,54 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
     return Text(res, http::status::ok, shared_->whatif->Json(), "application/json");
   }
 
+  // GET /v1/unit?key=<64 hex digits>[&tenant=<name>]: what this node holds of a unit
+  // (Service::UnitJson). Each parameter at most once, no others: 400 otherwise.
+  void UnitJson(const Caller& caller, std::string_view query,
+                http::response<http::string_body>* res) {
+    auto bad = [&](const std::string& why) {
+      Text(res, http::status::bad_request, nlohmann::json{{"error", why}}.dump(),
+           "application/json");
+    };
+    std::string_view key_hex, tenant_name;
+    bool key_seen = false, tenant_seen = false;
+    for (std::string_view rest = query; !query.empty();) {
+      const size_t amp = rest.find('&');
+      const std::string_view part = rest.substr(0, amp);
+      const size_t eq = part.find('=');
+      const std::string_view name = part.substr(0, eq);
+      bool* seen = name == "key" ? &key_seen : name == "tenant" ? &tenant_seen : nullptr;
+      if (seen == nullptr || *seen || eq == std::string_view::npos) {
+        return bad(
+            "/v1/unit takes key=<64 hex digits> and, for an admin, tenant=<name>, once "
+            "each");
+      }
+      *seen = true;
+      (name == "key" ? key_hex : tenant_name) = part.substr(eq + 1);
+      if (amp == std::string_view::npos) break;
+      rest = rest.substr(amp + 1);
+    }
+    StatusOr<Digest> chain = DigestFromHex(key_hex);
+    if (!chain.ok()) return bad("key: want the unit's chain key as 64 hex digits");
+    const Tenant* tenant = caller.tenant;
+    if (tenant_seen && tenant_name != tenant->name) {
+      if (!caller.admin()) {
+        shared_->metrics->auth_failures.fetch_add(1);
+        return Text(res, http::status::forbidden,
+                    "{\"error\":\"another tenant's unit needs an admin bearer token\"}",
+                    "application/json");
+      }
+      tenant = nullptr;
+      for (const auto& t : shared_->tenants->tenants()) {
+        if (t->name == tenant_name) tenant = t.get();
+      }
+      if (tenant == nullptr) {
+        return Text(res, http::status::not_found, "{\"error\":\"no such tenant\"}",
+                    "application/json");
+      }
+    }
+    Text(res, http::status::ok, shared_->service->UnitJson(*tenant, *chain), "application/json");
+  }
+
   void Route(const http::request<http::string_body>& req, http::response<http::string_body>* res) {
     std::string_view target(req.target().data(), req.target().size()), query;
     if (size_t q = target.find('?'); q != std::string_view::npos) {
@@ -391,6 +441,12 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
       Caller caller = Authorize(req);
       if (caller.invalid) return Unauthorized(res);
       return Text(res, http::status::ok, ClusterJson(shared_->cluster), "application/json");
+    }
+    if (target == "/v1/unit" && get) {
+      Caller caller = Authorize(req);
+      if (caller.invalid) return Unauthorized(res);
+      if (caller.tenant == nullptr) return Unauthorized(res, "a bearer token is required");
+      return UnitJson(caller, query, res);
     }
     if (target == "/v1/policy" && get) {
       return Text(res, http::status::ok, svc->PolicyJson(), "application/json");

@@ -495,6 +495,36 @@ std::string Service::StatsJson(const Tenant* t) const {
   return j.dump();
 }
 
+std::string Service::UnitJson(const Tenant& t, const wire::Key& chain) const {
+  const storage::Key key = Bind(t, chain);
+  nlohmann::json j;
+  j["tenant"] = t.name;
+  j["key"] = ToHex(chain);
+  storage::UnitInfo u;
+  const bool held = store_->Describe(key, &u);
+  j["held"] = held;
+  if (held) {
+    j["tier"] = storage::TierName(u.tier);
+    j["bytes"] = u.bytes;
+    j["kind"] = u.kind == policies::ObjectKind::kGlobalKv ? "global_kv"
+                : u.kind == policies::ObjectKind::kSwa    ? "swa"
+                                                          : "blob";
+    j["recompute_tokens"] = u.recompute_tokens;
+    j["ttl_left_ms"] = u.ttl_left_ms == 0 ? nlohmann::json(nullptr) : nlohmann::json(u.ttl_left_ms);
+    j["allow_ssd"] = u.allow_ssd;
+    j["get_copy"] = copies_ != nullptr && copies_->IsCopy(key);
+  }
+  if (router_ != nullptr) {
+    auto view = router_->View();
+    nlohmann::json owners = nlohmann::json::array();
+    for (size_t i : router_->Owners(key, *view)) owners.push_back(view->members[i].node_id);
+    j["node"] = router_->self_id();
+    j["owners"] = owners;
+    j["owned_here"] = router_->OwnsLocally(key);
+  }
+  return j.dump();
+}
+
 PolicySettings Service::policy() const {
   std::lock_guard<std::mutex> lock(policy_mu_);
   return policy_;

@@ -43,7 +43,7 @@
 namespace kvtier::cluster {
 class PauseGuard;
 class Router;
-}
+}  // namespace kvtier::cluster
 
 namespace kvtier::daemon {
 class ClusterCopies;
@@ -182,6 +182,10 @@ class Service {
   // JSON: tiers, misses, tenant bytes (all tenants for admins, else only the caller's).
   std::string StatsJson(const Tenant* t) const;
   std::string PolicyJson() const;
+  // JSON: what this node holds of tenant t's unit `chain` (its tier, bytes, kind, TTL left,
+  // whether it is a GET copy), from metadata alone (TierManager::Describe: nothing read or
+  // counted), and in cluster mode the unit's owners under this node's view (GET /v1/unit).
+  std::string UnitJson(const Tenant& t, const wire::Key& chain) const;
   // Body: {"eviction": "...", "admission": "...", "params": {"k": "v"}, "seed": N}; absent
   // fields keep their current value. InvalidArgument for bad JSON, objects or arrays nested
   // more than 16 levels deep (the body is the first), or an unknown policy.

@@ -493,6 +493,16 @@ class TierManager {
     cursor->done = true;
   }
 
+  // One unit as ListUnits would list it, from the tiers' metadata alone: no value is read,
+  // no hit or miss counted, nothing promoted (an operator's "where is this unit", kvtierd's
+  // GET /v1/unit). False when no tier holds it unexpired. The default (test doubles) finds
+  // nothing.
+  virtual bool Describe(const Key& key, UnitInfo* info) {
+    (void)key;
+    (void)info;
+    return false;
+  }
+
   // Called with each unit a read (Get, GetBatch, Peek, Prefetch) found corrupt on SSD and
   // quarantined, described as ListUnits would (tier kSsd, ttl_left_ms from its record; the
   // value is gone): what a copy from another replica needs (the cluster refetches it,

@@ -1,7 +1,7 @@
 // TierManagerImpl: the TierManager of tier_manager.h, declared here for its three source
 // files (one concern each):
 //   tier_manager.cc        construction, placement, demotion and write-back, Put;
-//   tier_manager_read.cc   Get, GetBatch and promotion, Lookup, Prefetch, ListUnits;
+//   tier_manager_read.cc   Get, GetBatch and promotion, Lookup, Prefetch, ListUnits, Describe;
 //   tier_manager_admin.cc  pins, Delete, DeleteTenant, policy switch, stats.
 // Internal to kvtier_storage: include only from those files.
 //
@@ -136,6 +136,7 @@ class TierManagerImpl final : public TierManager {
                    const policies::PolicyParams& params) override;
   Stats GetStats() const override;
   void ListUnits(UnitCursor* cursor, size_t units_max, std::vector<UnitInfo>* out) override;
+  bool Describe(const Key& key, UnitInfo* info) override;
   void SetChecksumFailureListener(std::function<void(const UnitInfo&)> listener) override {
     std::lock_guard lock(listener_mu_);
     on_checksum_failure_ = std::move(listener);
@@ -381,6 +382,8 @@ class TierManagerImpl final : public TierManager {
   }
   void PromoteLocked(const RequestTag& request, const Key& key, std::span<const uint8_t> value,
                      const SsdMeta& meta);
+  // ListUnits' entry for key (its directory entry): false when no tier holds it unexpired.
+  bool DescribeLocked(const Key& key, const DirEntry& entry, UnitInfo* u) const;
 
   // Adds units reported by the SSD index load to the directory (if still present there),
   // and forgets units the SSD tier lost to a failed write (miss reason io_error).

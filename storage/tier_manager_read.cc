@@ -1,4 +1,4 @@
-// TierManager reads: Get, GetBatch and promotion, Lookup, Prefetch, ListUnits
+// TierManager reads: Get, GetBatch and promotion, Lookup, Prefetch, ListUnits, Describe
 // (storage/tier_manager_impl.h).
 #include <algorithm>
 #include <cstdint>
@@ -12,7 +12,7 @@ namespace kvtier::storage::internal {
 namespace {
 
 // What a copy of a unit needs besides its bytes and TTL, from the tier that holds it.
-void Describe(const MemMeta& m, Tier tier, UnitInfo* u) {
+void FromMeta(const MemMeta& m, Tier tier, UnitInfo* u) {
   u->tenant = m.tenant;
   u->kind = m.kind;
   std::memcpy(u->parent.data(), &m.parent_id, sizeof(m.parent_id));
@@ -21,7 +21,7 @@ void Describe(const MemMeta& m, Tier tier, UnitInfo* u) {
   u->tier = tier;
 }
 
-void Describe(const SsdMeta& m, UnitInfo* u) {
+void FromMeta(const SsdMeta& m, UnitInfo* u) {
   u->tenant = m.tenant;
   u->kind = m.kind;
   std::memcpy(u->parent.data(), &m.parent_id, sizeof(m.parent_id));
@@ -48,32 +48,42 @@ void TierManagerImpl::ListUnits(UnitCursor* cursor, size_t units_max, std::vecto
   while (cursor->bucket < dir_.bucket_count() && out->size() < units_max) {
     size_t b = cursor->bucket++;
     for (auto it = dir_.begin(b); it != dir_.end(b); ++it) {
-      const Key& key = it->first;
-      if (WritingLocked(key)) continue;
+      if (WritingLocked(it->first)) continue;
       UnitInfo u;
-      MemMeta mm;
-      SsdMeta sm;
-      uint64_t expires_ms = 0;
-      if (hbm_ && hbm_->Contains(key, &mm)) {
-        Describe(mm, Tier::kHbm, &u);
-        expires_ms = mm.expires_ms;
-      } else if (dram_ && dram_->Contains(key, &mm)) {
-        Describe(mm, Tier::kDram, &u);
-        expires_ms = mm.expires_ms;
-      } else if (ssd_ && ssd_->Contains(key, nullptr, &sm)) {
-        Describe(sm, &u);
-        expires_ms = FromUnix(sm.expires_unix_ms);
-      } else {
-        continue;
-      }
-      u.key = key;
-      u.tenant = it->second.tenant;
-      u.bytes = it->second.bytes;
-      if (!TtlLeftMs(expires_ms, &u.ttl_left_ms)) continue;
-      out->push_back(u);
+      if (DescribeLocked(it->first, it->second, &u)) out->push_back(u);
     }
   }
   cursor->done = cursor->bucket >= dir_.bucket_count();
+}
+
+bool TierManagerImpl::Describe(const Key& key, UnitInfo* info) {
+  std::lock_guard lock(mu_);
+  DrainLoadedLocked();
+  auto it = dir_.find(key);
+  return it != dir_.end() && DescribeLocked(key, it->second, info);
+}
+
+bool TierManagerImpl::DescribeLocked(const Key& key, const DirEntry& entry, UnitInfo* u) const {
+  *u = UnitInfo{};
+  MemMeta mm;
+  SsdMeta sm;
+  uint64_t expires_ms = 0;
+  if (hbm_ && hbm_->Contains(key, &mm)) {
+    FromMeta(mm, Tier::kHbm, u);
+    expires_ms = mm.expires_ms;
+  } else if (dram_ && dram_->Contains(key, &mm)) {
+    FromMeta(mm, Tier::kDram, u);
+    expires_ms = mm.expires_ms;
+  } else if (ssd_ && ssd_->Contains(key, nullptr, &sm)) {
+    FromMeta(sm, u);
+    expires_ms = FromUnix(sm.expires_unix_ms);
+  } else {
+    return false;
+  }
+  u->key = key;
+  u->tenant = entry.tenant;
+  u->bytes = entry.bytes;
+  return TtlLeftMs(expires_ms, &u->ttl_left_ms);
 }
 
 Tier TierManagerImpl::Locate(const Key& key, bool* expired, uint64_t* bytes) const {
@@ -121,7 +131,7 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
       if (ttl_left_ms != nullptr) *ttl_left_ms = left_ms;
       if (info != nullptr) {
         *info = UnitInfo{.key = key, .bytes = out->size(), .ttl_left_ms = left_ms};
-        Describe(m, t, info);
+        FromMeta(m, t, info);
       }
       return Status::Ok();
     }
@@ -137,7 +147,7 @@ Status TierManagerImpl::GetImpl(const Key& key, std::vector<uint8_t>* out, Tier*
       if (ttl_left_ms != nullptr) *ttl_left_ms = left_ms;
       if (info != nullptr) {
         *info = UnitInfo{.key = key, .bytes = out->size(), .ttl_left_ms = left_ms};
-        Describe(sm, info);
+        FromMeta(sm, info);
       }
       if ((dram_ || hbm_) && !peek) {
         std::unique_lock lock(mu_, std::defer_lock);

@@ -49,10 +49,12 @@
 #include <cstdlib>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include "common/checksum.h"
+#include "common/key_spec.h"
 #include "tests/cluster/cluster_fixture.h"
 
 namespace kvtier::cluster {
@@ -1124,6 +1126,27 @@ TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
     for (const auto& r : v) all.push_back(&r);
   }
   for (const auto& r : final_reads) all.push_back(&r);
+  // What each node holds of a key now, at the end of the run (GET /v1/unit with its writer's
+  // token): the holder of a unit served past its TTL, or of an older version, if it still
+  // holds it. Once per key.
+  std::set<std::pair<int, int>> described;
+  auto holders_now = [&](int writer, int key) {
+    if (!described.emplace(writer, key).second) return std::string();
+    std::ostringstream out;
+    out << "  held now (end of run):\n";
+    const std::string auth = std::string("Authorization: Bearer ") + kTokens[writer % 2] + "\r\n";
+    for (size_t n = 0; n < nodes_.size(); ++n) {
+      if (!nodes_[n]->Alive()) {
+        out << "    n" << n << ": not running\n";
+        continue;
+      }
+      const std::string r = kt::HttpRequest(
+          nodes_[n]->http_port(), "GET", "/v1/unit?key=" + ToHex(WriterKey(writer, key)), "", auth);
+      const size_t at = r.find("\r\n\r\n");
+      out << "    n" << n << ": " << (at == std::string::npos ? r : r.substr(at + 4)) << "\n";
+    }
+    return out.str();
+  };
   for (const ReadOp* r : all) {
     hits += r->result == ReadOp::kHit;
     misses += r->result == ReadOp::kMiss;
@@ -1134,7 +1157,7 @@ TEST_P(ClusterJudgeTest, RandomTrafficAndFaultsServeOnlyWhatTheDocsAllow) {
     ADD_FAILURE() << (r->final_read ? "final " : "") << "GET of writer " << r->writer << " key "
                   << r->key << " via n" << r->node << " ticks " << r->send << ".." << r->ack << " ("
                   << r->send_ms - t0_ms_ << ".." << r->ack_ms - t0_ms_ << " ms): " << why << "\n"
-                  << History(r->writer, r->key, r->ack);
+                  << History(r->writer, r->key, r->ack) << holders_now(r->writer, r->key);
   }
   int lookup_count = 0, lookup_units = 0, lookup_hits = 0, lookup_violations = 0;
   std::vector<const LookupOp*> all_lookups;

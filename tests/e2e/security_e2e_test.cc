@@ -5,7 +5,9 @@
 // digests refused, and the server secret checked against the data directory's fingerprint.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "cache_daemon/client.h"
 #include "common/key_spec.h"
@@ -419,6 +421,101 @@ TEST_F(SecurityE2eTest, TenantFiguresOnHttpOnlyWithAnAdminToken) {
   EXPECT_NE(r.find("HTTP/1.1 200 "), std::string::npos) << r.substr(0, 200);
   m = kt::HttpRequest(port, "GET", "/metrics");
   EXPECT_NE(m.find("kvtier_auth_failures_total 5\n"), std::string::npos) << m;
+}
+
+// GET /v1/unit describes what this node holds of the caller's own unit, from metadata (a
+// GET of it counts no hit): bob's unit with its tier, size, kind, TTL and recompute tokens;
+// the same chain key is another unit for alice (tenants never share a key); only an admin
+// names another tenant; bad parameters are 400 and a bad token 401, the daemon up after all.
+TEST_F(SecurityE2eTest, UnitDescriptionsOnlyForTheirTenantOrAnAdmin) {
+  ASSERT_TRUE(StartWithNative(Storage() + "[auth]\ntokens_file = \"" + TokensFile() + "\"\n"));
+  auto bob = ConnectUnix("tok-bob");
+  ASSERT_NE(bob, nullptr);
+  PutOptions po;
+  po.highest_tier = 2;  // straight to SSD
+  po.recompute_tokens = 64;
+  po.ttl_ms = 600000;
+  const std::vector<uint8_t> value(4096, 7);
+  std::vector<PutUnit> units = {{TestKey(7), Key{}, value}};
+  auto put = bob->Put(units, po);
+  ASSERT_TRUE(put.ok() && (*put)[0].ok());
+  const uint16_t port = d_->http_port();
+  const std::string kAlice = "Authorization: Bearer tok-alice\r\n";
+  const std::string kBob = "Authorization: Bearer tok-bob\r\n";
+  const std::string hex = ToHex(TestKey(7));
+  auto body = [](const std::string& reply) {
+    const size_t at = reply.find("\r\n\r\n");
+    return at == std::string::npos ? nlohmann::json() : nlohmann::json::parse(reply.substr(at + 4));
+  };
+  const std::string hits_before = kt::HttpRequest(port, "GET", "/v1/stats", "", kAlice);
+
+  std::string r = kt::HttpRequest(port, "GET", "/v1/unit?key=" + hex, "", kBob);
+  ASSERT_NE(r.find("200 OK"), std::string::npos) << r;
+  nlohmann::json j = body(r);
+  EXPECT_EQ(j["tenant"], "bob");
+  EXPECT_EQ(j["key"], hex);
+  EXPECT_EQ(j["held"], true);
+  EXPECT_EQ(j["tier"], "ssd");
+  EXPECT_EQ(j["kind"], "global_kv");
+  EXPECT_EQ(j["recompute_tokens"], 64);
+  EXPECT_EQ(j["get_copy"], false);
+  ASSERT_TRUE(j["ttl_left_ms"].is_number()) << r;
+  EXPECT_GT(j["ttl_left_ms"].get<uint64_t>(), 0u);
+  EXPECT_LE(j["ttl_left_ms"].get<uint64_t>(), po.ttl_ms);
+  EXPECT_GE(j["bytes"].get<uint64_t>(), value.size());
+  EXPECT_FALSE(j.contains("owners")) << "not a cluster node";
+  // Upper-case hex is the same key; nothing was read: the tiers' hits are unchanged.
+  std::string upper = hex;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  EXPECT_EQ(body(kt::HttpRequest(port, "GET", "/v1/unit?key=" + upper, "", kBob))["held"], true);
+  const nlohmann::json tiers_after = body(kt::HttpRequest(port, "GET", "/v1/stats", "", kAlice));
+  for (const char* t : {"hbm", "dram", "ssd"}) {
+    for (const char* f : {"hits", "bytes_read"}) {
+      EXPECT_EQ(tiers_after["tiers"][t][f], body(hits_before)["tiers"][t][f]) << t << " " << f;
+    }
+  }
+
+  // The same chain key is alice's own (absent) unit; naming bob takes an admin.
+  j = body(kt::HttpRequest(port, "GET", "/v1/unit?key=" + hex, "", kAlice));
+  EXPECT_EQ(j["tenant"], "alice");
+  EXPECT_EQ(j["held"], false);
+  EXPECT_FALSE(j.contains("tier"));
+  j = body(kt::HttpRequest(port, "GET", "/v1/unit?tenant=bob&key=" + hex, "", kAlice));
+  EXPECT_EQ(j["tenant"], "bob");
+  EXPECT_EQ(j["held"], true);
+  r = kt::HttpRequest(port, "GET", "/v1/unit?key=" + hex + "&tenant=alice", "", kBob);
+  EXPECT_NE(r.find("HTTP/1.1 403 "), std::string::npos) << r;
+  EXPECT_EQ(r.find("\"held\""), std::string::npos) << r;
+  EXPECT_EQ(
+      body(kt::HttpRequest(port, "GET", "/v1/unit?key=" + hex + "&tenant=bob", "", kBob))["held"],
+      true)
+      << "naming one's own tenant needs no admin";
+  r = kt::HttpRequest(port, "GET", "/v1/unit?key=" + hex + "&tenant=carol", "", kAlice);
+  EXPECT_NE(r.find("HTTP/1.1 404 "), std::string::npos) << r;
+
+  // 401 without a valid token; 400 for anything but one key and at most one tenant.
+  EXPECT_NE(kt::HttpRequest(port, "GET", "/v1/unit?key=" + hex).find("HTTP/1.1 401 "),
+            std::string::npos);
+  EXPECT_NE(kt::HttpRequest(port, "GET", "/v1/unit?key=" + hex, "", "Authorization: Bearer x\r\n")
+                .find("HTTP/1.1 401 "),
+            std::string::npos);
+  const std::vector<std::string> bad_queries = {"",
+                                                "?key=",
+                                                "?key=" + hex.substr(2),
+                                                "?key=" + hex + "00",
+                                                "?key=" + hex.substr(1) + "g",
+                                                "?key=" + hex + "&key=" + hex,
+                                                "?key=" + hex + "&x=1",
+                                                "?key",
+                                                "?tenant",
+                                                "?key=" + hex + "&tenant=bob&tenant=bob",
+                                                "?&&",
+                                                "?key=" + hex + "&"};
+  for (const std::string& q : bad_queries) {
+    r = kt::HttpRequest(port, "GET", "/v1/unit" + q, "", kAlice);
+    EXPECT_NE(r.find("HTTP/1.1 400 "), std::string::npos) << q << ": " << r;
+  }
+  EXPECT_NE(kt::HttpRequest(port, "GET", "/healthz").find("200 OK"), std::string::npos);
 }
 
 TEST_F(SecurityE2eTest, DuplicateTokenDigestsAreRefused) {

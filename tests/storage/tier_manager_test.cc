@@ -175,6 +175,59 @@ TEST_F(TierManagerTest, PeekDescribesTheVersionItReadNotAnEarlierListing) {
   }
 }
 
+// Describe is ListUnits for one key, from metadata alone: the same description for a unit
+// in DRAM and on SSD, nothing for an absent or expired one, and no read (no hit counted, no
+// SSD read, nothing promoted).
+TEST_F(TierManagerTest, DescribeListsOneUnitWithoutReadingIt) {
+  auto tm = TierManager::Open(Options());
+  ASSERT_TRUE(tm.ok()) << tm.status().ToString();
+  PutOptions in_dram, on_ssd, short_lived;
+  in_dram.tenant = on_ssd.tenant = 5;
+  in_dram.ttl_ms = 60000;
+  on_ssd.highest_tier = Tier::kSsd;
+  on_ssd.recompute_tokens = 64;
+  short_lived.ttl_ms = 1;
+  ASSERT_TRUE((*tm)->Put(MakeKey(1), MakeValue(MakeKey(1), 1, 3000), in_dram).ok());
+  ASSERT_TRUE((*tm)->Put(MakeKey(2), MakeValue(MakeKey(2), 1, 3000), on_ssd).ok());
+  ASSERT_TRUE((*tm)->Put(MakeKey(3), MakeValue(MakeKey(3), 1, 3000), short_lived).ok());
+  clock_.AdvanceMs(5);  // past the short TTL
+  const Stats before = (*tm)->GetStats();
+  UnitCursor cursor;
+  std::vector<UnitInfo> listed;
+  (*tm)->ListUnits(&cursor, 16, &listed);
+  ASSERT_EQ(listed.size(), 2u) << "the expired unit is listed";
+  for (const UnitInfo& l : listed) {
+    UnitInfo d;
+    ASSERT_TRUE((*tm)->Describe(l.key, &d));
+    EXPECT_EQ(d.key, l.key);
+    EXPECT_EQ(d.tenant, l.tenant);
+    EXPECT_EQ(d.bytes, l.bytes);
+    EXPECT_EQ(d.tier, l.tier);
+    EXPECT_EQ(d.kind, l.kind);
+    EXPECT_EQ(d.recompute_tokens, l.recompute_tokens);
+    EXPECT_EQ(d.allow_ssd, l.allow_ssd);
+    EXPECT_LE(d.ttl_left_ms, l.ttl_left_ms);
+    EXPECT_EQ(d.ttl_left_ms == 0, l.ttl_left_ms == 0);
+  }
+  UnitInfo d;
+  ASSERT_TRUE((*tm)->Describe(MakeKey(2), &d));
+  EXPECT_EQ(d.tier, Tier::kSsd);
+  EXPECT_EQ(d.tenant, 5u);
+  EXPECT_EQ(d.recompute_tokens, 64u);
+  EXPECT_EQ(d.ttl_left_ms, 0u);
+  ASSERT_TRUE((*tm)->Describe(MakeKey(1), &d));
+  EXPECT_EQ(d.tier, Tier::kDram);
+  EXPECT_GT(d.ttl_left_ms, 0u);
+  EXPECT_LE(d.ttl_left_ms, 60000u);
+  EXPECT_FALSE((*tm)->Describe(MakeKey(3), &d)) << "expired";
+  EXPECT_FALSE((*tm)->Describe(MakeKey(4), &d)) << "never stored";
+  const Stats after = (*tm)->GetStats();
+  EXPECT_EQ(after.dram.hits, before.dram.hits);
+  EXPECT_EQ(after.ssd.hits, before.ssd.hits);
+  EXPECT_EQ(after.ssd.bytes_read, before.ssd.bytes_read);
+  EXPECT_EQ(after.dram.objects, before.dram.objects) << "a description promoted a unit";
+}
+
 // Peek (the cluster's repair reads) returns the value of an SSD unit without promoting it
 // and without counting a hit: DRAM holds exactly what it held before.
 TEST_F(TierManagerTest, PeekReadsSsdUnitsWithoutPromotingThem) {

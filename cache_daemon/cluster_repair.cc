@@ -215,7 +215,7 @@ ClusterRepair::ScanResult ClusterRepair::Scan() {
         }
         // The copy is of the version read here, with its metadata and TTL, not the listing's:
         // a PUT since the listing replaced the value (and its TTL), and a copy of the new value
-        // with an old "no expiry" outlived it for good (the cluster judge, seed 1023).
+        // with an old "no expiry" outlived it for good (likely the cluster judge's seed 1023).
         // Before the read: the TTL left, counted from here, ends no later than the unit.
         const uint64_t read_ms = NowUs() / 1000;
         storage::UnitInfo r;

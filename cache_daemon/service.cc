@@ -628,6 +628,11 @@ Status Service::RespSetStage(const Tenant& t, std::string_view key, std::string_
 }
 
 Status Service::RespSetPut(RespSetJob* job) {
+  std::lock_guard<std::mutex> lock(KeyLock(job->key));
+  return RespSetPutLocked(job);
+}
+
+Status Service::RespSetPutLocked(RespSetJob* job) {
   storage::PutOptions po;
   po.tenant = job->tenant->id;
   po.kind = policies::ObjectKind::kBlob;
@@ -711,6 +716,7 @@ bool Service::RespExists(const Tenant& t, std::string_view key) {
 Status Service::RespDel(const Tenant& t, std::string_view key) {
   storage::Key k = BindResp(t, key);
   resp_index_.Remove(t.id, k);
+  std::lock_guard<std::mutex> lock(KeyLock(k));  // not between a conditional's read and write
   return store_->Delete(k);
 }
 
@@ -730,7 +736,11 @@ Status Service::RespDelStage(const Tenant& t, std::span<const std::string_view> 
   for (size_t i = 0; i < keys.size(); ++i) {
     storage::Key k = BindResp(t, keys[i]);
     resp_index_.Remove(t.id, k);
-    Status removed = store_->DeleteDeferred(k, &(*commits)[i]);
+    Status removed;
+    {
+      std::lock_guard<std::mutex> lock(KeyLock(k));  // as RespDel's
+      removed = store_->DeleteDeferred(k, &(*commits)[i]);
+    }
     if (removed.ok()) ++*deleted;
     if (!removed.ok() && !removed.IsNotFound() && st.ok()) st = removed;
   }
@@ -747,10 +757,21 @@ Status Service::RespDelComplete(std::span<const storage::DeferredCommit> commits
 }
 
 Status Service::RespExpire(const Tenant& t, std::string_view key, uint64_t ttl_ms) {
-  std::lock_guard<std::mutex> lock(KeyLock(BindResp(t, key)));
+  std::unique_lock<std::mutex> lock(KeyLock(BindResp(t, key)));
   std::string v;
   KVTIER_RETURN_IF_ERROR(RespGet(t, key, &v));
-  return RespSet(t, key, v, ttl_ms);
+  return RespSetHoldingKey(&lock, t, key, v, ttl_ms);
+}
+
+Status Service::RespSetHoldingKey(std::unique_lock<std::mutex>* key_lock, const Tenant& t,
+                                  std::string_view key, std::string_view value, uint64_t ttl_ms) {
+  RespSetJob job;
+  Status st = RespSetStage(t, key, value, ttl_ms, nullptr, &job);
+  if (st.ok()) st = resp_index_.WaitDurable(job.name_seq);
+  if (st.ok()) st = RespSetPutLocked(&job);
+  key_lock->unlock();
+  if (st.ok()) st = RespSetComplete(&job);
+  return st;
 }
 
 int64_t Service::RespTtlMs(const Tenant& t, std::string_view key) {
@@ -780,7 +801,7 @@ Status Service::RespSetIf(const Tenant& t, std::string_view key, std::string_vie
                           const resp::SetOptions& o, bool* written,
                           std::optional<std::string>* old) {
   storage::Key k = BindResp(t, key);
-  std::lock_guard<std::mutex> lock(KeyLock(k));
+  std::unique_lock<std::mutex> lock(KeyLock(k));
   std::vector<uint8_t> raw;
   uint64_t expire_at = 0;
   size_t at = 0;
@@ -802,7 +823,7 @@ Status Service::RespSetIf(const Tenant& t, std::string_view key, std::string_vie
     uint64_t now = UnixNowMs();
     ttl_ms = expire_at > now ? expire_at - now : 1;
   }
-  KVTIER_RETURN_IF_ERROR(RespSet(t, key, value, ttl_ms));
+  KVTIER_RETURN_IF_ERROR(RespSetHoldingKey(&lock, t, key, value, ttl_ms));
   *written = true;
   return Status::Ok();
 }

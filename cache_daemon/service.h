@@ -243,9 +243,11 @@ class Service {
   // SET with options (resp::SetOptions): reads the current value and writes only when the
   // NX/XX condition holds (*written tells), keeping its expiry under KEEPTTL; when o.get,
   // *old receives the previous value (nullopt: none). The read and the write hold a striped
-  // per-key lock that RespExpire and every other RespSetIf also hold, so these commands of
-  // one key are serialized (two SET NX of one key: exactly one writes). A plain RespSet or
-  // RespDel does not take it (docs/RESP.md "Atomicity").
+  // per-key lock that RespExpire and every other RespSetIf also hold, and that every plain
+  // SET's and DEL's store write takes (RespSetPut, RespDel, RespDelStage), so a write of the
+  // key never lands between the read and the write (two SET NX of one key: exactly one
+  // writes; an EXPIRE never puts back a value a SET replaced or a DEL removed). The lock is
+  // released before the commit wait (docs/RESP.md "Conditional writes").
   Status RespSetIf(const Tenant& t, std::string_view key, std::string_view value,
                    const resp::SetOptions& o, bool* written, std::optional<std::string>* old);
   // Rewrites the value with a new expiry (ttl_ms 0: persist). NotFound when absent.
@@ -281,6 +283,13 @@ class Service {
   void Trace(const char* op, const Tenant& t, std::span<const storage::Key> keys, uint64_t bytes,
              uint32_t unit_tokens, uint64_t request = 0);
   std::mutex& KeyLock(const storage::Key& k);
+  // RespSetPut for a caller that holds KeyLock(job->key).
+  Status RespSetPutLocked(RespSetJob* job);
+  // RespSet for a caller holding *key_lock (KeyLock of the key): stages, waits for the name,
+  // puts, then releases the lock and waits for the commit (never under the lock, which plain
+  // SETs take for their puts: CompletePut's contract).
+  Status RespSetHoldingKey(std::unique_lock<std::mutex>* key_lock, const Tenant& t,
+                           std::string_view key, std::string_view value, uint64_t ttl_ms);
   // The RESP name index at a limit may be full of names whose units the store has since
   // evicted or expired (a name is dropped only when a SCAN meets it), and a new SET's name
   // would then go unindexed: SCAN, KEYS and DBSIZE would miss a key the store holds. Before

@@ -39,12 +39,21 @@ class FakeTierManager final : public storage::TierManager {
     return Status::Ok();
   }
   Status Get(const storage::Key& key, std::vector<uint8_t>* out, storage::Tier* from) override {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = map.find(key);
-    if (it == map.end()) return Status::NotFound("miss");
-    *out = it->second.value;
-    if (from) *from = it->second.tier;
-    return Status::Ok();
+    std::function<void()> hook;
+    Status s = Status::Ok();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      hook.swap(after_next_get);
+      auto it = map.find(key);
+      if (it == map.end()) {
+        s = Status::NotFound("miss");
+      } else {
+        *out = it->second.value;
+        if (from) *from = it->second.tier;
+      }
+    }
+    if (hook) hook();  // without mu: the hook may call into the store
+    return s;
   }
   storage::LookupResult Lookup(std::span<const storage::Key> chain) override {
     std::lock_guard<std::mutex> lock(mu);
@@ -116,6 +125,7 @@ class FakeTierManager final : public storage::TierManager {
 
   std::function<void()> after_visited;  // set while no GET runs
   mutable std::mutex mu;
+  std::function<void()> after_next_get;  // guarded by mu; run once, after the next Get read
   std::map<storage::Key, Entry> map;
   std::map<storage::TenantId, uint64_t> quotas, used;
   std::string policy;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <future>
 #include <limits>
 #include <random>
 #include <set>
@@ -483,6 +485,66 @@ class RespServiceTest : public ::testing::Test {
   std::unique_ptr<TenantRegistry> tenants_;
   Service svc_;
 };
+
+// A plain SET or DEL of a key from another connection never lands between a conditional
+// command's read and its write. Here one is sent (another thread) right after EXPIRE's read
+// and given 300 ms: it used to land there, and EXPIRE then put the old value back with its
+// TTL, over the acknowledged SET (v1 instead of v2) or after the acknowledged DEL (the key
+// back). Now it waits for EXPIRE's write: the SET's value stays (without a TTL, as a SET
+// after the EXPIRE), the DEL removes the key. The same for SET ... XX.
+TEST_F(RespServiceTest, APlainSetOrDelNeverLandsInsideAConditionalCommand) {
+  std::string v;
+
+  ASSERT_TRUE(svc_.RespSet(tenant(), "a", "v1", 0).ok());
+  std::promise<void> landed;
+  std::future<void> landed_f = landed.get_future();
+  std::thread writer;
+  store_.after_next_get = [&] {
+    writer = std::thread([&] {
+      EXPECT_TRUE(svc_.RespSet(tenant(), "a", "v2", 0).ok());
+      landed.set_value();
+    });
+    (void)landed_f.wait_for(std::chrono::milliseconds(300));
+  };
+  ASSERT_TRUE(svc_.RespExpire(tenant(), "a", 60000).ok());
+  writer.join();
+  ASSERT_TRUE(svc_.RespGet(tenant(), "a", &v).ok());
+  EXPECT_EQ(v, "v2") << "EXPIRE put the old value back over an acknowledged SET";
+  EXPECT_EQ(svc_.RespTtlMs(tenant(), "a"), -1) << "the SET came after the EXPIRE";
+
+  std::promise<void> deleted;
+  std::future<void> deleted_f = deleted.get_future();
+  store_.after_next_get = [&] {
+    writer = std::thread([&] {
+      EXPECT_TRUE(svc_.RespDel(tenant(), "a").ok());
+      deleted.set_value();
+    });
+    (void)deleted_f.wait_for(std::chrono::milliseconds(300));
+  };
+  ASSERT_TRUE(svc_.RespExpire(tenant(), "a", 60000).ok());
+  writer.join();
+  EXPECT_TRUE(svc_.RespGet(tenant(), "a", &v).IsNotFound()) << "EXPIRE brought a deleted key back";
+
+  ASSERT_TRUE(svc_.RespSet(tenant(), "b", "v1", 0).ok());
+  std::promise<void> set_b;
+  std::future<void> set_b_f = set_b.get_future();
+  store_.after_next_get = [&] {
+    writer = std::thread([&] {
+      EXPECT_TRUE(svc_.RespSet(tenant(), "b", "v3", 0).ok());
+      set_b.set_value();
+    });
+    (void)set_b_f.wait_for(std::chrono::milliseconds(300));
+  };
+  resp::SetOptions xx;
+  xx.cond = resp::SetOptions::Cond::kIfPresent;
+  xx.keep_ttl = true;
+  bool written = false;
+  ASSERT_TRUE(svc_.RespSetIf(tenant(), "b", "v2", xx, &written, nullptr).ok());
+  writer.join();
+  EXPECT_TRUE(written);
+  ASSERT_TRUE(svc_.RespGet(tenant(), "b", &v).ok());
+  EXPECT_EQ(v, "v3") << "SET XX overwrote an acknowledged SET that came after its read";
+}
 
 TEST_F(RespServiceTest, SetNxFromManyThreadsHasExactlyOneWriterPerKey) {
   constexpr int kThreads = 8, kKeys = 2000;

@@ -63,10 +63,7 @@ void ClusterRefetch::Run() {
 
 void ClusterRefetch::Refetch(const Reported& reported) {
   const storage::UnitInfo& u = reported.unit;
-  const Tenant* tenant = nullptr;
-  for (const auto& t : tenants_->tenants()) {
-    if (t->id == u.tenant) tenant = t.get();
-  }
+  const Tenant* tenant = tenants_->FindById(u.tenant);
   const bool native =
       u.kind == policies::ObjectKind::kGlobalKv || u.kind == policies::ObjectKind::kSwa;
   if (!native || tenant == nullptr || !router_->OwnsLocally(u.key) ||

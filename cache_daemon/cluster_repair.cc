@@ -220,10 +220,7 @@ ClusterRepair::ScanResult ClusterRepair::Scan() {
         const uint64_t read_ms = NowUs() / 1000;
         storage::UnitInfo r;
         Status read = store_->Peek(u.key, &value, &r);
-        const Tenant* tenant = nullptr;
-        for (const auto& t : tenants_->tenants()) {
-          if (read.ok() && t->id == r.tenant) tenant = t.get();
-        }
+        const Tenant* tenant = read.ok() ? tenants_->FindById(r.tenant) : nullptr;
         // Gone meanwhile (deleted, evicted), its tenant is, or it is not a replica now.
         if (!read.ok() || tenant == nullptr || !Repairable(r)) {
           under_.fetch_sub(1);

@@ -591,10 +591,17 @@ std::mutex& Service::KeyLock(const storage::Key& k) {
 // put is written through to SSD (under sync before SET is acknowledged).
 Status Service::RespSet(const Tenant& t, std::string_view key, std::string_view value,
                         uint64_t ttl_ms, RespKeyCache* cache) {
+  return RespSetImpl(t, key, value, ttl_ms, cache, /*held=*/nullptr);
+}
+
+Status Service::RespSetImpl(const Tenant& t, std::string_view key, std::string_view value,
+                            uint64_t ttl_ms, RespKeyCache* cache,
+                            std::unique_lock<std::mutex>* held) {
   thread_local RespSetJob job;
   Status st = RespSetStage(t, key, value, ttl_ms, cache, &job);
   if (st.ok()) st = resp_index_.WaitDurable(job.name_seq);
-  if (st.ok()) st = RespSetPut(&job);
+  if (st.ok()) st = held != nullptr ? RespSetPutLocked(&job) : RespSetPut(&job);
+  if (held != nullptr) held->unlock();  // before the commit wait (CompletePut's contract)
   if (st.ok()) st = RespSetComplete(&job);
   if (job.envelope.capacity() > kEnvelopeScratchKeepBytes) std::string().swap(job.envelope);
   return st;
@@ -760,18 +767,7 @@ Status Service::RespExpire(const Tenant& t, std::string_view key, uint64_t ttl_m
   std::unique_lock<std::mutex> lock(KeyLock(BindResp(t, key)));
   std::string v;
   KVTIER_RETURN_IF_ERROR(RespGet(t, key, &v));
-  return RespSetHoldingKey(&lock, t, key, v, ttl_ms);
-}
-
-Status Service::RespSetHoldingKey(std::unique_lock<std::mutex>* key_lock, const Tenant& t,
-                                  std::string_view key, std::string_view value, uint64_t ttl_ms) {
-  RespSetJob job;
-  Status st = RespSetStage(t, key, value, ttl_ms, nullptr, &job);
-  if (st.ok()) st = resp_index_.WaitDurable(job.name_seq);
-  if (st.ok()) st = RespSetPutLocked(&job);
-  key_lock->unlock();
-  if (st.ok()) st = RespSetComplete(&job);
-  return st;
+  return RespSetImpl(t, key, v, ttl_ms, nullptr, &lock);
 }
 
 int64_t Service::RespTtlMs(const Tenant& t, std::string_view key) {
@@ -823,7 +819,7 @@ Status Service::RespSetIf(const Tenant& t, std::string_view key, std::string_vie
     uint64_t now = UnixNowMs();
     ttl_ms = expire_at > now ? expire_at - now : 1;
   }
-  KVTIER_RETURN_IF_ERROR(RespSetHoldingKey(&lock, t, key, value, ttl_ms));
+  KVTIER_RETURN_IF_ERROR(RespSetImpl(t, key, value, ttl_ms, nullptr, &lock));
   *written = true;
   return Status::Ok();
 }

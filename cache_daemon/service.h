@@ -285,11 +285,12 @@ class Service {
   std::mutex& KeyLock(const storage::Key& k);
   // RespSetPut for a caller that holds KeyLock(job->key).
   Status RespSetPutLocked(RespSetJob* job);
-  // RespSet for a caller holding *key_lock (KeyLock of the key): stages, waits for the name,
-  // puts, then releases the lock and waits for the commit (never under the lock, which plain
-  // SETs take for their puts: CompletePut's contract).
-  Status RespSetHoldingKey(std::unique_lock<std::mutex>* key_lock, const Tenant& t,
-                           std::string_view key, std::string_view value, uint64_t ttl_ms);
+  // RespSet's steps: stage, wait for the name, put, wait for the commit. held: null, or the
+  // caller's KeyLock of the key (a conditional command), under which the put is made and
+  // which is released before the commit wait (never under the lock, which plain SETs take for
+  // their puts: CompletePut's contract).
+  Status RespSetImpl(const Tenant& t, std::string_view key, std::string_view value, uint64_t ttl_ms,
+                     RespKeyCache* cache, std::unique_lock<std::mutex>* held);
   // The RESP name index at a limit may be full of names whose units the store has since
   // evicted or expired (a name is dropped only when a SCAN meets it), and a new SET's name
   // would then go unindexed: SCAN, KEYS and DBSIZE would miss a key the store holds. Before

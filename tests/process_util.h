@@ -63,16 +63,6 @@ struct StartLimits {
   }
 };
 
-// Virtual memory size of process `pid` (VmSize of /proc/PID/status) in bytes; 0 when unknown.
-inline uint64_t VmSizeBytes(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmSize:", 0) == 0) return std::stoull(line.substr(7)) * 1024;
-  }
-  return 0;
-}
-
 // A field of /proc/PID/status given in kB ("VmRSS:", "VmHWM:": field includes its colon), in
 // bytes; 0 when unknown.
 inline uint64_t ProcessStatusBytes(pid_t pid, const std::string& field) {
@@ -83,6 +73,9 @@ inline uint64_t ProcessStatusBytes(pid_t pid, const std::string& field) {
   }
   return 0;
 }
+
+// Virtual memory size of process `pid` (VmSize of /proc/PID/status) in bytes; 0 when unknown.
+inline uint64_t VmSizeBytes(pid_t pid) { return ProcessStatusBytes(pid, "VmSize:"); }
 
 // CPU time (user + system) process `pid` has used, in seconds; -1 when unknown.
 inline double ProcessCpuSeconds(pid_t pid) {

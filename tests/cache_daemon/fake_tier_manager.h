@@ -125,7 +125,12 @@ class FakeTierManager final : public storage::TierManager {
 
   std::function<void()> after_visited;  // set while no GET runs
   mutable std::mutex mu;
-  std::function<void()> after_next_get;  // guarded by mu; run once, after the next Get read
+  // Runs hook once, after the next Get has read (outside mu).
+  void AfterNextGet(std::function<void()> hook) {
+    std::lock_guard<std::mutex> lock(mu);
+    after_next_get = std::move(hook);
+  }
+  std::function<void()> after_next_get;  // guarded by mu
   std::map<storage::Key, Entry> map;
   std::map<storage::TenantId, uint64_t> quotas, used;
   std::string policy;

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <limits>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -493,48 +495,37 @@ class RespServiceTest : public ::testing::Test {
 // back). Now it waits for EXPIRE's write: the SET's value stays (without a TTL, as a SET
 // after the EXPIRE), the DEL removes the key. The same for SET ... XX.
 TEST_F(RespServiceTest, APlainSetOrDelNeverLandsInsideAConditionalCommand) {
+  // Runs `write` on another thread right after the store's next read (the conditional's) and
+  // gives it 300 ms to land before that read returns; `writer` is joined by the caller.
+  std::thread writer;
+  auto during_next_read = [&](std::function<void()> write) {
+    store_.AfterNextGet([&writer, write] {
+      auto wrote = std::make_shared<std::promise<void>>();
+      std::future<void> landed = wrote->get_future();
+      writer = std::thread([write, wrote] {
+        write();
+        wrote->set_value();
+      });
+      (void)landed.wait_for(std::chrono::milliseconds(300));
+    });
+  };
   std::string v;
 
   ASSERT_TRUE(svc_.RespSet(tenant(), "a", "v1", 0).ok());
-  std::promise<void> landed;
-  std::future<void> landed_f = landed.get_future();
-  std::thread writer;
-  store_.after_next_get = [&] {
-    writer = std::thread([&] {
-      EXPECT_TRUE(svc_.RespSet(tenant(), "a", "v2", 0).ok());
-      landed.set_value();
-    });
-    (void)landed_f.wait_for(std::chrono::milliseconds(300));
-  };
+  during_next_read([&] { EXPECT_TRUE(svc_.RespSet(tenant(), "a", "v2", 0).ok()); });
   ASSERT_TRUE(svc_.RespExpire(tenant(), "a", 60000).ok());
   writer.join();
   ASSERT_TRUE(svc_.RespGet(tenant(), "a", &v).ok());
   EXPECT_EQ(v, "v2") << "EXPIRE put the old value back over an acknowledged SET";
   EXPECT_EQ(svc_.RespTtlMs(tenant(), "a"), -1) << "the SET came after the EXPIRE";
 
-  std::promise<void> deleted;
-  std::future<void> deleted_f = deleted.get_future();
-  store_.after_next_get = [&] {
-    writer = std::thread([&] {
-      EXPECT_TRUE(svc_.RespDel(tenant(), "a").ok());
-      deleted.set_value();
-    });
-    (void)deleted_f.wait_for(std::chrono::milliseconds(300));
-  };
+  during_next_read([&] { EXPECT_TRUE(svc_.RespDel(tenant(), "a").ok()); });
   ASSERT_TRUE(svc_.RespExpire(tenant(), "a", 60000).ok());
   writer.join();
   EXPECT_TRUE(svc_.RespGet(tenant(), "a", &v).IsNotFound()) << "EXPIRE brought a deleted key back";
 
   ASSERT_TRUE(svc_.RespSet(tenant(), "b", "v1", 0).ok());
-  std::promise<void> set_b;
-  std::future<void> set_b_f = set_b.get_future();
-  store_.after_next_get = [&] {
-    writer = std::thread([&] {
-      EXPECT_TRUE(svc_.RespSet(tenant(), "b", "v3", 0).ok());
-      set_b.set_value();
-    });
-    (void)set_b_f.wait_for(std::chrono::milliseconds(300));
-  };
+  during_next_read([&] { EXPECT_TRUE(svc_.RespSet(tenant(), "b", "v3", 0).ok()); });
   resp::SetOptions xx;
   xx.cond = resp::SetOptions::Cond::kIfPresent;
   xx.keep_ttl = true;

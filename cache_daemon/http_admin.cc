@@ -11,8 +11,9 @@
 //     tenant label, the tenant_bytes object) only to an admin token; /v1/stats shows a
 //     non-admin tenant its own bytes; without a token both show aggregate figures only;
 //   - GET /v1/whatif (aggregate curves) and the page's files answer everyone;
-//   - GET /v1/unit?key=<64 hex> describes the caller's own unit of that chain key (401
-//     without a valid token); only an admin may add &tenant=<name> for another tenant's (403);
+//   - GET /v1/unit?key=<64 hex> (or resp=<RESP key>) describes the caller's own unit of that
+//     chain key (or RESP key) (401 without a valid token); only an admin may add
+//     &tenant=<name> for another tenant's (403);
 //   - a malformed Authorization header or an unknown token is answered 401 and counted in
 //     kvtier_auth_failures_total, never silently downgraded.
 // With auth off (loopback only) every request is the admin tenant "default".
@@ -40,13 +41,17 @@
 #include <boost/beast/http.hpp>
 #include <cctype>
 #include <chrono>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
 
 #include "cache_daemon/cluster_json.h"
 #include "cache_daemon/daemon_internal.h"
 #include "cache_daemon/dashboard_assets.h"
 #include "common/clock.h"
 #include "common/key_spec.h"
+#include "common/url_query.h"
 
 namespace kvtier::daemon::internal {
 namespace {
@@ -351,36 +356,45 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
     return Text(res, http::status::ok, shared_->whatif->Json(), "application/json");
   }
 
-  // GET /v1/unit?key=<64 hex digits>[&tenant=<name>]: what this node holds of a unit
-  // (Service::UnitJson). Each parameter at most once, no others: 400 otherwise.
+  // GET /v1/unit?key=<64 hex digits>|resp=<name>[&tenant=<name>]: what this node holds of a
+  // unit (Service::UnitJson, RespUnitJson). Values are form-encoded (PercentDecode). Each
+  // parameter at most once, exactly one of key and resp, no others: 400 otherwise.
   void UnitJson(const Caller& caller, std::string_view query,
                 http::response<http::string_body>* res) {
     auto bad = [&](const std::string& why) {
       Text(res, http::status::bad_request, nlohmann::json{{"error", why}}.dump(),
            "application/json");
     };
-    std::string_view key_hex, tenant_name;
-    bool key_seen = false, tenant_seen = false;
+    static constexpr std::string_view kUsage =
+        "/v1/unit takes key=<64 hex digits> or resp=<form-encoded RESP key> and, for an admin, "
+        "tenant=<name>, once each";
+    static constexpr std::string_view kNames[] = {"key", "resp", "tenant"};
+    std::optional<std::string> values[3];
     for (std::string_view rest = query; !query.empty();) {
       const size_t amp = rest.find('&');
       const std::string_view part = rest.substr(0, amp);
       const size_t eq = part.find('=');
       const std::string_view name = part.substr(0, eq);
-      bool* seen = name == "key" ? &key_seen : name == "tenant" ? &tenant_seen : nullptr;
-      if (seen == nullptr || *seen || eq == std::string_view::npos) {
-        return bad(
-            "/v1/unit takes key=<64 hex digits> and, for an admin, tenant=<name>, once "
-            "each");
-      }
-      *seen = true;
-      (name == "key" ? key_hex : tenant_name) = part.substr(eq + 1);
+      const auto* at = std::find(std::begin(kNames), std::end(kNames), name);
+      if (at == std::end(kNames) || eq == std::string_view::npos) return bad(std::string(kUsage));
+      std::optional<std::string>& value = values[at - std::begin(kNames)];
+      if (value.has_value()) return bad(std::string(kUsage));
+      value = PercentDecode(part.substr(eq + 1));
+      if (!value.has_value()) return bad(std::string(name) + ": a '%' without two hex digits");
       if (amp == std::string_view::npos) break;
       rest = rest.substr(amp + 1);
     }
-    StatusOr<Digest> chain = DigestFromHex(key_hex);
-    if (!chain.ok()) return bad("key: want the unit's chain key as 64 hex digits");
+    const std::optional<std::string>&key_hex = values[0], &resp_name = values[1],
+          &tenant_name = values[2];
+    if (key_hex.has_value() == resp_name.has_value()) return bad(std::string(kUsage));
+    std::optional<Digest> chain;
+    if (key_hex.has_value()) {
+      StatusOr<Digest> parsed = DigestFromHex(*key_hex);
+      if (!parsed.ok()) return bad("key: want the unit's chain key as 64 hex digits");
+      chain = *parsed;
+    }  // a RESP key may be any bytes, empty included (as redis's), bounded by the header limit
     const Tenant* tenant = caller.tenant;
-    if (tenant_seen && tenant_name != tenant->name) {
+    if (tenant_name.has_value() && *tenant_name != tenant->name) {
       if (!caller.admin()) {
         shared_->metrics->auth_failures.fetch_add(1);
         return Text(res, http::status::forbidden,
@@ -389,14 +403,18 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
       }
       tenant = nullptr;
       for (const auto& t : shared_->tenants->tenants()) {
-        if (t->name == tenant_name) tenant = t.get();
+        if (t->name == *tenant_name) tenant = t.get();
       }
       if (tenant == nullptr) {
         return Text(res, http::status::not_found, "{\"error\":\"no such tenant\"}",
                     "application/json");
       }
     }
-    Text(res, http::status::ok, shared_->service->UnitJson(*tenant, *chain), "application/json");
+    Service* svc = shared_->service;
+    Text(
+        res, http::status::ok,
+        chain.has_value() ? svc->UnitJson(*tenant, *chain) : svc->RespUnitJson(*tenant, *resp_name),
+        "application/json");
   }
 
   void Route(const http::request<http::string_body>& req, http::response<http::string_body>* res) {

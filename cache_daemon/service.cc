@@ -13,6 +13,7 @@
 #include "common/clock.h"
 #include "common/endian.h"
 #include "common/json_limits.h"
+#include "common/json_text.h"
 #include "common/key_spec.h"
 
 namespace kvtier::daemon {
@@ -495,13 +496,17 @@ std::string Service::StatsJson(const Tenant* t) const {
   return j.dump();
 }
 
-std::string Service::UnitJson(const Tenant& t, const wire::Key& chain) const {
-  const storage::Key key = Bind(t, chain);
-  nlohmann::json j;
-  j["tenant"] = t.name;
-  j["key"] = ToHex(chain);
+namespace {
+
+// UnitJson's and RespUnitJson's description of one storage key (their JSON's common fields);
+// `routed`: the cluster places the key (native units; RESP keys stay on the node they were
+// written to, so they have no owners).
+void DescribeUnit(storage::TierManager& store, const ClusterCopies* copies,
+                  const cluster::Router* router, const storage::Key& key, bool routed,
+                  nlohmann::json* out) {
+  nlohmann::json& j = *out;
   storage::UnitInfo u;
-  const bool held = store_->Describe(key, &u);
+  const bool held = store.Describe(key, &u);
   j["held"] = held;
   if (held) {
     j["tier"] = storage::TierName(u.tier);
@@ -512,17 +517,34 @@ std::string Service::UnitJson(const Tenant& t, const wire::Key& chain) const {
     j["recompute_tokens"] = u.recompute_tokens;
     j["ttl_left_ms"] = u.ttl_left_ms == 0 ? nlohmann::json(nullptr) : nlohmann::json(u.ttl_left_ms);
     j["allow_ssd"] = u.allow_ssd;
-    j["get_copy"] = copies_ != nullptr && copies_->IsCopy(key);
+    j["get_copy"] = copies != nullptr && copies->IsCopy(key);
   }
-  if (router_ != nullptr) {
-    auto view = router_->View();
+  if (router != nullptr) j["node"] = router->self_id();
+  if (router != nullptr && routed) {
+    auto view = router->View();
     nlohmann::json owners = nlohmann::json::array();
-    for (size_t i : router_->Owners(key, *view)) owners.push_back(view->members[i].node_id);
-    j["node"] = router_->self_id();
+    for (size_t i : router->Owners(key, *view)) owners.push_back(view->members[i].node_id);
     j["owners"] = owners;
-    j["owned_here"] = router_->OwnsLocally(key);
+    j["owned_here"] = router->OwnsLocally(key);
   }
-  return j.dump();
+}
+
+}  // namespace
+
+std::string Service::UnitJson(const Tenant& t, const wire::Key& chain) const {
+  nlohmann::json j;
+  j["tenant"] = t.name;
+  j["key"] = ToHex(chain);
+  DescribeUnit(*store_, copies_, router_, Bind(t, chain), /*routed=*/true, &j);
+  return JsonText(j);
+}
+
+std::string Service::RespUnitJson(const Tenant& t, std::string_view name) const {
+  nlohmann::json j;
+  j["tenant"] = t.name;
+  j["resp_key"] = std::string(name);
+  DescribeUnit(*store_, copies_, router_, BindResp(t, name), /*routed=*/false, &j);
+  return JsonText(j);
 }
 
 PolicySettings Service::policy() const {

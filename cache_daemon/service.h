@@ -186,6 +186,9 @@ class Service {
   // whether it is a GET copy), from metadata alone (TierManager::Describe: nothing read or
   // counted), and in cluster mode the unit's owners under this node's view (GET /v1/unit).
   std::string UnitJson(const Tenant& t, const wire::Key& chain) const;
+  // The same for t's RESP key `name` (any bytes; the JSON names it with U+FFFD for each byte
+  // that is not UTF-8), without owners: RESP keys stay on the node they were written to.
+  std::string RespUnitJson(const Tenant& t, std::string_view name) const;
   // Body: {"eviction": "...", "admission": "...", "params": {"k": "v"}, "seed": N}; absent
   // fields keep their current value. InvalidArgument for bad JSON, objects or arrays nested
   // more than 16 levels deep (the body is the first), or an unknown policy.

@@ -12,6 +12,7 @@
 #include "cache_daemon/client.h"
 #include "common/key_spec.h"
 #include "tests/cache_daemon/tls_test_util.h"
+#include "tests/crash/resp_client.h"
 #include "tests/e2e/kvtierd_process.h"
 #include "tests/e2e/kvtierd_test.h"
 
@@ -513,6 +514,68 @@ TEST_F(SecurityE2eTest, UnitDescriptionsOnlyForTheirTenantOrAnAdmin) {
                                                 "?key=" + hex + "&"};
   for (const std::string& q : bad_queries) {
     r = kt::HttpRequest(port, "GET", "/v1/unit" + q, "", kAlice);
+    EXPECT_NE(r.find("HTTP/1.1 400 "), std::string::npos) << q << ": " << r;
+  }
+  EXPECT_NE(kt::HttpRequest(port, "GET", "/healthz").find("200 OK"), std::string::npos);
+}
+
+// RESP keys by name (resp=, form-encoded): the key bob SET, with its TTL, only bob's or an
+// admin's; any bytes in the name, escaped, and the JSON naming it without throwing on bytes
+// that are not UTF-8.
+TEST_F(SecurityE2eTest, RespKeyDescriptionsOnlyForTheirTenantOrAnAdmin) {
+  ASSERT_TRUE(StartWithNative(Storage() + "[auth]\ntokens_file = \"" + TokensFile() + "\"\n"));
+  auto bob = crash::RespClient::Connect(d_->resp_port(), 5000);
+  ASSERT_TRUE(bob.ok()) << bob.status().ToString();
+  const std::string name = "user:1 +x\xff";
+  for (const std::vector<std::string_view>& cmd : std::vector<std::vector<std::string_view>>{
+           {"AUTH", "tok-bob"}, {"SET", name, "hello", "EX", "600"}, {"SET", "a b", "no expiry"}}) {
+    StatusOr<crash::RespReply> r = (*bob)->Call(cmd);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->type, crash::RespReply::Type::kSimple) << cmd[0] << ": " << r->str;
+  }
+  const uint16_t port = d_->http_port();
+  const std::string kAlice = "Authorization: Bearer tok-alice\r\n";
+  const std::string kBob = "Authorization: Bearer tok-bob\r\n";
+  auto get = [&](const std::string& query, const std::string& auth, std::string* reply) {
+    *reply = kt::HttpRequest(port, "GET", "/v1/unit" + query, "", auth);
+    const size_t at = reply->find("\r\n\r\n");
+    return at == std::string::npos ? nlohmann::json()
+                                   : nlohmann::json::parse(reply->substr(at + 4));
+  };
+  const std::string escaped = "?resp=user%3A1%20%2Bx%FF";  // %3a would do as well
+  std::string r;
+  nlohmann::json j = get(escaped, kBob, &r);
+  ASSERT_NE(r.find("200 OK"), std::string::npos) << r;
+  EXPECT_EQ(j["tenant"], "bob");
+  EXPECT_EQ(j["resp_key"], "user:1 +x\xef\xbf\xbd") << "U+FFFD for the byte 0xff";
+  EXPECT_EQ(j["held"], true);
+  EXPECT_EQ(j["kind"], "blob");
+  ASSERT_TRUE(j["ttl_left_ms"].is_number()) << r;
+  EXPECT_GT(j["ttl_left_ms"].get<uint64_t>(), 0u);
+  EXPECT_LE(j["ttl_left_ms"].get<uint64_t>(), 600000u);
+  EXPECT_FALSE(j.contains("key")) << "a RESP key has no chain key";
+  EXPECT_EQ(get("?resp=user:1+%2bx%ff", kBob, &r)["held"], true) << "'+' is a space: " << r;
+  j = get("?resp=a+b", kBob, &r);
+  EXPECT_EQ(j["held"], true) << r;
+  EXPECT_TRUE(j["ttl_left_ms"].is_null()) << r;
+  EXPECT_EQ(get("?resp=user%3A1", kBob, &r)["held"], false) << "a prefix is another key";
+  EXPECT_EQ(get("?resp=", kBob, &r)["held"], false) << "the empty key is a key: " << r;
+
+  // The same name is alice's own (absent) key; naming bob takes an admin.
+  j = get(escaped, kAlice, &r);
+  EXPECT_EQ(j["tenant"], "alice");
+  EXPECT_EQ(j["held"], false);
+  EXPECT_EQ(get(escaped + "&tenant=bob", kAlice, &r)["held"], true) << r;
+  EXPECT_EQ(get("?tenant=b%6fb&resp=a+b", kAlice, &r)["held"], true) << "tenant decoded: " << r;
+  get(escaped + "&tenant=alice", kBob, &r);
+  EXPECT_NE(r.find("HTTP/1.1 403 "), std::string::npos) << r;
+  EXPECT_EQ(r.find("\"held\""), std::string::npos) << r;
+
+  const std::vector<std::string> bad_queries = {
+      "?resp=%zz", "?resp=a%2",   "?resp=a&resp=a",  "?resp=a&key=" + ToHex(TestKey(1)),
+      "?resp",     "?tenant=bob", "?resp=a&tenant=%"};
+  for (const std::string& q : bad_queries) {
+    get(q, kAlice, &r);
     EXPECT_NE(r.find("HTTP/1.1 400 "), std::string::npos) << q << ": " << r;
   }
   EXPECT_NE(kt::HttpRequest(port, "GET", "/healthz").find("200 OK"), std::string::npos);

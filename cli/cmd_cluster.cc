@@ -3,6 +3,7 @@
 //
 //   kvtier cluster status --etcd 127.0.0.1:2379[,URL...] [--prefix /kvtier/] [--json]
 //   kvtier cluster drain NODE --etcd 127.0.0.1:2379[,URL...] [--prefix /kvtier/] [--undo]
+//   (kvtier cluster where: cmd_cluster_where.cc)
 //
 // Reads <prefix>members/ once (cluster/etcd_client), decodes every record with DecodeMember
 // (a record that does not decode is listed as bad, never trusted) and asks etcd how long each
@@ -25,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/cluster_members.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cluster/etcd_client.h"
@@ -39,8 +41,6 @@ namespace kvtier::cli {
 namespace {
 
 constexpr uint64_t kOwnershipSampleKeys = 4096;
-// Records read (and lease lookups made) at most; the daemons' [cluster] members_max default.
-constexpr int64_t kMembersListedMax = 1024;
 
 // Members queried at once for their health (each query is two short HTTP GETs).
 constexpr size_t kHealthQueriesParallelMax = 32;
@@ -166,11 +166,7 @@ std::string ProgressBar(double fraction) {
   return "[" + std::string(filled, '#') + std::string(kWidth - filled, '-') + "] " + pct;
 }
 
-struct MemberRow {
-  std::string key;  // etcd key
-  cluster::MemberInfo info;
-  Status decode = Status::Ok();
-  int64_t lease = 0;
+struct MemberRow : MemberRecord {
   int64_t ttl_left_s = -1;  // -1: unknown (no lease, or the lookup failed)
   uint64_t owner_slots = 0;
   Health health;
@@ -235,40 +231,26 @@ int RunStatus(Args args) {
   flags.Bool("no-health", &no_health, "do not query the members' admin fronts");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
 
-  cluster::EtcdOptions options{.endpoints = SplitComma(etcd), .request_timeout_ms = timeout_ms};
-  cluster::MembershipOptions check;
-  check.etcd = options;
-  check.key_prefix = prefix;
-  check.self.node_id = "status";
-  check.self.peer_endpoint = "127.0.0.1:1";
-  if (Status st = cluster::ValidateMembershipOptions(check); !st.ok()) {
-    std::fprintf(stderr, "kvtier cluster status: %s\n", st.ToString().c_str());
+  auto options = EtcdFlags(etcd, prefix, timeout_ms);
+  if (!options.ok()) {
+    std::fprintf(stderr, "kvtier cluster status: %s\n", options.status().ToString().c_str());
     return 2;
   }
-  cluster::EtcdClient client(options);
+  cluster::EtcdClient client(*options);
   const std::string members_prefix = prefix + "members/";
-  auto range = client.RangePrefix(members_prefix, kMembersListedMax + 1);
-  if (!range.ok()) {
+  auto list = ReadMembers(client, prefix);
+  if (!list.ok()) {
     std::fprintf(stderr, "kvtier cluster status: cannot read %s from etcd (%s): %s\n",
-                 members_prefix.c_str(), etcd.c_str(), range.status().ToString().c_str());
+                 members_prefix.c_str(), etcd.c_str(), list.status().ToString().c_str());
     return 1;
   }
-  const bool truncated = range->kvs.size() > static_cast<size_t>(kMembersListedMax);
-  if (truncated) range->kvs.resize(kMembersListedMax);
+  const bool truncated = list->truncated;
   std::vector<MemberRow> rows;
-  for (const cluster::EtcdKeyValue& kv : range->kvs) {
-    MemberRow row{.key = kv.key, .lease = kv.lease};
-    auto info = cluster::DecodeMember(kv.value);
-    if (info.ok() && info->node_id != kv.key.substr(members_prefix.size())) {
-      info = Status::Corruption("node id does not match its key");
-    }
-    if (info.ok()) {
-      row.info = *info;
-    } else {
-      row.decode = info.status();
-    }
-    if (kv.lease != 0) {
-      auto ttl = client.LeaseTimeToLive(kv.lease);
+  for (MemberRecord& record : list->records) {
+    MemberRow row;
+    static_cast<MemberRecord&>(row) = std::move(record);
+    if (row.lease != 0) {
+      auto ttl = client.LeaseTimeToLive(row.lease);
       if (ttl.ok()) row.ttl_left_s = *ttl;
     }
     rows.push_back(std::move(row));
@@ -332,7 +314,7 @@ int RunStatus(Args args) {
     nlohmann::ordered_json j;
     j["etcd"] = etcd;
     j["prefix"] = prefix;
-    j["revision"] = range->revision;
+    j["revision"] = list->revision;
     j["replicas"] = replicas;
     j["sample_keys"] = kOwnershipSampleKeys;
     j["truncated"] = truncated;  // more than kMembersListedMax records: the first ones shown
@@ -393,7 +375,7 @@ int RunStatus(Args args) {
     return 0;
   }
   std::printf("etcd %s  prefix %s  revision %lld  replicas %llu\n", etcd.c_str(), prefix.c_str(),
-              static_cast<long long>(range->revision), static_cast<unsigned long long>(replicas));
+              static_cast<long long>(list->revision), static_cast<unsigned long long>(replicas));
   std::printf("%-20s %-22s %-12s %12s %14s %-8s %9s %7s %-11s %9s %9s %7s %7s %s\n", "NODE", "PEER",
               "DOMAIN", "DRAM_BYTES", "SSD_BYTES", "DRAINING", "LEASE_S", "SHARE", "HEALTH",
               "SUSPECTED", "CLOCK_S", "UNDER", "MOVES", "REPAIR");
@@ -527,12 +509,15 @@ int RunCluster(Args args) {
                  "usage: kvtier cluster status --etcd URL[,URL] [flags]   "
                  "(kvtier cluster status --help)\n"
                  "       kvtier cluster drain NODE --etcd URL[,URL] [--undo]   "
-                 "(kvtier cluster drain --help)\n");
+                 "(kvtier cluster drain --help)\n"
+                 "       kvtier cluster where --key HEX|--resp NAME --etcd URL[,URL] [flags]   "
+                 "(kvtier cluster where --help)\n");
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "status") return RunStatus(args.subspan(1));
   if (args[0] == "drain") return RunClusterDrain(args.subspan(1));
-  std::fprintf(stderr, "kvtier cluster: unknown subcommand '%.*s' (want: status, drain)\n",
+  if (args[0] == "where") return RunClusterWhere(args.subspan(1));
+  std::fprintf(stderr, "kvtier cluster: unknown subcommand '%.*s' (want: status, drain, where)\n",
                static_cast<int>(args[0].size()), args[0].data());
   return 2;
 }

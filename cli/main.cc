@@ -32,7 +32,9 @@ constexpr Command kCommands[] = {
      kvtier::cli::RunPutFile},
     {"get-file", "read back and verify a file stored by put-file", kvtier::cli::RunGetFile},
     {"policy", "get or switch kvtierd's live eviction/admission policy", kvtier::cli::RunPolicy},
-    {"cluster", "`cluster status`: members, health, shares, repair; `cluster drain NODE`",
+    {"cluster",
+     "`cluster status`: members, health, shares, repair; `cluster drain NODE`; `cluster where`: "
+     "who holds a unit",
      kvtier::cli::RunCluster},
     {"drain", "flush kvtierd and mark it not ready (--shutdown stops it)", kvtier::cli::RunDrain},
     {"sim", "replay a trace through eviction/admission policies; `sim gen` makes one",

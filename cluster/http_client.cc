@@ -127,16 +127,25 @@ Status HttpStream::Fill(uint64_t wait_ms) {
 }
 
 Status HttpStream::Open(const HttpEndpoint& endpoint, std::string_view path, std::string_view body,
-                        const HttpLimits& limits, std::string_view method) {
+                        const HttpLimits& limits, std::string_view method,
+                        std::string_view bearer_token) {
+  for (char c : bearer_token) {
+    if (c < 0x21 || c > 0x7e) {
+      return Status::InvalidArgument("bearer token: a byte outside printable ASCII");
+    }
+  }
   auto deadline = Clock::now() + std::chrono::milliseconds(limits.timeout_ms);
   parser_.emplace(limits.head_bytes_max, limits.chunk_bytes_max);
   KVTIER_ASSIGN_OR_RETURN(fd_, Connect(endpoint, deadline));
   const bool get = method == "GET";
   if (get) body = {};
-  std::string req = std::string(get ? "GET " : "POST ") + std::string(path) +
-                    " HTTP/1.1\r\nHost: " + endpoint.ToString() + "\r\nConnection: close\r\n" +
-                    (get ? "" : "Content-Type: application/json\r\n") +
-                    "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+  std::string req =
+      std::string(get ? "GET " : "POST ") + std::string(path) +
+      " HTTP/1.1\r\nHost: " + endpoint.ToString() + "\r\nConnection: close\r\n" +
+      (bearer_token.empty() ? std::string()
+                            : "Authorization: Bearer " + std::string(bearer_token) + "\r\n") +
+      (get ? "" : "Content-Type: application/json\r\n") +
+      "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n";
   req.append(body);
   KVTIER_RETURN_IF_ERROR(SendAll(fd_, req, deadline));
 
@@ -171,10 +180,10 @@ namespace {
 
 StatusOr<HttpResponse> HttpCall(const HttpEndpoint& endpoint, std::string_view method,
                                 std::string_view path, std::string_view body,
-                                const HttpLimits& limits) {
+                                const HttpLimits& limits, std::string_view bearer_token = {}) {
   auto deadline = Clock::now() + std::chrono::milliseconds(limits.timeout_ms);
   HttpStream stream;
-  KVTIER_RETURN_IF_ERROR(stream.Open(endpoint, path, body, limits, method));
+  KVTIER_RETURN_IF_ERROR(stream.Open(endpoint, path, body, limits, method, bearer_token));
   HttpResponse response;
   response.status = stream.status();
   for (;;) {
@@ -199,8 +208,8 @@ StatusOr<HttpResponse> HttpPost(const HttpEndpoint& endpoint, std::string_view p
 }
 
 StatusOr<HttpResponse> HttpGet(const HttpEndpoint& endpoint, std::string_view path,
-                               const HttpLimits& limits) {
-  return HttpCall(endpoint, "GET", path, {}, limits);
+                               const HttpLimits& limits, std::string_view bearer_token) {
+  return HttpCall(endpoint, "GET", path, {}, limits, bearer_token);
 }
 
 }  // namespace kvtier::cluster

@@ -50,9 +50,11 @@ struct HttpResponse {
 StatusOr<HttpResponse> HttpPost(const HttpEndpoint& endpoint, std::string_view path,
                                 std::string_view body, const HttpLimits& limits);
 
-// GET path, otherwise as HttpPost (used for a member's /readyz and /metrics).
+// GET path, otherwise as HttpPost (used for a member's /readyz, /metrics and /v1/unit). A
+// non-empty bearer_token is sent as "Authorization: Bearer <token>"; InvalidArgument (nothing
+// sent) for a token with a byte outside printable ASCII, which could end the header.
 StatusOr<HttpResponse> HttpGet(const HttpEndpoint& endpoint, std::string_view path,
-                               const HttpLimits& limits);
+                               const HttpLimits& limits, std::string_view bearer_token = {});
 
 // A POST whose response body is read as it arrives.
 class HttpStream {
@@ -64,9 +66,10 @@ class HttpStream {
 
   // Connects, sends the request and reads the response head (within limits.timeout_ms).
   // Errors as HttpPost; a non-2xx status is reported in status() and Read returns the body.
-  // method: "POST" (a JSON body) or "GET" (body ignored).
+  // method: "POST" (a JSON body) or "GET" (body ignored); bearer_token as HttpGet's.
   Status Open(const HttpEndpoint& endpoint, std::string_view path, std::string_view body,
-              const HttpLimits& limits, std::string_view method = "POST");
+              const HttpLimits& limits, std::string_view method = "POST",
+              std::string_view bearer_token = {});
   int status() const { return status_; }
 
   // Appends body bytes that arrive within wait_ms to *out (possibly none: Retry when nothing

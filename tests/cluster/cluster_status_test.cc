@@ -125,6 +125,66 @@ TEST_F(ClusterStatusTest, EtcdDownAndBadFlagsFailClearly) {
   EXPECT_NE(out.find("cannot read /kvtier/members/ from etcd"), std::string::npos) << out;
 }
 
+// `kvtier cluster where`: every member answers for the token's tenant; the unit's two owners
+// hold it and say they own it, the third does neither; bob's token names bob's own (absent)
+// unit; bob naming alice is refused by every member (exit 1, each row says why).
+TEST_F(ClusterStatusTest, WhereShowsWhichMembersOwnAndHoldAUnit) {
+  auto alice = Connect(0, "tok-alice");
+  ASSERT_NE(alice, nullptr);
+  PutSession(alice.get(), "where");
+  const std::string hex = ToHex(ChainKey("where", 1));
+  const std::string where = "cluster where --key " + hex + " " + EtcdFlag();
+  std::string out;
+  ASSERT_EQ(Kvtier(where + " --token tok-alice", &out), 0) << out;
+  EXPECT_NE(out.find("tenant alice"), std::string::npos) << out;
+  EXPECT_NE(out.find("2 of 2 owner(s) hold it; 0 other member(s) hold it"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("3 of 3 member(s) answered"), std::string::npos) << out;
+  EXPECT_EQ(out.find("views differ"), std::string::npos) << out;
+  int owners = 0;
+  for (int i = 0; i < kNodes; ++i) {
+    const std::vector<std::string> w = RowWords(out, "n" + std::to_string(i));
+    ASSERT_GE(w.size(), 3u) << out;
+    EXPECT_EQ(w[2], w[1]) << "an owner holds it, the other member does not: " << out;
+    owners += w[1] == "yes" ? 1 : 0;
+  }
+  EXPECT_EQ(owners, 2) << out;
+
+  ASSERT_EQ(Kvtier(where + " --token tok-alice --json", &out), 0) << out;
+  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["tenant"], "alice");
+  EXPECT_EQ(j["key"], hex);
+  EXPECT_EQ(j["views_agree"], true);
+  EXPECT_EQ(j["owners_holding"], 2);
+  ASSERT_EQ(j["members"].size(), static_cast<size_t>(kNodes)) << out;
+  for (const auto& m : j["members"]) {
+    ASSERT_TRUE(m["error"].is_null()) << m;
+    EXPECT_EQ(m["unit"]["held"], m["unit"]["owned_here"]) << m;
+    EXPECT_EQ(m["unit"]["node"], m["node_id"]) << m;
+    if (m["unit"]["held"] == true) {
+      EXPECT_EQ(m["unit"]["kind"], "global_kv") << m;
+    }
+  }
+
+  ASSERT_EQ(Kvtier(where + " --token tok-bob", &out), 0) << out;
+  EXPECT_NE(out.find("tenant bob"), std::string::npos) << out;
+  EXPECT_NE(out.find("0 of 2 owner(s) hold it; 0 other member(s) hold it"), std::string::npos)
+      << out;
+  EXPECT_EQ(Kvtier(where + " --token tok-bob --tenant alice", &out), 1) << out;
+  size_t refused = 0;
+  for (size_t at = out.find("HTTP 403"); at != std::string::npos; at = out.find("HTTP 403", at + 1))
+    ++refused;
+  EXPECT_EQ(refused, static_cast<size_t>(kNodes)) << out;
+  EXPECT_NE(out.find("0 of 3 member(s) answered"), std::string::npos) << out;
+
+  for (const std::string& bad :
+       {where + " --resp x", "cluster where " + EtcdFlag(), "cluster where --key 12 " + EtcdFlag(),
+        where + " --token 'a b'", "cluster where --key " + hex}) {
+    EXPECT_EQ(Kvtier(bad, &out), 2) << bad << ": " << out;
+  }
+}
+
 TEST_F(ClusterStatusTest, ClusterNodeMetricsPassPromtool) {
   if (kt::RunShell("command -v promtool") != 0) GTEST_SKIP() << "no promtool";
   std::string page = Metrics(0);

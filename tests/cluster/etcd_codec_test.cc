@@ -72,6 +72,25 @@ TEST(HttpClientTest, ReadsChunkedAndLengthDelimitedBodies) {
   }
 }
 
+TEST(HttpClientTest, AGetCarriesItsBearerTokenAndRefusesOneThatWouldEndTheHeader) {
+  HttpLimits limits;
+  ScriptedHttpServer s({"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n"},
+                       {"GET /v1/unit?key=ab HTTP/1.1\r\n", "\r\nAuthorization: Bearer tok-x\r\n"},
+                       HttpOk("held"));
+  auto r = HttpGet(Endpoint(s), "/v1/unit?key=ab", limits, "tok-x");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->body, "held");
+  r = HttpGet(Endpoint(s), "/v1/unit?key=ab", limits);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->status, 401) << "no token, no header";
+  for (std::string_view bad : {"tok\r\nX-Admin: 1", "tok x", "tok\x7f", "t\xc3\xa9"}) {
+    r = HttpGet(Endpoint(s), "/v1/unit?key=ab", limits, bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
 TEST(HttpClientTest, HostileResponsesAreErrorsNotCrashes) {
   HttpLimits limits;
   limits.body_bytes_max = 10;

@@ -55,7 +55,7 @@ TEST(CliHelpTest, NoCommandShowsASentinelAsItsDefault) {
     ExpectNoSentinel("cli/kvtier", c);
   }
   for (const char* c : {"bench storage", "bench engram", "engram build", "engram grant", "sim",
-                        "sim gen", "cluster status", "cluster drain"}) {
+                        "sim gen", "cluster status", "cluster drain", "cluster where"}) {
     ExpectNoSentinel("cli/kvtier", c);
   }
   for (const std::string& c : engine) ExpectNoSentinel("engine/kvtier-engine", c);

@@ -22,11 +22,27 @@
 //   kvtier_spec_engram_bench --config C --model M --draft D --text FILE
 //       [--prompts N --prompt-bytes B --max-new N --draft-lens 1,3,5 --threads 1
 //        --hot-cache-kib 0 --server-busy-poll-us 20000 --wait-spin-us 200 --share-connections 1
-//        --hold-requests 1 --local-control 0]
+//        --hold-requests 1 --local-control 0 --server-cpu C --engine-cpu C]
+//
+// --server-cpu / --engine-cpu pin the row server's threads and the engine side's (the engine,
+// its pool, the row fetcher's I/O thread) to one CPU each: threads take their creator's
+// affinity, so the main thread pins itself to the server's CPU before starting the server and
+// to the engine's before creating the rest. With the loopback device's receive steering (RPS:
+// /sys/class/net/lo/queues/rx-0/rps_cpus) set to the server's CPU, the receiving sockets'
+// protocol processing runs there instead of inside the sender's system call, as a remote row
+// server's host and a NIC interrupt steered off the engine's core would do it
+// (docs/performance/speculative.md, "Remote Engram with the peer's protocol work on its own
+// core").
+#include <pthread.h>
+#include <sched.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +65,21 @@ namespace {
 constexpr uint64_t kPromptsMax = 1000, kMaxNewMax = 4096, kPromptBytesMax = 4096;
 constexpr uint64_t kThreadsMax = 64, kHotCacheKibMax = 1 << 20;
 constexpr size_t kListMax = 16;
+
+// Pins the calling thread to `cpu` (none: leaves it as it is); threads it creates later inherit
+// the mask.
+Status PinThisThread(std::optional<uint64_t> cpu) {
+  if (!cpu.has_value()) return Status::Ok();
+  if (*cpu >= CPU_SETSIZE) return Status::InvalidArgument("cpu out of range");
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(static_cast<int>(*cpu), &set);
+  const int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  if (rc != 0) {
+    return Status::InvalidArgument("cpu " + std::to_string(*cpu) + ": " + std::strerror(rc));
+  }
+  return Status::Ok();
+}
 using Clock = std::chrono::steady_clock;
 
 int Fail(const Status& s) {
@@ -133,6 +164,7 @@ int Main(int argc, char** argv) {
   // The row server's busy-polling window outlasts a local run (~10 ms): a shorter one lets it
   // sleep during the local run, and the next remote run's first request waits for its wake-up.
   uint64_t busy_poll_us = 20000, spin_us = 200, share = 1, hold = 1, control = 0;
+  std::optional<uint64_t> server_cpu, engine_cpu;
   std::string only;
   AddSpecPathFlags(&flags, &paths);
   flags.Uint("prompts", &prompts, "prompts");
@@ -148,6 +180,11 @@ int Main(int argc, char** argv) {
              "1 (the engine's default): a step's requests of all slots leave in "
              "one send; 0: one send per slot");
   flags.Uint("local-control", &control, "1: a second local arm (the overhead's noise floor)");
+  flags.OptionalUint("server-cpu", &server_cpu, "pin the row server's threads to this CPU",
+                     "not pinned", 0, CPU_SETSIZE - 1);
+  flags.OptionalUint("engine-cpu", &engine_cpu,
+                     "pin the engine, its pool and the row fetcher's threads to this CPU",
+                     "not pinned", 0, CPU_SETSIZE - 1);
   flags.String("only", &only, "ARM",
                "run one arm, local or remote, and report its rates alone (for a profiler)");
   std::vector<std::string_view> args(argv + 1, argv + argc);
@@ -179,7 +216,9 @@ int Main(int argc, char** argv) {
   rdma::RowServerOptions so;
   so.busy_poll_us = busy_poll_us;
   rdma::RowServer server(so);
+  if (Status s = PinThisThread(server_cpu); !s.ok()) return Fail(s);
   if (Status s = server.Start(); !s.ok()) return Fail(s);
+  if (Status s = PinThisThread(engine_cpu); !s.ok()) return Fail(s);
   EngramExportOptions eo;
   eo.out_dir = dir.path() + "/tables";
   eo.endpoints = {"127.0.0.1:" + std::to_string(server.port())};
@@ -236,11 +275,16 @@ int Main(int argc, char** argv) {
   std::printf(
       "transport %s, threads %llu, hot cache %llu KiB, server busy poll %llu us, wait spin %llu "
       "us, shared connections %llu, hold requests %llu, %llu prompts x %llu tokens, arms "
-      "rotated%s\n",
+      "rotated%s%s\n",
       (*remote)->transport_name(), (unsigned long long)threads, (unsigned long long)hot_kib,
       (unsigned long long)busy_poll_us, (unsigned long long)spin_us, (unsigned long long)share,
       (unsigned long long)hold, (unsigned long long)prompts, (unsigned long long)max_new,
-      arms == 3 ? ", local control" : "");
+      arms == 3 ? ", local control" : "",
+      !server_cpu && !engine_cpu
+          ? ""
+          : (", server on cpu " + (server_cpu ? std::to_string(*server_cpu) : "any") +
+             ", engine on cpu " + (engine_cpu ? std::to_string(*engine_cpu) : "any"))
+                .c_str());
   const double tokens = static_cast<double>(prompts * max_new);
   if (!only.empty()) {
     const int arm = only == "remote" ? kRemote : kLocal;

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/cbor.h"
+#include "common/hex.h"
 
 namespace kvtier {
 namespace {
@@ -183,13 +184,6 @@ std::vector<uint8_t>& Scratch(size_t bytes) {
   thread_local std::vector<uint8_t> buf;
   if (buf.size() < bytes) buf.resize(bytes);
   return buf;
-}
-
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
 }
 
 }  // namespace
@@ -378,8 +372,8 @@ StatusOr<std::vector<uint8_t>> BytesFromHex(std::string_view hex) {
   if (hex.size() % 2 != 0) return Status::InvalidArgument("hex: odd number of characters");
   std::vector<uint8_t> out(hex.size() / 2);
   for (size_t i = 0; i < out.size(); ++i) {
-    const int hi = HexValue(hex[2 * i]);
-    const int lo = HexValue(hex[2 * i + 1]);
+    const int hi = HexDigitValue(hex[2 * i]);
+    const int lo = HexDigitValue(hex[2 * i + 1]);
     if (hi < 0 || lo < 0) return Status::InvalidArgument("hex: not a hex digit");
     out[i] = static_cast<uint8_t>(hi << 4 | lo);
   }

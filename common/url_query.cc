@@ -1,16 +1,8 @@
 #include "common/url_query.h"
 
+#include "common/hex.h"
+
 namespace kvtier {
-namespace {
-
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-}  // namespace
 
 std::optional<std::string> PercentDecode(std::string_view s) {
   std::string out;
@@ -22,7 +14,7 @@ std::optional<std::string> PercentDecode(std::string_view s) {
       out.push_back(s[i]);
     } else {
       if (i + 2 >= s.size()) return std::nullopt;
-      const int a = HexValue(s[i + 1]), b = HexValue(s[i + 2]);
+      const int a = HexDigitValue(s[i + 1]), b = HexDigitValue(s[i + 2]);
       if (a < 0 || b < 0) return std::nullopt;
       out.push_back(static_cast<char>(a * 16 + b));
       i += 2;

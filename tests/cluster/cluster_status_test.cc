@@ -185,6 +185,66 @@ TEST_F(ClusterStatusTest, WhereShowsWhichMembersOwnAndHoldAUnit) {
   }
 }
 
+// A member's /v1/unit answer is hostile input to `kvtier cluster where`: garbage, wrong types,
+// an error status and an oversized body become that member's error; strings are printed
+// without control bytes (no escape sequence reaches the terminal); members that answered are
+// still shown (exit 0).
+TEST_F(ClusterStatusTest, WhereTakesAHostileMembersAnswerAsThatMembersError) {
+  using kvtier::testing::HttpOk;
+  using kvtier::testing::ScriptedHttpServer;
+  ScriptedHttpServer a(
+      HttpOk("{\"tenant\":\"t\",\"held\":true,\"tier\":\"dram\",\"bytes\":10,\"owned_here\":true,"
+             "\"owners\":[\"a\",\"x\\u001b[31m\"],\"kind\":\"blob\\r\\nFAKE\",\"ttl_left_ms\":-5,"
+             "\"get_copy\":\"no\"}"));
+  ScriptedHttpServer b(HttpOk("not json"));
+  ScriptedHttpServer c(HttpOk("{\"held\":\"yes\"}"));
+  ScriptedHttpServer d(
+      "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 30\r\n\r\n"
+      "{\"error\":\"\\u001b[2J boom\"}    ");
+  ScriptedHttpServer e(HttpOk("{\"held\":true,\"pad\":\"" + std::string(70000, 'x') + "\"}"));
+  EtcdClient etcd(EtcdOptions{.endpoints = {etcd_->endpoint()}});
+  for (auto [id, server] : {std::pair{"a", &a}, std::pair{"b", &b}, std::pair{"c", &c},
+                            std::pair{"d", &d}, std::pair{"e", &e}}) {
+    MemberInfo m;
+    m.node_id = id;
+    m.peer_endpoint = "127.0.0.1:1";
+    m.admin_endpoint = server->endpoint();
+    m.dram_bytes = 1ull << 30;
+    ASSERT_TRUE(etcd.Put(std::string("/fake/members/") + id, EncodeMember(m)).ok());
+  }
+  const std::string where =
+      "cluster where --prefix /fake/ --key " + std::string(64, 'a') + " " + EtcdFlag();
+  std::string out;
+  ASSERT_EQ(Kvtier(where, &out), 0) << out;
+  EXPECT_EQ(out.find('\x1b'), std::string::npos) << out;
+  EXPECT_EQ(out.find("\nFAKE"), std::string::npos) << "no line forged: " << out;
+  std::vector<std::string> w = RowWords(out, "a");
+  ASSERT_GE(w.size(), 8u) << out;
+  EXPECT_EQ(w[1], "yes");  // owner
+  EXPECT_EQ(w[3], "dram");
+  EXPECT_EQ(w[4], "10");
+  EXPECT_EQ(w[5], "-") << "a negative TTL is not a TTL: " << out;
+  EXPECT_EQ(w[6], "-") << "a get_copy that is not a boolean: " << out;
+  EXPECT_EQ(w[7], "blob??FAKE") << out;
+  EXPECT_NE(out.find("owners a x?[31m  (as seen by a)"), std::string::npos) << out;
+  EXPECT_NE(out.find("\nb                    not a unit description"), std::string::npos) << out;
+  EXPECT_NE(out.find("\nc                    not a unit description"), std::string::npos) << out;
+  EXPECT_NE(out.find("\nd                    HTTP 500: ?[2J boom"), std::string::npos) << out;
+  EXPECT_NE(out.find("\ne                    rejected: response body over"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("1 of 5 member(s) answered"), std::string::npos) << out;
+
+  ASSERT_EQ(Kvtier(where + " --json", &out), 0) << out;
+  nlohmann::json j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  ASSERT_EQ(j["members"].size(), 5u) << out;
+  EXPECT_EQ(j["members"][0]["unit"]["kind"], "blob\r\nFAKE") << "JSON carries it escaped";
+  for (int i = 1; i < 5; ++i) {
+    EXPECT_TRUE(j["members"][i]["error"].is_string()) << j["members"][i];
+    EXPECT_TRUE(j["members"][i]["unit"].is_null()) << j["members"][i];
+  }
+}
+
 TEST_F(ClusterStatusTest, ClusterNodeMetricsPassPromtool) {
   if (kt::RunShell("command -v promtool") != 0) GTEST_SKIP() << "no promtool";
   std::string page = Metrics(0);

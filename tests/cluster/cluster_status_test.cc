@@ -13,6 +13,7 @@
 #include "cluster/member.h"
 #include "tests/cluster/cluster_fixture.h"
 #include "tests/cluster/scripted_http_server.h"
+#include "tests/crash/resp_client.h"
 
 namespace kvtier::cluster {
 namespace {
@@ -127,7 +128,8 @@ TEST_F(ClusterStatusTest, EtcdDownAndBadFlagsFailClearly) {
 
 // `kvtier cluster where`: every member answers for the token's tenant; the unit's two owners
 // hold it and say they own it, the third does neither; bob's token names bob's own (absent)
-// unit; bob naming alice is refused by every member (exit 1, each row says why).
+// unit; bob naming alice is refused by every member (exit 1, each row says why); a RESP key is
+// held by the one member it was SET on, with no owners.
 TEST_F(ClusterStatusTest, WhereShowsWhichMembersOwnAndHoldAUnit) {
   auto alice = Connect(0, "tok-alice");
   ASSERT_NE(alice, nullptr);
@@ -177,6 +179,30 @@ TEST_F(ClusterStatusTest, WhereShowsWhichMembersOwnAndHoldAUnit) {
     ++refused;
   EXPECT_EQ(refused, static_cast<size_t>(kNodes)) << out;
   EXPECT_NE(out.find("0 of 3 member(s) answered"), std::string::npos) << out;
+
+  // A RESP key stays on the node it was written to: only that member holds it, no owners.
+  auto resp = crash::RespClient::Connect(nodes_[1]->resp_port(), 5000);
+  ASSERT_TRUE(resp.ok()) << resp.status().ToString();
+  for (const std::vector<std::string_view>& cmd : std::vector<std::vector<std::string_view>>{
+           {"AUTH", "tok-alice"}, {"SET", "cart:7 +x", "v"}}) {
+    StatusOr<crash::RespReply> r = (*resp)->Call(cmd);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->type, crash::RespReply::Type::kSimple) << r->str;
+  }
+  ASSERT_EQ(Kvtier("cluster where --resp 'cart:7 +x' " + EtcdFlag() + " --token tok-alice", &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("resp key \"cart:7 +x\"  tenant alice"), std::string::npos) << out;
+  for (int i = 0; i < kNodes; ++i) {
+    const std::vector<std::string> w = RowWords(out, "n" + std::to_string(i));
+    ASSERT_GE(w.size(), 3u) << out;
+    EXPECT_EQ(w[1], "-") << "no owner: " << out;
+    EXPECT_EQ(w[2], i == 1 ? "yes" : "no") << out;
+  }
+  EXPECT_EQ(out.find("\nowners"), std::string::npos) << out;
+  EXPECT_NE(out.find("1 member(s) hold it; 3 of 3 member(s) answered (a RESP key"),
+            std::string::npos)
+      << out;
 
   for (const std::string& bad :
        {where + " --resp x", "cluster where " + EtcdFlag(), "cluster where --key 12 " + EtcdFlag(),

@@ -29,6 +29,20 @@ class ClusterStatusTest : public ClusterE2eTest {
     return kt::RunShell(std::string(KVTIER_PATH) + " " + args, out);
   }
   std::string EtcdFlag() const { return "--etcd http://" + etcd_->endpoint(); }
+  // Registers each (node id, scripted admin front) as a member under /fake/ in etcd.
+  void RegisterFakeMembers(
+      std::initializer_list<std::pair<const char*, const kvtier::testing::ScriptedHttpServer*>>
+          members) {
+    EtcdClient etcd(EtcdOptions{.endpoints = {etcd_->endpoint()}});
+    for (auto [id, server] : members) {
+      MemberInfo m;
+      m.node_id = id;
+      m.peer_endpoint = "127.0.0.1:1";
+      m.admin_endpoint = server->endpoint();
+      m.dram_bytes = 1ull << 30;
+      ASSERT_TRUE(etcd.Put(std::string("/fake/members/") + id, EncodeMember(m)).ok());
+    }
+  }
   // The words of node's row in the text `kvtier cluster status` printed (empty: no row).
   static std::vector<std::string> RowWords(const std::string& out, const std::string& node) {
     const size_t at = out.find("\n" + node + " ");
@@ -228,16 +242,7 @@ TEST_F(ClusterStatusTest, WhereTakesAHostileMembersAnswerAsThatMembersError) {
       "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 30\r\n\r\n"
       "{\"error\":\"\\u001b[2J boom\"}    ");
   ScriptedHttpServer e(HttpOk("{\"held\":true,\"pad\":\"" + std::string(70000, 'x') + "\"}"));
-  EtcdClient etcd(EtcdOptions{.endpoints = {etcd_->endpoint()}});
-  for (auto [id, server] : {std::pair{"a", &a}, std::pair{"b", &b}, std::pair{"c", &c},
-                            std::pair{"d", &d}, std::pair{"e", &e}}) {
-    MemberInfo m;
-    m.node_id = id;
-    m.peer_endpoint = "127.0.0.1:1";
-    m.admin_endpoint = server->endpoint();
-    m.dram_bytes = 1ull << 30;
-    ASSERT_TRUE(etcd.Put(std::string("/fake/members/") + id, EncodeMember(m)).ok());
-  }
+  RegisterFakeMembers({{"a", &a}, {"b", &b}, {"c", &c}, {"d", &d}, {"e", &e}});
   const std::string where =
       "cluster where --prefix /fake/ --key " + std::string(64, 'a') + " " + EtcdFlag();
   std::string out;
@@ -424,16 +429,7 @@ TEST_F(ClusterClockTest, StatusNamesTheMemberWhoseClockIsOff) {
                        page("kvtier_cluster_peer_clock_offset_seconds{peer=\"a\"} 3.200000\n"
                             "kvtier_cluster_peer_clock_offset_seconds{peer=\"b\"} 3.196000\n"));
   ScriptedHttpServer d({HttpOk("ready\n")}, {"GET /metrics"}, page(""));
-  EtcdClient etcd(EtcdOptions{.endpoints = {etcd_->endpoint()}});
-  for (auto [id, server] :
-       {std::pair{"a", &a}, std::pair{"b", &b}, std::pair{"c", &c}, std::pair{"d", &d}}) {
-    MemberInfo m;
-    m.node_id = id;
-    m.peer_endpoint = "127.0.0.1:1";
-    m.admin_endpoint = server->endpoint();
-    m.dram_bytes = 1ull << 30;
-    ASSERT_TRUE(etcd.Put(std::string("/fake/members/") + id, EncodeMember(m)).ok());
-  }
+  RegisterFakeMembers({{"a", &a}, {"b", &b}, {"c", &c}, {"d", &d}});
   std::string out;
   ASSERT_EQ(Kvtier("cluster status --json --prefix /fake/ " + EtcdFlag(), &out), 0) << out;
   nlohmann::json j = nlohmann::json::parse(out, nullptr, false);

@@ -79,7 +79,7 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   // was written here (the writer's PUT fails, a repair copy is retried).
   Status Put(const cluster::PeerPut& put, bool* held) override {
     if (!Serving()) return NotCaughtUp();
-    const Tenant* t = FindTenant(put.tenant);
+    const Tenant* t = tenants_->FindByName(put.tenant);  // names agree across nodes; ids are local
     if (t == nullptr) return Status::Rejected("peer PUT: unknown tenant " + put.tenant);
     if (put.repair && recent_->RefusesRepair(put.key, put.tenant)) {
       // Retry, not Rejected: nothing is wrong with the copy, it is early. The sender rescans
@@ -202,20 +202,13 @@ class ClusterNode::StoreHandler : public cluster::PeerHandler {
   void SetRouter(cluster::Router* router) { router_.store(router, std::memory_order_release); }
   cluster::Router* router() const { return router_.load(std::memory_order_acquire); }
   Status DeleteTenant(std::string_view tenant) override {
-    const Tenant* t = FindTenant(tenant);
+    const Tenant* t = tenants_->FindByName(tenant);
     if (t == nullptr) return Status::NotFound("peer DELETE_TENANT: unknown tenant");
     recent_->NoteTenant(tenant);
     return service_->DeleteTenantLocal(*t);
   }
 
  private:
-  // Tenants agree across nodes by name (same tokens file); ids are local.
-  const Tenant* FindTenant(std::string_view name) const {
-    for (const auto& t : tenants_->tenants()) {
-      if (t->name == name) return t.get();
-    }
-    return nullptr;
-  }
   Service* service_;
   storage::TierManager* store_;
   const TenantRegistry* tenants_;

@@ -401,10 +401,7 @@ class HttpSession : public Session, public std::enable_shared_from_this<HttpSess
                     "{\"error\":\"another tenant's unit needs an admin bearer token\"}",
                     "application/json");
       }
-      tenant = nullptr;
-      for (const auto& t : shared_->tenants->tenants()) {
-        if (t->name == *tenant_name) tenant = t.get();
-      }
+      tenant = shared_->tenants->FindByName(*tenant_name);
       if (tenant == nullptr) {
         return Text(res, http::status::not_found, "{\"error\":\"no such tenant\"}",
                     "application/json");

@@ -55,6 +55,7 @@ std::unique_ptr<TenantRegistry> TenantRegistry::Open(std::span<const uint8_t> se
   t->inflight_max = default_inflight_max;
   t->salt = TenantSalt(server_secret, t->name);
   reg->by_id_.emplace(t->id, t.get());
+  reg->by_name_.emplace(t->name, t.get());
   reg->tenants_.push_back(std::move(t));
   return reg;
 }
@@ -127,6 +128,7 @@ StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Parse(
     }
     t->salt = TenantSalt(server_secret, t->name);
     reg->by_id_.emplace(t->id, t.get());
+    reg->by_name_.emplace(t->name, t.get());
     reg->tenants_.push_back(std::move(t));
   }
   return reg;
@@ -165,6 +167,11 @@ StatusOr<const Tenant*> TenantRegistry::Authenticate(std::string_view token) con
 const Tenant* TenantRegistry::FindById(uint64_t id) const {
   auto it = by_id_.find(id);
   return it == by_id_.end() ? nullptr : it->second;
+}
+
+const Tenant* TenantRegistry::FindByName(std::string_view name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
 }
 
 StatusOr<std::vector<uint8_t>> LoadOrCreateServerSecret(const std::string& path) {

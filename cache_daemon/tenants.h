@@ -22,6 +22,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -87,12 +89,15 @@ class TenantRegistry {
   // The tenant with this id, or nullptr. One hash lookup (callers run it per tenant of a
   // stats reply and per record of a log replay, with up to 65,536 tenants).
   const Tenant* FindById(uint64_t id) const;
+  // The tenant with this name (names are unique: LoadTenants refuses duplicates), or nullptr.
+  const Tenant* FindByName(std::string_view name) const;
   const std::vector<std::unique_ptr<Tenant>>& tenants() const { return tenants_; }
 
  private:
   bool auth_enabled_ = false;
   std::vector<std::unique_ptr<Tenant>> tenants_;
-  std::unordered_map<uint64_t, const Tenant*> by_id_;  // every tenant of tenants_, by id
+  std::unordered_map<uint64_t, const Tenant*> by_id_;          // every tenant of tenants_, by id
+  std::map<std::string, const Tenant*, std::less<>> by_name_;  // and by name
 };
 
 // Reads the server secret from path, or creates it (32 random bytes, mode 0600, file and

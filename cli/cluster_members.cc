@@ -34,12 +34,8 @@ StatusOr<MemberList> ReadMembers(cluster::EtcdClient& client, const std::string&
 StatusOr<cluster::EtcdOptions> EtcdFlags(const std::string& etcd, const std::string& prefix,
                                          uint64_t timeout_ms) {
   cluster::EtcdOptions options{.endpoints = SplitComma(etcd), .request_timeout_ms = timeout_ms};
-  cluster::MembershipOptions check;
-  check.etcd = options;
-  check.key_prefix = prefix;
-  check.self.node_id = "cli";  // checked too, so a placeholder
-  check.self.peer_endpoint = "127.0.0.1:1";
-  KVTIER_RETURN_IF_ERROR(cluster::ValidateMembershipOptions(check));
+  KVTIER_RETURN_IF_ERROR(cluster::ValidateEtcdOptions(options));
+  KVTIER_RETURN_IF_ERROR(cluster::ValidateKeyPrefix(prefix));
   return options;
 }
 

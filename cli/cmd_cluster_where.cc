@@ -195,11 +195,9 @@ int RunClusterWhere(Args args) {
   if (token.empty()) {
     if (const char* t = std::getenv("KVTIER_TOKEN")) token = t;
   }
-  for (char c : token) {
-    if (c < 0x21 || c > 0x7e) {
-      std::fprintf(stderr, "kvtier cluster where: --token: a byte outside printable ASCII\n");
-      return 2;
-    }
+  if (Status st = cluster::CheckBearerToken(token); !st.ok()) {
+    std::fprintf(stderr, "kvtier cluster where: --token: %s\n", st.ToString().c_str());
+    return 2;
   }
   auto options = EtcdFlags(etcd, prefix, timeout_ms);
   if (!options.ok()) {
@@ -267,7 +265,8 @@ int RunClusterWhere(Args args) {
     for (size_t i = 0; i < members.size(); ++i) {
       nlohmann::ordered_json m;
       if (!members[i].decode.ok()) {
-        m["key"] = members[i].key.substr(0, prefix.size() + 8 + cluster::kNodeIdBytesMax);
+        const size_t shown = (prefix + "members/").size() + cluster::kNodeIdBytesMax;
+        m["key"] = members[i].key.substr(0, shown);  // etcd keys may be long
         m["error"] = "bad member record: " + members[i].decode.ToString();
         j["members"].push_back(std::move(m));
         continue;

@@ -126,14 +126,19 @@ Status HttpStream::Fill(uint64_t wait_ms) {
   return Status::Ok();
 }
 
-Status HttpStream::Open(const HttpEndpoint& endpoint, std::string_view path, std::string_view body,
-                        const HttpLimits& limits, std::string_view method,
-                        std::string_view bearer_token) {
-  for (char c : bearer_token) {
+Status CheckBearerToken(std::string_view token) {
+  for (char c : token) {
     if (c < 0x21 || c > 0x7e) {
       return Status::InvalidArgument("bearer token: a byte outside printable ASCII");
     }
   }
+  return Status::Ok();
+}
+
+Status HttpStream::Open(const HttpEndpoint& endpoint, std::string_view path, std::string_view body,
+                        const HttpLimits& limits, std::string_view method,
+                        std::string_view bearer_token) {
+  KVTIER_RETURN_IF_ERROR(CheckBearerToken(bearer_token));
   auto deadline = Clock::now() + std::chrono::milliseconds(limits.timeout_ms);
   parser_.emplace(limits.head_bytes_max, limits.chunk_bytes_max);
   KVTIER_ASSIGN_OR_RETURN(fd_, Connect(endpoint, deadline));

@@ -55,6 +55,9 @@ StatusOr<HttpResponse> HttpPost(const HttpEndpoint& endpoint, std::string_view p
 // sent) for a token with a byte outside printable ASCII, which could end the header.
 StatusOr<HttpResponse> HttpGet(const HttpEndpoint& endpoint, std::string_view path,
                                const HttpLimits& limits, std::string_view bearer_token = {});
+// The check HttpGet makes of a bearer token: InvalidArgument for a byte outside printable
+// ASCII (for a caller that wants to refuse a flag before any connection).
+Status CheckBearerToken(std::string_view token);
 
 // A POST whose response body is read as it arrives.
 class HttpStream {

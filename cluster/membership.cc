@@ -11,12 +11,17 @@ namespace {
 constexpr size_t kMemberKeyLoggedBytes = 128;
 }  // namespace
 
+Status ValidateKeyPrefix(std::string_view prefix) {
+  if (prefix.empty() || prefix.size() > 256 || prefix.back() != '/') {
+    return Status::InvalidArgument("cluster key prefix: want 1..256 bytes ending in '/'");
+  }
+  return Status::Ok();
+}
+
 Status ValidateMembershipOptions(const MembershipOptions& o) {
   KVTIER_RETURN_IF_ERROR(ValidateEtcdOptions(o.etcd));
   KVTIER_RETURN_IF_ERROR(ValidateMember(o.self));
-  if (o.key_prefix.empty() || o.key_prefix.size() > 256 || o.key_prefix.back() != '/') {
-    return Status::InvalidArgument("cluster key prefix: want 1..256 bytes ending in '/'");
-  }
+  KVTIER_RETURN_IF_ERROR(ValidateKeyPrefix(o.key_prefix));
   if (o.lease_ttl_s < 2 || o.lease_ttl_s > 3600) {
     return Status::InvalidArgument("lease_ttl_s: want 2..3600");
   }

@@ -55,6 +55,8 @@ struct MembershipOptions {
   std::function<Status()> before_register;
 };
 Status ValidateMembershipOptions(const MembershipOptions& options);
+// The key prefix alone (1..256 bytes ending in '/'): InvalidArgument otherwise.
+Status ValidateKeyPrefix(std::string_view prefix);
 
 // The live members as last seen, sorted by node id. Immutable once published.
 struct MemberView {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/device/layers.h"
 #include "engine/model_internal.h"
 #include "engine/scratch.h"
 #include "kernels/quant.h"
@@ -86,6 +87,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
   std::unique_ptr<Engine> e(new Engine(c, std::move(weights), options));
   e->pool_ = std::make_unique<ThreadPool>(options.threads);
   KVTIER_RETURN_IF_ERROR(e->Bind());
+  KVTIER_RETURN_IF_ERROR(e->BindDevice());
   return e;
 }
 

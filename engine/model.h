@@ -43,6 +43,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -56,6 +57,10 @@
 
 namespace kvtier::engine {
 
+namespace device {
+class DeviceLayers;
+}
+
 // Upper bound on tokens in one call whose memory grows with it: Forward with all_logits,
 // ForwardBatch, ReplayTail's replay, PrefetchEngram's hint.
 inline constexpr size_t kMaxTokensPerCall = 1 << 16;
@@ -66,6 +71,18 @@ inline constexpr size_t kMaxPromptTokens = size_t{1} << 22;
 // Upper bounds on EngineOptions::engram_lookahead_chunks and engram_prefetch_batches_max.
 inline constexpr int kMaxEngramLookaheadChunks = 8;
 inline constexpr int kMaxEngramPrefetchBatches = 256;
+
+// Where ForwardBatch runs the dense part of each layer (engine/device/layers.h).
+enum class LayerDevice {
+  kCpu,       // on the CPU (the default)
+  kCuda,      // on the GPU, the pass's activations kept there; the attention sublayer and Engram
+              // on the CPU. Logits within the CUDA math library's expf / log1pf of kCpu's.
+  kHostTwin,  // the GPU's kernels run on the CPU: kCpu's bits, slower (tests, machines
+              // without a GPU)
+};
+const char* LayerDeviceName(LayerDevice device);
+// The LayerDevice LayerDeviceName gives `name` ("cpu", "cuda", "host-twin"); false for another.
+bool ParseLayerDevice(std::string_view name, LayerDevice* device);
 
 struct EngineOptions {
   // Worker threads (including the caller). Results do not depend on it. Default 1.
@@ -92,6 +109,10 @@ struct EngineOptions {
   // (piece x hc_mult x hidden_size floats). In (sliding_window, kMaxTokensPerCall], or
   // kMaxTokensPerCall whatever the window. Default kMaxTokensPerCall.
   int prompt_piece_tokens = static_cast<int>(kMaxTokensPerCall);
+  // ForwardBatch's dense layers (see LayerDevice); Create fails (Unavailable) for kCuda without
+  // a usable device. Forward, PrefillCed, ExtendCed and ReplayTail run on the CPU whatever it
+  // says, and so does a ForwardBatch while a StepTrace is set.
+  LayerDevice layer_device = LayerDevice::kCpu;
 };
 
 // What the engine saw of Engram row reads (monotonic counters). A prefetch is a batch
@@ -293,6 +314,8 @@ class Engine {
   // How many weight matrices the products read packed in `format` (0 for all formats while the
   // scalar kernel, which packs nothing, is active).
   size_t PackedMatrices(PackedFormat format) const { return packed_.Count(format); }
+  // Device bytes held by the device layers' weight copies (0 with LayerDevice::kCpu).
+  size_t DeviceWeightBytes() const;
 
   const EngineConfig& config() const { return config_; }
   int threads() const { return pool_->threads(); }
@@ -443,6 +466,9 @@ class Engine {
   EngineStats stats_;
   StepTrace* trace_ = nullptr;
   AttnInputCapture* capture_ = nullptr;
+  // ForwardBatch's dense layers when options_.layer_device is not kCpu (model_device.cc).
+  std::unique_ptr<device::DeviceLayers> device_;
+  Status BindDevice();
 };
 
 }  // namespace kvtier::engine

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/device/layers.h"
 #include "engine/model_internal.h"
 #include "engine/scratch.h"
 
@@ -77,112 +78,150 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
   std::vector<Status>& core_status = core_status_slot;
   core_status.assign(k, Status::Ok());
   const ThreadPool::Hold hold(pool_.get());  // no sleeping between this pass's sections
-  for (int l = 0; l < L; ++l) {
-    const LayerWeights& lw = layers_[l];
-    if (c.IsEngramLayer(l)) {
-      // Per sequence, claimed and taken before the next sequence's rows are requested, so the
-      // position-keyed Engram queue never holds two sequences' claims at once; then applied to
-      // every row in one call (ApplyEngram is row by row; one pass over its weight).
-      // The buffers are this thread's, reused pass to pass (TakeEngram trades them with the
-      // batches it takes).
-      thread_local EngramRowBatch all_slot, rows_slot;
-      thread_local std::vector<Step> one_slot;
-      thread_local std::vector<EngramPending*> claimed_slot;
-      EngramRowBatch &all = all_slot, &rows = rows_slot;
-      all.data.clear();
-      all.scales.clear();
-      for (size_t i = 0; i < k; ++i) {
-        const int ni = static_cast<int>(off[i + 1] - off[i]);
-        std::vector<Step>& one = one_slot;
-        one.assign(1, Step{p0[i], ni, l, l + 1});
-        std::vector<EngramPending*>& claimed = claimed_slot;
-        KVTIER_RETURN_IF_ERROR(BeginEngramStep(*states[i], one, 0, &claimed));
-        KVTIER_RETURN_IF_ERROR(TakeEngram(l, claimed[c.EngramSlot(l)], p0[i], ni, &rows));
-        if (k == 1) {
-          all.data.swap(rows.data);
-          all.scales.swap(rows.scales);
-        } else {
-          all.data.insert(all.data.end(), rows.data.begin(), rows.data.end());
-          all.scales.insert(all.scales.end(), rows.scales.begin(), rows.scales.end());
-        }
+  // Layer l's Engram on the residual xh (host rows): per sequence, claimed and taken before the
+  // next sequence's rows are requested, so the position-keyed Engram queue never holds two
+  // sequences' claims at once; then applied to every row in one call (ApplyEngram is row by
+  // row; one pass over its weight). The buffers are this thread's, reused pass to pass
+  // (TakeEngram trades them with the batches it takes).
+  auto engram = [&](int l, float* xh) -> Status {
+    thread_local EngramRowBatch all_slot, rows_slot;
+    thread_local std::vector<Step> one_slot;
+    thread_local std::vector<EngramPending*> claimed_slot;
+    EngramRowBatch &all = all_slot, &rows = rows_slot;
+    all.data.clear();
+    all.scales.clear();
+    for (size_t i = 0; i < k; ++i) {
+      const int ni = static_cast<int>(off[i + 1] - off[i]);
+      std::vector<Step>& one = one_slot;
+      one.assign(1, Step{p0[i], ni, l, l + 1});
+      std::vector<EngramPending*>& claimed = claimed_slot;
+      KVTIER_RETURN_IF_ERROR(BeginEngramStep(*states[i], one, 0, &claimed));
+      KVTIER_RETURN_IF_ERROR(TakeEngram(l, claimed[c.EngramSlot(l)], p0[i], ni, &rows));
+      if (k == 1) {
+        all.data.swap(rows.data);
+        all.scales.swap(rows.scales);
+      } else {
+        all.data.insert(all.data.end(), rows.data.begin(), rows.data.end());
+        all.scales.insert(all.scales.end(), rows.scales.begin(), rows.scales.end());
       }
-      KVTIER_RETURN_IF_ERROR(ApplyEngram(l, all, n, x.data()));
-      TrimEngramRows(all);
-      TrimEngramRows(rows);
     }
-    for (int s = 0; s < 2; ++s) {
-      PreMix(n, x.data(), pre.data(), s == 0 ? lw.attn_norm : lw.ffn_norm, xn.data());
-      for (size_t i = 0; s == 0 && i < captures.size(); ++i) {
-        if (captures[i] != nullptr)
-          captures[i]->Record(l, p0[i], static_cast<int>(off[i + 1] - off[i]), hc, D,
-                              x.data() + off[i] * hc * D, xn.data() + off[i] * D);
+    KVTIER_RETURN_IF_ERROR(ApplyEngram(l, all, n, xh));
+    TrimEngramRows(all);
+    TrimEngramRows(rows);
+    return Status::Ok();
+  };
+  // Sequence i's attention inputs of layer l (residual xh, normed xnh) into its capture.
+  auto record = [&](int l, const float* xh, const float* xnh) {
+    for (size_t i = 0; i < captures.size(); ++i) {
+      if (captures[i] != nullptr)
+        captures[i]->Record(l, p0[i], static_cast<int>(off[i + 1] - off[i]), hc, D,
+                            xh + off[i] * hc * D, xnh + off[i] * D);
+    }
+  };
+  const bool capturing = std::any_of(captures.begin(), captures.end(),
+                                     [](AttnInputCapture* p) { return p != nullptr; });
+  // The attention sublayer of layer l from the normed rows xnh into fh: projections over every
+  // row at once; the per-sequence core on each sequence's rows, sequences spread over the
+  // threads when no sequence outweighs a thread's share.
+  auto attention = [&](int l, const float* xnh, float* fh) -> Status {
+    KVTIER_RETURN_IF_ERROR(AttnProject(l, n, xnh, pos.data(), &attn_rows_));
+    auto core = [&](size_t i, ThreadPool* pool) {
+      return AttnCore(l, states[i], p0[i], static_cast<int>(off[i + 1] - off[i]), xnh + off[i] * D,
+                      attn_rows_, off[i], &rt[i], pool, o.data() + off[i] * H * hd);
+    };
+    if (across_sequences) {
+      pool_->ParallelFor(static_cast<int64_t>(k), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) core_status[i] = core(static_cast<size_t>(i), nullptr);
+      });
+      for (const Status& cs : core_status) KVTIER_RETURN_IF_ERROR(cs);
+    } else {
+      for (size_t i = 0; i < k; ++i) KVTIER_RETURN_IF_ERROR(core(i, pool_.get()));
+    }
+    AttnOutput(l, n, o.data(), fh);
+    return Status::Ok();
+  };
+  // The head's rows: every row (all_logits) or each sequence's last.
+  thread_local std::vector<int64_t> head_rows_slot;
+  std::vector<int64_t>& head_rows = head_rows_slot;
+  head_rows.clear();
+  if (all_logits == nullptr) {
+    for (size_t i = 0; i < k; ++i) head_rows.push_back(off[i + 1] - 1);
+  }
+  const int64_t head_n = all_logits != nullptr ? n : static_cast<int64_t>(k);
+  // This thread's logits buffer, reused pass to pass (the head writes every element).
+  thread_local std::vector<float> out_slot;
+  Scratch<float> out(out_slot, static_cast<size_t>(head_n) * V);
+  if (device_ != nullptr && trace_ == nullptr) {
+    // The dense layers on the device (engine/device/layers.h); attention and Engram here.
+    device::DeviceLayers& dev = *device_;
+    KVTIER_RETURN_IF_ERROR(dev.Begin(n, x.data(), pre.data()));
+    for (int l = 0; l < L; ++l) {
+      if (c.IsEngramLayer(l)) {
+        KVTIER_RETURN_IF_ERROR(dev.Residual(x.data()));
+        KVTIER_RETURN_IF_ERROR(engram(l, x.data()));
+        KVTIER_RETURN_IF_ERROR(dev.SetResidual(x.data()));
       }
-      auto mixes = [&](int64_t b, int64_t e) {  // a range's rows share fn's reads
-        HcMixesRows(static_cast<int>(e - b), x.data() + b * hc * D, hc, D, lw.hc_fn[s],
-                    lw.hc_scale[s], lw.hc_base[s], c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps,
-                    next_pre.data() + b * hc, post.data() + b * hc, comb.data() + b * hc * hc);
-      };
-      // The attention sublayer: projections over every row at once; the per-sequence core on
-      // each sequence's rows, sequences spread over the threads when no sequence outweighs a
-      // thread's share.
-      auto attention = [&]() -> Status {
-        KVTIER_RETURN_IF_ERROR(AttnProject(l, n, xn.data(), pos.data(), &attn_rows_));
-        auto core = [&](size_t i, ThreadPool* pool) {
-          return AttnCore(l, states[i], p0[i], static_cast<int>(off[i + 1] - off[i]),
-                          xn.data() + off[i] * D, attn_rows_, off[i], &rt[i], pool,
-                          o.data() + off[i] * H * hd);
+      KVTIER_RETURN_IF_ERROR(dev.AttentionInput(l, xn.data()));
+      if (capturing) {
+        KVTIER_RETURN_IF_ERROR(dev.Residual(x.data()));
+        record(l, x.data(), xn.data());
+      }
+      KVTIER_RETURN_IF_ERROR(attention(l, xn.data(), f.data()));
+      KVTIER_RETURN_IF_ERROR(dev.AttentionOutput(f.data()));
+      KVTIER_RETURN_IF_ERROR(dev.Ffn(l));
+    }
+    KVTIER_RETURN_IF_ERROR(dev.Head(head_rows, out.data()));
+  } else {
+    for (int l = 0; l < L; ++l) {
+      const LayerWeights& lw = layers_[l];
+      if (c.IsEngramLayer(l)) KVTIER_RETURN_IF_ERROR(engram(l, x.data()));
+      for (int s = 0; s < 2; ++s) {
+        PreMix(n, x.data(), pre.data(), s == 0 ? lw.attn_norm : lw.ffn_norm, xn.data());
+        if (s == 0) record(l, x.data(), xn.data());
+        auto mixes = [&](int64_t b, int64_t e) {  // a range's rows share fn's reads
+          HcMixesRows(static_cast<int>(e - b), x.data() + b * hc * D, hc, D, lw.hc_fn[s],
+                      lw.hc_scale[s], lw.hc_base[s], c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps,
+                      next_pre.data() + b * hc, post.data() + b * hc, comb.data() + b * hc * hc);
         };
-        if (across_sequences) {
-          pool_->ParallelFor(static_cast<int64_t>(k), [&](int64_t b, int64_t e) {
-            for (int64_t i = b; i < e; ++i) core_status[i] = core(static_cast<size_t>(i), nullptr);
-          });
-          for (const Status& cs : core_status) KVTIER_RETURN_IF_ERROR(cs);
-        } else {
-          for (size_t i = 0; i < k; ++i) KVTIER_RETURN_IF_ERROR(core(i, pool_.get()));
+        KVTIER_RETURN_IF_ERROR(
+            model_detail::MixesBesideSublayer(pool_.get(), n, mixes, [&]() -> Status {
+              if (s == 0) return attention(l, xn.data(), f.data());
+              Moe(l, n, xn.data(), f.data());
+              return Status::Ok();
+            }));
+        if (trace_ != nullptr) {
+          auto& tc = trace_->comb[2 * l + s];
+          for (int t = 0; t < n; ++t) {
+            tc.emplace_back(comb.begin() + static_cast<int64_t>(t) * hc * hc,
+                            comb.begin() + static_cast<int64_t>(t + 1) * hc * hc);
+          }
         }
-        AttnOutput(l, n, o.data(), f.data());
-        return Status::Ok();
-      };
-      KVTIER_RETURN_IF_ERROR(
-          model_detail::MixesBesideSublayer(pool_.get(), n, mixes, [&]() -> Status {
-            if (s == 0) return attention();
-            Moe(l, n, xn.data(), f.data());
-            return Status::Ok();
-          }));
-      if (trace_ != nullptr) {
-        auto& tc = trace_->comb[2 * l + s];
-        for (int t = 0; t < n; ++t) {
-          tc.emplace_back(comb.begin() + static_cast<int64_t>(t) * hc * hc,
-                          comb.begin() + static_cast<int64_t>(t + 1) * hc * hc);
-        }
+        MixSublayer(n, x.data(), f.data(), post.data(), comb.data());
+        std::memcpy(pre.data(), next_pre.data(), next_pre.size() * 4);
       }
-      MixSublayer(n, x.data(), f.data(), post.data(), comb.data());
-      std::memcpy(pre.data(), next_pre.data(), next_pre.size() * 4);
+    }
+    if (all_logits != nullptr) {
+      Head(n, x.data(), pre.data(), out.data());
+    } else {  // the head over each sequence's last row only
+      thread_local std::vector<float> xl_slot, pl_slot;
+      Scratch<float> xl(xl_slot, k * hc * D), pl(pl_slot, k * hc);
+      for (size_t i = 0; i < k; ++i) {
+        const int64_t r = head_rows[i];
+        std::memcpy(xl.data() + i * hc * D, x.data() + r * hc * D, static_cast<size_t>(hc) * D * 4);
+        std::memcpy(pl.data() + i * hc, pre.data() + r * hc, static_cast<size_t>(hc) * 4);
+      }
+      Head(static_cast<int>(k), xl.data(), pl.data(), out.data());
     }
   }
-  // This thread's logits buffer, reused pass to pass (Head writes every element).
-  thread_local std::vector<float> out_slot;
-  if (all_logits != nullptr) {  // the head over every row; the last rows are among them
-    Scratch<float> out(out_slot, static_cast<size_t>(n) * V);
-    Head(n, x.data(), pre.data(), out.data());
+  last_logits->resize(k);
+  if (all_logits != nullptr) {  // the last rows are among every row's
     all_logits->resize(k);
-    last_logits->resize(k);
     for (size_t i = 0; i < k; ++i) {
       (*all_logits)[i].assign(out.begin() + off[i] * V, out.begin() + off[i + 1] * V);
       (*last_logits)[i].assign(out.begin() + (off[i + 1] - 1) * V, out.begin() + off[i + 1] * V);
     }
     return Status::Ok();
   }
-  // The head over each sequence's last row only.
-  thread_local std::vector<float> xl_slot, pl_slot;
-  Scratch<float> xl(xl_slot, k * hc * D), pl(pl_slot, k * hc), out(out_slot, k * V);
-  for (size_t i = 0; i < k; ++i) {
-    const int64_t r = off[i + 1] - 1;
-    std::memcpy(xl.data() + i * hc * D, x.data() + r * hc * D, static_cast<size_t>(hc) * D * 4);
-    std::memcpy(pl.data() + i * hc, pre.data() + r * hc, static_cast<size_t>(hc) * 4);
-  }
-  Head(static_cast<int>(k), xl.data(), pl.data(), out.data());
-  last_logits->resize(k);
   for (size_t i = 0; i < k; ++i)
     (*last_logits)[i].assign(out.begin() + i * V, out.begin() + (i + 1) * V);
   return Status::Ok();

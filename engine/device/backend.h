@@ -1,0 +1,58 @@
+// Where the engine's device layers run (engine/device/layers.h): device memory, copies to and
+// from it, and the kernels of engine/device/kernels.h.
+//
+// Two implementations: the CUDA one (cuda_backend.cu; only in builds with CUDA, and usable only
+// where a device is) and the host twin (host_backend.cc), which keeps "device" memory in host
+// memory and runs each kernel as a loop over its outputs on the calling thread. The host twin is
+// not a fast path (the CPU path is faster); it runs the GPU's kernel code where there is no GPU,
+// so tests check it against the CPU path on every machine.
+//
+// Order: every call acts after the calls before it (one stream); a copy to the host returns
+// when the data is there. Errors: a failed call returns its Status (Internal for a CUDA error or
+// device memory that ran out); after an error the backend should be dropped.
+// Thread safety: one thread at a time per backend.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <variant>
+
+#include "common/status.h"
+#include "engine/device/kernels.h"
+
+namespace kvtier::engine::device {
+
+enum class DeviceKind {
+  kHost,  // the host twin
+  kCuda,  // the first CUDA device
+};
+const char* DeviceKindName(DeviceKind kind);
+
+// One kernel launch: the kernel's struct, which carries its own thread count.
+using DeviceKernel =
+    std::variant<RowRsqrtKernel, PreMixKernel, ScaleRowsKernel, MixDotsKernel, MixOutputsKernel,
+                 MixSublayerKernel, MatMulKernel, RouteKernel, SwigluUpKernel, SwigluDownKernel,
+                 CombineKernel, GatherRowsKernel>;
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  virtual DeviceKind kind() const = 0;
+  // `bytes` of device memory (contents unspecified; bytes > 0), freed with Free.
+  virtual StatusOr<void*> Alloc(size_t bytes) = 0;
+  virtual void Free(void* p) = 0;
+  virtual Status ToDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual Status ToHost(void* dst, const void* src, size_t bytes) = 0;
+  virtual Status DeviceCopy(void* dst, const void* src, size_t bytes) = 0;
+  // Runs the kernel over its `threads` outputs (none when threads <= 0).
+  virtual Status Run(const DeviceKernel& kernel) = 0;
+};
+
+// The host twin (always available).
+std::unique_ptr<DeviceBackend> MakeHostBackend();
+// The CUDA backend: Unavailable in a build without CUDA or where no device is usable.
+StatusOr<std::unique_ptr<DeviceBackend>> MakeCudaBackend();
+// kind's backend (MakeHostBackend or MakeCudaBackend).
+StatusOr<std::unique_ptr<DeviceBackend>> MakeDeviceBackend(DeviceKind kind);
+
+}  // namespace kvtier::engine::device

@@ -1,0 +1,260 @@
+#include "engine/device/layers.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/model.h"
+
+namespace kvtier::engine::device {
+
+// One layer's device weights.
+struct DeviceLayers::Layer {
+  const float* norm[2] = {};
+  const float* hc_fn[2] = {};
+  const float* hc_scale[2] = {};
+  const float* hc_base[2] = {};
+  const float* gate = nullptr;
+  const float* gate_bias = nullptr;
+  const float* w1 = nullptr;  // [experts x inter x hidden]
+  const float* w3 = nullptr;
+  const float* w2 = nullptr;  // [experts x hidden x inter]
+  const float *s_w1 = nullptr, *s_w3 = nullptr, *s_w2 = nullptr;
+};
+
+DeviceLayers::DeviceLayers(const EngineConfig& config, std::unique_ptr<DeviceBackend> backend)
+    : config_(config), backend_(std::move(backend)) {}
+
+DeviceLayers::~DeviceLayers() {
+  for (void* p : activations_) backend_->Free(p);
+  for (void* p : held_) backend_->Free(p);
+}
+
+StatusOr<float*> DeviceLayers::Hold(size_t floats) {
+  KVTIER_ASSIGN_OR_RETURN(void* p, backend_->Alloc(std::max<size_t>(floats, 1) * sizeof(float)));
+  held_.push_back(p);
+  return static_cast<float*>(p);
+}
+
+StatusOr<float*> DeviceLayers::Upload(const float* host, size_t floats) {
+  if (host == nullptr) return Status::InvalidArgument("device layers: a weight is missing");
+  KVTIER_ASSIGN_OR_RETURN(float* d, Hold(floats));
+  KVTIER_RETURN_IF_ERROR(backend_->ToDevice(d, host, floats * sizeof(float)));
+  weight_bytes_ += floats * sizeof(float);
+  return d;
+}
+
+StatusOr<std::unique_ptr<DeviceLayers>> DeviceLayers::Create(DeviceKind kind, const EngineConfig& c,
+                                                             const DeviceModelWeights& weights) {
+  if (c.num_experts_per_tok > kDeviceExpertsPerTokenMax)
+    return Status::InvalidArgument("device layers: num_experts_per_tok over " +
+                                   std::to_string(kDeviceExpertsPerTokenMax));
+  if (c.hc_mult > kDeviceHcMultMax)
+    return Status::InvalidArgument("device layers: hc_mult over the kernels' limit");
+  if (static_cast<int>(weights.layers.size()) != c.num_hidden_layers)
+    return Status::InvalidArgument("device layers: one weight set per layer needed");
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<DeviceBackend> backend, MakeDeviceBackend(kind));
+  std::unique_ptr<DeviceLayers> d(new DeviceLayers(c, std::move(backend)));
+  const size_t D = c.hidden_size, hc = c.hc_mult, E = c.n_routed_experts;
+  const size_t I = c.moe_intermediate_size, Is = I * c.n_shared_experts;
+  const size_t m = (2 + hc) * hc;
+  for (const DeviceLayerWeights& hw : weights.layers) {
+    Layer l;
+    for (int s = 0; s < 2; ++s) {
+      KVTIER_ASSIGN_OR_RETURN(l.norm[s], d->Upload(hw.norm[s], D));
+      KVTIER_ASSIGN_OR_RETURN(l.hc_fn[s], d->Upload(hw.hc_fn[s], m * hc * D));
+      KVTIER_ASSIGN_OR_RETURN(l.hc_scale[s], d->Upload(hw.hc_scale[s], 3));
+      KVTIER_ASSIGN_OR_RETURN(l.hc_base[s], d->Upload(hw.hc_base[s], m));
+    }
+    KVTIER_ASSIGN_OR_RETURN(l.gate, d->Upload(hw.gate, E * D));
+    KVTIER_ASSIGN_OR_RETURN(l.gate_bias, d->Upload(hw.gate_bias, E));
+    if (hw.w1.size() != E || hw.w2.size() != E || hw.w3.size() != E)
+      return Status::InvalidArgument("device layers: one weight per routed expert needed");
+    // The routed experts' matrices side by side, so that a kernel finds expert e's at e * size.
+    float* all[3];
+    const std::vector<const float*>* lists[3] = {&hw.w1, &hw.w3, &hw.w2};
+    for (int j = 0; j < 3; ++j) {
+      KVTIER_ASSIGN_OR_RETURN(all[j], d->Hold(E * I * D));
+      for (size_t e = 0; e < E; ++e) {
+        const float* src = (*lists[j])[e];
+        if (src == nullptr) return Status::InvalidArgument("device layers: an expert is missing");
+        KVTIER_RETURN_IF_ERROR(
+            d->backend_->ToDevice(all[j] + e * I * D, src, I * D * sizeof(float)));
+      }
+      d->weight_bytes_ += E * I * D * sizeof(float);
+    }
+    l.w1 = all[0];
+    l.w3 = all[1];
+    l.w2 = all[2];
+    if (hw.s_w1 != nullptr) {
+      KVTIER_ASSIGN_OR_RETURN(l.s_w1, d->Upload(hw.s_w1, Is * D));
+      KVTIER_ASSIGN_OR_RETURN(l.s_w3, d->Upload(hw.s_w3, Is * D));
+      KVTIER_ASSIGN_OR_RETURN(l.s_w2, d->Upload(hw.s_w2, D * Is));
+    }
+    d->layers_.push_back(l);
+  }
+  KVTIER_ASSIGN_OR_RETURN(d->norm_w_, d->Upload(weights.norm_w, D));
+  KVTIER_ASSIGN_OR_RETURN(d->head_w_,
+                          d->Upload(weights.head_w, static_cast<size_t>(c.vocab_size) * D));
+  return d;
+}
+
+Status DeviceLayers::EnsureRows(int n) {
+  if (n <= capacity_) return Status::Ok();
+  // At least double, so that passes that grow one row at a time do not reallocate every time.
+  const int rows = std::max(n, std::min<int>(2 * capacity_, static_cast<int>(kMaxTokensPerCall)));
+  for (void* p : activations_) backend_->Free(p);
+  activations_.clear();
+  capacity_ = 0;
+  const EngineConfig& c = config_;
+  const size_t R = rows, D = c.hidden_size, hc = c.hc_mult, K = c.num_experts_per_tok;
+  const size_t m = (2 + hc) * hc, I = c.moe_intermediate_size;
+  const size_t Is = I * c.n_shared_experts;
+  const size_t wide = std::max<size_t>(c.n_routed_experts, c.vocab_size);
+  auto alloc = [&](size_t bytes) -> StatusOr<void*> {
+    KVTIER_ASSIGN_OR_RETURN(void* p, backend_->Alloc(std::max<size_t>(bytes, 4)));
+    activations_.push_back(p);
+    return p;
+  };
+  auto floats = [&](float** out, size_t count) -> Status {
+    KVTIER_ASSIGN_OR_RETURN(void* p, alloc(count * sizeof(float)));
+    *out = static_cast<float*>(p);
+    return Status::Ok();
+  };
+  KVTIER_RETURN_IF_ERROR(floats(&x_, R * hc * D));
+  KVTIER_RETURN_IF_ERROR(floats(&pre_, R * hc));
+  KVTIER_RETURN_IF_ERROR(floats(&next_pre_, R * hc));
+  KVTIER_RETURN_IF_ERROR(floats(&post_, R * hc));
+  KVTIER_RETURN_IF_ERROR(floats(&comb_, R * hc * hc));
+  KVTIER_RETURN_IF_ERROR(floats(&xn_, R * D));
+  KVTIER_RETURN_IF_ERROR(floats(&f_, R * D));
+  KVTIER_RETURN_IF_ERROR(floats(&r_, R));
+  KVTIER_RETURN_IF_ERROR(floats(&mixes_, R * m));
+  KVTIER_RETURN_IF_ERROR(floats(&logits_, R * wide));
+  KVTIER_RETURN_IF_ERROR(floats(&weight_, R * K));
+  KVTIER_RETURN_IF_ERROR(floats(&routed_, R * K * D));
+  KVTIER_RETURN_IF_ERROR(floats(&g_, R * K * I));
+  KVTIER_RETURN_IF_ERROR(floats(&shared_, R * D));
+  KVTIER_RETURN_IF_ERROR(floats(&sg_, R * Is));
+  KVTIER_RETURN_IF_ERROR(floats(&head_x_, R * hc * D));
+  KVTIER_RETURN_IF_ERROR(floats(&head_pre_, R * hc));
+  KVTIER_ASSIGN_OR_RETURN(void* ch, alloc(R * K * sizeof(int32_t)));
+  chosen_ = static_cast<int32_t*>(ch);
+  KVTIER_ASSIGN_OR_RETURN(void* hr, alloc(R * sizeof(int64_t)));
+  head_rows_ = static_cast<int64_t*>(hr);
+  capacity_ = rows;
+  return Status::Ok();
+}
+
+Status DeviceLayers::Begin(int n, const float* x, const float* pre) {
+  if (n < 1 || static_cast<size_t>(n) > kMaxTokensPerCall)
+    return Status::InvalidArgument("device layers: a pass of 1 to kMaxTokensPerCall rows");
+  KVTIER_RETURN_IF_ERROR(EnsureRows(n));
+  n_ = n;
+  const size_t hc = config_.hc_mult, D = config_.hidden_size;
+  KVTIER_RETURN_IF_ERROR(backend_->ToDevice(x_, x, n * hc * D * sizeof(float)));
+  return backend_->ToDevice(pre_, pre, n * hc * sizeof(float));
+}
+
+Status DeviceLayers::Residual(float* x) {
+  return backend_->ToHost(
+      x, x_, static_cast<size_t>(n_) * config_.hc_mult * config_.hidden_size * sizeof(float));
+}
+
+Status DeviceLayers::SetResidual(const float* x) {
+  return backend_->ToDevice(
+      x_, x, static_cast<size_t>(n_) * config_.hc_mult * config_.hidden_size * sizeof(float));
+}
+
+Status DeviceLayers::MixesAndInput(const Layer& l, int s) {
+  const EngineConfig& c = config_;
+  const int D = c.hidden_size, hc = c.hc_mult, m = (2 + hc) * hc;
+  const int64_t n = n_;
+  // The mixes (HcMixesRows): scale, products, then pre / post / comb.
+  KVTIER_RETURN_IF_ERROR(Run(RowRsqrtKernel{x_, hc * D, c.rms_norm_eps, r_, n}));
+  KVTIER_RETURN_IF_ERROR(Run(MixDotsKernel{l.hc_fn[s], m, x_, hc * D, r_, mixes_, n * m}));
+  KVTIER_RETURN_IF_ERROR(
+      Run(MixOutputsKernel{mixes_, hc, l.hc_scale[s], l.hc_base[s], c.hc_sinkhorn_iters,
+                           static_cast<float>(c.hc_eps), next_pre_, post_, comb_, n}));
+  // The sublayer's input (PreMix): the streams weighted by pre, then RmsNorm.
+  KVTIER_RETURN_IF_ERROR(Run(PreMixKernel{x_, pre_, hc, D, xn_, n * D}));
+  KVTIER_RETURN_IF_ERROR(Run(RowRsqrtKernel{xn_, D, c.rms_norm_eps, r_, n}));
+  return Run(ScaleRowsKernel{xn_, r_, l.norm[s], D, n * D});
+}
+
+Status DeviceLayers::MixSublayer() {
+  const int D = config_.hidden_size, hc = config_.hc_mult;
+  KVTIER_RETURN_IF_ERROR(
+      Run(MixSublayerKernel{x_, f_, post_, comb_, hc, D, static_cast<int64_t>(n_) * D}));
+  std::swap(pre_, next_pre_);  // the next sublayer's pre
+  return Status::Ok();
+}
+
+Status DeviceLayers::AttentionInput(int layer, float* xn) {
+  if (layer < 0 || layer >= static_cast<int>(layers_.size()) || n_ == 0)
+    return Status::InvalidArgument("device layers: no such layer or no pass");
+  KVTIER_RETURN_IF_ERROR(MixesAndInput(layers_[layer], 0));
+  return backend_->ToHost(xn, xn_, static_cast<size_t>(n_) * config_.hidden_size * sizeof(float));
+}
+
+Status DeviceLayers::AttentionOutput(const float* f) {
+  KVTIER_RETURN_IF_ERROR(
+      backend_->ToDevice(f_, f, static_cast<size_t>(n_) * config_.hidden_size * sizeof(float)));
+  return MixSublayer();
+}
+
+Status DeviceLayers::Ffn(int layer) {
+  if (layer < 0 || layer >= static_cast<int>(layers_.size()) || n_ == 0)
+    return Status::InvalidArgument("device layers: no such layer or no pass");
+  const Layer& l = layers_[layer];
+  const EngineConfig& c = config_;
+  const int D = c.hidden_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
+  const int I = c.moe_intermediate_size, Is = I * c.n_shared_experts;
+  const float limit = static_cast<float>(c.swiglu_limit);
+  const int64_t n = n_;
+  KVTIER_RETURN_IF_ERROR(MixesAndInput(l, 1));
+  // Router, then each (row, slot)'s expert, then the shared expert, then their sum.
+  KVTIER_RETURN_IF_ERROR(Run(MatMulKernel{xn_, D, l.gate, E, logits_, n * E}));
+  KVTIER_RETURN_IF_ERROR(
+      Run(RouteKernel{logits_, l.gate_bias, E, K, c.norm_topk_prob,
+                      static_cast<float>(c.routed_scaling_factor), chosen_, weight_, n}));
+  KVTIER_RETURN_IF_ERROR(
+      Run(SwigluUpKernel{xn_, D, I, K, chosen_, weight_, l.w1, l.w3, limit, g_, n * K * I}));
+  KVTIER_RETURN_IF_ERROR(Run(SwigluDownKernel{g_, I, D, chosen_, l.w2, routed_, n * K * D}));
+  if (l.s_w1 != nullptr) {
+    KVTIER_RETURN_IF_ERROR(
+        Run(SwigluUpKernel{xn_, D, Is, 1, nullptr, nullptr, l.s_w1, l.s_w3, limit, sg_, n * Is}));
+    KVTIER_RETURN_IF_ERROR(Run(SwigluDownKernel{sg_, Is, D, nullptr, l.s_w2, shared_, n * D}));
+  }
+  KVTIER_RETURN_IF_ERROR(
+      Run(CombineKernel{routed_, l.s_w1 != nullptr ? shared_ : nullptr, K, D, f_, n * D}));
+  return MixSublayer();
+}
+
+Status DeviceLayers::Head(std::span<const int64_t> rows, float* logits) {
+  if (n_ == 0) return Status::InvalidArgument("device layers: no pass");
+  const EngineConfig& c = config_;
+  const int D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
+  const float* x = x_;
+  const float* pre = pre_;
+  int64_t k = n_;
+  if (!rows.empty()) {
+    for (int64_t r : rows) {
+      if (r < 0 || r >= n_) return Status::InvalidArgument("device layers: head row out of range");
+    }
+    k = static_cast<int64_t>(rows.size());
+    if (k > n_) return Status::InvalidArgument("device layers: more head rows than the pass");
+    KVTIER_RETURN_IF_ERROR(backend_->ToDevice(head_rows_, rows.data(), k * sizeof(int64_t)));
+    KVTIER_RETURN_IF_ERROR(Run(GatherRowsKernel{x_, head_rows_, hc * D, head_x_, k * hc * D}));
+    KVTIER_RETURN_IF_ERROR(Run(GatherRowsKernel{pre_, head_rows_, hc, head_pre_, k * hc}));
+    x = head_x_;
+    pre = head_pre_;
+  }
+  // Engine::Head: PreMix with the final norm, then the head's product.
+  KVTIER_RETURN_IF_ERROR(Run(PreMixKernel{x, pre, hc, D, xn_, k * D}));
+  KVTIER_RETURN_IF_ERROR(Run(RowRsqrtKernel{xn_, D, c.rms_norm_eps, r_, k}));
+  KVTIER_RETURN_IF_ERROR(Run(ScaleRowsKernel{xn_, r_, norm_w_, D, k * D}));
+  KVTIER_RETURN_IF_ERROR(Run(MatMulKernel{xn_, D, head_w_, V, logits_, k * V}));
+  return backend_->ToHost(logits, logits_, static_cast<size_t>(k) * V * sizeof(float));
+}
+
+}  // namespace kvtier::engine::device

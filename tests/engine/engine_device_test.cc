@@ -1,0 +1,228 @@
+// The device layers of ForwardBatch (EngineOptions::layer_device, engine/device/): the host twin
+// (the GPU's kernels run on the CPU) against the CPU path bit for bit, over decode steps of
+// several sequences, verify-sized passes with every row's logits, attention-input captures
+// and a StepTrace (which keeps the pass on the CPU); the CUDA device against the CPU within the
+// CUDA math library's differences where a GPU is, Unavailable where none is.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "engine/device/backend.h"
+#include "engine/device/layers.h"
+#include "engine/model.h"
+#include "engine_test_util.h"
+#include "tests/cuda_required.h"
+
+namespace kvtier::engine {
+namespace {
+
+using testutil::BitEqual;
+using testutil::Prompt;
+
+std::unique_ptr<Engine> MakeEngine(const EngineConfig& c, std::shared_ptr<const ModelWeights> w,
+                                   LayerDevice device, int threads = 1) {
+  EngineOptions o;
+  o.threads = threads;
+  o.layer_device = device;
+  auto e = Engine::Create(c, std::move(w), o);
+  if (!e.ok()) {
+    ADD_FAILURE() << e.status().ToString();
+    return nullptr;
+  }
+  return std::move(*e);
+}
+
+// The logits of a fixed run on `e`: three sequences prefilled on the CPU path (Forward), then
+// decode steps batching all three, a verify-sized pass (5, 1 and 3 tokens) with every row's
+// logits and the attention inputs captured, and more decode steps; every logits row in order,
+// then the captures' recorded inputs.
+std::vector<float> RunFixedPasses(Engine* e, int decode_steps) {
+  const int V = e->config().vocab_size;
+  std::vector<float> out;
+  std::vector<SequenceState> st;
+  const int prompt_len[3] = {40, 17, 70};
+  for (int i = 0; i < 3; ++i) {
+    st.push_back(e->NewSequence());
+    std::vector<float> logits;
+    EXPECT_TRUE(e->Forward(&st[i], Prompt(prompt_len[i], 10 + i), false, &logits).ok());
+  }
+  std::vector<SequenceState*> ptr = {&st[0], &st[1], &st[2]};
+  std::vector<std::vector<float>> last, all;
+  std::vector<int32_t> next = {5, 6, 7};
+  auto decode = [&] {
+    std::vector<std::span<const int32_t>> toks;
+    for (int i = 0; i < 3; ++i) toks.emplace_back(&next[i], 1);
+    const Status s = e->ForwardBatch(ptr, toks, &last);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(last[i].size(), static_cast<size_t>(V));
+      out.insert(out.end(), last[i].begin(), last[i].end());
+      next[i] = testutil::Argmax(last[i].data(), V);
+    }
+  };
+  for (int s = 0; s < decode_steps; ++s) decode();
+  // A verify-sized pass: several rows per sequence, every row's logits, captured inputs.
+  const std::vector<std::vector<int32_t>> draft = {{9, 10, 11, 12, 13}, {14}, {15, 16, 17}};
+  std::vector<std::span<const int32_t>> toks(draft.begin(), draft.end());
+  std::vector<AttnInputCapture> cap(3);
+  for (AttnInputCapture& c : cap) c.layers = {1, e->config().num_hidden_layers - 1};
+  std::vector<AttnInputCapture*> cptr = {&cap[0], nullptr, &cap[2]};
+  const Status s = e->ForwardBatch(ptr, toks, &last, &all, cptr);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(all[i].size(), draft[i].size() * V);
+    out.insert(out.end(), all[i].begin(), all[i].end());
+    out.insert(out.end(), last[i].begin(), last[i].end());
+  }
+  for (const AttnInputCapture& c : cap) {
+    for (const auto& v : c.stream_mean) out.insert(out.end(), v.begin(), v.end());
+    for (const auto& v : c.normed) out.insert(out.end(), v.begin(), v.end());
+  }
+  for (int s2 = 0; s2 < decode_steps; ++s2) decode();
+  return out;
+}
+
+TEST(DeviceLayers, HostTwinIsTheCpuPathBitForBit) {
+  // The tiny schedule with MXFP4 routed experts and FP8 projections too: the device reads the
+  // rounded floats whose products the CPU takes from the packed codes.
+  EngineConfig coded = testutil::TinyConfig();
+  coded.expert_format = ExpertFormat::kMxfp4;
+  coded.weight_format = WeightFormat::kFp8;
+  ASSERT_TRUE(coded.Validate().ok());
+  const EngineConfig* const configs[] = {&testutil::TinyConfig(), &coded, &testutil::MiniConfig()};
+  for (const EngineConfig* c : configs) {
+    auto w = c == &testutil::MiniConfig()
+                 ? testutil::MiniWeights()
+                 : std::make_shared<const ModelWeights>(std::move(*InitWeights(*c, 3)));
+    auto cpu = MakeEngine(*c, w, LayerDevice::kCpu);
+    auto twin = MakeEngine(*c, w, LayerDevice::kHostTwin);
+    ASSERT_NE(cpu, nullptr);
+    ASSERT_NE(twin, nullptr);
+    EXPECT_EQ(cpu->DeviceWeightBytes(), 0u);
+    EXPECT_GT(twin->DeviceWeightBytes(), 0u);
+    const std::vector<float> a = RunFixedPasses(cpu.get(), 4), b = RunFixedPasses(twin.get(), 4);
+    ASSERT_EQ(a.size(), b.size());
+    size_t first_diff = a.size();
+    for (size_t i = 0; i < a.size() && first_diff == a.size(); ++i) {
+      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) first_diff = i;
+    }
+    EXPECT_EQ(first_diff, a.size())
+        << "hidden " << c->hidden_size << ": element " << first_diff << " differs ("
+        << a[first_diff] << " vs " << b[first_diff] << ")";
+  }
+}
+
+TEST(DeviceLayers, HostTwinOnTwoThreadsIsItsOneThreadBits) {
+  const EngineConfig& c = testutil::TinyConfig();
+  auto w = std::make_shared<const ModelWeights>(std::move(*InitWeights(c, 5)));
+  auto one = MakeEngine(c, w, LayerDevice::kHostTwin, 1);
+  auto two = MakeEngine(c, w, LayerDevice::kHostTwin, 2);
+  ASSERT_NE(one, nullptr);
+  ASSERT_NE(two, nullptr);
+  const std::vector<float> a = RunFixedPasses(one.get(), 2), b = RunFixedPasses(two.get(), 2);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_TRUE(BitEqual(a.data(), b.data(), a.size()));
+}
+
+// A StepTrace needs every sublayer's mixes on the host: the pass runs on the CPU path, and its
+// trace is the CPU path's.
+TEST(DeviceLayers, ATracedPassRunsOnTheCpuPath) {
+  const EngineConfig& c = testutil::TinyConfig();
+  auto w = std::make_shared<const ModelWeights>(std::move(*InitWeights(c, 3)));
+  auto cpu = MakeEngine(c, w, LayerDevice::kCpu);
+  auto twin = MakeEngine(c, w, LayerDevice::kHostTwin);
+  ASSERT_NE(cpu, nullptr);
+  ASSERT_NE(twin, nullptr);
+  StepTrace tc, tt;
+  cpu->set_trace(&tc);
+  twin->set_trace(&tt);
+  for (Engine* e : {cpu.get(), twin.get()}) {
+    SequenceState st = e->NewSequence();
+    std::vector<float> logits;
+    ASSERT_TRUE(e->Forward(&st, Prompt(20, 4), false, &logits).ok());
+    std::vector<SequenceState*> ptr = {&st};
+    const std::vector<int32_t> t = {8, 9};
+    std::vector<std::span<const int32_t>> toks = {t};
+    std::vector<std::vector<float>> last;
+    ASSERT_TRUE(e->ForwardBatch(ptr, toks, &last).ok());
+  }
+  ASSERT_EQ(tc.comb.size(), tt.comb.size());
+  for (size_t i = 0; i < tc.comb.size(); ++i) EXPECT_EQ(tc.comb[i], tt.comb[i]) << i;
+  EXPECT_FALSE(tt.comb.empty() || tt.comb[0].empty());
+}
+
+TEST(DeviceLayers, RefusesMoreExpertsPerTokenThanItsKernelsTake) {
+  EngineConfig c = testutil::TinyConfig();
+  c.n_routed_experts = 2 * device::kDeviceExpertsPerTokenMax;
+  c.num_experts_per_tok = device::kDeviceExpertsPerTokenMax + 1;
+  ASSERT_TRUE(c.Validate().ok());
+  auto w = InitWeights(c, 3);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EngineOptions o;
+  o.layer_device = LayerDevice::kHostTwin;
+  auto e = Engine::Create(c, std::make_shared<const ModelWeights>(std::move(*w)), o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << e.status().ToString();
+}
+
+TEST(DeviceLayers, CudaMatchesTheCpuPathOrIsUnavailable) {
+  const EngineConfig& c = testutil::MiniConfig();
+  EngineOptions o;
+  o.layer_device = LayerDevice::kCuda;
+  auto e = Engine::Create(c, testutil::MiniWeights(), o);
+  if (!e.ok()) {
+    EXPECT_EQ(e.status().code(), StatusCode::kUnavailable) << e.status().ToString();
+    if (::kvtier::testing::CudaRequired())
+      GTEST_FAIL() << "KVTIER_REQUIRE_CUDA=1 but " << e.status().ToString();
+    GTEST_SKIP() << "no CUDA device: " << e.status().ToString();
+  }
+  auto cpu = MakeEngine(c, testutil::MiniWeights(), LayerDevice::kCpu);
+  ASSERT_NE(cpu, nullptr);
+  const std::vector<float> a = RunFixedPasses(cpu.get(), 4), b = RunFixedPasses(e->get(), 4);
+  ASSERT_EQ(a.size(), b.size());
+  // The CUDA math library's expf and log1pf are within a few ulp of glibc's, not equal to
+  // them: the logits drift by far less than the golden vectors' 1e-3.
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]) /
+                                (1.0 + std::abs(static_cast<double>(a[i]))));
+  }
+  EXPECT_LT(worst, 1e-3);
+  RecordProperty("worst_relative_difference", std::to_string(worst));
+}
+
+// The kernels alone: RouteKernel's choice against TopKByScore's for every k, with scores that
+// tie (the lower index wins) at the boundary of the chosen set for several k, scores a bit
+// apart, and a score that underflows to zero.
+TEST(DeviceKernels, RouteKeepsTopKByScoresOrder) {
+  const int E = 9;
+  const std::vector<float> logits = {1.0f,   1.0f,  -3.0f,  2.0f, 2.0f, std::nextafter(2.0f, 3.0f),
+                                     -30.0f, 25.0f, -200.0f};
+  const std::vector<float> bias(E, 0.0f);
+  std::vector<float> s(E), biased(E);
+  for (int e = 0; e < E; ++e) {
+    s[e] = std::sqrt(Softplus(logits[e]));
+    biased[e] = s[e] + bias[e];
+  }
+  ASSERT_EQ(biased[8], 0.0f);  // softplus underflows
+  std::vector<int32_t> all(E), top;
+  for (int e = 0; e < E; ++e) all[e] = e;
+  for (int K = 1; K <= E; ++K) {
+    std::vector<int32_t> chosen(K);
+    std::vector<float> weight(K);
+    const device::RouteKernel k{logits.data(), bias.data(),   E, K, true, 1.5f,
+                                chosen.data(), weight.data(), 1};
+    k(0);
+    TopKByScore(biased.data(), all.data(), E, K, &top);
+    EXPECT_EQ(chosen, top) << "k = " << K;
+    float sum = 0;
+    for (int j = 0; j < K; ++j) sum += s[top[j]];
+    for (int j = 0; j < K; ++j) EXPECT_EQ(weight[j], s[top[j]] / sum * 1.5f) << K << " " << j;
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::engine

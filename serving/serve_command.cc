@@ -52,7 +52,7 @@ int RunServe(std::span<const std::string_view> args) {
   std::string model = dir + "/kvmini-trained.safetensors";
   std::string config = dir + "/kvmini-trained.json";
   std::string model_id = "kvmini-trained", listen = "127.0.0.1", port_file, socket, token;
-  std::string keys_file, guard = "auto";
+  std::string keys_file, guard = "auto", layer_device = "cpu";
   uint64_t port = 8000, threads = 1, replay_tokens = 0;
   bool no_hot = false, speculative = false;
   std::string draft_path;
@@ -79,6 +79,11 @@ int RunServe(std::span<const std::string_view> args) {
                "docs/SERVING.md); without it no key is checked");
   flags.Uint("threads", &threads, "engine CPU threads (results do not depend on it)", false, 1,
              engine::kMaxThreads);
+  flags.String("layer-device", &layer_device, "DEVICE",
+               "where the engine's batched steps run the dense part of every layer: cpu, cuda "
+               "(the GPU keeps the step's activations; attention and Engram stay on the CPU; "
+               "logits within the CUDA math library's expf/log1pf of the CPU's) or host-twin "
+               "(the GPU's kernels on the CPU: the CPU's bits, slower; for checks)");
   flags.String("guard", &guard, "MODE",
                "resume guard: auto (fetch or recompute, whichever is estimated cheaper), fetch, "
                "recompute");
@@ -132,6 +137,11 @@ int RunServe(std::span<const std::string_view> args) {
              "leaves queued; 0 = the kernel's, growing to tcp_wmem's maximum",
              false, 0, kSendBufferBytesMax);
   if (int rc = flags.Parse(args); rc >= 0) return rc;
+  engine::LayerDevice device = engine::LayerDevice::kCpu;
+  if (!engine::ParseLayerDevice(layer_device, &device)) {
+    std::fprintf(stderr, "kvtier-engine serve: --layer-device is cpu, cuda or host-twin\n");
+    return 2;
+  }
   if (guard == "auto") {
     so.session.guard = engine::GuardMode::kAuto;
   } else if (guard == "fetch") {
@@ -168,6 +178,7 @@ int RunServe(std::span<const std::string_view> args) {
   auto weights = std::make_shared<const engine::ModelWeights>(std::move(w).value());
   engine::EngineOptions eo;
   eo.threads = static_cast<int>(threads);
+  eo.layer_device = device;
   eo.prefill_chunk_tokens = static_cast<int>(so.prefill_chunk_tokens);  // ForwardBatch's span cap
   auto eng = engine::Engine::Create(*cfg, weights, eo);
   if (!eng.ok()) return Fail(eng.status());

@@ -1167,6 +1167,51 @@ TEST_F(ServeTest, SpeculativeGreedyEqualsPlainDecoding) {
   }
 }
 
+// `--layer-device host-twin` (the GPU's kernels for the dense layers, run on the CPU) answers
+// every request as the CPU path does, alone and four at once (prefill chunks and decode rows of
+// several sequences in one ForwardBatch), resuming from kvtierd; an unknown device is exit 2.
+TEST_F(ServeTest, HostTwinLayersAnswerAsTheCpuPath) {
+  std::vector<json> bodies;
+  for (int i = 0; i < 4; ++i) bodies.push_back(Completion(Text(140 + 25 * i, 400 + i), 24));
+  // Each device's run as its own tenant, so that the second run's first requests do not hit
+  // what the first run saved.
+  std::string key = kAlice;
+  auto run = [&](const json& body) {
+    HttpReply r = Post("/v1/completions", body, key);
+    EXPECT_EQ(r.status, 200) << r.body;
+    json j = r.Json();
+    return json{{"text", j["choices"][0]["text"]},
+                {"prompt_tokens", j["usage"]["prompt_tokens"]},
+                {"completion_tokens", j["usage"]["completion_tokens"]},
+                {"cached_tokens", j["usage"]["prompt_tokens_details"]["cached_tokens"]}};
+  };
+  std::vector<std::vector<json>> answers;
+  for (const std::string device : {"cpu", "host-twin"}) {
+    key = device == "cpu" ? kAlice : kBob;
+    StartServer({"--idle-sequences-max", "0", "--layer-device", device});
+    std::vector<json> got;
+    for (const json& b : bodies) got.push_back(run(b));  // the second time: a cache hit
+    std::vector<json> together(bodies.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < bodies.size(); ++i)
+      threads.emplace_back([&, i] { together[i] = run(bodies[i]); });
+    for (auto& t : threads) t.join();
+    got.insert(got.end(), together.begin(), together.end());
+    answers.push_back(got);
+    s_->Stop();
+  }
+  ASSERT_EQ(answers.size(), 2u);
+  for (size_t i = 0; i < answers[0].size(); ++i)
+    EXPECT_EQ(answers[1][i], answers[0][i]) << "request " << i;
+  for (size_t i = 0; i < bodies.size(); ++i) {  // the first time a miss, then a hit
+    EXPECT_EQ(answers[0][i]["cached_tokens"], 0) << i;
+    EXPECT_GT(answers[0][bodies.size() + i]["cached_tokens"].get<int>(), 0) << i;
+  }
+  EXPECT_FALSE(s_->Start({"--layer-device", "gpu"}));
+  EXPECT_NE(s_->Log().find("--layer-device is cpu, cuda or host-twin"), std::string::npos)
+      << s_->Log();
+}
+
 // The official OpenAI SDK (npm `openai`, pinned by tests/serving/node/package-lock.json and
 // installed by deploy/install-deps.sh): two turns with cached_tokens, streaming with usage,
 // typed errors. Skipped when node or the installed package is missing.

@@ -15,13 +15,16 @@
 # not a skip (tests/cuda_required.h): the engine's CUDA MatMul bit for bit against the CPU and
 # a prompt's logits with and without it; every FP4/FP8 codec on the CUDA backend against the
 # reference and NVIDIA's vectors; the golden logits of the PyTorch reference with the engine's
-# CUDA MatMul on and off; the HBM and DRAM tiers on cudaMalloc / cudaHostAlloc memory.
+# CUDA MatMul on and off, and with the decode steps' dense layers on the GPU (engine/device/);
+# those layers against the CPU path (within 1e-3) and their host twin bit for bit; the HBM and
+# DRAM tiers on cudaMalloc / cudaHostAlloc memory.
 # Benchmarks (each bounded by a timeout, so one slow step cannot spend the lease): the CUDA
 # MatMul kernels against cuBLAS SGEMM and the copy bandwidth (kvtier_bench_cuda_matmul, whose
 # outputs must match the CPU chain bit for bit); prefill and
 # decode tokens/s of mini-v4.1 with KVTIER_ENGINE_CUDA=0 and 1 (1 and all threads); batched
 # decode and a 6-token verify pass, whose printed digests must agree with and without CUDA, and
-# the same with FP8 projections and MXFP4 experts on the CPU (the coded-panel kernels); the
+# the same with FP8 projections and MXFP4 experts on the CPU (the coded-panel kernels); batched
+# decode with the dense layers on the GPU (--layer-device cuda, its worst logit difference); the
 # resume of 16K- and 64K-token sessions against recompute with the CUDA MatMul on and off;
 # then, on the host's cores, the server, speculative and remote-Engram benchmarks. stdout gets
 # the step table; summary.txt also the figures.
@@ -103,6 +106,9 @@ threads=$(nproc)
 
 note "-- tests"
 test_step engine_cuda_test 120 "$B/tests/engine/kvtier_engine_cuda_test"
+# ForwardBatch's dense layers on the GPU (engine/device/) against the CPU path, and their kernels'
+# host twin against it bit for bit.
+test_step engine_device_test 180 "$B/tests/engine/kvtier_engine_device_test"
 test_step kernels_test 120 "$B/tests/kernels/kvtier_kernels_test"
 test_step kernels_vectors_test 120 "$B/tests/kernels/kvtier_kernels_vectors_test"
 test_step storage_arena_test 60 "$B/tests/storage/kvtier_storage_test" --gtest_filter='MemoryTierArena.*'
@@ -116,6 +122,9 @@ if [ "$REQUIRE_GPU" = 1 ] && [ -n "$sanitizer" ]; then
     test_step "matmul_${tool}" 120 "$sanitizer" --tool "$tool" --error-exitcode 1 \
       "$B/tests/engine/kvtier_engine_cuda_test" --gtest_filter='EngineCuda.MatMul*'
   done
+  test_step device_layers_memcheck 180 "$sanitizer" --tool memcheck --error-exitcode 1 \
+    "$B/tests/engine/kvtier_engine_device_test" --gtest_filter='DeviceLayers.Cuda*'
+
 else
   note "compute-sanitizer: not run (${sanitizer:-not found}; GPU required $REQUIRE_GPU)"
 fi
@@ -153,6 +162,16 @@ for cuda in 0 1; do
     --model "$MINI" --threads "1,$threads" --k 1,16 --rounds 3 --steps 4 --history 256 \
     --verify-tokens 6
 done
+# The dense layers on the GPU with the pass's activations kept there (--layer-device cuda) against
+# the CPU's single-row decodes of the same rows (logits within 1e-3 of each logit's size, the
+# worst printed as max_rel_diff): mini-v4.1 and the trained miniature, 1 and 16 sequences.
+if [ "$REQUIRE_GPU" = 1 ]; then
+  test_step forward_batch_layers_cuda 150 "$B/bench/engine/kvtier_bench_forward_batch" \
+    --config deploy/models/mini-v4.1.json --model "$MINI" --threads "1,$threads" --k 1,16,32 \
+    --rounds 3 --steps 4 --history 256 --only-batched --layer-device cuda
+  test_step forward_batch_layers_cuda_check 120 "$B/bench/engine/kvtier_bench_forward_batch" \
+    --threads 1 --k 1,16 --rounds 2 --steps 4 --history 256 --layer-device cuda
+fi
 # The real model's weight formats on the host's cores (FP8 projections, MXFP4 experts: the
 # coded-panel kernels; docs/performance/engine.md, "FP8 projections").
 test_step forward_batch_coded 120 "$B/bench/engine/kvtier_bench_forward_batch" \
@@ -201,6 +220,11 @@ for f in "$OUT"/engine_bench_*.log; do
   note "$(basename "$f" .log): $(tr -d '\n' <"$f" | cut -c1-300)"
 done
 grep -h -E "^(decode|verify) " "$OUT"/forward_batch_cuda*.log | tee -a "$SUMMARY" >/dev/null
+for f in "$OUT"/forward_batch_layers_cuda*.log; do
+  [ -f "$f" ] || continue
+  note "$(basename "$f" .log):"
+  grep -h -E "^(matmul|decode) " "$f" | tee -a "$SUMMARY" >/dev/null
+done
 for cuda in 1 0; do
   note "resume, KVTIER_ENGINE_CUDA=$cuda:"
   grep -h -E "^== |^recompute \(CED|^1st resume|^2nd resume|^after restart, median|^fetch vs fio" \

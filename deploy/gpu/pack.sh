@@ -23,6 +23,7 @@ SHARED=${KVTIER_SHARED_DIR:-../shared}
 # Binaries the check runs (paths relative to BUILD_DIR).
 BINARIES=(
   tests/engine/kvtier_engine_cuda_test
+  tests/engine/kvtier_engine_device_test
   tests/engine/kvtier_engine_golden_test
   tests/kernels/kvtier_kernels_test
   tests/kernels/kvtier_kernels_vectors_test

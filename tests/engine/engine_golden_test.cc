@@ -43,8 +43,10 @@
 #include <string>
 
 #include "common/key_spec.h"
+#include "engine/device/backend.h"
 #include "engine_test_util.h"
 #include "kernels/quant.h"
+#include "tests/cuda_required.h"
 
 namespace kvtier::engine {
 namespace {
@@ -190,14 +192,17 @@ SequenceState StateFromReference(const Engine& e, const json& c, bool with_rings
 
 // Every computed row's logits of `c` on the engine, from c["first_row"] on.
 // edit_config, when given, changes the checkpoint's config first (a test that the vectors see
-// a setting).
+// a setting). With a layer device other than kCpu the decode steps run as one-sequence
+// ForwardBatch passes, whose dense layers run there (engine/device/).
 std::vector<std::vector<float>> RunCase(
     const json& c, bool use_pool = true,
-    const std::function<void(EngineConfig*)>& edit_config = nullptr) {
+    const std::function<void(EngineConfig*)>& edit_config = nullptr,
+    LayerDevice device = LayerDevice::kCpu) {
   const Checkpoint& ck = GetCheckpoint(c["checkpoint"].get<std::string>());
   EngineOptions o;
   o.threads = 2;
   o.use_candidate_pool = use_pool;
+  o.layer_device = device;
   EngineConfig config = ck.config;
   if (edit_config) edit_config(&config);
   auto e = Engine::Create(config, ck.weights, o);
@@ -230,8 +235,16 @@ std::vector<std::vector<float>> RunCase(
     return {};
   }
   for (size_t p = split; p < tokens.size(); ++p) {
-    EXPECT_TRUE((*e)->Decode(&st, tokens[p], &logits).ok());
-    rows.push_back(logits);
+    if (device == LayerDevice::kCpu) {
+      EXPECT_TRUE((*e)->Decode(&st, tokens[p], &logits).ok());
+      rows.push_back(logits);
+      continue;
+    }
+    SequenceState* one[] = {&st};
+    const std::span<const int32_t> tok[] = {std::span(tokens).subspan(p, 1)};
+    std::vector<std::vector<float>> last;
+    EXPECT_TRUE((*e)->ForwardBatch(one, tok, &last).ok());
+    rows.push_back(last.at(0));
   }
   return rows;
 }
@@ -271,12 +284,12 @@ Diff Compare(const json& c, const std::vector<std::vector<float>>& rows, int fro
   return d;
 }
 
-void CheckMode(const std::string& mode) {
+void CheckMode(const std::string& mode, LayerDevice device = LayerDevice::kCpu) {
   int cases = 0;
   for (const json& c : Manifest()["cases"]) {
     if (c["mode"] != mode) continue;
     ++cases;
-    const std::vector<std::vector<float>> rows = RunCase(c);
+    const std::vector<std::vector<float>> rows = RunCase(c, true, nullptr, device);
     ASSERT_EQ(rows.size(), c["argmax"].size()) << c["name"];
     const Diff d = Compare(c, rows);
     std::printf("golden %s: max |logit diff| %.3g, argmax diffs %d, ambiguous %d\n",
@@ -292,6 +305,22 @@ TEST(EngineGolden, FullForwardThenDecodeMatchesReference) { CheckMode("full"); }
 TEST(EngineGolden, CedPrefillThenDecodeMatchesReference) { CheckMode("ced"); }
 TEST(EngineGolden, DecodeOverReferenceCachesMatchesReference) { CheckMode("decode"); }
 TEST(EngineGolden, BoundedReplayOverImportedKvMatchesReference) { CheckMode("replay"); }
+// The decode steps' dense layers on the device path: the host twin (the GPU's kernels on the
+// CPU) everywhere, the GPU where there is one (KVTIER_REQUIRE_CUDA=1: it must be there).
+TEST(EngineGolden, DecodesOnTheHostTwinLayersMatchReference) {
+  CheckMode("full", LayerDevice::kHostTwin);
+  CheckMode("decode", LayerDevice::kHostTwin);
+}
+TEST(EngineGolden, DecodesOnTheCudaLayersMatchReference) {
+  const auto cuda = device::MakeCudaBackend();
+  if (!cuda.ok()) {
+    if (::kvtier::testing::CudaRequired())
+      GTEST_FAIL() << "KVTIER_REQUIRE_CUDA=1 but " << cuda.status().ToString();
+    GTEST_SKIP() << cuda.status().ToString();
+  }
+  CheckMode("full", LayerDevice::kCuda);
+  CheckMode("decode", LayerDevice::kCuda);
+}
 
 // The vectors see the candidate pool: past 512 positions it restricts the Reindex layers, and
 // without the restriction (EngineOptions::use_candidate_pool = false) the engine is far outside

@@ -194,35 +194,5 @@ TEST(DeviceLayers, CudaMatchesTheCpuPathOrIsUnavailable) {
   RecordProperty("worst_relative_difference", std::to_string(worst));
 }
 
-// The kernels alone: RouteKernel's choice against TopKByScore's for every k, with scores that
-// tie (the lower index wins) at the boundary of the chosen set for several k, scores a bit
-// apart, and a score that underflows to zero.
-TEST(DeviceKernels, RouteKeepsTopKByScoresOrder) {
-  const int E = 9;
-  const std::vector<float> logits = {1.0f,   1.0f,  -3.0f,  2.0f, 2.0f, std::nextafter(2.0f, 3.0f),
-                                     -30.0f, 25.0f, -200.0f};
-  const std::vector<float> bias(E, 0.0f);
-  std::vector<float> s(E), biased(E);
-  for (int e = 0; e < E; ++e) {
-    s[e] = std::sqrt(Softplus(logits[e]));
-    biased[e] = s[e] + bias[e];
-  }
-  ASSERT_EQ(biased[8], 0.0f);  // softplus underflows
-  std::vector<int32_t> all(E), top;
-  for (int e = 0; e < E; ++e) all[e] = e;
-  for (int K = 1; K <= E; ++K) {
-    std::vector<int32_t> chosen(K);
-    std::vector<float> weight(K);
-    const device::RouteKernel k{logits.data(), bias.data(),   E, K, true, 1.5f,
-                                chosen.data(), weight.data(), 1};
-    k(0);
-    TopKByScore(biased.data(), all.data(), E, K, &top);
-    EXPECT_EQ(chosen, top) << "k = " << K;
-    float sum = 0;
-    for (int j = 0; j < K; ++j) sum += s[top[j]];
-    for (int j = 0; j < K; ++j) EXPECT_EQ(weight[j], s[top[j]] / sum * 1.5f) << K << " " << j;
-  }
-}
-
 }  // namespace
 }  // namespace kvtier::engine

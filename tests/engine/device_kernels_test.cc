@@ -1,0 +1,199 @@
+// The device layers' kernels (engine/device/kernels.h) one by one against the CPU functions they
+// copy, bit for bit, over shapes the model tests do not reach: rows of any length (Dot's tail),
+// any number of streams, one to many rows, inputs of wide dynamic range with zeros of both signs.
+// Each kernel runs as the host twin runs it: a loop over its outputs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engine/device/kernels.h"
+#include "engine/ops.h"
+
+namespace kvtier::engine {
+namespace {
+
+template <typename K>
+void RunAll(const K& k) {
+  for (int64_t i = 0; i < k.threads; ++i) k(i);
+}
+
+std::vector<float> Random(size_t n, std::mt19937* rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::uniform_int_distribution<int> e(-6, 6);
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = std::ldexp(u(*rng), e(*rng));
+    if (i % 37 == 5) v[i] = 0.0f;
+    if (i % 41 == 7) v[i] = -0.0f;
+  }
+  return v;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// MixDots + MixOutputs (after RowRsqrt over the streams) against HcMixesRows.
+TEST(DeviceKernels, MixesAreHcMixesRows) {
+  std::mt19937 rng(7);
+  for (int hc : {1, 2, 3, 4, 5}) {
+    for (int dim : {3, 8, 13, 64}) {
+      for (int rows : {1, 3, 5, 17}) {
+        const int n = hc * dim, m = (2 + hc) * hc, iters = 1 + rows % 5;
+        const std::vector<float> x = Random(static_cast<size_t>(rows) * n, &rng);
+        const std::vector<float> fn = Random(static_cast<size_t>(m) * n, &rng);
+        const std::vector<float> scale = Random(3, &rng, 0.5f, 2.0f);
+        const std::vector<float> base = Random(m, &rng);
+        const double hc_eps = 1e-6, norm_eps = 1e-20;
+        std::vector<float> pre(rows * hc), post(rows * hc), comb(rows * hc * hc);
+        HcMixesRows(rows, x.data(), hc, dim, fn.data(), scale.data(), base.data(), iters, hc_eps,
+                    norm_eps, pre.data(), post.data(), comb.data());
+        std::vector<float> r(rows), mixes(static_cast<size_t>(rows) * m);
+        std::vector<float> dpre(pre.size()), dpost(post.size()), dcomb(comb.size());
+        RunAll(device::RowRsqrtKernel{x.data(), n, norm_eps, r.data(), rows});
+        RunAll(device::MixDotsKernel{fn.data(), m, x.data(), n, r.data(), mixes.data(),
+                                     static_cast<int64_t>(rows) * m});
+        RunAll(device::MixOutputsKernel{mixes.data(), hc, scale.data(), base.data(), iters,
+                                        static_cast<float>(hc_eps), dpre.data(), dpost.data(),
+                                        dcomb.data(), rows});
+        const std::string at = "hc " + std::to_string(hc) + " dim " + std::to_string(dim) +
+                               " rows " + std::to_string(rows);
+        EXPECT_TRUE(SameBits(pre, dpre)) << at;
+        EXPECT_TRUE(SameBits(post, dpost)) << at;
+        EXPECT_TRUE(SameBits(comb, dcomb)) << at;
+      }
+    }
+  }
+}
+
+// PreMix + RowRsqrt + ScaleRows against WeightedRowSums and RmsNormRows (Engine::PreMix), with
+// a weight and without.
+TEST(DeviceKernels, PreMixAndNormAreWeightedRowSumsAndRmsNormRows) {
+  std::mt19937 rng(11);
+  for (int hc : {1, 3, 4}) {
+    for (int dim : {5, 32, 70}) {
+      for (int rows : {1, 2, 9}) {
+        for (bool weighted : {false, true}) {
+          const std::vector<float> x = Random(static_cast<size_t>(rows) * hc * dim, &rng);
+          const std::vector<float> pre = Random(static_cast<size_t>(rows) * hc, &rng);
+          const std::vector<float> w = Random(dim, &rng);
+          const float* wp = weighted ? w.data() : nullptr;
+          const double eps = 1e-6;
+          std::vector<float> want(static_cast<size_t>(rows) * dim);
+          for (int t = 0; t < rows; ++t) {
+            WeightedRowSums(pre.data() + t * hc, 1, x.data() + static_cast<size_t>(t) * hc * dim,
+                            hc, dim, want.data() + static_cast<size_t>(t) * dim, true);
+          }
+          RmsNormRows(want.data(), rows, wp, dim, eps, want.data());
+          std::vector<float> got(want.size()), r(rows);
+          const int64_t outs = static_cast<int64_t>(rows) * dim;
+          RunAll(device::PreMixKernel{x.data(), pre.data(), hc, dim, got.data(), outs});
+          RunAll(device::RowRsqrtKernel{got.data(), dim, eps, r.data(), rows});
+          RunAll(device::ScaleRowsKernel{got.data(), r.data(), wp, dim, outs});
+          EXPECT_TRUE(SameBits(want, got))
+              << "hc " << hc << " dim " << dim << " rows " << rows << " weighted " << weighted;
+        }
+      }
+    }
+  }
+}
+
+// MatMulKernel against MatMulCpu (every CPU kernel gives the same bits; engine/matmul.h).
+TEST(DeviceKernels, MatMulIsMatMulCpu) {
+  std::mt19937 rng(13);
+  for (int in : {1, 7, 32, 65}) {
+    for (int out : {1, 5, 16, 33}) {
+      for (int rows : {1, 6, 11}) {
+        const std::vector<float> x = Random(static_cast<size_t>(rows) * in, &rng);
+        const std::vector<float> w = Random(static_cast<size_t>(out) * in, &rng);
+        std::vector<float> want(static_cast<size_t>(rows) * out), got(want.size());
+        MatMulCpu(nullptr, x.data(), rows, in, w.data(), out, want.data());
+        RunAll(device::MatMulKernel{x.data(), in, w.data(), out, got.data(),
+                                    static_cast<int64_t>(rows) * out});
+        EXPECT_TRUE(SameBits(want, got)) << in << " x " << out << ", " << rows << " rows";
+      }
+    }
+  }
+}
+
+// SwigluUp / SwigluDown with an expert per row: each row's products are MatMulCpu's with that
+// expert's matrices, and the activation clamps as SwigluActivate does (the limit reached both
+// ways), times the row's weight.
+TEST(DeviceKernels, SwigluPicksEachRowsExpert) {
+  std::mt19937 rng(17);
+  const int dim = 24, inter = 10, experts = 3, rows = 7, per_input = 2;
+  const float limit = 0.75f;
+  const std::vector<float> x =
+      Random(static_cast<size_t>(rows / per_input + 1) * dim, &rng, -8.0f, 8.0f);
+  const std::vector<float> w1 = Random(static_cast<size_t>(experts) * inter * dim, &rng);
+  const std::vector<float> w3 = Random(w1.size(), &rng);
+  const std::vector<float> w2 = Random(static_cast<size_t>(experts) * dim * inter, &rng);
+  const std::vector<int32_t> expert = {2, 0, 1, 1, 0, 2, 2};
+  const std::vector<float> rw = Random(rows, &rng);
+  std::vector<float> g(static_cast<size_t>(rows) * inter), y(static_cast<size_t>(rows) * dim);
+  RunAll(device::SwigluUpKernel{x.data(), dim, inter, per_input, expert.data(), rw.data(),
+                                w1.data(), w3.data(), limit, g.data(),
+                                static_cast<int64_t>(rows) * inter});
+  RunAll(device::SwigluDownKernel{g.data(), inter, dim, expert.data(), w2.data(), y.data(),
+                                  static_cast<int64_t>(rows) * dim});
+  int clamped_high = 0, clamped_low = 0;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t e = expert[r];
+    const float* xr = x.data() + static_cast<size_t>(r / per_input) * dim;
+    std::vector<float> gv(inter), uv(inter), want_y(dim);
+    MatMulCpu(nullptr, xr, 1, dim, w1.data() + e * inter * dim, inter, gv.data());
+    MatMulCpu(nullptr, xr, 1, dim, w3.data() + e * inter * dim, inter, uv.data());
+    std::vector<float> want_g(inter);
+    for (int u = 0; u < inter; ++u) {
+      clamped_high += uv[u] > limit;
+      clamped_low += uv[u] < -limit;
+      want_g[u] = Silu(std::min(gv[u], limit)) * std::clamp(uv[u], -limit, limit) * rw[r];
+    }
+    MatMulCpu(nullptr, want_g.data(), 1, inter, w2.data() + e * dim * inter, dim, want_y.data());
+    EXPECT_TRUE(std::memcmp(want_g.data(), g.data() + static_cast<size_t>(r) * inter,
+                            inter * sizeof(float)) == 0)
+        << "row " << r;
+    EXPECT_TRUE(std::memcmp(want_y.data(), y.data() + static_cast<size_t>(r) * dim,
+                            dim * sizeof(float)) == 0)
+        << "row " << r;
+  }
+  EXPECT_GT(clamped_high, 0);
+  EXPECT_GT(clamped_low, 0);
+}
+
+// RouteKernel's choice against TopKByScore's for every k, with scores that
+// tie (the lower index wins) at the boundary of the chosen set for several k, scores a bit
+// apart, and a score that underflows to zero.
+TEST(DeviceKernels, RouteKeepsTopKByScoresOrder) {
+  const int E = 9;
+  const std::vector<float> logits = {1.0f,   1.0f,  -3.0f,  2.0f, 2.0f, std::nextafter(2.0f, 3.0f),
+                                     -30.0f, 25.0f, -200.0f};
+  const std::vector<float> bias(E, 0.0f);
+  std::vector<float> s(E), biased(E);
+  for (int e = 0; e < E; ++e) {
+    s[e] = std::sqrt(Softplus(logits[e]));
+    biased[e] = s[e] + bias[e];
+  }
+  ASSERT_EQ(biased[8], 0.0f);  // softplus underflows
+  std::vector<int32_t> all(E), top;
+  for (int e = 0; e < E; ++e) all[e] = e;
+  for (int K = 1; K <= E; ++K) {
+    std::vector<int32_t> chosen(K);
+    std::vector<float> weight(K);
+    const device::RouteKernel k{logits.data(), bias.data(),   E, K, true, 1.5f,
+                                chosen.data(), weight.data(), 1};
+    k(0);
+    TopKByScore(biased.data(), all.data(), E, K, &top);
+    EXPECT_EQ(chosen, top) << "k = " << K;
+    float sum = 0;
+    for (int j = 0; j < K; ++j) sum += s[top[j]];
+    for (int j = 0; j < K; ++j) EXPECT_EQ(weight[j], s[top[j]] / sum * 1.5f) << K << " " << j;
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::engine

@@ -453,15 +453,40 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
   std::vector<EngramPending*>& claimed = claimed_slot;  // BeginEngramStep assigns every element
   KVTIER_RETURN_IF_ERROR(BeginEngramStep(*st, plan, step, &claimed));
   const ThreadPool::Hold hold(pool_.get());  // no sleeping between this pass's sections
+  auto engram = [&](int l) -> Status {
+    thread_local EngramRowBatch rows_slot;  // its buffers trade places with the batch taken
+    EngramRowBatch& rows = rows_slot;
+    KVTIER_RETURN_IF_ERROR(TakeEngram(l, claimed[c.EngramSlot(l)], p0, n, &rows));
+    KVTIER_RETURN_IF_ERROR(ApplyEngram(l, rows, n, x));
+    TrimEngramRows(rows);
+    return Status::Ok();
+  };
+  if (device_ != nullptr && trace_ == nullptr) {
+    // The dense layers on the device (engine/device/layers.h); attention and Engram here; the
+    // residual and pre back in x and pre at the end.
+    device::DeviceLayers& dev = *device_;
+    KVTIER_RETURN_IF_ERROR(dev.Begin(n, x, pre));
+    for (int l = l_begin; l < l_end; ++l) {
+      if (c.IsEngramLayer(l)) {
+        KVTIER_RETURN_IF_ERROR(dev.Residual(x));
+        KVTIER_RETURN_IF_ERROR(engram(l));
+        KVTIER_RETURN_IF_ERROR(dev.SetResidual(x));
+      }
+      KVTIER_RETURN_IF_ERROR(dev.AttentionInput(l, xn.data()));
+      if (capture_ != nullptr) {
+        KVTIER_RETURN_IF_ERROR(dev.Residual(x));
+        capture_->Record(l, p0, n, hc, D, x, xn.data());
+      }
+      KVTIER_RETURN_IF_ERROR(Attention(l, st, p0, n, xn.data(), &rt, f.data()));
+      KVTIER_RETURN_IF_ERROR(dev.AttentionOutput(f.data()));
+      KVTIER_RETURN_IF_ERROR(dev.Ffn(l));
+    }
+    KVTIER_RETURN_IF_ERROR(dev.Residual(x));
+    return dev.Pre(pre);
+  }
   for (int l = l_begin; l < l_end; ++l) {
     const LayerWeights& lw = layers_[l];
-    if (c.IsEngramLayer(l)) {
-      thread_local EngramRowBatch rows_slot;  // its buffers trade places with the batch taken
-      EngramRowBatch& rows = rows_slot;
-      KVTIER_RETURN_IF_ERROR(TakeEngram(l, claimed[c.EngramSlot(l)], p0, n, &rows));
-      KVTIER_RETURN_IF_ERROR(ApplyEngram(l, rows, n, x));
-      TrimEngramRows(rows);
-    }
+    if (c.IsEngramLayer(l)) KVTIER_RETURN_IF_ERROR(engram(l));
     for (int s = 0; s < 2; ++s) {
       PreMix(n, x, pre, s == 0 ? lw.attn_norm : lw.ffn_norm, xn.data());
       if (s == 0 && capture_ != nullptr) capture_->Record(l, p0, n, hc, D, x, xn.data());

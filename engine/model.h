@@ -72,7 +72,7 @@ inline constexpr size_t kMaxPromptTokens = size_t{1} << 22;
 inline constexpr int kMaxEngramLookaheadChunks = 8;
 inline constexpr int kMaxEngramPrefetchBatches = 256;
 
-// Where ForwardBatch runs the dense part of each layer (engine/device/layers.h).
+// Where the engine's passes run the dense part of each layer (engine/device/layers.h).
 enum class LayerDevice {
   kCpu,       // on the CPU (the default)
   kCuda,      // on the GPU, the pass's activations kept there; the attention sublayer and Engram
@@ -109,9 +109,10 @@ struct EngineOptions {
   // (piece x hc_mult x hidden_size floats). In (sliding_window, kMaxTokensPerCall], or
   // kMaxTokensPerCall whatever the window. Default kMaxTokensPerCall.
   int prompt_piece_tokens = static_cast<int>(kMaxTokensPerCall);
-  // ForwardBatch's dense layers (see LayerDevice); Create fails (Unavailable) for kCuda without
-  // a usable device. Forward, PrefillCed, ExtendCed and ReplayTail run on the CPU whatever it
-  // says, and so does a ForwardBatch while a StepTrace is set.
+  // Where every pass (Forward, PrefillCed, ExtendCed, ReplayTail, ForwardBatch) runs its dense
+  // layers (see LayerDevice); Create fails (Unavailable) for kCuda without a usable device. A
+  // pass while a StepTrace is set runs on the CPU whatever it says; the head of a single-sequence
+  // pass runs on the CPU (its residual comes back at the end of the pass's layers).
   LayerDevice layer_device = LayerDevice::kCpu;
 };
 
@@ -466,7 +467,7 @@ class Engine {
   EngineStats stats_;
   StepTrace* trace_ = nullptr;
   AttnInputCapture* capture_ = nullptr;
-  // ForwardBatch's dense layers when options_.layer_device is not kCpu (model_device.cc).
+  // The passes' dense layers when options_.layer_device is not kCpu (model_device.cc).
   std::unique_ptr<device::DeviceLayers> device_;
   Status BindDevice();
 };

@@ -80,7 +80,7 @@ int RunServe(std::span<const std::string_view> args) {
   flags.Uint("threads", &threads, "engine CPU threads (results do not depend on it)", false, 1,
              engine::kMaxThreads);
   flags.String("layer-device", &layer_device, "DEVICE",
-               "where the engine's batched steps run the dense part of every layer: cpu, cuda "
+               "where the engine's passes run the dense part of every layer: cpu, cuda "
                "(the GPU keeps the step's activations; attention and Engram stay on the CPU; "
                "logits within the CUDA math library's expf/log1pf of the CPU's) or host-twin "
                "(the GPU's kernels on the CPU: the CPU's bits, slower; for checks)");

@@ -17,10 +17,10 @@
 // --only-batched runs only ForwardBatch (for a profiler: perf record -g -- ... --k 16).
 // --only-verify runs only the verify arm's Forward passes (no decode batches, no v x Decode arm,
 // hence no bit-for-bit check; for a profiler: perf record -g -- ... --only-verify).
-// --layer-device runs ForwardBatch's dense layers there (EngineOptions::layer_device; the verify
-// arm's Forward stays on the CPU): host-twin must match the single arm bit for bit; cuda within
-// 1e-3 of each logit's size (the CUDA math library's expf / log1pf), its worst relative
-// difference printed as max_rel_diff.
+// --layer-device runs every pass's dense layers there (EngineOptions::layer_device): host-twin
+// must match the single arm bit for bit; cuda within 1e-3 of each logit's size (the CUDA math
+// library's expf / log1pf) in the decode arm, its worst relative difference printed as
+// max_rel_diff (the verify arm's check is bit for bit: its Forward and Decodes both run there).
 #include <algorithm>
 #include <chrono>
 #include <cmath>

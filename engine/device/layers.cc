@@ -160,6 +160,10 @@ Status DeviceLayers::Residual(float* x) {
       x, x_, static_cast<size_t>(n_) * config_.hc_mult * config_.hidden_size * sizeof(float));
 }
 
+Status DeviceLayers::Pre(float* pre) {
+  return backend_->ToHost(pre, pre_, static_cast<size_t>(n_) * config_.hc_mult * sizeof(float));
+}
+
 Status DeviceLayers::SetResidual(const float* x) {
   return backend_->ToDevice(
       x_, x, static_cast<size_t>(n_) * config_.hc_mult * config_.hidden_size * sizeof(float));

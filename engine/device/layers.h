@@ -1,10 +1,11 @@
 // The dense part of every layer on a device, with the pass's activations kept there.
 //
-// A pass of n rows (Engine::ForwardBatch with EngineOptions::layer_device) uploads the rows'
-// embedded residual once; then, layer by layer, the device computes the mHC mixes, the
-// pre-mix and norm of both sublayers, the whole MoE sublayer (router, routed and shared
-// experts, combine) and the residual updates, and finally the head. The host keeps what needs
-// the sequences' caches: the attention sublayer gets its normed input (n x hidden floats) and
+// A pass of n rows (any Engine pass with EngineOptions::layer_device: a step of Forward,
+// PrefillCed, ExtendCed or ReplayTail over one sequence's layers, or ForwardBatch over several
+// sequences) uploads the rows' embedded residual once; then, layer by layer, the device computes
+// the mHC mixes, the pre-mix and norm of both sublayers, the whole MoE sublayer (router, routed and
+// shared experts, combine) and the residual updates, and finally the head. The host keeps what
+// needs the sequences' caches: the attention sublayer gets its normed input (n x hidden floats) and
 // returns its output (the same size), and an Engram layer reads and writes the residual. So a
 // layer moves 2 x n x hidden floats over the bus instead of every matrix product's inputs and
 // outputs (engine/cuda/backend.h's per-call path).
@@ -14,7 +15,7 @@
 //
 // Memory: the layers' dense weights as float copies on the device (weight_bytes()), and
 // activations for the largest pass so far (at most kMaxTokensPerCall rows).
-// Thread safety: one pass at a time (the engine's ForwardBatch is not reentrant either).
+// Thread safety: one pass at a time (the engine's passes are not reentrant either).
 #pragma once
 
 #include <cstdint>
@@ -64,9 +65,11 @@ class DeviceLayers {
 
   // Starts a pass of n rows (1 <= n <= kMaxTokensPerCall): x [n x hc x hidden], pre [n x hc].
   Status Begin(int n, const float* x, const float* pre);
-  // The pass's residual to / from the host ([n x hc x hidden]).
+  // The pass's residual to / from the host ([n x hc x hidden]); its pre-mix weights of the next
+  // sublayer to the host ([n x hc]).
   Status Residual(float* x);
   Status SetResidual(const float* x);
+  Status Pre(float* pre);
   // The attention sublayer of `layer`: its normed input to xn ([n x hidden]), its mixes kept;
   // AttentionOutput then takes the sublayer's output f ([n x hidden]) into the residual.
   Status AttentionInput(int layer, float* xn);

@@ -13,6 +13,7 @@
 #include "engine/device/backend.h"
 #include "engine/device/layers.h"
 #include "engine/model.h"
+#include "engine/state_io.h"
 #include "engine_test_util.h"
 #include "tests/cuda_required.h"
 
@@ -113,6 +114,62 @@ TEST(DeviceLayers, HostTwinIsTheCpuPathBitForBit) {
         << "hidden " << c->hidden_size << ": element " << first_diff << " differs ("
         << a[first_diff] << " vs " << b[first_diff] << ")";
   }
+}
+
+// Every single-sequence pass (Forward with every row's logits, PrefillCed and ExtendCed in
+// pieces, decode, and ReplayTail over imported units) with its attention inputs captured: the
+// host twin's logits and captures are the CPU path's bits.
+std::vector<float> RunSinglePasses(Engine* e) {
+  const EngineConfig& c = e->config();
+  std::vector<float> out;
+  AttnInputCapture cap;
+  cap.layers = {0, c.num_hidden_layers - 1};
+  e->set_attn_capture(&cap);
+  const std::vector<int32_t> tokens = Prompt(150, 21);
+  std::vector<float> logits;
+  SequenceState full = e->NewSequence();
+  EXPECT_TRUE(e->Forward(&full, std::span(tokens).first(130), true, &logits).ok());
+  out.insert(out.end(), logits.begin(), logits.end());
+  for (int i = 130; i < 150; ++i) {
+    EXPECT_TRUE(e->Decode(&full, tokens[i], &logits).ok());
+    out.insert(out.end(), logits.begin(), logits.end());
+  }
+  SequenceState ced = e->NewSequence();
+  EXPECT_TRUE(e->PrefillCed(&ced, std::span(tokens).first(90), &logits).ok());
+  out.insert(out.end(), logits.begin(), logits.end());
+  EXPECT_TRUE(e->ExtendCed(&ced, std::span(tokens).subspan(90, 40), &logits).ok());
+  out.insert(out.end(), logits.begin(), logits.end());
+  e->set_attn_capture(nullptr);
+  for (const auto& v : cap.stream_mean) out.insert(out.end(), v.begin(), v.end());
+  for (const auto& v : cap.normed) out.insert(out.end(), v.begin(), v.end());
+  // Two whole units of `full` imported into a new state, then the bounded replay of its tail.
+  auto kv = EngineKvLayout(c, 64);
+  EXPECT_TRUE(kv.ok());
+  if (!kv.ok()) return out;
+  const UnitPayloadLayout layout = UnitPayloadLayout::For(*kv);
+  SequenceState st = e->NewSequence();
+  for (int64_t page = 0; page < 2; ++page) {
+    auto p = ExportUnitPayload(layout, full, page);
+    EXPECT_TRUE(p.ok());
+    if (!p.ok()) return out;
+    EXPECT_TRUE(ImportUnitPayload(layout, *p, std::span(tokens).subspan(page * 64, 64), &st).ok());
+  }
+  EXPECT_TRUE(e->ReplayTail(&st, 2 * c.sliding_window, &logits).ok());
+  out.insert(out.end(), logits.begin(), logits.end());
+  return out;
+}
+
+TEST(DeviceLayers, HostTwinRunsEverySingleSequencePassAsTheCpuPath) {
+  const EngineConfig& c = testutil::TinyConfig();
+  auto w = std::make_shared<const ModelWeights>(std::move(*InitWeights(c, 9)));
+  auto cpu = MakeEngine(c, w, LayerDevice::kCpu);
+  auto twin = MakeEngine(c, w, LayerDevice::kHostTwin, 2);
+  ASSERT_NE(cpu, nullptr);
+  ASSERT_NE(twin, nullptr);
+  const std::vector<float> a = RunSinglePasses(cpu.get()), b = RunSinglePasses(twin.get());
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_GT(a.size(), 150u * c.vocab_size);
+  EXPECT_TRUE(BitEqual(a.data(), b.data(), a.size()));
 }
 
 TEST(DeviceLayers, HostTwinOnTwoThreadsIsItsOneThreadBits) {

@@ -305,21 +305,21 @@ TEST(EngineGolden, FullForwardThenDecodeMatchesReference) { CheckMode("full"); }
 TEST(EngineGolden, CedPrefillThenDecodeMatchesReference) { CheckMode("ced"); }
 TEST(EngineGolden, DecodeOverReferenceCachesMatchesReference) { CheckMode("decode"); }
 TEST(EngineGolden, BoundedReplayOverImportedKvMatchesReference) { CheckMode("replay"); }
-// The decode steps' dense layers on the device path: the host twin (the GPU's kernels on the
-// CPU) everywhere, the GPU where there is one (KVTIER_REQUIRE_CUDA=1: it must be there).
-TEST(EngineGolden, DecodesOnTheHostTwinLayersMatchReference) {
-  CheckMode("full", LayerDevice::kHostTwin);
-  CheckMode("decode", LayerDevice::kHostTwin);
+// Every mode with the dense layers on the device path (prefill, CED, replay and the decode steps,
+// these as ForwardBatch passes): the host twin (the GPU's kernels on the CPU) everywhere, the GPU
+// where there is one (KVTIER_REQUIRE_CUDA=1: it must be there).
+TEST(EngineGolden, EveryModeOnTheHostTwinLayersMatchesReference) {
+  for (const char* mode : {"full", "ced", "decode", "replay"})
+    CheckMode(mode, LayerDevice::kHostTwin);
 }
-TEST(EngineGolden, DecodesOnTheCudaLayersMatchReference) {
+TEST(EngineGolden, EveryModeOnTheCudaLayersMatchesReference) {
   const auto cuda = device::MakeCudaBackend();
   if (!cuda.ok()) {
     if (::kvtier::testing::CudaRequired())
       GTEST_FAIL() << "KVTIER_REQUIRE_CUDA=1 but " << cuda.status().ToString();
     GTEST_SKIP() << cuda.status().ToString();
   }
-  CheckMode("full", LayerDevice::kCuda);
-  CheckMode("decode", LayerDevice::kCuda);
+  for (const char* mode : {"full", "ced", "decode", "replay"}) CheckMode(mode, LayerDevice::kCuda);
 }
 
 // The vectors see the candidate pool: past 512 positions it restricts the Reindex layers, and

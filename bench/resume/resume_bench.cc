@@ -2,6 +2,7 @@
 //
 //   kvtier_resume_bench speed    [--tokens 4096,16384] [--threads 2] [--recompute-runs 1]
 //                                [--restarts 3] [--fio-loops 20] [--dir DIR] [--model PREFIX]
+//                                [--layer-device cpu|cuda|host-twin]
 //   kvtier_resume_bench fidelity [--lengths 128,512,2048] [--prompts 3] [--steps 64]
 //                                [--model PREFIX]
 //
@@ -68,7 +69,8 @@ int32_t Argmax(const std::vector<float>& v) {
 
 // The engine of --model: a checkpoint prefix, or "random" (mini-v4.1, random weights).
 StatusOr<std::unique_ptr<Engine>> MakeEngine(const std::string& model, int threads,
-                                             std::shared_ptr<const ModelWeights>* w) {
+                                             std::shared_ptr<const ModelWeights>* w,
+                                             LayerDevice layer_device = LayerDevice::kCpu) {
   const bool random = model == "random";
   KVTIER_ASSIGN_OR_RETURN(EngineConfig cfg,
                           LoadEngineConfig(random ? KVTIER_MINI_CONFIG : model + ".json"));
@@ -78,6 +80,7 @@ StatusOr<std::unique_ptr<Engine>> MakeEngine(const std::string& model, int threa
   *w = std::make_shared<const ModelWeights>(std::move(*mw));
   EngineOptions o;
   o.threads = threads;
+  o.layer_device = layer_device;
   return Engine::Create(cfg, *w, o);
 }
 
@@ -198,6 +201,7 @@ int Speed(std::span<const std::string_view> args) {
   uint64_t threads = 2, recompute_runs = 1, restarts = 3, fio_loops = 20;
   std::string model = KVTIER_TRAINED_MODEL;
   std::string dir_flag = std::filesystem::temp_directory_path().string();
+  std::string layer_device = "cpu";
   flags.String("tokens", &lengths, "N,N",
                "session lengths (multiples of 64, below the 65,536-token context: at most 65472)");
   flags.Uint("threads", &threads, "engine threads", false, 1, 64);
@@ -214,7 +218,15 @@ int Speed(std::span<const std::string_view> args) {
   flags.String("dir", &dir_flag, "DIR",
                "scratch directory: kvtierd's data and fio's file (the file system measured)");
   flags.String("model", &model, "PREFIX", "checkpoint prefix, or 'random' (mini-v4.1)");
+  flags.String("layer-device", &layer_device, "DEVICE",
+               "where the engine's dense layers run (recompute and replay alike): cpu, cuda or "
+               "host-twin");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
+  LayerDevice device = LayerDevice::kCpu;
+  if (!ParseLayerDevice(layer_device, &device)) {
+    std::fprintf(stderr, "kvtier_resume_bench speed: --layer-device is cpu, cuda or host-twin\n");
+    return 2;
+  }
   SessionOptions so;
   so.guard = GuardMode::kAlwaysFetch;
   std::vector<uint64_t> ns;
@@ -225,7 +237,7 @@ int Speed(std::span<const std::string_view> args) {
     return 2;
   }
   std::shared_ptr<const ModelWeights> w;
-  auto e = MakeEngine(model, static_cast<int>(threads), &w);
+  auto e = MakeEngine(model, static_cast<int>(threads), &w, device);
   if (!e.ok()) return Fail("engine", e.status());
   const auto dir =
       std::filesystem::path(dir_flag) / ("kvtier_resume_bench_" + std::to_string(getpid()));
@@ -253,8 +265,8 @@ int Speed(std::span<const std::string_view> args) {
     auto c = daemon::Client::Connect(co);
     return c.ok() ? std::move(*c) : nullptr;
   };
-  std::printf("model %s, %llu engine threads, scratch %s\n", model.c_str(),
-              static_cast<unsigned long long>(threads), dir.c_str());
+  std::printf("model %s, %llu engine threads, layers on %s, scratch %s\n", model.c_str(),
+              static_cast<unsigned long long>(threads), LayerDeviceName(device), dir.c_str());
   for (uint64_t n : ns) {
     const std::vector<int32_t> tokens = engine::AgentText(static_cast<uint32_t>(n), n);
     const uint32_t P = so.unit_tokens;

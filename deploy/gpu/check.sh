@@ -24,7 +24,8 @@
 # decode tokens/s of mini-v4.1 with KVTIER_ENGINE_CUDA=0 and 1 (1 and all threads); batched
 # decode and a 6-token verify pass, whose printed digests must agree with and without CUDA, and
 # the same with FP8 projections and MXFP4 experts on the CPU (the coded-panel kernels); batched
-# decode with the dense layers on the GPU (--layer-device cuda, its worst logit difference); the
+# decode, prefill and decode tokens/s and the 16K / 64K resume with the dense layers on the GPU
+# (--layer-device cuda; the batched decode's worst logit difference); the
 # resume of 16K- and 64K-token sessions against recompute with the CUDA MatMul on and off;
 # then, on the host's cores, the server, speculative and remote-Engram benchmarks. stdout gets
 # the step table; summary.txt also the figures.
@@ -162,10 +163,22 @@ for cuda in 0 1; do
     --model "$MINI" --threads "1,$threads" --k 1,16 --rounds 3 --steps 4 --history 256 \
     --verify-tokens 6
 done
-# The dense layers on the GPU with the pass's activations kept there (--layer-device cuda) against
-# the CPU's single-row decodes of the same rows (logits within 1e-3 of each logit's size, the
-# worst printed as max_rel_diff): mini-v4.1 and the trained miniature, 1 and 16 sequences.
+# The dense layers on the GPU with the pass's activations kept there (--layer-device cuda): prefill
+# and decode tokens/s (1 and all threads), the 16K and 64K resume against recompute, and batched
+# decode against the same rows decoded one at a time (logits within 1e-3 of each logit's size,
+# the worst printed as max_rel_diff): mini-v4.1 and the trained miniature, 1 to 32 sequences.
 if [ "$REQUIRE_GPU" = 1 ]; then
+  layer_threads=1
+  [ "$threads" -gt 1 ] && layer_threads="1 $threads"
+  for t in $layer_threads; do
+    test_step "engine_bench_layers_cuda_t${t}" 120 "$E" bench --layer-device cuda \
+      --model "$MINI" --config deploy/models/mini-v4.1.json --json --threads "$t" \
+      --prompt-tokens 1024 --decode-tokens 64
+  done
+  mkdir -p /tmp/kvtier-gpu-resume
+  test_step resume_bench_layers_cuda 150 "$B/bench/resume/kvtier_resume_bench" speed \
+    --layer-device cuda --tokens 16384,65472 --threads "$threads" --recompute-runs 1 \
+    --restarts 3 --fio-loops 5 --dir /tmp/kvtier-gpu-resume
   test_step forward_batch_layers_cuda 150 "$B/bench/engine/kvtier_bench_forward_batch" \
     --config deploy/models/mini-v4.1.json --model "$MINI" --threads "1,$threads" --k 1,16,32 \
     --rounds 3 --steps 4 --history 256 --only-batched --layer-device cuda
@@ -220,6 +233,10 @@ for f in "$OUT"/engine_bench_*.log; do
   note "$(basename "$f" .log): $(tr -d '\n' <"$f" | cut -c1-300)"
 done
 grep -h -E "^(decode|verify) " "$OUT"/forward_batch_cuda*.log | tee -a "$SUMMARY" >/dev/null
+note "resume, --layer-device cuda:"
+[ -f "$OUT/resume_bench_layers_cuda.log" ] &&
+  grep -h -E "^== |^recompute \(CED|^1st resume|^2nd resume|^after restart, median|^fetch vs fio" \
+    "$OUT/resume_bench_layers_cuda.log" | tee -a "$SUMMARY" >/dev/null
 for f in "$OUT"/forward_batch_layers_cuda*.log; do
   [ -f "$f" ] || continue
   note "$(basename "$f" .log):"

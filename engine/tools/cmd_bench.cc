@@ -16,7 +16,7 @@ namespace kvtier::engine::tool {
 int RunBench(Args args) {
   cli::FlagSet flags("kvtier-engine bench",
                      "Prefill and decode throughput, and the prefill-to-decode cost per token.");
-  std::string model, config;
+  std::string model, config, layer_device = "cpu";
   uint64_t prompt_tokens = 256, decode_tokens = 32, threads = 2;
   bool json = false;
   flags.String("model", &model, "FILE", "weights (.safetensors)", true);
@@ -24,6 +24,9 @@ int RunBench(Args args) {
   flags.Uint("prompt-tokens", &prompt_tokens, "prompt length");
   flags.Uint("decode-tokens", &decode_tokens, "tokens to decode");
   flags.Uint("threads", &threads, "CPU threads");
+  flags.String("layer-device", &layer_device, "DEVICE",
+               "where the passes' dense layers run: cpu, cuda or host-twin (docs/ENGINE.md, "
+               "\"Device layers\")");
   flags.Bool("json", &json, "print JSON");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (prompt_tokens == 0 || prompt_tokens > kMaxBenchTokens || decode_tokens == 0 ||
@@ -32,7 +35,12 @@ int RunBench(Args args) {
                  static_cast<unsigned long long>(kMaxBenchTokens), kMaxThreads);
     return 2;
   }
-  auto engine = Open(config, model, static_cast<int>(threads));
+  LayerDevice device = LayerDevice::kCpu;
+  if (!ParseLayerDevice(layer_device, &device)) {
+    std::fprintf(stderr, "kvtier-engine bench: --layer-device is cpu, cuda or host-twin\n");
+    return 2;
+  }
+  auto engine = Open(config, model, static_cast<int>(threads), nullptr, nullptr, device);
   if (!engine.ok()) return Fail(engine.status());
   Engine& e = **engine;
   std::vector<int32_t> prompt(prompt_tokens);
@@ -78,6 +86,7 @@ int RunBench(Args args) {
   if (json) {
     nlohmann::ordered_json j;
     j["prompt_tokens"] = prompt_tokens;
+    j["layer_device"] = LayerDeviceName(device);
     j["decode_tokens"] = decode_tokens;
     j["threads"] = e.threads();
     j["ced_prefill_tokens_per_s"] = ced_tps;

@@ -45,11 +45,13 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 
 // An engine over the model config at config_path and the weights at model_path, on `threads`
 // CPU threads; *weights_out (when given) shares the loaded weights; engram_rows (when given)
-// serves the Engram rows instead of the weights' own tables.
+// serves the Engram rows instead of the weights' own tables; layer_device: where its passes'
+// dense layers run (EngineOptions::layer_device).
 StatusOr<std::unique_ptr<Engine>> Open(const std::string& config_path,
                                        const std::string& model_path, int threads,
                                        std::shared_ptr<const ModelWeights>* weights_out = nullptr,
-                                       EngramRowSource* engram_rows = nullptr);
+                                       EngramRowSource* engram_rows = nullptr,
+                                       LayerDevice layer_device = LayerDevice::kCpu);
 
 // A session store over a kvtierd Unix socket (the engine talks to the daemon only through
 // the client library).

@@ -29,12 +29,13 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 StatusOr<std::unique_ptr<Engine>> Open(const std::string& config_path,
                                        const std::string& model_path, int threads,
                                        std::shared_ptr<const ModelWeights>* weights_out,
-                                       EngramRowSource* engram_rows) {
+                                       EngramRowSource* engram_rows, LayerDevice layer_device) {
   KVTIER_ASSIGN_OR_RETURN(EngineConfig cfg, LoadEngineConfig(config_path));
   KVTIER_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(cfg, model_path));
   EngineOptions o;
   o.threads = threads;
   o.engram_rows = engram_rows;
+  o.layer_device = layer_device;
   auto shared = std::make_shared<const ModelWeights>(std::move(w));
   if (weights_out != nullptr) *weights_out = shared;
   return Engine::Create(cfg, shared, o);

@@ -24,9 +24,7 @@ int RunBench(Args args) {
   flags.Uint("prompt-tokens", &prompt_tokens, "prompt length");
   flags.Uint("decode-tokens", &decode_tokens, "tokens to decode");
   flags.Uint("threads", &threads, "CPU threads");
-  flags.String("layer-device", &layer_device, "DEVICE",
-               "where the passes' dense layers run: cpu, cuda or host-twin (docs/ENGINE.md, "
-               "\"Device layers\")");
+  AddLayerDeviceFlag(&flags, &layer_device);
   flags.Bool("json", &json, "print JSON");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
   if (prompt_tokens == 0 || prompt_tokens > kMaxBenchTokens || decode_tokens == 0 ||
@@ -36,10 +34,7 @@ int RunBench(Args args) {
     return 2;
   }
   LayerDevice device = LayerDevice::kCpu;
-  if (!ParseLayerDevice(layer_device, &device)) {
-    std::fprintf(stderr, "kvtier-engine bench: --layer-device is cpu, cuda or host-twin\n");
-    return 2;
-  }
+  if (!ResolveLayerDevice(layer_device, "bench", &device)) return 2;
   auto engine = Open(config, model, static_cast<int>(threads), nullptr, nullptr, device);
   if (!engine.ok()) return Fail(engine.status());
   Engine& e = **engine;

@@ -41,6 +41,8 @@ int RunGenerate(Args args) {
   flags.Double("top-p", &top_p, "nucleus sampling mass in (0,1]");
   flags.Uint("seed", &seed, "sampling seed");
   flags.Uint("threads", &threads, "CPU threads (results do not depend on it)");
+  std::string layer_device;
+  AddLayerDeviceFlag(&flags, &layer_device);
   flags.Bool("full", &full, "prefill with the full forward instead of CED");
   flags.Bool("ids", &ids, "also print the generated token ids");
   bool bos = false;
@@ -70,6 +72,8 @@ int RunGenerate(Args args) {
                      "draft tokens verified per round, 0..dspark_block_size",
                      "the load-aware scheduler chooses each round");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
+  LayerDevice device = LayerDevice::kCpu;
+  if (!ResolveLayerDevice(layer_device, "generate", &device)) return 2;
   if (speculative && !save_socket.empty()) {
     std::fprintf(stderr,
                  "kvtier-engine generate: --speculative and --save-socket do not combine\n");
@@ -114,7 +118,7 @@ int RunGenerate(Args args) {
     engram_rows = std::move(*rows);
   }
   std::shared_ptr<const ModelWeights> weights;
-  auto engine = Open(config, model, static_cast<int>(threads), &weights, engram_rows.get());
+  auto engine = Open(config, model, static_cast<int>(threads), &weights, engram_rows.get(), device);
   if (!engine.ok()) return Fail(engine.status());
   Engine& e = **engine;
   auto tok = ByteTokenizer::Create(e.config().vocab_size, e.config().engram_pad_token_id,

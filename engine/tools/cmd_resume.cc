@@ -33,6 +33,8 @@ int RunResume(Args args) {
   flags.String("prompt-file", &prompt_file, "FILE", "or: the session's text (bytes)");
   flags.Uint("max-new", &max_new, "tokens to generate after the resume");
   flags.Uint("threads", &threads, "CPU threads");
+  std::string layer_device;
+  AddLayerDeviceFlag(&flags, &layer_device);
   flags.String("guard", &guard, "MODE", "auto | fetch | recompute");
   flags.Bool("no-hot-state", &no_hot, "ignore a hot state in the DRAM pool (always replay)");
   uint64_t replay_tokens = 0;
@@ -41,6 +43,8 @@ int RunResume(Args args) {
              "window W; 0 = the default (kDefaultReplayWindows x W)");
   flags.Bool("json", &json, "print the resume report and stats as JSON");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
+  LayerDevice device = LayerDevice::kCpu;
+  if (!ResolveLayerDevice(layer_device, "resume", &device)) return 2;
   SessionOptions so;
   so.use_hot_state = !no_hot;
   so.replay_tokens = replay_tokens;
@@ -70,7 +74,7 @@ int RunResume(Args args) {
     return 2;
   }
   std::shared_ptr<const ModelWeights> weights;
-  auto engine = Open(config, model, static_cast<int>(threads), &weights);
+  auto engine = Open(config, model, static_cast<int>(threads), &weights, nullptr, device);
   if (!engine.ok()) return Fail(engine.status());
   Engine& e = **engine;
   auto tok = ByteTokenizer::Create(e.config().vocab_size, e.config().engram_pad_token_id,

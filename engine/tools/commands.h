@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cache_daemon/client.h"
+#include "cli/flags.h"
 #include "common/config.h"
 #include "common/status.h"
 #include "engine/engram.h"
@@ -36,6 +37,12 @@ int RunBench(Args args);     // cmd_bench.cc
 int RunFidelity(Args args);  // cmd_fidelity.cc
 
 // ---- Shared by the subcommands (commands_common.cc) ----
+
+// --layer-device DEVICE (EngineOptions::layer_device) into *value ("cpu" by default).
+void AddLayerDeviceFlag(cli::FlagSet* flags, std::string* value);
+// *device from a --layer-device value; false (after a message naming `command` on stderr) for
+// anything but cpu, cuda or host-twin.
+bool ResolveLayerDevice(const std::string& value, const char* command, LayerDevice* device);
 
 // Prints "kvtier-engine: <s>" to stderr; returns 1 (the failure exit code).
 int Fail(const Status& s);

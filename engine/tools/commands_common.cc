@@ -17,6 +17,21 @@
 
 namespace kvtier::engine::tool {
 
+void AddLayerDeviceFlag(cli::FlagSet* flags, std::string* value) {
+  *value = "cpu";
+  flags->String("layer-device", value, "DEVICE",
+                "where the passes' dense layers run: cpu, cuda (the GPU keeps each pass's "
+                "activations; attention and Engram stay on the CPU) or host-twin (the GPU's "
+                "kernels on the CPU: the CPU's bits, slower); docs/ENGINE.md, \"Device layers\"");
+}
+
+bool ResolveLayerDevice(const std::string& value, const char* command, LayerDevice* device) {
+  if (ParseLayerDevice(value, device)) return true;
+  std::fprintf(stderr, "kvtier-engine %s: --layer-device is cpu, cuda or host-twin, not '%s'\n",
+               command, value.c_str());
+  return false;
+}
+
 int Fail(const Status& s) {
   std::fprintf(stderr, "kvtier-engine: %s\n", s.ToString().c_str());
   return 1;

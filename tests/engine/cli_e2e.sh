@@ -1,6 +1,6 @@
 #!/bin/sh
-# kvtier-engine end to end: init, generate twice (same seed -> same output, threads 1 vs 2),
-# bench --json, and usage errors. Args: <kvtier-engine binary> <config> <work dir>.
+# kvtier-engine end to end: init, generate twice (same seed -> same output, threads 1 vs 2), and
+# on the host twin's layers, bench --json, and usage errors. Args: <kvtier-engine binary> <config> <work dir>.
 set -eu
 bin=$1 config=$2 dir=$3
 mkdir -p "$dir"
@@ -13,6 +13,17 @@ b=$("$bin" generate --model "$model" --config "$config" --prompt-file "$dir/prom
       --max-new 8 --temperature 0.7 --top-p 0.9 --seed 11 --ids --threads 2 | tail -n 1)
 [ "$a" = "$b" ] || { echo "sampling differs: '$a' vs '$b'"; exit 1; }
 [ "$(echo "$a" | wc -w)" -eq 8 ] || { echo "expected 8 ids, got '$a'"; exit 1; }
+# The dense layers on the host twin (the GPU's kernels on the CPU): the same sampled ids; an
+# unknown device is a usage error.
+c=$("$bin" generate --model "$model" --config "$config" --prompt-file "$dir/prompt.txt" \
+      --max-new 8 --temperature 0.7 --top-p 0.9 --seed 11 --ids --layer-device host-twin | tail -n 1)
+[ "$a" = "$c" ] || { echo "host twin differs: '$a' vs '$c'"; exit 1; }
+set +e
+"$bin" generate --model "$model" --config "$config" --prompt-file "$dir/prompt.txt" \
+  --layer-device gpu 2>/dev/null
+rc=$?
+set -e
+[ "$rc" -eq 2 ] || { echo "--layer-device gpu: exit $rc, not 2"; exit 1; }
 "$bin" bench --model "$model" --config "$config" --prompt-tokens 32 --decode-tokens 4 --json \
   | grep -q '"decode_tokens_per_s"'
 if "$bin" generate --model "$model" --config "$config" 2>/dev/null; then

@@ -1169,7 +1169,8 @@ TEST_F(ServeTest, SpeculativeGreedyEqualsPlainDecoding) {
 
 // `--layer-device host-twin` (the GPU's kernels for the dense layers, run on the CPU) answers
 // every request as the CPU path does, alone and four at once (prefill chunks and decode rows of
-// several sequences in one ForwardBatch), resuming from kvtierd; an unknown device is exit 2.
+// several sequences in one ForwardBatch), resuming from kvtierd, and with speculative decoding;
+// an unknown device is exit 2.
 TEST_F(ServeTest, HostTwinLayersAnswerAsTheCpuPath) {
   std::vector<json> bodies;
   for (int i = 0; i < 4; ++i) bodies.push_back(Completion(Text(140 + 25 * i, 400 + i), 24));
@@ -1207,6 +1208,18 @@ TEST_F(ServeTest, HostTwinLayersAnswerAsTheCpuPath) {
     EXPECT_EQ(answers[0][i]["cached_tokens"], 0) << i;
     EXPECT_GT(answers[0][bodies.size() + i]["cached_tokens"].get<int>(), 0) << i;
   }
+  // Speculative decoding on the host twin (drafts verified in ForwardBatch passes, rejected rows
+  // rolled back): the same greedy text (alice again, so every prompt now hits the cache).
+  key = kAlice;
+  StartServer({"--idle-sequences-max", "0", "--layer-device", "host-twin", "--speculative",
+               "--draft-len", "3"});
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    const json got = run(bodies[i]);
+    EXPECT_EQ(got["text"], answers[0][i]["text"]) << "speculative, request " << i;
+    EXPECT_EQ(got["completion_tokens"], answers[0][i]["completion_tokens"]) << i;
+  }
+  EXPECT_GT(Metric(Metrics(), "kvtier_serve_spec_verifications_total"), 0);
+  s_->Stop();
   EXPECT_FALSE(s_->Start({"--layer-device", "gpu"}));
   EXPECT_NE(s_->Log().find("--layer-device is cpu, cuda or host-twin"), std::string::npos)
       << s_->Log();

@@ -16,6 +16,11 @@
 // GPU they differ only where the CUDA math library's expf / log1pf do (a few ulp), which the
 // golden vectors' tolerance covers.
 //
+// Weights a kernel reads itself (not through MatMul) are stored output-minor ("transposed": the
+// weight of input k for output o at k * outputs + o), so that on a GPU the threads of adjacent
+// outputs read adjacent addresses at every step of their chains (coalesced loads); each output's
+// chain still runs over k in order, so the bits are those of the row-major CPU loops.
+//
 // Thread safety: the structs are values; a kernel's outputs must not overlap its inputs except
 // where a kernel says so.
 #pragma once
@@ -50,28 +55,29 @@ KVTIER_HD inline float StdClamp(float v, float lo, float hi) {
   return v < lo ? lo : (hi < v ? hi : v);
 }
 
-// engine::Dot: eight partial sums, a fixed tree, then the tail.
-KVTIER_HD inline float Dot(const float* a, const float* b, int n) {
+// engine::Dot of a[k * a_stride] and b[k]: eight partial sums, a fixed tree, then the tail.
+KVTIER_HD inline float Dot(const float* a, int64_t a_stride, const float* b, int n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int i = 0;
   for (; i + 8 <= n; i += 8) {
     for (int k = 0; k < 8; ++k) {
-      const float p = a[i + k] * b[i + k];
+      const float p = a[(i + k) * a_stride] * b[i + k];
       acc[k] += p;
     }
   }
   float s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
   for (; i < n; ++i) {
-    const float p = a[i] * b[i];
+    const float p = a[i * a_stride] * b[i];
     s += p;
   }
   return s;
 }
 
-// The MatMul contract (engine/matmul.h): acc_0 = +0, acc_{k+1} = fma(x[k], w[k], acc_k).
-KVTIER_HD inline float FmaChain(const float* x, const float* w, int n) {
+// The MatMul contract (engine/matmul.h) with w[k * w_stride]: acc_0 = +0,
+// acc_{k+1} = fma(x[k], w[k * w_stride], acc_k).
+KVTIER_HD inline float FmaChain(const float* x, const float* w, int64_t w_stride, int n) {
   float acc = 0.0f;
-  for (int k = 0; k < n; ++k) acc = fmaf(x[k], w[k], acc);
+  for (int k = 0; k < n; ++k) acc = fmaf(x[k], w[k * w_stride], acc);
   return acc;
 }
 
@@ -141,10 +147,10 @@ struct ScaleRowsKernel {
   }
 };
 
-// mixes[t*m + j] = Dot(fn + j*n, x + t*n, n) * r[t] for t*m + j < threads (HcMixesRows' scaled
-// mix products).
+// mixes[t*m + j] = Dot(row j of fn, x + t*n, n) * r[t] for t*m + j < threads (HcMixesRows'
+// scaled mix products).
 struct MixDotsKernel {
-  const float* fn;
+  const float* fn_t;  // fn output-minor: [n x m]
   int m;
   const float* x;
   int n;
@@ -153,7 +159,7 @@ struct MixDotsKernel {
   int64_t threads;
   KVTIER_HD void operator()(int64_t i) const {
     const int64_t t = i / m, j = i % m;
-    mixes[i] = kernel_math::Dot(fn + j * n, x + t * n, n) * r[t];
+    mixes[i] = kernel_math::Dot(fn_t + j, m, x + t * n, n) * r[t];
   }
 };
 
@@ -262,7 +268,7 @@ struct MatMulKernel {
   int64_t threads;
   KVTIER_HD void operator()(int64_t i) const {
     const int64_t t = i / out, o = i % out;
-    y[i] = kernel_math::FmaChain(x + t * in, w + o * in, in);
+    y[i] = kernel_math::FmaChain(x + t * in, w + o * in, 1, in);
   }
 };
 
@@ -328,8 +334,8 @@ struct SwigluUpKernel {
   int dim, inter, rows_per_input;
   const int32_t* expert;    // [rows] or null
   const float* row_weight;  // [rows] or null
-  const float* w1;          // [experts x inter x dim]
-  const float* w3;
+  const float* w1_t;        // per expert output-minor: [experts x dim x inter]
+  const float* w3_t;
   float limit;
   float* g;  // [rows x inter]
   int64_t threads;
@@ -339,28 +345,28 @@ struct SwigluUpKernel {
     const int64_t r = i / inter, u = i % inter;
     const float* xr = x + (r / rows_per_input) * dim;
     const int64_t e = expert != nullptr ? expert[r] : 0;
-    const int64_t row = (e * inter + u) * dim;
-    const float gv = kernel_math::FmaChain(xr, w1 + row, dim);
-    const float uv = kernel_math::FmaChain(xr, w3 + row, dim);
+    const int64_t col = e * dim * inter + u;
+    const float gv = kernel_math::FmaChain(xr, w1_t + col, inter, dim);
+    const float uv = kernel_math::FmaChain(xr, w3_t + col, inter, dim);
     float a = kernel_math::Silu(StdMin(gv, limit)) * StdClamp(uv, -limit, limit);
     if (row_weight != nullptr) a *= row_weight[r];
     g[i] = a;
   }
 };
 
-// y[r*dim + d] = FmaChain(g + r*inter, w2 of expert[r] (or the one matrix) + d*inter, inter):
-// a SwiGLU MLP's down product, for r*dim + d < threads.
+// y[r*dim + d] = FmaChain(g + r*inter, row d of w2 of expert[r] (or the one matrix)): a SwiGLU
+// MLP's down product, for r*dim + d < threads.
 struct SwigluDownKernel {
   const float* g;  // [rows x inter]
   int inter, dim;
   const int32_t* expert;  // [rows] or null
-  const float* w2;        // [experts x dim x inter]
+  const float* w2_t;      // per expert output-minor: [experts x inter x dim]
   float* y;               // [rows x dim]
   int64_t threads;
   KVTIER_HD void operator()(int64_t i) const {
     const int64_t r = i / dim, d = i % dim;
     const int64_t e = expert != nullptr ? expert[r] : 0;
-    y[i] = kernel_math::FmaChain(g + r * inter, w2 + (e * dim + d) * inter, inter);
+    y[i] = kernel_math::FmaChain(g + r * inter, w2_t + e * inter * dim + d, dim, inter);
   }
 };
 

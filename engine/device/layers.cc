@@ -10,7 +10,7 @@ namespace kvtier::engine::device {
 // One layer's device weights.
 struct DeviceLayers::Layer {
   const float* norm[2] = {};
-  const float* hc_fn[2] = {};
+  const float* hc_fn[2] = {};  // output-minor (kernels.h), as every matrix below but gate and head
   const float* hc_scale[2] = {};
   const float* hc_base[2] = {};
   const float* gate = nullptr;
@@ -43,6 +43,22 @@ StatusOr<float*> DeviceLayers::Upload(const float* host, size_t floats) {
   return d;
 }
 
+StatusOr<float*> DeviceLayers::UploadOutputMinor(const float* const* mats, size_t count, size_t out,
+                                                 size_t in) {
+  KVTIER_ASSIGN_OR_RETURN(float* d, Hold(count * out * in));
+  std::vector<float> t(out * in);
+  for (size_t i = 0; i < count; ++i) {
+    if (mats[i] == nullptr) return Status::InvalidArgument("device layers: a weight is missing");
+    for (size_t o = 0; o < out; ++o) {
+      for (size_t k = 0; k < in; ++k) t[k * out + o] = mats[i][o * in + k];
+    }
+    KVTIER_RETURN_IF_ERROR(
+        backend_->ToDevice(d + i * out * in, t.data(), t.size() * sizeof(float)));
+  }
+  weight_bytes_ += count * out * in * sizeof(float);
+  return d;
+}
+
 StatusOr<std::unique_ptr<DeviceLayers>> DeviceLayers::Create(DeviceKind kind, const EngineConfig& c,
                                                              const DeviceModelWeights& weights) {
   if (c.num_experts_per_tok > kDeviceExpertsPerTokenMax)
@@ -61,7 +77,7 @@ StatusOr<std::unique_ptr<DeviceLayers>> DeviceLayers::Create(DeviceKind kind, co
     Layer l;
     for (int s = 0; s < 2; ++s) {
       KVTIER_ASSIGN_OR_RETURN(l.norm[s], d->Upload(hw.norm[s], D));
-      KVTIER_ASSIGN_OR_RETURN(l.hc_fn[s], d->Upload(hw.hc_fn[s], m * hc * D));
+      KVTIER_ASSIGN_OR_RETURN(l.hc_fn[s], d->UploadOutputMinor(&hw.hc_fn[s], 1, m, hc * D));
       KVTIER_ASSIGN_OR_RETURN(l.hc_scale[s], d->Upload(hw.hc_scale[s], 3));
       KVTIER_ASSIGN_OR_RETURN(l.hc_base[s], d->Upload(hw.hc_base[s], m));
     }
@@ -69,26 +85,14 @@ StatusOr<std::unique_ptr<DeviceLayers>> DeviceLayers::Create(DeviceKind kind, co
     KVTIER_ASSIGN_OR_RETURN(l.gate_bias, d->Upload(hw.gate_bias, E));
     if (hw.w1.size() != E || hw.w2.size() != E || hw.w3.size() != E)
       return Status::InvalidArgument("device layers: one weight per routed expert needed");
-    // The routed experts' matrices side by side, so that a kernel finds expert e's at e * size.
-    float* all[3];
-    const std::vector<const float*>* lists[3] = {&hw.w1, &hw.w3, &hw.w2};
-    for (int j = 0; j < 3; ++j) {
-      KVTIER_ASSIGN_OR_RETURN(all[j], d->Hold(E * I * D));
-      for (size_t e = 0; e < E; ++e) {
-        const float* src = (*lists[j])[e];
-        if (src == nullptr) return Status::InvalidArgument("device layers: an expert is missing");
-        KVTIER_RETURN_IF_ERROR(
-            d->backend_->ToDevice(all[j] + e * I * D, src, I * D * sizeof(float)));
-      }
-      d->weight_bytes_ += E * I * D * sizeof(float);
-    }
-    l.w1 = all[0];
-    l.w3 = all[1];
-    l.w2 = all[2];
+    // The routed experts' matrices output-minor and side by side (expert e's at e * size).
+    KVTIER_ASSIGN_OR_RETURN(l.w1, d->UploadOutputMinor(hw.w1.data(), E, I, D));
+    KVTIER_ASSIGN_OR_RETURN(l.w3, d->UploadOutputMinor(hw.w3.data(), E, I, D));
+    KVTIER_ASSIGN_OR_RETURN(l.w2, d->UploadOutputMinor(hw.w2.data(), E, D, I));
     if (hw.s_w1 != nullptr) {
-      KVTIER_ASSIGN_OR_RETURN(l.s_w1, d->Upload(hw.s_w1, Is * D));
-      KVTIER_ASSIGN_OR_RETURN(l.s_w3, d->Upload(hw.s_w3, Is * D));
-      KVTIER_ASSIGN_OR_RETURN(l.s_w2, d->Upload(hw.s_w2, D * Is));
+      KVTIER_ASSIGN_OR_RETURN(l.s_w1, d->UploadOutputMinor(&hw.s_w1, 1, Is, D));
+      KVTIER_ASSIGN_OR_RETURN(l.s_w3, d->UploadOutputMinor(&hw.s_w3, 1, Is, D));
+      KVTIER_ASSIGN_OR_RETURN(l.s_w2, d->UploadOutputMinor(&hw.s_w2, 1, D, Is));
     }
     d->layers_.push_back(l);
   }

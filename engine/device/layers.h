@@ -86,6 +86,9 @@ class DeviceLayers {
   // Device memory of `floats` floats (or bytes) held until destruction.
   StatusOr<float*> Hold(size_t floats);
   StatusOr<float*> Upload(const float* host, size_t floats);
+  // Each of the `count` row-major [out x in] matrices at mats[i] (host), output-minor ([in x out],
+  // kernels.h) and side by side: matrix i at i * out * in.
+  StatusOr<float*> UploadOutputMinor(const float* const* mats, size_t count, size_t out, size_t in);
   Status Run(const DeviceKernel& k) { return backend_->Run(k); }
   // Grows the activation buffers to n rows.
   Status EnsureRows(int n);

@@ -33,6 +33,19 @@ std::vector<float> Random(size_t n, std::mt19937* rng, float lo = -1.0f, float h
   return v;
 }
 
+// The `count` row-major [out x in] matrices of w, each output-minor ([in x out]), side by side.
+std::vector<float> OutputMinor(const std::vector<float>& w, int count, int out, int in) {
+  std::vector<float> t(w.size());
+  for (int i = 0; i < count; ++i) {
+    const size_t base = static_cast<size_t>(i) * out * in;
+    for (int o = 0; o < out; ++o) {
+      for (int k = 0; k < in; ++k)
+        t[base + static_cast<size_t>(k) * out + o] = w[base + o * in + k];
+    }
+  }
+  return t;
+}
+
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -55,7 +68,8 @@ TEST(DeviceKernels, MixesAreHcMixesRows) {
         std::vector<float> r(rows), mixes(static_cast<size_t>(rows) * m);
         std::vector<float> dpre(pre.size()), dpost(post.size()), dcomb(comb.size());
         RunAll(device::RowRsqrtKernel{x.data(), n, norm_eps, r.data(), rows});
-        RunAll(device::MixDotsKernel{fn.data(), m, x.data(), n, r.data(), mixes.data(),
+        const std::vector<float> fn_t = OutputMinor(fn, 1, m, n);
+        RunAll(device::MixDotsKernel{fn_t.data(), m, x.data(), n, r.data(), mixes.data(),
                                      static_cast<int64_t>(rows) * m});
         RunAll(device::MixOutputsKernel{mixes.data(), hc, scale.data(), base.data(), iters,
                                         static_cast<float>(hc_eps), dpre.data(), dpost.data(),
@@ -135,10 +149,13 @@ TEST(DeviceKernels, SwigluPicksEachRowsExpert) {
   const std::vector<int32_t> expert = {2, 0, 1, 1, 0, 2, 2};
   const std::vector<float> rw = Random(rows, &rng);
   std::vector<float> g(static_cast<size_t>(rows) * inter), y(static_cast<size_t>(rows) * dim);
+  const std::vector<float> w1_t = OutputMinor(w1, experts, inter, dim),
+                           w3_t = OutputMinor(w3, experts, inter, dim),
+                           w2_t = OutputMinor(w2, experts, dim, inter);
   RunAll(device::SwigluUpKernel{x.data(), dim, inter, per_input, expert.data(), rw.data(),
-                                w1.data(), w3.data(), limit, g.data(),
+                                w1_t.data(), w3_t.data(), limit, g.data(),
                                 static_cast<int64_t>(rows) * inter});
-  RunAll(device::SwigluDownKernel{g.data(), inter, dim, expert.data(), w2.data(), y.data(),
+  RunAll(device::SwigluDownKernel{g.data(), inter, dim, expert.data(), w2_t.data(), y.data(),
                                   static_cast<int64_t>(rows) * dim});
   int clamped_high = 0, clamped_low = 0;
   for (int r = 0; r < rows; ++r) {

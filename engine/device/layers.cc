@@ -15,9 +15,9 @@ struct DeviceLayers::Layer {
   const float* hc_base[2] = {};
   const float* gate = nullptr;
   const float* gate_bias = nullptr;
-  const float* w1 = nullptr;  // [experts x inter x hidden]
+  const float* w1 = nullptr;  // output-minor per expert: [experts x hidden x inter]
   const float* w3 = nullptr;
-  const float* w2 = nullptr;  // [experts x hidden x inter]
+  const float* w2 = nullptr;  // output-minor per expert: [experts x inter x hidden]
   const float *s_w1 = nullptr, *s_w3 = nullptr, *s_w2 = nullptr;
 };
 

@@ -12,7 +12,7 @@ constexpr size_t kMemberKeyLoggedBytes = 128;
 }  // namespace
 
 Status ValidateKeyPrefix(std::string_view prefix) {
-  if (prefix.empty() || prefix.size() > 256 || prefix.back() != '/') {
+  if (prefix.empty() || prefix.size() > kKeyPrefixBytesMax || prefix.back() != '/') {
     return Status::InvalidArgument("cluster key prefix: want 1..256 bytes ending in '/'");
   }
   return Status::Ok();

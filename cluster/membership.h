@@ -55,7 +55,9 @@ struct MembershipOptions {
   std::function<Status()> before_register;
 };
 Status ValidateMembershipOptions(const MembershipOptions& options);
-// The key prefix alone (1..256 bytes ending in '/'): InvalidArgument otherwise.
+// Longest etcd key prefix of a cluster (MembershipOptions::key_prefix).
+inline constexpr size_t kKeyPrefixBytesMax = 256;
+// The key prefix alone (1..kKeyPrefixBytesMax bytes ending in '/'): InvalidArgument otherwise.
 Status ValidateKeyPrefix(std::string_view prefix);
 
 // The live members as last seen, sorted by node id. Immutable once published.

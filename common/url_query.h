@@ -8,9 +8,9 @@
 
 namespace kvtier {
 
-// Decodes one name or value of a form-encoded query: "%XX" (hex digits of either case) is the
-// byte 0xXX, '+' is a space, every other byte stands for itself, so a value may decode to any
-// bytes, NUL included. nullopt for a '%' not followed by two hex digits.
+// Decodes one name or value of a form-encoded query: '%' and two hex digits (either case) is the
+// byte those digits spell, '+' is a space, every other byte stands for itself, so a value may
+// decode to any bytes, NUL included. nullopt for a '%' not followed by two hex digits.
 std::optional<std::string> PercentDecode(std::string_view s);
 
 // The reverse: every byte but the unreserved ones (A-Z a-z 0-9 - . _ ~) as "%XX" (upper case),

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "engine/device/layers.h"
 #include "engine/model_internal.h"
 #include "engine/scratch.h"
 #include "kernels/quant.h"
@@ -462,27 +461,15 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
     return Status::Ok();
   };
   if (device_ != nullptr && trace_ == nullptr) {
-    // The dense layers on the device (engine/device/layers.h); attention and Engram here; the
-    // residual and pre back in x and pre at the end.
-    device::DeviceLayers& dev = *device_;
-    KVTIER_RETURN_IF_ERROR(dev.Begin(n, x, pre));
-    for (int l = l_begin; l < l_end; ++l) {
-      if (c.IsEngramLayer(l)) {
-        KVTIER_RETURN_IF_ERROR(dev.Residual(x));
-        KVTIER_RETURN_IF_ERROR(engram(l));
-        KVTIER_RETURN_IF_ERROR(dev.SetResidual(x));
-      }
-      KVTIER_RETURN_IF_ERROR(dev.AttentionInput(l, xn.data()));
-      if (capture_ != nullptr) {
-        KVTIER_RETURN_IF_ERROR(dev.Residual(x));
-        capture_->Record(l, p0, n, hc, D, x, xn.data());
-      }
-      KVTIER_RETURN_IF_ERROR(Attention(l, st, p0, n, xn.data(), &rt, f.data()));
-      KVTIER_RETURN_IF_ERROR(dev.AttentionOutput(f.data()));
-      KVTIER_RETURN_IF_ERROR(dev.Ffn(l));
-    }
-    KVTIER_RETURN_IF_ERROR(dev.Residual(x));
-    return dev.Pre(pre);
+    // The dense layers on the device; attention and Engram here; the residual and pre back in x
+    // and pre at the end.
+    KVTIER_RETURN_IF_ERROR(model_detail::RunDeviceLayers(
+        *device_, c, n, l_begin, l_end, x, pre, xn.data(), f.data(), engram,
+        [&](int l) { return capture_ != nullptr && capture_->Slot(l) >= 0; },
+        [&](int l) { capture_->Record(l, p0, n, hc, D, x, xn.data()); },
+        [&](int l) { return Attention(l, st, p0, n, xn.data(), &rt, f.data()); }));
+    KVTIER_RETURN_IF_ERROR(device_->Residual(x));
+    return device_->Pre(pre);
   }
   for (int l = l_begin; l < l_end; ++l) {
     const LayerWeights& lw = layers_[l];

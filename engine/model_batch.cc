@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "engine/device/layers.h"
 #include "engine/model_internal.h"
 #include "engine/scratch.h"
 
@@ -118,8 +117,11 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
                             xh + off[i] * hc * D, xnh + off[i] * D);
     }
   };
-  const bool capturing = std::any_of(captures.begin(), captures.end(),
-                                     [](AttnInputCapture* p) { return p != nullptr; });
+  // Whether some sequence's capture records layer l.
+  auto wants_capture = [&](int l) {
+    return std::any_of(captures.begin(), captures.end(),
+                       [l](AttnInputCapture* p) { return p != nullptr && p->Slot(l) >= 0; });
+  };
   // The attention sublayer of layer l from the normed rows xnh into fh: projections over every
   // row at once; the per-sequence core on each sequence's rows, sequences spread over the
   // threads when no sequence outweighs a thread's share.
@@ -152,25 +154,13 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
   thread_local std::vector<float> out_slot;
   Scratch<float> out(out_slot, static_cast<size_t>(head_n) * V);
   if (device_ != nullptr && trace_ == nullptr) {
-    // The dense layers on the device (engine/device/layers.h); attention and Engram here.
-    device::DeviceLayers& dev = *device_;
-    KVTIER_RETURN_IF_ERROR(dev.Begin(n, x.data(), pre.data()));
-    for (int l = 0; l < L; ++l) {
-      if (c.IsEngramLayer(l)) {
-        KVTIER_RETURN_IF_ERROR(dev.Residual(x.data()));
-        KVTIER_RETURN_IF_ERROR(engram(l, x.data()));
-        KVTIER_RETURN_IF_ERROR(dev.SetResidual(x.data()));
-      }
-      KVTIER_RETURN_IF_ERROR(dev.AttentionInput(l, xn.data()));
-      if (capturing) {
-        KVTIER_RETURN_IF_ERROR(dev.Residual(x.data()));
-        record(l, x.data(), xn.data());
-      }
-      KVTIER_RETURN_IF_ERROR(attention(l, xn.data(), f.data()));
-      KVTIER_RETURN_IF_ERROR(dev.AttentionOutput(f.data()));
-      KVTIER_RETURN_IF_ERROR(dev.Ffn(l));
-    }
-    KVTIER_RETURN_IF_ERROR(dev.Head(head_rows, out.data()));
+    // The dense layers and the head on the device; attention and Engram here.
+    KVTIER_RETURN_IF_ERROR(model_detail::RunDeviceLayers(
+        *device_, c, n, 0, L, x.data(), pre.data(), xn.data(), f.data(),
+        [&](int l) { return engram(l, x.data()); }, wants_capture,
+        [&](int l) { record(l, x.data(), xn.data()); },
+        [&](int l) { return attention(l, xn.data(), f.data()); }));
+    KVTIER_RETURN_IF_ERROR(device_->Head(head_rows, out.data()));
   } else {
     for (int l = 0; l < L; ++l) {
       const LayerWeights& lw = layers_[l];

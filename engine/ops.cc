@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -341,19 +340,6 @@ void ApplyRopeRotation(float* x, const float* c, const float* s, int pairs, bool
   }
 }
 
-namespace {
-
-// An integer that orders (score, index) pairs as TopKByScore's order does: larger is better.
-// The score's bits made monotone (+0.0 and -0.0 both map to +0.0's) above, the index inverted
-// below.
-inline uint64_t TopKKey(float score, int32_t index) {
-  const uint32_t b = std::bit_cast<uint32_t>(score + 0.0f);  // -0.0 + 0.0 == +0.0
-  const uint32_t ord = (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
-  return (static_cast<uint64_t>(ord) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(index));
-}
-
-}  // namespace
-
 void TopKByScore(const float* score, const int32_t* candidates, int64_t n, int k,
                  std::vector<int32_t>* out) {
   out->clear();
@@ -402,10 +388,6 @@ void TopKByScoreReference(const float* score, const int32_t* candidates, int64_t
   }
   std::sort(out->begin(), out->end());
 }
-
-float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-float Silu(float x) { return x * Sigmoid(x); }
-float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 namespace internal {
 // engine/hc_mix_avx2.cc (only called when the CPU has AVX2).

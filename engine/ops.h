@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/matmul.h"
+#include "engine/scalar_math.h"
 #include "engine/thread_pool.h"
 
 namespace kvtier::engine {
@@ -102,9 +103,7 @@ void TopKByScore(const float* score, const int32_t* candidates, int64_t n, int k
 void TopKByScoreReference(const float* score, const int32_t* candidates, int64_t n, int k,
                           std::vector<int32_t>* out);
 
-float Sigmoid(float x);
-float Silu(float x);
-float Softplus(float x);
+// Sigmoid, Silu, Softplus: engine/scalar_math.h (shared with the device kernels).
 
 // mHC (reference §7): from 4-stream input x ([hc x dim]) and one sublayer's parameters
 // (fn [(2+hc)*hc x hc*dim], scale [3], base [(2+hc)*hc]) computes

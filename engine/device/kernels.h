@@ -30,11 +30,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define KVTIER_HD __host__ __device__
-#else
-#define KVTIER_HD
-#endif
+#include "engine/scalar_math.h"  // KVTIER_HD, Sigmoid, Silu, Softplus, TopKKey: the CPU path's own
 
 namespace kvtier::engine::device {
 
@@ -45,9 +41,11 @@ inline constexpr int kDeviceExpertsPerTokenMax = 16;
 
 namespace kernel_math {
 
-KVTIER_HD inline float Sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-KVTIER_HD inline float Silu(float x) { return x * Sigmoid(x); }
-KVTIER_HD inline float Softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+using engine::Sigmoid;
+using engine::Silu;
+using engine::Softplus;
+using engine::TopKKey;
+
 // std::max / std::min / std::clamp as the C++ library defines them (NaN handling included).
 KVTIER_HD inline float StdMax(float a, float b) { return a < b ? b : a; }
 KVTIER_HD inline float StdMin(float a, float b) { return b < a ? b : a; }
@@ -79,16 +77,6 @@ KVTIER_HD inline float FmaChain(const float* x, const float* w, int64_t w_stride
   float acc = 0.0f;
   for (int k = 0; k < n; ++k) acc = fmaf(x[k], w[k * w_stride], acc);
   return acc;
-}
-
-// TopKByScore's order as one integer (engine/ops.cc TopKKey): larger is better; the score's
-// bits made monotone (-0.0 as +0.0) above, the index inverted below.
-KVTIER_HD inline uint64_t TopKKey(float score, int32_t index) {
-  const float z = score + 0.0f;
-  uint32_t b;
-  memcpy(&b, &z, sizeof b);
-  const uint32_t ord = (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
-  return (static_cast<uint64_t>(ord) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(index));
 }
 
 }  // namespace kernel_math

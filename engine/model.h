@@ -412,21 +412,32 @@ class Engine {
     std::vector<float> rope_c, rope_s;
     std::vector<uint8_t> kv_data, kv_scales;
   };
-  // The per-row part: rows of any sequences; pos[t]: row t's position.
+  // The per-row part: rows of any sequences; pos[t]: row t's position. AttnProducts (the matrix
+  // products of xa and the norms), then AttnRotate (RoPE, the SWA entries' FP8 bytes, the
+  // indexer query's FP4 rounding).
   Status AttnProject(int layer, int n, const float* xa, const int64_t* pos, AttnRows* a);
+  // a's vectors sized for n rows of `layer` (iq, wts, ckv, cgate empty where the layer has none).
+  void ShapeAttnRows(int layer, int n, AttnRows* a) const;
+  void AttnProducts(int layer, int n, const float* xa, AttnRows* a);
+  Status AttnRotate(int layer, int n, const int64_t* pos, AttnRows* a);
+  // AttnProject on the device path: the products on the device layers, from the normed input
+  // their AttentionInput left there (DeviceLayers::AttentionProducts, the same bits), then
+  // AttnRotate here.
+  Status DeviceAttnProject(int layer, int n, const int64_t* pos, AttnRows* a);
   // The per-sequence part over n rows of `st` from p0, which are rows [row0, row0 + n) of `a`
   // (given to AttnProject at positions p0 .. p0 + n - 1); writes their attention outputs (n x heads
   // x head_dim) to o. Splits its loops over `pool` (null: runs on the caller, e.g. inside a loop
   // over sequences). Touches only *st, *rt, o and (when set) the trace, so calls on different
-  // sequences may run in parallel when no trace is attached.
+  // sequences may run in parallel when no trace is attached. xa: the rows' normed inputs, read
+  // only by Compress (so null will do where a carries the compressor's projections).
   Status AttnCore(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
                   const AttnRows& a, int64_t row0, Runtime* rt, ThreadPool* pool, float* o);
   // The per-row output projection of n rows of attention outputs.
   void AttnOutput(int layer, int n, const float* o, float* out);
-  // The compressor over n rows of `st` from p0 (xa: their normed inputs). ckv and cgate, when
-  // not null, are those rows' projections (AttnRows::ckv, cgate) and Compress does not project
-  // xa itself; the results are the same bits either way (MatMul does not depend on the row
-  // count).
+  // The compressor over n rows of `st` from p0 (xa: their normed inputs; may be null when ckv
+  // and cgate are given). ckv and cgate, when not null, are those rows' projections
+  // (AttnRows::ckv, cgate) and Compress does not project xa itself; the results are the same bits
+  // either way (MatMul does not depend on the row count).
   Status Compress(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
                   ThreadPool* pool, const float* ckv_rows = nullptr,
                   const float* cgate_rows = nullptr);

@@ -52,6 +52,7 @@ Status Engine::Compress(int layer, SequenceState* st, int64_t p0, int n, const f
   const float* ckv = ckv_rows != nullptr ? ckv_rows + (first - p0) * hd : nullptr;
   const float* cg = cgate_rows != nullptr ? cgate_rows + (first - p0) * hd : nullptr;
   if (ckv == nullptr || (m > 1 && cg == nullptr)) {
+    if (xa == nullptr) return Status::Internal("engine: compressor rows without their input");
     const float* xin = xa + (first - p0) * D;
     own_kv.resize(static_cast<size_t>(rows) * hd);
     own_gate.resize(m > 1 ? own_kv.size() : 0);
@@ -304,27 +305,38 @@ Status Engine::SelectTopk(int layer, int64_t p0, int n, const float* iq, const f
   return Status::Ok();
 }
 
+void Engine::ShapeAttnRows(int layer, int n, AttnRows* a) const {
+  const EngineConfig& c = config_;
+  const LayerMode mode = c.layer_modes[layer];
+  const bool indexed = mode == LayerMode::kFull || mode == LayerMode::kReindex;
+  const bool compress = mode == LayerMode::kFull && layers_[layer].c_wkv != nullptr;
+  const bool gated = compress && c.ratio(layer) > 1;
+  const size_t rows = static_cast<size_t>(n), hd = c.head_dim;
+  a->q.resize(rows * c.num_attention_heads * hd);
+  a->kv.resize(rows * hd);
+  a->iq.resize(indexed ? rows * c.index_n_heads * c.index_head_dim : 0);
+  a->wts.resize(indexed ? rows * c.index_n_heads : 0);
+  a->ckv.resize(compress ? rows * hd : 0);
+  a->cgate.resize(gated ? rows * hd : 0);
+}
+
 Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos, AttnRows* a) {
+  AttnProducts(layer, n, xa, a);
+  return AttnRotate(layer, n, pos, a);
+}
+
+void Engine::AttnProducts(int layer, int n, const float* xa, AttnRows* a) {
   const EngineConfig& c = config_;
   const LayerWeights& lw = layers_[layer];
   const int D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim;
-  const int rd = c.qk_rope_head_dim, ql = c.q_lora_rank;
-  const LayerMode mode = c.layer_modes[layer];
-  const bool indexed = mode == LayerMode::kFull || mode == LayerMode::kReindex;
-  const int IH = c.index_n_heads, id = c.index_head_dim;
+  const int ql = c.q_lora_rank, IH = c.index_n_heads, id = c.index_head_dim;
+  ShapeAttnRows(layer, n, a);
   a->qr.resize(static_cast<size_t>(n) * ql);
-  a->q.resize(static_cast<size_t>(n) * H * hd);
-  a->kv.resize(static_cast<size_t>(n) * hd);
-  a->iq.resize(indexed ? static_cast<size_t>(n) * IH * id : 0);
-  a->wts.resize(indexed ? static_cast<size_t>(n) * IH : 0);
   // The products of xa (q's low rank, the SWA entry, the indexer's head weights), then those of
   // the normed low-rank q (q, the indexer's query): one call each, so a decode step hands each
   // group to the threads once.
   // On a kFull layer also the compressor's (its weights once for all the sequences' rows).
-  const bool compress = mode == LayerMode::kFull && lw.c_wkv != nullptr;
-  const bool gated = compress && c.ratio(layer) > 1;
-  a->ckv.resize(compress ? static_cast<size_t>(n) * hd : 0);
-  a->cgate.resize(gated ? static_cast<size_t>(n) * hd : 0);
+  const bool indexed = !a->iq.empty(), compress = !a->ckv.empty(), gated = !a->cgate.empty();
   MatMulPart from_x[5] = {{xa, n, D, lw.wq_a, lw.pk_wq_a, ql, a->qr.data()},
                           {xa, n, D, lw.wkv, lw.pk_wkv, hd, a->kv.data()}};
   size_t n_from_x = 2;
@@ -336,6 +348,15 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
   MatMulPart from_q[2] = {{a->qr.data(), n, ql, lw.wq_b, lw.pk_wq_b, H * hd, a->q.data()},
                           {a->qr.data(), n, ql, lw.i_wq_b, lw.pk_i_wq_b, IH * id, a->iq.data()}};
   MmMany(pool_.get(), std::span<MatMulPart>(from_q, indexed ? 2 : 1));
+  RmsNormRows(a->kv.data(), n, lw.kv_norm, hd, c.rms_norm_eps, a->kv.data());
+}
+
+Status Engine::AttnRotate(int layer, int n, const int64_t* pos, AttnRows* a) {
+  const EngineConfig& c = config_;
+  const LayerWeights& lw = layers_[layer];
+  const int H = c.num_attention_heads, hd = c.head_dim, rd = c.qk_rope_head_dim;
+  const int IH = c.index_n_heads, id = c.index_head_dim;
+  const bool indexed = !a->iq.empty();
   // Each row's RoPE rotation once, for its q heads, its SWA entry, its indexer heads (here) and
   // the inverse RoPE of its attention output (AttnCore).
   const int np = static_cast<int>(lw.rope->size());
@@ -353,8 +374,8 @@ Status Engine::AttnProject(int layer, int n, const float* xa, const int64_t* pos
     for (int h = 0; h < H; ++h)
       rope(a->q.data() + (static_cast<int64_t>(t) * H + h) * hd + hd - rd, t);
   }
-  // SWA entries of these rows: kv_norm(wkv x), RoPE, FP8 e4m3 + ue8m0/32 (and back).
-  RmsNormRows(a->kv.data(), n, lw.kv_norm, hd, c.rms_norm_eps, a->kv.data());
+  // SWA entries of these rows: kv_norm(wkv x) (AttnProducts), RoPE, FP8 e4m3 + ue8m0/32 (and
+  // back).
   for (int t = 0; t < n; ++t) rope(a->kv.data() + static_cast<int64_t>(t) * hd + hd - rd, t);
   a->kv_data.resize(static_cast<size_t>(n) * hd);
   a->kv_scales.resize(static_cast<size_t>(n) * hd / 32);

@@ -122,14 +122,15 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
     return std::any_of(captures.begin(), captures.end(),
                        [l](AttnInputCapture* p) { return p != nullptr && p->Slot(l) >= 0; });
   };
-  // The attention sublayer of layer l from the normed rows xnh into fh: projections over every
-  // row at once; the per-sequence core on each sequence's rows, sequences spread over the
-  // threads when no sequence outweighs a thread's share.
-  auto attention = [&](int l, const float* xnh, float* fh) -> Status {
-    KVTIER_RETURN_IF_ERROR(AttnProject(l, n, xnh, pos.data(), &attn_rows_));
+  // The per-sequence attention core of layer l over attn_rows_ (AttnProject's or
+  // DeviceAttnProject's, over every row at once) into o, sequences spread over the threads when
+  // no sequence outweighs a thread's share. xnh: the normed rows, or null where attn_rows_
+  // carries the compressor's rows (always: ShapeAttnRows sizes them on every compressing layer).
+  auto cores = [&](int l, const float* xnh) -> Status {
     auto core = [&](size_t i, ThreadPool* pool) {
-      return AttnCore(l, states[i], p0[i], static_cast<int>(off[i + 1] - off[i]), xnh + off[i] * D,
-                      attn_rows_, off[i], &rt[i], pool, o.data() + off[i] * H * hd);
+      return AttnCore(l, states[i], p0[i], static_cast<int>(off[i + 1] - off[i]),
+                      xnh != nullptr ? xnh + off[i] * D : nullptr, attn_rows_, off[i], &rt[i], pool,
+                      o.data() + off[i] * H * hd);
     };
     if (across_sequences) {
       pool_->ParallelFor(static_cast<int64_t>(k), [&](int64_t b, int64_t e) {
@@ -139,6 +140,12 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
     } else {
       for (size_t i = 0; i < k; ++i) KVTIER_RETURN_IF_ERROR(core(i, pool_.get()));
     }
+    return Status::Ok();
+  };
+  // The attention sublayer of layer l from the normed rows xnh into fh.
+  auto attention = [&](int l, const float* xnh, float* fh) -> Status {
+    KVTIER_RETURN_IF_ERROR(AttnProject(l, n, xnh, pos.data(), &attn_rows_));
+    KVTIER_RETURN_IF_ERROR(cores(l, xnh));
     AttnOutput(l, n, o.data(), fh);
     return Status::Ok();
   };
@@ -156,10 +163,13 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
   if (device_ != nullptr && trace_ == nullptr) {
     // The dense layers and the head on the device; attention and Engram here.
     KVTIER_RETURN_IF_ERROR(model_detail::RunDeviceLayers(
-        *device_, c, n, 0, L, x.data(), pre.data(), xn.data(), f.data(),
+        *device_, c, n, 0, L, x.data(), pre.data(), xn.data(), o.data(),
         [&](int l) { return engram(l, x.data()); }, wants_capture,
         [&](int l) { record(l, x.data(), xn.data()); },
-        [&](int l) { return attention(l, xn.data(), f.data()); }));
+        [&](int l) -> Status {
+          KVTIER_RETURN_IF_ERROR(DeviceAttnProject(l, n, pos.data(), &attn_rows_));
+          return cores(l, nullptr);
+        }));
     KVTIER_RETURN_IF_ERROR(device_->Head(head_rows, out.data()));
   } else {
     for (int l = 0; l < L; ++l) {

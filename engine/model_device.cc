@@ -1,5 +1,5 @@
-// Engine: the device layers of ForwardBatch (EngineOptions::layer_device,
-// engine/device/layers.h): their weights bound from the engine's own.
+// Engine: the device layers (EngineOptions::layer_device, engine/device/layers.h): their
+// weights bound from the engine's own, and the attention products taken from them.
 #include "engine/device/layers.h"
 #include "engine/model_internal.h"
 
@@ -50,6 +50,17 @@ Status Engine::BindDevice() {
     d.s_w1 = lw.s_w1;
     d.s_w2 = lw.s_w2;
     d.s_w3 = lw.s_w3;
+    d.wq_a = lw.wq_a;
+    d.q_norm = lw.q_norm;
+    d.wq_b = lw.wq_b;
+    d.wkv = lw.wkv;
+    d.kv_norm = lw.kv_norm;
+    d.i_wproj = lw.i_wproj;
+    d.i_wq_b = lw.i_wq_b;
+    d.c_wkv = lw.c_wkv;
+    d.c_wgate = lw.c_wgate;
+    d.wo_a = lw.wo_a;
+    d.wo_b = lw.wo_b;
     w.layers.push_back(std::move(d));
   }
   w.norm_w = norm_w_;
@@ -59,6 +70,20 @@ Status Engine::BindDevice() {
                                       : device::DeviceKind::kHost;
   KVTIER_ASSIGN_OR_RETURN(device_, device::DeviceLayers::Create(kind, config_, w));
   return Status::Ok();
+}
+
+Status Engine::DeviceAttnProject(int layer, int n, const int64_t* pos, AttnRows* a) {
+  ShapeAttnRows(layer, n, a);
+  device::DeviceLayers::AttentionRows rows;
+  rows.q = a->q.data();
+  rows.kv = a->kv.data();
+  auto or_null = [](std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
+  rows.iq = or_null(a->iq);
+  rows.wts = or_null(a->wts);
+  rows.ckv = or_null(a->ckv);
+  rows.cgate = or_null(a->cgate);
+  KVTIER_RETURN_IF_ERROR(device_->AttentionProducts(layer, rows));
+  return AttnRotate(layer, n, pos, a);
 }
 
 size_t Engine::DeviceWeightBytes() const {

@@ -78,15 +78,16 @@ inline void ForRange(ThreadPool* pool, int64_t n, RangeFn fn) {
 // The layers [l_begin, l_end) of a pass of n rows on the device layers (engine/device/layers.h),
 // for Engine::RunLayers and ForwardBatch alike: the residual x and pre (host rows) uploaded,
 // then per layer the Engram rows applied here to the residual (engram(l) on x, downloaded and
-// uploaded around it), the attention sublayer's input downloaded into xn, the residual
-// downloaded for the captures only where wants_capture(l) (then record(l) reads x and xn),
-// attend(l) writing the sublayer's output into f here, and the rest of the layer on the device.
-// The pass's residual stays on the device (the caller reads it back or runs the head there).
-template <typename Engram, typename WantsCapture, typename Record, typename Attend>
+// uploaded around it), the residual and the attention sublayer's normed input downloaded into x
+// and xn only where wants_capture(l) (then record(l) reads them), heads(l) writing the attention
+// heads' outputs into o here (from the device's products: Engine::DeviceAttnProject), and the
+// rest of the layer on the device. The pass's residual stays on the device (the caller reads it
+// back or runs the head there).
+template <typename Engram, typename WantsCapture, typename Record, typename Heads>
 Status RunDeviceLayers(device::DeviceLayers& dev, const EngineConfig& c, int n, int l_begin,
-                       int l_end, float* x, const float* pre, float* xn, const float* f,
+                       int l_end, float* x, const float* pre, float* xn, const float* o,
                        Engram&& engram, WantsCapture&& wants_capture, Record&& record,
-                       Attend&& attend) {
+                       Heads&& heads) {
   KVTIER_RETURN_IF_ERROR(dev.Begin(n, x, pre));
   for (int l = l_begin; l < l_end; ++l) {
     bool x_current = false;  // x here holds the device's residual
@@ -96,13 +97,14 @@ Status RunDeviceLayers(device::DeviceLayers& dev, const EngineConfig& c, int n, 
       KVTIER_RETURN_IF_ERROR(dev.SetResidual(x));
       x_current = true;
     }
-    KVTIER_RETURN_IF_ERROR(dev.AttentionInput(l, xn));
-    if (wants_capture(l)) {
+    const bool capture = wants_capture(l);
+    KVTIER_RETURN_IF_ERROR(dev.AttentionInput(l, capture ? xn : nullptr));
+    if (capture) {
       if (!x_current) KVTIER_RETURN_IF_ERROR(dev.Residual(x));
       record(l);
     }
-    KVTIER_RETURN_IF_ERROR(attend(l));
-    KVTIER_RETURN_IF_ERROR(dev.AttentionOutput(f));
+    KVTIER_RETURN_IF_ERROR(heads(l));
+    KVTIER_RETURN_IF_ERROR(dev.AttentionOutput(l, o));
     KVTIER_RETURN_IF_ERROR(dev.Ffn(l));
   }
   return Status::Ok();

@@ -31,7 +31,7 @@ const char* DeviceKindName(DeviceKind kind);
 // One kernel launch: the kernel's struct, which carries its own thread count.
 using DeviceKernel =
     std::variant<RowRsqrtKernel, PreMixKernel, ScaleRowsKernel, MixDotsKernel, MixOutputsKernel,
-                 MixSublayerKernel, MatMulKernel, RouteKernel, SwigluUpKernel, SwigluDownKernel,
+                 MixSublayerKernel, MatMulKernel, RouteKernel, SwigluUpKernel, PerRowMatMulKernel,
                  CombineKernel, GatherRowsKernel>;
 
 class DeviceBackend {

@@ -342,19 +342,21 @@ struct SwigluUpKernel {
   }
 };
 
-// y[r*dim + d] = FmaChain(g + r*inter, row d of w2 of expert[r] (or the one matrix)): a SwiGLU
-// MLP's down product, for r*dim + d < threads.
-struct SwigluDownKernel {
-  const float* g;  // [rows x inter]
-  int inter, dim;
-  const int32_t* expert;  // [rows] or null
-  const float* w2_t;      // per expert output-minor: [experts x inter x dim]
-  float* y;               // [rows x dim]
+// y[r*out + o] = FmaChain(x + r*in, row o of matrix which[r] (which null: of the one matrix)),
+// for r*out + o < threads: a product whose rows each take their own matrix. A SwiGLU MLP's down
+// product (each row's expert) and the attention sublayer's grouped output projection (rows
+// t*groups + g of heads' outputs, each its group's matrix).
+struct PerRowMatMulKernel {
+  const float* x;  // [rows x in]
+  int in, out;
+  const int32_t* which;  // [rows] or null
+  const float* w_t;      // per matrix output-minor: [matrices x in x out]
+  float* y;              // [rows x out]
   int64_t threads;
   KVTIER_HD void operator()(int64_t i) const {
-    const int64_t r = i / dim, d = i % dim;
-    const int64_t e = expert != nullptr ? expert[r] : 0;
-    y[i] = kernel_math::FmaChain(g + r * inter, w2_t + e * inter * dim + d, dim, inter);
+    const int64_t r = i / out, o = i % out;
+    const int64_t m = which != nullptr ? which[r] : 0;
+    y[i] = kernel_math::FmaChain(x + r * in, w_t + m * in * out + o, out, in);
   }
 };
 

@@ -19,6 +19,11 @@ struct DeviceLayers::Layer {
   const float* w3 = nullptr;
   const float* w2 = nullptr;  // output-minor per expert: [experts x inter x hidden]
   const float *s_w1 = nullptr, *s_w3 = nullptr, *s_w2 = nullptr;
+  const float *wq_a = nullptr, *q_norm = nullptr, *wq_b = nullptr, *wkv = nullptr;
+  const float *kv_norm = nullptr, *i_wproj = nullptr, *i_wq_b = nullptr;
+  const float *c_wkv = nullptr, *c_wgate = nullptr;
+  const float* wo_a = nullptr;  // output-minor per group: [groups x group inputs x o_lora_rank]
+  const float* wo_b = nullptr;
 };
 
 DeviceLayers::DeviceLayers(const EngineConfig& config, std::unique_ptr<DeviceBackend> backend)
@@ -41,6 +46,11 @@ StatusOr<float*> DeviceLayers::Upload(const float* host, size_t floats) {
   KVTIER_RETURN_IF_ERROR(backend_->ToDevice(d, host, floats * sizeof(float)));
   weight_bytes_ += floats * sizeof(float);
   return d;
+}
+
+StatusOr<float*> DeviceLayers::UploadIf(const float* host, size_t floats) {
+  if (host == nullptr) return static_cast<float*>(nullptr);
+  return Upload(host, floats);
 }
 
 StatusOr<float*> DeviceLayers::UploadOutputMinor(const float* const* mats, size_t count, size_t out,
@@ -73,6 +83,9 @@ StatusOr<std::unique_ptr<DeviceLayers>> DeviceLayers::Create(DeviceKind kind, co
   const size_t D = c.hidden_size, hc = c.hc_mult, E = c.n_routed_experts;
   const size_t I = c.moe_intermediate_size, Is = I * c.n_shared_experts;
   const size_t m = (2 + hc) * hc;
+  const size_t ql = c.q_lora_rank, Hd = static_cast<size_t>(c.num_attention_heads) * c.head_dim;
+  const size_t hd = c.head_dim, IH = c.index_n_heads, id = c.index_head_dim;
+  const size_t G = c.o_groups, ol = c.o_lora_rank, gin = Hd / G;
   for (const DeviceLayerWeights& hw : weights.layers) {
     Layer l;
     for (int s = 0; s < 2; ++s) {
@@ -94,6 +107,21 @@ StatusOr<std::unique_ptr<DeviceLayers>> DeviceLayers::Create(DeviceKind kind, co
       KVTIER_ASSIGN_OR_RETURN(l.s_w3, d->UploadOutputMinor(&hw.s_w3, 1, Is, D));
       KVTIER_ASSIGN_OR_RETURN(l.s_w2, d->UploadOutputMinor(&hw.s_w2, 1, D, Is));
     }
+    KVTIER_ASSIGN_OR_RETURN(l.wq_a, d->Upload(hw.wq_a, ql * D));
+    KVTIER_ASSIGN_OR_RETURN(l.q_norm, d->Upload(hw.q_norm, ql));
+    KVTIER_ASSIGN_OR_RETURN(l.wq_b, d->Upload(hw.wq_b, Hd * ql));
+    KVTIER_ASSIGN_OR_RETURN(l.wkv, d->Upload(hw.wkv, hd * D));
+    KVTIER_ASSIGN_OR_RETURN(l.kv_norm, d->Upload(hw.kv_norm, hd));
+    KVTIER_ASSIGN_OR_RETURN(l.i_wproj, d->UploadIf(hw.i_wproj, IH * D));
+    KVTIER_ASSIGN_OR_RETURN(l.i_wq_b, d->UploadIf(hw.i_wq_b, IH * id * ql));
+    KVTIER_ASSIGN_OR_RETURN(l.c_wkv, d->UploadIf(hw.c_wkv, hd * D));
+    KVTIER_ASSIGN_OR_RETURN(l.c_wgate, d->UploadIf(hw.c_wgate, hd * D));
+    // The output groups' matrices output-minor and side by side, as the routed experts'.
+    if (hw.wo_a == nullptr) return Status::InvalidArgument("device layers: a weight is missing");
+    std::vector<const float*> groups(G);
+    for (size_t g = 0; g < G; ++g) groups[g] = hw.wo_a + g * ol * gin;
+    KVTIER_ASSIGN_OR_RETURN(l.wo_a, d->UploadOutputMinor(groups.data(), G, ol, gin));
+    KVTIER_ASSIGN_OR_RETURN(l.wo_b, d->Upload(hw.wo_b, D * G * ol));
     d->layers_.push_back(l);
   }
   KVTIER_ASSIGN_OR_RETURN(d->norm_w_, d->Upload(weights.norm_w, D));
@@ -114,6 +142,9 @@ Status DeviceLayers::EnsureRows(int n) {
   const size_t m = (2 + hc) * hc, I = c.moe_intermediate_size;
   const size_t Is = I * c.n_shared_experts;
   const size_t wide = std::max<size_t>(c.n_routed_experts, c.vocab_size);
+  const size_t ql = c.q_lora_rank, Hd = static_cast<size_t>(c.num_attention_heads) * c.head_dim;
+  const size_t hd = c.head_dim, IH = c.index_n_heads, id = c.index_head_dim;
+  const size_t G = c.o_groups, ol = c.o_lora_rank;
   auto alloc = [&](size_t bytes) -> StatusOr<void*> {
     KVTIER_ASSIGN_OR_RETURN(void* p, backend_->Alloc(std::max<size_t>(bytes, 4)));
     activations_.push_back(p);
@@ -141,8 +172,18 @@ Status DeviceLayers::EnsureRows(int n) {
   KVTIER_RETURN_IF_ERROR(floats(&sg_, R * Is));
   KVTIER_RETURN_IF_ERROR(floats(&head_x_, R * hc * D));
   KVTIER_RETURN_IF_ERROR(floats(&head_pre_, R * hc));
+  KVTIER_RETURN_IF_ERROR(floats(&qr_, R * ql));
+  KVTIER_RETURN_IF_ERROR(floats(&products_, R * (Hd + 3 * hd + IH * id + IH)));
+  KVTIER_RETURN_IF_ERROR(floats(&o_, R * Hd));
+  KVTIER_RETURN_IF_ERROR(floats(&oa_, R * G * ol));
   KVTIER_ASSIGN_OR_RETURN(void* ch, alloc(R * K * sizeof(int32_t)));
   chosen_ = static_cast<int32_t*>(ch);
+  KVTIER_ASSIGN_OR_RETURN(void* gr, alloc(R * G * sizeof(int32_t)));
+  groups_ = static_cast<int32_t*>(gr);
+  std::vector<int32_t> group_of(R * G);
+  for (size_t r = 0; r < group_of.size(); ++r) group_of[r] = static_cast<int32_t>(r % G);
+  KVTIER_RETURN_IF_ERROR(
+      backend_->ToDevice(groups_, group_of.data(), group_of.size() * sizeof(int32_t)));
   KVTIER_ASSIGN_OR_RETURN(void* hr, alloc(R * sizeof(int64_t)));
   head_rows_ = static_cast<int64_t*>(hr);
   capacity_ = rows;
@@ -201,12 +242,83 @@ Status DeviceLayers::AttentionInput(int layer, float* xn) {
   if (layer < 0 || layer >= static_cast<int>(layers_.size()) || n_ == 0)
     return Status::InvalidArgument("device layers: no such layer or no pass");
   KVTIER_RETURN_IF_ERROR(MixesAndInput(layers_[layer], 0));
+  if (xn == nullptr) return Status::Ok();
   return backend_->ToHost(xn, xn_, static_cast<size_t>(n_) * config_.hidden_size * sizeof(float));
 }
 
-Status DeviceLayers::AttentionOutput(const float* f) {
-  KVTIER_RETURN_IF_ERROR(
-      backend_->ToDevice(f_, f, static_cast<size_t>(n_) * config_.hidden_size * sizeof(float)));
+Status DeviceLayers::AttentionProducts(int layer, const AttentionRows& rows) {
+  if (layer < 0 || layer >= static_cast<int>(layers_.size()) || n_ == 0)
+    return Status::InvalidArgument("device layers: no such layer or no pass");
+  if (rows.q == nullptr || rows.kv == nullptr || (rows.iq == nullptr) != (rows.wts == nullptr))
+    return Status::InvalidArgument("device layers: q and kv, and iq with wts, are needed");
+  const Layer& l = layers_[layer];
+  if ((rows.iq != nullptr && (l.i_wproj == nullptr || l.i_wq_b == nullptr)) ||
+      (rows.ckv != nullptr && l.c_wkv == nullptr) ||
+      (rows.cgate != nullptr && l.c_wgate == nullptr))
+    return Status::InvalidArgument("device layers: a product of a weight this layer lacks");
+  const EngineConfig& c = config_;
+  const int D = c.hidden_size, Hd = c.num_attention_heads * c.head_dim, hd = c.head_dim;
+  const int ql = c.q_lora_rank, IH = c.index_n_heads, iqd = IH * c.index_head_dim;
+  const int64_t n = n_;
+  // The products side by side in products_ (those asked for, n rows each).
+  struct Section {
+    float* host;
+    int64_t width;
+    float* dev;
+  };
+  Section sections[] = {{rows.q, Hd, nullptr},   {rows.kv, hd, nullptr},
+                        {rows.iq, iqd, nullptr}, {rows.wts, IH, nullptr},
+                        {rows.ckv, hd, nullptr}, {rows.cgate, hd, nullptr}};
+  float* end = products_;
+  for (Section& sec : sections) {
+    if (sec.host == nullptr) continue;
+    sec.dev = end;
+    end += n * sec.width;
+  }
+  float *q = sections[0].dev, *kv = sections[1].dev, *iq = sections[2].dev;
+  float *wts = sections[3].dev, *ckv = sections[4].dev, *cgate = sections[5].dev;
+  // AttnProducts' order: the products of x, q's low rank normed, its products, kv normed.
+  KVTIER_RETURN_IF_ERROR(Run(MatMulKernel{xn_, D, l.wq_a, ql, qr_, n * ql}));
+  KVTIER_RETURN_IF_ERROR(Run(MatMulKernel{xn_, D, l.wkv, hd, kv, n * hd}));
+  if (rows.wts != nullptr)
+    KVTIER_RETURN_IF_ERROR(Run(MatMulKernel{xn_, D, l.i_wproj, IH, wts, n * IH}));
+  if (rows.ckv != nullptr)
+    KVTIER_RETURN_IF_ERROR(Run(MatMulKernel{xn_, D, l.c_wkv, hd, ckv, n * hd}));
+  if (rows.cgate != nullptr)
+    KVTIER_RETURN_IF_ERROR(Run(MatMulKernel{xn_, D, l.c_wgate, hd, cgate, n * hd}));
+  KVTIER_RETURN_IF_ERROR(Run(RowRsqrtKernel{qr_, ql, c.rms_norm_eps, r_, n}));
+  KVTIER_RETURN_IF_ERROR(Run(ScaleRowsKernel{qr_, r_, l.q_norm, ql, n * ql}));
+  KVTIER_RETURN_IF_ERROR(Run(MatMulKernel{qr_, ql, l.wq_b, Hd, q, n * Hd}));
+  if (rows.iq != nullptr)
+    KVTIER_RETURN_IF_ERROR(Run(MatMulKernel{qr_, ql, l.i_wq_b, iqd, iq, n * iqd}));
+  KVTIER_RETURN_IF_ERROR(Run(RowRsqrtKernel{kv, hd, c.rms_norm_eps, r_, n}));
+  KVTIER_RETURN_IF_ERROR(Run(ScaleRowsKernel{kv, r_, l.kv_norm, hd, n * hd}));
+  // One copy to the host for all of them (a GPU's copy costs a synchronisation), then each to
+  // its destination.
+  const size_t used = static_cast<size_t>(end - products_);
+  if (staging_.size() < used) staging_.resize(used);
+  KVTIER_RETURN_IF_ERROR(backend_->ToHost(staging_.data(), products_, used * sizeof(float)));
+  for (const Section& sec : sections) {
+    if (sec.host != nullptr) {
+      std::memcpy(sec.host, staging_.data() + (sec.dev - products_),
+                  static_cast<size_t>(n * sec.width) * sizeof(float));
+    }
+  }
+  return Status::Ok();
+}
+
+Status DeviceLayers::AttentionOutput(int layer, const float* o) {
+  if (layer < 0 || layer >= static_cast<int>(layers_.size()) || n_ == 0)
+    return Status::InvalidArgument("device layers: no such layer or no pass");
+  const Layer& l = layers_[layer];
+  const EngineConfig& c = config_;
+  const int D = c.hidden_size, Hd = c.num_attention_heads * c.head_dim;
+  const int G = c.o_groups, ol = c.o_lora_rank, gin = Hd / G;
+  const int64_t n = n_;
+  KVTIER_RETURN_IF_ERROR(backend_->ToDevice(o_, o, static_cast<size_t>(n * Hd) * sizeof(float)));
+  // Rows t * G + g of o (gin wide) each through group g's matrix: oa [n x G * ol] directly.
+  KVTIER_RETURN_IF_ERROR(Run(PerRowMatMulKernel{o_, gin, ol, groups_, l.wo_a, oa_, n * G * ol}));
+  KVTIER_RETURN_IF_ERROR(Run(MatMulKernel{oa_, G * ol, l.wo_b, D, f_, n * D}));
   return MixSublayer();
 }
 
@@ -227,11 +339,11 @@ Status DeviceLayers::Ffn(int layer) {
                       static_cast<float>(c.routed_scaling_factor), chosen_, weight_, n}));
   KVTIER_RETURN_IF_ERROR(
       Run(SwigluUpKernel{xn_, D, I, K, chosen_, weight_, l.w1, l.w3, limit, g_, n * K * I}));
-  KVTIER_RETURN_IF_ERROR(Run(SwigluDownKernel{g_, I, D, chosen_, l.w2, routed_, n * K * D}));
+  KVTIER_RETURN_IF_ERROR(Run(PerRowMatMulKernel{g_, I, D, chosen_, l.w2, routed_, n * K * D}));
   if (l.s_w1 != nullptr) {
     KVTIER_RETURN_IF_ERROR(
         Run(SwigluUpKernel{xn_, D, Is, 1, nullptr, nullptr, l.s_w1, l.s_w3, limit, sg_, n * Is}));
-    KVTIER_RETURN_IF_ERROR(Run(SwigluDownKernel{sg_, Is, D, nullptr, l.s_w2, shared_, n * D}));
+    KVTIER_RETURN_IF_ERROR(Run(PerRowMatMulKernel{sg_, Is, D, nullptr, l.s_w2, shared_, n * D}));
   }
   KVTIER_RETURN_IF_ERROR(
       Run(CombineKernel{routed_, l.s_w1 != nullptr ? shared_ : nullptr, K, D, f_, n * D}));

@@ -3,12 +3,16 @@
 // A pass of n rows (any Engine pass with EngineOptions::layer_device: a step of Forward,
 // PrefillCed, ExtendCed or ReplayTail over one sequence's layers, or ForwardBatch over several
 // sequences) uploads the rows' embedded residual once; then, layer by layer, the device computes
-// the mHC mixes, the pre-mix and norm of both sublayers, the whole MoE sublayer (router, routed and
-// shared experts, combine) and the residual updates, and finally the head. The host keeps what
-// needs the sequences' caches: the attention sublayer gets its normed input (n x hidden floats) and
-// returns its output (the same size), and an Engram layer reads and writes the residual. So a
-// layer moves 2 x n x hidden floats over the bus instead of every matrix product's inputs and
-// outputs (engine/cuda/backend.h's per-call path).
+// the mHC mixes, the pre-mix and norm of both sublayers, the attention sublayer's row-wise
+// products (q's low rank and its norm, q, the SWA entry and its norm, the indexer's query and head
+// weights, the compressor's rows) and its grouped output projection, the whole MoE sublayer
+// (router, routed and shared experts, combine) and the residual updates, and finally the head.
+// The host keeps what needs the sequences' caches: it receives the attention products, rotates
+// and quantises them (RoPE, FP8 SWA entries, the indexer query's FP4 rounding), runs the
+// compressor, the indexer and the sparse attention over each sequence's caches, and returns the
+// heads' outputs; an Engram layer reads and writes the residual. So a layer moves about
+// n x (2 x heads x head_dim + head_dim) floats over the bus (plus the indexer's query on indexed
+// layers and the compressor's rows on compressing ones), never a weight.
 //
 // Every output is the CPU path's (engine/device/kernels.h): bit for bit on the host twin, within
 // the CUDA math library's expf / log1pf differences on a GPU.
@@ -41,6 +45,18 @@ struct DeviceLayerWeights {
   std::vector<const float*> w1, w3;  // per routed expert: [inter x hidden]
   std::vector<const float*> w2;      // per routed expert: [hidden x inter]
   const float *s_w1 = nullptr, *s_w3 = nullptr, *s_w2 = nullptr;  // shared experts, or null
+  // The attention sublayer's row-wise weights (Engine::AttnProducts, AttnOutput); the indexer's
+  // (i_wproj, i_wq_b) and the compressor's (c_wkv, c_wgate) null where the layer has none.
+  const float* wq_a = nullptr;                       // [q_lora_rank x hidden]
+  const float* q_norm = nullptr;                     // [q_lora_rank]
+  const float* wq_b = nullptr;                       // [heads * head_dim x q_lora_rank]
+  const float* wkv = nullptr;                        // [head_dim x hidden]
+  const float* kv_norm = nullptr;                    // [head_dim]
+  const float* i_wproj = nullptr;                    // [index heads x hidden]
+  const float* i_wq_b = nullptr;                     // [index heads * index_head_dim x q_lora_rank]
+  const float *c_wkv = nullptr, *c_wgate = nullptr;  // [head_dim x hidden]
+  const float* wo_a = nullptr;  // per group: [o_lora_rank x heads / o_groups * head_dim]
+  const float* wo_b = nullptr;  // [hidden x o_groups * o_lora_rank]
 };
 struct DeviceModelWeights {
   std::vector<DeviceLayerWeights> layers;
@@ -70,10 +86,25 @@ class DeviceLayers {
   Status Residual(float* x);
   Status SetResidual(const float* x);
   Status Pre(float* pre);
-  // The attention sublayer of `layer`: its normed input to xn ([n x hidden]), its mixes kept;
-  // AttentionOutput then takes the sublayer's output f ([n x hidden]) into the residual.
+  // The attention sublayer of `layer`: its mixes and normed input, kept on the device; the
+  // input also to xn ([n x hidden]) unless xn is null.
   Status AttentionInput(int layer, float* xn);
-  Status AttentionOutput(const float* f);
+  // Host destinations of the sublayer's row products (row-major over the pass's n rows).
+  struct AttentionRows {
+    float* q = nullptr;      // [n x heads x head_dim]: wq_b(q_norm(wq_a x))
+    float* kv = nullptr;     // [n x head_dim]: kv_norm(wkv x)
+    float* iq = nullptr;     // [n x index heads x index_head_dim]: i_wq_b(q_norm(wq_a x)), or null
+    float* wts = nullptr;    // [n x index heads]: i_wproj x, or null (with iq)
+    float* ckv = nullptr;    // [n x head_dim]: c_wkv x, or null
+    float* cgate = nullptr;  // [n x head_dim]: c_wgate x, or null
+  };
+  // The row products of the input AttentionInput left (Engine::AttnProducts, the same bits),
+  // each to its destination; a null destination skips its product. InvalidArgument for a
+  // product whose weight the layer lacks.
+  Status AttentionProducts(int layer, const AttentionRows& rows);
+  // The sublayer's output from the heads' outputs o ([n x heads x head_dim], as AttnCore writes
+  // them): the grouped projection and wo_b (Engine::AttnOutput), then the residual update.
+  Status AttentionOutput(int layer, const float* o);
   // The MoE sublayer of `layer`, wholly on the device.
   Status Ffn(int layer);
   // The head's logits ([rows.size() x vocab], or [n x vocab] for empty rows) of the listed rows
@@ -86,6 +117,8 @@ class DeviceLayers {
   // Device memory of `floats` floats (or bytes) held until destruction.
   StatusOr<float*> Hold(size_t floats);
   StatusOr<float*> Upload(const float* host, size_t floats);
+  // Upload, or null for a null host pointer (a weight the layer may lack).
+  StatusOr<float*> UploadIf(const float* host, size_t floats);
   // Each of the `count` row-major [out x in] matrices at mats[i] (host), output-minor ([in x out],
   // kernels.h) and side by side: matrix i at i * out * in.
   StatusOr<float*> UploadOutputMinor(const float* const* mats, size_t count, size_t out, size_t in);
@@ -111,7 +144,11 @@ class DeviceLayers {
   float *xn_ = nullptr, *f_ = nullptr, *r_ = nullptr, *mixes_ = nullptr;
   float *logits_ = nullptr, *weight_ = nullptr, *routed_ = nullptr, *g_ = nullptr;
   float *shared_ = nullptr, *sg_ = nullptr, *head_x_ = nullptr, *head_pre_ = nullptr;
+  float *qr_ = nullptr, *o_ = nullptr, *oa_ = nullptr;
+  float* products_ = nullptr;   // AttentionProducts' outputs, side by side
+  std::vector<float> staging_;  // their host copy
   int32_t* chosen_ = nullptr;
+  int32_t* groups_ = nullptr;  // [rows x o_groups]: row r's output group, r % o_groups
   int64_t* head_rows_ = nullptr;
 };
 

@@ -134,7 +134,7 @@ TEST(DeviceKernels, MatMulIsMatMulCpu) {
   }
 }
 
-// SwigluUp / SwigluDown with an expert per row: each row's products are MatMulCpu's with that
+// SwigluUp / PerRowMatMul with an expert per row: each row's products are MatMulCpu's with that
 // expert's matrices, and the activation clamps as SwigluActivate does (the limit reached both
 // ways), times the row's weight.
 TEST(DeviceKernels, SwigluPicksEachRowsExpert) {
@@ -155,8 +155,8 @@ TEST(DeviceKernels, SwigluPicksEachRowsExpert) {
   RunAll(device::SwigluUpKernel{x.data(), dim, inter, per_input, expert.data(), rw.data(),
                                 w1_t.data(), w3_t.data(), limit, g.data(),
                                 static_cast<int64_t>(rows) * inter});
-  RunAll(device::SwigluDownKernel{g.data(), inter, dim, expert.data(), w2_t.data(), y.data(),
-                                  static_cast<int64_t>(rows) * dim});
+  RunAll(device::PerRowMatMulKernel{g.data(), inter, dim, expert.data(), w2_t.data(), y.data(),
+                                    static_cast<int64_t>(rows) * dim});
   int clamped_high = 0, clamped_low = 0;
   for (int r = 0; r < rows; ++r) {
     const int64_t e = expert[r];

@@ -225,6 +225,61 @@ TEST(DeviceLayers, RefusesMoreExpertsPerTokenThanItsKernelsTake) {
   EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << e.status().ToString();
 }
 
+// The attention entry points refuse what they cannot compute: q or kv not asked for, the
+// indexer's query without its weights (or the reverse), a product of a weight the layer lacks,
+// a layer out of range; each weight read as one shared buffer of ones (the shapes, not the
+// values, are under test).
+TEST(DeviceLayers, AttentionProductsRefuseWhatTheLayerCannotGive) {
+  const EngineConfig c = testutil::TinyConfig();
+  const std::vector<float> ones(1 << 20, 1.0f);
+  device::DeviceModelWeights w;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    device::DeviceLayerWeights d;
+    for (int s = 0; s < 2; ++s) {
+      d.norm[s] = d.hc_fn[s] = d.hc_scale[s] = d.hc_base[s] = ones.data();
+    }
+    d.gate = d.gate_bias = ones.data();
+    d.w1.assign(c.n_routed_experts, ones.data());
+    d.w2 = d.w3 = d.w1;
+    d.wq_a = d.q_norm = d.wq_b = d.wkv = d.kv_norm = d.wo_a = d.wo_b = ones.data();
+    if (l == 0) d.i_wproj = d.i_wq_b = d.c_wkv = d.c_wgate = ones.data();  // layer 1 lacks them
+    w.layers.push_back(d);
+  }
+  w.norm_w = w.head_w = ones.data();
+  auto dev = device::DeviceLayers::Create(device::DeviceKind::kHost, c, w);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  const int n = 2, D = c.hidden_size, hc = c.hc_mult, hd = c.head_dim;
+  const int Hd = c.num_attention_heads * hd, IH = c.index_n_heads;
+  std::vector<float> x(static_cast<size_t>(n) * hc * D, 0.5f),
+      pre(static_cast<size_t>(n) * hc, 0.25f);
+  std::vector<float> q(static_cast<size_t>(n) * Hd), kv(static_cast<size_t>(n) * hd);
+  std::vector<float> iq(static_cast<size_t>(n) * IH * c.index_head_dim),
+      wts(static_cast<size_t>(n) * IH);
+  std::vector<float> ckv(kv.size());
+  device::DeviceLayers& d = **dev;
+  // No pass yet.
+  EXPECT_EQ(d.AttentionProducts(0, {q.data(), kv.data()}).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(d.Begin(n, x.data(), pre.data()).ok());
+  ASSERT_TRUE(d.AttentionInput(0, nullptr).ok());
+  auto code = [&](int layer, const device::DeviceLayers::AttentionRows& r) {
+    return d.AttentionProducts(layer, r).code();
+  };
+  EXPECT_EQ(code(0, {nullptr, kv.data()}), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(0, {q.data(), nullptr}), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(0, {q.data(), kv.data(), iq.data(), nullptr}), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(0, {q.data(), kv.data(), nullptr, wts.data()}), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(1, {q.data(), kv.data(), iq.data(), wts.data()}), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(1, {q.data(), kv.data(), nullptr, nullptr, ckv.data()}),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(c.num_hidden_layers, {q.data(), kv.data()}), StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.AttentionOutput(-1, q.data()).code(), StatusCode::kInvalidArgument);
+  // What the layer has it gives: every product of layer 0, q and kv of layer 1.
+  EXPECT_EQ(code(0, {q.data(), kv.data(), iq.data(), wts.data(), ckv.data(), ckv.data()}),
+            StatusCode::kOk);
+  EXPECT_EQ(code(1, {q.data(), kv.data()}), StatusCode::kOk);
+  EXPECT_TRUE(d.AttentionOutput(1, q.data()).ok());
+}
+
 TEST(DeviceLayers, CudaMatchesTheCpuPathOrIsUnavailable) {
   const EngineConfig& c = testutil::MiniConfig();
   EngineOptions o;

@@ -461,8 +461,8 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
     return Status::Ok();
   };
   if (device_ != nullptr && trace_ == nullptr) {
-    // The dense layers on the device; attention and Engram here; the residual and pre back in x
-    // and pre at the end.
+    // The dense layers on the device; attention over the caches and Engram here; the residual and
+    // pre back in x and pre at the end.
     thread_local std::vector<int64_t> pos_slot;
     thread_local std::vector<float> o_slot;
     Scratch<int64_t> pos(pos_slot, static_cast<size_t>(n));

@@ -161,7 +161,7 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
   thread_local std::vector<float> out_slot;
   Scratch<float> out(out_slot, static_cast<size_t>(head_n) * V);
   if (device_ != nullptr && trace_ == nullptr) {
-    // The dense layers and the head on the device; attention and Engram here.
+    // The dense layers and the head on the device; attention over the caches and Engram here.
     KVTIER_RETURN_IF_ERROR(model_detail::RunDeviceLayers(
         *device_, c, n, 0, L, x.data(), pre.data(), xn.data(), o.data(),
         [&](int l) { return engram(l, x.data()); }, wants_capture,

@@ -81,7 +81,8 @@ int RunServe(std::span<const std::string_view> args) {
              engine::kMaxThreads);
   flags.String("layer-device", &layer_device, "DEVICE",
                "where the engine's passes run the dense part of every layer: cpu, cuda "
-               "(the GPU keeps the step's activations; attention and Engram stay on the CPU; "
+               "(the GPU keeps the step's activations and runs the mixes, norms, attention "
+               "projections and MoE; attention over the caches and Engram stay on the CPU; "
                "logits within the CUDA math library's expf/log1pf of the CPU's) or host-twin "
                "(the GPU's kernels on the CPU: the CPU's bits, slower; for checks)");
   flags.String("guard", &guard, "MODE",

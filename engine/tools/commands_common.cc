@@ -21,7 +21,8 @@ void AddLayerDeviceFlag(cli::FlagSet* flags, std::string* value) {
   *value = "cpu";
   flags->String("layer-device", value, "DEVICE",
                 "where the passes' dense layers run: cpu, cuda (the GPU keeps each pass's "
-                "activations; attention and Engram stay on the CPU) or host-twin (the GPU's "
+                "activations and runs the mixes, norms, attention projections and MoE; "
+                "attention over the caches and Engram stay on the CPU) or host-twin (the GPU's "
                 "kernels on the CPU: the CPU's bits, slower); docs/ENGINE.md, \"Device layers\"");
 }
 

@@ -167,14 +167,15 @@ int RunClusterWhere(Args args) {
       "the node it was written to: no owners, only where it is held); an admin token may name "
       "another tenant with --tenant. Exit 1 when etcd cannot be read or no member "
       "answered.");
-  std::string etcd, prefix = "/kvtier/", key_hex, resp, tenant, token;
+  std::string etcd, prefix = "/kvtier/", tenant, token;
+  std::optional<std::string> key_hex, resp;
   uint64_t timeout_ms = 2000, query_timeout_ms = 1000;
   bool json = false;
   flags.String("etcd", &etcd, "URL[,URL]",
                "etcd endpoints, host:port or http://host:port, tried in order", true);
   flags.String("prefix", &prefix, "P", "the cluster's key prefix in etcd ([cluster] key_prefix)");
-  flags.String("key", &key_hex, "HEX", "a native unit's chain key, 64 hex digits");
-  flags.String("resp", &resp, "NAME", "a RESP key's name (not empty)");
+  flags.OptionalString("key", &key_hex, "HEX", "a native unit's chain key, 64 hex digits");
+  flags.OptionalString("resp", &resp, "NAME", "a RESP key's name (--resp '' names the empty key)");
   flags.String("tenant", &tenant, "NAME", "another tenant's unit (needs an admin token)");
   flags.String("token", &token, "TOKEN",
                "bearer token of the tenant whose unit it is (default: $KVTIER_TOKEN; none "
@@ -184,11 +185,11 @@ int RunClusterWhere(Args args) {
              false, 1, 60000);
   flags.Bool("json", &json, "print JSON instead of text");
   if (int rc = flags.Parse(args); rc >= 0) return rc;
-  if (key_hex.empty() == resp.empty()) {
+  if (key_hex.has_value() == resp.has_value()) {
     std::fprintf(stderr, "kvtier cluster where: want one of --key and --resp\n");
     return 2;
   }
-  if (!key_hex.empty() && !DigestFromHex(key_hex).ok()) {
+  if (key_hex.has_value() && !DigestFromHex(*key_hex).ok()) {
     std::fprintf(stderr, "kvtier cluster where: --key: want 64 hex digits\n");
     return 2;
   }
@@ -211,9 +212,9 @@ int RunClusterWhere(Args args) {
                  prefix.c_str(), etcd.c_str(), list.status().ToString().c_str());
     return 1;
   }
-  const std::string path = "/v1/unit?" +
-                           (key_hex.empty() ? "resp=" + PercentEncode(resp) : "key=" + key_hex) +
-                           (tenant.empty() ? "" : "&tenant=" + PercentEncode(tenant));
+  const std::string path =
+      "/v1/unit?" + (key_hex.has_value() ? "key=" + *key_hex : "resp=" + PercentEncode(*resp)) +
+      (tenant.empty() ? "" : "&tenant=" + PercentEncode(tenant));
   const std::vector<MemberRecord>& members = list->records;
   std::vector<Answer> answers(members.size());
   for (size_t first = 0; first < members.size(); first += kQueriesParallelMax) {
@@ -254,10 +255,10 @@ int RunClusterWhere(Args args) {
     j["prefix"] = prefix;
     j["revision"] = list->revision;
     j["truncated"] = list->truncated;
-    if (key_hex.empty()) {
-      j["resp_key"] = resp;
+    if (!key_hex.has_value()) {
+      j["resp_key"] = *resp;
     } else {
-      j["key"] = key_hex;
+      j["key"] = *key_hex;
     }
     j["tenant"] =
         tenant_seen.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(tenant_seen);
@@ -288,7 +289,7 @@ int RunClusterWhere(Args args) {
   }
 
   const std::string what =
-      key_hex.empty() ? "resp key " + JsonText(nlohmann::json(resp)) : "key " + key_hex;
+      key_hex.has_value() ? "key " + *key_hex : "resp key " + JsonText(nlohmann::json(*resp));
   std::printf("%s  tenant %s  (etcd revision %lld)\n", what.c_str(),
               Printable(Or(tenant_seen)).c_str(), static_cast<long long>(list->revision));
   std::printf("%-20s %-5s %-4s %-5s %12s %11s %-4s %s\n", "NODE", "OWNER", "HELD", "TIER", "BYTES",
@@ -312,11 +313,11 @@ int RunClusterWhere(Args args) {
                 a.held && a.bytes ? std::to_string(*a.bytes).c_str() : "-", ttl,
                 a.held ? yes(a.get_copy) : "-", a.held ? Printable(Or(a.kind)).c_str() : "-");
   }
-  if (!key_hex.empty()) PrintOwners(views, owners_holding, owner_rows, others_holding);
+  if (key_hex.has_value()) PrintOwners(views, owners_holding, owner_rows, others_holding);
   std::printf(
       "%zu member(s) hold it; %zu of %zu member(s) answered%s\n", owners_holding + others_holding,
       answered, members.size(),
-      key_hex.empty() ? " (a RESP key stays on the node it was written to: no owners)" : "");
+      !key_hex.has_value() ? " (a RESP key stays on the node it was written to: no owners)" : "");
   return answered == 0 ? 1 : 0;
 }
 

@@ -21,6 +21,16 @@ void FlagSet::String(std::string name, std::string* out, std::string metavar, st
   flags_.push_back(std::move(f));
 }
 
+void FlagSet::OptionalString(std::string name, std::optional<std::string>* out, std::string metavar,
+                             std::string help) {
+  Flag f{std::move(name), std::move(metavar), std::move(help), false};
+  f.set = [out](std::string_view v) {
+    *out = std::string(v);
+    return true;
+  };
+  flags_.push_back(std::move(f));
+}
+
 namespace {
 std::string FormatDouble(double v) {
   char buf[64];

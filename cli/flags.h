@@ -43,6 +43,10 @@ class FlagSet {
   // must name where the value comes from and what that is (never a sentinel).
   void OptionalUint(std::string name, std::optional<uint64_t>* out, std::string help,
                     std::string default_text, uint64_t min = 0, uint64_t max = UINT64_MAX);
+  // A string flag whose absence differs from an empty value (`--resp ''` names the empty RESP
+  // key): *out stays empty unless the flag is given.
+  void OptionalString(std::string name, std::optional<std::string>* out, std::string metavar,
+                      std::string help);
   void Bool(std::string name, bool* out, std::string help);
   // Remaining non-flag arguments are collected here; without this they are an error.
   void Positional(std::vector<std::string>* out, std::string metavar, std::string help);

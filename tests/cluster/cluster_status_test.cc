@@ -218,8 +218,27 @@ TEST_F(ClusterStatusTest, WhereShowsWhichMembersOwnAndHoldAUnit) {
             std::string::npos)
       << out;
 
+  // The empty RESP key is a key (Redis allows it): `--resp ''` asks for it, and only the node
+  // it was written to holds it.
+  auto resp2 = crash::RespClient::Connect(nodes_[2]->resp_port(), 5000);
+  ASSERT_TRUE(resp2.ok()) << resp2.status().ToString();
+  for (const std::vector<std::string_view>& cmd :
+       std::vector<std::vector<std::string_view>>{{"AUTH", "tok-alice"}, {"SET", "", "v"}}) {
+    StatusOr<crash::RespReply> r = (*resp2)->Call(cmd);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->type, crash::RespReply::Type::kSimple) << r->str;
+  }
+  ASSERT_EQ(Kvtier("cluster where --resp '' " + EtcdFlag() + " --token tok-alice", &out), 0) << out;
+  EXPECT_NE(out.find("resp key \"\"  tenant alice"), std::string::npos) << out;
+  for (int i = 0; i < kNodes; ++i) {
+    const std::vector<std::string> w = RowWords(out, "n" + std::to_string(i));
+    ASSERT_GE(w.size(), 3u) << out;
+    EXPECT_EQ(w[2], i == 2 ? "yes" : "no") << out;
+  }
+
   for (const std::string& bad :
-       {where + " --resp x", "cluster where " + EtcdFlag(), "cluster where --key 12 " + EtcdFlag(),
+       {where + " --resp x", where + " --resp ''", "cluster where " + EtcdFlag(),
+        "cluster where --key 12 " + EtcdFlag(), "cluster where --key '' " + EtcdFlag(),
         where + " --token 'a b'", "cluster where --key " + hex}) {
     EXPECT_EQ(Kvtier(bad, &out), 2) << bad << ": " << out;
   }

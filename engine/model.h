@@ -49,6 +49,7 @@
 
 #include "common/status.h"
 #include "engine/config.h"
+#include "engine/device/profile.h"
 #include "engine/engram.h"
 #include "engine/matmul.h"
 #include "engine/ops.h"
@@ -317,6 +318,11 @@ class Engine {
   size_t PackedMatrices(PackedFormat format) const { return packed_.Count(format); }
   // Device bytes held by the device layers' weight copies (0 with LayerDevice::kCpu).
   size_t DeviceWeightBytes() const;
+  // The device layers' profile (engine/device/profile.h): every kernel and copy of the passes
+  // while on, counted and timed on the device; TakeDeviceProfile returns the totals since the
+  // last take. InvalidArgument when the passes run on the CPU (layer_device cpu).
+  Status SetDeviceProfiling(bool on);
+  StatusOr<std::vector<device::OpStat>> TakeDeviceProfile();
 
   const EngineConfig& config() const { return config_; }
   int threads() const { return pool_->threads(); }

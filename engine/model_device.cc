@@ -86,6 +86,19 @@ Status Engine::DeviceAttnProject(int layer, int n, const int64_t* pos, AttnRows*
   return AttnRotate(layer, n, pos, a);
 }
 
+Status Engine::SetDeviceProfiling(bool on) {
+  if (device_ == nullptr)
+    return Status::InvalidArgument("engine: no device layers to profile (layer_device cpu)");
+  device_->SetProfiling(on);
+  return Status::Ok();
+}
+
+StatusOr<std::vector<device::OpStat>> Engine::TakeDeviceProfile() {
+  if (device_ == nullptr)
+    return Status::InvalidArgument("engine: no device layers to profile (layer_device cpu)");
+  return device_->TakeProfile();
+}
+
 size_t Engine::DeviceWeightBytes() const {
   return device_ != nullptr ? device_->weight_bytes() : 0;
 }

@@ -12,7 +12,7 @@
 //
 //   kvtier_bench_forward_batch [--config F] [--model F] [--threads 1,2] [--k 1,4,16,32]
 //       [--history 256] [--steps 8] [--rounds 5] [--verify-tokens 6] [--only-batched]
-//       [--only-verify] [--layer-device cpu|host-twin|cuda]
+//       [--only-verify] [--layer-device cpu|host-twin|cuda] [--device-profile]
 //
 // --only-batched runs only ForwardBatch (for a profiler: perf record -g -- ... --k 16).
 // --only-verify runs only the verify arm's Forward passes (no decode batches, no v x Decode arm,
@@ -21,6 +21,9 @@
 // must match the single arm bit for bit; cuda within 1e-3 of each logit's size (the CUDA math
 // library's expf / log1pf) in the decode arm, its worst relative difference printed as
 // max_rel_diff (the verify arm's check is bit for bit: its Forward and Decodes both run there).
+// --device-profile (with host-twin or cuda) adds, per k, one batched round with the device
+// profile on (Engine::SetDeviceProfiling): each kernel's and copy's calls and device time per
+// pass, and the device's time against the wall's.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -53,6 +56,7 @@ struct Flags {
   int verify_tokens = 6;
   bool only_batched = false;
   bool only_verify = false;
+  bool device_profile = false;
   LayerDevice layer_device = LayerDevice::kCpu;
 };
 
@@ -112,6 +116,8 @@ Flags Parse(int argc, char** argv) {
       f.only_batched = true;
     } else if (a == "--only-verify") {
       f.only_verify = true;
+    } else if (a == "--device-profile") {
+      f.device_profile = true;
     } else if (a == "--layer-device") {
       const std::string d = next();
       if (!ParseLayerDevice(d, &f.layer_device)) {
@@ -122,6 +128,10 @@ Flags Parse(int argc, char** argv) {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       std::exit(2);
     }
+  }
+  if (f.device_profile && f.layer_device == LayerDevice::kCpu) {
+    std::fprintf(stderr, "--device-profile needs --layer-device host-twin or cuda\n");
+    std::exit(2);
   }
   return f;
 }
@@ -183,6 +193,30 @@ struct Cost {
 };
 
 // One decode-batch measurement: k sequences, `steps` tokens each.
+// The device profile of `passes` passes that took `wall_s` in all: each operation's calls and
+// device time per pass and its share, dearest first; then the device's time against the wall's
+// (the rest: launches, the host's attention and Engram, waiting).
+void PrintProfile(std::vector<device::OpStat> ops, int passes, double wall_s) {
+  std::sort(ops.begin(), ops.end(),
+            [](const device::OpStat& a, const device::OpStat& b) { return a.seconds > b.seconds; });
+  double device_s = 0;
+  int64_t calls = 0;
+  for (const device::OpStat& o : ops) {
+    device_s += o.seconds;
+    calls += o.calls;
+  }
+  for (const device::OpStat& o : ops) {
+    std::printf("  %-16s %7.1f calls/pass %9.1f us/pass %5.1f%%", o.name.c_str(),
+                static_cast<double>(o.calls) / passes, o.seconds / passes * 1e6,
+                device_s > 0 ? 100.0 * o.seconds / device_s : 0.0);
+    if (o.bytes > 0) std::printf("  %9.1f KB/pass", static_cast<double>(o.bytes) / passes / 1e3);
+    std::printf("\n");
+  }
+  std::printf("  device %.1f us/pass in %.1f calls, wall %.1f us/pass (device %.0f%%)\n",
+              device_s / passes * 1e6, static_cast<double>(calls) / passes, wall_s / passes * 1e6,
+              wall_s > 0 ? 100.0 * device_s / wall_s : 0.0);
+}
+
 void DecodeBatch(Engine* e, const Flags& f, int threads, int k) {
   std::vector<SequenceState> base(k);
   std::vector<std::vector<int32_t>> next(k);
@@ -258,6 +292,27 @@ void DecodeBatch(Engine* e, const Flags& f, int threads, int k) {
                 single.cpu / batch.cpu);
   }
   std::printf("\n");
+  if (f.device_profile) {  // one more batched round, profiled (not timed above)
+    std::vector<SequenceState> st = base;
+    std::vector<SequenceState*> ptrs;
+    for (auto& s : st) ptrs.push_back(&s);
+    std::vector<std::vector<float>> out;
+    Check(e->TakeDeviceProfile().status(), "device profile");
+    Check(e->SetDeviceProfiling(true), "device profile");
+    Mark m;
+    for (int s = 0; s < f.steps; ++s) {
+      std::vector<std::span<const int32_t>> spans;
+      for (int i = 0; i < k; ++i) spans.emplace_back(&next[i][s], 1);
+      Check(e->ForwardBatch(ptrs, spans, &out), "ForwardBatch");
+    }
+    Cost profiled;
+    profiled.Min(m);
+    Check(e->SetDeviceProfiling(false), "device profile");
+    auto ops = e->TakeDeviceProfile();
+    Check(ops.status(), "device profile");
+    std::printf("profile threads=%d k=%d (%d passes of ForwardBatch):\n", threads, k, f.steps);
+    PrintProfile(std::move(*ops), f.steps, profiled.wall);
+  }
 }
 
 // One verify measurement: Forward of v tokens against v Decode calls after `history` tokens.

@@ -25,7 +25,8 @@
 # decode and a 6-token verify pass, whose printed digests must agree with and without CUDA, and
 # the same with FP8 projections and MXFP4 experts on the CPU (the coded-panel kernels); batched
 # decode, prefill and decode tokens/s and the 16K / 64K resume with the dense layers on the GPU
-# (--layer-device cuda; the batched decode's worst logit difference); the
+# (--layer-device cuda; the batched decode's worst logit difference; each kernel's and copy's
+# device time per pass against the pass's wall time, --device-profile); the
 # resume of 16K- and 64K-token sessions against recompute with the CUDA MatMul on and off;
 # then, on the host's cores, the server, speculative and remote-Engram benchmarks. stdout gets
 # the step table; summary.txt also the figures.
@@ -181,7 +182,7 @@ if [ "$REQUIRE_GPU" = 1 ]; then
     --restarts 3 --fio-loops 5 --dir /tmp/kvtier-gpu-resume
   test_step forward_batch_layers_cuda 150 "$B/bench/engine/kvtier_bench_forward_batch" \
     --config deploy/models/mini-v4.1.json --model "$MINI" --threads "1,$threads" --k 1,16,32 \
-    --rounds 3 --steps 4 --history 256 --only-batched --layer-device cuda
+    --rounds 3 --steps 4 --history 256 --only-batched --layer-device cuda --device-profile
   test_step forward_batch_layers_cuda_check 120 "$B/bench/engine/kvtier_bench_forward_batch" \
     --threads 1 --k 1,16 --rounds 2 --steps 4 --history 256 --layer-device cuda
 fi
@@ -240,7 +241,7 @@ note "resume, --layer-device cuda:"
 for f in "$OUT"/forward_batch_layers_cuda*.log; do
   [ -f "$f" ] || continue
   note "$(basename "$f" .log):"
-  grep -h -E "^(matmul|decode) " "$f" | tee -a "$SUMMARY" >/dev/null
+  grep -h -E "^(matmul|decode|profile) |^  " "$f" | tee -a "$SUMMARY" >/dev/null
 done
 for cuda in 1 0; do
   note "resume, KVTIER_ENGINE_CUDA=$cuda:"

@@ -16,9 +16,11 @@
 #include <cstddef>
 #include <memory>
 #include <variant>
+#include <vector>
 
 #include "common/status.h"
 #include "engine/device/kernels.h"
+#include "engine/device/profile.h"
 
 namespace kvtier::engine::device {
 
@@ -46,7 +48,18 @@ class DeviceBackend {
   virtual Status DeviceCopy(void* dst, const void* src, size_t bytes) = 0;
   // Runs the kernel over its `threads` outputs (none when threads <= 0).
   virtual Status Run(const DeviceKernel& kernel) = 0;
+  // While profiling is on, every Run and copy is counted and timed (on a GPU by events recorded
+  // around it on the stream: device time, launch gaps left out), at some cost to the pass.
+  // TakeProfile returns the totals since the last take (waiting for the device first) and
+  // starts anew; turning profiling off keeps what was counted.
+  virtual void SetProfiling(bool on) = 0;
+  virtual StatusOr<std::vector<OpStat>> TakeProfile() = 0;
 };
+
+// kernel's kName.
+const char* KernelName(const DeviceKernel& kernel);
+// kernel's `threads`.
+int64_t KernelThreads(const DeviceKernel& kernel);
 
 // The host twin (always available).
 std::unique_ptr<DeviceBackend> MakeHostBackend();

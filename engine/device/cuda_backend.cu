@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "engine/cuda/matmul.cuh"
 #include "engine/device/backend.h"
@@ -33,6 +34,11 @@ Status CudaError(const char* what, cudaError_t err) {
 class CudaBackend final : public DeviceBackend {
  public:
   ~CudaBackend() override {
+    for (const Pending& p : pending_) {
+      (void)cudaEventDestroy(p.start);
+      (void)cudaEventDestroy(p.stop);
+    }
+    for (cudaEvent_t e : spare_) (void)cudaEventDestroy(e);
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
   }
   Status Init() {
@@ -51,19 +57,92 @@ class CudaBackend final : public DeviceBackend {
     if (p != nullptr) (void)cudaFree(p);
   }
   Status ToDevice(void* dst, const void* src, size_t bytes) override {
-    return Check("copy to device",
-                 cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    return Timed(kCopyToDevice, bytes, 0, [&] {
+      return Check("copy to device",
+                   cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    });
   }
   Status ToHost(void* dst, const void* src, size_t bytes) override {
-    KVTIER_RETURN_IF_ERROR(
-        Check("copy to host", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_)));
+    KVTIER_RETURN_IF_ERROR(Timed(kCopyToHost, bytes, 0, [&] {
+      return Check("copy to host",
+                   cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    }));
     return Check("synchronize", cudaStreamSynchronize(stream_));
   }
   Status DeviceCopy(void* dst, const void* src, size_t bytes) override {
-    return Check("device copy",
-                 cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    return Timed(kDeviceCopy, bytes, 0, [&] {
+      return Check("device copy",
+                   cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    });
+  }
+  void SetProfiling(bool on) override { profiling_ = on; }
+  StatusOr<std::vector<OpStat>> TakeProfile() override {
+    KVTIER_RETURN_IF_ERROR(Drain());
+    return table_.Take();
   }
   Status Run(const DeviceKernel& kernel) override {
+    return Timed(KernelName(kernel), 0, std::max<int64_t>(KernelThreads(kernel), 0),
+                 [&] { return Launch(kernel); });
+  }
+
+ private:
+  // An operation timed while profiling: events recorded before and after it on the stream,
+  // read at the next Drain.
+  struct Pending {
+    const char* name;
+    int64_t bytes, threads;
+    cudaEvent_t start, stop;
+  };
+  // Operations whose events are held before they are read (then the stream is waited for).
+  static constexpr size_t kPendingMax = 4096;
+
+  StatusOr<cudaEvent_t> Event() {
+    if (!spare_.empty()) {
+      cudaEvent_t e = spare_.back();
+      spare_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    KVTIER_RETURN_IF_ERROR(Check("event", cudaEventCreate(&e)));
+    return e;
+  }
+  template <typename Op>
+  Status Timed(const char* name, size_t bytes, int64_t threads, Op&& op) {
+    if (!profiling_) return op();
+    KVTIER_ASSIGN_OR_RETURN(cudaEvent_t start, Event());
+    StatusOr<cudaEvent_t> stop = Event();
+    if (!stop.ok()) {
+      spare_.push_back(start);
+      return stop.status();
+    }
+    auto run = [&]() -> Status {
+      KVTIER_RETURN_IF_ERROR(Check("event record", cudaEventRecord(start, stream_)));
+      KVTIER_RETURN_IF_ERROR(op());
+      return Check("event record", cudaEventRecord(*stop, stream_));
+    };
+    if (Status st = run(); !st.ok()) {
+      spare_.push_back(start);
+      spare_.push_back(*stop);
+      return st;
+    }
+    pending_.push_back({name, static_cast<int64_t>(bytes), threads, start, *stop});
+    return pending_.size() >= kPendingMax ? Drain() : Status::Ok();
+  }
+  // Waits for the pending operations and adds their times to the table.
+  Status Drain() {
+    if (pending_.empty()) return Status::Ok();
+    KVTIER_RETURN_IF_ERROR(Check("event wait", cudaEventSynchronize(pending_.back().stop)));
+    for (const Pending& p : pending_) {
+      float ms = 0;
+      KVTIER_RETURN_IF_ERROR(Check("event time", cudaEventElapsedTime(&ms, p.start, p.stop)));
+      table_.Add(p.name, p.bytes, p.threads, ms / 1e3);
+      spare_.push_back(p.start);
+      spare_.push_back(p.stop);
+    }
+    pending_.clear();
+    return Status::Ok();
+  }
+  Status Launch(const DeviceKernel& kernel) {
     if (const auto* mm = std::get_if<MatMulKernel>(&kernel)) {
       if (mm->threads <= 0) return Status::Ok();
       const int rows = static_cast<int>(mm->threads / mm->out);
@@ -81,11 +160,14 @@ class CudaBackend final : public DeviceBackend {
         kernel);
   }
 
- private:
   static Status Check(const char* what, cudaError_t err) {
     return err == cudaSuccess ? Status::Ok() : CudaError(what, err);
   }
   cudaStream_t stream_ = nullptr;
+  bool profiling_ = false;
+  ProfileTable table_;
+  std::vector<Pending> pending_;
+  std::vector<cudaEvent_t> spare_;
 };
 
 }  // namespace

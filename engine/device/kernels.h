@@ -1,11 +1,13 @@
 // The kernels of the engine's device layers (engine/device/layers.h): the dense part of a layer
-// (the mHC mixes, the norms, the MoE sublayer, the head) as one function per output element.
+// (the mHC mixes, the norms, the attention sublayer's products, the MoE sublayer, the head) as
+// one function per output element.
 //
-// Each kernel is a plain struct of device pointers and sizes with `threads` (how many outputs)
-// and `operator()(i)`, which computes output i alone: no shared memory, no barrier, no output
-// written by two threads. So the same code runs on a GPU (engine/device/cuda_backend.cu: one
-// CUDA thread per i) and on the host (engine/device/host_backend.cc: a loop over i, the "host
-// twin"), and the host twin checks on any machine what the GPU computes.
+// Each kernel is a plain struct of device pointers and sizes with `threads` (how many outputs),
+// `kName` (its name in a backend's profile) and `operator()(i)`, which computes output i alone:
+// no shared memory, no barrier, no output written by two threads. So the same code runs on a
+// GPU (engine/device/cuda_backend.cu: one CUDA thread per i) and on the host
+// (engine/device/host_backend.cc: a loop over i, the "host twin"), and the host twin checks on
+// any machine what the GPU computes.
 //
 // Every output is computed in the order of the engine's CPU path (engine/ops.h, model.cc,
 // model_moe.cc), operation for operation: the mix products in Dot's eight-lane order, the norms'
@@ -84,6 +86,7 @@ KVTIER_HD inline float FmaChain(const float* x, const float* w, int64_t w_stride
 // r[t] = float(1 / sqrt(sum_i double(x[t*n + i])^2 / n + eps)) for t < threads: RmsNorm's and
 // the mixes' scale, the double sum in element order.
 struct RowRsqrtKernel {
+  static constexpr const char* kName = "RowRsqrt";
   const float* x;
   int n;
   double eps;
@@ -104,6 +107,7 @@ struct RowRsqrtKernel {
 // y[t*dim + d] = sum over streams i in order of pre[t*hc + i] * x[(t*hc + i)*dim + d], from
 // +0.0 (Engine::PreMix's WeightedRowSums), for t*dim + d < threads.
 struct PreMixKernel {
+  static constexpr const char* kName = "PreMix";
   const float* x;
   const float* pre;
   int hc, dim;
@@ -123,6 +127,7 @@ struct PreMixKernel {
 // y[t*dim + d] = y[t*dim + d] * r[t] * w[d] (w null: times 1), in place: RmsNormRows after
 // RowRsqrtKernel.
 struct ScaleRowsKernel {
+  static constexpr const char* kName = "ScaleRows";
   float* y;
   const float* r;
   const float* w;
@@ -138,6 +143,7 @@ struct ScaleRowsKernel {
 // mixes[t*m + j] = Dot(row j of fn, x + t*n, n) * r[t] for t*m + j < threads (HcMixesRows'
 // scaled mix products).
 struct MixDotsKernel {
+  static constexpr const char* kName = "MixDots";
   const float* fn_t;  // fn output-minor: [n x m]
   int m;
   const float* x;
@@ -155,6 +161,7 @@ struct MixDotsKernel {
 // sigmoids, each comb row's softmax plus eps, then `iters` Sinkhorn normalisations (a column
 // pass, then iters - 1 row and column pairs), each dividing by (sum + eps).
 struct MixOutputsKernel {
+  static constexpr const char* kName = "MixOutputs";
   const float* mixes;
   int hc;
   const float* scale;  // [3]
@@ -223,6 +230,7 @@ struct MixOutputsKernel {
 // each stream j, x[j][d] = post[j] * f[d] + sum over streams i in order of comb[i][j] *
 // x_old[i][d].
 struct MixSublayerKernel {
+  static constexpr const char* kName = "MixSublayer";
   float* x;
   const float* f;
   const float* post;
@@ -248,6 +256,7 @@ struct MixSublayerKernel {
 
 // y[t*out + o] = FmaChain(x + t*in, w + o*in, in) for t*out + o < threads (MatMul).
 struct MatMulKernel {
+  static constexpr const char* kName = "MatMul";
   const float* x;
   int in;
   const float* w;  // [out x in]
@@ -265,6 +274,7 @@ struct MatMulKernel {
 // to chosen[t*k ..]; each one's weight s_e (over the k scores' sum, in that order, when `norm`)
 // times `scaling`.
 struct RouteKernel {
+  static constexpr const char* kName = "Route";
   const float* logits;  // [rows x experts]
   const float* bias;    // [experts]
   int experts, k;       // k <= kDeviceExpertsPerTokenMax
@@ -318,6 +328,7 @@ struct RouteKernel {
 // expert[r] (expert null: the one matrix w1 / w3); g = silu(min(x.w1, limit)) * clamp(x.w3,
 // -limit, limit), times row_weight[r] when given (SwigluActivate).
 struct SwigluUpKernel {
+  static constexpr const char* kName = "SwigluUp";
   const float* x;  // [inputs x dim]
   int dim, inter, rows_per_input;
   const int32_t* expert;    // [rows] or null
@@ -347,6 +358,7 @@ struct SwigluUpKernel {
 // product (each row's expert) and the attention sublayer's grouped output projection (rows
 // t*groups + g of heads' outputs, each its group's matrix).
 struct PerRowMatMulKernel {
+  static constexpr const char* kName = "PerRowMatMul";
   const float* x;  // [rows x in]
   int in, out;
   const int32_t* which;  // [rows] or null
@@ -363,6 +375,7 @@ struct PerRowMatMulKernel {
 // out[t*dim + d] = (the k routed outputs of row t summed in slot order) + shared[t*dim + d]
 // (shared null: + 0.0), for t*dim + d < threads (CombineExperts).
 struct CombineKernel {
+  static constexpr const char* kName = "Combine";
   const float* routed;  // [rows x k x dim]
   const float* shared;  // [rows x dim] or null
   int k, dim;
@@ -378,6 +391,7 @@ struct CombineKernel {
 
 // dst[j*width + c] = src[index[j]*width + c] for j*width + c < threads.
 struct GatherRowsKernel {
+  static constexpr const char* kName = "GatherRows";
   const float* src;
   const int64_t* index;
   int width;

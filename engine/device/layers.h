@@ -78,6 +78,9 @@ class DeviceLayers {
   DeviceKind kind() const { return backend_->kind(); }
   // Device bytes held by weight copies.
   size_t weight_bytes() const { return weight_bytes_; }
+  // The backend's profile (DeviceBackend::SetProfiling, TakeProfile).
+  void SetProfiling(bool on) { backend_->SetProfiling(on); }
+  StatusOr<std::vector<OpStat>> TakeProfile() { return backend_->TakeProfile(); }
 
   // Starts a pass of n rows (1 <= n <= kMaxTokensPerCall): x [n x hc x hidden], pre [n x hc].
   Status Begin(int n, const float* x, const float* pre);

@@ -280,6 +280,104 @@ TEST(DeviceLayers, AttentionProductsRefuseWhatTheLayerCannotGive) {
   EXPECT_TRUE(d.AttentionOutput(1, q.data()).ok());
 }
 
+// The device profile counts every kernel and copy of a pass: one batched decode step of three
+// sequences launches, per layer, two mixes and two residual updates, one router, the per-row
+// products of the output groups and the routed (and shared) experts' down products; it copies
+// the attention products and the logits to the host, the residual around each Engram layer,
+// and the pass's start, the heads' outputs and the head's rows to the device. Profiling leaves
+// the logits' bits alone; a take starts anew; with profiling off nothing is counted; an engine
+// without device layers refuses.
+TEST(DeviceLayers, HostTwinProfileCountsEveryKernelAndCopyOfAPass) {
+  const EngineConfig& c = testutil::TinyConfig();
+  auto w = std::make_shared<const ModelWeights>(std::move(*InitWeights(c, 3)));
+  auto plain = MakeEngine(c, w, LayerDevice::kHostTwin);
+  auto profiled = MakeEngine(c, w, LayerDevice::kHostTwin);
+  ASSERT_NE(plain, nullptr);
+  ASSERT_NE(profiled, nullptr);
+  const int L = c.num_hidden_layers, V = c.vocab_size, n = 3;
+  int engram_layers = 0;
+  for (int l = 0; l < L; ++l) engram_layers += c.IsEngramLayer(l);
+  auto step = [&](Engine* e, std::vector<SequenceState>* st,
+                  std::vector<std::vector<float>>* last) {
+    if (st->empty()) {
+      for (int i = 0; i < n; ++i) {
+        st->push_back(e->NewSequence());
+        std::vector<float> logits;
+        ASSERT_TRUE(e->Forward(&st->back(), Prompt(20 + 7 * i, 30 + i), false, &logits).ok());
+      }
+    }
+    std::vector<SequenceState*> ptr;
+    for (SequenceState& s : *st) ptr.push_back(&s);
+    const int32_t next[n] = {5, 6, 7};
+    std::vector<std::span<const int32_t>> toks;
+    for (int i = 0; i < n; ++i) toks.emplace_back(&next[i], 1);
+    const Status s = e->ForwardBatch(ptr, toks, last);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  };
+  std::vector<SequenceState> st_plain, st_profiled;
+  std::vector<std::vector<float>> want, got;
+  step(plain.get(), &st_plain, &want);
+  step(profiled.get(), &st_profiled, &got);  // the prefill and first step: not profiled
+  ASSERT_TRUE(profiled->TakeDeviceProfile().ok());
+  ASSERT_TRUE(profiled->SetDeviceProfiling(true).ok());
+  step(plain.get(), &st_plain, &want);
+  step(profiled.get(), &st_profiled, &got);
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(want[i].size(), got[i].size());
+    EXPECT_TRUE(BitEqual(want[i].data(), got[i].data(), want[i].size())) << "sequence " << i;
+  }
+  auto profile = profiled->TakeDeviceProfile();
+  ASSERT_TRUE(profile.ok()) << profile.status().ToString();
+  auto find = [&](const char* name) -> device::OpStat {
+    for (const device::OpStat& o : *profile) {
+      if (o.name == name) return o;
+    }
+    ADD_FAILURE() << "no " << name << " in the profile";
+    return {};
+  };
+  EXPECT_EQ(find("MixSublayer").calls, 2 * L);
+  EXPECT_EQ(find("MixOutputs").calls, 2 * L);
+  EXPECT_EQ(find("MixDots").calls, 2 * L);
+  const device::OpStat route = find("Route");
+  EXPECT_EQ(route.calls, L);
+  EXPECT_EQ(route.threads, static_cast<int64_t>(L) * n);
+  EXPECT_EQ(find("Combine").calls, L);
+  const int64_t shared = c.n_shared_experts > 0 ? 1 : 0;
+  const device::OpStat per_row = find("PerRowMatMul");
+  EXPECT_EQ(per_row.calls, L * (2 + shared));
+  EXPECT_EQ(per_row.threads,
+            static_cast<int64_t>(L) * n *
+                (c.o_groups * c.o_lora_rank +
+                 (c.num_experts_per_tok + shared) * static_cast<int64_t>(c.hidden_size)));
+  const device::OpStat down = find(device::kCopyToHost), up = find(device::kCopyToDevice);
+  EXPECT_EQ(down.calls, L + engram_layers + 1);
+  EXPECT_EQ(up.calls, 2 + L + engram_layers + 1);
+  // The logits and, per layer, at least q and the SWA entry of each row.
+  EXPECT_GE(down.bytes,
+            static_cast<int64_t>(sizeof(float)) * n *
+                (V + static_cast<int64_t>(L) * (c.num_attention_heads + 1) * c.head_dim));
+  double seconds = 0;
+  for (const device::OpStat& o : *profile) {
+    EXPECT_GT(o.calls, 0) << o.name;
+    EXPECT_GE(o.seconds, 0.0) << o.name;
+    seconds += o.seconds;
+  }
+  EXPECT_GT(seconds, 0.0);
+  // A take starts anew; off, nothing is counted.
+  auto again = profiled->TakeDeviceProfile();
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->empty());
+  ASSERT_TRUE(profiled->SetDeviceProfiling(false).ok());
+  step(profiled.get(), &st_profiled, &got);
+  auto off = profiled->TakeDeviceProfile();
+  ASSERT_TRUE(off.ok());
+  EXPECT_TRUE(off->empty());
+  auto cpu = MakeEngine(c, w, LayerDevice::kCpu);
+  ASSERT_NE(cpu, nullptr);
+  EXPECT_EQ(cpu->SetDeviceProfiling(true).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cpu->TakeDeviceProfile().status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(DeviceLayers, CudaMatchesTheCpuPathOrIsUnavailable) {
   const EngineConfig& c = testutil::MiniConfig();
   EngineOptions o;
@@ -304,6 +402,39 @@ TEST(DeviceLayers, CudaMatchesTheCpuPathOrIsUnavailable) {
   }
   EXPECT_LT(worst, 1e-3);
   RecordProperty("worst_relative_difference", std::to_string(worst));
+  // The CUDA backend's profile (events on the stream) counts what the host twin's counts.
+  auto twin = MakeEngine(c, testutil::MiniWeights(), LayerDevice::kHostTwin);
+  ASSERT_NE(twin, nullptr);
+  auto profile = [](Engine* en) {
+    std::vector<SequenceState> st(2);
+    std::vector<SequenceState*> ptr;
+    std::vector<float> logits;
+    for (int i = 0; i < 2; ++i) {
+      st[i] = en->NewSequence();
+      EXPECT_TRUE(en->Forward(&st[i], Prompt(30 + 9 * i, 50 + i), false, &logits).ok());
+      ptr.push_back(&st[i]);
+    }
+    EXPECT_TRUE(en->SetDeviceProfiling(true).ok());
+    const int32_t next[2] = {5, 6};
+    std::vector<std::span<const int32_t>> toks = {{&next[0], 1}, {&next[1], 1}};
+    std::vector<std::vector<float>> last;
+    EXPECT_TRUE(en->ForwardBatch(ptr, toks, &last).ok());
+    auto p = en->TakeDeviceProfile();
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return p.ok() ? *p : std::vector<device::OpStat>{};
+  };
+  const std::vector<device::OpStat> want = profile(twin.get()), got = profile(e->get());
+  ASSERT_EQ(want.size(), got.size());
+  double seconds = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(want[i].name, got[i].name);
+    EXPECT_EQ(want[i].calls, got[i].calls) << want[i].name;
+    EXPECT_EQ(want[i].bytes, got[i].bytes) << want[i].name;
+    EXPECT_EQ(want[i].threads, got[i].threads) << want[i].name;
+    EXPECT_GE(got[i].seconds, 0.0) << got[i].name;
+    seconds += got[i].seconds;
+  }
+  EXPECT_GT(seconds, 0.0);
 }
 
 }  // namespace

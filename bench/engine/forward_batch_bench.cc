@@ -23,7 +23,8 @@
 // max_rel_diff (the verify arm's check is bit for bit: its Forward and Decodes both run there).
 // --device-profile (with host-twin or cuda) adds, per k, one batched round with the device
 // profile on (Engine::SetDeviceProfiling): each kernel's and copy's calls and device time per
-// pass, and the device's time against the wall's.
+// pass, and the device's time against the wall's; and the first sequence's history prefill
+// profiled the same way, per token.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -193,10 +194,11 @@ struct Cost {
 };
 
 // One decode-batch measurement: k sequences, `steps` tokens each.
-// The device profile of `passes` passes that took `wall_s` in all: each operation's calls and
-// device time per pass and its share, dearest first; then the device's time against the wall's
-// (the rest: launches, the host's attention and Engram, waiting).
-void PrintProfile(std::vector<device::OpStat> ops, int passes, double wall_s) {
+// The device profile of `passes` passes (or tokens) that took `wall_s` in all: each operation's
+// calls and device time per pass and its share, dearest first; then the device's time against the
+// wall's (the rest: launches, the host's attention and Engram, waiting).
+void PrintProfile(std::vector<device::OpStat> ops, int passes, double wall_s,
+                  const char* per = "pass") {
   std::sort(ops.begin(), ops.end(),
             [](const device::OpStat& a, const device::OpStat& b) { return a.seconds > b.seconds; });
   double device_s = 0;
@@ -206,15 +208,15 @@ void PrintProfile(std::vector<device::OpStat> ops, int passes, double wall_s) {
     calls += o.calls;
   }
   for (const device::OpStat& o : ops) {
-    std::printf("  %-16s %7.1f calls/pass %9.1f us/pass %5.1f%%", o.name.c_str(),
-                static_cast<double>(o.calls) / passes, o.seconds / passes * 1e6,
+    std::printf("  %-16s %7.1f calls/%s %9.1f us/%s %5.1f%%", o.name.c_str(),
+                static_cast<double>(o.calls) / passes, per, o.seconds / passes * 1e6, per,
                 device_s > 0 ? 100.0 * o.seconds / device_s : 0.0);
-    if (o.bytes > 0) std::printf("  %9.1f KB/pass", static_cast<double>(o.bytes) / passes / 1e3);
+    if (o.bytes > 0) std::printf("  %9.1f KB/%s", static_cast<double>(o.bytes) / passes / 1e3, per);
     std::printf("\n");
   }
-  std::printf("  device %.1f us/pass in %.1f calls, wall %.1f us/pass (device %.0f%%)\n",
-              device_s / passes * 1e6, static_cast<double>(calls) / passes, wall_s / passes * 1e6,
-              wall_s > 0 ? 100.0 * device_s / wall_s : 0.0);
+  std::printf("  device %.1f us/%s in %.1f calls, wall %.1f us/%s (device %.0f%%)\n",
+              device_s / passes * 1e6, per, static_cast<double>(calls) / passes,
+              wall_s / passes * 1e6, per, wall_s > 0 ? 100.0 * device_s / wall_s : 0.0);
 }
 
 void DecodeBatch(Engine* e, const Flags& f, int threads, int k) {
@@ -224,8 +226,24 @@ void DecodeBatch(Engine* e, const Flags& f, int threads, int k) {
   for (int i = 0; i < k; ++i) {
     base[i] = e->NewSequence();
     const auto text = Tokens(f.history + f.steps, i);
+    const bool profile_prefill = f.device_profile && i == 0;
+    if (profile_prefill) {
+      Check(e->TakeDeviceProfile().status(), "device profile");
+      Check(e->SetDeviceProfiling(true), "device profile");
+    }
+    Mark m;
     Check(e->Forward(&base[i], std::span<const int32_t>(text.data(), f.history), false, &logits),
           "history");
+    if (profile_prefill) {  // the first sequence's history: a prefill's passes
+      Cost prefill;
+      prefill.Min(m);
+      Check(e->SetDeviceProfiling(false), "device profile");
+      auto ops = e->TakeDeviceProfile();
+      Check(ops.status(), "device profile");
+      std::printf("profile threads=%d prefill of %d tokens (one Forward, per token):\n", threads,
+                  f.history);
+      PrintProfile(std::move(*ops), f.history, prefill.wall, "token");
+    }
     next[i].assign(text.begin() + f.history, text.end());
   }
   Cost batch, single;

@@ -464,17 +464,19 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
     // The dense layers on the device; attention over the caches and Engram here; the residual and
     // pre back in x and pre at the end.
     thread_local std::vector<int64_t> pos_slot;
-    thread_local std::vector<float> o_slot;
+    thread_local AttnKeyRows keys_slot;
     Scratch<int64_t> pos(pos_slot, static_cast<size_t>(n));
     for (int t = 0; t < n; ++t) pos[t] = p0 + t;
-    Scratch<float> o(o_slot, static_cast<size_t>(n) * c.num_attention_heads * c.head_dim);
+    AttnKeyRows* keys = &keys_slot;
+    ScopeExit trim([&] { TrimKeyRows(*keys); });
     KVTIER_RETURN_IF_ERROR(model_detail::RunDeviceLayers(
-        *device_, c, n, l_begin, l_end, x, pre, xn.data(), o.data(), engram,
+        *device_, c, n, l_begin, l_end, x, pre, xn.data(), engram,
         [&](int l) { return capture_ != nullptr && capture_->Slot(l) >= 0; },
         [&](int l) { capture_->Record(l, p0, n, hc, D, x, xn.data()); },
         [&](int l) -> Status {
           KVTIER_RETURN_IF_ERROR(DeviceAttnProject(l, n, pos.data(), &attn_rows_));
-          return AttnCore(l, st, p0, n, nullptr, attn_rows_, 0, &rt, pool_.get(), o.data());
+          KVTIER_RETURN_IF_ERROR(AttnCoreKeys(l, st, p0, n, attn_rows_, 0, &rt, pool_.get(), keys));
+          return DeviceAttention(l, std::span<AttnKeyRows* const>(&keys, 1), attn_rows_);
         }));
     KVTIER_RETURN_IF_ERROR(device_->Residual(x));
     return device_->Pre(pre);

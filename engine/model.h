@@ -428,7 +428,7 @@ class Engine {
   Status AttnRotate(int layer, int n, const int64_t* pos, AttnRows* a);
   // AttnProject on the device path: the products on the device layers, from the normed input
   // their AttentionInput left there (DeviceLayers::AttentionProducts, the same bits), then
-  // AttnRotate here.
+  // AttnRotate here; q stays on the device (a->q left empty).
   Status DeviceAttnProject(int layer, int n, const int64_t* pos, AttnRows* a);
   // The per-sequence part over n rows of `st` from p0, which are rows [row0, row0 + n) of `a`
   // (given to AttnProject at positions p0 .. p0 + n - 1); writes their attention outputs (n x heads
@@ -438,6 +438,35 @@ class Engine {
   // only by Compress (so null will do where a carries the compressor's projections).
   Status AttnCore(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
                   const AttnRows& a, int64_t row0, Runtime* rt, ThreadPool* pool, float* o);
+  // AttnCore's parts: AttnSelect (the ring's rewind to p0, the compressor, the top-k into rt) and
+  // SwaPush (the rows' SWA entries into the ring, after every read of it).
+  Status AttnSelect(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
+                    const AttnRows& a, int64_t row0, Runtime* rt, ThreadPool* pool);
+  void SwaPush(int layer, SequenceState* st, int64_t p0, int n, const AttnRows& a,
+               int64_t row0) const;
+  // One sequence's rows' attention keys as the caches store them (AttnGather): the selected global
+  // entries once each (sel: their indices, sorted; main_*: their FP4 bytes in that order), the
+  // window's SWA entries once each, oldest first (swa_*: FP8 bytes; swa_of: position - the
+  // window's first -> entry, or -1), and per row its list in AttnCore's order (keys[key_off[t] ..
+  // key_off[t + 1]): a global entry as its place in sel, SWA entry j as ~j).
+  struct AttnKeyRows {
+    std::vector<uint8_t> main_data, main_scales, swa_data, swa_scales;
+    std::vector<int32_t> sel, swa_of, keys, key_off;
+  };
+  // TrimScratch of each of r's buffers (a long prefill's are not kept).
+  static void TrimKeyRows(AttnKeyRows& r);
+  // After AttnSelect, before SwaPush: the keys of n rows of st from p0 (rows [row0, row0 + n) of
+  // a).
+  Status AttnGather(int layer, const SequenceState& st, int64_t p0, int n, const AttnRows& a,
+                    int64_t row0, const Runtime& rt, AttnKeyRows* out) const;
+  // AttnCore on the device path: AttnSelect, AttnGather into *keys, SwaPush; the arithmetic is
+  // DeviceAttention's. Touches what AttnCore touches, and *keys.
+  Status AttnCoreKeys(int layer, SequenceState* st, int64_t p0, int n, const AttnRows& a,
+                      int64_t row0, Runtime* rt, ThreadPool* pool, AttnKeyRows* keys);
+  // The device layers' attention of `layer` over the pass's rows (a: the pass's AttnRows, for the
+  // rotations), whose keys are seqs' lists in row order (one per sequence; a single sequence's
+  // lists are rewritten in place, several are merged into one upload).
+  Status DeviceAttention(int layer, std::span<AttnKeyRows* const> seqs, const AttnRows& a);
   // The per-row output projection of n rows of attention outputs.
   void AttnOutput(int layer, int n, const float* o, float* out);
   // The compressor over n rows of `st` from p0 (xa: their normed inputs; may be null when ckv

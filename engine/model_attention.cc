@@ -2,9 +2,12 @@
 // per-row work once over every sequence's rows and only the core per sequence:
 //   AttnProject  per row: q (low-rank, normed, RoPE), the SWA entry (FP8 round trip), the
 //                indexer's query and head weights;
-//   AttnCore     per sequence: the compressor (global KV), top-k selection, sparse attention over
-//                [selected entries] + [SWA window], the ring update;
+//   AttnCore     per sequence: AttnSelect (the compressor's global KV, top-k selection), sparse
+//                attention over [selected entries] + [SWA window], SwaPush (the ring update);
 //   AttnOutput   per row: the grouped output projection.
+// On the device layers (EngineOptions::layer_device) AttnCoreKeys takes AttnCore's place: the
+// same selection and ring update, with each row's keys gathered as stored bytes (AttnGather) for
+// the device's attention (DeviceAttention) instead of the arithmetic here.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -370,7 +373,7 @@ Status Engine::AttnRotate(int layer, int n, const int64_t* pos, AttnRows* a) {
     ApplyRopeRotation(x, a->rope_c.data() + static_cast<int64_t>(t) * np,
                       a->rope_s.data() + static_cast<int64_t>(t) * np, np, false);
   };
-  for (int t = 0; t < n; ++t) {
+  for (int t = 0; t < n && !a->q.empty(); ++t) {  // q is empty where the device rotates it
     for (int h = 0; h < H; ++h)
       rope(a->q.data() + (static_cast<int64_t>(t) * H + h) * hd + hd - rd, t);
   }
@@ -398,21 +401,16 @@ Status Engine::AttnRotate(int layer, int n, const int64_t* pos, AttnRows* a) {
   return Status::Ok();
 }
 
-Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
-                        const AttnRows& a, int64_t row0, Runtime* rt, ThreadPool* pool, float* o) {
+Status Engine::AttnSelect(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
+                          const AttnRows& a, int64_t row0, Runtime* rt, ThreadPool* pool) {
   const EngineConfig& c = config_;
-  const LayerWeights& lw = layers_[layer];
-  const int H = c.num_attention_heads, hd = c.head_dim;
-  const int rd = c.qk_rope_head_dim, W = c.sliding_window;
+  const int hd = c.head_dim;
   const LayerMode mode = c.layer_modes[layer];
   SwaRing& ring = st->swa[layer];
   if (ring.end != p0) {
     if (ring.valid_from < p0) return Status::Internal("engine: SWA ring has a gap");
     ring.end = p0;
   }
-  const float* q = a.q.data() + row0 * H * hd;
-  const float* kv = a.kv.data() + row0 * hd;
-
   // Compressed entries: sources write, then this layer (and later ones) read.
   if (mode != LayerMode::kSwaOnly) {
     if (mode == LayerMode::kFull) {
@@ -437,6 +435,36 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
       trace_->topk[layer].insert(trace_->topk[layer].end(), rt->topk.begin(), rt->topk.end());
     }
   }
+  return Status::Ok();
+}
+
+void Engine::SwaPush(int layer, SequenceState* st, int64_t p0, int n, const AttnRows& a,
+                     int64_t row0) const {
+  const int hd = config_.head_dim, W = config_.sliding_window, sb = hd / 32;
+  SwaRing& ring = st->swa[layer];
+  const float* kv = a.kv.data() + row0 * hd;
+  const uint8_t* kv_data = a.kv_data.data() + row0 * hd;
+  const uint8_t* kv_scales = a.kv_scales.data() + row0 * sb;
+  for (int64_t p = std::max<int64_t>(p0, p0 + n - W); p < p0 + n; ++p) {
+    const int64_t slot = p % W, t = p - p0;
+    std::memcpy(ring.values.data() + slot * hd, kv + t * hd, hd * 4);
+    std::memcpy(ring.data.data() + slot * hd, kv_data + t * hd, hd);
+    std::memcpy(ring.scales.data() + slot * sb, kv_scales + t * sb, sb);
+  }
+  ring.end = p0 + n;
+}
+
+Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const float* xa,
+                        const AttnRows& a, int64_t row0, Runtime* rt, ThreadPool* pool, float* o) {
+  KVTIER_RETURN_IF_ERROR(AttnSelect(layer, st, p0, n, xa, a, row0, rt, pool));
+  const EngineConfig& c = config_;
+  const LayerWeights& lw = layers_[layer];
+  const int H = c.num_attention_heads, hd = c.head_dim;
+  const int rd = c.qk_rope_head_dim, W = c.sliding_window;
+  const LayerMode mode = c.layer_modes[layer];
+  const SwaRing& ring = st->swa[layer];
+  const float* q = a.q.data() + row0 * H * hd;
+  const float* kv = a.kv.data() + row0 * hd;
 
   // Sparse attention over [selected compressed entries] + [SWA window], one latent as K and V.
   // Per query token the keys are gathered once into one buffer of rows (compressed entries
@@ -570,19 +598,159 @@ Status Engine::AttnCore(int layer, SequenceState* st, int64_t p0, int n, const f
     });
   }
   if (failed) return Status::Internal("engine: global KV entries could not be dequantised");
-
-  // Push these rows' SWA entries into the ring.
-  const int sb = hd / 32;
-  const uint8_t* kv_data = a.kv_data.data() + row0 * hd;
-  const uint8_t* kv_scales = a.kv_scales.data() + row0 * sb;
-  for (int64_t p = std::max<int64_t>(p0, p0 + n - W); p < p0 + n; ++p) {
-    const int64_t slot = p % W, t = p - p0;
-    std::memcpy(ring.values.data() + slot * hd, kv + t * hd, hd * 4);
-    std::memcpy(ring.data.data() + slot * hd, kv_data + t * hd, hd);
-    std::memcpy(ring.scales.data() + slot * sb, kv_scales + t * sb, sb);
-  }
-  ring.end = p0 + n;
+  SwaPush(layer, st, p0, n, a, row0);
   return Status::Ok();
+}
+
+Status Engine::AttnGather(int layer, const SequenceState& st, int64_t p0, int n, const AttnRows& a,
+                          int64_t row0, const Runtime& rt, AttnKeyRows* out) const {
+  const EngineConfig& c = config_;
+  const int hd = c.head_dim, W = c.sliding_window;
+  const LayerMode mode = c.layer_modes[layer];
+  const SwaRing& ring = st.swa[layer];
+  const size_t mdb = hd / 2, msb = hd / 16, sb = hd / 32;
+  out->main_data.clear();
+  out->main_scales.clear();
+  out->swa_data.clear();
+  out->swa_scales.clear();
+  out->keys.clear();
+  out->key_off.assign(1, 0);
+  // The rows' selected entries once each (sorted), their bytes copied a run of consecutive
+  // entries at a time.
+  std::vector<int32_t>& sel = out->sel;
+  sel.clear();
+  if (mode != LayerMode::kSwaOnly) {
+    for (int t = 0; t < n; ++t) sel.insert(sel.end(), rt.topk[t].begin(), rt.topk[t].end());
+    std::sort(sel.begin(), sel.end());
+    sel.erase(std::unique(sel.begin(), sel.end()), sel.end());
+    const KvSourceCache* src = rt.src;
+    if (!sel.empty() && (sel.front() < 0 || sel.back() >= src->entries()))
+      return Status::Internal("engine: a selected entry outside the global KV");
+    for (size_t i = 0; i < sel.size();) {
+      size_t run = 1;
+      while (i + run < sel.size() && sel[i + run] == sel[i] + static_cast<int32_t>(run)) ++run;
+      const size_t j = static_cast<size_t>(sel[i]);
+      out->main_data.insert(out->main_data.end(), src->main_data.begin() + j * mdb,
+                            src->main_data.begin() + (j + run) * mdb);
+      out->main_scales.insert(out->main_scales.end(), src->main_scales.begin() + j * msb,
+                              src->main_scales.begin() + (j + run) * msb);
+      i += run;
+    }
+  }
+  // The window's entries once each, oldest first: the ring's before p0, these rows' from p0.
+  const int64_t s_lo = std::max<int64_t>(std::max(ring.valid_from, p0 - W + 1), 0);
+  std::vector<int32_t>& swa_of = out->swa_of;  // position s_lo + i -> SWA entry, or -1
+  swa_of.assign(static_cast<size_t>(p0 + n - s_lo), -1);
+  int32_t n_swa = 0;
+  for (int64_t s = s_lo; s < p0 + n; ++s) {
+    const uint8_t *data = nullptr, *scales = nullptr;
+    if (s >= p0) {
+      data = a.kv_data.data() + (row0 + s - p0) * hd;
+      scales = a.kv_scales.data() + (row0 + s - p0) * sb;
+    } else if (ring.Has(s)) {
+      data = ring.data.data() + (s % W) * hd;
+      scales = ring.scales.data() + (s % W) * sb;
+    }
+    if (data == nullptr) continue;
+    out->swa_data.insert(out->swa_data.end(), data, data + hd);
+    out->swa_scales.insert(out->swa_scales.end(), scales, scales + sb);
+    swa_of[s - s_lo] = n_swa++;
+  }
+  // Each row's list, in AttnCore's gather order: its selected entries (a global entry j as j's
+  // place in sel), then its window (SWA entry j as ~j, told apart when the pass's lists merge).
+  for (int t = 0; t < n; ++t) {
+    if (mode != LayerMode::kSwaOnly) {
+      for (int32_t e : rt.topk[t]) {
+        out->keys.push_back(
+            static_cast<int32_t>(std::lower_bound(sel.begin(), sel.end(), e) - sel.begin()));
+      }
+    }
+    const int64_t p = p0 + t;
+    const int64_t lo = std::max<int64_t>(std::max(ring.valid_from, p - W + 1), 0);
+    for (int64_t s = lo; s <= p; ++s) {
+      const int32_t j = swa_of[s - s_lo];
+      if (j >= 0) out->keys.push_back(~j);
+    }
+    out->key_off.push_back(static_cast<int32_t>(out->keys.size()));
+  }
+  return Status::Ok();
+}
+
+Status Engine::AttnCoreKeys(int layer, SequenceState* st, int64_t p0, int n, const AttnRows& a,
+                            int64_t row0, Runtime* rt, ThreadPool* pool, AttnKeyRows* keys) {
+  KVTIER_RETURN_IF_ERROR(AttnSelect(layer, st, p0, n, nullptr, a, row0, rt, pool));
+  KVTIER_RETURN_IF_ERROR(AttnGather(layer, *st, p0, n, a, row0, *rt, keys));
+  SwaPush(layer, st, p0, n, a, row0);
+  return Status::Ok();
+}
+
+Status Engine::DeviceAttention(int layer, std::span<AttnKeyRows* const> seqs, const AttnRows& a) {
+  const EngineConfig& c = config_;
+  const int hd = c.head_dim;
+  if (static_cast<int>(a.rope_c.size()) % (c.qk_rope_head_dim / 2) != 0 ||
+      layers_[layer].rope->size() * 2 != static_cast<size_t>(c.qk_rope_head_dim))
+    return Status::Internal("engine: rotations of another width than the device's");
+  device::DeviceLayers::AttentionKeys k;
+  k.rope_c = a.rope_c.data();
+  k.rope_s = a.rope_s.data();
+  if (seqs.size() == 1) {  // the sequence's own lists, with SWA entry ~j at main + j
+    AttnKeyRows& r = *seqs[0];
+    const int32_t main = static_cast<int32_t>(r.sel.size());
+    for (int32_t& key : r.keys) {
+      if (key < 0) key = main + ~key;
+    }
+    k.main_data = r.main_data.data();
+    k.main_scales = r.main_scales.data();
+    k.main = main;
+    k.swa_data = r.swa_data.data();
+    k.swa_scales = r.swa_scales.data();
+    k.swa = static_cast<int64_t>(r.swa_data.size()) / hd;
+    k.keys = r.keys.data();
+    k.key_off = r.key_off.data();
+    return device_->Attention(layer, k);
+  }
+  // Several sequences: their tables side by side (every global entry, then every SWA entry) and
+  // their lists one after another, each index moved to its sequence's place.
+  thread_local AttnKeyRows merged_slot;
+  AttnKeyRows& m = merged_slot;
+  m.main_data.clear();
+  m.main_scales.clear();
+  m.swa_data.clear();
+  m.swa_scales.clear();
+  m.keys.clear();
+  m.key_off.assign(1, 0);
+  int64_t main = 0;
+  for (const AttnKeyRows* r : seqs) main += static_cast<int64_t>(r->sel.size());
+  int64_t main_at = 0, swa_at = 0;
+  for (const AttnKeyRows* r : seqs) {
+    m.main_data.insert(m.main_data.end(), r->main_data.begin(), r->main_data.end());
+    m.main_scales.insert(m.main_scales.end(), r->main_scales.begin(), r->main_scales.end());
+    m.swa_data.insert(m.swa_data.end(), r->swa_data.begin(), r->swa_data.end());
+    m.swa_scales.insert(m.swa_scales.end(), r->swa_scales.begin(), r->swa_scales.end());
+    const int32_t base = static_cast<int32_t>(m.keys.size());
+    for (int32_t key : r->keys) {
+      m.keys.push_back(static_cast<int32_t>(key >= 0 ? main_at + key : main + swa_at + ~key));
+    }
+    for (size_t t = 1; t < r->key_off.size(); ++t) m.key_off.push_back(base + r->key_off[t]);
+    main_at += static_cast<int64_t>(r->sel.size());
+    swa_at += static_cast<int64_t>(r->swa_data.size()) / hd;
+  }
+  k.main_data = m.main_data.data();
+  k.main_scales = m.main_scales.data();
+  k.main = main;
+  k.swa_data = m.swa_data.data();
+  k.swa_scales = m.swa_scales.data();
+  k.swa = swa_at;
+  k.keys = m.keys.data();
+  k.key_off = m.key_off.data();
+  const Status s = device_->Attention(layer, k);
+  TrimKeyRows(m);
+  return s;
+}
+
+void Engine::TrimKeyRows(AttnKeyRows& r) {
+  for (auto* v : {&r.main_data, &r.main_scales, &r.swa_data, &r.swa_scales}) TrimScratch(*v);
+  for (auto* v : {&r.sel, &r.swa_of, &r.keys, &r.key_off}) TrimScratch(*v);
 }
 
 void Engine::AttnOutput(int layer, int n, const float* o, float* out) {

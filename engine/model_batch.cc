@@ -126,11 +126,19 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
   // DeviceAttnProject's, over every row at once) into o, sequences spread over the threads when
   // no sequence outweighs a thread's share. xnh: the normed rows, or null where attn_rows_
   // carries the compressor's rows (always: ShapeAttnRows sizes them on every compressing layer).
-  auto cores = [&](int l, const float* xnh) -> Status {
+  // On the device path (key_rows set) each sequence's keys are gathered into key_rows[i]
+  // instead, for DeviceAttention.
+  thread_local std::vector<AttnKeyRows> key_rows_slot;
+  thread_local std::vector<AttnKeyRows*> key_ptrs_slot;
+  std::vector<AttnKeyRows>& key_rows = key_rows_slot;
+  auto cores = [&](int l, const float* xnh, bool device_keys) -> Status {
     auto core = [&](size_t i, ThreadPool* pool) {
-      return AttnCore(l, states[i], p0[i], static_cast<int>(off[i + 1] - off[i]),
-                      xnh != nullptr ? xnh + off[i] * D : nullptr, attn_rows_, off[i], &rt[i], pool,
-                      o.data() + off[i] * H * hd);
+      const int ni = static_cast<int>(off[i + 1] - off[i]);
+      if (device_keys)
+        return AttnCoreKeys(l, states[i], p0[i], ni, attn_rows_, off[i], &rt[i], pool,
+                            &key_rows[i]);
+      return AttnCore(l, states[i], p0[i], ni, xnh != nullptr ? xnh + off[i] * D : nullptr,
+                      attn_rows_, off[i], &rt[i], pool, o.data() + off[i] * H * hd);
     };
     if (across_sequences) {
       pool_->ParallelFor(static_cast<int64_t>(k), [&](int64_t b, int64_t e) {
@@ -145,7 +153,7 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
   // The attention sublayer of layer l from the normed rows xnh into fh.
   auto attention = [&](int l, const float* xnh, float* fh) -> Status {
     KVTIER_RETURN_IF_ERROR(AttnProject(l, n, xnh, pos.data(), &attn_rows_));
-    KVTIER_RETURN_IF_ERROR(cores(l, xnh));
+    KVTIER_RETURN_IF_ERROR(cores(l, xnh, false));
     AttnOutput(l, n, o.data(), fh);
     return Status::Ok();
   };
@@ -162,13 +170,21 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
   Scratch<float> out(out_slot, static_cast<size_t>(head_n) * V);
   if (device_ != nullptr && trace_ == nullptr) {
     // The dense layers and the head on the device; attention over the caches and Engram here.
+    if (key_rows.size() < k) key_rows.resize(k);  // never shrunk, as rt
+    std::vector<AttnKeyRows*>& key_ptrs = key_ptrs_slot;
+    key_ptrs.resize(k);
+    for (size_t i = 0; i < k; ++i) key_ptrs[i] = &key_rows[i];
+    ScopeExit trim([&] {
+      for (AttnKeyRows& r : key_rows) TrimKeyRows(r);
+    });
     KVTIER_RETURN_IF_ERROR(model_detail::RunDeviceLayers(
-        *device_, c, n, 0, L, x.data(), pre.data(), xn.data(), o.data(),
+        *device_, c, n, 0, L, x.data(), pre.data(), xn.data(),
         [&](int l) { return engram(l, x.data()); }, wants_capture,
         [&](int l) { record(l, x.data(), xn.data()); },
         [&](int l) -> Status {
           KVTIER_RETURN_IF_ERROR(DeviceAttnProject(l, n, pos.data(), &attn_rows_));
-          return cores(l, nullptr);
+          KVTIER_RETURN_IF_ERROR(cores(l, nullptr, true));
+          return DeviceAttention(l, key_ptrs, attn_rows_);
         }));
     KVTIER_RETURN_IF_ERROR(device_->Head(head_rows, out.data()));
   } else {

@@ -61,6 +61,7 @@ Status Engine::BindDevice() {
     d.c_wgate = lw.c_wgate;
     d.wo_a = lw.wo_a;
     d.wo_b = lw.wo_b;
+    d.sink = lw.sink;
     w.layers.push_back(std::move(d));
   }
   w.norm_w = norm_w_;
@@ -74,8 +75,8 @@ Status Engine::BindDevice() {
 
 Status Engine::DeviceAttnProject(int layer, int n, const int64_t* pos, AttnRows* a) {
   ShapeAttnRows(layer, n, a);
+  a->q.clear();  // q stays on the device, where Attention rotates it
   device::DeviceLayers::AttentionRows rows;
-  rows.q = a->q.data();
   rows.kv = a->kv.data();
   auto or_null = [](std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
   rows.iq = or_null(a->iq);

@@ -79,15 +79,14 @@ inline void ForRange(ThreadPool* pool, int64_t n, RangeFn fn) {
 // for Engine::RunLayers and ForwardBatch alike: the residual x and pre (host rows) uploaded,
 // then per layer the Engram rows applied here to the residual (engram(l) on x, downloaded and
 // uploaded around it), the residual and the attention sublayer's normed input downloaded into x
-// and xn only where wants_capture(l) (then record(l) reads them), heads(l) writing the attention
-// heads' outputs into o here (from the device's products: Engine::DeviceAttnProject), and the
-// rest of the layer on the device. The pass's residual stays on the device (the caller reads it
-// back or runs the head there).
+// and xn only where wants_capture(l) (then record(l) reads them), heads(l) running the attention
+// heads on the device (Engine::DeviceAttnProject, the caches' part here, then
+// Engine::DeviceAttention), and the rest of the layer on the device. The pass's residual stays on
+// the device (the caller reads it back or runs the head there).
 template <typename Engram, typename WantsCapture, typename Record, typename Heads>
 Status RunDeviceLayers(device::DeviceLayers& dev, const EngineConfig& c, int n, int l_begin,
-                       int l_end, float* x, const float* pre, float* xn, const float* o,
-                       Engram&& engram, WantsCapture&& wants_capture, Record&& record,
-                       Heads&& heads) {
+                       int l_end, float* x, const float* pre, float* xn, Engram&& engram,
+                       WantsCapture&& wants_capture, Record&& record, Heads&& heads) {
   KVTIER_RETURN_IF_ERROR(dev.Begin(n, x, pre));
   for (int l = l_begin; l < l_end; ++l) {
     bool x_current = false;  // x here holds the device's residual
@@ -104,7 +103,7 @@ Status RunDeviceLayers(device::DeviceLayers& dev, const EngineConfig& c, int n, 
       record(l);
     }
     KVTIER_RETURN_IF_ERROR(heads(l));
-    KVTIER_RETURN_IF_ERROR(dev.AttentionOutput(l, o));
+    KVTIER_RETURN_IF_ERROR(dev.AttentionOutput(l, nullptr));
     KVTIER_RETURN_IF_ERROR(dev.Ffn(l));
   }
   return Status::Ok();

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/device/attention_kernels.h"
 #include "engine/device/kernels.h"
 #include "engine/device/profile.h"
 
@@ -34,7 +35,8 @@ const char* DeviceKindName(DeviceKind kind);
 using DeviceKernel =
     std::variant<RowRsqrtKernel, PreMixKernel, ScaleRowsKernel, MixDotsKernel, MixOutputsKernel,
                  MixSublayerKernel, MatMulKernel, RouteKernel, SwigluUpKernel, PerRowMatMulKernel,
-                 CombineKernel, GatherRowsKernel>;
+                 CombineKernel, GatherRowsKernel, DecodeFp4KeysKernel, DecodeFp8KeysKernel,
+                 RopeRowsKernel, AttnDotsKernel, AttnSoftmaxKernel, AttnSumsKernel>;
 
 class DeviceBackend {
  public:

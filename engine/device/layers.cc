@@ -1,6 +1,8 @@
 #include "engine/device/layers.h"
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <cstring>
 
 #include "engine/model.h"
@@ -24,6 +26,7 @@ struct DeviceLayers::Layer {
   const float *c_wkv = nullptr, *c_wgate = nullptr;
   const float* wo_a = nullptr;  // output-minor per group: [groups x group inputs x o_lora_rank]
   const float* wo_b = nullptr;
+  const float* sink = nullptr;
 };
 
 DeviceLayers::DeviceLayers(const EngineConfig& config, std::unique_ptr<DeviceBackend> backend)
@@ -32,6 +35,20 @@ DeviceLayers::DeviceLayers(const EngineConfig& config, std::unique_ptr<DeviceBac
 DeviceLayers::~DeviceLayers() {
   for (void* p : activations_) backend_->Free(p);
   for (void* p : held_) backend_->Free(p);
+  for (void* p : {key_upload_, keys_f_, attn_w_}) backend_->Free(p);
+}
+
+Status DeviceLayers::Grow(void** p, size_t* capacity, size_t bytes) {
+  if (bytes <= *capacity) return Status::Ok();
+  // At least 3/2 of the old size, so that passes that grow a little at a time do not reallocate
+  // every time.
+  const size_t want = std::max(bytes, *capacity + *capacity / 2);
+  backend_->Free(*p);
+  *p = nullptr;
+  *capacity = 0;
+  KVTIER_ASSIGN_OR_RETURN(*p, backend_->Alloc(want));
+  *capacity = want;
+  return Status::Ok();
 }
 
 StatusOr<float*> DeviceLayers::Hold(size_t floats) {
@@ -122,6 +139,7 @@ StatusOr<std::unique_ptr<DeviceLayers>> DeviceLayers::Create(DeviceKind kind, co
     for (size_t g = 0; g < G; ++g) groups[g] = hw.wo_a + g * ol * gin;
     KVTIER_ASSIGN_OR_RETURN(l.wo_a, d->UploadOutputMinor(groups.data(), G, ol, gin));
     KVTIER_ASSIGN_OR_RETURN(l.wo_b, d->Upload(hw.wo_b, D * G * ol));
+    KVTIER_ASSIGN_OR_RETURN(l.sink, d->Upload(hw.sink, c.num_attention_heads));
     d->layers_.push_back(l);
   }
   KVTIER_ASSIGN_OR_RETURN(d->norm_w_, d->Upload(weights.norm_w, D));
@@ -195,6 +213,8 @@ Status DeviceLayers::Begin(int n, const float* x, const float* pre) {
     return Status::InvalidArgument("device layers: a pass of 1 to kMaxTokensPerCall rows");
   KVTIER_RETURN_IF_ERROR(EnsureRows(n));
   n_ = n;
+  products_layer_ = -1;
+  attention_layer_ = -1;
   const size_t hc = config_.hc_mult, D = config_.hidden_size;
   KVTIER_RETURN_IF_ERROR(backend_->ToDevice(x_, x, n * hc * D * sizeof(float)));
   return backend_->ToDevice(pre_, pre, n * hc * sizeof(float));
@@ -249,8 +269,8 @@ Status DeviceLayers::AttentionInput(int layer, float* xn) {
 Status DeviceLayers::AttentionProducts(int layer, const AttentionRows& rows) {
   if (layer < 0 || layer >= static_cast<int>(layers_.size()) || n_ == 0)
     return Status::InvalidArgument("device layers: no such layer or no pass");
-  if (rows.q == nullptr || rows.kv == nullptr || (rows.iq == nullptr) != (rows.wts == nullptr))
-    return Status::InvalidArgument("device layers: q and kv, and iq with wts, are needed");
+  if (rows.kv == nullptr || (rows.iq == nullptr) != (rows.wts == nullptr))
+    return Status::InvalidArgument("device layers: kv, and iq with wts, are needed");
   const Layer& l = layers_[layer];
   if ((rows.iq != nullptr && (l.i_wproj == nullptr || l.i_wq_b == nullptr)) ||
       (rows.ckv != nullptr && l.c_wkv == nullptr) ||
@@ -260,7 +280,7 @@ Status DeviceLayers::AttentionProducts(int layer, const AttentionRows& rows) {
   const int D = c.hidden_size, Hd = c.num_attention_heads * c.head_dim, hd = c.head_dim;
   const int ql = c.q_lora_rank, IH = c.index_n_heads, iqd = IH * c.index_head_dim;
   const int64_t n = n_;
-  // The products side by side in products_ (those asked for, n rows each).
+  // The products side by side in products_ (q always, the others asked for; n rows each).
   struct Section {
     float* host;
     int64_t width;
@@ -271,7 +291,7 @@ Status DeviceLayers::AttentionProducts(int layer, const AttentionRows& rows) {
                         {rows.ckv, hd, nullptr}, {rows.cgate, hd, nullptr}};
   float* end = products_;
   for (Section& sec : sections) {
-    if (sec.host == nullptr) continue;
+    if (sec.host == nullptr && &sec != &sections[0]) continue;
     sec.dev = end;
     end += n * sec.width;
   }
@@ -293,17 +313,120 @@ Status DeviceLayers::AttentionProducts(int layer, const AttentionRows& rows) {
     KVTIER_RETURN_IF_ERROR(Run(MatMulKernel{qr_, ql, l.i_wq_b, iqd, iq, n * iqd}));
   KVTIER_RETURN_IF_ERROR(Run(RowRsqrtKernel{kv, hd, c.rms_norm_eps, r_, n}));
   KVTIER_RETURN_IF_ERROR(Run(ScaleRowsKernel{kv, r_, l.kv_norm, hd, n * hd}));
-  // One copy to the host for all of them (a GPU's copy costs a synchronisation), then each to
-  // its destination.
-  const size_t used = static_cast<size_t>(end - products_);
+  products_layer_ = layer;
+  attention_layer_ = -1;
+  // One copy to the host for all those asked for (a GPU's copy costs a synchronisation), then
+  // each to its destination; q is downloaded only when asked for.
+  float* first = rows.q != nullptr ? products_ : sections[1].dev;
+  const size_t used = static_cast<size_t>(end - first);
   if (staging_.size() < used) staging_.resize(used);
-  KVTIER_RETURN_IF_ERROR(backend_->ToHost(staging_.data(), products_, used * sizeof(float)));
+  KVTIER_RETURN_IF_ERROR(backend_->ToHost(staging_.data(), first, used * sizeof(float)));
   for (const Section& sec : sections) {
     if (sec.host != nullptr) {
-      std::memcpy(sec.host, staging_.data() + (sec.dev - products_),
+      std::memcpy(sec.host, staging_.data() + (sec.dev - first),
                   static_cast<size_t>(n * sec.width) * sizeof(float));
     }
   }
+  return Status::Ok();
+}
+
+namespace {
+
+// Offset of a section of `bytes` after `*end` in the upload, aligned to 16 bytes.
+size_t UploadSection(size_t* end, size_t bytes) {
+  const size_t at = (*end + 15) / 16 * 16;
+  *end = at + bytes;
+  return at;
+}
+
+}  // namespace
+
+Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
+  if (layer < 0 || layer >= static_cast<int>(layers_.size()) || n_ == 0)
+    return Status::InvalidArgument("device layers: no such layer or no pass");
+  if (products_layer_ != layer)
+    return Status::InvalidArgument("device layers: attention without this layer's products");
+  const EngineConfig& c = config_;
+  const int64_t n = n_, H = c.num_attention_heads, hd = c.head_dim;
+  const int pairs = c.qk_rope_head_dim / 2;
+  if (k.main < 0 || k.swa < 0 || k.key_off == nullptr || k.rope_c == nullptr ||
+      k.rope_s == nullptr || (k.main > 0 && (k.main_data == nullptr || k.main_scales == nullptr)) ||
+      (k.swa > 0 && (k.swa_data == nullptr || k.swa_scales == nullptr)))
+    return Status::InvalidArgument("device layers: attention keys or rotations missing");
+  if (k.main + k.swa > INT32_MAX)
+    return Status::InvalidArgument("device layers: more attention keys than an index holds");
+  // The lists: offsets from 0, each row with 1 to kMaxAttentionKeysPerRow keys, every index in
+  // the table (a kernel trusts them).
+  if (k.key_off[0] != 0) return Status::InvalidArgument("device layers: key offsets not from 0");
+  int64_t stride = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t nk = static_cast<int64_t>(k.key_off[t + 1]) - k.key_off[t];
+    if (nk < 1 || nk > kMaxAttentionKeysPerRow)
+      return Status::InvalidArgument("device layers: a row with no keys or too many");
+    stride = std::max(stride, nk);
+  }
+  const int64_t total = k.key_off[n];
+  if (total > 0 && k.keys == nullptr)
+    return Status::InvalidArgument("device layers: attention keys or rotations missing");
+  const int64_t table = k.main + k.swa;
+  for (int64_t i = 0; i < total; ++i) {
+    if (k.keys[i] < 0 || k.keys[i] >= table)
+      return Status::InvalidArgument("device layers: an attention key outside the table");
+  }
+  // One upload: the keys' bytes, the lists and the rotations.
+  const size_t mdb = hd / 2, msb = hd / 16, sdb = hd, ssb = hd / 32;
+  size_t end = 0;
+  const size_t main_data = UploadSection(&end, k.main * mdb),
+               main_scales = UploadSection(&end, k.main * msb);
+  const size_t swa_data = UploadSection(&end, k.swa * sdb),
+               swa_scales = UploadSection(&end, k.swa * ssb);
+  const size_t keys = UploadSection(&end, total * sizeof(int32_t));
+  const size_t key_off = UploadSection(&end, (n + 1) * sizeof(int32_t));
+  const size_t rope_c = UploadSection(&end, n * pairs * sizeof(float));
+  const size_t rope_s = UploadSection(&end, n * pairs * sizeof(float));
+  if (key_staging_.size() < end) key_staging_.resize(end);
+  uint8_t* h = key_staging_.data();
+  auto put = [&](size_t at, const void* src, size_t bytes) {
+    if (bytes > 0) std::memcpy(h + at, src, bytes);
+  };
+  put(main_data, k.main_data, k.main * mdb);
+  put(main_scales, k.main_scales, k.main * msb);
+  put(swa_data, k.swa_data, k.swa * sdb);
+  put(swa_scales, k.swa_scales, k.swa * ssb);
+  put(keys, k.keys, total * sizeof(int32_t));
+  put(key_off, k.key_off, (n + 1) * sizeof(int32_t));
+  put(rope_c, k.rope_c, n * pairs * sizeof(float));
+  put(rope_s, k.rope_s, n * pairs * sizeof(float));
+  KVTIER_RETURN_IF_ERROR(Grow(&key_upload_, &key_upload_bytes_, end));
+  KVTIER_RETURN_IF_ERROR(Grow(&keys_f_, &keys_f_bytes_, table * hd * sizeof(float)));
+  KVTIER_RETURN_IF_ERROR(Grow(&attn_w_, &attn_w_bytes_, n * H * stride * sizeof(float)));
+  KVTIER_RETURN_IF_ERROR(backend_->ToDevice(key_upload_, h, end));
+  uint8_t* d = static_cast<uint8_t*>(key_upload_);
+  const auto* d_keys = reinterpret_cast<const int32_t*>(d + keys);
+  const auto* d_off = reinterpret_cast<const int32_t*>(d + key_off);
+  const auto* d_c = reinterpret_cast<const float*>(d + rope_c);
+  const auto* d_s = reinterpret_cast<const float*>(d + rope_s);
+  float* keys_f = static_cast<float*>(keys_f_);
+  float* w = static_cast<float*>(attn_w_);
+  float* q = products_;
+  const int H32 = static_cast<int>(H), hd32 = static_cast<int>(hd), st32 = static_cast<int>(stride);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));  // AttnCore's
+  KVTIER_RETURN_IF_ERROR(Run(RopeRowsKernel{q, H32, hd32, pairs, d_c, d_s, n * H * pairs}));
+  if (k.main > 0) {  // none on an SWA-only layer
+    KVTIER_RETURN_IF_ERROR(
+        Run(DecodeFp4KeysKernel{d + main_data, d + main_scales, keys_f, k.main * hd / 16}));
+  }
+  if (k.swa > 0) {
+    KVTIER_RETURN_IF_ERROR(Run(
+        DecodeFp8KeysKernel{d + swa_data, d + swa_scales, keys_f + k.main * hd, k.swa * hd / 32}));
+  }
+  KVTIER_RETURN_IF_ERROR(
+      Run(AttnDotsKernel{q, H32, hd32, keys_f, d_keys, d_off, scale, st32, w, n * H * stride}));
+  KVTIER_RETURN_IF_ERROR(Run(AttnSoftmaxKernel{layers_[layer].sink, H32, d_off, st32, w, n * H}));
+  KVTIER_RETURN_IF_ERROR(Run(
+      AttnSumsKernel{w, H32, hd32, pairs, keys_f, d_keys, d_off, st32, d_c, d_s, o_, n * H * hd}));
+  products_layer_ = -1;  // q is rotated now
+  attention_layer_ = layer;
   return Status::Ok();
 }
 
@@ -315,7 +438,12 @@ Status DeviceLayers::AttentionOutput(int layer, const float* o) {
   const int D = c.hidden_size, Hd = c.num_attention_heads * c.head_dim;
   const int G = c.o_groups, ol = c.o_lora_rank, gin = Hd / G;
   const int64_t n = n_;
-  KVTIER_RETURN_IF_ERROR(backend_->ToDevice(o_, o, static_cast<size_t>(n * Hd) * sizeof(float)));
+  if (o != nullptr) {
+    KVTIER_RETURN_IF_ERROR(backend_->ToDevice(o_, o, static_cast<size_t>(n * Hd) * sizeof(float)));
+  } else if (attention_layer_ != layer) {
+    return Status::InvalidArgument("device layers: no heads' outputs of this layer on the device");
+  }
+  attention_layer_ = -1;
   // Rows t * G + g of o (gin wide) each through group g's matrix: oa [n x G * ol] directly.
   KVTIER_RETURN_IF_ERROR(Run(PerRowMatMulKernel{o_, gin, ol, groups_, l.wo_a, oa_, n * G * ol}));
   KVTIER_RETURN_IF_ERROR(Run(MatMulKernel{oa_, G * ol, l.wo_b, D, f_, n * D}));

@@ -1,24 +1,31 @@
-// The dense part of every layer on a device, with the pass's activations kept there.
+// Every layer's arithmetic on a device, with the pass's activations kept there.
 //
 // A pass of n rows (any Engine pass with EngineOptions::layer_device: a step of Forward,
 // PrefillCed, ExtendCed or ReplayTail over one sequence's layers, or ForwardBatch over several
 // sequences) uploads the rows' embedded residual once; then, layer by layer, the device computes
 // the mHC mixes, the pre-mix and norm of both sublayers, the attention sublayer's row-wise
 // products (q's low rank and its norm, q, the SWA entry and its norm, the indexer's query and head
-// weights, the compressor's rows) and its grouped output projection, the whole MoE sublayer
-// (router, routed and shared experts, combine) and the residual updates, and finally the head.
-// The host keeps what needs the sequences' caches: it receives the attention products, rotates
-// and quantises them (RoPE, FP8 SWA entries, the indexer query's FP4 rounding), runs the
-// compressor, the indexer and the sparse attention over each sequence's caches, and returns the
-// heads' outputs; an Engram layer reads and writes the residual. So a layer moves about
-// n x (2 x heads x head_dim + head_dim) floats over the bus (plus the indexer's query on indexed
-// layers and the compressor's rows on compressing ones), never a weight.
+// weights, the compressor's rows), the sparse attention of every row's heads over the keys the
+// host names for it (decoded on the device from their stored FP4 / FP8 bytes), the grouped output
+// projection, the whole MoE sublayer (router, routed and shared experts, combine) and the
+// residual updates, and finally the head.
+// The host keeps what owns the sequences' caches: it receives the row products it needs (the SWA
+// entry, the indexer's query and weights, the compressor's rows), rotates and quantises them
+// (RoPE, FP8 SWA entries, the indexer query's FP4 rounding), runs the compressor and the indexer's
+// top-k over each sequence's caches, pushes the SWA entries into the rings, and uploads each
+// row's keys as the caches store them (the selected global entries' FP4 bytes, the SWA window's
+// FP8 bytes; an entry once per pass however many of the pass's rows read it) with the rows' RoPE
+// rotations. So a layer moves, per row, the products down (head_dim, plus the indexer's query on
+// indexed layers and the compressor's rows on compressing ones) and the row's keys' stored bytes
+// up, never a weight and never q or the heads' outputs. The caches themselves stay on the host:
+// a device copy of them (per-sequence device memory with the state's lifetime, rollback and
+// import) is the step after this one.
 //
-// Every output is the CPU path's (engine/device/kernels.h): bit for bit on the host twin, within
-// the CUDA math library's expf / log1pf differences on a GPU.
+// Every output is the CPU path's (engine/device/kernels.h, attention_kernels.h): bit for bit on
+// the host twin, within the CUDA math library's expf / log1pf differences on a GPU.
 //
 // Memory: the layers' dense weights as float copies on the device (weight_bytes()), and
-// activations for the largest pass so far (at most kMaxTokensPerCall rows).
+// activations and keys for the largest pass so far (at most kMaxTokensPerCall rows).
 // Thread safety: one pass at a time (the engine's passes are not reentrant either).
 #pragma once
 
@@ -57,6 +64,7 @@ struct DeviceLayerWeights {
   const float *c_wkv = nullptr, *c_wgate = nullptr;  // [head_dim x hidden]
   const float* wo_a = nullptr;  // per group: [o_lora_rank x heads / o_groups * head_dim]
   const float* wo_b = nullptr;  // [hidden x o_groups * o_lora_rank]
+  const float* sink = nullptr;  // [heads]: each head's attention sink
 };
 struct DeviceModelWeights {
   std::vector<DeviceLayerWeights> layers;
@@ -94,7 +102,8 @@ class DeviceLayers {
   Status AttentionInput(int layer, float* xn);
   // Host destinations of the sublayer's row products (row-major over the pass's n rows).
   struct AttentionRows {
-    float* q = nullptr;      // [n x heads x head_dim]: wq_b(q_norm(wq_a x))
+    float* q = nullptr;      // [n x heads x head_dim]: wq_b(q_norm(wq_a x)) (kept on the device
+                             // for Attention either way), or null
     float* kv = nullptr;     // [n x head_dim]: kv_norm(wkv x)
     float* iq = nullptr;     // [n x index heads x index_head_dim]: i_wq_b(q_norm(wq_a x)), or null
     float* wts = nullptr;    // [n x index heads]: i_wproj x, or null (with iq)
@@ -102,11 +111,43 @@ class DeviceLayers {
     float* cgate = nullptr;  // [n x head_dim]: c_wgate x, or null
   };
   // The row products of the input AttentionInput left (Engine::AttnProducts, the same bits),
-  // each to its destination; a null destination skips its product. InvalidArgument for a
+  // each to its destination in one copy; a null destination skips its product (q and kv are
+  // computed either way). InvalidArgument for kv missing, iq without wts or the reverse, or a
   // product whose weight the layer lacks.
   Status AttentionProducts(int layer, const AttentionRows& rows);
-  // The sublayer's output from the heads' outputs o ([n x heads x head_dim], as AttnCore writes
-  // them): the grouped projection and wo_b (Engine::AttnOutput), then the residual update.
+  // A pass's attention keys as the caches store them, in host memory (DeviceLayers::Attention).
+  // The table's rows: `main` global KV entries (kFp4E4M3x16: head_dim / 2 data bytes and
+  // head_dim / 16 scale bytes each), then `swa` SWA entries (kFp8Ue8m0x32: head_dim data bytes and
+  // head_dim / 32 scale bytes each). Row t of the pass attends to table rows
+  // keys[key_off[t] .. key_off[t + 1]) in that order (Engine::AttnCore's: its selected entries,
+  // then its window oldest first).
+  struct AttentionKeys {
+    const uint8_t* main_data = nullptr;
+    const uint8_t* main_scales = nullptr;
+    int64_t main = 0;
+    const uint8_t* swa_data = nullptr;
+    const uint8_t* swa_scales = nullptr;
+    int64_t swa = 0;
+    const int32_t* keys = nullptr;     // each < main + swa
+    const int32_t* key_off = nullptr;  // [n + 1]: 0, non-decreasing
+    // Each row's RoPE rotation at its position (RopeRotation: qk_rope_head_dim / 2 cosines and
+    // sines per row), for q (rotated here) and the inverse rotation of the heads' outputs.
+    const float* rope_c = nullptr;  // [n x qk_rope_head_dim / 2]
+    const float* rope_s = nullptr;
+  };
+  // The sparse attention of `layer` (Engine::AttnCore's arithmetic, the same bits on the host
+  // twin): the pass's q from AttentionProducts rotated by RoPE, each row's heads against its
+  // keys (uploaded with the rotations in one copy, decoded here) with the layer's sinks, the
+  // outputs rotated back and kept for AttentionOutput. InvalidArgument for keys that break the
+  // contract above (an index out of the table, offsets that do not run from 0 up to the list's
+  // end, a row without keys, more than kMaxAttentionKeysPerRow keys for a row), a missing
+  // rotation, or no AttentionProducts of this layer in the pass.
+  static constexpr int64_t kMaxAttentionKeysPerRow = 1 << 20;
+  Status Attention(int layer, const AttentionKeys& keys);
+  // The sublayer's output from the heads' outputs: o ([n x heads x head_dim], as AttnCore writes
+  // them) from the host, or null for those Attention computed for this layer; the grouped
+  // projection and wo_b (Engine::AttnOutput), then the residual update. InvalidArgument for a
+  // null o without this layer's Attention.
   Status AttentionOutput(int layer, const float* o);
   // The MoE sublayer of `layer`, wholly on the device.
   Status Ffn(int layer);
@@ -132,6 +173,8 @@ class DeviceLayers {
   Status MixesAndInput(const Layer& l, int s);
   // The residual update after a sublayer whose output is in f_; pre_ <- next_pre_.
   Status MixSublayer();
+  // *p (device memory of *capacity bytes, or null) grown to at least `bytes`, contents dropped.
+  Status Grow(void** p, size_t* capacity, size_t bytes);
 
   EngineConfig config_;
   std::unique_ptr<DeviceBackend> backend_;
@@ -148,8 +191,19 @@ class DeviceLayers {
   float *logits_ = nullptr, *weight_ = nullptr, *routed_ = nullptr, *g_ = nullptr;
   float *shared_ = nullptr, *sg_ = nullptr, *head_x_ = nullptr, *head_pre_ = nullptr;
   float *qr_ = nullptr, *o_ = nullptr, *oa_ = nullptr;
-  float* products_ = nullptr;   // AttentionProducts' outputs, side by side
+  float* products_ = nullptr;   // AttentionProducts' outputs, side by side (q first)
   std::vector<float> staging_;  // their host copy
+  int products_layer_ = -1;     // the layer whose q products_ holds in this pass, or -1
+  int attention_layer_ = -1;    // the layer whose heads' outputs o_ holds in this pass, or -1
+  // Attention's upload (the keys' bytes, the lists, the rotations) on the host and the device,
+  // the decoded keys and the heads' weights: grown to the largest pass, freed at destruction.
+  std::vector<uint8_t> key_staging_;
+  void* key_upload_ = nullptr;
+  size_t key_upload_bytes_ = 0;
+  void* keys_f_ = nullptr;
+  size_t keys_f_bytes_ = 0;
+  void* attn_w_ = nullptr;
+  size_t attn_w_bytes_ = 0;
   int32_t* chosen_ = nullptr;
   int32_t* groups_ = nullptr;  // [rows x o_groups]: row r's output group, r % o_groups
   int64_t* head_rows_ = nullptr;

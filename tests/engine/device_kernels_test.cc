@@ -1,7 +1,7 @@
-// The device layers' kernels (engine/device/kernels.h) one by one against the CPU functions they
-// copy, bit for bit, over shapes the model tests do not reach: rows of any length (Dot's tail),
-// any number of streams, one to many rows, inputs of wide dynamic range with zeros of both signs.
-// Each kernel runs as the host twin runs it: a loop over its outputs.
+// The device layers' kernels (engine/device/kernels.h, attention_kernels.h) one by one against the
+// CPU functions they copy, bit for bit, over shapes the model tests do not reach: rows of any
+// length (Dot's tail), any number of streams, one to many rows, inputs of wide dynamic range with
+// zeros of both signs. Each kernel runs as the host twin runs it: a loop over its outputs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,8 +10,10 @@
 #include <random>
 #include <vector>
 
+#include "engine/device/attention_kernels.h"
 #include "engine/device/kernels.h"
 #include "engine/ops.h"
+#include "kernels/quant.h"
 
 namespace kvtier::engine {
 namespace {
@@ -209,6 +211,117 @@ TEST(DeviceKernels, RouteKeepsTopKByScoresOrder) {
     float sum = 0;
     for (int j = 0; j < K; ++j) sum += s[top[j]];
     for (int j = 0; j < K; ++j) EXPECT_EQ(weight[j], s[top[j]] / sum * 1.5f) << K << " " << j;
+  }
+}
+
+// The attention kernels (keys decoded from their stored bytes, q rotated, dots, softmax with the
+// sinks, weighted sums rotated back) against AttnCore's CPU arithmetic: Dequantize, RopeRotation
+// and ApplyRopeRotation, HcMixDots, the softmax loop, WeightedRowSums. Rows of 1 to many keys,
+// keys shared between rows and in any order, head widths with and without Dot's tail.
+TEST(DeviceKernels, AttentionIsAttnCoresArithmetic) {
+  std::mt19937 rng(11);
+  for (int dim : {32, 64, 96}) {
+    for (int heads : {1, 3}) {
+      for (int rows : {1, 4}) {
+        const int pairs = dim / 8, main = 5, swa = 3, table = main + swa;
+        // The table: main FP4 entries, then swa FP8 ones, as stored bytes and as floats.
+        // Magnitudes as the model's normed rows have them, so that the softmax spreads its weight
+        // over several keys (and the sums' order shows in their bits).
+        auto moderate = [&](size_t count) {
+          std::uniform_real_distribution<float> u(-1.5f, 1.5f);
+          std::vector<float> v(count);
+          for (float& x : v) x = u(rng);
+          return v;
+        };
+        const std::vector<float> raw = moderate(static_cast<size_t>(table) * dim);
+        std::vector<uint8_t> md(main * dim / 2), ms(main * dim / 16), sd(swa * dim),
+            ss(swa * dim / 32);
+        using kernels::QuantFormat;
+        ASSERT_TRUE(
+            kernels::Quantize(QuantFormat::kFp4E4M3x16, raw.data(), main, dim, md.data(), ms.data())
+                .ok());
+        ASSERT_TRUE(kernels::Quantize(QuantFormat::kFp8Ue8m0x32, raw.data() + main * dim, swa, dim,
+                                      sd.data(), ss.data())
+                        .ok());
+        std::vector<float> want_keys(static_cast<size_t>(table) * dim);
+        ASSERT_TRUE(kernels::Dequantize(QuantFormat::kFp4E4M3x16, md.data(), ms.data(), main, dim,
+                                        want_keys.data())
+                        .ok());
+        ASSERT_TRUE(kernels::Dequantize(QuantFormat::kFp8Ue8m0x32, sd.data(), ss.data(), swa, dim,
+                                        want_keys.data() + main * dim)
+                        .ok());
+        std::vector<float> keys_f(want_keys.size());
+        RunAll(device::DecodeFp4KeysKernel{md.data(), ms.data(), keys_f.data(), main * dim / 16});
+        RunAll(device::DecodeFp8KeysKernel{sd.data(), ss.data(), keys_f.data() + main * dim,
+                                           swa * dim / 32});
+        ASSERT_TRUE(SameBits(keys_f, want_keys)) << dim;
+        // Row t's list: a few of the table's rows, some shared with other rows.
+        std::vector<int32_t> keys, key_off = {0};
+        for (int t = 0; t < rows; ++t) {
+          const int nk = 1 + (t * 3 + dim) % table;
+          for (int i = 0; i < nk; ++i) keys.push_back((t + 5 * i) % table);
+          key_off.push_back(static_cast<int32_t>(keys.size()));
+        }
+        int stride = 0;
+        for (int t = 0; t < rows; ++t) stride = std::max(stride, key_off[t + 1] - key_off[t]);
+        std::vector<double> freqs(pairs);
+        for (int j = 0; j < pairs; ++j) freqs[j] = std::pow(10000.0, -2.0 * j / (2 * pairs));
+        std::vector<float> c(static_cast<size_t>(rows) * pairs), s(c.size());
+        for (int t = 0; t < rows; ++t)
+          RopeRotation(freqs, 17 + 9 * t, &c[t * pairs], &s[t * pairs]);
+        const std::vector<float> q0 = moderate(static_cast<size_t>(rows) * heads * dim);
+        const std::vector<float> sink = Random(heads, &rng);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+        // The kernels.
+        std::vector<float> q = q0, w(static_cast<size_t>(rows) * heads * stride),
+                           o(static_cast<size_t>(rows) * heads * dim);
+        RunAll(device::RopeRowsKernel{q.data(), heads, dim, pairs, c.data(), s.data(),
+                                      static_cast<int64_t>(rows) * heads * pairs});
+        RunAll(device::AttnDotsKernel{q.data(), heads, dim, keys_f.data(), keys.data(),
+                                      key_off.data(), scale, stride, w.data(),
+                                      static_cast<int64_t>(rows) * heads * stride});
+        RunAll(device::AttnSoftmaxKernel{sink.data(), heads, key_off.data(), stride, w.data(),
+                                         static_cast<int64_t>(rows) * heads});
+        RunAll(device::AttnSumsKernel{w.data(), heads, dim, pairs, keys_f.data(), keys.data(),
+                                      key_off.data(), stride, c.data(), s.data(), o.data(),
+                                      static_cast<int64_t>(rows) * heads * dim});
+        // AttnCore's arithmetic.
+        std::vector<float> want(o.size());
+        for (int t = 0; t < rows; ++t) {
+          std::vector<float> qt(q0.begin() + static_cast<int64_t>(t) * heads * dim,
+                                q0.begin() + static_cast<int64_t>(t + 1) * heads * dim);
+          for (int h = 0; h < heads; ++h)
+            ApplyRopeRotation(&qt[h * dim + dim - 2 * pairs], &c[t * pairs], &s[t * pairs], pairs,
+                              false);
+          const int nk = key_off[t + 1] - key_off[t];
+          std::vector<float> gathered(static_cast<size_t>(nk) * dim);
+          for (int i = 0; i < nk; ++i)
+            std::memcpy(&gathered[i * dim], &want_keys[keys[key_off[t] + i] * dim], dim * 4);
+          std::vector<float> dots(static_cast<size_t>(nk) * heads), lg(dots.size());
+          HcMixDots(qt.data(), heads, gathered.data(), nk, dim, dots.data(), true);
+          for (int h = 0; h < heads; ++h) {
+            float* l = &lg[h * nk];
+            float mx = sink[h];
+            for (int i = 0; i < nk; ++i) {
+              l[i] = dots[i * heads + h] * scale;
+              mx = std::max(mx, l[i]);
+            }
+            float den = std::exp(sink[h] - mx);
+            for (int i = 0; i < nk; ++i) {
+              l[i] = std::exp(l[i] - mx);
+              den += l[i];
+            }
+            for (int i = 0; i < nk; ++i) l[i] = l[i] / den;
+          }
+          float* ot = &want[static_cast<size_t>(t) * heads * dim];
+          WeightedRowSums(lg.data(), heads, gathered.data(), nk, dim, ot, true);
+          for (int h = 0; h < heads; ++h)
+            ApplyRopeRotation(ot + h * dim + dim - 2 * pairs, &c[t * pairs], &s[t * pairs], pairs,
+                              true);
+        }
+        EXPECT_TRUE(SameBits(o, want)) << "dim " << dim << " heads " << heads << " rows " << rows;
+      }
+    }
   }
 }
 

@@ -225,11 +225,13 @@ TEST(DeviceLayers, RefusesMoreExpertsPerTokenThanItsKernelsTake) {
   EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << e.status().ToString();
 }
 
-// The attention entry points refuse what they cannot compute: q or kv not asked for, the
-// indexer's query without its weights (or the reverse), a product of a weight the layer lacks,
-// a layer out of range; each weight read as one shared buffer of ones (the shapes, not the
-// values, are under test).
-TEST(DeviceLayers, AttentionProductsRefuseWhatTheLayerCannotGive) {
+// The attention entry points refuse what they cannot compute: kv not asked for, the indexer's
+// query without its weights (or the reverse), a product of a weight the layer lacks, a layer out
+// of range; attention without the layer's products or with keys that break the contract (offsets
+// not from 0, a row without keys, an index outside the table, bytes or rotations missing); an
+// output without the layer's attention. Each weight is read as one shared buffer of ones (the
+// shapes, not the values, are under test).
+TEST(DeviceLayers, AttentionEntryPointsRefuseWhatTheyCannotCompute) {
   const EngineConfig c = testutil::TinyConfig();
   const std::vector<float> ones(1 << 20, 1.0f);
   device::DeviceModelWeights w;
@@ -241,7 +243,7 @@ TEST(DeviceLayers, AttentionProductsRefuseWhatTheLayerCannotGive) {
     d.gate = d.gate_bias = ones.data();
     d.w1.assign(c.n_routed_experts, ones.data());
     d.w2 = d.w3 = d.w1;
-    d.wq_a = d.q_norm = d.wq_b = d.wkv = d.kv_norm = d.wo_a = d.wo_b = ones.data();
+    d.wq_a = d.q_norm = d.wq_b = d.wkv = d.kv_norm = d.wo_a = d.wo_b = d.sink = ones.data();
     if (l == 0) d.i_wproj = d.i_wq_b = d.c_wkv = d.c_wgate = ones.data();  // layer 1 lacks them
     w.layers.push_back(d);
   }
@@ -264,7 +266,6 @@ TEST(DeviceLayers, AttentionProductsRefuseWhatTheLayerCannotGive) {
   auto code = [&](int layer, const device::DeviceLayers::AttentionRows& r) {
     return d.AttentionProducts(layer, r).code();
   };
-  EXPECT_EQ(code(0, {nullptr, kv.data()}), StatusCode::kInvalidArgument);
   EXPECT_EQ(code(0, {q.data(), nullptr}), StatusCode::kInvalidArgument);
   EXPECT_EQ(code(0, {q.data(), kv.data(), iq.data(), nullptr}), StatusCode::kInvalidArgument);
   EXPECT_EQ(code(0, {q.data(), kv.data(), nullptr, wts.data()}), StatusCode::kInvalidArgument);
@@ -278,13 +279,68 @@ TEST(DeviceLayers, AttentionProductsRefuseWhatTheLayerCannotGive) {
             StatusCode::kOk);
   EXPECT_EQ(code(1, {q.data(), kv.data()}), StatusCode::kOk);
   EXPECT_TRUE(d.AttentionOutput(1, q.data()).ok());
+  EXPECT_EQ(code(1, {nullptr, kv.data()}), StatusCode::kOk);  // q stays on the device
+
+  // Attention: two rows over a table of one global entry and two SWA entries.
+  const int pairs = c.qk_rope_head_dim / 2;
+  const std::vector<uint8_t> main_data(hd / 2, 0x21), main_scales(hd / 16, 0x38);
+  const std::vector<uint8_t> swa_data(2 * hd, 0x30), swa_scales(2 * hd / 32, 127);
+  const std::vector<float> rope_c(n * pairs, 1.0f), rope_s(n * pairs, 0.0f);
+  std::vector<int32_t> keys = {0, 1, 0, 1, 2}, key_off = {0, 2, 5};
+  auto good = [&] {
+    device::DeviceLayers::AttentionKeys k;
+    k.main_data = main_data.data();
+    k.main_scales = main_scales.data();
+    k.main = 1;
+    k.swa_data = swa_data.data();
+    k.swa_scales = swa_scales.data();
+    k.swa = 2;
+    k.keys = keys.data();
+    k.key_off = key_off.data();
+    k.rope_c = rope_c.data();
+    k.rope_s = rope_s.data();
+    return k;
+  };
+  auto attend = [&](int layer, const device::DeviceLayers::AttentionKeys& k) {
+    return d.Attention(layer, k).code();
+  };
+  EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument);  // layer 1's products are there
+  ASSERT_EQ(code(0, {nullptr, kv.data()}), StatusCode::kOk);
+  EXPECT_EQ(d.AttentionOutput(0, nullptr).code(), StatusCode::kInvalidArgument);
+  auto k = good();
+  k.rope_s = nullptr;
+  EXPECT_EQ(attend(0, k), StatusCode::kInvalidArgument);
+  k = good();
+  k.main_data = nullptr;
+  EXPECT_EQ(attend(0, k), StatusCode::kInvalidArgument);
+  k = good();
+  k.swa = -1;
+  EXPECT_EQ(attend(0, k), StatusCode::kInvalidArgument);
+  for (auto [at, value] : {std::pair{0, 3}, std::pair{4, -1}, std::pair{2, 7}}) {
+    keys[at] = value;  // outside the table of 3
+    EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument) << at;
+    keys = {0, 1, 0, 1, 2};
+  }
+  key_off = {1, 2, 5};
+  EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument);
+  key_off = {0, 2, 2};  // row 1 without keys
+  EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument);
+  key_off = {0, 3, 2};
+  EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument);
+  key_off = {0, 2, 5};
+  EXPECT_EQ(attend(0, good()), StatusCode::kOk);
+  EXPECT_EQ(d.AttentionOutput(1, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.AttentionOutput(0, nullptr).code(), StatusCode::kOk);
+  EXPECT_EQ(d.AttentionOutput(0, nullptr).code(), StatusCode::kInvalidArgument);  // used once
+  EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument);  // its q was rotated already
 }
 
 // The device profile counts every kernel and copy of a pass: one batched decode step of three
 // sequences launches, per layer, two mixes and two residual updates, one router, the per-row
-// products of the output groups and the routed (and shared) experts' down products; it copies
-// the attention products and the logits to the host, the residual around each Engram layer,
-// and the pass's start, the heads' outputs and the head's rows to the device. Profiling leaves
+// products of the output groups and the routed (and shared) experts' down products, and the
+// attention's kernels; it copies the attention products the host needs (not q) and the logits to
+// the host, the residual around each Engram layer, and the pass's start, each layer's keys and
+// the head's rows to the device. Profiling leaves
 // the logits' bits alone; a take starts anew; with profiling off nothing is counted; an engine
 // without device layers refuses.
 TEST(DeviceLayers, HostTwinProfileCountsEveryKernelAndCopyOfAPass) {
@@ -349,13 +405,34 @@ TEST(DeviceLayers, HostTwinProfileCountsEveryKernelAndCopyOfAPass) {
             static_cast<int64_t>(L) * n *
                 (c.o_groups * c.o_lora_rank +
                  (c.num_experts_per_tok + shared) * static_cast<int64_t>(c.hidden_size)));
+  // The attention's kernels once per layer, the global entries' decoding on the layers that
+  // select some.
+  int selecting = 0;
+  for (int l = 0; l < L; ++l) selecting += c.layer_modes[l] != LayerMode::kSwaOnly;
+  for (const char* name : {"RopeRows", "AttnDots", "AttnSoftmax", "AttnSums", "DecodeFp8Keys"})
+    EXPECT_EQ(find(name).calls, L) << name;
+  EXPECT_EQ(find("DecodeFp4Keys").calls, selecting);
+  EXPECT_EQ(find("AttnSums").threads,
+            static_cast<int64_t>(L) * n * c.num_attention_heads * c.head_dim);
   const device::OpStat down = find(device::kCopyToHost), up = find(device::kCopyToDevice);
   EXPECT_EQ(down.calls, L + engram_layers + 1);
   EXPECT_EQ(up.calls, 2 + L + engram_layers + 1);
-  // The logits and, per layer, at least q and the SWA entry of each row.
-  EXPECT_GE(down.bytes,
-            static_cast<int64_t>(sizeof(float)) * n *
-                (V + static_cast<int64_t>(L) * (c.num_attention_heads + 1) * c.head_dim));
+  // Down: the logits, the residual before each Engram layer, and per layer exactly the products
+  // the host needs (the SWA entry, the indexer's query and weights, the compressor's rows), never
+  // q.
+  int64_t down_floats = static_cast<int64_t>(V) + engram_layers * c.hc_mult * c.hidden_size;
+  for (int l = 0; l < L; ++l) {
+    const LayerMode mode = c.layer_modes[l];
+    const bool indexed = mode == LayerMode::kFull || mode == LayerMode::kReindex;
+    const bool compress = mode == LayerMode::kFull;
+    down_floats += c.head_dim;
+    if (indexed) down_floats += c.index_n_heads * (c.index_head_dim + 1);
+    if (compress) down_floats += c.head_dim * (c.ratio(l) > 1 ? 2 : 1);
+  }
+  EXPECT_EQ(down.bytes, static_cast<int64_t>(sizeof(float)) * n * down_floats);
+  // Up: the pass's residual and at least each row's own SWA entry's bytes per layer.
+  EXPECT_GE(up.bytes, static_cast<int64_t>(sizeof(float)) * n * c.hc_mult * c.hidden_size +
+                          static_cast<int64_t>(L) * n * (c.head_dim + c.head_dim / 32));
   double seconds = 0;
   for (const device::OpStat& o : *profile) {
     EXPECT_GT(o.calls, 0) << o.name;

@@ -29,8 +29,11 @@ struct DeviceLayers::Layer {
   const float* sink = nullptr;
 };
 
-DeviceLayers::DeviceLayers(const EngineConfig& config, std::unique_ptr<DeviceBackend> backend)
-    : config_(config), backend_(std::move(backend)) {}
+DeviceLayers::DeviceLayers(const EngineConfig& config, std::unique_ptr<DeviceBackend> backend,
+                           size_t attention_weights_bytes_max)
+    : config_(config),
+      backend_(std::move(backend)),
+      attention_weights_bytes_max_(attention_weights_bytes_max) {}
 
 DeviceLayers::~DeviceLayers() {
   for (void* p : activations_) backend_->Free(p);
@@ -87,7 +90,8 @@ StatusOr<float*> DeviceLayers::UploadOutputMinor(const float* const* mats, size_
 }
 
 StatusOr<std::unique_ptr<DeviceLayers>> DeviceLayers::Create(DeviceKind kind, const EngineConfig& c,
-                                                             const DeviceModelWeights& weights) {
+                                                             const DeviceModelWeights& weights,
+                                                             size_t attention_weights_bytes_max) {
   if (c.num_experts_per_tok > kDeviceExpertsPerTokenMax)
     return Status::InvalidArgument("device layers: num_experts_per_tok over " +
                                    std::to_string(kDeviceExpertsPerTokenMax));
@@ -96,7 +100,8 @@ StatusOr<std::unique_ptr<DeviceLayers>> DeviceLayers::Create(DeviceKind kind, co
   if (static_cast<int>(weights.layers.size()) != c.num_hidden_layers)
     return Status::InvalidArgument("device layers: one weight set per layer needed");
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<DeviceBackend> backend, MakeDeviceBackend(kind));
-  std::unique_ptr<DeviceLayers> d(new DeviceLayers(c, std::move(backend)));
+  std::unique_ptr<DeviceLayers> d(
+      new DeviceLayers(c, std::move(backend), attention_weights_bytes_max));
   const size_t D = c.hidden_size, hc = c.hc_mult, E = c.n_routed_experts;
   const size_t I = c.moe_intermediate_size, Is = I * c.n_shared_experts;
   const size_t m = (2 + hc) * hc;
@@ -358,12 +363,10 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
   // The lists: offsets from 0, each row with 1 to kMaxAttentionKeysPerRow keys, every index in
   // the table (a kernel trusts them).
   if (k.key_off[0] != 0) return Status::InvalidArgument("device layers: key offsets not from 0");
-  int64_t stride = 0;
   for (int64_t t = 0; t < n; ++t) {
     const int64_t nk = static_cast<int64_t>(k.key_off[t + 1]) - k.key_off[t];
     if (nk < 1 || nk > kMaxAttentionKeysPerRow)
       return Status::InvalidArgument("device layers: a row with no keys or too many");
-    stride = std::max(stride, nk);
   }
   const int64_t total = k.key_off[n];
   if (total > 0 && k.keys == nullptr)
@@ -399,7 +402,6 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
   put(rope_s, k.rope_s, n * pairs * sizeof(float));
   KVTIER_RETURN_IF_ERROR(Grow(&key_upload_, &key_upload_bytes_, end));
   KVTIER_RETURN_IF_ERROR(Grow(&keys_f_, &keys_f_bytes_, table * hd * sizeof(float)));
-  KVTIER_RETURN_IF_ERROR(Grow(&attn_w_, &attn_w_bytes_, n * H * stride * sizeof(float)));
   KVTIER_RETURN_IF_ERROR(backend_->ToDevice(key_upload_, h, end));
   uint8_t* d = static_cast<uint8_t*>(key_upload_);
   const auto* d_keys = reinterpret_cast<const int32_t*>(d + keys);
@@ -407,9 +409,8 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
   const auto* d_c = reinterpret_cast<const float*>(d + rope_c);
   const auto* d_s = reinterpret_cast<const float*>(d + rope_s);
   float* keys_f = static_cast<float*>(keys_f_);
-  float* w = static_cast<float*>(attn_w_);
   float* q = products_;
-  const int H32 = static_cast<int>(H), hd32 = static_cast<int>(hd), st32 = static_cast<int>(stride);
+  const int H32 = static_cast<int>(H), hd32 = static_cast<int>(hd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));  // AttnCore's
   KVTIER_RETURN_IF_ERROR(Run(RopeRowsKernel{q, H32, hd32, pairs, d_c, d_s, n * H * pairs}));
   if (k.main > 0) {  // none on an SWA-only layer
@@ -420,11 +421,34 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
     KVTIER_RETURN_IF_ERROR(Run(
         DecodeFp8KeysKernel{d + swa_data, d + swa_scales, keys_f + k.main * hd, k.swa * hd / 32}));
   }
-  KVTIER_RETURN_IF_ERROR(
-      Run(AttnDotsKernel{q, H32, hd32, keys_f, d_keys, d_off, scale, st32, w, n * H * stride}));
-  KVTIER_RETURN_IF_ERROR(Run(AttnSoftmaxKernel{layers_[layer].sink, H32, d_off, st32, w, n * H}));
-  KVTIER_RETURN_IF_ERROR(Run(
-      AttnSumsKernel{w, H32, hd32, pairs, keys_f, d_keys, d_off, st32, d_c, d_s, o_, n * H * hd}));
+  // The rows in groups whose weights (rows x heads x the group's most keys) fit the limit; each
+  // group's kernels see its rows from 0 (every pointer moved to the group's first row; the
+  // offsets stay indices into the whole list).
+  const int64_t cap_floats =
+      std::max<int64_t>(static_cast<int64_t>(attention_weights_bytes_max_ / sizeof(float)), 1);
+  for (int64_t r0 = 0; r0 < n;) {
+    int64_t r1 = r0, stride = 0;
+    while (r1 < n) {
+      const int64_t s = std::max<int64_t>(stride, k.key_off[r1 + 1] - k.key_off[r1]);
+      if (r1 > r0 && (r1 - r0 + 1) * H * s > cap_floats) break;
+      stride = s;
+      ++r1;
+    }
+    const int64_t rows = r1 - r0;
+    KVTIER_RETURN_IF_ERROR(Grow(&attn_w_, &attn_w_bytes_, rows * H * stride * sizeof(float)));
+    float* w = static_cast<float*>(attn_w_);
+    const float* qg = q + r0 * H * hd;
+    const int32_t* offg = d_off + r0;
+    const float *cg = d_c + r0 * pairs, *sg = d_s + r0 * pairs;
+    const int st32 = static_cast<int>(stride);
+    KVTIER_RETURN_IF_ERROR(Run(
+        AttnDotsKernel{qg, H32, hd32, keys_f, d_keys, offg, scale, st32, w, rows * H * stride}));
+    KVTIER_RETURN_IF_ERROR(
+        Run(AttnSoftmaxKernel{layers_[layer].sink, H32, offg, st32, w, rows * H}));
+    KVTIER_RETURN_IF_ERROR(Run(AttnSumsKernel{w, H32, hd32, pairs, keys_f, d_keys, offg, st32, cg,
+                                              sg, o_ + r0 * H * hd, rows * H * hd}));
+    r0 = r1;
+  }
   products_layer_ = -1;  // q is rotated now
   attention_layer_ = layer;
   return Status::Ok();

@@ -74,11 +74,16 @@ struct DeviceModelWeights {
 
 class DeviceLayers {
  public:
+  // Device memory Attention gives the heads' attention weights (rows x heads x the most keys of
+  // a row, as floats): a pass whose weights would take more runs its rows in groups that fit
+  // (the same bits; at least one row per group).
+  static constexpr size_t kAttentionWeightsBytesMax = size_t{64} << 20;
   // Copies the weights to a new backend of `kind`. Unavailable without that device;
   // InvalidArgument for a config the kernels do not take (num_experts_per_tok over
   // kDeviceExpertsPerTokenMax) or weights missing.
-  static StatusOr<std::unique_ptr<DeviceLayers>> Create(DeviceKind kind, const EngineConfig& config,
-                                                        const DeviceModelWeights& weights);
+  static StatusOr<std::unique_ptr<DeviceLayers>> Create(
+      DeviceKind kind, const EngineConfig& config, const DeviceModelWeights& weights,
+      size_t attention_weights_bytes_max = kAttentionWeightsBytesMax);
   ~DeviceLayers();
   DeviceLayers(const DeviceLayers&) = delete;
   DeviceLayers& operator=(const DeviceLayers&) = delete;
@@ -141,7 +146,8 @@ class DeviceLayers {
   // outputs rotated back and kept for AttentionOutput. InvalidArgument for keys that break the
   // contract above (an index out of the table, offsets that do not run from 0 up to the list's
   // end, a row without keys, more than kMaxAttentionKeysPerRow keys for a row), a missing
-  // rotation, or no AttentionProducts of this layer in the pass.
+  // rotation, or no AttentionProducts of this layer in the pass. Rows run in groups whose
+  // weights fit the Create's attention_weights_bytes_max.
   static constexpr int64_t kMaxAttentionKeysPerRow = 1 << 20;
   Status Attention(int layer, const AttentionKeys& keys);
   // The sublayer's output from the heads' outputs: o ([n x heads x head_dim], as AttnCore writes
@@ -157,7 +163,8 @@ class DeviceLayers {
 
  private:
   struct Layer;
-  DeviceLayers(const EngineConfig& config, std::unique_ptr<DeviceBackend> backend);
+  DeviceLayers(const EngineConfig& config, std::unique_ptr<DeviceBackend> backend,
+               size_t attention_weights_bytes_max);
   // Device memory of `floats` floats (or bytes) held until destruction.
   StatusOr<float*> Hold(size_t floats);
   StatusOr<float*> Upload(const float* host, size_t floats);
@@ -195,6 +202,7 @@ class DeviceLayers {
   std::vector<float> staging_;  // their host copy
   int products_layer_ = -1;     // the layer whose q products_ holds in this pass, or -1
   int attention_layer_ = -1;    // the layer whose heads' outputs o_ holds in this pass, or -1
+  size_t attention_weights_bytes_max_;
   // Attention's upload (the keys' bytes, the lists, the rotations) on the host and the device,
   // the decoded keys and the heads' weights: grown to the largest pass, freed at destruction.
   std::vector<uint8_t> key_staging_;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "engine/device/backend.h"
@@ -231,23 +232,29 @@ TEST(DeviceLayers, RefusesMoreExpertsPerTokenThanItsKernelsTake) {
 // not from 0, a row without keys, an index outside the table, bytes or rotations missing); an
 // output without the layer's attention. Each weight is read as one shared buffer of ones (the
 // shapes, not the values, are under test).
+// Device weights of `c` all read from `values` (at least 2^20 floats); layer 1 lacks the
+// indexer's and the compressor's.
+device::DeviceModelWeights WeightsFrom(const EngineConfig& c, const std::vector<float>& values) {
+  device::DeviceModelWeights w;
+  const float* v = values.data();
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    device::DeviceLayerWeights d;
+    for (int s = 0; s < 2; ++s) d.norm[s] = d.hc_fn[s] = d.hc_scale[s] = d.hc_base[s] = v;
+    d.gate = d.gate_bias = v;
+    d.w1.assign(c.n_routed_experts, v);
+    d.w2 = d.w3 = d.w1;
+    d.wq_a = d.q_norm = d.wq_b = d.wkv = d.kv_norm = d.wo_a = d.wo_b = d.sink = v;
+    if (l == 0) d.i_wproj = d.i_wq_b = d.c_wkv = d.c_wgate = v;
+    w.layers.push_back(d);
+  }
+  w.norm_w = w.head_w = v;
+  return w;
+}
+
 TEST(DeviceLayers, AttentionEntryPointsRefuseWhatTheyCannotCompute) {
   const EngineConfig c = testutil::TinyConfig();
   const std::vector<float> ones(1 << 20, 1.0f);
-  device::DeviceModelWeights w;
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    device::DeviceLayerWeights d;
-    for (int s = 0; s < 2; ++s) {
-      d.norm[s] = d.hc_fn[s] = d.hc_scale[s] = d.hc_base[s] = ones.data();
-    }
-    d.gate = d.gate_bias = ones.data();
-    d.w1.assign(c.n_routed_experts, ones.data());
-    d.w2 = d.w3 = d.w1;
-    d.wq_a = d.q_norm = d.wq_b = d.wkv = d.kv_norm = d.wo_a = d.wo_b = d.sink = ones.data();
-    if (l == 0) d.i_wproj = d.i_wq_b = d.c_wkv = d.c_wgate = ones.data();  // layer 1 lacks them
-    w.layers.push_back(d);
-  }
-  w.norm_w = w.head_w = ones.data();
+  const device::DeviceModelWeights w = WeightsFrom(c, ones);
   auto dev = device::DeviceLayers::Create(device::DeviceKind::kHost, c, w);
   ASSERT_TRUE(dev.ok()) << dev.status().ToString();
   const int n = 2, D = c.hidden_size, hc = c.hc_mult, hd = c.head_dim;
@@ -333,6 +340,66 @@ TEST(DeviceLayers, AttentionEntryPointsRefuseWhatTheyCannotCompute) {
   EXPECT_EQ(d.AttentionOutput(0, nullptr).code(), StatusCode::kOk);
   EXPECT_EQ(d.AttentionOutput(0, nullptr).code(), StatusCode::kInvalidArgument);  // used once
   EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument);  // its q was rotated already
+}
+
+// Attention over more rows than its weights' memory limit holds runs the rows in groups (here one
+// row each: a limit of one byte), with the same bits as one group: three rows of different key
+// counts, some keys shared, over random weights, compared through the residual after the
+// sublayer's output.
+TEST(DeviceLayers, AttentionInRowGroupsIsOneGroupsBits) {
+  const EngineConfig c = testutil::TinyConfig();
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  std::vector<float> values(1 << 20);
+  for (float& x : values) x = u(rng);
+  const device::DeviceModelWeights w = WeightsFrom(c, values);
+  const int n = 3, D = c.hidden_size, hc = c.hc_mult, hd = c.head_dim;
+  const int pairs = c.qk_rope_head_dim / 2;
+  std::vector<float> x(static_cast<size_t>(n) * hc * D), pre(static_cast<size_t>(n) * hc, 0.25f);
+  for (float& v : x) v = u(rng);
+  std::vector<float> kv(static_cast<size_t>(n) * hd);
+  std::vector<uint8_t> main_data(4 * hd / 2), main_scales(4 * hd / 16, 0x38);
+  std::vector<uint8_t> swa_data(3 * hd), swa_scales(3 * hd / 32, 126);
+  for (uint8_t& b : main_data) b = static_cast<uint8_t>(rng());
+  for (uint8_t& b : swa_data) b = static_cast<uint8_t>(rng() % 0x7e);  // no NaN codes
+  std::vector<float> rope_c(n * pairs), rope_s(n * pairs);
+  for (size_t i = 0; i < rope_c.size(); ++i) {
+    rope_c[i] = std::cos(0.3f * static_cast<float>(i));
+    rope_s[i] = std::sin(0.3f * static_cast<float>(i));
+  }
+  const std::vector<int32_t> keys = {0, 4, 1, 2, 4, 5, 3, 0, 6, 5, 4}, key_off = {0, 2, 6, 11};
+  auto residual = [&](size_t limit) {
+    auto dev = device::DeviceLayers::Create(device::DeviceKind::kHost, c, w, limit);
+    EXPECT_TRUE(dev.ok()) << dev.status().ToString();
+    if (!dev.ok()) return std::vector<float>{};
+    device::DeviceLayers& d = **dev;
+    EXPECT_TRUE(d.Begin(n, x.data(), pre.data()).ok());
+    EXPECT_TRUE(d.AttentionInput(1, nullptr).ok());
+    EXPECT_TRUE(d.AttentionProducts(1, {nullptr, kv.data()}).ok());
+    device::DeviceLayers::AttentionKeys k;
+    k.main_data = main_data.data();
+    k.main_scales = main_scales.data();
+    k.main = 4;
+    k.swa_data = swa_data.data();
+    k.swa_scales = swa_scales.data();
+    k.swa = 3;
+    k.keys = keys.data();
+    k.key_off = key_off.data();
+    k.rope_c = rope_c.data();
+    k.rope_s = rope_s.data();
+    const Status s = d.Attention(1, k);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(d.AttentionOutput(1, nullptr).ok());
+    std::vector<float> out(x.size());
+    EXPECT_TRUE(d.Residual(out.data()).ok());
+    return out;
+  };
+  const std::vector<float> one = residual(device::DeviceLayers::kAttentionWeightsBytesMax),
+                           grouped = residual(1);
+  ASSERT_EQ(one.size(), x.size());
+  EXPECT_TRUE(BitEqual(one.data(), grouped.data(), one.size()));
+  EXPECT_FALSE(BitEqual(one.data(), x.data(), x.size()));  // the sublayer did change it
+  for (size_t i = 0; i < one.size(); ++i) ASSERT_TRUE(std::isfinite(one[i])) << i;
 }
 
 // The device profile counts every kernel and copy of a pass: one batched decode step of three

@@ -4,6 +4,7 @@
 #include "engine/model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -24,8 +25,18 @@ size_t AppendKvBytes(std::vector<uint8_t>* v, size_t bytes) {
   return old;
 }
 
+uint64_t KvEpoch::Next() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 void KvSourceCache::Truncate(int64_t e) {
   const size_t n = static_cast<size_t>(std::min(e, n_entries));
+  if (static_cast<int64_t>(n) < n_entries) {  // a new history, the old one's first n entries kept
+    parent_keep = static_cast<int64_t>(n);
+    parent_epoch = epoch.value();
+    epoch.Renew();
+  }
   main_data.resize(n * kernels::DataBytes(QuantFormat::kFp4E4M3x16, head_dim));
   main_scales.resize(n * kernels::ScaleBytes(QuantFormat::kFp4E4M3x16, head_dim));
   index_data.resize(n * kernels::DataBytes(QuantFormat::kFp4Ue8m0x32, index_dim));

@@ -154,6 +154,36 @@ struct SwaRing {
 // attention and the indexer dequantise the bytes they read (exact, kernels/quant.h). The byte
 // vectors grow by AppendKvBytes, so their capacity stays within kKvGrowthNum/kKvGrowthDen of
 // their size (KvCacheBytes).
+// A process-wide unique number naming one history of a cache's entries, for a copy of them kept
+// elsewhere (the device layers' mirror): while a cache keeps its epoch, its entries only grow at
+// the end, so a copy of the first s entries made under that epoch stays true. A new epoch on
+// construction and on every copy (a copy may grow differently from its original); a move hands
+// the epoch over and gives the moved-from object a new one. Thread-safe.
+class KvEpoch {
+ public:
+  KvEpoch() : value_(Next()) {}
+  KvEpoch(const KvEpoch&) : value_(Next()) {}
+  KvEpoch& operator=(const KvEpoch& o) {
+    if (this != &o) value_ = Next();
+    return *this;
+  }
+  KvEpoch(KvEpoch&& o) noexcept : value_(o.value_) { o.value_ = Next(); }
+  KvEpoch& operator=(KvEpoch&& o) noexcept {
+    if (this != &o) {
+      value_ = o.value_;
+      o.value_ = Next();
+    }
+    return *this;
+  }
+  uint64_t value() const { return value_; }
+  // A new number (the entries changed otherwise than by growing).
+  void Renew() { value_ = Next(); }
+
+ private:
+  static uint64_t Next();
+  uint64_t value_;
+};
+
 struct KvSourceCache {
   int layer = 0;
   int ratio = 1;
@@ -163,6 +193,13 @@ struct KvSourceCache {
   int64_t n_entries = 0;  // compressed entries held (rows of main_* and index_*)
   std::vector<uint8_t> main_data, main_scales, index_data, index_scales;
   std::vector<float> kv_state, score_state;
+  // The entries' history: appending keeps the epoch; Truncate below entries() starts a new one
+  // whose parent is the old one, of which the first parent_keep entries are still these (so a
+  // copy taken under the parent keeps that many). Code that rewrites entries in place must call
+  // epoch.Renew() (and clear parent_epoch).
+  KvEpoch epoch;
+  uint64_t parent_epoch = 0;  // 0: none
+  int64_t parent_keep = 0;
   int64_t entries() const { return n_entries; }
   // Drops every entry from `e` on (e <= entries()).
   void Truncate(int64_t e);
@@ -444,13 +481,14 @@ class Engine {
                     const AttnRows& a, int64_t row0, Runtime* rt, ThreadPool* pool);
   void SwaPush(int layer, SequenceState* st, int64_t p0, int n, const AttnRows& a,
                int64_t row0) const;
-  // One sequence's rows' attention keys as the caches store them (AttnGather): the selected global
-  // entries once each (sel: their indices, sorted; main_*: their FP4 bytes in that order), the
-  // window's SWA entries once each, oldest first (swa_*: FP8 bytes; swa_of: position - the
-  // window's first -> entry, or -1), and per row its list in AttnCore's order (keys[key_off[t] ..
-  // key_off[t + 1]): a global entry as its place in sel, SWA entry j as ~j).
+  // One sequence's rows' attention keys (AttnGather): the selected global entries once each (sel:
+  // their indices in src, sorted; the device reads them from its mirror of src), the window's SWA
+  // entries once each, oldest first, as the ring stores them (swa_*: FP8 bytes; swa_of: position -
+  // the window's first -> entry, or -1), and per row its list in AttnCore's order
+  // (keys[key_off[t] .. key_off[t + 1]): a global entry as its place in sel, SWA entry j as ~j).
   struct AttnKeyRows {
-    std::vector<uint8_t> main_data, main_scales, swa_data, swa_scales;
+    const KvSourceCache* src = nullptr;  // null when sel is empty
+    std::vector<uint8_t> swa_data, swa_scales;
     std::vector<int32_t> sel, swa_of, keys, key_off;
   };
   // TrimScratch of each of r's buffers (a long prefill's are not kept).

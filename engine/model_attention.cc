@@ -608,34 +608,22 @@ Status Engine::AttnGather(int layer, const SequenceState& st, int64_t p0, int n,
   const int hd = c.head_dim, W = c.sliding_window;
   const LayerMode mode = c.layer_modes[layer];
   const SwaRing& ring = st.swa[layer];
-  const size_t mdb = hd / 2, msb = hd / 16, sb = hd / 32;
-  out->main_data.clear();
-  out->main_scales.clear();
+  const size_t sb = hd / 32;
+  out->src = nullptr;
   out->swa_data.clear();
   out->swa_scales.clear();
   out->keys.clear();
   out->key_off.assign(1, 0);
-  // The rows' selected entries once each (sorted), their bytes copied a run of consecutive
-  // entries at a time.
+  // The rows' selected entries once each (sorted); the device reads them from its copy of src.
   std::vector<int32_t>& sel = out->sel;
   sel.clear();
   if (mode != LayerMode::kSwaOnly) {
     for (int t = 0; t < n; ++t) sel.insert(sel.end(), rt.topk[t].begin(), rt.topk[t].end());
     std::sort(sel.begin(), sel.end());
     sel.erase(std::unique(sel.begin(), sel.end()), sel.end());
-    const KvSourceCache* src = rt.src;
-    if (!sel.empty() && (sel.front() < 0 || sel.back() >= src->entries()))
+    if (!sel.empty() && (sel.front() < 0 || sel.back() >= rt.src->entries()))
       return Status::Internal("engine: a selected entry outside the global KV");
-    for (size_t i = 0; i < sel.size();) {
-      size_t run = 1;
-      while (i + run < sel.size() && sel[i + run] == sel[i] + static_cast<int32_t>(run)) ++run;
-      const size_t j = static_cast<size_t>(sel[i]);
-      out->main_data.insert(out->main_data.end(), src->main_data.begin() + j * mdb,
-                            src->main_data.begin() + (j + run) * mdb);
-      out->main_scales.insert(out->main_scales.end(), src->main_scales.begin() + j * msb,
-                              src->main_scales.begin() + (j + run) * msb);
-      i += run;
-    }
+    if (!sel.empty()) out->src = rt.src;
   }
   // The window's entries once each, oldest first: the ring's before p0, these rows' from p0.
   const int64_t s_lo = std::max<int64_t>(std::max(ring.valid_from, p0 - W + 1), 0);
@@ -690,31 +678,20 @@ Status Engine::DeviceAttention(int layer, std::span<AttnKeyRows* const> seqs, co
   if (static_cast<int>(a.rope_c.size()) % (c.qk_rope_head_dim / 2) != 0 ||
       layers_[layer].rope->size() * 2 != static_cast<size_t>(c.qk_rope_head_dim))
     return Status::Internal("engine: rotations of another width than the device's");
-  device::DeviceLayers::AttentionKeys k;
-  k.rope_c = a.rope_c.data();
-  k.rope_s = a.rope_s.data();
-  if (seqs.size() == 1) {  // the sequence's own lists, with SWA entry ~j at main + j
-    AttnKeyRows& r = *seqs[0];
-    const int32_t main = static_cast<int32_t>(r.sel.size());
-    for (int32_t& key : r.keys) {
-      if (key < 0) key = main + ~key;
-    }
-    k.main_data = r.main_data.data();
-    k.main_scales = r.main_scales.data();
-    k.main = main;
-    k.swa_data = r.swa_data.data();
-    k.swa_scales = r.swa_scales.data();
-    k.swa = static_cast<int64_t>(r.swa_data.size()) / hd;
-    k.keys = r.keys.data();
-    k.key_off = r.key_off.data();
-    return device_->Attention(layer, k);
-  }
-  // Several sequences: their tables side by side (every global entry, then every SWA entry) and
-  // their lists one after another, each index moved to its sequence's place.
+  // The sequences' tables side by side (every global entry, then every SWA entry) and their
+  // lists one after another, each index moved to its sequence's place; each sequence's source
+  // named for the device's mirror of it.
   thread_local AttnKeyRows merged_slot;
+  thread_local std::vector<device::DeviceLayers::KvSource> sources_slot;
+  thread_local std::vector<int32_t> main_source_slot;
+  thread_local std::vector<int32_t> main_entry_slot;
   AttnKeyRows& m = merged_slot;
-  m.main_data.clear();
-  m.main_scales.clear();
+  std::vector<device::DeviceLayers::KvSource>& sources = sources_slot;
+  std::vector<int32_t>& main_source = main_source_slot;
+  std::vector<int32_t>& main_entry = main_entry_slot;
+  sources.clear();
+  main_source.clear();
+  main_entry.clear();
   m.swa_data.clear();
   m.swa_scales.clear();
   m.keys.clear();
@@ -723,10 +700,27 @@ Status Engine::DeviceAttention(int layer, std::span<AttnKeyRows* const> seqs, co
   for (const AttnKeyRows* r : seqs) main += static_cast<int64_t>(r->sel.size());
   int64_t main_at = 0, swa_at = 0;
   for (const AttnKeyRows* r : seqs) {
-    m.main_data.insert(m.main_data.end(), r->main_data.begin(), r->main_data.end());
-    m.main_scales.insert(m.main_scales.end(), r->main_scales.begin(), r->main_scales.end());
-    m.swa_data.insert(m.swa_data.end(), r->swa_data.begin(), r->swa_data.end());
-    m.swa_scales.insert(m.swa_scales.end(), r->swa_scales.begin(), r->swa_scales.end());
+    if (r->src != nullptr) {
+      const KvSourceCache& k = *r->src;
+      device::DeviceLayers::KvSource s;
+      s.id = &k;
+      s.epoch = k.epoch.value();
+      s.parent_epoch = k.parent_epoch;
+      s.parent_keep = k.parent_keep;
+      s.entries = k.entries();
+      s.data = k.main_data.data();
+      s.scales = k.main_scales.data();
+      for (int32_t e : r->sel) {
+        main_source.push_back(static_cast<int32_t>(sources.size()));
+        main_entry.push_back(e);
+      }
+      sources.push_back(s);
+    }
+    const bool one = seqs.size() == 1;  // a single sequence's bytes are read where they are
+    if (!one) {
+      m.swa_data.insert(m.swa_data.end(), r->swa_data.begin(), r->swa_data.end());
+      m.swa_scales.insert(m.swa_scales.end(), r->swa_scales.begin(), r->swa_scales.end());
+    }
     const int32_t base = static_cast<int32_t>(m.keys.size());
     for (int32_t key : r->keys) {
       m.keys.push_back(static_cast<int32_t>(key >= 0 ? main_at + key : main + swa_at + ~key));
@@ -735,21 +729,28 @@ Status Engine::DeviceAttention(int layer, std::span<AttnKeyRows* const> seqs, co
     main_at += static_cast<int64_t>(r->sel.size());
     swa_at += static_cast<int64_t>(r->swa_data.size()) / hd;
   }
-  k.main_data = m.main_data.data();
-  k.main_scales = m.main_scales.data();
+  device::DeviceLayers::AttentionKeys k;
+  k.sources = sources;
+  k.main_source = main_source.data();
+  k.main_entry = main_entry.data();
   k.main = main;
-  k.swa_data = m.swa_data.data();
-  k.swa_scales = m.swa_scales.data();
+  const AttnKeyRows& swa = seqs.size() == 1 ? *seqs[0] : m;
+  k.swa_data = swa.swa_data.data();
+  k.swa_scales = swa.swa_scales.data();
   k.swa = swa_at;
   k.keys = m.keys.data();
   k.key_off = m.key_off.data();
+  k.rope_c = a.rope_c.data();
+  k.rope_s = a.rope_s.data();
   const Status s = device_->Attention(layer, k);
   TrimKeyRows(m);
+  TrimScratch(main_source);
+  TrimScratch(main_entry);
   return s;
 }
 
 void Engine::TrimKeyRows(AttnKeyRows& r) {
-  for (auto* v : {&r.main_data, &r.main_scales, &r.swa_data, &r.swa_scales}) TrimScratch(*v);
+  for (auto* v : {&r.swa_data, &r.swa_scales}) TrimScratch(*v);
   for (auto* v : {&r.sel, &r.swa_of, &r.keys, &r.key_off}) TrimScratch(*v);
 }
 

@@ -22,17 +22,49 @@
 
 namespace kvtier::engine::device {
 
-// Blocks of kFp4E4M3x16 entries (the global KV) decoded: block b from data + 8b and scales[b]
-// to out + 16b, for b < threads.
+// Entries of the global KV (kFp4E4M3x16) decoded from the caches' copies on the device: entry i
+// is entry entry[i] of cache source[i], whose codes start at data[source[i]] and scales at
+// scales[source[i]]; it goes to out + i * blocks * 16. Block j of entry i for i * blocks + j <
+// threads (blocks = head_dim / 16 per entry).
 struct DecodeFp4KeysKernel {
   static constexpr const char* kName = "DecodeFp4Keys";
-  const uint8_t* data;
-  const uint8_t* scales;
+  const uint8_t* const* data;    // [caches]
+  const uint8_t* const* scales;  // [caches]
+  const int32_t* source;         // [entries]
+  const int32_t* entry;          // [entries]
+  int blocks;
   float* out;
   int64_t threads;
   KVTIER_HD void operator()(int64_t b) const {
-    kernels::DequantizeBlockFp4E4M3(data + b * (kernels::kFp4E4M3BlockElems / 2), scales[b],
+    const int64_t i = b / blocks, j = b % blocks;
+    const int64_t e = entry[i], half = kernels::kFp4E4M3BlockElems / 2;
+    kernels::DequantizeBlockFp4E4M3(data[source[i]] + (e * blocks + j) * half,
+                                    scales[source[i]][e * blocks + j],
                                     out + b * kernels::kFp4E4M3BlockElems);
+  }
+};
+
+// Byte i of src to its run's destination: dst[r][i - begin[r]] for the run r with begin[r] <= i <
+// begin[r + 1] (begin non-decreasing, begin[0] = 0), for i < threads = begin[runs]: the new
+// entries of the global KV into the device's copy of each cache (DeviceLayers::Attention).
+struct ScatterBytesKernel {
+  static constexpr const char* kName = "ScatterBytes";
+  const uint8_t* src;
+  const int64_t* begin;  // [runs + 1]
+  uint8_t* const* dst;   // [runs]
+  int runs;
+  int64_t threads;
+  KVTIER_HD void operator()(int64_t i) const {
+    int lo = 0, hi = runs - 1;  // the last run that begins at or before i
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (begin[mid] <= i) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    dst[lo][i - begin[lo]] = src[i];
   }
 };
 

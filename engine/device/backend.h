@@ -36,7 +36,8 @@ using DeviceKernel =
     std::variant<RowRsqrtKernel, PreMixKernel, ScaleRowsKernel, MixDotsKernel, MixOutputsKernel,
                  MixSublayerKernel, MatMulKernel, RouteKernel, SwigluUpKernel, PerRowMatMulKernel,
                  CombineKernel, GatherRowsKernel, DecodeFp4KeysKernel, DecodeFp8KeysKernel,
-                 RopeRowsKernel, AttnDotsKernel, AttnSoftmaxKernel, AttnSumsKernel>;
+                 RopeRowsKernel, AttnDotsKernel, AttnSoftmaxKernel, AttnSumsKernel,
+                 ScatterBytesKernel>;
 
 class DeviceBackend {
  public:

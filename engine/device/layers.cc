@@ -30,15 +30,20 @@ struct DeviceLayers::Layer {
 };
 
 DeviceLayers::DeviceLayers(const EngineConfig& config, std::unique_ptr<DeviceBackend> backend,
-                           size_t attention_weights_bytes_max)
+                           size_t attention_weights_bytes_max, size_t kv_mirror_bytes_max)
     : config_(config),
       backend_(std::move(backend)),
-      attention_weights_bytes_max_(attention_weights_bytes_max) {}
+      attention_weights_bytes_max_(attention_weights_bytes_max),
+      kv_mirror_bytes_max_(kv_mirror_bytes_max) {}
 
 DeviceLayers::~DeviceLayers() {
   for (void* p : activations_) backend_->Free(p);
   for (void* p : held_) backend_->Free(p);
   for (void* p : {key_upload_, keys_f_, attn_w_}) backend_->Free(p);
+  for (auto& [id, m] : mirrors_) {
+    backend_->Free(m.data);
+    backend_->Free(m.scales);
+  }
 }
 
 Status DeviceLayers::Grow(void** p, size_t* capacity, size_t bytes) {
@@ -91,7 +96,8 @@ StatusOr<float*> DeviceLayers::UploadOutputMinor(const float* const* mats, size_
 
 StatusOr<std::unique_ptr<DeviceLayers>> DeviceLayers::Create(DeviceKind kind, const EngineConfig& c,
                                                              const DeviceModelWeights& weights,
-                                                             size_t attention_weights_bytes_max) {
+                                                             size_t attention_weights_bytes_max,
+                                                             size_t kv_mirror_bytes_max) {
   if (c.num_experts_per_tok > kDeviceExpertsPerTokenMax)
     return Status::InvalidArgument("device layers: num_experts_per_tok over " +
                                    std::to_string(kDeviceExpertsPerTokenMax));
@@ -101,7 +107,7 @@ StatusOr<std::unique_ptr<DeviceLayers>> DeviceLayers::Create(DeviceKind kind, co
     return Status::InvalidArgument("device layers: one weight set per layer needed");
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<DeviceBackend> backend, MakeDeviceBackend(kind));
   std::unique_ptr<DeviceLayers> d(
-      new DeviceLayers(c, std::move(backend), attention_weights_bytes_max));
+      new DeviceLayers(c, std::move(backend), attention_weights_bytes_max, kv_mirror_bytes_max));
   const size_t D = c.hidden_size, hc = c.hc_mult, E = c.n_routed_experts;
   const size_t I = c.moe_intermediate_size, Is = I * c.n_shared_experts;
   const size_t m = (2 + hc) * hc;
@@ -346,6 +352,78 @@ size_t UploadSection(size_t* end, size_t bytes) {
 
 }  // namespace
 
+void DeviceLayers::DropMirror(std::unordered_map<const void*, Mirror>::iterator it) {
+  const size_t entry_bytes = config_.head_dim / 2 + config_.head_dim / 16;
+  mirror_bytes_ -= static_cast<size_t>(it->second.capacity) * entry_bytes;
+  backend_->Free(it->second.data);
+  backend_->Free(it->second.scales);
+  mirrors_.erase(it);
+}
+
+Status DeviceLayers::PrepareMirror(const KvSource& s, Mirror** out, int64_t* valid) {
+  const size_t mdb = config_.head_dim / 2, msb = config_.head_dim / 16;
+  // Drops the least recently read mirror that this call has not read; false when there is none.
+  auto drop_one = [&] {
+    auto victim = mirrors_.end();
+    for (auto it = mirrors_.begin(); it != mirrors_.end(); ++it) {
+      if (it->second.read < attention_calls_ &&
+          (victim == mirrors_.end() || it->second.read < victim->second.read))
+        victim = it;
+    }
+    if (victim == mirrors_.end()) return false;
+    DropMirror(victim);
+    return true;
+  };
+  auto it = mirrors_.find(s.id);
+  if (it == mirrors_.end()) {
+    while (mirrors_.size() >= kKvMirrorsMax) {
+      if (!drop_one()) return Status::Rejected("device layers: too many KV mirrors");
+    }
+    it = mirrors_.emplace(s.id, Mirror{}).first;
+  }
+  Mirror* m = &it->second;
+  m->read = attention_calls_;
+  // What the mirror still holds of this source: its copy under the source's epoch, or under the
+  // parent epoch up to the entries kept of it.
+  int64_t keep = 0;
+  if (s.epoch != 0 && m->epoch == s.epoch) {
+    keep = m->synced;
+  } else if (s.parent_epoch != 0 && m->epoch == s.parent_epoch) {
+    keep = std::min(m->synced, s.parent_keep);
+  }
+  keep = std::min(keep, s.entries);
+  if (s.entries > m->capacity) {
+    const int64_t cap = std::max<int64_t>({s.entries, m->capacity + m->capacity / 2, 64});
+    const size_t grow = static_cast<size_t>(cap - m->capacity) * (mdb + msb);
+    while (mirror_bytes_ + grow > kv_mirror_bytes_max_) {
+      if (!drop_one()) return Status::Rejected("device layers: the KV mirrors' memory is spent");
+    }
+    KVTIER_ASSIGN_OR_RETURN(void* data, backend_->Alloc(static_cast<size_t>(cap) * mdb));
+    auto scales = backend_->Alloc(static_cast<size_t>(cap) * msb);
+    if (!scales.ok()) {
+      backend_->Free(data);
+      return scales.status();
+    }
+    if (keep > 0) {
+      KVTIER_RETURN_IF_ERROR(backend_->DeviceCopy(data, m->data, static_cast<size_t>(keep) * mdb));
+      KVTIER_RETURN_IF_ERROR(
+          backend_->DeviceCopy(*scales, m->scales, static_cast<size_t>(keep) * msb));
+    }
+    backend_->Free(m->data);
+    backend_->Free(m->scales);
+    m->data = static_cast<uint8_t*>(data);
+    m->scales = static_cast<uint8_t*>(*scales);
+    mirror_bytes_ += grow;
+    m->capacity = cap;
+  }
+  // Until this call's upload lands the mirror claims only what it keeps (of m->epoch's entries):
+  // the new entries are written after them.
+  m->synced = keep;
+  *out = m;
+  *valid = keep;
+  return Status::Ok();
+}
+
 Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
   if (layer < 0 || layer >= static_cast<int>(layers_.size()) || n_ == 0)
     return Status::InvalidArgument("device layers: no such layer or no pass");
@@ -355,11 +433,29 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
   const int64_t n = n_, H = c.num_attention_heads, hd = c.head_dim;
   const int pairs = c.qk_rope_head_dim / 2;
   if (k.main < 0 || k.swa < 0 || k.key_off == nullptr || k.rope_c == nullptr ||
-      k.rope_s == nullptr || (k.main > 0 && (k.main_data == nullptr || k.main_scales == nullptr)) ||
+      k.rope_s == nullptr ||
+      (k.main > 0 && (k.main_source == nullptr || k.main_entry == nullptr)) ||
       (k.swa > 0 && (k.swa_data == nullptr || k.swa_scales == nullptr)))
     return Status::InvalidArgument("device layers: attention keys or rotations missing");
   if (k.main + k.swa > INT32_MAX)
     return Status::InvalidArgument("device layers: more attention keys than an index holds");
+  thread_local std::vector<const void*> ids;
+  ids.clear();
+  for (const KvSource& s : k.sources) {
+    if (s.id == nullptr || s.entries < 0 || s.entries > INT32_MAX || s.parent_keep < 0 ||
+        (s.entries > 0 && (s.data == nullptr || s.scales == nullptr)))
+      return Status::InvalidArgument("device layers: a KV source without identity or bytes");
+    ids.push_back(s.id);
+  }
+  std::sort(ids.begin(), ids.end());
+  if (std::adjacent_find(ids.begin(), ids.end()) != ids.end())
+    return Status::InvalidArgument("device layers: a KV source twice");
+  for (int64_t i = 0; i < k.main; ++i) {
+    const int32_t src = k.main_source[i];
+    if (src < 0 || static_cast<size_t>(src) >= k.sources.size() || k.main_entry[i] < 0 ||
+        k.main_entry[i] >= k.sources[src].entries)
+      return Status::InvalidArgument("device layers: a global entry outside its source");
+  }
   // The lists: offsets from 0, each row with 1 to kMaxAttentionKeysPerRow keys, every index in
   // the table (a kernel trusts them).
   if (k.key_off[0] != 0) return Status::InvalidArgument("device layers: key offsets not from 0");
@@ -376,11 +472,46 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
     if (k.keys[i] < 0 || k.keys[i] >= table)
       return Status::InvalidArgument("device layers: an attention key outside the table");
   }
-  // One upload: the keys' bytes, the lists and the rotations.
+  // The sources' mirrors, each with room for all its entries; the entries each lacks become runs
+  // of the upload (codes, then scales), scattered into place on the device.
+  ++attention_calls_;
   const size_t mdb = hd / 2, msb = hd / 16, sdb = hd, ssb = hd / 32;
+  thread_local std::vector<Mirror*> mirror_of;
+  mirror_of.assign(k.sources.size(), nullptr);
+  run_dst_.clear();
+  run_begin_.assign(1, 0);
+  thread_local std::vector<std::pair<const uint8_t*, size_t>> run_src;
+  run_src.clear();
+  for (size_t i = 0; i < k.sources.size(); ++i) {
+    const KvSource& s = k.sources[i];
+    int64_t valid = 0;
+    KVTIER_RETURN_IF_ERROR(PrepareMirror(s, &mirror_of[i], &valid));
+    if (valid == s.entries) continue;
+    const size_t ne = static_cast<size_t>(s.entries - valid);
+    run_dst_.push_back(mirror_of[i]->data + valid * mdb);
+    run_src.emplace_back(s.data + valid * mdb, ne * mdb);
+    run_begin_.push_back(run_begin_.back() + static_cast<int64_t>(ne * mdb));
+    run_dst_.push_back(mirror_of[i]->scales + valid * msb);
+    run_src.emplace_back(s.scales + valid * msb, ne * msb);
+    run_begin_.push_back(run_begin_.back() + static_cast<int64_t>(ne * msb));
+  }
+  // Where each source's mirror lies (the table names its entries by source and index).
+  const size_t ns = k.sources.size();
+  mirror_ptrs_.resize(2 * ns);
+  for (size_t i = 0; i < ns; ++i) {
+    mirror_ptrs_[i] = mirror_of[i]->data;
+    mirror_ptrs_[ns + i] = mirror_of[i]->scales;
+  }
+  // One upload: the new entries and where they go, the mirrors' addresses and the table's
+  // entries, the SWA entries' bytes, the lists and the rotations.
+  const int runs = static_cast<int>(run_dst_.size());
   size_t end = 0;
-  const size_t main_data = UploadSection(&end, k.main * mdb),
-               main_scales = UploadSection(&end, k.main * msb);
+  const size_t fresh = UploadSection(&end, static_cast<size_t>(run_begin_.back()));
+  const size_t fresh_begin = UploadSection(&end, run_begin_.size() * sizeof(int64_t));
+  const size_t fresh_dst = UploadSection(&end, run_dst_.size() * sizeof(uint8_t*));
+  const size_t mirrors = UploadSection(&end, mirror_ptrs_.size() * sizeof(const uint8_t*));
+  const size_t main_source = UploadSection(&end, k.main * sizeof(int32_t));
+  const size_t main_entry = UploadSection(&end, k.main * sizeof(int32_t));
   const size_t swa_data = UploadSection(&end, k.swa * sdb),
                swa_scales = UploadSection(&end, k.swa * ssb);
   const size_t keys = UploadSection(&end, total * sizeof(int32_t));
@@ -392,8 +523,13 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
   auto put = [&](size_t at, const void* src, size_t bytes) {
     if (bytes > 0) std::memcpy(h + at, src, bytes);
   };
-  put(main_data, k.main_data, k.main * mdb);
-  put(main_scales, k.main_scales, k.main * msb);
+  for (int r = 0; r < runs; ++r)
+    put(fresh + static_cast<size_t>(run_begin_[r]), run_src[r].first, run_src[r].second);
+  put(fresh_begin, run_begin_.data(), run_begin_.size() * sizeof(int64_t));
+  put(fresh_dst, run_dst_.data(), run_dst_.size() * sizeof(uint8_t*));
+  put(mirrors, mirror_ptrs_.data(), mirror_ptrs_.size() * sizeof(const uint8_t*));
+  put(main_source, k.main_source, k.main * sizeof(int32_t));
+  put(main_entry, k.main_entry, k.main * sizeof(int32_t));
   put(swa_data, k.swa_data, k.swa * sdb);
   put(swa_scales, k.swa_scales, k.swa * ssb);
   put(keys, k.keys, total * sizeof(int32_t));
@@ -408,14 +544,26 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
   const auto* d_off = reinterpret_cast<const int32_t*>(d + key_off);
   const auto* d_c = reinterpret_cast<const float*>(d + rope_c);
   const auto* d_s = reinterpret_cast<const float*>(d + rope_s);
+  const auto* d_mirrors = reinterpret_cast<const uint8_t* const*>(d + mirrors);
   float* keys_f = static_cast<float*>(keys_f_);
   float* q = products_;
   const int H32 = static_cast<int>(H), hd32 = static_cast<int>(hd);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));  // AttnCore's
+  if (runs > 0) {
+    KVTIER_RETURN_IF_ERROR(Run(ScatterBytesKernel{
+        d + fresh, reinterpret_cast<const int64_t*>(d + fresh_begin),
+        reinterpret_cast<uint8_t* const*>(d + fresh_dst), runs, run_begin_.back()}));
+  }
   KVTIER_RETURN_IF_ERROR(Run(RopeRowsKernel{q, H32, hd32, pairs, d_c, d_s, n * H * pairs}));
   if (k.main > 0) {  // none on an SWA-only layer
-    KVTIER_RETURN_IF_ERROR(
-        Run(DecodeFp4KeysKernel{d + main_data, d + main_scales, keys_f, k.main * hd / 16}));
+    KVTIER_RETURN_IF_ERROR(Run(DecodeFp4KeysKernel{
+        d_mirrors, d_mirrors + ns, reinterpret_cast<const int32_t*>(d + main_source),
+        reinterpret_cast<const int32_t*>(d + main_entry), hd32 / 16, keys_f, k.main * hd / 16}));
+  }
+  // The mirrors now hold every entry of their sources.
+  for (size_t i = 0; i < k.sources.size(); ++i) {
+    mirror_of[i]->epoch = k.sources[i].epoch;
+    mirror_of[i]->synced = k.sources[i].entries;
   }
   if (k.swa > 0) {
     KVTIER_RETURN_IF_ERROR(Run(

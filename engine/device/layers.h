@@ -12,26 +12,31 @@
 // The host keeps what owns the sequences' caches: it receives the row products it needs (the SWA
 // entry, the indexer's query and weights, the compressor's rows), rotates and quantises them
 // (RoPE, FP8 SWA entries, the indexer query's FP4 rounding), runs the compressor and the indexer's
-// top-k over each sequence's caches, pushes the SWA entries into the rings, and uploads each
-// row's keys as the caches store them (the selected global entries' FP4 bytes, the SWA window's
-// FP8 bytes; an entry once per pass however many of the pass's rows read it) with the rows' RoPE
-// rotations. So a layer moves, per row, the products down (head_dim, plus the indexer's query on
-// indexed layers and the compressor's rows on compressing ones) and the row's keys' stored bytes
-// up, never a weight and never q or the heads' outputs. The caches themselves stay on the host:
-// a device copy of them (per-sequence device memory with the state's lifetime, rollback and
-// import) is the step after this one.
+// top-k over each sequence's caches, pushes the SWA entries into the rings, and names each row's
+// keys: the selected global entries by their index in their cache, which the device reads from
+// its copy of that cache (the mirror: the first read copies every entry of the cache, later reads
+// only those appended since, or what the cache's history says changed: KvSource), and the SWA
+// window as the rings store it (FP8 bytes, uploaded with the rows' RoPE rotations; an entry once
+// per pass however many of the pass's rows read it). So a layer moves, per row, the products down
+// (head_dim, plus the indexer's query on indexed layers and the compressor's rows on compressing
+// ones) and the row's window (W x (head_dim + head_dim / 32) bytes) and the cache's new entries up,
+// never a weight and never q or the heads' outputs. The caches stay the host's: the mirror is a
+// copy, checked against each cache's epoch on every read; the SWA rings, the compressor's and the
+// indexer's state are not mirrored.
 //
 // Every output is the CPU path's (engine/device/kernels.h, attention_kernels.h): bit for bit on
 // the host twin, within the CUDA math library's expf / log1pf differences on a GPU.
 //
-// Memory: the layers' dense weights as float copies on the device (weight_bytes()), and
-// activations and keys for the largest pass so far (at most kMaxTokensPerCall rows).
+// Memory: the layers' dense weights as float copies on the device (weight_bytes()), activations
+// and keys for the largest pass so far (at most kMaxTokensPerCall rows), and the global KV's
+// mirrors (at most kv_mirror_bytes_max, least recently read dropped first).
 // Thread safety: one pass at a time (the engine's passes are not reentrant either).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -78,12 +83,17 @@ class DeviceLayers {
   // a row, as floats): a pass whose weights would take more runs its rows in groups that fit
   // (the same bits; at least one row per group).
   static constexpr size_t kAttentionWeightsBytesMax = size_t{64} << 20;
+  // Device memory the global KV's mirrors may hold (Attention), and how many sources they may
+  // mirror: past either, the least recently read mirrors are dropped.
+  static constexpr size_t kKvMirrorBytesMax = size_t{4} << 30;
+  static constexpr size_t kKvMirrorsMax = 1 << 16;
   // Copies the weights to a new backend of `kind`. Unavailable without that device;
   // InvalidArgument for a config the kernels do not take (num_experts_per_tok over
   // kDeviceExpertsPerTokenMax) or weights missing.
   static StatusOr<std::unique_ptr<DeviceLayers>> Create(
       DeviceKind kind, const EngineConfig& config, const DeviceModelWeights& weights,
-      size_t attention_weights_bytes_max = kAttentionWeightsBytesMax);
+      size_t attention_weights_bytes_max = kAttentionWeightsBytesMax,
+      size_t kv_mirror_bytes_max = kKvMirrorBytesMax);
   ~DeviceLayers();
   DeviceLayers(const DeviceLayers&) = delete;
   DeviceLayers& operator=(const DeviceLayers&) = delete;
@@ -120,15 +130,30 @@ class DeviceLayers {
   // computed either way). InvalidArgument for kv missing, iq without wts or the reverse, or a
   // product whose weight the layer lacks.
   Status AttentionProducts(int layer, const AttentionRows& rows);
-  // A pass's attention keys as the caches store them, in host memory (DeviceLayers::Attention).
-  // The table's rows: `main` global KV entries (kFp4E4M3x16: head_dim / 2 data bytes and
-  // head_dim / 16 scale bytes each), then `swa` SWA entries (kFp8Ue8m0x32: head_dim data bytes and
-  // head_dim / 32 scale bytes each). Row t of the pass attends to table rows
+  // A global KV source's entries as a cache holds them (Engine's KvSourceCache), for the copy of
+  // them Attention keeps in device memory (the mirror: an entry crosses the bus once, not once per
+  // pass that reads it). id: the cache's identity among live caches (the engine gives its
+  // address); epoch, parent_epoch, parent_keep: its history (engine KvEpoch: under one epoch the
+  // entries only grow, so a copy of the first s entries taken under `epoch`, or under
+  // parent_epoch up to parent_keep of them, is still true; 0 is no epoch).
+  struct KvSource {
+    const void* id = nullptr;
+    uint64_t epoch = 0, parent_epoch = 0;
+    int64_t parent_keep = 0;
+    int64_t entries = 0;
+    const uint8_t* data = nullptr;    // [entries x head_dim / 2]: kFp4E4M3x16 codes
+    const uint8_t* scales = nullptr;  // [entries x head_dim / 16]: their scales
+  };
+  // A pass's attention keys, in host memory (DeviceLayers::Attention). The table's rows: `main`
+  // global KV entries (row i: entry main_entry[i] of sources[main_source[i]], read from the
+  // mirror), then `swa` SWA entries as the rings store them (kFp8Ue8m0x32: head_dim data bytes
+  // and head_dim / 32 scale bytes each, uploaded). Row t of the pass attends to table rows
   // keys[key_off[t] .. key_off[t + 1]) in that order (Engine::AttnCore's: its selected entries,
   // then its window oldest first).
   struct AttentionKeys {
-    const uint8_t* main_data = nullptr;
-    const uint8_t* main_scales = nullptr;
+    std::span<const KvSource> sources;
+    const int32_t* main_source = nullptr;  // [main]
+    const int32_t* main_entry = nullptr;   // [main]
     int64_t main = 0;
     const uint8_t* swa_data = nullptr;
     const uint8_t* swa_scales = nullptr;
@@ -141,15 +166,23 @@ class DeviceLayers {
     const float* rope_s = nullptr;
   };
   // The sparse attention of `layer` (Engine::AttnCore's arithmetic, the same bits on the host
-  // twin): the pass's q from AttentionProducts rotated by RoPE, each row's heads against its
-  // keys (uploaded with the rotations in one copy, decoded here) with the layer's sinks, the
-  // outputs rotated back and kept for AttentionOutput. InvalidArgument for keys that break the
-  // contract above (an index out of the table, offsets that do not run from 0 up to the list's
-  // end, a row without keys, more than kMaxAttentionKeysPerRow keys for a row), a missing
-  // rotation, or no AttentionProducts of this layer in the pass. Rows run in groups whose
-  // weights fit the Create's attention_weights_bytes_max.
+  // twin): the sources' new entries added to their mirrors (those the mirror does not hold under
+  // the source's epoch or its parent's; a source never seen, or whose history the mirror cannot
+  // follow, is copied whole), the pass's q from AttentionProducts rotated by RoPE, each row's
+  // heads against its keys (the global entries decoded from the mirror, the SWA entries uploaded
+  // with the lists and the rotations in one copy) with the layer's sinks, the outputs rotated
+  // back and kept for AttentionOutput. InvalidArgument for keys that break the contract above (an
+  // index out of the table, an entry out of its source, offsets that do not run from 0 up to the
+  // list's end, a row without keys, more than kMaxAttentionKeysPerRow keys for a row, bytes or a
+  // source's identity missing), a missing rotation, or no AttentionProducts of this layer in the
+  // pass; Rejected when this call's sources alone need more mirror memory (or more mirrors) than
+  // the Create's kv_mirror_bytes_max (mirrors of other sources are dropped first, least recently
+  // read first). Rows run in groups whose weights fit the Create's attention_weights_bytes_max.
   static constexpr int64_t kMaxAttentionKeysPerRow = 1 << 20;
   Status Attention(int layer, const AttentionKeys& keys);
+  // Device bytes the mirrors hold, and how many sources they mirror.
+  size_t mirror_bytes() const { return mirror_bytes_; }
+  size_t mirrors() const { return mirrors_.size(); }
   // The sublayer's output from the heads' outputs: o ([n x heads x head_dim], as AttnCore writes
   // them) from the host, or null for those Attention computed for this layer; the grouped
   // projection and wo_b (Engine::AttnOutput), then the residual update. InvalidArgument for a
@@ -164,7 +197,21 @@ class DeviceLayers {
  private:
   struct Layer;
   DeviceLayers(const EngineConfig& config, std::unique_ptr<DeviceBackend> backend,
-               size_t attention_weights_bytes_max);
+               size_t attention_weights_bytes_max, size_t kv_mirror_bytes_max);
+  // A source's mirror: its first `synced` entries (codes and scales) in device memory with room
+  // for `capacity`, taken under `epoch`; `read`: the Attention call that last read it.
+  struct Mirror {
+    uint64_t epoch = 0;
+    int64_t synced = 0, capacity = 0;
+    uint8_t* data = nullptr;
+    uint8_t* scales = nullptr;
+    uint64_t read = 0;
+  };
+  void DropMirror(std::unordered_map<const void*, Mirror>::iterator it);
+  // The mirror of s with room for all its entries, holding what it can keep of its old copy
+  // (sets *valid to that many entries); drops least recently read mirrors not read by this call
+  // to stay within the limits.
+  Status PrepareMirror(const KvSource& s, Mirror** m, int64_t* valid);
   // Device memory of `floats` floats (or bytes) held until destruction.
   StatusOr<float*> Hold(size_t floats);
   StatusOr<float*> Upload(const float* host, size_t floats);
@@ -203,6 +250,13 @@ class DeviceLayers {
   int products_layer_ = -1;     // the layer whose q products_ holds in this pass, or -1
   int attention_layer_ = -1;    // the layer whose heads' outputs o_ holds in this pass, or -1
   size_t attention_weights_bytes_max_;
+  size_t kv_mirror_bytes_max_;
+  std::unordered_map<const void*, Mirror> mirrors_;
+  size_t mirror_bytes_ = 0;
+  uint64_t attention_calls_ = 0;
+  std::vector<const uint8_t*> mirror_ptrs_;  // Attention's scratch: the mirrors' addresses
+  std::vector<uint8_t*> run_dst_;            // and the new entries' destinations
+  std::vector<int64_t> run_begin_;
   // Attention's upload (the keys' bytes, the lists, the rotations) on the host and the device,
   // the decoded keys and the heads' weights: grown to the largest pass, freed at destruction.
   std::vector<uint8_t> key_staging_;

@@ -214,7 +214,8 @@ TEST(DeviceKernels, RouteKeepsTopKByScoresOrder) {
   }
 }
 
-// The attention kernels (keys decoded from their stored bytes, q rotated, dots, softmax with the
+// The attention kernels (keys decoded from their stored bytes wherever each lies, q rotated, dots,
+// softmax with the
 // sinks, weighted sums rotated back) against AttnCore's CPU arithmetic: Dequantize, RopeRotation
 // and ApplyRopeRotation, HcMixDots, the softmax loop, WeightedRowSums. Rows of 1 to many keys,
 // keys shared between rows and in any order, head widths with and without Dot's tail.
@@ -250,8 +251,23 @@ TEST(DeviceKernels, AttentionIsAttnCoresArithmetic) {
         ASSERT_TRUE(kernels::Dequantize(QuantFormat::kFp8Ue8m0x32, sd.data(), ss.data(), swa, dim,
                                         want_keys.data() + main * dim)
                         .ok());
+        // The global entries read by source and index: two sources (the codes' first two
+        // entries, and the rest), the entries in reverse order of storage.
+        const uint8_t* data[2] = {md.data(), md.data() + 2 * dim / 2};
+        const uint8_t* scales[2] = {ms.data(), ms.data() + 2 * dim / 16};
+        std::vector<int32_t> source(main), entry(main);
+        for (int i = 0; i < main; ++i) {
+          const int stored = main - 1 - i;
+          source[i] = stored < 2 ? 0 : 1;
+          entry[i] = stored < 2 ? stored : stored - 2;
+        }
         std::vector<float> keys_f(want_keys.size());
-        RunAll(device::DecodeFp4KeysKernel{md.data(), ms.data(), keys_f.data(), main * dim / 16});
+        RunAll(device::DecodeFp4KeysKernel{data, scales, source.data(), entry.data(), dim / 16,
+                                           keys_f.data(), main * dim / 16});
+        for (int i = 0; i < main / 2; ++i) {  // want_keys in the same order
+          std::swap_ranges(want_keys.begin() + i * dim, want_keys.begin() + (i + 1) * dim,
+                           want_keys.begin() + (main - 1 - i) * dim);
+        }
         RunAll(device::DecodeFp8KeysKernel{sd.data(), ss.data(), keys_f.data() + main * dim,
                                            swa * dim / 32});
         ASSERT_TRUE(SameBits(keys_f, want_keys)) << dim;

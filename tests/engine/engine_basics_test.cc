@@ -296,8 +296,8 @@ TEST(ByteTokenizer, EncodesBytesAndKeepsReservedIds) {
   EXPECT_EQ(t->Decode(ids), "Hi\xff");
   EXPECT_EQ(t->Decode({2, 511, 300}), "<|pad|><|noise|><|id:300|>");
   // TokenCount is what the server refuses an over-long prompt by before building its ids.
-  for (std::string_view text : {std::string_view(""), std::string_view("Hi\xff"),
-                                std::string_view("<|bos|> \xe2\x82\xac")})
+  for (std::string_view text :
+       {std::string_view(""), std::string_view("Hi\xff"), std::string_view("<|bos|> \xe2\x82\xac")})
     EXPECT_EQ(ByteTokenizer::TokenCount(text), t->Encode(text).size()) << text;
   for (int c = 0; c < 256; ++c) {
     auto one = t->Encode(std::string(1, static_cast<char>(c)));

@@ -14,6 +14,7 @@
 #include "engine/device/backend.h"
 #include "engine/device/layers.h"
 #include "engine/model.h"
+#include "engine/speculative.h"
 #include "engine/state_io.h"
 #include "engine_test_util.h"
 #include "tests/cuda_required.h"
@@ -288,16 +289,22 @@ TEST(DeviceLayers, AttentionEntryPointsRefuseWhatTheyCannotCompute) {
   EXPECT_TRUE(d.AttentionOutput(1, q.data()).ok());
   EXPECT_EQ(code(1, {nullptr, kv.data()}), StatusCode::kOk);  // q stays on the device
 
-  // Attention: two rows over a table of one global entry and two SWA entries.
+  // Attention: two rows over a table of one global entry (entry 1 of a source of two) and two
+  // SWA entries.
   const int pairs = c.qk_rope_head_dim / 2;
-  const std::vector<uint8_t> main_data(hd / 2, 0x21), main_scales(hd / 16, 0x38);
+  const std::vector<uint8_t> main_data(2 * hd / 2, 0x21), main_scales(2 * hd / 16, 0x38);
   const std::vector<uint8_t> swa_data(2 * hd, 0x30), swa_scales(2 * hd / 32, 127);
   const std::vector<float> rope_c(n * pairs, 1.0f), rope_s(n * pairs, 0.0f);
   std::vector<int32_t> keys = {0, 1, 0, 1, 2}, key_off = {0, 2, 5};
+  std::vector<device::DeviceLayers::KvSource> sources(1);
+  sources[0] = {&sources, 7, 0, 0, 2, main_data.data(), main_scales.data()};
+  std::vector<int32_t> main_source = {0};
+  std::vector<int32_t> main_entry = {1};
   auto good = [&] {
     device::DeviceLayers::AttentionKeys k;
-    k.main_data = main_data.data();
-    k.main_scales = main_scales.data();
+    k.sources = sources;
+    k.main_source = main_source.data();
+    k.main_entry = main_entry.data();
     k.main = 1;
     k.swa_data = swa_data.data();
     k.swa_scales = swa_scales.data();
@@ -318,8 +325,26 @@ TEST(DeviceLayers, AttentionEntryPointsRefuseWhatTheyCannotCompute) {
   k.rope_s = nullptr;
   EXPECT_EQ(attend(0, k), StatusCode::kInvalidArgument);
   k = good();
-  k.main_data = nullptr;
+  k.main_entry = nullptr;
   EXPECT_EQ(attend(0, k), StatusCode::kInvalidArgument);
+  // A global entry outside its source (or a source that does not exist), a source without
+  // identity or bytes, a source twice.
+  for (auto [src, entry] : {std::pair{0, 2}, std::pair{0, -1}, std::pair{1, 0}, std::pair{-1, 0}}) {
+    main_source[0] = src;
+    main_entry[0] = entry;
+    EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument) << src << " " << entry;
+  }
+  main_source[0] = 0;
+  main_entry[0] = 1;
+  sources[0].id = nullptr;
+  EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument);
+  sources[0].id = &sources;
+  sources[0].scales = nullptr;
+  EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument);
+  sources[0].scales = main_scales.data();
+  sources.push_back(sources[0]);
+  EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument);
+  sources.pop_back();
   k = good();
   k.swa = -1;
   EXPECT_EQ(attend(0, k), StatusCode::kInvalidArgument);
@@ -358,7 +383,7 @@ TEST(DeviceLayers, AttentionInRowGroupsIsOneGroupsBits) {
   std::vector<float> x(static_cast<size_t>(n) * hc * D), pre(static_cast<size_t>(n) * hc, 0.25f);
   for (float& v : x) v = u(rng);
   std::vector<float> kv(static_cast<size_t>(n) * hd);
-  std::vector<uint8_t> main_data(4 * hd / 2), main_scales(4 * hd / 16, 0x38);
+  std::vector<uint8_t> main_data(6 * hd / 2), main_scales(6 * hd / 16, 0x38);
   std::vector<uint8_t> swa_data(3 * hd), swa_scales(3 * hd / 32, 126);
   for (uint8_t& b : main_data) b = static_cast<uint8_t>(rng());
   for (uint8_t& b : swa_data) b = static_cast<uint8_t>(rng() % 0x7e);  // no NaN codes
@@ -376,9 +401,15 @@ TEST(DeviceLayers, AttentionInRowGroupsIsOneGroupsBits) {
     EXPECT_TRUE(d.Begin(n, x.data(), pre.data()).ok());
     EXPECT_TRUE(d.AttentionInput(1, nullptr).ok());
     EXPECT_TRUE(d.AttentionProducts(1, {nullptr, kv.data()}).ok());
+    // Table rows 0-3: entries 5, 0, 2, 3 of a source of six.
+    const device::DeviceLayers::KvSource source = {&main_data,        3, 0, 0, 6, main_data.data(),
+                                                   main_scales.data()};
+    const std::vector<int32_t> main_source(4, 0);
+    const std::vector<int32_t> main_entry = {5, 0, 2, 3};
     device::DeviceLayers::AttentionKeys k;
-    k.main_data = main_data.data();
-    k.main_scales = main_scales.data();
+    k.sources = std::span(&source, 1);
+    k.main_source = main_source.data();
+    k.main_entry = main_entry.data();
     k.main = 4;
     k.swa_data = swa_data.data();
     k.swa_scales = swa_scales.data();
@@ -400,6 +431,203 @@ TEST(DeviceLayers, AttentionInRowGroupsIsOneGroupsBits) {
   EXPECT_TRUE(BitEqual(one.data(), grouped.data(), one.size()));
   EXPECT_FALSE(BitEqual(one.data(), x.data(), x.size()));  // the sublayer did change it
   for (size_t i = 0; i < one.size(); ++i) ASSERT_TRUE(std::isfinite(one[i])) << i;
+}
+
+// Speculative rounds on the host twin (a verify pass of six tokens, rolled back to a few of them,
+// then a decode step) answer as on the CPU path, round after round: rejected positions'
+// global entries, rewritten at the same indices by the next pass, are not read from the device's
+// mirror of the old ones; nor are those of another copy of the state that ran before at the same
+// address. Short prompts, so that the top-k selects nearly every entry.
+TEST(DeviceLayers, HostTwinRollbackThenDecodeIsTheCpuPath) {
+  const EngineConfig& c = testutil::TinyConfig();
+  auto w = std::make_shared<const ModelWeights>(std::move(*InitWeights(c, 5)));
+  auto cpu = MakeEngine(c, w, LayerDevice::kCpu);
+  auto twin = MakeEngine(c, w, LayerDevice::kHostTwin);
+  ASSERT_NE(cpu, nullptr);
+  ASSERT_NE(twin, nullptr);
+  AttnInputCapture cap;
+  cap.layers = c.kv_source_layer_ids;
+  auto run = [&](Engine* e) {
+    std::vector<float> out, logits;
+    for (int len : {9, 20}) {
+      SequenceState st = e->NewSequence();
+      EXPECT_TRUE(e->Forward(&st, Prompt(len, 3 + len), false, &logits).ok());
+      for (int round = 0; round < 4; ++round) {
+        VerifyCheckpoint cp;
+        SaveCheckpoint(st, &cp);
+        cap.from_pos = cp.tokens;
+        e->set_attn_capture(&cap);
+        const std::vector<int32_t> verify = Prompt(6, 50 + 7 * round);
+        EXPECT_TRUE(e->Forward(&st, verify, true, &logits).ok());
+        e->set_attn_capture(nullptr);
+        out.insert(out.end(), logits.begin(), logits.end());
+        const Status s = RollbackTo(c, *w, cp, cap, cp.tokens + 1 + round % 3, &st);
+        EXPECT_TRUE(s.ok()) << s.ToString();
+        EXPECT_TRUE(e->Decode(&st, 9 + round, &logits).ok());
+        out.insert(out.end(), logits.begin(), logits.end());
+      }
+      // Copies of one state, each run on from the same address: a copy's entries are its own.
+      for (int keep = 0; keep < 3; ++keep) {
+        SequenceState spec = st;
+        const std::vector<int32_t> more = Prompt(4, 90 + keep);
+        EXPECT_TRUE(e->Forward(&spec, more, false, &logits).ok());
+        out.insert(out.end(), logits.begin(), logits.end());
+      }
+    }
+    return out;
+  };
+  const std::vector<float> want = run(cpu.get()), got = run(twin.get());
+  ASSERT_EQ(want.size(), got.size());
+  ASSERT_FALSE(want.empty());
+  EXPECT_TRUE(BitEqual(want.data(), got.data(), want.size()));
+}
+
+// The mirror of a global KV source follows the source's history (KvEpoch): entries appended
+// under one epoch are added, a truncation's new epoch keeps the parent's first entries and
+// replaces the rest, a new epoch without a parent is copied whole; under an unchanged epoch the
+// mirror is trusted (rewriting bytes without a new epoch is not seen: the entries did not cross
+// again). Every answer is compared with a device that never saw the source. Past its byte limit
+// the least recently read mirror is dropped (and copied again when read); a source larger than
+// the limit alone is Rejected.
+TEST(DeviceLayers, KvMirrorFollowsItsSourcesHistory) {
+  const EngineConfig c = testutil::TinyConfig();
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  std::vector<float> values(1 << 20);
+  for (float& x : values) x = u(rng);
+  const device::DeviceModelWeights w = WeightsFrom(c, values);
+  const int n = 1, D = c.hidden_size, hc = c.hc_mult, hd = c.head_dim;
+  const int pairs = c.qk_rope_head_dim / 2;
+  const size_t mdb = hd / 2, msb = hd / 16;
+  std::vector<float> x(static_cast<size_t>(n) * hc * D), pre(static_cast<size_t>(n) * hc, 0.25f);
+  for (float& v : x) v = u(rng);
+  std::vector<float> kv(static_cast<size_t>(n) * hd);
+  const std::vector<uint8_t> swa_data(hd, 0x30), swa_scales(hd / 32, 126);
+  const std::vector<float> rope_c(n * pairs, 1.0f), rope_s(n * pairs, 0.0f);
+  // A source's bytes: entries of random codes.
+  struct Source {
+    std::vector<uint8_t> data, scales;
+    size_t mdb;
+    device::DeviceLayers::KvSource view(const void* id, uint64_t epoch, uint64_t parent = 0,
+                                        int64_t keep = 0) const {
+      return {id,          epoch,        parent, keep, static_cast<int64_t>(data.size() / mdb),
+              data.data(), scales.data()};
+    }
+  };
+  auto entries = [&](int count) {
+    Source s;
+    s.mdb = mdb;
+    s.data.resize(count * mdb);
+    s.scales.assign(count * msb, 0x38);
+    for (uint8_t& b : s.data) b = static_cast<uint8_t>(rng());
+    return s;
+  };
+  // The residual after attending to `read` (entries of source v) and the SWA entry.
+  auto answer = [&](device::DeviceLayers& d, const device::DeviceLayers::KvSource& v,
+                    const std::vector<int32_t>& read) {
+    EXPECT_TRUE(d.Begin(n, x.data(), pre.data()).ok());
+    EXPECT_TRUE(d.AttentionInput(1, nullptr).ok());
+    EXPECT_TRUE(d.AttentionProducts(1, {nullptr, kv.data()}).ok());
+    const std::vector<int32_t> main_source(read.size(), 0);
+    std::vector<int32_t> keys, key_off = {0};
+    for (size_t i = 0; i <= read.size(); ++i) keys.push_back(static_cast<int32_t>(i));
+    key_off.push_back(static_cast<int32_t>(keys.size()));
+    device::DeviceLayers::AttentionKeys k;
+    k.sources = std::span(&v, 1);
+    k.main_source = main_source.data();
+    k.main_entry = read.data();
+    k.main = static_cast<int64_t>(read.size());
+    k.swa_data = swa_data.data();
+    k.swa_scales = swa_scales.data();
+    k.swa = 1;
+    k.keys = keys.data();
+    k.key_off = key_off.data();
+    k.rope_c = rope_c.data();
+    k.rope_s = rope_s.data();
+    const Status s = d.Attention(1, k);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(d.AttentionOutput(1, nullptr).ok());
+    std::vector<float> out(x.size());
+    EXPECT_TRUE(d.Residual(out.data()).ok());
+    return out;
+  };
+  auto fresh = [&](size_t mirror_max = device::DeviceLayers::kKvMirrorBytesMax) {
+    auto d =
+        device::DeviceLayers::Create(device::DeviceKind::kHost, c, w,
+                                     device::DeviceLayers::kAttentionWeightsBytesMax, mirror_max);
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+    return std::move(*d);
+  };
+  // The same as a device that never saw the source.
+  auto cold = [&](const device::DeviceLayers::KvSource& v, const std::vector<int32_t>& read) {
+    auto d = fresh();
+    return answer(*d, v, read);
+  };
+  auto dev = fresh();
+  int id = 0;  // the source's identity: its address
+  Source a = entries(4);
+  auto va = a.view(&id, 1);
+  EXPECT_EQ(answer(*dev, va, {3, 1}), cold(va, {3, 1}));
+  EXPECT_EQ(dev->mirrors(), 1u);
+  // Appended under the same epoch.
+  Source more = entries(2);
+  a.data.insert(a.data.end(), more.data.begin(), more.data.end());
+  a.scales.insert(a.scales.end(), more.scales.begin(), more.scales.end());
+  va = a.view(&id, 1);
+  EXPECT_EQ(answer(*dev, va, {5, 0, 4}), cold(va, {5, 0, 4}));
+  // Truncated to 3, then three new entries: epoch 2, parent 1 keeping 3.
+  Source b = entries(3);
+  a.data.resize(3 * mdb);
+  a.scales.resize(3 * msb);
+  a.data.insert(a.data.end(), b.data.begin(), b.data.end());
+  a.scales.insert(a.scales.end(), b.scales.begin(), b.scales.end());
+  va = a.view(&id, 2, 1, 3);
+  EXPECT_EQ(answer(*dev, va, {3, 4, 2}), cold(va, {3, 4, 2}));
+  // Rewritten from the start under a new epoch without a parent.
+  a = entries(6);
+  va = a.view(&id, 3);
+  EXPECT_EQ(answer(*dev, va, {0, 5}), cold(va, {0, 5}));
+  // Bytes rewritten under the same epoch are not seen: the mirror is what is read.
+  const std::vector<float> trusted = answer(*dev, va, {0});
+  std::fill(a.data.begin(), a.data.begin() + mdb, uint8_t{0x77});
+  EXPECT_EQ(answer(*dev, va, {0}), trusted);
+  EXPECT_NE(cold(va, {0}), trusted);
+  // Two sources under a limit that holds one mirror: each read drops the other's and copies its
+  // own again; the answers stay true.
+  const size_t one = 64 * (mdb + msb);  // a mirror's first size
+  auto small = fresh(one);
+  int id2 = 0;
+  const Source s2 = entries(5);
+  const auto v2 = s2.view(&id2, 4);
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_EQ(answer(*small, va, {2}), cold(va, {2})) << round;
+    EXPECT_EQ(small->mirrors(), 1u);
+    EXPECT_EQ(answer(*small, v2, {4}), cold(v2, {4})) << round;
+    EXPECT_EQ(small->mirrors(), 1u);
+    EXPECT_LE(small->mirror_bytes(), one);
+  }
+  // A source past the limit alone.
+  const Source big = entries(65);
+  int id3 = 0;
+  const auto v3 = big.view(&id3, 5);
+  ASSERT_TRUE(small->Begin(n, x.data(), pre.data()).ok());
+  ASSERT_TRUE(small->AttentionInput(1, nullptr).ok());
+  ASSERT_TRUE(small->AttentionProducts(1, {nullptr, kv.data()}).ok());
+  const std::vector<int32_t> main_source = {0}, keys = {0, 1}, key_off = {0, 2};
+  const std::vector<int32_t> read = {64};
+  device::DeviceLayers::AttentionKeys k;
+  k.sources = std::span(&v3, 1);
+  k.main_source = main_source.data();
+  k.main_entry = read.data();
+  k.main = 1;
+  k.swa_data = swa_data.data();
+  k.swa_scales = swa_scales.data();
+  k.swa = 1;
+  k.keys = keys.data();
+  k.key_off = key_off.data();
+  k.rope_c = rope_c.data();
+  k.rope_s = rope_s.data();
+  EXPECT_EQ(small->Attention(1, k).code(), StatusCode::kRejected);
 }
 
 // The device profile counts every kernel and copy of a pass: one batched decode step of three

@@ -472,7 +472,7 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
     return Status::Ok();
   };
   if (device_ != nullptr && trace_ == nullptr) {
-    // The dense layers on the device; attention over the caches and Engram here; the residual and
+    // The layers on the device; the caches' part of attention and Engram here; the residual and
     // pre back in x and pre at the end.
     thread_local std::vector<int64_t> pos_slot;
     thread_local AttnKeyRows keys_slot;

@@ -73,11 +73,12 @@ inline constexpr size_t kMaxPromptTokens = size_t{1} << 22;
 inline constexpr int kMaxEngramLookaheadChunks = 8;
 inline constexpr int kMaxEngramPrefetchBatches = 256;
 
-// Where the engine's passes run the dense part of each layer (engine/device/layers.h).
+// Where the engine's passes run each layer's arithmetic (engine/device/layers.h).
 enum class LayerDevice {
   kCpu,       // on the CPU (the default)
-  kCuda,      // on the GPU, the pass's activations kept there; the attention sublayer and Engram
-              // on the CPU. Logits within the CUDA math library's expf / log1pf of kCpu's.
+  kCuda,      // on the GPU, the pass's activations kept there; the caches, the compressor, the
+              // top-k and Engram on the CPU. Logits within the CUDA math library's expf / log1pf
+              // of kCpu's.
   kHostTwin,  // the GPU's kernels run on the CPU: kCpu's bits, slower (tests, machines
               // without a GPU)
 };
@@ -110,8 +111,8 @@ struct EngineOptions {
   // (piece x hc_mult x hidden_size floats). In (sliding_window, kMaxTokensPerCall], or
   // kMaxTokensPerCall whatever the window. Default kMaxTokensPerCall.
   int prompt_piece_tokens = static_cast<int>(kMaxTokensPerCall);
-  // Where every pass (Forward, PrefillCed, ExtendCed, ReplayTail, ForwardBatch) runs its dense
-  // layers (see LayerDevice); Create fails (Unavailable) for kCuda without a usable device. A
+  // Where every pass (Forward, PrefillCed, ExtendCed, ReplayTail, ForwardBatch) runs its layers
+  // (see LayerDevice); Create fails (Unavailable) for kCuda without a usable device. A
   // pass while a StepTrace is set runs on the CPU whatever it says; the head of a single-sequence
   // pass runs on the CPU (its residual comes back at the end of the pass's layers).
   LayerDevice layer_device = LayerDevice::kCpu;
@@ -551,7 +552,7 @@ class Engine {
   EngineStats stats_;
   StepTrace* trace_ = nullptr;
   AttnInputCapture* capture_ = nullptr;
-  // The passes' dense layers when options_.layer_device is not kCpu (model_device.cc).
+  // The passes' layers when options_.layer_device is not kCpu (model_device.cc).
   std::unique_ptr<device::DeviceLayers> device_;
   Status BindDevice();
 };

@@ -169,7 +169,7 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
   thread_local std::vector<float> out_slot;
   Scratch<float> out(out_slot, static_cast<size_t>(head_n) * V);
   if (device_ != nullptr && trace_ == nullptr) {
-    // The dense layers and the head on the device; attention over the caches and Engram here.
+    // The layers and the head on the device; the caches' part of attention and Engram here.
     if (key_rows.size() < k) key_rows.resize(k);  // never shrunk, as rt
     std::vector<AttnKeyRows*>& key_ptrs = key_ptrs_slot;
     key_ptrs.resize(k);

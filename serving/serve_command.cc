@@ -80,11 +80,12 @@ int RunServe(std::span<const std::string_view> args) {
   flags.Uint("threads", &threads, "engine CPU threads (results do not depend on it)", false, 1,
              engine::kMaxThreads);
   flags.String("layer-device", &layer_device, "DEVICE",
-               "where the engine's passes run the dense part of every layer: cpu, cuda "
+               "where the engine's passes run every layer's arithmetic: cpu, cuda "
                "(the GPU keeps the step's activations and runs the mixes, norms, attention "
-               "projections and MoE; attention over the caches and Engram stay on the CPU; "
-               "logits within the CUDA math library's expf/log1pf of the CPU's) or host-twin "
-               "(the GPU's kernels on the CPU: the CPU's bits, slower; for checks)");
+               "projections, the attention over the keys the CPU selects, and MoE; the caches, "
+               "the compressor, the top-k and Engram stay on the CPU; logits within the CUDA "
+               "math library's expf/log1pf of the CPU's) or host-twin (the GPU's kernels on "
+               "the CPU: the CPU's bits, slower; for checks)");
   flags.String("guard", &guard, "MODE",
                "resume guard: auto (fetch or recompute, whichever is estimated cheaper), fetch, "
                "recompute");

@@ -15,7 +15,7 @@
 # not a skip (tests/cuda_required.h): the engine's CUDA MatMul bit for bit against the CPU and
 # a prompt's logits with and without it; every FP4/FP8 codec on the CUDA backend against the
 # reference and NVIDIA's vectors; the golden logits of the PyTorch reference with the engine's
-# CUDA MatMul on and off, and with the decode steps' dense layers on the GPU (engine/device/);
+# CUDA MatMul on and off, and with the decode steps' layers on the GPU (engine/device/);
 # those layers against the CPU path (within 1e-3) and their host twin bit for bit; the HBM and
 # DRAM tiers on cudaMalloc / cudaHostAlloc memory.
 # Benchmarks (each bounded by a timeout, so one slow step cannot spend the lease): the CUDA
@@ -24,7 +24,7 @@
 # decode tokens/s of mini-v4.1 with KVTIER_ENGINE_CUDA=0 and 1 (1 and all threads); batched
 # decode and a 6-token verify pass, whose printed digests must agree with and without CUDA, and
 # the same with FP8 projections and MXFP4 experts on the CPU (the coded-panel kernels); batched
-# decode, prefill and decode tokens/s and the 16K / 64K resume with the dense layers on the GPU
+# decode, prefill and decode tokens/s and the 16K / 64K resume with the layers on the GPU
 # (--layer-device cuda; the batched decode's worst logit difference; each kernel's and copy's
 # device time per pass against the pass's wall time, --device-profile); the
 # resume of 16K- and 64K-token sessions against recompute with the CUDA MatMul on and off;
@@ -108,7 +108,7 @@ threads=$(nproc)
 
 note "-- tests"
 test_step engine_cuda_test 120 "$B/tests/engine/kvtier_engine_cuda_test"
-# ForwardBatch's dense layers on the GPU (engine/device/) against the CPU path, and their kernels'
+# ForwardBatch's layers on the GPU (engine/device/) against the CPU path, and their kernels'
 # host twin against it bit for bit.
 test_step engine_device_test 180 "$B/tests/engine/kvtier_engine_device_test"
 test_step kernels_test 120 "$B/tests/kernels/kvtier_kernels_test"
@@ -164,7 +164,7 @@ for cuda in 0 1; do
     --model "$MINI" --threads "1,$threads" --k 1,16 --rounds 3 --steps 4 --history 256 \
     --verify-tokens 6
 done
-# The dense layers on the GPU with the pass's activations kept there (--layer-device cuda): prefill
+# The layers on the GPU with the pass's activations kept there (--layer-device cuda): prefill
 # and decode tokens/s (1 and all threads), the 16K and 64K resume against recompute, and batched
 # decode against the same rows decoded one at a time (logits within 1e-3 of each logit's size,
 # the worst printed as max_rel_diff): mini-v4.1 and the trained miniature, 1 to 32 sequences.

@@ -53,7 +53,7 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 // An engine over the model config at config_path and the weights at model_path, on `threads`
 // CPU threads; *weights_out (when given) shares the loaded weights; engram_rows (when given)
 // serves the Engram rows instead of the weights' own tables; layer_device: where its passes'
-// dense layers run (EngineOptions::layer_device).
+// layers run (EngineOptions::layer_device).
 StatusOr<std::unique_ptr<Engine>> Open(const std::string& config_path,
                                        const std::string& model_path, int threads,
                                        std::shared_ptr<const ModelWeights>* weights_out = nullptr,

@@ -13,7 +13,7 @@ b=$("$bin" generate --model "$model" --config "$config" --prompt-file "$dir/prom
       --max-new 8 --temperature 0.7 --top-p 0.9 --seed 11 --ids --threads 2 | tail -n 1)
 [ "$a" = "$b" ] || { echo "sampling differs: '$a' vs '$b'"; exit 1; }
 [ "$(echo "$a" | wc -w)" -eq 8 ] || { echo "expected 8 ids, got '$a'"; exit 1; }
-# The dense layers on the host twin (the GPU's kernels on the CPU): the same sampled ids; an
+# The layers on the host twin (the GPU's kernels on the CPU): the same sampled ids; an
 # unknown device is a usage error.
 c=$("$bin" generate --model "$model" --config "$config" --prompt-file "$dir/prompt.txt" \
       --max-new 8 --temperature 0.7 --top-p 0.9 --seed 11 --ids --layer-device host-twin | tail -n 1)

@@ -193,7 +193,7 @@ SequenceState StateFromReference(const Engine& e, const json& c, bool with_rings
 // Every computed row's logits of `c` on the engine, from c["first_row"] on.
 // edit_config, when given, changes the checkpoint's config first (a test that the vectors see
 // a setting). With a layer device other than kCpu the decode steps run as one-sequence
-// ForwardBatch passes, whose dense layers run there (engine/device/).
+// ForwardBatch passes, whose layers run there (engine/device/).
 std::vector<std::vector<float>> RunCase(
     const json& c, bool use_pool = true,
     const std::function<void(EngineConfig*)>& edit_config = nullptr,
@@ -305,7 +305,7 @@ TEST(EngineGolden, FullForwardThenDecodeMatchesReference) { CheckMode("full"); }
 TEST(EngineGolden, CedPrefillThenDecodeMatchesReference) { CheckMode("ced"); }
 TEST(EngineGolden, DecodeOverReferenceCachesMatchesReference) { CheckMode("decode"); }
 TEST(EngineGolden, BoundedReplayOverImportedKvMatchesReference) { CheckMode("replay"); }
-// Every mode with the dense layers on the device path (prefill, CED, replay and the decode steps,
+// Every mode with the layers on the device path (prefill, CED, replay and the decode steps,
 // these as ForwardBatch passes): the host twin (the GPU's kernels on the CPU) everywhere, the GPU
 // where there is one (KVTIER_REQUIRE_CUDA=1: it must be there).
 TEST(EngineGolden, EveryModeOnTheHostTwinLayersMatchesReference) {

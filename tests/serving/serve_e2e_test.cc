@@ -1167,7 +1167,7 @@ TEST_F(ServeTest, SpeculativeGreedyEqualsPlainDecoding) {
   }
 }
 
-// `--layer-device host-twin` (the GPU's kernels for the dense layers, run on the CPU) answers
+// `--layer-device host-twin` (the GPU's kernels for the layers, run on the CPU) answers
 // every request as the CPU path does, alone and four at once (prefill chunks and decode rows of
 // several sequences in one ForwardBatch), resuming from kvtierd, and with speculative decoding;
 // an unknown device is exit 2.

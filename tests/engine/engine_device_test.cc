@@ -252,6 +252,55 @@ device::DeviceModelWeights WeightsFrom(const EngineConfig& c, const std::vector<
   return w;
 }
 
+// 2^20 floats uniform in [-0.5, 0.5), for WeightsFrom.
+std::vector<float> RandomValues(uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  std::vector<float> v(1 << 20);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// Attention keys over the given tables and lists (main_source / main_entry name the global
+// entries; swa_data holds the SWA entries, head_dim bytes each).
+device::DeviceLayers::AttentionKeys KeysOf(
+    std::span<const device::DeviceLayers::KvSource> sources,
+    const std::vector<int32_t>& main_source, const std::vector<int32_t>& main_entry,
+    const std::vector<uint8_t>& swa_data, const std::vector<uint8_t>& swa_scales, int head_dim,
+    const std::vector<int32_t>& keys, const std::vector<int32_t>& key_off,
+    const std::vector<float>& rope_c, const std::vector<float>& rope_s) {
+  device::DeviceLayers::AttentionKeys k;
+  k.sources = sources;
+  k.main_source = main_source.data();
+  k.main_entry = main_entry.data();
+  k.main = static_cast<int64_t>(main_entry.size());
+  k.swa_data = swa_data.data();
+  k.swa_scales = swa_scales.data();
+  k.swa = static_cast<int64_t>(swa_data.size()) / head_dim;
+  k.keys = keys.data();
+  k.key_off = key_off.data();
+  k.rope_c = rope_c.data();
+  k.rope_s = rope_s.data();
+  return k;
+}
+
+// A pass of the n rows x (pre) on d through layer's attention sublayer with keys k: the residual
+// after it (empty, with a failure recorded, when a step fails).
+std::vector<float> AttendOnce(device::DeviceLayers& d, int layer, int n,
+                              const std::vector<float>& x, const std::vector<float>& pre,
+                              std::vector<float>* kv,
+                              const device::DeviceLayers::AttentionKeys& k) {
+  std::vector<float> out(x.size());
+  const bool ok = d.Begin(n, x.data(), pre.data()).ok() && d.AttentionInput(layer, nullptr).ok() &&
+                  d.AttentionProducts(layer, {nullptr, kv->data()}).ok();
+  const Status s = ok ? d.Attention(layer, k) : Status::Internal("the pass did not start");
+  if (!s.ok() || !d.AttentionOutput(layer, nullptr).ok() || !d.Residual(out.data()).ok()) {
+    ADD_FAILURE() << s.ToString();
+    return {};
+  }
+  return out;
+}
+
 TEST(DeviceLayers, AttentionEntryPointsRefuseWhatTheyCannotCompute) {
   const EngineConfig c = testutil::TinyConfig();
   const std::vector<float> ones(1 << 20, 1.0f);
@@ -301,19 +350,8 @@ TEST(DeviceLayers, AttentionEntryPointsRefuseWhatTheyCannotCompute) {
   std::vector<int32_t> main_source = {0};
   std::vector<int32_t> main_entry = {1};
   auto good = [&] {
-    device::DeviceLayers::AttentionKeys k;
-    k.sources = sources;
-    k.main_source = main_source.data();
-    k.main_entry = main_entry.data();
-    k.main = 1;
-    k.swa_data = swa_data.data();
-    k.swa_scales = swa_scales.data();
-    k.swa = 2;
-    k.keys = keys.data();
-    k.key_off = key_off.data();
-    k.rope_c = rope_c.data();
-    k.rope_s = rope_s.data();
-    return k;
+    return KeysOf(sources, main_source, main_entry, swa_data, swa_scales, hd, keys, key_off, rope_c,
+                  rope_s);
   };
   auto attend = [&](int layer, const device::DeviceLayers::AttentionKeys& k) {
     return d.Attention(layer, k).code();
@@ -373,11 +411,10 @@ TEST(DeviceLayers, AttentionEntryPointsRefuseWhatTheyCannotCompute) {
 // sublayer's output.
 TEST(DeviceLayers, AttentionInRowGroupsIsOneGroupsBits) {
   const EngineConfig c = testutil::TinyConfig();
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-  std::vector<float> values(1 << 20);
-  for (float& x : values) x = u(rng);
+  const std::vector<float> values = RandomValues(5);
   const device::DeviceModelWeights w = WeightsFrom(c, values);
+  std::mt19937 rng(50);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
   const int n = 3, D = c.hidden_size, hc = c.hc_mult, hd = c.head_dim;
   const int pairs = c.qk_rope_head_dim / 2;
   std::vector<float> x(static_cast<size_t>(n) * hc * D), pre(static_cast<size_t>(n) * hc, 0.25f);
@@ -393,37 +430,17 @@ TEST(DeviceLayers, AttentionInRowGroupsIsOneGroupsBits) {
     rope_s[i] = std::sin(0.3f * static_cast<float>(i));
   }
   const std::vector<int32_t> keys = {0, 4, 1, 2, 4, 5, 3, 0, 6, 5, 4}, key_off = {0, 2, 6, 11};
+  // Table rows 0-3: entries 5, 0, 2, 3 of a source of six.
+  const device::DeviceLayers::KvSource source = {&main_data,        3, 0, 0, 6, main_data.data(),
+                                                 main_scales.data()};
+  const std::vector<int32_t> main_source(4, 0), main_entry = {5, 0, 2, 3};
+  const auto k = KeysOf(std::span(&source, 1), main_source, main_entry, swa_data, swa_scales, hd,
+                        keys, key_off, rope_c, rope_s);
   auto residual = [&](size_t limit) {
     auto dev = device::DeviceLayers::Create(device::DeviceKind::kHost, c, w, limit);
     EXPECT_TRUE(dev.ok()) << dev.status().ToString();
     if (!dev.ok()) return std::vector<float>{};
-    device::DeviceLayers& d = **dev;
-    EXPECT_TRUE(d.Begin(n, x.data(), pre.data()).ok());
-    EXPECT_TRUE(d.AttentionInput(1, nullptr).ok());
-    EXPECT_TRUE(d.AttentionProducts(1, {nullptr, kv.data()}).ok());
-    // Table rows 0-3: entries 5, 0, 2, 3 of a source of six.
-    const device::DeviceLayers::KvSource source = {&main_data,        3, 0, 0, 6, main_data.data(),
-                                                   main_scales.data()};
-    const std::vector<int32_t> main_source(4, 0);
-    const std::vector<int32_t> main_entry = {5, 0, 2, 3};
-    device::DeviceLayers::AttentionKeys k;
-    k.sources = std::span(&source, 1);
-    k.main_source = main_source.data();
-    k.main_entry = main_entry.data();
-    k.main = 4;
-    k.swa_data = swa_data.data();
-    k.swa_scales = swa_scales.data();
-    k.swa = 3;
-    k.keys = keys.data();
-    k.key_off = key_off.data();
-    k.rope_c = rope_c.data();
-    k.rope_s = rope_s.data();
-    const Status s = d.Attention(1, k);
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    EXPECT_TRUE(d.AttentionOutput(1, nullptr).ok());
-    std::vector<float> out(x.size());
-    EXPECT_TRUE(d.Residual(out.data()).ok());
-    return out;
+    return AttendOnce(**dev, 1, n, x, pre, &kv, k);
   };
   const std::vector<float> one = residual(device::DeviceLayers::kAttentionWeightsBytesMax),
                            grouped = residual(1);
@@ -491,11 +508,10 @@ TEST(DeviceLayers, HostTwinRollbackThenDecodeIsTheCpuPath) {
 // the limit alone is Rejected.
 TEST(DeviceLayers, KvMirrorFollowsItsSourcesHistory) {
   const EngineConfig c = testutil::TinyConfig();
-  std::mt19937 rng(9);
-  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-  std::vector<float> values(1 << 20);
-  for (float& x : values) x = u(rng);
+  const std::vector<float> values = RandomValues(9);
   const device::DeviceModelWeights w = WeightsFrom(c, values);
+  std::mt19937 rng(90);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
   const int n = 1, D = c.hidden_size, hc = c.hc_mult, hd = c.head_dim;
   const int pairs = c.qk_rope_head_dim / 2;
   const size_t mdb = hd / 2, msb = hd / 16;
@@ -525,31 +541,13 @@ TEST(DeviceLayers, KvMirrorFollowsItsSourcesHistory) {
   // The residual after attending to `read` (entries of source v) and the SWA entry.
   auto answer = [&](device::DeviceLayers& d, const device::DeviceLayers::KvSource& v,
                     const std::vector<int32_t>& read) {
-    EXPECT_TRUE(d.Begin(n, x.data(), pre.data()).ok());
-    EXPECT_TRUE(d.AttentionInput(1, nullptr).ok());
-    EXPECT_TRUE(d.AttentionProducts(1, {nullptr, kv.data()}).ok());
     const std::vector<int32_t> main_source(read.size(), 0);
     std::vector<int32_t> keys, key_off = {0};
     for (size_t i = 0; i <= read.size(); ++i) keys.push_back(static_cast<int32_t>(i));
     key_off.push_back(static_cast<int32_t>(keys.size()));
-    device::DeviceLayers::AttentionKeys k;
-    k.sources = std::span(&v, 1);
-    k.main_source = main_source.data();
-    k.main_entry = read.data();
-    k.main = static_cast<int64_t>(read.size());
-    k.swa_data = swa_data.data();
-    k.swa_scales = swa_scales.data();
-    k.swa = 1;
-    k.keys = keys.data();
-    k.key_off = key_off.data();
-    k.rope_c = rope_c.data();
-    k.rope_s = rope_s.data();
-    const Status s = d.Attention(1, k);
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    EXPECT_TRUE(d.AttentionOutput(1, nullptr).ok());
-    std::vector<float> out(x.size());
-    EXPECT_TRUE(d.Residual(out.data()).ok());
-    return out;
+    return AttendOnce(d, 1, n, x, pre, &kv,
+                      KeysOf(std::span(&v, 1), main_source, read, swa_data, swa_scales, hd, keys,
+                             key_off, rope_c, rope_s));
   };
   auto fresh = [&](size_t mirror_max = device::DeviceLayers::kKvMirrorBytesMax) {
     auto d =
@@ -615,18 +613,8 @@ TEST(DeviceLayers, KvMirrorFollowsItsSourcesHistory) {
   ASSERT_TRUE(small->AttentionProducts(1, {nullptr, kv.data()}).ok());
   const std::vector<int32_t> main_source = {0}, keys = {0, 1}, key_off = {0, 2};
   const std::vector<int32_t> read = {64};
-  device::DeviceLayers::AttentionKeys k;
-  k.sources = std::span(&v3, 1);
-  k.main_source = main_source.data();
-  k.main_entry = read.data();
-  k.main = 1;
-  k.swa_data = swa_data.data();
-  k.swa_scales = swa_scales.data();
-  k.swa = 1;
-  k.keys = keys.data();
-  k.key_off = key_off.data();
-  k.rope_c = rope_c.data();
-  k.rope_s = rope_s.data();
+  const auto k = KeysOf(std::span(&v3, 1), main_source, read, swa_data, swa_scales, hd, keys,
+                        key_off, rope_c, rope_s);
   EXPECT_EQ(small->Attention(1, k).code(), StatusCode::kRejected);
 }
 

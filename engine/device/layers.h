@@ -84,7 +84,9 @@ class DeviceLayers {
   // (the same bits; at least one row per group).
   static constexpr size_t kAttentionWeightsBytesMax = size_t{64} << 20;
   // Device memory the global KV's mirrors may hold (Attention), and how many sources they may
-  // mirror: past either, the least recently read mirrors are dropped.
+  // mirror: past either, the least recently read mirrors are dropped. A mirror whose cache no
+  // longer exists goes only then (the device is not told of a cache's end; a new cache at the
+  // same address has a new epoch, so it is never read in its place).
   static constexpr size_t kKvMirrorBytesMax = size_t{4} << 30;
   static constexpr size_t kKvMirrorsMax = 1 << 16;
   // Copies the weights to a new backend of `kind`. Unavailable without that device;

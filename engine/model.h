@@ -149,12 +149,6 @@ struct SwaRing {
   }
 };
 
-// The global KV of one KV source layer: entries in FP4 exactly as a unit stores them
-// (main kFp4E4M3x16, index key kFp4Ue8m0x32), plus the compressor's partial group
-// (kv_state / score_state, ratio x head_dim fp32). There is no fp32 copy of the entries:
-// attention and the indexer dequantise the bytes they read (exact, kernels/quant.h). The byte
-// vectors grow by AppendKvBytes, so their capacity stays within kKvGrowthNum/kKvGrowthDen of
-// their size (KvCacheBytes).
 // A process-wide unique number naming one history of a cache's entries, for a copy of them kept
 // elsewhere (the device layers' mirror): while a cache keeps its epoch, its entries only grow at
 // the end, so a copy of the first s entries made under that epoch stays true. A new epoch on
@@ -185,6 +179,12 @@ class KvEpoch {
   uint64_t value_;
 };
 
+// The global KV of one KV source layer: entries in FP4 exactly as a unit stores them
+// (main kFp4E4M3x16, index key kFp4Ue8m0x32), plus the compressor's partial group
+// (kv_state / score_state, ratio x head_dim fp32). There is no fp32 copy of the entries:
+// attention and the indexer dequantise the bytes they read (exact, kernels/quant.h). The byte
+// vectors grow by AppendKvBytes, so their capacity stays within kKvGrowthNum/kKvGrowthDen of
+// their size (KvCacheBytes).
 struct KvSourceCache {
   int layer = 0;
   int ratio = 1;
@@ -503,8 +503,9 @@ class Engine {
   Status AttnCoreKeys(int layer, SequenceState* st, int64_t p0, int n, const AttnRows& a,
                       int64_t row0, Runtime* rt, ThreadPool* pool, AttnKeyRows* keys);
   // The device layers' attention of `layer` over the pass's rows (a: the pass's AttnRows, for the
-  // rotations), whose keys are seqs' lists in row order (one per sequence; a single sequence's
-  // lists are rewritten in place, several are merged into one upload).
+  // rotations), whose keys are seqs' lists in row order (one per sequence): the lists merged into
+  // one, each sequence's cache named for the device's mirror of it, the SWA bytes read in place
+  // for one sequence and merged for several.
   Status DeviceAttention(int layer, std::span<AttnKeyRows* const> seqs, const AttnRows& a);
   // The per-row output projection of n rows of attention outputs.
   void AttnOutput(int layer, int n, const float* o, float* out);

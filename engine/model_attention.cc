@@ -699,6 +699,7 @@ Status Engine::DeviceAttention(int layer, std::span<AttnKeyRows* const> seqs, co
   int64_t main = 0;
   for (const AttnKeyRows* r : seqs) main += static_cast<int64_t>(r->sel.size());
   int64_t main_at = 0, swa_at = 0;
+  const bool one = seqs.size() == 1;  // a single sequence's SWA bytes are read where they are
   for (const AttnKeyRows* r : seqs) {
     if (r->src != nullptr) {
       const KvSourceCache& k = *r->src;
@@ -716,7 +717,6 @@ Status Engine::DeviceAttention(int layer, std::span<AttnKeyRows* const> seqs, co
       }
       sources.push_back(s);
     }
-    const bool one = seqs.size() == 1;  // a single sequence's bytes are read where they are
     if (!one) {
       m.swa_data.insert(m.swa_data.end(), r->swa_data.begin(), r->swa_data.end());
       m.swa_scales.insert(m.swa_scales.end(), r->swa_scales.begin(), r->swa_scales.end());
@@ -734,7 +734,7 @@ Status Engine::DeviceAttention(int layer, std::span<AttnKeyRows* const> seqs, co
   k.main_source = main_source.data();
   k.main_entry = main_entry.data();
   k.main = main;
-  const AttnKeyRows& swa = seqs.size() == 1 ? *seqs[0] : m;
+  const AttnKeyRows& swa = one ? *seqs[0] : m;
   k.swa_data = swa.swa_data.data();
   k.swa_scales = swa.swa_scales.data();
   k.swa = swa_at;

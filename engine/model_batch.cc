@@ -126,8 +126,8 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
   // DeviceAttnProject's, over every row at once) into o, sequences spread over the threads when
   // no sequence outweighs a thread's share. xnh: the normed rows, or null where attn_rows_
   // carries the compressor's rows (always: ShapeAttnRows sizes them on every compressing layer).
-  // On the device path (key_rows set) each sequence's keys are gathered into key_rows[i]
-  // instead, for DeviceAttention.
+  // On the device path (device_keys) each sequence's keys are gathered into key_rows[i] instead,
+  // for DeviceAttention.
   thread_local std::vector<AttnKeyRows> key_rows_slot;
   thread_local std::vector<AttnKeyRows*> key_ptrs_slot;
   std::vector<AttnKeyRows>& key_rows = key_rows_slot;

@@ -439,7 +439,7 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
     return Status::InvalidArgument("device layers: attention keys or rotations missing");
   if (k.main + k.swa > INT32_MAX)
     return Status::InvalidArgument("device layers: more attention keys than an index holds");
-  thread_local std::vector<const void*> ids;
+  std::vector<const void*>& ids = source_ids_;
   ids.clear();
   for (const KvSource& s : k.sources) {
     if (s.id == nullptr || s.entries < 0 || s.entries > INT32_MAX || s.parent_keep < 0 ||
@@ -476,11 +476,11 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
   // of the upload (codes, then scales), scattered into place on the device.
   ++attention_calls_;
   const size_t mdb = hd / 2, msb = hd / 16, sdb = hd, ssb = hd / 32;
-  thread_local std::vector<Mirror*> mirror_of;
+  std::vector<Mirror*>& mirror_of = mirror_of_;
   mirror_of.assign(k.sources.size(), nullptr);
   run_dst_.clear();
   run_begin_.assign(1, 0);
-  thread_local std::vector<std::pair<const uint8_t*, size_t>> run_src;
+  std::vector<std::pair<const uint8_t*, size_t>>& run_src = run_src_;
   run_src.clear();
   for (size_t i = 0; i < k.sources.size(); ++i) {
     const KvSource& s = k.sources[i];

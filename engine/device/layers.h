@@ -37,6 +37,7 @@
 #include <memory>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -256,8 +257,13 @@ class DeviceLayers {
   std::unordered_map<const void*, Mirror> mirrors_;
   size_t mirror_bytes_ = 0;
   uint64_t attention_calls_ = 0;
-  std::vector<const uint8_t*> mirror_ptrs_;  // Attention's scratch: the mirrors' addresses
-  std::vector<uint8_t*> run_dst_;            // and the new entries' destinations
+  // Attention's scratch: the sources' identities, their mirrors and the mirrors' addresses, the
+  // new entries' runs (host bytes, destinations, offsets in the upload).
+  std::vector<const void*> source_ids_;
+  std::vector<Mirror*> mirror_of_;
+  std::vector<const uint8_t*> mirror_ptrs_;
+  std::vector<std::pair<const uint8_t*, size_t>> run_src_;
+  std::vector<uint8_t*> run_dst_;
   std::vector<int64_t> run_begin_;
   // Attention's upload (the keys' bytes, the lists, the rotations) on the host and the device,
   // the decoded keys and the heads' weights: grown to the largest pass, freed at destruction.

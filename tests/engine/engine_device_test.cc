@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -36,6 +37,17 @@ std::unique_ptr<Engine> MakeEngine(const EngineConfig& c, std::shared_ptr<const 
     return nullptr;
   }
   return std::move(*e);
+}
+
+// InitWeights(c, seed), shared by the engines a test compares (aborts the test binary when the
+// config cannot be initialised: every caller's config is a fixture's).
+std::shared_ptr<const ModelWeights> SharedWeights(const EngineConfig& c, uint64_t seed) {
+  auto w = InitWeights(c, seed);
+  if (!w.ok()) {
+    ADD_FAILURE() << w.status().ToString();
+    std::abort();
+  }
+  return std::make_shared<const ModelWeights>(std::move(*w));
 }
 
 // The logits of a fixed run on `e`: three sequences prefilled on the CPU path (Forward), then
@@ -97,9 +109,7 @@ TEST(DeviceLayers, HostTwinIsTheCpuPathBitForBit) {
   ASSERT_TRUE(coded.Validate().ok());
   const EngineConfig* const configs[] = {&testutil::TinyConfig(), &coded, &testutil::MiniConfig()};
   for (const EngineConfig* c : configs) {
-    auto w = c == &testutil::MiniConfig()
-                 ? testutil::MiniWeights()
-                 : std::make_shared<const ModelWeights>(std::move(*InitWeights(*c, 3)));
+    auto w = c == &testutil::MiniConfig() ? testutil::MiniWeights() : SharedWeights(*c, 3);
     auto cpu = MakeEngine(*c, w, LayerDevice::kCpu);
     auto twin = MakeEngine(*c, w, LayerDevice::kHostTwin);
     ASSERT_NE(cpu, nullptr);
@@ -163,7 +173,7 @@ std::vector<float> RunSinglePasses(Engine* e) {
 
 TEST(DeviceLayers, HostTwinRunsEverySingleSequencePassAsTheCpuPath) {
   const EngineConfig& c = testutil::TinyConfig();
-  auto w = std::make_shared<const ModelWeights>(std::move(*InitWeights(c, 9)));
+  auto w = SharedWeights(c, 9);
   auto cpu = MakeEngine(c, w, LayerDevice::kCpu);
   auto twin = MakeEngine(c, w, LayerDevice::kHostTwin, 2);
   ASSERT_NE(cpu, nullptr);
@@ -176,7 +186,7 @@ TEST(DeviceLayers, HostTwinRunsEverySingleSequencePassAsTheCpuPath) {
 
 TEST(DeviceLayers, HostTwinOnTwoThreadsIsItsOneThreadBits) {
   const EngineConfig& c = testutil::TinyConfig();
-  auto w = std::make_shared<const ModelWeights>(std::move(*InitWeights(c, 5)));
+  auto w = SharedWeights(c, 5);
   auto one = MakeEngine(c, w, LayerDevice::kHostTwin, 1);
   auto two = MakeEngine(c, w, LayerDevice::kHostTwin, 2);
   ASSERT_NE(one, nullptr);
@@ -190,7 +200,7 @@ TEST(DeviceLayers, HostTwinOnTwoThreadsIsItsOneThreadBits) {
 // trace is the CPU path's.
 TEST(DeviceLayers, ATracedPassRunsOnTheCpuPath) {
   const EngineConfig& c = testutil::TinyConfig();
-  auto w = std::make_shared<const ModelWeights>(std::move(*InitWeights(c, 3)));
+  auto w = SharedWeights(c, 3);
   auto cpu = MakeEngine(c, w, LayerDevice::kCpu);
   auto twin = MakeEngine(c, w, LayerDevice::kHostTwin);
   ASSERT_NE(cpu, nullptr);
@@ -284,15 +294,29 @@ device::DeviceLayers::AttentionKeys KeysOf(
   return k;
 }
 
-// A pass of the n rows x (pre) on d through layer's attention sublayer with keys k: the residual
-// after it (empty, with a failure recorded, when a step fails).
-std::vector<float> AttendOnce(device::DeviceLayers& d, int layer, int n,
-                              const std::vector<float>& x, const std::vector<float>& pre,
-                              std::vector<float>* kv,
+// A pass's host rows: n rows of residual (uniform in [-0.5, 0.5) from rng) and of pre (0.25
+// each), and room for the SWA entries AttentionProducts downloads.
+struct PassRows {
+  int n;
+  std::vector<float> x, pre, kv;
+};
+PassRows RandomRows(const EngineConfig& c, int n, std::mt19937* rng) {
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  PassRows r{n, std::vector<float>(static_cast<size_t>(n) * c.hc_mult * c.hidden_size),
+             std::vector<float>(static_cast<size_t>(n) * c.hc_mult, 0.25f),
+             std::vector<float>(static_cast<size_t>(n) * c.head_dim)};
+  for (float& v : r.x) v = u(*rng);
+  return r;
+}
+
+// A pass of `rows` on d through layer's attention sublayer with keys k: the residual after it
+// (empty, with a failure recorded, when a step fails).
+std::vector<float> AttendOnce(device::DeviceLayers& d, int layer, PassRows& rows,
                               const device::DeviceLayers::AttentionKeys& k) {
-  std::vector<float> out(x.size());
-  const bool ok = d.Begin(n, x.data(), pre.data()).ok() && d.AttentionInput(layer, nullptr).ok() &&
-                  d.AttentionProducts(layer, {nullptr, kv->data()}).ok();
+  std::vector<float> out(rows.x.size());
+  const bool ok = d.Begin(rows.n, rows.x.data(), rows.pre.data()).ok() &&
+                  d.AttentionInput(layer, nullptr).ok() &&
+                  d.AttentionProducts(layer, {nullptr, rows.kv.data()}).ok();
   const Status s = ok ? d.Attention(layer, k) : Status::Internal("the pass did not start");
   if (!s.ok() || !d.AttentionOutput(layer, nullptr).ok() || !d.Residual(out.data()).ok()) {
     ADD_FAILURE() << s.ToString();
@@ -414,12 +438,8 @@ TEST(DeviceLayers, AttentionInRowGroupsIsOneGroupsBits) {
   const std::vector<float> values = RandomValues(5);
   const device::DeviceModelWeights w = WeightsFrom(c, values);
   std::mt19937 rng(50);
-  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-  const int n = 3, D = c.hidden_size, hc = c.hc_mult, hd = c.head_dim;
-  const int pairs = c.qk_rope_head_dim / 2;
-  std::vector<float> x(static_cast<size_t>(n) * hc * D), pre(static_cast<size_t>(n) * hc, 0.25f);
-  for (float& v : x) v = u(rng);
-  std::vector<float> kv(static_cast<size_t>(n) * hd);
+  const int n = 3, hd = c.head_dim, pairs = c.qk_rope_head_dim / 2;
+  PassRows rows = RandomRows(c, n, &rng);
   std::vector<uint8_t> main_data(6 * hd / 2), main_scales(6 * hd / 16, 0x38);
   std::vector<uint8_t> swa_data(3 * hd), swa_scales(3 * hd / 32, 126);
   for (uint8_t& b : main_data) b = static_cast<uint8_t>(rng());
@@ -440,13 +460,13 @@ TEST(DeviceLayers, AttentionInRowGroupsIsOneGroupsBits) {
     auto dev = device::DeviceLayers::Create(device::DeviceKind::kHost, c, w, limit);
     EXPECT_TRUE(dev.ok()) << dev.status().ToString();
     if (!dev.ok()) return std::vector<float>{};
-    return AttendOnce(**dev, 1, n, x, pre, &kv, k);
+    return AttendOnce(**dev, 1, rows, k);
   };
   const std::vector<float> one = residual(device::DeviceLayers::kAttentionWeightsBytesMax),
                            grouped = residual(1);
-  ASSERT_EQ(one.size(), x.size());
+  ASSERT_EQ(one.size(), rows.x.size());
   EXPECT_TRUE(BitEqual(one.data(), grouped.data(), one.size()));
-  EXPECT_FALSE(BitEqual(one.data(), x.data(), x.size()));  // the sublayer did change it
+  EXPECT_FALSE(BitEqual(one.data(), rows.x.data(), rows.x.size()));  // the sublayer changed it
   for (size_t i = 0; i < one.size(); ++i) ASSERT_TRUE(std::isfinite(one[i])) << i;
 }
 
@@ -457,7 +477,7 @@ TEST(DeviceLayers, AttentionInRowGroupsIsOneGroupsBits) {
 // address. Short prompts, so that the top-k selects nearly every entry.
 TEST(DeviceLayers, HostTwinRollbackThenDecodeIsTheCpuPath) {
   const EngineConfig& c = testutil::TinyConfig();
-  auto w = std::make_shared<const ModelWeights>(std::move(*InitWeights(c, 5)));
+  auto w = SharedWeights(c, 5);
   auto cpu = MakeEngine(c, w, LayerDevice::kCpu);
   auto twin = MakeEngine(c, w, LayerDevice::kHostTwin);
   ASSERT_NE(cpu, nullptr);
@@ -511,13 +531,9 @@ TEST(DeviceLayers, KvMirrorFollowsItsSourcesHistory) {
   const std::vector<float> values = RandomValues(9);
   const device::DeviceModelWeights w = WeightsFrom(c, values);
   std::mt19937 rng(90);
-  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-  const int n = 1, D = c.hidden_size, hc = c.hc_mult, hd = c.head_dim;
-  const int pairs = c.qk_rope_head_dim / 2;
+  const int n = 1, hd = c.head_dim, pairs = c.qk_rope_head_dim / 2;
   const size_t mdb = hd / 2, msb = hd / 16;
-  std::vector<float> x(static_cast<size_t>(n) * hc * D), pre(static_cast<size_t>(n) * hc, 0.25f);
-  for (float& v : x) v = u(rng);
-  std::vector<float> kv(static_cast<size_t>(n) * hd);
+  PassRows rows = RandomRows(c, n, &rng);
   const std::vector<uint8_t> swa_data(hd, 0x30), swa_scales(hd / 32, 126);
   const std::vector<float> rope_c(n * pairs, 1.0f), rope_s(n * pairs, 0.0f);
   // A source's bytes: entries of random codes.
@@ -545,7 +561,7 @@ TEST(DeviceLayers, KvMirrorFollowsItsSourcesHistory) {
     std::vector<int32_t> keys, key_off = {0};
     for (size_t i = 0; i <= read.size(); ++i) keys.push_back(static_cast<int32_t>(i));
     key_off.push_back(static_cast<int32_t>(keys.size()));
-    return AttendOnce(d, 1, n, x, pre, &kv,
+    return AttendOnce(d, 1, rows,
                       KeysOf(std::span(&v, 1), main_source, read, swa_data, swa_scales, hd, keys,
                              key_off, rope_c, rope_s));
   };
@@ -608,9 +624,9 @@ TEST(DeviceLayers, KvMirrorFollowsItsSourcesHistory) {
   const Source big = entries(65);
   int id3 = 0;
   const auto v3 = big.view(&id3, 5);
-  ASSERT_TRUE(small->Begin(n, x.data(), pre.data()).ok());
+  ASSERT_TRUE(small->Begin(n, rows.x.data(), rows.pre.data()).ok());
   ASSERT_TRUE(small->AttentionInput(1, nullptr).ok());
-  ASSERT_TRUE(small->AttentionProducts(1, {nullptr, kv.data()}).ok());
+  ASSERT_TRUE(small->AttentionProducts(1, {nullptr, rows.kv.data()}).ok());
   const std::vector<int32_t> main_source = {0}, keys = {0, 1}, key_off = {0, 2};
   const std::vector<int32_t> read = {64};
   const auto k = KeysOf(std::span(&v3, 1), main_source, read, swa_data, swa_scales, hd, keys,
@@ -628,7 +644,7 @@ TEST(DeviceLayers, KvMirrorFollowsItsSourcesHistory) {
 // without device layers refuses.
 TEST(DeviceLayers, HostTwinProfileCountsEveryKernelAndCopyOfAPass) {
   const EngineConfig& c = testutil::TinyConfig();
-  auto w = std::make_shared<const ModelWeights>(std::move(*InitWeights(c, 3)));
+  auto w = SharedWeights(c, 3);
   auto plain = MakeEngine(c, w, LayerDevice::kHostTwin);
   auto profiled = MakeEngine(c, w, LayerDevice::kHostTwin);
   ASSERT_NE(plain, nullptr);

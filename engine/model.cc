@@ -25,10 +25,12 @@ size_t AppendKvBytes(std::vector<uint8_t>* v, size_t bytes) {
   return old;
 }
 
-uint64_t KvEpoch::Next() {
+uint64_t NextHistoryNumber() {
   static std::atomic<uint64_t> next{1};
   return next.fetch_add(1, std::memory_order_relaxed);
 }
+
+uint64_t KvEpoch::Next() { return NextHistoryNumber(); }
 
 void KvSourceCache::Truncate(int64_t e) {
   const size_t n = static_cast<size_t>(std::min(e, n_entries));
@@ -54,7 +56,8 @@ KvMemory KvCacheBytes(const SequenceState& st) {
         k.main_data.size() + k.main_scales.size() + k.index_data.size() + k.index_scales.size();
   }
   for (const SwaRing& r : st.swa) {
-    m.fixed_bytes += r.values.capacity() * sizeof(float) + r.data.capacity() + r.scales.capacity();
+    m.fixed_bytes += r.values.capacity() * sizeof(float) + r.data.capacity() + r.scales.capacity() +
+                     r.stamps.capacity() * sizeof(uint64_t);
   }
   return m;
 }
@@ -330,6 +333,7 @@ SequenceState Engine::NewSequence() const {
     r.values.assign(static_cast<size_t>(r.window) * r.dim, 0.0f);
     r.data.assign(static_cast<size_t>(r.window) * r.dim, 0);
     r.scales.assign(static_cast<size_t>(r.window) * (r.dim / 32), 0);
+    r.stamps.assign(static_cast<size_t>(r.window), 0);
   }
   for (int l : c.kv_source_layer_ids) {
     KvSourceCache k;
@@ -358,12 +362,21 @@ Status Engine::CheckTokens(std::span<const int32_t> tokens, size_t tokens_max) c
   return Status::Ok();
 }
 
+bool Engine::RingOfThisEngine(const SwaRing& r) const {
+  const size_t W = static_cast<size_t>(config_.sliding_window), hd = config_.head_dim;
+  return r.window == config_.sliding_window && r.dim == config_.head_dim &&
+         r.values.size() == W * hd && r.data.size() == W * hd && r.scales.size() == W * hd / 32 &&
+         r.stamps.size() == W;
+}
+
 Status Engine::CheckExtendable(const SequenceState& st) const {
   const int64_t n = static_cast<int64_t>(st.tokens.size());
   if (static_cast<int>(st.swa.size()) != config_.num_hidden_layers ||
       st.kv.size() != config_.kv_source_layer_ids.size())
     return Status::InvalidArgument("engine: state was not made by this engine");
   for (const SwaRing& r : st.swa) {
+    if (!RingOfThisEngine(r))
+      return Status::InvalidArgument("engine: state was not made by this engine");
     if (r.end != n && !(r.end == 0 && n == 0))
       return Status::InvalidArgument("engine: SWA ring does not end at the sequence end");
   }
@@ -766,6 +779,12 @@ Status Engine::ReplayTail(SequenceState* st, int64_t replay_tokens,
   }
   if (std::min<int64_t>(n, replay_tokens) > static_cast<int64_t>(kMaxTokensPerCall))
     return Status::InvalidArgument("engine: more than kMaxTokensPerCall tokens to replay");
+  if (static_cast<int>(st->swa.size()) != c.num_hidden_layers)
+    return Status::InvalidArgument("engine: state was not made by this engine");
+  for (const SwaRing& r : st->swa) {
+    if (!RingOfThisEngine(r))
+      return Status::InvalidArgument("engine: state was not made by this engine");
+  }
   const int R = static_cast<int>(std::min<int64_t>(n, replay_tokens));
   const int64_t start = n - R;
   for (SwaRing& r : st->swa) {

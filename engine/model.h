@@ -133,20 +133,28 @@ struct EngineStats {
   uint64_t engram_stall_us = 0;              // wall time of those waits
 };
 
+// A process-wide unique number, never 0 (KvEpoch's values and SwaRing's stamps). Thread-safe.
+uint64_t NextHistoryNumber();
+
 // The sliding-window ring of one layer: the last W positions' kv_norm(wkv x) with RoPE,
 // stored as FP8 e4m3 + ue8m0/32 (data/scales) and their exact dequantised values (W slots:
-// a constant per layer, not per cached token).
+// a constant per layer, not per cached token). Each slot carries the stamp of its last write
+// (0: never written), for a copy of the slots kept elsewhere (the device layers' mirror): equal
+// stamps mean equal bytes, so every write of a slot's bytes must take a new stamp (Stamp), and a
+// copy of a slot carries its stamp with it.
 struct SwaRing {
   int window = 0;
   int dim = 0;
-  int64_t valid_from = 0;       // replay start: positions below are never visible
-  int64_t end = 0;              // one past the newest position written
-  std::vector<float> values;    // window x dim, slot = pos % window
-  std::vector<uint8_t> data;    // window x dim
-  std::vector<uint8_t> scales;  // window x dim/32
+  int64_t valid_from = 0;        // replay start: positions below are never visible
+  int64_t end = 0;               // one past the newest position written
+  std::vector<float> values;     // window x dim, slot = pos % window
+  std::vector<uint8_t> data;     // window x dim
+  std::vector<uint8_t> scales;   // window x dim/32
+  std::vector<uint64_t> stamps;  // window
   bool Has(int64_t pos) const {
     return pos >= valid_from && pos < end && pos >= end - window && pos >= 0;
   }
+  void Stamp(int64_t slot) { stamps[static_cast<size_t>(slot)] = NextHistoryNumber(); }
 };
 
 // A process-wide unique number naming one history of a cache's entries, for a copy of them kept
@@ -484,13 +492,18 @@ class Engine {
                int64_t row0) const;
   // One sequence's rows' attention keys (AttnGather): the selected global entries once each (sel:
   // their indices in src, sorted; the device reads them from its mirror of src), the window's SWA
-  // entries once each, oldest first, as the ring stores them (swa_*: FP8 bytes; swa_of: position -
-  // the window's first -> entry, or -1), and per row its list in AttnCore's order
-  // (keys[key_off[t] .. key_off[t + 1]): a global entry as its place in sel, SWA entry j as ~j).
+  // entries once each, oldest first (swa_slot: entry j as its slot in `ring`, which holds it after
+  // the pass's push and which the device reads from its mirror, or as ~u for entry u of swa_*,
+  // the FP8 bytes of those the push overwrites, uploaded with the pass; swa_of: position - the
+  // window's first -> entry, or -1), and per row its list in AttnCore's order (keys[key_off[t] ..
+  // key_off[t + 1]): a global entry as its place in sel, SWA entry j as ~j). ring_end: the ring's
+  // end once the pass's entries are pushed.
   struct AttnKeyRows {
     const KvSourceCache* src = nullptr;  // null when sel is empty
+    const SwaRing* ring = nullptr;
+    int64_t ring_end = 0;
     std::vector<uint8_t> swa_data, swa_scales;
-    std::vector<int32_t> sel, swa_of, keys, key_off;
+    std::vector<int32_t> sel, swa_slot, swa_of, keys, key_off;
   };
   // TrimScratch of each of r's buffers (a long prefill's are not kept).
   static void TrimKeyRows(AttnKeyRows& r);
@@ -503,9 +516,10 @@ class Engine {
   Status AttnCoreKeys(int layer, SequenceState* st, int64_t p0, int n, const AttnRows& a,
                       int64_t row0, Runtime* rt, ThreadPool* pool, AttnKeyRows* keys);
   // The device layers' attention of `layer` over the pass's rows (a: the pass's AttnRows, for the
-  // rotations), whose keys are seqs' lists in row order (one per sequence): the lists merged into
-  // one, each sequence's cache named for the device's mirror of it, the SWA bytes read in place
-  // for one sequence and merged for several.
+  // rotations), whose keys are seqs' lists in row order (one per sequence), after every
+  // sequence's SwaPush: the lists merged into one, each sequence's cache and ring named for the
+  // device's mirrors of them, the uploaded SWA bytes read in place for one sequence and merged
+  // for several.
   Status DeviceAttention(int layer, std::span<AttnKeyRows* const> seqs, const AttnRows& a);
   // The per-row output projection of n rows of attention outputs.
   void AttnOutput(int layer, int n, const float* o, float* out);
@@ -520,6 +534,8 @@ class Engine {
                     ThreadPool* pool);
   void Moe(int layer, int n, const float* xn, float* out);
   void Head(int n, const float* x, const float* pre, float* logits);
+  // r has this engine's window and head width, and every buffer its size (NewSequence's).
+  bool RingOfThisEngine(const SwaRing& r) const;
   Status CheckExtendable(const SequenceState& st) const;
   void ResetTrace();
 

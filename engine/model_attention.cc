@@ -450,6 +450,7 @@ void Engine::SwaPush(int layer, SequenceState* st, int64_t p0, int n, const Attn
     std::memcpy(ring.values.data() + slot * hd, kv + t * hd, hd * 4);
     std::memcpy(ring.data.data() + slot * hd, kv_data + t * hd, hd);
     std::memcpy(ring.scales.data() + slot * sb, kv_scales + t * sb, sb);
+    ring.Stamp(slot);
   }
   ring.end = p0 + n;
 }
@@ -625,24 +626,31 @@ Status Engine::AttnGather(int layer, const SequenceState& st, int64_t p0, int n,
       return Status::Internal("engine: a selected entry outside the global KV");
     if (!sel.empty()) out->src = rt.src;
   }
-  // The window's entries once each, oldest first: the ring's before p0, these rows' from p0.
+  // The window's entries once each, oldest first: the ring's before p0, these rows' from p0;
+  // those from kept on are in the ring once the rows are pushed (named by slot), the older ones
+  // the push overwrites are copied (prefill rows more than W before the pass's end).
   const int64_t s_lo = std::max<int64_t>(std::max(ring.valid_from, p0 - W + 1), 0);
+  const int64_t kept = p0 + n - W;
+  out->ring = &ring;
+  out->ring_end = p0 + n;
   std::vector<int32_t>& swa_of = out->swa_of;  // position s_lo + i -> SWA entry, or -1
   swa_of.assign(static_cast<size_t>(p0 + n - s_lo), -1);
-  int32_t n_swa = 0;
+  out->swa_slot.clear();
+  int32_t n_swa = 0, n_copied = 0;
   for (int64_t s = s_lo; s < p0 + n; ++s) {
-    const uint8_t *data = nullptr, *scales = nullptr;
-    if (s >= p0) {
-      data = a.kv_data.data() + (row0 + s - p0) * hd;
-      scales = a.kv_scales.data() + (row0 + s - p0) * sb;
-    } else if (ring.Has(s)) {
-      data = ring.data.data() + (s % W) * hd;
-      scales = ring.scales.data() + (s % W) * sb;
+    if (s < p0 && !ring.Has(s)) continue;
+    swa_of[s - s_lo] = n_swa++;
+    if (s >= kept) {
+      out->swa_slot.push_back(static_cast<int32_t>(s % W));
+      continue;
     }
-    if (data == nullptr) continue;
+    const uint8_t* data =
+        s >= p0 ? a.kv_data.data() + (row0 + s - p0) * hd : ring.data.data() + (s % W) * hd;
+    const uint8_t* scales =
+        s >= p0 ? a.kv_scales.data() + (row0 + s - p0) * sb : ring.scales.data() + (s % W) * sb;
     out->swa_data.insert(out->swa_data.end(), data, data + hd);
     out->swa_scales.insert(out->swa_scales.end(), scales, scales + sb);
-    swa_of[s - s_lo] = n_swa++;
+    out->swa_slot.push_back(~n_copied++);
   }
   // Each row's list, in AttnCore's gather order: its selected entries (a global entry j as j's
   // place in sel), then its window (SWA entry j as ~j, told apart when the pass's lists merge).
@@ -679,27 +687,40 @@ Status Engine::DeviceAttention(int layer, std::span<AttnKeyRows* const> seqs, co
       layers_[layer].rope->size() * 2 != static_cast<size_t>(c.qk_rope_head_dim))
     return Status::Internal("engine: rotations of another width than the device's");
   // The sequences' tables side by side (every global entry, then every SWA entry) and their
-  // lists one after another, each index moved to its sequence's place; each sequence's source
-  // named for the device's mirror of it.
+  // lists one after another, each index moved to its sequence's place; each sequence's cache and
+  // ring named for the device's mirrors of them.
   thread_local AttnKeyRows merged_slot;
   thread_local std::vector<device::DeviceLayers::KvSource> sources_slot;
-  thread_local std::vector<int32_t> main_source_slot;
-  thread_local std::vector<int32_t> main_entry_slot;
+  thread_local std::vector<device::DeviceLayers::SwaSource> rings_slot;
+  thread_local std::vector<int32_t> main_source_slot, main_entry_slot;
+  thread_local std::vector<int32_t> swa_source_slot, swa_entry_slot;
   AttnKeyRows& m = merged_slot;
   std::vector<device::DeviceLayers::KvSource>& sources = sources_slot;
+  std::vector<device::DeviceLayers::SwaSource>& rings = rings_slot;
   std::vector<int32_t>& main_source = main_source_slot;
   std::vector<int32_t>& main_entry = main_entry_slot;
+  std::vector<int32_t>& swa_source = swa_source_slot;
+  std::vector<int32_t>& swa_entry = swa_entry_slot;
   sources.clear();
+  rings.clear();
   main_source.clear();
   main_entry.clear();
+  swa_source.clear();
+  swa_entry.clear();
   m.swa_data.clear();
   m.swa_scales.clear();
   m.keys.clear();
   m.key_off.assign(1, 0);
-  int64_t main = 0;
-  for (const AttnKeyRows* r : seqs) main += static_cast<int64_t>(r->sel.size());
+  int64_t main = 0, swa = 0;
+  int32_t nr = 0;  // rings read by slot; the uploaded entries are source nr
+  for (const AttnKeyRows* r : seqs) {
+    main += static_cast<int64_t>(r->sel.size());
+    swa += static_cast<int64_t>(r->swa_slot.size());
+    nr += std::any_of(r->swa_slot.begin(), r->swa_slot.end(), [](int32_t j) { return j >= 0; });
+  }
   int64_t main_at = 0, swa_at = 0;
-  const bool one = seqs.size() == 1;  // a single sequence's SWA bytes are read where they are
+  int32_t uploaded_at = 0;
+  const bool one = seqs.size() == 1;  // a single sequence's uploaded bytes are read in place
   for (const AttnKeyRows* r : seqs) {
     if (r->src != nullptr) {
       const KvSourceCache& k = *r->src;
@@ -717,6 +738,26 @@ Status Engine::DeviceAttention(int layer, std::span<AttnKeyRows* const> seqs, co
       }
       sources.push_back(s);
     }
+    const int32_t ring = static_cast<int32_t>(rings.size());
+    bool by_slot = false;
+    for (int32_t j : r->swa_slot) {
+      swa_source.push_back(j >= 0 ? ring : nr);
+      swa_entry.push_back(j >= 0 ? j : uploaded_at + ~j);
+      by_slot = by_slot || j >= 0;
+    }
+    if (by_slot) {
+      const SwaRing& w = *r->ring;
+      if (w.end != r->ring_end)
+        return Status::Internal(
+            "engine: the SWA ring was not pushed before the device's attention");
+      device::DeviceLayers::SwaSource s;
+      s.id = &w;
+      s.slots = w.window;
+      s.stamps = w.stamps.data();
+      s.data = w.data.data();
+      s.scales = w.scales.data();
+      rings.push_back(s);
+    }
     if (!one) {
       m.swa_data.insert(m.swa_data.end(), r->swa_data.begin(), r->swa_data.end());
       m.swa_scales.insert(m.swa_scales.end(), r->swa_scales.begin(), r->swa_scales.end());
@@ -727,31 +768,35 @@ Status Engine::DeviceAttention(int layer, std::span<AttnKeyRows* const> seqs, co
     }
     for (size_t t = 1; t < r->key_off.size(); ++t) m.key_off.push_back(base + r->key_off[t]);
     main_at += static_cast<int64_t>(r->sel.size());
-    swa_at += static_cast<int64_t>(r->swa_data.size()) / hd;
+    swa_at += static_cast<int64_t>(r->swa_slot.size());
+    uploaded_at += static_cast<int32_t>(r->swa_data.size() / hd);
   }
   device::DeviceLayers::AttentionKeys k;
   k.sources = sources;
   k.main_source = main_source.data();
   k.main_entry = main_entry.data();
   k.main = main;
-  const AttnKeyRows& swa = one ? *seqs[0] : m;
-  k.swa_data = swa.swa_data.data();
-  k.swa_scales = swa.swa_scales.data();
-  k.swa = swa_at;
+  k.rings = rings;
+  k.swa_source = swa_source.data();
+  k.swa_entry = swa_entry.data();
+  k.swa = swa;
+  const AttnKeyRows& up = one ? *seqs[0] : m;
+  k.swa_data = up.swa_data.data();
+  k.swa_scales = up.swa_scales.data();
+  k.uploaded = uploaded_at;
   k.keys = m.keys.data();
   k.key_off = m.key_off.data();
   k.rope_c = a.rope_c.data();
   k.rope_s = a.rope_s.data();
   const Status s = device_->Attention(layer, k);
   TrimKeyRows(m);
-  TrimScratch(main_source);
-  TrimScratch(main_entry);
+  for (auto* v : {&main_source, &main_entry, &swa_source, &swa_entry}) TrimScratch(*v);
   return s;
 }
 
 void Engine::TrimKeyRows(AttnKeyRows& r) {
   for (auto* v : {&r.swa_data, &r.swa_scales}) TrimScratch(*v);
-  for (auto* v : {&r.sel, &r.swa_of, &r.keys, &r.key_off}) TrimScratch(*v);
+  for (auto* v : {&r.sel, &r.swa_slot, &r.swa_of, &r.keys, &r.key_off}) TrimScratch(*v);
 }
 
 void Engine::AttnOutput(int layer, int n, const float* o, float* out) {

@@ -108,6 +108,7 @@ Status RollbackTo(const EngineConfig& c, const ModelWeights& w, const VerifyChec
       std::memcpy(r.values.data() + slot * r.dim, o.values.data() + slot * r.dim, r.dim * 4);
       std::memcpy(r.data.data() + slot * r.dim, o.data.data() + slot * r.dim, r.dim);
       std::memcpy(r.scales.data() + slot * sb, o.scales.data() + slot * sb, sb);
+      r.stamps[slot] = o.stamps[slot];  // the checkpoint's bytes, so its stamp
     }
     r.end = std::min(r.end, keep);
   }

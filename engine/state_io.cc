@@ -296,6 +296,12 @@ Status ImportSwaRings(std::span<const uint8_t> blob, SequenceState* st) {
       (layers > 0 && (window != static_cast<uint64_t>(st->swa[0].window) ||
                       dim != static_cast<uint64_t>(st->swa[0].dim))))
     return Status::InvalidArgument("swa blob: shape does not match the state");
+  for (const SwaRing& r : st->swa) {
+    if (r.window != static_cast<int>(window) || r.dim != static_cast<int>(dim) ||
+        r.data.size() != window * dim || r.scales.size() != window * dim / 32 ||
+        r.values.size() != window * dim || r.stamps.size() != window)
+      return Status::InvalidArgument("swa blob: shape does not match the state");
+  }
   if (tokens != st->tokens.size())
     return Status::InvalidArgument("swa blob: token count does not match the state");
   const uint64_t per_layer = 16 + window * dim + window * dim / 32;
@@ -313,6 +319,7 @@ Status ImportSwaRings(std::span<const uint8_t> blob, SequenceState* st) {
     p += r.data.size();
     std::memcpy(r.scales.data(), p, r.scales.size());
     p += r.scales.size();
+    for (int64_t slot = 0; slot < r.window; ++slot) r.Stamp(slot);
     KVTIER_RETURN_IF_ERROR(kernels::Dequantize(QuantFormat::kFp8Ue8m0x32, r.data.data(),
                                                r.scales.data(), r.window, r.dim, r.values.data(),
                                                kImportBackend));

@@ -46,7 +46,8 @@ struct DecodeFp4KeysKernel {
 
 // Byte i of src to its run's destination: dst[r][i - begin[r]] for the run r with begin[r] <= i <
 // begin[r + 1] (begin non-decreasing, begin[0] = 0), for i < threads = begin[runs]: the new
-// entries of the global KV into the device's copy of each cache (DeviceLayers::Attention).
+// entries of the global KV and the SWA rings' new slots into the device's copies of them
+// (DeviceLayers::Attention).
 struct ScatterBytesKernel {
   static constexpr const char* kName = "ScatterBytes";
   const uint8_t* src;
@@ -68,16 +69,24 @@ struct ScatterBytesKernel {
   }
 };
 
-// Blocks of kFp8Ue8m0x32 entries (the SWA window) decoded: block b from data + 32b and
-// scales[b] to out + 32b, for b < threads.
+// Entries of the SWA window (kFp8Ue8m0x32) decoded, as DecodeFp4Keys: entry i is entry
+// entry[i] of source[i] (a ring's copy on the device, or the entries uploaded with the pass),
+// whose codes start at data[source[i]] and scales at scales[source[i]]; it goes to out + i *
+// blocks * 32. Block j of entry i for i * blocks + j < threads (blocks = head_dim / 32).
 struct DecodeFp8KeysKernel {
   static constexpr const char* kName = "DecodeFp8Keys";
-  const uint8_t* data;
-  const uint8_t* scales;
+  const uint8_t* const* data;    // [sources]
+  const uint8_t* const* scales;  // [sources]
+  const int32_t* source;         // [entries]
+  const int32_t* entry;          // [entries]
+  int blocks;
   float* out;
   int64_t threads;
   KVTIER_HD void operator()(int64_t b) const {
-    kernels::DequantizeBlockFp8Ue8m0(data + b * kernels::kUe8m0BlockElems, scales[b],
+    const int64_t i = b / blocks, j = b % blocks;
+    const int64_t e = entry[i];
+    kernels::DequantizeBlockFp8Ue8m0(data[source[i]] + (e * blocks + j) * kernels::kUe8m0BlockElems,
+                                     scales[source[i]][e * blocks + j],
                                      out + b * kernels::kUe8m0BlockElems);
   }
 };

@@ -352,78 +352,6 @@ size_t UploadSection(size_t* end, size_t bytes) {
 
 }  // namespace
 
-void DeviceLayers::DropMirror(std::unordered_map<const void*, Mirror>::iterator it) {
-  const size_t entry_bytes = config_.head_dim / 2 + config_.head_dim / 16;
-  mirror_bytes_ -= static_cast<size_t>(it->second.capacity) * entry_bytes;
-  backend_->Free(it->second.data);
-  backend_->Free(it->second.scales);
-  mirrors_.erase(it);
-}
-
-Status DeviceLayers::PrepareMirror(const KvSource& s, Mirror** out, int64_t* valid) {
-  const size_t mdb = config_.head_dim / 2, msb = config_.head_dim / 16;
-  // Drops the least recently read mirror that this call has not read; false when there is none.
-  auto drop_one = [&] {
-    auto victim = mirrors_.end();
-    for (auto it = mirrors_.begin(); it != mirrors_.end(); ++it) {
-      if (it->second.read < attention_calls_ &&
-          (victim == mirrors_.end() || it->second.read < victim->second.read))
-        victim = it;
-    }
-    if (victim == mirrors_.end()) return false;
-    DropMirror(victim);
-    return true;
-  };
-  auto it = mirrors_.find(s.id);
-  if (it == mirrors_.end()) {
-    while (mirrors_.size() >= kKvMirrorsMax) {
-      if (!drop_one()) return Status::Rejected("device layers: too many KV mirrors");
-    }
-    it = mirrors_.emplace(s.id, Mirror{}).first;
-  }
-  Mirror* m = &it->second;
-  m->read = attention_calls_;
-  // What the mirror still holds of this source: its copy under the source's epoch, or under the
-  // parent epoch up to the entries kept of it.
-  int64_t keep = 0;
-  if (s.epoch != 0 && m->epoch == s.epoch) {
-    keep = m->synced;
-  } else if (s.parent_epoch != 0 && m->epoch == s.parent_epoch) {
-    keep = std::min(m->synced, s.parent_keep);
-  }
-  keep = std::min(keep, s.entries);
-  if (s.entries > m->capacity) {
-    const int64_t cap = std::max<int64_t>({s.entries, m->capacity + m->capacity / 2, 64});
-    const size_t grow = static_cast<size_t>(cap - m->capacity) * (mdb + msb);
-    while (mirror_bytes_ + grow > kv_mirror_bytes_max_) {
-      if (!drop_one()) return Status::Rejected("device layers: the KV mirrors' memory is spent");
-    }
-    KVTIER_ASSIGN_OR_RETURN(void* data, backend_->Alloc(static_cast<size_t>(cap) * mdb));
-    auto scales = backend_->Alloc(static_cast<size_t>(cap) * msb);
-    if (!scales.ok()) {
-      backend_->Free(data);
-      return scales.status();
-    }
-    if (keep > 0) {
-      KVTIER_RETURN_IF_ERROR(backend_->DeviceCopy(data, m->data, static_cast<size_t>(keep) * mdb));
-      KVTIER_RETURN_IF_ERROR(
-          backend_->DeviceCopy(*scales, m->scales, static_cast<size_t>(keep) * msb));
-    }
-    backend_->Free(m->data);
-    backend_->Free(m->scales);
-    m->data = static_cast<uint8_t*>(data);
-    m->scales = static_cast<uint8_t*>(*scales);
-    mirror_bytes_ += grow;
-    m->capacity = cap;
-  }
-  // Until this call's upload lands the mirror claims only what it keeps (of m->epoch's entries):
-  // the new entries are written after them.
-  m->synced = keep;
-  *out = m;
-  *valid = keep;
-  return Status::Ok();
-}
-
 Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
   if (layer < 0 || layer >= static_cast<int>(layers_.size()) || n_ == 0)
     return Status::InvalidArgument("device layers: no such layer or no pass");
@@ -432,12 +360,13 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
   const EngineConfig& c = config_;
   const int64_t n = n_, H = c.num_attention_heads, hd = c.head_dim;
   const int pairs = c.qk_rope_head_dim / 2;
-  if (k.main < 0 || k.swa < 0 || k.key_off == nullptr || k.rope_c == nullptr ||
+  if (k.main < 0 || k.swa < 0 || k.uploaded < 0 || k.key_off == nullptr || k.rope_c == nullptr ||
       k.rope_s == nullptr ||
       (k.main > 0 && (k.main_source == nullptr || k.main_entry == nullptr)) ||
-      (k.swa > 0 && (k.swa_data == nullptr || k.swa_scales == nullptr)))
+      (k.swa > 0 && (k.swa_source == nullptr || k.swa_entry == nullptr)) ||
+      (k.uploaded > 0 && (k.swa_data == nullptr || k.swa_scales == nullptr)))
     return Status::InvalidArgument("device layers: attention keys or rotations missing");
-  if (k.main + k.swa > INT32_MAX)
+  if (k.main + k.swa > INT32_MAX || k.uploaded > INT32_MAX)
     return Status::InvalidArgument("device layers: more attention keys than an index holds");
   std::vector<const void*>& ids = source_ids_;
   ids.clear();
@@ -447,14 +376,28 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
       return Status::InvalidArgument("device layers: a KV source without identity or bytes");
     ids.push_back(s.id);
   }
+  for (const SwaSource& r : k.rings) {
+    if (r.id == nullptr || r.slots < 1 || r.slots > INT32_MAX || r.stamps == nullptr ||
+        r.data == nullptr || r.scales == nullptr)
+      return Status::InvalidArgument("device layers: an SWA ring without identity or bytes");
+    ids.push_back(r.id);
+  }
   std::sort(ids.begin(), ids.end());
   if (std::adjacent_find(ids.begin(), ids.end()) != ids.end())
-    return Status::InvalidArgument("device layers: a KV source twice");
+    return Status::InvalidArgument("device layers: a KV source or SWA ring twice");
   for (int64_t i = 0; i < k.main; ++i) {
     const int32_t src = k.main_source[i];
     if (src < 0 || static_cast<size_t>(src) >= k.sources.size() || k.main_entry[i] < 0 ||
         k.main_entry[i] >= k.sources[src].entries)
       return Status::InvalidArgument("device layers: a global entry outside its source");
+  }
+  const int32_t nr = static_cast<int32_t>(k.rings.size());  // the uploaded entries' source
+  for (int64_t i = 0; i < k.swa; ++i) {
+    const int32_t src = k.swa_source[i], e = k.swa_entry[i];
+    const bool ok =
+        src >= 0 && src <= nr && e >= 0 &&
+        (src < nr ? e < k.rings[src].slots && k.rings[src].stamps[e] != 0 : e < k.uploaded);
+    if (!ok) return Status::InvalidArgument("device layers: an SWA entry outside its ring");
   }
   // The lists: offsets from 0, each row with 1 to kMaxAttentionKeysPerRow keys, every index in
   // the table (a kernel trusts them).
@@ -472,52 +415,84 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
     if (k.keys[i] < 0 || k.keys[i] >= table)
       return Status::InvalidArgument("device layers: an attention key outside the table");
   }
-  // The sources' mirrors, each with room for all its entries; the entries each lacks become runs
-  // of the upload (codes, then scales), scattered into place on the device.
+  // The mirrors: each cache's with room for all its entries, each ring's with its slots; the
+  // entries a cache's mirror lacks and the written slots whose stamps a ring's mirror lacks
+  // become runs of the upload (codes, then scales), scattered into place on the device.
   ++attention_calls_;
   const size_t mdb = hd / 2, msb = hd / 16, sdb = hd, ssb = hd / 32;
   std::vector<Mirror*>& mirror_of = mirror_of_;
+  std::vector<Mirror*>& ring_mirror_of = ring_mirror_of_;
   mirror_of.assign(k.sources.size(), nullptr);
+  ring_mirror_of.assign(k.rings.size(), nullptr);
   run_dst_.clear();
   run_begin_.assign(1, 0);
   std::vector<std::pair<const uint8_t*, size_t>>& run_src = run_src_;
   run_src.clear();
+  auto add_run = [&](uint8_t* dst, const uint8_t* src, size_t bytes) {
+    run_dst_.push_back(dst);
+    run_src.emplace_back(src, bytes);
+    run_begin_.push_back(run_begin_.back() + static_cast<int64_t>(bytes));
+  };
   for (size_t i = 0; i < k.sources.size(); ++i) {
     const KvSource& s = k.sources[i];
     int64_t valid = 0;
     KVTIER_RETURN_IF_ERROR(PrepareMirror(s, &mirror_of[i], &valid));
     if (valid == s.entries) continue;
     const size_t ne = static_cast<size_t>(s.entries - valid);
-    run_dst_.push_back(mirror_of[i]->data + valid * mdb);
-    run_src.emplace_back(s.data + valid * mdb, ne * mdb);
-    run_begin_.push_back(run_begin_.back() + static_cast<int64_t>(ne * mdb));
-    run_dst_.push_back(mirror_of[i]->scales + valid * msb);
-    run_src.emplace_back(s.scales + valid * msb, ne * msb);
-    run_begin_.push_back(run_begin_.back() + static_cast<int64_t>(ne * msb));
+    add_run(mirror_of[i]->data + valid * mdb, s.data + valid * mdb, ne * mdb);
+    add_run(mirror_of[i]->scales + valid * msb, s.scales + valid * msb, ne * msb);
   }
-  // Where each source's mirror lies (the table names its entries by source and index).
-  const size_t ns = k.sources.size();
-  mirror_ptrs_.resize(2 * ns);
-  for (size_t i = 0; i < ns; ++i) {
-    mirror_ptrs_[i] = mirror_of[i]->data;
-    mirror_ptrs_[ns + i] = mirror_of[i]->scales;
+  for (size_t i = 0; i < k.rings.size(); ++i) {
+    const SwaSource& r = k.rings[i];
+    KVTIER_RETURN_IF_ERROR(PrepareRingMirror(r, &ring_mirror_of[i]));
+    Mirror* m = ring_mirror_of[i];
+    for (int64_t j = 0; j < r.slots;) {  // runs of consecutive slots to copy
+      if (r.stamps[j] == 0 || r.stamps[j] == m->stamps[j]) {
+        ++j;
+        continue;
+      }
+      int64_t e = j;
+      while (e < r.slots && r.stamps[e] != 0 && r.stamps[e] != m->stamps[e]) m->stamps[e++] = 0;
+      const size_t ns = static_cast<size_t>(e - j);
+      add_run(m->data + j * sdb, r.data + j * sdb, ns * sdb);
+      add_run(m->scales + j * ssb, r.scales + j * ssb, ns * ssb);
+      j = e;
+    }
   }
-  // One upload: the new entries and where they go, the mirrors' addresses and the table's
-  // entries, the SWA entries' bytes, the lists and the rotations.
+  // One upload: the new bytes and where they go, the mirrors' addresses (the caches' codes and
+  // scales, then the rings' and the uploaded SWA entries' as source nr), the table's entries, the
+  // uploaded SWA entries' bytes, the lists and the rotations.
   const int runs = static_cast<int>(run_dst_.size());
+  const size_t ns = k.sources.size(), nw = k.rings.size() + 1;
   size_t end = 0;
   const size_t fresh = UploadSection(&end, static_cast<size_t>(run_begin_.back()));
   const size_t fresh_begin = UploadSection(&end, run_begin_.size() * sizeof(int64_t));
   const size_t fresh_dst = UploadSection(&end, run_dst_.size() * sizeof(uint8_t*));
-  const size_t mirrors = UploadSection(&end, mirror_ptrs_.size() * sizeof(const uint8_t*));
+  const size_t mirrors = UploadSection(&end, (2 * ns + 2 * nw) * sizeof(const uint8_t*));
   const size_t main_source = UploadSection(&end, k.main * sizeof(int32_t));
   const size_t main_entry = UploadSection(&end, k.main * sizeof(int32_t));
-  const size_t swa_data = UploadSection(&end, k.swa * sdb),
-               swa_scales = UploadSection(&end, k.swa * ssb);
+  const size_t swa_source = UploadSection(&end, k.swa * sizeof(int32_t));
+  const size_t swa_entry = UploadSection(&end, k.swa * sizeof(int32_t));
+  const size_t swa_data = UploadSection(&end, k.uploaded * sdb),
+               swa_scales = UploadSection(&end, k.uploaded * ssb);
   const size_t keys = UploadSection(&end, total * sizeof(int32_t));
   const size_t key_off = UploadSection(&end, (n + 1) * sizeof(int32_t));
   const size_t rope_c = UploadSection(&end, n * pairs * sizeof(float));
   const size_t rope_s = UploadSection(&end, n * pairs * sizeof(float));
+  KVTIER_RETURN_IF_ERROR(Grow(&key_upload_, &key_upload_bytes_, end));
+  KVTIER_RETURN_IF_ERROR(Grow(&keys_f_, &keys_f_bytes_, table * hd * sizeof(float)));
+  uint8_t* d = static_cast<uint8_t*>(key_upload_);
+  mirror_ptrs_.resize(2 * ns + 2 * nw);
+  for (size_t i = 0; i < ns; ++i) {
+    mirror_ptrs_[i] = mirror_of[i]->data;
+    mirror_ptrs_[ns + i] = mirror_of[i]->scales;
+  }
+  for (size_t i = 0; i + 1 < nw; ++i) {
+    mirror_ptrs_[2 * ns + i] = ring_mirror_of[i]->data;
+    mirror_ptrs_[2 * ns + nw + i] = ring_mirror_of[i]->scales;
+  }
+  mirror_ptrs_[2 * ns + nw - 1] = d + swa_data;
+  mirror_ptrs_[2 * ns + 2 * nw - 1] = d + swa_scales;
   if (key_staging_.size() < end) key_staging_.resize(end);
   uint8_t* h = key_staging_.data();
   auto put = [&](size_t at, const void* src, size_t bytes) {
@@ -530,16 +505,15 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
   put(mirrors, mirror_ptrs_.data(), mirror_ptrs_.size() * sizeof(const uint8_t*));
   put(main_source, k.main_source, k.main * sizeof(int32_t));
   put(main_entry, k.main_entry, k.main * sizeof(int32_t));
-  put(swa_data, k.swa_data, k.swa * sdb);
-  put(swa_scales, k.swa_scales, k.swa * ssb);
+  put(swa_source, k.swa_source, k.swa * sizeof(int32_t));
+  put(swa_entry, k.swa_entry, k.swa * sizeof(int32_t));
+  put(swa_data, k.swa_data, k.uploaded * sdb);
+  put(swa_scales, k.swa_scales, k.uploaded * ssb);
   put(keys, k.keys, total * sizeof(int32_t));
   put(key_off, k.key_off, (n + 1) * sizeof(int32_t));
   put(rope_c, k.rope_c, n * pairs * sizeof(float));
   put(rope_s, k.rope_s, n * pairs * sizeof(float));
-  KVTIER_RETURN_IF_ERROR(Grow(&key_upload_, &key_upload_bytes_, end));
-  KVTIER_RETURN_IF_ERROR(Grow(&keys_f_, &keys_f_bytes_, table * hd * sizeof(float)));
   KVTIER_RETURN_IF_ERROR(backend_->ToDevice(key_upload_, h, end));
-  uint8_t* d = static_cast<uint8_t*>(key_upload_);
   const auto* d_keys = reinterpret_cast<const int32_t*>(d + keys);
   const auto* d_off = reinterpret_cast<const int32_t*>(d + key_off);
   const auto* d_c = reinterpret_cast<const float*>(d + rope_c);
@@ -554,20 +528,27 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
         d + fresh, reinterpret_cast<const int64_t*>(d + fresh_begin),
         reinterpret_cast<uint8_t* const*>(d + fresh_dst), runs, run_begin_.back()}));
   }
+  // The mirrors now hold every entry of their sources and every written slot of their rings.
+  for (size_t i = 0; i < ns; ++i) {
+    mirror_of[i]->epoch = k.sources[i].epoch;
+    mirror_of[i]->synced = k.sources[i].entries;
+  }
+  for (size_t i = 0; i + 1 < nw; ++i) {
+    const SwaSource& r = k.rings[i];
+    std::copy(r.stamps, r.stamps + r.slots, ring_mirror_of[i]->stamps.begin());
+  }
   KVTIER_RETURN_IF_ERROR(Run(RopeRowsKernel{q, H32, hd32, pairs, d_c, d_s, n * H * pairs}));
   if (k.main > 0) {  // none on an SWA-only layer
     KVTIER_RETURN_IF_ERROR(Run(DecodeFp4KeysKernel{
         d_mirrors, d_mirrors + ns, reinterpret_cast<const int32_t*>(d + main_source),
         reinterpret_cast<const int32_t*>(d + main_entry), hd32 / 16, keys_f, k.main * hd / 16}));
   }
-  // The mirrors now hold every entry of their sources.
-  for (size_t i = 0; i < k.sources.size(); ++i) {
-    mirror_of[i]->epoch = k.sources[i].epoch;
-    mirror_of[i]->synced = k.sources[i].entries;
-  }
   if (k.swa > 0) {
-    KVTIER_RETURN_IF_ERROR(Run(
-        DecodeFp8KeysKernel{d + swa_data, d + swa_scales, keys_f + k.main * hd, k.swa * hd / 32}));
+    KVTIER_RETURN_IF_ERROR(
+        Run(DecodeFp8KeysKernel{d_mirrors + 2 * ns, d_mirrors + 2 * ns + nw,
+                                reinterpret_cast<const int32_t*>(d + swa_source),
+                                reinterpret_cast<const int32_t*>(d + swa_entry), hd32 / 32,
+                                keys_f + k.main * hd, k.swa * hd / 32}));
   }
   // The rows in groups whose weights (rows x heads x the group's most keys) fit the limit; each
   // group's kernels see its rows from 0 (every pointer moved to the group's first row; the

@@ -13,23 +13,23 @@
 // entry, the indexer's query and weights, the compressor's rows), rotates and quantises them
 // (RoPE, FP8 SWA entries, the indexer query's FP4 rounding), runs the compressor and the indexer's
 // top-k over each sequence's caches, pushes the SWA entries into the rings, and names each row's
-// keys: the selected global entries by their index in their cache, which the device reads from
-// its copy of that cache (the mirror: the first read copies every entry of the cache, later reads
-// only those appended since, or what the cache's history says changed: KvSource), and the SWA
-// window as the rings store it (FP8 bytes, uploaded with the rows' RoPE rotations; an entry once
-// per pass however many of the pass's rows read it). So a layer moves, per row, the products down
-// (head_dim, plus the indexer's query on indexed layers and the compressor's rows on compressing
-// ones) and the row's window (W x (head_dim + head_dim / 32) bytes) and the cache's new entries up,
-// never a weight and never q or the heads' outputs. The caches stay the host's: the mirror is a
-// copy, checked against each cache's epoch on every read; the SWA rings, the compressor's and the
-// indexer's state are not mirrored.
+// keys: the selected global entries by their index in their cache and the SWA window by its slot
+// in the ring, which the device reads from its copies of them (the mirrors: the first read copies
+// a cache's every entry, later reads only those appended since, or what the cache's history says
+// changed: KvSource; a ring's copy takes the slots whose stamps changed: SwaSource); a window
+// entry the pass's own push has overwritten in the ring crosses with the pass (a prefill's rows
+// more than W before its end). So a decode layer moves, per row, the products down (head_dim, plus
+// the indexer's query on indexed layers and the compressor's rows on compressing ones) and the
+// row's new SWA entry and the caches' new entries up, never a weight and never q or the heads'
+// outputs. The caches stay the host's: a mirror is a copy, checked against each cache's epoch
+// and each ring's stamps on every read; the compressor's and the indexer's state are not mirrored.
 //
 // Every output is the CPU path's (engine/device/kernels.h, attention_kernels.h): bit for bit on
 // the host twin, within the CUDA math library's expf / log1pf differences on a GPU.
 //
 // Memory: the layers' dense weights as float copies on the device (weight_bytes()), activations
-// and keys for the largest pass so far (at most kMaxTokensPerCall rows), and the global KV's
-// mirrors (at most kv_mirror_bytes_max, least recently read dropped first).
+// and keys for the largest pass so far (at most kMaxTokensPerCall rows), and the mirrors of the
+// global KV and the SWA rings (at most kv_mirror_bytes_max, least recently read dropped first).
 // Thread safety: one pass at a time (the engine's passes are not reentrant either).
 #pragma once
 
@@ -84,10 +84,11 @@ class DeviceLayers {
   // a row, as floats): a pass whose weights would take more runs its rows in groups that fit
   // (the same bits; at least one row per group).
   static constexpr size_t kAttentionWeightsBytesMax = size_t{64} << 20;
-  // Device memory the global KV's mirrors may hold (Attention), and how many sources they may
-  // mirror: past either, the least recently read mirrors are dropped. A mirror whose cache no
-  // longer exists goes only then (the device is not told of a cache's end; a new cache at the
-  // same address has a new epoch, so it is never read in its place).
+  // Device memory the mirrors of global KV caches and SWA rings may hold (Attention), and how
+  // many caches and rings they may mirror: past either, the least recently read mirrors are
+  // dropped. A mirror whose cache or ring no longer exists goes only then (the device is not told
+  // of its end; a new cache at the same address has a new epoch and a new ring new stamps, so the
+  // old copy is never read in their place).
   static constexpr size_t kKvMirrorBytesMax = size_t{4} << 30;
   static constexpr size_t kKvMirrorsMax = 1 << 16;
   // Copies the weights to a new backend of `kind`. Unavailable without that device;
@@ -147,20 +148,38 @@ class DeviceLayers {
     const uint8_t* data = nullptr;    // [entries x head_dim / 2]: kFp4E4M3x16 codes
     const uint8_t* scales = nullptr;  // [entries x head_dim / 16]: their scales
   };
+  // One sequence's SWA ring of a layer as the engine holds it (Engine's SwaRing), for the copy
+  // Attention keeps of it: `slots` entries (kFp8Ue8m0x32: head_dim data bytes and head_dim / 32
+  // scale bytes each) and per slot the stamp of its last write (process-wide unique per write, 0
+  // for a slot never written; SwaRing::stamps), so a copy of a slot taken under the stamp the
+  // slot still has is still true. id: the ring's identity among live rings and caches (the engine
+  // gives its address).
+  struct SwaSource {
+    const void* id = nullptr;
+    int64_t slots = 0;
+    const uint64_t* stamps = nullptr;  // [slots]
+    const uint8_t* data = nullptr;     // [slots x head_dim]
+    const uint8_t* scales = nullptr;   // [slots x head_dim / 32]
+  };
   // A pass's attention keys, in host memory (DeviceLayers::Attention). The table's rows: `main`
   // global KV entries (row i: entry main_entry[i] of sources[main_source[i]], read from the
-  // mirror), then `swa` SWA entries as the rings store them (kFp8Ue8m0x32: head_dim data bytes
-  // and head_dim / 32 scale bytes each, uploaded). Row t of the pass attends to table rows
-  // keys[key_off[t] .. key_off[t + 1]) in that order (Engine::AttnCore's: its selected entries,
-  // then its window oldest first).
+  // mirror), then `swa` SWA entries (row main + i: slot swa_entry[i] of rings[swa_source[i]], read
+  // from the mirror, or for swa_source[i] == rings.size() entry swa_entry[i] of those uploaded
+  // with the pass: kFp8Ue8m0x32 bytes as the rings store them). Row t of the pass attends to table
+  // rows keys[key_off[t] .. key_off[t + 1]) in that order (Engine::AttnCore's: its selected
+  // entries, then its window oldest first).
   struct AttentionKeys {
     std::span<const KvSource> sources;
     const int32_t* main_source = nullptr;  // [main]
     const int32_t* main_entry = nullptr;   // [main]
     int64_t main = 0;
-    const uint8_t* swa_data = nullptr;
-    const uint8_t* swa_scales = nullptr;
+    std::span<const SwaSource> rings;
+    const int32_t* swa_source = nullptr;  // [swa]
+    const int32_t* swa_entry = nullptr;   // [swa]: a written slot (stamp not 0), or < uploaded
     int64_t swa = 0;
+    const uint8_t* swa_data = nullptr;    // [uploaded x head_dim]
+    const uint8_t* swa_scales = nullptr;  // [uploaded x head_dim / 32]
+    int64_t uploaded = 0;
     const int32_t* keys = nullptr;     // each < main + swa
     const int32_t* key_off = nullptr;  // [n + 1]: 0, non-decreasing
     // Each row's RoPE rotation at its position (RopeRotation: qk_rope_head_dim / 2 cosines and
@@ -171,19 +190,21 @@ class DeviceLayers {
   // The sparse attention of `layer` (Engine::AttnCore's arithmetic, the same bits on the host
   // twin): the sources' new entries added to their mirrors (those the mirror does not hold under
   // the source's epoch or its parent's; a source never seen, or whose history the mirror cannot
-  // follow, is copied whole), the pass's q from AttentionProducts rotated by RoPE, each row's
-  // heads against its keys (the global entries decoded from the mirror, the SWA entries uploaded
-  // with the lists and the rotations in one copy) with the layer's sinks, the outputs rotated
-  // back and kept for AttentionOutput. InvalidArgument for keys that break the contract above (an
-  // index out of the table, an entry out of its source, offsets that do not run from 0 up to the
-  // list's end, a row without keys, more than kMaxAttentionKeysPerRow keys for a row, bytes or a
-  // source's identity missing), a missing rotation, or no AttentionProducts of this layer in the
-  // pass; Rejected when this call's sources alone need more mirror memory (or more mirrors) than
-  // the Create's kv_mirror_bytes_max (mirrors of other sources are dropped first, least recently
-  // read first). Rows run in groups whose weights fit the Create's attention_weights_bytes_max.
+  // follow, is copied whole) and the rings' written slots whose stamps the mirror lacks, the
+  // pass's q from AttentionProducts rotated by RoPE, each row's heads against its keys (decoded
+  // from the mirrors and the uploaded SWA entries; the new bytes, the lists and the rotations
+  // cross in one copy) with the layer's sinks, the outputs rotated back and kept for
+  // AttentionOutput. InvalidArgument for keys that break the contract above (an index out of the
+  // table, an entry out of its source, a ring's slot never written, offsets that do not run from
+  // 0 up to the list's end, a row without keys, more than kMaxAttentionKeysPerRow keys for a row,
+  // bytes or an identity missing, a cache or ring twice), a missing rotation, or no
+  // AttentionProducts of this layer in the pass; Rejected when this call's caches and rings alone
+  // need more mirror memory (or more mirrors) than the Create's kv_mirror_bytes_max (other
+  // mirrors are dropped first, least recently read first). Rows run in groups whose weights fit
+  // the Create's attention_weights_bytes_max.
   static constexpr int64_t kMaxAttentionKeysPerRow = 1 << 20;
   Status Attention(int layer, const AttentionKeys& keys);
-  // Device bytes the mirrors hold, and how many sources they mirror.
+  // Device bytes the mirrors hold, and how many caches and rings they mirror.
   size_t mirror_bytes() const { return mirror_bytes_; }
   size_t mirrors() const { return mirrors_.size(); }
   // The sublayer's output from the heads' outputs: o ([n x heads x head_dim], as AttnCore writes
@@ -201,20 +222,35 @@ class DeviceLayers {
   struct Layer;
   DeviceLayers(const EngineConfig& config, std::unique_ptr<DeviceBackend> backend,
                size_t attention_weights_bytes_max, size_t kv_mirror_bytes_max);
-  // A source's mirror: its first `synced` entries (codes and scales) in device memory with room
-  // for `capacity`, taken under `epoch`; `read`: the Attention call that last read it.
+  // A cache's mirror: its first `synced` entries (codes and scales) in device memory with room
+  // for `capacity`, taken under `epoch`. A ring's (ring): `capacity` slots, slot j a copy of the
+  // ring's write stamps[j] (0: nothing). bytes: the device memory it holds; read: the Attention
+  // call that last read it.
   struct Mirror {
+    bool ring = false;
     uint64_t epoch = 0;
     int64_t synced = 0, capacity = 0;
+    std::vector<uint64_t> stamps;
     uint8_t* data = nullptr;
     uint8_t* scales = nullptr;
+    size_t bytes = 0;
     uint64_t read = 0;
   };
   void DropMirror(std::unordered_map<const void*, Mirror>::iterator it);
+  // Drops the least recently read mirror that this call has not read; false when there is none.
+  bool DropLeastRecentlyRead();
+  // The mirror of `id` (of the ring kind or not), read by this call: found, or made (empty) when
+  // there is none or it is of the other kind; drops others to stay under kKvMirrorsMax.
+  Status FindMirror(const void* id, bool ring, Mirror** m);
+  // Device memory of `entries` entries of data_bytes + scale_bytes each for *m (replacing what it
+  // holds, whose first `keep` entries are copied over), within kv_mirror_bytes_max.
+  Status GrowMirror(Mirror* m, int64_t entries, size_t data_bytes, size_t scale_bytes,
+                    int64_t keep);
   // The mirror of s with room for all its entries, holding what it can keep of its old copy
-  // (sets *valid to that many entries); drops least recently read mirrors not read by this call
-  // to stay within the limits.
+  // (sets *valid to that many entries).
   Status PrepareMirror(const KvSource& s, Mirror** m, int64_t* valid);
+  // The mirror of ring r with its slots' room; its stamps still those it holds.
+  Status PrepareRingMirror(const SwaSource& r, Mirror** m);
   // Device memory of `floats` floats (or bytes) held until destruction.
   StatusOr<float*> Hold(size_t floats);
   StatusOr<float*> Upload(const float* host, size_t floats);
@@ -257,10 +293,10 @@ class DeviceLayers {
   std::unordered_map<const void*, Mirror> mirrors_;
   size_t mirror_bytes_ = 0;
   uint64_t attention_calls_ = 0;
-  // Attention's scratch: the sources' identities, their mirrors and the mirrors' addresses, the
-  // new entries' runs (host bytes, destinations, offsets in the upload).
+  // Attention's scratch: the caches' and rings' identities, their mirrors and the mirrors'
+  // addresses, the new bytes' runs (host bytes, destinations, offsets in the upload).
   std::vector<const void*> source_ids_;
-  std::vector<Mirror*> mirror_of_;
+  std::vector<Mirror*> mirror_of_, ring_mirror_of_;
   std::vector<const uint8_t*> mirror_ptrs_;
   std::vector<std::pair<const uint8_t*, size_t>> run_src_;
   std::vector<uint8_t*> run_dst_;

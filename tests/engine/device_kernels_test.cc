@@ -215,10 +215,10 @@ TEST(DeviceKernels, RouteKeepsTopKByScoresOrder) {
 }
 
 // The attention kernels (keys decoded from their stored bytes wherever each lies, q rotated, dots,
-// softmax with the
-// sinks, weighted sums rotated back) against AttnCore's CPU arithmetic: Dequantize, RopeRotation
-// and ApplyRopeRotation, HcMixDots, the softmax loop, WeightedRowSums. Rows of 1 to many keys,
-// keys shared between rows and in any order, head widths with and without Dot's tail.
+// softmax with the sinks, weighted sums rotated back) against AttnCore's CPU arithmetic:
+// Dequantize, RopeRotation and ApplyRopeRotation, HcMixDots, the softmax loop, WeightedRowSums.
+// Rows of 1 to many keys, keys shared between rows and in any order, head widths with and without
+// Dot's tail.
 TEST(DeviceKernels, AttentionIsAttnCoresArithmetic) {
   std::mt19937 rng(11);
   for (int dim : {32, 64, 96}) {
@@ -248,9 +248,21 @@ TEST(DeviceKernels, AttentionIsAttnCoresArithmetic) {
         ASSERT_TRUE(kernels::Dequantize(QuantFormat::kFp4E4M3x16, md.data(), ms.data(), main, dim,
                                         want_keys.data())
                         .ok());
+        // The SWA entries read by source and index too: two sources (the first entry, and the
+        // rest), in rotated order (as a ring's window wraps).
+        std::vector<float> swa_f(static_cast<size_t>(swa) * dim);
         ASSERT_TRUE(kernels::Dequantize(QuantFormat::kFp8Ue8m0x32, sd.data(), ss.data(), swa, dim,
-                                        want_keys.data() + main * dim)
+                                        swa_f.data())
                         .ok());
+        std::vector<int32_t> swa_source(swa), swa_entry(swa);
+        for (int i = 0; i < swa; ++i) {
+          const int stored = (i + 1) % swa;
+          swa_source[i] = stored < 1 ? 0 : 1;
+          swa_entry[i] = stored < 1 ? stored : stored - 1;
+          std::copy_n(swa_f.begin() + stored * dim, dim, want_keys.begin() + (main + i) * dim);
+        }
+        const uint8_t* swa_data[2] = {sd.data(), sd.data() + dim};
+        const uint8_t* swa_scales[2] = {ss.data(), ss.data() + dim / 32};
         // The global entries read by source and index: two sources (the codes' first two
         // entries, and the rest), the entries in reverse order of storage.
         const uint8_t* data[2] = {md.data(), md.data() + 2 * dim / 2};
@@ -268,7 +280,8 @@ TEST(DeviceKernels, AttentionIsAttnCoresArithmetic) {
           std::swap_ranges(want_keys.begin() + i * dim, want_keys.begin() + (i + 1) * dim,
                            want_keys.begin() + (main - 1 - i) * dim);
         }
-        RunAll(device::DecodeFp8KeysKernel{sd.data(), ss.data(), keys_f.data() + main * dim,
+        RunAll(device::DecodeFp8KeysKernel{swa_data, swa_scales, swa_source.data(),
+                                           swa_entry.data(), dim / 32, keys_f.data() + main * dim,
                                            swa * dim / 32});
         ASSERT_TRUE(SameBits(keys_f, want_keys)) << dim;
         // Row t's list: a few of the table's rows, some shared with other rows.

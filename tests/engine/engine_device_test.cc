@@ -5,6 +5,7 @@
 // CUDA math library's differences where a GPU is, Unavailable where none is.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -237,12 +238,6 @@ TEST(DeviceLayers, RefusesMoreExpertsPerTokenThanItsKernelsTake) {
   EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << e.status().ToString();
 }
 
-// The attention entry points refuse what they cannot compute: kv not asked for, the indexer's
-// query without its weights (or the reverse), a product of a weight the layer lacks, a layer out
-// of range; attention without the layer's products or with keys that break the contract (offsets
-// not from 0, a row without keys, an index outside the table, bytes or rotations missing); an
-// output without the layer's attention. Each weight is read as one shared buffer of ones (the
-// shapes, not the values, are under test).
 // Device weights of `c` all read from `values` (at least 2^20 floats); layer 1 lacks the
 // indexer's and the compressor's.
 device::DeviceModelWeights WeightsFrom(const EngineConfig& c, const std::vector<float>& values) {
@@ -271,22 +266,48 @@ std::vector<float> RandomValues(uint32_t seed) {
   return v;
 }
 
+// The SWA side of a pass's keys: rings read by slot (source i < rings.size()) and entries
+// uploaded with the pass (source rings.size(): entry j of data / scales, head_dim bytes each).
+struct SwaTable {
+  std::vector<device::DeviceLayers::SwaSource> rings;
+  std::vector<int32_t> source, entry;
+  std::vector<uint8_t> data, scales;
+  // Only uploaded entries, each read once in order.
+  static SwaTable Uploaded(std::vector<uint8_t> data, std::vector<uint8_t> scales, int head_dim) {
+    SwaTable t;
+    const int32_t count = static_cast<int32_t>(data.size() / head_dim);
+    for (int32_t j = 0; j < count; ++j) {
+      t.source.push_back(0);
+      t.entry.push_back(j);
+    }
+    t.data = std::move(data);
+    t.scales = std::move(scales);
+    return t;
+  }
+};
+
 // Attention keys over the given tables and lists (main_source / main_entry name the global
-// entries; swa_data holds the SWA entries, head_dim bytes each).
-device::DeviceLayers::AttentionKeys KeysOf(
-    std::span<const device::DeviceLayers::KvSource> sources,
-    const std::vector<int32_t>& main_source, const std::vector<int32_t>& main_entry,
-    const std::vector<uint8_t>& swa_data, const std::vector<uint8_t>& swa_scales, int head_dim,
-    const std::vector<int32_t>& keys, const std::vector<int32_t>& key_off,
-    const std::vector<float>& rope_c, const std::vector<float>& rope_s) {
+// entries, swa the SWA entries).
+device::DeviceLayers::AttentionKeys KeysOf(std::span<const device::DeviceLayers::KvSource> sources,
+                                           const std::vector<int32_t>& main_source,
+                                           const std::vector<int32_t>& main_entry,
+                                           const SwaTable& swa, int head_dim,
+                                           const std::vector<int32_t>& keys,
+                                           const std::vector<int32_t>& key_off,
+                                           const std::vector<float>& rope_c,
+                                           const std::vector<float>& rope_s) {
   device::DeviceLayers::AttentionKeys k;
   k.sources = sources;
   k.main_source = main_source.data();
   k.main_entry = main_entry.data();
   k.main = static_cast<int64_t>(main_entry.size());
-  k.swa_data = swa_data.data();
-  k.swa_scales = swa_scales.data();
-  k.swa = static_cast<int64_t>(swa_data.size()) / head_dim;
+  k.rings = swa.rings;
+  k.swa_source = swa.source.data();
+  k.swa_entry = swa.entry.data();
+  k.swa = static_cast<int64_t>(swa.entry.size());
+  k.swa_data = swa.data.data();
+  k.swa_scales = swa.scales.data();
+  k.uploaded = static_cast<int64_t>(swa.data.size()) / head_dim;
   k.keys = keys.data();
   k.key_off = key_off.data();
   k.rope_c = rope_c.data();
@@ -325,6 +346,14 @@ std::vector<float> AttendOnce(device::DeviceLayers& d, int layer, PassRows& rows
   return out;
 }
 
+// The attention entry points refuse what they cannot compute: kv not asked for, the indexer's
+// query without its weights (or the reverse), a product of a weight the layer lacks, a layer out
+// of range; attention without the layer's products or with keys that break the contract (offsets
+// not from 0, a row without keys, an index outside the table, a global entry outside its cache,
+// an SWA entry outside the uploaded ones or its ring or in a slot never written, a cache or ring
+// without identity or bytes, one twice, bytes or rotations missing); an output without the
+// layer's attention. Each weight is read as one shared buffer of ones (the shapes, not the values,
+// are under test).
 TEST(DeviceLayers, AttentionEntryPointsRefuseWhatTheyCannotCompute) {
   const EngineConfig c = testutil::TinyConfig();
   const std::vector<float> ones(1 << 20, 1.0f);
@@ -366,7 +395,8 @@ TEST(DeviceLayers, AttentionEntryPointsRefuseWhatTheyCannotCompute) {
   // SWA entries.
   const int pairs = c.qk_rope_head_dim / 2;
   const std::vector<uint8_t> main_data(2 * hd / 2, 0x21), main_scales(2 * hd / 16, 0x38);
-  const std::vector<uint8_t> swa_data(2 * hd, 0x30), swa_scales(2 * hd / 32, 127);
+  SwaTable swa = SwaTable::Uploaded(std::vector<uint8_t>(2 * hd, 0x30),
+                                    std::vector<uint8_t>(2 * hd / 32, 127), hd);
   const std::vector<float> rope_c(n * pairs, 1.0f), rope_s(n * pairs, 0.0f);
   std::vector<int32_t> keys = {0, 1, 0, 1, 2}, key_off = {0, 2, 5};
   std::vector<device::DeviceLayers::KvSource> sources(1);
@@ -374,8 +404,7 @@ TEST(DeviceLayers, AttentionEntryPointsRefuseWhatTheyCannotCompute) {
   std::vector<int32_t> main_source = {0};
   std::vector<int32_t> main_entry = {1};
   auto good = [&] {
-    return KeysOf(sources, main_source, main_entry, swa_data, swa_scales, hd, keys, key_off, rope_c,
-                  rope_s);
+    return KeysOf(sources, main_source, main_entry, swa, hd, keys, key_off, rope_c, rope_s);
   };
   auto attend = [&](int layer, const device::DeviceLayers::AttentionKeys& k) {
     return d.Attention(layer, k).code();
@@ -410,6 +439,46 @@ TEST(DeviceLayers, AttentionEntryPointsRefuseWhatTheyCannotCompute) {
   k = good();
   k.swa = -1;
   EXPECT_EQ(attend(0, k), StatusCode::kInvalidArgument);
+  k = good();
+  k.uploaded = -1;
+  EXPECT_EQ(attend(0, k), StatusCode::kInvalidArgument);
+  k = good();
+  k.swa_entry = nullptr;
+  EXPECT_EQ(attend(0, k), StatusCode::kInvalidArgument);
+  // An SWA entry outside the uploaded ones, or of a ring that is not there.
+  for (auto [src, entry] : {std::pair{0, 2}, std::pair{0, -1}, std::pair{1, 0}, std::pair{-1, 0}}) {
+    swa.source[0] = src;
+    swa.entry[0] = entry;
+    EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument) << src << " " << entry;
+  }
+  // From here the first SWA entry is slot 0 of a ring of two slots (slot 1 never written), the
+  // second uploaded entry 0: a slot never written or past the ring, a ring without identity,
+  // stamps or slots, a ring twice or under a source's identity.
+  const std::vector<uint8_t> ring_data(2 * hd, 0x31), ring_scales(2 * hd / 32, 126);
+  const std::vector<uint64_t> stamps = {NextHistoryNumber(), 0};
+  swa.rings = {{&stamps, 2, stamps.data(), ring_data.data(), ring_scales.data()}};
+  swa.source = {0, 1};
+  for (auto [slot, uploaded] : {std::pair{1, 0}, std::pair{2, 0}, std::pair{0, 2}}) {
+    swa.entry = {slot, uploaded};
+    EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument) << slot << " " << uploaded;
+  }
+  swa.entry = {0, 0};
+  const device::DeviceLayers::SwaSource ring = swa.rings[0];
+  swa.rings[0].id = nullptr;
+  EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument);
+  swa.rings[0] = ring;
+  swa.rings[0].stamps = nullptr;
+  EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument);
+  swa.rings[0] = ring;
+  swa.rings[0].slots = 0;
+  EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument);
+  swa.rings[0] = ring;
+  swa.rings[0].id = sources[0].id;
+  EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument);
+  swa.rings[0] = ring;
+  swa.rings.push_back(ring);
+  EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument);
+  swa.rings.pop_back();
   for (auto [at, value] : {std::pair{0, 3}, std::pair{4, -1}, std::pair{2, 7}}) {
     keys[at] = value;  // outside the table of 3
     EXPECT_EQ(attend(0, good()), StatusCode::kInvalidArgument) << at;
@@ -444,6 +513,7 @@ TEST(DeviceLayers, AttentionInRowGroupsIsOneGroupsBits) {
   std::vector<uint8_t> swa_data(3 * hd), swa_scales(3 * hd / 32, 126);
   for (uint8_t& b : main_data) b = static_cast<uint8_t>(rng());
   for (uint8_t& b : swa_data) b = static_cast<uint8_t>(rng() % 0x7e);  // no NaN codes
+  const SwaTable swa = SwaTable::Uploaded(swa_data, swa_scales, hd);
   std::vector<float> rope_c(n * pairs), rope_s(n * pairs);
   for (size_t i = 0; i < rope_c.size(); ++i) {
     rope_c[i] = std::cos(0.3f * static_cast<float>(i));
@@ -454,8 +524,8 @@ TEST(DeviceLayers, AttentionInRowGroupsIsOneGroupsBits) {
   const device::DeviceLayers::KvSource source = {&main_data,        3, 0, 0, 6, main_data.data(),
                                                  main_scales.data()};
   const std::vector<int32_t> main_source(4, 0), main_entry = {5, 0, 2, 3};
-  const auto k = KeysOf(std::span(&source, 1), main_source, main_entry, swa_data, swa_scales, hd,
-                        keys, key_off, rope_c, rope_s);
+  const auto k = KeysOf(std::span(&source, 1), main_source, main_entry, swa, hd, keys, key_off,
+                        rope_c, rope_s);
   auto residual = [&](size_t limit) {
     auto dev = device::DeviceLayers::Create(device::DeviceKind::kHost, c, w, limit);
     EXPECT_TRUE(dev.ok()) << dev.status().ToString();
@@ -534,7 +604,8 @@ TEST(DeviceLayers, KvMirrorFollowsItsSourcesHistory) {
   const int n = 1, hd = c.head_dim, pairs = c.qk_rope_head_dim / 2;
   const size_t mdb = hd / 2, msb = hd / 16;
   PassRows rows = RandomRows(c, n, &rng);
-  const std::vector<uint8_t> swa_data(hd, 0x30), swa_scales(hd / 32, 126);
+  const SwaTable swa =
+      SwaTable::Uploaded(std::vector<uint8_t>(hd, 0x30), std::vector<uint8_t>(hd / 32, 126), hd);
   const std::vector<float> rope_c(n * pairs, 1.0f), rope_s(n * pairs, 0.0f);
   // A source's bytes: entries of random codes.
   struct Source {
@@ -561,9 +632,9 @@ TEST(DeviceLayers, KvMirrorFollowsItsSourcesHistory) {
     std::vector<int32_t> keys, key_off = {0};
     for (size_t i = 0; i <= read.size(); ++i) keys.push_back(static_cast<int32_t>(i));
     key_off.push_back(static_cast<int32_t>(keys.size()));
-    return AttendOnce(d, 1, rows,
-                      KeysOf(std::span(&v, 1), main_source, read, swa_data, swa_scales, hd, keys,
-                             key_off, rope_c, rope_s));
+    return AttendOnce(
+        d, 1, rows,
+        KeysOf(std::span(&v, 1), main_source, read, swa, hd, keys, key_off, rope_c, rope_s));
   };
   auto fresh = [&](size_t mirror_max = device::DeviceLayers::kKvMirrorBytesMax) {
     auto d =
@@ -629,9 +700,169 @@ TEST(DeviceLayers, KvMirrorFollowsItsSourcesHistory) {
   ASSERT_TRUE(small->AttentionProducts(1, {nullptr, rows.kv.data()}).ok());
   const std::vector<int32_t> main_source = {0}, keys = {0, 1}, key_off = {0, 2};
   const std::vector<int32_t> read = {64};
-  const auto k = KeysOf(std::span(&v3, 1), main_source, read, swa_data, swa_scales, hd, keys,
-                        key_off, rope_c, rope_s);
+  const auto k =
+      KeysOf(std::span(&v3, 1), main_source, read, swa, hd, keys, key_off, rope_c, rope_s);
   EXPECT_EQ(small->Attention(1, k).code(), StatusCode::kRejected);
+}
+
+// The mirror of an SWA ring follows the ring's stamps: a slot whose stamp the mirror holds is
+// trusted (bytes rewritten without a new stamp are not seen: they did not cross again), a new
+// stamp's bytes are copied, and a slot restored with its old bytes and stamp (a verify pass's
+// checkpoint) reads the restored bytes, not the newer ones the mirror had. Read beside uploaded
+// SWA entries and a global source, and at an address that named a cache before (a dead
+// object's): every answer is a cold device's. Past its byte limit the least recently read mirror
+// is dropped (two rings under a one-ring limit take turns); a ring larger than the limit alone is
+// Rejected.
+TEST(DeviceLayers, SwaMirrorFollowsItsRingsStamps) {
+  const EngineConfig c = testutil::TinyConfig();
+  const std::vector<float> values = RandomValues(13);
+  const device::DeviceModelWeights w = WeightsFrom(c, values);
+  std::mt19937 rng(130);
+  const int n = 1, hd = c.head_dim, pairs = c.qk_rope_head_dim / 2, W = 4;
+  const size_t sdb = hd, ssb = hd / 32, ring_bytes = W * (sdb + ssb);
+  PassRows rows = RandomRows(c, n, &rng);
+  const std::vector<float> rope_c(n * pairs, 1.0f), rope_s(n * pairs, 0.0f);
+  struct Ring {
+    std::vector<uint8_t> data, scales;
+    std::vector<uint64_t> stamps;
+    device::DeviceLayers::SwaSource view() const {
+      return {this, static_cast<int64_t>(stamps.size()), stamps.data(), data.data(), scales.data()};
+    }
+  };
+  // New bytes in `slot` (random codes, no NaN), with a new stamp unless told otherwise.
+  auto write = [&](Ring* r, int slot, bool stamp = true) {
+    for (size_t i = 0; i < sdb; ++i) r->data[slot * sdb + i] = static_cast<uint8_t>(rng() % 0x7e);
+    for (size_t i = 0; i < ssb; ++i)
+      r->scales[slot * ssb + i] = static_cast<uint8_t>(125 + rng() % 3);
+    if (stamp) r->stamps[slot] = NextHistoryNumber();
+  };
+  auto ring_of = [&] {
+    Ring r{std::vector<uint8_t>(W * sdb), std::vector<uint8_t>(W * ssb), std::vector<uint64_t>(W)};
+    for (int j = 0; j < W; ++j) write(&r, j);
+    return r;
+  };
+  // The residual after attending to slots `read` of the ring (in that order), then to the
+  // uploaded entries and the global source's entries when given.
+  const std::vector<uint8_t> up_data(2 * sdb, 0x2f), up_scales(2 * ssb, 126);
+  const std::vector<uint8_t> main_data(3 * hd / 2, 0x35), main_scales(3 * hd / 16, 0x38);
+  auto answer = [&](device::DeviceLayers& d, const Ring& r, const std::vector<int32_t>& read,
+                    bool uploaded = false, const device::DeviceLayers::KvSource* src = nullptr) {
+    SwaTable swa;
+    swa.rings = {r.view()};
+    for (int32_t slot : read) {
+      swa.source.push_back(0);
+      swa.entry.push_back(slot);
+    }
+    if (uploaded) {
+      for (int32_t j : {0, 1}) {
+        swa.source.push_back(1);  // after the ring
+        swa.entry.push_back(j);
+      }
+      swa.data = up_data;
+      swa.scales = up_scales;
+    }
+    const std::vector<int32_t> main_source(src != nullptr ? 2 : 0, 0), main_entry = {2, 0};
+    std::vector<int32_t> keys, key_off = {0};
+    const int64_t table = static_cast<int64_t>(main_source.size() + swa.entry.size());
+    for (int32_t i = 0; i < table; ++i) keys.push_back(i);
+    key_off.push_back(static_cast<int32_t>(keys.size()));
+    std::span<const device::DeviceLayers::KvSource> sources;
+    if (src != nullptr) sources = std::span(src, 1);
+    return AttendOnce(
+        d, 1, rows,
+        KeysOf(sources, main_source, src != nullptr ? main_entry : std::vector<int32_t>{}, swa, hd,
+               keys, key_off, rope_c, rope_s));
+  };
+  auto fresh = [&](size_t mirror_max = device::DeviceLayers::kKvMirrorBytesMax) {
+    auto d =
+        device::DeviceLayers::Create(device::DeviceKind::kHost, c, w,
+                                     device::DeviceLayers::kAttentionWeightsBytesMax, mirror_max);
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+    return std::move(*d);
+  };
+  auto cold = [&](const Ring& r, const std::vector<int32_t>& read, bool uploaded = false,
+                  const device::DeviceLayers::KvSource* src = nullptr) {
+    auto d = fresh();
+    return answer(*d, r, read, uploaded, src);
+  };
+  auto dev = fresh();
+  Ring a = ring_of();
+  const std::vector<int32_t> window = {2, 3, 0, 1};  // oldest first, wrapped
+  EXPECT_EQ(answer(*dev, a, window), cold(a, window));
+  EXPECT_EQ(dev->mirrors(), 1u);
+  EXPECT_EQ(dev->mirror_bytes(), ring_bytes);
+  // Bytes rewritten without a new stamp are not seen: the mirror is what is read.
+  const std::vector<float> trusted = answer(*dev, a, window);
+  write(&a, 3, /*stamp=*/false);
+  EXPECT_EQ(answer(*dev, a, window), trusted);
+  EXPECT_NE(cold(a, window), trusted);
+  // A new stamp is.
+  a.stamps[3] = NextHistoryNumber();
+  EXPECT_EQ(answer(*dev, a, window), cold(a, window));
+  // What crosses the bus: a read after one slot's new stamp moves W - 1 entries fewer than a
+  // cold device's read, a read after none one entry fewer still (16-byte alignment aside).
+  auto up_bytes = [&](device::DeviceLayers& d) {
+    d.SetProfiling(true);
+    answer(d, a, window);
+    auto profile = d.TakeProfile();
+    d.SetProfiling(false);
+    int64_t bytes = 0;
+    for (const device::OpStat& o : *profile) bytes += o.name == device::kCopyToDevice ? o.bytes : 0;
+    return bytes;
+  };
+  write(&a, 2);
+  const int64_t warm = up_bytes(*dev), quiet = up_bytes(*dev), cold_read = up_bytes(*fresh());
+  const int64_t entry = static_cast<int64_t>(sdb + ssb);
+  EXPECT_GE(cold_read - warm, (W - 1) * entry - 15);
+  EXPECT_GE(warm - quiet, entry - 15);
+  // A verify pass writes slot 0 and 1, its rollback restores them with their stamps.
+  const Ring checkpoint = a;
+  write(&a, 0);
+  write(&a, 1);
+  EXPECT_EQ(answer(*dev, a, window), cold(a, window));
+  for (int j : {0, 1}) {
+    std::copy_n(checkpoint.data.begin() + j * sdb, sdb, a.data.begin() + j * sdb);
+    std::copy_n(checkpoint.scales.begin() + j * ssb, ssb, a.scales.begin() + j * ssb);
+    a.stamps[j] = checkpoint.stamps[j];
+  }
+  EXPECT_EQ(answer(*dev, a, window), cold(a, window));
+  // Beside uploaded entries and a global source; a slot never written is not read.
+  write(&a, 2);
+  a.stamps[1] = 0;
+  const device::DeviceLayers::KvSource src = {&main_data,        11, 0, 0, 3, main_data.data(),
+                                              main_scales.data()};
+  EXPECT_EQ(answer(*dev, a, {2, 3, 0}, true, &src), cold(a, {2, 3, 0}, true, &src));
+  // An address that named a cache, then names a ring, then the cache again (its epoch unchanged:
+  // the device must not take the ring's bytes for the cache's entries).
+  const device::DeviceLayers::KvSource at_a = {
+      &a, 12, 0, 0, 3, main_data.data(), main_scales.data()};
+  auto moved = fresh();
+  Ring b = ring_of();
+  EXPECT_EQ(answer(*moved, b, window, false, &at_a), cold(b, window, false, &at_a));
+  EXPECT_EQ(answer(*moved, a, {0, 2}), cold(a, {0, 2}));
+  EXPECT_EQ(answer(*moved, b, window, false, &at_a), cold(b, window, false, &at_a));
+  // Two rings under a limit that holds one mirror: each read drops the other's and copies its
+  // own again; the answers stay true.
+  auto small = fresh(ring_bytes);
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_EQ(answer(*small, a, {3, 0}), cold(a, {3, 0})) << round;
+    EXPECT_EQ(small->mirrors(), 1u);
+    EXPECT_EQ(answer(*small, b, window), cold(b, window)) << round;
+    EXPECT_EQ(small->mirrors(), 1u);
+    EXPECT_LE(small->mirror_bytes(), ring_bytes);
+  }
+  // A ring past the limit alone.
+  auto tiny = fresh(ring_bytes - 1);
+  ASSERT_TRUE(tiny->Begin(n, rows.x.data(), rows.pre.data()).ok());
+  ASSERT_TRUE(tiny->AttentionInput(1, nullptr).ok());
+  ASSERT_TRUE(tiny->AttentionProducts(1, {nullptr, rows.kv.data()}).ok());
+  SwaTable swa;
+  swa.rings = {a.view()};
+  swa.source = {0};
+  swa.entry = {0};
+  const std::vector<int32_t> keys = {0}, key_off = {0, 1};
+  const auto k = KeysOf({}, {}, {}, swa, hd, keys, key_off, rope_c, rope_s);
+  EXPECT_EQ(tiny->Attention(1, k).code(), StatusCode::kRejected);
 }
 
 // The device profile counts every kernel and copy of a pass: one batched decode step of three

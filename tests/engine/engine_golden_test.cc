@@ -183,6 +183,7 @@ SequenceState StateFromReference(const Engine& e, const json& c, bool with_rings
       std::memcpy(ring.values.data() + slot * hd, values.data() + i * hd, hd * 4);
       std::memcpy(ring.data.data() + slot * hd, data.data() + i * hd, hd);
       std::memcpy(ring.scales.data() + slot * (hd / 32), scales.data() + i * (hd / 32), hd / 32);
+      ring.Stamp(slot);
     }
     ring.valid_from = 0;
     ring.end = split;

@@ -539,6 +539,20 @@ TEST(EngineState, UnitsPlusSwaBlobResumeExactly) {
     EXPECT_TRUE(
         BitEqual(resumed.swa[l].values.data(), st.swa[l].values.data(), st.swa[l].values.size()));
   }
+  // Every slot an import writes takes a new stamp (SwaRing's contract: a device's copy of the
+  // slot's old bytes must not pass for the new ones), the second import's too.
+  std::vector<uint64_t> first;
+  for (const SwaRing& r : resumed.swa) {
+    for (uint64_t stamp : r.stamps) {
+      EXPECT_NE(stamp, 0u);
+      first.push_back(stamp);
+    }
+  }
+  ASSERT_TRUE(ImportSwaRings(blob, &resumed).ok());
+  size_t at = 0;
+  for (const SwaRing& r : resumed.swa) {
+    for (uint64_t stamp : r.stamps) EXPECT_NE(stamp, first[at++]);
+  }
   const int32_t next = Argmax(logits.data(), kV);
   std::vector<float> a, b;
   ASSERT_TRUE(e->Decode(&st, next, &a).ok());
@@ -632,11 +646,12 @@ TEST(EngineMemory, GlobalKvWithinBoundOfStoredBytes) {
   const KvMemory m = KvCacheBytes(st);
   EXPECT_EQ(m.stored_bytes, stored);
   EXPECT_LE(m.global_kv_bytes, stored * 3 / 2);
-  // The constant part: W slots per layer (FP8 + ue8m0 + fp32) and the partial groups.
+  // The constant part: W slots per layer (FP8 + ue8m0 + fp32, and the slot's 8-byte stamp) and
+  // the partial groups.
   size_t fixed = 0;
   for (const KvSourceCache& k : st.kv) fixed += 2 * static_cast<size_t>(k.ratio) * c.head_dim * 4;
   fixed += static_cast<size_t>(c.num_hidden_layers) * c.sliding_window *
-           (c.head_dim * 5 + c.head_dim / 32);
+           (c.head_dim * 5 + c.head_dim / 32 + sizeof(uint64_t));
   EXPECT_EQ(m.fixed_bytes, fixed);
 }
 

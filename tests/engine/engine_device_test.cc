@@ -257,6 +257,17 @@ device::DeviceModelWeights WeightsFrom(const EngineConfig& c, const std::vector<
   return w;
 }
 
+// Host-twin device layers of c over w, their mirrors limited to mirror_max bytes (null, with a
+// failure recorded, when Create fails).
+std::unique_ptr<device::DeviceLayers> HostLayers(const EngineConfig& c,
+                                                 const device::DeviceModelWeights& w,
+                                                 size_t mirror_max) {
+  auto d = device::DeviceLayers::Create(
+      device::DeviceKind::kHost, c, w, device::DeviceLayers::kAttentionWeightsBytesMax, mirror_max);
+  EXPECT_TRUE(d.ok()) << d.status().ToString();
+  return d.ok() ? std::move(*d) : nullptr;
+}
+
 // 2^20 floats uniform in [-0.5, 0.5), for WeightsFrom.
 std::vector<float> RandomValues(uint32_t seed) {
   std::mt19937 rng(seed);
@@ -637,11 +648,7 @@ TEST(DeviceLayers, KvMirrorFollowsItsSourcesHistory) {
         KeysOf(std::span(&v, 1), main_source, read, swa, hd, keys, key_off, rope_c, rope_s));
   };
   auto fresh = [&](size_t mirror_max = device::DeviceLayers::kKvMirrorBytesMax) {
-    auto d =
-        device::DeviceLayers::Create(device::DeviceKind::kHost, c, w,
-                                     device::DeviceLayers::kAttentionWeightsBytesMax, mirror_max);
-    EXPECT_TRUE(d.ok()) << d.status().ToString();
-    return std::move(*d);
+    return HostLayers(c, w, mirror_max);
   };
   // The same as a device that never saw the source.
   auto cold = [&](const device::DeviceLayers::KvSource& v, const std::vector<int32_t>& read) {
@@ -774,11 +781,7 @@ TEST(DeviceLayers, SwaMirrorFollowsItsRingsStamps) {
                keys, key_off, rope_c, rope_s));
   };
   auto fresh = [&](size_t mirror_max = device::DeviceLayers::kKvMirrorBytesMax) {
-    auto d =
-        device::DeviceLayers::Create(device::DeviceKind::kHost, c, w,
-                                     device::DeviceLayers::kAttentionWeightsBytesMax, mirror_max);
-    EXPECT_TRUE(d.ok()) << d.status().ToString();
-    return std::move(*d);
+    return HostLayers(c, w, mirror_max);
   };
   auto cold = [&](const Ring& r, const std::vector<int32_t>& read, bool uploaded = false,
                   const device::DeviceLayers::KvSource* src = nullptr) {

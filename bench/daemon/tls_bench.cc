@@ -23,6 +23,7 @@
 #include <map>
 #include <thread>
 
+#include "bench/daemon/proc_stats.h"
 #include "cache_daemon/client.h"
 #include "tests/cache_daemon/net_util.h"
 #include "tests/cache_daemon/tls_test_util.h"
@@ -30,6 +31,10 @@
 
 namespace kt = kvtier::testing;
 using namespace kvtier::daemon;
+
+using kvtier::bench::CpuNs;
+using kvtier::bench::Median;
+using kvtier::bench::PidWithArg;
 
 namespace {
 
@@ -40,44 +45,11 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-uint64_t CpuNs(pid_t pid) {
-  uint64_t total = 0;
-  std::error_code ec;
-  for (const auto& e :
-       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
-    std::ifstream f(e.path() / "schedstat");
-    uint64_t ns = 0;
-    if (f >> ns) total += ns;
-  }
-  return total;
-}
-
 uint64_t SelfCpuNs() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   auto ns = [](const timeval& t) { return uint64_t(t.tv_sec) * 1000000000ull + t.tv_usec * 1000; };
   return ns(u.ru_utime) + ns(u.ru_stime);
-}
-
-pid_t PidWithArg(const std::string& needle) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
-    std::string name = e.path().filename().string();
-    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
-    std::ifstream f(e.path() / "cmdline");
-    std::string cmdline((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (cmdline.find("kvtierd") != std::string::npos && cmdline.find(needle) != std::string::npos) {
-      return static_cast<pid_t>(std::stol(name));
-    }
-  }
-  return -1;
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 struct Server {

@@ -22,27 +22,46 @@
 
 namespace kvtier::engine::device {
 
-// Entries of the global KV (kFp4E4M3x16) decoded from the caches' copies on the device: entry i
-// is entry entry[i] of cache source[i], whose codes start at data[source[i]] and scales at
-// scales[source[i]]; it goes to out + i * blocks * 16. Block j of entry i for i * blocks + j <
-// threads (blocks = head_dim / 16 per entry).
-struct DecodeFp4KeysKernel {
-  static constexpr const char* kName = "DecodeFp4Keys";
-  const uint8_t* const* data;    // [caches]
-  const uint8_t* const* scales;  // [caches]
+// Entries of one stored format decoded from where they lie on the device (the mirrors of the
+// caches and rings, or the entries uploaded with the pass): entry i is entry entry[i] of source
+// source[i], whose codes start at data[source[i]] and scales at scales[source[i]]; it goes to
+// out + i * blocks * F::kBlockElems. Block j of entry i for i * blocks + j < threads (blocks =
+// head_dim / F::kBlockElems per entry). F: Fp4Keys (the global KV, kFp4E4M3x16) or Fp8Keys (the
+// SWA window, kFp8Ue8m0x32), each decoding one block with the codec's own function.
+template <typename F>
+struct DecodeKeysKernel {
+  static constexpr const char* kName = F::kName;
+  const uint8_t* const* data;    // [sources]
+  const uint8_t* const* scales;  // [sources]
   const int32_t* source;         // [entries]
   const int32_t* entry;          // [entries]
   int blocks;
   float* out;
   int64_t threads;
   KVTIER_HD void operator()(int64_t b) const {
-    const int64_t i = b / blocks, j = b % blocks;
-    const int64_t e = entry[i], half = kernels::kFp4E4M3BlockElems / 2;
-    kernels::DequantizeBlockFp4E4M3(data[source[i]] + (e * blocks + j) * half,
-                                    scales[source[i]][e * blocks + j],
-                                    out + b * kernels::kFp4E4M3BlockElems);
+    const int64_t i = b / blocks, j = b % blocks, e = entry[i];
+    F::Decode(data[source[i]] + (e * blocks + j) * F::kBlockBytes,
+              scales[source[i]][e * blocks + j], out + b * F::kBlockElems);
   }
 };
+struct Fp4Keys {
+  static constexpr const char* kName = "DecodeFp4Keys";
+  static constexpr int64_t kBlockElems = kernels::kFp4E4M3BlockElems;
+  static constexpr int64_t kBlockBytes = kBlockElems / 2;
+  KVTIER_HD static void Decode(const uint8_t* codes, uint8_t scale, float* out) {
+    kernels::DequantizeBlockFp4E4M3(codes, scale, out);
+  }
+};
+struct Fp8Keys {
+  static constexpr const char* kName = "DecodeFp8Keys";
+  static constexpr int64_t kBlockElems = kernels::kUe8m0BlockElems;
+  static constexpr int64_t kBlockBytes = kBlockElems;
+  KVTIER_HD static void Decode(const uint8_t* codes, uint8_t scale, float* out) {
+    kernels::DequantizeBlockFp8Ue8m0(codes, scale, out);
+  }
+};
+using DecodeFp4KeysKernel = DecodeKeysKernel<Fp4Keys>;
+using DecodeFp8KeysKernel = DecodeKeysKernel<Fp8Keys>;
 
 // Byte i of src to its run's destination: dst[r][i - begin[r]] for the run r with begin[r] <= i <
 // begin[r + 1] (begin non-decreasing, begin[0] = 0), for i < threads = begin[runs]: the new
@@ -66,28 +85,6 @@ struct ScatterBytesKernel {
       }
     }
     dst[lo][i - begin[lo]] = src[i];
-  }
-};
-
-// Entries of the SWA window (kFp8Ue8m0x32) decoded, as DecodeFp4Keys: entry i is entry
-// entry[i] of source[i] (a ring's copy on the device, or the entries uploaded with the pass),
-// whose codes start at data[source[i]] and scales at scales[source[i]]; it goes to out + i *
-// blocks * 32. Block j of entry i for i * blocks + j < threads (blocks = head_dim / 32).
-struct DecodeFp8KeysKernel {
-  static constexpr const char* kName = "DecodeFp8Keys";
-  const uint8_t* const* data;    // [sources]
-  const uint8_t* const* scales;  // [sources]
-  const int32_t* source;         // [entries]
-  const int32_t* entry;          // [entries]
-  int blocks;
-  float* out;
-  int64_t threads;
-  KVTIER_HD void operator()(int64_t b) const {
-    const int64_t i = b / blocks, j = b % blocks;
-    const int64_t e = entry[i];
-    kernels::DequantizeBlockFp8Ue8m0(data[source[i]] + (e * blocks + j) * kernels::kUe8m0BlockElems,
-                                     scales[source[i]][e * blocks + j],
-                                     out + b * kernels::kUe8m0BlockElems);
   }
 };
 

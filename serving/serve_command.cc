@@ -82,10 +82,10 @@ int RunServe(std::span<const std::string_view> args) {
   flags.String("layer-device", &layer_device, "DEVICE",
                "where the engine's passes run every layer's arithmetic: cpu, cuda "
                "(the GPU keeps the step's activations and runs the mixes, norms, attention "
-               "projections, the attention over the keys the CPU selects, and MoE; the caches, "
-               "the compressor, the top-k and Engram stay on the CPU; logits within the CUDA "
-               "math library's expf/log1pf of the CPU's) or host-twin (the GPU's kernels on "
-               "the CPU: the CPU's bits, slower; for checks)");
+               "projections, the attention over the keys the CPU selects, and MoE; the caches "
+               "(copied to the GPU as they grow), the compressor, the top-k and Engram stay on "
+               "the CPU; logits within the CUDA math library's expf/log1pf of the CPU's) or "
+               "host-twin (the GPU's kernels on the CPU: the CPU's bits, slower; for checks)");
   flags.String("guard", &guard, "MODE",
                "resume guard: auto (fetch or recompute, whichever is estimated cheaper), fetch, "
                "recompute");

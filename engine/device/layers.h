@@ -19,10 +19,11 @@
 // changed: KvSource; a ring's copy takes the slots whose stamps changed: SwaSource); a window
 // entry the pass's own push has overwritten in the ring crosses with the pass (a prefill's rows
 // more than W before its end). So a decode layer moves, per row, the products down (head_dim, plus
-// the indexer's query on indexed layers and the compressor's rows on compressing ones) and the
-// row's new SWA entry and the caches' new entries up, never a weight and never q or the heads'
-// outputs. The caches stay the host's: a mirror is a copy, checked against each cache's epoch
-// and each ring's stamps on every read; the compressor's and the indexer's state are not mirrored.
+// the indexer's query on indexed layers and the compressor's rows on compressing ones) and up
+// the row's new SWA entry, the caches' new entries, the keys' names and the rotations, never a
+// weight and never q or the heads' outputs. The caches stay the host's: a mirror is a copy, checked
+// against each cache's epoch and each ring's stamps on every read; the compressor's and the
+// indexer's state are not mirrored.
 //
 // Every output is the CPU path's (engine/device/kernels.h, attention_kernels.h): bit for bit on
 // the host twin, within the CUDA math library's expf / log1pf differences on a GPU.

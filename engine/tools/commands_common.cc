@@ -22,9 +22,10 @@ void AddLayerDeviceFlag(cli::FlagSet* flags, std::string* value) {
   flags->String("layer-device", value, "DEVICE",
                 "where the passes' layers run: cpu, cuda (the GPU keeps each pass's "
                 "activations and runs the mixes, norms, attention projections, the attention "
-                "over the keys the CPU selects, and MoE; the caches, the compressor, the top-k "
-                "and Engram stay on the CPU) or host-twin (the GPU's kernels on the CPU: the "
-                "CPU's bits, slower); docs/ENGINE.md, \"Device layers\"");
+                "over the keys the CPU selects, and MoE; the caches (copied to the GPU as they "
+                "grow), the compressor, the top-k and Engram stay on the CPU) or host-twin (the "
+                "GPU's kernels on the CPU: the CPU's bits, slower); docs/ENGINE.md, \"Device "
+                "layers\"");
 }
 
 bool ResolveLayerDevice(const std::string& value, const char* command, LayerDevice* device) {

@@ -58,11 +58,15 @@ Status DeviceLayers::GrowMirror(Mirror* m, int64_t entries, size_t data_bytes, s
     backend_->Free(data);
     return scales.status();
   }
-  if (keep > 0) {
-    KVTIER_RETURN_IF_ERROR(
-        backend_->DeviceCopy(data, m->data, static_cast<size_t>(keep) * data_bytes));
-    KVTIER_RETURN_IF_ERROR(
-        backend_->DeviceCopy(*scales, m->scales, static_cast<size_t>(keep) * scale_bytes));
+  if (keep > 0) {  // a failed copy leaves the mirror as it was
+    Status copied = backend_->DeviceCopy(data, m->data, static_cast<size_t>(keep) * data_bytes);
+    if (copied.ok())
+      copied = backend_->DeviceCopy(*scales, m->scales, static_cast<size_t>(keep) * scale_bytes);
+    if (!copied.ok()) {
+      backend_->Free(data);
+      backend_->Free(*scales);
+      return copied;
+    }
   }
   backend_->Free(m->data);
   backend_->Free(m->scales);

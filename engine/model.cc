@@ -30,8 +30,6 @@ uint64_t NextHistoryNumber() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-uint64_t KvEpoch::Next() { return NextHistoryNumber(); }
-
 void KvSourceCache::Truncate(int64_t e) {
   const size_t n = static_cast<size_t>(std::min(e, n_entries));
   if (static_cast<int64_t>(n) < n_entries) {  // a new history, the old one's first n entries kept

@@ -164,26 +164,25 @@ struct SwaRing {
 // the epoch over and gives the moved-from object a new one. Thread-safe.
 class KvEpoch {
  public:
-  KvEpoch() : value_(Next()) {}
-  KvEpoch(const KvEpoch&) : value_(Next()) {}
+  KvEpoch() : value_(NextHistoryNumber()) {}
+  KvEpoch(const KvEpoch&) : value_(NextHistoryNumber()) {}
   KvEpoch& operator=(const KvEpoch& o) {
-    if (this != &o) value_ = Next();
+    if (this != &o) value_ = NextHistoryNumber();
     return *this;
   }
-  KvEpoch(KvEpoch&& o) noexcept : value_(o.value_) { o.value_ = Next(); }
+  KvEpoch(KvEpoch&& o) noexcept : value_(o.value_) { o.value_ = NextHistoryNumber(); }
   KvEpoch& operator=(KvEpoch&& o) noexcept {
     if (this != &o) {
       value_ = o.value_;
-      o.value_ = Next();
+      o.value_ = NextHistoryNumber();
     }
     return *this;
   }
   uint64_t value() const { return value_; }
   // A new number (the entries changed otherwise than by growing).
-  void Renew() { value_ = Next(); }
+  void Renew() { value_ = NextHistoryNumber(); }
 
  private:
-  static uint64_t Next();
   uint64_t value_;
 };
 
@@ -496,8 +495,8 @@ class Engine {
   // the pass's push and which the device reads from its mirror, or as ~u for entry u of swa_*,
   // the FP8 bytes of those the push overwrites, uploaded with the pass; swa_of: position - the
   // window's first -> entry, or -1), and per row its list in AttnCore's order (keys[key_off[t] ..
-  // key_off[t + 1]): a global entry as its place in sel, SWA entry j as ~j). ring_end: the ring's
-  // end once the pass's entries are pushed.
+  // key_off[t + 1]): a global entry as its place in sel, SWA entry j as ~j). ring: null when no
+  // entry is read from it; ring_end: its end once the pass's entries are pushed.
   struct AttnKeyRows {
     const KvSourceCache* src = nullptr;  // null when sel is empty
     const SwaRing* ring = nullptr;

@@ -631,7 +631,7 @@ Status Engine::AttnGather(int layer, const SequenceState& st, int64_t p0, int n,
   // the push overwrites are copied (prefill rows more than W before the pass's end).
   const int64_t s_lo = std::max<int64_t>(std::max(ring.valid_from, p0 - W + 1), 0);
   const int64_t kept = p0 + n - W;
-  out->ring = &ring;
+  out->ring = nullptr;
   out->ring_end = p0 + n;
   std::vector<int32_t>& swa_of = out->swa_of;  // position s_lo + i -> SWA entry, or -1
   swa_of.assign(static_cast<size_t>(p0 + n - s_lo), -1);
@@ -642,6 +642,7 @@ Status Engine::AttnGather(int layer, const SequenceState& st, int64_t p0, int n,
     swa_of[s - s_lo] = n_swa++;
     if (s >= kept) {
       out->swa_slot.push_back(static_cast<int32_t>(s % W));
+      out->ring = &ring;
       continue;
     }
     const uint8_t* data =
@@ -716,7 +717,7 @@ Status Engine::DeviceAttention(int layer, std::span<AttnKeyRows* const> seqs, co
   for (const AttnKeyRows* r : seqs) {
     main += static_cast<int64_t>(r->sel.size());
     swa += static_cast<int64_t>(r->swa_slot.size());
-    nr += std::any_of(r->swa_slot.begin(), r->swa_slot.end(), [](int32_t j) { return j >= 0; });
+    nr += r->ring != nullptr ? 1 : 0;
   }
   int64_t main_at = 0, swa_at = 0;
   int32_t uploaded_at = 0;
@@ -739,13 +740,11 @@ Status Engine::DeviceAttention(int layer, std::span<AttnKeyRows* const> seqs, co
       sources.push_back(s);
     }
     const int32_t ring = static_cast<int32_t>(rings.size());
-    bool by_slot = false;
     for (int32_t j : r->swa_slot) {
       swa_source.push_back(j >= 0 ? ring : nr);
       swa_entry.push_back(j >= 0 ? j : uploaded_at + ~j);
-      by_slot = by_slot || j >= 0;
     }
-    if (by_slot) {
+    if (r->ring != nullptr) {
       const SwaRing& w = *r->ring;
       if (w.end != r->ring_end)
         return Status::Internal(

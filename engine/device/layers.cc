@@ -415,50 +415,21 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
     if (k.keys[i] < 0 || k.keys[i] >= table)
       return Status::InvalidArgument("device layers: an attention key outside the table");
   }
-  // The mirrors: each cache's with room for all its entries, each ring's with its slots; the
-  // entries a cache's mirror lacks and the written slots whose stamps a ring's mirror lacks
-  // become runs of the upload (codes, then scales), scattered into place on the device.
+  // The mirrors: each cache's with room for all its entries, each ring's with its slots; what
+  // each lacks becomes runs of the upload, scattered into place on the device.
   ++attention_calls_;
-  const size_t mdb = hd / 2, msb = hd / 16, sdb = hd, ssb = hd / 32;
+  const size_t sdb = hd, ssb = hd / 32;
   std::vector<Mirror*>& mirror_of = mirror_of_;
   std::vector<Mirror*>& ring_mirror_of = ring_mirror_of_;
   mirror_of.assign(k.sources.size(), nullptr);
   ring_mirror_of.assign(k.rings.size(), nullptr);
   run_dst_.clear();
   run_begin_.assign(1, 0);
-  std::vector<std::pair<const uint8_t*, size_t>>& run_src = run_src_;
-  run_src.clear();
-  auto add_run = [&](uint8_t* dst, const uint8_t* src, size_t bytes) {
-    run_dst_.push_back(dst);
-    run_src.emplace_back(src, bytes);
-    run_begin_.push_back(run_begin_.back() + static_cast<int64_t>(bytes));
-  };
-  for (size_t i = 0; i < k.sources.size(); ++i) {
-    const KvSource& s = k.sources[i];
-    int64_t valid = 0;
-    KVTIER_RETURN_IF_ERROR(PrepareMirror(s, &mirror_of[i], &valid));
-    if (valid == s.entries) continue;
-    const size_t ne = static_cast<size_t>(s.entries - valid);
-    add_run(mirror_of[i]->data + valid * mdb, s.data + valid * mdb, ne * mdb);
-    add_run(mirror_of[i]->scales + valid * msb, s.scales + valid * msb, ne * msb);
-  }
-  for (size_t i = 0; i < k.rings.size(); ++i) {
-    const SwaSource& r = k.rings[i];
-    KVTIER_RETURN_IF_ERROR(PrepareRingMirror(r, &ring_mirror_of[i]));
-    Mirror* m = ring_mirror_of[i];
-    for (int64_t j = 0; j < r.slots;) {  // runs of consecutive slots to copy
-      if (r.stamps[j] == 0 || r.stamps[j] == m->stamps[j]) {
-        ++j;
-        continue;
-      }
-      int64_t e = j;
-      while (e < r.slots && r.stamps[e] != 0 && r.stamps[e] != m->stamps[e]) m->stamps[e++] = 0;
-      const size_t ns = static_cast<size_t>(e - j);
-      add_run(m->data + j * sdb, r.data + j * sdb, ns * sdb);
-      add_run(m->scales + j * ssb, r.scales + j * ssb, ns * ssb);
-      j = e;
-    }
-  }
+  run_src_.clear();
+  for (size_t i = 0; i < k.sources.size(); ++i)
+    KVTIER_RETURN_IF_ERROR(PrepareMirror(k.sources[i], &mirror_of[i]));
+  for (size_t i = 0; i < k.rings.size(); ++i)
+    KVTIER_RETURN_IF_ERROR(PrepareRingMirror(k.rings[i], &ring_mirror_of[i]));
   // One upload: the new bytes and where they go, the mirrors' addresses (the caches' codes and
   // scales, then the rings' and the uploaded SWA entries' as source nr), the table's entries, the
   // uploaded SWA entries' bytes, the lists and the rotations.
@@ -499,7 +470,7 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
     if (bytes > 0) std::memcpy(h + at, src, bytes);
   };
   for (int r = 0; r < runs; ++r)
-    put(fresh + static_cast<size_t>(run_begin_[r]), run_src[r].first, run_src[r].second);
+    put(fresh + static_cast<size_t>(run_begin_[r]), run_src_[r].first, run_src_[r].second);
   put(fresh_begin, run_begin_.data(), run_begin_.size() * sizeof(int64_t));
   put(fresh_dst, run_dst_.data(), run_dst_.size() * sizeof(uint8_t*));
   put(mirrors, mirror_ptrs_.data(), mirror_ptrs_.size() * sizeof(const uint8_t*));
@@ -528,15 +499,7 @@ Status DeviceLayers::Attention(int layer, const AttentionKeys& k) {
         d + fresh, reinterpret_cast<const int64_t*>(d + fresh_begin),
         reinterpret_cast<uint8_t* const*>(d + fresh_dst), runs, run_begin_.back()}));
   }
-  // The mirrors now hold every entry of their sources and every written slot of their rings.
-  for (size_t i = 0; i < ns; ++i) {
-    mirror_of[i]->epoch = k.sources[i].epoch;
-    mirror_of[i]->synced = k.sources[i].entries;
-  }
-  for (size_t i = 0; i + 1 < nw; ++i) {
-    const SwaSource& r = k.rings[i];
-    std::copy(r.stamps, r.stamps + r.slots, ring_mirror_of[i]->stamps.begin());
-  }
+  MirrorsHold(k);
   KVTIER_RETURN_IF_ERROR(Run(RopeRowsKernel{q, H32, hd32, pairs, d_c, d_s, n * H * pairs}));
   if (k.main > 0) {  // none on an SWA-only layer
     KVTIER_RETURN_IF_ERROR(Run(DecodeFp4KeysKernel{

@@ -247,11 +247,17 @@ class DeviceLayers {
   // holds, whose first `keep` entries are copied over), within kv_mirror_bytes_max.
   Status GrowMirror(Mirror* m, int64_t entries, size_t data_bytes, size_t scale_bytes,
                     int64_t keep);
-  // The mirror of s with room for all its entries, holding what it can keep of its old copy
-  // (sets *valid to that many entries).
-  Status PrepareMirror(const KvSource& s, Mirror** m, int64_t* valid);
-  // The mirror of ring r with its slots' room; its stamps still those it holds.
+  // Appends a run of the upload: `bytes` host bytes at src, for dst on the device.
+  void AddRun(uint8_t* dst, const uint8_t* src, size_t bytes);
+  // The mirror of s with room for all its entries, holding what it can keep of its old copy; the
+  // entries it lacks appended as runs.
+  Status PrepareMirror(const KvSource& s, Mirror** m);
+  // The mirror of ring r with its slots' room; the written slots whose stamps it lacks appended
+  // as runs.
   Status PrepareRingMirror(const SwaSource& r, Mirror** m);
+  // After the runs are scattered: each of k's mirrors (mirror_of_, ring_mirror_of_) holds its
+  // cache's every entry under the cache's epoch, its ring's every written slot.
+  void MirrorsHold(const AttentionKeys& k);
   // Device memory of `floats` floats (or bytes) held until destruction.
   StatusOr<float*> Hold(size_t floats);
   StatusOr<float*> Upload(const float* host, size_t floats);

@@ -78,7 +78,14 @@ Status DeviceLayers::GrowMirror(Mirror* m, int64_t entries, size_t data_bytes, s
   return Status::Ok();
 }
 
-Status DeviceLayers::PrepareMirror(const KvSource& s, Mirror** out, int64_t* valid) {
+void DeviceLayers::AddRun(uint8_t* dst, const uint8_t* src, size_t bytes) {
+  run_dst_.push_back(dst);
+  run_src_.emplace_back(src, bytes);
+  run_begin_.push_back(run_begin_.back() + static_cast<int64_t>(bytes));
+}
+
+Status DeviceLayers::PrepareMirror(const KvSource& s, Mirror** out) {
+  const size_t mdb = config_.head_dim / 2, msb = config_.head_dim / 16;
   Mirror* m = nullptr;
   KVTIER_RETURN_IF_ERROR(FindMirror(s.id, /*ring=*/false, &m));
   // What the mirror still holds of this source: its copy under the source's epoch, or under the
@@ -92,25 +99,55 @@ Status DeviceLayers::PrepareMirror(const KvSource& s, Mirror** out, int64_t* val
   keep = std::min(keep, s.entries);
   if (s.entries > m->capacity) {
     const int64_t cap = std::max<int64_t>({s.entries, m->capacity + m->capacity / 2, 64});
-    KVTIER_RETURN_IF_ERROR(GrowMirror(m, cap, config_.head_dim / 2, config_.head_dim / 16, keep));
+    KVTIER_RETURN_IF_ERROR(GrowMirror(m, cap, mdb, msb, keep));
   }
   // Until this call's upload lands the mirror claims only what it keeps (of m->epoch's entries):
   // the new entries are written after them.
   m->synced = keep;
+  if (keep < s.entries) {
+    const size_t ne = static_cast<size_t>(s.entries - keep);
+    AddRun(m->data + keep * mdb, s.data + keep * mdb, ne * mdb);
+    AddRun(m->scales + keep * msb, s.scales + keep * msb, ne * msb);
+  }
   *out = m;
-  *valid = keep;
   return Status::Ok();
 }
 
 Status DeviceLayers::PrepareRingMirror(const SwaSource& r, Mirror** out) {
+  const size_t sdb = config_.head_dim, ssb = config_.head_dim / 32;
   Mirror* m = nullptr;
   KVTIER_RETURN_IF_ERROR(FindMirror(r.id, /*ring=*/true, &m));
   if (m->capacity != r.slots) {
-    KVTIER_RETURN_IF_ERROR(GrowMirror(m, r.slots, config_.head_dim, config_.head_dim / 32, 0));
+    KVTIER_RETURN_IF_ERROR(GrowMirror(m, r.slots, sdb, ssb, 0));
     m->stamps.assign(static_cast<size_t>(r.slots), 0);
+  }
+  // Runs of consecutive written slots whose stamps the mirror lacks; until the upload lands it
+  // claims nothing for them.
+  for (int64_t j = 0; j < r.slots;) {
+    if (r.stamps[j] == 0 || r.stamps[j] == m->stamps[j]) {
+      ++j;
+      continue;
+    }
+    int64_t e = j;
+    while (e < r.slots && r.stamps[e] != 0 && r.stamps[e] != m->stamps[e]) m->stamps[e++] = 0;
+    const size_t ns = static_cast<size_t>(e - j);
+    AddRun(m->data + j * sdb, r.data + j * sdb, ns * sdb);
+    AddRun(m->scales + j * ssb, r.scales + j * ssb, ns * ssb);
+    j = e;
   }
   *out = m;
   return Status::Ok();
+}
+
+void DeviceLayers::MirrorsHold(const AttentionKeys& k) {
+  for (size_t i = 0; i < k.sources.size(); ++i) {
+    mirror_of_[i]->epoch = k.sources[i].epoch;
+    mirror_of_[i]->synced = k.sources[i].entries;
+  }
+  for (size_t i = 0; i < k.rings.size(); ++i) {
+    const SwaSource& r = k.rings[i];
+    std::copy(r.stamps, r.stamps + r.slots, ring_mirror_of_[i]->stamps.begin());
+  }
 }
 
 }  // namespace kvtier::engine::device

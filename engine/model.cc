@@ -491,7 +491,7 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
     for (int t = 0; t < n; ++t) pos[t] = p0 + t;
     AttnKeyRows* keys = &keys_slot;
     ScopeExit trim([&] { TrimKeyRows(*keys); });
-    KVTIER_RETURN_IF_ERROR(model_detail::RunDeviceLayers(
+    Status s = model_detail::RunDeviceLayers(
         *device_, c, n, l_begin, l_end, x, pre, xn.data(), engram,
         [&](int l) { return capture_ != nullptr && capture_->Slot(l) >= 0; },
         [&](int l) { capture_->Record(l, p0, n, hc, D, x, xn.data()); },
@@ -499,9 +499,10 @@ Status Engine::RunLayers(SequenceState* st, const std::vector<Step>& plan, size_
           KVTIER_RETURN_IF_ERROR(DeviceAttnProject(l, n, pos.data(), &attn_rows_));
           KVTIER_RETURN_IF_ERROR(AttnCoreKeys(l, st, p0, n, attn_rows_, 0, &rt, pool_.get(), keys));
           return DeviceAttention(l, std::span<AttnKeyRows* const>(&keys, 1), attn_rows_);
-        }));
-    KVTIER_RETURN_IF_ERROR(device_->Residual(x));
-    return device_->Pre(pre);
+        });
+    if (s.ok()) s = device_->Residual(x);
+    if (s.ok()) s = device_->Pre(pre);
+    return AfterDevicePass(std::move(s));
   }
   for (int l = l_begin; l < l_end; ++l) {
     const LayerWeights& lw = layers_[l];

@@ -59,8 +59,9 @@
 namespace kvtier::engine {
 
 namespace device {
+class DeviceBackend;
 class DeviceLayers;
-}
+}  // namespace device
 
 // Upper bound on tokens in one call whose memory grows with it: Forward with all_logits,
 // ForwardBatch, ReplayTail's replay, PrefetchEngram's hint.
@@ -116,6 +117,9 @@ struct EngineOptions {
   // pass while a StepTrace is set runs on the CPU whatever it says; the head of a single-sequence
   // pass runs on the CPU (its residual comes back at the end of the pass's layers).
   LayerDevice layer_device = LayerDevice::kCpu;
+  // Test hook: makes the device layers' backend in place of layer_device's own (layer_device
+  // must not be kCpu then); null (default): layer_device's.
+  std::function<std::unique_ptr<device::DeviceBackend>()> device_backend;
 };
 
 // What the engine saw of Engram row reads (monotonic counters). A prefetch is a batch
@@ -361,11 +365,19 @@ class Engine {
   // How many weight matrices the products read packed in `format` (0 for all formats while the
   // scalar kernel, which packs nothing, is active).
   size_t PackedMatrices(PackedFormat format) const { return packed_.Count(format); }
-  // Device bytes held by the device layers' weight copies (0 with LayerDevice::kCpu).
+  // Device bytes held by the device layers' weight copies (0 with LayerDevice::kCpu, or once
+  // the device failed).
   size_t DeviceWeightBytes() const;
+  // Ok while the passes run on layer_device (or it is kCpu). When a call to the device fails,
+  // the pass that made it returns that error (its sequences' states are then unspecified, as
+  // after any failed pass), the engine drops the device layers (after a failure nothing the
+  // device holds is trusted: engine/device/fail_stop_backend.h) and every later pass runs on
+  // the CPU path; this returns that first error from then on.
+  const Status& DeviceFailure() const { return device_failure_; }
   // The device layers' profile (engine/device/profile.h): every kernel and copy of the passes
   // while on, counted and timed on the device; TakeDeviceProfile returns the totals since the
-  // last take. InvalidArgument when the passes run on the CPU (layer_device cpu).
+  // last take. InvalidArgument when the passes run on the CPU (layer_device cpu, or the device
+  // failed).
   Status SetDeviceProfiling(bool on);
   StatusOr<std::vector<device::OpStat>> TakeDeviceProfile();
 
@@ -570,7 +582,11 @@ class Engine {
   AttnInputCapture* capture_ = nullptr;
   // The passes' layers when options_.layer_device is not kCpu (model_device.cc).
   std::unique_ptr<device::DeviceLayers> device_;
+  Status device_failure_;  // DeviceFailure()
   Status BindDevice();
+  // A device pass's result s; when the device layers failed (their failure()), the engine drops
+  // them first and remembers the failure (DeviceFailure).
+  Status AfterDevicePass(Status s);
 };
 
 }  // namespace kvtier::engine

@@ -177,7 +177,7 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
     ScopeExit trim([&] {
       for (AttnKeyRows& r : key_rows) TrimKeyRows(r);
     });
-    KVTIER_RETURN_IF_ERROR(model_detail::RunDeviceLayers(
+    Status s = model_detail::RunDeviceLayers(
         *device_, c, n, 0, L, x.data(), pre.data(), xn.data(),
         [&](int l) { return engram(l, x.data()); }, wants_capture,
         [&](int l) { record(l, x.data(), xn.data()); },
@@ -185,8 +185,9 @@ Status Engine::ForwardBatch(std::span<SequenceState* const> states,
           KVTIER_RETURN_IF_ERROR(DeviceAttnProject(l, n, pos.data(), &attn_rows_));
           KVTIER_RETURN_IF_ERROR(cores(l, nullptr, true));
           return DeviceAttention(l, key_ptrs, attn_rows_);
-        }));
-    KVTIER_RETURN_IF_ERROR(device_->Head(head_rows, out.data()));
+        });
+    if (s.ok()) s = device_->Head(head_rows, out.data());
+    KVTIER_RETURN_IF_ERROR(AfterDevicePass(std::move(s)));
   } else {
     for (int l = 0; l < L; ++l) {
       const LayerWeights& lw = layers_[l];

@@ -1,5 +1,6 @@
 // Engine: the device layers (EngineOptions::layer_device, engine/device/layers.h): their
 // weights bound from the engine's own, and the attention products taken from them.
+#include "common/logging.h"
 #include "engine/device/layers.h"
 #include "engine/model_internal.h"
 
@@ -28,7 +29,11 @@ bool ParseLayerDevice(std::string_view name, LayerDevice* device) {
 }
 
 Status Engine::BindDevice() {
-  if (options_.layer_device == LayerDevice::kCpu) return Status::Ok();
+  if (options_.layer_device == LayerDevice::kCpu) {
+    if (options_.device_backend)
+      return Status::InvalidArgument("engine: a device_backend with layer_device cpu");
+    return Status::Ok();
+  }
   // The weights as the products read them (after RoundCodedWeights: the rounded floats, whose
   // products are the packed codes' bits).
   device::DeviceModelWeights w;
@@ -69,8 +74,25 @@ Status Engine::BindDevice() {
   const device::DeviceKind kind = options_.layer_device == LayerDevice::kCuda
                                       ? device::DeviceKind::kCuda
                                       : device::DeviceKind::kHost;
-  KVTIER_ASSIGN_OR_RETURN(device_, device::DeviceLayers::Create(kind, config_, w));
+  if (options_.device_backend) {
+    std::unique_ptr<device::DeviceBackend> backend = options_.device_backend();
+    if (backend == nullptr) return Status::InvalidArgument("engine: device_backend gave none");
+    KVTIER_ASSIGN_OR_RETURN(device_, device::DeviceLayers::Create(std::move(backend), config_, w));
+  } else {
+    KVTIER_ASSIGN_OR_RETURN(device_, device::DeviceLayers::Create(kind, config_, w));
+  }
   return Status::Ok();
+}
+
+Status Engine::AfterDevicePass(Status s) {
+  if (device_ != nullptr && !device_->failure().ok()) {
+    device_failure_ = device_->failure();
+    KVTIER_LOG(kError) << "engine: the " << LayerDeviceName(options_.layer_device)
+                       << " layers failed (" << device_failure_.ToString()
+                       << "); every later pass runs on the CPU";
+    device_.reset();
+  }
+  return s;
 }
 
 Status Engine::DeviceAttnProject(int layer, int n, const int64_t* pos, AttnRows* a) {
@@ -89,14 +111,16 @@ Status Engine::DeviceAttnProject(int layer, int n, const int64_t* pos, AttnRows*
 
 Status Engine::SetDeviceProfiling(bool on) {
   if (device_ == nullptr)
-    return Status::InvalidArgument("engine: no device layers to profile (layer_device cpu)");
+    return Status::InvalidArgument(
+        "engine: no device layers to profile (layer_device cpu, or the device failed)");
   device_->SetProfiling(on);
   return Status::Ok();
 }
 
 StatusOr<std::vector<device::OpStat>> Engine::TakeDeviceProfile() {
   if (device_ == nullptr)
-    return Status::InvalidArgument("engine: no device layers to profile (layer_device cpu)");
+    return Status::InvalidArgument(
+        "engine: no device layers to profile (layer_device cpu, or the device failed)");
   return device_->TakeProfile();
 }
 

@@ -32,7 +32,7 @@ struct DeviceLayers::Layer {
 DeviceLayers::DeviceLayers(const EngineConfig& config, std::unique_ptr<DeviceBackend> backend,
                            size_t attention_weights_bytes_max, size_t kv_mirror_bytes_max)
     : config_(config),
-      backend_(std::move(backend)),
+      backend_(std::make_unique<FailStopBackend>(std::move(backend))),
       attention_weights_bytes_max_(attention_weights_bytes_max),
       kv_mirror_bytes_max_(kv_mirror_bytes_max) {}
 
@@ -94,10 +94,10 @@ StatusOr<float*> DeviceLayers::UploadOutputMinor(const float* const* mats, size_
   return d;
 }
 
-StatusOr<std::unique_ptr<DeviceLayers>> DeviceLayers::Create(DeviceKind kind, const EngineConfig& c,
-                                                             const DeviceModelWeights& weights,
-                                                             size_t attention_weights_bytes_max,
-                                                             size_t kv_mirror_bytes_max) {
+namespace {
+
+// What Create refuses before it touches a device.
+Status CheckModel(const EngineConfig& c, const DeviceModelWeights& weights) {
   if (c.num_experts_per_tok > kDeviceExpertsPerTokenMax)
     return Status::InvalidArgument("device layers: num_experts_per_tok over " +
                                    std::to_string(kDeviceExpertsPerTokenMax));
@@ -105,7 +105,27 @@ StatusOr<std::unique_ptr<DeviceLayers>> DeviceLayers::Create(DeviceKind kind, co
     return Status::InvalidArgument("device layers: hc_mult over the kernels' limit");
   if (static_cast<int>(weights.layers.size()) != c.num_hidden_layers)
     return Status::InvalidArgument("device layers: one weight set per layer needed");
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<DeviceLayers>> DeviceLayers::Create(DeviceKind kind, const EngineConfig& c,
+                                                             const DeviceModelWeights& weights,
+                                                             size_t attention_weights_bytes_max,
+                                                             size_t kv_mirror_bytes_max) {
+  KVTIER_RETURN_IF_ERROR(CheckModel(c, weights));
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<DeviceBackend> backend, MakeDeviceBackend(kind));
+  return Create(std::move(backend), c, weights, attention_weights_bytes_max, kv_mirror_bytes_max);
+}
+
+StatusOr<std::unique_ptr<DeviceLayers>> DeviceLayers::Create(std::unique_ptr<DeviceBackend> backend,
+                                                             const EngineConfig& c,
+                                                             const DeviceModelWeights& weights,
+                                                             size_t attention_weights_bytes_max,
+                                                             size_t kv_mirror_bytes_max) {
+  if (backend == nullptr) return Status::InvalidArgument("device layers: no backend");
+  KVTIER_RETURN_IF_ERROR(CheckModel(c, weights));
   std::unique_ptr<DeviceLayers> d(
       new DeviceLayers(c, std::move(backend), attention_weights_bytes_max, kv_mirror_bytes_max));
   const size_t D = c.hidden_size, hc = c.hc_mult, E = c.n_routed_experts;

@@ -44,6 +44,7 @@
 #include "common/status.h"
 #include "engine/config.h"
 #include "engine/device/backend.h"
+#include "engine/device/fail_stop_backend.h"
 
 namespace kvtier::engine::device {
 
@@ -99,11 +100,21 @@ class DeviceLayers {
       DeviceKind kind, const EngineConfig& config, const DeviceModelWeights& weights,
       size_t attention_weights_bytes_max = kAttentionWeightsBytesMax,
       size_t kv_mirror_bytes_max = kKvMirrorBytesMax);
+  // The same on a backend the caller made (tests: one that fails on purpose).
+  static StatusOr<std::unique_ptr<DeviceLayers>> Create(
+      std::unique_ptr<DeviceBackend> backend, const EngineConfig& config,
+      const DeviceModelWeights& weights,
+      size_t attention_weights_bytes_max = kAttentionWeightsBytesMax,
+      size_t kv_mirror_bytes_max = kKvMirrorBytesMax);
   ~DeviceLayers();
   DeviceLayers(const DeviceLayers&) = delete;
   DeviceLayers& operator=(const DeviceLayers&) = delete;
 
   DeviceKind kind() const { return backend_->kind(); }
+  // Ok until a call to the device failed; then that call's error. From then on no call reaches
+  // the device (engine/device/fail_stop_backend.h: what it holds is unknown after a failure):
+  // every pass fails with Unavailable, so the owner should drop this object.
+  const Status& failure() const { return backend_->failure(); }
   // Device bytes held by weight copies.
   size_t weight_bytes() const { return weight_bytes_; }
   // The backend's profile (DeviceBackend::SetProfiling, TakeProfile).
@@ -277,7 +288,7 @@ class DeviceLayers {
   Status Grow(void** p, size_t* capacity, size_t bytes);
 
   EngineConfig config_;
-  std::unique_ptr<DeviceBackend> backend_;
+  std::unique_ptr<FailStopBackend> backend_;
   std::vector<void*> held_;  // weight copies and activations, freed at destruction
   std::vector<Layer> layers_;
   const float* norm_w_ = nullptr;

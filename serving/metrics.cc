@@ -158,6 +158,11 @@ void ServingMetrics::Gauges(int64_t q, int64_t a, int64_t r, int64_t rt) {
   resident_tokens_ = rt;
 }
 
+void ServingMetrics::LayerDeviceFailed(bool failed) {
+  std::lock_guard l(mu_);
+  layer_device_failed_ = failed ? 1 : 0;
+}
+
 std::string ServingMetrics::Render() const {
   std::lock_guard l(mu_);
   std::ostringstream o;
@@ -257,12 +262,15 @@ std::string ServingMetrics::Render() const {
       {"kvtier_serve_active_sequences", active_},
       {"kvtier_serve_resident_sequences", resident_},
       {"kvtier_serve_resident_tokens", resident_tokens_},
+      {"kvtier_serve_layer_device_failed", layer_device_failed_},
   };
   const char* ghelps[] = {
       "Requests waiting for admission.",
       "Sequences generating.",
       "Sequences in the KV pool (active and idle).",
       "Tokens held by the KV pool.",
+      "1 once a call to the device of --layer-device failed: the engine dropped its device "
+      "layers and every pass runs on the CPU since (restart to use the device again); else 0.",
   };
   for (size_t i = 0; i < std::size(gauges); ++i) {
     Head(o, gauges[i].first, "gauge", ghelps[i]);

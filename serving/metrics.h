@@ -61,6 +61,9 @@ class ServingMetrics {
   void Disconnect();  // a request whose client went away before it finished
   void Gauges(int64_t queue_depth, int64_t active_sequences, int64_t resident_sequences,
               int64_t resident_tokens);
+  // Whether the engine's device layers failed (Engine::DeviceFailure: its passes run on the CPU
+  // since).
+  void LayerDeviceFailed(bool failed);
 
   std::string Render() const;
 
@@ -84,6 +87,7 @@ class ServingMetrics {
   uint64_t spec_drafted_ = 0, spec_accepted_ = 0, spec_draft_passes_ = 0;
   std::map<uint64_t, uint64_t> spec_draft_length_;  // verifications by draft tokens verified
   int64_t queue_depth_ = 0, active_ = 0, resident_ = 0, resident_tokens_ = 0;
+  int64_t layer_device_failed_ = 0;
 };
 
 }  // namespace kvtier::serving

@@ -261,6 +261,7 @@ void Scheduler::PublishGauges() {
   metrics_->Gauges(static_cast<int64_t>(q), static_cast<int64_t>(active_.size()),
                    static_cast<int64_t>(active_.size() + idle_.size()),
                    static_cast<int64_t>(PoolTokens()));
+  metrics_->LayerDeviceFailed(!engine_->DeviceFailure().ok());
 }
 
 void Scheduler::Run() {

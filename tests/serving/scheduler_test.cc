@@ -21,6 +21,7 @@
 #include "engine/tokenizer.h"
 #include "engine/weights.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/engine/faulty_device_backend.h"
 #include "tests/serving/prompt_text.h"
 
 namespace kvtier::serving {
@@ -209,6 +210,73 @@ TEST(SchedulerRandomWeightsTest, ChunkedPrefillEqualsWholeForwardBatched) {
     Collected c = Drain(gens[i].get());
     ASSERT_TRUE(c.done) << i;
     EXPECT_EQ(c.text, refs[i]) << i;
+  }
+}
+
+// A device call that fails mid-request (--layer-device host-twin behind a backend that fails
+// its k-th call): the requests of that pass end with an error event, the metrics say the
+// device failed, and the next request is served on the CPU path with the engine's own greedy
+// text. Each k is a call of the first request's run: in its prompt's prefill, in a decode step.
+TEST_F(SchedulerTest, ADeviceFailureFailsItsPassAndLaterRequestsRunOnTheCpu) {
+  const std::vector<int32_t> prompt = Prompt(40, 3);
+  constexpr int kTokens = 12;
+  const std::string want = Reference(model_.engine.get(), prompt, kTokens);
+  auto device_engine = [&](std::shared_ptr<engine::testutil::CallLog> log) {
+    engine::EngineOptions eo;
+    eo.layer_device = engine::LayerDevice::kHostTwin;
+    eo.device_backend = [log] { return std::make_unique<engine::testutil::FaultyBackend>(log); };
+    auto e = engine::Engine::Create(model_.engine->config(), model_.weights, eo);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return e.ok() ? std::move(e).value() : nullptr;
+  };
+  SchedulerOptions o;
+  o.idle_sequences_max = 0;
+  // The calls of an undisturbed request: its text is the CPU path's (the host twin's bits).
+  auto clean_log = std::make_shared<engine::testutil::CallLog>();
+  auto clean = device_engine(clean_log);
+  ASSERT_NE(clean, nullptr);
+  const int64_t create_calls = clean_log->calls;
+  int64_t run_calls = 0;
+  {
+    auto s = Scheduler::Create(clean.get(), *model_.weights, o, &metrics_);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    auto g = (*s)->Submit(&tenant_, Greedy(prompt, kTokens));
+    ASSERT_TRUE(g.ok());
+    Collected c = Drain(g->get());
+    ASSERT_TRUE(c.done);
+    EXPECT_EQ(c.text, want);
+    run_calls = clean_log->calls - create_calls;
+    ASSERT_GT(run_calls, 100);
+  }
+  for (int64_t k : {create_calls, create_calls + run_calls / 4, create_calls + run_calls - 1}) {
+    SCOPED_TRACE("failing call " + std::to_string(k));
+    ServingMetrics metrics;
+    auto log = std::make_shared<engine::testutil::CallLog>();
+    log->fail_at = k;
+    auto e = device_engine(log);
+    ASSERT_NE(e, nullptr);
+    auto s = Scheduler::Create(e.get(), *model_.weights, o, &metrics);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_NE(metrics.Render().find("kvtier_serve_layer_device_failed 0\n"), std::string::npos);
+    auto failed = (*s)->Submit(&tenant_, Greedy(prompt, kTokens));
+    ASSERT_TRUE(failed.ok());
+    Collected c = Drain(failed->get());
+    EXPECT_FALSE(c.done);
+    EXPECT_EQ(e->DeviceFailure().code(), StatusCode::kInternal);
+    auto again = (*s)->Submit(&tenant_, Greedy(prompt, kTokens));
+    ASSERT_TRUE(again.ok());
+    c = Drain(again->get());
+    ASSERT_TRUE(c.done);
+    EXPECT_EQ(c.text, want);
+    EXPECT_EQ(log->after_failure, 0);
+    // The gauge is published after the step that ended the request: wait for it.
+    bool published = false;
+    for (int i = 0; i < 5000 && !published; ++i) {
+      published =
+          metrics.Render().find("kvtier_serve_layer_device_failed 1\n") != std::string::npos;
+      if (!published) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_TRUE(published) << metrics.Render();
   }
 }
 

@@ -128,6 +128,72 @@ class SchedulerTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     return s.ok() ? std::move(s).value() : nullptr;
   }
+  // A device call that fails mid-request (--layer-device host-twin behind a backend that fails
+  // its k-th call), on schedulers with options o: the requests of that pass end with an error
+  // event, the metrics say the device failed, and the next request is served on the CPU path
+  // with the engine's own greedy text. Each k is a call of an undisturbed request's run: the
+  // first (its prompt's prefill), a quarter, half and three quarters into it, the last.
+  void ExpectADeviceFailureFailsItsPass(const SchedulerOptions& o) {
+    const std::vector<int32_t> prompt = Prompt(40, 3);
+    constexpr int kTokens = 12;
+    const std::string want = Reference(model_.engine.get(), prompt, kTokens);
+    auto device_engine = [&](std::shared_ptr<engine::testutil::CallLog> log) {
+      engine::EngineOptions eo;
+      eo.layer_device = engine::LayerDevice::kHostTwin;
+      eo.device_backend = [log] { return std::make_unique<engine::testutil::FaultyBackend>(log); };
+      auto e = engine::Engine::Create(model_.engine->config(), model_.weights, eo);
+      EXPECT_TRUE(e.ok()) << e.status().ToString();
+      return e.ok() ? std::move(e).value() : nullptr;
+    };
+    // The calls of an undisturbed request: its text is the CPU path's (the host twin's bits).
+    auto clean_log = std::make_shared<engine::testutil::CallLog>();
+    auto clean = device_engine(clean_log);
+    ASSERT_NE(clean, nullptr);
+    const int64_t create_calls = clean_log->calls;
+    int64_t run_calls = 0;
+    {
+      auto s = Scheduler::Create(clean.get(), *model_.weights, o, &metrics_);
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      auto g = (*s)->Submit(&tenant_, Greedy(prompt, kTokens));
+      ASSERT_TRUE(g.ok());
+      Collected c = Drain(g->get());
+      ASSERT_TRUE(c.done);
+      EXPECT_EQ(c.text, want);
+      run_calls = clean_log->calls - create_calls;
+      ASSERT_GT(run_calls, 100);
+    }
+    for (int64_t k : {create_calls, create_calls + run_calls / 4, create_calls + run_calls / 2,
+                      create_calls + 3 * run_calls / 4, create_calls + run_calls - 1}) {
+      SCOPED_TRACE("failing call " + std::to_string(k));
+      ServingMetrics metrics;
+      auto log = std::make_shared<engine::testutil::CallLog>();
+      log->fail_at = k;
+      auto e = device_engine(log);
+      ASSERT_NE(e, nullptr);
+      auto s = Scheduler::Create(e.get(), *model_.weights, o, &metrics);
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      EXPECT_NE(metrics.Render().find("kvtier_serve_layer_device_failed 0\n"), std::string::npos);
+      auto failed = (*s)->Submit(&tenant_, Greedy(prompt, kTokens));
+      ASSERT_TRUE(failed.ok());
+      Collected c = Drain(failed->get());
+      EXPECT_FALSE(c.done);
+      EXPECT_EQ(e->DeviceFailure().code(), StatusCode::kInternal);
+      auto again = (*s)->Submit(&tenant_, Greedy(prompt, kTokens));
+      ASSERT_TRUE(again.ok());
+      c = Drain(again->get());
+      ASSERT_TRUE(c.done);
+      EXPECT_EQ(c.text, want);
+      EXPECT_EQ(log->after_failure, 0);
+      // The gauge is published after the step that ended the request: wait for it.
+      bool published = false;
+      for (int i = 0; i < 5000 && !published; ++i) {
+        published =
+            metrics.Render().find("kvtier_serve_layer_device_failed 1\n") != std::string::npos;
+        if (!published) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      EXPECT_TRUE(published) << metrics.Render();
+    }
+  }
   Model model_;
   ServingMetrics metrics_;
   Tenant tenant_{"t", "", {}};
@@ -213,71 +279,10 @@ TEST(SchedulerRandomWeightsTest, ChunkedPrefillEqualsWholeForwardBatched) {
   }
 }
 
-// A device call that fails mid-request (--layer-device host-twin behind a backend that fails
-// its k-th call): the requests of that pass end with an error event, the metrics say the
-// device failed, and the next request is served on the CPU path with the engine's own greedy
-// text. Each k is a call of the first request's run: in its prompt's prefill, in a decode step.
 TEST_F(SchedulerTest, ADeviceFailureFailsItsPassAndLaterRequestsRunOnTheCpu) {
-  const std::vector<int32_t> prompt = Prompt(40, 3);
-  constexpr int kTokens = 12;
-  const std::string want = Reference(model_.engine.get(), prompt, kTokens);
-  auto device_engine = [&](std::shared_ptr<engine::testutil::CallLog> log) {
-    engine::EngineOptions eo;
-    eo.layer_device = engine::LayerDevice::kHostTwin;
-    eo.device_backend = [log] { return std::make_unique<engine::testutil::FaultyBackend>(log); };
-    auto e = engine::Engine::Create(model_.engine->config(), model_.weights, eo);
-    EXPECT_TRUE(e.ok()) << e.status().ToString();
-    return e.ok() ? std::move(e).value() : nullptr;
-  };
   SchedulerOptions o;
   o.idle_sequences_max = 0;
-  // The calls of an undisturbed request: its text is the CPU path's (the host twin's bits).
-  auto clean_log = std::make_shared<engine::testutil::CallLog>();
-  auto clean = device_engine(clean_log);
-  ASSERT_NE(clean, nullptr);
-  const int64_t create_calls = clean_log->calls;
-  int64_t run_calls = 0;
-  {
-    auto s = Scheduler::Create(clean.get(), *model_.weights, o, &metrics_);
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    auto g = (*s)->Submit(&tenant_, Greedy(prompt, kTokens));
-    ASSERT_TRUE(g.ok());
-    Collected c = Drain(g->get());
-    ASSERT_TRUE(c.done);
-    EXPECT_EQ(c.text, want);
-    run_calls = clean_log->calls - create_calls;
-    ASSERT_GT(run_calls, 100);
-  }
-  for (int64_t k : {create_calls, create_calls + run_calls / 4, create_calls + run_calls - 1}) {
-    SCOPED_TRACE("failing call " + std::to_string(k));
-    ServingMetrics metrics;
-    auto log = std::make_shared<engine::testutil::CallLog>();
-    log->fail_at = k;
-    auto e = device_engine(log);
-    ASSERT_NE(e, nullptr);
-    auto s = Scheduler::Create(e.get(), *model_.weights, o, &metrics);
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    EXPECT_NE(metrics.Render().find("kvtier_serve_layer_device_failed 0\n"), std::string::npos);
-    auto failed = (*s)->Submit(&tenant_, Greedy(prompt, kTokens));
-    ASSERT_TRUE(failed.ok());
-    Collected c = Drain(failed->get());
-    EXPECT_FALSE(c.done);
-    EXPECT_EQ(e->DeviceFailure().code(), StatusCode::kInternal);
-    auto again = (*s)->Submit(&tenant_, Greedy(prompt, kTokens));
-    ASSERT_TRUE(again.ok());
-    c = Drain(again->get());
-    ASSERT_TRUE(c.done);
-    EXPECT_EQ(c.text, want);
-    EXPECT_EQ(log->after_failure, 0);
-    // The gauge is published after the step that ended the request: wait for it.
-    bool published = false;
-    for (int i = 0; i < 5000 && !published; ++i) {
-      published =
-          metrics.Render().find("kvtier_serve_layer_device_failed 1\n") != std::string::npos;
-      if (!published) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    EXPECT_TRUE(published) << metrics.Render();
-  }
+  ExpectADeviceFailureFailsItsPass(o);
 }
 
 // While a 1000-token prompt is prefilled in 31-token chunks, the running stream gets a token
@@ -416,6 +421,16 @@ class SpeculativeSchedulerTest : public SchedulerTest {
   }
   std::unique_ptr<engine::DSpark> draft_;
 };
+
+// The same with speculative decoding (drafts of 5 verified in ForwardBatch passes on the
+// device): a failing call in a verify pass fails its request, the next is plain greedy's text.
+TEST_F(SpeculativeSchedulerTest, ADeviceFailureFailsItsPassAndLaterRequestsRunOnTheCpu) {
+  SchedulerOptions o;
+  o.idle_sequences_max = 0;
+  o.draft = draft_.get();
+  o.draft_len = 5;
+  ExpectADeviceFailureFailsItsPass(o);
+}
 
 TEST_F(SpeculativeSchedulerTest, GreedyEqualsPlainAndLimitsInsideAcceptedRunsAreExact) {
   SchedulerOptions o;

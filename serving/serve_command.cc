@@ -85,7 +85,9 @@ int RunServe(std::span<const std::string_view> args) {
                "projections, the attention over the keys the CPU selects, and MoE; the caches "
                "(copied to the GPU as they grow), the compressor, the top-k and Engram stay on "
                "the CPU; logits within the CUDA math library's expf/log1pf of the CPU's) or "
-               "host-twin (the GPU's kernels on the CPU: the CPU's bits, slower; for checks)");
+               "host-twin (the GPU's kernels on the CPU: the CPU's bits, slower; for checks). "
+               "If a call to the device fails, that step's requests fail and every later step "
+               "runs on the CPU (metric kvtier_serve_layer_device_failed)");
   flags.String("guard", &guard, "MODE",
                "resume guard: auto (fetch or recompute, whichever is estimated cheaper), fetch, "
                "recompute");

@@ -91,6 +91,7 @@ Status Engine::AfterDevicePass(Status s) {
                        << " layers failed (" << device_failure_.ToString()
                        << "); every later pass runs on the CPU";
     device_.reset();
+    if (s.ok()) s = device_failure_;  // a pass that met a failed device never gives results
   }
   return s;
 }

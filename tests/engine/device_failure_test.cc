@@ -1,8 +1,9 @@
 // A device call that fails (engine/device/fail_stop_backend.h, Engine::DeviceFailure): the call
 // fails its pass, nothing reaches the device after it, and the engine goes on with its later
 // passes on the CPU path. The device is the host twin behind a backend that fails its k-th call
-// on purpose, for every k of a run: weight uploads, buffer and mirror allocations, the
-// uploads of residuals and keys, kernels, mirror growth copies and downloads.
+// on purpose (weight uploads, buffer and mirror allocations, the uploads of residuals and keys,
+// kernels, mirror growth copies, downloads): for the first and the last call of each kind in
+// each pass of a run, or with KVTIER_DEVICE_FAILURE_EVERY_CALL set for every call of it.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -23,16 +24,8 @@ namespace {
 
 using testutil::CallLog;
 using testutil::FaultyBackend;
+using testutil::FaultyEngine;
 using testutil::Prompt;
-
-StatusOr<std::unique_ptr<Engine>> FaultyEngine(const EngineConfig& c,
-                                               std::shared_ptr<const ModelWeights> w,
-                                               std::shared_ptr<CallLog> log) {
-  EngineOptions o;
-  o.layer_device = LayerDevice::kHostTwin;
-  o.device_backend = [log] { return std::make_unique<FaultyBackend>(log); };
-  return Engine::Create(c, std::move(w), o);
-}
 
 // One pass of a run: its status, its logits rows in order, and the device calls made by the
 // end of it (with a CallLog).
@@ -164,6 +157,10 @@ TEST(DeviceFailure, EveryFailedCallStopsTheDeviceAndTheEngineGoesOnOnTheCpu) {
     EXPECT_TRUE(std::any_of(calls.begin(), calls.end(), [&](int64_t k) {
       return clean_log->kinds[k] == kind;
     })) << kind;
+  // The figures docs/ENGINE.md quotes ("A failing device").
+  std::printf("device calls: %lld to create the engine, %lld in the run; failing %zu of them\n",
+              static_cast<long long>(create_calls), static_cast<long long>(run_calls),
+              calls.size());
   for (int64_t k : calls) {
     SCOPED_TRACE("failing call " + std::to_string(k));
     auto log = std::make_shared<CallLog>();

@@ -1,5 +1,6 @@
 // A device backend for tests that fails on purpose: the host twin (engine/device/backend.h)
-// whose k-th call returns Internal instead of acting, with a log of every call.
+// whose k-th call returns Internal instead of acting, with a log of every call; and an engine
+// whose layers run on it.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 
 #include "common/status.h"
 #include "engine/device/backend.h"
+#include "engine/model.h"
 
 namespace kvtier::engine::testutil {
 
@@ -67,5 +69,15 @@ class FaultyBackend final : public device::DeviceBackend {
   std::shared_ptr<CallLog> log_;
   std::unique_ptr<device::DeviceBackend> inner_ = device::MakeHostBackend();
 };
+
+// An engine (EngineOptions defaults otherwise) whose layers run on FaultyBackend(log).
+inline StatusOr<std::unique_ptr<Engine>> FaultyEngine(const EngineConfig& c,
+                                                      std::shared_ptr<const ModelWeights> w,
+                                                      std::shared_ptr<CallLog> log) {
+  EngineOptions o;
+  o.layer_device = LayerDevice::kHostTwin;
+  o.device_backend = [log] { return std::make_unique<FaultyBackend>(log); };
+  return Engine::Create(c, std::move(w), o);
+}
 
 }  // namespace kvtier::engine::testutil

@@ -138,10 +138,7 @@ class SchedulerTest : public ::testing::Test {
     constexpr int kTokens = 12;
     const std::string want = Reference(model_.engine.get(), prompt, kTokens);
     auto device_engine = [&](std::shared_ptr<engine::testutil::CallLog> log) {
-      engine::EngineOptions eo;
-      eo.layer_device = engine::LayerDevice::kHostTwin;
-      eo.device_backend = [log] { return std::make_unique<engine::testutil::FaultyBackend>(log); };
-      auto e = engine::Engine::Create(model_.engine->config(), model_.weights, eo);
+      auto e = engine::testutil::FaultyEngine(model_.engine->config(), model_.weights, log);
       EXPECT_TRUE(e.ok()) << e.status().ToString();
       return e.ok() ? std::move(e).value() : nullptr;
     };

@@ -1,7 +1,8 @@
-// The operator files in deploy/ against the tools that read them and against the real kvtierd:
-// promtool checks and unit-tests the rules, systemd-analyze verifies the unit, and every metric
-// that the rules and the Grafana dashboard query is one that the built kvtierd exports (a
-// single node, and for the kvtier_cluster_* series a node in cluster mode).
+// The operator files in deploy/ against the tools that read them and against the real binaries:
+// promtool checks and unit-tests the rules, systemd-analyze verifies the units, every metric that
+// kvtierd's rules and the Grafana dashboard query is one that the built kvtierd exports (a single
+// node, and for the kvtier_cluster_* series a node in cluster mode), and every metric that the
+// server's rules query is one that the built `kvtier-engine serve` exports.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -17,6 +18,9 @@
 
 #include "cache_daemon/config.h"
 #include "tests/e2e/kvtierd_process.h"
+#ifdef KVTIER_ENGINE_PATH
+#include "tests/serving/serve_process.h"
+#endif
 
 namespace kvtier {
 namespace {
@@ -102,17 +106,19 @@ class DeployFilesTest : public ::testing::Test {
 };
 
 TEST_F(DeployFilesTest, PromtoolChecksAndUnitTestsTheRules) {
-  std::string out;
-  EXPECT_EQ(kt::RunShell(
-                "promtool check rules " + (kDeploy / "prometheus/kvtier.rules.yml").string(), &out),
-            0)
-      << out;
-  // promtool resolves rule_files relative to the test file.
-  EXPECT_EQ(
-      kt::RunShell("promtool test rules " + (kDeploy / "prometheus/kvtier.rules.test.yml").string(),
-                   &out),
-      0)
-      << out;
+  for (const std::string rules : {"kvtier", "kvtier-serve"}) {
+    SCOPED_TRACE(rules);
+    const fs::path dir = kDeploy / "prometheus";
+    std::string out;
+    EXPECT_EQ(kt::RunShell("promtool check rules " + (dir / (rules + ".rules.yml")).string(), &out),
+              0)
+        << out;
+    // promtool resolves rule_files relative to the test file.
+    EXPECT_EQ(
+        kt::RunShell("promtool test rules " + (dir / (rules + ".rules.test.yml")).string(), &out),
+        0)
+        << out;
+  }
 }
 
 TEST_F(DeployFilesTest, EveryMetricTheRulesAndDashboardQueryIsExported) {
@@ -158,19 +164,120 @@ TEST_F(DeployFilesTest, EveryMetricTheRulesAndDashboardQueryIsExported) {
   }
 }
 
-TEST_F(DeployFilesTest, SystemdVerifiesTheUnit) {
-  // verify needs ExecStart's binary to exist: point it at the built kvtierd.
-  std::string unit = ReadFile(kDeploy / "systemd/kvtierd.service");
-  const std::string installed = "/usr/local/bin/kvtierd";
+// The server's rules against a scrape of the built server (its families are all on the page
+// from the start, before any request: counters by label with no series yet keep their TYPE line).
+TEST_F(DeployFilesTest, EveryMetricTheServeRulesQueryIsExportedByTheServer) {
+#ifndef KVTIER_ENGINE_PATH
+  GTEST_SKIP() << "kvtier-engine is not built in this configuration";
+#else
+  kt::ServeProcess serve(dir_ / "serve");
+  ASSERT_TRUE(serve.Start({})) << serve.Log();
+  const kt::HttpReply reply = kt::Http(serve.port(), "GET", "/metrics");
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  const std::set<std::string> exported = ExportedNames(reply.body);
+  ASSERT_TRUE(exported.count("kvtier_serve_layer_device_failed")) << reply.body;
+
+  const std::string rules = ReadFile(kDeploy / "prometheus/kvtier-serve.rules.yml");
+  ASSERT_FALSE(rules.empty());
+  static const std::regex kMetric(R"(\bkvtier_[a-z0-9_]+)");
+  static const std::regex kRecorded(R"(\bkvtier:[a-z0-9_:]+)");
+  static const std::regex kRecord(R"(record:\s*(kvtier:[a-z0-9_:]+))");
+  const std::set<std::string> queried = Matches(rules, kMetric);
+  EXPECT_GE(queried.size(), 8u);
+  for (const std::string& m : queried) {
+    EXPECT_TRUE(exported.count(m))
+        << "the server's rules query " << m << ", which kvtier-engine serve does not export";
+  }
+  const std::set<std::string> defined = Matches(rules, kRecord, 1);
+  EXPECT_GE(defined.size(), 4u);
+  for (const std::string& r : Matches(rules, kRecorded)) {
+    EXPECT_TRUE(defined.count(r)) << "the server's rules use " << r << ", which no rule records";
+  }
+  EXPECT_EQ(serve.Stop(), 0) << serve.Log();
+#endif
+}
+
+// systemd-analyze verify of one unit, its ExecStart binary pointed at the built one (verify
+// needs it to exist).
+void VerifyUnit(const fs::path& dir, const std::string& name, const std::string& installed,
+                const std::string& built) {
+  SCOPED_TRACE(name);
+  std::string unit = ReadFile(kDeploy / "systemd" / name);
   const size_t at = unit.find("ExecStart=" + installed);
   ASSERT_NE(at, std::string::npos);
-  unit.replace(at + 10, installed.size(), KVTIERD_PATH);
-  std::ofstream(dir_ / "kvtierd.service") << unit;
+  unit.replace(at + 10, installed.size(), built);
+  std::ofstream(dir / name) << unit;
   std::string out;
-  EXPECT_EQ(kt::RunShell("systemd-analyze verify " + (dir_ / "kvtierd.service").string(), &out), 0)
-      << out;
+  EXPECT_EQ(kt::RunShell("systemd-analyze verify " + (dir / name).string(), &out), 0) << out;
   // verify exits 0 on an unknown key or a bad value ("ignoring"): it must print nothing.
   EXPECT_EQ(out, "");
+}
+
+TEST_F(DeployFilesTest, SystemdVerifiesTheUnits) {
+  VerifyUnit(dir_, "kvtierd.service", "/usr/local/bin/kvtierd", KVTIERD_PATH);
+#ifdef KVTIER_ENGINE_PATH
+  VerifyUnit(dir_, "kvtier-engine-serve.service", "/usr/local/bin/kvtier-engine",
+             KVTIER_ENGINE_PATH);
+#endif
+}
+
+// The server unit's command line, with the installed paths mapped to this tree (the models in
+// deploy/models, the credential to a keys file, kvtierd's socket to a started kvtierd's), starts
+// the built server, which then answers its API key and refuses a request without one: the
+// unit's flags, model files and keys file are what `kvtier-engine serve` takes.
+TEST_F(DeployFilesTest, TheServerUnitsCommandStartsTheServer) {
+#ifndef KVTIER_ENGINE_PATH
+  GTEST_SKIP() << "kvtier-engine is not built in this configuration";
+#else
+  std::string unit = ReadFile(kDeploy / "systemd/kvtier-engine-serve.service");
+  const size_t at = unit.find("\nExecStart=");
+  ASSERT_NE(at, std::string::npos);
+  std::string command;
+  for (size_t p = at + 11;;) {  // the line and its continuations
+    const size_t eol = unit.find('\n', p);
+    std::string line = unit.substr(p, eol == std::string::npos ? std::string::npos : eol - p);
+    const bool more = !line.empty() && line.back() == '\\';
+    if (more) line.pop_back();
+    command += line + " ";
+    if (!more || eol == std::string::npos) break;
+    p = eol + 1;
+  }
+  std::vector<std::string> args;
+  std::istringstream words(command);
+  for (std::string w; words >> w;) args.push_back(w);
+  ASSERT_GE(args.size(), 2u) << command;
+  ASSERT_EQ(args[0], "/usr/local/bin/kvtier-engine") << command;
+  ASSERT_EQ(args[1], "serve") << command;
+
+  kt::KvtierdProcess d(dir_ / "d");
+  d.WriteConfig("");
+  ASSERT_TRUE(d.Start()) << d.Log();
+  std::ofstream(dir_ / "serve-keys.json")
+      << R"({"keys": [{"key": "sk-unit", "tenant": "t", "daemon_token": "tok"}]})";
+  const std::string models = "/usr/local/share/kvtier/models/";
+  std::vector<std::string> flags;
+  for (size_t i = 2; i < args.size(); ++i) {
+    std::string a = args[i];
+    if (a == "--port") {  // ServeProcess picks a free port
+      ++i;
+      continue;
+    }
+    if (a.rfind(models, 0) == 0) {
+      a = (kDeploy / "models" / a.substr(models.size())).string();
+      EXPECT_TRUE(fs::exists(a)) << a;
+    } else if (a == "${CREDENTIALS_DIRECTORY}/serve-keys.json") {
+      a = (dir_ / "serve-keys.json").string();
+    } else if (a == "/run/kvtier/kvtierd.sock") {
+      a = d.socket();
+    }
+    flags.push_back(a);
+  }
+  kt::ServeProcess serve(dir_ / "serve");
+  ASSERT_TRUE(serve.Start(flags)) << serve.Log();
+  EXPECT_EQ(kt::Http(serve.port(), "GET", "/v1/models", "", "sk-unit").status, 200) << serve.Log();
+  EXPECT_EQ(kt::Http(serve.port(), "GET", "/v1/models").status, 401) << serve.Log();
+  EXPECT_EQ(serve.Stop(), 0) << serve.Log();
+#endif
 }
 
 // The manifests as JSON documents (Debian's python3-yaml parses them; kubectl's client dry run

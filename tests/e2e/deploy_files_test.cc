@@ -121,6 +121,59 @@ TEST_F(DeployFilesTest, PromtoolChecksAndUnitTestsTheRules) {
   }
 }
 
+// The queries of a Grafana dashboard, in panel order.
+std::vector<std::string> DashboardExprs(const fs::path& file) {
+  const nlohmann::json dash = nlohmann::json::parse(ReadFile(file));
+  std::vector<std::string> exprs;
+  for (const auto& panel : dash.at("panels")) {
+    for (const auto& t : panel.at("targets")) exprs.push_back(t.at("expr").get<std::string>());
+  }
+  return exprs;
+}
+
+// Every metric that `rules_file` and `dashboard_file` query is in `exported` (what `binary`'s
+// /metrics page declares), every recorded series they use is recorded by `rules_file`, and every
+// dashboard query parses as PromQL (promtool checks it as a recording rule, with the
+// dashboard's $instance variable as a regular expression).
+void ExpectQueriesExported(const std::string& binary, const std::set<std::string>& exported,
+                           const fs::path& rules_file, const fs::path& dashboard_file,
+                           const fs::path& dir) {
+  SCOPED_TRACE(binary);
+  const std::string rules = ReadFile(rules_file);
+  ASSERT_FALSE(rules.empty());
+  const std::vector<std::string> exprs = DashboardExprs(dashboard_file);
+  ASSERT_GT(exprs.size(), 10u);
+  std::string dash_exprs, dash_rules = "groups:\n  - name: dashboard\n    rules:\n";
+  for (size_t i = 0; i < exprs.size(); ++i) {
+    dash_exprs += exprs[i] + "\n";
+    const std::string promql = std::regex_replace(exprs[i], std::regex(R"(\$instance)"), ".*");
+    dash_rules += "      - record: dashboard:q" + std::to_string(i) +
+                  "\n        expr: " + nlohmann::json(promql).dump() + "\n";
+  }
+  std::ofstream(dir / "dashboard.rules.yml") << dash_rules;
+  std::string out;
+  EXPECT_EQ(kt::RunShell("promtool check rules " + (dir / "dashboard.rules.yml").string(), &out), 0)
+      << out;
+
+  static const std::regex kMetric(R"(\bkvtier_[a-z0-9_]+)");
+  static const std::regex kRecorded(R"(\bkvtier:[a-z0-9_:]+)");
+  static const std::regex kRecord(R"(record:\s*(kvtier:[a-z0-9_:]+))");
+  const std::set<std::string> defined = Matches(rules, kRecord, 1);
+  EXPECT_GE(defined.size(), 4u);
+  for (const auto& [what, text] :
+       {std::pair<const char*, const std::string&>{"rules", rules}, {"dashboard", dash_exprs}}) {
+    const std::set<std::string> queried = Matches(text, kMetric);
+    EXPECT_GE(queried.size(), 8u) << what;
+    for (const std::string& m : queried) {
+      EXPECT_TRUE(exported.count(m))
+          << what << " queries " << m << ", which " << binary << " does not export";
+    }
+    for (const std::string& r : Matches(text, kRecorded)) {
+      EXPECT_TRUE(defined.count(r)) << what << " uses " << r << ", which no rule records";
+    }
+  }
+}
+
 TEST_F(DeployFilesTest, EveryMetricTheRulesAndDashboardQueryIsExported) {
   const std::string page = Scrape();
   std::set<std::string> exported = ExportedNames(page);
@@ -133,66 +186,26 @@ TEST_F(DeployFilesTest, EveryMetricTheRulesAndDashboardQueryIsExported) {
   // The budget gauges carry the configured policy's budget.
   EXPECT_NE(page.find("kvtier_admission_budget_bytes 123456789\n"), std::string::npos) << page;
   EXPECT_NE(page.find("kvtier_admission_budget_window_seconds 3600\n"), std::string::npos) << page;
-
-  const std::string rules = ReadFile(kDeploy / "prometheus/kvtier.rules.yml");
-  ASSERT_FALSE(rules.empty());
-  const nlohmann::json dash = nlohmann::json::parse(ReadFile(kDeploy / "grafana/kvtier.json"));
-  std::string dash_exprs;
-  size_t targets = 0;
-  for (const auto& panel : dash.at("panels")) {
-    for (const auto& t : panel.at("targets")) {
-      dash_exprs += t.at("expr").get<std::string>() + "\n";
-      ++targets;
-    }
-  }
-  ASSERT_GT(targets, 10u);
-
-  static const std::regex kMetric(R"(\bkvtier_[a-z0-9_]+)");
-  static const std::regex kRecorded(R"(\bkvtier:[a-z0-9_:]+)");
-  static const std::regex kRecord(R"(record:\s*(kvtier:[a-z0-9_:]+))");
-  const std::set<std::string> defined = Matches(rules, kRecord, 1);
-  EXPECT_GE(defined.size(), 4u);
-  for (const auto& [what, text] :
-       {std::pair<const char*, const std::string&>{"rules", rules}, {"dashboard", dash_exprs}}) {
-    for (const std::string& m : Matches(text, kMetric)) {
-      EXPECT_TRUE(exported.count(m))
-          << what << " queries " << m << ", which kvtierd does not export";
-    }
-    for (const std::string& r : Matches(text, kRecorded)) {
-      EXPECT_TRUE(defined.count(r)) << what << " uses " << r << ", which no rule records";
-    }
-  }
+  ExpectQueriesExported("kvtierd", exported, kDeploy / "prometheus/kvtier.rules.yml",
+                        kDeploy / "grafana/kvtier.json", dir_);
 }
 
-// The server's rules against a scrape of the built server (its families are all on the page
-// from the start, before any request: counters by label with no series yet keep their TYPE line).
-TEST_F(DeployFilesTest, EveryMetricTheServeRulesQueryIsExportedByTheServer) {
+// The server's rules and dashboard against a scrape of the built server, with --speculative (its
+// families are all on the page from the start, before any request: counters by label with no
+// series yet keep their TYPE line).
+TEST_F(DeployFilesTest, EveryMetricTheServeRulesAndDashboardQueryIsExportedByTheServer) {
 #ifndef KVTIER_ENGINE_PATH
   GTEST_SKIP() << "kvtier-engine is not built in this configuration";
 #else
   kt::ServeProcess serve(dir_ / "serve");
-  ASSERT_TRUE(serve.Start({})) << serve.Log();
+  ASSERT_TRUE(serve.Start({"--speculative"})) << serve.Log();
   const kt::HttpReply reply = kt::Http(serve.port(), "GET", "/metrics");
   ASSERT_EQ(reply.status, 200) << reply.body;
   const std::set<std::string> exported = ExportedNames(reply.body);
   ASSERT_TRUE(exported.count("kvtier_serve_layer_device_failed")) << reply.body;
-
-  const std::string rules = ReadFile(kDeploy / "prometheus/kvtier-serve.rules.yml");
-  ASSERT_FALSE(rules.empty());
-  static const std::regex kMetric(R"(\bkvtier_[a-z0-9_]+)");
-  static const std::regex kRecorded(R"(\bkvtier:[a-z0-9_:]+)");
-  static const std::regex kRecord(R"(record:\s*(kvtier:[a-z0-9_:]+))");
-  const std::set<std::string> queried = Matches(rules, kMetric);
-  EXPECT_GE(queried.size(), 8u);
-  for (const std::string& m : queried) {
-    EXPECT_TRUE(exported.count(m))
-        << "the server's rules query " << m << ", which kvtier-engine serve does not export";
-  }
-  const std::set<std::string> defined = Matches(rules, kRecord, 1);
-  EXPECT_GE(defined.size(), 4u);
-  for (const std::string& r : Matches(rules, kRecorded)) {
-    EXPECT_TRUE(defined.count(r)) << "the server's rules use " << r << ", which no rule records";
-  }
+  ExpectQueriesExported("kvtier-engine serve", exported,
+                        kDeploy / "prometheus/kvtier-serve.rules.yml",
+                        kDeploy / "grafana/kvtier-serve.json", dir_);
   EXPECT_EQ(serve.Stop(), 0) << serve.Log();
 #endif
 }

@@ -31,6 +31,7 @@
 #include "cache_daemon/client.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "common/host_port.h"
 #include "common/json_text.h"
 #include "engine/config.h"
 #include "engine/engram_export.h"
@@ -160,18 +161,14 @@ int RunGrant(Args args) {
 
   daemon::ClientOptions o;
   o.shm_bytes = 0;
-  size_t colon = addr.rfind(':');
-  if (addr.find('/') == std::string::npos && colon != std::string::npos) {
-    unsigned long port = std::strtoul(addr.c_str() + colon + 1, nullptr, 10);
-    if (port == 0 || port > 65535) {
-      std::fprintf(stderr, "kvtier engram grant: bad --daemon port in '%s'\n", addr.c_str());
+  if (addr.find('/') == std::string::npos && addr.find(':') != std::string::npos) {
+    StatusOr<HostPort> hp = ParseHostPort(addr);
+    if (!hp.ok()) {
+      std::fprintf(stderr, "kvtier engram grant: --daemon: %s\n", hp.status().message().c_str());
       return 2;
     }
-    o.tcp_host = addr.substr(0, colon);
-    if (o.tcp_host.size() > 2 && o.tcp_host.front() == '[') {
-      o.tcp_host = o.tcp_host.substr(1, o.tcp_host.size() - 2);
-    }
-    o.tcp_port = static_cast<uint16_t>(port);
+    o.tcp_host = hp->host;
+    o.tcp_port = hp->port;
   } else {
     o.socket_path = addr;
   }

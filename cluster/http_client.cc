@@ -7,9 +7,10 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <charconv>
 #include <chrono>
 #include <cstring>
+
+#include "common/host_port.h"
 
 namespace kvtier::cluster {
 namespace {
@@ -83,27 +84,13 @@ StatusOr<HttpEndpoint> ParseHttpEndpoint(std::string_view text) {
   std::string_view s = text;
   if (s.starts_with("http://")) s.remove_prefix(7);
   if (s.ends_with("/")) s.remove_suffix(1);
-  size_t colon = s.rfind(':');
-  if (colon == std::string_view::npos || colon == 0 || s.find('/') != std::string_view::npos) {
+  StatusOr<HostPort> hp = ParseHostPort(s);
+  if (!hp.ok()) {
     return Status::InvalidArgument("endpoint '" + std::string(text) +
-                                   "': want host:port or http://host:port");
+                                   "': want host:port or http://host:port (" +
+                                   hp.status().message() + ")");
   }
-  std::string_view host = s.substr(0, colon), port = s.substr(colon + 1);
-  if (host.front() == '[') {
-    if (host.size() < 3 || host.back() != ']') {
-      return Status::InvalidArgument("endpoint '" + std::string(text) + "': bad [IPv6] host");
-    }
-    host = host.substr(1, host.size() - 2);
-  } else if (host.find(':') != std::string_view::npos) {
-    return Status::InvalidArgument("endpoint '" + std::string(text) +
-                                   "': write an IPv6 host as [addr]");
-  }
-  unsigned value = 0;
-  auto [p, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
-  if (ec != std::errc() || p != port.data() + port.size() || value == 0 || value > 65535) {
-    return Status::InvalidArgument("endpoint '" + std::string(text) + "': bad port");
-  }
-  return HttpEndpoint{std::string(host), static_cast<uint16_t>(value)};
+  return HttpEndpoint{std::move(hp->host), hp->port};
 }
 
 HttpStream::~HttpStream() {

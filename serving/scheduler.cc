@@ -128,7 +128,7 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(engine::Engine* engine,
     KVTIER_RETURN_IF_ERROR(engine->Forward(&base, warm, false, &logits));
     KVTIER_RETURN_IF_ERROR(engine::MeasureSps(engine, base, 3, s->draft_scheduler_.get()));
   }
-  if (!options.daemon_socket.empty()) {
+  if (options.cache_enabled()) {
     KVTIER_ASSIGN_OR_RETURN(
         s->fingerprint_,
         engine::EngineModelFingerprint(engine->config(), weights, options.session.unit_tokens));
@@ -196,13 +196,12 @@ void Scheduler::DropCancelledLocked() {
 }
 
 engine::SessionStore* Scheduler::StoreFor(const Tenant* tenant) {
-  if (options_.daemon_socket.empty()) return nullptr;
+  if (!options_.cache_enabled()) return nullptr;
   TenantStore& ts = stores_[tenant];
   if (ts.store != nullptr) return ts.store.get();
   if (ts.shared_namespace) return nullptr;
   // (Re)connect: a failed connection is dropped by SaveSeq and retried at the next request.
-  daemon::ClientOptions co;
-  co.socket_path = options_.daemon_socket;
+  daemon::ClientOptions co = options_.daemon;
   co.token = tenant->daemon_token;
   co.unit_tokens = options_.session.unit_tokens;
   auto client = daemon::Client::Connect(co);

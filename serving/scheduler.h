@@ -131,8 +131,11 @@ struct StepReport {
 };
 
 struct SchedulerOptions {
-  // kvtierd Unix socket; "" = no cache (every prompt computed, nothing saved).
-  std::string daemon_socket;
+  // How to reach kvtierd: its Unix socket (`socket_path`) or its native TCP front (`tcp_host`,
+  // `tcp_port`, optionally TLS); neither = no cache (every prompt computed, nothing saved).
+  // The token is each tenant's (ApiKeys), not this one's.
+  daemon::ClientOptions daemon;
+  bool cache_enabled() const { return !daemon.socket_path.empty() || daemon.tcp_port != 0; }
   engine::SessionOptions session;
   uint64_t queue_depth_max = 256;         // requests waiting for admission (more: 429)
   uint64_t active_sequences_max = 32;     // sequences generating at once

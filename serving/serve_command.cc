@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/flags.h"
+#include "common/host_port.h"
 #include "common/logging.h"
 #include "common/open_files.h"
 #include "engine/config.h"
@@ -52,6 +53,7 @@ int RunServe(std::span<const std::string_view> args) {
   std::string model = dir + "/kvmini-trained.safetensors";
   std::string config = dir + "/kvmini-trained.json";
   std::string model_id = "kvmini-trained", listen = "127.0.0.1", port_file, socket, token;
+  std::string kvtierd_addr;
   std::string keys_file, guard = "auto", layer_device = "cpu";
   uint64_t port = 8000, threads = 1, replay_tokens = 0;
   bool no_hot = false, speculative = false;
@@ -71,6 +73,19 @@ int RunServe(std::span<const std::string_view> args) {
                "kvtierd Unix socket: resume prompts from it and save sessions to it "
                "(default: no cache; every prompt is computed and cached_tokens only counts "
                "sequences still resident in the engine)");
+  flags.String("kvtierd", &kvtierd_addr, "HOST:PORT",
+               "kvtierd's native TCP front (its server.native_port; [addr]:port for IPv6) "
+               "instead of --socket: a kvtierd on another host, or any node of a kvtierd "
+               "cluster. A host other than localhost or 127.x / ::1 needs --kvtierd-tls "
+               "(kvtierd serves other hosts only over TLS)");
+  flags.Bool("kvtierd-tls", &so.daemon.tls,
+             "TLS to --kvtierd (kvtierd's [tls] native = true); its certificate chain is always "
+             "verified");
+  flags.String("kvtierd-ca", &so.daemon.tls_ca_file, "FILE",
+               "CA certificates (PEM) that verify kvtierd's certificate (default: the system's "
+               "trust store)");
+  flags.String("kvtierd-server-name", &so.daemon.tls_server_name, "NAME",
+               "the name kvtierd's certificate must carry (default: the --kvtierd host)");
   flags.String("token", &token, "TOKEN",
                "kvtierd token of the single tenant \"default\" when --api-keys is not given");
   flags.String("api-keys", &keys_file, "FILE",
@@ -162,7 +177,40 @@ int RunServe(std::span<const std::string_view> args) {
                  listen.c_str());
     return 2;
   }
-  so.daemon_socket = socket;
+  if (!socket.empty() && !kvtierd_addr.empty()) {
+    std::fprintf(stderr, "kvtier-engine serve: give --socket or --kvtierd, not both\n");
+    return 2;
+  }
+  if (kvtierd_addr.empty() &&
+      (so.daemon.tls || !so.daemon.tls_ca_file.empty() || !so.daemon.tls_server_name.empty())) {
+    std::fprintf(stderr,
+                 "kvtier-engine serve: --kvtierd-tls, --kvtierd-ca and --kvtierd-server-name "
+                 "need --kvtierd\n");
+    return 2;
+  }
+  if (!kvtierd_addr.empty()) {
+    StatusOr<HostPort> hp = ParseHostPort(kvtierd_addr);
+    if (!hp.ok()) {
+      std::fprintf(stderr, "kvtier-engine serve: --kvtierd: %s\n", hp.status().message().c_str());
+      return 2;
+    }
+    if (!so.daemon.tls && !IsLoopback(hp->host)) {
+      std::fprintf(stderr,
+                   "kvtier-engine serve: --kvtierd %s is not a loopback address: give "
+                   "--kvtierd-tls (kvtierd serves other hosts only over TLS)\n",
+                   kvtierd_addr.c_str());
+      return 2;
+    }
+    if (!so.daemon.tls && (!so.daemon.tls_ca_file.empty() || !so.daemon.tls_server_name.empty())) {
+      std::fprintf(stderr,
+                   "kvtier-engine serve: --kvtierd-ca and --kvtierd-server-name need "
+                   "--kvtierd-tls\n");
+      return 2;
+    }
+    so.daemon.tcp_host = hp->host;
+    so.daemon.tcp_port = hp->port;
+  }
+  so.daemon.socket_path = socket;
   so.session.keep_hot_state = !no_hot;
   so.session.use_hot_state = !no_hot;
   so.session.replay_tokens = replay_tokens;
@@ -226,12 +274,15 @@ int RunServe(std::span<const std::string_view> args) {
   // At the limit the front pauses its accepts (common/accept_backoff.h): say so at start.
   WarnIfOpenFilesShort(files_limit, ho.connections_max, "kvtier_serve_accept_waits_total",
                        "lower --connections-max");
+  const std::string cache = !socket.empty()        ? socket
+                            : kvtierd_addr.empty() ? std::string("off")
+                            : so.daemon.tls        ? "tls://" + kvtierd_addr
+                                                   : "tcp://" + kvtierd_addr;
   std::fprintf(stderr,
                "kvtier-engine serve: listening on http://%s:%u model %s (%s), cache %s, "
                "auth %s, speculative %s, experts %s, projections %s\n",
-               listen.c_str(), (*server)->port(), model_id.c_str(), model.c_str(),
-               socket.empty() ? "off" : socket.c_str(), keys.auth_enabled() ? "on" : "off",
-               speculative ? draft_path.c_str() : "off",
+               listen.c_str(), (*server)->port(), model_id.c_str(), model.c_str(), cache.c_str(),
+               keys.auth_enabled() ? "on" : "off", speculative ? draft_path.c_str() : "off",
                std::string(engine::ExpertFormatName(cfg->expert_format)).c_str(),
                std::string(engine::WeightFormatName(cfg->weight_format)).c_str());
   if (!port_file.empty()) {

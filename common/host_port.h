@@ -1,0 +1,27 @@
+// A network address as operators write it on command lines and in configs: "host:port", with an
+// IPv6 host in brackets ("[::1]:7300"). The host may be a name or a numeric address; nothing is
+// resolved here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace kvtier {
+
+struct HostPort {
+  std::string host;  // without the brackets of an IPv6 address
+  uint16_t port = 0;
+
+  // "host:port", an IPv6 host in brackets.
+  std::string ToString() const;
+};
+
+// Parses "host:port" or "[v6]:port". Refuses (InvalidArgument naming `text`) an empty host, a
+// host with a ':' outside brackets, a '/' anywhere, and a port outside 1..65535 or with anything
+// but decimal digits.
+StatusOr<HostPort> ParseHostPort(std::string_view text);
+
+}  // namespace kvtier

@@ -758,13 +758,17 @@ void Scheduler::Finish(std::unique_ptr<Seq> seq, const std::string& reason) {
   metrics_->RequestDone(seq->tenant->name, seq->usage, cost, reason);
   if (reason == "cancelled") {
     metrics_->Disconnect();
-  } else {
-    if (seq->text.size() > seq->emitted) {
-      GenerationEvent e;
-      e.text = seq->text.substr(seq->emitted);
-      e.step = step_;
-      seq->gen->Push(std::move(e));
-    }
+  } else if (seq->text.size() > seq->emitted) {
+    GenerationEvent e;
+    e.text = seq->text.substr(seq->emitted);
+    e.step = step_;
+    seq->gen->Push(std::move(e));
+  }
+  // Saved before the last event: once a client has its answer (a whole response, or a stream's
+  // usage chunk), the turn's units and hot state are in kvtierd, so its next turn finds them
+  // whichever server it is sent to (on any node of a kvtierd cluster).
+  SaveSeq(seq.get());
+  if (reason != "cancelled") {
     GenerationEvent done;
     done.kind = GenerationEvent::Kind::kDone;
     done.finish_reason = reason;
@@ -777,7 +781,6 @@ void Scheduler::Finish(std::unique_ptr<Seq> seq, const std::string& reason) {
                     << " prompt_tokens=" << seq->usage.prompt_tokens
                     << " cached_tokens=" << seq->usage.cached_tokens
                     << " completion_tokens=" << seq->usage.completion_tokens << " cost=" << cost;
-  SaveSeq(seq.get());
   seq->gen.reset();
   seq->spec.reset();  // holds the sampler
   seq->draft_ctx.Clear();

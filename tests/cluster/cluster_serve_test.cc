@@ -56,23 +56,19 @@ TEST_F(ClusterServeTest, ASessionSavedThroughOneNodeResumesThroughAnother) {
   const int64_t whole =
       u1["prompt_tokens"].get<int64_t>() + u1["completion_tokens"].get<int64_t>() - 1;
   ASSERT_GT(whole, 3 * 64);
-  // A server saves a turn's units right after its last event, on its one scheduler thread: a
-  // later request's answer from the same server means the save is done.
-  ASSERT_EQ(Post(*a, Chat(json::array({{{"role", "user"}, {"content", "x"}}}), 1), kAlice).status,
-            200);
   msgs.push_back(
       {{"role", "assistant"}, {"content", r1.Json()["choices"][0]["message"]["content"]}});
   msgs.push_back({{"role", "user"}, {"content", "and then?"}});
 
+  // alice's turn 2, sent at once through node 1, restores all of turn 1 (its units and hot
+  // state, wherever the cluster placed them): a server saves a turn before its last event.
+  kt::HttpReply r2 = Post(*b, Chat(msgs, 8), kAlice);
+  ASSERT_EQ(r2.status, 200) << r2.body << b->Log();
+  EXPECT_EQ(r2.Json()["usage"]["prompt_tokens_details"]["cached_tokens"], whole) << b->Log();
   // bob's identical conversation through node 1 hits nothing of alice's.
   kt::HttpReply rb = Post(*b, Chat(msgs, 8), kBob);
   ASSERT_EQ(rb.status, 200) << rb.body << b->Log();
   EXPECT_EQ(rb.Json()["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-  // alice's turn 2 through node 1 restores all of turn 1 (its units and hot state, wherever
-  // the cluster placed them).
-  kt::HttpReply r2 = Post(*b, Chat(msgs, 8), kAlice);
-  ASSERT_EQ(r2.status, 200) << r2.body << b->Log();
-  EXPECT_EQ(r2.Json()["usage"]["prompt_tokens_details"]["cached_tokens"], whole) << b->Log();
   const std::string m = kt::Http(b->port(), "GET", "/metrics").body;
   EXPECT_EQ(kt::Metric(m, "kvtier_serve_resume_hits_total"), 1) << m;
   // (Node 0 stored nothing on node 1 itself: each unit reached node 1 through the peer

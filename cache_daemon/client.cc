@@ -38,12 +38,25 @@ Status SendAll(int fd, std::span<const uint8_t> bytes, size_t* sent_out) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       if (sent_out != nullptr) *sent_out = off;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {  // SO_SNDTIMEO ran out
+        return Status::IOError("send: timed out (kvtierd is not reading)");
+      }
       return Status::IOError(std::string("send: ") + std::strerror(errno));
     }
     off += static_cast<size_t>(n);
   }
   if (sent_out != nullptr) *sent_out = off;
   return Status::Ok();
+}
+
+// Bounds fd's blocking sends (SO_SNDTIMEO, which also bounds a blocking connect) or receives
+// (SO_RCVTIMEO) by `ms`; 0 lifts the bound.
+static void SetSocketTimeout(int fd, int option, uint64_t ms) {
+  ms = std::min<uint64_t>(ms, uint64_t{86400} * 1000);
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(ms / 1000);
+  tv.tv_usec = static_cast<suseconds_t>(ms % 1000 * 1000);
+  ::setsockopt(fd, SOL_SOCKET, option, &tv, sizeof(tv));
 }
 
 // The region SHM_ATTACH passed must be what the daemon says (docs/format/wire.md, "Shared
@@ -85,18 +98,23 @@ Status ClientImpl::Open() {
     if (::getaddrinfo(options_.tcp_host.c_str(), port.c_str(), &hints, &res) != 0) {
       return Status::IOError("cannot resolve " + options_.tcp_host);
     }
+    std::string why = "no address";
     for (addrinfo* a = res; a != nullptr && fd_ < 0; a = a->ai_next) {
       int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
       if (fd < 0) continue;
+      SetSocketTimeout(fd, SO_SNDTIMEO, options_.timeout_ms);  // bounds connect, then sends
       if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
         fd_ = fd;
       } else {
+        why = errno == EINPROGRESS
+                  ? "timed out after " + std::to_string(options_.timeout_ms) + " ms"
+                  : std::strerror(errno);
         ::close(fd);
       }
     }
     ::freeaddrinfo(res);
     if (fd_ < 0) {
-      return Status::IOError("cannot connect to " + options_.tcp_host + ":" + port);
+      return Status::IOError("cannot connect to " + options_.tcp_host + ":" + port + ": " + why);
     }
     int one = 1;
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -111,18 +129,27 @@ Status ClientImpl::Open() {
       int tcp_fd = std::exchange(fd_, -1);
       KVTIER_ASSIGN_OR_RETURN(tls_, TlsTunnel::Open(tcp_fd, to));
       fd_ = tls_->TakeClientFd();
+      SetSocketTimeout(fd_, SO_SNDTIMEO, options_.timeout_ms);
     }
+    SetSocketTimeout(fd_, SO_RCVTIMEO, options_.timeout_ms);  // the handshake's replies
   } else {
     if (options_.socket_path.empty() || options_.socket_path.size() >= 108) {
       return Status::InvalidArgument("socket path empty or too long");
     }
     fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) return Status::IOError(std::string("socket: ") + std::strerror(errno));
+    // Bounds a connect that waits for room in a full backlog, then every send; and the
+    // handshake's replies (a stopped daemon's backlog still accepts).
+    SetSocketTimeout(fd_, SO_SNDTIMEO, options_.timeout_ms);
+    SetSocketTimeout(fd_, SO_RCVTIMEO, options_.timeout_ms);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, options_.socket_path.data(), options_.socket_path.size());
     if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
       return Status::IOError("cannot connect to " + options_.socket_path + ": " +
-                             std::strerror(errno));
+                             (errno == EAGAIN
+                                  ? "timed out after " + std::to_string(options_.timeout_ms) + " ms"
+                                  : std::string(std::strerror(errno))));
     }
     is_unix_ = true;
   }
@@ -170,6 +197,9 @@ Status ClientImpl::Open() {
     }
     if (memfd >= 0) ::close(memfd);
   }
+  // The reader waits for replies without a bound (an idle connection is fine); each call's
+  // wait is bounded instead (Wait).
+  SetSocketTimeout(fd_, SO_RCVTIMEO, 0);
   try {
     reader_ = std::thread([this] { ReadLoop(); });
   } catch (const std::system_error& e) {  // memory or the thread limit ran out
@@ -206,6 +236,10 @@ StatusOr<Frame> ClientImpl::SyncCall(Opcode op, const std::vector<uint8_t>& body
     msg.msg_controllen = sizeof(control);
     ssize_t n = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {  // SO_RCVTIMEO ran out
+      return Status::IOError("timed out after " + std::to_string(options_.timeout_ms) +
+                             " ms waiting for kvtierd's handshake reply");
+    }
     if (n <= 0) return Status::IOError("connection closed during handshake");
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
@@ -257,7 +291,8 @@ void ClientImpl::ReadLoop() {
   std::map<uint64_t, Pending> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    broken_ = failure;
+    if (broken_.ok()) broken_ = failure;  // a timed-out call may have said why first (Wait)
+    failure = broken_;
     pending.swap(pending_);
   }
   for (auto& [id, p] : pending) p.reply.set_value(failure);
@@ -304,7 +339,13 @@ std::future<StatusOr<Frame>> ClientImpl::Call(Opcode op, uint16_t flags,
     if (st.ok()) st = SendAll(fd_, body, &body_sent);
     // A partly sent frame loses framing for every later request: fail the connection (the
     // reader then fails everything pending) rather than send the next header mid-body.
-    if (!st.ok() && sent + body_sent > 0) ::shutdown(fd_, SHUT_RDWR);
+    if (!st.ok() && sent + body_sent > 0) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);  // the reader then fails every call with it
+        if (broken_.ok()) broken_ = st;
+      }
+      ::shutdown(fd_, SHUT_RDWR);
+    }
   }
   if (!st.ok()) Abandon(id, st);
   return fut;
@@ -324,9 +365,29 @@ void ClientImpl::Abandon(uint64_t id, const Status& st) {
 
 StatusOr<Frame> ClientImpl::Wait(std::future<StatusOr<Frame>>& fut) {
   if (fut.wait_for(std::chrono::milliseconds(options_.timeout_ms)) != std::future_status::ready) {
-    return Status::IOError("timed out waiting for kvtierd");
+    if (!options_.close_on_timeout) {
+      return Status::IOError("timed out after " + std::to_string(options_.timeout_ms) +
+                             " ms waiting for kvtierd");
+    }
+    // A daemon that has not answered in time is stalled or gone: the connection fails, so
+    // that every other call waiting on it, and every later one, fails at once instead of
+    // waiting out its own timeout (connection_status says why).
+    const Status timed_out =
+        Status::IOError("timed out after " + std::to_string(options_.timeout_ms) +
+                        " ms waiting for kvtierd; connection closed");
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (broken_.ok()) broken_ = timed_out;
+    }
+    ::shutdown(fd_, SHUT_RDWR);
+    return timed_out;
   }
   return fut.get();
+}
+
+Status ClientImpl::connection_status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return broken_;
 }
 
 }  // namespace client_internal

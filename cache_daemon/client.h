@@ -62,8 +62,13 @@ struct ClientOptions {
   uint64_t shm_bytes = 64ull << 20;
   // Tokens per unit (recorded in daemon traces; 0 unknown).
   uint32_t unit_tokens = 0;
-  // Per-call timeout.
+  // Bounds the connect, the handshake, each send and each call's wait for its reply.
   uint64_t timeout_ms = 30000;
+  // A call that times out fails the connection (connection_status), and with it every call
+  // waiting on it and every later one, at once: for callers that must not wait out one timeout
+  // per call on a stalled daemon (the serving scheduler). Otherwise the connection stays, and a
+  // late reply completes nothing (its shared-memory range is reused only after it arrives).
+  bool close_on_timeout = false;
   // Largest frame the client accepts from the daemon.
   uint64_t max_frame_bytes = (64ull << 20) + (1ull << 20);
 };
@@ -109,6 +114,9 @@ class Client {
   // the daemon said (a file shorter than granted, not sealed against shrinking), IOError when
   // the mapping failed. Not an error of the connection: every call works without the region.
   virtual Status shm_status() const = 0;
+  // Ok while the connection is usable. Once it failed (closed by the daemon, a malformed frame,
+  // a call that timed out), why: every call fails at once from then on; connect again.
+  virtual Status connection_status() const = 0;
 
   // A fresh turn id (never 0). One engine turn (its LOOKUP, GET and PUT) passes the same id
   // to each call, so that the daemon's eviction policies see the turn as one request

@@ -108,6 +108,7 @@ class ClientImpl final : public Client {
   const wire::HelloResponse& hello() const override { return hello_; }
   bool shm_attached() const override { return shm_ != nullptr; }
   Status shm_status() const override { return shm_status_; }
+  Status connection_status() const override;
 
   uint64_t NewTurn() override { return next_turn_.fetch_add(1, std::memory_order_relaxed); }
 
@@ -199,7 +200,7 @@ class ClientImpl final : public Client {
   wire::FrameParser parser_;  // handshake, then the reader thread only
   std::thread reader_;
   std::mutex write_mu_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<uint64_t, Pending> pending_;  // protected by mu_
   // Auth is on and HELLO carried no token: only HELLO/AUTH would be accepted (set in Open).
   bool unauthenticated_ = false;

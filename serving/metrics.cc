@@ -146,6 +146,14 @@ void ServingMetrics::SaveFailed() {
   std::lock_guard l(mu_);
   ++save_failures_;
 }
+void ServingMetrics::KvtierdFailed() {
+  std::lock_guard l(mu_);
+  ++kvtierd_failures_;
+}
+void ServingMetrics::KvtierdUnavailable(bool unavailable) {
+  std::lock_guard l(mu_);
+  kvtierd_unavailable_ = unavailable ? 1 : 0;
+}
 void ServingMetrics::Disconnect() {
   std::lock_guard l(mu_);
   ++disconnects_;
@@ -221,6 +229,7 @@ std::string ServingMetrics::Render() const {
       {"kvtier_serve_resident_hits_total", resident_hits_},
       {"kvtier_serve_swap_outs_total", swap_outs_},
       {"kvtier_serve_save_failures_total", save_failures_},
+      {"kvtier_serve_kvtierd_failures_total", kvtierd_failures_},
       {"kvtier_serve_disconnects_total", disconnects_},
       {"kvtier_serve_steps_total", steps_},
       {"kvtier_serve_prefill_tokens_total", prefill_tokens_},
@@ -237,7 +246,10 @@ std::string ServingMetrics::Render() const {
       "Of those, exact restores from a hot state (no replay).",
       "Admissions that continued a sequence still resident in the engine.",
       "Idle sequences saved to kvtierd and dropped to make room in the KV pool.",
-      "Saves to kvtierd that failed (the request still succeeds).",
+      "Saves to kvtierd that failed, or were skipped while kvtierd was unavailable (the "
+      "request still succeeds; its next turn misses what was not saved).",
+      "Connections to kvtierd that failed: could not connect, a handshake or call timed out "
+      "(--kvtierd-timeout-ms), or kvtierd closed it.",
       "Requests whose client went away before they finished.",
       "Engine steps (one ForwardBatch pass each).",
       "Prompt tokens prefilled in chunks by engine steps (beside the decode tokens).",
@@ -263,6 +275,7 @@ std::string ServingMetrics::Render() const {
       {"kvtier_serve_resident_sequences", resident_},
       {"kvtier_serve_resident_tokens", resident_tokens_},
       {"kvtier_serve_layer_device_failed", layer_device_failed_},
+      {"kvtier_serve_kvtierd_unavailable", kvtierd_unavailable_},
   };
   const char* ghelps[] = {
       "Requests waiting for admission.",
@@ -271,6 +284,8 @@ std::string ServingMetrics::Render() const {
       "Tokens held by the KV pool.",
       "1 once a call to the device of --layer-device failed: the engine dropped its device "
       "layers and every pass runs on the CPU since (restart to use the device again); else 0.",
+      "1 while kvtierd is unavailable: its connection failed and requests are served without "
+      "the cache (billed as misses, nothing saved) until the next attempt; else 0.",
   };
   for (size_t i = 0; i < std::size(gauges); ++i) {
     Head(o, gauges[i].first, "gauge", ghelps[i]);

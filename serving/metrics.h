@@ -58,6 +58,10 @@ class ServingMetrics {
   void ResidentHit();                                 // an admission served from the pool
   void SwapOut();                                     // an idle sequence saved and dropped
   void SaveFailed();
+  // A connection to kvtierd that failed (connect, handshake, a call timed out or closed): the
+  // server serves without the cache until `unavailable` turns false again.
+  void KvtierdFailed();
+  void KvtierdUnavailable(bool unavailable);
   void Disconnect();  // a request whose client went away before it finished
   void Gauges(int64_t queue_depth, int64_t active_sequences, int64_t resident_sequences,
               int64_t resident_tokens);
@@ -81,13 +85,13 @@ class ServingMetrics {
   std::map<std::string, TenantCounters> tenants_;
   Histogram ttft_, tpot_, batch_sequences_, step_tokens_;
   uint64_t resumes_ = 0, resume_hits_ = 0, hot_state_restores_ = 0, resident_hits_ = 0;
-  uint64_t swap_outs_ = 0, save_failures_ = 0, disconnects_ = 0;
+  uint64_t swap_outs_ = 0, save_failures_ = 0, disconnects_ = 0, kvtierd_failures_ = 0;
   uint64_t steps_ = 0, prefill_tokens_ = 0;
   uint64_t spec_rounds_ = 0, spec_rounds_undrafted_ = 0, spec_verifications_ = 0;
   uint64_t spec_drafted_ = 0, spec_accepted_ = 0, spec_draft_passes_ = 0;
   std::map<uint64_t, uint64_t> spec_draft_length_;  // verifications by draft tokens verified
   int64_t queue_depth_ = 0, active_ = 0, resident_ = 0, resident_tokens_ = 0;
-  int64_t layer_device_failed_ = 0;
+  int64_t layer_device_failed_ = 0, kvtierd_unavailable_ = 0;
 };
 
 }  // namespace kvtier::serving

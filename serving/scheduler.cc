@@ -200,16 +200,31 @@ engine::SessionStore* Scheduler::StoreFor(const Tenant* tenant) {
   TenantStore& ts = stores_[tenant];
   if (ts.store != nullptr) return ts.store.get();
   if (ts.shared_namespace) return nullptr;
-  // (Re)connect: a failed connection is dropped by SaveSeq and retried at the next request.
+  // kvtierd failed lately: no cache until the next attempt.
+  if (daemon_backoff_ms_ > 0 && Clock::now() < daemon_retry_at_) return nullptr;
+  // (Re)connect: a failed connection is dropped (CheckDaemon) and tried again at the next
+  // request after the backoff.
   daemon::ClientOptions co = options_.daemon;
   co.token = tenant->daemon_token;
   co.unit_tokens = options_.session.unit_tokens;
+  co.close_on_timeout = true;  // a stalled kvtierd costs one timeout (CheckDaemon), not one a call
   auto client = daemon::Client::Connect(co);
   if (!client.ok()) {
     KVTIER_LOG(kWarn) << "serve: tenant " << tenant->name
                       << ": kvtierd unreachable, serving without cache: "
                       << client.status().ToString();
+    // A daemon that cannot be reached, or did not answer in time, is down for every tenant; a
+    // refusal of this tenant's token is this tenant's alone (tried again at its next request).
+    if (client.status().code() == StatusCode::kIOError ||
+        client.status().code() == StatusCode::kUnavailable) {
+      DaemonFailed(client.status());
+    }
     return nullptr;
+  }
+  if (daemon_backoff_ms_ > 0) {
+    KVTIER_LOG(kInfo) << "serve: kvtierd reachable again";
+    daemon_backoff_ms_ = 0;
+    metrics_->KvtierdUnavailable(false);
   }
   // kvtierd keeps units apart by its own tenant: one whose auth is off (every client its
   // default tenant) or a token shared by two tenants would let one tenant's prompts hit the
@@ -233,6 +248,30 @@ engine::SessionStore* Scheduler::StoreFor(const Tenant* tenant) {
   return ts.store.get();
 }
 
+void Scheduler::CheckDaemon(const Tenant* tenant) {
+  auto it = stores_.find(tenant);
+  if (it == stores_.end() || it->second.client == nullptr) return;
+  const Status why = it->second.client->connection_status();
+  if (!why.ok()) DaemonFailed(why);
+}
+
+void Scheduler::DaemonFailed(const Status& why) {
+  metrics_->KvtierdFailed();
+  metrics_->KvtierdUnavailable(true);
+  daemon_backoff_ms_ = daemon_backoff_ms_ == 0
+                           ? std::min<uint64_t>(1000, options_.daemon_retry_max_ms)
+                           : std::min(daemon_backoff_ms_ * 2, options_.daemon_retry_max_ms);
+  daemon_retry_at_ = Clock::now() + std::chrono::milliseconds(daemon_backoff_ms_);
+  KVTIER_LOG(kWarn) << "serve: kvtierd failed (" << why.ToString()
+                    << "): serving without cache, next attempt in " << daemon_backoff_ms_ << " ms";
+  // Every tenant's connection goes: a stalled kvtierd would hold each one's next call for the
+  // whole timeout.
+  for (auto& [t, ts] : stores_) {
+    ts.store.reset();
+    ts.client.reset();
+  }
+}
+
 bool Scheduler::DaemonHoldsMore(const Tenant* tenant, const std::vector<int32_t>& prompt,
                                 size_t resident_tokens) {
   const size_t unit = options_.session.unit_tokens;
@@ -241,6 +280,7 @@ bool Scheduler::DaemonHoldsMore(const Tenant* tenant, const std::vector<int32_t>
   const std::vector<Digest> chain = engine::SessionChainKeys(
       fingerprint_, std::span<const int32_t>(prompt), static_cast<uint32_t>(unit));
   auto hit = stores_[tenant].client->Lookup(chain);
+  CheckDaemon(tenant);
   return hit.ok() && std::min<size_t>(hit->hit_count, chain.size()) * unit > resident_tokens;
 }
 
@@ -394,8 +434,9 @@ Status Scheduler::Start(Seq* seq, Pending& p, bool* fetched) {
     return Status::Ok();
   }
   if (engine::SessionStore* store = StoreFor(seq->tenant); store != nullptr) {
-    KVTIER_ASSIGN_OR_RETURN(engine::ResumeReport r,
-                            store->Restore(prompt, &seq->state, &seq->logits));
+    StatusOr<engine::ResumeReport> restored = store->Restore(prompt, &seq->state, &seq->logits);
+    CheckDaemon(seq->tenant);  // a failed lookup or fetch recomputes; a failed kvtierd waits
+    KVTIER_ASSIGN_OR_RETURN(engine::ResumeReport r, std::move(restored));
     seq->cursor.turn = r.turn;  // the turn's PUT joins its LOOKUP and GET (one request)
     if (!r.recomputed) {
       seq->usage.cached_tokens = r.restored_tokens;
@@ -744,12 +785,19 @@ bool Scheduler::EndSpecRound(Seq* s, const std::vector<int32_t>& out, int64_t n,
 
 void Scheduler::SaveSeq(Seq* seq) {
   engine::SessionStore* store = StoreFor(seq->tenant);
-  if (store == nullptr) return;
+  if (store == nullptr) {
+    // The cache is on but kvtierd is unavailable (or this tenant's token was refused): the
+    // turn is not saved, and its next turn will miss it.
+    if (options_.cache_enabled() && !stores_[seq->tenant].shared_namespace) {
+      metrics_->SaveFailed();
+    }
+    return;
+  }
   Status s = store->Save(seq->state, seq->logits, &seq->cursor);
   if (!s.ok()) {
     metrics_->SaveFailed();
     KVTIER_LOG(kWarn) << "serve: tenant " << seq->tenant->name << ": save failed: " << s.ToString();
-    if (s.code() == StatusCode::kIOError) stores_.erase(seq->tenant);  // reconnect next time
+    CheckDaemon(seq->tenant);
   }
 }
 

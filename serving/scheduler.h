@@ -134,8 +134,14 @@ struct SchedulerOptions {
   // How to reach kvtierd: its Unix socket (`socket_path`) or its native TCP front (`tcp_host`,
   // `tcp_port`, optionally TLS); neither = no cache (every prompt computed, nothing saved).
   // The token is each tenant's (ApiKeys), not this one's.
+  // daemon.timeout_ms bounds every connect and call: kvtierd's calls run on the scheduler thread,
+  // so a stalled kvtierd holds every sequence's step for that long.
   daemon::ClientOptions daemon;
   bool cache_enabled() const { return !daemon.socket_path.empty() || daemon.tcp_port != 0; }
+  // After a connection to kvtierd fails (it could not connect, a call timed out, it closed),
+  // every request is served without the cache for a while, then one connection is tried again:
+  // 1 s after the first failure, doubling after each failed attempt up to this.
+  uint64_t daemon_retry_max_ms = 30000;
   engine::SessionOptions session;
   uint64_t queue_depth_max = 256;         // requests waiting for admission (more: 429)
   uint64_t active_sequences_max = 32;     // sequences generating at once
@@ -239,6 +245,10 @@ class Scheduler {
   void Fail(std::unique_ptr<Seq> seq, const Status& status);
   void SaveSeq(Seq* seq);
   engine::SessionStore* StoreFor(const Tenant* tenant);
+  // After a call through `tenant`'s store or client: when its connection failed, drops every
+  // tenant's connection and serves without the cache until the next attempt (the backoff above).
+  void CheckDaemon(const Tenant* tenant);
+  void DaemonFailed(const Status& why);
   // Whether kvtierd holds more whole pages of `prompt` than the `resident_tokens` of a resident
   // sequence cover (one LOOKUP, only when the prompt has whole pages past them); false without
   // a store or when the lookup fails.
@@ -269,6 +279,10 @@ class Scheduler {
   // kvtierd's tenant (HELLO's tenant name) of each tenant's store: two tenants of this server
   // must never share one, or one's cache would serve the other's prompts.
   std::map<std::string, const Tenant*> daemon_tenants_;
+  // kvtierd's backoff: no connection is tried before daemon_retry_at_ (daemon_backoff_ms_ 0:
+  // kvtierd is healthy).
+  std::chrono::steady_clock::time_point daemon_retry_at_{};
+  uint64_t daemon_backoff_ms_ = 0;
   std::vector<std::unique_ptr<Seq>> active_;
   std::deque<std::unique_ptr<Seq>> idle_;  // least recently used first
   struct TenantShare {

@@ -86,6 +86,17 @@ int RunServe(std::span<const std::string_view> args) {
                "trust store)");
   flags.String("kvtierd-server-name", &so.daemon.tls_server_name, "NAME",
                "the name kvtierd's certificate must carry (default: the --kvtierd host)");
+  so.daemon.timeout_ms = 2000;
+  flags.Uint("kvtierd-timeout-ms", &so.daemon.timeout_ms,
+             "bound on each connect, handshake and call to kvtierd: the calls run on the "
+             "scheduler thread, so a stalled kvtierd holds every sequence for this long once, "
+             "then the server serves without the cache until its next attempt",
+             false, 10, 600000);
+  flags.Uint("kvtierd-retry-max-ms", &so.daemon_retry_max_ms,
+             "after kvtierd fails, requests are served without the cache (billed as misses, "
+             "nothing saved) and kvtierd is tried again 1 s later, then at doubling intervals "
+             "up to this",
+             false, 100, 3600000);
   flags.String("token", &token, "TOKEN",
                "kvtierd token of the single tenant \"default\" when --api-keys is not given");
   flags.String("api-keys", &keys_file, "FILE",

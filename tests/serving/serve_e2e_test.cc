@@ -229,6 +229,52 @@ TEST_F(ServeTest, ATurnIsInKvtierdWhenItsAnswerIsComplete) {
   }
 }
 
+// A stalled kvtierd (SIGSTOP: a hung host, a partition) costs the server one timeout, not one
+// per call: the request that meets it waits at most --kvtierd-timeout-ms per call and is served
+// without the cache, later requests skip the cache until the next attempt, every request is
+// answered, and once kvtierd runs again the server uses it (hits) again. Before the timeouts,
+// each request took 60 s (two 30 s calls) and a reconnect's handshake waited until kvtierd
+// ran again; the whole server's steps wait with it.
+TEST_F(ServeTest, AStalledKvtierdCostsOneTimeoutAndTheServerRecovers) {
+  StartServer({"--idle-sequences-max", "0", "--kvtierd-timeout-ms", "300", "--kvtierd-retry-max-ms",
+               "4000"});
+  const std::string prompt = Text(400, 9);
+  HttpReply warm = Post("/v1/completions", Completion(prompt, 4));
+  ASSERT_EQ(warm.status, 200) << warm.body;
+  ASSERT_EQ(::kill(d_->pid(), SIGSTOP), 0);
+  std::vector<double> seconds;
+  for (int i = 0; i < 6; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    HttpReply r = Post("/v1/completions", Completion(Text(400, 20 + i), 4));
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.Json()["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  }
+  std::string m = Metrics();
+  // One failure, then attempts 1 s and 2 s later at most: each of the six requests failing its
+  // own lookup would be six.
+  EXPECT_GE(Metric(m, "kvtier_serve_kvtierd_failures_total"), 1) << m;
+  EXPECT_LT(Metric(m, "kvtier_serve_kvtierd_failures_total"), 6) << m;
+  EXPECT_GE(Metric(m, "kvtier_serve_save_failures_total"), 1) << m;
+  EXPECT_EQ(Metric(m, "kvtier_serve_kvtierd_unavailable"), 1) << m;
+  // Bounded, not timed: a request meets at most a lookup and a save, each at most 300 ms past
+  // its work; 20 s is far above that and far below the 60 s each took before.
+  for (double s : seconds) EXPECT_LT(s, 20.0) << s << " s for one request";
+  ASSERT_EQ(::kill(d_->pid(), SIGCONT), 0);
+  // The next attempt finds kvtierd again; the warm prompt's pages hit.
+  int64_t cached = 0;
+  for (int i = 0; i < 300 && cached == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    HttpReply r = Post("/v1/completions", Completion(prompt, 4));
+    ASSERT_EQ(r.status, 200) << r.body;
+    cached = r.Json()["usage"]["prompt_tokens_details"]["cached_tokens"];
+  }
+  EXPECT_GT(cached, 0);
+  m = Metrics();
+  EXPECT_EQ(Metric(m, "kvtier_serve_kvtierd_unavailable"), 0) << m;
+  EXPECT_NE(s_->Log().find("kvtierd reachable again"), std::string::npos) << s_->Log();
+}
+
 // A resident sequence shorter than what kvtierd holds for the prompt does not hide the longer
 // hit: turn 1 of a conversation stays resident (a repeat of it keeps a copy idle) while turn 2
 // is swapped out; turn 3 restores turn 2 from kvtierd, not turn 1 from memory.

@@ -284,8 +284,8 @@ std::string ServingMetrics::Render() const {
       "Tokens held by the KV pool.",
       "1 once a call to the device of --layer-device failed: the engine dropped its device "
       "layers and every pass runs on the CPU since (restart to use the device again); else 0.",
-      "1 while kvtierd is unavailable: its connection failed and requests are served without "
-      "the cache (billed as misses, nothing saved) until the next attempt; else 0.",
+      "1 from a failed connection to kvtierd until a connection succeeds: requests meanwhile "
+      "are served without the cache (billed as misses, nothing saved); else 0.",
   };
   for (size_t i = 0; i < std::size(gauges); ++i) {
     Head(o, gauges[i].first, "gauge", ghelps[i]);

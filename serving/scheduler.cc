@@ -200,14 +200,15 @@ engine::SessionStore* Scheduler::StoreFor(const Tenant* tenant) {
   TenantStore& ts = stores_[tenant];
   if (ts.store != nullptr) return ts.store.get();
   if (ts.shared_namespace) return nullptr;
-  // kvtierd failed lately: no cache until the next attempt.
+  // kvtierd stalled lately: no cache until the next attempt.
   if (daemon_backoff_ms_ > 0 && Clock::now() < daemon_retry_at_) return nullptr;
   // (Re)connect: a failed connection is dropped (CheckDaemon) and tried again at the next
-  // request after the backoff.
+  // request (after the backoff, if it failed slowly).
   daemon::ClientOptions co = options_.daemon;
   co.token = tenant->daemon_token;
   co.unit_tokens = options_.session.unit_tokens;
   co.close_on_timeout = true;  // a stalled kvtierd costs one timeout (CheckDaemon), not one a call
+  const Clock::time_point t0 = Clock::now();
   auto client = daemon::Client::Connect(co);
   if (!client.ok()) {
     KVTIER_LOG(kWarn) << "serve: tenant " << tenant->name
@@ -217,12 +218,13 @@ engine::SessionStore* Scheduler::StoreFor(const Tenant* tenant) {
     // refusal of this tenant's token is this tenant's alone (tried again at its next request).
     if (client.status().code() == StatusCode::kIOError ||
         client.status().code() == StatusCode::kUnavailable) {
-      DaemonFailed(client.status());
+      DaemonFailed(client.status(), t0);
     }
     return nullptr;
   }
-  if (daemon_backoff_ms_ > 0) {
+  if (daemon_unavailable_) {
     KVTIER_LOG(kInfo) << "serve: kvtierd reachable again";
+    daemon_unavailable_ = false;
     daemon_backoff_ms_ = 0;
     metrics_->KvtierdUnavailable(false);
   }
@@ -248,22 +250,33 @@ engine::SessionStore* Scheduler::StoreFor(const Tenant* tenant) {
   return ts.store.get();
 }
 
-void Scheduler::CheckDaemon(const Tenant* tenant) {
+void Scheduler::CheckDaemon(const Tenant* tenant, Clock::time_point began) {
   auto it = stores_.find(tenant);
   if (it == stores_.end() || it->second.client == nullptr) return;
   const Status why = it->second.client->connection_status();
-  if (!why.ok()) DaemonFailed(why);
+  if (!why.ok()) DaemonFailed(why, began);
 }
 
-void Scheduler::DaemonFailed(const Status& why) {
+void Scheduler::DaemonFailed(const Status& why, Clock::time_point began) {
   metrics_->KvtierdFailed();
   metrics_->KvtierdUnavailable(true);
-  daemon_backoff_ms_ = daemon_backoff_ms_ == 0
-                           ? std::min<uint64_t>(1000, options_.daemon_retry_max_ms)
-                           : std::min(daemon_backoff_ms_ * 2, options_.daemon_retry_max_ms);
-  daemon_retry_at_ = Clock::now() + std::chrono::milliseconds(daemon_backoff_ms_);
-  KVTIER_LOG(kWarn) << "serve: kvtierd failed (" << why.ToString()
-                    << "): serving without cache, next attempt in " << daemon_backoff_ms_ << " ms";
+  daemon_unavailable_ = true;
+  // A failure that came at once (kvtierd not running: refused, or its connection closed) cost
+  // nothing, and the next request tries again at once: kvtierd is used again as soon as it is
+  // back. One that took half a timeout or more (stalled, cut off) would cost as much again at
+  // each attempt: the next is put off, 1 s, doubling up to daemon_retry_max_ms.
+  const auto cost_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began).count();
+  std::string next = "at the next request";
+  if (static_cast<uint64_t>(cost_ms) * 2 >= options_.daemon.timeout_ms) {
+    daemon_backoff_ms_ = daemon_backoff_ms_ == 0
+                             ? std::min<uint64_t>(1000, options_.daemon_retry_max_ms)
+                             : std::min(daemon_backoff_ms_ * 2, options_.daemon_retry_max_ms);
+    daemon_retry_at_ = Clock::now() + std::chrono::milliseconds(daemon_backoff_ms_);
+    next = "in " + std::to_string(daemon_backoff_ms_) + " ms";
+  }
+  KVTIER_LOG(kWarn) << "serve: kvtierd failed after " << cost_ms << " ms (" << why.ToString()
+                    << "): serving without cache, next attempt " << next;
   // Every tenant's connection goes: a stalled kvtierd would hold each one's next call for the
   // whole timeout.
   for (auto& [t, ts] : stores_) {
@@ -279,8 +292,9 @@ bool Scheduler::DaemonHoldsMore(const Tenant* tenant, const std::vector<int32_t>
   if (StoreFor(tenant) == nullptr) return false;
   const std::vector<Digest> chain = engine::SessionChainKeys(
       fingerprint_, std::span<const int32_t>(prompt), static_cast<uint32_t>(unit));
+  const Clock::time_point t0 = Clock::now();
   auto hit = stores_[tenant].client->Lookup(chain);
-  CheckDaemon(tenant);
+  CheckDaemon(tenant, t0);
   return hit.ok() && std::min<size_t>(hit->hit_count, chain.size()) * unit > resident_tokens;
 }
 
@@ -434,8 +448,9 @@ Status Scheduler::Start(Seq* seq, Pending& p, bool* fetched) {
     return Status::Ok();
   }
   if (engine::SessionStore* store = StoreFor(seq->tenant); store != nullptr) {
+    const Clock::time_point t0 = Clock::now();
     StatusOr<engine::ResumeReport> restored = store->Restore(prompt, &seq->state, &seq->logits);
-    CheckDaemon(seq->tenant);  // a failed lookup or fetch recomputes; a failed kvtierd waits
+    CheckDaemon(seq->tenant, t0);  // a failed lookup or fetch recomputes; a failed kvtierd waits
     KVTIER_ASSIGN_OR_RETURN(engine::ResumeReport r, std::move(restored));
     seq->cursor.turn = r.turn;  // the turn's PUT joins its LOOKUP and GET (one request)
     if (!r.recomputed) {
@@ -793,11 +808,12 @@ void Scheduler::SaveSeq(Seq* seq) {
     }
     return;
   }
+  const Clock::time_point t0 = Clock::now();
   Status s = store->Save(seq->state, seq->logits, &seq->cursor);
   if (!s.ok()) {
     metrics_->SaveFailed();
     KVTIER_LOG(kWarn) << "serve: tenant " << seq->tenant->name << ": save failed: " << s.ToString();
-    CheckDaemon(seq->tenant);
+    CheckDaemon(seq->tenant, t0);
   }
 }
 

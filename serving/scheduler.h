@@ -138,9 +138,11 @@ struct SchedulerOptions {
   // so a stalled kvtierd holds every sequence's step for that long.
   daemon::ClientOptions daemon;
   bool cache_enabled() const { return !daemon.socket_path.empty() || daemon.tcp_port != 0; }
-  // After a connection to kvtierd fails (it could not connect, a call timed out, it closed),
-  // every request is served without the cache for a while, then one connection is tried again:
-  // 1 s after the first failure, doubling after each failed attempt up to this.
+  // After a connection to kvtierd fails slowly (a connect or call that took half a timeout or
+  // more: kvtierd stalled or cut off), every request is served without the cache for a while,
+  // then one connection is tried again: 1 s after the first such failure, doubling after each
+  // up to this. A failure that comes at once (kvtierd not running) is tried again at the next
+  // request.
   uint64_t daemon_retry_max_ms = 30000;
   engine::SessionOptions session;
   uint64_t queue_depth_max = 256;         // requests waiting for admission (more: 429)
@@ -245,10 +247,13 @@ class Scheduler {
   void Fail(std::unique_ptr<Seq> seq, const Status& status);
   void SaveSeq(Seq* seq);
   engine::SessionStore* StoreFor(const Tenant* tenant);
-  // After a call through `tenant`'s store or client: when its connection failed, drops every
-  // tenant's connection and serves without the cache until the next attempt (the backoff above).
-  void CheckDaemon(const Tenant* tenant);
-  void DaemonFailed(const Status& why);
+  // After a call through `tenant`'s store or client that began at `began`: when its connection
+  // failed, DaemonFailed.
+  void CheckDaemon(const Tenant* tenant, std::chrono::steady_clock::time_point began);
+  // kvtierd failed (`why`) in an attempt that began at `began`: drops every tenant's connection
+  // (the next request connects again), and when the attempt took half a timeout or more, serves
+  // without the cache until the next attempt (the backoff above).
+  void DaemonFailed(const Status& why, std::chrono::steady_clock::time_point began);
   // Whether kvtierd holds more whole pages of `prompt` than the `resident_tokens` of a resident
   // sequence cover (one LOOKUP, only when the prompt has whole pages past them); false without
   // a store or when the lookup fails.
@@ -283,6 +288,7 @@ class Scheduler {
   // kvtierd is healthy).
   std::chrono::steady_clock::time_point daemon_retry_at_{};
   uint64_t daemon_backoff_ms_ = 0;
+  bool daemon_unavailable_ = false;  // the last attempt failed (kvtier_serve_kvtierd_unavailable)
   std::vector<std::unique_ptr<Seq>> active_;
   std::deque<std::unique_ptr<Seq>> idle_;  // least recently used first
   struct TenantShare {

@@ -93,9 +93,11 @@ int RunServe(std::span<const std::string_view> args) {
              "then the server serves without the cache until its next attempt",
              false, 10, 600000);
   flags.Uint("kvtierd-retry-max-ms", &so.daemon_retry_max_ms,
-             "after kvtierd fails, requests are served without the cache (billed as misses, "
+             "after a connect or call to kvtierd fails slowly (half a timeout or more: kvtierd "
+             "stalled or cut off), requests are served without the cache (billed as misses, "
              "nothing saved) and kvtierd is tried again 1 s later, then at doubling intervals "
-             "up to this",
+             "up to this; a failure that comes at once (kvtierd not running) is tried again at "
+             "the next request",
              false, 100, 3600000);
   flags.String("token", &token, "TOKEN",
                "kvtierd token of the single tenant \"default\" when --api-keys is not given");

@@ -73,13 +73,8 @@ class FakeDaemon {
   };
   explicit FakeDaemon(std::string path, Mode mode = Mode::kHolding, Region region = {})
       : path_(std::move(path)), mode_(mode), region_(region) {
-    listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::snprintf(a.sun_path, sizeof(a.sun_path), "%s", path_.c_str());
-    ::unlink(path_.c_str());
-    EXPECT_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    EXPECT_EQ(::listen(listen_fd_, 1), 0);
+    listen_fd_ = kt::ListenUnix(path_, 1);
+    EXPECT_GE(listen_fd_, 0) << path_;
     thread_ = std::thread([this] { Serve(); });
   }
   ~FakeDaemon() {

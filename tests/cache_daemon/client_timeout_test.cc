@@ -6,7 +6,6 @@
 // than hanging it (the fake is then shut down, which releases the client).
 #include <gtest/gtest.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,6 +19,7 @@
 
 #include "cache_daemon/client.h"
 #include "cache_daemon/wire.h"
+#include "tests/cache_daemon/net_util.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -40,13 +40,8 @@ class StalledDaemon {
  public:
   StalledDaemon(std::string path, bool answer_hello, bool read_after_hello = true)
       : path_(std::move(path)), read_after_hello_(read_after_hello) {
-    listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::snprintf(a.sun_path, sizeof(a.sun_path), "%s", path_.c_str());
-    ::unlink(path_.c_str());
-    EXPECT_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    EXPECT_EQ(::listen(listen_fd_, 4), 0);
+    listen_fd_ = kvtier::testing::ListenUnix(path_, 4);
+    EXPECT_GE(listen_fd_, 0) << path_;
     if (answer_hello) thread_ = std::thread([this] { Serve(); });
   }
   ~StalledDaemon() { Stop(); }

@@ -149,6 +149,22 @@ inline int ConnectTcp(uint16_t port, int rcvbuf_bytes = 0, const char* from_ip =
   return fd;
 }
 
+// A Unix stream socket bound to `path` (an old file there removed first) and listening with
+// `backlog`; -1 on failure.
+inline int ListenUnix(const std::string& path, int backlog) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof(a.sun_path), "%s", path.c_str());
+  ::unlink(path.c_str());
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, backlog) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 inline int ConnectUnix(const std::string& path) {
   int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
   sockaddr_un a{};

@@ -18,13 +18,6 @@ using nlohmann::json;
 constexpr char kAlice[] = "sk-alice-0123456789";
 constexpr char kBob[] = "sk-bob-0123456789";
 
-json Chat(const json& messages, int max_tokens) {
-  return {{"model", "kvmini-trained"},
-          {"messages", messages},
-          {"max_tokens", max_tokens},
-          {"temperature", 0}};
-}
-
 class ClusterServeTest : public ClusterE2eTest {
  protected:
   // A server on node i's socket; nothing stays resident in it, so a hit can only come from the
@@ -49,7 +42,7 @@ class ClusterServeTest : public ClusterE2eTest {
 TEST_F(ClusterServeTest, ASessionSavedThroughOneNodeResumesThroughAnother) {
   std::unique_ptr<kt::ServeProcess> a = StartServer(0), b = StartServer(1);
   json msgs = json::array({{{"role", "user"}, {"content", kt::PromptText(400, 3)}}});
-  kt::HttpReply r1 = Post(*a, Chat(msgs, 24), kAlice);
+  kt::HttpReply r1 = Post(*a, kt::GreedyChat(msgs, 24), kAlice);
   ASSERT_EQ(r1.status, 200) << r1.body << a->Log();
   const json u1 = r1.Json()["usage"];
   // Every sampled token but the last was forwarded into the sequence.
@@ -62,11 +55,11 @@ TEST_F(ClusterServeTest, ASessionSavedThroughOneNodeResumesThroughAnother) {
 
   // alice's turn 2, sent at once through node 1, restores all of turn 1 (its units and hot
   // state, wherever the cluster placed them): a server saves a turn before its last event.
-  kt::HttpReply r2 = Post(*b, Chat(msgs, 8), kAlice);
+  kt::HttpReply r2 = Post(*b, kt::GreedyChat(msgs, 8), kAlice);
   ASSERT_EQ(r2.status, 200) << r2.body << b->Log();
   EXPECT_EQ(r2.Json()["usage"]["prompt_tokens_details"]["cached_tokens"], whole) << b->Log();
   // bob's identical conversation through node 1 hits nothing of alice's.
-  kt::HttpReply rb = Post(*b, Chat(msgs, 8), kBob);
+  kt::HttpReply rb = Post(*b, kt::GreedyChat(msgs, 8), kBob);
   ASSERT_EQ(rb.status, 200) << rb.body << b->Log();
   EXPECT_EQ(rb.Json()["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
   const std::string m = kt::Http(b->port(), "GET", "/metrics").body;

@@ -23,13 +23,6 @@ namespace {
 using nlohmann::json;
 constexpr char kAlice[] = "sk-alice-0123456789";
 
-json Chat(const json& messages, int max_tokens) {
-  return {{"model", "kvmini-trained"},
-          {"messages", messages},
-          {"max_tokens", max_tokens},
-          {"temperature", 0}};
-}
-
 class ServeKvtierdTcpTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -92,7 +85,8 @@ class ServeKvtierdTcpTest : public ::testing::Test {
   // hit through kvtierd); the second turn's cached_tokens, or -1 on a failed request.
   int64_t SecondTurnCachedTokens(int64_t* whole) {
     json msgs = json::array({{{"role", "user"}, {"content", PromptText(150, 1)}}});
-    HttpReply r1 = Http(s_->port(), "POST", "/v1/chat/completions", Chat(msgs, 24).dump(), kAlice);
+    HttpReply r1 =
+        Http(s_->port(), "POST", "/v1/chat/completions", GreedyChat(msgs, 24).dump(), kAlice);
     EXPECT_EQ(r1.status, 200) << r1.body;
     if (r1.status != 200) return -1;
     const json u1 = r1.Json()["usage"];
@@ -102,7 +96,8 @@ class ServeKvtierdTcpTest : public ::testing::Test {
     *whole = u1["prompt_tokens"].get<int64_t>() + u1["completion_tokens"].get<int64_t>() - 1;
     msgs.push_back({{"role", "assistant"}, {"content", reply}});
     msgs.push_back({{"role", "user"}, {"content", "and then?"}});
-    HttpReply r2 = Http(s_->port(), "POST", "/v1/chat/completions", Chat(msgs, 16).dump(), kAlice);
+    HttpReply r2 =
+        Http(s_->port(), "POST", "/v1/chat/completions", GreedyChat(msgs, 16).dump(), kAlice);
     EXPECT_EQ(r2.status, 200) << r2.body;
     if (r2.status != 200) return -1;
     return r2.Json()["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();

@@ -160,6 +160,14 @@ inline HttpReply Http(uint16_t port, const std::string& method, const std::strin
   return ParseReply(HttpRequest(port, method, path, body, headers));
 }
 
+// A greedy (temperature 0) chat completion request of the default model.
+inline nlohmann::json GreedyChat(const nlohmann::json& messages, int max_tokens) {
+  return {{"model", "kvmini-trained"},
+          {"messages", messages},
+          {"max_tokens", max_tokens},
+          {"temperature", 0}};
+}
+
 // The value of one series (`name` or `name{labels}`, exactly as printed) in Prometheus text
 // such as /metrics; -1 when absent.
 inline double Metric(const std::string& text, const std::string& series) {

@@ -1,6 +1,5 @@
 #include "cache_daemon/config.h"
 
-#include <arpa/inet.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -365,22 +364,6 @@ StatusOr<PolicySettings> ParsePolicySettings(std::string_view text) {
     KVTIER_RETURN_IF_ERROR(ReadPolicyTable(*t, &p));
   }
   return p;
-}
-
-bool IsIpAddressOrLocalhost(std::string_view address) {
-  if (address == "localhost") return true;
-  std::string s(address);
-  in_addr a4{};
-  in6_addr a6{};
-  return inet_pton(AF_INET, s.c_str(), &a4) == 1 || inet_pton(AF_INET6, s.c_str(), &a6) == 1;
-}
-
-bool IsLoopbackAddress(std::string_view address) {
-  if (address == "localhost" || address == "::1") return true;
-  in_addr a4{};
-  std::string s(address);
-  if (inet_pton(AF_INET, s.c_str(), &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
-  return false;
 }
 
 Status Finalize(DaemonOptions* o) {

@@ -16,6 +16,7 @@
 
 #include "cache_daemon/client.h"  // DefaultDataDir()
 #include "cache_daemon/cluster_config.h"
+#include "common/host_port.h"  // IsLoopbackAddress, IsIpAddressOrLocalhost
 #include "common/status.h"
 #include "storage/tier_manager.h"
 
@@ -207,10 +208,5 @@ Status FinalizeFronts(DaemonOptions* options);
 // The [engram] part of Finalize (called by it): InvalidArgument naming the key, or
 // PermissionDenied for a non-loopback engram.listen with auth off.
 Status FinalizeEngram(DaemonOptions* options);
-
-// True for 127.0.0.0/8, ::1 and "localhost".
-bool IsLoopbackAddress(std::string_view address);
-// True for a numeric IPv4 or IPv6 address, or "localhost" (what the TCP fronts can bind).
-bool IsIpAddressOrLocalhost(std::string_view address);
 
 }  // namespace kvtier::daemon

@@ -1,5 +1,7 @@
 #include "common/host_port.h"
 
+#include <arpa/inet.h>
+
 #include <charconv>
 
 namespace kvtier {
@@ -34,6 +36,22 @@ StatusOr<HostPort> ParseHostPort(std::string_view text) {
     return bad("port must be 1..65535");
   }
   return HostPort{std::string(host), static_cast<uint16_t>(value)};
+}
+
+bool IsLoopbackAddress(std::string_view address) {
+  if (address == "localhost" || address == "::1") return true;
+  in_addr a4{};
+  const std::string s(address);
+  if (inet_pton(AF_INET, s.c_str(), &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+  return false;
+}
+
+bool IsIpAddressOrLocalhost(std::string_view address) {
+  if (address == "localhost") return true;
+  const std::string s(address);
+  in_addr a4{};
+  in6_addr a6{};
+  return inet_pton(AF_INET, s.c_str(), &a4) == 1 || inet_pton(AF_INET6, s.c_str(), &a6) == 1;
 }
 
 }  // namespace kvtier

@@ -24,4 +24,10 @@ struct HostPort {
 // but decimal digits.
 StatusOr<HostPort> ParseHostPort(std::string_view text);
 
+// True for a numeric address in 127.0.0.0/8, ::1 and "localhost"; false for any other name
+// (a name is not resolved: "127.example" is not loopback).
+bool IsLoopbackAddress(std::string_view address);
+// True for a numeric IPv4 or IPv6 address, or "localhost" (what a TCP front can bind).
+bool IsIpAddressOrLocalhost(std::string_view address);
+
 }  // namespace kvtier

@@ -37,10 +37,6 @@ int Fail(const Status& s) {
   return 1;
 }
 
-bool IsLoopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
-
 }  // namespace
 
 int RunServe(std::span<const std::string_view> args) {
@@ -184,7 +180,7 @@ int RunServe(std::span<const std::string_view> args) {
     std::fprintf(stderr, "kvtier-engine serve: --guard must be auto, fetch or recompute\n");
     return 2;
   }
-  if (keys_file.empty() && !IsLoopback(listen)) {
+  if (keys_file.empty() && !IsLoopbackAddress(listen)) {
     std::fprintf(stderr,
                  "kvtier-engine serve: --listen %s is not a loopback address: give --api-keys\n",
                  listen.c_str());
@@ -207,7 +203,7 @@ int RunServe(std::span<const std::string_view> args) {
       std::fprintf(stderr, "kvtier-engine serve: --kvtierd: %s\n", hp.status().message().c_str());
       return 2;
     }
-    if (!so.daemon.tls && !IsLoopback(hp->host)) {
+    if (!so.daemon.tls && !IsLoopbackAddress(hp->host)) {
       std::fprintf(stderr,
                    "kvtier-engine serve: --kvtierd %s is not a loopback address: give "
                    "--kvtierd-tls (kvtierd serves other hosts only over TLS)\n",

@@ -42,5 +42,16 @@ TEST(HostPortTest, RefusesWhatIsNotHostColonPort) {
   }
 }
 
+// A name is never taken for loopback by its spelling: only numeric 127/8, ::1 and "localhost".
+TEST(HostPortTest, LoopbackIsNumericOrLocalhost) {
+  for (const char* a : {"127.0.0.1", "127.3.0.1", "::1", "localhost"}) {
+    EXPECT_TRUE(IsLoopbackAddress(a)) << a;
+  }
+  for (const char* a :
+       {"127.kvtierd.example", "127.", "localhost.example", "10.0.0.1", "::", "128.0.0.1", ""}) {
+    EXPECT_FALSE(IsLoopbackAddress(a)) << a;
+  }
+}
+
 }  // namespace
 }  // namespace kvtier

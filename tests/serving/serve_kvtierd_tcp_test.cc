@@ -156,6 +156,7 @@ TEST_F(ServeKvtierdTcpTest, BadKvtierdFlagsAreRefusedAtStart) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--kvtierd 10.1.2.3:7300", "not a loopback address: give --kvtierd-tls"},
       {"--kvtierd kvtierd.example:7300", "not a loopback address: give --kvtierd-tls"},
+      {"--kvtierd 127.kvtierd.example:7300", "not a loopback address: give --kvtierd-tls"},
       {"--socket /run/x.sock --kvtierd 127.0.0.1:7300", "give --socket or --kvtierd, not both"},
       {"--kvtierd-tls", "need --kvtierd"},
       {"--socket /run/x.sock --kvtierd-ca /etc/ca.pem", "need --kvtierd"},

@@ -1,8 +1,9 @@
 // The operator files in deploy/ against the tools that read them and against the real binaries:
 // promtool checks and unit-tests the rules, systemd-analyze verifies the units, every metric that
 // kvtierd's rules and the Grafana dashboard query is one that the built kvtierd exports (a single
-// node, and for the kvtier_cluster_* series a node in cluster mode), and every metric that the
-// server's rules query is one that the built `kvtier-engine serve` exports.
+// node, and for the kvtier_cluster_* series a node in cluster mode), every metric that the
+// server's rules and dashboard query is one that the built `kvtier-engine serve` exports, every
+// dashboard query parses (promtool), and the server unit's command line starts the built server.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

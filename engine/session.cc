@@ -273,15 +273,7 @@ double CostModel::fetch_s_per_unit(uint8_t tier) const {
   return tier == 2 ? kPriorSsdFetchSPerUnit : kPriorDramFetchSPerUnit;
 }
 
-// ---- SessionStore ---------------------------------------------------------------------------
-
-SessionStore::SessionStore(Engine* engine, daemon::Client* client, const Digest& fingerprint,
-                           const SessionOptions& options, UnitPayloadLayout layout)
-    : engine_(engine),
-      client_(client),
-      fingerprint_(fingerprint),
-      options_(options),
-      payload_layout_(std::move(layout)) {}
+// ---- SessionCodec ----------------------------------------------------------------------------
 
 StatusOr<int64_t> ResolveReplayTokens(const EngineConfig& config, uint64_t replay_tokens) {
   const int64_t W = config.sliding_window;
@@ -297,11 +289,15 @@ StatusOr<int64_t> ResolveReplayTokens(const EngineConfig& config, uint64_t repla
   return static_cast<int64_t>(replay_tokens);
 }
 
-StatusOr<std::unique_ptr<SessionStore>> SessionStore::Create(Engine* engine, daemon::Client* client,
-                                                             const Digest& fingerprint,
-                                                             const SessionOptions& options) {
-  if (engine == nullptr || client == nullptr)
-    return Status::InvalidArgument("session: engine and client are required");
+uint64_t PreparedSave::bytes() const {
+  uint64_t n = hot.size();
+  for (const auto& u : units) n += u.size();
+  return n;
+}
+
+StatusOr<SessionCodec> SessionCodec::Create(Engine* engine, const Digest& fingerprint,
+                                            const SessionOptions& options) {
+  if (engine == nullptr) return Status::InvalidArgument("session: engine is required");
   if (options.max_units_per_call == 0)
     return Status::InvalidArgument("session: max_units_per_call must be > 0");
   KVTIER_ASSIGN_OR_RETURN(KvLayout layout, EngineKvLayout(engine->config(), options.unit_tokens));
@@ -309,8 +305,148 @@ StatusOr<std::unique_ptr<SessionStore>> SessionStore::Create(Engine* engine, dae
   KVTIER_ASSIGN_OR_RETURN(int64_t replay,
                           ResolveReplayTokens(engine->config(), options.replay_tokens));
   resolved.replay_tokens = static_cast<uint64_t>(replay);
-  return std::unique_ptr<SessionStore>(
-      new SessionStore(engine, client, fingerprint, resolved, UnitPayloadLayout::For(layout)));
+  return SessionCodec(engine, fingerprint, resolved, UnitPayloadLayout::For(layout));
+}
+
+StatusOr<PreparedSave> SessionCodec::PrepareSave(const SequenceState& state,
+                                                 std::span<const float> last_logits,
+                                                 SaveCursor* cursor, int64_t units_max) const {
+  const uint32_t P = options_.unit_tokens;
+  const int64_t n = static_cast<int64_t>(state.tokens.size());
+  if (state.tokens.size() > kMaxSessionTokens)
+    return Status::InvalidArgument("session: more than kMaxSessionTokens tokens");
+  if (units_max <= 0) return Status::InvalidArgument("session: units_max must be > 0");
+  const int64_t pages = std::min<int64_t>(n / P, ExportablePages(payload_layout_, state));
+  // Extend the chain incrementally (a cursor's chain is a prefix of the state's).
+  if (static_cast<int64_t>(cursor->chain.size()) > pages || cursor->units_saved > pages)
+    return Status::InvalidArgument("session: cursor is ahead of the state");
+  while (static_cast<int64_t>(cursor->chain.size()) < pages) {
+    const size_t i = cursor->chain.size();
+    const Digest& parent = i == 0 ? kRootParent : cursor->chain[i - 1];
+    std::vector<uint32_t> ids(state.tokens.begin() + i * P, state.tokens.begin() + (i + 1) * P);
+    cursor->chain.push_back(ChainKey(fingerprint_, parent, ids));
+  }
+  PreparedSave out;
+  out.first_unit = cursor->units_saved;
+  out.turn = cursor->turn;
+  if (out.first_unit > 0) out.first_parent = cursor->chain[out.first_unit - 1];
+  const int64_t end = out.first_unit + std::min(pages - out.first_unit, units_max);
+  for (int64_t i = out.first_unit; i < end; ++i) {
+    UnitIdentity id;
+    id.model_fingerprint = fingerprint_;
+    id.key = cursor->chain[i];
+    id.first_token_position = static_cast<uint64_t>(i) * P;
+    KVTIER_ASSIGN_OR_RETURN(auto unit, ExportUnit(payload_layout_, id, state, i));
+    out.units.push_back(std::move(unit));
+    out.keys.push_back(cursor->chain[i]);
+  }
+  cursor->units_saved = end;
+  out.complete = end == pages;
+  if (!out.complete) return out;  // the turn stays the cursor's for the rest
+  cursor->turn = 0;
+  // The hot state: at a page boundary the rings and logits; mid-page also the partial page's
+  // global KV (a tail of less than a page past the last whole one).
+  const int64_t tail = n - pages * P;
+  if (options_.keep_hot_state && pages > 0 && tail < static_cast<int64_t>(P) &&
+      !last_logits.empty()) {
+    std::vector<uint8_t> tail_blob;
+    if (tail > 0) {
+      auto t = ExportTail(state, pages * P);
+      if (!t.ok()) {  // a state whose global KV lags its tokens: no hot state, not an error
+        KVTIER_LOG(kWarn) << "session: hot state not kept: " << t.status().ToString();
+        return out;
+      }
+      tail_blob = std::move(t).value();
+    }
+    out.hot_page = cursor->chain[pages - 1];
+    out.hot_tail = static_cast<uint32_t>(tail);
+    out.hot_key = tail == 0 ? SwaBlobKey(out.hot_page)
+                            : HotTailKey(out.hot_page,
+                                         std::span<const int32_t>(state.tokens).subspan(pages * P));
+    out.hot =
+        EncodeHotState(state, last_logits, HotStateIdentity{fingerprint_, out.hot_key}, tail_blob);
+  }
+  return out;
+}
+
+StatusOr<ResumeReport> SessionCodec::Complete(std::span<const int32_t> tokens,
+                                              FetchedPrefix fetched, SequenceState* state,
+                                              std::vector<float>* last_logits) const {
+  ResumeReport r = std::move(fetched.report);
+  if (r.recomputed) {
+    *state = engine_->NewSequence();
+    last_logits->clear();  // the caller computes every token
+    return r;
+  }
+  const int64_t P = options_.unit_tokens;
+  const int64_t R = static_cast<int64_t>(options_.replay_tokens);  // resolved by Create
+  const int64_t at = r.units_used * P;
+  SequenceState& st = fetched.state;
+  if (r.units_used <= 0 || static_cast<int64_t>(tokens.size()) < at ||
+      static_cast<int64_t>(st.tokens.size()) != at ||
+      !std::equal(st.tokens.begin(), st.tokens.end(), tokens.begin()))
+    return Status::InvalidArgument("session: the fetched prefix is not of these tokens");
+  // SWA: exact restore from the longest hot state that continues the used units (page-aligned,
+  // or with a partial page), else bounded replay of the last min(R, hit).
+  const uint64_t vocab = static_cast<uint64_t>(engine_->config().vocab_size);
+  for (size_t i = fetched.hot.size(); i-- > 0;) {  // the longest first
+    const HotStateCandidate& c = fetched.hot[i];
+    if (c.tail < 0 || c.tail >= P || at + c.tail > static_cast<int64_t>(tokens.size())) continue;
+    // Checked before the import changes the state: a blob of another vocabulary is skipped.
+    if (c.bytes.size() < 12 || GetLe(c.bytes.data() + 8, 4) != vocab) continue;
+    auto logits = DecodeHotState(c.bytes, HotStateIdentity{fingerprint_, c.key}, &st,
+                                 tokens.subspan(static_cast<size_t>(at), c.tail));
+    if (logits.ok()) {
+      *last_logits = std::move(*logits);
+      r.hot_state_restored = true;
+      r.hot_tail_tokens = c.tail;
+      break;
+    }
+    KVTIER_LOG(kWarn) << "session: hot state unusable: " << logits.status().ToString();
+  }
+  int64_t hit_tokens = at;
+  if (r.hot_state_restored) {
+    hit_tokens += r.hot_tail_tokens;
+  } else {
+    const auto t0 = Clock::now();
+    KVTIER_RETURN_IF_ERROR(engine_->ReplayTail(&st, R, last_logits));
+    r.replay_s = Since(t0);
+    r.replay_tokens = std::min<int64_t>(R, hit_tokens);
+  }
+  r.restored_tokens = hit_tokens;
+  r.suffix_tokens = r.tokens - hit_tokens;
+  *state = std::move(st);
+  return r;
+}
+
+// ---- SessionStore ---------------------------------------------------------------------------
+
+namespace {
+
+// A report that uses nothing from the cache: the caller computes every token.
+void MarkRecompute(ResumeReport* r) {
+  r->restored_tokens = 0;
+  r->hot_tail_tokens = 0;
+  r->recomputed = true;
+  r->units_used = 0;
+  r->units_by_tier = {};
+  r->replay_tokens = 0;
+  r->suffix_tokens = 0;
+  r->hot_state_restored = false;
+}
+
+}  // namespace
+
+SessionStore::SessionStore(Engine* engine, daemon::Client* client, SessionCodec codec)
+    : engine_(engine), client_(client), codec_(std::move(codec)) {}
+
+StatusOr<std::unique_ptr<SessionStore>> SessionStore::Create(Engine* engine, daemon::Client* client,
+                                                             const Digest& fingerprint,
+                                                             const SessionOptions& options) {
+  if (engine == nullptr || client == nullptr)
+    return Status::InvalidArgument("session: engine and client are required");
+  KVTIER_ASSIGN_OR_RETURN(SessionCodec codec, SessionCodec::Create(engine, fingerprint, options));
+  return std::unique_ptr<SessionStore>(new SessionStore(engine, client, std::move(codec)));
 }
 
 Status SessionStore::Prefill(SequenceState* state, std::span<const int32_t> tokens,
@@ -336,122 +472,101 @@ Status SessionStore::Extend(SequenceState* state, std::span<const int32_t> token
 
 Status SessionStore::Save(const SequenceState& state, std::span<const float> last_logits,
                           SaveCursor* cursor) {
-  const uint32_t P = options_.unit_tokens;
-  const int64_t n = static_cast<int64_t>(state.tokens.size());
-  if (state.tokens.size() > kMaxSessionTokens)
-    return Status::InvalidArgument("session: more than kMaxSessionTokens tokens");
-  const int64_t pages = std::min<int64_t>(n / P, ExportablePages(payload_layout_, state));
-  // Extend the chain incrementally (a cursor's chain is a prefix of the state's).
-  if (static_cast<int64_t>(cursor->chain.size()) > pages || cursor->units_saved > pages)
-    return Status::InvalidArgument("session: cursor is ahead of the state");
-  while (static_cast<int64_t>(cursor->chain.size()) < pages) {
-    const size_t i = cursor->chain.size();
-    const Digest& parent = i == 0 ? kRootParent : cursor->chain[i - 1];
-    std::vector<uint32_t> ids(state.tokens.begin() + i * P, state.tokens.begin() + (i + 1) * P);
-    cursor->chain.push_back(ChainKey(fingerprint_, parent, ids));
+  // A call's worth of units at a time, so a long state's encoded units are never all held; all
+  // of them one turn (one request for the policies).
+  if (cursor->turn == 0) cursor->turn = client_->NewTurn();
+  while (true) {
+    KVTIER_ASSIGN_OR_RETURN(
+        PreparedSave save,
+        codec_.PrepareSave(state, last_logits, cursor, codec_.options().max_units_per_call));
+    int64_t stored = 0;
+    Status s = PutSave(save, &stored);
+    if (!s.ok()) {
+      cursor->units_saved = save.first_unit + stored;
+      cursor->turn = 0;
+      return s;
+    }
+    if (save.complete) return Status::Ok();
   }
+}
+
+Status SessionStore::PutSave(const PreparedSave& save, int64_t* units_stored) {
+  *units_stored = 0;
+  const SessionOptions& o = codec_.options();
+  const uint32_t P = o.unit_tokens;
   daemon::PutOptions po;
   po.kind = 0;  // policies::ObjectKind::kGlobalKv
   po.allow_ssd = true;
-  po.highest_tier = options_.unit_highest_tier;
+  po.highest_tier = o.unit_highest_tier;
   po.recompute_tokens = P;
-  po.turn = cursor->turn != 0 ? cursor->turn : client_->NewTurn();  // one request: the turn
-  cursor->turn = 0;
-  while (cursor->units_saved < pages) {
-    const int64_t first = cursor->units_saved;
-    const int64_t count = std::min<int64_t>(pages - first, options_.max_units_per_call);
-    std::vector<std::vector<uint8_t>> encoded;
+  po.turn = save.turn != 0 ? save.turn : client_->NewTurn();  // one request: the turn
+  const int64_t n = static_cast<int64_t>(save.units.size());
+  for (int64_t first = 0; first < n; first += o.max_units_per_call) {
+    const int64_t count = std::min<int64_t>(n - first, o.max_units_per_call);
     std::vector<daemon::PutUnit> units;
-    encoded.reserve(count);
-    for (int64_t i = first; i < first + count; ++i) {
-      UnitIdentity id;
-      id.model_fingerprint = fingerprint_;
-      id.key = cursor->chain[i];
-      id.first_token_position = static_cast<uint64_t>(i) * P;
-      KVTIER_ASSIGN_OR_RETURN(auto unit, ExportUnit(payload_layout_, id, state, i));
-      encoded.push_back(std::move(unit));
-    }
+    units.reserve(count);
     for (int64_t i = first; i < first + count; ++i) {
       daemon::PutUnit u;
-      u.key = cursor->chain[i];
-      if (i > 0) u.parent = cursor->chain[i - 1];
-      u.value = encoded[i - first];
+      u.key = save.keys[i];
+      u.parent = i == 0 ? save.first_parent : save.keys[i - 1];
+      u.value = save.units[i];
       units.push_back(u);
     }
     KVTIER_ASSIGN_OR_RETURN(std::vector<Status> put, client_->Put(units, po));
     for (size_t i = 0; i < put.size(); ++i) {
       if (put[i].ok()) {
         ++stats_.units_put;
-        stats_.unit_bytes_put += encoded[i].size();
+        stats_.unit_bytes_put += save.units[first + i].size();
       } else {
         ++stats_.units_rejected;
-        KVTIER_LOG(kWarn) << "session: unit " << (first + static_cast<int64_t>(i))
+        KVTIER_LOG(kWarn) << "session: unit " << (save.first_unit + first + static_cast<int64_t>(i))
                           << " not stored: " << put[i].ToString();
       }
     }
-    cursor->units_saved = first + count;
+    *units_stored = first + count;
   }
-  // The hot state: at a page boundary the rings and logits; mid-page also the partial page's
-  // global KV (a tail of less than a page past the last whole one).
-  const int64_t tail = n - pages * P;
-  if (options_.keep_hot_state && pages > 0 && tail < static_cast<int64_t>(P) &&
-      !last_logits.empty()) {
-    std::vector<uint8_t> tail_blob;
-    if (tail > 0) {
-      auto t = ExportTail(state, pages * P);
-      if (!t.ok()) {  // a state whose global KV lags its tokens: no hot state, not an error
-        KVTIER_LOG(kWarn) << "session: hot state not kept: " << t.status().ToString();
-        return Status::Ok();
-      }
-      tail_blob = std::move(t).value();
-    }
-    const Digest& page = cursor->chain[pages - 1];
-    const Digest key =
-        tail == 0 ? SwaBlobKey(page)
-                  : HotTailKey(page, std::span<const int32_t>(state.tokens).subspan(pages * P));
-    const std::vector<uint8_t> hot =
-        EncodeHotState(state, last_logits, HotStateIdentity{fingerprint_, key}, tail_blob);
-    daemon::PutOptions ho;
-    ho.kind = 1;  // policies::ObjectKind::kSwa
-    ho.allow_ssd = false;
-    ho.highest_tier = 1;  // DRAM
-    ho.ttl_ms = options_.hot_state_ttl_ms;
-    ho.turn = po.turn;
-    // The page's index gets this state first, before the others already listed (read first; an
-    // index that is missing or unreadable starts empty).
-    const daemon::wire::Key index_key = HotStateIndexKey(page);
-    std::vector<HotStateIndexEntry> entries = {{static_cast<uint32_t>(tail), key}};
-    {
-      std::vector<uint8_t> bytes;
-      const Status gs = client_->Get(std::span<const daemon::wire::Key>(&index_key, 1), ho.turn,
-                                     [&](size_t, const daemon::GetItem& item) {
-                                       if (item.status.ok())
-                                         bytes.assign(item.value.begin(), item.value.end());
-                                     });
-      if (gs.ok() && !bytes.empty()) {
-        if (auto old = DecodeHotStateIndex(bytes, P); old.ok()) {
-          for (const HotStateIndexEntry& e : *old) {
-            if (e.key != key && entries.size() < kHotStateIndexEntriesMax) entries.push_back(e);
-          }
+  if (save.hot.empty()) return Status::Ok();
+  daemon::PutOptions ho;
+  ho.kind = 1;  // policies::ObjectKind::kSwa
+  ho.allow_ssd = false;
+  ho.highest_tier = 1;  // DRAM
+  ho.ttl_ms = o.hot_state_ttl_ms;
+  ho.turn = po.turn;
+  // The page's index gets this state first, before the others already listed (read first; an
+  // index that is missing or unreadable starts empty).
+  const daemon::wire::Key index_key = HotStateIndexKey(save.hot_page);
+  std::vector<HotStateIndexEntry> entries = {{save.hot_tail, save.hot_key}};
+  {
+    std::vector<uint8_t> bytes;
+    const Status gs = client_->Get(std::span<const daemon::wire::Key>(&index_key, 1), ho.turn,
+                                   [&](size_t, const daemon::GetItem& item) {
+                                     if (item.status.ok())
+                                       bytes.assign(item.value.begin(), item.value.end());
+                                   });
+    if (gs.ok() && !bytes.empty()) {
+      if (auto old = DecodeHotStateIndex(bytes, P); old.ok()) {
+        for (const HotStateIndexEntry& e : *old) {
+          if (e.key != save.hot_key && entries.size() < kHotStateIndexEntriesMax)
+            entries.push_back(e);
         }
       }
     }
-    const std::vector<uint8_t> index = EncodeHotStateIndex(entries);
-    daemon::PutUnit u[2];  // values are views
-    u[0].key = key;
-    u[0].value = hot;
-    u[1].key = index_key;
-    u[1].value = index;
-    KVTIER_ASSIGN_OR_RETURN(std::vector<Status> put,
-                            client_->Put(std::span<const daemon::PutUnit>(u, 2), ho));
-    if (put.size() == 2 && put[0].ok() && put[1].ok()) {
-      ++stats_.hot_states_put;
-      stats_.hot_state_bytes_put += hot.size();
-    } else {
-      for (const Status& p : put) {
-        if (!p.ok()) {
-          KVTIER_LOG(kWarn) << "session: hot state not stored: " << p.ToString();
-        }
+  }
+  const std::vector<uint8_t> index = EncodeHotStateIndex(entries);
+  daemon::PutUnit u[2];  // values are views
+  u[0].key = save.hot_key;
+  u[0].value = save.hot;
+  u[1].key = index_key;
+  u[1].value = index;
+  KVTIER_ASSIGN_OR_RETURN(std::vector<Status> put,
+                          client_->Put(std::span<const daemon::PutUnit>(u, 2), ho));
+  if (put.size() == 2 && put[0].ok() && put[1].ok()) {
+    ++stats_.hot_states_put;
+    stats_.hot_state_bytes_put += save.hot.size();
+  } else {
+    for (const Status& p : put) {
+      if (!p.ok()) {
+        KVTIER_LOG(kWarn) << "session: hot state not stored: " << p.ToString();
       }
     }
   }
@@ -460,11 +575,11 @@ Status SessionStore::Save(const SequenceState& state, std::span<const float> las
 
 Status SessionStore::MaybeSave(const SequenceState& state, std::span<const float> last_logits,
                                SaveCursor* cursor) {
-  const uint64_t P = options_.unit_tokens;
+  const uint64_t P = options().unit_tokens;
   const uint64_t n = state.tokens.size();
   if (n / P < static_cast<uint64_t>(cursor->units_saved)) return Status::Ok();
   const uint64_t unsaved = (n / P - static_cast<uint64_t>(cursor->units_saved)) * P;
-  if (unsaved == 0 || unsaved < options_.save_interval_tokens) return Status::Ok();
+  if (unsaved == 0 || unsaved < options().save_interval_tokens) return Status::Ok();
   return Save(state, last_logits, cursor);
 }
 
@@ -486,29 +601,6 @@ Status SessionStore::Calibrate(std::span<const int32_t> tokens, bool ced) {
   return Status::Ok();
 }
 
-Status SessionStore::Recompute(std::span<const int32_t> tokens, SequenceState* state,
-                               std::vector<float>* last_logits, ResumeReport* report,
-                               bool prefill) {
-  const auto t0 = Clock::now();
-  *state = engine_->NewSequence();
-  if (prefill) {
-    KVTIER_RETURN_IF_ERROR(Prefill(state, tokens, last_logits));
-  } else {
-    last_logits->clear();  // Restore: the caller computes every token
-  }
-  report->recompute_s = Since(t0);
-  report->restored_tokens = 0;
-  report->hot_tail_tokens = 0;
-  report->recomputed = true;
-  report->units_used = 0;
-  report->units_by_tier = {};
-  report->replay_tokens = 0;
-  report->suffix_tokens = 0;
-  report->hot_state_restored = false;
-  stats_.recomputed_tokens += tokens.size();
-  return Status::Ok();
-}
-
 StatusOr<ResumeReport> SessionStore::Resume(std::span<const int32_t> tokens, SequenceState* state,
                                             std::vector<float>* last_logits) {
   return ResumeOrRestore(tokens, state, last_logits, /*prefill=*/true);
@@ -519,107 +611,103 @@ StatusOr<ResumeReport> SessionStore::Restore(std::span<const int32_t> tokens, Se
   return ResumeOrRestore(tokens, state, last_logits, /*prefill=*/false);
 }
 
-bool SessionStore::RestoreHotState(std::span<const int32_t> tokens,
-                                   const std::vector<Digest>& chain, SequenceState* state,
-                                   std::vector<float>* last_logits, ResumeReport* r) {
-  const int64_t P = options_.unit_tokens;
-  const int64_t at = r->units_used * P;  // the state's end: the used units
+StatusOr<FetchedPrefix> SessionStore::Fetch(std::span<const int32_t> tokens) {
+  return FetchImpl(tokens, /*prefill=*/false, /*engine_thread=*/false);
+}
+
+void SessionStore::Account(const ResumeReport& r) {
+  if (r.recomputed) {
+    stats_.recomputed_tokens += static_cast<uint64_t>(r.tokens);
+    return;
+  }
+  if (r.hot_state_restored) {
+    ++stats_.hot_state_restores;
+  } else {
+    cost_.ObserveForward(r.replay_tokens, r.replay_s);
+    ++stats_.replays;
+    stats_.replay_tokens += static_cast<uint64_t>(r.replay_tokens);
+  }
+}
+
+void SessionStore::FetchHotStates(std::span<const int32_t> tokens, const std::vector<Digest>& chain,
+                                  FetchedPrefix* f) {
+  const int64_t P = options().unit_tokens;
+  const int64_t at = f->report.units_used * P;  // the state's end: the used units
   const int64_t tail_max = std::min<int64_t>(P - 1, static_cast<int64_t>(tokens.size()) - at);
-  const Digest& page = chain[r->units_used - 1];
+  const Digest& page = chain[f->report.units_used - 1];
   // The page's index: which hot states were kept past it (none: nothing to ask for).
   std::vector<uint8_t> index;
   const daemon::wire::Key ik = HotStateIndexKey(page);
-  Status gs = client_->Get(std::span<const daemon::wire::Key>(&ik, 1), r->turn,
+  Status gs = client_->Get(std::span<const daemon::wire::Key>(&ik, 1), f->report.turn,
                            [&](size_t, const daemon::GetItem& item) {
                              if (item.status.ok())
                                index.assign(item.value.begin(), item.value.end());
                            });
   if (!gs.ok()) {
     KVTIER_LOG(kWarn) << "session: hot state index GET failed: " << gs.ToString();
-    return false;
+    return;
   }
-  if (index.empty()) return false;
+  if (index.empty()) return;
   auto listed = DecodeHotStateIndex(index, static_cast<uint32_t>(P));
   if (!listed.ok()) {
     KVTIER_LOG(kWarn) << "session: hot state index unusable: " << listed.status().ToString();
-    return false;
+    return;
   }
-  // Of those, the ones this prompt continues with: tails[i] tokens past the page under keys[i]
-  // (0: at the boundary), in increasing length.
+  // Of those, the ones this prompt continues with, in increasing length.
   std::sort(
       listed->begin(), listed->end(),
       [](const HotStateIndexEntry& a, const HotStateIndexEntry& b) { return a.tail < b.tail; });
-  std::vector<int64_t> tails;
+  std::vector<HotStateCandidate> wanted;
   std::vector<daemon::wire::Key> keys;
   for (const HotStateIndexEntry& e : *listed) {
     const int64_t j = e.tail;
     if (j > tail_max) continue;
     if (e.key != (j == 0 ? SwaBlobKey(page) : HotTailKey(page, tokens.subspan(at, j)))) continue;
-    tails.push_back(j);
+    wanted.push_back(HotStateCandidate{j, e.key, {}});
     keys.push_back(e.key);
   }
-  if (keys.empty()) return false;
-  std::vector<std::vector<uint8_t>> found(keys.size());
-  gs = client_->Get(keys, r->turn, [&](size_t i, const daemon::GetItem& item) {
-    if (item.status.ok() && i < found.size()) found[i].assign(item.value.begin(), item.value.end());
+  if (keys.empty()) return;
+  gs = client_->Get(keys, f->report.turn, [&](size_t i, const daemon::GetItem& item) {
+    if (item.status.ok() && i < wanted.size())
+      wanted[i].bytes.assign(item.value.begin(), item.value.end());
   });
   if (!gs.ok()) {
     KVTIER_LOG(kWarn) << "session: hot state GET failed: " << gs.ToString();
-    return false;
+    return;
   }
-  const uint64_t vocab = static_cast<uint64_t>(engine_->config().vocab_size);
-  for (size_t i = keys.size(); i-- > 0;) {  // the longest first
-    const int64_t j = tails[i];
-    // Checked before the import changes the state: a blob of another vocabulary is skipped.
-    if (found[i].size() < 12 || GetLe(found[i].data() + 8, 4) != vocab) continue;
-    auto logits = DecodeHotState(found[i], HotStateIdentity{fingerprint_, keys[i]}, state,
-                                 tokens.subspan(at, j));
-    if (logits.ok()) {
-      *last_logits = std::move(*logits);
-      r->hot_state_restored = true;
-      r->hot_tail_tokens = j;
-      return true;
-    }
-    KVTIER_LOG(kWarn) << "session: hot state unusable: " << logits.status().ToString();
+  for (HotStateCandidate& c : wanted) {
+    if (!c.bytes.empty()) f->hot.push_back(std::move(c));
   }
-  return false;
 }
 
-StatusOr<ResumeReport> SessionStore::ResumeOrRestore(std::span<const int32_t> tokens,
-                                                     SequenceState* state,
-                                                     std::vector<float>* last_logits,
-                                                     bool prefill) {
-  const auto t_start = Clock::now();
+StatusOr<FetchedPrefix> SessionStore::FetchImpl(std::span<const int32_t> tokens, bool prefill,
+                                                bool engine_thread) {
   if (tokens.empty() || tokens.size() > kMaxSessionTokens)
     return Status::InvalidArgument("session: resume needs 1..kMaxSessionTokens tokens");
   for (int32_t t : tokens) {
     if (t < 0 || t >= engine_->config().vocab_size)
       return Status::InvalidArgument("session: token id outside the vocabulary");
   }
-  ResumeReport r;
+  const SessionOptions& o = options();
+  FetchedPrefix f;
+  ResumeReport& r = f.report;
   r.tokens = static_cast<int64_t>(tokens.size());
   ++stats_.resumes;
-  const uint32_t P = options_.unit_tokens;
-  const int64_t R = static_cast<int64_t>(options_.replay_tokens);  // resolved by Create
-  auto finish = [&](ResumeReport* rep) {
-    rep->total_s = Since(t_start);
-    KVTIER_LOG(kInfo) << "session resume: " << rep->tokens << " tokens, "
-                      << (rep->recomputed ? "recompute" : "fetch") << " (" << rep->decision
-                      << "), used " << rep->units_used << "/" << rep->hit_units << " units, "
-                      << "replay " << rep->replay_tokens << ", suffix " << rep->suffix_tokens
-                      << ", " << rep->total_s << " s";
+  const uint32_t P = o.unit_tokens;
+  const int64_t R = static_cast<int64_t>(o.replay_tokens);  // resolved by Create
+  auto recompute = [&](std::string decision) {
+    r.decision = std::move(decision);
+    MarkRecompute(&r);
+    return std::move(f);
   };
 
-  if (options_.guard == GuardMode::kAlwaysRecompute) {
-    r.decision = "guard mode always-recompute";
+  if (o.guard == GuardMode::kAlwaysRecompute) {
     ++stats_.guard_recompute;
-    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r, prefill));
-    finish(&r);
-    return r;
+    return recompute("guard mode always-recompute");
   }
 
   // 1. LOOKUP the chain of whole units.
-  const std::vector<Digest> chain = SessionChainKeys(fingerprint_, tokens, P);
+  const std::vector<Digest> chain = SessionChainKeys(fingerprint(), tokens, P);
   r.turn = client_->NewTurn();  // LOOKUP, GET and the turn's Save: one request for the policies
   auto t0 = Clock::now();
   StatusOr<daemon::LookupResult> lk = chain.empty()
@@ -627,32 +715,30 @@ StatusOr<ResumeReport> SessionStore::ResumeOrRestore(std::span<const int32_t> to
                                           : client_->Lookup(chain, r.turn);
   r.lookup_s = Since(t0);
   if (!lk.ok()) {
-    r.decision = "lookup failed (" + lk.status().ToString() + "): recompute";
     ++stats_.miss_recompute;
-    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r, prefill));
-    finish(&r);
-    return r;
+    return recompute("lookup failed (" + lk.status().ToString() + "): recompute");
   }
   r.hit_units = static_cast<int64_t>(std::min(lk->hit_count, chain.size()));
   r.first_miss_reason = lk->first_miss;
   if (r.hit_units == 0) {
-    r.decision = "no hit: recompute";
     ++stats_.miss_recompute;
-    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r, prefill));
-    finish(&r);
-    return r;
+    return recompute("no hit: recompute");
   }
 
   // 2. The guard, before any fetch: estimated fetch + replay + suffix vs CED of everything
   // (Resume) or a full forward of everything (Restore). Restore computes nothing with CED and
-  // calibrates the full forward: a config that CED cannot run (Engine::ExtendCed) restores.
-  if (options_.guard == GuardMode::kAuto) {
+  // calibrates the full forward: a config that CED cannot run (Engine::ExtendCed) restores. Off
+  // the engine's thread nothing is calibrated: without the speed it needs the guard fetches.
+  bool guard = o.guard == GuardMode::kAuto;
+  if (guard && engine_thread) {
     if (prefill && !cost_.has_ced()) {
       KVTIER_RETURN_IF_ERROR(Calibrate(tokens, /*ced=*/true));
     } else if (!prefill && !cost_.has_forward()) {
       KVTIER_RETURN_IF_ERROR(Calibrate(tokens, /*ced=*/false));
     }
   }
+  const bool has_speed = prefill ? cost_.has_ced() : cost_.has_forward();
+  guard = guard && has_speed;
   auto estimate = [&](int64_t used_units, const std::vector<uint8_t>& tiers) {
     double s = 0;
     for (int64_t i = 0; i < used_units; ++i)
@@ -666,34 +752,33 @@ StatusOr<ResumeReport> SessionStore::ResumeOrRestore(std::span<const int32_t> to
   // Resume recomputes with a CED prefill; a Restore's caller with the full forward.
   r.estimated_recompute_s = static_cast<double>(r.tokens) *
                             (prefill ? cost_.ced_s_per_token() : cost_.forward_s_per_token());
-  if (options_.guard == GuardMode::kAuto && r.estimated_recompute_s < r.estimated_resume_s) {
+  if (guard && r.estimated_recompute_s < r.estimated_resume_s) {
     std::ostringstream why;
     why << "guard: recompute " << r.estimated_recompute_s << " s < fetch+replay+suffix "
         << r.estimated_resume_s << " s";
-    r.decision = why.str();
     ++stats_.guard_recompute;
-    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r, prefill));
-    finish(&r);
-    return r;
+    return recompute(why.str());
   }
 
-  // 3. GET the hit units (and the hot state) and import them in order. The Engram rows the
-  // bounded replay will need are known now (they depend only on tokens): request them first,
-  // so they arrive while the units do. A hint only: if the replay does not happen or covers
-  // other positions the batches are dropped unused; a refused hint is requested again later.
-  if (Status hint = engine_->PrefetchEngramReplay(tokens.first(r.hit_units * P), R); !hint.ok()) {
-    KVTIER_LOG(kDebug) << "session: Engram replay prefetch not issued: " << hint.ToString();
+  // 3. GET the hit units (and the hot state) and import them in order. On the engine's
+  // thread, the Engram rows the bounded replay will need are known now (they depend only on
+  // tokens): request them first, so they arrive while the units do. A hint only: if the replay
+  // does not happen or covers other positions the batches are dropped unused; a refused hint is
+  // requested again later.
+  if (engine_thread) {
+    if (Status hint = engine_->PrefetchEngramReplay(tokens.first(r.hit_units * P), R); !hint.ok()) {
+      KVTIER_LOG(kDebug) << "session: Engram replay prefetch not issued: " << hint.ToString();
+    }
   }
   t0 = Clock::now();
-  *state = engine_->NewSequence();
+  f.state = engine_->NewSequence();
   std::vector<daemon::wire::Key> keys(chain.begin(), chain.begin() + r.hit_units);
   bool stopped = false;
   std::array<int64_t, 3> tier_units{};
-  Status import_error;
   UnitDecodeOptions dopts;
-  dopts.expected_model_fingerprint = fingerprint_;
-  for (int64_t first = 0; first < r.hit_units && !stopped; first += options_.max_units_per_call) {
-    const int64_t count = std::min<int64_t>(r.hit_units - first, options_.max_units_per_call);
+  dopts.expected_model_fingerprint = fingerprint();
+  for (int64_t first = 0; first < r.hit_units && !stopped; first += o.max_units_per_call) {
+    const int64_t count = std::min<int64_t>(r.hit_units - first, o.max_units_per_call);
     std::vector<daemon::wire::Key> batch(keys.begin() + first, keys.begin() + first + count);
     Status gs = client_->Get(batch, r.turn, [&](size_t j, const daemon::GetItem& item) {
       if (stopped || static_cast<int64_t>(j) >= count) return;
@@ -705,11 +790,10 @@ StatusOr<ResumeReport> SessionStore::ResumeOrRestore(std::span<const int32_t> to
         return;
       }
       dopts.expected_key = chain[i];
-      Status s = ImportUnit(payload_layout_, item.value, dopts,
-                            tokens.subspan(static_cast<size_t>(i) * P, P), state);
+      Status s = ImportUnit(payload_layout(), item.value, dopts,
+                            tokens.subspan(static_cast<size_t>(i) * P, P), &f.state);
       if (!s.ok()) {
         stopped = true;
-        import_error = s;
         KVTIER_LOG(kWarn) << "session: unit " << i << " rejected: " << s.ToString();
         return;
       }
@@ -733,65 +817,71 @@ StatusOr<ResumeReport> SessionStore::ResumeOrRestore(std::span<const int32_t> to
     }
   }
   if (r.units_used == 0) {
-    r.decision =
-        "no usable unit (" + std::to_string(r.corrupt_units) + " missing or corrupt): recompute";
     ++stats_.miss_recompute;
-    KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r, prefill));
-    finish(&r);
-    return r;
+    f.state = SequenceState{};
+    return recompute("no usable unit (" + std::to_string(r.corrupt_units) +
+                     " missing or corrupt): recompute");
   }
-  if (r.units_used < r.hit_units && options_.guard == GuardMode::kAuto) {
+  if (r.units_used < r.hit_units && guard) {
     // A shorter hit than looked up: re-check the guard with what is already paid.
     const double rest = static_cast<double>(std::min<int64_t>(R, r.units_used * P) +
                                             (r.tokens - r.units_used * P)) *
                         cost_.forward_s_per_token();
     if (r.estimated_recompute_s < rest) {
-      r.decision = "short hit after " + std::to_string(r.corrupt_units) +
-                   " bad units; guard: recompute is cheaper";
       ++stats_.guard_recompute;
-      KVTIER_RETURN_IF_ERROR(Recompute(tokens, state, last_logits, &r, prefill));
-      finish(&r);
-      return r;
+      f.state = SequenceState{};
+      return recompute("short hit after " + std::to_string(r.corrupt_units) +
+                       " bad units; guard: recompute is cheaper");
     }
   }
   ++stats_.guard_fetch;
   for (uint8_t t = 0; t < 3; ++t) stats_.units_hit_by_tier[t] += tier_units[t];
 
-  // 4. SWA: exact restore from the longest hot state that continues the used units (page-
-  // aligned, or with a partial page), else bounded replay of the last min(R, hit).
-  int64_t hit_tokens = r.units_used * P;
-  const bool want_hot = options_.use_hot_state && options_.keep_hot_state;
-  if (want_hot && RestoreHotState(tokens, chain, state, last_logits, &r)) {
-    hit_tokens += r.hot_tail_tokens;
-    ++stats_.hot_state_restores;
-  } else {
-    t0 = Clock::now();
-    KVTIER_RETURN_IF_ERROR(engine_->ReplayTail(state, R, last_logits));
-    r.replay_s = Since(t0);
-    r.replay_tokens = std::min<int64_t>(R, hit_tokens);
-    cost_.ObserveForward(r.replay_tokens, r.replay_s);
-    ++stats_.replays;
-    stats_.replay_tokens += static_cast<uint64_t>(r.replay_tokens);
-  }
-  r.restored_tokens = hit_tokens;
-  // 5. The uncached suffix: prefilled here (Resume) or left to the caller (Restore).
-  r.suffix_tokens = r.tokens - hit_tokens;
-  if (r.suffix_tokens > 0 && prefill) {
-    t0 = Clock::now();
-    KVTIER_RETURN_IF_ERROR(Extend(state, tokens.subspan(hit_tokens), last_logits));
-    r.suffix_s = Since(t0);
-    stats_.suffix_tokens += static_cast<uint64_t>(r.suffix_tokens);
-  }
+  // 4. The hot states that could continue the used units, for Complete to import the longest.
+  if (o.use_hot_state && o.keep_hot_state) FetchHotStates(tokens, chain, &f);
+
   std::ostringstream why;
-  if (options_.guard == GuardMode::kAuto) {
+  if (guard) {
     why << "guard: fetch+replay+suffix " << r.estimated_resume_s << " s <= recompute "
         << r.estimated_recompute_s << " s";
+  } else if (o.guard == GuardMode::kAuto) {
+    why << "guard: no forward speed measured yet: fetch";
   } else {
-    why << "guard mode " << GuardModeName(options_.guard);
+    why << "guard mode " << GuardModeName(o.guard);
   }
   if (r.corrupt_units > 0) why << "; " << r.corrupt_units << " hit units missing or corrupt";
   r.decision = why.str();
-  finish(&r);
+  return f;
+}
+
+StatusOr<ResumeReport> SessionStore::ResumeOrRestore(std::span<const int32_t> tokens,
+                                                     SequenceState* state,
+                                                     std::vector<float>* last_logits,
+                                                     bool prefill) {
+  const auto t_start = Clock::now();
+  KVTIER_ASSIGN_OR_RETURN(FetchedPrefix fetched,
+                          FetchImpl(tokens, prefill, /*engine_thread=*/true));
+  KVTIER_ASSIGN_OR_RETURN(ResumeReport r,
+                          codec_.Complete(tokens, std::move(fetched), state, last_logits));
+  Account(r);
+  if (r.recomputed && prefill) {
+    const auto t0 = Clock::now();
+    KVTIER_RETURN_IF_ERROR(Prefill(state, tokens, last_logits));
+    r.recompute_s = Since(t0);
+  }
+  // The uncached suffix: prefilled here (Resume) or left to the caller (Restore).
+  if (!r.recomputed && r.suffix_tokens > 0 && prefill) {
+    const auto t0 = Clock::now();
+    KVTIER_RETURN_IF_ERROR(Extend(state, tokens.subspan(r.restored_tokens), last_logits));
+    r.suffix_s = Since(t0);
+    stats_.suffix_tokens += static_cast<uint64_t>(r.suffix_tokens);
+  }
+  r.total_s = Since(t_start);
+  KVTIER_LOG(kInfo) << "session resume: " << r.tokens << " tokens, "
+                    << (r.recomputed ? "recompute" : "fetch") << " (" << r.decision << "), used "
+                    << r.units_used << "/" << r.hit_units << " units, "
+                    << "replay " << r.replay_tokens << ", suffix " << r.suffix_tokens << ", "
+                    << r.total_s << " s";
   return r;
 }
 

@@ -27,8 +27,17 @@
 // with a CED prefill of every token (measured CED seconds per token) and recomputes when that
 // is cheaper; each decision is logged with its reason and counted (SessionStats).
 //
+// Split for a caller whose engine thread must not wait on kvtierd (serving/cache_io.h): the
+// engine's side is a SessionCodec (PrepareSave encodes what Save puts, Complete restores the hot
+// state or replays; no kvtierd call), the kvtierd side the store's Fetch (LOOKUP, guard, GETs,
+// units imported into a fresh state; no Engine pass) and PutSave. Restore(tokens) is
+// Complete(tokens, Fetch(tokens)) plus Account; Save is PrepareSave plus PutSave.
+//
 // Thread safety: a SessionStore is not thread-safe (it drives one Engine, which is not
-// re-entrant); use one per engine thread. The Client may be shared with other users.
+// re-entrant); use one per engine thread, except that its Fetch, PutSave and Account may run on
+// another thread than the engine's as long as the engine's thread calls only codec() (a
+// SessionCodec's const methods are safe on any thread that may call the Engine). The Client may
+// be shared with other users.
 #pragma once
 
 #include <array>
@@ -243,6 +252,83 @@ struct SessionStats {
   uint64_t suffix_tokens = 0, recomputed_tokens = 0;
 };
 
+// A hot state kvtierd holds that could continue a fetched prefix: `tail` tokens past its units
+// (0: at the page boundary), kept under `key`.
+struct HotStateCandidate {
+  int64_t tail = 0;
+  Digest key{};
+  std::vector<uint8_t> bytes;
+};
+
+// What SessionStore::Fetch brought from kvtierd for SessionCodec::Complete.
+struct FetchedPrefix {
+  // Through the fetch: lookup, guard, units used and by tier, times. recomputed: nothing from
+  // the cache is used (a miss, the guard, no usable unit) and `state` is empty.
+  ResumeReport report;
+  SequenceState state;                 // the report.units_used units imported (global KV only)
+  std::vector<HotStateCandidate> hot;  // hot states listed for the last used page, tail ascending
+};
+
+// What SessionCodec::PrepareSave encoded for SessionStore::PutSave: whole units [first_unit,
+// first_unit + units.size()) and, when `hot` is not empty, the hot state past page
+// `hot_page` (hot_tail tokens past it, under hot_key).
+struct PreparedSave {
+  int64_t first_unit = 0;
+  std::vector<Digest> keys;  // chain keys of the units
+  Digest first_parent{};     // parent of the first (zeros for unit 0)
+  std::vector<std::vector<uint8_t>> units;
+  uint64_t turn = 0;  // SaveCursor::turn when prepared (0: PutSave starts a new turn)
+  std::vector<uint8_t> hot;
+  Digest hot_key{}, hot_page{};
+  uint32_t hot_tail = 0;
+  bool complete = false;   // every whole page of the state is saved with this one
+  uint64_t bytes() const;  // encoded bytes held (units + hot state)
+};
+
+// The engine's side of save and resume: encodes a state's units and hot state and restores a
+// fetched prefix, never calling kvtierd. Immutable after Create; its methods are const.
+class SessionCodec {
+ public:
+  // engine: not owned. options: as SessionStore::Create (replay_tokens 0 resolved here).
+  static StatusOr<SessionCodec> Create(Engine* engine, const Digest& fingerprint,
+                                       const SessionOptions& options);
+
+  // Encodes every whole unit of `state` after cursor->units_saved and, as Save does, its hot
+  // state; advances the cursor (chain, units_saved = all whole pages, turn = 0) as if PutSave
+  // will store them: a caller whose PutSave fails sets units_saved back (PutSave's
+  // *units_stored). Reads `state` only; the result owns its bytes, so the state may change once
+  // it returns. InvalidArgument for a cursor ahead of the state.
+  // At most units_max units are encoded (the rest at the next call); the hot state goes with the
+  // call that reaches the last whole page (PreparedSave::complete).
+  StatusOr<PreparedSave> PrepareSave(const SequenceState& state, std::span<const float> last_logits,
+                                     SaveCursor* cursor, int64_t units_max) const;
+  // The engine's part of a restore of `tokens` (the same tokens Fetch was given): imports the
+  // longest usable hot state of `fetched` (exact), else rebuilds the SWA rings by bounded replay
+  // (Engine::ReplayTail). Sets *state (fetched's state, moved) and *last_logits as Restore does
+  // and returns the finished report (restored_tokens, replay, suffix, decision). A recomputed
+  // fetch gives an empty state and empty logits. Errors only from the engine.
+  StatusOr<ResumeReport> Complete(std::span<const int32_t> tokens, FetchedPrefix fetched,
+                                  SequenceState* state, std::vector<float>* last_logits) const;
+
+  const SessionOptions& options() const { return options_; }
+  const Digest& fingerprint() const { return fingerprint_; }
+  const UnitPayloadLayout& payload_layout() const { return payload_layout_; }
+  Engine* engine() const { return engine_; }
+
+ private:
+  SessionCodec(Engine* engine, const Digest& fingerprint, const SessionOptions& options,
+               UnitPayloadLayout layout)
+      : engine_(engine),
+        fingerprint_(fingerprint),
+        options_(options),
+        payload_layout_(std::move(layout)) {}
+
+  Engine* engine_;
+  Digest fingerprint_;
+  SessionOptions options_;
+  UnitPayloadLayout payload_layout_;
+};
+
 class SessionStore {
  public:
   // engine and client are not owned and must outlive the store. `fingerprint` must be
@@ -287,37 +373,53 @@ class SessionStore {
   StatusOr<ResumeReport> Restore(std::span<const int32_t> tokens, SequenceState* state,
                                  std::vector<float>* last_logits);
 
+  // Restore's kvtierd part: LOOKUP, the guard, the GETs of the hit units (imported into
+  // fetched.state) and of the hot states listed for the last used page. Calls no Engine pass:
+  // in GuardMode::kAuto the guard uses the cost model as it stands, and fetches every usable
+  // hit until it has a forward speed (CostModel::has_forward; seed it with ObserveForward).
+  // Never fails because of the cache (as Restore); InvalidArgument for invalid tokens.
+  StatusOr<FetchedPrefix> Fetch(std::span<const int32_t> tokens);
+  // Folds a restore finished by SessionCodec::Complete into stats() and the cost model (the
+  // replay's forward speed). Restore does it itself.
+  void Account(const ResumeReport& report);
+  // Save's kvtierd part: PUTs the prepared units, then the hot state with its page's index.
+  // *units_stored: units of `save` that are in kvtierd or were refused by it (quota: counted,
+  // not retried) when it returns, so that a caller sets its cursor's units_saved to
+  // save.first_unit + *units_stored after an error. IOError when kvtierd is unreachable.
+  Status PutSave(const PreparedSave& save, int64_t* units_stored);
+
+  const SessionCodec& codec() const { return codec_; }
   const SessionStats& stats() const { return stats_; }
   std::string StatsJson() const;
   CostModel* cost_model() { return &cost_; }
   // options.replay_tokens as given to Create, with 0 resolved to the default.
-  const SessionOptions& options() const { return options_; }
-  const UnitPayloadLayout& payload_layout() const { return payload_layout_; }
+  const SessionOptions& options() const { return codec_.options(); }
+  const UnitPayloadLayout& payload_layout() const { return codec_.payload_layout(); }
   // Encoded unit size (header + payload).
-  uint64_t unit_bytes() const { return kUnitHeaderBytes + payload_layout_.payload_bytes; }
+  uint64_t unit_bytes() const { return kUnitHeaderBytes + payload_layout().payload_bytes; }
 
  private:
-  SessionStore(Engine* engine, daemon::Client* client, const Digest& fingerprint,
-               const SessionOptions& options, UnitPayloadLayout layout);
-  // An empty state; with `prefill` also the CED prefill of every token.
-  Status Recompute(std::span<const int32_t> tokens, SequenceState* state,
-                   std::vector<float>* last_logits, ResumeReport* report, bool prefill);
+  SessionStore(Engine* engine, daemon::Client* client, SessionCodec codec);
   // Times a CED prefill (ced) or a full forward of the first 32 tokens on a scratch state into
   // the cost model.
   Status Calibrate(std::span<const int32_t> tokens, bool ced);
   // Resume (prefill = true: the rest computed here, CED for a recompute) or Restore (false).
   StatusOr<ResumeReport> ResumeOrRestore(std::span<const int32_t> tokens, SequenceState* state,
                                          std::vector<float>* last_logits, bool prefill);
-  // Probes the hot states that could continue the state's used units (page-aligned and
-  // 1..P-1 tail tokens of `tokens`) and imports the longest usable one; false when none.
-  bool RestoreHotState(std::span<const int32_t> tokens, const std::vector<Digest>& chain,
-                       SequenceState* state, std::vector<float>* last_logits, ResumeReport* report);
+  // Fetch; `prefill` says what a recompute would be (CED or the full forward) for the guard,
+  // and on the engine's thread a guard without the speed it needs measures it on the engine
+  // first, and the replay's Engram rows are requested while the units arrive.
+  StatusOr<FetchedPrefix> FetchImpl(std::span<const int32_t> tokens, bool prefill,
+                                    bool engine_thread);
+  const Digest& fingerprint() const { return codec_.fingerprint(); }
+  // The hot states listed for the page chain[units_used - 1] that `tokens` could continue with:
+  // their index, then the listed ones in one GET, into fetched->hot.
+  void FetchHotStates(std::span<const int32_t> tokens, const std::vector<Digest>& chain,
+                      FetchedPrefix* fetched);
 
   Engine* engine_;
   daemon::Client* client_;
-  Digest fingerprint_;
-  SessionOptions options_;
-  UnitPayloadLayout payload_layout_;
+  SessionCodec codec_;
   CostModel cost_;
   SessionStats stats_;
 };

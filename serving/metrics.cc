@@ -154,6 +154,11 @@ void ServingMetrics::KvtierdUnavailable(bool unavailable) {
   std::lock_guard l(mu_);
   kvtierd_unavailable_ = unavailable ? 1 : 0;
 }
+void ServingMetrics::KvtierdQueue(int64_t restores, int64_t save_bytes) {
+  std::lock_guard l(mu_);
+  kvtierd_restores_queued_ = restores;
+  kvtierd_save_bytes_queued_ = save_bytes;
+}
 void ServingMetrics::Disconnect() {
   std::lock_guard l(mu_);
   ++disconnects_;
@@ -276,6 +281,8 @@ std::string ServingMetrics::Render() const {
       {"kvtier_serve_resident_tokens", resident_tokens_},
       {"kvtier_serve_layer_device_failed", layer_device_failed_},
       {"kvtier_serve_kvtierd_unavailable", kvtierd_unavailable_},
+      {"kvtier_serve_kvtierd_restores_queued", kvtierd_restores_queued_},
+      {"kvtier_serve_kvtierd_save_bytes_queued", kvtierd_save_bytes_queued_},
   };
   const char* ghelps[] = {
       "Requests waiting for admission.",
@@ -286,6 +293,10 @@ std::string ServingMetrics::Render() const {
       "layers and every pass runs on the CPU since (restart to use the device again); else 0.",
       "1 from a failed connection to kvtierd until a connection succeeds: requests meanwhile "
       "are served without the cache (billed as misses, nothing saved); else 0.",
+      "Admitted requests whose prompt kvtierd is being asked for (queued or running on the "
+      "server's kvtierd thread); they hold their place in the KV pool meanwhile.",
+      "Encoded bytes of finished turns waiting to be put to kvtierd (their requests' last "
+      "events wait with them; at most 256 MiB, then the steps wait).",
   };
   for (size_t i = 0; i < std::size(gauges); ++i) {
     Head(o, gauges[i].first, "gauge", ghelps[i]);

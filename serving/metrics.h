@@ -62,6 +62,9 @@ class ServingMetrics {
   // server serves without the cache until `unavailable` turns false again.
   void KvtierdFailed();
   void KvtierdUnavailable(bool unavailable);
+  // CacheIo's queue (serving/cache_io.h): restores queued or running, and the encoded bytes of
+  // finished turns not yet put.
+  void KvtierdQueue(int64_t restores, int64_t save_bytes);
   void Disconnect();  // a request whose client went away before it finished
   void Gauges(int64_t queue_depth, int64_t active_sequences, int64_t resident_sequences,
               int64_t resident_tokens);
@@ -92,6 +95,7 @@ class ServingMetrics {
   std::map<uint64_t, uint64_t> spec_draft_length_;  // verifications by draft tokens verified
   int64_t queue_depth_ = 0, active_ = 0, resident_ = 0, resident_tokens_ = 0;
   int64_t layer_device_failed_ = 0, kvtierd_unavailable_ = 0;
+  int64_t kvtierd_restores_queued_ = 0, kvtierd_save_bytes_queued_ = 0;
 };
 
 }  // namespace kvtier::serving

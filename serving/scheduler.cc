@@ -45,24 +45,8 @@ GenerationEvent ErrorEvent(const ApiError& error) {
 
 }  // namespace
 
-bool Generation::Next(GenerationEvent* event, int timeout_ms) {
-  std::unique_lock l(mu_);
-  if (!cv_.wait_for(l, std::chrono::milliseconds(timeout_ms), [&] { return !events_.empty(); }))
-    return false;
-  *event = std::move(events_.front());
-  events_.pop_front();
-  return true;
-}
-
-void Generation::Push(GenerationEvent event) {
-  {
-    std::lock_guard l(mu_);
-    events_.push_back(std::move(event));
-  }
-  cv_.notify_all();
-}
-
 struct Scheduler::Seq {
+  uint64_t id = 0;  // names the sequence to CacheIo (a save's failure)
   const Tenant* tenant = nullptr;
   engine::SequenceState state;
   std::vector<float> logits;  // of the last token in state
@@ -83,6 +67,9 @@ struct Scheduler::Seq {
   std::unique_ptr<engine::SpeculativeDecoder> spec;
   engine::DraftContext draft_ctx;
   engine::AttnInputCapture capture;
+  // While restoring: the idle sequence that prefixes the prompt, continued when kvtierd holds
+  // no more of it (else given back to the idle pool).
+  std::unique_ptr<Seq> resident;
   // Still prefilling: the state does not yet hold every prompt token (it only ever holds a
   // prefix of the prompt until then, and grows past it while generating).
   bool prefilling() const { return state.tokens.size() < params.prompt.size(); }
@@ -129,9 +116,39 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(engine::Engine* engine,
     KVTIER_RETURN_IF_ERROR(engine::MeasureSps(engine, base, 3, s->draft_scheduler_.get()));
   }
   if (options.cache_enabled()) {
+    CacheIoOptions co;
+    co.daemon = options.daemon;
+    co.daemon_retry_max_ms = options.daemon_retry_max_ms;
+    co.session = options.session;
+    co.engine = engine;
+    co.save_bytes_max = options.save_bytes_max;
     KVTIER_ASSIGN_OR_RETURN(
-        s->fingerprint_,
+        co.fingerprint,
         engine::EngineModelFingerprint(engine->config(), weights, options.session.unit_tokens));
+    KVTIER_ASSIGN_OR_RETURN(engine::SessionCodec codec,
+                            engine::SessionCodec::Create(engine, co.fingerprint, options.session));
+    s->codec_.emplace(std::move(codec));
+    // The guard's forward speed, measured here on the engine's thread (CacheIo's stores never
+    // run the engine): 32 tokens on a scratch sequence, as SessionStore calibrates.
+    {
+      engine::SequenceState scratch = engine->NewSequence();
+      std::vector<int32_t> probe(32);
+      for (size_t i = 0; i < probe.size(); ++i)
+        probe[i] = ByteTokenizer::kByteBase + static_cast<int32_t>('a' + i % 26);
+      std::vector<float> logits;
+      const auto t0 = Clock::now();
+      KVTIER_RETURN_IF_ERROR(engine->Forward(&scratch, probe, false, &logits));
+      co.forward_tokens = static_cast<int64_t>(probe.size());
+      co.forward_s = Seconds(t0, Clock::now());
+    }
+    Scheduler* p = s.get();
+    KVTIER_ASSIGN_OR_RETURN(s->cache_io_, CacheIo::Create(co, metrics, [p] {
+                              {
+                                std::lock_guard l(p->mu_);
+                                ++p->wake_;
+                              }
+                              p->cv_.notify_all();
+                            }));
   }
   s->thread_ = std::thread([p = s.get()] { p->Run(); });
   return s;
@@ -151,6 +168,8 @@ void Scheduler::Stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // After the steps: the turns finished before the stop are still saved (and answered).
+  if (cache_io_ != nullptr) cache_io_->Stop();
 }
 
 Status Scheduler::CheckPromptTokens(uint64_t prompt_tokens) const {
@@ -179,6 +198,7 @@ StatusOr<std::shared_ptr<Generation>> Scheduler::Submit(const Tenant* tenant,
     if (q.empty()) turn_.push_back(tenant);
     q.push_back(Pending{tenant, std::move(params), gen, Clock::now()});
     ++queued_;
+    ++wake_;
   }
   cv_.notify_all();
   return gen;
@@ -195,112 +215,10 @@ void Scheduler::DropCancelledLocked() {
   }
 }
 
-engine::SessionStore* Scheduler::StoreFor(const Tenant* tenant) {
-  if (!options_.cache_enabled()) return nullptr;
-  TenantStore& ts = stores_[tenant];
-  if (ts.store != nullptr) return ts.store.get();
-  if (ts.shared_namespace) return nullptr;
-  // kvtierd stalled lately: no cache until the next attempt.
-  if (daemon_backoff_ms_ > 0 && Clock::now() < daemon_retry_at_) return nullptr;
-  // (Re)connect: a failed connection is dropped (CheckDaemon) and tried again at the next
-  // request (after the backoff, if it failed slowly).
-  daemon::ClientOptions co = options_.daemon;
-  co.token = tenant->daemon_token;
-  co.unit_tokens = options_.session.unit_tokens;
-  co.close_on_timeout = true;  // a stalled kvtierd costs one timeout (CheckDaemon), not one a call
-  const Clock::time_point t0 = Clock::now();
-  auto client = daemon::Client::Connect(co);
-  if (!client.ok()) {
-    KVTIER_LOG(kWarn) << "serve: tenant " << tenant->name
-                      << ": kvtierd unreachable, serving without cache: "
-                      << client.status().ToString();
-    // A daemon that cannot be reached, or did not answer in time, is down for every tenant; a
-    // refusal of this tenant's token is this tenant's alone (tried again at its next request).
-    if (client.status().code() == StatusCode::kIOError ||
-        client.status().code() == StatusCode::kUnavailable) {
-      DaemonFailed(client.status(), t0);
-    }
-    return nullptr;
-  }
-  if (daemon_unavailable_) {
-    KVTIER_LOG(kInfo) << "serve: kvtierd reachable again";
-    daemon_unavailable_ = false;
-    daemon_backoff_ms_ = 0;
-    metrics_->KvtierdUnavailable(false);
-  }
-  // kvtierd keeps units apart by its own tenant: one whose auth is off (every client its
-  // default tenant) or a token shared by two tenants would let one tenant's prompts hit the
-  // other's units. Such a tenant is served without the cache.
-  const std::string& ns = (*client)->hello().tenant_name;
-  if (auto [it, fresh] = daemon_tenants_.emplace(ns, tenant); !fresh && it->second != tenant) {
-    KVTIER_LOG(kError) << "serve: tenant " << tenant->name << " is kvtierd tenant \"" << ns
-                       << "\", as tenant " << it->second->name
-                       << " is: serving it without cache (give each tenant its own kvtierd "
-                          "token, and turn kvtierd's auth on)";
-    ts.shared_namespace = true;
-    return nullptr;
-  }
-  auto store = engine::SessionStore::Create(engine_, client->get(), fingerprint_, options_.session);
-  if (!store.ok()) {
-    KVTIER_LOG(kWarn) << "serve: session store: " << store.status().ToString();
-    return nullptr;
-  }
-  ts.client = std::move(client).value();
-  ts.store = std::move(store).value();
-  return ts.store.get();
-}
-
-void Scheduler::CheckDaemon(const Tenant* tenant, Clock::time_point began) {
-  auto it = stores_.find(tenant);
-  if (it == stores_.end() || it->second.client == nullptr) return;
-  const Status why = it->second.client->connection_status();
-  if (!why.ok()) DaemonFailed(why, began);
-}
-
-void Scheduler::DaemonFailed(const Status& why, Clock::time_point began) {
-  metrics_->KvtierdFailed();
-  metrics_->KvtierdUnavailable(true);
-  daemon_unavailable_ = true;
-  // A failure that came at once (kvtierd not running: refused, or its connection closed) cost
-  // nothing, and the next request tries again at once: kvtierd is used again as soon as it is
-  // back. One that took half a timeout or more (stalled, cut off) would cost as much again at
-  // each attempt: the next is put off, 1 s, doubling up to daemon_retry_max_ms.
-  const auto cost_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began).count();
-  std::string next = "at the next request";
-  if (static_cast<uint64_t>(cost_ms) * 2 >= options_.daemon.timeout_ms) {
-    daemon_backoff_ms_ = daemon_backoff_ms_ == 0
-                             ? std::min<uint64_t>(1000, options_.daemon_retry_max_ms)
-                             : std::min(daemon_backoff_ms_ * 2, options_.daemon_retry_max_ms);
-    daemon_retry_at_ = Clock::now() + std::chrono::milliseconds(daemon_backoff_ms_);
-    next = "in " + std::to_string(daemon_backoff_ms_) + " ms";
-  }
-  KVTIER_LOG(kWarn) << "serve: kvtierd failed after " << cost_ms << " ms (" << why.ToString()
-                    << "): serving without cache, next attempt " << next;
-  // Every tenant's connection goes: a stalled kvtierd would hold each one's next call for the
-  // whole timeout.
-  for (auto& [t, ts] : stores_) {
-    ts.store.reset();
-    ts.client.reset();
-  }
-}
-
-bool Scheduler::DaemonHoldsMore(const Tenant* tenant, const std::vector<int32_t>& prompt,
-                                size_t resident_tokens) {
-  const size_t unit = options_.session.unit_tokens;
-  if (prompt.size() / unit * unit <= resident_tokens) return false;
-  if (StoreFor(tenant) == nullptr) return false;
-  const std::vector<Digest> chain = engine::SessionChainKeys(
-      fingerprint_, std::span<const int32_t>(prompt), static_cast<uint32_t>(unit));
-  const Clock::time_point t0 = Clock::now();
-  auto hit = stores_[tenant].client->Lookup(chain);
-  CheckDaemon(tenant, t0);
-  return hit.ok() && std::min<size_t>(hit->hit_count, chain.size()) * unit > resident_tokens;
-}
-
 uint64_t Scheduler::PoolTokens() const {
   uint64_t n = 0;
   for (const auto& s : active_) n += s->reserved;
+  for (const auto& s : restoring_) n += s->reserved;
   for (const auto& s : idle_) n += s->state.tokens.size();
   return n;
 }
@@ -311,25 +229,36 @@ void Scheduler::PublishGauges() {
     std::lock_guard l(mu_);
     q = queued_;
   }
-  metrics_->Gauges(static_cast<int64_t>(q), static_cast<int64_t>(active_.size()),
-                   static_cast<int64_t>(active_.size() + idle_.size()),
-                   static_cast<int64_t>(PoolTokens()));
+  const size_t active = active_.size() + restoring_.size();
+  metrics_->Gauges(static_cast<int64_t>(q), static_cast<int64_t>(active),
+                   static_cast<int64_t>(active + idle_.size()), static_cast<int64_t>(PoolTokens()));
   metrics_->LayerDeviceFailed(!engine_->DeviceFailure().ok());
 }
 
 void Scheduler::Run() {
+  uint64_t seen = 0;
   while (true) {
     {
       std::unique_lock l(mu_);
-      cv_.wait(l, [&] { return stop_ || queued_ > 0 || !active_.empty(); });
+      // A step runs while sequences are active or requests wait with nothing restoring (then
+      // one is admitted: the pool and the slots are free); otherwise after a new request or a
+      // finished restore (requests kept out by restoring ones wait for those to finish).
+      cv_.wait(l, [&] {
+        return stop_ || !active_.empty() || wake_ != seen || (queued_ > 0 && restoring_.empty());
+      });
       if (stop_) break;
+      seen = wake_;
     }
     ++step_;
+    if (cache_io_ != nullptr) {
+      ApplySaveFailures();
+      FinishRestores();
+    }
     Admit();
     StepActive();
     PublishGauges();
   }
-  // Shutdown: every request still queued or active gets a 503.
+  // Shutdown: every request still queued, restoring or active gets a 503.
   ApiError e;
   e.status = 503;
   e.type = "server_error";
@@ -337,20 +266,21 @@ void Scheduler::Run() {
   std::lock_guard l(mu_);
   for (auto& [t, q] : queues_)
     for (Pending& p : q) p.gen->Push(ErrorEvent(e));
+  for (auto& s : restoring_) s->gen->Push(ErrorEvent(e));
   for (auto& s : active_) s->gen->Push(ErrorEvent(e));
 }
 
 void Scheduler::Admit() {
-  // Admission computes nothing but restores: while sequences are active, at most one request
-  // per step that fetched units from kvtierd (its cost grows with its hit), so a burst of
-  // resumes delays the running sequences' next token by about one restore.
+  // Admission computes nothing: a request is set up from a resident sequence or waits for its
+  // restore (FinishRestores).
   std::map<const Tenant*, uint64_t> active_by_tenant;
   for (const auto& s : active_) ++active_by_tenant[s->tenant];
+  for (const auto& s : restoring_) ++active_by_tenant[s->tenant];
   {
     std::lock_guard l(mu_);
     DropCancelledLocked();
   }
-  while (active_.size() < options_.active_sequences_max) {
+  while (active_.size() + restoring_.size() < options_.active_sequences_max) {
     Pending p;
     {
       std::lock_guard l(mu_);
@@ -369,6 +299,7 @@ void Scheduler::Admit() {
       // Room in the pool: idle sequences may be swapped out; active reservations may not.
       uint64_t active_reserved = 0;
       for (const auto& s : active_) active_reserved += s->reserved;
+      for (const auto& s : restoring_) active_reserved += s->reserved;
       if (active_reserved + need > options_.kv_pool_tokens_max) return;  // wait for a finish
       p = std::move(q.front());
       q.pop_front();
@@ -381,22 +312,21 @@ void Scheduler::Admit() {
       continue;
     }
     p.gen->admitted_step_.store(step_);
-    const bool others_active = !active_.empty();
     auto seq = std::make_unique<Seq>();
-    bool fetched = false;
-    Status s = Start(seq.get(), p, &fetched);
+    seq->id = next_seq_id_++;
+    bool restoring = false;
+    Status s = Start(seq.get(), p, &restoring);
     if (!s.ok()) {
       Fail(std::move(seq), s);
       continue;
     }
     ++active_by_tenant[seq->tenant];
-    active_.push_back(std::move(seq));
-    if (fetched && others_active) return;
+    (restoring ? restoring_ : active_).push_back(std::move(seq));
   }
 }
 
-Status Scheduler::Start(Seq* seq, Pending& p, bool* fetched) {
-  *fetched = false;
+Status Scheduler::Start(Seq* seq, Pending& p, bool* restoring) {
+  *restoring = false;
   seq->tenant = p.tenant;
   seq->gen = p.gen;
   seq->arrival = p.arrival;
@@ -418,28 +348,82 @@ Status Scheduler::Start(Seq* seq, Pending& p, bool* fetched) {
     if (!std::equal(toks.begin(), toks.end(), prompt.begin())) continue;
     if (best == idle_.end() || toks.size() > (*best)->state.tokens.size()) best = it;
   }
-  // A shorter resident sequence must not hide a longer hit in kvtierd (a later turn of the
-  // conversation swapped out while an earlier one, or a repeat of it, stayed resident).
-  if (best != idle_.end() && DaemonHoldsMore(seq->tenant, prompt, (*best)->state.tokens.size())) {
-    best = idle_.end();
-  }
-  std::unique_ptr<Seq> resident;
   if (best != idle_.end()) {
-    resident = std::move(*best);
+    seq->resident = std::move(*best);
     idle_.erase(best);
   }
-  // Make room: swap out idle sequences, least recently used first.
-  uint64_t pool = seq->reserved;
-  for (const auto& s : active_) pool += s->reserved;
-  for (const auto& s : idle_) pool += s->state.tokens.size();
+  // Make room: swap out idle sequences, least recently used first (the resident candidate is
+  // within seq's reservation).
+  uint64_t pool = PoolTokens() + seq->reserved;
   while (pool > options_.kv_pool_tokens_max && !idle_.empty()) {
     pool -= idle_.front()->state.tokens.size();
     idle_.pop_front();  // its units were saved when its request finished
     metrics_->SwapOut();
   }
 
-  // The rest of the prompt (past the state's tokens) is prefilled by the steps.
-  if (resident != nullptr) {
+  // A shorter resident sequence must not hide a longer hit in kvtierd (a later turn of the
+  // conversation swapped out while an earlier one, or a repeat of it, stayed resident): with
+  // whole pages past it, CacheIo asks kvtierd first. While kvtierd is in backoff nothing is
+  // asked.
+  const bool cache = cache_io_ != nullptr && !cache_io_->in_backoff();
+  const size_t unit = options_.session.unit_tokens;
+  if (seq->resident != nullptr &&
+      (!cache || prompt.size() / unit * unit <= seq->resident->state.tokens.size())) {
+    CacheIo::RestoreResult r;
+    r.use_resident = true;
+    bool fetched = false;
+    return StartRestored(seq, r, &fetched);
+  }
+  if (cache) {
+    const size_t resident = seq->resident != nullptr ? seq->resident->state.tokens.size() : 0;
+    cache_io_->SubmitRestore(seq->id, seq->tenant, prompt, resident);
+    *restoring = true;
+    return Status::Ok();
+  }
+  seq->state = engine_->NewSequence();
+  return Status::Ok();
+}
+
+void Scheduler::FinishRestores() {
+  for (CacheIo::RestoreResult& r : cache_io_->TakeRestores())
+    restores_ready_.push_back(std::move(r));
+  while (!restores_ready_.empty()) {
+    CacheIo::RestoreResult r = std::move(restores_ready_.front());
+    restores_ready_.pop_front();
+    auto it = std::find_if(restoring_.begin(), restoring_.end(),
+                           [&](const auto& s) { return s->id == r.id; });
+    if (it == restoring_.end()) continue;
+    if ((*it)->gen->cancelled()) {  // the client left while its prompt was fetched
+      std::unique_ptr<Seq> seq = std::move(*it);
+      restoring_.erase(it);
+      metrics_->Disconnect();
+      ReturnResident(seq.get());
+      continue;
+    }
+    const bool others_active = !active_.empty();
+    bool fetched = false;
+    // Set up while still in restoring_: its reservation counts when a resident goes back.
+    Status s = StartRestored(it->get(), r, &fetched);
+    std::unique_ptr<Seq> seq = std::move(*it);
+    restoring_.erase(it);
+    if (!s.ok()) {
+      ReturnResident(seq.get());
+      Fail(std::move(seq), s);
+      continue;
+    }
+    active_.push_back(std::move(seq));
+    // A restore's engine work (its replay) delays the running sequences' next token: one per
+    // step while others run.
+    if (fetched && others_active) break;
+  }
+}
+
+Status Scheduler::StartRestored(Seq* seq, CacheIo::RestoreResult& r, bool* fetched) {
+  *fetched = false;
+  if (r.use_resident && seq->resident != nullptr) {
+    // The rest of the prompt (past the state's tokens) is prefilled by the steps.
+    std::unique_ptr<Seq> resident = std::move(seq->resident);
+    seq->id = resident->id;  // a failed save of its last turn still finds it
     seq->state = std::move(resident->state);
     seq->logits = std::move(resident->logits);
     seq->cursor = std::move(resident->cursor);
@@ -447,23 +431,56 @@ Status Scheduler::Start(Seq* seq, Pending& p, bool* fetched) {
     metrics_->ResidentHit();
     return Status::Ok();
   }
-  if (engine::SessionStore* store = StoreFor(seq->tenant); store != nullptr) {
-    const Clock::time_point t0 = Clock::now();
-    StatusOr<engine::ResumeReport> restored = store->Restore(prompt, &seq->state, &seq->logits);
-    CheckDaemon(seq->tenant, t0);  // a failed lookup or fetch recomputes; a failed kvtierd waits
-    KVTIER_ASSIGN_OR_RETURN(engine::ResumeReport r, std::move(restored));
-    seq->cursor.turn = r.turn;  // the turn's PUT joins its LOOKUP and GET (one request)
-    if (!r.recomputed) {
-      seq->usage.cached_tokens = r.restored_tokens;
-      seq->cursor.units_saved = r.units_used;
-      *fetched = r.units_used > 0;
-    }
-    metrics_->Resume(!r.recomputed && r.units_used > 0, r.hot_state_restored);
-    KVTIER_LOG(kDebug) << "serve: tenant " << seq->tenant->name << " resume: " << r.decision;
+  ReturnResident(seq);  // kvtierd holds more (or the resident went away)
+  if (!r.asked) {       // no cache for this request now
+    seq->state = engine_->NewSequence();
     return Status::Ok();
   }
-  seq->state = engine_->NewSequence();
+  KVTIER_RETURN_IF_ERROR(r.status);
+  KVTIER_ASSIGN_OR_RETURN(
+      engine::ResumeReport rep,
+      codec_->Complete(seq->params.prompt, std::move(r.fetched), &seq->state, &seq->logits));
+  cache_io_->Account(seq->tenant, rep);
+  seq->cursor.turn = rep.turn;  // the turn's PUT joins its LOOKUP and GET (one request)
+  if (!rep.recomputed) {
+    seq->usage.cached_tokens = rep.restored_tokens;
+    seq->cursor.units_saved = rep.units_used;
+    *fetched = rep.units_used > 0;
+  }
+  metrics_->Resume(!rep.recomputed && rep.units_used > 0, rep.hot_state_restored);
+  KVTIER_LOG(kDebug) << "serve: tenant " << seq->tenant->name << " resume: " << rep.decision;
   return Status::Ok();
+}
+
+void Scheduler::ReturnResident(Seq* seq) {
+  if (seq->resident == nullptr) return;
+  std::unique_ptr<Seq> r = std::move(seq->resident);
+  if (options_.idle_sequences_max == 0) return;
+  // Back in its place by last use (idle_ is least recently used first).
+  auto at = std::upper_bound(idle_.begin(), idle_.end(), r->last_used,
+                             [](Clock::time_point t, const auto& s) { return t < s->last_used; });
+  idle_.insert(at, std::move(r));
+  TrimIdle();
+}
+
+void Scheduler::TrimIdle() {
+  while (!idle_.empty() && (idle_.size() > options_.idle_sequences_max ||
+                            PoolTokens() > options_.kv_pool_tokens_max)) {
+    idle_.pop_front();  // its units were saved when its request finished
+    metrics_->SwapOut();
+  }
+}
+
+void Scheduler::ApplySaveFailures() {
+  for (const CacheIo::SaveFailure& f : cache_io_->TakeSaveFailures()) {
+    auto rewind = [&](Seq* s) {
+      if (s != nullptr && s->id == f.seq_id)
+        s->cursor.units_saved = std::min(s->cursor.units_saved, f.units_saved);
+    };
+    for (const auto& s : active_) rewind(s.get());
+    for (const auto& s : idle_) rewind(s.get());
+    for (const auto& s : restoring_) rewind(s->resident.get());
+  }
 }
 
 Scheduler::Emitted Scheduler::Emit(Seq* s, int32_t tok, size_t ran) {
@@ -798,22 +815,27 @@ bool Scheduler::EndSpecRound(Seq* s, const std::vector<int32_t>& out, int64_t n,
   return st.ok();
 }
 
-void Scheduler::SaveSeq(Seq* seq) {
-  engine::SessionStore* store = StoreFor(seq->tenant);
-  if (store == nullptr) {
-    // The cache is on but kvtierd is unavailable (or this tenant's token was refused): the
-    // turn is not saved, and its next turn will miss it.
-    if (options_.cache_enabled() && !stores_[seq->tenant].shared_namespace) {
-      metrics_->SaveFailed();
-    }
+void Scheduler::SaveSeq(Seq* seq, std::optional<GenerationEvent> done) {
+  if (cache_io_ == nullptr) {
+    if (done) seq->gen->Push(std::move(*done));
     return;
   }
-  const Clock::time_point t0 = Clock::now();
-  Status s = store->Save(seq->state, seq->logits, &seq->cursor);
-  if (!s.ok()) {
-    metrics_->SaveFailed();
-    KVTIER_LOG(kWarn) << "serve: tenant " << seq->tenant->name << ": save failed: " << s.ToString();
-    CheckDaemon(seq->tenant, t0);
+  // A call's worth of units per job, so that CacheIo's bound on queued bytes holds for long
+  // sequences too; the last job carries the hot state and the request's last event.
+  while (true) {
+    auto save = codec_->PrepareSave(seq->state, seq->logits, &seq->cursor,
+                                    options_.session.max_units_per_call);
+    if (!save.ok()) {
+      metrics_->SaveFailed();
+      KVTIER_LOG(kWarn) << "serve: tenant " << seq->tenant->name
+                        << ": save failed: " << save.status().ToString();
+      if (done) seq->gen->Push(std::move(*done));
+      return;
+    }
+    const bool last = save->complete;
+    cache_io_->SubmitSave(seq->id, seq->tenant, std::move(save).value(), seq->gen,
+                          last ? std::move(done) : std::nullopt);
+    if (last) return;
   }
 }
 
@@ -828,19 +850,19 @@ void Scheduler::Finish(std::unique_ptr<Seq> seq, const std::string& reason) {
     e.step = step_;
     seq->gen->Push(std::move(e));
   }
-  // Saved before the last event: once a client has its answer (a whole response, or a stream's
-  // usage chunk), the turn's units and hot state are in kvtierd, so its next turn finds them
-  // whichever server it is sent to (on any node of a kvtierd cluster).
-  SaveSeq(seq.get());
+  // The last event goes out once the turn is saved: once a client has its answer (a whole
+  // response, or a stream's usage chunk), the turn's units and hot state are in kvtierd, so its
+  // next turn finds them whichever server it is sent to (on any node of a kvtierd cluster).
+  std::optional<GenerationEvent> done;
   if (reason != "cancelled") {
-    GenerationEvent done;
-    done.kind = GenerationEvent::Kind::kDone;
-    done.finish_reason = reason;
-    done.usage = seq->usage;
-    done.cost = cost;
-    done.step = step_;
-    seq->gen->Push(std::move(done));
+    done.emplace();
+    done->kind = GenerationEvent::Kind::kDone;
+    done->finish_reason = reason;
+    done->usage = seq->usage;
+    done->cost = cost;
+    done->step = step_;
   }
+  SaveSeq(seq.get(), std::move(done));
   KVTIER_LOG(kInfo) << "serve: tenant " << seq->tenant->name << " " << reason
                     << " prompt_tokens=" << seq->usage.prompt_tokens
                     << " cached_tokens=" << seq->usage.cached_tokens
@@ -853,10 +875,7 @@ void Scheduler::Finish(std::unique_ptr<Seq> seq, const std::string& reason) {
   if (reason == "cancelled" || options_.idle_sequences_max == 0) return;  // dropped
   seq->last_used = Clock::now();
   idle_.push_back(std::move(seq));
-  while (idle_.size() > options_.idle_sequences_max) {
-    idle_.pop_front();
-    metrics_->SwapOut();
-  }
+  TrimIdle();
 }
 
 void Scheduler::Fail(std::unique_ptr<Seq> seq, const Status& status) {

@@ -1,21 +1,24 @@
 // Scheduler: the one thread that drives the Engine for every request in flight
 // (docs/SERVING.md, "Scheduling"; DESIGN §5 for save/resume).
 //
-// Admission (fair across tenants: the next request comes from the tenant with the fewest
-// active sequences per unit of Tenant::weight, ties round robin): a request is admitted when fewer
-// than active_sequences_max sequences are active and the KV pool has room for its prompt plus
-// max_tokens (kv_pool_tokens_max; idle sequences are swapped out, least recently used first, to
-// make room: their units are already saved, they are dropped). Its prompt's cached part is found at
-// admission, in this order:
+// Admission (fair across tenants: the next request comes from the tenant with the fewest active
+// sequences per unit of Tenant::weight, ties round robin): a request is admitted when fewer
+// than active_sequences_max sequences are active or restoring and the KV pool has room for its
+// prompt plus max_tokens (kv_pool_tokens_max; idle sequences are swapped out, least recently
+// used first, to make room: their units are already saved, they are dropped). Its prompt's
+// cached part is found at admission, in this order:
 //   1. from the engine: an idle sequence of the same tenant whose tokens are a prefix of the
-//      prompt is continued (exact, no replay);
-//   2. from kvtierd (SessionStore::Restore with the tenant's token): the hit units are imported
-//      and the hot state restored (page-aligned or mid-page: exact) or the SWA rings rebuilt
-//      by bounded replay;
-//   3. nothing (no cache, a miss, or the guard judged a full forward cheaper).
-// While sequences are active, one step admits at most one request that fetched units from
-// kvtierd (a restore costs in proportion to its hit). Admission computes nothing else: the
-// prompt's remaining tokens are prefilled by the steps.
+//      prompt is continued (exact, no replay), unless kvtierd holds more whole pages of it;
+//   2. from kvtierd: the sequence waits (restoring, holding its slot and reservation) while
+//      CacheIo fetches the hit units and hot states on its own thread (SessionStore::Fetch with
+//      the tenant's token); the steps go on meanwhile. The first step after the fetch completes
+//      it on the engine (SessionCodec::Complete: the hot state restored, page-aligned or
+//      mid-page: exact, or the SWA rings rebuilt by bounded replay);
+//   3. nothing (no cache, kvtierd unavailable, a miss, or the guard judged a full forward
+//      cheaper).
+// While sequences are active, one step completes at most one restore that fetched units (its
+// replay costs engine time). Admission computes nothing else: the prompt's remaining tokens are
+// prefilled by the steps.
 // Usage::cached_tokens is exactly the prompt tokens served by 1 (the resident sequence's
 // tokens) or 2 (ResumeReport::restored_tokens; 0 when the guard recomputed).
 //
@@ -36,13 +39,14 @@
 // never the CED prefill), so a computed, a resident-continued and a hot-state-restored prompt
 // give the same state bit for bit, and a long prompt delays the running sequences by one
 // chunk per step, not by its whole prefill. A sequence generates from the step after its last
-// chunk. A finished request (eos, stop string, max_tokens, context limit) saves its new whole
-// units and its hot state to kvtierd and stays resident as an idle sequence (at most
-// idle_sequences_max; 0 drops it at once). A cancelled request (client gone) is saved and
-// dropped at the next step.
+// chunk. A finished request (eos, stop string, max_tokens, context limit) encodes its new whole
+// units and its hot state (SessionCodec::PrepareSave) and CacheIo puts them to kvtierd, then
+// pushes the request's last event; the sequence stays resident as an idle sequence at once (at
+// most idle_sequences_max; 0 drops it). A cancelled request (client gone) is saved and dropped at
+// the next step. No step waits on kvtierd (CacheIo), but for CacheIo's bound on queued saves.
 //
 // Thread safety: Submit and the Generation methods may be called from any thread; everything
-// else runs on the scheduler's own thread.
+// else runs on the scheduler's own thread, and kvtierd's calls on CacheIo's (cache_io.h).
 #pragma once
 
 #include <atomic>
@@ -65,55 +69,14 @@
 #include "engine/model.h"
 #include "engine/session.h"
 #include "engine/speculative.h"
+#include "serving/cache_io.h"
 #include "serving/fair_share.h"
+#include "serving/generation.h"
 #include "serving/metrics.h"
 #include "serving/openai_api.h"
 #include "serving/usage.h"
 
 namespace kvtier::serving {
-
-// A customer: an API key maps to one (docs/SERVING.md, "API keys").
-struct Tenant {
-  std::string name;          // appears in logs and metric labels
-  std::string daemon_token;  // kvtierd token: the daemon keeps each tenant's units apart
-  Prices prices;
-  // Share of admission and of every step's tokens against the other tenants with work
-  // (1..kTenantWeightMax; fair_share.h).
-  uint32_t weight = 1;
-};
-
-struct GenerationEvent {
-  enum class Kind { kText, kDone, kError };
-  Kind kind = Kind::kText;
-  std::string text;           // kText: the next piece of output
-  std::string finish_reason;  // kDone: stop | length
-  uint64_t step = 0;          // the scheduler step that produced it (kText, kDone)
-  Usage usage;                // kDone
-  double cost = 0;            // kDone: at the tenant's prices
-  ApiError error;             // kError
-};
-
-// One request in flight, shared by its HTTP connection and the scheduler.
-class Generation {
- public:
-  // Waits up to timeout_ms for the next event; false on timeout. After kDone or kError no
-  // further event comes.
-  bool Next(GenerationEvent* event, int timeout_ms);
-  // The client went away: the scheduler drops the request at its next step.
-  void Cancel() { cancelled_.store(true); }
-  bool cancelled() const { return cancelled_.load(); }
-  // The scheduler step at whose start the request was admitted; 0 before admission.
-  uint64_t admitted_step() const { return admitted_step_.load(); }
-
- private:
-  friend class Scheduler;
-  void Push(GenerationEvent event);
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<GenerationEvent> events_;
-  std::atomic<bool> cancelled_{false};
-  std::atomic<uint64_t> admitted_step_{0};
-};
 
 struct GenerationParams {
   std::vector<int32_t> prompt;  // 1..context_tokens_max-1 tokens
@@ -134,8 +97,8 @@ struct SchedulerOptions {
   // How to reach kvtierd: its Unix socket (`socket_path`) or its native TCP front (`tcp_host`,
   // `tcp_port`, optionally TLS); neither = no cache (every prompt computed, nothing saved).
   // The token is each tenant's (ApiKeys), not this one's.
-  // daemon.timeout_ms bounds every connect and call: kvtierd's calls run on the scheduler thread,
-  // so a stalled kvtierd holds every sequence's step for that long.
+  // daemon.timeout_ms bounds every connect and call; they run on CacheIo's thread, so a stalled
+  // kvtierd delays the requests that restore or save through it, not the steps.
   daemon::ClientOptions daemon;
   bool cache_enabled() const { return !daemon.socket_path.empty() || daemon.tcp_port != 0; }
   // After a connection to kvtierd fails slowly (a connect or call that took half a timeout or
@@ -144,6 +107,8 @@ struct SchedulerOptions {
   // up to this. A failure that comes at once (kvtierd not running) is tried again at the next
   // request.
   uint64_t daemon_retry_max_ms = 30000;
+  // Encoded bytes of finished turns waiting to be put to kvtierd (CacheIoOptions::save_bytes_max).
+  uint64_t save_bytes_max = kSaveBytesQueuedMaxDefault;
   engine::SessionOptions session;
   uint64_t queue_depth_max = 256;         // requests waiting for admission (more: 429)
   uint64_t active_sequences_max = 32;     // sequences generating at once
@@ -181,7 +146,8 @@ class Scheduler {
   // draft_len, Create measures the engine's verify passes for the DraftScheduler (passes of
   // 1..kSpecVerifyTokensMax tokens: a few seconds on the miniature), and the steps keep the
   // table current with every pass of undrafted decode rows alone and every drafted round,
-  // timed in CPU time (engine::CpuCostClock).
+  // timed in CPU time (engine::CpuCostClock). With the cache, Create times a 32-token forward
+  // for the restore guard (CacheIoOptions::forward_s) and starts CacheIo.
   // InvalidArgument when context_tokens_max > kv_pool_tokens_max or kMaxSessionTokens,
   // step_tokens_max or prefill_chunk_tokens > kMaxTokensPerCall, or a limit is 0.
   static StatusOr<std::unique_ptr<Scheduler>> Create(engine::Engine* engine,
@@ -196,7 +162,8 @@ class Scheduler {
   // Submit's context check alone: InvalidArgument unless 0 < prompt_tokens <
   // context_tokens_max (a caller that can count a prompt's tokens before building them).
   Status CheckPromptTokens(uint64_t prompt_tokens) const;
-  // Ends the thread; queued and active requests get a 503 error event.
+  // Ends the thread; queued, restoring and active requests get a 503 error event; the saves of
+  // requests finished before are put (and their last events pushed) before it returns.
   void Stop();
 
   const SchedulerOptions& options() const { return options_; }
@@ -209,20 +176,27 @@ class Scheduler {
     std::chrono::steady_clock::time_point arrival;
   };
   struct Seq;
-  struct TenantStore {
-    std::unique_ptr<daemon::Client> client;
-    std::unique_ptr<engine::SessionStore> store;
-    // kvtierd named another tenant's namespace for this tenant's token: never cached.
-    bool shared_namespace = false;
-  };
 
   Scheduler(engine::Engine* engine, const engine::ModelWeights* weights,
             const SchedulerOptions& options, ServingMetrics* metrics);
   void Run();
   // Admits queued requests while there is room; returns after the first that must wait.
   void Admit();
-  // Sets up seq's state from its cached part; *fetched: units came from kvtierd.
-  Status Start(Seq* seq, Pending& p, bool* fetched);
+  // Sets up seq from its cached part: a resident sequence, or a restore queued on CacheIo
+  // (*restoring: the sequence waits in restoring_ for it).
+  Status Start(Seq* seq, Pending& p, bool* restoring);
+  // Completes the restores CacheIo finished (at most one that fetched units per step while
+  // others are active) and moves their sequences to active_.
+  void FinishRestores();
+  // Sets up seq's state from a finished restore; *fetched: units came from kvtierd.
+  Status StartRestored(Seq* seq, CacheIo::RestoreResult& r, bool* fetched);
+  // Gives a sequence's resident candidate (held while it restored) back to the idle pool.
+  void ReturnResident(Seq* seq);
+  // Swaps out idle sequences, least recently used first, while the pool or the idle count is
+  // over its limit.
+  void TrimIdle();
+  // Sets back the cursors of sequences whose save failed (CacheIo::TakeSaveFailures).
+  void ApplySaveFailures();
   void StepActive();
   // The decode rows of `batch` as one speculative round: when it drafts, one RoundBatch pass
   // of their own; finished sequences go to done_stop / done_length, failed ones to failed.
@@ -245,20 +219,9 @@ class Scheduler {
   // Ends seq's request with `reason`; keeps or drops the sequence.
   void Finish(std::unique_ptr<Seq> seq, const std::string& reason);
   void Fail(std::unique_ptr<Seq> seq, const Status& status);
-  void SaveSeq(Seq* seq);
-  engine::SessionStore* StoreFor(const Tenant* tenant);
-  // After a call through `tenant`'s store or client that began at `began`: when its connection
-  // failed, DaemonFailed.
-  void CheckDaemon(const Tenant* tenant, std::chrono::steady_clock::time_point began);
-  // kvtierd failed (`why`) in an attempt that began at `began`: drops every tenant's connection
-  // (the next request connects again), and when the attempt took half a timeout or more, serves
-  // without the cache until the next attempt (the backoff above).
-  void DaemonFailed(const Status& why, std::chrono::steady_clock::time_point began);
-  // Whether kvtierd holds more whole pages of `prompt` than the `resident_tokens` of a resident
-  // sequence cover (one LOOKUP, only when the prompt has whole pages past them); false without
-  // a store or when the lookup fails.
-  bool DaemonHoldsMore(const Tenant* tenant, const std::vector<int32_t>& prompt,
-                       size_t resident_tokens);
+  // Encodes seq's unsaved units and hot state and hands them to CacheIo, which pushes `done`
+  // (if any) once they are put; without the cache, pushes it now.
+  void SaveSeq(Seq* seq, std::optional<GenerationEvent> done);
   // Removes queued requests whose client went away (each counted as a disconnect), so that
   // they hold no place in queue_depth_max. Requires mu_.
   void DropCancelledLocked();
@@ -270,7 +233,9 @@ class Scheduler {
   SchedulerOptions options_;
   std::unique_ptr<engine::DraftScheduler> draft_scheduler_;  // with options_.draft
   ServingMetrics* metrics_;
-  Digest fingerprint_{};
+  // With the cache: the engine's side of save and resume, and the thread that talks to kvtierd.
+  std::optional<engine::SessionCodec> codec_;
+  std::unique_ptr<CacheIo> cache_io_;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -278,18 +243,13 @@ class Scheduler {
   std::map<const Tenant*, std::deque<Pending>> queues_;
   std::deque<const Tenant*> turn_;  // tenants with queued requests, in round-robin order
   uint64_t queued_ = 0;
+  uint64_t wake_ = 0;  // bumped by Submit and by each finished restore
 
   // Scheduler thread only.
-  std::map<const Tenant*, TenantStore> stores_;
-  // kvtierd's tenant (HELLO's tenant name) of each tenant's store: two tenants of this server
-  // must never share one, or one's cache would serve the other's prompts.
-  std::map<std::string, const Tenant*> daemon_tenants_;
-  // kvtierd's backoff: no connection is tried before daemon_retry_at_ (daemon_backoff_ms_ 0:
-  // kvtierd is healthy).
-  std::chrono::steady_clock::time_point daemon_retry_at_{};
-  uint64_t daemon_backoff_ms_ = 0;
-  bool daemon_unavailable_ = false;  // the last attempt failed (kvtier_serve_kvtierd_unavailable)
   std::vector<std::unique_ptr<Seq>> active_;
+  std::vector<std::unique_ptr<Seq>> restoring_;        // admitted, waiting for CacheIo's restore
+  std::deque<CacheIo::RestoreResult> restores_ready_;  // taken from CacheIo, not yet completed
+  uint64_t next_seq_id_ = 1;
   std::deque<std::unique_ptr<Seq>> idle_;  // least recently used first
   struct TenantShare {
     double credit = 0;  // FairShares' rounding credit

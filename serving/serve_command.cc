@@ -84,9 +84,10 @@ int RunServe(std::span<const std::string_view> args) {
                "the name kvtierd's certificate must carry (default: the --kvtierd host)");
   so.daemon.timeout_ms = 2000;
   flags.Uint("kvtierd-timeout-ms", &so.daemon.timeout_ms,
-             "bound on each connect, handshake and call to kvtierd: the calls run on the "
-             "scheduler thread, so a stalled kvtierd holds every sequence for this long once, "
-             "then the server serves without the cache until its next attempt",
+             "bound on each connect, handshake and call to kvtierd: the calls run one at a "
+             "time on the server's kvtierd thread (the engine's steps never wait on them), so "
+             "a stalled kvtierd holds the requests that restore or save through it for this "
+             "long once, then the server serves without the cache until its next attempt",
              false, 10, 600000);
   flags.Uint("kvtierd-retry-max-ms", &so.daemon_retry_max_ms,
              "after a connect or call to kvtierd fails slowly (half a timeout or more: kvtierd "

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "engine/weights.h"
+#include "tests/cache_daemon/net_util.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/engine/faulty_device_backend.h"
 #include "tests/serving/prompt_text.h"
@@ -312,6 +314,57 @@ TEST_F(SchedulerTest, RunningStreamKeepsDecodingWhileALongPromptPrefills) {
   for (uint64_t st : ca.text_steps) during += st >= admitted && st < first;
   EXPECT_GE(during, chunks * 3 / 4) << "the running stream's text events during the prefill";
   EXPECT_GT(ca.text_steps.back(), first) << "the running stream was still generating";
+}
+
+// kvtierd's calls run on CacheIo's thread, not the steps': while a new request's restore waits
+// on a kvtierd that accepted its connection and never answers (a hung host), a running stream
+// keeps getting a token in later steps, and the waiting request is served (without the cache)
+// once its connection ends. With the restore on the scheduler's thread, no step ran until the
+// handshake's timeout (60 s here), so the stream got nothing.
+TEST_F(SchedulerTest, StepsGoOnWhileARestoreWaitsOnAStalledKvtierd) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("kvtier_sched_stalled_" + std::to_string(::getpid()) + ".sock"))
+                               .string();
+  std::filesystem::remove(path);
+  SchedulerOptions o;
+  o.daemon.socket_path = path;
+  o.daemon.timeout_ms = 60000;  // the restore waits for the test, not for a timeout
+  auto s = Make(o);
+  ASSERT_NE(s, nullptr);
+  // No kvtierd yet: A's restore fails at once (no socket) and A runs without the cache.
+  auto a = s->Submit(&tenant_, Greedy(Prompt(8, 1), 6000));
+  ASSERT_TRUE(a.ok());
+  GenerationEvent ev;
+  ASSERT_TRUE((*a)->Next(&ev, 60000));
+  ASSERT_EQ(ev.kind, GenerationEvent::Kind::kText);
+  // Now a listener that never accepts: B's connection is made (the backlog) and its HELLO
+  // waits for an answer.
+  const int listener = kvtier::testing::ListenUnix(path, 4);
+  ASSERT_GE(listener, 0);
+  auto b = s->Submit(&tenant_, Greedy(Prompt(200, 2), 4));
+  ASSERT_TRUE(b.ok());
+  for (int i = 0; i < 60000 && (*b)->admitted_step() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const uint64_t admitted = (*b)->admitted_step();
+  ASSERT_GT(admitted, 0u);
+  constexpr int kLater = 40;
+  int later = 0;
+  uint64_t last_step = 0;
+  while (later < kLater && (*a)->Next(&ev, 20000) && ev.kind == GenerationEvent::Kind::kText) {
+    if (ev.step > admitted) ++later;
+    last_step = ev.step;
+  }
+  EXPECT_EQ(later, kLater) << "the running stream's tokens in steps after B's admission";
+  GenerationEvent bev;
+  EXPECT_FALSE((*b)->Next(&bev, 0)) << "B was served before its restore ended";
+  ::close(listener);  // the pending connection is dropped: B's restore fails at once
+  std::filesystem::remove(path);
+  Collected cb = Drain(b->get());
+  ASSERT_TRUE(cb.done);
+  EXPECT_EQ(cb.usage.cached_tokens, 0);
+  ASSERT_FALSE(cb.text_steps.empty());
+  EXPECT_GT(cb.text_steps.front(), last_step) << "B's first token after the steps it waited";
+  s->Stop();  // the running stream ends with a 503 error event
 }
 
 // Per-tenant fairness, counted in steps: tenant A queues 12 requests, then tenant B one. With

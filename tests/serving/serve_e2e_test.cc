@@ -275,6 +275,37 @@ TEST_F(ServeTest, AStalledKvtierdCostsOneTimeoutAndTheServerRecovers) {
   EXPECT_NE(s_->Log().find("kvtierd reachable again"), std::string::npos) << s_->Log();
 }
 
+// A turn whose save failed (kvtierd down when it finished) is put again with the next turn's
+// save: the failure sets the sequence's cursor back, so once kvtierd is back the conversation's
+// pages are whole there. Were the cursor left where the failed save had moved it, turn 2's save
+// would put only its own new pages, and turn 3 on another server would find nothing (its chain
+// begins with turn 1's missing pages).
+TEST_F(ServeTest, ATurnWhoseSaveFailedIsSavedWithTheNextTurn) {
+  StartServer({"--idle-sequences-max", "4"});
+  ASSERT_EQ(d_->Stop(), 0) << d_->Log();
+  json j1 = Post("/v1/completions", Completion(Text(300, 31), 4)).Json();
+  const std::string out1 = j1["choices"][0]["text"];
+  ASSERT_EQ(out1.size(), 4u);
+  EXPECT_EQ(Metric(Metrics(), "kvtier_serve_save_failures_total"), 1);
+  ASSERT_TRUE(d_->Start()) << d_->Log();
+  const std::string p2 = Text(300, 31) + out1 + Text(100, 32);
+  json j2 = Post("/v1/completions", Completion(p2, 4)).Json();
+  const int64_t p1_tokens = j1["usage"]["prompt_tokens"];
+  ASSERT_EQ(j2["usage"]["prompt_tokens_details"]["cached_tokens"], p1_tokens + 4 - 1)
+      << "turn 2 continues turn 1's resident sequence";
+  const std::string out2 = j2["choices"][0]["text"];
+  ASSERT_EQ(out2.size(), 4u);
+  const int64_t whole = j2["usage"]["prompt_tokens"].get<int64_t>() + 4 - 1;
+  ServeProcess other(dir_ / "other");
+  ASSERT_TRUE(other.Start({"--socket", d_->socket(), "--api-keys", (dir_ / "keys.json").string(),
+                           "--guard", "fetch", "--idle-sequences-max", "0"}))
+      << other.Log();
+  HttpReply r3 =
+      Http(other.port(), "POST", "/v1/completions", Completion(p2 + out2 + "x", 1).dump(), kAlice);
+  ASSERT_EQ(r3.status, 200) << r3.body;
+  EXPECT_EQ(r3.Json()["usage"]["prompt_tokens_details"]["cached_tokens"], whole) << other.Log();
+}
+
 // A resident sequence shorter than what kvtierd holds for the prompt does not hide the longer
 // hit: turn 1 of a conversation stays resident (a repeat of it keeps a copy idle) while turn 2
 // is swapped out; turn 3 restores turn 2 from kvtierd, not turn 1 from memory.

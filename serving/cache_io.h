@@ -1,0 +1,182 @@
+// CacheIo: the thread that makes the server's kvtierd calls, so that no engine step waits on
+// kvtierd (docs/SERVING.md, "kvtierd off the step thread").
+//
+// The scheduler's thread hands it jobs and never waits on one (but for the bound on saves below):
+//   - a restore of a new request's prompt: SessionStore::Fetch (LOOKUP, the guard, the GETs of
+//     the hit units, imported into a fresh state, and of the hot states that could continue
+//     them). With a resident sequence that covers `resident_tokens` of the prompt, first one
+//     LOOKUP: when kvtierd holds no more whole pages than that, the result says so
+//     (use_resident) and nothing is fetched. The scheduler takes finished restores
+//     (TakeRestores) and completes them on the engine (SessionCodec::Complete);
+//   - a save of a finished request: the units and hot state the scheduler encoded
+//     (SessionCodec::PrepareSave) are put (SessionStore::PutSave), then the request's last
+//     event is pushed: a client has its answer only once its turn is in kvtierd. A save that
+//     fails is counted (kvtier_serve_save_failures_total) and reported (TakeSaveFailures) so the
+//     sequence's cursor is set back and its next save puts those units again;
+//   - the accounting of a completed restore (SessionStore::Account: the guard's replay speed).
+// Jobs run one at a time, in order. CacheIo owns the kvtierd connections, one per tenant (each
+// with the tenant's token), and the backoff after a slow failure: a connect or call that failed
+// after half a timeout or more serves every request without the cache for 1 s, doubling up to
+// daemon_retry_max_ms; one that failed at once is tried again at the next job. A tenant that
+// kvtierd names as another tenant's namespace is never cached.
+//
+// Saves hold their encoded bytes until they are put: SubmitSave waits while more than
+// save_bytes_max are queued (kvtierd slower than generation slows generation; a turn is never
+// dropped for room). Restores queued when Stop is called are dropped; saves are finished first.
+//
+// Thread safety: every method may be called from any thread; the scheduler is the one caller.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache_daemon/client.h"
+#include "common/status.h"
+#include "engine/session.h"
+#include "serving/generation.h"
+#include "serving/metrics.h"
+
+namespace kvtier::serving {
+
+// Default CacheIoOptions::save_bytes_max.
+inline constexpr uint64_t kSaveBytesQueuedMaxDefault = uint64_t{256} << 20;
+
+struct CacheIoOptions {
+  // How to reach kvtierd (SchedulerOptions::daemon); each tenant's token replaces `token`.
+  daemon::ClientOptions daemon;
+  uint64_t daemon_retry_max_ms = 30000;
+  engine::SessionOptions session;
+  // EngineModelFingerprint of the engine's config and weights with session.unit_tokens.
+  Digest fingerprint{};
+  // The engine the stores are created for: only its config is read off its thread (SessionStore
+  // ::Fetch never runs a pass).
+  engine::Engine* engine = nullptr;
+  // The engine's full-forward speed (measured by the caller on its thread), given to every
+  // store's guard before its first restore: forward_tokens tokens took forward_s seconds.
+  int64_t forward_tokens = 0;
+  double forward_s = 0;
+  uint64_t save_bytes_max = kSaveBytesQueuedMaxDefault;
+};
+
+class CacheIo {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `wake` is called (on CacheIo's thread) after each finished restore; metrics: not owned.
+  static StatusOr<std::unique_ptr<CacheIo>> Create(const CacheIoOptions& options,
+                                                   ServingMetrics* metrics,
+                                                   std::function<void()> wake);
+  ~CacheIo();  // Stop()
+
+  struct RestoreResult {
+    uint64_t id = 0;
+    // kvtierd holds no more whole pages of the prompt than the resident sequence (or the LOOKUP
+    // failed): continue the resident one; nothing was fetched.
+    bool use_resident = false;
+    // A store was asked (false: no cache for this request: kvtierd unavailable or in backoff,
+    // or the tenant's namespace is another's). Then `status` and `fetched` hold Fetch's result.
+    bool asked = false;
+    Status status;
+    engine::FetchedPrefix fetched;
+  };
+  // Queues a restore of `prompt` for tenant (not owned; must outlive this object).
+  void SubmitRestore(uint64_t id, const Tenant* tenant, std::vector<int32_t> prompt,
+                     size_t resident_tokens);
+  // The restores finished since the last call, in order.
+  std::vector<RestoreResult> TakeRestores();
+
+  // Queues the save of sequence seq_id; `done` (if any) is pushed to `gen` once it is put (or
+  // failed). Waits while the queued saves hold more than save_bytes_max (one save alone is
+  // always taken).
+  void SubmitSave(uint64_t seq_id, const Tenant* tenant, engine::PreparedSave save,
+                  std::shared_ptr<Generation> gen, std::optional<GenerationEvent> done);
+  struct SaveFailure {
+    uint64_t seq_id = 0;
+    int64_t units_saved = 0;  // the sequence's units [0, units_saved) are in kvtierd
+  };
+  std::vector<SaveFailure> TakeSaveFailures();
+
+  // Queues SessionStore::Account of a restore completed for tenant.
+  void Account(const Tenant* tenant, const engine::ResumeReport& report);
+
+  // Whether kvtierd is in backoff now (a save would fail at once: the caller may skip
+  // encoding it).
+  bool in_backoff() const {
+    return Clock::now().time_since_epoch().count() < retry_at_ticks_.load();
+  }
+
+  // Drops the queued restores, finishes the queued saves and ends the thread. Idempotent.
+  void Stop();
+
+ private:
+  struct Job {
+    enum class Kind { kRestore, kSave, kAccount } kind = Kind::kRestore;
+    uint64_t id = 0;  // restore: its id; save: the sequence's
+    const Tenant* tenant = nullptr;
+    std::vector<int32_t> prompt;  // restore
+    size_t resident_tokens = 0;   // restore
+    engine::PreparedSave save;
+    std::shared_ptr<Generation> gen;
+    std::optional<GenerationEvent> done;
+    engine::ResumeReport report;  // account
+  };
+  struct TenantStore {
+    std::unique_ptr<daemon::Client> client;
+    std::unique_ptr<engine::SessionStore> store;
+    bool shared_namespace = false;
+  };
+  CacheIo(const CacheIoOptions& options, ServingMetrics* metrics, std::function<void()> wake);
+  void Run();
+  RestoreResult DoRestore(Job& job);
+  void DoSave(Job& job);
+  // The queue's gauges (ServingMetrics::KvtierdQueue).
+  void Publish();
+  // The tenant's store, connecting when it has none; null when there is no cache for it now.
+  engine::SessionStore* StoreFor(const Tenant* tenant);
+  // After a call through tenant's store that began at `began`: when its connection failed,
+  // DaemonFailed.
+  void CheckDaemon(const Tenant* tenant, Clock::time_point began);
+  // kvtierd failed (`why`) in an attempt that began at `began`: every tenant's connection is
+  // dropped, and a slow failure starts (or doubles) the backoff.
+  void DaemonFailed(const Status& why, Clock::time_point began);
+
+  CacheIoOptions options_;
+  ServingMetrics* metrics_;
+  std::function<void()> wake_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;       // jobs queued, or stop
+  std::condition_variable room_cv_;  // save bytes freed
+  bool stop_ = false;
+  std::deque<Job> jobs_;
+  uint64_t save_bytes_ = 0;  // encoded bytes of the queued and running saves
+  bool running_restore_ = false;
+  std::vector<RestoreResult> restores_done_;
+  std::vector<SaveFailure> save_failures_;
+
+  // CacheIo's thread only.
+  std::map<const Tenant*, TenantStore> stores_;
+  // kvtierd's tenant (HELLO's tenant name) of each tenant's store: two tenants of this server
+  // must never share one, or one's cache would serve the other's prompts.
+  std::map<std::string, const Tenant*> daemon_tenants_;
+  Clock::time_point retry_at_{};
+  uint64_t backoff_ms_ = 0;
+  bool unavailable_ = false;  // the last attempt failed (kvtier_serve_kvtierd_unavailable)
+  // retry_at_ as Clock ticks, for in_backoff() on other threads (0: no backoff).
+  std::atomic<Clock::rep> retry_at_ticks_{0};
+
+  std::thread thread_;
+};
+
+}  // namespace kvtier::serving

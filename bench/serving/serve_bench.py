@@ -22,11 +22,17 @@ measures, each against its peer in the same run:
               the largest gap between two of their tokens while it is prefilled, against their
               median gap before it arrived (ratio = stall in steps' worth of time). Run it on two
               builds (e.g. before and after chunked prefill) to compare them.
+  restore_gap the same gap while a request that continues a saved conversation of G tokens is
+              restored from kvtierd (--guard fetch, nothing resident; after one restore of it
+              that warms the server): the cost a restore puts on the running streams (its
+              fetch, and its hot state or replay on the engine), and the restored request's
+              own time.
 
 Usage (from the repository root, after building kvtierd and kvtier-engine):
   /usr/bin/python3 bench/serving/serve_bench.py --build build/release \
       [--concurrency 1,4,16,32] [--requests 32] [--max-tokens 64] [--ttft-tokens 16384]
-      [--gap-tokens 4096] [--gap-streams 4] [--spec [--spec-draft-len N]]
+      [--gap-tokens 4096] [--gap-streams 4] [--restore-gap-tokens 16384]
+      [--spec [--spec-draft-len N]]
       [--model W.safetensors --config C.json [--model-id NAME]] [--prompt-bytes N]
 
 --model/--config serve another model than the trained miniature (e.g. random weights of
@@ -356,6 +362,39 @@ def ttft(build, workdir, sock, tokens, args):
     return row
 
 
+def stream_gaps(server, args, body):
+    """Runs S greedy streams on `server`, sends `body` once they all decode, and returns its
+    usage with the streams' gaps: the median before it arrived and those while it ran."""
+    server.post({"model": args.model_id, "prompt": text(64, 1), "max_tokens": 4,
+                 "temperature": 0})  # warm-up
+    times = [[] for _ in range(args.gap_streams)]
+    streams = [threading.Thread(target=server.stream_times, args=(
+        {"model": args.model_id, "prompt": text(16 + 5 * i, 3000 + i),
+         "max_tokens": args.gap_stream_tokens, "temperature": 0}, times[i]))
+        for i in range(args.gap_streams)]
+    for t in streams:
+        t.start()
+    while min(len(t) for t in times) < 20:  # every stream is decoding
+        time.sleep(0.005)
+    t_arrive = time.monotonic()
+    usage, _, _ = server.post(body)
+    t_done = time.monotonic()
+    for t in streams:
+        t.join()
+    before, during = [], []
+    for ts in times:
+        for a, b in zip(ts, ts[1:]):
+            if b <= t_arrive:
+                before.append(b - a)
+            elif a < t_done and b > t_arrive:
+                during.append(b - a)
+    before.sort()
+    if any(len(ts) < args.gap_stream_tokens // 2 for ts in times):
+        print("serve_bench: a stream ended early (eos); its gaps are still counted",
+              file=sys.stderr)
+    return usage, t_done - t_arrive, before[len(before) // 2], during
+
+
 def gap(build, workdir, args):
     """S greedy streams run; a G-token prompt arrives; how long do the streams stall?"""
     g = args.gap_tokens
@@ -365,44 +404,52 @@ def gap(build, workdir, args):
                                             "--kv-pool-tokens-max", str(8 * (g + 1024)),
                                             "--body-bytes-max", str(4 * g + 65536)])
     try:
-        server.post({"model": args.model_id, "prompt": text(64, 1), "max_tokens": 4,
-                     "temperature": 0})  # warm-up
-        times = [[] for _ in range(args.gap_streams)]
-        streams = [threading.Thread(target=server.stream_times, args=(
-            {"model": args.model_id, "prompt": text(16 + 5 * i, 3000 + i),
-             "max_tokens": args.gap_stream_tokens, "temperature": 0}, times[i]))
-            for i in range(args.gap_streams)]
-        for t in streams:
-            t.start()
-        while min(len(t) for t in times) < 20:  # every stream is decoding
-            time.sleep(0.005)
-        t_arrive = time.monotonic()
-        usage, _, _ = server.post({"model": args.model_id, "prompt": text(g, 9),
-                                   "max_tokens": 1, "temperature": 0})
-        t_done = time.monotonic()
-        for t in streams:
-            t.join()
+        usage, took, median_before, during = stream_gaps(
+            server, args, {"model": args.model_id, "prompt": text(g, 9), "max_tokens": 1,
+                           "temperature": 0})
     finally:
         server.stop()
-    before, during = [], []
-    for ts in times:
-        for a, b in zip(ts, ts[1:]):
-            if b <= t_arrive:
-                before.append(b - a)
-            elif a < t_done and b > t_arrive:
-                during.append(b - a)
-    before.sort()
-    median_before = before[len(before) // 2]
     worst = max(during) if during else float("nan")
     row = {"bench": "gap", "long_prompt_tokens": usage["prompt_tokens"],
-           "streams": args.gap_streams, "prefill_s": round(t_done - t_arrive, 3),
+           "streams": args.gap_streams, "prefill_s": round(took, 3),
            "median_gap_before_s": round(median_before, 4), "max_gap_during_s": round(worst, 3),
            "tokens_during": len(during), "ratio": round(worst / median_before, 1),
            "load": os.getloadavg()[0]}
     print(json.dumps(row), flush=True)
-    if any(len(ts) < args.gap_stream_tokens // 2 for ts in times):
-        print("serve_bench: a stream ended early (eos); its gaps are still counted",
-              file=sys.stderr)
+    return row
+
+
+def restore_gap(build, workdir, sock, args):
+    """S greedy streams run; a request continuing a saved G-token conversation is restored
+    from kvtierd; how long do the streams stall?"""
+    g = args.restore_gap_tokens
+    ctx = str(g + 1024)
+    server = Server(build, workdir, "restore_gap",
+                    ["--socket", sock, "--guard", "fetch", "--idle-sequences-max", "0",
+                     "--threads", str(args.threads), "--context-tokens-max", ctx,
+                     "--kv-pool-tokens-max", str(8 * (g + 1024)),
+                     "--body-bytes-max", str(4 * g + 65536)])
+    history = text(g, 11)
+    try:
+        server.post({"model": args.model_id, "prompt": history, "max_tokens": 1,
+                     "temperature": 0})  # the saved conversation
+        # One restore first, so that the measured one finds the server's memory warm (a fresh
+        # server's first restore of this size pays page faults: docs/performance/serving.md).
+        server.post({"model": args.model_id, "prompt": history + " at first", "max_tokens": 1,
+                     "temperature": 0})
+        usage, took, median_before, during = stream_gaps(
+            server, args, {"model": args.model_id, "prompt": history + " and then",
+                           "max_tokens": 1, "temperature": 0})
+    finally:
+        server.stop()
+    worst = max(during) if during else float("nan")
+    row = {"bench": "restore_gap", "prompt_tokens": usage["prompt_tokens"],
+           "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+           "streams": args.gap_streams, "request_s": round(took, 3),
+           "median_gap_before_s": round(median_before, 4), "max_gap_during_s": round(worst, 3),
+           "tokens_during": len(during), "ratio": round(worst / median_before, 1),
+           "load": os.getloadavg()[0]}
+    print(json.dumps(row), flush=True)
     return row
 
 
@@ -427,6 +474,8 @@ def main():
     ap.add_argument("--gap-tokens", type=int, default=0,
                     help="long prompt of the gap measurement; 0 skips it")
     ap.add_argument("--gap-streams", type=int, default=4)
+    ap.add_argument("--restore-gap-tokens", type=int, default=0,
+                    help="saved conversation of the restore_gap measurement; 0 skips it")
     ap.add_argument("--gap-stream-tokens", type=int, default=600)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
@@ -442,9 +491,10 @@ def main():
     if not 0 <= args.prompt_bytes <= 4096:
         sys.exit("serve_bench: --prompt-bytes in [0, 4096]")
     if not 0 <= args.gap_tokens <= 65536 or not 1 <= args.gap_streams <= 32 or \
-            not 40 <= args.gap_stream_tokens <= 4096:
+            not 40 <= args.gap_stream_tokens <= 4096 or \
+            not 0 <= args.restore_gap_tokens <= 65536 - 1024:
         sys.exit("serve_bench: --gap-tokens in [0, 65536], --gap-streams in [1, 32], "
-                 "--gap-stream-tokens in [40, 4096]")
+                 "--gap-stream-tokens in [40, 4096], --restore-gap-tokens in [0, 64512]")
     workdir = tempfile.mkdtemp(prefix="kvtier_serve_bench_")
     daemon, sock = start_daemon(args.build, workdir)
     try:
@@ -456,6 +506,8 @@ def main():
             ttft(args.build, workdir, sock, t, args)
         if args.gap_tokens:
             gap(args.build, workdir, args)
+        if args.restore_gap_tokens:
+            restore_gap(args.build, workdir, sock, args)
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)

@@ -395,6 +395,16 @@ def stream_gaps(server, args, body):
     return usage, t_done - t_arrive, before[len(before) // 2], during
 
 
+def print_gap_row(row, median_before, during):
+    """Completes a gap row with the streams' gaps, prints it and returns it."""
+    worst = max(during) if during else float("nan")
+    row.update({"median_gap_before_s": round(median_before, 4),
+                "max_gap_during_s": round(worst, 3), "tokens_during": len(during),
+                "ratio": round(worst / median_before, 1), "load": os.getloadavg()[0]})
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def gap(build, workdir, args):
     """S greedy streams run; a G-token prompt arrives; how long do the streams stall?"""
     g = args.gap_tokens
@@ -409,14 +419,9 @@ def gap(build, workdir, args):
                            "temperature": 0})
     finally:
         server.stop()
-    worst = max(during) if during else float("nan")
-    row = {"bench": "gap", "long_prompt_tokens": usage["prompt_tokens"],
-           "streams": args.gap_streams, "prefill_s": round(took, 3),
-           "median_gap_before_s": round(median_before, 4), "max_gap_during_s": round(worst, 3),
-           "tokens_during": len(during), "ratio": round(worst / median_before, 1),
-           "load": os.getloadavg()[0]}
-    print(json.dumps(row), flush=True)
-    return row
+    return print_gap_row({"bench": "gap", "long_prompt_tokens": usage["prompt_tokens"],
+                          "streams": args.gap_streams, "prefill_s": round(took, 3)},
+                         median_before, during)
 
 
 def restore_gap(build, workdir, sock, args):
@@ -433,8 +438,8 @@ def restore_gap(build, workdir, sock, args):
     try:
         server.post({"model": args.model_id, "prompt": history, "max_tokens": 1,
                      "temperature": 0})  # the saved conversation
-        # One restore first, so that the measured one finds the server's memory warm (a fresh
-        # server's first restore of this size pays page faults: docs/performance/serving.md).
+        # One restore first: a fresh server's first restore is slower than the next ones
+        # (docs/performance/serving.md, "kvtierd off the step thread").
         server.post({"model": args.model_id, "prompt": history + " at first", "max_tokens": 1,
                      "temperature": 0})
         usage, took, median_before, during = stream_gaps(
@@ -442,15 +447,10 @@ def restore_gap(build, workdir, sock, args):
                            "max_tokens": 1, "temperature": 0})
     finally:
         server.stop()
-    worst = max(during) if during else float("nan")
-    row = {"bench": "restore_gap", "prompt_tokens": usage["prompt_tokens"],
-           "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
-           "streams": args.gap_streams, "request_s": round(took, 3),
-           "median_gap_before_s": round(median_before, 4), "max_gap_during_s": round(worst, 3),
-           "tokens_during": len(during), "ratio": round(worst / median_before, 1),
-           "load": os.getloadavg()[0]}
-    print(json.dumps(row), flush=True)
-    return row
+    return print_gap_row({"bench": "restore_gap", "prompt_tokens": usage["prompt_tokens"],
+                          "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+                          "streams": args.gap_streams, "request_s": round(took, 3)},
+                         median_before, during)
 
 
 def main():

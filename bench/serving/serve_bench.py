@@ -24,14 +24,15 @@ measures, each against its peer in the same run:
               builds (e.g. before and after chunked prefill) to compare them.
   restore_gap the same gap while a request that continues a saved conversation of G tokens is
               restored from kvtierd (--guard fetch, nothing resident; after one restore of it
-              that warms the server): the cost a restore puts on the running streams (its
-              fetch, and its hot state or replay on the engine), and the restored request's
-              own time.
+              that warms the server, or with --restore-gap-ssd of another conversation, so that
+              its units come from kvtierd's SSD tier): the cost a restore puts on the running
+              streams (its fetch, and its hot state or replay on the engine), and the restored
+              request's own time.
 
 Usage (from the repository root, after building kvtierd and kvtier-engine):
   /usr/bin/python3 bench/serving/serve_bench.py --build build/release \
       [--concurrency 1,4,16,32] [--requests 32] [--max-tokens 64] [--ttft-tokens 16384]
-      [--gap-tokens 4096] [--gap-streams 4] [--restore-gap-tokens 16384]
+      [--gap-tokens 4096] [--gap-streams 4] [--restore-gap-tokens 16384 [--restore-gap-ssd]]
       [--spec [--spec-draft-len N]]
       [--model W.safetensors --config C.json [--model-id NAME]] [--prompt-bytes N]
 
@@ -439,15 +440,22 @@ def restore_gap(build, workdir, sock, args):
         server.post({"model": args.model_id, "prompt": history, "max_tokens": 1,
                      "temperature": 0})  # the saved conversation
         # One restore first: a fresh server's first restore is slower than the next ones
-        # (docs/performance/serving.md, "kvtierd off the step thread").
-        server.post({"model": args.model_id, "prompt": history + " at first", "max_tokens": 1,
+        # (docs/performance/serving.md, "kvtierd off the step thread"). With --restore-gap-ssd
+        # it restores another conversation, so that the measured one's units are read from
+        # kvtierd's SSD tier (where they are put; a first read promotes them to DRAM).
+        warm = text(g, 12) if args.restore_gap_ssd else history
+        if args.restore_gap_ssd:
+            server.post({"model": args.model_id, "prompt": warm, "max_tokens": 1,
+                         "temperature": 0})
+        server.post({"model": args.model_id, "prompt": warm + " at first", "max_tokens": 1,
                      "temperature": 0})
         usage, took, median_before, during = stream_gaps(
             server, args, {"model": args.model_id, "prompt": history + " and then",
                            "max_tokens": 1, "temperature": 0})
     finally:
         server.stop()
-    return print_gap_row({"bench": "restore_gap", "prompt_tokens": usage["prompt_tokens"],
+    return print_gap_row({"bench": "restore_gap", "from": "ssd" if args.restore_gap_ssd else "dram",
+                          "prompt_tokens": usage["prompt_tokens"],
                           "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
                           "streams": args.gap_streams, "request_s": round(took, 3)},
                          median_before, during)
@@ -476,6 +484,8 @@ def main():
     ap.add_argument("--gap-streams", type=int, default=4)
     ap.add_argument("--restore-gap-tokens", type=int, default=0,
                     help="saved conversation of the restore_gap measurement; 0 skips it")
+    ap.add_argument("--restore-gap-ssd", action="store_true",
+                    help="restore_gap reads the restored units from kvtierd's SSD tier")
     ap.add_argument("--gap-stream-tokens", type=int, default=600)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]

@@ -437,8 +437,8 @@ void MarkRecompute(ResumeReport* r) {
 
 }  // namespace
 
-SessionStore::SessionStore(Engine* engine, daemon::Client* client, SessionCodec codec)
-    : engine_(engine), client_(client), codec_(std::move(codec)) {}
+SessionStore::SessionStore(daemon::Client* client, SessionCodec codec)
+    : client_(client), codec_(std::move(codec)) {}
 
 StatusOr<std::unique_ptr<SessionStore>> SessionStore::Create(Engine* engine, daemon::Client* client,
                                                              const Digest& fingerprint,
@@ -446,7 +446,7 @@ StatusOr<std::unique_ptr<SessionStore>> SessionStore::Create(Engine* engine, dae
   if (engine == nullptr || client == nullptr)
     return Status::InvalidArgument("session: engine and client are required");
   KVTIER_ASSIGN_OR_RETURN(SessionCodec codec, SessionCodec::Create(engine, fingerprint, options));
-  return std::unique_ptr<SessionStore>(new SessionStore(engine, client, std::move(codec)));
+  return std::unique_ptr<SessionStore>(new SessionStore(client, std::move(codec)));
 }
 
 Status SessionStore::Prefill(SequenceState* state, std::span<const int32_t> tokens,
@@ -454,7 +454,7 @@ Status SessionStore::Prefill(SequenceState* state, std::span<const int32_t> toke
   if (tokens.size() > kMaxSessionTokens)
     return Status::InvalidArgument("session: more than kMaxSessionTokens tokens");
   const auto t0 = Clock::now();
-  KVTIER_RETURN_IF_ERROR(engine_->PrefillCed(state, tokens, last_logits));
+  KVTIER_RETURN_IF_ERROR(engine()->PrefillCed(state, tokens, last_logits));
   cost_.ObserveCed(static_cast<int64_t>(tokens.size()), Since(t0));
   return Status::Ok();
 }
@@ -464,7 +464,7 @@ Status SessionStore::Extend(SequenceState* state, std::span<const int32_t> token
   const auto t0 = Clock::now();
   for (size_t at = 0; at < tokens.size(); at += kSuffixChunkTokens) {
     const size_t n = std::min(kSuffixChunkTokens, tokens.size() - at);
-    KVTIER_RETURN_IF_ERROR(engine_->Forward(state, tokens.subspan(at, n), false, last_logits));
+    KVTIER_RETURN_IF_ERROR(engine()->Forward(state, tokens.subspan(at, n), false, last_logits));
   }
   cost_.ObserveForward(static_cast<int64_t>(tokens.size()), Since(t0));
   return Status::Ok();
@@ -583,20 +583,18 @@ Status SessionStore::MaybeSave(const SequenceState& state, std::span<const float
   return Save(state, last_logits, cursor);
 }
 
-Status SessionStore::Calibrate(std::span<const int32_t> tokens, bool ced) {
-  // A short CED prefill or full forward on a scratch state: the engine's own speed on this
-  // machine.
+Status CalibrateCost(Engine* engine, std::span<const int32_t> tokens, bool ced, CostModel* cost) {
   constexpr size_t kCalibrationTokens = 32;
-  SequenceState scratch = engine_->NewSequence();
+  SequenceState scratch = engine->NewSequence();
   std::vector<float> logits;
   const size_t n = std::min(kCalibrationTokens, tokens.size());
   const auto t0 = Clock::now();
   if (ced) {
-    KVTIER_RETURN_IF_ERROR(engine_->PrefillCed(&scratch, tokens.first(n), &logits));
-    cost_.ObserveCed(static_cast<int64_t>(n), Since(t0));
+    KVTIER_RETURN_IF_ERROR(engine->PrefillCed(&scratch, tokens.first(n), &logits));
+    cost->ObserveCed(static_cast<int64_t>(n), Since(t0));
   } else {
-    KVTIER_RETURN_IF_ERROR(engine_->Forward(&scratch, tokens.first(n), false, &logits));
-    cost_.ObserveForward(static_cast<int64_t>(n), Since(t0));
+    KVTIER_RETURN_IF_ERROR(engine->Forward(&scratch, tokens.first(n), false, &logits));
+    cost->ObserveForward(static_cast<int64_t>(n), Since(t0));
   }
   return Status::Ok();
 }
@@ -685,7 +683,7 @@ StatusOr<FetchedPrefix> SessionStore::FetchImpl(std::span<const int32_t> tokens,
   if (tokens.empty() || tokens.size() > kMaxSessionTokens)
     return Status::InvalidArgument("session: resume needs 1..kMaxSessionTokens tokens");
   for (int32_t t : tokens) {
-    if (t < 0 || t >= engine_->config().vocab_size)
+    if (t < 0 || t >= engine()->config().vocab_size)
       return Status::InvalidArgument("session: token id outside the vocabulary");
   }
   const SessionOptions& o = options();
@@ -732,9 +730,9 @@ StatusOr<FetchedPrefix> SessionStore::FetchImpl(std::span<const int32_t> tokens,
   bool guard = o.guard == GuardMode::kAuto;
   if (guard && engine_thread) {
     if (prefill && !cost_.has_ced()) {
-      KVTIER_RETURN_IF_ERROR(Calibrate(tokens, /*ced=*/true));
+      KVTIER_RETURN_IF_ERROR(CalibrateCost(engine(), tokens, /*ced=*/true, &cost_));
     } else if (!prefill && !cost_.has_forward()) {
-      KVTIER_RETURN_IF_ERROR(Calibrate(tokens, /*ced=*/false));
+      KVTIER_RETURN_IF_ERROR(CalibrateCost(engine(), tokens, /*ced=*/false, &cost_));
     }
   }
   const bool has_speed = prefill ? cost_.has_ced() : cost_.has_forward();
@@ -766,12 +764,13 @@ StatusOr<FetchedPrefix> SessionStore::FetchImpl(std::span<const int32_t> tokens,
   // does not happen or covers other positions the batches are dropped unused; a refused hint is
   // requested again later.
   if (engine_thread) {
-    if (Status hint = engine_->PrefetchEngramReplay(tokens.first(r.hit_units * P), R); !hint.ok()) {
+    if (Status hint = engine()->PrefetchEngramReplay(tokens.first(r.hit_units * P), R);
+        !hint.ok()) {
       KVTIER_LOG(kDebug) << "session: Engram replay prefetch not issued: " << hint.ToString();
     }
   }
   t0 = Clock::now();
-  f.state = engine_->NewSequence();
+  f.state = engine()->NewSequence();
   std::vector<daemon::wire::Key> keys(chain.begin(), chain.begin() + r.hit_units);
   bool stopped = false;
   std::array<int64_t, 3> tier_units{};
@@ -838,7 +837,11 @@ StatusOr<FetchedPrefix> SessionStore::FetchImpl(std::span<const int32_t> tokens,
   for (uint8_t t = 0; t < 3; ++t) stats_.units_hit_by_tier[t] += tier_units[t];
 
   // 4. The hot states that could continue the used units, for Complete to import the longest.
-  if (o.use_hot_state && o.keep_hot_state) FetchHotStates(tokens, chain, &f);
+  if (o.use_hot_state && o.keep_hot_state) {
+    t0 = Clock::now();
+    FetchHotStates(tokens, chain, &f);
+    r.hot_state_fetch_s = Since(t0);
+  }
 
   std::ostringstream why;
   if (guard) {

@@ -35,9 +35,8 @@
 //
 // Thread safety: a SessionStore is not thread-safe (it drives one Engine, which is not
 // re-entrant); use one per engine thread, except that its Fetch, PutSave and Account may run on
-// another thread than the engine's as long as the engine's thread calls only codec() (a
-// SessionCodec's const methods are safe on any thread that may call the Engine). The Client may
-// be shared with other users.
+// another thread than the engine's, which then uses a SessionCodec of its own (its const methods
+// are safe on any thread that may call the Engine). The Client may be shared with other users.
 #pragma once
 
 #include <array>
@@ -212,6 +211,10 @@ class CostModel {
   std::array<double, 3> fetch_s_per_unit_{};  // 0 = not measured
 };
 
+// Times the engine's full forward (ced: a CED prefill) of the first 32 of `tokens` on a scratch
+// sequence into `cost`: the speed a guard needs before it has measured one. Errors as the pass.
+Status CalibrateCost(Engine* engine, std::span<const int32_t> tokens, bool ced, CostModel* cost);
+
 // Per-session save progress; the caller keeps one per live sequence.
 struct SaveCursor {
   std::vector<Digest> chain;  // chain keys of the whole units of the tokens seen so far
@@ -240,6 +243,7 @@ struct ResumeReport {
   uint64_t turn = 0;              // the turn its LOOKUP and GET carried (SaveCursor::turn)
   double estimated_resume_s = 0, estimated_recompute_s = 0;
   double lookup_s = 0, fetch_s = 0, replay_s = 0, suffix_s = 0, recompute_s = 0, total_s = 0;
+  double hot_state_fetch_s = 0;  // the hot-state index and candidates' GETs
 };
 
 // Counters over the store's lifetime (exported as JSON by StatsJson()).
@@ -293,13 +297,13 @@ class SessionCodec {
   static StatusOr<SessionCodec> Create(Engine* engine, const Digest& fingerprint,
                                        const SessionOptions& options);
 
-  // Encodes every whole unit of `state` after cursor->units_saved and, as Save does, its hot
-  // state; advances the cursor (chain, units_saved = all whole pages, turn = 0) as if PutSave
-  // will store them: a caller whose PutSave fails sets units_saved back (PutSave's
-  // *units_stored). Reads `state` only; the result owns its bytes, so the state may change once
-  // it returns. InvalidArgument for a cursor ahead of the state.
-  // At most units_max units are encoded (the rest at the next call); the hot state goes with the
-  // call that reaches the last whole page (PreparedSave::complete).
+  // Encodes the whole units of `state` after cursor->units_saved, at most units_max of them (the
+  // rest at the next call), and, with the call that reaches the last whole page
+  // (PreparedSave::complete), its hot state as Save keeps it. Advances the cursor as if PutSave
+  // will store them (chain; units_saved past the encoded units; turn 0 once complete): a caller
+  // whose PutSave fails sets units_saved back (PutSave's *units_stored). Reads `state` only; the
+  // result owns its bytes, so the state may change once it returns. InvalidArgument for a
+  // cursor ahead of the state or units_max <= 0.
   StatusOr<PreparedSave> PrepareSave(const SequenceState& state, std::span<const float> last_logits,
                                      SaveCursor* cursor, int64_t units_max) const;
   // The engine's part of a restore of `tokens` (the same tokens Fetch was given): imports the
@@ -388,7 +392,6 @@ class SessionStore {
   // save.first_unit + *units_stored after an error. IOError when kvtierd is unreachable.
   Status PutSave(const PreparedSave& save, int64_t* units_stored);
 
-  const SessionCodec& codec() const { return codec_; }
   const SessionStats& stats() const { return stats_; }
   std::string StatsJson() const;
   CostModel* cost_model() { return &cost_; }
@@ -399,10 +402,7 @@ class SessionStore {
   uint64_t unit_bytes() const { return kUnitHeaderBytes + payload_layout().payload_bytes; }
 
  private:
-  SessionStore(Engine* engine, daemon::Client* client, SessionCodec codec);
-  // Times a CED prefill (ced) or a full forward of the first 32 tokens on a scratch state into
-  // the cost model.
-  Status Calibrate(std::span<const int32_t> tokens, bool ced);
+  SessionStore(daemon::Client* client, SessionCodec codec);
   // Resume (prefill = true: the rest computed here, CED for a recompute) or Restore (false).
   StatusOr<ResumeReport> ResumeOrRestore(std::span<const int32_t> tokens, SequenceState* state,
                                          std::vector<float>* last_logits, bool prefill);
@@ -412,12 +412,12 @@ class SessionStore {
   StatusOr<FetchedPrefix> FetchImpl(std::span<const int32_t> tokens, bool prefill,
                                     bool engine_thread);
   const Digest& fingerprint() const { return codec_.fingerprint(); }
+  Engine* engine() const { return codec_.engine(); }
   // The hot states listed for the page chain[units_used - 1] that `tokens` could continue with:
   // their index, then the listed ones in one GET, into fetched->hot.
   void FetchHotStates(std::span<const int32_t> tokens, const std::vector<Digest>& chain,
                       FetchedPrefix* fetched);
 
-  Engine* engine_;
   daemon::Client* client_;
   SessionCodec codec_;
   CostModel cost_;

@@ -273,8 +273,7 @@ engine::SessionStore* CacheIo::StoreFor(const Tenant* tenant) {
     KVTIER_LOG(kWarn) << "serve: session store: " << store.status().ToString();
     return nullptr;
   }
-  if (options_.forward_tokens > 0 && options_.forward_s > 0)
-    (*store)->cost_model()->ObserveForward(options_.forward_tokens, options_.forward_s);
+  *(*store)->cost_model() = options_.cost_prior;
   ts.client = std::move(client).value();
   ts.store = std::move(store).value();
   return ts.store.get();

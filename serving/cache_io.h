@@ -62,10 +62,10 @@ struct CacheIoOptions {
   // The engine the stores are created for: only its config is read off its thread (SessionStore
   // ::Fetch never runs a pass).
   engine::Engine* engine = nullptr;
-  // The engine's full-forward speed (measured by the caller on its thread), given to every
-  // store's guard before its first restore: forward_tokens tokens took forward_s seconds.
-  int64_t forward_tokens = 0;
-  double forward_s = 0;
+  // What every store's guard starts from (SessionStore::Fetch runs no engine pass, so it cannot
+  // calibrate itself): the engine's forward speed, measured by the caller on the engine's
+  // thread (engine::CalibrateCost).
+  engine::CostModel cost_prior;
   uint64_t save_bytes_max = kSaveBytesQueuedMaxDefault;
 };
 

@@ -13,6 +13,14 @@ using engine::ByteTokenizer;
 
 namespace {
 
+// n printable byte tokens: the prompts Create measures the engine with.
+std::vector<int32_t> ProbeTokens(size_t n) {
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i)
+    t[i] = ByteTokenizer::kByteBase + static_cast<int32_t>('a' + i % 26);
+  return t;
+}
+
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -108,11 +116,8 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(engine::Engine* engine,
     // The verify-pass table, measured on a short prefilled sequence; the moving averages of
     // the real passes keep it current.
     engine::SequenceState base = engine->NewSequence();
-    std::vector<int32_t> warm(64);
-    for (size_t i = 0; i < warm.size(); ++i)
-      warm[i] = ByteTokenizer::kByteBase + static_cast<int32_t>('a' + i % 26);
     std::vector<float> logits;
-    KVTIER_RETURN_IF_ERROR(engine->Forward(&base, warm, false, &logits));
+    KVTIER_RETURN_IF_ERROR(engine->Forward(&base, ProbeTokens(64), false, &logits));
     KVTIER_RETURN_IF_ERROR(engine::MeasureSps(engine, base, 3, s->draft_scheduler_.get()));
   }
   if (options.cache_enabled()) {
@@ -129,18 +134,9 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(engine::Engine* engine,
                             engine::SessionCodec::Create(engine, co.fingerprint, options.session));
     s->codec_.emplace(std::move(codec));
     // The guard's forward speed, measured here on the engine's thread (CacheIo's stores never
-    // run the engine): 32 tokens on a scratch sequence, as SessionStore calibrates.
-    {
-      engine::SequenceState scratch = engine->NewSequence();
-      std::vector<int32_t> probe(32);
-      for (size_t i = 0; i < probe.size(); ++i)
-        probe[i] = ByteTokenizer::kByteBase + static_cast<int32_t>('a' + i % 26);
-      std::vector<float> logits;
-      const auto t0 = Clock::now();
-      KVTIER_RETURN_IF_ERROR(engine->Forward(&scratch, probe, false, &logits));
-      co.forward_tokens = static_cast<int64_t>(probe.size());
-      co.forward_s = Seconds(t0, Clock::now());
-    }
+    // run the engine).
+    KVTIER_RETURN_IF_ERROR(
+        engine::CalibrateCost(engine, ProbeTokens(32), /*ced=*/false, &co.cost_prior));
     Scheduler* p = s.get();
     KVTIER_ASSIGN_OR_RETURN(s->cache_io_, CacheIo::Create(co, metrics, [p] {
                               {
@@ -448,7 +444,10 @@ Status Scheduler::StartRestored(Seq* seq, CacheIo::RestoreResult& r, bool* fetch
     *fetched = rep.units_used > 0;
   }
   metrics_->Resume(!rep.recomputed && rep.units_used > 0, rep.hot_state_restored);
-  KVTIER_LOG(kDebug) << "serve: tenant " << seq->tenant->name << " resume: " << rep.decision;
+  KVTIER_LOG(kDebug) << "serve: tenant " << seq->tenant->name << " resume: " << rep.decision
+                     << "; lookup " << rep.lookup_s << " s, units " << rep.fetch_s
+                     << " s, hot states " << rep.hot_state_fetch_s << " s, replay " << rep.replay_s
+                     << " s";
   return Status::Ok();
 }
 

@@ -49,7 +49,6 @@
 // else runs on the scheduler's own thread, and kvtierd's calls on CacheIo's (cache_io.h).
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -147,7 +146,7 @@ class Scheduler {
   // 1..kSpecVerifyTokensMax tokens: a few seconds on the miniature), and the steps keep the
   // table current with every pass of undrafted decode rows alone and every drafted round,
   // timed in CPU time (engine::CpuCostClock). With the cache, Create times a 32-token forward
-  // for the restore guard (CacheIoOptions::forward_s) and starts CacheIo.
+  // for the restore guard (CacheIoOptions::cost_prior) and starts CacheIo.
   // InvalidArgument when context_tokens_max > kv_pool_tokens_max or kMaxSessionTokens,
   // step_tokens_max or prefill_chunk_tokens > kMaxTokensPerCall, or a limit is 0.
   static StatusOr<std::unique_ptr<Scheduler>> Create(engine::Engine* engine,

@@ -609,8 +609,9 @@ StatusOr<ResumeReport> SessionStore::Restore(std::span<const int32_t> tokens, Se
   return ResumeOrRestore(tokens, state, last_logits, /*prefill=*/false);
 }
 
-StatusOr<FetchedPrefix> SessionStore::Fetch(std::span<const int32_t> tokens) {
-  return FetchImpl(tokens, /*prefill=*/false, /*engine_thread=*/false);
+StatusOr<FetchedPrefix> SessionStore::Fetch(std::span<const int32_t> tokens,
+                                            const std::function<bool()>& abandoned) {
+  return FetchImpl(tokens, /*prefill=*/false, /*engine_thread=*/false, abandoned);
 }
 
 void SessionStore::Account(const ResumeReport& r) {
@@ -679,7 +680,8 @@ void SessionStore::FetchHotStates(std::span<const int32_t> tokens, const std::ve
 }
 
 StatusOr<FetchedPrefix> SessionStore::FetchImpl(std::span<const int32_t> tokens, bool prefill,
-                                                bool engine_thread) {
+                                                bool engine_thread,
+                                                const std::function<bool()>& abandoned) {
   if (tokens.empty() || tokens.size() > kMaxSessionTokens)
     return Status::InvalidArgument("session: resume needs 1..kMaxSessionTokens tokens");
   for (int32_t t : tokens) {
@@ -718,6 +720,8 @@ StatusOr<FetchedPrefix> SessionStore::FetchImpl(std::span<const int32_t> tokens,
   }
   r.hit_units = static_cast<int64_t>(std::min(lk->hit_count, chain.size()));
   r.first_miss_reason = lk->first_miss;
+  auto gone = [&] { return abandoned && abandoned(); };
+  if (gone()) return recompute("abandoned by the caller: nothing fetched");
   if (r.hit_units == 0) {
     ++stats_.miss_recompute;
     return recompute("no hit: recompute");
@@ -777,6 +781,10 @@ StatusOr<FetchedPrefix> SessionStore::FetchImpl(std::span<const int32_t> tokens,
   UnitDecodeOptions dopts;
   dopts.expected_model_fingerprint = fingerprint();
   for (int64_t first = 0; first < r.hit_units && !stopped; first += o.max_units_per_call) {
+    if (gone()) {
+      f.state = SequenceState{};
+      return recompute("abandoned by the caller after " + std::to_string(r.units_used) + " units");
+    }
     const int64_t count = std::min<int64_t>(r.hit_units - first, o.max_units_per_call);
     std::vector<daemon::wire::Key> batch(keys.begin() + first, keys.begin() + first + count);
     Status gs = client_->Get(batch, r.turn, [&](size_t j, const daemon::GetItem& item) {
@@ -837,6 +845,10 @@ StatusOr<FetchedPrefix> SessionStore::FetchImpl(std::span<const int32_t> tokens,
   for (uint8_t t = 0; t < 3; ++t) stats_.units_hit_by_tier[t] += tier_units[t];
 
   // 4. The hot states that could continue the used units, for Complete to import the longest.
+  if (gone()) {
+    f.state = SequenceState{};
+    return recompute("abandoned by the caller after " + std::to_string(r.units_used) + " units");
+  }
   if (o.use_hot_state && o.keep_hot_state) {
     t0 = Clock::now();
     FetchHotStates(tokens, chain, &f);

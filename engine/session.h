@@ -41,6 +41,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -382,7 +383,11 @@ class SessionStore {
   // in GuardMode::kAuto the guard uses the cost model as it stands, and fetches every usable
   // hit until it has a forward speed (CostModel::has_forward; seed it with ObserveForward).
   // Never fails because of the cache (as Restore); InvalidArgument for invalid tokens.
-  StatusOr<FetchedPrefix> Fetch(std::span<const int32_t> tokens);
+  // `abandoned` (if set) is asked after the LOOKUP and before each GET call (of at most
+  // max_units_per_call units): once it says true nothing more is fetched, and the result is an
+  // empty recompute (a caller whose client left wants no state; kvtierd is spared its reads).
+  StatusOr<FetchedPrefix> Fetch(std::span<const int32_t> tokens,
+                                const std::function<bool()>& abandoned = {});
   // Folds a restore finished by SessionCodec::Complete into stats() and the cost model (the
   // replay's forward speed). Restore does it itself.
   void Account(const ResumeReport& report);
@@ -410,7 +415,8 @@ class SessionStore {
   // and on the engine's thread a guard without the speed it needs measures it on the engine
   // first, and the replay's Engram rows are requested while the units arrive.
   StatusOr<FetchedPrefix> FetchImpl(std::span<const int32_t> tokens, bool prefill,
-                                    bool engine_thread);
+                                    bool engine_thread,
+                                    const std::function<bool()>& abandoned = {});
   const Digest& fingerprint() const { return codec_.fingerprint(); }
   Engine* engine() const { return codec_.engine(); }
   // The hot states listed for the page chain[units_used - 1] that `tokens` could continue with:

@@ -39,19 +39,21 @@ void CacheIo::Stop() {
 }
 
 void CacheIo::SubmitRestore(uint64_t id, const Tenant* tenant, std::vector<int32_t> prompt,
-                            size_t resident_tokens) {
+                            size_t resident_tokens, std::function<bool()> abandoned) {
   Job j;
   j.kind = Job::Kind::kRestore;
   j.id = id;
   j.tenant = tenant;
   j.prompt = std::move(prompt);
   j.resident_tokens = resident_tokens;
+  j.abandoned = std::move(abandoned);
   {
     std::lock_guard l(mu_);
     if (stop_) return;  // the scheduler is stopping: its requests get their 503
     jobs_.push_back(std::move(j));
   }
   cv_.notify_all();
+  Publish();  // the gauge counts it while CacheIo's thread is busy (or stalled) with another
 }
 
 std::vector<CacheIo::RestoreResult> CacheIo::TakeRestores() {
@@ -79,6 +81,7 @@ void CacheIo::SubmitSave(uint64_t seq_id, const Tenant* tenant, engine::Prepared
       jobs_.push_back(std::move(j));
       l.unlock();
       cv_.notify_all();
+      Publish();
       return;
     }
   }
@@ -161,6 +164,13 @@ void CacheIo::Publish() {
 CacheIo::RestoreResult CacheIo::DoRestore(Job& job) {
   RestoreResult r;
   r.id = job.id;
+  // A client that left while its restore waited behind others costs kvtierd nothing.
+  auto gone = [&] { return job.abandoned && job.abandoned(); };
+  if (gone()) {
+    r.abandoned = true;
+    metrics_->RestoreAbandoned();
+    return r;
+  }
   engine::SessionStore* store = StoreFor(job.tenant);
   if (store == nullptr) return r;
   const size_t unit = options_.session.unit_tokens;
@@ -188,8 +198,13 @@ CacheIo::RestoreResult CacheIo::DoRestore(Job& job) {
   }
   r.asked = true;
   const Clock::time_point t0 = Clock::now();
-  StatusOr<engine::FetchedPrefix> f = store->Fetch(job.prompt);
+  StatusOr<engine::FetchedPrefix> f = store->Fetch(job.prompt, job.abandoned);
   CheckDaemon(job.tenant, t0);  // a failed lookup or fetch recomputes; a failed kvtierd waits
+  if (gone()) {  // it stopped at (or finished past) the check before a read: dropped either way
+    r.abandoned = true;
+    metrics_->RestoreAbandoned();
+    return r;
+  }
   if (f.ok()) {
     r.fetched = std::move(f).value();
   } else {

@@ -87,12 +87,17 @@ class CacheIo {
     // A store was asked (false: no cache for this request: kvtierd unavailable or in backoff,
     // or the tenant's namespace is another's). Then `status` and `fetched` hold Fetch's result.
     bool asked = false;
+    // Its client left before or during the fetch: nothing (or not everything) was fetched.
+    bool abandoned = false;
     Status status;
     engine::FetchedPrefix fetched;
   };
-  // Queues a restore of `prompt` for tenant (not owned; must outlive this object).
+  // Queues a restore of `prompt` for tenant (not owned; must outlive this object). `abandoned`
+  // (if set; called on CacheIo's thread) says the request's client left: a queued restore is
+  // then not begun, and one under way stops before its next kvtierd read
+  // (SessionStore::Fetch), its result marked `abandoned`.
   void SubmitRestore(uint64_t id, const Tenant* tenant, std::vector<int32_t> prompt,
-                     size_t resident_tokens);
+                     size_t resident_tokens, std::function<bool()> abandoned = {});
   // The restores finished since the last call, in order.
   std::vector<RestoreResult> TakeRestores();
 
@@ -124,8 +129,9 @@ class CacheIo {
     enum class Kind { kRestore, kSave, kAccount } kind = Kind::kRestore;
     uint64_t id = 0;  // restore: its id; save: the sequence's
     const Tenant* tenant = nullptr;
-    std::vector<int32_t> prompt;  // restore
-    size_t resident_tokens = 0;   // restore
+    std::vector<int32_t> prompt;      // restore
+    size_t resident_tokens = 0;       // restore
+    std::function<bool()> abandoned;  // restore
     engine::PreparedSave save;
     std::shared_ptr<Generation> gen;
     std::optional<GenerationEvent> done;

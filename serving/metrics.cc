@@ -163,6 +163,10 @@ void ServingMetrics::Disconnect() {
   std::lock_guard l(mu_);
   ++disconnects_;
 }
+void ServingMetrics::RestoreAbandoned() {
+  std::lock_guard l(mu_);
+  ++restores_abandoned_;
+}
 void ServingMetrics::Gauges(int64_t q, int64_t a, int64_t r, int64_t rt) {
   std::lock_guard l(mu_);
   queue_depth_ = q;
@@ -236,6 +240,7 @@ std::string ServingMetrics::Render() const {
       {"kvtier_serve_save_failures_total", save_failures_},
       {"kvtier_serve_kvtierd_failures_total", kvtierd_failures_},
       {"kvtier_serve_disconnects_total", disconnects_},
+      {"kvtier_serve_restores_abandoned_total", restores_abandoned_},
       {"kvtier_serve_steps_total", steps_},
       {"kvtier_serve_prefill_tokens_total", prefill_tokens_},
       {"kvtier_serve_spec_rounds_total", spec_rounds_},
@@ -256,6 +261,8 @@ std::string ServingMetrics::Render() const {
       "Connections to kvtierd that failed: could not connect, a handshake or call timed out "
       "(--kvtierd-timeout-ms), or kvtierd closed it.",
       "Requests whose client went away before they finished.",
+      "Of those, restores cut short because the client left while they were queued or under "
+      "way: no kvtierd read is made once the client is seen gone.",
       "Engine steps (one ForwardBatch pass each).",
       "Prompt tokens prefilled in chunks by engine steps (beside the decode tokens).",
       "Speculative rounds (one per step with decoding sequences).",
@@ -265,6 +272,8 @@ std::string ServingMetrics::Render() const {
       "Of those, accepted (each also emitted; drafted >= accepted).",
       "Draft passes run (one per drafting sequence per drafted round; probes included).",
   };
+  static_assert(sizeof(counters) / sizeof(counters[0]) == sizeof(helps) / sizeof(helps[0]),
+                "one help line per counter");
   for (size_t i = 0; i < std::size(counters); ++i) {
     Head(o, counters[i].first, "counter", helps[i]);
     o << counters[i].first << " " << counters[i].second << "\n";
@@ -298,6 +307,8 @@ std::string ServingMetrics::Render() const {
       "Encoded bytes of finished turns waiting to be put to kvtierd (their requests' last "
       "events wait with them; at most 256 MiB, then the steps wait).",
   };
+  static_assert(sizeof(gauges) / sizeof(gauges[0]) == sizeof(ghelps) / sizeof(ghelps[0]),
+                "one help line per gauge");
   for (size_t i = 0; i < std::size(gauges); ++i) {
     Head(o, gauges[i].first, "gauge", ghelps[i]);
     o << gauges[i].first << " " << gauges[i].second << "\n";

@@ -66,6 +66,8 @@ class ServingMetrics {
   // finished turns not yet put.
   void KvtierdQueue(int64_t restores, int64_t save_bytes);
   void Disconnect();  // a request whose client went away before it finished
+  // A restore cut short because its client left (CacheIo): no kvtierd read after that.
+  void RestoreAbandoned();
   void Gauges(int64_t queue_depth, int64_t active_sequences, int64_t resident_sequences,
               int64_t resident_tokens);
   // Whether the engine's device layers failed (Engine::DeviceFailure: its passes run on the CPU
@@ -89,7 +91,7 @@ class ServingMetrics {
   Histogram ttft_, tpot_, batch_sequences_, step_tokens_;
   uint64_t resumes_ = 0, resume_hits_ = 0, hot_state_restores_ = 0, resident_hits_ = 0;
   uint64_t swap_outs_ = 0, save_failures_ = 0, disconnects_ = 0, kvtierd_failures_ = 0;
-  uint64_t steps_ = 0, prefill_tokens_ = 0;
+  uint64_t restores_abandoned_ = 0, steps_ = 0, prefill_tokens_ = 0;
   uint64_t spec_rounds_ = 0, spec_rounds_undrafted_ = 0, spec_verifications_ = 0;
   uint64_t spec_drafted_ = 0, spec_accepted_ = 0, spec_draft_passes_ = 0;
   std::map<uint64_t, uint64_t> spec_draft_length_;  // verifications by draft tokens verified

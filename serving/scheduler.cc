@@ -372,7 +372,8 @@ Status Scheduler::Start(Seq* seq, Pending& p, bool* restoring) {
   }
   if (cache) {
     const size_t resident = seq->resident != nullptr ? seq->resident->state.tokens.size() : 0;
-    cache_io_->SubmitRestore(seq->id, seq->tenant, prompt, resident);
+    cache_io_->SubmitRestore(seq->id, seq->tenant, prompt, resident,
+                             [gen = seq->gen] { return gen->cancelled(); });
     *restoring = true;
     return Status::Ok();
   }

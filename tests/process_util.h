@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -91,6 +93,32 @@ inline double ProcessCpuSeconds(pid_t pid) {
     if (i == 15) stime = std::stoull(f);
   }
   return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// SIGSTOPs process `pid` and waits (up to timeout_ms) until every one of its threads is
+// stopped. kill() returns before that: the kernel wakes one thread to begin the group stop, and
+// until it has run the others go on (on a busy machine long enough to answer a request), so a
+// test that needs the process silent must wait. True once every thread is stopped.
+inline bool StopProcess(pid_t pid, int timeout_ms) {
+  if (::kill(pid, SIGSTOP) != 0) return false;
+  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
+  for (int waited_ms = 0; waited_ms <= timeout_ms; ++waited_ms) {
+    bool all = true;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(tasks, ec)) {
+      std::ifstream in(e.path() / "stat");
+      const std::string stat((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+      const size_t paren = stat.rfind(')');  // field 3, the state, follows the command name
+      if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') {
+        all = false;
+        break;
+      }
+    }
+    if (!ec && all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
 }
 
 // CPU time (user + system) this process has used, in seconds; opens no file (so it works

@@ -940,6 +940,83 @@ TEST_F(ServeTest, DisconnectDuringANonStreamingRequestFreesTheSequence) {
   EXPECT_EQ(Post("/v1/completions", Completion("still up", 2)).status, 200);
 }
 
+// Restores whose clients left while kvtierd was stalled cost kvtierd no reads: the first
+// (under way: its LOOKUP waits on the stopped kvtierd) stops before its GETs, and the three
+// queued behind it are never begun (not even a LOOKUP). A restore of the same shape whose client
+// stays reads its units from kvtierd; the four abandoned ones together read none. Before, each one
+// fetched its whole hit once kvtierd ran again, and every request queued behind them waited.
+TEST_F(ServeTest, RestoresWhoseClientsLeftReadNothingFromKvtierd) {
+  StartServer({"--idle-sequences-max", "0", "--kvtierd-timeout-ms", "60000"});
+  const std::string base = Text(1500, 31);
+  ASSERT_EQ(Post("/v1/completions", Completion(base, 2)).status, 200);
+  // Entries kvtierd read for GETs, from any tier (the units are on its SSD by now).
+  auto reads = [&] {
+    const std::string dm = Http(d_->http_port(), "GET", "/metrics").body;
+    double n = 0;
+    for (const char* tier : {"hbm", "dram", "ssd"})
+      n += std::max(0.0, Metric(dm, "kvtier_tier_hits_total{tier=\"" + std::string(tier) + "\"}"));
+    return n;
+  };
+  auto lookups = [&] {
+    return Metric(Http(d_->http_port(), "GET", "/metrics").body,
+                  "kvtier_requests_total{op=\"lookup\",code=\"ok\"}");
+  };
+  const double reads_before = reads(), lookups_before = lookups();
+  const double open_before = Metric(Metrics(), "kvtier_serve_connections_open");
+  // Every thread of kvtierd stopped: one still running could answer the first restore.
+  ASSERT_TRUE(StopProcess(d_->pid(), 10000));
+  std::vector<int> fds;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = ConnectTcp(s_->port());
+    ASSERT_GE(fd, 0);
+    json body = Completion(base + Text(20, 40 + static_cast<uint32_t>(i)), 4);
+    body["stream"] = true;
+    const std::string b = body.dump();
+    const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                            std::string(kAlice) +
+                            "\r\nContent-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b;
+    ASSERT_TRUE(SendAllRaw(fd, req.data(), req.size()));
+    const std::string got = RecvFor(fd, 12, 10000);
+    ASSERT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << "request " << i << ": " << got;
+    fds.push_back(fd);
+  }
+  // All four admitted: one restore waiting on kvtierd, three queued behind it.
+  std::string m;
+  for (int waited_ms = 0; waited_ms < 10000; waited_ms += 20) {
+    m = Metrics();
+    if (Metric(m, "kvtier_serve_kvtierd_restores_queued") == 4) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(Metric(m, "kvtier_serve_kvtierd_restores_queued"), 4) << m;
+  for (int fd : fds) ::close(fd);
+  // Each connection's thread saw its close and cancelled its request.
+  for (int waited_ms = 0; waited_ms < 10000; waited_ms += 20) {
+    if (Metric(Metrics(), "kvtier_serve_connections_open") <= open_before) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(::kill(d_->pid(), SIGCONT), 0);
+  for (int waited_ms = 0; waited_ms < 20000; waited_ms += 20) {
+    m = Metrics();
+    if (Metric(m, "kvtier_serve_disconnects_total") == 4 &&
+        Metric(m, "kvtier_serve_kvtierd_restores_queued") == 0)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(Metric(m, "kvtier_serve_disconnects_total"), 4) << m;
+  EXPECT_EQ(Metric(m, "kvtier_serve_restores_abandoned_total"), 4) << m;
+  EXPECT_EQ(Metric(m, "kvtier_serve_active_sequences"), 0) << m;
+  const double reads_abandoned = reads() - reads_before;
+  // The LOOKUP that was under way when kvtierd stopped; the queued restores made none.
+  EXPECT_EQ(lookups() - lookups_before, 1);
+  // The same shape of request, its client staying: it reads its units.
+  HttpReply r = Post("/v1/completions", Completion(base + Text(20, 50), 4));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Json()["usage"]["prompt_tokens_details"]["cached_tokens"], 1500 / kPage * kPage);
+  const double reads_kept = reads() - reads_before - reads_abandoned;
+  EXPECT_GE(reads_kept, 1500 / kPage);
+  EXPECT_EQ(reads_abandoned, 0) << "kvtierd reads made for clients that had left";
+}
+
 // Requests whose clients went away while they waited for admission hold no place in the
 // queue: one client that sends requests and closes at once, while every sequence slot is busy,
 // does not turn every other tenant away with 429 queue_full.

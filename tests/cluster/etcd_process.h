@@ -87,10 +87,16 @@ class EtcdProcess {
   // tests/process_util.h, says why).
   void set_own_process_group(bool on) { own_process_group_ = on; }
 
-  // SIGSTOP (true) or SIGCONT (false): etcd takes connections but answers nothing meanwhile.
-  // Set set_own_process_group before Start() when pausing it.
+  // SIGSTOP (true; returns once every thread has stopped, StopProcess) or SIGCONT (false):
+  // etcd takes connections but answers nothing meanwhile. Set set_own_process_group before
+  // Start() when pausing it.
   void Pause(bool paused) {
-    if (pid_ > 0) ::kill(pid_, paused ? SIGSTOP : SIGCONT);
+    if (pid_ <= 0) return;
+    if (paused) {
+      StopProcess(pid_, 10000);
+    } else {
+      ::kill(pid_, SIGCONT);
+    }
   }
 
   std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }

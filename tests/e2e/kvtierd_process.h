@@ -123,8 +123,14 @@ class KvtierdProcess {
     return -1;
   }
   // Sends sig to the daemon; nothing once it has exited (kill(-1) would signal every process).
+  // Sends `sig`; SIGSTOP returns once every thread has stopped (StopProcess says why).
   void Signal(int sig) {
-    if (pid_ > 0) ::kill(pid_, sig);
+    if (pid_ <= 0) return;
+    if (sig == SIGSTOP) {
+      StopProcess(pid_, 10000);
+    } else {
+      ::kill(pid_, sig);
+    }
   }
 
   std::string Log() const {

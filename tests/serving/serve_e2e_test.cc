@@ -241,7 +241,7 @@ TEST_F(ServeTest, AStalledKvtierdCostsOneTimeoutAndTheServerRecovers) {
   const std::string prompt = Text(400, 9);
   HttpReply warm = Post("/v1/completions", Completion(prompt, 4));
   ASSERT_EQ(warm.status, 200) << warm.body;
-  ASSERT_EQ(::kill(d_->pid(), SIGSTOP), 0);
+  ASSERT_TRUE(StopProcess(d_->pid(), 10000));
   std::vector<double> seconds;
   for (int i = 0; i < 6; ++i) {
     const auto t0 = std::chrono::steady_clock::now();

@@ -3,7 +3,8 @@
 #   make test   install deps, configure, build, run the default (fast) test suite
 # Other targets: build, test-slow (stress/crash/long fuzz, label `slow`), bench, format, clean,
 #   test-reference (the engine against the live PyTorch reference; installs python3-torch),
-#   test-sanitize (below; not part of `make test`), test-container (podman image of kvtierd),
+#   test-sanitize (below; not part of `make test`), test-container (podman images of kvtierd and
+#   the server),
 #   gpu-pack (the GPU check's binaries, for a machine with a GPU: deploy/gpu/check.sh).
 # PRESET selects a CMakePresets.json preset (release, debug, nohw, asan, ubsan, tsan); preset
 # asan is AddressSanitizer and UndefinedBehaviorSanitizer in one build, ubsan is UBSan alone.
@@ -48,8 +49,9 @@ test-sanitize: $(addprefix test-sanitize-,$(SANITIZERS))
 test-sanitize-asan test-sanitize-ubsan test-sanitize-tsan: test-sanitize-%: deps
 	@JOBS=$(JOBS) tests/sanitizers/run.sh $*
 
-# The container image built with podman and started (needs root, podman, runc, debootstrap;
-# about 9 minutes the first time, most of it debootstrap). Not part of `make test`.
+# The container images (kvtierd, the server) built with podman and started side by side (needs
+# root, podman, runc, debootstrap; about 9 minutes the first time, most of it debootstrap). Not
+# part of `make test`.
 test-container: deps
 	@$(MAKE) --no-print-directory build PRESET=nohw
 	@tests/deploy/container_test.sh

@@ -407,5 +407,166 @@ TEST_F(DeployFilesTest, KubernetesManifestsAgreeWithKvtierd) {
   EXPECT_TRUE(found) << "etcd's --initial-cluster must name every member: " << initial;
 }
 
+// deploy/k8s/serve.yaml and deploy/container/Containerfile.serve against the built server and
+// kvtierd.yaml: the server container's args, after the image's entrypoint and with the pod's
+// mounts mapped to this tree (the keys Secret to a keys file, the shared /run/kvtier volume to a
+// started kvtierd's socket), start the built server; its probes' path answers without an API
+// key; the socket it names is where kvtierd.yaml's ConfigMap puts kvtierd's, in a volume both
+// containers mount; both run as the uid both images create (kvtierd's socket admits only its own
+// user); the kvtierd container is kvtierd.yaml's.
+TEST_F(DeployFilesTest, TheServeManifestStartsTheServerBesideItsKvtierd) {
+#ifndef KVTIER_ENGINE_PATH
+  GTEST_SKIP() << "kvtier-engine is not built in this configuration";
+#else
+  const nlohmann::json docs = LoadManifests(kDeploy / "k8s/serve.yaml");
+  const nlohmann::json* stateful = nullptr;
+  std::vector<const nlohmann::json*> services;
+  for (const auto& d : docs) {
+    if (d.at("kind") == "StatefulSet") stateful = &d;
+    if (d.at("kind") == "Service") services.push_back(&d);
+  }
+  ASSERT_NE(stateful, nullptr);
+  const nlohmann::json& pod = stateful->at("spec").at("template").at("spec");
+  const nlohmann::json* kvtierd = nullptr;
+  const nlohmann::json* serve = nullptr;
+  for (const auto& c : pod.at("containers")) {
+    if (c.at("name") == "kvtierd") kvtierd = &c;
+    if (c.at("name") == "serve") serve = &c;
+  }
+  ASSERT_TRUE(kvtierd != nullptr && serve != nullptr);
+
+  // The kvtierd container is kvtierd.yaml's: its image, args and config.
+  const nlohmann::json kvtierd_docs = LoadManifests(kDeploy / "k8s/kvtierd.yaml");
+  const nlohmann::json* config_map = nullptr;
+  const nlohmann::json* kvtierd_sts = nullptr;
+  for (const auto& d : kvtierd_docs) {
+    if (d.at("kind") == "ConfigMap") config_map = &d;
+    if (d.at("kind") == "StatefulSet") kvtierd_sts = &d;
+  }
+  ASSERT_TRUE(config_map != nullptr && kvtierd_sts != nullptr);
+  const nlohmann::json& theirs =
+      kvtierd_sts->at("spec").at("template").at("spec").at("containers").at(0);
+  EXPECT_EQ(kvtierd->at("image"), theirs.at("image"));
+  EXPECT_EQ(kvtierd->at("args"), theirs.at("args"));
+  StatusOr<daemon::DaemonOptions> o =
+      daemon::ParseConfig(config_map->at("data").at("kvtierd.toml").get<std::string>());
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  std::map<std::string, int> kvtierd_ports;
+  for (const auto& p : kvtierd->at("ports")) kvtierd_ports[p.at("name")] = p.at("containerPort");
+  EXPECT_EQ(kvtierd_ports.at("http"), o->http_port);
+
+  // Mount path -> volume name, per container; and the pod's volumes by name.
+  auto mounts_of = [](const nlohmann::json& c) {
+    std::map<std::string, std::string> m;
+    for (const auto& v : c.at("volumeMounts")) m[v.at("mountPath")] = v.at("name");
+    return m;
+  };
+  const auto kvtierd_mounts = mounts_of(*kvtierd), serve_mounts = mounts_of(*serve);
+  std::map<std::string, nlohmann::json> volumes;
+  for (const auto& v : pod.at("volumes")) volumes[v.at("name")] = v;
+
+  // The server's flags: the image's entrypoint (past "serve"), then the container's args.
+  const std::string containerfile = ReadFile(kDeploy / "container/Containerfile.serve");
+  auto json_instruction = [&](const std::string& name) {
+    const size_t at = containerfile.find("\n" + name + " [");
+    EXPECT_NE(at, std::string::npos) << name;
+    if (at == std::string::npos) return nlohmann::json::array();
+    std::string text;
+    for (size_t p = at + name.size() + 2;;) {  // the line and its continuations
+      const size_t eol = containerfile.find('\n', p);
+      std::string line = containerfile.substr(p, eol - p);
+      const bool more = !line.empty() && line.back() == '\\';
+      if (more) line.pop_back();
+      text += line;
+      if (!more) break;
+      p = eol + 1;
+    }
+    return nlohmann::json::parse(text);
+  };
+  const nlohmann::json entrypoint = json_instruction("ENTRYPOINT");
+  ASSERT_GE(entrypoint.size(), 2u);
+  EXPECT_EQ(entrypoint.at(0), "/usr/local/bin/kvtier-engine");
+  EXPECT_EQ(entrypoint.at(1), "serve");
+  // The image's CMD is the container's args: a pod without args runs the same server.
+  EXPECT_EQ(json_instruction("CMD"), serve->at("args"));
+  std::vector<std::string> image_flags, pod_flags;
+  for (size_t i = 2; i < entrypoint.size(); ++i) image_flags.push_back(entrypoint.at(i));
+  for (const auto& a : serve->at("args")) pod_flags.push_back(a);
+  std::map<std::string, std::string> flag;
+  for (size_t i = 0; i + 1 < pod_flags.size(); i += 2) flag[pod_flags[i]] = pod_flags[i + 1];
+
+  // kvtierd's socket, in a volume both containers mount.
+  const fs::path socket = flag["--socket"];
+  EXPECT_EQ(socket, fs::path(o->socket_path));
+  const std::string run_dir = socket.parent_path().string();
+  ASSERT_TRUE(kvtierd_mounts.count(run_dir) && serve_mounts.count(run_dir)) << run_dir;
+  EXPECT_EQ(kvtierd_mounts.at(run_dir), serve_mounts.at(run_dir));
+  // The keys file, from the Secret mounted at its directory.
+  const fs::path keys = flag["--api-keys"];
+  const std::string keys_dir = keys.parent_path().string();
+  ASSERT_TRUE(serve_mounts.count(keys_dir)) << keys_dir;
+  EXPECT_TRUE(volumes.at(serve_mounts.at(keys_dir)).contains("secret")) << keys_dir;
+  // The API port: the flag, the container's named port, the probes, the Services.
+  std::map<std::string, int> serve_ports;
+  for (const auto& p : serve->at("ports")) serve_ports[p.at("name")] = p.at("containerPort");
+  EXPECT_EQ(std::to_string(serve_ports.at("api")), flag["--port"]);
+  for (const char* probe : {"readinessProbe", "livenessProbe"}) {
+    EXPECT_EQ(serve->at(probe).at("httpGet").at("port"), "api") << probe;
+    EXPECT_EQ(serve->at(probe).at("httpGet").at("path"), "/health") << probe;
+  }
+  for (const auto* svc : services) {
+    for (const auto& p : svc->at("spec").at("ports")) {
+      const std::string target = p.at("targetPort");
+      EXPECT_TRUE(serve_ports.count(target) || kvtierd_ports.count(target))
+          << svc->at("metadata").at("name") << " targets a port no container has: " << target;
+    }
+  }
+  // One user, the one both images create; kvtierd's drain fits the grace period.
+  const std::regex uid(R"(--uid (\d+))");
+  const std::set<std::string> uids = Matches(containerfile, uid, 1);
+  ASSERT_EQ(uids.size(), 1u);
+  EXPECT_EQ(Matches(ReadFile(kDeploy / "container/Containerfile"), uid, 1), uids);
+  EXPECT_EQ(std::to_string(pod.at("securityContext").at("runAsUser").get<int>()), *uids.begin());
+  EXPECT_GE(pod.at("terminationGracePeriodSeconds").get<int>(), 120);
+
+  // Started here: the model files the entrypoint names (deploy/models, each copied into the
+  // image), a kvtierd's socket, a keys file; loopback for the pod's every-address listen.
+  kt::KvtierdProcess d(dir_ / "d");
+  d.WriteConfig("");
+  ASSERT_TRUE(d.Start()) << d.Log();
+  std::ofstream(dir_ / "keys.json")
+      << R"({"keys": [{"key": "sk-pod", "tenant": "t", "daemon_token": "tok"}]})";
+  const std::string models = "/usr/local/share/kvtier/models/";
+  std::vector<std::string> flags;
+  for (std::string a : image_flags) {
+    if (a.rfind(models, 0) == 0) {
+      const std::string file = a.substr(models.size());
+      EXPECT_NE(containerfile.find("deploy/models/" + file), std::string::npos)
+          << file << " is not copied into the image";
+      a = (kDeploy / "models" / file).string();
+      EXPECT_TRUE(fs::exists(a)) << a;
+    }
+    flags.push_back(a);
+  }
+  for (size_t i = 0; i < pod_flags.size(); ++i) {
+    std::string a = pod_flags[i];
+    if (a == "--port") {  // ServeProcess picks a free port
+      ++i;
+      continue;
+    }
+    if (a == socket.string()) a = d.socket();
+    if (a == keys.string()) a = (dir_ / "keys.json").string();
+    if (a == "0.0.0.0") a = "127.0.0.1";
+    flags.push_back(a);
+  }
+  kt::ServeProcess server(dir_ / "serve");
+  ASSERT_TRUE(server.Start(flags)) << server.Log();
+  EXPECT_EQ(kt::Http(server.port(), "GET", "/health").status, 200) << server.Log();
+  EXPECT_EQ(kt::Http(server.port(), "GET", "/v1/models", "", "sk-pod").status, 200) << server.Log();
+  EXPECT_EQ(kt::Http(server.port(), "GET", "/v1/models").status, 401) << server.Log();
+  EXPECT_EQ(server.Stop(), 0) << server.Log();
+#endif
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -307,6 +307,14 @@ nlohmann::json LoadManifests(const fs::path& file) {
   return rc == 0 ? nlohmann::json::parse(out) : nlohmann::json::array();
 }
 
+// The first document of `kind` in docs (LoadManifests); null when there is none.
+const nlohmann::json* OfKind(const nlohmann::json& docs, const std::string& kind) {
+  for (const auto& d : docs) {
+    if (d.at("kind") == kind) return &d;
+  }
+  return nullptr;
+}
+
 TEST_F(DeployFilesTest, KubernetesManifestsAgreeWithKvtierd) {
   const nlohmann::json docs = LoadManifests(kDeploy / "k8s/kvtierd.yaml");
   const nlohmann::json* config_map = nullptr;
@@ -377,12 +385,8 @@ TEST_F(DeployFilesTest, KubernetesManifestsAgreeWithKvtierd) {
   EXPECT_EQ(cluster.peer_port, ports.at("peer"));
 
   const nlohmann::json etcd_docs = LoadManifests(kDeploy / "k8s/etcd.yaml");
-  const nlohmann::json* etcd = nullptr;
-  const nlohmann::json* etcd_svc = nullptr;
-  for (const auto& d : etcd_docs) {
-    if (d.at("kind") == "StatefulSet") etcd = &d;
-    if (d.at("kind") == "Service") etcd_svc = &d;
-  }
+  const nlohmann::json* etcd = OfKind(etcd_docs, "StatefulSet");
+  const nlohmann::json* etcd_svc = OfKind(etcd_docs, "Service");
   ASSERT_TRUE(etcd != nullptr && etcd_svc != nullptr);
   const std::string sts = etcd->at("metadata").at("name");
   EXPECT_EQ(etcd->at("spec").at("serviceName"), etcd_svc->at("metadata").at("name"));
@@ -419,10 +423,9 @@ TEST_F(DeployFilesTest, TheServeManifestStartsTheServerBesideItsKvtierd) {
   GTEST_SKIP() << "kvtier-engine is not built in this configuration";
 #else
   const nlohmann::json docs = LoadManifests(kDeploy / "k8s/serve.yaml");
-  const nlohmann::json* stateful = nullptr;
+  const nlohmann::json* stateful = OfKind(docs, "StatefulSet");
   std::vector<const nlohmann::json*> services;
   for (const auto& d : docs) {
-    if (d.at("kind") == "StatefulSet") stateful = &d;
     if (d.at("kind") == "Service") services.push_back(&d);
   }
   ASSERT_NE(stateful, nullptr);
@@ -437,12 +440,8 @@ TEST_F(DeployFilesTest, TheServeManifestStartsTheServerBesideItsKvtierd) {
 
   // The kvtierd container is kvtierd.yaml's: its image, args and config.
   const nlohmann::json kvtierd_docs = LoadManifests(kDeploy / "k8s/kvtierd.yaml");
-  const nlohmann::json* config_map = nullptr;
-  const nlohmann::json* kvtierd_sts = nullptr;
-  for (const auto& d : kvtierd_docs) {
-    if (d.at("kind") == "ConfigMap") config_map = &d;
-    if (d.at("kind") == "StatefulSet") kvtierd_sts = &d;
-  }
+  const nlohmann::json* config_map = OfKind(kvtierd_docs, "ConfigMap");
+  const nlohmann::json* kvtierd_sts = OfKind(kvtierd_docs, "StatefulSet");
   ASSERT_TRUE(config_map != nullptr && kvtierd_sts != nullptr);
   const nlohmann::json& theirs =
       kvtierd_sts->at("spec").at("template").at("spec").at("containers").at(0);

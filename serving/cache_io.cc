@@ -151,14 +151,12 @@ void CacheIo::Run() {
 }
 
 void CacheIo::Publish() {
-  int64_t restores = 0, bytes = 0;
-  {
-    std::lock_guard l(mu_);
-    for (const Job& j : jobs_) restores += j.kind == Job::Kind::kRestore;
-    restores += running_restore_;
-    bytes = static_cast<int64_t>(save_bytes_);
-  }
-  metrics_->KvtierdQueue(restores, bytes);
+  // Under mu_: the scheduler's thread and CacheIo's both publish, and a count taken before the
+  // other's must not be written after it (ServingMetrics never calls back here).
+  std::lock_guard l(mu_);
+  int64_t restores = running_restore_ ? 1 : 0;
+  for (const Job& j : jobs_) restores += j.kind == Job::Kind::kRestore;
+  metrics_->KvtierdQueue(restores, static_cast<int64_t>(save_bytes_));
 }
 
 CacheIo::RestoreResult CacheIo::DoRestore(Job& job) {

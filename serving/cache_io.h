@@ -146,7 +146,7 @@ class CacheIo {
   void Run();
   RestoreResult DoRestore(Job& job);
   void DoSave(Job& job);
-  // The queue's gauges (ServingMetrics::KvtierdQueue).
+  // The queue's gauges (ServingMetrics::KvtierdQueue). Takes mu_: never call it holding mu_.
   void Publish();
   // The tenant's store, connecting when it has none; null when there is no cache for it now.
   engine::SessionStore* StoreFor(const Tenant* tenant);

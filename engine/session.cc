@@ -721,7 +721,12 @@ StatusOr<FetchedPrefix> SessionStore::FetchImpl(std::span<const int32_t> tokens,
   r.hit_units = static_cast<int64_t>(std::min(lk->hit_count, chain.size()));
   r.first_miss_reason = lk->first_miss;
   auto gone = [&] { return abandoned && abandoned(); };
-  if (gone()) return recompute("abandoned by the caller: nothing fetched");
+  // After the LOOKUP, before a GET: nothing more is fetched, and what was is dropped.
+  auto give_up = [&] {
+    f.state = SequenceState{};
+    return recompute("abandoned by the caller after " + std::to_string(r.units_used) + " units");
+  };
+  if (gone()) return give_up();
   if (r.hit_units == 0) {
     ++stats_.miss_recompute;
     return recompute("no hit: recompute");
@@ -781,10 +786,7 @@ StatusOr<FetchedPrefix> SessionStore::FetchImpl(std::span<const int32_t> tokens,
   UnitDecodeOptions dopts;
   dopts.expected_model_fingerprint = fingerprint();
   for (int64_t first = 0; first < r.hit_units && !stopped; first += o.max_units_per_call) {
-    if (gone()) {
-      f.state = SequenceState{};
-      return recompute("abandoned by the caller after " + std::to_string(r.units_used) + " units");
-    }
+    if (gone()) return give_up();
     const int64_t count = std::min<int64_t>(r.hit_units - first, o.max_units_per_call);
     std::vector<daemon::wire::Key> batch(keys.begin() + first, keys.begin() + first + count);
     Status gs = client_->Get(batch, r.turn, [&](size_t j, const daemon::GetItem& item) {
@@ -845,10 +847,7 @@ StatusOr<FetchedPrefix> SessionStore::FetchImpl(std::span<const int32_t> tokens,
   for (uint8_t t = 0; t < 3; ++t) stats_.units_hit_by_tier[t] += tier_units[t];
 
   // 4. The hot states that could continue the used units, for Complete to import the longest.
-  if (gone()) {
-    f.state = SequenceState{};
-    return recompute("abandoned by the caller after " + std::to_string(r.units_used) + " units");
-  }
+  if (gone()) return give_up();
   if (o.use_hot_state && o.keep_hot_state) {
     t0 = Clock::now();
     FetchHotStates(tokens, chain, &f);

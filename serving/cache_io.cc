@@ -165,7 +165,6 @@ CacheIo::RestoreResult CacheIo::DoRestore(Job& job) {
   // A client that left while its restore waited behind others costs kvtierd nothing.
   auto gone = [&] { return job.abandoned && job.abandoned(); };
   if (gone()) {
-    r.abandoned = true;
     metrics_->RestoreAbandoned();
     return r;
   }
@@ -199,7 +198,6 @@ CacheIo::RestoreResult CacheIo::DoRestore(Job& job) {
   StatusOr<engine::FetchedPrefix> f = store->Fetch(job.prompt, job.abandoned);
   CheckDaemon(job.tenant, t0);  // a failed lookup or fetch recomputes; a failed kvtierd waits
   if (gone()) {  // it stopped at (or finished past) the check before a read: dropped either way
-    r.abandoned = true;
     metrics_->RestoreAbandoned();
     return r;
   }

@@ -87,15 +87,13 @@ class CacheIo {
     // A store was asked (false: no cache for this request: kvtierd unavailable or in backoff,
     // or the tenant's namespace is another's). Then `status` and `fetched` hold Fetch's result.
     bool asked = false;
-    // Its client left before or during the fetch: nothing (or not everything) was fetched.
-    bool abandoned = false;
     Status status;
     engine::FetchedPrefix fetched;
   };
   // Queues a restore of `prompt` for tenant (not owned; must outlive this object). `abandoned`
   // (if set; called on CacheIo's thread) says the request's client left: a queued restore is
   // then not begun, and one under way stops before its next kvtierd read
-  // (SessionStore::Fetch), its result marked `abandoned`.
+  // (SessionStore::Fetch); the scheduler drops either result (its generation is cancelled).
   void SubmitRestore(uint64_t id, const Tenant* tenant, std::vector<int32_t> prompt,
                      size_t resident_tokens, std::function<bool()> abandoned = {});
   // The restores finished since the last call, in order.

@@ -261,8 +261,8 @@ std::string ServingMetrics::Render() const {
       "Connections to kvtierd that failed: could not connect, a handshake or call timed out "
       "(--kvtierd-timeout-ms), or kvtierd closed it.",
       "Requests whose client went away before they finished.",
-      "Of those, restores cut short because the client left while they were queued or under "
-      "way: no kvtierd read is made once the client is seen gone.",
+      "Of those, restores whose client left while they were queued or under way: no kvtierd "
+      "read is made once the client is seen gone.",
       "Engine steps (one ForwardBatch pass each).",
       "Prompt tokens prefilled in chunks by engine steps (beside the decode tokens).",
       "Speculative rounds (one per step with decoding sequences).",

@@ -66,7 +66,8 @@ class ServingMetrics {
   // finished turns not yet put.
   void KvtierdQueue(int64_t restores, int64_t save_bytes);
   void Disconnect();  // a request whose client went away before it finished
-  // A restore cut short because its client left (CacheIo): no kvtierd read after that.
+  // A restore whose client left while it was queued or under way (CacheIo): no kvtierd read
+  // after that.
   void RestoreAbandoned();
   void Gauges(int64_t queue_depth, int64_t active_sequences, int64_t resident_sequences,
               int64_t resident_tokens);

@@ -4,6 +4,7 @@
 // node, and for the kvtier_cluster_* series a node in cluster mode), every metric that the
 // server's rules and dashboard query is one that the built `kvtier-engine serve` exports, every
 // dashboard query parses (promtool), and the server unit's command line starts the built server.
+// The Kubernetes manifests: k8s_manifests_test.cc.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -17,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "cache_daemon/config.h"
+#include "tests/e2e/deploy_test_util.h"
 #include "tests/e2e/kvtierd_process.h"
 #ifdef KVTIER_ENGINE_PATH
 #include "tests/serving/serve_process.h"
@@ -29,21 +30,9 @@ namespace {
 namespace kt = kvtier::testing;
 namespace fs = std::filesystem;
 
-const fs::path kDeploy = fs::path(KVTIER_SOURCE_DIR) / "deploy";
-
-std::string ReadFile(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::set<std::string> Matches(const std::string& text, const std::regex& re, int group = 0) {
-  std::set<std::string> out;
-  for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end; ++it)
-    out.insert((*it)[group].str());
-  return out;
-}
+const fs::path kDeploy = kt::kDeployDir;
+using kt::Matches;
+using kt::ReadFile;
 
 // Names a scrape of kvtierd can answer: every family of a `# TYPE` line, and for a histogram
 // its _bucket, _sum and _count series.
@@ -291,279 +280,6 @@ TEST_F(DeployFilesTest, TheServerUnitsCommandStartsTheServer) {
   EXPECT_EQ(kt::Http(serve.port(), "GET", "/v1/models", "", "sk-unit").status, 200) << serve.Log();
   EXPECT_EQ(kt::Http(serve.port(), "GET", "/v1/models").status, 401) << serve.Log();
   EXPECT_EQ(serve.Stop(), 0) << serve.Log();
-#endif
-}
-
-// The manifests as JSON documents (Debian's python3-yaml parses them; kubectl's client dry run
-// needs an API server for discovery, which a test machine does not have).
-nlohmann::json LoadManifests(const fs::path& file) {
-  std::string out;
-  const int rc = kt::RunShell(
-      "/usr/bin/python3 -c 'import json,sys,yaml; "
-      "json.dump([d for d in yaml.safe_load_all(open(sys.argv[1])) if d], sys.stdout)' " +
-          file.string(),
-      &out);
-  EXPECT_EQ(rc, 0) << out;
-  return rc == 0 ? nlohmann::json::parse(out) : nlohmann::json::array();
-}
-
-// The first document of `kind` in docs (LoadManifests); null when there is none.
-const nlohmann::json* OfKind(const nlohmann::json& docs, const std::string& kind) {
-  for (const auto& d : docs) {
-    if (d.at("kind") == kind) return &d;
-  }
-  return nullptr;
-}
-
-TEST_F(DeployFilesTest, KubernetesManifestsAgreeWithKvtierd) {
-  const nlohmann::json docs = LoadManifests(kDeploy / "k8s/kvtierd.yaml");
-  const nlohmann::json* config_map = nullptr;
-  const nlohmann::json* stateful = nullptr;
-  std::vector<const nlohmann::json*> services;
-  for (const auto& d : docs) {
-    const std::string kind = d.at("kind");
-    if (kind == "ConfigMap") config_map = &d;
-    if (kind == "StatefulSet") stateful = &d;
-    if (kind == "Service") services.push_back(&d);
-  }
-  ASSERT_NE(config_map, nullptr);
-  ASSERT_NE(stateful, nullptr);
-  ASSERT_FALSE(services.empty());
-
-  // The config kvtierd reads parses as a kvtierd config, with the ports the manifests name.
-  StatusOr<daemon::DaemonOptions> o =
-      daemon::ParseConfig(config_map->at("data").at("kvtierd.toml").get<std::string>());
-  ASSERT_TRUE(o.ok()) << o.status().ToString();
-
-  const nlohmann::json& pod = stateful->at("spec").at("template").at("spec");
-  const nlohmann::json& c = pod.at("containers").at(0);
-  std::map<std::string, int> ports;
-  for (const auto& p : c.at("ports")) ports[p.at("name")] = p.at("containerPort");
-  EXPECT_EQ(ports.at("resp"), o->resp_port);
-  EXPECT_EQ(ports.at("http"), o->http_port);
-  for (const auto* svc : services) {
-    for (const auto& p : svc->at("spec").at("ports")) {
-      EXPECT_TRUE(ports.count(p.at("targetPort").get<std::string>()))
-          << svc->at("metadata").at("name") << " targets a port the container does not have";
-    }
-  }
-  // Probes hit endpoints kvtierd serves, on its HTTP port.
-  for (const char* probe : {"readinessProbe", "livenessProbe"}) {
-    const nlohmann::json& get = c.at(probe).at("httpGet");
-    EXPECT_EQ(get.at("port"), "http") << probe;
-    const std::string path = get.at("path");
-    EXPECT_TRUE(path == "/readyz" || path == "/healthz") << probe << " " << path;
-  }
-  // The data volume is the config's data_dir, the config file is where --config points.
-  std::set<std::string> mounts;
-  for (const auto& m : c.at("volumeMounts")) mounts.insert(m.at("mountPath"));
-  EXPECT_TRUE(mounts.count(o->data_dir)) << o->data_dir;
-  const nlohmann::json& args = c.at("args");
-  ASSERT_GE(args.size(), 2u);
-  EXPECT_EQ(args.at(0), "--config");
-  EXPECT_TRUE(mounts.count(args.at(1).get<std::string>())) << args.at(1);
-  // SIGTERM drains and flushes: the grace period is the systemd unit's stop timeout.
-  EXPECT_GE(pod.at("terminationGracePeriodSeconds").get<int>(), 120);
-
-  // [cluster]: every pod joins the etcd of etcd.yaml under its pod name, advertising its pod
-  // IP on the container's peer port, and the result passes kvtierd's own cluster checks.
-  ASSERT_TRUE(o->cluster.enabled);
-  std::map<std::string, std::string> env;
-  for (const auto& e : c.at("env"))
-    env[e.at("name")] = e.at("valueFrom").at("fieldRef").at("fieldPath");
-  EXPECT_EQ(env["POD_NAME"], "metadata.name");
-  EXPECT_EQ(env["POD_IP"], "status.podIP");
-  std::map<std::string, std::string> flags;
-  for (size_t i = 2; i + 1 < args.size(); i += 2) flags[args.at(i)] = args.at(i + 1);
-  EXPECT_EQ(flags["--cluster-node-id"], "$(POD_NAME)");
-  EXPECT_EQ(flags["--cluster-peer-advertise"], "$(POD_IP):" + std::to_string(ports.at("peer")));
-  daemon::ClusterServeOptions cluster = o->cluster;
-  cluster.node_id = stateful->at("metadata").at("name").get<std::string>() + "-0";
-  cluster.peer_advertise = "10.0.0.7:" + std::to_string(ports.at("peer"));
-  Status fin = daemon::FinalizeCluster(&cluster, !o->tokens_file.empty());
-  ASSERT_TRUE(fin.ok()) << fin.ToString();
-  EXPECT_EQ(cluster.peer_port, ports.at("peer"));
-
-  const nlohmann::json etcd_docs = LoadManifests(kDeploy / "k8s/etcd.yaml");
-  const nlohmann::json* etcd = OfKind(etcd_docs, "StatefulSet");
-  const nlohmann::json* etcd_svc = OfKind(etcd_docs, "Service");
-  ASSERT_TRUE(etcd != nullptr && etcd_svc != nullptr);
-  const std::string sts = etcd->at("metadata").at("name");
-  EXPECT_EQ(etcd->at("spec").at("serviceName"), etcd_svc->at("metadata").at("name"));
-  const int members = etcd->at("spec").at("replicas");
-  EXPECT_EQ(members % 2, 1) << "an etcd of an even size tolerates no more failures than one less";
-  std::set<std::string> want;
-  std::string initial;
-  for (int i = 0; i < members; ++i) {
-    const std::string host = sts + "-" + std::to_string(i) + "." +
-                             etcd_svc->at("metadata").at("name").get<std::string>();
-    want.insert(host + ":2379");
-    initial += (i ? "," : "") + sts + "-" + std::to_string(i) + "=http://" + host + ":2380";
-  }
-  EXPECT_EQ(
-      std::set<std::string>(o->cluster.etcd_endpoints.begin(), o->cluster.etcd_endpoints.end()),
-      want);
-  bool found = false;
-  for (const auto& a :
-       etcd->at("spec").at("template").at("spec").at("containers").at(0).at("args")) {
-    found = found || a.get<std::string>() == "--initial-cluster=" + initial;
-  }
-  EXPECT_TRUE(found) << "etcd's --initial-cluster must name every member: " << initial;
-}
-
-// deploy/k8s/serve.yaml and deploy/container/Containerfile.serve against the built server and
-// kvtierd.yaml: the server container's args, after the image's entrypoint and with the pod's
-// mounts mapped to this tree (the keys Secret to a keys file, the shared /run/kvtier volume to a
-// started kvtierd's socket), start the built server; its probes' path answers without an API
-// key; the socket it names is where kvtierd.yaml's ConfigMap puts kvtierd's, in a volume both
-// containers mount; both run as the uid both images create (kvtierd's socket admits only its own
-// user); the kvtierd container is kvtierd.yaml's.
-TEST_F(DeployFilesTest, TheServeManifestStartsTheServerBesideItsKvtierd) {
-#ifndef KVTIER_ENGINE_PATH
-  GTEST_SKIP() << "kvtier-engine is not built in this configuration";
-#else
-  const nlohmann::json docs = LoadManifests(kDeploy / "k8s/serve.yaml");
-  const nlohmann::json* stateful = OfKind(docs, "StatefulSet");
-  std::vector<const nlohmann::json*> services;
-  for (const auto& d : docs) {
-    if (d.at("kind") == "Service") services.push_back(&d);
-  }
-  ASSERT_NE(stateful, nullptr);
-  const nlohmann::json& pod = stateful->at("spec").at("template").at("spec");
-  const nlohmann::json* kvtierd = nullptr;
-  const nlohmann::json* serve = nullptr;
-  for (const auto& c : pod.at("containers")) {
-    if (c.at("name") == "kvtierd") kvtierd = &c;
-    if (c.at("name") == "serve") serve = &c;
-  }
-  ASSERT_TRUE(kvtierd != nullptr && serve != nullptr);
-
-  // The kvtierd container is kvtierd.yaml's: its image, args and config.
-  const nlohmann::json kvtierd_docs = LoadManifests(kDeploy / "k8s/kvtierd.yaml");
-  const nlohmann::json* config_map = OfKind(kvtierd_docs, "ConfigMap");
-  const nlohmann::json* kvtierd_sts = OfKind(kvtierd_docs, "StatefulSet");
-  ASSERT_TRUE(config_map != nullptr && kvtierd_sts != nullptr);
-  const nlohmann::json& theirs =
-      kvtierd_sts->at("spec").at("template").at("spec").at("containers").at(0);
-  EXPECT_EQ(kvtierd->at("image"), theirs.at("image"));
-  EXPECT_EQ(kvtierd->at("args"), theirs.at("args"));
-  StatusOr<daemon::DaemonOptions> o =
-      daemon::ParseConfig(config_map->at("data").at("kvtierd.toml").get<std::string>());
-  ASSERT_TRUE(o.ok()) << o.status().ToString();
-  std::map<std::string, int> kvtierd_ports;
-  for (const auto& p : kvtierd->at("ports")) kvtierd_ports[p.at("name")] = p.at("containerPort");
-  EXPECT_EQ(kvtierd_ports.at("http"), o->http_port);
-
-  // Mount path -> volume name, per container; and the pod's volumes by name.
-  auto mounts_of = [](const nlohmann::json& c) {
-    std::map<std::string, std::string> m;
-    for (const auto& v : c.at("volumeMounts")) m[v.at("mountPath")] = v.at("name");
-    return m;
-  };
-  const auto kvtierd_mounts = mounts_of(*kvtierd), serve_mounts = mounts_of(*serve);
-  std::map<std::string, nlohmann::json> volumes;
-  for (const auto& v : pod.at("volumes")) volumes[v.at("name")] = v;
-
-  // The server's flags: the image's entrypoint (past "serve"), then the container's args.
-  const std::string containerfile = ReadFile(kDeploy / "container/Containerfile.serve");
-  auto json_instruction = [&](const std::string& name) {
-    const size_t at = containerfile.find("\n" + name + " [");
-    EXPECT_NE(at, std::string::npos) << name;
-    if (at == std::string::npos) return nlohmann::json::array();
-    std::string text;
-    for (size_t p = at + name.size() + 2;;) {  // the line and its continuations
-      const size_t eol = containerfile.find('\n', p);
-      std::string line = containerfile.substr(p, eol - p);
-      const bool more = !line.empty() && line.back() == '\\';
-      if (more) line.pop_back();
-      text += line;
-      if (!more) break;
-      p = eol + 1;
-    }
-    return nlohmann::json::parse(text);
-  };
-  const nlohmann::json entrypoint = json_instruction("ENTRYPOINT");
-  ASSERT_GE(entrypoint.size(), 2u);
-  EXPECT_EQ(entrypoint.at(0), "/usr/local/bin/kvtier-engine");
-  EXPECT_EQ(entrypoint.at(1), "serve");
-  // The image's CMD is the container's args: a pod without args runs the same server.
-  EXPECT_EQ(json_instruction("CMD"), serve->at("args"));
-  std::vector<std::string> image_flags, pod_flags;
-  for (size_t i = 2; i < entrypoint.size(); ++i) image_flags.push_back(entrypoint.at(i));
-  for (const auto& a : serve->at("args")) pod_flags.push_back(a);
-  std::map<std::string, std::string> flag;
-  for (size_t i = 0; i + 1 < pod_flags.size(); i += 2) flag[pod_flags[i]] = pod_flags[i + 1];
-
-  // kvtierd's socket, in a volume both containers mount.
-  const fs::path socket = flag["--socket"];
-  EXPECT_EQ(socket, fs::path(o->socket_path));
-  const std::string run_dir = socket.parent_path().string();
-  ASSERT_TRUE(kvtierd_mounts.count(run_dir) && serve_mounts.count(run_dir)) << run_dir;
-  EXPECT_EQ(kvtierd_mounts.at(run_dir), serve_mounts.at(run_dir));
-  // The keys file, from the Secret mounted at its directory.
-  const fs::path keys = flag["--api-keys"];
-  const std::string keys_dir = keys.parent_path().string();
-  ASSERT_TRUE(serve_mounts.count(keys_dir)) << keys_dir;
-  EXPECT_TRUE(volumes.at(serve_mounts.at(keys_dir)).contains("secret")) << keys_dir;
-  // The API port: the flag, the container's named port, the probes, the Services.
-  std::map<std::string, int> serve_ports;
-  for (const auto& p : serve->at("ports")) serve_ports[p.at("name")] = p.at("containerPort");
-  EXPECT_EQ(std::to_string(serve_ports.at("api")), flag["--port"]);
-  for (const char* probe : {"readinessProbe", "livenessProbe"}) {
-    EXPECT_EQ(serve->at(probe).at("httpGet").at("port"), "api") << probe;
-    EXPECT_EQ(serve->at(probe).at("httpGet").at("path"), "/health") << probe;
-  }
-  for (const auto* svc : services) {
-    for (const auto& p : svc->at("spec").at("ports")) {
-      const std::string target = p.at("targetPort");
-      EXPECT_TRUE(serve_ports.count(target) || kvtierd_ports.count(target))
-          << svc->at("metadata").at("name") << " targets a port no container has: " << target;
-    }
-  }
-  // One user, the one both images create; kvtierd's drain fits the grace period.
-  const std::regex uid(R"(--uid (\d+))");
-  const std::set<std::string> uids = Matches(containerfile, uid, 1);
-  ASSERT_EQ(uids.size(), 1u);
-  EXPECT_EQ(Matches(ReadFile(kDeploy / "container/Containerfile"), uid, 1), uids);
-  EXPECT_EQ(std::to_string(pod.at("securityContext").at("runAsUser").get<int>()), *uids.begin());
-  EXPECT_GE(pod.at("terminationGracePeriodSeconds").get<int>(), 120);
-
-  // Started here: the model files the entrypoint names (deploy/models, each copied into the
-  // image), a kvtierd's socket, a keys file; loopback for the pod's every-address listen.
-  kt::KvtierdProcess d(dir_ / "d");
-  d.WriteConfig("");
-  ASSERT_TRUE(d.Start()) << d.Log();
-  std::ofstream(dir_ / "keys.json")
-      << R"({"keys": [{"key": "sk-pod", "tenant": "t", "daemon_token": "tok"}]})";
-  const std::string models = "/usr/local/share/kvtier/models/";
-  std::vector<std::string> flags;
-  for (std::string a : image_flags) {
-    if (a.rfind(models, 0) == 0) {
-      const std::string file = a.substr(models.size());
-      EXPECT_NE(containerfile.find("deploy/models/" + file), std::string::npos)
-          << file << " is not copied into the image";
-      a = (kDeploy / "models" / file).string();
-      EXPECT_TRUE(fs::exists(a)) << a;
-    }
-    flags.push_back(a);
-  }
-  for (size_t i = 0; i < pod_flags.size(); ++i) {
-    std::string a = pod_flags[i];
-    if (a == "--port") {  // ServeProcess picks a free port
-      ++i;
-      continue;
-    }
-    if (a == socket.string()) a = d.socket();
-    if (a == keys.string()) a = (dir_ / "keys.json").string();
-    if (a == "0.0.0.0") a = "127.0.0.1";
-    flags.push_back(a);
-  }
-  kt::ServeProcess server(dir_ / "serve");
-  ASSERT_TRUE(server.Start(flags)) << server.Log();
-  EXPECT_EQ(kt::Http(server.port(), "GET", "/health").status, 200) << server.Log();
-  EXPECT_EQ(kt::Http(server.port(), "GET", "/v1/models", "", "sk-pod").status, 200) << server.Log();
-  EXPECT_EQ(kt::Http(server.port(), "GET", "/v1/models").status, 401) << server.Log();
-  EXPECT_EQ(server.Stop(), 0) << server.Log();
 #endif
 }
 

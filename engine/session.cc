@@ -532,8 +532,10 @@ Status SessionStore::PutSave(const PreparedSave& save, int64_t* units_stored) {
   ho.highest_tier = 1;  // DRAM
   ho.ttl_ms = o.hot_state_ttl_ms;
   ho.turn = po.turn;
-  // The page's index gets this state first, before the others already listed (read first; an
-  // index that is missing or unreadable starts empty).
+  // The page's index gets this state first, then the page-aligned state if one is listed (it
+  // continues every prompt that extends the page, where a tail state continues only those that
+  // repeat its tail: many branches past a page must not push it out), then the others already
+  // listed, most recent first (read first; an index that is missing or unreadable starts empty).
   const daemon::wire::Key index_key = HotStateIndexKey(save.hot_page);
   std::vector<HotStateIndexEntry> entries = {{save.hot_tail, save.hot_key}};
   {
@@ -545,9 +547,12 @@ Status SessionStore::PutSave(const PreparedSave& save, int64_t* units_stored) {
                                    });
     if (gs.ok() && !bytes.empty()) {
       if (auto old = DecodeHotStateIndex(bytes, P); old.ok()) {
-        for (const HotStateIndexEntry& e : *old) {
-          if (e.key != save.hot_key && entries.size() < kHotStateIndexEntriesMax)
-            entries.push_back(e);
+        for (const bool aligned : {true, false}) {
+          for (const HotStateIndexEntry& e : *old) {
+            if ((e.tail == 0) == aligned && e.key != save.hot_key &&
+                entries.size() < kHotStateIndexEntriesMax)
+              entries.push_back(e);
+          }
         }
       }
     }

@@ -105,8 +105,9 @@ struct HotStateIndexEntry {
   Digest key{};
   bool operator==(const HotStateIndexEntry&) const = default;
 };
-// The most recent entries an index keeps (branches of one page beyond it are forgotten, oldest
-// first: their resumes replay).
+// The entries an index keeps: the page-aligned state's (tail 0) while it is listed, and the most
+// recent others (branches of one page beyond it are forgotten, oldest first: their resumes
+// replay, or restore the page-aligned state when there is one).
 inline constexpr size_t kHotStateIndexEntriesMax = 16;
 // A page's hot-state index, the most recent entry first, framed as
 //   "KVHI" u16 version(1) u16 count  count x (u16 tail, 32-byte key)

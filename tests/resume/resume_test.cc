@@ -288,6 +288,52 @@ TEST_F(ResumeTest, HotStateRestoreAsksOnlyForKeysThatWereWritten) {
   }
 }
 
+// A page-aligned hot state continues every prompt that extends its page; a tail state only
+// those that repeat its tail. Many branches saved past one page (each its own tail state, more
+// than the page's index lists) must not push the page-aligned one out of the index: a new
+// branch then restores it and replays nothing. The index used to keep only the most recent
+// kHotStateIndexEntriesMax states, so after that many branches every new one replayed (found by
+// the serving transport benchmark: restores of a long history slowed by its replay). The most
+// recent branches still restore their own tails.
+TEST_F(ResumeTest, ThePageAlignedHotStateOutlivesTheBranchesPastIt) {
+  StartDaemon();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  SessionOptions o;
+  o.guard = GuardMode::kAlwaysFetch;
+  auto store = Store(c.get(), o);
+  const auto base = Prompt(128, 29);  // two whole pages: a hot state at the boundary
+  std::vector<float> logits;
+  SaveSession(store.get(), base, &logits);
+  // Branch k: the two pages and 5 tokens of its own past them.
+  auto branch = [&](int k) {
+    std::vector<int32_t> b = base;
+    for (int i = 0; i < 5; ++i) b.push_back((k * 5 + i) % 200 + 20);
+    return b;
+  };
+  constexpr int kBranches = static_cast<int>(kHotStateIndexEntriesMax) + 2;
+  for (int k = 0; k < kBranches; ++k) SaveSession(store.get(), branch(k), &logits);
+  EXPECT_EQ(store->stats().hot_states_put, static_cast<uint64_t>(kBranches) + 1);
+
+  auto fresh = Store(c.get(), o);
+  std::vector<int32_t> other = base;  // a branch never saved
+  for (int i = 0; i < 7; ++i) other.push_back(250 - i);
+  struct Case {
+    std::vector<int32_t> prompt;
+    int64_t tail;
+  };
+  for (const Case& k :
+       {Case{other, 0}, Case{branch(kBranches - 1), 5}, Case{branch(kBranches - 2), 5}}) {
+    SequenceState r;
+    std::vector<float> rl;
+    auto rep = fresh->Resume(k.prompt, &r, &rl);
+    ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+    EXPECT_TRUE(rep->hot_state_restored) << "tail " << k.tail;
+    EXPECT_EQ(rep->hot_tail_tokens, k.tail);
+    EXPECT_EQ(rep->replay_tokens, 0) << "tail " << k.tail;
+  }
+}
+
 // A hot state the daemon returns under another page's key (a daemon bug, or a hostile daemon)
 // is refused and the resume replays: session A's blob, PUT under session B's hot-state key
 // (same length, same shapes: every check but the binding passes), used to be restored for B as

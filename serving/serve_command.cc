@@ -11,6 +11,7 @@
 #include "cli/flags.h"
 #include "common/host_port.h"
 #include "common/logging.h"
+#include "common/malloc_tuning.h"
 #include "common/open_files.h"
 #include "engine/config.h"
 #include "engine/dspark.h"
@@ -274,6 +275,11 @@ int RunServe(std::span<const std::string_view> args) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   const OpenFilesLimit files_limit = RaiseOpenFilesLimit();
+  // Restores receive megabytes per request: keep freed memory for reuse (common/malloc_tuning.h).
+  if (const MallocTuning mt = TuneMallocForServer(); !mt.applied) {
+    KVTIER_LOG(kInfo) << "serve: GLIBC_TUNABLES sets malloc tunables; glibc's allocator is left "
+                         "as set";
+  }
   ServingMetrics metrics;
   auto sched = Scheduler::Create(eng->get(), *weights, so, &metrics);
   if (!sched.ok()) return Fail(sched.status());

@@ -28,12 +28,21 @@ measures, each against its peer in the same run:
               its units come from kvtierd's SSD tier): the cost a restore puts on the running
               streams (its fetch, and its hot state or replay on the engine), and the restored
               request's own time.
+  transport   time to first token of a request that continues a saved conversation of T
+              tokens, restored from kvtierd through its Unix socket (shared memory), its native
+              TCP port (also with the server's allocator left at glibc's defaults, tcp_glibc:
+              common/malloc_tuning.h), and that port under TLS (the certificate
+              deploy/k8s/kvtierd-tls.sh makes, verified), against the same request with the
+              cache off, the three transports'
+              requests alternated (a new suffix each, nothing resident) and each reported as the
+              median of --transport-rounds; all on loopback, so it measures what each transport
+              costs the two processes, not a network.
 
 Usage (from the repository root, after building kvtierd and kvtier-engine):
   /usr/bin/python3 bench/serving/serve_bench.py --build build/release \
       [--concurrency 1,4,16,32] [--requests 32] [--max-tokens 64] [--ttft-tokens 16384]
       [--gap-tokens 4096] [--gap-streams 4] [--restore-gap-tokens 16384 [--restore-gap-ssd]]
-      [--spec [--spec-draft-len N]]
+      [--spec [--spec-draft-len N]] [--transport-tokens 16384,65472 [--transport-rounds 7]]
       [--model W.safetensors --config C.json [--model-id NAME]] [--prompt-bytes N]
 
 --model/--config serve another model than the trained miniature (e.g. random weights of
@@ -95,14 +104,15 @@ class Server:
     # Flags every server gets: the model to serve (--model, --config, --model-id of main()).
     model_flags = []
 
-    def __init__(self, build, workdir, name, extra):
+    def __init__(self, build, workdir, name, extra, env=None):
         self.port_file = os.path.join(workdir, name + ".port")
         if os.path.exists(self.port_file):
             os.remove(self.port_file)
         self.log = open(os.path.join(workdir, name + ".log"), "w")
         cmd = [os.path.join(build, "engine/kvtier-engine"), "serve", "--port", "0",
                "--port-file", self.port_file] + Server.model_flags + extra
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log,
+                                     env=dict(os.environ, **env) if env else None)
         for _ in range(600):
             if os.path.exists(self.port_file):
                 self.port = int(open(self.port_file).read())
@@ -167,17 +177,19 @@ class Server:
             self.proc.wait()
 
 
-def start_daemon(build, workdir):
-    sock = os.path.join(workdir, "d.sock")
-    cfg = os.path.join(workdir, "kvtierd.toml")
+def start_daemon(build, workdir, name="d", config="", flags=()):
+    """A kvtierd in workdir (its files named `name`), with `config` appended to its config and
+    `flags` to its command line; returns (process, socket path)."""
+    sock = os.path.join(workdir, name + ".sock")
+    cfg = os.path.join(workdir, name + ".toml")
     with open(cfg, "w") as f:
         f.write("[storage]\ndram_capacity_bytes = 268435456\nssd_capacity_bytes = 1073741824\n"
-                "ssd_segment_bytes = 67108864\n")
-    log = open(os.path.join(workdir, "kvtierd.log"), "w")
+                "ssd_segment_bytes = 67108864\n" + config)
+    log = open(os.path.join(workdir, name + ".log"), "w")
     proc = subprocess.Popen([os.path.join(build, "cache_daemon/kvtierd"), "--config", cfg,
-                             "--data-dir", os.path.join(workdir, "data"), "--socket", sock,
-                             "--resp-port", str(free_port()), "--http-port", str(free_port())],
-                            stdout=log, stderr=log)
+                             "--data-dir", os.path.join(workdir, name + "-data"), "--socket", sock,
+                             "--resp-port", str(free_port()), "--http-port", str(free_port())] +
+                            list(flags), stdout=log, stderr=log)
     for _ in range(600):
         if os.path.exists(sock):
             return proc, sock
@@ -461,6 +473,98 @@ def restore_gap(build, workdir, sock, args):
                          median_before, during)
 
 
+def transport(build, workdir, tokens, args):
+    """Continue a saved conversation of `tokens` tokens, restored from kvtierd over the Unix
+    socket, plain TCP and TLS (loopback), against the same request computed."""
+    tokens = min(tokens, 65536 - 64)
+    ctx = str(tokens + 1024)
+    common = ["--context-tokens-max", ctx, "--kv-pool-tokens-max", ctx, "--idle-sequences-max",
+              "0", "--max-tokens-max", "8", "--threads", str(args.threads),
+              "--body-bytes-max", str(4 * tokens + 65536), "--guard", "fetch"]
+    pki = os.path.join(workdir, "pki")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if not os.path.exists(os.path.join(pki, "tls.crt")):  # made once per run
+        subprocess.run([os.path.join(root, "deploy/k8s/kvtierd-tls.sh"), pki], check=True,
+                       stdout=subprocess.DEVNULL)
+    # Two kvtierds: TLS is per front, and the Unix socket and plain TCP share the first.
+    plain_port, tls_port = free_port(), free_port()
+    procs, servers = [], {}
+    try:
+        d1, sock1 = start_daemon(build, workdir, "tp%d" % tokens,
+                                 flags=["--native-port", str(plain_port)])
+        procs.append(d1)
+        d2, _ = start_daemon(build, workdir, "tt%d" % tokens, flags=["--native-port", str(tls_port)],
+                             config='[tls]\ncert_file = "%s/tls.crt"\nkey_file = "%s/tls.key"\n'
+                                    'native = true\n' % (pki, pki))
+        procs.append(d2)
+        wait_port(tls_port)
+        wait_port(plain_port)
+        flags = {"unix": ["--socket", sock1],
+                 "tcp": ["--kvtierd", "127.0.0.1:%d" % plain_port],
+                 "tcp_glibc": ["--kvtierd", "127.0.0.1:%d" % plain_port],
+                 "tls": ["--kvtierd", "127.0.0.1:%d" % tls_port, "--kvtierd-tls", "--kvtierd-ca",
+                         os.path.join(pki, "ca.crt"), "--kvtierd-server-name", "kvtierd"],
+                 "off": []}
+        for name, f in flags.items():
+            # tcp_glibc: a malloc tunable at its default value leaves the server's allocator as
+            # glibc sets it (common/malloc_tuning.h), the arm before that tuning.
+            env = {"GLIBC_TUNABLES": "glibc.malloc.arena_test=8"} if name == "tcp_glibc" else None
+            servers[name] = Server(build, workdir, "transport_" + name, f + common, env)
+        history = text(tokens, 13)
+        for name in ("unix", "tls"):  # the saved conversation, in each kvtierd
+            servers[name].post({"model": args.model_id, "prompt": history, "max_tokens": 1,
+                                "temperature": 0})
+        for name in ("unix", "tcp", "tcp_glibc", "tls"):  # each server's first restore (a warm-up)
+            servers[name].post({"model": args.model_id, "prompt": history + " at first",
+                                "max_tokens": 1, "temperature": 0})
+        order = ["unix", "tcp", "tcp_glibc", "tls", "off"]
+        firsts = {name: [] for name in order}
+        cached = {}
+        for r in range(args.transport_rounds):
+            for name in order[r % 5:] + order[:r % 5]:  # rotated: none always first
+                if name == "off" and r >= 3:
+                    continue  # the computed prompt takes seconds: three are enough
+                # A suffix of its own: no request continues another's saved turn, so each
+                # restores the history's pages and its hot state, then prefills the suffix.
+                turn = {"model": args.model_id, "prompt": history + " and then %s %d" % (name, r),
+                        "max_tokens": 1, "temperature": 0}
+                usage, first, _ = servers[name].post(turn, stream=True)
+                firsts[name].append(first)
+                cached.setdefault(name, set()).add(usage["prompt_tokens_details"]["cached_tokens"])
+        med = {name: sorted(v)[len(v) // 2] for name, v in firsts.items()}
+        row = {"bench": "transport", "history_tokens": tokens,
+               "cached_tokens": {n: sorted(c) for n, c in cached.items()},
+               "rounds": args.transport_rounds,
+               "ttft_unix_s": round(med["unix"], 4), "ttft_tcp_s": round(med["tcp"], 4),
+               "ttft_tcp_glibc_s": round(med["tcp_glibc"], 4),
+               "ttft_tls_s": round(med["tls"], 4), "ttft_no_cache_s": round(med["off"], 3),
+               "tcp_over_unix": round(med["tcp"] / med["unix"], 2),
+               "tcp_glibc_over_tcp": round(med["tcp_glibc"] / med["tcp"], 2),
+               "tls_over_unix": round(med["tls"] / med["unix"], 2),
+               "no_cache_over_tls": round(med["off"] / med["tls"], 1),
+               "samples_s": {n: [round(x, 4) for x in v] for n, v in firsts.items()},
+               "load": os.getloadavg()[0]}
+        print(json.dumps(row), flush=True)
+        return row
+    finally:
+        for srv in servers.values():
+            srv.stop()
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=60)
+
+
+def wait_port(port):
+    """Waits (up to 30 s) until 127.0.0.1:port accepts."""
+    for _ in range(600):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("port %d does not accept" % port)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build/release")
@@ -487,6 +591,9 @@ def main():
     ap.add_argument("--restore-gap-ssd", action="store_true",
                     help="restore_gap reads the restored units from kvtierd's SSD tier")
     ap.add_argument("--gap-stream-tokens", type=int, default=600)
+    ap.add_argument("--transport-tokens", default="",
+                    help="comma list of saved conversations for the transport measurement")
+    ap.add_argument("--transport-rounds", type=int, default=7)
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
     if (args.model is None) != (args.config is None):
@@ -505,6 +612,8 @@ def main():
             not 0 <= args.restore_gap_tokens <= 65536 - 1024:
         sys.exit("serve_bench: --gap-tokens in [0, 65536], --gap-streams in [1, 32], "
                  "--gap-stream-tokens in [40, 4096], --restore-gap-tokens in [0, 64512]")
+    if not 1 <= args.transport_rounds <= 101:
+        sys.exit("serve_bench: --transport-rounds in [1, 101]")
     workdir = tempfile.mkdtemp(prefix="kvtier_serve_bench_")
     daemon, sock = start_daemon(args.build, workdir)
     try:
@@ -518,6 +627,8 @@ def main():
             gap(args.build, workdir, args)
         if args.restore_gap_tokens:
             restore_gap(args.build, workdir, sock, args)
+        for t in [int(x) for x in args.transport_tokens.split(",") if x]:
+            transport(args.build, workdir, t, args)
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)

@@ -5,10 +5,13 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "common/sanitizers.h"
+
 namespace kvtier {
 
 MallocTuning TuneMallocForServer() {
   MallocTuning t;
+  if (kSanitizerAllocator) return t;  // not glibc's allocator: it takes no mallopt settings
   if (const char* env = std::getenv("GLIBC_TUNABLES");
       env != nullptr && std::string_view(env).find("glibc.malloc.") != std::string_view::npos) {
     return t;

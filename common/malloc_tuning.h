@@ -29,7 +29,8 @@ inline constexpr size_t kMallocMmapThresholdBytes = size_t{32} << 20;
 inline constexpr size_t kMallocTrimThresholdBytes = size_t{256} << 20;
 
 // Sets M_MMAP_THRESHOLD and M_TRIM_THRESHOLD to the constants above, unless the environment's
-// GLIBC_TUNABLES sets any glibc.malloc tunable (the operator's choice then stands). Call it
+// GLIBC_TUNABLES sets any glibc.malloc tunable (the operator's choice then stands) or malloc is
+// a sanitizer's allocator (common/sanitizers.h). Call it
 // once at start, before the threads that allocate. Not thread-safe with itself.
 MallocTuning TuneMallocForServer();
 

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "common/sanitizers.h"
+
 namespace kvtier {
 namespace {
 
@@ -55,6 +57,7 @@ const bool kChildMeasured = [] {
 }();
 
 TEST(MallocTuning, FreedBuffersAreReusedWithoutPageFaults) {
+  if (kSanitizerAllocator) GTEST_SKIP() << "a sanitizer's allocator takes no mallopt settings";
   ::unsetenv("GLIBC_TUNABLES");
   char self[4096] = {};
   ASSERT_GT(::readlink("/proc/self/exe", self, sizeof(self) - 1), 0);
@@ -78,6 +81,7 @@ TEST(MallocTuning, FreedBuffersAreReusedWithoutPageFaults) {
 
 // An operator's GLIBC_TUNABLES for malloc stands: nothing is changed.
 TEST(MallocTuning, AnOperatorsMallocTunablesAreLeftAlone) {
+  if (kSanitizerAllocator) GTEST_SKIP() << "a sanitizer's allocator takes no mallopt settings";
   ASSERT_EQ(::setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1048576", 1), 0);
   EXPECT_FALSE(TuneMallocForServer().applied);
   ASSERT_EQ(::setenv("GLIBC_TUNABLES", "glibc.cpu.hwcaps=-AVX512F", 1), 0);

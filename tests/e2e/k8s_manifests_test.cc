@@ -333,6 +333,41 @@ int64_t SecondTurnCachedTokens(const kt::ServeProcess& server, const std::string
   if (r2.status != 200) return -1;
   return r2.Json()["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
 }
+
+// The server's flags as a pod runs them: `flags` (the image's entrypoint's), then the
+// container's args with each one in `mapped` replaced (paths and addresses of the pod mapped to
+// the test's), every-address listens on loopback and --port dropped (ServeProcess picks one).
+std::vector<std::string> PodFlags(std::vector<std::string> flags, const json& args,
+                                  const std::map<std::string, std::string>& mapped) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args.at(i);
+    if (a == "--port") {
+      ++i;
+      continue;
+    }
+    if (auto it = mapped.find(a); it != mapped.end()) a = it->second;
+    if (a == "0.0.0.0") a = "127.0.0.1";
+    flags.push_back(a);
+  }
+  return flags;
+}
+
+// Starts the server with `flags` (nothing left resident, so a second turn resumes through
+// kvtierd) and checks what every pod's server must do: /health without a key, 401 without one
+// on /v1/models, a conversation's second turn restored whole, exit 0 on SIGTERM.
+void ExpectServerResumesTurns(const fs::path& dir, std::vector<std::string> flags,
+                              const std::string& key, const kt::KvtierdProcess& d) {
+  flags.insert(flags.end(), {"--idle-sequences-max", "0"});
+  kt::ServeProcess server(dir);
+  ASSERT_TRUE(server.Start(flags)) << server.Log();
+  EXPECT_EQ(kt::Http(server.port(), "GET", "/health").status, 200) << server.Log();
+  EXPECT_EQ(kt::Http(server.port(), "GET", "/v1/models").status, 401) << server.Log();
+  int64_t whole = 0;
+  const int64_t cached = SecondTurnCachedTokens(server, key, &whole);
+  EXPECT_EQ(cached, whole) << server.Log() << d.Log();
+  EXPECT_GT(whole, 64);
+  EXPECT_EQ(server.Stop(), 0) << server.Log();
+}
 #endif
 
 // deploy/k8s/serve.yaml and deploy/container/Containerfile.serve against the built server and
@@ -411,29 +446,11 @@ TEST_F(K8sManifestsTest, TheServeManifestStartsTheServerBesideItsKvtierd) {
   ASSERT_TRUE(d.Start()) << d.Log();
   std::ofstream(dir_ / "keys.json")
       << R"({"keys": [{"key": "sk-pod", "tenant": "t", "daemon_token": "tok"}]})";
-  std::vector<std::string> flags = EntrypointFlags(im);
-  const json& args = serve->at("args");
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string a = args.at(i);
-    if (a == "--port") {  // ServeProcess picks a free port
-      ++i;
-      continue;
-    }
-    if (a == socket.string()) a = d.socket();
-    if (a == keys) a = (dir_ / "keys.json").string();
-    if (a == "0.0.0.0") a = "127.0.0.1";
-    flags.push_back(a);
-  }
-  flags.insert(flags.end(), {"--idle-sequences-max", "0"});  // turn 2 resumes through kvtierd
-  kt::ServeProcess server(dir_ / "serve");
-  ASSERT_TRUE(server.Start(flags)) << server.Log();
-  EXPECT_EQ(kt::Http(server.port(), "GET", "/health").status, 200) << server.Log();
-  EXPECT_EQ(kt::Http(server.port(), "GET", "/v1/models").status, 401) << server.Log();
-  int64_t whole = 0;
-  const int64_t cached = SecondTurnCachedTokens(server, "sk-pod", &whole);
-  EXPECT_EQ(cached, whole) << server.Log();
-  EXPECT_GT(whole, 64);
-  EXPECT_EQ(server.Stop(), 0) << server.Log();
+  ExpectServerResumesTurns(
+      dir_ / "serve",
+      PodFlags(EntrypointFlags(im), serve->at("args"),
+               {{socket.string(), d.socket()}, {keys, (dir_ / "keys.json").string()}}),
+      "sk-pod", d);
 #endif
 }
 
@@ -529,35 +546,16 @@ TEST_F(K8sManifestsTest, TheSharedServeManifestReachesKvtierdOverTls) {
   ASSERT_TRUE(d.Start({"--native-port", std::to_string(native_port)})) << d.Log();
   std::ofstream(dir_ / "keys.json")
       << R"({"keys": [{"key": "sk-pod", "tenant": "t", "daemon_token": "tok"}]})";
-  std::vector<std::string> flags = EntrypointFlags(im);
-  const json& args = serve.at("args");
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string a = args.at(i);
-    if (a == "--port") {  // ServeProcess picks a free port
-      ++i;
-      continue;
-    }
-    if (a == address) a = "localhost:" + std::to_string(native_port);
-    if (a == ca) a = (pki / "ca.crt").string();
-    if (a == keys) a = (dir_ / "keys.json").string();
-    if (a == "0.0.0.0") a = "127.0.0.1";
-    flags.push_back(a);
-  }
+  std::vector<std::string> flags = PodFlags(EntrypointFlags(im), serve.at("args"),
+                                            {{address, "localhost:" + std::to_string(native_port)},
+                                             {ca, (pki / "ca.crt").string()},
+                                             {keys, (dir_ / "keys.json").string()}});
   // The name the pod dials, which the certificate must carry.
   if (!flag.count("--kvtierd-server-name"))
     flags.insert(flags.end(), {"--kvtierd-server-name", host});
-  flags.insert(flags.end(), {"--idle-sequences-max", "0"});  // turn 2 resumes through kvtierd
-  kt::ServeProcess server(dir_ / "serve");
-  ASSERT_TRUE(server.Start(flags)) << server.Log();
-  EXPECT_EQ(kt::Http(server.port(), "GET", "/health").status, 200) << server.Log();
-  EXPECT_EQ(kt::Http(server.port(), "GET", "/v1/models").status, 401) << server.Log();
-  int64_t whole = 0;
-  const int64_t cached = SecondTurnCachedTokens(server, "sk-pod", &whole);
-  EXPECT_EQ(cached, whole) << server.Log() << d.Log();
-  EXPECT_GT(whole, 64);
+  ExpectServerResumesTurns(dir_ / "serve", flags, "sk-pod", d);
   const std::string m = kt::Http(d.http_port(), "GET", "/metrics").body;
   EXPECT_GE(kt::Metric(m, "kvtier_tls_handshakes_total{result=\"ok\"}"), 1) << m;
-  EXPECT_EQ(server.Stop(), 0) << server.Log();
 #endif
 }
 

@@ -97,6 +97,7 @@ TEST_F(K8sManifestsTest, KvtierdManifestsAgreeWithKvtierd) {
   for (const auto& p : c.at("ports")) ports[p.at("name")] = p.at("containerPort");
   EXPECT_EQ(ports.at("resp"), o->resp_port);
   EXPECT_EQ(ports.at("http"), o->http_port);
+  EXPECT_EQ(ports.count("native") ? ports.at("native") : 0, o->native_port);
   for (const auto* svc : services) {
     for (const auto& p : svc->at("spec").at("ports")) {
       EXPECT_TRUE(ports.count(p.at("targetPort").get<std::string>()))

@@ -63,12 +63,19 @@ json LoadManifests(const fs::path& file) {
   return rc == 0 ? json::parse(out) : json::array();
 }
 
-// The first document of `kind` in docs (LoadManifests); null when there is none.
-const json* OfKind(const json& docs, const std::string& kind) {
+// The documents of `kind` in docs (LoadManifests), in order.
+std::vector<const json*> AllOfKind(const json& docs, const std::string& kind) {
+  std::vector<const json*> out;
   for (const auto& d : docs) {
-    if (d.at("kind") == kind) return &d;
+    if (d.at("kind") == kind) out.push_back(&d);
   }
-  return nullptr;
+  return out;
+}
+
+// The first document of `kind` in docs; null when there is none.
+const json* OfKind(const json& docs, const std::string& kind) {
+  const std::vector<const json*> all = AllOfKind(docs, kind);
+  return all.empty() ? nullptr : all.front();
 }
 
 TEST_F(K8sManifestsTest, KvtierdManifestsAgreeWithKvtierd) {
@@ -385,10 +392,7 @@ TEST_F(K8sManifestsTest, TheServeManifestStartsTheServerBesideItsKvtierd) {
 #else
   const json docs = LoadManifests(kDeploy / "k8s/serve.yaml");
   const json* stateful = OfKind(docs, "StatefulSet");
-  std::vector<const json*> services;
-  for (const auto& d : docs) {
-    if (d.at("kind") == "Service") services.push_back(&d);
-  }
+  const std::vector<const json*> services = AllOfKind(docs, "Service");
   ASSERT_NE(stateful, nullptr);
   const json& pod = stateful->at("spec").at("template").at("spec");
   const json* kvtierd = nullptr;
@@ -470,10 +474,7 @@ TEST_F(K8sManifestsTest, TheSharedServeManifestReachesKvtierdOverTls) {
   const json docs = LoadManifests(kDeploy / "k8s/serve-shared.yaml");
   const json* deployment = OfKind(docs, "Deployment");
   ASSERT_NE(deployment, nullptr);
-  std::vector<const json*> services;
-  for (const auto& d : docs) {
-    if (d.at("kind") == "Service") services.push_back(&d);
-  }
+  const std::vector<const json*> services = AllOfKind(docs, "Service");
   const json& pod = deployment->at("spec").at("template").at("spec");
   ASSERT_EQ(pod.at("containers").size(), 1u) << "a server pod with no kvtierd of its own";
   const json& serve = pod.at("containers").at(0);

@@ -6,7 +6,7 @@
 // kernel once more than M_TRIM_THRESHOLD is free there. Both start low (128 KiB) and adapt
 // only partly, so a server that receives megabytes per request maps, faults in and unmaps
 // the same amount again for every request: restoring a 64K-token conversation over kvtierd's
-// TCP front took about 2,200 page faults and 40 ms of the server's CPU, where the transfer
+// TCP front took about 2,200 page faults and 42 ms of the server's CPU, where the transfer
 // itself takes a few (docs/performance/serving.md, "kvtierd over TCP and TLS").
 // TuneMallocForServer keeps freed memory for reuse instead: the cost is that the process's
 // resident memory stays near its peak (what the server's own limits bound) rather than
@@ -17,21 +17,14 @@
 
 namespace kvtier {
 
-// What TuneMallocForServer set (applied false: nothing was changed).
-struct MallocTuning {
-  bool applied = false;
-  size_t mmap_threshold_bytes = 0;  // allocations this large or larger get their own mapping
-  size_t trim_threshold_bytes = 0;  // free bytes kept at the heap's top before giving back
-};
-
 // The largest M_MMAP_THRESHOLD glibc accepts on 64-bit (HEAP_MAX_SIZE / 2).
 inline constexpr size_t kMallocMmapThresholdBytes = size_t{32} << 20;
 inline constexpr size_t kMallocTrimThresholdBytes = size_t{256} << 20;
 
-// Sets M_MMAP_THRESHOLD and M_TRIM_THRESHOLD to the constants above, unless the environment's
-// GLIBC_TUNABLES sets any glibc.malloc tunable (the operator's choice then stands) or malloc is
-// a sanitizer's allocator (common/sanitizers.h). Call it
-// once at start, before the threads that allocate. Not thread-safe with itself.
-MallocTuning TuneMallocForServer();
+// Sets M_MMAP_THRESHOLD and M_TRIM_THRESHOLD to the constants above and returns true, unless
+// the environment's GLIBC_TUNABLES sets any glibc.malloc tunable (the operator's choice then
+// stands) or malloc is a sanitizer's allocator (common/sanitizers.h): then it changes nothing
+// and returns false. Call it once at start, before the threads that allocate.
+bool TuneMallocForServer();
 
 }  // namespace kvtier

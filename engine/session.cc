@@ -547,12 +547,11 @@ Status SessionStore::PutSave(const PreparedSave& save, int64_t* units_stored) {
                                    });
     if (gs.ok() && !bytes.empty()) {
       if (auto old = DecodeHotStateIndex(bytes, P); old.ok()) {
-        for (const bool aligned : {true, false}) {
-          for (const HotStateIndexEntry& e : *old) {
-            if ((e.tail == 0) == aligned && e.key != save.hot_key &&
-                entries.size() < kHotStateIndexEntriesMax)
-              entries.push_back(e);
-          }
+        std::stable_partition(old->begin(), old->end(),
+                              [](const HotStateIndexEntry& e) { return e.tail == 0; });
+        for (const HotStateIndexEntry& e : *old) {
+          if (e.key != save.hot_key && entries.size() < kHotStateIndexEntriesMax)
+            entries.push_back(e);
         }
       }
     }

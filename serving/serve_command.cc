@@ -276,7 +276,7 @@ int RunServe(std::span<const std::string_view> args) {
 
   const OpenFilesLimit files_limit = RaiseOpenFilesLimit();
   // Restores receive megabytes per request: keep freed memory for reuse (common/malloc_tuning.h).
-  if (const MallocTuning mt = TuneMallocForServer(); !mt.applied) {
+  if (!TuneMallocForServer()) {
     KVTIER_LOG(kInfo) << "serve: GLIBC_TUNABLES sets malloc tunables; glibc's allocator is left "
                          "as set";
   }

@@ -67,11 +67,11 @@ TEST(MallocTuning, FreedBuffersAreReusedWithoutPageFaults) {
   EXPECT_EQ(std::fscanf(child, "%lld", &untuned), 1);
   EXPECT_EQ(::pclose(child), 0);
 
-  const MallocTuning t = TuneMallocForServer();
-  ASSERT_TRUE(t.applied);
-  EXPECT_EQ(t.mmap_threshold_bytes, kMallocMmapThresholdBytes);
-  EXPECT_EQ(t.trim_threshold_bytes, kMallocTrimThresholdBytes);
+  ASSERT_TRUE(TuneMallocForServer());
   const int64_t tuned = FaultsOfTransientBuffers();
+  // The figures docs/performance/serving.md quotes.
+  std::printf("minor page faults over %d replies: glibc's defaults %lld, tuned %lld\n", kRounds,
+              untuned, static_cast<long long>(tuned));
   // Untuned: hundreds of faults per round (a round touches about 900 pages). Tuned: none
   // once warm.
   EXPECT_GT(untuned, kRounds * 100)
@@ -83,9 +83,9 @@ TEST(MallocTuning, FreedBuffersAreReusedWithoutPageFaults) {
 TEST(MallocTuning, AnOperatorsMallocTunablesAreLeftAlone) {
   if (kSanitizerAllocator) GTEST_SKIP() << "a sanitizer's allocator takes no mallopt settings";
   ASSERT_EQ(::setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1048576", 1), 0);
-  EXPECT_FALSE(TuneMallocForServer().applied);
+  EXPECT_FALSE(TuneMallocForServer());
   ASSERT_EQ(::setenv("GLIBC_TUNABLES", "glibc.cpu.hwcaps=-AVX512F", 1), 0);
-  EXPECT_TRUE(TuneMallocForServer().applied);
+  EXPECT_TRUE(TuneMallocForServer());
   ::unsetenv("GLIBC_TUNABLES");
 }
 

@@ -30,13 +30,15 @@ measures, each against its peer in the same run:
               request's own time.
   transport   time to first token of a request that continues a saved conversation of T
               tokens, restored from kvtierd through its Unix socket (shared memory), its native
-              TCP port (also with the server's allocator left at glibc's defaults, tcp_glibc:
-              common/malloc_tuning.h), and that port under TLS (the certificate
-              deploy/k8s/kvtierd-tls.sh makes, verified), against the same request with the
-              cache off, the three transports'
-              requests alternated (a new suffix each, nothing resident) and each reported as the
-              median of --transport-rounds; all on loopback, so it measures what each transport
-              costs the two processes, not a network.
+              TCP port, and that port under TLS (the certificate deploy/k8s/kvtierd-tls.sh
+              makes, verified), against the same request with the cache off; the Unix socket
+              and TCP also with the server's allocator left at glibc's defaults (unix_glibc,
+              tcp_glibc: common/malloc_tuning.h). Each arm is its own server; its first request
+              is a fresh server's first restore (reported apart, with the page faults it took),
+              then the arms' requests alternate (a new suffix each, nothing resident), each arm
+              reported as the median of --transport-rounds, with its median page faults per
+              restore. All on loopback: it measures what each transport costs the two
+              processes, not a network.
 
 Usage (from the repository root, after building kvtierd and kvtier-engine):
   /usr/bin/python3 bench/serving/serve_bench.py --build build/release \
@@ -162,6 +164,11 @@ class Server:
         with open("/proc/%d/stat" % self.proc.pid) as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def minor_faults(self):
+        """Minor page faults of the server process so far (all its threads)."""
+        with open("/proc/%d/stat" % self.proc.pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[7])
 
     def metrics(self):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
@@ -499,50 +506,70 @@ def transport(build, workdir, tokens, args):
         procs.append(d2)
         wait_port(tls_port)
         wait_port(plain_port)
-        flags = {"unix": ["--socket", sock1],
-                 "tcp": ["--kvtierd", "127.0.0.1:%d" % plain_port],
-                 "tcp_glibc": ["--kvtierd", "127.0.0.1:%d" % plain_port],
-                 "tls": ["--kvtierd", "127.0.0.1:%d" % tls_port, "--kvtierd-tls", "--kvtierd-ca",
-                         os.path.join(pki, "ca.crt"), "--kvtierd-server-name", "kvtierd"],
-                 "off": []}
-        for name, f in flags.items():
-            # tcp_glibc: a malloc tunable at its default value leaves the server's allocator as
-            # glibc sets it (common/malloc_tuning.h), the arm before that tuning.
-            env = {"GLIBC_TUNABLES": "glibc.malloc.arena_test=8"} if name == "tcp_glibc" else None
-            servers[name] = Server(build, workdir, "transport_" + name, f + common, env)
+        tcp = ["--kvtierd", "127.0.0.1:%d" % plain_port]
+        tls = ["--kvtierd", "127.0.0.1:%d" % tls_port, "--kvtierd-tls", "--kvtierd-ca",
+               os.path.join(pki, "ca.crt"), "--kvtierd-server-name", "kvtierd"]
         history = text(tokens, 13)
-        for name in ("unix", "tls"):  # the saved conversation, in each kvtierd
-            servers[name].post({"model": args.model_id, "prompt": history, "max_tokens": 1,
-                                "temperature": 0})
-        for name in ("unix", "tcp", "tcp_glibc", "tls"):  # each server's first restore (a warm-up)
-            servers[name].post({"model": args.model_id, "prompt": history + " at first",
-                                "max_tokens": 1, "temperature": 0})
-        order = ["unix", "tcp", "tcp_glibc", "tls", "off"]
+        # The saved conversation, in each kvtierd, by servers of their own: every measured
+        # server's first request is then its first restore.
+        for name, f in (("save_unix", ["--socket", sock1]), ("save_tls", tls)):
+            saver = Server(build, workdir, "transport_" + name, f + common)
+            try:
+                saver.post({"model": args.model_id, "prompt": history, "max_tokens": 1,
+                            "temperature": 0})
+            finally:
+                saver.stop()
+        flags = {"unix": ["--socket", sock1], "unix_glibc": ["--socket", sock1], "tcp": tcp,
+                 "tcp_glibc": tcp, "tls": tls, "off": []}
+        for name, f in flags.items():
+            # *_glibc: a malloc tunable at its default value leaves the server's allocator as
+            # glibc sets it (common/malloc_tuning.h), the arm before that tuning.
+            env = {"GLIBC_TUNABLES": "glibc.malloc.arena_test=8"} if name.endswith("_glibc") else None
+            servers[name] = Server(build, workdir, "transport_" + name, f + common, env)
+
+        def restore(name, prompt):
+            """TTFT of `prompt` on arm `name`, the page faults it took, its cached tokens."""
+            f0 = servers[name].minor_faults()
+            usage, first, _ = servers[name].post(
+                {"model": args.model_id, "prompt": prompt, "max_tokens": 1, "temperature": 0},
+                stream=True)
+            return first, servers[name].minor_faults() - f0, \
+                usage["prompt_tokens_details"]["cached_tokens"]
+
+        order = [n for n in flags if n != "off"] + ["off"]
+        first_restore = {n: restore(n, history + " at first " + n)[:2] for n in order if n != "off"}
         firsts = {name: [] for name in order}
+        faults = {name: [] for name in order}
         cached = {}
         for r in range(args.transport_rounds):
-            for name in order[r % 5:] + order[:r % 5]:  # rotated: none always first
+            for name in order[r % len(order):] + order[:r % len(order)]:  # rotated
                 if name == "off" and r >= 3:
                     continue  # the computed prompt takes seconds: three are enough
                 # A suffix of its own: no request continues another's saved turn, so each
                 # restores the history's pages and its hot state, then prefills the suffix.
-                turn = {"model": args.model_id, "prompt": history + " and then %s %d" % (name, r),
-                        "max_tokens": 1, "temperature": 0}
-                usage, first, _ = servers[name].post(turn, stream=True)
+                first, fault, hit = restore(name, history + " and then %s %d" % (name, r))
                 firsts[name].append(first)
-                cached.setdefault(name, set()).add(usage["prompt_tokens_details"]["cached_tokens"])
+                faults[name].append(fault)
+                cached.setdefault(name, set()).add(hit)
         med = {name: sorted(v)[len(v) // 2] for name, v in firsts.items()}
         row = {"bench": "transport", "history_tokens": tokens,
                "cached_tokens": {n: sorted(c) for n, c in cached.items()},
                "rounds": args.transport_rounds,
-               "ttft_unix_s": round(med["unix"], 4), "ttft_tcp_s": round(med["tcp"], 4),
+               "ttft_unix_s": round(med["unix"], 4),
+               "ttft_unix_glibc_s": round(med["unix_glibc"], 4),
+               "ttft_tcp_s": round(med["tcp"], 4),
                "ttft_tcp_glibc_s": round(med["tcp_glibc"], 4),
                "ttft_tls_s": round(med["tls"], 4), "ttft_no_cache_s": round(med["off"], 3),
                "tcp_over_unix": round(med["tcp"] / med["unix"], 2),
+               "unix_glibc_over_unix": round(med["unix_glibc"] / med["unix"], 2),
                "tcp_glibc_over_tcp": round(med["tcp_glibc"] / med["tcp"], 2),
                "tls_over_unix": round(med["tls"] / med["unix"], 2),
                "no_cache_over_tls": round(med["off"] / med["tls"], 1),
                "samples_s": {n: [round(x, 4) for x in v] for n, v in firsts.items()},
+               "page_faults_per_restore": {n: sorted(v)[len(v) // 2]
+                                           for n, v in faults.items() if n != "off"},
+               "first_restore": {n: {"s": round(t, 4), "page_faults": pf}
+                                 for n, (t, pf) in first_restore.items()},
                "load": os.getloadavg()[0]}
         print(json.dumps(row), flush=True)
         return row

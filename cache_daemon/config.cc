@@ -200,6 +200,8 @@ std::map<std::string, Setter> KeyTable(DaemonOptions& o, std::string& durability
        UintKey("limits.resp_key_index_bytes_max", &o.resp_key_index_bytes_max)},
       {"limits.connection_memory_bytes_max",
        UintKey("limits.connection_memory_bytes_max", &o.connection_memory_bytes_max)},
+      {"limits.reply_buffers_kept_bytes_max",
+       UintKey("limits.reply_buffers_kept_bytes_max", &o.reply_buffers_kept_bytes_max)},
       {"limits.malloc_arenas_max", UintKey("limits.malloc_arenas_max", &o.malloc_arenas_max)},
       {"limits.malloc_mmap_threshold_bytes",
        UintKey("limits.malloc_mmap_threshold_bytes", &o.malloc_mmap_threshold_bytes)},

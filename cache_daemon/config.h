@@ -114,6 +114,9 @@ struct DaemonOptions {
   uint64_t resp_keys_reply_bytes_max = 16u << 20;     // KEYS reply; beyond it an error (use SCAN)
   uint64_t resp_key_index_bytes_max = 256ull << 20;   // key names kept for SCAN/KEYS/DBSIZE
   uint64_t connection_memory_bytes_max = 1ull << 30;  // all connection buffers together
+  // Large reply buffers kept for the next replies (cache_daemon/reply_buffers.h), outside
+  // connection_memory_bytes_max; 0 keeps none.
+  uint64_t reply_buffers_kept_bytes_max = 64ull << 20;
   // glibc malloc, set at start (docs/CONFIG.md, [limits]): the arenas (M_ARENA_MAX; 0 keeps
   // glibc's 8 per core) and the size from which an allocation is a mapping of its own, returned
   // to the system when freed (M_MMAP_THRESHOLD; 0 keeps glibc's, which rises to the largest

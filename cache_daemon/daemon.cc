@@ -93,6 +93,7 @@ std::string RenderMetrics(Shared* shared, bool tenant_series) {
     extra.engram_grants_issued = shared->engram->grants_issued();
   }
   extra.connection_buffer_bytes = shared->memory->used_bytes();
+  extra.reply_buffers_kept_bytes = shared->reply_buffers->kept_bytes();
   extra.resp_key_index_bytes = shared->service->resp_index().bytes();
   extra.resp_keys_unindexed = shared->service->resp_index().unindexed();
   extra.resp_key_log_errors = shared->service->resp_index().log_errors();
@@ -154,6 +155,7 @@ class DaemonImpl final : public Daemon {
         trace_(std::move(trace)),
         workers_(options.worker_threads),
         memory_(options.connection_memory_bytes_max),
+        reply_buffers_(options.reply_buffers_kept_bytes_max),
         service_(store_.get(), tenants_.get(), &metrics_, trace_.get(),
                  PolicySettings{options.storage.eviction_policy, options.storage.admission_policy,
                                 options.storage.policy_params},
@@ -162,6 +164,7 @@ class DaemonImpl final : public Daemon {
     shared_.service = &service_;
     shared_.metrics = &metrics_;
     shared_.memory = &memory_;
+    shared_.reply_buffers = &reply_buffers_;
     shared_.tenants = tenants_.get();
     shared_.io = &io_;
     shared_.workers = &workers_;
@@ -597,6 +600,7 @@ class DaemonImpl final : public Daemon {
   DaemonMetrics metrics_;
   asio::thread_pool workers_;
   internal::ConnectionMemory memory_;
+  internal::ReplyBuffers reply_buffers_;
   Service service_;
   std::unique_ptr<RespDurableSets> durable_sets_;  // durability sync with an SSD tier only
   Shared shared_;

@@ -19,6 +19,7 @@
 #include "cache_daemon/config.h"
 #include "cache_daemon/engram_serving.h"
 #include "cache_daemon/metrics.h"
+#include "cache_daemon/reply_buffers.h"
 #include "cache_daemon/resp_durable_sets.h"
 #include "cache_daemon/service.h"
 #include "cache_daemon/source_limit.h"
@@ -82,6 +83,7 @@ struct Shared {
   EngramServing* engram = nullptr;  // null when [engram] serving is off
   ClusterNode* cluster = nullptr;   // null when [cluster] is off
   ConnectionMemory* memory = nullptr;
+  ReplyBuffers* reply_buffers = nullptr;  // large reply buffers kept for reuse
   // Plain RESP SETs completed asynchronously: set under durability sync with an SSD tier
   // (resp_durable_sets.h), null otherwise (SETs then run on the connection's strand).
   RespDurableSets* durable_sets = nullptr;

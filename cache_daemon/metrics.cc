@@ -440,6 +440,9 @@ std::string DaemonMetrics::RenderPrometheus(const storage::Stats& s, const Extra
   p.One("kvtier_connection_buffer_bytes", "gauge",
         "Bytes held by connection buffers (limits.connection_memory_bytes_max).",
         extra.connection_buffer_bytes);
+  p.One("kvtier_reply_buffers_kept_bytes", "gauge",
+        "Bytes of large reply buffers kept for reuse (limits.reply_buffers_kept_bytes_max).",
+        extra.reply_buffers_kept_bytes);
   p.One("kvtier_resp_key_index_bytes", "gauge",
         "Bytes of the RESP key-name index for SCAN/KEYS (limits.resp_key_index_bytes_max).",
         extra.resp_key_index_bytes);

@@ -166,10 +166,11 @@ class DaemonMetrics {
     std::optional<rdma::RowServerCounters> engram_server;
     uint64_t engram_regions = 0;
     uint64_t engram_grants_issued = 0;
-    uint64_t connection_buffer_bytes = 0;  // ConnectionMemory::used_bytes()
-    uint64_t resp_key_index_bytes = 0;     // RespKeyIndex::bytes()
-    uint64_t resp_keys_unindexed = 0;      // RespKeyIndex::unindexed()
-    uint64_t resp_key_log_errors = 0;      // RespKeyIndex::log_errors()
+    uint64_t connection_buffer_bytes = 0;   // ConnectionMemory::used_bytes()
+    uint64_t reply_buffers_kept_bytes = 0;  // ReplyBuffers::kept_bytes()
+    uint64_t resp_key_index_bytes = 0;      // RespKeyIndex::bytes()
+    uint64_t resp_keys_unindexed = 0;       // RespKeyIndex::unindexed()
+    uint64_t resp_key_log_errors = 0;       // RespKeyIndex::log_errors()
     // Open connections per front: (front name, count).
     std::vector<std::pair<std::string, uint64_t>> front_connections;
     // Connections not yet authenticated per front that authenticates with HELLO/AUTH:

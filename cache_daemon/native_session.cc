@@ -368,6 +368,7 @@ void NativeSession::WriteNext() {
                       self->shared_->metrics->AddBytes(false, n);
                       self->idle_.Touch(IdleWatch::NowMs());
                       self->wq_bytes_.fetch_sub(self->wq_.front().bytes.size());
+                      self->shared_->reply_buffers->Give(std::move(self->wq_.front().bytes));
                       self->wq_.pop_front();
                       if (ec) {
                         KVTIER_LOG(kInfo) << "native connection write error: " << ec.message();

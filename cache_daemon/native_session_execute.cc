@@ -90,7 +90,9 @@ Status NativeSession::ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_
       if (shm && !InShm(job, req.dst_offset, req.dst_capacity)) {
         return Status::InvalidArgument("get destination outside the shared-memory region");
       }
-      wire::Writer w;
+      // Inline values make the reply as large as the values: it is built in a kept buffer
+      // (reply_buffers.h), given back when written. Over shared memory the reply is small.
+      wire::Writer w(shm ? std::vector<uint8_t>() : shared_->reply_buffers->Take());
       w.buffer().resize(wire::kHeaderBytes);
       wire::EncodeStatus(Status::Ok(), &w);
       w.U16(static_cast<uint16_t>(req.keys.size()));

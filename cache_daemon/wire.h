@@ -154,6 +154,9 @@ class FrameParser {
 
 class Writer {
  public:
+  Writer() = default;
+  // Writes into `buffer` from its start, keeping its capacity (a reused reply buffer).
+  explicit Writer(std::vector<uint8_t> buffer) : out_(std::move(buffer)) { out_.clear(); }
   void U8(uint8_t v) { out_.push_back(v); }
   void U16(uint16_t v) { Put(v, 2); }
   void U32(uint32_t v) { Put(v, 4); }

@@ -95,6 +95,20 @@ inline double ProcessCpuSeconds(pid_t pid) {
   return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
+// Minor page faults process `pid` has taken so far (all its threads); -1 when unknown.
+inline int64_t ProcessMinorFaults(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');  // the command name may hold spaces and parentheses
+  if (paren == std::string::npos || paren + 2 > stat.size()) return -1;
+  std::istringstream fields(stat.substr(paren + 2));
+  std::string f;
+  for (int i = 3; i <= 10 && fields >> f; ++i) {  // minflt: field 10 (proc(5))
+    if (i == 10) return std::stoll(f);
+  }
+  return -1;
+}
+
 // SIGSTOPs process `pid` and waits (up to timeout_ms) until every one of its threads is
 // stopped. kill() returns before that: the kernel wakes one thread to begin the group stop, and
 // until it has run the others go on (on a busy machine long enough to answer a request), so a

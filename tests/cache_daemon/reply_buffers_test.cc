@@ -1,0 +1,103 @@
+// ReplyBuffers (cache_daemon/reply_buffers.h): which buffers it keeps, which it hands out, and
+// that what it keeps stays within its limit under concurrent use.
+#include "cache_daemon/reply_buffers.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+namespace kvtier::daemon::internal {
+namespace {
+
+std::vector<uint8_t> Buffer(size_t capacity, size_t size) {
+  std::vector<uint8_t> b;
+  b.reserve(capacity);
+  b.assign(size, 0x7e);
+  return b;
+}
+
+TEST(ReplyBuffers, NothingKeptGivesAnEmptyBuffer) {
+  ReplyBuffers buffers(64u << 20);
+  std::vector<uint8_t> b = buffers.Take();
+  EXPECT_EQ(b.capacity(), 0u);
+  EXPECT_EQ(buffers.kept_bytes(), 0u);
+}
+
+TEST(ReplyBuffers, TakeHandsOutTheLargestKeptBufferEmpty) {
+  ReplyBuffers buffers(64u << 20);
+  buffers.Give(Buffer(1u << 20, 1000));
+  buffers.Give(Buffer(4u << 20, 3u << 20));
+  buffers.Give(Buffer(2u << 20, 5));
+  EXPECT_EQ(buffers.kept_buffers(), 3u);
+  EXPECT_EQ(buffers.kept_bytes(), 7u << 20);
+  std::vector<uint8_t> b = buffers.Take();
+  EXPECT_EQ(b.capacity(), 4u << 20);
+  EXPECT_TRUE(b.empty());
+  EXPECT_EQ(buffers.kept_bytes(), 3u << 20);
+  EXPECT_EQ(buffers.Take().capacity(), 2u << 20);
+  EXPECT_EQ(buffers.Take().capacity(), 1u << 20);
+  EXPECT_EQ(buffers.Take().capacity(), 0u);
+  EXPECT_EQ(buffers.kept_bytes(), 0u);
+}
+
+TEST(ReplyBuffers, SmallBuffersAreFreedNotKept) {
+  ReplyBuffers buffers(64u << 20);
+  buffers.Give(Buffer(ReplyBuffers::kMinKeptBytes - 1, 10));
+  EXPECT_EQ(buffers.kept_buffers(), 0u);
+  buffers.Give(Buffer(ReplyBuffers::kMinKeptBytes, 10));
+  EXPECT_EQ(buffers.kept_buffers(), 1u);
+}
+
+TEST(ReplyBuffers, KeepsWithinItsLimit) {
+  ReplyBuffers buffers(5u << 20);
+  buffers.Give(Buffer(2u << 20, 0));
+  buffers.Give(Buffer(2u << 20, 0));
+  buffers.Give(Buffer(2u << 20, 0));  // 6 MiB would pass the limit: freed
+  EXPECT_EQ(buffers.kept_buffers(), 2u);
+  EXPECT_EQ(buffers.kept_bytes(), 4u << 20);
+  buffers.Give(Buffer(1u << 20, 0));  // exactly the limit
+  EXPECT_EQ(buffers.kept_bytes(), 5u << 20);
+
+  ReplyBuffers none(0);
+  none.Give(Buffer(1u << 20, 0));
+  EXPECT_EQ(none.kept_buffers(), 0u);
+}
+
+TEST(ReplyBuffers, KeepsAtMostItsCountOfBuffers) {
+  ReplyBuffers buffers(1ull << 40);
+  for (size_t i = 0; i < ReplyBuffers::kMaxKeptBuffers + 5; ++i) {
+    buffers.Give(Buffer(ReplyBuffers::kMinKeptBytes, 0));
+  }
+  EXPECT_EQ(buffers.kept_buffers(), ReplyBuffers::kMaxKeptBuffers);
+  EXPECT_EQ(buffers.kept_bytes(), ReplyBuffers::kMaxKeptBuffers * ReplyBuffers::kMinKeptBytes);
+}
+
+// Workers take buffers, grow them as replies do, and give them back, all at once: the tally
+// stays the sum of what is kept and within the limit.
+TEST(ReplyBuffers, ConcurrentTakesAndGivesKeepTheTallyTrue) {
+  static constexpr uint64_t kLimit = 8u << 20;
+  ReplyBuffers buffers(kLimit);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&buffers, t] {
+      for (int i = 0; i < 500; ++i) {
+        std::vector<uint8_t> b = buffers.Take();
+        EXPECT_TRUE(b.empty());
+        b.resize(ReplyBuffers::kMinKeptBytes * static_cast<size_t>(1 + (i + t) % 5), 1);
+        buffers.Give(std::move(b));
+        EXPECT_LE(buffers.kept_bytes(), kLimit);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  uint64_t sum = 0;
+  const size_t n = buffers.kept_buffers();
+  for (size_t i = 0; i < n; ++i) sum += buffers.Take().capacity();
+  EXPECT_GT(n, 0u);
+  EXPECT_LE(sum, kLimit);
+  EXPECT_EQ(buffers.kept_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon::internal

@@ -33,12 +33,14 @@ measures, each against its peer in the same run:
               TCP port, and that port under TLS (the certificate deploy/k8s/kvtierd-tls.sh
               makes, verified), against the same request with the cache off; the Unix socket
               and TCP also with the server's allocator left at glibc's defaults (unix_glibc,
-              tcp_glibc: common/malloc_tuning.h). Each arm is its own server; its first request
-              is a fresh server's first restore (reported apart, with the page faults it took),
-              then the arms' requests alternate (a new suffix each, nothing resident), each arm
-              reported as the median of --transport-rounds, with its median page faults per
-              restore. All on loopback: it measures what each transport costs the two
-              processes, not a network.
+              tcp_glibc: common/malloc_tuning.h), and TCP to a kvtierd that keeps no reply
+              buffers (tcp_unkept: limits.reply_buffers_kept_bytes_max = 0). Each arm is its
+              own server; its first request is a fresh server's first restore (reported apart,
+              with the page faults it took), then the arms' requests alternate (a new suffix
+              each, nothing resident), each arm reported as the median of --transport-rounds,
+              with its median page faults per restore and the CPU its kvtierd spent meanwhile.
+              All on loopback: it measures what each transport costs the two processes, not a
+              network.
 
 Usage (from the repository root, after building kvtierd and kvtier-engine):
   /usr/bin/python3 bench/serving/serve_bench.py --build build/release \
@@ -493,8 +495,10 @@ def transport(build, workdir, tokens, args):
     if not os.path.exists(os.path.join(pki, "tls.crt")):  # made once per run
         subprocess.run([os.path.join(root, "deploy/k8s/kvtierd-tls.sh"), pki], check=True,
                        stdout=subprocess.DEVNULL)
-    # Two kvtierds: TLS is per front, and the Unix socket and plain TCP share the first.
-    plain_port, tls_port = free_port(), free_port()
+    # Three kvtierds: TLS is per front, and the Unix socket and plain TCP share the first; the
+    # third keeps no reply buffers (limits.reply_buffers_kept_bytes_max = 0), as kvtierd was
+    # before it kept them.
+    plain_port, tls_port, unkept_port = free_port(), free_port(), free_port()
     procs, servers = [], {}
     try:
         d1, sock1 = start_daemon(build, workdir, "tp%d" % tokens,
@@ -504,15 +508,22 @@ def transport(build, workdir, tokens, args):
                              config='[tls]\ncert_file = "%s/tls.crt"\nkey_file = "%s/tls.key"\n'
                                     'native = true\n' % (pki, pki))
         procs.append(d2)
+        d3, sock3 = start_daemon(build, workdir, "tk%d" % tokens,
+                                 flags=["--native-port", str(unkept_port)],
+                                 config="[limits]\nreply_buffers_kept_bytes_max = 0\n")
+        procs.append(d3)
         wait_port(tls_port)
         wait_port(plain_port)
+        wait_port(unkept_port)
         tcp = ["--kvtierd", "127.0.0.1:%d" % plain_port]
+        tcp_unkept = ["--kvtierd", "127.0.0.1:%d" % unkept_port]
         tls = ["--kvtierd", "127.0.0.1:%d" % tls_port, "--kvtierd-tls", "--kvtierd-ca",
                os.path.join(pki, "ca.crt"), "--kvtierd-server-name", "kvtierd"]
         history = text(tokens, 13)
         # The saved conversation, in each kvtierd, by servers of their own: every measured
         # server's first request is then its first restore.
-        for name, f in (("save_unix", ["--socket", sock1]), ("save_tls", tls)):
+        for name, f in (("save_unix", ["--socket", sock1]), ("save_tls", tls),
+                        ("save_unkept", ["--socket", sock3])):
             saver = Server(build, workdir, "transport_" + name, f + common)
             try:
                 saver.post({"model": args.model_id, "prompt": history, "max_tokens": 1,
@@ -520,7 +531,9 @@ def transport(build, workdir, tokens, args):
             finally:
                 saver.stop()
         flags = {"unix": ["--socket", sock1], "unix_glibc": ["--socket", sock1], "tcp": tcp,
-                 "tcp_glibc": tcp, "tls": tls, "off": []}
+                 "tcp_glibc": tcp, "tcp_unkept": tcp_unkept, "tls": tls, "off": []}
+        daemon_of = {"unix": d1, "unix_glibc": d1, "tcp": d1, "tcp_glibc": d1, "tcp_unkept": d3,
+                     "tls": d2}
         for name, f in flags.items():
             # *_glibc: a malloc tunable at its default value leaves the server's allocator as
             # glibc sets it (common/malloc_tuning.h), the arm before that tuning.
@@ -528,18 +541,23 @@ def transport(build, workdir, tokens, args):
             servers[name] = Server(build, workdir, "transport_" + name, f + common, env)
 
         def restore(name, prompt):
-            """TTFT of `prompt` on arm `name`, the page faults it took, its cached tokens."""
+            """TTFT of `prompt` on arm `name`, the page faults it took, its cached tokens, and
+            the CPU its kvtierd spent meanwhile (ms; None with the cache off)."""
             f0 = servers[name].minor_faults()
+            d = daemon_of.get(name)
+            k0 = daemon_cpu_ns(d.pid) if d else 0
             usage, first, _ = servers[name].post(
                 {"model": args.model_id, "prompt": prompt, "max_tokens": 1, "temperature": 0},
                 stream=True)
+            kcpu = (daemon_cpu_ns(d.pid) - k0) / 1e6 if d else None
             return first, servers[name].minor_faults() - f0, \
-                usage["prompt_tokens_details"]["cached_tokens"]
+                usage["prompt_tokens_details"]["cached_tokens"], kcpu
 
         order = [n for n in flags if n != "off"] + ["off"]
         first_restore = {n: restore(n, history + " at first " + n)[:2] for n in order if n != "off"}
         firsts = {name: [] for name in order}
         faults = {name: [] for name in order}
+        kvtierd_ms = {name: [] for name in order if name != "off"}
         cached = {}
         for r in range(args.transport_rounds):
             for name in order[r % len(order):] + order[:r % len(order)]:  # rotated
@@ -547,9 +565,11 @@ def transport(build, workdir, tokens, args):
                     continue  # the computed prompt takes seconds: three are enough
                 # A suffix of its own: no request continues another's saved turn, so each
                 # restores the history's pages and its hot state, then prefills the suffix.
-                first, fault, hit = restore(name, history + " and then %s %d" % (name, r))
+                first, fault, hit, kcpu = restore(name, history + " and then %s %d" % (name, r))
                 firsts[name].append(first)
                 faults[name].append(fault)
+                if kcpu is not None:
+                    kvtierd_ms[name].append(kcpu)
                 cached.setdefault(name, set()).add(hit)
         med = {name: sorted(v)[len(v) // 2] for name, v in firsts.items()}
         row = {"bench": "transport", "history_tokens": tokens,
@@ -559,15 +579,19 @@ def transport(build, workdir, tokens, args):
                "ttft_unix_glibc_s": round(med["unix_glibc"], 4),
                "ttft_tcp_s": round(med["tcp"], 4),
                "ttft_tcp_glibc_s": round(med["tcp_glibc"], 4),
+               "ttft_tcp_unkept_s": round(med["tcp_unkept"], 4),
                "ttft_tls_s": round(med["tls"], 4), "ttft_no_cache_s": round(med["off"], 3),
                "tcp_over_unix": round(med["tcp"] / med["unix"], 2),
                "unix_glibc_over_unix": round(med["unix_glibc"] / med["unix"], 2),
                "tcp_glibc_over_tcp": round(med["tcp_glibc"] / med["tcp"], 2),
+               "tcp_unkept_over_tcp": round(med["tcp_unkept"] / med["tcp"], 2),
                "tls_over_unix": round(med["tls"] / med["unix"], 2),
                "no_cache_over_tls": round(med["off"] / med["tls"], 1),
                "samples_s": {n: [round(x, 4) for x in v] for n, v in firsts.items()},
                "page_faults_per_restore": {n: sorted(v)[len(v) // 2]
                                            for n, v in faults.items() if n != "off"},
+               "kvtierd_cpu_ms_per_restore": {n: round(sorted(v)[len(v) // 2], 1)
+                                              for n, v in kvtierd_ms.items()},
                "first_restore": {n: {"s": round(t, 4), "page_faults": pf}
                                  for n, (t, pf) in first_restore.items()},
                "load": os.getloadavg()[0]}
@@ -579,6 +603,18 @@ def transport(build, workdir, tokens, args):
         for p in procs:
             p.send_signal(signal.SIGTERM)
             p.wait(timeout=60)
+
+
+def daemon_cpu_ns(pid):
+    """CPU nanoseconds the threads of process `pid` have run (schedstat, all live threads)."""
+    total = 0
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, tid)) as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            pass  # the thread ended meanwhile
+    return total
 
 
 def wait_port(port):

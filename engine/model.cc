@@ -25,6 +25,26 @@ size_t AppendKvBytes(std::vector<uint8_t>* v, size_t bytes) {
   return old;
 }
 
+void ReserveKvTokens(SequenceState* st, int64_t tokens) {
+  for (KvSourceCache& k : st->kv) {
+    const size_t entries = static_cast<size_t>(std::max<int64_t>(tokens, 0) / std::max(k.ratio, 1));
+    auto reserve = [entries](std::vector<uint8_t>* v, size_t entry_bytes) {
+      v->reserve(entries * entry_bytes);  // no-op when the capacity is already there
+    };
+    reserve(&k.main_data, kernels::DataBytes(QuantFormat::kFp4E4M3x16, k.head_dim));
+    reserve(&k.main_scales, kernels::ScaleBytes(QuantFormat::kFp4E4M3x16, k.head_dim));
+    reserve(&k.index_data, kernels::DataBytes(QuantFormat::kFp4Ue8m0x32, k.index_dim));
+    reserve(&k.index_scales, kernels::ScaleBytes(QuantFormat::kFp4Ue8m0x32, k.index_dim));
+  }
+}
+
+void ShrinkKvToFit(SequenceState* st) {
+  for (KvSourceCache& k : st->kv) {
+    for (std::vector<uint8_t>* v : {&k.main_data, &k.main_scales, &k.index_data, &k.index_scales})
+      v->shrink_to_fit();
+  }
+}
+
 uint64_t NextHistoryNumber() {
   static std::atomic<uint64_t> next{1};
   return next.fetch_add(1, std::memory_order_relaxed);

@@ -243,6 +243,16 @@ struct SequenceState {
 
 KvMemory KvCacheBytes(const SequenceState& st);
 
+// Reserves the global KV byte vectors of *st for a sequence of `tokens` tokens (each source's
+// tokens / ratio entries), so that importing up to that many appends without reallocating: a
+// restore knows its prompt before the first unit arrives. Growing by AppendKvBytes instead
+// copied every byte about four times over and faulted in fresh memory at each step
+// (docs/performance/serving.md, "A restore's global KV reserved"). A caller that will hold
+// far fewer tokens calls ShrinkKvToFit, so that KvCacheBytes' bound holds again.
+void ReserveKvTokens(SequenceState* st, int64_t tokens);
+// Gives back the global KV byte vectors' capacity beyond their entries.
+void ShrinkKvToFit(SequenceState* st);
+
 // Per-step observations for tests and tools (filled when a trace is attached).
 struct StepTrace {
   // Per batch token at the candidate source: visible entries and positions in the pool.

@@ -784,6 +784,8 @@ StatusOr<FetchedPrefix> SessionStore::FetchImpl(std::span<const int32_t> tokens,
   }
   t0 = Clock::now();
   f.state = engine()->NewSequence();
+  // The units, then the uncached suffix, append without moving what is held.
+  ReserveKvTokens(&f.state, static_cast<int64_t>(tokens.size()));
   std::vector<daemon::wire::Key> keys(chain.begin(), chain.begin() + r.hit_units);
   bool stopped = false;
   std::array<int64_t, 3> tier_units{};
@@ -820,6 +822,7 @@ StatusOr<FetchedPrefix> SessionStore::FetchImpl(std::span<const int32_t> tokens,
   }
   r.fetch_s = Since(t0);
   r.corrupt_units = r.hit_units - r.units_used;
+  if (r.units_used < r.hit_units) ShrinkKvToFit(&f.state);  // reserved for more than arrived
   stats_.corrupt_units += static_cast<uint64_t>(r.corrupt_units);
   for (uint8_t t = 0; t < 3; ++t) {
     r.units_by_tier[t] = tier_units[t];

@@ -508,6 +508,54 @@ TEST(EngineState, EncodedUnitsRoundTripAndAreVerified) {
   }
 }
 
+// ReserveKvTokens makes room for the units a restore imports: they append in place (no
+// vector moves), ending with capacity equal to the stored bytes; an import that stops short
+// gives the rest back with ShrinkKvToFit.
+TEST(EngineState, ReservedImportsAppendInPlace) {
+  auto e = MakeEngine();
+  const auto prompt = Prompt(256, 15);
+  SequenceState st = e->NewSequence();
+  std::vector<float> logits;
+  ASSERT_TRUE(e->PrefillCed(&st, prompt, &logits).ok());
+  auto layout = EngineKvLayout(MiniConfig());
+  ASSERT_TRUE(layout.ok());
+  const UnitPayloadLayout pl = UnitPayloadLayout::For(*layout);
+  ASSERT_EQ(ExportablePages(pl, st), 4);
+  auto vectors = [](SequenceState& s) {
+    std::vector<std::vector<uint8_t>*> v;
+    for (KvSourceCache& k : s.kv) {
+      for (auto* x : {&k.main_data, &k.main_scales, &k.index_data, &k.index_scales}) v.push_back(x);
+    }
+    return v;
+  };
+  for (const int64_t pages : {4, 2}) {
+    SequenceState back = e->NewSequence();
+    ReserveKvTokens(&back, 256);
+    std::vector<const uint8_t*> where;
+    for (auto* v : vectors(back)) where.push_back(v->data());
+    for (int64_t page = 0; page < pages; ++page) {
+      auto payload = ExportUnitPayload(pl, st, page);
+      ASSERT_TRUE(payload.ok());
+      std::span<const int32_t> toks(prompt.data() + page * 64, 64);
+      ASSERT_TRUE(ImportUnitPayload(pl, *payload, toks, &back).ok());
+    }
+    const auto after = vectors(back);
+    for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i]->data(), where[i]) << i;
+    if (pages < 4) {
+      EXPECT_GT(KvCacheBytes(back).global_kv_bytes, KvCacheBytes(back).stored_bytes);
+      ShrinkKvToFit(&back);
+    }
+    const KvMemory m = KvCacheBytes(back);
+    EXPECT_EQ(m.global_kv_bytes, m.stored_bytes) << pages;
+    for (size_t s = 0; s < st.kv.size(); ++s) {
+      const size_t n = back.kv[s].main_data.size();
+      EXPECT_TRUE(std::equal(back.kv[s].main_data.begin(), back.kv[s].main_data.end(),
+                             st.kv[s].main_data.begin()));
+      EXPECT_EQ(n, st.kv[s].main_data.size() * static_cast<size_t>(pages) / 4) << s;
+    }
+  }
+}
+
 TEST(EngineState, UnitsPlusSwaBlobResumeExactly) {
   auto e = MakeEngine();
   const auto prompt = Prompt(64, 12);

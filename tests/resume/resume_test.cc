@@ -600,6 +600,32 @@ TEST_F(ResumeTest, CorruptUnitOnSsdGivesShorterHitNeverWrongOutput) {
   EXPECT_GE(store->stats().miss_recompute, 1u);
 }
 
+// A fetch reserves the restored global KV once, for the units it imports: the FP4 byte
+// vectors end with exactly the stored bytes. Before, they grew by AppendKvBytes' 5/4 steps as
+// units arrived, copying what was there at each step (and faulting in fresh memory); after 8
+// equal units that leaves about 9.8 units of capacity.
+TEST_F(ResumeTest, AFetchReservesTheRestoredKvOnce) {
+  StartDaemon();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  SessionOptions o;
+  o.guard = GuardMode::kAlwaysFetch;
+  auto store = Store(c.get(), o);
+  const auto tokens = Prompt(512, 71);
+  std::vector<float> logits;
+  const SequenceState saved = SaveSession(store.get(), tokens, &logits);
+  auto fetched = Store(c.get(), o)->Fetch(tokens);
+  ASSERT_TRUE(fetched.ok()) << fetched.status().ToString();
+  ASSERT_EQ(fetched->report.units_used, 8);
+  const KvMemory m = KvCacheBytes(fetched->state);
+  EXPECT_EQ(m.global_kv_bytes, m.stored_bytes);
+  ASSERT_EQ(fetched->state.kv.size(), saved.kv.size());
+  for (size_t i = 0; i < saved.kv.size(); ++i) {
+    EXPECT_EQ(fetched->state.kv[i].main_data, saved.kv[i].main_data) << i;
+    EXPECT_EQ(fetched->state.kv[i].index_data, saved.kv[i].index_data) << i;
+  }
+}
+
 // Another tenant's resume of the same tokens misses (and recomputes correctly); the owner hits.
 TEST_F(ResumeTest, OtherTenantMisses) {
   std::ofstream(dir_ / "tokens.toml")

@@ -79,34 +79,31 @@ inline uint64_t ProcessStatusBytes(pid_t pid, const std::string& field) {
 // Virtual memory size of process `pid` (VmSize of /proc/PID/status) in bytes; 0 when unknown.
 inline uint64_t VmSizeBytes(pid_t pid) { return ProcessStatusBytes(pid, "VmSize:"); }
 
-// CPU time (user + system) process `pid` has used, in seconds; -1 when unknown.
-inline double ProcessCpuSeconds(pid_t pid) {
+// The fields of /proc/PID/stat after the command name: fields[0] is field 3 (the state) of
+// proc(5), fields[i] field i + 3. Empty when unknown.
+inline std::vector<std::string> ProcessStatFields(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const size_t paren = stat.rfind(')');  // the command name may hold spaces and parentheses
-  if (paren == std::string::npos || paren + 2 > stat.size()) return -1;
-  std::istringstream fields(stat.substr(paren + 2));
-  std::string f;
-  uint64_t utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && fields >> f; ++i) {  // utime and stime: fields 14 and 15 (proc(5))
-    if (i == 14) utime = std::stoull(f);
-    if (i == 15) stime = std::stoull(f);
-  }
+  if (paren == std::string::npos || paren + 2 > stat.size()) return {};
+  std::istringstream in_fields(stat.substr(paren + 2));
+  std::vector<std::string> fields;
+  for (std::string f; in_fields >> f;) fields.push_back(f);
+  return fields;
+}
+
+// CPU time (user + system) process `pid` has used, in seconds; -1 when unknown.
+inline double ProcessCpuSeconds(pid_t pid) {
+  const std::vector<std::string> f = ProcessStatFields(pid);
+  if (f.size() < 13) return -1;
+  const uint64_t utime = std::stoull(f[11]), stime = std::stoull(f[12]);  // fields 14 and 15
   return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 // Minor page faults process `pid` has taken so far (all its threads); -1 when unknown.
 inline int64_t ProcessMinorFaults(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t paren = stat.rfind(')');  // the command name may hold spaces and parentheses
-  if (paren == std::string::npos || paren + 2 > stat.size()) return -1;
-  std::istringstream fields(stat.substr(paren + 2));
-  std::string f;
-  for (int i = 3; i <= 10 && fields >> f; ++i) {  // minflt: field 10 (proc(5))
-    if (i == 10) return std::stoll(f);
-  }
-  return -1;
+  const std::vector<std::string> f = ProcessStatFields(pid);
+  return f.size() < 8 ? -1 : std::stoll(f[7]);  // minflt: field 10
 }
 
 // SIGSTOPs process `pid` and waits (up to timeout_ms) until every one of its threads is

@@ -475,15 +475,29 @@ TEST(EngineState, ExportedGlobalKvIs222_5BytesPerToken) {
   EXPECT_TRUE(ImportUnitPayload(pl, truncated, toks, &other).IsCorruption());
 }
 
-TEST(EngineState, EncodedUnitsRoundTripAndAreVerified) {
-  auto e = MakeEngine();
-  const auto prompt = Prompt(128, 14);
-  SequenceState st = e->NewSequence();
+// A CED prefill of `prompt` on a fresh engine, and the unit payload layout of its model.
+struct PrefilledForUnits {
+  std::unique_ptr<Engine> engine;
+  SequenceState st;
+  UnitPayloadLayout pl;
+};
+PrefilledForUnits PrefillForUnits(const std::vector<int32_t>& prompt) {
+  PrefilledForUnits p{MakeEngine(), {}, {}};
+  p.st = p.engine->NewSequence();
   std::vector<float> logits;
-  ASSERT_TRUE(e->PrefillCed(&st, prompt, &logits).ok());
+  EXPECT_TRUE(p.engine->PrefillCed(&p.st, prompt, &logits).ok());
   auto layout = EngineKvLayout(MiniConfig());
-  ASSERT_TRUE(layout.ok());
-  const UnitPayloadLayout pl = UnitPayloadLayout::For(*layout);
+  EXPECT_TRUE(layout.ok());
+  if (layout.ok()) p.pl = UnitPayloadLayout::For(*layout);
+  return p;
+}
+
+TEST(EngineState, EncodedUnitsRoundTripAndAreVerified) {
+  const auto prompt = Prompt(128, 14);
+  PrefilledForUnits p = PrefillForUnits(prompt);
+  Engine* e = p.engine.get();
+  const SequenceState& st = p.st;
+  const UnitPayloadLayout& pl = p.pl;
   ASSERT_EQ(ExportablePages(pl, st), 2);
   SequenceState back = e->NewSequence();
   for (int64_t page = 0; page < 2; ++page) {
@@ -512,14 +526,11 @@ TEST(EngineState, EncodedUnitsRoundTripAndAreVerified) {
 // vector moves), ending with capacity equal to the stored bytes; an import that stops short
 // gives the rest back with ShrinkKvToFit.
 TEST(EngineState, ReservedImportsAppendInPlace) {
-  auto e = MakeEngine();
   const auto prompt = Prompt(256, 15);
-  SequenceState st = e->NewSequence();
-  std::vector<float> logits;
-  ASSERT_TRUE(e->PrefillCed(&st, prompt, &logits).ok());
-  auto layout = EngineKvLayout(MiniConfig());
-  ASSERT_TRUE(layout.ok());
-  const UnitPayloadLayout pl = UnitPayloadLayout::For(*layout);
+  PrefilledForUnits p = PrefillForUnits(prompt);
+  Engine* e = p.engine.get();
+  const SequenceState& st = p.st;
+  const UnitPayloadLayout& pl = p.pl;
   ASSERT_EQ(ExportablePages(pl, st), 4);
   auto vectors = [](SequenceState& s) {
     std::vector<std::vector<uint8_t>*> v;

@@ -600,8 +600,8 @@ TEST_F(ResumeTest, CorruptUnitOnSsdGivesShorterHitNeverWrongOutput) {
   EXPECT_GE(store->stats().miss_recompute, 1u);
 }
 
-// A fetch reserves the restored global KV once, for the units it imports: the FP4 byte
-// vectors end with exactly the stored bytes. Before, they grew by AppendKvBytes' 5/4 steps as
+// A fetch reserves the restored global KV once, for the prompt (here 8 whole units): the FP4
+// byte vectors end with exactly the stored bytes. Before, they grew by AppendKvBytes' 5/4 steps as
 // units arrived, copying what was there at each step (and faulting in fresh memory); after 8
 // equal units that leaves about 9.8 units of capacity.
 TEST_F(ResumeTest, AFetchReservesTheRestoredKvOnce) {

@@ -135,7 +135,7 @@ Status NativeSession::ExecuteInto(Job& job, StatusCode* code, std::vector<uint8_
             if (c == StatusCode::kOk) w.U64(e.offset);
           }
         }
-        std::vector<uint8_t> reply = w.Take();
+        std::vector<uint8_t> reply = shared_->reply_buffers->Fit(w.Take());
         auto hdr = wire::EncodeHeader(h.opcode | wire::kResponseBit, reply_flags, h.request_id,
                                       static_cast<uint32_t>(reply.size() - wire::kHeaderBytes));
         std::copy(hdr.begin(), hdr.end(), reply.begin());

@@ -28,6 +28,13 @@ void ReplyBuffers::Give(std::vector<uint8_t> buffer) {
   kept_.push_back(std::move(buffer));
 }
 
+std::vector<uint8_t> ReplyBuffers::Fit(std::vector<uint8_t> reply) {
+  if (reply.capacity() <= 2 * reply.size() + kMinKeptBytes) return reply;
+  std::vector<uint8_t> exact(reply.begin(), reply.end());
+  Give(std::move(reply));
+  return exact;
+}
+
 uint64_t ReplyBuffers::kept_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return kept_bytes_;

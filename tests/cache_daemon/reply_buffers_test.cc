@@ -73,6 +73,26 @@ TEST(ReplyBuffers, KeepsAtMostItsCountOfBuffers) {
   EXPECT_EQ(buffers.kept_bytes(), ReplyBuffers::kMaxKeptBuffers * ReplyBuffers::kMinKeptBytes);
 }
 
+// A small reply built in a large kept buffer is queued as an exact copy, the buffer kept
+// again; a reply that fills its buffer is queued as it is.
+TEST(ReplyBuffers, FitCopiesASmallReplyOutOfALargeBuffer) {
+  ReplyBuffers buffers(64u << 20);
+  std::vector<uint8_t> small = buffers.Fit(Buffer(8u << 20, 100));
+  EXPECT_EQ(small.size(), 100u);
+  EXPECT_LT(small.capacity(), ReplyBuffers::kMinKeptBytes);
+  EXPECT_EQ(small, std::vector<uint8_t>(100, 0x7e));
+  EXPECT_EQ(buffers.kept_bytes(), 8u << 20);
+
+  std::vector<uint8_t> big = buffers.Fit(Buffer(8u << 20, 5u << 20));
+  EXPECT_EQ(big.size(), 5u << 20);
+  EXPECT_EQ(big.capacity(), 8u << 20);
+  EXPECT_EQ(buffers.kept_bytes(), 8u << 20);  // nothing more given back
+
+  // Up to twice the size plus kMinKeptBytes stays as it is (as a vector grown by doubling).
+  const size_t edge = 2 * 1000 + ReplyBuffers::kMinKeptBytes;
+  EXPECT_EQ(buffers.Fit(Buffer(edge, 1000)).capacity(), edge);
+}
+
 // Workers take buffers, grow them as replies do, and give them back, all at once: the tally
 // stays the sum of what is kept and within the limit.
 TEST(ReplyBuffers, ConcurrentTakesAndGivesKeepTheTallyTrue) {

@@ -29,7 +29,7 @@ void ReplyBuffers::Give(std::vector<uint8_t> buffer) {
 }
 
 std::vector<uint8_t> ReplyBuffers::Fit(std::vector<uint8_t> reply) {
-  if (reply.capacity() <= 2 * reply.size() + kMinKeptBytes) return reply;
+  if (reply.capacity() <= 2 * reply.size()) return reply;
   std::vector<uint8_t> exact(reply.begin(), reply.end());
   Give(std::move(reply));
   return exact;

@@ -43,11 +43,11 @@ class ReplyBuffers {
   // Keeps `buffer` for a later Take when its capacity is at least kMinKeptBytes and fits
   // within the limit beside those kept; frees it otherwise.
   void Give(std::vector<uint8_t> buffer);
-  // A built reply, ready to queue: when its buffer holds far more than it (capacity above
-  // twice its size plus kMinKeptBytes: a small reply built in a large kept buffer), a copy of
-  // exactly its size, the buffer given back; otherwise the reply itself. Connections count a
-  // queued reply by its size (limits.connection_memory_bytes_max), so a client that reads
-  // nothing must not hold a kept buffer's whole capacity behind a small reply.
+  // A built reply, ready to queue: when its buffer holds more than twice it (a small reply
+  // built in a large kept buffer), a copy of exactly its size, the buffer given back;
+  // otherwise the reply itself (at most what a vector grown by doubling holds). Connections
+  // count a queued reply by its size (limits.connection_memory_bytes_max), so a client that
+  // reads nothing must not hold a kept buffer's whole capacity behind a small reply.
   std::vector<uint8_t> Fit(std::vector<uint8_t> reply);
 
   uint64_t kept_bytes() const;

@@ -1,6 +1,6 @@
 // Large reply buffers kept for the next reply (limits.reply_buffers_kept_bytes_max).
 //
-// A native GET over TCP (a remote server's restore, a cluster peer, a TLS client) builds its
+// A native GET without shared memory (a remote server's restore over TCP or TLS) builds its
 // reply in one buffer: every value copied in after the status, a megabyte or more for a batch
 // of units. With glibc's sliding thresholds such a buffer is carved from a heap whose top is
 // given back to the kernel once more than twice the largest freed block lies free there, so
@@ -52,7 +52,6 @@ class ReplyBuffers {
 
   uint64_t kept_bytes() const;
   size_t kept_buffers() const;
-  uint64_t limit_bytes() const { return limit_bytes_; }
 
  private:
   const uint64_t limit_bytes_;

@@ -277,8 +277,8 @@ int RunServe(std::span<const std::string_view> args) {
   const OpenFilesLimit files_limit = RaiseOpenFilesLimit();
   // Restores receive megabytes per request: keep freed memory for reuse (common/malloc_tuning.h).
   if (!TuneMallocForServer()) {
-    KVTIER_LOG(kInfo) << "serve: GLIBC_TUNABLES sets malloc tunables; glibc's allocator is left "
-                         "as set";
+    KVTIER_LOG(kInfo) << "serve: malloc left as it was (GLIBC_TUNABLES sets malloc tunables, or "
+                         "the allocator is a sanitizer's, or mallopt refused)";
   }
   ServingMetrics metrics;
   auto sched = Scheduler::Create(eng->get(), *weights, so, &metrics);

@@ -161,16 +161,19 @@ class Server:
             if j.get("choices") and j["choices"][0].get("text"):
                 times.append(time.monotonic())
 
+    def stat_fields(self):
+        """/proc/PID/stat of the server after its command name: [0] is proc(5)'s field 3."""
+        with open("/proc/%d/stat" % self.proc.pid) as f:
+            return f.read().rsplit(")", 1)[1].split()
+
     def cpu_seconds(self):
         """User + system CPU seconds the server process has used so far (all its threads)."""
-        with open("/proc/%d/stat" % self.proc.pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        fields = self.stat_fields()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def minor_faults(self):
         """Minor page faults of the server process so far (all its threads)."""
-        with open("/proc/%d/stat" % self.proc.pid) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[7])
+        return int(self.stat_fields()[7])
 
     def metrics(self):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)

@@ -14,11 +14,15 @@ StatusOr<std::unique_ptr<CacheIo>> CacheIo::Create(const CacheIoOptions& options
     return Status::InvalidArgument("cache io: engine and metrics are required");
   if (options.save_bytes_max == 0)
     return Status::InvalidArgument("cache io: save_bytes_max must be > 0");
+  if (options.threads == 0 || options.threads > kCacheIoThreadsMax)
+    return Status::InvalidArgument("cache io: threads must be 1.." +
+                                   std::to_string(kCacheIoThreadsMax));
   // The stores' options are checked once here, not at each tenant's first connection.
   KVTIER_RETURN_IF_ERROR(
       engine::SessionCodec::Create(options.engine, options.fingerprint, options.session).status());
   std::unique_ptr<CacheIo> io(new CacheIo(options, metrics, std::move(wake)));
-  io->thread_ = std::thread([p = io.get()] { p->Run(); });
+  io->workers_.resize(options.threads);  // never resized again: each thread holds its Worker
+  for (Worker& w : io->workers_) w.thread = std::thread([p = io.get(), w = &w] { p->Run(w); });
   return io;
 }
 
@@ -35,7 +39,8 @@ void CacheIo::Stop() {
   }
   cv_.notify_all();
   room_cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  for (Worker& w : workers_)
+    if (w.thread.joinable()) w.thread.join();
 }
 
 void CacheIo::SubmitRestore(uint64_t id, const Tenant* tenant, std::vector<int32_t> prompt,
@@ -53,7 +58,7 @@ void CacheIo::SubmitRestore(uint64_t id, const Tenant* tenant, std::vector<int32
     jobs_.push_back(std::move(j));
   }
   cv_.notify_all();
-  Publish();  // the gauge counts it while CacheIo's thread is busy (or stalled) with another
+  Publish();  // the gauge counts it while every worker is busy (or stalled) with another job
 }
 
 std::vector<CacheIo::RestoreResult> CacheIo::TakeRestores() {
@@ -108,42 +113,54 @@ void CacheIo::Account(const Tenant* tenant, const engine::ResumeReport& report) 
   cv_.notify_all();
 }
 
-void CacheIo::Run() {
+std::deque<CacheIo::Job>::iterator CacheIo::NextJob() {
+  return std::find_if(jobs_.begin(), jobs_.end(), [&](const Job& j) {
+    return j.kind != Job::Kind::kSave || !saving_.contains(j.id);
+  });
+}
+
+void CacheIo::Run(Worker* w) {
   while (true) {
     Job job;
     {
       std::unique_lock l(mu_);
-      cv_.wait(l, [&] { return stop_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;  // stopped, every save done
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
-      running_restore_ = job.kind == Job::Kind::kRestore;
+      auto next = jobs_.end();
+      cv_.wait(l, [&] {
+        next = NextJob();
+        return next != jobs_.end() || (stop_ && jobs_.empty());
+      });
+      if (next == jobs_.end()) return;  // stopped, every save done
+      job = std::move(*next);
+      jobs_.erase(next);
+      if (job.kind == Job::Kind::kRestore) ++restores_running_;
+      if (job.kind == Job::Kind::kSave) saving_.insert(job.id);
     }
     Publish();
     switch (job.kind) {
       case Job::Kind::kRestore: {
-        RestoreResult r = DoRestore(job);
+        RestoreResult r = DoRestore(w, job);
         {
           std::lock_guard l(mu_);
           restores_done_.push_back(std::move(r));
-          running_restore_ = false;
+          --restores_running_;
         }
         if (wake_) wake_();
         break;
       }
       case Job::Kind::kSave: {
         const uint64_t bytes = job.save.bytes();
-        DoSave(job);
+        DoSave(w, job);
         {
           std::lock_guard l(mu_);
           save_bytes_ -= bytes;
+          saving_.erase(job.id);
         }
         room_cv_.notify_all();
+        cv_.notify_all();  // the sequence's next save may start
         break;
       }
       case Job::Kind::kAccount:
-        if (auto it = stores_.find(job.tenant); it != stores_.end() && it->second.store != nullptr)
-          it->second.store->Account(job.report);
+        DoAccount(job);
         break;
     }
     Publish();
@@ -151,15 +168,15 @@ void CacheIo::Run() {
 }
 
 void CacheIo::Publish() {
-  // Under mu_: the scheduler's thread and CacheIo's both publish, and a count taken before the
+  // Under mu_: the scheduler's thread and the workers all publish, and a count taken before the
   // other's must not be written after it (ServingMetrics never calls back here).
   std::lock_guard l(mu_);
-  int64_t restores = running_restore_ ? 1 : 0;
+  int64_t restores = restores_running_;
   for (const Job& j : jobs_) restores += j.kind == Job::Kind::kRestore;
   metrics_->KvtierdQueue(restores, static_cast<int64_t>(save_bytes_));
 }
 
-CacheIo::RestoreResult CacheIo::DoRestore(Job& job) {
+CacheIo::RestoreResult CacheIo::DoRestore(Worker* w, Job& job) {
   RestoreResult r;
   r.id = job.id;
   // A client that left while its restore waited behind others costs kvtierd nothing.
@@ -168,8 +185,12 @@ CacheIo::RestoreResult CacheIo::DoRestore(Job& job) {
     metrics_->RestoreAbandoned();
     return r;
   }
-  engine::SessionStore* store = StoreFor(job.tenant);
+  engine::SessionStore* store = StoreFor(w, job.tenant);
   if (store == nullptr) return r;
+  if (gone()) {  // it left while this worker connected
+    metrics_->RestoreAbandoned();
+    return r;
+  }
   const size_t unit = options_.session.unit_tokens;
   if (job.resident_tokens > 0) {
     // A resident sequence covers resident_tokens: worth a fetch only when kvtierd holds more
@@ -181,13 +202,13 @@ CacheIo::RestoreResult CacheIo::DoRestore(Job& job) {
     const std::vector<Digest> chain =
         engine::SessionChainKeys(options_.fingerprint, job.prompt, static_cast<uint32_t>(unit));
     const Clock::time_point t0 = Clock::now();
-    auto hit = stores_[job.tenant].client->Lookup(chain);
-    CheckDaemon(job.tenant, t0);
+    auto hit = w->stores[job.tenant].client->Lookup(chain);
+    CheckDaemon(w, job.tenant, t0);
     if (!hit.ok() || std::min<size_t>(hit->hit_count, chain.size()) * unit <= job.resident_tokens) {
       r.use_resident = true;
       return r;
     }
-    store = StoreFor(job.tenant);  // still connected after the LOOKUP?
+    store = StoreFor(w, job.tenant);  // still connected after the LOOKUP?
     if (store == nullptr) {
       r.use_resident = true;
       return r;
@@ -195,8 +216,10 @@ CacheIo::RestoreResult CacheIo::DoRestore(Job& job) {
   }
   r.asked = true;
   const Clock::time_point t0 = Clock::now();
+  LoadCost(job.tenant, store);
   StatusOr<engine::FetchedPrefix> f = store->Fetch(job.prompt, job.abandoned);
-  CheckDaemon(job.tenant, t0);  // a failed lookup or fetch recomputes; a failed kvtierd waits
+  KeepCost(job.tenant, store);
+  CheckDaemon(w, job.tenant, t0);  // a failed lookup or fetch recomputes; a failed kvtierd waits
   if (gone()) {  // it stopped at (or finished past) the check before a read: dropped either way
     metrics_->RestoreAbandoned();
     return r;
@@ -209,12 +232,17 @@ CacheIo::RestoreResult CacheIo::DoRestore(Job& job) {
   return r;
 }
 
-void CacheIo::DoSave(Job& job) {
-  engine::SessionStore* store = StoreFor(job.tenant);
+void CacheIo::DoSave(Worker* w, Job& job) {
+  engine::SessionStore* store = StoreFor(w, job.tenant);
   if (store == nullptr) {
     // kvtierd is unavailable (or this tenant's namespace is another's): the turn is not saved,
     // and its next turn misses it; the sequence's cursor is set back so a later save puts it.
-    if (!stores_[job.tenant].shared_namespace) metrics_->SaveFailed();
+    bool shared;
+    {
+      std::lock_guard l(health_mu_);
+      shared = shared_namespace_.contains(job.tenant);
+    }
+    if (!shared) metrics_->SaveFailed();
     std::lock_guard l(mu_);
     save_failures_.push_back({job.id, job.save.first_unit});
   } else {
@@ -225,7 +253,7 @@ void CacheIo::DoSave(Job& job) {
       metrics_->SaveFailed();
       KVTIER_LOG(kWarn) << "serve: tenant " << job.tenant->name
                         << ": save failed: " << s.ToString();
-      CheckDaemon(job.tenant, t0);
+      CheckDaemon(w, job.tenant, t0);
       std::lock_guard l(mu_);
       save_failures_.push_back({job.id, job.save.first_unit + stored});
     }
@@ -233,12 +261,40 @@ void CacheIo::DoSave(Job& job) {
   if (job.done && job.gen != nullptr) job.gen->Push(std::move(*job.done));
 }
 
-engine::SessionStore* CacheIo::StoreFor(const Tenant* tenant) {
-  TenantStore& ts = stores_[tenant];
-  if (ts.store != nullptr) return ts.store.get();
-  if (ts.shared_namespace) return nullptr;
-  // kvtierd stalled lately: no cache until the next attempt.
-  if (backoff_ms_ > 0 && Clock::now() < retry_at_) return nullptr;
+void CacheIo::DoAccount(Job& job) {
+  // SessionStore::Account's rule for the guard's model: a replay measures the forward speed
+  // (a hot state or a recompute measures nothing the guard uses). Folded into the tenant's
+  // shared model, which every worker's restores start from.
+  const engine::ResumeReport& r = job.report;
+  if (r.recomputed || r.hot_state_restored) return;
+  std::lock_guard l(health_mu_);
+  costs_.try_emplace(job.tenant, options_.cost_prior)
+      .first->second.ObserveForward(r.replay_tokens, r.replay_s);
+}
+
+void CacheIo::LoadCost(const Tenant* tenant, engine::SessionStore* store) {
+  std::lock_guard l(health_mu_);
+  *store->cost_model() = costs_.try_emplace(tenant, options_.cost_prior).first->second;
+}
+
+void CacheIo::KeepCost(const Tenant* tenant, engine::SessionStore* store) {
+  std::lock_guard l(health_mu_);
+  costs_[tenant] = *store->cost_model();
+}
+
+engine::SessionStore* CacheIo::StoreFor(Worker* w, const Tenant* tenant) {
+  TenantStore& ts = w->stores[tenant];
+  {
+    std::lock_guard l(health_mu_);
+    if (ts.store != nullptr && ts.outage != outages_) {  // made before kvtierd last failed
+      ts.store.reset();
+      ts.client.reset();
+    }
+    if (ts.store != nullptr) return ts.store.get();
+    if (shared_namespace_.contains(tenant)) return nullptr;
+    // kvtierd stalled lately: no cache until the next attempt.
+    if (backoff_ms_ > 0 && Clock::now() < retry_at_) return nullptr;
+  }
   // (Re)connect: a failed connection is dropped (CheckDaemon) and tried again at the next job
   // (after the backoff, if it failed slowly).
   daemon::ClientOptions co = options_.daemon;
@@ -259,7 +315,14 @@ engine::SessionStore* CacheIo::StoreFor(const Tenant* tenant) {
     }
     return nullptr;
   }
-  if (unavailable_) {
+  auto store = engine::SessionStore::Create(options_.engine, client->get(), options_.fingerprint,
+                                            options_.session);
+  if (!store.ok()) {
+    KVTIER_LOG(kWarn) << "serve: session store: " << store.status().ToString();
+    return nullptr;
+  }
+  std::lock_guard l(health_mu_);
+  if (unavailable_ && t0 >= last_failure_at_) {
     KVTIER_LOG(kInfo) << "serve: kvtierd reachable again";
     unavailable_ = false;
     backoff_ms_ = 0;
@@ -275,54 +338,51 @@ engine::SessionStore* CacheIo::StoreFor(const Tenant* tenant) {
                        << "\", as tenant " << it->second->name
                        << " is: serving it without cache (give each tenant its own kvtierd "
                           "token, and turn kvtierd's auth on)";
-    ts.shared_namespace = true;
+    shared_namespace_.insert(tenant);
     return nullptr;
   }
-  auto store = engine::SessionStore::Create(options_.engine, client->get(), options_.fingerprint,
-                                            options_.session);
-  if (!store.ok()) {
-    KVTIER_LOG(kWarn) << "serve: session store: " << store.status().ToString();
-    return nullptr;
-  }
-  *(*store)->cost_model() = options_.cost_prior;
   ts.client = std::move(client).value();
   ts.store = std::move(store).value();
+  ts.outage = outages_;
   return ts.store.get();
 }
 
-void CacheIo::CheckDaemon(const Tenant* tenant, Clock::time_point began) {
-  auto it = stores_.find(tenant);
-  if (it == stores_.end() || it->second.client == nullptr) return;
+void CacheIo::CheckDaemon(Worker* w, const Tenant* tenant, Clock::time_point began) {
+  auto it = w->stores.find(tenant);
+  if (it == w->stores.end() || it->second.client == nullptr) return;
   const Status why = it->second.client->connection_status();
   if (!why.ok()) DaemonFailed(why, began);
 }
 
 void CacheIo::DaemonFailed(const Status& why, Clock::time_point began) {
   metrics_->KvtierdFailed();
+  const Clock::time_point now = Clock::now();
+  const auto cost_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - began).count();
+  std::lock_guard l(health_mu_);
   metrics_->KvtierdUnavailable(true);
   unavailable_ = true;
+  // Every worker's connections go (each drops its own before its next call): a stalled kvtierd
+  // would hold each one's next call for the whole timeout.
+  ++outages_;
+  // An attempt begun before the last noted failure met the same outage (several workers' calls
+  // in flight when kvtierd stalled): it is not a second failure of a retry.
+  const bool same_outage = began < last_failure_at_;
+  last_failure_at_ = now;
+  if (same_outage) return;
   // A failure that came at once (kvtierd not running: refused, or its connection closed) cost
   // nothing, and the next job tries again at once: kvtierd is used again as soon as it is
-  // back. One that took half a timeout or more (stalled, cut off) would cost as much again at
-  // each attempt: the next is put off, 1 s, doubling up to daemon_retry_max_ms.
-  const auto cost_ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began).count();
+  // back. One that took half a timeout or more would cost as much again at each attempt: the
+  // next is put off, 1 s, doubling up to daemon_retry_max_ms.
   std::string next = "at the next request";
   if (static_cast<uint64_t>(cost_ms) * 2 >= options_.daemon.timeout_ms) {
     backoff_ms_ = backoff_ms_ == 0 ? std::min<uint64_t>(1000, options_.daemon_retry_max_ms)
                                    : std::min(backoff_ms_ * 2, options_.daemon_retry_max_ms);
-    retry_at_ = Clock::now() + std::chrono::milliseconds(backoff_ms_);
+    retry_at_ = now + std::chrono::milliseconds(backoff_ms_);
     retry_at_ticks_.store(retry_at_.time_since_epoch().count());
     next = "in " + std::to_string(backoff_ms_) + " ms";
   }
   KVTIER_LOG(kWarn) << "serve: kvtierd failed after " << cost_ms << " ms (" << why.ToString()
                     << "): serving without cache, next attempt " << next;
-  // Every tenant's connection goes: a stalled kvtierd would hold each one's next call for the
-  // whole timeout.
-  for (auto& [t, ts] : stores_) {
-    ts.store.reset();
-    ts.client.reset();
-  }
 }
 
 }  // namespace kvtier::serving

@@ -1,4 +1,4 @@
-// CacheIo: the thread that makes the server's kvtierd calls, so that no engine step waits on
+// CacheIo: the threads that make the server's kvtierd calls, so that no engine step waits on
 // kvtierd (docs/SERVING.md, "kvtierd off the step thread").
 //
 // The scheduler's thread hands it jobs and never waits on one (but for the bound on saves below):
@@ -14,10 +14,21 @@
 //     fails is counted (kvtier_serve_save_failures_total) and reported (TakeSaveFailures) so the
 //     sequence's cursor is set back and its next save puts those units again;
 //   - the accounting of a completed restore (SessionStore::Account: the guard's replay speed).
-// Jobs run one at a time, in order. CacheIo owns the kvtierd connections, one per tenant (each
-// with the tenant's token), and the backoff after a slow failure: a connect or call that failed
-// after half a timeout or more serves every request without the cache for 1 s, doubling up to
-// daemon_retry_max_ms; one that failed at once is tried again at the next job. A tenant that
+//
+// Jobs run on `threads` workers, taken oldest first, several at once: a restore never waits
+// behind another request's restore or save while a worker is free, and the waits of calls in
+// flight (kvtierd's reads from its SSD, the network) overlap. One sequence's saves run one at a
+// time, in the order submitted (its last job, which pushes the request's last event, after
+// every unit of the turn is put). Each worker has its own kvtierd connection per tenant (each
+// with the tenant's token; a connection carries one call at a time), and every tenant's guard
+// one cost model shared by the workers (each restore starts from it and writes back what it
+// measured; of two restores of one tenant measured at once, the later write stands).
+//
+// kvtierd's health is shared: a connect or call that failed after half a timeout or more
+// serves every request without the cache for 1 s, doubling up to daemon_retry_max_ms, and
+// drops every worker's connections (each worker drops its own before its next call); failures
+// of calls begun before an earlier failure was noted belong to that same outage and do not
+// double the backoff. One that failed at once is tried again at the next job. A tenant that
 // kvtierd names as another tenant's namespace is never cached.
 //
 // Saves hold their encoded bytes until they are put: SubmitSave waits while more than
@@ -37,6 +48,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,6 +63,9 @@ namespace kvtier::serving {
 
 // Default CacheIoOptions::save_bytes_max.
 inline constexpr uint64_t kSaveBytesQueuedMaxDefault = uint64_t{256} << 20;
+// Default and largest CacheIoOptions::threads.
+inline constexpr uint64_t kCacheIoThreadsDefault = 2;
+inline constexpr uint64_t kCacheIoThreadsMax = 64;
 
 struct CacheIoOptions {
   // How to reach kvtierd (SchedulerOptions::daemon); each tenant's token replaces `token`.
@@ -67,13 +82,15 @@ struct CacheIoOptions {
   // thread (engine::CalibrateCost).
   engine::CostModel cost_prior;
   uint64_t save_bytes_max = kSaveBytesQueuedMaxDefault;
+  // Workers, each making one kvtierd call at a time (1..kCacheIoThreadsMax).
+  uint64_t threads = kCacheIoThreadsDefault;
 };
 
 class CacheIo {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // `wake` is called (on CacheIo's thread) after each finished restore; metrics: not owned.
+  // `wake` is called (on the worker) after each finished restore; metrics: not owned.
   static StatusOr<std::unique_ptr<CacheIo>> Create(const CacheIoOptions& options,
                                                    ServingMetrics* metrics,
                                                    std::function<void()> wake);
@@ -91,17 +108,17 @@ class CacheIo {
     engine::FetchedPrefix fetched;
   };
   // Queues a restore of `prompt` for tenant (not owned; must outlive this object). `abandoned`
-  // (if set; called on CacheIo's thread) says the request's client left: a queued restore is
-  // then not begun, and one under way stops before its next kvtierd read
-  // (SessionStore::Fetch); the scheduler drops either result (its generation is cancelled).
+  // (if set; called on a worker) says the request's client left: a queued restore is then not
+  // begun, and one under way stops before its next kvtierd read (SessionStore::Fetch); the
+  // scheduler drops either result (its generation is cancelled).
   void SubmitRestore(uint64_t id, const Tenant* tenant, std::vector<int32_t> prompt,
                      size_t resident_tokens, std::function<bool()> abandoned = {});
-  // The restores finished since the last call, in order.
+  // The restores finished since the last call, in the order they finished.
   std::vector<RestoreResult> TakeRestores();
 
-  // Queues the save of sequence seq_id; `done` (if any) is pushed to `gen` once it is put (or
-  // failed). Waits while the queued saves hold more than save_bytes_max (one save alone is
-  // always taken).
+  // Queues the save of sequence seq_id, run after its earlier saves; `done` (if any) is pushed
+  // to `gen` once it is put (or failed). Waits while the queued saves hold more than save_bytes_max
+  // (one save alone is always taken).
   void SubmitSave(uint64_t seq_id, const Tenant* tenant, engine::PreparedSave save,
                   std::shared_ptr<Generation> gen, std::optional<GenerationEvent> done);
   struct SaveFailure {
@@ -119,7 +136,7 @@ class CacheIo {
     return Clock::now().time_since_epoch().count() < retry_at_ticks_.load();
   }
 
-  // Drops the queued restores, finishes the queued saves and ends the thread. Idempotent.
+  // Drops the queued restores, finishes the queued saves and ends the workers. Idempotent.
   void Stop();
 
  private:
@@ -135,52 +152,72 @@ class CacheIo {
     std::optional<GenerationEvent> done;
     engine::ResumeReport report;  // account
   };
+  // One worker's connection for one tenant.
   struct TenantStore {
     std::unique_ptr<daemon::Client> client;
     std::unique_ptr<engine::SessionStore> store;
-    bool shared_namespace = false;
+    uint64_t outage = 0;  // outages_ when it was made: dropped once another outage is noted
+  };
+  // A worker: its thread and its connections (touched by that thread only).
+  struct Worker {
+    std::map<const Tenant*, TenantStore> stores;
+    std::thread thread;
   };
   CacheIo(const CacheIoOptions& options, ServingMetrics* metrics, std::function<void()> wake);
-  void Run();
-  RestoreResult DoRestore(Job& job);
-  void DoSave(Job& job);
+  void Run(Worker* w);
+  // The oldest job a worker may take now (a save whose sequence has one running may not);
+  // jobs_.end() when none. Under mu_.
+  std::deque<Job>::iterator NextJob();
+  RestoreResult DoRestore(Worker* w, Job& job);
+  void DoSave(Worker* w, Job& job);
+  void DoAccount(Job& job);
   // The queue's gauges (ServingMetrics::KvtierdQueue). Takes mu_: never call it holding mu_.
   void Publish();
-  // The tenant's store, connecting when it has none; null when there is no cache for it now.
-  engine::SessionStore* StoreFor(const Tenant* tenant);
-  // After a call through tenant's store that began at `began`: when its connection failed,
-  // DaemonFailed.
-  void CheckDaemon(const Tenant* tenant, Clock::time_point began);
-  // kvtierd failed (`why`) in an attempt that began at `began`: every tenant's connection is
-  // dropped, and a slow failure starts (or doubles) the backoff.
+  // w's store for tenant, connecting when it has none (or when an outage was noted since it
+  // connected); null when there is no cache for the tenant now.
+  engine::SessionStore* StoreFor(Worker* w, const Tenant* tenant);
+  // After a call through w's store for tenant that began at `began`: when its connection
+  // failed, DaemonFailed.
+  void CheckDaemon(Worker* w, const Tenant* tenant, Clock::time_point began);
+  // kvtierd failed (`why`) in an attempt that began at `began`: a new outage is noted (every
+  // worker's connections are dropped before their next call), and a slow failure starts (or
+  // doubles) the backoff, unless the attempt began before the last noted failure.
   void DaemonFailed(const Status& why, Clock::time_point began);
+  // The tenant's shared cost model copied into `store` / `store`'s copied back (health_mu_).
+  void LoadCost(const Tenant* tenant, engine::SessionStore* store);
+  void KeepCost(const Tenant* tenant, engine::SessionStore* store);
 
   CacheIoOptions options_;
   ServingMetrics* metrics_;
   std::function<void()> wake_;
 
   std::mutex mu_;
-  std::condition_variable cv_;       // jobs queued, or stop
+  std::condition_variable cv_;       // jobs queued or a save ended, or stop
   std::condition_variable room_cv_;  // save bytes freed
   bool stop_ = false;
   std::deque<Job> jobs_;
-  uint64_t save_bytes_ = 0;  // encoded bytes of the queued and running saves
-  bool running_restore_ = false;
+  std::set<uint64_t> saving_;  // sequences with a save running
+  uint64_t save_bytes_ = 0;    // encoded bytes of the queued and running saves
+  int64_t restores_running_ = 0;
   std::vector<RestoreResult> restores_done_;
   std::vector<SaveFailure> save_failures_;
 
-  // CacheIo's thread only.
-  std::map<const Tenant*, TenantStore> stores_;
-  // kvtierd's tenant (HELLO's tenant name) of each tenant's store: two tenants of this server
+  // kvtierd's health, the tenants' namespaces and cost models, shared by the workers.
+  std::mutex health_mu_;
+  // kvtierd's tenant (HELLO's tenant name) of each tenant's stores: two tenants of this server
   // must never share one, or one's cache would serve the other's prompts.
   std::map<std::string, const Tenant*> daemon_tenants_;
+  std::set<const Tenant*> shared_namespace_;  // tenants served without the cache for that
+  std::map<const Tenant*, engine::CostModel> costs_;
+  uint64_t outages_ = 0;                 // failures noted: a store made before one is dropped
+  Clock::time_point last_failure_at_{};  // when the last failure was noted
   Clock::time_point retry_at_{};
   uint64_t backoff_ms_ = 0;
   bool unavailable_ = false;  // the last attempt failed (kvtier_serve_kvtierd_unavailable)
   // retry_at_ as Clock ticks, for in_backoff() on other threads (0: no backoff).
   std::atomic<Clock::rep> retry_at_ticks_{0};
 
-  std::thread thread_;
+  std::vector<Worker> workers_;
 };
 
 }  // namespace kvtier::serving

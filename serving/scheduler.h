@@ -10,7 +10,7 @@
 //   1. from the engine: an idle sequence of the same tenant whose tokens are a prefix of the
 //      prompt is continued (exact, no replay), unless kvtierd holds more whole pages of it;
 //   2. from kvtierd: the sequence waits (restoring, holding its slot and reservation) while
-//      CacheIo fetches the hit units and hot states on its own thread (SessionStore::Fetch with
+//      CacheIo fetches the hit units and hot states on one of its workers (SessionStore::Fetch with
 //      the tenant's token); the steps go on meanwhile. The first step after the fetch completes
 //      it on the engine (SessionCodec::Complete: the hot state restored, page-aligned or
 //      mid-page: exact, or the SWA rings rebuilt by bounded replay);
@@ -46,7 +46,7 @@
 // the next step. No step waits on kvtierd (CacheIo), but for CacheIo's bound on queued saves.
 //
 // Thread safety: Submit and the Generation methods may be called from any thread; everything
-// else runs on the scheduler's own thread, and kvtierd's calls on CacheIo's (cache_io.h).
+// else runs on the scheduler's own thread, and kvtierd's calls on CacheIo's workers (cache_io.h).
 #pragma once
 
 #include <chrono>
@@ -96,8 +96,8 @@ struct SchedulerOptions {
   // How to reach kvtierd: its Unix socket (`socket_path`) or its native TCP front (`tcp_host`,
   // `tcp_port`, optionally TLS); neither = no cache (every prompt computed, nothing saved).
   // The token is each tenant's (ApiKeys), not this one's.
-  // daemon.timeout_ms bounds every connect and call; they run on CacheIo's thread, so a stalled
-  // kvtierd delays the requests that restore or save through it, not the steps.
+  // daemon.timeout_ms bounds every connect and call; they run on CacheIo's workers, so a
+  // stalled kvtierd delays the requests that restore or save through it, not the steps.
   daemon::ClientOptions daemon;
   bool cache_enabled() const { return !daemon.socket_path.empty() || daemon.tcp_port != 0; }
   // After a connection to kvtierd fails slowly (a connect or call that took half a timeout or
@@ -108,6 +108,8 @@ struct SchedulerOptions {
   uint64_t daemon_retry_max_ms = 30000;
   // Encoded bytes of finished turns waiting to be put to kvtierd (CacheIoOptions::save_bytes_max).
   uint64_t save_bytes_max = kSaveBytesQueuedMaxDefault;
+  // CacheIo's workers: kvtierd calls in flight at once (CacheIoOptions::threads).
+  uint64_t kvtierd_threads = kCacheIoThreadsDefault;
   engine::SessionOptions session;
   uint64_t queue_depth_max = 256;         // requests waiting for admission (more: 429)
   uint64_t active_sequences_max = 32;     // sequences generating at once

@@ -85,11 +85,16 @@ int RunServe(std::span<const std::string_view> args) {
                "the name kvtierd's certificate must carry (default: the --kvtierd host)");
   so.daemon.timeout_ms = 2000;
   flags.Uint("kvtierd-timeout-ms", &so.daemon.timeout_ms,
-             "bound on each connect, handshake and call to kvtierd: the calls run one at a "
-             "time on the server's kvtierd thread (the engine's steps never wait on them), so "
-             "a stalled kvtierd holds the requests that restore or save through it for this "
-             "long once, then the server serves without the cache until its next attempt",
+             "bound on each connect, handshake and call to kvtierd: the calls run on the "
+             "server's kvtierd threads (the engine's steps never wait on them), so a stalled "
+             "kvtierd holds the requests that restore or save through it for this long once, "
+             "then the server serves without the cache until its next attempt",
              false, 10, 600000);
+  flags.Uint("kvtierd-threads", &so.kvtierd_threads,
+             "threads that make the server's kvtierd calls, one call each at a time: restores "
+             "and saves of different requests run at once (each thread has its own kvtierd "
+             "connection per tenant; one sequence's saves stay in order)",
+             false, 1, serving::kCacheIoThreadsMax);
   flags.Uint("kvtierd-retry-max-ms", &so.daemon_retry_max_ms,
              "after a connect or call to kvtierd fails slowly (half a timeout or more: kvtierd "
              "stalled or cut off), requests are served without the cache (billed as misses, "

@@ -946,7 +946,10 @@ TEST_F(ServeTest, DisconnectDuringANonStreamingRequestFreesTheSequence) {
 // stays reads its units from kvtierd; the four abandoned ones together read none. Before, each one
 // fetched its whole hit once kvtierd ran again, and every request queued behind them waited.
 TEST_F(ServeTest, RestoresWhoseClientsLeftReadNothingFromKvtierd) {
-  StartServer({"--idle-sequences-max", "0", "--kvtierd-timeout-ms", "60000"});
+  // One kvtierd thread, so that three restores queue behind the one under way (with more, each
+  // would be under way on its own thread, as a connect or a LOOKUP).
+  StartServer(
+      {"--idle-sequences-max", "0", "--kvtierd-timeout-ms", "60000", "--kvtierd-threads", "1"});
   const std::string base = Text(1500, 31);
   ASSERT_EQ(Post("/v1/completions", Completion(base, 2)).status, 200);
   // Entries kvtierd read for GETs, from any tier (the units are on its SSD by now).

@@ -368,8 +368,8 @@ Status Scheduler::Start(Seq* seq, Pending& p, bool* restoring) {
       (!cache || prompt.size() / unit * unit <= seq->resident->state.tokens.size())) {
     CacheIo::RestoreResult r;
     r.use_resident = true;
-    bool fetched = false;
-    return StartRestored(seq, r, &fetched);
+    bool replayed = false;
+    return StartRestored(seq, r, &replayed);
   }
   if (cache) {
     const size_t resident = seq->resident != nullptr ? seq->resident->state.tokens.size() : 0;
@@ -399,9 +399,9 @@ void Scheduler::FinishRestores() {
       continue;
     }
     const bool others_active = !active_.empty();
-    bool fetched = false;
+    bool replayed = false;
     // Set up while still in restoring_: its reservation counts when a resident goes back.
-    Status s = StartRestored(it->get(), r, &fetched);
+    Status s = StartRestored(it->get(), r, &replayed);
     std::unique_ptr<Seq> seq = std::move(*it);
     restoring_.erase(it);
     if (!s.ok()) {
@@ -410,14 +410,15 @@ void Scheduler::FinishRestores() {
       continue;
     }
     active_.push_back(std::move(seq));
-    // A restore's engine work (its replay) delays the running sequences' next token: one per
-    // step while others run.
-    if (fetched && others_active) break;
+    // A replay is engine work that delays the running sequences' next token: one per step
+    // while others run. A hot state is a copy: every such restore finished is completed now,
+    // and their suffixes are prefilled together in the next step.
+    if (replayed && others_active) break;
   }
 }
 
-Status Scheduler::StartRestored(Seq* seq, CacheIo::RestoreResult& r, bool* fetched) {
-  *fetched = false;
+Status Scheduler::StartRestored(Seq* seq, CacheIo::RestoreResult& r, bool* replayed) {
+  *replayed = false;
   if (r.use_resident && seq->resident != nullptr) {
     // The rest of the prompt (past the state's tokens) is prefilled by the steps.
     std::unique_ptr<Seq> resident = std::move(seq->resident);
@@ -443,7 +444,7 @@ Status Scheduler::StartRestored(Seq* seq, CacheIo::RestoreResult& r, bool* fetch
   if (!rep.recomputed) {
     seq->usage.cached_tokens = rep.restored_tokens;
     seq->cursor.units_saved = rep.units_used;
-    *fetched = rep.units_used > 0;
+    *replayed = rep.replay_tokens > 0;
   }
   metrics_->Resume(!rep.recomputed && rep.units_used > 0, rep.hot_state_restored);
   KVTIER_LOG(kDebug) << "serve: tenant " << seq->tenant->name << " resume: " << rep.decision

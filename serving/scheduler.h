@@ -10,15 +10,15 @@
 //   1. from the engine: an idle sequence of the same tenant whose tokens are a prefix of the
 //      prompt is continued (exact, no replay), unless kvtierd holds more whole pages of it;
 //   2. from kvtierd: the sequence waits (restoring, holding its slot and reservation) while
-//      CacheIo fetches the hit units and hot states on one of its workers (SessionStore::Fetch with
-//      the tenant's token); the steps go on meanwhile. The first step after the fetch completes
+//      a CacheIo worker fetches the hit units and hot states (SessionStore::Fetch with the
+//      tenant's token); the steps go on meanwhile. The first step after the fetch completes
 //      it on the engine (SessionCodec::Complete: the hot state restored, page-aligned or
 //      mid-page: exact, or the SWA rings rebuilt by bounded replay);
 //   3. nothing (no cache, kvtierd unavailable, a miss, or the guard judged a full forward
 //      cheaper).
-// While sequences are active, one step completes at most one restore that fetched units (its
-// replay costs engine time). Admission computes nothing else: the prompt's remaining tokens are
-// prefilled by the steps.
+// While sequences are active, one step completes at most one restore that replays (its replay
+// costs engine time); restores from a hot state (a copy) are all completed at once. Admission
+// computes nothing else: the prompt's remaining tokens are prefilled by the steps.
 // Usage::cached_tokens is exactly the prompt tokens served by 1 (the resident sequence's
 // tokens) or 2 (ResumeReport::restored_tokens; 0 when the guard recomputed).
 //
@@ -186,11 +186,11 @@ class Scheduler {
   // Sets up seq from its cached part: a resident sequence, or a restore queued on CacheIo
   // (*restoring: the sequence waits in restoring_ for it).
   Status Start(Seq* seq, Pending& p, bool* restoring);
-  // Completes the restores CacheIo finished (at most one that fetched units per step while
-  // others are active) and moves their sequences to active_.
+  // Completes the restores CacheIo finished (at most one that replays per step while others
+  // are active) and moves their sequences to active_.
   void FinishRestores();
-  // Sets up seq's state from a finished restore; *fetched: units came from kvtierd.
-  Status StartRestored(Seq* seq, CacheIo::RestoreResult& r, bool* fetched);
+  // Sets up seq's state from a finished restore; *replayed: it ran a bounded replay.
+  Status StartRestored(Seq* seq, CacheIo::RestoreResult& r, bool* replayed);
   // Gives a sequence's resident candidate (held while it restored) back to the idle pool.
   void ReturnResident(Seq* seq);
   // Swaps out idle sequences, least recently used first, while the pool or the idle count is

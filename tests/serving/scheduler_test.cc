@@ -22,6 +22,7 @@
 #include "engine/tokenizer.h"
 #include "engine/weights.h"
 #include "tests/cache_daemon/net_util.h"
+#include "tests/e2e/kvtierd_process.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/engine/faulty_device_backend.h"
 #include "tests/serving/prompt_text.h"
@@ -365,6 +366,102 @@ TEST_F(SchedulerTest, StepsGoOnWhileARestoreWaitsOnAStalledKvtierd) {
   ASSERT_FALSE(cb.text_steps.empty());
   EXPECT_GT(cb.text_steps.front(), last_step) << "B's first token after the steps it waited";
   s->Stop();  // the running stream ends with a 503 error event
+}
+
+// Restores from a hot state (a copy of the SWA rings, no replay) that finished together are
+// all completed in one step, so their suffixes are prefilled together and their first tokens
+// come in the same step, while a stream runs beside them. Three conversations of two whole
+// pages are saved to a real kvtierd; the step thread is held while their continuations are
+// queued (so one admission takes all three) and then until CacheIo has finished all three
+// restores. With at most one restore completed per step (the rule for replays), their first
+// tokens came in three different steps.
+TEST_F(SchedulerTest, HotStateRestoresFinishedTogetherStartInOneStep) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("kvtier_sched_hot_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto d = std::make_unique<kvtier::testing::KvtierdProcess>(dir);
+  d->WriteConfig(
+      "[storage]\ndram_capacity_bytes = 33554432\nssd_capacity_bytes = 268435456\n"
+      "ssd_segment_bytes = 16777216\n");
+  ASSERT_TRUE(d->Start()) << d->Log();
+  std::mutex mu;
+  std::condition_variable cv;
+  int phase = 0;  // 1: the next step parks; 2: parked; 3: go on; 4: done
+  std::vector<std::shared_ptr<Generation>> bs;
+  auto restores_queued = [&] {
+    const std::string m = metrics_.Render();
+    const std::string name = "kvtier_serve_kvtierd_restores_queued ";
+    const size_t at = m.find("\n" + name);
+    return at == std::string::npos ? -1 : std::stoll(m.substr(at + 1 + name.size()));
+  };
+  SchedulerOptions o;
+  o.daemon.socket_path = d->socket();
+  o.kvtierd_threads = 4;
+  o.idle_sequences_max = 0;  // every continuation restores from kvtierd
+  o.step_observer = [&](const StepReport&) {
+    std::unique_lock l(mu);
+    if (phase == 1) {
+      phase = 2;
+      cv.notify_all();
+      cv.wait(l, [&] { return phase == 3; });
+      return;
+    }
+    if (phase != 3) return;
+    for (const auto& g : bs)
+      if (g->admitted_step() == 0) return;
+    // All three admitted in this step's admission: hold the step until their restores are done.
+    for (int i = 0; i < 30000 && restores_queued() != 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    phase = 4;
+  };
+  auto s = Make(o);
+  ASSERT_NE(s, nullptr);
+  constexpr size_t kPage = 64;
+  std::vector<std::vector<int32_t>> history;
+  for (uint32_t i = 0; i < 3; ++i) {
+    history.push_back(Prompt(2 * kPage, 70 + i));
+    auto g = s->Submit(&tenant_, Greedy(history.back(), 1));
+    ASSERT_TRUE(g.ok());
+    ASSERT_TRUE(Drain(g->get()).done);  // its turn is in kvtierd once it is done
+  }
+  auto a = s->Submit(&tenant_, Greedy(Prompt(8, 1), 6000));
+  ASSERT_TRUE(a.ok());
+  GenerationEvent ev;
+  ASSERT_TRUE((*a)->Next(&ev, 60000));
+  {
+    std::unique_lock l(mu);
+    phase = 1;
+    ASSERT_TRUE(cv.wait_for(l, std::chrono::seconds(60), [&] { return phase == 2; }));
+    for (uint32_t i = 0; i < 3; ++i) {
+      std::vector<int32_t> p = history[i];
+      for (int32_t t : Prompt(5, 90 + i)) p.push_back(t);
+      auto g = s->Submit(&tenant_, Greedy(p, 2));
+      ASSERT_TRUE(g.ok());
+      bs.push_back(*g);
+    }
+    phase = 3;
+  }
+  cv.notify_all();
+  std::vector<uint64_t> first;
+  for (const auto& g : bs) {
+    Collected c = Drain(g.get());
+    ASSERT_TRUE(c.done);
+    ASSERT_FALSE(c.text_steps.empty());
+    EXPECT_EQ(c.usage.cached_tokens, static_cast<int64_t>(2 * kPage)) << "a whole restore";
+    first.push_back(c.text_steps.front());
+  }
+  {
+    std::lock_guard l(mu);
+    EXPECT_EQ(phase, 4) << "the step thread never saw all three admitted";
+  }
+  EXPECT_NE(metrics_.Render().find("kvtier_serve_hot_state_restores_total 3\n"), std::string::npos)
+      << metrics_.Render();
+  EXPECT_EQ(first[1], first[0]) << "first tokens' steps";
+  EXPECT_EQ(first[2], first[0]) << "first tokens' steps";
+  s->Stop();  // the running stream ends with a 503 error event
+  s.reset();
+  d.reset();
+  std::filesystem::remove_all(dir);
 }
 
 // Per-tenant fairness, counted in steps: tenant A queues 12 requests, then tenant B one. With

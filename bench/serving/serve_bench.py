@@ -189,14 +189,14 @@ class Server:
             self.proc.wait()
 
 
-def start_daemon(build, workdir, name="d", config="", flags=()):
-    """A kvtierd in workdir (its files named `name`), with `config` appended to its config and
-    `flags` to its command line; returns (process, socket path)."""
+def start_daemon(build, workdir, name="d", config="", flags=(), dram_bytes=256 << 20):
+    """A kvtierd in workdir (its files named `name`), with a DRAM tier of dram_bytes, `config`
+    appended to its config and `flags` to its command line; returns (process, socket path)."""
     sock = os.path.join(workdir, name + ".sock")
     cfg = os.path.join(workdir, name + ".toml")
     with open(cfg, "w") as f:
-        f.write("[storage]\ndram_capacity_bytes = 268435456\nssd_capacity_bytes = 1073741824\n"
-                "ssd_segment_bytes = 67108864\n" + config)
+        f.write("[storage]\ndram_capacity_bytes = %d\nssd_capacity_bytes = 1073741824\n"
+                "ssd_segment_bytes = 67108864\n%s" % (dram_bytes, config))
     log = open(os.path.join(workdir, name + ".log"), "w")
     proc = subprocess.Popen([os.path.join(build, "cache_daemon/kvtierd"), "--config", cfg,
                              "--data-dir", os.path.join(workdir, name + "-data"), "--socket", sock,

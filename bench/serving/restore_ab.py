@@ -16,8 +16,6 @@ least engine/kvtier-engine):
 """
 import argparse
 import os
-import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -79,9 +77,7 @@ def main():
                       statistics.median(v["later"]), statistics.median(v["later_faults"]),
                       len(v["first"]), len(v["later"])), flush=True)
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=60)
-        shutil.rmtree(workdir, ignore_errors=True)
+        sb.stop_daemon(daemon, workdir)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,6 @@ Usage (from the repository root, after building kvtierd and kvtier-engine):
 """
 import argparse
 import os
-import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -155,9 +153,7 @@ def main():
                       args.rounds, peer, statistics.median(res[peer]["mean"]) / mean,
                       statistics.median(res[peer]["last"]) / last), flush=True)
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=60)
-        shutil.rmtree(workdir, ignore_errors=True)
+        sb.stop_daemon(daemon, workdir)
 
 
 if __name__ == "__main__":

@@ -209,6 +209,13 @@ def start_daemon(build, workdir, name="d", config="", flags=(), dram_bytes=256 <
     raise RuntimeError("kvtierd did not start")
 
 
+def stop_daemon(proc, workdir):
+    """Stops start_daemon's kvtierd and removes the run's directory."""
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
 def prompt_bytes(args, i):
     """Prompt length of request i: --prompt-bytes, or 16 + 3i bytes when that is 0."""
     return args.prompt_bytes if args.prompt_bytes else 16 + 3 * i
@@ -696,9 +703,7 @@ def main():
         for t in [int(x) for x in args.transport_tokens.split(",") if x]:
             transport(args.build, workdir, t, args)
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=60)
-        shutil.rmtree(workdir, ignore_errors=True)
+        stop_daemon(daemon, workdir)
 
 
 if __name__ == "__main__":

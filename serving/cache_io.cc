@@ -119,7 +119,17 @@ std::deque<CacheIo::Job>::iterator CacheIo::NextJob() {
   });
 }
 
+void PrefaultKv(const engine::Engine& engine, uint64_t tokens) {
+  engine::SequenceState st = engine.NewSequence();
+  engine::ReserveKvTokens(&st, static_cast<int64_t>(tokens));
+  for (engine::KvSourceCache& k : st.kv) {
+    for (std::vector<uint8_t>* v : {&k.main_data, &k.main_scales, &k.index_data, &k.index_scales})
+      v->resize(v->capacity());  // zero-filled: every page written once
+  }
+}
+
 void CacheIo::Run(Worker* w) {
+  if (options_.prefault_tokens > 0) PrefaultKv(*options_.engine, options_.prefault_tokens);
   while (true) {
     Job job;
     {

@@ -84,7 +84,18 @@ struct CacheIoOptions {
   uint64_t save_bytes_max = kSaveBytesQueuedMaxDefault;
   // Workers, each making one kvtierd call at a time (1..kCacheIoThreadsMax).
   uint64_t threads = kCacheIoThreadsDefault;
+  // Each worker, as it starts, touches the global KV of a sequence of this many tokens in its
+  // own memory and frees it, so that the first restore it imports finds those pages faulted in
+  // (the allocator keeps what it frees: common/malloc_tuning.h). 0: none.
+  uint64_t prefault_tokens = 0;
 };
+
+// Touches, on the calling thread, the global KV byte vectors of a sequence of `tokens` tokens of
+// `engine` (ReserveKvTokens, every page written once) and frees them: with the allocator keeping
+// what it frees (TuneMallocForServer), the thread's next restore of up to that many tokens
+// imports into pages already faulted in. A CacheIo worker does this as it starts
+// (CacheIoOptions::prefault_tokens).
+void PrefaultKv(const engine::Engine& engine, uint64_t tokens);
 
 class CacheIo {
  public:

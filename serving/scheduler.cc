@@ -128,6 +128,7 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(engine::Engine* engine,
     co.engine = engine;
     co.save_bytes_max = options.save_bytes_max;
     co.threads = options.kvtierd_threads;
+    co.prefault_tokens = options.context_tokens_max;
     KVTIER_ASSIGN_OR_RETURN(
         co.fingerprint,
         engine::EngineModelFingerprint(engine->config(), weights, options.session.unit_tokens));

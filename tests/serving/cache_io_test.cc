@@ -6,9 +6,12 @@
 
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <barrier>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -16,8 +19,10 @@
 #include <thread>
 #include <vector>
 
+#include "common/malloc_tuning.h"
 #include "tests/cache_daemon/net_util.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/sanitizers.h"
 
 namespace kvtier::serving {
 namespace {
@@ -166,6 +171,130 @@ TEST_F(CacheIoTest, OneSequencesSavesRunInOrderBesideOthers) {
   ASSERT_EQ(failed.size(), 1u) << "x's first save's failure, reported before its second began";
   EXPECT_EQ(failed[0].seq_id, 1u);
   EXPECT_EQ(failed[0].units_saved, 0);
+}
+
+// A worker's prefault: with the server's allocator settings, a thread that ran PrefaultKv
+// imports a sequence's global KV into pages already faulted in, where a thread that did not
+// faults in every page. Measured in a child process (a fresh copy of the allocator's state:
+// freed memory that an earlier run or test left in an arena would spare either thread its
+// faults), with the two threads running at once, so that each has a malloc arena of its own.
+TEST(CacheIoPrefault, AThreadsFirstKvAfterThePrefaultFaultsFewPages) {
+  if (!TuneMallocForServer()) GTEST_SKIP() << "the allocator is not glibc's, tuned";
+  auto e = engine::testutil::MakeEngine(1);
+  constexpr uint64_t kTokens = 1 << 17;
+  auto minor_faults = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_THREAD, &u);
+    return static_cast<uint64_t>(u.ru_minflt);
+  };
+  // The faults of taking a KV of kTokens and writing it (as an import does); its bytes.
+  auto take_kv = [&](uint64_t* faults, uint64_t* bytes) {
+    const uint64_t f0 = minor_faults();
+    engine::SequenceState st = e->NewSequence();
+    engine::ReserveKvTokens(&st, kTokens);
+    *bytes = 0;
+    for (engine::KvSourceCache& k : st.kv) {
+      for (std::vector<uint8_t>* v :
+           {&k.main_data, &k.main_scales, &k.index_data, &k.index_scales}) {
+        v->assign(v->capacity(), 0x5a);
+        *bytes += v->size();
+      }
+    }
+    *faults = minor_faults() - f0;
+  };
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {          // the child: no gtest here, only the four numbers
+    uint64_t got[4] = {};  // plain, prefault's own, after the prefault, bytes
+    std::barrier both(2);
+    std::thread a([&] {
+      uint64_t bytes = 0;
+      take_kv(&got[0], &bytes);
+      both.arrive_and_wait();
+    });
+    std::thread p([&] {
+      const uint64_t f0 = minor_faults();
+      PrefaultKv(*e, kTokens);
+      got[1] = minor_faults() - f0;
+      take_kv(&got[2], &got[3]);
+      both.arrive_and_wait();
+    });
+    a.join();
+    p.join();
+    const bool sent = ::write(fds[1], got, sizeof got) == static_cast<ssize_t>(sizeof got);
+    ::_exit(sent ? 0 : 1);
+  }
+  ::close(fds[1]);
+  uint64_t got[4] = {};
+  const ssize_t n = ::read(fds[0], got, sizeof got);
+  ::close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_EQ(n, static_cast<ssize_t>(sizeof got));
+  const uint64_t plain = got[0], prefault = got[1], prefaulted = got[2], pages = got[3] / 4096;
+  ASSERT_GT(pages, 500u) << got[3] << " bytes of KV";
+  EXPECT_GT(plain, pages * 9 / 10) << "a thread's first KV faults in its pages";
+  EXPECT_GT(prefault, pages * 9 / 10) << "the prefault touched them";
+  EXPECT_LT(prefaulted, pages / 20) << "after the prefault";
+}
+
+// CacheIoOptions::prefault_tokens: each worker touches that KV as it starts (before any job),
+// so a CacheIo created and stopped at once has faulted in its workers' KV pages. In a child
+// process, as above (a write to memory shared with the parent faults too, so a reused arena
+// cannot hide the touch).
+TEST_F(CacheIoTest, WorkersPrefaultTheirKvAsTheyStart) {
+#if defined(KVTIER_TEST_ASAN) || defined(KVTIER_TEST_TSAN)
+  GTEST_SKIP() << "a sanitizer's allocator and shadow memory fault pages of their own";
+#endif
+  constexpr uint64_t kTokens = 1 << 17, kWorkers = 2;
+  uint64_t bytes = 0;
+  {
+    engine::SequenceState st = engine_->NewSequence();
+    engine::ReserveKvTokens(&st, kTokens);
+    for (const engine::KvSourceCache& k : st.kv)
+      bytes += k.main_data.capacity() + k.main_scales.capacity() + k.index_data.capacity() +
+               k.index_scales.capacity();
+  }
+  const uint64_t pages = bytes / 4096;
+  ASSERT_GT(pages, 500u);
+  for (uint64_t prefault : {uint64_t{0}, kTokens}) {
+    SCOPED_TRACE("prefault_tokens " + std::to_string(prefault));
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {  // the child: no gtest here
+      rusage u0{}, u1{};
+      ::getrusage(RUSAGE_SELF, &u0);
+      CacheIoOptions o;
+      o.daemon.socket_path = path_;
+      o.engine = engine_.get();
+      o.threads = kWorkers;
+      o.prefault_tokens = prefault;
+      auto io = CacheIo::Create(o, &metrics_, {});
+      if (io.ok()) (*io)->Stop();  // joins the workers: their prefault is done
+      ::getrusage(RUSAGE_SELF, &u1);
+      const uint64_t faults = io.ok() ? static_cast<uint64_t>(u1.ru_minflt - u0.ru_minflt) : 0;
+      const bool sent = ::write(fds[1], &faults, sizeof faults) == sizeof faults;
+      ::_exit(sent && io.ok() ? 0 : 1);
+    }
+    ::close(fds[1]);
+    uint64_t faults = 0;
+    const ssize_t n = ::read(fds[0], &faults, sizeof faults);
+    ::close(fds[0]);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    ASSERT_EQ(n, static_cast<ssize_t>(sizeof faults));
+    if (prefault == 0) {
+      EXPECT_LT(faults, pages / 2) << "workers that touch nothing";
+    } else {
+      EXPECT_GT(faults, kWorkers * pages * 9 / 10) << "each worker's KV pages";
+    }
+  }
 }
 
 TEST_F(CacheIoTest, RefusesNoWorkersAndTooMany) {

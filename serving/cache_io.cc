@@ -17,6 +17,9 @@ StatusOr<std::unique_ptr<CacheIo>> CacheIo::Create(const CacheIoOptions& options
   if (options.threads == 0 || options.threads > kCacheIoThreadsMax)
     return Status::InvalidArgument("cache io: threads must be 1.." +
                                    std::to_string(kCacheIoThreadsMax));
+  if (options.prefault_tokens > engine::kMaxSessionTokens)
+    return Status::InvalidArgument("cache io: prefault_tokens must be at most " +
+                                   std::to_string(engine::kMaxSessionTokens));
   // The stores' options are checked once here, not at each tenant's first connection.
   KVTIER_RETURN_IF_ERROR(
       engine::SessionCodec::Create(options.engine, options.fingerprint, options.session).status());
@@ -170,7 +173,7 @@ void CacheIo::Run(Worker* w) {
         break;
       }
       case Job::Kind::kAccount:
-        DoAccount(job);
+        DoAccount(w, job);
         break;
     }
     Publish();
@@ -271,15 +274,16 @@ void CacheIo::DoSave(Worker* w, Job& job) {
   if (job.done && job.gen != nullptr) job.gen->Push(std::move(*job.done));
 }
 
-void CacheIo::DoAccount(Job& job) {
-  // SessionStore::Account's rule for the guard's model: a replay measures the forward speed
-  // (a hot state or a recompute measures nothing the guard uses). Folded into the tenant's
-  // shared model, which every worker's restores start from.
-  const engine::ResumeReport& r = job.report;
-  if (r.recomputed || r.hot_state_restored) return;
-  std::lock_guard l(health_mu_);
-  costs_.try_emplace(job.tenant, options_.cost_prior)
-      .first->second.ObserveForward(r.replay_tokens, r.replay_s);
+void CacheIo::DoAccount(Worker* w, Job& job) {
+  // SessionStore::Account folds the restore into the tenant's shared model, through this
+  // worker's store (none: no cache now, as for a restore without it: nothing is learnt).
+  engine::SessionStore* store = StoreFor(w, job.tenant);
+  if (store == nullptr) return;
+  std::lock_guard l(health_mu_);  // one step: no other worker's write between load and keep
+  engine::CostModel& shared = costs_.try_emplace(job.tenant, options_.cost_prior).first->second;
+  *store->cost_model() = shared;
+  store->Account(job.report);
+  shared = *store->cost_model();
 }
 
 void CacheIo::LoadCost(const Tenant* tenant, engine::SessionStore* store) {

@@ -86,7 +86,8 @@ struct CacheIoOptions {
   uint64_t threads = kCacheIoThreadsDefault;
   // Each worker, as it starts, touches the global KV of a sequence of this many tokens in its
   // own memory and frees it, so that the first restore it imports finds those pages faulted in
-  // (the allocator keeps what it frees: common/malloc_tuning.h). 0: none.
+  // (the allocator keeps what it frees: common/malloc_tuning.h). 0: none; at most
+  // engine::kMaxSessionTokens.
   uint64_t prefault_tokens = 0;
 };
 
@@ -181,7 +182,7 @@ class CacheIo {
   std::deque<Job>::iterator NextJob();
   RestoreResult DoRestore(Worker* w, Job& job);
   void DoSave(Worker* w, Job& job);
-  void DoAccount(Job& job);
+  void DoAccount(Worker* w, Job& job);
   // The queue's gauges (ServingMetrics::KvtierdQueue). Takes mu_: never call it holding mu_.
   void Publish();
   // w's store for tenant, connecting when it has none (or when an outage was noted since it

@@ -77,7 +77,10 @@ def main():
                          "its kvtier-engine (arms named 'before N'), against the same kvtierd")
     ap.add_argument("--model-id", default="kvmini-trained")
     args = ap.parse_args()
-    threads = [int(t) for t in args.threads.split(",") if t]
+    try:
+        threads = [int(t) for t in args.threads.split(",") if t]
+    except ValueError:
+        sys.exit("resume_burst: --threads is a comma list of thread counts, e.g. 1,2,4")
     # An arm: (its name, the build whose kvtier-engine serves it, its kvtierd threads).
     arms = [("%d" % t, args.build, t) for t in threads]
     if args.before:

@@ -14,6 +14,7 @@
 #include <barrier>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -173,6 +174,38 @@ TEST_F(CacheIoTest, OneSequencesSavesRunInOrderBesideOthers) {
   EXPECT_EQ(failed[0].units_saved, 0);
 }
 
+// Runs `measure` in a child process (a fresh copy of the allocator's state, threads of its
+// own), which fills n numbers and says whether it could; returns them, or nothing (with a test
+// failure) when the child did not send them and exit cleanly. `measure` runs in the child: no
+// gtest assertion in it.
+std::vector<uint64_t> InChild(size_t n, const std::function<bool(uint64_t* out)>& measure) {
+  const ssize_t bytes = static_cast<ssize_t>(n * sizeof(uint64_t));
+  int fds[2];
+  if (::pipe(fds) != 0) {
+    ADD_FAILURE() << "pipe failed";
+    return {};
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::vector<uint64_t> got(n);
+    const bool ok = measure(got.data());
+    const bool sent = ::write(fds[1], got.data(), static_cast<size_t>(bytes)) == bytes;
+    ::_exit(ok && sent ? 0 : 1);
+  }
+  ::close(fds[1]);
+  std::vector<uint64_t> got(n);
+  const ssize_t read = pid < 0 ? -1 : ::read(fds[0], got.data(), static_cast<size_t>(bytes));
+  ::close(fds[0]);
+  int status = 0;
+  const bool exited =
+      pid > 0 && ::waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (!exited || read != bytes) {
+    ADD_FAILURE() << "the child process failed (fork " << pid << ", read " << read << ")";
+    return {};
+  }
+  return got;
+}
+
 // A worker's prefault: with the server's allocator settings, a thread that ran PrefaultKv
 // imports a sequence's global KV into pages already faulted in, where a thread that did not
 // faults in every page. Measured in a child process (a fresh copy of the allocator's state:
@@ -202,38 +235,26 @@ TEST(CacheIoPrefault, AThreadsFirstKvAfterThePrefaultFaultsFewPages) {
     }
     *faults = minor_faults() - f0;
   };
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {          // the child: no gtest here, only the four numbers
-    uint64_t got[4] = {};  // plain, prefault's own, after the prefault, bytes
+  // plain, the prefault's own, after the prefault, bytes
+  const std::vector<uint64_t> got = InChild(4, [&](uint64_t* out) {
     std::barrier both(2);
     std::thread a([&] {
       uint64_t bytes = 0;
-      take_kv(&got[0], &bytes);
+      take_kv(&out[0], &bytes);
       both.arrive_and_wait();
     });
     std::thread p([&] {
       const uint64_t f0 = minor_faults();
       PrefaultKv(*e, kTokens);
-      got[1] = minor_faults() - f0;
-      take_kv(&got[2], &got[3]);
+      out[1] = minor_faults() - f0;
+      take_kv(&out[2], &out[3]);
       both.arrive_and_wait();
     });
     a.join();
     p.join();
-    const bool sent = ::write(fds[1], got, sizeof got) == static_cast<ssize_t>(sizeof got);
-    ::_exit(sent ? 0 : 1);
-  }
-  ::close(fds[1]);
-  uint64_t got[4] = {};
-  const ssize_t n = ::read(fds[0], got, sizeof got);
-  ::close(fds[0]);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  ASSERT_EQ(n, static_cast<ssize_t>(sizeof got));
+    return true;
+  });
+  ASSERT_EQ(got.size(), 4u);
   const uint64_t plain = got[0], prefault = got[1], prefaulted = got[2], pages = got[3] / 4096;
   ASSERT_GT(pages, 500u) << got[3] << " bytes of KV";
   EXPECT_GT(plain, pages * 9 / 10) << "a thread's first KV faults in its pages";
@@ -262,11 +283,7 @@ TEST_F(CacheIoTest, WorkersPrefaultTheirKvAsTheyStart) {
   ASSERT_GT(pages, 500u);
   for (uint64_t prefault : {uint64_t{0}, kTokens}) {
     SCOPED_TRACE("prefault_tokens " + std::to_string(prefault));
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {  // the child: no gtest here
+    const std::vector<uint64_t> got = InChild(1, [&](uint64_t* faults) {
       rusage u0{}, u1{};
       ::getrusage(RUSAGE_SELF, &u0);
       CacheIoOptions o;
@@ -277,18 +294,11 @@ TEST_F(CacheIoTest, WorkersPrefaultTheirKvAsTheyStart) {
       auto io = CacheIo::Create(o, &metrics_, {});
       if (io.ok()) (*io)->Stop();  // joins the workers: their prefault is done
       ::getrusage(RUSAGE_SELF, &u1);
-      const uint64_t faults = io.ok() ? static_cast<uint64_t>(u1.ru_minflt - u0.ru_minflt) : 0;
-      const bool sent = ::write(fds[1], &faults, sizeof faults) == sizeof faults;
-      ::_exit(sent && io.ok() ? 0 : 1);
-    }
-    ::close(fds[1]);
-    uint64_t faults = 0;
-    const ssize_t n = ::read(fds[0], &faults, sizeof faults);
-    ::close(fds[0]);
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    ASSERT_EQ(n, static_cast<ssize_t>(sizeof faults));
+      *faults = static_cast<uint64_t>(u1.ru_minflt - u0.ru_minflt);
+      return io.ok();
+    });
+    ASSERT_EQ(got.size(), 1u);
+    const uint64_t faults = got[0];
     if (prefault == 0) {
       EXPECT_LT(faults, pages / 2) << "workers that touch nothing";
     } else {
@@ -297,7 +307,7 @@ TEST_F(CacheIoTest, WorkersPrefaultTheirKvAsTheyStart) {
   }
 }
 
-TEST_F(CacheIoTest, RefusesNoWorkersAndTooMany) {
+TEST_F(CacheIoTest, RefusesNoWorkersTooManyAndAnOversizedPrefault) {
   CacheIoOptions o;
   o.daemon.socket_path = path_;
   o.engine = engine_.get();
@@ -305,6 +315,10 @@ TEST_F(CacheIoTest, RefusesNoWorkersAndTooMany) {
   EXPECT_FALSE(CacheIo::Create(o, &metrics_, {}).ok());
   o.threads = kCacheIoThreadsMax + 1;
   EXPECT_FALSE(CacheIo::Create(o, &metrics_, {}).ok());
+  o.threads = 1;
+  o.prefault_tokens = engine::kMaxSessionTokens + 1;
+  EXPECT_FALSE(CacheIo::Create(o, &metrics_, {}).ok());
+  o.prefault_tokens = 0;
   o.threads = kCacheIoThreadsMax;
   EXPECT_TRUE(CacheIo::Create(o, &metrics_, {}).ok());
 }

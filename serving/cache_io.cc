@@ -25,6 +25,16 @@ StatusOr<std::unique_ptr<CacheIo>> CacheIo::Create(const CacheIoOptions& options
       engine::SessionCodec::Create(options.engine, options.fingerprint, options.session).status());
   std::unique_ptr<CacheIo> io(new CacheIo(options, metrics, std::move(wake)));
   io->workers_.resize(options.threads);  // never resized again: each thread holds its Worker
+  if (options.replay_engine) {
+    for (Worker& w : io->workers_) {
+      KVTIER_ASSIGN_OR_RETURN(w.engine, options.replay_engine());
+      if (w.engine == nullptr) return Status::InvalidArgument("cache io: replay_engine made none");
+      KVTIER_ASSIGN_OR_RETURN(
+          engine::SessionCodec codec,
+          engine::SessionCodec::Create(w.engine.get(), options.fingerprint, options.session));
+      w.codec.emplace(std::move(codec));
+    }
+  }
   for (Worker& w : io->workers_) w.thread = std::thread([p = io.get(), w = &w] { p->Run(w); });
   return io;
 }
@@ -173,7 +183,7 @@ void CacheIo::Run(Worker* w) {
         break;
       }
       case Job::Kind::kAccount:
-        DoAccount(w, job);
+        DoAccount(w, job.tenant, job.report);
         break;
     }
     Publish();
@@ -237,11 +247,24 @@ CacheIo::RestoreResult CacheIo::DoRestore(Worker* w, Job& job) {
     metrics_->RestoreAbandoned();
     return r;
   }
-  if (f.ok()) {
-    r.fetched = std::move(f).value();
-  } else {
+  if (!f.ok()) {
     r.status = f.status();
+    return r;
   }
+  if (!w->codec) {
+    r.fetched = std::move(f).value();
+    return r;
+  }
+  // Completed here, on this worker's engine: the step thread only takes the state.
+  StatusOr<engine::ResumeReport> rep =
+      w->codec->Complete(job.prompt, std::move(f).value(), &r.state, &r.logits);
+  if (!rep.ok()) {
+    r.status = rep.status();
+    return r;
+  }
+  r.completed = true;
+  r.report = std::move(rep).value();
+  DoAccount(w, job.tenant, r.report);
   return r;
 }
 
@@ -274,15 +297,15 @@ void CacheIo::DoSave(Worker* w, Job& job) {
   if (job.done && job.gen != nullptr) job.gen->Push(std::move(*job.done));
 }
 
-void CacheIo::DoAccount(Worker* w, Job& job) {
+void CacheIo::DoAccount(Worker* w, const Tenant* tenant, const engine::ResumeReport& report) {
   // SessionStore::Account folds the restore into the tenant's shared model, through this
   // worker's store (none: no cache now, as for a restore without it: nothing is learnt).
-  engine::SessionStore* store = StoreFor(w, job.tenant);
+  engine::SessionStore* store = StoreFor(w, tenant);
   if (store == nullptr) return;
   std::lock_guard l(health_mu_);  // one step: no other worker's write between load and keep
-  engine::CostModel& shared = costs_.try_emplace(job.tenant, options_.cost_prior).first->second;
+  engine::CostModel& shared = costs_.try_emplace(tenant, options_.cost_prior).first->second;
   *store->cost_model() = shared;
-  store->Account(job.report);
+  store->Account(report);
   shared = *store->cost_model();
 }
 

@@ -6,14 +6,17 @@
 //     the hit units, imported into a fresh state, and of the hot states that could continue
 //     them). With a resident sequence that covers `resident_tokens` of the prompt, first one
 //     LOOKUP: when kvtierd holds no more whole pages than that, the result says so
-//     (use_resident) and nothing is fetched. The scheduler takes finished restores
-//     (TakeRestores) and completes them on the engine (SessionCodec::Complete);
+//     (use_resident) and nothing is fetched. With replay engines (CacheIoOptions::
+//     replay_engine) the worker then completes the restore on its own engine (SessionCodec::
+//     Complete: the hot state imported, or the bounded replay) and accounts it; otherwise the
+//     scheduler takes finished restores (TakeRestores) and completes them on its engine;
 //   - a save of a finished request: the units and hot state the scheduler encoded
 //     (SessionCodec::PrepareSave) are put (SessionStore::PutSave), then the request's last
 //     event is pushed: a client has its answer only once its turn is in kvtierd. A save that
 //     fails is counted (kvtier_serve_save_failures_total) and reported (TakeSaveFailures) so the
 //     sequence's cursor is set back and its next save puts those units again;
-//   - the accounting of a completed restore (SessionStore::Account: the guard's replay speed).
+//   - the accounting of a restore the scheduler completed (SessionStore::Account: the guard's
+//     replay speed).
 //
 // Jobs run on `threads` workers, taken oldest first, several at once: a restore never waits
 // behind another request's restore or save while a worker is free, and the waits of calls in
@@ -89,6 +92,15 @@ struct CacheIoOptions {
   // (the allocator keeps what it frees: common/malloc_tuning.h). 0: none; at most
   // engine::kMaxSessionTokens.
   uint64_t prefault_tokens = 0;
+  // Makes one worker's own engine (called once per worker, by Create, on its caller's thread;
+  // an error fails Create). Each worker then completes its restores itself (SessionCodec::
+  // Complete on that engine), so no replay runs on the scheduler's step thread and the workers
+  // replay side by side. Every engine it makes must compute what `engine` computes, bit for
+  // bit (the same config, weights and options that change results, on the CPU): a restored
+  // state must not depend on the engine that completed it. Each holds its own scratch (engines
+  // over the same weights share their packed copies: engine/matmul.h). Null (default): the
+  // scheduler completes the restores.
+  std::function<StatusOr<std::unique_ptr<engine::Engine>>()> replay_engine;
 };
 
 // Touches, on the calling thread, the global KV byte vectors of a sequence of `tokens` tokens of
@@ -118,6 +130,13 @@ class CacheIo {
     bool asked = false;
     Status status;
     engine::FetchedPrefix fetched;
+    // Completed on the worker (replay_engine; `status` ok): the restored state, its last
+    // token's logits and Complete's report, already accounted; `fetched` is empty. Otherwise
+    // the scheduler completes `fetched`.
+    bool completed = false;
+    engine::SequenceState state;
+    std::vector<float> logits;
+    engine::ResumeReport report;
   };
   // Queues a restore of `prompt` for tenant (not owned; must outlive this object). `abandoned`
   // (if set; called on a worker) says the request's client left: a queued restore is then not
@@ -170,9 +189,11 @@ class CacheIo {
     std::unique_ptr<engine::SessionStore> store;
     uint64_t outage = 0;  // outages_ when it was made: dropped once another outage is noted
   };
-  // A worker: its thread and its connections (touched by that thread only).
+  // A worker: its thread, its connections and its engine (touched by that thread only).
   struct Worker {
     std::map<const Tenant*, TenantStore> stores;
+    std::unique_ptr<engine::Engine> engine;     // replay_engine's; null without one
+    std::optional<engine::SessionCodec> codec;  // over `engine`
     std::thread thread;
   };
   CacheIo(const CacheIoOptions& options, ServingMetrics* metrics, std::function<void()> wake);
@@ -182,7 +203,8 @@ class CacheIo {
   std::deque<Job>::iterator NextJob();
   RestoreResult DoRestore(Worker* w, Job& job);
   void DoSave(Worker* w, Job& job);
-  void DoAccount(Worker* w, Job& job);
+  // SessionStore::Account of a completed restore, through w's store for tenant.
+  void DoAccount(Worker* w, const Tenant* tenant, const engine::ResumeReport& report);
   // The queue's gauges (ServingMetrics::KvtierdQueue). Takes mu_: never call it holding mu_.
   void Publish();
   // w's store for tenant, connecting when it has none (or when an outage was noted since it

@@ -129,6 +129,7 @@ StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(engine::Engine* engine,
     co.save_bytes_max = options.save_bytes_max;
     co.threads = options.kvtierd_threads;
     co.prefault_tokens = options.context_tokens_max;
+    co.replay_engine = options.replay_engine;
     KVTIER_ASSIGN_OR_RETURN(
         co.fingerprint,
         engine::EngineModelFingerprint(engine->config(), weights, options.session.unit_tokens));
@@ -411,9 +412,10 @@ void Scheduler::FinishRestores() {
       continue;
     }
     active_.push_back(std::move(seq));
-    // A replay is engine work that delays the running sequences' next token: one per step
-    // while others run. A hot state is a copy: every such restore finished is completed now,
-    // and their suffixes are prefilled together in the next step.
+    // A replay here is engine work that delays the running sequences' next token: one per
+    // step while others run. A hot state is a copy, and a restore a kvtierd thread completed
+    // is done: every such restore finished is started now, and their suffixes are prefilled
+    // together in the next step.
     if (replayed && others_active) break;
   }
 }
@@ -437,15 +439,21 @@ Status Scheduler::StartRestored(Seq* seq, CacheIo::RestoreResult& r, bool* repla
     return Status::Ok();
   }
   KVTIER_RETURN_IF_ERROR(r.status);
-  KVTIER_ASSIGN_OR_RETURN(
-      engine::ResumeReport rep,
-      codec_->Complete(seq->params.prompt, std::move(r.fetched), &seq->state, &seq->logits));
-  cache_io_->Account(seq->tenant, rep);
+  engine::ResumeReport rep;
+  if (r.completed) {  // on a kvtierd thread, which accounted it
+    rep = std::move(r.report);
+    seq->state = std::move(r.state);
+    seq->logits = std::move(r.logits);
+  } else {
+    KVTIER_ASSIGN_OR_RETURN(
+        rep, codec_->Complete(seq->params.prompt, std::move(r.fetched), &seq->state, &seq->logits));
+    cache_io_->Account(seq->tenant, rep);
+    *replayed = !rep.recomputed && rep.replay_tokens > 0;
+  }
   seq->cursor.turn = rep.turn;  // the turn's PUT joins its LOOKUP and GET (one request)
   if (!rep.recomputed) {
     seq->usage.cached_tokens = rep.restored_tokens;
     seq->cursor.units_saved = rep.units_used;
-    *replayed = rep.replay_tokens > 0;
   }
   metrics_->Resume(!rep.recomputed && rep.units_used > 0, rep.hot_state_restored);
   KVTIER_LOG(kDebug) << "serve: tenant " << seq->tenant->name << " resume: " << rep.decision

@@ -110,6 +110,12 @@ struct SchedulerOptions {
   uint64_t save_bytes_max = kSaveBytesQueuedMaxDefault;
   // CacheIo's workers: kvtierd calls in flight at once (CacheIoOptions::threads).
   uint64_t kvtierd_threads = kCacheIoThreadsDefault;
+  // Makes each CacheIo worker's own engine (CacheIoOptions::replay_engine): restores are then
+  // completed (the hot state imported, or the bounded replay) on the kvtierd threads, side by
+  // side, and a step only takes their states. Every engine it makes must compute what the
+  // scheduler's engine computes, bit for bit. Null: the step thread completes them, at most one
+  // that replays per step while other sequences are active.
+  std::function<StatusOr<std::unique_ptr<engine::Engine>>()> replay_engine;
   engine::SessionOptions session;
   uint64_t queue_depth_max = 256;         // requests waiting for admission (more: 429)
   uint64_t active_sequences_max = 32;     // sequences generating at once
@@ -186,10 +192,10 @@ class Scheduler {
   // Sets up seq from its cached part: a resident sequence, or a restore queued on CacheIo
   // (*restoring: the sequence waits in restoring_ for it).
   Status Start(Seq* seq, Pending& p, bool* restoring);
-  // Completes the restores CacheIo finished (at most one that replays per step while others
-  // are active) and moves their sequences to active_.
+  // Completes the restores CacheIo finished (without replay engines at most one that replays
+  // here per step while others are active) and moves their sequences to active_.
   void FinishRestores();
-  // Sets up seq's state from a finished restore; *replayed: it ran a bounded replay.
+  // Sets up seq's state from a finished restore; *replayed: it ran a bounded replay here.
   Status StartRestored(Seq* seq, CacheIo::RestoreResult& r, bool* replayed);
   // Gives a sequence's resident candidate (held while it restored) back to the idle pool.
   void ReturnResident(Seq* seq);

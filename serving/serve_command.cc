@@ -53,7 +53,7 @@ int RunServe(std::span<const std::string_view> args) {
   std::string kvtierd_addr;
   std::string keys_file, guard = "auto", layer_device = "cpu";
   uint64_t port = 8000, threads = 1, replay_tokens = 0;
-  bool no_hot = false, speculative = false;
+  bool no_hot = false, speculative = false, step_thread_replays = false;
   std::string draft_path;
   std::optional<uint64_t> draft_len;
   SchedulerOptions so;
@@ -125,6 +125,11 @@ int RunServe(std::span<const std::string_view> args) {
   flags.Uint("replay-tokens", &replay_tokens,
              "bounded replay length of a resume without hot state; 0 = 2 sliding windows");
   flags.Bool("no-hot-state", &no_hot, "do not keep SWA hot states in kvtierd at page boundaries");
+  flags.Bool("replays-on-step-thread", &step_thread_replays,
+             "complete restores (the bounded replay of one without a hot state) on the engine's "
+             "step thread, one that replays per step while others run, instead of on the "
+             "kvtierd threads (each of which then holds a one-thread CPU engine of its own, "
+             "over the same weights); implied by --layer-device cuda");
   flags.Bool("speculative", &speculative,
              "DSpark speculative decoding: the decode rows of every step are verified drafts "
              "(greedy output unchanged; docs/SERVING.md, \"Speculative decoding\")");
@@ -250,6 +255,18 @@ int RunServe(std::span<const std::string_view> args) {
   eo.prefill_chunk_tokens = static_cast<int>(so.prefill_chunk_tokens);  // ForwardBatch's span cap
   auto eng = engine::Engine::Create(*cfg, weights, eo);
   if (!eng.ok()) return Fail(eng.status());
+  // Restores completed on the kvtierd threads, each on an engine of its own that computes the
+  // step engine's bits: the CPU path (the host twin's bits too), one thread. A CUDA engine's
+  // are not the CPU's: its restores stay on the step thread (on the GPU).
+  if (!step_thread_replays && device != engine::LayerDevice::kCuda) {
+    so.replay_engine = [cfg = *cfg, weights, eo] {
+      engine::EngineOptions ro = eo;
+      ro.threads = 1;
+      ro.layer_device = engine::LayerDevice::kCpu;
+      ro.device_backend = nullptr;
+      return engine::Engine::Create(cfg, weights, ro);
+    };
+  }
   auto tok = engine::ByteTokenizer::Create(cfg->vocab_size, cfg->engram_pad_token_id,
                                            cfg->dspark_noise_token_id);
   if (!tok.ok()) return Fail(tok.status());
@@ -301,8 +318,9 @@ int RunServe(std::span<const std::string_view> args) {
                                                    : "tcp://" + kvtierd_addr;
   std::fprintf(stderr,
                "kvtier-engine serve: listening on http://%s:%u model %s (%s), cache %s, "
-               "auth %s, speculative %s, experts %s, projections %s\n",
+               "replays on the %s, auth %s, speculative %s, experts %s, projections %s\n",
                listen.c_str(), (*server)->port(), model_id.c_str(), model.c_str(), cache.c_str(),
+               so.replay_engine ? "kvtierd threads" : "step thread",
                keys.auth_enabled() ? "on" : "off", speculative ? draft_path.c_str() : "off",
                std::string(engine::ExpertFormatName(cfg->expert_format)).c_str(),
                std::string(engine::WeightFormatName(cfg->weight_format)).c_str());

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <filesystem>
 #include <memory>
@@ -197,6 +198,9 @@ class SchedulerTest : public ::testing::Test {
   Model model_;
   ServingMetrics metrics_;
   Tenant tenant_{"t", "", {}};
+
+ public:
+  const Model& model() const { return model_; }
 };
 
 // Chunked prefill (chunks of 32, steps of 48 tokens) is the full forward: each prompt's greedy
@@ -368,14 +372,14 @@ TEST_F(SchedulerTest, StepsGoOnWhileARestoreWaitsOnAStalledKvtierd) {
   s->Stop();  // the running stream ends with a 503 error event
 }
 
-// Restores from a hot state (a copy of the SWA rings, no replay) that finished together are
-// all completed in one step, so their suffixes are prefilled together and their first tokens
-// come in the same step, while a stream runs beside them. Three conversations of two whole
-// pages are saved to a real kvtierd; the step thread is held while their continuations are
-// queued (so one admission takes all three) and then until CacheIo has finished all three
-// restores. With at most one restore completed per step (the rule for replays), their first
-// tokens came in three different steps.
-TEST_F(SchedulerTest, HotStateRestoresFinishedTogetherStartInOneStep) {
+// Restores that finished together, completed in one step or not: three conversations of two
+// whole pages are saved to a real kvtierd (with their hot states when `hot_state`); the step
+// thread is held while their continuations are queued (so one admission takes all three) and
+// then until CacheIo has finished all three restores, while a stream runs beside them. Returns
+// the steps of their first tokens (empty after a failure); `metrics` are the scheduler's.
+std::vector<uint64_t> FirstStepsOfRestoresFinishedTogether(SchedulerTest* t, bool hot_state,
+                                                           bool replay_engines,
+                                                           ServingMetrics* metrics) {
   const auto dir =
       std::filesystem::temp_directory_path() / ("kvtier_sched_hot_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
@@ -383,13 +387,13 @@ TEST_F(SchedulerTest, HotStateRestoresFinishedTogetherStartInOneStep) {
   d->WriteConfig(
       "[storage]\ndram_capacity_bytes = 33554432\nssd_capacity_bytes = 268435456\n"
       "ssd_segment_bytes = 16777216\n");
-  ASSERT_TRUE(d->Start()) << d->Log();
+  EXPECT_TRUE(d->Start()) << d->Log();
   std::mutex mu;
   std::condition_variable cv;
   int phase = 0;  // 1: the next step parks; 2: parked; 3: go on; 4: done
   std::vector<std::shared_ptr<Generation>> bs;
   auto restores_queued = [&] {
-    const std::string m = metrics_.Render();
+    const std::string m = metrics->Render();
     const std::string name = "kvtier_serve_kvtierd_restores_queued ";
     const size_t at = m.find("\n" + name);
     return at == std::string::npos ? -1 : std::stoll(m.substr(at + 1 + name.size()));
@@ -398,6 +402,16 @@ TEST_F(SchedulerTest, HotStateRestoresFinishedTogetherStartInOneStep) {
   o.daemon.socket_path = d->socket();
   o.kvtierd_threads = 4;
   o.idle_sequences_max = 0;  // every continuation restores from kvtierd
+  o.session.keep_hot_state = o.session.use_hot_state = hot_state;
+  // Every hit restored: the guard's auto mode may find a 2-page restore with a replay dearer
+  // than computing its 133 tokens (the timings it measured decide), which this is not about.
+  o.session.guard = engine::GuardMode::kAlwaysFetch;
+  if (replay_engines) {
+    o.replay_engine = [t]() -> StatusOr<std::unique_ptr<engine::Engine>> {
+      return engine::Engine::Create(t->model().engine->config(), t->model().weights,
+                                    engine::EngineOptions{});
+    };
+  }
   o.step_observer = [&](const StepReport&) {
     std::unique_lock l(mu);
     if (phase == 1) {
@@ -414,30 +428,33 @@ TEST_F(SchedulerTest, HotStateRestoresFinishedTogetherStartInOneStep) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     phase = 4;
   };
-  auto s = Make(o);
-  ASSERT_NE(s, nullptr);
+  auto made = Scheduler::Create(t->model().engine.get(), *t->model().weights, o, metrics);
+  EXPECT_TRUE(made.ok()) << made.status().ToString();
+  if (!made.ok()) return {};
+  std::unique_ptr<Scheduler> s = std::move(made).value();
+  const Tenant tenant{"t", "", {}};
   constexpr size_t kPage = 64;
   std::vector<std::vector<int32_t>> history;
   for (uint32_t i = 0; i < 3; ++i) {
     history.push_back(Prompt(2 * kPage, 70 + i));
-    auto g = s->Submit(&tenant_, Greedy(history.back(), 1));
-    ASSERT_TRUE(g.ok());
-    ASSERT_TRUE(Drain(g->get()).done);  // its turn is in kvtierd once it is done
+    auto g = s->Submit(&tenant, Greedy(history.back(), 1));
+    EXPECT_TRUE(g.ok());
+    if (!g.ok() || !Drain(g->get()).done) return {};  // its turn is in kvtierd once it is done
   }
-  auto a = s->Submit(&tenant_, Greedy(Prompt(8, 1), 6000));
-  ASSERT_TRUE(a.ok());
+  auto a = s->Submit(&tenant, Greedy(Prompt(8, 1), 6000));
+  EXPECT_TRUE(a.ok());
   GenerationEvent ev;
-  ASSERT_TRUE((*a)->Next(&ev, 60000));
+  if (!a.ok() || !(*a)->Next(&ev, 60000)) return {};
   {
     std::unique_lock l(mu);
     phase = 1;
-    ASSERT_TRUE(cv.wait_for(l, std::chrono::seconds(60), [&] { return phase == 2; }));
+    EXPECT_TRUE(cv.wait_for(l, std::chrono::seconds(60), [&] { return phase == 2; }));
     for (uint32_t i = 0; i < 3; ++i) {
       std::vector<int32_t> p = history[i];
-      for (int32_t t : Prompt(5, 90 + i)) p.push_back(t);
-      auto g = s->Submit(&tenant_, Greedy(p, 2));
-      ASSERT_TRUE(g.ok());
-      bs.push_back(*g);
+      for (int32_t tok : Prompt(5, 90 + i)) p.push_back(tok);
+      auto g = s->Submit(&tenant, Greedy(p, 2));
+      EXPECT_TRUE(g.ok());
+      if (g.ok()) bs.push_back(*g);
     }
     phase = 3;
   }
@@ -445,23 +462,54 @@ TEST_F(SchedulerTest, HotStateRestoresFinishedTogetherStartInOneStep) {
   std::vector<uint64_t> first;
   for (const auto& g : bs) {
     Collected c = Drain(g.get());
-    ASSERT_TRUE(c.done);
-    ASSERT_FALSE(c.text_steps.empty());
+    EXPECT_TRUE(c.done);
+    EXPECT_FALSE(c.text_steps.empty());
     EXPECT_EQ(c.usage.cached_tokens, static_cast<int64_t>(2 * kPage)) << "a whole restore";
+    if (c.text_steps.empty()) return {};
     first.push_back(c.text_steps.front());
   }
   {
     std::lock_guard l(mu);
     EXPECT_EQ(phase, 4) << "the step thread never saw all three admitted";
   }
-  EXPECT_NE(metrics_.Render().find("kvtier_serve_hot_state_restores_total 3\n"), std::string::npos)
-      << metrics_.Render();
-  EXPECT_EQ(first[1], first[0]) << "first tokens' steps";
-  EXPECT_EQ(first[2], first[0]) << "first tokens' steps";
+  const std::string hot =
+      "kvtier_serve_hot_state_restores_total " + std::to_string(hot_state ? 3 : 0) + "\n";
+  EXPECT_NE(metrics->Render().find(hot), std::string::npos) << metrics->Render();
   s->Stop();  // the running stream ends with a 503 error event
   s.reset();
   d.reset();
   std::filesystem::remove_all(dir);
+  return first;
+}
+
+// Restores from a hot state (a copy of the SWA rings, no replay) that finished together are
+// all completed in one step, so their suffixes are prefilled together and their first tokens
+// come in the same step. With at most one restore completed per step (the rule for replays on
+// the step thread), their first tokens came in three different steps.
+TEST_F(SchedulerTest, HotStateRestoresFinishedTogetherStartInOneStep) {
+  const std::vector<uint64_t> first =
+      FirstStepsOfRestoresFinishedTogether(this, true, false, &metrics_);
+  ASSERT_EQ(first.size(), 3u);
+  EXPECT_EQ(first[1], first[0]) << "first tokens' steps";
+  EXPECT_EQ(first[2], first[0]) << "first tokens' steps";
+}
+
+// Restores without hot states replay. On the kvtierd threads' own engines (replay_engine) they
+// are done when CacheIo finishes them: those finished together start in one step. Replayed on
+// the step thread instead, one per step while the stream runs: three steps in a row.
+TEST_F(SchedulerTest, ReplaysOnKvtierdThreadsFinishedTogetherStartInOneStep) {
+  const std::vector<uint64_t> first =
+      FirstStepsOfRestoresFinishedTogether(this, false, true, &metrics_);
+  ASSERT_EQ(first.size(), 3u);
+  EXPECT_EQ(first[1], first[0]) << "first tokens' steps";
+  EXPECT_EQ(first[2], first[0]) << "first tokens' steps";
+  ServingMetrics on_step_metrics;
+  std::vector<uint64_t> on_step =
+      FirstStepsOfRestoresFinishedTogether(this, false, false, &on_step_metrics);
+  ASSERT_EQ(on_step.size(), 3u);
+  std::sort(on_step.begin(), on_step.end());
+  EXPECT_EQ(on_step[1], on_step[0] + 1) << "replays on the step thread, one per step";
+  EXPECT_EQ(on_step[2], on_step[0] + 2) << "replays on the step thread, one per step";
 }
 
 // Per-tenant fairness, counted in steps: tenant A queues 12 requests, then tenant B one. With

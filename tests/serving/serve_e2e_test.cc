@@ -186,6 +186,42 @@ TEST_F(ServeTest, SecondTurnRestoresFirstTurnExactly) {
   EXPECT_NEAR(Metric(m, "kvtier_serve_cost_total{tenant=\"alice\"}"), cost, 1e-12);
 }
 
+// Without hot states every restore replays. Turn 2 of a chat on a server that replays on its
+// kvtierd threads (the default) hits turn 1's whole pages; a server that replays on its step
+// thread (--replays-on-step-thread) answers the same turn 2 from the same kvtierd with the
+// same text and usage: the kvtierd threads' engines compute the step engine's bits
+// (tests/serving/cache_io_replay_test.cc compares the states).
+TEST_F(ServeTest, ReplayedRestoresAnswerAsOnTheStepThread) {
+  StartServer({"--idle-sequences-max", "0", "--no-hot-state"});
+  EXPECT_NE(s_->Log().find("replays on the kvtierd threads"), std::string::npos) << s_->Log();
+  json msgs = json::array({{{"role", "user"}, {"content", Text(150, 2)}}});
+  HttpReply r1 = Post("/v1/chat/completions", Chat(msgs, 24));
+  ASSERT_EQ(r1.status, 200) << r1.body;
+  json j1 = r1.Json();
+  const int64_t whole = j1["usage"]["prompt_tokens"].get<int64_t>() +
+                        j1["usage"]["completion_tokens"].get<int64_t>() - 1;
+  msgs.push_back({{"role", "assistant"}, {"content", j1["choices"][0]["message"]["content"]}});
+  msgs.push_back({{"role", "user"}, {"content", "and then?"}});
+  HttpReply r2 = Post("/v1/chat/completions", Chat(msgs, 16));
+  ASSERT_EQ(r2.status, 200) << r2.body;
+  json j2 = r2.Json();
+  EXPECT_EQ(j2["usage"]["prompt_tokens_details"]["cached_tokens"], whole / kPage * kPage);
+  const std::string m = Metrics();
+  EXPECT_EQ(Metric(m, "kvtier_serve_resume_hits_total"), 1);
+  EXPECT_EQ(Metric(m, "kvtier_serve_hot_state_restores_total"), 0);
+
+  ServeProcess other(dir_ / "other");
+  ASSERT_TRUE(other.Start({"--socket", d_->socket(), "--api-keys", (dir_ / "keys.json").string(),
+                           "--guard", "fetch", "--idle-sequences-max", "0", "--no-hot-state",
+                           "--replays-on-step-thread"}))
+      << other.Log();
+  EXPECT_NE(other.Log().find("replays on the step thread"), std::string::npos) << other.Log();
+  json o2 =
+      Http(other.port(), "POST", "/v1/chat/completions", Chat(msgs, 16).dump(), kAlice).Json();
+  EXPECT_EQ(o2["usage"], j2["usage"]);
+  EXPECT_EQ(o2["choices"][0]["message"]["content"], j2["choices"][0]["message"]["content"]);
+}
+
 // A turn is saved before its answer's last event: a second server on the same kvtierd, sent the
 // next turn the moment the first server's answer is complete, finds every token of it (units and
 // hot state). With the save after the last event, 1 run in 5 found 448 of 454 tokens (the hot

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cache_daemon/metrics.h"
+#include "cache_daemon/reply_buffers.h"
 #include "cluster/http_client.h"
 #include "common/config.h"
 #include "common/logging.h"
@@ -269,7 +270,8 @@ StatusOr<std::vector<uint8_t>> ReadCredentialFile(const std::string& path) {
 
 StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& options,
                                                           Service* service,
-                                                          const TenantRegistry* tenants) {
+                                                          const TenantRegistry* tenants,
+                                                          internal::ReplyBuffers* reply_buffers) {
   const ClusterServeOptions& c = options.cluster;
   KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> credential, ReadCredentialFile(c.credential_file));
   std::unique_ptr<ClusterNode> node(new ClusterNode());
@@ -307,6 +309,14 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
                               .ca_file = c.peer_tls_ca_file,
                               .handshake_timeout_ms = c.peer_timeout_ms};
   }
+  // GET replies (a batch of units each way) in the daemon's kept buffers, as the native
+  // front's: docs/performance/daemon.md, "Cluster GET replies in kept buffers".
+  auto take = [reply_buffers] { return reply_buffers->Take(); };
+  auto give = [reply_buffers](std::vector<uint8_t> b) { reply_buffers->Give(std::move(b)); };
+  if (reply_buffers != nullptr) {
+    so.take_reply_buffer = take;
+    so.give_reply_buffer = give;
+  }
   KVTIER_ASSIGN_OR_RETURN(node->server_, cluster::PeerServer::Start(so, node->handler_.get()));
 
   std::optional<TlsClientOptions> client_tls;
@@ -316,13 +326,17 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
                                   .cert_file = c.peer_tls_cert_file,
                                   .key_file = c.peer_tls_key_file};
   }
-  node->client_ = std::make_unique<cluster::PeerClient>(
-      cluster::PeerClientOptions{.node_id = c.node_id,
-                                 .credential = credential,
-                                 .timeout_ms = c.peer_timeout_ms,
-                                 .probe_interval_ms = c.peer_probe_interval_ms,
-                                 .frame_bytes_max = options.max_frame_bytes,
-                                 .tls = client_tls});
+  cluster::PeerClientOptions co{.node_id = c.node_id,
+                                .credential = credential,
+                                .timeout_ms = c.peer_timeout_ms,
+                                .probe_interval_ms = c.peer_probe_interval_ms,
+                                .frame_bytes_max = options.max_frame_bytes,
+                                .tls = client_tls};
+  if (reply_buffers != nullptr) {
+    co.take_reply_buffer = take;
+    co.give_reply_buffer = give;
+  }
+  node->client_ = std::make_unique<cluster::PeerClient>(std::move(co));
 
   cluster::EtcdOptions eo;
   eo.endpoints = c.etcd_endpoints;

@@ -37,14 +37,21 @@
 
 namespace kvtier::daemon {
 
+namespace internal {
+class ReplyBuffers;
+}  // namespace internal
+
 class ClusterNode {
  public:
   // options must be Finalize()d with options.cluster.enabled. Reads the credential file
   // (InvalidArgument when shorter than 32 bytes, IOError when unreadable), binds the peer
-  // front (IOError), starts membership and installs the router in service.
+  // front (IOError), starts membership and installs the router in service. reply_buffers
+  // (may be null; must outlive the node): the daemon's kept reply buffers, which the peer
+  // front builds its GET replies in and the peer client reads GET replies into.
   static StatusOr<std::unique_ptr<ClusterNode>> Start(const DaemonOptions& options,
                                                       Service* service,
-                                                      const TenantRegistry* tenants);
+                                                      const TenantRegistry* tenants,
+                                                      internal::ReplyBuffers* reply_buffers);
   ~ClusterNode();
   void Stop();
 

@@ -274,7 +274,8 @@ class DaemonImpl final : public Daemon {
     }
     // [cluster]: peer front, membership in etcd, router in the Service's native path.
     if (options_.cluster.enabled) {
-      KVTIER_ASSIGN_OR_RETURN(cluster_, ClusterNode::Start(options_, &service_, tenants_.get()));
+      KVTIER_ASSIGN_OR_RETURN(
+          cluster_, ClusterNode::Start(options_, &service_, tenants_.get(), &reply_buffers_));
       shared_.cluster = cluster_.get();
     }
     // The Unix socket listens last: once it accepts, every other front is listening too (a

@@ -98,10 +98,11 @@ struct PeerClient::Conn {
     return Status::Ok();
   }
 
-  // One request/response; returns the body after the status prefix, or the status.
+  // One request/response; returns the body after the status prefix, or the status. The body
+  // is read into `into` (cleared; its capacity reused), after the prefix: never moved.
   StatusOr<std::vector<uint8_t>> RoundTrip(PeerOp op, std::span<const uint8_t> body,
                                            uint64_t deadline_ms, uint64_t frame_bytes_max,
-                                           uint16_t flags = 0) {
+                                           uint16_t flags = 0, std::vector<uint8_t> into = {}) {
     uint64_t id = next_id++;
     unsent = closed_before_reply = false;
     auto header = daemon::wire::EncodeHeader(static_cast<uint8_t>(op), flags, id,
@@ -116,15 +117,23 @@ struct PeerClient::Conn {
         decoded->request_id != id) {
       return Status::Corruption("peer response does not match the request");
     }
-    std::vector<uint8_t> rbody(decoded->body_bytes());
-    KVTIER_RETURN_IF_ERROR(Recv(rbody.data(), rbody.size(), deadline_ms));
-    Reader r(rbody);
+    // The status prefix (u8 code, u16 message length, the message) first, then the rest.
+    const size_t total = decoded->body_bytes();
+    std::vector<uint8_t> prefix(std::min<size_t>(total, 3));
+    KVTIER_RETURN_IF_ERROR(Recv(prefix.data(), prefix.size(), deadline_ms));
+    if (prefix.size() == 3) {
+      const size_t msg = std::min<size_t>(prefix[1] | (size_t{prefix[2]} << 8), total - 3);
+      prefix.resize(3 + msg);
+      KVTIER_RETURN_IF_ERROR(Recv(prefix.data() + 3, msg, deadline_ms));
+    }
+    into.clear();
+    into.resize(total - prefix.size());
+    KVTIER_RETURN_IF_ERROR(Recv(into.data(), into.size(), deadline_ms));
+    Reader r(prefix);
     Status st;
     KVTIER_RETURN_IF_ERROR(daemon::wire::DecodeStatus(&r, &st));
     if (!st.ok()) return st;
-    size_t consumed = rbody.size() - r.remaining();
-    rbody.erase(rbody.begin(), rbody.begin() + static_cast<ptrdiff_t>(consumed));
-    return rbody;
+    return into;
   }
 };
 
@@ -241,14 +250,15 @@ std::unique_ptr<PeerClient::Conn> PeerClient::TakeIdle(const std::string& endpoi
 }
 
 StatusOr<std::vector<uint8_t>> PeerClient::Call(const std::string& endpoint, PeerOp op,
-                                                std::span<const uint8_t> body, uint16_t flags) {
+                                                std::span<const uint8_t> body, uint16_t flags,
+                                                std::vector<uint8_t> into) {
   uint64_t suspect_for_ms = 0;
   if (!health_->Admit(endpoint, &suspect_for_ms)) {
     return Status::Unavailable("peer " + endpoint + " is not answering (a call timed out " +
                                std::to_string(suspect_for_ms) + " ms ago; probing)");
   }
   const uint64_t deadline = NowMs() + options_.timeout_ms;
-  auto reply = CallOnce(endpoint, op, body, flags, deadline);
+  auto reply = CallOnce(endpoint, op, body, flags, deadline, std::move(into));
   // Failed at the deadline: no answer in time. Anything else is an answer (a refused
   // connection fails at once and needs no suspicion to be fast).
   if (!reply.ok() && reply.status().IsUnavailable() && NowMs() >= deadline) {
@@ -261,13 +271,14 @@ StatusOr<std::vector<uint8_t>> PeerClient::Call(const std::string& endpoint, Pee
 
 StatusOr<std::vector<uint8_t>> PeerClient::CallOnce(const std::string& endpoint, PeerOp op,
                                                     std::span<const uint8_t> body, uint16_t flags,
-                                                    uint64_t deadline) {
+                                                    uint64_t deadline, std::vector<uint8_t> into) {
   std::unique_ptr<Conn> conn = TakeIdle(endpoint);
   const bool pooled = conn != nullptr;
   if (!pooled) {
     KVTIER_ASSIGN_OR_RETURN(conn, Connect(endpoint, deadline));
   }
-  auto reply = conn->RoundTrip(op, body, deadline, options_.frame_bytes_max, flags);
+  auto reply =
+      conn->RoundTrip(op, body, deadline, options_.frame_bytes_max, flags, std::move(into));
   // A pooled connection the peer closed (its idle timeout) just as we sent: once more on a
   // new connection, when the peer cannot have executed the request (it never had all of it)
   // or executing it twice is harmless. Never after a byte of the reply, never on a new one.
@@ -320,8 +331,18 @@ StatusOr<PeerClient::GetResult> PeerClient::Get(const std::string& endpoint,
                                                 std::span<const PeerKey> keys) {
   Writer w;
   PutKeys(keys, &w);
+  const bool kept = static_cast<bool>(options_.take_reply_buffer);
   KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> body,
-                          Call(endpoint, PeerOp::kGet, w.buffer(), kPeerFlagTtl));
+                          Call(endpoint, PeerOp::kGet, w.buffer(), kPeerFlagTtl,
+                               kept ? options_.take_reply_buffer() : std::vector<uint8_t>{}));
+  // The reply's buffer goes back to the daemon's kept ones once its values are copied out.
+  struct GiveBack {
+    const PeerClientOptions& o;
+    std::vector<uint8_t>& b;
+    ~GiveBack() {
+      if (o.give_reply_buffer) o.give_reply_buffer(std::move(b));
+    }
+  } give_back{options_, body};
   Reader r(body);
   uint32_t n = 0;
   if (!r.U32(&n) || n != keys.size()) return Status::Corruption("peer GET reply");

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -55,6 +56,12 @@ struct PeerClientOptions {
   const kvtier::Clock* unix_clock = nullptr;
   // nullopt: plain TCP. server_name is ignored (each endpoint's host is verified).
   std::optional<daemon::TlsClientOptions> tls;
+  // Kept buffers for GET replies (the daemon's ReplyBuffers): a GET's reply is read into
+  // take_reply_buffer()'s buffer and handed to give_reply_buffer once its values are copied
+  // out, so its pages are not faulted in again at every GET. Both or neither; neither
+  // (default): a new buffer per reply. Called on the calling threads, concurrently.
+  std::function<std::vector<uint8_t>()> take_reply_buffer;
+  std::function<void(std::vector<uint8_t>)> give_reply_buffer;
 };
 
 class PeerClient {
@@ -116,11 +123,13 @@ class PeerClient {
                                                  std::span<const PeerKey> keys, const char* what);
   // Call through the endpoint's health: fails at once while it is suspect, and marks it so
   // when the call times out.
+  // `into`: an empty buffer the reply's body is read into (its capacity reused; a kept buffer).
   StatusOr<std::vector<uint8_t>> Call(const std::string& endpoint, PeerOp op,
-                                      std::span<const uint8_t> body, uint16_t flags = 0);
+                                      std::span<const uint8_t> body, uint16_t flags = 0,
+                                      std::vector<uint8_t> into = {});
   StatusOr<std::vector<uint8_t>> CallOnce(const std::string& endpoint, PeerOp op,
                                           std::span<const uint8_t> body, uint16_t flags,
-                                          uint64_t deadline_ms);
+                                          uint64_t deadline_ms, std::vector<uint8_t> into);
   // PeerHealth's probe: opens and authenticates a connection by the deadline and keeps it.
   bool Probe(const std::string& endpoint);
   void KeepIdle(const std::string& endpoint, std::unique_ptr<Conn> conn);

@@ -66,6 +66,10 @@ StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(PeerServerOptions option
   if (options.tls.has_value()) {
     KVTIER_RETURN_IF_ERROR(daemon::CheckTlsFiles(*options.tls, "cluster.peer_tls"));
   }
+  if (static_cast<bool>(options.take_reply_buffer) != static_cast<bool>(options.give_reply_buffer))
+    return Status::InvalidArgument(
+        "peer server: take_reply_buffer and give_reply_buffer go "
+        "together");
   std::unique_ptr<PeerServer> s(new PeerServer(std::move(options), handler));
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -303,8 +307,12 @@ void PeerServer::Serve(int fd) {
       return;
     }
     requests_.fetch_add(1);
+    // A GET's reply holds its units: built in a kept buffer when the daemon keeps them.
+    const bool kept = op == static_cast<uint8_t>(PeerOp::kGet) && options_.take_reply_buffer;
+    if (kept) w = Writer(options_.take_reply_buffer());
     Execute(frame, peer_node, &w);
     Respond(fd, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
+    if (kept) options_.give_reply_buffer(w.Take());
     if (!sent) return;
   }
 }

@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -100,6 +101,13 @@ struct PeerServerOptions {
   // Unix time, for the expiry a repair copy carries (peer_wire.h, kPeerFlagExpiresAt) and the
   // CLOCK reply; null: the system clock. Tests set one that runs ahead or behind.
   const kvtier::Clock* unix_clock = nullptr;
+  // Kept reply buffers (the daemon's ReplyBuffers, shared with its native front): a GET's
+  // reply is built in take_reply_buffer()'s buffer (empty, with the capacity of an earlier
+  // reply) and handed to give_reply_buffer once sent, so that a batch of units is not copied
+  // into freshly faulted pages, and regrown, at every GET. Both or neither; neither (default):
+  // a new buffer per reply. Called on connection threads, concurrently.
+  std::function<std::vector<uint8_t>()> take_reply_buffer;
+  std::function<void(std::vector<uint8_t>)> give_reply_buffer;
 };
 
 struct PeerServerStats {

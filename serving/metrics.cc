@@ -134,6 +134,12 @@ void ServingMetrics::Resume(bool hit, bool hot) {
   if (hit) ++resume_hits_;
   if (hot) ++hot_state_restores_;
 }
+void ServingMetrics::Replay(uint64_t tokens, bool on_step_thread) {
+  std::lock_guard l(mu_);
+  ++replays_;
+  replay_tokens_ += tokens;
+  if (on_step_thread) ++step_replays_;
+}
 void ServingMetrics::ResidentHit() {
   std::lock_guard l(mu_);
   ++resident_hits_;
@@ -235,6 +241,9 @@ std::string ServingMetrics::Render() const {
       {"kvtier_serve_resumes_total", resumes_},
       {"kvtier_serve_resume_hits_total", resume_hits_},
       {"kvtier_serve_hot_state_restores_total", hot_state_restores_},
+      {"kvtier_serve_replays_total", replays_},
+      {"kvtier_serve_replay_tokens_total", replay_tokens_},
+      {"kvtier_serve_step_replays_total", step_replays_},
       {"kvtier_serve_resident_hits_total", resident_hits_},
       {"kvtier_serve_swap_outs_total", swap_outs_},
       {"kvtier_serve_save_failures_total", save_failures_},
@@ -254,6 +263,10 @@ std::string ServingMetrics::Render() const {
       "Admissions that looked the prompt up in kvtierd.",
       "Of those, admissions that restored at least one unit.",
       "Of those, exact restores from a hot state (no replay).",
+      "Restores that rebuilt the SWA rings by bounded replay (no hot state to continue).",
+      "Tokens those replays ran through the model.",
+      "Of the replays, those run on the engine's step thread (--replays-on-step-thread, or a "
+      "CUDA engine), delaying the running sequences; the rest ran on the kvtierd threads.",
       "Admissions that continued a sequence still resident in the engine.",
       "Idle sequences saved to kvtierd and dropped to make room in the KV pool.",
       "Saves to kvtierd that failed, or were skipped while kvtierd was unavailable (the "

@@ -55,8 +55,11 @@ class ServingMetrics {
   // many zeros, without building them: the usual round when drafting does not pay).
   void SpecRoundUndrafted(uint64_t sequences);
   void Resume(bool from_daemon_hit, bool hot_state);  // an admission that asked kvtierd
-  void ResidentHit();                                 // an admission served from the pool
-  void SwapOut();                                     // an idle sequence saved and dropped
+  // A restore that rebuilt its SWA rings by bounded replay of `tokens` tokens, on the engine's
+  // step thread or (on_step_thread false) on a kvtierd thread's own engine.
+  void Replay(uint64_t tokens, bool on_step_thread);
+  void ResidentHit();  // an admission served from the pool
+  void SwapOut();      // an idle sequence saved and dropped
   void SaveFailed();
   // A connection to kvtierd that failed (connect, handshake, a call timed out or closed): the
   // server serves without the cache until `unavailable` turns false again.
@@ -91,6 +94,7 @@ class ServingMetrics {
   std::map<std::string, TenantCounters> tenants_;
   Histogram ttft_, tpot_, batch_sequences_, step_tokens_;
   uint64_t resumes_ = 0, resume_hits_ = 0, hot_state_restores_ = 0, resident_hits_ = 0;
+  uint64_t replays_ = 0, replay_tokens_ = 0, step_replays_ = 0;
   uint64_t swap_outs_ = 0, save_failures_ = 0, disconnects_ = 0, kvtierd_failures_ = 0;
   uint64_t restores_abandoned_ = 0, steps_ = 0, prefill_tokens_ = 0;
   uint64_t spec_rounds_ = 0, spec_rounds_undrafted_ = 0, spec_verifications_ = 0;

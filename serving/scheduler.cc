@@ -456,6 +456,8 @@ Status Scheduler::StartRestored(Seq* seq, CacheIo::RestoreResult& r, bool* repla
     seq->cursor.units_saved = rep.units_used;
   }
   metrics_->Resume(!rep.recomputed && rep.units_used > 0, rep.hot_state_restored);
+  if (!rep.recomputed && !rep.hot_state_restored && rep.replay_tokens > 0)
+    metrics_->Replay(static_cast<uint64_t>(rep.replay_tokens), !r.completed);
   KVTIER_LOG(kDebug) << "serve: tenant " << seq->tenant->name << " resume: " << rep.decision
                      << "; lookup " << rep.lookup_s << " s, units " << rep.fetch_s
                      << " s, hot states " << rep.hot_state_fetch_s << " s, replay " << rep.replay_s

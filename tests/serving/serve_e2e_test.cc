@@ -209,6 +209,9 @@ TEST_F(ServeTest, ReplayedRestoresAnswerAsOnTheStepThread) {
   const std::string m = Metrics();
   EXPECT_EQ(Metric(m, "kvtier_serve_resume_hits_total"), 1);
   EXPECT_EQ(Metric(m, "kvtier_serve_hot_state_restores_total"), 0);
+  EXPECT_EQ(Metric(m, "kvtier_serve_replays_total"), 1);
+  EXPECT_EQ(Metric(m, "kvtier_serve_replay_tokens_total"), 32) << "2 W of the miniature";
+  EXPECT_EQ(Metric(m, "kvtier_serve_step_replays_total"), 0);
 
   ServeProcess other(dir_ / "other");
   ASSERT_TRUE(other.Start({"--socket", d_->socket(), "--api-keys", (dir_ / "keys.json").string(),
@@ -220,6 +223,9 @@ TEST_F(ServeTest, ReplayedRestoresAnswerAsOnTheStepThread) {
       Http(other.port(), "POST", "/v1/chat/completions", Chat(msgs, 16).dump(), kAlice).Json();
   EXPECT_EQ(o2["usage"], j2["usage"]);
   EXPECT_EQ(o2["choices"][0]["message"]["content"], j2["choices"][0]["message"]["content"]);
+  const std::string om = Http(other.port(), "GET", "/metrics").body;
+  EXPECT_EQ(Metric(om, "kvtier_serve_replays_total"), 1);
+  EXPECT_EQ(Metric(om, "kvtier_serve_step_replays_total"), 1);
 }
 
 // A turn is saved before its answer's last event: a second server on the same kvtierd, sent the

@@ -309,6 +309,35 @@ bool PeerClient::Probe(const std::string& endpoint) {
   return !(conn.status().IsUnavailable() && NowMs() >= deadline);
 }
 
+// A GET reply's entries and TTL trailer (peer_wire.h), for `keys` keys, each value copied out.
+StatusOr<PeerClient::GetResult> DecodeGetReply(std::span<const uint8_t> body, size_t keys) {
+  Reader r(body);
+  uint32_t n = 0;
+  if (!r.U32(&n) || n != keys) return Status::Corruption("peer GET reply");
+  PeerClient::GetResult out;
+  out.statuses.resize(n);
+  out.values.resize(n);
+  out.ttl_left_ms.resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    uint8_t code = 0;
+    uint32_t len = 0;
+    std::span<const uint8_t> bytes;
+    if (!r.U8(&code) || code > static_cast<uint8_t>(StatusCode::kInternal) || !r.U32(&len) ||
+        !r.Bytes(len, &bytes)) {
+      return Status::Corruption("peer GET reply entry");
+    }
+    out.statuses[i] = code == 0 ? Status::Ok() : Status(static_cast<StatusCode>(code), "peer");
+    out.values[i].assign(bytes.begin(), bytes.end());
+  }
+  bool present = false;
+  std::vector<uint64_t> ttls;
+  KVTIER_RETURN_IF_ERROR(DecodeTtlTrailer(&r, n, &present, &ttls));
+  for (size_t i = 0; i < ttls.size(); ++i) {
+    if (out.statuses[i].ok()) out.ttl_left_ms[i] = ttls[i];
+  }
+  return out;
+}
+
 StatusOr<std::vector<uint8_t>> PeerClient::ByteReplyPerKey(const std::string& endpoint, PeerOp op,
                                                            std::span<const PeerKey> keys,
                                                            const char* what) {
@@ -331,42 +360,13 @@ StatusOr<PeerClient::GetResult> PeerClient::Get(const std::string& endpoint,
                                                 std::span<const PeerKey> keys) {
   Writer w;
   PutKeys(keys, &w);
-  const bool kept = static_cast<bool>(options_.take_reply_buffer);
-  KVTIER_ASSIGN_OR_RETURN(std::vector<uint8_t> body,
-                          Call(endpoint, PeerOp::kGet, w.buffer(), kPeerFlagTtl,
-                               kept ? options_.take_reply_buffer() : std::vector<uint8_t>{}));
-  // The reply's buffer goes back to the daemon's kept ones once its values are copied out.
-  struct GiveBack {
-    const PeerClientOptions& o;
-    std::vector<uint8_t>& b;
-    ~GiveBack() {
-      if (o.give_reply_buffer) o.give_reply_buffer(std::move(b));
-    }
-  } give_back{options_, body};
-  Reader r(body);
-  uint32_t n = 0;
-  if (!r.U32(&n) || n != keys.size()) return Status::Corruption("peer GET reply");
-  GetResult out;
-  out.statuses.resize(n);
-  out.values.resize(n);
-  out.ttl_left_ms.resize(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    uint8_t code = 0;
-    uint32_t len = 0;
-    std::span<const uint8_t> bytes;
-    if (!r.U8(&code) || code > static_cast<uint8_t>(StatusCode::kInternal) || !r.U32(&len) ||
-        !r.Bytes(len, &bytes)) {
-      return Status::Corruption("peer GET reply entry");
-    }
-    out.statuses[i] = code == 0 ? Status::Ok() : Status(static_cast<StatusCode>(code), "peer");
-    out.values[i].assign(bytes.begin(), bytes.end());
-  }
-  bool present = false;
-  std::vector<uint64_t> ttls;
-  KVTIER_RETURN_IF_ERROR(DecodeTtlTrailer(&r, n, &present, &ttls));
-  for (size_t i = 0; i < ttls.size(); ++i) {
-    if (out.statuses[i].ok()) out.ttl_left_ms[i] = ttls[i];
-  }
+  StatusOr<std::vector<uint8_t>> body =
+      Call(endpoint, PeerOp::kGet, w.buffer(), kPeerFlagTtl,
+           options_.take_reply_buffer ? options_.take_reply_buffer() : std::vector<uint8_t>{});
+  if (!body.ok()) return body.status();
+  StatusOr<GetResult> out = DecodeGetReply(*body, keys.size());
+  // The values are copied out: the reply's buffer goes back to the daemon's kept ones.
+  if (options_.give_reply_buffer) options_.give_reply_buffer(std::move(*body));
   return out;
 }
 

@@ -67,9 +67,7 @@ StatusOr<std::unique_ptr<PeerServer>> PeerServer::Start(PeerServerOptions option
     KVTIER_RETURN_IF_ERROR(daemon::CheckTlsFiles(*options.tls, "cluster.peer_tls"));
   }
   if (static_cast<bool>(options.take_reply_buffer) != static_cast<bool>(options.give_reply_buffer))
-    return Status::InvalidArgument(
-        "peer server: take_reply_buffer and give_reply_buffer go "
-        "together");
+    return Status::InvalidArgument("peer server: take_reply_buffer needs give_reply_buffer");
   std::unique_ptr<PeerServer> s(new PeerServer(std::move(options), handler));
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

@@ -448,16 +448,16 @@ Status Scheduler::StartRestored(Seq* seq, CacheIo::RestoreResult& r, bool* repla
     KVTIER_ASSIGN_OR_RETURN(
         rep, codec_->Complete(seq->params.prompt, std::move(r.fetched), &seq->state, &seq->logits));
     cache_io_->Account(seq->tenant, rep);
-    *replayed = !rep.recomputed && rep.replay_tokens > 0;
   }
+  // replay_tokens is 0 for a hot state and a recompute (engine/session.h).
+  *replayed = !r.completed && rep.replay_tokens > 0;
   seq->cursor.turn = rep.turn;  // the turn's PUT joins its LOOKUP and GET (one request)
   if (!rep.recomputed) {
     seq->usage.cached_tokens = rep.restored_tokens;
     seq->cursor.units_saved = rep.units_used;
   }
   metrics_->Resume(!rep.recomputed && rep.units_used > 0, rep.hot_state_restored);
-  if (!rep.recomputed && !rep.hot_state_restored && rep.replay_tokens > 0)
-    metrics_->Replay(static_cast<uint64_t>(rep.replay_tokens), !r.completed);
+  if (rep.replay_tokens > 0) metrics_->Replay(static_cast<uint64_t>(rep.replay_tokens), *replayed);
   KVTIER_LOG(kDebug) << "serve: tenant " << seq->tenant->name << " resume: " << rep.decision
                      << "; lookup " << rep.lookup_s << " s, units " << rep.fetch_s
                      << " s, hot states " << rep.hot_state_fetch_s << " s, replay " << rep.replay_s

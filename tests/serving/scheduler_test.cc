@@ -482,27 +482,26 @@ std::vector<uint64_t> FirstStepsOfRestoresFinishedTogether(SchedulerTest* t, boo
   return first;
 }
 
+// Three restores' first tokens came in one step.
+void ExpectOneStep(const std::vector<uint64_t>& first) {
+  ASSERT_EQ(first.size(), 3u);
+  EXPECT_EQ(first[1], first[0]) << "first tokens' steps";
+  EXPECT_EQ(first[2], first[0]) << "first tokens' steps";
+}
+
 // Restores from a hot state (a copy of the SWA rings, no replay) that finished together are
 // all completed in one step, so their suffixes are prefilled together and their first tokens
 // come in the same step. With at most one restore completed per step (the rule for replays on
 // the step thread), their first tokens came in three different steps.
 TEST_F(SchedulerTest, HotStateRestoresFinishedTogetherStartInOneStep) {
-  const std::vector<uint64_t> first =
-      FirstStepsOfRestoresFinishedTogether(this, true, false, &metrics_);
-  ASSERT_EQ(first.size(), 3u);
-  EXPECT_EQ(first[1], first[0]) << "first tokens' steps";
-  EXPECT_EQ(first[2], first[0]) << "first tokens' steps";
+  ExpectOneStep(FirstStepsOfRestoresFinishedTogether(this, true, false, &metrics_));
 }
 
 // Restores without hot states replay. On the kvtierd threads' own engines (replay_engine) they
 // are done when CacheIo finishes them: those finished together start in one step. Replayed on
 // the step thread instead, one per step while the stream runs: three steps in a row.
 TEST_F(SchedulerTest, ReplaysOnKvtierdThreadsFinishedTogetherStartInOneStep) {
-  const std::vector<uint64_t> first =
-      FirstStepsOfRestoresFinishedTogether(this, false, true, &metrics_);
-  ASSERT_EQ(first.size(), 3u);
-  EXPECT_EQ(first[1], first[0]) << "first tokens' steps";
-  EXPECT_EQ(first[2], first[0]) << "first tokens' steps";
+  ExpectOneStep(FirstStepsOfRestoresFinishedTogether(this, false, true, &metrics_));
   ServingMetrics on_step_metrics;
   std::vector<uint64_t> on_step =
       FirstStepsOfRestoresFinishedTogether(this, false, false, &on_step_metrics);

@@ -332,8 +332,8 @@ StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(const DaemonOptions& o
                                 .probe_interval_ms = c.peer_probe_interval_ms,
                                 .frame_bytes_max = options.max_frame_bytes,
                                 .tls = client_tls};
-  if (reply_buffers != nullptr) {
-    co.take_reply_buffer = take;
+  if (reply_buffers != nullptr) {  // read over whole: no need to zero it first
+    co.take_reply_buffer = [reply_buffers] { return reply_buffers->TakeToOverwrite(); };
     co.give_reply_buffer = give;
   }
   node->client_ = std::make_unique<cluster::PeerClient>(std::move(co));

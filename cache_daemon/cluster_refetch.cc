@@ -78,10 +78,11 @@ void ClusterRefetch::Refetch(const Reported& reported) {
     return;
   }
   std::vector<Status> statuses(1, Status::NotFound("not fetched"));
-  std::vector<std::vector<uint8_t>> values(1);
+  std::vector<std::span<const uint8_t>> values(1);
+  std::vector<cluster::PeerBytes> replies;  // what values[0] points into
   std::vector<std::optional<uint64_t>> fetched_ttl_ms(1);
   router_->GetRemote(std::span<const storage::Key>(&u.key, 1), std::vector<bool>{true}, &statuses,
-                     &values, &fetched_ttl_ms);
+                     &values, &replies, &fetched_ttl_ms);
   if (!statuses[0].ok()) {
     failed_.fetch_add(1);
     KVTIER_LOG(kWarn) << "cluster: no other owner holds a unit quarantined here for a checksum "

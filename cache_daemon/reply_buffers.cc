@@ -6,6 +6,12 @@
 namespace kvtier::daemon::internal {
 
 std::vector<uint8_t> ReplyBuffers::Take() {
+  std::vector<uint8_t> out = TakeToOverwrite();
+  out.clear();
+  return out;
+}
+
+std::vector<uint8_t> ReplyBuffers::TakeToOverwrite() {
   std::lock_guard<std::mutex> lock(mu_);
   if (kept_.empty()) return {};
   auto largest = std::max_element(kept_.begin(), kept_.end(), [](const auto& a, const auto& b) {
@@ -15,7 +21,6 @@ std::vector<uint8_t> ReplyBuffers::Take() {
   *largest = std::move(kept_.back());
   kept_.pop_back();
   kept_bytes_ -= out.capacity();
-  out.clear();
   return out;
 }
 

@@ -13,6 +13,8 @@
 //   ... build the reply in buf, write it ...
 //   buffers.Give(std::move(buf));                 // kept, or freed
 //
+// A cluster node also reads its peers' GET replies into kept buffers (TakeToOverwrite).
+//
 // What it keeps is bounded by its limit (counted by capacity) and is memory outside
 // limits.connection_memory_bytes_max: the daemon's resident memory may exceed the DRAM tier
 // and the connection buffers by this much. Thread-safe.
@@ -40,6 +42,10 @@ class ReplyBuffers {
   // An empty buffer: the kept one of the largest capacity (no longer kept), or a new one with
   // no capacity when none is kept.
   std::vector<uint8_t> Take();
+  // Take's buffer with the size and bytes its last user left in it, for a reader that
+  // overwrites it whole: resizing it to a reply's size then zero-fills only what lies beyond
+  // that size, where Take's empty buffer would be zero-filled whole (a memset of each reply).
+  std::vector<uint8_t> TakeToOverwrite();
   // Keeps `buffer` for a later Take when its capacity is at least kMinKeptBytes and fits
   // within the limit beside those kept; frees it otherwise.
   void Give(std::vector<uint8_t> buffer);

@@ -354,25 +354,30 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
         results[j] = Status::NotFound("held here, not owned: its owners are asked first");
       }
     }
-    // Units this node does not hold are fetched from the peers that do.
+    // Units this node does not hold are fetched from the peers that do: views of their
+    // replies, which `held` keeps until the batch is visited.
     std::vector<bool> want(n, false);
     bool any = false;
     for (size_t j = 0; j < n; ++j) {
       want[j] = results[j].IsNotFound();
       any = any || want[j];
     }
+    std::vector<std::span<const uint8_t>> fetched(n);
+    std::vector<bool> remote(n, false);
+    std::vector<cluster::PeerBytes> held;
     if (any) {
       const uint64_t fetch_started = copies_ != nullptr ? ClusterCopies::BeginFetch() : 0;
       std::vector<std::optional<uint64_t>> ttl_left_ms(n);
-      router_->GetRemote(batch, want, &results, &values, &ttl_left_ms);
+      router_->GetRemote(batch, want, &results, &fetched, &held, &ttl_left_ms);
       for (size_t j = 0; j < n; ++j) {
         if (!want[j] || !results[j].ok()) continue;
+        remote[j] = true;
         tiers[j] = storage::Tier::kSsd;  // beyond this node
         // Copies only on a non-owner: an owner that lacks a unit gets its replica from repair,
         // and its own store takes PUTs of the key, which a copy of the older value fetched
         // before such a PUT must never replace (docs/CLUSTER.md, "Versions").
         if (copies_ != nullptr && !set_aside[j] && !router_->OwnsLocally(batch[j])) {
-          copies_->Keep(t.id, t.name, batch[j], values[j], fetch_started, ttl_left_ms[j]);
+          copies_->Keep(t.id, t.name, batch[j], fetched[j], fetch_started, ttl_left_ms[j]);
         }
       }
     }
@@ -386,9 +391,11 @@ void Service::Get(const Tenant& t, std::span<const wire::Key> chain, uint32_t un
     }
     for (size_t j = 0; j < n; ++j) {
       const Status& st = results[j];
-      if (st.ok()) bytes += values[j].size();
-      visit(first + j, st, tiers[j],
-            st.ok() ? std::span<const uint8_t>(values[j]) : std::span<const uint8_t>());
+      const std::span<const uint8_t> value = !st.ok()    ? std::span<const uint8_t>()
+                                             : remote[j] ? fetched[j]
+                                                         : std::span<const uint8_t>(values[j]);
+      bytes += value.size();
+      visit(first + j, st, tiers[j], value);
     }
   }
   if (!visited_called) reply();  // no keys, or the cluster path

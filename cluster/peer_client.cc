@@ -99,7 +99,8 @@ struct PeerClient::Conn {
   }
 
   // One request/response; returns the body after the status prefix, or the status. The body
-  // is read into `into` (cleared; its capacity reused), after the prefix: never moved.
+  // is read into `into` (overwritten; only what lies beyond its size is zeroed first, its
+  // capacity reused), after the prefix: never moved.
   StatusOr<std::vector<uint8_t>> RoundTrip(PeerOp op, std::span<const uint8_t> body,
                                            uint64_t deadline_ms, uint64_t frame_bytes_max,
                                            uint16_t flags = 0, std::vector<uint8_t> into = {}) {
@@ -126,7 +127,6 @@ struct PeerClient::Conn {
       prefix.resize(3 + msg);
       KVTIER_RETURN_IF_ERROR(Recv(prefix.data() + 3, msg, deadline_ms));
     }
-    into.clear();
     into.resize(total - prefix.size());
     KVTIER_RETURN_IF_ERROR(Recv(into.data(), into.size(), deadline_ms));
     Reader r(prefix);
@@ -309,9 +309,25 @@ bool PeerClient::Probe(const std::string& endpoint) {
   return !(conn.status().IsUnavailable() && NowMs() >= deadline);
 }
 
-// A GET reply's entries and TTL trailer (peer_wire.h), for `keys` keys, each value copied out.
-StatusOr<PeerClient::GetResult> DecodeGetReply(std::span<const uint8_t> body, size_t keys) {
-  Reader r(body);
+namespace {
+
+// Bytes handed to `give` when the last holder lets go (a kept reply buffer; may be null).
+struct GivenBack {
+  GivenBack(std::vector<uint8_t> b, std::function<void(std::vector<uint8_t>)> g)
+      : bytes(std::move(b)), give(std::move(g)) {}
+  GivenBack(const GivenBack&) = delete;
+  GivenBack& operator=(const GivenBack&) = delete;
+  ~GivenBack() {
+    if (give) give(std::move(bytes));
+  }
+  std::vector<uint8_t> bytes;
+  std::function<void(std::vector<uint8_t>)> give;
+};
+
+// A GET reply's entries and TTL trailer (peer_wire.h), for `keys` keys, each value a view of
+// `body`, which the result holds.
+StatusOr<PeerClient::GetResult> DecodeGetReply(PeerBytes body, size_t keys) {
+  Reader r(*body);
   uint32_t n = 0;
   if (!r.U32(&n) || n != keys) return Status::Corruption("peer GET reply");
   PeerClient::GetResult out;
@@ -327,7 +343,7 @@ StatusOr<PeerClient::GetResult> DecodeGetReply(std::span<const uint8_t> body, si
       return Status::Corruption("peer GET reply entry");
     }
     out.statuses[i] = code == 0 ? Status::Ok() : Status(static_cast<StatusCode>(code), "peer");
-    out.values[i].assign(bytes.begin(), bytes.end());
+    if (code == 0) out.values[i] = bytes;
   }
   bool present = false;
   std::vector<uint64_t> ttls;
@@ -335,8 +351,11 @@ StatusOr<PeerClient::GetResult> DecodeGetReply(std::span<const uint8_t> body, si
   for (size_t i = 0; i < ttls.size(); ++i) {
     if (out.statuses[i].ok()) out.ttl_left_ms[i] = ttls[i];
   }
+  out.held.push_back(std::move(body));
   return out;
 }
+
+}  // namespace
 
 StatusOr<std::vector<uint8_t>> PeerClient::ByteReplyPerKey(const std::string& endpoint, PeerOp op,
                                                            std::span<const PeerKey> keys,
@@ -364,10 +383,11 @@ StatusOr<PeerClient::GetResult> PeerClient::Get(const std::string& endpoint,
       Call(endpoint, PeerOp::kGet, w.buffer(), kPeerFlagTtl,
            options_.take_reply_buffer ? options_.take_reply_buffer() : std::vector<uint8_t>{});
   if (!body.ok()) return body.status();
-  StatusOr<GetResult> out = DecodeGetReply(*body, keys.size());
-  // The values are copied out: the reply's buffer goes back to the daemon's kept ones.
-  if (options_.give_reply_buffer) options_.give_reply_buffer(std::move(*body));
-  return out;
+  // The values are views of the reply: its buffer goes back to the daemon's kept ones when
+  // the last holder of the result lets go.
+  auto reply = std::make_shared<GivenBack>(std::move(*body), options_.give_reply_buffer);
+  PeerBytes held(reply, &reply->bytes);
+  return DecodeGetReply(std::move(held), keys.size());
 }
 
 StatusOr<StagedReply> PeerClient::GetStaged(const std::string& endpoint,

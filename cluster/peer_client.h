@@ -45,6 +45,10 @@
 
 namespace kvtier::cluster {
 
+// Bytes read from a peer that views point into, shared by those who hold the views; the last
+// holder to let go frees them (or gives them back to where they were taken from).
+using PeerBytes = std::shared_ptr<const std::vector<uint8_t>>;
+
 struct PeerClientOptions {
   std::string node_id;  // ours, sent in HELLO (for the peer's logs)
   std::vector<uint8_t> credential;
@@ -57,9 +61,11 @@ struct PeerClientOptions {
   // nullopt: plain TCP. server_name is ignored (each endpoint's host is verified).
   std::optional<daemon::TlsClientOptions> tls;
   // Kept buffers for GET replies (the daemon's ReplyBuffers): a GET's reply is read into
-  // take_reply_buffer()'s buffer and handed to give_reply_buffer once its values are copied
-  // out, so its pages are not faulted in again at every GET. Both or neither; neither
-  // (default): a new buffer per reply. Called on the calling threads, concurrently.
+  // take_reply_buffer()'s buffer (what it holds is overwritten; up to its size it is not
+  // zeroed first) and handed to give_reply_buffer once the last holder of its result lets go
+  // (GetResult::held), so its pages are not faulted in again at every GET. Both or neither;
+  // neither (default): a new buffer per reply. Called on the calling threads and wherever a
+  // result is dropped, concurrently.
   std::function<std::vector<uint8_t>()> take_reply_buffer;
   std::function<void(std::vector<uint8_t>)> give_reply_buffer;
 };
@@ -73,11 +79,13 @@ class PeerClient {
   StatusOr<std::vector<uint8_t>> Lookup(const std::string& endpoint, std::span<const PeerKey> keys);
   // One status and value per key (a value the peer could not fit is Retry: ask again), and
   // the remaining TTL of each found unit as the peer reported it (0: none; nullopt: the peer
-  // is older than the TTL trailer, peer_wire.h).
+  // is older than the TTL trailer, peer_wire.h). The values are views of the replies they
+  // came in, not copies: valid while the result, or any copy of `held`, lives.
   struct GetResult {
     std::vector<Status> statuses;
-    std::vector<std::vector<uint8_t>> values;
+    std::vector<std::span<const uint8_t>> values;  // empty where not OK
     std::vector<std::optional<uint64_t>> ttl_left_ms;
+    std::vector<PeerBytes> held;  // the replies the values point into
   };
   StatusOr<GetResult> Get(const std::string& endpoint, std::span<const PeerKey> keys);
   // Asks the peer to stage keys in its staging region (GET_STAGED; cluster/staged_fetch.h).

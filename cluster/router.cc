@@ -204,7 +204,8 @@ void Router::LookupRemote(std::span<const PeerKey> keys, std::vector<uint8_t>* t
 }
 
 void Router::GetRemote(std::span<const PeerKey> keys, const std::vector<bool>& want,
-                       std::vector<Status>* statuses, std::vector<std::vector<uint8_t>>* values,
+                       std::vector<Status>* statuses, std::vector<std::span<const uint8_t>>* values,
+                       std::vector<PeerBytes>* held,
                        std::vector<std::optional<uint64_t>>* ttl_left_ms) {
   auto view = View();
   // Each wanted key goes to its peers in order of preference; a round asks every key's next
@@ -231,11 +232,12 @@ void Router::GetRemote(std::span<const PeerKey> keys, const std::vector<bool>& w
         peer_errors_.fetch_add(1);
         continue;
       }
+      held->insert(held->end(), r->held.begin(), r->held.end());
       for (size_t j = 0; j < idx->size(); ++j) {
         size_t i = (*idx)[j];
         if (r->statuses[j].ok()) {
           (*statuses)[i] = Status::Ok();
-          (*values)[i] = std::move(r->values[j]);
+          (*values)[i] = r->values[j];
           if (ttl_left_ms != nullptr && j < r->ttl_left_ms.size()) {
             (*ttl_left_ms)[i] = r->ttl_left_ms[j];
           }

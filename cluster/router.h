@@ -97,8 +97,11 @@ class Router {
   // want[i] marks a key to fetch; statuses[i] / values[i] are filled for those, and with
   // ttl_left_ms (sized as keys; may be null) the remaining TTL of each unit found as the peer
   // that answered reported it (0: none; nullopt: that peer is older than the TTL trailer).
+  // The values are views of the peers' replies, not copies: *held (appended to) holds what
+  // they point into, so they are valid while it is.
   void GetRemote(std::span<const PeerKey> keys, const std::vector<bool>& want,
-                 std::vector<Status>* statuses, std::vector<std::vector<uint8_t>>* values,
+                 std::vector<Status>* statuses, std::vector<std::span<const uint8_t>>* values,
+                 std::vector<PeerBytes>* held,
                  std::vector<std::optional<uint64_t>>* ttl_left_ms = nullptr);
   // Forwards put to the key's remote owners and drops the older version at its previous
   // owners that no longer own it (DROP_OLDER; not at this node: a caller that is not an

@@ -143,7 +143,9 @@ StatusOr<PeerClient::GetResult> StagedFetcher::Get(const std::string& endpoint,
 
   if (!to_read.empty()) {
     Status read = Status::Ok();
-    std::vector<uint8_t> buffer(total);
+    // The values are views of this buffer, which the result holds.
+    auto held = std::make_shared<std::vector<uint8_t>>(total);
+    std::vector<uint8_t>& buffer = *held;
     StatusOr<std::pair<std::shared_ptr<rdma::Transport>, rdma::RegionId>> region =
         RegionFor(endpoint, *reply);
     if (!region.ok()) {
@@ -194,11 +196,12 @@ StatusOr<PeerClient::GetResult> StagedFetcher::Get(const std::string& endpoint,
           continue;
         }
         out.statuses[i] = Status::Ok();
-        out.values[i].assign(value->begin(), value->end());
+        out.values[i] = *value;
         if (reply->ttl_known) out.ttl_left_ms[i] = u.ttl_left_ms;
         units_.fetch_add(1);
         bytes_.fetch_add(value->size());
       }
+      out.held.push_back(std::move(held));
     }
   }
 
@@ -208,6 +211,7 @@ StatusOr<PeerClient::GetResult> StagedFetcher::Get(const std::string& endpoint,
     again.reserve(fallback.size());
     for (size_t i : fallback) again.push_back(keys[i]);
     StatusOr<PeerClient::GetResult> plain = peers_->Get(endpoint, again);
+    if (plain.ok()) out.held.insert(out.held.end(), plain->held.begin(), plain->held.end());
     for (size_t j = 0; j < fallback.size(); ++j) {
       const size_t i = fallback[j];
       if (!plain.ok()) {
@@ -215,7 +219,7 @@ StatusOr<PeerClient::GetResult> StagedFetcher::Get(const std::string& endpoint,
         continue;
       }
       out.statuses[i] = plain->statuses[j];
-      out.values[i] = std::move(plain->values[j]);
+      out.values[i] = plain->values[j];
       out.ttl_left_ms[i] = plain->ttl_left_ms[j];
     }
   }

@@ -41,6 +41,23 @@ TEST(ReplyBuffers, TakeHandsOutTheLargestKeptBufferEmpty) {
   EXPECT_EQ(buffers.kept_bytes(), 0u);
 }
 
+// For a reader that overwrites the buffer whole: the kept buffer as it was given back, so
+// that resizing it to a reply no larger does not zero it first.
+TEST(ReplyBuffers, TakeToOverwriteLeavesTheBufferAsGiven) {
+  ReplyBuffers buffers(64u << 20);
+  std::vector<uint8_t> given = Buffer(1u << 20, 300000);
+  const uint8_t* data = given.data();
+  buffers.Give(std::move(given));
+  std::vector<uint8_t> b = buffers.TakeToOverwrite();
+  EXPECT_EQ(b.data(), data);
+  EXPECT_EQ(b.capacity(), 1u << 20);
+  ASSERT_EQ(b.size(), 300000u);
+  EXPECT_EQ(b.front(), 0x7e);
+  EXPECT_EQ(b.back(), 0x7e);
+  EXPECT_EQ(buffers.kept_bytes(), 0u);
+  EXPECT_EQ(buffers.TakeToOverwrite().capacity(), 0u) << "nothing kept: a new buffer";
+}
+
 TEST(ReplyBuffers, SmallBuffersAreFreedNotKept) {
   ReplyBuffers buffers(64u << 20);
   buffers.Give(Buffer(ReplyBuffers::kMinKeptBytes - 1, 10));

@@ -238,7 +238,7 @@ TEST_F(ClusterRepairTest, RepairCopiesLeaveSsdUnitsOutOfTheSendersDram) {
     auto got = peers_->Get(Peer(3), std::vector<PeerKey>{keys[k]});
     ASSERT_TRUE(got.ok()) << got.status().message();
     EXPECT_TRUE(got->statuses[0].ok());
-    EXPECT_TRUE(got->values[0] == want[k]) << "unit " << k;
+    EXPECT_TRUE(std::ranges::equal(got->values[0], want[k])) << "unit " << k;
   }
 }
 
@@ -298,7 +298,7 @@ TEST_F(ClusterRepairTest, AReplicaThatFailsItsChecksumIsRewrittenFromAnother) {
   auto again = peers_->Get(Peer(0), std::vector<PeerKey>{keys[victim]});
   ASSERT_TRUE(again.ok()) << again.status().message();
   ASSERT_TRUE(again->statuses[0].ok()) << "n0's own store does not hold the unit again";
-  EXPECT_TRUE(again->values[0] == want[victim]) << "n0's rewritten copy differs";
+  EXPECT_TRUE(std::ranges::equal(again->values[0], want[victim])) << "n0's rewritten copy differs";
 }
 
 TEST_F(ClusterRepairTest, DrainMovesEveryUnitOffTheNode) {

@@ -124,8 +124,8 @@ class ClusterVersionsTest : public ClusterE2eTest {
   int HeldVersion(int n, const std::vector<Key>& keys, size_t i, int v1, int v2) {
     auto got = peers_->Get(Peer(n), std::vector<PeerKey>{StorageKeyOf(keys[i])});
     if (!got.ok() || !got->statuses[0].ok()) return 0;
-    if (got->values[0] == Value(static_cast<int>(i), v2)) return v2;
-    if (got->values[0] == Value(static_cast<int>(i), v1)) return v1;
+    if (std::ranges::equal(got->values[0], Value(static_cast<int>(i), v2))) return v2;
+    if (std::ranges::equal(got->values[0], Value(static_cast<int>(i), v1))) return v1;
     return -1;
   }
   // A GET through node n: the version each unit was served with (0: a miss).

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <functional>
@@ -139,7 +140,7 @@ TEST_F(PeerTransportTest, OperationsRoundTrip) {
   auto got = c.Get(endpoint_, keys);
   ASSERT_TRUE(got.ok());
   EXPECT_TRUE(got->statuses[0].ok());
-  EXPECT_EQ(got->values[0], value);
+  EXPECT_TRUE(std::ranges::equal(got->values[0], value));
   EXPECT_TRUE(got->statuses[1].IsNotFound());
   ASSERT_TRUE(c.DropOlder(endpoint_, std::vector<PeerKey>{K(2)}).ok());  // held nothing
   auto deleted = c.Delete(endpoint_, keys);
@@ -159,6 +160,7 @@ struct KeptBuffers {
   std::vector<uint8_t> kept;
   int taken = 0, given = 0;
   const uint8_t* last_given = nullptr;  // the data of the buffer given back last
+  size_t last_given_bytes = 0;          // and its size
   std::function<std::vector<uint8_t>()> Take() {
     return [this] {
       std::lock_guard l(mu);
@@ -171,15 +173,16 @@ struct KeptBuffers {
       std::lock_guard l(mu);
       ++given;
       last_given = b.data();
+      last_given_bytes = b.size();
       kept = std::move(b);
     };
   }
 };
 
 // GET replies are built (peer front) and read (peer client) in the kept buffers each side is
-// given, and handed back once used: the same buffer serves the next GET (its pages stay
-// resident); other operations take none. The values are those stored, whichever buffer held
-// them.
+// given, and handed back once used (the client's once its result, whose values are views of
+// the reply, is dropped): the same buffer serves the next GET (its pages stay resident); other
+// operations take none. The values are those stored, whichever buffer held them.
 TEST(PeerKeptBuffersTest, GetRepliesUseAndReturnTheKeptBuffers) {
   MapHandler handler;
   KeptBuffers server_side, client_side;
@@ -215,9 +218,15 @@ TEST(PeerKeptBuffersTest, GetRepliesUseAndReturnTheKeptBuffers) {
     ASSERT_TRUE(got.ok()) << got.status().message();
     for (size_t i = 0; i < values.size(); ++i) {
       ASSERT_TRUE(got->statuses[i].ok());
-      EXPECT_EQ(got->values[i], values[i]) << i;
+      EXPECT_TRUE(std::ranges::equal(got->values[i], values[i])) << i;
     }
     EXPECT_TRUE(got->statuses.back().IsNotFound());
+    EXPECT_TRUE(got->values.back().empty());
+    {
+      std::lock_guard lc(client_side.mu);
+      EXPECT_EQ(client_side.given, round) << "given back while the result's views live";
+    }
+    got = Status::Unavailable("dropped");
     // The front gives its buffer back after the reply is sent: perhaps after it arrived here.
     for (int i = 0; i < 5000; ++i) {
       {
@@ -244,6 +253,92 @@ TEST(PeerKeptBuffersTest, GetRepliesUseAndReturnTheKeptBuffers) {
   std::lock_guard ls(server_side.mu), lc(client_side.mu);
   EXPECT_EQ(server_side.taken, 3) << "a LOOKUP or DELETE reply takes no kept buffer";
   EXPECT_EQ(client_side.taken, 3);
+}
+
+// A GET's values stay those stored while its result is held, however many GETs run meanwhile:
+// the buffer they point into is not handed to another reply until the last copy of the
+// result's `held` is dropped.
+TEST(PeerKeptBuffersTest, HeldValuesSurviveLaterGets) {
+  MapHandler handler;
+  KeptBuffers client_side;
+  auto server = PeerServer::Start(PeerServerOptions{.credential = Credential(7)}, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  const std::string endpoint = "127.0.0.1:" + std::to_string((*server)->port());
+  PeerClient c(PeerClientOptions{.node_id = "n1",
+                                 .credential = Credential(7),
+                                 .timeout_ms = 2000,
+                                 .take_reply_buffer = client_side.Take(),
+                                 .give_reply_buffer = client_side.Give()});
+  auto put = [&](uint8_t k, uint8_t fill) {
+    PeerPut p;
+    p.tenant = "alice";
+    p.key = K(k);
+    const std::vector<uint8_t> value(50000, fill);
+    p.value = value;
+    ASSERT_TRUE(handler.Put(p).ok());
+  };
+  put(1, 0x11);
+  put(2, 0x22);
+  auto first = c.Get(endpoint, std::vector<PeerKey>{K(1)});
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  std::vector<PeerBytes> held = first->held;  // a holder beside the result
+  const std::span<const uint8_t> view = first->values[0];
+  first = Status::Unavailable("dropped");
+  for (int i = 0; i < 4; ++i) {  // each reads into a buffer of its own, given back after it
+    auto later = c.Get(endpoint, std::vector<PeerKey>{K(2)});
+    ASSERT_TRUE(later.ok()) << later.status().message();
+    EXPECT_TRUE(std::ranges::equal(later->values[0], std::vector<uint8_t>(50000, 0x22)));
+  }
+  EXPECT_TRUE(std::ranges::equal(view, std::vector<uint8_t>(50000, 0x11)))
+      << "the held reply's buffer was reused by a later GET";
+  {
+    std::lock_guard l(client_side.mu);
+    EXPECT_EQ(client_side.taken, 5);
+    EXPECT_EQ(client_side.given, 4);
+  }
+  held.clear();
+  std::lock_guard l(client_side.mu);
+  EXPECT_EQ(client_side.given, 5);
+  // The reply given back last is the one the view points into.
+  EXPECT_GE(view.data(), client_side.last_given);
+  EXPECT_LE(view.data() + view.size(), client_side.last_given + client_side.last_given_bytes);
+}
+
+// A kept buffer is read into as it was given back, not zeroed first: replies larger and
+// smaller than the one it held before decode to exactly their own values.
+TEST(PeerKeptBuffersTest, RepliesOfOtherSizesReadIntoAUsedBuffer) {
+  MapHandler handler;
+  KeptBuffers client_side;
+  auto server = PeerServer::Start(PeerServerOptions{.credential = Credential(7)}, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  const std::string endpoint = "127.0.0.1:" + std::to_string((*server)->port());
+  PeerClient c(PeerClientOptions{.node_id = "n1",
+                                 .credential = Credential(7),
+                                 .timeout_ms = 2000,
+                                 .take_reply_buffer = client_side.Take(),
+                                 .give_reply_buffer = client_side.Give()});
+  const std::vector<size_t> sizes = {40000, 100, 90000, 0, 7};
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    PeerPut p;
+    p.tenant = "alice";
+    p.key = K(static_cast<uint8_t>(k + 1));
+    const std::vector<uint8_t> value(sizes[k], static_cast<uint8_t>(0x30 + k));
+    p.value = value;
+    ASSERT_TRUE(handler.Put(p).ok());
+  }
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    SCOPED_TRACE("unit " + std::to_string(k));
+    auto got = c.Get(endpoint, std::vector<PeerKey>{K(static_cast<uint8_t>(k + 1)), K(99)});
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    ASSERT_TRUE(got->statuses[0].ok());
+    EXPECT_TRUE(std::ranges::equal(got->values[0],
+                                   std::vector<uint8_t>(sizes[k], static_cast<uint8_t>(0x30 + k))));
+    EXPECT_TRUE(got->statuses[1].IsNotFound());
+    EXPECT_EQ(got->held.size(), 1u);
+  }
+  std::lock_guard l(client_side.mu);
+  EXPECT_EQ(client_side.taken, 5);
+  EXPECT_EQ(client_side.given, 5);
 }
 
 // A peer front given one hook of the pair is refused at start.
@@ -276,13 +371,13 @@ TEST_F(PeerTransportTest, ARepairCopyOfAHeldKeyIsReportedHeld) {
   EXPECT_EQ(outcome, PeerPutOutcome::kHeld);
   auto got = c.Get(endpoint_, std::vector<PeerKey>{K(1)});
   ASSERT_TRUE(got.ok());
-  EXPECT_EQ(got->values[0], newer) << "a repair copy replaced a held unit";
+  EXPECT_TRUE(std::ranges::equal(got->values[0], newer)) << "a repair copy replaced a held unit";
   put.key = K(2);
   ASSERT_TRUE(c.Put(endpoint_, put, &outcome).ok());
   EXPECT_EQ(outcome, PeerPutOutcome::kStored);
   got = c.Get(endpoint_, std::vector<PeerKey>{K(2)});
   ASSERT_TRUE(got.ok());
-  EXPECT_EQ(got->values[0], older);
+  EXPECT_TRUE(std::ranges::equal(got->values[0], older));
 }
 
 TEST_F(PeerTransportTest, AWrongCredentialIsRefusedBothWays) {
@@ -829,7 +924,7 @@ TEST(PeerTransportLimitTest, GetResponsesStayWithinTheFrameLimit) {
   auto again = c.Get(ep, std::vector<PeerKey>{K(2)});
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->statuses[0].ok());
-  EXPECT_EQ(again->values[0], small);
+  EXPECT_TRUE(std::ranges::equal(again->values[0], small));
 }
 
 // The smallest frame limit the configuration allows (limits.max_frame_bytes = 4096, and up
@@ -855,12 +950,12 @@ TEST(PeerTransportLimitTest, GetResponsesStayWithinTheSmallestFrameLimit) {
     auto got = c.Get(ep, std::vector<PeerKey>{K(1), K(2)});
     ASSERT_TRUE(got.ok()) << got.status().message();
     EXPECT_TRUE(got->statuses[0].ok());
-    EXPECT_EQ(got->values[0], half);
+    EXPECT_TRUE(std::ranges::equal(got->values[0], half));
     EXPECT_TRUE(got->statuses[1].IsRetry());
     auto again = c.Get(ep, std::vector<PeerKey>{K(2)});
     ASSERT_TRUE(again.ok()) << again.status().message();
     EXPECT_TRUE(again->statuses[0].ok());
-    EXPECT_EQ(again->values[0], half);
+    EXPECT_TRUE(std::ranges::equal(again->values[0], half));
     auto alone = c.Get(ep, std::vector<PeerKey>{K(3)});
     ASSERT_TRUE(alone.ok()) << alone.status().message();
     EXPECT_TRUE(alone->statuses[0].IsRejected());
@@ -1075,7 +1170,7 @@ TEST(PeerClientPoolTest, OnlyCallsSafeToRepeatAreRepeatedAfterTheRequestWasSent)
   auto got = c.Get(ep, keys);
   EXPECT_EQ(relay.replies_dropped(), 2);
   ASSERT_TRUE(got.ok()) << "GET not repeated: " << got.status().message();
-  EXPECT_EQ(got->values[0], value);
+  EXPECT_TRUE(std::ranges::equal(got->values[0], value));
 
   relay.DropNextReply();
   EXPECT_TRUE(c.Put(ep, put).IsUnavailable());
@@ -1134,7 +1229,7 @@ TEST_F(PeerTlsTest, SameCaAndCredentialRoundTrip) {
     auto got = c.Get(endpoint_, std::vector<PeerKey>{K(1), K(2)});
     ASSERT_TRUE(got.ok()) << got.status().message();
     EXPECT_TRUE(got->statuses[0].ok());
-    EXPECT_EQ(got->values[0], value);
+    EXPECT_TRUE(std::ranges::equal(got->values[0], value));
     EXPECT_TRUE(got->statuses[1].IsNotFound());
   }
   EXPECT_EQ(server_->stats().tls_failures, 0u);

@@ -4,6 +4,7 @@
 // and two in-process peer fronts whose LOOKUPs can be held to keep the pool busy.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -159,11 +160,12 @@ TEST(RouterRefusalTest, RefusedPeerCallFailsLikeAnUnreachablePeerAndIsCounted) {
   // GET: the first round asks both peers, the call to first_ep is refused; the keys it had
   // are asked of their next owner in the next round (one peer: on the caller's thread).
   std::vector<Status> statuses(keys.size(), Status::NotFound("not asked"));
-  std::vector<std::vector<uint8_t>> values(keys.size());
-  router.GetRemote(keys, std::vector<bool>(keys.size(), true), &statuses, &values);
+  std::vector<std::span<const uint8_t>> values(keys.size());
+  std::vector<PeerBytes> held;
+  router.GetRemote(keys, std::vector<bool>(keys.size(), true), &statuses, &values, &held);
   for (size_t i = 0; i < keys.size(); ++i) {
     ASSERT_TRUE(statuses[i].ok()) << "key " << i << ": " << statuses[i].message();
-    EXPECT_EQ(values[i], value(keys[i])) << "key " << i;
+    EXPECT_TRUE(std::ranges::equal(values[i], value(keys[i]))) << "key " << i;
   }
   EXPECT_EQ(router.stats().peer_calls_refused, 1u);
   EXPECT_EQ(router.stats().peer_errors, 1u);  // counted as a failed peer call

@@ -4,6 +4,7 @@
 // loopback (exact bytes, absent units, a reused slot falls back to GET).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <random>
@@ -340,7 +341,7 @@ class StagedFetcherTest : public ::testing::Test {
         continue;
       }
       ASSERT_TRUE(r.statuses[i].ok()) << i << " " << r.statuses[i].message();
-      EXPECT_EQ(r.values[i], it->second) << i;
+      EXPECT_TRUE(std::ranges::equal(r.values[i], it->second)) << i;
     }
   }
   std::unique_ptr<StagingServer> staging_;
@@ -437,7 +438,7 @@ TEST_F(StagedFetcherTest, ConcurrentFetchesOverATinyRingNeverReturnAWrongValue) 
         for (size_t j = 0; j < some.size(); ++j) {
           auto it = handler_->map.find(some[j]);
           ASSERT_TRUE(r->statuses[j].ok());
-          ASSERT_EQ(r->values[j], it->second);
+          ASSERT_TRUE(std::ranges::equal(r->values[j], it->second));
         }
       }
     });

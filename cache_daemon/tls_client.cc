@@ -10,9 +10,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <climits>
+#include <cstdint>
 #include <cstring>
 #include <system_error>
 #include <thread>
@@ -86,6 +89,91 @@ class SigpipeGuard {
   bool was_pending_ = false;
 };
 
+// A socket BIO whose writes never raise SIGPIPE (send with MSG_NOSIGNAL where OpenSSL's own
+// socket BIO calls write(2)), so that a TlsConnection's reads and writes need no signal-mask
+// calls around them (4 system calls per call, 8 % of a cluster node's samples when reading
+// peer replies over TLS). Its data is the descriptor; it does not close it.
+int NoSigpipeWrite(BIO* b, const char* data, size_t n, size_t* written) {
+  BIO_clear_retry_flags(b);
+  const int fd = static_cast<int>(reinterpret_cast<intptr_t>(BIO_get_data(b)));
+  ssize_t k;
+  do {
+    k = ::send(fd, data, n, MSG_NOSIGNAL);
+  } while (k < 0 && errno == EINTR);
+  if (k >= 0) {
+    *written = static_cast<size_t>(k);
+    return 1;
+  }
+  if (errno == EAGAIN || errno == EWOULDBLOCK) BIO_set_retry_write(b);
+  return 0;
+}
+
+int NoSigpipeRead(BIO* b, char* out, size_t n, size_t* got) {
+  BIO_clear_retry_flags(b);
+  const int fd = static_cast<int>(reinterpret_cast<intptr_t>(BIO_get_data(b)));
+  ssize_t k;
+  do {
+    k = ::recv(fd, out, n, 0);
+  } while (k < 0 && errno == EINTR);
+  if (k > 0) {
+    *got = static_cast<size_t>(k);
+    return 1;
+  }
+  if (k == 0) {
+    BIO_set_flags(b, BIO_FLAGS_IN_EOF);  // the end of the stream, as OpenSSL's socket BIO says
+  } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    BIO_set_retry_read(b);
+  }
+  return 0;
+}
+
+long NoSigpipeCtrl(BIO* b, int cmd, long /*num*/, void* ptr) {
+  switch (cmd) {
+    case BIO_C_GET_FD: {
+      const int fd = static_cast<int>(reinterpret_cast<intptr_t>(BIO_get_data(b)));
+      if (ptr != nullptr) *static_cast<int*>(ptr) = fd;
+      return fd;
+    }
+    case BIO_CTRL_EOF:
+      return BIO_test_flags(b, BIO_FLAGS_IN_EOF) != 0 ? 1 : 0;
+    case BIO_CTRL_FLUSH:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+int NoSigpipeCreate(BIO* b) {
+  BIO_set_init(b, 1);
+  return 1;
+}
+
+// A new BIO of that kind over fd; null when OpenSSL could not make one.
+BIO* NoSigpipeSocketBio(int fd) {
+  static BIO_METHOD* const method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR,
+                                 "kvtier socket (MSG_NOSIGNAL)");
+    if (m == nullptr || BIO_meth_set_write_ex(m, NoSigpipeWrite) != 1 ||
+        BIO_meth_set_read_ex(m, NoSigpipeRead) != 1 || BIO_meth_set_ctrl(m, NoSigpipeCtrl) != 1 ||
+        BIO_meth_set_create(m, NoSigpipeCreate) != 1) {
+      return static_cast<BIO_METHOD*>(nullptr);
+    }
+    return m;
+  }();
+  if (method == nullptr) return nullptr;
+  BIO* b = BIO_new(method);
+  if (b != nullptr) BIO_set_data(b, reinterpret_cast<void*>(static_cast<intptr_t>(fd)));
+  return b;
+}
+
+// The connection's BIO: ours over tcp_fd (not closing it).
+bool SetSocket(SSL* ssl, int tcp_fd) {
+  BIO* b = NoSigpipeSocketBio(tcp_fd);
+  if (b == nullptr) return false;
+  SSL_set_bio(ssl, b, b);  // takes the one reference
+  return true;
+}
+
 }  // namespace
 
 class TlsTunnel::Impl {
@@ -104,11 +192,11 @@ class TlsTunnel::Impl {
     }
   }
 
-  // Client side: the context, the name to verify, then the handshake and the relay.
+  // Client side: the context, the name to verify, then the handshake.
   Status Connect(const TlsClientOptions& o) {
     KVTIER_RETURN_IF_ERROR(NewContext(/*server=*/false, o.cert_file, o.key_file, o.ca_file));
     ssl_ = SSL_new(ctx_);
-    if (ssl_ == nullptr || SSL_set_fd(ssl_, tcp_fd_) != 1) {
+    if (ssl_ == nullptr || !SetSocket(ssl_, tcp_fd_)) {
       return Status::Internal("TLS: SSL_new: " + SslError());
     }
     const std::string& name = o.server_name;
@@ -122,8 +210,7 @@ class TlsTunnel::Impl {
                      : SSL_set1_host(ssl_, name.c_str());
       if (ok != 1) return Status::InvalidArgument("TLS: bad server name '" + name + "'");
     }
-    KVTIER_RETURN_IF_ERROR(Handshake(/*server=*/false, o.handshake_timeout_ms));
-    return StartRelay();
+    return Handshake(/*server=*/false, o.handshake_timeout_ms);
   }
 
   // Server side: a client certificate is required and must chain to ca_file.
@@ -131,11 +218,10 @@ class TlsTunnel::Impl {
     if (o.ca_file.empty()) return Status::InvalidArgument("TLS: a CA file is required");
     KVTIER_RETURN_IF_ERROR(NewContext(/*server=*/true, o.cert_file, o.key_file, o.ca_file));
     ssl_ = SSL_new(ctx_);
-    if (ssl_ == nullptr || SSL_set_fd(ssl_, tcp_fd_) != 1) {
+    if (ssl_ == nullptr || !SetSocket(ssl_, tcp_fd_)) {
       return Status::Internal("TLS: SSL_new: " + SslError());
     }
-    KVTIER_RETURN_IF_ERROR(Handshake(/*server=*/true, o.handshake_timeout_ms));
-    return StartRelay();
+    return Handshake(/*server=*/true, o.handshake_timeout_ms);
   }
 
   // ctx_: TLS 1.2 at least; the peer's certificate is verified against ca_file ("" -> the
@@ -145,6 +231,10 @@ class TlsTunnel::Impl {
     ctx_ = SSL_CTX_new(server ? TLS_server_method() : TLS_client_method());
     if (ctx_ == nullptr) return Status::Internal("TLS: SSL_CTX_new: " + SslError());
     SSL_CTX_set_min_proto_version(ctx_, TLS1_2_VERSION);
+    // No session tickets after a TLS 1.3 handshake: a context serves one connection, so none
+    // could be resumed, and an idle TlsConnection must not find records waiting that are not
+    // a reply (its pool checks an idle connection for unread bytes).
+    if (server) SSL_CTX_set_num_tickets(ctx_, 0);
     SSL_CTX_set_verify(ctx_,
                        server ? SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT : SSL_VERIFY_PEER,
                        nullptr);
@@ -345,16 +435,89 @@ StatusOr<std::unique_ptr<TlsTunnel>> TlsTunnel::Open(int tcp_fd, const TlsClient
   auto impl = std::make_unique<Impl>();
   impl->tcp_fd_ = tcp_fd;  // closed by ~Impl on every path
   KVTIER_RETURN_IF_ERROR(impl->Connect(options));
+  KVTIER_RETURN_IF_ERROR(impl->StartRelay());
   return std::unique_ptr<TlsTunnel>(new TlsTunnel(std::move(impl)));
 }
 
-StatusOr<std::unique_ptr<TlsTunnel>> TlsTunnel::Accept(int tcp_fd,
-                                                       const TlsAcceptOptions& options) {
-  auto impl = std::make_unique<Impl>();
+TlsConnection::TlsConnection(std::unique_ptr<TlsTunnel::Impl> impl) : impl_(std::move(impl)) {}
+
+TlsConnection::~TlsConnection() {
+  ERR_clear_error();
+  SSL_shutdown(impl_->ssl_);  // best effort, non-blocking: close_notify if it fits
+  ERR_clear_error();
+}
+
+StatusOr<std::unique_ptr<TlsConnection>> TlsConnection::Connect(int tcp_fd,
+                                                                const TlsClientOptions& options) {
+  auto impl = std::make_unique<TlsTunnel::Impl>();
+  impl->tcp_fd_ = tcp_fd;  // closed by ~Impl on every path
+  KVTIER_RETURN_IF_ERROR(impl->Connect(options));
+  return std::unique_ptr<TlsConnection>(new TlsConnection(std::move(impl)));
+}
+
+StatusOr<std::unique_ptr<TlsConnection>> TlsConnection::Accept(int tcp_fd,
+                                                               const TlsAcceptOptions& options) {
+  auto impl = std::make_unique<TlsTunnel::Impl>();
   impl->tcp_fd_ = tcp_fd;  // closed by ~Impl on every path
   KVTIER_RETURN_IF_ERROR(impl->Accept(options));
-  return std::unique_ptr<TlsTunnel>(new TlsTunnel(std::move(impl)));
+  return std::unique_ptr<TlsConnection>(new TlsConnection(std::move(impl)));
 }
+
+namespace {
+
+// The result of an SSL_read or SSL_write that returned r, as TlsConnection's contract says.
+ssize_t IoResult(SSL* ssl, int r, short* wait) {
+  if (r > 0) return r;
+  const int saved = errno;
+  const int err = SSL_get_error(ssl, r);
+  const bool eof = err == SSL_ERROR_SSL &&
+                   ERR_GET_REASON(ERR_peek_error()) == SSL_R_UNEXPECTED_EOF_WHILE_READING;
+  ERR_clear_error();
+  if (eof) return 0;  // the TCP connection closed without close_notify
+  switch (err) {
+    case SSL_ERROR_WANT_READ:
+      *wait = POLLIN;
+      errno = EAGAIN;
+      return -1;
+    case SSL_ERROR_WANT_WRITE:
+      *wait = POLLOUT;
+      errno = EAGAIN;
+      return -1;
+    case SSL_ERROR_ZERO_RETURN:  // close_notify
+      return 0;
+    case SSL_ERROR_SYSCALL:  // the socket failed, or (errno 0) closed without close_notify
+      if (saved == 0) return 0;
+      errno = saved;
+      return -1;
+    default:
+      errno = EPROTO;
+      return -1;
+  }
+}
+
+}  // namespace
+
+// No SigpipeGuard: the connection's BIO sends with MSG_NOSIGNAL (a read may send too: an
+// alert, a key update's answer).
+ssize_t TlsConnection::Read(void* out, size_t n, short* wait) {
+  ERR_clear_error();
+  errno = 0;
+  const int r = SSL_read(impl_->ssl_, out, static_cast<int>(std::min<size_t>(n, INT_MAX)));
+  return IoResult(impl_->ssl_, r, wait);
+}
+
+ssize_t TlsConnection::Write(const void* data, size_t n, short* wait) {
+  ERR_clear_error();
+  errno = 0;
+  const int r = SSL_write(impl_->ssl_, data, static_cast<int>(std::min<size_t>(n, INT_MAX)));
+  const ssize_t k = IoResult(impl_->ssl_, r, wait);
+  if (k == 0) errno = EPIPE;  // the stream has ended: nothing more can be written
+  return k == 0 ? -1 : k;
+}
+
+bool TlsConnection::Buffered() const { return SSL_has_pending(impl_->ssl_) == 1; }
+
+int TlsConnection::fd() const { return impl_->tcp_fd_; }
 
 Status CheckTlsFiles(const TlsAcceptOptions& options, const std::string& what) {
   if (options.cert_file.empty() || options.key_file.empty() || options.ca_file.empty()) {

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "cluster/http_client.h"
+#include "cluster/peer_socket.h"
 
 namespace kvtier::cluster {
 namespace {
@@ -35,12 +36,8 @@ int LeftMs(uint64_t deadline_ms) {
 }  // namespace
 
 struct PeerClient::Conn {
-  int fd = -1;  // the TCP connection, or with TLS the plaintext end of the tunnel
+  PeerSocket sock;  // TCP, or TLS driven by the calling thread
   uint64_t next_id = 1;
-  std::unique_ptr<daemon::TlsTunnel> tunnel;  // destroyed after fd is closed
-  ~Conn() {
-    if (fd >= 0) ::close(fd);
-  }
 
   // How the last RoundTrip failed, for PeerClient::Call's one retry on a pooled connection.
   // unsent: the peer closed or reset the connection before the whole request was handed to
@@ -53,13 +50,15 @@ struct PeerClient::Conn {
   // False when the peer has closed or reset this idle connection (EOF or an error pending) or
   // sent something unasked (out of step): it cannot carry a request.
   bool IdleAndOpen() const {
-    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    if (sock.Buffered()) return false;
+    pollfd p{sock.fd(), POLLIN | POLLRDHUP, 0};
     return ::poll(&p, 1, 0) == 0;
   }
 
   Status Send(std::span<const uint8_t> data, uint64_t deadline_ms) {
     while (!data.empty()) {
-      ssize_t k = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      short wait = 0;
+      ssize_t k = sock.Write(data.data(), data.size(), &wait);
       if (k > 0) {
         data = data.subspan(static_cast<size_t>(k));
         continue;
@@ -68,7 +67,8 @@ struct PeerClient::Conn {
         if (errno == EPIPE || errno == ECONNRESET) unsent = true;
         return Status::Unavailable(std::string("peer send: ") + std::strerror(errno));
       }
-      pollfd p{fd, POLLOUT, 0};
+      if (k < 0 && errno == EINTR) continue;
+      pollfd p{sock.fd(), wait, 0};
       if (::poll(&p, 1, LeftMs(deadline_ms)) == 0) return Status::Unavailable("peer send timeout");
     }
     return Status::Ok();
@@ -78,7 +78,8 @@ struct PeerClient::Conn {
   Status Recv(uint8_t* out, size_t n, uint64_t deadline_ms, bool reply_start = false) {
     const uint8_t* const start = out;
     while (n > 0) {
-      ssize_t k = ::recv(fd, out, n, MSG_DONTWAIT);
+      short wait = 0;
+      ssize_t k = sock.Read(out, n, &wait);
       if (k > 0) {
         out += k;
         n -= static_cast<size_t>(k);
@@ -92,7 +93,8 @@ struct PeerClient::Conn {
       if (errno != EAGAIN && errno != EINTR) {
         return Status::Unavailable(std::string("peer recv: ") + std::strerror(errno));
       }
-      pollfd p{fd, POLLIN, 0};
+      if (errno == EINTR) continue;
+      pollfd p{sock.fd(), wait, 0};
       if (::poll(&p, 1, LeftMs(deadline_ms)) == 0) return Status::Unavailable("peer timeout");
     }
     return Status::Ok();
@@ -159,35 +161,35 @@ StatusOr<std::unique_ptr<PeerClient::Conn>> PeerClient::Connect(const std::strin
     return Status::Unavailable("peer " + endpoint + ": cannot resolve");
   }
   auto conn = std::make_unique<Conn>();
-  conn->fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  int rc = conn->fd < 0 ? -1 : ::connect(conn->fd, res->ai_addr, res->ai_addrlen);
+  conn->sock = PeerSocket(::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  const int fd = conn->sock.fd();
+  int rc = fd < 0 ? -1 : ::connect(fd, res->ai_addr, res->ai_addrlen);
   ::freeaddrinfo(res);
   if (rc != 0 && errno != EINPROGRESS) {
     return Status::Unavailable("peer " + endpoint + ": " + std::strerror(errno));
   }
-  pollfd p{conn->fd, POLLOUT, 0};
+  pollfd p{fd, POLLOUT, 0};
   int err = 0;
   socklen_t len = sizeof(err);
   if (::poll(&p, 1, LeftMs(deadline_ms)) != 1 ||
-      ::getsockopt(conn->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
     return Status::Unavailable("peer " + endpoint + ": connect failed");
   }
   int one = 1;
-  ::setsockopt(conn->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   if (options_.tls.has_value()) {
     daemon::TlsClientOptions to = *options_.tls;
     to.server_name = ep->host;
     to.handshake_timeout_ms = static_cast<uint64_t>(std::max(LeftMs(deadline_ms), 1));
-    auto tunnel = daemon::TlsTunnel::Open(conn->fd, to);
-    conn->fd = -1;  // the tunnel owns (and on failure has closed) the TCP connection
-    if (!tunnel.ok()) {
-      const Status& s = tunnel.status();
+    // The connection takes the socket (and on failure has closed it).
+    auto tls = daemon::TlsConnection::Connect(conn->sock.Release(), to);
+    if (!tls.ok()) {
+      const Status& s = tls.status();
       return s.IsPermissionDenied() || s.IsInvalidArgument()
                  ? Status(s.code(), "peer " + endpoint + ": " + s.message())
                  : Status::Unavailable("peer " + endpoint + ": " + s.message());
     }
-    conn->tunnel = std::move(*tunnel);
-    conn->fd = conn->tunnel->TakeClientFd();
+    conn->sock = PeerSocket(std::move(*tls));
   }
 
   PeerNonce client_nonce{};

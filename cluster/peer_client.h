@@ -13,11 +13,11 @@
 // Corruption (malformed response), or the peer's own status.
 //
 // With tls set ([cluster] peer_tls), each new connection completes a TLS handshake
-// (daemon::TlsTunnel::Open) before the credential handshake: the peer's certificate must
-// chain to tls->ca_file and, with tls->verify_hostname, name the endpoint's host; ours
-// (tls->cert_file) is presented. A handshake failure is PermissionDenied (the peer's
-// certificate did not verify) or Unavailable; a peer that refuses our certificate closes
-// the connection, which fails the call as Unavailable.
+// (daemon::TlsConnection::Connect; the calling thread drives it, cluster/peer_socket.h)
+// before the credential handshake: the peer's certificate must chain to tls->ca_file and,
+// with tls->verify_hostname, name the endpoint's host; ours (tls->cert_file) is presented. A
+// handshake failure is PermissionDenied (the peer's certificate did not verify) or Unavailable; a
+// peer that refuses our certificate closes the connection, which fails the call as Unavailable.
 //
 // A call that times out marks its endpoint suspect (cluster/peer_health.h): until a
 // background probe (a new authenticated connection, kept for the next call) or a call still

@@ -25,18 +25,20 @@ using daemon::wire::Reader;
 using daemon::wire::Writer;
 using Clock = std::chrono::steady_clock;
 
-bool SendAll(int fd, std::span<const uint8_t> data, uint64_t timeout_ms) {
+bool SendAll(PeerSocket& sock, std::span<const uint8_t> data, uint64_t timeout_ms) {
   auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   while (!data.empty()) {
-    ssize_t k = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    short wait = 0;
+    ssize_t k = sock.Write(data.data(), data.size(), &wait);
     if (k > 0) {
       data = data.subspan(static_cast<size_t>(k));
       continue;
     }
     if (k < 0 && errno != EAGAIN && errno != EINTR) return false;
+    if (k < 0 && errno == EINTR) continue;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) return false;
-    pollfd p{fd, POLLOUT, 0};
+    pollfd p{sock.fd(), wait, 0};
     ::poll(&p, 1, static_cast<int>(left.count()));
   }
   return true;
@@ -48,12 +50,12 @@ std::chrono::milliseconds Clamped(uint64_t ms) {
   return std::chrono::milliseconds(std::min(ms, kYearMs));
 }
 
-void Respond(int fd, uint8_t opcode, uint64_t request_id, Writer* w, uint64_t timeout_ms,
+void Respond(PeerSocket& sock, uint8_t opcode, uint64_t request_id, Writer* w, uint64_t timeout_ms,
              bool* ok) {
   std::vector<uint8_t>& body = w->buffer();
   auto header = daemon::wire::EncodeHeader(opcode | daemon::wire::kResponseBit, 0, request_id,
                                            static_cast<uint32_t>(body.size()));
-  *ok = SendAll(fd, header, timeout_ms) && SendAll(fd, body, timeout_ms);
+  *ok = SendAll(sock, header, timeout_ms) && SendAll(sock, body, timeout_ms);
 }
 
 }  // namespace
@@ -194,22 +196,21 @@ void PeerServer::AcceptLoop() {
 
 void PeerServer::ServeConnection(int fd) {
   if (!options_.tls.has_value()) {
-    Serve(fd);
-    ::close(fd);
+    PeerSocket sock(fd);
+    Serve(sock);
     return;
   }
-  auto tunnel = daemon::TlsTunnel::Accept(fd, *options_.tls);  // owns fd from here
-  if (!tunnel.ok()) {
+  auto tls = daemon::TlsConnection::Accept(fd, *options_.tls);  // owns fd from here
+  if (!tls.ok()) {
     tls_failures_.fetch_add(1);
-    KVTIER_LOG(kDebug) << "peer front: " << tunnel.status().message();
+    KVTIER_LOG(kDebug) << "peer front: " << tls.status().message();
     return;
   }
-  int plain = (*tunnel)->TakeClientFd();
-  Serve(plain);
-  ::close(plain);  // ends the relay; the tunnel closes the TCP connection
+  PeerSocket sock(std::move(*tls));
+  Serve(sock);
 }
 
-void PeerServer::Serve(int fd) {
+void PeerServer::Serve(PeerSocket& sock) {
   daemon::wire::FrameParser parser(kPeerPreauthFrameBytesMax);
   bool authenticated = false;
   PeerNonce client_nonce{}, server_nonce{};
@@ -227,6 +228,8 @@ void PeerServer::Serve(int fd) {
   bool in_frame = false;
   Clock::time_point frame_started;
   std::vector<uint8_t> buf(64 << 10);
+  short read_wait = POLLIN;   // what the socket must be for the next read (TLS may want POLLOUT)
+  bool read_blocked = false;  // the last read had nothing to return without waiting
   while (!stop_.load()) {
     Frame frame;
     auto next = parser.Next(&frame);
@@ -241,13 +244,19 @@ void PeerServer::Serve(int fd) {
       auto deadline = in_frame ? frame_started + frame_timeout : last_activity + idle_timeout;
       if (!authenticated) deadline = std::min(deadline, handshake_deadline);
       if (now >= deadline) return;
-      // Wake at the deadline at the latest (and every 200 ms for stop_).
-      const auto wait = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
-      pollfd p{fd, POLLIN, 0};
-      int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(wait.count(), 200)));
-      if (n <= 0) continue;
-      ssize_t k = ::recv(fd, buf.data(), buf.size(), 0);
+      // Wake at the deadline at the latest (and every 200 ms for stop_). TLS records already
+      // read ahead are read without waiting, unless the last read found only part of one.
+      if (!sock.Buffered() || read_blocked) {
+        const auto wait = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+        pollfd p{sock.fd(), read_wait, 0};
+        int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(wait.count(), 200)));
+        if (n <= 0) continue;
+      }
+      ssize_t k = sock.Read(buf.data(), buf.size(), &read_wait);
+      read_blocked = k < 0 && errno == EAGAIN;
+      if (k < 0 && (errno == EAGAIN || errno == EINTR)) continue;  // part of a TLS record
       if (k <= 0) return;
+      read_wait = POLLIN;
       parser.Append(std::span<const uint8_t>(buf.data(), static_cast<size_t>(k)));
       continue;
     }
@@ -275,7 +284,7 @@ void PeerServer::Serve(int fd) {
         w.Bytes(std::span<const uint8_t>(server_nonce));
         w.Bytes(std::span<const uint8_t>(proof));
         hello_done = true;
-        Respond(fd, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
+        Respond(sock, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
         if (!sent) return;
         continue;
       }
@@ -289,19 +298,19 @@ void PeerServer::Serve(int fd) {
         if (!ok) {
           auth_failures_.fetch_add(1);
           daemon::wire::EncodeStatus(Status::PermissionDenied("bad cluster credential"), &w);
-          Respond(fd, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
+          Respond(sock, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
           return;
         }
         authenticated = true;
         parser.set_max_frame_bytes(options_.frame_bytes_max);
         daemon::wire::EncodeStatus(Status::Ok(), &w);
-        Respond(fd, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
+        Respond(sock, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
         if (!sent) return;
         continue;
       }
       auth_failures_.fetch_add(1);
       daemon::wire::EncodeStatus(Status::PermissionDenied("peer: authenticate first"), &w);
-      Respond(fd, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
+      Respond(sock, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
       return;
     }
     requests_.fetch_add(1);
@@ -309,7 +318,7 @@ void PeerServer::Serve(int fd) {
     const bool kept = op == static_cast<uint8_t>(PeerOp::kGet) && options_.take_reply_buffer;
     if (kept) w = Writer(options_.take_reply_buffer());
     Execute(frame, peer_node, &w);
-    Respond(fd, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
+    Respond(sock, op, frame.header.request_id, &w, options_.frame_timeout_ms, &sent);
     if (kept) options_.give_reply_buffer(w.Take());
     if (!sent) return;
   }

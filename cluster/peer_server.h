@@ -12,10 +12,11 @@
 // Frames are limited to kPeerPreauthFrameBytesMax before AUTH and frame_bytes_max after.
 //
 // With tls set (mutual TLS, [cluster] peer_tls), each connection's thread first completes a
-// TLS handshake (daemon::TlsTunnel::Accept, bounded by tls->handshake_timeout_ms) that
+// TLS handshake (daemon::TlsConnection::Accept, bounded by tls->handshake_timeout_ms) that
 // requires a client certificate chaining to tls->ca_file; a connection that fails it is
 // closed and counted (tls_failures) before any frame is read. The cluster credential is
-// still required inside the TLS stream.
+// still required inside the TLS stream, which the connection's thread drives itself
+// (cluster/peer_socket.h: no relay).
 //
 // Thread safety: Start/Stop from one thread; stats() from any. Handler methods are called
 // concurrently from connection threads.
@@ -34,6 +35,7 @@
 #include <vector>
 
 #include "cache_daemon/tls_client.h"
+#include "cluster/peer_socket.h"
 #include "cluster/peer_wire.h"
 #include "common/accept_backoff.h"
 #include "common/clock.h"
@@ -135,7 +137,7 @@ class PeerServer {
   void AcceptLoop();
   // The connection's thread: the TLS handshake when configured, then Serve; closes fd.
   void ServeConnection(int fd);
-  void Serve(int fd);
+  void Serve(PeerSocket& sock);
   // Executes one authenticated request; fills the response body (status first).
   // peer_node: the node id the peer gave in HELLO.
   void Execute(const daemon::wire::Frame& frame, const std::string& peer_node,

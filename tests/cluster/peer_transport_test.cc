@@ -1,7 +1,11 @@
 // The peer protocol end to end on loopback: mutual authentication over the cluster
 // credential, nothing before AUTH, and each operation against an in-memory handler.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <array>
@@ -12,6 +16,7 @@
 #include <optional>
 #include <thread>
 
+#include "cache_daemon/tls_client.h"
 #include "cluster/peer_client.h"
 #include "cluster/peer_server.h"
 #include "tests/cache_daemon/net_util.h"
@@ -1234,6 +1239,90 @@ TEST_F(PeerTlsTest, SameCaAndCredentialRoundTrip) {
   }
   EXPECT_EQ(server_->stats().tls_failures, 0u);
   EXPECT_EQ(server_->stats().connections, 1u);
+}
+
+// The client and the front drive their TLS connections on their own threads: a connection
+// costs the front its one connection thread and the client none (a relay would add one on
+// each side).
+TEST_F(PeerTlsTest, ConnectionsStartNoRelayThreads) {
+  PeerClient c = Client(7, pki_.ca_file, pki_.cert_file, pki_.key_file);
+  auto threads = [] {
+    size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+      ++n;
+    }
+    return n;
+  };
+  const size_t before = threads();
+  ASSERT_TRUE(c.Lookup(endpoint_, std::vector<PeerKey>{K(1)}).ok());
+  EXPECT_EQ(server_->stats().connections, 1u);
+  EXPECT_EQ(threads(), before + 1) << "the front's connection thread only";
+}
+
+// A pooled TLS connection the front closed while it was idle (its idle timeout: close_notify,
+// then the TCP close) is noticed and replaced; the next calls succeed.
+TEST_F(PeerTlsTest, AnIdleConnectionTheFrontClosedIsReplaced) {
+  PeerServerOptions o;
+  o.credential = Credential(7);
+  o.idle_timeout_ms = 100;
+  o.tls = daemon::TlsAcceptOptions{.cert_file = pki_.cert_file,
+                                   .key_file = pki_.key_file,
+                                   .ca_file = pki_.ca_file,
+                                   .handshake_timeout_ms = 2000};
+  MapHandler handler;
+  auto s = PeerServer::Start(o, &handler);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  const std::string ep = "127.0.0.1:" + std::to_string((*s)->port());
+  PeerClient c = Client(7, pki_.ca_file, pki_.cert_file, pki_.key_file);
+  const std::vector<uint8_t> value(70000, 0x5a);
+  ASSERT_TRUE(c.Put(ep, PeerPut{.tenant = "alice", .key = K(1), .value = value}).ok());
+  for (int round = 1; round <= 3; ++round) {
+    ASSERT_TRUE(testing::WaitFor([&] { return (*s)->stats().open_connections == 0; }, 3000))
+        << "the front did not close the idle connection";
+    auto got = c.Get(ep, std::vector<PeerKey>{K(1)});
+    ASSERT_TRUE(got.ok()) << "round " << round << ": " << got.status().message();
+    EXPECT_TRUE(std::ranges::equal(got->values[0], value));
+    EXPECT_EQ((*s)->stats().connections, static_cast<uint64_t>(round + 1));
+  }
+  EXPECT_EQ((*s)->stats().tls_failures, 0u);
+}
+
+// Writing to a TLS connection whose peer has gone fails with an error, never SIGPIPE (the
+// default action, kept here, would end this process): OpenSSL writes through a socket BIO
+// that sends with MSG_NOSIGNAL, and nothing blocks the signal around the calls.
+TEST_F(PeerTlsTest, WritesAfterThePeerHasGoneFailWithoutSigpipe) {
+  struct sigaction keep {};
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ASSERT_EQ(::sigaction(SIGPIPE, &dfl, &keep), 0);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(server_->port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  auto tls =
+      daemon::TlsConnection::Connect(fd, daemon::TlsClientOptions{.ca_file = pki_.ca_file,
+                                                                  .server_name = "127.0.0.1",
+                                                                  .cert_file = pki_.cert_file,
+                                                                  .key_file = pki_.key_file});
+  ASSERT_TRUE(tls.ok()) << tls.status().message();
+  server_->Stop();  // closes the connection (close_notify, then the TCP close)
+  const std::vector<uint8_t> chunk(64 << 10, 0x42);
+  ssize_t k = 0;
+  int err = 0;
+  for (int i = 0; i < 10000; ++i) {
+    short wait = 0;
+    k = (*tls)->Write(chunk.data(), chunk.size(), &wait);
+    if (k > 0) continue;
+    err = errno;
+    if (err != EAGAIN) break;
+    pollfd p{(*tls)->fd(), wait, 0};
+    ::poll(&p, 1, 100);
+  }
+  EXPECT_EQ(k, -1);
+  EXPECT_TRUE(err == EPIPE || err == ECONNRESET) << std::strerror(err);
+  ASSERT_EQ(::sigaction(SIGPIPE, &keep, nullptr), 0);
 }
 
 TEST_F(PeerTlsTest, APeerOfAnotherCaIsRefused) {

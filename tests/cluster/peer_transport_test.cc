@@ -260,90 +260,85 @@ TEST(PeerKeptBuffersTest, GetRepliesUseAndReturnTheKeptBuffers) {
   EXPECT_EQ(client_side.taken, 3);
 }
 
-// A GET's values stay those stored while its result is held, however many GETs run meanwhile:
-// the buffer they point into is not handed to another reply until the last copy of the
-// result's `held` is dropped.
-TEST(PeerKeptBuffersTest, HeldValuesSurviveLaterGets) {
-  MapHandler handler;
-  KeptBuffers client_side;
-  auto server = PeerServer::Start(PeerServerOptions{.credential = Credential(7)}, &handler);
-  ASSERT_TRUE(server.ok()) << server.status().message();
-  const std::string endpoint = "127.0.0.1:" + std::to_string((*server)->port());
-  PeerClient c(PeerClientOptions{.node_id = "n1",
-                                 .credential = Credential(7),
-                                 .timeout_ms = 2000,
-                                 .take_reply_buffer = client_side.Take(),
-                                 .give_reply_buffer = client_side.Give()});
-  auto put = [&](uint8_t k, uint8_t fill) {
+// A plain peer front over a map, and a client that reads its GET replies into kept buffers.
+class PeerKeptClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = PeerServer::Start(PeerServerOptions{.credential = Credential(7)}, &handler_);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    server_ = std::move(*s);
+    endpoint_ = "127.0.0.1:" + std::to_string(server_->port());
+    client_.emplace(PeerClientOptions{.node_id = "n1",
+                                      .credential = Credential(7),
+                                      .timeout_ms = 2000,
+                                      .take_reply_buffer = client_side_.Take(),
+                                      .give_reply_buffer = client_side_.Give()});
+  }
+  void Put(uint8_t k, const std::vector<uint8_t>& value) {
     PeerPut p;
     p.tenant = "alice";
     p.key = K(k);
-    const std::vector<uint8_t> value(50000, fill);
     p.value = value;
-    ASSERT_TRUE(handler.Put(p).ok());
-  };
-  put(1, 0x11);
-  put(2, 0x22);
-  auto first = c.Get(endpoint, std::vector<PeerKey>{K(1)});
+    ASSERT_TRUE(handler_.Put(p).ok());
+  }
+  MapHandler handler_;
+  KeptBuffers client_side_;
+  std::unique_ptr<PeerServer> server_;
+  std::string endpoint_;
+  std::optional<PeerClient> client_;
+};
+
+// A GET's values stay those stored while its result is held, however many GETs run meanwhile:
+// the buffer they point into is not handed to another reply until the last copy of the
+// result's `held` is dropped.
+TEST_F(PeerKeptClientTest, HeldValuesSurviveLaterGets) {
+  Put(1, std::vector<uint8_t>(50000, 0x11));
+  Put(2, std::vector<uint8_t>(50000, 0x22));
+  auto first = client_->Get(endpoint_, std::vector<PeerKey>{K(1)});
   ASSERT_TRUE(first.ok()) << first.status().message();
   std::vector<PeerBytes> held = first->held;  // a holder beside the result
   const std::span<const uint8_t> view = first->values[0];
   first = Status::Unavailable("dropped");
   for (int i = 0; i < 4; ++i) {  // each reads into a buffer of its own, given back after it
-    auto later = c.Get(endpoint, std::vector<PeerKey>{K(2)});
+    auto later = client_->Get(endpoint_, std::vector<PeerKey>{K(2)});
     ASSERT_TRUE(later.ok()) << later.status().message();
     EXPECT_TRUE(std::ranges::equal(later->values[0], std::vector<uint8_t>(50000, 0x22)));
   }
   EXPECT_TRUE(std::ranges::equal(view, std::vector<uint8_t>(50000, 0x11)))
       << "the held reply's buffer was reused by a later GET";
   {
-    std::lock_guard l(client_side.mu);
-    EXPECT_EQ(client_side.taken, 5);
-    EXPECT_EQ(client_side.given, 4);
+    std::lock_guard l(client_side_.mu);
+    EXPECT_EQ(client_side_.taken, 5);
+    EXPECT_EQ(client_side_.given, 4);
   }
   held.clear();
-  std::lock_guard l(client_side.mu);
-  EXPECT_EQ(client_side.given, 5);
+  std::lock_guard l(client_side_.mu);
+  EXPECT_EQ(client_side_.given, 5);
   // The reply given back last is the one the view points into.
-  EXPECT_GE(view.data(), client_side.last_given);
-  EXPECT_LE(view.data() + view.size(), client_side.last_given + client_side.last_given_bytes);
+  EXPECT_GE(view.data(), client_side_.last_given);
+  EXPECT_LE(view.data() + view.size(), client_side_.last_given + client_side_.last_given_bytes);
 }
 
 // A kept buffer is read into as it was given back, not zeroed first: replies larger and
 // smaller than the one it held before decode to exactly their own values.
-TEST(PeerKeptBuffersTest, RepliesOfOtherSizesReadIntoAUsedBuffer) {
-  MapHandler handler;
-  KeptBuffers client_side;
-  auto server = PeerServer::Start(PeerServerOptions{.credential = Credential(7)}, &handler);
-  ASSERT_TRUE(server.ok()) << server.status().message();
-  const std::string endpoint = "127.0.0.1:" + std::to_string((*server)->port());
-  PeerClient c(PeerClientOptions{.node_id = "n1",
-                                 .credential = Credential(7),
-                                 .timeout_ms = 2000,
-                                 .take_reply_buffer = client_side.Take(),
-                                 .give_reply_buffer = client_side.Give()});
+TEST_F(PeerKeptClientTest, RepliesOfOtherSizesReadIntoAUsedBuffer) {
   const std::vector<size_t> sizes = {40000, 100, 90000, 0, 7};
-  for (size_t k = 0; k < sizes.size(); ++k) {
-    PeerPut p;
-    p.tenant = "alice";
-    p.key = K(static_cast<uint8_t>(k + 1));
-    const std::vector<uint8_t> value(sizes[k], static_cast<uint8_t>(0x30 + k));
-    p.value = value;
-    ASSERT_TRUE(handler.Put(p).ok());
-  }
+  auto value = [&](size_t k) {
+    return std::vector<uint8_t>(sizes[k], static_cast<uint8_t>(0x30 + k));
+  };
+  for (size_t k = 0; k < sizes.size(); ++k) Put(static_cast<uint8_t>(k + 1), value(k));
   for (size_t k = 0; k < sizes.size(); ++k) {
     SCOPED_TRACE("unit " + std::to_string(k));
-    auto got = c.Get(endpoint, std::vector<PeerKey>{K(static_cast<uint8_t>(k + 1)), K(99)});
+    auto got = client_->Get(endpoint_, std::vector<PeerKey>{K(static_cast<uint8_t>(k + 1)), K(99)});
     ASSERT_TRUE(got.ok()) << got.status().message();
     ASSERT_TRUE(got->statuses[0].ok());
-    EXPECT_TRUE(std::ranges::equal(got->values[0],
-                                   std::vector<uint8_t>(sizes[k], static_cast<uint8_t>(0x30 + k))));
+    EXPECT_TRUE(std::ranges::equal(got->values[0], value(k)));
     EXPECT_TRUE(got->statuses[1].IsNotFound());
     EXPECT_EQ(got->held.size(), 1u);
   }
-  std::lock_guard l(client_side.mu);
-  EXPECT_EQ(client_side.taken, 5);
-  EXPECT_EQ(client_side.given, 5);
+  std::lock_guard l(client_side_.mu);
+  EXPECT_EQ(client_side_.taken, 5);
+  EXPECT_EQ(client_side_.given, 5);
 }
 
 // A peer front given one hook of the pair is refused at start.

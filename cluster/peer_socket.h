@@ -33,8 +33,6 @@ class PeerSocket {
   PeerSocket& operator=(const PeerSocket&) = delete;
 
   int fd() const { return fd_; }
-  bool open() const { return fd_ >= 0; }
-  bool tls() const { return tls_ != nullptr; }
 
   // recv(2) / send(2) on a non-blocking socket, never raising SIGPIPE (TlsConnection::Read
   // and Write's contract): > 0 bytes; Read 0 at the end of the stream; -1 with errno EAGAIN:
@@ -42,8 +40,9 @@ class PeerSocket {
   // connection failed.
   ssize_t Read(void* out, size_t n, short* wait);
   ssize_t Write(const void* data, size_t n, short* wait);
-  // Bytes already here that Read returns without the socket being readable (TLS records
-  // decrypted ahead): do not poll before reading them.
+  // Bytes already read from the socket (TLS records read ahead, perhaps part of one only):
+  // Read may return data without the socket being readable, so poll before a Read only
+  // when this is false or the last Read would have blocked.
   bool Buffered() const { return tls_ != nullptr && tls_->Buffered(); }
 
   // Closes the connection (with TLS, close_notify first when it can be sent without waiting).

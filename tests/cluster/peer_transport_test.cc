@@ -1188,14 +1188,7 @@ class PeerTlsTest : public ::testing::Test {
            ("kvtier_peer_tls_" + std::to_string(::getpid()) + "_" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     ASSERT_TRUE(testing::MakePeerPki(dir_, &pki_));
-    PeerServerOptions o;
-    o.credential = Credential(7);
-    o.idle_timeout_ms = 2000;
-    o.tls = daemon::TlsAcceptOptions{.cert_file = pki_.cert_file,
-                                     .key_file = pki_.key_file,
-                                     .ca_file = pki_.ca_file,
-                                     .handshake_timeout_ms = 2000};
-    auto s = PeerServer::Start(o, &handler_);
+    auto s = PeerServer::Start(ServerOptions(/*idle_timeout_ms=*/2000), &handler_);
     ASSERT_TRUE(s.ok()) << s.status().message();
     server_ = std::move(*s);
     endpoint_ = "127.0.0.1:" + std::to_string(server_->port());
@@ -1203,6 +1196,17 @@ class PeerTlsTest : public ::testing::Test {
   void TearDown() override {
     server_.reset();
     std::filesystem::remove_all(dir_);
+  }
+  // A TLS front of our CA with the credential.
+  PeerServerOptions ServerOptions(uint64_t idle_timeout_ms) const {
+    PeerServerOptions o;
+    o.credential = Credential(7);
+    o.idle_timeout_ms = idle_timeout_ms;
+    o.tls = daemon::TlsAcceptOptions{.cert_file = pki_.cert_file,
+                                     .key_file = pki_.key_file,
+                                     .ca_file = pki_.ca_file,
+                                     .handshake_timeout_ms = 2000};
+    return o;
   }
   // A client trusting ca_file and presenting cert/key ("" = no TLS at all when ca is "").
   PeerClient Client(uint8_t fill, const std::string& ca, const std::string& cert,
@@ -1257,15 +1261,8 @@ TEST_F(PeerTlsTest, ConnectionsStartNoRelayThreads) {
 // A pooled TLS connection the front closed while it was idle (its idle timeout: close_notify,
 // then the TCP close) is noticed and replaced; the next calls succeed.
 TEST_F(PeerTlsTest, AnIdleConnectionTheFrontClosedIsReplaced) {
-  PeerServerOptions o;
-  o.credential = Credential(7);
-  o.idle_timeout_ms = 100;
-  o.tls = daemon::TlsAcceptOptions{.cert_file = pki_.cert_file,
-                                   .key_file = pki_.key_file,
-                                   .ca_file = pki_.ca_file,
-                                   .handshake_timeout_ms = 2000};
   MapHandler handler;
-  auto s = PeerServer::Start(o, &handler);
+  auto s = PeerServer::Start(ServerOptions(/*idle_timeout_ms=*/100), &handler);
   ASSERT_TRUE(s.ok()) << s.status().message();
   const std::string ep = "127.0.0.1:" + std::to_string((*s)->port());
   PeerClient c = Client(7, pki_.ca_file, pki_.cert_file, pki_.key_file);

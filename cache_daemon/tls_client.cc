@@ -6,7 +6,6 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -54,45 +53,12 @@ bool SetNonBlocking(int fd, bool on) {
   return ::fcntl(fd, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK)) == 0;
 }
 
-// Blocks SIGPIPE on this thread while alive; a SIGPIPE raised meanwhile (OpenSSL writes to
-// the socket with write(2)) is consumed instead of delivered. The scheme of libpq's
-// pq_block_sigpipe / pq_reset_sigpipe.
-class SigpipeGuard {
- public:
-  SigpipeGuard() {
-    sigset_t pipe;
-    sigemptyset(&pipe);
-    sigaddset(&pipe, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe, &old_);
-    sigset_t pending;
-    sigpending(&pending);
-    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
-  }
-  ~SigpipeGuard() {
-    sigset_t pending;
-    sigpending(&pending);
-    if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
-      sigset_t pipe;
-      sigemptyset(&pipe);
-      sigaddset(&pipe, SIGPIPE);
-      timespec zero{0, 0};
-      while (sigtimedwait(&pipe, nullptr, &zero) < 0 && errno == EINTR) {
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-  SigpipeGuard(const SigpipeGuard&) = delete;
-  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
-
- private:
-  sigset_t old_;
-  bool was_pending_ = false;
-};
-
 // A socket BIO whose writes never raise SIGPIPE (send with MSG_NOSIGNAL where OpenSSL's own
-// socket BIO calls write(2)), so that a TlsConnection's reads and writes need no signal-mask
-// calls around them (4 system calls per call, 8 % of a cluster node's samples when reading
-// peer replies over TLS). Its data is the descriptor; it does not close it.
+// socket BIO calls write(2)): every read and write of the handshake, the relay and a
+// TlsConnection (a read may send too: an alert, a key update's answer) goes through it, so no
+// call needs the signal mask blocked around it (4 system calls per call, 8 % of a cluster
+// node's samples when reading peer replies over TLS). Its data is the descriptor; it does not
+// close it.
 int NoSigpipeWrite(BIO* b, const char* data, size_t n, size_t* written) {
   BIO_clear_retry_flags(b);
   const int fd = static_cast<int>(reinterpret_cast<intptr_t>(BIO_get_data(b)));
@@ -273,7 +239,6 @@ class TlsTunnel::Impl {
     SSL_set_mode(ssl_, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     SSL_set_read_ahead(ssl_, 1);  // fewer, larger recv calls
     if (!SetNonBlocking(tcp_fd_, true)) return Status::IOError("TLS: fcntl O_NONBLOCK");
-    SigpipeGuard guard;
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {
       ERR_clear_error();
@@ -335,7 +300,6 @@ class TlsTunnel::Impl {
 
   // The relay loop: the only code touching ssl_ after the handshake.
   void Run() {
-    SigpipeGuard guard;
     std::unique_ptr<uint8_t[]> up(new uint8_t[kChunkBytes]);    // client -> daemon
     std::unique_ptr<uint8_t[]> down(new uint8_t[kChunkBytes]);  // daemon -> client
     size_t up_len = 0, up_off = 0, down_len = 0, down_off = 0;
@@ -497,8 +461,6 @@ ssize_t IoResult(SSL* ssl, int r, short* wait) {
 
 }  // namespace
 
-// No SigpipeGuard: the connection's BIO sends with MSG_NOSIGNAL (a read may send too: an
-// alert, a key update's answer).
 ssize_t TlsConnection::Read(void* out, size_t n, short* wait) {
   ERR_clear_error();
   errno = 0;

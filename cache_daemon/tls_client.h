@@ -13,8 +13,7 @@
 // stops; when the daemon ends the TLS stream (or it fails), the relay flushes what it read
 // and shuts the client's end down, so the client sees end-of-stream (its calls fail with
 // IOError). SIGPIPE is never raised: OpenSSL reads and writes through a socket BIO of ours
-// that sends with MSG_NOSIGNAL (and the relay's thread and the handshake also block it,
-// consuming one if pending, as libpq does).
+// that sends with MSG_NOSIGNAL, and the relay sends to its end with MSG_NOSIGNAL too.
 //
 // TlsConnection is the same TLS connection (the same handshake, verification and options)
 // without the relay: the thread using it calls Read and Write itself, for a connection used by
@@ -114,8 +113,9 @@ class TlsConnection {
   // errno when the connection failed (ECONNRESET, EPIPE, or EPROTO for a TLS error).
   ssize_t Read(void* out, size_t n, short* wait);
   ssize_t Write(const void* data, size_t n, short* wait);
-  // Bytes already read from the socket and waiting in the connection (decrypted, or whole
-  // records read ahead): Read may return them without the socket being readable.
+  // Bytes already read from the socket and waiting in the connection (decrypted, or records
+  // read ahead, perhaps only part of one): Read may return data without the socket being
+  // readable, or, for part of a record, ask to wait.
   bool Buffered() const;
   int fd() const;
 
